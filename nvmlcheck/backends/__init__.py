@@ -1,0 +1,91 @@
+"""Backends: where the facts come from.
+
+A backend reads devices and returns :mod:`nvmlcheck.model` objects. Two exist:
+
+* ``"nvml"`` (:mod:`nvmlcheck.backends.nvml`): libnvidia-ml through cffi, microseconds per query.
+* ``"smi"`` (:mod:`nvmlcheck.backends.smi`): runs ``nvidia-smi`` (optionally behind a prefix such as ``ssh host``)
+  and parses its CSV, tens of milliseconds per poll.
+
+:func:`open_backend` picks one; ``"auto"`` tries NVML first, then nvidia-smi, and never silently a simulator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+from ..model import Fields, Snapshot, SystemInfo
+
+__all__ = ["BACKEND_NAMES", "Backend", "open_backend"]
+
+#: The names :func:`open_backend` accepts.
+BACKEND_NAMES = ("auto", "nvml", "smi")
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """What a session needs from a backend. Implementations are not required to be thread-safe beyond what their
+    docstring says; :class:`nvmlcheck.Session` serialises nothing itself."""
+
+    #: ``"nvml"`` or ``"smi"``; copied into :attr:`Snapshot.backend`.
+    name: str
+
+    def system(self) -> SystemInfo:
+        """Driver, NVML and CUDA driver versions."""
+        ...
+
+    def device_count(self) -> int:
+        """How many GPUs the backend sees (0 is possible; callers decide whether that is an error)."""
+        ...
+
+    def snapshot(self, indices: Sequence[int] | None = None, fields: Fields = Fields.ALL) -> Snapshot:
+        """Read the devices ``indices`` (all when ``None``) in one pass. Devices that fail appear in
+        :attr:`Snapshot.failures`; errors that stop the whole pass (driver gone) are raised."""
+        ...
+
+    def close(self) -> None:
+        """Release what the backend holds (NVML reference, child processes). Idempotent."""
+        ...
+
+
+def open_backend(
+    backend: str = "auto",
+    *,
+    smi_command: Sequence[str] | str | None = None,
+    smi_prefix: Sequence[str] | str | None = None,
+    smi_timeout_s: float | None = None,
+    library_path: str | None = None,
+) -> Backend:
+    """Open a backend by name.
+
+    ``"nvml"`` loads libnvidia-ml (``library_path``, else ``$NVMLCHECK_LIBNVML``, else ``libnvidia-ml.so.1``, then
+    ``libnvidia-ml.so``) and initialises it. ``"smi"`` checks that nvidia-smi answers. ``"auto"`` tries NVML, then
+    nvidia-smi, and raises :class:`~nvmlcheck.BackendUnavailable` listing why each failed.
+    """
+    from ..errors import BackendUnavailable, NvmlCheckError
+
+    if backend not in BACKEND_NAMES:
+        raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKEND_NAMES)}")
+    attempts: list[str] = []
+    if backend in ("auto", "nvml"):
+        from .nvml import NvmlBackend
+
+        try:
+            return NvmlBackend(library_path=library_path)
+        except NvmlCheckError as exc:
+            if backend == "nvml":
+                raise
+            attempts.append(f"nvml: {exc}")
+    if backend in ("auto", "smi"):
+        try:
+            from .smi import SmiBackend
+        except ImportError as exc:  # pragma: no cover - the smi backend ships with the package
+            attempts.append(f"smi: not available in this installation ({exc})")
+        else:
+            try:
+                return SmiBackend(command=smi_command, prefix=smi_prefix, timeout_s=smi_timeout_s)
+            except NvmlCheckError as exc:
+                if backend == "smi":
+                    raise
+                attempts.append(f"smi: {exc}")
+    raise BackendUnavailable("no GPU backend could be opened", attempts)

@@ -1,0 +1,451 @@
+"""The exceptions nvmlcheck raises.
+
+Every exception derives from :class:`NvmlCheckError`. The tree::
+
+    NvmlCheckError
+    ├── BackendUnavailable              no library / no nvidia-smi / no driver; ``.attempts`` says what was tried
+    ├── NvmlError(code, function)       an NVML call returned an error code; one subclass per code in nvml.h
+    │   ├── Uninitialized, InvalidArgument, NotSupported, NoPermission, AlreadyInitialized, NotFound,
+    │   ├── InsufficientSize, InsufficientPower, DriverNotLoaded (also BackendUnavailable), Timeout, IrqIssue,
+    │   ├── LibraryNotFound (also BackendUnavailable), FunctionNotFound, CorruptedInforom, GpuLost,
+    │   ├── GpuRequiresReset, OperatingSystemError, LibraryVersionMismatch (also BackendUnavailable), InUse,
+    │   ├── NvmlMemoryError, NoData, VgpuEccNotSupported, InsufficientResources, FreqNotSupported,
+    │   ├── ArgumentVersionMismatch, Deprecated, NotReady, GpuNotFound, InvalidState, ResetTypeNotSupported,
+    │   └── Unknown                     NVML_ERROR_UNKNOWN (999) and any code this version does not know (``.code`` kept)
+    ├── SmiError(argv, returncode, stderr)
+    │   ├── SmiTimeout                  nvidia-smi (or its prefix, e.g. ssh) did not answer in time; its group was killed
+    │   └── SmiParseError(line_no, line)
+    ├── CorruptData                     values that cannot be true (PID 0, used > total): a struct layout mismatch
+    └── WaitTimeout (also TimeoutError) the GPUs were not clean at the deadline; carries the last snapshot and culprits
+
+All exceptions pickle and their messages stand alone (they name the call, the device and what to do).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from .model import Snapshot
+
+__all__ = [
+    "AlreadyInitialized",
+    "ArgumentVersionMismatch",
+    "BackendUnavailable",
+    "CorruptData",
+    "CorruptedInforom",
+    "Deprecated",
+    "DriverNotLoaded",
+    "FreqNotSupported",
+    "FunctionNotFound",
+    "GpuLost",
+    "GpuNotFound",
+    "GpuRequiresReset",
+    "InUse",
+    "InsufficientPower",
+    "InsufficientResources",
+    "InsufficientSize",
+    "InvalidArgument",
+    "InvalidState",
+    "IrqIssue",
+    "LibraryNotFound",
+    "LibraryVersionMismatch",
+    "NoData",
+    "NoPermission",
+    "NotFound",
+    "NotReady",
+    "NotSupported",
+    "NvmlCheckError",
+    "NvmlError",
+    "NvmlMemoryError",
+    "OperatingSystemError",
+    "ResetTypeNotSupported",
+    "SmiError",
+    "SmiParseError",
+    "SmiTimeout",
+    "Timeout",
+    "Uninitialized",
+    "Unknown",
+    "VgpuEccNotSupported",
+    "WaitTimeout",
+    "error_class_for_code",
+]
+
+
+class NvmlCheckError(Exception):
+    """Base class of every exception nvmlcheck raises."""
+
+    __module__ = "nvmlcheck"
+
+
+class BackendUnavailable(NvmlCheckError):
+    """No backend could be opened: no libnvidia-ml, no nvidia-smi, no driver.
+
+    ``attempts`` holds one line per thing that was tried and why it failed.
+    """
+
+    __module__ = "nvmlcheck"
+
+    def __init__(self, message: str, attempts: Sequence[str] = ()) -> None:
+        self.attempts: tuple[str, ...] = tuple(attempts)
+        full = message
+        if self.attempts:
+            full += "\n" + "\n".join(f"  - {a}" for a in self.attempts)
+        super().__init__(full)
+        self.message = message
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.message, self.attempts))
+
+
+class NvmlError(NvmlCheckError):
+    """An NVML call returned an error code.
+
+    ``code`` is the numeric ``nvmlReturn_t``, ``function`` the C symbol that returned it (for example
+    ``"nvmlDeviceGetMemoryInfo_v2"``), ``device_index`` the device it was asked about, when there was one.
+    """
+
+    __module__ = "nvmlcheck"
+    #: The nvml.h constant this class stands for (``None`` on the base class).
+    CODE: ClassVar[int | None] = None
+    #: NVML's own name for the code.
+    CODE_NAME: ClassVar[str] = "NVML_ERROR"
+    #: What a person can do about it; appended to the message.
+    HINT: ClassVar[str] = ""
+
+    def __init__(self, code: int, function: str, device_index: int | None = None, detail: str = "") -> None:
+        self.code = code
+        self.function = function
+        self.device_index = device_index
+        self.detail = detail
+        super().__init__(self._compose())
+
+    def _compose(self) -> str:
+        where = f" for GPU {self.device_index}" if self.device_index is not None else ""
+        name = _CODE_NAMES.get(self.code, f"unknown NVML return code {self.code}")
+        msg = f"{self.function}{where} failed: {name} ({self.code})"
+        if self.detail:
+            msg += f": {self.detail}"
+        if self.HINT:
+            msg += f". {self.HINT}"
+        return msg
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.code, self.function, self.device_index, self.detail))
+
+
+class SmiError(NvmlCheckError):
+    """nvidia-smi (or its command prefix) failed: it exited non-zero or printed an error instead of data."""
+
+    __module__ = "nvmlcheck"
+
+    def __init__(self, argv: Sequence[str], returncode: int | None, stderr: str, message: str = "") -> None:
+        self.argv: tuple[str, ...] = tuple(argv)
+        self.returncode = returncode
+        self.stderr = stderr
+        self.message = message
+        text = message or f"nvidia-smi failed with exit code {returncode}"
+        cmd = " ".join(self.argv)
+        detail = stderr.strip().splitlines()[-1] if stderr.strip() else ""
+        super().__init__(f"{text} (command: {cmd})" + (f": {detail}" if detail else ""))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.argv, self.returncode, self.stderr, self.message))
+
+
+class SmiTimeout(SmiError):
+    """nvidia-smi (or its prefix, such as ``ssh``) did not answer in time; its whole process group was killed."""
+
+    __module__ = "nvmlcheck"
+
+    def __init__(self, argv: Sequence[str], timeout_s: float, stderr: str = "") -> None:
+        self.timeout_s = timeout_s
+        super().__init__(
+            argv,
+            None,
+            stderr,
+            f"nvidia-smi did not answer within {timeout_s:g} s and was killed with its process group "
+            "(a wedged GPU or an unreachable host)",
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.argv, self.timeout_s, self.stderr))
+
+
+class SmiParseError(SmiError):
+    """nvidia-smi printed something the parser cannot read; nothing is guessed from it."""
+
+    __module__ = "nvmlcheck"
+
+    def __init__(self, reason: str, line_no: int, line: str, argv: Sequence[str] = ()) -> None:
+        self.reason = reason
+        self.line_no = line_no
+        self.line = line
+        super().__init__(argv, 0, "", f"cannot parse nvidia-smi output line {line_no} ({reason}): {line!r}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.reason, self.line_no, self.line, self.argv))
+
+
+class CorruptData(NvmlCheckError):
+    """A value that cannot be true (PID 0, used bytes above total): most likely a struct layout mismatch between
+    this library and the driver (as NVML 535.43 caused). It is never reported as data."""
+
+    __module__ = "nvmlcheck"
+
+    def __init__(self, message: str, function: str = "", device_index: int | None = None) -> None:
+        self.function = function
+        self.device_index = device_index
+        self.message = message
+        where = f"{function}" + (f" for GPU {device_index}" if device_index is not None else "")
+        prefix = f"{where}: " if where else ""
+        super().__init__(
+            f"{prefix}{message}. The driver's struct layout probably differs from the one nvmlcheck was built for; "
+            "the value is discarded rather than reported"
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.message, self.function, self.device_index))
+
+
+class WaitTimeout(NvmlCheckError, TimeoutError):
+    """The GPUs were not clean when the deadline passed.
+
+    ``timeout_s`` is the timeout asked for, ``elapsed_ns`` the time actually waited, ``snapshot`` the last snapshot
+    taken (``None`` if not even one poll succeeded), ``culprits`` one line per thing still holding a GPU.
+    """
+
+    __module__ = "nvmlcheck"
+
+    def __init__(
+        self,
+        timeout_s: float,
+        elapsed_ns: int,
+        culprits: Sequence[str],
+        snapshot: Snapshot | None = None,
+        polls: int = 0,
+    ) -> None:
+        self.timeout_s = timeout_s
+        self.elapsed_ns = elapsed_ns
+        self.culprits: tuple[str, ...] = tuple(culprits)
+        self.snapshot = snapshot
+        self.polls = polls
+        lines = "\n".join(f"  - {c}" for c in self.culprits) if self.culprits else "  - (no detail available)"
+        super().__init__(
+            f"GPUs not clean after {elapsed_ns / 1e9:.3f} s (timeout {timeout_s:g} s, {polls} polls); still held:\n"
+            f"{lines}"
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.timeout_s, self.elapsed_ns, self.culprits, self.snapshot, self.polls))
+
+
+# --- one class per nvmlReturn_t code --------------------------------------------------------------------------------
+
+_CODE_NAMES: dict[int, str] = {}
+_CODE_CLASSES: dict[int, type[NvmlError]] = {}
+
+
+def _code(code: int, name: str, hint: str = "", *bases: type[Exception]) -> Any:
+    """Class decorator registering an NvmlError subclass for one nvml.h return code."""
+
+    def register(cls: type[NvmlError]) -> type[NvmlError]:
+        cls.CODE = code
+        cls.CODE_NAME = name
+        cls.HINT = hint
+        cls.__module__ = "nvmlcheck"
+        _CODE_NAMES[code] = name
+        _CODE_CLASSES[code] = cls
+        return cls
+
+    return register
+
+
+@_code(1, "NVML_ERROR_UNINITIALIZED", "NVML was used before nvmlInit or after nvmlShutdown; open a new session")
+class Uninitialized(NvmlError):
+    """NVML_ERROR_UNINITIALIZED (1)."""
+
+
+@_code(2, "NVML_ERROR_INVALID_ARGUMENT")
+class InvalidArgument(NvmlError):
+    """NVML_ERROR_INVALID_ARGUMENT (2): a bad device index, handle or struct version."""
+
+
+@_code(3, "NVML_ERROR_NOT_SUPPORTED")
+class NotSupported(NvmlError):
+    """NVML_ERROR_NOT_SUPPORTED (3): the device or driver does not offer this query (reported as ``None``)."""
+
+
+@_code(4, "NVML_ERROR_NO_PERMISSION", "Run as a user allowed to query the GPU (or root)")
+class NoPermission(NvmlError):
+    """NVML_ERROR_NO_PERMISSION (4)."""
+
+
+@_code(5, "NVML_ERROR_ALREADY_INITIALIZED")
+class AlreadyInitialized(NvmlError):
+    """NVML_ERROR_ALREADY_INITIALIZED (5), deprecated by NVML."""
+
+
+@_code(6, "NVML_ERROR_NOT_FOUND")
+class NotFound(NvmlError):
+    """NVML_ERROR_NOT_FOUND (6): no such device or object."""
+
+
+@_code(7, "NVML_ERROR_INSUFFICIENT_SIZE")
+class InsufficientSize(NvmlError):
+    """NVML_ERROR_INSUFFICIENT_SIZE (7): a buffer was too small (nvmlcheck grows and retries a bounded number of
+    times; this escapes only when the list kept growing)."""
+
+
+@_code(8, "NVML_ERROR_INSUFFICIENT_POWER", "Check the GPU's external power cables")
+class InsufficientPower(NvmlError):
+    """NVML_ERROR_INSUFFICIENT_POWER (8)."""
+
+
+@_code(9, "NVML_ERROR_DRIVER_NOT_LOADED", "Load the NVIDIA kernel driver (is this a GPU host?)")
+class DriverNotLoaded(NvmlError, BackendUnavailable):
+    """NVML_ERROR_DRIVER_NOT_LOADED (9); also a :class:`BackendUnavailable`."""
+
+    def __init__(self, code: int, function: str, device_index: int | None = None, detail: str = "") -> None:
+        NvmlError.__init__(self, code, function, device_index, detail)
+        self.attempts = ()
+        self.message = str(self)
+
+
+@_code(10, "NVML_ERROR_TIMEOUT")
+class Timeout(NvmlError):
+    """NVML_ERROR_TIMEOUT (10)."""
+
+
+@_code(11, "NVML_ERROR_IRQ_ISSUE", "The kernel reported an interrupt problem with the GPU; check dmesg")
+class IrqIssue(NvmlError):
+    """NVML_ERROR_IRQ_ISSUE (11)."""
+
+
+@_code(12, "NVML_ERROR_LIBRARY_NOT_FOUND", "Install the NVIDIA driver's libnvidia-ml")
+class LibraryNotFound(NvmlError, BackendUnavailable):
+    """NVML_ERROR_LIBRARY_NOT_FOUND (12); also a :class:`BackendUnavailable`."""
+
+    def __init__(self, code: int, function: str, device_index: int | None = None, detail: str = "") -> None:
+        NvmlError.__init__(self, code, function, device_index, detail)
+        self.attempts = ()
+        self.message = str(self)
+
+
+@_code(13, "NVML_ERROR_FUNCTION_NOT_FOUND", "The installed driver is older than this call")
+class FunctionNotFound(NvmlError):
+    """NVML_ERROR_FUNCTION_NOT_FOUND (13), also raised when a symbol is missing from the loaded library."""
+
+
+@_code(14, "NVML_ERROR_CORRUPTED_INFOROM", "The GPU's infoROM is corrupted; contact the vendor")
+class CorruptedInforom(NvmlError):
+    """NVML_ERROR_CORRUPTED_INFOROM (14)."""
+
+
+@_code(15, "NVML_ERROR_GPU_IS_LOST", "The GPU fell off the bus or stopped answering; it needs a reset or a reboot")
+class GpuLost(NvmlError):
+    """NVML_ERROR_GPU_IS_LOST (15)."""
+
+
+@_code(16, "NVML_ERROR_RESET_REQUIRED", "Reset the GPU (nvidia-smi -r) or reboot")
+class GpuRequiresReset(NvmlError):
+    """NVML_ERROR_RESET_REQUIRED (16)."""
+
+
+@_code(17, "NVML_ERROR_OPERATING_SYSTEM")
+class OperatingSystemError(NvmlError):
+    """NVML_ERROR_OPERATING_SYSTEM (17)."""
+
+
+@_code(
+    18,
+    "NVML_ERROR_LIB_RM_VERSION_MISMATCH",
+    "The kernel driver and libnvidia-ml differ in version (a driver upgrade without reboot?); reboot or reload it",
+)
+class LibraryVersionMismatch(NvmlError, BackendUnavailable):
+    """NVML_ERROR_LIB_RM_VERSION_MISMATCH (18); also a :class:`BackendUnavailable`."""
+
+    def __init__(self, code: int, function: str, device_index: int | None = None, detail: str = "") -> None:
+        NvmlError.__init__(self, code, function, device_index, detail)
+        self.attempts = ()
+        self.message = str(self)
+
+
+@_code(19, "NVML_ERROR_IN_USE")
+class InUse(NvmlError):
+    """NVML_ERROR_IN_USE (19)."""
+
+
+@_code(20, "NVML_ERROR_MEMORY")
+class NvmlMemoryError(NvmlError):
+    """NVML_ERROR_MEMORY (20): NVML ran out of host memory."""
+
+
+@_code(21, "NVML_ERROR_NO_DATA")
+class NoData(NvmlError):
+    """NVML_ERROR_NO_DATA (21)."""
+
+
+@_code(22, "NVML_ERROR_VGPU_ECC_NOT_SUPPORTED")
+class VgpuEccNotSupported(NvmlError):
+    """NVML_ERROR_VGPU_ECC_NOT_SUPPORTED (22)."""
+
+
+@_code(23, "NVML_ERROR_INSUFFICIENT_RESOURCES")
+class InsufficientResources(NvmlError):
+    """NVML_ERROR_INSUFFICIENT_RESOURCES (23)."""
+
+
+@_code(24, "NVML_ERROR_FREQ_NOT_SUPPORTED")
+class FreqNotSupported(NvmlError):
+    """NVML_ERROR_FREQ_NOT_SUPPORTED (24)."""
+
+
+@_code(25, "NVML_ERROR_ARGUMENT_VERSION_MISMATCH", "A struct version is not what this driver expects")
+class ArgumentVersionMismatch(NvmlError):
+    """NVML_ERROR_ARGUMENT_VERSION_MISMATCH (25)."""
+
+
+@_code(26, "NVML_ERROR_DEPRECATED")
+class Deprecated(NvmlError):
+    """NVML_ERROR_DEPRECATED (26)."""
+
+
+@_code(27, "NVML_ERROR_NOT_READY")
+class NotReady(NvmlError):
+    """NVML_ERROR_NOT_READY (27)."""
+
+
+@_code(28, "NVML_ERROR_GPU_NOT_FOUND")
+class GpuNotFound(NvmlError):
+    """NVML_ERROR_GPU_NOT_FOUND (28)."""
+
+
+@_code(29, "NVML_ERROR_INVALID_STATE")
+class InvalidState(NvmlError):
+    """NVML_ERROR_INVALID_STATE (29)."""
+
+
+@_code(30, "NVML_ERROR_RESET_TYPE_NOT_SUPPORTED")
+class ResetTypeNotSupported(NvmlError):
+    """NVML_ERROR_RESET_TYPE_NOT_SUPPORTED (30)."""
+
+
+@_code(999, "NVML_ERROR_UNKNOWN")
+class Unknown(NvmlError):
+    """NVML_ERROR_UNKNOWN (999), and any return code this version of nvmlcheck does not know (``.code`` is kept)."""
+
+
+#: Every return code nvml.h defines other than NVML_SUCCESS (0), for tests and documentation.
+KNOWN_CODES: tuple[int, ...] = tuple(sorted(_CODE_CLASSES))
+
+
+def error_class_for_code(code: int) -> type[NvmlError]:
+    """The exception class for an ``nvmlReturn_t`` value; unknown codes map to :class:`Unknown`."""
+    return _CODE_CLASSES.get(code, Unknown)
+
+
+def code_name(code: int) -> str:
+    """NVML's constant name for ``code``, or a description when the code is unknown."""
+    return "NVML_SUCCESS" if code == 0 else _CODE_NAMES.get(code, f"unknown NVML return code {code}")

@@ -1,0 +1,326 @@
+"""The values nvmlcheck reports: frozen, slotted dataclasses shared by every backend.
+
+Conventions:
+
+* Units live in names: ``used_bytes``, ``sm_mhz``, ``taken_ns``. Bytes everywhere; nvidia-smi's MiB values are
+  converted and their granularity recorded in :attr:`Memory.granularity_bytes`.
+* Unknown is ``None``, never ``0``. Every ``None`` that stands for "could not be read" has a reason in
+  :attr:`DeviceState.unknown`, keyed by the dotted field path (``"clocks.sm_mhz"``, ``"health.retired_pages"``,
+  ``"processes.graphics"``); :meth:`DeviceState.why_unknown` reads it.
+* Both backends (NVML and nvidia-smi) return these same types; only :attr:`Snapshot.backend` tells them apart.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+__all__ = [
+    "MIB",
+    "ClockEventReason",
+    "ClockSet",
+    "Clocks",
+    "DeviceFailure",
+    "DeviceState",
+    "Fields",
+    "GpuProcess",
+    "Memory",
+    "MemoryHealth",
+    "ProcessKind",
+    "RemappedRows",
+    "RetiredPage",
+    "RetirementCause",
+    "Snapshot",
+    "SystemInfo",
+]
+
+#: One mebibyte, the unit nvidia-smi reports memory in.
+MIB = 1 << 20
+
+_EMPTY: Mapping[str, str] = MappingProxyType({})
+
+
+class ProcessKind(str, enum.Enum):
+    """Which NVML process list a process came from."""
+
+    COMPUTE = "compute"  #: nvmlDeviceGetComputeRunningProcesses; nvidia-smi --query-compute-apps
+    GRAPHICS = "graphics"  #: nvmlDeviceGetGraphicsRunningProcesses
+    MPS = "mps"  #: nvmlDeviceGetMPSComputeRunningProcesses
+
+
+class Fields(enum.Flag):
+    """What a snapshot reads. Identity (name, UUID, PCI bus id, ...) is always included.
+
+    The poller asks for ``MEMORY | PROCESSES`` only, which keeps one poll to a handful of NVML calls.
+    """
+
+    MEMORY = enum.auto()
+    PROCESSES = enum.auto()
+    CLOCKS = enum.auto()
+    HEALTH = enum.auto()
+    ALL = MEMORY | PROCESSES | CLOCKS | HEALTH
+    #: What :func:`wait_until_clean` reads each poll.
+    WAIT = MEMORY | PROCESSES
+
+
+class ClockEventReason(enum.IntFlag):
+    """Why clocks are below their maximum (NVML "clocks event reasons", formerly "throttle reasons").
+
+    Bit values are NVML's ``nvmlClocksEventReason*`` / ``nvmlClocksThrottleReason*`` constants; bits this version
+    does not know are kept in the value.
+    """
+
+    NONE = 0
+    GPU_IDLE = 0x1
+    APPLICATIONS_CLOCKS_SETTING = 0x2
+    SW_POWER_CAP = 0x4
+    HW_SLOWDOWN = 0x8
+    SYNC_BOOST = 0x10
+    SW_THERMAL_SLOWDOWN = 0x20
+    HW_THERMAL_SLOWDOWN = 0x40
+    HW_POWER_BRAKE_SLOWDOWN = 0x80
+    DISPLAY_CLOCK_SETTING = 0x100
+    BOARD_LIMIT = 0x200
+    RELIABILITY = 0x400
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The decoded reason names, lowest bit first; unknown bits appear as ``"0x..."``."""
+        out: list[str] = []
+        rest = int(self)
+        for member in type(self):
+            if member.value and int(self) & member.value == member.value:
+                out.append(str(member.name).lower())
+                rest &= ~member.value
+        if rest:
+            out.append(hex(rest))
+        return tuple(out)
+
+
+class RetirementCause(str, enum.Enum):
+    """Why a memory page was retired (``nvmlPageRetirementCause_t``)."""
+
+    MULTIPLE_SINGLE_BIT_ECC = "single_bit_ecc"
+    DOUBLE_BIT_ECC = "double_bit_ecc"
+
+
+@dataclass(frozen=True, slots=True)
+class SystemInfo:
+    """Host-wide facts.
+
+    ``driver_version``: nvmlSystemGetDriverVersion / nvidia-smi ``driver_version``.
+    ``nvml_version``: nvmlSystemGetNVMLVersion (``None`` from nvidia-smi).
+    ``cuda_driver_version``: nvmlSystemGetCudaDriverVersion_v2 as an int (12040 = 12.4), ``None`` if unknown.
+    """
+
+    driver_version: str | None
+    nvml_version: str | None
+    cuda_driver_version: int | None
+    unknown: Mapping[str, str] = field(default=_EMPTY, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Memory:
+    """Device memory (nvmlDeviceGetMemoryInfo_v2; nvidia-smi ``memory.total/used/free/reserved``).
+
+    ``used_includes_reserved`` is ``True`` when only the v1 call exists: then ``used_bytes`` counts the driver's
+    reservation (about 615 MiB on an H200) and an idle GPU does not read 0. ``granularity_bytes`` is 1 for NVML
+    and 1 MiB for nvidia-smi, whose values are whole MiB.
+    """
+
+    total_bytes: int
+    used_bytes: int
+    free_bytes: int
+    reserved_bytes: int | None
+    used_includes_reserved: bool = False
+    granularity_bytes: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProcess:
+    """One entry of a device's process list.
+
+    ``used_bytes`` is ``None`` when NVML reports "not available" (WDDM, some MIG and container setups), never 0.
+    ``name`` comes from ``/proc/<pid>/cmdline`` when the process is visible from here (or from nvidia-smi's
+    ``process_name``), else ``None``. ``gpu_instance_id``/``compute_instance_id`` are ``None`` outside MIG.
+    """
+
+    pid: int
+    kind: ProcessKind
+    used_bytes: int | None
+    name: str | None = None
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ClockSet:
+    """Clock frequencies of the four NVML clock domains, in MHz (``None`` when not supported)."""
+
+    graphics_mhz: int | None
+    sm_mhz: int | None
+    memory_mhz: int | None
+    video_mhz: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Clocks:
+    """Clocks of one device.
+
+    ``current``: nvmlDeviceGetClockInfo (nvidia-smi ``clocks.gr/sm/mem/video``); ``max``: nvmlDeviceGetMaxClockInfo
+    (``clocks.max.*``); ``applications``: nvmlDeviceGetApplicationsClock (``clocks.applications.*``);
+    ``event_reasons``: nvmlDeviceGetCurrentClocksEventReasons (``clocks_event_reasons.active``).
+    """
+
+    current: ClockSet
+    max: ClockSet
+    applications: ClockSet
+    event_reasons: ClockEventReason | None
+
+    @property
+    def sm_mhz(self) -> int | None:
+        """Current SM clock, MHz."""
+        return self.current.sm_mhz
+
+    @property
+    def graphics_mhz(self) -> int | None:
+        """Current graphics clock, MHz."""
+        return self.current.graphics_mhz
+
+    @property
+    def memory_mhz(self) -> int | None:
+        """Current memory clock, MHz."""
+        return self.current.memory_mhz
+
+    @property
+    def video_mhz(self) -> int | None:
+        """Current video clock, MHz."""
+        return self.current.video_mhz
+
+
+@dataclass(frozen=True, slots=True)
+class RetiredPage:
+    """A retired memory page (nvmlDeviceGetRetiredPages_v2; nvidia-smi ``--query-retired-pages``).
+
+    ``timestamp`` is the raw value NVML reports for the retirement time (``None`` when only the v1 call exists or
+    the value is not available).
+    """
+
+    address: int
+    cause: RetirementCause
+    timestamp: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RemappedRows:
+    """Row remapping state (nvmlDeviceGetRemappedRows; nvidia-smi ``remapped_rows.*``), the Ampere+ successor of
+    page retirement."""
+
+    correctable: int
+    uncorrectable: int
+    pending: bool
+    failure: bool
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryHealth:
+    """Memory error bookkeeping. Each part is ``None`` when the device does not support it (Hopper does not retire
+    pages, it remaps rows), with the reason in :attr:`DeviceState.unknown`."""
+
+    retired_pages: tuple[RetiredPage, ...] | None
+    retired_pages_pending: bool | None
+    remapped_rows: RemappedRows | None
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceState:
+    """Everything read from one device in one pass.
+
+    Identity: ``index`` (NVML enumeration order, nvidia-smi ``index``), ``name``, ``uuid``, ``pci_bus_id``,
+    ``serial``, ``minor_number`` (``/dev/nvidia<minor>``).
+
+    Live: ``memory``, the three process lists, ``clocks``, ``health``. A part that was not requested
+    (see :class:`Fields`) or could not be read is ``None`` with a reason in ``unknown``.
+    """
+
+    index: int
+    uuid: str
+    name: str | None
+    pci_bus_id: str | None
+    serial: str | None
+    minor_number: int | None
+    memory: Memory | None
+    compute_processes: tuple[GpuProcess, ...] | None
+    graphics_processes: tuple[GpuProcess, ...] | None
+    mps_processes: tuple[GpuProcess, ...] | None
+    clocks: Clocks | None
+    health: MemoryHealth | None
+    unknown: Mapping[str, str] = field(default=_EMPTY, compare=False)
+
+    @property
+    def processes(self) -> tuple[GpuProcess, ...] | None:
+        """All processes of every kind, or ``None`` when any of the three lists is unknown.
+
+        A process using the GPU for compute and graphics appears once per kind.
+        """
+        c, g, m = self.compute_processes, self.graphics_processes, self.mps_processes
+        if c is None or g is None or m is None:
+            return None
+        return c + g + m
+
+    def processes_of(self, kind: ProcessKind) -> tuple[GpuProcess, ...] | None:
+        """The process list of one kind (``None`` when unknown)."""
+        if kind is ProcessKind.COMPUTE:
+            return self.compute_processes
+        if kind is ProcessKind.GRAPHICS:
+            return self.graphics_processes
+        return self.mps_processes
+
+    def why_unknown(self, path: str) -> str | None:
+        """Why the field at dotted ``path`` (``"memory"``, ``"clocks.sm_mhz"``, ``"processes.graphics"``) is ``None``;
+        ``None`` when it is known. A whole part's reason also answers for its fields."""
+        reason = self.unknown.get(path)
+        if reason is None and "." in path:
+            reason = self.unknown.get(path.split(".", 1)[0])
+        return reason
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceFailure:
+    """A device that could not be read in this snapshot (lost, no permission, ...); the others still report."""
+
+    index: int
+    uuid: str | None
+    error: Exception
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """One consistent pass over the selected devices.
+
+    ``taken_ns`` is ``time.monotonic_ns()`` when the pass started and ``duration_ns`` how long it took;
+    ``wall_time`` is ``time.time()`` at the start. ``backend`` is ``"nvml"`` or ``"smi"``. Devices that could not be
+    read appear in ``failures``, never as idle devices.
+    """
+
+    backend: str
+    taken_ns: int
+    duration_ns: int
+    wall_time: float
+    system: SystemInfo
+    devices: tuple[DeviceState, ...]
+    failures: tuple[DeviceFailure, ...] = ()
+
+    def device(self, index: int) -> DeviceState:
+        """The state of the device with NVML index ``index``; ``KeyError`` if it is not in this snapshot."""
+        for d in self.devices:
+            if d.index == index:
+                return d
+        raise KeyError(f"GPU {index} is not in this snapshot (devices: {[d.index for d in self.devices]})")
+
+    def raise_for_failures(self) -> None:
+        """Raise the first device failure, if any (its original exception)."""
+        if self.failures:
+            raise self.failures[0].error
