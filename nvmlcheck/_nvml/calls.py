@@ -1,0 +1,355 @@
+"""The C boundary: the only module that calls NVML query functions (library.py makes only init/shutdown calls).
+
+Each method makes one logical query and returns Python values or model objects:
+
+* a non-zero return code becomes the most specific :class:`~nvmlcheck.NvmlError` subclass, naming the C symbol
+  and the device;
+* a symbol missing from the loaded library becomes :class:`~nvmlcheck.FunctionNotFound`;
+* NVML's "not available" sentinels become ``None``;
+* values that cannot be true (PID 0 or above Linux's PID_MAX_LIMIT, bytes above the device total) raise
+  :class:`~nvmlcheck.CorruptData`: that is what a struct layout mismatch looks like (driver 535.43 changed
+  ``nvmlProcessInfo_t`` without a version bump: nvitop PR #89, gpustat #161).
+
+Hot paths (memory and process lists, called every poll) bind their C functions once and avoid per-call lookups.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NewType
+
+from ..errors import CorruptData, FunctionNotFound, InsufficientSize, error_class_for_code
+from ..model import Memory, ProcessKind, RemappedRows, RetiredPage, RetirementCause
+from ._ffi import ffi as _ffi
+from .library import LoadedLibrary
+
+# cffi's cdata is dynamically typed (struct fields are attributes made at run time).
+ffi: Any = _ffi
+
+__all__ = [
+    "CLOCK_GRAPHICS",
+    "CLOCK_MEM",
+    "CLOCK_SM",
+    "CLOCK_VIDEO",
+    "MAX_LIST_ATTEMPTS",
+    "PID_MAX_LIMIT",
+    "Handle",
+    "NvmlCalls",
+]
+
+#: An ``nvmlDevice_t`` (an opaque cffi pointer).
+Handle = NewType("Handle", object)
+
+# nvmlClockType_t
+CLOCK_GRAPHICS, CLOCK_SM, CLOCK_MEM, CLOCK_VIDEO = 0, 1, 2, 3
+
+NVML_SUCCESS = 0
+NVML_ERROR_INSUFFICIENT_SIZE = 7
+#: NVML_VALUE_NOT_AVAILABLE as an unsigned long long.
+NOT_AVAILABLE_U64 = (1 << 64) - 1
+#: MIG instance ids outside MIG.
+NOT_MIG_U32 = 0xFFFFFFFF
+#: Linux's largest possible PID (include/linux/threads.h); NVML reports host PIDs, so nothing above is real.
+PID_MAX_LIMIT = 4 * 1024 * 1024
+#: Process-list attempts before giving up on a list that keeps growing between calls.
+MAX_LIST_ATTEMPTS = 8
+# Entries requested on the first process-list call: one call instead of the count-then-fill pair in the common case.
+_INITIAL_CAPACITY = 64
+# Buffer bytes per requested entry: twice the 24-byte struct, so a driver writing wider entries than declared
+# (535.43 wrote 32 bytes) cannot overflow the buffer; the shifted entries are then caught as corrupt.
+_HEADROOM = 2
+
+_MEMORY_V2_VERSION = ffi.sizeof("nvmlMemory_v2_t") | (2 << 24)
+_STRING_BUFFER = 96  # NVML_DEVICE_NAME_V2_BUFFER_SIZE / UUID_V2 (the largest identity string)
+_SERIAL_BUFFER = 30  # NVML_DEVICE_SERIAL_BUFFER_SIZE
+_VERSION_BUFFER = 80  # NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE / NVML_VERSION
+
+
+def _fail(rc: int, function: str, index: int | None) -> Exception:
+    return error_class_for_code(rc)(rc, function, index)
+
+
+class NvmlCalls:
+    """Typed wrappers over one loaded libnvidia-ml. Thread-safe: buffers are allocated per call."""
+
+    def __init__(self, loaded: LoadedLibrary) -> None:
+        self._loaded = loaded
+        sym = loaded.symbols
+        self._memory_name = sym.memory
+        self._memory_fn = self._bind(sym.memory)
+        self.memory_is_v2 = sym.memory == "nvmlDeviceGetMemoryInfo_v2"
+        self._process_fns: dict[ProcessKind, tuple[str | None, Callable[..., int] | None, str]] = {}
+        for kind in ProcessKind:
+            name = sym.processes(kind)
+            struct = "nvmlProcessInfo_v1_t" if name and not name.endswith(("_v2", "_v3")) else "nvmlProcessInfo_v2_t"
+            self._process_fns[kind] = (name, self._bind(name), struct)
+
+    def _bind(self, name: str | None) -> Callable[..., int] | None:
+        return self._loaded.function(name) if name else None
+
+    def _require(self, name: str | None, wanted: str, index: int | None = None) -> Callable[..., int]:
+        if name is None:
+            raise FunctionNotFound(13, wanted, index, f"{self._loaded.path} does not export it (older driver)")
+        return self._loaded.function(name)
+
+    def _optional_symbol(self, name: str) -> Callable[..., int]:
+        try:
+            return self._loaded.function(name)
+        except AttributeError:
+            raise FunctionNotFound(13, name, None, f"{self._loaded.path} does not export it (older driver)") from None
+
+    # --- system ---------------------------------------------------------------------------------------------------
+
+    def _system_string(self, name: str) -> str:
+        buf = ffi.new("char[]", _VERSION_BUFFER)
+        rc = self._optional_symbol(name)(buf, _VERSION_BUFFER)
+        if rc:
+            raise _fail(rc, name, None)
+        return str(ffi.string(buf).decode("utf-8", "replace"))
+
+    def driver_version(self) -> str:
+        """nvmlSystemGetDriverVersion, e.g. ``"580.159.04"``."""
+        return self._system_string("nvmlSystemGetDriverVersion")
+
+    def nvml_version(self) -> str:
+        """nvmlSystemGetNVMLVersion, e.g. ``"13.580.159.04"``."""
+        return self._system_string("nvmlSystemGetNVMLVersion")
+
+    def cuda_driver_version(self) -> int:
+        """nvmlSystemGetCudaDriverVersion_v2 (or the v1 name): 13000 means CUDA 13.0."""
+        name = self._loaded.symbols.cuda_driver_version
+        fn = self._require(name, "nvmlSystemGetCudaDriverVersion_v2")
+        out = ffi.new("int *")
+        rc = fn(out)
+        if rc:
+            raise _fail(rc, str(name), None)
+        return int(out[0])
+
+    def device_count(self) -> int:
+        """nvmlDeviceGetCount_v2 (or the v1 name)."""
+        name = self._loaded.symbols.device_count
+        fn = self._require(name, "nvmlDeviceGetCount_v2")
+        out = ffi.new("unsigned int *")
+        rc = fn(out)
+        if rc:
+            raise _fail(rc, str(name), None)
+        return int(out[0])
+
+    def handle(self, index: int) -> Handle:
+        """nvmlDeviceGetHandleByIndex_v2 (or the v1 name)."""
+        name = self._loaded.symbols.handle_by_index
+        fn = self._require(name, "nvmlDeviceGetHandleByIndex_v2", index)
+        out = ffi.new("nvmlDevice_t *")
+        rc = fn(index, out)
+        if rc:
+            raise _fail(rc, str(name), index)
+        return Handle(out[0])
+
+    # --- identity -------------------------------------------------------------------------------------------------
+
+    def _device_string(self, name: str, handle: Handle, index: int, size: int) -> str:
+        buf = ffi.new("char[]", size)
+        rc = self._optional_symbol(name)(handle, buf, size)
+        if rc:
+            raise _fail(rc, name, index)
+        return str(ffi.string(buf).decode("utf-8", "replace"))
+
+    def name(self, handle: Handle, index: int) -> str:
+        """nvmlDeviceGetName, e.g. ``"NVIDIA H200"``."""
+        return self._device_string("nvmlDeviceGetName", handle, index, _STRING_BUFFER)
+
+    def uuid(self, handle: Handle, index: int) -> str:
+        """nvmlDeviceGetUUID, e.g. ``"GPU-acdc9db5-..."``."""
+        return self._device_string("nvmlDeviceGetUUID", handle, index, _STRING_BUFFER)
+
+    def serial(self, handle: Handle, index: int) -> str:
+        """nvmlDeviceGetSerial (board serial number)."""
+        return self._device_string("nvmlDeviceGetSerial", handle, index, _SERIAL_BUFFER)
+
+    def minor_number(self, handle: Handle, index: int) -> int:
+        """nvmlDeviceGetMinorNumber: the N of ``/dev/nvidiaN``."""
+        out = ffi.new("unsigned int *")
+        rc = self._optional_symbol("nvmlDeviceGetMinorNumber")(handle, out)
+        if rc:
+            raise _fail(rc, "nvmlDeviceGetMinorNumber", index)
+        return int(out[0])
+
+    def pci_bus_id(self, handle: Handle, index: int) -> str:
+        """nvmlDeviceGetPciInfo_v3 ``busId``, e.g. ``"00000000:00:06.0"`` (nvidia-smi ``pci.bus_id``)."""
+        name = self._loaded.symbols.pci_info
+        fn = self._require(name, "nvmlDeviceGetPciInfo_v3", index)
+        out = ffi.new("nvmlPciInfo_t *")
+        rc = fn(handle, out)
+        if rc:
+            raise _fail(rc, str(name), index)
+        return str(ffi.string(out.busId).decode("ascii", "replace"))
+
+    # --- memory ---------------------------------------------------------------------------------------------------
+
+    def memory(self, handle: Handle, index: int) -> Memory:
+        """nvmlDeviceGetMemoryInfo_v2 (total, used, free, reserved), or the v1 call on older drivers, where
+        ``used`` includes the driver's reservation and ``reserved_bytes`` is ``None``."""
+        fn = self._memory_fn
+        if fn is None:
+            raise FunctionNotFound(13, "nvmlDeviceGetMemoryInfo_v2", index, "the library exports no memory query")
+        if self.memory_is_v2:
+            buf = ffi.new("nvmlMemory_v2_t *")
+            # The version must be sizeof | 2<<24; a bare 2 fails on a real driver (FACTS.md, H200 580.159.04).
+            buf.version = _MEMORY_V2_VERSION
+            rc = fn(handle, buf)
+            if rc:
+                raise _fail(rc, "nvmlDeviceGetMemoryInfo_v2", index)
+            total, used, free, reserved = buf.total, buf.used, buf.free, buf.reserved
+            if used > total or reserved > total:
+                raise CorruptData(
+                    f"used {used} B / reserved {reserved} B exceed total {total} B", "nvmlDeviceGetMemoryInfo_v2", index
+                )
+            return Memory(total, used, free, reserved, False, 1)
+        buf1 = ffi.new("nvmlMemory_t *")
+        rc = fn(handle, buf1)
+        if rc:
+            raise _fail(rc, "nvmlDeviceGetMemoryInfo", index)
+        total, used, free = buf1.total, buf1.used, buf1.free
+        if used > total:
+            raise CorruptData(f"used {used} B exceeds total {total} B", "nvmlDeviceGetMemoryInfo", index)
+        return Memory(total, used, free, None, True, 1)
+
+    # --- processes ------------------------------------------------------------------------------------------------
+
+    def process_symbol(self, kind: ProcessKind) -> str | None:
+        """The C symbol answering ``kind``'s process list (``None`` if the library has none)."""
+        return self._process_fns[kind][0]
+
+    def processes(
+        self, handle: Handle, kind: ProcessKind, index: int, total_bytes: int
+    ) -> list[tuple[int, int | None, int | None, int | None]]:
+        """One process list as ``(pid, used_bytes or None, gpu_instance_id, compute_instance_id)`` tuples.
+
+        The list may grow between NVML's size answer and the fill; the call is retried with a larger buffer up to
+        :data:`MAX_LIST_ATTEMPTS` times and the result is never truncated. Entries are validated against
+        ``total_bytes`` and PID_MAX_LIMIT.
+        """
+        name, fn, struct = self._process_fns[kind]
+        if fn is None or name is None:
+            raise FunctionNotFound(
+                13, _PROCESS_WANTED[kind], index, f"{self._loaded.path} exports no {kind.value} process list"
+            )
+        v1 = struct == "nvmlProcessInfo_v1_t"
+        capacity = _INITIAL_CAPACITY
+        count = ffi.new("unsigned int *")
+        for _attempt in range(MAX_LIST_ATTEMPTS):
+            buf = ffi.new(f"{struct}[]", capacity * _HEADROOM)
+            count[0] = capacity
+            rc = fn(handle, count, buf)
+            if rc == NVML_SUCCESS:
+                n = count[0]
+                if n > capacity:
+                    raise CorruptData(f"returned {n} entries into a buffer of {capacity}", name, index)
+                return [_entry(buf[i], v1, name, index, total_bytes) for i in range(n)]
+            if rc != NVML_ERROR_INSUFFICIENT_SIZE:
+                raise _fail(rc, name, index)
+            # The list grew (or our first guess was small): room for what NVML said plus slack for more growth.
+            needed = count[0]
+            capacity = max(capacity * 2, needed + needed // 4 + 8)
+        raise InsufficientSize(
+            NVML_ERROR_INSUFFICIENT_SIZE,
+            name,
+            index,
+            f"the process list kept growing across {MAX_LIST_ATTEMPTS} attempts (last size {count[0]}); "
+            "refusing to return a truncated list",
+        )
+
+    # --- clocks ---------------------------------------------------------------------------------------------------
+
+    def _clock(self, name: str, handle: Handle, domain: int, index: int) -> int:
+        out = ffi.new("unsigned int *")
+        rc = self._optional_symbol(name)(handle, domain, out)
+        if rc:
+            raise _fail(rc, name, index)
+        return int(out[0])
+
+    def clock_mhz(self, handle: Handle, domain: int, index: int) -> int:
+        """nvmlDeviceGetClockInfo: the current clock of ``domain`` (CLOCK_*), MHz."""
+        return self._clock("nvmlDeviceGetClockInfo", handle, domain, index)
+
+    def max_clock_mhz(self, handle: Handle, domain: int, index: int) -> int:
+        """nvmlDeviceGetMaxClockInfo, MHz."""
+        return self._clock("nvmlDeviceGetMaxClockInfo", handle, domain, index)
+
+    def applications_clock_mhz(self, handle: Handle, domain: int, index: int) -> int:
+        """nvmlDeviceGetApplicationsClock, MHz."""
+        return self._clock("nvmlDeviceGetApplicationsClock", handle, domain, index)
+
+    def clock_event_reasons(self, handle: Handle, index: int) -> int:
+        """nvmlDeviceGetCurrentClocksEventReasons (or the older ...ThrottleReasons name): a bitmask."""
+        name = self._loaded.symbols.clock_event_reasons
+        fn = self._require(name, "nvmlDeviceGetCurrentClocksEventReasons", index)
+        out = ffi.new("unsigned long long *")
+        rc = fn(handle, out)
+        if rc:
+            raise _fail(rc, str(name), index)
+        return int(out[0])
+
+    # --- memory health --------------------------------------------------------------------------------------------
+
+    def retired_pages(self, handle: Handle, cause: RetirementCause, index: int) -> tuple[RetiredPage, ...]:
+        """nvmlDeviceGetRetiredPages_v2 (with timestamps) or the v1 call, for one cause."""
+        name = self._loaded.symbols.retired_pages
+        fn = self._require(name, "nvmlDeviceGetRetiredPages_v2", index)
+        v2 = name == "nvmlDeviceGetRetiredPages_v2"
+        c_cause = 0 if cause is RetirementCause.MULTIPLE_SINGLE_BIT_ECC else 1
+        count = ffi.new("unsigned int *")
+        capacity = 0
+        for _attempt in range(MAX_LIST_ATTEMPTS):
+            count[0] = capacity
+            addresses = ffi.new("unsigned long long[]", max(capacity, 1))
+            stamps = ffi.new("unsigned long long[]", max(capacity, 1))
+            rc = fn(handle, c_cause, count, addresses, stamps) if v2 else fn(handle, c_cause, count, addresses)
+            if rc == NVML_SUCCESS:
+                n = min(count[0], capacity)
+                return tuple(RetiredPage(int(addresses[i]), cause, int(stamps[i]) if v2 else None) for i in range(n))
+            if rc != NVML_ERROR_INSUFFICIENT_SIZE:
+                raise _fail(rc, str(name), index)
+            capacity = count[0] + 8
+        raise InsufficientSize(NVML_ERROR_INSUFFICIENT_SIZE, str(name), index, "the retired page list kept growing")
+
+    def retired_pages_pending(self, handle: Handle, index: int) -> bool:
+        """nvmlDeviceGetRetiredPagesPendingStatus: pages waiting for a reboot to be retired."""
+        out = ffi.new("nvmlEnableState_t *")
+        rc = self._optional_symbol("nvmlDeviceGetRetiredPagesPendingStatus")(handle, out)
+        if rc:
+            raise _fail(rc, "nvmlDeviceGetRetiredPagesPendingStatus", index)
+        return bool(out[0])
+
+    def remapped_rows(self, handle: Handle, index: int) -> RemappedRows:
+        """nvmlDeviceGetRemappedRows: correctable, uncorrectable, pending, failure."""
+        out = ffi.new("unsigned int[4]")
+        rc = self._optional_symbol("nvmlDeviceGetRemappedRows")(handle, out, out + 1, out + 2, out + 3)
+        if rc:
+            raise _fail(rc, "nvmlDeviceGetRemappedRows", index)
+        return RemappedRows(int(out[0]), int(out[1]), bool(out[2]), bool(out[3]))
+
+
+_PROCESS_WANTED = {
+    ProcessKind.COMPUTE: "nvmlDeviceGetComputeRunningProcesses_v3",
+    ProcessKind.GRAPHICS: "nvmlDeviceGetGraphicsRunningProcesses_v3",
+    ProcessKind.MPS: "nvmlDeviceGetMPSComputeRunningProcesses_v3",
+}
+
+
+def _entry(e: Any, v1: bool, name: str, index: int, total_bytes: int) -> tuple[int, int | None, int | None, int | None]:
+    pid = e.pid
+    if pid == 0 or pid > PID_MAX_LIMIT:
+        raise CorruptData(f"process entry with impossible PID {pid}", name, index)
+    used = e.usedGpuMemory
+    if used == NOT_AVAILABLE_U64:
+        used_bytes: int | None = None
+    elif used > total_bytes:
+        raise CorruptData(f"PID {pid} reported with {used} B, more than the device's {total_bytes} B", name, index)
+    else:
+        used_bytes = used
+    if v1:
+        return (pid, used_bytes, None, None)
+    gi, ci = e.gpuInstanceId, e.computeInstanceId
+    return (pid, used_bytes, None if gi == NOT_MIG_U32 else gi, None if ci == NOT_MIG_U32 else ci)
+

@@ -1,0 +1,223 @@
+"""Loading libnvidia-ml: where it is, which versioned symbols it has, and NVML's init/shutdown reference count.
+
+* Path: ``$NVMLCHECK_LIBNVML`` (or an explicit path) overrides; otherwise ``libnvidia-ml.so.1``, then
+  ``libnvidia-ml.so`` (the unversioned name exists only where the -dev package is installed).
+* Symbols are probed once at load. Older drivers lack ``_v2``/``_v3`` names ("undefined symbol:
+  nvmlDeviceGetComputeRunningProcesses_v2", pynvml #43, gpustat #105), so each capability records which symbol
+  answered, newest first.
+* One NVML initialisation per process and library, shared by every session (NVML counts inits itself, but one
+  ``nvmlInit`` per session would cost ~1.5 ms each). A lock guards the count; after ``fork()`` the child starts at
+  zero and must initialise again (NVML state does not survive fork).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import BackendUnavailable, error_class_for_code
+from ..model import ProcessKind
+from ._ffi import ffi
+
+__all__ = ["ENV_LIBRARY", "LoadedLibrary", "Symbols", "fork_generation", "load"]
+
+#: Environment variable naming the libnvidia-ml to load (tests point it at the stub).
+ENV_LIBRARY = "NVMLCHECK_LIBNVML"
+DEFAULT_NAMES = ("libnvidia-ml.so.1", "libnvidia-ml.so")
+
+# Candidate symbols per capability, newest first. The _v3 and _v2 process calls share the 24-byte struct; the
+# legacy call uses the 16-byte v1 struct (calls.py picks the struct from the chosen name).
+_PROCESS_SYMBOLS: dict[ProcessKind, tuple[str, ...]] = {
+    ProcessKind.COMPUTE: (
+        "nvmlDeviceGetComputeRunningProcesses_v3",
+        "nvmlDeviceGetComputeRunningProcesses_v2",
+        "nvmlDeviceGetComputeRunningProcesses",
+    ),
+    ProcessKind.GRAPHICS: (
+        "nvmlDeviceGetGraphicsRunningProcesses_v3",
+        "nvmlDeviceGetGraphicsRunningProcesses_v2",
+        "nvmlDeviceGetGraphicsRunningProcesses",
+    ),
+    ProcessKind.MPS: (
+        "nvmlDeviceGetMPSComputeRunningProcesses_v3",
+        "nvmlDeviceGetMPSComputeRunningProcesses_v2",
+        "nvmlDeviceGetMPSComputeRunningProcesses",
+    ),
+}
+_CAPABILITIES: dict[str, tuple[str, ...]] = {
+    "init": ("nvmlInit_v2", "nvmlInit"),
+    "device_count": ("nvmlDeviceGetCount_v2", "nvmlDeviceGetCount"),
+    "handle_by_index": ("nvmlDeviceGetHandleByIndex_v2", "nvmlDeviceGetHandleByIndex"),
+    "memory": ("nvmlDeviceGetMemoryInfo_v2", "nvmlDeviceGetMemoryInfo"),
+    "pci_info": ("nvmlDeviceGetPciInfo_v3", "nvmlDeviceGetPciInfo_v2"),
+    "cuda_driver_version": ("nvmlSystemGetCudaDriverVersion_v2", "nvmlSystemGetCudaDriverVersion"),
+    "clock_event_reasons": ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"),
+    "retired_pages": ("nvmlDeviceGetRetiredPages_v2", "nvmlDeviceGetRetiredPages"),
+}
+
+
+@dataclass(frozen=True)
+class Symbols:
+    """Which symbol answers each capability in the loaded library (``None``: the library has none of them)."""
+
+    init: str | None
+    device_count: str | None
+    handle_by_index: str | None
+    memory: str | None
+    pci_info: str | None
+    cuda_driver_version: str | None
+    clock_event_reasons: str | None
+    retired_pages: str | None
+    compute_processes: str | None
+    graphics_processes: str | None
+    mps_processes: str | None
+
+    def processes(self, kind: ProcessKind) -> str | None:
+        """The process-list symbol for ``kind``."""
+        if kind is ProcessKind.COMPUTE:
+            return self.compute_processes
+        if kind is ProcessKind.GRAPHICS:
+            return self.graphics_processes
+        return self.mps_processes
+
+
+def _has(lib: Any, name: str) -> bool:
+    try:
+        getattr(lib, name)
+    except AttributeError:  # cffi ABI mode: "function/symbol 'x' not found in library"
+        return False
+    return True
+
+
+def _probe(lib: Any) -> Symbols:
+    def first(names: tuple[str, ...]) -> str | None:
+        return next((n for n in names if _has(lib, n)), None)
+
+    caps = {cap: first(names) for cap, names in _CAPABILITIES.items()}
+    return Symbols(
+        compute_processes=first(_PROCESS_SYMBOLS[ProcessKind.COMPUTE]),
+        graphics_processes=first(_PROCESS_SYMBOLS[ProcessKind.GRAPHICS]),
+        mps_processes=first(_PROCESS_SYMBOLS[ProcessKind.MPS]),
+        **caps,
+    )
+
+
+# Bumped in every forked child, so sessions can tell that their NVML state and handles are stale.
+_fork_generation = 0
+
+
+def fork_generation() -> int:
+    """A counter incremented in each child after ``fork()``."""
+    return _fork_generation
+
+
+class LoadedLibrary:
+    """One dlopen'ed libnvidia-ml with its probed symbols and shared init reference count."""
+
+    def __init__(self, path: str, lib: Any) -> None:
+        self.path = path
+        self.lib = lib
+        self.symbols = _probe(lib)
+        self._lock = threading.Lock()
+        self._refcount = 0
+        self._generation = _fork_generation
+
+    def function(self, name: str) -> Callable[..., int]:
+        """The C function ``name`` (``AttributeError`` if the library lacks it)."""
+        fn: Callable[..., int] = getattr(self.lib, name)
+        return fn
+
+    @property
+    def refcount(self) -> int:
+        """How many sessions hold NVML initialised in this process."""
+        return self._refcount
+
+    def acquire(self) -> None:
+        """Initialise NVML if no session in this process has (or this is a forked child); count one user."""
+        with self._lock:
+            self._forget_parent_state()
+            if self._refcount == 0:
+                name = self.symbols.init
+                if name is None:
+                    raise BackendUnavailable(
+                        f"{self.path} exports neither nvmlInit_v2 nor nvmlInit: it is not a usable libnvidia-ml"
+                    )
+                rc = self.function(name)()
+                if rc != 0:
+                    raise error_class_for_code(rc)(rc, name)
+            self._refcount += 1
+
+    def release(self) -> None:
+        """Drop one user; the last one shuts NVML down. Errors from ``nvmlShutdown`` are ignored (nothing to do)."""
+        with self._lock:
+            if self._generation != _fork_generation:
+                # A session inherited from the parent: its reference belongs to the parent's NVML state.
+                return
+            if self._refcount <= 0:
+                return
+            self._refcount -= 1
+            if self._refcount == 0 and _has(self.lib, "nvmlShutdown"):
+                self.lib.nvmlShutdown()
+
+    def _forget_parent_state(self) -> None:
+        if self._generation != _fork_generation:
+            self._generation = _fork_generation
+            self._refcount = 0
+
+    def _after_fork_in_child(self) -> None:
+        # The lock may have been held by another thread of the parent at fork time.
+        self._lock = threading.Lock()
+
+
+_loaded: dict[str, LoadedLibrary] = {}
+_loaded_lock = threading.Lock()
+
+
+def _candidates(path: str | None) -> tuple[str, ...]:
+    if path:
+        return (path,)
+    env = os.environ.get(ENV_LIBRARY)
+    if env:
+        return (env,)
+    return DEFAULT_NAMES
+
+
+def load(path: str | None = None) -> LoadedLibrary:
+    """dlopen libnvidia-ml (once per path) and probe its symbols.
+
+    Raises :class:`~nvmlcheck.BackendUnavailable` listing every path tried and why it failed.
+    """
+    attempts: list[str] = []
+    with _loaded_lock:
+        for candidate in _candidates(path):
+            if candidate in _loaded:
+                return _loaded[candidate]
+            try:
+                lib = ffi.dlopen(candidate)
+            except OSError as exc:
+                attempts.append(f"{candidate}: {exc}")
+                continue
+            loaded = LoadedLibrary(candidate, lib)
+            _loaded[candidate] = loaded
+            return loaded
+    source = f" (from ${ENV_LIBRARY})" if not path and os.environ.get(ENV_LIBRARY) else ""
+    raise BackendUnavailable(
+        f"libnvidia-ml could not be loaded{source}; install the NVIDIA driver, or point ${ENV_LIBRARY} at the library",
+        attempts,
+    )
+
+
+def _after_fork_in_child() -> None:
+    global _fork_generation
+    _fork_generation += 1
+    global _loaded_lock
+    _loaded_lock = threading.Lock()
+    for loaded in _loaded.values():
+        loaded._after_fork_in_child()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,215 @@
+"""Sessions: an open backend plus device selection, snapshots and waiting.
+
+>>> import nvmlcheck as nc
+>>> with nc.open() as gpus:                       # doctest: +SKIP
+...     snap = gpus.snapshot()
+...     gpus.wait_until_clean(timeout=30.0)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+from .backends import Backend, open_backend
+from .model import DeviceState, Fields, Snapshot, SystemInfo
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from .predicates import Predicate
+    from .wait import PollPolicy, TracePoint, WaitResult
+
+__all__ = ["DeviceSelector", "Session", "open"]
+
+#: A device is named by its NVML index or by its UUID (a unique prefix such as ``"GPU-acdc9db5"`` is enough).
+DeviceSelector = int | str
+
+
+class Session:
+    """An open connection to the GPUs through one backend. Use as a context manager, or call :meth:`close`.
+
+    Sessions are cheap to keep open: NVML is initialised once per process and shared.
+    """
+
+    def __init__(self, backend: Backend) -> None:
+        self._backend = backend
+        self._closed = False
+
+    # --- lifecycle ------------------------------------------------------------------------------------------------
+
+    @property
+    def backend(self) -> Backend:
+        """The backend answering (``.name`` is ``"nvml"`` or ``"smi"``)."""
+        return self._backend
+
+    @property
+    def backend_name(self) -> str:
+        """``"nvml"`` or ``"smi"``."""
+        return self._backend.name
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
+    def close(self) -> None:
+        """Release the backend. Idempotent."""
+        if not self._closed:
+            self._closed = True
+            self._backend.close()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"<nvmlcheck.Session backend={self.backend_name!r} {state}>"
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ValueError("this nvmlcheck session is closed")
+
+    # --- queries --------------------------------------------------------------------------------------------------
+
+    def system(self) -> SystemInfo:
+        """Driver, NVML and CUDA driver versions."""
+        self._check_open()
+        return self._backend.system()
+
+    def device_count(self) -> int:
+        """How many GPUs the backend sees."""
+        self._check_open()
+        return self._backend.device_count()
+
+    def resolve(self, devices: Iterable[DeviceSelector] | DeviceSelector | None) -> tuple[int, ...] | None:
+        """Turn a device selection (indices and/or UUIDs or unique UUID prefixes) into sorted NVML indices.
+
+        ``None`` means every device. Raises ``ValueError`` for an index or UUID that names no device, or a prefix
+        that names several.
+        """
+        self._check_open()
+        if devices is None:
+            return None
+        items: list[DeviceSelector] = [devices] if isinstance(devices, int | str) else list(devices)
+        if not items:
+            raise ValueError("empty device selection: name at least one GPU, or pass None for all")
+        count = self._backend.device_count()
+        uuids: list[str] | None = None
+        out: set[int] = set()
+        for item in items:
+            if isinstance(item, bool) or not isinstance(item, int | str):
+                raise TypeError(f"a device is an int index or a UUID string, not {item!r}")
+            if isinstance(item, int):
+                if not 0 <= item < count:
+                    raise ValueError(f"no GPU with index {item}: this host has {count} (indices 0..{count - 1})")
+                out.add(item)
+                continue
+            if item.isdigit():
+                out.update(self.resolve(int(item)) or ())
+                continue
+            if uuids is None:
+                uuids = [d.uuid for d in self._backend.snapshot(None, Fields(0)).devices]
+            matches = [i for i, u in enumerate(uuids) if u == item or u.startswith(item)]
+            if len(matches) != 1:
+                what = "no GPU has" if not matches else f"{len(matches)} GPUs have"
+                raise ValueError(f"{what} a UUID starting with {item!r}")
+            out.add(matches[0])
+        return tuple(sorted(out))
+
+    def snapshot(
+        self, devices: Iterable[DeviceSelector] | DeviceSelector | None = None, *, fields: Fields = Fields.ALL
+    ) -> Snapshot:
+        """Read the selected devices (all by default) in one pass.
+
+        ``fields`` limits what is read beyond identity (``Fields.MEMORY | Fields.PROCESSES`` is what a wait
+        polls). Devices that cannot be read are in :attr:`Snapshot.failures`, never reported as idle.
+        """
+        self._check_open()
+        return self._backend.snapshot(self.resolve(devices), fields)
+
+    def devices(self) -> tuple[DeviceState, ...]:
+        """Identity of every device (index, name, UUID, PCI bus id, serial, minor number); live parts are
+        ``None`` (reason ``"not requested"``)."""
+        self._check_open()
+        snap = self._backend.snapshot(None, Fields(0))
+        snap.raise_for_failures()
+        return snap.devices
+
+    def wait_until_clean(
+        self,
+        timeout: float | None = 30.0,
+        predicate: Predicate | None = None,
+        *,
+        devices: Iterable[DeviceSelector] | DeviceSelector | None = None,
+        policy: PollPolicy | None = None,
+        stable_polls: int = 2,
+        trace: bool = False,
+        on_poll: Callable[[TracePoint], None] | None = None,
+    ) -> WaitResult:
+        """Poll until ``predicate`` holds on the selected devices, and say when it first did.
+
+        ``timeout`` in seconds (``None``: wait forever; ``0``: one check). The default predicate is no process of
+        any kind and at most 16 MiB used on every selected device, held for ``stable_polls`` consecutive polls.
+        Raises :class:`~nvmlcheck.WaitTimeout` naming what still holds each GPU, or the error that made a GPU
+        unreadable (lost, no permission). Zero selected GPUs is an error, never a vacuous "clean".
+        """
+        from .predicates import default_predicate
+        from .wait import poll_until
+
+        self._check_open()
+        indices = self.resolve(devices)
+        if indices is None and self._backend.device_count() == 0:
+            from .errors import BackendUnavailable
+
+            raise BackendUnavailable(
+                f"the {self.backend_name} backend sees no GPU: refusing to call zero GPUs clean",
+                [f"{self.backend_name}: device count 0"],
+            )
+        backend = self._backend
+
+        def take() -> Snapshot:
+            return backend.snapshot(indices, Fields.WAIT)
+
+        return poll_until(
+            take,
+            predicate if predicate is not None else default_predicate(),
+            timeout=timeout,
+            policy=policy,
+            stable_polls=stable_polls,
+            keep_trace=trace,
+            on_poll=on_poll,
+        )
+
+
+def open(
+    backend: str = "auto",
+    *,
+    smi_command: Sequence[str] | str | None = None,
+    smi_prefix: Sequence[str] | str | None = None,
+    smi_timeout_s: float | None = None,
+    library_path: str | None = None,
+) -> Session:
+    """Open a :class:`Session`.
+
+    ``backend``: ``"auto"`` (NVML, else nvidia-smi; never a simulator), ``"nvml"`` or ``"smi"``.
+    ``smi_prefix``: run nvidia-smi behind a command such as ``"ssh gpu01"``. ``library_path``: a specific
+    libnvidia-ml (else ``$NVMLCHECK_LIBNVML``, else ``libnvidia-ml.so.1``).
+
+    Raises :class:`~nvmlcheck.BackendUnavailable` (listing what was tried) when no backend opens.
+    """
+    return Session(
+        open_backend(
+            backend,
+            smi_command=smi_command,
+            smi_prefix=smi_prefix,
+            smi_timeout_s=smi_timeout_s,
+            library_path=library_path,
+        )
+    )
