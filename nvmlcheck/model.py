@@ -118,7 +118,7 @@ class SystemInfo:
     driver_version: str | None
     nvml_version: str | None
     cuda_driver_version: int | None
-    unknown: Mapping[str, str] = field(default=_EMPTY, compare=False)
+    unknown: Mapping[str, str] = field(default_factory=lambda: _EMPTY, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,7 +257,7 @@ class DeviceState:
     mps_processes: tuple[GpuProcess, ...] | None
     clocks: Clocks | None
     health: MemoryHealth | None
-    unknown: Mapping[str, str] = field(default=_EMPTY, compare=False)
+    unknown: Mapping[str, str] = field(default_factory=lambda: _EMPTY, compare=False)
 
     @property
     def processes(self) -> tuple[GpuProcess, ...] | None:
