@@ -15,6 +15,7 @@ Hot paths (memory and process lists, called every poll) bind their C functions o
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any, NewType
 
@@ -65,6 +66,19 @@ _SERIAL_BUFFER = 30  # NVML_DEVICE_SERIAL_BUFFER_SIZE
 _VERSION_BUFFER = 80  # NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE / NVML_VERSION
 
 
+_MEMORY_V2_T = ffi.typeof("nvmlMemory_v2_t *")
+_MEMORY_V1_T = ffi.typeof("nvmlMemory_t *")
+
+
+class _Buffers(threading.local):
+    """Per-thread buffers for the per-poll calls: allocating a cffi struct costs about as much as reading it, and
+    cffi releases the GIL during the C call, so a buffer cannot be shared between threads."""
+
+    def __init__(self) -> None:
+        self.memory_v2 = ffi.new(_MEMORY_V2_T)
+        self.memory_v1 = ffi.new(_MEMORY_V1_T)
+
+
 def _fail(rc: int, function: str, index: int | None) -> Exception:
     return error_class_for_code(rc)(rc, function, index)
 
@@ -74,6 +88,7 @@ class NvmlCalls:
 
     def __init__(self, loaded: LoadedLibrary) -> None:
         self._loaded = loaded
+        self._buffers = _Buffers()
         sym = loaded.symbols
         self._memory_name = sym.memory
         self._memory_fn = self._bind(sym.memory)
@@ -193,7 +208,7 @@ class NvmlCalls:
         if fn is None:
             raise FunctionNotFound(13, "nvmlDeviceGetMemoryInfo_v2", index, "the library exports no memory query")
         if self.memory_is_v2:
-            buf = ffi.new("nvmlMemory_v2_t *")
+            buf = self._buffers.memory_v2
             # The version must be sizeof | 2<<24; a bare 2 fails on a real driver (FACTS.md, H200 580.159.04).
             buf.version = _MEMORY_V2_VERSION
             rc = fn(handle, buf)
@@ -205,7 +220,7 @@ class NvmlCalls:
                     f"used {used} B / reserved {reserved} B exceed total {total} B", "nvmlDeviceGetMemoryInfo_v2", index
                 )
             return Memory(total, used, free, reserved, False, 1)
-        buf1 = ffi.new("nvmlMemory_t *")
+        buf1 = self._buffers.memory_v1
         rc = fn(handle, buf1)
         if rc:
             raise _fail(rc, "nvmlDeviceGetMemoryInfo", index)
