@@ -1,0 +1,756 @@
+"""Composable predicates that decide whether a :class:`~nvmlcheck.model.Snapshot` is "clean".
+
+A predicate is a small immutable object. Combine predicates with ``&`` (and), ``|`` (or) and ``~`` (not)::
+
+    from nvmlcheck.predicates import no_processes, memory_used_at_most, on_devices, MIB
+
+    p = on_devices([0, 1], no_processes() & memory_used_at_most(16 * MIB))
+    verdict = p.evaluate(snapshot)
+    if not verdict.clean:
+        print("\\n".join(verdict.reasons))   # "GPU 0: pid 1234 (python3) holds 16.0 GiB (compute)"
+
+Three-valued logic
+------------------
+Every predicate answers ``True`` (satisfied), ``False`` (not satisfied) or ``None`` (cannot tell: a value is
+unknown, a device could not be read, the driver's numbers cannot answer the question). Only ``True`` is clean.
+Combinations follow Kleene's logic, which is the honest reading of "unknown":
+
+* ``a & b`` is ``False`` if either is ``False``, else ``None`` if either is ``None``, else ``True``.
+* ``a | b`` is ``True`` if either is ``True``, else ``None`` if either is ``None``, else ``False``.
+* ``~a`` swaps ``True`` and ``False`` and keeps ``None``: **an unknown value satisfies neither ``p`` nor ``~p``**.
+
+So ``~no_processes()`` is clean only when a process is *known* to be present, never because a process list could
+not be read. A composite can still be decided when the unknown part does not matter: with GPU 0 unreadable and a
+process on GPU 1, ``no_processes()`` is ``False`` (GPU 1 decides it) and ``~no_processes()`` is ``True``.
+
+Device predicates (``no_processes``, ``pids_gone``, ``memory_used_at_most``, ``memory_back_to``) hold when they
+hold on *every* selected device. A device listed in :attr:`Snapshot.failures`, a selected device missing from the
+snapshot, and a snapshot with no device at all are unknown, never clean.
+
+Reasons
+-------
+:meth:`Predicate.evaluate` returns a :class:`Verdict` whose ``reasons`` say, one line per device and cause, why the
+predicate is not satisfied; they are grouped by GPU index and feed :class:`~nvmlcheck.WaitTimeout`'s message and
+the CLI's status line. :meth:`Predicate.check` answers the same question without building any text; the poller
+uses it on every poll and asks for reasons only when it must.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from .model import MIB, DeviceFailure, DeviceState, GpuProcess, Memory, ProcessKind, Snapshot
+
+__all__ = [
+    "ALL_KINDS",
+    "DEFAULT_MAX_USED_BYTES",
+    "DEFAULT_TOLERANCE_BYTES",
+    "MIB",
+    "Predicate",
+    "Verdict",
+    "always",
+    "default_predicate",
+    "format_bytes",
+    "memory_back_to",
+    "memory_used_at_most",
+    "never",
+    "no_processes",
+    "on_devices",
+    "pids_gone",
+]
+
+#: Every process kind: compute, graphics and MPS.
+ALL_KINDS: tuple[ProcessKind, ...] = (ProcessKind.COMPUTE, ProcessKind.GRAPHICS, ProcessKind.MPS)
+#: The default predicate's limit on used memory. An idle GPU reads 0 with the v2 memory call (FACTS: H200, driver
+#: 580); GCM's health check uses 15 MiB; 16 MiB leaves room for nvidia-smi's whole-MiB rounding.
+DEFAULT_MAX_USED_BYTES = 16 * MIB
+#: The default slack of :func:`memory_back_to` above the baseline.
+DEFAULT_TOLERANCE_BYTES = 16 * MIB
+
+# Why an idle GPU can read ~615 MiB used: the v1 memory call counts the driver's reservation (FACTS, H200).
+_V1_HINT = (
+    "this driver only offers nvmlDeviceGetMemoryInfo (v1), whose 'used' includes the driver's reserved memory "
+    "(about 615 MiB on an H200), so no fixed limit can tell idle from busy; take a snapshot while the GPU is idle "
+    "and use memory_back_to(baseline)"
+)
+# Why memory can be held with an empty process list (FACTS: nvidia-docker #179, #1483; sglang #36589).
+_NO_VISIBLE_PROCESS = "with no visible process (PID namespace or a process that already exited)"
+
+
+# --- verdicts ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """The answer of a predicate about one snapshot.
+
+    ``satisfied`` is ``True``, ``False`` or ``None`` (cannot tell); ``reasons`` says in words why the predicate is
+    not satisfied (empty when it is). ``bool(verdict)`` is :attr:`clean`.
+    """
+
+    satisfied: bool | None
+    reasons: tuple[str, ...] = ()
+
+    @property
+    def clean(self) -> bool:
+        """``True`` only when the predicate is known to hold."""
+        return self.satisfied is True
+
+    @property
+    def unknown(self) -> bool:
+        """``True`` when the predicate cannot be decided from this snapshot."""
+        return self.satisfied is None
+
+    def __bool__(self) -> bool:
+        return self.satisfied is True
+
+
+class _Why(NamedTuple):
+    """One reason: whether it makes the answer ``False`` or unknown (``None``), the GPU it is about, the text."""
+
+    truth: bool | None
+    device: int | None
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Scope:
+    """The part of a snapshot a predicate judges (narrowed by :func:`on_devices`)."""
+
+    devices: tuple[DeviceState, ...]
+    failures: tuple[DeviceFailure, ...]
+    missing: tuple[int | str, ...] = ()
+
+
+def _scope_of(snapshot: Snapshot) -> _Scope:
+    return _Scope(snapshot.devices, snapshot.failures)
+
+
+def _sorted_reasons(whys: Iterable[_Why]) -> tuple[str, ...]:
+    """Reasons grouped by GPU index (device-less reasons last), in their original order within a GPU, deduplicated
+    (``a & b`` both report an unreadable device)."""
+    ordered = sorted(whys, key=lambda w: (w.device is None, w.device or 0))
+    return tuple(dict.fromkeys(w.text for w in ordered))
+
+
+# --- the base class ---------------------------------------------------------------------------------------------
+
+
+class Predicate(abc.ABC):
+    """A condition on a snapshot. Combine with ``&``, ``|`` and ``~`` (see the module docstring for the
+    three-valued logic). Predicates are immutable and can be shared between threads and waits.
+
+    Using ``and``/``or``/``not`` on predicates is a mistake (Python would use their truth value), so ``bool()`` of a
+    predicate raises :class:`TypeError`.
+    """
+
+    __slots__ = ()
+
+    def check(self, snapshot: Snapshot) -> bool | None:
+        """``True``, ``False`` or ``None`` (unknown), without building reason texts (fast: the poller's path)."""
+        return self._check(_scope_of(snapshot))
+
+    def evaluate(self, snapshot: Snapshot) -> Verdict:
+        """The verdict on ``snapshot``, with reasons when it is not satisfied."""
+        scope = _scope_of(snapshot)
+        truth = self._check(scope)
+        if truth is True:
+            return Verdict(True)
+        return Verdict(truth, _sorted_reasons(self._explain(scope)))
+
+    def __call__(self, snapshot: Snapshot) -> Verdict:
+        """Same as :meth:`evaluate`."""
+        return self.evaluate(snapshot)
+
+    @abc.abstractmethod
+    def _check(self, scope: _Scope) -> bool | None:
+        """The three-valued answer on ``scope``."""
+
+    @abc.abstractmethod
+    def _explain(self, scope: _Scope) -> list[_Why]:
+        """Why ``_check(scope)`` is not ``True`` (only called then). Each reason is tagged with whether it makes
+        the answer ``False`` or unknown, so ``~`` can keep the unknown ones."""
+
+    @abc.abstractmethod
+    def describe(self) -> str:
+        """What the predicate asks for, in words (``"no compute, graphics or MPS process"``)."""
+
+    def __str__(self) -> str:
+        return self.describe()
+
+    def __and__(self, other: Predicate) -> Predicate:
+        if not isinstance(other, Predicate):
+            return NotImplemented
+        return _And(_flatten(_And, (self, other)))
+
+    def __or__(self, other: Predicate) -> Predicate:
+        if not isinstance(other, Predicate):
+            return NotImplemented
+        return _Or(_flatten(_Or, (self, other)))
+
+    def __invert__(self) -> Predicate:
+        return _Not(self)
+
+    def __bool__(self) -> bool:
+        raise TypeError("a predicate has no truth value: combine predicates with &, | and ~, not and/or/not")
+
+
+def _flatten(kind: type[_And] | type[_Or], parts: Iterable[Predicate]) -> tuple[Predicate, ...]:
+    out: list[Predicate] = []
+    for p in parts:
+        out.extend(p.parts if isinstance(p, kind) else (p,))
+    return tuple(out)
+
+
+# --- combinators ------------------------------------------------------------------------------------------------
+
+
+class _And(Predicate):
+    __slots__ = ("parts",)
+
+    def __init__(self, parts: tuple[Predicate, ...]) -> None:
+        self.parts = parts
+
+    def _check(self, scope: _Scope) -> bool | None:
+        result: bool | None = True
+        for p in self.parts:
+            v = p._check(scope)
+            if v is False:
+                return False
+            if v is None:
+                result = None
+        return result
+
+    def _explain(self, scope: _Scope) -> list[_Why]:
+        out: list[_Why] = []
+        for p in self.parts:
+            if p._check(scope) is not True:
+                out.extend(p._explain(scope))
+        return out
+
+    def describe(self) -> str:
+        return " and ".join(_paren(p, _Or) for p in self.parts)
+
+    def __repr__(self) -> str:
+        return " & ".join(_paren_repr(p, _Or) for p in self.parts)
+
+
+class _Or(Predicate):
+    __slots__ = ("parts",)
+
+    def __init__(self, parts: tuple[Predicate, ...]) -> None:
+        self.parts = parts
+
+    def _check(self, scope: _Scope) -> bool | None:
+        result: bool | None = False
+        for p in self.parts:
+            v = p._check(scope)
+            if v is True:
+                return True
+            if v is None:
+                result = None
+        return result
+
+    def _explain(self, scope: _Scope) -> list[_Why]:
+        # Not satisfied means no alternative holds: every part's reasons are relevant.
+        out: list[_Why] = []
+        for p in self.parts:
+            out.extend(p._explain(scope))
+        return out
+
+    def describe(self) -> str:
+        return " or ".join(_paren(p, _And) for p in self.parts)
+
+    def __repr__(self) -> str:
+        return " | ".join(_paren_repr(p, _And) for p in self.parts)
+
+
+class _Not(Predicate):
+    __slots__ = ("inner",)
+
+    def __init__(self, inner: Predicate) -> None:
+        self.inner = inner
+
+    def _check(self, scope: _Scope) -> bool | None:
+        v = self.inner._check(scope)
+        return None if v is None else not v
+
+    def _explain(self, scope: _Scope) -> list[_Why]:
+        if self.inner._check(scope) is None:
+            # Still unknown under negation: keep only the reasons that made it unknown; the inner predicate's
+            # "False" reasons describe things that are *good* for ~p and would mislead.
+            return [w for w in self.inner._explain(scope) if w.truth is None]
+        return [_Why(False, None, f"{self.inner.describe()}: this holds, and the predicate asks for the opposite (~)")]
+
+    def __invert__(self) -> Predicate:
+        return self.inner  # ~~p is p, with p's own (more precise) reasons
+
+    def describe(self) -> str:
+        return f"not ({self.inner.describe()})"
+
+    def __repr__(self) -> str:
+        inner = repr(self.inner)
+        return f"~{inner}" if not isinstance(self.inner, _And | _Or) else f"~({inner})"
+
+
+def _paren(p: Predicate, other: type[Predicate]) -> str:
+    return f"({p.describe()})" if isinstance(p, other) else p.describe()
+
+
+def _paren_repr(p: Predicate, other: type[Predicate]) -> str:
+    return f"({p!r})" if isinstance(p, other) else repr(p)
+
+
+class _Const(Predicate):
+    __slots__ = ("value",)
+
+    def __init__(self, value: bool) -> None:
+        self.value = value
+
+    def _check(self, scope: _Scope) -> bool | None:
+        return self.value
+
+    def _explain(self, scope: _Scope) -> list[_Why]:
+        return [_Why(False, None, "never() is never satisfied")]
+
+    def describe(self) -> str:
+        return "always" if self.value else "never"
+
+    def __repr__(self) -> str:
+        return "always()" if self.value else "never()"
+
+
+_ALWAYS = _Const(True)
+_NEVER = _Const(False)
+
+
+def always() -> Predicate:
+    """Always satisfied, whatever the snapshot holds (even unreadable devices: the poller still refuses polls with
+    device failures). The neutral element of ``&``."""
+    return _ALWAYS
+
+
+def never() -> Predicate:
+    """Never satisfied. The neutral element of ``|``."""
+    return _NEVER
+
+
+# --- device predicates ------------------------------------------------------------------------------------------
+
+
+class _DevicePredicate(Predicate):
+    """A predicate that must hold on every device of the scope (Kleene "and" over devices)."""
+
+    __slots__ = ()
+
+    @abc.abstractmethod
+    def _check_device(self, d: DeviceState) -> bool | None: ...
+
+    @abc.abstractmethod
+    def _explain_device(self, d: DeviceState) -> Iterator[_Why]: ...
+
+    def _check(self, scope: _Scope) -> bool | None:
+        # Unreadable, missing or no devices: unknown, unless a readable device already says False.
+        result: bool | None = None if (scope.failures or scope.missing or not scope.devices) else True
+        check = self._check_device
+        for d in scope.devices:
+            v = check(d)
+            if v is False:
+                return False
+            if v is None:
+                result = None
+        return result
+
+    def _explain(self, scope: _Scope) -> list[_Why]:
+        out: list[_Why] = []
+        for d in scope.devices:
+            out.extend(self._explain_device(d))
+        out.extend(_Why(None, f.index, _failure_text(f)) for f in scope.failures)
+        for m in scope.missing:
+            key = m if isinstance(m, int) else None
+            what = f"GPU {m}" if isinstance(m, int) else f"GPU {m!r}"
+            out.append(_Why(None, key, f"{what}: selected but not in the snapshot"))
+        if not scope.devices and not scope.failures and not scope.missing:
+            out.append(_Why(None, None, "no GPU in the snapshot: nothing to judge, so not clean"))
+        return out
+
+
+def _failure_text(f: DeviceFailure) -> str:
+    uuid = f" ({f.uuid})" if f.uuid else ""
+    return f"GPU {f.index}{uuid}: could not be read: {f.error}"
+
+
+def _process_list_unknown(d: DeviceState, kind: ProcessKind) -> _Why:
+    why = d.why_unknown(f"processes.{kind.value}") or "no reason recorded; was Fields.PROCESSES read?"
+    return _Why(None, d.index, f"GPU {d.index}: {kind.value} process list unknown ({why})")
+
+
+def _holder_text(p: GpuProcess) -> str:
+    name = p.name if p.name else "name unknown"
+    held = format_bytes(p.used_bytes) if p.used_bytes is not None else "an unknown amount (NVML: not available)"
+    return f"pid {p.pid} ({name}) holds {held}"
+
+
+def _kinds_arg(kinds: Iterable[ProcessKind | str] | ProcessKind | str) -> tuple[ProcessKind, ...]:
+    if isinstance(kinds, str):  # ProcessKind is a str enum too
+        kinds = (kinds,)
+    out = tuple(dict.fromkeys(ProcessKind(k) for k in kinds))
+    if not out:
+        raise ValueError("no_processes() needs at least one process kind")
+    return out
+
+
+class _NoProcesses(_DevicePredicate):
+    __slots__ = ("kinds",)
+
+    def __init__(self, kinds: tuple[ProcessKind, ...]) -> None:
+        self.kinds = kinds
+
+    def _check_device(self, d: DeviceState) -> bool | None:
+        result: bool | None = True
+        for kind in self.kinds:
+            procs = d.processes_of(kind)
+            if procs is None:
+                result = None
+            elif procs:
+                return False
+        return result
+
+    def _explain_device(self, d: DeviceState) -> Iterator[_Why]:
+        for kind in self.kinds:
+            procs = d.processes_of(kind)
+            if procs is None:
+                yield _process_list_unknown(d, kind)
+                continue
+            for p in procs:
+                yield _Why(False, d.index, f"GPU {d.index}: {_holder_text(p)} ({kind.value})")
+
+    def describe(self) -> str:
+        return f"no {_kinds_words(self.kinds)} process"
+
+    def __repr__(self) -> str:
+        if self.kinds == ALL_KINDS:
+            return "no_processes()"
+        return f"no_processes(kinds={tuple(k.value for k in self.kinds)!r})"
+
+
+def _kinds_words(kinds: tuple[ProcessKind, ...]) -> str:
+    names = ["MPS" if k is ProcessKind.MPS else k.value for k in kinds]
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
+
+
+class _PidsGone(_DevicePredicate):
+    __slots__ = ("pids",)
+
+    def __init__(self, pids: frozenset[int]) -> None:
+        self.pids = pids
+
+    def _check_device(self, d: DeviceState) -> bool | None:
+        result: bool | None = True
+        pids = self.pids
+        for kind in ALL_KINDS:
+            procs = d.processes_of(kind)
+            if procs is None:
+                result = None  # a watched pid may hide in the list we could not read
+            elif any(p.pid in pids for p in procs):
+                return False
+        return result
+
+    def _explain_device(self, d: DeviceState) -> Iterator[_Why]:
+        for kind in ALL_KINDS:
+            procs = d.processes_of(kind)
+            if procs is None:
+                yield _process_list_unknown(d, kind)
+                continue
+            for p in procs:
+                if p.pid in self.pids:
+                    yield _Why(False, d.index, f"GPU {d.index}: {_holder_text(p)} ({kind.value}), still listed")
+
+    def describe(self) -> str:
+        return f"pid {', '.join(map(str, sorted(self.pids)))} gone from every GPU process list"
+
+    def __repr__(self) -> str:
+        return f"pids_gone({sorted(self.pids)!r})"
+
+
+def _judge_at_most(used: int, slack: int, limit: int) -> bool | None:
+    """Is the true value at most ``limit``? A value reported at granularity g is within g-1 bytes of the truth
+    (whether nvidia-smi rounds or truncates its whole MiB), so a reading that close to the limit cannot decide."""
+    if used + slack <= limit:
+        return True
+    if used - slack > limit:
+        return False
+    return None
+
+
+def _memory_unknown(d: DeviceState) -> _Why:
+    why = d.why_unknown("memory") or "no reason recorded; was Fields.MEMORY read?"
+    return _Why(None, d.index, f"GPU {d.index}: memory use unknown ({why})")
+
+
+def _nothing_listed(d: DeviceState) -> bool:
+    return d.processes == ()
+
+
+class _MemoryAtMost(_DevicePredicate):
+    __slots__ = ("limit",)
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+
+    def _check_device(self, d: DeviceState) -> bool | None:
+        m = d.memory
+        if m is None or m.used_includes_reserved:
+            return None
+        return _judge_at_most(m.used_bytes, m.granularity_bytes - 1, self.limit)
+
+    def _explain_device(self, d: DeviceState) -> Iterator[_Why]:
+        m = d.memory
+        if m is None:
+            yield _memory_unknown(d)
+            return
+        if m.used_includes_reserved:
+            yield _Why(None, d.index, f"GPU {d.index}: cannot judge {format_bytes(m.used_bytes)} used: {_V1_HINT}")
+            return
+        verdict = _judge_at_most(m.used_bytes, m.granularity_bytes - 1, self.limit)
+        if verdict is None:
+            yield _Why(
+                None,
+                d.index,
+                f"GPU {d.index}: {format_bytes(m.used_bytes)} used is within the {format_bytes(m.granularity_bytes)} "
+                f"reporting resolution of the {format_bytes(self.limit)} limit; cannot tell which side it is on",
+            )
+        elif verdict is False:
+            used, limit = _two_sizes(m.used_bytes, self.limit)
+            if _nothing_listed(d):
+                text = f"GPU {d.index}: {used} used {_NO_VISIBLE_PROCESS}; clean means at most {limit}"
+            else:
+                text = f"GPU {d.index}: {used} used, above the {limit} limit"
+            yield _Why(False, d.index, text)
+
+    def describe(self) -> str:
+        return f"used memory at most {format_bytes(self.limit)}"
+
+    def __repr__(self) -> str:
+        return f"memory_used_at_most({self.limit})"
+
+
+class _MemoryBackTo(_DevicePredicate):
+    __slots__ = ("baseline", "tolerance")
+
+    def __init__(self, baseline: Mapping[str, tuple[int, Memory | None, str | None]], tolerance: int) -> None:
+        self.baseline = baseline  # uuid -> (index at baseline, memory, why unknown)
+        self.tolerance = tolerance
+
+    def _limits(self, d: DeviceState) -> tuple[Memory, Memory] | None:
+        entry = self.baseline.get(d.uuid)
+        m = d.memory
+        if entry is None or entry[1] is None or m is None:
+            return None
+        base = entry[1]
+        if base.used_includes_reserved != m.used_includes_reserved:
+            return None
+        return m, base
+
+    def _check_device(self, d: DeviceState) -> bool | None:
+        pair = self._limits(d)
+        if pair is None:
+            return None
+        m, base = pair
+        slack = (m.granularity_bytes - 1) + (base.granularity_bytes - 1)
+        return _judge_at_most(m.used_bytes, slack, base.used_bytes + self.tolerance)
+
+    def _explain_device(self, d: DeviceState) -> Iterator[_Why]:
+        entry = self.baseline.get(d.uuid)
+        m = d.memory
+        if entry is None:
+            yield _Why(None, d.index, f"GPU {d.index} ({d.uuid}): not in the baseline snapshot; cannot compare")
+            return
+        if entry[1] is None:
+            why = entry[2] or "not read"
+            yield _Why(None, d.index, f"GPU {d.index}: the baseline has no memory reading ({why}); cannot compare")
+            return
+        if m is None:
+            yield _memory_unknown(d)
+            return
+        base = entry[1]
+        if base.used_includes_reserved != m.used_includes_reserved:
+            yield _Why(
+                None,
+                d.index,
+                f"GPU {d.index}: the baseline and this snapshot measure 'used' differently (one includes the driver's "
+                "reserved memory, the other does not: different backends or drivers?); cannot compare",
+            )
+            return
+        slack = (m.granularity_bytes - 1) + (base.granularity_bytes - 1)
+        limit = base.used_bytes + self.tolerance
+        verdict = _judge_at_most(m.used_bytes, slack, limit)
+        if verdict is True:
+            return
+        base_text = f"the baseline {format_bytes(base.used_bytes)} + {format_bytes(self.tolerance)} tolerance"
+        if verdict is None:
+            yield _Why(
+                None,
+                d.index,
+                f"GPU {d.index}: {format_bytes(m.used_bytes)} used is within the reporting resolution of "
+                f"{base_text}; cannot tell which side it is on",
+            )
+            return
+        over = format_bytes(m.used_bytes - base.used_bytes)
+        tail = f" {_NO_VISIBLE_PROCESS}" if _nothing_listed(d) else ""
+        yield _Why(
+            False,
+            d.index,
+            f"GPU {d.index}: {format_bytes(m.used_bytes)} used, {over} above {base_text}{tail}",
+        )
+
+    def describe(self) -> str:
+        return f"used memory back to the baseline (+ {format_bytes(self.tolerance)})"
+
+    def __repr__(self) -> str:
+        return f"memory_back_to(<baseline of {len(self.baseline)} GPUs>, tolerance_bytes={self.tolerance})"
+
+
+class _OnDevices(Predicate):
+    __slots__ = ("indices", "inner", "selectors", "uuids")
+
+    def __init__(self, selectors: tuple[int | str, ...], inner: Predicate) -> None:
+        self.selectors = selectors
+        self.indices = frozenset(s for s in selectors if isinstance(s, int))
+        self.uuids = frozenset(s for s in selectors if isinstance(s, str))
+        self.inner = inner
+
+    def _narrow(self, scope: _Scope) -> _Scope:
+        idx, uuids = self.indices, self.uuids
+        devices = tuple(d for d in scope.devices if d.index in idx or d.uuid in uuids)
+        failures = tuple(f for f in scope.failures if f.index in idx or (f.uuid is not None and f.uuid in uuids))
+        if len(devices) + len(failures) == len(self.selectors):
+            return _Scope(devices, failures)  # the common case: every selector found once
+        found: set[int | str] = {d.index for d in devices} | {d.uuid for d in devices}
+        found |= {f.index for f in failures} | {f.uuid for f in failures if f.uuid is not None}
+        return _Scope(devices, failures, tuple(s for s in self.selectors if s not in found))
+
+    def _check(self, scope: _Scope) -> bool | None:
+        return self.inner._check(self._narrow(scope))
+
+    def _explain(self, scope: _Scope) -> list[_Why]:
+        return self.inner._explain(self._narrow(scope))
+
+    def describe(self) -> str:
+        which = ", ".join(str(s) for s in self.selectors)
+        return f"on GPU {which}: {self.inner.describe()}"
+
+    def __repr__(self) -> str:
+        return f"on_devices({list(self.selectors)!r}, {self.inner!r})"
+
+
+# --- public constructors ----------------------------------------------------------------------------------------
+
+
+def no_processes(kinds: Iterable[ProcessKind | str] | ProcessKind | str = ALL_KINDS) -> Predicate:
+    """No process of the given kinds (default: compute, graphics and MPS) on any selected device.
+
+    Unknown when a list of a requested kind could not be read. An empty process list alone does not mean the
+    memory is back (FACTS: the list emptied 28 ms before ``used`` returned on an H200); combine with a memory
+    predicate, as :func:`default_predicate` does.
+    """
+    return _NoProcesses(_kinds_arg(kinds))
+
+
+def pids_gone(pids: Iterable[int]) -> Predicate:
+    """None of ``pids`` appears in any process list (compute, graphics, MPS) of any selected device.
+
+    Unknown when a list could not be read (the pid could be in it). NVML reports host PIDs (FACTS): inside a PID
+    namespace pass host PIDs.
+    """
+    chosen = frozenset(pids)
+    for pid in chosen:
+        if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
+            raise ValueError(f"pids_gone() needs positive integer PIDs, got {pid!r}")
+    return _PidsGone(chosen)
+
+
+def memory_used_at_most(limit_bytes: int) -> Predicate:
+    """``used`` memory is at most ``limit_bytes`` on every selected device.
+
+    nvidia-smi reports whole MiB (:attr:`Memory.granularity_bytes`): a reading within one unit of the limit cannot
+    decide and is unknown. On drivers with only the v1 memory call (:attr:`Memory.used_includes_reserved`) ``used``
+    includes the driver's reserve, so this predicate refuses to guess and is unknown there; use
+    :func:`memory_back_to` with a baseline taken while the GPU was idle.
+    """
+    return _MemoryAtMost(_non_negative_bytes("limit_bytes", limit_bytes))
+
+
+def memory_back_to(baseline: Snapshot, tolerance_bytes: int = DEFAULT_TOLERANCE_BYTES) -> Predicate:
+    """``used`` memory is at most the baseline's ``used`` plus ``tolerance_bytes``, per device (matched by UUID).
+
+    Take ``baseline`` while the GPUs are idle. Works on v1-only drivers (both readings include the same reserve).
+    Unknown for a device absent from the baseline, or when the two readings measure ``used`` differently.
+    """
+    tol = _non_negative_bytes("tolerance_bytes", tolerance_bytes)
+    table = {d.uuid: (d.index, d.memory, d.why_unknown("memory")) for d in baseline.devices}
+    return _MemoryBackTo(table, tol)
+
+
+def on_devices(devices: Iterable[int | str], predicate: Predicate) -> Predicate:
+    """Judge ``predicate`` on the selected devices only: NVML indices (``int``) or UUIDs (``str``).
+
+    A selected device that is missing from the snapshot makes the answer unknown (not clean).
+    """
+    selectors = tuple(dict.fromkeys(devices))
+    for s in selectors:
+        if isinstance(s, bool) or not isinstance(s, int | str) or (isinstance(s, int) and s < 0):
+            raise ValueError(f"on_devices() takes GPU indices (int >= 0) or UUIDs (str), got {s!r}")
+    if not selectors:
+        raise ValueError("on_devices() needs at least one device")
+    return _OnDevices(selectors, predicate)
+
+
+def default_predicate(
+    *,
+    max_used_bytes: int = DEFAULT_MAX_USED_BYTES,
+    baseline: Snapshot | None = None,
+    tolerance_bytes: int = DEFAULT_TOLERANCE_BYTES,
+    devices: Iterable[int | str] | None = None,
+) -> Predicate:
+    """What "clean" means by default: no process of any kind, and ``used`` at most 16 MiB, on every device.
+
+    With ``baseline`` (an idle snapshot) the memory test becomes :func:`memory_back_to` instead: this is how to
+    judge on drivers that only have the v1 memory call, where the fixed limit cannot decide. ``devices`` narrows the
+    judgement with :func:`on_devices`.
+    """
+    memory = memory_back_to(baseline, tolerance_bytes) if baseline is not None else memory_used_at_most(max_used_bytes)
+    predicate = no_processes() & memory
+    return on_devices(devices, predicate) if devices is not None else predicate
+
+
+def _non_negative_bytes(name: str, value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int number of bytes, got {value!r}")
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+    return value
+
+
+# --- formatting -------------------------------------------------------------------------------------------------
+
+
+def format_bytes(n: int) -> str:
+    """``n`` bytes for a person: ``"16.0 GiB"``, ``"615.0 MiB"``, ``"4.0 KiB"``, ``"512 B"``."""
+    sign = "-" if n < 0 else ""
+    a = abs(n)
+    for unit, shift in (("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if a >= 1 << shift:
+            return f"{sign}{a / (1 << shift):.1f} {unit}"
+    return f"{sign}{a} B"
+
+
+def _two_sizes(a: int, b: int) -> tuple[str, str]:
+    """Two sizes that must look different when they differ (16 MiB + 1 B is not "16.0 MiB")."""
+    fa, fb = format_bytes(a), format_bytes(b)
+    if fa == fb and a != b:
+        return f"{a:,} B", f"{b:,} B"
+    return fa, fb
