@@ -8,7 +8,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING
 
@@ -148,17 +149,21 @@ class Session:
         predicate: Predicate | None = None,
         *,
         devices: Iterable[DeviceSelector] | DeviceSelector | None = None,
-        policy: PollPolicy | None = None,
+        policy: PollPolicy | str | float | None = None,
         stable_polls: int = 2,
         trace: bool = False,
-        on_poll: Callable[[TracePoint], None] | None = None,
+        on_poll: Callable[[TracePoint], object] | None = None,
+        clock: Callable[[], int] = time.monotonic_ns,
+        sleep: Callable[[float], object] = time.sleep,
     ) -> WaitResult:
         """Poll until ``predicate`` holds on the selected devices, and say when it first did.
 
         ``timeout`` in seconds (``None``: wait forever; ``0``: one check). The default predicate is no process of
         any kind and at most 16 MiB used on every selected device, held for ``stable_polls`` consecutive polls.
         Raises :class:`~nvmlcheck.WaitTimeout` naming what still holds each GPU, or the error that made a GPU
-        unreadable (lost, no permission). Zero selected GPUs is an error, never a vacuous "clean".
+        unreadable (lost, no permission). Zero selected GPUs is an error, never a vacuous "clean". ``policy``: a
+        :class:`~nvmlcheck.wait.PollPolicy`, ``"default"``, ``"precise"`` or an interval in seconds. ``clock``
+        (integer ns) and ``sleep`` (seconds) can be injected for tests.
         """
         from .predicates import default_predicate
         from .wait import poll_until
@@ -185,6 +190,8 @@ class Session:
             stable_polls=stable_polls,
             keep_trace=trace,
             on_poll=on_poll,
+            clock=clock,
+            sleep=sleep,
         )
 
 
