@@ -1,0 +1,818 @@
+"""Test helpers: a stub libnvidia-ml that answers from a scenario, for test suites on machines without a GPU.
+
+nvmlcheck ships the C source of a stub ``libnvidia-ml.so.1`` (``stubs/stub_nvml.c``; its contract is
+``stubs/README.md``). Compiled against the real ``nvml.h`` from the ``nvidia-nvml-dev`` package, it exports the NVML
+symbols nvmlcheck uses and behaves like a driver whose state comes from a small text *scenario* file: devices,
+processes (optionally bound to real PIDs, so killing a child process "frees" its GPU memory), a timeline of changes,
+injected faults and older-driver build variants. nvmlcheck's real NVML path (cffi) runs against it unchanged.
+
+>>> from nvmlcheck.testing import Scenario, use_stub
+>>> scenario = Scenario.h200()
+>>> scenario.add_process(0, pid=4123456, used_bytes=2**30)
+>>> scenario.at_call(10).remove_process(0, pid=4123456)
+>>> with use_stub(scenario) as stub:                                    # doctest: +SKIP
+...     import nvmlcheck
+...     with nvmlcheck.open(backend="nvml") as gpus:
+...         ...
+...     stub.call_counts()["nvmlInit_v2"]
+
+Building needs a C compiler (``cc`` argument, else ``$CC``, else ``cc`` or ``gcc``) and ``nvidia-nvml-dev``
+(``pip install nvidia-nvml-dev``). Builds are cached (``$NVMLCHECK_STUB_CACHE``, default
+``~/.cache/nvmlcheck/stub``), keyed by source, header, variant macros and compiler.
+
+Environment variables: ``NVMLCHECK_LIBNVML`` (the library nvmlcheck's NVML backend loads),
+``NVMLCHECK_STUB_SCENARIO`` (the scenario the stub reads at ``nvmlInit``), ``NVMLCHECK_STUB_LOG`` (the stub's call
+log), ``NVMLCHECK_NVML_H`` (overrides the ``nvml.h`` the build uses).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import ctypes
+import hashlib
+import importlib.resources
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, get_args
+
+__all__ = [
+    "CLOCK_DOMAINS",
+    "DEVICE_FIELDS",
+    "NVML_FUNCTIONS",
+    "PROCESS_KINDS",
+    "STUB_VARIANTS",
+    "UNSUPPORTED_FIELDS",
+    "LogEntry",
+    "Scenario",
+    "StubBuildError",
+    "StubProbe",
+    "StubSession",
+    "TimelineStep",
+    "build_stub",
+    "find_nvml_header",
+    "read_call_log",
+    "stub_environment",
+    "stub_source_dir",
+    "use_stub",
+]
+
+ProcessKind = Literal["compute", "graphics", "mps"]
+ClockDomain = Literal["graphics", "sm", "mem", "video"]
+RetirementCause = Literal["sbe", "dbe"]
+
+#: Process kinds of the scenario format (``process kind=``).
+PROCESS_KINDS: tuple[str, ...] = get_args(ProcessKind)
+#: Clock domains, in nvmlClockType_t order (graphics 0, sm 1, mem 2, video 3).
+CLOCK_DOMAINS: tuple[str, ...] = get_args(ClockDomain)
+
+#: Every NVML function the stub exports in its full build (plus ``stub_*`` test symbols, not listed here).
+NVML_FUNCTIONS: tuple[str, ...] = (
+    "nvmlInit",
+    "nvmlInit_v2",
+    "nvmlInitWithFlags",
+    "nvmlShutdown",
+    "nvmlErrorString",
+    "nvmlSystemGetDriverVersion",
+    "nvmlSystemGetNVMLVersion",
+    "nvmlSystemGetCudaDriverVersion",
+    "nvmlSystemGetCudaDriverVersion_v2",
+    "nvmlDeviceGetCount",
+    "nvmlDeviceGetCount_v2",
+    "nvmlDeviceGetHandleByIndex",
+    "nvmlDeviceGetHandleByIndex_v2",
+    "nvmlDeviceGetName",
+    "nvmlDeviceGetUUID",
+    "nvmlDeviceGetSerial",
+    "nvmlDeviceGetMinorNumber",
+    "nvmlDeviceGetPciInfo_v2",
+    "nvmlDeviceGetPciInfo_v3",
+    "nvmlDeviceGetMemoryInfo",
+    "nvmlDeviceGetMemoryInfo_v2",
+    "nvmlDeviceGetComputeRunningProcesses",
+    "nvmlDeviceGetComputeRunningProcesses_v2",
+    "nvmlDeviceGetComputeRunningProcesses_v3",
+    "nvmlDeviceGetGraphicsRunningProcesses",
+    "nvmlDeviceGetGraphicsRunningProcesses_v2",
+    "nvmlDeviceGetGraphicsRunningProcesses_v3",
+    "nvmlDeviceGetMPSComputeRunningProcesses",
+    "nvmlDeviceGetMPSComputeRunningProcesses_v2",
+    "nvmlDeviceGetMPSComputeRunningProcesses_v3",
+    "nvmlDeviceGetClockInfo",
+    "nvmlDeviceGetMaxClockInfo",
+    "nvmlDeviceGetApplicationsClock",
+    "nvmlDeviceGetCurrentClocksEventReasons",
+    "nvmlDeviceGetCurrentClocksThrottleReasons",
+    "nvmlDeviceGetRetiredPages",
+    "nvmlDeviceGetRetiredPages_v2",
+    "nvmlDeviceGetRetiredPagesPendingStatus",
+    "nvmlDeviceGetRemappedRows",
+)
+
+_PROC_PREFIXES = (
+    "nvmlDeviceGetComputeRunningProcesses",
+    "nvmlDeviceGetGraphicsRunningProcesses",
+    "nvmlDeviceGetMPSComputeRunningProcesses",
+)
+
+#: Build variants (``-D`` macros) and the symbols each one lacks, as an older driver would.
+STUB_VARIANTS: Mapping[str, tuple[str, ...]] = {
+    "STUB_NO_PROC_V3": tuple(p + "_v3" for p in _PROC_PREFIXES),
+    "STUB_NO_PROC_V2": tuple(p + "_v2" for p in _PROC_PREFIXES),
+    "STUB_NO_MEMORY_V2": ("nvmlDeviceGetMemoryInfo_v2",),
+    "STUB_NO_INIT_V2": ("nvmlInit_v2", "nvmlDeviceGetCount_v2", "nvmlDeviceGetHandleByIndex_v2"),
+    "STUB_NO_EVENT_REASONS": ("nvmlDeviceGetCurrentClocksEventReasons",),
+    "STUB_NO_RETIRED_V2": ("nvmlDeviceGetRetiredPages_v2",),
+    "STUB_NO_CUDA_V2": ("nvmlSystemGetCudaDriverVersion_v2",),
+    "STUB_NO_PCI_V3": ("nvmlDeviceGetPciInfo_v3",),
+}
+
+#: Field names accepted by ``unsupported=`` (their calls return NVML_ERROR_NOT_SUPPORTED).
+UNSUPPORTED_FIELDS: frozenset[str] = frozenset(
+    {"name", "uuid", "serial", "minor", "pci", "memory", "reasons", "retired_pages", "retired_pending", "remapped"}
+    | {f"processes.{kind}" for kind in PROCESS_KINDS}
+    | {f"{group}.{domain}" for group in ("clock", "max", "app") for domain in CLOCK_DOMAINS}
+)
+
+_HEADER_CANDIDATES = ("nvidia/cu13/include/nvml.h", "nvidia/cu12/include/nvml.h")
+_LIBRARY_NAME = "libnvidia-ml.so.1"
+_U64_MAX = 2**64 - 1
+_U32_MAX = 2**32 - 1
+_INT_MAX = 2**31 - 1
+_NOT_MIG = 0xFFFFFFFF
+
+
+class StubBuildError(RuntimeError):
+    """The stub could not be built: no compiler, no ``nvml.h``, or the compiler failed (its stderr is included)."""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Building
+
+
+def find_nvml_header() -> Path:
+    """The real ``nvml.h`` to compile the stub against.
+
+    ``$NVMLCHECK_NVML_H`` wins when set; otherwise the first ``nvidia/cu13/include/nvml.h`` (then ``cu12``) under
+    an entry of ``sys.path``, which is where the ``nvidia-nvml-dev`` wheel puts it.
+
+    Raises:
+        FileNotFoundError: no header found (the message says to install ``nvidia-nvml-dev``).
+    """
+    override = os.environ.get("NVMLCHECK_NVML_H")
+    if override:
+        path = Path(override)
+        if not path.is_file():
+            raise FileNotFoundError(f"NVMLCHECK_NVML_H={override} is not a file")
+        return path
+    for candidate in _HEADER_CANDIDATES:
+        for entry in sys.path:
+            path = Path(entry or ".") / candidate
+            if path.is_file():
+                return path
+    raise FileNotFoundError(
+        "nvml.h not found: install the package nvidia-nvml-dev (pip install nvidia-nvml-dev) or set NVMLCHECK_NVML_H;"
+        f" searched {' and '.join(_HEADER_CANDIDATES)} under every sys.path entry"
+    )
+
+
+def stub_source_dir() -> Path:
+    """The directory holding ``stub_nvml.c`` and its ``README.md``.
+
+    From a wheel that is ``nvmlcheck/_stubs`` (the build force-includes ``stubs/`` there); from a source checkout,
+    the repository's ``stubs/`` next to the package.
+    """
+    packaged = importlib.resources.files("nvmlcheck") / "_stubs"
+    if packaged.is_dir() and (packaged / "stub_nvml.c").is_file():
+        return Path(str(packaged))
+    checkout = Path(__file__).resolve().parent.parent / "stubs"
+    if (checkout / "stub_nvml.c").is_file():
+        return checkout
+    raise FileNotFoundError(f"stub sources not found (looked in {packaged} and {checkout})")
+
+
+def _find_compiler(cc: str | None) -> str:
+    candidates = [cc] if cc else [os.environ["CC"]] if os.environ.get("CC") else ["cc", "gcc"]
+    for candidate in candidates:
+        found = shutil.which(candidate)
+        if found:
+            return found
+    raise StubBuildError(
+        f"no C compiler found (tried {', '.join(candidates)}): install gcc or clang, or pass cc= / set $CC"
+    )
+
+
+def _validate_variant(variant: Iterable[str]) -> tuple[str, ...]:
+    if isinstance(variant, str):
+        raise TypeError("variant must be an iterable of macro names, not a string")
+    macros = tuple(sorted(set(variant)))
+    unknown = [m for m in macros if m not in STUB_VARIANTS]
+    if unknown:
+        raise ValueError(f"unknown stub variant macro(s) {unknown}; known: {sorted(STUB_VARIANTS)}")
+    return macros
+
+
+# No -soname on purpose: without one, a later dlopen("libnvidia-ml.so.1") in the same process (the real driver, for
+# a GPU test) does not match the loaded stub, whose only name is its full path.
+_CFLAGS = ("-shared", "-fPIC", "-O2", "-std=c11", "-Wall", "-Wextra", "-DNVML_NO_UNVERSIONED_FUNC_DEFS")
+_LDFLAGS = ("-lpthread",)
+
+
+def _compile_command(compiler: str, source: Path, header: Path, macros: Sequence[str], output: Path) -> list[str]:
+    defines = [f"-D{m}" for m in macros]
+    return [compiler, *_CFLAGS, *defines, f"-I{header.parent}", str(source), "-o", str(output), *_LDFLAGS]
+
+
+def build_stub(variant: Iterable[str] = (), *, cache_dir: Path | None = None, cc: str | None = None) -> Path:
+    """Compile the stub (once; cached) and return the path of its ``libnvidia-ml.so.1``.
+
+    Args:
+        variant: ``STUB_NO_*`` macros (see :data:`STUB_VARIANTS`) for a build without some newer symbols.
+        cache_dir: where builds live; default ``$NVMLCHECK_STUB_CACHE`` or ``~/.cache/nvmlcheck/stub``.
+        cc: the C compiler; default ``$CC``, else ``cc`` or ``gcc`` from ``PATH``.
+
+    Each distinct (source, header, macros, compiler) gets its own directory, so variants can be loaded side by
+    side. The library is written under a temporary name and renamed, so parallel test processes never see a
+    half-written file.
+
+    Raises:
+        ValueError: an unknown variant macro.
+        FileNotFoundError: no ``nvml.h`` (install ``nvidia-nvml-dev``) or no stub sources.
+        StubBuildError: no compiler, or compilation failed.
+    """
+    macros = _validate_variant(variant)
+    compiler = _find_compiler(cc)
+    source = stub_source_dir() / "stub_nvml.c"
+    header = find_nvml_header()
+    if cache_dir is None:
+        env_cache = os.environ.get("NVMLCHECK_STUB_CACHE")
+        cache_dir = Path(env_cache) if env_cache else Path.home() / ".cache" / "nvmlcheck" / "stub"
+    compiler_stat = os.stat(compiler)
+    digest = hashlib.sha256()
+    for part in (
+        source.read_bytes(),
+        header.read_bytes(),
+        "\0".join(macros).encode(),
+        f"{compiler}\0{compiler_stat.st_size}\0{compiler_stat.st_mtime_ns}".encode(),
+        "\0".join(_CFLAGS + _LDFLAGS).encode(),
+    ):
+        digest.update(hashlib.sha256(part).digest())
+    tag = "-".join(m.removeprefix("STUB_NO_").lower() for m in macros) or "full"
+    target_dir = Path(cache_dir) / f"{tag}-{digest.hexdigest()[:20]}"
+    target = target_dir / _LIBRARY_NAME
+    if target.is_file():
+        return target
+    target_dir.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{_LIBRARY_NAME}.", suffix=".tmp", dir=target_dir)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        command = _compile_command(compiler, source, header, macros, tmp)
+        try:
+            proc = subprocess.run(command, capture_output=True, text=True, check=False)
+        except OSError as exc:
+            raise StubBuildError(f"could not run the C compiler {compiler}: {exc}") from exc
+        if proc.returncode != 0:
+            raise StubBuildError(
+                f"compiling the stub failed (exit {proc.returncode}): {' '.join(command)}\n{proc.stderr.strip()}"
+            )
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return target
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Scenario builder
+
+
+def _quote(value: str) -> str:
+    """A scenario value: bare when it can be, else double-quoted with ``\\"`` and ``\\\\`` escapes."""
+    if "\n" in value or "\r" in value or "\0" in value:
+        raise ValueError(f"scenario values cannot contain newlines or NUL bytes: {value!r}")
+    if value and not any(c in value for c in ' \t"#\\'):
+        return value
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _check_int(name: str, value: object, maximum: int = _U64_MAX, minimum: int = 0) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    if value > maximum:
+        raise ValueError(f"{name} must be <= {maximum}, got {value}")
+    return value
+
+
+def _check_str(name: str, value: object, max_bytes: int) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str, not {type(value).__name__}")
+    if len(value.encode()) > max_bytes:
+        raise ValueError(f"{name} is longer than {max_bytes} bytes (NVML's buffer): {value!r}")
+    _quote(value)
+    return value
+
+
+def _check_kind(kind: str) -> str:
+    if kind not in PROCESS_KINDS:
+        raise ValueError(f"unknown process kind {kind!r}; expected one of {PROCESS_KINDS}")
+    return kind
+
+
+_PCI_BUS_ID = re.compile(r"([0-9A-Fa-f]{1,8}):([0-9A-Fa-f]{1,8}):([0-9A-Fa-f]{1,8})\.([0-9A-Fa-f]{1,8})")
+
+
+def _check_pci(value: object) -> str:
+    text = _check_str("pci_bus_id", value, 31)
+    match = _PCI_BUS_ID.fullmatch(text)
+    if not match:
+        raise ValueError(f"pci_bus_id must look like 00000000:06:00.0 (hex domain:bus:device.function): {text!r}")
+    _domain, bus, device, function = (int(part, 16) for part in match.groups())
+    if bus > 0xFF or device > 0x1F or function > 7:
+        raise ValueError(f"pci_bus_id out of range (bus <= ff, device <= 1f, function <= 7): {text!r}")
+    return text
+
+
+def _check_bool(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, not {type(value).__name__}")
+    return value
+
+
+#: Keyword arguments of :meth:`Scenario.add_device` / ``set_device`` and the scenario keys they write.
+DEVICE_FIELDS: Mapping[str, str] = {
+    "name": "name",
+    "uuid": "uuid",
+    "serial": "serial",
+    "pci_bus_id": "pci",
+    "pci_device_id": "pci.device_id",
+    "pci_subsystem_id": "pci.subsystem_id",
+    "minor": "minor",
+    "total_bytes": "total",
+    "reserved_bytes": "reserved",
+    "used_bytes": "used",
+    "clocks_mhz": "clock.<domain>",
+    "max_clocks_mhz": "max.<domain>",
+    "app_clocks_mhz": "app.<domain>",
+    "clock_event_reasons": "reasons",
+    "retired_pages": "retired",
+    "retired_pending": "retired_pending",
+    "remapped_rows": "remapped",
+    "unsupported": "unsupported",
+    "lost": "lost",
+}
+
+
+def _render_device_fields(fields: Mapping[str, object]) -> list[str]:
+    """Map the keyword arguments of :meth:`Scenario.add_device` to ``key=value`` strings, validating them."""
+    out: list[str] = []
+    for name, value in fields.items():
+        if name == "name":
+            out.append("name=" + _quote(_check_str(name, value, 63)))
+        elif name == "uuid":
+            out.append("uuid=" + _quote(_check_str(name, value, 95)))
+        elif name == "serial":
+            out.append("serial=" + _quote(_check_str(name, value, 29)))
+        elif name == "pci_bus_id":
+            out.append("pci=" + _check_pci(value))
+        elif name == "pci_device_id":
+            out.append(f"pci.device_id={_check_int(name, value, _U32_MAX):#x}")
+        elif name == "pci_subsystem_id":
+            out.append(f"pci.subsystem_id={_check_int(name, value, _U32_MAX):#x}")
+        elif name == "minor":
+            out.append(f"minor={_check_int(name, value, _U32_MAX)}")
+        elif name in ("total_bytes", "reserved_bytes", "used_bytes"):
+            out.append(f"{name.removesuffix('_bytes')}={_check_int(name, value)}")
+        elif name in ("clocks_mhz", "max_clocks_mhz", "app_clocks_mhz"):
+            group = {"clocks_mhz": "clock", "max_clocks_mhz": "max", "app_clocks_mhz": "app"}[name]
+            if not isinstance(value, Mapping):
+                raise TypeError(f"{name} must be a mapping of clock domain to MHz, e.g. {{'sm': 1980}}")
+            for domain, mhz in value.items():
+                if domain not in CLOCK_DOMAINS:
+                    raise ValueError(f"{name}: unknown clock domain {domain!r}; expected one of {CLOCK_DOMAINS}")
+                out.append(f"{group}.{domain}={_check_int(f'{name}[{domain!r}]', mhz, _U32_MAX)}")
+        elif name == "clock_event_reasons":
+            out.append(f"reasons={_check_int(name, value):#x}")
+        elif name == "retired_pages":
+            if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+                raise TypeError("retired_pages must be a sequence of (cause, address, timestamp) tuples")
+            pages: list[str] = []
+            for page in value:
+                if not isinstance(page, tuple) or len(page) != 3:
+                    raise TypeError(f"retired_pages entries are (cause, address, timestamp) tuples, got {page!r}")
+                cause, address, timestamp = page
+                if cause not in ("sbe", "dbe"):
+                    raise ValueError(f"retired page cause must be 'sbe' or 'dbe', got {cause!r}")
+                pages.append(
+                    f"{cause}:{_check_int('retired page address', address):#x}"
+                    f"@{_check_int('retired page timestamp', timestamp)}"
+                )
+            out.append("retired=" + _quote(",".join(pages)))
+        elif name == "retired_pending":
+            out.append(f"retired_pending={int(_check_bool(name, value))}")
+        elif name == "remapped_rows":
+            if not isinstance(value, tuple) or len(value) != 4:
+                raise TypeError("remapped_rows must be a tuple (correctable, uncorrectable, pending, failure)")
+            labels = ("correctable", "uncorrectable", "pending", "failure")
+            numbers = [
+                _check_int(f"remapped_rows {label}", int(v) if isinstance(v, bool) else v, _U32_MAX)
+                for label, v in zip(labels, value, strict=True)
+            ]
+            out.append("remapped=" + ",".join(map(str, numbers)))
+        elif name == "unsupported":
+            if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+                raise TypeError("unsupported must be an iterable of field names, e.g. ('retired_pages',)")
+            names = list(dict.fromkeys(value))
+            bad = [n for n in names if n not in UNSUPPORTED_FIELDS]
+            if bad:
+                raise ValueError(f"unknown unsupported field(s) {bad}; known: {sorted(UNSUPPORTED_FIELDS)}")
+            out.append("unsupported=" + _quote(",".join(names)))
+        elif name == "lost":
+            out.append(f"lost={int(_check_bool(name, value))}")
+        else:
+            raise TypeError(f"unknown device field {name!r}; known: {sorted(DEVICE_FIELDS)}")
+    return out
+
+
+class _Changes:
+    """The changes a scenario line can make; shared by :class:`Scenario` (initial state) and :class:`TimelineStep`."""
+
+    def _emit(self, line: str) -> None:
+        raise NotImplementedError
+
+    def _device_count(self) -> int:
+        raise NotImplementedError
+
+    def _check_device(self, device: object, what: str = "device") -> int:
+        index = _check_int(what, device, _U32_MAX)
+        if index >= self._device_count():
+            raise ValueError(f"{what} {index} does not exist (the scenario has {self._device_count()} device(s))")
+        return index
+
+    def set_device(self, index: int, **fields: object) -> None:
+        """Change fields of an existing device (same keyword arguments as :meth:`Scenario.add_device`)."""
+        self._check_device(index, "device index")
+        self._emit(" ".join([f"device index={index}", *_render_device_fields(fields)]))
+
+    def add_process(
+        self,
+        device: int,
+        pid: int,
+        kind: ProcessKind = "compute",
+        used_bytes: int | None = 0,
+        *,
+        holds_bytes: int | None = None,
+        bound: bool = False,
+        release_ms: int = 0,
+        list_ms: int = 0,
+        zombie_holds: bool = False,
+        gi: int | None = None,
+        ci: int | None = None,
+    ) -> None:
+        """Add a process to a device's list (or change the entry with the same device, kind and pid).
+
+        Args:
+            device: device index.
+            pid: the PID NVML reports (4_000_000..4_194_304 are safe fakes; above 4_194_304 are impossible PIDs).
+            kind: ``"compute"``, ``"graphics"`` or ``"mps"`` (which process-list call reports it).
+            used_bytes: ``usedGpuMemory``; ``None`` for NVML's "not available" sentinel (``used=na``).
+            holds_bytes: what the process adds to the device's used memory (default: ``used_bytes``, 0 when None).
+            bound: tie the entry to the real process ``pid``: listed while it lives (see README).
+            release_ms: with ``bound``: ms after its exit is noticed until its memory is released.
+            list_ms: with ``bound``: ms after its exit is noticed until it leaves the list.
+            zombie_holds: with ``bound``: an unreaped zombie still counts as alive.
+            gi, ci: MIG GPU / compute instance ids (default 0xFFFFFFFF, "not MIG").
+        """
+        parts = [
+            f"process device={self._check_device(device)}",
+            f"kind={_check_kind(kind)}",
+            f"pid={_check_int('pid', pid, _U32_MAX)}",
+            "used=na" if used_bytes is None else f"used={_check_int('used_bytes', used_bytes, _U64_MAX - 1)}",
+        ]
+        if holds_bytes is not None:
+            parts.append(f"holds={_check_int('holds_bytes', holds_bytes)}")
+        if gi is not None:
+            parts.append(f"gi={_check_int('gi', gi, _U32_MAX)}")
+        if ci is not None:
+            parts.append(f"ci={_check_int('ci', ci, _U32_MAX)}")
+        _check_bool("bound", bound)
+        _check_bool("zombie_holds", zombie_holds)
+        _check_int("release_ms", release_ms)
+        _check_int("list_ms", list_ms)
+        if bound:
+            parts.append(f"bound=1 release_ms={release_ms} list_ms={list_ms}")
+            if zombie_holds:
+                parts.append("zombie_holds=1")
+        elif release_ms or list_ms or zombie_holds:
+            raise ValueError("release_ms, list_ms and zombie_holds need bound=True")
+        self._emit(" ".join(parts))
+
+    def remove_process(self, device: int, pid: int, kind: ProcessKind = "compute") -> None:
+        """Remove the entry with that device, kind and pid (nothing happens if there is none)."""
+        self._emit(
+            f"process device={self._check_device(device)} kind={_check_kind(kind)} "
+            f"pid={_check_int('pid', pid, _U32_MAX)} remove=1"
+        )
+
+    def fault(
+        self,
+        fn: str,
+        code: int | None = None,
+        *,
+        device: int | None = None,
+        after: int = 0,
+        count: int = 0,
+        delay_ms: int = 0,
+    ) -> None:
+        """Make calls to ``fn`` fail (``code``) and/or hang (``delay_ms``).
+
+        The first ``after`` matching calls pass; the next ``count`` (0: all following, a sticky fault) sleep
+        ``delay_ms`` and return ``code`` (``None``: answer normally after the delay). ``device`` restricts the
+        fault to one device (functions with a device handle or index only).
+        """
+        if fn not in NVML_FUNCTIONS or fn == "nvmlErrorString":
+            raise ValueError(f"fault: {fn!r} is not an NVML function the stub can fail; known: {NVML_FUNCTIONS}")
+        parts = [f"fault fn={fn}"]
+        if code is not None:
+            parts.append(f"code={_check_int('code', code, _INT_MAX)}")
+        if device is not None:
+            if not fn.startswith("nvmlDevice") or fn.startswith("nvmlDeviceGetCount"):
+                raise ValueError(f"fault: {fn} takes no device, so device= cannot restrict it")
+            parts.append(f"device={self._check_device(device)}")
+        for key, value in (("after", after), ("count", count), ("delay_ms", delay_ms)):
+            if _check_int(key, value):
+                parts.append(f"{key}={value}")
+        if code is None and not delay_ms:
+            raise ValueError("fault: give code= (the error to return) and/or delay_ms= (how long to hang)")
+        self._emit(" ".join(parts))
+
+    def race(self, device: int, kind: ProcessKind, grow: int, count: int = 1) -> None:
+        """After each of the first ``count`` (0: every) list calls of ``kind`` on ``device``, add ``grow``
+        synthetic 1 MiB processes (negative: remove from the end): the two-call INSUFFICIENT_SIZE race."""
+        _check_int("grow", grow, 2**63 - 1, -(2**63 - 1))
+        self._emit(
+            f"race device={self._check_device(device)} kind={_check_kind(kind)} grow={grow} "
+            f"count={_check_int('count', count)}"
+        )
+
+    def quirk(self, proc_struct: Literal["535.43", "none"] = "535.43") -> None:
+        """Driver quirks. ``proc_struct="535.43"``: the ``_v3`` process calls write 32-byte entries."""
+        if proc_struct not in ("535.43", "none"):
+            raise ValueError(f"quirk proc_struct must be '535.43' or 'none', got {proc_struct!r}")
+        self._emit(f"quirk proc_struct={proc_struct}")
+
+
+@dataclass
+class TimelineStep(_Changes):
+    """Changes applied at one point of the timeline (``at call=N`` / ``at ms=T``); made by :meth:`Scenario.at_call`
+    and :meth:`Scenario.at_ms`. Every method records one line; devices cannot be added here."""
+
+    scenario: Scenario
+    prefix: str
+
+    def _emit(self, line: str) -> None:
+        self.scenario._emit(f"{self.prefix} {line}")
+
+    def _device_count(self) -> int:
+        return self.scenario.device_count
+
+
+@dataclass
+class Scenario(_Changes):
+    """Builds a scenario file (format version 1, ``stubs/README.md``) for the stub libnvidia-ml.
+
+    Lines are rendered in the order the methods are called. Device keyword arguments carry units in their names
+    and map to scenario keys as :data:`DEVICE_FIELDS` says:
+
+    ``name``, ``uuid``, ``serial`` (str); ``pci_bus_id`` (``"00000000:06:00.0"``); ``pci_device_id``,
+    ``pci_subsystem_id``, ``minor`` (int); ``total_bytes``, ``reserved_bytes``, ``used_bytes`` (int; ``used_bytes``
+    is memory used by things other than the listed processes); ``clocks_mhz``, ``max_clocks_mhz``,
+    ``app_clocks_mhz`` (mapping of ``"graphics"``/``"sm"``/``"mem"``/``"video"`` to MHz); ``clock_event_reasons``
+    (bit mask); ``retired_pages`` (sequence of ``(cause, address, timestamp)``, cause ``"sbe"`` or ``"dbe"``);
+    ``retired_pending`` (bool); ``remapped_rows`` (``(correctable, uncorrectable, pending, failure)``);
+    ``unsupported`` (field names, see :data:`UNSUPPORTED_FIELDS`; the default of the stub is
+    ``("retired_pages", "retired_pending")`` as on a real H200, so pass ``unsupported=()`` to see retired pages);
+    ``lost`` (bool). Omitted fields keep the stub's defaults: an idle H200.
+
+    Invalid arguments raise ``ValueError`` (bad values) or ``TypeError`` (wrong types) naming the problem.
+    """
+
+    driver: str = "580.159.04"
+    nvml: str = "13.580.159.04"
+    cuda: int = 13000
+    _lines: list[str] = field(default_factory=list, init=False, repr=False)
+    _devices: int = field(default=0, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        _check_str("driver", self.driver, 79)
+        _check_str("nvml", self.nvml, 79)
+        _check_int("cuda", self.cuda, _INT_MAX)
+
+    @classmethod
+    def h200(cls, devices: int = 1) -> Scenario:
+        """Idle H200s as measured (driver 580.159.04): 150,754,820,096 B total, 644,939,776 B reserved, 0 used,
+        clocks graphics/sm/mem/video 345/345/3201/765 MHz (max 1980/1980/3201/1545), no processes."""
+        _check_int("devices", devices, 4096)
+        scenario = cls()
+        for _ in range(devices):
+            scenario.add_device(
+                name="NVIDIA H200",
+                total_bytes=150_754_820_096,
+                reserved_bytes=644_939_776,
+                used_bytes=0,
+                clocks_mhz={"graphics": 345, "sm": 345, "mem": 3201, "video": 765},
+                max_clocks_mhz={"graphics": 1980, "sm": 1980, "mem": 3201, "video": 1545},
+            )
+        return scenario
+
+    @property
+    def device_count(self) -> int:
+        """Devices declared so far."""
+        return self._devices
+
+    def _emit(self, line: str) -> None:
+        self._lines.append(line)
+
+    def _device_count(self) -> int:
+        return self._devices
+
+    def add_device(self, **fields: object) -> int:
+        """Declare the next device (index 0, 1, ...) and return its index. Fields: see the class docstring."""
+        rendered = _render_device_fields(fields)
+        index = self._devices
+        self._emit(" ".join([f"device index={index}", *rendered]))
+        self._devices += 1
+        return index
+
+    def at_call(self, n: int) -> TimelineStep:
+        """Changes applied just before the ``n``-th NVML call (1-based, counted from the init that loaded the
+        scenario; every exported NVML function counts)."""
+        return TimelineStep(self, f"at call={_check_int('call', n, minimum=1)}")
+
+    def at_ms(self, t: int) -> TimelineStep:
+        """Changes applied at the first NVML call made ``t`` ms or more after the scenario was loaded."""
+        return TimelineStep(self, f"at ms={_check_int('ms', t)}")
+
+    def render(self) -> str:
+        """The scenario file's text."""
+        system = f"system driver={_quote(self.driver)} nvml={_quote(self.nvml)} cuda={self.cuda}"
+        return "\n".join(["nvmlcheck-stub-scenario 1", system, *self._lines]) + "\n"
+
+    def write(self, path: str | os.PathLike[str]) -> Path:
+        """Write :meth:`render` to ``path`` (UTF-8) and return it as a Path."""
+        out = Path(path)
+        out.write_text(self.render(), encoding="utf-8")
+        return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Using the stub
+
+
+def stub_environment(
+    scenario_path: str | os.PathLike[str],
+    library_path: str | os.PathLike[str],
+    log_path: str | os.PathLike[str] | None = None,
+) -> dict[str, str]:
+    """The environment variables that point nvmlcheck (and a child process) at the stub and a scenario."""
+    env = {
+        "NVMLCHECK_LIBNVML": os.fspath(library_path),
+        "NVMLCHECK_STUB_SCENARIO": os.fspath(scenario_path),
+    }
+    if log_path is not None:
+        env["NVMLCHECK_STUB_LOG"] = os.fspath(log_path)
+    return env
+
+
+@dataclass(frozen=True)
+class LogEntry:
+    """One line of the stub's call log."""
+
+    function: str
+    pid: int
+    tid: int
+
+
+def read_call_log(log_path: str | os.PathLike[str]) -> list[LogEntry]:
+    """Parse a stub call log (``FUNCTION PID TID`` per line); a missing file is an empty log."""
+    try:
+        text = Path(log_path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return []
+    entries = []
+    for line in text.splitlines():
+        function, pid, tid = line.split()
+        entries.append(LogEntry(function, int(pid), int(tid)))
+    return entries
+
+
+@dataclass(frozen=True)
+class StubSession:
+    """What :func:`use_stub` yields: where the library, scenario and call log are."""
+
+    library_path: Path
+    scenario_path: Path
+    log_path: Path
+
+    def calls(self) -> list[LogEntry]:
+        """Every logged call so far, in order (all processes that inherited the environment)."""
+        return read_call_log(self.log_path)
+
+    def call_counts(self) -> collections.Counter[str]:
+        """Calls per function name so far."""
+        return collections.Counter(entry.function for entry in self.calls())
+
+
+@contextlib.contextmanager
+def use_stub(
+    scenario: Scenario | str | os.PathLike[str],
+    *,
+    variant: Iterable[str] = (),
+    tmp_dir: str | os.PathLike[str] | None = None,
+) -> Iterator[StubSession]:
+    """Build the stub, write the scenario and set ``NVMLCHECK_LIBNVML``, ``NVMLCHECK_STUB_SCENARIO`` and
+    ``NVMLCHECK_STUB_LOG`` in ``os.environ`` for the duration (previous values restored afterwards).
+
+    ``scenario`` is a :class:`Scenario` (written to ``tmp_dir``) or the path of an existing scenario file.
+    ``tmp_dir`` holds the scenario and the call log; default a temporary directory removed afterwards.
+
+    The stub reads the scenario at every ``nvmlInit`` that takes its reference count from 0 to 1, so opening
+    nvmlcheck inside the block sees it. A process that loaded the stub keeps it loaded: the library's state (call
+    counts, an un-shut-down init) outlives the block.
+    """
+    library = build_stub(variant)
+    with contextlib.ExitStack() as stack:
+        if tmp_dir is None:
+            directory = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="nvmlcheck-stub-")))
+        else:
+            directory = Path(tmp_dir)
+            directory.mkdir(parents=True, exist_ok=True)
+        if isinstance(scenario, Scenario):
+            scenario_path = scenario.write(directory / "scenario.txt")
+        else:
+            scenario_path = Path(scenario)
+            if not scenario_path.is_file():
+                raise FileNotFoundError(f"scenario file {scenario_path} does not exist")
+        log_path = directory / "calls.log"
+        log_path.unlink(missing_ok=True)
+        env = stub_environment(scenario_path, library, log_path)
+        saved = {key: os.environ.get(key) for key in env}
+        os.environ.update(env)
+        try:
+            yield StubSession(library, scenario_path, log_path)
+        finally:
+            for key, old in saved.items():
+                if old is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = old
+
+
+class StubProbe:
+    """Reads the stub's ``stub_*`` test symbols through ctypes.
+
+    ``dlopen`` of the same path returns the already-loaded library, so a probe sees the same state as nvmlcheck's
+    own handle on that library (call counts, init reference count, last scenario error).
+    """
+
+    def __init__(self, library_path: str | os.PathLike[str]) -> None:
+        self.library_path = Path(library_path)
+        lib = ctypes.CDLL(os.fspath(library_path))
+        lib.stub_call_count.argtypes = [ctypes.c_char_p]
+        lib.stub_call_count.restype = ctypes.c_ulonglong
+        for name in ("stub_init_refcount", "stub_init_total", "stub_shutdown_total"):
+            getattr(lib, name).argtypes = []
+            getattr(lib, name).restype = ctypes.c_int
+        lib.stub_last_error.argtypes = []
+        lib.stub_last_error.restype = ctypes.c_char_p
+        self._lib = lib
+
+    def call_count(self, fn: str | None = None) -> int:
+        """Calls to ``fn`` (all NVML calls when ``None``) since the library was loaded into this process."""
+        return int(self._lib.stub_call_count(None if fn is None else fn.encode()))
+
+    def init_refcount(self) -> int:
+        """The current NVML reference count (0 in a forked child that has not initialised)."""
+        return int(self._lib.stub_init_refcount())
+
+    def init_total(self) -> int:
+        """Successful ``nvmlInit*`` calls since load."""
+        return int(self._lib.stub_init_total())
+
+    def shutdown_total(self) -> int:
+        """Successful ``nvmlShutdown`` calls since load."""
+        return int(self._lib.stub_shutdown_total())
+
+    def last_error(self) -> str:
+        """The last scenario error (file, line and problem), or ``""``."""
+        raw: bytes | None = self._lib.stub_last_error()
+        return (raw or b"").decode(errors="replace")

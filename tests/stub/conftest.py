@@ -1,0 +1,177 @@
+"""Fixtures for the stub libnvidia-ml tests: the library is built once per session and driven through nvmlcheck's own
+cffi module (``nvmlcheck._nvml._ffi``), the same declarations the NVML backend uses."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nvmlcheck._nvml._ffi import ffi
+from nvmlcheck.testing import STUB_VARIANTS, Scenario, StubProbe, build_stub
+
+SUCCESS = 0
+UNINITIALIZED = 1
+INVALID_ARGUMENT = 2
+NOT_SUPPORTED = 3
+INSUFFICIENT_SIZE = 7
+DRIVER_NOT_LOADED = 9
+GPU_IS_LOST = 15
+ARGUMENT_VERSION_MISMATCH = 25
+UNKNOWN = 999
+
+NOT_AVAILABLE = 2**64 - 1
+NOT_MIG = 0xFFFFFFFF
+MEMORY_V2_VERSION = ffi.sizeof("nvmlMemory_v2_t") | 2 << 24
+
+PROCESS_CALLS = {
+    "compute": "nvmlDeviceGetComputeRunningProcesses",
+    "graphics": "nvmlDeviceGetGraphicsRunningProcesses",
+    "mps": "nvmlDeviceGetMPSComputeRunningProcesses",
+}
+
+_libs: dict[Path, Any] = {}
+
+
+def open_lib(path: Path) -> Any:
+    """``ffi.dlopen`` of the stub, once per path (dlopen of one path is one library anyway)."""
+    if path not in _libs:
+        _libs[path] = ffi.dlopen(str(path))
+    return _libs[path]
+
+
+def poll_until(predicate: Callable[[], bool], timeout: float = 10.0) -> float:
+    """Call ``predicate`` until it is true; return the monotonic time it first was. Fails after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if predicate():
+            return time.monotonic()
+        if time.monotonic() > deadline:
+            pytest.fail(f"condition not reached within {timeout} s")
+        time.sleep(0.002)
+
+
+class Nvml:
+    """Raw NVML calls on the stub through cffi, with small helpers for the common shapes."""
+
+    def __init__(self, lib: Any, probe: StubProbe, scenario_path: Path) -> None:
+        self.lib = lib
+        self.probe = probe
+        self.scenario_path = scenario_path
+
+    # scenario
+    def load(self, scenario: Scenario | str) -> Path:
+        """Write the scenario (read by the next init that takes the refcount from 0 to 1)."""
+        text = scenario.render() if isinstance(scenario, Scenario) else scenario
+        self.scenario_path.write_text(text, encoding="utf-8")
+        return self.scenario_path
+
+    def start(self, scenario: Scenario | str) -> None:
+        """Load the scenario and initialise."""
+        self.load(scenario)
+        self.init()
+
+    def init(self) -> None:
+        rc = self.lib.nvmlInit_v2()
+        assert rc == SUCCESS, f"nvmlInit_v2 returned {rc}: {self.probe.last_error()}"
+
+    def shutdown_all(self) -> None:
+        while self.probe.init_refcount() > 0:
+            assert self.lib.nvmlShutdown() == SUCCESS
+
+    # calls
+    def handle(self, index: int) -> Any:
+        out = ffi.new("nvmlDevice_t *")
+        rc = self.lib.nvmlDeviceGetHandleByIndex_v2(index, out)
+        assert rc == SUCCESS, f"handle {index}: {rc}"
+        return out[0]
+
+    def string(self, fn: str, handle: Any, size: int = 96) -> tuple[int, str]:
+        buf = ffi.new("char[]", size)
+        rc = getattr(self.lib, fn)(handle, buf, size)
+        raw = ffi.string(buf)
+        assert isinstance(raw, bytes)
+        return rc, raw.decode() if rc == SUCCESS else ""
+
+    def count(self) -> int:
+        out = ffi.new("unsigned int *")
+        assert self.lib.nvmlDeviceGetCount_v2(out) == SUCCESS
+        return int(out[0])
+
+    def memory_v2(self, handle: Any) -> tuple[int, tuple[int, int, int, int]]:
+        """(rc, (total, reserved, free, used))."""
+        mem: Any = ffi.new("nvmlMemory_v2_t *")
+        mem.version = MEMORY_V2_VERSION
+        rc = self.lib.nvmlDeviceGetMemoryInfo_v2(handle, mem)
+        return rc, (int(mem.total), int(mem.reserved), int(mem.free), int(mem.used))
+
+    def used_v2(self, index: int = 0) -> int:
+        rc, (_, _, _, used) = self.memory_v2(self.handle(index))
+        assert rc == SUCCESS
+        return used
+
+    def memory_v1(self, handle: Any) -> tuple[int, tuple[int, int, int]]:
+        """(rc, (total, free, used))."""
+        mem: Any = ffi.new("nvmlMemory_t *")
+        rc = self.lib.nvmlDeviceGetMemoryInfo(handle, mem)
+        return rc, (int(mem.total), int(mem.free), int(mem.used))
+
+    def processes(self, handle: Any, kind: str = "compute", version: int = 3) -> list[tuple[int, ...]]:
+        """The two-call pattern: (pid, used) for v1, (pid, used, gi, ci) for v2/v3."""
+        name = PROCESS_CALLS[kind] + ("" if version == 1 else f"_v{version}")
+        struct = "nvmlProcessInfo_v1_t" if version == 1 else "nvmlProcessInfo_v2_t"
+        fn = getattr(self.lib, name)
+        count = ffi.new("unsigned int *", 0)
+        rc = fn(handle, count, ffi.NULL)
+        if rc == SUCCESS:
+            assert count[0] == 0
+            return []
+        assert rc == INSUFFICIENT_SIZE, f"{name} size query returned {rc}"
+        infos: Any = ffi.new(f"{struct}[]", count[0])
+        rc = fn(handle, count, infos)
+        assert rc == SUCCESS, f"{name} returned {rc}"
+        if version == 1:
+            return [(int(infos[i].pid), int(infos[i].usedGpuMemory)) for i in range(count[0])]
+        return [
+            (int(e.pid), int(e.usedGpuMemory), int(e.gpuInstanceId), int(e.computeInstanceId))
+            for e in (infos[i] for i in range(count[0]))
+        ]
+
+    def pids(self, index: int = 0, kind: str = "compute") -> list[int]:
+        return [entry[0] for entry in self.processes(self.handle(index), kind)]
+
+    def clock(self, fn: str, handle: Any, domain: int) -> tuple[int, int]:
+        out = ffi.new("unsigned int *")
+        rc = getattr(self.lib, fn)(handle, domain, out)
+        return rc, int(out[0])
+
+
+@pytest.fixture(scope="session")
+def stub_library() -> Path:
+    """The full build of the stub (compiled once, cached across sessions by build_stub)."""
+    return build_stub()
+
+
+@pytest.fixture(scope="session")
+def stub_variants() -> dict[str, Path]:
+    """Every single-macro build variant, compiled in parallel."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
+        futures = {macro: pool.submit(build_stub, (macro,)) for macro in STUB_VARIANTS}
+        return {macro: future.result() for macro, future in futures.items()}
+
+
+@pytest.fixture
+def nvml(stub_library: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Nvml]:
+    """The stub with a fresh scenario file in NVMLCHECK_STUB_SCENARIO and the reference count at 0 before and
+    after the test (the library's state lives as long as the process)."""
+    scenario_path = tmp_path / "scenario.txt"
+    monkeypatch.setenv("NVMLCHECK_STUB_SCENARIO", str(scenario_path))
+    monkeypatch.delenv("NVMLCHECK_STUB_LOG", raising=False)
+    harness = Nvml(open_lib(stub_library), StubProbe(stub_library), scenario_path)
+    harness.shutdown_all()
+    yield harness
+    harness.shutdown_all()
