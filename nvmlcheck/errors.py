@@ -14,6 +14,7 @@ Every exception derives from :class:`NvmlCheckError`. The tree::
     │   └── Unknown                     NVML_ERROR_UNKNOWN (999) and any code this version does not know (``.code`` kept)
     ├── SmiError(argv, returncode, stderr)
     │   ├── SmiTimeout                  nvidia-smi (or its prefix, e.g. ssh) did not answer in time; its group was killed
+    │   ├── SmiTransportError           the command prefix (ssh, pct exec) or the spawn itself failed; never GPU state
     │   └── SmiParseError(line_no, line)
     ├── CorruptData                     values that cannot be true (PID 0, used > total): a struct layout mismatch
     └── WaitTimeout (also TimeoutError) the GPUs were not clean at the deadline; carries the last snapshot and culprits
@@ -64,6 +65,7 @@ __all__ = [
     "SmiError",
     "SmiParseError",
     "SmiTimeout",
+    "SmiTransportError",
     "Timeout",
     "Uninitialized",
     "Unknown",
@@ -171,6 +173,14 @@ class SmiTimeout(SmiError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.argv, self.timeout_s, self.stderr))
+
+
+class SmiTransportError(SmiError):
+    """The way to nvidia-smi failed, not nvidia-smi: the command prefix's own error (``ssh`` exit 255, a remote shell's
+    "command not found" 127 or "not executable" 126) or the executable could not be started at all. It says nothing
+    about the GPUs and is never read as GPU state."""
+
+    __module__ = "nvmlcheck"
 
 
 class SmiParseError(SmiError):

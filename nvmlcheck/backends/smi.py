@@ -1,0 +1,673 @@
+"""The nvidia-smi backend: runs ``nvidia-smi`` (optionally behind a prefix such as ``ssh gpu01``) and parses its output.
+
+Use it where libnvidia-ml cannot be loaded here, or where the GPUs are on another host or in a container::
+
+    SmiBackend()                                              # nvidia-smi on PATH
+    SmiBackend(prefix="ssh -o BatchMode=yes gpu01")           # the remote shell runs it (arguments are quoted)
+    SmiBackend(prefix=["pct", "exec", "129", "--"])           # argv passed through as is (no quoting)
+
+What one :meth:`SmiBackend.snapshot` costs (nvidia-smi itself takes ~20 ms a run on an H200, most of it NVML start-up):
+
+* always one ``nvidia-smi --query-gpu=index,uuid,<fields> --format=csv,nounits``, with only the fields that the
+  requested :class:`~nvmlcheck.model.Fields` need (identity is cached: name, serial, PCI bus id);
+* with ``Fields.PROCESSES`` one more run, started at the same time (so the pass takes one run's time, not two):
+  ``nvidia-smi -q -d PIDS`` (``process_query="pids"``, the default) or ``--query-compute-apps``
+  (``process_query="compute-apps"``);
+* with ``Fields.HEALTH`` no extra run unless a GPU reports retired pages (``retired_pages.sbe``/``dbe`` > 0): only then
+  ``--query-retired-pages`` lists them. Remapped rows come with ``--query-gpu``.
+
+Why ``-q -d PIDS`` by default: the CSV process query lists compute processes only (an MPS client shows there as it is
+also a compute process, but graphics processes never do), so graphics and MPS lists would be unknown, and with any list
+unknown :attr:`DeviceState.processes` is unknown too. ``-q -d PIDS`` lists every kind (``Type`` ``C``, ``G``, ``M+C``,
+``C+G``) with MIG instance ids and unaltered names, and measured on an H200 it costs what ``--query-compute-apps`` costs
+(21.8 vs 22.4 ms median of 15). ``-q -x`` (XML) also has every kind, but it cannot be narrowed with ``-d``
+("--display/-d flags can not be combined with -x") and the full query takes 94 ms, four polls' worth, so it is not
+used.
+
+Errors: the exit status and text are classified once (:func:`classify_failure`): no driver (exit 9) ->
+:class:`~nvmlcheck.DriverNotLoaded`, driver/library mismatch (exit 18, printed on stdout) ->
+:class:`~nvmlcheck.LibraryVersionMismatch`, no such GPU (exit 6) -> :class:`~nvmlcheck.NotFound`, the prefix's own
+failure (ssh's 255, a shell's 126/127) -> :class:`~nvmlcheck.SmiTransportError`, a run past its deadline ->
+:class:`~nvmlcheck.SmiTimeout` after its whole process group was killed. The NVML classes are raised ``from`` an
+:class:`~nvmlcheck.SmiError` that carries the argv, exit status and output.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import shlex
+import signal
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Final, Literal
+
+from ..errors import (
+    BackendUnavailable,
+    DriverNotLoaded,
+    InvalidArgument,
+    LibraryNotFound,
+    LibraryVersionMismatch,
+    NoPermission,
+    NotFound,
+    NvmlCheckError,
+    SmiError,
+    SmiTimeout,
+    SmiTransportError,
+    error_class_for_code,
+)
+from ..model import DeviceFailure, DeviceState, Fields, ProcessKind, RetiredPage, Snapshot, SystemInfo
+from . import smi_csv
+from .smi_csv import GpuRecord, HandleFailure, ProcessLists
+
+__all__ = ["DEFAULT_TIMEOUT_S", "SmiBackend", "SmiResult", "SmiRunner", "classify_failure"]
+
+#: Seconds one nvidia-smi run may take before its process group is killed.
+DEFAULT_TIMEOUT_S: Final = 10.0
+
+# After a kill, how long to wait for the pipes to close. A process that left the group (setsid) could hold them open
+# forever; it must not hold the caller too.
+_REAP_GRACE_S: Final = 1.0
+
+ProcessQuery = Literal["pids", "compute-apps"]
+
+
+def _words(value: Sequence[str] | str | None, default: Sequence[str]) -> tuple[str, ...]:
+    """A command given as a list is used as is; a string is split like a POSIX shell would (no shell runs it)."""
+    if value is None:
+        return tuple(default)
+    words = tuple(shlex.split(value)) if isinstance(value, str) else tuple(value)
+    if not all(isinstance(w, str) for w in words):
+        raise TypeError(f"command words must be strings, got {value!r}")
+    return words
+
+
+def _infer_prefix_shell(prefix: Sequence[str]) -> bool:
+    """ssh joins its command arguments with spaces and hands the line to the remote user's shell, so each word must be
+    quoted for that shell; ``pct exec ... --``, ``docker exec``, ``sudo`` and ``env`` pass argv through untouched and
+    must not be quoted (the quotes would arrive literally). Any prefix word named ``ssh`` (``ssh``, ``sshpass -p x
+    ssh``, ``sudo -u u ssh``) therefore means a remote shell."""
+    return any(os.path.basename(w) == "ssh" for w in prefix)
+
+
+@dataclass(frozen=True, slots=True)
+class SmiResult:
+    """One finished run. ``argv`` is what was executed (prefix and quoting included), ``command`` the nvidia-smi words
+    before quoting (for messages)."""
+
+    argv: tuple[str, ...]
+    command: tuple[str, ...]
+    returncode: int
+    stdout: str
+    stderr: str
+    elapsed_ns: int
+
+    @property
+    def output(self) -> str:
+        """stdout and stderr together: nvidia-smi prints its errors on stdout, shells and ssh on stderr."""
+        return f"{self.stdout}\n{self.stderr}".strip()
+
+
+class _Running:
+    """A started run; :meth:`wait` returns its result or kills its process group at the deadline."""
+
+    def __init__(self, runner: SmiRunner, command: tuple[str, ...], argv: tuple[str, ...]) -> None:
+        self.command = command
+        self.argv = argv
+        self.timeout_s = runner.timeout_s
+        self.started_ns = time.monotonic_ns()
+        self.deadline_ns = self.started_ns + int(runner.timeout_s * 1e9)
+        try:
+            # A new session makes the child a process-group leader, so a timeout can kill everything it started (ssh
+            # and its helpers, a shell and nvidia-smi) with one killpg.
+            self.proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                env=runner.env,
+            )
+        except OSError as exc:
+            raise SmiTransportError(argv, None, str(exc), f"cannot start {argv[0]!r} ({exc.strerror})") from exc
+
+    def wait(self) -> SmiResult:
+        remaining = max(0.0, (self.deadline_ns - time.monotonic_ns()) / 1e9)
+        try:
+            out, err = self.proc.communicate(timeout=remaining)
+        except subprocess.TimeoutExpired:
+            err_text = self.kill()
+            raise SmiTimeout(self.argv, self.timeout_s, err_text) from None
+        return SmiResult(
+            self.argv,
+            self.command,
+            self.proc.returncode,
+            out.decode("utf-8", "replace"),
+            err.decode("utf-8", "replace"),
+            time.monotonic_ns() - self.started_ns,
+        )
+
+    def kill(self) -> str:
+        """Kill the whole process group and reap the leader; returns what it had printed on stderr."""
+        if self.proc.returncode is None:
+            # The leader is not reaped yet, so its pid (= the group id) cannot have been reused: killpg is safe.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        try:
+            _, err = self.proc.communicate(timeout=_REAP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            # Someone outside the group holds our pipes; stop reading and reap the (dead) leader.
+            for pipe in (self.proc.stdout, self.proc.stderr):
+                if pipe is not None:
+                    pipe.close()
+            self.proc.wait()
+            return ""
+        return err.decode("utf-8", "replace") if err else ""
+
+
+class SmiRunner:
+    """Builds argv lists and runs nvidia-smi with a deadline. Never a local shell.
+
+    ``command``: the nvidia-smi executable and any fixed leading arguments (list, or a string split with
+    :func:`shlex.split`); default ``nvidia-smi`` found on PATH (the remote PATH when a prefix is used).
+    ``prefix``: words put before it (``"ssh -o BatchMode=yes gpu01"``, ``["pct", "exec", "129", "--"]``).
+    ``prefix_shell``: whether the prefix hands the rest to a shell that splits words, so every word after the prefix is
+    quoted with :func:`shlex.quote`. Default: ``True`` when a prefix word is ``ssh``, else ``False``.
+    ``timeout_s``: the deadline of each run (default 10 s); at the deadline the whole process group gets SIGKILL.
+    ``env``: the environment of the child (default: inherited).
+    """
+
+    def __init__(
+        self,
+        command: Sequence[str] | str | None = None,
+        prefix: Sequence[str] | str | None = None,
+        timeout_s: float | None = None,
+        *,
+        prefix_shell: bool | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.command = _words(command, ("nvidia-smi",))
+        if not self.command:
+            raise ValueError("command must name the nvidia-smi executable")
+        self.prefix = _words(prefix, ())
+        self.prefix_shell = _infer_prefix_shell(self.prefix) if prefix_shell is None else prefix_shell
+        timeout = DEFAULT_TIMEOUT_S if timeout_s is None else float(timeout_s)
+        if not math.isfinite(timeout) or timeout <= 0:
+            raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+        self.timeout_s = timeout
+        self.env = dict(env) if env is not None else None
+
+    def argv_for(self, args: Sequence[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """(argv to execute, the unquoted nvidia-smi words) for nvidia-smi ``args``."""
+        words = (*self.command, *args)
+        if self.prefix and self.prefix_shell:
+            return (*self.prefix, *(shlex.quote(w) for w in words)), words
+        return (*self.prefix, *words), words
+
+    def start(self, args: Sequence[str]) -> _Running:
+        """Start one run (its deadline starts now)."""
+        argv, words = self.argv_for(args)
+        return _Running(self, words, argv)
+
+    def run(self, args: Sequence[str]) -> SmiResult:
+        """Run nvidia-smi ``args`` to completion or the deadline. Returns any exit status; raises only
+        :class:`~nvmlcheck.SmiTimeout` and :class:`~nvmlcheck.SmiTransportError` (could not start)."""
+        return self.start(args).wait()
+
+    def run_many(self, arg_lists: Sequence[Sequence[str]]) -> list[SmiResult]:
+        """Start every run at once and wait for all (each with its own deadline). If one fails to start or times
+        out, the others are killed too, so nothing is left behind."""
+        running: list[_Running] = []
+        try:
+            for args in arg_lists:
+                running.append(self.start(args))
+            return [r.wait() for r in running]
+        finally:
+            for r in running:
+                if r.proc.returncode is None:
+                    r.kill()
+
+
+# --- classifying failures ---------------------------------------------------------------------------------------------
+
+_NO_DRIVER_TEXT = "couldn't communicate with the nvidia driver"
+_MISMATCH_TEXT = "driver/library version mismatch"
+_NO_DEVICES_TEXT = "no devices were found"
+
+
+def _first_line(text: str) -> str:
+    return next((line.strip() for line in text.splitlines() if line.strip()), "")
+
+
+def classify_failure(result: SmiResult, *, prefixed: bool = False) -> NvmlCheckError | None:
+    """The exception a failed run stands for, or ``None`` when it succeeded (exit 0).
+
+    nvidia-smi's exit statuses are NVML return codes (2 invalid argument, 4 no permission, 6 not found, 9 driver not
+    loaded, 12 library not found, 15 GPU lost, 18 driver/library mismatch, 255 other); its messages go to stdout. With
+    a prefix, 255 is ssh's own failure and 126/127 a remote shell's "not executable"/"not found": transport errors.
+    """
+    rc = result.returncode
+    if rc == 0:
+        return None
+    text = result.output
+    low = text.lower()
+    cmd = shlex.join(result.command)
+    detail = _first_line(text)
+    smi = SmiError(result.argv, rc, text, f"nvidia-smi exited with status {rc}")
+    error: NvmlCheckError
+    if _NO_DRIVER_TEXT in low or (rc == 9 and not prefixed):
+        error = DriverNotLoaded(9, cmd, detail=detail)
+    elif _MISMATCH_TEXT in low or rc == 18:
+        error = LibraryVersionMismatch(18, cmd, detail=detail)
+    elif prefixed and rc == 255:
+        return SmiTransportError(result.argv, rc, text, "the command prefix failed (ssh exits 255 on its own errors)")
+    elif rc in (126, 127):
+        what = "was not found" if rc == 127 else "could not be executed"
+        return SmiTransportError(result.argv, rc, text, f"{result.command[0]} {what} (exit {rc})")
+    elif rc == 9:
+        error = DriverNotLoaded(9, cmd, detail=detail)
+    elif rc == 12:
+        error = LibraryNotFound(12, cmd, detail=detail)
+    elif _NO_DEVICES_TEXT in low or rc == 6:
+        error = NotFound(6, cmd, detail=detail or "No devices were found")
+    elif rc == 4:
+        error = NoPermission(4, cmd, detail=detail)
+    elif rc in (2, 255):
+        return SmiError(result.argv, rc, text, f"nvidia-smi refused the command (exit {rc})")
+    else:
+        error = error_class_for_code(rc)(rc, cmd, detail=detail)
+    error.__cause__ = smi
+    return error
+
+
+def _raise_for(result: SmiResult, prefixed: bool) -> None:
+    error = classify_failure(result, prefixed=prefixed)
+    if error is not None:
+        raise error
+
+
+# --- the backend ------------------------------------------------------------------------------------------------------
+
+_IDENTITY_FIELDS: Final = ("index", "uuid", "name", "pci.bus_id", "serial", "driver_version")
+_BASE_FIELDS: Final = ("index", "uuid")
+_FIELD_GROUPS: Final[Mapping[Fields, tuple[str, ...]]] = MappingProxyType(
+    {
+        Fields.MEMORY: ("memory.total", "memory.used", "memory.free", "memory.reserved"),
+        Fields.CLOCKS: (
+            "clocks.gr",
+            "clocks.sm",
+            "clocks.mem",
+            "clocks.video",
+            "clocks.max.gr",
+            "clocks.max.sm",
+            "clocks.max.mem",
+            "clocks.applications.gr",
+            "clocks.applications.mem",
+            # The old name is accepted by old and new drivers alike (580 prints it as clocks_event_reasons.active).
+            "clocks_throttle_reasons.active",
+        ),
+        Fields.HEALTH: (
+            "retired_pages.sbe",
+            "retired_pages.dbe",
+            "retired_pages.pending",
+            "remapped_rows.correctable",
+            "remapped_rows.uncorrectable",
+            "remapped_rows.pending",
+            "remapped_rows.failure",
+        ),
+    }
+)
+# Fields without which a group means nothing; a driver that refuses one of these fails the snapshot.
+_REQUIRED: Final = frozenset({"index", "uuid", "memory.total", "memory.used", "memory.free", "clocks.sm"})
+# Fields refused together: the model part needs all of them.
+_TOGETHER: Final = (
+    frozenset(_FIELD_GROUPS[Fields.HEALTH][3:]),
+    frozenset({"retired_pages.sbe", "retired_pages.dbe"}),
+)
+# A newer spelling to try when an older one is refused.
+_ALTERNATIVE: Final = MappingProxyType({"clocks_throttle_reasons.active": "clocks_event_reasons.active"})
+_APPS_FIELDS: Final = ("gpu_uuid", "pid", "process_name", "used_gpu_memory")
+_RETIRED_FIELDS: Final = ("gpu_uuid", "retired_pages.address", "retired_pages.timestamp", "retired_pages.cause")
+_FORMAT: Final = "--format=csv,nounits"  # bare numbers; the header still carries [MiB] and is checked
+_INVALID_FIELD_PREFIX = 'Field "'
+_INVALID_FIELD_SUFFIX = '" is not a valid field to query.'
+
+
+@dataclass(frozen=True, slots=True)
+class _Identity:
+    index: int
+    uuid: str
+    name: str | None
+    pci_bus_id: str | None
+    serial: str | None
+
+
+def _refused_field(result: SmiResult) -> str | None:
+    """The field named by ``Field "X" is not a valid field to query.`` (exit 2), else ``None``."""
+    if result.returncode != 2:
+        return None
+    for raw in result.stdout.splitlines():
+        line = raw.strip()
+        if line.startswith(_INVALID_FIELD_PREFIX) and line.endswith(_INVALID_FIELD_SUFFIX):
+            return line[len(_INVALID_FIELD_PREFIX) : -len(_INVALID_FIELD_SUFFIX)]
+    return None
+
+
+class SmiBackend:
+    """The ``"smi"`` backend (see the module docstring for what each snapshot runs).
+
+    Opening runs ``nvidia-smi --query-gpu=index,uuid,name,pci.bus_id,serial,driver_version --format=csv,nounits`` once
+    and raises :class:`~nvmlcheck.BackendUnavailable` (with ``attempts``) when it does not answer; the identity it
+    returns is cached (index, UUID, name, serial, PCI bus id), live values never are.
+
+    ``process_query``: ``"pids"`` (default; ``nvidia-smi -q -d PIDS``, all three process kinds) or ``"compute-apps"``
+    (``--query-compute-apps``; graphics and MPS lists are then ``None`` with the reason). Not thread-safe: use one
+    backend per thread, or serialise calls.
+    """
+
+    name = "smi"
+
+    def __init__(
+        self,
+        command: Sequence[str] | str | None = None,
+        prefix: Sequence[str] | str | None = None,
+        timeout_s: float | None = None,
+        *,
+        prefix_shell: bool | None = None,
+        process_query: ProcessQuery = "pids",
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        if process_query not in ("pids", "compute-apps"):
+            raise ValueError(f"process_query must be 'pids' or 'compute-apps', got {process_query!r}")
+        self._runner = SmiRunner(command, prefix, timeout_s, prefix_shell=prefix_shell, env=env)
+        self._prefixed = bool(self._runner.prefix)
+        self._process_query: ProcessQuery = process_query
+        self._refused: dict[str, str] = {}  # field -> why it is not asked for any more
+        self._alternatives: dict[str, str] = {}  # old spelling -> the one this driver accepts
+        self._identity: dict[int, _Identity] = {}
+        self._driver_version: str | None = None
+        self._cuda_version: str | None = None
+        self._system: SystemInfo | None = None
+        self._closed = False
+        try:
+            self._load_identity()
+        except BackendUnavailable:
+            raise  # DriverNotLoaded, LibraryVersionMismatch, ...: already the specific answer
+        except NvmlCheckError as exc:
+            argv = self._runner.argv_for(("--query-gpu=" + ",".join(_IDENTITY_FIELDS), _FORMAT))[0]
+            raise BackendUnavailable(
+                "nvidia-smi did not answer", [f"{shlex.join(argv)}: {type(exc).__name__}: {exc}"]
+            ) from exc
+
+    # -- identity ----------------------------------------------------------------------------------------------------
+
+    def _load_identity(self) -> None:
+        args = ("--query-gpu=" + ",".join(_IDENTITY_FIELDS), _FORMAT)
+        result = self._runner.run(args)
+        if result.returncode == 6 and _NO_DEVICES_TEXT in result.output.lower():
+            self._identity = {}  # nvidia-smi answered: there is no GPU
+            return
+        _raise_for(result, self._prefixed)
+        records, _ = smi_csv.parse_query_gpu(result.stdout, _IDENTITY_FIELDS)
+        self._identity = {r.index: _Identity(r.index, r.uuid, r.name, r.pci_bus_id, r.serial) for r in records}
+        self._driver_version = next((r.driver_version for r in records if r.driver_version), self._driver_version)
+
+    # -- Backend protocol --------------------------------------------------------------------------------------------
+
+    def device_count(self) -> int:
+        """How many GPUs nvidia-smi listed when the backend was opened (or last re-read its identity)."""
+        return len(self._identity)
+
+    def system(self) -> SystemInfo:
+        """Driver version (``--query-gpu=driver_version``), CUDA driver version (``nvidia-smi --version``'s or
+        ``-q``'s ``CUDA Version``, as 13000 for 13.0). ``nvml_version`` is ``None``: nvidia-smi prints only an
+        abbreviated form (``580.159``), not nvmlSystemGetNVMLVersion's ``13.580.159.04``."""
+        if self._system is None:
+            unknown = {"nvml_version": "nvidia-smi does not print nvmlSystemGetNVMLVersion's value"}
+            if self._cuda_version is None:
+                self._read_versions(unknown)
+            cuda = smi_csv.cuda_version_number(self._cuda_version) if self._cuda_version else None
+            if cuda is None:
+                unknown.setdefault("cuda_driver_version", f"nvidia-smi printed CUDA Version {self._cuda_version!r}")
+            if self._driver_version is None:
+                unknown["driver_version"] = "nvidia-smi printed no driver_version"
+            self._system = SystemInfo(self._driver_version, None, cuda, MappingProxyType(unknown))
+        return self._system
+
+    def _read_versions(self, unknown: dict[str, str]) -> None:
+        try:
+            result = self._runner.run(("--version",))
+            _raise_for(result, self._prefixed)
+            versions = smi_csv.parse_version_output(result.stdout)
+        except NvmlCheckError as exc:
+            unknown["cuda_driver_version"] = f"nvidia-smi --version failed: {exc}"
+            return
+        self._cuda_version = versions.get("cuda version")
+        self._driver_version = self._driver_version or versions.get("driver version")
+        if self._cuda_version is None:
+            unknown["cuda_driver_version"] = "nvidia-smi --version printed no CUDA Version"
+
+    def close(self) -> None:
+        """Nothing is held between calls (each run is reaped before its call returns); later calls raise."""
+        self._closed = True
+
+    def __enter__(self) -> SmiBackend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- snapshot ----------------------------------------------------------------------------------------------------
+
+    def snapshot(self, indices: Sequence[int] | None = None, fields: Fields = Fields.ALL) -> Snapshot:
+        """Read the GPUs ``indices`` (all when ``None``) with the fewest nvidia-smi runs (module docstring).
+
+        Memory is whole MiB rounded up by nvidia-smi (``granularity_bytes`` = 1 MiB). A GPU nvidia-smi cannot read
+        (``Unable to determine the device handle``, a UUID of ``[GPU requires reset]``, or no row at all) is a
+        :class:`~nvmlcheck.model.DeviceFailure`; errors that stop the whole pass (driver gone, timeout) are raised.
+        """
+        if self._closed:
+            raise BackendUnavailable("this nvidia-smi backend was closed")
+        taken_ns = time.monotonic_ns()
+        wall = time.time()
+        selected = self._select(indices)
+        select_args = ("-i", ",".join(map(str, selected))) if indices is not None else ()
+        gpu_fields = self._gpu_fields(fields)
+        jobs: list[tuple[str, ...]] = [(*select_args, "--query-gpu=" + ",".join(gpu_fields), _FORMAT)]
+        if Fields.PROCESSES in fields:
+            jobs.append((*select_args, *self._process_args()))
+        results = self._runner.run_many(jobs)
+        gpu_result = results[0]
+        while (refused := _refused_field(gpu_result)) is not None:
+            # An older driver does not know a field: ask without it (remembered) rather than fail every poll.
+            gpu_fields = self._refuse(refused, gpu_fields, gpu_result)
+            gpu_result = self._runner.run((*select_args, "--query-gpu=" + ",".join(gpu_fields), _FORMAT))
+        records, handle_failures = self._parse_gpus(gpu_result, gpu_fields)
+        lists = self._process_lists(results[1], records) if Fields.PROCESSES in fields else {}
+        retired = self._retired_pages(records, select_args) if Fields.HEALTH in fields else {}
+        devices: list[DeviceState] = []
+        for record in records:
+            if record.index not in selected:
+                continue
+            ident = self._identity_for(record)
+            extra = [(f"health.{k}", v) for k, v in self._refused_reasons(fields)]
+            devices.append(
+                smi_csv.build_device_state(
+                    record,
+                    fields,
+                    processes=lists.get(record.uuid),
+                    retired_pages=retired.get(record.uuid),
+                    identity=ident,
+                    extra_unknown=extra,
+                )
+            )
+        failures = self._failures(selected, devices, handle_failures, gpu_result)
+        return Snapshot(
+            backend=self.name,
+            taken_ns=taken_ns,
+            duration_ns=time.monotonic_ns() - taken_ns,
+            wall_time=wall,
+            system=self.system(),
+            devices=tuple(devices),
+            failures=failures,
+        )
+
+    def _select(self, indices: Sequence[int] | None) -> tuple[int, ...]:
+        if indices is None:
+            return tuple(sorted(self._identity))
+        chosen = tuple(dict.fromkeys(indices))
+        for i in chosen:
+            if isinstance(i, bool) or not isinstance(i, int):
+                raise TypeError(f"GPU indices must be ints, got {i!r}")
+        missing = [i for i in chosen if i not in self._identity]
+        if missing:
+            self._load_identity()  # a GPU may have appeared since the backend was opened
+            missing = [i for i in chosen if i not in self._identity]
+        if missing:
+            # nvidia-smi -i 0,5 on a one-GPU host prints GPU 0 and exits 0: the check must be ours.
+            raise InvalidArgument(
+                2,
+                "nvidia-smi -i",
+                missing[0],
+                detail=f"no GPU with that index (nvidia-smi lists {len(self._identity)})",
+            )
+        return chosen
+
+    def _gpu_fields(self, fields: Fields) -> tuple[str, ...]:
+        wanted: list[str] = list(_BASE_FIELDS)
+        for flag, names in _FIELD_GROUPS.items():
+            if flag in fields:
+                wanted.extend(self._alternatives.get(n, n) for n in names)
+        if Fields.PROCESSES in fields and self._process_query == "pids":
+            wanted.append("pci.bus_id")  # -q names GPUs by PCI bus id
+        return tuple(n for n in wanted if n not in self._refused)
+
+    def _refuse(self, refused: str, current: tuple[str, ...], result: SmiResult) -> tuple[str, ...]:
+        original = next((k for k, v in self._alternatives.items() if v == refused), refused)
+        if refused in _ALTERNATIVE and _ALTERNATIVE[refused] not in current:
+            self._alternatives[original] = _ALTERNATIVE[refused]
+            return tuple(_ALTERNATIVE[refused] if n == refused else n for n in current)
+        if refused in _REQUIRED or refused not in current:
+            raise SmiError(result.argv, result.returncode, result.output, f"nvidia-smi does not know field {refused}")
+        group = next((g for g in _TOGETHER if refused in g), frozenset({refused}))
+        for name in group:
+            self._refused[name] = f"this nvidia-smi does not know the field {refused}"
+        return tuple(n for n in current if n not in group)
+
+    def _refused_reasons(self, fields: Fields) -> list[tuple[str, str]]:
+        out: list[tuple[str, str]] = []
+        if Fields.HEALTH in fields:
+            for name, key in (("remapped_rows.correctable", "remapped_rows"), ("retired_pages.sbe", "retired_pages")):
+                if name in self._refused:
+                    out.append((key, self._refused[name]))
+            if "retired_pages.pending" in self._refused:
+                out.append(("retired_pages_pending", self._refused["retired_pages.pending"]))
+        return out
+
+    def _parse_gpus(
+        self, result: SmiResult, gpu_fields: Sequence[str]
+    ) -> tuple[tuple[GpuRecord, ...], tuple[HandleFailure, ...]]:
+        if result.returncode != 0 and "unable to determine the device handle" not in result.output.lower():
+            _raise_for(result, self._prefixed)
+        # Some GPUs could not be read; nvidia-smi still printed the others (exit 15 for a lost one).
+        records, failures = smi_csv.parse_query_gpu(result.stdout, gpu_fields)
+        if any(r.uuid not in {i.uuid for i in self._identity.values()} for r in records):
+            self._load_identity()  # GPUs were re-enumerated: refresh the cached identity
+        return records, failures
+
+    def _identity_for(self, record: GpuRecord) -> Mapping[str, str | None]:
+        ident = self._identity.get(record.index)
+        if ident is None or ident.uuid != record.uuid:
+            return {}
+        return {"name": ident.name, "pci_bus_id": ident.pci_bus_id, "serial": ident.serial}
+
+    def _process_args(self) -> tuple[str, ...]:
+        if self._process_query == "pids":
+            return ("-q", "-d", "PIDS")
+        return ("--query-compute-apps=" + ",".join(_APPS_FIELDS), _FORMAT)
+
+    def _process_lists(self, result: SmiResult, records: Sequence[GpuRecord]) -> dict[str, ProcessLists]:
+        if result.returncode != 0 and "unable to determine the device handle" not in result.output.lower():
+            _raise_for(result, self._prefixed)
+        if self._process_query == "pids":
+            return self._pids_lists(result, records)
+        listing = smi_csv.parse_compute_apps(result.stdout, _APPS_FIELDS)
+        not_csv = "nvidia-smi --query-compute-apps lists compute processes only (use process_query='pids')"
+        out: dict[str, ProcessLists] = {}
+        for r in records:
+            reasons = {"processes.graphics": not_csv, "processes.mps": not_csv}
+            if listing.unattributed is not None:
+                reasons["processes.compute"] = listing.unattributed
+                out[r.uuid] = ProcessLists(None, None, None, reasons)
+            else:
+                out[r.uuid] = ProcessLists(listing.by_gpu.get(r.uuid, ()), None, None, reasons)
+        return out
+
+    def _pids_lists(self, result: SmiResult, records: Sequence[GpuRecord]) -> dict[str, ProcessLists]:
+        listing = smi_csv.parse_pids_query(result.stdout)
+        self._cuda_version = listing.cuda_version or self._cuda_version
+        out: dict[str, ProcessLists] = {}
+        for r in records:
+            pci = r.pci_bus_id or (self._identity_for(r).get("pci_bus_id"))
+            if pci is None or pci not in listing.compute:
+                why = f"nvidia-smi -q -d PIDS did not list GPU {r.index} (PCI bus id {pci})"
+                reasons = {f"processes.{k.value}": why for k in ProcessKind}
+                out[r.uuid] = ProcessLists(None, None, None, reasons)
+                continue
+            out[r.uuid] = ProcessLists(listing.compute[pci], listing.graphics[pci], listing.mps[pci])
+        return out
+
+    def _retired_pages(
+        self, records: Sequence[GpuRecord], select_args: tuple[str, ...]
+    ) -> dict[str, tuple[RetiredPage, ...] | str]:
+        if not any((r.retired_sbe or 0) + (r.retired_dbe or 0) > 0 for r in records):
+            return {}  # no GPU has retired pages: nothing to list (the common case costs no run)
+        args = (*select_args, "--query-retired-pages=" + ",".join(_RETIRED_FIELDS), _FORMAT)
+        result = self._runner.run(args)
+        _raise_for(result, self._prefixed)
+        listing = smi_csv.parse_retired_pages(result.stdout, _RETIRED_FIELDS)
+        out: dict[str, tuple[RetiredPage, ...] | str] = {}
+        for r in records:
+            if r.uuid in listing.unsupported:
+                out[r.uuid] = listing.unsupported[r.uuid]
+            else:
+                out[r.uuid] = listing.by_gpu.get(r.uuid, ())
+        return out
+
+    def _failures(
+        self,
+        selected: Sequence[int],
+        devices: Sequence[DeviceState],
+        handle_failures: Sequence[HandleFailure],
+        result: SmiResult,
+    ) -> tuple[DeviceFailure, ...]:
+        seen = {d.index for d in devices}
+        by_pci = {i.pci_bus_id: i.index for i in self._identity.values() if i.pci_bus_id}
+        out: dict[int, DeviceFailure] = {}
+        leftovers: list[HandleFailure] = []
+        for hf in handle_failures:
+            index = hf.index if hf.index is not None else by_pci.get(hf.pci_bus_id or "")
+            if index is None or index in seen or index not in selected:
+                leftovers.append(hf)
+                continue
+            out[index] = self._device_failure(index, hf, result)
+        missing = [i for i in selected if i not in seen and i not in out]
+        for index in missing:
+            out[index] = self._device_failure(index, leftovers.pop(0) if leftovers else None, result)
+        return tuple(out[i] for i in selected if i in out)
+
+    def _device_failure(self, index: int, hf: HandleFailure | None, result: SmiResult) -> DeviceFailure:
+        ident = self._identity.get(index)
+        cmd = shlex.join(result.command)
+        error: Exception
+        if hf is None:
+            error = SmiError(
+                result.argv, result.returncode, result.output, f"nvidia-smi printed no row for GPU {index}"
+            )
+        else:
+            error = error_class_for_code(hf.code)(hf.code, cmd, index, hf.message)
+        return DeviceFailure(index, ident.uuid if ident else None, error)

@@ -1,0 +1,1081 @@
+"""Pure parsers for nvidia-smi output: text in, :mod:`nvmlcheck.model` parts out. No I/O.
+
+Four outputs are understood:
+
+* ``--query-gpu=...``            -> :func:`parse_query_gpu` (one :class:`GpuRecord` per row)
+* ``--query-compute-apps=...``   -> :func:`parse_compute_apps`
+* ``--query-retired-pages=...``  -> :func:`parse_retired_pages`
+* ``-q -d PIDS`` (text)          -> :func:`parse_pids_query` (all three process kinds, and the driver/CUDA versions)
+
+and :func:`build_device_state` assembles one :class:`~nvmlcheck.model.DeviceState` from the parts.
+
+Rules (each one is there because nvidia-smi breaks the naive reading):
+
+* Keyed on the header, never on column position: nvidia-smi's man page says the format may change, the header renames
+  fields (``clocks.sm`` prints as ``clocks.current.sm``), and older drivers print older names
+  (``clocks_throttle_reasons.*``). Every name, requested or printed, is mapped to one canonical name (what driver 580
+  prints). Output without a header is accepted only when the caller names the columns it asked for.
+* Units: ``--format=csv`` prints ``143771 MiB``, ``csv,nounits`` prints ``143771``; the header keeps ``[MiB]`` either
+  way. Both are accepted, and a unit that is not the one this module knows for the field (say ``[GiB]``) is an error,
+  never a silently mis-scaled number.
+* Memory is whole MiB. nvidia-smi rounds *up*: on an H200 the driver reserves 644,939,776 B = 615.06 MiB and
+  ``memory.reserved`` prints 616; 2,712,076,288 B used (2586.44 MiB) prints 2587. So ``N MiB`` means more than
+  ``N-1`` and at most ``N`` MiB, and ``0 MiB`` means exactly 0. Bytes are ``N * MIB`` with
+  :attr:`~nvmlcheck.model.Memory.granularity_bytes` = 1 MiB.
+* Placeholders (``[N/A]``, ``[Not Supported]``, ``[Unknown Error]``, ``[Insufficient Permissions]``,
+  ``[GPU requires reset]``, bare ``N/A``, and any other ``[Words]`` a newer driver may invent) become ``None`` with the
+  reason in ``unknown``; they are never read as 0.
+* Process names are chosen by the workload and may contain commas and spaces. Driver 580 prints ``?`` for a comma in
+  CSV (``/tmp/dir? with space``), older drivers may not; the one free-text column takes whatever lies between the
+  fixed columns counted from both ends. ``-q`` text prints the name unaltered.
+* Every line of real output ends with a newline; text whose last line does not was cut short (a killed ``ssh``), and a
+  cut-short number would still look like a number, so it is refused.
+* Anything else not understood raises :class:`~nvmlcheck.SmiParseError` with the line number and the line. Values that
+  parse but cannot be true (used > total, PID <= 0) raise :class:`~nvmlcheck.CorruptData`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Final
+
+from ..errors import CorruptData, SmiParseError
+from ..model import (
+    MIB,
+    ClockEventReason,
+    Clocks,
+    ClockSet,
+    DeviceState,
+    Fields,
+    GpuProcess,
+    Memory,
+    MemoryHealth,
+    ProcessKind,
+    RemappedRows,
+    RetiredPage,
+    RetirementCause,
+)
+
+__all__ = [
+    "CANONICAL_UNITS",
+    "COMPUTE_APPS_ALIASES",
+    "PID_MAX_LIMIT",
+    "PLACEHOLDER_MEANINGS",
+    "QUERY_GPU_ALIASES",
+    "RETIRED_PAGES_ALIASES",
+    "Column",
+    "GpuRecord",
+    "HandleFailure",
+    "PidsListing",
+    "ProcessListing",
+    "ProcessLists",
+    "RetiredListing",
+    "Row",
+    "Table",
+    "Unavailable",
+    "build_device_state",
+    "canonical_name",
+    "cuda_version_number",
+    "normalize_pci_bus_id",
+    "parse_compute_apps",
+    "parse_pids_query",
+    "parse_query_gpu",
+    "parse_retired_pages",
+    "parse_table",
+    "parse_version_output",
+]
+
+#: Linux's largest possible PID (``PID_MAX_LIMIT`` on 64-bit); a larger one is corrupt data.
+PID_MAX_LIMIT: Final = 4_194_304
+
+#: What each placeholder nvidia-smi prints means; the text goes into ``DeviceState.unknown``.
+PLACEHOLDER_MEANINGS: Final[Mapping[str, str]] = MappingProxyType(
+    {
+        "[N/A]": "not available on this GPU or driver",
+        "N/A": "not available on this GPU or driver",
+        "[Not Supported]": "not supported by this GPU or driver",
+        "[Unknown Error]": "the driver returned an unknown error",
+        "[Insufficient Permissions]": "insufficient permissions; run as root or a user allowed to query the GPU",
+        "[GPU requires reset]": "the GPU requires a reset (nvidia-smi -r) or a reboot",
+        "[GPU is lost]": "the GPU fell off the bus or stopped answering",
+    }
+)
+
+# A bracketed phrase a newer driver may print in place of a value; read as unknown, never as a value.
+_OTHER_PLACEHOLDER = re.compile(r"\[[A-Za-z][A-Za-z0-9 ./'-]*\]")
+
+# --- canonical field names --------------------------------------------------------------------------------------------
+# The canonical name of a field is what driver 580 prints in the header. The alias tables map every other spelling
+# (the short query names from --help-query-*, and the names older drivers printed) to it.
+
+_EVENT_REASON_SUFFIXES = (
+    "supported",
+    "active",
+    "gpu_idle",
+    "applications_clocks_setting",
+    "sw_power_cap",
+    "hw_slowdown",
+    "hw_thermal_slowdown",
+    "hw_power_brake_slowdown",
+    "sw_thermal_slowdown",
+    "sync_boost",
+)
+
+#: ``--query-gpu`` spellings -> canonical header names.
+QUERY_GPU_ALIASES: Final[Mapping[str, str]] = MappingProxyType(
+    {
+        "gpu_name": "name",
+        "gpu_serial": "serial",
+        "gpu_uuid": "uuid",
+        "gpu_bus_id": "pci.bus_id",
+        "clocks.gr": "clocks.current.graphics",
+        "clocks.sm": "clocks.current.sm",
+        "clocks.mem": "clocks.current.memory",
+        "clocks.video": "clocks.current.video",
+        "clocks.max.gr": "clocks.max.graphics",
+        "clocks.max.mem": "clocks.max.memory",
+        "clocks.applications.gr": "clocks.applications.graphics",
+        "clocks.applications.mem": "clocks.applications.memory",
+        "clocks.default_applications.gr": "clocks.default_applications.graphics",
+        "clocks.default_applications.mem": "clocks.default_applications.memory",
+        "retired_pages.sbe": "retired_pages.single_bit_ecc.count",
+        "retired_pages.dbe": "retired_pages.double_bit.count",
+        "remapped_rows.sbe": "remapped_rows.correctable",
+        "remapped_rows.dbe": "remapped_rows.uncorrectable",
+        **{f"clocks_throttle_reasons.{s}": f"clocks_event_reasons.{s}" for s in _EVENT_REASON_SUFFIXES},
+    }
+)
+
+#: ``--query-compute-apps`` spellings -> canonical header names.
+COMPUTE_APPS_ALIASES: Final[Mapping[str, str]] = MappingProxyType(
+    {"name": "process_name", "used_memory": "used_gpu_memory"}
+)
+
+#: ``--query-retired-pages`` spellings -> canonical header names (none are renamed on driver 580).
+RETIRED_PAGES_ALIASES: Final[Mapping[str, str]] = MappingProxyType({})
+
+#: The unit nvidia-smi prints for a field (in the header as ``[MiB]``, after the value with ``csv``). A header that
+#: names another unit for one of these fields is refused rather than mis-scaled.
+CANONICAL_UNITS: Final[Mapping[str, str]] = MappingProxyType(
+    {
+        "memory.total": "MiB",
+        "memory.used": "MiB",
+        "memory.free": "MiB",
+        "memory.reserved": "MiB",
+        "used_gpu_memory": "MiB",
+        **{
+            f"clocks.{group}.{domain}": "MHz"
+            for group in ("current", "max", "applications", "default_applications")
+            for domain in ("graphics", "sm", "memory", "video")
+        },
+        "power.draw": "W",
+        "fan.speed": "%",
+    }
+)
+
+# Columns whose text is chosen by a user (may contain commas); at most one per table is resolved.
+_FREE_TEXT: Final = frozenset({"name", "process_name", "gpu_name"})
+
+
+def canonical_name(name: str, aliases: Mapping[str, str]) -> str:
+    """The canonical (driver-580 header) name for a requested or printed field name."""
+    return aliases.get(name, name)
+
+
+def normalize_pci_bus_id(text: str) -> str | None:
+    """``0000:02:00.0`` / ``00000000:02:00.0`` -> ``00000000:02:00.0`` (upper-case hex), ``None`` if not a bus id.
+
+    nvidia-smi prints an 8-digit domain in CSV and ``-q``, a 4-digit one in some error messages.
+    """
+    m = _PCI.fullmatch(text.strip())
+    if m is None:
+        return None
+    dom, bus, dev, fn = (int(g, 16) for g in m.groups())
+    return f"{dom:08X}:{bus:02X}:{dev:02X}.{fn:X}"
+
+
+_PCI = re.compile(r"([0-9A-Fa-f]{1,8}):([0-9A-Fa-f]{1,2}):([0-9A-Fa-f]{1,2})\.([0-9A-Fa-f])")
+
+# --- lines and placeholders -------------------------------------------------------------------------------------------
+
+
+def _lines(text: str) -> list[tuple[int, str]]:
+    """Non-blank lines with their 1-based numbers, ``\\r`` removed. Refuses text whose last line has no newline."""
+    if text and not text.endswith("\n"):
+        last_no = text.count("\n") + 1
+        raise SmiParseError("output ends without a newline: it was cut short", last_no, text.rsplit("\n", 1)[-1])
+    out: list[tuple[int, str]] = []
+    for no, raw in enumerate(text.split("\n"), start=1):
+        line = raw[:-1] if raw.endswith("\r") else raw
+        if line.strip():
+            out.append((no, line))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Unavailable:
+    """A placeholder nvidia-smi printed instead of a value (``[N/A]``, ``[Not Supported]``, ...)."""
+
+    text: str
+
+    def reason(self, what: str) -> str:
+        """A sentence for ``DeviceState.unknown``: the field, what nvidia-smi printed, and what it means."""
+        meaning = PLACEHOLDER_MEANINGS.get(self.text, "nvidia-smi printed no value")
+        return f"nvidia-smi printed {self.text} for {what}: {meaning}"
+
+
+def _placeholder(cell: str) -> Unavailable | None:
+    if cell in PLACEHOLDER_MEANINGS or _OTHER_PLACEHOLDER.fullmatch(cell):
+        return Unavailable(cell)
+    return None
+
+
+# --- generic CSV table ------------------------------------------------------------------------------------------------
+
+_HEADER_CELL = re.compile(r"([A-Za-z_][A-Za-z0-9_.]*)(?: \[([^\]\[]+)\])?")
+_PCI_TEXT = r"[0-9A-Fa-f]{1,8}:[0-9A-Fa-f]{1,2}:[0-9A-Fa-f]{1,2}\.[0-9A-Fa-f]"
+# "Unable to determine the device handle for GPU 0000:02:00.0: GPU is lost. Reboot the system to recover this GPU"
+# (some versions print "GPU0000:..." without the space).
+_DEVICE_HANDLE_ERROR = re.compile(rf"Unable to determine the device handle for (?:GPU)? ?({_PCI_TEXT})\s*:\s*(.+)")
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    """One column: ``name`` is canonical, ``unit`` what the header put in brackets (``None`` without a header)."""
+
+    name: str
+    unit: str | None
+    header: str
+
+
+@dataclass(frozen=True, slots=True)
+class HandleFailure:
+    """A line such as ``Unable to determine the device handle for GPU 0000:02:00.0: GPU is lost...`` (or a row whose
+    UUID is a placeholder): nvidia-smi could not read that device at all. ``code`` is the NVML return code the text
+    names (15 lost, 16 reset required, 4 no permission, 999 otherwise)."""
+
+    line_no: int
+    line: str
+    pci_bus_id: str | None
+    index: int | None
+    message: str
+    code: int
+
+
+def _code_for_message(message: str) -> int:
+    low = message.lower()
+    if "lost" in low:
+        return 15
+    if "reset" in low:
+        return 16
+    if "permission" in low:
+        return 4
+    if "not found" in low:
+        return 6
+    return 999
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One data row: the raw cells (stripped) in column order."""
+
+    line_no: int
+    line: str
+    cells: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Table:
+    """A parsed CSV output: columns, data rows, and device-handle failure lines found among them."""
+
+    columns: tuple[Column, ...]
+    rows: tuple[Row, ...]
+    failures: tuple[HandleFailure, ...] = ()
+    positions: Mapping[str, int] = field(default_factory=dict)
+
+    def has(self, name: str) -> bool:
+        """Whether the canonical field ``name`` is a column."""
+        return name in self.positions
+
+
+def _parse_header(line_no: int, line: str, aliases: Mapping[str, str]) -> tuple[Column, ...]:
+    cols: list[Column] = []
+    for cell in line.split(","):
+        text = cell.strip()
+        m = _HEADER_CELL.fullmatch(text)
+        if m is None:
+            raise SmiParseError(f"header cell {text!r} is not a field name", line_no, line)
+        name = canonical_name(m.group(1), aliases)
+        unit = m.group(2)
+        known = CANONICAL_UNITS.get(name)
+        if unit is not None and known is not None and unit != known:
+            raise SmiParseError(f"field {name} is in [{unit}], expected [{known}]", line_no, line)
+        cols.append(Column(name, unit, text))
+    names = [c.name for c in cols]
+    if len(set(names)) != len(names):
+        raise SmiParseError("header names a field twice", line_no, line)
+    return tuple(cols)
+
+
+def _split_row(line_no: int, line: str, ncols: int, free: int | None) -> tuple[str, ...]:
+    parts = line.split(",")
+    if len(parts) == ncols:
+        return tuple(p.strip() for p in parts)
+    if len(parts) > ncols and free is not None:
+        # The free-text column keeps every comma: the fixed columns are counted from both ends.
+        right = ncols - free - 1
+        end = len(parts) - right
+        middle = ",".join(parts[free:end])
+        return (*(p.strip() for p in parts[:free]), middle.strip(), *(p.strip() for p in parts[end:]))
+    raise SmiParseError(f"expected {ncols} columns, found {len(parts)}", line_no, line)
+
+
+def parse_table(
+    text: str,
+    aliases: Mapping[str, str],
+    requested: Sequence[str] | None = None,
+    *,
+    header: bool = True,
+) -> Table:
+    """Split CSV output into columns and rows, validating the header against ``requested`` (any spelling).
+
+    With ``header=False`` (output of ``--format=csv,noheader``) the columns are ``requested``, which is then required.
+    Lines ``Unable to determine the device handle for GPU ...`` are collected as :class:`HandleFailure`.
+    """
+    lines = _lines(text)
+    wanted = [canonical_name(r, aliases) for r in requested] if requested is not None else None
+    if header:
+        if not lines:
+            raise SmiParseError("no header: nvidia-smi printed nothing", 1, "")
+        head_no, head = lines[0]
+        columns = _parse_header(head_no, head, aliases)
+        body = lines[1:]
+        if wanted is not None and sorted(c.name for c in columns) != sorted(wanted):
+            raise SmiParseError(f"header does not match the fields asked for ({', '.join(wanted)})", head_no, head)
+    else:
+        if wanted is None:
+            raise ValueError("parse_table(header=False) needs the requested field names")
+        columns = tuple(Column(n, None, n) for n in wanted)
+        body = lines
+    positions = {c.name: i for i, c in enumerate(columns)}
+    frees = [i for i, c in enumerate(columns) if c.name in _FREE_TEXT]
+    free = frees[0] if len(frees) == 1 else None
+    rows: list[Row] = []
+    failures: list[HandleFailure] = []
+    for no, line in body:
+        m = _DEVICE_HANDLE_ERROR.fullmatch(line.strip())
+        if m is not None:
+            failures.append(
+                HandleFailure(
+                    no, line, normalize_pci_bus_id(m.group(1)), None, m.group(2).strip(), _code_for_message(m.group(2))
+                )
+            )
+            continue
+        rows.append(Row(no, line, _split_row(no, line, len(columns), free)))
+    return Table(columns, tuple(rows), tuple(failures), positions)
+
+
+# --- typed cells ------------------------------------------------------------------------------------------------------
+
+_UINT = re.compile(r"\d{1,20}")
+_HEX = re.compile(r"0x[0-9A-Fa-f]{1,16}")
+_UUID = re.compile(r"(?:GPU|MIG)-[0-9A-Za-z/-]+")
+
+
+class _Cells:
+    """Typed access to one row's cells; every failure names the row."""
+
+    __slots__ = ("row", "table")
+
+    def __init__(self, table: Table, row: Row) -> None:
+        self.table = table
+        self.row = row
+
+    def fail(self, reason: str) -> SmiParseError:
+        return SmiParseError(reason, self.row.line_no, self.row.line)
+
+    def raw(self, name: str) -> str:
+        return self.row.cells[self.table.positions[name]]
+
+    def _number_text(self, name: str) -> str | Unavailable:
+        cell = self.raw(name)
+        ph = _placeholder(cell)
+        if ph is not None:
+            return ph
+        unit = CANONICAL_UNITS.get(name)
+        if unit is not None and cell.endswith(" " + unit):
+            # csv (with units) prints "143771 MiB"; csv,nounits prints "143771": both are fine.
+            cell = cell[: -len(unit) - 1].rstrip()
+        return cell
+
+    def uint(self, name: str) -> int | Unavailable:
+        cell = self._number_text(name)
+        if isinstance(cell, Unavailable):
+            return cell
+        if _UINT.fullmatch(cell) is None:
+            raise self.fail(f"{name}: {cell!r} is not a whole number")
+        return int(cell)
+
+    def mib_bytes(self, name: str) -> int | Unavailable:
+        value = self.uint(name)
+        return value if isinstance(value, Unavailable) else value * MIB
+
+    def hex(self, name: str) -> int | Unavailable:
+        cell = self.raw(name)
+        ph = _placeholder(cell)
+        if ph is not None:
+            return ph
+        if _HEX.fullmatch(cell) is None:
+            raise self.fail(f"{name}: {cell!r} is not a hex bitmask")
+        return int(cell, 16)
+
+    def flag(self, name: str) -> bool | Unavailable:
+        cell = self.raw(name)
+        ph = _placeholder(cell)
+        if ph is not None:
+            return ph
+        if cell in ("Yes", "Enabled"):
+            return True
+        if cell in ("No", "Disabled"):
+            return False
+        raise self.fail(f"{name}: {cell!r} is not Yes/No or Enabled/Disabled")
+
+    def text(self, name: str) -> str | Unavailable:
+        cell = self.raw(name)
+        ph = _placeholder(cell)
+        return ph if ph is not None else cell
+
+    def uuid(self, name: str) -> str | Unavailable:
+        cell = self.text(name)
+        if isinstance(cell, str) and _UUID.fullmatch(cell) is None:
+            raise self.fail(f"{name}: {cell!r} is not a GPU UUID")
+        return cell
+
+    def pci(self, name: str) -> str | Unavailable:
+        cell = self.text(name)
+        if isinstance(cell, Unavailable):
+            return cell
+        norm = normalize_pci_bus_id(cell)
+        if norm is None:
+            raise self.fail(f"{name}: {cell!r} is not a PCI bus id")
+        return norm
+
+
+def _known(value: object, what: str, unknown: dict[str, str], key: str) -> bool:
+    """False (and the reason recorded) when ``value`` is a placeholder."""
+    if isinstance(value, Unavailable):
+        unknown.setdefault(key, value.reason(what))
+        return False
+    return True
+
+
+# --- --query-gpu ------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class GpuRecord:
+    """One ``--query-gpu`` row, converted. Parts whose columns were not asked for are ``None`` without a reason;
+    parts that could not be read are ``None`` with the reason in ``unknown`` (dotted model paths).
+
+    ``retired_sbe``/``retired_dbe`` are ``retired_pages.sbe``/``.dbe`` (page counts, to decide whether the retired
+    pages need to be listed at all).
+    """
+
+    line_no: int
+    index: int
+    uuid: str
+    name: str | None
+    pci_bus_id: str | None
+    serial: str | None
+    driver_version: str | None
+    memory: Memory | None
+    clocks: Clocks | None
+    retired_sbe: int | None
+    retired_dbe: int | None
+    retired_pending: bool | None
+    remapped_rows: RemappedRows | None
+    unknown: Mapping[str, str]
+
+
+_MEMORY_COLUMNS = ("memory.total", "memory.used", "memory.free")
+_CLOCK_DOMAINS = (("graphics", "graphics_mhz"), ("sm", "sm_mhz"), ("memory", "memory_mhz"), ("video", "video_mhz"))
+_REMAPPED_COLUMNS = (
+    "remapped_rows.correctable",
+    "remapped_rows.uncorrectable",
+    "remapped_rows.pending",
+    "remapped_rows.failure",
+)
+
+
+def parse_query_gpu(
+    text: str, requested: Sequence[str] | None = None, *, header: bool = True
+) -> tuple[tuple[GpuRecord, ...], tuple[HandleFailure, ...]]:
+    """Parse ``nvidia-smi --query-gpu=... --format=csv[,nounits]``.
+
+    ``index`` and ``uuid`` must be among the columns. A row whose UUID is a placeholder (``[GPU requires reset]``)
+    becomes a :class:`HandleFailure`, as do ``Unable to determine the device handle`` lines.
+    """
+    table = parse_table(text, QUERY_GPU_ALIASES, requested, header=header)
+    for needed in ("index", "uuid"):
+        if not table.has(needed):
+            raise SmiParseError(f"--query-gpu output lacks the {needed} column", 1, "")
+    records: list[GpuRecord] = []
+    failures = list(table.failures)
+    for row in table.rows:
+        cells = _Cells(table, row)
+        index = cells.uint("index")
+        uuid = cells.uuid("uuid")
+        if isinstance(index, Unavailable):
+            raise cells.fail(f"index is {index.text}: the row cannot be attributed to a GPU")
+        if isinstance(uuid, Unavailable):
+            pci = cells.pci("pci.bus_id") if table.has("pci.bus_id") else None
+            failures.append(
+                HandleFailure(
+                    row.line_no,
+                    row.line,
+                    pci if isinstance(pci, str) else None,
+                    index,
+                    f"its UUID reads {uuid.text}",
+                    _code_for_message(uuid.text),
+                )
+            )
+            continue
+        records.append(_gpu_record(table, cells, index, uuid))
+    return tuple(records), tuple(failures)
+
+
+def _optional_text(table: Table, cells: _Cells, name: str, key: str, unknown: dict[str, str]) -> str | None:
+    if not table.has(name):
+        return None
+    value = cells.pci(name) if name == "pci.bus_id" else cells.text(name)
+    return value if _known(value, name, unknown, key) and isinstance(value, str) else None
+
+
+def _gpu_record(table: Table, cells: _Cells, index: int, uuid: str) -> GpuRecord:
+    unknown: dict[str, str] = {}
+    memory = _memory(table, cells, index, unknown) if table.has("memory.used") else None
+    clocks = _clocks(table, cells, unknown) if table.has("clocks.current.sm") else None
+    sbe = dbe = None
+    pending = None
+    remapped = None
+    if table.has("retired_pages.single_bit_ecc.count"):
+        s = cells.uint("retired_pages.single_bit_ecc.count")
+        d = cells.uint("retired_pages.double_bit.count")
+        ok_s = _known(s, "retired_pages.single_bit_ecc.count", unknown, "health.retired_pages")
+        ok_d = _known(d, "retired_pages.double_bit.count", unknown, "health.retired_pages")
+        if ok_s and ok_d and isinstance(s, int) and isinstance(d, int):
+            sbe, dbe = s, d
+    if table.has("retired_pages.pending"):
+        p = cells.flag("retired_pages.pending")
+        _known(p, "retired_pages.pending", unknown, "health.retired_pages_pending")
+        pending = p if isinstance(p, bool) else None
+    if table.has("remapped_rows.correctable"):
+        remapped = _remapped(cells, unknown)
+    return GpuRecord(
+        line_no=cells.row.line_no,
+        index=index,
+        uuid=uuid,
+        name=_optional_text(table, cells, "name", "name", unknown),
+        pci_bus_id=_optional_text(table, cells, "pci.bus_id", "pci_bus_id", unknown),
+        serial=_optional_text(table, cells, "serial", "serial", unknown),
+        driver_version=_optional_text(table, cells, "driver_version", "driver_version", unknown),
+        memory=memory,
+        clocks=clocks,
+        retired_sbe=sbe,
+        retired_dbe=dbe,
+        retired_pending=pending,
+        remapped_rows=remapped,
+        unknown=MappingProxyType(unknown),
+    )
+
+
+def _memory(table: Table, cells: _Cells, index: int, unknown: dict[str, str]) -> Memory | None:
+    values = {name: cells.mib_bytes(name) for name in _MEMORY_COLUMNS}
+    known = [v for v in values.values() if isinstance(v, int)]
+    for name, v in values.items():
+        _known(v, name, unknown, "memory")
+    if len(known) != len(values):
+        return None
+    total, used, free = known
+    reserved: int | None = None
+    # memory.reserved arrived with the v2 memory semantics (driver 510); when it cannot be asked for, memory.used is
+    # the v1 figure that counts the driver's reservation.
+    includes_reserved = not table.has("memory.reserved")
+    if not includes_reserved:
+        r = cells.mib_bytes("memory.reserved")
+        if _known(r, "memory.reserved", unknown, "memory.reserved_bytes") and isinstance(r, int):
+            reserved = r
+    if used > total or free > total or (reserved is not None and reserved > total):
+        raise CorruptData(
+            f"memory.used {used // MIB} MiB / memory.free {free // MIB} MiB / memory.reserved "
+            f"{'?' if reserved is None else reserved // MIB} MiB exceed memory.total {total // MIB} MiB",
+            "nvidia-smi --query-gpu",
+            index,
+        )
+    return Memory(total, used, free, reserved, used_includes_reserved=includes_reserved, granularity_bytes=MIB)
+
+
+# Clock fields --query-gpu does not offer at all (driver 580's --help-query-gpu); NVML has them.
+_SMI_LACKS: Final = frozenset({"clocks.max.video", "clocks.applications.sm", "clocks.applications.video"})
+
+
+def _clock_set(table: Table, cells: _Cells, group: str, unknown: dict[str, str]) -> ClockSet:
+    values: dict[str, int | None] = {}
+    for domain, attr in _CLOCK_DOMAINS:
+        name = f"clocks.{group}.{domain}"
+        key = f"clocks.{group}.{attr}"
+        if not table.has(name):
+            values[attr] = None
+            unknown[key] = (
+                f"nvidia-smi --query-gpu has no {name} field" if name in _SMI_LACKS else f"{name} was not asked for"
+            )
+            continue
+        v = cells.uint(name)
+        values[attr] = v if _known(v, name, unknown, key) and isinstance(v, int) else None
+    return ClockSet(**values)
+
+
+def _clocks(table: Table, cells: _Cells, unknown: dict[str, str]) -> Clocks:
+    current = _clock_set(table, cells, "current", unknown)
+    # The current clocks are also read through Clocks.sm_mhz and friends: give those paths the same reasons.
+    for _, attr in _CLOCK_DOMAINS:
+        if f"clocks.current.{attr}" in unknown:
+            unknown[f"clocks.{attr}"] = unknown[f"clocks.current.{attr}"]
+    reasons: ClockEventReason | None = None
+    if table.has("clocks_event_reasons.active"):
+        mask = cells.hex("clocks_event_reasons.active")
+        if _known(mask, "clocks_event_reasons.active", unknown, "clocks.event_reasons") and isinstance(mask, int):
+            reasons = ClockEventReason(mask)
+    else:
+        unknown["clocks.event_reasons"] = "clocks_event_reasons.active was not asked for"
+    return Clocks(
+        current=current,
+        max=_clock_set(table, cells, "max", unknown),
+        applications=_clock_set(table, cells, "applications", unknown),
+        event_reasons=reasons,
+    )
+
+
+def _remapped(cells: _Cells, unknown: dict[str, str]) -> RemappedRows | None:
+    corr = cells.uint("remapped_rows.correctable")
+    unc = cells.uint("remapped_rows.uncorrectable")
+    pending = cells.flag("remapped_rows.pending")
+    failure = cells.flag("remapped_rows.failure")
+    ok = True
+    for name, v in zip(_REMAPPED_COLUMNS, (corr, unc, pending, failure), strict=True):
+        ok = _known(v, name, unknown, "health.remapped_rows") and ok
+    if not ok:
+        return None
+    assert isinstance(corr, int) and isinstance(unc, int)
+    assert isinstance(pending, bool) and isinstance(failure, bool)
+    return RemappedRows(correctable=corr, uncorrectable=unc, pending=pending, failure=failure)
+
+
+# --- processes --------------------------------------------------------------------------------------------------------
+
+
+def _check_pid(pid: int, where: str) -> None:
+    if pid <= 0 or pid > PID_MAX_LIMIT:
+        raise CorruptData(f"process id {pid} is impossible (valid: 1..{PID_MAX_LIMIT})", where)
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessListing:
+    """Processes by GPU (UUID for CSV, PCI bus id for ``-q``), in the order nvidia-smi printed them.
+
+    ``unattributed`` is set when a row could not be tied to a GPU (its UUID or PID a placeholder): then no GPU's list
+    can be trusted to be complete, and the caller reports every list as unknown with this reason.
+    """
+
+    by_gpu: Mapping[str, tuple[GpuProcess, ...]]
+    unattributed: str | None = None
+
+
+_APPS_REQUIRED = ("gpu_uuid", "pid", "used_gpu_memory")
+
+
+def parse_compute_apps(text: str, requested: Sequence[str] | None = None, *, header: bool = True) -> ProcessListing:
+    """Parse ``nvidia-smi --query-compute-apps=gpu_uuid,pid,process_name,used_gpu_memory --format=csv[,nounits]``.
+
+    ``used_gpu_memory`` ``[N/A]`` (WDDM, some MIG and container setups) becomes ``used_bytes=None``, never 0. A header
+    with no rows means "no compute process" (nvidia-smi said so); with ``header=False`` empty output means the same.
+    """
+    table = parse_table(text, COMPUTE_APPS_ALIASES, requested, header=header)
+    for needed in _APPS_REQUIRED:
+        if not table.has(needed):
+            raise SmiParseError(f"--query-compute-apps output lacks the {needed} column", 1, "")
+    by_gpu: dict[str, list[GpuProcess]] = {}
+    unattributed: str | None = None
+    for row in table.rows:
+        cells = _Cells(table, row)
+        uuid = cells.uuid("gpu_uuid")
+        pid = cells.uint("pid")
+        used = cells.mib_bytes("used_gpu_memory")
+        name = cells.text("process_name") if table.has("process_name") else None
+        if isinstance(uuid, Unavailable) or isinstance(pid, Unavailable):
+            bad = uuid if isinstance(uuid, Unavailable) else pid
+            assert isinstance(bad, Unavailable)
+            unattributed = f"line {row.line_no}: " + bad.reason("a compute process's gpu_uuid or pid")
+            continue
+        _check_pid(pid, "nvidia-smi --query-compute-apps")
+        proc = GpuProcess(
+            pid=pid,
+            kind=ProcessKind.COMPUTE,
+            used_bytes=None if isinstance(used, Unavailable) else used,
+            name=name if isinstance(name, str) else None,
+        )
+        by_gpu.setdefault(uuid, []).append(proc)
+    return ProcessListing(MappingProxyType({k: tuple(v) for k, v in by_gpu.items()}), unattributed)
+
+
+# --- -q -d PIDS -------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PidsListing:
+    """``nvidia-smi -q -d PIDS``: the three process lists of each GPU (keyed by normalised PCI bus id), the versions
+    its header prints, and devices it could not read."""
+
+    compute: Mapping[str, tuple[GpuProcess, ...]]
+    graphics: Mapping[str, tuple[GpuProcess, ...]]
+    mps: Mapping[str, tuple[GpuProcess, ...]]
+    driver_version: str | None
+    cuda_version: str | None
+    failures: tuple[HandleFailure, ...] = ()
+
+
+_Q_KEY_VALUE = re.compile(r"\s*([A-Za-z][A-Za-z0-9 ./()+-]*?)\s*:(?: (.*))?")
+_Q_GPU = re.compile(rf"GPU ({_PCI_TEXT})")
+_Q_TYPE_LETTERS = {"C": ProcessKind.COMPUTE, "G": ProcessKind.GRAPHICS, "M": ProcessKind.MPS}
+_Q_MEMORY = re.compile(r"(\d{1,20}) MiB")
+
+
+class _PidsParser:
+    """A small state machine over ``-q -d PIDS`` lines: header, then ``GPU <bus id>`` blocks with a ``Processes``
+    section whose entries start at ``GPU instance ID`` (or ``Process ID`` on drivers without MIG fields)."""
+
+    def __init__(self) -> None:
+        self.top: dict[str, str] = {}
+        self.lists: dict[ProcessKind, dict[str, list[GpuProcess]]] = {k: {} for k in ProcessKind}
+        self.failures: list[HandleFailure] = []
+        self.gpu: str | None = None
+        self.section = False  # inside this GPU's Processes section
+        self.seen_section = False  # this GPU block had its Processes line
+        self.entry: dict[str, str] = {}
+        self.entry_line: tuple[int, str] = (0, "")
+
+    def feed(self, no: int, line: str) -> None:
+        stripped = line.strip()
+        if stripped.startswith("=====") and "NVSMI LOG" in stripped:
+            return
+        handle = _DEVICE_HANDLE_ERROR.fullmatch(stripped)
+        if handle is not None:
+            self.failures.append(
+                HandleFailure(
+                    no,
+                    line,
+                    normalize_pci_bus_id(handle.group(1)),
+                    None,
+                    handle.group(2).strip(),
+                    _code_for_message(handle.group(2)),
+                )
+            )
+            return
+        gpu = _Q_GPU.fullmatch(stripped)
+        if gpu is not None:
+            self.close_gpu(no, line)
+            self.gpu = normalize_pci_bus_id(gpu.group(1))
+            for kind in ProcessKind:
+                self.lists[kind].setdefault(str(self.gpu), [])
+            return
+        kv = _Q_KEY_VALUE.fullmatch(line)
+        if stripped == "Processes" or (kv is not None and kv.group(1) == "Processes"):
+            if self.gpu is None:
+                raise SmiParseError("Processes section outside a GPU block", no, line)
+            value = "" if kv is None else (kv.group(2) or "").strip()
+            if value not in ("", "None"):
+                raise SmiParseError(f"Processes reads {value!r}", no, line)
+            self.section = value == ""
+            self.seen_section = True
+            return
+        if kv is None:
+            raise SmiParseError("not a 'key : value' line", no, line)
+        key, value = kv.group(1), (kv.group(2) or "").strip()
+        if self.gpu is None:
+            self.top[key] = value
+            return
+        if not self.section:
+            raise SmiParseError(f"unexpected {key!r} outside the Processes section", no, line)
+        starts_entry = key == "GPU instance ID" or (key == "Process ID" and "Process ID" in self.entry)
+        if starts_entry:
+            self.close_entry()
+        if not self.entry:
+            self.entry_line = (no, line)
+        # Unknown keys inside an entry are kept but unused: newer drivers add fields (CC protected memory).
+        self.entry[key] = value
+
+    def close_entry(self) -> None:
+        if not self.entry:
+            return
+        no, line = self.entry_line
+        entry, self.entry = self.entry, {}
+        for needed in ("Process ID", "Type", "Used GPU Memory"):
+            if needed not in entry:
+                raise SmiParseError(f"process entry without {needed!r}", no, line)
+        if _UINT.fullmatch(entry["Process ID"]) is None:
+            raise SmiParseError(f"Process ID {entry['Process ID']!r} is not a number", no, line)
+        pid = int(entry["Process ID"])
+        _check_pid(pid, "nvidia-smi -q -d PIDS")
+        letters = entry["Type"].split("+")
+        if not letters or any(t not in _Q_TYPE_LETTERS for t in letters) or len(set(letters)) != len(letters):
+            raise SmiParseError(f"process Type {entry['Type']!r} is not C, G, M or a '+' combination", no, line)
+        used = self.memory(entry["Used GPU Memory"], no, line)
+        name = entry.get("Name")
+        if name is not None and _placeholder(name) is not None:
+            name = None
+        gi = self.instance_id(entry.get("GPU instance ID"), no, line)
+        ci = self.instance_id(entry.get("Compute instance ID"), no, line)
+        for letter in letters:
+            kind = _Q_TYPE_LETTERS[letter]
+            self.lists[kind][str(self.gpu)].append(GpuProcess(pid, kind, used, name, gi, ci))
+
+    @staticmethod
+    def memory(value: str, no: int, line: str) -> int | None:
+        if _placeholder(value) is not None:
+            return None
+        m = _Q_MEMORY.fullmatch(value)
+        if m is None:
+            raise SmiParseError(f"Used GPU Memory {value!r} is not 'N MiB'", no, line)
+        return int(m.group(1)) * MIB
+
+    @staticmethod
+    def instance_id(value: str | None, no: int, line: str) -> int | None:
+        if value is None or _placeholder(value) is not None:
+            return None
+        if _UINT.fullmatch(value) is None:
+            raise SmiParseError(f"instance id {value!r} is not a number", no, line)
+        return int(value)
+
+    def close_gpu(self, no: int, line: str) -> None:
+        self.close_entry()
+        if self.gpu is not None and not self.seen_section:
+            raise SmiParseError(f"GPU {self.gpu} has no Processes section", no, line)
+        self.section = False
+        self.seen_section = False
+
+
+def parse_pids_query(text: str) -> PidsListing:
+    """Parse ``nvidia-smi -q -d PIDS``: every GPU's compute, graphics and MPS processes (``Type`` ``C``, ``G``,
+    ``M``, or combinations such as ``M+C`` and ``C+G``, where the process is listed under each kind), plus the
+    ``Driver Version`` and ``CUDA Version`` of the header. ``Processes : None`` is an empty list: nvidia-smi said so.
+    """
+    parser = _PidsParser()
+    lines = _lines(text)
+    for no, line in lines:
+        parser.feed(no, line)
+    last_no, last = lines[-1] if lines else (1, "")
+    parser.close_gpu(last_no, last)
+    if "Driver Version" not in parser.top:
+        raise SmiParseError("no 'Driver Version' line: this is not nvidia-smi -q output", 1, text[:80])
+
+    def freeze(kind: ProcessKind) -> Mapping[str, tuple[GpuProcess, ...]]:
+        return MappingProxyType({k: tuple(v) for k, v in parser.lists[kind].items()})
+
+    def version(key: str) -> str | None:
+        v = parser.top.get(key)
+        return None if v is None or _placeholder(v) is not None else v
+
+    return PidsListing(
+        compute=freeze(ProcessKind.COMPUTE),
+        graphics=freeze(ProcessKind.GRAPHICS),
+        mps=freeze(ProcessKind.MPS),
+        driver_version=version("Driver Version"),
+        cuda_version=version("CUDA Version"),
+        failures=tuple(parser.failures),
+    )
+
+
+# --- --version --------------------------------------------------------------------------------------------------------
+
+_VERSION_LINE = re.compile(r"([A-Za-z][A-Za-z -]*?)\s*:\s*(\S.*)")
+
+
+def parse_version_output(text: str) -> Mapping[str, str]:
+    """Parse ``nvidia-smi --version`` (``NVIDIA-SMI version : 580.159.04``, ``DRIVER version``, ``CUDA Version``,
+    ``NVML version``) into a mapping with lower-cased keys (``"cuda version"``)."""
+    out: dict[str, str] = {}
+    for no, line in _lines(text):
+        m = _VERSION_LINE.fullmatch(line.strip())
+        if m is None:
+            raise SmiParseError("not a 'name : version' line", no, line)
+        out[m.group(1).strip().lower()] = m.group(2).strip()
+    if not out:
+        raise SmiParseError("nvidia-smi --version printed nothing", 1, "")
+    return MappingProxyType(out)
+
+
+def cuda_version_number(text: str) -> int | None:
+    """``"13.0"`` -> 13000, ``"12.4"`` -> 12040 (the encoding of nvmlSystemGetCudaDriverVersion_v2); ``None`` for
+    anything else."""
+    m = re.fullmatch(r"(\d{1,3})\.(\d{1,2})", text.strip())
+    return None if m is None else int(m.group(1)) * 1000 + int(m.group(2)) * 10
+
+
+# --- --query-retired-pages --------------------------------------------------------------------------------------------
+
+_CAUSES: Final[Mapping[str, RetirementCause]] = MappingProxyType(
+    {"Single Bit ECC": RetirementCause.MULTIPLE_SINGLE_BIT_ECC, "Double Bit ECC": RetirementCause.DOUBLE_BIT_ECC}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class RetiredListing:
+    """Retired pages by GPU UUID. ``unsupported`` maps a UUID to the reason its pages cannot be listed (nvidia-smi
+    prints placeholder rows, one per cause, where retirement is not supported, as on Hopper)."""
+
+    by_gpu: Mapping[str, tuple[RetiredPage, ...]]
+    unsupported: Mapping[str, str]
+
+
+def parse_retired_pages(text: str, requested: Sequence[str] | None = None, *, header: bool = True) -> RetiredListing:
+    """Parse ``nvidia-smi --query-retired-pages=gpu_uuid,retired_pages.address,retired_pages.timestamp,
+    retired_pages.cause --format=csv``. Addresses are hex or decimal; a timestamp that is not a whole number is kept
+    as ``None`` (the model's "not available")."""
+    table = parse_table(text, RETIRED_PAGES_ALIASES, requested, header=header)
+    for needed in ("gpu_uuid", "retired_pages.address", "retired_pages.cause"):
+        if not table.has(needed):
+            raise SmiParseError(f"--query-retired-pages output lacks the {needed} column", 1, "")
+    pages: dict[str, list[RetiredPage]] = {}
+    unsupported: dict[str, str] = {}
+    for row in table.rows:
+        cells = _Cells(table, row)
+        uuid = cells.uuid("gpu_uuid")
+        if isinstance(uuid, Unavailable):
+            raise cells.fail("a retired page row without a GPU UUID")
+        cause_text = cells.text("retired_pages.cause")
+        if isinstance(cause_text, Unavailable) or cause_text not in _CAUSES:
+            raise cells.fail(f"retired_pages.cause {cells.raw('retired_pages.cause')!r} is not a known cause")
+        address = _address(cells)
+        if isinstance(address, Unavailable):
+            unsupported[uuid] = address.reason("retired_pages.address")
+            continue
+        stamp = cells.uint("retired_pages.timestamp") if table.has("retired_pages.timestamp") else None
+        if stamp is not None and not isinstance(stamp, int):
+            stamp = None
+        pages.setdefault(uuid, []).append(RetiredPage(address, _CAUSES[cause_text], stamp))
+    for uuid in unsupported:
+        if uuid in pages:
+            raise SmiParseError(f"GPU {uuid} lists retired pages and placeholder rows", 1, "")
+    return RetiredListing(
+        MappingProxyType({k: tuple(v) for k, v in pages.items()}), MappingProxyType(dict(unsupported))
+    )
+
+
+def _address(cells: _Cells) -> int | Unavailable:
+    cell = cells.raw("retired_pages.address")
+    ph = _placeholder(cell)
+    if ph is not None:
+        return ph
+    if _HEX.fullmatch(cell):
+        return int(cell, 16)
+    if _UINT.fullmatch(cell):
+        return int(cell)
+    raise cells.fail(f"retired_pages.address {cell!r} is not an address")
+
+
+# --- assembling a DeviceState -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessLists:
+    """The three lists for one GPU, each ``None`` with a reason when unknown."""
+
+    compute: tuple[GpuProcess, ...] | None
+    graphics: tuple[GpuProcess, ...] | None
+    mps: tuple[GpuProcess, ...] | None
+    reasons: Mapping[str, str] = field(default_factory=dict)
+
+
+def build_device_state(
+    record: GpuRecord,
+    fields: Fields,
+    *,
+    processes: ProcessLists | None = None,
+    retired_pages: tuple[RetiredPage, ...] | str | None = None,
+    identity: Mapping[str, str | None] | None = None,
+    extra_unknown: Iterable[tuple[str, str]] = (),
+) -> DeviceState:
+    """One :class:`DeviceState` from a ``--query-gpu`` row and the other queries' parts.
+
+    ``retired_pages`` is the listed pages, or a reason string when they could not be listed; it is only consulted when
+    the row's page counts are non-zero. ``identity`` supplies name/serial/PCI bus id cached from an earlier query when
+    this row did not ask for them. Parts not in ``fields`` are ``None`` with the reason "not requested".
+    """
+    unknown: dict[str, str] = dict(record.unknown)
+    unknown.update(extra_unknown)
+    ident = identity or {}
+    memory = record.memory if Fields.MEMORY in fields else None
+    clocks = record.clocks if Fields.CLOCKS in fields else None
+    compute = graphics = mps = None
+    if Fields.PROCESSES in fields and processes is not None:
+        compute, graphics, mps = processes.compute, processes.graphics, processes.mps
+        unknown.update(processes.reasons)
+        _check_process_memory(record, (compute, graphics, mps))
+    health = _health(record, retired_pages, unknown) if Fields.HEALTH in fields else None
+    for flag, key in ((Fields.MEMORY, "memory"), (Fields.CLOCKS, "clocks"), (Fields.HEALTH, "health")):
+        if flag not in fields:
+            unknown[key] = "not requested"
+    if Fields.PROCESSES not in fields:
+        for kind in ProcessKind:
+            unknown[f"processes.{kind.value}"] = "not requested"
+    unknown.setdefault("minor_number", "nvidia-smi --query-gpu has no minor number field")
+    return DeviceState(
+        index=record.index,
+        uuid=record.uuid,
+        name=record.name if record.name is not None else ident.get("name"),
+        pci_bus_id=record.pci_bus_id if record.pci_bus_id is not None else ident.get("pci_bus_id"),
+        serial=record.serial if record.serial is not None else ident.get("serial"),
+        minor_number=None,
+        memory=memory,
+        compute_processes=compute,
+        graphics_processes=graphics,
+        mps_processes=mps,
+        clocks=clocks,
+        health=health,
+        unknown=MappingProxyType(unknown),
+    )
+
+
+def _check_process_memory(record: GpuRecord, lists: Iterable[tuple[GpuProcess, ...] | None]) -> None:
+    if record.memory is None:
+        return
+    total = record.memory.total_bytes
+    for procs in lists:
+        for p in procs or ():
+            if p.used_bytes is not None and p.used_bytes > total:
+                raise CorruptData(
+                    f"process {p.pid} uses {p.used_bytes // MIB} MiB, more than the GPU's {total // MIB} MiB",
+                    "nvidia-smi process list",
+                    record.index,
+                )
+
+
+def _health(
+    record: GpuRecord, retired_pages: tuple[RetiredPage, ...] | str | None, unknown: dict[str, str]
+) -> MemoryHealth:
+    pages: tuple[RetiredPage, ...] | None = None
+    if record.retired_sbe is not None and record.retired_dbe is not None:
+        if record.retired_sbe + record.retired_dbe == 0:
+            pages = ()  # the counts say so: no need to list them
+        elif isinstance(retired_pages, tuple):
+            pages = retired_pages
+        else:
+            unknown.setdefault("health.retired_pages", retired_pages or "the retired pages were counted but not listed")
+    if record.remapped_rows is None:
+        unknown.setdefault("health.remapped_rows", "remapped_rows.* were not asked for")
+    if record.retired_pending is None:
+        unknown.setdefault("health.retired_pages_pending", "retired_pages.pending was not asked for")
+    return MemoryHealth(pages, record.retired_pending, record.remapped_rows)

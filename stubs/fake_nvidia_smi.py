@@ -1,0 +1,741 @@
+#!/usr/bin/env python3
+"""A fake ``nvidia-smi`` for tests: renders a stub scenario (stubs/README.md, format version 1) the way the real
+nvidia-smi 580 prints it. Written independently of nvmlcheck (it imports nothing from it), so the smi backend's
+parser is checked against a second reading of the same facts, not against itself.
+
+Scenario: ``$NVMLCHECK_STUB_SCENARIO``. The static state is rendered: ``system``, ``device`` (all keys, including
+``unsupported=`` and ``lost=1``) and ``process`` lines (``used=na``, ``holds=``, ``gi=``/``ci=``, ``remove=1``,
+``bound=1`` with ``zombie_holds=1``). ``at``, ``fault``, ``race`` and ``quirk`` lines are accepted and ignored: each run
+of this program is a fresh process, so call-count timelines and NVML faults have no meaning here. A bound process is
+listed, and holds memory, exactly while ``/proc/<pid>`` exists and is not a zombie (``list_ms``/``release_ms`` are not
+simulated: it is gone at once).
+
+Supported command lines (as the real one): ``--query-gpu=``, ``--query-compute-apps=``, ``--query-retired-pages=``,
+``--query-remapped-rows=`` with ``--format=csv[,noheader][,nounits]``; ``-q -d PIDS``; ``--version``; ``-i``/``--id``
+(indices, UUIDs or PCI bus ids, comma-separated).
+
+How it mimics the real output (checked against captures of driver 580.159.04 on an H200):
+
+* Memory is printed in whole MiB rounded UP: the real one prints the driver's 644,939,776 B reservation (615.06 MiB)
+  as 616 and 2,712,076,288 B used (2586.44 MiB) as 2587, so floor and round-half-even are both ruled out.
+* ``memory.used`` excludes the reservation (NVML v2): used = device ``used`` + what live processes hold;
+  free = total - reserved - used.
+* Unsupported values print ``[N/A]`` (``$FAKE_SMI_PLACEHOLDER`` overrides, e.g. ``[Not Supported]`` as older drivers).
+* In CSV a comma in a process name prints as ``?`` (``$FAKE_SMI_RAW_COMMAS=1`` keeps it, as a driver that did not
+  sanitise would); ``-q`` prints names unaltered.
+* ``--query-retired-pages`` on a GPU without retirement support prints one placeholder row per cause.
+* A ``lost=1`` GPU prints ``Unable to determine the device handle for GPU<bus id>: GPU is lost. ...`` in place of its
+  row and the run exits 15 (``$FAKE_SMI_LOST_STYLE=placeholder``: its row prints ``[GPU requires reset]`` everywhere
+  but ``index``, exit 0).
+* Errors go to stdout with the real texts; an unknown field exits 2 with ``Field "x" is not a valid field to query.``
+
+Test knobs (environment):
+
+* ``FAKE_SMI_DELAY_S``: sleep this long before answering.
+* ``FAKE_SMI_HANG=1``: start a child that sleeps (its pid goes to ``$FAKE_SMI_CHILD_PID_FILE``), then sleep forever.
+* ``FAKE_SMI_EXIT=<code>``: print the driver's text for 2/6/9/18 where the real one prints it, exit with the code.
+* ``FAKE_SMI_MATCH=<text>``: apply the three knobs above only when an argument contains ``text``.
+* ``FAKE_SMI_REFUSE_FIELDS=a,b``: treat these query fields as unknown (an older driver), exit 2.
+* ``FAKE_SMI_ARGV_LOG=<path>``: append the arguments as one JSON list per line.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+# Plain dicts keep this file small; the aliases say what each holds.
+Dev = dict[str, Any]  # one device line's keys, with defaults filled in
+Proc = dict[str, Any]  # one process line
+State = dict[str, Any]  # {"system": ..., "devices": [Dev], "processes": [Proc]}
+Fmt = dict[str, Any]  # {"noheader": bool, "nounits": bool, "placeholder": str}
+Value = int | str | None  # None prints as the placeholder
+Cell = tuple[str, str | None, Value]  # (header name, unit, value)
+
+MIB = 1 << 20
+NO_DRIVER = (
+    "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure that the latest NVIDIA "
+    "driver is installed and running.\n\n"
+)
+MISMATCH = "Failed to initialize NVML: Driver/library version mismatch\nNVML library version: 580.159\n"
+NO_DEVICES = "No devices were found\n"
+
+
+class Usage(Exception):
+    """Bad command line: exit 2 with this text on stdout."""
+
+
+# --- scenario --------------------------------------------------------------------------------------------------------
+
+DEVICE_KEYS = {
+    "index", "name", "uuid", "pci", "serial", "minor", "total", "reserved", "used",
+    "clock.graphics", "clock.sm", "clock.mem", "clock.video", "max.graphics", "max.sm", "max.mem", "max.video",
+    "app.graphics", "app.sm", "app.mem", "app.video", "reasons", "retired", "retired_pending", "remapped",
+    "unsupported", "lost",
+}  # fmt: skip
+PROCESS_KEYS = {
+    "device", "kind", "pid", "used", "holds", "gi", "ci", "bound", "release_ms", "list_ms", "zombie_holds", "remove",
+}  # fmt: skip
+
+
+def tokenize(line: str, line_no: int) -> list[str]:
+    """Split a scenario line into words; double-quoted values keep spaces, with \\" and \\\\ escapes; # comments."""
+    words, cur, i, quoted, have = [], [], 0, False, False
+    while i < len(line):
+        c = line[i]
+        if quoted:
+            if c == "\\" and i + 1 < len(line):
+                cur.append(line[i + 1])
+                i += 1
+            elif c == '"':
+                quoted = False
+            else:
+                cur.append(c)
+        elif c == '"':
+            quoted, have = True, True
+        elif c == "#":
+            break
+        elif c.isspace():
+            if cur or have:
+                words.append("".join(cur))
+            cur, have = [], False
+        else:
+            cur.append(c)
+        i += 1
+    if quoted:
+        raise ValueError(f"scenario line {line_no}: unterminated quote")
+    if cur or have:
+        words.append("".join(cur))
+    return words
+
+
+def number(text: str, what: str) -> int:
+    try:
+        return int(text, 16) if text.lower().startswith("0x") else int(text, 10)
+    except ValueError:
+        raise ValueError(f"{what}: {text!r} is not a number") from None
+
+
+def default_device(i: int) -> Dev:
+    return {
+        "index": i,
+        "name": "NVIDIA H200",
+        "uuid": f"GPU-00000000-0000-0000-0000-{i:012d}",
+        "pci": f"00000000:{i + 1:02X}:00.0",
+        "serial": str(1650924060042 + i),
+        "minor": i,
+        "total": 150754820096,
+        "reserved": 644939776,
+        "used": 0,
+        "clock.graphics": 345, "clock.sm": 345, "clock.mem": 3201, "clock.video": 765,
+        "max.graphics": 1980, "max.sm": 1980, "max.mem": 3201, "max.video": 1545,
+        "app.graphics": 1980, "app.sm": 1980, "app.mem": 3201, "app.video": 1545,
+        "reasons": 0x1,
+        "retired": [],
+        "retired_pending": 0,
+        "remapped": (0, 0, 0, 0),
+        # As measured on the H200: page retirement is not supported (Hopper remaps rows instead).
+        "unsupported": {"retired_pages", "retired_pending"},
+        "lost": 0,
+    }  # fmt: skip
+
+
+def parse_pairs(words: list[str], allowed: set[str], line_no: int) -> dict[str, str]:
+    out = {}
+    for w in words:
+        key, sep, value = w.partition("=")
+        if not sep or key not in allowed:
+            raise ValueError(f"scenario line {line_no}: unknown key {key!r}")
+        out[key] = value
+    return out
+
+
+def apply_device(state: State, pairs: dict[str, str], line_no: int) -> None:
+    i = number(pairs.get("index", ""), f"line {line_no} index")
+    devices = state["devices"]
+    if i == len(devices):
+        devices.append(default_device(i))
+    elif i > len(devices):
+        raise ValueError(f"scenario line {line_no}: devices must be declared in order (got index {i})")
+    dev = devices[i]
+    for key, value in pairs.items():
+        if key in ("name", "uuid", "pci", "serial"):
+            dev[key] = value
+        elif key == "retired":
+            dev[key] = [parse_retired(p, line_no) for p in value.split(",") if p]
+        elif key == "remapped":
+            parts = value.split(",")
+            if len(parts) != 4:
+                raise ValueError(f"scenario line {line_no}: remapped needs 4 numbers")
+            dev[key] = tuple(number(p, "remapped") for p in parts)
+        elif key == "unsupported":
+            dev[key] = {p for p in value.split(",") if p}
+        elif key != "index":
+            dev[key] = number(value, f"line {line_no} {key}")
+
+
+def parse_retired(text: str, line_no: int) -> tuple[str, int, int | None]:
+    cause, _, rest = text.partition(":")
+    address, _, stamp = rest.partition("@")
+    if cause not in ("sbe", "dbe") or not address:
+        raise ValueError(f"scenario line {line_no}: bad retired page {text!r}")
+    return (cause, number(address, "address"), number(stamp, "timestamp") if stamp else None)
+
+
+def apply_process(state: State, pairs: dict[str, str], line_no: int) -> None:
+    for key in ("device", "kind", "pid"):
+        if key not in pairs:
+            raise ValueError(f"scenario line {line_no}: process needs {key}=")
+    if pairs["kind"] not in ("compute", "graphics", "mps"):
+        raise ValueError(f"scenario line {line_no}: kind must be compute, graphics or mps")
+    dev, pid = number(pairs["device"], "device"), number(pairs["pid"], "pid")
+    procs = state["processes"]
+    same = [p for p in procs if p["device"] == dev and p["kind"] == pairs["kind"] and p["pid"] == pid]
+    if pairs.get("remove") == "1":
+        for p in same:
+            procs.remove(p)
+        return
+    used = None if pairs.get("used", "0") == "na" else number(pairs.get("used", "0"), "used")
+    holds = number(pairs["holds"], "holds") if "holds" in pairs else (used or 0)
+    entry = {
+        "device": dev,
+        "kind": pairs["kind"],
+        "pid": pid,
+        "used": used,
+        "holds": holds,
+        "gi": number(pairs["gi"], "gi") if "gi" in pairs else None,
+        "ci": number(pairs["ci"], "ci") if "ci" in pairs else None,
+        "bound": pairs.get("bound") == "1",
+        "zombie_holds": pairs.get("zombie_holds") == "1",
+    }
+    if same:
+        same[0].update(entry)
+    else:
+        procs.append(entry)
+
+
+def load_scenario(path: str) -> State:
+    state: State = {
+        "system": {"driver": "580.159.04", "nvml": "13.580.159.04", "cuda": 13000},
+        "devices": [],
+        "processes": [],
+    }
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    seen_magic = False
+    for no, line in enumerate(lines, start=1):
+        words = tokenize(line, no)
+        if not words:
+            continue
+        if not seen_magic:
+            if words != ["nvmlcheck-stub-scenario", "1"]:
+                raise ValueError(f"scenario line {no}: expected 'nvmlcheck-stub-scenario 1'")
+            seen_magic = True
+            continue
+        keyword, rest = words[0], words[1:]
+        if keyword == "system":
+            for key, value in parse_pairs(rest, {"driver", "nvml", "cuda"}, no).items():
+                state["system"][key] = number(value, "cuda") if key == "cuda" else value
+        elif keyword == "device":
+            apply_device(state, parse_pairs(rest, DEVICE_KEYS, no), no)
+        elif keyword == "process":
+            apply_process(state, parse_pairs(rest, PROCESS_KEYS, no), no)
+        elif keyword not in ("at", "fault", "race", "quirk"):
+            raise ValueError(f"scenario line {no}: unknown keyword {keyword!r}")
+    if not seen_magic:
+        raise ValueError("scenario: empty file")
+    return state
+
+
+# --- live state ----------------------------------------------------------------------------------------------------
+
+
+def alive(proc: Proc) -> bool:
+    """A bound process is there while /proc/<pid> exists and is no zombie (unless zombies hold memory)."""
+    if not proc["bound"]:
+        return True
+    try:
+        with open(f"/proc/{proc['pid']}/stat", encoding="utf-8", errors="replace") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    status = stat.rsplit(")", 1)[-1].split()[0]
+    return status != "Z" or proc["zombie_holds"]
+
+
+def process_name(pid: int) -> str | None:
+    """argv[0] from /proc/<pid>/cmdline, as NVML reports it; None when the process is not visible here."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    first = raw.split(b"\0", 1)[0].decode("utf-8", "replace")
+    return first or None
+
+
+def ceil_mib(value: int) -> int:
+    return math.ceil(value / MIB)
+
+
+class View:
+    """The scenario's state as nvidia-smi would print it, with live processes resolved."""
+
+    def __init__(self, state: State) -> None:
+        self.system = state["system"]
+        self.devices = state["devices"]
+        self.processes = [p for p in state["processes"] if alive(p)]
+        self.placeholder = os.environ.get("FAKE_SMI_PLACEHOLDER", "[N/A]")
+
+    def used(self, dev: Dev) -> int:
+        held: int = sum(p["holds"] for p in self.processes if p["device"] == dev["index"])
+        return int(dev["used"]) + held
+
+    def unsupported(self, dev: Dev, *names: str) -> bool:
+        return any(n in dev["unsupported"] for n in names)
+
+    def procs(self, dev: Dev, kind: str) -> list[Proc]:
+        return [p for p in self.processes if p["device"] == dev["index"] and p["kind"] == kind]
+
+
+# --- CSV fields ----------------------------------------------------------------------------------------------------
+
+
+def gpu_field(view: View, dev: Dev, name: str) -> Cell:
+    """(header name, unit or None, value: int | str | None for a placeholder) of one --query-gpu field."""
+    mem = None if view.unsupported(dev, "memory") else dev
+    used = view.used(dev)
+    free = max(0, dev["total"] - dev["reserved"] - used)
+    simple = {
+        "index": ("index", None, dev["index"]),
+        "count": ("count", None, len(view.devices)),
+        "driver_version": ("driver_version", None, view.system["driver"]),
+        "pstate": ("pstate", None, "P0"),
+        "temperature.gpu": ("temperature.gpu", None, 39),
+        "persistence_mode": ("persistence_mode", None, "Enabled"),
+        "compute_mode": ("compute_mode", None, "Default"),
+    }
+    if name in simple:
+        return simple[name]
+    ident = {
+        "name": "name", "gpu_name": "name", "uuid": "uuid", "gpu_uuid": "uuid",
+        "pci.bus_id": "pci", "gpu_bus_id": "pci", "serial": "serial", "gpu_serial": "serial",
+    }  # fmt: skip
+    if name in ident:
+        key = ident[name]
+        header = {"pci": "pci.bus_id"}.get(key, key)
+        return header, None, None if view.unsupported(dev, key) else dev[key]
+    memory = {
+        "memory.total": dev["total"], "memory.reserved": dev["reserved"], "memory.used": used, "memory.free": free,
+    }  # fmt: skip
+    if name in memory:
+        return name, "MiB", None if mem is None else ceil_mib(memory[name])
+    clock = clock_field(name)
+    if clock is not None:
+        header, key = clock
+        return header, "MHz", None if view.unsupported(dev, key) else dev[key]
+    if name in ("clocks_event_reasons.active", "clocks_throttle_reasons.active"):
+        value = None if view.unsupported(dev, "reasons") else f"0x{dev['reasons']:016x}"
+        return "clocks_event_reasons.active", None, value
+    return health_field(view, dev, name)
+
+
+CLOCK_GROUPS = {"current": "clock", "max": "max", "applications": "app"}
+CLOCK_DOMAINS = {"graphics": "graphics", "gr": "graphics", "sm": "sm", "memory": "mem", "mem": "mem",
+                 "video": "video"}  # fmt: skip
+# Which clock fields the real --query-gpu offers (no clocks.max.video, no clocks.applications.sm/video).
+CLOCK_OFFERED = {
+    ("current", "graphics"), ("current", "sm"), ("current", "mem"), ("current", "video"),
+    ("max", "graphics"), ("max", "sm"), ("max", "mem"), ("applications", "graphics"), ("applications", "mem"),
+}  # fmt: skip
+
+
+def clock_field(name: str) -> tuple[str, str] | None:
+    parts = name.split(".")
+    if parts[0] != "clocks":
+        return None
+    if len(parts) == 2:  # clocks.sm is clocks.current.sm
+        parts = ["clocks", "current", parts[1]]
+    if len(parts) != 3 or parts[1] not in CLOCK_GROUPS or parts[2] not in CLOCK_DOMAINS:
+        return None
+    group, domain = parts[1], CLOCK_DOMAINS[parts[2]]
+    if (group, domain) not in CLOCK_OFFERED:
+        return None
+    printed = {"graphics": "graphics", "sm": "sm", "mem": "memory", "video": "video"}[domain]
+    return f"clocks.{group}.{printed}", f"{CLOCK_GROUPS[group]}.{domain}"
+
+
+def health_field(view: View, dev: Dev, name: str) -> Cell:
+    sbe = sum(1 for p in dev["retired"] if p[0] == "sbe")
+    dbe = sum(1 for p in dev["retired"] if p[0] == "dbe")
+    no_retire = view.unsupported(dev, "retired_pages")
+    no_remap = view.unsupported(dev, "remapped")
+    corr, unc, pending, failure = dev["remapped"]
+    table = {
+        ("retired_pages.single_bit_ecc.count", "retired_pages.sbe"): ("retired_pages.single_bit_ecc.count",
+                                                                      None if no_retire else sbe),
+        ("retired_pages.double_bit.count", "retired_pages.dbe"): ("retired_pages.double_bit.count",
+                                                                  None if no_retire else dbe),
+        ("retired_pages.pending",): ("retired_pages.pending", None if view.unsupported(dev, "retired_pending")
+                                     else yes_no(dev["retired_pending"])),
+        ("remapped_rows.correctable", "remapped_rows.sbe"): ("remapped_rows.correctable", None if no_remap else corr),
+        ("remapped_rows.uncorrectable", "remapped_rows.dbe"): ("remapped_rows.uncorrectable",
+                                                              None if no_remap else unc),
+        ("remapped_rows.pending",): ("remapped_rows.pending", None if no_remap else yes_no(pending)),
+        ("remapped_rows.failure",): ("remapped_rows.failure", None if no_remap else yes_no(failure)),
+    }  # fmt: skip
+    for names, (header, value) in table.items():
+        if name in names:
+            return header, None, value
+    raise KeyError(name)
+
+
+def yes_no(v: int) -> str:
+    return "Yes" if v else "No"
+
+
+def cell(value: Value, unit: str | None, fmt: Fmt, placeholder: str) -> str:
+    if value is None:
+        return placeholder
+    if unit is not None and not fmt["nounits"]:
+        return f"{value} {unit}"
+    return str(value)
+
+
+def header_line(header: list[Cell]) -> str:
+    return ", ".join(h + (f" [{u}]" if u else "") for h, u, _ in header)
+
+
+def row_line(row: list[Cell], fmt: Fmt) -> str:
+    return ", ".join(cell(v, u, fmt, fmt["placeholder"]) for _, u, v in row)
+
+
+def csv_with_header(header: list[Cell], rows: Sequence[list[Cell] | str], fmt: Fmt) -> str:
+    out = [] if fmt["noheader"] else [header_line(header)]
+    out.extend(row_line(row, fmt) if not isinstance(row, str) else row for row in rows)
+    return "".join(line + "\n" for line in out)
+
+
+def lost_line(dev: Dev) -> str:
+    return (
+        f"Unable to determine the device handle for GPU{dev['pci']}: GPU is lost. Reboot the system to recover this GPU"
+    )
+
+
+def query_gpu(view: View, devices: list[Dev], fields: list[str], fmt: Fmt) -> tuple[str, int]:
+    header = [gpu_field(view, default_device(0), f) for f in fields]
+    rows: list[list[Cell] | str] = []
+    exit_code = 0
+    for dev in devices:
+        if not dev["lost"]:
+            rows.append([gpu_field(view, dev, f) for f in fields])
+        elif os.environ.get("FAKE_SMI_LOST_STYLE") == "placeholder":
+            rows.append(", ".join(str(dev["index"]) if h == "index" else "[GPU requires reset]" for h, _, _ in header))
+        else:
+            rows.append(lost_line(dev))
+            exit_code = 15
+    return csv_with_header(header, rows, fmt), exit_code
+
+
+def csv_name(name: str | None) -> str | None:
+    if name is None:
+        return None
+    return name if os.environ.get("FAKE_SMI_RAW_COMMAS") == "1" else name.replace(",", "?")
+
+
+def app_field(view: View, dev: Dev, proc: Proc, name: str) -> Cell:
+    if name in ("process_name", "name"):
+        return "process_name", None, csv_name(process_name(proc["pid"])) or "[Not Found]"
+    if name in ("used_gpu_memory", "used_memory"):
+        return "used_gpu_memory", "MiB", None if proc["used"] is None else ceil_mib(proc["used"])
+    if name == "pid":
+        return "pid", None, proc["pid"]
+    return common_field(view, dev, name)
+
+
+def common_field(view: View, dev: Dev, name: str) -> Cell:
+    table = {"gpu_uuid": dev["uuid"], "gpu_bus_id": dev["pci"], "gpu_name": dev["name"], "gpu_serial": dev["serial"],
+             "timestamp": time.strftime("%Y/%m/%d %H:%M:%S.000")}  # fmt: skip
+    if name not in table:
+        raise KeyError(name)
+    return name, None, table[name]
+
+
+def query_apps(view: View, devices: list[Dev], fields: list[str], fmt: Fmt) -> tuple[str, int]:
+    header = [app_field(view, default_device(0), {"pid": 1, "used": 0}, f) for f in fields]
+    rows = []
+    for dev in devices:
+        if view.unsupported(dev, "processes.compute"):
+            rows.append([(h, u, dev["uuid"] if h == "gpu_uuid" else None) for h, u, _ in header])
+            continue
+        rows.extend([app_field(view, dev, p, f) for f in fields] for p in view.procs(dev, "compute"))
+    return csv_with_header(header, rows, fmt), 0
+
+
+def query_retired(view: View, devices: list[Dev], fields: list[str], fmt: Fmt) -> tuple[str, int]:
+    def field(dev: Dev, page: tuple[str, int, int | None] | None, name: str) -> Cell:
+        if name == "retired_pages.address":
+            return name, None, None if page is None else f"0x{page[1]:016x}"
+        if name == "retired_pages.timestamp":
+            return name, None, None if page is None or page[2] is None else page[2]
+        if name == "retired_pages.cause":
+            return name, None, {"sbe": "Single Bit ECC", "dbe": "Double Bit ECC"}[page[0] if page else "sbe"]
+        return common_field(view, dev, name)
+
+    header = [field(default_device(0), None, f) for f in fields]
+    rows = []
+    for dev in devices:
+        if view.unsupported(dev, "retired_pages"):
+            # Placeholder rows, one per cause, as driver 580 prints on Hopper.
+            for cause in ("sbe", "dbe"):
+                rows.append([field(dev, (cause, 0, None), f) for f in fields])
+                rows[-1] = [(h, u, None if h in ("retired_pages.address", "retired_pages.timestamp") else v)
+                            for h, u, v in rows[-1]]  # fmt: skip
+            continue
+        rows.extend([field(dev, page, f) for f in fields] for page in dev["retired"])
+    return csv_with_header(header, rows, fmt), 0
+
+
+def query_remapped(view: View, devices: list[Dev], fields: list[str], fmt: Fmt) -> tuple[str, int]:
+    def field(dev: Dev, name: str) -> Cell:
+        try:
+            return common_field(view, dev, name)
+        except KeyError:
+            return health_field(view, dev, name)
+
+    header = [field(default_device(0), f) for f in fields]
+    rows = [[field(dev, f) for f in fields] for dev in devices]
+    return csv_with_header(header, rows, fmt), 0
+
+
+# --- -q -d PIDS ----------------------------------------------------------------------------------------------------
+
+
+def kv(indent: int, key: str, value: object, width: int) -> str:
+    return f"{' ' * indent}{key:<{width - indent}}: {value}"
+
+
+def query_pids(view: View, devices: list[Dev]) -> tuple[str, int]:
+    out = [
+        "",
+        "==============NVSMI LOG==============",
+        "",
+        kv(0, "Timestamp", time.strftime("%a %b %d %H:%M:%S %Y"), 55),
+        kv(0, "Driver Version", view.system["driver"], 55),
+        kv(0, "CUDA Version", f"{view.system['cuda'] // 1000}.{view.system['cuda'] % 1000 // 10}", 55),
+        "",
+        kv(0, "Attached GPUs", len(view.devices), 55),
+    ]
+    exit_code = 0
+    for dev in devices:
+        if dev["lost"]:
+            out.append(lost_line(dev))
+            exit_code = 15
+            continue
+        out.append(f"GPU {dev['pci']}")
+        if view.unsupported(dev, "processes.compute", "processes.graphics", "processes.mps"):
+            out.append(kv(4, "Processes", "N/A", 55))
+            continue
+        entries = merged_processes(view, dev)
+        if not entries:
+            out.append(kv(4, "Processes", "None", 55))
+            continue
+        out.append("    Processes")
+        for e in entries:
+            out += [
+                kv(8, "GPU instance ID", "N/A" if e["gi"] is None else e["gi"], 42),
+                kv(8, "Compute instance ID", "N/A" if e["ci"] is None else e["ci"], 42),
+                kv(8, "Process ID", e["pid"], 42),
+                kv(12, "Type", e["type"], 42),
+                kv(12, "Name", process_name(e["pid"]) or "N/A", 42),
+                kv(12, "Used GPU Memory", "N/A" if e["used"] is None else f"{ceil_mib(e['used'])} MiB", 42),
+            ]
+    out.append("")
+    return "".join(line + "\n" for line in out), exit_code
+
+
+def merged_processes(view: View, dev: Dev) -> list[dict[str, Any]]:
+    """One entry per pid, typed like the real one: C, G, M, M+C, C+G (letters in the order M, C, G)."""
+    by_pid: dict[int, dict[str, Any]] = {}
+    for kind, letter in (("mps", "M"), ("compute", "C"), ("graphics", "G")):
+        for p in view.procs(dev, kind):
+            e = by_pid.setdefault(p["pid"], {"pid": p["pid"], "letters": [], "used": p["used"], "gi": p["gi"],
+                                             "ci": p["ci"]})  # fmt: skip
+            e["letters"].append(letter)
+            if e["used"] is None:
+                e["used"] = p["used"]
+    for e in by_pid.values():
+        e["type"] = "+".join(e["letters"])
+    return list(by_pid.values())
+
+
+# --- command line --------------------------------------------------------------------------------------------------
+
+
+def parse_format(value: str) -> dict[str, bool]:
+    parts = value.split(",")
+    if parts[0] != "csv" or any(p not in ("noheader", "nounits") for p in parts[1:]):
+        raise Usage("Format modifier is not recognized.\n")
+    return {"noheader": "noheader" in parts, "nounits": "nounits" in parts}
+
+
+def select(devices: list[Dev], ids: str | None) -> list[Dev]:
+    if ids is None:
+        return devices
+    chosen = []
+    for raw in ids.split(","):
+        token = raw.strip()
+        for dev in devices:
+            matches = token in (str(dev["index"]), dev["uuid"]) or token.upper() == dev["pci"].upper()
+            if matches and dev not in chosen:
+                chosen.append(dev)
+    return chosen
+
+
+def parse_args(argv: list[str]) -> dict[str, Any]:
+    opts: dict[str, Any] = {
+        "ids": None,
+        "format": None,
+        "query": None,
+        "fields": None,
+        "q": False,
+        "d": None,
+        "version": False,
+    }
+    it = iter(argv)
+    for arg in it:
+        if arg in ("-i", "--id"):
+            opts["ids"] = next(it, "")
+        elif arg.startswith(("--id=", "-i=")):
+            opts["ids"] = arg.split("=", 1)[1]
+        elif arg.startswith("--format="):
+            opts["format"] = arg.split("=", 1)[1]
+        elif arg.startswith("--query-"):
+            kind, _, fields = arg[len("--query-") :].partition("=")
+            opts["query"], opts["fields"] = kind, [f.strip() for f in fields.split(",")]
+        elif arg in ("-q", "--query"):
+            opts["q"] = True
+        elif arg in ("-d", "--display"):
+            opts["d"] = next(it, "")
+        elif arg == "--version":
+            opts["version"] = True
+        else:
+            raise Usage(f"Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.\n{arg}\n")
+    return opts
+
+
+def knobs_apply(argv: list[str]) -> bool:
+    match = os.environ.get("FAKE_SMI_MATCH")
+    return match is None or any(match in a for a in argv)
+
+
+def apply_knobs(argv: list[str]) -> int | None:
+    if not knobs_apply(argv):
+        return None
+    delay = os.environ.get("FAKE_SMI_DELAY_S")
+    if delay:
+        time.sleep(float(delay))
+    if os.environ.get("FAKE_SMI_HANG") == "1":
+        # A child in our process group: the caller's timeout must kill it too, not only us.
+        child = subprocess.Popen([sys.executable, "-S", "-c", "import time\nwhile True: time.sleep(3600)"])
+        pid_file = os.environ.get("FAKE_SMI_CHILD_PID_FILE")
+        if pid_file:
+            with open(pid_file, "w", encoding="utf-8") as f:
+                f.write(f"{child.pid}\n")
+        while True:
+            time.sleep(3600)
+    code = os.environ.get("FAKE_SMI_EXIT")
+    if code:
+        rc = int(code)
+        texts = {6: NO_DEVICES, 9: NO_DRIVER, 18: MISMATCH}
+        if rc == 2:
+            first = next((a.split("=", 1)[1].split(",")[0] for a in argv if a.startswith("--query-")), "bogus.field")
+            texts[2] = f'Field "{first}" is not a valid field to query.\n\n'
+        sys.stdout.write(texts.get(rc, ""))
+        if rc not in texts:
+            sys.stderr.write(f"fake nvidia-smi: exiting with {rc} as asked\n")
+        return rc
+    return None
+
+
+QUERIES = {"gpu": query_gpu, "compute-apps": query_apps, "retired-pages": query_retired,
+           "remapped-rows": query_remapped}  # fmt: skip
+
+
+def check_fields(opts: dict[str, Any], view: View) -> None:
+    refused = {f for f in os.environ.get("FAKE_SMI_REFUSE_FIELDS", "").split(",") if f}
+    probe = default_device(0)
+    for name in opts["fields"]:
+        ok = name not in refused
+        if ok:
+            try:
+                if opts["query"] == "gpu":
+                    gpu_field(view, probe, name)
+                elif opts["query"] == "compute-apps":
+                    app_field(view, probe, {"pid": 1, "used": 0}, name)
+                elif opts["query"] == "retired-pages":
+                    query_retired(view, [], [name], {"noheader": True, "nounits": True, "placeholder": "[N/A]"})
+                else:
+                    query_remapped(view, [], [name], {"noheader": True, "nounits": True, "placeholder": "[N/A]"})
+            except KeyError:
+                ok = False
+        if not ok:
+            raise Usage(f'Field "{name}" is not a valid field to query.\n\n')
+
+
+def main(argv: list[str]) -> int:
+    log = os.environ.get("FAKE_SMI_ARGV_LOG")
+    if log:
+        with open(log, "a", encoding="utf-8") as f:
+            f.write(json.dumps(argv) + "\n")
+    rc = apply_knobs(argv)
+    if rc is not None:
+        return rc
+    try:
+        opts = parse_args(argv)
+        path = os.environ.get("NVMLCHECK_STUB_SCENARIO")
+        if not path:
+            sys.stdout.write(NO_DRIVER)  # no scenario: a machine without a driver, like the stub library
+            return 9
+        view = View(load_scenario(path))
+        if opts["version"]:
+            cuda = view.system["cuda"]
+            sys.stdout.write(
+                f"NVIDIA-SMI version  : {view.system['driver']}\nNVML version        : "
+                f"{'.'.join(view.system['driver'].split('.')[:2])}\nDRIVER version      : {view.system['driver']}\n"
+                f"CUDA Version        : {cuda // 1000}.{cuda % 1000 // 10}\n"
+            )
+            return 0
+        devices = select(view.devices, opts["ids"])
+        if (opts["ids"] is not None and not devices) or not view.devices:
+            sys.stdout.write(NO_DEVICES)
+            return 6
+        if opts["q"]:
+            if opts["d"] != "PIDS":
+                raise Usage("this fake supports only -q -d PIDS\n")
+            text, code = query_pids(view, devices)
+            sys.stdout.write(text)
+            return code
+        if opts["query"] not in QUERIES or opts["format"] is None:
+            raise Usage("Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.\n")
+        fmt = {**parse_format(opts["format"]), "placeholder": view.placeholder}
+        check_fields(opts, view)
+        text, code = QUERIES[opts["query"]](view, devices, opts["fields"], fmt)
+        sys.stdout.write(text)
+        return code
+    except Usage as exc:
+        sys.stdout.write(str(exc))
+        return 2
+    except ValueError as exc:
+        sys.stderr.write(f"fake nvidia-smi: {exc}\n")
+        return 255
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
