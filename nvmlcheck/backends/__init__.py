@@ -67,6 +67,15 @@ def open_backend(
     if backend not in BACKEND_NAMES:
         raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKEND_NAMES)}")
     attempts: list[str] = []
+
+    def record(name: str, exc: NvmlCheckError) -> None:
+        # Keep nested attempts readable: "nvml: <what>" then its own attempts, indented under it.
+        if isinstance(exc, BackendUnavailable) and exc.attempts:
+            attempts.append(f"{name}: {getattr(exc, 'message', exc)}")
+            attempts.extend(f"  {a}" for a in exc.attempts)
+        else:
+            attempts.append(f"{name}: {exc}")
+
     if backend in ("auto", "nvml"):
         from .nvml import NvmlBackend
 
@@ -75,7 +84,7 @@ def open_backend(
         except NvmlCheckError as exc:
             if backend == "nvml":
                 raise
-            attempts.append(f"nvml: {exc}")
+            record("nvml", exc)
     if backend in ("auto", "smi"):
         try:
             from .smi import SmiBackend
@@ -87,5 +96,5 @@ def open_backend(
             except NvmlCheckError as exc:
                 if backend == "smi":
                     raise
-                attempts.append(f"smi: {exc}")
+                record("smi", exc)
     raise BackendUnavailable("no GPU backend could be opened", attempts)

@@ -1,0 +1,5 @@
+"""``python -m nvmlcheck``: the same as the ``nvmlcheck`` command."""
+
+from .cli import main
+
+raise SystemExit(main())

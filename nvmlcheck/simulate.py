@@ -1,0 +1,54 @@
+"""Explicit simulation: run nvmlcheck against the bundled stub libnvidia-ml (``--simulate``, ``nvmlcheck demo``).
+
+Nothing here is ever chosen automatically: ``backend="auto"`` never falls back to a simulator. Building the stub
+needs a C compiler and the ``nvidia-nvml-dev`` package (``pip install 'nvmlcheck[sim]'``).
+
+Named scenarios (:data:`SCENARIOS`): ``h200`` (one idle H200 as measured), ``h200x8`` (eight idle H200s),
+``h200-busy`` (one H200 with a process that never lets go of 16 GiB). Any other value is read as a scenario file
+path (format: stubs/README.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from .testing import Scenario, StubSession, use_stub
+
+__all__ = ["SCENARIOS", "scenario_named", "simulated"]
+
+GIB = 1 << 30
+
+
+def _busy() -> Scenario:
+    sc = Scenario.h200()
+    sc.add_process(0, 4_123_456, used_bytes=16 * GIB)
+    return sc
+
+
+#: Bundled scenarios by name.
+SCENARIOS: dict[str, Callable[[], Scenario]] = {
+    "h200": Scenario.h200,
+    "h200x8": lambda: Scenario.h200(devices=8),
+    "h200-busy": _busy,
+}
+
+
+def scenario_named(name_or_path: str) -> Scenario | Path:
+    """A bundled scenario by name, or a scenario file path. ``ValueError`` if it is neither."""
+    factory = SCENARIOS.get(name_or_path)
+    if factory is not None:
+        return factory()
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    names = ", ".join(sorted(SCENARIOS))
+    raise ValueError(f"--simulate {name_or_path!r}: not a bundled scenario ({names}) nor a scenario file")
+
+
+@contextlib.contextmanager
+def simulated(scenario: Scenario | Path) -> Iterator[StubSession]:
+    """Build the stub (cached), write the scenario, and point nvmlcheck at them while the block runs."""
+    with use_stub(scenario) as stub:
+        yield stub
