@@ -11,9 +11,9 @@ Every exception derives from :class:`NvmlCheckError`. The tree::
     │   ├── GpuRequiresReset, OperatingSystemError, LibraryVersionMismatch (also BackendUnavailable), InUse,
     │   ├── NvmlMemoryError, NoData, VgpuEccNotSupported, InsufficientResources, FreqNotSupported,
     │   ├── ArgumentVersionMismatch, Deprecated, NotReady, GpuNotFound, InvalidState, ResetTypeNotSupported,
-    │   └── Unknown                     NVML_ERROR_UNKNOWN (999) and any code this version does not know (``.code`` kept)
+    │   └── Unknown                     NVML_ERROR_UNKNOWN (999) and any code not known here (``.code`` kept)
     ├── SmiError(argv, returncode, stderr)
-    │   ├── SmiTimeout                  nvidia-smi (or its prefix, e.g. ssh) did not answer in time; its group was killed
+    │   ├── SmiTimeout                  nvidia-smi (or its prefix, e.g. ssh) did not answer in time; group killed
     │   ├── SmiTransportError           the command prefix (ssh, pct exec) or the spawn itself failed; never GPU state
     │   └── SmiParseError(line_no, line)
     ├── CorruptData                     values that cannot be true (PID 0, used > total): a struct layout mismatch

@@ -71,7 +71,8 @@ class _Cuda:
         if rc != 0:
             name = self.ffi.new("const char **")
             self.lib.cuGetErrorName(rc, name)
-            text = self.ffi.string(name[0]).decode() if name[0] != self.ffi.NULL else "unknown"
+            raw = self.ffi.string(name[0]) if name[0] != self.ffi.NULL else b"unknown"
+            text = raw.decode() if isinstance(raw, bytes) else str(raw)
             raise CudaError(f"{what} failed: {text} ({rc})")
 
 

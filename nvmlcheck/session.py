@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from .predicates import Predicate
     from .wait import PollPolicy, TracePoint, WaitResult
 
-__all__ = ["DeviceSelector", "Session", "open"]
+__all__ = ["DeviceSelector", "Session", "open", "wait_until_clean"]
 
 #: A device is named by its NVML index or by its UUID (a unique prefix such as ``"GPU-acdc9db5"`` is enough).
 DeviceSelector = int | str
@@ -220,3 +220,24 @@ def open(
             library_path=library_path,
         )
     )
+
+
+def wait_until_clean(
+    timeout: float | None = 30.0,
+    predicate: Predicate | None = None,
+    *,
+    devices: Iterable[DeviceSelector] | DeviceSelector | None = None,
+    backend: str = "auto",
+    policy: PollPolicy | str | float | None = None,
+    stable_polls: int = 2,
+    trace: bool = False,
+) -> WaitResult:
+    """Open a session, wait until the GPUs are clean (see :meth:`Session.wait_until_clean`), close it.
+
+    >>> import nvmlcheck as nc
+    >>> nc.wait_until_clean(timeout=30.0)        # doctest: +SKIP
+    """
+    with open(backend) as session:
+        return session.wait_until_clean(
+            timeout, predicate, devices=devices, policy=policy, stable_polls=stable_polls, trace=trace
+        )
