@@ -41,13 +41,15 @@ import tempfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Literal
 
 __all__ = [
     "CLOCK_DOMAINS",
+    "ClockDomain",
     "DEVICE_FIELDS",
     "NVML_FUNCTIONS",
     "PROCESS_KINDS",
+    "ProcessKind",
     "STUB_VARIANTS",
     "UNSUPPORTED_FIELDS",
     "LogEntry",
@@ -69,9 +71,9 @@ ClockDomain = Literal["graphics", "sm", "mem", "video"]
 RetirementCause = Literal["sbe", "dbe"]
 
 #: Process kinds of the scenario format (``process kind=``).
-PROCESS_KINDS: tuple[str, ...] = get_args(ProcessKind)
+PROCESS_KINDS: tuple[ProcessKind, ...] = ("compute", "graphics", "mps")
 #: Clock domains, in nvmlClockType_t order (graphics 0, sm 1, mem 2, video 3).
-CLOCK_DOMAINS: tuple[str, ...] = get_args(ClockDomain)
+CLOCK_DOMAINS: tuple[ClockDomain, ...] = ("graphics", "sm", "mem", "video")
 
 #: Every NVML function the stub exports in its full build (plus ``stub_*`` test symbols, not listed here).
 NVML_FUNCTIONS: tuple[str, ...] = (
