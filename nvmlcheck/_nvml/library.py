@@ -87,7 +87,7 @@ class Symbols:
 def _has(lib: Any, name: str) -> bool:
     try:
         getattr(lib, name)
-    except AttributeError:  # cffi ABI mode: "function/symbol 'x' not found in library"
+    except (AttributeError, ffi.error):  # cffi ABI mode raises ffi.error: "symbol 'x' not found in library"
         return False
     return True
 
@@ -127,7 +127,10 @@ class LoadedLibrary:
 
     def function(self, name: str) -> Callable[..., int]:
         """The C function ``name`` (``AttributeError`` if the library lacks it)."""
-        fn: Callable[..., int] = getattr(self.lib, name)
+        try:
+            fn: Callable[..., int] = getattr(self.lib, name)
+        except ffi.error as exc:  # cffi's own error type for a missing symbol; callers expect AttributeError
+            raise AttributeError(str(exc)) from None
         return fn
 
     @property

@@ -82,7 +82,6 @@ class _Identity:
     pci_bus_id: str | None
     serial: str | None
     minor_number: int | None
-    total_bytes: int | None
     unknown: Mapping[str, str]
 
 
@@ -136,6 +135,9 @@ class NvmlBackend:
         self._generation = library.fork_generation()
         self._calls = NvmlCalls(self._loaded)
         self._identities: dict[int, _Identity] = {}
+        # Total memory per device, from the first successful memory read: the bound process entries are checked
+        # against (a process cannot hold more than the device has).
+        self._totals: dict[int, int] = {}
         self._system: SystemInfo | None = None
 
     # --- lifecycle ------------------------------------------------------------------------------------------------
@@ -164,6 +166,7 @@ class NvmlBackend:
             self._loaded.acquire()
             self._generation = library.fork_generation()
             self._identities.clear()
+            self._totals.clear()
 
     # --- system ---------------------------------------------------------------------------------------------------
 
@@ -244,13 +247,10 @@ class NvmlBackend:
                 # Serial numbers are often restricted (NO_PERMISSION) on consumer boards: unknown, not fatal.
                 values[key] = None
                 unknown[key] = _reason(exc)
-        total: int | None
         try:
-            total = calls.memory(handle, index).total_bytes
-        except NvmlError as exc:
-            if not _soft(exc):
-                raise
-            total = None
+            self._totals[index] = calls.memory(handle, index).total_bytes
+        except NvmlCheckError:
+            pass  # a live read will report the error; the total is only the bound for process entries
         ident = _Identity(
             handle,
             uuid,
@@ -258,7 +258,6 @@ class NvmlBackend:
             values["pci_bus_id"],  # type: ignore[arg-type]
             values["serial"],  # type: ignore[arg-type]
             values["minor_number"],  # type: ignore[arg-type]
-            total,
             MappingProxyType(unknown),
         )
         self._identities[index] = ident
@@ -284,6 +283,7 @@ class NvmlBackend:
             except NvmlError as exc:
                 note("memory", exc)
             else:
+                self._totals[index] = memory.total_bytes
                 if memory.used_includes_reserved:
                     if unknown is None:
                         unknown = {}
@@ -291,7 +291,7 @@ class NvmlBackend:
 
         lists: list[tuple[GpuProcess, ...] | None] = [None, None, None]
         if plan.processes:
-            total = ident.total_bytes if ident.total_bytes is not None else (1 << 63)
+            total = self._totals.get(index, 1 << 63)
             for slot, kind in enumerate(_KINDS):
                 try:
                     raw = calls.processes(handle, kind, index, total)
