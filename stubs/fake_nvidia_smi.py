@@ -5,8 +5,9 @@ parser is checked against a second reading of the same facts, not against itself
 
 Scenario: ``$NVMLCHECK_STUB_SCENARIO``. The static state is rendered: ``system``, ``device`` (all keys, including
 ``unsupported=`` and ``lost=1``) and ``process`` lines (``used=na``, ``holds=``, ``gi=``/``ci=``, ``remove=1``,
-``bound=1`` with ``zombie_holds=1``). ``at``, ``fault``, ``race`` and ``quirk`` lines are accepted and ignored: each run
-of this program is a fresh process, so call-count timelines and NVML faults have no meaning here. A bound process is
+``bound=1`` with ``zombie_holds=1``), and ``at ms=T`` timeline lines once T ms have passed since the scenario file was
+written. ``at call=N``, ``fault``, ``race`` and ``quirk`` lines are accepted and ignored: each run of this program is a
+fresh process, so NVML call counts and NVML faults have no meaning here. A bound process is
 listed, and holds memory, exactly while ``/proc/<pid>`` exists and is not a zombie (``list_ms``/``release_ms`` are not
 simulated: it is gone at once).
 
@@ -74,7 +75,7 @@ class Usage(Exception):
 # --- scenario --------------------------------------------------------------------------------------------------------
 
 DEVICE_KEYS = {
-    "index", "name", "uuid", "pci", "serial", "minor", "total", "reserved", "used",
+    "index", "name", "uuid", "pci", "pci.device_id", "pci.subsystem_id", "serial", "minor", "total", "reserved", "used",
     "clock.graphics", "clock.sm", "clock.mem", "clock.video", "max.graphics", "max.sm", "max.mem", "max.video",
     "app.graphics", "app.sm", "app.mem", "app.video", "reasons", "retired", "retired_pending", "remapped",
     "unsupported", "lost",
@@ -126,8 +127,8 @@ def default_device(i: int) -> Dev:
     return {
         "index": i,
         "name": "NVIDIA H200",
-        "uuid": f"GPU-00000000-0000-0000-0000-{i:012d}",
-        "pci": f"00000000:{i + 1:02X}:00.0",
+        "uuid": f"GPU-00000000-0000-0000-0000-{i:012x}",
+        "pci": f"00000000:{(i + 1) & 0xFF:02X}:00.0",
         "serial": str(1650924060042 + i),
         "minor": i,
         "total": 150754820096,
@@ -220,6 +221,29 @@ def apply_process(state: State, pairs: dict[str, str], line_no: int) -> None:
         procs.append(entry)
 
 
+def apply_at(state: State, words: list[str], path: str, line_no: int) -> None:
+    """``at ms=T LINE`` applies LINE once T ms have passed since the scenario file was written (its mtime): each run of
+    this program is a new process, so "since the scenario was loaded" is read from the file. ``at call=N`` counts NVML
+    calls, which have no meaning here: ignored."""
+    if not words or "=" not in words[0]:
+        raise ValueError(f"scenario line {line_no}: at needs call=N or ms=T")
+    key, _, value = words[0].partition("=")
+    if key == "call":
+        return
+    if key != "ms" or len(words) < 2:
+        raise ValueError(f"scenario line {line_no}: at needs call=N or ms=T and a line")
+    due_s = number(value, "ms") / 1000.0
+    if time.time() - os.stat(path).st_mtime < due_s:
+        return
+    keyword, rest = words[1], words[2:]
+    if keyword == "device":
+        apply_device(state, parse_pairs(rest, DEVICE_KEYS, line_no), line_no)
+    elif keyword == "process":
+        apply_process(state, parse_pairs(rest, PROCESS_KEYS, line_no), line_no)
+    elif keyword not in ("fault", "race", "quirk"):
+        raise ValueError(f"scenario line {line_no}: at cannot apply {keyword!r}")
+
+
 def load_scenario(path: str) -> State:
     state: State = {
         "system": {"driver": "580.159.04", "nvml": "13.580.159.04", "cuda": 13000},
@@ -246,7 +270,9 @@ def load_scenario(path: str) -> State:
             apply_device(state, parse_pairs(rest, DEVICE_KEYS, no), no)
         elif keyword == "process":
             apply_process(state, parse_pairs(rest, PROCESS_KEYS, no), no)
-        elif keyword not in ("at", "fault", "race", "quirk"):
+        elif keyword == "at":
+            apply_at(state, rest, path, no)
+        elif keyword not in ("fault", "race", "quirk"):
             raise ValueError(f"scenario line {no}: unknown keyword {keyword!r}")
     if not seen_magic:
         raise ValueError("scenario: empty file")

@@ -613,8 +613,12 @@ class SmiBackend:
         out: dict[str, ProcessLists] = {}
         for r in records:
             pci = r.pci_bus_id or (self._identity_for(r).get("pci_bus_id"))
+            why = None
             if pci is None or pci not in listing.compute:
                 why = f"nvidia-smi -q -d PIDS did not list GPU {r.index} (PCI bus id {pci})"
+            elif pci in listing.unknown:
+                why = listing.unknown[pci]
+            if why is not None:
                 reasons = {f"processes.{k.value}": why for k in ProcessKind}
                 out[r.uuid] = ProcessLists(None, None, None, reasons)
                 continue

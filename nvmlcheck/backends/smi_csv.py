@@ -65,6 +65,7 @@ __all__ = [
     "PID_MAX_LIMIT",
     "PLACEHOLDER_MEANINGS",
     "QUERY_GPU_ALIASES",
+    "REMAPPED_ROWS_ALIASES",
     "RETIRED_PAGES_ALIASES",
     "Column",
     "GpuRecord",
@@ -83,6 +84,7 @@ __all__ = [
     "parse_compute_apps",
     "parse_pids_query",
     "parse_query_gpu",
+    "parse_remapped_rows",
     "parse_retired_pages",
     "parse_table",
     "parse_version_output",
@@ -593,6 +595,10 @@ def _gpu_record(table: Table, cells: _Cells, index: int, uuid: str) -> GpuRecord
 
 
 def _memory(table: Table, cells: _Cells, index: int, unknown: dict[str, str]) -> Memory | None:
+    absent = [name for name in _MEMORY_COLUMNS if not table.has(name)]
+    if absent:
+        unknown["memory"] = f"{', '.join(absent)} not asked for"
+        return None
     values = {name: cells.mib_bytes(name) for name in _MEMORY_COLUMNS}
     known = [v for v in values.values() if isinstance(v, int)]
     for name, v in values.items():
@@ -737,7 +743,8 @@ def parse_compute_apps(text: str, requested: Sequence[str] | None = None, *, hea
 @dataclass(frozen=True, slots=True)
 class PidsListing:
     """``nvidia-smi -q -d PIDS``: the three process lists of each GPU (keyed by normalised PCI bus id), the versions
-    its header prints, and devices it could not read."""
+    its header prints, and devices it could not read. ``unknown`` maps a GPU to the reason its lists could not be read
+    (``Processes : N/A``); such a GPU has empty entries in the three mappings, which must not be read as "none"."""
 
     compute: Mapping[str, tuple[GpuProcess, ...]]
     graphics: Mapping[str, tuple[GpuProcess, ...]]
@@ -745,30 +752,39 @@ class PidsListing:
     driver_version: str | None
     cuda_version: str | None
     failures: tuple[HandleFailure, ...] = ()
+    unknown: Mapping[str, str] = field(default_factory=dict)
 
 
 _Q_KEY_VALUE = re.compile(r"\s*([A-Za-z][A-Za-z0-9 ./()+-]*?)\s*:(?: (.*))?")
 _Q_GPU = re.compile(rf"GPU ({_PCI_TEXT})")
 _Q_TYPE_LETTERS = {"C": ProcessKind.COMPUTE, "G": ProcessKind.GRAPHICS, "M": ProcessKind.MPS}
 _Q_MEMORY = re.compile(r"(\d{1,20}) MiB")
+_Q_SECTION = re.compile(r"[A-Za-z][A-Za-z0-9 ./()+-]*")
 
 
 class _PidsParser:
-    """A small state machine over ``-q -d PIDS`` lines: header, then ``GPU <bus id>`` blocks with a ``Processes``
-    section whose entries start at ``GPU instance ID`` (or ``Process ID`` on drivers without MIG fields)."""
+    """A small state machine over ``nvidia-smi -q`` lines: a header of ``key : value`` lines, then ``GPU <bus id>``
+    blocks. Inside a block only the ``Processes`` section is read (its entries start at ``GPU instance ID``, or at
+    ``Process ID`` on drivers without MIG fields); other sections (a full ``-q``) are skipped, and the section ends at
+    the first line indented no deeper than its own ``Processes`` line."""
 
     def __init__(self) -> None:
         self.top: dict[str, str] = {}
         self.lists: dict[ProcessKind, dict[str, list[GpuProcess]]] = {k: {} for k in ProcessKind}
+        self.unknown: dict[str, str] = {}
         self.failures: list[HandleFailure] = []
         self.gpu: str | None = None
-        self.section = False  # inside this GPU's Processes section
+        self.section_indent: int | None = None  # indentation of the open Processes line
         self.seen_section = False  # this GPU block had its Processes line
         self.entry: dict[str, str] = {}
         self.entry_line: tuple[int, str] = (0, "")
 
     def feed(self, no: int, line: str) -> None:
         stripped = line.strip()
+        indent = len(line) - len(line.lstrip(" "))
+        if self.section_indent is not None and indent <= self.section_indent:
+            self.close_entry()
+            self.section_indent = None
         if stripped.startswith("=====") and "NVSMI LOG" in stripped:
             return
         handle = _DEVICE_HANDLE_ERROR.fullmatch(stripped)
@@ -792,23 +808,34 @@ class _PidsParser:
                 self.lists[kind].setdefault(str(self.gpu), [])
             return
         kv = _Q_KEY_VALUE.fullmatch(line)
-        if stripped == "Processes" or (kv is not None and kv.group(1) == "Processes"):
-            if self.gpu is None:
-                raise SmiParseError("Processes section outside a GPU block", no, line)
-            value = "" if kv is None else (kv.group(2) or "").strip()
-            if value not in ("", "None"):
-                raise SmiParseError(f"Processes reads {value!r}", no, line)
-            self.section = value == ""
-            self.seen_section = True
+        if self.gpu is not None and (stripped == "Processes" or (kv is not None and kv.group(1) == "Processes")):
+            self.open_section(no, line, indent, "" if kv is None else (kv.group(2) or "").strip())
             return
         if kv is None:
+            if self.gpu is not None and self.section_indent is None and _Q_SECTION.fullmatch(stripped):
+                return  # a section title of a full -q ("FB Memory Usage"): not ours
             raise SmiParseError("not a 'key : value' line", no, line)
         key, value = kv.group(1), (kv.group(2) or "").strip()
         if self.gpu is None:
             self.top[key] = value
-            return
-        if not self.section:
-            raise SmiParseError(f"unexpected {key!r} outside the Processes section", no, line)
+        elif self.section_indent is not None:
+            self.entry_value(no, line, key, value)
+
+    def open_section(self, no: int, line: str, indent: int, value: str) -> None:
+        gpu = str(self.gpu)
+        if self.seen_section:
+            raise SmiParseError(f"GPU {gpu} has two Processes sections", no, line)
+        self.seen_section = True
+        ph = _placeholder(value)
+        if ph is not None:
+            # The process lists could not be read (not supported here): unknown, not empty.
+            self.unknown[gpu] = ph.reason("Processes")
+        elif value == "":
+            self.section_indent = indent
+        elif value != "None":
+            raise SmiParseError(f"Processes reads {value!r}", no, line)
+
+    def entry_value(self, no: int, line: str, key: str, value: str) -> None:
         starts_entry = key == "GPU instance ID" or (key == "Process ID" and "Process ID" in self.entry)
         if starts_entry:
             self.close_entry()
@@ -862,8 +889,9 @@ class _PidsParser:
     def close_gpu(self, no: int, line: str) -> None:
         self.close_entry()
         if self.gpu is not None and not self.seen_section:
+            # -q -d MEMORY has no Processes section: that is "not asked", never "no process".
             raise SmiParseError(f"GPU {self.gpu} has no Processes section", no, line)
-        self.section = False
+        self.section_indent = None
         self.seen_section = False
 
 
@@ -895,6 +923,7 @@ def parse_pids_query(text: str) -> PidsListing:
         driver_version=version("Driver Version"),
         cuda_version=version("CUDA Version"),
         failures=tuple(parser.failures),
+        unknown=MappingProxyType(dict(parser.unknown)),
     )
 
 
@@ -962,9 +991,12 @@ def parse_retired_pages(text: str, requested: Sequence[str] | None = None, *, he
         if isinstance(address, Unavailable):
             unsupported[uuid] = address.reason("retired_pages.address")
             continue
-        stamp = cells.uint("retired_pages.timestamp") if table.has("retired_pages.timestamp") else None
-        if stamp is not None and not isinstance(stamp, int):
-            stamp = None
+        stamp: int | None = None
+        if table.has("retired_pages.timestamp"):
+            # NVML's raw value when nvidia-smi prints a number; a date text (format not documented) stays unknown
+            # rather than being converted with a guessed time zone.
+            raw_stamp = cells.raw("retired_pages.timestamp")
+            stamp = int(raw_stamp) if _UINT.fullmatch(raw_stamp) else None
         pages.setdefault(uuid, []).append(RetiredPage(address, _CAUSES[cause_text], stamp))
     for uuid in unsupported:
         if uuid in pages:
@@ -984,6 +1016,38 @@ def _address(cells: _Cells) -> int | Unavailable:
     if _UINT.fullmatch(cell):
         return int(cell)
     raise cells.fail(f"retired_pages.address {cell!r} is not an address")
+
+
+# --- --query-remapped-rows ------------------------------------------------------------------------------------------
+
+#: ``--query-remapped-rows`` spellings -> canonical header names.
+REMAPPED_ROWS_ALIASES: Final[Mapping[str, str]] = MappingProxyType(
+    {"remapped_rows.sbe": "remapped_rows.correctable", "remapped_rows.dbe": "remapped_rows.uncorrectable"}
+)
+
+
+def parse_remapped_rows(
+    text: str, requested: Sequence[str] | None = None, *, header: bool = True
+) -> Mapping[str, RemappedRows | str]:
+    """Parse ``nvidia-smi --query-remapped-rows=gpu_uuid,remapped_rows.correctable,remapped_rows.uncorrectable,
+    remapped_rows.pending,remapped_rows.failure --format=csv``, keyed by ``gpu_uuid`` (or ``gpu_bus_id`` when that is
+    the identifying column). A GPU whose values are placeholders maps to the reason. The backend reads the same
+    fields through ``--query-gpu``; this is for callers that ran the dedicated query."""
+    table = parse_table(text, REMAPPED_ROWS_ALIASES, requested, header=header)
+    key_column = "gpu_uuid" if table.has("gpu_uuid") else "gpu_bus_id"
+    for needed in (key_column, *_REMAPPED_COLUMNS):
+        if not table.has(needed):
+            raise SmiParseError(f"--query-remapped-rows output lacks the {needed} column", 1, "")
+    out: dict[str, RemappedRows | str] = {}
+    for row in table.rows:
+        cells = _Cells(table, row)
+        key = cells.uuid(key_column) if key_column == "gpu_uuid" else cells.pci(key_column)
+        if isinstance(key, Unavailable):
+            raise cells.fail(f"a remapped rows row without {key_column}")
+        unknown: dict[str, str] = {}
+        rows = _remapped(cells, unknown)
+        out[key] = rows if rows is not None else unknown["health.remapped_rows"]
+    return MappingProxyType(out)
 
 
 # --- assembling a DeviceState -----------------------------------------------------------------------------------------
