@@ -116,9 +116,9 @@ class _Why(NamedTuple):
     text: str
 
 
-@dataclass(frozen=True, slots=True)
-class _Scope:
-    """The part of a snapshot a predicate judges (narrowed by :func:`on_devices`)."""
+class _Scope(NamedTuple):
+    """The part of a snapshot a predicate judges (narrowed by :func:`on_devices`). A NamedTuple: built on every
+    poll, and a frozen dataclass's ``__init__`` costs several times more."""
 
     devices: tuple[DeviceState, ...]
     failures: tuple[DeviceFailure, ...]
@@ -409,6 +409,19 @@ class _NoProcesses(_DevicePredicate):
     def __init__(self, kinds: tuple[ProcessKind, ...]) -> None:
         self.kinds = kinds
 
+    def _check(self, scope: _Scope) -> bool | None:
+        if self.kinds != ALL_KINDS:
+            return super()._check(scope)
+        # Inlined for the poller's hot path (every poll, every device).
+        result: bool | None = None if (scope.failures or scope.missing or not scope.devices) else True
+        for d in scope.devices:
+            c, g, m = d.compute_processes, d.graphics_processes, d.mps_processes
+            if c or g or m:
+                return False
+            if c is None or g is None or m is None:
+                result = None
+        return result
+
     def _check_device(self, d: DeviceState) -> bool | None:
         result: bool | None = True
         for kind in self.kinds:
@@ -447,6 +460,20 @@ class _PidsGone(_DevicePredicate):
 
     def __init__(self, pids: frozenset[int]) -> None:
         self.pids = pids
+
+    def _check(self, scope: _Scope) -> bool | None:
+        # Inlined for the poller's hot path (kill_and_wait polls with it); same rules as _check_device.
+        result: bool | None = None if (scope.failures or scope.missing or not scope.devices) else True
+        pids = self.pids
+        for d in scope.devices:
+            for procs in (d.compute_processes, d.graphics_processes, d.mps_processes):
+                if procs is None:
+                    result = None
+                    continue
+                for p in procs:
+                    if p.pid in pids:
+                        return False
+        return result
 
     def _check_device(self, d: DeviceState) -> bool | None:
         result: bool | None = True
@@ -500,6 +527,23 @@ class _MemoryAtMost(_DevicePredicate):
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
+
+    def _check(self, scope: _Scope) -> bool | None:
+        # Inlined for the poller's hot path; same rules as _check_device.
+        result: bool | None = None if (scope.failures or scope.missing or not scope.devices) else True
+        limit = self.limit
+        for d in scope.devices:
+            m = d.memory
+            if m is None or m.used_includes_reserved:
+                result = None
+                continue
+            slack = m.granularity_bytes - 1
+            if m.used_bytes + slack <= limit:
+                continue
+            if m.used_bytes - slack > limit:
+                return False
+            result = None
+        return result
 
     def _check_device(self, d: DeviceState) -> bool | None:
         m = d.memory

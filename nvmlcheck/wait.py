@@ -46,7 +46,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Literal
 
 from .errors import (
@@ -403,9 +403,13 @@ class _Poller:
         # Duty cap: busy / (busy + sleep) <= duty  <=>  sleep >= busy * (1 - duty) / duty.
         duty_ratio = (1.0 - duty) / duty if duty is not None else 0.0
         compensate = pol.compensate_sleep
-        summarise = self.trace is not None or self.on_poll is not None or backoff_ns is not None
+        summarise = self.trace is not None or self.on_poll is not None
+        # Back-off needs "nothing changed for backoff_after_s"; while polling fast, sampling what we see 16 times per
+        # backoff_after_s is precise enough and keeps the per-poll cost down. Once backed off, every poll looks.
+        sig_every = backoff_ns // 16 if backoff_ns is not None else 0
 
         start = clock()
+        sig_at = start - sig_every
         deadline = None if self.timeout_ns is None else start + self.timeout_ns
         cur_ns = base_ns  # current base interval (grows with back-off)
         late_ns = 0  # running estimate of how late sleep() wakes up
@@ -456,17 +460,14 @@ class _Poller:
                 run = 0
 
             if summarise:
-                point = self._point(t1 - start, t1 - t0, clean, snap, error)
-                if self.trace is not None:
-                    self.trace.append(point)
-                if self.on_poll is not None:
-                    self.on_poll(replace(point, snapshot=snap) if snap is not None else point)
-                if backoff_ns is not None:
-                    sig = (clean, point.used_bytes, point.process_counts, point.failures, point.error is None)
-                    if sig != last_sig:
-                        last_sig, unchanged_since, cur_ns = sig, t1, base_ns
-                    elif t1 - unchanged_since >= backoff_ns:
-                        cur_ns = min(max_ns, max(cur_ns + 1, int(cur_ns * pol.backoff_factor)))
+                self._report(t1 - start, t1 - t0, clean, snap, error)
+            if backoff_ns is not None and (cur_ns != base_ns or t1 - sig_at >= sig_every):
+                sig_at = t1
+                sig = (clean, _summary(snap) if snap is not None else None, len(snap.failures) if snap else -1)
+                if sig != last_sig:
+                    last_sig, unchanged_since, cur_ns = sig, t1, base_ns
+                elif t1 - unchanged_since >= backoff_ns:
+                    cur_ns = min(max_ns, max(cur_ns + 1, int(cur_ns * pol.backoff_factor)))
 
             if run >= self.needed:
                 assert snap is not None
@@ -509,12 +510,21 @@ class _Poller:
 
     # --- helpers ------------------------------------------------------------------------------------------------
 
-    @staticmethod
-    def _point(offset: int, cost: int, clean: bool, snap: Snapshot | None, error: NvmlCheckError | None) -> TracePoint:
+    def _report(self, offset: int, cost: int, clean: bool, snap: Snapshot | None, error: NvmlCheckError | None) -> None:
+        """Append the poll to the trace and hand it to on_poll (with its snapshot; the trace keeps none)."""
         if snap is None:
-            return TracePoint(offset, cost, clean, error=f"{type(error).__name__}: {error}")
+            point = TracePoint(offset, cost, clean, error=f"{type(error).__name__}: {error}")
+            if self.trace is not None:
+                self.trace.append(point)
+            if self.on_poll is not None:
+                self.on_poll(point)
+            return
         idx, used, counts = _summary(snap)
-        return TracePoint(offset, cost, clean, idx, used, counts, len(snap.failures))
+        nfail = len(snap.failures)
+        if self.trace is not None:
+            self.trace.append(TracePoint(offset, cost, clean, idx, used, counts, nfail))
+        if self.on_poll is not None:
+            self.on_poll(TracePoint(offset, cost, clean, idx, used, counts, nfail, None, snap))
 
     def _result(
         self,

@@ -13,6 +13,8 @@ from nvmlcheck.predicates import (
     ALL_KINDS,
     Predicate,
     Verdict,
+    _DevicePredicate,
+    _Scope,
     _Why,
     always,
     default_predicate,
@@ -532,3 +534,16 @@ def test_check_and_evaluate_agree(p: Predicate, s: Snapshot) -> None:
     if s.failures and p.check(s) is True:
         # only a predicate that does not look at devices (always, never-negated, ...) may ignore a failure
         assert "always" in repr(p) or "never" in repr(p) or "~" in repr(p) or "on_devices" in repr(p)
+
+
+_INLINED = [no_processes(), pids_gone([1, 2, 3]), memory_used_at_most(16 * MIB), memory_used_at_most(0)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(_INLINED), _snapshots())
+def test_inlined_hot_paths_agree_with_the_per_device_rule(p: Predicate, s: Snapshot) -> None:
+    # no_processes, pids_gone and memory_used_at_most inline their device loop for the poller; the generic loop
+    # over _check_device is the reference.
+    assert isinstance(p, _DevicePredicate)
+    scope = _Scope(s.devices, s.failures)
+    assert p._check(scope) is _DevicePredicate._check(p, scope)

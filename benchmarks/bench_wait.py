@@ -1,0 +1,223 @@
+"""Micro-benchmarks of the poller's own work: predicate evaluation and per-poll overhead, on synthetic snapshots
+of 8 H200s with a few processes. No GPU and no backend: ``snapshot_fn`` returns prebuilt snapshots, so what is
+measured is nvmlcheck's judgement and bookkeeping, which the default mode's CPU budget must leave room for
+(5 % of a core at one poll per ms is 50 µs per poll, of which NVML itself takes ~30-40 µs on one GPU: FACTS).
+
+    pytest benchmarks/bench_wait.py --benchmark-enable
+    python benchmarks/bench_wait.py            # one-shot summary: µs per poll, per predicate call
+
+Per-poll figures are ``extra_info["per_poll_us"]`` (a whole wait of ``POLLS`` polls divided by ``POLLS``).
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "unit"))
+
+from snapshots import GIB, dev, proc, snap
+
+from nvmlcheck.model import ProcessKind, Snapshot
+from nvmlcheck.predicates import Predicate, default_predicate, no_processes, on_devices, pids_gone
+from nvmlcheck.wait import DEFAULT, PRECISE, PollPolicy, TracePoint, poll_until
+
+try:
+    from pytest_benchmark.fixture import BenchmarkFixture
+except ImportError:  # pragma: no cover - the one-shot summary works without pytest-benchmark
+    BenchmarkFixture = object  # type: ignore[assignment,misc]
+
+GPUS = 8
+POLLS = 1000
+
+
+def _dirty() -> Snapshot:
+    """8 GPUs; GPU 0 and 3 hold compute processes, GPU 5 a graphics one, GPU 6 memory with no visible process."""
+    devices = []
+    for i in range(GPUS):
+        if i == 0:
+            devices.append(dev(i, procs=[proc(1000, 40 * GIB), proc(1001, 2 * GIB, name="torchrun")]))
+        elif i == 3:
+            devices.append(dev(i, procs=[proc(3000, 70 * GIB, name="sglang::scheduler")]))
+        elif i == 5:
+            devices.append(dev(i, graphics=[proc(5000, GIB, name="Xorg", kind=ProcessKind.GRAPHICS)]))
+        elif i == 6:
+            devices.append(dev(i, used=GIB))
+        else:
+            devices.append(dev(i))
+    return snap(*devices)
+
+
+CLEAN = snap(*(dev(i) for i in range(GPUS)))
+DIRTY = _dirty()
+DEFAULT_PREDICATE = default_predicate()
+COMPOSED = on_devices(range(GPUS), no_processes() & pids_gone([1000, 3000])) & default_predicate()
+
+
+def _timeline(dirty_polls: int) -> Callable[[], Snapshot]:
+    """``snapshot_fn`` that answers DIRTY ``dirty_polls`` times, then CLEAN."""
+    count = 0
+
+    def take() -> Snapshot:
+        nonlocal count
+        count += 1
+        return DIRTY if count <= dirty_polls else CLEAN
+
+    return take
+
+
+def _no_sleep(_: float) -> None:
+    """Sleeping would measure the kernel's timer, not the poller: the default policy's arithmetic still runs."""
+
+
+def _wait(policy: PollPolicy, predicate: Predicate = DEFAULT_PREDICATE, **kw: object) -> int:
+    res = poll_until(
+        _timeline(POLLS - 2),
+        predicate,
+        timeout=None,
+        policy=policy,
+        sleep=_no_sleep,
+        **kw,  # type: ignore[arg-type]
+    )
+    assert res.polls == POLLS
+    return res.polls
+
+
+def _per_poll(benchmark: BenchmarkFixture, fn: Callable[[], object]) -> None:
+    benchmark(fn)
+    if benchmark.stats is not None:  # None with --benchmark-disable
+        benchmark.extra_info["per_poll_us"] = round(benchmark.stats.stats.median / POLLS * 1e6, 3)
+
+
+# --- predicates ---------------------------------------------------------------------------------------------------
+
+
+def test_check_default_clean_8gpu(benchmark: BenchmarkFixture) -> None:
+    """The hot path: every poll of a wait that is about to succeed."""
+    assert benchmark(DEFAULT_PREDICATE.check, CLEAN) is True
+
+
+def test_check_default_dirty_8gpu(benchmark: BenchmarkFixture) -> None:
+    """The hot path while waiting: no text is built."""
+    assert benchmark(DEFAULT_PREDICATE.check, DIRTY) is False
+
+
+def test_check_composed_clean_8gpu(benchmark: BenchmarkFixture) -> None:
+    assert benchmark(COMPOSED.check, CLEAN) is True
+
+
+def test_evaluate_default_dirty_8gpu(benchmark: BenchmarkFixture) -> None:
+    """With reasons: what the timeout message and the CLI's status line pay (not per poll)."""
+    verdict = benchmark(DEFAULT_PREDICATE.evaluate, DIRTY)
+    assert len(verdict.reasons) == 8
+
+
+# --- the poller ---------------------------------------------------------------------------------------------------
+
+
+def test_snapshot_fn_baseline(benchmark: BenchmarkFixture) -> None:
+    """The fake snapshot_fn alone, POLLS times: subtract it from the per-poll figures below."""
+
+    def loop() -> None:
+        take = _timeline(POLLS - 2)
+        for _ in range(POLLS):
+            take()
+
+    _per_poll(benchmark, loop)
+
+
+def test_poll_precise_8gpu(benchmark: BenchmarkFixture) -> None:
+    """Tight loop: query, judge, bookkeeping; no summary (no trace, no back-off)."""
+    _per_poll(benchmark, lambda: _wait(PRECISE))
+
+
+def test_poll_default_8gpu(benchmark: BenchmarkFixture) -> None:
+    """Default policy with a no-op sleep: adds the per-poll summary for back-off, the duty cap and the sleep
+    compensation arithmetic."""
+    _per_poll(benchmark, lambda: _wait(DEFAULT))
+
+
+def test_poll_default_trace_and_callback_8gpu(benchmark: BenchmarkFixture) -> None:
+    """What the CLI pays: a kept trace plus an on_poll callback."""
+    sink: list[TracePoint] = []
+
+    def run() -> None:
+        sink.clear()
+        _wait(DEFAULT, keep_trace=True, on_poll=sink.append)
+
+    _per_poll(benchmark, run)
+
+
+def test_poll_precise_1gpu(benchmark: BenchmarkFixture) -> None:
+    """One GPU, as in the default mode's CPU target."""
+    one_dirty, one_clean = snap(DIRTY.devices[0]), snap(CLEAN.devices[0])
+
+    def run() -> None:
+        count = 0
+
+        def take() -> Snapshot:
+            nonlocal count
+            count += 1
+            return one_dirty if count <= POLLS - 2 else one_clean
+
+        poll_until(take, timeout=None, policy=PRECISE)
+
+    _per_poll(benchmark, run)
+
+
+# --- one-shot summary -----------------------------------------------------------------------------------------------
+
+
+def _median_us(fn: Callable[[], object], inner: int, repeats: int = 7) -> float:
+    runs = []
+    for _ in range(repeats):
+        start = time.perf_counter_ns()
+        for _ in range(inner):
+            fn()
+        runs.append((time.perf_counter_ns() - start) / inner / 1e3)
+    return statistics.median(runs)
+
+
+def main() -> None:
+    one_dirty, one_clean = snap(DIRTY.devices[0]), snap(CLEAN.devices[0])
+
+    def wait_1gpu() -> None:
+        count = 0
+
+        def take() -> Snapshot:
+            nonlocal count
+            count += 1
+            return one_dirty if count <= POLLS - 2 else one_clean
+
+        poll_until(take, timeout=None, policy=DEFAULT, sleep=_no_sleep)
+
+    base = _median_us(lambda: [f() for f in [_timeline(POLLS - 2)] for _ in range(POLLS)], 5) / POLLS
+    rows = {
+        "check(default), 8 GPUs clean": _median_us(lambda: DEFAULT_PREDICATE.check(CLEAN), 20000),
+        "check(default), 8 GPUs dirty": _median_us(lambda: DEFAULT_PREDICATE.check(DIRTY), 20000),
+        "check(composed), 8 GPUs clean": _median_us(lambda: COMPOSED.check(CLEAN), 20000),
+        "evaluate(default), 8 GPUs dirty": _median_us(lambda: DEFAULT_PREDICATE.evaluate(DIRTY), 5000),
+        "per poll, PRECISE, 8 GPUs": _median_us(lambda: _wait(PRECISE), 5) / POLLS - base,
+        "per poll, DEFAULT, 8 GPUs": _median_us(lambda: _wait(DEFAULT), 5) / POLLS - base,
+        "per poll, DEFAULT + trace + on_poll, 8 GPUs": _median_us(
+            lambda: _wait(DEFAULT, keep_trace=True, on_poll=lambda p: None), 5
+        )
+        / POLLS
+        - base,
+        "per poll, DEFAULT, 1 GPU": _median_us(wait_1gpu, 5) / POLLS - base,
+    }
+    print(f"python {sys.version.split()[0]}, fake snapshot_fn {base:.3f} µs/call subtracted")
+    for name, us in rows.items():
+        print(f"  {name:45s} {us:7.2f} µs")
+
+
+if __name__ == "__main__":
+    main()
+
+
+pytestmark = pytest.mark.filterwarnings("ignore::pytest_benchmark.logger.PytestBenchmarkWarning")
