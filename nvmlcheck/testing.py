@@ -541,8 +541,10 @@ class _Changes:
         ``delay_ms`` and return ``code`` (``None``: answer normally after the delay). ``device`` restricts the
         fault to one device (functions with a device handle or index only).
         """
-        if fn not in NVML_FUNCTIONS or fn == "nvmlErrorString":
-            raise ValueError(f"fault: {fn!r} is not an NVML function the stub can fail; known: {NVML_FUNCTIONS}")
+        if fn not in NVML_FUNCTIONS:
+            raise ValueError(f"fault: {fn!r} is not a function the stub exports (see NVML_FUNCTIONS)")
+        if fn == "nvmlErrorString":
+            raise ValueError("fault: nvmlErrorString cannot fail (it returns a string, not a code)")
         parts = [f"fault fn={fn}"]
         if code is not None:
             parts.append(f"code={_check_int('code', code, _INT_MAX)}")

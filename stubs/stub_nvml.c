@@ -1664,8 +1664,9 @@ static nvmlReturn_t clock_info(int fn, int set, nvmlDevice_t device, nvmlClockTy
     struct device *d;
     nvmlReturn_t r = begin(fn, handle_index(device), &d);
     if (r) return end(r);
-    if ((int)type < 0 || (int)type > 3 || !clock) return end(NVML_ERROR_INVALID_ARGUMENT);
+    if ((int)type < 0 || (int)type > 3) return end(NVML_ERROR_INVALID_ARGUMENT);
     if (unsupported(d, U_CLOCK_BASE + set * 4 + (int)type)) return end(NVML_ERROR_NOT_SUPPORTED);
+    if (!clock) return end(NVML_ERROR_INVALID_ARGUMENT);
     *clock = d->clocks[set][type];
     return end(NVML_SUCCESS);
 }

@@ -1,0 +1,288 @@
+"""The Scenario builder of nvmlcheck.testing: exact rendering and argument validation (no C involved)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nvmlcheck.testing import DEVICE_FIELDS, UNSUPPORTED_FIELDS, Scenario
+
+HEADER = "nvmlcheck-stub-scenario 1\nsystem driver=580.159.04 nvml=13.580.159.04 cuda=13000\n"
+
+
+def body(scenario: Scenario) -> list[str]:
+    text = scenario.render()
+    assert text.endswith("\n")
+    lines = text.splitlines()
+    assert lines[0] == "nvmlcheck-stub-scenario 1"
+    return lines[2:]
+
+
+def test_empty_scenario() -> None:
+    assert Scenario().render() == HEADER
+
+
+def test_system_line() -> None:
+    text = Scenario(driver="535.43.02", nvml="12.535.43.02", cuda=12020).render()
+    assert text.splitlines()[1] == "system driver=535.43.02 nvml=12.535.43.02 cuda=12020"
+
+
+def test_h200_preset() -> None:
+    scenario = Scenario.h200(devices=2)
+    assert scenario.device_count == 2
+    assert body(scenario) == [
+        f'device index={i} name="NVIDIA H200" total=150754820096 reserved=644939776 used=0 clock.graphics=345 '
+        "clock.sm=345 clock.mem=3201 clock.video=765 max.graphics=1980 max.sm=1980 max.mem=3201 max.video=1545"
+        for i in range(2)
+    ]
+
+
+def test_every_device_field_renders() -> None:
+    scenario = Scenario()
+    index = scenario.add_device(
+        name="NVIDIA H200",
+        uuid="GPU-acdc9db5-97f7-57e3-53d2-3061aececeec",
+        serial="1650924060042",
+        pci_bus_id="00000000:00:06.0",
+        pci_device_id=0x233510DE,
+        pci_subsystem_id=0,
+        minor=0,
+        total_bytes=150754820096,
+        reserved_bytes=644939776,
+        used_bytes=0,
+        clocks_mhz={"graphics": 345, "sm": 345},
+        max_clocks_mhz={"mem": 3201},
+        app_clocks_mhz={"video": 1545},
+        clock_event_reasons=1,
+        retired_pages=[("sbe", 0x1000, 1700000000), ("dbe", 0x2000, 1700000100)],
+        retired_pending=False,
+        remapped_rows=(0, 1, False, True),
+        unsupported=("retired_pages", "retired_pending"),
+        lost=False,
+    )
+    assert index == 0
+    assert body(scenario) == [
+        'device index=0 name="NVIDIA H200" uuid=GPU-acdc9db5-97f7-57e3-53d2-3061aececeec serial=1650924060042 '
+        "pci=00000000:00:06.0 pci.device_id=0x233510de pci.subsystem_id=0x0 minor=0 total=150754820096 "
+        "reserved=644939776 used=0 clock.graphics=345 clock.sm=345 max.mem=3201 app.video=1545 reasons=0x1 "
+        "retired=sbe:0x1000@1700000000,dbe:0x2000@1700000100 retired_pending=0 remapped=0,1,0,1 "
+        "unsupported=retired_pages,retired_pending lost=0"
+    ]
+    assert set(DEVICE_FIELDS) == {
+        "name", "uuid", "serial", "pci_bus_id", "pci_device_id", "pci_subsystem_id", "minor", "total_bytes",
+        "reserved_bytes", "used_bytes", "clocks_mhz", "max_clocks_mhz", "app_clocks_mhz", "clock_event_reasons",
+        "retired_pages", "retired_pending", "remapped_rows", "unsupported", "lost",
+    }  # fmt: skip
+
+
+def test_empty_lists_render_as_empty_quoted_values() -> None:
+    scenario = Scenario()
+    scenario.add_device(unsupported=(), retired_pages=[])
+    assert body(scenario) == ['device index=0 unsupported="" retired=""']
+
+
+@pytest.mark.parametrize(
+    ("value", "rendered"),
+    [
+        ("plain", "plain"),
+        ("two words", '"two words"'),
+        ('say "hi"', '"say \\"hi\\""'),
+        ("back\\slash", '"back\\\\slash"'),
+        ("hash#tag", '"hash#tag"'),
+        ("tab\there", '"tab\there"'),
+        ("", '""'),
+        ("ünïcödé", "ünïcödé"),
+    ],
+)
+def test_quoting(value: str, rendered: str) -> None:
+    scenario = Scenario()
+    scenario.add_device(name=value)
+    assert body(scenario) == [f"device index=0 name={rendered}"]
+
+
+def test_processes() -> None:
+    scenario = Scenario.h200()
+    scenario.add_process(0, 4123456, used_bytes=1073741824)
+    scenario.add_process(0, 12345, used_bytes=17179869184, bound=True, release_ms=120)
+    scenario.add_process(0, 4123457, "graphics", used_bytes=None, holds_bytes=2097152)
+    scenario.add_process(0, 4123458, "mps", 5, gi=1, ci=2)
+    scenario.add_process(0, 4123459, bound=True, list_ms=5, zombie_holds=True)
+    scenario.remove_process(0, 4123456)
+    assert body(scenario)[1:] == [
+        "process device=0 kind=compute pid=4123456 used=1073741824",
+        "process device=0 kind=compute pid=12345 used=17179869184 bound=1 release_ms=120 list_ms=0",
+        "process device=0 kind=graphics pid=4123457 used=na holds=2097152",
+        "process device=0 kind=mps pid=4123458 used=5 gi=1 ci=2",
+        "process device=0 kind=compute pid=4123459 used=0 bound=1 release_ms=0 list_ms=5 zombie_holds=1",
+        "process device=0 kind=compute pid=4123456 remove=1",
+    ]
+
+
+def test_faults_races_quirks() -> None:
+    scenario = Scenario.h200()
+    scenario.fault("nvmlDeviceGetMemoryInfo_v2", 999, device=0, after=3, count=2)
+    scenario.fault("nvmlInit_v2", delay_ms=5000)
+    scenario.fault("nvmlDeviceGetHandleByIndex_v2", 15, device=0)
+    scenario.race(0, "compute", grow=100)
+    scenario.race(0, "mps", grow=-2, count=0)
+    scenario.quirk()
+    scenario.quirk("none")
+    assert body(scenario)[1:] == [
+        "fault fn=nvmlDeviceGetMemoryInfo_v2 code=999 device=0 after=3 count=2",
+        "fault fn=nvmlInit_v2 delay_ms=5000",
+        "fault fn=nvmlDeviceGetHandleByIndex_v2 code=15 device=0",
+        "race device=0 kind=compute grow=100 count=1",
+        "race device=0 kind=mps grow=-2 count=0",
+        "quirk proc_struct=535.43",
+        "quirk proc_struct=none",
+    ]
+
+
+def test_timeline() -> None:
+    scenario = Scenario.h200(devices=2)
+    scenario.at_call(120).set_device(0, used_bytes=4096)
+    at = scenario.at_ms(250)
+    at.remove_process(1, 4123456)
+    at.add_process(1, 4123457, used_bytes=1)
+    at.fault("nvmlShutdown", 3, count=1)
+    at.race(0, "graphics", 2)
+    at.quirk()
+    assert body(scenario)[2:] == [
+        "at call=120 device index=0 used=4096",
+        "at ms=250 process device=1 kind=compute pid=4123456 remove=1",
+        "at ms=250 process device=1 kind=compute pid=4123457 used=1",
+        "at ms=250 fault fn=nvmlShutdown code=3 count=1",
+        "at ms=250 race device=0 kind=graphics grow=2 count=1",
+        "at ms=250 quirk proc_struct=535.43",
+    ]
+
+
+def test_write(tmp_path: Path) -> None:
+    scenario = Scenario.h200()
+    path = scenario.write(tmp_path / "s.txt")
+    assert path == tmp_path / "s.txt"
+    assert path.read_text(encoding="utf-8") == scenario.render()
+    assert Scenario.h200() == scenario  # plain data: equal when built the same way
+
+
+# --- validation -------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fields", "error", "message"),
+    [
+        ({"total_bytes": -1}, ValueError, "total_bytes must be >= 0"),
+        ({"used_bytes": 2**64}, ValueError, "used_bytes must be <="),
+        ({"reserved_bytes": 1.5}, TypeError, "reserved_bytes must be an int"),
+        ({"total_bytes": True}, TypeError, "total_bytes must be an int"),
+        ({"minor": 2**32}, ValueError, "minor must be <="),
+        ({"name": "x" * 64}, ValueError, "longer than 63 bytes"),
+        ({"name": "a\nb"}, ValueError, "newlines"),
+        ({"name": 5}, TypeError, "name must be a str"),
+        ({"serial": "1" * 30}, ValueError, "serial is longer"),
+        ({"pci_bus_id": "0:0:6"}, ValueError, "pci_bus_id must look like"),
+        ({"pci_bus_id": "0x0:00:06.0"}, ValueError, "pci_bus_id must look like"),
+        ({"pci_bus_id": "0:100:06.0"}, ValueError, "out of range"),
+        ({"clocks_mhz": {"shader": 1}}, ValueError, "unknown clock domain 'shader'"),
+        ({"clocks_mhz": {"sm": -5}}, ValueError, "clocks_mhz['sm'] must be >= 0"),
+        ({"clocks_mhz": [("sm", 1)]}, TypeError, "mapping"),
+        ({"retired_pages": [("tbe", 1, 2)]}, ValueError, "'sbe' or 'dbe'"),
+        ({"retired_pages": [("sbe", 1)]}, TypeError, "(cause, address, timestamp)"),
+        ({"retired_pages": [("sbe", -1, 2)]}, ValueError, "retired page address must be >= 0"),
+        ({"remapped_rows": (1, 2, 3)}, TypeError, "remapped_rows"),
+        ({"remapped_rows": (1, 2, -3, 0)}, ValueError, "remapped_rows pending"),
+        ({"unsupported": ("memory", "colour")}, ValueError, "unknown unsupported field(s) ['colour']"),
+        ({"unsupported": "memory"}, TypeError, "iterable of field names"),
+        ({"lost": 1}, TypeError, "lost must be a bool"),
+        ({"colour": "red"}, TypeError, "unknown device field 'colour'"),
+    ],
+)
+def test_device_validation(fields: dict[str, Any], error: type[Exception], message: str) -> None:
+    scenario = Scenario()
+    with pytest.raises(error, match=re.escape(message)):
+        scenario.add_device(**fields)
+    assert scenario.device_count == 0
+    assert scenario.render() == HEADER  # nothing half-written
+
+
+def test_unsupported_field_names_are_the_readme_list() -> None:
+    assert {"memory", "processes.mps", "app.video", "clock.sm", "max.graphics"} <= UNSUPPORTED_FIELDS
+    assert len(UNSUPPORTED_FIELDS) == 10 + 3 + 12
+
+
+def test_device_index_checks() -> None:
+    scenario = Scenario.h200()
+    with pytest.raises(ValueError, match="device index 1 does not exist"):
+        scenario.set_device(1, used_bytes=1)
+    with pytest.raises(ValueError, match="device 3 does not exist"):
+        scenario.add_process(3, 4_000_000)
+    with pytest.raises(ValueError, match="device 1 does not exist"):
+        scenario.at_call(5).remove_process(1, 4_000_000)
+    with pytest.raises(ValueError, match="device 2 does not exist"):
+        scenario.race(2, "compute", 1)
+    with pytest.raises(ValueError, match="device 1 does not exist"):
+        scenario.fault("nvmlDeviceGetName", 3, device=1)
+    with pytest.raises(ValueError, match="device must be >= 0"):
+        scenario.add_process(-1, 4_000_000)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"kind": "cuda"}, ValueError, "unknown process kind 'cuda'"),
+        ({"pid": -1}, ValueError, "pid must be >= 0"),
+        ({"pid": 2**32}, ValueError, "pid must be <="),
+        ({"used_bytes": -1}, ValueError, "used_bytes must be >= 0"),
+        ({"used_bytes": 2**64 - 1}, ValueError, "used_bytes must be <="),  # that is the `na` sentinel: use None
+        ({"holds_bytes": -2}, ValueError, "holds_bytes must be >= 0"),
+        ({"release_ms": 5}, ValueError, "need bound=True"),
+        ({"zombie_holds": True}, ValueError, "need bound=True"),
+        ({"bound": True, "list_ms": -1}, ValueError, "list_ms must be >= 0"),
+        ({"bound": 1}, TypeError, "bound must be a bool"),
+        ({"gi": -1}, ValueError, "gi must be >= 0"),
+    ],
+)
+def test_process_validation(kwargs: dict[str, Any], error: type[Exception], message: str) -> None:
+    scenario = Scenario.h200()
+    args: dict[str, Any] = {"device": 0, "pid": 4_000_000, **kwargs}
+    with pytest.raises(error, match=re.escape(message)):
+        scenario.add_process(**args)
+    assert len(body(scenario)) == 1
+
+
+def test_fault_race_quirk_timeline_validation() -> None:
+    scenario = Scenario.h200()
+    with pytest.raises(ValueError, match="nvmlGetEverything"):
+        scenario.fault("nvmlGetEverything", 1)
+    with pytest.raises(ValueError, match="cannot fail"):
+        scenario.fault("nvmlErrorString", 1)
+    with pytest.raises(ValueError, match="takes no device"):
+        scenario.fault("nvmlInit_v2", 1, device=0)
+    with pytest.raises(ValueError, match="takes no device"):
+        scenario.fault("nvmlDeviceGetCount_v2", 1, device=0)
+    with pytest.raises(ValueError, match=r"code= .* delay_ms="):
+        scenario.fault("nvmlShutdown")
+    with pytest.raises(ValueError, match="code must be >= 0"):
+        scenario.fault("nvmlShutdown", -1)
+    with pytest.raises(ValueError, match="after must be >= 0"):
+        scenario.fault("nvmlShutdown", 1, after=-1)
+    with pytest.raises(ValueError, match="unknown process kind"):
+        scenario.race(0, "opengl", 1)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="count must be >= 0"):
+        scenario.race(0, "compute", 1, count=-1)
+    with pytest.raises(ValueError, match=r"535\.43"):
+        scenario.quirk("550.54")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="call must be >= 1"):
+        scenario.at_call(0)
+    with pytest.raises(ValueError, match="ms must be >= 0"):
+        scenario.at_ms(-1)
+    with pytest.raises(ValueError, match="cuda must be <="):
+        Scenario(cuda=2**31)
+    with pytest.raises(ValueError, match="newlines"):
+        Scenario(driver="5\n")
+    with pytest.raises(ValueError, match="devices must be >= 0"):
+        Scenario.h200(devices=-1)
+    assert len(body(scenario)) == 1
