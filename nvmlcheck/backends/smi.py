@@ -392,9 +392,10 @@ class SmiBackend:
         self._driver_version: str | None = None
         self._cuda_version: str | None = None
         self._system: SystemInfo | None = None
+        self._version_problem: dict[str, str] = {}
         self._closed = False
         try:
-            self._load_identity()
+            self._open()
         except BackendUnavailable:
             raise  # DriverNotLoaded, LibraryVersionMismatch, ...: already the specific answer
         except NvmlCheckError as exc:
@@ -405,9 +406,19 @@ class SmiBackend:
 
     # -- identity ----------------------------------------------------------------------------------------------------
 
+    def _open(self) -> None:
+        # --version (for the CUDA version) runs beside the identity query, so opening costs one run's time and
+        # no snapshot ever pays for system().
+        identity, version = self._runner.run_many(
+            [("--query-gpu=" + ",".join(_IDENTITY_FIELDS), _FORMAT), ("--version",)]
+        )
+        self._use_identity(identity)
+        self._use_versions(version)
+
     def _load_identity(self) -> None:
-        args = ("--query-gpu=" + ",".join(_IDENTITY_FIELDS), _FORMAT)
-        result = self._runner.run(args)
+        self._use_identity(self._runner.run(("--query-gpu=" + ",".join(_IDENTITY_FIELDS), _FORMAT)))
+
+    def _use_identity(self, result: SmiResult) -> None:
         if result.returncode == 6 and _NO_DEVICES_TEXT in result.output.lower():
             self._identity = {}  # nvidia-smi answered: there is no GPU
             return
@@ -423,13 +434,12 @@ class SmiBackend:
         return len(self._identity)
 
     def system(self) -> SystemInfo:
-        """Driver version (``--query-gpu=driver_version``), CUDA driver version (``nvidia-smi --version``'s or
-        ``-q``'s ``CUDA Version``, as 13000 for 13.0). ``nvml_version`` is ``None``: nvidia-smi prints only an
-        abbreviated form (``580.159``), not nvmlSystemGetNVMLVersion's ``13.580.159.04``."""
+        """Driver version (``--query-gpu=driver_version``), CUDA driver version (``nvidia-smi --version``'s ``CUDA
+        Version``, as 13000 for 13.0), both read when the backend was opened. ``nvml_version`` is ``None``:
+        nvidia-smi prints only an abbreviated form (``580.159``), not nvmlSystemGetNVMLVersion's ``13.580.159.04``."""
         if self._system is None:
             unknown = {"nvml_version": "nvidia-smi does not print nvmlSystemGetNVMLVersion's value"}
-            if self._cuda_version is None:
-                self._read_versions(unknown)
+            unknown.update(self._version_problem)
             cuda = smi_csv.cuda_version_number(self._cuda_version) if self._cuda_version else None
             if cuda is None:
                 unknown.setdefault("cuda_driver_version", f"nvidia-smi printed CUDA Version {self._cuda_version!r}")
@@ -438,18 +448,18 @@ class SmiBackend:
             self._system = SystemInfo(self._driver_version, None, cuda, MappingProxyType(unknown))
         return self._system
 
-    def _read_versions(self, unknown: dict[str, str]) -> None:
+    def _use_versions(self, result: SmiResult) -> None:
+        # An old nvidia-smi without --version (or an odd answer) costs only the CUDA version, never the backend.
         try:
-            result = self._runner.run(("--version",))
             _raise_for(result, self._prefixed)
             versions = smi_csv.parse_version_output(result.stdout)
         except NvmlCheckError as exc:
-            unknown["cuda_driver_version"] = f"nvidia-smi --version failed: {exc}"
+            self._version_problem = {"cuda_driver_version": f"nvidia-smi --version failed: {exc}"}
             return
         self._cuda_version = versions.get("cuda version")
         self._driver_version = self._driver_version or versions.get("driver version")
         if self._cuda_version is None:
-            unknown["cuda_driver_version"] = "nvidia-smi --version printed no CUDA Version"
+            self._version_problem = {"cuda_driver_version": "nvidia-smi --version printed no CUDA Version"}
 
     def close(self) -> None:
         """Nothing is held between calls (each run is reaped before its call returns); later calls raise."""
@@ -475,6 +485,9 @@ class SmiBackend:
         taken_ns = time.monotonic_ns()
         wall = time.time()
         selected = self._select(indices)
+        if not selected:
+            # No GPU (nvidia-smi said so when the backend was opened): nothing to run.
+            return Snapshot(self.name, taken_ns, time.monotonic_ns() - taken_ns, wall, self.system(), ())
         select_args = ("-i", ",".join(map(str, selected))) if indices is not None else ()
         gpu_fields = self._gpu_fields(fields)
         jobs: list[tuple[str, ...]] = [(*select_args, "--query-gpu=" + ",".join(gpu_fields), _FORMAT)]
@@ -612,12 +625,10 @@ class SmiBackend:
         self._cuda_version = listing.cuda_version or self._cuda_version
         out: dict[str, ProcessLists] = {}
         for r in records:
-            pci = r.pci_bus_id or (self._identity_for(r).get("pci_bus_id"))
-            why = None
-            if pci is None or pci not in listing.compute:
-                why = f"nvidia-smi -q -d PIDS did not list GPU {r.index} (PCI bus id {pci})"
-            elif pci in listing.unknown:
-                why = listing.unknown[pci]
+            pci = r.pci_bus_id or self._identity_for(r).get("pci_bus_id") or ""
+            why = listing.unknown.get(pci)
+            if pci not in listing.compute:
+                why = f"nvidia-smi -q -d PIDS did not list GPU {r.index} (PCI bus id {pci or 'unknown'})"
             if why is not None:
                 reasons = {f"processes.{k.value}": why for k in ProcessKind}
                 out[r.uuid] = ProcessLists(None, None, None, reasons)

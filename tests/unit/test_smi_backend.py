@@ -1,0 +1,408 @@
+"""SmiBackend over the fake nvidia-smi (stubs/fake_nvidia_smi.py) rendering stub scenarios.
+
+Memory comes back in bytes with MiB granularity (nvidia-smi rounds up), processes land on the right GPU, unsupported
+values are None with a reason, health is read only when asked, and each snapshot runs the fewest nvidia-smi commands.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from nvmlcheck.backends import Backend
+from nvmlcheck.backends.smi import SmiBackend
+from nvmlcheck.errors import (
+    BackendUnavailable,
+    DriverNotLoaded,
+    GpuLost,
+    GpuRequiresReset,
+    InvalidArgument,
+    LibraryVersionMismatch,
+    SmiTimeout,
+)
+from nvmlcheck.model import MIB, ClockEventReason, Fields, ProcessKind, RetiredPage, RetirementCause
+
+ROOT = Path(__file__).resolve().parents[2]
+FAKE_CMD = [sys.executable, "-S", str(ROOT / "stubs" / "fake_nvidia_smi.py")]
+TOTAL = 150_754_820_096  # an H200: 143771 MiB exactly
+RESERVED = 644_939_776  # 615.06 MiB, printed as 616
+GIB = 1 << 30
+UUID0 = "GPU-00000000-0000-0000-0000-000000000000"
+UUID1 = "GPU-00000000-0000-0000-0000-000000000001"
+KNOBS = (
+    "FAKE_SMI_DELAY_S",
+    "FAKE_SMI_HANG",
+    "FAKE_SMI_EXIT",
+    "FAKE_SMI_MATCH",
+    "FAKE_SMI_REFUSE_FIELDS",
+    "FAKE_SMI_PLACEHOLDER",
+    "FAKE_SMI_LOST_STYLE",
+    "FAKE_SMI_RAW_COMMAS",
+)
+
+
+def ceil_mib(n: int) -> int:
+    return math.ceil(n / MIB) * MIB
+
+
+class Env:
+    """A scenario file and an argv log for one test."""
+
+    def __init__(self, tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.path = tmp / "scenario.txt"
+        self.log = tmp / "argv.jsonl"
+        self.monkeypatch = monkeypatch
+        monkeypatch.setenv("NVMLCHECK_STUB_SCENARIO", str(self.path))
+        monkeypatch.setenv("FAKE_SMI_ARGV_LOG", str(self.log))
+        for knob in KNOBS:
+            monkeypatch.delenv(knob, raising=False)
+
+    def write(self, *lines: str) -> None:
+        self.path.write_text("\n".join(["nvmlcheck-stub-scenario 1", *lines]) + "\n", encoding="utf-8")
+
+    def runs(self) -> list[list[str]]:
+        """The argument lists nvidia-smi was run with since the last call."""
+        if not self.log.exists():
+            return []
+        out = [json.loads(line) for line in self.log.read_text(encoding="utf-8").splitlines()]
+        self.log.unlink()
+        return out
+
+    def knob(self, name: str, value: str) -> None:
+        self.monkeypatch.setenv(name, value)
+
+
+@pytest.fixture
+def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Env:
+    return Env(tmp_path, monkeypatch)
+
+
+@pytest.fixture
+def two_gpus(env: Env) -> Iterator[SmiBackend]:
+    env.write("device index=0", "device index=1")
+    backend = SmiBackend(command=FAKE_CMD)
+    env.runs()
+    yield backend
+    backend.close()
+
+
+# --- opening ----------------------------------------------------------------------------------------------------------
+
+
+class TestOpen:
+    def test_opens_with_one_cheap_query_and_caches_identity(self, env: Env) -> None:
+        env.write("device index=0", 'device index=1 name="NVIDIA H200 NVL" serial=42')
+        backend = SmiBackend(command=FAKE_CMD)
+        assert isinstance(backend, Backend)
+        assert backend.name == "smi" and backend.device_count() == 2
+        version, identity = sorted(env.runs())  # run side by side: opening costs one nvidia-smi run's time
+        assert identity[0].startswith("--query-gpu=index,uuid,") and version == ["--version"]
+        snap = backend.snapshot(fields=Fields.MEMORY)
+        assert [(d.index, d.uuid, d.name, d.serial, d.pci_bus_id) for d in snap.devices] == [
+            (0, UUID0, "NVIDIA H200", "1650924060042", "00000000:01:00.0"),
+            (1, UUID1, "NVIDIA H200 NVL", "42", "00000000:02:00.0"),
+        ]
+        (poll,) = env.runs()
+        assert "name" not in poll[0].split("=", 1)[1].split(","), "identity is cached, not asked every poll"
+
+    def test_no_scenario_means_no_driver(self, env: Env) -> None:
+        env.monkeypatch.delenv("NVMLCHECK_STUB_SCENARIO")
+        with pytest.raises(DriverNotLoaded) as info:
+            SmiBackend(command=FAKE_CMD)
+        assert isinstance(info.value, BackendUnavailable)
+        assert "couldn't communicate with the NVIDIA driver" in str(info.value)
+
+    def test_library_mismatch(self, env: Env) -> None:
+        env.write("device index=0")
+        env.knob("FAKE_SMI_EXIT", "18")
+        with pytest.raises(LibraryVersionMismatch, match="Driver/library version mismatch"):
+            SmiBackend(command=FAKE_CMD)
+
+    def test_missing_executable_is_backend_unavailable_with_attempts(self, env: Env) -> None:
+        with pytest.raises(BackendUnavailable) as info:
+            SmiBackend(command="/no/such/nvidia-smi")
+        assert info.value.attempts and "/no/such/nvidia-smi" in info.value.attempts[0]
+
+    def test_timeout_at_open_is_backend_unavailable(self, env: Env) -> None:
+        env.write("device index=0")
+        env.knob("FAKE_SMI_DELAY_S", "30")
+        with pytest.raises(BackendUnavailable) as info:
+            SmiBackend(command=FAKE_CMD, timeout_s=0.3)
+        assert isinstance(info.value.__cause__, SmiTimeout)
+
+    def test_no_gpu_is_zero_devices(self, env: Env) -> None:
+        env.write()
+        backend = SmiBackend(command=FAKE_CMD)
+        assert backend.device_count() == 0
+        assert backend.snapshot().devices == ()
+
+    def test_system_info(self, env: Env) -> None:
+        env.write("system driver=575.51.03 cuda=12090", "device index=0")
+        system = SmiBackend(command=FAKE_CMD).system()
+        assert (system.driver_version, system.cuda_driver_version, system.nvml_version) == ("575.51.03", 12090, None)
+        assert "nvml" in system.unknown["nvml_version"].lower()
+
+
+# --- memory and processes ---------------------------------------------------------------------------------------------
+
+
+class TestMemoryAndProcesses:
+    def test_idle_memory_in_bytes_with_mib_granularity(self, two_gpus: SmiBackend) -> None:
+        before = time.monotonic_ns()
+        snap = two_gpus.snapshot()
+        assert snap.backend == "smi" and before <= snap.taken_ns <= time.monotonic_ns()
+        assert snap.duration_ns > 0 and snap.failures == ()
+        for d in snap.devices:
+            assert d.memory is not None
+            assert d.memory.total_bytes == TOTAL
+            assert d.memory.reserved_bytes == ceil_mib(RESERVED) == 616 * MIB
+            assert d.memory.used_bytes == 0
+            assert d.memory.free_bytes == ceil_mib(TOTAL - RESERVED) == 143156 * MIB
+            assert d.memory.granularity_bytes == MIB and d.memory.used_includes_reserved is False
+            assert d.processes == ()  # nvidia-smi said "Processes : None"
+
+    def test_processes_land_on_their_gpu(self, env: Env) -> None:
+        env.write(
+            "device index=0",
+            "device index=1 used=1000",
+            "process device=0 kind=compute pid=4123456 used=1073741824",
+            "process device=1 kind=graphics pid=4123457 used=na holds=3145728",
+            "process device=1 kind=mps pid=4123458 used=5242880",
+            "process device=1 kind=compute pid=4123458 used=5242880 holds=0",
+        )
+        snap = SmiBackend(command=FAKE_CMD).snapshot()
+        d0, d1 = snap.devices
+        assert d0.memory is not None and d0.memory.used_bytes == GIB
+        assert [(p.pid, p.kind, p.used_bytes) for p in d0.processes or ()] == [(4123456, ProcessKind.COMPUTE, GIB)]
+        assert d1.compute_processes is not None and [p.pid for p in d1.compute_processes] == [4123458]
+        assert d1.mps_processes is not None and [p.pid for p in d1.mps_processes] == [4123458]
+        assert d1.graphics_processes is not None
+        (gfx,) = d1.graphics_processes
+        assert (gfx.pid, gfx.used_bytes, gfx.name) == (4123457, None, None)  # "not available" stays None
+        # used = 1000 B of other use + 3 MiB graphics + 5 MiB MPS = 8 MiB + 1000 B, printed rounded up
+        assert d1.memory is not None and d1.memory.used_bytes == ceil_mib(1000 + 8 * MIB) == 9 * MIB
+
+    def test_compute_apps_query_leaves_graphics_and_mps_unknown(self, env: Env) -> None:
+        env.write("device index=0", "process device=0 kind=compute pid=4123456 used=1048576")
+        backend = SmiBackend(command=FAKE_CMD, process_query="compute-apps")
+        env.runs()
+        d = backend.snapshot(fields=Fields.WAIT).devices[0]
+        assert d.compute_processes is not None and d.compute_processes[0].used_bytes == MIB
+        assert d.graphics_processes is None and d.mps_processes is None and d.processes is None
+        assert "compute processes only" in (d.why_unknown("processes.graphics") or "")
+        assert any(run[0].startswith("--query-compute-apps=") for run in env.runs())
+
+    def test_mig_instance_ids(self, env: Env) -> None:
+        env.write("device index=0", "process device=0 kind=compute pid=4123456 used=1048576 gi=1 ci=2")
+        (p,) = SmiBackend(command=FAKE_CMD).snapshot().devices[0].compute_processes or ()
+        assert (p.gpu_instance_id, p.compute_instance_id) == (1, 2)
+
+    def test_unsupported_memory_is_none_with_reason(self, env: Env) -> None:
+        env.write("device index=0", "device index=1 unsupported=memory")
+        d0, d1 = SmiBackend(command=FAKE_CMD).snapshot(fields=Fields.MEMORY).devices
+        assert d0.memory is not None
+        assert d1.memory is None and "[N/A]" in (d1.why_unknown("memory") or "")
+        assert d1.why_unknown("memory.used_bytes") == d1.why_unknown("memory")
+
+    def test_older_placeholder_text(self, env: Env) -> None:
+        env.write("device index=0 unsupported=memory,clock.sm")
+        env.knob("FAKE_SMI_PLACEHOLDER", "[Not Supported]")
+        d = SmiBackend(command=FAKE_CMD).snapshot().devices[0]
+        assert d.memory is None and "[Not Supported]" in (d.why_unknown("memory") or "")
+        assert d.clocks is not None and d.clocks.sm_mhz is None and d.clocks.graphics_mhz == 345
+        assert "[Not Supported]" in (d.why_unknown("clocks.sm_mhz") or "")
+
+    def test_unsupported_process_lists_are_unknown_not_empty(self, env: Env) -> None:
+        env.write("device index=0 unsupported=processes.compute,processes.graphics,processes.mps")
+        d = SmiBackend(command=FAKE_CMD).snapshot().devices[0]
+        assert d.compute_processes is None and d.processes is None
+        assert "N/A" in (d.why_unknown("processes.compute") or "")
+
+    def test_names_with_commas_and_spaces(self, env: Env) -> None:
+        # A real process whose argv[0] has commas and spaces, tied to the scenario with bound=1.
+        child = subprocess.Popen(
+            ["my, odd  name", "-S", "-c", "import time; time.sleep(60)"], executable=sys.executable
+        )
+        try:
+            env.write("device index=0", f"process device=0 kind=compute pid={child.pid} used=1048576 bound=1")
+            pids = SmiBackend(command=FAKE_CMD).snapshot().devices[0].compute_processes or ()
+            assert [p.name for p in pids] == ["my, odd  name"]  # -q prints names unaltered
+            csv = SmiBackend(command=FAKE_CMD, process_query="compute-apps")
+            assert [p.name for p in csv.snapshot().devices[0].compute_processes or ()] == ["my? odd  name"]
+            env.knob("FAKE_SMI_RAW_COMMAS", "1")  # a driver that does not sanitise commas
+            assert [p.name for p in csv.snapshot().devices[0].compute_processes or ()] == ["my, odd  name"]
+        finally:
+            child.kill()
+            child.wait()
+
+    def test_killed_bound_process_leaves_and_its_memory_returns(self, env: Env) -> None:
+        child = subprocess.Popen([sys.executable, "-S", "-c", "import time; time.sleep(60)"])
+        try:
+            env.write("device index=0", f"process device=0 kind=compute pid={child.pid} used=17179869184 bound=1")
+            backend = SmiBackend(command=FAKE_CMD)
+            busy = backend.snapshot(fields=Fields.WAIT).devices[0]
+            assert busy.memory is not None and busy.memory.used_bytes == 16 * GIB
+            assert [p.pid for p in busy.compute_processes or ()] == [child.pid]
+        finally:
+            child.kill()
+            child.wait()
+        clean = backend.snapshot(fields=Fields.WAIT).devices[0]
+        assert clean.memory is not None and clean.memory.used_bytes == 0
+        assert clean.processes == ()
+
+    def test_scenario_from_the_builder(self, env: Env) -> None:
+        from nvmlcheck.testing import Scenario
+
+        scenario = Scenario.h200(devices=2)
+        scenario.add_process(1, pid=4123456, used_bytes=2 * GIB)
+        scenario.write(env.path)
+        snap = SmiBackend(command=FAKE_CMD).snapshot(fields=Fields.WAIT)
+        assert [d.memory.used_bytes if d.memory else None for d in snap.devices] == [0, 2 * GIB]
+        assert [p.pid for p in snap.devices[1].processes or ()] == [4123456]
+
+    def test_timeline_ms_lines(self, env: Env) -> None:
+        env.write(
+            "device index=0",
+            "process device=0 kind=compute pid=4123456 used=1048576",
+            "at ms=0 process device=0 kind=compute pid=4123456 remove=1",
+            "at ms=100000000 device index=0 used=1048576",
+            "at call=2 device index=0 used=5",
+        )
+        d = SmiBackend(command=FAKE_CMD).snapshot(fields=Fields.WAIT).devices[0]
+        assert d.processes == () and d.memory is not None and d.memory.used_bytes == 0
+
+
+# --- what each snapshot runs ------------------------------------------------------------------------------------------
+
+
+class TestInvocations:
+    def test_memory_only_is_one_run(self, env: Env, two_gpus: SmiBackend) -> None:
+        two_gpus.snapshot(fields=Fields.MEMORY)
+        (run,) = env.runs()
+        assert run == ["--query-gpu=index,uuid,memory.total,memory.used,memory.free,memory.reserved",
+                       "--format=csv,nounits"]  # fmt: skip
+
+    def test_wait_fields_are_two_runs(self, env: Env, two_gpus: SmiBackend) -> None:
+        two_gpus.snapshot(fields=Fields.WAIT)
+        runs = env.runs()
+        assert len(runs) == 2 and ["-q", "-d", "PIDS"] in runs
+
+    def test_health_without_retired_pages_adds_no_run(self, env: Env, two_gpus: SmiBackend) -> None:
+        d = two_gpus.snapshot(fields=Fields.HEALTH).devices[0]
+        assert len(env.runs()) == 1
+        assert d.health is not None and d.health.retired_pages is None  # H200: not supported
+        assert d.health.remapped_rows is not None and d.health.remapped_rows.correctable == 0
+        assert "[N/A]" in (d.why_unknown("health.retired_pages") or "")
+        assert d.memory is None and d.why_unknown("memory") == "not requested"
+
+    def test_retired_pages_are_listed_when_counted(self, env: Env) -> None:
+        env.write(
+            "device index=0 unsupported= retired=sbe:0x1000@1700000000,dbe:0x2000@1700000100 retired_pending=1 "
+            "remapped=1,2,1,0",
+            "device index=1 unsupported=",
+        )
+        backend = SmiBackend(command=FAKE_CMD)
+        env.runs()
+        d0, d1 = backend.snapshot(fields=Fields.HEALTH).devices
+        assert d0.health is not None and d0.health.retired_pages == (
+            RetiredPage(0x1000, RetirementCause.MULTIPLE_SINGLE_BIT_ECC, 1700000000),
+            RetiredPage(0x2000, RetirementCause.DOUBLE_BIT_ECC, 1700000100),
+        )
+        assert d0.health.retired_pages_pending is True
+        assert d0.health.remapped_rows is not None
+        assert (d0.health.remapped_rows.correctable, d0.health.remapped_rows.pending) == (1, True)
+        assert d1.health is not None and d1.health.retired_pages == () and d1.health.retired_pages_pending is False
+        runs = env.runs()
+        assert len(runs) == 2 and runs[1][0].startswith("--query-retired-pages=")
+
+    def test_clocks(self, env: Env, two_gpus: SmiBackend) -> None:
+        d = two_gpus.snapshot(fields=Fields.CLOCKS).devices[1]
+        assert d.clocks is not None
+        assert (d.clocks.graphics_mhz, d.clocks.sm_mhz, d.clocks.memory_mhz, d.clocks.video_mhz) == (
+            345,
+            345,
+            3201,
+            765,
+        )
+        assert (d.clocks.max.graphics_mhz, d.clocks.max.sm_mhz, d.clocks.max.memory_mhz) == (1980, 1980, 3201)
+        assert d.clocks.max.video_mhz is None and "no clocks.max.video" in (d.why_unknown("clocks.max.video_mhz") or "")
+        assert d.clocks.event_reasons == ClockEventReason.GPU_IDLE
+
+    def test_selected_indices(self, env: Env, two_gpus: SmiBackend) -> None:
+        snap = two_gpus.snapshot([1], Fields.WAIT)
+        assert [d.index for d in snap.devices] == [1]
+        assert all(run[:2] == ["-i", "1"] for run in env.runs())
+        with pytest.raises(InvalidArgument):
+            two_gpus.snapshot([5])
+
+    def test_refused_fields_are_dropped_once_and_remembered(self, env: Env) -> None:
+        env.write("device index=0")
+        env.knob("FAKE_SMI_REFUSE_FIELDS", "memory.reserved,remapped_rows.pending,clocks_throttle_reasons.active")
+        backend = SmiBackend(command=FAKE_CMD)
+        env.runs()
+        d = backend.snapshot(fields=Fields.MEMORY | Fields.CLOCKS | Fields.HEALTH).devices[0]
+        assert d.memory is not None and d.memory.reserved_bytes is None and d.memory.used_includes_reserved
+        assert d.health is not None and d.health.remapped_rows is None
+        assert "does not know" in (d.why_unknown("health.remapped_rows") or "")
+        assert d.clocks is not None and d.clocks.event_reasons == ClockEventReason.GPU_IDLE  # newer name used
+        assert len(env.runs()) == 4  # three refusals, then the answer
+        backend.snapshot(fields=Fields.MEMORY | Fields.CLOCKS | Fields.HEALTH)
+        (run,) = env.runs()
+        assert "memory.reserved" not in run[0] and "clocks_event_reasons.active" in run[0]
+
+
+# --- failures -----------------------------------------------------------------------------------------------------
+
+
+class TestFailures:
+    def test_lost_gpu_is_a_device_failure_and_the_others_report(self, env: Env) -> None:
+        env.write("device index=0", "device index=1")
+        backend = SmiBackend(command=FAKE_CMD)
+        env.write("device index=0", "device index=1 lost=1")
+        snap = backend.snapshot()
+        assert [d.index for d in snap.devices] == [0]
+        (failure,) = snap.failures
+        assert (failure.index, failure.uuid) == (1, UUID1)
+        assert isinstance(failure.error, GpuLost) and "GPU is lost" in str(failure.error)
+
+    def test_gpu_requiring_reset_is_a_device_failure(self, env: Env) -> None:
+        env.write("device index=0", "device index=1")
+        backend = SmiBackend(command=FAKE_CMD)
+        env.write("device index=0", "device index=1 lost=1")
+        env.knob("FAKE_SMI_LOST_STYLE", "placeholder")
+        snap = backend.snapshot(fields=Fields.MEMORY)
+        assert [d.index for d in snap.devices] == [0]
+        assert isinstance(snap.failures[0].error, GpuRequiresReset)
+
+    def test_driver_gone_during_a_session_raises(self, env: Env, two_gpus: SmiBackend) -> None:
+        env.knob("FAKE_SMI_EXIT", "9")
+        with pytest.raises(DriverNotLoaded):
+            two_gpus.snapshot()
+
+    def test_hanging_process_query_times_out_the_snapshot(self, env: Env) -> None:
+        env.write("device index=0")
+        backend = SmiBackend(command=FAKE_CMD, timeout_s=1.0)
+        env.knob("FAKE_SMI_HANG", "1")
+        env.knob("FAKE_SMI_MATCH", "PIDS")
+        with pytest.raises(SmiTimeout, match="PIDS"):
+            backend.snapshot()
+
+    def test_closed_backend_refuses(self, two_gpus: SmiBackend) -> None:
+        two_gpus.close()
+        two_gpus.close()  # idempotent
+        with pytest.raises(BackendUnavailable, match="closed"):
+            two_gpus.snapshot()
+
+    def test_reenumerated_gpus_refresh_the_identity(self, env: Env) -> None:
+        env.write("device index=0")
+        backend = SmiBackend(command=FAKE_CMD)
+        env.write('device index=0 uuid=GPU-11111111-2222-3333-4444-555555555555 name="Other"')
+        d = backend.snapshot(fields=Fields.MEMORY).devices[0]
+        assert (d.uuid, d.name) == ("GPU-11111111-2222-3333-4444-555555555555", "Other")
