@@ -102,7 +102,7 @@ class TestOpen:
         backend = SmiBackend(command=FAKE_CMD)
         assert isinstance(backend, Backend)
         assert backend.name == "smi" and backend.device_count() == 2
-        version, identity = sorted(env.runs())  # run side by side: opening costs one nvidia-smi run's time
+        identity, version = sorted(env.runs())  # run side by side: opening costs one nvidia-smi run's time
         assert identity[0].startswith("--query-gpu=index,uuid,") and version == ["--version"]
         snap = backend.snapshot(fields=Fields.MEMORY)
         assert [(d.index, d.uuid, d.name, d.serial, d.pci_bus_id) for d in snap.devices] == [
