@@ -192,3 +192,79 @@ def test_random_scenarios_read_back(nvml: Nvml, drawn: tuple[list[Dev], list[Pro
                 assert nvml.processes(h, kind, 1) == expected
     finally:
         nvml.shutdown_all()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# robustness: quoting round trip and arbitrary text
+
+
+names = st.text(st.characters(codec="utf-8", exclude_characters="\n\r\0"), max_size=40).filter(
+    lambda s: len(s.encode()) <= 63
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(name=names, serial=st.text(st.sampled_from(' "\\#=ab1\t'), max_size=29))
+def test_quoted_strings_round_trip(nvml: Nvml, name: str, serial: str) -> None:
+    scenario = Scenario()
+    scenario.add_device(name=name, serial=serial)
+    nvml.start(scenario)
+    try:
+        h = nvml.handle(0)
+        assert nvml.string("nvmlDeviceGetName", h) == (SUCCESS, name)
+        assert nvml.string("nvmlDeviceGetSerial", h) == (SUCCESS, serial)
+    finally:
+        nvml.shutdown_all()
+
+
+# fragments of valid and invalid lines; nothing here can make the calls below fail when the scenario loads
+TOKENS = [
+    "device",
+    "process",
+    "at",
+    "fault",
+    "race",
+    "quirk",
+    "system",
+    "index=0",
+    "index=1",
+    "device=0",
+    "kind=mps",
+    "pid=7",
+    "used=na",
+    "call=2",
+    "ms=0",
+    "fn=nvmlDeviceGetName",
+    "code=3",
+    "grow=-3",
+    "proc_struct=535.43",
+    "name=",
+    '"',
+    "\\",
+    "#",
+    "=",
+    "0x",
+    "retired=sbe:1@2",
+    "unsupported=memory,",
+    "remapped=1,2,3,4",
+    "x",
+    " ",
+    "\t",
+]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.lists(st.sampled_from(TOKENS), max_size=8).map(" ".join), max_size=8))
+def test_arbitrary_text_never_crashes(nvml: Nvml, lines: list[str]) -> None:
+    nvml.load(HEADER + "device index=0\n" + "\n".join(lines) + "\n")
+    rc = nvml.lib.nvmlInit_v2()
+    try:
+        assert rc in (SUCCESS, UNKNOWN)
+        if rc == UNKNOWN:
+            assert " line " in nvml.probe.last_error()
+        else:
+            for _ in range(5):  # whatever the timeline does, calls keep answering
+                assert nvml.count() >= 1
+                nvml.processes(nvml.handle(0), "mps")
+    finally:
+        nvml.shutdown_all()
