@@ -547,7 +547,7 @@ class _Changes:
             raise ValueError("fault: nvmlErrorString cannot fail (it returns a string, not a code)")
         parts = [f"fault fn={fn}"]
         if code is not None:
-            parts.append(f"code={_check_int('code', code, _INT_MAX)}")
+            parts.append(f"code={_check_int('code', code, _INT_MAX, minimum=1)}")
         if device is not None:
             if not fn.startswith("nvmlDevice") or fn.startswith("nvmlDeviceGetCount"):
                 raise ValueError(f"fault: {fn} takes no device, so device= cannot restrict it")

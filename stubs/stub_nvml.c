@@ -850,6 +850,7 @@ static int apply_fault(struct state *st, const struct line *ln, int dry, char *e
             have_fn = 1;
         } else if (strcmp(k, "code") == 0) {
             if (parse_int(k, v, &f.code, err)) return -1;
+            if (f.code == 0) return fail(err, "fault code=0: that is success; leave code= out to answer normally");
             f.has_code = 1;
         } else if (strcmp(k, "device") == 0) {
             if (parse_u32(k, v, &f.device, err)) return -1;
@@ -1123,9 +1124,8 @@ static void apply_due_actions(struct state *st) {
     }
 }
 
-static unsigned int handle_index(nvmlDevice_t h);
-
-/* Evaluate the faults of st for this call. Returns the delay to sleep and sets *code (-1: answer normally). */
+/* Evaluate the faults of st for this call. Returns the delay to sleep and sets *code (-1: answer normally; a fault
+ * code is never 0, so a body never runs after a fault fired). */
 static unsigned long long eval_faults(struct state *st, int fn, long long device, int *code) {
     unsigned long long delay = 0;
     *code = -1;

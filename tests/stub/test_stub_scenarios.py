@@ -73,6 +73,7 @@ MALFORMED = [
     (HEADER + "device index=0\nprocess device=0 kind=compute pid=1 used=1 remove=1\n", 3, "remove=1 takes only"),
     (HEADER + "device index=0\nfault fn=nvmlGetEverything code=1\n", 3, "fn=nvmlGetEverything"),
     (HEADER + "device index=0\nfault fn=nvmlErrorString code=1\n", 3, "cannot fail"),
+    (HEADER + "device index=0\nfault fn=nvmlDeviceGetName code=0\n", 3, "code=0: that is success"),
     (HEADER + "device index=0\nfault fn=nvmlInit_v2 device=0 code=1\n", 3, "takes no device"),
     (HEADER + "device index=0\nrace device=0 kind=compute\n", 3, "grow= are required"),
     (HEADER + "device index=0\nquirk proc_struct=550\n", 3, "proc_struct=550"),

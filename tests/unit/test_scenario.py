@@ -265,8 +265,10 @@ def test_fault_race_quirk_timeline_validation() -> None:
         scenario.fault("nvmlDeviceGetCount_v2", 1, device=0)
     with pytest.raises(ValueError, match=r"code= .* delay_ms="):
         scenario.fault("nvmlShutdown")
-    with pytest.raises(ValueError, match="code must be >= 0"):
+    with pytest.raises(ValueError, match="code must be >= 1"):
         scenario.fault("nvmlShutdown", -1)
+    with pytest.raises(ValueError, match="code must be >= 1"):
+        scenario.fault("nvmlShutdown", 0)
     with pytest.raises(ValueError, match="after must be >= 0"):
         scenario.fault("nvmlShutdown", 1, after=-1)
     with pytest.raises(ValueError, match="unknown process kind"):
