@@ -148,7 +148,6 @@ _LIBRARY_NAME = "libnvidia-ml.so.1"
 _U64_MAX = 2**64 - 1
 _U32_MAX = 2**32 - 1
 _INT_MAX = 2**31 - 1
-_NOT_MIG = 0xFFFFFFFF
 
 
 class StubBuildError(RuntimeError):
