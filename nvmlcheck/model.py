@@ -13,9 +13,10 @@ Conventions:
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
 from types import MappingProxyType
+from typing import Any, TypeVar
 
 __all__ = [
     "MIB",
@@ -40,6 +41,29 @@ __all__ = [
 MIB = 1 << 20
 
 _EMPTY: Mapping[str, str] = MappingProxyType({})
+_T = TypeVar("_T")
+
+
+def _rebuild(cls: type[_T], values: tuple[Any, ...]) -> _T:
+    """Unpickle a model object whose ``unknown`` reasons were pickled as a plain dict."""
+    return cls(*(MappingProxyType(v) if isinstance(v, _PickledReasons) else v for v in values))
+
+
+class _PickledReasons(dict[str, str]):
+    """A reasons mapping on its way through pickle (MappingProxyType itself does not pickle)."""
+
+
+class _ReasonsPickle:
+    """Mixin: pickle the ``unknown`` mapping as a dict and restore it read-only."""
+
+    __slots__ = ()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        values = tuple(
+            _PickledReasons(v) if isinstance(v, MappingProxyType) else v
+            for v in (getattr(self, f.name) for f in fields(self))  # type: ignore[arg-type]
+        )
+        return (_rebuild, (type(self), values))
 
 
 class ProcessKind(str, enum.Enum):
@@ -107,7 +131,7 @@ class RetirementCause(str, enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
-class SystemInfo:
+class SystemInfo(_ReasonsPickle):
     """Host-wide facts.
 
     ``driver_version``: nvmlSystemGetDriverVersion / nvidia-smi ``driver_version``.
@@ -235,7 +259,7 @@ class MemoryHealth:
 
 
 @dataclass(frozen=True, slots=True)
-class DeviceState:
+class DeviceState(_ReasonsPickle):
     """Everything read from one device in one pass.
 
     Identity: ``index`` (NVML enumeration order, nvidia-smi ``index``), ``name``, ``uuid``, ``pci_bus_id``,
@@ -324,3 +348,23 @@ class Snapshot:
         """Raise the first device failure, if any (its original exception)."""
         if self.failures:
             raise self.failures[0].error
+
+
+def fast_constructor(cls: type[_T]) -> Callable[..., _T]:
+    """A positional constructor for a frozen slotted dataclass that skips the generated ``__init__``.
+
+    A frozen dataclass's ``__init__`` sets each field through ``object.__setattr__``; writing the slots directly
+    costs about half as much. Backends build several of these objects per poll, so this is on the hot path
+    (docs/performance.md). Field order and count are those of the class; no defaults, no validation.
+    """
+    names = [f.name for f in fields(cls)]  # type: ignore[arg-type]
+    args = ", ".join(names)
+    body = "\n".join(f"    _set_{n}(o, {n})" for n in names)
+    source = f"def make({args}):\n    o = _new(_cls)\n{body}\n    return o\n"
+    namespace: dict[str, Any] = {"_new": object.__new__, "_cls": cls}
+    for n in names:
+        namespace[f"_set_{n}"] = cls.__dict__[n].__set__
+    exec(source, namespace)
+    make: Callable[..., _T] = namespace["make"]
+    make.__qualname__ = f"fast_constructor({cls.__name__})"
+    return make

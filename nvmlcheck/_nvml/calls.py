@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any, NewType
 
 from ..errors import CorruptData, FunctionNotFound, InsufficientSize, error_class_for_code
-from ..model import Memory, ProcessKind, RemappedRows, RetiredPage, RetirementCause
+from ..model import Memory, ProcessKind, RemappedRows, RetiredPage, RetirementCause, fast_constructor
 from ._ffi import ffi as _ffi
 from .library import LoadedLibrary
 
@@ -45,7 +45,13 @@ Handle = NewType("Handle", object)
 CLOCK_GRAPHICS, CLOCK_SM, CLOCK_MEM, CLOCK_VIDEO = 0, 1, 2, 3
 
 NVML_SUCCESS = 0
+NVML_ERROR_NOT_SUPPORTED = 3
 NVML_ERROR_INSUFFICIENT_SIZE = 7
+NVML_ERROR_FUNCTION_NOT_FOUND = 13
+# Codes that say the whole device (or NVML) is unusable: uninitialised, driver not loaded, library not found, GPU lost,
+# reset required, driver/library mismatch. For the optional reads (clocks, memory health) every other code only
+# makes that one value unknown; memory and process lists, which a wait judges, raise on every error.
+_DEVICE_LEVEL_CODES = frozenset((1, 9, 12, 15, 16, 18))
 #: NVML_VALUE_NOT_AVAILABLE as an unsigned long long.
 NOT_AVAILABLE_U64 = (1 << 64) - 1
 #: MIG instance ids outside MIG.
@@ -66,8 +72,18 @@ _SERIAL_BUFFER = 30  # NVML_DEVICE_SERIAL_BUFFER_SIZE
 _VERSION_BUFFER = 80  # NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE / NVML_VERSION
 
 
+# Parsed once: ffi.new("type string") re-parses the string on every call.
 _MEMORY_V2_T = ffi.typeof("nvmlMemory_v2_t *")
 _MEMORY_V1_T = ffi.typeof("nvmlMemory_t *")
+_UINT_P = ffi.typeof("unsigned int *")
+_ULL_P = ffi.typeof("unsigned long long *")
+_PROC_V2_ARRAY = ffi.typeof("nvmlProcessInfo_v2_t[]")
+_PROC_V1_ARRAY = ffi.typeof("nvmlProcessInfo_v1_t[]")
+_ULL_ARRAY = ffi.typeof("unsigned long long[]")
+#: A process entry: (pid, used bytes or None, GPU instance id or None, compute instance id or None).
+ProcessEntry = tuple[int, "int | None", "int | None", "int | None"]
+#: A query that did not answer but leaves the device readable: (slot, C symbol, nvmlReturn_t code).
+Unanswered = tuple[int, str, int]
 
 
 class _Buffers(threading.local):
@@ -77,6 +93,13 @@ class _Buffers(threading.local):
     def __init__(self) -> None:
         self.memory_v2 = ffi.new(_MEMORY_V2_T)
         self.memory_v1 = ffi.new(_MEMORY_V1_T)
+        self.count = ffi.new(_UINT_P)
+        self.u32 = ffi.new(_UINT_P)
+        self.u64 = ffi.new(_ULL_P)
+        self.quad = ffi.new("unsigned int[4]")
+        self.enable_state = ffi.new("nvmlEnableState_t *")
+        self.proc_v2 = ffi.new(_PROC_V2_ARRAY, _INITIAL_CAPACITY * _HEADROOM)
+        self.proc_v1 = ffi.new(_PROC_V1_ARRAY, _INITIAL_CAPACITY * _HEADROOM)
 
 
 def _fail(rc: int, function: str, index: int | None) -> Exception:
@@ -93,14 +116,24 @@ class NvmlCalls:
         self._memory_name = sym.memory
         self._memory_fn = self._bind(sym.memory)
         self.memory_is_v2 = sym.memory == "nvmlDeviceGetMemoryInfo_v2"
-        self._process_fns: dict[ProcessKind, tuple[str | None, Callable[..., int] | None, str]] = {}
+        # kind -> (symbol, function, uses the 16-byte v1 struct)
+        self._process_fns: dict[ProcessKind, tuple[str, Callable[..., int] | None, bool]] = {}
         for kind in ProcessKind:
             name = sym.processes(kind)
-            struct = "nvmlProcessInfo_v1_t" if name and not name.endswith(("_v2", "_v3")) else "nvmlProcessInfo_v2_t"
-            self._process_fns[kind] = (name, self._bind(name), struct)
+            v1 = bool(name) and not str(name).endswith(("_v2", "_v3"))
+            self._process_fns[kind] = (name or _PROCESS_WANTED[kind], self._bind(name), v1)
+        self._clock_fns = {n: self._bind_optional(n) for n in _CLOCK_FUNCTIONS}
+        self._reasons_fn = self._bind(sym.clock_event_reasons)
+        self._health_fns = {n: self._bind_optional(n) for n in _HEALTH_FUNCTIONS}
 
     def _bind(self, name: str | None) -> Callable[..., int] | None:
         return self._loaded.function(name) if name else None
+
+    def _bind_optional(self, name: str) -> Callable[..., int] | None:
+        try:
+            return self._loaded.function(name)
+        except AttributeError:
+            return None
 
     def _require(self, name: str | None, wanted: str, index: int | None = None) -> Callable[..., int]:
         if name is None:
@@ -219,7 +252,7 @@ class NvmlCalls:
                 raise CorruptData(
                     f"used {used} B / reserved {reserved} B exceed total {total} B", "nvmlDeviceGetMemoryInfo_v2", index
                 )
-            return Memory(total, used, free, reserved, False, 1)
+            return _make_memory(total, used, free, reserved, False, 1)
         buf1 = self._buffers.memory_v1
         rc = fn(handle, buf1)
         if rc:
@@ -227,45 +260,48 @@ class NvmlCalls:
         total, used, free = buf1.total, buf1.used, buf1.free
         if used > total:
             raise CorruptData(f"used {used} B exceeds total {total} B", "nvmlDeviceGetMemoryInfo", index)
-        return Memory(total, used, free, None, True, 1)
+        return _make_memory(total, used, free, None, True, 1)
 
     # --- processes ------------------------------------------------------------------------------------------------
 
     def process_symbol(self, kind: ProcessKind) -> str | None:
         """The C symbol answering ``kind``'s process list (``None`` if the library has none)."""
-        return self._process_fns[kind][0]
+        name, fn, _v1 = self._process_fns[kind]
+        return name if fn is not None else None
 
-    def processes(
-        self, handle: Handle, kind: ProcessKind, index: int, total_bytes: int
-    ) -> list[tuple[int, int | None, int | None, int | None]]:
+    def processes(self, handle: Handle, kind: ProcessKind, index: int, total_bytes: int) -> tuple[ProcessEntry, ...]:
         """One process list as ``(pid, used_bytes or None, gpu_instance_id, compute_instance_id)`` tuples.
 
-        The list may grow between NVML's size answer and the fill; the call is retried with a larger buffer up to
-        :data:`MAX_LIST_ATTEMPTS` times and the result is never truncated. Entries are validated against
-        ``total_bytes`` and PID_MAX_LIMIT.
+        One call with a buffer of 64 entries answers the common case (instead of NVML's count-then-fill pair).
+        When the list is longer, or grows between NVML's size answer and the fill, the call is retried with a
+        larger buffer up to :data:`MAX_LIST_ATTEMPTS` times; the result is never truncated. Entries are validated
+        against ``total_bytes`` and PID_MAX_LIMIT.
         """
-        name, fn, struct = self._process_fns[kind]
-        if fn is None or name is None:
+        name, fn, v1 = self._process_fns[kind]
+        if fn is None:
             raise FunctionNotFound(
                 13, _PROCESS_WANTED[kind], index, f"{self._loaded.path} exports no {kind.value} process list"
             )
-        v1 = struct == "nvmlProcessInfo_v1_t"
+        buffers = self._buffers
+        count = buffers.count
         capacity = _INITIAL_CAPACITY
-        count = ffi.new("unsigned int *")
+        buf = buffers.proc_v1 if v1 else buffers.proc_v2
         for _attempt in range(MAX_LIST_ATTEMPTS):
-            buf = ffi.new(f"{struct}[]", capacity * _HEADROOM)
             count[0] = capacity
             rc = fn(handle, count, buf)
             if rc == NVML_SUCCESS:
                 n = count[0]
+                if n == 0:
+                    return ()
                 if n > capacity:
                     raise CorruptData(f"returned {n} entries into a buffer of {capacity}", name, index)
-                return [_entry(buf[i], v1, name, index, total_bytes) for i in range(n)]
+                return tuple([_entry(buf[i], v1, name, index, total_bytes) for i in range(n)])
             if rc != NVML_ERROR_INSUFFICIENT_SIZE:
                 raise _fail(rc, name, index)
             # The list grew (or our first guess was small): room for what NVML said plus slack for more growth.
             needed = count[0]
             capacity = max(capacity * 2, needed + needed // 4 + 8)
+            buf = ffi.new(_PROC_V1_ARRAY if v1 else _PROC_V2_ARRAY, capacity * _HEADROOM)
         raise InsufficientSize(
             NVML_ERROR_INSUFFICIENT_SIZE,
             name,
@@ -275,76 +311,140 @@ class NvmlCalls:
         )
 
     # --- clocks ---------------------------------------------------------------------------------------------------
-
-    def _clock(self, name: str, handle: Handle, domain: int, index: int) -> int:
-        out = ffi.new("unsigned int *")
-        rc = self._optional_symbol(name)(handle, domain, out)
-        if rc:
-            raise _fail(rc, name, index)
-        return int(out[0])
+    # A full snapshot reads 13 clock values: one method (one Python frame, no exceptions for "not supported") keeps
+    # that path within reach of the raw calls (docs/performance.md).
 
     def clock_mhz(self, handle: Handle, domain: int, index: int) -> int:
         """nvmlDeviceGetClockInfo: the current clock of ``domain`` (CLOCK_*), MHz."""
-        return self._clock("nvmlDeviceGetClockInfo", handle, domain, index)
-
-    def max_clock_mhz(self, handle: Handle, domain: int, index: int) -> int:
-        """nvmlDeviceGetMaxClockInfo, MHz."""
-        return self._clock("nvmlDeviceGetMaxClockInfo", handle, domain, index)
-
-    def applications_clock_mhz(self, handle: Handle, domain: int, index: int) -> int:
-        """nvmlDeviceGetApplicationsClock, MHz."""
-        return self._clock("nvmlDeviceGetApplicationsClock", handle, domain, index)
-
-    def clock_event_reasons(self, handle: Handle, index: int) -> int:
-        """nvmlDeviceGetCurrentClocksEventReasons (or the older ...ThrottleReasons name): a bitmask."""
-        name = self._loaded.symbols.clock_event_reasons
-        fn = self._require(name, "nvmlDeviceGetCurrentClocksEventReasons", index)
-        out = ffi.new("unsigned long long *")
-        rc = fn(handle, out)
+        fn = self._clock_fns["nvmlDeviceGetClockInfo"]
+        if fn is None:
+            raise FunctionNotFound(13, "nvmlDeviceGetClockInfo", index, f"{self._loaded.path} does not export it")
+        out = self._buffers.u32
+        rc = fn(handle, domain, out)
         if rc:
-            raise _fail(rc, str(name), index)
+            raise _fail(rc, "nvmlDeviceGetClockInfo", index)
         return int(out[0])
+
+    def clocks(self, handle: Handle, index: int) -> tuple[list[int | None], int | None, list[Unanswered]]:
+        """Every clock: ``values`` holds current, max and applications clocks (nvmlDeviceGetClockInfo,
+        nvmlDeviceGetMaxClockInfo, nvmlDeviceGetApplicationsClock) for graphics, SM, memory and video, in that
+        order (12 values, MHz); then the event-reason bitmask (nvmlDeviceGetCurrentClocksEventReasons, or the
+        older ...ThrottleReasons name).
+
+        A value that cannot be read is ``None`` and listed in ``unanswered`` as ``(slot, symbol, code)`` (slot 12
+        is the reason mask); codes that make the whole device unusable (GPU lost, reset required, ...) raise.
+        """
+        out = self._buffers.u32
+        values: list[int | None] = []
+        unanswered: list[Unanswered] = []
+        slot = 0
+        for name in _CLOCK_FUNCTIONS:
+            fn = self._clock_fns[name]
+            for domain in _CLOCK_DOMAINS:
+                rc = fn(handle, domain, out) if fn is not None else NVML_ERROR_FUNCTION_NOT_FOUND
+                if rc == NVML_SUCCESS:
+                    values.append(int(out[0]))
+                elif rc not in _DEVICE_LEVEL_CODES:
+                    values.append(None)
+                    unanswered.append((slot, name, rc))
+                else:
+                    raise _fail(rc, name, index)
+                slot += 1
+        reasons_name = self._loaded.symbols.clock_event_reasons
+        reasons: int | None = None
+        if reasons_name is None:
+            unanswered.append((slot, "nvmlDeviceGetCurrentClocksEventReasons", NVML_ERROR_FUNCTION_NOT_FOUND))
+        else:
+            name = reasons_name
+            mask = self._buffers.u64
+            rc = self._reasons_fn(handle, mask)  # type: ignore[misc]
+            if rc == NVML_SUCCESS:
+                reasons = int(mask[0])
+            elif rc not in _DEVICE_LEVEL_CODES:
+                unanswered.append((slot, name, rc))
+            else:
+                raise _fail(rc, name, index)
+        return values, reasons, unanswered
 
     # --- memory health --------------------------------------------------------------------------------------------
 
-    def retired_pages(self, handle: Handle, cause: RetirementCause, index: int) -> tuple[RetiredPage, ...]:
-        """nvmlDeviceGetRetiredPages_v2 (with timestamps) or the v1 call, for one cause."""
+    def health(
+        self, handle: Handle, index: int
+    ) -> tuple[tuple[RetiredPage, ...] | None, bool | None, RemappedRows | None, list[Unanswered]]:
+        """Retired pages of both causes (nvmlDeviceGetRetiredPages_v2 with timestamps, or the v1 call), the pending
+        flag (nvmlDeviceGetRetiredPagesPendingStatus) and remapped rows (nvmlDeviceGetRemappedRows).
+
+        Each is ``None`` when it cannot be read (Hopper retires no pages: it remaps rows), listed in ``unanswered``
+        as ``(slot, symbol, code)`` with slot 0 pages, 1 pending, 2 remapped rows; codes that make the whole device
+        unusable raise.
+        """
+        unanswered: list[Unanswered] = []
+        pages: tuple[RetiredPage, ...] | None = None
         name = self._loaded.symbols.retired_pages
-        fn = self._require(name, "nvmlDeviceGetRetiredPages_v2", index)
+        if name is None:
+            unanswered.append((0, "nvmlDeviceGetRetiredPages_v2", NVML_ERROR_FUNCTION_NOT_FOUND))
+        else:
+            found: list[RetiredPage] = []
+            for cause in (RetirementCause.MULTIPLE_SINGLE_BIT_ECC, RetirementCause.DOUBLE_BIT_ECC):
+                rc = self._retired_pages(handle, name, cause, index, found)
+                if rc:
+                    unanswered.append((0, name, rc))
+                    break
+            else:
+                pages = tuple(found)
+        pending: bool | None = None
+        out = self._buffers.enable_state
+        fn = self._health_fns["nvmlDeviceGetRetiredPagesPendingStatus"]
+        rc = fn(handle, out) if fn is not None else NVML_ERROR_FUNCTION_NOT_FOUND
+        if rc == NVML_SUCCESS:
+            pending = bool(out[0])
+        elif rc not in _DEVICE_LEVEL_CODES:
+            unanswered.append((1, "nvmlDeviceGetRetiredPagesPendingStatus", rc))
+        else:
+            raise _fail(rc, "nvmlDeviceGetRetiredPagesPendingStatus", index)
+        rows: RemappedRows | None = None
+        quad = self._buffers.quad
+        fn = self._health_fns["nvmlDeviceGetRemappedRows"]
+        rc = fn(handle, quad, quad + 1, quad + 2, quad + 3) if fn is not None else NVML_ERROR_FUNCTION_NOT_FOUND
+        if rc == NVML_SUCCESS:
+            rows = RemappedRows(int(quad[0]), int(quad[1]), bool(quad[2]), bool(quad[3]))
+        elif rc not in _DEVICE_LEVEL_CODES:
+            unanswered.append((2, "nvmlDeviceGetRemappedRows", rc))
+        else:
+            raise _fail(rc, "nvmlDeviceGetRemappedRows", index)
+        return pages, pending, rows, unanswered
+
+    def _retired_pages(
+        self, handle: Handle, name: str, cause: RetirementCause, index: int, found: list[RetiredPage]
+    ) -> int:
+        """Append one cause's retired pages to ``found``; returns 0, or the code that left them unknown."""
+        fn = self._loaded.function(name)
         v2 = name == "nvmlDeviceGetRetiredPages_v2"
         c_cause = 0 if cause is RetirementCause.MULTIPLE_SINGLE_BIT_ECC else 1
-        count = ffi.new("unsigned int *")
+        count = self._buffers.count
         capacity = 0
         for _attempt in range(MAX_LIST_ATTEMPTS):
             count[0] = capacity
-            addresses = ffi.new("unsigned long long[]", max(capacity, 1))
-            stamps = ffi.new("unsigned long long[]", max(capacity, 1))
+            addresses = ffi.new(_ULL_ARRAY, max(capacity, 1))
+            stamps = ffi.new(_ULL_ARRAY, max(capacity, 1))
             rc = fn(handle, c_cause, count, addresses, stamps) if v2 else fn(handle, c_cause, count, addresses)
             if rc == NVML_SUCCESS:
                 n = min(count[0], capacity)
-                return tuple(RetiredPage(int(addresses[i]), cause, int(stamps[i]) if v2 else None) for i in range(n))
-            if rc != NVML_ERROR_INSUFFICIENT_SIZE:
-                raise _fail(rc, str(name), index)
-            capacity = count[0] + 8
-        raise InsufficientSize(NVML_ERROR_INSUFFICIENT_SIZE, str(name), index, "the retired page list kept growing")
-
-    def retired_pages_pending(self, handle: Handle, index: int) -> bool:
-        """nvmlDeviceGetRetiredPagesPendingStatus: pages waiting for a reboot to be retired."""
-        out = ffi.new("nvmlEnableState_t *")
-        rc = self._optional_symbol("nvmlDeviceGetRetiredPagesPendingStatus")(handle, out)
-        if rc:
-            raise _fail(rc, "nvmlDeviceGetRetiredPagesPendingStatus", index)
-        return bool(out[0])
-
-    def remapped_rows(self, handle: Handle, index: int) -> RemappedRows:
-        """nvmlDeviceGetRemappedRows: correctable, uncorrectable, pending, failure."""
-        out = ffi.new("unsigned int[4]")
-        rc = self._optional_symbol("nvmlDeviceGetRemappedRows")(handle, out, out + 1, out + 2, out + 3)
-        if rc:
-            raise _fail(rc, "nvmlDeviceGetRemappedRows", index)
-        return RemappedRows(int(out[0]), int(out[1]), bool(out[2]), bool(out[3]))
+                found.extend(RetiredPage(int(addresses[i]), cause, int(stamps[i]) if v2 else None) for i in range(n))
+                return 0
+            if rc == NVML_ERROR_INSUFFICIENT_SIZE:
+                capacity = count[0] + 8
+                continue
+            if rc not in _DEVICE_LEVEL_CODES:
+                return int(rc)
+            raise _fail(rc, name, index)
+        raise InsufficientSize(NVML_ERROR_INSUFFICIENT_SIZE, name, index, "the retired page list kept growing")
 
 
+_make_memory = fast_constructor(Memory)
+_CLOCK_FUNCTIONS = ("nvmlDeviceGetClockInfo", "nvmlDeviceGetMaxClockInfo", "nvmlDeviceGetApplicationsClock")
+_CLOCK_DOMAINS = (CLOCK_GRAPHICS, CLOCK_SM, CLOCK_MEM, CLOCK_VIDEO)
+_HEALTH_FUNCTIONS = ("nvmlDeviceGetRetiredPagesPendingStatus", "nvmlDeviceGetRemappedRows")
 _PROCESS_WANTED = {
     ProcessKind.COMPUTE: "nvmlDeviceGetComputeRunningProcesses_v3",
     ProcessKind.GRAPHICS: "nvmlDeviceGetGraphicsRunningProcesses_v3",
@@ -352,7 +452,7 @@ _PROCESS_WANTED = {
 }
 
 
-def _entry(e: Any, v1: bool, name: str, index: int, total_bytes: int) -> tuple[int, int | None, int | None, int | None]:
+def _entry(e: Any, v1: bool, name: str, index: int, total_bytes: int) -> ProcessEntry:
     pid = e.pid
     if pid == 0 or pid > PID_MAX_LIMIT:
         raise CorruptData(f"process entry with impossible PID {pid}", name, index)

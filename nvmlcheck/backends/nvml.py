@@ -8,14 +8,15 @@ live values (memory, processes, clocks, health) are read on every snapshot. What
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
 from .._nvml import library
-from .._nvml.calls import CLOCK_GRAPHICS, CLOCK_MEM, CLOCK_SM, CLOCK_VIDEO, Handle, NvmlCalls
-from ..errors import FunctionNotFound, NotSupported, NvmlCheckError, NvmlError
+from .._nvml.calls import Handle, NvmlCalls
+from ..errors import FunctionNotFound, NotSupported, NvmlCheckError, NvmlError, code_name
 from ..model import (
     ClockEventReason,
     Clocks,
@@ -27,11 +28,9 @@ from ..model import (
     Memory,
     MemoryHealth,
     ProcessKind,
-    RemappedRows,
-    RetiredPage,
-    RetirementCause,
     Snapshot,
     SystemInfo,
+    fast_constructor,
 )
 
 __all__ = ["NvmlBackend", "process_name"]
@@ -61,6 +60,14 @@ def process_name(pid: int) -> str | None:
         return None
 
 
+def _soft_reason(symbol: str, code: int) -> str:
+    if code == 3:
+        return f"not supported: {symbol} returned NVML_ERROR_NOT_SUPPORTED"
+    if code == 13:
+        return f"not available: {symbol} is missing from this driver's libnvidia-ml"
+    return f"unreadable: {symbol} returned {code_name(code)} ({code})"
+
+
 def _reason(exc: NvmlError) -> str:
     if isinstance(exc, NotSupported):
         return f"not supported: {exc.function} returned NVML_ERROR_NOT_SUPPORTED"
@@ -85,7 +92,7 @@ class _Identity:
     unknown: Mapping[str, str]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)  # hashed by identity: one plan per Fields value (_PLANS)
 class _Plan:
     memory: bool
     processes: bool
@@ -113,9 +120,29 @@ def _plan(fields: Fields) -> _Plan:
 # Fields values are few; computing the plan (enum.Flag arithmetic costs microseconds) once each keeps polls cheap.
 _PLANS: dict[Fields, _Plan] = {}
 _KINDS = tuple(ProcessKind)
-_Note = Callable[[str, NvmlError], None]
-_CLOCK_DOMAINS = (CLOCK_GRAPHICS, CLOCK_SM, CLOCK_MEM, CLOCK_VIDEO)
-_CLOCK_KEYS = ("graphics_mhz", "sm_mhz", "memory_mhz", "video_mhz")
+_PROCESS_KEYS = tuple(f"processes.{k.value}" for k in _KINDS)
+_NO_BOUND = 1 << 63  # before any memory read: no total to check process entries against
+_make_process = fast_constructor(GpuProcess)
+_make_device = fast_constructor(DeviceState)
+_make_snapshot = fast_constructor(Snapshot)
+_CLOCK_SLOT_KEYS = (
+    *(
+        f"clocks.{part}.{key}"
+        for part in ("current", "max", "applications")
+        for key in ("graphics_mhz", "sm_mhz", "memory_mhz", "video_mhz")
+    ),
+    "clocks.event_reasons",
+)
+_HEALTH_SLOT_KEYS = ("health.retired_pages", "health.retired_pages_pending", "health.remapped_rows")
+_REASON_FLAGS: dict[int, ClockEventReason] = {}
+
+
+def _event_reasons(mask: int) -> ClockEventReason:
+    # Building an IntFlag costs ~0.4 µs; masks repeat, so keep each one built.
+    flag = _REASON_FLAGS.get(mask)
+    if flag is None:
+        flag = _REASON_FLAGS[mask] = ClockEventReason(mask)
+    return flag
 
 
 class NvmlBackend:
@@ -138,6 +165,9 @@ class NvmlBackend:
         # Total memory per device, from the first successful memory read: the bound process entries are checked
         # against (a process cannot hold more than the device has).
         self._totals: dict[int, int] = {}
+        self._reasons_cache: dict[tuple[int, _Plan], Mapping[str, str]] = {}
+        self._last_fields: Fields | None = None
+        self._last_plan = _plan(Fields.ALL)
         self._system: SystemInfo | None = None
 
     # --- lifecycle ------------------------------------------------------------------------------------------------
@@ -167,6 +197,7 @@ class NvmlBackend:
             self._generation = library.fork_generation()
             self._identities.clear()
             self._totals.clear()
+            self._reasons_cache.clear()
 
     # --- system ---------------------------------------------------------------------------------------------------
 
@@ -209,9 +240,11 @@ class NvmlBackend:
         wall = time.time()
         start = time.monotonic_ns()
         system = self._system or self.system()
-        plan = _PLANS.get(fields)
-        if plan is None:
-            plan = _PLANS[fields] = _plan(fields)
+        if fields is self._last_fields:  # identity check: hashing an enum.Flag runs Python code
+            plan = self._last_plan
+        else:
+            plan = _PLANS.get(fields) or _PLANS.setdefault(fields, _plan(fields))
+            self._last_fields, self._last_plan = fields, plan
         if indices is None:
             indices = range(self._calls.device_count())
         devices: list[DeviceState] = []
@@ -225,7 +258,7 @@ class NvmlBackend:
             except NvmlCheckError as exc:
                 failures.append(DeviceFailure(index, ident.uuid if ident else None, exc))
         end = time.monotonic_ns()
-        return Snapshot("nvml", start, end - start, wall, system, tuple(devices), tuple(failures))
+        return _make_snapshot("nvml", start, end - start, wall, system, tuple(devices), tuple(failures))
 
     def _identity(self, index: int) -> _Identity:
         calls = self._calls
@@ -247,10 +280,9 @@ class NvmlBackend:
                 # Serial numbers are often restricted (NO_PERMISSION) on consumer boards: unknown, not fatal.
                 values[key] = None
                 unknown[key] = _reason(exc)
-        try:
+        # A live read reports any error; the total is only the bound process entries are checked against.
+        with contextlib.suppress(NvmlCheckError):
             self._totals[index] = calls.memory(handle, index).total_bytes
-        except NvmlCheckError:
-            pass  # a live read will report the error; the total is only the bound for process entries
         ident = _Identity(
             handle,
             uuid,
@@ -264,50 +296,48 @@ class NvmlBackend:
         return ident
 
     def _state(self, index: int, ident: _Identity, plan: _Plan) -> DeviceState:
+        # The poll path (memory + three process lists): no per-call closures or dicts unless something is unknown.
         calls = self._calls
         handle = ident.handle
         unknown: dict[str, str] | None = None
-
-        def note(key: str, exc: NvmlError) -> None:
-            nonlocal unknown
-            if not _soft(exc):
-                raise exc
-            if unknown is None:
-                unknown = {}
-            unknown[key] = _reason(exc)
 
         memory: Memory | None = None
         if plan.memory:
             try:
                 memory = calls.memory(handle, index)
             except NvmlError as exc:
-                note("memory", exc)
+                unknown = _note(unknown, "memory", exc)
             else:
                 self._totals[index] = memory.total_bytes
                 if memory.used_includes_reserved:
-                    if unknown is None:
-                        unknown = {}
-                    unknown["memory.reserved_bytes"] = _V1_MEMORY
+                    unknown = _add(unknown, "memory.reserved_bytes", _V1_MEMORY)
 
         lists: list[tuple[GpuProcess, ...] | None] = [None, None, None]
         if plan.processes:
-            total = self._totals.get(index, 1 << 63)
+            total = self._totals.get(index, _NO_BOUND)
             for slot, kind in enumerate(_KINDS):
                 try:
                     raw = calls.processes(handle, kind, index, total)
                 except NvmlError as exc:
-                    note(f"processes.{kind.value}", exc)
+                    unknown = _note(unknown, _PROCESS_KEYS[slot], exc)
                     continue
-                lists[slot] = tuple(GpuProcess(p, kind, u, process_name(p), gi, ci) for p, u, gi, ci in raw)
+                lists[slot] = (
+                    tuple([_make_process(p, kind, u, process_name(p), gi, ci) for p, u, gi, ci in raw]) if raw else ()
+                )
 
-        clocks = self._clocks(handle, index, note) if plan.clocks else None
-        health = self._health(handle, index, note) if plan.health else None
+        clocks = health = None
+        if plan.clocks or plan.health:
+            extra: dict[str, str] = {}
+            clocks = self._clocks(handle, index, extra) if plan.clocks else None
+            health = self._health(handle, index, extra) if plan.health else None
+            if extra:
+                unknown = {**(unknown or {}), **extra}
 
         if unknown is None:
-            reasons: Mapping[str, str] = ident.unknown if not plan.not_requested else _merge(ident.unknown, plan)
+            reasons = self._base_reasons(index, ident, plan)
         else:
             reasons = MappingProxyType({**ident.unknown, **plan.not_requested, **unknown})
-        return DeviceState(
+        return _make_device(
             index,
             ident.uuid,
             ident.name,
@@ -323,57 +353,38 @@ class NvmlBackend:
             reasons,
         )
 
-    def _clocks(self, handle: Handle, index: int, note: _Note) -> Clocks:
-        calls = self._calls
-        sets: list[ClockSet] = []
-        for prefix, getter in (
-            ("current", calls.clock_mhz),
-            ("max", calls.max_clock_mhz),
-            ("applications", calls.applications_clock_mhz),
-        ):
-            values: list[int | None] = []
-            for domain, key in zip(_CLOCK_DOMAINS, _CLOCK_KEYS, strict=True):
-                try:
-                    values.append(getter(handle, domain, index))
-                except NvmlError as exc:
-                    note(f"clocks.{prefix}.{key}", exc)
-                    values.append(None)
-            sets.append(ClockSet(*values))
-        reasons: ClockEventReason | None
-        try:
-            reasons = ClockEventReason(calls.clock_event_reasons(handle, index))
-        except NvmlError as exc:
-            note("clocks.event_reasons", exc)
-            reasons = None
-        return Clocks(sets[0], sets[1], sets[2], reasons)
+    def _base_reasons(self, index: int, ident: _Identity, plan: _Plan) -> Mapping[str, str]:
+        """What is unknown on a device when every requested read succeeded (cached: it only depends on these)."""
+        key = (index, plan)
+        reasons = self._reasons_cache.get(key)
+        if reasons is None:
+            reasons = MappingProxyType({**ident.unknown, **plan.not_requested})
+            self._reasons_cache[key] = reasons
+        return reasons
 
-    def _health(self, handle: Handle, index: int, note: _Note) -> MemoryHealth:
-        calls = self._calls
-        pages: tuple[RetiredPage, ...] | None = ()
-        for cause in RetirementCause:
-            try:
-                got = calls.retired_pages(handle, cause, index)
-            except NvmlError as exc:
-                note("health.retired_pages", exc)
-                pages = None
-                break
-            pages = (pages or ()) + got
-        pending: bool | None
-        try:
-            pending = calls.retired_pages_pending(handle, index)
-        except NvmlError as exc:
-            note("health.retired_pages_pending", exc)
-            pending = None
-        remapped: RemappedRows | None
-        try:
-            remapped = calls.remapped_rows(handle, index)
-        except NvmlError as exc:
-            note("health.remapped_rows", exc)
-            remapped = None
-        return MemoryHealth(pages, pending, remapped)
+    def _clocks(self, handle: Handle, index: int, unknown: dict[str, str]) -> Clocks:
+        values, mask, unanswered = self._calls.clocks(handle, index)
+        for slot, symbol, code in unanswered:
+            unknown[_CLOCK_SLOT_KEYS[slot]] = _soft_reason(symbol, code)
+        reasons = None if mask is None else _event_reasons(mask)
+        return Clocks(ClockSet(*values[0:4]), ClockSet(*values[4:8]), ClockSet(*values[8:12]), reasons)
+
+    def _health(self, handle: Handle, index: int, unknown: dict[str, str]) -> MemoryHealth:
+        pages, pending, rows, unanswered = self._calls.health(handle, index)
+        for slot, symbol, code in unanswered:
+            unknown[_HEALTH_SLOT_KEYS[slot]] = _soft_reason(symbol, code)
+        return MemoryHealth(pages, pending, rows)
 
 
-def _merge(identity_unknown: Mapping[str, str], plan: _Plan) -> Mapping[str, str]:
-    if not identity_unknown:
-        return plan.not_requested
-    return MappingProxyType({**identity_unknown, **plan.not_requested})
+def _note(unknown: dict[str, str] | None, key: str, exc: NvmlError) -> dict[str, str]:
+    """Record why ``key`` is unknown, or re-raise when the error makes the whole device unreadable."""
+    if not _soft(exc):
+        raise exc
+    return _add(unknown, key, _reason(exc))
+
+
+def _add(unknown: dict[str, str] | None, key: str, reason: str) -> dict[str, str]:
+    if unknown is None:
+        unknown = {}
+    unknown[key] = reason
+    return unknown

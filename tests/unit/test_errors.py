@@ -86,7 +86,7 @@ def test_exceptions_pickle_with_their_message(exc: Exception) -> None:
 
 
 def test_wait_timeout_is_a_timeout_error() -> None:
-    exc = nc.WaitTimeout(1.0, 1_000_500_000, ["GPU 0: pid 7 (python3) holds 16.0 GiB (compute)"])
+    exc = nc.WaitTimeout(1.0, 1_001_000_000, ["GPU 0: pid 7 (python3) holds 16.0 GiB (compute)"])
     assert isinstance(exc, TimeoutError)
     assert "pid 7 (python3)" in str(exc)
     assert "1.001 s" in str(exc)
