@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from nvml_cases import open_cases, per_call_ns  # noqa: E402
+from nvml_cases import open_cases, per_call_ns
 
 
 def _run_ms(argv: list[str], runs: int) -> float:

@@ -61,7 +61,7 @@ def open_cases() -> Cases:
         ph = None
     cases = Cases(backend, calls, lib, handle, total, pynvml)
 
-    mem = ffi.new("nvmlMemory_v2_t *")
+    mem: Any = ffi.new("nvmlMemory_v2_t *")
     mem.version = ffi.sizeof("nvmlMemory_v2_t") | (2 << 24)
     count = ffi.new("unsigned int *")
     procs = ffi.new("nvmlProcessInfo_v2_t[]", 64)
@@ -85,35 +85,45 @@ def open_cases() -> Cases:
     get_rows = lib.nvmlDeviceGetRemappedRows
     h = handle
 
+    # "Raw" = the C call through cffi with a preallocated buffer, plus reading the values out: the least any
+    # caller does to have the data. No error handling, no validation, no objects.
     def raw_memory() -> object:
-        return get_mem(h, mem)
+        get_mem(h, mem)
+        return (mem.total, mem.used, mem.free, mem.reserved)
 
     def raw_processes() -> object:
         count[0] = 64
-        return get_compute(h, count, procs)
+        get_compute(h, count, procs)
+        return [(procs[i].pid, procs[i].usedGpuMemory) for i in range(count[0])]
 
     def raw_clock() -> object:
-        return get_clock(h, CLOCK_SM, clock)
+        get_clock(h, CLOCK_SM, clock)
+        return clock[0]
 
     def raw_wait_poll() -> object:
-        get_mem(h, mem)
+        out = [raw_memory()]
         for fn in (get_compute, get_graphics, get_mps):
             count[0] = 64
             fn(h, count, procs)
-        return None
+            out.append([(procs[i].pid, procs[i].usedGpuMemory) for i in range(count[0])])
+        return out
 
     def raw_full_device() -> object:
         raw_wait_poll()
+        values = []
         for fn in (get_clock, get_max, get_app):
             for domain in range(4):
                 fn(h, domain, clock)
+                values.append(clock[0])
         get_reasons(h, reasons)
+        values.append(reasons[0])
         for cause in (0, 1):
             count[0] = 64
             get_pages(h, cause, count, pages, stamps)
         get_pending(h, pending)
         get_rows(h, rows, rows + 1, rows + 2, rows + 3)
-        return None
+        values.extend((pending[0], rows[0], rows[1], rows[2], rows[3]))
+        return values
 
     cases.raw.update(
         memory=raw_memory,
