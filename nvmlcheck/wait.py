@@ -20,24 +20,29 @@ than the real clean moment, and at most one poll period later (``last_dirty_ns``
 Polling policy
 --------------
 :data:`DEFAULT` polls every 1 ms and confirms a clean poll 0.25 ms later: detection within ~1.5 ms of the clean
-moment (2 ms p99 target), at 30-60 µs of work per poll on one GPU (FACTS: ~5-10 µs per NVML call, 4 calls for
-memory and the three process lists) that is 3-5 % of one core. ``time.sleep(0.001)`` really sleeps ~1.1 ms on
-Linux (timer slack), so the poller measures that lateness and asks for correspondingly less. A duty cap keeps
-polling at most 5 % of the time busy when queries are slow (many GPUs, or nvidia-smi at ~20 ms per run). After
-10 s without any change in what it sees (bytes used, process counts), the interval grows by 1.5x per poll up to
-10 ms; any change snaps it back to 1 ms (a killed process leaves the list before its memory returns, FACTS).
+moment (2 ms p99 target). One poll on one GPU is ~30-40 µs of NVML work (FACTS: ~5-10 µs per call; memory and
+three process lists) plus ~2 µs of the poller's own, and a sleep's wake-up costs CPU too. ``time.sleep(0.001)``
+really sleeps ~1.1 ms on Linux (timer slack), so the poller measures that lateness and asks for correspondingly
+less. A duty cap keeps the CPU time of a cycle (measured with :func:`time.thread_time_ns`), and the wall time of a
+query, within 5 % of the cycle: it stretches the interval where polls are expensive (many GPUs, a VM's costly
+wake-ups, nvidia-smi at ~20 ms per run) and costs nothing where they are cheap. After 10 s without any change in
+what it sees (bytes used, process counts), the interval grows by 1.5x per poll up to 10 ms; any change snaps it
+back to 1 ms (a killed process leaves the list before its memory returns, FACTS).
 :data:`PRECISE` polls in a tight loop without sleeping (``time.sleep(0)`` alone costs ~80 µs on Linux), detecting
 within about two query times (< 100 µs on one GPU) at the cost of one busy core. ``PollPolicy.every(s)`` is a
 plain fixed interval.
 
 Errors
 ------
-Transient errors (:func:`is_transient`: NVML Unknown, Timeout, NotReady, ..., nvidia-smi failures and timeouts)
-make a poll not clean, reset the run of clean polls, and are retried until the deadline; the
-:class:`~nvmlcheck.WaitTimeout` then names the last error. Anything else fails fast with its own exception
-(:class:`~nvmlcheck.GpuLost`, :class:`~nvmlcheck.NoPermission`, :class:`~nvmlcheck.BackendUnavailable`,
-:class:`~nvmlcheck.CorruptData`, ...), also when it arrives as a :class:`~nvmlcheck.model.DeviceFailure` inside a
-snapshot. Every device failure in a snapshot makes the poll not clean, whatever the predicate says.
+Transient errors (:func:`is_transient`: NVML Unknown, Timeout, NotReady, InUse, InsufficientSize, ..., nvidia-smi's
+own failures and :class:`~nvmlcheck.SmiTimeout`) make a poll not clean, reset the run of clean polls, and are
+retried until the deadline; the :class:`~nvmlcheck.WaitTimeout` then names the last error. Anything else fails fast
+with its own exception (:class:`~nvmlcheck.GpuLost`, :class:`~nvmlcheck.GpuRequiresReset`,
+:class:`~nvmlcheck.NoPermission`, :class:`~nvmlcheck.BackendUnavailable` and its driver/library subclasses,
+:class:`~nvmlcheck.CorruptData`, :class:`~nvmlcheck.SmiParseError`, :class:`~nvmlcheck.SmiTransportError`, and
+errors that cannot change by asking again, such as NotSupported), also when it arrives as a
+:class:`~nvmlcheck.model.DeviceFailure` inside a snapshot (then raised naming that GPU). Every device failure in a
+snapshot makes the poll not clean, whatever the predicate says.
 """
 
 from __future__ import annotations
@@ -66,6 +71,7 @@ from .errors import (
     OperatingSystemError,
     SmiError,
     SmiParseError,
+    SmiTransportError,
     Timeout,
     Unknown,
     WaitTimeout,
@@ -99,8 +105,9 @@ class PollPolicy:
     ``interval_s``: time from the end of one poll to the start of the next (0: no sleep at all, a tight loop).
     ``confirm_interval_s``: the interval after a clean poll, while the run of clean polls is being confirmed
     (``None``: same as ``interval_s``); shorter means faster detection, longer guards better against flapping.
-    ``max_duty``: the largest fraction of wall time spent polling; the base interval is stretched to respect it
-    when polls are slow (``None``: no cap). ``backoff_after_s``: once nothing seen has changed for this long, the
+    ``max_duty``: the largest fraction of time spent polling (the larger of a query's wall time and a whole cycle's
+    CPU time, over the cycle); the base interval is stretched to respect it when polls are costly (``None``: no
+    cap). ``backoff_after_s``: once nothing seen has changed for this long, the
     interval grows by ``backoff_factor`` per poll up to ``max_interval_s`` (``None``: never). ``compensate_sleep``:
     ask ``sleep`` for less by its measured lateness, so real intervals match the nominal ones.
     ``mode`` labels the policy (``"default"``, ``"precise"`` or ``"custom"``).
@@ -253,7 +260,7 @@ _TRANSIENT: tuple[type[Exception], ...] = (
     InsufficientSize,  # the process list kept growing between the size query and the fill
     NoData,
     OperatingSystemError,
-    SmiError,  # nvidia-smi exit codes, SmiTimeout, an ssh prefix losing the connection
+    SmiError,  # nvidia-smi's own failures and SmiTimeout (a wedged GPU can make one run hang)
 )
 # Asking again cannot help; fail fast with the error itself.
 _FATAL: tuple[type[Exception], ...] = (
@@ -263,6 +270,7 @@ _FATAL: tuple[type[Exception], ...] = (
     BackendUnavailable,  # also DriverNotLoaded, LibraryNotFound, LibraryVersionMismatch
     CorruptData,
     SmiParseError,  # nvidia-smi's output format is not what we read; nothing is guessed from it
+    SmiTransportError,  # the way to nvidia-smi failed (command not found, ssh refused): retrying will not fix it
 )
 
 
@@ -335,6 +343,7 @@ def poll_until(
     sleep: Callable[[float], object] = time.sleep,
     keep_trace: bool = False,
     on_poll: OnPoll | None = None,
+    cpu_clock: Callable[[], int] | None = None,
 ) -> WaitResult:
     """Poll ``snapshot_fn`` until ``predicate`` (default: :func:`~nvmlcheck.predicates.default_predicate`) holds
     on ``stable_polls`` consecutive snapshots, and return when it was first seen clean.
@@ -344,6 +353,8 @@ def poll_until(
     seconds, or ``None`` for :data:`DEFAULT`. ``clock`` returns integer nanoseconds; ``sleep`` takes seconds.
     ``keep_trace`` keeps one :class:`TracePoint` per poll in the result; ``on_poll(point)`` is called after every
     poll (for a live status line: ``predicate.evaluate(point.snapshot).reasons`` says who holds what).
+    ``cpu_clock`` (integer ns of CPU time) lets the duty cap count the CPU a cycle really costs, sleep wake-ups
+    included; it defaults to :func:`time.thread_time_ns` with the real ``clock`` and to none with an injected one.
 
     Raises :class:`~nvmlcheck.WaitTimeout` at the deadline, naming what still holds each GPU; fatal errors
     (see :func:`is_transient`) are raised as they come.
@@ -358,6 +369,7 @@ def poll_until(
         sleep=sleep,
         keep_trace=keep_trace,
         on_poll=on_poll,
+        cpu_clock=cpu_clock,
     ).run()
 
 
@@ -376,6 +388,7 @@ class _Poller:
         sleep: Callable[[float], object],
         keep_trace: bool,
         on_poll: OnPoll | None,
+        cpu_clock: Callable[[], int] | None,
     ) -> None:
         if isinstance(stable_polls, bool) or not isinstance(stable_polls, int) or stable_polls < 1:
             raise ValueError(f"stable_polls must be an int >= 1, got {stable_polls!r}")
@@ -390,6 +403,10 @@ class _Poller:
         self.sleep = sleep
         self.trace: list[TracePoint] | None = [] if keep_trace else None
         self.on_poll = on_poll
+        # CPU accounting only makes sense against the real clock: with an injected clock it needs its own fake.
+        if cpu_clock is None and clock is time.monotonic_ns:
+            cpu_clock = time.thread_time_ns
+        self.cpu_clock = cpu_clock
 
     def run(self) -> WaitResult:
         pol = self.policy
@@ -400,8 +417,12 @@ class _Poller:
         max_ns = base_ns if pol.max_interval_s is None else round(pol.max_interval_s * _NS)
         backoff_ns = None if pol.backoff_after_s is None else round(pol.backoff_after_s * _NS)
         duty = pol.max_duty
-        # Duty cap: busy / (busy + sleep) <= duty  <=>  sleep >= busy * (1 - duty) / duty.
-        duty_ratio = (1.0 - duty) / duty if duty is not None else 0.0
+        # The duty cap wants load / period <= duty, i.e. sleep >= load / duty - busy, where busy is the wall time of a
+        # poll and load the larger of busy and the CPU time of a whole cycle: a sleep's wake-up costs CPU too (about
+        # 20 µs per time.sleep(0.001) on a 2-vCPU VM), which wall time alone does not show.
+        cpu_clock = self.cpu_clock if duty is not None else None
+        cpu_prev: int | None = None  # CPU clock at the start of the previous poll
+        cpu_ns = 0  # running estimate of the CPU time of one cycle (poll + sleep overhead)
         compensate = pol.compensate_sleep
         summarise = self.trace is not None or self.on_poll is not None
         # Back-off needs "nothing changed for backoff_after_s"; while polling fast, sampling what we see 16 times per
@@ -430,6 +451,12 @@ class _Poller:
         t0 = start
         while True:
             # --- one poll -------------------------------------------------------------------------------------
+            if cpu_clock is not None:
+                cpu_now = cpu_clock()
+                if cpu_prev is not None:  # a whole cycle: seed with the first, then a quick running average
+                    cycle = cpu_now - cpu_prev
+                    cpu_ns = cycle if cpu_ns == 0 else cpu_ns + (cycle - cpu_ns) // 4
+                cpu_prev = cpu_now
             try:
                 snap = snapshot_fn()
                 error = None
@@ -491,7 +518,7 @@ class _Poller:
             else:
                 busy = now - t0
                 busy_ns = busy if busy_ns == 0 else busy_ns + (busy - busy_ns) // 8
-                want = max(cur_ns, int(busy_ns * duty_ratio)) if duty is not None else cur_ns
+                want = max(cur_ns, int(max(busy_ns, cpu_ns) / duty) - busy_ns) if duty is not None else cur_ns
             if deadline is not None:
                 want = min(want, deadline - now)  # never sleep past the deadline
             if want <= 0:

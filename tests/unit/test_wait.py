@@ -30,6 +30,7 @@ from nvmlcheck.errors import (
     SmiError,
     SmiParseError,
     SmiTimeout,
+    SmiTransportError,
     Timeout,
     Unknown,
     WaitTimeout,
@@ -286,12 +287,6 @@ def test_wait_timeout_message_names_every_culprit() -> None:
     assert str(pickle.loads(pickle.dumps(bare))) == text
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=TypeError,
-    reason="model.py's immutable default for `unknown` is a MappingProxyType, which does not pickle, so a "
-    "WaitTimeout carrying its snapshot cannot cross a process boundary (reported; model.py is not ours)",
-)
 def test_wait_timeout_with_its_snapshot_pickles() -> None:
     err, _ = wait_timeout([(0, BUSY)], timeout=0.001)
     assert pickle.loads(pickle.dumps(err)).snapshot == BUSY
@@ -308,6 +303,7 @@ FATAL = [
     CorruptData("pid 0 in the process list", "nvmlDeviceGetComputeRunningProcesses_v3", 0),
     BackendUnavailable("no GPU backend could be opened"),
     SmiParseError("3 columns, expected 4", 2, "0, 1024"),
+    SmiTransportError(["ssh", "gpu1", "nvidia-smi"], 255, "Connection refused", "the command prefix failed"),
     NotSupported(3, "nvmlDeviceGetMemoryInfo_v2", 0),
     FunctionNotFound(13, "nvmlDeviceGetMemoryInfo_v2"),
 ]
@@ -317,7 +313,7 @@ TRANSIENT = [
     NotReady(27, "nvmlDeviceGetMemoryInfo_v2", 0),
     InsufficientSize(7, "nvmlDeviceGetComputeRunningProcesses_v3", 0),
     SmiTimeout(["nvidia-smi", "--query-gpu=index"], 5.0),
-    SmiError(["ssh", "gpu1", "nvidia-smi"], 255, "Connection reset by peer"),
+    SmiError(["nvidia-smi", "--query-gpu=index"], 15, "Unable to determine the device handle for GPU0"),
 ]
 
 
@@ -468,6 +464,26 @@ def test_default_mode_duty_cap_stretches_the_interval_for_slow_queries() -> None
     sleeps = [ns for _, ns in gpu.time.sleeps[3:-2]]
     assert min(sleeps) >= 19 * 20 * MS * 0.95
     assert 20 * MS * len(gpu.samples) / res.elapsed_ns <= 0.06
+
+
+def test_default_mode_duty_cap_counts_cpu_time_of_the_whole_cycle() -> None:
+    # 35 µs queries, but each cycle burns 60 µs of CPU (a VM's sleep wake-up costs ~20 µs): 5 % of a core means a
+    # cycle of at least 1.2 ms, so the 1 ms interval stretches; without CPU accounting it would not.
+    t = FakeTime()
+    cpu = [0]
+
+    class Gpu(FakeGpu):
+        def __call__(self) -> Snapshot:
+            cpu[0] += 60 * US  # the query and the previous wake-up, as the thread's CPU clock sees them
+            return super().__call__()
+
+    gpu = Gpu(t, [(0, BUSY), (200 * MS, CLEAN)], [35 * US])
+    res = poll_until(gpu, timeout=1.0, clock=t.clock, sleep=t.sleep, cpu_clock=lambda: cpu[0])
+    steady = [ns for when, ns in t.sleeps if START + 50 * MS < when < START + 190 * MS]
+    assert min(steady) == max(steady) == 1200 * US - 35 * US
+    assert cpu[0] / res.elapsed_ns <= 0.051
+    _, gpu2 = wait([(0, BUSY), (200 * MS, CLEAN)], costs=[35 * US])  # injected clock: no CPU accounting
+    assert {ns for when, ns in gpu2.time.sleeps if START + 50 * MS < when < START + 190 * MS} == {1 * MS}
 
 
 def test_default_mode_backs_off_after_ten_quiet_seconds_and_snaps_back_on_change() -> None:
