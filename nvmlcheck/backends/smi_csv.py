@@ -595,23 +595,24 @@ def _gpu_record(table: Table, cells: _Cells, index: int, uuid: str) -> GpuRecord
 
 
 def _memory(table: Table, cells: _Cells, index: int, unknown: dict[str, str]) -> Memory | None:
-    absent = [name for name in _MEMORY_COLUMNS if not table.has(name)]
+    # Every present cell is converted (and so checked) before any is judged: garbage in one column is refused even
+    # when a placeholder in another makes the whole part unknown.
+    values = {n: cells.mib_bytes(n) for n in (*_MEMORY_COLUMNS, "memory.reserved") if table.has(n)}
+    absent = [name for name in _MEMORY_COLUMNS if name not in values]
     if absent:
         unknown["memory"] = f"{', '.join(absent)} not asked for"
         return None
-    values = {name: cells.mib_bytes(name) for name in _MEMORY_COLUMNS}
-    known = [v for v in values.values() if isinstance(v, int)]
-    for name, v in values.items():
-        _known(v, name, unknown, "memory")
-    if len(known) != len(values):
+    for name in _MEMORY_COLUMNS:
+        _known(values[name], name, unknown, "memory")
+    total, used, free = (values[name] for name in _MEMORY_COLUMNS)
+    if not (isinstance(total, int) and isinstance(used, int) and isinstance(free, int)):
         return None
-    total, used, free = known
     reserved: int | None = None
     # memory.reserved arrived with the v2 memory semantics (driver 510); when it cannot be asked for, memory.used is
     # the v1 figure that counts the driver's reservation.
-    includes_reserved = not table.has("memory.reserved")
+    includes_reserved = "memory.reserved" not in values
     if not includes_reserved:
-        r = cells.mib_bytes("memory.reserved")
+        r = values["memory.reserved"]
         if _known(r, "memory.reserved", unknown, "memory.reserved_bytes") and isinstance(r, int):
             reserved = r
     if used > total or free > total or (reserved is not None and reserved > total):
