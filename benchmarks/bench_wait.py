@@ -6,6 +6,7 @@ measured is nvmlcheck's judgement and bookkeeping, which the default mode's CPU 
     pytest benchmarks/bench_wait.py --benchmark-enable
     python benchmarks/bench_wait.py            # one-shot summary: µs per poll, per predicate call
     python benchmarks/bench_wait.py --realtime # real clock and sleep, simulated 35 µs query: lag p50/p99, CPU
+    python benchmarks/bench_wait.py --nvml     # a real GPU: query cost, CPU while waiting (DEFAULT, PRECISE)
 
 Per-poll figures are ``extra_info["per_poll_us"]`` (a whole wait of ``POLLS`` polls divided by ``POLLS``).
 """
@@ -257,9 +258,45 @@ def realtime(runs: int = 200, query_us: float = 35.0) -> None:
         )
 
 
+def real_gpu(seconds: float = 3.0, device: int = 0) -> None:
+    """On a real GPU (NVML backend): the cost of one poll's query (memory + three process lists of one GPU), and the
+    CPU the poller uses while waiting on that GPU for ``seconds`` with a predicate that never holds."""
+    import nvmlcheck as nc
+    from nvmlcheck.errors import WaitTimeout
+    from nvmlcheck.model import Fields
+    from nvmlcheck.predicates import never
+
+    with nc.open("nvml") as gpus:
+
+        def take() -> Snapshot:
+            return gpus.snapshot([device], fields=Fields.WAIT)
+
+        take()
+        costs = []
+        for _ in range(2000):
+            t = time.perf_counter_ns()
+            take()
+            costs.append(time.perf_counter_ns() - t)
+        costs.sort()
+        print(f"query of GPU {device} (Fields.WAIT): p50 {costs[1000] / 1e3:.1f} µs, p99 {costs[1980] / 1e3:.1f} µs")
+        for name, policy in (("DEFAULT", DEFAULT), ("PRECISE", PRECISE)):
+            c0, w0 = time.process_time(), time.monotonic()
+            try:
+                poll_until(take, never(), timeout=seconds, policy=policy)
+            except WaitTimeout as exc:
+                polls = exc.polls
+            cpu, wall = time.process_time() - c0, time.monotonic() - w0
+            print(
+                f"{name}: {polls} polls in {wall:.2f} s (one per {wall / polls * 1e6:.0f} µs), "
+                f"CPU {100 * cpu / wall:.1f} % of a core"
+            )
+
+
 if __name__ == "__main__":
     if "--realtime" in sys.argv:
         realtime()
+    elif "--nvml" in sys.argv:
+        real_gpu()
     else:
         main()
 

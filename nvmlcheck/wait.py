@@ -332,6 +332,140 @@ def _median(values: deque[int]) -> int:
     return ordered[len(ordered) // 2]
 
 
+def _judge(snap: Snapshot, check: Callable[[Snapshot], bool | None]) -> bool:
+    """Whether a snapshot counts as clean. A device failure never does: fatal ones are raised here, naming the
+    device; transient ones make the poll unclean whatever the predicate says."""
+    if snap.failures:
+        for f in snap.failures:
+            if not is_transient(f.error):
+                raise _naming_device(f)
+        return False
+    return check(snap) is True
+
+
+class _Stats:
+    """What the result reports: poll count, the run of clean polls, costs and periods (the last 1001 of each, for
+    medians that follow the end of a long wait)."""
+
+    __slots__ = ("costs", "last_dirty", "periods", "polls", "prev_end", "run", "run_first", "start")
+
+    def __init__(self, start: int) -> None:
+        self.start = start
+        self.polls = 0
+        self.run = 0  # consecutive clean polls so far
+        self.run_first = 0  # when the first poll of that run returned
+        self.last_dirty: int | None = None
+        self.prev_end: int | None = None
+        self.costs: deque[int] = deque(maxlen=1001)
+        self.periods: deque[int] = deque(maxlen=1001)
+
+    def record(self, t0: int, t1: int, clean: bool) -> None:
+        self.polls += 1
+        self.costs.append(t1 - t0)
+        if self.prev_end is not None:
+            self.periods.append(t1 - self.prev_end)
+        self.prev_end = t1
+        if not clean:
+            self.last_dirty, self.run = t1, 0
+            return
+        if self.run == 0:
+            self.run_first = t1
+        self.run += 1
+
+
+class _Pacer:
+    """How long to sleep before the next poll: the policy's interval (or its confirmation interval during a clean
+    run), grown by back-off after a quiet spell, stretched by the duty cap, shortened by the sleep's measured
+    lateness, and never past the deadline."""
+
+    __slots__ = (
+        "backoff_ns",
+        "base_ns",
+        "busy_ns",
+        "compensate",
+        "confirm_ns",
+        "cpu_clock",
+        "cpu_ns",
+        "cpu_prev",
+        "cur_ns",
+        "duty",
+        "factor",
+        "last_sig",
+        "late_ns",
+        "max_ns",
+        "sig_at",
+        "sig_every",
+        "unchanged_since",
+    )
+
+    def __init__(self, pol: PollPolicy, start: int, cpu_clock: Callable[[], int] | None) -> None:
+        self.base_ns = self.cur_ns = round(pol.interval_s * _NS)
+        self.confirm_ns = self.base_ns if pol.confirm_interval_s is None else round(pol.confirm_interval_s * _NS)
+        self.max_ns = self.base_ns if pol.max_interval_s is None else round(pol.max_interval_s * _NS)
+        self.factor = pol.backoff_factor
+        self.compensate = pol.compensate_sleep
+        self.late_ns = 0  # running estimate of how late sleep() wakes up
+        # The duty cap wants load / period <= duty, i.e. sleep >= load / duty - busy, where busy is the wall time of
+        # a poll and load the larger of busy and the CPU time of a whole cycle: a sleep's wake-up costs CPU too
+        # (about 20 µs per time.sleep(0.001) on a 2-vCPU VM), which wall time alone does not show.
+        self.duty = pol.max_duty
+        self.busy_ns = 0  # running estimate of a poll's wall time (query + judgement)
+        self.cpu_clock = cpu_clock if self.duty is not None else None
+        self.cpu_prev: int | None = None  # CPU clock at the start of the previous poll
+        self.cpu_ns = 0  # running estimate of the CPU time of one cycle (poll + sleep overhead)
+        # Back-off needs "nothing changed for backoff_after_s". While polling fast, sampling what we see 16 times per
+        # backoff_after_s is precise enough and keeps the per-poll cost down; once backed off, every poll looks.
+        self.backoff_ns = None if pol.backoff_after_s is None else round(pol.backoff_after_s * _NS)
+        self.sig_every = self.backoff_ns // 16 if self.backoff_ns is not None else 0
+        self.sig_at = start - self.sig_every
+        self.last_sig: object = None
+        self.unchanged_since = start
+
+    def poll_starts(self) -> None:
+        """Measure the CPU time of the cycle that just ended (duty cap)."""
+        if self.cpu_clock is None:
+            return
+        now = self.cpu_clock()
+        if self.cpu_prev is not None:  # a whole cycle: seed with the first, then a quick running average
+            cycle = now - self.cpu_prev
+            self.cpu_ns = cycle if self.cpu_ns == 0 else self.cpu_ns + (cycle - self.cpu_ns) // 4
+        self.cpu_prev = now
+
+    def saw(self, t1: int, clean: bool, snap: Snapshot | None) -> None:
+        """Back-off: grow the interval after a quiet spell, snap back to the base on any change."""
+        if self.backoff_ns is None or (self.cur_ns == self.base_ns and t1 - self.sig_at < self.sig_every):
+            return
+        self.sig_at = t1
+        sig = (clean, _summary(snap), len(snap.failures)) if snap is not None else (clean, None, -1)
+        if sig != self.last_sig:
+            self.last_sig, self.unchanged_since, self.cur_ns = sig, t1, self.base_ns
+        elif t1 - self.unchanged_since >= self.backoff_ns:
+            self.cur_ns = min(self.max_ns, max(self.cur_ns + 1, int(self.cur_ns * self.factor)))
+
+    def sleep_ns(self, *, confirming: bool, busy: int, now: int, deadline: int | None) -> int:
+        """What to ask ``sleep`` for (0: poll again at once)."""
+        if confirming:
+            want = self.confirm_ns
+        else:
+            self.busy_ns = busy if self.busy_ns == 0 else self.busy_ns + (busy - self.busy_ns) // 8
+            want = self.cur_ns
+            if self.duty is not None:
+                want = max(want, int(max(self.busy_ns, self.cpu_ns) / self.duty) - self.busy_ns)
+        if deadline is not None:
+            want = min(want, deadline - now)  # never sleep past the deadline
+        if want <= 0:
+            return 0
+        return max(0, want - self.late_ns) if self.compensate else want
+
+    def woke(self, asked: int, before: int, after: int) -> None:
+        """Learn how late ``sleep`` wakes up (timer slack: ~0.1 ms per time.sleep(0.001) on Linux)."""
+        if not self.compensate:
+            return
+        late = self.late_ns + ((after - before) - asked - self.late_ns) // 8
+        # a one-off preemption must not make us spin: at most half the interval asked for
+        self.late_ns = max(0, min(late, (asked + self.late_ns) // 2))
+
+
 def poll_until(
     snapshot_fn: Callable[[], Snapshot],
     predicate: Predicate | None = None,
@@ -409,131 +543,47 @@ class _Poller:
         self.cpu_clock = cpu_clock
 
     def run(self) -> WaitResult:
-        pol = self.policy
-        clock, sleep, snapshot_fn = self.clock, self.sleep, self.snapshot_fn
-        check = self.predicate.check
-        base_ns = round(pol.interval_s * _NS)
-        confirm_ns = base_ns if pol.confirm_interval_s is None else round(pol.confirm_interval_s * _NS)
-        max_ns = base_ns if pol.max_interval_s is None else round(pol.max_interval_s * _NS)
-        backoff_ns = None if pol.backoff_after_s is None else round(pol.backoff_after_s * _NS)
-        duty = pol.max_duty
-        # The duty cap wants load / period <= duty, i.e. sleep >= load / duty - busy, where busy is the wall time of a
-        # poll and load the larger of busy and the CPU time of a whole cycle: a sleep's wake-up costs CPU too (about
-        # 20 µs per time.sleep(0.001) on a 2-vCPU VM), which wall time alone does not show.
-        cpu_clock = self.cpu_clock if duty is not None else None
-        cpu_prev: int | None = None  # CPU clock at the start of the previous poll
-        cpu_ns = 0  # running estimate of the CPU time of one cycle (poll + sleep overhead)
-        compensate = pol.compensate_sleep
+        clock, snapshot_fn, check, needed = self.clock, self.snapshot_fn, self.predicate.check, self.needed
         summarise = self.trace is not None or self.on_poll is not None
-        # Back-off needs "nothing changed for backoff_after_s"; while polling fast, sampling what we see 16 times per
-        # backoff_after_s is precise enough and keeps the per-poll cost down. Once backed off, every poll looks.
-        sig_every = backoff_ns // 16 if backoff_ns is not None else 0
-
         start = clock()
-        sig_at = start - sig_every
         deadline = None if self.timeout_ns is None else start + self.timeout_ns
-        cur_ns = base_ns  # current base interval (grows with back-off)
-        late_ns = 0  # running estimate of how late sleep() wakes up
-        busy_ns = 0  # running estimate of a poll's own time (query + judgement)
-        polls = 0
-        run = 0
-        run_first = 0
-        last_dirty: int | None = None
-        prev_end: int | None = None
-        costs: deque[int] = deque(maxlen=1001)
-        periods: deque[int] = deque(maxlen=1001)
-        last_sig: object = None
-        unchanged_since = start
+        pacer = _Pacer(self.policy, start, self.cpu_clock)
+        stats = _Stats(start)
         snap: Snapshot | None = None
         good: Snapshot | None = None
         error: NvmlCheckError | None = None
-
         t0 = start
         while True:
-            # --- one poll -------------------------------------------------------------------------------------
-            if cpu_clock is not None:
-                cpu_now = cpu_clock()
-                if cpu_prev is not None:  # a whole cycle: seed with the first, then a quick running average
-                    cycle = cpu_now - cpu_prev
-                    cpu_ns = cycle if cpu_ns == 0 else cpu_ns + (cycle - cpu_ns) // 4
-                cpu_prev = cpu_now
+            pacer.poll_starts()
             try:
-                snap = snapshot_fn()
-                error = None
+                snap, error = snapshot_fn(), None
             except NvmlCheckError as exc:
                 if not is_transient(exc):
                     raise
                 snap, error = None, exc
             t1 = clock()
-            polls += 1
-            costs.append(t1 - t0)
-            if prev_end is not None:
-                periods.append(t1 - prev_end)
-            prev_end = t1
             if snap is not None:
                 good = snap
-                for f in snap.failures:
-                    if not is_transient(f.error):
-                        raise _naming_device(f)
-                clean = not snap.failures and check(snap) is True
+                clean = _judge(snap, check)
             else:
                 clean = False
-            if clean:
-                if run == 0:
-                    run_first = t1
-                run += 1
-            else:
-                last_dirty = t1
-                run = 0
-
+            stats.record(t0, t1, clean)
             if summarise:
                 self._report(t1 - start, t1 - t0, clean, snap, error)
-            if backoff_ns is not None and (cur_ns != base_ns or t1 - sig_at >= sig_every):
-                sig_at = t1
-                sig = (clean, _summary(snap) if snap is not None else None, len(snap.failures) if snap else -1)
-                if sig != last_sig:
-                    last_sig, unchanged_since, cur_ns = sig, t1, base_ns
-                elif t1 - unchanged_since >= backoff_ns:
-                    cur_ns = min(max_ns, max(cur_ns + 1, int(cur_ns * pol.backoff_factor)))
-
-            if run >= self.needed:
+            pacer.saw(t1, clean, snap)
+            if stats.run >= needed:
                 assert snap is not None
-                return self._result(
-                    start=start,
-                    t1=t1,
-                    run_first=run_first,
-                    last_dirty=last_dirty,
-                    polls=polls,
-                    costs=costs,
-                    periods=periods,
-                    snap=snap,
-                )
+                return self._result(stats, t1, snap)
             now = clock()
             if deadline is not None and t1 >= deadline:
-                raise self._timeout(start=start, t1=t1, polls=polls, good=good, error=error, clean=clean, run=run)
-
-            # --- how long to sleep ----------------------------------------------------------------------------
-            if run:
-                want = confirm_ns
+                raise self._timeout(stats, t1, good, error, clean)
+            ask = pacer.sleep_ns(confirming=stats.run > 0, busy=now - t0, now=now, deadline=deadline)
+            if ask > 0:
+                self.sleep(ask / _NS)
+                t0 = clock()
+                pacer.woke(ask, now, t0)
             else:
-                busy = now - t0
-                busy_ns = busy if busy_ns == 0 else busy_ns + (busy - busy_ns) // 8
-                want = max(cur_ns, int(max(busy_ns, cpu_ns) / duty) - busy_ns) if duty is not None else cur_ns
-            if deadline is not None:
-                want = min(want, deadline - now)  # never sleep past the deadline
-            if want <= 0:
-                t0 = now  # tight loop (precise mode, or at the deadline): time.sleep(0) alone costs ~80 µs
-                continue
-            ask = want - late_ns if compensate else want
-            if ask <= 0:
-                t0 = now
-                continue
-            sleep(ask / _NS)
-            t0 = clock()
-            if compensate:
-                late = (t0 - now) - ask
-                late_ns += (late - late_ns) // 8
-                late_ns = max(0, min(late_ns, want // 2))  # a one-off preemption must not make us spin
+                t0 = now  # a tight loop (precise mode, or at the deadline): time.sleep(0) alone costs ~80 µs
 
     # --- helpers ------------------------------------------------------------------------------------------------
 
@@ -553,53 +603,35 @@ class _Poller:
         if self.on_poll is not None:
             self.on_poll(TracePoint(offset, cost, clean, idx, used, counts, nfail, None, snap))
 
-    def _result(
-        self,
-        *,
-        start: int,
-        t1: int,
-        run_first: int,
-        last_dirty: int | None,
-        polls: int,
-        costs: deque[int],
-        periods: deque[int],
-        snap: Snapshot,
-    ) -> WaitResult:
+    def _result(self, stats: _Stats, t1: int, snap: Snapshot) -> WaitResult:
+        start = stats.start
         return WaitResult(
             elapsed_ns=t1 - start,
-            first_clean_ns=run_first - start,
-            last_dirty_ns=None if last_dirty is None else last_dirty - start,
+            first_clean_ns=stats.run_first - start,
+            last_dirty_ns=None if stats.last_dirty is None else stats.last_dirty - start,
             started_ns=start,
             confirmed_ns=t1,
-            polls=polls,
-            poll_cost_ns=_median(costs),
-            interval_ns=_median(periods),
+            polls=stats.polls,
+            poll_cost_ns=_median(stats.costs),
+            interval_ns=_median(stats.periods),
             snapshot=snap,
             policy=self.policy,
             trace=tuple(self.trace) if self.trace is not None else None,
         )
 
     def _timeout(
-        self,
-        *,
-        start: int,
-        t1: int,
-        polls: int,
-        good: Snapshot | None,
-        error: NvmlCheckError | None,
-        clean: bool,
-        run: int,
+        self, stats: _Stats, t1: int, good: Snapshot | None, error: NvmlCheckError | None, clean: bool
     ) -> WaitTimeout:
         culprits: list[str] = []
         if error is not None:
             culprits.append(f"the last poll failed ({type(error).__name__}): {error}")
         if clean:
             culprits.append(
-                f"clean at the last poll, but only {run} of the {self.needed} consecutive clean polls required "
+                f"clean at the last poll, but only {stats.run} of the {self.needed} consecutive clean polls required "
                 "were seen before the deadline"
             )
         elif good is not None:
             culprits.extend(self.predicate.evaluate(good).reasons)
             # Failures make a poll unclean whatever the predicate says (always() ignores them).
             culprits.extend(_failure_text(f) for f in good.failures)
-        return WaitTimeout(self.timeout_s, t1 - start, tuple(dict.fromkeys(culprits)), good, polls)
+        return WaitTimeout(self.timeout_s, t1 - stats.start, tuple(dict.fromkeys(culprits)), good, stats.polls)
