@@ -8,12 +8,36 @@ ratio table for docs/performance.md comes from ``benchmarks/compare_nvml.py``, w
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from nvml_cases import Cases, open_cases
 
 CASES = ("memory", "processes", "clock", "wait_snapshot", "full_snapshot")
+
+
+@pytest.fixture(scope="session")
+def nvml_target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``"gpu"`` when libnvidia-ml loads and sees a GPU, else ``"stub"`` with the stub pointed at an idle H200."""
+    from nvmlcheck import NvmlCheckError
+    from nvmlcheck.backends.nvml import NvmlBackend
+
+    if not os.environ.get("NVMLCHECK_LIBNVML"):
+        try:
+            NvmlBackend().close()
+        except NvmlCheckError:
+            pass
+        else:
+            yield "gpu"
+            return
+    from nvmlcheck.testing import Scenario, use_stub
+
+    tmp: Path = tmp_path_factory.mktemp("stub")
+    with use_stub(Scenario.h200(), tmp_dir=tmp):
+        os.environ.pop("NVMLCHECK_STUB_LOG", None)  # logging every call would be measured too
+        yield "stub"
 
 
 @pytest.fixture(scope="module")

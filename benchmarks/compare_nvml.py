@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from nvml_cases import open_cases, per_call_ns
+from nvml_cases import interleaved_ns, open_cases, symbol_costs
 
 
 def _run_ms(argv: list[str], runs: int) -> float:
@@ -51,20 +51,21 @@ def import_cost_ms(runs: int = 21) -> dict[str, float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", type=Path, help="write all figures here")
-    parser.add_argument("--number", type=int, default=20_000, help="calls per timed loop")
-    parser.add_argument("--repeats", type=int, default=5, help="timed loops per case (the minimum is kept)")
+    parser.add_argument("--number", type=int, default=5_000, help="calls per timed loop")
+    parser.add_argument("--repeats", type=int, default=15, help="timed loops per case (the minimum is kept)")
     args = parser.parse_args()
 
     cases = open_cases()
     results: dict[str, dict[str, float]] = {}
     for name in cases.raw:
-        row: dict[str, float] = {}
         n = args.number if "snapshot" not in name else max(args.number // 10, 100)
-        row["raw_cffi_ns"] = per_call_ns(cases.raw[name], n, args.repeats)
-        row["nvmlcheck_ns"] = per_call_ns(cases.typed[name], n, args.repeats)
+        if name == "full_snapshot":
+            n = 50  # on an H200 one of its calls costs milliseconds (see symbols below)
+        variants = {"raw_cffi_ns": cases.raw[name], "nvmlcheck_ns": cases.typed[name]}
         if name in cases.reference:
-            row["nvidia_ml_py_ns"] = per_call_ns(cases.reference[name], n, args.repeats)
-        results[name] = row
+            variants["nvidia_ml_py_ns"] = cases.reference[name]
+        results[name] = interleaved_ns(variants, n, args.repeats)
+    symbols = symbol_costs(cases)
     system = cases.backend.system()
     device = cases.backend.snapshot([0], fields=__import__("nvmlcheck").Fields(0)).devices[0]
     cases.close()
@@ -87,6 +88,9 @@ def main() -> int:
         print(f"{name:<15}{raw / 1000:>10.2f}us{ours / 1000:>10.2f}us{ref_txt}{ours / raw:>10.2f}{ratio_ref}")
     for key, value in extra.items():
         print(f"{key:<36}{value:>10.2f}")
+    print("raw C symbol costs (µs per call, best of 5 x 200):")
+    for key, value in symbols.items():
+        print(f"  {key:<44}{value / 1000:>10.2f}")
     if args.json:
         args.json.write_text(
             json.dumps(
@@ -98,6 +102,7 @@ def main() -> int:
                     "python": platform.python_version(),
                     "library": os.environ.get("NVMLCHECK_LIBNVML", "libnvidia-ml.so.1"),
                     "per_call": results,
+                    "symbols_ns": symbols,
                     "process": extra,
                 },
                 indent=1,

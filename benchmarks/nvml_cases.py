@@ -169,3 +169,61 @@ def per_call_ns(fn: Case, number: int = 20_000, repeats: int = 5) -> float:
             fn()
         best = min(best, (time.perf_counter_ns() - start) / number)
     return best
+
+
+def interleaved_ns(variants: dict[str, Case], number: int, repeats: int) -> dict[str, float]:
+    """Best-of-``repeats`` ns per call of each variant, the variants taking turns loop by loop, so that drift in
+    the machine (clock ramp-up, a neighbour's load) hits them all alike."""
+    best = {name: float("inf") for name in variants}
+    for fn in variants.values():  # warm-up: first calls pay for cold caches and lazy binding
+        for _ in range(min(number, 1000)):
+            fn()
+    for _ in range(repeats):
+        for name, fn in variants.items():
+            start = time.perf_counter_ns()
+            for _ in range(number):
+                fn()
+            best[name] = min(best[name], (time.perf_counter_ns() - start) / number)
+    return best
+
+
+def symbol_costs(cases: Cases, number: int = 200) -> dict[str, float]:
+    """Best-of-5 ns per call of each raw C symbol a full snapshot makes (to find the expensive ones)."""
+    from nvmlcheck._nvml._ffi import ffi
+
+    lib, h = cases.lib, cases.handle
+    mem: Any = ffi.new("nvmlMemory_v2_t *")
+    mem.version = ffi.sizeof("nvmlMemory_v2_t") | (2 << 24)
+    count = ffi.new("unsigned int *")
+    procs = ffi.new("nvmlProcessInfo_v2_t[]", 64)
+    u32 = ffi.new("unsigned int *")
+    u64 = ffi.new("unsigned long long *")
+    pages = ffi.new("unsigned long long[]", 64)
+    state = ffi.new("int *")
+    rows = ffi.new("unsigned int[4]")
+
+    def listing(fn: Any) -> Case:
+        def call() -> object:
+            count[0] = 64
+            return fn(h, count, procs)
+
+        return call
+
+    def retired() -> object:
+        count[0] = 64
+        return lib.nvmlDeviceGetRetiredPages_v2(h, 0, count, pages, pages)
+
+    symbols: dict[str, Case] = {
+        "nvmlDeviceGetMemoryInfo_v2": lambda: lib.nvmlDeviceGetMemoryInfo_v2(h, mem),
+        "nvmlDeviceGetComputeRunningProcesses_v3": listing(lib.nvmlDeviceGetComputeRunningProcesses_v3),
+        "nvmlDeviceGetGraphicsRunningProcesses_v3": listing(lib.nvmlDeviceGetGraphicsRunningProcesses_v3),
+        "nvmlDeviceGetMPSComputeRunningProcesses_v3": listing(lib.nvmlDeviceGetMPSComputeRunningProcesses_v3),
+        "nvmlDeviceGetClockInfo": lambda: lib.nvmlDeviceGetClockInfo(h, 1, u32),
+        "nvmlDeviceGetMaxClockInfo": lambda: lib.nvmlDeviceGetMaxClockInfo(h, 1, u32),
+        "nvmlDeviceGetApplicationsClock": lambda: lib.nvmlDeviceGetApplicationsClock(h, 1, u32),
+        "nvmlDeviceGetCurrentClocksEventReasons": lambda: lib.nvmlDeviceGetCurrentClocksEventReasons(h, u64),
+        "nvmlDeviceGetRetiredPages_v2": retired,
+        "nvmlDeviceGetRetiredPagesPendingStatus": lambda: lib.nvmlDeviceGetRetiredPagesPendingStatus(h, state),
+        "nvmlDeviceGetRemappedRows": lambda: lib.nvmlDeviceGetRemappedRows(h, rows, rows + 1, rows + 2, rows + 3),
+    }
+    return {name: per_call_ns(fn, number, 5) for name, fn in symbols.items()}

@@ -48,6 +48,7 @@ NVML_SUCCESS = 0
 NVML_ERROR_NOT_SUPPORTED = 3
 NVML_ERROR_INSUFFICIENT_SIZE = 7
 NVML_ERROR_FUNCTION_NOT_FOUND = 13
+NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25
 # Codes that say the whole device (or NVML) is unusable: uninitialised, driver not loaded, library not found, GPU lost,
 # reset required, driver/library mismatch. For the optional reads (clocks, memory health) every other code only
 # makes that one value unknown; memory and process lists, which a wait judges, raise on every error.
@@ -92,6 +93,9 @@ class _Buffers(threading.local):
 
     def __init__(self) -> None:
         self.memory_v2 = ffi.new(_MEMORY_V2_T)
+        # Input only: NVML reads it and fills the rest. It must be sizeof | 2<<24; a bare 2 fails on a real driver
+        # (FACTS.md, H200 driver 580.159.04).
+        self.memory_v2.version = _MEMORY_V2_VERSION
         self.memory_v1 = ffi.new(_MEMORY_V1_T)
         self.count = ffi.new(_UINT_P)
         self.u32 = ffi.new(_UINT_P)
@@ -116,6 +120,14 @@ class NvmlCalls:
         self._memory_name = sym.memory
         self._memory_fn = self._bind(sym.memory)
         self.memory_is_v2 = sym.memory == "nvmlDeviceGetMemoryInfo_v2"
+        #: ``memory(handle, index) -> Memory``: nvmlDeviceGetMemoryInfo_v2 (total, used, free, reserved), or the v1
+        #: call on older drivers, where ``used`` includes the driver's reservation and ``reserved_bytes`` is
+        #: ``None``. Bound once to the variant the library has: no per-call branching on the hot path.
+        self.memory: Callable[[Handle, int], Memory]
+        if self._memory_fn is None:
+            self.memory = self._memory_missing
+        else:
+            self.memory = self._memory_v2 if self.memory_is_v2 else self._memory_v1
         # kind -> (symbol, function, uses the 16-byte v1 struct)
         self._process_fns: dict[ProcessKind, tuple[str, Callable[..., int] | None, bool]] = {}
         for kind in ProcessKind:
@@ -234,33 +246,35 @@ class NvmlCalls:
 
     # --- memory ---------------------------------------------------------------------------------------------------
 
-    def memory(self, handle: Handle, index: int) -> Memory:
-        """nvmlDeviceGetMemoryInfo_v2 (total, used, free, reserved), or the v1 call on older drivers, where
-        ``used`` includes the driver's reservation and ``reserved_bytes`` is ``None``."""
-        fn = self._memory_fn
-        if fn is None:
-            raise FunctionNotFound(13, "nvmlDeviceGetMemoryInfo_v2", index, "the library exports no memory query")
-        if self.memory_is_v2:
-            buf = self._buffers.memory_v2
-            # The version must be sizeof | 2<<24; a bare 2 fails on a real driver (FACTS.md, H200 580.159.04).
-            buf.version = _MEMORY_V2_VERSION
-            rc = fn(handle, buf)
-            if rc:
-                raise _fail(rc, "nvmlDeviceGetMemoryInfo_v2", index)
-            total, used, free, reserved = buf.total, buf.used, buf.free, buf.reserved
-            if used > total or reserved > total:
-                raise CorruptData(
-                    f"used {used} B / reserved {reserved} B exceed total {total} B", "nvmlDeviceGetMemoryInfo_v2", index
-                )
-            return _make_memory(total, used, free, reserved, False, 1)
-        buf1 = self._buffers.memory_v1
-        rc = fn(handle, buf1)
+    def _memory_v2(self, handle: Handle, index: int) -> Memory:
+        buf = self._buffers.memory_v2
+        rc = self._memory_fn(handle, buf)  # type: ignore[misc]
+        if rc:
+            if rc == NVML_ERROR_ARGUMENT_VERSION_MISMATCH and buf.version != _MEMORY_V2_VERSION:
+                # The version is written once per buffer (it is input only); should anything have changed it,
+                # write it again rather than report a mismatch that is ours.
+                buf.version = _MEMORY_V2_VERSION
+                return self._memory_v2(handle, index)
+            raise _fail(rc, "nvmlDeviceGetMemoryInfo_v2", index)
+        total, used, free, reserved = buf.total, buf.used, buf.free, buf.reserved
+        if used > total or reserved > total:
+            raise CorruptData(
+                f"used {used} B / reserved {reserved} B exceed total {total} B", "nvmlDeviceGetMemoryInfo_v2", index
+            )
+        return _make_memory(total, used, free, reserved, False, 1)
+
+    def _memory_v1(self, handle: Handle, index: int) -> Memory:
+        buf = self._buffers.memory_v1
+        rc = self._memory_fn(handle, buf)  # type: ignore[misc]
         if rc:
             raise _fail(rc, "nvmlDeviceGetMemoryInfo", index)
-        total, used, free = buf1.total, buf1.used, buf1.free
+        total, used, free = buf.total, buf.used, buf.free
         if used > total:
             raise CorruptData(f"used {used} B exceeds total {total} B", "nvmlDeviceGetMemoryInfo", index)
         return _make_memory(total, used, free, None, True, 1)
+
+    def _memory_missing(self, handle: Handle, index: int) -> Memory:
+        raise FunctionNotFound(13, "nvmlDeviceGetMemoryInfo_v2", index, "the library exports no memory query")
 
     # --- processes ------------------------------------------------------------------------------------------------
 

@@ -498,3 +498,20 @@ def test_random_scenarios_read_back_exactly(stub: Stub, case: tuple[Scenario, li
         assert (d.clocks.event_reasons is None) == ("reasons" in unsupported)
         assert d.health is not None
         assert (d.health.remapped_rows is None) == ("remapped" in unsupported)
+
+
+def test_memory_version_rewritten_if_clobbered(stub: Stub) -> None:
+    with stub.open(Scenario.h200()) as session:
+        backend = session.backend
+        assert isinstance(backend, NvmlBackend)
+        buf = backend._calls._buffers.memory_v2
+        buf.version = 2  # a bare 2 is what the real driver rejects (ARGUMENT_VERSION_MISMATCH)
+        mem = session.snapshot(fields=nc.Fields.MEMORY).devices[0].memory
+        assert mem is not None and mem.reserved_bytes == H200_RESERVED
+        assert buf.version == ffi_version()
+
+
+def ffi_version() -> int:
+    from nvmlcheck._nvml._ffi import ffi
+
+    return int(ffi.sizeof("nvmlMemory_v2_t")) | (2 << 24)
