@@ -36,6 +36,7 @@ Rules (each one is there because nvidia-smi breaks the naive reading):
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -187,6 +188,7 @@ def canonical_name(name: str, aliases: Mapping[str, str]) -> str:
     return aliases.get(name, name)
 
 
+@functools.lru_cache(maxsize=256)  # the same few bus ids come back every poll
 def normalize_pci_bus_id(text: str) -> str | None:
     """``0000:02:00.0`` / ``00000000:02:00.0`` -> ``00000000:02:00.0`` (upper-case hex), ``None`` if not a bus id.
 
@@ -209,12 +211,11 @@ def _lines(text: str) -> list[tuple[int, str]]:
     if text and not text.endswith("\n"):
         last_no = text.count("\n") + 1
         raise SmiParseError("output ends without a newline: it was cut short", last_no, text.rsplit("\n", 1)[-1])
-    out: list[tuple[int, str]] = []
-    for no, raw in enumerate(text.split("\n"), start=1):
-        line = raw[:-1] if raw.endswith("\r") else raw
-        if line.strip():
-            out.append((no, line))
-    return out
+    # Split on "\n" only: str.splitlines() would also break a process name at \x1c, \x85 or \u2028.
+    raw_lines = text.split("\n")
+    if "\r" in text:
+        raw_lines = [raw[:-1] if raw.endswith("\r") else raw for raw in raw_lines]
+    return [(no, line) for no, line in enumerate(raw_lines, start=1) if line and not line.isspace()]
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,6 +231,9 @@ class Unavailable:
 
 
 def _placeholder(cell: str) -> Unavailable | None:
+    # Hot path (every cell): a value that does not start like a placeholder costs one comparison.
+    if not cell or (cell[0] != "[" and cell != "N/A"):
+        return None
     if cell in PLACEHOLDER_MEANINGS or _OTHER_PLACEHOLDER.fullmatch(cell):
         return Unavailable(cell)
     return None
@@ -368,7 +372,7 @@ def parse_table(
     rows: list[Row] = []
     failures: list[HandleFailure] = []
     for no, line in body:
-        m = _DEVICE_HANDLE_ERROR.fullmatch(line.strip())
+        m = _DEVICE_HANDLE_ERROR.fullmatch(line.strip()) if line.lstrip().startswith("Unable") else None
         if m is not None:
             failures.append(
                 HandleFailure(
@@ -382,9 +386,13 @@ def parse_table(
 
 # --- typed cells ------------------------------------------------------------------------------------------------------
 
-_UINT = re.compile(r"\d{1,20}")
 _HEX = re.compile(r"0x[0-9A-Fa-f]{1,16}")
 _UUID = re.compile(r"(?:GPU|MIG)-[0-9A-Za-z/-]+")
+
+
+def _is_uint(text: str) -> bool:
+    # isdigit() alone accepts "²" and other Unicode digits that int() refuses; isascii() rules them out.
+    return text.isdigit() and text.isascii() and len(text) <= 20
 
 
 class _Cells:
@@ -402,24 +410,21 @@ class _Cells:
     def raw(self, name: str) -> str:
         return self.row.cells[self.table.positions[name]]
 
-    def _number_text(self, name: str) -> str | Unavailable:
-        cell = self.raw(name)
+    def uint(self, name: str) -> int | Unavailable:
+        cell = self.row.cells[self.table.positions[name]]
+        if _is_uint(cell):  # the common case, csv,nounits: "143771"
+            return int(cell)
         ph = _placeholder(cell)
         if ph is not None:
             return ph
         unit = CANONICAL_UNITS.get(name)
+        number = cell
         if unit is not None and cell.endswith(" " + unit):
             # csv (with units) prints "143771 MiB"; csv,nounits prints "143771": both are fine.
-            cell = cell[: -len(unit) - 1].rstrip()
-        return cell
-
-    def uint(self, name: str) -> int | Unavailable:
-        cell = self._number_text(name)
-        if isinstance(cell, Unavailable):
-            return cell
-        if _UINT.fullmatch(cell) is None:
+            number = cell[: -len(unit) - 1].rstrip()
+        if not _is_uint(number):
             raise self.fail(f"{name}: {cell!r} is not a whole number")
-        return int(cell)
+        return int(number)
 
     def mib_bytes(self, name: str) -> int | Unavailable:
         value = self.uint(name)
@@ -477,7 +482,7 @@ def _known(value: object, what: str, unknown: dict[str, str], key: str) -> bool:
 # --- --query-gpu ------------------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built for every GPU every poll, and frozen __init__ costs (treat as read-only)
 class GpuRecord:
     """One ``--query-gpu`` row, converted. Parts whose columns were not asked for are ``None`` without a reason;
     parts that could not be read are ``None`` with the reason in ``unknown`` (dotted model paths).
@@ -756,11 +761,15 @@ class PidsListing:
     unknown: Mapping[str, str] = field(default_factory=dict)
 
 
-_Q_KEY_VALUE = re.compile(r"\s*([A-Za-z][A-Za-z0-9 ./()+-]*?)\s*:(?: (.*))?")
 _Q_GPU = re.compile(rf"GPU ({_PCI_TEXT})")
 _Q_TYPE_LETTERS = {"C": ProcessKind.COMPUTE, "G": ProcessKind.GRAPHICS, "M": ProcessKind.MPS}
 _Q_MEMORY = re.compile(r"(\d{1,20}) MiB")
-_Q_SECTION = re.compile(r"[A-Za-z][A-Za-z0-9 ./()+-]*")
+_Q_KEY = re.compile(r"[A-Za-z][A-Za-z0-9 ./()+-]*")
+# Keys of -q -d PIDS output, accepted without the regular expression (the hot path).
+_Q_KNOWN_KEYS: Final = frozenset(
+    {"GPU instance ID", "Compute instance ID", "Process ID", "Type", "Name", "Used GPU Memory", "Processes",
+     "Timestamp", "Driver Version", "CUDA Version", "Attached GPUs"}
+)  # fmt: skip
 
 
 class _PidsParser:
@@ -786,41 +795,51 @@ class _PidsParser:
         if self.section_indent is not None and indent <= self.section_indent:
             self.close_entry()
             self.section_indent = None
-        if stripped.startswith("=====") and "NVSMI LOG" in stripped:
+        # Cheap first-character tests keep the regular expressions off the common "key : value" line.
+        if stripped[0] == "=" and stripped.startswith("=====") and "NVSMI LOG" in stripped:
             return
-        handle = _DEVICE_HANDLE_ERROR.fullmatch(stripped)
-        if handle is not None:
-            self.failures.append(
-                HandleFailure(
-                    no,
-                    line,
-                    normalize_pci_bus_id(handle.group(1)),
-                    None,
-                    handle.group(2).strip(),
-                    _code_for_message(handle.group(2)),
-                )
-            )
+        if stripped[0] == "U" and stripped.startswith("Unable"):
+            self.handle_failure(no, line, stripped)
             return
-        gpu = _Q_GPU.fullmatch(stripped)
-        if gpu is not None:
+        if stripped[0] == "G" and (gpu := _Q_GPU.fullmatch(stripped)) is not None:
             self.close_gpu(no, line)
             self.gpu = normalize_pci_bus_id(gpu.group(1))
             for kind in ProcessKind:
                 self.lists[kind].setdefault(str(self.gpu), [])
             return
-        kv = _Q_KEY_VALUE.fullmatch(line)
-        if self.gpu is not None and (stripped == "Processes" or (kv is not None and kv.group(1) == "Processes")):
-            self.open_section(no, line, indent, "" if kv is None else (kv.group(2) or "").strip())
-            return
-        if kv is None:
-            if self.gpu is not None and self.section_indent is None and _Q_SECTION.fullmatch(stripped):
-                return  # a section title of a full -q ("FB Memory Usage"): not ours
+        left, sep, right = stripped.partition(":")
+        key = left.rstrip()
+        value: str | None = right
+        if not sep:
+            key, value = stripped, None  # a bare title: "Processes", "FB Memory Usage"
+        elif key not in _Q_KNOWN_KEYS and _Q_KEY.fullmatch(key) is None:
             raise SmiParseError("not a 'key : value' line", no, line)
-        key, value = kv.group(1), (kv.group(2) or "").strip()
+        if key == "Processes" and self.gpu is not None:
+            self.open_section(no, line, indent, (value or "").strip())
+            return
+        if value is None:
+            if self.gpu is not None and self.section_indent is None and _Q_KEY.fullmatch(stripped):
+                return  # a section title of a full -q: not ours
+            raise SmiParseError("not a 'key : value' line", no, line)
         if self.gpu is None:
-            self.top[key] = value
+            self.top[key] = value.strip()
         elif self.section_indent is not None:
-            self.entry_value(no, line, key, value)
+            self.entry_value(no, line, key, value.strip())
+
+    def handle_failure(self, no: int, line: str, stripped: str) -> None:
+        handle = _DEVICE_HANDLE_ERROR.fullmatch(stripped)
+        if handle is None:
+            raise SmiParseError("not a 'key : value' line", no, line)
+        self.failures.append(
+            HandleFailure(
+                no,
+                line,
+                normalize_pci_bus_id(handle.group(1)),
+                None,
+                handle.group(2).strip(),
+                _code_for_message(handle.group(2)),
+            )
+        )
 
     def open_section(self, no: int, line: str, indent: int, value: str) -> None:
         gpu = str(self.gpu)
@@ -853,7 +872,7 @@ class _PidsParser:
         for needed in ("Process ID", "Type", "Used GPU Memory"):
             if needed not in entry:
                 raise SmiParseError(f"process entry without {needed!r}", no, line)
-        if _UINT.fullmatch(entry["Process ID"]) is None:
+        if not _is_uint(entry["Process ID"]):
             raise SmiParseError(f"Process ID {entry['Process ID']!r} is not a number", no, line)
         pid = int(entry["Process ID"])
         _check_pid(pid, "nvidia-smi -q -d PIDS")
@@ -883,7 +902,7 @@ class _PidsParser:
     def instance_id(value: str | None, no: int, line: str) -> int | None:
         if value is None or _placeholder(value) is not None:
             return None
-        if _UINT.fullmatch(value) is None:
+        if not _is_uint(value):
             raise SmiParseError(f"instance id {value!r} is not a number", no, line)
         return int(value)
 
@@ -997,7 +1016,7 @@ def parse_retired_pages(text: str, requested: Sequence[str] | None = None, *, he
             # NVML's raw value when nvidia-smi prints a number; a date text (format not documented) stays unknown
             # rather than being converted with a guessed time zone.
             raw_stamp = cells.raw("retired_pages.timestamp")
-            stamp = int(raw_stamp) if _UINT.fullmatch(raw_stamp) else None
+            stamp = int(raw_stamp) if _is_uint(raw_stamp) else None
         pages.setdefault(uuid, []).append(RetiredPage(address, _CAUSES[cause_text], stamp))
     for uuid in unsupported:
         if uuid in pages:
@@ -1014,7 +1033,7 @@ def _address(cells: _Cells) -> int | Unavailable:
         return ph
     if _HEX.fullmatch(cell):
         return int(cell, 16)
-    if _UINT.fullmatch(cell):
+    if _is_uint(cell):
         return int(cell)
     raise cells.fail(f"retired_pages.address {cell!r} is not an address")
 
