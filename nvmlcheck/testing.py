@@ -797,6 +797,8 @@ class StubProbe:
             getattr(lib, name).restype = ctypes.c_int
         lib.stub_last_error.argtypes = []
         lib.stub_last_error.restype = ctypes.c_char_p
+        lib.stub_loaded_ns.argtypes = []
+        lib.stub_loaded_ns.restype = ctypes.c_ulonglong
         self._lib = lib
 
     def call_count(self, fn: str | None = None) -> int:
@@ -814,6 +816,11 @@ class StubProbe:
     def shutdown_total(self) -> int:
         """Successful ``nvmlShutdown`` calls since load."""
         return int(self._lib.stub_shutdown_total())
+
+    def loaded_ns(self) -> int:
+        """``time.monotonic_ns()`` reading at which the current scenario was loaded (the origin of ``at_ms``
+        changes); 0 when NVML is not initialised."""
+        return int(self._lib.stub_loaded_ns())
 
     def last_error(self) -> str:
         """The last scenario error (file, line and problem), or ``""``."""

@@ -1772,6 +1772,7 @@ int stub_init_refcount(void);
 int stub_init_total(void);
 int stub_shutdown_total(void);
 const char *stub_last_error(void);
+unsigned long long stub_loaded_ns(void);
 
 unsigned long long stub_call_count(const char *fn) {
     unsigned long long n = 0;
@@ -1808,6 +1809,15 @@ int stub_shutdown_total(void) {
 }
 
 const char *stub_last_error(void) { return g_last_error; }
+
+/* CLOCK_MONOTONIC ns at which the current scenario was loaded (0 when none is): the origin of `at ms=` lines, so a
+ * test can tell exactly when a timed change became visible (Python's time.monotonic_ns reads the same clock). */
+unsigned long long stub_loaded_ns(void) {
+    pthread_mutex_lock(&g_mu);
+    unsigned long long t = initialised() ? (unsigned long long)g_state->loaded_ns : 0ULL;
+    pthread_mutex_unlock(&g_mu);
+    return t;
+}
 
 /* ------------------------------------------------------------------------------------------------------------ */
 /* fork: the lock is taken around fork() so the child gets it in a consistent state; the child is not initialised */
