@@ -26,6 +26,7 @@ from nvmlcheck.errors import (
     InvalidArgument,
     LibraryVersionMismatch,
     SmiTimeout,
+    SmiTransportError,
 )
 from nvmlcheck.model import MIB, ClockEventReason, Fields, ProcessKind, RetiredPage, RetirementCause
 
@@ -46,6 +47,17 @@ KNOBS = (
     "FAKE_SMI_LOST_STYLE",
     "FAKE_SMI_RAW_COMMAS",
 )
+
+
+# Stands in for ssh (see test_smi_runner.py): drops options and host, hands the joined words to a shell.
+SSH_WRAPPER = """#!/bin/sh
+while [ $# -gt 0 ]; do
+  case "$1" in -o) shift 2 ;; -*) shift ;; *) break ;; esac
+done
+[ "$1" = unreachable ] && { echo "ssh: connect to host unreachable port 22: Connection refused" >&2; exit 255; }
+shift
+exec sh -c "$*"
+"""
 
 
 def ceil_mib(n: int) -> int:
@@ -136,6 +148,25 @@ class TestOpen:
         with pytest.raises(BackendUnavailable) as info:
             SmiBackend(command=FAKE_CMD, timeout_s=0.3)
         assert isinstance(info.value.__cause__, SmiTimeout)
+
+    def test_through_an_ssh_like_prefix(self, env: Env, tmp_path: Path) -> None:
+        env.write("device index=0", "process device=0 kind=compute pid=4123456 used=1048576")
+        ssh = tmp_path / "ssh"
+        ssh.write_text(SSH_WRAPPER, encoding="utf-8")
+        ssh.chmod(0o755)
+        remote = SmiBackend(command=FAKE_CMD, prefix=[str(ssh), "-o", "BatchMode=yes", "gpu01"]).snapshot()
+        local = SmiBackend(command=FAKE_CMD).snapshot()
+        assert remote.devices == local.devices
+
+    def test_unreachable_host_is_backend_unavailable_from_a_transport_error(self, env: Env, tmp_path: Path) -> None:
+        env.write("device index=0")
+        ssh = tmp_path / "ssh"
+        ssh.write_text(SSH_WRAPPER, encoding="utf-8")
+        ssh.chmod(0o755)
+        with pytest.raises(BackendUnavailable) as info:
+            SmiBackend(command=FAKE_CMD, prefix=[str(ssh), "unreachable"])
+        assert isinstance(info.value.__cause__, SmiTransportError)
+        assert "Connection refused" in info.value.attempts[0]
 
     def test_no_gpu_is_zero_devices(self, env: Env) -> None:
         env.write()
