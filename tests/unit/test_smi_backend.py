@@ -437,3 +437,52 @@ class TestFailures:
         env.write('device index=0 uuid=GPU-11111111-2222-3333-4444-555555555555 name="Other"')
         d = backend.snapshot(fields=Fields.MEMORY).devices[0]
         assert (d.uuid, d.name) == ("GPU-11111111-2222-3333-4444-555555555555", "Other")
+
+
+# --- a real GPU ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+class TestAgainstNvmlOnARealGpu:
+    """On a GPU host (pytest --require-gpu): the smi snapshot equals the NVML one to the MiB (nvidia-smi rounds up),
+    idle and with a process holding memory. Values that move are bracketed by an NVML read before and after."""
+
+    def compare(self) -> None:
+        from nvmlcheck.backends.nvml import NvmlBackend
+
+        nvml = NvmlBackend()
+        smi = SmiBackend()
+        try:
+            before = nvml.snapshot(fields=Fields.WAIT)
+            middle = smi.snapshot(fields=Fields.WAIT)
+            after = nvml.snapshot(fields=Fields.WAIT)
+        finally:
+            nvml.close()
+        for d in middle.devices:
+            a, b = before.device(d.index), after.device(d.index)
+            assert d.uuid == a.uuid
+            assert d.memory is not None and a.memory is not None and b.memory is not None
+            for attr in ("total_bytes", "used_bytes", "free_bytes", "reserved_bytes"):
+                seen = {ceil_mib(getattr(m, attr) or 0) for m in (a.memory, b.memory)}
+                assert getattr(d.memory, attr) in seen, attr
+            smi_procs = [(p.pid, p.used_bytes) for p in d.compute_processes or ()]
+            nvml_procs = [
+                [(p.pid, None if p.used_bytes is None else ceil_mib(p.used_bytes)) for p in s.compute_processes or ()]
+                for s in (a, b)
+            ]
+            assert smi_procs in nvml_procs
+
+    def test_idle_and_busy(self) -> None:
+        self.compare()
+        holder = subprocess.Popen(
+            [sys.executable, "-m", "nvmlcheck.holder", "--bytes", "1GiB"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert holder.stdout is not None and holder.stdout.readline().startswith("ready")
+            self.compare()
+        finally:
+            holder.kill()
+            holder.wait()
