@@ -109,8 +109,9 @@ class PollPolicy:
     CPU time, over the cycle); the base interval is stretched to respect it when polls are costly (``None``: no
     cap). ``backoff_after_s``: once nothing seen has changed for this long, the
     interval grows by ``backoff_factor`` per poll up to ``max_interval_s`` (``None``: never). ``compensate_sleep``:
-    ask ``sleep`` for less by its measured lateness, so real intervals match the nominal ones.
-    ``mode`` labels the policy (``"default"``, ``"precise"`` or ``"custom"``).
+    ask ``sleep`` for less by its measured lateness, so real intervals match the nominal ones. ``full_every_s``:
+    with a ``probe`` (see :func:`poll_until`), the longest time between two full queries, so the live status line
+    and the trace still name the processes. ``mode`` labels the policy (``"default"``, ``"precise"`` or ``"custom"``).
     """
 
     interval_s: float = 0.001
@@ -121,9 +122,11 @@ class PollPolicy:
     backoff_factor: float = 1.5
     max_interval_s: float | None = None
     compensate_sleep: bool = True
+    full_every_s: float = 0.1
 
     def __post_init__(self) -> None:
         _check_seconds("interval_s", self.interval_s)
+        _check_seconds("full_every_s", self.full_every_s)
         if self.confirm_interval_s is not None:
             _check_seconds("confirm_interval_s", self.confirm_interval_s)
         if self.backoff_after_s is not None:
@@ -192,8 +195,9 @@ class TracePoint:
     ``offset_ns``: when the query returned, from the start of the wait; ``cost_ns``: how long the query took;
     ``clean``: whether this poll counted as clean; ``devices``, ``used_bytes``, ``process_counts``: per device of the
     snapshot, in its order (``None`` where unknown); ``failures``: devices that could not be read; ``error``: the
-    transient error that replaced the snapshot, if any. ``snapshot`` is the poll's snapshot in the point handed to
-    ``on_poll`` (call ``predicate.evaluate(point.snapshot)`` there for who holds what); points kept in
+    transient error that replaced the snapshot, if any; ``partial``: the snapshot came from the ``probe`` alone (the
+    process lists were not read: ``process_counts`` are ``None``). ``snapshot`` is the poll's snapshot in the point
+    handed to ``on_poll`` (call ``predicate.evaluate(point.snapshot)`` there for who holds what); points kept in
     :attr:`WaitResult.trace` leave it ``None`` so long traces stay small.
     """
 
@@ -205,6 +209,7 @@ class TracePoint:
     process_counts: tuple[int | None, ...] = ()
     failures: int = 0
     error: str | None = None
+    partial: bool = False
     snapshot: Snapshot | None = field(default=None, compare=False, repr=False)
 
     @property
@@ -229,7 +234,8 @@ class WaitResult:
     ``(last_dirty_ns - poll_cost_ns, first_clean_ns]``. ``started_ns``/``confirmed_ns``: absolute readings of the
     clock (``time.monotonic_ns`` unless injected), to correlate with other events. ``poll_cost_ns``: median query
     cost; ``interval_ns``: median time between consecutive polls (0 with one poll): together the resolution of
-    these figures. ``trace``: every poll, when asked for.
+    these figures. ``partial_polls``: how many polls the ``probe`` answered alone. ``trace``: every poll, when asked
+    for.
     """
 
     clean: bool = True
@@ -243,6 +249,7 @@ class WaitResult:
     interval_ns: int
     snapshot: Snapshot
     policy: PollPolicy
+    partial_polls: int = 0
     trace: tuple[TracePoint, ...] | None = None
 
 
@@ -347,11 +354,12 @@ class _Stats:
     """What the result reports: poll count, the run of clean polls, costs and periods (the last 1001 of each, for
     medians that follow the end of a long wait)."""
 
-    __slots__ = ("costs", "last_dirty", "periods", "polls", "prev_end", "run", "run_first", "start")
+    __slots__ = ("costs", "last_dirty", "partial_polls", "periods", "polls", "prev_end", "run", "run_first", "start")
 
     def __init__(self, start: int) -> None:
         self.start = start
         self.polls = 0
+        self.partial_polls = 0
         self.run = 0  # consecutive clean polls so far
         self.run_first = 0  # when the first poll of that run returned
         self.last_dirty: int | None = None
@@ -359,8 +367,9 @@ class _Stats:
         self.costs: deque[int] = deque(maxlen=1001)
         self.periods: deque[int] = deque(maxlen=1001)
 
-    def record(self, t0: int, t1: int, clean: bool) -> None:
+    def record(self, t0: int, t1: int, clean: bool, partial: bool) -> None:
         self.polls += 1
+        self.partial_polls += partial
         self.costs.append(t1 - t0)
         if self.prev_end is not None:
             self.periods.append(t1 - self.prev_end)
@@ -478,6 +487,7 @@ def poll_until(
     keep_trace: bool = False,
     on_poll: OnPoll | None = None,
     cpu_clock: Callable[[], int] | None = None,
+    probe: Callable[[], Snapshot] | None = None,
 ) -> WaitResult:
     """Poll ``snapshot_fn`` until ``predicate`` (default: :func:`~nvmlcheck.predicates.default_predicate`) holds
     on ``stable_polls`` consecutive snapshots, and return when it was first seen clean.
@@ -489,6 +499,14 @@ def poll_until(
     poll (for a live status line: ``predicate.evaluate(point.snapshot).reasons`` says who holds what).
     ``cpu_clock`` (integer ns of CPU time) lets the duty cap count the CPU a cycle really costs, sleep wake-ups
     included; it defaults to :func:`time.thread_time_ns` with the real ``clock`` and to none with an injected one.
+
+    ``probe`` is an optional cheaper snapshot (typically ``Fields.MEMORY`` only: 18 µs instead of 50 µs for memory
+    and three process lists on an H200, FACTS-style measurement in ``benchmarks/bench_wait.py``). While the GPUs are
+    not clean, a poll first asks the probe; if the predicate is already ``False`` on it, the poll ends there, else
+    the full ``snapshot_fn`` is read and judged. This is sound because Kleene logic is monotone: a verdict of
+    ``False`` with the process lists unknown stays ``False`` whatever they hold, and the probe alone can never make
+    a poll clean. Confirmation polls, the first poll, one poll every ``policy.full_every_s`` and the message of a
+    timeout always use the full snapshot.
 
     Raises :class:`~nvmlcheck.WaitTimeout` at the deadline, naming what still holds each GPU; fatal errors
     (see :func:`is_transient`) are raised as they come.
@@ -504,6 +522,7 @@ def poll_until(
         keep_trace=keep_trace,
         on_poll=on_poll,
         cpu_clock=cpu_clock,
+        probe=probe,
     ).run()
 
 
@@ -523,6 +542,7 @@ class _Poller:
         keep_trace: bool,
         on_poll: OnPoll | None,
         cpu_clock: Callable[[], int] | None,
+        probe: Callable[[], Snapshot] | None,
     ) -> None:
         if isinstance(stable_polls, bool) or not isinstance(stable_polls, int) or stable_polls < 1:
             raise ValueError(f"stable_polls must be an int >= 1, got {stable_polls!r}")
@@ -541,42 +561,50 @@ class _Poller:
         if cpu_clock is None and clock is time.monotonic_ns:
             cpu_clock = time.thread_time_ns
         self.cpu_clock = cpu_clock
+        self.probe = probe
 
     def run(self) -> WaitResult:
-        clock, snapshot_fn, check, needed = self.clock, self.snapshot_fn, self.predicate.check, self.needed
+        clock, check, needed = self.clock, self.predicate.check, self.needed
         summarise = self.trace is not None or self.on_poll is not None
         start = clock()
         deadline = None if self.timeout_ns is None else start + self.timeout_ns
         pacer = _Pacer(self.policy, start, self.cpu_clock)
         stats = _Stats(start)
+        full_every = round(self.policy.full_every_s * _NS)
+        last_full: int | None = None  # when the last full snapshot was asked for
         snap: Snapshot | None = None
         good: Snapshot | None = None
         error: NvmlCheckError | None = None
+        partial = False
         t0 = start
         while True:
             pacer.poll_starts()
+            probing = stats.run == 0 and last_full is not None and t0 - last_full < full_every
             try:
-                snap, error = snapshot_fn(), None
+                snap, partial = self._take(probing)
+                error = None
             except NvmlCheckError as exc:
                 if not is_transient(exc):
                     raise
-                snap, error = None, exc
+                snap, error, partial = None, exc, False
             t1 = clock()
+            if not partial and error is None:
+                last_full = t0
             if snap is not None:
                 good = snap
-                clean = _judge(snap, check)
+                clean = False if partial else _judge(snap, check)
             else:
                 clean = False
-            stats.record(t0, t1, clean)
+            stats.record(t0, t1, clean, partial)
             if summarise:
-                self._report(t1 - start, t1 - t0, clean, snap, error)
+                self._report(t1 - start, t1 - t0, clean, snap, error, partial=partial)
             pacer.saw(t1, clean, snap)
             if stats.run >= needed:
                 assert snap is not None
                 return self._result(stats, t1, snap)
             now = clock()
             if deadline is not None and t1 >= deadline:
-                raise self._timeout(stats, t1, good, error, clean)
+                raise self._timeout(stats, t1, good, error, clean=clean, partial=partial)
             ask = pacer.sleep_ns(confirming=stats.run > 0, busy=now - t0, now=now, deadline=deadline)
             if ask > 0:
                 self.sleep(ask / _NS)
@@ -587,7 +615,24 @@ class _Poller:
 
     # --- helpers ------------------------------------------------------------------------------------------------
 
-    def _report(self, offset: int, cost: int, clean: bool, snap: Snapshot | None, error: NvmlCheckError | None) -> None:
+    def _take(self, probing: bool) -> tuple[Snapshot, bool]:
+        """One poll's snapshot, and whether it is the probe's: that only when the probe alone proves "not clean"."""
+        if probing and self.probe is not None:
+            cheap = self.probe()
+            if not cheap.failures and self.predicate.check(cheap) is False:
+                return cheap, True
+        return self.snapshot_fn(), False
+
+    def _report(
+        self,
+        offset: int,
+        cost: int,
+        clean: bool,
+        snap: Snapshot | None,
+        error: NvmlCheckError | None,
+        *,
+        partial: bool,
+    ) -> None:
         """Append the poll to the trace and hand it to on_poll (with its snapshot; the trace keeps none)."""
         if snap is None:
             point = TracePoint(offset, cost, clean, error=f"{type(error).__name__}: {error}")
@@ -599,9 +644,9 @@ class _Poller:
         idx, used, counts = _summary(snap)
         nfail = len(snap.failures)
         if self.trace is not None:
-            self.trace.append(TracePoint(offset, cost, clean, idx, used, counts, nfail))
+            self.trace.append(TracePoint(offset, cost, clean, idx, used, counts, nfail, partial=partial))
         if self.on_poll is not None:
-            self.on_poll(TracePoint(offset, cost, clean, idx, used, counts, nfail, None, snap))
+            self.on_poll(TracePoint(offset, cost, clean, idx, used, counts, nfail, partial=partial, snapshot=snap))
 
     def _result(self, stats: _Stats, t1: int, snap: Snapshot) -> WaitResult:
         start = stats.start
@@ -616,12 +661,22 @@ class _Poller:
             interval_ns=_median(stats.periods),
             snapshot=snap,
             policy=self.policy,
+            partial_polls=stats.partial_polls,
             trace=tuple(self.trace) if self.trace is not None else None,
         )
 
     def _timeout(
-        self, stats: _Stats, t1: int, good: Snapshot | None, error: NvmlCheckError | None, clean: bool
+        self, stats: _Stats, t1: int, good: Snapshot | None, error: NvmlCheckError | None, *, clean: bool, partial: bool
     ) -> WaitTimeout:
+        if partial:
+            # The probe proved "not clean" but did not read who holds the GPU: the message must name the processes.
+            try:
+                good = self.snapshot_fn()
+            except NvmlCheckError as exc:
+                if not is_transient(exc):
+                    raise
+            else:
+                _judge(good, self.predicate.check)  # a fatal device failure is raised, as in any poll
         culprits: list[str] = []
         if error is not None:
             culprits.append(f"the last poll failed ({type(error).__name__}): {error}")

@@ -143,3 +143,15 @@ def idle(*indices: int) -> Snapshot:
 def busy(pid: int = 1234, used: int = 16 * GIB, index: int = 0) -> Snapshot:
     """One GPU holding one compute process."""
     return snap(dev(index, procs=[proc(pid, used)]))
+
+
+def memory_only(s: Snapshot) -> Snapshot:
+    """What a ``Fields.MEMORY`` read of the same moment returns: the process lists are not read (``None``)."""
+    from dataclasses import replace
+
+    return replace(
+        s,
+        devices=tuple(
+            replace(d, compute_processes=None, graphics_processes=None, mps_processes=None) for d in s.devices
+        ),
+    )

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import math
 import pickle
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import cycle
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from snapshots import GIB, busy, dev, failure, idle, proc, snap
+from snapshots import GIB, busy, dev, failure, idle, memory_only, proc, snap
 
 from nvmlcheck.errors import (
     BackendUnavailable,
@@ -77,6 +77,7 @@ class FakeGpu:
     timeline: Sequence[tuple[int, State]]
     costs: Iterable[int] = (10 * US,)
     samples: list[tuple[int, State]] = field(default_factory=list)
+    project: Callable[[Snapshot], Snapshot] | None = None  # e.g. memory_only: a probe of the same GPU
 
     def __post_init__(self) -> None:
         self._costs = cycle(self.costs)
@@ -96,7 +97,7 @@ class FakeGpu:
         self.samples.append((self.time.now, state))
         if isinstance(state, NvmlCheckError):
             raise state
-        return state
+        return self.project(state) if self.project is not None else state
 
 
 def wait(
@@ -582,6 +583,96 @@ def test_custom_predicate() -> None:
     assert err.culprits[0].startswith("GPU 0: 16.0 GiB used with no visible process")
 
 
+# --- probe: a cheaper snapshot that can only prove "not clean" ----------------------------------------------------
+
+
+def probe_wait(
+    timeline: Sequence[tuple[int, State]], *, timeout: float | None = 1.0, keep_trace: bool = False
+) -> tuple[WaitResult, FakeGpu, FakeGpu]:
+    t = FakeTime()
+    full = FakeGpu(t, timeline, [50 * US])  # memory and three process lists (~50 µs on an H200)
+    probe = FakeGpu(t, timeline, [18 * US], project=memory_only)  # memory only (~18 µs)
+    res = poll_until(full, timeout=timeout, clock=t.clock, sleep=t.sleep, probe=probe, keep_trace=keep_trace)
+    return res, full, probe
+
+
+def test_probe_answers_while_memory_is_held() -> None:
+    res, full, probe = probe_wait([(0, BUSY), (300 * MS, HELD), (328 * MS, CLEAN)], keep_trace=True)
+    assert 328 * MS <= res.first_clean_ns <= 328 * MS + 1 * MS + 18 * US + 50 * US
+    # full queries: the first poll, one per 100 ms for the status line, and the two that saw and confirmed clean
+    assert len(full.samples) == 1 + 3 + 2
+    assert res.partial_polls == len(probe.samples) - 1  # the last probe saw 0 B used and could not decide
+    assert res.polls == res.partial_polls + len(full.samples)
+    assert res.trace is not None
+    partial = [p for p in res.trace if p.partial]
+    assert len(partial) == res.partial_polls
+    assert all(p.process_counts == (None,) and not p.clean for p in partial)
+    assert [p.process_counts for p in res.trace if not p.partial][:1] == [(1,)]  # the first poll named the holder
+
+
+def test_probe_never_proves_clean() -> None:
+    # memory back to 0, but a process is still listed: the memory-only probe cannot decide, the full query can
+    still = snap(dev(0, used=0, procs=[proc(99, None, name="zombie")]))
+    t = FakeTime()
+    full = FakeGpu(t, [(0, still)])
+    probe = FakeGpu(t, [(0, still)], project=memory_only)
+    with pytest.raises(WaitTimeout) as info:
+        poll_until(full, timeout=0.05, clock=t.clock, sleep=t.sleep, probe=probe)
+    assert info.value.culprits == ("GPU 0: pid 99 (zombie) holds an unknown amount (NVML: not available) (compute)",)
+    assert len(full.samples) == info.value.polls  # every poll needed the full query
+
+
+def test_timeout_after_a_probe_poll_still_names_the_holder() -> None:
+    t = FakeTime()
+    full = FakeGpu(t, [(0, BUSY)], [50 * US])
+    probe = FakeGpu(t, [(0, BUSY)], [18 * US], project=memory_only)
+    with pytest.raises(WaitTimeout) as info:
+        poll_until(full, timeout=0.05, clock=t.clock, sleep=t.sleep, probe=probe)
+    err = info.value
+    assert err.culprits == (
+        "GPU 0: pid 1234 (python3) holds 16.0 GiB (compute)",
+        "GPU 0: 16.0 GiB used, above the 16.0 MiB limit",
+    )
+    assert err.snapshot is BUSY  # a fresh full snapshot, taken for the message
+    assert len(full.samples) == 2  # the first poll and the one for the message
+    assert t.now - (START + 50 * MS) <= 18 * US + 50 * US
+
+
+def test_probe_errors_are_errors() -> None:
+    t = FakeTime()
+    flaky = Timeout(10, "nvmlDeviceGetMemoryInfo_v2", 0)
+    full = FakeGpu(t, [(0, BUSY), (5 * MS, CLEAN)])
+    probe = FakeGpu(t, [(0, BUSY), (2 * MS, flaky), (5 * MS, CLEAN)], project=memory_only)
+    res = poll_until(full, timeout=1.0, clock=t.clock, sleep=t.sleep, probe=probe, keep_trace=True)
+    assert res.trace is not None
+    assert any(p.error is not None and "Timeout" in p.error for p in res.trace)
+    assert res.first_clean_ns >= 5 * MS
+    lost = GpuLost(15, "nvmlDeviceGetMemoryInfo_v2", 0)
+    t = FakeTime()
+    with pytest.raises(GpuLost):
+        poll_until(
+            FakeGpu(t, [(0, BUSY)]),
+            timeout=1.0,
+            clock=t.clock,
+            sleep=t.sleep,
+            probe=FakeGpu(t, [(0, BUSY), (3 * MS, lost)], project=memory_only),
+        )
+
+
+def test_probe_with_a_failure_falls_back_to_the_full_query() -> None:
+    lost = GpuLost(15, "nvmlDeviceGetMemoryInfo_v2", 1)
+    t = FakeTime()
+    full = FakeGpu(t, [(0, BUSY)])
+    probe = FakeGpu(t, [(0, BUSY), (3 * MS, snap(failures=[failure(1, lost)]))], project=memory_only)
+    # The probe's failure proves nothing: each poll goes on to the full query, which is the one judged (a GPU that
+    # is really lost fails that read too, and is raised from there).
+    with pytest.raises(WaitTimeout) as info:
+        poll_until(full, timeout=0.01, clock=t.clock, sleep=t.sleep, probe=probe)
+    after = [when for when, _ in probe.samples if when > START + 3 * MS]
+    assert after and len([w for w, _ in full.samples if w > START + 3 * MS]) == len(after)
+    assert info.value.culprits[0] == "GPU 0: pid 1234 (python3) holds 16.0 GiB (compute)"
+
+
 # --- random timelines (hypothesis) ------------------------------------------------------------------------------
 
 KINDS = ["clean", "busy", "held", "unknown", "failure", "error"]
@@ -604,6 +695,8 @@ class Scenario:
     timeout: int | None  # ns
     changes: list[tuple[int, str]]  # (offset from START, kind)
     keep_trace: bool
+    probe_cost: int | None = None  # a memory-only probe, and what one costs
+    full_every: int = 100 * MS
 
     @property
     def needed(self) -> int:
@@ -612,7 +705,8 @@ class Scenario:
     @property
     def period(self) -> int:
         """The longest time from one poll's end to the next's."""
-        return max(self.interval, self.interval if self.confirm is None else self.confirm) + max(self.costs)
+        sleep = max(self.interval, self.interval if self.confirm is None else self.confirm)
+        return sleep + (self.probe_cost or 0) + max(self.costs)
 
     def kind_at(self, t: int) -> str:
         kind = self.changes[0][1]
@@ -661,6 +755,8 @@ def scenarios(draw: st.DrawFn) -> Scenario:
         timeout=timeout,
         changes=changes,
         keep_trace=draw(st.booleans()),
+        probe_cost=draw(st.one_of(st.none(), st.integers(10 * US, 200 * US))),
+        full_every=draw(st.integers(0, 20 * MS)),
     )
 
 
@@ -679,8 +775,11 @@ def test_random_timelines(sc: Scenario) -> None:
     t = FakeTime()
     timeline = [(offset, _STATES[kind]) for offset, kind in sc.changes]
     gpu = FakeGpu(t, timeline, sc.costs)
+    probe = FakeGpu(t, timeline, [sc.probe_cost], project=memory_only) if sc.probe_cost is not None else None
     policy = PollPolicy(
-        interval_s=sc.interval / 1e9, confirm_interval_s=None if sc.confirm is None else sc.confirm / 1e9
+        interval_s=sc.interval / 1e9,
+        confirm_interval_s=None if sc.confirm is None else sc.confirm / 1e9,
+        full_every_s=sc.full_every / 1e9,
     )
     timeout_s = None if sc.timeout is None else sc.timeout / 1e9
     deadline = None if sc.timeout is None else START + sc.timeout
@@ -695,20 +794,33 @@ def test_random_timelines(sc: Scenario) -> None:
             clock=t.clock,
             sleep=t.sleep,
             keep_trace=sc.keep_trace,
+            probe=probe,
         )
     except WaitTimeout as exc:
         raised = exc
 
-    times = [when for when, _ in gpu.samples]
-    clean = [sc.kind_at(when) == "clean" for when in times]
-    assert clean == [s is CLEAN for _, s in gpu.samples]  # the fake is faithful to the timeline
+    assert all((s is CLEAN) == (sc.kind_at(when) == "clean") for when, s in gpu.samples)  # a faithful fake
+    # The polls, from the fakes' own records: a full query ends a poll; a probe ends one when it alone proves "not
+    # clean" (memory held) or fails; otherwise the full query follows in the same poll.
+    events = [(when, True, sc.kind_at(when)) for when, _ in gpu.samples]
+    events += [(when, False, sc.kind_at(when)) for when, _ in (probe.samples if probe else [])]
+    events.sort()
+    polls = [
+        (when, full and kind == "clean") for when, full, kind in events if full or kind in ("busy", "held", "error")
+    ]
+    if raised is not None and len(polls) == raised.polls + 1:
+        assert events[-1][1], "only a full query, for the timeout's message, may follow the last poll"
+        polls.pop()
+    times = [when for when, _ in polls]
+    clean = [c for _, c in polls]
     n = sc.needed
     P = sc.period
 
-    # It never sleeps past the deadline, and stops at most one query after it.
+    # It never sleeps past the deadline, and stops at most one poll after it (plus, after a probe-only last poll,
+    # one full query for the timeout's message).
     if deadline is not None:
         assert all(when + ns <= deadline for when, ns in t.sleeps)
-        assert t.now <= deadline + max(sc.costs)
+        assert t.now <= deadline + (sc.probe_cost or 0) + 2 * max(sc.costs)
     assert all(ns <= P for _, ns in t.sleeps)
 
     # The first moment a clean stretch is *guaranteed* to have been confirmed, whatever the poll phase.
@@ -741,6 +853,7 @@ def test_random_timelines(sc: Scenario) -> None:
             assert result.trace is not None
             assert [p.offset_ns for p in result.trace] == [x - START for x in times]
             assert [p.clean for p in result.trace] == clean
+            assert sum(p.partial for p in result.trace) == result.partial_polls
     else:
         assert raised is not None
         assert deadline is not None
