@@ -6,17 +6,25 @@ needs a C compiler and the ``nvidia-nvml-dev`` package (``pip install 'nvmlcheck
 Named scenarios (:data:`SCENARIOS`): ``h200`` (one idle H200 as measured), ``h200x8`` (eight idle H200s),
 ``h200-busy`` (one H200 with a process that never lets go of 16 GiB). Any other value is read as a scenario file
 path (format: stubs/README.md).
+
+:class:`StubHolderFactory` stands in for real GPU memory holders in a reclamation study
+(:func:`nvmlcheck.study.run_study`) on the stub: plain child processes, listed by the stub as pid-bound processes.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
+from .study import Holder
 from .testing import Scenario, StubSession, use_stub
 
-__all__ = ["SCENARIOS", "scenario_named", "simulated"]
+__all__ = ["SCENARIOS", "StubHolderFactory", "scenario_named", "simulated"]
 
 GIB = 1 << 30
 
@@ -52,3 +60,78 @@ def simulated(scenario: Scenario | Path) -> Iterator[StubSession]:
     """Build the stub (cached), write the scenario, and point nvmlcheck at them while the block runs."""
     with use_stub(scenario) as stub:
         yield stub
+
+
+#: A stand-in holder: it holds nothing itself and waits for a line on stdin (``exit``/``free``), or a signal.
+_CHILD = "import sys; sys.stdin.readline()"
+
+
+class StubHolderFactory:
+    """Holders for a study on the stub libnvidia-ml: a plain ``python -S -c ...`` child per GPU, which the stub lists
+    as a pid-bound compute process holding the requested bytes.
+
+    ``start`` starts the child and rewrites the scenario file at ``scenario_path`` (the one the stub reads,
+    :attr:`~nvmlcheck.testing.StubSession.scenario_path`) as ``base`` plus one pid-bound process per live holder;
+    ``finish`` writes it back without them. The stub reads the file at the ``nvmlInit`` that takes NVML's reference
+    count from 0 to 1, which is why the study opens a fresh session after starting the holders (and why nothing
+    else may keep NVML initialised in this process meanwhile).
+
+    ``list_ms``/``release_ms``: how long after the child's death the stub drops it from the list and gives its
+    memory back; the defaults resemble an H200 (FACTS.md: off the list ~90 ms, memory back ~120 ms after a kill).
+    ``zombie_holds``: an unreaped child still holds. ``base`` defaults to the file's content when the factory is
+    made. The ``free`` ending is simulated as ``exit`` (the stub releases memory only after the process ends).
+    """
+
+    def __init__(
+        self,
+        scenario_path: str | os.PathLike[str],
+        *,
+        base: Scenario | str | None = None,
+        list_ms: int = 90,
+        release_ms: int = 120,
+        zombie_holds: bool = False,
+        python: str = sys.executable,
+    ) -> None:
+        self.scenario_path = Path(scenario_path)
+        if base is None:
+            base = self.scenario_path.read_text(encoding="utf-8")
+        text = base.render() if isinstance(base, Scenario) else base
+        self.base_text = text if text.endswith("\n") else text + "\n"
+        if list_ms < 0 or release_ms < 0:
+            raise ValueError(f"list_ms and release_ms must be >= 0, got {list_ms} and {release_ms}")
+        self.list_ms = list_ms
+        self.release_ms = release_ms
+        self.zombie_holds = zombie_holds
+        self.python = python
+        self.live: list[Holder] = []
+
+    def start(self, device: int, nbytes: int) -> Holder:
+        """Start a child and list it on ``device`` as holding ``nbytes``."""
+        child = subprocess.Popen([self.python, "-S", "-c", _CHILD], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+        holder = Holder(child, device, nbytes)
+        self.live.append(holder)
+        self._write()
+        return holder
+
+    def finish(self, holders: Sequence[Holder]) -> None:
+        """Drop ``holders`` from the scenario (a dead pid-bound entry would be listed for ``list_ms`` more after the
+        next load, and the next baseline would see it)."""
+        gone = {id(h) for h in holders}
+        self.live = [h for h in self.live if id(h) not in gone]
+        self._write()
+
+    def scenario_text(self) -> str:
+        """The scenario as it is written now: ``base`` plus the live holders."""
+        extra = "".join(
+            f"process device={h.device} kind=compute pid={h.pid} used={h.nbytes} bound=1 list_ms={self.list_ms} "
+            f"release_ms={self.release_ms}{' zombie_holds=1' if self.zombie_holds else ''}\n"
+            for h in self.live
+        )
+        return self.base_text + extra
+
+    def _write(self) -> None:
+        # Replace atomically: a concurrent init must never read half a file.
+        fd, tmp = tempfile.mkstemp(prefix=".scenario.", dir=self.scenario_path.parent)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(self.scenario_text())
+        os.replace(tmp, self.scenario_path)
