@@ -406,7 +406,7 @@ _INVALID_FIELD_SUFFIX = '" is not a valid field to query.'
 @dataclass(frozen=True, slots=True)
 class _Identity:
     index: int
-    uuid: str
+    uuid: str  # "" for a GPU nvidia-smi could not read when the backend was opened
     name: str | None
     pci_bus_id: str | None
     serial: str | None
@@ -488,10 +488,19 @@ class SmiBackend:
         if result.returncode == 6 and _NO_DEVICES_TEXT in result.output.lower():
             self._identity = {}  # nvidia-smi answered: there is no GPU
             return
-        _raise_for(result, self._prefixed)
+        if result.returncode != 0 and "unable to determine the device handle" not in result.output.lower():
+            _raise_for(result, self._prefixed)
         with _parsing(result):
-            records, _ = smi_csv.parse_query_gpu(result.stdout, _IDENTITY_FIELDS)
+            records, failures = smi_csv.parse_query_gpu(result.stdout, _IDENTITY_FIELDS)
         self._identity = {r.index: _Identity(r.index, r.uuid, r.name, r.pci_bus_id, r.serial) for r in records}
+        # A GPU lost before we opened still counts: it must show up in every snapshot as a failure, never vanish.
+        # nvidia-smi numbers GPUs in PCI order and prints the lost one's bus id; when it names no index, the gaps
+        # in the others' indices are where the lost ones were.
+        gaps = iter(i for i in range(len(records) + len(failures)) if i not in self._identity)
+        for hf in failures:
+            index = hf.index if hf.index is not None else next(gaps, None)
+            if index is not None and index not in self._identity:
+                self._identity[index] = _Identity(index, "", None, hf.pci_bus_id, None)
         self._driver_version = next((r.driver_version for r in records if r.driver_version), self._driver_version)
 
     # -- Backend protocol --------------------------------------------------------------------------------------------
@@ -757,4 +766,4 @@ class SmiBackend:
             )
         else:
             error = error_class_for_code(hf.code)(hf.code, cmd, index, hf.message)
-        return DeviceFailure(index, ident.uuid if ident else None, error)
+        return DeviceFailure(index, (ident.uuid or None) if ident else None, error)

@@ -1,0 +1,158 @@
+"""One contract, two backends: the same assertions on the NVML backend (the stub libnvidia-ml, through cffi) and the
+nvidia-smi backend (the fake nvidia-smi, which renders the same scenario file with code that shares nothing with
+nvmlcheck). Memory agrees to nvidia-smi's granularity: it prints whole MiB, rounded up.
+
+Where the backends legitimately differ, the contract says so explicitly: nvidia-smi has no NVML version string, no
+max video clock and no minor number.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+import nvmlcheck as nc
+from nvmlcheck.testing import Scenario, build_stub, stub_source_dir
+
+pytestmark = pytest.mark.stub
+
+MIB = 1 << 20
+GIB = 1 << 30
+BACKENDS = ("nvml", "smi")
+
+Opener = Callable[[Scenario], nc.Session]
+
+
+@pytest.fixture(params=BACKENDS)
+def open_backend(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Opener]:
+    scenario_path = tmp_path / "scenario.txt"
+    monkeypatch.setenv("NVMLCHECK_STUB_SCENARIO", str(scenario_path))
+    monkeypatch.delenv("NVMLCHECK_STUB_LOG", raising=False)
+    sessions: list[nc.Session] = []
+
+    def opener(scenario: Scenario) -> nc.Session:
+        scenario.write(scenario_path)
+        if request.param == "nvml":
+            session = nc.open("nvml", library_path=str(build_stub()))
+        else:
+            session = nc.open("smi", smi_command=[sys.executable, str(stub_source_dir() / "fake_nvidia_smi.py")])
+        sessions.append(session)
+        return session
+
+    yield opener
+    for s in sessions:
+        s.close()
+
+
+def _busy() -> Scenario:
+    sc = Scenario.h200(devices=2)
+    sc.add_process(0, 4_100_001, used_bytes=16 * GIB)
+    sc.add_process(0, 4_100_002, kind="graphics", used_bytes=300 * MIB + 5)
+    sc.add_process(1, 4_100_003, kind="mps", used_bytes=GIB + 1)
+    sc.add_process(1, 4_100_004, used_bytes=None, holds_bytes=2 * MIB)
+    return sc
+
+
+def _close(exact: int, smi_value: int, granularity: int) -> bool:
+    """smi's value is the exact byte count rounded up to its granularity."""
+    return exact <= smi_value < exact + granularity or (exact % granularity == 0 and smi_value == exact)
+
+
+def test_identity(open_backend: Opener) -> None:
+    with open_backend(_busy()) as gpus:
+        snap = gpus.snapshot()
+    assert [d.index for d in snap.devices] == [0, 1]
+    assert [d.uuid for d in snap.devices] == [
+        "GPU-00000000-0000-0000-0000-000000000000",
+        "GPU-00000000-0000-0000-0000-000000000001",
+    ]
+    assert {d.name for d in snap.devices} == {"NVIDIA H200"}
+    assert [d.pci_bus_id for d in snap.devices] == ["00000000:01:00.0", "00000000:02:00.0"]
+    assert snap.system.driver_version == "580.159.04"
+    assert snap.backend == gpus.backend_name
+
+
+def test_memory_to_the_granularity(open_backend: Opener) -> None:
+    with open_backend(_busy()) as gpus:
+        snap = gpus.snapshot(fields=nc.Fields.MEMORY)
+    held = [16 * GIB + 300 * MIB + 5, GIB + 1 + 2 * MIB]
+    for d, used in zip(snap.devices, held, strict=True):
+        m = d.memory
+        assert m is not None and not m.used_includes_reserved
+        g = m.granularity_bytes
+        assert g == (1 if snap.backend == "nvml" else MIB)
+        assert _close(150_754_820_096, m.total_bytes, g)
+        assert _close(used, m.used_bytes, g)
+        assert m.reserved_bytes is not None and _close(644_939_776, m.reserved_bytes, g)
+
+
+def test_processes_of_every_kind(open_backend: Opener) -> None:
+    with open_backend(_busy()) as gpus:
+        snap = gpus.snapshot(fields=nc.Fields.PROCESSES)
+    d0, d1 = snap.devices
+    assert [(p.pid, p.kind) for p in d0.compute_processes or ()] == [(4_100_001, nc.ProcessKind.COMPUTE)]
+    assert [p.pid for p in d0.graphics_processes or ()] == [4_100_002]
+    assert d0.mps_processes == ()
+    (g,) = d0.graphics_processes or ()
+    assert g.used_bytes is not None and _close(300 * MIB + 5, g.used_bytes, 1 if snap.backend == "nvml" else MIB)
+    assert [p.pid for p in d1.mps_processes or ()] == [4_100_003]
+    na = [p for p in d1.compute_processes or () if p.pid == 4_100_004]
+    assert len(na) == 1 and na[0].used_bytes is None  # "not available" is unknown, never 0
+    assert d0.processes is not None and len(d0.processes) == 2
+
+
+def test_unsupported_is_none_with_a_reason(open_backend: Opener) -> None:
+    sc = Scenario.h200()
+    sc.set_device(0, unsupported=("remapped", "clock.sm", "retired_pages", "retired_pending"))
+    with open_backend(sc) as gpus:
+        d = gpus.snapshot().devices[0]
+    assert d.health is not None and d.health.remapped_rows is None
+    assert d.why_unknown("health.remapped_rows")
+    assert d.clocks is not None and d.clocks.sm_mhz is None
+    assert d.clocks.memory_mhz == 3201
+    # Hopper retires no pages: unknown on both, never an empty list
+    assert d.health.retired_pages is None and d.why_unknown("health.retired_pages")
+
+
+def test_clocks(open_backend: Opener) -> None:
+    with open_backend(Scenario.h200()) as gpus:
+        clocks = gpus.snapshot().devices[0].clocks
+    assert clocks is not None
+    assert clocks.current == nc.ClockSet(345, 345, 3201, 765)
+    assert (clocks.max.graphics_mhz, clocks.max.sm_mhz, clocks.max.memory_mhz) == (1980, 1980, 3201)
+
+
+def test_lost_gpu_is_a_failure_and_the_others_report(open_backend: Opener) -> None:
+    sc = Scenario.h200(devices=3)
+    sc.set_device(1, lost=True)
+    with open_backend(sc) as gpus:
+        snap = gpus.snapshot(fields=nc.Fields.WAIT)
+    assert [d.index for d in snap.devices] == [0, 2]
+    assert [f.index for f in snap.failures] == [1]
+    assert isinstance(snap.failures[0].error, nc.NvmlCheckError)
+
+
+def test_wait_clean_on_an_idle_gpu(open_backend: Opener) -> None:
+    with open_backend(Scenario.h200()) as gpus:
+        result = gpus.wait_until_clean(timeout=5)
+    assert result.clean and result.polls >= 2
+    assert result.snapshot.backend == gpus.backend_name
+
+
+def test_wait_names_the_holder_at_the_timeout(open_backend: Opener) -> None:
+    with open_backend(_busy()) as gpus, pytest.raises(nc.WaitTimeout) as info:
+        gpus.wait_until_clean(timeout=0.3, devices=[0])
+    text = str(info.value)
+    assert "4100001" in text and "16.0 GiB" in text and "GPU 0" in text
+    assert info.value.snapshot is not None and info.value.snapshot.backend == gpus.backend_name
+
+
+def test_process_list_empty_but_memory_used_is_not_clean(open_backend: Opener) -> None:
+    sc = Scenario.h200()
+    sc.set_device(0, used_bytes=4 * GIB)  # memory held with no visible process (a PID namespace, say)
+    with open_backend(sc) as gpus, pytest.raises(nc.WaitTimeout) as info:
+        gpus.wait_until_clean(timeout=0.2)
+    assert "no visible process" in str(info.value)
