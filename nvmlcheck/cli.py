@@ -4,7 +4,8 @@ Exit codes (stable):
 
 ====  =====================================================================================================
 0     clean / ok
-1     not clean when the timeout passed (``wait``, ``kill``)
+1     not clean when the timeout passed (``wait``, ``kill``); ``study reclaim``: a run timed out, or the GPUs were
+      not clean at baseline
 2     usage error: bad arguments, a PID that is refused, does not exist or cannot be signalled
 3     backend unavailable or failed: no driver, no nvidia-smi, a lost GPU, an NVML or nvidia-smi error
 ====  =====================================================================================================
@@ -25,6 +26,7 @@ import signal
 import sys
 import time
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
 from . import __version__
@@ -362,6 +364,120 @@ def cmd_kill(args: argparse.Namespace) -> int:
     return EXIT_CLEAN
 
 
+def _sizes(text: str) -> list[int]:
+    from .holder import parse_size
+
+    try:
+        return [parse_size(part) for part in text.split(",")]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _endings(text: str) -> list[str]:
+    from .study import parse_ending
+
+    try:
+        return [parse_ending(part) for part in text.split(",")]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _size_label(n: int) -> str:
+    for unit, shift in (("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n % (1 << shift) == 0:
+            return f"{n >> shift}{unit}"
+    return f"{n}B"
+
+
+def _study_holders(args: argparse.Namespace) -> Any:
+    from .study import CudaHolderFactory
+
+    if args.simulate is None:
+        return CudaHolderFactory(chunks=args.chunks)
+    from .simulate import StubHolderFactory
+
+    # _simulation() pointed the stub at this scenario file; the factory adds the holders' pids to it per run.
+    return StubHolderFactory(os.environ["NVMLCHECK_STUB_SCENARIO"])
+
+
+def _study_plots(records: Sequence[Any], directory: str) -> list[str]:
+    from .study import median_run, plot_run_trace, plot_time_to_clean
+
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [str(plot_time_to_clean(records, out / "time-to-clean.png"))]
+    for size, ending in dict.fromkeys((r.size_bytes, r.ending) for r in records if not r.warmup):
+        run = median_run(records, size, ending)
+        if run is not None and run.trace:
+            paths.append(str(plot_run_trace(run, out / f"trace-{_size_label(size)}-{ending}.png")))
+    return paths
+
+
+def cmd_study_reclaim(args: argparse.Namespace) -> int:
+    from . import study as st
+
+    config = st.StudyConfig(
+        sizes=tuple(args.sizes), repeats=args.repeats, endings=tuple(args.endings),
+        devices=None if args.devices is None else tuple(args.devices), mode=args.mode, trace=args.trace,
+        warmup="per_cell" if args.warmup else "none", run_timeout_s=args.run_timeout,
+    )
+    if args.plot is not None:  # fail before a long study, not after it
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise UsageError("--plot needs matplotlib: pip install 'nvmlcheck[plot]'") from None
+    if args.out is not None and not Path(args.out).resolve().parent.is_dir():
+        raise UsageError(f"--out {args.out}: its directory does not exist")
+    status = StatusLine(sys.stderr, not args.json)
+
+    def progress(p: st.StudyProgress) -> None:
+        r = p.record
+        clean = r.devices[0].first_clean_ns if r.devices else None
+        last = "timed out" if r.timed_out else f"clean after {clean / 1e6:.1f} ms" if clean is not None else "?"
+        kind = " warm-up" if r.warmup else ""
+        status.update(f"study run {p.done}/{p.total} · {human_bytes(r.size_bytes)} {r.ending}{kind} · {last}")
+
+    with contextlib.ExitStack() as stack:
+        sink = stack.enter_context(st.record_writer(args.out)) if args.out is not None else None
+        try:
+            result = st.run_study(config, session_factory=lambda: _open(args), holder_factory=_study_holders(args),
+                                  on_record=sink, progress=progress)
+        except st.BaselineNotClean as exc:
+            status.clear()
+            return _fail(args, exc, EXIT_NOT_CLEAN)
+        finally:
+            status.clear()
+    plots = _study_plots(result.records, args.plot) if args.plot is not None else []
+    rows = st.summarize(result.records)
+    timed_out = [r for r in result.records if r.timed_out]
+    if args.json:
+        _print_json(document(
+            "study-reclaim",
+            complete=not timed_out,
+            runs=len(result.records),
+            measured_runs=len(result.measured),
+            timed_out_runs=[r.run for r in timed_out],
+            record_schema={"schema": st.RECORD_SCHEMA, "version": st.RECORD_VERSION},
+            out=args.out,
+            plots=plots,
+            summary=[row.to_json() for row in rows],
+            records=[{**r.to_json(), "trace": None} for r in result.records],
+        ))
+    else:
+        first = result.records[0]
+        gpus = ", ".join(f"{d.index} ({d.name or '?'})" for d in first.devices)
+        simulated = " — SIMULATED (stub libnvidia-ml)" if args.simulate is not None else ""
+        print(f"{len(result.measured)} measured runs + {len(result.records) - len(result.measured)} warm-ups on "
+              f"GPU {gpus}; backend {first.backend}, driver {first.driver}, {first.mode} polling{simulated}")
+        print(st.format_summary(rows))
+        for r in timed_out:
+            print(f"run {r.run} ({human_bytes(r.size_bytes)} {r.ending}) timed out: {r.timeout_reason}",
+                  file=sys.stderr)
+        for written in ([args.out] if args.out else []) + plots:
+            print(f"wrote {written}")
+    return EXIT_NOT_CLEAN if timed_out else EXIT_CLEAN
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
@@ -439,6 +555,38 @@ def build_parser() -> argparse.ArgumentParser:
                           help="a simulated H200: a real child holds memory, is killed, and the wait sees the reclaim")
     global_options(demo, suppress=True)
     demo.set_defaults(func=cmd_demo)
+
+    study = sub.add_parser("study", help="measurement studies (reclaim: how fast the driver gives memory back)")
+    global_options(study, suppress=True)
+    studies = study.add_subparsers(dest="study", required=True, parser_class=_Parser)
+    reclaim = studies.add_parser(
+        "reclaim", help="time the driver's reclamation of GPU memory after a holder process ends",
+        description="Start a process holding memory on each selected GPU, end it, and time when its PID leaves the "
+                    "NVML list, when the memory is back, and when waitpid returns. Refuses to start unless the GPUs "
+                    "are clean.",
+        epilog="exit codes: 0 every run completed, 1 a run timed out or the GPUs were not clean at baseline, "
+               "2 usage, 3 backend or holder failure",
+    )
+    global_options(reclaim, suppress=True)
+    reclaim.add_argument("--sizes", type=_sizes, default=[1 << 30, 4 << 30, 16 << 30], metavar="LIST",
+                         help="bytes held per GPU, comma-separated (default 1GiB,4GiB,16GiB)")
+    reclaim.add_argument("--repeats", type=int, default=5, help="measured runs per size and ending (default 5)")
+    reclaim.add_argument("--endings", type=_endings, default=["KILL", "TERM"], metavar="LIST",
+                         help="how the holder ends: KILL, TERM, exit, free (comma-separated; default KILL,TERM)")
+    reclaim.add_argument("--mode", choices=("precise", "default"), default="precise",
+                         help="polling: precise (tight loop, one busy core; default) or default (~1.5 ms)")
+    reclaim.add_argument("--out", metavar="FILE.jsonl", default=None,
+                         help="write one JSON Lines record per run (schema nvmlcheck/reclaim-run, version 1)")
+    reclaim.add_argument("--trace", action="store_true", help="keep the per-poll trace in each record")
+    reclaim.add_argument("--plot", metavar="DIR", default=None,
+                         help="write PNG plots to DIR (needs matplotlib: pip install 'nvmlcheck[plot]')")
+    reclaim.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
+                         help="one discarded warm-up run before each size and ending (default on)")
+    reclaim.add_argument("--run-timeout", type=float, default=30.0, metavar="S",
+                         help="seconds from the signal until clean and reaped, else the run times out (default 30)")
+    reclaim.add_argument("--chunks", type=int, default=1,
+                         help="allocations per holder (python -m nvmlcheck.holder --chunks; default 1)")
+    reclaim.set_defaults(func=cmd_study_reclaim)
     return parser
 
 
@@ -468,6 +616,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"unknown signal {args.signal!r}")
     if getattr(args, "stable_polls", 1) < 1:
         parser.error("--stable-polls must be at least 1")
+    if getattr(args, "repeats", 1) < 1 or getattr(args, "chunks", 1) < 1:
+        parser.error("--repeats and --chunks must be at least 1")
     try:
         with _simulation(args):
             code: int = args.func(args)

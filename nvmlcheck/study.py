@@ -1109,13 +1109,17 @@ def plot_time_to_clean(records: Iterable[RunRecord], path: str | os.PathLike[str
             ys.extend(vals)
             if vals:
                 medians.append((size / 2**30, percentile(vals, 0.5)))
-        (line,) = ax.plot([m[0] for m in medians], [m[1] for m in medians], marker="_", label=f"{ending} (median)")
+        (line,) = ax.plot([m[0] for m in medians], [m[1] for m in medians], label=f"{ending}: runs and median")
         ax.scatter(xs, ys, s=12, alpha=0.6, color=line.get_color())
     ax.set_xscale("log")
-    ax.set_xlabel("memory held (GiB)")
+    sizes = sorted({r.size_bytes for r in kept})
+    if sizes:  # label the measured sizes themselves, not powers of ten
+        ax.set_xticks([s / 2**30 for s in sizes], labels=[f"{s / 2**30:g}" for s in sizes])
+        ax.tick_params(axis="x", which="minor", bottom=False, labelbottom=False)
+    ax.set_xlabel("memory held per GPU (GiB)")
     ax.set_ylabel("signal → memory back (ms)")
-    ax.set_ylim(bottom=0)
-    ax.grid(True, which="both", alpha=0.3)
+    ax.set_ylim(0, max(ax.get_ylim()[1], 1.0) * 1.15)  # room above the highest point for the legend
+    ax.grid(True, which="major", alpha=0.3)
     ax.legend()
     backends = sorted({f"{r.backend}, driver {r.driver}" for r in kept})
     ax.set_title("Time until the driver gives the memory back" + (f"\n{'; '.join(backends)}" if backends else ""),
