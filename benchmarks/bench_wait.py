@@ -258,38 +258,75 @@ def realtime(runs: int = 200, query_us: float = 35.0) -> None:
         )
 
 
-def real_gpu(seconds: float = 3.0, device: int = 0) -> None:
-    """On a real GPU (NVML backend): the cost of one poll's query (memory + three process lists of one GPU), and the
-    CPU the poller uses while waiting on that GPU for ``seconds`` with a predicate that never holds."""
+def real_gpu(seconds: float = 3.0, device: int = 0, hold_gib: int = 4) -> None:
+    """On a real GPU (NVML backend): the cost of one poll's query, then, while a child process (PyTorch) holds
+    ``hold_gib`` GiB, the CPU the poller uses waiting ``seconds`` with the default predicate (DEFAULT, DEFAULT with a
+    memory-only probe, PRECISE), then the child is killed and the wait that sees the memory come back is timed."""
+    import signal
+    import subprocess
+
     import nvmlcheck as nc
     from nvmlcheck.errors import WaitTimeout
     from nvmlcheck.model import Fields
-    from nvmlcheck.predicates import never
 
     with nc.open("nvml") as gpus:
 
-        def take() -> Snapshot:
+        def full() -> Snapshot:
             return gpus.snapshot([device], fields=Fields.WAIT)
 
-        take()
-        costs = []
-        for _ in range(2000):
-            t = time.perf_counter_ns()
-            take()
-            costs.append(time.perf_counter_ns() - t)
-        costs.sort()
-        print(f"query of GPU {device} (Fields.WAIT): p50 {costs[1000] / 1e3:.1f} µs, p99 {costs[1980] / 1e3:.1f} µs")
-        for name, policy in (("DEFAULT", DEFAULT), ("PRECISE", PRECISE)):
-            c0, w0 = time.process_time(), time.monotonic()
-            try:
-                poll_until(take, never(), timeout=seconds, policy=policy)
-            except WaitTimeout as exc:
-                polls = exc.polls
-            cpu, wall = time.process_time() - c0, time.monotonic() - w0
+        def memory() -> Snapshot:
+            return gpus.snapshot([device], fields=Fields.MEMORY)
+
+        for name, take in (("memory + 3 process lists", full), ("memory only", memory)):
+            costs = []
+            for _ in range(2000):
+                t = time.perf_counter_ns()
+                take()
+                costs.append(time.perf_counter_ns() - t)
+            costs.sort()
+            print(f"query GPU {device}, {name}: p50 {costs[1000] / 1e3:.1f} µs, p99 {costs[1980] / 1e3:.1f} µs")
+
+        holder = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                f"import torch, time; x = torch.empty({hold_gib} << 30, dtype=torch.uint8, device='cuda:{device}'); "
+                "x.fill_(1); torch.cuda.synchronize(); print('holding', flush=True); time.sleep(600)",
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert holder.stdout is not None and holder.stdout.readline().strip() == "holding"
+            runs: list[tuple[str, PollPolicy, Callable[[], Snapshot] | None]] = [
+                ("DEFAULT", DEFAULT, None),
+                ("DEFAULT + probe", DEFAULT, memory),
+                ("PRECISE", PRECISE, None),
+            ]
+            for name, policy, probe in runs:
+                c0, t0, w0 = time.process_time(), time.thread_time(), time.monotonic()
+                try:
+                    poll_until(full, timeout=seconds, policy=policy, probe=probe)
+                except WaitTimeout as exc:
+                    polls, first = exc.polls, exc.culprits[0]
+                wall = time.monotonic() - w0
+                cpu, thread = time.process_time() - c0, time.thread_time() - t0
+                print(
+                    f"held, {name}: one poll per {wall / polls * 1e6:.0f} µs, CPU {100 * cpu / wall:.1f} % of a core "
+                    f"(this thread {100 * thread / wall:.1f} %); culprit: {first}"
+                )
+            kill_ns = time.monotonic_ns()
+            holder.send_signal(signal.SIGKILL)
+            res = poll_until(full, timeout=30.0, probe=memory)
             print(
-                f"{name}: {polls} polls in {wall:.2f} s (one per {wall / polls * 1e6:.0f} µs), "
-                f"CPU {100 * cpu / wall:.1f} % of a core"
+                f"SIGKILL -> first clean poll {(res.started_ns + res.first_clean_ns - kill_ns) / 1e6:.1f} ms, "
+                f"confirmed {(res.confirmed_ns - kill_ns) / 1e6:.1f} ms; last dirty poll "
+                f"{(res.started_ns + (res.last_dirty_ns or 0) - kill_ns) / 1e6:.1f} ms; {res.polls} polls "
+                f"({res.partial_polls} by the probe), median period {res.interval_ns / 1e3:.0f} µs"
             )
+        finally:
+            holder.kill()
+            holder.wait()
 
 
 if __name__ == "__main__":

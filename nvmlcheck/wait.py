@@ -20,14 +20,18 @@ than the real clean moment, and at most one poll period later (``last_dirty_ns``
 Polling policy
 --------------
 :data:`DEFAULT` polls every 1 ms and confirms a clean poll 0.25 ms later: detection within ~1.5 ms of the clean
-moment (2 ms p99 target). One poll on one GPU is ~30-40 µs of NVML work (FACTS: ~5-10 µs per call; memory and
-three process lists) plus ~2 µs of the poller's own, and a sleep's wake-up costs CPU too. ``time.sleep(0.001)``
-really sleeps ~1.1 ms on Linux (timer slack), so the poller measures that lateness and asks for correspondingly
-less. A duty cap keeps the CPU time of a cycle (measured with :func:`time.thread_time_ns`), and the wall time of a
-query, within 5 % of the cycle: it stretches the interval where polls are expensive (many GPUs, a VM's costly
-wake-ups, nvidia-smi at ~20 ms per run) and costs nothing where they are cheap. After 10 s without any change in
-what it sees (bytes used, process counts), the interval grows by 1.5x per poll up to 10 ms; any change snaps it
-back to 1 ms (a killed process leaves the list before its memory returns, FACTS).
+moment (2 ms p99 target) where a cycle costs at most 50 µs of CPU. ``time.sleep(0.001)`` really sleeps ~1.1 ms on
+Linux (timer slack), so the poller measures that lateness and asks for correspondingly less. A duty cap keeps the
+CPU time of a cycle within 5 % of the cycle, stretching the interval where polls are expensive and costing nothing
+where they are cheap. It counts CPU, not wall time: while the driver tears a killed process down, NVML queries
+block for up to ~40 ms without using the CPU (measured on an H200), and a wall-time cap would then poll every
+~35 ms right when it matters. The CPU counted is this thread's plus that of reaped child processes (nvidia-smi
+runs); with an injected clock and no ``cpu_clock``, the wall time of queries stands in. Measured on an H200 (gVisor
+host): a full one-GPU query (memory and three process lists) costs ~50 µs hot and ~105 µs right after a sleep, so
+a 1 ms cycle costs ~120 µs and the cap stretches it to ~2.5-6 ms; a memory-only ``probe`` (see :func:`poll_until`)
+brings the cycle to ~2 ms. After 10 s without any change in what it sees (bytes used, process counts), the interval
+grows by 1.5x per poll up to 10 ms; any change snaps it back (a killed process leaves the list before its memory
+returns, FACTS).
 :data:`PRECISE` polls in a tight loop without sleeping (``time.sleep(0)`` alone costs ~80 µs on Linux), detecting
 within about two query times (< 100 µs on one GPU) at the cost of one busy core. ``PollPolicy.every(s)`` is a
 plain fixed interval.
@@ -48,6 +52,7 @@ snapshot makes the poll not clean, whatever the predicate says.
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections import deque
 from collections.abc import Callable
@@ -86,6 +91,7 @@ __all__ = [
     "PollPolicy",
     "TracePoint",
     "WaitResult",
+    "cpu_time_ns",
     "is_transient",
     "poll_until",
 ]
@@ -105,9 +111,9 @@ class PollPolicy:
     ``interval_s``: time from the end of one poll to the start of the next (0: no sleep at all, a tight loop).
     ``confirm_interval_s``: the interval after a clean poll, while the run of clean polls is being confirmed
     (``None``: same as ``interval_s``); shorter means faster detection, longer guards better against flapping.
-    ``max_duty``: the largest fraction of time spent polling (the larger of a query's wall time and a whole cycle's
-    CPU time, over the cycle); the base interval is stretched to respect it when polls are costly (``None``: no
-    cap). ``backoff_after_s``: once nothing seen has changed for this long, the
+    ``max_duty``: the largest fraction of a cycle's time that its CPU time may take (the wall time of a query
+    stands in without a CPU clock); the base interval is stretched to respect it when polls are costly (``None``:
+    no cap). ``backoff_after_s``: once nothing seen has changed for this long, the
     interval grows by ``backoff_factor`` per poll up to ``max_interval_s`` (``None``: never). ``compensate_sleep``:
     ask ``sleep`` for less by its measured lateness, so real intervals match the nominal ones. ``full_every_s``:
     with a ``probe`` (see :func:`poll_until`), the longest time between two full queries, so the live status line
@@ -281,6 +287,22 @@ _FATAL: tuple[type[Exception], ...] = (
 )
 
 
+_children_ns = 0  # CPU time of reaped child processes, as last read
+_children_read_at = -(10**18)
+
+
+def cpu_time_ns() -> int:
+    """CPU time spent by this thread plus that of reaped child processes (an nvidia-smi run burns its CPU in a
+    child): what the duty cap counts by default. ``os.times`` counts children in clock ticks of 10 ms and costs a
+    system call (~3 µs on a VM), so the children's part is read again at most every 10 ms."""
+    global _children_ns, _children_read_at
+    now = time.monotonic_ns()
+    if now - _children_read_at >= 10_000_000:
+        t = os.times()
+        _children_ns, _children_read_at = round((t.children_user + t.children_system) * _NS), now
+    return time.thread_time_ns() + _children_ns
+
+
 def is_transient(exc: BaseException) -> bool:
     """Whether polling again may help: ``True`` for the transient errors listed in the module docstring,
     ``False`` for lost GPUs, permissions, a missing driver, corrupt data and every other error."""
@@ -415,8 +437,9 @@ class _Pacer:
         self.compensate = pol.compensate_sleep
         self.late_ns = 0  # running estimate of how late sleep() wakes up
         # The duty cap wants load / period <= duty, i.e. sleep >= load / duty - busy, where busy is the wall time of
-        # a poll and load the larger of busy and the CPU time of a whole cycle: a sleep's wake-up costs CPU too
-        # (about 20 µs per time.sleep(0.001) on a 2-vCPU VM), which wall time alone does not show.
+        # a poll and load the CPU time of a whole cycle (a sleep's wake-up costs 15-20 µs of CPU too). Not wall time:
+        # NVML blocks for up to ~40 ms while the driver reclaims a killed process's memory, using no CPU. Without a
+        # CPU clock (injected clocks), busy stands in for load.
         self.duty = pol.max_duty
         self.busy_ns = 0  # running estimate of a poll's wall time (query + judgement)
         self.cpu_clock = cpu_clock if self.duty is not None else None
@@ -459,7 +482,8 @@ class _Pacer:
             self.busy_ns = busy if self.busy_ns == 0 else self.busy_ns + (busy - self.busy_ns) // 8
             want = self.cur_ns
             if self.duty is not None:
-                want = max(want, int(max(self.busy_ns, self.cpu_ns) / self.duty) - self.busy_ns)
+                load = self.cpu_ns if self.cpu_clock is not None else self.busy_ns
+                want = max(want, int(load / self.duty) - self.busy_ns)
         if deadline is not None:
             want = min(want, deadline - now)  # never sleep past the deadline
         if want <= 0:
@@ -498,7 +522,8 @@ def poll_until(
     ``keep_trace`` keeps one :class:`TracePoint` per poll in the result; ``on_poll(point)`` is called after every
     poll (for a live status line: ``predicate.evaluate(point.snapshot).reasons`` says who holds what).
     ``cpu_clock`` (integer ns of CPU time) lets the duty cap count the CPU a cycle really costs, sleep wake-ups
-    included; it defaults to :func:`time.thread_time_ns` with the real ``clock`` and to none with an injected one.
+    included; with the real ``clock`` it defaults to this thread's CPU time plus that of reaped child processes
+    (:func:`cpu_time_ns`), with an injected one to none (then the wall time of queries stands in).
 
     ``probe`` is an optional cheaper snapshot (typically ``Fields.MEMORY`` only: 18 µs instead of 50 µs for memory
     and three process lists on an H200, FACTS-style measurement in ``benchmarks/bench_wait.py``). While the GPUs are
@@ -559,7 +584,7 @@ class _Poller:
         self.on_poll = on_poll
         # CPU accounting only makes sense against the real clock: with an injected clock it needs its own fake.
         if cpu_clock is None and clock is time.monotonic_ns:
-            cpu_clock = time.thread_time_ns
+            cpu_clock = cpu_time_ns
         self.cpu_clock = cpu_clock
         self.probe = probe
 

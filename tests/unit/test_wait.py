@@ -460,7 +460,8 @@ def test_default_mode_detects_within_two_ms_despite_late_wakeups() -> None:
 
 
 def test_default_mode_duty_cap_stretches_the_interval_for_slow_queries() -> None:
-    # nvidia-smi costs ~20 ms per run: at most 5 % of the time may be spent polling.
+    # Without a CPU clock (an injected clock), the wall time of a query stands in: nvidia-smi costs ~20 ms per run,
+    # so at most one run per ~400 ms.
     res, gpu = wait([(0, BUSY), (5000 * MS, CLEAN)], costs=[20 * MS], timeout=None)
     sleeps = [ns for _, ns in gpu.time.sleeps[3:-2]]
     assert min(sleeps) >= 19 * 20 * MS * 0.95
@@ -485,6 +486,39 @@ def test_default_mode_duty_cap_counts_cpu_time_of_the_whole_cycle() -> None:
     assert cpu[0] / res.elapsed_ns <= 0.051
     _, gpu2 = wait([(0, BUSY), (200 * MS, CLEAN)], costs=[35 * US])  # injected clock: no CPU accounting
     assert {ns for when, ns in gpu2.time.sleeps if START + 50 * MS < when < START + 190 * MS} == {1 * MS}
+
+
+def test_blocking_queries_do_not_stretch_the_interval() -> None:
+    # While the driver reclaims a killed process's memory, NVML queries block for up to ~40 ms (H200) using no CPU:
+    # the cap counts CPU, so polling goes on at 1 ms, right when the clean moment is near.
+    t = FakeTime()
+    cpu = [0]
+
+    class Gpu(FakeGpu):
+        def __call__(self) -> Snapshot:
+            cpu[0] += 40 * US
+            return super().__call__()
+
+    gpu = Gpu(t, [(0, BUSY), (100 * MS, CLEAN)], [50 * US, 50 * US, 20 * MS, 30 * MS, 50 * US])
+    res = poll_until(gpu, timeout=1.0, clock=t.clock, sleep=t.sleep, cpu_clock=lambda: cpu[0])
+    assert {ns for _, ns in t.sleeps[:-1]} == {1 * MS}
+    assert res.first_clean_ns - 100 * MS <= 30 * MS + 1 * MS
+
+
+def test_cpu_time_counts_reaped_children(monkeypatch: pytest.MonkeyPatch) -> None:
+    import subprocess
+    import sys
+    import time
+
+    import nvmlcheck.wait as w
+
+    def children() -> int:
+        monkeypatch.setattr(w, "_children_read_at", -(10**18))  # the children's part is cached for 10 ms
+        return w.cpu_time_ns() - time.thread_time_ns()
+
+    before = children()
+    subprocess.run([sys.executable, "-c", "sum(range(10**7))"], check=True)
+    assert children() - before >= 20 * MS  # an nvidia-smi run's CPU is the child's
 
 
 def test_default_mode_backs_off_after_ten_quiet_seconds_and_snaps_back_on_change() -> None:
