@@ -1,0 +1,418 @@
+"""The reclamation study on the stub: real child processes stand in for GPU memory holders (pid-bound processes), a
+real observer polls the stub through nvmlcheck's NVML backend, and the records, summary, plots and CLI are checked."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import nvmlcheck
+from nvmlcheck.cli import main
+from nvmlcheck.simulate import StubHolderFactory
+from nvmlcheck.study import (
+    SLEEP_REFERENCE_NS,
+    BaselineNotClean,
+    DeviceRun,
+    PlotUnavailable,
+    RecordFormatError,
+    RunRecord,
+    StudyConfig,
+    StudyResult,
+    format_summary,
+    load_records,
+    median_run,
+    parse_ending,
+    percentile,
+    plot_run_trace,
+    plot_time_to_clean,
+    record_writer,
+    run_study,
+    summarize,
+    write_records,
+)
+from nvmlcheck.testing import Scenario, StubProbe, build_stub, use_stub
+
+pytestmark = pytest.mark.stub
+
+GIB = 1 << 30
+MS = 1_000_000
+# What the stub's list_ms/release_ms imply is a lower bound (it starts counting when it first sees the pid gone,
+# after the death, after the signal). Above it: the child's death, one sampling period and scheduling on a loaded
+# 2-core CI box. Generous, yet far below a stub that ignored list_ms/release_ms or an observer that missed events.
+SLACK_NS = 750 * MS
+EXIT_STATUS = {"KILL": -int(signal.SIGKILL), "TERM": -int(signal.SIGTERM), "exit": 0, "free": 0}
+
+
+@pytest.fixture(autouse=True)
+def nvml_released() -> Iterator[None]:
+    """The stub reloads its scenario only when NVML's reference count goes 0 → 1: no test may leave it held."""
+    probe = StubProbe(build_stub())
+    assert probe.init_refcount() == 0, "an earlier test left NVML initialised"
+    yield
+    assert probe.init_refcount() == 0, "this test left NVML initialised"
+
+
+def _open() -> nvmlcheck.Session:
+    return nvmlcheck.open("nvml")
+
+
+def study(
+    scenario: Scenario, config: StudyConfig, *, list_ms: int, release_ms: int
+) -> tuple[StudyResult, StubHolderFactory, list[RunRecord]]:
+    """Run a study on the stub; also return the factory and what on_record received."""
+    seen: list[RunRecord] = []
+    with use_stub(scenario) as stub:
+        factory = StubHolderFactory(stub.scenario_path, list_ms=list_ms, release_ms=release_ms)
+        result = run_study(config, session_factory=_open, holder_factory=factory, on_record=seen.append)
+        assert stub.scenario_path.read_text() == scenario.render()  # finish() took every holder out again
+    return result, factory, seen
+
+
+def check_device_times(d: DeviceRun, ending: str, *, list_ms: int, release_ms: int) -> None:
+    """Everything one GPU of a completed run must say."""
+    assert d.signal_ns >= 0
+    assert d.off_list_ns is not None and d.memory_back_ns is not None and d.first_clean_ns is not None
+    assert d.waitpid_ns is not None and d.waitpid_ns >= 0
+    assert list_ms * MS <= d.off_list_ns <= list_ms * MS + SLACK_NS
+    assert release_ms * MS <= d.memory_back_ns <= release_ms * MS + SLACK_NS
+    assert d.off_list_ns <= d.memory_back_ns  # signal <= off the list <= memory back, as the scenario orders them
+    assert d.first_clean_ns == max(d.off_list_ns, d.memory_back_ns)  # clean = both, seen by the same poll
+    assert d.last_held_ns is not None and 0 < d.last_held_ns < d.first_clean_ns
+    assert d.waitpid_ns <= d.memory_back_ns  # the stub starts counting after the death; reaping follows it at once
+    assert d.exit_status == EXIT_STATUS[ending]
+
+
+# --- the whole pipeline ---------------------------------------------------------------------------------------------
+
+
+def test_records_are_complete_and_ordered() -> None:
+    config = StudyConfig(sizes=(GIB, 4 * GIB), repeats=1, endings=("KILL", "TERM", "exit", "free"), trace=True)
+    result, factory, seen = study(Scenario.h200(), config, list_ms=40, release_ms=80)
+
+    assert factory.live == []
+    assert list(result.records) == seen  # on_record got every record, in order
+    assert [r.run for r in result.records] == list(range(16))  # 2 sizes x 4 endings x (warm-up + 1)
+    assert [(r.size_bytes, r.ending, r.warmup) for r in result.records[:4]] == [
+        (GIB, "KILL", True), (GIB, "KILL", False), (GIB, "TERM", True), (GIB, "TERM", False)
+    ]
+    assert len(result.measured) == 8 and not result.timed_out
+    for r in result.records:
+        assert not r.timed_out and r.timeout_reason is None
+        assert r.backend == "nvml" and r.driver == "580.159.04" and r.mode == "precise"
+        assert r.polls >= 2 and r.poll_interval_ns > 0 and r.poll_cost_ns > 0
+        assert r.resolution_ns >= r.poll_interval_ns
+        (d,) = r.devices
+        assert d.index == 0 and d.uuid.startswith("GPU-") and d.name == "NVIDIA H200"
+        assert d.baseline_used_bytes == 0 and d.held_bytes == r.size_bytes
+        assert 0 <= d.signal_ns < 50 * MS  # signalled right after the run's origin was taken
+        check_device_times(d, r.ending, list_ms=40, release_ms=80)
+        # the trace: offsets from the run origin, used memory and process count per poll
+        assert r.trace_columns == ("offset_ns", "used_bytes[0]", "process_count[0]")
+        assert r.trace is not None and len(r.trace) >= 3
+        offsets = [row[0] for row in r.trace]
+        assert None not in offsets and offsets == sorted(int(t or 0) for t in offsets)
+        assert int(offsets[0] or 0) > d.signal_ns
+        assert r.trace[0][1:] == (r.size_bytes, 1)
+        assert r.trace[-1][1:] == (0, 0)
+        # the step from held to free is at the recorded times (trace offsets are from the run origin)
+        assert d.memory_back_ns is not None and d.last_held_ns is not None
+        assert (d.signal_ns + d.memory_back_ns, 0, 0) in r.trace
+        assert (d.signal_ns + d.last_held_ns, r.size_bytes, 0) in r.trace
+
+
+def test_eight_gpus_one_holder_each_one_observer() -> None:
+    config = StudyConfig(sizes=(2 * GIB,), repeats=2, endings=("KILL",), warmup="none")
+    with use_stub(Scenario.h200(devices=8)) as stub:
+        factory = StubHolderFactory(stub.scenario_path, list_ms=30, release_ms=60)
+        result = run_study(config, session_factory=_open, holder_factory=factory)
+        callers = {entry.pid for entry in stub.calls()}
+    assert callers == {os.getpid()}  # the holders never touch NVML: one observer reads all eight GPUs
+    assert len(result.records) == 2
+    pids: set[int] = set()
+    for r in result.records:
+        assert [d.index for d in r.devices] == list(range(8))
+        assert len({d.uuid for d in r.devices}) == 8
+        signals = [d.signal_ns for d in r.devices]
+        assert signals == sorted(signals) and signals[0] >= 0
+        for d in r.devices:
+            assert d.held_bytes == 2 * GIB
+            check_device_times(d, "KILL", list_ms=30, release_ms=60)
+        pids |= {d.pid for d in r.devices}
+    assert len(pids) == 16  # a fresh holder per GPU per run
+    (row,) = summarize(result.records)
+    assert row.n == 16 and row.runs == 2 and row.timeouts == 0
+
+
+def test_default_mode_polls_less_often_but_sees_the_same_events() -> None:
+    config = StudyConfig(sizes=(GIB,), repeats=1, endings=("KILL",), warmup="none", mode="default")
+    result, _, _ = study(Scenario.h200(), config, list_ms=30, release_ms=60)
+    (r,) = result.records
+    assert r.mode == "default"
+    assert r.poll_interval_ns >= 200_000  # DEFAULT sleeps ~1 ms between polls (0.25 ms while confirming)
+    check_device_times(r.devices[0], "KILL", list_ms=30, release_ms=60)
+
+
+def test_refuses_to_start_on_a_dirty_gpu() -> None:
+    scenario = Scenario.h200(devices=2)
+    scenario.add_process(1, 4_000_001, used_bytes=GIB)  # someone else's job on GPU 1
+    config = StudyConfig(sizes=(GIB,), repeats=1)
+    with use_stub(scenario) as stub:
+        factory = StubHolderFactory(stub.scenario_path)
+        with pytest.raises(BaselineNotClean) as info:
+            run_study(config, session_factory=_open, holder_factory=factory)
+    assert factory.live == []  # nothing was started
+    assert info.value.records == ()
+    assert "4000001" in str(info.value) and "GPU 1" in str(info.value)
+    # the baseline judges only the selected GPUs: GPU 0 alone is clean
+    only_gpu0 = StudyConfig(sizes=(GIB,), repeats=1, devices=(0,), warmup="none")
+    result, _, _ = study(scenario, only_gpu0, list_ms=0, release_ms=10)
+    assert [d.index for d in result.records[0].devices] == [0]
+
+
+def test_a_run_whose_memory_never_comes_back_times_out_and_the_study_goes_on() -> None:
+    config = StudyConfig(sizes=(GIB,), repeats=2, endings=("KILL",), warmup="none", run_timeout_s=0.4)
+    result, factory, _ = study(Scenario.h200(), config, list_ms=20, release_ms=60_000)
+    assert result.timed_out and len(result.records) == 2  # the second run's baseline was clean again
+    for r in result.records:
+        (d,) = r.devices
+        assert r.timed_out and r.timeout_s == 0.4
+        assert r.timeout_reason is not None and "GPU 0" in r.timeout_reason
+        assert d.memory_back_ns is None and d.first_clean_ns is None
+        assert d.off_list_ns is not None and d.off_list_ns >= 20 * MS  # the list emptied; the memory stayed
+        assert d.last_held_ns is not None and d.last_held_ns >= 0.4 * 1e9 - 50 * MS  # held until the deadline
+        assert d.waitpid_ns is not None and d.exit_status == -int(signal.SIGKILL)
+    assert factory.live == []
+    (row,) = summarize(result.records)
+    assert row.runs == 2 and row.timeouts == 2 and row.n == 0 and row.memory_back is None
+    assert row.sleep_ratio is None
+    assert "2 of 2 runs timed out" in format_summary([row])
+
+
+def test_config_validation() -> None:
+    with pytest.raises(ValueError, match="at least one size"):
+        StudyConfig(sizes=())
+    with pytest.raises(ValueError, match="positive"):
+        StudyConfig(sizes=(0,))
+    with pytest.raises(ValueError, match="unknown ending"):
+        StudyConfig(sizes=(GIB,), endings=("HUP",))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="repeats"):
+        StudyConfig(sizes=(GIB,), repeats=0)
+    with pytest.raises(ValueError, match="run_timeout_s"):
+        StudyConfig(sizes=(GIB,), run_timeout_s=math_nan())
+    cfg = StudyConfig(sizes=[GIB], endings=["sigkill", "15", "EXIT"], warmup="once", repeats=2)  # type: ignore[arg-type]
+    assert cfg.sizes == (GIB,) and cfg.endings == ("KILL", "TERM", "exit")
+    assert [(e, rep, w) for _, e, rep, w in cfg.plan()] == [
+        ("KILL", 0, True), ("KILL", 0, False), ("KILL", 1, False),
+        ("TERM", 0, False), ("TERM", 1, False), ("exit", 0, False), ("exit", 1, False),
+    ]
+    assert parse_ending("9") == "KILL" and parse_ending("free") == "free"
+
+
+def math_nan() -> float:
+    return float("nan")
+
+
+# --- records on disk ------------------------------------------------------------------------------------------------
+
+
+def test_jsonl_round_trip_and_schema(tmp_path: Path) -> None:
+    config = StudyConfig(sizes=(GIB,), repeats=1, endings=("KILL",), trace=True)
+    result, _, _ = study(Scenario.h200(devices=2), config, list_ms=10, release_ms=20)
+    path = tmp_path / "runs.jsonl"
+    with record_writer(path) as write:
+        for r in result.records:
+            write(r)
+    assert load_records(path) == list(result.records)
+    lines = path.read_text().splitlines()
+    assert len(lines) == 2
+    doc = json.loads(lines[1])
+    assert doc["schema"] == "nvmlcheck/reclaim-run" and doc["version"] == 1
+    assert set(doc) >= {"run", "repeat", "warmup", "size_bytes", "ending", "mode", "driver", "timed_out", "polls",
+                        "poll_interval_ns", "poll_cost_ns", "devices", "trace_columns", "trace"}
+    assert set(doc["devices"][0]) == {"index", "uuid", "name", "pid", "baseline_used_bytes", "held_bytes", "signal_ns",
+                                      "last_held_ns", "first_clean_ns", "off_list_ns", "memory_back_ns", "waitpid_ns",
+                                      "exit_status"}
+    assert all(len(row) == 5 for row in doc["trace"])  # offset, used x2, count x2
+
+    # fields added later within version 1 are ignored; blank lines skipped
+    doc["added_later"] = 1
+    doc["devices"][0]["also_added"] = 2
+    (tmp_path / "newer.jsonl").write_text("\n" + json.dumps(doc) + "\n\n")
+    assert load_records(tmp_path / "newer.jsonl") == [result.records[1]]
+    assert write_records(result.records, tmp_path / "again.jsonl").read_text() == path.read_text()
+
+    def refused(text: str, match: str) -> None:
+        bad = tmp_path / "bad.jsonl"
+        bad.write_text(lines[0] + "\n" + text + "\n")
+        with pytest.raises(RecordFormatError, match=match):
+            load_records(bad)
+
+    refused(json.dumps({**doc, "version": 2}), r"bad\.jsonl:2: .*newer")
+    refused(json.dumps({**doc, "schema": "nvmlcheck/wait"}), r":2: not a reclamation run record")
+    refused(json.dumps({k: v for k, v in doc.items() if k != "devices"}), r":2: missing field 'devices'")
+    refused("[1, 2]", r":2: a record is a JSON object")
+    refused("{not json", r"bad\.jsonl:2:")
+
+
+# --- summary --------------------------------------------------------------------------------------------------------
+
+
+def record(run: int, size: int, ending: str, clean_ms: list[float], *, warmup: bool = False,
+           timed_out: bool = False, interval_ns: int = 40_000) -> RunRecord:
+    """A hand-made record: one GPU per value; off the list 30 ms before clean, reaped 20 ms after."""
+    devices = tuple(
+        DeviceRun(index=i, uuid=f"GPU-{i}", name="NVIDIA H200", pid=1000 + run * 10 + i, baseline_used_bytes=0,
+                  held_bytes=size, signal_ns=i * 1000, last_held_ns=round(v * MS) - 40_000,
+                  first_clean_ns=round(v * MS), off_list_ns=round((v - 30) * MS), memory_back_ns=round(v * MS),
+                  waitpid_ns=round((v + 20) * MS), exit_status=-9)
+        for i, v in enumerate(clean_ms)
+    )
+    return RunRecord(run=run, repeat=run, warmup=warmup, size_bytes=size, ending=parse_ending(ending), mode="precise",
+                     backend="nvml", driver="580.159.04", nvmlcheck="0.1.0", wall_time=0.0, timed_out=timed_out,
+                     timeout_s=30.0, timeout_reason="x" if timed_out else None, polls=100,
+                     poll_interval_ns=interval_ns, poll_cost_ns=30_000, devices=devices)
+
+
+def test_percentile_is_linear_between_closest_ranks() -> None:
+    assert percentile([1, 2, 3, 4], 0.5) == 2.5
+    assert percentile([10, 20, 30, 40, 50], 0.1) == pytest.approx(14.0, rel=1e-12)
+    assert percentile([10, 20, 30, 40, 50], 0.9) == pytest.approx(46.0, rel=1e-12)
+    assert percentile([7], 0.9) == 7
+    assert percentile([3, 1, 2], 0.0) == 1 and percentile([3, 1, 2], 1.0) == 3
+    with pytest.raises(ValueError, match="no values"):
+        percentile([], 0.5)
+    with pytest.raises(ValueError, match=r"within 0\.\.1"):
+        percentile([1], 1.5)
+
+
+def test_summary_numbers_on_hand_made_records() -> None:
+    records = [
+        record(0, GIB, "KILL", [500.0], warmup=True),  # left out
+        record(1, GIB, "KILL", [100.0, 110.0]),  # two GPUs: two values
+        record(2, GIB, "KILL", [120.0]),
+        record(3, GIB, "KILL", [130.0, 140.0], interval_ns=60_000),
+        record(4, GIB, "KILL", [900.0], timed_out=True),  # counted as a timeout, not in the statistics
+        record(5, 16 * GIB, "TERM", [150.0]),
+        record(6, GIB, "TERM", [200.0, 100.0]),
+    ]
+    rows = summarize(records)
+    assert [(r.size_bytes, r.ending) for r in rows] == [(GIB, "KILL"), (GIB, "TERM"), (16 * GIB, "TERM")]
+    kill = rows[0]
+    assert (kill.n, kill.runs, kill.timeouts) == (5, 4, 1)
+    mb = kill.memory_back
+    assert mb is not None and mb.n == 5
+    assert (mb.min, mb.median, mb.max) == (100 * MS, 120 * MS, 140 * MS)
+    assert mb.p10 == pytest.approx(104 * MS, rel=1e-12)  # position 0.4 between 100 and 110
+    assert mb.p90 == pytest.approx(136 * MS, rel=1e-12)  # position 3.6 between 130 and 140
+    assert kill.off_list is not None and kill.off_list.median == 90 * MS
+    assert kill.waitpid is not None and kill.waitpid.median == 140 * MS
+    assert kill.first_clean is not None and kill.first_clean.median == 120 * MS
+    assert kill.sleep_ratio == pytest.approx(SLEEP_REFERENCE_NS / (120 * MS)) == pytest.approx(25.0)
+    assert kill.resolution_ns == 40_000  # median over the cell's runs (40, 40, 60, 40 µs)
+    term = rows[1]
+    assert term.n == 2 and term.memory_back is not None and term.memory_back.median == 150 * MS
+    assert json.loads(json.dumps(kill.to_json()))["memory_back"]["p90"] == pytest.approx(136 * MS)
+
+    text = format_summary(rows)
+    assert "1.0 GiB   KILL" in text and "16.0 GiB" in text
+    assert "memory back      5    100.0    104.0    120.0    136.0    140.0" in text
+    assert "sleep 3 waits 25.0x the median time to clean" in text
+    assert "1 of 4 runs timed out" in text
+    assert median_run(records, GIB, "KILL") is records[2]  # first GPUs: 100, 120, 130 -> 120
+
+
+# --- plots ----------------------------------------------------------------------------------------------------------
+
+
+def test_plots_are_written(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    config = StudyConfig(sizes=(GIB, 4 * GIB), repeats=2, endings=("KILL",), warmup="none", trace=True)
+    result, _, _ = study(Scenario.h200(devices=2), config, list_ms=10, release_ms=30)
+    clean = plot_time_to_clean(result.records, tmp_path / "clean.png")
+    trace = plot_run_trace(result.records[0], tmp_path / "trace.png", device=1)
+    for png in (clean, trace):
+        data = png.read_bytes()
+        assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 5000
+    no_trace = record(0, GIB, "KILL", [100.0])
+    with pytest.raises(ValueError, match="no trace"):
+        plot_run_trace(no_trace, tmp_path / "x.png")
+    with pytest.raises(ValueError, match="GPU 5"):
+        plot_run_trace(result.records[0], tmp_path / "x.png", device=5)
+
+
+def test_plot_without_matplotlib_names_the_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(__import__("sys").modules, "matplotlib", None)  # import matplotlib now fails
+    monkeypatch.setitem(__import__("sys").modules, "matplotlib.figure", None)
+    with pytest.raises(PlotUnavailable, match=r"pip install 'nvmlcheck\[plot\]'"):
+        plot_time_to_clean([record(0, GIB, "KILL", [100.0])], tmp_path / "x.png")
+    assert not (tmp_path / "x.png").exists()
+
+
+# --- CLI ------------------------------------------------------------------------------------------------------------
+
+
+def test_cli_json_on_eight_simulated_gpus(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "runs.jsonl"
+    plots = tmp_path / "plots"
+    code = main(["--simulate", "h200x8", "--json", "study", "reclaim", "--sizes", "1GiB", "--repeats", "2",
+                 "--endings", "KILL", "--out", str(out), "--trace", "--plot", str(plots)])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert doc["schema"] == "nvmlcheck/study-reclaim" and doc["version"] == 1
+    assert doc["complete"] is True and doc["timed_out_runs"] == []
+    assert doc["runs"] == 3 and doc["measured_runs"] == 2  # one warm-up per (size, ending)
+    assert doc["record_schema"] == {"schema": "nvmlcheck/reclaim-run", "version": 1}
+    (row,) = doc["summary"]
+    assert (row["size_bytes"], row["ending"], row["n"], row["runs"]) == (GIB, "KILL", 16, 2)
+    # the CLI's stub holders resemble an H200: off the list 90 ms, memory back 120 ms after the death
+    assert 120 * MS <= row["memory_back"]["min"] <= row["memory_back"]["max"] <= 120 * MS + SLACK_NS
+    assert 90 * MS <= row["off_list"]["median"] < row["memory_back"]["median"]
+    assert row["sleep_ratio"] > 3
+    assert [r["trace"] for r in doc["records"]] == [None] * 3  # traces live in --out only
+    saved = load_records(out)
+    assert [r.run for r in saved] == [0, 1, 2] and all(r.trace for r in saved)
+    assert sorted(doc["plots"]) == sorted(str(plots / n) for n in ("time-to-clean.png", "trace-1GiB-KILL.png"))
+    assert all(Path(p).is_file() for p in doc["plots"])
+
+
+def test_cli_table(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["--simulate", "h200", "study", "reclaim", "--sizes", "1GiB,2GiB", "--repeats", "1",
+                 "--endings", "KILL,exit", "--no-warmup", "--mode", "default"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "4 measured runs + 0 warm-ups on GPU 0 (NVIDIA H200)" in out and "SIMULATED" in out
+    assert out.count("sleep 3 waits") == 4
+    assert "2.0 GiB   exit" in out
+
+
+def test_cli_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # a run that is not clean within --run-timeout (the stub gives memory back after 120 ms): exit 1
+    code = main(["--simulate", "h200", "study", "reclaim", "--sizes", "1GiB", "--repeats", "1", "--no-warmup",
+                 "--run-timeout", "0.05"])
+    err = capsys.readouterr().err
+    assert code == 1 and "timed out" in err
+    # GPUs not clean at baseline: exit 1, its own message, nothing started
+    code = main(["--simulate", "h200-busy", "--json", "study", "reclaim", "--sizes", "1GiB"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 1
+    assert doc["schema"] == "nvmlcheck/error" and doc["error"]["type"] == "BaselineNotClean"
+    assert "not clean at baseline" in doc["error"]["message"] and "4123456" in doc["error"]["message"]
+    # usage: exit 2
+    for argv in (["--sizes", "1XB"], ["--endings", "HUP"], ["--repeats", "0"], ["--mode", "fast"],
+                 ["--out", str(tmp_path / "missing" / "x.jsonl")]):
+        assert exit_code(["--simulate", "h200", "study", "reclaim", *argv]) == 2, argv
+        assert "error" in capsys.readouterr().err
+
+
+def exit_code(argv: list[str]) -> int:
+    """main()'s exit code, also when argparse exits (it raises SystemExit for bad arguments)."""
+    try:
+        return main(argv)
+    except SystemExit as exc:
+        assert isinstance(exc.code, int)
+        return exc.code
