@@ -22,11 +22,12 @@ Polling policy
 :data:`DEFAULT` polls every 1 ms and confirms a clean poll 0.25 ms later: detection within ~1.5 ms of the clean
 moment (2 ms p99 target) where a cycle costs at most 50 µs of CPU. ``time.sleep(0.001)`` really sleeps ~1.1 ms on
 Linux (timer slack), so the poller measures that lateness and asks for correspondingly less. A duty cap keeps the
-CPU time of a cycle within 5 % of the cycle, stretching the interval where polls are expensive and costing nothing
-where they are cheap. It counts CPU, not wall time: while the driver tears a killed process down, NVML queries
-block for up to ~40 ms without using the CPU (measured on an H200), and a wall-time cap would then poll every
-~35 ms right when it matters. The CPU counted is this thread's plus that of reaped child processes (nvidia-smi
-runs); with an injected clock and no ``cpu_clock``, the wall time of queries stands in. Measured on an H200 (gVisor
+CPU time of a typical cycle within 5 % of the cycle, stretching the interval where polls are expensive and costing
+nothing where they are cheap. Typical means the median of the last 15 cycles: while the driver tears a killed
+process down, a few NVML queries take ~30-40 ms each (measured on an H200, charged to the thread as CPU there), and
+an average would stretch the interval to ~35 ms right when the clean moment is near. The CPU counted is this
+thread's plus that of reaped child processes (nvidia-smi runs); with an injected clock and no ``cpu_clock``, the
+wall time of queries stands in. Measured on an H200 (gVisor
 host): a full one-GPU query (memory and three process lists) costs ~50 µs hot and ~105 µs right after a sleep, so
 a 1 ms cycle costs ~120 µs and the cap stretches it to ~2.5-6 ms; a memory-only ``probe`` (see :func:`poll_until`)
 brings the cycle to ~2 ms. After 10 s without any change in what it sees (bytes used, process counts), the interval
@@ -404,6 +405,23 @@ class _Stats:
         self.run += 1
 
 
+class _Median:
+    """The median of the last 15 values: the cost of a typical cycle. A median, not an average: while the driver
+    tears a killed process down, a few NVML queries take ~30 ms each (H200), charged to the thread as CPU; an
+    average would stretch the interval exactly then, when the clean moment is near. A sustained cost (many GPUs,
+    nvidia-smi) moves the median within 8 polls."""
+
+    __slots__ = ("last", "value")
+
+    def __init__(self) -> None:
+        self.last: deque[int] = deque(maxlen=15)
+        self.value = 0
+
+    def add(self, x: int) -> None:
+        self.last.append(x)
+        self.value = sorted(self.last)[len(self.last) // 2]
+
+
 class _Pacer:
     """How long to sleep before the next poll: the policy's interval (or its confirmation interval during a clean
     run), grown by back-off after a quiet spell, stretched by the duty cap, shortened by the sleep's measured
@@ -412,11 +430,11 @@ class _Pacer:
     __slots__ = (
         "backoff_ns",
         "base_ns",
-        "busy_ns",
+        "busy",
         "compensate",
         "confirm_ns",
+        "cpu",
         "cpu_clock",
-        "cpu_ns",
         "cpu_prev",
         "cur_ns",
         "duty",
@@ -437,14 +455,13 @@ class _Pacer:
         self.compensate = pol.compensate_sleep
         self.late_ns = 0  # running estimate of how late sleep() wakes up
         # The duty cap wants load / period <= duty, i.e. sleep >= load / duty - busy, where busy is the wall time of
-        # a poll and load the CPU time of a whole cycle (a sleep's wake-up costs 15-20 µs of CPU too). Not wall time:
-        # NVML blocks for up to ~40 ms while the driver reclaims a killed process's memory, using no CPU. Without a
-        # CPU clock (injected clocks), busy stands in for load.
+        # a typical poll and load the CPU time of a typical cycle (a sleep's wake-up costs 15-20 µs of CPU too); not
+        # wall time, which blocking NVML calls inflate. Without a CPU clock (injected clocks), busy stands in.
         self.duty = pol.max_duty
-        self.busy_ns = 0  # running estimate of a poll's wall time (query + judgement)
+        self.busy = _Median()  # a poll's wall time (query + judgement)
         self.cpu_clock = cpu_clock if self.duty is not None else None
         self.cpu_prev: int | None = None  # CPU clock at the start of the previous poll
-        self.cpu_ns = 0  # running estimate of the CPU time of one cycle (poll + sleep overhead)
+        self.cpu = _Median()  # the CPU time of one cycle (poll + sleep overhead)
         # Back-off needs "nothing changed for backoff_after_s". While polling fast, sampling what we see 16 times per
         # backoff_after_s is precise enough and keeps the per-poll cost down; once backed off, every poll looks.
         self.backoff_ns = None if pol.backoff_after_s is None else round(pol.backoff_after_s * _NS)
@@ -458,9 +475,8 @@ class _Pacer:
         if self.cpu_clock is None:
             return
         now = self.cpu_clock()
-        if self.cpu_prev is not None:  # a whole cycle: seed with the first, then a quick running average
-            cycle = now - self.cpu_prev
-            self.cpu_ns = cycle if self.cpu_ns == 0 else self.cpu_ns + (cycle - self.cpu_ns) // 4
+        if self.cpu_prev is not None:
+            self.cpu.add(now - self.cpu_prev)
         self.cpu_prev = now
 
     def saw(self, t1: int, clean: bool, snap: Snapshot | None) -> None:
@@ -479,11 +495,13 @@ class _Pacer:
         if confirming:
             want = self.confirm_ns
         else:
-            self.busy_ns = busy if self.busy_ns == 0 else self.busy_ns + (busy - self.busy_ns) // 8
             want = self.cur_ns
             if self.duty is not None:
-                load = self.cpu_ns if self.cpu_clock is not None else self.busy_ns
-                want = max(want, int(load / self.duty) - self.busy_ns)
+                if self.cpu_clock is not None:
+                    want = max(want, int(self.cpu.value / self.duty) - busy)
+                else:
+                    self.busy.add(busy)
+                    want = max(want, int(self.busy.value / self.duty) - self.busy.value)
         if deadline is not None:
             want = min(want, deadline - now)  # never sleep past the deadline
         if want <= 0:
