@@ -90,6 +90,7 @@ if TYPE_CHECKING:
         pids_gone,
     )
     from .session import DeviceSelector, Session, open, wait_until_clean
+    from .study import BaselineNotClean, HolderError, StudyConfig, StudyError, run_study
     from .wait import PollPolicy, TracePoint, WaitResult, poll_until
 
 # Names resolve on first use (PEP 562): `import nvmlcheck` stays cheap for launch scripts and for tools that import
@@ -98,6 +99,7 @@ _LAZY: dict[str, str] = {
     "AlreadyInitialized": "errors",
     "ArgumentVersionMismatch": "errors",
     "BackendUnavailable": "errors",
+    "BaselineNotClean": "study",
     "ClockEventReason": "model",
     "ClockSet": "model",
     "Clocks": "model",
@@ -115,6 +117,7 @@ _LAZY: dict[str, str] = {
     "GpuNotFound": "errors",
     "GpuProcess": "model",
     "GpuRequiresReset": "errors",
+    "HolderError": "study",
     "InUse": "errors",
     "InsufficientPower": "errors",
     "InsufficientResources": "errors",
@@ -152,6 +155,8 @@ _LAZY: dict[str, str] = {
     "SmiTimeout": "errors",
     "SmiTransportError": "errors",
     "Snapshot": "model",
+    "StudyConfig": "study",
+    "StudyError": "study",
     "SystemInfo": "model",
     "Timeout": "errors",
     "TracePoint": "wait",
@@ -172,6 +177,7 @@ _LAZY: dict[str, str] = {
     "open": "session",
     "pids_gone": "predicates",
     "poll_until": "wait",
+    "run_study": "study",
     "wait_until_clean": "session",
 }
 
@@ -271,4 +277,9 @@ __all__ = [
     "WaitResult",
     "poll_until",
     "SmiTransportError",
+    "BaselineNotClean",
+    "HolderError",
+    "StudyConfig",
+    "StudyError",
+    "run_study",
 ]

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import signal
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +19,9 @@ from nvmlcheck.simulate import StubHolderFactory
 from nvmlcheck.study import (
     SLEEP_REFERENCE_NS,
     BaselineNotClean,
+    CudaHolderFactory,
     DeviceRun,
+    HolderError,
     PlotUnavailable,
     RecordFormatError,
     RunRecord,
@@ -191,6 +195,46 @@ def test_a_run_whose_memory_never_comes_back_times_out_and_the_study_goes_on() -
     assert row.runs == 2 and row.timeouts == 2 and row.n == 0 and row.memory_back is None
     assert row.sleep_ratio is None
     assert "2 of 2 runs timed out" in format_summary([row])
+
+
+class ScriptedHolders(CudaHolderFactory):
+    """CudaHolderFactory's start-up protocol (ready line, timeout, stderr on failure) with a scripted holder."""
+
+    def __init__(self, script: str, **kwargs: float) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.script = script
+
+    def command(self, device: int, nbytes: int) -> list[str]:
+        return [sys.executable, "-S", "-c", self.script, str(nbytes), str(device)]
+
+
+_READY = "import os, sys; print('ready', os.getpid(), sys.argv[1], sys.argv[2], flush=True); "
+
+
+def test_cuda_holder_factory_waits_for_ready_and_reports_failures() -> None:
+    holder = ScriptedHolders(_READY + "sys.exit(7 if sys.stdin.readline() == 'exit\\n' else 5)").start(3, 1234)
+    assert (holder.device, holder.nbytes) == (3, 1234)
+    holder.exit()
+    assert holder.process.wait(10) == 7
+    holder.close()
+
+    def failure(script: str, **kwargs: float) -> str:
+        with pytest.raises(HolderError) as info:
+            ScriptedHolders(script, **kwargs).start(0, GIB)
+        return str(info.value)
+
+    text = failure("import sys; sys.stderr.write('libcuda.so.1 could not be loaded\\n'); sys.exit(3)")
+    assert "1.0 GiB on GPU 0" in text and "exited before saying 'ready'" in text
+    assert "exit status 3" in text and "libcuda.so.1 could not be loaded" in text
+    assert "no 'ready' line within 0.3 s" in failure("import time; time.sleep(30)", start_timeout_s=0.3)
+    assert "unexpected first line b'hello'" in failure("print('hello', flush=True); input()")
+
+
+def test_study_errors_pickle() -> None:
+    exc = BaselineNotClean(["GPU 0: pid 1 holds 1.0 GiB"], 5.0, (record(0, GIB, "KILL", [100.0]),))
+    back = pickle.loads(pickle.dumps(exc))
+    assert type(back) is BaselineNotClean and str(back) == str(exc) and back.records == exc.records
+    assert nvmlcheck.BaselineNotClean is BaselineNotClean and isinstance(exc, nvmlcheck.StudyError)
 
 
 def test_config_validation() -> None:
