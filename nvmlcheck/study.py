@@ -55,6 +55,7 @@ One JSON object per line and per run (see :class:`RunRecord`, :class:`DeviceRun`
      "size_bytes": 1073741824, "ending": "KILL", "mode": "precise", "backend": "nvml", "driver": "580.159.04",
      "nvmlcheck": "0.1.0", "wall_time": 1764412345.12, "timed_out": false, "timeout_s": 30.0,
      "timeout_reason": null, "polls": 2412, "poll_interval_ns": 41250, "poll_cost_ns": 39800,
+     "poll_cost_max_ns": 412000,
      "devices": [{"index": 0, "uuid": "GPU-...", "name": "NVIDIA H200", "pid": 12345, "baseline_used_bytes": 0,
                   "held_bytes": 1610612736, "signal_ns": 0, "last_held_ns": 104100000,
                   "first_clean_ns": 104140000, "off_list_ns": 76000000, "memory_back_ns": 104140000,
@@ -71,6 +72,9 @@ One JSON object per line and per run (see :class:`RunRecord`, :class:`DeviceRun`
   ``memory_back_ns``: first poll with used memory at most baseline + tolerance; ``off_list_ns``: first poll whose
   process lists (all three kinds) no longer show the PID; ``waitpid_ns``: when ``waitpid`` returned (the PID is gone
   from the OS); ``exit_status``: :func:`os.waitstatus_to_exitcode` (negative: the signal that ended it).
+* ``poll_interval_ns``/``poll_cost_ns``: median time between polls and median query time; ``poll_cost_max_ns``:
+  the longest query (a driver busy reclaiming can make one block). An event lies between the end of the poll before
+  the one that saw it and that one's end: ``last_held_ns`` → ``first_clean_ns`` bounds the clean moment exactly.
 * ``trace`` (with ``trace=True``, else ``null``): per poll ``[offset_ns from the run origin, used_bytes per device...,
   process_count per device...]`` in the order of ``devices`` (``null`` where unknown). A poll whose values equal
   both its neighbours' is left out (lossless for a step plot; ``polls`` counts them all).
@@ -522,6 +526,7 @@ class RunRecord:
     poll_interval_ns: int
     poll_cost_ns: int
     devices: tuple[DeviceRun, ...]
+    poll_cost_max_ns: int = 0
     trace_columns: tuple[str, ...] | None = None
     trace: tuple[tuple[int | None, ...], ...] | None = None
 
@@ -816,6 +821,8 @@ class _Run:
                 policy=PRECISE if config.mode == "precise" else DEFAULT,
                 stable_polls=config.stable_polls,
                 clock=polls.clock,
+                # This thread's CPU only: the default also counts reaped children, and reaping a holder that spent
+                # seconds of CPU in cuInit would stretch the DEFAULT interval at the very moment being measured.
                 cpu_clock=time.thread_time_ns,
                 on_poll=polls.on_poll,
             )
@@ -858,7 +865,8 @@ class _Run:
             mode=self.config.mode, backend=baseline.backend, driver=baseline.system.driver_version,
             nvmlcheck=__version__, wall_time=wall, timed_out=reason is not None, timeout_s=self.config.run_timeout_s,
             timeout_reason=reason, polls=len(polls.ends), poll_interval_ns=_median_int(polls.intervals()),
-            poll_cost_ns=_median_int(polls.costs), devices=devices, trace_columns=columns,
+            poll_cost_ns=_median_int(polls.costs), poll_cost_max_ns=max(polls.costs, default=0), devices=devices,
+            trace_columns=columns,
             trace=tuple(_compact(polls.rows)) if self.config.trace else None,
         )
 

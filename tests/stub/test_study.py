@@ -109,7 +109,7 @@ def test_records_are_complete_and_ordered() -> None:
         assert not r.timed_out and r.timeout_reason is None
         assert r.backend == "nvml" and r.driver == "580.159.04" and r.mode == "precise"
         assert r.polls >= 2 and r.poll_interval_ns > 0 and r.poll_cost_ns > 0
-        assert r.resolution_ns >= r.poll_interval_ns
+        assert r.resolution_ns >= r.poll_interval_ns and r.poll_cost_max_ns >= r.poll_cost_ns
         (d,) = r.devices
         assert d.index == 0 and d.uuid.startswith("GPU-") and d.name == "NVIDIA H200"
         assert d.baseline_used_bytes == 0 and d.held_bytes == r.size_bytes
@@ -176,6 +176,35 @@ def test_refuses_to_start_on_a_dirty_gpu() -> None:
     only_gpu0 = StudyConfig(sizes=(GIB,), repeats=1, devices=(0,), warmup="none")
     result, _, _ = study(scenario, only_gpu0, list_ms=0, release_ms=10)
     assert [d.index for d in result.records[0].devices] == [0]
+
+
+class LeakyStubHolders(StubHolderFactory):
+    """Forgets to take finished holders out of the scenario: at the next load the stub lists each dead one again for
+    list_ms, as a real driver still tearing down the previous run's process would."""
+
+    def finish(self, holders: object) -> None:
+        pass
+
+
+def test_later_baselines_wait_for_the_previous_run_to_settle() -> None:
+    config = StudyConfig(sizes=(GIB,), repeats=2, endings=("KILL",), warmup="none")
+    with use_stub(Scenario.h200()) as stub:
+        factory = LeakyStubHolders(stub.scenario_path, list_ms=50, release_ms=100)
+        result = run_study(config, session_factory=_open, holder_factory=factory)
+    assert len(result.records) == 2 and not result.timed_out
+
+
+def test_a_previous_run_that_does_not_settle_stops_the_study_with_its_records() -> None:
+    config = StudyConfig(sizes=(GIB,), repeats=2, endings=("KILL",), warmup="none", settle_timeout_s=0.1)
+    seen: list[RunRecord] = []
+    with use_stub(Scenario.h200()) as stub:
+        factory = LeakyStubHolders(stub.scenario_path, list_ms=1000, release_ms=1000)
+        with pytest.raises(BaselineNotClean) as info:
+            run_study(config, session_factory=_open, holder_factory=factory, on_record=seen.append)
+    (first,) = info.value.records
+    assert seen == [first] and not first.timed_out
+    assert first.devices[0].memory_back_ns is not None and first.devices[0].memory_back_ns >= 1000 * MS
+    assert "after waiting 0.1 s" in str(info.value) and str(first.devices[0].pid) in str(info.value)
 
 
 def test_a_run_whose_memory_never_comes_back_times_out_and_the_study_goes_on() -> None:
@@ -277,7 +306,7 @@ def test_jsonl_round_trip_and_schema(tmp_path: Path) -> None:
     doc = json.loads(lines[1])
     assert doc["schema"] == "nvmlcheck/reclaim-run" and doc["version"] == 1
     assert set(doc) >= {"run", "repeat", "warmup", "size_bytes", "ending", "mode", "driver", "timed_out", "polls",
-                        "poll_interval_ns", "poll_cost_ns", "devices", "trace_columns", "trace"}
+                        "poll_interval_ns", "poll_cost_ns", "poll_cost_max_ns", "devices", "trace_columns", "trace"}
     assert set(doc["devices"][0]) == {"index", "uuid", "name", "pid", "baseline_used_bytes", "held_bytes", "signal_ns",
                                       "last_held_ns", "first_clean_ns", "off_list_ns", "memory_back_ns", "waitpid_ns",
                                       "exit_status"}
