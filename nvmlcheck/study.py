@@ -73,8 +73,8 @@ One JSON object per line and per run (see :class:`RunRecord`, :class:`DeviceRun`
   process lists (all three kinds) no longer show the PID; ``waitpid_ns``: when ``waitpid`` returned (the PID is gone
   from the OS); ``exit_status``: :func:`os.waitstatus_to_exitcode` (negative: the signal that ended it).
 * ``poll_interval_ns``/``poll_cost_ns``: median time between polls and median query time; ``poll_cost_max_ns``:
-  the longest query (a driver busy reclaiming can make one block). An event lies between the end of the poll before
-  the one that saw it and that one's end: ``last_held_ns`` → ``first_clean_ns`` bounds the clean moment exactly.
+  the longest query (a driver busy reclaiming can make one block). The clean moment lies in
+  (``last_held_ns`` minus that poll's query time, ``first_clean_ns``]: the pair bounds it for each run.
 * ``trace`` (with ``trace=True``, else ``null``): per poll ``[offset_ns from the run origin, used_bytes per device...,
   process_count per device...]`` in the order of ``devices`` (``null`` where unknown). A poll whose values equal
   both its neighbours' is left out (lossless for a step plot; ``polls`` counts them all).
@@ -113,7 +113,7 @@ from .predicates import (
     on_devices,
     pids_gone,
 )
-from .wait import DEFAULT, PRECISE, TracePoint, poll_until
+from .wait import DEFAULT, PRECISE, TracePoint, is_transient, poll_until
 
 if TYPE_CHECKING:
     from .session import Session
@@ -773,7 +773,9 @@ class _Run:
             deadline = time.monotonic() + settle_s
             while True:
                 snap = session.snapshot(self.indices, fields=Fields.WAIT)
-                snap.raise_for_failures()  # a lost or unreadable GPU is a backend error, not a dirty one
+                for failure in snap.failures:  # a lost or unreadable GPU is a backend error, not a dirty one
+                    if not is_transient(failure.error):
+                        raise failure.error
                 verdict = _baseline_predicate(snap).evaluate(snap)
                 if verdict.clean:
                     return snap
@@ -805,7 +807,7 @@ class _Run:
             for h in holders
         ]
         condition = memory_back_to(baseline, tol) & pids_gone([h.pid for h in holders])
-        polls = _Polls(self.watches, keep_trace=config.trace)
+        polls = _Polls(self.watches, indices if config.trace else None)
         wall = time.time()
         polls.origin = time.monotonic_ns()
         for w, h in zip(self.watches, holders, strict=True):
@@ -889,9 +891,9 @@ class _Run:
 class _Polls:
     """The observer's per-poll bookkeeping: poll times and costs, the trace, and each GPU's watch."""
 
-    def __init__(self, watches: list[_Watch], *, keep_trace: bool) -> None:
+    def __init__(self, watches: list[_Watch], trace_indices: tuple[int, ...] | None) -> None:
         self.watches = watches
-        self.keep_trace = keep_trace
+        self.trace_indices = trace_indices  # the trace's device columns (None: no trace)
         self.origin = 0
         self.start: int | None = None
         self.costs: list[int] = []
@@ -911,8 +913,18 @@ class _Polls:
         self.ends.append(t)
         for w in self.watches:
             w.saw(t, point.snapshot)
-        if self.keep_trace:
-            self.rows.append((t - self.origin, *point.used_bytes, *point.process_counts))
+        if self.trace_indices is not None:
+            self.rows.append(self._row(t, point))
+
+    def _row(self, t: int, point: TracePoint) -> tuple[int | None, ...]:
+        # By index, not position: a failed poll has no devices, and an unreadable GPU is missing from a snapshot.
+        if point.devices == self.trace_indices:
+            return (t - self.origin, *point.used_bytes, *point.process_counts)
+        where = {index: i for i, index in enumerate(point.devices)}
+        pos = [where.get(index) for index in self.trace_indices or ()]
+        used = [None if i is None else point.used_bytes[i] for i in pos]
+        counts = [None if i is None else point.process_counts[i] for i in pos]
+        return (t - self.origin, *used, *counts)
 
     def intervals(self) -> list[int]:
         return [b - a for a, b in itertools.pairwise(self.ends)]
@@ -1039,9 +1051,9 @@ def summarize(records: Iterable[RunRecord]) -> list[SummaryRow]:
     for r in records:
         if not r.warmup:
             cells.setdefault((r.size_bytes, r.ending), []).append(r)
-    order = sorted(cells, key=lambda k: (k[0], list(dict.fromkeys(e for _, e in cells)).index(k[1])))
+    endings = list(dict.fromkeys(e for _, e in cells))
     rows = []
-    for size, ending in order:
+    for size, ending in sorted(cells, key=lambda k: (k[0], endings.index(k[1]))):
         runs = cells[(size, ending)]
         good = [r for r in runs if not r.timed_out]
         values: dict[str, list[int]] = {m: [] for m, _ in _MEASURES}
