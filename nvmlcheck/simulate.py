@@ -79,7 +79,9 @@ class StubHolderFactory:
     ``list_ms``/``release_ms``: how long after the child's death the stub drops it from the list and gives its
     memory back; the defaults resemble an H200 (FACTS.md: off the list ~90 ms, memory back ~120 ms after a kill).
     ``zombie_holds``: an unreaped child still holds. ``base`` defaults to the file's content when the factory is
-    made. The ``free`` ending is simulated as ``exit`` (the stub releases memory only after the process ends).
+    made. The ``free`` ending is simulated as ``exit`` (the stub releases memory only after the process ends). A
+    scenario fault returning NVML_ERROR_UNKNOWN makes the backend re-initialise NVML, which reloads the scenario and
+    restarts the ``list_ms``/``release_ms`` clocks of dead holders: inject other codes into a study.
     """
 
     def __init__(

@@ -639,26 +639,30 @@ class StudyResult:
 def run_study(
     config: StudyConfig,
     *,
-    session_factory: Callable[[], Session],
+    session_factory: Callable[[], Session] | None = None,
     holder_factory: HolderFactory | None = None,
     on_record: Callable[[RunRecord], object] | None = None,
     progress: Callable[[StudyProgress], object] | None = None,
 ) -> StudyResult:
     """Run every planned run of ``config`` (see the module docstring) and return the records.
 
-    ``session_factory`` opens a session (``lambda: nvmlcheck.open("nvml")``); it is called twice per run.
+    ``session_factory`` opens a session (default :func:`nvmlcheck.open`, backend ``"auto"``; for example
+    ``lambda: nvmlcheck.open("nvml")``); it is called twice per run.
     ``holder_factory`` defaults to :class:`CudaHolderFactory`. ``on_record`` gets each record as soon as it exists
     (stream them to a file: nothing is lost if a later run fails); ``progress`` gets a :class:`StudyProgress`.
 
     Raises :class:`BaselineNotClean` when the GPUs are not clean before a run, :class:`HolderError` when a holder
     fails, and the backend's errors; holders are killed and reaped whatever happens.
     """
+    from .session import open as open_session
+
+    sessions: Callable[[], Session] = session_factory if session_factory is not None else open_session
     factory: HolderFactory = holder_factory if holder_factory is not None else CudaHolderFactory()
     plan = config.plan()
     records: list[RunRecord] = []
     for n, (size, ending, repeat, warmup) in enumerate(plan):
         try:
-            run = _Run(config, session_factory=session_factory, factory=factory, number=n,
+            run = _Run(config, session_factory=sessions, factory=factory, number=n,
                        planned=(size, ending, repeat, warmup))
             record = run.execute(first=n == 0)
         except BaselineNotClean as exc:
