@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from .errors import NvmlCheckError
+from .errors import BackendUnavailable, NvmlCheckError
 from .model import Snapshot
 from .predicates import Predicate, default_predicate, pids_gone
 from .session import DeviceSelector, Session
@@ -148,12 +148,20 @@ def kill_and_wait(
     ``timeout`` bounds the whole operation (seconds from the first signal; ``None``: no bound). The clean condition
     is ``predicate`` (default: :func:`~nvmlcheck.predicates.default_predicate`) and the PIDs being off every process
     list. Raises :class:`KillError` before signalling anything if a PID is refused, does not exist (ESRCH) or
-    cannot be signalled (EPERM); :class:`~nvmlcheck.WaitTimeout` if the GPUs are not clean in time.
+    cannot be signalled (EPERM), and :class:`~nvmlcheck.BackendUnavailable` if the backend sees no GPU;
+    :class:`~nvmlcheck.WaitTimeout` if the GPUs are not clean in time.
     """
     targets = _validate(pids)
     if not grace_s >= 0:  # also rejects NaN
         raise ValueError(f"grace_s must be >= 0, got {grace_s!r}")
     indices = session.resolve(devices)
+    if indices is None and session.device_count() == 0:
+        # The wait would refuse zero GPUs after the signals went out; refuse before anything is signalled.
+        raise BackendUnavailable(
+            f"the {session.backend_name} backend sees no GPU: nothing could prove the GPUs clean after the kill, "
+            "so nothing was signalled",
+            [f"{session.backend_name}: device count 0"],
+        )
     for pid in targets:  # check every PID before signalling any: all or nothing
         try:
             os.kill(pid, 0)

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from types import TracebackType
@@ -165,26 +166,34 @@ class Session:
         :class:`~nvmlcheck.wait.PollPolicy`, ``"default"``, ``"precise"`` or an interval in seconds. ``clock``
         (integer ns) and ``sleep`` (seconds) can be injected for tests.
         """
+        from .errors import BackendUnavailable
         from .predicates import default_predicate
         from .wait import poll_until
 
         self._check_open()
         indices = self.resolve(devices)
-        if indices is None and self._backend.device_count() == 0:
-            from .errors import BackendUnavailable
-
-            raise BackendUnavailable(
-                f"the {self.backend_name} backend sees no GPU: refusing to call zero GPUs clean",
-                [f"{self.backend_name}: device count 0"],
-            )
         backend = self._backend
 
         def take() -> Snapshot:
-            return backend.snapshot(indices, Fields.WAIT)
+            snap = backend.snapshot(indices, Fields.WAIT)
+            if not snap.devices and not snap.failures:
+                # Checked on every poll, not once before: the count is read by the snapshot itself, and a device
+                # count that fails transiently at the start must not skip the check.
+                raise BackendUnavailable(
+                    f"the {backend.name} backend sees no GPU: refusing to call zero GPUs clean",
+                    [f"{backend.name}: device count 0"],
+                )
+            return snap
+
+        def probe() -> Snapshot:
+            # Memory alone (one NVML call per GPU) can prove "still held" at a third of a full poll's cost: the
+            # poller then skips the process lists. It never declares clean on its own (wait.py).
+            return backend.snapshot(indices, Fields.MEMORY)
 
         return poll_until(
             take,
             predicate if predicate is not None else default_predicate(),
+            probe=probe,
             timeout=timeout,
             policy=policy,
             stable_polls=stable_polls,
@@ -202,12 +211,15 @@ def open(
     smi_prefix: Sequence[str] | str | None = None,
     smi_timeout_s: float | None = None,
     library_path: str | None = None,
+    init_timeout_s: float | None = None,
 ) -> Session:
     """Open a :class:`Session`.
 
     ``backend``: ``"auto"`` (NVML, else nvidia-smi; never a simulator), ``"nvml"`` or ``"smi"``.
     ``smi_prefix``: run nvidia-smi behind a command such as ``"ssh gpu01"``. ``library_path``: a specific
-    libnvidia-ml (else ``$NVMLCHECK_LIBNVML``, else ``libnvidia-ml.so.1``).
+    libnvidia-ml (else ``$NVMLCHECK_LIBNVML``, else ``libnvidia-ml.so.1``). ``init_timeout_s``: how long
+    ``nvmlInit`` may take (default 10 s; it can hang on a wedged driver), after which ``"nvml"`` raises
+    :class:`~nvmlcheck.Timeout` and ``"auto"`` tries nvidia-smi.
 
     Raises :class:`~nvmlcheck.BackendUnavailable` (listing what was tried) when no backend opens.
     """
@@ -218,6 +230,7 @@ def open(
             smi_prefix=smi_prefix,
             smi_timeout_s=smi_timeout_s,
             library_path=library_path,
+            init_timeout_s=init_timeout_s,
         )
     )
 
@@ -234,10 +247,25 @@ def wait_until_clean(
 ) -> WaitResult:
     """Open a session, wait until the GPUs are clean (see :meth:`Session.wait_until_clean`), close it.
 
+    ``timeout`` bounds the whole call, opening included: ``nvmlInit`` may take at most ``min(timeout, 10 s)`` (with
+    ``"auto"``, nvidia-smi is tried when it hangs) and the wait gets what is left.
+
     >>> import nvmlcheck as nc
     >>> nc.wait_until_clean(timeout=30.0)        # doctest: +SKIP
     """
-    with open(backend) as session:
+    from .backends.nvml import DEFAULT_INIT_TIMEOUT_S
+
+    started = time.monotonic()
+    init_timeout = DEFAULT_INIT_TIMEOUT_S
+    # Only a finite positive timeout bounds the init; anything else is validated (or refused) by the wait itself.
+    bounded = isinstance(timeout, int | float) and not isinstance(timeout, bool) and 0 < timeout < math.inf
+    if bounded:
+        assert timeout is not None
+        init_timeout = min(init_timeout, float(timeout))
+    with open(backend, init_timeout_s=init_timeout) as session:
+        if bounded:
+            assert timeout is not None
+            timeout = max(0.0, timeout - (time.monotonic() - started))
         return session.wait_until_clean(
             timeout, predicate, devices=devices, policy=policy, stable_polls=stable_polls, trace=trace
         )

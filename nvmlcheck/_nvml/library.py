@@ -8,17 +8,25 @@
 * One NVML initialisation per process and library, shared by every session (NVML counts inits itself, but one
   ``nvmlInit`` per session would cost ~1.5 ms each). A lock guards the count; after ``fork()`` the child starts at
   zero and must initialise again (NVML state does not survive fork).
+* ``nvmlInit`` can hang (go-nvml #152): it runs in a daemon thread and the caller waits at most its timeout, then gets
+  :class:`~nvmlcheck.Timeout`. The thread is left to finish; if nobody wants the initialisation by then, it shuts
+  NVML down again, so the reference count stays balanced. Later callers join the init in flight instead of starting
+  a second one.
+* NVML can start failing after hours ("Unknown Error", nvidia-docker #1671) or lose its initialisation; a session
+  then calls :meth:`LoadedLibrary.reinit` (shutdown + init, the count of sessions unchanged). Every successful
+  initialisation bumps :attr:`LoadedLibrary.init_generation`, so sessions know their device handles are stale.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import BackendUnavailable, error_class_for_code
+from ..errors import BackendUnavailable, Timeout, error_class_for_code
 from ..model import ProcessKind
 from ._ffi import ffi
 
@@ -114,6 +122,18 @@ def fork_generation() -> int:
     return _fork_generation
 
 
+class _PendingInit:
+    """One ``nvmlInit`` running in its own thread; ``waiters`` counts the callers waiting for it (under the lock)."""
+
+    __slots__ = ("done", "name", "rc", "waiters")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.done = threading.Event()
+        self.rc: int | None = None
+        self.waiters = 0
+
+
 class LoadedLibrary:
     """One dlopen'ed libnvidia-ml with its probed symbols and shared init reference count."""
 
@@ -122,7 +142,10 @@ class LoadedLibrary:
         self.lib = lib
         self.symbols = _probe(lib)
         self._lock = threading.Lock()
-        self._refcount = 0
+        self._refcount = 0  # sessions using NVML through this library
+        self._initialised = False  # whether this library holds one NVML initialisation (NVML's own count)
+        self._pending: _PendingInit | None = None  # the init in flight, if any
+        self._init_generation = 0
         self._generation = _fork_generation
 
     def function(self, name: str) -> Callable[..., int]:
@@ -138,20 +161,103 @@ class LoadedLibrary:
         """How many sessions hold NVML initialised in this process."""
         return self._refcount
 
-    def acquire(self) -> None:
-        """Initialise NVML if no session in this process has (or this is a forked child); count one user."""
+    @property
+    def init_generation(self) -> int:
+        """Bumped by every successful ``nvmlInit`` this library makes: device handles read before are stale."""
+        return self._init_generation
+
+    def acquire(self, timeout_s: float | None = None) -> None:
+        """Count one user, initialising NVML if it is not (first user, a forked child, or after a failed re-init).
+
+        ``timeout_s`` bounds the wait for ``nvmlInit`` (``None``: no bound); past it :class:`~nvmlcheck.Timeout` is
+        raised and nothing is counted. Init failures raise the class of their return code.
+        """
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            with self._lock:
+                self._forget_parent_state()
+                if self._initialised:
+                    self._refcount += 1
+                    return
+                pending = self._start_init()
+            self._await(pending, deadline, timeout_s)
+            with self._lock:
+                if self._initialised:
+                    self._refcount += 1
+                    return
+            # The last session closed (and shut NVML down) between the init and here: initialise again.
+
+    def reinit(self, seen_generation: int, timeout_s: float | None = None) -> None:
+        """Shut NVML down and initialise it again, for a session whose calls fail with "Unknown Error" or
+        "Uninitialized" although it holds an initialisation. The count of users is unchanged.
+
+        Nothing is done when another thread has re-initialised since ``seen_generation`` (the caller just re-reads
+        its handles); a re-init in flight is joined. Raises like :meth:`acquire`; NVML is then left uninitialised
+        and the next call to this method tries again.
+        """
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._lock:
-            self._forget_parent_state()
-            if self._refcount == 0:
-                name = self.symbols.init
-                if name is None:
-                    raise BackendUnavailable(
-                        f"{self.path} exports neither nvmlInit_v2 nor nvmlInit: it is not a usable libnvidia-ml"
-                    )
-                rc = self.function(name)()
-                if rc != 0:
-                    raise error_class_for_code(rc)(rc, name)
-            self._refcount += 1
+            if self._generation != _fork_generation:
+                return  # a forked child: acquire() initialises there
+            if self._initialised and self._init_generation != seen_generation:
+                return
+            if self._initialised:
+                self._initialised = False
+                if _has(self.lib, "nvmlShutdown"):
+                    self.lib.nvmlShutdown()  # its error, if any, changes nothing: init follows
+            pending = self._start_init()
+        self._await(pending, deadline, timeout_s)
+
+    def _start_init(self) -> _PendingInit:
+        """The init in flight, or a new one started in a daemon thread; counts the caller as a waiter (lock held)."""
+        pending = self._pending
+        if pending is None:
+            name = self.symbols.init
+            if name is None:
+                raise BackendUnavailable(
+                    f"{self.path} exports neither nvmlInit_v2 nor nvmlInit: it is not a usable libnvidia-ml"
+                )
+            pending = self._pending = _PendingInit(name)
+            threading.Thread(target=self._run_init, args=(pending,), name=f"nvmlcheck {name}", daemon=True).start()
+        pending.waiters += 1
+        return pending
+
+    def _run_init(self, pending: _PendingInit) -> None:
+        fn = self.function(pending.name)
+        rc = fn()
+        with self._lock:
+            pending.rc = rc
+            if self._pending is pending:
+                self._pending = None
+            if rc == 0:
+                if pending.waiters == 0 and self._refcount == 0:
+                    # Everyone gave up waiting (a hung init that finally returned) and no session needs NVML:
+                    # give the initialisation back so NVML's count stays balanced.
+                    self._shutdown_quietly()
+                else:
+                    self._initialised = True
+                    self._init_generation += 1
+            pending.done.set()
+
+    def _await(self, pending: _PendingInit, deadline: float | None, timeout_s: float | None) -> None:
+        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+        finished = pending.done.wait(remaining)
+        with self._lock:
+            pending.waiters -= 1
+            rc = pending.rc
+        if not finished:
+            raise Timeout(
+                10,
+                pending.name,
+                detail=f"it did not return within {timeout_s:g} s (a wedged driver?); it is left to finish in a "
+                "daemon thread and its initialisation is given back if nobody needs it",
+            )
+        if rc:
+            raise error_class_for_code(rc)(rc, pending.name)
+
+    def _shutdown_quietly(self) -> None:
+        if _has(self.lib, "nvmlShutdown"):
+            self.lib.nvmlShutdown()
 
     def release(self) -> None:
         """Drop one user; the last one shuts NVML down. Errors from ``nvmlShutdown`` are ignored (nothing to do)."""
@@ -162,13 +268,16 @@ class LoadedLibrary:
             if self._refcount <= 0:
                 return
             self._refcount -= 1
-            if self._refcount == 0 and _has(self.lib, "nvmlShutdown"):
-                self.lib.nvmlShutdown()
+            if self._refcount == 0 and self._initialised:
+                self._initialised = False
+                self._shutdown_quietly()
 
     def _forget_parent_state(self) -> None:
         if self._generation != _fork_generation:
             self._generation = _fork_generation
             self._refcount = 0
+            self._initialised = False
+            self._pending = None  # its thread did not survive the fork
 
     def _after_fork_in_child(self) -> None:
         # The lock may have been held by another thread of the parent at fork time.

@@ -55,12 +55,15 @@ def open_backend(
     smi_prefix: Sequence[str] | str | None = None,
     smi_timeout_s: float | None = None,
     library_path: str | None = None,
+    init_timeout_s: float | None = None,
 ) -> Backend:
     """Open a backend by name.
 
     ``"nvml"`` loads libnvidia-ml (``library_path``, else ``$NVMLCHECK_LIBNVML``, else ``libnvidia-ml.so.1``, then
-    ``libnvidia-ml.so``) and initialises it. ``"smi"`` checks that nvidia-smi answers. ``"auto"`` tries NVML, then
-    nvidia-smi, and raises :class:`~nvmlcheck.BackendUnavailable` listing why each failed.
+    ``libnvidia-ml.so``) and initialises it, waiting at most ``init_timeout_s`` for ``nvmlInit`` (default
+    :data:`~nvmlcheck.backends.nvml.DEFAULT_INIT_TIMEOUT_S`). ``"smi"`` checks that nvidia-smi answers. ``"auto"``
+    tries NVML, then nvidia-smi (also when NVML's init failed or hung past its timeout), and raises
+    :class:`~nvmlcheck.BackendUnavailable` listing why each failed.
     """
     from ..errors import BackendUnavailable, NvmlCheckError
 
@@ -77,10 +80,13 @@ def open_backend(
             attempts.append(f"{name}: {exc}")
 
     if backend in ("auto", "nvml"):
-        from .nvml import NvmlBackend
+        from .nvml import DEFAULT_INIT_TIMEOUT_S, NvmlBackend
 
         try:
-            return NvmlBackend(library_path=library_path)
+            return NvmlBackend(
+                library_path=library_path,
+                init_timeout_s=DEFAULT_INIT_TIMEOUT_S if init_timeout_s is None else init_timeout_s,
+            )
         except NvmlCheckError as exc:
             if backend == "nvml":
                 raise

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
 from .._nvml import library
 from .._nvml.calls import Handle, NvmlCalls
-from ..errors import FunctionNotFound, NotSupported, NvmlCheckError, NvmlError, code_name
+from ..errors import FunctionNotFound, NotSupported, NvmlCheckError, NvmlError, Uninitialized, Unknown, code_name
 from ..model import (
     ClockEventReason,
     Clocks,
@@ -33,7 +33,11 @@ from ..model import (
     fast_constructor,
 )
 
-__all__ = ["NvmlBackend", "process_name"]
+__all__ = ["DEFAULT_INIT_TIMEOUT_S", "NvmlBackend", "process_name"]
+
+#: Seconds ``nvmlInit`` may take before opening gives up with :class:`~nvmlcheck.Timeout` (it can hang on a wedged
+#: driver: go-nvml #152); ``"auto"`` then falls back to nvidia-smi. A cold init takes ~10 ms on an H200 (FACTS).
+DEFAULT_INIT_TIMEOUT_S = 10.0
 
 NOT_REQUESTED = "not requested"
 _V1_MEMORY = (
@@ -149,17 +153,29 @@ class NvmlBackend:
     """Reads GPUs through libnvidia-ml.
 
     ``library_path`` overrides ``$NVMLCHECK_LIBNVML`` and the default names. Opening initialises NVML (shared
-    reference count per process); :meth:`close` releases it. After ``fork()`` the child re-initialises on its
-    first snapshot.
+    reference count per process); :meth:`close` releases it. ``init_timeout_s`` bounds ``nvmlInit`` (``None``: no
+    bound); a hung init raises :class:`~nvmlcheck.Timeout`. After ``fork()`` the child re-initialises on its first
+    snapshot.
+
+    Recovery: a call answering NVML_ERROR_UNINITIALIZED (NVML lost its initialisation, or another thread is
+    re-initialising) makes the snapshot re-initialise NVML and read once more; NVML_ERROR_UNKNOWN (which can stick
+    after hours, nvidia-docker #1671) is reported in that snapshot, and the next snapshot re-initialises NVML first.
+    A re-init that fails raises its error from that snapshot (``Unknown`` and ``Timeout`` are transient in a wait),
+    and the next snapshot tries again.
     """
 
     name = "nvml"
 
-    def __init__(self, library_path: str | None = None) -> None:
+    def __init__(self, library_path: str | None = None, init_timeout_s: float | None = DEFAULT_INIT_TIMEOUT_S) -> None:
+        if init_timeout_s is not None and not (init_timeout_s > 0 and init_timeout_s != float("inf")):
+            raise ValueError(f"init_timeout_s must be a positive number of seconds or None, got {init_timeout_s!r}")
+        self._init_timeout_s = init_timeout_s
         self._loaded = library.load(library_path)
-        self._loaded.acquire()
+        self._loaded.acquire(init_timeout_s)
         self._closed = False
         self._generation = library.fork_generation()
+        self._init_generation = self._loaded.init_generation
+        self._reinit_due = False
         self._calls = NvmlCalls(self._loaded)
         self._identities: dict[int, _Identity] = {}
         # Total memory per device, from the first successful memory read: the bound process entries are checked
@@ -186,18 +202,42 @@ class NvmlBackend:
         """Release this backend's NVML reference (the last one shuts NVML down). Idempotent."""
         if not self._closed:
             self._closed = True
-            self._loaded.release()
+            if self._generation == library.fork_generation():
+                # A backend inherited over fork() and never used in the child holds no reference here.
+                self._loaded.release()
 
     def _check_open(self) -> None:
         if self._closed:
             raise ValueError("this nvmlcheck session is closed")
         if self._generation != library.fork_generation():
             # A forked child: NVML must be initialised again here, and handles re-read.
-            self._loaded.acquire()
+            self._loaded.acquire(self._init_timeout_s)
             self._generation = library.fork_generation()
-            self._identities.clear()
-            self._totals.clear()
-            self._reasons_cache.clear()
+            self._forget_devices()
+        if self._reinit_due:
+            self._loaded.reinit(self._init_generation, self._init_timeout_s)
+            self._reinit_due = False
+        if self._init_generation != self._loaded.init_generation:
+            self._forget_devices()  # NVML was initialised again (here or by another session): handles are stale
+
+    def _forget_devices(self) -> None:
+        self._init_generation = self._loaded.init_generation
+        self._identities.clear()
+        self._totals.clear()
+        self._reasons_cache.clear()
+
+    def _recover(self, errors: Iterable[BaseException]) -> bool:
+        """After calls failed with ``errors``: re-initialise NVML now (and return True: read again) when one says
+        NVML is not initialised; plan a re-init before the next read when one is NVML's "Unknown Error"."""
+        errors = tuple(errors)
+        if any(isinstance(e, Uninitialized) for e in errors):
+            self._loaded.reinit(self._init_generation, self._init_timeout_s)
+            self._reinit_due = False
+            self._forget_devices()
+            return True
+        if any(isinstance(e, Unknown) for e in errors):
+            self._reinit_due = True
+        return False
 
     # --- system ---------------------------------------------------------------------------------------------------
 
@@ -230,6 +270,11 @@ class NvmlBackend:
     def device_count(self) -> int:
         """nvmlDeviceGetCount_v2."""
         self._check_open()
+        try:
+            return self._calls.device_count()
+        except (Uninitialized, Unknown) as exc:
+            if not self._recover((exc,)):
+                raise
         return self._calls.device_count()
 
     # --- snapshot -------------------------------------------------------------------------------------------------
@@ -237,6 +282,17 @@ class NvmlBackend:
     def snapshot(self, indices: Sequence[int] | None = None, fields: Fields = Fields.ALL) -> Snapshot:
         """Read ``indices`` (all devices when ``None``) in one pass; see :class:`~nvmlcheck.Snapshot`."""
         self._check_open()
+        try:
+            snap = self._read(indices, fields)
+        except (Uninitialized, Unknown) as exc:
+            if not self._recover((exc,)):
+                raise
+        else:
+            if not snap.failures or not self._recover(f.error for f in snap.failures):
+                return snap
+        return self._read(indices, fields)  # once: NVML was initialised again
+
+    def _read(self, indices: Sequence[int] | None, fields: Fields) -> Snapshot:
         wall = time.time()
         start = time.monotonic_ns()
         system = self._system or self.system()

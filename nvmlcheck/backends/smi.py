@@ -273,7 +273,13 @@ class SmiRunner:
     def run(self, args: Sequence[str]) -> SmiResult:
         """Run nvidia-smi ``args`` to completion or the deadline. Returns any exit status; raises only
         :class:`~nvmlcheck.SmiTimeout` and :class:`~nvmlcheck.SmiTransportError` (could not start)."""
-        return self.start(args).wait()
+        running = self.start(args)
+        try:
+            return running.wait()
+        finally:
+            # Interrupted (KeyboardInterrupt in the wait): kill and reap it, so no process or pipe is left behind.
+            if running.proc.returncode is None:
+                running.kill()
 
     def run_many(self, arg_lists: Sequence[Sequence[str]]) -> list[SmiResult]:
         """Start every run at once and wait for all (each with its own deadline). If one fails to start or times

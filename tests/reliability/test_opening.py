@@ -1,0 +1,243 @@
+"""Opening a backend when the driver is missing, mismatched, denied, hung or broken, and what ``"auto"`` and the CLI
+make of it. Sources: FACTS.md ("nvmlInit can hang (go-nvml #152) or start failing with 'Unknown Error' after hours
+(nvidia-docker #1671)"; nvidia-smi exit codes 9 and 18)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+import nvmlcheck as nc
+from nvmlcheck import cli
+from nvmlcheck._nvml import library
+from nvmlcheck.testing import Scenario
+from nvmlcheck.wait import TracePoint, is_transient
+
+from ._support import GIB, Stub, wait_for
+
+pytestmark = pytest.mark.stub
+
+
+def _main(*args: str) -> int:
+    return cli.main(list(args))
+
+
+# --- library missing ----------------------------------------------------------------------------------------------
+
+
+def test_library_missing_auto_falls_back_to_nvidia_smi(stub: Stub, tmp_path: Path) -> None:
+    stub.write(Scenario.h200())
+    with nc.open("auto", library_path=str(tmp_path / "libnvidia-ml.so.1")) as gpus:
+        assert gpus.backend_name == "smi"
+        assert [d.index for d in gpus.snapshot().devices] == [0]
+
+
+def test_library_missing_and_no_nvidia_smi_cli_exits_3(
+    stub: Stub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "nowhere" / "libnvidia-ml.so.1"
+    monkeypatch.setenv("NVMLCHECK_LIBNVML", str(missing))
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert _main("wait", "--timeout", "1") == cli.EXIT_BACKEND
+    err = capsys.readouterr().err
+    assert str(missing) in err and "nvidia-smi" in err  # says what was tried, both ways
+
+
+# --- driver not loaded, driver/library mismatch ---------------------------------------------------------------------
+
+
+def test_driver_not_loaded_both_backends_say_so(stub: Stub, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NVMLCHECK_STUB_SCENARIO")  # the stub's nvmlInit answers DRIVER_NOT_LOADED; the fake exits 9
+    with pytest.raises(nc.DriverNotLoaded) as nvml:
+        stub.open()
+    assert isinstance(nvml.value, nc.BackendUnavailable) and "kernel driver" in str(nvml.value)
+    with pytest.raises(nc.BackendUnavailable) as auto:
+        nc.open("auto")
+    text = str(auto.value)
+    assert "NVML_ERROR_DRIVER_NOT_LOADED" in text and "couldn't communicate with the NVIDIA driver" in text
+    assert _main("snapshot") == cli.EXIT_BACKEND
+
+
+def test_driver_library_version_mismatch_both_backends_say_so(stub: Stub, monkeypatch: pytest.MonkeyPatch) -> None:
+    sc = Scenario.h200()
+    sc.fault("nvmlInit_v2", code=18)
+    stub.write(sc)
+    monkeypatch.setenv("FAKE_SMI_EXIT", "18")
+    with pytest.raises(nc.LibraryVersionMismatch) as nvml:
+        stub.open()
+    assert isinstance(nvml.value, nc.BackendUnavailable) and "reboot" in str(nvml.value)
+    with pytest.raises(nc.BackendUnavailable) as auto:
+        nc.open("auto")
+    lines = {line.strip().split(":", 1)[0]: line.lower() for line in str(auto.value).splitlines()[1:]}
+    assert "mismatch" in lines["- nvml"] and "mismatch" in lines["- smi"], lines  # NVML's code, nvidia-smi's text
+    assert _main("wait", "--timeout", "1") == cli.EXIT_BACKEND
+    assert stub.balanced()
+
+
+# --- permission denied at init ---------------------------------------------------------------------------------------
+
+
+def test_permission_denied_at_init(stub: Stub, monkeypatch: pytest.MonkeyPatch) -> None:
+    sc = Scenario.h200()
+    sc.fault("nvmlInit_v2", code=4)
+    stub.write(sc)
+    with pytest.raises(nc.NoPermission) as info:
+        stub.open()
+    assert "nvmlInit_v2" in str(info.value) and "root" in str(info.value)
+    with nc.open("auto") as gpus:  # nvidia-smi may still be allowed (another user, a setuid wrapper)
+        assert gpus.backend_name == "smi"
+    monkeypatch.setenv("FAKE_SMI_EXIT", "4")
+    with pytest.raises(nc.BackendUnavailable) as both:
+        nc.open("auto")
+    assert "NVML_ERROR_NO_PERMISSION" in str(both.value) and "smi" in str(both.value)
+    assert stub.probe.init_refcount() == 0
+
+
+# --- init that hangs ------------------------------------------------------------------------------------------------
+
+
+def _hung_init(delay_ms: int) -> Scenario:
+    sc = Scenario.h200()
+    sc.fault("nvmlInit_v2", delay_ms=delay_ms)  # answers, successfully, after the delay
+    return sc
+
+
+def test_hung_init_is_bounded_and_its_late_success_is_given_back(stub: Stub) -> None:
+    stub.write(_hung_init(1500))
+    inits = stub.probe.call_count("nvmlInit_v2")
+    start = time.monotonic()
+    with pytest.raises(nc.Timeout) as info:
+        stub.open(init_timeout_s=0.2)
+    assert 0.2 <= time.monotonic() - start < 0.6
+    assert "nvmlInit_v2" in str(info.value) and "0.2 s" in str(info.value)
+    assert is_transient(info.value)
+    with pytest.raises(nc.Timeout):
+        stub.open(init_timeout_s=0.2)  # joins the init in flight instead of starting a second one
+    assert stub.probe.call_count("nvmlInit_v2") == inits + 1
+    # The init returns at 1.5 s with nobody waiting: nvmlcheck shuts NVML down again, so the count stays balanced.
+    wait_for(stub.balanced, 5.0, "the abandoned init to be given back")
+    loaded = library._loaded[str(stub.library)]
+    assert loaded.refcount == 0 and not loaded._initialised
+
+
+def test_hung_init_auto_falls_back_to_nvidia_smi_within_the_callers_deadline(stub: Stub) -> None:
+    stub.write(_hung_init(1500))
+    start = time.monotonic()
+    result = nc.wait_until_clean(timeout=1.0)  # NVML's init gets half of it, nvidia-smi the rest
+    elapsed = time.monotonic() - start
+    assert result.snapshot.backend == "smi" and [d.index for d in result.snapshot.devices] == [0]
+    assert elapsed < 1.0 + 0.3  # the deadline plus at most one nvidia-smi poll
+    wait_for(stub.balanced, 5.0, "the abandoned init to be given back")
+
+
+def test_hung_init_that_finishes_in_time_opens_nvml(stub: Stub) -> None:
+    stub.write(_hung_init(100))
+    with stub.open(init_timeout_s=2.0) as gpus:
+        assert gpus.backend_name == "nvml" and gpus.device_count() == 1
+    assert stub.balanced()
+
+
+# --- "Unknown Error" after working: re-init on the next poll ------------------------------------------------------
+
+
+def _breaks_after(memory_calls: int) -> Scenario:
+    """An H200 whose memory query starts answering NVML_ERROR_UNKNOWN for good after ``memory_calls`` calls."""
+    sc = Scenario.h200()
+    sc.fault("nvmlDeviceGetMemoryInfo_v2", code=999, after=memory_calls)
+    return sc
+
+
+def test_unknown_error_after_working_reinitialises_on_the_next_poll(stub: Stub) -> None:
+    with stub.open(_breaks_after(2)) as gpus:  # the first snapshot reads memory twice (total, then live)
+        assert not gpus.snapshot().failures
+        inits, shutdowns = stub.probe.init_total(), stub.probe.shutdown_total()
+        stub.write(Scenario.h200())  # what a fresh init finds: a working driver
+        broken = gpus.snapshot()
+        (failure,) = broken.failures
+        assert isinstance(failure.error, nc.Unknown) and is_transient(failure.error)
+        assert stub.probe.init_total() == inits  # reported first, not retried behind the caller's back
+        healed = gpus.snapshot()
+        assert not healed.failures and healed.devices[0].memory is not None
+        assert (stub.probe.init_total(), stub.probe.shutdown_total()) == (inits + 1, shutdowns + 1)
+        assert stub.probe.init_refcount() == 1
+    assert stub.balanced()
+
+
+def test_wait_survives_an_init_that_answers_unknown_error_until_the_driver_recovers(stub: Stub) -> None:
+    broken_init = Scenario.h200()
+    broken_init.fault("nvmlInit_v2", code=999)  # every re-init fails while this is the scenario file
+    polls: list[TracePoint] = []
+
+    def on_poll(point: TracePoint) -> None:
+        polls.append(point)
+        if len(polls) == 5:
+            stub.write(Scenario.h200())  # the driver recovers
+
+    with stub.open(_breaks_after(2)) as gpus:
+        gpus.snapshot()
+        stub.write(broken_init)
+        result = gpus.wait_until_clean(timeout=10, on_poll=on_poll, policy=0.001)
+        assert stub.probe.init_refcount() == 1
+    errors = [p.error or "" for p in polls]
+    assert polls[0].error is None and polls[0].failures == 1  # poll 1: the memory read fails on the device
+    assert all("nvmlInit_v2 failed: NVML_ERROR_UNKNOWN" in e for e in errors[1:5])  # polls 2-5: the re-init
+    assert all(not p.clean for p in polls[:5])
+    assert result.polls == len(polls) >= 7 and result.snapshot.backend == "nvml"
+    assert stub.balanced()
+
+
+def test_wait_names_an_init_that_keeps_answering_unknown_error(stub: Stub) -> None:
+    broken_init = Scenario.h200()
+    broken_init.fault("nvmlInit_v2", code=999)
+    with stub.open(_breaks_after(2)) as gpus:
+        gpus.snapshot()
+        stub.write(broken_init)
+        with pytest.raises(nc.WaitTimeout) as info:
+            gpus.wait_until_clean(timeout=0.3, policy=0.01)
+        assert "nvmlInit_v2 failed: NVML_ERROR_UNKNOWN" in str(info.value)
+        assert stub.probe.init_refcount() == 0  # NVML is down; the session still counts itself
+    assert stub.balanced()
+
+
+def test_lost_initialisation_is_restored_within_the_same_snapshot(stub: Stub) -> None:
+    with stub.open(Scenario.h200()) as gpus:
+        gpus.snapshot()
+        lib = stub.probe._lib
+        lib.nvmlShutdown()  # someone else in the process (a second NVML user) shut NVML down under us
+        assert stub.probe.init_refcount() == 0
+        snap = gpus.snapshot()
+        assert not snap.failures and snap.devices[0].memory is not None
+        assert stub.probe.init_refcount() == 1
+        assert gpus.wait_until_clean(timeout=2).clean
+    assert stub.balanced()
+
+
+# --- zero GPUs -------------------------------------------------------------------------------------------------------
+
+
+def test_zero_gpus_is_never_clean(stub: Stub, capsys: pytest.CaptureFixture[str]) -> None:
+    with stub.open(Scenario()) as gpus:  # a driver that sees no GPU
+        snap = gpus.snapshot()
+        assert snap.devices == () and snap.failures == ()
+        verdict = nc.default_predicate().evaluate(snap)
+        assert not verdict.clean and "no GPU" in verdict.reasons[0]
+        with pytest.raises(nc.BackendUnavailable, match="refusing to call zero GPUs clean"):
+            gpus.wait_until_clean(timeout=5)
+        with pytest.raises(nc.BackendUnavailable, match="no GPU"):
+            nc.kill_and_wait(gpus, [2**22], timeout=1)  # refused before any PID is looked at
+    assert _main("wait", "--backend", "nvml", "--timeout", "5") == cli.EXIT_BACKEND
+    assert "zero GPUs" in capsys.readouterr().err
+    assert _main("wait", "--backend", "smi", "--timeout", "5") == cli.EXIT_BACKEND
+
+
+def test_zero_gpus_after_a_busy_start_is_not_clean(stub: Stub) -> None:
+    sc = Scenario.h200()
+    sc.add_process(0, 4_000_001, used_bytes=GIB)
+    with stub.open(sc) as gpus:
+        assert gpus.device_count() == 1
+        stub.write(Scenario())  # after the next re-init the driver sees no GPU at all
+        stub.probe._lib.nvmlShutdown()
+        with pytest.raises(nc.BackendUnavailable, match="zero GPUs"):
+            gpus.wait_until_clean(timeout=5)
