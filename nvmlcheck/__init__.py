@@ -13,88 +13,10 @@ full reference.
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from .errors import (
-        AlreadyInitialized,
-        ArgumentVersionMismatch,
-        BackendUnavailable,
-        CorruptData,
-        CorruptedInforom,
-        Deprecated,
-        DriverNotLoaded,
-        FreqNotSupported,
-        FunctionNotFound,
-        GpuLost,
-        GpuNotFound,
-        GpuRequiresReset,
-        InsufficientPower,
-        InsufficientResources,
-        InsufficientSize,
-        InUse,
-        InvalidArgument,
-        InvalidState,
-        IrqIssue,
-        LibraryNotFound,
-        LibraryVersionMismatch,
-        NoData,
-        NoPermission,
-        NotFound,
-        NotReady,
-        NotSupported,
-        NvmlCheckError,
-        NvmlError,
-        NvmlMemoryError,
-        OperatingSystemError,
-        ResetTypeNotSupported,
-        SmiError,
-        SmiParseError,
-        SmiTimeout,
-        SmiTransportError,
-        Timeout,
-        Uninitialized,
-        Unknown,
-        VgpuEccNotSupported,
-        WaitTimeout,
-    )
-    from .kill import KillError, KillResult, PidTimes, kill_and_wait
-    from .model import (
-        MIB,
-        ClockEventReason,
-        Clocks,
-        ClockSet,
-        DeviceFailure,
-        DeviceState,
-        Fields,
-        GpuProcess,
-        Memory,
-        MemoryHealth,
-        ProcessKind,
-        RemappedRows,
-        RetiredPage,
-        RetirementCause,
-        Snapshot,
-        SystemInfo,
-    )
-    from .predicates import (
-        Predicate,
-        Verdict,
-        always,
-        default_predicate,
-        memory_back_to,
-        memory_used_at_most,
-        never,
-        no_processes,
-        on_devices,
-        pids_gone,
-    )
-    from .session import DeviceSelector, Session, open, wait_until_clean
-    from .study import BaselineNotClean, HolderError, StudyConfig, StudyError, run_study
-    from .wait import PollPolicy, TracePoint, WaitResult, poll_until
 
 # Names resolve on first use (PEP 562): `import nvmlcheck` stays cheap for launch scripts and for tools that import
-# it without calling it; dataclass and enum creation alone cost ~20 ms. docs/performance.md has the figures.
+# it without calling it; dataclass and enum creation alone cost ~20 ms, and even `typing` costs ~10 ms where site
+# has not loaded it, so this file imports neither (types: __init__.pyi). docs/performance.md has the figures.
 _LAZY: dict[str, str] = {
     "AlreadyInitialized": "errors",
     "ArgumentVersionMismatch": "errors",
@@ -182,7 +104,7 @@ _LAZY: dict[str, str] = {
 }
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'nvmlcheck' has no attribute {name!r}")
