@@ -339,7 +339,9 @@ class NvmlCalls:
             raise _fail(rc, "nvmlDeviceGetClockInfo", index)
         return int(out[0])
 
-    def clocks(self, handle: Handle, index: int) -> tuple[list[int | None], int | None, list[Unanswered]]:
+    def clocks(
+        self, handle: Handle, index: int, *, include_max: bool = True
+    ) -> tuple[list[int | None], int | None, list[Unanswered]]:
         """Every clock: ``values`` holds current, max and applications clocks (nvmlDeviceGetClockInfo,
         nvmlDeviceGetMaxClockInfo, nvmlDeviceGetApplicationsClock) for graphics, SM, memory and video, in that
         order (12 values, MHz); then the event-reason bitmask (nvmlDeviceGetCurrentClocksEventReasons, or the
@@ -347,6 +349,8 @@ class NvmlCalls:
 
         A value that cannot be read is ``None`` and listed in ``unanswered`` as ``(slot, symbol, code)`` (slot 12
         is the reason mask); codes that make the whole device unusable (GPU lost, reset required, ...) raise.
+        ``include_max=False`` skips the four max clocks (``None``, not listed): they never change, and on an H200
+        each nvmlDeviceGetMaxClockInfo call costs ~1.4 ms (docs/performance.md), so callers read them once.
         """
         out = self._buffers.u32
         values: list[int | None] = []
@@ -354,6 +358,10 @@ class NvmlCalls:
         slot = 0
         for name in _CLOCK_FUNCTIONS:
             fn = self._clock_fns[name]
+            if not include_max and name == "nvmlDeviceGetMaxClockInfo":
+                values.extend((None, None, None, None))
+                slot += 4
+                continue
             for domain in _CLOCK_DOMAINS:
                 rc = fn(handle, domain, out) if fn is not None else NVML_ERROR_FUNCTION_NOT_FOUND
                 if rc == NVML_SUCCESS:

@@ -182,6 +182,8 @@ class NvmlBackend:
         # against (a process cannot hold more than the device has).
         self._totals: dict[int, int] = {}
         self._reasons_cache: dict[tuple[int, _Plan], Mapping[str, str]] = {}
+        # index -> (max graphics/SM/memory/video MHz, why any is unknown): static, read on the first clock read.
+        self._max_clocks: dict[int, tuple[list[int | None], list[tuple[int, str, int]]]] = {}
         self._last_fields: Fields | None = None
         self._last_plan = _plan(Fields.ALL)
         self._system: SystemInfo | None = None
@@ -225,6 +227,7 @@ class NvmlBackend:
         self._identities.clear()
         self._totals.clear()
         self._reasons_cache.clear()
+        self._max_clocks.clear()
 
     def _recover(self, errors: Iterable[BaseException]) -> bool:
         """After calls failed with ``errors``: re-initialise NVML now (and return True: read again) when one says
@@ -419,7 +422,14 @@ class NvmlBackend:
         return reasons
 
     def _clocks(self, handle: Handle, index: int, unknown: dict[str, str]) -> Clocks:
-        values, mask, unanswered = self._calls.clocks(handle, index)
+        cached = self._max_clocks.get(index)
+        values, mask, unanswered = self._calls.clocks(handle, index, include_max=cached is None)
+        if cached is None:
+            # Max clocks are a property of the board: read once per device (each call costs ~1.4 ms on an H200).
+            cached = self._max_clocks[index] = (values[4:8], [u for u in unanswered if 4 <= u[0] < 8])
+        else:
+            values[4:8] = cached[0]
+            unanswered.extend(cached[1])
         for slot, symbol, code in unanswered:
             unknown[_CLOCK_SLOT_KEYS[slot]] = _soft_reason(symbol, code)
         reasons = None if mask is None else _event_reasons(mask)

@@ -515,3 +515,18 @@ def ffi_version() -> int:
     from nvmlcheck._nvml._ffi import ffi
 
     return int(ffi.sizeof("nvmlMemory_v2_t")) | (2 << 24)
+
+
+def test_max_clocks_read_once_current_clocks_every_time(stub: Stub) -> None:
+    sc = Scenario.h200()
+    sc.set_device(0, unsupported=("max.video", "retired_pages", "retired_pending"))
+    with stub.open(sc) as session:
+        before_max = stub.probe.call_count("nvmlDeviceGetMaxClockInfo")
+        before_cur = stub.probe.call_count("nvmlDeviceGetClockInfo")
+        snaps = [session.snapshot(fields=nc.Fields.CLOCKS) for _ in range(3)]
+        assert stub.probe.call_count("nvmlDeviceGetMaxClockInfo") - before_max == 4  # static: read once
+        assert stub.probe.call_count("nvmlDeviceGetClockInfo") - before_cur == 12  # live: every snapshot
+    for snap in snaps:
+        d = snap.devices[0]
+        assert d.clocks is not None and d.clocks.max == nc.ClockSet(1980, 1980, 3201, None)
+        assert "not supported" in (d.why_unknown("clocks.max.video_mhz") or "")
