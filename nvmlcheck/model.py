@@ -16,7 +16,7 @@ import enum
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from types import MappingProxyType
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 __all__ = [
     "MIB",
@@ -145,13 +145,16 @@ class SystemInfo(_ReasonsPickle):
     unknown: Mapping[str, str] = field(default_factory=lambda: _EMPTY, compare=False)
 
 
-@dataclass(frozen=True, slots=True)
-class Memory:
+class Memory(NamedTuple):
     """Device memory (nvmlDeviceGetMemoryInfo_v2; nvidia-smi ``memory.total/used/free/reserved``).
 
     ``used_includes_reserved`` is ``True`` when only the v1 call exists: then ``used_bytes`` counts the driver's
     reservation (about 615 MiB on an H200) and an idle GPU does not read 0. ``granularity_bytes`` is 1 for NVML
     and 1 MiB for nvidia-smi, whose values are whole MiB.
+
+    A named tuple rather than a dataclass (like :class:`GpuProcess`): it is built on every poll, and a tuple is
+    built in a third of the time, which keeps the typed memory query faster than nvidia-ml-py's untyped one
+    (docs/performance.md). It is immutable and compares by value.
     """
 
     total_bytes: int
@@ -162,8 +165,7 @@ class Memory:
     granularity_bytes: int = 1
 
 
-@dataclass(frozen=True, slots=True)
-class GpuProcess:
+class GpuProcess(NamedTuple):
     """One entry of a device's process list.
 
     ``used_bytes`` is ``None`` when NVML reports "not available" (WDDM, some MIG and container setups), never 0.

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any, NewType
 
 from ..errors import CorruptData, FunctionNotFound, InsufficientSize, error_class_for_code
-from ..model import Memory, ProcessKind, RemappedRows, RetiredPage, RetirementCause, fast_constructor
+from ..model import Memory, ProcessKind, RemappedRows, RetiredPage, RetirementCause
 from ._ffi import ffi as _ffi
 from .library import LoadedLibrary
 
@@ -261,7 +261,7 @@ class NvmlCalls:
             raise CorruptData(
                 f"used {used} B / reserved {reserved} B exceed total {total} B", "nvmlDeviceGetMemoryInfo_v2", index
             )
-        return _make_memory(total, used, free, reserved, False, 1)
+        return _new_tuple(Memory, (total, used, free, reserved, False, 1))
 
     def _memory_v1(self, handle: Handle, index: int) -> Memory:
         buf = self._buffers.memory_v1
@@ -271,7 +271,7 @@ class NvmlCalls:
         total, used, free = buf.total, buf.used, buf.free
         if used > total:
             raise CorruptData(f"used {used} B exceeds total {total} B", "nvmlDeviceGetMemoryInfo", index)
-        return _make_memory(total, used, free, None, True, 1)
+        return _new_tuple(Memory, (total, used, free, None, True, 1))
 
     def _memory_missing(self, handle: Handle, index: int) -> Memory:
         raise FunctionNotFound(13, "nvmlDeviceGetMemoryInfo_v2", index, "the library exports no memory query")
@@ -463,7 +463,8 @@ class NvmlCalls:
         raise InsufficientSize(NVML_ERROR_INSUFFICIENT_SIZE, name, index, "the retired page list kept growing")
 
 
-_make_memory = fast_constructor(Memory)
+# Memory is a named tuple: tuple.__new__ skips its Python-level __new__ (the poll path builds one per GPU).
+_new_tuple = tuple.__new__
 _CLOCK_FUNCTIONS = ("nvmlDeviceGetClockInfo", "nvmlDeviceGetMaxClockInfo", "nvmlDeviceGetApplicationsClock")
 _CLOCK_DOMAINS = (CLOCK_GRAPHICS, CLOCK_SM, CLOCK_MEM, CLOCK_VIDEO)
 _HEALTH_FUNCTIONS = ("nvmlDeviceGetRetiredPagesPendingStatus", "nvmlDeviceGetRemappedRows")

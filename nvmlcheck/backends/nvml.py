@@ -126,7 +126,7 @@ _PLANS: dict[Fields, _Plan] = {}
 _KINDS = tuple(ProcessKind)
 _PROCESS_KEYS = tuple(f"processes.{k.value}" for k in _KINDS)
 _NO_BOUND = 1 << 63  # before any memory read: no total to check process entries against
-_make_process = fast_constructor(GpuProcess)
+_new_tuple = tuple.__new__  # GpuProcess is a named tuple; this skips its Python-level __new__
 _make_device = fast_constructor(DeviceState)
 _make_snapshot = fast_constructor(Snapshot)
 _CLOCK_SLOT_KEYS = (
@@ -381,7 +381,9 @@ class NvmlBackend:
                     unknown = _note(unknown, _PROCESS_KEYS[slot], exc)
                     continue
                 lists[slot] = (
-                    tuple([_make_process(p, kind, u, process_name(p), gi, ci) for p, u, gi, ci in raw]) if raw else ()
+                    tuple([_new_tuple(GpuProcess, (p, kind, u, process_name(p), gi, ci)) for p, u, gi, ci in raw])
+                    if raw
+                    else ()
                 )
 
         clocks = health = None
