@@ -36,10 +36,24 @@ def _run_ms(argv: list[str], runs: int) -> float:
     return statistics.median(times)
 
 
+def importtime_ms(module: str, runs: int = 11) -> float:
+    """Median of ``python -X importtime -c 'import MODULE'``'s cumulative figure for MODULE: its own import cost,
+    free of the interpreter's start-up noise."""
+    values = []
+    for _ in range(runs):
+        err = subprocess.run(
+            [sys.executable, "-X", "importtime", "-c", f"import {module}"], check=True, capture_output=True, text=True
+        ).stderr
+        line = next(x for x in reversed(err.splitlines()) if x.rstrip().endswith(f"| {module}"))
+        values.append(int(line.split("|")[1]) / 1000)
+    return statistics.median(values)
+
+
 def import_cost_ms(runs: int = 21) -> dict[str, float]:
     """Median wall time of `python -c pass` and `python -c 'import nvmlcheck'` (and with -S)."""
     exe = sys.executable
     return {
+        "importtime_nvmlcheck_ms": importtime_ms("nvmlcheck"),
         "python_pass_ms": _run_ms([exe, "-c", "pass"], runs),
         "python_import_nvmlcheck_ms": _run_ms([exe, "-c", "import nvmlcheck"], runs),
         "python_import_nvmlcheck_open_ms": _run_ms(

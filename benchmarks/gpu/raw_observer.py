@@ -3,8 +3,8 @@
     python raw_observer.py --pid PID --device 0 --clean-bytes N [--timeout 30]
 
 It opens libnvidia-ml with its own cffi declarations, prints ``ready`` after its first poll, then polls
-``nvmlDeviceGetMemoryInfo_v2`` and ``nvmlDeviceGetComputeRunningProcesses_v3`` back to back until the PID is off
-the list and ``used`` is at most ``--clean-bytes``. It prints one JSON line: the ``time.monotonic_ns()`` readings
+``nvmlDeviceGetMemoryInfo_v2`` and the three ``_v3`` process lists back to back until the PID is off every list and
+``used`` is at most ``--clean-bytes``. It prints one JSON line: the ``time.monotonic_ns()`` readings
 (CLOCK_MONOTONIC, comparable across processes) of the first poll that saw the PID gone and the first that saw the
 memory back, the poll before each, and its poll count and median poll period (its resolution).
 """
@@ -28,6 +28,8 @@ int nvmlInit_v2(void);
 int nvmlDeviceGetHandleByIndex_v2(unsigned int index, void **device);
 int nvmlDeviceGetMemoryInfo_v2(void *device, mem2_t *memory);
 int nvmlDeviceGetComputeRunningProcesses_v3(void *device, unsigned int *count, proc_t *infos);
+int nvmlDeviceGetGraphicsRunningProcesses_v3(void *device, unsigned int *count, proc_t *infos);
+int nvmlDeviceGetMPSComputeRunningProcesses_v3(void *device, unsigned int *count, proc_t *infos);
 """
 
 
