@@ -219,6 +219,9 @@ class _Running:
             for pipe, _ in list(self._open.values()):
                 pipe.close()
             self._open.clear()
+            # The leader itself usually did die (a helper outside the group held the pipes): reap it now rather than
+            # leave a zombie child; one truly stuck in uninterruptible sleep is left to subprocess's own clean-up.
+            self.proc.poll()
             note = (
                 "" if self.proc.returncode is not None else " (it did not exit after SIGKILL: uninterruptible sleep?)"
             )
