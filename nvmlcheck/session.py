@@ -194,6 +194,10 @@ class Session:
             take,
             predicate if predicate is not None else default_predicate(),
             probe=probe,
+            # The duty cap counts CPU. NVML's cost is all in this thread; counting reaped children too (the
+            # poller's default, for nvidia-smi runs) would charge a launch script's own reaped workers to the
+            # wait: on the H200 a reaped holder stretched the default interval to ~40 ms mid-wait.
+            cpu_clock=time.thread_time_ns if backend.name == "nvml" and clock is time.monotonic_ns else None,
             timeout=timeout,
             policy=policy,
             stable_polls=stable_polls,
