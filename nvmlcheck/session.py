@@ -251,8 +251,8 @@ def wait_until_clean(
 ) -> WaitResult:
     """Open a session, wait until the GPUs are clean (see :meth:`Session.wait_until_clean`), close it.
 
-    ``timeout`` bounds the whole call, opening included: ``nvmlInit`` may take at most ``min(timeout, 10 s)`` (with
-    ``"auto"``, nvidia-smi is tried when it hangs) and the wait gets what is left.
+    ``timeout`` bounds the whole call, opening included: ``nvmlInit`` may take at most half of it (and at most 10 s),
+    so that with ``"auto"`` nvidia-smi still has time to answer when the init hangs; the wait gets what is left.
 
     >>> import nvmlcheck as nc
     >>> nc.wait_until_clean(timeout=30.0)        # doctest: +SKIP
@@ -265,7 +265,7 @@ def wait_until_clean(
     bounded = isinstance(timeout, int | float) and not isinstance(timeout, bool) and 0 < timeout < math.inf
     if bounded:
         assert timeout is not None
-        init_timeout = min(init_timeout, float(timeout))
+        init_timeout = min(init_timeout, float(timeout) / 2)
     with open(backend, init_timeout_s=init_timeout) as session:
         if bounded:
             assert timeout is not None

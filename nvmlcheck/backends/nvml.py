@@ -35,6 +35,10 @@ from ..model import (
 
 __all__ = ["DEFAULT_INIT_TIMEOUT_S", "NvmlBackend", "process_name"]
 
+# Reads of one snapshot when NVML answers UNINITIALIZED: the first, then after each re-init. More than one retry is for
+# threads that share the library while others re-initialise it (each such re-init can pull NVML from under a read).
+_READ_ATTEMPTS = 3
+
 #: Seconds ``nvmlInit`` may take before opening gives up with :class:`~nvmlcheck.Timeout` (it can hang on a wedged
 #: driver: go-nvml #152); ``"auto"`` then falls back to nvidia-smi. A cold init takes ~10 ms on an H200 (FACTS).
 DEFAULT_INIT_TIMEOUT_S = 10.0
@@ -158,7 +162,8 @@ class NvmlBackend:
     snapshot.
 
     Recovery: a call answering NVML_ERROR_UNINITIALIZED (NVML lost its initialisation, or another thread is
-    re-initialising) makes the snapshot re-initialise NVML and read once more; NVML_ERROR_UNKNOWN (which can stick
+    re-initialising) makes the snapshot re-initialise NVML (unless another session just did) and read again, up to
+    twice more; NVML_ERROR_UNKNOWN (which can stick
     after hours, nvidia-docker #1671) is reported in that snapshot, and the next snapshot re-initialises NVML first.
     A re-init that fails raises its error from that snapshot (``Unknown`` and ``Timeout`` are transient in a wait),
     and the next snapshot tries again.
@@ -175,7 +180,9 @@ class NvmlBackend:
         self._closed = False
         self._generation = library.fork_generation()
         self._init_generation = self._loaded.init_generation
-        self._reinit_due = False
+        # Set after an "Unknown Error": the init generation under which it was seen; the next read re-initialises
+        # unless another session did so since.
+        self._reinit_due: int | None = None
         self._calls = NvmlCalls(self._loaded)
         self._identities: dict[int, _Identity] = {}
         # Total memory per device, from the first successful memory read: the bound process entries are checked
@@ -216,9 +223,10 @@ class NvmlBackend:
             self._loaded.acquire(self._init_timeout_s)
             self._generation = library.fork_generation()
             self._forget_devices()
-        if self._reinit_due:
-            self._loaded.reinit(self._init_generation, self._init_timeout_s)
-            self._reinit_due = False
+        due = self._reinit_due
+        if due is not None:
+            self._loaded.reinit(due, self._init_timeout_s)
+            self._reinit_due = None
         if self._init_generation != self._loaded.init_generation:
             self._forget_devices()  # NVML was initialised again (here or by another session): handles are stale
 
@@ -229,17 +237,21 @@ class NvmlBackend:
         self._reasons_cache.clear()
         self._max_clocks.clear()
 
-    def _recover(self, errors: Iterable[BaseException]) -> bool:
-        """After calls failed with ``errors``: re-initialise NVML now (and return True: read again) when one says
-        NVML is not initialised; plan a re-init before the next read when one is NVML's "Unknown Error"."""
+    def _recover(self, errors: Iterable[BaseException], generation: int) -> bool:
+        """After calls made under init ``generation`` failed with ``errors``: re-initialise NVML now (and return
+        True: read again) when one says NVML is not initialised; plan a re-init before the next read when one is
+        NVML's "Unknown Error".
+
+        ``generation`` must be read before the calls: another thread may have re-initialised since, and then this
+        one only re-reads (re-initialising again would pull NVML from under every other reader, and so on)."""
         errors = tuple(errors)
         if any(isinstance(e, Uninitialized) for e in errors):
-            self._loaded.reinit(self._init_generation, self._init_timeout_s)
-            self._reinit_due = False
+            self._loaded.reinit(generation, self._init_timeout_s)
+            self._reinit_due = None
             self._forget_devices()
             return True
         if any(isinstance(e, Unknown) for e in errors):
-            self._reinit_due = True
+            self._reinit_due = generation
         return False
 
     # --- system ---------------------------------------------------------------------------------------------------
@@ -273,27 +285,32 @@ class NvmlBackend:
     def device_count(self) -> int:
         """nvmlDeviceGetCount_v2."""
         self._check_open()
-        try:
-            return self._calls.device_count()
-        except (Uninitialized, Unknown) as exc:
-            if not self._recover((exc,)):
-                raise
-        return self._calls.device_count()
+        for attempt in range(_READ_ATTEMPTS):
+            generation = self._loaded.init_generation
+            try:
+                return self._calls.device_count()
+            except (Uninitialized, Unknown) as exc:
+                if attempt == _READ_ATTEMPTS - 1 or not self._recover((exc,), generation):
+                    raise
+        raise AssertionError("unreachable")
 
     # --- snapshot -------------------------------------------------------------------------------------------------
 
     def snapshot(self, indices: Sequence[int] | None = None, fields: Fields = Fields.ALL) -> Snapshot:
         """Read ``indices`` (all devices when ``None``) in one pass; see :class:`~nvmlcheck.Snapshot`."""
         self._check_open()
-        try:
-            snap = self._read(indices, fields)
-        except (Uninitialized, Unknown) as exc:
-            if not self._recover((exc,)):
-                raise
-        else:
-            if not snap.failures or not self._recover(f.error for f in snap.failures):
+        for attempt in range(_READ_ATTEMPTS):
+            generation = self._loaded.init_generation
+            last = attempt == _READ_ATTEMPTS - 1
+            try:
+                snap = self._read(indices, fields)
+            except (Uninitialized, Unknown) as exc:
+                if last or not self._recover((exc,), generation):
+                    raise
+                continue
+            if last or not snap.failures or not self._recover((f.error for f in snap.failures), generation):
                 return snap
-        return self._read(indices, fields)  # once: NVML was initialised again
+        raise AssertionError("unreachable")  # the last attempt returns or raises
 
     def _read(self, indices: Sequence[int] | None, fields: Fields) -> Snapshot:
         wall = time.time()

@@ -110,7 +110,9 @@ def test_threads_survive_a_reinit_under_them(stub: Stub) -> None:
     sc = Scenario.h200(devices=2)
     sc.add_process(1, 4_000_002, used_bytes=GIB)
     stub.write(sc)
+    inits = stub.probe.init_total()
     with stub.open() as shared:
+        loaded = library._loaded[str(stub.library)]
 
         def work(n: int) -> int:
             seen = 0
@@ -120,15 +122,15 @@ def test_threads_survive_a_reinit_under_them(stub: Stub) -> None:
                     assert not snap.failures, snap.failures
                     assert snap.devices[1].memory is not None and snap.devices[1].memory.used_bytes == GIB
                     if n == 0 and i % 50 == 25:
-                        backend = shared.backend
-                        assert isinstance(backend, nc.backends.nvml.NvmlBackend)
-                        backend._reinit_due = True  # as after an "Unknown Error": shut down and init under them
+                        # As a session does after "Unknown Error": shut NVML down and initialise it under the others.
+                        loaded.reinit(loaded.init_generation)
                     seen += 1
             return seen
 
         with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
             assert sum(pool.map(work, range(8))) == 8 * 300
         assert stub.probe.init_refcount() == 1
+        assert stub.probe.init_total() - inits >= 1 + 6  # the open, then six re-inits while the others read
     assert stub.balanced()
 
 
