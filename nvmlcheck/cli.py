@@ -153,7 +153,11 @@ class StatusLine:
         if now - self._last < 0.1:
             return
         self._last = now
-        text = text[: max(20, os.get_terminal_size(self.stream.fileno()).columns - 1)]
+        try:
+            columns = os.get_terminal_size(self.stream.fileno()).columns
+        except (OSError, ValueError):  # a TTY-like stream without a real terminal behind it
+            columns = 80
+        text = text[: max(20, columns - 1)]
         self.stream.write("\r" + text.ljust(self._width))
         self.stream.flush()
         self._width = len(text)
@@ -178,7 +182,13 @@ def _open(args: argparse.Namespace) -> Any:
         from .testing import stub_source_dir
 
         smi_command = [sys.executable, str(stub_source_dir() / "fake_nvidia_smi.py")]
-    return open_session(backend, smi_prefix=args.smi_prefix, smi_command=smi_command)
+    # nvmlInit can hang on a wedged driver: bound it by the command's own timeout (half of it, so "auto" still has
+    # time to fall back to nvidia-smi), between 1 s and the library's default of 10 s.
+    timeout = getattr(args, "timeout", None)
+    init_timeout_s = 10.0 if timeout is None else min(10.0, max(1.0, timeout / 2))
+    return open_session(
+        backend, smi_prefix=args.smi_prefix, smi_command=smi_command, init_timeout_s=init_timeout_s
+    )
 
 
 def _print_json(doc: dict[str, Any]) -> None:
@@ -189,6 +199,8 @@ def _print_json(doc: dict[str, Any]) -> None:
 def cmd_snapshot(args: argparse.Namespace) -> int:
     with _open(args) as gpus:
         snap = gpus.snapshot(args.devices)
+    if not snap.devices and not snap.failures:
+        raise BackendUnavailable(f"the {snap.backend} backend sees no GPU", [f"{snap.backend}: device count 0"])
     if args.json:
         _print_json(document("snapshot", **snapshot_json(snap)))
     elif args.view == "procs":

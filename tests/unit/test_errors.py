@@ -26,8 +26,8 @@ def test_every_code_in_nvml_h_has_its_own_class() -> None:
     for name, code in header.items():
         cls = errors.error_class_for_code(code)
         assert cls is not errors.Unknown or code == 999, f"{name} ({code}) falls back to Unknown"
-        assert cls.CODE == code
-        assert cls.CODE_NAME == name
+        assert code == cls.CODE
+        assert name == cls.CODE_NAME
     # and no class claims a code the header does not define
     assert set(errors.KNOWN_CODES) == set(header.values())
 
