@@ -301,8 +301,9 @@ def _confirm(pids: Sequence[int], snap: Snapshot, assume_yes: bool) -> None:
     if assume_yes:
         return
     if not sys.stdin.isatty():
-        raise UsageError(f"refusing to kill {len(pids)} processes without --yes (stdin is not a terminal)")
-    answer = input(f"kill these {len(pids)} processes? [y/N] ")
+        what = "1 process" if len(pids) == 1 else f"{len(pids)} processes"
+        raise UsageError(f"refusing to kill {what} without --yes (stdin is not a terminal)")
+    answer = input("kill this process? [y/N] " if len(pids) == 1 else f"kill these {len(pids)} processes? [y/N] ")
     if answer.strip().lower() not in ("y", "yes"):
         raise UsageError("not confirmed; nothing was signalled")
 
@@ -340,7 +341,8 @@ def cmd_kill(args: argparse.Namespace) -> int:
         except WaitTimeout as exc:
             status.clear()
             if args.json:
-                _print_json(_wait_timeout_json(exc) | {"schema": "nvmlcheck/kill"})
+                timeout_doc = _wait_timeout_json(exc) | {"schema": "nvmlcheck/kill", "signal": first.name}
+                _print_json(timeout_doc | {"pids": [{"pid": pid} for pid in pids]})
             else:
                 print(str(exc), file=sys.stderr)
             return EXIT_NOT_CLEAN

@@ -1,7 +1,8 @@
 """JSON output of the CLI: model objects to plain dicts, under a versioned schema.
 
 Every document has ``"schema"`` (``"nvmlcheck/snapshot"``, ``"nvmlcheck/wait"``, ``"nvmlcheck/kill"``,
-``"nvmlcheck/error"``) and ``"version"`` (:data:`SCHEMA_VERSION`). Within a version, fields are only ever added;
+``"nvmlcheck/error"``, ``"nvmlcheck/demo"``, ``"nvmlcheck/study-reclaim"``) and ``"version"``
+(:data:`SCHEMA_VERSION`). Within a version, fields are only ever added;
 a removal or change of meaning bumps the version. Bytes are integers in bytes, times integers in ns, and unknown
 values are ``null`` with the reason under the device's ``"unknown"``. docs/cli.md documents each field.
 """
@@ -110,12 +111,13 @@ def device_json(d: DeviceState) -> dict[str, Any]:
 
 
 def error_json(exc: BaseException) -> dict[str, Any]:
-    """An exception as ``{"type", "message"}`` plus ``code``/``function`` for NVML errors."""
+    """An exception as ``{"type", "message"}``, plus ``code``/``function``/``device_index`` for NVML errors,
+    ``returncode`` for nvidia-smi errors and ``attempts`` (what was tried) when no backend opened."""
     out: dict[str, Any] = {"type": type(exc).__name__, "message": str(exc)}
-    for attr in ("code", "function", "device_index", "returncode"):
+    for attr in ("code", "function", "device_index", "returncode", "attempts"):
         value = getattr(exc, attr, None)
-        if value is not None:
-            out[attr] = value
+        if value is not None and value != ():
+            out[attr] = list(value) if isinstance(value, tuple) else value
     return out
 
 

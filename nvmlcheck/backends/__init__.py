@@ -75,7 +75,7 @@ def open_backend(
         # Keep nested attempts readable: "nvml: <what>" then its own attempts, indented under it.
         if isinstance(exc, BackendUnavailable) and exc.attempts:
             attempts.append(f"{name}: {getattr(exc, 'message', exc)}")
-            attempts.extend(f"  {a}" for a in exc.attempts)
+            attempts.extend(f"{name}: {a}" for a in exc.attempts)
         else:
             attempts.append(f"{name}: {exc}")
 
