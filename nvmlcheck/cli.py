@@ -166,6 +166,7 @@ class StatusLine:
         if self.enabled and self._width:
             self.stream.write("\r" + " " * self._width + "\r")
             self.stream.flush()
+            self._width = 0  # cleared: a second clear() writes nothing
 
 
 # --- commands -------------------------------------------------------------------------------------------------------
