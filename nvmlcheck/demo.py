@@ -26,7 +26,8 @@ RELEASE_MS = 120
 def run_demo(*, json_output: bool = False) -> int:
     """Run the demo; returns the exit code (0 when the wait saw the simulated reclaim)."""
     from . import open as open_session
-    from .cli import device_table, human_bytes, process_table
+    from .cli._common import simulation_hint
+    from .cli._output import device_table, human_bytes, process_table
     from .kill import kill_and_wait
     from .simulate import simulated
     from .testing import Scenario, StubBuildError
@@ -41,11 +42,7 @@ def run_demo(*, json_output: bool = False) -> int:
             try:
                 stack.enter_context(simulated(scenario))
             except (StubBuildError, FileNotFoundError) as exc:
-                print(
-                    f"nvmlcheck demo needs a C compiler and the nvidia-nvml-dev package "
-                    f"(pip install 'nvmlcheck[sim]'): {exc}",
-                    file=sys.stderr,
-                )
+                print(f"nvmlcheck demo: {simulation_hint(exc)}", file=sys.stderr)
                 return 3
             gpus = stack.enter_context(open_session("nvml"))
             before = gpus.snapshot()

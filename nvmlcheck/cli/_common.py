@@ -1,0 +1,84 @@
+"""What the commands share: exit codes, usage errors, opening a session, the wait predicate, the simulation."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import argparse
+    from collections.abc import Iterator
+
+    from ..session import Session
+
+EXIT_CLEAN = 0
+EXIT_NOT_CLEAN = 1
+EXIT_USAGE = 2
+EXIT_BACKEND = 3
+#: Ended by a signal: 128 + its number, as a shell reports it (SIGHUP 129, SIGINT 130, SIGTERM 143).
+EXIT_SIGNAL_BASE = 128
+
+
+class UsageError(Exception):
+    """Bad command-line input (exit 2)."""
+
+
+class SimulationUnavailable(Exception):
+    """``--simulate`` or ``demo`` cannot build the stub libnvidia-ml (exit 3)."""
+
+
+def simulation_hint(exc: BaseException) -> str:
+    """The message for a stub that cannot be built (no C compiler, no ``nvidia-nvml-dev``)."""
+    return (f"the simulated GPU needs a C compiler and the nvidia-nvml-dev package "
+            f"(pip install 'nvmlcheck[sim]'): {exc}")
+
+
+def open_session(args: argparse.Namespace) -> Session:
+    """Open the backend the options name; ``--simulate`` means the stub through NVML (or the fake nvidia-smi)."""
+    from ..session import open as open_backend
+
+    backend = args.backend
+    if args.simulate is not None and backend == "auto":
+        backend = "nvml"
+    smi_command = None
+    if args.simulate is not None and backend == "smi":
+        from ..testing import stub_source_dir
+
+        smi_command = [sys.executable, str(stub_source_dir() / "fake_nvidia_smi.py")]
+    # nvmlInit can hang on a wedged driver: bound it by the command's own timeout (half of it, so "auto" still has
+    # time to fall back to nvidia-smi), between 1 s and the library's default of 10 s.
+    timeout = getattr(args, "timeout", None)
+    init_timeout_s = 10.0 if timeout is None else min(10.0, max(1.0, timeout / 2))
+    return open_backend(backend, smi_prefix=args.smi_prefix, smi_command=smi_command, init_timeout_s=init_timeout_s)
+
+
+def wait_predicate(args: argparse.Namespace) -> Any:
+    """No process of any kind and at most ``--max-used`` per GPU, and the ``--pids`` off every list."""
+    from .. import predicates as p
+
+    pred = p.no_processes() & p.memory_used_at_most(args.max_used)
+    if getattr(args, "pids", None):
+        pred = pred & p.pids_gone(args.pids)
+    return pred
+
+
+@contextlib.contextmanager
+def simulation(args: argparse.Namespace) -> Iterator[None]:
+    """Point nvmlcheck at the stub for ``--simulate``; nothing otherwise."""
+    if getattr(args, "simulate", None) is None:
+        yield
+        return
+    from ..simulate import scenario_named, simulated
+    from ..testing import StubBuildError
+
+    try:
+        scenario = scenario_named(args.simulate)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(simulated(scenario))
+        except (StubBuildError, FileNotFoundError) as exc:
+            raise SimulationUnavailable(simulation_hint(exc)) from None
+        yield

@@ -1,0 +1,116 @@
+"""Parse, dispatch to the command's module (imported on demand), and turn every way out into one exit code."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from typing import TYPE_CHECKING
+
+from ._common import (
+    EXIT_BACKEND,
+    EXIT_SIGNAL_BASE,
+    EXIT_USAGE,
+    SimulationUnavailable,
+    UsageError,
+    simulation,
+)
+from ._signals import Terminated, ending_on_signals
+
+if TYPE_CHECKING:
+    import argparse
+    from collections.abc import Callable, Sequence
+
+#: command → "module:function" in this package, imported only when that command runs.
+COMMANDS = {
+    "snapshot": "_snapshot:cmd_snapshot",
+    "wait": "_wait:cmd_wait",
+    "kill": "_kill:cmd_kill",
+    "holders": "_kill:cmd_holders",
+    "demo": "_study:cmd_demo",
+    "study": "_study:cmd_study_reclaim",
+}
+
+
+def _command(name: str) -> Callable[[argparse.Namespace], int]:
+    module, function = COMMANDS[name].split(":")
+    handler: Callable[[argparse.Namespace], int] = getattr(importlib.import_module(f"{__package__}.{module}"), function)
+    return handler
+
+
+def _parse(argv: Sequence[str], json_errors: bool) -> argparse.Namespace | int:
+    from ._parser import GLOBAL_OPTIONS, build_parser
+
+    parser = build_parser(json_errors=json_errors)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version, or an argument error (already printed)
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    if args.command == "demo":
+        given = [f"--{name.replace('_', '-')}" for name in GLOBAL_OPTIONS
+                 if getattr(args, name, None) not in (None, "auto")]
+        if given:
+            try:
+                parser.error(f"demo runs on the bundled simulated H200 only and takes no {', '.join(given)}")
+            except SystemExit as exc:
+                return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    return args
+
+
+def run(argv: Sequence[str] | None) -> int:
+    """The CLI: parse ``argv``, run the command, return its exit code."""
+    from ._parser import wants_json
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    json_mode = wants_json(argv)
+    with ending_on_signals():
+        try:
+            parsed = _parse(argv, json_mode)
+            if isinstance(parsed, int):
+                return parsed
+            with simulation(parsed):
+                return _command(parsed.command)(parsed)
+        except UsageError as exc:
+            return fail(json_mode, exc, EXIT_USAGE)
+        except SimulationUnavailable as exc:
+            return fail(json_mode, exc, EXIT_BACKEND)
+        except (ValueError, TypeError) as exc:
+            # Bad device selections and the like, raised by the library with a specific message.
+            return fail(json_mode, exc, EXIT_USAGE)
+        except KeyboardInterrupt:
+            return fail(json_mode, KeyboardInterrupt("interrupted"), EXIT_SIGNAL_BASE + 2, label="interrupted")
+        except Terminated as exc:
+            return fail(json_mode, exc, EXIT_SIGNAL_BASE + exc.signum, label="terminated")
+        except BrokenPipeError:
+            # Output piped into `head` and the like: stop quietly, and keep Python from complaining at exit.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
+        except Exception as exc:
+            from ..errors import NvmlCheckError
+
+            if not isinstance(exc, NvmlCheckError):
+                raise
+            from ..kill import KillError
+
+            return fail(json_mode, exc, EXIT_USAGE if isinstance(exc, KillError) else EXIT_BACKEND)
+
+
+def fail(json_mode: bool, exc: BaseException, code: int, *, label: str | None = None) -> int:
+    """Report ``exc`` (a document under ``--json``, a line on stderr otherwise) and return ``code``."""
+    if json_mode:
+        from ..jsonout import document, error_json
+        from ._output import print_json
+
+        try:
+            print_json(document("error", error=error_json(exc), exit_code=code))
+        except BrokenPipeError:
+            pass
+    if label is None:
+        from ..errors import BackendUnavailable
+
+        label = "unavailable" if isinstance(exc, BackendUnavailable | SimulationUnavailable) else "error"
+    if label in ("interrupted", "terminated"):
+        print(f"nvmlcheck: {exc}" if label == "terminated" else "interrupted", file=sys.stderr)
+    elif not json_mode:
+        print(f"nvmlcheck: {label}: {exc}", file=sys.stderr)
+    return code

@@ -1,0 +1,130 @@
+"""What the CLI prints: byte sizes, the device and process tables, the live status line, JSON documents."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import TYPE_CHECKING, Any, TextIO
+
+if TYPE_CHECKING:
+    from ..model import DeviceState, Snapshot
+
+
+def human_bytes(n: int | None) -> str:
+    """``16.0 GiB``, ``615.1 MiB``, ``512 B``; ``?`` for unknown."""
+    if n is None:
+        return "?"
+    if n >= 1 << 30:
+        return f"{n / (1 << 30):.1f} GiB"
+    if n >= 1 << 20:
+        return f"{n / (1 << 20):.1f} MiB"
+    if n >= 1 << 10:
+        return f"{n / (1 << 10):.1f} KiB"
+    return f"{n} B"
+
+
+def plural(n: int, word: str) -> str:
+    """``1 poll``, ``2 polls``."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def print_json(doc: dict[str, Any]) -> None:
+    """One document on stdout (``json`` is imported only when a document is printed: it costs ~2 ms)."""
+    import json
+
+    json.dump(doc, sys.stdout, indent=1)
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+
+
+def _procs_text(d: DeviceState) -> str:
+    procs = d.processes
+    if procs is None:
+        known = [p for kind in ("compute", "graphics", "mps") for p in (getattr(d, f"{kind}_processes") or ())]
+        return f"{len(known)}+?" if known else "?"
+    return str(len(procs))
+
+
+def device_table(snap: Snapshot, out: TextIO) -> None:
+    """The ``snapshot devices`` view."""
+    print(f"{'GPU':<4}{'name':<22}{'used':>11}{'total':>11}{'reserved':>11}{'procs':>7}{'SM MHz':>8}  uuid", file=out)
+    for d in snap.devices:
+        m = d.memory
+        sm = d.clocks.sm_mhz if d.clocks else None
+        print(
+            f"{d.index:<4}{(d.name or '?')[:21]:<22}{human_bytes(m.used_bytes if m else None):>11}"
+            f"{human_bytes(m.total_bytes if m else None):>11}{human_bytes(m.reserved_bytes if m else None):>11}"
+            f"{_procs_text(d):>7}{sm if sm is not None else '?':>8}  {d.uuid}",
+            file=out,
+        )
+        if m is not None and m.used_includes_reserved:
+            print("    (v1 driver: used includes the driver's reserved memory)", file=out)
+    for f in snap.failures:
+        print(f"{f.index:<4}UNREADABLE: {f.error}", file=out)
+    driver = snap.system.driver_version or "?"
+    print(f"backend {snap.backend}, driver {driver}, read in {snap.duration_ns / 1e3:.0f} µs", file=out)
+
+
+def process_table(snap: Snapshot, out: TextIO) -> None:
+    """The ``snapshot procs`` view."""
+    print(f"{'GPU':<4}{'pid':>8}  {'kind':<9}{'used':>11}  name", file=out)
+    for d in snap.devices:
+        for kind in ("compute", "graphics", "mps"):
+            procs = getattr(d, f"{kind}_processes")
+            if procs is None:
+                print(f"{d.index:<4}{'?':>8}  {kind:<9}{'':>11}  ({d.why_unknown('processes.' + kind)})", file=out)
+                continue
+            for p in procs:
+                print(f"{d.index:<4}{p.pid:>8}  {kind:<9}{human_bytes(p.used_bytes):>11}  {p.name or '?'}", file=out)
+    for f in snap.failures:
+        print(f"{f.index:<4}UNREADABLE: {f.error}", file=out)
+
+
+class StatusLine:
+    """A live one-line status on a terminal (stderr), at most 10 updates a second; nothing when not a TTY."""
+
+    def __init__(self, stream: TextIO, enabled: bool) -> None:
+        self.stream = stream
+        self.enabled = enabled and stream.isatty()
+        self._last = 0.0
+        self._width = 0
+
+    def update(self, text: str) -> None:
+        """Replace the line (rate-limited)."""
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if now - self._last < 0.1:
+            return
+        self._last = now
+        try:
+            columns = os.get_terminal_size(self.stream.fileno()).columns
+        except (OSError, ValueError):  # a TTY-like stream without a real terminal behind it
+            columns = 80
+        text = text[: max(20, columns - 1)]
+        self.stream.write("\r" + text.ljust(self._width))
+        self.stream.flush()
+        self._width = len(text)
+
+    def clear(self) -> None:
+        """Erase the line; a second call writes nothing."""
+        if self.enabled and self._width:
+            self.stream.write("\r" + " " * self._width + "\r")
+            self.stream.flush()
+            self._width = 0
+
+
+def status_updater(status: StatusLine, predicate: Any, start: float) -> Any:
+    """An ``on_poll`` callback that shows the first reason the GPUs are not clean yet."""
+
+    def on_poll(point: Any) -> None:
+        if not status.enabled or point.snapshot is None:
+            return
+        reasons = predicate.evaluate(point.snapshot).reasons
+        first = reasons[0] if reasons else "clean, confirming"
+        more = f" (+{len(reasons) - 1} more)" if len(reasons) > 1 else ""
+        held = human_bytes(point.total_used_bytes)
+        status.update(f"waiting {time.monotonic() - start:5.1f} s · {held} used · {first}{more}")
+
+    return on_poll

@@ -1,0 +1,322 @@
+"""The argument parser: every command and option, value checks, and errors that respect ``--json``.
+
+A single-valued option given twice is refused (a launch script that says ``--timeout`` twice has a bug, and
+silently keeping the last hides it); list options (``--devices``, ``--pids``) given twice are merged. Argument
+errors exit 2; under ``--json`` they print an ``nvmlcheck/error`` document like every other error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+from .. import __version__
+from ._common import EXIT_USAGE
+
+MIB = 1 << 20
+
+
+class _State:
+    """Shared by the parser and its subparsers for one parse: options already seen, and the output mode."""
+
+    def __init__(self, json_errors: bool) -> None:
+        self.json_errors = json_errors
+        self.seen: set[str] = set()
+        self.merged: dict[str, list[Any]] = {}
+
+
+class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, state: _State, root: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.state = state
+        self.root = root
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        if self.root:  # a new parse: forget the options the last one saw (subparsers share the state)
+            self.state.seen.clear()
+            self.state.merged.clear()
+        return super().parse_known_args(args, namespace)
+
+    def error(self, message: str) -> NoReturn:
+        if self.state.json_errors:
+            from ..jsonout import document
+            from ._output import print_json
+
+            print_json(document("error", error={"type": "UsageError", "message": message}, exit_code=EXIT_USAGE))
+            self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+class _Once(argparse.Action):
+    """Store a value; the same option a second time (before or after the command) is a usage error."""
+
+    def __init__(self, *args: Any, state: _State, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.state = state
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option: str | None = None
+    ) -> None:
+        if self.dest in self.state.seen:
+            parser.error(f"{option or self.dest} given twice: give it once")
+        self.state.seen.add(self.dest)
+        setattr(namespace, self.dest, values)
+
+
+class _Merge(argparse.Action):
+    """Extend a list; repeated occurrences merge, duplicates dropped, order kept."""
+
+    def __init__(self, *args: Any, state: _State, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.state = state
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option: str | None = None
+    ) -> None:
+        # A value given before the command lives in the parent's namespace, which the subparser does not see:
+        # the merged list is kept in the shared state.
+        items = values if isinstance(values, list) else [values]
+        merged = list(dict.fromkeys([*self.state.merged.get(self.dest, []), *items]))
+        self.state.merged[self.dest] = merged
+        setattr(namespace, self.dest, merged)
+
+
+# --- value types ----------------------------------------------------------------------------------------------------
+
+
+def seconds_or_none(text: str) -> float | None:
+    """``--timeout``: seconds >= 0, or ``none``/``inf``/``forever`` for no bound."""
+    if text.strip().lower() in ("none", "inf", "infinity", "forever"):
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if math.isnan(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 seconds (or 'none'), got {text!r}")
+    return None if math.isinf(value) else value
+
+
+def grace_seconds(text: str) -> float | None:
+    """``--grace``: seconds >= 0 before SIGKILL, or ``none``/``inf``/``never``: never escalate."""
+    if text.strip().lower() == "never":
+        return None
+    return seconds_or_none(text)
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def pid_number(text: str) -> int:
+    """A PID as written; its range (1 < pid <= pid_max) is checked with the other refusals, before any signal."""
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a PID: {text!r}") from None
+
+
+def signal_name(text: str) -> str:
+    """``TERM``, ``SIGTERM``, ``int``, ``9``: a signal this system knows, as ``SIGTERM``."""
+    import signal
+
+    name = text.strip().upper()
+    try:
+        sig = signal.Signals(int(name)) if name.isdigit() else signal.Signals[f"SIG{name.removeprefix('SIG')}"]
+    except (KeyError, ValueError):
+        raise argparse.ArgumentTypeError(f"unknown signal {text!r}") from None
+    return sig.name
+
+
+def byte_size(text: str) -> int:
+    """``16MiB`` / ``1GiB`` / ``4096`` → bytes (binary units; ``M``/``G`` mean MiB/GiB)."""
+    from ..holder import parse_size
+
+    try:
+        return parse_size(text) if text.strip() not in ("0", "0B") else 0
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def device_list(text: str) -> list[int | str]:
+    """``0,2`` or UUIDs (or unique UUID prefixes), comma-separated."""
+    items: list[int | str] = []
+    for raw in text.split(","):
+        part = raw.strip()
+        if not part:
+            raise argparse.ArgumentTypeError(f"empty device in {text!r}")
+        items.append(int(part) if part.isdigit() else part)
+    return items
+
+
+def size_list(text: str) -> list[int]:
+    """``1GiB,16GiB``."""
+    from ..holder import parse_size
+
+    try:
+        return [parse_size(part) for part in text.split(",")]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def ending_list(text: str) -> list[str]:
+    """``KILL,TERM,exit,free``."""
+    from ..study import parse_ending
+
+    try:
+        return [parse_ending(part) for part in text.split(",")]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+# --- the parser -----------------------------------------------------------------------------------------------------
+
+#: The options every command except ``demo`` reads; accepted before and after the command.
+GLOBAL_OPTIONS = ("backend", "smi_prefix", "simulate", "devices")
+
+
+def build_parser(*, json_errors: bool = False) -> argparse.ArgumentParser:
+    """The argument parser (exposed for documentation and tests). A fresh one per parse: it tracks repeats."""
+    state = _State(json_errors)
+
+    def once(p: argparse.ArgumentParser | Any, *names: str, **kw: Any) -> None:
+        p.add_argument(*names, action=_Once, state=state, **kw)
+
+    def global_options(p: argparse.ArgumentParser, *, top: bool, gpu: bool = True) -> None:
+        # The command's copies default to SUPPRESS so they do not overwrite a value given before the command.
+        def d(value: object) -> object:
+            return value if top else argparse.SUPPRESS
+
+        g = p.add_argument_group("global options")
+        if gpu:
+            once(g, "--backend", choices=("auto", "nvml", "smi"), default=d("auto"),
+                 help="where to read GPUs from (default auto: NVML, else nvidia-smi)")
+            once(g, "--smi-prefix", metavar="CMD", default=d(None),
+                 help='run nvidia-smi behind a command, e.g. "ssh gpu01"')
+            once(g, "--simulate", metavar="SCENARIO", default=d(None),
+                 help="use the bundled stub libnvidia-ml with a named scenario (h200, h200x8, h200-busy) or a "
+                      "scenario file: explicit simulation, never chosen automatically")
+            g.add_argument("--devices", type=device_list, action=_Merge, state=state, metavar="LIST",
+                           default=d(None), help="GPU indices or UUIDs, comma-separated (repeats merge)")
+        g.add_argument("--json", action="store_true", default=d(False),
+                       help="print one JSON document (versioned schema, docs/cli.md); errors too")
+
+    def sub_parser(subs: Any, name: str, **kw: Any) -> argparse.ArgumentParser:
+        p: argparse.ArgumentParser = subs.add_parser(name, state=state, **kw)
+        return p
+
+    parser = _Parser(
+        prog="nvmlcheck", state=state, root=True, description="Tell precisely and fast whether NVIDIA GPUs are clean.",
+        epilog="exit codes: 0 clean/ok, 1 not clean at timeout, 2 usage, 3 backend unavailable or failed, "
+               "129/130/143 ended by SIGHUP/SIGINT/SIGTERM",
+    )
+    parser.add_argument("--version", action="version", version=f"nvmlcheck {__version__}")
+    global_options(parser, top=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    snap = sub_parser(sub, "snapshot", help="show devices (default) or processes")
+    global_options(snap, top=False)
+    snap.add_argument("view", nargs="?", choices=("devices", "procs"), default="devices")
+
+    def wait_options(p: argparse.ArgumentParser) -> None:
+        once(p, "--timeout", type=seconds_or_none, default=30.0, metavar="S",
+             help="seconds (default 30; 0: check once; 'none': forever)")
+        once(p, "--max-used", type=byte_size, default=16 * MIB, metavar="BYTES",
+             help="clean means at most this much used per GPU (default 16MiB)")
+        once(p, "--stable-polls", type=positive_int, default=2, metavar="N",
+             help="consecutive clean polls required (default 2)")
+
+    wait = sub_parser(sub, "wait", help="wait until the GPUs are clean (exit 0) or time out (1)")
+    global_options(wait, top=False)
+    wait_options(wait)
+    wait.add_argument("--pids", type=pid_number, nargs="+", action=_Merge, state=state, default=[], metavar="PID",
+                      help="also require these PIDs off every GPU (repeats merge)")
+    wait.add_argument("--precise", action="store_true", help="tight polling loop (~100 µs resolution, one core)")
+
+    kill = sub_parser(
+        sub, "kill", help="signal processes, escalate to SIGKILL, wait until they exited and the GPUs are clean",
+        description="Signal the named PIDs (and with --tree their descendants) first, then open NVML and wait "
+                    "until every target exited and the selected GPUs are clean. A target still running after "
+                    "--grace gets SIGKILL. Targets are pinned (pidfd): a recycled PID is never signalled.",
+    )
+    global_options(kill, top=False)
+    kill.add_argument("pids", type=pid_number, nargs="*", metavar="PID")
+    wait_options(kill)
+    once(kill, "--grace", type=grace_seconds, default=5.0, metavar="S",
+         help="seconds before SIGKILL (default 5; 'never': no SIGKILL)")
+    once(kill, "--signal", type=signal_name, default="SIGTERM", help="first signal (default TERM)")
+    kill.add_argument("--tree", action="store_true",
+                      help="also signal the targets' descendants (found at the first signal and on every poll)")
+    kill.add_argument("--all-holders", action="store_true",
+                      help="also kill every process in this PID namespace with an NVIDIA device file open, except "
+                           "daemons (nvidia-persistenced, display servers, ...), this process and its ancestors")
+    kill.add_argument("--all-on-gpu", action="store_true",
+                      help="also kill every process on the selected GPUs' NVML process lists that has an NVIDIA "
+                           "device file open here")
+    kill.add_argument("--yes", action="store_true",
+                      help="do not ask for confirmation with --all-holders/--all-on-gpu (needed without a terminal)")
+
+    holders = sub_parser(sub, "holders", help="every process that holds a GPU: NVML lists joined with open "
+                                               "NVIDIA device files")
+    global_options(holders, top=False)
+
+    demo = sub_parser(sub, "demo",
+                      help="a simulated H200: a real child holds memory, is killed, and the wait sees the reclaim",
+                      description="Runs on the bundled simulated H200 only; it reads no real GPU and takes no "
+                                  "backend or device options.")
+    global_options(demo, top=False, gpu=False)
+
+    study = sub_parser(sub, "study", help="measurement studies (reclaim: how fast the driver gives memory back)")
+    global_options(study, top=False)
+    studies = study.add_subparsers(dest="study", required=True, parser_class=_Parser)
+    reclaim = sub_parser(
+        studies, "reclaim", help="time the driver's reclamation of GPU memory after a holder process ends",
+        description="Start a process holding memory on each selected GPU, end it, and time when its PID leaves the "
+                    "NVML list, when the memory is back, and when waitpid returns. Refuses to start unless the GPUs "
+                    "are clean.",
+        epilog="exit codes: 0 every run completed, 1 a run timed out or the GPUs were not clean at baseline, "
+               "2 usage, 3 backend or holder failure",
+    )
+    global_options(reclaim, top=False)
+    once(reclaim, "--sizes", type=size_list, default=[1 << 30, 4 << 30, 16 << 30], metavar="LIST",
+         help="bytes held per GPU, comma-separated (default 1GiB,4GiB,16GiB)")
+    once(reclaim, "--repeats", type=positive_int, default=5, help="measured runs per size and ending (default 5)")
+    once(reclaim, "--endings", type=ending_list, default=["KILL", "TERM"], metavar="LIST",
+         help="how the holder ends: KILL, TERM, exit, free (comma-separated; default KILL,TERM)")
+    once(reclaim, "--mode", choices=("precise", "default"), default="precise",
+         help="polling: precise (tight loop, one busy core; default) or default (~1.5 ms)")
+    once(reclaim, "--out", metavar="FILE.jsonl", default=None,
+         help="write one JSON Lines record per run (schema nvmlcheck/reclaim-run, version 1)")
+    reclaim.add_argument("--trace", action="store_true", help="keep the per-poll trace in each record")
+    once(reclaim, "--plot", metavar="DIR", default=None,
+         help="write PNG plots to DIR (needs matplotlib: pip install 'nvmlcheck[plot]')")
+    reclaim.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
+                         help="one discarded warm-up run before each size and ending (default on)")
+    once(reclaim, "--run-timeout", type=float, default=30.0, metavar="S",
+         help="seconds from the signal until clean and reaped, else the run times out (default 30)")
+    once(reclaim, "--chunks", type=positive_int, default=1,
+         help="allocations per holder (python -m nvmlcheck.holder --chunks; default 1)")
+    return parser
+
+
+def wants_json(argv: Sequence[str]) -> bool:
+    """Whether ``--json`` is among the options (before a ``--``): argument errors then print a document too."""
+    for arg in argv:
+        if arg == "--":
+            return False
+        if arg == "--json":
+            return True
+    return False

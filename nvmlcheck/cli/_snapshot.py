@@ -1,0 +1,31 @@
+"""``nvmlcheck snapshot``: the devices (default) or their processes, once."""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING
+
+from ._common import EXIT_BACKEND, EXIT_CLEAN, open_session
+from ._output import device_table, print_json, process_table
+
+if TYPE_CHECKING:
+    import argparse
+
+
+def cmd_snapshot(args: argparse.Namespace) -> int:
+    """Read the selected GPUs once; exit 3 when one could not be read or none is seen."""
+    from ..errors import BackendUnavailable
+
+    with open_session(args) as gpus:
+        snap = gpus.snapshot(args.devices)
+    if not snap.devices and not snap.failures:
+        raise BackendUnavailable(f"the {snap.backend} backend sees no GPU", [f"{snap.backend}: device count 0"])
+    if args.json:
+        from ..jsonout import document, snapshot_json
+
+        print_json(document("snapshot", **snapshot_json(snap)))
+    elif args.view == "procs":
+        process_table(snap, sys.stdout)
+    else:
+        device_table(snap, sys.stdout)
+    return EXIT_BACKEND if snap.failures else EXIT_CLEAN

@@ -1,0 +1,123 @@
+"""``nvmlcheck study reclaim`` (how fast the driver gives memory back) and ``nvmlcheck demo``."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ._common import EXIT_CLEAN, EXIT_NOT_CLEAN, UsageError, open_session
+from ._output import StatusLine, human_bytes, print_json
+
+if TYPE_CHECKING:
+    import argparse
+    from collections.abc import Sequence
+
+
+def _size_label(n: int) -> str:
+    for unit, shift in (("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n % (1 << shift) == 0:
+            return f"{n >> shift}{unit}"
+    return f"{n}B"
+
+
+def _study_holders(args: argparse.Namespace) -> Any:
+    from ..study import CudaHolderFactory
+
+    if args.simulate is None:
+        return CudaHolderFactory(chunks=args.chunks)
+    from ..simulate import StubHolderFactory
+
+    # simulation() pointed the stub at this scenario file; the factory adds the holders' pids to it per run.
+    return StubHolderFactory(os.environ["NVMLCHECK_STUB_SCENARIO"])
+
+
+def _study_plots(records: Sequence[Any], directory: str) -> list[str]:
+    from ..study import median_run, plot_run_trace, plot_time_to_clean
+
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [str(plot_time_to_clean(records, out / "time-to-clean.png"))]
+    for size, ending in dict.fromkeys((r.size_bytes, r.ending) for r in records if not r.warmup):
+        run = median_run(records, size, ending)
+        if run is not None and run.trace:
+            paths.append(str(plot_run_trace(run, out / f"trace-{_size_label(size)}-{ending}.png")))
+    return paths
+
+
+def cmd_study_reclaim(args: argparse.Namespace) -> int:
+    """Run the reclamation study; exit 1 if a run timed out or the GPUs were not clean at baseline."""
+    from .. import study as st
+    from ._main import fail
+
+    config = st.StudyConfig(
+        sizes=tuple(args.sizes), repeats=args.repeats, endings=tuple(args.endings),
+        devices=None if args.devices is None else tuple(args.devices), mode=args.mode, trace=args.trace,
+        warmup="per_cell" if args.warmup else "none", run_timeout_s=args.run_timeout,
+    )
+    if args.plot is not None:  # fail before a long study, not after it
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise UsageError("--plot needs matplotlib: pip install 'nvmlcheck[plot]'") from None
+    if args.out is not None and not Path(args.out).resolve().parent.is_dir():
+        raise UsageError(f"--out {args.out}: its directory does not exist")
+    status = StatusLine(sys.stderr, not args.json)
+
+    def progress(p: st.StudyProgress) -> None:
+        r = p.record
+        clean = r.devices[0].first_clean_ns if r.devices else None
+        last = "timed out" if r.timed_out else f"clean after {clean / 1e6:.1f} ms" if clean is not None else "?"
+        kind = " warm-up" if r.warmup else ""
+        status.update(f"study run {p.done}/{p.total} · {human_bytes(r.size_bytes)} {r.ending}{kind} · {last}")
+
+    with contextlib.ExitStack() as stack:
+        sink = stack.enter_context(st.record_writer(args.out)) if args.out is not None else None
+        try:
+            result = st.run_study(config, session_factory=lambda: open_session(args),
+                                  holder_factory=_study_holders(args), on_record=sink, progress=progress)
+        except st.BaselineNotClean as exc:
+            status.clear()
+            return fail(args.json, exc, EXIT_NOT_CLEAN)
+        finally:
+            status.clear()
+    plots = _study_plots(result.records, args.plot) if args.plot is not None else []
+    rows = st.summarize(result.records)
+    timed_out = [r for r in result.records if r.timed_out]
+    if args.json:
+        from ..jsonout import document
+
+        print_json(document(
+            "study-reclaim",
+            complete=not timed_out,
+            runs=len(result.records),
+            measured_runs=len(result.measured),
+            timed_out_runs=[r.run for r in timed_out],
+            record_schema={"schema": st.RECORD_SCHEMA, "version": st.RECORD_VERSION},
+            out=args.out,
+            plots=plots,
+            summary=[row.to_json() for row in rows],
+            records=[{**r.to_json(), "trace": None} for r in result.records],
+        ))
+    else:
+        first = result.records[0]
+        gpus = ", ".join(f"{d.index} ({d.name or '?'})" for d in first.devices)
+        simulated = " — SIMULATED (stub libnvidia-ml)" if args.simulate is not None else ""
+        print(f"{len(result.measured)} measured runs + {len(result.records) - len(result.measured)} warm-ups on "
+              f"GPU {gpus}; backend {first.backend}, driver {first.driver}, {first.mode} polling{simulated}")
+        print(st.format_summary(rows))
+        for r in timed_out:
+            print(f"run {r.run} ({human_bytes(r.size_bytes)} {r.ending}) timed out: {r.timeout_reason}",
+                  file=sys.stderr)
+        for written in ([args.out] if args.out else []) + plots:
+            print(f"wrote {written}")
+    return EXIT_NOT_CLEAN if timed_out else EXIT_CLEAN
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """The simulated-H200 demo (nvmlcheck.demo)."""
+    from ..demo import run_demo
+
+    return run_demo(json_output=args.json)

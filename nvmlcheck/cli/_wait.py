@@ -1,0 +1,83 @@
+"""``nvmlcheck wait``: poll until the GPUs are clean (exit 0) or the timeout passes (exit 1)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+from ._common import EXIT_CLEAN, EXIT_NOT_CLEAN, open_session, wait_predicate
+from ._output import StatusLine, plural, print_json, status_updater
+
+if TYPE_CHECKING:
+    import argparse
+
+    from ..errors import WaitTimeout
+
+
+def timeout_document(exc: WaitTimeout, kind: str = "wait", **extra: Any) -> dict[str, Any]:
+    """The ``nvmlcheck/wait`` (or ``kill``) document of a wait that timed out."""
+    from ..jsonout import document, snapshot_json
+
+    return document(
+        kind,
+        clean=False,
+        elapsed_ns=exc.elapsed_ns,
+        timeout_s=exc.timeout_s,
+        polls=exc.polls,
+        culprits=list(exc.culprits),
+        snapshot=None if exc.snapshot is None else snapshot_json(exc.snapshot),
+        **extra,
+    )
+
+
+def cmd_wait(args: argparse.Namespace) -> int:
+    """Wait with the CLI's predicate; the status line shows on a terminal only."""
+    from ..errors import WaitTimeout
+
+    predicate = wait_predicate(args)
+    status = StatusLine(sys.stderr, not args.json)
+    with open_session(args) as gpus:
+        try:
+            result = gpus.wait_until_clean(
+                args.timeout,
+                predicate,
+                devices=args.devices,
+                policy="precise" if args.precise else None,
+                stable_polls=args.stable_polls,
+                on_poll=status_updater(status, predicate, time.monotonic()),
+            )
+        except WaitTimeout as exc:
+            status.clear()
+            if args.json:
+                print_json(timeout_document(exc))
+            else:
+                print(str(exc), file=sys.stderr)
+            return EXIT_NOT_CLEAN
+        finally:
+            status.clear()
+    if args.json:
+        from ..jsonout import document, snapshot_json
+
+        print_json(
+            document(
+                "wait",
+                clean=True,
+                elapsed_ns=result.elapsed_ns,
+                first_clean_ns=result.first_clean_ns,
+                last_dirty_ns=result.last_dirty_ns,
+                polls=result.polls,
+                poll_cost_ns=result.poll_cost_ns,
+                interval_ns=result.interval_ns,
+                culprits=[],
+                snapshot=snapshot_json(result.snapshot),
+            )
+        )
+    else:
+        n = len(result.snapshot.devices)
+        print(
+            f"clean: {plural(n, 'GPU')} after {result.first_clean_ns / 1e6:.1f} ms "
+            f"(confirmed at {result.elapsed_ns / 1e6:.1f} ms, {plural(result.polls, 'poll')}, "
+            f"{result.poll_cost_ns / 1e3:.0f} µs per poll)"
+        )
+    return EXIT_CLEAN
