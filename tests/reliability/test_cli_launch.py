@@ -1,0 +1,179 @@
+"""The CLI as launch scripts use it: SIGTERM/SIGHUP end it like Ctrl-C, every error is a document under --json,
+repeated options, a failed simulation, and a start-up that loads only what the command needs (issue 12)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nvmlcheck import cli
+from nvmlcheck.testing import Scenario
+
+from ._support import Stub, dead, wait_for
+
+pytestmark = pytest.mark.stub
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# --- signals ---------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGHUP, 129), (signal.SIGINT, 130)])
+def test_a_signal_ends_an_smi_wait_with_its_code_kills_nvidia_smi_and_prints_a_document(
+    stub: Stub, tmp_path: Path, sig: signal.Signals, code: int
+) -> None:
+    stub.write(Scenario.h200())
+    pid_file = tmp_path / "hung.pid"
+    env = dict(os.environ, FAKE_SMI_HANG="1", FAKE_SMI_MATCH="PIDS", FAKE_SMI_CHILD_PID_FILE=str(pid_file))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nvmlcheck", "--json", "wait", "--backend", "smi", "--timeout", "none"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True,
+    )
+    try:
+        wait_for(lambda: pid_file.exists() and pid_file.read_text().endswith("\n"), 20.0, "the hung nvidia-smi")
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == code, err
+    doc = json.loads(out)
+    assert doc["schema"] == "nvmlcheck/error" and doc["exit_code"] == code
+    grandchild = int(pid_file.read_text())
+    wait_for(lambda: dead(grandchild), 2.0, "the ended nvidia-smi's own child to die with its group")
+
+
+def test_sigterm_during_a_simulated_wait_removes_the_stub_directory(tmp_path: Path) -> None:
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = dict(os.environ, TMPDIR=str(tmp))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nvmlcheck", "--simulate", "h200-busy", "wait", "--timeout", "none"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True,
+    )
+    try:
+        wait_for(lambda: any(tmp.iterdir()), 30.0, "the simulation's directory")
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 143 and "SIGTERM" in err
+    assert list(tmp.iterdir()) == []
+
+
+def test_handlers_are_restored_after_main() -> None:
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
+    assert cli.main(["--version"]) == 0
+    assert {s: signal.getsignal(s) for s in before} == before
+
+
+# --- argument errors and --json -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--json", "wait", "--timeout", "abc"],
+        ["wait", "--json", "--stable-polls", "0"],
+        ["--json", "--backend", "bogus", "snapshot"],
+        ["--json", "kill", "--grace", "-1", "123"],
+        ["--json", "frobnicate"],
+    ],
+)
+def test_argument_errors_under_json_are_error_documents(capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
+    code, out, err = _run(capsys, *argv)
+    assert code == 2
+    doc = json.loads(out)
+    assert doc["schema"] == "nvmlcheck/error" and doc["exit_code"] == 2 and doc["error"]["type"] == "UsageError"
+    assert doc["error"]["message"] and "error" in err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["wait", "--timeout", "1", "--timeout", "2"],
+        ["--backend", "nvml", "snapshot", "--backend", "smi"],
+        ["kill", "--grace", "1", "--grace", "2", "123"],
+        ["--simulate", "h200", "wait", "--simulate", "h200x8"],
+    ],
+)
+def test_a_repeated_single_valued_option_is_refused(capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
+    code, _, err = _run(capsys, *argv)
+    assert code == 2 and "given twice" in err
+
+
+def test_list_options_given_twice_merge() -> None:
+    parser = cli.build_parser()
+    args = parser.parse_args(["--devices", "0,1", "wait", "--devices", "1,3", "--pids", "5", "--pids", "7", "5"])
+    assert args.devices == [0, 1, 3] and args.pids == [5, 7]
+    # A parser parses afresh each time: what the last parse saw is not "given twice" now.
+    assert parser.parse_args(["wait", "--timeout", "1"]).timeout == 1.0
+    assert parser.parse_args(["wait", "--timeout", "2"]).timeout == 2.0
+
+
+@pytest.mark.parametrize(("text", "value"), [("inf", None), ("none", None), ("never", None), ("0.5", 0.5)])
+def test_grace_accepts_never_escalating_words(text: str, value: float | None) -> None:
+    assert cli.build_parser().parse_args(["kill", "--grace", text, "123"]).grace == value
+
+
+def test_demo_takes_no_gpu_options(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = _run(capsys, "--backend", "smi", "demo")
+    assert code == 2 and "--backend" in err
+    code, out, _ = _run(capsys, "demo", "--help")
+    assert code == 0 and "--json" in out
+    assert "--backend" not in out and "--devices" not in out and "--simulate" not in out
+
+
+def test_simulate_without_a_compiler_exits_3_with_the_hint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("NVMLCHECK_STUB_CACHE", str(tmp_path / "cache"))  # nothing cached: it must compile
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    code, out, err = _run(capsys, "--simulate", "h200", "--json", "snapshot")
+    assert code == 3
+    doc = json.loads(out)
+    assert doc["error"]["type"] == "SimulationUnavailable" and "nvidia-nvml-dev" in doc["error"]["message"]
+    code, out, err = _run(capsys, "--simulate", "h200", "wait")
+    assert code == 3 and "C compiler" in err and "Traceback" not in err
+
+
+def test_one_poll_is_singular(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(capsys, "--simulate", "h200", "wait", "--stable-polls", "1")
+    assert code == 0 and " 1 poll," in out
+
+
+# --- start-up: what importing and parsing load ----------------------------------------------------------------------
+
+#: Modules the kill/wait fast path must not load before the first signal: each costs milliseconds of start-up.
+_HEAVY = ("typing", "dataclasses", "inspect", "json", "nvmlcheck.model", "nvmlcheck.errors", "nvmlcheck._nvml",
+          "cffi", "threading", "contextlib", "pathlib")
+
+
+def _loaded_by(code: str) -> set[str]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    out = subprocess.run([sys.executable, "-S", "-c", f"{code}\nimport sys; print(' '.join(sys.modules))"],
+                         capture_output=True, text=True, env=env, check=True).stdout
+    return set(out.split())
+
+
+def test_importing_the_cli_loads_nothing_heavy() -> None:
+    loaded = _loaded_by("import nvmlcheck.cli") - _loaded_by("pass")
+    assert not {m for m in loaded if m.startswith(_HEAVY)}, sorted(loaded)
+    assert "argparse" not in loaded  # parsing is main()'s job, not the import's
