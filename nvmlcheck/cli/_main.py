@@ -101,10 +101,10 @@ def fail(json_mode: bool, exc: BaseException, code: int, *, label: str | None = 
         from ..jsonout import document, error_json
         from ._output import print_json
 
-        try:
+        import contextlib
+
+        with contextlib.suppress(BrokenPipeError):
             print_json(document("error", error=error_json(exc), exit_code=code))
-        except BrokenPipeError:  # noqa: SIM105 - contextlib costs start-up
-            pass
     if label is None:
         from ..errors import BackendUnavailable
 
