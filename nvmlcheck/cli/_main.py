@@ -98,10 +98,10 @@ def run(argv: Sequence[str] | None) -> int:
 def fail(json_mode: bool, exc: BaseException, code: int, *, label: str | None = None) -> int:
     """Report ``exc`` (a document under ``--json``, a line on stderr otherwise) and return ``code``."""
     if json_mode:
+        import contextlib
+
         from ..jsonout import document, error_json
         from ._output import print_json
-
-        import contextlib
 
         with contextlib.suppress(BrokenPipeError):
             print_json(document("error", error=error_json(exc), exit_code=code))
