@@ -1,5 +1,5 @@
 """``python -m nvmlcheck``: the same as the ``nvmlcheck`` command."""
 
-from .cli import main
+from .cli import script
 
-raise SystemExit(main())
+script()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING
 
-from ._common import EXIT_BACKEND, EXIT_CLEAN, open_session
+from ._common import EXIT_BACKEND, EXIT_CLEAN, open_session, verdict_printed
 from ._output import device_table, print_json, process_table
 
 if TYPE_CHECKING:
@@ -18,14 +18,16 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
 
     with open_session(args) as gpus:
         snap = gpus.snapshot(args.devices)
-    if not snap.devices and not snap.failures:
-        raise BackendUnavailable(f"the {snap.backend} backend sees no GPU", [f"{snap.backend}: device count 0"])
-    if args.json:
-        from ..jsonout import document, snapshot_json
+        if not snap.devices and not snap.failures:
+            raise BackendUnavailable(f"the {snap.backend} backend sees no GPU", [f"{snap.backend}: device count 0"])
+        if args.json:
+            from ..jsonout import document, snapshot_json
 
-        print_json(document("snapshot", **snapshot_json(snap)))
-    elif args.view == "procs":
-        process_table(snap, sys.stdout)
-    else:
-        device_table(snap, sys.stdout)
-    return EXIT_BACKEND if snap.failures else EXIT_CLEAN
+            print_json(document("snapshot", **snapshot_json(snap)))
+        elif args.view == "procs":
+            process_table(snap, sys.stdout)
+        else:
+            device_table(snap, sys.stdout)
+        code = EXIT_BACKEND if snap.failures else EXIT_CLEAN
+        verdict_printed(code)
+    return code

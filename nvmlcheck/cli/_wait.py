@@ -6,13 +6,14 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from ._common import EXIT_CLEAN, EXIT_NOT_CLEAN, open_session, wait_predicate
+from ._common import EXIT_CLEAN, EXIT_NOT_CLEAN, open_session, verdict_printed, wait_predicate
 from ._output import StatusLine, plural, print_json, status_updater
 
 if TYPE_CHECKING:
     import argparse
 
     from ..errors import WaitTimeout
+    from ..wait import WaitResult
 
 
 def timeout_document(exc: WaitTimeout, kind: str = "wait", **extra: Any) -> dict[str, Any]:
@@ -53,9 +54,16 @@ def cmd_wait(args: argparse.Namespace) -> int:
                 print_json(timeout_document(exc))
             else:
                 print(str(exc), file=sys.stderr)
+            verdict_printed(EXIT_NOT_CLEAN)
             return EXIT_NOT_CLEAN
         finally:
             status.clear()
+        _print_clean(args, result)
+        verdict_printed(EXIT_CLEAN)  # before the session closes: nvmlShutdown is teardown the kernel does anyway
+    return EXIT_CLEAN
+
+
+def _print_clean(args: argparse.Namespace, result: WaitResult) -> None:
     if args.json:
         from ..jsonout import document, snapshot_json
 
@@ -80,4 +88,3 @@ def cmd_wait(args: argparse.Namespace) -> int:
             f"(confirmed at {result.elapsed_ns / 1e6:.1f} ms, {plural(result.polls, 'poll')}, "
             f"{result.poll_cost_ns / 1e3:.0f} µs per poll)"
         )
-    return EXIT_CLEAN

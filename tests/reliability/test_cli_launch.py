@@ -177,3 +177,25 @@ def test_importing_the_cli_loads_nothing_heavy() -> None:
     loaded = _loaded_by("import nvmlcheck.cli") - _loaded_by("pass")
     assert not {m for m in loaded if m.startswith(_HEAVY)}, sorted(loaded)
     assert "argparse" not in loaded  # parsing is main()'s job, not the import's
+
+
+# --- exit as soon as the verdict is out ------------------------------------------------------------------------------
+
+
+def test_the_script_exits_after_the_verdict_without_nvml_teardown(stub: Stub, tmp_path: Path) -> None:
+    from nvmlcheck.testing import read_call_log
+
+    stub.write(Scenario.h200())
+    log = tmp_path / "calls.log"
+    env = dict(os.environ, NVMLCHECK_STUB_LOG=str(log))
+    done = subprocess.run([sys.executable, "-m", "nvmlcheck", "wait", "--timeout", "5"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.startswith("clean: 1 GPU"), done.stderr
+    calls = [entry.function for entry in read_call_log(log)]
+    assert "nvmlInit_v2" in calls and "nvmlShutdown" not in calls  # the kernel does that teardown anyway
+
+
+def test_main_in_process_still_closes_nvml(stub: Stub, capsys: pytest.CaptureFixture[str]) -> None:
+    stub.write(Scenario.h200())
+    assert cli.main(["wait", "--timeout", "5"]) == 0
+    assert stub.probe.init_refcount() == 0  # a library caller's process goes on: everything is closed
