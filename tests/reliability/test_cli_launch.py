@@ -188,7 +188,7 @@ def test_the_script_exits_after_the_verdict_without_nvml_teardown(stub: Stub, tm
     stub.write(Scenario.h200())
     log = tmp_path / "calls.log"
     env = dict(os.environ, NVMLCHECK_STUB_LOG=str(log))
-    done = subprocess.run([sys.executable, "-m", "nvmlcheck", "wait", "--timeout", "5"], env=env,
+    done = subprocess.run([sys.executable, "-m", "nvmlcheck", "wait", "--timeout", "5"], check=False, env=env,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.startswith("clean: 1 GPU"), done.stderr
     calls = [entry.function for entry in read_call_log(log)]
