@@ -175,11 +175,8 @@ class KillTimeout(WaitTimeout):
         self.signal_name = signal_name
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (
-            _rebuild_timeout,
-            (self.timeout_s, self.elapsed_ns, self.culprits, self.snapshot, self.polls, self.pids, self.tree_hint,
-             self.signal_name),
-        )
+        extra = {"pids": self.pids, "tree_hint": self.tree_hint, "signal_name": self.signal_name}
+        return (_rebuild_timeout, ((self.timeout_s, self.elapsed_ns, self.culprits, self.snapshot, self.polls), extra))
 
     def to_json(self) -> dict[str, Any]:
         """The kill-specific fields of the ``nvmlcheck/kill`` document of a timeout (the CLI adds the wait's)."""
@@ -191,18 +188,8 @@ class KillTimeout(WaitTimeout):
         }
 
 
-def _rebuild_timeout(
-    timeout_s: float,
-    elapsed_ns: int,
-    culprits: Sequence[str],
-    snapshot: Snapshot | None,
-    polls: int,
-    pids: Sequence[PidTimes],
-    tree_hint: Sequence[tuple[int, int]],
-    signal_name: str,
-) -> KillTimeout:
-    return KillTimeout(timeout_s, elapsed_ns, culprits, snapshot, polls, pids=pids, tree_hint=tree_hint,
-                       signal_name=signal_name)
+def _rebuild_timeout(args: tuple[Any, ...], extra: dict[str, Any]) -> KillTimeout:
+    return KillTimeout(*args, **extra)
 
 
 # --- validation -------------------------------------------------------------------------------------------------
