@@ -242,6 +242,10 @@ class _Target:
 
 
 def _pin(pid: int, mode: PinMode, expect_start_ticks: int | None = None) -> Pinned:
+    status = procfs.read_status(pid)
+    if status is not None and status.tgid is not None and status.tgid != pid:
+        # /proc/TID exists for threads too; kill() of a TID would signal its whole process.
+        raise KillError(pid, f"that is a thread of process {status.tgid}, not a process")
     try:
         pinned = Pinned.open(pid, mode=mode, expect_start_ticks=expect_start_ticks)
     except StaleIdentity:
@@ -251,10 +255,6 @@ def _pin(pid: int, mode: PinMode, expect_start_ticks: int | None = None) -> Pinn
         raise KillError(pid, "no such process (ESRCH)") from None
     except PermissionError:
         raise KillError(pid, _EPERM) from None
-    status = procfs.read_status(pid)
-    if status is not None and status.tgid is not None and status.tgid != pid:
-        pinned.close()
-        raise KillError(pid, f"that is a thread of process {status.tgid}, not a process")
     return pinned
 
 
