@@ -429,6 +429,23 @@ class KillPlan:
     def _alive(self) -> Iterator[_Target]:
         return (t for t in self._targets if not t.pinned.exited())
 
+    def _all_exited(self) -> bool:
+        """Whether every target has exited; stamps ``exited_ns`` on those seen exited for the first time (here, in
+        the poll's judgement, so that an exit is never stamped after the clean moment it allowed)."""
+        done = True
+        now: int | None = None
+        for t in self._targets:
+            if t.exited_ns is not None:
+                continue
+            if t.pinned.exited():
+                if now is None:
+                    now = self._clock()
+                assert self._started is not None
+                t.exited_ns = now - self._started
+            else:
+                done = False
+        return done
+
     def wait(
         self,
         session: Session,
@@ -459,11 +476,8 @@ class KillPlan:
         def observe(point: TracePoint) -> None:
             nonlocal seen_clean_lists
             now = clock()
-            if any(not t.pinned.exited() for t in self._targets):
+            if not self._all_exited():
                 self._scan_descendants()
-            for t in self._targets:
-                if t.exited_ns is None and t.pinned.exited():
-                    t.exited_ns = now - start
             snap = point.snapshot
             if snap is not None and not snap.failures and all(d.processes is not None for d in snap.devices):
                 listed = {p.pid for d in snap.devices for p in (d.processes or ())}
@@ -553,7 +567,7 @@ class _TargetsExited(Predicate):
         self.plan = plan
 
     def _check(self, scope: _Scope) -> bool | None:
-        return next(self.plan._alive(), None) is None
+        return self.plan._all_exited() if self.plan._started is not None else False
 
     def _explain(self, scope: _Scope) -> list[_Why]:
         out: list[_Why] = []
