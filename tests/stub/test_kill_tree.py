@@ -27,7 +27,7 @@ WORKER = "import time; print('w', flush=True); time.sleep(60)"
 LAUNCHER = """
 import os, signal, subprocess, sys, time
 n, mode = int(sys.argv[1]), sys.argv[2]
-WORKER = %r
+WORKER = "import time; print('w', flush=True); time.sleep(60)"
 workers = [subprocess.Popen([sys.executable, "-S", "-c", WORKER], stdout=subprocess.PIPE) for _ in range(n)]
 for w in workers:
     w.stdout.readline()
@@ -45,7 +45,7 @@ while True:
         late[0].wait()
         os._exit(0)
     time.sleep(0.01)
-""" % WORKER
+"""
 
 
 @pytest.fixture
