@@ -22,9 +22,9 @@ from typing import Any, Literal
 from ._proc import procfs
 from ._proc.pin import PinMode, Pinned, StaleIdentity
 from .errors import BackendUnavailable, NvmlCheckError, WaitTimeout
-from .holders import Holder
+from .holders import Holder, explain_unseen_holders
 from .model import Snapshot
-from .predicates import Predicate, _Scope, _Why, default_predicate
+from .predicates import DEFAULT_MAX_USED_BYTES, Predicate, _Scope, _Why, default_predicate
 from .session import DeviceSelector, Session
 from .wait import PollPolicy, TracePoint, WaitResult
 
@@ -44,6 +44,10 @@ __all__ = [
 #: by its open device files.
 FoundBy = Literal["named", "descendant", "nvml", "device-file"]
 
+_HELD_BYTES = DEFAULT_MAX_USED_BYTES
+#: The shortest time between two scans for descendants while targets live (each scan reads a few /proc files per
+#: process of the tree; the poller may poll every millisecond).
+_SCAN_EVERY_NS = 5_000_000
 _EPERM = "not permitted (EPERM): another user's process, or one in another container"
 
 
@@ -471,12 +475,13 @@ class KillPlan:
         if first == signal.SIGKILL:
             self._escalated = True
         grace_end = None if grace_ns is None else start + grace_ns
-        seen_clean_lists = False
+        next_scan = start
 
         def observe(point: TracePoint) -> None:
-            nonlocal seen_clean_lists
+            nonlocal next_scan
             now = clock()
-            if not self._all_exited():
+            if now >= next_scan and not self._all_exited():
+                next_scan = now + _SCAN_EVERY_NS
                 self._scan_descendants()
             snap = point.snapshot
             if snap is not None and not snap.failures and all(d.processes is not None for d in snap.devices):
@@ -509,12 +514,17 @@ class KillPlan:
             raise self._timeout(exc, timeout) from None
         finally:
             self.close()
+        records = self.targets
+        # The poller stamps a poll when its query returns and judges it just after: an exit seen in that judgement
+        # is stamped a few µs later. Clean means both, so it is never earlier than the last exit.
+        last_exit = max((t.exited_ns or 0 for t in records), default=0)
+        clean_ns = max(result.started_ns + result.first_clean_ns - start, last_exit)
         return KillResult(
             signal_name=first.name,
             started_ns=start,
-            pids=self.targets,
-            clean_ns=result.started_ns + result.first_clean_ns - start,
-            confirmed_ns=result.confirmed_ns - start,
+            pids=records,
+            clean_ns=clean_ns,
+            confirmed_ns=max(result.confirmed_ns - start, clean_ns),
             resolution_ns=max(result.interval_ns, result.poll_cost_ns),
             wait=result,
             tree=self._tree,
@@ -536,11 +546,13 @@ class KillPlan:
                 culprits.append(f"{who} still on a GPU list and not signalled: kill the process tree with tree=True "
                                 "(--tree)")
         try:
-            from .holders import explain_unseen_holders
-
-            culprits.extend(explain_unseen_holders(exc.snapshot))
+            lines = explain_unseen_holders(exc.snapshot)
         except OSError:
-            pass
+            lines = []
+        if not _memory_held_unseen(exc.snapshot):
+            # The process lists explain the timeout: add only what no signal can end.
+            lines = [line for line in lines if "zombie" in line or "uninterruptible" in line]
+        culprits.extend(lines)
         elapsed = self._clock() - self._started
         return KillTimeout(math.inf if timeout is None else float(timeout), elapsed, tuple(dict.fromkeys(culprits)),
                            exc.snapshot, exc.polls, pids=self.targets, tree_hint=hint, signal_name=self._first.name)
@@ -587,6 +599,15 @@ class _TargetsExited(Predicate):
 
     def __repr__(self) -> str:
         return f"<targets exited: {', '.join(str(t.pid) for t in self.plan._targets)}>"
+
+
+def _memory_held_unseen(snap: Snapshot | None) -> bool:
+    """Whether a GPU of ``snap`` holds memory (above the default limit) with no process listed."""
+    for d in snap.devices if snap is not None else ():
+        m = d.memory
+        if d.processes == () and m is not None and not m.used_includes_reserved and m.used_bytes > _HELD_BYTES:
+            return True
+    return False
 
 
 def _grace_ns(grace_s: float | None) -> int | None:
