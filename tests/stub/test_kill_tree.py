@@ -11,6 +11,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Literal
 
 import pytest
 
@@ -90,14 +91,16 @@ def finish(proc: subprocess.Popen[bytes]) -> None:
         proc.stdout.close()
 
 
+@pytest.mark.parametrize("pinning", ["pidfd", "start-time"])
 def test_target_ignoring_sigterm_on_no_gpu_list_is_killed_and_waited_for(
-    gpus: Callable[[Scenario], nc.Session], cleanup: list[int]
+    gpus: Callable[[Scenario], nc.Session], cleanup: list[int], pinning: Literal["pidfd", "start-time"]
 ) -> None:
     proc, _ = launch(0, "ignore", cleanup)
     try:
         with gpus(Scenario.h200()) as session:  # the GPUs are clean from the start: only the exit can end the wait
-            result = nc.kill_and_wait(session, [proc.pid], timeout=30, grace_s=0.2)
+            result = nc.kill_and_wait(session, [proc.pid], timeout=30, grace_s=0.2, pinning=pinning)
         (t,) = result.pids
+        assert t.pinning == pinning
         assert [s.name for s in t.signals] == ["SIGTERM", "SIGKILL"]
         assert t.exited_ns is not None and t.killed_ns is not None and t.exited_ns >= t.killed_ns
         assert result.clean_ns >= t.exited_ns
@@ -166,11 +169,14 @@ def _bind(workers: list[int]) -> Scenario:
     return sc
 
 
-def test_tree_kills_workers_bound_to_the_gpus(gpus: Callable[[Scenario], nc.Session], cleanup: list[int]) -> None:
+@pytest.mark.parametrize("pinning", ["pidfd", "start-time"])
+def test_tree_kills_workers_bound_to_the_gpus(
+    gpus: Callable[[Scenario], nc.Session], cleanup: list[int], pinning: Literal["pidfd", "start-time"]
+) -> None:
     proc, workers = launch(3, "ignore", cleanup)
     try:
         with gpus(_bind(workers)) as session:
-            result = nc.kill_and_wait(session, [proc.pid], tree=True, timeout=30, grace_s=0.5)
+            result = nc.kill_and_wait(session, [proc.pid], tree=True, timeout=30, grace_s=0.5, pinning=pinning)
         by_pid = {t.pid: t for t in result.pids}
         assert set(by_pid) == {proc.pid, *workers}
         assert by_pid[proc.pid].found_by == "named"
