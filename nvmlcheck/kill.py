@@ -17,7 +17,7 @@ import signal
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ._proc import procfs
 from ._proc.pin import PinMode, Pinned, StaleIdentity
@@ -25,8 +25,11 @@ from .errors import BackendUnavailable, NvmlCheckError, WaitTimeout
 from .holders import Holder, explain_unseen_holders
 from .model import Snapshot
 from .predicates import DEFAULT_MAX_USED_BYTES, Predicate, _Scope, _Why, default_predicate
-from .session import DeviceSelector, Session
-from .wait import PollPolicy, TracePoint, WaitResult
+
+if TYPE_CHECKING:
+    # Types only: prepare_kill and send_first run before anything of the GPU side is needed (issue 12).
+    from .session import DeviceSelector, Session
+    from .wait import PollPolicy, TracePoint, WaitResult
 
 __all__ = [
     "FoundBy",
