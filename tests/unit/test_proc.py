@@ -234,3 +234,28 @@ def test_pids_gone_message_names_no_internal_function() -> None:
     with pytest.raises(ValueError) as info:
         nc.pids_gone([0])
     assert "pids_gone()" not in str(info.value) and "positive" in str(info.value)
+
+
+def test_stat_parses_a_command_name_with_parentheses_and_spaces() -> None:
+    code = "open('/proc/self/comm', 'w').write('a) b (c'); print('ready', flush=True); input()"
+    child = subprocess.Popen([sys.executable, "-S", "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert child.stdout is not None and child.stdout.readline() == b"ready\n"
+        st = procfs.read_stat(child.pid)
+        assert st is not None and st.comm == "a) b (c" and st.ppid == os.getpid() and st.state in ("S", "R")
+        status = procfs.read_status(child.pid)
+        assert status is not None and status.tgid == child.pid and status.nspid and status.nspid[-1] == child.pid
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_kill_timeout_pickles_with_its_records() -> None:
+    import pickle
+
+    rec = nc.PidTimes(123, "named", "python3", (nc.SignalSent("SIGTERM", 0),), None, None)
+    exc = nc.KillTimeout(1.0, 10, ["pid 123 (python3) has not exited"], pids=[rec], tree_hint=[(456, 123)])
+    back = pickle.loads(pickle.dumps(exc))
+    assert isinstance(back, nc.KillTimeout) and isinstance(back, nc.WaitTimeout)
+    assert back.pids == (rec,) and back.tree_hint == ((456, 123),) and str(back) == str(exc)
+    assert back.to_json()["tree_hint"] == [{"pid": 456, "descends_from": 123}]
