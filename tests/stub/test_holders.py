@@ -4,7 +4,9 @@ $NVMLCHECK_DEVICE_FILES for the CLI)."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,6 +21,7 @@ from nvmlcheck.testing import Scenario, build_stub
 
 pytestmark = pytest.mark.stub
 GIB = 1 << 30
+ROOT = Path(__file__).resolve().parents[2]
 
 HOLD = "import sys, time; f = open(sys.argv[1]); print('ready', flush=True); time.sleep(60)"
 SLEEP = "import time; print('ready', flush=True); time.sleep(60)"
@@ -181,3 +184,64 @@ def test_explain_unseen_holders_names_device_file_holders(
         snap = session.snapshot()
     lines = nc.explain_unseen_holders(snap, device_files=pattern)
     assert any(f"pid {hidden.pid}" in line and "on no GPU process list" in line for line in lines), lines
+
+
+# Runs as PID 1 of a new PID namespace, with the stub listing two PIDs as an old driver reports them (host numbering):
+# HOST_PID, which names no process here, and the PID of `unrelated`, a local process that merely shares the number.
+# The real holder, `holder`, has a device file open and is on no list under its local PID.
+_COLLISION = """
+import json, subprocess, sys
+import nvmlcheck as nc
+from nvmlcheck.testing import Scenario
+
+lib, scenario_path, devfile, pattern, host_pid = sys.argv[1:6]
+SLEEP = "import time; print('ready', flush=True); time.sleep(60)"
+HOLD = "import sys, time; f = open(sys.argv[1]); print('ready', flush=True); time.sleep(60)"
+unrelated = subprocess.Popen([sys.executable, "-S", "-c", SLEEP], stdout=subprocess.PIPE)
+holder = subprocess.Popen([sys.executable, "-S", "-c", HOLD, devfile], stdout=subprocess.PIPE)
+for p in (unrelated, holder):
+    assert p.stdout.readline() == b"ready\\n"
+sc = Scenario.h200()
+sc.add_process(0, unrelated.pid, used_bytes=1 << 30)
+sc.add_process(0, int(host_pid), used_bytes=1 << 30)
+sc.write(scenario_path)
+with nc.open("nvml", library_path=lib) as gpus:
+    on_gpu = nc.select_kill_holders(gpus, all_holders=False, device_files=pattern)
+    every = nc.select_kill_holders(gpus, all_holders=True, device_files=pattern)
+if on_gpu.targets:
+    with nc.prepare_kill(holders=on_gpu.targets) as plan:
+        plan.send_first()
+print(json.dumps({
+    "unrelated": unrelated.pid, "holder": holder.pid,
+    "on_gpu_targets": [h.pid for h in on_gpu.targets],
+    "on_gpu_skipped": {str(h.pid): why for h, why in on_gpu.skipped},
+    "every_targets": [h.pid for h in every.targets],
+    "unrelated_alive": unrelated.poll() is None,
+}))
+for p in (unrelated, holder):
+    p.kill()
+    p.wait()
+"""
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None or os.geteuid() != 0, reason="needs unshare and root")
+def test_pid_collision_in_a_namespace_is_never_selected(dev: tuple[Path, str], tmp_path: Path) -> None:
+    d, pattern = dev
+    script = tmp_path / "collision.py"
+    script.write_text(_COLLISION)
+    host_pid = 4_000_000  # no such PID inside the new namespace
+    out = subprocess.run(
+        ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, str(script), str(build_stub()),
+         str(tmp_path / "ns-scenario.txt"), str(d / "nvidia0"), pattern, str(host_pid)],
+        check=False, capture_output=True, text=True, timeout=60,
+        env={k: v for k, v in os.environ.items() if k != "NVMLCHECK_STUB_SCENARIO"}
+        | {"NVMLCHECK_STUB_SCENARIO": str(tmp_path / "ns-scenario.txt"), "PYTHONPATH": str(ROOT)},
+    )
+    if out.returncode != 0 and "unshare" in out.stderr and "Operation not permitted" in out.stderr:
+        pytest.skip(f"no PID namespace here: {out.stderr.strip()}")
+    assert out.returncode == 0, out.stderr
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["on_gpu_targets"] == [] and r["unrelated_alive"]
+    assert "not visible from this PID namespace" in r["on_gpu_skipped"][str(r["unrelated"])]
+    assert "no process with this PID here" in r["on_gpu_skipped"][str(host_pid)]
+    assert r["every_targets"] == [r["holder"]]  # --all-holders finds the real one by its device file
