@@ -283,7 +283,7 @@ class KillPlan:
         self._closed = False
         # Without tree: descendants seen while the targets lived (pid -> (start ticks, target)), for the hint.
         self._offspring: dict[int, tuple[int, int]] = {}
-        self.vanished: list[int] = []  # holders that exited between being found and being pinned
+        self._vanished: list[int] = []
 
     # --- composition ---
 
@@ -291,6 +291,11 @@ class KillPlan:
     def targets(self) -> tuple[PidTimes, ...]:
         """One record per target so far (descendants join as they are found)."""
         return tuple(t.record() for t in self._targets)
+
+    @property
+    def vanished(self) -> tuple[int, ...]:
+        """Holders left out by :meth:`add_holders`: they exited (or their PID was reused) after being found."""
+        return tuple(self._vanished)
 
     @property
     def started_ns(self) -> int | None:
@@ -314,13 +319,13 @@ class KillPlan:
                     raise KillError(h.pid, why)
                 if h.start_ticks is None:
                     raise KillError(h.pid, "not a process of this PID namespace")
-                try:
-                    pinned = _pin(h.pid, self._mode, h.start_ticks)
-                except KillError as exc:
-                    if "EPERM" in exc.reason:
-                        raise
-                    self.vanished.append(h.pid)
+                try:  # holders come from the /proc listing: processes, never thread IDs
+                    pinned = Pinned.open(h.pid, mode=self._mode, expect_start_ticks=h.start_ticks)
+                except ProcessLookupError:  # gone, or its PID now names another process (StaleIdentity)
+                    self._vanished.append(h.pid)
                     continue
+                except PermissionError:
+                    raise KillError(h.pid, _EPERM) from None
                 new.append(_Target(pinned, "nvml" if "nvml" in h.found_by else "device-file"))
         except BaseException:
             for t in new:

@@ -168,7 +168,7 @@ def test_a_holder_whose_pid_was_reused_is_left_out(
     stale = type(h)(**{f: getattr(h, f) for f in h.__dataclass_fields__} | {"start_ticks": h.start_ticks - 1})
     other = procs()
     with nc.prepare_kill([other.pid], holders=[stale]) as plan:
-        assert plan.vanished == [p.pid] and [t.pid for t in plan.targets] == [other.pid]
+        assert plan.vanished == (p.pid,) and [t.pid for t in plan.targets] == [other.pid]
 
 
 def test_explain_unseen_holders_names_device_file_holders(
