@@ -488,7 +488,8 @@ class KillPlan:
         def observe(point: TracePoint) -> None:
             nonlocal next_scan
             now = clock()
-            if now >= next_scan and not self._all_exited():
+            # Stamp exits on every poll (a probe poll may not have asked the exit predicate), scan less often.
+            if not self._all_exited() and now >= next_scan:
                 next_scan = now + _SCAN_EVERY_NS
                 self._scan_descendants()
             snap = point.snapshot
@@ -506,7 +507,9 @@ class KillPlan:
         remaining: float | None = None
         if timeout is not None and not math.isinf(timeout):
             remaining = max(0.0, timeout - (clock() - start) / 1e9)
-        condition = (predicate if predicate is not None else default_predicate()) & self.exited_predicate()
+        # The exit predicate first: it is cheap (a poll of the pidfds) and stamps exits even on polls that the GPU
+        # part alone already proves dirty.
+        condition = self.exited_predicate() & (predicate if predicate is not None else default_predicate())
         try:
             result = session.wait_until_clean(
                 remaining,
