@@ -102,8 +102,16 @@ SECTIONS: list[tuple[str, str, list[str]]] = [
     ),
     (
         "Killing",
-        "Signal processes, escalate to SIGKILL, and wait until the GPUs are clean, timing each phase.",
-        ["kill_and_wait", "KillResult", "PidTimes", "KillError"],
+        "Signal processes, escalate to SIGKILL, and wait until they have exited and the GPUs are clean, timing each "
+        "phase. Targets are pinned (pidfd) from validation on; [killing.md](killing.md) explains the guarantees.",
+        ["kill_and_wait", "prepare_kill", "KillPlan", "KillResult", "PidTimes", "SignalSent", "KillTimeout",
+         "KillError"],
+    ),
+    (
+        "Holders",
+        "Who holds the GPUs: NVML's process lists joined with a scan of open NVIDIA device files "
+        "(`$NVMLCHECK_DEVICE_FILES`).",
+        ["find_holders", "Holder", "GpuUse", "select_kill_holders", "KillSelection", "explain_unseen_holders"],
     ),
     (
         "Studies",

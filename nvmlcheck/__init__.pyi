@@ -42,7 +42,17 @@ from nvmlcheck.errors import (
     VgpuEccNotSupported,
     WaitTimeout,
 )
-from nvmlcheck.kill import KillError, KillResult, PidTimes, kill_and_wait
+from nvmlcheck.holders import GpuUse, Holder, KillSelection, explain_unseen_holders, find_holders, select_kill_holders
+from nvmlcheck.kill import (
+    KillError,
+    KillPlan,
+    KillResult,
+    KillTimeout,
+    PidTimes,
+    SignalSent,
+    kill_and_wait,
+    prepare_kill,
+)
 from nvmlcheck.model import (
     MIB,
     ClockEventReason,
@@ -164,4 +174,14 @@ __all__ = [
     "StudyConfig",
     "StudyError",
     "run_study",
+    "GpuUse",
+    "Holder",
+    "KillSelection",
+    "explain_unseen_holders",
+    "find_holders",
+    "select_kill_holders",
+    "KillPlan",
+    "KillTimeout",
+    "SignalSent",
+    "prepare_kill",
 ]

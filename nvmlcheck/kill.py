@@ -1,34 +1,63 @@
-"""Kill named processes and wait until the GPUs are verified clean, timing each phase.
+"""Kill exactly what holds the GPUs, and wait until they are verified clean, timing each phase.
 
-:func:`kill_and_wait` sends SIGTERM (or another signal) to the PIDs it is given, escalates to SIGKILL after a grace
-period, watches each PID leave the OS and the NVML process lists, and then waits with the normal poller until the
-memory is back. It never signals a PID it was not given, and refuses PID 0/1, itself and its parent.
-
-The phases are reported separately because they differ on a real driver: on an H200 the memory of a killed process
-often returns *before* its parent can reap it, and the process list empties ~30 ms *before* the memory is back
-(FACTS.md), so "the PID is gone" is not "the GPU is clean".
+:func:`prepare_kill` validates and pins every target before anything is signalled (all or nothing): a pidfd holds
+each process's identity, so a signal can never reach a process that took a target's PID. :meth:`KillPlan.send_first`
+sends the first signal; :meth:`KillPlan.wait` escalates to SIGKILL after the grace period (any target still alive,
+on a GPU list or not), follows late-spawned descendants with ``tree=True``, and returns a :class:`KillResult` only
+when every target has exited *and* the GPUs are clean. The split lets a CLI signal before it loads NVML.
+:func:`kill_and_wait` does all three. Refused: PID 0, 1, negatives, PIDs above ``pid_max``, threads, this process
+and every ancestor of it. Nothing is ever reaped. Rationale, guarantees and limits: docs/killing.md.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
 
-from .errors import BackendUnavailable, NvmlCheckError
+from ._proc import procfs
+from ._proc.pin import PinMode, Pinned, StaleIdentity
+from .errors import BackendUnavailable, NvmlCheckError, WaitTimeout
+from .holders import Holder, explain_unseen_holders
 from .model import Snapshot
-from .predicates import Predicate, default_predicate, pids_gone
-from .session import DeviceSelector, Session
-from .wait import PollPolicy, TracePoint, WaitResult
+from .predicates import DEFAULT_MAX_USED_BYTES, Predicate, _Scope, _Why, default_predicate
 
-__all__ = ["KillError", "KillResult", "PidTimes", "kill_and_wait", "pid_exited"]
+if TYPE_CHECKING:
+    # Types only: prepare_kill and send_first run before anything of the GPU side is needed (issue 12).
+    from .session import DeviceSelector, Session
+    from .wait import PollPolicy, TracePoint, WaitResult
+
+__all__ = [
+    "FoundBy",
+    "KillError",
+    "KillPlan",
+    "KillResult",
+    "KillTimeout",
+    "PidTimes",
+    "SignalSent",
+    "kill_and_wait",
+    "prepare_kill",
+]
+
+#: How a target was chosen: named by the caller, a descendant of one (``tree=True``), or a holder found by NVML or
+#: by its open device files.
+FoundBy = Literal["named", "descendant", "nvml", "device-file"]
+
+_HELD_BYTES = DEFAULT_MAX_USED_BYTES
+#: The shortest time between two scans for descendants while targets live (each scan reads a few /proc files per
+#: process of the tree; the poller may poll every millisecond).
+_SCAN_EVERY_NS = 5_000_000
+_EPERM = "not permitted (EPERM): another user's process, or one in another container"
 
 
 class KillError(NvmlCheckError):
-    """A PID cannot be signalled: refused (0, 1, this process, its parent), no such process (ESRCH), or not
-    permitted (EPERM: another user's or another container's process)."""
+    """A PID cannot be signalled: refused (not a process ID, PID 1, a thread, this process or an ancestor of it),
+    no such process (ESRCH), or not permitted (EPERM: another user's or another container's process). Raised before
+    anything is signalled."""
 
     __module__ = "nvmlcheck"
 
@@ -42,26 +71,59 @@ class KillError(NvmlCheckError):
 
 
 @dataclass(frozen=True, slots=True)
-class PidTimes:
-    """What happened to one PID, as offsets in ns from the first signal (``None``: not observed).
+class SignalSent:
+    """One signal delivered to a target: its name (``"SIGTERM"``) and when, in ns from the first signal."""
 
-    ``killed_ns``: when SIGKILL was sent (``None`` if the first signal sufficed). ``exited_ns``: first poll that found
-    the process gone or a zombie (its GPU file descriptors are closed then). ``off_gpu_ns``: first poll whose process
-    lists no longer showed it.
+    name: str
+    sent_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class PidTimes:
+    """What happened to one target, as offsets in ns from the first signal (``None``: not observed).
+
+    ``found_by``: see :data:`FoundBy`; ``parent``: for a descendant, the target it descends from. ``signals``: every
+    signal actually delivered (none when it had exited already). ``exited_ns``: first poll that found it exited (gone
+    or a zombie: its GPU file descriptors are closed then). ``off_gpu_ns``: first poll whose process lists no longer
+    showed its PID. ``pinning``: ``"pidfd"`` or ``"start-time"`` (docs/killing.md).
     """
 
     pid: int
-    killed_ns: int | None
+    found_by: FoundBy
+    name: str
+    signals: tuple[SignalSent, ...]
     exited_ns: int | None
     off_gpu_ns: int | None
+    parent: int | None = None
+    pinning: Literal["pidfd", "start-time"] = "pidfd"
+
+    @property
+    def killed_ns(self) -> int | None:
+        """When SIGKILL was sent (``None`` if it was not)."""
+        return next((s.sent_ns for s in self.signals if s.name == "SIGKILL"), None)
+
+    def to_json(self) -> dict[str, Any]:
+        """The target's entry in the ``nvmlcheck/kill`` JSON document."""
+        return {
+            "pid": self.pid,
+            "name": self.name,
+            "found_by": self.found_by,
+            "parent": self.parent,
+            "signals": [{"signal": s.name, "sent_ns": s.sent_ns} for s in self.signals],
+            "killed_ns": self.killed_ns,
+            "exited_ns": self.exited_ns,
+            "off_gpu_ns": self.off_gpu_ns,
+            "pinning": self.pinning,
+        }
 
 
 @dataclass(frozen=True, slots=True)
 class KillResult:
-    """Per-phase times of :func:`kill_and_wait`, in ns from the first signal, and the final wait's result.
+    """A kill that ended with every target exited and the GPUs clean. Times in ns from the first signal.
 
-    ``clean_ns``: when the GPUs were first seen clean (the wait's ``first_clean_ns`` translated to this origin);
-    ``confirmed_ns``: when that was confirmed. ``resolution_ns``: the poll period, the uncertainty of each time.
+    ``pids``: one record per target (descendants included). ``clean_ns``: when the GPUs were first seen clean with
+    every target exited; ``confirmed_ns``: when that was confirmed. ``resolution_ns``: the poll period, the
+    uncertainty of each time. ``started_ns``: the clock reading of the first signal.
     """
 
     signal_name: str
@@ -71,69 +133,556 @@ class KillResult:
     confirmed_ns: int
     resolution_ns: int
     wait: WaitResult
+    tree: bool = False
 
     @property
     def snapshot(self) -> Snapshot:
         """The last snapshot (clean)."""
         return self.wait.snapshot
 
+    def to_json(self) -> dict[str, Any]:
+        """The fields of the ``nvmlcheck/kill`` JSON document (version 1) besides ``schema``/``version`` and the
+        snapshot, which the CLI serialises itself."""
+        return {
+            "clean": True,
+            "signal": self.signal_name,
+            "tree": self.tree,
+            "pids": [t.to_json() for t in self.pids],
+            "clean_ns": self.clean_ns,
+            "confirmed_ns": self.confirmed_ns,
+            "resolution_ns": self.resolution_ns,
+        }
 
-def pid_exited(pid: int) -> bool:
-    """Whether ``pid`` no longer runs: gone, or a zombie waiting to be reaped (its files, and so its GPU memory
-    handles, are closed by then). Reaps it when it is our own child."""
+
+class KillTimeout(WaitTimeout):
+    """The deadline passed before every target had exited and the GPUs were clean.
+
+    Besides :class:`~nvmlcheck.WaitTimeout`'s fields (``culprits`` names what still runs or holds a GPU): ``pids``,
+    one :class:`PidTimes` per target, and ``tree_hint``, the processes on a GPU list that descend from a target and
+    were not killed (``tree=True``, ``--tree``, would have), as ``(pid, ancestor target)``.
+    """
+
+    __module__ = "nvmlcheck"
+
+    def __init__(
+        self,
+        timeout_s: float,
+        elapsed_ns: int,
+        culprits: Sequence[str],
+        snapshot: Snapshot | None = None,
+        polls: int = 0,
+        *,
+        pids: Sequence[PidTimes] = (),
+        tree_hint: Sequence[tuple[int, int]] = (),
+        signal_name: str = "SIGTERM",
+    ) -> None:
+        super().__init__(timeout_s, elapsed_ns, culprits, snapshot, polls)
+        self.pids: tuple[PidTimes, ...] = tuple(pids)
+        self.tree_hint: tuple[tuple[int, int], ...] = tuple(tree_hint)
+        self.signal_name = signal_name
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        extra = {"pids": self.pids, "tree_hint": self.tree_hint, "signal_name": self.signal_name}
+        return (_rebuild_timeout, ((self.timeout_s, self.elapsed_ns, self.culprits, self.snapshot, self.polls), extra))
+
+    def to_json(self) -> dict[str, Any]:
+        """The kill-specific fields of the ``nvmlcheck/kill`` document of a timeout (the CLI adds the wait's)."""
+        return {
+            "clean": False,
+            "signal": self.signal_name,
+            "pids": [t.to_json() for t in self.pids],
+            "tree_hint": [{"pid": pid, "descends_from": anc} for pid, anc in self.tree_hint],
+        }
+
+
+def _rebuild_timeout(args: tuple[Any, ...], extra: dict[str, Any]) -> KillTimeout:
+    return KillTimeout(*args, **extra)
+
+
+# --- validation -------------------------------------------------------------------------------------------------
+
+
+def _ordinal(n: int) -> str:
+    return {1: "parent", 2: "grandparent"}.get(n, f"ancestor ({n} generations up)")
+
+
+def _refusal(pid: object, limit: int, me: int, lineage: tuple[int, ...]) -> str | None:
+    """Why ``pid`` may never be signalled (``None``: it may be tried). Raises TypeError for a non-int."""
+    if isinstance(pid, bool) or not isinstance(pid, int):
+        raise TypeError(f"a PID is an int, not {pid!r} ({type(pid).__name__})")
+    if pid <= 0:
+        return "not a process ID (0 and negative numbers name process groups, which are never signalled)"
+    if pid == 1:
+        return "PID 1 is init (of this PID namespace) and is never signalled"
+    if pid >= limit:
+        return f"not a process ID: PIDs on this host are below {limit} (/proc/sys/kernel/pid_max)"
+    if pid == me:
+        return "that is this process"
+    if pid in lineage:
+        st = procfs.read_stat(pid)
+        name = f" ({st.comm})" if st is not None else ""
+        return (f"that is this process's {_ordinal(lineage.index(pid) + 1)}{name}; signalling it would end the "
+                "command that runs this one")
+    return None
+
+
+class _Target:
+    """One pinned target and what happened to it (mutable; :class:`PidTimes` is the frozen record)."""
+
+    __slots__ = ("exited_ns", "found_by", "off_gpu_ns", "parent", "pinned", "signals")
+
+    def __init__(self, pinned: Pinned, found_by: FoundBy, parent: int | None = None) -> None:
+        self.pinned = pinned
+        self.found_by: FoundBy = found_by
+        self.parent = parent
+        self.signals: list[SignalSent] = []
+        self.exited_ns: int | None = None
+        self.off_gpu_ns: int | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.pinned.pid
+
+    def record(self) -> PidTimes:
+        return PidTimes(self.pid, self.found_by, self.pinned.comm, tuple(self.signals), self.exited_ns,
+                        self.off_gpu_ns, self.parent, self.pinned.mode)
+
+
+def _pin(pid: int, mode: PinMode, expect_start_ticks: int | None = None) -> Pinned:
+    status = procfs.read_status(pid)
+    if status is not None and status.tgid is not None and status.tgid != pid:
+        # /proc/TID exists for threads too; kill() of a TID would signal its whole process.
+        raise KillError(pid, f"that is a thread of process {status.tgid}, not a process")
     try:
-        done, _status = os.waitpid(pid, os.WNOHANG)
-        if done == pid:
-            return True
-    except ChildProcessError:
-        pass  # not our child: ask /proc
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except FileNotFoundError:
-        return True
-    except OSError:
-        return False
-    # The state follows the parenthesised command name, which may itself contain ") ".
-    state = stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3]
-    return state in (b"Z", b"X")
-
-
-def _validate(pids: Iterable[int]) -> tuple[int, ...]:
-    out: list[int] = []
-    for pid in pids:
-        if isinstance(pid, bool) or not isinstance(pid, int):
-            raise TypeError(f"a PID is an int, not {pid!r}")
-        if pid <= 1:
-            raise KillError(pid, "PIDs 0 and 1 (and negative process groups) are never signalled")
-        if pid == os.getpid():
-            raise KillError(pid, "that is this process")
-        if pid == os.getppid():
-            raise KillError(pid, "that is this process's parent")
-        if pid not in out:
-            out.append(pid)
-    if not out:
-        raise ValueError("no PID given")
-    return tuple(out)
-
-
-def _send(pid: int, sig: signal.Signals) -> bool:
-    """Send ``sig``; ``False`` if the process is already gone (a race we accept after the first signal)."""
-    try:
-        os.kill(pid, sig)
+        pinned = Pinned.open(pid, mode=mode, expect_start_ticks=expect_start_ticks)
+    except StaleIdentity:
+        raise KillError(pid, "that PID no longer names the process that was found (it exited; the PID may have "
+                             "been reused)") from None
     except ProcessLookupError:
-        return False
+        raise KillError(pid, "no such process (ESRCH)") from None
     except PermissionError:
-        raise KillError(pid, "not permitted (EPERM): another user's process, or one in another container") from None
-    return True
+        raise KillError(pid, _EPERM) from None
+    return pinned
+
+
+# --- the plan ---------------------------------------------------------------------------------------------------
+
+
+class KillPlan:
+    """Pinned targets, ready to be signalled. Made by :func:`prepare_kill`; use as a context manager or call
+    :meth:`close` (it releases the pidfds). Steps: :meth:`add_holders` (optional), :meth:`send_first`,
+    :meth:`wait`."""
+
+    def __init__(self, targets: list[_Target], *, tree: bool, mode: PinMode) -> None:
+        self._targets = targets
+        self._tree = tree
+        self._mode: PinMode = mode
+        self._started: int | None = None
+        self._first: signal.Signals | None = None
+        self._clock: Callable[[], int] = time.monotonic_ns
+        self._closed = False
+        # Without tree: descendants seen while the targets lived (pid -> (start ticks, target)), for the hint.
+        self._offspring: dict[int, tuple[int, int]] = {}
+        self._vanished: list[int] = []
+
+    # --- composition ---
+
+    @property
+    def targets(self) -> tuple[PidTimes, ...]:
+        """One record per target so far (descendants join as they are found)."""
+        return tuple(t.record() for t in self._targets)
+
+    @property
+    def vanished(self) -> tuple[int, ...]:
+        """Holders left out by :meth:`add_holders`: they exited (or their PID was reused) after being found."""
+        return tuple(self._vanished)
+
+    @property
+    def started_ns(self) -> int | None:
+        """The clock reading of the first signal (``None`` before :meth:`send_first`)."""
+        return self._started
+
+    def add_holders(self, holders: Iterable[Holder]) -> None:
+        """Add holders (from :func:`~nvmlcheck.holders.select_kill_holders`) as targets, before :meth:`send_first`.
+        Each is pinned only if its PID still names the process that was found (same start time); one that exited
+        meanwhile is left out and listed in :attr:`vanished`. The same refusals as for named PIDs apply."""
+        if self._started is not None:
+            raise RuntimeError("add holders before the first signal")
+        limit, me, lineage = procfs.pid_max(), os.getpid(), procfs.ancestors()
+        new: list[_Target] = []
+        try:
+            for h in holders:
+                if any(t.pid == h.pid for t in self._targets + new):
+                    continue
+                why = _refusal(h.pid, limit, me, lineage)
+                if why is not None:
+                    raise KillError(h.pid, why)
+                if h.start_ticks is None:
+                    raise KillError(h.pid, "not a process of this PID namespace")
+                try:  # holders come from the /proc listing: processes, never thread IDs
+                    pinned = Pinned.open(h.pid, mode=self._mode, expect_start_ticks=h.start_ticks)
+                except ProcessLookupError:  # gone, or its PID now names another process (StaleIdentity)
+                    self._vanished.append(h.pid)
+                    continue
+                except PermissionError:
+                    raise KillError(h.pid, _EPERM) from None
+                new.append(_Target(pinned, "nvml" if "nvml" in h.found_by else "device-file"))
+        except BaseException:
+            for t in new:
+                t.pinned.close()
+            raise
+        self._targets.extend(new)
+
+    # --- signals ---
+
+    def send_first(self, first_signal: signal.Signals = signal.SIGTERM, *,
+                   clock: Callable[[], int] = time.monotonic_ns) -> int:
+        """Send ``first_signal`` to every target (with ``tree``, first find and pin their descendants). Returns the
+        clock reading taken just before the first signal: the origin of every time reported."""
+        if self._closed:
+            raise RuntimeError("this kill plan is closed")
+        if self._started is not None:
+            raise RuntimeError("the first signal was sent already")
+        if not self._targets:
+            raise ValueError("nothing to kill: no target")
+        first_signal = signal.Signals(first_signal)
+        self._clock = clock
+        self._first = first_signal
+        self._scan_descendants()
+        start = self._started = clock()
+        for t in self._targets:
+            self._send(t, first_signal, start)
+        return start
+
+    def _send(self, t: _Target, sig: signal.Signals, now: int) -> None:
+        try:
+            sent = t.pinned.send(sig)
+        except PermissionError:
+            return  # pinned and probed as permitted; a change of credentials since: it stays a culprit
+        if sent:
+            assert self._started is not None
+            t.signals.append(SignalSent(sig.name, now - self._started))
+
+    def escalate(self, sig: signal.Signals = signal.SIGKILL) -> tuple[int, ...]:
+        """Send ``sig`` (SIGKILL) to every target that has not exited; returns their PIDs. :meth:`wait` calls it
+        when the grace period ends."""
+        if self._started is None:
+            raise RuntimeError("send the first signal first")
+        now = self._clock()
+        out: list[int] = []
+        for t in self._targets:
+            before = len(t.signals)
+            self._send(t, sig, now)
+            if len(t.signals) > before:
+                out.append(t.pid)
+        return tuple(out)
+
+    def _scan_descendants(self) -> None:
+        """Pin (``tree``) or remember (for the hint) the descendants of every living target."""
+        known = {t.pid for t in self._targets} | set(self._offspring)
+        # (pid, the target it descends from, its pin when it is a target): the children of a PID are only taken
+        # while that PID provably names the same process (its pin has not exited, or its start time is unchanged).
+        queue: list[tuple[int, int, Pinned | None, int | None]] = [
+            (t.pid, t.parent if t.parent is not None else t.pid, t.pinned, None)
+            for t in self._targets
+            if not t.pinned.exited()
+        ]
+        queue += [(pid, origin, None, ticks) for pid, (ticks, origin) in self._offspring.items()]
+        table: dict[int, set[int]] | None = None
+        me = os.getpid()
+        while queue:
+            ppid, origin, pin, ticks = queue.pop()
+            kids = procfs.children(ppid)
+            if kids is None:
+                if table is None:
+                    table = procfs.all_children()
+                kids = table.get(ppid, set())
+            if pin is not None and pin.exited():
+                continue  # the list may belong to a recycled PID
+            if ticks is not None:
+                now_st = procfs.read_stat(ppid)
+                if now_st is None or now_st.start_ticks != ticks:
+                    continue
+            for pid in sorted(kids - known - {me}):
+                st = procfs.read_stat(pid)
+                if st is None or st.ppid != ppid:
+                    continue
+                known.add(pid)
+                if not self._tree:
+                    self._offspring[pid] = (st.start_ticks, origin)
+                    queue.append((pid, origin, None, st.start_ticks))
+                    continue
+                try:
+                    pinned = Pinned.open(pid, mode=self._mode, expect_start_ticks=st.start_ticks)
+                except (ProcessLookupError, PermissionError):
+                    continue
+                st2 = pinned.stat()
+                if st2 is not None and st2.ppid != ppid:
+                    pinned.close()  # reparented: its parent exited meanwhile; not provably ours any more
+                    continue
+                child = _Target(pinned, "descendant", origin)
+                self._targets.append(child)
+                queue.append((pid, origin, pinned, None))
+                if self._started is not None and self._first is not None:
+                    now = self._clock()
+                    self._send(child, self._first, now)
+                    if self._escalated:
+                        self._send(child, signal.SIGKILL, now)
+
+    _escalated = False
+
+    # --- waiting ---
+
+    def exited_predicate(self) -> Predicate:
+        """A predicate that holds when every target (descendants included) has exited; its reasons name the ones
+        still running. It reads the pidfds, not the snapshot."""
+        return _TargetsExited(self)
+
+    def _alive(self) -> Iterator[_Target]:
+        return (t for t in self._targets if not t.pinned.exited())
+
+    def _all_exited(self) -> bool:
+        """Whether every target has exited; stamps ``exited_ns`` on those seen exited for the first time (here, in
+        the poll's judgement, so that an exit is never stamped after the clean moment it allowed)."""
+        done = True
+        now: int | None = None
+        for t in self._targets:
+            if t.exited_ns is not None:
+                continue
+            if t.pinned.exited():
+                if now is None:
+                    now = self._clock()
+                assert self._started is not None
+                t.exited_ns = now - self._started
+            else:
+                done = False
+        return done
+
+    def wait(
+        self,
+        session: Session,
+        *,
+        timeout: float | None = 30.0,
+        grace_s: float | None = 5.0,
+        devices: Iterable[DeviceSelector] | DeviceSelector | None = None,
+        predicate: Predicate | None = None,
+        policy: PollPolicy | str | float | None = None,
+        stable_polls: int = 2,
+        on_poll: Callable[[TracePoint], object] | None = None,
+        sleep: Callable[[float], object] = time.sleep,
+    ) -> KillResult:
+        """Wait until every target has exited and ``predicate`` (default: :func:`default_predicate`) holds on the
+        selected GPUs; SIGKILL the targets still alive once ``grace_s`` has passed since the first signal (``None``
+        or ``inf``: never). ``timeout`` counts from the first signal too. The clock is the one given to
+        :meth:`send_first`. Raises :class:`KillTimeout`; closes the plan either way."""
+        if self._started is None or self._first is None:
+            raise RuntimeError("send the first signal before waiting")
+        grace_ns = _grace_ns(grace_s)
+        _check_timeout(timeout)
+        start, clock, first = self._started, self._clock, self._first
+        if first == signal.SIGKILL:
+            self._escalated = True
+        grace_end = None if grace_ns is None else start + grace_ns
+        next_scan = start
+
+        def observe(point: TracePoint) -> None:
+            nonlocal next_scan
+            now = clock()
+            # Stamp exits on every poll (a probe poll may not have asked the exit predicate), scan less often.
+            if not self._all_exited() and now >= next_scan:
+                next_scan = now + _SCAN_EVERY_NS
+                self._scan_descendants()
+            snap = point.snapshot
+            if snap is not None and not snap.failures and all(d.processes is not None for d in snap.devices):
+                listed = {p.pid for d in snap.devices for p in (d.processes or ())}
+                for t in self._targets:
+                    if t.off_gpu_ns is None and t.pid not in listed:
+                        t.off_gpu_ns = now - start
+            if grace_end is not None and now >= grace_end and not self._escalated:
+                self._escalated = True
+                self.escalate(signal.SIGKILL)
+            if on_poll is not None:
+                on_poll(point)
+
+        remaining: float | None = None
+        if timeout is not None and not math.isinf(timeout):
+            remaining = max(0.0, timeout - (clock() - start) / 1e9)
+        # The exit predicate first: it is cheap (a poll of the pidfds) and stamps exits even on polls that the GPU
+        # part alone already proves dirty.
+        condition = self.exited_predicate() & (predicate if predicate is not None else default_predicate())
+        try:
+            result = session.wait_until_clean(
+                remaining,
+                condition,
+                devices=devices,
+                policy=policy,
+                stable_polls=stable_polls,
+                on_poll=observe,
+                clock=clock,
+                sleep=sleep,
+            )
+        except WaitTimeout as exc:
+            raise self._timeout(exc, timeout) from None
+        finally:
+            self.close()
+        records = self.targets
+        # The poller stamps a poll when its query returns and judges it just after: an exit seen in that judgement
+        # is stamped a few µs later. Clean means both, so it is never earlier than the last exit.
+        last_exit = max((t.exited_ns or 0 for t in records), default=0)
+        clean_ns = max(result.started_ns + result.first_clean_ns - start, last_exit)
+        return KillResult(
+            signal_name=first.name,
+            started_ns=start,
+            pids=records,
+            clean_ns=clean_ns,
+            confirmed_ns=max(result.confirmed_ns - start, clean_ns),
+            resolution_ns=max(result.interval_ns, result.poll_cost_ns),
+            wait=result,
+            tree=self._tree,
+        )
+
+    def _timeout(self, exc: WaitTimeout, timeout: float | None) -> KillTimeout:
+        assert self._started is not None and self._first is not None
+        culprits = list(exc.culprits)
+        hint: list[tuple[int, int]] = []
+        if not self._tree and exc.snapshot is not None:
+            listed = sorted({p.pid for d in exc.snapshot.devices for p in (d.processes or ())})
+            for pid in listed:
+                entry = self._offspring.get(pid)
+                st = procfs.read_stat(pid)
+                if entry is not None and st is not None and st.start_ticks == entry[0]:
+                    hint.append((pid, entry[1]))
+            if hint:
+                who = ", ".join(f"pid {pid} (descends from {anc})" for pid, anc in hint)
+                culprits.append(f"{who} still on a GPU list and not signalled: kill the process tree with tree=True "
+                                "(--tree)")
+        try:
+            lines = explain_unseen_holders(exc.snapshot)
+        except OSError:
+            lines = []
+        if not _memory_held_unseen(exc.snapshot):
+            # The process lists explain the timeout: add only what no signal can end.
+            lines = [line for line in lines if "zombie" in line or "uninterruptible" in line]
+        culprits.extend(lines)
+        elapsed = self._clock() - self._started
+        return KillTimeout(math.inf if timeout is None else float(timeout), elapsed, tuple(dict.fromkeys(culprits)),
+                           exc.snapshot, exc.polls, pids=self.targets, tree_hint=hint, signal_name=self._first.name)
+
+    def close(self) -> None:
+        """Release every pidfd; nothing more can be signalled through this plan. Idempotent."""
+        self._closed = True
+        for t in self._targets:
+            t.pinned.close()
+
+    def __enter__(self) -> KillPlan:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _TargetsExited(Predicate):
+    """Every target of a plan has exited (not a device predicate: it reads the pidfds, whatever the snapshot)."""
+
+    __slots__ = ("plan",)
+
+    def __init__(self, plan: KillPlan) -> None:
+        self.plan = plan
+
+    def _check(self, scope: _Scope) -> bool | None:
+        return self.plan._all_exited() if self.plan._started is not None else False
+
+    def _explain(self, scope: _Scope) -> list[_Why]:
+        out: list[_Why] = []
+        for t in self.plan._alive():
+            st = t.pinned.stat()
+            extra = ""
+            if st is not None and st.state == "D":
+                extra = ": in uninterruptible sleep (D), no signal takes effect until its kernel call returns"
+            elif st is not None and st.state in ("T", "t"):
+                extra = ": stopped (SIGKILL still ends it)"
+            sent = ", ".join(s.name for s in t.signals) or "no signal delivered"
+            out.append(_Why(False, None, f"pid {t.pid} ({t.pinned.comm}) has not exited ({sent}){extra}"))
+        return out
+
+    def describe(self) -> str:
+        return "every signalled process has exited"
+
+    def __repr__(self) -> str:
+        return f"<targets exited: {', '.join(str(t.pid) for t in self.plan._targets)}>"
+
+
+def _memory_held_unseen(snap: Snapshot | None) -> bool:
+    """Whether a GPU of ``snap`` holds memory (above the default limit) with no process listed."""
+    for d in snap.devices if snap is not None else ():
+        m = d.memory
+        if d.processes == () and m is not None and not m.used_includes_reserved and m.used_bytes > _HELD_BYTES:
+            return True
+    return False
+
+
+def _grace_ns(grace_s: float | None) -> int | None:
+    if grace_s is None:
+        return None
+    if isinstance(grace_s, bool) or not isinstance(grace_s, int | float) or not grace_s >= 0:  # rejects NaN
+        raise ValueError(f"grace_s must be None or a number of seconds >= 0, got {grace_s!r}")
+    return None if math.isinf(grace_s) else int(grace_s * 1e9)
+
+
+def _check_timeout(timeout: float | None) -> None:
+    if timeout is None:
+        return
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0:
+        raise ValueError(f"timeout must be None or a number of seconds >= 0, got {timeout!r}")
+
+
+def prepare_kill(
+    pids: Iterable[int] = (),
+    *,
+    tree: bool = False,
+    holders: Iterable[Holder] = (),
+    pinning: PinMode = "auto",
+) -> KillPlan:
+    """Validate and pin ``pids`` (and ``holders``) with the operating system alone: no NVML, nothing signalled.
+
+    Raises :class:`TypeError` for a non-int PID, :class:`ValueError` when there is no target, and
+    :class:`KillError` for the first PID refused (see :class:`KillError`). All or nothing: when it raises, nothing
+    stays pinned. ``tree``: the targets' descendants join them at the first signal and at every poll while they
+    live. ``pinning``: ``"auto"`` (pidfd where available), ``"pidfd"``, or ``"start-time"`` (the fallback, forced).
+    """
+    if pinning not in ("auto", "pidfd", "start-time"):
+        raise ValueError(f"pinning is 'auto', 'pidfd' or 'start-time', not {pinning!r}")
+    limit, me, lineage = procfs.pid_max(), os.getpid(), procfs.ancestors()
+    chosen: list[int] = []
+    for pid in pids:
+        why = _refusal(pid, limit, me, lineage)
+        if why is not None:
+            raise KillError(pid, why)
+        if pid not in chosen:
+            chosen.append(pid)
+    holder_list = list(holders)
+    if not chosen and not holder_list:
+        raise ValueError("no PID given")
+    targets: list[_Target] = []
+    plan = KillPlan(targets, tree=bool(tree), mode=pinning)
+    try:
+        for pid in chosen:
+            targets.append(_Target(_pin(pid, pinning), "named"))
+        if holder_list:
+            plan.add_holders(holder_list)
+    except BaseException:
+        plan.close()
+        raise
+    return plan
 
 
 def kill_and_wait(
     session: Session,
     pids: Iterable[int],
     *,
+    tree: bool = False,
     timeout: float | None = 30.0,
-    grace_s: float = 5.0,
+    grace_s: float | None = 5.0,
     first_signal: signal.Signals = signal.SIGTERM,
     devices: Iterable[DeviceSelector] | DeviceSelector | None = None,
     predicate: Predicate | None = None,
@@ -142,18 +691,21 @@ def kill_and_wait(
     on_poll: Callable[[TracePoint], object] | None = None,
     clock: Callable[[], int] = time.monotonic_ns,
     sleep: Callable[[float], object] = time.sleep,
+    pinning: PinMode = "auto",
 ) -> KillResult:
-    """Signal ``pids``, escalate to SIGKILL after ``grace_s``, then wait until the selected GPUs are clean.
+    """Signal ``pids`` (with ``tree``, their descendants too), SIGKILL what is still alive after ``grace_s``, and wait
+    until every one has exited and the selected GPUs are clean: :func:`prepare_kill`, :meth:`KillPlan.send_first`
+    and :meth:`KillPlan.wait` in one call.
 
-    ``timeout`` bounds the whole operation (seconds from the first signal; ``None``: no bound). The clean condition
-    is ``predicate`` (default: :func:`~nvmlcheck.predicates.default_predicate`) and the PIDs being off every process
-    list. Raises :class:`KillError` before signalling anything if a PID is refused, does not exist (ESRCH) or
-    cannot be signalled (EPERM), and :class:`~nvmlcheck.BackendUnavailable` if the backend sees no GPU;
-    :class:`~nvmlcheck.WaitTimeout` if the GPUs are not clean in time.
+    ``timeout`` bounds the whole operation (seconds from the first signal; ``None``: no bound). ``grace_s=None`` or
+    ``inf`` never escalates. Everything is checked before the first signal: raises :class:`KillError`,
+    :class:`TypeError` or :class:`ValueError` for bad input, :class:`~nvmlcheck.BackendUnavailable` if the backend
+    sees no GPU, all with nothing signalled; :class:`KillTimeout` (a :class:`~nvmlcheck.WaitTimeout`) if the
+    targets have not exited or the GPUs are not clean in time.
     """
-    targets = _validate(pids)
-    if not grace_s >= 0:  # also rejects NaN
-        raise ValueError(f"grace_s must be >= 0, got {grace_s!r}")
+    _grace_ns(grace_s)
+    _check_timeout(timeout)
+    first_signal = signal.Signals(first_signal)
     indices = session.resolve(devices)
     if indices is None and session.device_count() == 0:
         # The wait would refuse zero GPUs after the signals went out; refuse before anything is signalled.
@@ -162,62 +714,16 @@ def kill_and_wait(
             "so nothing was signalled",
             [f"{session.backend_name}: device count 0"],
         )
-    for pid in targets:  # check every PID before signalling any: all or nothing
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            raise KillError(pid, "no such process (ESRCH)") from None
-        except PermissionError:
-            raise KillError(pid, "not permitted (EPERM): another user's process, or one in another container") from None
-
-    start = clock()
-    for pid in targets:
-        _send(pid, first_signal)
-    killed: dict[int, int] = {}
-    exited: dict[int, int] = {}
-    off_gpu: dict[int, int] = {}
-    grace_end = start + int(grace_s * 1e9)
-
-    def observe(point: TracePoint) -> None:
-        # Runs after every poll of the wait below: one loop times every phase and escalates on time.
-        now = clock()
-        for pid in targets:
-            if pid not in exited and pid_exited(pid):
-                exited[pid] = now - start
-        snap = point.snapshot
-        if snap is not None and not snap.failures and all(d.processes is not None for d in snap.devices):
-            seen = {p.pid for d in snap.devices for p in (d.processes or ())}
-            for pid in targets:
-                if pid not in off_gpu and pid not in seen:
-                    off_gpu[pid] = now - start
-        if now >= grace_end and first_signal != signal.SIGKILL:
-            for pid in targets:
-                if pid not in exited and pid not in killed:
-                    killed[pid] = now - start
-                    _send(pid, signal.SIGKILL)
-        if on_poll is not None:
-            on_poll(point)
-
-    condition = (predicate if predicate is not None else default_predicate()) & pids_gone(targets)
-    result = session.wait_until_clean(
-        timeout,
-        condition,
-        devices=indices,
-        policy=policy,
-        stable_polls=stable_polls,
-        on_poll=observe,
-        clock=clock,
-        sleep=sleep,
-    )
-    resolution = max(result.interval_ns, result.poll_cost_ns)
-    times = tuple(PidTimes(pid, killed.get(pid), exited.get(pid), off_gpu.get(pid)) for pid in targets)
-    return KillResult(
-        signal_name=first_signal.name,
-        started_ns=start,
-        pids=times,
-        clean_ns=result.started_ns + result.first_clean_ns - start,
-        confirmed_ns=result.confirmed_ns - start,
-        resolution_ns=resolution,
-        wait=result,
-    )
-
+    with prepare_kill(pids, tree=tree, pinning=pinning) as plan:
+        plan.send_first(first_signal, clock=clock)
+        return plan.wait(
+            session,
+            timeout=timeout,
+            grace_s=grace_s,
+            devices=indices,
+            predicate=predicate,
+            policy=policy,
+            stable_polls=stable_polls,
+            on_poll=on_poll,
+            sleep=sleep,
+        )

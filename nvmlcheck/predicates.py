@@ -713,7 +713,7 @@ def pids_gone(pids: Iterable[int]) -> Predicate:
     chosen = frozenset(pids)
     for pid in chosen:
         if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
-            raise ValueError(f"pids_gone() needs positive integer PIDs, got {pid!r}")
+            raise ValueError(f"a process ID is a positive whole number, got {pid!r}")
     return _PidsGone(chosen)
 
 

@@ -20,6 +20,7 @@ from .model import DeviceState, Fields, Snapshot, SystemInfo
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from .holders import Holder
     from .predicates import Predicate
     from .wait import PollPolicy, TracePoint, WaitResult
 
@@ -206,6 +207,24 @@ class Session:
             clock=clock,
             sleep=sleep,
         )
+
+    def holders(
+        self,
+        devices: Iterable[DeviceSelector] | DeviceSelector | None = None,
+        *,
+        device_files: Sequence[str] | str | None = None,
+    ) -> tuple[Holder, ...]:
+        """Every process holding the selected GPUs (all by default): NVML's process lists joined with a scan of
+        ``/proc/*/fd`` for NVIDIA device files (``device_files``: globs, else ``$NVMLCHECK_DEVICE_FILES``, else
+        ``/dev/nvidia*``). Device-file holders are always included: a device file cannot say which GPU. Raises the
+        error of a GPU that cannot be read. See :mod:`nvmlcheck.holders`."""
+        from .holders import find_holders
+
+        self._check_open()
+        indices = self.resolve(devices)
+        snap = self._backend.snapshot(None, Fields.PROCESSES)
+        snap.raise_for_failures()
+        return find_holders(snap, devices=indices, device_files=device_files)
 
 
 def open(

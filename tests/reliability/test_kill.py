@@ -5,9 +5,12 @@ hold it for long", sglang PR #36589, PaddleOCR #2074)."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Literal
 
 import pytest
 
@@ -19,10 +22,6 @@ from ._support import GIB, Stub, dead, wait_for
 
 pytestmark = pytest.mark.stub
 
-#: A PID as NVML reports it for a process of another container: a host PID this process may not signal.
-FOREIGN_PID = 4_000_123
-
-
 @pytest.fixture
 def sleeper() -> Iterator[subprocess.Popen[bytes]]:
     child = subprocess.Popen([sys.executable, "-S", "-c", "import time; time.sleep(60)"])
@@ -32,49 +31,81 @@ def sleeper() -> Iterator[subprocess.Popen[bytes]]:
 
 
 @pytest.fixture
-def signals(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
-    """Every ``os.kill`` call; ``FOREIGN_PID`` answers EPERM as a process of another container does (the tests run
-    as root, for whom the kernel would allow anything)."""
+def foreign() -> Iterator[subprocess.Popen[bytes]]:
+    """A process that plays one of another container: every signal to it, probes included, answers EPERM."""
+    real_kill = os.kill  # the signals fixture's patch may still be in place at teardown
+    child = subprocess.Popen([sys.executable, "-S", "-c", "import time; time.sleep(60)"])
+    yield child
+    real_kill(child.pid, signal.SIGKILL)
+    child.wait()
+
+
+def _pidfd_target(fd: int) -> int:
+    """The PID a pidfd names, from ``/proc/self/fdinfo``."""
+    for line in Path(f"/proc/self/fdinfo/{fd}").read_text().splitlines():
+        if line.startswith("Pid:"):
+            return int(line.split()[1])
+    raise AssertionError(f"fd {fd} is not a pidfd")
+
+
+@pytest.fixture
+def signals(monkeypatch: pytest.MonkeyPatch, foreign: subprocess.Popen[bytes]) -> list[tuple[int, int]]:
+    """Every signal sent (pidfd or ``os.kill``) as (pid, signal); ``foreign`` answers EPERM, as a process of another
+    container does (the tests run as root, for whom the kernel would allow anything)."""
     sent: list[tuple[int, int]] = []
-    real = os.kill
+    real_pidfd, real_kill = signal.pidfd_send_signal, os.kill
+
+    def check(pid: int, sig: int) -> None:
+        sent.append((pid, sig))
+        if pid == foreign.pid:
+            raise PermissionError(1, "Operation not permitted")
+
+    def pidfd_send_signal(fd: int, sig: int, *args: object) -> None:
+        check(_pidfd_target(fd), sig)
+        real_pidfd(fd, sig)
 
     def kill(pid: int, sig: int) -> None:
-        sent.append((pid, sig))
-        if pid == FOREIGN_PID:
-            raise PermissionError(1, "Operation not permitted")
-        real(pid, sig)
+        check(pid, sig)
+        real_kill(pid, sig)
 
+    monkeypatch.setattr(signal, "pidfd_send_signal", pidfd_send_signal)
     monkeypatch.setattr(os, "kill", kill)
     return sent
 
 
-def _shared_gpu(mine: int) -> Scenario:
+def _shared_gpu(mine: int, theirs: int) -> Scenario:
     sc = Scenario.h200()
     sc.add_process(0, mine, used_bytes=GIB, bound=True)
-    sc.add_process(0, FOREIGN_PID, used_bytes=2 * GIB)
+    sc.add_process(0, theirs, used_bytes=2 * GIB)
     return sc
 
 
+@pytest.mark.parametrize("pinning", ["pidfd", "start-time"])
 def test_process_of_another_container_is_refused_and_nothing_is_signalled(
-    stub: Stub, sleeper: subprocess.Popen[bytes], signals: list[tuple[int, int]]
+    stub: Stub,
+    sleeper: subprocess.Popen[bytes],
+    foreign: subprocess.Popen[bytes],
+    signals: list[tuple[int, int]],
+    pinning: Literal["pidfd", "start-time"],
 ) -> None:
-    with stub.open(_shared_gpu(sleeper.pid)) as gpus, pytest.raises(nc.KillError) as info:
-        nc.kill_and_wait(gpus, [sleeper.pid, FOREIGN_PID], timeout=5)
-    assert info.value.pid == FOREIGN_PID and "EPERM" in str(info.value) and "container" in str(info.value)
-    assert signals and all(sig == 0 for _, sig in signals)  # existence probes only: all or nothing
+    with stub.open(_shared_gpu(sleeper.pid, foreign.pid)) as gpus, pytest.raises(nc.KillError) as info:
+        nc.kill_and_wait(gpus, [sleeper.pid, foreign.pid], timeout=5, pinning=pinning)
+    assert info.value.pid == foreign.pid and "EPERM" in str(info.value) and "container" in str(info.value)
+    assert signals and all(sig == 0 for _, sig in signals)  # permission probes only: all or nothing
     assert sleeper.poll() is None
 
 
 def test_cli_kill_all_on_gpu_with_a_foreign_process_exits_2_and_signals_nothing(
     stub: Stub,
     sleeper: subprocess.Popen[bytes],
+    foreign: subprocess.Popen[bytes],
     signals: list[tuple[int, int]],
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    stub.write(_shared_gpu(sleeper.pid))
+    stub.write(_shared_gpu(sleeper.pid, foreign.pid))
     code = cli.main(["kill", "--all-on-gpu", "--yes", "--backend", "nvml", "--timeout", "2"])
     assert code == cli.EXIT_USAGE
-    assert f"cannot signal PID {FOREIGN_PID}" in capsys.readouterr().err
+    assert f"cannot signal PID {foreign.pid}" in capsys.readouterr().err
     assert all(sig == 0 for _, sig in signals) and sleeper.poll() is None
 
 
@@ -112,8 +143,11 @@ def test_zombie_holding_memory_times_out_naming_it(stub: Stub, zombie_to_be: int
         with pytest.raises(nc.WaitTimeout) as info:
             nc.kill_and_wait(gpus, [zombie_to_be], timeout=0.5, grace_s=0.1)
         assert dead(zombie_to_be)  # it exited (a zombie) ...
-        text = str(info.value)  # ... and the GPU is still held: the timeout says by whom
-        assert f"pid {zombie_to_be}" in text and "4.0 GiB" in text
+        text = str(info.value)  # ... and the GPU is still held: the timeout says by whom, and why no signal helps
+        assert f"pid {zombie_to_be}" in text and "4.0 GiB" in text and "is a zombie" in text
+        assert isinstance(info.value, nc.KillTimeout)
+        (target,) = info.value.pids
+        assert target.exited_ns is not None and target.off_gpu_ns is None
 
 
 def test_cli_kill_of_a_zombie_holding_memory_exits_1(
@@ -141,8 +175,10 @@ def test_kill_escalates_to_sigkill_and_ends_clean(stub: Stub) -> None:
         with stub.open(sc) as gpus:
             result = nc.kill_and_wait(gpus, [stubborn.pid], timeout=10, grace_s=0.2)
         (pid,) = result.pids
+        assert [s.name for s in pid.signals] == ["SIGTERM", "SIGKILL"]
         assert pid.killed_ns is not None and pid.killed_ns >= 0.2e9
-        assert result.clean_ns >= pid.killed_ns  # (kill_and_wait reaped its own child: no exit status to read here)
+        assert pid.exited_ns is not None and result.clean_ns >= pid.exited_ns >= pid.killed_ns
+        assert stubborn.wait() == -signal.SIGKILL  # nothing reaped it behind our back
     finally:
         stubborn.kill()
         stubborn.wait()

@@ -268,7 +268,7 @@ def test_pids_gone_is_unknown_when_a_list_is_unreadable() -> None:
 
 @pytest.mark.parametrize("bad", [0, -1, True, "12", 1.5])
 def test_pids_gone_rejects_bad_pids(bad: object) -> None:
-    with pytest.raises(ValueError, match="positive integer PIDs"):
+    with pytest.raises(ValueError, match="a process ID is a positive whole number"):
         pids_gone([bad])  # type: ignore[list-item]
 
 

@@ -1,0 +1,6 @@
+"""Private: what nvmlcheck reads from the operating system about processes, with no NVML involved.
+
+``procfs`` reads ``/proc/PID/stat``, ``status``, ``cmdline``, children and ancestry; ``pin`` holds a process's
+identity (a pidfd, else its start time) so that a signal reaches only the process meant; ``devfiles`` scans
+``/proc/*/fd`` for NVIDIA device files. docs/killing.md explains the guarantees.
+"""

@@ -1,0 +1,176 @@
+"""Pinned process identity: a PID held so that a later signal can only reach the process that was meant.
+
+With a pidfd (Linux >= 5.3, ``os.pidfd_open``) the kernel guarantees it: signals go through
+``signal.pidfd_send_signal``, which fails with ESRCH once that process has exited, even if its PID has been handed to
+another process since; exit is seen by polling the pidfd (readable once the process has exited, zombie included).
+Nothing is ever reaped.
+
+Without a pidfd (``mode="start-time"``, or older kernels) the start time (field 22 of ``/proc/PID/stat``, clock
+ticks since boot) is compared before every signal: a recycled PID has a later start time. A window of a few
+microseconds remains between the comparison and ``kill()``, and two processes started in the same clock tick (10 ms)
+under the same PID cannot be told apart; docs/killing.md says where each guarantee holds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+from typing import Literal
+
+from .procfs import ProcStat, read_stat
+
+__all__ = ["PinMode", "Pinned", "StaleIdentity", "pidfd_available"]
+
+#: ``"auto"``: a pidfd where the kernel offers one, else the start time. ``"pidfd"``: a pidfd or an error.
+#: ``"start-time"``: the fallback, forced (for tests and for kernels whose pidfd misbehaves).
+PinMode = Literal["auto", "pidfd", "start-time"]
+
+_pidfd_ok: bool | None = None
+
+
+def pidfd_available() -> bool:
+    """Whether this Python and kernel offer pidfds (``pidfd_open`` and ``pidfd_send_signal``); probed once."""
+    global _pidfd_ok
+    if _pidfd_ok is None:
+        ok = hasattr(os, "pidfd_open") and hasattr(signal, "pidfd_send_signal")
+        if ok:
+            try:
+                fd = os.pidfd_open(os.getpid())
+            except OSError:
+                ok = False
+            else:
+                os.close(fd)
+        _pidfd_ok = ok
+    return _pidfd_ok
+
+
+class StaleIdentity(ProcessLookupError):
+    """The PID no longer names the process that was seen (it exited, and maybe its PID was reused)."""
+
+
+class Pinned:
+    """One process, pinned. Create with :meth:`open`; :meth:`close` releases the pidfd (idempotent)."""
+
+    __slots__ = ("_closed", "_fd", "_gone", "_mode", "comm", "pid", "start_ticks")
+
+    def __init__(self, pid: int, comm: str, start_ticks: int, fd: int | None) -> None:
+        self.pid = pid
+        self.comm = comm
+        self.start_ticks = start_ticks
+        self._fd = fd
+        self._mode: Literal["pidfd", "start-time"] = "start-time" if fd is None else "pidfd"
+        self._gone = False
+        self._closed = False
+
+    @classmethod
+    def open(cls, pid: int, *, mode: PinMode = "auto", expect_start_ticks: int | None = None) -> Pinned:
+        """Pin ``pid`` as it is now (or, with ``expect_start_ticks``, only if it is still the process that had that
+        start time). Raises :class:`ProcessLookupError` (:class:`StaleIdentity` for a changed identity) and
+        :class:`PermissionError` when this process may not signal it."""
+        use_fd = mode == "pidfd" or (mode == "auto" and pidfd_available())
+        before = read_stat(pid)
+        if before is None or before.pid != pid:
+            raise ProcessLookupError(f"no process {pid}")
+        if expect_start_ticks is not None and before.start_ticks != expect_start_ticks:
+            raise StaleIdentity(f"PID {pid} now names another process (start time changed)")
+        fd: int | None = None
+        if use_fd:
+            fd = os.pidfd_open(pid)  # ProcessLookupError if gone; the fd names whatever process had the PID now
+            after = read_stat(pid)
+            # The fd was opened between two reads that show the same process: it names that process.
+            if after is None or after.start_ticks != before.start_ticks:
+                os.close(fd)
+                raise StaleIdentity(f"PID {pid} exited while it was being pinned")
+        pinned = cls(pid, before.comm, before.start_ticks, fd)
+        try:
+            pinned._probe()
+        except BaseException:
+            pinned.close()
+            raise
+        return pinned
+
+    @property
+    def mode(self) -> Literal["pidfd", "start-time"]:
+        """How the identity is held."""
+        return self._mode
+
+    def _probe(self) -> None:
+        """Signal 0: raises PermissionError where a real signal would be refused."""
+        if self._fd is not None:
+            try:
+                signal.pidfd_send_signal(self._fd, 0)
+            except ProcessLookupError:
+                self._gone = True
+        elif self._same():
+            try:
+                os.kill(self.pid, 0)
+            except ProcessLookupError:
+                self._gone = True
+
+    def _same(self) -> ProcStat | None:
+        """The process's stat if the PID still names it, else ``None`` (and remember that it is gone)."""
+        st = read_stat(self.pid)
+        if st is None or st.start_ticks != self.start_ticks:
+            self._gone = True
+            return None
+        return st
+
+    def exited(self) -> bool:
+        """Whether the process has exited: gone, or a zombie (its files, GPU handles included, are closed). Never
+        reaps it."""
+        if self._gone:
+            return True
+        if self._fd is not None:
+            p = select.poll()
+            p.register(self._fd, select.POLLIN)
+            if p.poll(0):
+                self._gone = True
+        else:
+            st = self._same()
+            if st is not None and st.state in ("Z", "X"):
+                self._gone = True
+        return self._gone
+
+    def stat(self) -> ProcStat | None:
+        """``/proc/PID/stat`` while the PID still names this process (``None`` once it has exited or was reused)."""
+        if self.exited():
+            return None
+        st = read_stat(self.pid)
+        if st is None or st.start_ticks != self.start_ticks or self.exited():
+            return None
+        return st
+
+    def send(self, sig: int) -> bool:
+        """Send ``sig`` to this process if it has not exited; ``False`` when nothing was sent (it has exited, or its
+        PID now names another process). Raises :class:`PermissionError` when refused."""
+        if self._closed or self.exited():
+            return False
+        try:
+            if self._fd is not None:
+                signal.pidfd_send_signal(self._fd, sig)
+            else:
+                if self._same() is None:
+                    return False
+                os.kill(self.pid, sig)
+        except ProcessLookupError:
+            self._gone = True
+            return False
+        return True
+
+    def close(self) -> None:
+        """Release the pidfd. Afterwards nothing more is sent; :meth:`exited` falls back to the start time."""
+        self._closed = True
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+    def __del__(self) -> None:
+        fd = getattr(self, "_fd", None)
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def __repr__(self) -> str:
+        return f"<Pinned pid={self.pid} ({self.comm}) {self.mode}{' exited' if self._gone else ''}>"

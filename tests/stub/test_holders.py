@@ -1,0 +1,247 @@
+"""Holders: NVML process lists joined with a /proc/*/fd scan for device files, on the stub. CI has no /dev/nvidia*,
+so the tests create files in a temporary directory and inject a pattern that matches them (the parameter, and
+$NVMLCHECK_DEVICE_FILES for the CLI)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+import nvmlcheck as nc
+from nvmlcheck._proc import devfiles
+from nvmlcheck.testing import Scenario, build_stub
+
+pytestmark = pytest.mark.stub
+GIB = 1 << 30
+ROOT = Path(__file__).resolve().parents[2]
+
+HOLD = "import sys, time; f = open(sys.argv[1]); print('ready', flush=True); time.sleep(60)"
+SLEEP = "import time; print('ready', flush=True); time.sleep(60)"
+
+
+@pytest.fixture
+def dev(tmp_path: Path) -> tuple[Path, str]:
+    """A fake /dev with nvidia0, nvidia1, nvidiactl, and the pattern that matches them."""
+    d = tmp_path / "dev"
+    d.mkdir()
+    for name in ("nvidia0", "nvidia1", "nvidiactl", "other"):
+        (d / name).write_text("")
+    return d, f"{d}/nvidia[0-9]*:{d}/nvidiactl"
+
+
+@pytest.fixture
+def procs() -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start(*args: str, argv0: str | None = None) -> subprocess.Popen[bytes]:
+        code = HOLD if args else SLEEP
+        p = subprocess.Popen([argv0 or sys.executable, "-S", "-c", code, *args], executable=sys.executable,
+                             stdout=subprocess.PIPE)
+        assert p.stdout is not None and p.stdout.readline() == b"ready\n"
+        started.append(p)
+        return p
+
+    yield start
+    for p in started:
+        p.kill()
+        p.wait()
+        if p.stdout is not None:
+            p.stdout.close()
+
+
+@pytest.fixture
+def gpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[Scenario], nc.Session]:
+    monkeypatch.delenv("NVMLCHECK_STUB_LOG", raising=False)
+    lib = build_stub()
+
+    def open_(sc: Scenario) -> nc.Session:
+        monkeypatch.setenv("NVMLCHECK_STUB_SCENARIO", str(sc.write(tmp_path / "scenario.txt")))
+        return nc.open("nvml", library_path=str(lib))
+
+    return open_
+
+
+def test_patterns_from_argument_env_and_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(devfiles.ENV_VAR, raising=False)
+    assert devfiles.device_file_patterns() == devfiles.DEFAULT_DEVICE_FILES
+    monkeypatch.setenv(devfiles.ENV_VAR, "/x/nvidia*:/y/ctl")
+    assert devfiles.device_file_patterns() == ("/x/nvidia*", "/y/ctl")
+    assert devfiles.device_file_patterns("/z/*") == ("/z/*",)
+    with pytest.raises(ValueError, match="absolute"):
+        devfiles.device_file_patterns("nvidia*")
+
+
+def test_holders_join_nvml_and_device_files(
+    dev: tuple[Path, str],
+    procs: Callable[..., subprocess.Popen[bytes]],
+    gpus: Callable[[Scenario], nc.Session],
+) -> None:
+    d, pattern = dev
+    both = procs(str(d / "nvidia0"))  # on GPU 0's list and has a device file open
+    files_only = procs(str(d / "nvidiactl"))  # device file, on no list
+    collision = procs()  # on the list (a PID of another namespace, as an old driver reports it), no device file
+    unrelated = procs(str(d / "other"))  # neither
+    sc = Scenario.h200()
+    sc.add_process(0, both.pid, used_bytes=GIB, bound=True)
+    sc.add_process(0, collision.pid, used_bytes=2 * GIB)
+    with gpus(sc) as session:
+        holders = {h.pid: h for h in session.holders(device_files=pattern)}
+    assert unrelated.pid not in holders
+    h = holders[both.pid]
+    assert h.found_by == {"nvml", "device-file"} and h.visible_here
+    assert h.device_files == (str(d / "nvidia0"),) and h.used_bytes == GIB and h.gpus[0].index == 0
+    assert h.state in ("sleeping", "running") and h.uid == os.getuid() and h.cmdline and h.nspid
+    assert h.ancestry is not None and h.ancestry[0] == os.getpid() and h.relation is None and not h.is_daemon
+    assert holders[files_only.pid].found_by == {"device-file"} and holders[files_only.pid].gpus == ()
+    c = holders[collision.pid]
+    assert c.found_by == {"nvml"} and c.device_files == () and not c.visible_here
+
+    on_gpu = nc.select_kill_holders(tuple(holders.values()), all_holders=False)
+    assert [t.pid for t in on_gpu.targets] == [both.pid]
+    reasons = {hh.pid: why for hh, why in on_gpu.skipped}
+    assert "not visible from this PID namespace" in reasons[collision.pid]
+    every = nc.select_kill_holders(tuple(holders.values()), all_holders=True)
+    assert sorted(t.pid for t in every.targets) == sorted([both.pid, files_only.pid])
+
+    # --all-on-gpu through the split API: the colliding PID survives, the real holder is signalled.
+    with nc.prepare_kill(holders=on_gpu.targets) as plan:
+        assert [(t.pid, t.found_by) for t in plan.targets] == [(both.pid, "nvml")]
+        plan.send_first(signal.SIGTERM)
+    assert both.wait() == -signal.SIGTERM
+    assert collision.poll() is None and files_only.poll() is None
+
+
+def test_session_selection_and_env_pattern(
+    dev: tuple[Path, str],
+    procs: Callable[..., subprocess.Popen[bytes]],
+    gpus: Callable[[Scenario], nc.Session],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    d, pattern = dev
+    monkeypatch.setenv(devfiles.ENV_VAR, pattern)
+    on1 = procs(str(d / "nvidia1"))
+    on0 = procs(str(d / "nvidia0"))
+    sc = Scenario.h200(2)
+    sc.add_process(0, on0.pid, used_bytes=GIB)
+    sc.add_process(1, on1.pid, used_bytes=GIB)
+    with gpus(sc) as session:
+        sel = nc.select_kill_holders(session, [1], all_holders=False)
+    assert [t.pid for t in sel.targets] == [on1.pid]
+
+
+def test_self_ancestors_and_daemons_are_skipped(
+    dev: tuple[Path, str], procs: Callable[..., subprocess.Popen[bytes]], tmp_path: Path
+) -> None:
+    d, pattern = dev
+    daemon = procs(str(d / "nvidia0"), argv0="nvidia-persistenced")
+    with open(d / "nvidia1"):  # this process holds one too
+        holders = nc.find_holders(None, device_files=pattern)
+    by_pid = {h.pid: h for h in holders}
+    assert by_pid[os.getpid()].relation == "self"
+    assert by_pid[daemon.pid].is_daemon and by_pid[daemon.pid].name == "nvidia-persistenced"
+    sel = nc.select_kill_holders(holders, all_holders=True)
+    assert sel.targets == ()
+    reasons = {h.pid: why for h, why in sel.skipped}
+    assert reasons[os.getpid()] == "this process" and "daemon" in reasons[daemon.pid]
+    assert [t.pid for t in nc.select_kill_holders(holders, all_holders=True, include_daemons=True).targets] == [
+        daemon.pid
+    ]
+    with pytest.raises(nc.KillError, match="this process"):
+        nc.prepare_kill(holders=[by_pid[os.getpid()]])
+
+
+def test_a_holder_whose_pid_was_reused_is_left_out(
+    dev: tuple[Path, str], procs: Callable[..., subprocess.Popen[bytes]]
+) -> None:
+    d, pattern = dev
+    p = procs(str(d / "nvidia0"))
+    (h,) = nc.find_holders(None, device_files=pattern)
+    assert h.start_ticks is not None
+    stale = type(h)(**{f: getattr(h, f) for f in h.__dataclass_fields__} | {"start_ticks": h.start_ticks - 1})
+    other = procs()
+    with nc.prepare_kill([other.pid], holders=[stale]) as plan:
+        assert plan.vanished == (p.pid,) and [t.pid for t in plan.targets] == [other.pid]
+
+
+def test_explain_unseen_holders_names_device_file_holders(
+    dev: tuple[Path, str],
+    procs: Callable[..., subprocess.Popen[bytes]],
+    gpus: Callable[[Scenario], nc.Session],
+) -> None:
+    d, pattern = dev
+    hidden = procs(str(d / "nvidia0"))
+    sc = Scenario.h200()
+    sc.set_device(0, used_bytes=4 * GIB)  # memory held, no process listed
+    with gpus(sc) as session:
+        snap = session.snapshot()
+    lines = nc.explain_unseen_holders(snap, device_files=pattern)
+    assert any(f"pid {hidden.pid}" in line and "on no GPU process list" in line for line in lines), lines
+
+
+# Runs as PID 1 of a new PID namespace, with the stub listing two PIDs as an old driver reports them (host numbering):
+# HOST_PID, which names no process here, and the PID of `unrelated`, a local process that merely shares the number.
+# The real holder, `holder`, has a device file open and is on no list under its local PID.
+_COLLISION = """
+import json, subprocess, sys
+import nvmlcheck as nc
+from nvmlcheck.testing import Scenario
+
+lib, scenario_path, devfile, pattern, host_pid = sys.argv[1:6]
+SLEEP = "import time; print('ready', flush=True); time.sleep(60)"
+HOLD = "import sys, time; f = open(sys.argv[1]); print('ready', flush=True); time.sleep(60)"
+unrelated = subprocess.Popen([sys.executable, "-S", "-c", SLEEP], stdout=subprocess.PIPE)
+holder = subprocess.Popen([sys.executable, "-S", "-c", HOLD, devfile], stdout=subprocess.PIPE)
+for p in (unrelated, holder):
+    assert p.stdout.readline() == b"ready\\n"
+sc = Scenario.h200()
+sc.add_process(0, unrelated.pid, used_bytes=1 << 30)
+sc.add_process(0, int(host_pid), used_bytes=1 << 30)
+sc.write(scenario_path)
+with nc.open("nvml", library_path=lib) as gpus:
+    on_gpu = nc.select_kill_holders(gpus, all_holders=False, device_files=pattern)
+    every = nc.select_kill_holders(gpus, all_holders=True, device_files=pattern)
+if on_gpu.targets:
+    with nc.prepare_kill(holders=on_gpu.targets) as plan:
+        plan.send_first()
+print(json.dumps({
+    "unrelated": unrelated.pid, "holder": holder.pid,
+    "on_gpu_targets": [h.pid for h in on_gpu.targets],
+    "on_gpu_skipped": {str(h.pid): why for h, why in on_gpu.skipped},
+    "every_targets": [h.pid for h in every.targets],
+    "unrelated_alive": unrelated.poll() is None,
+}))
+for p in (unrelated, holder):
+    p.kill()
+    p.wait()
+"""
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None or os.geteuid() != 0, reason="needs unshare and root")
+def test_pid_collision_in_a_namespace_is_never_selected(dev: tuple[Path, str], tmp_path: Path) -> None:
+    d, pattern = dev
+    script = tmp_path / "collision.py"
+    script.write_text(_COLLISION)
+    host_pid = 4_000_000  # no such PID inside the new namespace
+    out = subprocess.run(
+        ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, str(script), str(build_stub()),
+         str(tmp_path / "ns-scenario.txt"), str(d / "nvidia0"), pattern, str(host_pid)],
+        check=False, capture_output=True, text=True, timeout=60,
+        env={k: v for k, v in os.environ.items() if k != "NVMLCHECK_STUB_SCENARIO"}
+        | {"NVMLCHECK_STUB_SCENARIO": str(tmp_path / "ns-scenario.txt"), "PYTHONPATH": str(ROOT)},
+    )
+    if out.returncode != 0 and "unshare" in out.stderr and "Operation not permitted" in out.stderr:
+        pytest.skip(f"no PID namespace here: {out.stderr.strip()}")
+    assert out.returncode == 0, out.stderr
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["on_gpu_targets"] == [] and r["unrelated_alive"]
+    assert "not visible from this PID namespace" in r["on_gpu_skipped"][str(r["unrelated"])]
+    assert "no process with this PID here" in r["on_gpu_skipped"][str(host_pid)]
+    assert r["every_targets"] == [r["holder"]]  # --all-holders finds the real one by its device file
