@@ -12,15 +12,14 @@ and every ancestor of it. Nothing is ever reaped. Rationale, guarantees and limi
 from __future__ import annotations
 
 import math
-import os
 import signal
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from ._proc import procfs
-from ._proc.pin import PinMode, Pinned, StaleIdentity
+from ._proc import procfs, targets
+from ._proc.targets import Refused, Target, TargetSet
 from .errors import BackendUnavailable, NvmlCheckError, WaitTimeout
 from .holders import Holder, explain_unseen_holders
 from .model import Snapshot
@@ -28,6 +27,7 @@ from .predicates import DEFAULT_MAX_USED_BYTES, Predicate, _Scope, _Why, default
 
 if TYPE_CHECKING:
     # Types only: prepare_kill and send_first run before anything of the GPU side is needed (issue 12).
+    from ._proc.pin import PinMode
     from .session import DeviceSelector, Session
     from .wait import PollPolicy, TracePoint, WaitResult
 
@@ -51,7 +51,6 @@ _HELD_BYTES = DEFAULT_MAX_USED_BYTES
 #: The shortest time between two scans for descendants while targets live (each scan reads a few /proc files per
 #: process of the tree; the poller may poll every millisecond).
 _SCAN_EVERY_NS = 5_000_000
-_EPERM = "not permitted (EPERM): another user's process, or one in another container"
 
 
 class KillError(NvmlCheckError):
@@ -199,139 +198,57 @@ def _rebuild_timeout(args: tuple[Any, ...], extra: dict[str, Any]) -> KillTimeou
     return KillTimeout(*args, **extra)
 
 
-# --- validation -------------------------------------------------------------------------------------------------
-
-
-def _ordinal(n: int) -> str:
-    return {1: "parent", 2: "grandparent"}.get(n, f"ancestor ({n} generations up)")
-
-
-def _refusal(pid: object, limit: int, me: int, lineage: tuple[int, ...]) -> str | None:
-    """Why ``pid`` may never be signalled (``None``: it may be tried). Raises TypeError for a non-int."""
-    if isinstance(pid, bool) or not isinstance(pid, int):
-        raise TypeError(f"a PID is an int, not {pid!r} ({type(pid).__name__})")
-    if pid <= 0:
-        return "not a process ID (0 and negative numbers name process groups, which are never signalled)"
-    if pid == 1:
-        return "PID 1 is init (of this PID namespace) and is never signalled"
-    if pid >= limit:
-        return f"not a process ID: PIDs on this host are below {limit} (/proc/sys/kernel/pid_max)"
-    if pid == me:
-        return "that is this process"
-    if pid in lineage:
-        st = procfs.read_stat(pid)
-        name = f" ({st.comm})" if st is not None else ""
-        return (f"that is this process's {_ordinal(lineage.index(pid) + 1)}{name}; signalling it would end the "
-                "command that runs this one")
-    return None
-
-
-class _Target:
-    """One pinned target and what happened to it (mutable; :class:`PidTimes` is the frozen record)."""
-
-    __slots__ = ("exited_ns", "found_by", "off_gpu_ns", "parent", "pinned", "signals")
-
-    def __init__(self, pinned: Pinned, found_by: FoundBy, parent: int | None = None) -> None:
-        self.pinned = pinned
-        self.found_by: FoundBy = found_by
-        self.parent = parent
-        self.signals: list[SignalSent] = []
-        self.exited_ns: int | None = None
-        self.off_gpu_ns: int | None = None
-
-    @property
-    def pid(self) -> int:
-        return self.pinned.pid
-
-    def record(self) -> PidTimes:
-        return PidTimes(self.pid, self.found_by, self.pinned.comm, tuple(self.signals), self.exited_ns,
-                        self.off_gpu_ns, self.parent, self.pinned.mode)
-
-
-def _pin(pid: int, mode: PinMode, expect_start_ticks: int | None = None) -> Pinned:
-    status = procfs.read_status(pid)
-    if status is not None and status.tgid is not None and status.tgid != pid:
-        # /proc/TID exists for threads too; kill() of a TID would signal its whole process.
-        raise KillError(pid, f"that is a thread of process {status.tgid}, not a process")
-    try:
-        pinned = Pinned.open(pid, mode=mode, expect_start_ticks=expect_start_ticks)
-    except StaleIdentity:
-        raise KillError(pid, "that PID no longer names the process that was found (it exited; the PID may have "
-                             "been reused)") from None
-    except ProcessLookupError:
-        raise KillError(pid, "no such process (ESRCH)") from None
-    except PermissionError:
-        raise KillError(pid, _EPERM) from None
-    return pinned
-
-
 # --- the plan ---------------------------------------------------------------------------------------------------
 
 
-class KillPlan:
-    """Pinned targets, ready to be signalled. Made by :func:`prepare_kill`; use as a context manager or call
-    :meth:`close` (it releases the pidfds). Steps: :meth:`add_holders` (optional), :meth:`send_first`,
-    :meth:`wait`."""
+def _public(exc: Refused) -> KillError:
+    return KillError(exc.pid, exc.reason)  # type: ignore[arg-type]
 
-    def __init__(self, targets: list[_Target], *, tree: bool, mode: PinMode) -> None:
-        self._targets = targets
-        self._tree = tree
-        self._mode: PinMode = mode
-        self._started: int | None = None
-        self._first: signal.Signals | None = None
-        self._clock: Callable[[], int] = time.monotonic_ns
-        self._closed = False
-        # Without tree: descendants seen while the targets lived (pid -> (start ticks, target)), for the hint.
-        self._offspring: dict[int, tuple[int, int]] = {}
-        self._vanished: list[int] = []
+
+def _record(t: Target) -> PidTimes:
+    return PidTimes(t.pid, t.found_by, t.pinned.comm, tuple(SignalSent(n, at) for n, at in t.signals),  # type: ignore[arg-type]
+                    t.exited_ns, t.off_gpu_ns, t.parent, t.pinned.mode)
+
+
+class KillPlan:
+    """Pinned targets, ready to be signalled. Made by :func:`prepare_kill` (or from targets pinned before NVML was
+    loaded, :meth:`from_targets`); use as a context manager or call :meth:`close` (it releases the pidfds). Steps:
+    :meth:`add_holders` (optional), :meth:`send_first`, :meth:`wait`."""
+
+    def __init__(self, found: TargetSet) -> None:
+        self._set = found
+
+    @classmethod
+    def from_targets(cls, found: TargetSet) -> KillPlan:
+        """Wrap targets pinned (and maybe signalled) by :func:`nvmlcheck._proc.targets.prepare`: the CLI sends its
+        first signal before this module, which loads the GPU side, is imported."""
+        return cls(found)
 
     # --- composition ---
 
     @property
     def targets(self) -> tuple[PidTimes, ...]:
         """One record per target so far (descendants join as they are found)."""
-        return tuple(t.record() for t in self._targets)
+        return tuple(_record(t) for t in self._set.items)
 
     @property
     def vanished(self) -> tuple[int, ...]:
         """Holders left out by :meth:`add_holders`: they exited (or their PID was reused) after being found."""
-        return tuple(self._vanished)
+        return tuple(self._set.vanished)
 
     @property
     def started_ns(self) -> int | None:
         """The clock reading of the first signal (``None`` before :meth:`send_first`)."""
-        return self._started
+        return self._set.started
 
     def add_holders(self, holders: Iterable[Holder]) -> None:
         """Add holders (from :func:`~nvmlcheck.holders.select_kill_holders`) as targets, before :meth:`send_first`.
         Each is pinned only if its PID still names the process that was found (same start time); one that exited
         meanwhile is left out and listed in :attr:`vanished`. The same refusals as for named PIDs apply."""
-        if self._started is not None:
-            raise RuntimeError("add holders before the first signal")
-        limit, me, lineage = procfs.pid_max(), os.getpid(), procfs.ancestors()
-        new: list[_Target] = []
         try:
-            for h in holders:
-                if any(t.pid == h.pid for t in self._targets + new):
-                    continue
-                why = _refusal(h.pid, limit, me, lineage)
-                if why is not None:
-                    raise KillError(h.pid, why)
-                if h.start_ticks is None:
-                    raise KillError(h.pid, "not a process of this PID namespace")
-                try:  # holders come from the /proc listing: processes, never thread IDs
-                    pinned = Pinned.open(h.pid, mode=self._mode, expect_start_ticks=h.start_ticks)
-                except ProcessLookupError:  # gone, or its PID now names another process (StaleIdentity)
-                    self._vanished.append(h.pid)
-                    continue
-                except PermissionError:
-                    raise KillError(h.pid, _EPERM) from None
-                new.append(_Target(pinned, "nvml" if "nvml" in h.found_by else "device-file"))
-        except BaseException:
-            for t in new:
-                t.pinned.close()
-            raise
-        self._targets.extend(new)
+            self._set.add_holders(holders)
+        except Refused as exc:
+            raise _public(exc) from None
 
     # --- signals ---
 
@@ -339,124 +256,19 @@ class KillPlan:
                    clock: Callable[[], int] = time.monotonic_ns) -> int:
         """Send ``first_signal`` to every target (with ``tree``, first find and pin their descendants). Returns the
         clock reading taken just before the first signal: the origin of every time reported."""
-        if self._closed:
-            raise RuntimeError("this kill plan is closed")
-        if self._started is not None:
-            raise RuntimeError("the first signal was sent already")
-        if not self._targets:
-            raise ValueError("nothing to kill: no target")
-        first_signal = signal.Signals(first_signal)
-        self._clock = clock
-        self._first = first_signal
-        self._scan_descendants()
-        start = self._started = clock()
-        for t in self._targets:
-            self._send(t, first_signal, start)
-        return start
-
-    def _send(self, t: _Target, sig: signal.Signals, now: int) -> None:
-        try:
-            sent = t.pinned.send(sig)
-        except PermissionError:
-            return  # pinned and probed as permitted; a change of credentials since: it stays a culprit
-        if sent:
-            assert self._started is not None
-            t.signals.append(SignalSent(sig.name, now - self._started))
+        return self._set.send_first(first_signal, clock=clock)
 
     def escalate(self, sig: signal.Signals = signal.SIGKILL) -> tuple[int, ...]:
         """Send ``sig`` (SIGKILL) to every target that has not exited; returns their PIDs. :meth:`wait` calls it
         when the grace period ends."""
-        if self._started is None:
-            raise RuntimeError("send the first signal first")
-        now = self._clock()
-        out: list[int] = []
-        for t in self._targets:
-            before = len(t.signals)
-            self._send(t, sig, now)
-            if len(t.signals) > before:
-                out.append(t.pid)
-        return tuple(out)
-
-    def _scan_descendants(self) -> None:
-        """Pin (``tree``) or remember (for the hint) the descendants of every living target."""
-        known = {t.pid for t in self._targets} | set(self._offspring)
-        # (pid, the target it descends from, its pin when it is a target): the children of a PID are only taken
-        # while that PID provably names the same process (its pin has not exited, or its start time is unchanged).
-        queue: list[tuple[int, int, Pinned | None, int | None]] = [
-            (t.pid, t.parent if t.parent is not None else t.pid, t.pinned, None)
-            for t in self._targets
-            if not t.pinned.exited()
-        ]
-        queue += [(pid, origin, None, ticks) for pid, (ticks, origin) in self._offspring.items()]
-        table: dict[int, set[int]] | None = None
-        me = os.getpid()
-        while queue:
-            ppid, origin, pin, ticks = queue.pop()
-            kids = procfs.children(ppid)
-            if kids is None:
-                if table is None:
-                    table = procfs.all_children()
-                kids = table.get(ppid, set())
-            if pin is not None and pin.exited():
-                continue  # the list may belong to a recycled PID
-            if ticks is not None:
-                now_st = procfs.read_stat(ppid)
-                if now_st is None or now_st.start_ticks != ticks:
-                    continue
-            for pid in sorted(kids - known - {me}):
-                st = procfs.read_stat(pid)
-                if st is None or st.ppid != ppid:
-                    continue
-                known.add(pid)
-                if not self._tree:
-                    self._offspring[pid] = (st.start_ticks, origin)
-                    queue.append((pid, origin, None, st.start_ticks))
-                    continue
-                try:
-                    pinned = Pinned.open(pid, mode=self._mode, expect_start_ticks=st.start_ticks)
-                except (ProcessLookupError, PermissionError):
-                    continue
-                st2 = pinned.stat()
-                if st2 is not None and st2.ppid != ppid:
-                    pinned.close()  # reparented: its parent exited meanwhile; not provably ours any more
-                    continue
-                child = _Target(pinned, "descendant", origin)
-                self._targets.append(child)
-                queue.append((pid, origin, pinned, None))
-                if self._started is not None and self._first is not None:
-                    now = self._clock()
-                    self._send(child, self._first, now)
-                    if self._escalated:
-                        self._send(child, signal.SIGKILL, now)
-
-    _escalated = False
+        return self._set.escalate(sig)
 
     # --- waiting ---
 
     def exited_predicate(self) -> Predicate:
         """A predicate that holds when every target (descendants included) has exited; its reasons name the ones
         still running. It reads the pidfds, not the snapshot."""
-        return _TargetsExited(self)
-
-    def _alive(self) -> Iterator[_Target]:
-        return (t for t in self._targets if not t.pinned.exited())
-
-    def _all_exited(self) -> bool:
-        """Whether every target has exited; stamps ``exited_ns`` on those seen exited for the first time (here, in
-        the poll's judgement, so that an exit is never stamped after the clean moment it allowed)."""
-        done = True
-        now: int | None = None
-        for t in self._targets:
-            if t.exited_ns is not None:
-                continue
-            if t.pinned.exited():
-                if now is None:
-                    now = self._clock()
-                assert self._started is not None
-                t.exited_ns = now - self._started
-            else:
-                done = False
-        return done
+        return _TargetsExited(self._set)
 
     def wait(
         self,
@@ -475,13 +287,12 @@ class KillPlan:
         selected GPUs; SIGKILL the targets still alive once ``grace_s`` has passed since the first signal (``None``
         or ``inf``: never). ``timeout`` counts from the first signal too. The clock is the one given to
         :meth:`send_first`. Raises :class:`KillTimeout`; closes the plan either way."""
-        if self._started is None or self._first is None:
+        found = self._set
+        if found.started is None or found.first is None:
             raise RuntimeError("send the first signal before waiting")
         grace_ns = _grace_ns(grace_s)
         _check_timeout(timeout)
-        start, clock, first = self._started, self._clock, self._first
-        if first == signal.SIGKILL:
-            self._escalated = True
+        start, clock, first = found.started, found.clock, found.first
         grace_end = None if grace_ns is None else start + grace_ns
         next_scan = start
 
@@ -489,18 +300,17 @@ class KillPlan:
             nonlocal next_scan
             now = clock()
             # Stamp exits on every poll (a probe poll may not have asked the exit predicate), scan less often.
-            if not self._all_exited() and now >= next_scan:
+            if not found.all_exited() and now >= next_scan:
                 next_scan = now + _SCAN_EVERY_NS
-                self._scan_descendants()
+                found.scan_descendants()
             snap = point.snapshot
             if snap is not None and not snap.failures and all(d.processes is not None for d in snap.devices):
                 listed = {p.pid for d in snap.devices for p in (d.processes or ())}
-                for t in self._targets:
+                for t in found.items:
                     if t.off_gpu_ns is None and t.pid not in listed:
                         t.off_gpu_ns = now - start
-            if grace_end is not None and now >= grace_end and not self._escalated:
-                self._escalated = True
-                self.escalate(signal.SIGKILL)
+            if grace_end is not None and now >= grace_end and not found.escalated:
+                found.escalate(signal.SIGKILL)
             if on_poll is not None:
                 on_poll(point)
 
@@ -538,17 +348,18 @@ class KillPlan:
             confirmed_ns=max(result.confirmed_ns - start, clean_ns),
             resolution_ns=max(result.interval_ns, result.poll_cost_ns),
             wait=result,
-            tree=self._tree,
+            tree=found.tree,
         )
 
     def _timeout(self, exc: WaitTimeout, timeout: float | None) -> KillTimeout:
-        assert self._started is not None and self._first is not None
+        found = self._set
+        assert found.started is not None and found.first is not None
         culprits = list(exc.culprits)
         hint: list[tuple[int, int]] = []
-        if not self._tree and exc.snapshot is not None:
+        if not found.tree and exc.snapshot is not None:
             listed = sorted({p.pid for d in exc.snapshot.devices for p in (d.processes or ())})
             for pid in listed:
-                entry = self._offspring.get(pid)
+                entry = found.offspring.get(pid)
                 st = procfs.read_stat(pid)
                 if entry is not None and st is not None and st.start_ticks == entry[0]:
                     hint.append((pid, entry[1]))
@@ -564,15 +375,13 @@ class KillPlan:
             # The process lists explain the timeout: add only what no signal can end.
             lines = [line for line in lines if "zombie" in line or "uninterruptible" in line]
         culprits.extend(lines)
-        elapsed = self._clock() - self._started
+        elapsed = found.clock() - found.started
         return KillTimeout(math.inf if timeout is None else float(timeout), elapsed, tuple(dict.fromkeys(culprits)),
-                           exc.snapshot, exc.polls, pids=self.targets, tree_hint=hint, signal_name=self._first.name)
+                           exc.snapshot, exc.polls, pids=self.targets, tree_hint=hint, signal_name=found.first.name)
 
     def close(self) -> None:
         """Release every pidfd; nothing more can be signalled through this plan. Idempotent."""
-        self._closed = True
-        for t in self._targets:
-            t.pinned.close()
+        self._set.close()
 
     def __enter__(self) -> KillPlan:
         return self
@@ -586,22 +395,22 @@ class _TargetsExited(Predicate):
 
     __slots__ = ("plan",)
 
-    def __init__(self, plan: KillPlan) -> None:
+    def __init__(self, plan: TargetSet) -> None:
         self.plan = plan
 
     def _check(self, scope: _Scope) -> bool | None:
-        return self.plan._all_exited() if self.plan._started is not None else False
+        return self.plan.all_exited() if self.plan.started is not None else False
 
     def _explain(self, scope: _Scope) -> list[_Why]:
         out: list[_Why] = []
-        for t in self.plan._alive():
+        for t in self.plan.alive():
             st = t.pinned.stat()
             extra = ""
             if st is not None and st.state == "D":
                 extra = ": in uninterruptible sleep (D), no signal takes effect until its kernel call returns"
             elif st is not None and st.state in ("T", "t"):
                 extra = ": stopped (SIGKILL still ends it)"
-            sent = ", ".join(s.name for s in t.signals) or "no signal delivered"
+            sent = ", ".join(name for name, _ in t.signals) or "no signal delivered"
             out.append(_Why(False, None, f"pid {t.pid} ({t.pinned.comm}) has not exited ({sent}){extra}"))
         return out
 
@@ -609,7 +418,7 @@ class _TargetsExited(Predicate):
         return "every signalled process has exited"
 
     def __repr__(self) -> str:
-        return f"<targets exited: {', '.join(str(t.pid) for t in self.plan._targets)}>"
+        return f"<targets exited: {', '.join(str(t.pid) for t in self.plan.items)}>"
 
 
 def _memory_held_unseen(snap: Snapshot | None) -> bool:
@@ -650,30 +459,10 @@ def prepare_kill(
     stays pinned. ``tree``: the targets' descendants join them at the first signal and at every poll while they
     live. ``pinning``: ``"auto"`` (pidfd where available), ``"pidfd"``, or ``"start-time"`` (the fallback, forced).
     """
-    if pinning not in ("auto", "pidfd", "start-time"):
-        raise ValueError(f"pinning is 'auto', 'pidfd' or 'start-time', not {pinning!r}")
-    limit, me, lineage = procfs.pid_max(), os.getpid(), procfs.ancestors()
-    chosen: list[int] = []
-    for pid in pids:
-        why = _refusal(pid, limit, me, lineage)
-        if why is not None:
-            raise KillError(pid, why)
-        if pid not in chosen:
-            chosen.append(pid)
-    holder_list = list(holders)
-    if not chosen and not holder_list:
-        raise ValueError("no PID given")
-    targets: list[_Target] = []
-    plan = KillPlan(targets, tree=bool(tree), mode=pinning)
     try:
-        for pid in chosen:
-            targets.append(_Target(_pin(pid, pinning), "named"))
-        if holder_list:
-            plan.add_holders(holder_list)
-    except BaseException:
-        plan.close()
-        raise
-    return plan
+        return KillPlan(targets.prepare(pids, tree=tree, holders=holders, pinning=pinning))
+    except Refused as exc:
+        raise _public(exc) from None
 
 
 def kill_and_wait(

@@ -13,19 +13,21 @@ under the same PID cannot be told apart; docs/killing.md says where each guarant
 
 from __future__ import annotations
 
-import contextlib
 import os
 import select
 import signal
-from typing import Literal
 
 from .procfs import ProcStat, read_stat
 
-__all__ = ["PinMode", "Pinned", "StaleIdentity", "pidfd_available"]
+TYPE_CHECKING = False  # typing costs ~10 ms of start-up where site has not loaded it (this runs before a signal)
+if TYPE_CHECKING:
+    from typing import Literal
 
-#: ``"auto"``: a pidfd where the kernel offers one, else the start time. ``"pidfd"``: a pidfd or an error.
-#: ``"start-time"``: the fallback, forced (for tests and for kernels whose pidfd misbehaves).
-PinMode = Literal["auto", "pidfd", "start-time"]
+    #: ``"auto"``: a pidfd where the kernel offers one, else the start time. ``"pidfd"``: a pidfd or an error.
+    #: ``"start-time"``: the fallback, forced (for tests and for kernels whose pidfd misbehaves).
+    PinMode = Literal["auto", "pidfd", "start-time"]
+
+__all__ = ["PinMode", "Pinned", "StaleIdentity", "pidfd_available"]
 
 _pidfd_ok: bool | None = None
 
@@ -169,8 +171,10 @@ class Pinned:
     def __del__(self) -> None:
         fd = getattr(self, "_fd", None)
         if fd is not None:
-            with contextlib.suppress(OSError):
+            try:  # noqa: SIM105 - contextlib is start-up this module avoids
                 os.close(fd)
+            except OSError:
+                pass
 
     def __repr__(self) -> str:
         return f"<Pinned pid={self.pid} ({self.comm}) {self.mode}{' exited' if self._gone else ''}>"

@@ -7,7 +7,11 @@ exits while it is being read (that race is the normal case here).
 from __future__ import annotations
 
 import os
-from typing import NamedTuple
+from collections import namedtuple
+
+TYPE_CHECKING = False  # typing costs ~10 ms of start-up where site has not loaded it (this runs before a signal)
+if TYPE_CHECKING:
+    from typing import NamedTuple
 
 __all__ = [
     "PID_MAX_LIMIT",
@@ -40,23 +44,29 @@ STATE_WORDS: dict[str, str] = {
 }
 
 
-class ProcStat(NamedTuple):
-    """The fields of ``/proc/PID/stat`` nvmlcheck uses. ``start_ticks`` (field 22) is the start time in clock ticks
-    since boot: with the PID it names one process for the life of the system (a recycled PID has a later one)."""
+if TYPE_CHECKING:
 
-    pid: int
-    comm: str
-    state: str
-    ppid: int
-    start_ticks: int
+    class ProcStat(NamedTuple):
+        """The fields of ``/proc/PID/stat`` nvmlcheck uses. ``start_ticks`` (field 22) is the start time in clock
+        ticks since boot: with the PID it names one process for the life of the system (a recycled PID has a later
+        one)."""
 
+        pid: int
+        comm: str
+        state: str
+        ppid: int
+        start_ticks: int
 
-class ProcStatus(NamedTuple):
-    """The fields of ``/proc/PID/status`` nvmlcheck uses (``None`` where the kernel does not print them)."""
+    class ProcStatus(NamedTuple):
+        """The fields of ``/proc/PID/status`` nvmlcheck uses (``None`` where the kernel does not print them)."""
 
-    tgid: int | None
-    uid: int | None
-    nspid: tuple[int, ...] | None
+        tgid: int | None
+        uid: int | None
+        nspid: tuple[int, ...] | None
+
+else:  # the same tuples without typing (collections is loaded by argparse anyway): the kill CLI's fast path
+    ProcStat = namedtuple("ProcStat", "pid comm state ppid start_ticks")
+    ProcStatus = namedtuple("ProcStatus", "tgid uid nspid")
 
 
 def read_stat(pid: int | str, proc: str = "/proc") -> ProcStat | None:

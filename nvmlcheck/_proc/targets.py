@@ -1,0 +1,299 @@
+"""Kill targets, pinned and signalled with the operating system alone: the part of a kill that runs before NVML.
+
+:func:`prepare` validates every PID (refusing 0, 1, negatives, PIDs at or above ``pid_max``, threads, this process
+and every ancestor of it) and pins each one (:class:`~nvmlcheck._proc.pin.Pinned`), all or nothing; a
+:class:`TargetSet` then sends the first signal, finds descendants (``tree``), escalates and sees exits. It imports
+nothing of the GPU side (no errors tree, no dataclasses, no typing), so the CLI can send the first signal a few
+milliseconds after the interpreter starts and open NVML while the driver tears the process down (issue 12).
+:class:`nvmlcheck.KillPlan` wraps a set with the waiting and the typed records; refusals surface as
+:class:`nvmlcheck.KillError`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from . import procfs
+from .pin import Pinned, StaleIdentity
+
+TYPE_CHECKING = False  # typing costs ~10 ms of start-up where site has not loaded it
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Iterator
+
+    from ..holders import Holder
+    from .pin import PinMode
+
+__all__ = ["EPERM", "Refused", "Target", "TargetSet", "prepare", "refusal"]
+
+EPERM = "not permitted (EPERM): another user's process, or one in another container"
+
+
+class Refused(Exception):
+    """``pid`` may not be signalled, for ``reason`` (:class:`nvmlcheck.KillError` is the public form)."""
+
+    def __init__(self, pid: object, reason: str) -> None:
+        self.pid = pid
+        self.reason = reason
+        super().__init__(f"cannot signal PID {pid}: {reason}")
+
+
+def _ordinal(n: int) -> str:
+    return {1: "parent", 2: "grandparent"}.get(n, f"ancestor ({n} generations up)")
+
+
+def refusal(pid: object, limit: int, me: int, lineage: tuple[int, ...]) -> str | None:
+    """Why ``pid`` may never be signalled (``None``: it may be tried). Raises TypeError for a non-int."""
+    if isinstance(pid, bool) or not isinstance(pid, int):
+        raise TypeError(f"a PID is an int, not {pid!r} ({type(pid).__name__})")
+    if pid <= 0:
+        return "not a process ID (0 and negative numbers name process groups, which are never signalled)"
+    if pid == 1:
+        return "PID 1 is init (of this PID namespace) and is never signalled"
+    if pid >= limit:
+        return f"not a process ID: PIDs on this host are below {limit} (/proc/sys/kernel/pid_max)"
+    if pid == me:
+        return "that is this process"
+    if pid in lineage:
+        st = procfs.read_stat(pid)
+        name = f" ({st.comm})" if st is not None else ""
+        return (f"that is this process's {_ordinal(lineage.index(pid) + 1)}{name}; signalling it would end the "
+                "command that runs this one")
+    return None
+
+
+class Target:
+    """One pinned target and what happened to it. ``signals``: ``(name, sent_ns)`` per signal delivered."""
+
+    __slots__ = ("exited_ns", "found_by", "off_gpu_ns", "parent", "pinned", "signals")
+
+    def __init__(self, pinned: Pinned, found_by: str, parent: int | None = None) -> None:
+        self.pinned = pinned
+        self.found_by = found_by
+        self.parent = parent
+        self.signals: list[tuple[str, int]] = []
+        self.exited_ns: int | None = None
+        self.off_gpu_ns: int | None = None
+
+    @property
+    def pid(self) -> int:
+        """The target's PID."""
+        return self.pinned.pid
+
+
+def pin_pid(pid: int, mode: PinMode, expect_start_ticks: int | None = None) -> Pinned:
+    """Pin one named PID; :class:`Refused` for a thread, a process that is gone or changed, or EPERM."""
+    status = procfs.read_status(pid)
+    if status is not None and status.tgid is not None and status.tgid != pid:
+        # /proc/TID exists for threads too; kill() of a TID would signal its whole process.
+        raise Refused(pid, f"that is a thread of process {status.tgid}, not a process")
+    try:
+        return Pinned.open(pid, mode=mode, expect_start_ticks=expect_start_ticks)
+    except StaleIdentity:
+        raise Refused(pid, "that PID no longer names the process that was found (it exited; the PID may have "
+                           "been reused)") from None
+    except ProcessLookupError:
+        raise Refused(pid, "no such process (ESRCH)") from None
+    except PermissionError:
+        raise Refused(pid, EPERM) from None
+
+
+class TargetSet:
+    """Pinned targets: compose (:meth:`add_holders`), :meth:`send_first`, :meth:`escalate`, follow descendants,
+    see exits. :meth:`close` releases the pidfds."""
+
+    def __init__(self, targets: list[Target], *, tree: bool, mode: PinMode) -> None:
+        self.items = targets
+        self.tree = tree
+        self.mode: PinMode = mode
+        self.started: int | None = None
+        self.first: signal.Signals | None = None
+        self.clock: Callable[[], int] = time.monotonic_ns
+        self.closed = False
+        self.escalated = False
+        # Without tree: descendants seen while the targets lived (pid -> (start ticks, target)), for the hint.
+        self.offspring: dict[int, tuple[int, int]] = {}
+        self.vanished: list[int] = []
+
+    def add_holders(self, holders: Iterable[Holder]) -> None:
+        """Add holders as targets before the first signal, each pinned only if its PID still names the process
+        that was found (same start time); one that exited meanwhile goes to :attr:`vanished`."""
+        if self.started is not None:
+            raise RuntimeError("add holders before the first signal")
+        limit, me, lineage = procfs.pid_max(), os.getpid(), procfs.ancestors()
+        new: list[Target] = []
+        try:
+            for h in holders:
+                if any(t.pid == h.pid for t in self.items + new):
+                    continue
+                why = refusal(h.pid, limit, me, lineage)
+                if why is not None:
+                    raise Refused(h.pid, why)
+                if h.start_ticks is None:
+                    raise Refused(h.pid, "not a process of this PID namespace")
+                try:  # holders come from the /proc listing: processes, never thread IDs
+                    pinned = Pinned.open(h.pid, mode=self.mode, expect_start_ticks=h.start_ticks)
+                except ProcessLookupError:  # gone, or its PID now names another process (StaleIdentity)
+                    self.vanished.append(h.pid)
+                    continue
+                except PermissionError:
+                    raise Refused(h.pid, EPERM) from None
+                new.append(Target(pinned, "nvml" if "nvml" in h.found_by else "device-file"))
+        except BaseException:
+            for t in new:
+                t.pinned.close()
+            raise
+        self.items.extend(new)
+
+    def send_first(self, first_signal: int = signal.SIGTERM, *, clock: Callable[[], int] = time.monotonic_ns) -> int:
+        """Send ``first_signal`` to every target (with ``tree``, first find and pin their descendants). Returns the
+        clock reading taken just before the first signal: the origin of every time reported."""
+        if self.closed:
+            raise RuntimeError("this kill plan is closed")
+        if self.started is not None:
+            raise RuntimeError("the first signal was sent already")
+        if not self.items:
+            raise ValueError("nothing to kill: no target")
+        sig = signal.Signals(first_signal)
+        self.clock = clock
+        self.first = sig
+        if sig == signal.SIGKILL:
+            self.escalated = True
+        self.scan_descendants()
+        start = self.started = clock()
+        for t in self.items:
+            self._send(t, sig, start)
+        return start
+
+    def _send(self, t: Target, sig: signal.Signals, now: int) -> None:
+        try:
+            sent = t.pinned.send(sig)
+        except PermissionError:
+            return  # pinned and probed as permitted; a change of credentials since: it stays a culprit
+        if sent:
+            assert self.started is not None
+            t.signals.append((sig.name, now - self.started))
+
+    def escalate(self, sig: int = signal.SIGKILL) -> tuple[int, ...]:
+        """Send ``sig`` (SIGKILL) to every target that has not exited; returns their PIDs."""
+        if self.started is None:
+            raise RuntimeError("send the first signal first")
+        if sig == signal.SIGKILL:
+            self.escalated = True
+        now = self.clock()
+        out: list[int] = []
+        for t in self.items:
+            before = len(t.signals)
+            self._send(t, signal.Signals(sig), now)
+            if len(t.signals) > before:
+                out.append(t.pid)
+        return tuple(out)
+
+    def scan_descendants(self) -> None:
+        """Pin (``tree``) or remember (for the hint) the descendants of every living target."""
+        known = {t.pid for t in self.items} | set(self.offspring)
+        # (pid, the target it descends from, its pin when it is a target): the children of a PID are only taken
+        # while that PID provably names the same process (its pin has not exited, or its start time is unchanged).
+        queue: list[tuple[int, int, Pinned | None, int | None]] = [
+            (t.pid, t.parent if t.parent is not None else t.pid, t.pinned, None)
+            for t in self.items
+            if not t.pinned.exited()
+        ]
+        queue += [(pid, origin, None, ticks) for pid, (ticks, origin) in self.offspring.items()]
+        table: dict[int, set[int]] | None = None
+        me = os.getpid()
+        while queue:
+            ppid, origin, pin, ticks = queue.pop()
+            kids = procfs.children(ppid)
+            if kids is None:
+                if table is None:
+                    table = procfs.all_children()
+                kids = table.get(ppid, set())
+            if pin is not None and pin.exited():
+                continue  # the list may belong to a recycled PID
+            if ticks is not None:
+                now_st = procfs.read_stat(ppid)
+                if now_st is None or now_st.start_ticks != ticks:
+                    continue
+            for pid in sorted(kids - known - {me}):
+                st = procfs.read_stat(pid)
+                if st is None or st.ppid != ppid:
+                    continue
+                known.add(pid)
+                if not self.tree:
+                    self.offspring[pid] = (st.start_ticks, origin)
+                    queue.append((pid, origin, None, st.start_ticks))
+                    continue
+                try:
+                    pinned = Pinned.open(pid, mode=self.mode, expect_start_ticks=st.start_ticks)
+                except (ProcessLookupError, PermissionError):
+                    continue
+                st2 = pinned.stat()
+                if st2 is not None and st2.ppid != ppid:
+                    pinned.close()  # reparented: its parent exited meanwhile; not provably ours any more
+                    continue
+                child = Target(pinned, "descendant", origin)
+                self.items.append(child)
+                queue.append((pid, origin, pinned, None))
+                if self.started is not None and self.first is not None:
+                    now = self.clock()
+                    self._send(child, self.first, now)
+                    if self.escalated:
+                        self._send(child, signal.SIGKILL, now)
+
+    def alive(self) -> Iterator[Target]:
+        """The targets that have not exited."""
+        return (t for t in self.items if not t.pinned.exited())
+
+    def all_exited(self) -> bool:
+        """Whether every target has exited; stamps ``exited_ns`` on those seen exited for the first time."""
+        done = True
+        now: int | None = None
+        for t in self.items:
+            if t.exited_ns is not None:
+                continue
+            if t.pinned.exited():
+                if now is None:
+                    now = self.clock()
+                assert self.started is not None
+                t.exited_ns = now - self.started
+            else:
+                done = False
+        return done
+
+    def close(self) -> None:
+        """Release every pidfd (idempotent); nothing more is signalled."""
+        self.closed = True
+        for t in self.items:
+            t.pinned.close()
+
+
+def prepare(pids: Iterable[int] = (), *, tree: bool = False, holders: Iterable[Holder] = (),
+            pinning: PinMode = "auto") -> TargetSet:
+    """Validate and pin ``pids`` (and ``holders``), nothing signalled; all or nothing. Raises :class:`Refused`,
+    TypeError for a non-int PID, and ValueError when there is no target or ``pinning`` is unknown."""
+    if pinning not in ("auto", "pidfd", "start-time"):
+        raise ValueError(f"pinning is 'auto', 'pidfd' or 'start-time', not {pinning!r}")
+    limit, me, lineage = procfs.pid_max(), os.getpid(), procfs.ancestors()
+    chosen: list[int] = []
+    for pid in pids:
+        why = refusal(pid, limit, me, lineage)
+        if why is not None:
+            raise Refused(pid, why)
+        if pid not in chosen:
+            chosen.append(pid)
+    holder_list = list(holders)
+    if not chosen and not holder_list:
+        raise ValueError("no PID given")
+    targets: list[Target] = []
+    found = TargetSet(targets, tree=bool(tree), mode=pinning)
+    try:
+        for pid in chosen:
+            targets.append(Target(pin_pid(pid, pinning), "named"))
+        if holder_list:
+            found.add_holders(holder_list)
+    except BaseException:
+        found.close()
+        raise
+    return found
