@@ -1,6 +1,7 @@
 """JSON output of the CLI: model objects to plain dicts, under a versioned schema.
 
 Every document has ``"schema"`` (``"nvmlcheck/snapshot"``, ``"nvmlcheck/wait"``, ``"nvmlcheck/kill"``,
+``"nvmlcheck/holders"``,
 ``"nvmlcheck/error"``, ``"nvmlcheck/demo"``, ``"nvmlcheck/study-reclaim"``) and ``"version"``
 (:data:`SCHEMA_VERSION`). Within a version, fields are only ever added;
 a removal or change of meaning bumps the version. Bytes are integers in bytes, times integers in ns, and unknown
@@ -9,11 +10,14 @@ values are ``null`` with the reason under the device's ``"unknown"``. docs/cli.m
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .model import Clocks, ClockSet, DeviceFailure, DeviceState, GpuProcess, Memory, MemoryHealth, Snapshot
 
-__all__ = ["SCHEMA_VERSION", "device_json", "document", "error_json", "snapshot_json"]
+if TYPE_CHECKING:
+    from .holders import Holder
+
+__all__ = ["SCHEMA_VERSION", "device_json", "document", "error_json", "holder_json", "snapshot_json"]
 
 #: The version of every JSON document the CLI prints.
 SCHEMA_VERSION = 1
@@ -119,6 +123,31 @@ def error_json(exc: BaseException) -> dict[str, Any]:
         if value is not None and value != ():
             out[attr] = list(value) if isinstance(value, tuple) else value
     return out
+
+
+def holder_json(h: Holder) -> dict[str, Any]:
+    """One process holding a GPU (``nvmlcheck/holders``); ``null`` fields are unknown, the reason under
+    ``"unknown"``."""
+    return {
+        "pid": h.pid,
+        "found_by": sorted(h.found_by),
+        "gpus": [
+            {"index": g.index, "uuid": g.uuid, "kinds": list(g.kinds), "used_bytes": g.used_bytes,
+             "why_unknown": g.why_unknown}
+            for g in h.gpus
+        ],
+        "name": h.name,
+        "state": h.state,
+        "uid": h.uid,
+        "user": h.user,
+        "cmdline": None if h.cmdline is None else list(h.cmdline),
+        "nspid": None if h.nspid is None else list(h.nspid),
+        "ancestry": None if h.ancestry is None else list(h.ancestry),
+        "device_files": None if h.device_files is None else list(h.device_files),
+        "is_daemon": h.is_daemon,
+        "relation": h.relation,
+        "unknown": dict(h.unknown),
+    }
 
 
 def _failure(f: DeviceFailure) -> dict[str, Any]:

@@ -1,103 +1,219 @@
-"""``nvmlcheck kill`` and ``nvmlcheck holders`` (placeholder port; rewritten on the pinned-kill API)."""
+"""``nvmlcheck kill`` and ``nvmlcheck holders``.
+
+Named PIDs are validated, pinned and signalled with the operating system alone (:func:`signal_first`, run before
+the simulation or NVML is loaded), so the driver starts tearing the process down while nvmlcheck opens NVML. When
+the targets depend on what the GPUs show (``--all-holders``, ``--all-on-gpu``) or a device selection must be checked
+first (``--devices``), NVML is opened first and nothing is signalled until every input has been checked.
+"""
 
 from __future__ import annotations
 
-import os
-import signal
 import sys
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
-from ._common import EXIT_CLEAN, EXIT_NOT_CLEAN, UsageError, open_session, wait_predicate
+from ._common import EXIT_CLEAN, EXIT_NOT_CLEAN, UsageError, open_session, verdict_printed, wait_predicate
 from ._output import StatusLine, human_bytes, print_json, status_updater
-from ._wait import timeout_document
 
+TYPE_CHECKING = False  # typing costs ~10 ms of start-up where site has not loaded it
 if TYPE_CHECKING:
     import argparse
+    from typing import Any
 
-    from ..model import Snapshot
+    from .._proc.targets import TargetSet
+    from ..holders import Holder, KillSelection
+    from ..kill import KillPlan, KillResult, KillTimeout
+    from ..session import Session
 
 
-def _confirm(pids: Sequence[int], snap: Snapshot, assume_yes: bool) -> None:
-    lines = [
-        f"  GPU {d.index}: pid {p.pid} ({p.name or '?'}) {human_bytes(p.used_bytes)} {p.kind.value}"
-        for d in snap.devices
-        for p in (d.processes or ())
-    ]
-    print("processes on the selected GPUs:\n" + "\n".join(lines), file=sys.stderr)
+def _early(args: argparse.Namespace) -> bool:
+    """Whether the first signal can go out before NVML: named PIDs only, every input already checked by argparse."""
+    return bool(args.pids) and not (args.all_holders or args.all_on_gpu or args.devices or args.simulate)
+
+
+def signal_first(args: argparse.Namespace) -> None:
+    """Pin and signal the named PIDs before anything of the GPU side is loaded (kept in ``args.signalled``)."""
+    args.signalled = None
+    if not _early(args):
+        return
+    import signal
+
+    from .._proc.targets import Refused, prepare
+
+    try:
+        found = prepare(args.pids, tree=args.tree)
+    except Refused as exc:
+        from ..kill import KillError
+
+        raise KillError(exc.pid, exc.reason) from None  # type: ignore[arg-type]
+    found.send_first(signal.Signals[args.signal])
+    args.signalled = found
+
+
+# --- choosing targets with NVML --------------------------------------------------------------------------------------
+
+
+def _holder_line(h: Holder) -> str:
+    who = f"{h.pid:>8}  {(h.user or '?')[:10]:<10} {(h.state or '?')[:8]:<8} {'+'.join(sorted(h.found_by)):<19}"
+    gpus = ", ".join(f"GPU {g.index} {human_bytes(g.used_bytes)}" for g in h.gpus) or "-"
+    cmd = " ".join(h.cmdline) if h.cmdline else (h.name or "?")
+    flags = " [daemon]" if h.is_daemon else ""
+    flags += f" [{h.relation}]" if h.relation else ""
+    return f"{who} {gpus:<24} {cmd[:80]}{flags}"
+
+
+def _show_selection(selection: KillSelection) -> None:
+    if selection.targets:
+        print("to be signalled:", file=sys.stderr)
+        for h in selection.targets:
+            print("  " + h.describe(), file=sys.stderr)
+    for h, why in selection.skipped:
+        print(f"  left alone: pid {h.pid} ({h.name or '?'}): {why}", file=sys.stderr)
+    for note in selection.notes:
+        print(f"  note: {note}", file=sys.stderr)
+
+
+def _confirm(count: int, assume_yes: bool) -> None:
     if assume_yes:
         return
+    what = "1 process" if count == 1 else f"{count} processes"
     if not sys.stdin.isatty():
-        what = "1 process" if len(pids) == 1 else f"{len(pids)} processes"
-        raise UsageError(f"refusing to kill {what} without --yes (stdin is not a terminal)")
+        raise UsageError(f"refusing to kill {what} without --yes (stdin is not a terminal); nothing was signalled")
     try:
-        answer = input("kill this process? [y/N] " if len(pids) == 1 else f"kill these {len(pids)} processes? [y/N] ")
-    except EOFError:
+        answer = input(f"kill {'this process' if count == 1 else f'these {count} processes'}? [y/N] ")
+    except EOFError:  # Ctrl-D: no
         answer = ""
     if answer.strip().lower() not in ("y", "yes"):
         raise UsageError("not confirmed; nothing was signalled")
 
 
-def cmd_kill(args: argparse.Namespace) -> int:
-    from ..errors import WaitTimeout
-    from ..kill import kill_and_wait
-    from ..model import Fields
+def _plan_with_nvml(args: argparse.Namespace, gpus: Session) -> tuple[KillPlan | None, KillSelection | None]:
+    """Check every input (devices, PIDs, the holders to add) with NVML open, then send the first signal."""
+    import signal
 
-    first = signal.Signals[args.signal]
+    from ..errors import BackendUnavailable
+    from ..holders import select_kill_holders
+    from ..kill import prepare_kill
+
+    indices = gpus.resolve(args.devices)
+    if indices is None and gpus.device_count() == 0:
+        raise BackendUnavailable(
+            f"the {gpus.backend_name} backend sees no GPU: nothing could prove the GPUs clean after the kill, so "
+            "nothing was signalled", [f"{gpus.backend_name}: device count 0"])
+    selection = None
+    if args.all_holders or args.all_on_gpu:
+        selection = select_kill_holders(gpus, indices, all_holders=args.all_holders)
+        _show_selection(selection)
+        if selection.targets:
+            _confirm(len(selection.targets), args.yes)
+        elif not args.pids:
+            print("nothing to kill on the selected GPUs", file=sys.stderr)
+    holders = selection.targets if selection is not None else ()
+    if not args.pids and not holders:
+        return None, selection
+    plan = prepare_kill(args.pids, tree=args.tree, holders=holders)
+    plan.send_first(signal.Signals[args.signal])
+    return plan, selection
+
+
+# --- the command -----------------------------------------------------------------------------------------------------
+
+
+def cmd_kill(args: argparse.Namespace) -> int:
+    """Signal, escalate after --grace, wait until every target exited and the GPUs are clean."""
+    from ..kill import KillPlan, KillTimeout
+
+    if not (args.pids or args.all_holders or args.all_on_gpu):
+        raise UsageError("name at least one PID (or --all-holders / --all-on-gpu)")
+    signalled: TargetSet | None = getattr(args, "signalled", None)
+    plan = KillPlan.from_targets(signalled) if signalled is not None else None
     status = StatusLine(sys.stderr, not args.json)
-    with open_session(args) as gpus:
-        pids: list[int] = list(args.pids)
-        if args.all_on_gpu:
-            snap = gpus.snapshot(args.devices, fields=Fields.PROCESSES)
-            snap.raise_for_failures()
-            found = sorted({p.pid for d in snap.devices for p in (d.processes or ())} - {os.getpid(), os.getppid()})
-            if not found:
-                print("no process on the selected GPUs", file=sys.stderr)
-            else:
-                _confirm(found, snap, args.yes)
-            pids.extend(pid for pid in found if pid not in pids)
-        if not pids:
-            raise UsageError("name at least one PID (or --all-on-gpu)")
-        predicate = wait_predicate(args)
-        try:
-            result = kill_and_wait(
-                gpus, pids, timeout=args.timeout, grace_s=args.grace if args.grace is not None else 1e9,
-                first_signal=first, devices=args.devices, predicate=predicate,
-                on_poll=status_updater(status, predicate, time.monotonic()),
-            )
-        except WaitTimeout as exc:
-            status.clear()
-            if args.json:
-                print_json(timeout_document(exc, "kill", signal=first.name, pids=[{"pid": pid} for pid in pids]))
-            else:
-                print(str(exc), file=sys.stderr)
-            return EXIT_NOT_CLEAN
-        finally:
-            status.clear()
+    predicate = wait_predicate(args)
+    try:
+        with open_session(args) as gpus:
+            selection = None
+            if plan is None:
+                plan, selection = _plan_with_nvml(args, gpus)
+            if plan is None:  # --all-*: nothing to kill; the verdict is a plain wait's
+                from ._wait import cmd_wait
+
+                args.precise, args.pids = False, []
+                return cmd_wait(args)
+            try:
+                result = plan.wait(gpus, timeout=args.timeout, grace_s=args.grace, devices=args.devices,
+                                   predicate=predicate, stable_polls=args.stable_polls,
+                                   on_poll=status_updater(status, predicate, time.monotonic()))
+            except KillTimeout as exc:
+                status.clear()
+                _print_timeout(args, exc, plan, selection)
+                verdict_printed(EXIT_NOT_CLEAN)
+                return EXIT_NOT_CLEAN
+            finally:
+                status.clear()
+            _print_result(args, result, plan, selection)
+            verdict_printed(EXIT_CLEAN)
+    finally:
+        if plan is not None:
+            plan.close()
+    return EXIT_CLEAN
+
+
+def _selection_json(plan: KillPlan, selection: KillSelection | None) -> dict[str, Any]:
+    if selection is None:
+        return {"left_alone": [], "vanished": list(plan.vanished)}
+    return {
+        "left_alone": [{"pid": h.pid, "name": h.name, "reason": why} for h, why in selection.skipped],
+        "vanished": list(plan.vanished),
+    }
+
+
+def _print_result(args: argparse.Namespace, result: KillResult, plan: KillPlan,
+                  selection: KillSelection | None) -> None:
     if args.json:
         from ..jsonout import document, snapshot_json
 
-        print_json(document(
-            "kill", clean=True, signal=result.signal_name,
-            pids=[{"pid": t.pid, "killed_ns": t.killed_ns, "exited_ns": t.exited_ns, "off_gpu_ns": t.off_gpu_ns}
-                  for t in result.pids],
-            clean_ns=result.clean_ns, confirmed_ns=result.confirmed_ns, resolution_ns=result.resolution_ns,
-            snapshot=snapshot_json(result.snapshot),
-        ))
-        return EXIT_CLEAN
+        print_json(document("kill", **result.to_json(), **_selection_json(plan, selection),
+                            snapshot=snapshot_json(result.snapshot)))
+        return
 
     def ms(v: int | None) -> str:
         return "not seen" if v is None else f"+{v / 1e6:.1f} ms"
 
     for t in result.pids:
-        killed = f", SIGKILL {ms(t.killed_ns)}" if t.killed_ns is not None else ""
-        print(f"pid {t.pid}: {result.signal_name} +0.0 ms{killed}, exited {ms(t.exited_ns)}, "
+        sent = ", ".join(f"{s.name} {ms(s.sent_ns)}" for s in t.signals) or "no signal (had exited)"
+        origin = "" if t.found_by == "named" else f", {t.found_by}" + (f" of {t.parent}" if t.parent else "")
+        print(f"pid {t.pid} ({t.name}{origin}): {sent}, exited {ms(t.exited_ns)}, "
               f"off the GPU process list {ms(t.off_gpu_ns)}")
-    print(f"clean: memory back {ms(result.clean_ns)} (confirmed {ms(result.confirmed_ns)}, "
+    print(f"clean: every target exited and memory back {ms(result.clean_ns)} (confirmed {ms(result.confirmed_ns)}, "
           f"resolution {result.resolution_ns / 1e6:.2f} ms)")
-    return EXIT_CLEAN
+
+
+def _print_timeout(args: argparse.Namespace, exc: KillTimeout, plan: KillPlan,
+                   selection: KillSelection | None) -> None:
+    if args.json:
+        from ._wait import timeout_document
+
+        fields = {**exc.to_json(), **_selection_json(plan, selection)}
+        fields.pop("clean", None)
+        print_json(timeout_document(exc, "kill", **fields))
+        return
+    print(str(exc), file=sys.stderr)
+    if exc.tree_hint:
+        print("hint: add --tree to kill the targets' descendants too", file=sys.stderr)
 
 
 def cmd_holders(args: argparse.Namespace) -> int:
-    raise UsageError("holders: not built yet")
+    """Every process holding a GPU: NVML's lists joined with open NVIDIA device files."""
+    with open_session(args) as gpus:
+        holders = gpus.holders(args.devices)
+        if args.json:
+            from ..jsonout import document, holder_json
+
+            print_json(document("holders", backend=gpus.backend_name, holders=[holder_json(h) for h in holders]))
+        elif not holders:
+            print("no process holds a selected GPU (NVML lists) or has an NVIDIA device file open")
+        else:
+            print(f"{'pid':>8}  {'user':<10} {'state':<8} {'found by':<19} {'GPUs':<24} command")
+            for h in holders:
+                print(_holder_line(h))
+        verdict_printed(EXIT_CLEAN)
+    return EXIT_CLEAN

@@ -32,6 +32,10 @@ COMMANDS = {
 }
 
 
+#: command → "module:function" that runs before the simulation and the backend (kill signals first).
+EARLY = {"kill": "_kill:signal_first"}
+
+
 def _command(name: str) -> Callable[[argparse.Namespace], int]:
     module, function = COMMANDS[name].split(":")
     handler: Callable[[argparse.Namespace], int] = getattr(importlib.import_module(f"{__package__}.{module}"), function)
@@ -68,6 +72,10 @@ def run(argv: Sequence[str] | None) -> int:
             parsed = _parse(argv, json_mode)
             if isinstance(parsed, int):
                 return parsed
+            early = EARLY.get(parsed.command)
+            if early is not None:
+                module, function = early.split(":")
+                getattr(importlib.import_module(f"{__package__}.{module}"), function)(parsed)
             with simulation(parsed):
                 return _command(parsed.command)(parsed)
         except UsageError as exc:

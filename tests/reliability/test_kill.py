@@ -22,19 +22,47 @@ from ._support import GIB, Stub, dead, wait_for
 
 pytestmark = pytest.mark.stub
 
+#: A process that holds a (fake) NVIDIA device file open, as every CUDA process does: visible as a GPU holder here.
+_HOLDING = "import sys, time; f = open(sys.argv[1]); time.sleep(60)"
+
+
+def _start_holding(device_file: str) -> subprocess.Popen[bytes]:
+    child = subprocess.Popen([sys.executable, "-S", "-c", _HOLDING, device_file])
+
+    def opened() -> bool:
+        try:
+            return any(os.readlink(f"/proc/{child.pid}/fd/{fd}") == device_file
+                       for fd in os.listdir(f"/proc/{child.pid}/fd"))
+        except OSError:
+            return False
+
+    wait_for(opened, 10.0, "the holder to open its device file")
+    return child
+
+
 @pytest.fixture
-def sleeper() -> Iterator[subprocess.Popen[bytes]]:
-    child = subprocess.Popen([sys.executable, "-S", "-c", "import time; time.sleep(60)"])
+def device_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A stand-in /dev/nvidia0 (CI has none), named by $NVMLCHECK_DEVICE_FILES."""
+    path = tmp_path / "dev" / "nvidia0"
+    path.parent.mkdir()
+    path.write_text("")
+    monkeypatch.setenv("NVMLCHECK_DEVICE_FILES", str(path.parent / "nvidia[0-9]*"))
+    return str(path)
+
+
+@pytest.fixture
+def sleeper(device_file: str) -> Iterator[subprocess.Popen[bytes]]:
+    child = _start_holding(device_file)
     yield child
     child.kill()
     child.wait()
 
 
 @pytest.fixture
-def foreign() -> Iterator[subprocess.Popen[bytes]]:
+def foreign(device_file: str) -> Iterator[subprocess.Popen[bytes]]:
     """A process that plays one of another container: every signal to it, probes included, answers EPERM."""
     real_kill = os.kill  # the signals fixture's patch may still be in place at teardown
-    child = subprocess.Popen([sys.executable, "-S", "-c", "import time; time.sleep(60)"])
+    child = _start_holding(device_file)
     yield child
     real_kill(child.pid, signal.SIGKILL)
     child.wait()
