@@ -175,8 +175,17 @@ def test_hung_init_auto_falls_back_to_nvidia_smi_within_the_callers_deadline(stu
 
 @pytest.mark.parametrize(
     ("timeout", "init_s"),
-    [(0, 0.25), (0.2, 0.25), (0.5, 0.25), (1.0, 0.5), (3, 1.5), (20, 10.0), (1e9, 10.0), (None, 10.0)]
-    + [(math.inf, 10.0)],
+    [
+        (0, 0.25),
+        (0.2, 0.25),
+        (0.5, 0.25),
+        (1.0, 0.5),
+        (3, 1.5),
+        (20, 10.0),
+        (1e9, 10.0),
+        (None, 10.0),
+        (math.inf, 10.0),
+    ],
 )
 def test_init_timeout_rule(timeout: float | None, init_s: float) -> None:
     # The documented rule: half of the timeout, at least 0.25 s, at most 10 s; None and inf get the 10 s default.
