@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -68,10 +67,8 @@ def _burn_and_leave_unreaped(seconds: float) -> subprocess.Popen[bytes]:
 
 
 def _outlast_the_children_cache() -> None:
-    """wait.cpu_time_ns reads the children's CPU at most every 10 ms: let that pass (no timing is asserted)."""
-    later = time.monotonic_ns() + 11 * MS
-    while time.monotonic_ns() < later:
-        time.sleep(0.002)
+    """wait.cpu_time_ns reads the children's CPU at most every 10 ms: make its next call read them again."""
+    wait_module._children_read_at = -(10**18)
 
 
 def test_the_nvml_duty_cap_counts_this_threads_cpu_not_reaped_children(
@@ -97,7 +94,7 @@ def test_the_nvml_duty_cap_counts_this_threads_cpu_not_reaped_children(
 
 def test_the_poller_default_cpu_clock_does_count_reaped_children() -> None:
     # The other half of the mechanism: nvidia-smi burns its CPU in children, so the poller's default clock (used for
-    # the smi backend) must count them. Read after the reap plus the 10 ms the default caches the children's part.
+    # the smi backend) must count them.
     child = _burn_and_leave_unreaped(0.2)
     before = wait_module.cpu_time_ns()
     child.wait()
