@@ -564,25 +564,29 @@ class NvmlBackend:
 
 class _Attempts:
     """Counts the reads of one snapshot for recovery (see _READ_ATTEMPTS): a read that failed with "Uninitialized"
-    while another thread's re-init had NVML shut down (the library's re-init epoch moved during the read) is retried
-    without counting, so threads sharing a session never see each other's re-inits as errors."""
+    while another thread's re-init had NVML shut down (one was running when the read began, or one began during it)
+    is retried without counting, so threads sharing a session never see each other's re-inits as errors."""
 
-    __slots__ = ("counted", "disturbed", "epoch", "loaded")
+    __slots__ = ("busy", "counted", "disturbed", "epoch", "loaded")
 
     def __init__(self, loaded: library.LoadedLibrary) -> None:
         self.loaded = loaded
         self.counted = 0
         self.disturbed = 0
         self.epoch = 0
+        self.busy = False
 
     def start(self) -> int:
-        """Before a read: note the re-init epoch and return the init generation the read runs under."""
-        self.epoch = self.loaded.reinit_epoch
-        return self.loaded.init_generation
+        """Before a read: note the re-init state and return the init generation the read runs under."""
+        loaded = self.loaded
+        self.epoch = loaded.reinit_epoch
+        self.busy = loaded.reinit_in_progress
+        return loaded.init_generation
 
     def final(self, errors: Iterable[BaseException]) -> bool:
         """After a failed read: whether it was the last one allowed (report its errors instead of recovering)."""
-        if self.loaded.reinit_epoch != self.epoch and any(isinstance(e, Uninitialized) for e in errors):
+        moved = self.busy or self.loaded.reinit_epoch != self.epoch
+        if moved and any(isinstance(e, Uninitialized) for e in errors):
             self.disturbed += 1
             return self.disturbed > _DISTURBED_READS
         self.counted += 1
