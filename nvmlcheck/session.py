@@ -165,9 +165,12 @@ class Session:
         ``timeout`` in seconds (``None``: wait forever; ``0``: one check). The default predicate is no process of
         any kind and at most 16 MiB used on every selected device, held for ``stable_polls`` consecutive polls.
         Raises :class:`~nvmlcheck.WaitTimeout` naming what still holds each GPU, or the error that made a GPU
-        unreadable (lost, no permission). Zero selected GPUs is an error, never a vacuous "clean". ``policy``: a
+        unreadable (lost, no permission). The deadline is overrun by at most one query (one NVML call, or the time
+        to stop one nvidia-smi run), not a whole poll: the backend gets it and stops there. ``timeout=0``'s single
+        check always completes. Zero selected GPUs is an error, never a vacuous "clean". ``policy``: a
         :class:`~nvmlcheck.wait.PollPolicy`, ``"default"``, ``"precise"`` or an interval in seconds. ``clock``
-        (integer ns) and ``sleep`` (seconds) can be injected for tests.
+        (integer ns) and ``sleep`` (seconds) can be injected for tests; the deadline handed to the backend is on
+        that ``clock``.
         """
         from .errors import BackendUnavailable
         from .predicates import default_predicate

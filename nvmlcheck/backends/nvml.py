@@ -224,7 +224,8 @@ class NvmlBackend:
 
     Recovery: a call answering NVML_ERROR_UNINITIALIZED (NVML lost its initialisation, or another thread is
     re-initialising) makes the snapshot re-initialise NVML (unless another session just did) and read again, up to
-    twice more; NVML_ERROR_UNKNOWN (which can stick
+    twice more; a read that another thread's re-init disturbed (one ran during it) joins that re-init and is read
+    again without counting. NVML_ERROR_UNKNOWN (which can stick
     after hours, nvidia-docker #1671) is reported in that snapshot, and the next snapshot re-initialises NVML first.
     A re-init that fails raises its error from that snapshot (``Unknown`` and ``Timeout`` are transient in a wait),
     and the next snapshot tries again.
