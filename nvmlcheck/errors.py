@@ -251,6 +251,15 @@ class WaitTimeout(NvmlCheckError, TimeoutError):
         return (type(self), (self.timeout_s, self.elapsed_ns, self.culprits, self.snapshot, self.polls))
 
 
+class DeadlinePassed(Exception):
+    """Internal: a backend abandoned a snapshot because the wait's deadline passed between two of its queries.
+
+    Raised by a backend's ``snapshot(..., deadline=...)`` and turned into :class:`WaitTimeout` by the poller; it
+    never reaches a caller of the public API. Deliberately not an :class:`NvmlCheckError`, so that no handler for
+    real errors (a device failure, a transient error to retry) can take it for one.
+    """
+
+
 # --- one class per nvmlReturn_t code --------------------------------------------------------------------------------
 
 _CODE_NAMES: dict[int, str] = {}

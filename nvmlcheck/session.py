@@ -22,9 +22,12 @@ if TYPE_CHECKING:
 
     from .holders import Holder
     from .predicates import Predicate
-    from .wait import PollPolicy, TracePoint, WaitResult
+    from .wait import Deadline, PollPolicy, TracePoint, WaitResult
 
 __all__ = ["DeviceSelector", "Session", "open", "wait_until_clean"]
+
+# The least time each nvidia-smi run of wait_until_clean's "auto" fallback gets (see its docstring).
+_SMI_FALLBACK_FLOOR_S = 1.0
 
 #: A device is named by its NVML index or by its UUID (a unique prefix such as ``"GPU-acdc9db5"`` is enough).
 DeviceSelector = int | str
@@ -163,9 +166,12 @@ class Session:
         ``timeout`` in seconds (``None``: wait forever; ``0``: one check). The default predicate is no process of
         any kind and at most 16 MiB used on every selected device, held for ``stable_polls`` consecutive polls.
         Raises :class:`~nvmlcheck.WaitTimeout` naming what still holds each GPU, or the error that made a GPU
-        unreadable (lost, no permission). Zero selected GPUs is an error, never a vacuous "clean". ``policy``: a
+        unreadable (lost, no permission). The deadline is overrun by at most one query (one NVML call, or the time
+        to stop one nvidia-smi run), not a whole poll: the backend gets it and stops there. ``timeout=0``'s single
+        check always completes. Zero selected GPUs is an error, never a vacuous "clean". ``policy``: a
         :class:`~nvmlcheck.wait.PollPolicy`, ``"default"``, ``"precise"`` or an interval in seconds. ``clock``
-        (integer ns) and ``sleep`` (seconds) can be injected for tests.
+        (integer ns) and ``sleep`` (seconds) can be injected for tests; the deadline handed to the backend is on
+        that ``clock``.
         """
         from .errors import BackendUnavailable
         from .predicates import default_predicate
@@ -175,8 +181,9 @@ class Session:
         indices = self.resolve(devices)
         backend = self._backend
 
-        def take() -> Snapshot:
-            snap = backend.snapshot(indices, Fields.WAIT)
+        # Both take the wait's deadline: a pass stops between two queries once it has come (wait.py).
+        def take(deadline: Deadline | None) -> Snapshot:
+            snap = backend.snapshot(indices, Fields.WAIT, deadline=deadline)
             if not snap.devices and not snap.failures:
                 # Checked on every poll, not once before: the count is read by the snapshot itself, and a device
                 # count that fails transiently at the start must not skip the check.
@@ -186,15 +193,16 @@ class Session:
                 )
             return snap
 
-        def probe() -> Snapshot:
+        def probe(deadline: Deadline | None) -> Snapshot:
             # Memory alone (one NVML call per GPU) can prove "still held" at a third of a full poll's cost: the
             # poller then skips the process lists. It never declares clean on its own (wait.py).
-            return backend.snapshot(indices, Fields.MEMORY)
+            return backend.snapshot(indices, Fields.MEMORY, deadline=deadline)
 
         return poll_until(
             take,
             predicate if predicate is not None else default_predicate(),
             probe=probe,
+            pass_deadline=True,
             # The duty cap counts CPU. NVML's cost is all in this thread; counting reaped children too (the
             # poller's default, for nvidia-smi runs) would charge a launch script's own reaped workers to the
             # wait: on the H200 a reaped holder stretched the default interval to ~40 ms mid-wait.
@@ -270,22 +278,30 @@ def wait_until_clean(
 ) -> WaitResult:
     """Open a session, wait until the GPUs are clean (see :meth:`Session.wait_until_clean`), close it.
 
-    ``timeout`` bounds the whole call, opening included: ``nvmlInit`` may take at most half of it (and at most 10 s),
-    so that with ``"auto"`` nvidia-smi still has time to answer when the init hangs; the wait gets what is left.
+    A finite ``timeout`` (``0`` included) bounds the whole call, opening included, by this rule: ``nvmlInit`` may
+    take half of it, at least 0.25 s and at most 10 s (:func:`~nvmlcheck.backends.nvml.init_timeout_for`), so that
+    with ``"auto"`` nvidia-smi still has time to answer when the init hangs; each nvidia-smi run of that fallback
+    may take what the init left of ``timeout``, at least 1 s and at most nvidia-smi's default 10 s; the wait gets
+    what is then left of ``timeout`` (nothing left: one check). So with a hung ``nvmlInit``, ``timeout=0`` gives up
+    on NVML after 0.25 s (``"nvml"`` raises :class:`~nvmlcheck.Timeout`), never after :func:`open`'s default 10 s.
+    ``None`` waits forever and gives the init 10 s.
 
     >>> import nvmlcheck as nc
     >>> nc.wait_until_clean(timeout=30.0)        # doctest: +SKIP
     """
-    from .backends.nvml import DEFAULT_INIT_TIMEOUT_S
+    from .backends.nvml import init_timeout_for
+    from .backends.smi import DEFAULT_TIMEOUT_S as SMI_TIMEOUT_S
 
     started = time.monotonic()
-    init_timeout = DEFAULT_INIT_TIMEOUT_S
-    # Only a finite positive timeout bounds the init; anything else is validated (or refused) by the wait itself.
-    bounded = isinstance(timeout, int | float) and not isinstance(timeout, bool) and 0 < timeout < math.inf
+    init_timeout = init_timeout_for(timeout)
+    bounded = isinstance(timeout, int | float) and not isinstance(timeout, bool) and 0 <= timeout < math.inf
+    smi_timeout: float | None = None
     if bounded:
         assert timeout is not None
-        init_timeout = min(init_timeout, float(timeout) / 2)
-    with open(backend, init_timeout_s=init_timeout) as session:
+        # nvidia-smi is tried after the init gave up: its runs get what the init left, but at least 1 s (a real
+        # run takes 20-105 ms on an H200, FACTS) and never more than their default.
+        smi_timeout = min(SMI_TIMEOUT_S, max(_SMI_FALLBACK_FLOOR_S, float(timeout) - init_timeout))
+    with open(backend, init_timeout_s=init_timeout, smi_timeout_s=smi_timeout) as session:
         if bounded:
             assert timeout is not None
             timeout = max(0.0, timeout - (time.monotonic() - started))

@@ -8,10 +8,18 @@ Time
 ----
 Time comes from ``clock`` (integer ns, default :func:`time.monotonic_ns`) and passes through ``sleep`` (seconds,
 default :func:`time.sleep`); tests inject fakes. The deadline is computed once, ``start + timeout``. ``timeout=0``
-is exactly one check, judged alone (there is no time for a second poll, so ``stable_polls`` does not apply);
-``None`` or ``math.inf`` waits forever; a negative or NaN timeout is a :class:`ValueError`. The poller never sleeps
-past the deadline, and a poll that ends before the deadline is followed by one more at (or just before) it, so the
-deadline is overrun by at most one query plus the sleep's own lateness.
+is exactly one check, judged alone (there is no time for a second poll, so ``stable_polls`` does not apply), and
+that check always completes; ``None`` or ``math.inf`` waits forever; a negative or NaN timeout is a
+:class:`ValueError`. The poller never sleeps past the deadline, and a poll that ends before the deadline is followed
+by one more at (or just before) it.
+
+A poll is several queries (a snapshot makes one NVML call per value and device, or one or two nvidia-smi runs), and
+one query can hang (a wedged driver, 300 ms per call in a user's report). So the poller hands the backend a
+:class:`Deadline` on its own ``clock`` (``poll_until(..., pass_deadline=True)``, which ``wait_until_clean`` uses):
+the NVML backend checks it between the queries of a pass and the nvidia-smi backend gives each run at most the time
+left; past the deadline the backend abandons the pass (:class:`~nvmlcheck.errors.DeadlinePassed`, internal) and the
+poller raises :class:`~nvmlcheck.WaitTimeout`. The deadline is thus overrun by at most one query plus the sleep's
+own lateness; an abandoned pass is not a poll (it is not judged, traced or counted).
 
 Times in :class:`WaitResult` and :class:`TracePoint` are offsets from the start, taken when a poll's query
 *returned*: a state seen by a poll was true at that moment at the latest, so ``first_clean_ns`` is never earlier
@@ -58,11 +66,12 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, cast
 
 from .errors import (
     BackendUnavailable,
     CorruptData,
+    DeadlinePassed,
     GpuLost,
     GpuRequiresReset,
     InsufficientResources,
@@ -88,6 +97,7 @@ from .predicates import Predicate, _failure_text, default_predicate
 __all__ = [
     "DEFAULT",
     "PRECISE",
+    "Deadline",
     "OnPoll",
     "PollPolicy",
     "TracePoint",
@@ -190,6 +200,49 @@ def _resolve_policy(policy: PollPolicy | str | float | None) -> PollPolicy:
     if isinstance(policy, bool) or not isinstance(policy, int | float):
         raise TypeError(f"policy must be a PollPolicy, 'default', 'precise' or an interval in seconds, got {policy!r}")
     return PollPolicy.every(float(policy))
+
+
+# --- deadline ---------------------------------------------------------------------------------------------------
+
+
+class Deadline:
+    """A point in time on ``clock`` (integer ns, default :func:`time.monotonic_ns`): what a wait hands a backend's
+    ``snapshot(..., deadline=...)`` so that one pass stops at the wait's deadline, not a whole poll later.
+
+    The poller builds it on its own (possibly injected) clock, so tests drive it with a fake clock.
+    """
+
+    __slots__ = ("at_ns", "clock")
+
+    def __init__(self, at_ns: int, clock: Callable[[], int] = time.monotonic_ns) -> None:
+        self.at_ns = at_ns
+        self.clock = clock
+
+    @classmethod
+    def after(cls, seconds: float, clock: Callable[[], int] = time.monotonic_ns) -> Deadline:
+        """The deadline ``seconds`` from now on ``clock``."""
+        return cls(clock() + round(seconds * _NS), clock)
+
+    def expired(self) -> bool:
+        """Whether the deadline has come."""
+        return self.clock() >= self.at_ns
+
+    def remaining_s(self) -> float:
+        """Seconds left (0.0 once expired)."""
+        return max(0.0, (self.at_ns - self.clock()) / _NS)
+
+    def check(self) -> None:
+        """Raise :class:`~nvmlcheck.errors.DeadlinePassed` once the deadline has come: a backend calls this between
+        two queries of a pass."""
+        if self.clock() >= self.at_ns:
+            raise DeadlinePassed(f"the deadline passed {(self.clock() - self.at_ns) / 1e6:.3f} ms ago")
+
+    def __repr__(self) -> str:
+        return f"Deadline(at_ns={self.at_ns}, remaining_s={self.remaining_s():.6f})"
+
+
+#: A snapshot function that takes the wait's deadline (``None``: no deadline); see ``poll_until(pass_deadline=...)``.
+DeadlineSnapshotFn = Callable[[Deadline | None], Snapshot]
 
 
 # --- results ----------------------------------------------------------------------------------------------------
@@ -518,7 +571,7 @@ class _Pacer:
 
 
 def poll_until(
-    snapshot_fn: Callable[[], Snapshot],
+    snapshot_fn: Callable[[], Snapshot] | DeadlineSnapshotFn,
     predicate: Predicate | None = None,
     *,
     timeout: float | None,
@@ -529,7 +582,8 @@ def poll_until(
     keep_trace: bool = False,
     on_poll: OnPoll | None = None,
     cpu_clock: Callable[[], int] | None = None,
-    probe: Callable[[], Snapshot] | None = None,
+    probe: Callable[[], Snapshot] | DeadlineSnapshotFn | None = None,
+    pass_deadline: bool = False,
 ) -> WaitResult:
     """Poll ``snapshot_fn`` until ``predicate`` (default: :func:`~nvmlcheck.predicates.default_predicate`) holds
     on ``stable_polls`` consecutive snapshots, and return when it was first seen clean.
@@ -551,11 +605,32 @@ def poll_until(
     a poll clean. Confirmation polls, the first poll, one poll every ``policy.full_every_s`` and the message of a
     timeout always use the full snapshot.
 
+    ``pass_deadline=True``: ``snapshot_fn`` and ``probe`` take one argument, the wait's :class:`Deadline` on
+    ``clock`` (``None`` when there is none: ``timeout`` ``None`` or ``inf``, and for ``timeout=0``'s single check,
+    which always completes), and may raise :class:`~nvmlcheck.errors.DeadlinePassed` between two queries once it
+    has come: the wait then times out at once, overrunning its deadline by at most one query instead of a whole
+    poll. A backend's ``snapshot(indices, fields, deadline=d)`` is such a function.
+
     Raises :class:`~nvmlcheck.WaitTimeout` at the deadline, naming what still holds each GPU; fatal errors
-    (see :func:`is_transient`) are raised as they come.
+    (see :func:`is_transient`) are raised as they come. A timeout that follows a ``probe`` poll names the holders
+    seen by the last full snapshot (at most ``policy.full_every_s`` older): reading a fresh one would overrun the
+    deadline by a whole poll.
     """
+    take: DeadlineSnapshotFn
+    cheap: DeadlineSnapshotFn | None
+    if pass_deadline:
+        take = cast("DeadlineSnapshotFn", snapshot_fn)
+        cheap = cast("DeadlineSnapshotFn | None", probe)
+    else:
+        plain = cast("Callable[[], Snapshot]", snapshot_fn)
+        take = lambda _deadline: plain()  # noqa: E731
+        if probe is None:
+            cheap = None
+        else:
+            plain_probe = cast("Callable[[], Snapshot]", probe)
+            cheap = lambda _deadline: plain_probe()  # noqa: E731
     return _Poller(
-        snapshot_fn=snapshot_fn,
+        snapshot_fn=take,
         predicate=predicate,
         timeout=timeout,
         policy=policy,
@@ -565,7 +640,7 @@ def poll_until(
         keep_trace=keep_trace,
         on_poll=on_poll,
         cpu_clock=cpu_clock,
-        probe=probe,
+        probe=cheap,
     ).run()
 
 
@@ -575,7 +650,7 @@ class _Poller:
     def __init__(
         self,
         *,
-        snapshot_fn: Callable[[], Snapshot],
+        snapshot_fn: DeadlineSnapshotFn,
         predicate: Predicate | None,
         timeout: float | None,
         policy: PollPolicy | str | float | None,
@@ -585,7 +660,7 @@ class _Poller:
         keep_trace: bool,
         on_poll: OnPoll | None,
         cpu_clock: Callable[[], int] | None,
-        probe: Callable[[], Snapshot] | None,
+        probe: DeadlineSnapshotFn | None,
     ) -> None:
         if isinstance(stable_polls, bool) or not isinstance(stable_polls, int) or stable_polls < 1:
             raise ValueError(f"stable_polls must be an int >= 1, got {stable_polls!r}")
@@ -611,28 +686,35 @@ class _Poller:
         summarise = self.trace is not None or self.on_poll is not None
         start = clock()
         deadline = None if self.timeout_ns is None else start + self.timeout_ns
+        # timeout=0 is one complete check: its deadline is now, so handing it down would cut the check short.
+        cut = Deadline(deadline, clock) if deadline is not None and self.timeout_ns else None
         pacer = _Pacer(self.policy, start, self.cpu_clock)
         stats = _Stats(start)
         full_every = round(self.policy.full_every_s * _NS)
         last_full: int | None = None  # when the last full snapshot was asked for
         snap: Snapshot | None = None
         good: Snapshot | None = None
+        full: Snapshot | None = None  # the last full (not probe) snapshot: a timeout's message names its holders
         error: NvmlCheckError | None = None
-        partial = False
+        clean = partial = False
         t0 = start
         while True:
             pacer.poll_starts()
             probing = stats.run == 0 and last_full is not None and t0 - last_full < full_every
             try:
-                snap, partial = self._take(probing)
+                snap, partial = self._take(probing, cut)
                 error = None
             except NvmlCheckError as exc:
                 if not is_transient(exc):
                     raise
                 snap, error, partial = None, exc, False
+            except DeadlinePassed:
+                # The backend stopped between two queries: time out now, judged on the polls that completed.
+                raise self._timeout(stats, clock(), full, good, error, clean=clean, partial=partial) from None
             t1 = clock()
             if not partial and error is None:
                 last_full = t0
+                full = snap
             if snap is not None:
                 good = snap
                 clean = False if partial else _judge(snap, check)
@@ -647,7 +729,7 @@ class _Poller:
                 return self._result(stats, t1, snap)
             now = clock()
             if deadline is not None and t1 >= deadline:
-                raise self._timeout(stats, t1, good, error, clean=clean, partial=partial)
+                raise self._timeout(stats, t1, full, good, error, clean=clean, partial=partial)
             ask = pacer.sleep_ns(confirming=stats.run > 0, busy=now - t0, now=now, deadline=deadline)
             if ask > 0:
                 self.sleep(ask / _NS)
@@ -658,13 +740,13 @@ class _Poller:
 
     # --- helpers ------------------------------------------------------------------------------------------------
 
-    def _take(self, probing: bool) -> tuple[Snapshot, bool]:
+    def _take(self, probing: bool, deadline: Deadline | None) -> tuple[Snapshot, bool]:
         """One poll's snapshot, and whether it is the probe's: that only when the probe alone proves "not clean"."""
         if probing and self.probe is not None:
-            cheap = self.probe()
+            cheap = self.probe(deadline)
             if not cheap.failures and self.predicate.check(cheap) is False:
                 return cheap, True
-        return self.snapshot_fn(), False
+        return self.snapshot_fn(deadline), False
 
     def _report(
         self,
@@ -709,17 +791,20 @@ class _Poller:
         )
 
     def _timeout(
-        self, stats: _Stats, t1: int, good: Snapshot | None, error: NvmlCheckError | None, *, clean: bool, partial: bool
+        self,
+        stats: _Stats,
+        t1: int,
+        full: Snapshot | None,
+        good: Snapshot | None,
+        error: NvmlCheckError | None,
+        *,
+        clean: bool,
+        partial: bool,
     ) -> WaitTimeout:
-        if partial:
-            # The probe proved "not clean" but did not read who holds the GPU: the message must name the processes.
-            try:
-                good = self.snapshot_fn()
-            except NvmlCheckError as exc:
-                if not is_transient(exc):
-                    raise
-            else:
-                _judge(good, self.predicate.check)  # a fatal device failure is raised, as in any poll
+        if partial and full is not None:
+            # The probe proved "not clean" but did not read who holds the GPU. A fresh full read would overrun the
+            # deadline by a whole poll: the last full snapshot (at most full_every_s older) names the processes.
+            good = full
         culprits: list[str] = []
         if error is not None:
             culprits.append(f"the last poll failed ({type(error).__name__}): {error}")
@@ -732,4 +817,6 @@ class _Poller:
             culprits.extend(self.predicate.evaluate(good).reasons)
             # Failures make a poll unclean whatever the predicate says (always() ignores them).
             culprits.extend(_failure_text(f) for f in good.failures)
+        elif error is None:
+            culprits.append("no poll finished before the deadline (a query was still running when it passed)")
         return WaitTimeout(self.timeout_s, t1 - stats.start, tuple(dict.fromkeys(culprits)), good, stats.polls)

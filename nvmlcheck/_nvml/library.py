@@ -15,6 +15,12 @@
 * NVML can start failing after hours ("Unknown Error", nvidia-docker #1671) or lose its initialisation; a session
   then calls :meth:`LoadedLibrary.reinit` (shutdown + init, the count of sessions unchanged). Every successful
   initialisation bumps :attr:`LoadedLibrary.init_generation`, so sessions know their device handles are stale.
+* Threads share the initialisation, so one thread's re-init pulls NVML from under the calls of every other: between
+  its ``nvmlShutdown`` and the return of its ``nvmlInit`` they answer NVML_ERROR_UNINITIALIZED. Every re-init bumps
+  :attr:`LoadedLibrary.reinit_epoch` before it shuts NVML down, and :attr:`LoadedLibrary.reinit_in_progress` holds
+  until its init has returned, so a reader that noted both before its calls can tell "another thread re-initialised
+  under me" (join that re-init and read again, for free) from "NVML lost its initialisation" (recover, a bounded
+  number of times).
 """
 
 from __future__ import annotations
@@ -146,6 +152,8 @@ class LoadedLibrary:
         self._initialised = False  # whether this library holds one NVML initialisation (NVML's own count)
         self._pending: _PendingInit | None = None  # the init in flight, if any
         self._init_generation = 0
+        self._reinit_epoch = 0  # re-inits started (each one shuts NVML down under every other thread's calls)
+        self._settled_epoch = 0  # the re-init epoch when an init last returned: below reinit_epoch while one runs
         self._generation = _fork_generation
 
     def function(self, name: str) -> Callable[..., int]:
@@ -165,6 +173,18 @@ class LoadedLibrary:
     def init_generation(self) -> int:
         """Bumped by every successful ``nvmlInit`` this library makes: device handles read before are stale."""
         return self._init_generation
+
+    @property
+    def reinit_epoch(self) -> int:
+        """Bumped when a :meth:`reinit` shuts NVML down, before the call: a read that saw another value before its
+        calls may have had NVML pulled from under it by another thread (it answered "Uninitialized" for that)."""
+        return self._reinit_epoch
+
+    @property
+    def reinit_in_progress(self) -> bool:
+        """Whether a :meth:`reinit` has shut NVML down and its init has not returned yet (calls now answer
+        "Uninitialized" because of it)."""
+        return self._settled_epoch != self._reinit_epoch
 
     def acquire(self, timeout_s: float | None = None) -> None:
         """Count one user, initialising NVML if it is not (first user, a forked child, or after a failed re-init).
@@ -203,6 +223,7 @@ class LoadedLibrary:
                 return
             if self._initialised:
                 self._initialised = False
+                self._reinit_epoch += 1  # first: a reader that fails from here on must see it changed
                 if _has(self.lib, "nvmlShutdown"):
                     self.lib.nvmlShutdown()  # its error, if any, changes nothing: init follows
             pending = self._start_init()
@@ -226,6 +247,7 @@ class LoadedLibrary:
         fn = self.function(pending.name)
         rc = fn()
         with self._lock:
+            self._settled_epoch = self._reinit_epoch  # whatever re-init was running has its answer now
             pending.rc = rc
             if self._pending is pending:
                 self._pending = None

@@ -12,9 +12,12 @@ A backend reads devices and returns :mod:`nvmlcheck.model` objects. Two exist:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from ..model import Fields, Snapshot, SystemInfo
+
+if TYPE_CHECKING:
+    from ..wait import Deadline
 
 __all__ = ["BACKEND_NAMES", "Backend", "open_backend"]
 
@@ -38,9 +41,14 @@ class Backend(Protocol):
         """How many GPUs the backend sees (0 is possible; callers decide whether that is an error)."""
         ...
 
-    def snapshot(self, indices: Sequence[int] | None = None, fields: Fields = Fields.ALL) -> Snapshot:
+    def snapshot(
+        self, indices: Sequence[int] | None = None, fields: Fields = Fields.ALL, *, deadline: Deadline | None = None
+    ) -> Snapshot:
         """Read the devices ``indices`` (all when ``None``) in one pass. Devices that fail appear in
-        :attr:`Snapshot.failures`; errors that stop the whole pass (driver gone) are raised."""
+        :attr:`Snapshot.failures`; errors that stop the whole pass (driver gone) are raised.
+
+        ``deadline`` (a wait's): no query of the pass may run past it by more than one query; once it has come the
+        pass is abandoned with :class:`~nvmlcheck.errors.DeadlinePassed`, which the poller turns into its timeout."""
         ...
 
     def close(self) -> None:

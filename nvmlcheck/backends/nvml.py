@@ -4,19 +4,36 @@ Identity (handle, name, UUID, PCI bus id, serial, minor number, total memory) is
 live values (memory, processes, clocks, health) are read on every snapshot. What a device does not support is
 ``None`` with a reason; errors that make a device unreadable (lost, no permission, corrupt data) put it in
 :attr:`Snapshot.failures` so the other devices still report.
+
+A snapshot given a :class:`~nvmlcheck.wait.Deadline` checks it before every query of the pass but the first (each
+identity value, memory, each process list, clocks and health as one query each, each device) and abandons the pass
+with :class:`~nvmlcheck.errors.DeadlinePassed` once it has come: a wait overruns its deadline by at most one NVML
+call. A re-init inside the pass gets at most the time left.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
 from .._nvml import library
 from .._nvml.calls import Handle, NvmlCalls
-from ..errors import FunctionNotFound, NotSupported, NvmlCheckError, NvmlError, Uninitialized, Unknown, code_name
+from ..errors import (
+    DeadlinePassed,
+    FunctionNotFound,
+    NotSupported,
+    NvmlCheckError,
+    NvmlError,
+    Timeout,
+    Uninitialized,
+    Unknown,
+    code_name,
+)
 from ..model import (
     ClockEventReason,
     Clocks,
@@ -33,15 +50,59 @@ from ..model import (
     fast_constructor,
 )
 
-__all__ = ["DEFAULT_INIT_TIMEOUT_S", "NvmlBackend", "process_name"]
+if TYPE_CHECKING:
+    from ..wait import Deadline
 
-# Reads of one snapshot when NVML answers UNINITIALIZED: the first, then after each re-init. More than one retry is for
-# threads that share the library while others re-initialise it (each such re-init can pull NVML from under a read).
+__all__ = ["DEFAULT_INIT_TIMEOUT_S", "MIN_INIT_TIMEOUT_S", "NvmlBackend", "init_timeout_for", "process_name"]
+
+# Reads of one snapshot when NVML answers UNINITIALIZED: the first, then after each re-init of our own. A read that
+# another thread's re-init pulled NVML from under (LoadedLibrary.reinit_epoch moved) does not count: it joins that
+# re-init and reads again. Counting those too once failed a healthy GPU's wait in ~27,000 (issue 12).
 _READ_ATTEMPTS = 3
+# Reads disturbed by other threads' re-inits, at most, before the error is reported anyway: each one means a
+# re-init started during that read, so only a driver failing continuously gets near it.
+_DISTURBED_READS = 64
+
+#: A pass's deadline check, called before each query (see _Gate).
+_GateFn = Callable[[], None]
+
+
+def _no_gate() -> None:
+    """No deadline: every query runs."""
+
+
+class _Gate:
+    """The deadline check of one pass: before every query but the first, so a pass always makes progress and ends
+    at most one query after the deadline."""
+
+    __slots__ = ("check", "opened")
+
+    def __init__(self, deadline: Deadline) -> None:
+        self.check = deadline.check
+        self.opened = False
+
+    def __call__(self) -> None:
+        if self.opened:
+            self.check()
+        else:
+            self.opened = True
 
 #: Seconds ``nvmlInit`` may take before opening gives up with :class:`~nvmlcheck.Timeout` (it can hang on a wedged
 #: driver: go-nvml #152); ``"auto"`` then falls back to nvidia-smi. A cold init takes ~10 ms on an H200 (FACTS).
 DEFAULT_INIT_TIMEOUT_S = 10.0
+#: The least time ``nvmlInit`` gets when a caller's timeout bounds it (:func:`init_timeout_for`): ~25x a cold init on
+#: an H200 (9.6 ms, FACTS), while ``timeout=0`` ("check once") still returns within a fraction of a second.
+MIN_INIT_TIMEOUT_S = 0.25
+
+
+def init_timeout_for(timeout: float | None) -> float:
+    """How long ``nvmlInit`` may take in a call that ``timeout`` seconds bound, opening included: half of it (so
+    ``"auto"`` still has time to try nvidia-smi when the init hangs), at least :data:`MIN_INIT_TIMEOUT_S` (0.25 s,
+    so that ``timeout=0``, "check once", can still open NVML) and at most :data:`DEFAULT_INIT_TIMEOUT_S` (10 s).
+    ``None`` gets the default; every finite timeout, 0 included, bounds the init."""
+    if timeout is None or isinstance(timeout, bool) or not isinstance(timeout, int | float) or math.isnan(timeout):
+        return DEFAULT_INIT_TIMEOUT_S  # None, or a bad value the wait itself refuses
+    return min(DEFAULT_INIT_TIMEOUT_S, max(MIN_INIT_TIMEOUT_S, float(timeout) / 2))
 
 NOT_REQUESTED = "not requested"
 _V1_MEMORY = (
@@ -163,7 +224,8 @@ class NvmlBackend:
 
     Recovery: a call answering NVML_ERROR_UNINITIALIZED (NVML lost its initialisation, or another thread is
     re-initialising) makes the snapshot re-initialise NVML (unless another session just did) and read again, up to
-    twice more; NVML_ERROR_UNKNOWN (which can stick
+    twice more; a read that another thread's re-init disturbed (one ran during it) joins that re-init and is read
+    again without counting. NVML_ERROR_UNKNOWN (which can stick
     after hours, nvidia-docker #1671) is reported in that snapshot, and the next snapshot re-initialises NVML first.
     A re-init that fails raises its error from that snapshot (``Unknown`` and ``Timeout`` are transient in a wait),
     and the next snapshot tries again.
@@ -215,7 +277,7 @@ class NvmlBackend:
                 # A backend inherited over fork() and never used in the child holds no reference here.
                 self._loaded.release()
 
-    def _check_open(self) -> None:
+    def _check_open(self, deadline: Deadline | None = None) -> None:
         if self._closed:
             raise ValueError("this nvmlcheck session is closed")
         if self._generation != library.fork_generation():
@@ -225,7 +287,7 @@ class NvmlBackend:
             self._forget_devices()
         due = self._reinit_due
         if due is not None:
-            self._loaded.reinit(due, self._init_timeout_s)
+            self._reinit(due, deadline)
             self._reinit_due = None
         if self._init_generation != self._loaded.init_generation:
             self._forget_devices()  # NVML was initialised again (here or by another session): handles are stale
@@ -237,7 +299,23 @@ class NvmlBackend:
         self._reasons_cache.clear()
         self._max_clocks.clear()
 
-    def _recover(self, errors: Iterable[BaseException], generation: int) -> bool:
+    def _reinit(self, seen_generation: int, deadline: Deadline | None) -> None:
+        """Re-initialise NVML, waiting at most the init timeout and, in a wait, the time left before its deadline
+        (running out of the latter abandons the pass: DeadlinePassed, not a Timeout to report)."""
+        limit = self._init_timeout_s
+        if deadline is not None:
+            left = deadline.remaining_s()
+            if limit is None or left < limit:
+                try:
+                    self._loaded.reinit(seen_generation, left)
+                except Timeout as exc:
+                    if exc.code == 10 and exc.function == self._loaded.symbols.init and deadline.expired():
+                        raise DeadlinePassed(f"re-initialising NVML: {exc}") from exc
+                    raise
+                return
+        self._loaded.reinit(seen_generation, limit)
+
+    def _recover(self, errors: Iterable[BaseException], generation: int, deadline: Deadline | None = None) -> bool:
         """After calls made under init ``generation`` failed with ``errors``: re-initialise NVML now (and return
         True: read again) when one says NVML is not initialised; plan a re-init before the next read when one is
         NVML's "Unknown Error".
@@ -246,7 +324,7 @@ class NvmlBackend:
         one only re-reads (re-initialising again would pull NVML from under every other reader, and so on)."""
         errors = tuple(errors)
         if any(isinstance(e, Uninitialized) for e in errors):
-            self._loaded.reinit(generation, self._init_timeout_s)
+            self._reinit(generation, deadline)
             self._reinit_due = None
             self._forget_devices()
             return True
@@ -285,43 +363,57 @@ class NvmlBackend:
     def device_count(self) -> int:
         """nvmlDeviceGetCount_v2."""
         self._check_open()
-        for attempt in range(_READ_ATTEMPTS):
-            generation = self._loaded.init_generation
+        attempts = _Attempts(self._loaded)
+        while True:
+            generation = attempts.start()
             try:
                 return self._calls.device_count()
             except (Uninitialized, Unknown) as exc:
-                if attempt == _READ_ATTEMPTS - 1 or not self._recover((exc,), generation):
+                if attempts.final((exc,)) or not self._recover((exc,), generation):
                     raise
-        raise AssertionError("unreachable")
 
     # --- snapshot -------------------------------------------------------------------------------------------------
 
-    def snapshot(self, indices: Sequence[int] | None = None, fields: Fields = Fields.ALL) -> Snapshot:
-        """Read ``indices`` (all devices when ``None``) in one pass; see :class:`~nvmlcheck.Snapshot`."""
-        self._check_open()
-        for attempt in range(_READ_ATTEMPTS):
-            generation = self._loaded.init_generation
-            last = attempt == _READ_ATTEMPTS - 1
+    def snapshot(
+        self, indices: Sequence[int] | None = None, fields: Fields = Fields.ALL, *, deadline: Deadline | None = None
+    ) -> Snapshot:
+        """Read ``indices`` (all devices when ``None``) in one pass; see :class:`~nvmlcheck.Snapshot`.
+
+        ``deadline``: stop between two queries once it has come (module docstring), raising
+        :class:`~nvmlcheck.errors.DeadlinePassed`.
+        """
+        self._check_open(deadline)
+        gate: _GateFn = _no_gate if deadline is None else _Gate(deadline)
+        attempts = _Attempts(self._loaded)
+        while True:
+            generation = attempts.start()
             try:
-                snap = self._read(indices, fields)
+                snap = self._read(indices, fields, gate)
             except (Uninitialized, Unknown) as exc:
-                if last or not self._recover((exc,), generation):
+                if attempts.final((exc,)) or not self._recover((exc,), generation, deadline):
                     raise
                 continue
-            if last or not snap.failures or not self._recover((f.error for f in snap.failures), generation):
+            if not snap.failures:
                 return snap
-        raise AssertionError("unreachable")  # the last attempt returns or raises
+            errors = tuple(f.error for f in snap.failures)
+            if attempts.final(errors) or not self._recover(errors, generation, deadline):
+                return snap
 
-    def _read(self, indices: Sequence[int] | None, fields: Fields) -> Snapshot:
+    def _read(self, indices: Sequence[int] | None, fields: Fields, gate: _GateFn = _no_gate) -> Snapshot:
         wall = time.time()
         start = time.monotonic_ns()
-        system = self._system or self.system()
+        if self._system is None:
+            gate()
+            self.system()
+        system = self._system
+        assert system is not None
         if fields is self._last_fields:  # identity check: hashing an enum.Flag runs Python code
             plan = self._last_plan
         else:
             plan = _PLANS.get(fields) or _PLANS.setdefault(fields, _plan(fields))
             self._last_fields, self._last_plan = fields, plan
         if indices is None:
+            gate()
             indices = range(self._calls.device_count())
         devices: list[DeviceState] = []
         failures: list[DeviceFailure] = []
@@ -329,16 +421,18 @@ class NvmlBackend:
             ident = self._identities.get(index)
             try:
                 if ident is None:
-                    ident = self._identity(index)
-                devices.append(self._state(index, ident, plan))
+                    ident = self._identity(index, gate)
+                devices.append(self._state(index, ident, plan, gate))
             except NvmlCheckError as exc:
                 failures.append(DeviceFailure(index, ident.uuid if ident else None, exc))
         end = time.monotonic_ns()
         return _make_snapshot("nvml", start, end - start, wall, system, tuple(devices), tuple(failures))
 
-    def _identity(self, index: int) -> _Identity:
+    def _identity(self, index: int, gate: _GateFn = _no_gate) -> _Identity:
         calls = self._calls
+        gate()
         handle = calls.handle(index)
+        gate()
         uuid = calls.uuid(handle, index)  # required: it is how devices are matched across backends and tools
         unknown: dict[str, str] = {}
         values: dict[str, object] = {}
@@ -348,6 +442,7 @@ class NvmlBackend:
             ("serial", calls.serial),
             ("minor_number", calls.minor_number),
         ):
+            gate()
             try:
                 values[key] = getter(handle, index)
             except NvmlError as exc:
@@ -357,6 +452,7 @@ class NvmlBackend:
                 values[key] = None
                 unknown[key] = _reason(exc)
         # A live read reports any error; the total is only the bound process entries are checked against.
+        gate()
         with contextlib.suppress(NvmlCheckError):
             self._totals[index] = calls.memory(handle, index).total_bytes
         ident = _Identity(
@@ -371,7 +467,7 @@ class NvmlBackend:
         self._identities[index] = ident
         return ident
 
-    def _state(self, index: int, ident: _Identity, plan: _Plan) -> DeviceState:
+    def _state(self, index: int, ident: _Identity, plan: _Plan, gate: _GateFn = _no_gate) -> DeviceState:
         # The poll path (memory + three process lists): no per-call closures or dicts unless something is unknown.
         calls = self._calls
         handle = ident.handle
@@ -379,6 +475,7 @@ class NvmlBackend:
 
         memory: Memory | None = None
         if plan.memory:
+            gate()
             try:
                 memory = calls.memory(handle, index)
             except NvmlError as exc:
@@ -392,6 +489,7 @@ class NvmlBackend:
         if plan.processes:
             total = self._totals.get(index, _NO_BOUND)
             for slot, kind in enumerate(_KINDS):
+                gate()
                 try:
                     raw = calls.processes(handle, kind, index, total)
                 except NvmlError as exc:
@@ -406,8 +504,12 @@ class NvmlBackend:
         clocks = health = None
         if plan.clocks or plan.health:
             extra: dict[str, str] = {}
-            clocks = self._clocks(handle, index, extra) if plan.clocks else None
-            health = self._health(handle, index, extra) if plan.health else None
+            if plan.clocks:
+                gate()
+                clocks = self._clocks(handle, index, extra)
+            if plan.health:
+                gate()
+                health = self._health(handle, index, extra)
             if extra:
                 unknown = {**(unknown or {}), **extra}
 
@@ -459,6 +561,37 @@ class NvmlBackend:
         for slot, symbol, code in unanswered:
             unknown[_HEALTH_SLOT_KEYS[slot]] = _soft_reason(symbol, code)
         return MemoryHealth(pages, pending, rows)
+
+
+class _Attempts:
+    """Counts the reads of one snapshot for recovery (see _READ_ATTEMPTS): a read that failed with "Uninitialized"
+    while another thread's re-init had NVML shut down (one was running when the read began, or one began during it)
+    is retried without counting, so threads sharing a session never see each other's re-inits as errors."""
+
+    __slots__ = ("busy", "counted", "disturbed", "epoch", "loaded")
+
+    def __init__(self, loaded: library.LoadedLibrary) -> None:
+        self.loaded = loaded
+        self.counted = 0
+        self.disturbed = 0
+        self.epoch = 0
+        self.busy = False
+
+    def start(self) -> int:
+        """Before a read: note the re-init state and return the init generation the read runs under."""
+        loaded = self.loaded
+        self.epoch = loaded.reinit_epoch
+        self.busy = loaded.reinit_in_progress
+        return loaded.init_generation
+
+    def final(self, errors: Iterable[BaseException]) -> bool:
+        """After a failed read: whether it was the last one allowed (report its errors instead of recovering)."""
+        moved = self.busy or self.loaded.reinit_epoch != self.epoch
+        if moved and any(isinstance(e, Uninitialized) for e in errors):
+            self.disturbed += 1
+            return self.disturbed > _DISTURBED_READS
+        self.counted += 1
+        return self.counted >= _READ_ATTEMPTS
 
 
 def _note(unknown: dict[str, str] | None, key: str, exc: NvmlError) -> dict[str, str]:

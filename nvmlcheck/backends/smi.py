@@ -30,6 +30,12 @@ Errors: the exit status and text are classified once (:func:`classify_failure`):
 failure (ssh's 255, a shell's 126/127) -> :class:`~nvmlcheck.SmiTransportError`, a run past its deadline ->
 :class:`~nvmlcheck.SmiTimeout` after its whole process group was killed. The NVML classes are raised ``from`` an
 :class:`~nvmlcheck.SmiError` that carries the argv, exit status and output.
+
+Deadlines: a snapshot given a wait's :class:`~nvmlcheck.wait.Deadline` gives each run at most the time left before
+it (and never more than the runner's own ``timeout_s``), and starts no run once it has come. A run killed because
+the wait's time ran out (not its own ``timeout_s``) abandons the pass with :class:`~nvmlcheck.errors.DeadlinePassed`,
+which the poller turns into its timeout: a wait overruns its deadline by the time to kill and reap a run, never by a
+whole 10 s run timeout.
 """
 
 from __future__ import annotations
@@ -45,10 +51,11 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import IO, Final, Literal
+from typing import IO, TYPE_CHECKING, Final, Literal
 
 from ..errors import (
     BackendUnavailable,
+    DeadlinePassed,
     DriverNotLoaded,
     InvalidArgument,
     LibraryNotFound,
@@ -65,6 +72,9 @@ from ..errors import (
 from ..model import DeviceFailure, DeviceState, Fields, ProcessKind, RetiredPage, Snapshot, SystemInfo
 from . import smi_csv
 from .smi_csv import GpuRecord, HandleFailure, ProcessLists
+
+if TYPE_CHECKING:
+    from ..wait import Deadline
 
 __all__ = ["DEFAULT_TIMEOUT_S", "SmiBackend", "SmiResult", "SmiRunner", "classify_failure"]
 
@@ -130,12 +140,14 @@ class _Running:
     double, which alone added ~1 ms to every run (measured): a third of the per-poll overhead budget.
     """
 
-    def __init__(self, runner: SmiRunner, command: tuple[str, ...], argv: tuple[str, ...]) -> None:
+    def __init__(
+        self, runner: SmiRunner, command: tuple[str, ...], argv: tuple[str, ...], timeout_s: float | None = None
+    ) -> None:
         self.command = command
         self.argv = argv
-        self.timeout_s = runner.timeout_s
+        self.timeout_s = runner.timeout_s if timeout_s is None else timeout_s
         self.started_ns = time.monotonic_ns()
-        self.deadline_ns = self.started_ns + int(runner.timeout_s * 1e9)
+        self.deadline_ns = self.started_ns + int(self.timeout_s * 1e9)
         try:
             # A new session makes the child a process-group leader, so a timeout can kill everything it started (ssh
             # and its helpers, a shell and nvidia-smi) with one killpg.
@@ -268,15 +280,16 @@ class SmiRunner:
             return (*self.prefix, *(shlex.quote(w) for w in words)), words
         return (*self.prefix, *words), words
 
-    def start(self, args: Sequence[str]) -> _Running:
-        """Start one run (its deadline starts now)."""
+    def start(self, args: Sequence[str], timeout_s: float | None = None) -> _Running:
+        """Start one run (its deadline starts now): ``timeout_s`` replaces the runner's own for this run."""
         argv, words = self.argv_for(args)
-        return _Running(self, words, argv)
+        return _Running(self, words, argv, timeout_s)
 
-    def run(self, args: Sequence[str]) -> SmiResult:
-        """Run nvidia-smi ``args`` to completion or the deadline. Returns any exit status; raises only
-        :class:`~nvmlcheck.SmiTimeout` and :class:`~nvmlcheck.SmiTransportError` (could not start)."""
-        running = self.start(args)
+    def run(self, args: Sequence[str], timeout_s: float | None = None) -> SmiResult:
+        """Run nvidia-smi ``args`` to completion or the deadline (``timeout_s``, default the runner's). Returns any
+        exit status; raises only :class:`~nvmlcheck.SmiTimeout` and :class:`~nvmlcheck.SmiTransportError` (could
+        not start)."""
+        running = self.start(args, timeout_s)
         try:
             return running.wait()
         finally:
@@ -284,13 +297,13 @@ class SmiRunner:
             if running.proc.returncode is None:
                 running.kill()
 
-    def run_many(self, arg_lists: Sequence[Sequence[str]]) -> list[SmiResult]:
-        """Start every run at once and wait for all (each with its own deadline). If one fails to start or times
-        out, the others are killed too, so nothing is left behind."""
+    def run_many(self, arg_lists: Sequence[Sequence[str]], timeout_s: float | None = None) -> list[SmiResult]:
+        """Start every run at once and wait for all (each with its own deadline, ``timeout_s`` or the runner's). If
+        one fails to start or times out, the others are killed too, so nothing is left behind."""
         running: list[_Running] = []
         try:
             for args in arg_lists:
-                running.append(self.start(args))
+                running.append(self.start(args, timeout_s))
             return [r.wait() for r in running]
         finally:
             for r in running:
@@ -490,8 +503,8 @@ class SmiBackend:
         self._use_identity(identity)
         self._use_versions(version)
 
-    def _load_identity(self) -> None:
-        self._use_identity(self._runner.run(("--query-gpu=" + ",".join(_IDENTITY_FIELDS), _FORMAT)))
+    def _load_identity(self, deadline: Deadline | None = None) -> None:
+        self._use_identity(self._run(("--query-gpu=" + ",".join(_IDENTITY_FIELDS), _FORMAT), deadline))
 
     def _use_identity(self, result: SmiResult) -> None:
         if result.returncode == 6 and _NO_DEVICES_TEXT in result.output.lower():
@@ -558,18 +571,22 @@ class SmiBackend:
 
     # -- snapshot ----------------------------------------------------------------------------------------------------
 
-    def snapshot(self, indices: Sequence[int] | None = None, fields: Fields = Fields.ALL) -> Snapshot:
+    def snapshot(
+        self, indices: Sequence[int] | None = None, fields: Fields = Fields.ALL, *, deadline: Deadline | None = None
+    ) -> Snapshot:
         """Read the GPUs ``indices`` (all when ``None``) with the fewest nvidia-smi runs (module docstring).
 
         Memory is whole MiB rounded up by nvidia-smi (``granularity_bytes`` = 1 MiB). A GPU nvidia-smi cannot read
         (``Unable to determine the device handle``, a UUID of ``[GPU requires reset]``, or no row at all) is a
         :class:`~nvmlcheck.model.DeviceFailure`; errors that stop the whole pass (driver gone, timeout) are raised.
+        ``deadline``: each run gets at most the time left before it (module docstring); past it,
+        :class:`~nvmlcheck.errors.DeadlinePassed`.
         """
         if self._closed:
             raise BackendUnavailable("this nvidia-smi backend was closed")
         taken_ns = time.monotonic_ns()
         wall = time.time()
-        selected = self._select(indices)
+        selected = self._select(indices, deadline)
         if not selected:
             # No GPU (nvidia-smi said so when the backend was opened): nothing to run.
             return Snapshot(self.name, taken_ns, time.monotonic_ns() - taken_ns, wall, self.system(), ())
@@ -578,15 +595,15 @@ class SmiBackend:
         jobs: list[tuple[str, ...]] = [(*select_args, "--query-gpu=" + ",".join(gpu_fields), _FORMAT)]
         if Fields.PROCESSES in fields:
             jobs.append((*select_args, *self._process_args()))
-        results = self._runner.run_many(jobs)
+        results = self._run_many(jobs, deadline)
         gpu_result = results[0]
         while (refused := _refused_field(gpu_result)) is not None:
             # An older driver does not know a field: ask without it (remembered) rather than fail every poll.
             gpu_fields = self._refuse(refused, gpu_fields, gpu_result)
-            gpu_result = self._runner.run((*select_args, "--query-gpu=" + ",".join(gpu_fields), _FORMAT))
-        records, handle_failures = self._parse_gpus(gpu_result, gpu_fields)
+            gpu_result = self._run((*select_args, "--query-gpu=" + ",".join(gpu_fields), _FORMAT), deadline)
+        records, handle_failures = self._parse_gpus(gpu_result, gpu_fields, deadline)
         lists = self._process_lists(results[1], records) if Fields.PROCESSES in fields else {}
-        retired = self._retired_pages(records, select_args) if Fields.HEALTH in fields else {}
+        retired = self._retired_pages(records, select_args, deadline) if Fields.HEALTH in fields else {}
         devices: list[DeviceState] = []
         extra = [(f"health.{k}", v) for k, v in self._refused_reasons(fields)]
         for record in records:
@@ -614,7 +631,31 @@ class SmiBackend:
             failures=failures,
         )
 
-    def _select(self, indices: Sequence[int] | None) -> tuple[int, ...]:
+    def _run_many(self, jobs: Sequence[Sequence[str]], deadline: Deadline | None) -> list[SmiResult]:
+        """Runs started together, each given at most the time left before ``deadline`` (see the module docstring)."""
+        limit = self._limit(deadline)
+        try:
+            return self._runner.run_many(jobs, limit)
+        except SmiTimeout as exc:
+            if limit is not None:  # the wait's time ran out, not the run's own timeout
+                raise DeadlinePassed(f"nvidia-smi was stopped at the wait's deadline: {exc}") from exc
+            raise
+
+    def _run(self, args: Sequence[str], deadline: Deadline | None) -> SmiResult:
+        """One run, given at most the time left before ``deadline``."""
+        return self._run_many([args], deadline)[0]
+
+    def _limit(self, deadline: Deadline | None) -> float | None:
+        """The timeout of a run starting now: ``None`` (the runner's own) unless the time left before ``deadline``
+        is shorter. Raises DeadlinePassed when no time is left: a run given none could not answer."""
+        if deadline is None:
+            return None
+        left = deadline.remaining_s()
+        if left <= 0.0:
+            raise DeadlinePassed("the wait's deadline passed before nvidia-smi could be run")
+        return left if left < self._runner.timeout_s else None
+
+    def _select(self, indices: Sequence[int] | None, deadline: Deadline | None = None) -> tuple[int, ...]:
         if indices is None:
             return tuple(sorted(self._identity))
         chosen = tuple(dict.fromkeys(indices))
@@ -623,7 +664,7 @@ class SmiBackend:
                 raise TypeError(f"GPU indices must be ints, got {i!r}")
         missing = [i for i in chosen if i not in self._identity]
         if missing:
-            self._load_identity()  # a GPU may have appeared since the backend was opened
+            self._load_identity(deadline)  # a GPU may have appeared since the backend was opened
             missing = [i for i in chosen if i not in self._identity]
         if missing:
             # nvidia-smi -i 0,5 on a one-GPU host prints GPU 0 and exits 0: the check must be ours.
@@ -667,7 +708,7 @@ class SmiBackend:
         return out
 
     def _parse_gpus(
-        self, result: SmiResult, gpu_fields: Sequence[str]
+        self, result: SmiResult, gpu_fields: Sequence[str], deadline: Deadline | None = None
     ) -> tuple[tuple[GpuRecord, ...], tuple[HandleFailure, ...]]:
         if result.returncode != 0 and "unable to determine the device handle" not in result.output.lower():
             _raise_for(result, self._prefixed)
@@ -676,7 +717,7 @@ class SmiBackend:
             records, failures = smi_csv.parse_query_gpu(result.stdout, gpu_fields)
         known = {i.uuid for i in self._identity.values()}
         if any(r.uuid not in known for r in records):
-            self._load_identity()  # GPUs were re-enumerated: refresh the cached identity
+            self._load_identity(deadline)  # GPUs were re-enumerated: refresh the cached identity
         return records, failures
 
     def _identity_for(self, record: GpuRecord) -> Mapping[str, str | None]:
@@ -726,12 +767,12 @@ class SmiBackend:
         return out
 
     def _retired_pages(
-        self, records: Sequence[GpuRecord], select_args: tuple[str, ...]
+        self, records: Sequence[GpuRecord], select_args: tuple[str, ...], deadline: Deadline | None = None
     ) -> dict[str, tuple[RetiredPage, ...] | str]:
         if not any((r.retired_sbe or 0) + (r.retired_dbe or 0) > 0 for r in records):
             return {}  # no GPU has retired pages: nothing to list (the common case costs no run)
         args = (*select_args, "--query-retired-pages=" + ",".join(_RETIRED_FIELDS), _FORMAT)
-        result = self._runner.run(args)
+        result = self._run(args, deadline)
         _raise_for(result, self._prefixed)
         with _parsing(result):
             listing = smi_csv.parse_retired_pages(result.stdout, _RETIRED_FIELDS)

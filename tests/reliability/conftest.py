@@ -37,9 +37,15 @@ def stub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Stub]:
     s = Stub(lib, scenario)
     assert s.probe.init_refcount() == 0, "an earlier test left NVML initialised"
     yield s
-    # A test that abandoned a hung nvmlInit waits for it itself; this only double-checks, briefly.
-    wait_for(lambda: s.probe.init_refcount() == 0, 5.0, "the stub's NVML reference count to return to 0")
+    # A test that abandoned a hung nvmlInit waits for it itself; this only double-checks, briefly. An init still in
+    # flight (a wait that gave up on a re-init at its deadline) must have returned too: the next test's open would
+    # join it, with this test's scenario.
     loaded = library._loaded.get(str(lib))
+    wait_for(
+        lambda: s.probe.init_refcount() == 0 and (loaded is None or loaded._pending is None),
+        5.0,
+        "the stub's NVML reference count to return to 0 and no init to be in flight",
+    )
     assert loaded is None or loaded.refcount == 0, "a session of this test was not closed"
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -74,10 +73,10 @@ def test_permission_denied_on_one_call_fails_that_gpu_only(stub: Stub) -> None:
         assert failure.index == 1 and isinstance(failure.error, nc.NoPermission)
         assert failure.uuid == "GPU-00000000-0000-0000-0000-000000000001"
         assert gpus.wait_until_clean(timeout=2, devices=[0]).clean  # the readable GPU can still be waited on
-        start = time.monotonic()
+        polls: list[TracePoint] = []
         with pytest.raises(nc.NoPermission) as info:
-            gpus.wait_until_clean(timeout=10)
-        assert time.monotonic() - start < 1.0  # fails fast, not at the deadline
+            gpus.wait_until_clean(timeout=10, on_poll=polls.append)
+        assert polls == []  # fails fast: the first poll raised (no poll completed), not the deadline
         assert info.value.device_index == 1 and "GPU 1" in str(info.value)
 
 
@@ -113,10 +112,8 @@ def test_gpu_lost_mid_wait_fails_the_wait_fast_naming_it(stub: Stub) -> None:
     polls: list[TracePoint] = []
     with stub.open(sc) as gpus:
         gpus.snapshot()
-        start = time.monotonic()
         with pytest.raises(nc.GpuLost) as info:
             gpus.wait_until_clean(timeout=30, on_poll=polls.append)
-        assert time.monotonic() - start < 2.0
         assert info.value.device_index == 2 and "GPU 2" in str(info.value)
         # Polls before the loss saw three readable GPUs; the poll that saw it raised at once (no poll after it).
         assert len(polls) >= 3 and all(p.failures == 0 and len(p.devices) == 3 for p in polls)
@@ -271,7 +268,7 @@ def test_memory_back_long_after_the_process_is_gone(stub: Stub, sleeper: subproc
     (pid,) = result.pids
     assert pid.off_gpu_ns is not None and pid.exited_ns is not None
     assert result.clean_ns >= 400e6  # never clean before the memory is back, though the list emptied long before
-    assert result.clean_ns - pid.off_gpu_ns > 200e6
+    assert pid.off_gpu_ns < result.clean_ns  # off the list first; the polls in between saw the memory held:
     listless_but_held = [p for p in points if p.process_counts == (0,) and (p.used_bytes[0] or 0) >= 8 * GIB]
     assert listless_but_held and not any(p.clean for p in listless_but_held)
 

@@ -9,12 +9,14 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
 import nvmlcheck as nc
 from nvmlcheck import cli
+from nvmlcheck.backends.smi import SmiBackend, _Running
 from nvmlcheck.testing import Scenario
 
 from ._support import FAKE_SMI, FAKE_SMI_CMD, GIB, Smi, children, dead, wait_for
@@ -26,15 +28,24 @@ def test_hanging_nvidia_smi_is_killed_at_its_deadline_and_nothing_is_left(smi: S
     pid_file = smi.tmp_path / "hung-child.pid"
     before = children()
     with smi.open(Scenario.h200(), timeout_s=0.3) as gpus:
+        backend = gpus.backend
+        assert isinstance(backend, SmiBackend)
+        given: list[float] = []
+        real_start = backend._runner.start
+
+        def start(args: Sequence[str], timeout_s: float | None = None) -> _Running:
+            running = real_start(args, timeout_s)
+            given.append(running.timeout_s)
+            return running
+
+        smi.monkeypatch.setattr(backend._runner, "start", start)
         smi.knob("FAKE_SMI_HANG", "1")  # from now on the process query hangs, with a child of its own
         smi.knob("FAKE_SMI_MATCH", "PIDS")
         smi.knob("FAKE_SMI_CHILD_PID_FILE", str(pid_file))
-        start = time.monotonic()
         with pytest.raises(nc.WaitTimeout) as info:
             gpus.wait_until_clean(timeout=1.0)
-        elapsed = time.monotonic() - start
-    # The deadline is overrun by at most one nvidia-smi timeout (each poll's run is bounded by smi_timeout_s).
-    assert 1.0 <= elapsed < 1.0 + 0.3 + 0.4
+    # Each run is bounded by smi_timeout_s, and by what is left of the wait (the mechanism; no wall-clock assertion).
+    assert given and all(t <= 0.3 for t in given), given
     assert "did not answer within 0.3 s" in str(info.value) and "process group" in str(info.value)
     assert children() == before  # every run was killed and reaped
     grandchild = int(pid_file.read_text())
@@ -59,8 +70,9 @@ def test_nvidia_smi_whose_pipes_never_close_is_abandoned_after_a_bounded_grace(s
         smi.open(Scenario.h200(), command=[str(stuck)], timeout_s=0.3)
     elapsed = time.monotonic() - start
     try:
-        # The run's deadline, then at most the 1 s reap grace per run still open (opening starts two).
-        assert elapsed < 0.3 + 2 * 1.0 + 0.5
+        # A hang guard only (normal: the 0.3 s deadline plus the 1 s reap grace per open run, ~1.3 s): without the
+        # grace, reading would wait for the detached helper's `sleep 30` to close the pipe.
+        assert elapsed < 20
         assert "did not answer within 0.3 s" in str(info.value)
         assert children() == before  # the leader was killed and reaped; only the detached helper outlives it
     finally:
@@ -73,6 +85,7 @@ def test_slow_but_alive_nvidia_smi_answers(smi: Smi) -> None:
     smi.knob("FAKE_SMI_DELAY_S", "0.2")
     with smi.open(Scenario.h200(), timeout_s=2.0) as gpus:
         result = gpus.wait_until_clean(timeout=5)
+    # A lower bound only checks that the knob slowed the runs (a loaded machine makes them slower, never faster).
     assert result.clean and result.poll_cost_ns >= 0.2e9
 
 
@@ -138,10 +151,10 @@ def test_truncated_line_is_a_parse_error_that_fails_the_wait_fast(smi: Smi, dama
         with pytest.raises(nc.SmiParseError) as snap:
             gpus.snapshot(fields=nc.Fields.MEMORY)
         assert snap.value.line_no == 3 and "columns" in str(snap.value)  # the second GPU's row, cut short
-        start = time.monotonic()
+        polls: list[nc.TracePoint] = []
         with pytest.raises(nc.SmiParseError):
-            gpus.wait_until_clean(timeout=10)
-        assert time.monotonic() - start < 2.0  # nothing is guessed from damaged output, and it is not retried
+            gpus.wait_until_clean(timeout=10, on_poll=polls.append)
+        assert polls == []  # nothing is guessed from damaged output, and it is not retried: the first poll raised
 
 
 # Commas in process names: tests/unit/test_smi_backend.py::TestMemoryAndProcesses::test_names_with_commas_and_spaces
@@ -185,10 +198,10 @@ def test_prefix_failing_mid_wait_fails_fast_and_is_never_gpu_state(smi: Smi, cod
     with smi.open(sc, command=FAKE_SMI_CMD, prefix=[str(prefix)]) as gpus:
         gpus.snapshot()
         flag.write_text(str(code))
-        start = time.monotonic()
+        polls: list[nc.TracePoint] = []
         with pytest.raises(nc.SmiTransportError) as info:
-            gpus.wait_until_clean(timeout=10)
-        assert time.monotonic() - start < 2.0
+            gpus.wait_until_clean(timeout=10, on_poll=polls.append)
+        assert polls == []  # fails fast: the first poll raised, nothing was retried until the deadline
     assert info.value.returncode == code
 
 

@@ -10,8 +10,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -19,7 +21,8 @@ from hypothesis import strategies as st
 
 import nvmlcheck as nc
 from nvmlcheck import errors
-from nvmlcheck.backends.nvml import NvmlBackend
+from nvmlcheck.backends import nvml as nvml_backend
+from nvmlcheck.backends.nvml import _READ_ATTEMPTS, NvmlBackend
 from nvmlcheck.testing import Scenario, StubProbe, build_stub
 
 pytestmark = pytest.mark.stub
@@ -423,6 +426,150 @@ def test_threads_take_snapshots_concurrently(stub: Stub) -> None:
 
         with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
             assert sum(pool.map(work, range(8))) == 1600
+
+
+class ReinitUnderARead:
+    """Drives the race of issue 12 deterministically (no sleeps, no timing): another thread (A) sharing the session
+    re-initialises NVML after an "Unknown Error", and a call of this thread (B) lands between A's ``nvmlShutdown``
+    and A's ``nvmlInit``, so it answers NVML_ERROR_UNINITIALIZED.
+
+    ``where="mid-read"``: A shuts NVML down while B is inside a read, just before B's compute-process call.
+    ``where="before-read"``: A shuts NVML down just before B's read begins (before B notes the re-init state); B's
+    first call of the read (the device count) then fails.
+
+    It happens ``times`` times, once per read of B. Each time A starts a snapshot with a re-init due (what an Unknown
+    Error leaves behind); A's re-init is held right after its shutdown, its init not started, until B's call has
+    returned; B then waits for A to finish, so nothing afterwards depends on which thread runs first."""
+
+    def __init__(self, session: nc.Session, monkeypatch: pytest.MonkeyPatch, times: int, where: str) -> None:
+        backend = session.backend
+        assert isinstance(backend, NvmlBackend)
+        self.backend = backend
+        self.loaded = backend._loaded
+        self.left = times
+        self.where = where
+        self.seen: list[str] = []  # what each of B's calls made under a re-init answered
+        self.reader = threading.current_thread()
+        self._shut_down = threading.Event()
+        self._go = threading.Event()
+        self._a: threading.Thread | None = None
+        self._armed = False  # A is held after its shutdown: B's next watched call releases it
+        calls = backend._calls
+        self._real_processes = calls.processes
+        self._real_count = calls.device_count
+        self._real_start_init = self.loaded._start_init
+        monkeypatch.setattr(self.loaded, "_start_init", self._start_init)
+        if where == "mid-read":
+            monkeypatch.setattr(calls, "processes", self._processes)
+        else:
+            assert where == "before-read", where
+            monkeypatch.setattr(calls, "device_count", self._device_count)
+            real_start = nvml_backend._Attempts.start
+
+            def start(attempts: Any) -> int:
+                if self._ours() and self.left > 0:
+                    self._shut_down_by_a()  # before the read notes the re-init state
+                return real_start(attempts)
+
+            monkeypatch.setattr(nvml_backend._Attempts, "start", start)
+
+    def _start_init(self) -> Any:
+        # Called by reinit() with the library lock held, right after nvmlShutdown: hold A here until B has called.
+        if threading.current_thread() is self._a:
+            self._shut_down.set()
+            assert self._go.wait(30), "B never made its call"  # a hang guard only
+        return self._real_start_init()
+
+    def _a_thread(self) -> None:
+        self.backend._reinit_due = self.loaded.init_generation  # A saw an Unknown Error under this generation
+        self.backend.snapshot(fields=nc.Fields.MEMORY)  # re-initialises first (_check_open), then reads
+
+    def _ours(self) -> bool:
+        return threading.current_thread() is self.reader
+
+    def _shut_down_by_a(self) -> None:
+        """Start A and return once it has shut NVML down (its init held)."""
+        self.left -= 1
+        self._shut_down.clear()
+        self._go.clear()
+        self._a = threading.Thread(target=self._a_thread, name="re-initialising thread A")
+        self._a.start()
+        assert self._shut_down.wait(30), "A never shut NVML down"  # a hang guard only
+        self._armed = True
+
+    def _call_under_a(self, call: Any, *args: Any) -> Any:
+        """Make B's call while A is held between shutdown and init, then let A finish."""
+        assert self._a is not None
+        self._armed = False
+        try:
+            answer = call(*args)
+            self.seen.append("answered")
+            return answer
+        except errors.NvmlError as exc:
+            self.seen.append(type(exc).__name__)
+            raise
+        finally:
+            self._go.set()
+            self._a.join(30)
+            assert not self._a.is_alive()
+
+    def _processes(self, handle: Any, kind: nc.ProcessKind, index: int, total: int) -> Any:
+        if not self._ours() or kind is not nc.ProcessKind.COMPUTE or self.left == 0:
+            return self._real_processes(handle, kind, index, total)
+        self._shut_down_by_a()
+        return self._call_under_a(self._real_processes, handle, kind, index, total)
+
+    def _device_count(self) -> int:
+        if not self._ours() or not self._armed:
+            return self._real_count()
+        return self._call_under_a(self._real_count)  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("where", ["mid-read", "before-read"])
+def test_a_read_disturbed_by_another_threads_reinit_is_read_again(
+    stub: Stub, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    # One healthy idle GPU's wait failed with Uninitialized once in ~27,000 waits: each re-init by a thread sharing
+    # the session counted as one of the reader's three attempts. More re-inits than attempts, each one under the
+    # read, make it fail every time without the fix.
+    with stub.open(Scenario.h200()) as session:
+        session.snapshot()  # identity cached: every attempt below reads the count, memory, then the process lists
+        race = _race(session, monkeypatch, where)
+        inits = stub.probe.init_total()
+        snap = session.snapshot(fields=nc.Fields.WAIT)
+        assert race.seen == ["Uninitialized"] * (_READ_ATTEMPTS + 1)  # the interleaving really happened, each time
+        assert stub.probe.init_total() == inits + _READ_ATTEMPTS + 1  # one re-init by A each time, none by B
+        assert not snap.failures and snap.devices[0].compute_processes == ()
+    assert stub.probe.init_refcount() == 0
+
+
+@pytest.mark.parametrize("where", ["mid-read", "before-read"])
+def test_a_wait_survives_other_threads_reinits_under_its_reads(
+    stub: Stub, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    with stub.open(Scenario.h200()) as session:
+        session.snapshot()
+        race = _race(session, monkeypatch, where)
+        result = session.wait_until_clean(timeout=None, policy=0.001)  # Uninitialized would be fatal in a wait
+        assert result.clean and race.left == 0 and race.seen == ["Uninitialized"] * (_READ_ATTEMPTS + 1)
+
+
+def _race(session: nc.Session, monkeypatch: pytest.MonkeyPatch, where: str) -> ReinitUnderARead:
+    return ReinitUnderARead(session, monkeypatch, times=_READ_ATTEMPTS + 1, where=where)
+
+
+def test_a_read_that_lost_its_initialisation_alone_is_recovered_as_before(stub: Stub) -> None:
+    # The free retries are only for re-inits by other threads (the epoch moved). NVML shut down by someone else
+    # (no re-init of ours) is recovered a bounded number of times, as before.
+    with stub.open(Scenario.h200()) as session:
+        backend = session.backend
+        assert isinstance(backend, NvmlBackend)
+        epoch = backend._loaded.reinit_epoch
+        session.snapshot()
+        stub.probe._lib.nvmlShutdown()
+        snap = session.snapshot()
+        assert not snap.failures
+        assert backend._loaded.reinit_epoch == epoch + 1  # our own recovery re-initialised once
 
 
 # --- hypothesis: the snapshot equals the scenario ---------------------------------------------------------------

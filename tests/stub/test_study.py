@@ -113,7 +113,7 @@ def test_records_are_complete_and_ordered() -> None:
         (d,) = r.devices
         assert d.index == 0 and d.uuid.startswith("GPU-") and d.name == "NVIDIA H200"
         assert d.baseline_used_bytes == 0 and d.held_bytes == r.size_bytes
-        assert 0 <= d.signal_ns < 50 * MS  # signalled right after the run's origin was taken
+        assert d.signal_ns >= 0  # signalled after the run's origin was taken (and before every poll: below)
         check_device_times(d, r.ending, list_ms=40, release_ms=80)
         # the trace: offsets from the run origin, used memory and process count per poll
         assert r.trace_columns == ("offset_ns", "used_bytes[0]", "process_count[0]")
@@ -233,7 +233,7 @@ def test_a_run_whose_memory_never_comes_back_times_out_and_the_study_goes_on() -
         assert r.timeout_reason is not None and "GPU 0" in r.timeout_reason
         assert d.memory_back_ns is None and d.first_clean_ns is None
         assert d.off_list_ns is not None and d.off_list_ns >= 20 * MS  # the list emptied; the memory stayed
-        assert d.last_held_ns is not None and d.last_held_ns >= 0.4 * 1e9 - 50 * MS  # held until the deadline
+        assert d.last_held_ns is not None and d.last_held_ns >= d.off_list_ns  # still held after the list emptied
         assert d.waitpid_ns is not None and d.exit_status == -int(signal.SIGKILL)
     assert factory.live == []
     (row,) = summarize(result.records)

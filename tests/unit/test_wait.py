@@ -17,6 +17,7 @@ from snapshots import GIB, busy, dev, failure, idle, memory_only, proc, snap
 from nvmlcheck.errors import (
     BackendUnavailable,
     CorruptData,
+    DeadlinePassed,
     DriverNotLoaded,
     FunctionNotFound,
     GpuLost,
@@ -37,7 +38,7 @@ from nvmlcheck.errors import (
 )
 from nvmlcheck.model import Snapshot
 from nvmlcheck.predicates import Predicate, always, default_predicate, memory_used_at_most, no_processes
-from nvmlcheck.wait import DEFAULT, PRECISE, PollPolicy, TracePoint, WaitResult, is_transient, poll_until
+from nvmlcheck.wait import DEFAULT, PRECISE, Deadline, PollPolicy, TracePoint, WaitResult, is_transient, poll_until
 
 START = 1_000_000_000_000  # the fake clock's reading when a test begins (not 0: offsets must be relative)
 MS = 1_000_000
@@ -686,9 +687,9 @@ def test_timeout_after_a_probe_poll_still_names_the_holder() -> None:
         "GPU 0: pid 1234 (python3) holds 16.0 GiB (compute)",
         "GPU 0: 16.0 GiB used, above the 16.0 MiB limit",
     )
-    assert err.snapshot is BUSY  # a fresh full snapshot, taken for the message
-    assert len(full.samples) == 2  # the first poll and the one for the message
-    assert t.now - (START + 50 * MS) <= 18 * US + 50 * US
+    assert err.snapshot is full.samples[-1][1]  # the last full snapshot names the holder...
+    assert len(full.samples) == 1  # ...rather than a fresh full read after the deadline (a whole poll late)
+    assert t.now - (START + 50 * MS) <= 18 * US  # overrun: the one probe query that crossed the deadline
 
 
 def test_probe_errors_are_errors() -> None:
@@ -950,3 +951,110 @@ def test_default_policy_with_late_wakeups(late: int, cost: int, change: int, tim
     assert res.elapsed_ns - res.first_clean_ns <= 250 * US + cost + late
     if deadline is not None:
         assert t.now <= deadline + cost + late
+
+
+# --- deadline inside a poll (issue 12: a hung query overran the timeout by a whole poll) --------------------------
+
+
+@dataclass
+class SlowPasses:
+    """A deadline-taking snapshot function: each pass makes ``queries`` queries of ``cost_ns`` each on the fake
+    clock and checks the deadline between them, as the NVML backend does. Counts every query and every deadline it
+    was handed."""
+
+    time: FakeTime
+    state: Snapshot
+    queries: int = 4
+    cost_ns: int = 300 * MS
+    made: int = 0
+    deadlines: list[Deadline | None] = field(default_factory=list)
+
+    def __call__(self, deadline: Deadline | None) -> Snapshot:
+        self.deadlines.append(deadline)
+        for i in range(self.queries):
+            if i and deadline is not None:
+                deadline.check()  # between queries, never before the first
+            self.time.now += self.cost_ns
+            self.made += 1
+        return self.state
+
+
+def test_a_hung_query_overruns_the_timeout_by_one_query_not_a_whole_poll() -> None:
+    # The user's report: 300 ms per query, timeout=1 returned after 2.13 s: the first pass makes ~7 queries
+    # (identity, memory, three process lists), and it ran to its end, a whole poll past the deadline.
+    t = FakeTime()
+    gpu = SlowPasses(t, BUSY, queries=7)
+    with pytest.raises(WaitTimeout) as info:
+        poll_until(gpu, timeout=1.0, clock=t.clock, sleep=t.sleep, pass_deadline=True)
+    deadline = START + 1000 * MS
+    assert gpu.deadlines and all(d is not None and d.at_ns == deadline for d in gpu.deadlines)
+    assert gpu.made == 4  # queries at 0.3, 0.6, 0.9 s, then one that crossed the deadline at 1.2 s
+    assert t.now - deadline <= gpu.cost_ns
+    err = info.value
+    assert err.polls == 0 and err.snapshot is None  # the cut pass is not a poll
+    assert err.culprits == ("no poll finished before the deadline (a query was still running when it passed)",)
+
+
+def test_the_pass_is_cut_on_the_injected_clock() -> None:
+    # The poller's clock governs the deadline it hands down: a fake clock that never moves never expires it.
+    t = FakeTime()
+    frozen = SlowPasses(t, CLEAN, cost_ns=0)
+    res = poll_until(frozen, timeout=1.0, clock=t.clock, sleep=t.sleep, pass_deadline=True)
+    assert res.clean and frozen.made == 4 * res.polls
+    d = frozen.deadlines[0]
+    assert d is not None and d.clock == t.clock and d.at_ns == START + 1000 * MS and not d.expired()
+
+
+def test_a_cut_pass_keeps_the_last_complete_poll_for_the_message() -> None:
+    t = FakeTime()
+    gpu = SlowPasses(t, BUSY, cost_ns=100 * MS)  # a poll takes 400 ms: polls end at 0.4 and 0.8+ s
+    with pytest.raises(WaitTimeout) as info:
+        poll_until(gpu, timeout=1.0, policy=PollPolicy.every(0.01), clock=t.clock, sleep=t.sleep, pass_deadline=True)
+    err = info.value
+    assert err.polls == 2 and err.snapshot is BUSY
+    assert err.culprits[0] == "GPU 0: pid 1234 (python3) holds 16.0 GiB (compute)"
+    assert t.now - (START + 1000 * MS) <= 100 * MS
+
+
+def test_a_cut_confirmation_poll_says_it_was_clean_but_unconfirmed() -> None:
+    t = FakeTime()
+    gpu = SlowPasses(t, CLEAN, cost_ns=150 * MS)  # 600 ms a poll: the confirming poll is cut at 1.05 s
+    with pytest.raises(WaitTimeout) as info:
+        poll_until(gpu, timeout=1.0, policy=PollPolicy.every(0.01), clock=t.clock, sleep=t.sleep, pass_deadline=True)
+    assert info.value.polls == 1
+    assert "clean at the last poll, but only 1 of the 2" in info.value.culprits[0]
+
+
+def test_timeout_zero_hands_down_no_deadline_so_its_one_check_completes() -> None:
+    t = FakeTime()
+    gpu = SlowPasses(t, CLEAN)
+    res = poll_until(gpu, timeout=0, clock=t.clock, sleep=t.sleep, pass_deadline=True)
+    assert res.clean and res.polls == 1 and gpu.deadlines == [None] and gpu.made == 4
+
+
+def test_no_timeout_hands_down_no_deadline() -> None:
+    t = FakeTime()
+    gpu = SlowPasses(t, CLEAN, cost_ns=10 * US)
+    poll_until(gpu, timeout=None, clock=t.clock, sleep=t.sleep, pass_deadline=True)
+    assert set(gpu.deadlines) == {None}
+
+
+def test_the_probe_gets_the_deadline_too() -> None:
+    t = FakeTime()
+    full = SlowPasses(t, BUSY, cost_ns=50 * US)
+    probe = SlowPasses(t, memory_only(BUSY), queries=1, cost_ns=18 * US)
+    with pytest.raises(WaitTimeout):
+        poll_until(full, timeout=0.05, clock=t.clock, sleep=t.sleep, probe=probe, pass_deadline=True)
+    assert probe.deadlines and all(d is not None and d.at_ns == START + 50 * MS for d in probe.deadlines)
+
+
+def test_deadline_helpers() -> None:
+    t = FakeTime()
+    d = Deadline.after(0.5, t.clock)
+    assert d.at_ns == START + 500 * MS and d.remaining_s() == 0.5 and not d.expired()
+    d.check()
+    t.now += 500 * MS
+    assert d.expired() and d.remaining_s() == 0.0
+    with pytest.raises(DeadlinePassed):
+        d.check()
+    assert not issubclass(DeadlinePassed, NvmlCheckError)  # no handler of real errors may swallow it
