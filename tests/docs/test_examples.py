@@ -72,42 +72,50 @@ class Setup:
     children: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
 
-def _idle(devices: int = 1) -> Callable[[], Setup]:
-    return lambda: Setup(Scenario.h200(devices=devices))
+def _idle(devices: int = 1) -> Callable[[Path], Setup]:
+    return lambda tmp: Setup(Scenario.h200(devices=devices))
 
 
-def _busy() -> Setup:
+def _busy(tmp: Path) -> Setup:
     # The same as `--simulate h200-busy`: a process that never lets go of 16 GiB (not a real PID here).
     scenario = Scenario.h200()
     scenario.add_process(0, 4_123_456, used_bytes=16 * GIB)
     return Setup(scenario)
 
 
-def _server() -> Setup:
+def _server(tmp: Path) -> Setup:
+    # Like a CUDA process, the server has an NVIDIA device file open (a stand-in: CI has no /dev/nvidia*), so
+    # `kill --all-on-gpu` can prove the NVML PID names it.
+    dev = tmp / "dev"
+    dev.mkdir()
+    (dev / "nvidia0").write_text("")
     child = subprocess.Popen(
-        [sys.executable, "-S", "-c", "import time; time.sleep(3600)"],
+        [sys.executable, "-S", "-c", "import sys, time; f = open(sys.argv[1]); print('ready', flush=True); "
+         "time.sleep(3600)", str(dev / "nvidia0")],
         stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
     )
+    assert child.stdout is not None and child.stdout.readline().strip() == b"ready"
     scenario = Scenario.h200(devices=2)
     scenario.add_process(0, child.pid, used_bytes=16 * GIB, bound=True, list_ms=90, release_ms=120)
-    return Setup(scenario, env={"SERVER_PID": str(child.pid)}, files={"server.pid": f"{child.pid}\n"}, children=[child])
+    env = {"SERVER_PID": str(child.pid), "NVMLCHECK_DEVICE_FILES": str(dev / "nvidia[0-9]*")}
+    return Setup(scenario, env=env, files={"server.pid": f"{child.pid}\n"}, children=[child])
 
 
-def _hidden() -> Setup:
+def _hidden(tmp: Path) -> Setup:
     # Memory in use with an empty process list, as inside a PID namespace.
     scenario = Scenario.h200()
     scenario.set_device(0, used_bytes=16 * GIB)
     return Setup(scenario)
 
 
-def _v1() -> Setup:
+def _v1(tmp: Path) -> Setup:
     # A driver without nvmlDeviceGetMemoryInfo_v2: `used` counts the driver's reserved memory.
     return Setup(Scenario.h200(), variant=("STUB_NO_MEMORY_V2",))
 
 
 #: Scenario name -> what it prepares.
-SCENARIOS: dict[str, Callable[[], Setup]] = {
+SCENARIOS: dict[str, Callable[[Path], Setup]] = {
     "h200": _idle(1),
     "h200x2": _idle(2),
     "busy": _busy,
@@ -226,7 +234,7 @@ BLOCKS = all_blocks()
 @contextlib.contextmanager
 def block_environment(options: dict[str, str], tmp: Path) -> Iterator[dict[str, str]]:
     """A working directory and environment that point nvmlcheck, python and nvidia-smi at the stub."""
-    setup = SCENARIOS[options.get("scenario", "h200")]()
+    setup = SCENARIOS[options.get("scenario", "h200")](tmp)
     try:
         library = build_stub(setup.variant)
         scenario_path = setup.scenario.write(tmp / "scenario.txt")
