@@ -71,10 +71,11 @@ def open_session(args: argparse.Namespace) -> Session:
         from ..testing import stub_source_dir
 
         smi_command = [sys.executable, str(stub_source_dir() / "fake_nvidia_smi.py")]
-    # nvmlInit can hang on a wedged driver: bound it by the command's own timeout (half of it, so "auto" still has
-    # time to fall back to nvidia-smi), between 1 s and the library's default of 10 s.
-    timeout = getattr(args, "timeout", None)
-    init_timeout_s = 10.0 if timeout is None else min(10.0, max(1.0, timeout / 2))
+    # nvmlInit can hang on a wedged driver: the library's rule bounds it by the command's own timeout (half of it,
+    # so "auto" still has time to fall back to nvidia-smi; at least 0.25 s, at most 10 s).
+    from ..backends.nvml import init_timeout_for
+
+    init_timeout_s = init_timeout_for(getattr(args, "timeout", None))
     return open_backend(backend, smi_prefix=args.smi_prefix, smi_command=smi_command, init_timeout_s=init_timeout_s)
 
 

@@ -38,18 +38,25 @@ def cmd_wait(args: argparse.Namespace) -> int:
 
     predicate = wait_predicate(args)
     status = StatusLine(sys.stderr, not args.json)
+    started = time.monotonic()
     with open_session(args) as gpus:
+        # --timeout bounds the whole command: the open (whose nvmlInit it bounded) comes out of it.
+        timeout = None if args.timeout is None else max(0.0, args.timeout - (time.monotonic() - started))
         try:
             result = gpus.wait_until_clean(
-                args.timeout,
+                timeout,
                 predicate,
                 devices=args.devices,
                 policy="precise" if args.precise else None,
                 stable_polls=args.stable_polls,
                 on_poll=status_updater(status, predicate, time.monotonic()),
             )
-        except WaitTimeout as exc:
+        except WaitTimeout as late:
             status.clear()
+            # Report the timeout asked for and the time since the command started, the open included.
+            opened_ns = round((time.monotonic() - started) * 1e9) - late.elapsed_ns
+            exc = WaitTimeout(args.timeout, late.elapsed_ns + max(0, opened_ns), late.culprits, late.snapshot,
+                              late.polls)
             if args.json:
                 print_json(timeout_document(exc))
             else:
