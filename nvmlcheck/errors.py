@@ -219,6 +219,10 @@ class CorruptData(NvmlCheckError):
         return (type(self), (self.message, self.function, self.device_index))
 
 
+#: Culprit lines that name no holder (see :class:`WaitTimeout`).
+_NOT_HOLDERS = ("clean at the last poll, but only", "no poll finished before the deadline")
+
+
 class WaitTimeout(NvmlCheckError, TimeoutError):
     """The GPUs were not clean when the deadline passed.
 
@@ -242,9 +246,13 @@ class WaitTimeout(NvmlCheckError, TimeoutError):
         self.snapshot = snapshot
         self.polls = polls
         lines = "\n".join(f"  - {c}" for c in self.culprits) if self.culprits else "  - (no detail available)"
+        # "Still held" only when something was seen holding: a clean poll that could not be confirmed in time, or a
+        # poll that never finished, is not a holder (a user read "still held" on an idle GPU as a busy one).
+        held = not self.culprits or not all(c.startswith(_NOT_HOLDERS) for c in self.culprits)
+        head, verdict = ("GPUs not clean", "still held") if held else ("GPUs not confirmed clean", "why")
+        noun = "poll" if polls == 1 else "polls"
         super().__init__(
-            f"GPUs not clean after {elapsed_ns / 1e9:.3f} s (timeout {timeout_s:g} s, {polls} polls); still held:\n"
-            f"{lines}"
+            f"{head} after {elapsed_ns / 1e9:.3f} s (timeout {timeout_s:g} s, {polls} {noun}); {verdict}:\n{lines}"
         )
 
     def __reduce__(self) -> tuple[Any, ...]:

@@ -90,3 +90,15 @@ def test_wait_timeout_is_a_timeout_error() -> None:
     assert isinstance(exc, TimeoutError)
     assert "pid 7 (python3)" in str(exc)
     assert "1.001 s" in str(exc)
+
+
+def test_wait_timeout_says_still_held_only_when_something_holds() -> None:
+    import nvmlcheck as nc
+
+    unconfirmed = nc.WaitTimeout(0.0002, 300_000, [
+        "clean at the last poll, but only 1 of the 2 consecutive clean polls required were seen before the deadline"
+    ], None, 1)
+    assert "still held" not in str(unconfirmed) and "not confirmed clean" in str(unconfirmed)
+    assert "1 poll)" in str(unconfirmed)
+    held = nc.WaitTimeout(1.0, 10**9, ["GPU 0: pid 5 (python) holds 1.0 GiB (compute)"], None, 3)
+    assert "still held" in str(held) and "3 polls" in str(held)
