@@ -169,7 +169,8 @@ class Session:
         unreadable (lost, no permission). The deadline is overrun by at most one query (one NVML call, or the time
         to stop one nvidia-smi run), not a whole poll: the backend gets it and stops there. ``timeout=0``'s single
         check always completes. Zero selected GPUs is an error, never a vacuous "clean". ``policy``: a
-        :class:`~nvmlcheck.wait.PollPolicy`, ``"default"``, ``"precise"`` or an interval in seconds. ``clock``
+        :class:`~nvmlcheck.wait.PollPolicy`, ``"default"``, ``"precise"`` or an interval in seconds (``None``:
+        ``DEFAULT``, or ``SMI_DEFAULT`` with the nvidia-smi backend). ``clock``
         (integer ns) and ``sleep`` (seconds) can be injected for tests; the deadline handed to the backend is on
         that ``clock``.
         """
@@ -198,6 +199,10 @@ class Session:
             # poller then skips the process lists. It never declares clean on its own (wait.py).
             return backend.snapshot(indices, Fields.MEMORY, deadline=deadline)
 
+        if policy is None and backend.name == "smi":
+            from .wait import SMI_DEFAULT
+
+            policy = SMI_DEFAULT  # 5 % of a core is one nvidia-smi run every ~0.4 s: too late to see a reclaim
         return poll_until(
             take,
             predicate if predicate is not None else default_predicate(),
