@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Literal
 
 from ._proc import devfiles, procfs
 from .model import Snapshot
-from .predicates import format_bytes
+from .predicates import DEFAULT_MAX_USED_BYTES, format_bytes
 
 if TYPE_CHECKING:
     from .session import DeviceSelector, Session
@@ -34,6 +34,8 @@ __all__ = [
     "Holder",
     "KillSelection",
     "explain_unseen_holders",
+    "memory_held_unseen",
+    "timeout_explanation",
     "find_holders",
     "select_kill_holders",
 ]
@@ -347,3 +349,24 @@ def explain_unseen_holders(
         lines.append(f"{len(fds.unreadable)} processes' open files could not be read (not permitted): run as root "
                      "to see every holder")
     return lines
+
+
+def memory_held_unseen(snapshot: Snapshot | None, *, limit_bytes: int = DEFAULT_MAX_USED_BYTES) -> bool:
+    """Whether a GPU of ``snapshot`` holds more than ``limit_bytes`` while its process lists are known and empty."""
+    for d in snapshot.devices if snapshot is not None else ():
+        m = d.memory
+        if d.processes == () and m is not None and not m.used_includes_reserved and m.used_bytes > limit_bytes:
+            return True
+    return False
+
+
+def timeout_explanation(snapshot: Snapshot | None) -> list[str]:
+    """What a wait that timed out should add to its culprits: with memory held and no process listed, every line of
+    :func:`explain_unseen_holders`; otherwise only the holders no signal ends (zombies, uninterruptible sleep)."""
+    try:
+        lines = explain_unseen_holders(snapshot)
+    except OSError:
+        return []
+    if memory_held_unseen(snapshot):
+        return lines
+    return [line for line in lines if "zombie" in line or "uninterruptible" in line]

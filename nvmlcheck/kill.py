@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from ._proc import procfs, targets
 from ._proc.targets import Refused, Target, TargetSet
 from .errors import BackendUnavailable, NvmlCheckError, WaitTimeout
-from .holders import Holder, explain_unseen_holders
+from .holders import Holder, timeout_explanation
 from .model import Snapshot
 from .predicates import DEFAULT_MAX_USED_BYTES, Predicate, _Scope, _Why, default_predicate
 
@@ -367,14 +367,7 @@ class KillPlan:
                 who = ", ".join(f"pid {pid} (descends from {anc})" for pid, anc in hint)
                 culprits.append(f"{who} still on a GPU list and not signalled: kill the process tree with tree=True "
                                 "(--tree)")
-        try:
-            lines = explain_unseen_holders(exc.snapshot)
-        except OSError:
-            lines = []
-        if not _memory_held_unseen(exc.snapshot):
-            # The process lists explain the timeout: add only what no signal can end.
-            lines = [line for line in lines if "zombie" in line or "uninterruptible" in line]
-        culprits.extend(lines)
+        culprits.extend(timeout_explanation(exc.snapshot))
         elapsed = found.clock() - found.started
         return KillTimeout(math.inf if timeout is None else float(timeout), elapsed, tuple(dict.fromkeys(culprits)),
                            exc.snapshot, exc.polls, pids=self.targets, tree_hint=hint, signal_name=found.first.name)
@@ -419,15 +412,6 @@ class _TargetsExited(Predicate):
 
     def __repr__(self) -> str:
         return f"<targets exited: {', '.join(str(t.pid) for t in self.plan.items)}>"
-
-
-def _memory_held_unseen(snap: Snapshot | None) -> bool:
-    """Whether a GPU of ``snap`` holds memory (above the default limit) with no process listed."""
-    for d in snap.devices if snap is not None else ():
-        m = d.memory
-        if d.processes == () and m is not None and not m.used_includes_reserved and m.used_bytes > _HELD_BYTES:
-            return True
-    return False
 
 
 def _grace_ns(grace_s: float | None) -> int | None:

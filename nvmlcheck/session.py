@@ -174,7 +174,7 @@ class Session:
         (integer ns) and ``sleep`` (seconds) can be injected for tests; the deadline handed to the backend is on
         that ``clock``.
         """
-        from .errors import BackendUnavailable
+        from .errors import BackendUnavailable, WaitTimeout
         from .predicates import default_predicate
         from .wait import poll_until
 
@@ -203,23 +203,33 @@ class Session:
             from .wait import SMI_DEFAULT
 
             policy = SMI_DEFAULT  # 5 % of a core is one nvidia-smi run every ~0.4 s: too late to see a reclaim
-        return poll_until(
-            take,
-            predicate if predicate is not None else default_predicate(),
-            probe=probe,
-            pass_deadline=True,
-            # The duty cap counts CPU. NVML's cost is all in this thread; counting reaped children too (the
-            # poller's default, for nvidia-smi runs) would charge a launch script's own reaped workers to the
-            # wait: on the H200 a reaped holder stretched the default interval to ~40 ms mid-wait.
-            cpu_clock=time.thread_time_ns if backend.name == "nvml" and clock is time.monotonic_ns else None,
-            timeout=timeout,
-            policy=policy,
-            stable_polls=stable_polls,
-            keep_trace=trace,
-            on_poll=on_poll,
-            clock=clock,
-            sleep=sleep,
-        )
+        try:
+            return poll_until(
+                take,
+                predicate if predicate is not None else default_predicate(),
+                probe=probe,
+                pass_deadline=True,
+                # The duty cap counts CPU. NVML's cost is all in this thread; counting reaped children too (the
+                # poller's default, for nvidia-smi runs) would charge a launch script's own reaped workers to the
+                # wait: on the H200 a reaped holder stretched the default interval to ~40 ms mid-wait.
+                cpu_clock=time.thread_time_ns if backend.name == "nvml" and clock is time.monotonic_ns else None,
+                timeout=timeout,
+                policy=policy,
+                stable_polls=stable_polls,
+                keep_trace=trace,
+                on_poll=on_poll,
+                clock=clock,
+                sleep=sleep,
+            )
+        except WaitTimeout as exc:
+            # Memory held with no process listed: say what the device-file scan finds (a holder numbered in another
+            # PID namespace, a zombie, a process in D state); read once, at the timeout.
+            from .holders import timeout_explanation
+
+            extra = [line for line in timeout_explanation(exc.snapshot) if line not in exc.culprits]
+            if not extra or type(exc) is not WaitTimeout:
+                raise
+            raise WaitTimeout(exc.timeout_s, exc.elapsed_ns, (*exc.culprits, *extra), exc.snapshot, exc.polls) from None
 
     def holders(
         self,

@@ -186,6 +186,39 @@ def test_explain_unseen_holders_names_device_file_holders(
     assert any(f"pid {hidden.pid}" in line and "on no GPU process list" in line for line in lines), lines
 
 
+def test_a_wait_timeout_with_memory_held_and_no_process_names_the_device_file_holder(
+    dev: tuple[Path, str],
+    procs: Callable[..., subprocess.Popen[bytes]],
+    gpus: Callable[[Scenario], nc.Session],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    d, pattern = dev
+    hidden = procs(str(d / "nvidia0"))
+    monkeypatch.setenv(devfiles.ENV_VAR, pattern)
+    sc = Scenario.h200()
+    sc.set_device(0, used_bytes=4 * GIB)  # as inside a PID namespace: memory held, the list empty
+    with gpus(sc) as session, pytest.raises(nc.WaitTimeout) as info:
+        session.wait_until_clean(timeout=0)
+    assert any(f"pid {hidden.pid}" in c and "on no GPU process list" in c for c in info.value.culprits)
+    assert any("4.0 GiB used" in c for c in info.value.culprits)  # the predicate's own reason stays first
+
+
+def test_a_wait_timeout_with_listed_holders_adds_no_scan_lines(
+    dev: tuple[Path, str],
+    procs: Callable[..., subprocess.Popen[bytes]],
+    gpus: Callable[[Scenario], nc.Session],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    d, pattern = dev
+    holder = procs(str(d / "nvidia0"))
+    monkeypatch.setenv(devfiles.ENV_VAR, pattern)
+    sc = Scenario.h200()
+    sc.add_process(0, holder.pid, used_bytes=4 * GIB)
+    with gpus(sc) as session, pytest.raises(nc.WaitTimeout) as info:
+        session.wait_until_clean(timeout=0)
+    assert not any("on no GPU process list" in c for c in info.value.culprits)
+
+
 # Runs as PID 1 of a new PID namespace, with the stub listing two PIDs as an old driver reports them (host numbering):
 # HOST_PID, which names no process here, and the PID of `unrelated`, a local process that merely shares the number.
 # The real holder, `holder`, has a device file open and is on no list under its local PID.
