@@ -56,7 +56,8 @@ def _time_command(argv: list[str], env: dict[str, str]) -> float:
     return (time.monotonic_ns() - t0) / 1e6
 
 
-def _kill_once(python: str, env: dict[str, str], nbytes: int, simulate: bool, tmp: Path) -> dict[str, float]:
+def _kill_once(python: str, env: dict[str, str], nbytes: int, simulate: bool, tmp: Path,
+               backend: str) -> dict[str, float]:
     mark = tmp / "signalled"
     mark.unlink(missing_ok=True)
     target = subprocess.Popen([python, "-c", TARGET, str(mark), str(nbytes)], env=env, stdout=subprocess.PIPE,
@@ -64,7 +65,7 @@ def _kill_once(python: str, env: dict[str, str], nbytes: int, simulate: bool, tm
     try:
         assert target.stdout is not None
         assert target.stdout.readline().strip() == "ready", "the target did not start"
-        argv = [python, "-m", "nvmlcheck", "--json", "kill", str(target.pid), "--timeout", "20"]
+        argv = [python, "-m", "nvmlcheck", "--json", "--backend", backend, "kill", str(target.pid), "--timeout", "20"]
         if simulate:
             from nvmlcheck.testing import Scenario
 
@@ -88,6 +89,7 @@ def _kill_once(python: str, env: dict[str, str], nbytes: int, simulate: bool, tm
         "signal_to_clean_ms": doc["confirmed_ns"] / 1e6,
         "clean_to_exit_ms": (t_exit - clean_at) / 1e6,
         "total_ms": (t_exit - t_launch) / 1e6,
+        "resolution_ms": doc["resolution_ns"] / 1e6,
     }
 
 
@@ -97,6 +99,7 @@ def main() -> int:
     parser.add_argument("--bytes", default="1GiB", help="held by the kill target on GPU 0 (0: nothing)")
     parser.add_argument("--python", default=sys.executable, help="the interpreter that runs nvmlcheck")
     parser.add_argument("--simulate", action="store_true", help="the stub libnvidia-ml instead of a GPU")
+    parser.add_argument("--backend", default="auto", choices=("auto", "nvml", "smi"), help="nvmlcheck's backend")
     parser.add_argument("--json", metavar="FILE", help="write the figures here")
     args = parser.parse_args()
     from nvmlcheck.holder import parse_size
@@ -104,12 +107,13 @@ def main() -> int:
     nbytes = 0 if args.simulate or args.bytes == "0" else parse_size(args.bytes)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
     py = args.python
-    result: dict[str, Any] = {"python": py, "runs": args.runs, "simulate": args.simulate, "bytes": nbytes}
+    result: dict[str, Any] = {"python": py, "runs": args.runs, "simulate": args.simulate, "bytes": nbytes,
+                              "backend": args.backend}
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         base: dict[str, list[float]] = {k: [] for k in ("pass", "import_cli", "raw_init", "wait0", "smi")}
         kills: list[dict[str, float]] = []
-        wait0 = [py, "-m", "nvmlcheck", "wait", "--timeout", "0"]
+        wait0 = [py, "-m", "nvmlcheck", "--backend", args.backend, "wait", "--timeout", "0"]
         if args.simulate:
             wait0[3:3] = ["--simulate", "h200"]
         for _ in range(args.runs):  # interleaved, so a slow moment of the machine hits every command alike
@@ -120,7 +124,7 @@ def main() -> int:
                 base["raw_init"].append(_time_command([py, "-c", RAW_INIT], env))
                 base["smi"].append(_time_command(["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv"],
                                                  env))
-            kills.append(_kill_once(py, env, nbytes, args.simulate, tmp))
+            kills.append(_kill_once(py, env, nbytes, args.simulate, tmp, args.backend))
     result["commands"] = {k: _stats(v) for k, v in base.items() if v}
     result["kill"] = {k: _stats([r[k] for r in kills]) for k in kills[0]}
     med = {k: v["median_ms"] for k, v in result["commands"].items()}
