@@ -57,7 +57,7 @@ def _time_command(argv: list[str], env: dict[str, str]) -> float:
 
 
 def _kill_once(python: str, env: dict[str, str], nbytes: int, simulate: bool, tmp: Path,
-               backend: str) -> dict[str, float]:
+               *, backend: str) -> dict[str, float]:
     mark = tmp / "signalled"
     mark.unlink(missing_ok=True)
     target = subprocess.Popen([python, "-c", TARGET, str(mark), str(nbytes)], env=env, stdout=subprocess.PIPE,
@@ -124,7 +124,7 @@ def main() -> int:
                 base["raw_init"].append(_time_command([py, "-c", RAW_INIT], env))
                 base["smi"].append(_time_command(["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv"],
                                                  env))
-            kills.append(_kill_once(py, env, nbytes, args.simulate, tmp, args.backend))
+            kills.append(_kill_once(py, env, nbytes, args.simulate, tmp, backend=args.backend))
     result["commands"] = {k: _stats(v) for k, v in base.items() if v}
     result["kill"] = {k: _stats([r[k] for r in kills]) for k in kills[0]}
     med = {k: v["median_ms"] for k, v in result["commands"].items()}

@@ -23,13 +23,24 @@ import time
 from pathlib import Path
 from typing import Any
 
-# The launcher: starts one holder per GPU, prints their PIDs once all are ready, then sleeps. SIGTERM's default
+# A worker: holds memory on one GPU until killed. (Not `python -m nvmlcheck.holder`, which exits at the end of its
+# stdin: a worker whose launcher died would exit with it, and no worker would outlive the launcher.)
+WORKER = r"""
+import sys, time
+from nvmlcheck.holder import hold, parse_size
+keep = hold(parse_size(sys.argv[1]), int(sys.argv[2]))
+print("ready", flush=True)
+while True:
+    time.sleep(3600)
+"""
+
+# The launcher: starts one worker per GPU, prints their PIDs once all are ready, then sleeps. SIGTERM's default
 # action ends it alone: the workers are reparented and keep their memory.
 LAUNCHER = r"""
 import subprocess, sys, time
-gpus, nbytes = int(sys.argv[1]), sys.argv[2]
-workers = [subprocess.Popen([sys.executable, "-m", "nvmlcheck.holder", "--bytes", nbytes, "--device", str(i)],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for i in range(gpus)]
+gpus, nbytes, worker = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+workers = [subprocess.Popen([sys.executable, "-c", worker, nbytes, str(i)], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, text=True) for i in range(gpus)]
 for w in workers:
     line = w.stdout.readline()
     assert line.startswith("ready"), line
@@ -49,7 +60,7 @@ def alive(pid: int) -> bool:
 
 
 def start_tree(gpus: int, nbytes: str, env: dict[str, str]) -> tuple[subprocess.Popen[str], list[int]]:
-    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(gpus), nbytes], stdout=subprocess.PIPE,
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(gpus), nbytes, WORKER], stdout=subprocess.PIPE,
                                 text=True, env=env, start_new_session=True)
     assert launcher.stdout is not None
     line = launcher.stdout.readline().split()
@@ -146,8 +157,8 @@ def main() -> int:
 
     # D: a PID namespace. A holder outside on the last GPU; inside, a tree on GPU 0 killed with --all-holders.
     if args.gpus >= 2:
-        outside = subprocess.Popen([sys.executable, "-m", "nvmlcheck.holder", "--bytes", args.bytes, "--device",
-                                    str(args.gpus - 1)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        outside = subprocess.Popen([sys.executable, "-c", WORKER, args.bytes, str(args.gpus - 1)],
+                                   stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
         assert outside.stdout is not None and outside.stdout.readline().startswith("ready")
         inside = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, __file__, "--inside",
                                  "--bytes", args.bytes], capture_output=True, text=True, env=env, timeout=120,
