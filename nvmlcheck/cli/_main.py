@@ -43,9 +43,9 @@ def _command(name: str) -> Callable[[argparse.Namespace], int]:
 
 
 def _parse(argv: Sequence[str], json_errors: bool) -> argparse.Namespace | int:
-    from ._parser import GLOBAL_OPTIONS, build_parser
+    from ._parser import GLOBAL_OPTIONS, build_parser, command_in
 
-    parser = build_parser(json_errors=json_errors)
+    parser = build_parser(json_errors=json_errors, only=command_in(argv))
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help, --version, or an argument error (already printed)

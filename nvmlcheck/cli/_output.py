@@ -5,9 +5,11 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import TYPE_CHECKING, Any, TextIO
 
+TYPE_CHECKING = False  # typing costs ~5-10 ms of start-up where site has not loaded it
 if TYPE_CHECKING:
+    from typing import Any, TextIO
+
     from ..model import DeviceState, Snapshot
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 
 from .. import __version__
@@ -31,8 +32,24 @@ class _State:
         self.merged: dict[str, list[Any]] = {}
 
 
+class _Formatter(argparse.HelpFormatter):
+    """argparse's formatter, sized without ``shutil``: argparse builds one for every ``add_argument`` and the
+    default imports shutil (and through it ~3 ms of modules) to read the terminal width."""
+
+    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
+                 width: int | None = None) -> None:
+        if width is None:
+            try:
+                width = int(os.environ.get("COLUMNS", "0")) or os.get_terminal_size(sys.stdout.fileno()).columns
+            except (AttributeError, OSError, ValueError):  # not a terminal, or a stream without a descriptor
+                width = 80
+            width -= 2
+        super().__init__(prog, indent_increment, max_help_position, width)
+
+
 class _Parser(argparse.ArgumentParser):
     def __init__(self, *args: Any, state: _State, root: bool = False, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _Formatter)
         super().__init__(*args, **kwargs)
         self.state = state
         self.root = root
@@ -191,9 +208,37 @@ def ending_list(text: str) -> list[str]:
 GLOBAL_OPTIONS = ("backend", "smi_prefix", "simulate", "devices")
 
 
-def build_parser(*, json_errors: bool = False) -> argparse.ArgumentParser:
-    """The argument parser (exposed for documentation and tests). A fresh one per parse: it tracks repeats."""
+#: The commands, and the global options that take a value (to find the command in argv without parsing it).
+COMMAND_NAMES = ("snapshot", "wait", "kill", "holders", "demo", "study")
+_VALUED_GLOBALS = ("--backend", "--smi-prefix", "--simulate", "--devices")
+
+
+def command_in(argv: Sequence[str]) -> str | None:
+    """The command ``argv`` names, found without parsing (``None`` when help or the version is asked for before
+    it, or it names none): the parser is then built for that command alone."""
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in ("-h", "--help", "--version", "--"):
+            return None
+        elif arg in _VALUED_GLOBALS:
+            skip = True
+        elif not arg.startswith("-"):
+            return arg if arg in COMMAND_NAMES else None
+    return None
+
+
+def build_parser(*, json_errors: bool = False, only: str | None = None) -> argparse.ArgumentParser:
+    """The argument parser (exposed for documentation and tests). A fresh one per parse: it tracks repeats.
+
+    ``only``: build that command's parser alone (a launch script's ``kill`` need not pay for ``study``'s options);
+    ``None`` builds every command.
+    """
     state = _State(json_errors)
+
+    def wanted(name: str) -> bool:
+        return only is None or only == name
 
     def once(p: argparse.ArgumentParser | Any, *names: str, **kw: Any) -> None:
         p.add_argument(*names, action=_Once, state=state, **kw)
@@ -230,9 +275,10 @@ def build_parser(*, json_errors: bool = False) -> argparse.ArgumentParser:
     global_options(parser, top=True)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    snap = sub_parser(sub, "snapshot", help="show devices (default) or processes")
-    global_options(snap, top=False)
-    snap.add_argument("view", nargs="?", choices=("devices", "procs"), default="devices")
+    if wanted("snapshot"):
+        snap = sub_parser(sub, "snapshot", help="show devices (default) or processes")
+        global_options(snap, top=False)
+        snap.add_argument("view", nargs="?", choices=("devices", "procs"), default="devices")
 
     def wait_options(p: argparse.ArgumentParser) -> None:
         once(p, "--timeout", type=seconds_or_none, default=30.0, metavar="S",
@@ -242,76 +288,82 @@ def build_parser(*, json_errors: bool = False) -> argparse.ArgumentParser:
         once(p, "--stable-polls", type=positive_int, default=2, metavar="N",
              help="consecutive clean polls required (default 2)")
 
-    wait = sub_parser(sub, "wait", help="wait until the GPUs are clean (exit 0) or time out (1)")
-    global_options(wait, top=False)
-    wait_options(wait)
-    wait.add_argument("--pids", type=pid_number, nargs="+", action=_Merge, state=state, default=[], metavar="PID",
-                      help="also require these PIDs off every GPU (repeats merge)")
-    wait.add_argument("--precise", action="store_true", help="tight polling loop (~100 µs resolution, one core)")
+    if wanted("wait"):
+        wait = sub_parser(sub, "wait", help="wait until the GPUs are clean (exit 0) or time out (1)")
+        global_options(wait, top=False)
+        wait_options(wait)
+        wait.add_argument("--pids", type=pid_number, nargs="+", action=_Merge, state=state, default=[], metavar="PID",
+                          help="also require these PIDs off every GPU (repeats merge)")
+        wait.add_argument("--precise", action="store_true", help="tight polling loop (~100 µs resolution, one core)")
 
-    kill = sub_parser(
-        sub, "kill", help="signal processes, escalate to SIGKILL, wait until they exited and the GPUs are clean",
-        description="Signal the named PIDs (and with --tree their descendants) first, then open NVML and wait "
-                    "until every target exited and the selected GPUs are clean. A target still running after "
-                    "--grace gets SIGKILL. Targets are pinned (pidfd): a recycled PID is never signalled.",
-    )
-    global_options(kill, top=False)
-    kill.add_argument("pids", type=pid_number, nargs="*", metavar="PID")
-    wait_options(kill)
-    once(kill, "--grace", type=grace_seconds, default=5.0, metavar="S",
-         help="seconds before SIGKILL (default 5; 'never': no SIGKILL)")
-    once(kill, "--signal", type=signal_name, default="SIGTERM", help="first signal (default TERM)")
-    kill.add_argument("--tree", action="store_true",
-                      help="also signal the targets' descendants (found at the first signal and on every poll)")
-    kill.add_argument("--all-holders", action="store_true",
-                      help="also kill every process in this PID namespace with an NVIDIA device file open, except "
-                           "daemons (nvidia-persistenced, display servers, ...), this process and its ancestors")
-    kill.add_argument("--all-on-gpu", action="store_true",
-                      help="also kill every process on the selected GPUs' NVML process lists that has an NVIDIA "
-                           "device file open here")
-    kill.add_argument("--yes", action="store_true",
-                      help="do not ask for confirmation with --all-holders/--all-on-gpu (needed without a terminal)")
+    if wanted("kill"):
+        kill = sub_parser(
+            sub, "kill", help="signal processes, escalate to SIGKILL, wait until they exited and the GPUs are clean",
+            description="Signal the named PIDs (and with --tree their descendants) first, then open NVML and wait "
+                        "until every target exited and the selected GPUs are clean. A target still running after "
+                        "--grace gets SIGKILL. Targets are pinned (pidfd): a recycled PID is never signalled.",
+        )
+        global_options(kill, top=False)
+        kill.add_argument("pids", type=pid_number, nargs="*", metavar="PID")
+        wait_options(kill)
+        once(kill, "--grace", type=grace_seconds, default=5.0, metavar="S",
+             help="seconds before SIGKILL (default 5; 'never': no SIGKILL)")
+        once(kill, "--signal", type=signal_name, default="SIGTERM", help="first signal (default TERM)")
+        kill.add_argument("--tree", action="store_true",
+                          help="also signal the targets' descendants (found at the first signal and on every poll)")
+        kill.add_argument("--all-holders", action="store_true",
+                          help="also kill every process in this PID namespace with an NVIDIA device file open, except "
+                               "daemons (nvidia-persistenced, display servers, ...), this process and its ancestors")
+        kill.add_argument("--all-on-gpu", action="store_true",
+                          help="also kill every process on the selected GPUs' NVML process lists that has an NVIDIA "
+                               "device file open here")
+        kill.add_argument("--yes", action="store_true",
+                          help="do not ask for confirmation with --all-holders/--all-on-gpu (needed without a "
+                               "terminal)")
 
-    holders = sub_parser(sub, "holders", help="every process that holds a GPU: NVML lists joined with open "
-                                               "NVIDIA device files")
-    global_options(holders, top=False)
+    if wanted("holders"):
+        holders = sub_parser(sub, "holders", help="every process that holds a GPU: NVML lists joined with open "
+                                                   "NVIDIA device files")
+        global_options(holders, top=False)
 
-    demo = sub_parser(sub, "demo",
-                      help="a simulated H200: a real child holds memory, is killed, and the wait sees the reclaim",
-                      description="Runs on the bundled simulated H200 only; it reads no real GPU and takes no "
-                                  "backend or device options.")
-    global_options(demo, top=False, gpu=False)
+    if wanted("demo"):
+        demo = sub_parser(sub, "demo",
+                          help="a simulated H200: a real child holds memory, is killed, and the wait sees the reclaim",
+                          description="Runs on the bundled simulated H200 only; it reads no real GPU and takes no "
+                                      "backend or device options.")
+        global_options(demo, top=False, gpu=False)
 
-    study = sub_parser(sub, "study", help="measurement studies (reclaim: how fast the driver gives memory back)")
-    global_options(study, top=False)
-    studies = study.add_subparsers(dest="study", required=True, parser_class=_Parser)
-    reclaim = sub_parser(
-        studies, "reclaim", help="time the driver's reclamation of GPU memory after a holder process ends",
-        description="Start a process holding memory on each selected GPU, end it, and time when its PID leaves the "
-                    "NVML list, when the memory is back, and when waitpid returns. Refuses to start unless the GPUs "
-                    "are clean.",
-        epilog="exit codes: 0 every run completed, 1 a run timed out or the GPUs were not clean at baseline, "
-               "2 usage, 3 backend or holder failure",
-    )
-    global_options(reclaim, top=False)
-    once(reclaim, "--sizes", type=size_list, default=[1 << 30, 4 << 30, 16 << 30], metavar="LIST",
-         help="bytes held per GPU, comma-separated (default 1GiB,4GiB,16GiB)")
-    once(reclaim, "--repeats", type=positive_int, default=5, help="measured runs per size and ending (default 5)")
-    once(reclaim, "--endings", type=ending_list, default=["KILL", "TERM"], metavar="LIST",
-         help="how the holder ends: KILL, TERM, exit, free (comma-separated; default KILL,TERM)")
-    once(reclaim, "--mode", choices=("precise", "default"), default="precise",
-         help="polling: precise (tight loop, one busy core; default) or default (~1.5 ms)")
-    once(reclaim, "--out", metavar="FILE.jsonl", default=None,
-         help="write one JSON Lines record per run (schema nvmlcheck/reclaim-run, version 1)")
-    reclaim.add_argument("--trace", action="store_true", help="keep the per-poll trace in each record")
-    once(reclaim, "--plot", metavar="DIR", default=None,
-         help="write PNG plots to DIR (needs matplotlib: pip install 'nvmlcheck[plot]')")
-    reclaim.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
-                         help="one discarded warm-up run before each size and ending (default on)")
-    once(reclaim, "--run-timeout", type=float, default=30.0, metavar="S",
-         help="seconds from the signal until clean and reaped, else the run times out (default 30)")
-    once(reclaim, "--chunks", type=positive_int, default=1,
-         help="allocations per holder (python -m nvmlcheck.holder --chunks; default 1)")
+    if wanted("study"):
+        study = sub_parser(sub, "study", help="measurement studies (reclaim: how fast the driver gives memory back)")
+        global_options(study, top=False)
+        studies = study.add_subparsers(dest="study", required=True, parser_class=_Parser)
+        reclaim = sub_parser(
+            studies, "reclaim", help="time the driver's reclamation of GPU memory after a holder process ends",
+            description="Start a process holding memory on each selected GPU, end it, and time when its PID leaves "
+                        "the NVML list, when the memory is back, and when waitpid returns. Refuses to start unless the "
+                        "GPUs are clean.",
+            epilog="exit codes: 0 every run completed, 1 a run timed out or the GPUs were not clean at baseline, "
+                   "2 usage, 3 backend or holder failure",
+        )
+        global_options(reclaim, top=False)
+        once(reclaim, "--sizes", type=size_list, default=[1 << 30, 4 << 30, 16 << 30], metavar="LIST",
+             help="bytes held per GPU, comma-separated (default 1GiB,4GiB,16GiB)")
+        once(reclaim, "--repeats", type=positive_int, default=5, help="measured runs per size and ending (default 5)")
+        once(reclaim, "--endings", type=ending_list, default=["KILL", "TERM"], metavar="LIST",
+             help="how the holder ends: KILL, TERM, exit, free (comma-separated; default KILL,TERM)")
+        once(reclaim, "--mode", choices=("precise", "default"), default="precise",
+             help="polling: precise (tight loop, one busy core; default) or default (~1.5 ms)")
+        once(reclaim, "--out", metavar="FILE.jsonl", default=None,
+             help="write one JSON Lines record per run (schema nvmlcheck/reclaim-run, version 1)")
+        reclaim.add_argument("--trace", action="store_true", help="keep the per-poll trace in each record")
+        once(reclaim, "--plot", metavar="DIR", default=None,
+             help="write PNG plots to DIR (needs matplotlib: pip install 'nvmlcheck[plot]')")
+        reclaim.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
+                             help="one discarded warm-up run before each size and ending (default on)")
+        once(reclaim, "--run-timeout", type=float, default=30.0, metavar="S",
+             help="seconds from the signal until clean and reaped, else the run times out (default 30)")
+        once(reclaim, "--chunks", type=positive_int, default=1,
+             help="allocations per holder (python -m nvmlcheck.holder --chunks; default 1)")
     return parser
 
 

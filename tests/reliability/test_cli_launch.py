@@ -3,6 +3,7 @@ repeated options, a failed simulation, and a start-up that loads only what the c
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -199,3 +200,39 @@ def test_main_in_process_still_closes_nvml(stub: Stub, capsys: pytest.CaptureFix
     stub.write(Scenario.h200())
     assert cli.main(["wait", "--timeout", "5"]) == 0
     assert stub.probe.init_refcount() == 0  # a library caller's process goes on: everything is closed
+
+
+# Run in a fresh interpreter without site: everything the kill command does before its first signal.
+_BEFORE_SIGNAL = """
+import subprocess, sys
+target = subprocess.Popen([sys.executable, "-S", "-c", "import time; time.sleep(60)"])
+from nvmlcheck.cli._main import _parse
+from nvmlcheck.cli._kill import signal_first
+args = _parse(["kill", str(target.pid)], False)
+signal_first(args)
+loaded = sorted(sys.modules)
+assert target.wait(timeout=10) == -15, "the target was not signalled"
+print(" ".join(loaded))
+"""
+
+
+def test_kill_loads_nothing_of_the_gpu_side_before_its_first_signal() -> None:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    out = subprocess.run([sys.executable, "-S", "-c", _BEFORE_SIGNAL], capture_output=True, text=True, env=env,
+                         timeout=60, check=True).stdout
+    loaded = set(out.split()) - _loaded_by("import subprocess")
+    assert not {m for m in loaded if m.startswith(_HEAVY)}, sorted(loaded)
+    assert "nvmlcheck._proc.targets" in loaded  # it was the real path
+
+
+def test_the_parser_is_built_for_the_command_alone() -> None:
+    from nvmlcheck.cli._parser import build_parser, command_in
+
+    assert command_in(["--backend", "nvml", "--devices", "0", "kill", "5"]) == "kill"
+    assert command_in(["--help", "kill"]) is None and command_in(["frobnicate"]) is None
+    assert command_in(["--json", "wait"]) == "wait"
+    def commands(parser: argparse.ArgumentParser) -> set[str]:
+        return {name for a in parser._actions if isinstance(a, argparse._SubParsersAction) for name in a.choices}
+
+    assert commands(build_parser(only="kill")) == {"kill"}
+    assert {"snapshot", "wait", "kill", "holders", "demo", "study"} <= commands(build_parser())
