@@ -56,8 +56,14 @@ def _time_command(argv: list[str], env: dict[str, str]) -> float:
     return (time.monotonic_ns() - t0) / 1e6
 
 
+#: How a launch script runs nvmlcheck: the console script (pip's wrapper imports nvmlcheck.cli and calls script();
+#: `-c` is the same without an installed wrapper) or `python -m nvmlcheck` (which adds runpy, ~3-6 ms).
+ENTRIES = {"script": ["-c", "import sys; sys.argv[0] = 'nvmlcheck'; from nvmlcheck.cli import script; script()"],
+           "module": ["-m", "nvmlcheck"]}
+
+
 def _kill_once(python: str, env: dict[str, str], nbytes: int, simulate: bool, tmp: Path,
-               *, backend: str) -> dict[str, float]:
+               *, backend: str, entry: str, text: bool) -> dict[str, float]:
     mark = tmp / "signalled"
     mark.unlink(missing_ok=True)
     target = subprocess.Popen([python, "-c", TARGET, str(mark), str(nbytes)], env=env, stdout=subprocess.PIPE,
@@ -65,7 +71,9 @@ def _kill_once(python: str, env: dict[str, str], nbytes: int, simulate: bool, tm
     try:
         assert target.stdout is not None
         assert target.stdout.readline().strip() == "ready", "the target did not start"
-        argv = [python, "-m", "nvmlcheck", "--json", "--backend", backend, "kill", str(target.pid), "--timeout", "20"]
+        argv = [python, *ENTRIES[entry], "--backend", backend, "kill", str(target.pid), "--timeout", "20"]
+        if not text:
+            argv.insert(3, "--json")
         if simulate:
             from nvmlcheck.testing import Scenario
 
@@ -81,7 +89,13 @@ def _kill_once(python: str, env: dict[str, str], nbytes: int, simulate: bool, tm
         target.wait()
     if done.returncode != 0:
         raise SystemExit(f"nvmlcheck kill exited {done.returncode}: {done.stderr.strip()}")
-    doc: dict[str, Any] = json.loads(done.stdout)
+    if text:  # "clean: ... (confirmed +123.4 ms, resolution 1.50 ms)"
+        last = done.stdout.strip().splitlines()[-1]
+        confirmed = float(last.split("confirmed +")[1].split(" ms")[0]) * 1e6
+        resolution = float(last.split("resolution ")[1].split(" ms")[0]) * 1e6
+        doc: dict[str, Any] = {"confirmed_ns": confirmed, "resolution_ns": resolution}
+    else:
+        doc = json.loads(done.stdout)
     t_signal = int(mark.read_text())
     clean_at = t_signal + doc["confirmed_ns"]
     return {
@@ -100,6 +114,8 @@ def main() -> int:
     parser.add_argument("--python", default=sys.executable, help="the interpreter that runs nvmlcheck")
     parser.add_argument("--simulate", action="store_true", help="the stub libnvidia-ml instead of a GPU")
     parser.add_argument("--backend", default="auto", choices=("auto", "nvml", "smi"), help="nvmlcheck's backend")
+    parser.add_argument("--entry", default="script", choices=tuple(ENTRIES), help="how nvmlcheck is started")
+    parser.add_argument("--text", action="store_true", help="kill prints its table, not --json")
     parser.add_argument("--json", metavar="FILE", help="write the figures here")
     args = parser.parse_args()
     from nvmlcheck.holder import parse_size
@@ -108,12 +124,12 @@ def main() -> int:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
     py = args.python
     result: dict[str, Any] = {"python": py, "runs": args.runs, "simulate": args.simulate, "bytes": nbytes,
-                              "backend": args.backend}
+                              "backend": args.backend, "entry": args.entry, "text": args.text}
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         base: dict[str, list[float]] = {k: [] for k in ("pass", "import_cli", "raw_init", "wait0", "smi")}
         kills: list[dict[str, float]] = []
-        wait0 = [py, "-m", "nvmlcheck", "--backend", args.backend, "wait", "--timeout", "0"]
+        wait0 = [py, *ENTRIES[args.entry], "--backend", args.backend, "wait", "--timeout", "0"]
         if args.simulate:
             wait0[3:3] = ["--simulate", "h200"]
         for _ in range(args.runs):  # interleaved, so a slow moment of the machine hits every command alike
@@ -124,7 +140,8 @@ def main() -> int:
                 base["raw_init"].append(_time_command([py, "-c", RAW_INIT], env))
                 base["smi"].append(_time_command(["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv"],
                                                  env))
-            kills.append(_kill_once(py, env, nbytes, args.simulate, tmp, backend=args.backend))
+            kills.append(_kill_once(py, env, nbytes, args.simulate, tmp, backend=args.backend, entry=args.entry,
+                                    text=args.text))
     result["commands"] = {k: _stats(v) for k, v in base.items() if v}
     result["kill"] = {k: _stats([r[k] for r in kills]) for k in kills[0]}
     med = {k: v["median_ms"] for k, v in result["commands"].items()}
