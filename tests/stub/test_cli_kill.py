@@ -25,8 +25,9 @@ HOLD = "import sys, time; f = open(sys.argv[1]); print('ready', flush=True); tim
 IGNORE_TERM = ("import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); "
                "time.sleep(60)")
 # A launcher whose worker holds the device file; the launcher itself holds nothing and is on no GPU list.
-LAUNCHER = ("import subprocess, sys, time; w = subprocess.Popen([sys.executable, '-S', '-c', sys.argv[1], sys.argv[2]], "
-            "stdout=subprocess.PIPE); w.stdout.readline(); print(w.pid, flush=True); time.sleep(60)")
+LAUNCHER = ("import subprocess, sys, time; "
+            "w = subprocess.Popen([sys.executable, '-S', '-c', sys.argv[1], sys.argv[2]], stdout=subprocess.PIPE); "
+            "w.stdout.readline(); print(w.pid, flush=True); time.sleep(60)")
 
 
 @pytest.fixture
