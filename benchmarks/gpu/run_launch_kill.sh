@@ -20,11 +20,20 @@ if /usr/bin/python3 -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/d
   el "launch, system python3"
   timeout 120 python3 benchmarks/cli_launch.py --runs 15 --bytes 1GiB --python /usr/bin/python3 \
     --json "$OUT/launch_sys.json" 2>&1 | tail -14
+  el "launch, system python3, text output"
+  timeout 100 python3 benchmarks/cli_launch.py --runs 10 --bytes 1GiB --python /usr/bin/python3 --text \
+    --json "$OUT/launch_sys_text.json" 2>&1 | tail -14
+  el "launch, system python3, python -m nvmlcheck"
+  timeout 100 python3 benchmarks/cli_launch.py --runs 10 --bytes 1GiB --python /usr/bin/python3 --entry module \
+    --json "$OUT/launch_sys_module.json" 2>&1 | tail -14
 fi
 el "launch, smi backend"
 timeout 120 python3 benchmarks/cli_launch.py --runs 5 --bytes 1GiB --backend smi --json "$OUT/launch_smi.json" 2>&1 | tail -14
 el "kill tree"
 timeout 240 python3 benchmarks/gpu/kill_tree.py --gpus "$(nvidia-smi -L | wc -l)" --bytes 8GiB --out "$OUT" 2>&1 | tail -12
-el "lag"
-timeout 150 python3 benchmarks/gpu/reclaim_lag.py --sizes 1GiB,16GiB --runs 3 --json "$OUT/lag.json" > "$OUT/lag.txt" 2>&1; tail -14 "$OUT/lag.txt"
+if [ "${LAG:-0}" = 1 ]; then
+  el "lag"
+  timeout 150 python3 benchmarks/gpu/reclaim_lag.py --sizes 1GiB,16GiB --runs 3 --json "$OUT/lag.json" > "$OUT/lag.txt" 2>&1
+  tail -14 "$OUT/lag.txt"
+fi
 el "done"
