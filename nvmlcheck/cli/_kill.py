@@ -133,11 +133,8 @@ def cmd_kill(args: argparse.Namespace) -> int:
             selection = None
             if plan is None:
                 plan, selection = _plan_with_nvml(args, gpus)
-            if plan is None:  # --all-*: nothing to kill; the verdict is a plain wait's
-                from ._wait import cmd_wait
-
-                args.precise, args.pids = False, []
-                return cmd_wait(args)
+            if plan is None:  # --all-*: nothing to kill; the verdict is a plain wait's, in a kill document
+                return _wait_only(args, gpus, predicate, selection, status)
             try:
                 result = plan.wait(gpus, timeout=args.timeout, grace_s=args.grace, devices=args.devices,
                                    predicate=predicate, stable_polls=args.stable_polls,
@@ -154,6 +151,40 @@ def cmd_kill(args: argparse.Namespace) -> int:
     finally:
         if plan is not None:
             plan.close()
+    return EXIT_CLEAN
+
+
+def _wait_only(args: argparse.Namespace, gpus: Session, predicate: Any, selection: KillSelection | None,
+               status: StatusLine) -> int:
+    """``--all-*`` found nothing to signal: wait for the GPUs as ``wait`` would, and say so as a kill would."""
+    from ..errors import WaitTimeout
+
+    left_alone = [] if selection is None else [
+        {"pid": h.pid, "name": h.name, "reason": why} for h, why in selection.skipped]
+    kill_fields = {"signal": args.signal, "tree": args.tree, "pids": [], "left_alone": left_alone, "vanished": []}
+    try:
+        result = gpus.wait_until_clean(args.timeout, predicate, devices=args.devices, stable_polls=args.stable_polls,
+                                       on_poll=status_updater(status, predicate, time.monotonic()))
+    except WaitTimeout as exc:
+        status.clear()
+        if args.json:
+            from ._wait import timeout_document
+
+            print_json(timeout_document(exc, "kill", tree_hint=[], **kill_fields))
+        else:
+            print(str(exc), file=sys.stderr)
+        verdict_printed(EXIT_NOT_CLEAN)
+        return EXIT_NOT_CLEAN
+    status.clear()
+    if args.json:
+        from ..jsonout import document, snapshot_json
+
+        print_json(document("kill", clean=True, **kill_fields, clean_ns=result.first_clean_ns,
+                            confirmed_ns=result.elapsed_ns, resolution_ns=max(result.interval_ns, result.poll_cost_ns),
+                            snapshot=snapshot_json(result.snapshot)))
+    else:
+        print(f"clean: nothing to kill, GPUs clean after {result.first_clean_ns / 1e6:.1f} ms")
+    verdict_printed(EXIT_CLEAN)
     return EXIT_CLEAN
 
 

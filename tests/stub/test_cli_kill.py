@@ -212,3 +212,20 @@ def test_holders_lists_nvml_and_device_file_holders(
     assert by_pid[hidden.pid]["found_by"] == ["device-file"] and by_pid[hidden.pid]["gpus"] == []
     code, out, _ = run(capsys, "--simulate", _scenario(tmp_path, listed.pid), "holders")
     assert code == 0 and str(listed.pid) in out and str(hidden.pid) in out
+
+
+def test_all_holders_with_nothing_to_kill_is_a_kill_document_of_a_plain_wait(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], device_file: str
+) -> None:
+    code, out, err = run(capsys, "--simulate", _scenario(tmp_path), "--json", "kill", "--all-holders", "--yes",
+                         "--timeout", "5")
+    assert code == 0 and "nothing to kill" in err
+    doc = json.loads(out)
+    assert (doc["schema"], doc["clean"], doc["pids"]) == ("nvmlcheck/kill", True, [])
+    busy = Scenario.h200()
+    busy.add_process(0, 4_100_001, used_bytes=GIB)  # not a process here: left alone, and the GPU stays busy
+    code, out, err = run(capsys, "--simulate", str(busy.write(tmp_path / "busy.txt")), "--json", "kill",
+                         "--all-on-gpu", "--yes", "--timeout", "0.2")
+    doc = json.loads(out)
+    assert code == 1 and doc["schema"] == "nvmlcheck/kill" and doc["clean"] is False
+    assert [h["pid"] for h in doc["left_alone"]] == [4_100_001]
