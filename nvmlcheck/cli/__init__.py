@@ -38,19 +38,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def script() -> None:
     """The ``nvmlcheck`` command's entry point: :func:`main`, then exit without the interpreter's teardown."""
-    import os
-    import sys
-
     from . import _common
 
     _common.FAST_EXIT = True
-    code = main()
-    try:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    except (BrokenPipeError, ValueError):
-        pass
-    os._exit(code)
+    _common.verdict_printed(main())
 
 
 _LAZY = {

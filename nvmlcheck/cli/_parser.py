@@ -73,12 +73,16 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 
-class _Once(argparse.Action):
-    """Store a value; the same option a second time (before or after the command) is a usage error."""
+class _Stateful(argparse.Action):
+    """An action that sees the parse's shared :class:`_State` (passed as ``state=`` to ``add_argument``)."""
 
     def __init__(self, *args: Any, state: _State, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.state = state
+
+
+class _Once(_Stateful):
+    """Store a value; the same option a second time (before or after the command) is a usage error."""
 
     def __call__(
         self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option: str | None = None
@@ -89,12 +93,8 @@ class _Once(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
-class _Merge(argparse.Action):
+class _Merge(_Stateful):
     """Extend a list; repeated occurrences merge, duplicates dropped, order kept."""
-
-    def __init__(self, *args: Any, state: _State, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.state = state
 
     def __call__(
         self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option: str | None = None
