@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from .cudamap import CudaMapping
+    from .selection import Selection
     from .holders import Holder
     from .predicates import Predicate
     from .wait import Deadline, PollPolicy, TracePoint, WaitResult
@@ -100,8 +102,6 @@ class Session:
         """How CUDA numbers these GPUs under ``env`` (default ``os.environ``): ``CUDA_VISIBLE_DEVICES`` and
         ``CUDA_DEVICE_ORDER`` applied to the identities the backend reports. See :mod:`nvmlcheck.cudamap` for the
         rules; an unknown mapping has ``devices=None`` and the reason."""
-        import os
-
         from .cudamap import cuda_mapping
 
         self._check_open()
@@ -254,6 +254,34 @@ class Session:
             if not extra or type(exc) is not WaitTimeout:
                 raise
             raise WaitTimeout(exc.timeout_s, exc.elapsed_ns, (*exc.culprits, *extra), exc.snapshot, exc.polls) from None
+
+    def select_clean(
+        self,
+        count: int,
+        *,
+        timeout: float | None = 0.0,
+        predicate: Predicate | None = None,
+        devices: Iterable[DeviceSelector] | DeviceSelector | None = None,
+        stable_polls: int = 1,
+        lock: bool = False,
+        lock_dir: str | os.PathLike[str] | None = None,
+        interval: float | None = None,
+        clock: Callable[[], int] = time.monotonic_ns,
+        sleep: Callable[[float], object] = time.sleep,
+    ) -> Selection:
+        """Wait until ``count`` GPUs are clean and return them (see :func:`nvmlcheck.selection.select_clean`):
+        ``timeout`` 0 checks once, ``None`` waits forever; ``lock=True`` also takes their advisory locks and passes
+        over GPUs locked by others. Raises :class:`~nvmlcheck.selection.SelectTimeout` naming why GPUs were passed
+        over."""
+        from pathlib import Path
+
+        from .selection import select_clean
+
+        self._check_open()
+        return select_clean(
+            self, count, timeout=timeout, predicate=predicate, devices=devices, stable_polls=stable_polls, lock=lock,
+            lock_dir=None if lock_dir is None else Path(lock_dir), interval=interval, clock=clock, sleep=sleep,
+        )
 
     def holders(
         self,
