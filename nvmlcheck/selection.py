@@ -155,7 +155,7 @@ def select_clean(
         raise ValueError(f"asked for {count} clean GPU(s) but {where} {total}")
     pred = predicate if predicate is not None else default_predicate()
     pause = DEFAULT_INTERVAL_S.get(session.backend_name, 0.5) if interval is None else interval
-    if pause < 0 or pause != pause:
+    if not (isinstance(pause, int | float) and 0 <= pause < float("inf")):
         raise ValueError(f"interval must be >= 0 seconds, got {interval!r}")
     directory: Path | None = None
     if lock:

@@ -22,9 +22,9 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from .cudamap import CudaMapping
-    from .selection import Selection
     from .holders import Holder
     from .predicates import Predicate
+    from .selection import Selection
     from .wait import Deadline, PollPolicy, TracePoint, WaitResult
 
 __all__ = ["DeviceSelector", "Session", "open", "wait_until_clean"]
