@@ -102,6 +102,8 @@ class CudaMappingError(ValueError):
     table (or why it is unknown); :attr:`mapping` is the :class:`CudaMapping` itself (``None`` when none was built).
     """
 
+    __module__ = "nvmlcheck"
+
     def __init__(self, message: str, mapping: CudaMapping | None = None) -> None:
         text = message if mapping is None else f"{message}\n{mapping.describe()}"
         super().__init__(text)
@@ -260,8 +262,8 @@ def _base_order(
     names = {g.name for g in gpus}
     if len(names) == 1 and None not in names:
         # CUDA's fastest-first heuristic ranks models; equal models keep PCI bus order (checked on H200 hosts).
-        return by_pci, None, (f"{ENV_DEVICE_ORDER} is FASTEST_FIRST and every GPU is a {next(iter(names))}: "
-                              "CUDA numbers equal GPUs by PCI bus id")
+        return by_pci, None, (f"{ENV_DEVICE_ORDER} is FASTEST_FIRST and every GPU is the same model "
+                              f"({next(iter(names))}): CUDA numbers equal GPUs by PCI bus id")
     models = ", ".join(sorted(repr(n) if n is not None else "unknown" for n in names))
     return None, (f"{ENV_DEVICE_ORDER} is FASTEST_FIRST (the default) and the GPUs are not all one model "
                   f"({models}): CUDA's fastest-first heuristic cannot be reproduced from NVML data; set "

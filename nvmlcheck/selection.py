@@ -2,7 +2,7 @@
 
 What ``nvmlcheck select`` runs (``export CUDA_VISIBLE_DEVICES=$(nvmlcheck select --count 2 --wait 600)``).
 Unlike tools that pick by free memory or utilisation, a GPU is chosen only when the same predicate as
-:meth:`Session.wait_until_clean <nvmlcheck.Session.wait_until_clean>` holds on it alone (by default: no process of
+:meth:`Session.wait_until_clean` holds on it alone (by default: no process of
 any kind and at most 16 MiB used), and the call can wait for that. With ``lock=True`` the chosen GPUs are also locked
 (:mod:`nvmlcheck.locks`), and GPUs locked by others are passed over, so racing launch scripts get disjoint sets.
 
@@ -129,7 +129,7 @@ def select_clean(
 
     ``timeout`` in seconds: ``0`` (default) checks once, ``None`` waits forever. ``predicate`` is judged on each
     GPU alone (default :func:`~nvmlcheck.default_predicate`: no process of any kind, at most 16 MiB used).
-    ``devices``: the candidates (any selection :meth:`Session.resolve <nvmlcheck.Session.resolve>` takes,
+    ``devices``: the candidates (any selection :meth:`Session.resolve` takes,
     ``"cuda:all"`` included; default every GPU). ``stable_polls``: consecutive clean polls a GPU needs (default 1:
     choosing an idle GPU is not timing a reclaim). ``lock``: also take each chosen GPU's advisory lock
     (:mod:`nvmlcheck.locks`, in ``lock_dir`` or the default directory), passing over GPUs locked by others; the

@@ -112,7 +112,7 @@ class Session:
     def resolve(self, devices: Iterable[DeviceSelector] | DeviceSelector | None) -> tuple[int, ...] | None:
         """Turn a device selection into sorted NVML indices: NVML indices, UUIDs or unique UUID prefixes, and CUDA
         selectors ``"cuda:N"`` / ``"cuda:all"`` (read through ``CUDA_VISIBLE_DEVICES`` and ``CUDA_DEVICE_ORDER``
-        in ``os.environ`` at the call, :meth:`cuda_mapping`).
+        in ``os.environ`` at the call, :meth:`Session.cuda_mapping`).
 
         ``None`` means every device. Raises ``ValueError`` for an index or UUID that names no device, or a prefix
         that names several; :class:`~nvmlcheck.cudamap.CudaMappingError` (a ``ValueError``) for a CUDA selector
