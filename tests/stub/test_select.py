@@ -198,6 +198,9 @@ def test_cli_select_formats_and_exit_codes(
     # --max-used does not forgive a process: GPU 0 still has one.
     assert code == 0 and doc["found"] is True and doc["value"] == "1,2" and doc["lock"] is None
     assert [d["uuid"] for d in doc["selected"]] == [uuid(1), uuid(2)]
+    # The nvidia-smi backend gives the same answer (the fake nvidia-smi renders the same scenario).
+    code, out, _ = run(capsys, "--simulate", path, "--backend", "smi", "select", "--count", "2", "--format", "uuid")
+    assert (code, out) == (0, f"{uuid(1)},{uuid(2)}\n")
     assert run(capsys, "--simulate", path, "select", "--count", "5")[0] == 2
     assert run(capsys, "--simulate", path, "select")[0] == 2  # --count is required
     assert run(capsys, "--simulate", path, "select", "--count", "1", "--count", "2")[0] == 2

@@ -177,3 +177,10 @@ def test_parse_cuda_selector() -> None:
         with pytest.raises(ValueError, match="cuda:N"):
             parse_cuda_selector(bad)
     assert is_cuda_selector("cuda:x") and not is_cuda_selector("GPU-1") and not is_cuda_selector(0)
+
+
+def test_on_devices_refuses_cuda_selectors() -> None:
+    from nvmlcheck import no_processes, on_devices
+
+    with pytest.raises(ValueError, match="Session.resolve"):
+        on_devices(["cuda:0"], no_processes())
