@@ -182,5 +182,5 @@ def test_parse_cuda_selector() -> None:
 def test_on_devices_refuses_cuda_selectors() -> None:
     from nvmlcheck import no_processes, on_devices
 
-    with pytest.raises(ValueError, match="Session.resolve"):
+    with pytest.raises(ValueError, match=r"Session\.resolve"):
         on_devices(["cuda:0"], no_processes())
