@@ -39,6 +39,8 @@ __all__ = ["ENV_LOCK_DIR", "GpuLock", "LockSet", "lock_dir", "lock_info", "take_
 ENV_LOCK_DIR = "NVMLCHECK_LOCK_DIR"
 
 _SAFE = re.compile(r"[^A-Za-z0-9._-]")
+# The default lock directory, per user (a module constant so that tests can move it).
+_DEFAULT_DIR = "/tmp/nvmlcheck-locks-{uid}"
 
 
 def lock_dir(env: Mapping[str, str] | None = None, *, create: bool = True) -> Path:
@@ -54,7 +56,7 @@ def lock_dir(env: Mapping[str, str] | None = None, *, create: bool = True) -> Pa
         if create:
             path.mkdir(parents=True, exist_ok=True)
         return path
-    path = Path(f"/tmp/nvmlcheck-locks-{os.getuid()}")
+    path = Path(_DEFAULT_DIR.format(uid=os.getuid()))
     if create:
         with contextlib.suppress(FileExistsError):
             path.mkdir(mode=0o700)
@@ -135,6 +137,9 @@ class LockSet:
     """Locks held together (what ``select_clean(lock=True)`` returns in :attr:`Selection.locks`).
 
     A context manager: leaving the block releases them. :meth:`hold_until` hands them to a holder process instead.
+    ``locks``: the :class:`GpuLock` of each GPU; ``directory``: where their files are; ``holder_pid`` and
+    ``owner_pid``: after :meth:`hold_until`, the holder process and the process whose exit ends the locks (else
+    ``None``).
     """
 
     def __init__(self, locks: Sequence[GpuLock], directory: Path) -> None:
