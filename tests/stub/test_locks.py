@@ -112,7 +112,7 @@ def test_hold_until_a_dead_process_is_refused_and_keeps_the_locks_here(tmp_path:
 
 
 @pytest.mark.stub
-def test_command_substitution_returns_and_the_lock_lasts_as_long_as_the_shell(tmp_path: Path) -> None:
+def test_command_substitution_returns_and_the_lock_lasts_as_long_as_the_execd_server(tmp_path: Path) -> None:
     # `$(...)` waits until every writer of its pipe has closed it: a holder that kept stdout would hang the script
     # forever (its owner is that very shell). The owner by default is the shell that ran nvmlcheck.
     scenario = Scenario.h200(devices=2).write(tmp_path / "sc.txt")
@@ -123,7 +123,8 @@ def test_command_substitution_returns_and_the_lock_lasts_as_long_as_the_shell(tm
         f'GPUS=$("{sys.executable}" -m nvmlcheck --simulate "{scenario}" select --count 1 --lock --format uuid) '
         '|| exit 9\n'
         'echo "$GPUS $$"\n'
-        'read -r line\n'  # stay alive (the lock's owner) until told to finish
+        # The launch script becomes its server (same PID): the lock lasts as long as the server runs.
+        f'exec "{sys.executable}" -S -c "import sys; sys.stdin.readline()"\n'
     )
     shell = subprocess.Popen(["bash", "-c", script], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
@@ -134,6 +135,11 @@ def test_command_substitution_returns_and_the_lock_lasts_as_long_as_the_shell(tm
     info = lock_info(uuid, tmp_path / "locks")
     assert info is not None and f"owner={shell.pid}" in info
     holder = int(info.split()[0].removeprefix("holder="))
+    # The shell has exec'd the "server" by the time it reads its stdin; the lock is still held meanwhile.
+    end = time.monotonic() + 30
+    while b"\0-S\0-c\0" not in Path(f"/proc/{shell.pid}/cmdline").read_bytes() and time.monotonic() < end:
+        time.sleep(0.01)
+    assert try_lock(uuid, tmp_path / "locks") is None
     shell.communicate("done\n", timeout=60)
     assert _gone(holder)
     assert lock_info(uuid, tmp_path / "locks") is None
