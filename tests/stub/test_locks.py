@@ -139,6 +139,7 @@ def test_command_substitution_returns_and_the_lock_lasts_as_long_as_the_execd_se
     end = time.monotonic() + 30
     while b"\0-S\0-c\0" not in Path(f"/proc/{shell.pid}/cmdline").read_bytes() and time.monotonic() < end:
         time.sleep(0.01)
+    assert b"\0-S\0-c\0" in Path(f"/proc/{shell.pid}/cmdline").read_bytes(), "the shell never exec'd the server"
     assert try_lock(uuid, tmp_path / "locks") is None
     shell.communicate("done\n", timeout=60)
     assert _gone(holder)
