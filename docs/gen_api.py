@@ -56,6 +56,14 @@ SECTIONS: list[tuple[str, str, list[str]]] = [
         ["open", "Session", "wait_until_clean", "DeviceSelector"],
     ),
     (
+        "CUDA devices and selecting GPUs",
+        "`cuda:N` / `cuda:all` selectors through `CUDA_VISIBLE_DEVICES` and `CUDA_DEVICE_ORDER` (module "
+        "`nvmlcheck.cudamap`; the rules are in [cuda.md](cuda.md)), choosing clean GPUs (`nvmlcheck.selection`, what "
+        "`nvmlcheck select` runs) and their advisory locks (`nvmlcheck.locks`).",
+        ["cuda_mapping", "CudaMapping", "CudaDevice", "GpuIdentity", "CudaMappingError", "select_clean", "Selection",
+         "SelectTimeout", "LockSet"],
+    ),
+    (
         "Snapshots",
         "What a snapshot holds. Frozen, slotted dataclasses shared by both backends; [backends.md](backends.md) says "
         "which NVML symbol and nvidia-smi field each value comes from.",

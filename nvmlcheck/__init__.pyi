@@ -1,5 +1,6 @@
 """Type information for the lazily loaded package namespace (``__init__.py`` resolves names on first use)."""
 
+from nvmlcheck.cudamap import CudaDevice, CudaMapping, CudaMappingError, GpuIdentity, cuda_mapping
 from nvmlcheck.errors import (
     AlreadyInitialized,
     ArgumentVersionMismatch,
@@ -53,6 +54,7 @@ from nvmlcheck.kill import (
     kill_and_wait,
     prepare_kill,
 )
+from nvmlcheck.locks import LockSet
 from nvmlcheck.model import (
     MIB,
     ClockEventReason,
@@ -83,6 +85,7 @@ from nvmlcheck.predicates import (
     on_devices,
     pids_gone,
 )
+from nvmlcheck.selection import Selection, SelectTimeout, select_clean
 from nvmlcheck.session import DeviceSelector, Session, open, wait_until_clean
 from nvmlcheck.study import BaselineNotClean, HolderError, StudyConfig, StudyError, run_study
 from nvmlcheck.wait import PollPolicy, TracePoint, WaitResult, poll_until
@@ -184,4 +187,13 @@ __all__ = [
     "KillTimeout",
     "SignalSent",
     "prepare_kill",
+    "CudaDevice",
+    "CudaMapping",
+    "CudaMappingError",
+    "GpuIdentity",
+    "cuda_mapping",
+    "LockSet",
+    "SelectTimeout",
+    "Selection",
+    "select_clean",
 ]

@@ -1,7 +1,7 @@
 """JSON output of the CLI: model objects to plain dicts, under a versioned schema.
 
 Every document has ``"schema"`` (``"nvmlcheck/snapshot"``, ``"nvmlcheck/wait"``, ``"nvmlcheck/kill"``,
-``"nvmlcheck/holders"``,
+``"nvmlcheck/holders"``, ``"nvmlcheck/select"``,
 ``"nvmlcheck/error"``, ``"nvmlcheck/demo"``, ``"nvmlcheck/study-reclaim"``) and ``"version"``
 (:data:`SCHEMA_VERSION`). Within a version, fields are only ever added;
 a removal or change of meaning bumps the version. Bytes are integers in bytes, times integers in ns, and unknown

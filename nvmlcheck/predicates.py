@@ -748,6 +748,10 @@ def on_devices(devices: Iterable[int | str], predicate: Predicate) -> Predicate:
     for s in selectors:
         if isinstance(s, bool) or not isinstance(s, int | str) or (isinstance(s, int) and s < 0):
             raise ValueError(f"on_devices() takes GPU indices (int >= 0) or UUIDs (str), got {s!r}")
+        if isinstance(s, str) and s[:5].lower() == "cuda:":
+            # A predicate has no environment to read CUDA_VISIBLE_DEVICES from: resolve the selector first.
+            raise ValueError(f"on_devices() takes NVML indices or UUIDs, not {s!r}: turn CUDA selectors into "
+                             "indices with Session.resolve() first")
     if not selectors:
         raise ValueError("on_devices() needs at least one device")
     return _OnDevices(selectors, predicate)

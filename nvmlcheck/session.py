@@ -9,8 +9,9 @@
 from __future__ import annotations
 
 import math
+import os
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING
 
@@ -20,8 +21,10 @@ from .model import DeviceState, Fields, Snapshot, SystemInfo
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from .cudamap import CudaMapping
     from .holders import Holder
     from .predicates import Predicate
+    from .selection import Selection
     from .wait import Deadline, PollPolicy, TracePoint, WaitResult
 
 __all__ = ["DeviceSelector", "Session", "open", "wait_until_clean"]
@@ -29,7 +32,8 @@ __all__ = ["DeviceSelector", "Session", "open", "wait_until_clean"]
 # The least time each nvidia-smi run of wait_until_clean's "auto" fallback gets (see its docstring).
 _SMI_FALLBACK_FLOOR_S = 1.0
 
-#: A device is named by its NVML index or by its UUID (a unique prefix such as ``"GPU-acdc9db5"`` is enough).
+#: A device is named by its NVML index, by its UUID (a unique prefix such as ``"GPU-acdc9db5"`` is enough), or by a
+#: CUDA selector ``"cuda:N"`` / ``"cuda:all"`` (through ``CUDA_VISIBLE_DEVICES`` and ``CUDA_DEVICE_ORDER``).
 DeviceSelector = int | str
 
 
@@ -94,11 +98,25 @@ class Session:
         self._check_open()
         return self._backend.device_count()
 
+    def cuda_mapping(self, env: Mapping[str, str] | None = None) -> CudaMapping:
+        """How CUDA numbers these GPUs under ``env`` (default ``os.environ``): ``CUDA_VISIBLE_DEVICES`` and
+        ``CUDA_DEVICE_ORDER`` applied to the identities the backend reports. See :mod:`nvmlcheck.cudamap` for the
+        rules; an unknown mapping has ``devices=None`` and the reason."""
+        from .cudamap import cuda_mapping
+
+        self._check_open()
+        snap = self._backend.snapshot(None, Fields(0))
+        return cuda_mapping(snap.devices, os.environ if env is None else env,
+                            unreadable=[f.index for f in snap.failures])
+
     def resolve(self, devices: Iterable[DeviceSelector] | DeviceSelector | None) -> tuple[int, ...] | None:
-        """Turn a device selection (indices and/or UUIDs or unique UUID prefixes) into sorted NVML indices.
+        """Turn a device selection into sorted NVML indices: NVML indices, UUIDs or unique UUID prefixes, and CUDA
+        selectors ``"cuda:N"`` / ``"cuda:all"`` (read through ``CUDA_VISIBLE_DEVICES`` and ``CUDA_DEVICE_ORDER``
+        in ``os.environ`` at the call, :meth:`Session.cuda_mapping`).
 
         ``None`` means every device. Raises ``ValueError`` for an index or UUID that names no device, or a prefix
-        that names several.
+        that names several; :class:`~nvmlcheck.cudamap.CudaMappingError` (a ``ValueError``) for a CUDA selector
+        that cannot be resolved, its message showing the mapping seen.
         """
         self._check_open()
         if devices is None:
@@ -108,10 +126,16 @@ class Session:
             raise ValueError("empty device selection: name at least one GPU, or pass None for all")
         count = self._backend.device_count()
         uuids: list[str] | None = None
+        mapping: CudaMapping | None = None
         out: set[int] = set()
         for item in items:
             if isinstance(item, bool) or not isinstance(item, int | str):
                 raise TypeError(f"a device is an int index or a UUID string, not {item!r}")
+            if isinstance(item, str) and item[:5].lower() == "cuda:":
+                if mapping is None:
+                    mapping = self.cuda_mapping()
+                out.update(mapping.resolve(item))
+                continue
             if isinstance(item, int):
                 if not 0 <= item < count:
                     raise ValueError(f"no GPU with index {item}: this host has {count} (indices 0..{count - 1})")
@@ -230,6 +254,34 @@ class Session:
             if not extra or type(exc) is not WaitTimeout:
                 raise
             raise WaitTimeout(exc.timeout_s, exc.elapsed_ns, (*exc.culprits, *extra), exc.snapshot, exc.polls) from None
+
+    def select_clean(
+        self,
+        count: int,
+        *,
+        timeout: float | None = 0.0,
+        predicate: Predicate | None = None,
+        devices: Iterable[DeviceSelector] | DeviceSelector | None = None,
+        stable_polls: int = 1,
+        lock: bool = False,
+        lock_dir: str | os.PathLike[str] | None = None,
+        interval: float | None = None,
+        clock: Callable[[], int] = time.monotonic_ns,
+        sleep: Callable[[float], object] = time.sleep,
+    ) -> Selection:
+        """Wait until ``count`` GPUs are clean and return them (see :func:`nvmlcheck.selection.select_clean`):
+        ``timeout`` 0 checks once, ``None`` waits forever; ``lock=True`` also takes their advisory locks and passes
+        over GPUs locked by others. Raises :class:`~nvmlcheck.selection.SelectTimeout` naming why GPUs were passed
+        over."""
+        from pathlib import Path
+
+        from .selection import select_clean
+
+        self._check_open()
+        return select_clean(
+            self, count, timeout=timeout, predicate=predicate, devices=devices, stable_polls=stable_polls, lock=lock,
+            lock_dir=None if lock_dir is None else Path(lock_dir), interval=interval, clock=clock, sleep=sleep,
+        )
 
     def holders(
         self,

@@ -27,6 +27,7 @@ COMMANDS = {
     "wait": "_wait:cmd_wait",
     "kill": "_kill:cmd_kill",
     "holders": "_kill:cmd_holders",
+    "select": "_select:cmd_select",
     "demo": "_study:cmd_demo",
     "study": "_study:cmd_study_reclaim",
 }

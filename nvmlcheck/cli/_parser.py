@@ -172,12 +172,16 @@ def byte_size(text: str) -> int:
 
 
 def device_list(text: str) -> list[int | str]:
-    """``0,2`` or UUIDs (or unique UUID prefixes), comma-separated."""
+    """``0,2``, UUIDs (or unique UUID prefixes) or CUDA selectors (``cuda:0``, ``cuda:all``), comma-separated.
+
+    CUDA selectors stay strings: the session resolves them through ``CUDA_VISIBLE_DEVICES``."""
     items: list[int | str] = []
     for raw in text.split(","):
         part = raw.strip()
         if not part:
             raise argparse.ArgumentTypeError(f"empty device in {text!r}")
+        if part[:5].lower() == "cuda:" and not (part[5:].isdigit() or part[5:].lower() == "all"):
+            raise argparse.ArgumentTypeError(f"bad CUDA device {part!r}: expected cuda:N (N = 0, 1, ...) or cuda:all")
         items.append(int(part) if part.isdigit() else part)
     return items
 
@@ -209,7 +213,7 @@ GLOBAL_OPTIONS = ("backend", "smi_prefix", "simulate", "devices")
 
 
 #: The commands, and the global options that take a value (to find the command in argv without parsing it).
-COMMAND_NAMES = ("snapshot", "wait", "kill", "holders", "demo", "study")
+COMMAND_NAMES = ("snapshot", "wait", "kill", "holders", "select", "demo", "study")
 _VALUED_GLOBALS = ("--backend", "--smi-prefix", "--simulate", "--devices")
 
 
@@ -258,7 +262,9 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
                  help="use the bundled stub libnvidia-ml with a named scenario (h200, h200x8, h200-busy) or a "
                       "scenario file: explicit simulation, never chosen automatically")
             g.add_argument("--devices", type=device_list, action=_Merge, state=state, metavar="LIST",
-                           default=d(None), help="GPU indices or UUIDs, comma-separated (repeats merge)")
+                           default=d(None),
+                           help="GPU indices, UUIDs or cuda:N / cuda:all (through CUDA_VISIBLE_DEVICES and "
+                                "CUDA_DEVICE_ORDER), comma-separated (repeats merge)")
         g.add_argument("--json", action="store_true", default=d(False),
                        help="print one JSON document (versioned schema, docs/cli.md); errors too")
 
@@ -320,6 +326,34 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
         kill.add_argument("--yes", action="store_true",
                           help="do not ask for confirmation with --all-holders/--all-on-gpu (needed without a "
                                "terminal)")
+
+    if wanted("select"):
+        select = sub_parser(
+            sub, "select", help="wait until COUNT GPUs are clean and print them for CUDA_VISIBLE_DEVICES",
+            description="Wait (up to --wait seconds) until --count GPUs are clean (no process of any kind, at most "
+                        "--max-used bytes used) and print them comma-separated on stdout: "
+                        "GPUS=$(nvmlcheck select --count 2 --wait 600) || exit 1; export CUDA_VISIBLE_DEVICES=$GPUS. "
+                        "--devices limits the candidates (cuda:all: those CUDA_VISIBLE_DEVICES shows).",
+            epilog="exit codes: 0 found, 1 not enough clean GPUs at the timeout (stderr says why), 2 usage, 3 backend",
+        )
+        global_options(select, top=False)
+        once(select, "--count", type=positive_int, required=True, metavar="K", help="how many GPUs (required)")
+        once(select, "--wait", type=seconds_or_none, default=0.0, metavar="S",
+             help="seconds to wait for them (default 0: check once; 'none': forever)")
+        once(select, "--max-used", type=byte_size, default=16 * MIB, metavar="BYTES",
+             help="clean means at most this much used per GPU (default 16MiB)")
+        once(select, "--stable-polls", type=positive_int, default=1, metavar="N",
+             help="consecutive clean polls a GPU needs (default 1)")
+        once(select, "--format", choices=("cuda", "index", "uuid"), default="cuda",
+             help="cuda (default): numbers for CUDA_VISIBLE_DEVICES in CUDA's numbering of all GPUs (replacing any "
+                  "current value); index: NVML/nvidia-smi indices; uuid: UUIDs (valid in CUDA_VISIBLE_DEVICES too)")
+        select.add_argument("--lock", action="store_true",
+                            help="lock the chosen GPUs (a lock file per UUID, $NVMLCHECK_LOCK_DIR or "
+                                 "/tmp/nvmlcheck-locks-UID) and pass over GPUs others locked; the locks are kept by a "
+                                 "holder process until --lock-pid exits")
+        once(select, "--lock-pid", type=pid_number, default=None, metavar="PID",
+             help="keep the locks until this process exits (default: the process that ran nvmlcheck, e.g. the "
+                  "launch script's shell; implies --lock)")
 
     if wanted("holders"):
         holders = sub_parser(sub, "holders", help="every process that holds a GPU: NVML lists joined with open "

@@ -83,6 +83,13 @@ def _busy(tmp: Path) -> Setup:
     return Setup(scenario)
 
 
+def _busy4(tmp: Path) -> Setup:
+    # Four H200s, GPU 0 held by a process that never lets go: what `nvmlcheck select` examples choose from.
+    scenario = Scenario.h200(devices=4)
+    scenario.add_process(0, 4_123_456, used_bytes=16 * GIB)
+    return Setup(scenario)
+
+
 def _server(tmp: Path) -> Setup:
     # Like a CUDA process, the server has an NVIDIA device file open (a stand-in: CI has no /dev/nvidia*), so
     # `kill --all-on-gpu` can prove the NVML PID names it.
@@ -119,6 +126,7 @@ SCENARIOS: dict[str, Callable[[Path], Setup]] = {
     "h200": _idle(1),
     "h200x2": _idle(2),
     "busy": _busy,
+    "busy4": _busy4,
     "server": _server,
     "hidden": _hidden,
     "v1": _v1,
@@ -257,13 +265,16 @@ def block_environment(options: dict[str, str], tmp: Path) -> Iterator[dict[str, 
         env = {
             key: value
             for key, value in os.environ.items()
-            if not key.startswith(("NVMLCHECK_STUB_", "PYTEST_", "COV_")) and key != "NVMLCHECK_LIBNVML"
+            if not key.startswith(("NVMLCHECK_STUB_", "PYTEST_", "COV_", "CUDA_"))
+            and key not in ("NVMLCHECK_LIBNVML", "NVMLCHECK_LOCK_DIR")
         }
         env.update(
             PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}",
             NVMLCHECK_LIBNVML=str(library),
             NVMLCHECK_STUB_SCENARIO=str(scenario_path),
             PYTHONPATH=str(ROOT),
+            # `select --lock` examples: locks in the block's own directory, not the machine's.
+            NVMLCHECK_LOCK_DIR=str(tmp / "locks"),
             PYTHONUNBUFFERED="1",
             COLUMNS="120",
             **setup.env,

@@ -1,0 +1,97 @@
+"""``nvmlcheck select``: wait until K GPUs are clean and print them for ``CUDA_VISIBLE_DEVICES`` (exit 0), or say why
+not at the timeout (exit 1)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+from ._common import EXIT_CLEAN, EXIT_NOT_CLEAN, UsageError, open_session, verdict_printed, wait_predicate
+from ._output import print_json
+
+if TYPE_CHECKING:
+    import argparse
+
+    from ..cudamap import CudaMapping
+    from ..selection import Selection
+
+
+def _value(fmt: str, selection: Selection, mapping: CudaMapping | None) -> str:
+    if fmt == "uuid":
+        return ",".join(selection.uuids)
+    if fmt == "index":
+        return ",".join(map(str, selection.indices))
+    assert mapping is not None
+    return mapping.visible_value(selection.indices)
+
+
+def _document(args: argparse.Namespace, **fields: Any) -> dict[str, Any]:
+    from ..jsonout import document
+
+    return document("select", count=args.count, format=args.format, timeout_s=args.wait, **fields)
+
+
+def cmd_select(args: argparse.Namespace) -> int:
+    """Select with the CLI's predicate; with ``--lock``, hand the locks to a holder that outlives this process."""
+    from ..jsonout import snapshot_json
+    from ..selection import SelectTimeout
+
+    lock = args.lock or args.lock_pid is not None
+    # Whose life the locks last: the process that ran nvmlcheck (in `GPUS=$(nvmlcheck select ...)` that is the
+    # launch script's shell, which may `exec` the server), unless --lock-pid names another.
+    owner = args.lock_pid if args.lock_pid is not None else os.getppid()
+    if lock and (owner <= 1 or not os.path.exists(f"/proc/{owner}")):
+        raise UsageError(f"--lock-pid {owner}: no such process to keep the locks for")
+    args.timeout = args.wait  # open_session bounds nvmlInit by the command's own timeout
+    predicate = wait_predicate(args)
+    started = time.monotonic()
+    with open_session(args) as gpus:
+        mapping = None
+        if args.format == "cuda":
+            # Refuse before waiting (maybe for minutes) when the numbers cannot be told: CUDA_DEVICE_ORDER unset on
+            # a host with mixed GPU models.
+            mapping = gpus.cuda_mapping()
+            mapping.visible_value(())
+        timeout = None if args.wait is None else max(0.0, args.wait - (time.monotonic() - started))
+        try:
+            selection = gpus.select_clean(
+                args.count, timeout=timeout, predicate=predicate, devices=args.devices,
+                stable_polls=args.stable_polls, lock=lock,
+            )
+        except SelectTimeout as late:
+            # Report the --wait asked for and the time since the command started, the open included.
+            opened_ns = max(0, round((time.monotonic() - started) * 1e9) - late.elapsed_ns)
+            exc = SelectTimeout(args.wait or 0.0, late.elapsed_ns + opened_ns, late.culprits, late.snapshot,
+                                late.polls, count=late.count, clean=late.clean)
+            if args.json:
+                print_json(_document(args, found=False, value=None, selected=[], passed_over=list(exc.culprits),
+                                     elapsed_ns=exc.elapsed_ns, polls=exc.polls, lock=None,
+                                     snapshot=None if exc.snapshot is None else snapshot_json(exc.snapshot)))
+            else:
+                print(f"nvmlcheck: {exc}", file=sys.stderr)
+            verdict_printed(EXIT_NOT_CLEAN)
+            return EXIT_NOT_CLEAN
+        value = _value(args.format, selection, mapping)
+        lock_doc = None
+        if selection.locks is not None:
+            try:
+                holder = selection.locks.hold_until(owner)
+            except ProcessLookupError as exc:
+                raise UsageError(str(exc)) from None
+            lock_doc = {"dir": str(selection.locks.directory), "uuids": list(selection.locks.uuids),
+                        "holder_pid": holder, "owner_pid": owner}
+            if not args.json:
+                print(f"nvmlcheck: locked GPU {', '.join(map(str, selection.indices))} until PID {owner} exits "
+                      f"(holder PID {holder}, {selection.locks.directory})", file=sys.stderr)
+        if args.json:
+            selected = [{"index": d.index, "uuid": d.uuid, "name": d.name, "pci_bus_id": d.pci_bus_id}
+                        for d in selection.devices]
+            print_json(_document(args, found=True, value=value, selected=selected,
+                                 passed_over=list(selection.passed_over), elapsed_ns=selection.elapsed_ns,
+                                 polls=selection.polls, lock=lock_doc, snapshot=snapshot_json(selection.snapshot)))
+        else:
+            print(value)
+        verdict_printed(EXIT_CLEAN)
+    return EXIT_CLEAN

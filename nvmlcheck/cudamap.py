@@ -1,0 +1,340 @@
+"""CUDA device numbering: which NVML GPU ``cuda:N`` names under ``CUDA_VISIBLE_DEVICES`` and ``CUDA_DEVICE_ORDER``.
+
+A launch script thinks in CUDA devices (``CUDA_VISIBLE_DEVICES=4,5`` and ``cuda:0``); NVML and nvidia-smi number
+GPUs in their own order. This module turns the two environment variables plus the identities NVML reports (index,
+UUID, name, PCI bus id) into a table ``cuda index -> NVML index / UUID``. It is pure: no NVML call, no environment
+read unless you pass ``os.environ``, so the rules are unit-tested on their own.
+
+The rules (docs/cuda.md has the long form):
+
+* ``CUDA_DEVICE_ORDER=PCI_BUS_ID``: CUDA numbers all GPUs by ascending PCI bus id (domain, bus, device, function).
+* ``CUDA_DEVICE_ORDER`` unset, empty or ``FASTEST_FIRST`` (CUDA's default): CUDA puts the "fastest" GPU first by an
+  undocumented heuristic. NVML does not report everything that heuristic may use (compute capability, SM count),
+  so nvmlcheck reproduces it only where the answer does not depend on it: when every GPU is the same model (same
+  name), the order is by PCI bus id, as it is on the homogeneous machines this was checked on. With mixed models
+  the order is *unknown*, and a bare number in ``CUDA_VISIBLE_DEVICES`` or a ``cuda:N`` that depends on it is
+  refused with a message, never guessed.
+* ``CUDA_VISIBLE_DEVICES`` unset: every GPU, in that order. Set: a comma-separated list; CUDA numbers the listed GPUs
+  0, 1, ... in list order. An entry is a number (a position in the order above), ``GPU-`` and a UUID or a unique
+  prefix of one, or a ``MIG-`` UUID. As CUDA documents, the first entry that names no GPU (``-1``, an index out of
+  range, an unknown UUID) ends the list: it and what follows are ignored (``CUDA_VISIBLE_DEVICES=-1``: no GPU). An
+  empty value means no GPU.
+* Refused (the mapping is unknown, with the reason): ``MIG-`` entries (MIG instances are not in nvmlcheck's model
+  yet), a UUID prefix that matches several GPUs, a GPU listed twice, entries with spaces, an unknown
+  ``CUDA_DEVICE_ORDER`` value, and GPUs that could not be read (their place in the order is unknown).
+
+>>> from nvmlcheck.cudamap import GpuIdentity, cuda_mapping
+>>> gpus = [GpuIdentity(i, f"GPU-{i}aaa", "NVIDIA H200", f"00000000:{0x10 + i:02X}:00.0") for i in range(4)]
+>>> m = cuda_mapping(gpus, {"CUDA_VISIBLE_DEVICES": "3,1"})
+>>> m.resolve("cuda:0"), m.resolve("cuda:all")
+((3,), (3, 1))
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+__all__ = [
+    "ENV_DEVICE_ORDER",
+    "ENV_VISIBLE_DEVICES",
+    "CudaDevice",
+    "CudaMapping",
+    "CudaMappingError",
+    "GpuIdentity",
+    "Identity",
+    "cuda_mapping",
+    "is_cuda_selector",
+    "parse_cuda_selector",
+]
+
+#: The environment variable that lists the GPUs a CUDA program sees.
+ENV_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
+#: The environment variable that picks CUDA's numbering: ``FASTEST_FIRST`` (default) or ``PCI_BUS_ID``.
+ENV_DEVICE_ORDER = "CUDA_DEVICE_ORDER"
+
+_PCI = re.compile(r"^([0-9A-Fa-f]{1,8}):([0-9A-Fa-f]{1,2}):([0-9A-Fa-f]{1,2})\.([0-7])$")
+_SELECTOR = re.compile(r"^cuda:(.*)$", re.IGNORECASE)
+
+
+class Identity(Protocol):
+    """What the mapping reads of a GPU: :class:`~nvmlcheck.DeviceState` and :class:`GpuIdentity` both fit."""
+
+    @property
+    def index(self) -> int: ...
+    @property
+    def uuid(self) -> str: ...
+    @property
+    def name(self) -> str | None: ...
+    @property
+    def pci_bus_id(self) -> str | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class GpuIdentity:
+    """A GPU as NVML names it: ``index`` (NVML/nvidia-smi numbering), ``uuid``, ``name`` and ``pci_bus_id``
+    (``None`` when unknown). Build these to use the mapping without a session (tests, other tools)."""
+
+    index: int
+    uuid: str
+    name: str | None
+    pci_bus_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class CudaDevice:
+    """One row of the mapping: ``cuda_index`` (what ``cuda:N`` says) and the GPU it is (``nvml_index``, ``uuid``,
+    ``name``, ``pci_bus_id``)."""
+
+    cuda_index: int
+    nvml_index: int
+    uuid: str
+    name: str | None
+    pci_bus_id: str | None
+
+
+class CudaMappingError(ValueError):
+    """A CUDA selector that cannot be resolved (or a mapping that is unknown). A ``ValueError``, so the CLI exits 2.
+
+    The message shows the mapping it saw: the two environment variables, the order, and the ``cuda:N -> GPU``
+    table (or why it is unknown); :attr:`mapping` is the :class:`CudaMapping` itself (``None`` when none was built).
+    """
+
+    __module__ = "nvmlcheck"
+
+    def __init__(self, message: str, mapping: CudaMapping | None = None) -> None:
+        text = message if mapping is None else f"{message}\n{mapping.describe()}"
+        super().__init__(text)
+        self.mapping = mapping
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild_error, (str(self), self.mapping))
+
+
+def _rebuild_error(text: str, mapping: CudaMapping | None) -> CudaMappingError:
+    err = CudaMappingError(text)
+    err.mapping = mapping
+    return err
+
+
+def parse_cuda_selector(text: str) -> int | None:
+    """``"cuda:N"`` -> ``N``; ``"cuda:all"`` -> ``None``. Raises ``ValueError`` for any other text (check with
+    :func:`is_cuda_selector` first)."""
+    match = _SELECTOR.match(text)
+    if match is None:
+        raise ValueError(f"not a CUDA device selector: {text!r} (expected cuda:N or cuda:all)")
+    rest = match.group(1)
+    if rest.lower() == "all":
+        return None
+    if not re.fullmatch(r"[0-9]+", rest):
+        raise ValueError(f"bad CUDA device selector {text!r}: expected cuda:N (N = 0, 1, ...) or cuda:all")
+    return int(rest)
+
+
+def is_cuda_selector(item: object) -> bool:
+    """Whether ``item`` is a string of the form ``cuda:...`` (well-formed or not: :func:`parse_cuda_selector`
+    says which)."""
+    return isinstance(item, str) and _SELECTOR.match(item) is not None
+
+
+def _pci_key(bus_id: str) -> tuple[int, int, int, int] | None:
+    match = _PCI.match(bus_id.strip())
+    if match is None:
+        return None
+    domain, bus, device, function = (int(part, 16) for part in match.groups())
+    return domain, bus, device, function
+
+
+@dataclass(frozen=True, slots=True)
+class CudaMapping:
+    """How CUDA numbers the GPUs in one environment.
+
+    ``visible_devices``: ``CUDA_VISIBLE_DEVICES`` as read (``None``: unset). ``device_order``: ``CUDA_DEVICE_ORDER``
+    as read (``None``: unset, which CUDA treats as ``FASTEST_FIRST``). ``gpus``: every GPU NVML reported, by NVML
+    index. ``order``: NVML indices in CUDA's numbering of *all* GPUs (what a bare number in
+    ``CUDA_VISIBLE_DEVICES`` refers to), ``None`` when unknown with the reason in ``order_unknown``. ``devices``:
+    the GPUs a CUDA program sees, ``devices[i]`` being ``cuda:i``; ``None`` when unknown, with the reason in
+    ``unknown``. ``notes``: what the reader should know (an entry that ended the list, the tie rule used).
+    """
+
+    visible_devices: str | None
+    device_order: str | None
+    gpus: tuple[GpuIdentity, ...]
+    order: tuple[int, ...] | None
+    order_unknown: str | None
+    devices: tuple[CudaDevice, ...] | None
+    unknown: str | None
+    notes: tuple[str, ...] = ()
+
+    def _known(self) -> tuple[CudaDevice, ...]:
+        if self.devices is None:
+            raise CudaMappingError(f"cannot tell which GPU a CUDA device is: {self.unknown}", self)
+        return self.devices
+
+    def resolve(self, selector: str) -> tuple[int, ...]:
+        """NVML indices of ``"cuda:N"`` (one) or ``"cuda:all"`` (every visible GPU, in CUDA order). Raises
+        :class:`CudaMappingError` when the selector names no visible GPU or the mapping is unknown."""
+        number = parse_cuda_selector(selector)
+        devices = self._known()
+        if number is None:
+            if not devices:
+                raise CudaMappingError(f"{selector}: CUDA sees no GPU in this environment", self)
+            return tuple(d.nvml_index for d in devices)
+        if number >= len(devices):
+            seen = "no GPU" if not devices else f"{len(devices)} GPU(s), cuda:0..cuda:{len(devices) - 1}"
+            raise CudaMappingError(f"{selector}: no such CUDA device (CUDA sees {seen})", self)
+        return (devices[number].nvml_index,)
+
+    def nvml_index(self, cuda_index: int) -> int:
+        """The NVML index of ``cuda:<cuda_index>`` (:class:`CudaMappingError` if there is none)."""
+        return self.resolve(f"cuda:{cuda_index}")[0]
+
+    def cuda_index(self, nvml_index: int) -> int | None:
+        """The ``cuda:N`` number of a GPU in this environment (``None``: hidden from CUDA); raises
+        :class:`CudaMappingError` when the mapping is unknown."""
+        for d in self._known():
+            if d.nvml_index == nvml_index:
+                return d.cuda_index
+        return None
+
+    def visible_value(self, nvml_indices: Iterable[int]) -> str:
+        """A ``CUDA_VISIBLE_DEVICES`` value naming these GPUs by number, in the given order: each GPU's position in
+        CUDA's numbering of *all* GPUs (the value replaces any current ``CUDA_VISIBLE_DEVICES``, it is not read
+        relative to it). Raises :class:`CudaMappingError` when that order is unknown (name GPUs by UUID then)."""
+        if self.order is None:
+            raise CudaMappingError(
+                f"cannot number GPUs for CUDA_VISIBLE_DEVICES: {self.order_unknown}; name them by UUID instead "
+                "(nvmlcheck select --format uuid)", self)
+        position = {nvml: i for i, nvml in enumerate(self.order)}
+        out: list[str] = []
+        for index in nvml_indices:
+            if index not in position:
+                raise CudaMappingError(f"no GPU with NVML index {index}", self)
+            out.append(str(position[index]))
+        return ",".join(out)
+
+    def describe(self) -> str:
+        """The mapping as lines of text: the environment, the order, the ``cuda:N -> GPU`` table, the notes."""
+        visible = "unset" if self.visible_devices is None else repr(self.visible_devices)
+        order = ("unset (FASTEST_FIRST)" if self.device_order in (None, "") else repr(self.device_order))
+        lines = [f"mapping seen: {ENV_VISIBLE_DEVICES}={visible}, {ENV_DEVICE_ORDER}={order}"]
+        if self.order is not None:
+            lines.append("  CUDA numbering of all GPUs (NVML indices): " + ", ".join(map(str, self.order)))
+        else:
+            lines.append(f"  CUDA numbering of all GPUs: unknown ({self.order_unknown})")
+        if self.devices is None:
+            lines.append(f"  visible CUDA devices: unknown ({self.unknown})")
+        elif not self.devices:
+            lines.append("  visible CUDA devices: none")
+        for d in self.devices or ():
+            lines.append(f"  cuda:{d.cuda_index} -> GPU {d.nvml_index} {d.uuid} ({d.pci_bus_id or 'PCI bus id unknown'}"
+                         f", {d.name or 'name unknown'})")
+        if self.devices is None or len(self.devices) < len(self.gpus):
+            lines.append("  GPUs NVML sees:" + ("" if self.gpus else " none"))
+            lines.extend(f"    GPU {g.index} {g.uuid} ({g.pci_bus_id or 'PCI bus id unknown'}, "
+                         f"{g.name or 'name unknown'})" for g in self.gpus)
+        lines.extend(f"  note: {n}" for n in self.notes)
+        return "\n".join(lines)
+
+
+def _base_order(
+    gpus: Sequence[GpuIdentity], order_env: str | None, unreadable: Sequence[int]
+) -> tuple[tuple[int, ...] | None, str | None, str | None]:
+    """(NVML indices in CUDA's numbering of all GPUs or None, why unknown, a note)."""
+    if unreadable:
+        return None, (f"GPU(s) {', '.join(map(str, unreadable))} could not be read, so their place in CUDA's "
+                      "numbering is unknown"), None
+    if order_env not in (None, "", "FASTEST_FIRST", "PCI_BUS_ID"):
+        return None, f"{ENV_DEVICE_ORDER}={order_env!r} is not FASTEST_FIRST or PCI_BUS_ID", None
+    keys: list[tuple[tuple[int, int, int, int], int]] = []
+    for g in gpus:
+        key = None if g.pci_bus_id is None else _pci_key(g.pci_bus_id)
+        if key is None:
+            if len(gpus) == 1:
+                return (g.index,), None, None
+            return None, f"GPU {g.index} has no readable PCI bus id ({g.pci_bus_id!r})", None
+        keys.append((key, g.index))
+    by_pci = tuple(index for _, index in sorted(keys))
+    if order_env == "PCI_BUS_ID" or len(gpus) <= 1:
+        return by_pci, None, None
+    names = {g.name for g in gpus}
+    if len(names) == 1 and None not in names:
+        # CUDA's fastest-first heuristic ranks models; equal models keep PCI bus order (checked on H200 hosts).
+        return by_pci, None, (f"{ENV_DEVICE_ORDER} is FASTEST_FIRST and every GPU is the same model "
+                              f"({next(iter(names))}): CUDA numbers equal GPUs by PCI bus id")
+    models = ", ".join(sorted(repr(n) if n is not None else "unknown" for n in names))
+    return None, (f"{ENV_DEVICE_ORDER} is FASTEST_FIRST (the default) and the GPUs are not all one model "
+                  f"({models}): CUDA's fastest-first heuristic cannot be reproduced from NVML data; set "
+                  f"{ENV_DEVICE_ORDER}=PCI_BUS_ID or name GPUs by UUID"), None
+
+
+def cuda_mapping(
+    gpus: Iterable[Identity],
+    env: Mapping[str, str] | None = None,
+    *,
+    unreadable: Sequence[int] = (),
+) -> CudaMapping:
+    """The CUDA numbering of ``gpus`` (every GPU NVML sees) under ``env`` (default: empty, i.e. both variables
+    unset; pass ``os.environ`` for this process's view). ``unreadable``: NVML indices of GPUs that could not be
+    read (the numbering is then unknown). Never raises for what the environment says: an unknown mapping has
+    ``devices=None`` and the reason; :meth:`CudaMapping.resolve` raises when asked about it."""
+    env = {} if env is None else env
+    ids = tuple(sorted((GpuIdentity(g.index, g.uuid, g.name, g.pci_bus_id) for g in gpus), key=lambda g: g.index))
+    by_index = {g.index: g for g in ids}
+    if len(by_index) != len(ids):
+        raise ValueError("two GPUs with the same NVML index")
+    visible = env.get(ENV_VISIBLE_DEVICES)
+    order_env = env.get(ENV_DEVICE_ORDER)
+    order, order_unknown, order_note = _base_order(ids, order_env, tuple(unreadable))
+    notes: list[str] = []
+
+    def done(devices: list[int] | None, unknown: str | None) -> CudaMapping:
+        rows = None if devices is None else tuple(
+            CudaDevice(i, n, by_index[n].uuid, by_index[n].name, by_index[n].pci_bus_id)
+            for i, n in enumerate(devices))
+        if order_note is not None and (visible is None or any(
+                re.fullmatch(r"[0-9]+", e) for e in visible.split(","))):
+            notes.append(order_note)
+        return CudaMapping(visible, order_env, ids, order, order_unknown, rows, unknown, tuple(notes))
+
+    if visible is None:
+        if order is None:
+            return done(None, f"{ENV_VISIBLE_DEVICES} is unset and CUDA's numbering of all GPUs is unknown")
+        return done(list(order), None)
+    if unreadable:
+        return done(None, order_unknown)
+    if visible == "":
+        notes.append(f"{ENV_VISIBLE_DEVICES} is empty: CUDA sees no GPU")
+        return done([], None)
+    chosen: list[int] = []
+    entries = visible.split(",")
+    for position, entry in enumerate(entries):
+        if entry != entry.strip():
+            return done(None, f"entry {entry!r} has spaces: CUDA's handling of them is not documented; "
+                              "write the list without spaces")
+        if entry.upper().startswith("MIG-"):
+            return done(None, f"entry {entry!r} is a MIG instance: MIG is not in nvmlcheck's model yet; name "
+                              "whole GPUs (indices or GPU- UUIDs)")
+        found: int | None = None
+        if re.fullmatch(r"[0-9]+", entry):
+            if order is None:
+                return done(None, f"entry {entry!r} is a number, and CUDA's numbering of all GPUs is unknown")
+            number = int(entry)
+            if number < len(order):
+                found = order[number]
+        elif entry.upper().startswith("GPU-") and len(entry) > 4:
+            matches = [g.index for g in ids if g.uuid.lower().startswith(entry.lower())]
+            if len(matches) > 1:
+                return done(None, f"entry {entry!r} is a prefix of {len(matches)} GPUs' UUIDs")
+            found = matches[0] if matches else None
+        if found is None:
+            rest = ",".join(entries[position:])
+            notes.append(f"entry {entry!r} names no GPU: CUDA ignores it and what follows ({rest!r})")
+            break
+        if found in chosen:
+            return done(None, f"GPU {found} is listed twice (entry {entry!r}); what CUDA does with a repeat is not "
+                              "documented")
+        chosen.append(found)
+    return done(chosen, None)

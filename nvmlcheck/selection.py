@@ -1,0 +1,226 @@
+"""Choose clean GPUs: wait until ``count`` GPUs are clean (no process, memory at idle) and say which.
+
+What ``nvmlcheck select`` runs (``export CUDA_VISIBLE_DEVICES=$(nvmlcheck select --count 2 --wait 600)``).
+Unlike tools that pick by free memory or utilisation, a GPU is chosen only when the same predicate as
+:meth:`Session.wait_until_clean` holds on it alone (by default: no process of
+any kind and at most 16 MiB used), and the call can wait for that. With ``lock=True`` the chosen GPUs are also locked
+(:mod:`nvmlcheck.locks`), and GPUs locked by others are passed over, so racing launch scripts get disjoint sets.
+
+>>> import nvmlcheck as nc
+>>> with nc.open() as gpus:                                     # doctest: +SKIP
+...     chosen = gpus.select_clean(2, timeout=600)
+...     chosen.indices, chosen.uuids
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .errors import BackendUnavailable, WaitTimeout
+from .model import DeviceState, Fields, Snapshot
+
+if TYPE_CHECKING:
+    from .locks import LockSet
+    from .predicates import Predicate
+    from .session import DeviceSelector, Session
+
+__all__ = ["SelectTimeout", "Selection", "select_clean"]
+
+#: Seconds between polls while waiting: choosing GPUs is not a race against a reclaim measured in ms, and a long
+#: ``--wait`` should cost next to nothing (one NVML pass is ~0.1 ms per GPU; one nvidia-smi run ~20 ms).
+DEFAULT_INTERVAL_S = {"nvml": 0.05, "smi": 0.5}
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """What :func:`select_clean` chose.
+
+    ``devices``: the chosen GPUs (lowest NVML index first), as read in the last poll. ``snapshot``: that poll, every
+    candidate included. ``elapsed_ns``, ``polls``: how long it took and how many polls. ``locks``: the
+    :class:`~nvmlcheck.locks.LockSet` held on them (``lock=True``), else ``None``. ``passed_over``: why the other
+    candidates were not chosen at the last poll (busy, locked by another process, unreadable), one line each.
+    """
+
+    devices: tuple[DeviceState, ...]
+    snapshot: Snapshot
+    elapsed_ns: int
+    polls: int
+    locks: LockSet | None = None
+    passed_over: tuple[str, ...] = ()
+
+    @property
+    def indices(self) -> tuple[int, ...]:
+        """NVML indices of the chosen GPUs (nvidia-smi's numbering)."""
+        return tuple(d.index for d in self.devices)
+
+    @property
+    def uuids(self) -> tuple[str, ...]:
+        """UUIDs of the chosen GPUs (also a valid ``CUDA_VISIBLE_DEVICES`` value, comma-joined)."""
+        return tuple(d.uuid for d in self.devices)
+
+
+class SelectTimeout(WaitTimeout):
+    """Fewer than ``count`` GPUs were clean (and unlocked, with ``lock=True``) when the deadline passed.
+
+    Besides :class:`~nvmlcheck.WaitTimeout`'s fields (``culprits``: why each candidate was passed over at the last
+    poll): ``count``, the number asked for, and ``clean``, the NVML indices that were clean and free then.
+    """
+
+    __module__ = "nvmlcheck"
+
+    def __init__(
+        self,
+        timeout_s: float,
+        elapsed_ns: int,
+        culprits: Sequence[str],
+        snapshot: Snapshot | None = None,
+        polls: int = 0,
+        *,
+        count: int = 1,
+        clean: Sequence[int] = (),
+    ) -> None:
+        super().__init__(timeout_s, elapsed_ns, culprits, snapshot, polls)
+        self.count = count
+        self.clean: tuple[int, ...] = tuple(clean)
+        lines = "\n".join(f"  - {c}" for c in self.culprits) or "  - (no detail available)"
+        noun = "poll" if polls == 1 else "polls"
+        free = ", ".join(map(str, self.clean)) or "none"
+        self.args = (f"not enough clean GPUs: {len(self.clean)} of the {count} asked for after "
+                     f"{elapsed_ns / 1e9:.3f} s (timeout {timeout_s:g} s, {polls} {noun}; clean and free: {free}); "
+                     f"passed over:\n{lines}",)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, ((self.timeout_s, self.elapsed_ns, self.culprits, self.snapshot, self.polls),
+                           {"count": self.count, "clean": self.clean}))
+
+
+def _rebuild(args: tuple[Any, ...], kwargs: dict[str, Any]) -> SelectTimeout:
+    return SelectTimeout(*args, **kwargs)
+
+
+def _one_device(snap: Snapshot, device: DeviceState) -> Snapshot:
+    # Predicates judge a snapshot; a snapshot of this device alone makes "clean on every device" mean "this one".
+    return dataclasses.replace(snap, devices=(device,), failures=())
+
+
+def select_clean(
+    session: Session,
+    count: int,
+    *,
+    timeout: float | None = 0.0,
+    predicate: Predicate | None = None,
+    devices: Iterable[DeviceSelector] | DeviceSelector | None = None,
+    stable_polls: int = 1,
+    lock: bool = False,
+    lock_dir: str | Path | None = None,
+    interval: float | None = None,
+    clock: Callable[[], int] = time.monotonic_ns,
+    sleep: Callable[[float], object] = time.sleep,
+) -> Selection:
+    """Wait until ``count`` of the candidate GPUs are clean, and return them (lowest NVML index first).
+
+    ``timeout`` in seconds: ``0`` (default) checks once, ``None`` waits forever. ``predicate`` is judged on each
+    GPU alone (default :func:`~nvmlcheck.default_predicate`: no process of any kind, at most 16 MiB used).
+    ``devices``: the candidates (any selection :meth:`Session.resolve` takes,
+    ``"cuda:all"`` included; default every GPU). ``stable_polls``: consecutive clean polls a GPU needs (default 1:
+    choosing an idle GPU is not timing a reclaim). ``lock``: also take each chosen GPU's advisory lock
+    (:mod:`nvmlcheck.locks`, in ``lock_dir`` or the default directory), passing over GPUs locked by others; the
+    locks are in :attr:`Selection.locks` and last until released, handed over, or this process exits.
+    ``interval``: seconds between polls (default 0.05 with NVML, 0.5 with nvidia-smi). ``clock``/``sleep``: for
+    tests.
+
+    Raises :class:`SelectTimeout` (a :class:`~nvmlcheck.WaitTimeout`) naming why each GPU was passed over;
+    ``ValueError`` when ``count`` is below 1 or above the number of candidates.
+    """
+    from .predicates import default_predicate
+    from .wait import _timeout_ns
+
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ValueError(f"count must be an integer >= 1, got {count!r}")
+    if isinstance(stable_polls, bool) or not isinstance(stable_polls, int) or stable_polls < 1:
+        raise ValueError(f"stable_polls must be an integer >= 1, got {stable_polls!r}")
+    timeout_ns = _timeout_ns(timeout)
+    selected = session.resolve(devices)
+    total = session.device_count() if selected is None else len(selected)
+    if count > total:
+        where = "this host has" if selected is None else "the selection has"
+        raise ValueError(f"asked for {count} clean GPU(s) but {where} {total}")
+    pred = predicate if predicate is not None else default_predicate()
+    pause = DEFAULT_INTERVAL_S.get(session.backend_name, 0.5) if interval is None else interval
+    if not (isinstance(pause, int | float) and 0 <= pause < float("inf")):
+        raise ValueError(f"interval must be >= 0 seconds, got {interval!r}")
+    directory: Path | None = None
+    if lock:
+        from .locks import lock_dir as default_lock_dir
+
+        directory = default_lock_dir() if lock_dir is None else Path(lock_dir)
+        directory.mkdir(parents=True, exist_ok=True)
+    backend = session.backend
+    start = clock()
+    deadline = None if timeout_ns is None else start + timeout_ns
+    streak: dict[str, int] = {}
+    polls = 0
+    while True:
+        snap = backend.snapshot(selected, Fields.WAIT)
+        polls += 1
+        if not snap.devices and not snap.failures:
+            raise BackendUnavailable(f"the {backend.name} backend sees no GPU: nothing to select",
+                                     [f"{backend.name}: device count 0"])
+        why: list[str] = [f"GPU {f.index}: could not be read: {f.error}" for f in snap.failures]
+        eligible: list[DeviceState] = []
+        for d in snap.devices:
+            verdict = pred.evaluate(_one_device(snap, d))
+            streak[d.uuid] = streak.get(d.uuid, 0) + 1 if verdict.clean else 0
+            if not verdict.clean:
+                why.extend(verdict.reasons or (f"GPU {d.index}: not clean ({pred.describe()})",))
+            elif streak[d.uuid] < stable_polls:
+                why.append(f"GPU {d.index}: clean for {streak[d.uuid]} of {stable_polls} polls")
+            else:
+                eligible.append(d)
+        chosen, locks, busy = _choose(eligible, count, directory)
+        why.extend(busy)
+        now = clock()
+        if chosen is not None:
+            return Selection(tuple(chosen), snap, now - start, polls, locks, tuple(why))
+        if deadline is not None and now >= deadline:
+            free = [d.index for d in eligible if not any(b.startswith(f"GPU {d.index}:") for b in busy)]
+            raise SelectTimeout(0.0 if timeout is None else float(timeout), now - start, why, snap, polls,
+                                count=count, clean=free)
+        wait_s = pause if deadline is None else min(pause, (deadline - now) / 1e9)
+        sleep(max(0.0, wait_s))
+
+
+def _choose(
+    eligible: list[DeviceState], count: int, directory: Path | None
+) -> tuple[list[DeviceState] | None, LockSet | None, list[str]]:
+    """The first ``count`` eligible GPUs, locked when ``directory`` is given; (None, None, reasons) when too few."""
+    if directory is None:
+        return (eligible[:count] if len(eligible) >= count else None), None, []
+    from .locks import LockSet, lock_info, try_lock
+
+    taken = []
+    chosen: list[DeviceState] = []
+    busy: list[str] = []
+    for d in eligible:
+        if len(chosen) == count:
+            break
+        held = try_lock(d.uuid, directory)
+        if held is None:
+            busy.append(f"GPU {d.index}: locked by another process ({lock_info(d.uuid, directory) or 'just released'})")
+            continue
+        taken.append(held)
+        chosen.append(d)
+    locks = LockSet(taken, directory)
+    if len(chosen) < count:
+        # Not enough: give back what was taken, so that two racers wanting 2 of 3 GPUs cannot each sit on one.
+        locks.release()
+        return None, None, busy
+    return chosen, locks, busy

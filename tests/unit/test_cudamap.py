@@ -1,0 +1,186 @@
+"""The CUDA numbering rules (nvmlcheck.cudamap): pure functions over (environment, GPU identities)."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from nvmlcheck.cudamap import (
+    CudaMappingError,
+    GpuIdentity,
+    cuda_mapping,
+    is_cuda_selector,
+    parse_cuda_selector,
+)
+
+PCI = "PCI_BUS_ID"
+
+
+def gpus_with_buses(buses: list[int], names: list[str] | None = None) -> list[GpuIdentity]:
+    """GPUs whose NVML index order is not their PCI order when ``buses`` is not sorted."""
+    names = names or ["NVIDIA H200"] * len(buses)
+    return [
+        GpuIdentity(i, f"GPU-{i:08x}-1111-2222-3333-{bus:012x}", names[i], f"00000000:{bus:02X}:00.0")
+        for i, bus in enumerate(buses)
+    ]
+
+
+buses_st = st.lists(st.integers(1, 0xFF), min_size=1, max_size=8, unique=True)
+
+
+def pci_order(gpus: list[GpuIdentity]) -> list[int]:
+    return [g.index for g in sorted(gpus, key=lambda g: int(g.pci_bus_id.split(":")[1], 16))]  # type: ignore[union-attr]
+
+
+@given(buses_st)
+def test_unset_visible_devices_is_every_gpu_in_pci_order(buses: list[int]) -> None:
+    gpus = gpus_with_buses(buses)
+    for env in ({"CUDA_DEVICE_ORDER": PCI}, {}, {"CUDA_DEVICE_ORDER": "FASTEST_FIRST"}):
+        m = cuda_mapping(gpus, env)
+        assert m.devices is not None
+        assert [d.nvml_index for d in m.devices] == pci_order(gpus)
+        assert [d.cuda_index for d in m.devices] == list(range(len(gpus)))
+
+
+@given(buses_st, st.data())
+def test_numbers_are_positions_in_pci_order_listed_in_list_order(buses: list[int], data: st.DataObject) -> None:
+    gpus = gpus_with_buses(buses)
+    picks = data.draw(st.lists(st.integers(0, len(gpus) - 1), unique=True, min_size=1))
+    m = cuda_mapping(gpus, {"CUDA_VISIBLE_DEVICES": ",".join(map(str, picks)), "CUDA_DEVICE_ORDER": PCI})
+    order = pci_order(gpus)
+    assert m.resolve("cuda:all") == tuple(order[p] for p in picks)
+    for i, p in enumerate(picks):
+        assert m.resolve(f"cuda:{i}") == (order[p],)
+        assert m.cuda_index(order[p]) == i
+    with pytest.raises(CudaMappingError, match=rf"cuda:{len(picks)}: no such CUDA device"):
+        m.resolve(f"cuda:{len(picks)}")
+
+
+@given(buses_st, st.data())
+def test_the_first_entry_naming_no_gpu_ends_the_list(buses: list[int], data: st.DataObject) -> None:
+    gpus = gpus_with_buses(buses)
+    picks = data.draw(st.lists(st.integers(0, len(gpus) - 1), unique=True))
+    bad = data.draw(st.sampled_from(["-1", str(len(gpus)), "99", "GPU-ffffffff", "foo", ""]))
+    tail = data.draw(st.lists(st.integers(0, len(gpus) - 1), max_size=3))
+    value = ",".join([*map(str, picks), bad, *map(str, tail)])
+    m = cuda_mapping(gpus, {"CUDA_VISIBLE_DEVICES": value, "CUDA_DEVICE_ORDER": PCI})
+    assert m.devices is not None
+    order = pci_order(gpus)
+    assert [d.nvml_index for d in m.devices] == [order[p] for p in picks]
+    if value:
+        assert any(f"entry {bad!r} names no GPU" in n for n in m.notes)
+
+
+@given(buses_st, st.data(), st.sampled_from([None, "FASTEST_FIRST", PCI]))
+def test_uuids_work_in_any_order_with_mixed_models(buses: list[int], data: st.DataObject, order: str | None) -> None:
+    names = data.draw(st.lists(st.sampled_from(["A100", "H200", "L4"]), min_size=len(buses), max_size=len(buses)))
+    gpus = gpus_with_buses(buses, names)
+    picks = data.draw(st.permutations([g.index for g in gpus]).map(lambda p: p[: max(1, len(p) // 2)]))
+    # A unique prefix is enough: "GPU-" plus the 8 hex digits that differ from GPU to GPU.
+    value = ",".join(gpus[p].uuid[: data.draw(st.sampled_from([12, 40]))] for p in picks)
+    env = {"CUDA_VISIBLE_DEVICES": value} | ({} if order is None else {"CUDA_DEVICE_ORDER": order})
+    m = cuda_mapping(gpus, env)
+    assert m.resolve("cuda:all") == tuple(picks)
+
+
+def test_mixed_models_fastest_first_is_refused_with_the_mapping_in_the_message() -> None:
+    gpus = gpus_with_buses([0x10, 0x20], ["NVIDIA A100", "NVIDIA H200"])
+    m = cuda_mapping(gpus, {"CUDA_VISIBLE_DEVICES": "1"})
+    assert m.devices is None and m.order is None
+    assert m.unknown is not None and "is a number" in m.unknown
+    assert m.order_unknown is not None and "not all one model" in m.order_unknown
+    with pytest.raises(CudaMappingError) as err:
+        m.resolve("cuda:0")
+    text = str(err.value)
+    assert "CUDA_VISIBLE_DEVICES='1'" in text and "FASTEST_FIRST" in text and "PCI_BUS_ID" in text
+    assert gpus[0].uuid in text and gpus[1].uuid in text  # the GPUs NVML sees are listed
+    assert err.value.mapping is m
+    # With PCI_BUS_ID the same environment is fine.
+    assert cuda_mapping(gpus, {"CUDA_VISIBLE_DEVICES": "1", "CUDA_DEVICE_ORDER": PCI}).resolve("cuda:0") == (1,)
+    # The visible_value for select --format cuda needs the order too.
+    with pytest.raises(CudaMappingError, match="--format uuid"):
+        cuda_mapping(gpus).visible_value([0])
+
+
+def test_error_message_shows_the_table() -> None:
+    gpus = gpus_with_buses([1, 2, 3, 4])
+    m = cuda_mapping(gpus, {"CUDA_VISIBLE_DEVICES": "3,1"})
+    with pytest.raises(CudaMappingError) as err:
+        m.resolve("cuda:2")
+    text = str(err.value)
+    assert f"cuda:0 -> GPU 3 {gpus[3].uuid}" in text and f"cuda:1 -> GPU 1 {gpus[1].uuid}" in text
+    assert "CUDA_VISIBLE_DEVICES='3,1'" in text and "CUDA_DEVICE_ORDER=unset (FASTEST_FIRST)" in text
+    again = pickle.loads(pickle.dumps(err.value))
+    assert str(again) == text and again.mapping == m
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        ("MIG-12345678-aaaa-bbbb-cccc-1234567890ab", "MIG"),
+        ("0,0", "listed twice"),
+        (f"0,{'GPU-00000001'}", None),
+        ("0, 1", "spaces"),
+        ("GPU-0000000", "prefix of"),
+    ],
+)
+def test_refusals(value: str, why: str | None) -> None:
+    gpus = gpus_with_buses([1, 2, 3])
+    m = cuda_mapping(gpus, {"CUDA_VISIBLE_DEVICES": value})
+    if why is None:
+        assert m.resolve("cuda:all") == (0, 1)
+        return
+    assert m.devices is None and m.unknown is not None and why in m.unknown
+    with pytest.raises(CudaMappingError, match=why):
+        m.resolve("cuda:all")
+
+
+def test_empty_and_minus_one_hide_every_gpu() -> None:
+    gpus = gpus_with_buses([1, 2])
+    for value in ("", "-1"):
+        m = cuda_mapping(gpus, {"CUDA_VISIBLE_DEVICES": value})
+        assert m.devices == ()
+        with pytest.raises(CudaMappingError, match="CUDA sees no GPU"):
+            m.resolve("cuda:all")
+
+
+def test_unknown_order_value_and_unreadable_gpus_are_refused() -> None:
+    gpus = gpus_with_buses([1, 2])
+    m = cuda_mapping(gpus, {"CUDA_DEVICE_ORDER": "SLOWEST_FIRST"})
+    assert m.devices is None and "SLOWEST_FIRST" in (m.order_unknown or "")
+    m = cuda_mapping(gpus, {"CUDA_VISIBLE_DEVICES": gpus[0].uuid}, unreadable=[1])
+    assert m.devices is None and "could not be read" in (m.unknown or "")
+    no_pci = [GpuIdentity(0, "GPU-a", "X", None), GpuIdentity(1, "GPU-b", "X", "00000000:01:00.0")]
+    assert "no readable PCI bus id" in (cuda_mapping(no_pci).order_unknown or "")
+    # One GPU needs no order at all.
+    assert cuda_mapping([GpuIdentity(0, "GPU-a", None, None)]).resolve("cuda:0") == (0,)
+
+
+@given(buses_st, st.data(), st.sampled_from([None, PCI]))
+def test_visible_value_round_trips(buses: list[int], data: st.DataObject, order: str | None) -> None:
+    gpus = gpus_with_buses(buses)
+    picks = data.draw(st.lists(st.sampled_from([g.index for g in gpus]), unique=True, min_size=1))
+    env = {} if order is None else {"CUDA_DEVICE_ORDER": order}
+    # The value is absolute: it replaces a current CUDA_VISIBLE_DEVICES, whatever that says.
+    current = cuda_mapping(gpus, {**env, "CUDA_VISIBLE_DEVICES": "0"})
+    value = current.visible_value(picks)
+    assert cuda_mapping(gpus, {**env, "CUDA_VISIBLE_DEVICES": value}).resolve("cuda:all") == tuple(picks)
+
+
+def test_parse_cuda_selector() -> None:
+    assert parse_cuda_selector("cuda:0") == 0 and parse_cuda_selector("CUDA:12") == 12
+    assert parse_cuda_selector("cuda:all") is None
+    for bad in ("cuda:", "cuda:-1", "cuda:x", "cuda:1,2", "gpu:0"):
+        with pytest.raises(ValueError, match="cuda:N"):
+            parse_cuda_selector(bad)
+    assert is_cuda_selector("cuda:x") and not is_cuda_selector("GPU-1") and not is_cuda_selector(0)
+
+
+def test_on_devices_refuses_cuda_selectors() -> None:
+    from nvmlcheck import no_processes, on_devices
+
+    with pytest.raises(ValueError, match=r"Session\.resolve"):
+        on_devices(["cuda:0"], no_processes())
