@@ -510,7 +510,7 @@ class SmiBackend:
         if result.returncode == 6 and _NO_DEVICES_TEXT in result.output.lower():
             self._identity = {}  # nvidia-smi answered: there is no GPU
             return
-        if result.returncode != 0 and "unable to determine the device handle" not in result.output.lower():
+        if result.returncode != 0 and not smi_csv.has_handle_failure(result.output):
             _raise_for(result, self._prefixed)
         with _parsing(result):
             records, failures = smi_csv.parse_query_gpu(result.stdout, _IDENTITY_FIELDS)
@@ -540,7 +540,13 @@ class SmiBackend:
             unknown.update(self._version_problem)
             cuda = smi_csv.cuda_version_number(self._cuda_version) if self._cuda_version else None
             if cuda is None:
-                unknown.setdefault("cuda_driver_version", f"nvidia-smi printed CUDA Version {self._cuda_version!r}")
+                printed = self._cuda_version or ""
+                why = (
+                    f"this driver deprecated it: nvidia-smi printed CUDA Version {printed!r}"
+                    if "deprecated" in printed.lower()
+                    else f"nvidia-smi printed CUDA Version {self._cuda_version!r}"
+                )
+                unknown.setdefault("cuda_driver_version", why)
             if self._driver_version is None:
                 unknown["driver_version"] = "nvidia-smi printed no driver_version"
             self._system = SystemInfo(self._driver_version, None, cuda, MappingProxyType(unknown))
@@ -554,8 +560,10 @@ class SmiBackend:
         except NvmlCheckError as exc:
             self._version_problem = {"cuda_driver_version": f"nvidia-smi --version failed: {exc}"}
             return
-        self._cuda_version = versions.get("cuda version")
-        self._driver_version = self._driver_version or versions.get("driver version")
+        # Driver 610 prints "CUDA Version: Deprecated, see ..." and adds "CUDA UMD Version"/"KMD Version".
+        cuda = versions.get("cuda umd version")
+        self._cuda_version = cuda if cuda is not None else versions.get("cuda version")
+        self._driver_version = self._driver_version or versions.get("kmd version") or versions.get("driver version")
         if self._cuda_version is None:
             self._version_problem = {"cuda_driver_version": "nvidia-smi --version printed no CUDA Version"}
 
@@ -710,7 +718,7 @@ class SmiBackend:
     def _parse_gpus(
         self, result: SmiResult, gpu_fields: Sequence[str], deadline: Deadline | None = None
     ) -> tuple[tuple[GpuRecord, ...], tuple[HandleFailure, ...]]:
-        if result.returncode != 0 and "unable to determine the device handle" not in result.output.lower():
+        if result.returncode != 0 and not smi_csv.has_handle_failure(result.output):
             _raise_for(result, self._prefixed)
         # Some GPUs could not be read; nvidia-smi still printed the others (exit 15 for a lost one).
         with _parsing(result):
@@ -732,7 +740,7 @@ class SmiBackend:
         return ("--query-compute-apps=" + ",".join(_APPS_FIELDS), _FORMAT)
 
     def _process_lists(self, result: SmiResult, records: Sequence[GpuRecord]) -> dict[str, ProcessLists]:
-        if result.returncode != 0 and "unable to determine the device handle" not in result.output.lower():
+        if result.returncode != 0 and not smi_csv.has_handle_failure(result.output):
             _raise_for(result, self._prefixed)
         if self._process_query == "pids":
             return self._pids_lists(result, records)
@@ -752,19 +760,38 @@ class SmiBackend:
     def _pids_lists(self, result: SmiResult, records: Sequence[GpuRecord]) -> dict[str, ProcessLists]:
         with _parsing(result):
             listing = smi_csv.parse_pids_query(result.stdout)
-        self._cuda_version = listing.cuda_version or self._cuda_version
+        self._note_cuda_version(listing.cuda_version)
+        handle_failed = {hf.pci_bus_id: hf for hf in listing.failures if hf.pci_bus_id}
         out: dict[str, ProcessLists] = {}
         for r in records:
             pci = r.pci_bus_id or self._identity_for(r).get("pci_bus_id") or ""
             why = listing.unknown.get(pci)
             if pci not in listing.compute:
-                why = f"nvidia-smi -q -d PIDS did not list GPU {r.index} (PCI bus id {pci or 'unknown'})"
+                hf = handle_failed.get(pci)
+                why = (
+                    f"nvidia-smi -q -d PIDS could not read GPU {r.index} (error code {hf.code}): {hf.message}"
+                    if hf is not None
+                    else f"nvidia-smi -q -d PIDS did not list GPU {r.index} (PCI bus id {pci or 'unknown'})"
+                )
             if why is not None:
                 reasons = {f"processes.{k.value}": why for k in ProcessKind}
                 out[r.uuid] = ProcessLists(None, None, None, reasons)
                 continue
-            out[r.uuid] = ProcessLists(listing.compute[pci], listing.graphics[pci], listing.mps[pci])
+            # Bytes a driver withholds (WDDM, MIG) are None on each process; the lists themselves are complete.
+            bytes_why = listing.bytes_unknown.get(pci)
+            reasons = {"processes.used_bytes": bytes_why} if bytes_why is not None else {}
+            out[r.uuid] = ProcessLists(listing.compute[pci], listing.graphics[pci], listing.mps[pci], reasons)
         return out
+
+    def _note_cuda_version(self, text: str | None) -> None:
+        """Take ``-q``'s CUDA Version when ``--version`` gave none that reads as a version (driver 610 prints
+        ``CUDA Version: Deprecated, see ...`` there, and may still print the number in ``-q``)."""
+        if text is None or smi_csv.cuda_version_number(text) is None:
+            return
+        if self._cuda_version is None or smi_csv.cuda_version_number(self._cuda_version) is None:
+            self._cuda_version = text
+            self._version_problem = {}
+            self._system = None  # rebuilt with the version on the next system()
 
     def _retired_pages(
         self, records: Sequence[GpuRecord], select_args: tuple[str, ...], deadline: Deadline | None = None

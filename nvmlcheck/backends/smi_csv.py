@@ -81,6 +81,7 @@ __all__ = [
     "build_device_state",
     "canonical_name",
     "cuda_version_number",
+    "has_handle_failure",
     "normalize_pci_bus_id",
     "parse_compute_apps",
     "parse_pids_query",
@@ -89,6 +90,7 @@ __all__ = [
     "parse_retired_pages",
     "parse_table",
     "parse_version_output",
+    "strip_deprecation",
 ]
 
 #: Linux's largest possible PID (``PID_MAX_LIMIT`` on 64-bit); a larger one is corrupt data.
@@ -109,6 +111,19 @@ PLACEHOLDER_MEANINGS: Final[Mapping[str, str]] = MappingProxyType(
 
 # A bracketed phrase a newer driver may print in place of a value; read as unknown, never as a value.
 _OTHER_PLACEHOLDER = re.compile(r"\[[A-Za-z][A-Za-z0-9 ./'-]*\]")
+
+# The unbracketed placeholders of ``-q`` text, found where a number belongs: Windows (WDDM) and WSL2 print
+# ``Used GPU Memory : Not available in WDDM driver model`` (NVIDIA/nvidia-docker#1458), other drivers
+# ``Not Supported``/``Not available``. Only consulted for cells that must be numbers, so a process *named*
+# "Not available" is never misread.
+_BARE_PLACEHOLDER = re.compile(
+    r"(?:Not available|Not Available|Not Supported|Unknown Error|Insufficient Permissions|GPU requires reset"
+    r"|GPU is lost|Deprecated)\b.*"
+)
+
+# A deprecation note beside a value (driver 610 ``-q``: ``CUDA Version : 13.2 [Deprecated; ...]``): the value
+# before it still stands; the note is dropped.
+_DEPRECATION_NOTE = re.compile(r"\s*\[Deprecated\b[^\]]*\]\s*$", re.IGNORECASE)
 
 # --- canonical field names --------------------------------------------------------------------------------------------
 # The canonical name of a field is what driver 580 prints in the header. The alias tables map every other spelling
@@ -226,7 +241,15 @@ class Unavailable:
 
     def reason(self, what: str) -> str:
         """A sentence for ``DeviceState.unknown``: the field, what nvidia-smi printed, and what it means."""
-        meaning = PLACEHOLDER_MEANINGS.get(self.text, "nvidia-smi printed no value")
+        meaning = PLACEHOLDER_MEANINGS.get(self.text)
+        if meaning is None:
+            low = self.text.lower()
+            if "wddm" in low:
+                meaning = "the Windows display driver model (WDDM, also under WSL2) does not report it"
+            elif "deprecated" in low:
+                meaning = "this driver deprecated the field and prints no value"
+            else:
+                meaning = "nvidia-smi printed no value"
         return f"nvidia-smi printed {self.text} for {what}: {meaning}"
 
 
@@ -239,13 +262,57 @@ def _placeholder(cell: str) -> Unavailable | None:
     return None
 
 
+def _number_placeholder(cell: str) -> Unavailable | None:
+    """A placeholder where a number belongs: the bracketed ones, and the bare phrases of ``-q`` text (``Not
+    available in WDDM driver model``). Only called once the cell failed to read as a number."""
+    ph = _placeholder(cell)
+    if ph is None and cell and _BARE_PLACEHOLDER.fullmatch(cell):
+        return Unavailable(cell)
+    return ph
+
+
+def strip_deprecation(value: str) -> tuple[str, str | None]:
+    """``"13.2 [Deprecated; see ...]"`` -> ``("13.2", "[Deprecated; see ...]")``: the value without the note newer
+    drivers print beside it, and the note (``None`` when there was none)."""
+    if "eprecated" not in value:  # cheap test first: almost every value has no note
+        return value, None
+    m = _DEPRECATION_NOTE.search(value)
+    if m is None:
+        return value, None
+    return value[: m.start()].strip(), m.group(0).strip()
+
+
 # --- generic CSV table ------------------------------------------------------------------------------------------------
 
 _HEADER_CELL = re.compile(r"([A-Za-z_][A-Za-z0-9_.]*)(?: \[([^\]\[]+)\])?")
 _PCI_TEXT = r"[0-9A-Fa-f]{1,8}:[0-9A-Fa-f]{1,2}:[0-9A-Fa-f]{1,2}\.[0-9A-Fa-f]"
-# "Unable to determine the device handle for GPU 0000:02:00.0: GPU is lost. Reboot the system to recover this GPU"
-# (some versions print "GPU0000:..." without the space).
-_DEVICE_HANDLE_ERROR = re.compile(rf"Unable to determine the device handle for (?:GPU)? ?({_PCI_TEXT})\s*:\s*(.+)")
+# "Unable to determine the device handle for GPU 0000:02:00.0: GPU is lost. Reboot the system to recover this GPU",
+# and its other spellings in published captures: "GPU0000:07:00.0" without the space, "Unable to detect ...", a
+# 3-digit domain ("000:07:00.0"), no message at all; also the short "GPU 0000:02:00.0: GPU is lost".
+_DEVICE_HANDLE_ERROR = re.compile(
+    rf"Unable to (?:determine|detect) (?:the )?device handle for (?:GPU)? ?({_PCI_TEXT})(?:\s*:\s*(.*))?",
+    re.IGNORECASE,
+)
+_GPU_ERROR_LINE = re.compile(rf"GPU ?({_PCI_TEXT})\s*:\s*(\S.*)")
+
+
+def _handle_failure(no: int, line: str) -> HandleFailure | None:
+    """A device-handle error line as a :class:`HandleFailure`, or ``None`` when ``line`` is not one."""
+    stripped = line.strip()
+    m = _DEVICE_HANDLE_ERROR.fullmatch(stripped) if stripped[:6].lower() == "unable" else None
+    if m is None and stripped.startswith("GPU"):
+        m = _GPU_ERROR_LINE.fullmatch(stripped)
+    if m is None:
+        return None
+    pci = normalize_pci_bus_id(m.group(1))
+    message = (m.group(2) or "").strip() or "nvidia-smi could not get a handle for it"
+    return HandleFailure(no, line, pci, None, f"GPU {pci or m.group(1)}: {message}", _code_for_message(message))
+
+
+def has_handle_failure(text: str) -> bool:
+    """Whether nvidia-smi output names a GPU it could not read (any spelling): the others were still printed."""
+    low = text.lower()
+    return "device handle for" in low or _GPU_ERROR_LINE.search(text) is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -372,13 +439,10 @@ def parse_table(
     rows: list[Row] = []
     failures: list[HandleFailure] = []
     for no, line in body:
-        m = _DEVICE_HANDLE_ERROR.fullmatch(line.strip()) if line.lstrip().startswith("Unable") else None
-        if m is not None:
-            failures.append(
-                HandleFailure(
-                    no, line, normalize_pci_bus_id(m.group(1)), None, m.group(2).strip(), _code_for_message(m.group(2))
-                )
-            )
+        first = line.lstrip()[:1]
+        hf = _handle_failure(no, line) if first in ("U", "u", "G") and not line.startswith("GPU-") else None
+        if hf is not None:
+            failures.append(hf)
             continue
         rows.append(Row(no, line, _split_row(no, line, len(columns), free)))
     return Table(columns, tuple(rows), tuple(failures), positions)
@@ -759,6 +823,10 @@ class PidsListing:
     cuda_version: str | None
     failures: tuple[HandleFailure, ...] = ()
     unknown: Mapping[str, str] = field(default_factory=dict)
+    #: Header values the driver annotated or withheld (``"CUDA Version"`` -> why it is unknown or marked deprecated).
+    notes: Mapping[str, str] = field(default_factory=dict)
+    #: GPU (PCI bus id) -> why some of its processes' bytes are ``None`` (WDDM, MIG): the lists still stand.
+    bytes_unknown: Mapping[str, str] = field(default_factory=dict)
 
 
 _Q_GPU = re.compile(rf"GPU ({_PCI_TEXT})")
@@ -789,6 +857,10 @@ class _PidsParser:
         self.seen_section = False  # this GPU block had its Processes line
         self.entry: dict[str, str] = {}
         self.entry_line: tuple[int, str] = (0, "")
+        # Where each key of the open entry was read, so an error quotes the offending line, not the entry's first.
+        self.entry_lines: dict[str, tuple[int, str]] = {}
+        self.notes: dict[str, str] = {}  # header key -> the deprecation note printed beside its value
+        self.unknown_bytes: dict[str, Unavailable] = {}  # GPU -> what it printed for a process's bytes
 
     def feed(self, no: int, line: str) -> None:
         stripped = line.strip()
@@ -799,14 +871,17 @@ class _PidsParser:
         # Cheap first-character tests keep the regular expressions off the common "key : value" line.
         if stripped[0] == "=" and stripped.startswith("=====") and "NVSMI LOG" in stripped:
             return
-        if stripped[0] == "U" and stripped.startswith("Unable"):
-            self.handle_failure(no, line, stripped)
+        if stripped[0] in "Uu" and stripped[:6].lower() == "unable":
+            self.handle_failure(no, line)
             return
         if stripped[0] == "G" and (gpu := _Q_GPU.fullmatch(stripped)) is not None:
             self.close_gpu(no, line)
             self.gpu = normalize_pci_bus_id(gpu.group(1))
             for kind in ProcessKind:
                 self.lists[kind].setdefault(str(self.gpu), [])
+            return
+        if stripped[0] == "G" and _GPU_ERROR_LINE.fullmatch(stripped) and indent == 0:
+            self.handle_failure(no, line)  # "GPU 0000:02:00.0: GPU is lost" in place of the GPU's block
             return
         left, sep, right = stripped.partition(":")
         key = left.rstrip()
@@ -823,24 +898,19 @@ class _PidsParser:
                 return  # a section title of a full -q: not ours
             raise SmiParseError("not a 'key : value' line", no, line)
         if self.gpu is None:
-            self.top[key] = value.strip()
+            # Driver 610 prints "[Deprecated; ...]" beside Driver Version and CUDA Version: keep the value.
+            plain, note = strip_deprecation(value.strip())
+            self.top[key] = plain
+            if note is not None:
+                self.notes[key] = note
         elif self.section_indent is not None:
             self.entry_value(no, line, key, value.strip())
 
-    def handle_failure(self, no: int, line: str, stripped: str) -> None:
-        handle = _DEVICE_HANDLE_ERROR.fullmatch(stripped)
-        if handle is None:
+    def handle_failure(self, no: int, line: str) -> None:
+        hf = _handle_failure(no, line)
+        if hf is None:
             raise SmiParseError("not a 'key : value' line", no, line)
-        self.failures.append(
-            HandleFailure(
-                no,
-                line,
-                normalize_pci_bus_id(handle.group(1)),
-                None,
-                handle.group(2).strip(),
-                _code_for_message(handle.group(2)),
-            )
-        )
+        self.failures.append(hf)
 
     def open_section(self, no: int, line: str, indent: int, value: str) -> None:
         gpu = str(self.gpu)
@@ -864,44 +934,55 @@ class _PidsParser:
             self.entry_line = (no, line)
         # Unknown keys inside an entry are kept but unused: newer drivers add fields (CC protected memory).
         self.entry[key] = value
+        self.entry_lines[key] = (no, line)
 
     def close_entry(self) -> None:
         if not self.entry:
             return
         no, line = self.entry_line
         entry, self.entry = self.entry, {}
+        where, self.entry_lines = self.entry_lines, {}
+
+        def at(key: str) -> tuple[int, str]:
+            return where.get(key, (no, line))
+
         for needed in ("Process ID", "Type", "Used GPU Memory"):
             if needed not in entry:
                 raise SmiParseError(f"process entry without {needed!r}", no, line)
         if not _is_uint(entry["Process ID"]):
-            raise SmiParseError(f"Process ID {entry['Process ID']!r} is not a number", no, line)
+            raise SmiParseError(f"Process ID {entry['Process ID']!r} is not a number", *at("Process ID"))
         pid = int(entry["Process ID"])
         _check_pid(pid, "nvidia-smi -q -d PIDS")
         letters = entry["Type"].split("+")
         if not letters or any(t not in _Q_TYPE_LETTERS for t in letters) or len(set(letters)) != len(letters):
-            raise SmiParseError(f"process Type {entry['Type']!r} is not C, G, M or a '+' combination", no, line)
-        used = self.memory(entry["Used GPU Memory"], no, line)
+            raise SmiParseError(f"process Type {entry['Type']!r} is not C, G, M or a '+' combination", *at("Type"))
+        used = self.memory(entry["Used GPU Memory"], *at("Used GPU Memory"))
+        if used is None:
+            # "Not available in WDDM driver model", "N/A" on some MIG setups: unknown, never 0 (FACTS.md).
+            self.unknown_bytes.setdefault(
+                str(self.gpu), _number_placeholder(entry["Used GPU Memory"]) or Unavailable(entry["Used GPU Memory"])
+            )
         name = entry.get("Name")
         if name is not None and _placeholder(name) is not None:
             name = None
-        gi = self.instance_id(entry.get("GPU instance ID"), no, line)
-        ci = self.instance_id(entry.get("Compute instance ID"), no, line)
+        gi = self.instance_id(entry.get("GPU instance ID"), *at("GPU instance ID"))
+        ci = self.instance_id(entry.get("Compute instance ID"), *at("Compute instance ID"))
         for letter in letters:
             kind = _Q_TYPE_LETTERS[letter]
             self.lists[kind][str(self.gpu)].append(GpuProcess(pid, kind, used, name, gi, ci))
 
     @staticmethod
     def memory(value: str, no: int, line: str) -> int | None:
-        if _placeholder(value) is not None:
-            return None
         m = _Q_MEMORY.fullmatch(value)
-        if m is None:
-            raise SmiParseError(f"Used GPU Memory {value!r} is not 'N MiB'", no, line)
-        return int(m.group(1)) * MIB
+        if m is not None:
+            return int(m.group(1)) * MIB
+        if _number_placeholder(strip_deprecation(value)[0] or value) is not None:
+            return None
+        raise SmiParseError(f"Used GPU Memory {value!r} is not 'N MiB'", no, line)
 
     @staticmethod
     def instance_id(value: str | None, no: int, line: str) -> int | None:
-        if value is None or _placeholder(value) is not None:
+        if value is None or _number_placeholder(value) is not None:
             return None
         if not _is_uint(value):
             raise SmiParseError(f"instance id {value!r} is not a number", no, line)
@@ -934,28 +1015,48 @@ def parse_pids_query(text: str) -> PidsListing:
             if not parser.entry:
                 parser.entry_line = (no, line)
             parser.entry[key] = m.group(3).strip()
+            parser.entry_lines[key] = (no, line)
             continue
         parser.feed(no, line)
     last_no, last = lines[-1] if lines else (1, "")
     parser.close_gpu(last_no, last)
-    if "Driver Version" not in parser.top:
+    if "Driver Version" not in parser.top and "KMD Version" not in parser.top:
         raise SmiParseError("no 'Driver Version' line: this is not nvidia-smi -q output", 1, text[:80])
 
     def freeze(kind: ProcessKind) -> Mapping[str, tuple[GpuProcess, ...]]:
         return MappingProxyType({k: tuple(v) for k, v in parser.lists[kind].items()})
 
+    notes: dict[str, str] = {}
+
     def version(key: str) -> str | None:
         v = parser.top.get(key)
-        return None if v is None or _placeholder(v) is not None else v
+        if v is not None and parser.notes.get(key):
+            notes[key] = f"nvidia-smi marks {key} {parser.notes[key]}"
+        if v is None:
+            return None
+        if not v:
+            notes[key] = f"nvidia-smi printed only a deprecation note for {key}: {parser.notes.get(key, '')}"
+            return None
+        ph = _number_placeholder(v)
+        if ph is not None:
+            notes[key] = ph.reason(key)
+            return None
+        return v
 
     return PidsListing(
         compute=freeze(ProcessKind.COMPUTE),
         graphics=freeze(ProcessKind.GRAPHICS),
         mps=freeze(ProcessKind.MPS),
-        driver_version=version("Driver Version"),
-        cuda_version=version("CUDA Version"),
+        # Driver 610 deprecated "Driver Version"/"CUDA Version" for "KMD Version"/"CUDA UMD Version" (nvidia-smi
+        # docs: "to more accurately reflect the source of the version information"): the new names win.
+        driver_version=version("KMD Version") or version("Driver Version"),
+        cuda_version=version("CUDA UMD Version") or version("CUDA Version"),
         failures=tuple(parser.failures),
         unknown=MappingProxyType(dict(parser.unknown)),
+        notes=MappingProxyType(notes),
+        bytes_unknown=MappingProxyType(
+            {k: v.reason("a process's Used GPU Memory") for k, v in parser.unknown_bytes.items()}
+        ),
     )
 
 
@@ -966,13 +1067,16 @@ _VERSION_LINE = re.compile(r"([A-Za-z][A-Za-z -]*?)\s*:\s*(\S.*)")
 
 def parse_version_output(text: str) -> Mapping[str, str]:
     """Parse ``nvidia-smi --version`` (``NVIDIA-SMI version : 580.159.04``, ``DRIVER version``, ``CUDA Version``,
-    ``NVML version``) into a mapping with lower-cased keys (``"cuda version"``)."""
+    ``NVML version``) into a mapping with lower-cased keys (``"cuda version"``).
+
+    A ``[Deprecated; ...]`` note beside a value is dropped; driver 610's ``CUDA Version: Deprecated, see ...`` stays
+    as printed (it is not a version: :func:`cuda_version_number` reads it as unknown)."""
     out: dict[str, str] = {}
     for no, line in _lines(text):
         m = _VERSION_LINE.fullmatch(line.strip())
         if m is None:
             raise SmiParseError("not a 'name : version' line", no, line)
-        out[m.group(1).strip().lower()] = m.group(2).strip()
+        out[m.group(1).strip().lower()] = strip_deprecation(m.group(2).strip())[0] or m.group(2).strip()
     if not out:
         raise SmiParseError("nvidia-smi --version printed nothing", 1, "")
     return MappingProxyType(out)
