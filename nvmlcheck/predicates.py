@@ -42,11 +42,12 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from .model import MIB, DeviceFailure, DeviceState, GpuProcess, Memory, ProcessKind, Snapshot
+from .model import MIB, DeviceFailure, DeviceState, GpuProcess, Memory, MigDevice, ProcessKind, Snapshot
 
 __all__ = [
     "ALL_KINDS",
     "DEFAULT_MAX_USED_BYTES",
+    "DEFAULT_MIG_IDLE_BYTES",
     "DEFAULT_TOLERANCE_BYTES",
     "MIB",
     "Predicate",
@@ -69,6 +70,11 @@ ALL_KINDS: tuple[ProcessKind, ...] = (ProcessKind.COMPUTE, ProcessKind.GRAPHICS,
 DEFAULT_MAX_USED_BYTES = 16 * MIB
 #: The default slack of :func:`memory_back_to` above the baseline.
 DEFAULT_TOLERANCE_BYTES = 16 * MIB
+#: What a GPU in MIG mode may read used with no process, above the limit: the driver keeps MIG bookkeeping in the
+#: GPU's memory. Public captures (driver 590.48.01) show an idle H100 at 59 MiB and an idle H200 at 55 MiB on the
+#: parent, with no process; the same H100 without MIG reads 0. A CUDA context alone takes hundreds of MiB, so this
+#: allowance cannot hide a process. Applied per MIG instance when the instances' memory is known, else to the parent.
+DEFAULT_MIG_IDLE_BYTES = 64 * MIB
 
 # Why an idle GPU can read ~615 MiB used: the v1 memory call counts the driver's reservation (FACTS, H200).
 _V1_HINT = (
@@ -418,6 +424,8 @@ class _NoProcesses(_DevicePredicate):
             c, g, m = d.compute_processes, d.graphics_processes, d.mps_processes
             if c or g or m:
                 return False
+            if d.mig_devices and _mig_processes(d, self.kinds):
+                return False
             if c is None or g is None or m is None:
                 result = None
         return result
@@ -430,16 +438,23 @@ class _NoProcesses(_DevicePredicate):
                 result = None
             elif procs:
                 return False
+        if d.mig_devices and _mig_processes(d, self.kinds):
+            return False
         return result
 
     def _explain_device(self, d: DeviceState) -> Iterator[_Why]:
+        seen: set[tuple[int, ProcessKind]] = set()
         for kind in self.kinds:
             procs = d.processes_of(kind)
             if procs is None:
                 yield _process_list_unknown(d, kind)
                 continue
             for p in procs:
-                yield _Why(False, d.index, f"GPU {d.index}: {_holder_text(p)} ({kind.value})")
+                seen.add((p.pid, p.kind))
+                yield _Why(False, d.index, f"{_where(d, p)}: {_holder_text(p)} ({kind.value})")
+        for mig, p in _mig_processes(d, self.kinds):
+            if (p.pid, p.kind) not in seen:  # listed on the instance only (NVML's per-instance lists)
+                yield _Why(False, d.index, f"GPU {d.index} {mig.label}: {_holder_text(p)} ({p.kind.value})")
 
     def describe(self) -> str:
         return f"no {_kinds_words(self.kinds)} process"
@@ -448,6 +463,22 @@ class _NoProcesses(_DevicePredicate):
         if self.kinds == ALL_KINDS:
             return "no_processes()"
         return f"no_processes(kinds={tuple(k.value for k in self.kinds)!r})"
+
+
+def _mig_processes(d: DeviceState, kinds: tuple[ProcessKind, ...]) -> list[tuple[MigDevice, GpuProcess]]:
+    """Processes listed on a MIG instance of ``d`` (of the given kinds)."""
+    return [(m, p) for m in d.mig_devices or () for p in m.processes or () if p.kind in kinds]
+
+
+def _where(d: DeviceState, p: GpuProcess) -> str:
+    """``GPU 0``, or ``GPU 0 MIG 1 (GI 2, CI 0, MIG-...)`` for a process attributed to a MIG instance."""
+    mig = d.mig_device_of(p) if d.mig_devices else None
+    if mig is not None:
+        return f"GPU {d.index} {mig.label}"
+    if p.gpu_instance_id is not None:
+        ci = "?" if p.compute_instance_id is None else p.compute_instance_id
+        return f"GPU {d.index} MIG instance (GI {p.gpu_instance_id}, CI {ci})"
+    return f"GPU {d.index}"
 
 
 def _kinds_words(kinds: tuple[ProcessKind, ...]) -> str:
@@ -537,6 +568,13 @@ class _MemoryAtMost(_DevicePredicate):
             if m is None or m.used_includes_reserved:
                 result = None
                 continue
+            if d.mig_mode:
+                v = _mig_memory(d, m, limit)[0]
+                if v is False:
+                    return False
+                if v is None:
+                    result = None
+                continue
             slack = m.granularity_bytes - 1
             if m.used_bytes + slack <= limit:
                 continue
@@ -549,6 +587,8 @@ class _MemoryAtMost(_DevicePredicate):
         m = d.memory
         if m is None or m.used_includes_reserved:
             return None
+        if d.mig_mode:
+            return _mig_memory(d, m, self.limit)[0]
         return _judge_at_most(m.used_bytes, m.granularity_bytes - 1, self.limit)
 
     def _explain_device(self, d: DeviceState) -> Iterator[_Why]:
@@ -558,6 +598,9 @@ class _MemoryAtMost(_DevicePredicate):
             return
         if m.used_includes_reserved:
             yield _Why(None, d.index, f"GPU {d.index}: cannot judge {format_bytes(m.used_bytes)} used: {_V1_HINT}")
+            return
+        if d.mig_mode:
+            yield from _mig_memory(d, m, self.limit)[1]
             return
         verdict = _judge_at_most(m.used_bytes, m.granularity_bytes - 1, self.limit)
         if verdict is None:
@@ -580,6 +623,50 @@ class _MemoryAtMost(_DevicePredicate):
 
     def __repr__(self) -> str:
         return f"memory_used_at_most({self.limit})"
+
+
+def _mig_memory(d: DeviceState, parent: Memory, limit: int) -> tuple[bool | None, list[_Why]]:
+    """The memory rule on a GPU in MIG mode (docs/waiting.md, "MIG"): each instance's ``used`` at most ``limit`` +
+    :data:`DEFAULT_MIG_IDLE_BYTES` when every instance's memory is known (the parent's figure is then not judged:
+    it also counts the driver's MIG overhead); otherwise the parent's ``used`` at most the same. Reasons name the
+    instance."""
+    allowed = limit + DEFAULT_MIG_IDLE_BYTES
+    instances = d.mig_devices or ()
+    per_instance = bool(instances) and all(
+        i.memory is not None and not i.memory.used_includes_reserved for i in instances
+    )
+    parts: list[tuple[str, Memory]]
+    if per_instance:
+        parts = [(f"GPU {d.index} {i.label}", i.memory) for i in instances if i.memory is not None]
+    else:
+        parts = [(f"GPU {d.index} (MIG mode)", parent)]
+    result: bool | None = True
+    whys: list[_Why] = []
+    for where, m in parts:
+        v = _judge_at_most(m.used_bytes, m.granularity_bytes - 1, allowed)
+        if v is False:
+            result = False
+            used, lim = _two_sizes(m.used_bytes, allowed)
+            tail = f" {_NO_VISIBLE_PROCESS}" if _nothing_listed(d) else ""
+            whys.append(
+                _Why(
+                    False,
+                    d.index,
+                    f"{where}: {used} used{tail}; clean means at most {lim} (the limit + the MIG idle allowance)",
+                )
+            )
+        elif v is None:
+            if result is True:
+                result = None
+            whys.append(
+                _Why(
+                    None,
+                    d.index,
+                    f"{where}: {format_bytes(m.used_bytes)} used is within the reporting resolution of the "
+                    f"{format_bytes(allowed)} MIG limit; cannot tell which side it is on",
+                )
+            )
+    return result, whys
 
 
 class _MemoryBackTo(_DevicePredicate):

@@ -87,6 +87,7 @@ class _Gate:
         else:
             self.opened = True
 
+
 #: Seconds ``nvmlInit`` may take before opening gives up with :class:`~nvmlcheck.Timeout` (it can hang on a wedged
 #: driver: go-nvml #152); ``"auto"`` then falls back to nvidia-smi. A cold init takes ~10 ms on an H200 (FACTS).
 DEFAULT_INIT_TIMEOUT_S = 10.0
@@ -103,6 +104,7 @@ def init_timeout_for(timeout: float | None) -> float:
     if timeout is None or isinstance(timeout, bool) or not isinstance(timeout, int | float) or math.isnan(timeout):
         return DEFAULT_INIT_TIMEOUT_S  # None, or a bad value the wait itself refuses
     return min(DEFAULT_INIT_TIMEOUT_S, max(MIN_INIT_TIMEOUT_S, float(timeout) / 2))
+
 
 NOT_REQUESTED = "not requested"
 _V1_MEMORY = (
@@ -531,6 +533,8 @@ class NvmlBackend:
             clocks,
             health,
             reasons,
+            None,  # mig_mode: not read yet
+            None,  # mig_devices
         )
 
     def _base_reasons(self, index: int, ident: _Identity, plan: _Plan) -> Mapping[str, str]:
