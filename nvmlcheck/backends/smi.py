@@ -41,6 +41,7 @@ whole 10 s run timeout.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 import selectors
@@ -482,6 +483,9 @@ class SmiBackend:
         self._system: SystemInfo | None = None
         self._version_problem: dict[str, str] = {}
         self._closed = False
+        # Set once a GPU was seen in MIG mode: process queries then read the full -q (MIG Device blocks) and -L
+        # (MIG UUIDs) instead of -q -d PIDS, which has neither.
+        self._mig_seen = False
         try:
             self._open()
         except BackendUnavailable:
@@ -601,8 +605,11 @@ class SmiBackend:
         select_args = ("-i", ",".join(map(str, selected))) if indices is not None else ()
         gpu_fields = self._gpu_fields(fields)
         jobs: list[tuple[str, ...]] = [(*select_args, "--query-gpu=" + ",".join(gpu_fields), _FORMAT)]
+        mig_jobs = Fields.PROCESSES in fields and self._process_query == "pids" and self._mig_seen
         if Fields.PROCESSES in fields:
             jobs.append((*select_args, *self._process_args()))
+            if mig_jobs:
+                jobs.append(("-L",))
         results = self._run_many(jobs, deadline)
         gpu_result = results[0]
         while (refused := _refused_field(gpu_result)) is not None:
@@ -610,7 +617,18 @@ class SmiBackend:
             gpu_fields = self._refuse(refused, gpu_fields, gpu_result)
             gpu_result = self._run((*select_args, "--query-gpu=" + ",".join(gpu_fields), _FORMAT), deadline)
         records, handle_failures = self._parse_gpus(gpu_result, gpu_fields, deadline)
+        if (
+            Fields.PROCESSES in fields
+            and self._process_query == "pids"
+            and not mig_jobs
+            and any(r.mig_mode for r in records)
+        ):
+            # First sight of MIG: read the MIG devices now rather than judge this pass without them.
+            self._mig_seen = mig_jobs = True
+            results = [gpu_result, *self._run_many([(*select_args, *self._process_args()), ("-L",)], deadline)]
         lists = self._process_lists(results[1], records) if Fields.PROCESSES in fields else {}
+        if mig_jobs:
+            self._add_mig_uuids(results[2], records, lists)
         retired = self._retired_pages(records, select_args, deadline) if Fields.HEALTH in fields else {}
         devices: list[DeviceState] = []
         extra = [(f"health.{k}", v) for k, v in self._refused_reasons(fields)]
@@ -691,6 +709,8 @@ class SmiBackend:
                 wanted.extend(self._alternatives.get(n, n) for n in names)
         if Fields.PROCESSES in fields and self._process_query == "pids":
             wanted.append("pci.bus_id")  # -q names GPUs by PCI bus id
+        if fields & (Fields.MEMORY | Fields.PROCESSES):
+            wanted.append("mig.mode.current")  # MIG changes what "clean" means (docs/waiting.md)
         return tuple(n for n in wanted if n not in self._refused)
 
     def _refuse(self, refused: str, current: tuple[str, ...], result: SmiResult) -> tuple[str, ...]:
@@ -736,7 +756,7 @@ class SmiBackend:
 
     def _process_args(self) -> tuple[str, ...]:
         if self._process_query == "pids":
-            return ("-q", "-d", "PIDS")
+            return ("-q",) if self._mig_seen else ("-q", "-d", "PIDS")
         return ("--query-compute-apps=" + ",".join(_APPS_FIELDS), _FORMAT)
 
     def _process_lists(self, result: SmiResult, records: Sequence[GpuRecord]) -> dict[str, ProcessLists]:
@@ -780,8 +800,35 @@ class SmiBackend:
             # Bytes a driver withholds (WDDM, MIG) are None on each process; the lists themselves are complete.
             bytes_why = listing.bytes_unknown.get(pci)
             reasons = {"processes.used_bytes": bytes_why} if bytes_why is not None else {}
-            out[r.uuid] = ProcessLists(listing.compute[pci], listing.graphics[pci], listing.mps[pci], reasons)
+            mig = listing.mig_devices.get(pci, ()) if self._mig_seen and r.mig_mode else None
+            out[r.uuid] = ProcessLists(listing.compute[pci], listing.graphics[pci], listing.mps[pci], reasons, mig)
         return out
+
+    def _add_mig_uuids(self, result: SmiResult, records: Sequence[GpuRecord], lists: dict[str, ProcessLists]) -> None:
+        """Put ``-L``'s MIG UUIDs on the MIG devices read from ``-q`` (matched by GPU index and MIG device index).
+        A failed ``-L`` costs only the UUIDs (``None`` with the reason), never the snapshot."""
+        why: str | None = None
+        uuids: Mapping[int, Mapping[int, str]] = {}
+        try:
+            _raise_for(result, self._prefixed)
+            with _parsing(result):
+                uuids = smi_csv.parse_list_gpus(result.stdout)
+        except NvmlCheckError as exc:
+            why = f"nvidia-smi -L failed: {exc}"
+        for r in records:
+            pl = lists.get(r.uuid)
+            if pl is None or not pl.mig_devices:
+                continue
+            named = uuids.get(r.index, {})
+            devices = []
+            for m in pl.mig_devices:
+                uuid = named.get(m.index)
+                if uuid is None:
+                    reason = why or f"nvidia-smi -L listed no MIG device {m.index} under GPU {r.index}"
+                    devices.append(dataclasses.replace(m, unknown=MappingProxyType({**m.unknown, "uuid": reason})))
+                else:
+                    devices.append(dataclasses.replace(m, uuid=uuid))
+            lists[r.uuid] = dataclasses.replace(pl, mig_devices=tuple(devices))
 
     def _note_cuda_version(self, text: str | None) -> None:
         """Take ``-q``'s CUDA Version when ``--version`` gave none that reads as a version (driver 610 prints

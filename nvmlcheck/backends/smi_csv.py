@@ -54,10 +54,12 @@ from ..model import (
     GpuProcess,
     Memory,
     MemoryHealth,
+    MigDevice,
     ProcessKind,
     RemappedRows,
     RetiredPage,
     RetirementCause,
+    attribute_processes,
 )
 
 __all__ = [
@@ -84,6 +86,7 @@ __all__ = [
     "has_handle_failure",
     "normalize_pci_bus_id",
     "parse_compute_apps",
+    "parse_list_gpus",
     "parse_pids_query",
     "parse_query_gpu",
     "parse_remapped_rows",
@@ -569,6 +572,8 @@ class GpuRecord:
     retired_pending: bool | None
     remapped_rows: RemappedRows | None
     unknown: Mapping[str, str]
+    #: ``mig.mode.current``: True Enabled, False Disabled or not supported (``[N/A]``), None not asked or unknown.
+    mig_mode: bool | None = None
 
 
 _MEMORY_COLUMNS = ("memory.total", "memory.used", "memory.free")
@@ -645,6 +650,15 @@ def _gpu_record(table: Table, cells: _Cells, index: int, uuid: str) -> GpuRecord
         pending = p if isinstance(p, bool) else None
     if table.has("remapped_rows.correctable"):
         remapped = _remapped(cells, unknown)
+    mig_mode: bool | None = None
+    if table.has("mig.mode.current"):
+        mode = cells.flag("mig.mode.current")
+        if isinstance(mode, bool):
+            mig_mode = mode
+        elif mode.text in ("[N/A]", "N/A", "[Not Supported]"):
+            mig_mode = False  # a GPU without MIG: nvmlDeviceGetMigMode's NOT_SUPPORTED
+        else:
+            unknown["mig"] = mode.reason("mig.mode.current")
     return GpuRecord(
         line_no=cells.row.line_no,
         index=index,
@@ -660,6 +674,7 @@ def _gpu_record(table: Table, cells: _Cells, index: int, uuid: str) -> GpuRecord
         retired_pending=pending,
         remapped_rows=remapped,
         unknown=MappingProxyType(unknown),
+        mig_mode=mig_mode,
     )
 
 
@@ -827,6 +842,10 @@ class PidsListing:
     notes: Mapping[str, str] = field(default_factory=dict)
     #: GPU (PCI bus id) -> why some of its processes' bytes are ``None`` (WDDM, MIG): the lists still stand.
     bytes_unknown: Mapping[str, str] = field(default_factory=dict)
+    #: GPU -> ``MIG Mode`` ``Current`` (full ``-q`` only): True/False, or the reason it is unknown.
+    mig_mode: Mapping[str, bool | str] = field(default_factory=dict)
+    #: GPU -> its ``MIG Device`` blocks (full ``-q`` only; ``uuid`` and ``processes`` not yet filled).
+    mig_devices: Mapping[str, tuple[MigDevice, ...]] = field(default_factory=dict)
 
 
 _Q_GPU = re.compile(rf"GPU ({_PCI_TEXT})")
@@ -861,6 +880,14 @@ class _PidsParser:
         self.entry_lines: dict[str, tuple[int, str]] = {}
         self.notes: dict[str, str] = {}  # header key -> the deprecation note printed beside its value
         self.unknown_bytes: dict[str, Unavailable] = {}  # GPU -> what it printed for a process's bytes
+        # MIG (full -q only): "MIG Mode / Current" and the "MIG Device" blocks of each GPU.
+        self.mig_mode: dict[str, bool | Unavailable] = {}
+        self.mig: dict[str, list[MigDevice]] = {}
+        self.title: str | None = None  # the open section title of the GPU block ("MIG Mode", "FB Memory Usage")
+        self.title_indent = 0
+        self.mig_indent: int | None = None  # indentation of the open "MIG Device" title
+        self.mig_entry: dict[str, str] = {}
+        self.mig_line: tuple[int, str] = (0, "")
 
     def feed(self, no: int, line: str) -> None:
         stripped = line.strip()
@@ -893,6 +920,8 @@ class _PidsParser:
         if key == "Processes" and self.gpu is not None:
             self.open_section(no, line, indent, (value or "").strip())
             return
+        if self.gpu is not None and self.section_indent is None and self.gpu_section(no, line, indent, key, value):
+            return
         if value is None:
             if self.gpu is not None and self.section_indent is None and _Q_KEY.fullmatch(stripped):
                 return  # a section title of a full -q: not ours
@@ -905,6 +934,82 @@ class _PidsParser:
                 self.notes[key] = note
         elif self.section_indent is not None:
             self.entry_value(no, line, key, value.strip())
+
+    def gpu_section(self, no: int, line: str, indent: int, key: str, value: str | None) -> bool:
+        """The MIG parts of a full ``-q`` GPU block: ``MIG Mode`` / ``Current`` and each ``MIG Device`` block
+        (``Index``, ``GPU Instance ID``, ``Compute Instance ID``, ``FB Memory Usage``). True when the line was used."""
+        if self.mig_indent is not None and indent <= self.mig_indent:
+            self.close_mig()
+        if self.title is not None and indent <= self.title_indent:
+            self.title = None
+        if value is None:  # a bare title
+            if key == "MIG Device":
+                self.close_mig()
+                self.mig_indent, self.mig_entry, self.mig_line = indent, {}, (no, line)
+                self.title = None  # "MIG Devices" (the enclosing title) must not prefix its keys
+                return True
+            self.title, self.title_indent = key, indent
+            return self.mig_indent is not None
+        gpu = str(self.gpu)
+        if self.mig_indent is not None:
+            path = f"{self.title}/{key}" if self.title is not None else key
+            self.mig_entry[path] = value.strip()
+            return True
+        if self.title == "MIG Mode" and key == "Current":
+            mode = value.strip()
+            ph = _number_placeholder(mode)
+            if ph is not None:
+                self.mig_mode[gpu] = ph
+            elif mode in ("Enabled", "Disabled"):
+                self.mig_mode[gpu] = mode == "Enabled"
+            else:
+                raise SmiParseError(f"MIG Mode Current {mode!r} is not Enabled or Disabled", no, line)
+            return True
+        return False
+
+    def close_mig(self) -> None:
+        if self.mig_indent is None:
+            return
+        entry, self.mig_entry, self.mig_indent = self.mig_entry, {}, None
+        no, line = self.mig_line
+        unknown: dict[str, str] = {}
+
+        def number(key: str) -> int | None:
+            v = entry.get(key)
+            if v is None:
+                unknown.setdefault(key, f"nvidia-smi -q printed no {key!r} for this MIG device")
+                return None
+            if _is_uint(v):
+                return int(v)
+            if _number_placeholder(v) is not None:
+                unknown.setdefault(key, Unavailable(v).reason(f"MIG device {key}"))
+                return None
+            raise SmiParseError(f"MIG device {key} {v!r} is not a number", no, line)
+
+        index = number("Index")
+        if index is None:
+            raise SmiParseError("a MIG Device block without an Index", no, line)
+        gi = number("GPU Instance ID")
+        ci = number("Compute Instance ID")
+        memory: Memory | None = None
+        fb = {k.split("/", 1)[1]: v for k, v in entry.items() if k.startswith("FB Memory Usage/")}
+        values: dict[str, int | None] = {}
+        for part in ("Total", "Used", "Free", "Reserved"):
+            v = fb.get(part)
+            m = _Q_MEMORY.fullmatch(v) if v is not None else None
+            values[part] = int(m.group(1)) * MIB if m is not None else None
+            if v is not None and m is None and _number_placeholder(v) is None:
+                raise SmiParseError(f"MIG device FB Memory Usage {part} {v!r} is not 'N MiB'", no, line)
+        total, used, free = values["Total"], values["Used"], values["Free"]
+        if total is not None and used is not None and free is not None:
+            if used > total:
+                raise CorruptData(f"MIG device {index} uses {used // MIB} MiB of {total // MIB} MiB", "nvidia-smi -q")
+            memory = Memory(total, used, free, values["Reserved"], False, MIB)
+        else:
+            unknown["memory"] = "nvidia-smi -q printed no FB Memory Usage Total/Used/Free for this MIG device"
+        self.mig.setdefault(str(self.gpu), []).append(
+            MigDevice(index, None, gi, ci, memory, None, MappingProxyType(unknown))
+        )
 
     def handle_failure(self, no: int, line: str) -> None:
         hf = _handle_failure(no, line)
@@ -990,6 +1095,8 @@ class _PidsParser:
 
     def close_gpu(self, no: int, line: str) -> None:
         self.close_entry()
+        self.close_mig()
+        self.title = None
         if self.gpu is not None and not self.seen_section:
             # -q -d MEMORY has no Processes section: that is "not asked", never "no process".
             raise SmiParseError(f"GPU {self.gpu} has no Processes section", no, line)
@@ -1054,6 +1161,10 @@ def parse_pids_query(text: str) -> PidsListing:
         failures=tuple(parser.failures),
         unknown=MappingProxyType(dict(parser.unknown)),
         notes=MappingProxyType(notes),
+        mig_mode=MappingProxyType(
+            {k: v if isinstance(v, bool) else v.reason("MIG Mode Current") for k, v in parser.mig_mode.items()}
+        ),
+        mig_devices=MappingProxyType({k: tuple(v) for k, v in parser.mig.items()}),
         bytes_unknown=MappingProxyType(
             {k: v.reason("a process's Used GPU Memory") for k, v in parser.unknown_bytes.items()}
         ),
@@ -1197,6 +1308,8 @@ class ProcessLists:
     graphics: tuple[GpuProcess, ...] | None
     mps: tuple[GpuProcess, ...] | None
     reasons: Mapping[str, str] = field(default_factory=dict)
+    #: The GPU's MIG devices read from a full ``-q`` (``None`` when not read), processes not yet attributed.
+    mig_devices: tuple[MigDevice, ...] | None = None
 
 
 _MEMORY_BIT = Fields.MEMORY.value
@@ -1245,6 +1358,14 @@ def build_device_state(
         unknown.update(processes.reasons)
         _check_process_memory(record, (compute, graphics, mps))
     health = _health(record, retired_pages, unknown) if wanted & _HEALTH_BIT else None
+    mig_devices: tuple[MigDevice, ...] | None = None
+    if record.mig_mode is False:
+        mig_devices = ()
+    elif record.mig_mode and processes is not None and processes.mig_devices is not None:
+        every = None if compute is None else compute + (graphics or ()) + (mps or ())
+        mig_devices = attribute_processes(processes.mig_devices, every)
+    elif record.mig_mode:
+        unknown.setdefault("mig_devices", "the MIG devices are read from nvidia-smi -q with Fields.PROCESSES")
     return DeviceState(
         index=record.index,
         uuid=record.uuid,
@@ -1259,6 +1380,8 @@ def build_device_state(
         clocks=clocks,
         health=health,
         unknown=MappingProxyType(unknown),
+        mig_mode=record.mig_mode,
+        mig_devices=mig_devices,
     )
 
 
@@ -1292,3 +1415,29 @@ def _health(
     if record.retired_pending is None:
         unknown.setdefault("health.retired_pages_pending", "retired_pages.pending was not asked for")
     return MemoryHealth(pages, record.retired_pending, record.remapped_rows)
+
+
+# --- -L (MIG UUIDs) ---------------------------------------------------------------------------------------------------
+
+_L_GPU = re.compile(r"GPU (\d+): .*\(UUID: (GPU-[^)]+)\)")
+_L_MIG = re.compile(r"MIG\s+(\S+)\s+Device\s+(\d+):\s*\(UUID:\s*(MIG-[^)\s]+)\)")
+
+
+def parse_list_gpus(text: str) -> Mapping[int, Mapping[int, str]]:
+    """Parse ``nvidia-smi -L``: GPU index -> {MIG device index: ``MIG-...`` UUID}. ``-q`` does not print a MIG
+    device's UUID; ``-L`` prints ``  MIG 1g.10gb     Device  0: (UUID: MIG-...)`` under its GPU's line."""
+    out: dict[int, dict[int, str]] = {}
+    gpu: int | None = None
+    for no, line in _lines(text):
+        stripped = line.strip()
+        g = _L_GPU.fullmatch(stripped)
+        if g is not None:
+            gpu = int(g.group(1))
+            out.setdefault(gpu, {})
+            continue
+        m = _L_MIG.fullmatch(stripped)
+        if m is not None and gpu is not None:
+            out[gpu][int(m.group(2))] = m.group(3)
+            continue
+        raise SmiParseError("not a GPU or MIG device line of nvidia-smi -L", no, line)
+    return MappingProxyType({k: MappingProxyType(v) for k, v in out.items()})
