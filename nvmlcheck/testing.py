@@ -146,7 +146,8 @@ STUB_VARIANTS: Mapping[str, tuple[str, ...]] = {
 
 #: Field names accepted by ``unsupported=`` (their calls return NVML_ERROR_NOT_SUPPORTED).
 UNSUPPORTED_FIELDS: frozenset[str] = frozenset(
-    {"name", "uuid", "serial", "minor", "pci", "memory", "reasons", "retired_pages", "retired_pending", "remapped", "mig"}
+    {"name", "uuid", "serial", "minor", "pci", "memory", "reasons", "retired_pages", "retired_pending", "remapped"}
+    | {"mig"}
     | {f"processes.{kind}" for kind in PROCESS_KINDS}
     | {f"{group}.{domain}" for group in ("clock", "max", "app") for domain in CLOCK_DOMAINS}
 )
