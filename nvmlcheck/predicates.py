@@ -39,7 +39,8 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from types import MappingProxyType
 from typing import NamedTuple
 
 from .model import MIB, DeviceFailure, DeviceState, GpuProcess, Memory, MigDevice, ProcessKind, Snapshot
@@ -55,6 +56,7 @@ __all__ = [
     "always",
     "default_predicate",
     "format_bytes",
+    "instance_view",
     "memory_back_to",
     "memory_used_at_most",
     "never",
@@ -746,17 +748,37 @@ class _MemoryBackTo(_DevicePredicate):
 
 
 class _OnDevices(Predicate):
-    __slots__ = ("indices", "inner", "selectors", "uuids")
+    __slots__ = ("indices", "inner", "mig_uuids", "selectors", "uuids")
 
     def __init__(self, selectors: tuple[int | str, ...], inner: Predicate) -> None:
         self.selectors = selectors
         self.indices = frozenset(s for s in selectors if isinstance(s, int))
         self.uuids = frozenset(s for s in selectors if isinstance(s, str))
+        # MIG device UUIDs select one instance of a GPU in MIG mode (``--devices MIG-...``).
+        self.mig_uuids = frozenset(u for u in self.uuids if u.startswith("MIG-"))
         self.inner = inner
+
+    def _narrow_mig(self, scope: _Scope, devices: tuple[DeviceState, ...]) -> _Scope:
+        """The scope with each selected MIG device as a device of its own (:func:`instance_view`); a MIG UUID
+        found on no GPU of the snapshot is missing (unknown, never clean)."""
+        views: list[DeviceState] = []
+        found: set[int | str] = {d.index for d in devices} | {d.uuid for d in devices}
+        for d in scope.devices:
+            for m in d.mig_devices or ():
+                if m.uuid is not None and m.uuid in self.mig_uuids:
+                    views.append(instance_view(d, m))
+                    found.add(m.uuid)
+        failures = tuple(
+            f for f in scope.failures if f.index in self.indices or (f.uuid is not None and f.uuid in self.uuids)
+        )
+        found |= {f.index for f in failures} | {f.uuid for f in failures if f.uuid is not None}
+        return _Scope((*devices, *views), failures, tuple(s for s in self.selectors if s not in found))
 
     def _narrow(self, scope: _Scope) -> _Scope:
         idx, uuids = self.indices, self.uuids
         devices = tuple(d for d in scope.devices if d.index in idx or d.uuid in uuids)
+        if self.mig_uuids:
+            return self._narrow_mig(scope, devices)
         failures = tuple(f for f in scope.failures if f.index in idx or (f.uuid is not None and f.uuid in uuids))
         if len(devices) + len(failures) == len(self.selectors):
             return _Scope(devices, failures)  # the common case: every selector found once
@@ -776,6 +798,32 @@ class _OnDevices(Predicate):
 
     def __repr__(self) -> str:
         return f"on_devices({list(self.selectors)!r}, {self.inner!r})"
+
+
+def instance_view(d: DeviceState, m: MigDevice) -> DeviceState:
+    """MIG device ``m`` of GPU ``d`` as a device of its own, for judging one instance: its UUID, its memory, the
+    processes that run in it (from its own lists, else the parent's, filtered by instance ids). The index stays the
+    parent's, so reasons read ``GPU 0 MIG 1 (GI 2, CI 0, MIG-...)``."""
+
+    def only(kind: ProcessKind, procs: tuple[GpuProcess, ...] | None) -> tuple[GpuProcess, ...] | None:
+        if m.processes is not None:
+            return tuple(p for p in m.processes if p.kind is kind)
+        return None if procs is None else tuple(p for p in procs if m.owns(p))
+
+    unknown = dict(d.unknown)
+    if m.memory is None:
+        unknown["memory"] = m.unknown.get("memory", f"the memory of {m.label} was not read")
+    return replace(
+        d,
+        uuid=m.uuid or d.uuid,
+        memory=m.memory,
+        compute_processes=only(ProcessKind.COMPUTE, d.compute_processes),
+        graphics_processes=only(ProcessKind.GRAPHICS, d.graphics_processes),
+        mps_processes=only(ProcessKind.MPS, d.mps_processes),
+        unknown=MappingProxyType(unknown),
+        mig_mode=True,
+        mig_devices=(m,),
+    )
 
 
 # --- public constructors ----------------------------------------------------------------------------------------
@@ -827,7 +875,8 @@ def memory_back_to(baseline: Snapshot, tolerance_bytes: int = DEFAULT_TOLERANCE_
 
 
 def on_devices(devices: Iterable[int | str], predicate: Predicate) -> Predicate:
-    """Judge ``predicate`` on the selected devices only: NVML indices (``int``) or UUIDs (``str``).
+    """Judge ``predicate`` on the selected devices only: NVML indices (``int``) or UUIDs (``str``). A MIG device
+    UUID (``MIG-...``) selects that one instance of a GPU in MIG mode: its processes and its memory.
 
     A selected device that is missing from the snapshot makes the answer unknown (not clean).
     """

@@ -203,3 +203,19 @@ def test_loaded_mig_gpu_is_not_clean_naming_the_instance(open_backend: Opener) -
         verdict = nc.default_predicate().evaluate(gpus.snapshot(fields=nc.Fields.WAIT))
     assert verdict.satisfied is False
     assert any("4100042" in r and MIG_UUIDS[1] in r and "GI 2" in r for r in verdict.reasons)
+
+
+def test_devices_mig_selects_one_instance(open_backend: Opener) -> None:
+    with open_backend(_mig(loaded=True)) as gpus:
+        assert gpus.resolve(MIG_UUIDS[0]) == (0,)
+        with pytest.raises(ValueError, match="2 MIG devices"):
+            gpus.resolve(MIG_UUIDS[1][:-1])  # a prefix of both
+        # The idle instance is clean although its GPU holds a process in the other instance ...
+        result = gpus.wait_until_clean(timeout=5.0, devices=[MIG_UUIDS[0]])
+        assert result.snapshot.devices[0].mig_mode is True
+        # ... and the loaded one is not, named by its UUID.
+        with pytest.raises(nc.WaitTimeout) as info:
+            gpus.wait_until_clean(timeout=0, devices=[MIG_UUIDS[1]])
+        assert any("4100042" in c and MIG_UUIDS[1] in c for c in info.value.culprits)
+        with pytest.raises(ValueError, match="no MIG device"):
+            gpus.resolve("MIG-ffffffff")

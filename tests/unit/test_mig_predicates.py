@@ -136,3 +136,19 @@ def test_mig_state_pickles() -> None:
     d = mig_gpu(59 * MIB, (instance(0, 1),))
     back = pickle.loads(pickle.dumps(d))
     assert back == d and back.mig_devices is not None and back.mig_devices[0].label.startswith("MIG 0 (GI 1")
+
+
+def test_on_devices_with_a_mig_uuid_judges_that_instance_only() -> None:
+    insts = (instance(0, 1), instance(1, 2, used=2 * GIB))
+    s = snap(mig_gpu(59 * MIB + 2 * GIB, insts, (mig_proc(4242, gi=2),)))
+    idle, busy = insts[0].uuid, insts[1].uuid
+    assert idle is not None and busy is not None
+    assert nc.on_devices([idle], nc.default_predicate()).evaluate(s).clean
+    verdict = nc.on_devices([busy], nc.default_predicate()).evaluate(s)
+    assert verdict.satisfied is False and all(busy in r for r in verdict.reasons)
+    # An instance that is not in the snapshot (destroyed, or MIG not read) is unknown, never clean.
+    gone = nc.on_devices(["MIG-not-there"], nc.default_predicate()).evaluate(s)
+    assert gone.satisfied is None
+    # Its memory unknown: unknown too.
+    blind = snap(mig_gpu(59 * MIB, (instance(0, 1, used=None),)))
+    assert nc.on_devices([insts[0].uuid], nc.default_predicate()).evaluate(blind).satisfied is None
