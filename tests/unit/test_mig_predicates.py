@@ -151,4 +151,4 @@ def test_on_devices_with_a_mig_uuid_judges_that_instance_only() -> None:
     assert gone.satisfied is None
     # Its memory unknown: unknown too.
     blind = snap(mig_gpu(59 * MIB, (instance(0, 1, used=None),)))
-    assert nc.on_devices([insts[0].uuid], nc.default_predicate()).evaluate(blind).satisfied is None
+    assert nc.on_devices([idle], nc.default_predicate()).evaluate(blind).satisfied is None
