@@ -631,7 +631,7 @@ class SmiBackend:
             self._add_mig_uuids(results[2], records, lists)
         retired = self._retired_pages(records, select_args, deadline) if Fields.HEALTH in fields else {}
         devices: list[DeviceState] = []
-        extra = [(f"health.{k}", v) for k, v in self._refused_reasons(fields)]
+        extra = [(k if k == "mig" else f"health.{k}", v) for k, v in self._refused_reasons(fields)]
         for record in records:
             if record.index not in selected:
                 continue
@@ -727,6 +727,9 @@ class SmiBackend:
 
     def _refused_reasons(self, fields: Fields) -> list[tuple[str, str]]:
         out: list[tuple[str, str]] = []
+        if fields & (Fields.MEMORY | Fields.PROCESSES) and "mig.mode.current" in self._refused:
+            # An nvidia-smi older than MIG: mig_mode is None (judged as before MIG), and this says why.
+            out.append(("mig", self._refused["mig.mode.current"]))
         if Fields.HEALTH in fields:
             for name, key in (("remapped_rows.correctable", "remapped_rows"), ("retired_pages.sbe", "retired_pages")):
                 if name in self._refused:

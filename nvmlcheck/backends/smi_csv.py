@@ -627,6 +627,8 @@ def _optional_text(table: Table, cells: _Cells, name: str, key: str, unknown: di
     if not table.has(name):
         return None
     value = cells.pci(name) if name == "pci.bus_id" else cells.text(name)
+    if isinstance(value, str) and name == "driver_version":
+        value = strip_deprecation(value)[0] or value  # driver 610 marks it deprecated in -q; keep the number
     return value if _known(value, name, unknown, key) and isinstance(value, str) else None
 
 

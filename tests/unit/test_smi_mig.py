@@ -114,3 +114,19 @@ def test_a_bad_mig_memory_value_quotes_the_block() -> None:
     with pytest.raises(nc.SmiParseError) as info:
         smi_csv.parse_pids_query(text)
     assert "MIG Device" in info.value.line
+
+
+def test_an_nvidia_smi_without_the_mig_field_leaves_mig_unknown_with_a_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    scenario(tmp_path, monkeypatch, *MIG_GPU)
+    monkeypatch.setenv("FAKE_SMI_REFUSE_FIELDS", "mig.mode.current")
+    with SmiBackend(command=FAKE) as b:
+        snap = b.snapshot(fields=Fields.WAIT)
+        again = b.snapshot(fields=Fields.WAIT)
+    d = snap.device(0)
+    assert d.mig_mode is None and d.mig_devices is None
+    assert "mig.mode.current" in (d.why_unknown("mig") or "")
+    assert again.device(0).mig_mode is None
+    # Judged as before MIG: 59 MiB with no process is not clean (the allowance needs MIG mode known).
+    assert not nc.default_predicate().evaluate(snap).clean
