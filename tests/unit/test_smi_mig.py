@@ -130,3 +130,11 @@ def test_an_nvidia_smi_without_the_mig_field_leaves_mig_unknown_with_a_reason(
     assert again.device(0).mig_mode is None
     # Judged as before MIG: 59 MiB with no process is not clean (the allowance needs MIG mode known).
     assert not nc.default_predicate().evaluate(snap).clean
+
+
+def test_real_h200_capture_reads_mig_off() -> None:
+    text = (ROOT / "tests/data/nvidia-smi/h200x2-mig-mode/query_mig_mode.stdout").read_text(encoding="utf-8")
+    text = text.replace("index, mig", "index, uuid, mig").replace("0, Disabled", "0, GPU-0, Disabled")
+    text = text.replace("1, Disabled", "1, GPU-1, Disabled")
+    records, failures = smi_csv.parse_query_gpu(text)
+    assert not failures and [r.mig_mode for r in records] == [False, False]
