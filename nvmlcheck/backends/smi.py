@@ -804,6 +804,9 @@ class SmiBackend:
             bytes_why = listing.bytes_unknown.get(pci)
             reasons = {"processes.used_bytes": bytes_why} if bytes_why is not None else {}
             mig = listing.mig_devices.get(pci, ()) if self._mig_seen and r.mig_mode else None
+            if mig is not None and pci in listing.mig_unknown:
+                mig = None
+                reasons["mig_devices"] = f"nvidia-smi -q: {listing.mig_unknown[pci]}"
             out[r.uuid] = ProcessLists(listing.compute[pci], listing.graphics[pci], listing.mps[pci], reasons, mig)
         return out
 

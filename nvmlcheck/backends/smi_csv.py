@@ -848,6 +848,8 @@ class PidsListing:
     mig_mode: Mapping[str, bool | str] = field(default_factory=dict)
     #: GPU -> its ``MIG Device`` blocks (full ``-q`` only; ``uuid`` and ``processes`` not yet filled).
     mig_devices: Mapping[str, tuple[MigDevice, ...]] = field(default_factory=dict)
+    #: GPU -> why its ``MIG Device`` blocks could not be read (they are then left out of ``mig_devices``).
+    mig_unknown: Mapping[str, str] = field(default_factory=dict)
 
 
 _Q_GPU = re.compile(rf"GPU ({_PCI_TEXT})")
@@ -885,6 +887,8 @@ class _PidsParser:
         # MIG (full -q only): "MIG Mode / Current" and the "MIG Device" blocks of each GPU.
         self.mig_mode: dict[str, bool | Unavailable] = {}
         self.mig: dict[str, list[MigDevice]] = {}
+        self.mig_bad: dict[str, str] = {}  # GPU -> why its MIG Device blocks could not be read
+        self.mig_lines: dict[str, tuple[int, str]] = {}  # where each key of the open MIG Device block was read
         self.title: str | None = None  # the open section title of the GPU block ("MIG Mode", "FB Memory Usage")
         self.title_indent = 0
         self.mig_indent: int | None = None  # indentation of the open "MIG Device" title
@@ -948,6 +952,7 @@ class _PidsParser:
             if key == "MIG Device":
                 self.close_mig()
                 self.mig_indent, self.mig_entry, self.mig_line = indent, {}, (no, line)
+                self.mig_lines = {}
                 self.title = None  # "MIG Devices" (the enclosing title) must not prefix its keys
                 return True
             self.title, self.title_indent = key, indent
@@ -956,6 +961,7 @@ class _PidsParser:
         if self.mig_indent is not None:
             path = f"{self.title}/{key}" if self.title is not None else key
             self.mig_entry[path] = value.strip()
+            self.mig_lines[path] = (no, line)
             return True
         if self.title == "MIG Mode" and key == "Current":
             mode = value.strip()
@@ -973,8 +979,20 @@ class _PidsParser:
         if self.mig_indent is None:
             return
         entry, self.mig_entry, self.mig_indent = self.mig_entry, {}, None
+        try:
+            self.mig_device(entry)
+        except SmiParseError as exc:
+            # The MIG blocks are not what a wait needs to be correct (the parent is judged without them): a block
+            # this parser cannot read makes the GPU's MIG devices unknown, quoting the line, and the snapshot goes on.
+            self.mig_bad.setdefault(str(self.gpu), f"{exc.reason} (line {exc.line_no}: {exc.line.strip()!r})")
+
+    def mig_device(self, entry: dict[str, str]) -> None:
+        where, self.mig_lines = self.mig_lines, {}
         no, line = self.mig_line
         unknown: dict[str, str] = {}
+
+        def at(key: str) -> tuple[int, str]:
+            return where.get(key, (no, line))
 
         def number(key: str) -> int | None:
             v = entry.get(key)
@@ -986,7 +1004,7 @@ class _PidsParser:
             if _number_placeholder(v) is not None:
                 unknown.setdefault(key, Unavailable(v).reason(f"MIG device {key}"))
                 return None
-            raise SmiParseError(f"MIG device {key} {v!r} is not a number", no, line)
+            raise SmiParseError(f"MIG device {key} {v!r} is not a number", *at(key))
 
         index = number("Index")
         if index is None:
@@ -1001,7 +1019,9 @@ class _PidsParser:
             m = _Q_MEMORY.fullmatch(v) if v is not None else None
             values[part] = int(m.group(1)) * MIB if m is not None else None
             if v is not None and m is None and _number_placeholder(v) is None:
-                raise SmiParseError(f"MIG device FB Memory Usage {part} {v!r} is not 'N MiB'", no, line)
+                raise SmiParseError(
+                    f"MIG device FB Memory Usage {part} {v!r} is not 'N MiB'", *at(f"FB Memory Usage/{part}")
+                )
         total, used, free = values["Total"], values["Used"], values["Free"]
         if total is not None and used is not None and free is not None:
             if used > total:
@@ -1166,7 +1186,8 @@ def parse_pids_query(text: str) -> PidsListing:
         mig_mode=MappingProxyType(
             {k: v if isinstance(v, bool) else v.reason("MIG Mode Current") for k, v in parser.mig_mode.items()}
         ),
-        mig_devices=MappingProxyType({k: tuple(v) for k, v in parser.mig.items()}),
+        mig_devices=MappingProxyType({k: tuple(v) for k, v in parser.mig.items() if k not in parser.mig_bad}),
+        mig_unknown=MappingProxyType(dict(parser.mig_bad)),
         bytes_unknown=MappingProxyType(
             {k: v.reason("a process's Used GPU Memory") for k, v in parser.unknown_bytes.items()}
         ),

@@ -109,11 +109,14 @@ def test_parser_on_a_constructed_mig_capture() -> None:
     assert uuids[0][1].startswith("MIG-")
 
 
-def test_a_bad_mig_memory_value_quotes_the_block() -> None:
+def test_an_unreadable_mig_block_makes_the_mig_devices_unknown_not_the_snapshot() -> None:
     text = (DATA / "q.stdout").read_text(encoding="utf-8").replace("2057 MiB", "2057 GiB")
-    with pytest.raises(nc.SmiParseError) as info:
-        smi_csv.parse_pids_query(text)
-    assert "MIG Device" in info.value.line
+    listing = smi_csv.parse_pids_query(text)
+    bus = "00000000:18:00.0"
+    assert bus not in listing.mig_devices
+    line_no = text.split("\n").index("                Used                                   : 2057 GiB") + 1
+    assert "2057 GiB" in listing.mig_unknown[bus] and f"line {line_no}:" in listing.mig_unknown[bus]
+    assert [p.pid for p in listing.compute[bus]] == [31337]  # the process list still stands
 
 
 def test_an_nvidia_smi_without_the_mig_field_leaves_mig_unknown_with_a_reason(
@@ -138,3 +141,19 @@ def test_real_h200_capture_reads_mig_off() -> None:
     text = text.replace("1, Disabled", "1, GPU-1, Disabled")
     records, failures = smi_csv.parse_query_gpu(text)
     assert not failures and [r.mig_mode for r in records] == [False, False]
+
+
+def test_replayed_mig_capture_end_to_end() -> None:
+    replay = ROOT / "tests" / "data" / "nvidia-smi" / "replay" / "smi_replay.py"
+    with SmiBackend(command=[sys.executable, "-S", str(replay), str(DATA)]) as b:
+        snap = b.snapshot(fields=Fields.WAIT)
+    d = snap.device(0)
+    assert d.mig_mode is True and d.mig_devices is not None
+    busy, idle = d.mig_devices
+    assert busy.uuid == "MIG-3b0a1c5e-7d2f-5a8b-9c4e-1f6a2b7c8d90" and [p.pid for p in busy.processes or ()] == [31337]
+    assert idle.processes == () and idle.memory is not None and idle.memory.used_bytes == 13 * MIB
+    assert "Not available" in (d.why_unknown("processes.used_bytes") or "")
+    verdict = nc.default_predicate().evaluate(snap)
+    assert verdict.satisfied is False
+    assert any("pid 31337" in r and "unknown amount" in r and "GI 1" in r for r in verdict.reasons)
+    assert nc.on_devices([idle.uuid or ""], nc.default_predicate()).evaluate(snap).clean

@@ -9,7 +9,8 @@ DIR holds:
   with units). A ``--query-gpu=F1,F2,...`` run prints the header cells and row cells of the fields asked for, in that
   order; lines that are not rows (``Unable to determine the device handle ...``) are printed as they are, where they
   stand. ``query_gpu.exitcode`` (optional) is the exit status of every ``--query-gpu`` run.
-* ``q_pids.stdout`` for ``-q -d PIDS``; ``q.stdout`` for a bare ``-q``; ``version.stdout`` for ``--version``
+* ``q_pids.stdout`` for ``-q -d PIDS``; ``q.stdout`` for a bare ``-q``; ``L.stdout`` for ``-L``; ``version.stdout``
+  for ``--version``
   (exit 0 each; ``NAME.exitcode`` overrides). A missing file: exit 2, like an option this nvidia-smi lacks.
 
 ``-i`` is ignored (every GPU is printed): the backend must cope with more than it asked for.
@@ -86,6 +87,8 @@ def main(argv: list[str]) -> int:
         return _file(d, "q_pids")
     if args == ["-q"]:
         return _file(d, "q")
+    if args == ["-L"]:
+        return _file(d, "L")
     print(f"smi_replay: no recording for {args}", file=sys.stderr)
     return 2
 
