@@ -79,6 +79,7 @@ SECTIONS: list[tuple[str, str, list[str]]] = [
             "ClockSet",
             "ClockEventReason",
             "MemoryHealth",
+            "MigDevice",
             "RetiredPage",
             "RetirementCause",
             "RemappedRows",

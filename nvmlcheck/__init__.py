@@ -64,6 +64,7 @@ _LAZY: dict[str, str] = {
     "MIB": "model",
     "Memory": "model",
     "MemoryHealth": "model",
+    "MigDevice": "model",
     "NoData": "errors",
     "NoPermission": "errors",
     "NotFound": "errors",

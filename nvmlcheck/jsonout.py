@@ -12,7 +12,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .model import Clocks, ClockSet, DeviceFailure, DeviceState, GpuProcess, Memory, MemoryHealth, Snapshot
+from .model import (
+    Clocks,
+    ClockSet,
+    DeviceFailure,
+    DeviceState,
+    GpuProcess,
+    Memory,
+    MemoryHealth,
+    MigDevice,
+    Snapshot,
+)
 
 if TYPE_CHECKING:
     from .holders import Holder
@@ -93,8 +103,20 @@ def _health(h: MemoryHealth | None) -> dict[str, Any] | None:
     }
 
 
+def _mig_device(m: MigDevice) -> dict[str, Any]:
+    return {
+        "index": m.index,
+        "uuid": m.uuid,
+        "gpu_instance_id": m.gpu_instance_id,
+        "compute_instance_id": m.compute_instance_id,
+        "memory": _memory(m.memory),
+        "processes": _processes(m.processes),
+        "unknown": dict(m.unknown),
+    }
+
+
 def device_json(d: DeviceState) -> dict[str, Any]:
-    """One device."""
+    """One device. ``mig_mode`` / ``mig_devices`` were added in issue 11 (``null`` when not read)."""
     return {
         "index": d.index,
         "uuid": d.uuid,
@@ -111,6 +133,8 @@ def device_json(d: DeviceState) -> dict[str, Any]:
         "clocks": _clocks(d.clocks),
         "health": _health(d.health),
         "unknown": dict(d.unknown),
+        "mig_mode": d.mig_mode,
+        "mig_devices": None if d.mig_devices is None else [_mig_device(m) for m in d.mig_devices],
     }
 
 
@@ -132,8 +156,13 @@ def holder_json(h: Holder) -> dict[str, Any]:
         "pid": h.pid,
         "found_by": sorted(h.found_by),
         "gpus": [
-            {"index": g.index, "uuid": g.uuid, "kinds": list(g.kinds), "used_bytes": g.used_bytes,
-             "why_unknown": g.why_unknown}
+            {
+                "index": g.index,
+                "uuid": g.uuid,
+                "kinds": list(g.kinds),
+                "used_bytes": g.used_bytes,
+                "why_unknown": g.why_unknown,
+            }
             for g in h.gpus
         ],
         "name": h.name,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
 from typing import Any, NamedTuple, TypeVar
 
@@ -29,6 +29,8 @@ __all__ = [
     "GpuProcess",
     "Memory",
     "MemoryHealth",
+    "MigDevice",
+    "attribute_processes",
     "ProcessKind",
     "RemappedRows",
     "RetiredPage",
@@ -261,6 +263,67 @@ class MemoryHealth:
 
 
 @dataclass(frozen=True, slots=True)
+class MigDevice(_ReasonsPickle):
+    """One MIG device (a compute instance of a GPU instance) of a GPU in MIG mode.
+
+    ``index``: nvmlDeviceGetMigDeviceHandleByIndex's index (nvidia-smi ``-q`` ``MIG Device`` ``Index``).
+    ``uuid``: ``MIG-...`` (nvmlDeviceGetUUID on the MIG handle; ``None`` where nvidia-smi does not print it).
+    ``gpu_instance_id`` / ``compute_instance_id``: nvmlDeviceGetGpuInstanceId / nvmlDeviceGetComputeInstanceId
+    (``-q`` ``GPU Instance ID`` / ``Compute Instance ID``). ``memory``: nvmlDeviceGetMemoryInfo on the MIG handle
+    (``-q`` ``FB Memory Usage`` of the MIG device): the instance's own share. ``processes``: every process of the
+    parent's lists whose instance ids are this device's (a process is attributed to its instance), ``None`` when
+    the parent's lists are unknown. A process's ``used_bytes`` may be ``None`` on MIG ("not available"), never 0.
+    Anything ``None`` has its reason in ``unknown``.
+    """
+
+    index: int
+    uuid: str | None
+    gpu_instance_id: int | None
+    compute_instance_id: int | None
+    memory: Memory | None
+    processes: tuple[GpuProcess, ...] | None
+    unknown: Mapping[str, str] = field(default_factory=lambda: _EMPTY, compare=False)
+
+    @property
+    def label(self) -> str:
+        """How messages name it: ``MIG 0 (GI 1, CI 0, MIG-...)``."""
+        gi = "?" if self.gpu_instance_id is None else self.gpu_instance_id
+        ci = "?" if self.compute_instance_id is None else self.compute_instance_id
+        uuid = f", {self.uuid}" if self.uuid else ""
+        return f"MIG {self.index} (GI {gi}, CI {ci}{uuid})"
+
+    def owns(self, p: GpuProcess) -> bool:
+        """Whether process ``p`` (from the parent's lists) runs in this instance: its GPU-instance id is this one's,
+        and so is its compute-instance id when both are known."""
+        if p.gpu_instance_id is None or p.gpu_instance_id != self.gpu_instance_id:
+            return False
+        return (
+            p.compute_instance_id is None
+            or self.compute_instance_id is None
+            or (p.compute_instance_id == self.compute_instance_id)
+        )
+
+
+def attribute_processes(
+    mig_devices: tuple[MigDevice, ...], processes: tuple[GpuProcess, ...] | None
+) -> tuple[MigDevice, ...]:
+    """``mig_devices`` with ``processes`` set from the parent's list: each process goes to the instance it runs in
+    (both backends list a MIG GPU's processes on the parent, with instance ids). ``processes`` ``None`` (unknown)
+    leaves each device's processes ``None`` with that reason."""
+    out: list[MigDevice] = []
+    for m in mig_devices:
+        if processes is None:
+            unknown = {
+                **m.unknown,
+                "processes": m.unknown.get("processes", "the parent GPU's process lists are unknown"),
+            }
+            out.append(replace(m, processes=None, unknown=MappingProxyType(unknown)))
+        else:
+            out.append(replace(m, processes=tuple(p for p in processes if m.owns(p))))
+    return tuple(out)
+
+
+@dataclass(frozen=True, slots=True)
 class DeviceState(_ReasonsPickle):
     """Everything read from one device in one pass.
 
@@ -269,6 +332,13 @@ class DeviceState(_ReasonsPickle):
 
     Live: ``memory``, the three process lists, ``clocks``, ``health``. A part that was not requested
     (see :class:`Fields`) or could not be read is ``None`` with a reason in ``unknown``.
+
+    MIG (added in issue 11; both default to ``None`` = not read, so older constructors keep working):
+    ``mig_mode`` is nvmlDeviceGetMigMode's current mode (nvidia-smi ``mig.mode.current``): ``True`` enabled,
+    ``False`` disabled or not supported by the GPU, ``None`` unknown (reason under ``"mig"``). ``mig_devices`` are
+    its MIG devices when enabled (``()`` when none are created or MIG is off). In MIG mode ``memory`` is the whole
+    GPU's, which counts the driver's MIG overhead (an idle H100 reads ~59 MiB used with no process), and the three
+    process lists hold every instance's processes with their instance ids.
     """
 
     index: int
@@ -284,6 +354,15 @@ class DeviceState(_ReasonsPickle):
     clocks: Clocks | None
     health: MemoryHealth | None
     unknown: Mapping[str, str] = field(default_factory=lambda: _EMPTY, compare=False)
+    mig_mode: bool | None = None
+    mig_devices: tuple[MigDevice, ...] | None = None
+
+    def mig_device_of(self, p: GpuProcess) -> MigDevice | None:
+        """The MIG device process ``p`` runs in, when this GPU is in MIG mode and its instance is known."""
+        for m in self.mig_devices or ():
+            if m.owns(p):
+                return m
+        return None
 
     @property
     def processes(self) -> tuple[GpuProcess, ...] | None:

@@ -39,14 +39,16 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from types import MappingProxyType
 from typing import NamedTuple
 
-from .model import MIB, DeviceFailure, DeviceState, GpuProcess, Memory, ProcessKind, Snapshot
+from .model import MIB, DeviceFailure, DeviceState, GpuProcess, Memory, MigDevice, ProcessKind, Snapshot
 
 __all__ = [
     "ALL_KINDS",
     "DEFAULT_MAX_USED_BYTES",
+    "DEFAULT_MIG_IDLE_BYTES",
     "DEFAULT_TOLERANCE_BYTES",
     "MIB",
     "Predicate",
@@ -54,6 +56,7 @@ __all__ = [
     "always",
     "default_predicate",
     "format_bytes",
+    "instance_view",
     "memory_back_to",
     "memory_used_at_most",
     "never",
@@ -69,6 +72,11 @@ ALL_KINDS: tuple[ProcessKind, ...] = (ProcessKind.COMPUTE, ProcessKind.GRAPHICS,
 DEFAULT_MAX_USED_BYTES = 16 * MIB
 #: The default slack of :func:`memory_back_to` above the baseline.
 DEFAULT_TOLERANCE_BYTES = 16 * MIB
+#: What a GPU in MIG mode may read used with no process, above the limit: the driver keeps MIG bookkeeping in the
+#: GPU's memory. Public captures (driver 590.48.01) show an idle H100 at 59 MiB and an idle H200 at 55 MiB on the
+#: parent, with no process; the same H100 without MIG reads 0. A CUDA context alone takes hundreds of MiB, so this
+#: allowance cannot hide a process. Applied per MIG instance when the instances' memory is known, else to the parent.
+DEFAULT_MIG_IDLE_BYTES = 64 * MIB
 
 # Why an idle GPU can read ~615 MiB used: the v1 memory call counts the driver's reservation (FACTS, H200).
 _V1_HINT = (
@@ -418,6 +426,8 @@ class _NoProcesses(_DevicePredicate):
             c, g, m = d.compute_processes, d.graphics_processes, d.mps_processes
             if c or g or m:
                 return False
+            if d.mig_devices and _mig_processes(d, self.kinds):
+                return False
             if c is None or g is None or m is None:
                 result = None
         return result
@@ -430,16 +440,23 @@ class _NoProcesses(_DevicePredicate):
                 result = None
             elif procs:
                 return False
+        if d.mig_devices and _mig_processes(d, self.kinds):
+            return False
         return result
 
     def _explain_device(self, d: DeviceState) -> Iterator[_Why]:
+        seen: set[tuple[int, ProcessKind]] = set()
         for kind in self.kinds:
             procs = d.processes_of(kind)
             if procs is None:
                 yield _process_list_unknown(d, kind)
                 continue
             for p in procs:
-                yield _Why(False, d.index, f"GPU {d.index}: {_holder_text(p)} ({kind.value})")
+                seen.add((p.pid, p.kind))
+                yield _Why(False, d.index, f"{_where(d, p)}: {_holder_text(p)} ({kind.value})")
+        for mig, p in _mig_processes(d, self.kinds):
+            if (p.pid, p.kind) not in seen:  # listed on the instance only (NVML's per-instance lists)
+                yield _Why(False, d.index, f"GPU {d.index} {mig.label}: {_holder_text(p)} ({p.kind.value})")
 
     def describe(self) -> str:
         return f"no {_kinds_words(self.kinds)} process"
@@ -448,6 +465,22 @@ class _NoProcesses(_DevicePredicate):
         if self.kinds == ALL_KINDS:
             return "no_processes()"
         return f"no_processes(kinds={tuple(k.value for k in self.kinds)!r})"
+
+
+def _mig_processes(d: DeviceState, kinds: tuple[ProcessKind, ...]) -> list[tuple[MigDevice, GpuProcess]]:
+    """Processes listed on a MIG instance of ``d`` (of the given kinds)."""
+    return [(m, p) for m in d.mig_devices or () for p in m.processes or () if p.kind in kinds]
+
+
+def _where(d: DeviceState, p: GpuProcess) -> str:
+    """``GPU 0``, or ``GPU 0 MIG 1 (GI 2, CI 0, MIG-...)`` for a process attributed to a MIG instance."""
+    mig = d.mig_device_of(p) if d.mig_devices else None
+    if mig is not None:
+        return f"GPU {d.index} {mig.label}"
+    if p.gpu_instance_id is not None:
+        ci = "?" if p.compute_instance_id is None else p.compute_instance_id
+        return f"GPU {d.index} MIG instance (GI {p.gpu_instance_id}, CI {ci})"
+    return f"GPU {d.index}"
 
 
 def _kinds_words(kinds: tuple[ProcessKind, ...]) -> str:
@@ -537,6 +570,13 @@ class _MemoryAtMost(_DevicePredicate):
             if m is None or m.used_includes_reserved:
                 result = None
                 continue
+            if d.mig_mode:
+                v = _mig_memory(d, m, limit)[0]
+                if v is False:
+                    return False
+                if v is None:
+                    result = None
+                continue
             slack = m.granularity_bytes - 1
             if m.used_bytes + slack <= limit:
                 continue
@@ -549,6 +589,8 @@ class _MemoryAtMost(_DevicePredicate):
         m = d.memory
         if m is None or m.used_includes_reserved:
             return None
+        if d.mig_mode:
+            return _mig_memory(d, m, self.limit)[0]
         return _judge_at_most(m.used_bytes, m.granularity_bytes - 1, self.limit)
 
     def _explain_device(self, d: DeviceState) -> Iterator[_Why]:
@@ -558,6 +600,9 @@ class _MemoryAtMost(_DevicePredicate):
             return
         if m.used_includes_reserved:
             yield _Why(None, d.index, f"GPU {d.index}: cannot judge {format_bytes(m.used_bytes)} used: {_V1_HINT}")
+            return
+        if d.mig_mode:
+            yield from _mig_memory(d, m, self.limit)[1]
             return
         verdict = _judge_at_most(m.used_bytes, m.granularity_bytes - 1, self.limit)
         if verdict is None:
@@ -580,6 +625,50 @@ class _MemoryAtMost(_DevicePredicate):
 
     def __repr__(self) -> str:
         return f"memory_used_at_most({self.limit})"
+
+
+def _mig_memory(d: DeviceState, parent: Memory, limit: int) -> tuple[bool | None, list[_Why]]:
+    """The memory rule on a GPU in MIG mode (docs/waiting.md, "MIG"): each instance's ``used`` at most ``limit`` +
+    :data:`DEFAULT_MIG_IDLE_BYTES` when every instance's memory is known (the parent's figure is then not judged:
+    it also counts the driver's MIG overhead); otherwise the parent's ``used`` at most the same. Reasons name the
+    instance."""
+    allowed = limit + DEFAULT_MIG_IDLE_BYTES
+    instances = d.mig_devices or ()
+    per_instance = bool(instances) and all(
+        i.memory is not None and not i.memory.used_includes_reserved for i in instances
+    )
+    parts: list[tuple[str, Memory]]
+    if per_instance:
+        parts = [(f"GPU {d.index} {i.label}", i.memory) for i in instances if i.memory is not None]
+    else:
+        parts = [(f"GPU {d.index} (MIG mode)", parent)]
+    result: bool | None = True
+    whys: list[_Why] = []
+    for where, m in parts:
+        v = _judge_at_most(m.used_bytes, m.granularity_bytes - 1, allowed)
+        if v is False:
+            result = False
+            used, lim = _two_sizes(m.used_bytes, allowed)
+            tail = f" {_NO_VISIBLE_PROCESS}" if _nothing_listed(d) else ""
+            whys.append(
+                _Why(
+                    False,
+                    d.index,
+                    f"{where}: {used} used{tail}; clean means at most {lim} (the limit + the MIG idle allowance)",
+                )
+            )
+        elif v is None:
+            if result is True:
+                result = None
+            whys.append(
+                _Why(
+                    None,
+                    d.index,
+                    f"{where}: {format_bytes(m.used_bytes)} used is within the reporting resolution of the "
+                    f"{format_bytes(allowed)} MIG limit; cannot tell which side it is on",
+                )
+            )
+    return result, whys
 
 
 class _MemoryBackTo(_DevicePredicate):
@@ -659,17 +748,37 @@ class _MemoryBackTo(_DevicePredicate):
 
 
 class _OnDevices(Predicate):
-    __slots__ = ("indices", "inner", "selectors", "uuids")
+    __slots__ = ("indices", "inner", "mig_uuids", "selectors", "uuids")
 
     def __init__(self, selectors: tuple[int | str, ...], inner: Predicate) -> None:
         self.selectors = selectors
         self.indices = frozenset(s for s in selectors if isinstance(s, int))
         self.uuids = frozenset(s for s in selectors if isinstance(s, str))
+        # MIG device UUIDs select one instance of a GPU in MIG mode (``--devices MIG-...``).
+        self.mig_uuids = frozenset(u for u in self.uuids if u.startswith("MIG-"))
         self.inner = inner
+
+    def _narrow_mig(self, scope: _Scope, devices: tuple[DeviceState, ...]) -> _Scope:
+        """The scope with each selected MIG device as a device of its own (:func:`instance_view`); a MIG UUID
+        found on no GPU of the snapshot is missing (unknown, never clean)."""
+        views: list[DeviceState] = []
+        found: set[int | str] = {d.index for d in devices} | {d.uuid for d in devices}
+        for d in scope.devices:
+            for m in d.mig_devices or ():
+                if m.uuid is not None and m.uuid in self.mig_uuids:
+                    views.append(instance_view(d, m))
+                    found.add(m.uuid)
+        failures = tuple(
+            f for f in scope.failures if f.index in self.indices or (f.uuid is not None and f.uuid in self.uuids)
+        )
+        found |= {f.index for f in failures} | {f.uuid for f in failures if f.uuid is not None}
+        return _Scope((*devices, *views), failures, tuple(s for s in self.selectors if s not in found))
 
     def _narrow(self, scope: _Scope) -> _Scope:
         idx, uuids = self.indices, self.uuids
         devices = tuple(d for d in scope.devices if d.index in idx or d.uuid in uuids)
+        if self.mig_uuids:
+            return self._narrow_mig(scope, devices)
         failures = tuple(f for f in scope.failures if f.index in idx or (f.uuid is not None and f.uuid in uuids))
         if len(devices) + len(failures) == len(self.selectors):
             return _Scope(devices, failures)  # the common case: every selector found once
@@ -689,6 +798,32 @@ class _OnDevices(Predicate):
 
     def __repr__(self) -> str:
         return f"on_devices({list(self.selectors)!r}, {self.inner!r})"
+
+
+def instance_view(d: DeviceState, m: MigDevice) -> DeviceState:
+    """MIG device ``m`` of GPU ``d`` as a device of its own, for judging one instance: its UUID, its memory, the
+    processes that run in it (from its own lists, else the parent's, filtered by instance ids). The index stays the
+    parent's, so reasons read ``GPU 0 MIG 1 (GI 2, CI 0, MIG-...)``."""
+
+    def only(kind: ProcessKind, procs: tuple[GpuProcess, ...] | None) -> tuple[GpuProcess, ...] | None:
+        if m.processes is not None:
+            return tuple(p for p in m.processes if p.kind is kind)
+        return None if procs is None else tuple(p for p in procs if m.owns(p))
+
+    unknown = dict(d.unknown)
+    if m.memory is None:
+        unknown["memory"] = m.unknown.get("memory", f"the memory of {m.label} was not read")
+    return replace(
+        d,
+        uuid=m.uuid or d.uuid,
+        memory=m.memory,
+        compute_processes=only(ProcessKind.COMPUTE, d.compute_processes),
+        graphics_processes=only(ProcessKind.GRAPHICS, d.graphics_processes),
+        mps_processes=only(ProcessKind.MPS, d.mps_processes),
+        unknown=MappingProxyType(unknown),
+        mig_mode=True,
+        mig_devices=(m,),
+    )
 
 
 # --- public constructors ----------------------------------------------------------------------------------------
@@ -740,7 +875,8 @@ def memory_back_to(baseline: Snapshot, tolerance_bytes: int = DEFAULT_TOLERANCE_
 
 
 def on_devices(devices: Iterable[int | str], predicate: Predicate) -> Predicate:
-    """Judge ``predicate`` on the selected devices only: NVML indices (``int``) or UUIDs (``str``).
+    """Judge ``predicate`` on the selected devices only: NVML indices (``int``) or UUIDs (``str``). A MIG device
+    UUID (``MIG-...``) selects that one instance of a GPU in MIG mode: its processes and its memory.
 
     A selected device that is missing from the snapshot makes the answer unknown (not clean).
     """

@@ -114,9 +114,10 @@ class Session:
         selectors ``"cuda:N"`` / ``"cuda:all"`` (read through ``CUDA_VISIBLE_DEVICES`` and ``CUDA_DEVICE_ORDER``
         in ``os.environ`` at the call, :meth:`Session.cuda_mapping`).
 
-        ``None`` means every device. Raises ``ValueError`` for an index or UUID that names no device, or a prefix
-        that names several; :class:`~nvmlcheck.cudamap.CudaMappingError` (a ``ValueError``) for a CUDA selector
-        that cannot be resolved, its message showing the mapping seen.
+        ``None`` means every device. A MIG device UUID (``MIG-...``, or a unique prefix) resolves to its parent
+        GPU's index (the instance itself is judged by :meth:`wait_until_clean`). Raises ``ValueError`` for an index
+        or UUID that names no device, or a prefix that names several; :class:`~nvmlcheck.cudamap.CudaMappingError`
+        (a ``ValueError``) for a CUDA selector that cannot be resolved, its message showing the mapping seen.
         """
         self._check_open()
         if devices is None:
@@ -144,6 +145,9 @@ class Session:
             if item.isdigit():
                 out.update(self.resolve(int(item)) or ())
                 continue
+            if item.startswith("MIG-"):
+                out.add(self._mig_parent(item))
+                continue
             if uuids is None:
                 uuids = [d.uuid for d in self._backend.snapshot(None, Fields(0)).devices]
             matches = [i for i, u in enumerate(uuids) if u == item or u.startswith(item)]
@@ -152,6 +156,42 @@ class Session:
                 raise ValueError(f"{what} a UUID starting with {item!r}")
             out.add(matches[0])
         return tuple(sorted(out))
+
+    def _mig_parent(self, item: str) -> int:
+        """The index of the GPU holding MIG device ``item`` (a UUID or unique prefix). MIG devices are read with
+        memory (they are live: instances come and go), so this costs one memory snapshot."""
+        snap = self._backend.snapshot(None, Fields.MEMORY | Fields.PROCESSES)
+        matches = [
+            (d.index, m.uuid)
+            for d in snap.devices
+            for m in d.mig_devices or ()
+            if m.uuid is not None and (m.uuid == item or m.uuid.startswith(item))
+        ]
+        if len(matches) != 1:
+            what = "no MIG device has" if not matches else f"{len(matches)} MIG devices have"
+            raise ValueError(f"{what} a UUID starting with {item!r} (is the GPU in MIG mode?)")
+        return matches[0][0]
+
+    def _mig_selection(self, devices: Iterable[DeviceSelector] | DeviceSelector | None) -> list[DeviceSelector]:
+        """The selection with MIG prefixes expanded to full MIG UUIDs; ``[]`` when it names no MIG device."""
+        if devices is None:
+            return []
+        items: list[DeviceSelector] = [devices] if isinstance(devices, int | str) else list(devices)
+        if not any(isinstance(i, str) and i.startswith("MIG-") for i in items):
+            return []
+        snap = self._backend.snapshot(None, Fields.MEMORY | Fields.PROCESSES)
+        known = [m.uuid for d in snap.devices for m in d.mig_devices or () if m.uuid is not None]
+        out: list[DeviceSelector] = []
+        for i in items:
+            if isinstance(i, str) and i.startswith("MIG-"):
+                out.extend(u for u in known if u == i or u.startswith(i))
+            elif isinstance(i, str) and i.isdigit():
+                out.append(int(i))
+            elif isinstance(i, str):
+                out.extend(d.uuid for d in snap.devices if d.uuid == i or d.uuid.startswith(i))
+            else:
+                out.append(i)
+        return out
 
     def snapshot(
         self, devices: Iterable[DeviceSelector] | DeviceSelector | None = None, *, fields: Fields = Fields.ALL
@@ -205,6 +245,12 @@ class Session:
         self._check_open()
         indices = self.resolve(devices)
         backend = self._backend
+        mig = self._mig_selection(devices)
+        if mig:
+            # A MIG UUID selects one instance: judge it (and any other selected GPU) on its own, not the whole GPU.
+            from .predicates import on_devices
+
+            predicate = on_devices(mig, predicate if predicate is not None else default_predicate())
 
         # Both take the wait's deadline: a pass stops between two queries once it has come (wait.py).
         def take(deadline: Deadline | None) -> Snapshot:

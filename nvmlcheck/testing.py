@@ -116,6 +116,12 @@ NVML_FUNCTIONS: tuple[str, ...] = (
     "nvmlDeviceGetRetiredPages_v2",
     "nvmlDeviceGetRetiredPagesPendingStatus",
     "nvmlDeviceGetRemappedRows",
+    "nvmlDeviceGetMigMode",
+    "nvmlDeviceGetMaxMigDeviceCount",
+    "nvmlDeviceGetMigDeviceHandleByIndex",
+    "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
+    "nvmlDeviceGetGpuInstanceId",
+    "nvmlDeviceGetComputeInstanceId",
 )
 
 _PROC_PREFIXES = (
@@ -134,11 +140,20 @@ STUB_VARIANTS: Mapping[str, tuple[str, ...]] = {
     "STUB_NO_RETIRED_V2": ("nvmlDeviceGetRetiredPages_v2",),
     "STUB_NO_CUDA_V2": ("nvmlSystemGetCudaDriverVersion_v2",),
     "STUB_NO_PCI_V3": ("nvmlDeviceGetPciInfo_v3",),
+    "STUB_NO_MIG": (
+        "nvmlDeviceGetMigMode",
+        "nvmlDeviceGetMaxMigDeviceCount",
+        "nvmlDeviceGetMigDeviceHandleByIndex",
+        "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
+        "nvmlDeviceGetGpuInstanceId",
+        "nvmlDeviceGetComputeInstanceId",
+    ),
 }
 
 #: Field names accepted by ``unsupported=`` (their calls return NVML_ERROR_NOT_SUPPORTED).
 UNSUPPORTED_FIELDS: frozenset[str] = frozenset(
     {"name", "uuid", "serial", "minor", "pci", "memory", "reasons", "retired_pages", "retired_pending", "remapped"}
+    | {"mig"}
     | {f"processes.{kind}" for kind in PROCESS_KINDS}
     | {f"{group}.{domain}" for group in ("clock", "max", "app") for domain in CLOCK_DOMAINS}
 )
@@ -370,6 +385,7 @@ DEVICE_FIELDS: Mapping[str, str] = {
     "remapped_rows": "remapped",
     "unsupported": "unsupported",
     "lost": "lost",
+    "mig": "mig",
 }
 
 
@@ -437,8 +453,8 @@ def _render_device_fields(fields: Mapping[str, object]) -> list[str]:
             if bad:
                 raise ValueError(f"unknown unsupported field(s) {bad}; known: {sorted(UNSUPPORTED_FIELDS)}")
             out.append("unsupported=" + _quote(",".join(names)))
-        elif name == "lost":
-            out.append(f"lost={int(_check_bool(name, value))}")
+        elif name in ("lost", "mig"):
+            out.append(f"{name}={int(_check_bool(name, value))}")
         else:
             raise TypeError(f"unknown device field {name!r}; known: {sorted(DEVICE_FIELDS)}")
     return out
@@ -516,6 +532,42 @@ class _Changes:
         elif release_ms or list_ms or zombie_holds:
             raise ValueError("release_ms, list_ms and zombie_holds need bound=True")
         self._emit(" ".join(parts))
+
+    def add_mig_device(
+        self,
+        device: int,
+        index: int,
+        *,
+        gi: int | None = None,
+        ci: int = 0,
+        uuid: str | None = None,
+        total_bytes: int = 0,
+        used_bytes: int = 0,
+    ) -> None:
+        """Add (or change) MIG device ``index`` (0..6) of GPU ``device``; it answers while the GPU has ``mig=True``.
+
+        Args:
+            gi, ci: its GPU / compute instance ids (default ``index + 1`` and 0); processes added with the same
+                ``gi`` (and ``ci``) run in it: listed on the parent, their ``holds`` counted in its memory too.
+            uuid: its ``MIG-...`` UUID (default ``MIG-00000000-0000-0000-<device>-<index>``).
+            total_bytes, used_bytes: its memory (``used_bytes``: what it reads with no process).
+        """
+        idx = _check_int("index", index, 6)
+        parts = [f"mig device={self._check_device(device)} index={idx}", f"ci={_check_int('ci', ci, _U32_MAX)}"]
+        if gi is not None:
+            parts.append(f"gi={_check_int('gi', gi, _U32_MAX)}")
+        if uuid is not None:
+            parts.append("uuid=" + _quote(_check_str("uuid", uuid, 95)))
+        total = _check_int("total_bytes", total_bytes)
+        used = _check_int("used_bytes", used_bytes)
+        if used > total:
+            raise ValueError(f"used_bytes {used} exceeds total_bytes {total}")
+        parts.append(f"total={total} used={used}")
+        self._emit(" ".join(parts))
+
+    def remove_mig_device(self, device: int, index: int) -> None:
+        """Destroy MIG device ``index`` of GPU ``device`` (nothing happens if there is none)."""
+        self._emit(f"mig device={self._check_device(device)} index={_check_int('index', index, 6)} remove=1")
 
     def remove_process(self, device: int, pid: int, kind: ProcessKind = "compute") -> None:
         """Remove the entry with that device, kind and pid (nothing happens if there is none)."""

@@ -78,8 +78,9 @@ DEVICE_KEYS = {
     "index", "name", "uuid", "pci", "pci.device_id", "pci.subsystem_id", "serial", "minor", "total", "reserved", "used",
     "clock.graphics", "clock.sm", "clock.mem", "clock.video", "max.graphics", "max.sm", "max.mem", "max.video",
     "app.graphics", "app.sm", "app.mem", "app.video", "reasons", "retired", "retired_pending", "remapped",
-    "unsupported", "lost",
+    "unsupported", "lost", "mig",
 }  # fmt: skip
+MIG_KEYS = {"device", "index", "gi", "ci", "uuid", "total", "used", "remove"}
 PROCESS_KEYS = {
     "device", "kind", "pid", "used", "holds", "gi", "ci", "bound", "release_ms", "list_ms", "zombie_holds", "remove",
 }  # fmt: skip
@@ -144,6 +145,7 @@ def default_device(i: int) -> Dev:
         # As measured on the H200: page retirement is not supported (Hopper remaps rows instead).
         "unsupported": {"retired_pages", "retired_pending"},
         "lost": 0,
+        "mig": 0,
     }  # fmt: skip
 
 
@@ -221,6 +223,30 @@ def apply_process(state: State, pairs: dict[str, str], line_no: int) -> None:
         procs.append(entry)
 
 
+def apply_mig(state: State, pairs: dict[str, str], line_no: int) -> None:
+    """``mig device=D index=I gi=G ci=C uuid=MIG-... total=B used=B``: MIG device I of GPU D (``remove=1`` drops it)."""
+    for key in ("device", "index"):
+        if key not in pairs:
+            raise ValueError(f"scenario line {line_no}: mig needs {key}=")
+    dev, index = number(pairs["device"], "device"), number(pairs["index"], "index")
+    migs = state["migs"]
+    same = [m for m in migs if m["device"] == dev and m["index"] == index]
+    if pairs.get("remove") == "1":
+        for m in same:
+            migs.remove(m)
+        return
+    uuid = f"MIG-00000000-0000-0000-{dev:04x}-{index:012x}"
+    entry = same[0] if same else {"device": dev, "index": index, "gi": index + 1, "ci": 0, "uuid": uuid,
+                                  "total": 0, "used": 0}  # fmt: skip
+    for key, value in pairs.items():
+        if key == "uuid":
+            entry[key] = value
+        elif key not in ("device", "index"):
+            entry[key] = number(value, f"line {line_no} {key}")
+    if not same:
+        migs.append(entry)
+
+
 def apply_at(state: State, words: list[str], path: str, line_no: int) -> None:
     """``at ms=T LINE`` applies LINE once T ms have passed since the scenario file was written (its mtime): each run of
     this program is a new process, so "since the scenario was loaded" is read from the file. ``at call=N`` counts NVML
@@ -240,6 +266,8 @@ def apply_at(state: State, words: list[str], path: str, line_no: int) -> None:
         apply_device(state, parse_pairs(rest, DEVICE_KEYS, line_no), line_no)
     elif keyword == "process":
         apply_process(state, parse_pairs(rest, PROCESS_KEYS, line_no), line_no)
+    elif keyword == "mig":
+        apply_mig(state, parse_pairs(rest, MIG_KEYS, line_no), line_no)
     elif keyword not in ("fault", "race", "quirk"):
         raise ValueError(f"scenario line {line_no}: at cannot apply {keyword!r}")
 
@@ -249,6 +277,7 @@ def load_scenario(path: str) -> State:
         "system": {"driver": "580.159.04", "nvml": "13.580.159.04", "cuda": 13000},
         "devices": [],
         "processes": [],
+        "migs": [],
     }
     with open(path, encoding="utf-8") as f:
         lines = f.read().splitlines()
@@ -270,6 +299,8 @@ def load_scenario(path: str) -> State:
             apply_device(state, parse_pairs(rest, DEVICE_KEYS, no), no)
         elif keyword == "process":
             apply_process(state, parse_pairs(rest, PROCESS_KEYS, no), no)
+        elif keyword == "mig":
+            apply_mig(state, parse_pairs(rest, MIG_KEYS, no), no)
         elif keyword == "at":
             apply_at(state, rest, path, no)
         elif keyword not in ("fault", "race", "quirk"):
@@ -317,6 +348,7 @@ class View:
         self.system = state["system"]
         self.devices = state["devices"]
         self.processes = [p for p in state["processes"] if alive(p)]
+        self.migs: list[dict[str, Any]] = state["migs"]
         self.placeholder = os.environ.get("FAKE_SMI_PLACEHOLDER", "[N/A]")
 
     def used(self, dev: Dev) -> int:
@@ -325,6 +357,21 @@ class View:
 
     def unsupported(self, dev: Dev, *names: str) -> bool:
         return any(n in dev["unsupported"] for n in names)
+
+    def mig_devices(self, dev: Dev) -> list[dict[str, Any]]:
+        """The MIG devices of ``dev`` when it is in MIG mode, by index."""
+        if not dev["mig"] or self.unsupported(dev, "mig"):
+            return []
+        return sorted((m for m in self.migs if m["device"] == dev["index"]), key=lambda m: m["index"])
+
+    def mig_used(self, m: dict[str, Any]) -> int:
+        """A MIG device's used memory: its own idle use plus what processes in its instance hold."""
+        held: int = sum(
+            p["holds"]
+            for p in self.processes
+            if p["device"] == m["device"] and p["gi"] == m["gi"] and (p["ci"] is None or p["ci"] == m["ci"])
+        )
+        return int(m["used"]) + held
 
     def procs(self, dev: Dev, kind: str) -> list[Proc]:
         return [p for p in self.processes if p["device"] == dev["index"] and p["kind"] == kind]
@@ -346,7 +393,9 @@ def gpu_field(view: View, dev: Dev, name: str) -> Cell:
         "temperature.gpu": ("temperature.gpu", None, 39),
         "persistence_mode": ("persistence_mode", None, "Enabled"),
         "compute_mode": ("compute_mode", None, "Default"),
-    }
+        "mig.mode.current": ("mig.mode.current", None, None if view.unsupported(dev, "mig") else
+                             ("Enabled" if dev["mig"] else "Disabled")),
+    }  # fmt: skip
     if name in simple:
         return simple[name]
     ident = {
@@ -547,7 +596,7 @@ def kv(indent: int, key: str, value: object, width: int) -> str:
     return f"{' ' * indent}{key:<{width - indent}}: {value}"
 
 
-def query_pids(view: View, devices: list[Dev]) -> tuple[str, int]:
+def query_pids(view: View, devices: list[Dev], full: bool = False) -> tuple[str, int]:
     out = [
         "",
         "==============NVSMI LOG==============",
@@ -565,6 +614,8 @@ def query_pids(view: View, devices: list[Dev]) -> tuple[str, int]:
             exit_code = 15
             continue
         out.append(f"GPU {dev['pci']}")
+        if full:
+            out += full_q_sections(view, dev)
         if view.unsupported(dev, "processes.compute", "processes.graphics", "processes.mps"):
             out.append(kv(4, "Processes", "N/A", 55))
             continue
@@ -584,6 +635,60 @@ def query_pids(view: View, devices: list[Dev]) -> tuple[str, int]:
             ]
     out.append("")
     return "".join(line + "\n" for line in out), exit_code
+
+
+def full_q_sections(view: View, dev: Dev) -> list[str]:
+    """The parts of a full ``-q`` GPU block this fake renders: identity, MIG Mode, the MIG Device blocks (in the
+    layout of NVIDIA's MIG user guide and the driver-580 ``-q`` captures), FB Memory Usage."""
+    mode = "N/A" if view.unsupported(dev, "mig") else ("Enabled" if dev["mig"] else "Disabled")
+    used = view.used(dev)
+    out = [
+        kv(4, "Product Name", dev["name"], 55),
+        kv(4, "Persistence Mode", "Enabled", 55),
+        "    MIG Mode",
+        kv(8, "Current", mode, 55),
+        kv(8, "Pending", mode, 55),
+    ]
+    migs = view.mig_devices(dev)
+    if migs:
+        out.append("    MIG Devices")
+    for m in migs:
+        mu = view.mig_used(m)
+        out += [
+            "        MIG Device",
+            kv(12, "Index", m["index"], 55),
+            kv(12, "GPU Instance ID", m["gi"], 55),
+            kv(12, "Compute Instance ID", m["ci"], 55),
+            "            Device Attributes",
+            "                Shared",
+            kv(20, "Multiprocessor count", 16, 55),
+            kv(20, "Copy Engine count", 1, 55),
+            "            FB Memory Usage",
+            kv(16, "Total", f"{ceil_mib(m['total'])} MiB", 55),
+            kv(16, "Reserved", "0 MiB", 55),
+            kv(16, "Used", f"{ceil_mib(mu)} MiB", 55),
+            kv(16, "Free", f"{ceil_mib(max(0, m['total'] - mu))} MiB", 55),
+        ]
+    out += [
+        kv(4, "Serial Number", dev["serial"], 55),
+        kv(4, "GPU UUID", dev["uuid"], 55),
+        "    FB Memory Usage",
+        kv(8, "Total", f"{ceil_mib(dev['total'])} MiB", 55),
+        kv(8, "Reserved", f"{ceil_mib(dev['reserved'])} MiB", 55),
+        kv(8, "Used", f"{ceil_mib(used)} MiB", 55),
+        kv(8, "Free", f"{ceil_mib(max(0, dev['total'] - dev['reserved'] - used))} MiB", 55),
+    ]
+    return out
+
+
+def list_gpus(view: View, devices: list[Dev]) -> str:
+    """``nvidia-smi -L``: one line per GPU, one indented line per MIG device."""
+    out = []
+    for dev in devices:
+        out.append(f"GPU {dev['index']}: {dev['name']} (UUID: {dev['uuid']})")
+        for m in view.mig_devices(dev):
+            out.append(f"  MIG {1}g.{m['total'] // (1 << 30)}gb     Device  {m['index']}: (UUID: {m['uuid']})")
+    return "".join(line + "\n" for line in out)
 
 
 def merged_processes(view: View, dev: Dev) -> list[dict[str, Any]]:
@@ -633,6 +738,7 @@ def parse_args(argv: list[str]) -> dict[str, Any]:
         "q": False,
         "d": None,
         "version": False,
+        "list": False,
     }
     it = iter(argv)
     for arg in it:
@@ -651,6 +757,8 @@ def parse_args(argv: list[str]) -> dict[str, Any]:
             opts["d"] = next(it, "")
         elif arg == "--version":
             opts["version"] = True
+        elif arg in ("-L", "--list-gpus"):
+            opts["list"] = True
         else:
             raise Usage(f"Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.\n{arg}\n")
     return opts
@@ -742,10 +850,13 @@ def main(argv: list[str]) -> int:
         if (opts["ids"] is not None and not devices) or not view.devices:
             sys.stdout.write(NO_DEVICES)
             return 6
+        if opts["list"]:
+            sys.stdout.write(list_gpus(view, devices))
+            return 0
         if opts["q"]:
-            if opts["d"] != "PIDS":
-                raise Usage("this fake supports only -q -d PIDS\n")
-            text, code = query_pids(view, devices)
+            if opts["d"] not in ("PIDS", None):
+                raise Usage("this fake supports only -q -d PIDS and a bare -q\n")
+            text, code = query_pids(view, devices, full=opts["d"] is None)
             sys.stdout.write(text)
             return code
         if opts["query"] not in QUERIES or opts["format"] is None:

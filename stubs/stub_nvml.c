@@ -73,7 +73,13 @@ enum { F_DEVICE = 1, F_INDEX = 2, F_INIT = 4, F_NOFAULT = 8 };
     X(nvmlDeviceGetRetiredPages, F_DEVICE)                                                                         \
     X(nvmlDeviceGetRetiredPages_v2, F_DEVICE)                                                                      \
     X(nvmlDeviceGetRetiredPagesPendingStatus, F_DEVICE)                                                            \
-    X(nvmlDeviceGetRemappedRows, F_DEVICE)
+    X(nvmlDeviceGetRemappedRows, F_DEVICE)                                                                         \
+    X(nvmlDeviceGetMigMode, F_DEVICE)                                                                              \
+    X(nvmlDeviceGetMaxMigDeviceCount, F_DEVICE)                                                                    \
+    X(nvmlDeviceGetMigDeviceHandleByIndex, F_DEVICE)                                                               \
+    X(nvmlDeviceGetDeviceHandleFromMigDeviceHandle, 0)                                                             \
+    X(nvmlDeviceGetGpuInstanceId, 0)                                                                               \
+    X(nvmlDeviceGetComputeInstanceId, 0)
 
 #define X_ENUM(name, flags) FN_##name,
 enum { STUB_FUNCTIONS(X_ENUM) FN_COUNT };
@@ -115,6 +121,7 @@ enum {
     U_RETIRED_PAGES,
     U_RETIRED_PENDING,
     U_REMAPPED,
+    U_MIG,
     U_PROC_BASE,                  /* + kind */
     U_CLOCK_BASE = U_PROC_BASE + K_COUNT, /* + set * 4 + domain */
     U_COUNT = U_CLOCK_BASE + CLK_SETS * 4
@@ -122,7 +129,7 @@ enum {
 static const char *const unsupported_names[U_CLOCK_BASE] = {
     "name",    "uuid",          "serial",          "minor",    "pci",
     "memory",  "reasons",       "retired_pages",   "retired_pending",
-    "remapped", "processes.compute", "processes.graphics", "processes.mps",
+    "remapped", "mig", "processes.compute", "processes.graphics", "processes.mps",
 };
 
 #define NOT_AVAILABLE (~0ULL) /* NVML_VALUE_NOT_AVAILABLE as an unsigned long long: all bits set */
@@ -148,6 +155,16 @@ struct device {
     unsigned int remapped[4];
     unsigned long long unsupported; /* bit set of U_* */
     int lost;
+    int mig; /* MIG mode (current = pending) */
+};
+
+/* A MIG device (`mig device=D index=I gi=G ci=C uuid=MIG-... total=B used=B`). Processes whose gi (and ci) match
+ * run in it: they are listed on the parent, as NVML does, and their memory counts on both. */
+#define MAX_MIG 7 /* nvmlDeviceGetMaxMigDeviceCount: seven 1g slices on an H100/H200 */
+struct mig {
+    unsigned int device, index, gi, ci;
+    char *uuid;
+    unsigned long long total, used;
 };
 
 struct proc {
@@ -201,6 +218,8 @@ struct state {
     size_t ndev, capdev;
     struct proc *proc;
     size_t nproc, capproc;
+    struct mig *mig;
+    size_t nmig, capmig;
     struct fault *fault;
     size_t nfault, capfault;
     struct race *race;
@@ -294,6 +313,8 @@ static void free_state(struct state *st) {
         free(d->pages);
     }
     for (size_t i = 0; i < st->naction; i++) free_line(&st->action[i].line);
+    for (size_t i = 0; i < st->nmig; i++) free(st->mig[i].uuid);
+    free(st->mig);
     free(st->dev);
     free(st->proc);
     free(st->fault);
@@ -723,6 +744,8 @@ static int apply_device(struct state *st, const struct line *ln, int dry, int in
             if (parse_unsupported(v, &d->unsupported, err)) return -1;
         } else if (strcmp(k, "lost") == 0) {
             if (parse_bool(k, v, &d->lost, err)) return -1;
+        } else if (strcmp(k, "mig") == 0) {
+            if (parse_bool(k, v, &d->mig, err)) return -1;
         } else {
             for (int set = 0; set < CLK_SETS && !found; set++)
                 for (int dm = 0; dm < 4 && !found; dm++) {
@@ -940,6 +963,74 @@ static int apply_system(struct state *st, const struct line *ln, char *err) {
     return 0;
 }
 
+static int find_mig(const struct state *st, unsigned int device, unsigned int index) {
+    for (size_t i = 0; i < st->nmig; i++)
+        if (st->mig[i].device == device && st->mig[i].index == index) return (int)i;
+    return -1;
+}
+
+static int apply_mig(struct state *st, const struct line *ln, int dry, char *err) {
+    struct mig m;
+    int have_dev = 0, have_index = 0, remove = 0, has_gi = 0;
+    char *uuid = NULL;
+    memset(&m, 0, sizeof m);
+    if (check_pairs(ln, 0, err)) return -1;
+    for (size_t i = 0; i < ln->nkv; i++) {
+        const char *k = ln->kv[i].key, *v = ln->kv[i].val;
+        if (strcmp(k, "device") == 0) {
+            if (parse_u32(k, v, &m.device, err)) return -1;
+            have_dev = 1;
+        } else if (strcmp(k, "index") == 0) {
+            if (parse_u32(k, v, &m.index, err)) return -1;
+            have_index = 1;
+        } else if (strcmp(k, "gi") == 0) {
+            if (parse_u32(k, v, &m.gi, err)) return -1;
+            has_gi = 1;
+        } else if (strcmp(k, "ci") == 0) {
+            if (parse_u32(k, v, &m.ci, err)) return -1;
+        } else if (strcmp(k, "total") == 0) {
+            if (parse_u64(k, v, &m.total, err)) return -1;
+        } else if (strcmp(k, "used") == 0) {
+            if (parse_u64(k, v, &m.used, err)) return -1;
+        } else if (strcmp(k, "uuid") == 0) {
+            if (strlen(v) >= NVML_DEVICE_UUID_V2_BUFFER_SIZE) return fail(err, "mig uuid: too long");
+            uuid = (char *)v;
+        } else if (strcmp(k, "remove") == 0) {
+            if (parse_bool(k, v, &remove, err)) return -1;
+        } else {
+            return fail(err, "mig: unknown key '%s'", k);
+        }
+    }
+    if (!have_dev || !have_index) return fail(err, "mig: device= and index= are required");
+    if (m.index >= MAX_MIG) return fail(err, "mig index=%u: at most %d MIG devices a GPU", m.index, MAX_MIG);
+    if (m.device >= st->ndev) return fail(err, "mig device=%u: no such device (%zu declared)", m.device, st->ndev);
+    if (m.used > m.total) return fail(err, "mig: used=%llu exceeds total=%llu", m.used, m.total);
+    if (dry) return 0;
+    int at = find_mig(st, m.device, m.index);
+    if (remove) {
+        if (at >= 0) {
+            free(st->mig[at].uuid);
+            st->mig[at] = st->mig[--st->nmig];
+        }
+        return 0;
+    }
+    if (!has_gi) m.gi = m.index + 1;
+    char buf[64];
+    if (!uuid) {
+        snprintf(buf, sizeof buf, "MIG-00000000-0000-0000-%04x-%012x", m.device, m.index);
+        uuid = buf;
+    }
+    m.uuid = xstrdup(uuid);
+    if (at >= 0) {
+        free(st->mig[at].uuid);
+        st->mig[at] = m;
+    } else {
+        PUSH(st->mig, st->nmig, st->capmig);
+        st->mig[st->nmig++] = m;
+    }
+    return 0;
+}
+
 /* A line that may also appear after `at`. */
 static int apply_changing_line(struct state *st, const struct line *ln, int dry, int in_timeline, char *err) {
     const char *kw = ln->keyword;
@@ -948,7 +1039,9 @@ static int apply_changing_line(struct state *st, const struct line *ln, int dry,
     if (strcmp(kw, "fault") == 0) return apply_fault(st, ln, dry, err);
     if (strcmp(kw, "race") == 0) return apply_race(st, ln, dry, err);
     if (strcmp(kw, "quirk") == 0) return apply_quirk(st, ln, dry, err);
-    if (in_timeline) return fail(err, "at: '%s' cannot follow at (device, process, fault, race or quirk may)", kw);
+    if (strcmp(kw, "mig") == 0) return apply_mig(st, ln, dry, err);
+    if (in_timeline)
+        return fail(err, "at: '%s' cannot follow at (device, process, mig, fault, race or quirk may)", kw);
     return fail(err, "unknown keyword '%s'", kw);
 }
 
@@ -1154,6 +1247,27 @@ static nvmlDevice_t make_handle(unsigned int index) {
     return (nvmlDevice_t)(HANDLE_BASE + (uintptr_t)index * HANDLE_STRIDE);
 }
 
+/* MIG device handles live in their own range: (device * MAX_MIG + index) slots above MIG_HANDLE_BASE. */
+#define MIG_HANDLE_BASE ((uintptr_t)0x5800000000ULL)
+
+static nvmlDevice_t make_mig_handle(unsigned int device, unsigned int index) {
+    return (nvmlDevice_t)(MIG_HANDLE_BASE + ((uintptr_t)device * MAX_MIG + index) * HANDLE_STRIDE);
+}
+
+/* 1 when h is a MIG handle, with its parent's index and its MIG slot. */
+static int mig_handle(nvmlDevice_t h, unsigned int *device, unsigned int *index) {
+    uintptr_t v = (uintptr_t)h;
+    if (v < MIG_HANDLE_BASE || (v - MIG_HANDLE_BASE) % HANDLE_STRIDE) return 0;
+    uintptr_t slot = (v - MIG_HANDLE_BASE) / HANDLE_STRIDE;
+    if (slot / MAX_MIG >= UINT_MAX) return 0;
+    *device = (unsigned int)(slot / MAX_MIG);
+    *index = (unsigned int)(slot % MAX_MIG);
+    return 1;
+}
+
+/* The device index of a GPU handle, or of a MIG handle's parent (UINT_MAX for anything else). */
+static unsigned int any_index(nvmlDevice_t h);
+
 static unsigned int handle_index(nvmlDevice_t h) {
     uintptr_t v = (uintptr_t)h;
     if (v < HANDLE_BASE || (v - HANDLE_BASE) % HANDLE_STRIDE) return UINT_MAX;
@@ -1195,6 +1309,36 @@ static nvmlReturn_t end(nvmlReturn_t r) {
 }
 
 static int unsupported(const struct device *d, int bit) { return (d->unsupported >> bit) & 1; }
+
+static unsigned int any_index(nvmlDevice_t h) {
+    unsigned int device, index;
+    return mig_handle(h, &device, &index) ? device : handle_index(h);
+}
+
+/* The MIG device a MIG handle names while its parent is in MIG mode (NULL otherwise). Lock held. */
+static struct mig *mig_of(nvmlDevice_t h) {
+    unsigned int device, index;
+    if (!mig_handle(h, &device, &index) || device >= g_state->ndev || !g_state->dev[device].mig) return NULL;
+    int at = find_mig(g_state, device, index);
+    return at < 0 ? NULL : &g_state->mig[at];
+}
+
+static void refresh_bound(struct state *st, unsigned int device, uint64_t now);
+static unsigned long long proc_held(const struct proc *p, uint64_t now);
+
+/* A MIG device's used bytes: its own idle use plus what the processes of its instance hold. */
+static unsigned long long mig_used(struct state *st, const struct mig *m) {
+    uint64_t now = now_ns();
+    unsigned long long held = 0;
+    refresh_bound(st, m->device, now);
+    for (size_t i = 0; i < st->nproc; i++) {
+        const struct proc *p = &st->proc[i];
+        if (p->device == m->device && p->gi == m->gi && (p->ci == NOT_MIG || p->ci == m->ci))
+            held = sat_add(held, proc_held(p, now));
+    }
+    unsigned long long used = sat_add(m->used, held);
+    return used < m->total ? used : m->total;
+}
 
 static nvmlReturn_t put_string(char *buf, unsigned int length, const char *s) {
     if (!buf) return NVML_ERROR_INVALID_ARGUMENT;
@@ -1396,8 +1540,13 @@ nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int len
 
 nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length) {
     struct device *d;
-    nvmlReturn_t r = begin(FN_nvmlDeviceGetUUID, handle_index(device), &d);
+    unsigned int pd, mi;
+    nvmlReturn_t r = begin(FN_nvmlDeviceGetUUID, any_index(device), &d);
     if (r) return end(r);
+    if (mig_handle(device, &pd, &mi)) {
+        const struct mig *m = mig_of(device);
+        return end(m ? put_string(uuid, length, m->uuid) : NVML_ERROR_INVALID_ARGUMENT);
+    }
     return end(unsupported(d, U_UUID) ? NVML_ERROR_NOT_SUPPORTED : put_string(uuid, length, d->uuid));
 }
 
@@ -1503,12 +1652,22 @@ static void device_memory(struct state *st, unsigned int index, unsigned long lo
 nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory) {
     struct device *d;
     unsigned int index = handle_index(device);
-    nvmlReturn_t r = begin(FN_nvmlDeviceGetMemoryInfo_v2, index, &d);
+    unsigned int pd, mi;
+    nvmlReturn_t r = begin(FN_nvmlDeviceGetMemoryInfo_v2, any_index(device), &d);
     if (r) return end(r);
     if (unsupported(d, U_MEMORY)) return end(NVML_ERROR_NOT_SUPPORTED);
     if (!memory) return end(NVML_ERROR_INVALID_ARGUMENT);
     if (memory->version != (unsigned int)(sizeof(nvmlMemory_v2_t) | 2u << 24))
         return end(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    if (mig_handle(device, &pd, &mi)) {
+        const struct mig *m = mig_of(device);
+        if (!m) return end(NVML_ERROR_INVALID_ARGUMENT);
+        memory->total = m->total;
+        memory->reserved = 0;
+        memory->used = mig_used(g_state, m);
+        memory->free = m->total - memory->used;
+        return end(NVML_SUCCESS);
+    }
     device_memory(g_state, index, &memory->used, &memory->free);
     memory->total = d->total;
     memory->reserved = d->reserved;
@@ -1519,10 +1678,19 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *me
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) {
     struct device *d;
     unsigned int index = handle_index(device);
-    nvmlReturn_t r = begin(FN_nvmlDeviceGetMemoryInfo, index, &d);
+    unsigned int pd, mi;
+    nvmlReturn_t r = begin(FN_nvmlDeviceGetMemoryInfo, any_index(device), &d);
     if (r) return end(r);
     if (unsupported(d, U_MEMORY)) return end(NVML_ERROR_NOT_SUPPORTED);
     if (!memory) return end(NVML_ERROR_INVALID_ARGUMENT);
+    if (mig_handle(device, &pd, &mi)) {
+        const struct mig *m = mig_of(device);
+        if (!m) return end(NVML_ERROR_INVALID_ARGUMENT);
+        memory->total = m->total;
+        memory->used = mig_used(g_state, m);
+        memory->free = m->total - memory->used;
+        return end(NVML_SUCCESS);
+    }
     unsigned long long used_v2, free_v2;
     device_memory(g_state, index, &used_v2, &free_v2);
     memory->total = d->total;
@@ -1832,3 +2000,68 @@ static void atfork_child(void) {
 __attribute__((constructor)) static void stub_loaded(void) {
     pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
 }
+
+/* ------------------------------------------------------------------------------------------------------------ */
+/* MIG (STUB_NO_MIG: a driver before 450, without these symbols)                                                */
+
+#ifndef STUB_NO_MIG
+nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *currentMode, unsigned int *pendingMode) {
+    struct device *d;
+    nvmlReturn_t r = begin(FN_nvmlDeviceGetMigMode, handle_index(device), &d);
+    if (r) return end(r);
+    if (unsupported(d, U_MIG)) return end(NVML_ERROR_NOT_SUPPORTED);
+    if (!currentMode || !pendingMode) return end(NVML_ERROR_INVALID_ARGUMENT);
+    *currentMode = *pendingMode = d->mig ? NVML_DEVICE_MIG_ENABLE : NVML_DEVICE_MIG_DISABLE;
+    return end(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t device, unsigned int *count) {
+    struct device *d;
+    nvmlReturn_t r = begin(FN_nvmlDeviceGetMaxMigDeviceCount, handle_index(device), &d);
+    if (r) return end(r);
+    if (unsupported(d, U_MIG)) return end(NVML_ERROR_NOT_SUPPORTED);
+    if (!count) return end(NVML_ERROR_INVALID_ARGUMENT);
+    *count = MAX_MIG;
+    return end(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, unsigned int index, nvmlDevice_t *migDevice) {
+    struct device *d;
+    unsigned int dev_index = handle_index(device);
+    nvmlReturn_t r = begin(FN_nvmlDeviceGetMigDeviceHandleByIndex, dev_index, &d);
+    if (r) return end(r);
+    if (unsupported(d, U_MIG)) return end(NVML_ERROR_NOT_SUPPORTED);
+    if (!migDevice || index >= MAX_MIG || !d->mig) return end(NVML_ERROR_INVALID_ARGUMENT);
+    if (find_mig(g_state, dev_index, index) < 0) return end(NVML_ERROR_NOT_FOUND);
+    *migDevice = make_mig_handle(dev_index, index);
+    return end(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t migDevice, nvmlDevice_t *device) {
+    struct device *d;
+    nvmlReturn_t r = begin(FN_nvmlDeviceGetDeviceHandleFromMigDeviceHandle, any_index(migDevice), &d);
+    if (r) return end(r);
+    const struct mig *m = mig_of(migDevice);
+    if (!m || !device) return end(NVML_ERROR_INVALID_ARGUMENT);
+    *device = make_handle(m->device);
+    return end(NVML_SUCCESS);
+}
+
+static nvmlReturn_t instance_id(int fn, nvmlDevice_t device, unsigned int *id, int compute) {
+    struct device *d;
+    nvmlReturn_t r = begin(fn, any_index(device), &d);
+    if (r) return end(r);
+    const struct mig *m = mig_of(device);
+    if (!m || !id) return end(NVML_ERROR_INVALID_ARGUMENT); /* not a MIG device handle */
+    *id = compute ? m->ci : m->gi;
+    return end(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t device, unsigned int *id) {
+    return instance_id(FN_nvmlDeviceGetGpuInstanceId, device, id, 0);
+}
+
+nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t device, unsigned int *id) {
+    return instance_id(FN_nvmlDeviceGetComputeInstanceId, device, id, 1);
+}
+#endif

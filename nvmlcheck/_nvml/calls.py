@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, NewType
 
-from ..errors import CorruptData, FunctionNotFound, InsufficientSize, error_class_for_code
+from ..errors import CorruptData, FunctionNotFound, InsufficientSize, NvmlError, error_class_for_code
 from ..model import Memory, ProcessKind, RemappedRows, RetiredPage, RetirementCause
 from ._ffi import ffi as _ffi
 from .library import LoadedLibrary
@@ -46,6 +46,7 @@ CLOCK_GRAPHICS, CLOCK_SM, CLOCK_MEM, CLOCK_VIDEO = 0, 1, 2, 3
 
 NVML_SUCCESS = 0
 NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_NOT_FOUND = 6
 NVML_ERROR_INSUFFICIENT_SIZE = 7
 NVML_ERROR_FUNCTION_NOT_FOUND = 13
 NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25
@@ -83,6 +84,8 @@ _PROC_V1_ARRAY = ffi.typeof("nvmlProcessInfo_v1_t[]")
 _ULL_ARRAY = ffi.typeof("unsigned long long[]")
 #: A process entry: (pid, used bytes or None, GPU instance id or None, compute instance id or None).
 ProcessEntry = tuple[int, "int | None", "int | None", "int | None"]
+#: A MIG device: (slot index, MIG UUID, GPU instance id, compute instance id, memory, reasons for what is None).
+MigEntry = tuple[int, "str | None", "int | None", "int | None", "Memory | None", dict[str, str]]
 #: A query that did not answer but leaves the device readable: (slot, C symbol, nvmlReturn_t code).
 Unanswered = tuple[int, str, int]
 
@@ -137,6 +140,8 @@ class NvmlCalls:
         self._clock_fns = {n: self._bind_optional(n) for n in _CLOCK_FUNCTIONS}
         self._reasons_fn = self._bind(sym.clock_event_reasons)
         self._health_fns = {n: self._bind_optional(n) for n in _HEALTH_FUNCTIONS}
+        # Absent before driver 450 (no MIG): such a library answers "not in MIG mode", never a failure.
+        self._mig_fns = {n: self._bind_optional(n) for n in _MIG_FUNCTIONS}
 
     def _bind(self, name: str | None) -> Callable[..., int] | None:
         return self._loaded.function(name) if name else None
@@ -324,6 +329,82 @@ class NvmlCalls:
             "refusing to return a truncated list",
         )
 
+    # --- MIG ------------------------------------------------------------------------------------------------------
+
+    def mig_mode(self, handle: Handle, index: int) -> bool:
+        """nvmlDeviceGetMigMode's current mode: ``True`` when MIG is enabled. A GPU without MIG (NOT_SUPPORTED) and a
+        driver without the symbol (before 450) are ``False``: not in MIG mode. Any other code raises."""
+        fn = self._mig_fns["nvmlDeviceGetMigMode"]
+        if fn is None:
+            return False
+        current = ffi.new(_UINT_P)
+        pending = ffi.new(_UINT_P)
+        rc = fn(handle, current, pending)
+        if rc == NVML_ERROR_NOT_SUPPORTED:
+            return False
+        if rc:
+            raise _fail(rc, "nvmlDeviceGetMigMode", index)
+        return int(current[0]) == _NVML_DEVICE_MIG_ENABLE
+
+    def mig_devices(self, handle: Handle, index: int) -> list[MigEntry]:
+        """The MIG devices of a GPU in MIG mode, one :data:`MigEntry` per populated slot of
+        nvmlDeviceGetMaxMigDeviceCount: nvmlDeviceGetMigDeviceHandleByIndex (NOT_FOUND: an empty slot), then on the
+        MIG handle nvmlDeviceGetUUID, nvmlDeviceGetGpuInstanceId, nvmlDeviceGetComputeInstanceId and the memory
+        query. A MIG handle whose parent (nvmlDeviceGetDeviceHandleFromMigDeviceHandle) is another GPU is corrupt.
+        Values a MIG handle does not answer are ``None`` with the reason; a missing enumeration symbol raises
+        :class:`~nvmlcheck.FunctionNotFound`."""
+        fns = self._mig_fns
+        count_fn = fns["nvmlDeviceGetMaxMigDeviceCount"]
+        by_index = fns["nvmlDeviceGetMigDeviceHandleByIndex"]
+        if count_fn is None or by_index is None:
+            missing = "nvmlDeviceGetMaxMigDeviceCount" if count_fn is None else "nvmlDeviceGetMigDeviceHandleByIndex"
+            raise FunctionNotFound(13, missing, index, f"{self._loaded.path} does not export it (older driver)")
+        count = ffi.new(_UINT_P)
+        rc = count_fn(handle, count)
+        if rc:
+            raise _fail(rc, "nvmlDeviceGetMaxMigDeviceCount", index)
+        out: list[MigEntry] = []
+        mig = ffi.new("nvmlDevice_t *")
+        parent = ffi.new("nvmlDevice_t *")
+        u32 = ffi.new(_UINT_P)
+        for slot in range(int(count[0])):
+            rc = by_index(handle, slot, mig)
+            if rc == NVML_ERROR_NOT_FOUND:
+                continue  # no MIG device in this slot
+            if rc:
+                raise _fail(rc, "nvmlDeviceGetMigDeviceHandleByIndex", index)
+            mh = Handle(mig[0])
+            unknown: dict[str, str] = {}
+            up = fns["nvmlDeviceGetDeviceHandleFromMigDeviceHandle"]
+            if up is not None and up(mh, parent) == NVML_SUCCESS and parent[0] != handle:
+                raise CorruptData(
+                    f"MIG device {slot} names another GPU as its parent",
+                    "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
+                    index,
+                )
+            uuid: str | None = None
+            try:
+                uuid = self.uuid(mh, index)
+            except NvmlError as exc:
+                unknown["uuid"] = f"nvmlDeviceGetUUID on the MIG handle: {exc}"
+            ids: list[int | None] = []
+            for name in ("nvmlDeviceGetGpuInstanceId", "nvmlDeviceGetComputeInstanceId"):
+                fn = fns[name]
+                rc = fn(mh, u32) if fn is not None else NVML_ERROR_FUNCTION_NOT_FOUND
+                if rc:
+                    key = "gpu_instance_id" if "Gpu" in name else "compute_instance_id"
+                    unknown[key] = f"{name} returned {rc}"
+                    ids.append(None)
+                else:
+                    ids.append(int(u32[0]))
+            memory: Memory | None = None
+            try:
+                memory = self.memory(mh, index)
+            except NvmlError as exc:
+                unknown["memory"] = f"the memory query on the MIG handle: {exc}"
+            out.append((slot, uuid, ids[0], ids[1], memory, unknown))
+        return out
+
     # --- clocks ---------------------------------------------------------------------------------------------------
     # A full snapshot reads 13 clock values: one method (one Python frame, no exceptions for "not supported") keeps
     # that path within reach of the raw calls (docs/performance.md).
@@ -468,6 +549,15 @@ _new_tuple = tuple.__new__
 _CLOCK_FUNCTIONS = ("nvmlDeviceGetClockInfo", "nvmlDeviceGetMaxClockInfo", "nvmlDeviceGetApplicationsClock")
 _CLOCK_DOMAINS = (CLOCK_GRAPHICS, CLOCK_SM, CLOCK_MEM, CLOCK_VIDEO)
 _HEALTH_FUNCTIONS = ("nvmlDeviceGetRetiredPagesPendingStatus", "nvmlDeviceGetRemappedRows")
+_MIG_FUNCTIONS = (
+    "nvmlDeviceGetMigMode",
+    "nvmlDeviceGetMaxMigDeviceCount",
+    "nvmlDeviceGetMigDeviceHandleByIndex",
+    "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
+    "nvmlDeviceGetGpuInstanceId",
+    "nvmlDeviceGetComputeInstanceId",
+)
+_NVML_DEVICE_MIG_ENABLE = 1
 _PROCESS_WANTED = {
     ProcessKind.COMPUTE: "nvmlDeviceGetComputeRunningProcesses_v3",
     ProcessKind.GRAPHICS: "nvmlDeviceGetGraphicsRunningProcesses_v3",
@@ -490,4 +580,3 @@ def _entry(e: Any, v1: bool, name: str, index: int, total_bytes: int) -> Process
         return (pid, used_bytes, None, None)
     gi, ci = e.gpuInstanceId, e.computeInstanceId
     return (pid, used_bytes, None if gi == NOT_MIG_U32 else gi, None if ci == NOT_MIG_U32 else ci)
-

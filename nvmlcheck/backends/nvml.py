@@ -44,9 +44,11 @@ from ..model import (
     GpuProcess,
     Memory,
     MemoryHealth,
+    MigDevice,
     ProcessKind,
     Snapshot,
     SystemInfo,
+    attribute_processes,
     fast_constructor,
 )
 
@@ -87,6 +89,7 @@ class _Gate:
         else:
             self.opened = True
 
+
 #: Seconds ``nvmlInit`` may take before opening gives up with :class:`~nvmlcheck.Timeout` (it can hang on a wedged
 #: driver: go-nvml #152); ``"auto"`` then falls back to nvidia-smi. A cold init takes ~10 ms on an H200 (FACTS).
 DEFAULT_INIT_TIMEOUT_S = 10.0
@@ -104,7 +107,12 @@ def init_timeout_for(timeout: float | None) -> float:
         return DEFAULT_INIT_TIMEOUT_S  # None, or a bad value the wait itself refuses
     return min(DEFAULT_INIT_TIMEOUT_S, max(MIN_INIT_TIMEOUT_S, float(timeout) / 2))
 
+
 NOT_REQUESTED = "not requested"
+# Codes that make the whole device unreadable (uninitialised, driver gone, GPU lost, reset required, mismatch): a MIG
+# query answering one of them fails the device like any other read; other codes only make the MIG part unknown.
+_DEVICE_LEVEL = frozenset((1, 9, 12, 15, 16, 18))
+_NO_MIG: tuple[MigDevice, ...] = ()
 _V1_MEMORY = (
     "this driver has only nvmlDeviceGetMemoryInfo (v1): used_bytes includes the driver's reserved memory and "
     "reserved_bytes is unknown"
@@ -159,6 +167,9 @@ class _Identity:
     serial: str | None
     minor_number: int | None
     unknown: Mapping[str, str]
+    # nvmlDeviceGetMigMode, read with the identity: changing it needs a GPU reset, so the poll path pays nothing for
+    # it on a GPU without MIG. None (unknown) carries its reason under "mig" in ``unknown``.
+    mig_mode: bool | None = False
 
 
 @dataclass(frozen=True, slots=True, eq=False)  # hashed by identity: one plan per Fields value (_PLANS)
@@ -451,6 +462,15 @@ class NvmlBackend:
                 # Serial numbers are often restricted (NO_PERMISSION) on consumer boards: unknown, not fatal.
                 values[key] = None
                 unknown[key] = _reason(exc)
+        gate()
+        mig_mode: bool | None
+        try:
+            mig_mode = calls.mig_mode(handle, index)
+        except NvmlError as exc:
+            if exc.code in _DEVICE_LEVEL:
+                raise
+            mig_mode = None
+            unknown["mig"] = _reason(exc)
         # A live read reports any error; the total is only the bound process entries are checked against.
         gate()
         with contextlib.suppress(NvmlCheckError):
@@ -463,6 +483,7 @@ class NvmlBackend:
             values["serial"],  # type: ignore[arg-type]
             values["minor_number"],  # type: ignore[arg-type]
             MappingProxyType(unknown),
+            mig_mode,
         )
         self._identities[index] = ident
         return ident
@@ -513,6 +534,16 @@ class NvmlBackend:
             if extra:
                 unknown = {**(unknown or {}), **extra}
 
+        mig_devices: tuple[MigDevice, ...] | None = _NO_MIG if ident.mig_mode is False else None
+        if ident.mig_mode and (plan.memory or plan.processes):
+            gate()
+            try:
+                mig_devices = self._mig_devices(handle, index, lists)
+            except NvmlError as exc:
+                if exc.code in _DEVICE_LEVEL:
+                    raise
+                unknown = _add(unknown, "mig_devices", _reason(exc))
+
         if unknown is None:
             reasons = self._base_reasons(index, ident, plan)
         else:
@@ -531,7 +562,21 @@ class NvmlBackend:
             clocks,
             health,
             reasons,
+            ident.mig_mode,
+            mig_devices,
         )
+
+    def _mig_devices(
+        self, handle: Handle, index: int, lists: list[tuple[GpuProcess, ...] | None]
+    ) -> tuple[MigDevice, ...]:
+        """The MIG devices of a GPU in MIG mode, each with the parent's processes that run in it (NVML lists a MIG
+        GPU's processes on the parent handle, with their instance ids)."""
+        devices = tuple(
+            MigDevice(slot, uuid, gi, ci, memory, None, MappingProxyType(why))
+            for slot, uuid, gi, ci, memory, why in self._calls.mig_devices(handle, index)
+        )
+        every = None if any(x is None for x in lists) else tuple(p for procs in lists for p in procs or ())
+        return attribute_processes(devices, every)
 
     def _base_reasons(self, index: int, ident: _Identity, plan: _Plan) -> Mapping[str, str]:
         """What is unknown on a device when every requested read succeeded (cached: it only depends on these)."""

@@ -41,6 +41,7 @@ whole 10 s run timeout.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 import selectors
@@ -482,6 +483,9 @@ class SmiBackend:
         self._system: SystemInfo | None = None
         self._version_problem: dict[str, str] = {}
         self._closed = False
+        # Set once a GPU was seen in MIG mode: process queries then read the full -q (MIG Device blocks) and -L
+        # (MIG UUIDs) instead of -q -d PIDS, which has neither.
+        self._mig_seen = False
         try:
             self._open()
         except BackendUnavailable:
@@ -510,7 +514,7 @@ class SmiBackend:
         if result.returncode == 6 and _NO_DEVICES_TEXT in result.output.lower():
             self._identity = {}  # nvidia-smi answered: there is no GPU
             return
-        if result.returncode != 0 and "unable to determine the device handle" not in result.output.lower():
+        if result.returncode != 0 and not smi_csv.has_handle_failure(result.output):
             _raise_for(result, self._prefixed)
         with _parsing(result):
             records, failures = smi_csv.parse_query_gpu(result.stdout, _IDENTITY_FIELDS)
@@ -540,7 +544,13 @@ class SmiBackend:
             unknown.update(self._version_problem)
             cuda = smi_csv.cuda_version_number(self._cuda_version) if self._cuda_version else None
             if cuda is None:
-                unknown.setdefault("cuda_driver_version", f"nvidia-smi printed CUDA Version {self._cuda_version!r}")
+                printed = self._cuda_version or ""
+                why = (
+                    f"this driver deprecated it: nvidia-smi printed CUDA Version {printed!r}"
+                    if "deprecated" in printed.lower()
+                    else f"nvidia-smi printed CUDA Version {self._cuda_version!r}"
+                )
+                unknown.setdefault("cuda_driver_version", why)
             if self._driver_version is None:
                 unknown["driver_version"] = "nvidia-smi printed no driver_version"
             self._system = SystemInfo(self._driver_version, None, cuda, MappingProxyType(unknown))
@@ -554,8 +564,10 @@ class SmiBackend:
         except NvmlCheckError as exc:
             self._version_problem = {"cuda_driver_version": f"nvidia-smi --version failed: {exc}"}
             return
-        self._cuda_version = versions.get("cuda version")
-        self._driver_version = self._driver_version or versions.get("driver version")
+        # Driver 610 prints "CUDA Version: Deprecated, see ..." and adds "CUDA UMD Version"/"KMD Version".
+        cuda = versions.get("cuda umd version")
+        self._cuda_version = cuda if cuda is not None else versions.get("cuda version")
+        self._driver_version = self._driver_version or versions.get("kmd version") or versions.get("driver version")
         if self._cuda_version is None:
             self._version_problem = {"cuda_driver_version": "nvidia-smi --version printed no CUDA Version"}
 
@@ -593,8 +605,11 @@ class SmiBackend:
         select_args = ("-i", ",".join(map(str, selected))) if indices is not None else ()
         gpu_fields = self._gpu_fields(fields)
         jobs: list[tuple[str, ...]] = [(*select_args, "--query-gpu=" + ",".join(gpu_fields), _FORMAT)]
+        mig_jobs = Fields.PROCESSES in fields and self._process_query == "pids" and self._mig_seen
         if Fields.PROCESSES in fields:
             jobs.append((*select_args, *self._process_args()))
+            if mig_jobs:
+                jobs.append(("-L",))
         results = self._run_many(jobs, deadline)
         gpu_result = results[0]
         while (refused := _refused_field(gpu_result)) is not None:
@@ -602,10 +617,21 @@ class SmiBackend:
             gpu_fields = self._refuse(refused, gpu_fields, gpu_result)
             gpu_result = self._run((*select_args, "--query-gpu=" + ",".join(gpu_fields), _FORMAT), deadline)
         records, handle_failures = self._parse_gpus(gpu_result, gpu_fields, deadline)
+        if (
+            Fields.PROCESSES in fields
+            and self._process_query == "pids"
+            and not mig_jobs
+            and any(r.mig_mode for r in records)
+        ):
+            # First sight of MIG: read the MIG devices now rather than judge this pass without them.
+            self._mig_seen = mig_jobs = True
+            results = [gpu_result, *self._run_many([(*select_args, *self._process_args()), ("-L",)], deadline)]
         lists = self._process_lists(results[1], records) if Fields.PROCESSES in fields else {}
+        if mig_jobs:
+            self._add_mig_uuids(results[2], records, lists)
         retired = self._retired_pages(records, select_args, deadline) if Fields.HEALTH in fields else {}
         devices: list[DeviceState] = []
-        extra = [(f"health.{k}", v) for k, v in self._refused_reasons(fields)]
+        extra = [(k if k == "mig" else f"health.{k}", v) for k, v in self._refused_reasons(fields)]
         for record in records:
             if record.index not in selected:
                 continue
@@ -683,6 +709,8 @@ class SmiBackend:
                 wanted.extend(self._alternatives.get(n, n) for n in names)
         if Fields.PROCESSES in fields and self._process_query == "pids":
             wanted.append("pci.bus_id")  # -q names GPUs by PCI bus id
+        if fields & (Fields.MEMORY | Fields.PROCESSES):
+            wanted.append("mig.mode.current")  # MIG changes what "clean" means (docs/waiting.md)
         return tuple(n for n in wanted if n not in self._refused)
 
     def _refuse(self, refused: str, current: tuple[str, ...], result: SmiResult) -> tuple[str, ...]:
@@ -699,6 +727,9 @@ class SmiBackend:
 
     def _refused_reasons(self, fields: Fields) -> list[tuple[str, str]]:
         out: list[tuple[str, str]] = []
+        if fields & (Fields.MEMORY | Fields.PROCESSES) and "mig.mode.current" in self._refused:
+            # An nvidia-smi older than MIG: mig_mode is None (judged as before MIG), and this says why.
+            out.append(("mig", self._refused["mig.mode.current"]))
         if Fields.HEALTH in fields:
             for name, key in (("remapped_rows.correctable", "remapped_rows"), ("retired_pages.sbe", "retired_pages")):
                 if name in self._refused:
@@ -710,7 +741,7 @@ class SmiBackend:
     def _parse_gpus(
         self, result: SmiResult, gpu_fields: Sequence[str], deadline: Deadline | None = None
     ) -> tuple[tuple[GpuRecord, ...], tuple[HandleFailure, ...]]:
-        if result.returncode != 0 and "unable to determine the device handle" not in result.output.lower():
+        if result.returncode != 0 and not smi_csv.has_handle_failure(result.output):
             _raise_for(result, self._prefixed)
         # Some GPUs could not be read; nvidia-smi still printed the others (exit 15 for a lost one).
         with _parsing(result):
@@ -728,11 +759,11 @@ class SmiBackend:
 
     def _process_args(self) -> tuple[str, ...]:
         if self._process_query == "pids":
-            return ("-q", "-d", "PIDS")
+            return ("-q",) if self._mig_seen else ("-q", "-d", "PIDS")
         return ("--query-compute-apps=" + ",".join(_APPS_FIELDS), _FORMAT)
 
     def _process_lists(self, result: SmiResult, records: Sequence[GpuRecord]) -> dict[str, ProcessLists]:
-        if result.returncode != 0 and "unable to determine the device handle" not in result.output.lower():
+        if result.returncode != 0 and not smi_csv.has_handle_failure(result.output):
             _raise_for(result, self._prefixed)
         if self._process_query == "pids":
             return self._pids_lists(result, records)
@@ -752,19 +783,68 @@ class SmiBackend:
     def _pids_lists(self, result: SmiResult, records: Sequence[GpuRecord]) -> dict[str, ProcessLists]:
         with _parsing(result):
             listing = smi_csv.parse_pids_query(result.stdout)
-        self._cuda_version = listing.cuda_version or self._cuda_version
+        self._note_cuda_version(listing.cuda_version)
+        handle_failed = {hf.pci_bus_id: hf for hf in listing.failures if hf.pci_bus_id}
         out: dict[str, ProcessLists] = {}
         for r in records:
             pci = r.pci_bus_id or self._identity_for(r).get("pci_bus_id") or ""
             why = listing.unknown.get(pci)
             if pci not in listing.compute:
-                why = f"nvidia-smi -q -d PIDS did not list GPU {r.index} (PCI bus id {pci or 'unknown'})"
+                hf = handle_failed.get(pci)
+                why = (
+                    f"nvidia-smi -q -d PIDS could not read GPU {r.index} (error code {hf.code}): {hf.message}"
+                    if hf is not None
+                    else f"nvidia-smi -q -d PIDS did not list GPU {r.index} (PCI bus id {pci or 'unknown'})"
+                )
             if why is not None:
                 reasons = {f"processes.{k.value}": why for k in ProcessKind}
                 out[r.uuid] = ProcessLists(None, None, None, reasons)
                 continue
-            out[r.uuid] = ProcessLists(listing.compute[pci], listing.graphics[pci], listing.mps[pci])
+            # Bytes a driver withholds (WDDM, MIG) are None on each process; the lists themselves are complete.
+            bytes_why = listing.bytes_unknown.get(pci)
+            reasons = {"processes.used_bytes": bytes_why} if bytes_why is not None else {}
+            mig = listing.mig_devices.get(pci, ()) if self._mig_seen and r.mig_mode else None
+            if mig is not None and pci in listing.mig_unknown:
+                mig = None
+                reasons["mig_devices"] = f"nvidia-smi -q: {listing.mig_unknown[pci]}"
+            out[r.uuid] = ProcessLists(listing.compute[pci], listing.graphics[pci], listing.mps[pci], reasons, mig)
         return out
+
+    def _add_mig_uuids(self, result: SmiResult, records: Sequence[GpuRecord], lists: dict[str, ProcessLists]) -> None:
+        """Put ``-L``'s MIG UUIDs on the MIG devices read from ``-q`` (matched by GPU index and MIG device index).
+        A failed ``-L`` costs only the UUIDs (``None`` with the reason), never the snapshot."""
+        why: str | None = None
+        uuids: Mapping[int, Mapping[int, str]] = {}
+        try:
+            _raise_for(result, self._prefixed)
+            with _parsing(result):
+                uuids = smi_csv.parse_list_gpus(result.stdout)
+        except NvmlCheckError as exc:
+            why = f"nvidia-smi -L failed: {exc}"
+        for r in records:
+            pl = lists.get(r.uuid)
+            if pl is None or not pl.mig_devices:
+                continue
+            named = uuids.get(r.index, {})
+            devices = []
+            for m in pl.mig_devices:
+                uuid = named.get(m.index)
+                if uuid is None:
+                    reason = why or f"nvidia-smi -L listed no MIG device {m.index} under GPU {r.index}"
+                    devices.append(dataclasses.replace(m, unknown=MappingProxyType({**m.unknown, "uuid": reason})))
+                else:
+                    devices.append(dataclasses.replace(m, uuid=uuid))
+            lists[r.uuid] = dataclasses.replace(pl, mig_devices=tuple(devices))
+
+    def _note_cuda_version(self, text: str | None) -> None:
+        """Take ``-q``'s CUDA Version when ``--version`` gave none that reads as a version (driver 610 prints
+        ``CUDA Version: Deprecated, see ...`` there, and may still print the number in ``-q``)."""
+        if text is None or smi_csv.cuda_version_number(text) is None:
+            return
+        if self._cuda_version is None or smi_csv.cuda_version_number(self._cuda_version) is None:
+            self._cuda_version = text
+            self._version_problem = {}
+            self._system = None  # rebuilt with the version on the next system()
 
     def _retired_pages(
         self, records: Sequence[GpuRecord], select_args: tuple[str, ...], deadline: Deadline | None = None

@@ -54,10 +54,12 @@ from ..model import (
     GpuProcess,
     Memory,
     MemoryHealth,
+    MigDevice,
     ProcessKind,
     RemappedRows,
     RetiredPage,
     RetirementCause,
+    attribute_processes,
 )
 
 __all__ = [
@@ -81,14 +83,17 @@ __all__ = [
     "build_device_state",
     "canonical_name",
     "cuda_version_number",
+    "has_handle_failure",
     "normalize_pci_bus_id",
     "parse_compute_apps",
+    "parse_list_gpus",
     "parse_pids_query",
     "parse_query_gpu",
     "parse_remapped_rows",
     "parse_retired_pages",
     "parse_table",
     "parse_version_output",
+    "strip_deprecation",
 ]
 
 #: Linux's largest possible PID (``PID_MAX_LIMIT`` on 64-bit); a larger one is corrupt data.
@@ -109,6 +114,19 @@ PLACEHOLDER_MEANINGS: Final[Mapping[str, str]] = MappingProxyType(
 
 # A bracketed phrase a newer driver may print in place of a value; read as unknown, never as a value.
 _OTHER_PLACEHOLDER = re.compile(r"\[[A-Za-z][A-Za-z0-9 ./'-]*\]")
+
+# The unbracketed placeholders of ``-q`` text, found where a number belongs: Windows (WDDM) and WSL2 print
+# ``Used GPU Memory : Not available in WDDM driver model`` (NVIDIA/nvidia-docker#1458), other drivers
+# ``Not Supported``/``Not available``. Only consulted for cells that must be numbers, so a process *named*
+# "Not available" is never misread.
+_BARE_PLACEHOLDER = re.compile(
+    r"(?:Not available|Not Available|Not Supported|Unknown Error|Insufficient Permissions|GPU requires reset"
+    r"|GPU is lost|Deprecated)\b.*"
+)
+
+# A deprecation note beside a value (driver 610 ``-q``: ``CUDA Version : 13.2 [Deprecated; ...]``): the value
+# before it still stands; the note is dropped.
+_DEPRECATION_NOTE = re.compile(r"\s*\[Deprecated\b[^\]]*\]\s*$", re.IGNORECASE)
 
 # --- canonical field names --------------------------------------------------------------------------------------------
 # The canonical name of a field is what driver 580 prints in the header. The alias tables map every other spelling
@@ -226,7 +244,15 @@ class Unavailable:
 
     def reason(self, what: str) -> str:
         """A sentence for ``DeviceState.unknown``: the field, what nvidia-smi printed, and what it means."""
-        meaning = PLACEHOLDER_MEANINGS.get(self.text, "nvidia-smi printed no value")
+        meaning = PLACEHOLDER_MEANINGS.get(self.text)
+        if meaning is None:
+            low = self.text.lower()
+            if "wddm" in low:
+                meaning = "the Windows display driver model (WDDM, also under WSL2) does not report it"
+            elif "deprecated" in low:
+                meaning = "this driver deprecated the field and prints no value"
+            else:
+                meaning = "nvidia-smi printed no value"
         return f"nvidia-smi printed {self.text} for {what}: {meaning}"
 
 
@@ -239,13 +265,57 @@ def _placeholder(cell: str) -> Unavailable | None:
     return None
 
 
+def _number_placeholder(cell: str) -> Unavailable | None:
+    """A placeholder where a number belongs: the bracketed ones, and the bare phrases of ``-q`` text (``Not
+    available in WDDM driver model``). Only called once the cell failed to read as a number."""
+    ph = _placeholder(cell)
+    if ph is None and cell and _BARE_PLACEHOLDER.fullmatch(cell):
+        return Unavailable(cell)
+    return ph
+
+
+def strip_deprecation(value: str) -> tuple[str, str | None]:
+    """``"13.2 [Deprecated; see ...]"`` -> ``("13.2", "[Deprecated; see ...]")``: the value without the note newer
+    drivers print beside it, and the note (``None`` when there was none)."""
+    if "eprecated" not in value:  # cheap test first: almost every value has no note
+        return value, None
+    m = _DEPRECATION_NOTE.search(value)
+    if m is None:
+        return value, None
+    return value[: m.start()].strip(), m.group(0).strip()
+
+
 # --- generic CSV table ------------------------------------------------------------------------------------------------
 
 _HEADER_CELL = re.compile(r"([A-Za-z_][A-Za-z0-9_.]*)(?: \[([^\]\[]+)\])?")
 _PCI_TEXT = r"[0-9A-Fa-f]{1,8}:[0-9A-Fa-f]{1,2}:[0-9A-Fa-f]{1,2}\.[0-9A-Fa-f]"
-# "Unable to determine the device handle for GPU 0000:02:00.0: GPU is lost. Reboot the system to recover this GPU"
-# (some versions print "GPU0000:..." without the space).
-_DEVICE_HANDLE_ERROR = re.compile(rf"Unable to determine the device handle for (?:GPU)? ?({_PCI_TEXT})\s*:\s*(.+)")
+# "Unable to determine the device handle for GPU 0000:02:00.0: GPU is lost. Reboot the system to recover this GPU",
+# and its other spellings in published captures: "GPU0000:07:00.0" without the space, "Unable to detect ...", a
+# 3-digit domain ("000:07:00.0"), no message at all; also the short "GPU 0000:02:00.0: GPU is lost".
+_DEVICE_HANDLE_ERROR = re.compile(
+    rf"Unable to (?:determine|detect) (?:the )?device handle for (?:GPU)? ?({_PCI_TEXT})(?:\s*:\s*(.*))?",
+    re.IGNORECASE,
+)
+_GPU_ERROR_LINE = re.compile(rf"GPU ?({_PCI_TEXT})\s*:\s*(\S.*)")
+
+
+def _handle_failure(no: int, line: str) -> HandleFailure | None:
+    """A device-handle error line as a :class:`HandleFailure`, or ``None`` when ``line`` is not one."""
+    stripped = line.strip()
+    m = _DEVICE_HANDLE_ERROR.fullmatch(stripped) if stripped[:6].lower() == "unable" else None
+    if m is None and stripped.startswith("GPU"):
+        m = _GPU_ERROR_LINE.fullmatch(stripped)
+    if m is None:
+        return None
+    pci = normalize_pci_bus_id(m.group(1))
+    message = (m.group(2) or "").strip() or "nvidia-smi could not get a handle for it"
+    return HandleFailure(no, line, pci, None, f"GPU {pci or m.group(1)}: {message}", _code_for_message(message))
+
+
+def has_handle_failure(text: str) -> bool:
+    """Whether nvidia-smi output names a GPU it could not read (any spelling): the others were still printed."""
+    low = text.lower()
+    return "device handle for" in low or _GPU_ERROR_LINE.search(text) is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -372,13 +442,10 @@ def parse_table(
     rows: list[Row] = []
     failures: list[HandleFailure] = []
     for no, line in body:
-        m = _DEVICE_HANDLE_ERROR.fullmatch(line.strip()) if line.lstrip().startswith("Unable") else None
-        if m is not None:
-            failures.append(
-                HandleFailure(
-                    no, line, normalize_pci_bus_id(m.group(1)), None, m.group(2).strip(), _code_for_message(m.group(2))
-                )
-            )
+        first = line.lstrip()[:1]
+        hf = _handle_failure(no, line) if first in ("U", "u", "G") and not line.startswith("GPU-") else None
+        if hf is not None:
+            failures.append(hf)
             continue
         rows.append(Row(no, line, _split_row(no, line, len(columns), free)))
     return Table(columns, tuple(rows), tuple(failures), positions)
@@ -505,6 +572,8 @@ class GpuRecord:
     retired_pending: bool | None
     remapped_rows: RemappedRows | None
     unknown: Mapping[str, str]
+    #: ``mig.mode.current``: True Enabled, False Disabled or not supported (``[N/A]``), None not asked or unknown.
+    mig_mode: bool | None = None
 
 
 _MEMORY_COLUMNS = ("memory.total", "memory.used", "memory.free")
@@ -558,6 +627,8 @@ def _optional_text(table: Table, cells: _Cells, name: str, key: str, unknown: di
     if not table.has(name):
         return None
     value = cells.pci(name) if name == "pci.bus_id" else cells.text(name)
+    if isinstance(value, str) and name == "driver_version":
+        value = strip_deprecation(value)[0] or value  # driver 610 marks it deprecated in -q; keep the number
     return value if _known(value, name, unknown, key) and isinstance(value, str) else None
 
 
@@ -581,6 +652,15 @@ def _gpu_record(table: Table, cells: _Cells, index: int, uuid: str) -> GpuRecord
         pending = p if isinstance(p, bool) else None
     if table.has("remapped_rows.correctable"):
         remapped = _remapped(cells, unknown)
+    mig_mode: bool | None = None
+    if table.has("mig.mode.current"):
+        mode = cells.flag("mig.mode.current")
+        if isinstance(mode, bool):
+            mig_mode = mode
+        elif mode.text in ("[N/A]", "N/A", "[Not Supported]"):
+            mig_mode = False  # a GPU without MIG: nvmlDeviceGetMigMode's NOT_SUPPORTED
+        else:
+            unknown["mig"] = mode.reason("mig.mode.current")
     return GpuRecord(
         line_no=cells.row.line_no,
         index=index,
@@ -596,6 +676,7 @@ def _gpu_record(table: Table, cells: _Cells, index: int, uuid: str) -> GpuRecord
         retired_pending=pending,
         remapped_rows=remapped,
         unknown=MappingProxyType(unknown),
+        mig_mode=mig_mode,
     )
 
 
@@ -759,6 +840,16 @@ class PidsListing:
     cuda_version: str | None
     failures: tuple[HandleFailure, ...] = ()
     unknown: Mapping[str, str] = field(default_factory=dict)
+    #: Header values the driver annotated or withheld (``"CUDA Version"`` -> why it is unknown or marked deprecated).
+    notes: Mapping[str, str] = field(default_factory=dict)
+    #: GPU (PCI bus id) -> why some of its processes' bytes are ``None`` (WDDM, MIG): the lists still stand.
+    bytes_unknown: Mapping[str, str] = field(default_factory=dict)
+    #: GPU -> ``MIG Mode`` ``Current`` (full ``-q`` only): True/False, or the reason it is unknown.
+    mig_mode: Mapping[str, bool | str] = field(default_factory=dict)
+    #: GPU -> its ``MIG Device`` blocks (full ``-q`` only; ``uuid`` and ``processes`` not yet filled).
+    mig_devices: Mapping[str, tuple[MigDevice, ...]] = field(default_factory=dict)
+    #: GPU -> why its ``MIG Device`` blocks could not be read (they are then left out of ``mig_devices``).
+    mig_unknown: Mapping[str, str] = field(default_factory=dict)
 
 
 _Q_GPU = re.compile(rf"GPU ({_PCI_TEXT})")
@@ -789,6 +880,20 @@ class _PidsParser:
         self.seen_section = False  # this GPU block had its Processes line
         self.entry: dict[str, str] = {}
         self.entry_line: tuple[int, str] = (0, "")
+        # Where each key of the open entry was read, so an error quotes the offending line, not the entry's first.
+        self.entry_lines: dict[str, tuple[int, str]] = {}
+        self.notes: dict[str, str] = {}  # header key -> the deprecation note printed beside its value
+        self.unknown_bytes: dict[str, Unavailable] = {}  # GPU -> what it printed for a process's bytes
+        # MIG (full -q only): "MIG Mode / Current" and the "MIG Device" blocks of each GPU.
+        self.mig_mode: dict[str, bool | Unavailable] = {}
+        self.mig: dict[str, list[MigDevice]] = {}
+        self.mig_bad: dict[str, str] = {}  # GPU -> why its MIG Device blocks could not be read
+        self.mig_lines: dict[str, tuple[int, str]] = {}  # where each key of the open MIG Device block was read
+        self.title: str | None = None  # the open section title of the GPU block ("MIG Mode", "FB Memory Usage")
+        self.title_indent = 0
+        self.mig_indent: int | None = None  # indentation of the open "MIG Device" title
+        self.mig_entry: dict[str, str] = {}
+        self.mig_line: tuple[int, str] = (0, "")
 
     def feed(self, no: int, line: str) -> None:
         stripped = line.strip()
@@ -799,14 +904,17 @@ class _PidsParser:
         # Cheap first-character tests keep the regular expressions off the common "key : value" line.
         if stripped[0] == "=" and stripped.startswith("=====") and "NVSMI LOG" in stripped:
             return
-        if stripped[0] == "U" and stripped.startswith("Unable"):
-            self.handle_failure(no, line, stripped)
+        if stripped[0] in "Uu" and stripped[:6].lower() == "unable":
+            self.handle_failure(no, line)
             return
         if stripped[0] == "G" and (gpu := _Q_GPU.fullmatch(stripped)) is not None:
             self.close_gpu(no, line)
             self.gpu = normalize_pci_bus_id(gpu.group(1))
             for kind in ProcessKind:
                 self.lists[kind].setdefault(str(self.gpu), [])
+            return
+        if stripped[0] == "G" and _GPU_ERROR_LINE.fullmatch(stripped) and indent == 0:
+            self.handle_failure(no, line)  # "GPU 0000:02:00.0: GPU is lost" in place of the GPU's block
             return
         left, sep, right = stripped.partition(":")
         key = left.rstrip()
@@ -818,29 +926,118 @@ class _PidsParser:
         if key == "Processes" and self.gpu is not None:
             self.open_section(no, line, indent, (value or "").strip())
             return
+        if self.gpu is not None and self.section_indent is None and self.gpu_section(no, line, indent, key, value):
+            return
         if value is None:
             if self.gpu is not None and self.section_indent is None and _Q_KEY.fullmatch(stripped):
                 return  # a section title of a full -q: not ours
             raise SmiParseError("not a 'key : value' line", no, line)
         if self.gpu is None:
-            self.top[key] = value.strip()
+            # Driver 610 prints "[Deprecated; ...]" beside Driver Version and CUDA Version: keep the value.
+            plain, note = strip_deprecation(value.strip())
+            self.top[key] = plain
+            if note is not None:
+                self.notes[key] = note
         elif self.section_indent is not None:
             self.entry_value(no, line, key, value.strip())
 
-    def handle_failure(self, no: int, line: str, stripped: str) -> None:
-        handle = _DEVICE_HANDLE_ERROR.fullmatch(stripped)
-        if handle is None:
-            raise SmiParseError("not a 'key : value' line", no, line)
-        self.failures.append(
-            HandleFailure(
-                no,
-                line,
-                normalize_pci_bus_id(handle.group(1)),
-                None,
-                handle.group(2).strip(),
-                _code_for_message(handle.group(2)),
-            )
+    def gpu_section(self, no: int, line: str, indent: int, key: str, value: str | None) -> bool:
+        """The MIG parts of a full ``-q`` GPU block: ``MIG Mode`` / ``Current`` and each ``MIG Device`` block
+        (``Index``, ``GPU Instance ID``, ``Compute Instance ID``, ``FB Memory Usage``). True when the line was used."""
+        if self.mig_indent is not None and indent <= self.mig_indent:
+            self.close_mig()
+        if self.title is not None and indent <= self.title_indent:
+            self.title = None
+        if value is None:  # a bare title
+            if key == "MIG Device":
+                self.close_mig()
+                self.mig_indent, self.mig_entry, self.mig_line = indent, {}, (no, line)
+                self.mig_lines = {}
+                self.title = None  # "MIG Devices" (the enclosing title) must not prefix its keys
+                return True
+            self.title, self.title_indent = key, indent
+            return self.mig_indent is not None
+        gpu = str(self.gpu)
+        if self.mig_indent is not None:
+            path = f"{self.title}/{key}" if self.title is not None else key
+            self.mig_entry[path] = value.strip()
+            self.mig_lines[path] = (no, line)
+            return True
+        if self.title == "MIG Mode" and key == "Current":
+            mode = value.strip()
+            ph = _number_placeholder(mode)
+            if ph is not None:
+                self.mig_mode[gpu] = ph
+            elif mode in ("Enabled", "Disabled"):
+                self.mig_mode[gpu] = mode == "Enabled"
+            else:
+                raise SmiParseError(f"MIG Mode Current {mode!r} is not Enabled or Disabled", no, line)
+            return True
+        return False
+
+    def close_mig(self) -> None:
+        if self.mig_indent is None:
+            return
+        entry, self.mig_entry, self.mig_indent = self.mig_entry, {}, None
+        try:
+            self.mig_device(entry)
+        except SmiParseError as exc:
+            # The MIG blocks are not what a wait needs to be correct (the parent is judged without them): a block
+            # this parser cannot read makes the GPU's MIG devices unknown, quoting the line, and the snapshot goes on.
+            self.mig_bad.setdefault(str(self.gpu), f"{exc.reason} (line {exc.line_no}: {exc.line.strip()!r})")
+
+    def mig_device(self, entry: dict[str, str]) -> None:
+        where, self.mig_lines = self.mig_lines, {}
+        no, line = self.mig_line
+        unknown: dict[str, str] = {}
+
+        def at(key: str) -> tuple[int, str]:
+            return where.get(key, (no, line))
+
+        def number(key: str) -> int | None:
+            v = entry.get(key)
+            if v is None:
+                unknown.setdefault(key, f"nvidia-smi -q printed no {key!r} for this MIG device")
+                return None
+            if _is_uint(v):
+                return int(v)
+            if _number_placeholder(v) is not None:
+                unknown.setdefault(key, Unavailable(v).reason(f"MIG device {key}"))
+                return None
+            raise SmiParseError(f"MIG device {key} {v!r} is not a number", *at(key))
+
+        index = number("Index")
+        if index is None:
+            raise SmiParseError("a MIG Device block without an Index", no, line)
+        gi = number("GPU Instance ID")
+        ci = number("Compute Instance ID")
+        memory: Memory | None = None
+        fb = {k.split("/", 1)[1]: v for k, v in entry.items() if k.startswith("FB Memory Usage/")}
+        values: dict[str, int | None] = {}
+        for part in ("Total", "Used", "Free", "Reserved"):
+            v = fb.get(part)
+            m = _Q_MEMORY.fullmatch(v) if v is not None else None
+            values[part] = int(m.group(1)) * MIB if m is not None else None
+            if v is not None and m is None and _number_placeholder(v) is None:
+                raise SmiParseError(
+                    f"MIG device FB Memory Usage {part} {v!r} is not 'N MiB'", *at(f"FB Memory Usage/{part}")
+                )
+        total, used, free = values["Total"], values["Used"], values["Free"]
+        if total is not None and used is not None and free is not None:
+            if used > total:
+                raise CorruptData(f"MIG device {index} uses {used // MIB} MiB of {total // MIB} MiB", "nvidia-smi -q")
+            memory = Memory(total, used, free, values["Reserved"], False, MIB)
+        else:
+            unknown["memory"] = "nvidia-smi -q printed no FB Memory Usage Total/Used/Free for this MIG device"
+        self.mig.setdefault(str(self.gpu), []).append(
+            MigDevice(index, None, gi, ci, memory, None, MappingProxyType(unknown))
         )
+
+    def handle_failure(self, no: int, line: str) -> None:
+        hf = _handle_failure(no, line)
+        if hf is None:
+            raise SmiParseError("not a 'key : value' line", no, line)
+        self.failures.append(hf)
 
     def open_section(self, no: int, line: str, indent: int, value: str) -> None:
         gpu = str(self.gpu)
@@ -864,44 +1061,55 @@ class _PidsParser:
             self.entry_line = (no, line)
         # Unknown keys inside an entry are kept but unused: newer drivers add fields (CC protected memory).
         self.entry[key] = value
+        self.entry_lines[key] = (no, line)
 
     def close_entry(self) -> None:
         if not self.entry:
             return
         no, line = self.entry_line
         entry, self.entry = self.entry, {}
+        where, self.entry_lines = self.entry_lines, {}
+
+        def at(key: str) -> tuple[int, str]:
+            return where.get(key, (no, line))
+
         for needed in ("Process ID", "Type", "Used GPU Memory"):
             if needed not in entry:
                 raise SmiParseError(f"process entry without {needed!r}", no, line)
         if not _is_uint(entry["Process ID"]):
-            raise SmiParseError(f"Process ID {entry['Process ID']!r} is not a number", no, line)
+            raise SmiParseError(f"Process ID {entry['Process ID']!r} is not a number", *at("Process ID"))
         pid = int(entry["Process ID"])
         _check_pid(pid, "nvidia-smi -q -d PIDS")
         letters = entry["Type"].split("+")
         if not letters or any(t not in _Q_TYPE_LETTERS for t in letters) or len(set(letters)) != len(letters):
-            raise SmiParseError(f"process Type {entry['Type']!r} is not C, G, M or a '+' combination", no, line)
-        used = self.memory(entry["Used GPU Memory"], no, line)
+            raise SmiParseError(f"process Type {entry['Type']!r} is not C, G, M or a '+' combination", *at("Type"))
+        used = self.memory(entry["Used GPU Memory"], *at("Used GPU Memory"))
+        if used is None:
+            # "Not available in WDDM driver model", "N/A" on some MIG setups: unknown, never 0 (FACTS.md).
+            self.unknown_bytes.setdefault(
+                str(self.gpu), _number_placeholder(entry["Used GPU Memory"]) or Unavailable(entry["Used GPU Memory"])
+            )
         name = entry.get("Name")
         if name is not None and _placeholder(name) is not None:
             name = None
-        gi = self.instance_id(entry.get("GPU instance ID"), no, line)
-        ci = self.instance_id(entry.get("Compute instance ID"), no, line)
+        gi = self.instance_id(entry.get("GPU instance ID"), *at("GPU instance ID"))
+        ci = self.instance_id(entry.get("Compute instance ID"), *at("Compute instance ID"))
         for letter in letters:
             kind = _Q_TYPE_LETTERS[letter]
             self.lists[kind][str(self.gpu)].append(GpuProcess(pid, kind, used, name, gi, ci))
 
     @staticmethod
     def memory(value: str, no: int, line: str) -> int | None:
-        if _placeholder(value) is not None:
-            return None
         m = _Q_MEMORY.fullmatch(value)
-        if m is None:
-            raise SmiParseError(f"Used GPU Memory {value!r} is not 'N MiB'", no, line)
-        return int(m.group(1)) * MIB
+        if m is not None:
+            return int(m.group(1)) * MIB
+        if _number_placeholder(strip_deprecation(value)[0] or value) is not None:
+            return None
+        raise SmiParseError(f"Used GPU Memory {value!r} is not 'N MiB'", no, line)
 
     @staticmethod
     def instance_id(value: str | None, no: int, line: str) -> int | None:
-        if value is None or _placeholder(value) is not None:
+        if value is None or _number_placeholder(value) is not None:
             return None
         if not _is_uint(value):
             raise SmiParseError(f"instance id {value!r} is not a number", no, line)
@@ -909,6 +1117,8 @@ class _PidsParser:
 
     def close_gpu(self, no: int, line: str) -> None:
         self.close_entry()
+        self.close_mig()
+        self.title = None
         if self.gpu is not None and not self.seen_section:
             # -q -d MEMORY has no Processes section: that is "not asked", never "no process".
             raise SmiParseError(f"GPU {self.gpu} has no Processes section", no, line)
@@ -934,28 +1144,53 @@ def parse_pids_query(text: str) -> PidsListing:
             if not parser.entry:
                 parser.entry_line = (no, line)
             parser.entry[key] = m.group(3).strip()
+            parser.entry_lines[key] = (no, line)
             continue
         parser.feed(no, line)
     last_no, last = lines[-1] if lines else (1, "")
     parser.close_gpu(last_no, last)
-    if "Driver Version" not in parser.top:
+    if "Driver Version" not in parser.top and "KMD Version" not in parser.top:
         raise SmiParseError("no 'Driver Version' line: this is not nvidia-smi -q output", 1, text[:80])
 
     def freeze(kind: ProcessKind) -> Mapping[str, tuple[GpuProcess, ...]]:
         return MappingProxyType({k: tuple(v) for k, v in parser.lists[kind].items()})
 
+    notes: dict[str, str] = {}
+
     def version(key: str) -> str | None:
         v = parser.top.get(key)
-        return None if v is None or _placeholder(v) is not None else v
+        if v is not None and parser.notes.get(key):
+            notes[key] = f"nvidia-smi marks {key} {parser.notes[key]}"
+        if v is None:
+            return None
+        if not v:
+            notes[key] = f"nvidia-smi printed only a deprecation note for {key}: {parser.notes.get(key, '')}"
+            return None
+        ph = _number_placeholder(v)
+        if ph is not None:
+            notes[key] = ph.reason(key)
+            return None
+        return v
 
     return PidsListing(
         compute=freeze(ProcessKind.COMPUTE),
         graphics=freeze(ProcessKind.GRAPHICS),
         mps=freeze(ProcessKind.MPS),
-        driver_version=version("Driver Version"),
-        cuda_version=version("CUDA Version"),
+        # Driver 610 deprecated "Driver Version"/"CUDA Version" for "KMD Version"/"CUDA UMD Version" (nvidia-smi
+        # docs: "to more accurately reflect the source of the version information"): the new names win.
+        driver_version=version("KMD Version") or version("Driver Version"),
+        cuda_version=version("CUDA UMD Version") or version("CUDA Version"),
         failures=tuple(parser.failures),
         unknown=MappingProxyType(dict(parser.unknown)),
+        notes=MappingProxyType(notes),
+        mig_mode=MappingProxyType(
+            {k: v if isinstance(v, bool) else v.reason("MIG Mode Current") for k, v in parser.mig_mode.items()}
+        ),
+        mig_devices=MappingProxyType({k: tuple(v) for k, v in parser.mig.items() if k not in parser.mig_bad}),
+        mig_unknown=MappingProxyType(dict(parser.mig_bad)),
+        bytes_unknown=MappingProxyType(
+            {k: v.reason("a process's Used GPU Memory") for k, v in parser.unknown_bytes.items()}
+        ),
     )
 
 
@@ -966,13 +1201,16 @@ _VERSION_LINE = re.compile(r"([A-Za-z][A-Za-z -]*?)\s*:\s*(\S.*)")
 
 def parse_version_output(text: str) -> Mapping[str, str]:
     """Parse ``nvidia-smi --version`` (``NVIDIA-SMI version : 580.159.04``, ``DRIVER version``, ``CUDA Version``,
-    ``NVML version``) into a mapping with lower-cased keys (``"cuda version"``)."""
+    ``NVML version``) into a mapping with lower-cased keys (``"cuda version"``).
+
+    A ``[Deprecated; ...]`` note beside a value is dropped; driver 610's ``CUDA Version: Deprecated, see ...`` stays
+    as printed (it is not a version: :func:`cuda_version_number` reads it as unknown)."""
     out: dict[str, str] = {}
     for no, line in _lines(text):
         m = _VERSION_LINE.fullmatch(line.strip())
         if m is None:
             raise SmiParseError("not a 'name : version' line", no, line)
-        out[m.group(1).strip().lower()] = m.group(2).strip()
+        out[m.group(1).strip().lower()] = strip_deprecation(m.group(2).strip())[0] or m.group(2).strip()
     if not out:
         raise SmiParseError("nvidia-smi --version printed nothing", 1, "")
     return MappingProxyType(out)
@@ -1093,6 +1331,8 @@ class ProcessLists:
     graphics: tuple[GpuProcess, ...] | None
     mps: tuple[GpuProcess, ...] | None
     reasons: Mapping[str, str] = field(default_factory=dict)
+    #: The GPU's MIG devices read from a full ``-q`` (``None`` when not read), processes not yet attributed.
+    mig_devices: tuple[MigDevice, ...] | None = None
 
 
 _MEMORY_BIT = Fields.MEMORY.value
@@ -1141,6 +1381,14 @@ def build_device_state(
         unknown.update(processes.reasons)
         _check_process_memory(record, (compute, graphics, mps))
     health = _health(record, retired_pages, unknown) if wanted & _HEALTH_BIT else None
+    mig_devices: tuple[MigDevice, ...] | None = None
+    if record.mig_mode is False:
+        mig_devices = ()
+    elif record.mig_mode and processes is not None and processes.mig_devices is not None:
+        every = None if compute is None else compute + (graphics or ()) + (mps or ())
+        mig_devices = attribute_processes(processes.mig_devices, every)
+    elif record.mig_mode:
+        unknown.setdefault("mig_devices", "the MIG devices are read from nvidia-smi -q with Fields.PROCESSES")
     return DeviceState(
         index=record.index,
         uuid=record.uuid,
@@ -1155,6 +1403,8 @@ def build_device_state(
         clocks=clocks,
         health=health,
         unknown=MappingProxyType(unknown),
+        mig_mode=record.mig_mode,
+        mig_devices=mig_devices,
     )
 
 
@@ -1188,3 +1438,29 @@ def _health(
     if record.retired_pending is None:
         unknown.setdefault("health.retired_pages_pending", "retired_pages.pending was not asked for")
     return MemoryHealth(pages, record.retired_pending, record.remapped_rows)
+
+
+# --- -L (MIG UUIDs) ---------------------------------------------------------------------------------------------------
+
+_L_GPU = re.compile(r"GPU (\d+): .*\(UUID: (GPU-[^)]+)\)")
+_L_MIG = re.compile(r"MIG\s+(\S+)\s+Device\s+(\d+):\s*\(UUID:\s*(MIG-[^)\s]+)\)")
+
+
+def parse_list_gpus(text: str) -> Mapping[int, Mapping[int, str]]:
+    """Parse ``nvidia-smi -L``: GPU index -> {MIG device index: ``MIG-...`` UUID}. ``-q`` does not print a MIG
+    device's UUID; ``-L`` prints ``  MIG 1g.10gb     Device  0: (UUID: MIG-...)`` under its GPU's line."""
+    out: dict[int, dict[int, str]] = {}
+    gpu: int | None = None
+    for no, line in _lines(text):
+        stripped = line.strip()
+        g = _L_GPU.fullmatch(stripped)
+        if g is not None:
+            gpu = int(g.group(1))
+            out.setdefault(gpu, {})
+            continue
+        m = _L_MIG.fullmatch(stripped)
+        if m is not None and gpu is not None:
+            out[gpu][int(m.group(2))] = m.group(3)
+            continue
+        raise SmiParseError("not a GPU or MIG device line of nvidia-smi -L", no, line)
+    return MappingProxyType({k: MappingProxyType(v) for k, v in out.items()})

@@ -156,3 +156,66 @@ def test_process_list_empty_but_memory_used_is_not_clean(open_backend: Opener) -
     with open_backend(sc) as gpus, pytest.raises(nc.WaitTimeout) as info:
         gpus.wait_until_clean(timeout=0.2)
     assert "no visible process" in str(info.value)
+
+
+# --- MIG (issue 11): the same scenario through NVML's MIG calls on the stub and the fake nvidia-smi's -q / -L -------
+
+MIG_UUIDS = ("MIG-5f0a0000-0000-5000-8000-000000000000", "MIG-5f0a0000-0000-5000-8000-000000000001")
+IDLE_MIG_PARENT = 55 * MIB  # an idle H200 in MIG mode, no process (public capture, driver 590.48.01)
+
+
+def _mig(*, loaded: bool) -> Scenario:
+    sc = Scenario.h200(devices=2)
+    sc.set_device(0, mig=True, used_bytes=IDLE_MIG_PARENT)
+    for i, uuid in enumerate(MIG_UUIDS):
+        sc.add_mig_device(0, i, gi=i + 1, ci=0, uuid=uuid, total_bytes=16 * GIB, used_bytes=0)
+    if loaded:
+        sc.add_process(0, 4_100_042, used_bytes=3 * GIB, gi=2, ci=0)
+    return sc
+
+
+def test_mig_devices_are_read(open_backend: Opener) -> None:
+    with open_backend(_mig(loaded=True)) as gpus:
+        snap = gpus.snapshot(fields=nc.Fields.WAIT)
+    d0, d1 = snap.devices
+    assert (d0.mig_mode, d1.mig_mode) == (True, False)
+    assert d1.mig_devices == ()
+    assert d0.mig_devices is not None
+    assert [(m.index, m.uuid, m.gpu_instance_id, m.compute_instance_id) for m in d0.mig_devices] == [
+        (0, MIG_UUIDS[0], 1, 0),
+        (1, MIG_UUIDS[1], 2, 0),
+    ]
+    m0, m1 = d0.mig_devices
+    assert m0.memory is not None and m0.memory.used_bytes == 0 and m0.memory.total_bytes == 16 * GIB
+    assert m1.memory is not None and _close(3 * GIB, m1.memory.used_bytes, m1.memory.granularity_bytes)
+    assert m0.processes == () and [p.pid for p in m1.processes or ()] == [4_100_042]
+    assert [(p.gpu_instance_id, p.compute_instance_id) for p in d0.compute_processes or ()] == [(2, 0)]
+
+
+def test_idle_mig_gpu_is_clean(open_backend: Opener) -> None:
+    with open_backend(_mig(loaded=False)) as gpus:
+        result = gpus.wait_until_clean(timeout=5.0)
+    assert result.snapshot.devices[0].mig_mode is True
+
+
+def test_loaded_mig_gpu_is_not_clean_naming_the_instance(open_backend: Opener) -> None:
+    with open_backend(_mig(loaded=True)) as gpus:
+        verdict = nc.default_predicate().evaluate(gpus.snapshot(fields=nc.Fields.WAIT))
+    assert verdict.satisfied is False
+    assert any("4100042" in r and MIG_UUIDS[1] in r and "GI 2" in r for r in verdict.reasons)
+
+
+def test_devices_mig_selects_one_instance(open_backend: Opener) -> None:
+    with open_backend(_mig(loaded=True)) as gpus:
+        assert gpus.resolve(MIG_UUIDS[0]) == (0,)
+        with pytest.raises(ValueError, match="2 MIG devices"):
+            gpus.resolve(MIG_UUIDS[1][:-1])  # a prefix of both
+        # The idle instance is clean although its GPU holds a process in the other instance ...
+        result = gpus.wait_until_clean(timeout=5.0, devices=[MIG_UUIDS[0]])
+        assert result.snapshot.devices[0].mig_mode is True
+        # ... and the loaded one is not, named by its UUID.
+        with pytest.raises(nc.WaitTimeout) as info:
+            gpus.wait_until_clean(timeout=0, devices=[MIG_UUIDS[1]])
+        assert any("4100042" in c and MIG_UUIDS[1] in c for c in info.value.culprits)
+        with pytest.raises(ValueError, match="no MIG device"):
+            gpus.resolve("MIG-ffffffff")

@@ -200,6 +200,8 @@ def _unsupported_probe(field: str) -> Callable[[Nvml, Any], int]:
         return lambda nvml, h: int(nvml.lib.nvmlDeviceGetRetiredPagesPendingStatus(h, ffi.new("nvmlEnableState_t *")))
     if field == "remapped":
         return lambda nvml, h: int(nvml.lib.nvmlDeviceGetRemappedRows(h, u32, u32, u32, u32))
+    if field == "mig":
+        return lambda nvml, h: int(nvml.lib.nvmlDeviceGetMigMode(h, u32, ffi.new("unsigned int *")))
     group, name = field.split(".")
     if group == "processes":
         fn = PROCESS_CALLS[name] + "_v3"

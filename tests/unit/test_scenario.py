@@ -62,6 +62,7 @@ def test_every_device_field_renders() -> None:
         remapped_rows=(0, 1, False, True),
         unsupported=("retired_pages", "retired_pending"),
         lost=False,
+        mig=True,
     )
     assert index == 0
     assert body(scenario) == [
@@ -69,12 +70,12 @@ def test_every_device_field_renders() -> None:
         "pci=00000000:00:06.0 pci.device_id=0x233510de pci.subsystem_id=0x0 minor=0 total=150754820096 "
         "reserved=644939776 used=0 clock.graphics=345 clock.sm=345 max.mem=3201 app.video=1545 reasons=0x1 "
         "retired=sbe:0x1000@1700000000,dbe:0x2000@1700000100 retired_pending=0 remapped=0,1,0,1 "
-        "unsupported=retired_pages,retired_pending lost=0"
+        "unsupported=retired_pages,retired_pending lost=0 mig=1"
     ]
     assert set(DEVICE_FIELDS) == {
         "name", "uuid", "serial", "pci_bus_id", "pci_device_id", "pci_subsystem_id", "minor", "total_bytes",
         "reserved_bytes", "used_bytes", "clocks_mhz", "max_clocks_mhz", "app_clocks_mhz", "clock_event_reasons",
-        "retired_pages", "retired_pending", "remapped_rows", "unsupported", "lost",
+        "retired_pages", "retired_pending", "remapped_rows", "unsupported", "lost", "mig",
     }  # fmt: skip
 
 
@@ -210,7 +211,7 @@ def test_device_validation(fields: dict[str, Any], error: type[Exception], messa
 
 def test_unsupported_field_names_are_the_readme_list() -> None:
     assert {"memory", "processes.mps", "app.video", "clock.sm", "max.graphics"} <= UNSUPPORTED_FIELDS
-    assert len(UNSUPPORTED_FIELDS) == 10 + 3 + 12
+    assert len(UNSUPPORTED_FIELDS) == 11 + 3 + 12  # "mig" since issue 11
 
 
 def test_device_index_checks() -> None:
@@ -288,3 +289,19 @@ def test_fault_race_quirk_timeline_validation() -> None:
     with pytest.raises(ValueError, match="devices must be >= 0"):
         Scenario.h200(devices=-1)
     assert len(body(scenario)) == 1
+
+
+def test_mig_device_lines() -> None:
+    scenario = Scenario.h200()
+    scenario.add_mig_device(0, 2, gi=5, uuid="MIG-abc", total_bytes=10, used_bytes=3)
+    scenario.at_call(9).remove_mig_device(0, 2)
+    assert body(scenario)[-2:] == [
+        "mig device=0 index=2 ci=0 gi=5 uuid=MIG-abc total=10 used=3",
+        "at call=9 mig device=0 index=2 remove=1",
+    ]
+    with pytest.raises(ValueError, match="exceeds"):
+        scenario.add_mig_device(0, 0, total_bytes=1, used_bytes=2)
+    with pytest.raises(ValueError):
+        scenario.add_mig_device(0, 7)
+    with pytest.raises(ValueError, match="device 1 does not exist"):
+        scenario.add_mig_device(1, 0)

@@ -317,7 +317,7 @@ class TestInvocations:
     def test_memory_only_is_one_run(self, env: Env, two_gpus: SmiBackend) -> None:
         two_gpus.snapshot(fields=Fields.MEMORY)
         (run,) = env.runs()
-        assert run == ["--query-gpu=index,uuid,memory.total,memory.used,memory.free,memory.reserved",
+        assert run == ["--query-gpu=index,uuid,memory.total,memory.used,memory.free,memory.reserved,mig.mode.current",
                        "--format=csv,nounits"]  # fmt: skip
 
     def test_wait_fields_are_two_runs(self, env: Env, two_gpus: SmiBackend) -> None:

@@ -1,0 +1,102 @@
+"""Issue 11, MIG through the NVML backend on the stub: the MIG calls, old drivers without them, faults, and MIG
+devices created or destroyed while a wait runs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import nvmlcheck as nc
+from nvmlcheck.testing import Scenario, StubProbe, build_stub
+
+pytestmark = pytest.mark.stub
+
+MIB = 1 << 20
+GIB = 1 << 30
+
+
+@pytest.fixture
+def scenario_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    path = tmp_path / "scenario.txt"
+    monkeypatch.setenv("NVMLCHECK_STUB_SCENARIO", str(path))
+    monkeypatch.delenv("NVMLCHECK_STUB_LOG", raising=False)
+    yield path
+    assert StubProbe(build_stub()).init_refcount() == 0
+
+
+def mig_scenario() -> Scenario:
+    sc = Scenario.h200()
+    sc.set_device(0, mig=True, used_bytes=55 * MIB)
+    sc.add_mig_device(0, 0, total_bytes=16 * GIB)
+    sc.add_mig_device(0, 3, gi=9, ci=1, total_bytes=32 * GIB, used_bytes=2 * MIB)
+    return sc
+
+
+def snapshot(path: Path, sc: Scenario, *macros: str, fields: nc.Fields = nc.Fields.WAIT) -> nc.Snapshot:
+    sc.write(path)
+    with nc.open("nvml", library_path=str(build_stub(macros))) as s:
+        return s.snapshot(fields=fields)
+
+
+def test_empty_slots_are_skipped_and_ids_read(scenario_path: Path) -> None:
+    d = snapshot(scenario_path, mig_scenario()).devices[0]
+    assert d.mig_mode is True and d.mig_devices is not None
+    assert [(m.index, m.gpu_instance_id, m.compute_instance_id) for m in d.mig_devices] == [(0, 1, 0), (3, 9, 1)]
+    assert d.mig_devices[1].uuid == "MIG-00000000-0000-0000-0000-000000000003"
+    assert d.mig_devices[1].memory is not None and d.mig_devices[1].memory.used_bytes == 2 * MIB
+
+
+def test_a_driver_without_mig_symbols_is_not_in_mig_mode(scenario_path: Path) -> None:
+    # A pre-450 library: MIG cannot be on as far as the driver knows; never a failure.
+    snap = snapshot(scenario_path, mig_scenario(), "STUB_NO_MIG")
+    assert not snap.failures
+    d = snap.devices[0]
+    assert d.mig_mode is False and d.mig_devices == ()
+
+
+def test_mig_not_supported_is_off(scenario_path: Path) -> None:
+    sc = Scenario.h200()
+    sc.set_device(0, unsupported=("mig",))
+    d = snapshot(scenario_path, sc).devices[0]
+    assert d.mig_mode is False and d.mig_devices == ()
+
+
+def test_a_mig_mode_error_is_unknown_with_a_reason_not_off(scenario_path: Path) -> None:
+    sc = mig_scenario()
+    sc.fault("nvmlDeviceGetMigMode", 999)
+    snap = snapshot(scenario_path, sc)
+    d = snap.devices[0]
+    assert d.mig_mode is None and d.mig_devices is None
+    assert "nvmlDeviceGetMigMode" in (d.why_unknown("mig") or "")
+
+
+def test_an_enumeration_error_leaves_the_instances_unknown(scenario_path: Path) -> None:
+    sc = mig_scenario()
+    sc.fault("nvmlDeviceGetMaxMigDeviceCount", 999)
+    d = snapshot(scenario_path, sc).devices[0]
+    assert d.mig_mode is True and d.mig_devices is None
+    assert d.why_unknown("mig_devices")
+    # Instances unknown: the parent is judged with the MIG allowance, so the idle 55 MiB is still clean.
+    assert nc.default_predicate().evaluate(snapshot(scenario_path, sc)).clean
+
+
+def test_lost_gpu_during_mig_reads_fails_the_device(scenario_path: Path) -> None:
+    sc = mig_scenario()
+    sc.fault("nvmlDeviceGetMaxMigDeviceCount", 15)
+    snap = snapshot(scenario_path, sc)
+    assert [f.index for f in snap.failures] == [0] and isinstance(snap.failures[0].error, nc.GpuLost)
+
+
+def test_wait_sees_an_instance_emptied_on_the_timeline(scenario_path: Path) -> None:
+    sc = mig_scenario()
+    sc.add_process(0, 4_100_077, used_bytes=GIB, gi=9, ci=1)
+    sc.at_call(60).remove_process(0, 4_100_077)
+    sc.write(scenario_path)
+    with nc.open("nvml", library_path=str(build_stub())) as s:
+        first = s.snapshot(fields=nc.Fields.WAIT)
+        assert not nc.default_predicate().evaluate(first).clean
+        result = s.wait_until_clean(timeout=30.0)
+    d = result.snapshot.devices[0]
+    assert d.mig_devices is not None and all(m.processes == () for m in d.mig_devices)

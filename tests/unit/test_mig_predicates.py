@@ -1,0 +1,154 @@
+"""Issue 11, the MIG clean rule (docs/waiting.md, "MIG"): no process on any instance, and memory judged per
+instance (or, when the instances' memory is unknown, on the parent) against the MIG idle allowance. The figures
+are those of public captures (driver 590.48.01): an idle H100 in MIG mode reads 59 MiB used with no process, an
+idle H200 55 MiB."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pickle
+
+from snapshots import dev, mem, snap
+
+import nvmlcheck as nc
+from nvmlcheck.jsonout import device_json
+from nvmlcheck.model import MIB, DeviceState, GpuProcess, Memory, MigDevice, ProcessKind, attribute_processes
+from nvmlcheck.predicates import DEFAULT_MIG_IDLE_BYTES, memory_used_at_most, no_processes
+
+GIB = 1 << 30
+H100_TOTAL = 81_559 * MIB
+
+
+def mig_proc(pid: int, gi: int, ci: int = 0, used: int | None = 2 * GIB) -> GpuProcess:
+    return GpuProcess(pid, ProcessKind.COMPUTE, used, "python3", gi, ci)
+
+
+def instance(index: int, gi: int, used: int | None = 0, uuid: str | None = None) -> MigDevice:
+    memory = None if used is None else Memory(10_000 * MIB, used, 10_000 * MIB - used, 0, False, 1)
+    return MigDevice(index, uuid or f"MIG-0000000{index}-aaaa-bbbb-cccc-dddddddddddd", gi, 0, memory, ())
+
+
+def mig_gpu(
+    parent_used: int,
+    instances: tuple[MigDevice, ...] | None = (),
+    procs: tuple[GpuProcess, ...] = (),
+    granularity: int = 1,
+) -> DeviceState:
+    d = dev(0, memory=mem(parent_used, total=H100_TOTAL, granularity=granularity), procs=())
+    d = dataclasses.replace(d, compute_processes=procs)
+    if instances is not None:
+        instances = attribute_processes(instances, procs)
+    return dataclasses.replace(d, mig_mode=True, mig_devices=instances)
+
+
+def test_idle_h100_and_h200_in_mig_mode_are_clean() -> None:
+    for used in (59 * MIB, 55 * MIB):
+        for instances in (None, (), (instance(0, 1), instance(1, 2))):
+            verdict = nc.default_predicate().evaluate(snap(mig_gpu(used, instances, granularity=MIB)))
+            assert verdict.clean, (used, instances, verdict.reasons)
+
+
+def test_the_same_59_mib_without_mig_is_not_clean() -> None:
+    # The allowance is MIG's only: a non-MIG GPU holding 59 MiB with no process stays "not clean".
+    d = dev(0, memory=mem(59 * MIB, total=H100_TOTAL))
+    assert nc.default_predicate().evaluate(snap(d)).satisfied is False
+    assert (
+        nc.default_predicate().evaluate(snap(dataclasses.replace(d, mig_mode=False, mig_devices=()))).satisfied is False
+    )
+
+
+def test_a_loaded_instance_is_not_clean_and_is_named() -> None:
+    p = mig_proc(4242, gi=2)
+    insts = (instance(0, 1), instance(1, 2, used=2 * GIB))
+    verdict = nc.default_predicate().evaluate(snap(mig_gpu(59 * MIB + 2 * GIB, insts, (p,))))
+    assert verdict.satisfied is False
+    named = [r for r in verdict.reasons if "pid 4242" in r]
+    assert named and "MIG 1 (GI 2, CI 0, MIG-00000001" in named[0]
+    assert any("MIG 1" in r and "used" in r for r in verdict.reasons)  # its memory too
+    assert not any("MIG 0 " in r for r in verdict.reasons)  # the idle instance is not blamed
+
+
+def test_a_process_on_an_instance_list_only_is_seen() -> None:
+    # NVML can list processes per MIG handle; one missing from the parent's lists still holds the GPU.
+    p = mig_proc(77, gi=1)
+    inst = dataclasses.replace(instance(0, 1), processes=(p,))
+    d = dataclasses.replace(mig_gpu(59 * MIB, None), mig_devices=(inst,))
+    assert no_processes().check(snap(d)) is False
+    assert any("pid 77" in r and "MIG 0" in r for r in no_processes().evaluate(snap(d)).reasons)
+
+
+def test_instance_memory_is_judged_per_instance_not_on_the_parent() -> None:
+    # Parent well above the allowance (7 instances' bookkeeping) but every instance idle: clean.
+    insts = tuple(instance(i, i + 1, used=13 * MIB) for i in range(7))
+    assert memory_used_at_most(16 * MIB).check(snap(mig_gpu(400 * MIB, insts))) is True
+    # One instance holding memory with no visible process (a PID namespace): not clean, and named.
+    held = (*insts[:6], instance(6, 7, used=900 * MIB))
+    verdict = memory_used_at_most(16 * MIB).evaluate(snap(mig_gpu(1300 * MIB, held)))
+    assert verdict.satisfied is False
+    assert any("MIG 6" in r and "no visible process" in r for r in verdict.reasons)
+
+
+def test_unknown_instance_memory_falls_back_to_the_parent() -> None:
+    insts = (instance(0, 1, used=None),)
+    assert memory_used_at_most(16 * MIB).check(snap(mig_gpu(59 * MIB, insts))) is True
+    over = 16 * MIB + DEFAULT_MIG_IDLE_BYTES + 1 * GIB
+    verdict = memory_used_at_most(16 * MIB).evaluate(snap(mig_gpu(over, insts)))
+    assert verdict.satisfied is False and "MIG mode" in verdict.reasons[0]
+
+
+def test_the_edge_of_the_allowance_at_mib_granularity_is_unknown() -> None:
+    edge = 16 * MIB + DEFAULT_MIG_IDLE_BYTES
+    assert memory_used_at_most(16 * MIB).check(snap(mig_gpu(edge, None, granularity=MIB))) is None
+
+
+def test_unknown_process_lists_stay_unknown_on_mig() -> None:
+    d = dataclasses.replace(mig_gpu(59 * MIB, (instance(0, 1),)), compute_processes=None)
+    assert no_processes().check(snap(d)) is None
+
+
+def test_bytes_not_available_are_none_never_zero_in_reasons() -> None:
+    p = mig_proc(5, gi=1, used=None)
+    verdict = nc.default_predicate().evaluate(snap(mig_gpu(59 * MIB, (instance(0, 1),), (p,))))
+    assert verdict.satisfied is False
+    assert any("unknown amount" in r for r in verdict.reasons)
+
+
+def test_attribution_by_instance_ids() -> None:
+    a, b, c = mig_proc(1, gi=1), mig_proc(2, gi=2), GpuProcess(3, ProcessKind.COMPUTE, 1, None)
+    out = attribute_processes((instance(0, 1), instance(1, 2)), (a, b, c))
+    assert [tuple(p.pid for p in m.processes or ()) for m in out] == [(1,), (2,)]
+    unknown = attribute_processes((instance(0, 1),), None)
+    assert unknown[0].processes is None and "unknown" in unknown[0].unknown["processes"]
+
+
+def test_json_gains_mig_fields_and_keeps_the_old_ones() -> None:
+    plain = device_json(dev(0))
+    d = mig_gpu(59 * MIB, (instance(0, 1),), (mig_proc(9, gi=1),))
+    out = device_json(d)
+    assert set(plain) <= set(out) and {"mig_mode", "mig_devices"} <= set(out)
+    assert plain["mig_mode"] is None and plain["mig_devices"] is None
+    assert out["mig_devices"][0]["gpu_instance_id"] == 1 and out["mig_devices"][0]["processes"][0]["pid"] == 9
+    json.dumps(out)
+
+
+def test_mig_state_pickles() -> None:
+    d = mig_gpu(59 * MIB, (instance(0, 1),))
+    back = pickle.loads(pickle.dumps(d))
+    assert back == d and back.mig_devices is not None and back.mig_devices[0].label.startswith("MIG 0 (GI 1")
+
+
+def test_on_devices_with_a_mig_uuid_judges_that_instance_only() -> None:
+    insts = (instance(0, 1), instance(1, 2, used=2 * GIB))
+    s = snap(mig_gpu(59 * MIB + 2 * GIB, insts, (mig_proc(4242, gi=2),)))
+    idle, busy = insts[0].uuid, insts[1].uuid
+    assert idle is not None and busy is not None
+    assert nc.on_devices([idle], nc.default_predicate()).evaluate(s).clean
+    verdict = nc.on_devices([busy], nc.default_predicate()).evaluate(s)
+    assert verdict.satisfied is False and all(busy in r for r in verdict.reasons)
+    # An instance that is not in the snapshot (destroyed, or MIG not read) is unknown, never clean.
+    gone = nc.on_devices(["MIG-not-there"], nc.default_predicate()).evaluate(s)
+    assert gone.satisfied is None
+    # Its memory unknown: unknown too.
+    blind = snap(mig_gpu(59 * MIB, (instance(0, 1, used=None),)))
+    assert nc.on_devices([idle], nc.default_predicate()).evaluate(blind).satisfied is None

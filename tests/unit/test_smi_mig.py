@@ -1,0 +1,159 @@
+"""Issue 11, MIG through the smi backend: the full ``-q``'s MIG sections and ``-L``'s MIG UUIDs, read from the fake
+nvidia-smi (stubs/fake_nvidia_smi.py) rendering a MIG scenario, and the parser on a constructed capture."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+import nvmlcheck as nc
+from nvmlcheck.backends import smi_csv
+from nvmlcheck.backends.smi import SmiBackend
+from nvmlcheck.model import MIB, Fields
+
+ROOT = Path(__file__).resolve().parents[2]
+FAKE = [sys.executable, "-S", str(ROOT / "stubs" / "fake_nvidia_smi.py")]
+GIB = 1 << 30
+MIG0 = "MIG-11111111-2222-3333-4444-000000000000"
+MIG1 = "MIG-11111111-2222-3333-4444-000000000001"
+IDLE_H100_MIG = 59 * MIB  # public capture, driver 590.48.01
+
+
+def scenario(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *lines: str) -> Path:
+    path = tmp_path / "scenario.txt"
+    path.write_text("\n".join(["nvmlcheck-stub-scenario 1", *lines]) + "\n", encoding="utf-8")
+    monkeypatch.setenv("NVMLCHECK_STUB_SCENARIO", str(path))
+    log = tmp_path / "argv.jsonl"
+    monkeypatch.setenv("FAKE_SMI_ARGV_LOG", str(log))
+    return log
+
+
+MIG_GPU = (
+    f"device index=0 name=NVIDIA_H100 total={81559 * MIB} reserved={550 * MIB} used={IDLE_H100_MIG} mig=1",
+    f"mig device=0 index=0 gi=1 ci=0 uuid={MIG0} total={9856 * MIB} used=0",
+    f"mig device=0 index=1 gi=2 ci=0 uuid={MIG1} total={9856 * MIB} used=0",
+)
+
+
+def test_idle_mig_gpu_is_clean_and_carries_its_instances(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    log = scenario(tmp_path, monkeypatch, *MIG_GPU)
+    with SmiBackend(command=FAKE) as b:
+        snap = b.snapshot(fields=Fields.WAIT)
+        d = snap.device(0)
+        assert d.mig_mode is True
+        assert d.mig_devices is not None
+        assert [(m.index, m.uuid, m.gpu_instance_id, m.compute_instance_id) for m in d.mig_devices] == [
+            (0, MIG0, 1, 0),
+            (1, MIG1, 2, 0),
+        ]
+        assert all(m.memory is not None and m.memory.total_bytes == 9856 * MIB for m in d.mig_devices)
+        assert all(m.processes == () for m in d.mig_devices)
+        assert d.memory is not None and d.memory.used_bytes == IDLE_H100_MIG
+        assert nc.default_predicate().evaluate(snap).clean
+        b.snapshot(fields=Fields.WAIT)
+    runs = [json.loads(line) for line in log.read_text().splitlines()]
+    # Once MIG was seen, each poll reads the full -q and -L instead of -q -d PIDS (started together, so the log
+    # order varies); -q -d PIDS ran once, in the first snapshot, before MIG was known.
+    last = runs[-3:]
+    assert ["-q"] in last and ["-L"] in last and any(r[0].startswith("--query-gpu=") for r in last)
+    assert runs.count(["-q", "-d", "PIDS"]) == 1
+
+
+def test_loaded_instance_is_not_clean_and_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    scenario(tmp_path, monkeypatch, *MIG_GPU, f"process device=0 kind=compute pid=4242 used={2 * GIB} gi=2 ci=0")
+    with SmiBackend(command=FAKE) as b:
+        snap = b.snapshot(fields=Fields.WAIT)
+    d = snap.device(0)
+    assert d.mig_devices is not None
+    assert [p.pid for p in d.mig_devices[1].processes or ()] == [4242]
+    assert d.mig_devices[0].processes == ()
+    assert d.mig_devices[1].memory is not None and d.mig_devices[1].memory.used_bytes == 2 * GIB
+    verdict = nc.default_predicate().evaluate(snap)
+    assert verdict.satisfied is False
+    assert any("pid 4242" in r and MIG1 in r and "GI 2" in r for r in verdict.reasons)
+
+
+def test_non_mig_gpu_keeps_the_cheap_query(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    log = scenario(tmp_path, monkeypatch, "device index=0")
+    with SmiBackend(command=FAKE) as b:
+        d = b.snapshot(fields=Fields.WAIT).device(0)
+    assert d.mig_mode is False and d.mig_devices == ()
+    runs = [json.loads(line) for line in log.read_text().splitlines()]
+    assert ["-q"] not in runs and ["-L"] not in runs
+
+
+def test_mig_unsupported_reads_as_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    scenario(tmp_path, monkeypatch, "device index=0 unsupported=mig")
+    with SmiBackend(command=FAKE) as b:
+        d = b.snapshot(fields=Fields.WAIT).device(0)
+    assert d.mig_mode is False and d.mig_devices == ()
+
+
+DATA = ROOT / "tests" / "data" / "nvidia-smi" / "constructed-mig-h100"
+
+
+def test_parser_on_a_constructed_mig_capture() -> None:
+    listing = smi_csv.parse_pids_query((DATA / "q.stdout").read_text(encoding="utf-8"))
+    bus = "00000000:18:00.0"
+    assert listing.mig_mode[bus] is True
+    devices = listing.mig_devices[bus]
+    assert [(m.index, m.gpu_instance_id, m.compute_instance_id) for m in devices] == [(0, 1, 0), (1, 2, 0)]
+    assert devices[0].memory is not None and devices[0].memory.used_bytes == 2057 * MIB
+    assert devices[1].memory is not None and devices[1].memory.used_bytes == 13 * MIB
+    (p,) = listing.compute[bus]
+    assert (p.pid, p.gpu_instance_id, p.compute_instance_id, p.used_bytes) == (31337, 1, 0, None)
+    uuids = smi_csv.parse_list_gpus((DATA / "L.stdout").read_text(encoding="utf-8"))
+    assert uuids[0][1].startswith("MIG-")
+
+
+def test_an_unreadable_mig_block_makes_the_mig_devices_unknown_not_the_snapshot() -> None:
+    text = (DATA / "q.stdout").read_text(encoding="utf-8").replace("2057 MiB", "2057 GiB")
+    listing = smi_csv.parse_pids_query(text)
+    bus = "00000000:18:00.0"
+    assert bus not in listing.mig_devices
+    line_no = text.split("\n").index("                Used                                   : 2057 GiB") + 1
+    assert "2057 GiB" in listing.mig_unknown[bus] and f"line {line_no}:" in listing.mig_unknown[bus]
+    assert [p.pid for p in listing.compute[bus]] == [31337]  # the process list still stands
+
+
+def test_an_nvidia_smi_without_the_mig_field_leaves_mig_unknown_with_a_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    scenario(tmp_path, monkeypatch, *MIG_GPU)
+    monkeypatch.setenv("FAKE_SMI_REFUSE_FIELDS", "mig.mode.current")
+    with SmiBackend(command=FAKE) as b:
+        snap = b.snapshot(fields=Fields.WAIT)
+        again = b.snapshot(fields=Fields.WAIT)
+    d = snap.device(0)
+    assert d.mig_mode is None and d.mig_devices is None
+    assert "mig.mode.current" in (d.why_unknown("mig") or "")
+    assert again.device(0).mig_mode is None
+    # Judged as before MIG: 59 MiB with no process is not clean (the allowance needs MIG mode known).
+    assert not nc.default_predicate().evaluate(snap).clean
+
+
+def test_real_h200_capture_reads_mig_off() -> None:
+    text = (ROOT / "tests/data/nvidia-smi/h200x2-mig-mode/query_mig_mode.stdout").read_text(encoding="utf-8")
+    text = text.replace("index, mig", "index, uuid, mig").replace("0, Disabled", "0, GPU-0, Disabled")
+    text = text.replace("1, Disabled", "1, GPU-1, Disabled")
+    records, failures = smi_csv.parse_query_gpu(text)
+    assert not failures and [r.mig_mode for r in records] == [False, False]
+
+
+def test_replayed_mig_capture_end_to_end() -> None:
+    replay = ROOT / "tests" / "data" / "nvidia-smi" / "replay" / "smi_replay.py"
+    with SmiBackend(command=[sys.executable, "-S", str(replay), str(DATA)]) as b:
+        snap = b.snapshot(fields=Fields.WAIT)
+    d = snap.device(0)
+    assert d.mig_mode is True and d.mig_devices is not None
+    busy, idle = d.mig_devices
+    assert busy.uuid == "MIG-3b0a1c5e-7d2f-5a8b-9c4e-1f6a2b7c8d90" and [p.pid for p in busy.processes or ()] == [31337]
+    assert idle.processes == () and idle.memory is not None and idle.memory.used_bytes == 13 * MIB
+    assert "Not available" in (d.why_unknown("processes.used_bytes") or "")
+    verdict = nc.default_predicate().evaluate(snap)
+    assert verdict.satisfied is False
+    assert any("pid 31337" in r and "unknown amount" in r and "GI 1" in r for r in verdict.reasons)
+    assert nc.on_devices([idle.uuid or ""], nc.default_predicate()).evaluate(snap).clean
