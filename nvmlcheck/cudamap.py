@@ -17,7 +17,8 @@ The rules (docs/cuda.md has the long form):
 * ``CUDA_VISIBLE_DEVICES`` unset: every GPU, in that order. Set: a comma-separated list; CUDA numbers the listed GPUs
   0, 1, ... in list order. An entry is a number (a position in the order above), ``GPU-`` and a UUID or a unique
   prefix of one, or a ``MIG-`` UUID. As CUDA documents, the first entry that names no GPU (``-1``, an index out of
-  range, an unknown UUID) ends the list: it and what follows are ignored (``CUDA_VISIBLE_DEVICES=-1``: no GPU). An
+  range, an unknown UUID) ends the list: it and what follows are ignored (``CUDA_VISIBLE_DEVICES=-1``: no GPU); so
+  does an index after UUIDs (measured with PyTorch on an H200); a UUID after indices is refused (not measured). An
   empty value means no GPU.
 * Refused (the mapping is unknown, with the reason): ``MIG-`` entries (MIG instances are not in nvmlcheck's model
   yet), a UUID prefix that matches several GPUs, a GPU listed twice, entries with spaces, an unknown
@@ -310,6 +311,7 @@ def cuda_mapping(
         return done([], None)
     chosen: list[int] = []
     entries = visible.split(",")
+    first_kind = "index"
     for position, entry in enumerate(entries):
         if entry != entry.strip():
             return done(None, f"entry {entry!r} has spaces: CUDA's handling of them is not documented; "
@@ -318,6 +320,19 @@ def cuda_mapping(
             return done(None, f"entry {entry!r} is a MIG instance: MIG is not in nvmlcheck's model yet; name "
                               "whole GPUs (indices or GPU- UUIDs)")
         found: int | None = None
+        kind = "index" if re.fullmatch(r"[0-9]+", entry) else "uuid" if entry.upper().startswith("GPU-") else None
+        if position > 0 and kind is not None and kind != first_kind:
+            if first_kind == "index":
+                # Not measured: refuse rather than guess (the other way round is measured, below).
+                return done(None, f"entry {entry!r} is a UUID after indices: CUDA's handling of a mixed list is "
+                                  "measured only for an index after UUIDs; use one kind")
+            # Measured with PyTorch on 2x H200 (driver 580.159.04): "GPU-79a96b85,1" gives one device. An index
+            # after UUIDs ends the list, as an entry that names no GPU does.
+            rest = ",".join(entries[position:])
+            notes.append(f"entry {entry!r} is an index after UUIDs: CUDA ignores it and what follows ({rest!r})")
+            break
+        if position == 0 and kind is not None:
+            first_kind = kind
         if re.fullmatch(r"[0-9]+", entry):
             if order is None:
                 return done(None, f"entry {entry!r} is a number, and CUDA's numbering of all GPUs is unknown")

@@ -62,7 +62,7 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
 
 
 def test_cuda_selectors_resolve_through_cuda_visible_devices(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", f"3,{uuid(1)}")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", f"{uuid(3)},{uuid(1)}")
     with use_stub(mixed(), tmp_dir=tmp_path), nc.open("nvml") as gpus:
         assert gpus.resolve("cuda:0") == (3,)
         assert gpus.resolve(["cuda:1", 0]) == (0, 1)
@@ -74,7 +74,7 @@ def test_cuda_selectors_resolve_through_cuda_visible_devices(tmp_path: Path, mon
             gpus.resolve("cuda:2")
     text = str(err.value)
     assert "cuda:2: no such CUDA device" in text
-    assert f"CUDA_VISIBLE_DEVICES='3,{uuid(1)}'" in text and f"cuda:0 -> GPU 3 {uuid(3)}" in text
+    assert f"CUDA_VISIBLE_DEVICES='{uuid(3)},{uuid(1)}'" in text and f"cuda:0 -> GPU 3 {uuid(3)}" in text
 
 
 def test_cli_devices_cuda_and_its_usage_errors(
