@@ -8,7 +8,7 @@ import os
 import pickle
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -325,7 +325,8 @@ def test_jsonl_round_trip_and_schema(tmp_path: Path) -> None:
                         "poll_interval_ns", "poll_cost_ns", "poll_cost_max_ns", "devices", "trace_columns", "trace"}
     assert set(doc["devices"][0]) == {"index", "uuid", "name", "pid", "baseline_used_bytes", "held_bytes", "signal_ns",
                                       "last_held_ns", "first_clean_ns", "off_list_ns", "memory_back_ns", "waitpid_ns",
-                                      "exit_status"}
+                                      "exit_status", "zombie_ns", "exited_ns", "files_closed_ns",
+                                      "phase_resolution_ns", "unknown", "holder_steps"}  # added within version 1
     assert all(len(row) == 5 for row in doc["trace"])  # offset, used x2, count x2
 
     # fields added later within version 1 are ignored; blank lines skipped
@@ -505,3 +506,110 @@ def exit_code(argv: list[str]) -> int:
     except SystemExit as exc:
         assert isinstance(exc.code, int)
         return exc.code
+
+
+# --- phases, holder kinds, concurrency (second edition) -------------------------------------------------------------
+
+
+def test_phases_in_order_with_a_lingering_teardown(tmp_path: Path) -> None:
+    """A child whose leader exits first while another thread keeps its 'device file' open (as a CUDA process tearing
+    down): the leader is a zombie before the whole process has exited, and the files close with the process."""
+    dev = tmp_path / "nvidia0"
+    dev.write_text("")
+    config = StudyConfig(sizes=(GIB,), repeats=2, endings=("exit",), warmup="none",
+                         device_files=(str(tmp_path / "nvidia*"),))
+    with use_stub(Scenario.h200()) as stub:
+        factory = StubHolderFactory(stub.scenario_path, list_ms=40, release_ms=60, device_files=[str(dev)],
+                                    linger_ms=150)
+        result = run_study(config, session_factory=_open, holder_factory=factory)
+    for r in result.records:
+        (d,) = r.devices
+        assert d.zombie_ns is not None and d.exited_ns is not None and d.files_closed_ns is not None
+        # The leader's exit is not the process's: the other thread lingered >= 150 ms with the file open.
+        assert d.exited_ns - d.zombie_ns >= 150 * MS
+        assert d.files_closed_ns - d.zombie_ns >= 150 * MS
+        assert d.waitpid_ns is not None and d.exited_ns <= d.waitpid_ns
+        # The stub counts list_ms from when it sees the process dead, which for it is the leader's death.
+        assert d.off_list_ns is not None and d.off_list_ns >= d.zombie_ns + 40 * MS
+        res = d.phase_resolution_ns
+        assert res is not None
+        for phase in ("zombie", "exited", "files_closed", "off_list", "memory_back"):
+            value = res[phase]
+            assert value is not None and value > 0, phase
+        assert res["waitpid"] is None and d.unknown is not None and "waitpid_resolution" in d.unknown
+        assert "zombie" not in d.unknown and "exited" not in d.unknown
+        assert d.holder_steps is not None and d.holder_steps["sim"] == 1 and "init" in d.holder_steps
+
+
+def test_phases_without_device_files_are_seen_closed_and_reasons_kept() -> None:
+    """No matching file ever open: files_closed is seen at the first check; phases=False records reasons."""
+    config = StudyConfig(sizes=(GIB,), repeats=1, endings=("KILL",), warmup="none", phases=False)
+    result, _, _ = study(Scenario.h200(), config, list_ms=10, release_ms=20)
+    (d,) = result.records[0].devices
+    assert d.zombie_ns is None and d.exited_ns is None and d.files_closed_ns is None
+    assert d.unknown is not None and d.unknown["zombie"].startswith("phases not watched")
+
+
+def test_proc_watcher_resolution_with_an_injected_clock() -> None:
+    """Times and windows come from the clock: an event first seen by check k lies between the start of check k-1
+    and the end of check k."""
+    from nvmlcheck._study_phases import PhaseWatch, ProcWatcher
+
+    ticks = iter(range(1000, 10_000, 10))
+    answers = {"zombie": iter([False, True]), "exited": iter([False, False, True]), "files_closed": iter([None, True])}
+    w = PhaseWatch(pid=1)
+    def answer(phase: str) -> Callable[[PhaseWatch], bool | None]:
+        return lambda _w: next(answers[phase])
+
+    watcher = ProcWatcher([w], ("/dev/nvidia*",), clock=lambda: next(ticks), checks={p: answer(p) for p in answers})
+    watcher.start_at(w, 900)
+    assert watcher.sample()  # round 1: zombie 1000-1010 no, exited 1020-1030 no, files 1040-1050 unknown
+    assert watcher.sample()  # round 2: zombie 1060-1070 yes, exited 1080-1090 no, files 1100-1110 yes
+    assert not watcher.sample()  # round 3: exited 1120-1130 yes
+    assert w.at == {"zombie": 1070, "files_closed": 1110, "exited": 1130}
+    assert w.resolution == {"zombie": 1070 - 1000, "files_closed": 1110 - 1040, "exited": 1130 - 1080}
+    assert w.pending() == []
+
+
+def test_holder_kinds_and_their_steps_on_the_stub() -> None:
+    """free and destroy report their own in-process cost on the done line (as end.*); a context holds size 0."""
+    config = StudyConfig(sizes=(GIB,), repeats=1, endings=("free",), warmup="none", holder="destroy")
+    with use_stub(Scenario.h200()) as stub:
+        factory = StubHolderFactory(stub.scenario_path, list_ms=10, release_ms=20, kind="destroy", free_ms=30,
+                                    destroy_ms=40)
+        result = run_study(config, session_factory=_open, holder_factory=factory)
+        (d,) = result.records[0].devices
+        assert result.records[0].holder == "destroy"
+        steps = d.holder_steps or {}
+        assert steps["end.free"] >= 30 * MS and steps["end.destroy"] >= 40 * MS  # sleeps: lower bounds only
+        # The signal -> memory back time includes the holder's own steps: it cannot be shorter than them.
+        assert d.memory_back_ns is not None and d.memory_back_ns >= steps["end.free"] + steps["end.destroy"]
+
+        ctx = StudyConfig(sizes=(0,), repeats=1, endings=("KILL",), warmup="none", holder="context")
+        factory = StubHolderFactory(stub.scenario_path, list_ms=10, release_ms=20, kind="context")
+        (r,) = run_study(ctx, session_factory=_open, holder_factory=factory).records
+        assert r.size_bytes == 0 and r.holder == "context" and not r.timed_out
+        assert r.devices[0].held_bytes == 518 << 20 and r.devices[0].exit_status == -9
+    with pytest.raises(ValueError, match="context holder takes size 0"):
+        StudyConfig(sizes=(GIB,), holder="context")
+    with pytest.raises(ValueError, match="context holder takes size 0"):
+        StudyConfig(sizes=(0,))
+    with pytest.raises(ValueError, match="unknown holder kind"):
+        StudyConfig(sizes=(GIB,), holder="mps")
+
+
+def test_concurrency_per_gpu_and_one_gpu_at_a_time() -> None:
+    two = Scenario.h200(devices=2)
+    config = StudyConfig(sizes=(GIB,), repeats=1, endings=("KILL",), warmup="none", per_gpu=3)
+    result, _, _ = study(two, config, list_ms=10, release_ms=20)
+    (r,) = result.records
+    assert r.per_gpu == 3 and r.concurrent == "gpus"
+    assert [d.index for d in r.devices] == [0, 0, 0, 1, 1, 1] and len({d.pid for d in r.devices}) == 6
+    for d in r.devices:
+        assert d.held_bytes == 3 * GIB  # the GPU's increase, shared by its three holders
+        assert d.memory_back_ns is not None and d.off_list_ns is not None and d.exited_ns is not None
+
+    alone = StudyConfig(sizes=(GIB,), repeats=2, endings=("KILL",), warmup="none", concurrent="none")
+    result, _, _ = study(two, alone, list_ms=10, release_ms=20)
+    assert [[d.index for d in r.devices] for r in result.records] == [[0], [1], [0], [1]]
+    assert [r.run for r in result.records] == [0, 1, 2, 3] and {r.concurrent for r in result.records} == {"none"}
