@@ -151,6 +151,10 @@ class ProcWatcher(threading.Thread):
         self._stop_event.set()
         if self.is_alive():
             self.join(5.0)
+        if not self.is_alive():
+            # One last look: the observation may end (clean, reaped) between two rounds; what is true now is
+            # recorded with its honest window (since the previous check), not lost.
+            self.sample()
         for w in self.watches:
             if w.pinned is not None:
                 w.pinned.close()
