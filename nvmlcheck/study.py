@@ -121,10 +121,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ENDINGS",
+    "MEASURES",
     "RECORD_SCHEMA",
     "RECORD_VERSION",
     "SLEEP_REFERENCE_NS",
     "BaselineNotClean",
+    "Concurrency",
     "CudaHolderFactory",
     "DeviceRun",
     "Ending",
@@ -1179,6 +1181,14 @@ _MEASURES: tuple[tuple[str, str], ...] = (
     ("waitpid", "pid reaped"),
     ("first_clean", "clean"),
 )
+#: The OS-side phases (added later): printed after the others, and only where a cell has data for them.
+_PHASE_MEASURES: tuple[tuple[str, str], ...] = (
+    ("zombie", "leader zombie"),
+    ("exited", "exited (pidfd)"),
+    ("files_closed", "files closed"),
+)
+#: Every measure a record can be compared on (``nvmlcheck study compare --measure``), in phase order.
+MEASURES: tuple[str, ...] = ("zombie", "exited", "files_closed", "off_list", "memory_back", "first_clean", "waitpid")
 
 
 @dataclass(frozen=True, slots=True)
@@ -1201,6 +1211,10 @@ class SummaryRow:
     first_clean: Stats | None
     resolution_ns: int
     sleep_ratio: float | None
+    holder: str = "alloc"
+    zombie: Stats | None = None
+    exited: Stats | None = None
+    files_closed: Stats | None = None
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (statistics in ns)."""
@@ -1208,24 +1222,27 @@ class SummaryRow:
 
 
 def summarize(records: Iterable[RunRecord]) -> list[SummaryRow]:
-    """Statistics per (size, ending), in order of size then of first appearance of the ending; warm-ups left out."""
-    cells: dict[tuple[int, str], list[RunRecord]] = {}
+    """Statistics per (size, ending, holder kind), in order of holder kind, size, then ending, kinds and endings in
+    order of first appearance; warm-ups left out."""
+    cells: dict[tuple[int, str, str], list[RunRecord]] = {}
     for r in records:
         if not r.warmup:
-            cells.setdefault((r.size_bytes, r.ending), []).append(r)
-    endings = list(dict.fromkeys(e for _, e in cells))
+            cells.setdefault((r.size_bytes, r.ending, r.holder), []).append(r)
+    endings = list(dict.fromkeys(e for _, e, _ in cells))
+    kinds = list(dict.fromkeys(k for _, _, k in cells))
+    every = _MEASURES + _PHASE_MEASURES
     rows = []
-    for size, ending in sorted(cells, key=lambda k: (k[0], endings.index(k[1]))):
-        runs = cells[(size, ending)]
+    for size, ending, kind in sorted(cells, key=lambda k: (kinds.index(k[2]), k[0], endings.index(k[1]))):
+        runs = cells[(size, ending, kind)]
         good = [r for r in runs if not r.timed_out]
-        values: dict[str, list[int]] = {m: [] for m, _ in _MEASURES}
+        values: dict[str, list[int]] = {m: [] for m, _ in every}
         for r in good:
             for d in r.devices:
-                for m, _ in _MEASURES:
+                for m, _ in every:
                     v = getattr(d, f"{m}_ns")
                     if v is not None:
                         values[m].append(v)
-        stats = {m: Stats.of(values[m]) for m, _ in _MEASURES}
+        stats = {m: Stats.of(values[m]) for m, _ in every}
         clean = stats["first_clean"]
         rows.append(SummaryRow(
             size_bytes=size, ending=ending, n=sum(len(r.devices) for r in good), runs=len(runs),
@@ -1233,6 +1250,7 @@ def summarize(records: Iterable[RunRecord]) -> list[SummaryRow]:
             waitpid=stats["waitpid"], first_clean=clean,
             resolution_ns=_median_int([r.resolution_ns for r in runs]),
             sleep_ratio=SLEEP_REFERENCE_NS / clean.median if clean is not None and clean.median > 0 else None,
+            holder=kind, zombie=stats["zombie"], exited=stats["exited"], files_closed=stats["files_closed"],
         ))
     return rows
 
@@ -1242,8 +1260,12 @@ def format_summary(rows: Sequence[SummaryRow]) -> str:
     median, p90, max), the sampling period, and how much longer ``sleep 3`` waits."""
     head = f"{'size':<10}{'ending':<7}{'signal ->':<14}{'n':>4}{'min':>9}{'p10':>9}{'median':>9}{'p90':>9}{'max':>9}"
     lines = ["times in ms from the signal; n = GPU-runs", head]
+    kinds = {row.holder for row in rows}
     for row in rows:
-        for i, (m, label) in enumerate(_MEASURES):
+        if kinds != {"alloc"}:  # a study of several holder kinds (or not the default one) says which each cell is
+            lines.append(f"holder {row.holder}")
+        shown = _MEASURES + tuple(m for m in _PHASE_MEASURES if getattr(row, m[0]) is not None)
+        for i, (m, label) in enumerate(shown):
             s: Stats | None = getattr(row, m)
             left = f"{format_bytes(row.size_bytes):<10}{row.ending:<7}" if i == 0 else " " * 17
             if s is None:
@@ -1312,8 +1334,9 @@ def plot_time_to_clean(records: Iterable[RunRecord], path: str | os.PathLike[str
 
 
 def plot_run_trace(record: RunRecord, path: str | os.PathLike[str], *, device: int | None = None) -> Path:
-    """PNG: used memory (GiB) against time from the signal (ms) for one run, one line per GPU, with the signal,
-    off-the-list, memory-back and pid-reaped marks of ``device`` (default: the run's first GPU).
+    """PNG: used memory (GiB) against time from the signal (ms) for one run, one line per GPU, with the phases of
+    ``device`` (default: the run's first GPU) marked: signal, leader zombie, exited (pidfd), device files closed,
+    off the list, memory back, pid reaped; each phase's sampling window shaded where the record has one.
 
     ``ValueError`` when the record has no trace (run with ``trace=True`` / ``--trace``); :class:`PlotUnavailable`
     without matplotlib."""
@@ -1330,11 +1353,23 @@ def plot_run_trace(record: RunRecord, path: str | os.PathLike[str], *, device: i
         used = [math.nan if row[1 + i] is None else (row[1 + i] or 0) / 2**30 for row in record.trace]
         ax.step(times, used, where="post", label=f"GPU {d.index}" if n > 1 else "used memory")
     sig = marked.signal_ns / 1e6
-    marks = (("signal", 0, "black"), ("off the list", marked.off_list_ns, "tab:orange"),
-             ("memory back", marked.memory_back_ns, "tab:green"), ("pid reaped", marked.waitpid_ns, "tab:red"))
-    for label, t, colour in marks:
-        if t is not None:
-            ax.axvline(sig + t / 1e6, color=colour, linestyle="--", linewidth=1, label=f"{label} ({t / 1e6:.1f} ms)")
+    marks = (("signal", 0, "black", "-"), ("leader zombie", marked.zombie_ns, "tab:purple", ":"),
+             ("exited (pidfd)", marked.exited_ns, "tab:brown", ":"),
+             ("device files closed", marked.files_closed_ns, "tab:gray", ":"),
+             ("off the list", marked.off_list_ns, "tab:orange", "--"),
+             ("memory back", marked.memory_back_ns, "tab:green", "--"),
+             ("pid reaped", marked.waitpid_ns, "tab:red", "--"))
+    res = marked.phase_resolution_ns or {}
+    keys = {"leader zombie": "zombie", "exited (pidfd)": "exited", "device files closed": "files_closed",
+            "off the list": "off_list", "memory back": "memory_back"}
+    for label, t, colour, style in marks:
+        if t is None:
+            continue
+        x = sig + t / 1e6
+        window = res.get(keys.get(label, ""))
+        if window:  # the phase lies in (t - window, t]: shade it, so a wide window cannot pass for a precise time
+            ax.axvspan(x - window / 1e6, x, color=colour, alpha=0.12, linewidth=0)
+        ax.axvline(x, color=colour, linestyle=style, linewidth=1, label=f"{label} ({t / 1e6:.1f} ms)")
     ax.set_xlabel("time from the signal (ms)")
     ax.set_ylabel("used memory (GiB)")
     ax.grid(True, alpha=0.3)
