@@ -7,8 +7,9 @@
 
 Method
 ------
-A *cell* is (size, ending, holder kind, GPU index); its values are one measure (default ``memory_back``: signal →
-memory back) of every measured, not timed-out GPU-run of that cell. For each cell present in both A and B:
+A *cell* is (size, ending, holder kind, GPU index; ``across`` leaves parts out of the matching); its values are
+one measure (default ``memory_back``: signal → memory back) of every measured, not timed-out GPU-run of that cell.
+For each cell present in both A and B:
 
 * the **difference** is ``median(B) - median(A)``;
 * its **confidence interval** is the percentile bootstrap: ``resamples`` times, each group is resampled with
@@ -43,6 +44,7 @@ from .study import MEASURES, RunRecord, percentile
 
 __all__ = [
     "COMPARE_SCHEMA",
+    "CELL_PARTS",
     "COMPARE_VERSION",
     "MIN_N",
     "CellComparison",
@@ -109,12 +111,13 @@ class Comparison:
     cells: tuple[CellComparison, ...]
     only_a: tuple[Cell, ...]
     only_b: tuple[Cell, ...]
+    across: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """The ``nvmlcheck/study-compare`` document (version 1)."""
         return {
             "schema": COMPARE_SCHEMA, "version": COMPARE_VERSION, "measure": self.measure, "level": self.level,
-            "resamples": self.resamples, "seed": self.seed, "resolve_ns": self.resolve_ns,
+            "resamples": self.resamples, "seed": self.seed, "resolve_ns": self.resolve_ns, "across": list(self.across),
             "cells": [c.to_json() for c in self.cells],
             "only_a": [list(c) for c in self.only_a], "only_b": [list(c) for c in self.only_b],
         }
@@ -167,14 +170,20 @@ def repeats_to_resolve(a: Sequence[float], b: Sequence[float], *, resolve_ns: fl
     return sigma, max(MIN_N, math.ceil(n))
 
 
-def _cells(records: Iterable[RunRecord], measure: str) -> dict[Cell, list[float]]:
+#: The parts of a cell that ``across`` may leave out of the matching.
+CELL_PARTS: tuple[str, ...] = ("size", "ending", "holder", "device")
+
+
+def _cells(records: Iterable[RunRecord], measure: str, across: Sequence[str] = ()) -> dict[Cell, list[float]]:
     out: dict[Cell, list[float]] = {}
     for r in records:
         if r.warmup or r.timed_out:
             continue
         for d in r.devices:
             v = getattr(d, f"{measure}_ns")
-            key = (r.size_bytes, r.ending, r.holder, d.index)
+            # A part compared across is left out of the key: -1 / "*" stand for "any".
+            key = (-1 if "size" in across else r.size_bytes, "*" if "ending" in across else r.ending,
+                   "*" if "holder" in across else r.holder, -1 if "device" in across else d.index)
             out.setdefault(key, [])
             if v is not None:
                 out[key].append(float(v))
@@ -190,9 +199,16 @@ def compare_records(
     resamples: int = 2000,
     seed: int = 0,
     resolve_ns: int = 5_000_000,
+    across: Sequence[str] = (),
 ) -> Comparison:
     """Compare study A with study B cell by cell (see the module docstring). ``measure``: one of
-    :data:`nvmlcheck.study.MEASURES`. ``ValueError`` for a bad measure, level or number of resamples."""
+    :data:`nvmlcheck.study.MEASURES`. ``across``: parts of the cell (:data:`CELL_PARTS`) left out of the matching,
+    to compare conditions that differ in them, for example ``("ending",)`` for a file of ``exit`` runs against one
+    of ``free`` runs (the values of every ending left in a side's cell are pooled, so give each side one).
+    ``ValueError`` for a bad measure, level, number of resamples or part."""
+    bad = [p for p in across if p not in CELL_PARTS]
+    if bad:
+        raise ValueError(f"cannot compare across {', '.join(bad)}: one of {', '.join(CELL_PARTS)}")
     if measure not in MEASURES:
         raise ValueError(f"unknown measure {measure!r}: one of {', '.join(MEASURES)}")
     if not 0.0 < level < 1.0:
@@ -201,7 +217,7 @@ def compare_records(
         raise ValueError(f"resamples must be at least 100, got {resamples}")
     if resolve_ns <= 0:
         raise ValueError(f"resolve_ns must be > 0, got {resolve_ns}")
-    ca, cb = _cells(a, measure), _cells(b, measure)
+    ca, cb = _cells(a, measure, across), _cells(b, measure, across)
     rng = random.Random(seed)
     cells = []
     for key in sorted(set(ca) & set(cb), key=lambda k: (k[2], k[0], k[1], k[3])):
@@ -226,6 +242,7 @@ def compare_records(
         ))
     return Comparison(
         measure=measure, level=level, resamples=resamples, seed=seed, resolve_ns=resolve_ns, cells=tuple(cells),
+        across=tuple(across),
         only_a=tuple(sorted(set(ca) - set(cb))), only_b=tuple(sorted(set(cb) - set(ca))),
     )
 
@@ -239,9 +256,12 @@ def format_comparison(c: Comparison) -> str:
     pct = f"{c.level * 100:g}%"
     lines = [f"B - A, {c.measure.replace('_', ' ')} (signal -> event), medians in ms; {pct} bootstrap interval "
              f"({c.resamples} resamples, seed {c.seed}); outliers (beyond 1.5 IQR) kept and listed"]
+    if c.across:
+        lines.append(f"compared across {', '.join(c.across)} (shown as *)")
     for cell in c.cells:
-        head = (f"{cell.holder} {format_bytes(cell.size_bytes) if cell.size_bytes else 'no allocation'} "
-                f"{cell.ending} GPU {cell.device}:")
+        size = "*" if cell.size_bytes < 0 else format_bytes(cell.size_bytes) if cell.size_bytes else "no allocation"
+        gpu = "*" if cell.device < 0 else str(cell.device)
+        head = f"{cell.holder} {size} {cell.ending} GPU {gpu}:"
         lines.append(f"{head} A {_ms(cell.median_a)} (n {cell.n_a}), B {_ms(cell.median_b)} (n {cell.n_b})")
         if cell.differ is None:
             lines.append(f"  difference {_ms(cell.difference)} ms; {cell.why}")
@@ -257,8 +277,9 @@ def format_comparison(c: Comparison) -> str:
             lines.append(f"  spread (IQR/1.349) {_ms(cell.spread)} ms: about {cell.repeats_needed} runs per side "
                          f"to resolve {c.resolve_ns / 1e6:g} ms")
     for side, keys in (("A", c.only_a), ("B", c.only_b)):
-        for size, ending, holder, device in keys:
-            lines.append(f"only in {side}: {holder} {format_bytes(size)} {ending} GPU {device}")
+        for key in keys:
+            size_text = "*" if key[0] < 0 else format_bytes(key[0])
+            lines.append(f"only in {side}: {key[2]} {size_text} {key[1]} GPU {'*' if key[3] < 0 else key[3]}")
     if not c.cells:
         lines.append("no cell in common: nothing to compare")
     return "\n".join(lines)

@@ -399,6 +399,9 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
         once(compare, "--measure", default="memory_back",
              choices=("zombie", "exited", "files_closed", "off_list", "memory_back", "first_clean", "waitpid"),
              help="which time from the signal to compare (default memory_back)")
+        once(compare, "--across", metavar="PARTS", default="",
+             help="comma-separated cell parts (size, ending, holder, device) left out of the matching, to compare "
+                  "conditions that differ in them, e.g. --across ending for exit.jsonl against free.jsonl")
         once(compare, "--resolve-ms", type=float, default=5.0,
              help="the difference the repeats guidance aims to resolve, ms (default 5)")
         # --- end of the second-edition block ---------------------------------------------------------------------

@@ -72,8 +72,10 @@ def cmd_study_compare(args: argparse.Namespace) -> int:
             loaded.append(load_records(path))
         except (OSError, RecordFormatError) as exc:
             raise UsageError(f"cannot read the records of {path}: {exc}") from None
+    across = tuple(p.strip() for p in args.across.split(",") if p.strip())
     result = compare_records(loaded[0], loaded[1], measure=args.measure, level=args.level,
-                             resamples=args.resamples, seed=args.seed, resolve_ns=round(args.resolve_ms * 1e6))
+                             resamples=args.resamples, seed=args.seed, resolve_ns=round(args.resolve_ms * 1e6),
+                             across=across)
     if args.json:
         print_json({**result.to_json(), "a": args.a, "b": args.b})
     else:

@@ -122,3 +122,16 @@ def test_compare_cli_text_and_json(tmp_path: Path, capsys: pytest.CaptureFixture
     assert doc["schema"] == COMPARE_SCHEMA and doc["version"] == 1 and doc["level"] == 0.9
     assert doc["measure"] == "zombie" and doc["cells"][0]["differ"] is False  # zombie is 2 ms in both
     assert main(["study", "compare", str(pa), str(tmp_path / "missing.jsonl")]) == 2
+
+
+def test_across_compares_conditions_that_differ_in_a_cell_part() -> None:
+    rng = random.Random(9)
+    exits = records(sample(rng, 10, 100.0), ending="exit")
+    frees = records(sample(rng, 10, 130.0), ending="free")
+    assert compare_records(exits, frees).cells == ()  # different endings: nothing matches
+    c = compare_records(exits, frees, across=("ending",), seed=2)
+    (cell,) = c.cells
+    assert cell.ending == "*" and cell.differ is True and c.across == ("ending",)
+    assert "compared across ending" in format_comparison(c) and "alloc 1.0 GiB * GPU 0" in format_comparison(c)
+    with pytest.raises(ValueError, match="cannot compare across"):
+        compare_records(exits, frees, across=("colour",))
