@@ -130,7 +130,10 @@ class ProcWatcher(threading.Thread):
         self.rounds += 1
         busy = False
         for w in self.watches:
-            for phase in w.pending():
+            # Latest phase first: a round that sees a later phase then also sees the earlier ones (they happened
+            # before it), so the recorded times keep the phases' order instead of depending on where a round
+            # happened to be when the process exited.
+            for phase in reversed(w.pending()):
                 t0 = self.clock()
                 seen = self.checks[phase](w)
                 t1 = self.clock()

@@ -1315,8 +1315,9 @@ def plot_time_to_clean(records: Iterable[RunRecord], path: str | os.PathLike[str
                 medians.append((size / 2**30, percentile(vals, 0.5)))
         (line,) = ax.plot([m[0] for m in medians], [m[1] for m in medians], label=f"{ending}: runs and median")
         ax.scatter(xs, ys, s=12, alpha=0.6, color=line.get_color())
-    ax.set_xscale("log")
     sizes = sorted({r.size_bytes for r in kept})
+    if sizes and sizes[0] > 0:  # a context holder's size 0 has no place on a log axis
+        ax.set_xscale("log")
     if sizes:  # label the measured sizes themselves, not powers of ten
         ax.set_xticks([s / 2**30 for s in sizes], labels=[f"{s / 2**30:g}" for s in sizes])
         ax.tick_params(axis="x", which="minor", bottom=False, labelbottom=False)
@@ -1342,16 +1343,17 @@ def plot_run_trace(record: RunRecord, path: str | os.PathLike[str], *, device: i
     without matplotlib."""
     if record.trace is None or not record.trace:
         raise ValueError(f"run {record.run} has no trace: run the study with trace=True (--trace)")
-    n = len(record.devices)
+    gpus = list(dict.fromkeys(d.index for d in record.devices))  # the trace's columns: one per GPU, not per holder
+    n = len(gpus)
     marked = record.devices[0] if device is None else next((d for d in record.devices if d.index == device), None)
     if marked is None:
         raise ValueError(f"GPU {device} is not in run {record.run}")
     fig = _figure(7.0, 4.5)
     ax = fig.add_subplot()
     times = [(row[0] or 0) / 1e6 for row in record.trace]
-    for i, d in enumerate(record.devices):
+    for i, index in enumerate(gpus):
         used = [math.nan if row[1 + i] is None else (row[1 + i] or 0) / 2**30 for row in record.trace]
-        ax.step(times, used, where="post", label=f"GPU {d.index}" if n > 1 else "used memory")
+        ax.step(times, used, where="post", label=f"GPU {index}" if n > 1 else "used memory")
     sig = marked.signal_ns / 1e6
     marks = (("signal", 0, "black", "-"), ("leader zombie", marked.zombie_ns, "tab:purple", ":"),
              ("exited (pidfd)", marked.exited_ns, "tab:brown", ":"),

@@ -17,6 +17,8 @@ if TYPE_CHECKING:
 
 
 def _size_label(n: int) -> str:
+    if n == 0:
+        return "0B"  # a context holder's: no allocation
     for unit, shift in (("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
         if n % (1 << shift) == 0:
             return f"{n >> shift}{unit}"

@@ -564,11 +564,12 @@ def test_proc_watcher_resolution_with_an_injected_clock() -> None:
 
     watcher = ProcWatcher([w], ("/dev/nvidia*",), clock=lambda: next(ticks), checks={p: answer(p) for p in answers})
     watcher.start_at(w, 900)
-    assert watcher.sample()  # round 1: zombie 1000-1010 no, exited 1020-1030 no, files 1040-1050 unknown
-    assert watcher.sample()  # round 2: zombie 1060-1070 yes, exited 1080-1090 no, files 1100-1110 yes
+    # Each round checks the latest phase first: files_closed, exited, zombie.
+    assert watcher.sample()  # round 1: files 1000-1010 unknown, exited 1020-1030 no, zombie 1040-1050 no
+    assert watcher.sample()  # round 2: files 1060-1070 yes, exited 1080-1090 no, zombie 1100-1110 yes
     assert not watcher.sample()  # round 3: exited 1120-1130 yes
-    assert w.at == {"zombie": 1070, "files_closed": 1110, "exited": 1130}
-    assert w.resolution == {"zombie": 1070 - 1000, "files_closed": 1110 - 1040, "exited": 1130 - 1080}
+    assert w.at == {"files_closed": 1070, "zombie": 1110, "exited": 1130}
+    assert w.resolution == {"files_closed": 1070 - 1000, "zombie": 1110 - 1040, "exited": 1130 - 1080}
     assert w.pending() == []
 
 
@@ -599,9 +600,9 @@ def test_holder_kinds_and_their_steps_on_the_stub() -> None:
         StudyConfig(sizes=(GIB,), holder="mps")
 
 
-def test_concurrency_per_gpu_and_one_gpu_at_a_time() -> None:
+def test_concurrency_per_gpu_and_one_gpu_at_a_time(tmp_path: Path) -> None:
     two = Scenario.h200(devices=2)
-    config = StudyConfig(sizes=(GIB,), repeats=1, endings=("KILL",), warmup="none", per_gpu=3)
+    config = StudyConfig(sizes=(GIB,), repeats=1, endings=("KILL",), warmup="none", per_gpu=3, trace=True)
     result, _, _ = study(two, config, list_ms=10, release_ms=20)
     (r,) = result.records
     assert r.per_gpu == 3 and r.concurrent == "gpus"
@@ -609,6 +610,9 @@ def test_concurrency_per_gpu_and_one_gpu_at_a_time() -> None:
     for d in r.devices:
         assert d.held_bytes == 3 * GIB  # the GPU's increase, shared by its three holders
         assert d.memory_back_ns is not None and d.off_list_ns is not None and d.exited_ns is not None
+
+    pytest.importorskip("matplotlib")
+    assert plot_run_trace(r, tmp_path / "per-gpu.png").stat().st_size > 0  # one line per GPU, not per holder
 
     alone = StudyConfig(sizes=(GIB,), repeats=2, endings=("KILL",), warmup="none", concurrent="none")
     result, _, _ = study(two, alone, list_ms=10, release_ms=20)
