@@ -79,6 +79,18 @@ One JSON object per line and per run (see :class:`RunRecord`, :class:`DeviceRun`
   process_count per device...]`` in the order of ``devices`` (``null`` where unknown). A poll whose values equal
   both its neighbours' is left out (lossless for a step plot; ``polls`` counts them all).
 
+Added within version 1 (issue 18; older records read back with them ``null``/defaults):
+
+* per device: ``zombie_ns`` (``/proc/PID/stat`` shows the leader a zombie), ``exited_ns`` (the pidfd is readable:
+  every thread has exited), ``files_closed_ns`` (no thread has an NVIDIA device file open), all from the signal and
+  watched by a thread of their own (:mod:`nvmlcheck._study_phases`); ``phase_resolution_ns`` (phase → the sampling
+  window that ends at its time, ``null`` where there is none, as for ``waitpid``); ``unknown`` (phase → why it is
+  ``null``); ``holder_steps`` (the holder's own step costs in ns: set-up steps from its ``ready`` line, ``end.*``
+  from its ``done`` line). With ``per_gpu`` > 1 a GPU appears once per holder: ``off_list_ns`` and the phases are
+  the holder's own, ``memory_back_ns``/``held_bytes`` the GPU's (all its holders).
+* per run: ``holder`` (kind), ``holder_count``, ``per_gpu``, ``concurrent`` (``"gpus"``: every GPU's holders ended
+  together; ``"none"``: this run had one GPU, the GPUs taking turns).
+
 Within version 1 fields are only added; :func:`load_records` refuses other schemas and newer versions.
 """
 
