@@ -5,8 +5,11 @@
 # pidfd exit, device files closed, off the list, memory back, reaped) with their sampling windows.
 #   run from the repo root on the GPU host:  OUT=/some/dir bash benchmarks/gpu/run_study2.sh
 #   needs Python 3.12 with cffi (wheels in .whl/ are installed to /tmp/site) and matplotlib for the plots.
-#   REPEATS (default 12) measured runs per cell; BUDGET (default 330 s) caps the studies: a study that would start
-#   with less than 20 s left is skipped and listed in skipped.txt (nothing is cut silently).
+#   REPEATS (default 10) measured runs per cell; BUDGET (default 330 s) caps the studies: a study that would start
+#   with less than 20 s left is skipped and listed in skipped.txt, one cut by the cap keeps the runs it completed
+#   (records are streamed). The studies run in order of importance: floor, endings, concurrency, destroy, extras.
+#   The first edition's runs took 1-3 s each (holder start and cuInit dominate): 10 repeats + 1 warm-up per cell
+#   gives ~120 runs for the first three groups.
 # Outputs: $OUT/study2.tar.gz (every JSONL, printed summary, compare output and plot) and, readable at once,
 # $OUT/summary.txt, $OUT/compare.txt, $OUT/steps.txt, $OUT/machine.txt.
 set -u
@@ -16,7 +19,7 @@ if [ -z "${GLOBAL:-}" ] && [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
 fi
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; R=$OUT/study2; mkdir -p "$R/plots"
-REPEATS=${REPEATS:-12}; BUDGET=${BUDGET:-330}
+REPEATS=${REPEATS:-10}; BUDGET=${BUDGET:-330}
 { nvidia-smi --query-gpu=index,name,driver_version,memory.total,memory.used,memory.reserved --format=csv
   lscpu | grep -E "Model name|^CPU\(s\)"; python3 --version; uname -r; date -u; git rev-parse HEAD 2>/dev/null
   echo "REPEATS=$REPEATS BUDGET=$BUDGET"; } 2>&1 | tee "$R/machine.txt"
@@ -49,11 +52,11 @@ for size in 1GiB 16GiB; do
     study "alloc-$size-$ending" --devices 0 --sizes "$size" --endings "$ending"
   done
 done
-# 3. The holder destroys its context itself before exiting (its own cost recorded as end.destroy).
-for size in 1GiB 16GiB; do study "destroy-$size-exit" --devices 0 --holder destroy --sizes "$size" --endings exit; done
-# 4. Concurrency at 16 GiB: each GPU alone, in turn, vs every GPU's holder killed at the same instant.
+# 3. Concurrency at 16 GiB: each GPU alone, in turn, vs every GPU's holder killed at the same instant.
 study one-gpu-16GiB-KILL --devices "$GPUS" --concurrent none --sizes 16GiB --endings KILL
 study all-gpus-16GiB-KILL --devices "$GPUS" --concurrent gpus --sizes 16GiB --endings KILL
+# 4. The holder destroys its context itself before exiting (its own cost recorded as end.destroy).
+for size in 1GiB 16GiB; do study "destroy-$size-exit" --devices 0 --holder destroy --sizes "$size" --endings exit; done
 # 5. If time is left: work queued on streams at the kill, several contexts, several holders on one GPU.
 study streams-1GiB-KILL --devices 0 --holder streams --count 4 --sizes 1GiB --endings KILL
 study contexts-1GiB-KILL --devices 0 --holder contexts --count 4 --sizes 1GiB --endings KILL
