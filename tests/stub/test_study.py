@@ -618,3 +618,25 @@ def test_concurrency_per_gpu_and_one_gpu_at_a_time(tmp_path: Path) -> None:
     result, _, _ = study(two, alone, list_ms=10, release_ms=20)
     assert [[d.index for d in r.devices] for r in result.records] == [[0], [1], [0], [1]]
     assert [r.run for r in result.records] == [0, 1, 2, 3] and {r.concurrent for r in result.records} == {"none"}
+
+
+def test_cli_holder_kinds_concurrency_and_phases(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "ctx.jsonl"
+    code = main(["--simulate", "h200x8", "--devices", "0,1", "study", "reclaim", "--holder", "context", "--repeats",
+                 "1", "--no-warmup", "--endings", "KILL", "--concurrent", "none", "--out", str(out)])
+    text = capsys.readouterr().out
+    assert code == 0 and "holder context" in text and "leader zombie" in text
+    saved = load_records(out)
+    assert [(r.holder, r.size_bytes, r.concurrent, [d.index for d in r.devices]) for r in saved] == [
+        ("context", 0, "none", [0]), ("context", 0, "none", [1])]
+    code = main(["--simulate", "h200", "--json", "study", "reclaim", "--sizes", "1GiB", "--repeats", "1",
+                 "--no-warmup", "--endings", "KILL", "--per-gpu", "2", "--holder", "streams", "--no-phases"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 0
+    (rec,) = doc["records"]
+    assert (rec["holder"], rec["holder_count"], rec["per_gpu"]) == ("streams", 4, 2)  # count 4 by default for streams
+    assert [d["zombie_ns"] for d in rec["devices"]] == [None, None]
+    assert doc["summary"][0]["holder"] == "streams" and doc["summary"][0]["zombie"] is None
+    # a context allocates nothing: sizes are refused with it
+    assert exit_code(["--simulate", "h200", "study", "reclaim", "--holder", "context", "--sizes", "1GiB"]) == 2
+    assert exit_code(["--simulate", "h200", "study", "reclaim", "--holder", "mps"]) == 2
