@@ -109,7 +109,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal, Protocol
 
@@ -585,9 +585,10 @@ class DeviceRun:
     zombie_ns: int | None = None
     exited_ns: int | None = None
     files_closed_ns: int | None = None
-    phase_resolution_ns: dict[str, int | None] | None = None
-    unknown: dict[str, str] | None = None
-    holder_steps: dict[str, int] | None = None
+    # Dicts are left out of the hash (a record stays hashable, as before these fields); equality still compares them.
+    phase_resolution_ns: dict[str, int | None] | None = field(default=None, hash=False)
+    unknown: dict[str, str] | None = field(default=None, hash=False)
+    holder_steps: dict[str, int] | None = field(default=None, hash=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -549,6 +549,7 @@ def test_phases_without_device_files_are_seen_closed_and_reasons_kept() -> None:
     (d,) = result.records[0].devices
     assert d.zombie_ns is None and d.exited_ns is None and d.files_closed_ns is None
     assert d.unknown is not None and d.unknown["zombie"].startswith("phases not watched")
+    assert len({result.records[0], result.records[0]}) == 1  # records stay hashable with the dict fields
 
 
 def test_proc_watcher_resolution_with_an_injected_clock() -> None:
