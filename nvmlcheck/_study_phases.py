@@ -19,12 +19,13 @@ of the previous check of the same phase (which had not seen it yet) to that mome
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from ._proc.devfiles import _matcher, open_device_files
+from ._proc.devfiles import _matcher
 from ._proc.pin import Pinned, pidfd_available
 from ._proc.procfs import read_stat
 
@@ -40,22 +41,41 @@ def leader_zombie(pid: int, proc: str = "/proc") -> bool:
     return st is None or st.state in ("Z", "X")
 
 
-def files_closed(pid: int, patterns: Sequence[str], proc: str = "/proc") -> bool | None:
+def _any_match(fd_dir: str, match: re.Pattern[str]) -> bool | None:
+    """Whether any descriptor in ``fd_dir`` links to a matching file, stopping at the first (``None``: unreadable)."""
+    try:
+        names = os.listdir(fd_dir)
+    except OSError:
+        return None
+    for name in names:
+        try:
+            if match.match(os.readlink(f"{fd_dir}/{name}")):
+                return True
+        except OSError:
+            continue  # closed meanwhile
+    return False
+
+
+def files_closed(pid: int, patterns: Sequence[str] | re.Pattern[str], proc: str = "/proc") -> bool | None:
     """Whether no thread of ``pid`` has a matching file open (``True`` also once it is gone); ``None`` when a
-    thread's descriptors cannot be read (not permitted): unknown."""
+    thread's descriptors cannot be read (not permitted): unknown.
+
+    Stops at the first matching descriptor: while the process holds its files (most of a sampling run) one
+    readlink or a few answer, instead of every descriptor of every thread."""
+    match = patterns if isinstance(patterns, re.Pattern) else _matcher(patterns)
     try:
         tids = os.listdir(f"{proc}/{pid}/task")
     except OSError:
         return True  # gone (reaped): nothing is open
     unknown = False
     for tid in tids:
-        files = open_device_files(int(tid), patterns, proc=f"{proc}/{pid}/task")
-        if files is None:
+        found = _any_match(f"{proc}/{pid}/task/{tid}/fd", match)
+        if found is None:
             # The thread exited meanwhile (normal), or we may not read it (then we cannot know).
             if os.path.exists(f"{proc}/{pid}/task/{tid}"):
                 unknown = True
             continue
-        if files:
+        if found:
             return False
     return None if unknown else True
 
@@ -98,13 +118,13 @@ class ProcWatcher(threading.Thread):
         super().__init__(name="nvmlcheck-proc-phases", daemon=True)
         self.watches = list(watches)
         self.patterns = tuple(patterns)
-        _matcher(self.patterns)  # fail now on a bad pattern, not in the thread
+        match = _matcher(self.patterns)  # compiled once, and a bad pattern fails now, not in the thread
         self.interval_s = interval_s
         self.clock = clock
         self.checks = checks if checks is not None else {
             "zombie": lambda w: leader_zombie(w.pid),
             "exited": lambda w: w.pinned.exited() if w.pinned is not None else None,
-            "files_closed": lambda w: files_closed(w.pid, self.patterns),
+            "files_closed": lambda w: files_closed(w.pid, match),
         }
         self.rounds = 0
         self._stop_event = threading.Event()

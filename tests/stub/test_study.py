@@ -641,3 +641,19 @@ def test_cli_holder_kinds_concurrency_and_phases(tmp_path: Path, capsys: pytest.
     # a context allocates nothing: sizes are refused with it
     assert exit_code(["--simulate", "h200", "study", "reclaim", "--holder", "context", "--sizes", "1GiB"]) == 2
     assert exit_code(["--simulate", "h200", "study", "reclaim", "--holder", "mps"]) == 2
+
+
+def test_files_closed_reads_every_thread(tmp_path: Path) -> None:
+    """A fake /proc: the leader's fd directory is empty (a zombie leader's is), another thread still holds the file."""
+    from nvmlcheck._study_phases import files_closed
+
+    proc = tmp_path / "proc"
+    for tid, files in ((42, []), (43, ["/dev/null", "/dev/nvidia0"])):
+        fd = proc / "42" / "task" / str(tid) / "fd"
+        fd.mkdir(parents=True)
+        for n, target in enumerate(files):
+            (fd / str(n)).symlink_to(target)
+    assert files_closed(42, ["/dev/nvidia[0-9]*"], proc=str(proc)) is False
+    (proc / "42" / "task" / "43" / "fd" / "1").unlink()
+    assert files_closed(42, ["/dev/nvidia[0-9]*"], proc=str(proc)) is True
+    assert files_closed(7, ["/dev/nvidia[0-9]*"], proc=str(proc)) is True  # gone: nothing open
