@@ -657,3 +657,18 @@ def test_files_closed_reads_every_thread(tmp_path: Path) -> None:
     (proc / "42" / "task" / "43" / "fd" / "1").unlink()
     assert files_closed(42, ["/dev/nvidia[0-9]*"], proc=str(proc)) is True
     assert files_closed(7, ["/dev/nvidia[0-9]*"], proc=str(proc)) is True  # gone: nothing open
+
+
+def test_first_edition_records_still_load(tmp_path: Path) -> None:
+    """A record written before the phases and holder kinds (no such fields) reads back with the defaults."""
+    doc = record(0, GIB, "KILL", [100.0]).to_json()
+    for key in ("holder", "holder_count", "per_gpu", "concurrent"):
+        del doc[key]
+    for key in ("zombie_ns", "exited_ns", "files_closed_ns", "phase_resolution_ns", "unknown", "holder_steps"):
+        del doc["devices"][0][key]
+    (tmp_path / "old.jsonl").write_text(json.dumps(doc) + "\n")
+    (r,) = load_records(tmp_path / "old.jsonl")
+    assert (r.holder, r.holder_count, r.per_gpu, r.concurrent) == ("alloc", 1, 1, "gpus")
+    assert r.devices[0].zombie_ns is None and r.devices[0].holder_steps is None
+    (row,) = summarize([r])
+    assert row.holder == "alloc" and row.zombie is None and "leader zombie" not in format_summary([row])
