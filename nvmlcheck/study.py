@@ -934,24 +934,26 @@ class _Run:
         reason: str | None = None
         deadline = polls.origin + int(config.run_timeout_s * _NS)
         try:
-            poll_until(
-                lambda: session.snapshot(indices, fields=Fields.WAIT),
-                condition,
-                timeout=max(0.0, (deadline - time.monotonic_ns()) / _NS),
-                policy=PRECISE if config.mode == "precise" else DEFAULT,
-                stable_polls=config.stable_polls,
-                clock=polls.clock,
-                # This thread's CPU only: the default also counts reaped children, and reaping a holder that spent
-                # seconds of CPU in cuInit would stretch the DEFAULT interval at the very moment being measured.
-                cpu_clock=time.thread_time_ns,
-                on_poll=polls.on_poll,
-            )
-        except WaitTimeout as exc:
-            reason = "; ".join(exc.culprits) or "not clean before the run timeout"
-        for r in self.reapers:
-            r.join(max(0.0, (deadline - time.monotonic_ns()) / _NS))
-        if watcher is not None:
-            watcher.stop()
+            try:
+                poll_until(
+                    lambda: session.snapshot(indices, fields=Fields.WAIT),
+                    condition,
+                    timeout=max(0.0, (deadline - time.monotonic_ns()) / _NS),
+                    policy=PRECISE if config.mode == "precise" else DEFAULT,
+                    stable_polls=config.stable_polls,
+                    clock=polls.clock,
+                    # This thread's CPU only: the default also counts reaped children, and reaping a holder that
+                    # spent seconds of CPU in cuInit would stretch the DEFAULT interval at the very moment measured.
+                    cpu_clock=time.thread_time_ns,
+                    on_poll=polls.on_poll,
+                )
+            except WaitTimeout as exc:
+                reason = "; ".join(exc.culprits) or "not clean before the run timeout"
+            for r in self.reapers:
+                r.join(max(0.0, (deadline - time.monotonic_ns()) / _NS))
+        finally:  # a backend error too: no watcher thread or pidfd outlives its run
+            if watcher is not None:
+                watcher.stop()
         for r in self.reapers:
             if r.reaped_ns is not None:
                 r.holder.read_done()
