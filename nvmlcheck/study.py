@@ -79,6 +79,18 @@ One JSON object per line and per run (see :class:`RunRecord`, :class:`DeviceRun`
   process_count per device...]`` in the order of ``devices`` (``null`` where unknown). A poll whose values equal
   both its neighbours' is left out (lossless for a step plot; ``polls`` counts them all).
 
+Added within version 1 (issue 18; older records read back with them ``null``/defaults):
+
+* per device: ``zombie_ns`` (``/proc/PID/stat`` shows the leader a zombie), ``exited_ns`` (the pidfd is readable:
+  every thread has exited), ``files_closed_ns`` (no thread has an NVIDIA device file open), all from the signal and
+  watched by a thread of their own (:mod:`nvmlcheck._study_phases`); ``phase_resolution_ns`` (phase → the sampling
+  window that ends at its time, ``null`` where there is none, as for ``waitpid``); ``unknown`` (phase → why it is
+  ``null``); ``holder_steps`` (the holder's own step costs in ns: set-up steps from its ``ready`` line, ``end.*``
+  from its ``done`` line). With ``per_gpu`` > 1 a GPU appears once per holder: ``off_list_ns`` and the phases are
+  the holder's own, ``memory_back_ns``/``held_bytes`` the GPU's (all its holders).
+* per run: ``holder`` (kind), ``holder_count``, ``per_gpu``, ``concurrent`` (``"gpus"``: every GPU's holders ended
+  together; ``"none"``: this run had one GPU, the GPUs taking turns).
+
 Within version 1 fields are only added; :func:`load_records` refuses other schemas and newer versions.
 """
 
@@ -97,10 +109,11 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal, Protocol
 
+from ._study_phases import PROC_PHASES, PhaseWatch, ProcWatcher
 from .errors import NvmlCheckError, WaitTimeout
 from .model import Fields, Snapshot
 from .predicates import (
@@ -120,10 +133,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ENDINGS",
+    "MEASURES",
     "RECORD_SCHEMA",
     "RECORD_VERSION",
     "SLEEP_REFERENCE_NS",
     "BaselineNotClean",
+    "Concurrency",
     "CudaHolderFactory",
     "DeviceRun",
     "Ending",
@@ -166,6 +181,8 @@ Ending = Literal["KILL", "TERM", "exit", "free"]
 ENDINGS: tuple[Ending, ...] = ("KILL", "TERM", "exit", "free")
 #: Warm-up policy: one discarded run per (size, ending) cell, one for the whole study, or none.
 WarmUp = Literal["per_cell", "once", "none"]
+#: ``"gpus"``: every selected GPU's holders end at the same instant; ``"none"``: one GPU per run, in turn.
+Concurrency = Literal["gpus", "none"]
 
 _NS = 1_000_000_000
 
@@ -242,12 +259,33 @@ class Holder:
     """
 
     def __init__(
-        self, process: subprocess.Popen[bytes], device: int, nbytes: int, *, stderr: IO[bytes] | None = None
+        self, process: subprocess.Popen[bytes], device: int, nbytes: int, *, stderr: IO[bytes] | None = None,
+        steps: dict[str, int] | None = None,
     ) -> None:
         self.process = process
         self.device = device
         self.nbytes = nbytes
         self.stderr = stderr
+        #: The holder's own cost of each step, ns: set-up steps from its ``ready`` line, then (after it ended on a
+        #: command) the ``done`` line's steps prefixed ``end.`` (for example ``end.free``).
+        self.steps: dict[str, int] = dict(steps or {})
+
+    def read_done(self) -> None:
+        """After it was reaped: read what is left on its stdout and take the ``done STEP=NS ...`` line's steps (as
+        ``end.STEP``). Nothing happens without a stdout pipe or a ``done`` line (a signal ended it)."""
+        out = self.process.stdout
+        if out is None or out.closed:
+            return
+        try:
+            rest = out.read()  # the process is gone: this reads to end of file at once
+        except (OSError, ValueError):
+            return
+        from .holder import parse_steps
+
+        for line in (rest or b"").decode(errors="replace").splitlines():
+            words = line.split()
+            if words and words[0] == "done":
+                self.steps.update({f"end.{k}": v for k, v in parse_steps(words[1:]).items()})
 
     @property
     def pid(self) -> int:
@@ -327,19 +365,26 @@ class CudaHolderFactory:
     faster in several pieces on some drivers). ``python`` is the interpreter (default: this one).
     """
 
-    def __init__(self, *, chunks: int = 1, start_timeout_s: float = 120.0, python: str = sys.executable) -> None:
+    def __init__(
+        self, *, chunks: int = 1, start_timeout_s: float = 120.0, python: str = sys.executable, kind: str = "alloc"
+    ) -> None:
+        from .holder import HOLDER_KINDS
+
         if chunks < 1:
             raise ValueError(f"chunks must be at least 1, got {chunks}")
         if not start_timeout_s > 0:
             raise ValueError(f"start_timeout_s must be > 0, got {start_timeout_s!r}")
+        if kind not in HOLDER_KINDS:
+            raise ValueError(f"unknown holder kind {kind!r}: one of {', '.join(HOLDER_KINDS)}")
         self.chunks = chunks
         self.start_timeout_s = start_timeout_s
         self.python = python
+        self.kind = kind
 
     def command(self, device: int, nbytes: int) -> list[str]:
-        """The holder's argv."""
+        """The holder's argv (``chunks`` is the holder's ``--count``: allocations, contexts or streams by kind)."""
         return [self.python, "-m", "nvmlcheck.holder", "--bytes", str(nbytes), "--device", str(device),
-                "--chunks", str(self.chunks)]
+                "--kind", self.kind, "--count", str(self.chunks)]
 
     def start(self, device: int, nbytes: int) -> Holder:
         """Start a holder and wait for its ``ready`` line."""
@@ -354,7 +399,7 @@ class CudaHolderFactory:
         holder = Holder(proc, device, nbytes, stderr=err)
         try:
             line = _read_line(proc, self.start_timeout_s)
-            _check_ready(line, proc.pid, nbytes, device)
+            holder.steps.update(_check_ready(line, proc.pid, nbytes, device))
         except HolderError as exc:
             raise self._failed(holder, str(exc)) from None
         return holder
@@ -399,11 +444,15 @@ def _read_line(proc: subprocess.Popen[bytes], timeout_s: float) -> bytes:
     return data.split(b"\n", 1)[0]
 
 
-def _check_ready(line: bytes, pid: int, nbytes: int, device: int) -> None:
+def _check_ready(line: bytes, pid: int, nbytes: int, device: int) -> dict[str, int]:
+    """Check a ``ready PID BYTES DEVICE [STEP=NS ...]`` line; return its steps."""
+    from .holder import parse_steps
+
     parts = line.decode(errors="replace").split()
     expected = ["ready", str(pid), str(nbytes), str(device)]
-    if parts != expected:
+    if parts[:4] != expected:
         raise HolderError(f"unexpected first line {line!r} (expected {' '.join(expected)!r})")
+    return parse_steps(parts[4:])
 
 
 # --- configuration --------------------------------------------------------------------------------------------------
@@ -422,6 +471,14 @@ class StudyConfig:
     ``settle_timeout_s``: how long a baseline after the first waits for clean GPUs before refusing.
     ``tolerance_bytes``: "memory back" means at most baseline + this. ``stable_polls``: consecutive clean polls
     that end the observation.
+
+    ``holder``: the holder kind recorded with each run (see :mod:`nvmlcheck.holder`; the factory must start holders
+    of this kind, as the default :class:`CudaHolderFactory` made from the config does), ``holder_count`` its count
+    (allocations, contexts or streams). ``per_gpu``: holders on each GPU, ended together. ``concurrent``:
+    ``"gpus"`` ends the holders of every selected GPU at the same instant; ``"none"`` runs each GPU alone, in turn
+    (one record per GPU and planned run). ``phases``: watch the OS-side phases from ``/proc`` (zombie, whole
+    process exited, device files closed) in a thread of their own; ``device_files``: the globs of the files that
+    count as NVIDIA device files (``None``: ``$NVMLCHECK_DEVICE_FILES`` or the defaults).
     """
 
     sizes: tuple[int, ...]
@@ -436,14 +493,36 @@ class StudyConfig:
     settle_timeout_s: float = 5.0
     tolerance_bytes: int = DEFAULT_TOLERANCE_BYTES
     stable_polls: int = 2
+    holder: str = "alloc"
+    holder_count: int = 1
+    per_gpu: int = 1
+    concurrent: Concurrency = "gpus"
+    device_files: tuple[str, ...] | None = None
+    phases: bool = True
 
     def __post_init__(self) -> None:
+        from ._proc.devfiles import device_file_patterns
+        from .holder import HOLDER_KINDS
+
+        if self.holder not in HOLDER_KINDS:
+            raise ValueError(f"unknown holder kind {self.holder!r}: one of {', '.join(HOLDER_KINDS)}")
         sizes = tuple(self.sizes)
         if not sizes:
             raise ValueError("a study needs at least one size")
         for s in sizes:
-            if isinstance(s, bool) or not isinstance(s, int) or s <= 0:
+            if isinstance(s, bool) or not isinstance(s, int) or s < 0:
                 raise ValueError(f"sizes are positive int byte counts, got {s!r}")
+            # A context holds no allocation: its "size" is 0, and only its size is 0.
+            if (s == 0) != (self.holder == "context"):
+                raise ValueError(f"size {s}: the context holder takes size 0 only, every other holder positive sizes")
+        for name in ("holder_count", "per_gpu"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if self.concurrent not in ("gpus", "none"):
+            raise ValueError(f"concurrent must be 'gpus' or 'none', got {self.concurrent!r}")
+        if self.device_files is not None:
+            object.__setattr__(self, "device_files", device_file_patterns(self.device_files))
         endings = tuple(parse_ending(e) for e in self.endings)
         if not endings:
             raise ValueError("a study needs at least one ending (KILL, TERM, exit, free)")
@@ -503,6 +582,13 @@ class DeviceRun:
     memory_back_ns: int | None
     waitpid_ns: int | None
     exit_status: int | None
+    zombie_ns: int | None = None
+    exited_ns: int | None = None
+    files_closed_ns: int | None = None
+    # Dicts are left out of the hash (a record stays hashable, as before these fields); equality still compares them.
+    phase_resolution_ns: dict[str, int | None] | None = field(default=None, hash=False)
+    unknown: dict[str, str] | None = field(default=None, hash=False)
+    holder_steps: dict[str, int] | None = field(default=None, hash=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -529,6 +615,10 @@ class RunRecord:
     poll_cost_max_ns: int = 0
     trace_columns: tuple[str, ...] | None = None
     trace: tuple[tuple[int | None, ...], ...] | None = None
+    holder: str = "alloc"
+    holder_count: int = 1
+    per_gpu: int = 1
+    concurrent: str = "gpus"
 
     @property
     def resolution_ns(self) -> int:
@@ -657,13 +747,18 @@ def run_study(
     from .session import open as open_session
 
     sessions: Callable[[], Session] = session_factory if session_factory is not None else open_session
-    factory: HolderFactory = holder_factory if holder_factory is not None else CudaHolderFactory()
-    plan = config.plan()
+    factory: HolderFactory = (holder_factory if holder_factory is not None
+                              else CudaHolderFactory(kind=config.holder, chunks=config.holder_count))
+    plan: list[tuple[tuple[int, Ending, int, bool], int | None]] = [(p, None) for p in config.plan()]
+    if config.concurrent == "none":  # one GPU per run, in turn: each planned run once on each GPU
+        with sessions() as session:
+            resolved = session.resolve(config.devices)
+            every = resolved if resolved is not None else tuple(range(session.device_count()))
+        plan = [(p, index) for p, _ in plan for index in every]
     records: list[RunRecord] = []
-    for n, (size, ending, repeat, warmup) in enumerate(plan):
+    for n, (planned, only) in enumerate(plan):
         try:
-            run = _Run(config, session_factory=sessions, factory=factory, number=n,
-                       planned=(size, ending, repeat, warmup))
+            run = _Run(config, session_factory=sessions, factory=factory, number=n, planned=planned, only=only)
             record = run.execute(first=n == 0)
         except BaselineNotClean as exc:
             raise BaselineNotClean(exc.culprits, exc.waited_s, records) from None
@@ -707,19 +802,25 @@ class _Watch:
     first_clean: int | None = None
     off_list_at: int | None = None
     memory_back_at: int | None = None
+    off_list_res: int | None = None
+    memory_back_res: int | None = None
 
-    def saw(self, t: int, snap: Snapshot | None) -> None:
+    def saw(self, t: int, snap: Snapshot | None, prev_start: int | None = None) -> None:
+        """A poll that returned at ``t``; the previous poll started at ``prev_start`` (``None``: this is the first,
+        and the window starts at the signal)."""
         if snap is None:  # a transient error: nothing known, but no clean run may span it
             self.first_clean = None
             return
         mem, off = self.memory.check(snap), self.off_list.check(snap)
+        # The event lies after the previous poll read the driver, which it did after it started: the window.
+        window = t - max(self.signal_ns, prev_start if prev_start is not None else self.signal_ns)
         # An unknown answer neither starts nor ends an observation; a known one that contradicts it resets it.
         if off is True and self.off_list_at is None:
-            self.off_list_at = t
+            self.off_list_at, self.off_list_res = t, window
         elif off is False:
             self.off_list_at = None
         if mem is True and self.memory_back_at is None:
-            self.memory_back_at = t
+            self.memory_back_at, self.memory_back_res = t, window
         elif mem is False:
             self.memory_back_at = None
         if mem is False or off is False:
@@ -742,8 +843,10 @@ class _Run:
         factory: HolderFactory,
         number: int,
         planned: tuple[int, Ending, int, bool],
+        only: int | str | None = None,
     ) -> None:
         self.config = config
+        self.only = only  # concurrent="none": this run's one GPU
         self.session_factory = session_factory
         self.factory = factory
         self.number = number
@@ -752,12 +855,14 @@ class _Run:
         self.holders: list[Holder] = []
         self.reapers: list[_Reaper] = []
         self.watches: list[_Watch] = []
+        self.phases: list[PhaseWatch] = []
 
     def execute(self, *, first: bool) -> RunRecord:
         baseline = self._baseline(0.0 if first else self.config.settle_timeout_s)
         try:
             for index in self.indices:
-                self.holders.append(self.factory.start(index, self.size))
+                for _ in range(self.config.per_gpu):
+                    self.holders.append(self.factory.start(index, self.size))
             with self.session_factory() as session:
                 ready = self._wait_ready(session, baseline)
                 self.reapers = [_Reaper(h) for h in self.holders]
@@ -770,7 +875,7 @@ class _Run:
     # (a)
     def _baseline(self, settle_s: float) -> Snapshot:
         with self.session_factory() as session:
-            resolved = session.resolve(self.config.devices)
+            resolved = session.resolve(self.config.devices if self.only is None else (self.only,))
             self.indices = resolved if resolved is not None else tuple(range(session.device_count()))
             if not self.indices:
                 raise StudyError(f"the {session.backend_name} backend sees no GPU: nothing to study")
@@ -792,7 +897,7 @@ class _Run:
         deadline = time.monotonic() + self.config.ready_timeout_s
         while True:
             snap = session.snapshot(self.indices, fields=Fields.WAIT)
-            missing = [m for h in self.holders if (m := _not_ready(snap, baseline, h)) is not None]
+            missing = [m for h in self.holders if (m := _not_ready(snap, baseline, h, self._on_gpu(h))) is not None]
             if not missing:
                 return snap
             if time.monotonic() >= deadline:
@@ -800,6 +905,10 @@ class _Run:
                     f"holders not visible in NVML after {self.config.ready_timeout_s:g} s: " + "; ".join(missing)
                 )
             time.sleep(0.002)
+
+    def _on_gpu(self, holder: Holder) -> int:
+        """Bytes all this run's holders hold on ``holder``'s GPU (several with ``per_gpu``)."""
+        return sum(h.nbytes for h in self.holders if h.device == holder.device)
 
     # (d) and (e)
     def _observe(self, session: Session, baseline: Snapshot, ready: Snapshot) -> RunRecord:
@@ -812,34 +921,94 @@ class _Run:
         ]
         condition = memory_back_to(baseline, tol) & pids_gone([h.pid for h in holders])
         polls = _Polls(self.watches, indices if config.trace else None)
+        watcher = self._phase_watcher()
         wall = time.time()
         polls.origin = time.monotonic_ns()
         for w, h in zip(self.watches, holders, strict=True):
             w.signal_ns = time.monotonic_ns()
             h.end(self.ending)
+        if watcher is not None:  # after the signals: their instants stay as close together as they can be
+            for pw, w in zip(self.phases, self.watches, strict=True):
+                watcher.start_at(pw, w.signal_ns)
+            watcher.start()
         reason: str | None = None
         deadline = polls.origin + int(config.run_timeout_s * _NS)
         try:
-            poll_until(
-                lambda: session.snapshot(indices, fields=Fields.WAIT),
-                condition,
-                timeout=max(0.0, (deadline - time.monotonic_ns()) / _NS),
-                policy=PRECISE if config.mode == "precise" else DEFAULT,
-                stable_polls=config.stable_polls,
-                clock=polls.clock,
-                # This thread's CPU only: the default also counts reaped children, and reaping a holder that spent
-                # seconds of CPU in cuInit would stretch the DEFAULT interval at the very moment being measured.
-                cpu_clock=time.thread_time_ns,
-                on_poll=polls.on_poll,
-            )
-        except WaitTimeout as exc:
-            reason = "; ".join(exc.culprits) or "not clean before the run timeout"
+            try:
+                poll_until(
+                    lambda: session.snapshot(indices, fields=Fields.WAIT),
+                    condition,
+                    timeout=max(0.0, (deadline - time.monotonic_ns()) / _NS),
+                    policy=PRECISE if config.mode == "precise" else DEFAULT,
+                    stable_polls=config.stable_polls,
+                    clock=polls.clock,
+                    # This thread's CPU only: the default also counts reaped children, and reaping a holder that
+                    # spent seconds of CPU in cuInit would stretch the DEFAULT interval at the very moment measured.
+                    cpu_clock=time.thread_time_ns,
+                    on_poll=polls.on_poll,
+                )
+            except WaitTimeout as exc:
+                reason = "; ".join(exc.culprits) or "not clean before the run timeout"
+            for r in self.reapers:
+                r.join(max(0.0, (deadline - time.monotonic_ns()) / _NS))
+        finally:  # a backend error too: no watcher thread or pidfd outlives its run
+            if watcher is not None:
+                watcher.stop()
         for r in self.reapers:
-            r.join(max(0.0, (deadline - time.monotonic_ns()) / _NS))
+            if r.reaped_ns is not None:
+                r.holder.read_done()
         unreaped = [r.holder.pid for r in self.reapers if r.reaped_ns is None]
         if unreaped and reason is None:
             reason = f"pid {', '.join(map(str, unreaped))} not reaped (waitpid) before the run timeout"
         return self._record(wall, polls, baseline, ready, reason)
+
+    def _phase_watcher(self) -> ProcWatcher | None:
+        """The ``/proc`` watcher for this run's holders (``None`` with ``phases=False``), each pinned by a pidfd
+        while it is still alive."""
+        from ._proc.devfiles import device_file_patterns
+
+        if not self.config.phases:
+            return None
+        self.phases = []
+        for h in self.holders:
+            pinned, why = ProcWatcher.pin(h.pid)
+            pw = PhaseWatch(h.pid, pinned=pinned)
+            if why is not None:
+                pw.unknown["exited"] = why
+            self.phases.append(pw)
+        interval = 0.0002 if self.config.mode == "precise" else 0.001
+        return ProcWatcher(self.phases, device_file_patterns(self.config.device_files), interval_s=interval)
+
+    def _phase_fields(self, i: int, reaped: int | None) -> dict[str, Any]:
+        """The phase times, resolutions and reasons of holder ``i`` (relative to its signal)."""
+        w = self.watches[i]
+        res: dict[str, int | None] = {"off_list": w.off_list_res, "memory_back": w.memory_back_res,
+                                      "waitpid": None}
+        unknown: dict[str, str] = {}
+        # waitpid blocks: its time is when the thread woke, with no sampling window to report.
+        unknown["waitpid_resolution"] = "waitpid blocks until the reap: no sampling window (wake-up latency only)"
+        out: dict[str, Any] = {}
+        if not self.phases:
+            for p in PROC_PHASES:
+                out[f"{p}_ns"] = None
+                res[p] = None
+                unknown[p] = "phases not watched (phases=False)"
+        else:
+            pw = self.phases[i]
+            for p in PROC_PHASES:
+                at = pw.at.get(p)
+                out[f"{p}_ns"] = None if at is None else at - w.signal_ns
+                res[p] = pw.resolution.get(p)
+                if at is None:
+                    unknown[p] = pw.unknown.get(p) or "not seen before the observation ended"
+        for p in ("off_list", "memory_back"):
+            if getattr(w, f"{p}_at") is None:
+                unknown[p] = "not seen before the observation ended"
+        if reaped is None:
+            unknown["waitpid"] = "not reaped before the run timeout"
+        out["phase_resolution_ns"] = res
+        out["unknown"] = unknown
+        return out
 
     def _device_run(self, i: int, baseline: Snapshot, ready: Snapshot, origin: int) -> DeviceRun:
         holder, reaper, w = self.holders[i], self.reapers[i], self.watches[i]
@@ -856,6 +1025,7 @@ class _Run:
             held_bytes=held, signal_ns=w.signal_ns - origin, last_held_ns=rel(w.last_held),
             first_clean_ns=rel(w.first_clean), off_list_ns=rel(w.off_list_at), memory_back_ns=rel(w.memory_back_at),
             waitpid_ns=rel(reaper.reaped_ns), exit_status=reaper.status,
+            holder_steps=dict(holder.steps), **self._phase_fields(i, reaper.reaped_ns),
         )
 
     def _record(self, wall: float, polls: _Polls, baseline: Snapshot, ready: Snapshot, reason: str | None) -> RunRecord:
@@ -874,6 +1044,8 @@ class _Run:
             poll_cost_ns=_median_int(polls.costs), poll_cost_max_ns=max(polls.costs, default=0), devices=devices,
             trace_columns=columns,
             trace=tuple(_compact(polls.rows)) if self.config.trace else None,
+            holder=self.config.holder, holder_count=self.config.holder_count, per_gpu=self.config.per_gpu,
+            concurrent=self.config.concurrent,
         )
 
     def _clean_up(self) -> None:
@@ -913,10 +1085,11 @@ class _Polls:
 
     def on_poll(self, point: TracePoint) -> None:
         t = (self.start or 0) + point.offset_ns
+        prev_start = self.ends[-1] - self.costs[-1] if self.ends else None
         self.costs.append(point.cost_ns)
         self.ends.append(t)
         for w in self.watches:
-            w.saw(t, point.snapshot)
+            w.saw(t, point.snapshot, prev_start)
         if self.trace_indices is not None:
             self.rows.append(self._row(t, point))
 
@@ -942,8 +1115,10 @@ def _baseline_predicate(snap: Snapshot) -> Predicate:
     return default_predicate()
 
 
-def _not_ready(snap: Snapshot, baseline: Snapshot, holder: Holder) -> str | None:
-    """Why ``holder`` is not visible yet on its GPU in ``snap`` (``None``: it is)."""
+def _not_ready(snap: Snapshot, baseline: Snapshot, holder: Holder, on_gpu: int | None = None) -> str | None:
+    """Why ``holder`` is not visible yet on its GPU in ``snap`` (``None``: it is). ``on_gpu``: the bytes every holder
+    of the run holds on that GPU (default: this holder's)."""
+    expected = holder.nbytes if on_gpu is None else on_gpu
     try:
         d = snap.device(holder.device)
     except KeyError:
@@ -955,9 +1130,9 @@ def _not_ready(snap: Snapshot, baseline: Snapshot, holder: Holder) -> str | None
     m = d.memory
     if m is None or base is None:
         return f"GPU {holder.device}: memory unknown"
-    if m.used_bytes + m.granularity_bytes <= base.used_bytes + holder.nbytes:
+    if m.used_bytes + m.granularity_bytes <= base.used_bytes + expected:
         return (f"GPU {holder.device}: {format_bytes(m.used_bytes - base.used_bytes)} above the baseline, "
-                f"{format_bytes(holder.nbytes)} expected")
+                f"{format_bytes(expected)} expected")
     return None
 
 
@@ -1021,6 +1196,14 @@ _MEASURES: tuple[tuple[str, str], ...] = (
     ("waitpid", "pid reaped"),
     ("first_clean", "clean"),
 )
+#: The OS-side phases (added later): printed after the others, and only where a cell has data for them.
+_PHASE_MEASURES: tuple[tuple[str, str], ...] = (
+    ("zombie", "leader zombie"),
+    ("exited", "exited (pidfd)"),
+    ("files_closed", "files closed"),
+)
+#: Every measure a record can be compared on (``nvmlcheck study compare --measure``), in phase order.
+MEASURES: tuple[str, ...] = ("zombie", "exited", "files_closed", "off_list", "memory_back", "first_clean", "waitpid")
 
 
 @dataclass(frozen=True, slots=True)
@@ -1043,6 +1226,10 @@ class SummaryRow:
     first_clean: Stats | None
     resolution_ns: int
     sleep_ratio: float | None
+    holder: str = "alloc"
+    zombie: Stats | None = None
+    exited: Stats | None = None
+    files_closed: Stats | None = None
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (statistics in ns)."""
@@ -1050,24 +1237,27 @@ class SummaryRow:
 
 
 def summarize(records: Iterable[RunRecord]) -> list[SummaryRow]:
-    """Statistics per (size, ending), in order of size then of first appearance of the ending; warm-ups left out."""
-    cells: dict[tuple[int, str], list[RunRecord]] = {}
+    """Statistics per (size, ending, holder kind), in order of holder kind, size, then ending, kinds and endings in
+    order of first appearance; warm-ups left out."""
+    cells: dict[tuple[int, str, str], list[RunRecord]] = {}
     for r in records:
         if not r.warmup:
-            cells.setdefault((r.size_bytes, r.ending), []).append(r)
-    endings = list(dict.fromkeys(e for _, e in cells))
+            cells.setdefault((r.size_bytes, r.ending, r.holder), []).append(r)
+    endings = list(dict.fromkeys(e for _, e, _ in cells))
+    kinds = list(dict.fromkeys(k for _, _, k in cells))
+    every = _MEASURES + _PHASE_MEASURES
     rows = []
-    for size, ending in sorted(cells, key=lambda k: (k[0], endings.index(k[1]))):
-        runs = cells[(size, ending)]
+    for size, ending, kind in sorted(cells, key=lambda k: (kinds.index(k[2]), k[0], endings.index(k[1]))):
+        runs = cells[(size, ending, kind)]
         good = [r for r in runs if not r.timed_out]
-        values: dict[str, list[int]] = {m: [] for m, _ in _MEASURES}
+        values: dict[str, list[int]] = {m: [] for m, _ in every}
         for r in good:
             for d in r.devices:
-                for m, _ in _MEASURES:
+                for m, _ in every:
                     v = getattr(d, f"{m}_ns")
                     if v is not None:
                         values[m].append(v)
-        stats = {m: Stats.of(values[m]) for m, _ in _MEASURES}
+        stats = {m: Stats.of(values[m]) for m, _ in every}
         clean = stats["first_clean"]
         rows.append(SummaryRow(
             size_bytes=size, ending=ending, n=sum(len(r.devices) for r in good), runs=len(runs),
@@ -1075,6 +1265,7 @@ def summarize(records: Iterable[RunRecord]) -> list[SummaryRow]:
             waitpid=stats["waitpid"], first_clean=clean,
             resolution_ns=_median_int([r.resolution_ns for r in runs]),
             sleep_ratio=SLEEP_REFERENCE_NS / clean.median if clean is not None and clean.median > 0 else None,
+            holder=kind, zombie=stats["zombie"], exited=stats["exited"], files_closed=stats["files_closed"],
         ))
     return rows
 
@@ -1084,8 +1275,12 @@ def format_summary(rows: Sequence[SummaryRow]) -> str:
     median, p90, max), the sampling period, and how much longer ``sleep 3`` waits."""
     head = f"{'size':<10}{'ending':<7}{'signal ->':<14}{'n':>4}{'min':>9}{'p10':>9}{'median':>9}{'p90':>9}{'max':>9}"
     lines = ["times in ms from the signal; n = GPU-runs", head]
+    kinds = {row.holder for row in rows}
     for row in rows:
-        for i, (m, label) in enumerate(_MEASURES):
+        if kinds != {"alloc"}:  # a study of several holder kinds (or not the default one) says which each cell is
+            lines.append(f"holder {row.holder}")
+        shown = _MEASURES + tuple(m for m in _PHASE_MEASURES if getattr(row, m[0]) is not None)
+        for i, (m, label) in enumerate(shown):
             s: Stats | None = getattr(row, m)
             left = f"{format_bytes(row.size_bytes):<10}{row.ending:<7}" if i == 0 else " " * 17
             if s is None:
@@ -1135,8 +1330,9 @@ def plot_time_to_clean(records: Iterable[RunRecord], path: str | os.PathLike[str
                 medians.append((size / 2**30, percentile(vals, 0.5)))
         (line,) = ax.plot([m[0] for m in medians], [m[1] for m in medians], label=f"{ending}: runs and median")
         ax.scatter(xs, ys, s=12, alpha=0.6, color=line.get_color())
-    ax.set_xscale("log")
     sizes = sorted({r.size_bytes for r in kept})
+    if sizes and sizes[0] > 0:  # a context holder's size 0 has no place on a log axis
+        ax.set_xscale("log")
     if sizes:  # label the measured sizes themselves, not powers of ten
         ax.set_xticks([s / 2**30 for s in sizes], labels=[f"{s / 2**30:g}" for s in sizes])
         ax.tick_params(axis="x", which="minor", bottom=False, labelbottom=False)
@@ -1154,29 +1350,43 @@ def plot_time_to_clean(records: Iterable[RunRecord], path: str | os.PathLike[str
 
 
 def plot_run_trace(record: RunRecord, path: str | os.PathLike[str], *, device: int | None = None) -> Path:
-    """PNG: used memory (GiB) against time from the signal (ms) for one run, one line per GPU, with the signal,
-    off-the-list, memory-back and pid-reaped marks of ``device`` (default: the run's first GPU).
+    """PNG: used memory (GiB) against time from the signal (ms) for one run, one line per GPU, with the phases of
+    ``device`` (default: the run's first GPU) marked: signal, leader zombie, exited (pidfd), device files closed,
+    off the list, memory back, pid reaped; each phase's sampling window shaded where the record has one.
 
     ``ValueError`` when the record has no trace (run with ``trace=True`` / ``--trace``); :class:`PlotUnavailable`
     without matplotlib."""
     if record.trace is None or not record.trace:
         raise ValueError(f"run {record.run} has no trace: run the study with trace=True (--trace)")
-    n = len(record.devices)
+    gpus = list(dict.fromkeys(d.index for d in record.devices))  # the trace's columns: one per GPU, not per holder
+    n = len(gpus)
     marked = record.devices[0] if device is None else next((d for d in record.devices if d.index == device), None)
     if marked is None:
         raise ValueError(f"GPU {device} is not in run {record.run}")
     fig = _figure(7.0, 4.5)
     ax = fig.add_subplot()
     times = [(row[0] or 0) / 1e6 for row in record.trace]
-    for i, d in enumerate(record.devices):
+    for i, index in enumerate(gpus):
         used = [math.nan if row[1 + i] is None else (row[1 + i] or 0) / 2**30 for row in record.trace]
-        ax.step(times, used, where="post", label=f"GPU {d.index}" if n > 1 else "used memory")
+        ax.step(times, used, where="post", label=f"GPU {index}" if n > 1 else "used memory")
     sig = marked.signal_ns / 1e6
-    marks = (("signal", 0, "black"), ("off the list", marked.off_list_ns, "tab:orange"),
-             ("memory back", marked.memory_back_ns, "tab:green"), ("pid reaped", marked.waitpid_ns, "tab:red"))
-    for label, t, colour in marks:
-        if t is not None:
-            ax.axvline(sig + t / 1e6, color=colour, linestyle="--", linewidth=1, label=f"{label} ({t / 1e6:.1f} ms)")
+    marks = (("signal", 0, "black", "-"), ("leader zombie", marked.zombie_ns, "tab:purple", ":"),
+             ("exited (pidfd)", marked.exited_ns, "tab:brown", ":"),
+             ("device files closed", marked.files_closed_ns, "tab:gray", ":"),
+             ("off the list", marked.off_list_ns, "tab:orange", "--"),
+             ("memory back", marked.memory_back_ns, "tab:green", "--"),
+             ("pid reaped", marked.waitpid_ns, "tab:red", "--"))
+    res = marked.phase_resolution_ns or {}
+    keys = {"leader zombie": "zombie", "exited (pidfd)": "exited", "device files closed": "files_closed",
+            "off the list": "off_list", "memory back": "memory_back"}
+    for label, t, colour, style in marks:
+        if t is None:
+            continue
+        x = sig + t / 1e6
+        window = res.get(keys.get(label, ""))
+        if window:  # the phase lies in (t - window, t]: shade it, so a wide window cannot pass for a precise time
+            ax.axvspan(x - window / 1e6, x, color=colour, alpha=0.12, linewidth=0)
+        ax.axvline(x, color=colour, linestyle=style, linewidth=1, label=f"{label} ({t / 1e6:.1f} ms)")
     ax.set_xlabel("time from the signal (ms)")
     ax.set_ylabel("used memory (GiB)")
     ax.grid(True, alpha=0.3)

@@ -380,8 +380,8 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
                    "2 usage, 3 backend or holder failure",
         )
         global_options(reclaim, top=False)
-        once(reclaim, "--sizes", type=size_list, default=[1 << 30, 4 << 30, 16 << 30], metavar="LIST",
-             help="bytes held per GPU, comma-separated (default 1GiB,4GiB,16GiB)")
+        once(reclaim, "--sizes", type=size_list, default=None, metavar="LIST",
+             help="bytes held per GPU, comma-separated (default 1GiB,4GiB,16GiB; none with --holder context)")
         once(reclaim, "--repeats", type=positive_int, default=5, help="measured runs per size and ending (default 5)")
         once(reclaim, "--endings", type=ending_list, default=["KILL", "TERM"], metavar="LIST",
              help="how the holder ends: KILL, TERM, exit, free (comma-separated; default KILL,TERM)")
@@ -398,6 +398,47 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
              help="seconds from the signal until clean and reaped, else the run times out (default 30)")
         once(reclaim, "--chunks", type=positive_int, default=1,
              help="allocations per holder (python -m nvmlcheck.holder --chunks; default 1)")
+        # --- study reclaim, second edition (issue 18): holder kinds, concurrency, phases; study compare ---------
+        once(reclaim, "--holder", choices=("alloc", "context", "chunks", "contexts", "streams", "destroy"),
+             default="alloc",
+             help="what each holder sets up: alloc (default), context (no allocation: the floor), chunks (--count "
+                  "allocations), contexts (--count contexts), streams (--count streams with work queued at the "
+                  "end), destroy (cuCtxDestroy before exiting on exit/free)")
+        once(reclaim, "--count", type=positive_int, default=None,
+             help="allocations, contexts or streams per holder, by --holder (default --chunks; 4 for chunks, "
+                  "contexts and streams)")
+        once(reclaim, "--per-gpu", type=positive_int, default=1, help="holders on each GPU, ended together (default 1)")
+        once(reclaim, "--concurrent", choices=("gpus", "none"), default="gpus",
+             help="gpus: end the holders of every selected GPU at the same instant (default); none: one GPU per run, "
+                  "in turn")
+        reclaim.add_argument("--phases", action=argparse.BooleanOptionalAction, default=True,
+                             help="watch /proc for the leader zombie, the pidfd exit and the device files closing "
+                                  "(default on)")
+        once(reclaim, "--device-files", metavar="GLOBS", default=None,
+             help="':'-separated globs of the files that count as NVIDIA device files (default "
+                  "$NVMLCHECK_DEVICE_FILES, else /dev/nvidia*)")
+        compare = sub_parser(
+            studies, "compare", help="do two studies differ? per cell, the median difference with a bootstrap interval",
+            description="Compare two JSON Lines files of study reclaim records cell by cell (size, ending, holder "
+                        "kind, GPU): median of B minus median of A with a percentile-bootstrap confidence interval, "
+                        "a plain verdict at the level, outliers listed (kept), and how many runs would resolve 5 ms.",
+            epilog="exit codes: 0 compared, 2 usage or unreadable records",
+        )
+        global_options(compare, top=False, gpu=False)
+        compare.add_argument("a", metavar="A.jsonl", help="the reference study's records")
+        compare.add_argument("b", metavar="B.jsonl", help="the study compared with it")
+        once(compare, "--level", type=float, default=0.95, help="confidence level, within (0, 1) (default 0.95)")
+        once(compare, "--resamples", type=positive_int, default=5000, help="bootstrap resamples (default 5000)")
+        once(compare, "--seed", type=int, default=0, help="random seed: same records and seed, same output (default 0)")
+        once(compare, "--measure", default="memory_back",
+             choices=("zombie", "exited", "files_closed", "off_list", "memory_back", "first_clean", "waitpid"),
+             help="which time from the signal to compare (default memory_back)")
+        once(compare, "--across", metavar="PARTS", default="",
+             help="comma-separated cell parts (size, ending, holder, device) left out of the matching, to compare "
+                  "conditions that differ in them, e.g. --across ending for exit.jsonl against free.jsonl")
+        once(compare, "--resolve-ms", type=float, default=5.0,
+             help="the difference the repeats guidance aims to resolve, ms (default 5)")
+        # --- end of the second-edition block ---------------------------------------------------------------------
     return parser
 
 

@@ -17,21 +17,32 @@ if TYPE_CHECKING:
 
 
 def _size_label(n: int) -> str:
+    if n == 0:
+        return "0B"  # a context holder's: no allocation
     for unit, shift in (("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
         if n % (1 << shift) == 0:
             return f"{n >> shift}{unit}"
     return f"{n}B"
 
 
+def _holder_count(args: argparse.Namespace) -> int:
+    """``--count``, else ``--chunks`` (the older spelling), else 4 for the kinds whose point is a count."""
+    if args.count is not None:
+        return int(args.count)
+    if args.chunks != 1 or args.holder not in ("chunks", "contexts", "streams"):
+        return int(args.chunks)
+    return 4
+
+
 def _study_holders(args: argparse.Namespace) -> Any:
     from ..study import CudaHolderFactory
 
     if args.simulate is None:
-        return CudaHolderFactory(chunks=args.chunks)
+        return CudaHolderFactory(chunks=_holder_count(args), kind=args.holder)
     from ..simulate import StubHolderFactory
 
     # simulation() pointed the stub at this scenario file; the factory adds the holders' pids to it per run.
-    return StubHolderFactory(os.environ["NVMLCHECK_STUB_SCENARIO"])
+    return StubHolderFactory(os.environ["NVMLCHECK_STUB_SCENARIO"], kind=args.holder)
 
 
 def _study_plots(records: Sequence[Any], directory: str) -> list[str]:
@@ -43,19 +54,57 @@ def _study_plots(records: Sequence[Any], directory: str) -> list[str]:
     for size, ending in dict.fromkeys((r.size_bytes, r.ending) for r in records if not r.warmup):
         run = median_run(records, size, ending)
         if run is not None and run.trace:
-            paths.append(str(plot_run_trace(run, out / f"trace-{_size_label(size)}-{ending}.png")))
+            kind = "" if run.holder == "alloc" else f"{run.holder}-"  # the default kind keeps the older names
+            paths.append(str(plot_run_trace(run, out / f"trace-{kind}{_size_label(size)}-{ending}.png")))
     return paths
 
 
+def cmd_study_compare(args: argparse.Namespace) -> int:
+    """``study compare A.jsonl B.jsonl``: per cell, the median difference with a bootstrap interval; exit 0."""
+    from ..compare import compare_records, format_comparison
+    from ..study import RecordFormatError, load_records
+
+    if not 0.0 < args.level < 1.0:
+        raise UsageError(f"--level must be within (0, 1), got {args.level}")
+    if not args.resolve_ms > 0:
+        raise UsageError(f"--resolve-ms must be > 0, got {args.resolve_ms}")
+    loaded = []
+    for path in (args.a, args.b):
+        try:
+            loaded.append(load_records(path))
+        except (OSError, RecordFormatError) as exc:
+            raise UsageError(f"cannot read the records of {path}: {exc}") from None
+    across = tuple(p.strip() for p in args.across.split(",") if p.strip())
+    result = compare_records(loaded[0], loaded[1], measure=args.measure, level=args.level,
+                             resamples=args.resamples, seed=args.seed, resolve_ns=round(args.resolve_ms * 1e6),
+                             across=across)
+    if args.json:
+        print_json({**result.to_json(), "a": args.a, "b": args.b})
+    else:
+        print(f"A = {args.a}\nB = {args.b}")
+        print(format_comparison(result))
+    return EXIT_CLEAN
+
+
 def cmd_study_reclaim(args: argparse.Namespace) -> int:
-    """Run the reclamation study; exit 1 if a run timed out or the GPUs were not clean at baseline."""
+    """Run the reclamation study (or, for ``study compare``, :func:`cmd_study_compare`); exit 1 if a run timed out
+    or the GPUs were not clean at baseline."""
     from .. import study as st
     from ._main import fail
 
+    if args.study == "compare":
+        return cmd_study_compare(args)
+    sizes = args.sizes
+    if sizes is None:
+        sizes = [0] if args.holder == "context" else [1 << 30, 4 << 30, 16 << 30]
+    elif args.holder == "context":
+        raise UsageError("--holder context allocates nothing: leave out --sizes")
     config = st.StudyConfig(
-        sizes=tuple(args.sizes), repeats=args.repeats, endings=tuple(args.endings),
+        sizes=tuple(sizes), repeats=args.repeats, endings=tuple(args.endings),
         devices=None if args.devices is None else tuple(args.devices), mode=args.mode, trace=args.trace,
         warmup="per_cell" if args.warmup else "none", run_timeout_s=args.run_timeout,
+        holder=args.holder, holder_count=_holder_count(args), per_gpu=args.per_gpu, concurrent=args.concurrent,
+        phases=args.phases, device_files=None if args.device_files is None else tuple(args.device_files.split(":")),
     )
     if args.plot is not None:  # fail before a long study, not after it
         try:
@@ -71,7 +120,8 @@ def cmd_study_reclaim(args: argparse.Namespace) -> int:
         clean = r.devices[0].first_clean_ns if r.devices else None
         last = "timed out" if r.timed_out else f"clean after {clean / 1e6:.1f} ms" if clean is not None else "?"
         kind = " warm-up" if r.warmup else ""
-        status.update(f"study run {p.done}/{p.total} · {human_bytes(r.size_bytes)} {r.ending}{kind} · {last}")
+        status.update(f"study run {p.done}/{p.total} · {r.holder} {human_bytes(r.size_bytes)} {r.ending}{kind} · "
+                      f"{last}")
 
     with contextlib.ExitStack() as stack:
         sink = stack.enter_context(st.record_writer(args.out)) if args.out is not None else None

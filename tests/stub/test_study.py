@@ -8,7 +8,7 @@ import os
 import pickle
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -325,7 +325,8 @@ def test_jsonl_round_trip_and_schema(tmp_path: Path) -> None:
                         "poll_interval_ns", "poll_cost_ns", "poll_cost_max_ns", "devices", "trace_columns", "trace"}
     assert set(doc["devices"][0]) == {"index", "uuid", "name", "pid", "baseline_used_bytes", "held_bytes", "signal_ns",
                                       "last_held_ns", "first_clean_ns", "off_list_ns", "memory_back_ns", "waitpid_ns",
-                                      "exit_status"}
+                                      "exit_status", "zombie_ns", "exited_ns", "files_closed_ns",
+                                      "phase_resolution_ns", "unknown", "holder_steps"}  # added within version 1
     assert all(len(row) == 5 for row in doc["trace"])  # offset, used x2, count x2
 
     # fields added later within version 1 are ignored; blank lines skipped
@@ -505,3 +506,169 @@ def exit_code(argv: list[str]) -> int:
     except SystemExit as exc:
         assert isinstance(exc.code, int)
         return exc.code
+
+
+# --- phases, holder kinds, concurrency (second edition) -------------------------------------------------------------
+
+
+def test_phases_in_order_with_a_lingering_teardown(tmp_path: Path) -> None:
+    """A child whose leader exits first while another thread keeps its 'device file' open (as a CUDA process tearing
+    down): the leader is a zombie before the whole process has exited, and the files close with the process."""
+    dev = tmp_path / "nvidia0"
+    dev.write_text("")
+    config = StudyConfig(sizes=(GIB,), repeats=2, endings=("exit",), warmup="none",
+                         device_files=(str(tmp_path / "nvidia*"),))
+    with use_stub(Scenario.h200()) as stub:
+        factory = StubHolderFactory(stub.scenario_path, list_ms=40, release_ms=60, device_files=[str(dev)],
+                                    linger_ms=200)
+        result = run_study(config, session_factory=_open, holder_factory=factory)
+    for r in result.records:
+        (d,) = r.devices
+        assert d.zombie_ns is not None and d.exited_ns is not None and d.files_closed_ns is not None
+        # The leader's exit is not the process's: the other thread lingered 200 ms with the file open (counted from
+        # before the leader exited, so the gap seen is a little less; 100 ms is far above any sampling window).
+        assert d.exited_ns - d.zombie_ns >= 100 * MS
+        assert d.files_closed_ns - d.zombie_ns >= 100 * MS
+        # Exit precedes the reap; the watcher may see it after waitpid returned, but its window starts before.
+        exited_res = (d.phase_resolution_ns or {}).get("exited")
+        assert d.waitpid_ns is not None and exited_res is not None and d.exited_ns - exited_res <= d.waitpid_ns
+        res = d.phase_resolution_ns
+        assert res is not None
+        for phase in ("zombie", "exited", "files_closed", "off_list", "memory_back"):
+            value = res[phase]
+            assert value is not None and value > 0, phase
+        assert res["waitpid"] is None and d.unknown is not None and "waitpid_resolution" in d.unknown
+        assert "zombie" not in d.unknown and "exited" not in d.unknown
+        assert d.holder_steps is not None and d.holder_steps["sim"] == 1 and "init" in d.holder_steps
+
+
+def test_phases_without_device_files_are_seen_closed_and_reasons_kept() -> None:
+    """No matching file ever open: files_closed is seen at the first check; phases=False records reasons."""
+    config = StudyConfig(sizes=(GIB,), repeats=1, endings=("KILL",), warmup="none", phases=False)
+    result, _, _ = study(Scenario.h200(), config, list_ms=10, release_ms=20)
+    (d,) = result.records[0].devices
+    assert d.zombie_ns is None and d.exited_ns is None and d.files_closed_ns is None
+    assert d.unknown is not None and d.unknown["zombie"].startswith("phases not watched")
+    assert len({result.records[0], result.records[0]}) == 1  # records stay hashable with the dict fields
+
+
+def test_proc_watcher_resolution_with_an_injected_clock() -> None:
+    """Times and windows come from the clock: an event first seen by check k lies between the start of check k-1
+    and the end of check k."""
+    from nvmlcheck._study_phases import PhaseWatch, ProcWatcher
+
+    ticks = iter(range(1000, 10_000, 10))
+    answers = {"zombie": iter([False, True]), "exited": iter([False, False, True]), "files_closed": iter([None, True])}
+    w = PhaseWatch(pid=1)
+    def answer(phase: str) -> Callable[[PhaseWatch], bool | None]:
+        return lambda _w: next(answers[phase])
+
+    watcher = ProcWatcher([w], ("/dev/nvidia*",), clock=lambda: next(ticks), checks={p: answer(p) for p in answers})
+    watcher.start_at(w, 900)
+    # Each round checks the latest phase first: files_closed, exited, zombie.
+    assert watcher.sample()  # round 1: files 1000-1010 unknown, exited 1020-1030 no, zombie 1040-1050 no
+    assert watcher.sample()  # round 2: files 1060-1070 yes, exited 1080-1090 no, zombie 1100-1110 yes
+    assert not watcher.sample()  # round 3: exited 1120-1130 yes
+    assert w.at == {"files_closed": 1070, "zombie": 1110, "exited": 1130}
+    assert w.resolution == {"files_closed": 1070 - 1000, "zombie": 1110 - 1040, "exited": 1130 - 1080}
+    assert w.pending() == []
+
+
+def test_holder_kinds_and_their_steps_on_the_stub() -> None:
+    """free and destroy report their own in-process cost on the done line (as end.*); a context holds size 0."""
+    config = StudyConfig(sizes=(GIB,), repeats=1, endings=("free",), warmup="none", holder="destroy")
+    with use_stub(Scenario.h200()) as stub:
+        factory = StubHolderFactory(stub.scenario_path, list_ms=10, release_ms=20, kind="destroy", free_ms=30,
+                                    destroy_ms=40)
+        result = run_study(config, session_factory=_open, holder_factory=factory)
+        (d,) = result.records[0].devices
+        assert result.records[0].holder == "destroy"
+        steps = d.holder_steps or {}
+        assert steps["end.free"] >= 30 * MS and steps["end.destroy"] >= 40 * MS  # sleeps: lower bounds only
+        # The signal -> memory back time includes the holder's own steps: it cannot be shorter than them.
+        assert d.memory_back_ns is not None and d.memory_back_ns >= steps["end.free"] + steps["end.destroy"]
+
+        ctx = StudyConfig(sizes=(0,), repeats=1, endings=("KILL",), warmup="none", holder="context")
+        factory = StubHolderFactory(stub.scenario_path, list_ms=10, release_ms=20, kind="context")
+        (r,) = run_study(ctx, session_factory=_open, holder_factory=factory).records
+        assert r.size_bytes == 0 and r.holder == "context" and not r.timed_out
+        assert r.devices[0].held_bytes == 518 << 20 and r.devices[0].exit_status == -9
+    with pytest.raises(ValueError, match="context holder takes size 0"):
+        StudyConfig(sizes=(GIB,), holder="context")
+    with pytest.raises(ValueError, match="context holder takes size 0"):
+        StudyConfig(sizes=(0,))
+    with pytest.raises(ValueError, match="unknown holder kind"):
+        StudyConfig(sizes=(GIB,), holder="mps")
+
+
+def test_concurrency_per_gpu_and_one_gpu_at_a_time(tmp_path: Path) -> None:
+    two = Scenario.h200(devices=2)
+    config = StudyConfig(sizes=(GIB,), repeats=1, endings=("KILL",), warmup="none", per_gpu=3, trace=True)
+    result, _, _ = study(two, config, list_ms=10, release_ms=20)
+    (r,) = result.records
+    assert r.per_gpu == 3 and r.concurrent == "gpus"
+    assert [d.index for d in r.devices] == [0, 0, 0, 1, 1, 1] and len({d.pid for d in r.devices}) == 6
+    for d in r.devices:
+        assert d.held_bytes == 3 * GIB  # the GPU's increase, shared by its three holders
+        assert d.memory_back_ns is not None and d.off_list_ns is not None and d.exited_ns is not None
+
+    pytest.importorskip("matplotlib")
+    assert plot_run_trace(r, tmp_path / "per-gpu.png").stat().st_size > 0  # one line per GPU, not per holder
+
+    alone = StudyConfig(sizes=(GIB,), repeats=2, endings=("KILL",), warmup="none", concurrent="none")
+    result, _, _ = study(two, alone, list_ms=10, release_ms=20)
+    assert [[d.index for d in r.devices] for r in result.records] == [[0], [1], [0], [1]]
+    assert [r.run for r in result.records] == [0, 1, 2, 3] and {r.concurrent for r in result.records} == {"none"}
+
+
+def test_cli_holder_kinds_concurrency_and_phases(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "ctx.jsonl"
+    code = main(["--simulate", "h200x8", "--devices", "0,1", "study", "reclaim", "--holder", "context", "--repeats",
+                 "1", "--no-warmup", "--endings", "KILL", "--concurrent", "none", "--out", str(out)])
+    text = capsys.readouterr().out
+    assert code == 0 and "holder context" in text and "leader zombie" in text
+    saved = load_records(out)
+    assert [(r.holder, r.size_bytes, r.concurrent, [d.index for d in r.devices]) for r in saved] == [
+        ("context", 0, "none", [0]), ("context", 0, "none", [1])]
+    code = main(["--simulate", "h200", "--json", "study", "reclaim", "--sizes", "1GiB", "--repeats", "1",
+                 "--no-warmup", "--endings", "KILL", "--per-gpu", "2", "--holder", "streams", "--no-phases"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 0
+    (rec,) = doc["records"]
+    assert (rec["holder"], rec["holder_count"], rec["per_gpu"]) == ("streams", 4, 2)  # count 4 by default for streams
+    assert [d["zombie_ns"] for d in rec["devices"]] == [None, None]
+    assert doc["summary"][0]["holder"] == "streams" and doc["summary"][0]["zombie"] is None
+    # a context allocates nothing: sizes are refused with it
+    assert exit_code(["--simulate", "h200", "study", "reclaim", "--holder", "context", "--sizes", "1GiB"]) == 2
+    assert exit_code(["--simulate", "h200", "study", "reclaim", "--holder", "mps"]) == 2
+
+
+def test_files_closed_reads_every_thread(tmp_path: Path) -> None:
+    """A fake /proc: the leader's fd directory is empty (a zombie leader's is), another thread still holds the file."""
+    from nvmlcheck._study_phases import files_closed
+
+    proc = tmp_path / "proc"
+    for tid, files in ((42, []), (43, ["/dev/null", "/dev/nvidia0"])):
+        fd = proc / "42" / "task" / str(tid) / "fd"
+        fd.mkdir(parents=True)
+        for n, target in enumerate(files):
+            (fd / str(n)).symlink_to(target)
+    assert files_closed(42, ["/dev/nvidia[0-9]*"], proc=str(proc)) is False
+    (proc / "42" / "task" / "43" / "fd" / "1").unlink()
+    assert files_closed(42, ["/dev/nvidia[0-9]*"], proc=str(proc)) is True
+    assert files_closed(7, ["/dev/nvidia[0-9]*"], proc=str(proc)) is True  # gone: nothing open
+
+
+def test_first_edition_records_still_load(tmp_path: Path) -> None:
+    """A record written before the phases and holder kinds (no such fields) reads back with the defaults."""
+    doc = record(0, GIB, "KILL", [100.0]).to_json()
+    for key in ("holder", "holder_count", "per_gpu", "concurrent"):
+        del doc[key]
+    for key in ("zombie_ns", "exited_ns", "files_closed_ns", "phase_resolution_ns", "unknown", "holder_steps"):
+        del doc["devices"][0][key]
+    (tmp_path / "old.jsonl").write_text(json.dumps(doc) + "\n")
+    (r,) = load_records(tmp_path / "old.jsonl")
+    assert (r.holder, r.holder_count, r.per_gpu, r.concurrent) == ("alloc", 1, 1, "gpus")
+    assert r.devices[0].zombie_ns is None and r.devices[0].holder_steps is None
+    (row,) = summarize([r])
+    assert row.holder == "alloc" and row.zombie is None and "leader zombie" not in format_summary([row])
