@@ -461,7 +461,7 @@ class Fleet:
         note = f"no nvmlcheck on the host ({cause.message}): read through its nvidia-smi over ssh"
         return HostResult(host, document, code, via="nvidia-smi", note=note)
 
-    def _one(self, host: Host, command: Sequence[str], timeout_s: float | None, deadline_s: float | None,
+    def _one(self, host: Host, command: Sequence[str], deadline_s: float | None,
              fallback: Callable[[Sequence[str], float | None], tuple[dict[str, Any], int]] | None) -> HostResult:
         started = time.monotonic()
         deadline = None if deadline_s is None else started + deadline_s
@@ -473,8 +473,14 @@ class Fleet:
             return HostResult(host, None, None, HostError(str(host), "stopped before it started"))
         rc, out, err = self._finish(proc, deadline)
         answer = self._classify(host, rc, out, err, time.monotonic() - started)
-        if isinstance(answer, NoRemoteNvmlcheck) and fallback is not None:
-            answer = self._fallback(host, command, deadline, fallback, answer)
+        if isinstance(answer, NoRemoteNvmlcheck):
+            if fallback is not None:
+                answer = self._fallback(host, command, deadline, fallback, answer)
+            elif command[0] in ("kill", "holders"):
+                answer = NoRemoteNvmlcheck(
+                    answer.host, f"{answer.message}: {command[0]} needs nvmlcheck on the host (nvidia-smi can neither "
+                    "signal processes nor see device files); install it there (pip install nvmlcheck) or point "
+                    "--remote-python at an interpreter that has it", answer.returncode, answer.stderr)
         elapsed = round((time.monotonic() - started) * 1e9)
         if isinstance(answer, HostError):
             document = answer.document if isinstance(answer, RemoteError) else None
@@ -522,7 +528,7 @@ class Fleet:
                 except queue.Empty:
                     return
                 try:
-                    result = self._one(targets[i], command, timeout_s, deadline_s, fallback)
+                    result = self._one(targets[i], command, deadline_s, fallback)
                 except Exception as exc:  # a bug must not look like a clean host, nor leave the caller waiting
                     result = HostResult(targets[i], None, None, HostError(str(targets[i]), f"internal error: {exc!r}"))
                 with finished:
