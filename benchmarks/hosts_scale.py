@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -37,12 +38,16 @@ from nvmlcheck.testing import build_stub  # noqa: E402
 from tests.hosts import sshlab  # noqa: E402
 
 
-def timed(lab: sshlab.Lab, hosts: list[str], fanout: int) -> tuple[float, int]:
+def timed(lab: sshlab.Lab, hosts: list[str], fanout: int) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of the local side: nvmlcheck and its ssh clients, user + system)."""
     argv = [sys.executable, "-m", "nvmlcheck", "wait", "--timeout", "0", "--json", "--hosts", ",".join(hosts),
             "--remote-python", str(lab.python), "--fanout", str(fanout), "--connect-timeout", "60"]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.run(argv, capture_output=True, env=lab.env(), check=False)
     wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     if proc.returncode != 0:
         try:
             doc = json.loads(proc.stdout)
@@ -50,7 +55,7 @@ def timed(lab: sshlab.Lab, hosts: list[str], fanout: int) -> tuple[float, int]:
         except (ValueError, KeyError):
             why = [proc.stdout.decode()[-2000:], proc.stderr.decode()[-2000:]]
         raise SystemExit(f"exit {proc.returncode}:\n" + "\n".join(why))
-    return wall, proc.returncode
+    return wall, cpu
 
 
 def summary(values: list[float]) -> dict[str, float]:
@@ -82,16 +87,23 @@ def main() -> None:
         one: list[float] = []
         many: list[float] = []
         ratios: list[float] = []
+        cpu_one: list[float] = []
+        cpu_many: list[float] = []
         for _ in range(args.runs):
-            a, _ = timed(lab, aliases[:1], args.fanout)
-            b, _ = timed(lab, aliases, args.fanout)
+            a, ca = timed(lab, aliases[:1], args.fanout)
+            b, cb = timed(lab, aliases, args.fanout)
             one.append(a)
             many.append(b)
+            cpu_one.append(ca)
+            cpu_many.append(cb)
             ratios.append(b / a)
         result: dict[str, Any] = {
             "hosts": args.hosts, "servers": args.servers, "fanout": args.fanout, "runs": args.runs,
             "cpus": os.cpu_count(), "one_host": summary(one), "many_hosts": summary(many),
             "ratio_median": statistics.median(ratios), "ratios": ratios,
+            # The local side's CPU (nvmlcheck + ssh clients); the rest of the wall time is the simulated hosts'.
+            "local_cpu_one_host_s": statistics.median(cpu_one), "local_cpu_many_hosts_s": statistics.median(cpu_many),
+            "load_average_1min": os.getloadavg()[0],
         }
     finally:
         lab.stop()

@@ -458,7 +458,8 @@ class Fleet:
         except NvmlCheckError as exc:
             return RemoteError(str(host), f"no nvmlcheck there, and its nvidia-smi failed: {exc}", None,
                                cause.stderr)
-        note = f"no nvmlcheck on the host ({cause.message}): read through its nvidia-smi over ssh"
+        why = _last_line(cause.stderr) or cause.message
+        note = f"no nvmlcheck on the host ({why}): read through its nvidia-smi over ssh"
         return HostResult(host, document, code, via="nvidia-smi", note=note)
 
     def _one(self, host: Host, command: Sequence[str], deadline_s: float | None,
