@@ -35,10 +35,23 @@ sys.path.insert(0, str(ROOT))
 
 from nvmlcheck.simulate import SCENARIOS  # noqa: E402
 from nvmlcheck.testing import build_stub  # noqa: E402
-from tests.hosts import sshlab  # noqa: E402
 
 
-def timed(lab: sshlab.Lab, hosts: list[str], fanout: int) -> tuple[float, float]:
+def _load_lab() -> Any:
+    # By path: tests/ is not a package, and importing it as tests.hosts.sshlab would give mypy two names for it.
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("nvmlcheck_sshlab", ROOT / "tests" / "hosts" / "sshlab.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+sshlab = _load_lab()
+
+
+def timed(lab: Any, hosts: list[str], fanout: int) -> tuple[float, float]:
     """(wall seconds, CPU seconds of the local side: nvmlcheck and its ssh clients, user + system)."""
     argv = [sys.executable, "-m", "nvmlcheck", "wait", "--timeout", "0", "--json", "--hosts", ",".join(hosts),
             "--remote-python", str(lab.python), "--fanout", str(fanout), "--connect-timeout", "60"]

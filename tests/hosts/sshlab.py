@@ -177,8 +177,9 @@ def start_host(lab: Lab, name: str, address: str, env: dict[str, str]) -> LabHos
         f"SetEnv {setenv}\n",
         encoding="utf-8",
     )
-    host.process = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)], stdin=subprocess.DEVNULL,
-                                    stdout=subprocess.DEVNULL, stderr=open(lab.directory / f"sshd_{name}.log", "wb"))
+    with open(lab.directory / f"sshd_{name}.log", "wb") as log_file:  # the child keeps its own descriptor
+        host.process = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)], stdin=subprocess.DEVNULL,
+                                        stdout=subprocess.DEVNULL, stderr=log_file)
     deadline = time.monotonic() + 15
     while True:
         with contextlib.suppress(OSError), socket.create_connection((address, port), timeout=1):

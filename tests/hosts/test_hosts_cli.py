@@ -10,15 +10,16 @@ import signal
 import subprocess
 import sys
 import time
+from typing import Any
 
 import pytest
 
 from .conftest import Hosts, ssh_children
 
 
-def by_host(doc: dict[str, object]) -> dict[str, dict[str, object]]:
+def by_host(doc: dict[str, Any]) -> dict[str, Any]:
     assert doc["schema"] == "nvmlcheck/hosts" and doc["version"] == 1
-    return {h["host"]: h for h in doc["hosts"]}  # type: ignore[attr-defined, index]
+    return {h["host"]: h for h in doc["hosts"]}
 
 
 def test_one_verdict_over_every_kind_of_host(hosts: Hosts) -> None:
@@ -29,21 +30,21 @@ def test_one_verdict_over_every_kind_of_host(hosts: Hosts) -> None:
     got = by_host(doc)
     assert list(got) == specs  # the order given
     assert got[hosts.idle]["verdict"] == "clean"
-    assert got[hosts.idle]["document"]["schema"] == "nvmlcheck/wait"  # type: ignore[index]
-    eight = got[hosts.eight]["document"]["snapshot"]["devices"]  # type: ignore[index]
+    assert got[hosts.idle]["document"]["schema"] == "nvmlcheck/wait"
+    eight = got[hosts.eight]["document"]["snapshot"]["devices"]
     assert got[hosts.eight]["verdict"] == "clean" and len(eight) == 8
     busy = got[hosts.busy]
     assert busy["verdict"] == "not-clean" and busy["exit_code"] == 1
-    assert any("4123456" in c for c in busy["document"]["culprits"])  # type: ignore[index]
+    assert any("4123456" in c for c in busy["document"]["culprits"])
     lost = got[hosts.lost]
-    assert lost["verdict"] == "failed" and lost["error"]["kind"] == "remote"  # type: ignore[index]
-    assert "LOST" in lost["error"]["message"].upper()  # type: ignore[index]
+    assert lost["verdict"] == "failed" and lost["error"]["kind"] == "remote"
+    assert "LOST" in lost["error"]["message"].upper()
     fallback = got[hosts.no_nvmlcheck]
     assert fallback["verdict"] == "clean" and fallback["via"] == "nvidia-smi", fallback
-    assert "no nvmlcheck" in fallback["note"]  # type: ignore[operator]
-    assert fallback["document"]["snapshot"]["backend"] == "smi"  # type: ignore[index]
-    assert got[hosts.closed]["error"]["kind"] == "unreachable"  # type: ignore[index]
-    assert got[hosts.hanging]["error"]["kind"] == "timeout"  # type: ignore[index]
+    assert "no nvmlcheck" in fallback["note"]
+    assert fallback["document"]["snapshot"]["backend"] == "smi"
+    assert got[hosts.closed]["error"]["kind"] == "unreachable"
+    assert got[hosts.hanging]["error"]["kind"] == "timeout"
     assert doc["clean"] == [hosts.idle, hosts.eight, hosts.no_nvmlcheck]
     assert doc["not_clean"] == [hosts.busy]
     assert doc["failed"] == [hosts.lost, hosts.closed, hosts.hanging]
@@ -70,10 +71,10 @@ def test_snapshot_and_holders(hosts: Hosts) -> None:
     code, doc = hosts.cli_json("snapshot", "--hosts", f"{hosts.idle},{hosts.eight},{hosts.no_nvmlcheck}")
     assert code == 0, doc
     got = by_host(doc)
-    assert [len(h["document"]["devices"]) for h in got.values()] == [1, 8, 1]  # type: ignore[index]
+    assert [len(h["document"]["devices"]) for h in got.values()] == [1, 8, 1]
     assert got[hosts.no_nvmlcheck]["via"] == "nvidia-smi"
     code, doc = hosts.cli_json("holders", "--host", hosts.idle)
-    assert code == 0 and by_host(doc)[hosts.idle]["document"]["schema"] == "nvmlcheck/holders"  # type: ignore[index]
+    assert code == 0 and by_host(doc)[hosts.idle]["document"]["schema"] == "nvmlcheck/holders"
 
 
 @pytest.mark.parametrize("command", [["holders"], ["kill", "4123456"]])
@@ -81,8 +82,8 @@ def test_kill_and_holders_refuse_without_nvmlcheck(hosts: Hosts, command: list[s
     code, doc = hosts.cli_json(*command, "--host", hosts.no_nvmlcheck)
     assert code == 3
     error = by_host(doc)[hosts.no_nvmlcheck]["error"]
-    assert error["kind"] == "no-nvmlcheck"  # type: ignore[index]
-    assert f"{command[0]} needs nvmlcheck on the host" in error["message"]  # type: ignore[index]
+    assert error["kind"] == "no-nvmlcheck"
+    assert f"{command[0]} needs nvmlcheck on the host" in error["message"]
 
 
 def test_remote_prefix_runs_the_command_behind_it(hosts: Hosts) -> None:
@@ -106,19 +107,19 @@ def test_remote_prefix_entering_a_pid_namespace(hosts: Hosts) -> None:
     assert code == 0, doc
 
 
-def test_bad_host_specs_are_usage_errors_naming_them(hosts: Hosts, tmp_path: object) -> None:
-    code, out, err = hosts.cli("wait", "--host", "root@-oProxyCommand=x")
+def test_bad_host_specs_are_usage_errors_naming_them(hosts: Hosts) -> None:
+    code, _, err = hosts.cli("wait", "--host", "root@-oProxyCommand=x")
     assert code == 2 and "-oProxyCommand=x" in err
-    code, out, err = hosts.cli("wait", "--hosts", "a,b:99999")
+    code, _, err = hosts.cli("wait", "--hosts", "a,b:99999")
     assert code == 2 and "b:99999" in err
     path = hosts.lab.directory / "hosts.txt"
     path.write_text(f"# the lab\n{hosts.idle}   # idle\n\nbad host\n", encoding="utf-8")
-    code, out, err = hosts.cli("wait", "--hosts-file", str(path))
+    code, _, err = hosts.cli("wait", "--hosts-file", str(path))
     assert code == 2 and "bad host" in err and str(path) in err
     path.write_text(f"# the lab\n{hosts.idle}   # idle\n\n{hosts.eight}\n", encoding="utf-8")
     code, doc = hosts.cli_json("wait", "--timeout", "2", "--hosts-file", str(path))
     assert code == 0 and list(by_host(doc)) == [hosts.idle, hosts.eight]
-    code, out, err = hosts.cli("wait", "--host", hosts.idle, "--simulate", "h200")
+    code, _, err = hosts.cli("wait", "--host", hosts.idle, "--simulate", "h200")
     assert code == 2 and "--simulate" in err
 
 
