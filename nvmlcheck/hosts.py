@@ -39,6 +39,7 @@ import json
 import os
 import queue
 import re
+import secrets
 import shlex
 import shutil
 import signal
@@ -55,6 +56,7 @@ from .errors import NvmlCheckError
 __all__ = [
     "COMMANDS",
     "DEFAULT_FANOUT",
+    "FallbackContext",
     "Fleet",
     "Host",
     "HostAuthError",
@@ -88,6 +90,27 @@ START_ALLOWANCE_S = 5.0
 CONTROL_PERSIST_S = 60
 
 Verdict = Literal["clean", "not-clean", "failed"]
+
+#: The environment variable that marks the processes a fleet's nvidia-smi fallback starts, so that stop() finds them.
+_MARK = "NVMLCHECK_FLEET"
+
+
+@dataclass(frozen=True, slots=True)
+class FallbackContext:
+    """What a fallback gets: ``prefix`` (the ssh command to the host, for the smi backend), ``remaining_s`` (of the
+    host's deadline; ``None``: none), ``run_timeout_s`` (the most one nvidia-smi run may take), ``env`` (for its
+    children: it marks them, so that :meth:`Fleet.stop` can kill them) and ``stopped()`` (true once the fleet was
+    stopped: give up)."""
+
+    prefix: tuple[str, ...]
+    remaining_s: float | None
+    run_timeout_s: float
+    env: dict[str, str]
+    stopped: Callable[[], bool]
+
+
+#: A fallback for hosts without nvmlcheck: (document, exit code) from a :class:`FallbackContext`.
+FallbackFn = Callable[[FallbackContext], tuple[dict[str, Any], int]]
 
 # --- host specs ------------------------------------------------------------------------------------------------------
 
@@ -336,6 +359,7 @@ class Fleet:
         self._lock = threading.Lock()
         self._running: set[subprocess.Popen[bytes]] = set()
         self._closed = False
+        self._token = secrets.token_hex(8)
 
     # -- argv ---------------------------------------------------------------------------------------------------------
 
@@ -449,13 +473,19 @@ class Fleet:
             return RemoteError(name, message, rc, _trim(err), document)
         return HostResult(host, document, rc)
 
-    def _fallback(self, host: Host, command: Sequence[str], deadline: float | None,
-                  fallback: Callable[[Sequence[str], float | None], tuple[dict[str, Any], int]],
+    def _fallback(self, host: Host, deadline: float | None, fallback: FallbackFn,
                   cause: HostError) -> HostResult | HostError:
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+        context = FallbackContext(tuple(self.smi_prefix(host)), remaining,
+                                  self.connect_timeout_s + START_ALLOWANCE_S, {**os.environ, _MARK: self._token},
+                                  lambda: self._closed)
         try:
-            document, code = fallback(self.smi_prefix(host), remaining)
+            document, code = fallback(context)
+        except _Stopped:
+            return HostError(str(host), "stopped", None, cause.stderr)
         except NvmlCheckError as exc:
+            if self._closed:
+                return HostError(str(host), "stopped", None, cause.stderr)
             return RemoteError(str(host), f"no nvmlcheck there, and its nvidia-smi failed: {exc}", None,
                                cause.stderr)
         why = _last_line(cause.stderr) or cause.message
@@ -463,7 +493,7 @@ class Fleet:
         return HostResult(host, document, code, via="nvidia-smi", note=note)
 
     def _one(self, host: Host, command: Sequence[str], deadline_s: float | None,
-             fallback: Callable[[Sequence[str], float | None], tuple[dict[str, Any], int]] | None) -> HostResult:
+             fallback: FallbackFn | None) -> HostResult:
         started = time.monotonic()
         deadline = None if deadline_s is None else started + deadline_s
         try:
@@ -476,7 +506,7 @@ class Fleet:
         answer = self._classify(host, rc, out, err, time.monotonic() - started)
         if isinstance(answer, NoRemoteNvmlcheck):
             if fallback is not None:
-                answer = self._fallback(host, command, deadline, fallback, answer)
+                answer = self._fallback(host, deadline, fallback, answer)
             elif command[0] in ("kill", "holders"):
                 answer = NoRemoteNvmlcheck(
                     answer.host, f"{answer.message}: {command[0]} needs nvmlcheck on the host (nvidia-smi can neither "
@@ -498,14 +528,14 @@ class Fleet:
         *,
         timeout_s: float | None = None,
         deadline_s: float | None = None,
-        fallback: Callable[[Sequence[str], float | None], tuple[dict[str, Any], int]] | None = None,
+        fallback: FallbackFn | None = None,
         on_progress: Callable[[Sequence[Host], Sequence[HostResult]], object] | None = None,
     ) -> list[HostResult]:
         """Run ``nvmlcheck --json COMMAND...`` on every host; results in the hosts' order.
 
         ``timeout_s``: the command's own timeout (``wait --timeout``), used for the default deadline. ``deadline_s``:
         seconds each host may take from its start (default: ``timeout_s`` + the connect timeout + 5 s; ``None`` with
-        no ``timeout_s``: no deadline). ``fallback(smi_prefix, remaining_s) -> (document, exit_code)``: how to
+        no ``timeout_s``: no deadline). ``fallback(context) -> (document, exit_code)``: how to
         answer for a host without nvmlcheck (see :func:`run_on_hosts`); ``None``: such a host fails with
         :class:`NoRemoteNvmlcheck`. ``on_progress(pending, done)`` is called in the caller's thread about 10 times a
         second while hosts are pending, and once at the end. Any exception in the caller's thread while waiting
@@ -571,6 +601,35 @@ class Fleet:
             running = list(self._running)
         for proc in running:
             self._kill(proc)
+        # The nvidia-smi fallback's ssh runs are started by the smi backend, not here: find them among this
+        # process's children by the mark in their environment (each leads its own process group).
+        for pid in self._marked_children():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+
+    def _marked_children(self) -> list[int]:
+        mark = f"{_MARK}={self._token}".encode()
+        pids: list[int] = []
+        try:
+            tasks = os.listdir("/proc/self/task")
+        except OSError:  # not Linux: the smi runner's own timeout bounds those runs
+            return pids
+        for task in tasks:
+            try:
+                with open(f"/proc/self/task/{task}/children", encoding="ascii") as f:
+                    children = [int(p) for p in f.read().split()]
+            except OSError:
+                continue
+            for pid in children:
+                try:
+                    with open(f"/proc/{pid}/environ", "rb") as f:
+                        marked = mark in f.read().split(b"\0")
+                    # Only a group leader: killpg must not reach a group this fleet did not create.
+                    if marked and os.getpgid(pid) == pid:
+                        pids.append(pid)
+                except OSError:
+                    continue
+        return pids
 
     def close(self) -> None:
         """Stop, end the ControlMaster processes this fleet started (``ssh -O exit``) and remove their directory."""
@@ -612,7 +671,8 @@ class Fleet:
 
 # --- commands --------------------------------------------------------------------------------------------------------
 
-FallbackFn = Callable[[Sequence[str], float | None], tuple[dict[str, Any], int]]
+class _Stopped(Exception):
+    """The fleet was stopped while a fallback was waiting."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -631,16 +691,26 @@ class SmiFallback:
     stable_polls: int = 2
     pids: tuple[int, ...] = field(default=())
 
-    def __call__(self, prefix: Sequence[str], remaining_s: float | None) -> tuple[dict[str, Any], int]:
-        """Read the host through ``prefix`` within ``remaining_s``; returns (document, exit code)."""
+    def __call__(self, context: FallbackContext) -> tuple[dict[str, Any], int]:
+        """Read the host through ``context.prefix`` within ``context.remaining_s``; returns (document, exit code)."""
         from . import predicates as p
+        from .backends.smi import SmiBackend
         from .errors import WaitTimeout
         from .jsonout import document, snapshot_json
-        from .session import open as open_session
+        from .session import Session
 
-        # Each nvidia-smi run over ssh is bounded by what is left of the host's deadline.
-        smi_timeout = None if remaining_s is None else max(0.5, remaining_s)
-        with open_session("smi", smi_prefix=list(prefix), smi_timeout_s=smi_timeout) as gpus:
+        remaining_s = context.remaining_s
+        # Each nvidia-smi run over ssh is bounded by what is left of the host's deadline, and by the time one run
+        # may take (a hung one must not outlive a stop() by more than that).
+        smi_timeout = context.run_timeout_s if remaining_s is None else max(0.5, min(remaining_s,
+                                                                                  context.run_timeout_s))
+        backend = SmiBackend(prefix=list(context.prefix), timeout_s=smi_timeout, env=context.env)
+
+        def on_poll(point: object) -> None:
+            if context.stopped():
+                raise _Stopped
+
+        with Session(backend) as gpus:
             devices = list(self.devices) if self.devices else None
             if self.command == "snapshot":
                 snap = gpus.snapshot(devices)
@@ -652,7 +722,8 @@ class SmiFallback:
             if remaining_s is not None:
                 timeout = remaining_s if timeout is None else min(timeout, remaining_s)
             try:
-                res = gpus.wait_until_clean(timeout, predicate, devices=devices, stable_polls=self.stable_polls)
+                res = gpus.wait_until_clean(timeout, predicate, devices=devices, stable_polls=self.stable_polls,
+                                            on_poll=on_poll)
             except WaitTimeout as exc:
                 return document("wait", clean=False, elapsed_ns=exc.elapsed_ns, timeout_s=exc.timeout_s,
                                 polls=exc.polls, culprits=list(exc.culprits),

@@ -30,6 +30,7 @@ class Hosts:
     lost: str
     eight: str
     no_nvmlcheck: str
+    no_nvmlcheck_busy: str
     closed: str
     hanging: str
     busy_scenario: Path
@@ -100,6 +101,9 @@ def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hosts]:
             "eight": sshlab.start_host(lab, "eight", "127.0.0.5", scenario("eight", SCENARIOS["h200x8"]())).spec,
             "no_nvmlcheck": sshlab.start_host(
                 lab, "none", "127.0.0.6", {**scenario("none", SCENARIOS["h200"]()), "LAB_NVMLCHECK": "absent"}).spec,
+            "no_nvmlcheck_busy": sshlab.start_host(
+                lab, "none-busy", "127.0.0.7",
+                {**scenario("none-busy", SCENARIOS["h200-busy"]()), "LAB_NVMLCHECK": "absent"}).spec,
         }
         yield Hosts(lab, **specs, closed=lab.closed_port(), hanging=lab.hanging(),
                     busy_scenario=lab.directory / "busy.scenario")

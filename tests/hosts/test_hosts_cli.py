@@ -123,26 +123,48 @@ def test_bad_host_specs_are_usage_errors_naming_them(hosts: Hosts) -> None:
     assert code == 2 and "--simulate" in err
 
 
-def test_sigterm_ends_every_ssh_child(hosts: Hosts) -> None:
-    # The busy host waits (remote --timeout 30); the hanging one never answers: both ssh children are running.
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_ends_every_ssh_child(hosts: Hosts, signum: int) -> None:
+    # Three kinds of ssh child at once: the busy host's remote wait (--timeout 30), the hanging host's connection
+    # attempt, and the nvidia-smi fallback's polls of a busy host without nvmlcheck.
     argv = [sys.executable, "-m", "nvmlcheck", "wait", "--timeout", "30", "--json", "--hosts",
-            f"{hosts.busy},{hosts.hanging}", "--remote-python", str(hosts.lab.python), "--connect-timeout", "60"]
+            f"{hosts.busy},{hosts.hanging},{hosts.no_nvmlcheck_busy}", "--remote-python", str(hosts.lab.python),
+            "--connect-timeout", "60"]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=hosts.lab.env())
     try:
-        deadline = time.monotonic() + 60
-        while len([c for c in ssh_children(hosts.lab) if "-O exit" not in c]) < 2:
+        deadline = time.monotonic() + 90
+        while True:
+            children = [c for c in ssh_children(hosts.lab) if "-O exit" not in c]
+            if len(children) >= 3 and any("nvidia-smi" in c for c in children):
+                break
             assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "the ssh children never started"
+            assert time.monotonic() < deadline, f"the ssh children never all started: {children}"
             time.sleep(0.05)
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signum)
         out, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == 128 + signal.SIGTERM, (out, err)
+    assert proc.returncode == 128 + signum, (out, err)
     assert b"nvmlcheck/error" in out
     assert not ssh_children(hosts.lab)
+
+
+def test_kill_on_a_host(hosts: Hosts) -> None:
+    # The lab's hosts are this machine: a real process here is a real process "there".
+    target = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        code, doc = hosts.cli_json("kill", str(target.pid), "--grace", "2", "--timeout", "20", "--host", hosts.idle)
+        assert code == 0, doc
+        remote = by_host(doc)[hosts.idle]["document"]
+        assert remote["schema"] == "nvmlcheck/kill" and remote["clean"] is True
+        assert [t["pid"] for t in remote["pids"]] == [target.pid]
+        assert target.wait(10) == -signal.SIGTERM
+    finally:
+        if target.poll() is None:
+            target.kill()
+            target.wait()
 
 
 def test_fake_ssh_options_do_not_leak_into_other_tests() -> None:
