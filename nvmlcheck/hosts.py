@@ -40,6 +40,7 @@ import os
 import queue
 import re
 import secrets
+import selectors
 import shlex
 import shutil
 import signal
@@ -301,6 +302,8 @@ _AUTH = ("permission denied", "host key verification failed", "too many authenti
          "no matching host key", "remote host identification has changed")
 _TIMEOUT = ("timed out", "operation timed out")
 _STDERR_KEEP = 2000
+#: Seconds to keep reading after the ssh we started exited (a ControlMaster may still hold copies of its pipes).
+_PIPE_GRACE_S = 1.0
 
 
 def _trim(text: str) -> str:
@@ -419,19 +422,50 @@ class Fleet:
         return proc
 
     def _finish(self, proc: subprocess.Popen[bytes], deadline: float | None) -> tuple[int | None, str, str]:
-        """Wait until ``deadline`` (monotonic); returns (returncode or None when killed, stdout, stderr)."""
+        """Read its output until it exits, killing its group at ``deadline`` (monotonic) or when the fleet is
+        stopped; returns (returncode, or None when killed or ended by a signal, stdout, stderr).
+
+        Not ``communicate()``: with ControlMaster the master process holds copies of our pipes (the mux client
+        passes them over its socket), so the pipes may not reach end-of-file when the ssh we started dies. This
+        reads while the process lives, and stops reading :data:`_PIPE_GRACE_S` after it exited.
+        """
+        assert proc.stdout is not None and proc.stderr is not None
+        buffers = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
+        out, err = buffers.values()
+        killed = False
+        exited_at: float | None = None
         try:
-            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
-            out, err = proc.communicate(timeout=timeout)
-            rc: int | None = proc.returncode
-        except subprocess.TimeoutExpired:
-            self._kill(proc)
-            out, err = proc.communicate()
-            rc = None
+            with selectors.DefaultSelector() as sel:
+                for fd in buffers:
+                    sel.register(fd, selectors.EVENT_READ)
+                while True:
+                    now = time.monotonic()
+                    if not killed and (self._closed or (deadline is not None and now >= deadline)):
+                        self._kill(proc)
+                        killed = True
+                    if exited_at is None and proc.poll() is not None:
+                        exited_at = now
+                    # Killed: its answer is dropped anyway, so stop at once rather than wait for the master's copies.
+                    if exited_at is not None and (killed or not sel.get_map() or now - exited_at > _PIPE_GRACE_S):
+                        break
+                    # Short slices: the deadline and stop() are checked at least every 50 ms.
+                    for key, _ in sel.select(0.05 if sel.get_map() else 0):
+                        chunk = os.read(key.fd, 1 << 16)
+                        if chunk:
+                            buffers[key.fd] += chunk
+                        else:
+                            sel.unregister(key.fd)
+                    if not sel.get_map() and exited_at is None:
+                        # Output complete, the process not yet reaped: wait for it in short slices too.
+                        with contextlib.suppress(subprocess.TimeoutExpired):
+                            proc.wait(0.05)
         finally:
+            proc.stdout.close()
+            proc.stderr.close()
             with self._lock:
                 self._running.discard(proc)
-        if rc is not None and rc < 0:  # killed by a signal (stop()): no answer
+        rc = proc.returncode
+        if killed or rc is None or rc < 0:  # killed here, or by a signal: no answer
             rc = None
         return rc, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
 
@@ -503,6 +537,12 @@ class Fleet:
         except RuntimeError:
             return HostResult(host, None, None, HostError(str(host), "stopped before it started"))
         rc, out, err = self._finish(proc, deadline)
+        if rc is None and not self._closed:
+            # Killed at the deadline: the host's ControlMaster still carries the session (and the remote command);
+            # end it, so a fleet used again does not pile up sessions. The next call starts a new master.
+            directory = self._control_dir
+            if directory is not None:
+                self._wait_exits([self._exit_master(host, directory)])
         answer = self._classify(host, rc, out, err, time.monotonic() - started)
         if isinstance(answer, NoRemoteNvmlcheck):
             if fallback is not None:
@@ -631,6 +671,31 @@ class Fleet:
                     continue
         return pids
 
+    def _exit_master(self, host: Host, directory: str) -> subprocess.Popen[bytes] | None:
+        """Start ``ssh -O exit`` for ``host``'s ControlMaster (ending it and the sessions it carries), if any."""
+        path = os.path.join(directory, hashlib.sha1(str(host).encode()).hexdigest()[:12])
+        if not os.path.exists(path):
+            return None
+        argv = [self.ssh, "-o", f"ControlPath={path}", *self.ssh_options, "-O", "exit"]
+        if host.port is not None:
+            argv += ["-p", str(host.port)]
+        argv += ["--", host.destination]
+        try:
+            return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL, start_new_session=True)
+        except OSError:
+            return None
+
+    def _wait_exits(self, exits: Iterable[subprocess.Popen[bytes] | None]) -> None:
+        for proc in exits:
+            if proc is None:
+                continue
+            try:
+                proc.wait(5.0)
+            except subprocess.TimeoutExpired:
+                self._kill(proc)
+                proc.wait()
+
     def close(self) -> None:
         """Stop, end the ControlMaster processes this fleet started (``ssh -O exit``) and remove their directory."""
         self.stop()
@@ -641,24 +706,7 @@ class Fleet:
         if directory is None:
             return
         try:
-            exits = []
-            for host in used:
-                path = os.path.join(directory, hashlib.sha1(str(host).encode()).hexdigest()[:12])
-                if not os.path.exists(path):
-                    continue
-                argv = [self.ssh, "-o", f"ControlPath={path}", *self.ssh_options, "-O", "exit"]
-                if host.port is not None:
-                    argv += ["-p", str(host.port)]
-                argv += ["--", host.destination]
-                with contextlib.suppress(OSError):
-                    exits.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                                  stderr=subprocess.DEVNULL, start_new_session=True))
-            for proc in exits:
-                try:
-                    proc.wait(5.0)
-                except subprocess.TimeoutExpired:
-                    self._kill(proc)
-                    proc.wait()
+            self._wait_exits([self._exit_master(host, directory) for host in used])
         finally:
             shutil.rmtree(directory, ignore_errors=True)
 

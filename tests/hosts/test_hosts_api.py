@@ -43,6 +43,15 @@ def test_a_hang_is_cut_at_the_deadline_while_the_others_answer(hosts: Hosts) -> 
     assert not ssh_children(hosts.lab)
 
 
+def test_a_connected_host_past_its_deadline_is_cut_too(hosts: Hosts) -> None:
+    # Connected and logged in, the remote wait would answer "not clean" after 30 s: the deadline comes first. (With
+    # ControlMaster the master holds copies of ssh's pipes, so this also checks they are not waited on.)
+    (busy,) = run_on_hosts([hosts.busy], ["wait", "--timeout", "30"], deadline_s=3.0,
+                           ssh_options=hosts.lab.ssh_options, remote_python=str(hosts.lab.python))
+    assert isinstance(busy.error, HostTimeout) and busy.exit_code is None
+    assert not ssh_children(hosts.lab)
+
+
 def test_a_fleet_reuses_its_connection(hosts: Hosts) -> None:
     with Fleet(ssh_options=hosts.lab.ssh_options, remote_python=str(hosts.lab.python)) as fleet:
         for _ in range(2):
