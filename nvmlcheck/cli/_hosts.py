@@ -172,6 +172,25 @@ def _gpu_lines(name: str, snap: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _proc_lines(name: str, snap: dict[str, Any]) -> list[str]:
+    """``snapshot procs`` with the host in front: one line per process, ``?`` where a list is unknown."""
+    lines = []
+    for d in snap.get("devices", []):
+        procs = d.get("processes") or {}
+        for kind in ("compute", "graphics", "mps"):
+            listed = procs.get(kind)
+            if listed is None:
+                why = (d.get("unknown") or {}).get(f"processes.{kind}", "unknown")
+                lines.append(f"{name}  GPU {d.get('index')}  {'?':>8}  {kind:<9}  ({why})")
+                continue
+            for p in listed:
+                lines.append(f"{name}  GPU {d.get('index')}  {p.get('pid'):>8}  {kind:<9}"
+                             f"{human_bytes(p.get('used_bytes')):>11}  {p.get('name') or '?'}")
+    for f in snap.get("failures", []):
+        lines.append(f"{name}  GPU {f.get('index')}  UNREADABLE: {(f.get('error') or {}).get('message', '?')}")
+    return lines
+
+
 def _print(args: argparse.Namespace, results: Sequence[HostResult]) -> None:
     from ._kill import _HOLDER_HEADER
 
@@ -197,7 +216,8 @@ def _print(args: argparse.Namespace, results: Sequence[HostResult]) -> None:
                       f"{'+'.join(h.get('found_by', [])):<19} {gpus or '-':<24} {cmd[:80]}")
             continue
         snap = doc if args.command == "snapshot" else (doc.get("snapshot") or {})
-        for line in _gpu_lines(name, snap):
+        lines = _proc_lines(name, snap) if getattr(args, "view", None) == "procs" else _gpu_lines(name, snap)
+        for line in lines:
             print(line)
         if args.command in ("wait", "kill"):
             if r.verdict == "clean":

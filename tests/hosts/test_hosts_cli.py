@@ -77,6 +77,17 @@ def test_snapshot_and_holders(hosts: Hosts) -> None:
     assert code == 0 and by_host(doc)[hosts.idle]["document"]["schema"] == "nvmlcheck/holders"
 
 
+def test_human_views_put_the_host_in_front(hosts: Hosts) -> None:
+    code, out, err = hosts.cli("snapshot", "procs", "--hosts", f"{hosts.busy},{hosts.idle}")
+    assert code == 0, err
+    assert f"{hosts.busy}  GPU 0   4123456  compute     16.0 GiB  ?" in out.splitlines()
+    assert not any(line.startswith(hosts.idle) and "GPU" in line for line in out.splitlines())
+    code, out, err = hosts.cli("holders", "--host", hosts.idle, "--host", hosts.closed)
+    assert code == 3, err
+    assert f"{hosts.idle.ljust(len(hosts.closed))}  no process holds a selected GPU" in out
+    assert out.splitlines()[-1] == f"2 hosts: 1 ok; 1 failed: {hosts.closed} (unreachable)"
+
+
 @pytest.mark.parametrize("command", [["holders"], ["kill", "4123456"]])
 def test_kill_and_holders_refuse_without_nvmlcheck(hosts: Hosts, command: list[str]) -> None:
     code, doc = hosts.cli_json(*command, "--host", hosts.no_nvmlcheck)
