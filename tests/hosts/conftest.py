@@ -72,7 +72,9 @@ def ssh_children(lab: sshlab.Lab) -> list[str]:
     return found
 
 
-@pytest.fixture(scope="session")
+# Per module, not per session: the servers are this process's children, and later suites (tests/reliability's soak)
+# check that no child process is left behind.
+@pytest.fixture(scope="module")
 def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hosts]:
     reason = sshlab.unavailable_reason()
     if reason is not None:
