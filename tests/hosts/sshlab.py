@@ -41,7 +41,7 @@ def unavailable_reason() -> str | None:
 
 
 def free_port(address: str) -> int:
-    with socket.socket() as s:
+    with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET) as s:
         s.bind((address, 0))
         return int(s.getsockname()[1])
 
@@ -58,7 +58,8 @@ class LabHost:
 
     @property
     def spec(self) -> str:
-        return f"root@{self.address}:{self.port}"
+        host = f"[{self.address}]" if ":" in self.address else self.address
+        return f"root@{host}:{self.port}"
 
 
 @dataclass
@@ -161,7 +162,7 @@ def start_host(lab: Lab, name: str, address: str, env: dict[str, str]) -> LabHos
     setenv = " ".join(f'"{k}={v}"' for k, v in {"PATH": path, **env}.items())
     config = lab.directory / f"sshd_{name}.conf"
     config.write_text(
-        f"ListenAddress {address}:{port}\n"
+        f"ListenAddress {f'[{address}]' if ':' in address else address}:{port}\n"
         f"HostKey {lab.directory / 'host_key'}\n"
         f"PidFile {lab.directory / f'sshd_{name}.pid'}\n"
         f"AuthorizedKeysFile {lab.directory / 'authorized_keys'}\n"

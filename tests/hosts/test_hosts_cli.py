@@ -97,6 +97,23 @@ def test_kill_and_holders_refuse_without_nvmlcheck(hosts: Hosts, command: list[s
     assert f"{command[0]} needs nvmlcheck on the host" in error["message"]
 
 
+def test_an_ipv6_host(hosts: Hosts) -> None:
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+    except OSError as exc:
+        pytest.skip(f"no IPv6 loopback here: {exc}")
+    from . import sshlab
+
+    host = sshlab.start_host(hosts.lab, "v6", "::1", hosts.lab.hosts["idle"].env)
+    assert host.spec.startswith("root@[::1]:")
+    code, doc = hosts.cli_json("wait", "--timeout", "0", "--host", host.spec)
+    assert code == 0, doc
+    assert doc["clean"] == [host.spec]
+
+
 def test_remote_prefix_runs_the_command_behind_it(hosts: Hosts) -> None:
     # The prefix is proven to run: it points the idle host's nvmlcheck at the busy scenario.
     code, doc = hosts.cli_json("wait", "--timeout", "0", "--host", hosts.idle,
