@@ -316,6 +316,16 @@ def _last_line(text: str) -> str:
     return lines[-1].strip() if lines else ""
 
 
+def _words(name: str, value: Sequence[str] | str) -> tuple[str, ...]:
+    """A string split like a shell (``ValueError`` naming ``name`` when it cannot be), or the words as given."""
+    if not isinstance(value, str):
+        return tuple(value)
+    try:
+        return tuple(shlex.split(value))
+    except ValueError as exc:
+        raise ValueError(f"{name} {value!r} cannot be split like a shell: {exc}") from None
+
+
 def _deadline_for(timeout_s: float | None, connect_timeout_s: float) -> float | None:
     return None if timeout_s is None else timeout_s + connect_timeout_s + START_ALLOWANCE_S
 
@@ -351,9 +361,10 @@ class Fleet:
         if ssh_options is None:
             ssh_options = os.environ.get("NVMLCHECK_SSH_OPTIONS", "")
         self.ssh = ssh
-        self.ssh_options = tuple(shlex.split(ssh_options) if isinstance(ssh_options, str) else ssh_options)
+        self.ssh_options = _words("ssh_options (NVMLCHECK_SSH_OPTIONS)", ssh_options)
         self.remote_python = remote_python
-        self.remote_prefix = tuple(shlex.split(remote_prefix) if isinstance(remote_prefix, str) else remote_prefix)
+        _words("remote_python", remote_python)  # checked here, split where used
+        self.remote_prefix = _words("remote_prefix", remote_prefix)
         self.connect_timeout_s = connect_timeout_s
         self.fanout = fanout
         self._control_dir: str | None = None

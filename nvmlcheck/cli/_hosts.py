@@ -108,7 +108,8 @@ def run_hosts(args: argparse.Namespace) -> int:
         fleet = Fleet(remote_prefix=args.remote_prefix or (), remote_python=args.remote_python,
                       connect_timeout_s=args.connect_timeout, fanout=args.fanout)
     except ValueError as exc:  # an unbalanced quote in --remote-prefix or NVMLCHECK_SSH_OPTIONS
-        raise UsageError(str(exc)) from None
+        raise UsageError(str(exc).replace("remote_prefix", "--remote-prefix")
+                         .replace("remote_python", "--remote-python")) from None
     timeout = args.timeout if args.command in ("wait", "kill") else 0.0
     status = StatusLine(sys.stderr, not args.json)
     total = len(hosts)
