@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 
 def _early(args: argparse.Namespace) -> bool:
     """Whether the first signal can go out before NVML: named PIDs only, every input already checked by argparse."""
+    if getattr(args, "hosts", None) or getattr(args, "hosts_file", None):
+        return False  # the PIDs are on the hosts: nothing is signalled here
     return bool(args.pids) and not (args.all_holders or args.all_on_gpu or args.devices or args.simulate)
 
 
@@ -49,7 +51,15 @@ def signal_first(args: argparse.Namespace) -> None:
     args.signalled = found
 
 
+def _hosts_wanted(args: argparse.Namespace) -> bool:
+    return bool(getattr(args, "hosts", None) or getattr(args, "hosts_file", None))
+
+
 # --- choosing targets with NVML --------------------------------------------------------------------------------------
+
+
+#: The header of the holders table (also used, with the host in front, by ``--host``).
+_HOLDER_HEADER = f"{'pid':>8}  {'user':<10} {'state':<8} {'found by':<19} {'GPUs':<24} command"
 
 
 def _holder_line(h: Holder) -> str:
@@ -122,6 +132,10 @@ def cmd_kill(args: argparse.Namespace) -> int:
     """Signal, escalate after --grace, wait until every target exited and the GPUs are clean."""
     from ..kill import KillPlan, KillTimeout
 
+    if _hosts_wanted(args):
+        from ._hosts import run_hosts
+
+        return run_hosts(args)
     if not (args.pids or args.all_holders or args.all_on_gpu):
         raise UsageError("name at least one PID (or --all-holders / --all-on-gpu)")
     signalled: TargetSet | None = getattr(args, "signalled", None)
@@ -234,6 +248,10 @@ def _print_timeout(args: argparse.Namespace, exc: KillTimeout, plan: KillPlan,
 
 def cmd_holders(args: argparse.Namespace) -> int:
     """Every process holding a GPU: NVML's lists joined with open NVIDIA device files."""
+    if _hosts_wanted(args):
+        from ._hosts import run_hosts
+
+        return run_hosts(args)
     with open_session(args) as gpus:
         holders = gpus.holders(args.devices)
         if args.json:
@@ -243,7 +261,7 @@ def cmd_holders(args: argparse.Namespace) -> int:
         elif not holders:
             print("no process holds a selected GPU (NVML lists) or has an NVIDIA device file open")
         else:
-            print(f"{'pid':>8}  {'user':<10} {'state':<8} {'found by':<19} {'GPUs':<24} command")
+            print(_HOLDER_HEADER)
             for h in holders:
                 print(_holder_line(h))
         verdict_printed(EXIT_CLEAN)

@@ -141,6 +141,14 @@ def positive_int(text: str) -> int:
     return value
 
 
+def positive_seconds(text: str) -> float:
+    """Seconds > 0."""
+    value = seconds_or_none(text)
+    if value is None or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0 seconds, got {text!r}")
+    return value
+
+
 def pid_number(text: str) -> int:
     """A PID as written; its range (1 < pid <= pid_max) is checked with the other refusals, before any signal."""
     try:
@@ -169,6 +177,24 @@ def byte_size(text: str) -> int:
         return parse_size(text) if text.strip() not in ("0", "0B") else 0
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def host_spec(text: str) -> str:
+    """``[USER@]HOST[:PORT]`` (IPv6 in brackets), checked here so a bad one is a usage error naming it."""
+    from ..hosts import Host
+
+    try:
+        return str(Host.parse(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def host_list(text: str) -> list[str]:
+    """``a,root@b,c:2222``: host specs, comma-separated."""
+    parts = [part.strip() for part in text.split(",")]
+    if not all(parts):
+        raise argparse.ArgumentTypeError(f"empty host in {text!r}")
+    return [host_spec(part) for part in parts]
 
 
 def device_list(text: str) -> list[int | str]:
@@ -268,6 +294,23 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
         g.add_argument("--json", action="store_true", default=d(False),
                        help="print one JSON document (versioned schema, docs/cli.md); errors too")
 
+    def host_options(p: argparse.ArgumentParser) -> None:
+        # Command options (after the command): the command runs on each host through ssh (docs/hosts.md).
+        g = p.add_argument_group("hosts (run on each host through ssh; docs/hosts.md)")
+        g.add_argument("--host", dest="hosts", type=host_spec, action=_Merge, state=state, default=None,
+                       metavar="[USER@]HOST[:PORT]", help="run on this host (repeatable; IPv6 in brackets)")
+        g.add_argument("--hosts", dest="hosts", type=host_list, action=_Merge, state=state, default=None,
+                       metavar="LIST", help="hosts, comma-separated (repeats merge with --host)")
+        once(g, "--hosts-file", metavar="FILE", default=None,
+             help="hosts, one per line (# comments)")
+        once(g, "--remote-prefix", metavar="CMD", default=None,
+             help='run nvmlcheck behind this command on each host, e.g. "pct exec 129 --" (split like a shell)')
+        once(g, "--remote-python", metavar="PYTHON", default="python3",
+             help="the interpreter on the hosts (default python3)")
+        once(g, "--fanout", type=positive_int, default=32, metavar="N", help="hosts at once (default 32)")
+        once(g, "--connect-timeout", type=positive_seconds, default=10.0, metavar="S",
+             help="ssh's connect timeout in seconds (default 10)")
+
     def sub_parser(subs: Any, name: str, **kw: Any) -> argparse.ArgumentParser:
         p: argparse.ArgumentParser = subs.add_parser(name, state=state, **kw)
         return p
@@ -285,6 +328,7 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
         snap = sub_parser(sub, "snapshot", help="show devices (default) or processes")
         global_options(snap, top=False)
         snap.add_argument("view", nargs="?", choices=("devices", "procs"), default="devices")
+        host_options(snap)
 
     def wait_options(p: argparse.ArgumentParser) -> None:
         once(p, "--timeout", type=seconds_or_none, default=30.0, metavar="S",
@@ -301,6 +345,7 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
         wait.add_argument("--pids", type=pid_number, nargs="+", action=_Merge, state=state, default=[], metavar="PID",
                           help="also require these PIDs off every GPU (repeats merge)")
         wait.add_argument("--precise", action="store_true", help="tight polling loop (~100 µs resolution, one core)")
+        host_options(wait)
 
     if wanted("kill"):
         kill = sub_parser(
@@ -326,6 +371,7 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
         kill.add_argument("--yes", action="store_true",
                           help="do not ask for confirmation with --all-holders/--all-on-gpu (needed without a "
                                "terminal)")
+        host_options(kill)
 
     if wanted("select"):
         select = sub_parser(
@@ -359,6 +405,7 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
         holders = sub_parser(sub, "holders", help="every process that holds a GPU: NVML lists joined with open "
                                                    "NVIDIA device files")
         global_options(holders, top=False)
+        host_options(holders)
 
     if wanted("demo"):
         demo = sub_parser(sub, "demo",

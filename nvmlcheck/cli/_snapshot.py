@@ -16,6 +16,10 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     """Read the selected GPUs once; exit 3 when one could not be read or none is seen."""
     from ..errors import BackendUnavailable
 
+    if getattr(args, "hosts", None) or getattr(args, "hosts_file", None):
+        from ._hosts import run_hosts
+
+        return run_hosts(args)
     with open_session(args) as gpus:
         snap = gpus.snapshot(args.devices)
         if not snap.devices and not snap.failures:

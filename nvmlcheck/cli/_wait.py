@@ -36,6 +36,10 @@ def cmd_wait(args: argparse.Namespace) -> int:
     """Wait with the CLI's predicate; the status line shows on a terminal only."""
     from ..errors import WaitTimeout
 
+    if getattr(args, "hosts", None) or getattr(args, "hosts_file", None):
+        from ._hosts import run_hosts
+
+        return run_hosts(args)
     predicate = wait_predicate(args)
     status = StatusLine(sys.stderr, not args.json)
     started = time.monotonic()

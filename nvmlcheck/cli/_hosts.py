@@ -1,0 +1,241 @@
+"""``--host``/``--hosts``/``--hosts-file`` on ``snapshot``, ``wait``, ``kill`` and ``holders``: the command runs on
+each host through ssh (:mod:`nvmlcheck.hosts`), and one verdict comes back.
+
+Imported only when hosts are given: a local launch script never pays for threads, json or ssh.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Any
+
+from ._common import UsageError, verdict_printed
+from ._output import StatusLine, human_bytes, plural, print_json
+
+if TYPE_CHECKING:
+    import argparse
+    from collections.abc import Sequence
+
+    from ..hosts import Host, HostResult, SmiFallback
+
+
+def wanted(args: argparse.Namespace) -> bool:
+    """Whether the command is to run on hosts."""
+    return bool(getattr(args, "hosts", None) or getattr(args, "hosts_file", None))
+
+
+def _hosts(args: argparse.Namespace) -> list[Host]:
+    from ..hosts import parse_hosts, read_hosts_file
+
+    specs = list(args.hosts or [])
+    if args.hosts_file is not None:
+        try:
+            specs += read_hosts_file(args.hosts_file)
+        except OSError as exc:
+            raise UsageError(f"--hosts-file {args.hosts_file}: {exc.strerror or exc}") from None
+    try:
+        hosts = parse_hosts(specs)
+    except ValueError as exc:
+        where = f" (in {args.hosts_file})" if args.hosts_file is not None else ""
+        raise UsageError(f"{exc}{where}") from None
+    if not hosts:
+        raise UsageError(f"--hosts-file {args.hosts_file}: no host in it")
+    return hosts
+
+
+def _seconds(value: float | None) -> str:
+    return "none" if value is None else repr(float(value))
+
+
+def remote_command(args: argparse.Namespace) -> list[str]:
+    """The command's words for the remote nvmlcheck, rebuilt from the parsed options (``--json`` is added by the
+    fleet; the view of ``snapshot`` only changes what is printed here)."""
+    words = [args.command]
+    if args.backend != "auto":
+        words += ["--backend", args.backend]
+    if args.devices:
+        words += ["--devices", ",".join(map(str, args.devices))]
+    if args.command in ("wait", "kill"):
+        words += ["--timeout", _seconds(args.timeout), "--max-used", str(args.max_used),
+                  "--stable-polls", str(args.stable_polls)]
+    if args.command == "wait":
+        if args.pids:
+            words += ["--pids", *map(str, args.pids)]
+        if args.precise:
+            words.append("--precise")
+    if args.command == "kill":
+        words += ["--grace", "never" if args.grace is None else repr(float(args.grace)), "--signal", args.signal]
+        words += [flag for flag, on in (("--tree", args.tree), ("--all-holders", args.all_holders),
+                                        ("--all-on-gpu", args.all_on_gpu), ("--yes", args.yes)) if on]
+        if args.pids:
+            words += ["--", *map(str, args.pids)]
+    return words
+
+
+def _fallback(args: argparse.Namespace) -> SmiFallback | None:
+    from ..hosts import SmiFallback
+
+    devices = tuple(args.devices) if args.devices else None
+    if args.command == "snapshot":
+        return SmiFallback("snapshot", devices)
+    if args.command == "wait":
+        return SmiFallback("wait", devices, args.timeout, args.max_used, args.stable_polls, tuple(args.pids or ()))
+    return None
+
+
+def _check(args: argparse.Namespace) -> None:
+    if args.simulate is not None:
+        raise UsageError("--simulate runs on this machine: it cannot be combined with --host/--hosts/--hosts-file")
+    if args.smi_prefix is not None:
+        raise UsageError("--smi-prefix cannot be combined with --host: the hosts are reached through ssh "
+                         "(use --remote-prefix for a command to run behind on each host)")
+    if args.command == "kill":
+        if not (args.pids or args.all_holders or args.all_on_gpu):
+            raise UsageError("name at least one PID (or --all-holders / --all-on-gpu)")
+        if (args.all_holders or args.all_on_gpu) and not args.yes:
+            raise UsageError("--all-holders/--all-on-gpu on hosts need --yes: nothing can be confirmed host by host; "
+                             "run `nvmlcheck holders --host ...` first to see what would be killed")
+
+
+def run_hosts(args: argparse.Namespace) -> int:
+    """Run the command on every host; print one line per GPU (or per holder) with the host in front, a verdict per
+    host and one summary, or one ``nvmlcheck/hosts`` document; return the one verdict."""
+    from ..hosts import Fleet, overall_exit_code
+
+    _check(args)
+    hosts = _hosts(args)
+    try:
+        fleet = Fleet(remote_prefix=args.remote_prefix or (), remote_python=args.remote_python,
+                      connect_timeout_s=args.connect_timeout, fanout=args.fanout)
+    except ValueError as exc:  # an unbalanced quote in --remote-prefix or NVMLCHECK_SSH_OPTIONS
+        raise UsageError(str(exc).replace("remote_prefix", "--remote-prefix")
+                         .replace("remote_python", "--remote-python")) from None
+    timeout = args.timeout if args.command in ("wait", "kill") else 0.0
+    status = StatusLine(sys.stderr, not args.json)
+    total = len(hosts)
+
+    def progress(pending: Sequence[Host], done: Sequence[HostResult]) -> None:
+        if pending:
+            names = ", ".join(map(str, pending[:8])) + (", ..." if len(pending) > 8 else "")
+            status.update(f"{len(done)}/{total} hosts answered · waiting on {names}")
+
+    try:
+        with fleet:
+            results = fleet.run(hosts, remote_command(args), timeout_s=timeout, fallback=_fallback(args),
+                                on_progress=progress)
+    finally:
+        status.clear()
+    code = overall_exit_code(results)
+    if args.json:
+        print_json(hosts_document(args.command, results, code))
+    else:
+        _print(args, results)
+    verdict_printed(code)
+    return code
+
+
+def hosts_document(command: str, results: Sequence[HostResult], code: int) -> dict[str, Any]:
+    """The ``nvmlcheck/hosts`` document (version 1)."""
+    from ..jsonout import document, error_json
+
+    def entry(r: HostResult) -> dict[str, Any]:
+        return {
+            "host": str(r.host),
+            "verdict": r.verdict,
+            "exit_code": r.exit_code,
+            "via": r.via,
+            "note": r.note,
+            "elapsed_ns": r.elapsed_ns,
+            "document": r.document,
+            "error": None if r.error is None else {**error_json(r.error), "kind": r.error.kind, "host": r.error.host},
+        }
+
+    def named(verdict: str) -> list[str]:
+        return [str(r.host) for r in results if r.verdict == verdict]
+
+    return document("hosts", command=command, exit_code=code, clean=named("clean"), not_clean=named("not-clean"),
+                    failed=named("failed"), hosts=[entry(r) for r in results])
+
+
+def _gpu_lines(name: str, snap: dict[str, Any]) -> list[str]:
+    lines = []
+    for d in snap.get("devices", []):
+        m = d.get("memory") or {}
+        procs = d.get("processes") or {}
+        known = [p for kind in ("compute", "graphics", "mps") for p in (procs.get(kind) or [])]
+        unknown = any(procs.get(kind) is None for kind in ("compute", "graphics", "mps"))
+        count = f"{len(known)}+?" if unknown else str(len(known))
+        lines.append(f"{name}  GPU {d.get('index')}  {(d.get('name') or '?')[:21]:<21} "
+                     f"used {human_bytes(m.get('used_bytes')):>10} of {human_bytes(m.get('total_bytes')):>10}  "
+                     f"procs {count:>3}  {d.get('uuid') or '?'}")
+    for f in snap.get("failures", []):
+        lines.append(f"{name}  GPU {f.get('index')}  UNREADABLE: {(f.get('error') or {}).get('message', '?')}")
+    return lines
+
+
+def _proc_lines(name: str, snap: dict[str, Any]) -> list[str]:
+    """``snapshot procs`` with the host in front: one line per process, ``?`` where a list is unknown."""
+    lines = []
+    for d in snap.get("devices", []):
+        procs = d.get("processes") or {}
+        for kind in ("compute", "graphics", "mps"):
+            listed = procs.get(kind)
+            if listed is None:
+                why = (d.get("unknown") or {}).get(f"processes.{kind}", "unknown")
+                lines.append(f"{name}  GPU {d.get('index')}  {'?':>8}  {kind:<9}  ({why})")
+                continue
+            for p in listed:
+                lines.append(f"{name}  GPU {d.get('index')}  {p.get('pid'):>8}  {kind:<9}"
+                             f"{human_bytes(p.get('used_bytes')):>11}  {p.get('name') or '?'}")
+    for f in snap.get("failures", []):
+        lines.append(f"{name}  GPU {f.get('index')}  UNREADABLE: {(f.get('error') or {}).get('message', '?')}")
+    return lines
+
+
+def _print(args: argparse.Namespace, results: Sequence[HostResult]) -> None:
+    from ._kill import _HOLDER_HEADER
+
+    width = max(len(str(r.host)) for r in results)
+    for r in results:
+        name = str(r.host).ljust(width)
+        doc = r.document or {}
+        if r.note:
+            print(f"{name}  note: {r.note}")
+        if r.error is not None:
+            print(f"{name}  FAILED ({r.error.kind}): {r.error.message}")
+            continue
+        if args.command == "holders":
+            holders = doc.get("holders", [])
+            if not holders:
+                print(f"{name}  no process holds a selected GPU")
+            else:
+                print(f"{name}  {_HOLDER_HEADER}")
+            for h in holders:
+                gpus = ", ".join(f"GPU {g['index']} {human_bytes(g.get('used_bytes'))}" for g in h.get("gpus", []))
+                cmd = " ".join(h["cmdline"]) if h.get("cmdline") else (h.get("name") or "?")
+                print(f"{name}  {h['pid']:>8}  {(h.get('user') or '?')[:10]:<10} {(h.get('state') or '?')[:8]:<8} "
+                      f"{'+'.join(h.get('found_by', [])):<19} {gpus or '-':<24} {cmd[:80]}")
+            continue
+        snap = doc if args.command == "snapshot" else (doc.get("snapshot") or {})
+        lines = _proc_lines(name, snap) if getattr(args, "view", None) == "procs" else _gpu_lines(name, snap)
+        for line in lines:
+            print(line)
+        if args.command in ("wait", "kill"):
+            if r.verdict == "clean":
+                print(f"{name}  clean ({plural(int(doc.get('polls', 0) or 0), 'poll')}, "
+                      f"{(doc.get('elapsed_ns') or doc.get('confirmed_ns') or 0) / 1e6:.1f} ms on the host)")
+            else:
+                culprits = "; ".join(doc.get("culprits") or []) or "no detail"
+                print(f"{name}  NOT CLEAN: {culprits}")
+        elif r.verdict != "clean":
+            print(f"{name}  FAILED: exit {r.exit_code}")
+    clean = [str(r.host) for r in results if r.verdict == "clean"]
+    dirty = [str(r.host) for r in results if r.verdict == "not-clean"]
+    failed = [f"{r.host} ({r.error.kind if r.error else 'error'})" for r in results if r.verdict == "failed"]
+    word = "ok" if args.command in ("snapshot", "holders") else "clean"
+    parts = [f"{len(clean)} {word}"]
+    if dirty:
+        parts.append(f"{len(dirty)} not clean: {', '.join(dirty)}")
+    if failed:
+        parts.append(f"{len(failed)} failed: {', '.join(failed)}")
+    print(f"{plural(len(results), 'host')}: {'; '.join(parts)}")

@@ -1,0 +1,849 @@
+"""Many hosts from one call: run nvmlcheck on each host through the system ``ssh`` client, one verdict for all.
+
+>>> from nvmlcheck.hosts import Host, run_on_hosts
+>>> results = run_on_hosts(["root@gpu01", "gpu02:2222"], ["wait", "--timeout", "5"],
+...                        timeout_s=5.0)                                    # doctest: +SKIP
+>>> [(str(r.host), r.verdict) for r in results]                               # doctest: +SKIP
+[('root@gpu01', 'clean'), ('gpu02:2222', 'not-clean')]
+
+What runs where: this process starts one ``ssh`` per host (an argv list, never a local shell) whose remote command
+is ``[REMOTE_PREFIX...] PYTHON -m nvmlcheck --json COMMAND ARGS...`` quoted with :func:`shlex.join` (the remote
+side hands it to the login shell, which splits it back into exactly those words). The remote nvmlcheck prints one
+JSON document; it is parsed here and kept as the host's :attr:`HostResult.document`.
+
+ssh is always run with ``BatchMode=yes`` (no password or passphrase prompt can hang a fleet run), a
+``ConnectTimeout``, and a ControlMaster socket in a private temporary directory with ``ControlPersist``, so that a
+:class:`Fleet` used for repeated calls pays for the handshake once per host. Host keys, users, jump hosts and
+identities are left to the user's own ssh configuration. Extra ssh options: the ``ssh_options`` argument, or the
+``NVMLCHECK_SSH_OPTIONS`` environment variable (split with :func:`shlex.split`, e.g. ``"-F /path/ssh_config"``).
+
+A host whose remote Python has no nvmlcheck (``No module named nvmlcheck``) is read, for ``snapshot`` and
+``wait``, through its nvidia-smi over the same ssh connection (the ``smi`` backend with the ssh command as its
+prefix); the result says so (:attr:`HostResult.via` is ``"nvidia-smi"``). ``kill`` and ``holders`` refuse there:
+nvidia-smi can neither signal processes nor see device files.
+
+Every host runs in parallel, at most ``fanout`` at once, each with its own deadline; one host's hang never delays
+the others' answers beyond that deadline. Every ssh child is its own process group and is killed at the deadline,
+and on any exception in the caller's thread (Ctrl-C, the CLI's SIGTERM), before :func:`run_on_hosts` returns or
+raises.
+
+A failed host never looks clean: its :attr:`HostResult.verdict` is ``"failed"`` and :attr:`HostResult.error` is one
+of the :class:`HostError` subclasses, naming the host.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import queue
+import re
+import secrets
+import selectors
+import shlex
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from .errors import NvmlCheckError
+
+__all__ = [
+    "COMMANDS",
+    "DEFAULT_FANOUT",
+    "FallbackContext",
+    "Fleet",
+    "Host",
+    "HostAuthError",
+    "HostError",
+    "HostResult",
+    "HostTimeout",
+    "HostUnreachable",
+    "NoRemoteNvmlcheck",
+    "RemoteError",
+    "Verdict",
+    "overall_exit_code",
+    "parse_hosts",
+    "SmiFallback",
+    "read_hosts_file",
+    "run_on_hosts",
+    "snapshot_on_hosts",
+    "wait_on_hosts",
+]
+
+#: Hosts run at once unless told otherwise.
+DEFAULT_FANOUT = 32
+#: The nvmlcheck commands that can run on hosts.
+COMMANDS = ("snapshot", "wait", "kill", "holders")
+#: Seconds ssh may take to connect (``-o ConnectTimeout``; also bounds the banner exchange) unless told otherwise.
+DEFAULT_CONNECT_TIMEOUT_S = 10.0
+#: Seconds allowed, beyond the command's own timeout and the connect timeout, for the remote Python to start and
+#: answer (a loaded host's interpreter start is ~50-150 ms; this is generous on purpose: a late answer is still an
+#: answer, a hang is not).
+START_ALLOWANCE_S = 5.0
+#: How long a ControlMaster stays after its last use (seconds): long enough for a poll loop's next call.
+CONTROL_PERSIST_S = 60
+
+Verdict = Literal["clean", "not-clean", "failed"]
+
+#: The environment variable that marks the processes a fleet's nvidia-smi fallback starts, so that stop() finds them.
+_MARK = "NVMLCHECK_FLEET"
+
+
+@dataclass(frozen=True, slots=True)
+class FallbackContext:
+    """What a fallback gets: ``prefix`` (the ssh command to the host, for the smi backend), ``remaining_s`` (of the
+    host's deadline; ``None``: none), ``run_timeout_s`` (the most one nvidia-smi run may take), ``env`` (for its
+    children: it marks them, so that :meth:`Fleet.stop` can kill them) and ``stopped()`` (true once the fleet was
+    stopped: give up)."""
+
+    prefix: tuple[str, ...]
+    remaining_s: float | None
+    run_timeout_s: float
+    env: dict[str, str]
+    stopped: Callable[[], bool]
+
+
+#: A fallback for hosts without nvmlcheck: (document, exit code) from a :class:`FallbackContext`.
+FallbackFn = Callable[[FallbackContext], tuple[dict[str, Any], int]]
+
+# --- host specs ------------------------------------------------------------------------------------------------------
+
+# A host name or address as ssh takes it: letters, digits, dots, dashes, underscores (aliases from ssh_config too),
+# never starting with "-" (ssh would read it as an option).
+_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
+_USER = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
+
+
+@dataclass(frozen=True, slots=True)
+class Host:
+    """One host as ``[USER@]HOST[:PORT]``; an IPv6 address goes in brackets (``root@[::1]:2222``).
+
+    ``host`` is the name or address handed to ssh (an alias from the user's ssh config works), ``user`` and
+    ``port`` are ``None`` when the ssh config (or ssh's default) decides.
+    """
+
+    host: str
+    user: str | None = None
+    port: int | None = None
+
+    @classmethod
+    def parse(cls, spec: str) -> Host:
+        """Parse ``[USER@]HOST[:PORT]``; raises ``ValueError`` naming the spec when it is not one."""
+        text = spec.strip()
+        user: str | None = None
+        if "@" in text:
+            user, _, text = text.rpartition("@")
+            if not _USER.match(user):
+                raise ValueError(f"bad host {spec!r}: bad user {user!r}")
+        port_text: str | None = None
+        if text.startswith("["):
+            addr, bracket, rest = text[1:].partition("]")
+            if not bracket or not addr or (rest and not rest.startswith(":")):
+                raise ValueError(f"bad host {spec!r}: an IPv6 address goes in brackets: [ADDR] or [ADDR]:PORT")
+            if not re.fullmatch(r"[0-9A-Fa-f:.%A-Za-z]+", addr) or ":" not in addr:
+                raise ValueError(f"bad host {spec!r}: {addr!r} is not an IPv6 address")
+            host = addr
+            port_text = rest[1:] if rest else None
+        else:
+            if text.count(":") > 1:
+                raise ValueError(f"bad host {spec!r}: put an IPv6 address in brackets: [{text}]")
+            host, colon, port = text.partition(":")
+            port_text = port if colon else None
+            if not _NAME.match(host):
+                raise ValueError(f"bad host {spec!r}: {host!r} is not a host name or address")
+        port_number: int | None = None
+        if port_text is not None:
+            if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+                raise ValueError(f"bad host {spec!r}: port must be 1-65535, got {port_text!r}")
+            port_number = int(port_text)
+        return cls(host, user, port_number)
+
+    @property
+    def destination(self) -> str:
+        """What ssh is given as its destination: ``user@host`` or ``host`` (the port goes to ``-p``)."""
+        return f"{self.user}@{self.host}" if self.user else self.host
+
+    def __str__(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        user = f"{self.user}@" if self.user else ""
+        port = f":{self.port}" if self.port is not None else ""
+        return f"{user}{host}{port}"
+
+
+def parse_hosts(specs: Iterable[str | Host]) -> list[Host]:
+    """Hosts from specs (``Host`` objects pass through); duplicates dropped, order kept. ``ValueError`` on a bad one."""
+    hosts = [s if isinstance(s, Host) else Host.parse(s) for s in specs]
+    return list(dict.fromkeys(hosts))
+
+
+def read_hosts_file(path: str | os.PathLike[str]) -> list[str]:
+    """Host specs from a file: one per line; blank lines and ``#`` comments (whole-line or trailing) ignored."""
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    return [line.split("#", 1)[0].strip() for line in lines if line.split("#", 1)[0].strip()]
+
+
+# --- errors ----------------------------------------------------------------------------------------------------------
+
+
+class HostError(NvmlCheckError):
+    """A host gave no verdict. ``host`` names it, ``returncode`` is ssh's exit status (``None`` when it was killed),
+    ``stderr`` what ssh or the remote side printed (trimmed)."""
+
+    kind = "error"
+
+    def __init__(self, host: str, message: str, returncode: int | None = None, stderr: str = "") -> None:
+        self.host = host
+        self.returncode = returncode
+        self.stderr = stderr
+        self.message = message
+        super().__init__(f"{host}: {message}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.host, self.message, self.returncode, self.stderr))
+
+
+class HostUnreachable(HostError):
+    """ssh could not connect: refused, no route, unknown name, connection closed."""
+
+    kind = "unreachable"
+
+
+class HostAuthError(HostError):
+    """ssh connected but could not log in (``Permission denied``; BatchMode never prompts), or the host key was
+    refused by the user's ssh configuration."""
+
+    kind = "auth"
+
+
+class HostTimeout(HostError, TimeoutError):
+    """No answer before the deadline (the ssh process group was killed), or ssh's own connect timeout."""
+
+    kind = "timeout"
+
+
+class RemoteError(HostError):
+    """The remote side ran but gave no usable verdict: nvmlcheck's own error document (no driver, lost GPU, usage),
+    an unexpected exit, or output that is not an nvmlcheck document. ``document`` holds the remote document if any."""
+
+    kind = "remote"
+
+    def __init__(self, host: str, message: str, returncode: int | None = None, stderr: str = "",
+                 document: dict[str, Any] | None = None) -> None:
+        super().__init__(host, message, returncode, stderr)
+        self.document = document
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.host, self.message, self.returncode, self.stderr, self.document))
+
+
+class NoRemoteNvmlcheck(HostError):
+    """The remote Python has no nvmlcheck (or the remote Python is missing), and the command cannot fall back to
+    nvidia-smi (``kill``, ``holders``), or the fallback was turned off."""
+
+    kind = "no-nvmlcheck"
+
+
+# --- results ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class HostResult:
+    """One host's answer.
+
+    ``document``: the nvmlcheck JSON document the host produced (``None`` when it failed before one). ``exit_code``:
+    the remote nvmlcheck's exit status (the fallback's equivalent; ``None`` when none ran). ``error``: why the host
+    gave no verdict. ``via``: ``"nvmlcheck"``, or ``"nvidia-smi"`` when the host had no nvmlcheck and was read
+    through its nvidia-smi; ``note`` says so in words. ``elapsed_ns``: from start to answer, on this machine.
+    """
+
+    host: Host
+    document: dict[str, Any] | None
+    exit_code: int | None
+    error: HostError | None = None
+    via: Literal["nvmlcheck", "nvidia-smi"] = "nvmlcheck"
+    note: str | None = None
+    elapsed_ns: int = 0
+
+    @property
+    def verdict(self) -> Verdict:
+        """``"clean"`` (exit 0 with a document: clean, or the command succeeded), ``"not-clean"`` (exit 1 with a
+        document: not clean at the timeout) or ``"failed"`` (anything else: a failed host never looks clean)."""
+        if self.error is not None or self.document is None:
+            return "failed"
+        if self.exit_code == 0:
+            return "clean"
+        if self.exit_code == 1:
+            return "not-clean"
+        return "failed"
+
+
+def overall_exit_code(results: Iterable[HostResult]) -> int:
+    """One verdict: 3 if any host failed, else 1 if any was not clean, else 0 (also for no hosts: nothing failed)."""
+    verdicts = {r.verdict for r in results}
+    if "failed" in verdicts:
+        return 3
+    if "not-clean" in verdicts:
+        return 1
+    return 0
+
+
+# --- running ---------------------------------------------------------------------------------------------------------
+
+_NO_MODULE = re.compile(r"No module named '?nvmlcheck'?")
+_AUTH = ("permission denied", "host key verification failed", "too many authentication failures",
+         "no matching host key", "remote host identification has changed")
+_TIMEOUT = ("timed out", "operation timed out")
+_STDERR_KEEP = 2000
+#: Seconds to keep reading after the ssh we started exited (a ControlMaster may still hold copies of its pipes).
+_PIPE_GRACE_S = 1.0
+
+
+def _trim(text: str) -> str:
+    text = text.strip()
+    return text if len(text) <= _STDERR_KEEP else "..." + text[-_STDERR_KEEP:]
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else ""
+
+
+def _words(name: str, value: Sequence[str] | str) -> tuple[str, ...]:
+    """A string split like a shell (``ValueError`` naming ``name`` when it cannot be), or the words as given."""
+    if not isinstance(value, str):
+        return tuple(value)
+    try:
+        return tuple(shlex.split(value))
+    except ValueError as exc:
+        raise ValueError(f"{name} {value!r} cannot be split like a shell: {exc}") from None
+
+
+def _deadline_for(timeout_s: float | None, connect_timeout_s: float) -> float | None:
+    return None if timeout_s is None else timeout_s + connect_timeout_s + START_ALLOWANCE_S
+
+
+class Fleet:
+    """Runs nvmlcheck commands on hosts; owns the ssh ControlMaster sockets (a private temporary directory).
+
+    Use it as a context manager (or call :meth:`close`) when calling :meth:`run` repeatedly, so the connections
+    are reused between calls and the masters are ended at the end. ``ssh``: the ssh program; ``ssh_options``: extra
+    words put right after it (default: ``$NVMLCHECK_SSH_OPTIONS`` split with shlex); ``remote_python``: the
+    interpreter on the hosts (default ``python3``); ``remote_prefix``: words the remote command runs behind, e.g.
+    ``"pct exec 129 --"`` (a string is split with shlex); ``connect_timeout_s``: ssh's ConnectTimeout; ``fanout``:
+    hosts at once; ``control_master``: reuse connections (default on).
+    """
+
+    def __init__(
+        self,
+        *,
+        ssh: str = "ssh",
+        ssh_options: Sequence[str] | str | None = None,
+        remote_python: str = "python3",
+        remote_prefix: Sequence[str] | str = (),
+        connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+        fanout: int = DEFAULT_FANOUT,
+        control_master: bool = True,
+    ) -> None:
+        if fanout < 1:
+            raise ValueError(f"fanout must be at least 1, got {fanout}")
+        if not connect_timeout_s > 0:
+            raise ValueError(f"connect_timeout_s must be > 0, got {connect_timeout_s}")
+        if not remote_python.strip():
+            raise ValueError("remote_python must not be empty")
+        if ssh_options is None:
+            ssh_options = os.environ.get("NVMLCHECK_SSH_OPTIONS", "")
+        self.ssh = ssh
+        self.ssh_options = _words("ssh_options (NVMLCHECK_SSH_OPTIONS)", ssh_options)
+        self.remote_python = remote_python
+        _words("remote_python", remote_python)  # checked here, split where used
+        self.remote_prefix = _words("remote_prefix", remote_prefix)
+        self.connect_timeout_s = connect_timeout_s
+        self.fanout = fanout
+        self._control_dir: str | None = None
+        self._control_master = control_master
+        self._used: set[Host] = set()
+        self._lock = threading.Lock()
+        self._running: set[subprocess.Popen[bytes]] = set()
+        self._closed = False
+        self._token = secrets.token_hex(8)
+
+    # -- argv ---------------------------------------------------------------------------------------------------------
+
+    def _control_path(self, host: Host) -> str | None:
+        if not self._control_master:
+            return None
+        with self._lock:
+            if self._control_dir is None:
+                # mkdtemp makes it 0700: nobody else can reach the sockets (a ControlMaster socket is a logged-in
+                # session). Short names: a Unix socket path is limited to ~108 bytes and ssh appends ~17 while
+                # creating it.
+                self._control_dir = tempfile.mkdtemp(prefix="nvmlcheck-ssh-")
+            self._used.add(host)
+            directory = self._control_dir
+        return os.path.join(directory, hashlib.sha1(str(host).encode()).hexdigest()[:12])
+
+    def ssh_argv(self, host: Host) -> list[str]:
+        """The ssh command up to and including the destination (what a remote command is appended to)."""
+        argv = [self.ssh, "-o", "BatchMode=yes", "-o", f"ConnectTimeout={max(1, round(self.connect_timeout_s))}"]
+        control = self._control_path(host)
+        if control is not None:
+            argv += ["-o", "ControlMaster=auto", "-o", f"ControlPath={control}",
+                     "-o", f"ControlPersist={CONTROL_PERSIST_S}"]
+        argv += self.ssh_options
+        if host.port is not None:
+            argv += ["-p", str(host.port)]
+        # "--": the destination can never be read as an option (Host.parse refuses a leading "-" as well).
+        return [*argv, "--", host.destination]
+
+    def remote_argv(self, command: Sequence[str]) -> list[str]:
+        """The words run on the host: the prefix, the interpreter, ``-m nvmlcheck --json`` and the command."""
+        return [*self.remote_prefix, *shlex.split(self.remote_python), "-m", "nvmlcheck", "--json", *command]
+
+    def argv(self, host: Host, command: Sequence[str]) -> list[str]:
+        """The full local argv for ``command`` on ``host``: ssh's words, then the remote command as one string
+        quoted with :func:`shlex.join` (ssh joins its arguments with spaces for the remote shell; one pre-quoted
+        word keeps every remote word intact, whatever it contains)."""
+        return [*self.ssh_argv(host), shlex.join(self.remote_argv(command))]
+
+    def smi_prefix(self, host: Host) -> list[str]:
+        """The prefix for the smi backend's fallback: ssh to ``host`` and the remote prefix, each remote word
+        quoted for the remote shell (the smi runner quotes the nvidia-smi words after it)."""
+        return [*self.ssh_argv(host), *(shlex.quote(w) for w in self.remote_prefix)]
+
+    # -- one host -----------------------------------------------------------------------------------------------------
+
+    def _spawn(self, argv: Sequence[str]) -> subprocess.Popen[bytes]:
+        # A new session per ssh: the deadline and the caller's interruption kill its whole process group (ssh, a
+        # ProxyCommand, ...) with one killpg. A ControlPersist master daemonises into its own session and is ended
+        # by close() with "ssh -O exit".
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("this Fleet was stopped")
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    start_new_session=True)
+            self._running.add(proc)
+        return proc
+
+    def _finish(self, proc: subprocess.Popen[bytes], deadline: float | None) -> tuple[int | None, str, str]:
+        """Read its output until it exits, killing its group at ``deadline`` (monotonic) or when the fleet is
+        stopped; returns (returncode, or None when killed or ended by a signal, stdout, stderr).
+
+        Not ``communicate()``: with ControlMaster the master process holds copies of our pipes (the mux client
+        passes them over its socket), so the pipes may not reach end-of-file when the ssh we started dies. This
+        reads while the process lives, and stops reading :data:`_PIPE_GRACE_S` after it exited.
+        """
+        assert proc.stdout is not None and proc.stderr is not None
+        buffers = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
+        out, err = buffers.values()
+        killed = False
+        exited_at: float | None = None
+        try:
+            with selectors.DefaultSelector() as sel:
+                for fd in buffers:
+                    sel.register(fd, selectors.EVENT_READ)
+                while True:
+                    now = time.monotonic()
+                    if not killed and (self._closed or (deadline is not None and now >= deadline)):
+                        self._kill(proc)
+                        killed = True
+                    if exited_at is None and proc.poll() is not None:
+                        exited_at = now
+                    # Killed: its answer is dropped anyway, so stop at once rather than wait for the master's copies.
+                    if exited_at is not None and (killed or not sel.get_map() or now - exited_at > _PIPE_GRACE_S):
+                        break
+                    # Short slices: the deadline and stop() are checked at least every 50 ms.
+                    for key, _ in sel.select(0.05 if sel.get_map() else 0):
+                        chunk = os.read(key.fd, 1 << 16)
+                        if chunk:
+                            buffers[key.fd] += chunk
+                        else:
+                            sel.unregister(key.fd)
+                    if not sel.get_map() and exited_at is None:
+                        # Output complete, the process not yet reaped: wait for it in short slices too.
+                        with contextlib.suppress(subprocess.TimeoutExpired):
+                            proc.wait(0.05)
+        finally:
+            proc.stdout.close()
+            proc.stderr.close()
+            with self._lock:
+                self._running.discard(proc)
+        rc = proc.returncode
+        if killed or rc is None or rc < 0:  # killed here, or by a signal: no answer
+            rc = None
+        return rc, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+
+    @staticmethod
+    def _kill(proc: subprocess.Popen[bytes]) -> None:
+        if proc.returncode is None:
+            # Not reaped yet, so its pid (= the group id) cannot have been reused.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+
+    @staticmethod
+    def _classify(host: Host, rc: int | None, out: str, err: str, waited_s: float) -> HostResult | HostError:
+        name = str(host)
+        if rc is None:
+            return HostTimeout(name, f"no answer within {waited_s:.1f} s (ssh killed)", None, _trim(err))
+        document: dict[str, Any] | None = None
+        text = out.strip()
+        if text.startswith("{"):
+            with contextlib.suppress(ValueError):
+                parsed = json.loads(text)
+                if isinstance(parsed, dict) and str(parsed.get("schema", "")).startswith("nvmlcheck/"):
+                    document = parsed
+        if document is None:
+            if _NO_MODULE.search(err) or (rc == 127 and "not found" in err.lower()):
+                return NoRemoteNvmlcheck(name, f"no nvmlcheck there ({_last_line(err)})", rc, _trim(err))
+            low = err.lower()
+            if rc == 255:
+                line = _last_line(err) or "ssh failed"
+                if any(k in low for k in _AUTH):
+                    return HostAuthError(name, line, rc, _trim(err))
+                if any(k in low for k in _TIMEOUT):
+                    return HostTimeout(name, line, rc, _trim(err))
+                return HostUnreachable(name, line, rc, _trim(err))
+            return RemoteError(name, f"exit {rc} without an nvmlcheck document: {_last_line(err) or _last_line(out)}",
+                               rc, _trim(err))
+        if document.get("schema") == "nvmlcheck/error":
+            error = document.get("error") or {}
+            message = f"{error.get('type', 'error')}: {error.get('message', '?')}"
+            return RemoteError(name, message, rc, _trim(err), document)
+        return HostResult(host, document, rc)
+
+    def _fallback(self, host: Host, deadline: float | None, fallback: FallbackFn,
+                  cause: HostError) -> HostResult | HostError:
+        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+        context = FallbackContext(tuple(self.smi_prefix(host)), remaining,
+                                  self.connect_timeout_s + START_ALLOWANCE_S, {**os.environ, _MARK: self._token},
+                                  lambda: self._closed)
+        try:
+            document, code = fallback(context)
+        except _Stopped:
+            return HostError(str(host), "stopped", None, cause.stderr)
+        except NvmlCheckError as exc:
+            if self._closed:
+                return HostError(str(host), "stopped", None, cause.stderr)
+            return RemoteError(str(host), f"no nvmlcheck there, and its nvidia-smi failed: {exc}", None,
+                               cause.stderr)
+        why = _last_line(cause.stderr) or cause.message
+        note = f"no nvmlcheck on the host ({why}): read through its nvidia-smi over ssh"
+        return HostResult(host, document, code, via="nvidia-smi", note=note)
+
+    def _one(self, host: Host, command: Sequence[str], deadline_s: float | None,
+             fallback: FallbackFn | None) -> HostResult:
+        started = time.monotonic()
+        deadline = None if deadline_s is None else started + deadline_s
+        try:
+            proc = self._spawn(self.argv(host, command))
+        except OSError as exc:
+            return HostResult(host, None, None, HostUnreachable(str(host), f"cannot start {self.ssh!r}: {exc}"))
+        except RuntimeError:
+            return HostResult(host, None, None, HostError(str(host), "stopped before it started"))
+        rc, out, err = self._finish(proc, deadline)
+        if rc is None and not self._closed:
+            # Killed at the deadline: the host's ControlMaster still carries the session (and the remote command);
+            # end it, so a fleet used again does not pile up sessions. The next call starts a new master.
+            directory = self._control_dir
+            if directory is not None:
+                self._wait_exits([self._exit_master(host, directory)])
+        answer = self._classify(host, rc, out, err, time.monotonic() - started)
+        if isinstance(answer, NoRemoteNvmlcheck):
+            if fallback is not None:
+                answer = self._fallback(host, deadline, fallback, answer)
+            elif command[0] in ("kill", "holders"):
+                answer = NoRemoteNvmlcheck(
+                    answer.host, f"{answer.message}: {command[0]} needs nvmlcheck on the host (nvidia-smi can neither "
+                    "signal processes nor see device files); install it there (pip install nvmlcheck) or point "
+                    "--remote-python at an interpreter that has it", answer.returncode, answer.stderr)
+        elapsed = round((time.monotonic() - started) * 1e9)
+        if isinstance(answer, HostError):
+            document = answer.document if isinstance(answer, RemoteError) else None
+            return HostResult(host, document, answer.returncode, answer, elapsed_ns=elapsed)
+        return HostResult(answer.host, answer.document, answer.exit_code, answer.error, answer.via, answer.note,
+                          elapsed)
+
+    # -- many hosts ---------------------------------------------------------------------------------------------------
+
+    def run(
+        self,
+        hosts: Iterable[str | Host],
+        command: Sequence[str],
+        *,
+        timeout_s: float | None = None,
+        deadline_s: float | None = None,
+        fallback: FallbackFn | None = None,
+        on_progress: Callable[[Sequence[Host], Sequence[HostResult]], object] | None = None,
+    ) -> list[HostResult]:
+        """Run ``nvmlcheck --json COMMAND...`` on every host; results in the hosts' order.
+
+        ``timeout_s``: the command's own timeout (``wait --timeout``), used for the default deadline. ``deadline_s``:
+        seconds each host may take from its start (default: ``timeout_s`` + the connect timeout + 5 s; ``None`` with
+        no ``timeout_s``: no deadline). ``fallback(context) -> (document, exit_code)``: how to
+        answer for a host without nvmlcheck (see :func:`run_on_hosts`); ``None``: such a host fails with
+        :class:`NoRemoteNvmlcheck`. ``on_progress(pending, done)`` is called in the caller's thread about 10 times a
+        second while hosts are pending, and once at the end. Any exception in the caller's thread while waiting
+        (KeyboardInterrupt, the CLI's Terminated) kills every ssh child before it propagates.
+        """
+        targets = parse_hosts(hosts)
+        if not command or command[0] not in COMMANDS:
+            raise ValueError(f"command must start with one of {', '.join(COMMANDS)}, got {list(command)[:1]}")
+        if deadline_s is None:
+            deadline_s = _deadline_for(timeout_s, self.connect_timeout_s)
+        results: dict[int, HostResult] = {}
+        todo: queue.SimpleQueue[int] = queue.SimpleQueue()
+        for i in range(len(targets)):
+            todo.put(i)
+        finished = threading.Condition()
+
+        def worker() -> None:
+            while True:
+                try:
+                    i = todo.get_nowait()
+                except queue.Empty:
+                    return
+                try:
+                    result = self._one(targets[i], command, deadline_s, fallback)
+                except Exception as exc:  # a bug must not look like a clean host, nor leave the caller waiting
+                    result = HostResult(targets[i], None, None, HostError(str(targets[i]), f"internal error: {exc!r}"))
+                with finished:
+                    results[i] = result
+                    finished.notify_all()
+
+        threads = [threading.Thread(target=worker, name=f"nvmlcheck-host-{n}", daemon=True)
+                   for n in range(min(self.fanout, len(targets)))]
+        try:
+            for t in threads:
+                t.start()
+            with finished:
+                while len(results) < len(targets):
+                    # A bounded wait, so signals reach the caller's thread promptly and progress is reported.
+                    finished.wait(0.1)
+                    if on_progress is not None:
+                        done = [results[i] for i in sorted(results)]
+                        pending = [targets[i] for i in range(len(targets)) if i not in results]
+                        finished.release()
+                        try:
+                            on_progress(pending, done)
+                        finally:
+                            finished.acquire()
+        except BaseException:
+            self.stop()
+            raise
+        finally:
+            for t in threads:
+                t.join()
+        ordered = [results[i] for i in range(len(targets))]
+        if on_progress is not None:
+            on_progress([], ordered)
+        return ordered
+
+    def stop(self) -> None:
+        """Kill every running ssh child (its process group); later starts are refused. Safe from any thread."""
+        with self._lock:
+            self._closed = True
+            running = list(self._running)
+        for proc in running:
+            self._kill(proc)
+        # The nvidia-smi fallback's ssh runs are started by the smi backend, not here: find them among this
+        # process's children by the mark in their environment (each leads its own process group).
+        for pid in self._marked_children():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+
+    def _marked_children(self) -> list[int]:
+        mark = f"{_MARK}={self._token}".encode()
+        pids: list[int] = []
+        try:
+            tasks = os.listdir("/proc/self/task")
+        except OSError:  # not Linux: the smi runner's own timeout bounds those runs
+            return pids
+        for task in tasks:
+            try:
+                with open(f"/proc/self/task/{task}/children", encoding="ascii") as f:
+                    children = [int(p) for p in f.read().split()]
+            except OSError:
+                continue
+            for pid in children:
+                try:
+                    with open(f"/proc/{pid}/environ", "rb") as f:
+                        marked = mark in f.read().split(b"\0")
+                    # Only a group leader: killpg must not reach a group this fleet did not create.
+                    if marked and os.getpgid(pid) == pid:
+                        pids.append(pid)
+                except OSError:
+                    continue
+        return pids
+
+    def _exit_master(self, host: Host, directory: str) -> subprocess.Popen[bytes] | None:
+        """Start ``ssh -O exit`` for ``host``'s ControlMaster (ending it and the sessions it carries), if any."""
+        path = os.path.join(directory, hashlib.sha1(str(host).encode()).hexdigest()[:12])
+        if not os.path.exists(path):
+            return None
+        argv = [self.ssh, "-o", f"ControlPath={path}", *self.ssh_options, "-O", "exit"]
+        if host.port is not None:
+            argv += ["-p", str(host.port)]
+        argv += ["--", host.destination]
+        try:
+            return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL, start_new_session=True)
+        except OSError:
+            return None
+
+    def _wait_exits(self, exits: Iterable[subprocess.Popen[bytes] | None]) -> None:
+        for proc in exits:
+            if proc is None:
+                continue
+            try:
+                proc.wait(5.0)
+            except subprocess.TimeoutExpired:
+                self._kill(proc)
+                proc.wait()
+
+    def close(self) -> None:
+        """Stop, end the ControlMaster processes this fleet started (``ssh -O exit``) and remove their directory."""
+        self.stop()
+        with self._lock:
+            directory, used = self._control_dir, list(self._used)
+            self._control_dir = None
+            self._used.clear()
+        if directory is None:
+            return
+        try:
+            self._wait_exits([self._exit_master(host, directory) for host in used])
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+
+    def __enter__(self) -> Fleet:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# --- commands --------------------------------------------------------------------------------------------------------
+
+class _Stopped(Exception):
+    """The fleet was stopped while a fallback was waiting."""
+
+
+@dataclass(frozen=True, slots=True)
+class SmiFallback:
+    """How to answer ``snapshot`` or ``wait`` for a host without nvmlcheck: through its nvidia-smi (the smi
+    backend, behind the ssh command as its prefix), with the same document the remote CLI would print.
+
+    ``command``: ``"snapshot"`` or ``"wait"``; the other fields mean what the CLI options of the same names mean
+    (``timeout_s`` ``None``: wait until the host's deadline).
+    """
+
+    command: Literal["snapshot", "wait"]
+    devices: tuple[int | str, ...] | None = None
+    timeout_s: float | None = 30.0
+    max_used_bytes: int = 16 << 20
+    stable_polls: int = 2
+    pids: tuple[int, ...] = field(default=())
+
+    def __call__(self, context: FallbackContext) -> tuple[dict[str, Any], int]:
+        """Read the host through ``context.prefix`` within ``context.remaining_s``; returns (document, exit code)."""
+        from . import predicates as p
+        from .backends.smi import SmiBackend
+        from .errors import WaitTimeout
+        from .jsonout import document, snapshot_json
+        from .session import Session
+
+        remaining_s = context.remaining_s
+        # Each nvidia-smi run over ssh is bounded by what is left of the host's deadline, and by the time one run
+        # may take (a hung one must not outlive a stop() by more than that).
+        smi_timeout = context.run_timeout_s if remaining_s is None else max(0.5, min(remaining_s,
+                                                                                  context.run_timeout_s))
+        backend = SmiBackend(prefix=list(context.prefix), timeout_s=smi_timeout, env=context.env)
+
+        def on_poll(point: object) -> None:
+            if context.stopped():
+                raise _Stopped
+
+        with Session(backend) as gpus:
+            devices = list(self.devices) if self.devices else None
+            if self.command == "snapshot":
+                snap = gpus.snapshot(devices)
+                return document("snapshot", **snapshot_json(snap)), 3 if snap.failures or not snap.devices else 0
+            predicate = p.no_processes() & p.memory_used_at_most(self.max_used_bytes)
+            if self.pids:
+                predicate = predicate & p.pids_gone(self.pids)
+            timeout = self.timeout_s
+            if remaining_s is not None:
+                timeout = remaining_s if timeout is None else min(timeout, remaining_s)
+            try:
+                res = gpus.wait_until_clean(timeout, predicate, devices=devices, stable_polls=self.stable_polls,
+                                            on_poll=on_poll)
+            except WaitTimeout as exc:
+                return document("wait", clean=False, elapsed_ns=exc.elapsed_ns, timeout_s=exc.timeout_s,
+                                polls=exc.polls, culprits=list(exc.culprits),
+                                snapshot=None if exc.snapshot is None else snapshot_json(exc.snapshot)), 1
+            return document("wait", clean=True, elapsed_ns=res.elapsed_ns, first_clean_ns=res.first_clean_ns,
+                            last_dirty_ns=res.last_dirty_ns, polls=res.polls, poll_cost_ns=res.poll_cost_ns,
+                            interval_ns=res.interval_ns, culprits=[], snapshot=snapshot_json(res.snapshot)), 0
+
+
+def run_on_hosts(
+    hosts: Iterable[str | Host],
+    command: Sequence[str],
+    *,
+    timeout_s: float | None = None,
+    deadline_s: float | None = None,
+    fallback: SmiFallback | FallbackFn | None = None,
+    on_progress: Callable[[Sequence[Host], Sequence[HostResult]], object] | None = None,
+    **fleet_options: Any,
+) -> list[HostResult]:
+    """Run ``nvmlcheck --json COMMAND...`` (``command`` as CLI words: ``["wait", "--timeout", "5"]``) on every
+    host through ssh, in parallel; results in the hosts' order. One call, one :class:`Fleet` (closed at the end).
+
+    ``timeout_s``: the command's timeout, for the default deadline (:meth:`Fleet.run`). ``fallback``: how to
+    answer for hosts without nvmlcheck (an :class:`SmiFallback` for ``snapshot``/``wait``; ``None``: they fail
+    with :class:`NoRemoteNvmlcheck`). ``fleet_options``: :class:`Fleet`'s keyword arguments (``remote_prefix``,
+    ``remote_python``, ``fanout``, ``ssh_options``, ``connect_timeout_s``). Bad host specs raise ``ValueError``
+    before anything runs. :func:`overall_exit_code` turns the results into one verdict.
+    """
+    targets = parse_hosts(hosts)
+    with Fleet(**fleet_options) as fleet:
+        return fleet.run(targets, command, timeout_s=timeout_s, deadline_s=deadline_s, fallback=fallback,
+                         on_progress=on_progress)
+
+
+def wait_on_hosts(
+    hosts: Iterable[str | Host],
+    timeout_s: float | None = 30.0,
+    *,
+    max_used_bytes: int = 16 << 20,
+    stable_polls: int = 2,
+    pids: Sequence[int] = (),
+    devices: Sequence[int | str] | None = None,
+    **options: Any,
+) -> list[HostResult]:
+    """``nvmlcheck wait`` on every host (hosts without nvmlcheck through their nvidia-smi); see
+    :func:`run_on_hosts` for ``options``."""
+    command = ["wait", "--timeout", "none" if timeout_s is None else repr(float(timeout_s)),
+               "--max-used", str(max_used_bytes), "--stable-polls", str(stable_polls)]
+    if pids:
+        command += ["--pids", *map(str, pids)]
+    if devices:
+        command += ["--devices", ",".join(map(str, devices))]
+    fallback = SmiFallback("wait", tuple(devices) if devices else None, timeout_s, max_used_bytes, stable_polls,
+                           tuple(pids))
+    return run_on_hosts(hosts, command, timeout_s=timeout_s, fallback=fallback, **options)
+
+
+def snapshot_on_hosts(hosts: Iterable[str | Host], *, devices: Sequence[int | str] | None = None,
+                      timeout_s: float | None = 30.0, **options: Any) -> list[HostResult]:
+    """``nvmlcheck snapshot`` on every host (hosts without nvmlcheck through their nvidia-smi); ``timeout_s``
+    bounds each host's answer beyond its connect time."""
+    command = ["snapshot"] + (["--devices", ",".join(map(str, devices))] if devices else [])
+    fallback = SmiFallback("snapshot", tuple(devices) if devices else None)
+    return run_on_hosts(hosts, command, timeout_s=timeout_s, fallback=fallback, **options)

@@ -1,0 +1,119 @@
+"""nvmlcheck.hosts without ssh: host specs, hosts files, the ssh argv, classification, the one verdict."""
+
+from __future__ import annotations
+
+import pickle
+import shlex
+from pathlib import Path
+
+import pytest
+
+from nvmlcheck.hosts import (
+    Fleet,
+    Host,
+    HostAuthError,
+    HostResult,
+    HostTimeout,
+    HostUnreachable,
+    NoRemoteNvmlcheck,
+    RemoteError,
+    overall_exit_code,
+    parse_hosts,
+    read_hosts_file,
+)
+
+
+@pytest.mark.parametrize(
+    ("spec", "host", "user", "port", "text"),
+    [
+        ("gpu01", "gpu01", None, None, "gpu01"),
+        ("root@gpu01", "gpu01", "root", None, "root@gpu01"),
+        ("root@10.0.0.7:2222", "10.0.0.7", "root", 2222, "root@10.0.0.7:2222"),
+        ("[::1]", "::1", None, None, "[::1]"),
+        ("admin@[fe80::1%eth0]:22", "fe80::1%eth0", "admin", 22, "admin@[fe80::1%eth0]:22"),
+        (" gpu-02.example.org ", "gpu-02.example.org", None, None, "gpu-02.example.org"),
+    ],
+)
+def test_host_specs(spec: str, host: str, user: str | None, port: int | None, text: str) -> None:
+    parsed = Host.parse(spec)
+    assert (parsed.host, parsed.user, parsed.port) == (host, user, port)
+    assert str(parsed) == text
+    assert Host.parse(str(parsed)) == parsed
+
+
+@pytest.mark.parametrize(
+    "spec", ["", "-oProxyCommand=sh", "root@", "@gpu", "gpu:0", "gpu:65536", "gpu:x", "::1", "[::1", "[gpu]",
+             "a b", "gpu;rm", "$(id)@gpu", "[::1]x"],
+)
+def test_bad_host_specs_name_themselves(spec: str) -> None:
+    with pytest.raises(ValueError, match="bad host"):
+        Host.parse(spec)
+
+
+def test_parse_hosts_keeps_order_and_drops_duplicates() -> None:
+    assert [str(h) for h in parse_hosts(["b", "a", "b", Host("c")])] == ["b", "a", "c"]
+
+
+def test_hosts_file(tmp_path: Path) -> None:
+    path = tmp_path / "hosts"
+    path.write_text("# fleet\ngpu01\n\n  root@gpu02:2222  # the second\n#gpu03\n", encoding="utf-8")
+    assert read_hosts_file(path) == ["gpu01", "root@gpu02:2222"]
+
+
+def test_the_remote_command_is_one_quoted_word() -> None:
+    fleet = Fleet(ssh_options="-F /x/ssh_config", remote_prefix="pct exec 129 --", remote_python="python3 -S",
+                  control_master=False)
+    argv = fleet.argv(Host.parse("root@gpu01:2222"), ["wait", "--devices", "0;rm -rf /"])
+    assert argv[:3] == ["ssh", "-o", "BatchMode=yes"]
+    assert "-F" in argv and argv[argv.index("-p") + 1] == "2222"
+    assert argv[-3:-1] == ["--", "root@gpu01"]
+    assert shlex.split(argv[-1]) == ["pct", "exec", "129", "--", "python3", "-S", "-m", "nvmlcheck", "--json",
+                                     "wait", "--devices", "0;rm -rf /"]
+
+
+def test_fleet_options_are_checked() -> None:
+    with pytest.raises(ValueError, match="fanout"):
+        Fleet(fanout=0)
+    with pytest.raises(ValueError):
+        Fleet(remote_prefix="pct 'exec")
+
+
+@pytest.mark.parametrize(
+    ("rc", "stderr", "cls"),
+    [
+        (255, "ssh: connect to host 127.0.0.9 port 22: Connection refused\n", HostUnreachable),
+        (255, "root@gpu: Permission denied (publickey).\n", HostAuthError),
+        (255, "Host key verification failed.\n", HostAuthError),
+        (255, "Connection timed out during banner exchange\n", HostTimeout),
+        (1, "/usr/bin/python3: No module named nvmlcheck\n", NoRemoteNvmlcheck),
+        (127, "bash: line 1: python3: command not found\n", NoRemoteNvmlcheck),
+        (1, "Traceback ...\nSyntaxError\n", RemoteError),
+        (None, "", HostTimeout),
+    ],
+)
+def test_failures_are_classified(rc: int | None, stderr: str, cls: type) -> None:
+    answer = Fleet._classify(Host("gpu"), rc, "", stderr, 1.0)
+    assert type(answer) is cls
+    assert str(answer).startswith("gpu: ")
+    assert pickle.loads(pickle.dumps(answer)).args == answer.args  # type: ignore[union-attr]
+
+
+def test_documents_are_kept_and_error_documents_are_remote_errors() -> None:
+    ok = Fleet._classify(Host("gpu"), 1, '{"schema": "nvmlcheck/wait", "version": 1, "clean": false}', "", 0.1)
+    assert isinstance(ok, HostResult) and ok.verdict == "not-clean"
+    err = Fleet._classify(
+        Host("gpu"), 3, '{"schema": "nvmlcheck/error", "version": 1, "error": {"type": "GpuLost", "message": "lost"}}',
+        "", 0.1)
+    assert isinstance(err, RemoteError) and err.document is not None and "GpuLost: lost" in str(err)
+
+
+def test_one_verdict() -> None:
+    def r(code: int | None, doc: bool = True) -> HostResult:
+        return HostResult(Host("h"), {"schema": "nvmlcheck/wait"} if doc else None, code)
+
+    assert overall_exit_code([]) == 0
+    assert overall_exit_code([r(0), r(0)]) == 0
+    assert overall_exit_code([r(0), r(1)]) == 1
+    assert overall_exit_code([r(1), r(0, doc=False)]) == 3
+    assert overall_exit_code([r(0), r(3)]) == 3
+    assert r(0, doc=False).verdict == "failed"  # no document never looks clean
