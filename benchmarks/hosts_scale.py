@@ -44,6 +44,7 @@ def _load_lab() -> Any:
     spec = importlib.util.spec_from_file_location("nvmlcheck_sshlab", ROOT / "tests" / "hosts" / "sshlab.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class body runs
     spec.loader.exec_module(module)
     return module
 
