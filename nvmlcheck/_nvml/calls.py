@@ -19,6 +19,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, NewType
 
+from .._proc.procfs import PID_MAX_LIMIT  # NVML reports host PIDs, so nothing above is real
 from ..errors import CorruptData, FunctionNotFound, InsufficientSize, NvmlError, error_class_for_code
 from ..model import Memory, ProcessKind, RemappedRows, RetiredPage, RetirementCause
 from ._ffi import ffi as _ffi
@@ -58,8 +59,6 @@ _DEVICE_LEVEL_CODES = frozenset((1, 9, 12, 15, 16, 18))
 NOT_AVAILABLE_U64 = (1 << 64) - 1
 #: MIG instance ids outside MIG.
 NOT_MIG_U32 = 0xFFFFFFFF
-#: Linux's largest possible PID (include/linux/threads.h); NVML reports host PIDs, so nothing above is real.
-PID_MAX_LIMIT = 4 * 1024 * 1024
 #: Process-list attempts before giving up on a list that keeps growing between calls.
 MAX_LIST_ATTEMPTS = 8
 # Entries requested on the first process-list call: one call instead of the count-then-fill pair in the common case.

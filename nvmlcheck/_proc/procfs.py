@@ -26,7 +26,9 @@ __all__ = [
     "read_status",
 ]
 
-#: Linux's hard upper bound on ``/proc/sys/kernel/pid_max`` (4 Mi): used when that file cannot be read.
+#: Linux's largest possible PID, the hard upper bound on ``/proc/sys/kernel/pid_max`` (``PID_MAX_LIMIT`` of
+#: include/linux/threads.h, 4 Mi on 64-bit): used when that file cannot be read, and the one definition in the package
+#: (a process list naming a larger PID is corrupt data, from NVML or nvidia-smi).
 PID_MAX_LIMIT = 4_194_304
 
 #: The words for the state letters of ``/proc/PID/stat`` (proc(5)).

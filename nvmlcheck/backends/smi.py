@@ -71,8 +71,11 @@ from ..errors import (
     error_class_for_code,
 )
 from ..model import DeviceFailure, DeviceState, Fields, ProcessKind, RetiredPage, Snapshot, SystemInfo
-from . import smi_csv
-from .smi_csv import GpuRecord, HandleFailure, ProcessLists
+from ._smi.pids import parse_pids_query
+from ._smi.queries import GpuRecord, parse_compute_apps, parse_query_gpu, parse_retired_pages
+from ._smi.small import cuda_version_number, parse_list_gpus, parse_version_output
+from ._smi.text import HandleFailure, has_handle_failure
+from ._smi_state import ProcessLists, build_device_state
 
 if TYPE_CHECKING:
     from ..wait import Deadline
@@ -514,10 +517,10 @@ class SmiBackend:
         if result.returncode == 6 and _NO_DEVICES_TEXT in result.output.lower():
             self._identity = {}  # nvidia-smi answered: there is no GPU
             return
-        if result.returncode != 0 and not smi_csv.has_handle_failure(result.output):
+        if result.returncode != 0 and not has_handle_failure(result.output):
             _raise_for(result, self._prefixed)
         with _parsing(result):
-            records, failures = smi_csv.parse_query_gpu(result.stdout, _IDENTITY_FIELDS)
+            records, failures = parse_query_gpu(result.stdout, _IDENTITY_FIELDS)
         self._identity = {r.index: _Identity(r.index, r.uuid, r.name, r.pci_bus_id, r.serial) for r in records}
         # A GPU lost before we opened still counts: it must show up in every snapshot as a failure, never vanish.
         # nvidia-smi numbers GPUs in PCI order and prints the lost one's bus id; when it names no index, the gaps
@@ -542,7 +545,7 @@ class SmiBackend:
         if self._system is None:
             unknown = {"nvml_version": "nvidia-smi does not print nvmlSystemGetNVMLVersion's value"}
             unknown.update(self._version_problem)
-            cuda = smi_csv.cuda_version_number(self._cuda_version) if self._cuda_version else None
+            cuda = cuda_version_number(self._cuda_version) if self._cuda_version else None
             if cuda is None:
                 printed = self._cuda_version or ""
                 why = (
@@ -560,7 +563,7 @@ class SmiBackend:
         # An old nvidia-smi without --version (or an odd answer) costs only the CUDA version, never the backend.
         try:
             _raise_for(result, self._prefixed)
-            versions = smi_csv.parse_version_output(result.stdout)
+            versions = parse_version_output(result.stdout)
         except NvmlCheckError as exc:
             self._version_problem = {"cuda_driver_version": f"nvidia-smi --version failed: {exc}"}
             return
@@ -637,7 +640,7 @@ class SmiBackend:
                 continue
             ident = self._identity_for(record)
             devices.append(
-                smi_csv.build_device_state(
+                build_device_state(
                     record,
                     fields,
                     processes=lists.get(record.uuid),
@@ -741,11 +744,11 @@ class SmiBackend:
     def _parse_gpus(
         self, result: SmiResult, gpu_fields: Sequence[str], deadline: Deadline | None = None
     ) -> tuple[tuple[GpuRecord, ...], tuple[HandleFailure, ...]]:
-        if result.returncode != 0 and not smi_csv.has_handle_failure(result.output):
+        if result.returncode != 0 and not has_handle_failure(result.output):
             _raise_for(result, self._prefixed)
         # Some GPUs could not be read; nvidia-smi still printed the others (exit 15 for a lost one).
         with _parsing(result):
-            records, failures = smi_csv.parse_query_gpu(result.stdout, gpu_fields)
+            records, failures = parse_query_gpu(result.stdout, gpu_fields)
         known = {i.uuid for i in self._identity.values()}
         if any(r.uuid not in known for r in records):
             self._load_identity(deadline)  # GPUs were re-enumerated: refresh the cached identity
@@ -763,12 +766,12 @@ class SmiBackend:
         return ("--query-compute-apps=" + ",".join(_APPS_FIELDS), _FORMAT)
 
     def _process_lists(self, result: SmiResult, records: Sequence[GpuRecord]) -> dict[str, ProcessLists]:
-        if result.returncode != 0 and not smi_csv.has_handle_failure(result.output):
+        if result.returncode != 0 and not has_handle_failure(result.output):
             _raise_for(result, self._prefixed)
         if self._process_query == "pids":
             return self._pids_lists(result, records)
         with _parsing(result):
-            listing = smi_csv.parse_compute_apps(result.stdout, _APPS_FIELDS)
+            listing = parse_compute_apps(result.stdout, _APPS_FIELDS)
         not_csv = "nvidia-smi --query-compute-apps lists compute processes only (use process_query='pids')"
         out: dict[str, ProcessLists] = {}
         for r in records:
@@ -782,7 +785,7 @@ class SmiBackend:
 
     def _pids_lists(self, result: SmiResult, records: Sequence[GpuRecord]) -> dict[str, ProcessLists]:
         with _parsing(result):
-            listing = smi_csv.parse_pids_query(result.stdout)
+            listing = parse_pids_query(result.stdout)
         self._note_cuda_version(listing.cuda_version)
         handle_failed = {hf.pci_bus_id: hf for hf in listing.failures if hf.pci_bus_id}
         out: dict[str, ProcessLists] = {}
@@ -818,7 +821,7 @@ class SmiBackend:
         try:
             _raise_for(result, self._prefixed)
             with _parsing(result):
-                uuids = smi_csv.parse_list_gpus(result.stdout)
+                uuids = parse_list_gpus(result.stdout)
         except NvmlCheckError as exc:
             why = f"nvidia-smi -L failed: {exc}"
         for r in records:
@@ -839,9 +842,9 @@ class SmiBackend:
     def _note_cuda_version(self, text: str | None) -> None:
         """Take ``-q``'s CUDA Version when ``--version`` gave none that reads as a version (driver 610 prints
         ``CUDA Version: Deprecated, see ...`` there, and may still print the number in ``-q``)."""
-        if text is None or smi_csv.cuda_version_number(text) is None:
+        if text is None or cuda_version_number(text) is None:
             return
-        if self._cuda_version is None or smi_csv.cuda_version_number(self._cuda_version) is None:
+        if self._cuda_version is None or cuda_version_number(self._cuda_version) is None:
             self._cuda_version = text
             self._version_problem = {}
             self._system = None  # rebuilt with the version on the next system()
@@ -855,7 +858,7 @@ class SmiBackend:
         result = self._run(args, deadline)
         _raise_for(result, self._prefixed)
         with _parsing(result):
-            listing = smi_csv.parse_retired_pages(result.stdout, _RETIRED_FIELDS)
+            listing = parse_retired_pages(result.stdout, _RETIRED_FIELDS)
         out: dict[str, tuple[RetiredPage, ...] | str] = {}
         for r in records:
             if r.uuid in listing.unsupported:

@@ -1,0 +1,397 @@
+"""The CSV queries: ``--query-gpu``, ``--query-compute-apps``, ``--query-retired-pages``, ``--query-remapped-rows``.
+
+Each parser takes the text nvidia-smi printed (with or without a header and units) and returns plain records:
+:class:`GpuRecord` per GPU row (memory, clocks, page and row counts, MIG mode, each part ``None`` with a reason in
+``unknown`` when a placeholder stood in it), :class:`ProcessListing`, :class:`RetiredListing`, or remapped rows per
+GPU. A row whose UUID is a placeholder is a :class:`~.text.HandleFailure`. Values that parse but cannot be true
+(used > total, an impossible PID) raise :class:`~nvmlcheck.CorruptData`. No I/O and no
+:class:`~nvmlcheck.model.DeviceState`: :mod:`nvmlcheck.backends._smi_state` assembles those.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Final
+
+from ...errors import CorruptData, SmiParseError
+from ...model import (
+    MIB,
+    ClockEventReason,
+    Clocks,
+    ClockSet,
+    GpuProcess,
+    Memory,
+    ProcessKind,
+    RemappedRows,
+    RetiredPage,
+    RetirementCause,
+)
+from .aliases import COMPUTE_APPS_ALIASES, QUERY_GPU_ALIASES, REMAPPED_ROWS_ALIASES, RETIRED_PAGES_ALIASES
+from .table import HEX, Cells, Table, known, parse_table
+from .text import HandleFailure, Unavailable, check_pid, code_for_message, is_uint, placeholder, strip_deprecation
+
+__all__ = [
+    "GpuRecord",
+    "ProcessListing",
+    "RetiredListing",
+    "parse_compute_apps",
+    "parse_query_gpu",
+    "parse_remapped_rows",
+    "parse_retired_pages",
+]
+
+
+@dataclass(slots=True)  # not frozen: built for every GPU every poll, and frozen __init__ costs (treat as read-only)
+class GpuRecord:
+    """One ``--query-gpu`` row, converted. Parts whose columns were not asked for are ``None`` without a reason;
+    parts that could not be read are ``None`` with the reason in ``unknown`` (dotted model paths).
+
+    ``retired_sbe``/``retired_dbe`` are ``retired_pages.sbe``/``.dbe`` (page counts, to decide whether the retired
+    pages need to be listed at all).
+    """
+
+    line_no: int
+    index: int
+    uuid: str
+    name: str | None
+    pci_bus_id: str | None
+    serial: str | None
+    driver_version: str | None
+    memory: Memory | None
+    clocks: Clocks | None
+    retired_sbe: int | None
+    retired_dbe: int | None
+    retired_pending: bool | None
+    remapped_rows: RemappedRows | None
+    unknown: Mapping[str, str]
+    #: ``mig.mode.current``: True Enabled, False Disabled or not supported (``[N/A]``), None not asked or unknown.
+    mig_mode: bool | None = None
+
+
+_MEMORY_COLUMNS = ("memory.total", "memory.used", "memory.free")
+_CLOCK_DOMAINS = (("graphics", "graphics_mhz"), ("sm", "sm_mhz"), ("memory", "memory_mhz"), ("video", "video_mhz"))
+_REMAPPED_COLUMNS = (
+    "remapped_rows.correctable",
+    "remapped_rows.uncorrectable",
+    "remapped_rows.pending",
+    "remapped_rows.failure",
+)
+
+
+def parse_query_gpu(
+    text: str, requested: Sequence[str] | None = None, *, header: bool = True
+) -> tuple[tuple[GpuRecord, ...], tuple[HandleFailure, ...]]:
+    """Parse ``nvidia-smi --query-gpu=... --format=csv[,nounits]``.
+
+    ``index`` and ``uuid`` must be among the columns. A row whose UUID is a placeholder (``[GPU requires reset]``)
+    becomes a :class:`HandleFailure`, as do ``Unable to determine the device handle`` lines.
+    """
+    table = parse_table(text, QUERY_GPU_ALIASES, requested, header=header)
+    for needed in ("index", "uuid"):
+        if not table.has(needed):
+            raise SmiParseError(f"--query-gpu output lacks the {needed} column", 1, "")
+    records: list[GpuRecord] = []
+    failures = list(table.failures)
+    for row in table.rows:
+        cells = Cells(table, row)
+        index = cells.uint("index")
+        uuid = cells.uuid("uuid")
+        if isinstance(index, Unavailable):
+            raise cells.fail(f"index is {index.text}: the row cannot be attributed to a GPU")
+        if isinstance(uuid, Unavailable):
+            pci = cells.pci("pci.bus_id") if table.has("pci.bus_id") else None
+            failures.append(
+                HandleFailure(
+                    row.line_no,
+                    row.line,
+                    pci if isinstance(pci, str) else None,
+                    index,
+                    f"its UUID reads {uuid.text}",
+                    code_for_message(uuid.text),
+                )
+            )
+            continue
+        records.append(_gpu_record(table, cells, index, uuid))
+    return tuple(records), tuple(failures)
+
+
+def _optional_text(table: Table, cells: Cells, name: str, key: str, unknown: dict[str, str]) -> str | None:
+    if not table.has(name):
+        return None
+    value = cells.pci(name) if name == "pci.bus_id" else cells.text(name)
+    if isinstance(value, str) and name == "driver_version":
+        value = strip_deprecation(value)[0] or value  # driver 610 marks it deprecated in -q; keep the number
+    return value if known(value, name, unknown, key) and isinstance(value, str) else None
+
+
+def _gpu_record(table: Table, cells: Cells, index: int, uuid: str) -> GpuRecord:
+    unknown: dict[str, str] = {}
+    memory = _memory(table, cells, index, unknown) if table.has("memory.used") else None
+    clocks = _clocks(table, cells, unknown) if table.has("clocks.current.sm") else None
+    sbe = dbe = None
+    pending = None
+    remapped = None
+    if table.has("retired_pages.single_bit_ecc.count"):
+        s = cells.uint("retired_pages.single_bit_ecc.count")
+        d = cells.uint("retired_pages.double_bit.count")
+        ok_s = known(s, "retired_pages.single_bit_ecc.count", unknown, "health.retired_pages")
+        ok_d = known(d, "retired_pages.double_bit.count", unknown, "health.retired_pages")
+        if ok_s and ok_d and isinstance(s, int) and isinstance(d, int):
+            sbe, dbe = s, d
+    if table.has("retired_pages.pending"):
+        p = cells.flag("retired_pages.pending")
+        known(p, "retired_pages.pending", unknown, "health.retired_pages_pending")
+        pending = p if isinstance(p, bool) else None
+    if table.has("remapped_rows.correctable"):
+        remapped = _remapped(cells, unknown)
+    mig_mode: bool | None = None
+    if table.has("mig.mode.current"):
+        mode = cells.flag("mig.mode.current")
+        if isinstance(mode, bool):
+            mig_mode = mode
+        elif mode.text in ("[N/A]", "N/A", "[Not Supported]"):
+            mig_mode = False  # a GPU without MIG: nvmlDeviceGetMigMode's NOT_SUPPORTED
+        else:
+            unknown["mig"] = mode.reason("mig.mode.current")
+    return GpuRecord(
+        line_no=cells.row.line_no,
+        index=index,
+        uuid=uuid,
+        name=_optional_text(table, cells, "name", "name", unknown),
+        pci_bus_id=_optional_text(table, cells, "pci.bus_id", "pci_bus_id", unknown),
+        serial=_optional_text(table, cells, "serial", "serial", unknown),
+        driver_version=_optional_text(table, cells, "driver_version", "driver_version", unknown),
+        memory=memory,
+        clocks=clocks,
+        retired_sbe=sbe,
+        retired_dbe=dbe,
+        retired_pending=pending,
+        remapped_rows=remapped,
+        unknown=MappingProxyType(unknown),
+        mig_mode=mig_mode,
+    )
+
+
+def _memory(table: Table, cells: Cells, index: int, unknown: dict[str, str]) -> Memory | None:
+    # Every present cell is converted (and so checked) before any is judged: garbage in one column is refused even
+    # when a placeholder in another makes the whole part unknown.
+    values = {n: cells.mib_bytes(n) for n in (*_MEMORY_COLUMNS, "memory.reserved") if table.has(n)}
+    absent = [name for name in _MEMORY_COLUMNS if name not in values]
+    if absent:
+        unknown["memory"] = f"{', '.join(absent)} not asked for"
+        return None
+    for name in _MEMORY_COLUMNS:
+        known(values[name], name, unknown, "memory")
+    total, used, free = (values[name] for name in _MEMORY_COLUMNS)
+    if not (isinstance(total, int) and isinstance(used, int) and isinstance(free, int)):
+        return None
+    reserved: int | None = None
+    # memory.reserved arrived with the v2 memory semantics (driver 510); when it cannot be asked for, memory.used is
+    # the v1 figure that counts the driver's reservation.
+    includes_reserved = "memory.reserved" not in values
+    if not includes_reserved:
+        r = values["memory.reserved"]
+        if known(r, "memory.reserved", unknown, "memory.reserved_bytes") and isinstance(r, int):
+            reserved = r
+    if used > total or free > total or (reserved is not None and reserved > total):
+        raise CorruptData(
+            f"memory.used {used // MIB} MiB / memory.free {free // MIB} MiB / memory.reserved "
+            f"{'?' if reserved is None else reserved // MIB} MiB exceed memory.total {total // MIB} MiB",
+            "nvidia-smi --query-gpu",
+            index,
+        )
+    return Memory(total, used, free, reserved, used_includes_reserved=includes_reserved, granularity_bytes=MIB)
+
+
+# Clock fields --query-gpu does not offer at all (driver 580's --help-query-gpu); NVML has them.
+_SMI_LACKS: Final = frozenset({"clocks.max.video", "clocks.applications.sm", "clocks.applications.video"})
+
+
+def _clock_set(table: Table, cells: Cells, group: str, unknown: dict[str, str]) -> ClockSet:
+    values: dict[str, int | None] = {}
+    for domain, attr in _CLOCK_DOMAINS:
+        name = f"clocks.{group}.{domain}"
+        key = f"clocks.{group}.{attr}"
+        if not table.has(name):
+            values[attr] = None
+            unknown[key] = (
+                f"nvidia-smi --query-gpu has no {name} field" if name in _SMI_LACKS else f"{name} was not asked for"
+            )
+            continue
+        v = cells.uint(name)
+        values[attr] = v if known(v, name, unknown, key) and isinstance(v, int) else None
+    return ClockSet(**values)
+
+
+def _clocks(table: Table, cells: Cells, unknown: dict[str, str]) -> Clocks:
+    current = _clock_set(table, cells, "current", unknown)
+    # The current clocks are also read through Clocks.sm_mhz and friends: give those paths the same reasons.
+    for _, attr in _CLOCK_DOMAINS:
+        if f"clocks.current.{attr}" in unknown:
+            unknown[f"clocks.{attr}"] = unknown[f"clocks.current.{attr}"]
+    reasons: ClockEventReason | None = None
+    if table.has("clocks_event_reasons.active"):
+        mask = cells.hex("clocks_event_reasons.active")
+        if known(mask, "clocks_event_reasons.active", unknown, "clocks.event_reasons") and isinstance(mask, int):
+            reasons = ClockEventReason(mask)
+    else:
+        unknown["clocks.event_reasons"] = "clocks_event_reasons.active was not asked for"
+    return Clocks(
+        current=current,
+        max=_clock_set(table, cells, "max", unknown),
+        applications=_clock_set(table, cells, "applications", unknown),
+        event_reasons=reasons,
+    )
+
+
+def _remapped(cells: Cells, unknown: dict[str, str]) -> RemappedRows | None:
+    corr = cells.uint("remapped_rows.correctable")
+    unc = cells.uint("remapped_rows.uncorrectable")
+    pending = cells.flag("remapped_rows.pending")
+    failure = cells.flag("remapped_rows.failure")
+    ok = True
+    for name, v in zip(_REMAPPED_COLUMNS, (corr, unc, pending, failure), strict=True):
+        ok = known(v, name, unknown, "health.remapped_rows") and ok
+    if not ok:
+        return None
+    assert isinstance(corr, int) and isinstance(unc, int)
+    assert isinstance(pending, bool) and isinstance(failure, bool)
+    return RemappedRows(correctable=corr, uncorrectable=unc, pending=pending, failure=failure)
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessListing:
+    """Processes by GPU (UUID for CSV, PCI bus id for ``-q``), in the order nvidia-smi printed them.
+
+    ``unattributed`` is set when a row could not be tied to a GPU (its UUID or PID a placeholder): then no GPU's list
+    can be trusted to be complete, and the caller reports every list as unknown with this reason.
+    """
+
+    by_gpu: Mapping[str, tuple[GpuProcess, ...]]
+    unattributed: str | None = None
+
+
+_APPS_REQUIRED = ("gpu_uuid", "pid", "used_gpu_memory")
+
+
+def parse_compute_apps(text: str, requested: Sequence[str] | None = None, *, header: bool = True) -> ProcessListing:
+    """Parse ``nvidia-smi --query-compute-apps=gpu_uuid,pid,process_name,used_gpu_memory --format=csv[,nounits]``.
+
+    ``used_gpu_memory`` ``[N/A]`` (WDDM, some MIG and container setups) becomes ``used_bytes=None``, never 0. A header
+    with no rows means "no compute process" (nvidia-smi said so); with ``header=False`` empty output means the same.
+    """
+    table = parse_table(text, COMPUTE_APPS_ALIASES, requested, header=header)
+    for needed in _APPS_REQUIRED:
+        if not table.has(needed):
+            raise SmiParseError(f"--query-compute-apps output lacks the {needed} column", 1, "")
+    by_gpu: dict[str, list[GpuProcess]] = {}
+    unattributed: str | None = None
+    for row in table.rows:
+        cells = Cells(table, row)
+        uuid = cells.uuid("gpu_uuid")
+        pid = cells.uint("pid")
+        used = cells.mib_bytes("used_gpu_memory")
+        name = cells.text("process_name") if table.has("process_name") else None
+        if isinstance(uuid, Unavailable) or isinstance(pid, Unavailable):
+            bad = uuid if isinstance(uuid, Unavailable) else pid
+            assert isinstance(bad, Unavailable)
+            unattributed = f"line {row.line_no}: " + bad.reason("a compute process's gpu_uuid or pid")
+            continue
+        check_pid(pid, "nvidia-smi --query-compute-apps")
+        proc = GpuProcess(
+            pid=pid,
+            kind=ProcessKind.COMPUTE,
+            used_bytes=None if isinstance(used, Unavailable) else used,
+            name=name if isinstance(name, str) else None,
+        )
+        by_gpu.setdefault(uuid, []).append(proc)
+    return ProcessListing(MappingProxyType({k: tuple(v) for k, v in by_gpu.items()}), unattributed)
+
+
+_CAUSES: Final[Mapping[str, RetirementCause]] = MappingProxyType(
+    {"Single Bit ECC": RetirementCause.MULTIPLE_SINGLE_BIT_ECC, "Double Bit ECC": RetirementCause.DOUBLE_BIT_ECC}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class RetiredListing:
+    """Retired pages by GPU UUID. ``unsupported`` maps a UUID to the reason its pages cannot be listed (nvidia-smi
+    prints placeholder rows, one per cause, where retirement is not supported, as on Hopper)."""
+
+    by_gpu: Mapping[str, tuple[RetiredPage, ...]]
+    unsupported: Mapping[str, str]
+
+
+def parse_retired_pages(text: str, requested: Sequence[str] | None = None, *, header: bool = True) -> RetiredListing:
+    """Parse ``nvidia-smi --query-retired-pages=gpu_uuid,retired_pages.address,retired_pages.timestamp,
+    retired_pages.cause --format=csv``. Addresses are hex or decimal; a timestamp that is not a whole number is kept
+    as ``None`` (the model's "not available")."""
+    table = parse_table(text, RETIRED_PAGES_ALIASES, requested, header=header)
+    for needed in ("gpu_uuid", "retired_pages.address", "retired_pages.cause"):
+        if not table.has(needed):
+            raise SmiParseError(f"--query-retired-pages output lacks the {needed} column", 1, "")
+    pages: dict[str, list[RetiredPage]] = {}
+    unsupported: dict[str, str] = {}
+    for row in table.rows:
+        cells = Cells(table, row)
+        uuid = cells.uuid("gpu_uuid")
+        if isinstance(uuid, Unavailable):
+            raise cells.fail("a retired page row without a GPU UUID")
+        cause_text = cells.text("retired_pages.cause")
+        if isinstance(cause_text, Unavailable) or cause_text not in _CAUSES:
+            raise cells.fail(f"retired_pages.cause {cells.raw('retired_pages.cause')!r} is not a known cause")
+        address = _address(cells)
+        if isinstance(address, Unavailable):
+            unsupported[uuid] = address.reason("retired_pages.address")
+            continue
+        stamp: int | None = None
+        if table.has("retired_pages.timestamp"):
+            # NVML's raw value when nvidia-smi prints a number; a date text (format not documented) stays unknown
+            # rather than being converted with a guessed time zone.
+            raw_stamp = cells.raw("retired_pages.timestamp")
+            stamp = int(raw_stamp) if is_uint(raw_stamp) else None
+        pages.setdefault(uuid, []).append(RetiredPage(address, _CAUSES[cause_text], stamp))
+    for uuid in unsupported:
+        if uuid in pages:
+            raise SmiParseError(f"GPU {uuid} lists retired pages and placeholder rows", 1, "")
+    return RetiredListing(
+        MappingProxyType({k: tuple(v) for k, v in pages.items()}), MappingProxyType(dict(unsupported))
+    )
+
+
+def _address(cells: Cells) -> int | Unavailable:
+    cell = cells.raw("retired_pages.address")
+    ph = placeholder(cell)
+    if ph is not None:
+        return ph
+    if HEX.fullmatch(cell):
+        return int(cell, 16)
+    if is_uint(cell):
+        return int(cell)
+    raise cells.fail(f"retired_pages.address {cell!r} is not an address")
+
+
+def parse_remapped_rows(
+    text: str, requested: Sequence[str] | None = None, *, header: bool = True
+) -> Mapping[str, RemappedRows | str]:
+    """Parse ``nvidia-smi --query-remapped-rows=gpu_uuid,remapped_rows.correctable,remapped_rows.uncorrectable,
+    remapped_rows.pending,remapped_rows.failure --format=csv``, keyed by ``gpu_uuid`` (or ``gpu_bus_id`` when that is
+    the identifying column). A GPU whose values are placeholders maps to the reason. The backend reads the same
+    fields through ``--query-gpu``; this is for callers that ran the dedicated query."""
+    table = parse_table(text, REMAPPED_ROWS_ALIASES, requested, header=header)
+    key_column = "gpu_uuid" if table.has("gpu_uuid") else "gpu_bus_id"
+    for needed in (key_column, *_REMAPPED_COLUMNS):
+        if not table.has(needed):
+            raise SmiParseError(f"--query-remapped-rows output lacks the {needed} column", 1, "")
+    out: dict[str, RemappedRows | str] = {}
+    for row in table.rows:
+        cells = Cells(table, row)
+        key = cells.uuid(key_column) if key_column == "gpu_uuid" else cells.pci(key_column)
+        if isinstance(key, Unavailable):
+            raise cells.fail(f"a remapped rows row without {key_column}")
+        unknown: dict[str, str] = {}
+        rows = _remapped(cells, unknown)
+        out[key] = rows if rows is not None else unknown["health.remapped_rows"]
+    return MappingProxyType(out)
