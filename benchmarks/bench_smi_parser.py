@@ -51,7 +51,8 @@ except ImportError:  # pragma: no cover - the one-shot summary works without pyt
 
 GPUS = 8
 PROCS_PER_GPU = 2
-WAIT_FIELDS = ("index", "uuid", "memory.total", "memory.used", "memory.free", "memory.reserved", "pci.bus_id")
+WAIT_FIELDS = ("index", "uuid", "memory.total", "memory.used", "memory.free", "memory.reserved", "pci.bus_id",
+               "mig.mode.current")
 APPS_FIELDS = ("gpu_uuid", "pid", "process_name", "used_gpu_memory")
 IDENTITY_FIELDS = ("index", "uuid", "name", "pci.bus_id", "serial", "driver_version")
 
@@ -66,8 +67,9 @@ def pci(i: int) -> str:
 
 def query_gpu_text() -> str:
     """``--query-gpu`` of a WAIT poll of 8 busy H200s, as driver 580 prints it with ``csv,nounits``."""
-    head = "index, uuid, memory.total [MiB], memory.used [MiB], memory.free [MiB], memory.reserved [MiB], pci.bus_id"
-    rows = [f"{i}, {uuid(i)}, 143771, {1551 + i}, {141604 - i}, 616, {pci(i)}" for i in range(GPUS)]
+    head = ("index, uuid, memory.total [MiB], memory.used [MiB], memory.free [MiB], memory.reserved [MiB], pci.bus_id, "
+            "mig.mode.current")
+    rows = [f"{i}, {uuid(i)}, 143771, {1551 + i}, {141604 - i}, 616, {pci(i)}, Disabled" for i in range(GPUS)]
     return "\n".join([head, *rows]) + "\n"
 
 
@@ -149,7 +151,9 @@ esac
 
 
 def make_standin(directory: Path) -> Path:
-    no_pci = "".join(line.rsplit(", ", 1)[0] + "\n" for line in QUERY_GPU.splitlines())
+    col = WAIT_FIELDS.index("pci.bus_id")  # the query without it: the same rows less that column
+    no_pci = "".join(", ".join(c for i, c in enumerate(line.split(", ")) if i != col) + "\n"
+                     for line in QUERY_GPU.splitlines())
     texts = (("identity", identity_text()), ("gpu", QUERY_GPU), ("gpu_no_pci", no_pci), ("pids", PIDS), ("apps", APPS))
     for name, text in texts:
         (directory / f"{name}.txt").write_text(text, encoding="utf-8")
@@ -169,7 +173,7 @@ def poll_argvs(command: str, process_query: str) -> list[list[str]]:
     """The argv lists SmiBackend.snapshot(fields=Fields.WAIT) runs."""
     fmt = "--format=csv,nounits"
     if process_query != "pids":
-        return [[command, "--query-gpu=" + ",".join(WAIT_FIELDS[:-1]), fmt],
+        return [[command, "--query-gpu=" + ",".join(f for f in WAIT_FIELDS if f != "pci.bus_id"), fmt],
                 [command, "--query-compute-apps=" + ",".join(APPS_FIELDS), fmt]]  # fmt: skip
     processes = (
         ["-q", "-d", "PIDS"] if process_query == "pids" else ["--query-compute-apps=" + ",".join(APPS_FIELDS), fmt]
