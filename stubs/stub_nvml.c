@@ -186,7 +186,7 @@ struct proc {
     uint64_t gone_ns; /* CLOCK_MONOTONIC when a call first found the bound pid gone */
 };
 
-/* A raised event (`event device=D type=xid data=79`): kept in order; each event set reads on from where it began. */
+/* A raised event (`event device=D type=xid data=79`): kept in order; each event set reads the log from its start. */
 struct event {
     unsigned int device, gi, ci;
     unsigned long long type, data;
@@ -2134,7 +2134,7 @@ nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t device, unsigned int *i
 #endif
 
 /* ------------------------------------------------------------------------------------------------------------ */
-/* Events: sets read the scenario's event log from where they began; `unsupported=events` answers NOT_SUPPORTED  */
+/* Events: every set reads the scenario's whole event log; `unsupported=events` answers NOT_SUPPORTED          */
 
 #ifndef STUB_NO_EVENTS /* a build without the event symbols: nvmlcheck must say "events not supported" */
 #define MAX_EVENT_SETS 64
@@ -2165,7 +2165,7 @@ nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set) {
         memset(&g_sets[i], 0, sizeof g_sets[i]);
         g_sets[i].used = 1;
         g_sets[i].generation = g_generation;
-        g_sets[i].next = g_state->nevent;
+        g_sets[i].next = 0; /* unlike a driver, every event since the scenario loaded: no race with a timeline */
         *set = (nvmlEventSet_t)(EVENT_SET_BASE + (uintptr_t)i * HANDLE_STRIDE);
         return end(NVML_SUCCESS);
     }
