@@ -280,6 +280,7 @@ class GpuFault(NvmlCheckError):
         kind: str,
         xid: int | None,
         meaning: str,
+        *,
         time_ns: int = 0,
         wall_time: float = 0.0,
     ) -> None:
@@ -298,10 +299,10 @@ class GpuFault(NvmlCheckError):
         )
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (
-            type(self),
-            (self.index, self.uuid, self.kind, self.xid, self.meaning, self.time_ns, self.wall_time),
-        )
+        import functools
+
+        rebuild = functools.partial(type(self), time_ns=self.time_ns, wall_time=self.wall_time)
+        return (rebuild, (self.index, self.uuid, self.kind, self.xid, self.meaning))
 
 
 class DeadlinePassed(Exception):

@@ -22,6 +22,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import threading
 import time
@@ -169,7 +170,10 @@ class GpuEvent:
 
     def fault(self) -> GpuFault:
         """This event as the :class:`~nvmlcheck.GpuFault` a wait raises."""
-        return GpuFault(self.index, self.uuid, self.kind.value, self.xid, self.meaning, self.time_ns, self.wall_time)
+        return GpuFault(
+            self.index, self.uuid, self.kind.value, self.xid, self.meaning,
+            time_ns=self.time_ns, wall_time=self.wall_time,
+        )
 
     def to_json(self) -> dict[str, Any]:
         """The ``nvmlcheck/event`` version 1 document."""
@@ -190,9 +194,11 @@ class GpuEvent:
 
     def line(self) -> str:
         """One line for a terminal."""
-        when = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(self.wall_time)) + f".{int(self.wall_time % 1 * 1000):03d}Z"
+        millis = int(self.wall_time % 1 * 1000)
+        when = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(self.wall_time)) + f".{millis:03d}Z"
         what = f"XID {self.xid}" if self.xid is not None else self.kind.value
-        mig = "" if self.gpu_instance_id is None else f" (GI {self.gpu_instance_id}, CI {self.compute_instance_id})"
+        gi, ci = self.gpu_instance_id, self.compute_instance_id
+        mig = "" if gi is None else f" (GI {gi}, CI {ci})"
         verdict = " FATAL" if self.fatal else ""
         return f"{when} GPU {self.index}{mig}{verdict} {what}: {self.meaning}"
 
@@ -374,10 +380,9 @@ class EventListener:
         self._thread = None
         event_set, self._set = self._set, None
         if event_set is not None:
-            try:
+            # An error leaves nothing to do: NVML shut down meanwhile takes the set with it.
+            with contextlib.suppress(NvmlCheckError):
                 self._source.free(event_set)
-            except NvmlCheckError:
-                pass  # nothing to do: NVML shut down meanwhile takes the set with it
         with self._cond:
             if self._state == "running":
                 self._state = "stopped"

@@ -350,7 +350,7 @@ class NvmlBackend:
         """A new, unstarted :class:`~nvmlcheck.events.EventListener` for every GPU this backend sees. Reads the
         identity of each GPU (cached, as a snapshot would) in this thread; a GPU whose identity cannot be read is
         left out, with its reason."""
-        from ..events import EventListener, EventTarget  # noqa: F811 (the runtime import of the annotation's class)
+        from ..events import EventListener, EventTarget
 
         self._check_open()
         targets: list[EventTarget] = []

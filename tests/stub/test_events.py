@@ -227,3 +227,64 @@ def test_gpu_event_json_and_table() -> None:
     assert {c for c, x in XID_TABLE.items() if x.fatal} >= {48, 79, 95}
     assert not any(XID_TABLE[c].fatal for c in (13, 31, 43, 45))
     assert not xid_info(12345).fatal
+
+
+# --- the CLI ----------------------------------------------------------------------------------------------------------
+
+
+def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    from nvmlcheck import cli
+
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_wait_events_exits_4_on_xid_79(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = str(_busy_until_xid(79).write(tmp_path / "scenario.txt"))
+    code, out, err = _cli(capsys, "--simulate", path, "wait", "--events", "--timeout", "120")
+    assert code == 4, err
+    assert "XID 79" in err and "fallen off the bus" in err
+    code, out, _ = _cli(capsys, "--simulate", path, "--json", "wait", "--events", "--timeout", "120")
+    import json
+
+    doc = json.loads(out)
+    assert (doc["schema"], doc["exit_code"]) == ("nvmlcheck/error", 4)
+    err_doc = doc["error"]
+    assert (err_doc["type"], err_doc["index"], err_doc["xid"], err_doc["kind"]) == ("GpuFault", 0, 79, "xid")
+    assert not _event_threads()
+
+
+def test_cli_wait_without_events_support_says_so_and_polls(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    sc = Scenario()
+    sc.add_device(unsupported=("events",))
+    code, _, err = _cli(capsys, "--simulate", str(sc.write(tmp_path / "s.txt")), "wait", "--events", "--timeout", "60")
+    assert code == 0
+    assert err.count("events:") == 1 and "NOT_SUPPORTED" in err
+
+
+def test_cli_watch_streams_json_lines(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    sc = Scenario.h200(2)
+    sc.at_ms(0).raise_event(0, "xid", xid=13)
+    sc.at_ms(0).raise_event(1, "xid", xid=79)
+    sc.at_ms(0).raise_event(0, "sbe")
+    path = str(sc.write(tmp_path / "scenario.txt"))
+    # --for ends the stream; the events were all raised at load, so they are there whatever the machine's speed.
+    code, out, err = _cli(capsys, "--simulate", path, "--json", "watch", "--devices", "0", "--for", "1")
+    assert code == 0, err
+    docs = [json.loads(line) for line in out.splitlines()]
+    assert [(d["schema"], d["version"], d["index"], d["kind"], d["xid"]) for d in docs] == [
+        ("nvmlcheck/event", 1, 0, "xid", 13),
+        ("nvmlcheck/event", 1, 0, "single_bit_ecc", None),
+    ]
+    code, out, _ = _cli(capsys, "--simulate", path, "watch", "--for", "1")
+    assert code == 0 and "GPU 1 FATAL XID 79" in out
+
+
+def test_cli_watch_without_events_exits_3(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    sc = Scenario()
+    sc.add_device(unsupported=("events",))
+    code, _, err = _cli(capsys, "--simulate", str(sc.write(tmp_path / "s.txt")), "watch", "--for", "1")
+    assert code == 3 and "NOT_SUPPORTED" in err
