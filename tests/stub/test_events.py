@@ -288,3 +288,27 @@ def test_cli_watch_without_events_exits_3(tmp_path: Path, capsys: pytest.Capture
     sc.add_device(unsupported=("events",))
     code, _, err = _cli(capsys, "--simulate", str(sc.write(tmp_path / "s.txt")), "watch", "--for", "1")
     assert code == 3 and "NOT_SUPPORTED" in err
+
+
+@pytest.mark.parametrize(("signum", "code"), [(2, 130), (15, 143)])
+def test_cli_watch_ends_on_ctrl_c_and_sigterm(tmp_path: Path, signum: int, code: int) -> None:
+    import signal
+    import subprocess
+
+    sc = Scenario.h200()
+    sc.at_ms(0).raise_event(0, "xid", xid=13)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nvmlcheck", "--simulate", str(sc.write(tmp_path / "s.txt")), "--json", "watch"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        first = proc.stdout.readline()  # the listener runs: the event raised at load is out
+        assert b'"xid":13' in first
+        proc.send_signal(signal.Signals(signum))
+        assert proc.wait(timeout=120) == code
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
