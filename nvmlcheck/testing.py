@@ -751,7 +751,7 @@ class Scenario(_Changes):
 
     def at_call(self, n: int) -> TimelineStep:
         """Changes applied just before the ``n``-th NVML call (1-based, counted from the init that loaded the
-        scenario; every exported NVML function counts)."""
+        scenario; every exported NVML function counts but the five event calls)."""
         return TimelineStep(self, f"at call={_check_int('call', n, minimum=1)}")
 
     def at_ms(self, t: int) -> TimelineStep:

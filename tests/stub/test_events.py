@@ -312,3 +312,14 @@ def test_cli_watch_ends_on_ctrl_c_and_sigterm(tmp_path: Path, signum: int, code:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_the_fake_nvidia_smi_accepts_event_scenarios(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # One scenario serves both backends: nvidia-smi has no events, so its fake ignores event lines.
+    fake_smi = [sys.executable, "-S", str(stub_source_dir() / "fake_nvidia_smi.py")]
+    sc = Scenario.h200()
+    sc.add_device(unsupported=("events",))
+    sc.at_ms(0).raise_event(0, "xid", xid=79)
+    monkeypatch.setenv("NVMLCHECK_STUB_SCENARIO", str(sc.write(tmp_path / "scenario.txt")))
+    with nc.open("smi", smi_command=fake_smi) as gpus:
+        assert len(gpus.snapshot().devices) == 2
