@@ -454,6 +454,8 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
              help="write PNG plots to DIR (needs matplotlib: pip install 'nvmlcheck[plot]')")
         reclaim.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
                              help="one discarded warm-up run before each size and ending (default on)")
+        reclaim.add_argument("--events", action="store_true",
+                             help="listen for NVML events during each run and record them (field 'events')")
         once(reclaim, "--run-timeout", type=float, default=30.0, metavar="S",
              help="seconds from the signal until clean and reaped, else the run times out (default 30)")
         once(reclaim, "--chunks", type=positive_int, default=1,
