@@ -52,6 +52,9 @@ EVENT_SCHEMA = "nvmlcheck/event"
 EVENT_SCHEMA_VERSION = 1
 #: The longest single ``nvmlEventSetWait_v2``: bounds how long :meth:`EventListener.stop` waits for the thread.
 WAIT_SLICE_MS = 100
+#: How long :meth:`EventListener.stop` waits for a thread stuck in ``nvmlEventSetWait_v2`` (a wedged driver) before
+#: leaving it behind (a daemon thread; the set is then not freed under it).
+STOP_TIMEOUT_S = 5.0
 
 
 class EventKind(enum.Enum):
@@ -376,7 +379,18 @@ class EventListener:
         self._stop.set()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
-            thread.join()
+            thread.join(STOP_TIMEOUT_S)
+            if thread.is_alive():
+                # nvmlEventSetWait_v2 did not return (a wedged driver): freeing the set under it could crash. Leave
+                # both; the thread ends at its next return, NVML's shutdown takes the set.
+                self._thread, self._set = None, None
+                with self._cond:
+                    self._state = "stopped"
+                    self._reason = (
+                        f"the listener thread did not return from nvmlEventSetWait_v2 in {STOP_TIMEOUT_S:g} s"
+                    )
+                    self._cond.notify_all()
+                return
         self._thread = None
         event_set, self._set = self._set, None
         if event_set is not None:

@@ -289,7 +289,8 @@ class Session:
         since = time.monotonic_ns()  # event times are on this clock, whatever ``clock`` the wait runs on
         indices = self.resolve(devices)
         backend = self._backend
-        listener = self.listen() if events else self._listener if events is None else None
+        # events=None follows listen(): once asked for, a listener that failed (NVML re-initialised) is replaced.
+        listener = self.listen() if events or (events is None and self._listener is not None) else None
         if listener is not None and not listener.active:
             listener = None  # unsupported or stopped: said by its reason; the wait polls
         mig = self._mig_selection(devices)

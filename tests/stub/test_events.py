@@ -323,3 +323,18 @@ def test_the_fake_nvidia_smi_accepts_event_scenarios(tmp_path: Path, monkeypatch
     monkeypatch.setenv("NVMLCHECK_STUB_SCENARIO", str(sc.write(tmp_path / "scenario.txt")))
     with nc.open("smi", smi_command=fake_smi) as gpus:
         assert len(gpus.snapshot().devices) == 2
+
+
+def test_a_listener_whose_wait_fails_says_why_and_waits_poll(scenario_path: Path) -> None:
+    sc = Scenario.h200()
+    sc.fault("nvmlEventSetWait_v2", 999)
+    sc.write(scenario_path)
+    with nc.open("nvml", library_path=str(build_stub())) as gpus:
+        listener = gpus.listen()
+        listener.next_events(0, 60.0)  # returns once the thread has stopped listening
+        assert listener.state == "failed" and listener.thread is not None
+        assert listener.reason is not None and "nvmlEventSetWait_v2" in listener.reason
+        listener.thread.join(60.0)
+        assert not listener.thread.is_alive()
+        gpus.wait_until_clean(timeout=60.0)  # a new listener (failing the same way) or none: the wait polls
+    assert not _event_threads()
