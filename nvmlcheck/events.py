@@ -79,6 +79,8 @@ _KIND_BITS: dict[int, EventKind] = {
 }
 #: Every type the listener asks for (masked by what each GPU supports).
 WANTED_MASK = sum(_KIND_BITS)
+# The kinds that can stop a wait (XID, single- and double-bit ECC): registered alone when the full mask is refused.
+_CRITICAL_MASK = 0x1 | 0x2 | 0x8
 
 
 @dataclass(frozen=True)
@@ -359,7 +361,15 @@ class EventListener:
             mask = src.supported(t.handle, t.index) & WANTED_MASK
             if not mask:
                 return "it supports none of the event types nvmlcheck listens for"
-            src.register(t.handle, t.index, mask, event_set)
+            try:
+                src.register(t.handle, t.index, mask, event_set)
+            except NotSupported:
+                # The optional kinds (P-state, clock, power) can be refused although reported supported; the fault
+                # kinds are what waits need, so ask for those alone before giving the GPU up.
+                critical = mask & _CRITICAL_MASK
+                if critical == mask or not critical:
+                    raise
+                src.register(t.handle, t.index, critical, event_set)
         except (NotSupported, NoPermission) as exc:
             return f"{exc.function}: {exc.CODE_NAME}{mig}"
         except NvmlError as exc:

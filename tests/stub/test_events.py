@@ -338,3 +338,18 @@ def test_a_listener_whose_wait_fails_says_why_and_waits_poll(scenario_path: Path
         assert not listener.thread.is_alive()
         gpus.wait_until_clean(timeout=60.0)  # a new listener (failing the same way) or none: the wait polls
     assert not _event_threads()
+
+
+def test_a_refused_full_mask_falls_back_to_the_fault_kinds(scenario_path: Path) -> None:
+    # A driver may refuse P-state/clock registration although it reports them: XID and ECC must still be heard.
+    sc = Scenario.h200()
+    sc.fault("nvmlDeviceRegisterEvents", 3, count=1)
+    sc.add_process(0, 4_000_001, used_bytes=4 * GIB)
+    sc.at_ms(50).raise_event(0, "xid", xid=79)
+    sc.write(scenario_path)
+    with nc.open("nvml", library_path=str(build_stub())) as gpus:
+        listener = gpus.listen()
+        assert listener.active and listener.covered == {0} and listener.reason is None
+        assert StubProbe(build_stub()).call_count("nvmlDeviceRegisterEvents") >= 2
+        with pytest.raises(nc.GpuFault):
+            gpus.wait_until_clean(timeout=120.0)  # events=None: the running listener is used
