@@ -261,6 +261,9 @@ static int g_init_total, g_shutdown_total;
 #define MSGLEN 512  /* one problem, without file and line */
 #define ERRLEN 2048 /* "scenario PATH line N: " + a message */
 static char g_last_error[ERRLEN];
+/* Signalled (under g_mu) when an event is raised, NVML shuts down or a set is freed: nvmlEventSetWait_v2 sleeps on
+ * it instead of polling. CLOCK_MONOTONIC, set up in the constructor. */
+static pthread_cond_t g_event_cond;
 
 static uint64_t now_ns(void) {
     struct timespec ts;
@@ -1094,6 +1097,7 @@ static int apply_event(struct state *st, const struct line *ln, int dry, int in_
     if (dry) return 0;
     PUSH(st->event, st->nevent, st->capevent);
     st->event[st->nevent++] = e;
+    pthread_cond_broadcast(&g_event_cond); /* called with g_mu held (a timeline line applied by some call) */
     return 0;
 }
 
@@ -1494,6 +1498,7 @@ nvmlReturn_t nvmlShutdown(void) {
         free_state(g_state);
         g_state = NULL;
         g_generation++;
+        pthread_cond_broadcast(&g_event_cond); /* a waiting nvmlEventSetWait_v2 answers UNINITIALIZED now */
     }
     g_shutdown_total++;
     return end(NVML_SUCCESS);
@@ -2059,12 +2064,22 @@ unsigned long long stub_loaded_ns(void) {
 
 static void atfork_prepare(void) { pthread_mutex_lock(&g_mu); }
 static void atfork_parent(void) { pthread_mutex_unlock(&g_mu); }
+static void init_event_cond(void) {
+    pthread_condattr_t attr;
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_cond_init(&g_event_cond, &attr);
+    pthread_condattr_destroy(&attr);
+}
+
 static void atfork_child(void) {
     pthread_mutex_init(&g_mu, NULL);
+    init_event_cond(); /* a waiter of the parent does not exist here */
     g_refcount = 0; /* g_state is kept (a copy); the child's own nvmlInit frees it */
 }
 
 __attribute__((constructor)) static void stub_loaded(void) {
+    init_event_cond();
     pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
 }
 
@@ -2195,6 +2210,19 @@ nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long long ev
     return end(NVML_SUCCESS);
 }
 
+/* CLOCK_MONOTONIC ns at which the earliest pending `at ms=` line is due (0: none). Lock held. */
+static uint64_t next_ms_due(const struct state *st) {
+    uint64_t best = 0;
+    if (!st->pending) return 0;
+    for (size_t i = 0; i < st->naction; i++) {
+        const struct action *a = &st->action[i];
+        if (a->applied || !a->is_ms) continue;
+        uint64_t at = sat_add(st->loaded_ns, ms_to_ns(a->when));
+        if (!best || at < best) best = at;
+    }
+    return best;
+}
+
 /* Deliver the first event after the set's cursor that one of its registrations wants. Lock held. */
 static int next_event(int slot, nvmlEventData_t *data) {
     struct state *st = g_state;
@@ -2223,9 +2251,12 @@ nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsi
         if (next_event(slot, data)) return end(NVML_SUCCESS);
         uint64_t now = now_ns();
         if (now >= until) return end(NVML_ERROR_TIMEOUT);
-        /* Timeline lines due by time need a call to apply them: look again every millisecond, lock released. */
-        uint64_t left_ms = (until - now + 999999ULL) / 1000000ULL;
-        unlocked_sleep(left_ms < 1 ? left_ms : 1);
+        /* Sleep (lock released) until an event is raised by another call, or the next `at ms=` line is due (a
+         * timeline line needs a call to apply it: this one applies it), or the timeout. */
+        uint64_t wake = until, due = next_ms_due(g_state);
+        if (due && due < wake) wake = due;
+        struct timespec ts = {.tv_sec = (time_t)(wake / 1000000000ULL), .tv_nsec = (long)(wake % 1000000000ULL)};
+        pthread_cond_timedwait(&g_event_cond, &g_mu, &ts);
         if (gen != g_generation || !initialised()) return end(NVML_ERROR_UNINITIALIZED);
         apply_due_actions(g_state);
     }
@@ -2237,6 +2268,7 @@ nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) {
     int slot = set_slot(set);
     if (slot < 0) return end(NVML_ERROR_INVALID_ARGUMENT);
     g_sets[slot].used = 0;
+    pthread_cond_broadcast(&g_event_cond);
     return end(NVML_SUCCESS);
 }
 #endif
