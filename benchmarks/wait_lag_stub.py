@@ -42,7 +42,7 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 def run_mode(
-    mode: str, runs: int, scenario_path: Path, library: Path, seed: int, events: bool = False
+    mode: str, runs: int, scenario_path: Path, library: Path, seed: int, *, events: bool = False
 ) -> dict[str, float]:
     """``runs`` short waits (clean 20..60 ms after load) for the lag, then 3 waits of 2 s for the steady CPU cost."""
     rng = random.Random(seed)

@@ -32,6 +32,8 @@ __all__ = ["DeviceSelector", "Session", "open", "wait_until_clean"]
 
 # The least time each nvidia-smi run of wait_until_clean's "auto" fallback gets (see its docstring).
 _SMI_FALLBACK_FLOOR_S = 1.0
+# Sleeps between polls at least this long wait on the event listener instead of time.sleep (see wait_until_clean).
+_EVENT_SLEEP_MIN_S = 0.01
 
 #: A device is named by its NVML index, by its UUID (a unique prefix such as ``"GPU-acdc9db5"`` is enough), or by a
 #: CUDA selector ``"cuda:N"`` / ``"cuda:all"`` (through ``CUDA_VISIBLE_DEVICES`` and ``CUDA_DEVICE_ORDER``).
@@ -320,10 +322,14 @@ class Session:
             return backend.snapshot(indices, Fields.MEMORY, deadline=deadline)
 
         if listener is not None and sleep is time.sleep:
-            # Sleep on the listener: a fatal event wakes the wait at once, and the next poll raises it.
-            events_on = listener
+            # Long sleeps (back-off, the smi policy) sleep on the listener: a fatal event wakes the wait at once, and
+            # the next poll raises it. Short ones keep time.sleep, whose lateness the pacer has learnt: a fault then
+            # waits at most that short sleep, and the default ~1 ms polling keeps its timing exactly.
+            events_on, plain_sleep = listener, time.sleep
 
             def sleep(seconds: float) -> object:
+                if seconds < _EVENT_SLEEP_MIN_S:
+                    return plain_sleep(seconds)
                 return events_on.sleep(seconds, indices, since)
 
         if policy is None and backend.name == "smi":

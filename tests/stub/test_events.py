@@ -353,3 +353,13 @@ def test_a_refused_full_mask_falls_back_to_the_fault_kinds(scenario_path: Path) 
         assert StubProbe(build_stub()).call_count("nvmlDeviceRegisterEvents") >= 2
         with pytest.raises(nc.GpuFault):
             gpus.wait_until_clean(timeout=120.0)  # events=None: the running listener is used
+
+
+def test_a_long_sleep_between_polls_is_woken_by_the_fault(scenario_path: Path) -> None:
+    # A 60 s interval: without the listener's wake-up the fault would be seen at the second poll, a minute later.
+    # Counted, not timed: at most one poll happens before the fault ends the wait.
+    _busy_until_xid(79).write(scenario_path)
+    polls: list[object] = []
+    with nc.open("nvml", library_path=str(build_stub())) as gpus, pytest.raises(nc.GpuFault):
+        gpus.wait_until_clean(timeout=600.0, policy=nc.PollPolicy.every(60.0), events=True, on_poll=polls.append)
+    assert len(polls) <= 1
