@@ -455,8 +455,10 @@ def wait_until_clean(
     policy: PollPolicy | str | float | None = None,
     stable_polls: int = 2,
     trace: bool = False,
+    events: bool = False,
 ) -> WaitResult:
     """Open a session, wait until the GPUs are clean (see :meth:`Session.wait_until_clean`), close it.
+    ``events=True`` listens for NVML events during the wait (:class:`~nvmlcheck.GpuFault` on a fatal one).
 
     A finite ``timeout`` (``0`` included) bounds the whole call, opening included, by this rule: ``nvmlInit`` may
     take half of it, at least 0.25 s and at most 10 s (:func:`~nvmlcheck.backends.nvml.init_timeout_for`), so that
@@ -486,5 +488,6 @@ def wait_until_clean(
             assert timeout is not None
             timeout = max(0.0, timeout - (time.monotonic() - started))
         return session.wait_until_clean(
-            timeout, predicate, devices=devices, policy=policy, stable_polls=stable_polls, trace=trace
+            timeout, predicate, devices=devices, policy=policy, stable_polls=stable_polls, trace=trace,
+            events=events or None,
         )
