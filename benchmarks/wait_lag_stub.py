@@ -6,7 +6,9 @@ after the scenario loads (T random in 20..60 ms, as on a real H200: FACTS.md). T
 lag is nvmlcheck's first clean poll minus that moment. CPU is the process's user+system time over the wall time of
 three 2-second waits (the stub runs in-process, so its work is counted too).
 
-    python benchmarks/wait_lag_stub.py [--runs 200] [--json out.json]
+    python benchmarks/wait_lag_stub.py [--runs 200] [--json out.json] [--events]
+
+``--events`` runs every wait with the session's NVML event listener (issue 15), to compare the lag with and without.
 """
 
 from __future__ import annotations
@@ -39,7 +41,9 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
 
 
-def run_mode(mode: str, runs: int, scenario_path: Path, library: Path, seed: int) -> dict[str, float]:
+def run_mode(
+    mode: str, runs: int, scenario_path: Path, library: Path, seed: int, *, events: bool = False
+) -> dict[str, float]:
     """``runs`` short waits (clean 20..60 ms after load) for the lag, then 3 waits of 2 s for the steady CPU cost."""
     rng = random.Random(seed)
     probe = StubProbe(library)
@@ -57,7 +61,7 @@ def run_mode(mode: str, runs: int, scenario_path: Path, library: Path, seed: int
         with nc.open("nvml", library_path=str(library)) as gpus:
             truth_ns = probe.loaded_ns() + clean_ms * 1_000_000
             cpu0, wall0 = _cpu_s(), time.monotonic()
-            result = gpus.wait_until_clean(timeout=5.0, policy=mode)
+            result = gpus.wait_until_clean(timeout=5.0, policy=mode, events=events)
             cpu1, wall1 = _cpu_s(), time.monotonic()
         seen_ns = result.started_ns + result.first_clean_ns
         if seen_ns < truth_ns:
@@ -80,12 +84,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--events", action="store_true", help="wait with the NVML event listener running")
     args = parser.parse_args()
     results: dict[str, dict[str, float]] = {}
     with use_stub(Scenario.h200()) as stub:
         os.environ.pop("NVMLCHECK_STUB_LOG", None)
         for mode in ("default", "precise"):
-            results[mode] = run_mode(mode, args.runs, stub.scenario_path, stub.library_path, seed=1)
+            results[mode] = run_mode(mode, args.runs, stub.scenario_path, stub.library_path, seed=1,
+                                     events=args.events)
     print(f"{'mode':<9}{'runs':>6}{'lag p50':>10}{'lag p99':>10}{'lag max':>10}{'CPU median':>12}{'CPU max':>9}")
     for mode, r in results.items():
         print(

@@ -117,6 +117,13 @@ SECTIONS: list[tuple[str, str, list[str]]] = [
          "KillError"],
     ),
     (
+        "Events",
+        "NVML events (issue 15): `Session.listen()` starts one listener thread per session; with it running, a "
+        "fatal XID on a selected GPU stops `wait_until_clean` and `kill_and_wait` with `GpuFault`. The XID table, "
+        "`XID_TABLE`, lives in `nvmlcheck.events`; [events.md](events.md) gives its sources.",
+        ["EventListener", "GpuEvent", "EventKind"],
+    ),
+    (
         "Holders",
         "Who holds the GPUs: NVML's process lists joined with a scan of open NVIDIA device files "
         "(`$NVMLCHECK_DEVICE_FILES`).",
@@ -142,6 +149,7 @@ SECTIONS: list[tuple[str, str, list[str]]] = [
             "SmiTransportError",
             "SmiParseError",
             "CorruptData",
+            "GpuFault",
             "WaitTimeout",
         ],
     ),

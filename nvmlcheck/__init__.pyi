@@ -11,6 +11,7 @@ from nvmlcheck.errors import (
     DriverNotLoaded,
     FreqNotSupported,
     FunctionNotFound,
+    GpuFault,
     GpuLost,
     GpuNotFound,
     GpuRequiresReset,
@@ -43,6 +44,7 @@ from nvmlcheck.errors import (
     VgpuEccNotSupported,
     WaitTimeout,
 )
+from nvmlcheck.events import EventKind, EventListener, GpuEvent
 from nvmlcheck.holders import GpuUse, Holder, KillSelection, explain_unseen_holders, find_holders, select_kill_holders
 from nvmlcheck.kill import (
     KillError,
@@ -108,9 +110,13 @@ __all__ = [
     "DeviceSelector",
     "DeviceState",
     "DriverNotLoaded",
+    "EventKind",
+    "EventListener",
     "Fields",
     "FreqNotSupported",
     "FunctionNotFound",
+    "GpuEvent",
+    "GpuFault",
     "GpuLost",
     "GpuNotFound",
     "GpuProcess",

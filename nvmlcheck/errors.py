@@ -17,6 +17,7 @@ Every exception derives from :class:`NvmlCheckError`. The tree::
     │   ├── SmiTransportError           the command prefix (ssh, pct exec) or the spawn itself failed; never GPU state
     │   └── SmiParseError(line_no, line)
     ├── CorruptData                     values that cannot be true (PID 0, used > total): a struct layout mismatch
+    ├── GpuFault(index, uuid, kind, xid, meaning)  a fatal NVML event (XID 79, 48, ...) on a GPU a wait judges
     └── WaitTimeout (also TimeoutError) the GPUs were not clean at the deadline; carries the last snapshot and culprits
 
 All exceptions pickle and their messages stand alone (they name the call, the device and what to do).
@@ -40,6 +41,7 @@ __all__ = [
     "DriverNotLoaded",
     "FreqNotSupported",
     "FunctionNotFound",
+    "GpuFault",
     "GpuLost",
     "GpuNotFound",
     "GpuRequiresReset",
@@ -257,6 +259,50 @@ class WaitTimeout(NvmlCheckError, TimeoutError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.timeout_s, self.elapsed_ns, self.culprits, self.snapshot, self.polls))
+
+
+class GpuFault(NvmlCheckError):
+    """A fatal NVML event on a GPU a wait or kill judges: it cannot become clean without an operator (a reset, a
+    reboot, a replaced board), so the wait stops at once instead of polling to its timeout.
+
+    ``index`` and ``uuid`` name the GPU, ``kind`` the event kind (``"xid"`` or ``"double_bit_ecc"``), ``xid`` the
+    XID code (``None`` for an ECC event) and ``meaning`` what NVIDIA's XID catalogue says it is (docs/events.md).
+    ``time_ns`` is when the listener received it (``time.monotonic_ns``), ``wall_time`` the same moment in
+    ``time.time`` seconds.
+    """
+
+    __module__ = "nvmlcheck"
+
+    def __init__(
+        self,
+        index: int,
+        uuid: str | None,
+        kind: str,
+        xid: int | None,
+        meaning: str,
+        *,
+        time_ns: int = 0,
+        wall_time: float = 0.0,
+    ) -> None:
+        self.index = index
+        self.uuid = uuid
+        self.kind = kind
+        self.xid = xid
+        self.meaning = meaning
+        self.time_ns = time_ns
+        self.wall_time = wall_time
+        gpu = f"GPU {index}" + (f" ({uuid})" if uuid else "")
+        what = f"XID {xid}" if xid is not None else kind.replace("_", "-")
+        super().__init__(
+            f"{gpu} reported {what}: {meaning}; it cannot become clean without an operator, so the wait stopped "
+            "(see docs/events.md)"
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        import functools
+
+        rebuild = functools.partial(type(self), time_ns=self.time_ns, wall_time=self.wall_time)
+        return (rebuild, (self.index, self.uuid, self.kind, self.xid, self.meaning))
 
 
 class DeadlinePassed(Exception):

@@ -282,11 +282,14 @@ class KillPlan:
         stable_polls: int = 2,
         on_poll: Callable[[TracePoint], object] | None = None,
         sleep: Callable[[float], object] = time.sleep,
+        events: bool | None = None,
     ) -> KillResult:
         """Wait until every target has exited and ``predicate`` (default: :func:`default_predicate`) holds on the
         selected GPUs; SIGKILL the targets still alive once ``grace_s`` has passed since the first signal (``None``
         or ``inf``: never). ``timeout`` counts from the first signal too. The clock is the one given to
-        :meth:`send_first`. Raises :class:`KillTimeout`; closes the plan either way."""
+        :meth:`send_first`. Raises :class:`KillTimeout`; closes the plan either way. ``events``: as for
+        :meth:`Session.wait_until_clean`: with the session's event listener running (``None``) or started
+        (``True``), a fatal event on a selected GPU raises :class:`~nvmlcheck.GpuFault` at once."""
         found = self._set
         if found.started is None or found.first is None:
             raise RuntimeError("send the first signal before waiting")
@@ -330,6 +333,7 @@ class KillPlan:
                 on_poll=observe,
                 clock=clock,
                 sleep=sleep,
+                events=events,
             )
         except WaitTimeout as exc:
             raise self._timeout(exc, timeout) from None
@@ -465,6 +469,7 @@ def kill_and_wait(
     clock: Callable[[], int] = time.monotonic_ns,
     sleep: Callable[[float], object] = time.sleep,
     pinning: PinMode = "auto",
+    events: bool | None = None,
 ) -> KillResult:
     """Signal ``pids`` (with ``tree``, their descendants too), SIGKILL what is still alive after ``grace_s``, and wait
     until every one has exited and the selected GPUs are clean: :func:`prepare_kill`, :meth:`KillPlan.send_first`
@@ -474,7 +479,9 @@ def kill_and_wait(
     ``inf`` never escalates. Everything is checked before the first signal: raises :class:`KillError`,
     :class:`TypeError` or :class:`ValueError` for bad input, :class:`~nvmlcheck.BackendUnavailable` if the backend
     sees no GPU, all with nothing signalled; :class:`KillTimeout` (a :class:`~nvmlcheck.WaitTimeout`) if the
-    targets have not exited or the GPUs are not clean in time.
+    targets have not exited or the GPUs are not clean in time. ``events`` (see :meth:`KillPlan.wait`): ``True``
+    starts the session's event listener before the first signal; a fatal event on a selected GPU then raises
+    :class:`~nvmlcheck.GpuFault` at once.
     """
     _grace_ns(grace_s)
     _check_timeout(timeout)
@@ -487,6 +494,8 @@ def kill_and_wait(
             "so nothing was signalled",
             [f"{session.backend_name}: device count 0"],
         )
+    if events:
+        session.listen()  # before the signal: registration takes a few calls, the kill should not wait for them
     with prepare_kill(pids, tree=tree, pinning=pinning) as plan:
         plan.send_first(first_signal, clock=clock)
         return plan.wait(
@@ -499,4 +508,5 @@ def kill_and_wait(
             stable_polls=stable_polls,
             on_poll=on_poll,
             sleep=sleep,
+            events=events,
         )

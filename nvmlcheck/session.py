@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from .cudamap import CudaMapping
+    from .events import EventListener
     from .holders import Holder
     from .predicates import Predicate
     from .selection import Selection
@@ -31,6 +32,8 @@ __all__ = ["DeviceSelector", "Session", "open", "wait_until_clean"]
 
 # The least time each nvidia-smi run of wait_until_clean's "auto" fallback gets (see its docstring).
 _SMI_FALLBACK_FLOOR_S = 1.0
+# Sleeps between polls at least this long wait on the event listener instead of time.sleep (see wait_until_clean).
+_EVENT_SLEEP_MIN_S = 0.01
 
 #: A device is named by its NVML index, by its UUID (a unique prefix such as ``"GPU-acdc9db5"`` is enough), or by a
 #: CUDA selector ``"cuda:N"`` / ``"cuda:all"`` (through ``CUDA_VISIBLE_DEVICES`` and ``CUDA_DEVICE_ORDER``).
@@ -46,6 +49,7 @@ class Session:
     def __init__(self, backend: Backend) -> None:
         self._backend = backend
         self._closed = False
+        self._listener: EventListener | None = None
 
     # --- lifecycle ------------------------------------------------------------------------------------------------
 
@@ -68,6 +72,9 @@ class Session:
         """Release the backend. Idempotent."""
         if not self._closed:
             self._closed = True
+            if self._listener is not None:
+                self._listener.stop()  # before the backend: its NVML reference keeps the event set valid
+                self._listener = None
             self._backend.close()
 
     def __enter__(self) -> Session:
@@ -85,6 +92,36 @@ class Session:
     def _check_open(self) -> None:
         if self._closed:
             raise ValueError("this nvmlcheck session is closed")
+
+    # --- events ---------------------------------------------------------------------------------------------------
+
+    def listen(self) -> EventListener:
+        """This session's NVML event listener, started on first use (one thread per session; :meth:`close` stops
+        it). It covers every GPU. Where events cannot be had (the nvidia-smi backend, an old library, NOT_SUPPORTED,
+        no permission, MIG) it is returned in state ``"unsupported"`` with its :attr:`~EventListener.reason`, said
+        once: waits then poll as they always do. A listener that stopped (NVML re-initialised, or inherited over
+        ``fork()``) is replaced by a new one. See :mod:`nvmlcheck.events`.
+        """
+        from .events import EventListener
+
+        self._check_open()
+        current = self._listener
+        if current is not None and current.state in ("running", "unsupported"):
+            return current
+        factory = getattr(self._backend, "event_listener", None)
+        if factory is None:
+            listener = EventListener.unavailable(
+                f"the {self._backend.name} backend has no events (nvidia-smi cannot deliver them): waits poll"
+            )
+        else:
+            listener = factory().start()
+        self._listener = listener
+        return listener
+
+    @property
+    def listener(self) -> EventListener | None:
+        """The listener :meth:`listen` started, if any (it may have stopped since: see its ``state``)."""
+        return self._listener
 
     # --- queries --------------------------------------------------------------------------------------------------
 
@@ -224,6 +261,7 @@ class Session:
         on_poll: Callable[[TracePoint], object] | None = None,
         clock: Callable[[], int] = time.monotonic_ns,
         sleep: Callable[[float], object] = time.sleep,
+        events: bool | None = None,
     ) -> WaitResult:
         """Poll until ``predicate`` holds on the selected devices, and say when it first did.
 
@@ -237,14 +275,26 @@ class Session:
         ``DEFAULT``, or ``SMI_DEFAULT`` with the nvidia-smi backend). ``clock``
         (integer ns) and ``sleep`` (seconds) can be injected for tests; the deadline handed to the backend is on
         that ``clock``.
+
+        ``events``: ``True`` starts the session's event listener (:meth:`listen`) if it is not running; ``None``
+        (default) uses it if it runs; ``False`` ignores it. With a running listener, a fatal event (XID 79, 48, ...:
+        :data:`nvmlcheck.events.XID_TABLE`) on a selected GPU received after the wait began stops it at once with
+        :class:`~nvmlcheck.GpuFault`: the sleep between polls wakes up for it, and a wait never returns clean after
+        one. Application XIDs (13, 31, 43, ...) are only recorded. Without events the wait polls as before.
         """
         from .errors import BackendUnavailable, WaitTimeout
+        from .events import check_fatal
         from .predicates import default_predicate
         from .wait import poll_until
 
         self._check_open()
+        since = time.monotonic_ns()  # event times are on this clock, whatever ``clock`` the wait runs on
         indices = self.resolve(devices)
         backend = self._backend
+        # events=None follows listen(): once asked for, a listener that failed (NVML re-initialised) is replaced.
+        listener = self.listen() if events or (events is None and self._listener is not None) else None
+        if listener is not None and not listener.active:
+            listener = None  # unsupported or stopped: said by its reason; the wait polls
         mig = self._mig_selection(devices)
         if mig:
             # A MIG UUID selects one instance: judge it (and any other selected GPU) on its own, not the whole GPU.
@@ -254,6 +304,7 @@ class Session:
 
         # Both take the wait's deadline: a pass stops between two queries once it has come (wait.py).
         def take(deadline: Deadline | None) -> Snapshot:
+            check_fatal(listener, indices, since)
             snap = backend.snapshot(indices, Fields.WAIT, deadline=deadline)
             if not snap.devices and not snap.failures:
                 # Checked on every poll, not once before: the count is read by the snapshot itself, and a device
@@ -267,14 +318,26 @@ class Session:
         def probe(deadline: Deadline | None) -> Snapshot:
             # Memory alone (one NVML call per GPU) can prove "still held" at a third of a full poll's cost: the
             # poller then skips the process lists. It never declares clean on its own (wait.py).
+            check_fatal(listener, indices, since)
             return backend.snapshot(indices, Fields.MEMORY, deadline=deadline)
+
+        if listener is not None and sleep is time.sleep:
+            # Long sleeps (back-off, the smi policy) sleep on the listener: a fatal event wakes the wait at once, and
+            # the next poll raises it. Short ones keep time.sleep, whose lateness the pacer has learnt: a fault then
+            # waits at most that short sleep, and the default ~1 ms polling keeps its timing exactly.
+            events_on, plain_sleep = listener, time.sleep
+
+            def sleep(seconds: float) -> object:
+                if seconds < _EVENT_SLEEP_MIN_S:
+                    return plain_sleep(seconds)
+                return events_on.sleep(seconds, indices, since)
 
         if policy is None and backend.name == "smi":
             from .wait import SMI_DEFAULT
 
             policy = SMI_DEFAULT  # 5 % of a core is one nvidia-smi run every ~0.4 s: too late to see a reclaim
         try:
-            return poll_until(
+            result = poll_until(
                 take,
                 predicate if predicate is not None else default_predicate(),
                 probe=probe,
@@ -291,7 +354,11 @@ class Session:
                 clock=clock,
                 sleep=sleep,
             )
+            check_fatal(listener, indices, since)  # a fault during the last poll: never clean after one
+            return result
         except WaitTimeout as exc:
+            # A fault may have come during the poll that timed out: the fault is the better answer.
+            check_fatal(listener, indices, since)
             # Memory held with no process listed: say what the device-file scan finds (a holder numbered in another
             # PID namespace, a zombie, a process in D state); read once, at the timeout.
             from .holders import timeout_explanation
@@ -388,8 +455,10 @@ def wait_until_clean(
     policy: PollPolicy | str | float | None = None,
     stable_polls: int = 2,
     trace: bool = False,
+    events: bool = False,
 ) -> WaitResult:
     """Open a session, wait until the GPUs are clean (see :meth:`Session.wait_until_clean`), close it.
+    ``events=True`` listens for NVML events during the wait (:class:`~nvmlcheck.GpuFault` on a fatal one).
 
     A finite ``timeout`` (``0`` included) bounds the whole call, opening included, by this rule: ``nvmlInit`` may
     take half of it, at least 0.25 s and at most 10 s (:func:`~nvmlcheck.backends.nvml.init_timeout_for`), so that
@@ -419,5 +488,6 @@ def wait_until_clean(
             assert timeout is not None
             timeout = max(0.0, timeout - (time.monotonic() - started))
         return session.wait_until_clean(
-            timeout, predicate, devices=devices, policy=policy, stable_polls=stable_polls, trace=trace
+            timeout, predicate, devices=devices, policy=policy, stable_polls=stable_polls, trace=trace,
+            events=events or None,
         )

@@ -109,7 +109,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal, Protocol
 
@@ -478,7 +478,9 @@ class StudyConfig:
     ``"gpus"`` ends the holders of every selected GPU at the same instant; ``"none"`` runs each GPU alone, in turn
     (one record per GPU and planned run). ``phases``: watch the OS-side phases from ``/proc`` (zombie, whole
     process exited, device files closed) in a thread of their own; ``device_files``: the globs of the files that
-    count as NVIDIA device files (``None``: ``$NVMLCHECK_DEVICE_FILES`` or the defaults).
+    count as NVIDIA device files (``None``: ``$NVMLCHECK_DEVICE_FILES`` or the defaults). ``events``: listen for
+    NVML events (:mod:`nvmlcheck.events`) during each run and keep every one in its record (``events``; where
+    events cannot be had, ``events_reason`` says why); they are recorded, they do not end a run.
     """
 
     sizes: tuple[int, ...]
@@ -499,6 +501,7 @@ class StudyConfig:
     concurrent: Concurrency = "gpus"
     device_files: tuple[str, ...] | None = None
     phases: bool = True
+    events: bool = False
 
     def __post_init__(self) -> None:
         from ._proc.devfiles import device_file_patterns
@@ -619,6 +622,11 @@ class RunRecord:
     holder_count: int = 1
     per_gpu: int = 1
     concurrent: str = "gpus"
+    #: Every NVML event seen during the run (``nvmlcheck/event`` documents), with ``StudyConfig.events``; ``None``:
+    #: not listened for. Added within version 1 (issue 15).
+    events: tuple[dict[str, Any], ...] | None = None
+    #: Why events were not (all) heard: the listener's reason (smi backend, NOT_SUPPORTED, ...), or ``None``.
+    events_reason: str | None = None
 
     @property
     def resolution_ns(self) -> int:
@@ -660,6 +668,8 @@ class RunRecord:
             fields["trace_columns"] = tuple(fields["trace_columns"])
         if fields.get("trace") is not None:
             fields["trace"] = tuple(tuple(row) for row in fields["trace"])
+        if fields.get("events") is not None:
+            fields["events"] = tuple(fields["events"])
         fields["ending"] = parse_ending(str(fields["ending"]))
         return cls(**fields)
 
@@ -922,6 +932,8 @@ class _Run:
         condition = memory_back_to(baseline, tol) & pids_gone([h.pid for h in holders])
         polls = _Polls(self.watches, indices if config.trace else None)
         watcher = self._phase_watcher()
+        # Started before the signals: registering costs a few NVML calls that must not fall inside the measurement.
+        listener = session.listen() if config.events else None
         wall = time.time()
         polls.origin = time.monotonic_ns()
         for w, h in zip(self.watches, holders, strict=True):
@@ -960,7 +972,12 @@ class _Run:
         unreaped = [r.holder.pid for r in self.reapers if r.reaped_ns is None]
         if unreaped and reason is None:
             reason = f"pid {', '.join(map(str, unreaped))} not reaped (waitpid) before the run timeout"
-        return self._record(wall, polls, baseline, ready, reason)
+        record = self._record(wall, polls, baseline, ready, reason)
+        if listener is not None:
+            record = replace(
+                record, events=tuple(e.to_json() for e in listener.events), events_reason=listener.reason
+            )
+        return record
 
     def _phase_watcher(self) -> ProcWatcher | None:
         """The ``/proc`` watcher for this run's holders (``None`` with ``phases=False``), each pinned by a pidfd

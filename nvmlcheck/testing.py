@@ -122,6 +122,11 @@ NVML_FUNCTIONS: tuple[str, ...] = (
     "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
     "nvmlDeviceGetGpuInstanceId",
     "nvmlDeviceGetComputeInstanceId",
+    "nvmlEventSetCreate",
+    "nvmlDeviceRegisterEvents",
+    "nvmlDeviceGetSupportedEventTypes",
+    "nvmlEventSetWait_v2",
+    "nvmlEventSetFree",
 )
 
 _PROC_PREFIXES = (
@@ -140,6 +145,13 @@ STUB_VARIANTS: Mapping[str, tuple[str, ...]] = {
     "STUB_NO_RETIRED_V2": ("nvmlDeviceGetRetiredPages_v2",),
     "STUB_NO_CUDA_V2": ("nvmlSystemGetCudaDriverVersion_v2",),
     "STUB_NO_PCI_V3": ("nvmlDeviceGetPciInfo_v3",),
+    "STUB_NO_EVENTS": (
+        "nvmlEventSetCreate",
+        "nvmlDeviceRegisterEvents",
+        "nvmlDeviceGetSupportedEventTypes",
+        "nvmlEventSetWait_v2",
+        "nvmlEventSetFree",
+    ),
     "STUB_NO_MIG": (
         "nvmlDeviceGetMigMode",
         "nvmlDeviceGetMaxMigDeviceCount",
@@ -153,7 +165,7 @@ STUB_VARIANTS: Mapping[str, tuple[str, ...]] = {
 #: Field names accepted by ``unsupported=`` (their calls return NVML_ERROR_NOT_SUPPORTED).
 UNSUPPORTED_FIELDS: frozenset[str] = frozenset(
     {"name", "uuid", "serial", "minor", "pci", "memory", "reasons", "retired_pages", "retired_pending", "remapped"}
-    | {"mig"}
+    | {"mig", "events"}
     | {f"processes.{kind}" for kind in PROCESS_KINDS}
     | {f"{group}.{domain}" for group in ("clock", "max", "app") for domain in CLOCK_DOMAINS}
 )
@@ -637,6 +649,35 @@ class TimelineStep(_Changes):
     def _emit(self, line: str) -> None:
         self.scenario._emit(f"{self.prefix} {line}")
 
+    def raise_event(
+        self,
+        device: int,
+        kind: Literal["xid", "sbe", "dbe", "pstate", "clock", "power"] = "xid",
+        *,
+        xid: int = 0,
+        gi: int | None = None,
+        ci: int | None = None,
+    ) -> None:
+        """Raise an NVML event on ``device`` at this point of the timeline (``event device=D type=T data=X``).
+
+        Event sets created before it and registered for its type on ``device`` receive it from
+        ``nvmlEventSetWait_v2``. ``xid`` is the XID code (``eventData``) of a ``"xid"`` event; ``gi``/``ci``
+        the MIG instance it is attributed to (default none: ``0xFFFFFFFF``). A device with
+        ``unsupported=("events",)`` answers NOT_SUPPORTED to the event calls instead.
+        """
+        if kind not in ("xid", "sbe", "dbe", "pstate", "clock", "power"):
+            raise ValueError(f"event kind must be xid, sbe, dbe, pstate, clock or power, got {kind!r}")
+        parts = [f"event device={self._check_device(device)} type={kind}"]
+        if xid:
+            if kind != "xid":
+                raise ValueError("xid= is only meaningful for an 'xid' event")
+            parts.append(f"data={_check_int('xid', xid, _U64_MAX)}")
+        if gi is not None:
+            parts.append(f"gi={_check_int('gi', gi, _U32_MAX)}")
+        if ci is not None:
+            parts.append(f"ci={_check_int('ci', ci, _U32_MAX)}")
+        self._emit(" ".join(parts))
+
     def _device_count(self) -> int:
         return self.scenario.device_count
 
@@ -710,7 +751,7 @@ class Scenario(_Changes):
 
     def at_call(self, n: int) -> TimelineStep:
         """Changes applied just before the ``n``-th NVML call (1-based, counted from the init that loaded the
-        scenario; every exported NVML function counts)."""
+        scenario; every exported NVML function counts but the five event calls)."""
         return TimelineStep(self, f"at call={_check_int('call', n, minimum=1)}")
 
     def at_ms(self, t: int) -> TimelineStep:

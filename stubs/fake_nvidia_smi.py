@@ -268,7 +268,7 @@ def apply_at(state: State, words: list[str], path: str, line_no: int) -> None:
         apply_process(state, parse_pairs(rest, PROCESS_KEYS, line_no), line_no)
     elif keyword == "mig":
         apply_mig(state, parse_pairs(rest, MIG_KEYS, line_no), line_no)
-    elif keyword not in ("fault", "race", "quirk"):
+    elif keyword not in ("fault", "race", "quirk", "event"):  # nvidia-smi has no events: the line changes nothing
         raise ValueError(f"scenario line {line_no}: at cannot apply {keyword!r}")
 
 

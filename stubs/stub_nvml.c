@@ -32,7 +32,9 @@
 /* The table lists every name whatever the build variant, so a fault or a count query on a missing symbol is not  */
 /* an error.                                                                                                      */
 
-enum { F_DEVICE = 1, F_INDEX = 2, F_INIT = 4, F_NOFAULT = 8 };
+/* F_UNCOUNTED: not counted in the calls that `at call=N` counts (event calls come from a listener thread at times
+ * nobody controls: counting them would make call-numbered timelines depend on thread scheduling).              */
+enum { F_DEVICE = 1, F_INDEX = 2, F_INIT = 4, F_NOFAULT = 8, F_UNCOUNTED = 16 };
 
 #define STUB_FUNCTIONS(X)                                                                                          \
     X(nvmlInit, F_INIT)                                                                                            \
@@ -79,7 +81,12 @@ enum { F_DEVICE = 1, F_INDEX = 2, F_INIT = 4, F_NOFAULT = 8 };
     X(nvmlDeviceGetMigDeviceHandleByIndex, F_DEVICE)                                                               \
     X(nvmlDeviceGetDeviceHandleFromMigDeviceHandle, 0)                                                             \
     X(nvmlDeviceGetGpuInstanceId, 0)                                                                               \
-    X(nvmlDeviceGetComputeInstanceId, 0)
+    X(nvmlDeviceGetComputeInstanceId, 0)                                                                           \
+    X(nvmlEventSetCreate, F_UNCOUNTED)                                                                             \
+    X(nvmlDeviceRegisterEvents, F_DEVICE | F_UNCOUNTED)                                                            \
+    X(nvmlDeviceGetSupportedEventTypes, F_DEVICE | F_UNCOUNTED)                                                    \
+    X(nvmlEventSetWait_v2, F_UNCOUNTED)                                                                            \
+    X(nvmlEventSetFree, F_UNCOUNTED)
 
 #define X_ENUM(name, flags) FN_##name,
 enum { STUB_FUNCTIONS(X_ENUM) FN_COUNT };
@@ -122,6 +129,7 @@ enum {
     U_RETIRED_PENDING,
     U_REMAPPED,
     U_MIG,
+    U_EVENTS,
     U_PROC_BASE,                  /* + kind */
     U_CLOCK_BASE = U_PROC_BASE + K_COUNT, /* + set * 4 + domain */
     U_COUNT = U_CLOCK_BASE + CLK_SETS * 4
@@ -129,7 +137,7 @@ enum {
 static const char *const unsupported_names[U_CLOCK_BASE] = {
     "name",    "uuid",          "serial",          "minor",    "pci",
     "memory",  "reasons",       "retired_pages",   "retired_pending",
-    "remapped", "mig", "processes.compute", "processes.graphics", "processes.mps",
+    "remapped", "mig", "events", "processes.compute", "processes.graphics", "processes.mps",
 };
 
 #define NOT_AVAILABLE (~0ULL) /* NVML_VALUE_NOT_AVAILABLE as an unsigned long long: all bits set */
@@ -176,6 +184,12 @@ struct proc {
     int bound, zombie_holds, gone;
     unsigned long long release_ms, list_ms;
     uint64_t gone_ns; /* CLOCK_MONOTONIC when a call first found the bound pid gone */
+};
+
+/* A raised event (`event device=D type=xid data=79`): kept in order; each event set reads the log from its start. */
+struct event {
+    unsigned int device, gi, ci;
+    unsigned long long type, data;
 };
 
 struct fault {
@@ -226,6 +240,8 @@ struct state {
     size_t nrace, caprace;
     struct action *action;
     size_t naction, capaction, pending; /* pending: actions not applied yet */
+    struct event *event;
+    size_t nevent, capevent;
     int quirk_535_43;
     unsigned int next_race_pid;
     unsigned long long calls; /* NVML calls since the scenario was loaded */
@@ -245,6 +261,9 @@ static int g_init_total, g_shutdown_total;
 #define MSGLEN 512  /* one problem, without file and line */
 #define ERRLEN 2048 /* "scenario PATH line N: " + a message */
 static char g_last_error[ERRLEN];
+/* Signalled (under g_mu) when an event is raised, NVML shuts down or a set is freed: nvmlEventSetWait_v2 sleeps on
+ * it instead of polling. CLOCK_MONOTONIC, set up in the constructor. */
+static pthread_cond_t g_event_cond;
 
 static uint64_t now_ns(void) {
     struct timespec ts;
@@ -320,6 +339,7 @@ static void free_state(struct state *st) {
     free(st->fault);
     free(st->race);
     free(st->action);
+    free(st->event);
     free(st->driver);
     free(st->nvml);
     free(st->path);
@@ -1031,6 +1051,56 @@ static int apply_mig(struct state *st, const struct line *ln, int dry, char *err
     return 0;
 }
 
+/* The event types the stub knows, by scenario name (nvmlEventType* bits of nvml.h). */
+static const struct {
+    const char *name;
+    unsigned long long bit;
+} event_types[] = {
+    {"sbe", nvmlEventTypeSingleBitEccError}, {"dbe", nvmlEventTypeDoubleBitEccError},
+    {"pstate", nvmlEventTypePState},          {"xid", nvmlEventTypeXidCriticalError},
+    {"clock", nvmlEventTypeClock},            {"power", nvmlEventTypePowerSourceChange},
+};
+/* What nvmlDeviceGetSupportedEventTypes reports for a device without `unsupported=events`. */
+#define STUB_SUPPORTED_EVENTS                                                                                      \
+    (nvmlEventTypeSingleBitEccError | nvmlEventTypeDoubleBitEccError | nvmlEventTypePState |                        \
+     nvmlEventTypeXidCriticalError | nvmlEventTypeClock)
+
+static int apply_event(struct state *st, const struct line *ln, int dry, int in_timeline, char *err) {
+    struct event e;
+    int have_dev = 0, have_type = 0;
+    memset(&e, 0, sizeof e);
+    e.gi = e.ci = NOT_MIG;
+    if (!in_timeline) return fail(err, "event: only in the timeline (at call=N event ... / at ms=T event ...)");
+    if (check_pairs(ln, 0, err)) return -1;
+    for (size_t i = 0; i < ln->nkv; i++) {
+        const char *k = ln->kv[i].key, *v = ln->kv[i].val;
+        if (strcmp(k, "device") == 0) {
+            if (parse_u32(k, v, &e.device, err)) return -1;
+            have_dev = 1;
+        } else if (strcmp(k, "type") == 0) {
+            for (size_t t = 0; t < sizeof event_types / sizeof event_types[0]; t++)
+                if (strcmp(v, event_types[t].name) == 0) e.type = event_types[t].bit;
+            if (!e.type) return fail(err, "event type=%s: expected xid, sbe, dbe, pstate, clock or power", v);
+            have_type = 1;
+        } else if (strcmp(k, "data") == 0) {
+            if (parse_u64(k, v, &e.data, err)) return -1;
+        } else if (strcmp(k, "gi") == 0) {
+            if (parse_u32(k, v, &e.gi, err)) return -1;
+        } else if (strcmp(k, "ci") == 0) {
+            if (parse_u32(k, v, &e.ci, err)) return -1;
+        } else {
+            return fail(err, "event: unknown key '%s'", k);
+        }
+    }
+    if (!have_dev || !have_type) return fail(err, "event: device= and type= are required");
+    if (e.device >= st->ndev) return fail(err, "event device=%u: no such device (%zu declared)", e.device, st->ndev);
+    if (dry) return 0;
+    PUSH(st->event, st->nevent, st->capevent);
+    st->event[st->nevent++] = e;
+    pthread_cond_broadcast(&g_event_cond); /* called with g_mu held (a timeline line applied by some call) */
+    return 0;
+}
+
 /* A line that may also appear after `at`. */
 static int apply_changing_line(struct state *st, const struct line *ln, int dry, int in_timeline, char *err) {
     const char *kw = ln->keyword;
@@ -1040,8 +1110,9 @@ static int apply_changing_line(struct state *st, const struct line *ln, int dry,
     if (strcmp(kw, "race") == 0) return apply_race(st, ln, dry, err);
     if (strcmp(kw, "quirk") == 0) return apply_quirk(st, ln, dry, err);
     if (strcmp(kw, "mig") == 0) return apply_mig(st, ln, dry, err);
+    if (strcmp(kw, "event") == 0) return apply_event(st, ln, dry, in_timeline, err);
     if (in_timeline)
-        return fail(err, "at: '%s' cannot follow at (device, process, mig, fault, race or quirk may)", kw);
+        return fail(err, "at: '%s' cannot follow at (device, process, mig, event, fault, race or quirk may)", kw);
     return fail(err, "unknown keyword '%s'", kw);
 }
 
@@ -1284,7 +1355,7 @@ static nvmlReturn_t begin(int fn, unsigned int device_index, struct device **dev
     log_call(fn);
     if (!initialised()) return NVML_ERROR_UNINITIALIZED;
     struct state *st = g_state;
-    st->calls++;
+    if (!(fn_flags[fn] & F_UNCOUNTED)) st->calls++;
     apply_due_actions(st);
     int code;
     unsigned long long delay = eval_faults(st, fn, device_index == UINT_MAX ? -1 : (long long)device_index, &code);
@@ -1427,6 +1498,7 @@ nvmlReturn_t nvmlShutdown(void) {
         free_state(g_state);
         g_state = NULL;
         g_generation++;
+        pthread_cond_broadcast(&g_event_cond); /* a waiting nvmlEventSetWait_v2 answers UNINITIALIZED now */
     }
     g_shutdown_total++;
     return end(NVML_SUCCESS);
@@ -1992,12 +2064,22 @@ unsigned long long stub_loaded_ns(void) {
 
 static void atfork_prepare(void) { pthread_mutex_lock(&g_mu); }
 static void atfork_parent(void) { pthread_mutex_unlock(&g_mu); }
+static void init_event_cond(void) {
+    pthread_condattr_t attr;
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_cond_init(&g_event_cond, &attr);
+    pthread_condattr_destroy(&attr);
+}
+
 static void atfork_child(void) {
     pthread_mutex_init(&g_mu, NULL);
+    init_event_cond(); /* a waiter of the parent does not exist here */
     g_refcount = 0; /* g_state is kept (a copy); the child's own nvmlInit frees it */
 }
 
 __attribute__((constructor)) static void stub_loaded(void) {
+    init_event_cond();
     pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
 }
 
@@ -2063,5 +2145,130 @@ nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t device, unsigned int *id) {
 
 nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t device, unsigned int *id) {
     return instance_id(FN_nvmlDeviceGetComputeInstanceId, device, id, 1);
+}
+#endif
+
+/* ------------------------------------------------------------------------------------------------------------ */
+/* Events: every set reads the scenario's whole event log; `unsupported=events` answers NOT_SUPPORTED          */
+
+#ifndef STUB_NO_EVENTS /* a build without the event symbols: nvmlcheck must say "events not supported" */
+#define MAX_EVENT_SETS 64
+#define MAX_EVENT_DEVICES 64
+#define EVENT_SET_BASE ((uintptr_t)0x5900000000ULL)
+static struct {
+    int used;
+    unsigned long long generation; /* g_generation at creation: a set does not outlive its initialisation */
+    size_t next;                   /* the first event of the log this set has not looked at */
+    unsigned long long mask[MAX_EVENT_DEVICES];
+} g_sets[MAX_EVENT_SETS];
+
+/* The slot of a live set, or -1. Lock held. */
+static int set_slot(nvmlEventSet_t set) {
+    uintptr_t v = (uintptr_t)set;
+    if (v < EVENT_SET_BASE || (v - EVENT_SET_BASE) % HANDLE_STRIDE) return -1;
+    uintptr_t i = (v - EVENT_SET_BASE) / HANDLE_STRIDE;
+    if (i >= MAX_EVENT_SETS || !g_sets[i].used || g_sets[i].generation != g_generation) return -1;
+    return (int)i;
+}
+
+nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set) {
+    nvmlReturn_t r = begin(FN_nvmlEventSetCreate, UINT_MAX, NULL);
+    if (r) return end(r);
+    if (!set) return end(NVML_ERROR_INVALID_ARGUMENT);
+    for (int i = 0; i < MAX_EVENT_SETS; i++) {
+        if (g_sets[i].used && g_sets[i].generation == g_generation) continue;
+        memset(&g_sets[i], 0, sizeof g_sets[i]);
+        g_sets[i].used = 1;
+        g_sets[i].generation = g_generation;
+        g_sets[i].next = 0; /* unlike a driver, every event since the scenario loaded: no race with a timeline */
+        *set = (nvmlEventSet_t)(EVENT_SET_BASE + (uintptr_t)i * HANDLE_STRIDE);
+        return end(NVML_SUCCESS);
+    }
+    return end(NVML_ERROR_INSUFFICIENT_RESOURCES);
+}
+
+nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t device, unsigned long long *eventTypes) {
+    struct device *d;
+    nvmlReturn_t r = begin(FN_nvmlDeviceGetSupportedEventTypes, handle_index(device), &d);
+    if (r) return end(r);
+    if (unsupported(d, U_EVENTS)) return end(NVML_ERROR_NOT_SUPPORTED);
+    if (!eventTypes) return end(NVML_ERROR_INVALID_ARGUMENT);
+    *eventTypes = STUB_SUPPORTED_EVENTS;
+    return end(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long long eventTypes, nvmlEventSet_t set) {
+    struct device *d;
+    unsigned int index = handle_index(device);
+    nvmlReturn_t r = begin(FN_nvmlDeviceRegisterEvents, index, &d);
+    if (r) return end(r);
+    if (unsupported(d, U_EVENTS)) return end(NVML_ERROR_NOT_SUPPORTED);
+    int slot = set_slot(set);
+    if (slot < 0 || index >= MAX_EVENT_DEVICES) return end(NVML_ERROR_INVALID_ARGUMENT);
+    if (eventTypes & ~(unsigned long long)STUB_SUPPORTED_EVENTS) return end(NVML_ERROR_NOT_SUPPORTED);
+    g_sets[slot].mask[index] |= eventTypes;
+    return end(NVML_SUCCESS);
+}
+
+/* CLOCK_MONOTONIC ns at which the earliest pending `at ms=` line is due (0: none). Lock held. */
+static uint64_t next_ms_due(const struct state *st) {
+    uint64_t best = 0;
+    if (!st->pending) return 0;
+    for (size_t i = 0; i < st->naction; i++) {
+        const struct action *a = &st->action[i];
+        if (a->applied || !a->is_ms) continue;
+        uint64_t at = sat_add(st->loaded_ns, ms_to_ns(a->when));
+        if (!best || at < best) best = at;
+    }
+    return best;
+}
+
+/* Deliver the first event after the set's cursor that one of its registrations wants. Lock held. */
+static int next_event(int slot, nvmlEventData_t *data) {
+    struct state *st = g_state;
+    while (g_sets[slot].next < st->nevent) {
+        const struct event *e = &st->event[g_sets[slot].next++];
+        if (e->device >= MAX_EVENT_DEVICES || !(g_sets[slot].mask[e->device] & e->type)) continue;
+        data->device = make_handle(e->device);
+        data->eventType = e->type;
+        data->eventData = e->type == nvmlEventTypeXidCriticalError ? e->data : 0;
+        data->gpuInstanceId = e->gi;
+        data->computeInstanceId = e->ci;
+        return 1;
+    }
+    return 0;
+}
+
+nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms) {
+    nvmlReturn_t r = begin(FN_nvmlEventSetWait_v2, UINT_MAX, NULL);
+    if (r) return end(r);
+    if (!data || set_slot(set) < 0) return end(NVML_ERROR_INVALID_ARGUMENT);
+    uint64_t until = now_ns() + ms_to_ns(timeoutms);
+    unsigned long long gen = g_generation;
+    for (;;) {
+        int slot = set_slot(set);
+        if (slot < 0) return end(NVML_ERROR_UNINITIALIZED); /* freed or shut down meanwhile */
+        if (next_event(slot, data)) return end(NVML_SUCCESS);
+        uint64_t now = now_ns();
+        if (now >= until) return end(NVML_ERROR_TIMEOUT);
+        /* Sleep (lock released) until an event is raised by another call, or the next `at ms=` line is due (a
+         * timeline line needs a call to apply it: this one applies it), or the timeout. */
+        uint64_t wake = until, due = next_ms_due(g_state);
+        if (due && due < wake) wake = due;
+        struct timespec ts = {.tv_sec = (time_t)(wake / 1000000000ULL), .tv_nsec = (long)(wake % 1000000000ULL)};
+        pthread_cond_timedwait(&g_event_cond, &g_mu, &ts);
+        if (gen != g_generation || !initialised()) return end(NVML_ERROR_UNINITIALIZED);
+        apply_due_actions(g_state);
+    }
+}
+
+nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) {
+    nvmlReturn_t r = begin(FN_nvmlEventSetFree, UINT_MAX, NULL);
+    if (r) return end(r);
+    int slot = set_slot(set);
+    if (slot < 0) return end(NVML_ERROR_INVALID_ARGUMENT);
+    g_sets[slot].used = 0;
+    pthread_cond_broadcast(&g_event_cond);
+    return end(NVML_SUCCESS);
 }
 #endif

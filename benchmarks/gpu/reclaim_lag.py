@@ -8,6 +8,9 @@ clean moment (to within its period); nvmlcheck's lag is its first clean poll min
 user+system time during the wait over the wait's wall time.
 
     python benchmarks/gpu/reclaim_lag.py --sizes 1GiB,16GiB,64GiB,120GiB --runs 5 --json out.json
+
+``--events`` starts the session's NVML event listener first (issue 15): every wait then runs with it, so the lag
+with and without it can be compared; the listener's state, reason and the events it saw are printed and saved.
 """
 
 from __future__ import annotations
@@ -123,11 +126,16 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=5, help="runs per size and mode")
     parser.add_argument("--modes", default="default,precise")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--events", action="store_true", help="run every wait with the NVML event listener")
     args = parser.parse_args()
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     modes = args.modes.split(",")
     rows: list[dict[str, Any]] = []
+    events: dict[str, Any] | None = None
     with nc.open("nvml") as gpus:
+        listener = gpus.listen() if args.events else None
+        if listener is not None:
+            print(f"events: state {listener.state}, covered {sorted(listener.covered)}, reason {listener.reason}")
         gpus.wait_until_clean(timeout=30, devices=[0])
         clean_bytes = 16 << 20
         one_run(gpus, 1 << 30, "default", clean_bytes)  # warm-up, discarded
@@ -138,6 +146,19 @@ def main() -> int:
                     row["run"] = run
                     rows.append(row)
                     print(json.dumps(row), flush=True)
+        if listener is not None:
+            events = {
+                "state": listener.state,
+                "reason": listener.reason,
+                "covered": sorted(listener.covered),
+                "events": [e.to_json() for e in listener.events],
+            }
+            thread = listener.thread
+    if listener is not None:
+        assert events is not None
+        events["thread_alive_after_close"] = thread is not None and thread.is_alive()
+        events["state_after_close"] = listener.state
+        print(f"events: {json.dumps(events)}")
     ritual = sleep3_nvidia_smi_s()
     print(
         f"\n{'size':>8} {'mode':<8}{'n':>3}{'truth p50':>11}{'lag p50':>10}{'lag p99':>10}{'lag max':>10}"
@@ -179,7 +200,8 @@ def main() -> int:
             f"{verified / 1000:.3f} s ({ritual * 1000 / verified:.0f}x shorter)"
         )
     if args.json:
-        args.json.write_text(json.dumps({"runs": rows, "summary": summary, "sleep3_nvidia_smi_s": ritual}, indent=1))
+        doc = {"runs": rows, "summary": summary, "sleep3_nvidia_smi_s": ritual, "events": events}
+        args.json.write_text(json.dumps(doc, indent=1))
     return 0
 
 

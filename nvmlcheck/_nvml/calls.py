@@ -33,6 +33,7 @@ __all__ = [
     "CLOCK_MEM",
     "CLOCK_SM",
     "CLOCK_VIDEO",
+    "EVENT_FUNCTIONS",
     "MAX_LIST_ATTEMPTS",
     "PID_MAX_LIMIT",
     "Handle",
@@ -49,6 +50,7 @@ NVML_SUCCESS = 0
 NVML_ERROR_NOT_SUPPORTED = 3
 NVML_ERROR_NOT_FOUND = 6
 NVML_ERROR_INSUFFICIENT_SIZE = 7
+NVML_ERROR_TIMEOUT = 10
 NVML_ERROR_FUNCTION_NOT_FOUND = 13
 NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25
 # Codes that say the whole device (or NVML) is unusable: uninitialised, driver not loaded, library not found, GPU lost,
@@ -141,6 +143,8 @@ class NvmlCalls:
         self._health_fns = {n: self._bind_optional(n) for n in _HEALTH_FUNCTIONS}
         # Absent before driver 450 (no MIG): such a library answers "not in MIG mode", never a failure.
         self._mig_fns = {n: self._bind_optional(n) for n in _MIG_FUNCTIONS}
+        # Absent from old drivers and from stub builds without them: events are then "not supported", never a failure.
+        self._event_fns = {n: self._bind_optional(n) for n in EVENT_FUNCTIONS}
 
     def _bind(self, name: str | None) -> Callable[..., int] | None:
         return self._loaded.function(name) if name else None
@@ -543,6 +547,77 @@ class NvmlCalls:
         raise InsufficientSize(NVML_ERROR_INSUFFICIENT_SIZE, name, index, "the retired page list kept growing")
 
 
+#: A received event: (device handle as an integer address, nvmlEventType bits, eventData, gi, ci; ids None outside MIG).
+EventRecord = tuple[int, int, int, "int | None", "int | None"]
+
+
+def handle_address(handle: object) -> int:
+    """The address of a device handle: how an event's ``device`` is matched to the handle a listener registered."""
+    return int(ffi.cast("uintptr_t", handle))
+
+
+class EventCalls:
+    """The NVML event calls over one loaded library (nvmlEventSetCreate, nvmlDeviceGetSupportedEventTypes,
+    nvmlDeviceRegisterEvents, nvmlEventSetWait_v2, nvmlEventSetFree). Every one is optional: :attr:`missing` names
+    the first symbol the library lacks (then nothing else may be called)."""
+
+    def __init__(self, calls: NvmlCalls) -> None:
+        self._fns = calls._event_fns
+        self._path = calls._loaded.path
+        self.missing: str | None = next((n for n in EVENT_FUNCTIONS if self._fns[n] is None), None)
+        self._data = ffi.new("nvmlEventData_t *")  # used by the one listener thread only
+
+    def _fn(self, name: str) -> Callable[..., int]:
+        fn = self._fns[name]
+        if fn is None:
+            raise FunctionNotFound(13, name, None, f"{self._path} does not export it (older driver)")
+        return fn
+
+    def create(self) -> object:
+        """nvmlEventSetCreate: a new event set (an opaque cffi pointer)."""
+        out = ffi.new("nvmlEventSet_t *")
+        rc = self._fn("nvmlEventSetCreate")(out)
+        if rc:
+            raise _fail(rc, "nvmlEventSetCreate", None)
+        return out[0]
+
+    def supported(self, handle: Handle, index: int) -> int:
+        """nvmlDeviceGetSupportedEventTypes: the nvmlEventType bits the device can deliver."""
+        out = ffi.new(_ULL_P)
+        rc = self._fn("nvmlDeviceGetSupportedEventTypes")(handle, out)
+        if rc:
+            raise _fail(rc, "nvmlDeviceGetSupportedEventTypes", index)
+        return int(out[0])
+
+    def register(self, handle: Handle, index: int, mask: int, event_set: object) -> None:
+        """nvmlDeviceRegisterEvents: deliver ``mask``'s events of the device to ``event_set``."""
+        rc = self._fn("nvmlDeviceRegisterEvents")(handle, mask, event_set)
+        if rc:
+            raise _fail(rc, "nvmlDeviceRegisterEvents", index)
+
+    def wait(self, event_set: object, timeout_ms: int) -> EventRecord | None:
+        """nvmlEventSetWait_v2: the next event, or ``None`` when none came within ``timeout_ms`` (NVML_ERROR_TIMEOUT,
+        which NVML also answers when a signal interrupted the wait). Other codes raise."""
+        data = self._data
+        rc = self._fn("nvmlEventSetWait_v2")(event_set, data, timeout_ms)
+        if rc == NVML_ERROR_TIMEOUT:
+            return None
+        if rc:
+            raise _fail(rc, "nvmlEventSetWait_v2", None)
+        gi, ci = int(data.gpuInstanceId), int(data.computeInstanceId)
+        return (
+            int(ffi.cast("uintptr_t", data.device)),
+            int(data.eventType),
+            int(data.eventData),
+            None if gi == NOT_MIG_U32 else gi,
+            None if ci == NOT_MIG_U32 else ci,
+        )
+
+    def free(self, event_set: object) -> int:
+        """nvmlEventSetFree; returns its code (a set that cannot be freed leaves nothing for the caller to do)."""
+        return int(self._fn("nvmlEventSetFree")(event_set))
+
+
 # Memory is a named tuple: tuple.__new__ skips its Python-level __new__ (the poll path builds one per GPU).
 _new_tuple = tuple.__new__
 _CLOCK_FUNCTIONS = ("nvmlDeviceGetClockInfo", "nvmlDeviceGetMaxClockInfo", "nvmlDeviceGetApplicationsClock")
@@ -555,6 +630,14 @@ _MIG_FUNCTIONS = (
     "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
     "nvmlDeviceGetGpuInstanceId",
     "nvmlDeviceGetComputeInstanceId",
+)
+#: The event symbols, all optional (events.py).
+EVENT_FUNCTIONS = (
+    "nvmlEventSetCreate",
+    "nvmlDeviceGetSupportedEventTypes",
+    "nvmlDeviceRegisterEvents",
+    "nvmlEventSetWait_v2",
+    "nvmlEventSetFree",
 )
 _NVML_DEVICE_MIG_ENABLE = 1
 _PROCESS_WANTED = {

@@ -22,7 +22,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from .._nvml import library
-from .._nvml.calls import Handle, NvmlCalls
+from .._nvml.calls import EventCalls, Handle, NvmlCalls, handle_address
 from ..errors import (
     DeadlinePassed,
     FunctionNotFound,
@@ -53,6 +53,7 @@ from ..model import (
 )
 
 if TYPE_CHECKING:
+    from ..events import EventListener
     from ..wait import Deadline
 
 __all__ = ["DEFAULT_INIT_TIMEOUT_S", "MIN_INIT_TIMEOUT_S", "NvmlBackend", "init_timeout_for", "process_name"]
@@ -342,6 +343,26 @@ class NvmlBackend:
         if any(isinstance(e, Unknown) for e in errors):
             self._reinit_due = generation
         return False
+
+    # --- events ---------------------------------------------------------------------------------------------------
+
+    def event_listener(self) -> EventListener:
+        """A new, unstarted :class:`~nvmlcheck.events.EventListener` for every GPU this backend sees. Reads the
+        identity of each GPU (cached, as a snapshot would) in this thread; a GPU whose identity cannot be read is
+        left out, with its reason."""
+        from ..events import EventListener, EventTarget
+
+        self._check_open()
+        targets: list[EventTarget] = []
+        unreadable: dict[int, str] = {}
+        for index in range(self._calls.device_count()):
+            try:
+                ident = self._identities.get(index) or self._identity(index)
+            except NvmlCheckError as exc:
+                unreadable[index] = f"its identity could not be read: {exc}"
+                continue
+            targets.append(EventTarget(index, ident.handle, ident.uuid, ident.mig_mode))
+        return EventListener(EventCalls(self._calls), targets, handle_address, unavailable=unreadable)
 
     # --- system ---------------------------------------------------------------------------------------------------
 

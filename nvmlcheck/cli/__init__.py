@@ -8,7 +8,8 @@ Exit codes (stable):
          ``study reclaim``: a run timed out, or the GPUs were not clean at baseline
 2        usage error: bad arguments, a PID that is refused, does not exist or cannot be signalled
 3        backend unavailable or failed: no driver, no nvidia-smi, a lost GPU, an NVML or nvidia-smi error; the
-         simulated GPU cannot be built
+         simulated GPU cannot be built; ``watch``: events cannot be had
+4        a fatal GPU event (XID 79, 48, 95, ...: docs/events.md) stopped ``wait --events`` / ``kill --events``
 129/143  ended by SIGHUP / SIGTERM (children ended, temporary files removed); 130 interrupted (SIGINT, Ctrl-C)
 =======  ==================================================================================================
 
@@ -19,14 +20,14 @@ loads nothing but ``sys``: each command imports what it uses, so a launch script
 
 from __future__ import annotations
 
-from ._common import EXIT_BACKEND, EXIT_CLEAN, EXIT_NOT_CLEAN, EXIT_USAGE
+from ._common import EXIT_BACKEND, EXIT_CLEAN, EXIT_FAULT, EXIT_NOT_CLEAN, EXIT_USAGE
 
 TYPE_CHECKING = False  # typing costs ~10 ms of start-up where site has not loaded it
 if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Any
 
-__all__ = ["EXIT_BACKEND", "EXIT_CLEAN", "EXIT_NOT_CLEAN", "EXIT_USAGE", "main"]
+__all__ = ["EXIT_BACKEND", "EXIT_CLEAN", "EXIT_FAULT", "EXIT_NOT_CLEAN", "EXIT_USAGE", "main"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

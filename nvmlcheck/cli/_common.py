@@ -18,6 +18,8 @@ EXIT_CLEAN = 0
 EXIT_NOT_CLEAN = 1
 EXIT_USAGE = 2
 EXIT_BACKEND = 3
+#: A fatal GPU event (XID 79, 48, ...: docs/events.md) stopped a wait or kill: the GPU cannot become clean.
+EXIT_FAULT = 4
 #: Ended by a signal: 128 + its number, as a shell reports it (SIGHUP 129, SIGINT 130, SIGTERM 143).
 EXIT_SIGNAL_BASE = 128
 
@@ -127,3 +129,13 @@ class simulation:
             global _simulating
             _simulating = False
             self._stack.__exit__(exc_type, exc, tb)
+
+
+def start_events(args: argparse.Namespace, gpus: Session) -> None:
+    """``--events``: start the session's event listener, so the wait stops at once on a fatal event (exit 4).
+    Where events cannot be had, say why once on stderr; the wait polls as without the option."""
+    if not getattr(args, "events", False):
+        return
+    listener = gpus.listen()
+    if listener.reason is not None:
+        print(f"nvmlcheck: events: {listener.reason}", file=sys.stderr)

@@ -11,7 +11,15 @@ from __future__ import annotations
 import sys
 import time
 
-from ._common import EXIT_CLEAN, EXIT_NOT_CLEAN, UsageError, open_session, verdict_printed, wait_predicate
+from ._common import (
+    EXIT_CLEAN,
+    EXIT_NOT_CLEAN,
+    UsageError,
+    open_session,
+    start_events,
+    verdict_printed,
+    wait_predicate,
+)
 from ._output import StatusLine, human_bytes, print_json, status_updater
 
 TYPE_CHECKING = False  # typing costs ~10 ms of start-up where site has not loaded it
@@ -144,6 +152,7 @@ def cmd_kill(args: argparse.Namespace) -> int:
     predicate = wait_predicate(args)
     try:
         with open_session(args) as gpus:
+            start_events(args, gpus)
             selection = None
             if plan is None:
                 plan, selection = _plan_with_nvml(args, gpus)

@@ -8,6 +8,7 @@ import sys
 
 from ._common import (
     EXIT_BACKEND,
+    EXIT_FAULT,
     EXIT_SIGNAL_BASE,
     EXIT_USAGE,
     SimulationUnavailable,
@@ -30,6 +31,7 @@ COMMANDS = {
     "select": "_select:cmd_select",
     "demo": "_study:cmd_demo",
     "study": "_study:cmd_study_reclaim",
+    "watch": "_watch:cmd_watch",
 }
 
 
@@ -99,6 +101,10 @@ def run(argv: Sequence[str] | None) -> int:
 
             if not isinstance(exc, NvmlCheckError):
                 raise
+            from ..errors import GpuFault
+
+            if isinstance(exc, GpuFault):
+                return fail(json_mode, exc, EXIT_FAULT, label="fault")
             from ..kill import KillError
 
             return fail(json_mode, exc, EXIT_USAGE if isinstance(exc, KillError) else EXIT_BACKEND)

@@ -318,7 +318,7 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
     parser = _Parser(
         prog="nvmlcheck", state=state, root=True, description="Tell precisely and fast whether NVIDIA GPUs are clean.",
         epilog="exit codes: 0 clean/ok, 1 not clean at timeout, 2 usage, 3 backend unavailable or failed, "
-               "129/130/143 ended by SIGHUP/SIGINT/SIGTERM",
+               "4 a fatal GPU event (XID) stopped the wait, 129/130/143 ended by SIGHUP/SIGINT/SIGTERM",
     )
     parser.add_argument("--version", action="version", version=f"nvmlcheck {__version__}")
     global_options(parser, top=True)
@@ -330,6 +330,16 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
         snap.add_argument("view", nargs="?", choices=("devices", "procs"), default="devices")
         host_options(snap)
 
+    if wanted("watch"):
+        watch = sub_parser(sub, "watch", help="stream NVML events (XID, ECC, clocks, power) until interrupted",
+                           description="Print every NVML event of the selected GPUs (all by default) as it comes: "
+                                       "one line each, or with --json one nvmlcheck/event document per line (JSON "
+                                       "Lines), until Ctrl-C (exit 130) or SIGTERM (143). Exit 3 when events "
+                                       "cannot be had (the nvidia-smi backend, NOT_SUPPORTED, no permission).")
+        global_options(watch, top=False)
+        once(watch, "--for", dest="duration", type=seconds_or_none, default=None, metavar="S",
+             help="stop after S seconds (exit 0; default: until interrupted)")
+
     def wait_options(p: argparse.ArgumentParser) -> None:
         once(p, "--timeout", type=seconds_or_none, default=30.0, metavar="S",
              help="seconds (default 30; 0: check once; 'none': forever)")
@@ -337,6 +347,9 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
              help="clean means at most this much used per GPU (default 16MiB)")
         once(p, "--stable-polls", type=positive_int, default=2, metavar="N",
              help="consecutive clean polls required (default 2)")
+        p.add_argument("--events", action="store_true",
+                       help="listen for NVML events: a fatal XID (79, 48, ...) on a selected GPU stops the wait "
+                            "at once with exit 4 (where events are not supported, says why and polls)")
 
     if wanted("wait"):
         wait = sub_parser(sub, "wait", help="wait until the GPUs are clean (exit 0) or time out (1)")
@@ -441,6 +454,8 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
              help="write PNG plots to DIR (needs matplotlib: pip install 'nvmlcheck[plot]')")
         reclaim.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
                              help="one discarded warm-up run before each size and ending (default on)")
+        reclaim.add_argument("--events", action="store_true",
+                             help="listen for NVML events during each run and record them (field 'events')")
         once(reclaim, "--run-timeout", type=float, default=30.0, metavar="S",
              help="seconds from the signal until clean and reaped, else the run times out (default 30)")
         once(reclaim, "--chunks", type=positive_int, default=1,

@@ -105,6 +105,7 @@ def cmd_study_reclaim(args: argparse.Namespace) -> int:
         warmup="per_cell" if args.warmup else "none", run_timeout_s=args.run_timeout,
         holder=args.holder, holder_count=_holder_count(args), per_gpu=args.per_gpu, concurrent=args.concurrent,
         phases=args.phases, device_files=None if args.device_files is None else tuple(args.device_files.split(":")),
+        events=args.events,
     )
     if args.plot is not None:  # fail before a long study, not after it
         try:

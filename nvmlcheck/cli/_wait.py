@@ -6,7 +6,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from ._common import EXIT_CLEAN, EXIT_NOT_CLEAN, open_session, verdict_printed, wait_predicate
+from ._common import EXIT_CLEAN, EXIT_NOT_CLEAN, open_session, start_events, verdict_printed, wait_predicate
 from ._output import StatusLine, plural, print_json, status_updater
 
 if TYPE_CHECKING:
@@ -44,6 +44,7 @@ def cmd_wait(args: argparse.Namespace) -> int:
     status = StatusLine(sys.stderr, not args.json)
     started = time.monotonic()
     with open_session(args) as gpus:
+        start_events(args, gpus)
         # --timeout bounds the whole command: the open (whose nvmlInit it bounded) comes out of it.
         timeout = None if args.timeout is None else max(0.0, args.timeout - (time.monotonic() - started))
         try:

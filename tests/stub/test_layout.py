@@ -59,6 +59,7 @@ def test_struct_list_covers_cdefs() -> None:
         "nvmlProcessInfo_v1_t",
         "nvmlProcessInfo_v2_t",
         "nvmlPciInfo_t",
+        "nvmlEventData_t",
     }
 
 

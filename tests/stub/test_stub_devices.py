@@ -202,6 +202,8 @@ def _unsupported_probe(field: str) -> Callable[[Nvml, Any], int]:
         return lambda nvml, h: int(nvml.lib.nvmlDeviceGetRemappedRows(h, u32, u32, u32, u32))
     if field == "mig":
         return lambda nvml, h: int(nvml.lib.nvmlDeviceGetMigMode(h, u32, ffi.new("unsigned int *")))
+    if field == "events":
+        return lambda nvml, h: int(nvml.lib.nvmlDeviceGetSupportedEventTypes(h, ffi.new("unsigned long long *")))
     group, name = field.split(".")
     if group == "processes":
         fn = PROCESS_CALLS[name] + "_v3"

@@ -671,3 +671,23 @@ def test_first_edition_records_still_load(tmp_path: Path) -> None:
     assert r.devices[0].zombie_ns is None and r.devices[0].holder_steps is None
     (row,) = summarize([r])
     assert row.holder == "alloc" and row.zombie is None and "leader zombie" not in format_summary([row])
+
+
+def test_events_seen_during_a_run_are_in_its_record() -> None:
+    # issue 15: with StudyConfig.events every NVML event of the run is kept in its record (schema version unchanged).
+    sc = Scenario.h200()
+    sc.at_ms(0).raise_event(0, "xid", xid=13)
+    config = StudyConfig(sizes=(GIB,), repeats=1, endings=("KILL",), warmup="none", events=True)
+    result, _factory, _seen = study(sc, config, list_ms=0, release_ms=0)
+    (record,) = result.records
+    assert record.events is not None and record.events_reason is None
+    assert [(e["schema"], e["index"], e["kind"], e["xid"], e["fatal"]) for e in record.events] == [
+        ("nvmlcheck/event", 0, "xid", 13, False)
+    ]
+    doc = record.to_json()
+    assert doc["version"] == 1 and doc["events"][0]["xid"] == 13
+    assert RunRecord.from_json(json.loads(record.to_line())) == record
+    # without the option nothing is listened for
+    plain, _, _ = study(sc, StudyConfig(sizes=(GIB,), repeats=1, endings=("KILL",), warmup="none"),
+                        list_ms=0, release_ms=0)
+    assert plain.records[0].events is None

@@ -211,7 +211,7 @@ def test_device_validation(fields: dict[str, Any], error: type[Exception], messa
 
 def test_unsupported_field_names_are_the_readme_list() -> None:
     assert {"memory", "processes.mps", "app.video", "clock.sm", "max.graphics"} <= UNSUPPORTED_FIELDS
-    assert len(UNSUPPORTED_FIELDS) == 11 + 3 + 12  # "mig" since issue 11
+    assert len(UNSUPPORTED_FIELDS) == 12 + 3 + 12  # "mig" since issue 11, "events" since issue 15
 
 
 def test_device_index_checks() -> None:

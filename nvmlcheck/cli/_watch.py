@@ -1,0 +1,43 @@
+"""``nvmlcheck watch``: stream NVML events as lines or JSON Lines until interrupted (or ``--for`` seconds)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import TYPE_CHECKING
+
+from ._common import EXIT_BACKEND, EXIT_CLEAN, open_session
+
+if TYPE_CHECKING:
+    import argparse
+
+#: How long one wait for events lasts: bounds how late ``--for`` ends (Ctrl-C and SIGTERM interrupt it at once).
+_SLICE_S = 0.25
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    """Print each event of the selected GPUs as it arrives; flush every line (a pipe reader sees it at once)."""
+    import json
+
+    with open_session(args) as gpus:
+        indices = gpus.resolve(args.devices)
+        wanted = None if indices is None else frozenset(indices)
+        listener = gpus.listen()
+        if not listener.active:
+            print(f"nvmlcheck: events: {listener.reason}", file=sys.stderr)
+            return EXIT_BACKEND
+        if listener.reason is not None:  # some GPUs only: say which are not watched, once
+            print(f"nvmlcheck: events: {listener.reason}", file=sys.stderr)
+        end = None if args.duration is None else time.monotonic() + args.duration
+        seen = 0
+        while end is None or time.monotonic() < end:
+            left = _SLICE_S if end is None else max(0.0, min(_SLICE_S, end - time.monotonic()))
+            events, seen = listener.next_events(seen, left)
+            for ev in events:
+                if wanted is not None and ev.index not in wanted:
+                    continue
+                print(json.dumps(ev.to_json(), separators=(",", ":")) if args.json else ev.line(), flush=True)
+            if listener.state != "running":
+                print(f"nvmlcheck: events: {listener.reason or 'the listener stopped'}", file=sys.stderr)
+                return EXIT_BACKEND
+    return EXIT_CLEAN

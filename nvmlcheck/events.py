@@ -1,0 +1,480 @@
+"""NVML events: a listener thread that hears XID errors, ECC errors and clock/power changes as they happen.
+
+>>> import nvmlcheck as nc
+>>> with nc.open() as gpus:                                  # doctest: +SKIP
+...     listener = gpus.listen()                             # one thread per session, started on demand
+...     gpus.wait_until_clean(timeout=30.0)                  # aborts with GpuFault on XID 79, 48, ...
+
+* One listener per :class:`~nvmlcheck.Session` (:meth:`~nvmlcheck.Session.listen`), stopped by
+  :meth:`~nvmlcheck.Session.close`. It registers every GPU of the session in the caller's thread (so an event that
+  comes right after :meth:`EventListener.start` returns is never missed), then one daemon thread waits in
+  ``nvmlEventSetWait_v2`` (which releases the GIL) for at most :data:`WAIT_SLICE_MS` at a time, so a stop takes
+  at most that long.
+* Events are not always available: a library without the symbols, a GPU answering NOT_SUPPORTED, a container
+  without permission, a MIG configuration that refuses registration. The listener then says so once
+  (:attr:`EventListener.reason`, :attr:`EventListener.device_reasons`): unknown, not a failure. Waits fall back to
+  polling, which they always do anyway; events only make them stop sooner. The nvidia-smi backend has no events.
+* Which XIDs are fatal for a "clean" verdict is :data:`XID_TABLE` (docs/events.md gives the sources).
+* fork(): the thread does not survive it and the child's NVML state is new; a listener used in a child reports
+  itself stopped (without touching the parent's event set) and the session starts a new one on demand, the way
+  the library re-initialises NVML in a child (``library.fork_generation``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._nvml import library
+from .errors import GpuFault, NoPermission, NotSupported, NvmlCheckError, NvmlError
+
+__all__ = [
+    "EVENT_SCHEMA",
+    "EVENT_SCHEMA_VERSION",
+    "WAIT_SLICE_MS",
+    "XID_TABLE",
+    "EventKind",
+    "EventListener",
+    "EventTarget",
+    "GpuEvent",
+    "XidInfo",
+    "xid_info",
+]
+
+#: ``schema`` of an event's JSON document (``nvmlcheck watch --json``, study records).
+EVENT_SCHEMA = "nvmlcheck/event"
+#: Its version.
+EVENT_SCHEMA_VERSION = 1
+#: The longest single ``nvmlEventSetWait_v2``: bounds how long :meth:`EventListener.stop` waits for the thread.
+WAIT_SLICE_MS = 100
+#: How long :meth:`EventListener.stop` waits for a thread stuck in ``nvmlEventSetWait_v2`` (a wedged driver) before
+#: leaving it behind (a daemon thread; the set is then not freed under it).
+STOP_TIMEOUT_S = 5.0
+
+
+class EventKind(enum.Enum):
+    """What an NVML event reports (its ``nvmlEventType`` bit)."""
+
+    SINGLE_BIT_ECC = "single_bit_ecc"
+    DOUBLE_BIT_ECC = "double_bit_ecc"
+    PSTATE = "pstate"
+    XID = "xid"
+    CLOCK = "clock"
+    POWER_SOURCE = "power_source"
+
+
+# nvml.h's nvmlEventType* bits.
+_KIND_BITS: dict[int, EventKind] = {
+    0x1: EventKind.SINGLE_BIT_ECC,
+    0x2: EventKind.DOUBLE_BIT_ECC,
+    0x4: EventKind.PSTATE,
+    0x8: EventKind.XID,
+    0x10: EventKind.CLOCK,
+    0x80: EventKind.POWER_SOURCE,
+}
+#: Every type the listener asks for (masked by what each GPU supports).
+WANTED_MASK = sum(_KIND_BITS)
+# The kinds that can stop a wait (XID, single- and double-bit ECC): registered alone when the full mask is refused.
+_CRITICAL_MASK = 0x1 | 0x2 | 0x8
+
+
+@dataclass(frozen=True)
+class XidInfo:
+    """One XID code: what it means and whether it stops a wait (``fatal``: the GPU cannot become clean without an
+    operator: reset, reboot or service). Not fatal: recorded only (application errors, informational events)."""
+
+    code: int
+    meaning: str
+    fatal: bool
+
+
+def _x(code: int, meaning: str, fatal: bool) -> tuple[int, XidInfo]:
+    return code, XidInfo(code, meaning, fatal)
+
+
+#: XIDs nvmlcheck knows. Fatal ones are those NVIDIA's XID catalogue ("Analyzing Xid Errors with the Xid Catalog",
+#: docs.nvidia.com/deploy/xid-errors) resolves with a GPU reset or a node reboot; application errors (the catalogue's
+#: RESTART_APP) and informational ones are recorded only. docs/events.md is the table with its reasoning.
+XID_TABLE: dict[int, XidInfo] = dict(
+    (
+        _x(13, "graphics engine exception (an application fault: bad kernel, out-of-range access)", False),
+        _x(31, "GPU memory page fault (an application's illegal address)", False),
+        _x(43, "GPU stopped processing: the channel was reset after an application fault", False),
+        _x(45, "preemptive cleanup of a channel after an earlier error or a killed process", False),
+        _x(48, "double-bit (uncorrectable) ECC error in GPU memory", True),
+        _x(63, "ECC page retirement or row remapping recorded; a GPU reset activates it", False),
+        _x(64, "ECC page retirement or row remapping failed", True),
+        _x(74, "NVLink error", True),
+        _x(79, "GPU has fallen off the bus", True),
+        _x(92, "high single-bit ECC error rate", False),
+        _x(94, "contained ECC error: the affected application was stopped, the GPU keeps running", False),
+        _x(95, "uncontained ECC error: every application on the GPU is affected", True),
+        _x(119, "GSP RPC timeout: the GPU System Processor stopped answering", True),
+        _x(120, "GSP error: the GPU System Processor reported a fatal error", True),
+        _x(140, "unrecovered ECC error", True),
+        _x(154, "GPU recovery action changed (see nvidia-smi -q for the action required)", False),
+        _x(999, "an XID NVML could not identify", False),
+    )
+)
+
+
+def xid_info(code: int) -> XidInfo:
+    """What ``code`` means; a code outside :data:`XID_TABLE` is recorded, not fatal (its meaning says so)."""
+    known = XID_TABLE.get(code)
+    if known is not None:
+        return known
+    return XidInfo(code, f"XID {code} (not in nvmlcheck's table: see NVIDIA's XID catalogue)", False)
+
+
+@dataclass(frozen=True)
+class GpuEvent:
+    """One NVML event.
+
+    ``index``/``uuid`` name the GPU; ``kind`` what happened; ``xid`` the XID code of an :attr:`EventKind.XID`
+    event (else ``None``); ``time_ns`` when the listener received it (``time.monotonic_ns``) and ``wall_time`` the
+    same moment in ``time.time`` seconds; ``gpu_instance_id``/``compute_instance_id`` the MIG instance an XID is
+    attributed to (``None`` outside MIG); ``event_type``/``event_data`` NVML's raw fields.
+    """
+
+    index: int
+    uuid: str | None
+    kind: EventKind
+    xid: int | None
+    time_ns: int
+    wall_time: float
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+    event_type: int = 0
+    event_data: int = 0
+
+    @property
+    def fatal(self) -> bool:
+        """Whether this event stops a wait: a double-bit ECC event, or an XID :data:`XID_TABLE` calls fatal."""
+        if self.kind is EventKind.DOUBLE_BIT_ECC:
+            return True
+        return self.kind is EventKind.XID and self.xid is not None and xid_info(self.xid).fatal
+
+    @property
+    def meaning(self) -> str:
+        """A human sentence for the event."""
+        if self.kind is EventKind.XID and self.xid is not None:
+            return xid_info(self.xid).meaning
+        return {
+            EventKind.SINGLE_BIT_ECC: "single-bit (corrected) ECC error",
+            EventKind.DOUBLE_BIT_ECC: "double-bit (uncorrectable) ECC error",
+            EventKind.PSTATE: "performance state changed",
+            EventKind.CLOCK: "clocks changed",
+            EventKind.POWER_SOURCE: "power source changed",
+            EventKind.XID: "XID error",
+        }[self.kind]
+
+    def fault(self) -> GpuFault:
+        """This event as the :class:`~nvmlcheck.GpuFault` a wait raises."""
+        return GpuFault(
+            self.index, self.uuid, self.kind.value, self.xid, self.meaning,
+            time_ns=self.time_ns, wall_time=self.wall_time,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``nvmlcheck/event`` version 1 document."""
+        return {
+            "schema": EVENT_SCHEMA,
+            "version": EVENT_SCHEMA_VERSION,
+            "index": self.index,
+            "uuid": self.uuid,
+            "kind": self.kind.value,
+            "xid": self.xid,
+            "meaning": self.meaning,
+            "fatal": self.fatal,
+            "time_ns": self.time_ns,
+            "wall_time": self.wall_time,
+            "gpu_instance_id": self.gpu_instance_id,
+            "compute_instance_id": self.compute_instance_id,
+        }
+
+    def line(self) -> str:
+        """One line for a terminal."""
+        millis = int(self.wall_time % 1 * 1000)
+        when = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(self.wall_time)) + f".{millis:03d}Z"
+        what = f"XID {self.xid}" if self.xid is not None else self.kind.value
+        gi, ci = self.gpu_instance_id, self.compute_instance_id
+        mig = "" if gi is None else f" (GI {gi}, CI {ci})"
+        verdict = " FATAL" if self.fatal else ""
+        return f"{when} GPU {self.index}{mig}{verdict} {what}: {self.meaning}"
+
+
+@dataclass(frozen=True)
+class EventTarget:
+    """A GPU to register: its index, device handle, UUID and whether it is in MIG mode (``None``: unknown)."""
+
+    index: int
+    handle: object
+    uuid: str | None
+    mig_mode: bool | None = False
+
+
+@dataclass
+class _Registration:
+    covered: dict[int, tuple[int, str | None]] = field(default_factory=dict)  # handle address -> (index, uuid)
+    reasons: dict[int, str] = field(default_factory=dict)
+
+
+class EventListener:
+    """Listens for NVML events on a set of GPUs in one daemon thread. Made by :meth:`nvmlcheck.Session.listen`.
+
+    :attr:`state` is ``"new"``, ``"running"``, ``"unsupported"`` (no GPU could be registered: :attr:`reason`
+    says why), ``"failed"`` (the wait call failed: :attr:`reason`), or ``"stopped"``. Every event received is kept
+    (:attr:`events`); :meth:`next_events` streams them; :meth:`fatal` and :meth:`sleep` serve waits.
+    """
+
+    def __init__(
+        self,
+        source: Any,
+        targets: Sequence[EventTarget],
+        address: Callable[[object], int],
+        *,
+        unavailable: Mapping[int, str] | None = None,
+        wait_slice_ms: int = WAIT_SLICE_MS,
+    ) -> None:
+        self._source = source
+        self._targets = tuple(targets)
+        self._address = address
+        self._slice = wait_slice_ms
+        self._cond = threading.Condition()
+        self._events: list[GpuEvent] = []
+        self._state = "new"
+        self._reason: str | None = None
+        self._preset = dict(unavailable or {})  # GPUs left out before registration (identity unreadable)
+        self._device_reasons: dict[int, str] = dict(self._preset)
+        self._covered: dict[int, tuple[int, str | None]] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._set: object | None = None
+        self._generation = library.fork_generation()
+
+    @classmethod
+    def unavailable(cls, reason: str) -> EventListener:
+        """A listener that never listens, in state ``"unsupported"`` with ``reason`` (the nvidia-smi backend)."""
+        listener = cls(None, (), lambda _h: 0)
+        return listener._unsupported(reason)
+
+    # --- state ----------------------------------------------------------------------------------------------------
+
+    def _forked(self) -> bool:
+        if self._generation == library.fork_generation():
+            return False
+        # A forked child: the thread is gone and the event set belongs to the parent's NVML state. Forget both;
+        # freeing the set here would act on state this process does not own. The lock may have been held by the
+        # parent's listener thread at fork time: a new one.
+        self._generation = library.fork_generation()
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        self._thread = None
+        self._set = None
+        if self._state == "running":
+            self._state = "stopped"
+            self._reason = "inherited across fork(): the listener thread does not survive it; start a new one"
+        return True
+
+    @property
+    def state(self) -> str:
+        """``"new"``, ``"running"``, ``"unsupported"``, ``"failed"`` or ``"stopped"``."""
+        self._forked()
+        return self._state
+
+    @property
+    def active(self) -> bool:
+        """Whether the thread is listening now (events can stop a wait)."""
+        return self.state == "running"
+
+    @property
+    def reason(self) -> str | None:
+        """Why the listener is not (or no longer) listening, or covers only some GPUs; ``None`` when it is fine."""
+        self._forked()
+        if self._reason is None and self._device_reasons and self._state == "running":
+            return "events not supported on " + "; ".join(
+                f"GPU {i}: {why}" for i, why in sorted(self._device_reasons.items())
+            )
+        return self._reason
+
+    @property
+    def device_reasons(self) -> dict[int, str]:
+        """Per GPU index: why it is not registered (NOT_SUPPORTED, no permission, MIG, ...)."""
+        return dict(self._device_reasons)
+
+    @property
+    def covered(self) -> frozenset[int]:
+        """The GPU indices registered for events."""
+        return frozenset(i for i, _ in self._covered.values())
+
+    @property
+    def events(self) -> tuple[GpuEvent, ...]:
+        """Every event received so far, in order."""
+        with self._cond:
+            return tuple(self._events)
+
+    @property
+    def thread(self) -> threading.Thread | None:
+        """The listener thread (``None`` before :meth:`start` and after :meth:`stop`)."""
+        return self._thread
+
+    # --- lifecycle ------------------------------------------------------------------------------------------------
+
+    def start(self) -> EventListener:
+        """Register the GPUs and start the thread. Never raises for "events not available": the state and
+        :attr:`reason` say so. Returns ``self``."""
+        self._forked()
+        if self._state != "new":
+            return self
+        src = self._source
+        if src.missing is not None:
+            return self._unsupported(f"the library does not export {src.missing} (an older driver)")
+        try:
+            event_set = src.create()
+        except NvmlCheckError as exc:
+            return self._unsupported(f"nvmlEventSetCreate: {exc}")
+        reg = _Registration(reasons=dict(self._preset))
+        for t in self._targets:
+            why = self._register(src, t, event_set, reg)
+            if why is not None:
+                reg.reasons[t.index] = why
+        self._device_reasons = reg.reasons
+        if not reg.covered:
+            src.free(event_set)
+            detail = "; ".join(f"GPU {i}: {w}" for i, w in sorted(reg.reasons.items())) or "no GPU selected"
+            return self._unsupported(f"no GPU can deliver events ({detail})")
+        self._covered = reg.covered
+        self._set = event_set
+        self._state = "running"
+        self._thread = threading.Thread(target=self._run, args=(event_set,), name="nvmlcheck events", daemon=True)
+        self._thread.start()
+        return self
+
+    def _register(self, src: Any, t: EventTarget, event_set: object, reg: _Registration) -> str | None:
+        mig = " (the GPU is in MIG mode)" if t.mig_mode else ""
+        try:
+            mask = src.supported(t.handle, t.index) & WANTED_MASK
+            if not mask:
+                return "it supports none of the event types nvmlcheck listens for"
+            try:
+                src.register(t.handle, t.index, mask, event_set)
+            except NotSupported:
+                # The optional kinds (P-state, clock, power) can be refused although reported supported; the fault
+                # kinds are what waits need, so ask for those alone before giving the GPU up.
+                critical = mask & _CRITICAL_MASK
+                if critical == mask or not critical:
+                    raise
+                src.register(t.handle, t.index, critical, event_set)
+        except (NotSupported, NoPermission) as exc:
+            return f"{exc.function}: {exc.CODE_NAME}{mig}"
+        except NvmlError as exc:
+            return f"{exc.function}: {exc.CODE_NAME} ({exc.code}){mig}"
+        reg.covered[self._address(t.handle)] = (t.index, t.uuid)
+        return None
+
+    def _unsupported(self, why: str) -> EventListener:
+        self._state = "unsupported"
+        self._reason = why
+        return self
+
+    def stop(self) -> None:
+        """Stop the thread (within one wait slice) and free the event set. Idempotent."""
+        if self._forked():
+            return
+        self._stop.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(STOP_TIMEOUT_S)
+            if thread.is_alive():
+                # nvmlEventSetWait_v2 did not return (a wedged driver): freeing the set under it could crash. Leave
+                # both; the thread ends at its next return, NVML's shutdown takes the set.
+                self._thread, self._set = None, None
+                with self._cond:
+                    self._state = "stopped"
+                    self._reason = (
+                        f"the listener thread did not return from nvmlEventSetWait_v2 in {STOP_TIMEOUT_S:g} s"
+                    )
+                    self._cond.notify_all()
+                return
+        self._thread = None
+        event_set, self._set = self._set, None
+        if event_set is not None:
+            # An error leaves nothing to do: NVML shut down meanwhile takes the set with it.
+            with contextlib.suppress(NvmlCheckError):
+                self._source.free(event_set)
+        with self._cond:
+            if self._state == "running":
+                self._state = "stopped"
+            self._cond.notify_all()
+
+    def _run(self, event_set: object) -> None:
+        src, stop, slice_ms = self._source, self._stop, self._slice
+        while not stop.is_set():
+            try:
+                got = src.wait(event_set, slice_ms)
+            except NvmlCheckError as exc:
+                # Uninitialized (NVML re-initialised under us), GpuLost, Unknown: the set is no use any more. Say
+                # so; a wait keeps polling, which sees a lost GPU by itself.
+                with self._cond:
+                    self._state = "failed"
+                    self._reason = f"nvmlEventSetWait_v2 failed: {exc}; waits poll without events"
+                    self._cond.notify_all()
+                return
+            if got is None:
+                continue
+            self._received(*got)
+
+    def _received(self, address: int, etype: int, data: int, gi: int | None, ci: int | None) -> None:
+        now_ns, wall = time.monotonic_ns(), time.time()
+        index, uuid = self._covered.get(address, (-1, None))
+        for bit, kind in _KIND_BITS.items():
+            if etype & bit:
+                xid = int(data) if kind is EventKind.XID else None
+                ev = GpuEvent(index, uuid, kind, xid, now_ns, wall, gi, ci, etype, data)
+                with self._cond:
+                    self._events.append(ev)
+                    self._cond.notify_all()
+
+    # --- for waits and watchers -----------------------------------------------------------------------------------
+
+    def fatal(self, indices: Iterable[int] | None = None, since_ns: int = 0) -> GpuEvent | None:
+        """The first fatal event received at or after ``since_ns`` (``time.monotonic_ns``) on one of ``indices``
+        (``None``: any GPU), or ``None``."""
+        wanted = None if indices is None else frozenset(indices)
+        with self._cond:
+            return self._first_fatal(wanted, since_ns)
+
+    def _first_fatal(self, wanted: frozenset[int] | None, since_ns: int) -> GpuEvent | None:
+        for ev in self._events:
+            if ev.time_ns >= since_ns and ev.fatal and (wanted is None or ev.index in wanted):
+                return ev
+        return None
+
+    def sleep(self, seconds: float, indices: Iterable[int] | None = None, since_ns: int = 0) -> bool:
+        """Sleep up to ``seconds``, waking at once when a fatal event on ``indices`` arrives; returns whether one
+        did. A wait passes this as its ``sleep``, so a fault ends the wait's sleep instead of waiting it out."""
+        wanted = None if indices is None else frozenset(indices)
+        with self._cond:
+            return self._cond.wait_for(lambda: self._first_fatal(wanted, since_ns) is not None, max(0.0, seconds))
+
+    def next_events(self, after: int, timeout_s: float | None) -> tuple[list[GpuEvent], int]:
+        """Events after the first ``after`` ones, waiting up to ``timeout_s`` (``None``: until one comes or the
+        listener stops) when there are none yet. Returns them and the new ``after``."""
+        with self._cond:
+            self._cond.wait_for(lambda: len(self._events) > after or self._state != "running", timeout_s)
+            new = self._events[after:]
+            return list(new), after + len(new)
+
+
+def check_fatal(listener: EventListener | None, indices: Iterable[int] | None, since_ns: int) -> None:
+    """Raise :class:`~nvmlcheck.GpuFault` for the first fatal event on ``indices`` since ``since_ns``."""
+    if listener is None:
+        return
+    ev = listener.fatal(indices, since_ns)
+    if ev is not None:
+        raise ev.fault()
