@@ -239,7 +239,7 @@ GLOBAL_OPTIONS = ("backend", "smi_prefix", "simulate", "devices")
 
 
 #: The commands, and the global options that take a value (to find the command in argv without parsing it).
-COMMAND_NAMES = ("snapshot", "wait", "kill", "holders", "select", "demo", "study")
+COMMAND_NAMES = ("snapshot", "wait", "kill", "holders", "select", "watch", "demo", "study")
 _VALUED_GLOBALS = ("--backend", "--smi-prefix", "--simulate", "--devices")
 
 
