@@ -283,7 +283,6 @@ class Session:
         one. Application XIDs (13, 31, 43, ...) are only recorded. Without events the wait polls as before.
         """
         from .errors import BackendUnavailable, WaitTimeout
-        from .events import check_fatal
         from .predicates import default_predicate
         from .wait import poll_until
 
@@ -295,6 +294,19 @@ class Session:
         listener = self.listen() if events or (events is None and self._listener is not None) else None
         if listener is not None and not listener.active:
             listener = None  # unsupported or stopped: said by its reason; the wait polls
+
+        # The events module (and its dataclasses) is loaded only when a listener is in play: a plain wait, the
+        # launch scripts' case, pays nothing for it on start-up or per poll.
+        if listener is not None:
+            from .events import check_fatal
+
+            def fatal() -> None:
+                check_fatal(listener, indices, since)
+
+        else:
+
+            def fatal() -> None:
+                return None
         mig = self._mig_selection(devices)
         if mig:
             # A MIG UUID selects one instance: judge it (and any other selected GPU) on its own, not the whole GPU.
@@ -304,7 +316,7 @@ class Session:
 
         # Both take the wait's deadline: a pass stops between two queries once it has come (wait.py).
         def take(deadline: Deadline | None) -> Snapshot:
-            check_fatal(listener, indices, since)
+            fatal()
             snap = backend.snapshot(indices, Fields.WAIT, deadline=deadline)
             if not snap.devices and not snap.failures:
                 # Checked on every poll, not once before: the count is read by the snapshot itself, and a device
@@ -318,7 +330,7 @@ class Session:
         def probe(deadline: Deadline | None) -> Snapshot:
             # Memory alone (one NVML call per GPU) can prove "still held" at a third of a full poll's cost: the
             # poller then skips the process lists. It never declares clean on its own (wait.py).
-            check_fatal(listener, indices, since)
+            fatal()
             return backend.snapshot(indices, Fields.MEMORY, deadline=deadline)
 
         if listener is not None and sleep is time.sleep:
@@ -354,11 +366,11 @@ class Session:
                 clock=clock,
                 sleep=sleep,
             )
-            check_fatal(listener, indices, since)  # a fault during the last poll: never clean after one
+            fatal()  # a fault during the last poll: never clean after one
             return result
         except WaitTimeout as exc:
             # A fault may have come during the poll that timed out: the fault is the better answer.
-            check_fatal(listener, indices, since)
+            fatal()
             # Memory held with no process listed: say what the device-file scan finds (a holder numbered in another
             # PID namespace, a zombie, a process in D state); read once, at the timeout.
             from .holders import timeout_explanation

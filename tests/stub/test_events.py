@@ -363,3 +363,22 @@ def test_a_long_sleep_between_polls_is_woken_by_the_fault(scenario_path: Path) -
     with nc.open("nvml", library_path=str(build_stub())) as gpus, pytest.raises(nc.GpuFault):
         gpus.wait_until_clean(timeout=600.0, policy=nc.PollPolicy.every(60.0), events=True, on_poll=polls.append)
     assert len(polls) <= 1
+
+
+_PLAIN_WAIT = """
+import sys
+import nvmlcheck as nc
+from nvmlcheck.testing import Scenario, use_stub
+with use_stub(Scenario.h200()), nc.open("nvml") as gpus:
+    gpus.wait_until_clean(timeout=5)
+print("nvmlcheck.events" in sys.modules)
+"""
+
+
+def test_a_wait_without_events_does_not_load_the_events_module() -> None:
+    # A launch script's plain wait pays nothing for the listener: neither its import nor a check per poll.
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", _PLAIN_WAIT], capture_output=True, text=True, check=True,
+                         timeout=120).stdout
+    assert out.strip().splitlines()[-1] == "False"
