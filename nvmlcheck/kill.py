@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from ._proc import procfs, targets
 from ._proc.targets import Refused, Target, TargetSet
 from .errors import BackendUnavailable, NvmlCheckError, WaitTimeout
-from .holders import Holder, timeout_explanation
+from .holders import Holder
 from .model import Snapshot
 from .predicates import DEFAULT_MAX_USED_BYTES, Predicate, _Scope, _Why, default_predicate
 
@@ -371,7 +371,8 @@ class KillPlan:
                 who = ", ".join(f"pid {pid} (descends from {anc})" for pid, anc in hint)
                 culprits.append(f"{who} still on a GPU list and not signalled: kill the process tree with tree=True "
                                 "(--tree)")
-        culprits.extend(timeout_explanation(exc.snapshot))
+        # The device-file scan's lines (memory held with no process, zombies, D state) are already among the
+        # culprits: Session.wait_until_clean adds them at its timeout.
         elapsed = found.clock() - found.started
         return KillTimeout(math.inf if timeout is None else float(timeout), elapsed, tuple(dict.fromkeys(culprits)),
                            exc.snapshot, exc.polls, pids=self.targets, tree_hint=hint, signal_name=found.first.name)
