@@ -4,6 +4,9 @@ cffi module (``nvmlcheck._nvml._ffi``), the same declarations the NVML backend u
 from __future__ import annotations
 
 import concurrent.futures
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -175,3 +178,43 @@ def nvml(stub_library: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     harness.shutdown_all()
     yield harness
     harness.shutdown_all()
+
+
+@pytest.fixture
+def scenario_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """The scenario file ``$NVMLCHECK_STUB_SCENARIO`` names (write it before opening); NVML balanced around the test."""
+    path = tmp_path / "scenario.txt"
+    monkeypatch.setenv("NVMLCHECK_STUB_SCENARIO", str(path))
+    monkeypatch.delenv("NVMLCHECK_STUB_LOG", raising=False)
+    probe = StubProbe(build_stub())
+    assert probe.init_refcount() == 0, "an earlier test left NVML initialised"
+    yield path
+    assert probe.init_refcount() == 0, "this test left NVML initialised"
+
+
+@pytest.fixture
+def owner() -> Iterator[subprocess.Popen[bytes]]:
+    """A process standing for the launch script whose life GPU locks last."""
+    proc = subprocess.Popen([sys.executable, "-S", "-c", "import time; time.sleep(120)"])
+    yield proc
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+
+
+def gone_within(pid: int, cap_s: float = 30.0) -> bool:
+    """Wait for ``pid`` to exit (reaping it when it is our child: a zombie still answers kill 0). The cap only
+    guards against a hang."""
+    end = time.monotonic() + cap_s
+    while time.monotonic() < end:
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                return True
+        except ChildProcessError:
+            pass  # not our child (a holder started by an nvmlcheck process that has exited)
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.01)
+    return False

@@ -12,7 +12,6 @@ import os
 import pickle
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,17 +22,6 @@ from nvmlcheck.testing import Scenario, StubProbe, build_stub, stub_source_dir
 
 pytestmark = pytest.mark.stub
 GIB = 1 << 30
-
-
-@pytest.fixture
-def scenario_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    path = tmp_path / "scenario.txt"
-    monkeypatch.setenv("NVMLCHECK_STUB_SCENARIO", str(path))
-    monkeypatch.delenv("NVMLCHECK_STUB_LOG", raising=False)
-    probe = StubProbe(build_stub())
-    assert probe.init_refcount() == 0, "an earlier test left NVML initialised"
-    yield path
-    assert probe.init_refcount() == 0, "this test left NVML initialised"
 
 
 def _event_threads() -> list[threading.Thread]:

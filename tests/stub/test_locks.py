@@ -10,7 +10,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,33 +18,10 @@ from nvmlcheck import locks
 from nvmlcheck.locks import LockSet, lock_dir, lock_info, take_locks, try_lock
 from nvmlcheck.testing import Scenario
 
+from .conftest import gone_within
+
 ROOT = Path(__file__).resolve().parents[2]
 
-
-def _gone(pid: int, cap_s: float = 30.0) -> bool:
-    """Wait for ``pid`` to exit (reaping it when it is our child: a zombie still answers kill 0)."""
-    end = time.monotonic() + cap_s
-    while time.monotonic() < end:
-        try:
-            if os.waitpid(pid, os.WNOHANG)[0] == pid:
-                return True
-        except ChildProcessError:
-            pass  # not our child (a holder started by an nvmlcheck process that has exited)
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        time.sleep(0.01)
-    return False
-
-
-@pytest.fixture
-def owner() -> Iterator[subprocess.Popen[bytes]]:
-    proc = subprocess.Popen([sys.executable, "-S", "-c", "import time; time.sleep(120)"])
-    yield proc
-    if proc.poll() is None:
-        proc.kill()
-    proc.wait()
 
 
 def test_default_directory_is_private_and_refused_when_not_ours(
@@ -93,7 +69,7 @@ def test_holder_without_pidfd_watches_the_owner_by_start_time(
     assert f"holder={holder} owner={owner.pid}" in (lock_info("GPU-x", tmp_path) or "")
     owner.kill()
     owner.wait()
-    assert _gone(holder), "the holder did not notice its owner's exit"
+    assert gone_within(holder), "the holder did not notice its owner's exit"
     taken = try_lock("GPU-x", tmp_path)
     assert taken is not None
     os.close(taken.fd)
@@ -142,5 +118,5 @@ def test_command_substitution_returns_and_the_lock_lasts_as_long_as_the_execd_se
     assert b"\0-S\0-c\0" in Path(f"/proc/{shell.pid}/cmdline").read_bytes(), "the shell never exec'd the server"
     assert try_lock(uuid, tmp_path / "locks") is None
     shell.communicate("done\n", timeout=60)
-    assert _gone(holder)
+    assert gone_within(holder)
     assert lock_info(uuid, tmp_path / "locks") is None

@@ -3,27 +3,17 @@ devices created or destroyed while a wait runs."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import nvmlcheck as nc
-from nvmlcheck.testing import Scenario, StubProbe, build_stub
+from nvmlcheck.testing import Scenario, build_stub
 
 pytestmark = pytest.mark.stub
 
 MIB = 1 << 20
 GIB = 1 << 30
-
-
-@pytest.fixture
-def scenario_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    path = tmp_path / "scenario.txt"
-    monkeypatch.setenv("NVMLCHECK_STUB_SCENARIO", str(path))
-    monkeypatch.delenv("NVMLCHECK_STUB_LOG", raising=False)
-    yield path
-    assert StubProbe(build_stub()).init_refcount() == 0
 
 
 def mig_scenario() -> Scenario:

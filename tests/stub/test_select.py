@@ -11,7 +11,6 @@ import os
 import pickle
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,8 @@ from nvmlcheck.cudamap import CudaMappingError
 from nvmlcheck.locks import lock_info, try_lock
 from nvmlcheck.selection import SelectTimeout
 from nvmlcheck.testing import Scenario, StubProbe, build_stub, use_stub
+
+from .conftest import gone_within
 
 pytestmark = pytest.mark.stub
 GIB = 1 << 30
@@ -236,27 +237,6 @@ def _select(path: str, env: dict[str, str], owner: int, count: int, *extra: str)
     )
 
 
-def _gone(pid: int, cap_s: float = 30.0) -> bool:
-    """Wait for ``pid`` to exit (it is not our child). The cap only guards against a hang."""
-    end = time.monotonic() + cap_s
-    while time.monotonic() < end:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        time.sleep(0.01)
-    return False
-
-
-@pytest.fixture
-def owner() -> Iterator[subprocess.Popen[bytes]]:
-    """A process standing for the launch script whose life the locks last."""
-    proc = subprocess.Popen([sys.executable, "-S", "-c", "import time; time.sleep(120)"])
-    yield proc
-    if proc.poll() is None:
-        proc.kill()
-    proc.wait()
-
 
 @pytest.mark.parametrize(("devices", "winners"), [(4, 2), (3, 1)])
 def test_racing_selects_get_disjoint_sets_and_locks_end_with_their_owner(
@@ -284,7 +264,7 @@ def test_racing_selects_get_disjoint_sets_and_locks_end_with_their_owner(
     waiting = _select(path, env, os.getpid(), devices, "--wait", "60")
     owner.kill()
     owner.wait()
-    assert all(_gone(pid) for pid in holders)
+    assert all(gone_within(pid) for pid in holders)
     out, err = waiting.communicate(timeout=90)
     assert waiting.returncode == 0, err
     assert json.loads(out)["value"] == ",".join(map(str, range(devices)))
@@ -292,7 +272,7 @@ def test_racing_selects_get_disjoint_sets_and_locks_end_with_their_owner(
     (holder,) = {json.loads(out)["lock"]["holder_pid"]}
     assert lock_info(uuid(0), lock_dir) is not None and f"holder={holder}" in (lock_info(uuid(0), lock_dir) or "")
     os.kill(holder, 15)  # killing the holder releases the locks early
-    assert _gone(holder)
+    assert gone_within(holder)
     taken = try_lock(uuid(0), lock_dir)
     assert taken is not None
     os.close(taken.fd)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,17 +23,6 @@ from nvmlcheck.testing import Scenario, StubProbe, build_stub, stub_source_dir
 pytestmark = pytest.mark.stub
 GIB = 1 << 30
 MS = 1_000_000
-
-
-@pytest.fixture
-def scenario_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    path = tmp_path / "scenario.txt"
-    monkeypatch.setenv("NVMLCHECK_STUB_SCENARIO", str(path))
-    monkeypatch.delenv("NVMLCHECK_STUB_LOG", raising=False)
-    probe = StubProbe(build_stub())
-    assert probe.init_refcount() == 0, "an earlier test left NVML initialised"
-    yield path
-    assert probe.init_refcount() == 0, "this test left NVML initialised"
 
 
 def _busy() -> Scenario:
