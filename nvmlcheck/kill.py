@@ -211,18 +211,13 @@ def _record(t: Target) -> PidTimes:
 
 
 class KillPlan:
-    """Pinned targets, ready to be signalled. Made by :func:`prepare_kill` (or from targets pinned before NVML was
-    loaded, :meth:`from_targets`); use as a context manager or call :meth:`close` (it releases the pidfds). Steps:
+    """Pinned targets, ready to be signalled. Made by :func:`prepare_kill`, or by wrapping targets that
+    :func:`nvmlcheck._proc.targets.prepare` pinned (and maybe signalled) before this module, which loads the GPU side,
+    was imported (the CLI does). Use as a context manager or call :meth:`close` (it releases the pidfds). Steps:
     :meth:`add_holders` (optional), :meth:`send_first`, :meth:`wait`."""
 
     def __init__(self, found: TargetSet) -> None:
         self._set = found
-
-    @classmethod
-    def from_targets(cls, found: TargetSet) -> KillPlan:
-        """Wrap targets pinned (and maybe signalled) by :func:`nvmlcheck._proc.targets.prepare`: the CLI sends its
-        first signal before this module, which loads the GPU side, is imported."""
-        return cls(found)
 
     # --- composition ---
 

@@ -147,7 +147,7 @@ def cmd_kill(args: argparse.Namespace) -> int:
     if not (args.pids or args.all_holders or args.all_on_gpu):
         raise UsageError("name at least one PID (or --all-holders / --all-on-gpu)")
     signalled: TargetSet | None = getattr(args, "signalled", None)
-    plan = KillPlan.from_targets(signalled) if signalled is not None else None
+    plan = KillPlan(signalled) if signalled is not None else None
     status = StatusLine(sys.stderr, not args.json)
     predicate = wait_predicate(args)
     try:

@@ -14,6 +14,7 @@ import sys
 
 from .. import __version__
 from ._common import EXIT_USAGE
+from ._main import COMMANDS
 
 TYPE_CHECKING = False  # typing costs ~10 ms of start-up where site has not loaded it
 if TYPE_CHECKING:
@@ -239,7 +240,7 @@ GLOBAL_OPTIONS = ("backend", "smi_prefix", "simulate", "devices")
 
 
 #: The commands, and the global options that take a value (to find the command in argv without parsing it).
-COMMAND_NAMES = ("snapshot", "wait", "kill", "holders", "select", "watch", "demo", "study")
+COMMAND_NAMES = tuple(COMMANDS)
 _VALUED_GLOBALS = ("--backend", "--smi-prefix", "--simulate", "--devices")
 
 
