@@ -43,6 +43,7 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import NamedTuple
 
+from ._units import format_bytes
 from .model import MIB, DeviceFailure, DeviceState, GpuProcess, Memory, MigDevice, ProcessKind, Snapshot
 
 __all__ = [
@@ -920,16 +921,6 @@ def _non_negative_bytes(name: str, value: int) -> int:
 
 
 # --- formatting -------------------------------------------------------------------------------------------------
-
-
-def format_bytes(n: int) -> str:
-    """``n`` bytes for a person: ``"16.0 GiB"``, ``"615.0 MiB"``, ``"4.0 KiB"``, ``"512 B"``."""
-    sign = "-" if n < 0 else ""
-    a = abs(n)
-    for unit, shift in (("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if a >= 1 << shift:
-            return f"{sign}{a / (1 << shift):.1f} {unit}"
-    return f"{sign}{a} B"
 
 
 def _two_sizes(a: int, b: int) -> tuple[str, str]:

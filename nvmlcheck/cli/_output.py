@@ -6,6 +6,8 @@ import os
 import sys
 import time
 
+from .._units import format_bytes
+
 TYPE_CHECKING = False  # typing costs ~5-10 ms of start-up where site has not loaded it
 if TYPE_CHECKING:
     from typing import Any, TextIO
@@ -14,16 +16,8 @@ if TYPE_CHECKING:
 
 
 def human_bytes(n: int | None) -> str:
-    """``16.0 GiB``, ``615.1 MiB``, ``512 B``; ``?`` for unknown."""
-    if n is None:
-        return "?"
-    if n >= 1 << 30:
-        return f"{n / (1 << 30):.1f} GiB"
-    if n >= 1 << 20:
-        return f"{n / (1 << 20):.1f} MiB"
-    if n >= 1 << 10:
-        return f"{n / (1 << 10):.1f} KiB"
-    return f"{n} B"
+    """``16.0 GiB``, ``615.1 MiB``, ``512 B`` (:func:`nvmlcheck._units.format_bytes`); ``?`` for unknown."""
+    return "?" if n is None else format_bytes(n)
 
 
 def plural(n: int, word: str) -> str:
