@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import ast
+import importlib
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 import nvmlcheck
 
@@ -46,3 +49,42 @@ def test_unknown_attribute_is_an_attribute_error() -> None:
         assert "no_such_name" in str(exc)
     else:
         raise AssertionError("expected AttributeError")
+
+
+def test_generated_namespace_files_are_what_the_one_list_says() -> None:
+    from nvmlcheck import _public
+
+    assert _public.check() == []
+
+
+def test_a_top_level_name_its_module_does_not_offer_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    from nvmlcheck import _public
+
+    monkeypatch.setitem(_public.EXPORTS, "locks", (*_public.EXPORTS["locks"], "NoSuchLock"))
+    problems = _public.check()
+    assert any("NoSuchLock" in p and "nvmlcheck.locks" in p for p in problems), problems
+    assert any("__init__.pyi is stale" in p for p in problems), problems
+
+
+def test_the_generator_rewrites_only_the_marked_part() -> None:
+    from nvmlcheck import _public
+
+    text = "head\n" + _public._BEGIN + "old table\n" + _public._END + "tail\n"
+    out = _public.render_init(text)
+    assert out.startswith("head\n" + _public._BEGIN) and out.endswith(_public._END + "tail\n")
+    assert "old table" not in out and '"Session": "session",' in out
+    with pytest.raises(SystemExit, match="markers"):
+        _public.render_init("no markers here\n")
+
+
+def test_deprecated_names_still_resolve_with_a_warning_and_are_not_public() -> None:
+    from nvmlcheck import _public
+
+    assert _public.DEPRECATED, "nothing deprecated: drop this test and the mechanism"
+    for name, (module, release) in _public.DEPRECATED.items():
+        assert name not in nvmlcheck.__all__
+        with pytest.warns(DeprecationWarning, match=rf"nvmlcheck\.{name} .*{release}.*nvmlcheck\.{module}"):
+            value = getattr(nvmlcheck, name)
+        assert value is getattr(importlib.import_module(f"nvmlcheck.{module}"), name)
+    with pytest.raises(AttributeError, match="no attribute 'NoSuchName'"):
+        _ = nvmlcheck.NoSuchName  # type: ignore[attr-defined]
