@@ -52,6 +52,17 @@ class Hosts:
         return code, doc
 
 
+def _started_for(pid: str, lab: sshlab.Lab) -> bool:
+    # A ControlMaster rewrites its command line ("ssh: /tmp/nvmlcheck-ssh-.../... [mux]"), which no longer names the
+    # lab; its environment, inherited from the nvmlcheck that started it, does (NVMLCHECK_SSH_OPTIONS). Without this,
+    # a master that another lab left (another test run on the machine, ControlPersist=60) counted as this one's.
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return str(lab.ssh_config).encode() in f.read()
+    except OSError:
+        return True  # cannot tell: count it, as before
+
+
 def ssh_children(lab: sshlab.Lab) -> list[str]:
     """Command lines of ssh processes still alive that belong to this lab (clients and ControlMaster muxes)."""
     found = []
@@ -67,7 +78,9 @@ def ssh_children(lab: sshlab.Lab) -> list[str]:
             continue
         if state == "Z":
             continue
-        if cmdline.startswith("ssh") and (str(lab.ssh_config) in cmdline or "nvmlcheck-ssh-" in cmdline):
+        if not cmdline.startswith("ssh"):
+            continue
+        if str(lab.ssh_config) in cmdline or ("nvmlcheck-ssh-" in cmdline and _started_for(entry, lab)):
             found.append(f"{entry}: {cmdline}")
     return found
 
