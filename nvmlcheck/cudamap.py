@@ -1,28 +1,12 @@
 """CUDA device numbering: which NVML GPU ``cuda:N`` names under ``CUDA_VISIBLE_DEVICES`` and ``CUDA_DEVICE_ORDER``.
 
-A launch script thinks in CUDA devices (``CUDA_VISIBLE_DEVICES=4,5`` and ``cuda:0``); NVML and nvidia-smi number
-GPUs in their own order. This module turns the two environment variables plus the identities NVML reports (index,
-UUID, name, PCI bus id) into a table ``cuda index -> NVML index / UUID``. It is pure: no NVML call, no environment
-read unless you pass ``os.environ``, so the rules are unit-tested on their own.
-
-The rules (docs/cuda.md has the long form):
-
-* ``CUDA_DEVICE_ORDER=PCI_BUS_ID``: CUDA numbers all GPUs by ascending PCI bus id (domain, bus, device, function).
-* ``CUDA_DEVICE_ORDER`` unset, empty or ``FASTEST_FIRST`` (CUDA's default): CUDA puts the "fastest" GPU first by an
-  undocumented heuristic. NVML does not report everything that heuristic may use (compute capability, SM count),
-  so nvmlcheck reproduces it only where the answer does not depend on it: when every GPU is the same model (same
-  name), the order is by PCI bus id, as it is on the homogeneous machines this was checked on. With mixed models
-  the order is *unknown*, and a bare number in ``CUDA_VISIBLE_DEVICES`` or a ``cuda:N`` that depends on it is
-  refused with a message, never guessed.
-* ``CUDA_VISIBLE_DEVICES`` unset: every GPU, in that order. Set: a comma-separated list; CUDA numbers the listed GPUs
-  0, 1, ... in list order. An entry is a number (a position in the order above), ``GPU-`` and a UUID or a unique
-  prefix of one, or a ``MIG-`` UUID. As CUDA documents, the first entry that names no GPU (``-1``, an index out of
-  range, an unknown UUID) ends the list: it and what follows are ignored (``CUDA_VISIBLE_DEVICES=-1``: no GPU); so
-  does an index after UUIDs (measured with PyTorch on an H200); a UUID after indices is refused (not measured). An
-  empty value means no GPU.
-* Refused (the mapping is unknown, with the reason): ``MIG-`` entries (MIG instances are not in nvmlcheck's model
-  yet), a UUID prefix that matches several GPUs, a GPU listed twice, entries with spaces, an unknown
-  ``CUDA_DEVICE_ORDER`` value, and GPUs that could not be read (their place in the order is unknown).
+Turns the two environment variables plus the identities NVML reports (index, UUID, name, PCI bus id) into a table
+``cuda index -> NVML index / UUID``. It is pure (no NVML call; no environment read unless you pass ``os.environ``),
+so the rules are unit-tested on their own. Where CUDA's answer cannot be known (mixed models under
+``FASTEST_FIRST``, ``MIG-`` entries, an ambiguous UUID prefix, a GPU listed twice, an unreadable GPU) the mapping is
+refused with the reason, never guessed. Entry points: :func:`cuda_mapping`, :class:`CudaMapping` (``resolve``),
+:func:`parse_cuda_selector`, :func:`is_cuda_selector`, :class:`GpuIdentity`, :class:`CudaMappingError`.
+The rules, their sources and what was measured: docs/cuda.md, "The mapping rules".
 
 >>> from nvmlcheck.cudamap import GpuIdentity, cuda_mapping
 >>> gpus = [GpuIdentity(i, f"GPU-{i}aaa", "NVIDIA H200", f"00000000:{0x10 + i:02X}:00.0") for i in range(4)]
@@ -262,7 +246,7 @@ def _base_order(
         return by_pci, None, None
     names = {g.name for g in gpus}
     if len(names) == 1 and None not in names:
-        # CUDA's fastest-first heuristic ranks models; equal models keep PCI bus order (checked on H200 hosts).
+        # CUDA's fastest-first heuristic ranks models; equal models keep PCI bus order (docs/cuda.md).
         return by_pci, None, (f"{ENV_DEVICE_ORDER} is FASTEST_FIRST and every GPU is the same model "
                               f"({next(iter(names))}): CUDA numbers equal GPUs by PCI bus id")
     models = ", ".join(sorted(repr(n) if n is not None else "unknown" for n in names))
@@ -326,8 +310,8 @@ def cuda_mapping(
                 # Not measured: refuse rather than guess (the other way round is measured, below).
                 return done(None, f"entry {entry!r} is a UUID after indices: CUDA's handling of a mixed list is "
                                   "measured only for an index after UUIDs; use one kind")
-            # Measured with PyTorch on 2x H200 (driver 580.159.04): "GPU-79a96b85,1" gives one device. An index
-            # after UUIDs ends the list, as an entry that names no GPU does.
+            # Measured with PyTorch (docs/driver-facts.md): an index after UUIDs ends the list, as an entry that
+            # names no GPU does.
             rest = ",".join(entries[position:])
             notes.append(f"entry {entry!r} is an index after UUIDs: CUDA ignores it and what follows ({rest!r})")
             break

@@ -5,19 +5,10 @@
 ...     listener = gpus.listen()                             # one thread per session, started on demand
 ...     gpus.wait_until_clean(timeout=30.0)                  # aborts with GpuFault on XID 79, 48, ...
 
-* One listener per :class:`~nvmlcheck.Session` (:meth:`~nvmlcheck.Session.listen`), stopped by
-  :meth:`~nvmlcheck.Session.close`. It registers every GPU of the session in the caller's thread (so an event that
-  comes right after :meth:`EventListener.start` returns is never missed), then one daemon thread waits in
-  ``nvmlEventSetWait_v2`` (which releases the GIL) for at most :data:`WAIT_SLICE_MS` at a time, so a stop takes
-  at most that long.
-* Events are not always available: a library without the symbols, a GPU answering NOT_SUPPORTED, a container
-  without permission, a MIG configuration that refuses registration. The listener then says so once
-  (:attr:`EventListener.reason`, :attr:`EventListener.device_reasons`): unknown, not a failure. Waits fall back to
-  polling, which they always do anyway; events only make them stop sooner. The nvidia-smi backend has no events.
-* Which XIDs are fatal for a "clean" verdict is :data:`XID_TABLE` (docs/events.md gives the sources).
-* fork(): the thread does not survive it and the child's NVML state is new; a listener used in a child reports
-  itself stopped (without touching the parent's event set) and the session starts a new one on demand, the way
-  the library re-initialises NVML in a child (``library.fork_generation``).
+Entry points: :class:`EventListener` (made by :meth:`~nvmlcheck.Session.listen`, stopped by ``close``),
+:class:`GpuEvent`, :data:`XID_TABLE` / :func:`xid_info` (which XIDs are fatal) and :func:`check_fatal`, which waits
+call before each poll. Without events (old library, NOT_SUPPORTED, no permission, the smi backend) the listener says
+why and waits only poll. Registration, the wait slice, fork() and the XID sources: docs/events.md.
 """
 
 from __future__ import annotations

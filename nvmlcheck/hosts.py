@@ -1,34 +1,14 @@
 """Many hosts from one call: run nvmlcheck on each host through the system ``ssh`` client, one verdict for all.
 
->>> from nvmlcheck.hosts import Host, run_on_hosts
->>> results = run_on_hosts(["root@gpu01", "gpu02:2222"], ["wait", "--timeout", "5"],
-...                        timeout_s=5.0)                                    # doctest: +SKIP
->>> [(str(r.host), r.verdict) for r in results]                               # doctest: +SKIP
-[('root@gpu01', 'clean'), ('gpu02:2222', 'not-clean')]
+>>> from nvmlcheck.hosts import run_on_hosts
+>>> results = run_on_hosts(["root@gpu01", "gpu02:2222"], ["wait", "--timeout", "5"], timeout_s=5.0)  # doctest: +SKIP
 
-What runs where: this process starts one ``ssh`` per host (an argv list, never a local shell) whose remote command
-is ``[REMOTE_PREFIX...] PYTHON -m nvmlcheck --json COMMAND ARGS...`` quoted with :func:`shlex.join` (the remote
-side hands it to the login shell, which splits it back into exactly those words). The remote nvmlcheck prints one
-JSON document; it is parsed here and kept as the host's :attr:`HostResult.document`.
-
-ssh is always run with ``BatchMode=yes`` (no password or passphrase prompt can hang a fleet run), a
-``ConnectTimeout``, and a ControlMaster socket in a private temporary directory with ``ControlPersist``, so that a
-:class:`Fleet` used for repeated calls pays for the handshake once per host. Host keys, users, jump hosts and
-identities are left to the user's own ssh configuration. Extra ssh options: the ``ssh_options`` argument, or the
-``NVMLCHECK_SSH_OPTIONS`` environment variable (split with :func:`shlex.split`, e.g. ``"-F /path/ssh_config"``).
-
-A host whose remote Python has no nvmlcheck (``No module named nvmlcheck``) is read, for ``snapshot`` and
-``wait``, through its nvidia-smi over the same ssh connection (the ``smi`` backend with the ssh command as its
-prefix); the result says so (:attr:`HostResult.via` is ``"nvidia-smi"``). ``kill`` and ``holders`` refuse there:
-nvidia-smi can neither signal processes nor see device files.
-
-Every host runs in parallel, at most ``fanout`` at once, each with its own deadline; one host's hang never delays
-the others' answers beyond that deadline. Every ssh child is its own process group and is killed at the deadline,
-and on any exception in the caller's thread (Ctrl-C, the CLI's SIGTERM), before :func:`run_on_hosts` returns or
-raises.
-
-A failed host never looks clean: its :attr:`HostResult.verdict` is ``"failed"`` and :attr:`HostResult.error` is one
-of the :class:`HostError` subclasses, naming the host.
+Each host runs ``[REMOTE_PREFIX...] PYTHON -m nvmlcheck --json COMMAND ARGS...`` over ssh (an argv list, never a
+local shell; ``BatchMode=yes``, a ControlMaster per host), in parallel up to ``fanout``, each with its own deadline.
+A host without nvmlcheck is read through its nvidia-smi for ``snapshot`` and ``wait``. A failed host never looks
+clean: its verdict is ``"failed"`` with a :class:`HostError`. Entry points: :func:`run_on_hosts`,
+:func:`wait_on_hosts`, :func:`snapshot_on_hosts`, :class:`Fleet` (connections reused between calls),
+:class:`HostResult`, :func:`overall_exit_code`. What runs where, security and the JSON document: docs/hosts.md.
 """
 
 from __future__ import annotations
@@ -84,8 +64,8 @@ COMMANDS = ("snapshot", "wait", "kill", "holders")
 #: Seconds ssh may take to connect (``-o ConnectTimeout``; also bounds the banner exchange) unless told otherwise.
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
 #: Seconds allowed, beyond the command's own timeout and the connect timeout, for the remote Python to start and
-#: answer (a loaded host's interpreter start is ~50-150 ms; this is generous on purpose: a late answer is still an
-#: answer, a hang is not).
+#: answer (an interpreter starts in tens of ms: docs/performance.md; this is generous on purpose: a late answer is
+#: still an answer, a hang is not).
 START_ALLOWANCE_S = 5.0
 #: How long a ControlMaster stays after its last use (seconds): long enough for a poll loop's next call.
 CONTROL_PERSIST_S = 60

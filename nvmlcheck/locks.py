@@ -1,22 +1,12 @@
 """Advisory GPU locks: one lock file per GPU UUID, taken with ``flock``, so that launch scripts racing for the same
 GPUs (``nvmlcheck select --lock``) end up with disjoint sets.
 
-Where: ``$NVMLCHECK_LOCK_DIR`` if set (created if missing), else ``/tmp/nvmlcheck-locks-<uid>`` (created mode 0700;
-refused when it is a symlink or belongs to another user). Not ``$XDG_RUNTIME_DIR`` or ``$TMPDIR``: the same user's
-scripts started from cron, ssh and a container shell must find the same directory, and those variables differ
-between them. Locks are per user by default; to coordinate several users, point ``NVMLCHECK_LOCK_DIR`` at one shared
-directory (the files are created readable by all, and ``flock`` works on a read-only descriptor).
-
-A lock is an exclusive ``flock`` (``LOCK_EX | LOCK_NB``) on ``<dir>/<uuid>.lock``. ``flock`` belongs to the open
-file, not to a PID: it is released when the last descriptor of that open file closes, which the kernel does when the
-holder exits, however it exits (SIGKILL and OOM included). So a lock never outlives its holder and needs no cleanup.
-The file's text (holder PID, owner PID, time) is information for messages only; the ``flock`` is the truth.
-
-Outliving the command: ``nvmlcheck select`` exits at once, but its GPUs must stay reserved while the launched server
-runs. :meth:`LockSet.hold_until` hands the locks to a small holder process (``python -m nvmlcheck.locks``, started in
-its own session with the lock descriptors inherited) that waits for an *owner* PID to exit (through a pidfd: no PID
-reuse race) and then exits, releasing them. The CLI's owner is ``--lock-pid PID``, by default the process that ran
-``nvmlcheck`` (the launch script's shell). Killing the holder releases the locks early.
+A lock is an exclusive ``flock`` on ``<dir>/<uuid>.lock`` in :func:`lock_dir` (``$NVMLCHECK_LOCK_DIR``, else
+``/tmp/nvmlcheck-locks-<uid>``); the kernel releases it when its holder exits, however it exits, so it needs no
+cleanup. The file's text is for messages only. :meth:`LockSet.hold_until` hands the locks to a holder process
+(``python -m nvmlcheck.locks``) that keeps them until an owner PID exits. Entry points: :func:`try_lock`,
+:func:`take_locks`, :func:`lock_info`, :class:`LockSet`, :class:`GpuLock`. Why this directory, the owner PID and
+racing selects: docs/cuda.md, "Locks".
 """
 
 from __future__ import annotations
@@ -44,7 +34,7 @@ _DEFAULT_DIR = "/tmp/nvmlcheck-locks-{uid}"
 
 
 def lock_dir(env: Mapping[str, str] | None = None, *, create: bool = True) -> Path:
-    """The lock directory: ``$NVMLCHECK_LOCK_DIR``, else ``/tmp/nvmlcheck-locks-<uid>`` (see the module docstring).
+    """The lock directory: ``$NVMLCHECK_LOCK_DIR``, else ``/tmp/nvmlcheck-locks-<uid>`` (docs/cuda.md, "Locks").
 
     With ``create``, make it when missing. Raises ``OSError`` (``PermissionError``) when the default directory is a
     symlink or another user's: someone could otherwise read or fake this user's locks.

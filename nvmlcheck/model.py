@@ -8,6 +8,8 @@ Conventions:
   :attr:`DeviceState.unknown`, keyed by the dotted field path (``"clocks.sm_mhz"``, ``"health.retired_pages"``,
   ``"processes.graphics"``); :meth:`DeviceState.why_unknown` reads it.
 * Both backends (NVML and nvidia-smi) return these same types; only :attr:`Snapshot.backend` tells them apart.
+
+Where each field comes from, in each backend: docs/backends.md.
 """
 
 from __future__ import annotations
@@ -151,8 +153,8 @@ class Memory(NamedTuple):
     """Device memory (nvmlDeviceGetMemoryInfo_v2; nvidia-smi ``memory.total/used/free/reserved``).
 
     ``used_includes_reserved`` is ``True`` when only the v1 call exists: then ``used_bytes`` counts the driver's
-    reservation (about 615 MiB on an H200) and an idle GPU does not read 0. ``granularity_bytes`` is 1 for NVML
-    and 1 MiB for nvidia-smi, whose values are whole MiB.
+    reservation (hundreds of MiB: docs/driver-facts.md) and an idle GPU does not read 0. ``granularity_bytes`` is
+    1 for NVML and 1 MiB for nvidia-smi, whose values are whole MiB.
 
     A named tuple rather than a dataclass (like :class:`GpuProcess`): it is built on every poll, and a tuple is
     built in a third of the time, which keeps the typed memory query faster than nvidia-ml-py's untyped one

@@ -1,38 +1,15 @@
 """Composable predicates that decide whether a :class:`~nvmlcheck.model.Snapshot` is "clean".
 
-A predicate is a small immutable object. Combine predicates with ``&`` (and), ``|`` (or) and ``~`` (not)::
-
-    from nvmlcheck.predicates import no_processes, memory_used_at_most, on_devices, MIB
+A predicate is a small immutable object, combined with ``&``, ``|`` and ``~``::
 
     p = on_devices([0, 1], no_processes() & memory_used_at_most(16 * MIB))
-    verdict = p.evaluate(snapshot)
-    if not verdict.clean:
-        print("\\n".join(verdict.reasons))   # "GPU 0: pid 1234 (python3) holds 16.0 GiB (compute)"
+    verdict = p.evaluate(snapshot)   # satisfied: True, False or None (cannot tell); reasons: one line per GPU
 
-Three-valued logic
-------------------
-Every predicate answers ``True`` (satisfied), ``False`` (not satisfied) or ``None`` (cannot tell: a value is
-unknown, a device could not be read, the driver's numbers cannot answer the question). Only ``True`` is clean.
-Combinations follow Kleene's logic, which is the honest reading of "unknown":
-
-* ``a & b`` is ``False`` if either is ``False``, else ``None`` if either is ``None``, else ``True``.
-* ``a | b`` is ``True`` if either is ``True``, else ``None`` if either is ``None``, else ``False``.
-* ``~a`` swaps ``True`` and ``False`` and keeps ``None``: **an unknown value satisfies neither ``p`` nor ``~p``**.
-
-So ``~no_processes()`` is clean only when a process is *known* to be present, never because a process list could
-not be read. A composite can still be decided when the unknown part does not matter: with GPU 0 unreadable and a
-process on GPU 1, ``no_processes()`` is ``False`` (GPU 1 decides it) and ``~no_processes()`` is ``True``.
-
-Device predicates (``no_processes``, ``pids_gone``, ``memory_used_at_most``, ``memory_back_to``) hold when they
-hold on *every* selected device. A device listed in :attr:`Snapshot.failures`, a selected device missing from the
-snapshot, and a snapshot with no device at all are unknown, never clean.
-
-Reasons
--------
-:meth:`Predicate.evaluate` returns a :class:`Verdict` whose ``reasons`` say, one line per device and cause, why the
-predicate is not satisfied; they are grouped by GPU index and feed :class:`~nvmlcheck.WaitTimeout`'s message and
-the CLI's status line. :meth:`Predicate.check` answers the same question without building any text; the poller
-uses it on every poll and asks for reasons only when it must.
+Entry points: the constructors (:func:`no_processes`, :func:`pids_gone`, :func:`memory_used_at_most`,
+:func:`memory_back_to`, :func:`on_devices`, :func:`default_predicate`, :func:`always`, :func:`never`),
+:class:`Predicate` (``evaluate`` with reasons, ``check`` without text for the poller) and :class:`Verdict`.
+Three-valued (Kleene) logic, unknown devices and the default's limits: docs/waiting.md ("Predicates", "Unknown:
+three-valued logic", "MIG: clean per instance").
 """
 
 from __future__ import annotations
@@ -68,24 +45,23 @@ __all__ = [
 
 #: Every process kind: compute, graphics and MPS.
 ALL_KINDS: tuple[ProcessKind, ...] = (ProcessKind.COMPUTE, ProcessKind.GRAPHICS, ProcessKind.MPS)
-#: The default predicate's limit on used memory. An idle GPU reads 0 with the v2 memory call (FACTS: H200, driver
-#: 580); GCM's health check uses 15 MiB; 16 MiB leaves room for nvidia-smi's whole-MiB rounding.
+#: The default predicate's limit on used memory. An idle GPU reads 0 with the v2 memory call; 16 MiB leaves room for
+#: nvidia-smi's whole-MiB rounding (docs/waiting.md, 'What "clean" means by default').
 DEFAULT_MAX_USED_BYTES = 16 * MIB
 #: The default slack of :func:`memory_back_to` above the baseline.
 DEFAULT_TOLERANCE_BYTES = 16 * MIB
 #: What a GPU in MIG mode may read used with no process, above the limit: the driver keeps MIG bookkeeping in the
-#: GPU's memory. Public captures (driver 590.48.01) show an idle H100 at 59 MiB and an idle H200 at 55 MiB on the
-#: parent, with no process; the same H100 without MIG reads 0. A CUDA context alone takes hundreds of MiB, so this
+#: GPU's memory (public captures: docs/driver-facts.md). A CUDA context alone takes hundreds of MiB, so this
 #: allowance cannot hide a process. Applied per MIG instance when the instances' memory is known, else to the parent.
 DEFAULT_MIG_IDLE_BYTES = 64 * MIB
 
-# Why an idle GPU can read ~615 MiB used: the v1 memory call counts the driver's reservation (FACTS, H200).
+# Why an idle GPU does not read 0 with the v1 memory call: it counts the driver's reservation (docs/driver-facts.md).
 _V1_HINT = (
     "this driver only offers nvmlDeviceGetMemoryInfo (v1), whose 'used' includes the driver's reserved memory "
     "(about 615 MiB on an H200), so no fixed limit can tell idle from busy; take a snapshot while the GPU is idle "
     "and use memory_back_to(baseline)"
 )
-# Why memory can be held with an empty process list (FACTS: nvidia-docker #179, #1483; sglang #36589).
+# Why memory can be held with an empty process list: PID namespaces, exiting processes (docs/driver-facts.md).
 _NO_VISIBLE_PROCESS = "with no visible process (PID namespace or a process that already exited)"
 
 
@@ -149,7 +125,7 @@ def _sorted_reasons(whys: Iterable[_Why]) -> tuple[str, ...]:
 
 
 class Predicate(abc.ABC):
-    """A condition on a snapshot. Combine with ``&``, ``|`` and ``~`` (see the module docstring for the
+    """A condition on a snapshot. Combine with ``&``, ``|`` and ``~`` (docs/waiting.md explains the
     three-valued logic). Predicates are immutable and can be shared between threads and waits.
 
     Using ``and``/``or``/``not`` on predicates is a mistake (Python would use their truth value), so ``bool()`` of a
@@ -834,7 +810,7 @@ def no_processes(kinds: Iterable[ProcessKind | str] | ProcessKind | str = ALL_KI
     """No process of the given kinds (default: compute, graphics and MPS) on any selected device.
 
     Unknown when a list of a requested kind could not be read. An empty process list alone does not mean the
-    memory is back (FACTS: the list emptied 28 ms before ``used`` returned on an H200); combine with a memory
+    memory is back (docs/driver-facts.md: the list can empty before ``used`` returns); combine with a memory
     predicate, as :func:`default_predicate` does.
     """
     return _NoProcesses(_kinds_arg(kinds))
@@ -843,8 +819,8 @@ def no_processes(kinds: Iterable[ProcessKind | str] | ProcessKind | str = ALL_KI
 def pids_gone(pids: Iterable[int]) -> Predicate:
     """None of ``pids`` appears in any process list (compute, graphics, MPS) of any selected device.
 
-    Unknown when a list could not be read (the pid could be in it). NVML reports host PIDs (FACTS): inside a PID
-    namespace pass host PIDs.
+    Unknown when a list could not be read (the pid could be in it). Older drivers report host PIDs
+    (docs/driver-facts.md): inside a PID namespace pass host PIDs.
     """
     chosen = frozenset(pids)
     for pid in chosen:

@@ -1,15 +1,15 @@
 """Choose clean GPUs: wait until ``count`` GPUs are clean (no process, memory at idle) and say which.
 
-What ``nvmlcheck select`` runs (``export CUDA_VISIBLE_DEVICES=$(nvmlcheck select --count 2 --wait 600)``).
-Unlike tools that pick by free memory or utilisation, a GPU is chosen only when the same predicate as
-:meth:`Session.wait_until_clean` holds on it alone (by default: no process of
-any kind and at most 16 MiB used), and the call can wait for that. With ``lock=True`` the chosen GPUs are also locked
-(:mod:`nvmlcheck.locks`), and GPUs locked by others are passed over, so racing launch scripts get disjoint sets.
+What ``nvmlcheck select`` runs (``export CUDA_VISIBLE_DEVICES=$(nvmlcheck select --count 2 --wait 600)``). A GPU is
+chosen only when the same predicate as :meth:`Session.wait_until_clean` holds on it alone, never by free memory or
+utilisation; with ``lock=True`` the chosen GPUs are locked (:mod:`nvmlcheck.locks`) and GPUs locked by others are
+passed over, so racing launch scripts get disjoint sets. Entry points: :func:`select_clean` (also
+``Session.select_clean``), :class:`Selection`, :class:`SelectTimeout`. Options and examples: docs/cuda.md,
+"nvmlcheck select".
 
 >>> import nvmlcheck as nc
 >>> with nc.open() as gpus:                                     # doctest: +SKIP
 ...     chosen = gpus.select_clean(2, timeout=600)
-...     chosen.indices, chosen.uuids
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 __all__ = ["SelectTimeout", "Selection", "select_clean"]
 
 #: Seconds between polls while waiting: choosing GPUs is not a race against a reclaim measured in ms, and a long
-#: ``--wait`` should cost next to nothing (one NVML pass is ~0.1 ms per GPU; one nvidia-smi run ~20 ms).
+#: ``--wait`` should cost next to nothing (an NVML pass and an nvidia-smi run cost: docs/performance.md).
 DEFAULT_INTERVAL_S = {"nvml": 0.05, "smi": 0.5}
 
 

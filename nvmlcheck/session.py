@@ -4,6 +4,11 @@
 >>> with nc.open() as gpus:                       # doctest: +SKIP
 ...     snap = gpus.snapshot()
 ...     gpus.wait_until_clean(timeout=30.0)
+
+Entry points: :func:`open` (picks a backend: NVML, else nvidia-smi), :class:`Session` (``resolve`` for indices,
+UUIDs, ``MIG-…`` and ``cuda:N``; ``snapshot``; ``wait_until_clean``; ``select_clean``; ``holders``; ``listen``)
+and :func:`wait_until_clean`, which counts the opening in its timeout. The layers below and the path of one poll:
+docs/architecture.md; waiting and its policies: docs/waiting.md.
 """
 
 from __future__ import annotations
@@ -356,7 +361,7 @@ class Session:
                 pass_deadline=True,
                 # The duty cap counts CPU. NVML's cost is all in this thread; counting reaped children too (the
                 # poller's default, for nvidia-smi runs) would charge a launch script's own reaped workers to the
-                # wait: on the H200 a reaped holder stretched the default interval to ~40 ms mid-wait.
+                # wait and stretch its interval (docs/waiting.md, "Polling policies").
                 cpu_clock=time.thread_time_ns if backend.name == "nvml" and clock is time.monotonic_ns else None,
                 timeout=timeout,
                 policy=policy,
@@ -493,7 +498,7 @@ def wait_until_clean(
     if bounded:
         assert timeout is not None
         # nvidia-smi is tried after the init gave up: its runs get what the init left, but at least 1 s (a real
-        # run takes 20-105 ms on an H200, FACTS) and never more than their default.
+        # run takes tens of ms: docs/driver-facts.md) and never more than their default.
         smi_timeout = min(SMI_TIMEOUT_S, max(_SMI_FALLBACK_FLOOR_S, float(timeout) - init_timeout))
     with open(backend, init_timeout_s=init_timeout, smi_timeout_s=smi_timeout) as session:
         if bounded:

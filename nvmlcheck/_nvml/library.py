@@ -1,26 +1,13 @@
 """Loading libnvidia-ml: where it is, which versioned symbols it has, and NVML's init/shutdown reference count.
 
-* Path: ``$NVMLCHECK_LIBNVML`` (or an explicit path) overrides; otherwise ``libnvidia-ml.so.1``, then
-  ``libnvidia-ml.so`` (the unversioned name exists only where the -dev package is installed).
-* Symbols are probed once at load. Older drivers lack ``_v2``/``_v3`` names ("undefined symbol:
-  nvmlDeviceGetComputeRunningProcesses_v2", pynvml #43, gpustat #105), so each capability records which symbol
-  answered, newest first.
-* One NVML initialisation per process and library, shared by every session (NVML counts inits itself, but one
-  ``nvmlInit`` per session would cost ~1.5 ms each). A lock guards the count; after ``fork()`` the child starts at
-  zero and must initialise again (NVML state does not survive fork).
-* ``nvmlInit`` can hang (go-nvml #152): it runs in a daemon thread and the caller waits at most its timeout, then gets
-  :class:`~nvmlcheck.Timeout`. The thread is left to finish; if nobody wants the initialisation by then, it shuts
-  NVML down again, so the reference count stays balanced. Later callers join the init in flight instead of starting
-  a second one.
-* NVML can start failing after hours ("Unknown Error", nvidia-docker #1671) or lose its initialisation; a session
-  then calls :meth:`LoadedLibrary.reinit` (shutdown + init, the count of sessions unchanged). Every successful
-  initialisation bumps :attr:`LoadedLibrary.init_generation`, so sessions know their device handles are stale.
-* Threads share the initialisation, so one thread's re-init pulls NVML from under the calls of every other: between
-  its ``nvmlShutdown`` and the return of its ``nvmlInit`` they answer NVML_ERROR_UNINITIALIZED. Every re-init bumps
-  :attr:`LoadedLibrary.reinit_epoch` before it shuts NVML down, and :attr:`LoadedLibrary.reinit_in_progress` holds
-  until its init has returned, so a reader that noted both before its calls can tell "another thread re-initialised
-  under me" (join that re-init and read again, for free) from "NVML lost its initialisation" (recover, a bounded
-  number of times).
+The path is ``$NVMLCHECK_LIBNVML`` (or an explicit path), else ``libnvidia-ml.so.1``, then ``libnvidia-ml.so``.
+Versioned symbols (``_v2``/``_v3``) are probed once at load, newest first. One NVML initialisation per process and
+library is shared by every session, counted under a lock and started afresh after ``fork()``; ``nvmlInit`` runs in
+a daemon thread bounded by a timeout because it can hang. :meth:`LoadedLibrary.reinit` recovers from "Unknown
+Error" or a lost initialisation; ``init_generation``, ``reinit_epoch`` and ``reinit_in_progress`` let readers tell
+another thread's re-init from a real loss. Entry points: :func:`load` and :class:`LoadedLibrary` (``acquire``,
+``release``, ``reinit``). The driver facts behind each rule, with their sources: docs/driver-facts.md, "Loading
+libnvidia-ml".
 """
 
 from __future__ import annotations

@@ -3,8 +3,9 @@
 The patterns are globs matched (``fnmatch``) against the targets of the ``/proc/PID/fd/N`` links. The default is
 :data:`DEFAULT_DEVICE_FILES`; ``$NVMLCHECK_DEVICE_FILES`` (one glob, or several separated by ``:``) replaces it, and
 so does the ``patterns`` argument, so that tests on machines without ``/dev/nvidia*`` can open files of their own.
-Every CUDA process opens every ``/dev/nvidiaN`` whatever GPU it uses (FACTS.md): a device file finds a holder but
-cannot say which GPU it holds.
+Every CUDA process opens every ``/dev/nvidiaN`` whatever GPU it uses (docs/driver-facts.md): a device file finds a
+holder but cannot say which GPU it holds. Entry points: :func:`scan`, :func:`open_device_files`,
+:func:`device_file_patterns`; how ``holders`` and ``kill --all-holders`` use it: docs/killing.md.
 """
 
 from __future__ import annotations

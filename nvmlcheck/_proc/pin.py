@@ -19,7 +19,7 @@ import signal
 
 from .procfs import ProcStat, read_stat
 
-TYPE_CHECKING = False  # typing costs ~10 ms of start-up where site has not loaded it (this runs before a signal)
+TYPE_CHECKING = False  # no typing before a signal: start-up cost where site has not loaded it (docs/performance.md)
 if TYPE_CHECKING:
     from typing import Literal
 

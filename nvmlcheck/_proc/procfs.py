@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from collections import namedtuple
 
-TYPE_CHECKING = False  # typing costs ~10 ms of start-up where site has not loaded it (this runs before a signal)
+TYPE_CHECKING = False  # no typing before a signal: start-up cost where site has not loaded it (docs/performance.md)
 if TYPE_CHECKING:
     from typing import NamedTuple
 

@@ -18,7 +18,7 @@ import time
 from . import procfs
 from .pin import Pinned, StaleIdentity
 
-TYPE_CHECKING = False  # typing costs ~10 ms of start-up where site has not loaded it
+TYPE_CHECKING = False  # no typing: it costs start-up where site has not loaded it (docs/performance.md)
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator
 

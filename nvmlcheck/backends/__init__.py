@@ -7,6 +7,7 @@ A backend reads devices and returns :mod:`nvmlcheck.model` objects. Two exist:
   and parses its CSV, tens of milliseconds per poll.
 
 :func:`open_backend` picks one; ``"auto"`` tries NVML first, then nvidia-smi, and never silently a simulator.
+Every field from each backend, what nvidia-smi cannot give, and the measured costs: docs/backends.md.
 """
 
 from __future__ import annotations

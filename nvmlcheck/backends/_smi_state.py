@@ -6,6 +6,7 @@ identity. Parts not in the requested :class:`~nvmlcheck.model.Fields` are ``None
 MIG devices get their processes attributed; a process using more memory than its GPU has raises
 :class:`~nvmlcheck.CorruptData`. The parsers in :mod:`nvmlcheck.backends._smi` know nothing of this; only
 :mod:`nvmlcheck.backends.smi` calls it.
+Rules and reasons: docs/backends.md, "How nvidia-smi output is read".
 """
 
 from __future__ import annotations

@@ -1,28 +1,19 @@
 """The ``nvmlcheck`` command (also ``python -m nvmlcheck``).
 
-Exit codes (stable):
-
-=======  ==================================================================================================
-0        clean / ok
-1        not clean when the timeout passed (``wait``, ``kill``: also a target that has not exited);
-         ``study reclaim``: a run timed out, or the GPUs were not clean at baseline
-2        usage error: bad arguments, a PID that is refused, does not exist or cannot be signalled
-3        backend unavailable or failed: no driver, no nvidia-smi, a lost GPU, an NVML or nvidia-smi error; the
-         simulated GPU cannot be built; ``watch``: events cannot be had
-4        a fatal GPU event (XID 79, 48, 95, ...: docs/events.md) stopped ``wait --events`` / ``kill --events``
-129/143  ended by SIGHUP / SIGTERM (children ended, temporary files removed); 130 interrupted (SIGINT, Ctrl-C)
-=======  ==================================================================================================
-
-``--json`` prints one document with a versioned schema (:mod:`nvmlcheck.jsonout`, docs/cli.md) on stdout; errors,
-argument errors and interruptions are documents too (``"schema": "nvmlcheck/error"``). Importing this package
-loads nothing but ``sys``: each command imports what it uses, so a launch script pays only for its own command.
+Entry points: :func:`main` (returns the exit code; in-process callers keep the full cleanup) and :func:`script`
+(the console script: exits with ``os._exit`` as soon as the verdict is printed). Exit codes are stable:
+``EXIT_CLEAN`` 0, ``EXIT_NOT_CLEAN`` 1, ``EXIT_USAGE`` 2, ``EXIT_BACKEND`` 3, ``EXIT_FAULT`` 4 (a fatal GPU event),
+128 + the signal's number when ended by SIGHUP, SIGINT or SIGTERM; their meaning per command is in docs/cli.md,
+"Exit codes". ``--json`` prints one versioned document on stdout, errors included (docs/cli.md, "JSON documents").
+Importing this package loads nothing but ``sys``: each command imports what it uses, so a launch script pays only
+for its own command (docs/performance.md, "The command line in a launch script").
 """
 
 from __future__ import annotations
 
 from ._common import EXIT_BACKEND, EXIT_CLEAN, EXIT_FAULT, EXIT_NOT_CLEAN, EXIT_USAGE
 
-TYPE_CHECKING = False  # typing costs ~10 ms of start-up where site has not loaded it
+TYPE_CHECKING = False  # no typing: it costs start-up where site has not loaded it (docs/performance.md)
 if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Any

@@ -1,7 +1,10 @@
 """``--host``/``--hosts``/``--hosts-file`` on ``snapshot``, ``wait``, ``kill`` and ``holders``: the command runs on
 each host through ssh (:mod:`nvmlcheck.hosts`), and one verdict comes back.
 
-Imported only when hosts are given: a local launch script never pays for threads, json or ssh.
+:func:`wanted` tells whether hosts were given; :func:`run_hosts` builds each host's remote command
+(:func:`remote_command`: the command's own options, passed on), runs it on every host and prints one line per host
+or one ``nvmlcheck/hosts`` document. Imported only when hosts are given: a local launch script never pays for
+threads, json or ssh. Options, the document and what runs where: docs/hosts.md.
 """
 
 from __future__ import annotations

@@ -1,4 +1,11 @@
-"""Parse, dispatch to the command's module (imported on demand), and turn every way out into one exit code."""
+"""Parse, dispatch to the command's module (imported on demand), and turn every way out into one exit code.
+
+:func:`run` is what :func:`nvmlcheck.cli.main` calls: it builds the parser for the one command named (``kill``
+signals before anything of the GPU side is imported), installs the SIGTERM/SIGHUP handlers (:mod:`._signals`),
+runs the command's function from :data:`COMMANDS`, and maps exceptions to exit codes and, under ``--json``, to
+``nvmlcheck/error`` documents (:func:`fail`). The path of one ``wait`` through these modules:
+docs/architecture.md, "The path of one value"; exit codes: docs/cli.md, "Exit codes".
+"""
 
 from __future__ import annotations
 
@@ -17,7 +24,7 @@ from ._common import (
 )
 from ._signals import Terminated, ending_on_signals
 
-TYPE_CHECKING = False  # typing costs ~10 ms of start-up where site has not loaded it
+TYPE_CHECKING = False  # no typing: it costs start-up where site has not loaded it (docs/performance.md)
 if TYPE_CHECKING:
     import argparse
     from collections.abc import Callable, Sequence

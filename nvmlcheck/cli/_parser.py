@@ -1,8 +1,11 @@
 """The argument parser: every command and option, value checks, and errors that respect ``--json``.
 
-A single-valued option given twice is refused (a launch script that says ``--timeout`` twice has a bug, and
-silently keeping the last hides it); list options (``--devices``, ``--pids``) given twice are merged. Argument
-errors exit 2; under ``--json`` they print an ``nvmlcheck/error`` document like every other error.
+Entry points: :func:`build_parser` (``only=`` builds one command's parser, so ``kill`` does not pay for the
+others), :func:`command_in` (which command an argv names, before any parsing), :func:`wants_json`, and the value
+types (:func:`seconds_or_none`, :func:`byte_size`, :func:`device_list`, ...). A single-valued option given twice is
+refused (a launch script that says ``--timeout`` twice has a bug, and silently keeping the last hides it); list
+options (``--devices``, ``--pids``) given twice are merged. Argument errors exit 2; under ``--json`` they print an
+``nvmlcheck/error`` document like every other error. Every option, documented: docs/cli.md.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from .. import __version__
 from ._common import EXIT_USAGE
 from ._main import COMMANDS
 
-TYPE_CHECKING = False  # typing costs ~10 ms of start-up where site has not loaded it
+TYPE_CHECKING = False  # no typing: it costs start-up where site has not loaded it (docs/performance.md)
 if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Any, NoReturn
@@ -35,7 +38,7 @@ class _State:
 
 class _Formatter(argparse.HelpFormatter):
     """argparse's formatter, sized without ``shutil``: argparse builds one for every ``add_argument`` and the
-    default imports shutil (and through it ~3 ms of modules) to read the terminal width."""
+    default imports shutil (and through it several modules) to read the terminal width."""
 
     def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
                  width: int | None = None) -> None:

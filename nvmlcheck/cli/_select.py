@@ -1,5 +1,11 @@
 """``nvmlcheck select``: wait until K GPUs are clean and print them for ``CUDA_VISIBLE_DEVICES`` (exit 0), or say why
-not at the timeout (exit 1)."""
+not at the timeout (exit 1).
+
+:func:`cmd_select` opens a session and calls :func:`nvmlcheck.selection.select_clean` on ``--devices``
+(``cuda:N`` included); with ``--lock`` it hands the locks to a holder process that keeps them until the owner PID
+exits (:meth:`nvmlcheck.locks.LockSet.hold_until`). Output formats and locking: docs/cuda.md, "nvmlcheck select"
+and "Locks".
+"""
 
 from __future__ import annotations
 

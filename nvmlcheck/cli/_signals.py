@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import signal
 
-TYPE_CHECKING = False  # typing costs ~10 ms of start-up where site has not loaded it
+TYPE_CHECKING = False  # no typing: it costs start-up where site has not loaded it (docs/performance.md)
 if TYPE_CHECKING:
     from types import FrameType, TracebackType
 

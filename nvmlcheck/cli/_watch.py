@@ -1,4 +1,10 @@
-"""``nvmlcheck watch``: stream NVML events as lines or JSON Lines until interrupted (or ``--for`` seconds)."""
+"""``nvmlcheck watch``: stream NVML events as lines or JSON Lines until interrupted (or ``--for`` seconds).
+
+:func:`cmd_watch` starts the session's :class:`~nvmlcheck.events.EventListener` and prints each
+:class:`~nvmlcheck.events.GpuEvent` as it arrives (``nvmlcheck/event`` documents under ``--json``); it exits 3 when
+events cannot be had (the smi backend, a library or GPU without them). The listener and the XID table:
+docs/events.md, "nvmlcheck watch".
+"""
 
 from __future__ import annotations
 

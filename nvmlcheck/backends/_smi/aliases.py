@@ -5,6 +5,7 @@ spelling (the short query names of ``--help-query-*``, and the names older drive
 ``clocks_throttle_reasons.*``) to it, so the parsers are keyed on meaning, never on spelling or column position.
 :data:`CANONICAL_UNITS` is the unit nvidia-smi prints for a field: a header naming another unit is refused rather
 than mis-scaled. Data only; :mod:`.table` reads it.
+Rules and reasons: docs/backends.md, "How nvidia-smi output is read".
 """
 
 from __future__ import annotations

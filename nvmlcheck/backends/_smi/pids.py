@@ -7,6 +7,7 @@ unknown (never "none"), lost GPUs as :class:`~.text.HandleFailure`, and from a f
 ``MIG Device`` blocks. Process names are kept as printed, commas and all. A line not understood raises
 :class:`~nvmlcheck.SmiParseError` with its number; a MIG block not understood only makes that GPU's MIG devices
 unknown.
+Rules and reasons: docs/backends.md, "How nvidia-smi output is read".
 """
 
 from __future__ import annotations

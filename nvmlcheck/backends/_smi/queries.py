@@ -6,6 +6,7 @@ Each parser takes the text nvidia-smi printed (with or without a header and unit
 GPU. A row whose UUID is a placeholder is a :class:`~.text.HandleFailure`. Values that parse but cannot be true
 (used > total, an impossible PID) raise :class:`~nvmlcheck.CorruptData`. No I/O and no
 :class:`~nvmlcheck.model.DeviceState`: :mod:`nvmlcheck.backends._smi_state` assembles those.
+Rules and reasons: docs/backends.md, "How nvidia-smi output is read".
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@
 ``--version`` gives the driver and CUDA versions when ``--query-gpu`` cannot (:func:`parse_version_output`,
 :func:`cuda_version_number`); ``-L`` gives the ``MIG-...`` UUIDs that ``-q`` does not print
 (:func:`parse_list_gpus`). Both are one item a line; a line not understood raises :class:`~nvmlcheck.SmiParseError`.
+Rules and reasons: docs/backends.md, "How nvidia-smi output is read".
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ not the field's known unit is refused. The one free-text column (a process or GP
 takes whatever lies between the fixed columns counted from both ends. Device-handle error lines among the rows are
 collected as failures. :class:`Cells` reads one row as numbers, bitmasks, flags, UUIDs and bus ids: a placeholder
 is an :class:`~.text.Unavailable`, anything else not understood an :class:`~nvmlcheck.SmiParseError` naming the line.
+Rules and reasons: docs/backends.md, "How nvidia-smi output is read".
 """
 
 from __future__ import annotations
