@@ -180,7 +180,7 @@ SECTIONS: list[tuple[str, str, list[str]]] = [
             "testing.DEVICE_FIELDS",
             "testing.PROCESS_KINDS",
             "testing.CLOCK_DOMAINS",
-            "testing.ProcessKind",
+            "testing.ProcessKindName",
             "testing.ClockDomain",
         ],
     ),
@@ -189,8 +189,9 @@ SECTIONS: list[tuple[str, str, list[str]]] = [
 # Descriptions for names without a docstring or ``#:`` comment, and notes added after a docstring.
 EXTRA: dict[str, str] = {
     "__version__": "The version of this package, a string (`\"0.1.0\"`). `nvmlcheck --version` prints it.",
-    "testing.ProcessKind": "The `kind` of a scenario process. The model's enum, `nvmlcheck.ProcessKind`, has the "
-    "same values.",
+    "testing.ProcessKindName": "The `kind` of a scenario process, as the scenario format spells it; the scenario "
+    "methods also take the model's enum, `nvmlcheck.ProcessKind`, which has the same values. (Earlier releases "
+    "called it `testing.ProcessKind`, a name that shadowed the enum; that name still works.)",
     "testing.ClockDomain": "The keys of `clocks_mhz`, `max_clocks_mhz` and `app_clocks_mhz` in `Scenario.add_device`.",
     "PollPolicy": "Two policies are ready-made in `nvmlcheck.wait`: `DEFAULT` (`interval_s=0.001`, "
     "`confirm_interval_s=0.00025`, `max_duty=0.05`, back-off after 10 s to at most 10 ms) and `PRECISE` "
@@ -487,7 +488,7 @@ def describe(key: str, obj: Any, linker: Linker, prefer_testing: bool) -> str:
     if doc is not None:
         parts.append(convert(doc, linker, prefer_testing))
     else:
-        module = testing if key.startswith("testing.") else _defining_module(key)
+        module = _defining_module(key)
         comment = source_comment(module, key.removeprefix("testing.")) if module else None
         if comment:
             parts.append(linker.inline(comment, prefer_testing) + "\n")
@@ -502,6 +503,8 @@ def describe(key: str, obj: Any, linker: Linker, prefer_testing: bool) -> str:
 def _defining_module(key: str) -> types.ModuleType | None:
     import importlib
 
+    if key.startswith("testing."):  # the public face re-exports names of the private nvmlcheck._sim package
+        return importlib.import_module(f"nvmlcheck._sim.{testing._LAZY[key.removeprefix('testing.')]}")
     module_name = getattr(nvmlcheck, "_LAZY", {}).get(key)
     return importlib.import_module(f"nvmlcheck.{module_name}") if module_name else None
 

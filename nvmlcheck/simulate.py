@@ -21,8 +21,9 @@ import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
+from ._sim.scenario import Scenario
+from ._sim.session import StubSession, simulation
 from .study import Holder
-from .testing import Scenario, StubSession, use_stub
 
 __all__ = ["CONTEXT_BYTES", "SCENARIOS", "StubHolderFactory", "scenario_named", "simulated"]
 
@@ -57,8 +58,10 @@ def scenario_named(name_or_path: str) -> Scenario | Path:
 
 @contextlib.contextmanager
 def simulated(scenario: Scenario | Path) -> Iterator[StubSession]:
-    """Build the stub (cached), write the scenario, and point nvmlcheck at them while the block runs."""
-    with use_stub(scenario) as stub:
+    """Build the stub (cached) and write the scenario while the block runs. The stub and child processes find the
+    scenario through their environment; nvmlcheck is told explicitly: open sessions with
+    ``library_path=stub.library_path``."""
+    with simulation(scenario) as stub:
         yield stub
 
 

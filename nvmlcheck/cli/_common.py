@@ -62,23 +62,23 @@ def simulation_hint(exc: BaseException) -> str:
 
 
 def open_session(args: argparse.Namespace) -> Session:
-    """Open the backend the options name; ``--simulate`` means the stub through NVML (or the fake nvidia-smi)."""
+    """Open the backend the options name; ``--simulate`` means the stub through NVML (or the fake nvidia-smi),
+    handed over explicitly by :class:`simulation` as ``args.simulation``."""
     from ..session import open as open_backend
 
     backend = args.backend
     if args.simulate is not None and backend == "auto":
         backend = "nvml"
-    smi_command = None
-    if args.simulate is not None and backend == "smi":
-        from ..testing import stub_source_dir
-
-        smi_command = [sys.executable, str(stub_source_dir() / "fake_nvidia_smi.py")]
+    stub = getattr(args, "simulation", None)
+    smi_command = stub.fake_smi_command() if stub is not None and backend == "smi" else None
+    library_path = str(stub.library_path) if stub is not None else None
     # nvmlInit can hang on a wedged driver: the library's rule bounds it by the command's own timeout (half of it,
     # so "auto" still has time to fall back to nvidia-smi; at least 0.25 s, at most 10 s).
     from ..backends.nvml import init_timeout_for
 
     init_timeout_s = init_timeout_for(getattr(args, "timeout", None))
-    return open_backend(backend, smi_prefix=args.smi_prefix, smi_command=smi_command, init_timeout_s=init_timeout_s)
+    return open_backend(backend, smi_prefix=args.smi_prefix, smi_command=smi_command, library_path=library_path,
+                        init_timeout_s=init_timeout_s)
 
 
 def wait_predicate(args: argparse.Namespace) -> Any:
@@ -92,22 +92,28 @@ def wait_predicate(args: argparse.Namespace) -> Any:
 
 
 class simulation:
-    """Point nvmlcheck at the stub for ``--simulate`` while the block runs; nothing otherwise.
+    """For ``--simulate``: build the stub and write the scenario while the block runs, and hand the
+    :class:`~nvmlcheck._sim.session.StubSession` to the command as ``args.simulation`` (``None`` otherwise).
+
+    nvmlcheck reads nothing back from the environment: :func:`open_session` passes the library path explicitly. The
+    stub library and child processes (the fake nvidia-smi) still get their variables.
 
     A class rather than ``@contextmanager``: contextlib costs ~2 ms of start-up, and the fast path needs none of it.
     """
 
     def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
         self.name: str | None = getattr(args, "simulate", None)
         self._stack: contextlib.ExitStack | None = None
+        args.simulation = None
 
     def __enter__(self) -> None:
         if self.name is None:
             return
         import contextlib
 
+        from .._sim.build import StubBuildError
         from ..simulate import scenario_named, simulated
-        from ..testing import StubBuildError
 
         try:
             scenario = scenario_named(self.name)
@@ -115,7 +121,7 @@ class simulation:
             raise UsageError(str(exc)) from None
         stack = contextlib.ExitStack()
         try:
-            stack.enter_context(simulated(scenario))
+            self.args.simulation = stack.enter_context(simulated(scenario))
         except (StubBuildError, FileNotFoundError) as exc:
             raise SimulationUnavailable(simulation_hint(exc)) from None
         self._stack = stack
@@ -128,6 +134,7 @@ class simulation:
         if self._stack is not None:
             global _simulating
             _simulating = False
+            self.args.simulation = None
             self._stack.__exit__(exc_type, exc, tb)
 
 

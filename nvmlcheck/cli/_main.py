@@ -36,7 +36,7 @@ COMMANDS = {
     "kill": "_kill:cmd_kill",
     "holders": "_kill:cmd_holders",
     "select": "_select:cmd_select",
-    "demo": "_study:cmd_demo",
+    "demo": "_demo:cmd_demo",
     "study": "_study:cmd_study_reclaim",
     "watch": "_watch:cmd_watch",
 }

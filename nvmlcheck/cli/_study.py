@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -41,8 +40,8 @@ def _study_holders(args: argparse.Namespace) -> Any:
         return CudaHolderFactory(chunks=_holder_count(args), kind=args.holder)
     from ..simulate import StubHolderFactory
 
-    # simulation() pointed the stub at this scenario file; the factory adds the holders' pids to it per run.
-    return StubHolderFactory(os.environ["NVMLCHECK_STUB_SCENARIO"], kind=args.holder)
+    # simulation() wrote this scenario file for the stub; the factory adds the holders' pids to it per run.
+    return StubHolderFactory(args.simulation.scenario_path, kind=args.holder)
 
 
 def _study_plots(records: Sequence[Any], directory: str) -> list[str]:
@@ -165,10 +164,3 @@ def cmd_study_reclaim(args: argparse.Namespace) -> int:
         for written in ([args.out] if args.out else []) + plots:
             print(f"wrote {written}")
     return EXIT_NOT_CLEAN if timed_out else EXIT_CLEAN
-
-
-def cmd_demo(args: argparse.Namespace) -> int:
-    """The simulated-H200 demo (nvmlcheck.demo)."""
-    from ..demo import run_demo
-
-    return run_demo(json_output=args.json)

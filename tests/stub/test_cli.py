@@ -150,3 +150,33 @@ def test_status_line_only_on_a_terminal() -> None:
     line.update("waiting 1.0 s · 16.0 GiB used")
     line.clear()
     assert "\rwaiting 1.0 s" in tty.getvalue() and tty.getvalue().endswith("\r")
+
+
+@pytest.mark.parametrize("backend", ["nvml", "smi"])
+def test_simulate_hands_the_stub_to_the_session_explicitly(
+    backend: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # No hidden channel: the CLI reads no $NVMLCHECK_LIBNVML back; only the stub and children get variables.
+    import os
+
+    import nvmlcheck.session as session_module
+
+    monkeypatch.delenv("NVMLCHECK_LIBNVML", raising=False)
+    real_open = session_module.open
+    seen: list[dict[str, Any]] = []
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        seen.append(dict(kwargs, env=os.environ.get("NVMLCHECK_LIBNVML"),
+                         scenario=os.environ.get("NVMLCHECK_STUB_SCENARIO")))
+        return real_open(*args, **kwargs)
+
+    monkeypatch.setattr(session_module, "open", spy)
+    code, out, _ = run(capsys, "--simulate", "h200", "--backend", backend, "snapshot")
+    assert code == 0 and "NVIDIA H200" in out
+    [call] = seen
+    assert call["env"] is None and call["scenario"] is not None
+    if backend == "nvml":
+        assert Path(call["library_path"]).name == "libnvidia-ml.so.1" and call["smi_command"] is None
+    else:
+        assert call["smi_command"][-1].endswith("fake_nvidia_smi.py")
+    assert "NVMLCHECK_STUB_SCENARIO" not in os.environ or os.environ["NVMLCHECK_STUB_SCENARIO"] != call["scenario"]

@@ -1,4 +1,5 @@
-"""``nvmlcheck demo``: the first thing a newcomer runs, on any machine with a C compiler.
+"""``nvmlcheck demo``, the first thing a newcomer runs on any machine with a C compiler (here, under cli/: it
+prints with the CLI's tables).
 
 A simulated H200 (the bundled stub libnvidia-ml) where a *real* child process holds 16 GiB: the stub lists it while
 the child lives, drops it from the process list 90 ms after it dies and gives the memory back 120 ms after, as a
@@ -13,9 +14,13 @@ import json
 import subprocess
 import sys
 
-from .errors import NvmlCheckError
+from ..errors import NvmlCheckError
 
-__all__ = ["run_demo"]
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import argparse
+
+__all__ = ["cmd_demo", "run_demo"]
 
 GIB = 1 << 30
 HOLD_BYTES = 16 * GIB
@@ -23,14 +28,20 @@ LIST_MS = 90
 RELEASE_MS = 120
 
 
+def cmd_demo(args: argparse.Namespace) -> int:
+    """``nvmlcheck demo``."""
+    return run_demo(json_output=args.json)
+
+
 def run_demo(*, json_output: bool = False) -> int:
     """Run the demo; returns the exit code (0 when the wait saw the simulated reclaim)."""
-    from . import open as open_session
-    from .cli._common import simulation_hint
-    from .cli._output import device_table, human_bytes, process_table
-    from .kill import kill_and_wait
-    from .simulate import simulated
-    from .testing import Scenario, StubBuildError
+    from .._sim.build import StubBuildError
+    from .._sim.scenario import Scenario
+    from ..kill import kill_and_wait
+    from ..session import open as open_session
+    from ..simulate import simulated
+    from ._common import simulation_hint
+    from ._output import device_table, human_bytes, process_table
 
     child = subprocess.Popen(
         [sys.executable, "-c", "import time; time.sleep(3600)"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL
@@ -40,11 +51,11 @@ def run_demo(*, json_output: bool = False) -> int:
         scenario.add_process(0, child.pid, used_bytes=HOLD_BYTES, bound=True, list_ms=LIST_MS, release_ms=RELEASE_MS)
         with contextlib.ExitStack() as stack:
             try:
-                stack.enter_context(simulated(scenario))
+                stub = stack.enter_context(simulated(scenario))
             except (StubBuildError, FileNotFoundError) as exc:
                 print(f"nvmlcheck demo: {simulation_hint(exc)}", file=sys.stderr)
                 return 3
-            gpus = stack.enter_context(open_session("nvml"))
+            gpus = stack.enter_context(open_session("nvml", library_path=str(stub.library_path)))
             before = gpus.snapshot()
             if not json_output:
                 print("nvmlcheck demo: a simulated NVIDIA H200 (the bundled stub libnvidia-ml; no GPU is touched)")

@@ -1,166 +1,40 @@
-"""Test helpers: a stub libnvidia-ml that answers from a scenario, for test suites on machines without a GPU.
-
-nvmlcheck ships the C source of a stub ``libnvidia-ml.so.1`` (``stubs/stub_nvml.c``; its contract is
-``stubs/README.md``). Compiled against the real ``nvml.h`` from the ``nvidia-nvml-dev`` package, it exports the NVML
-symbols nvmlcheck uses and behaves like a driver whose state comes from a small text *scenario* file: devices,
-processes (optionally bound to real PIDs, so killing a child process "frees" its GPU memory), a timeline of changes,
-injected faults and older-driver build variants. nvmlcheck's real NVML path (cffi) runs against it unchanged.
-
->>> from nvmlcheck.testing import Scenario, use_stub
->>> scenario = Scenario.h200()
->>> scenario.add_process(0, pid=4123456, used_bytes=2**30)
->>> scenario.at_call(10).remove_process(0, pid=4123456)
->>> with use_stub(scenario) as stub:                                    # doctest: +SKIP
-...     import nvmlcheck
-...     with nvmlcheck.open(backend="nvml") as gpus:
-...         ...
-...     stub.call_counts()["nvmlInit_v2"]
-
-Building needs a C compiler (``cc`` argument, else ``$CC``, else ``cc`` or ``gcc``) and ``nvidia-nvml-dev``
-(``pip install nvidia-nvml-dev``). Builds are cached (``$NVMLCHECK_STUB_CACHE``, default
-``~/.cache/nvmlcheck/stub``), keyed by source, header, variant macros and compiler.
-
-Environment variables: ``NVMLCHECK_LIBNVML`` (the library nvmlcheck's NVML backend loads),
-``NVMLCHECK_STUB_SCENARIO`` (the scenario the stub reads at ``nvmlInit``), ``NVMLCHECK_STUB_LOG`` (the stub's call
-log), ``NVMLCHECK_NVML_H`` (overrides the ``nvml.h`` the build uses).
-"""
+"""The scenario language of the stub libnvidia-ml: :class:`Scenario` writes the text file the stub (and the fake
+nvidia-smi) read, validating every value; the format is ``stubs/README.md`` (version 1)."""
 
 from __future__ import annotations
 
-import collections
-import contextlib
-import ctypes
-import hashlib
-import importlib.resources
 import os
 import re
-import shutil
-import subprocess
-import sys
-import tempfile
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from .symbols import NVML_FUNCTIONS
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from ..model import ProcessKind
+
 __all__ = [
     "CLOCK_DOMAINS",
-    "ClockDomain",
     "DEVICE_FIELDS",
-    "NVML_FUNCTIONS",
     "PROCESS_KINDS",
-    "ProcessKind",
-    "STUB_VARIANTS",
     "UNSUPPORTED_FIELDS",
-    "LogEntry",
+    "ClockDomain",
+    "ProcessKindName",
     "Scenario",
-    "StubBuildError",
-    "StubProbe",
-    "StubSession",
     "TimelineStep",
-    "build_stub",
-    "find_nvml_header",
-    "read_call_log",
-    "stub_environment",
-    "stub_source_dir",
-    "use_stub",
 ]
 
-ProcessKind = Literal["compute", "graphics", "mps"]
+# How a scenario spells a process kind; nvmlcheck.ProcessKind (the model's enum, a str) is accepted as well.
+ProcessKindName = Literal["compute", "graphics", "mps"]
 ClockDomain = Literal["graphics", "sm", "mem", "video"]
-RetirementCause = Literal["sbe", "dbe"]
 
 #: Process kinds of the scenario format (``process kind=``).
-PROCESS_KINDS: tuple[ProcessKind, ...] = ("compute", "graphics", "mps")
+PROCESS_KINDS: tuple[ProcessKindName, ...] = ("compute", "graphics", "mps")
 #: Clock domains, in nvmlClockType_t order (graphics 0, sm 1, mem 2, video 3).
 CLOCK_DOMAINS: tuple[ClockDomain, ...] = ("graphics", "sm", "mem", "video")
-
-#: Every NVML function the stub exports in its full build (plus ``stub_*`` test symbols, not listed here).
-NVML_FUNCTIONS: tuple[str, ...] = (
-    "nvmlInit",
-    "nvmlInit_v2",
-    "nvmlInitWithFlags",
-    "nvmlShutdown",
-    "nvmlErrorString",
-    "nvmlSystemGetDriverVersion",
-    "nvmlSystemGetNVMLVersion",
-    "nvmlSystemGetCudaDriverVersion",
-    "nvmlSystemGetCudaDriverVersion_v2",
-    "nvmlDeviceGetCount",
-    "nvmlDeviceGetCount_v2",
-    "nvmlDeviceGetHandleByIndex",
-    "nvmlDeviceGetHandleByIndex_v2",
-    "nvmlDeviceGetName",
-    "nvmlDeviceGetUUID",
-    "nvmlDeviceGetSerial",
-    "nvmlDeviceGetMinorNumber",
-    "nvmlDeviceGetPciInfo_v2",
-    "nvmlDeviceGetPciInfo_v3",
-    "nvmlDeviceGetMemoryInfo",
-    "nvmlDeviceGetMemoryInfo_v2",
-    "nvmlDeviceGetComputeRunningProcesses",
-    "nvmlDeviceGetComputeRunningProcesses_v2",
-    "nvmlDeviceGetComputeRunningProcesses_v3",
-    "nvmlDeviceGetGraphicsRunningProcesses",
-    "nvmlDeviceGetGraphicsRunningProcesses_v2",
-    "nvmlDeviceGetGraphicsRunningProcesses_v3",
-    "nvmlDeviceGetMPSComputeRunningProcesses",
-    "nvmlDeviceGetMPSComputeRunningProcesses_v2",
-    "nvmlDeviceGetMPSComputeRunningProcesses_v3",
-    "nvmlDeviceGetClockInfo",
-    "nvmlDeviceGetMaxClockInfo",
-    "nvmlDeviceGetApplicationsClock",
-    "nvmlDeviceGetCurrentClocksEventReasons",
-    "nvmlDeviceGetCurrentClocksThrottleReasons",
-    "nvmlDeviceGetRetiredPages",
-    "nvmlDeviceGetRetiredPages_v2",
-    "nvmlDeviceGetRetiredPagesPendingStatus",
-    "nvmlDeviceGetRemappedRows",
-    "nvmlDeviceGetMigMode",
-    "nvmlDeviceGetMaxMigDeviceCount",
-    "nvmlDeviceGetMigDeviceHandleByIndex",
-    "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
-    "nvmlDeviceGetGpuInstanceId",
-    "nvmlDeviceGetComputeInstanceId",
-    "nvmlEventSetCreate",
-    "nvmlDeviceRegisterEvents",
-    "nvmlDeviceGetSupportedEventTypes",
-    "nvmlEventSetWait_v2",
-    "nvmlEventSetFree",
-)
-
-_PROC_PREFIXES = (
-    "nvmlDeviceGetComputeRunningProcesses",
-    "nvmlDeviceGetGraphicsRunningProcesses",
-    "nvmlDeviceGetMPSComputeRunningProcesses",
-)
-
-#: Build variants (``-D`` macros) and the symbols each one lacks, as an older driver would.
-STUB_VARIANTS: Mapping[str, tuple[str, ...]] = {
-    "STUB_NO_PROC_V3": tuple(p + "_v3" for p in _PROC_PREFIXES),
-    "STUB_NO_PROC_V2": tuple(p + "_v2" for p in _PROC_PREFIXES),
-    "STUB_NO_MEMORY_V2": ("nvmlDeviceGetMemoryInfo_v2",),
-    "STUB_NO_INIT_V2": ("nvmlInit_v2", "nvmlDeviceGetCount_v2", "nvmlDeviceGetHandleByIndex_v2"),
-    "STUB_NO_EVENT_REASONS": ("nvmlDeviceGetCurrentClocksEventReasons",),
-    "STUB_NO_RETIRED_V2": ("nvmlDeviceGetRetiredPages_v2",),
-    "STUB_NO_CUDA_V2": ("nvmlSystemGetCudaDriverVersion_v2",),
-    "STUB_NO_PCI_V3": ("nvmlDeviceGetPciInfo_v3",),
-    "STUB_NO_EVENTS": (
-        "nvmlEventSetCreate",
-        "nvmlDeviceRegisterEvents",
-        "nvmlDeviceGetSupportedEventTypes",
-        "nvmlEventSetWait_v2",
-        "nvmlEventSetFree",
-    ),
-    "STUB_NO_MIG": (
-        "nvmlDeviceGetMigMode",
-        "nvmlDeviceGetMaxMigDeviceCount",
-        "nvmlDeviceGetMigDeviceHandleByIndex",
-        "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
-        "nvmlDeviceGetGpuInstanceId",
-        "nvmlDeviceGetComputeInstanceId",
-    ),
-}
 
 #: Field names accepted by ``unsupported=`` (their calls return NVML_ERROR_NOT_SUPPORTED).
 UNSUPPORTED_FIELDS: frozenset[str] = frozenset(
@@ -170,156 +44,9 @@ UNSUPPORTED_FIELDS: frozenset[str] = frozenset(
     | {f"{group}.{domain}" for group in ("clock", "max", "app") for domain in CLOCK_DOMAINS}
 )
 
-_HEADER_CANDIDATES = ("nvidia/cu13/include/nvml.h", "nvidia/cu12/include/nvml.h")
-_LIBRARY_NAME = "libnvidia-ml.so.1"
 _U64_MAX = 2**64 - 1
 _U32_MAX = 2**32 - 1
 _INT_MAX = 2**31 - 1
-
-
-class StubBuildError(RuntimeError):
-    """The stub could not be built: no compiler, no ``nvml.h``, or the compiler failed (its stderr is included)."""
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Building
-
-
-def find_nvml_header() -> Path:
-    """The real ``nvml.h`` to compile the stub against.
-
-    ``$NVMLCHECK_NVML_H`` wins when set; otherwise the first ``nvidia/cu13/include/nvml.h`` (then ``cu12``) under
-    an entry of ``sys.path``, which is where the ``nvidia-nvml-dev`` wheel puts it.
-
-    Raises:
-        FileNotFoundError: no header found (the message says to install ``nvidia-nvml-dev``).
-    """
-    override = os.environ.get("NVMLCHECK_NVML_H")
-    if override:
-        path = Path(override)
-        if not path.is_file():
-            raise FileNotFoundError(f"NVMLCHECK_NVML_H={override} is not a file")
-        return path
-    for candidate in _HEADER_CANDIDATES:
-        for entry in sys.path:
-            path = Path(entry or ".") / candidate
-            if path.is_file():
-                return path
-    raise FileNotFoundError(
-        "nvml.h not found: install the package nvidia-nvml-dev (pip install nvidia-nvml-dev) or set NVMLCHECK_NVML_H;"
-        f" searched {' and '.join(_HEADER_CANDIDATES)} under every sys.path entry"
-    )
-
-
-def stub_source_dir() -> Path:
-    """The directory holding ``stub_nvml.c`` and its ``README.md``.
-
-    From a wheel that is ``nvmlcheck/_stubs`` (the build force-includes ``stubs/`` there); from a source checkout,
-    the repository's ``stubs/`` next to the package.
-    """
-    packaged = importlib.resources.files("nvmlcheck") / "_stubs"
-    if packaged.is_dir() and (packaged / "stub_nvml.c").is_file():
-        return Path(str(packaged))
-    checkout = Path(__file__).resolve().parent.parent / "stubs"
-    if (checkout / "stub_nvml.c").is_file():
-        return checkout
-    raise FileNotFoundError(f"stub sources not found (looked in {packaged} and {checkout})")
-
-
-def _find_compiler(cc: str | None) -> str:
-    candidates = [cc] if cc else [os.environ["CC"]] if os.environ.get("CC") else ["cc", "gcc"]
-    for candidate in candidates:
-        found = shutil.which(candidate)
-        if found:
-            return found
-    raise StubBuildError(
-        f"no C compiler found (tried {', '.join(candidates)}): install gcc or clang, or pass cc= / set $CC"
-    )
-
-
-def _validate_variant(variant: Iterable[str]) -> tuple[str, ...]:
-    if isinstance(variant, str):
-        raise TypeError("variant must be an iterable of macro names, not a string")
-    macros = tuple(sorted(set(variant)))
-    unknown = [m for m in macros if m not in STUB_VARIANTS]
-    if unknown:
-        raise ValueError(f"unknown stub variant macro(s) {unknown}; known: {sorted(STUB_VARIANTS)}")
-    return macros
-
-
-# No -soname on purpose: without one, a later dlopen("libnvidia-ml.so.1") in the same process (the real driver, for
-# a GPU test) does not match the loaded stub, whose only name is its full path.
-_CFLAGS = ("-shared", "-fPIC", "-O2", "-std=c11", "-Wall", "-Wextra", "-DNVML_NO_UNVERSIONED_FUNC_DEFS")
-_LDFLAGS = ("-lpthread",)
-
-
-def _compile_command(compiler: str, source: Path, header: Path, macros: Sequence[str], output: Path) -> list[str]:
-    defines = [f"-D{m}" for m in macros]
-    return [compiler, *_CFLAGS, *defines, f"-I{header.parent}", str(source), "-o", str(output), *_LDFLAGS]
-
-
-def build_stub(variant: Iterable[str] = (), *, cache_dir: Path | None = None, cc: str | None = None) -> Path:
-    """Compile the stub (once; cached) and return the path of its ``libnvidia-ml.so.1``.
-
-    Args:
-        variant: ``STUB_NO_*`` macros (see :data:`STUB_VARIANTS`) for a build without some newer symbols.
-        cache_dir: where builds live; default ``$NVMLCHECK_STUB_CACHE`` or ``~/.cache/nvmlcheck/stub``.
-        cc: the C compiler; default ``$CC``, else ``cc`` or ``gcc`` from ``PATH``.
-
-    Each distinct (source, header, macros, compiler) gets its own directory, so variants can be loaded side by
-    side. The library is written under a temporary name and renamed, so parallel test processes never see a
-    half-written file.
-
-    Raises:
-        ValueError: an unknown variant macro.
-        FileNotFoundError: no ``nvml.h`` (install ``nvidia-nvml-dev``) or no stub sources.
-        StubBuildError: no compiler, or compilation failed.
-    """
-    macros = _validate_variant(variant)
-    compiler = _find_compiler(cc)
-    source = stub_source_dir() / "stub_nvml.c"
-    header = find_nvml_header()
-    if cache_dir is None:
-        env_cache = os.environ.get("NVMLCHECK_STUB_CACHE")
-        cache_dir = Path(env_cache) if env_cache else Path.home() / ".cache" / "nvmlcheck" / "stub"
-    compiler_stat = os.stat(compiler)
-    digest = hashlib.sha256()
-    for part in (
-        source.read_bytes(),
-        header.read_bytes(),
-        "\0".join(macros).encode(),
-        f"{compiler}\0{compiler_stat.st_size}\0{compiler_stat.st_mtime_ns}".encode(),
-        "\0".join(_CFLAGS + _LDFLAGS).encode(),
-    ):
-        digest.update(hashlib.sha256(part).digest())
-    tag = "-".join(m.removeprefix("STUB_NO_").lower() for m in macros) or "full"
-    target_dir = Path(cache_dir) / f"{tag}-{digest.hexdigest()[:20]}"
-    target = target_dir / _LIBRARY_NAME
-    if target.is_file():
-        return target
-    target_dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{_LIBRARY_NAME}.", suffix=".tmp", dir=target_dir)
-    os.close(fd)
-    tmp = Path(tmp_name)
-    try:
-        command = _compile_command(compiler, source, header, macros, tmp)
-        try:
-            proc = subprocess.run(command, capture_output=True, text=True, check=False)
-        except OSError as exc:
-            raise StubBuildError(f"could not run the C compiler {compiler}: {exc}") from exc
-        if proc.returncode != 0:
-            raise StubBuildError(
-                f"compiling the stub failed (exit {proc.returncode}): {' '.join(command)}\n{proc.stderr.strip()}"
-            )
-        os.chmod(tmp, 0o755)
-        os.replace(tmp, target)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return target
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Scenario builder
 
 
 def _quote(value: str) -> str:
@@ -350,10 +77,11 @@ def _check_str(name: str, value: object, max_bytes: int) -> str:
     return value
 
 
-def _check_kind(kind: str) -> str:
-    if kind not in PROCESS_KINDS:
+def _check_kind(kind: object) -> str:
+    name = getattr(kind, "value", kind)  # nvmlcheck.ProcessKind.COMPUTE is "compute"
+    if name not in PROCESS_KINDS:
         raise ValueError(f"unknown process kind {kind!r}; expected one of {PROCESS_KINDS}")
-    return kind
+    return str(name)
 
 
 _PCI_BUS_ID = re.compile(r"([0-9A-Fa-f]{1,8}):([0-9A-Fa-f]{1,8}):([0-9A-Fa-f]{1,8})\.([0-9A-Fa-f]{1,8})")
@@ -496,7 +224,7 @@ class _Changes:
         self,
         device: int,
         pid: int,
-        kind: ProcessKind = "compute",
+        kind: ProcessKind | ProcessKindName = "compute",
         used_bytes: int | None = 0,
         *,
         holds_bytes: int | None = None,
@@ -512,7 +240,8 @@ class _Changes:
         Args:
             device: device index.
             pid: the PID NVML reports (4_000_000..4_194_304 are safe fakes; above 4_194_304 are impossible PIDs).
-            kind: ``"compute"``, ``"graphics"`` or ``"mps"`` (which process-list call reports it).
+            kind: ``"compute"``, ``"graphics"`` or ``"mps"`` (which process-list call reports it), or a
+                :class:`nvmlcheck.ProcessKind`.
             used_bytes: ``usedGpuMemory``; ``None`` for NVML's "not available" sentinel (``used=na``).
             holds_bytes: what the process adds to the device's used memory (default: ``used_bytes``, 0 when None).
             bound: tie the entry to the real process ``pid``: listed while it lives (see README).
@@ -581,7 +310,7 @@ class _Changes:
         """Destroy MIG device ``index`` of GPU ``device`` (nothing happens if there is none)."""
         self._emit(f"mig device={self._check_device(device)} index={_check_int('index', index, 6)} remove=1")
 
-    def remove_process(self, device: int, pid: int, kind: ProcessKind = "compute") -> None:
+    def remove_process(self, device: int, pid: int, kind: ProcessKind | ProcessKindName = "compute") -> None:
         """Remove the entry with that device, kind and pid (nothing happens if there is none)."""
         self._emit(
             f"process device={self._check_device(device)} kind={_check_kind(kind)} "
@@ -622,7 +351,7 @@ class _Changes:
             raise ValueError("fault: give code= (the error to return) and/or delay_ms= (how long to hang)")
         self._emit(" ".join(parts))
 
-    def race(self, device: int, kind: ProcessKind, grow: int, count: int = 1) -> None:
+    def race(self, device: int, kind: ProcessKind | ProcessKindName, grow: int, count: int = 1) -> None:
         """After each of the first ``count`` (0: every) list calls of ``kind`` on ``device``, add ``grow``
         synthetic 1 MiB processes (negative: remove from the end): the two-call INSUFFICIENT_SIZE race."""
         _check_int("grow", grow, 2**63 - 1, -(2**63 - 1))
@@ -770,152 +499,3 @@ class Scenario(_Changes):
         return out
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Using the stub
-
-
-def stub_environment(
-    scenario_path: str | os.PathLike[str],
-    library_path: str | os.PathLike[str],
-    log_path: str | os.PathLike[str] | None = None,
-) -> dict[str, str]:
-    """The environment variables that point nvmlcheck (and a child process) at the stub and a scenario."""
-    env = {
-        "NVMLCHECK_LIBNVML": os.fspath(library_path),
-        "NVMLCHECK_STUB_SCENARIO": os.fspath(scenario_path),
-    }
-    if log_path is not None:
-        env["NVMLCHECK_STUB_LOG"] = os.fspath(log_path)
-    return env
-
-
-@dataclass(frozen=True)
-class LogEntry:
-    """One line of the stub's call log."""
-
-    function: str
-    pid: int
-    tid: int
-
-
-def read_call_log(log_path: str | os.PathLike[str]) -> list[LogEntry]:
-    """Parse a stub call log (``FUNCTION PID TID`` per line); a missing file is an empty log."""
-    try:
-        text = Path(log_path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return []
-    entries = []
-    for line in text.splitlines():
-        function, pid, tid = line.split()
-        entries.append(LogEntry(function, int(pid), int(tid)))
-    return entries
-
-
-@dataclass(frozen=True)
-class StubSession:
-    """What :func:`use_stub` yields: where the library, scenario and call log are."""
-
-    library_path: Path
-    scenario_path: Path
-    log_path: Path
-
-    def calls(self) -> list[LogEntry]:
-        """Every logged call so far, in order (all processes that inherited the environment)."""
-        return read_call_log(self.log_path)
-
-    def call_counts(self) -> collections.Counter[str]:
-        """Calls per function name so far."""
-        return collections.Counter(entry.function for entry in self.calls())
-
-
-@contextlib.contextmanager
-def use_stub(
-    scenario: Scenario | str | os.PathLike[str],
-    *,
-    variant: Iterable[str] = (),
-    tmp_dir: str | os.PathLike[str] | None = None,
-) -> Iterator[StubSession]:
-    """Build the stub, write the scenario and set ``NVMLCHECK_LIBNVML``, ``NVMLCHECK_STUB_SCENARIO`` and
-    ``NVMLCHECK_STUB_LOG`` in ``os.environ`` for the duration (previous values restored afterwards).
-
-    ``scenario`` is a :class:`Scenario` (written to ``tmp_dir``) or the path of an existing scenario file.
-    ``tmp_dir`` holds the scenario and the call log; default a temporary directory removed afterwards.
-
-    The stub reads the scenario at every ``nvmlInit`` that takes its reference count from 0 to 1, so opening
-    nvmlcheck inside the block sees it. A process that loaded the stub keeps it loaded: the library's state (call
-    counts, an un-shut-down init) outlives the block.
-    """
-    library = build_stub(variant)
-    with contextlib.ExitStack() as stack:
-        if tmp_dir is None:
-            directory = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="nvmlcheck-stub-")))
-        else:
-            directory = Path(tmp_dir)
-            directory.mkdir(parents=True, exist_ok=True)
-        if isinstance(scenario, Scenario):
-            scenario_path = scenario.write(directory / "scenario.txt")
-        else:
-            scenario_path = Path(scenario)
-            if not scenario_path.is_file():
-                raise FileNotFoundError(f"scenario file {scenario_path} does not exist")
-        log_path = directory / "calls.log"
-        log_path.unlink(missing_ok=True)
-        env = stub_environment(scenario_path, library, log_path)
-        saved = {key: os.environ.get(key) for key in env}
-        os.environ.update(env)
-        try:
-            yield StubSession(library, scenario_path, log_path)
-        finally:
-            for key, old in saved.items():
-                if old is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = old
-
-
-class StubProbe:
-    """Reads the stub's ``stub_*`` test symbols through ctypes.
-
-    ``dlopen`` of the same path returns the already-loaded library, so a probe sees the same state as nvmlcheck's
-    own handle on that library (call counts, init reference count, last scenario error).
-    """
-
-    def __init__(self, library_path: str | os.PathLike[str]) -> None:
-        self.library_path = Path(library_path)
-        lib = ctypes.CDLL(os.fspath(library_path))
-        lib.stub_call_count.argtypes = [ctypes.c_char_p]
-        lib.stub_call_count.restype = ctypes.c_ulonglong
-        for name in ("stub_init_refcount", "stub_init_total", "stub_shutdown_total"):
-            getattr(lib, name).argtypes = []
-            getattr(lib, name).restype = ctypes.c_int
-        lib.stub_last_error.argtypes = []
-        lib.stub_last_error.restype = ctypes.c_char_p
-        lib.stub_loaded_ns.argtypes = []
-        lib.stub_loaded_ns.restype = ctypes.c_ulonglong
-        self._lib = lib
-
-    def call_count(self, fn: str | None = None) -> int:
-        """Calls to ``fn`` (all NVML calls when ``None``) since the library was loaded into this process."""
-        return int(self._lib.stub_call_count(None if fn is None else fn.encode()))
-
-    def init_refcount(self) -> int:
-        """The current NVML reference count (0 in a forked child that has not initialised)."""
-        return int(self._lib.stub_init_refcount())
-
-    def init_total(self) -> int:
-        """Successful ``nvmlInit*`` calls since load."""
-        return int(self._lib.stub_init_total())
-
-    def shutdown_total(self) -> int:
-        """Successful ``nvmlShutdown`` calls since load."""
-        return int(self._lib.stub_shutdown_total())
-
-    def loaded_ns(self) -> int:
-        """``time.monotonic_ns()`` reading at which the current scenario was loaded (the origin of ``at_ms``
-        changes); 0 when NVML is not initialised."""
-        return int(self._lib.stub_loaded_ns())
-
-    def last_error(self) -> str:
-        """The last scenario error (file, line and problem), or ``""``."""
-        raw: bytes | None = self._lib.stub_last_error()
-        return (raw or b"").decode(errors="replace")

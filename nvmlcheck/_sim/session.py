@@ -1,0 +1,141 @@
+"""Running the stub: build it, write the scenario, and tell the stub library and child processes where things are.
+
+Two readers, two channels. nvmlcheck itself is told explicitly: :class:`StubSession` carries the library path,
+which the CLI and the demo pass to ``session.open(library_path=...)``. The stub library (C, it reads its scenario
+at ``nvmlInit``) and child processes (the fake nvidia-smi, a launch script under test) read environment variables,
+so :func:`simulation` sets those. :func:`use_stub`, the public helper, also exports ``$NVMLCHECK_LIBNVML`` so that
+code under test that calls ``nvmlcheck.open()`` with no arguments finds the stub.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import sys
+import tempfile
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from .build import build_stub, stub_source_dir
+from .calllog import LogEntry, read_call_log
+from .scenario import Scenario
+
+__all__ = ["ENV_LIBRARY", "ENV_LOG", "ENV_SCENARIO", "StubSession", "exported", "simulation", "stub_environment",
+           "use_stub"]
+
+ENV_LIBRARY = "NVMLCHECK_LIBNVML"  # read by nvmlcheck's NVML backend when no library_path is given
+ENV_SCENARIO = "NVMLCHECK_STUB_SCENARIO"  # read by the stub at nvmlInit, and by the fake nvidia-smi
+ENV_LOG = "NVMLCHECK_STUB_LOG"  # the stub appends one line per call here
+
+
+def stub_environment(
+    scenario_path: str | os.PathLike[str],
+    library_path: str | os.PathLike[str],
+    log_path: str | os.PathLike[str] | None = None,
+) -> dict[str, str]:
+    """The environment variables that point nvmlcheck (and a child process) at the stub and a scenario."""
+    env = {ENV_LIBRARY: os.fspath(library_path), ENV_SCENARIO: os.fspath(scenario_path)}
+    if log_path is not None:
+        env[ENV_LOG] = os.fspath(log_path)
+    return env
+
+
+@dataclass(frozen=True)
+class StubSession:
+    """What :func:`use_stub` yields: where the library, scenario and call log are."""
+
+    library_path: Path
+    scenario_path: Path
+    log_path: Path
+
+    def environment(self) -> dict[str, str]:
+        """The variables a child process needs to see this stub and scenario (:func:`stub_environment`)."""
+        return stub_environment(self.scenario_path, self.library_path, self.log_path)
+
+    def fake_smi_command(self) -> list[str]:
+        """The argv of the fake nvidia-smi (``stubs/fake_nvidia_smi.py``), which renders the scenario that
+        ``$NVMLCHECK_STUB_SCENARIO`` names: the ``smi_command`` for ``nvmlcheck.open("smi", ...)``."""
+        return [sys.executable, str(stub_source_dir() / "fake_nvidia_smi.py")]
+
+    def calls(self) -> list[LogEntry]:
+        """Every logged call so far, in order (all processes that inherited the environment)."""
+        return read_call_log(self.log_path)
+
+    def call_counts(self) -> collections.Counter[str]:
+        """Calls per function name so far."""
+        return collections.Counter(entry.function for entry in self.calls())
+
+
+@contextlib.contextmanager
+def exported(env: Mapping[str, str]) -> Iterator[None]:
+    """Set ``env`` in ``os.environ`` for the block; the previous values (or their absence) come back after."""
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for key, old in saved.items():
+            if old is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = old
+
+
+@contextlib.contextmanager
+def simulation(
+    scenario: Scenario | str | os.PathLike[str],
+    *,
+    variant: Iterable[str] = (),
+    tmp_dir: str | os.PathLike[str] | None = None,
+    export_library: bool = False,
+) -> Iterator[StubSession]:
+    """Build the stub, write the scenario, and set ``$NVMLCHECK_STUB_SCENARIO`` and ``$NVMLCHECK_STUB_LOG`` (for
+    the stub and child processes) while the block runs; ``export_library`` also sets ``$NVMLCHECK_LIBNVML``.
+
+    nvmlcheck's own callers (the CLI, the demo) leave ``export_library`` off and pass
+    :attr:`StubSession.library_path` to ``session.open``. Arguments as :func:`use_stub`.
+    """
+    library = build_stub(variant)
+    with contextlib.ExitStack() as stack:
+        if tmp_dir is None:
+            directory = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="nvmlcheck-stub-")))
+        else:
+            directory = Path(tmp_dir)
+            directory.mkdir(parents=True, exist_ok=True)
+        if isinstance(scenario, Scenario):
+            scenario_path = scenario.write(directory / "scenario.txt")
+        else:
+            scenario_path = Path(scenario)
+            if not scenario_path.is_file():
+                raise FileNotFoundError(f"scenario file {scenario_path} does not exist")
+        log_path = directory / "calls.log"
+        log_path.unlink(missing_ok=True)
+        stub = StubSession(library, scenario_path, log_path)
+        env = stub.environment()
+        if not export_library:
+            del env[ENV_LIBRARY]
+        with exported(env):
+            yield stub
+
+
+@contextlib.contextmanager
+def use_stub(
+    scenario: Scenario | str | os.PathLike[str],
+    *,
+    variant: Iterable[str] = (),
+    tmp_dir: str | os.PathLike[str] | None = None,
+) -> Iterator[StubSession]:
+    """Build the stub, write the scenario and set ``NVMLCHECK_LIBNVML``, ``NVMLCHECK_STUB_SCENARIO`` and
+    ``NVMLCHECK_STUB_LOG`` in ``os.environ`` for the duration (previous values restored afterwards).
+
+    ``scenario`` is a :class:`Scenario` (written to ``tmp_dir``) or the path of an existing scenario file.
+    ``tmp_dir`` holds the scenario and the call log; default a temporary directory removed afterwards.
+
+    The stub reads the scenario at every ``nvmlInit`` that takes its reference count from 0 to 1, so opening
+    nvmlcheck inside the block sees it. A process that loaded the stub keeps it loaded: the library's state (call
+    counts, an un-shut-down init) outlives the block.
+    """
+    with simulation(scenario, variant=variant, tmp_dir=tmp_dir, export_library=True) as stub:
+        yield stub

@@ -1,0 +1,168 @@
+"""pytest fixtures for testing code that uses nvmlcheck (or ``nvmlcheck`` commands) on a simulated GPU.
+
+Registered as a ``pytest11`` entry point, so installing nvmlcheck makes the fixtures available; where plugin
+autoloading is off, ``-p nvmlcheck.testing.pytest_plugin`` loads it. pytest loads this module in every run, so it
+imports nothing of the simulator until a fixture is used. docs/testing.md shows the fixtures at work:
+
+* ``nvml_scenario``: the :class:`~nvmlcheck.testing.Scenario` the test runs on (one idle H200); override the fixture,
+  or change it before the stub reads it.
+* ``nvml_scenario_path``: ``nvml_scenario`` written to a file that ``$NVMLCHECK_STUB_SCENARIO`` names.
+* ``nvml_stub``: the stub libnvidia-ml built and ``$NVMLCHECK_LIBNVML`` pointing at it; a
+  :class:`~nvmlcheck.testing.StubSession`. Skips the test when the stub cannot be built (no C compiler, no
+  ``nvidia-nvml-dev``).
+* ``nvml_bound_process``: a factory of real child processes listed on a GPU while they live.
+* ``fake_nvidia_smi``: an ``nvidia-smi`` first on ``PATH`` that renders ``nvml_scenario`` (no compiler needed).
+
+Environment variables are set through ``monkeypatch``: child processes inherit them, and they are undone after the
+test.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import subprocess
+    from collections.abc import Callable, Iterator
+    from pathlib import Path
+
+    from .._sim.scenario import ProcessKindName, Scenario
+    from .._sim.session import StubSession
+
+__all__ = ["fake_nvidia_smi", "nvml_bound_process", "nvml_scenario", "nvml_scenario_path", "nvml_stub",
+           "nvml_stub_library"]
+
+_HINT = "nvmlcheck's simulated GPU needs a C compiler and the nvidia-nvml-dev package (pip install 'nvmlcheck[sim]')"
+
+
+def _rewrite(scenario: Scenario, path: Path) -> None:
+    # Atomically: an nvmlInit in another process (a launch script under test) must never read half a file.
+    import tempfile
+
+    fd, tmp = tempfile.mkstemp(prefix=".scenario.", dir=path.parent)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(scenario.render())
+    os.replace(tmp, path)
+
+
+def _check_balanced(library: Path, when: str) -> None:
+    from .._sim.probe import StubProbe
+
+    if StubProbe(library).init_refcount() != 0:
+        pytest.fail(f"NVML (the stub) is still initialised in this process {when}: a session was left open, and the "
+                    "stub reads a new scenario only at the nvmlInit that takes its reference count from 0 to 1",
+                    pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def nvml_stub_library() -> Path:
+    """The stub ``libnvidia-ml.so.1``, compiled once (cached across runs); skips when it cannot be built."""
+    from .._sim.build import StubBuildError, build_stub
+
+    try:
+        return build_stub()
+    except (StubBuildError, FileNotFoundError) as exc:
+        pytest.skip(f"{_HINT}: {exc}")
+
+
+@pytest.fixture
+def nvml_scenario() -> Scenario:
+    """The scenario of the test: one idle H200. Override this fixture to describe other GPUs."""
+    from .._sim.scenario import Scenario
+
+    return Scenario.h200()
+
+
+@pytest.fixture
+def nvml_scenario_path(nvml_scenario: Scenario, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """``nvml_scenario`` written to a file, which ``$NVMLCHECK_STUB_SCENARIO`` names for the test."""
+    from .._sim.session import ENV_SCENARIO
+
+    directory = tmp_path / "nvmlcheck-stub"
+    directory.mkdir(exist_ok=True)
+    path = directory / "scenario.txt"
+    _rewrite(nvml_scenario, path)
+    monkeypatch.setenv(ENV_SCENARIO, str(path))
+    return path
+
+
+@pytest.fixture
+def nvml_stub(
+    nvml_stub_library: Path, nvml_scenario_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[StubSession]:
+    """The simulated GPUs: ``$NVMLCHECK_LIBNVML`` names the stub, which answers from ``nvml_scenario``.
+
+    ``nvmlcheck.open()``, the ``nvmlcheck`` command and every child process see them. The stub reads the scenario
+    when NVML is initialised, so change ``nvml_scenario`` (or start ``nvml_bound_process`` children) before opening
+    nvmlcheck. Fails the test when it leaves a session open (the next test would not see its own scenario).
+    """
+    from .._sim.session import ENV_LIBRARY, ENV_LOG, StubSession
+
+    log_path = nvml_scenario_path.parent / "calls.log"
+    monkeypatch.setenv(ENV_LIBRARY, str(nvml_stub_library))
+    monkeypatch.setenv(ENV_LOG, str(log_path))
+    _check_balanced(nvml_stub_library, "before the test")
+    yield StubSession(nvml_stub_library, nvml_scenario_path, log_path)
+    _check_balanced(nvml_stub_library, "after the test")
+
+
+@pytest.fixture
+def nvml_bound_process(
+    nvml_scenario: Scenario, nvml_scenario_path: Path
+) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
+    """A factory: ``nvml_bound_process(device=0, used_bytes=16 << 30, *, kind="compute", list_ms=90,
+    release_ms=120, zombie_holds=False, argv=None)`` starts a real child process (``argv``, default a Python that
+    sleeps) and lists it on ``device`` in ``nvml_scenario`` while it lives: after it exits, it leaves the list
+    ``list_ms`` later and gives its memory back ``release_ms`` later, as a driver does. Children still running at
+    the end of the test are killed."""
+    import subprocess
+
+    children: list[subprocess.Popen[bytes]] = []
+
+    def start(
+        device: int = 0,
+        used_bytes: int = 16 << 30,
+        *,
+        kind: ProcessKindName = "compute",
+        list_ms: int = 90,
+        release_ms: int = 120,
+        zombie_holds: bool = False,
+        argv: list[str] | None = None,
+    ) -> subprocess.Popen[bytes]:
+        command = argv or [sys.executable, "-S", "-c", "import time; time.sleep(3600)"]
+        child = subprocess.Popen(command, stdin=subprocess.DEVNULL)
+        children.append(child)
+        nvml_scenario.add_process(device, child.pid, kind, used_bytes, bound=True, list_ms=list_ms,
+                                  release_ms=release_ms, zombie_holds=zombie_holds)
+        _rewrite(nvml_scenario, nvml_scenario_path)
+        return child
+
+    yield start
+    for child in children:
+        if child.poll() is None:
+            child.kill()
+        child.wait()
+
+
+@pytest.fixture
+def fake_nvidia_smi(nvml_scenario_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An executable ``nvidia-smi``, first on ``PATH`` for the test, that renders ``nvml_scenario`` as nvidia-smi
+    580 prints it (``stubs/fake_nvidia_smi.py``; its ``FAKE_SMI_*`` variables inject failures). Returns its path,
+    for ``nvmlcheck.open("smi", smi_command=[str(path)])``."""
+    import shlex
+
+    from .._sim.build import stub_source_dir
+
+    directory = nvml_scenario_path.parent / "bin"
+    directory.mkdir(exist_ok=True)
+    script = directory / "nvidia-smi"
+    fake = stub_source_dir() / "fake_nvidia_smi.py"
+    script.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -S {shlex.quote(str(fake))} "$@"\n',
+                      encoding="utf-8")
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{directory}{os.pathsep}{os.environ.get('PATH', '')}")
+    return script

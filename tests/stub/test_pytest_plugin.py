@@ -1,0 +1,126 @@
+"""The pytest plugin (nvmlcheck.testing.pytest_plugin) as a tool author meets it: a test module of theirs, run by a
+separate pytest with the plugin loaded by ``-p`` (plugin autoload off, so an installed entry point cannot load it
+twice), its fixtures against the stub; a skip where the stub cannot be built; and a plugin load that imports none of
+the simulator."""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.stub
+
+ROOT = Path(__file__).resolve().parents[2]
+PLUGIN = "nvmlcheck.testing.pytest_plugin"
+
+TOOL_TESTS = '''
+import subprocess
+import sys
+
+import pytest
+
+import nvmlcheck as nc
+from nvmlcheck.testing import Scenario, StubSession
+
+
+def test_the_default_is_one_idle_gpu(nvml_stub: StubSession) -> None:
+    with nc.open("nvml") as gpus:
+        snap = gpus.snapshot()
+    assert [d.index for d in snap.devices] == [0] and snap.devices[0].processes == ()
+    assert nvml_stub.call_counts()["nvmlInit_v2"] == 1
+
+
+class TestABusyGpu:
+    @pytest.fixture
+    def nvml_scenario(self) -> Scenario:
+        scenario = Scenario.h200(devices=2)
+        scenario.add_process(1, pid=4_123_456, used_bytes=16 << 30)
+        return scenario
+
+    def test_only_the_idle_gpu_is_clean(self, nvml_stub: StubSession) -> None:
+        nc.wait_until_clean(timeout=5, devices=[0])
+        with pytest.raises(nc.WaitTimeout):
+            nc.wait_until_clean(timeout=0.2, devices=[1])
+
+    def test_a_child_nvmlcheck_sees_it_too(self, nvml_stub: StubSession) -> None:
+        done = subprocess.run([sys.executable, "-m", "nvmlcheck", "--devices", "1", "wait", "--timeout", "0.2"],
+                              capture_output=True, text=True, check=False)
+        assert done.returncode == 1, done.stderr
+
+
+def test_a_bound_process_frees_its_gpu_when_killed(nvml_stub: StubSession, nvml_bound_process) -> None:
+    server = nvml_bound_process(0, used_bytes=8 << 30)
+    with nc.open("nvml") as gpus:
+        assert [p.pid for p in gpus.snapshot().devices[0].processes] == [server.pid]
+        result = nc.kill_and_wait(gpus, [server.pid], timeout=10)
+    assert result.pids[0].off_gpu_ns is not None and result.clean_ns is not None
+
+
+def test_the_fake_nvidia_smi_is_on_path(fake_nvidia_smi, nvml_scenario: Scenario) -> None:
+    with nc.open("smi") as gpus:
+        assert gpus.snapshot().devices[0].name == "NVIDIA H200"
+    out = subprocess.run(["nvidia-smi", "--version"], capture_output=True, text=True, check=True).stdout
+    assert "580.159.04" in out
+'''
+
+LEFT_OPEN = '''
+import nvmlcheck as nc
+
+def test_leaves_a_session_open(nvml_stub) -> None:
+    global kept
+    kept = nc.open("nvml")
+'''
+
+
+def run_pytest(tmp_path: Path, module: str, **env: str) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "pytest.ini").write_text("[pytest]\n", encoding="utf-8")  # rootdir here, not this repository
+    (tmp_path / "test_tool.py").write_text(textwrap.dedent(module), encoding="utf-8")
+    child_env = {k: v for k, v in os.environ.items() if not k.startswith(("NVMLCHECK_STUB_", "PYTEST_"))}
+    child_env.pop("NVMLCHECK_LIBNVML", None)
+    child_env.update(PYTHONPATH=str(ROOT), PYTEST_DISABLE_PLUGIN_AUTOLOAD="1", **env)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", PLUGIN, "-p", "no:cacheprovider", "-q", "-rs", "test_tool.py"],
+        cwd=tmp_path, env=child_env, capture_output=True, text=True, timeout=300, check=False,
+    )
+
+
+def test_a_tool_authors_tests_pass_with_the_fixtures(tmp_path: Path) -> None:
+    done = run_pytest(tmp_path, TOOL_TESTS)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "5 passed" in done.stdout, done.stdout
+
+
+def test_without_a_compiler_the_stub_fixtures_skip_and_the_fake_smi_still_works(tmp_path: Path) -> None:
+    done = run_pytest(tmp_path, TOOL_TESTS, NVMLCHECK_STUB_CACHE=str(tmp_path / "empty-cache"),
+                      CC=str(tmp_path / "no-such-cc"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 passed, 4 skipped" in done.stdout and "C compiler" in done.stdout, done.stdout
+
+
+def test_a_session_left_open_fails_the_test(tmp_path: Path) -> None:
+    done = run_pytest(tmp_path, LEFT_OPEN)
+    assert done.returncode == 1 and "a session was left open" in done.stdout, done.stdout
+
+
+def test_loading_the_plugin_imports_none_of_the_simulator() -> None:
+    code = f"import pytest, sys; before = set(sys.modules); import {PLUGIN}; print(' '.join(set(sys.modules) - before))"
+    out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                         capture_output=True, text=True, check=True).stdout
+    assert set(out.split()) == {"nvmlcheck", "nvmlcheck.testing", PLUGIN}
+
+
+def test_the_fixture_names_do_not_clash_with_this_repositorys_fixtures() -> None:
+    from nvmlcheck.testing import pytest_plugin
+
+    ours: set[str] = set()
+    for conftest in ROOT.glob("tests/**/conftest.py"):
+        for node in ast.walk(ast.parse(conftest.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.FunctionDef) and any("fixture" in ast.unparse(d) for d in node.decorator_list):
+                ours.add(node.name)
+    assert ours and not ours & set(pytest_plugin.__all__)
