@@ -25,11 +25,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from ._proc.devfiles import _matcher
-from ._proc.pin import Pinned, pidfd_available
-from ._proc.procfs import read_stat
+from .._proc.devfiles import _matcher, device_file_patterns
+from .._proc.pin import Pinned, pidfd_available
+from .._proc.procfs import read_stat
 
-__all__ = ["PROC_PHASES", "PhaseWatch", "ProcWatcher"]
+__all__ = ["PROC_PHASES", "PhaseWatch", "ProcWatcher", "files_closed", "leader_zombie", "watch_phases"]
 
 #: The phases watched here, in the order they normally happen.
 PROC_PHASES: tuple[str, ...] = ("zombie", "exited", "files_closed")
@@ -181,3 +181,20 @@ class ProcWatcher(threading.Thread):
         for w in self.watches:
             if w.pinned is not None:
                 w.pinned.close()
+
+
+def watch_phases(
+    pids: Sequence[int], *, precise: bool, device_files: Sequence[str] | None
+) -> tuple[list[PhaseWatch], ProcWatcher]:
+    """One :class:`PhaseWatch` per PID, each pinned by a pidfd while it is still alive (call before the signals),
+    and the (not yet started) watcher over them. ``precise``: sample every 0.2 ms instead of every 1 ms;
+    ``device_files``: the device-file globs (``None``: ``$NVMLCHECK_DEVICE_FILES`` or the defaults)."""
+    watches = []
+    for pid in pids:
+        pinned, why = ProcWatcher.pin(pid)
+        pw = PhaseWatch(pid, pinned=pinned)
+        if why is not None:
+            pw.unknown["exited"] = why
+        watches.append(pw)
+    interval = 0.0002 if precise else 0.001
+    return watches, ProcWatcher(watches, device_file_patterns(device_files), interval_s=interval)
