@@ -131,8 +131,10 @@ SECTIONS: list[tuple[str, str, list[str]]] = [
     ),
     (
         "Studies",
-        "The reclamation timing study (`nvmlcheck study reclaim`). The rest of its API (records, summaries, plots, "
-        "holder factories) lives in `nvmlcheck.study`; [reclaim-study.md](reclaim-study.md) describes the method.",
+        "The reclamation timing study (`nvmlcheck study reclaim`). The rest of its API lives in the `nvmlcheck.study` "
+        "package (`config`, `holders`, `runner`, `records`, `summary`, `plots`, `compare`; every name of the old "
+        "module still imports from `nvmlcheck.study`); [study-records.md](study-records.md) describes the method and "
+        "the record fields, [reclaim-study.md](reclaim-study.md) the results.",
         ["run_study", "StudyConfig", "StudyError", "BaselineNotClean", "HolderError"],
     ),
     (
