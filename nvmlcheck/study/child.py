@@ -1,31 +1,12 @@
-"""A process that holds GPU memory, for tests and the reclamation study. Needs no PyTorch.
-
-It sets up one of several *kinds* of GPU state through the CUDA driver API (``libcuda.so.1``, via cffi), then prints
-one line ``ready PID BYTES DEVICE [STEP=NS ...]`` and waits for a command on stdin. The kinds isolate what the driver
-has to tear down when the process ends:
-
-* ``alloc`` (default): the primary context and ``--count`` allocations of ``--bytes`` in total, every byte written;
-* ``context``: the primary context and nothing else (``--bytes`` must be 0): the floor of any CUDA process;
-* ``contexts``: ``--count`` separate contexts (``cuCtxCreate``), each with its share of ``--bytes``;
-* ``streams``: like ``alloc``, plus ``--count`` streams each with a queue of memsets still running when it is ended;
-* ``destroy``: one created context with its allocations; on ``exit``/``free`` it calls ``cuCtxDestroy`` itself before
-  exiting, so the driver's own teardown at exit has nothing left to do.
-
-The ``STEP=NS`` pairs are the holder's own cost of each set-up step, in ns of ``time.monotonic_ns`` (``init``,
-``ctx``, ``alloc``, ``touch``, ``streams``, ``queued`` = memsets queued). Commands:
-
-* ``exit``: exit at once without freeing (the driver reclaims as for any exit);
-* ``free``: free every allocation, then exit;
-* end of input: like ``exit``.
-
-Before exiting on a command it prints ``done [STEP=NS ...]`` with the cost of what it did on the way out (``free``,
-``sync``, ``destroy``), so a study can split "free, then exit" into the free itself and the teardown after it. Every
-command ends with ``os._exit``: no interpreter teardown, the same exit path whatever was done before. Killing it with
-SIGKILL or SIGTERM is the other way to end it (SIGTERM's default action ends it immediately; no ``done`` line).
+"""A process that holds GPU memory, for tests and the reclamation study (needs no PyTorch; CUDA driver API through
+cffi). Run it as ``python -m nvmlcheck.holder``::
 
     python -m nvmlcheck.holder --bytes 1GiB --device 0 [--kind alloc] [--count 4]
 
-Exit status 3 with a message on stderr when CUDA is unavailable or a step fails.
+It sets up its :data:`HOLDER_KINDS` state, prints ``ready PID BYTES DEVICE [STEP=NS ...]``, and waits for ``exit``
+or ``free`` on stdin (or a signal); ended by a command it prints ``done [STEP=NS ...]`` and leaves with
+``os._exit``. Exit status 3 with a message on stderr when CUDA is unavailable or a step fails. The kinds, the steps
+and the protocol: docs/study-records.md.
 """
 
 from __future__ import annotations
@@ -42,7 +23,7 @@ from typing import Any
 __all__ = ["HOLDER_KINDS", "CudaError", "HeldState", "format_steps", "hold", "main", "parse_size", "parse_steps",
            "release"]
 
-#: The kinds of holder (see the module docstring).
+#: The kinds of holder (each described in docs/study-records.md).
 HOLDER_KINDS: tuple[str, ...] = ("alloc", "context", "chunks", "contexts", "streams", "destroy")
 
 _CDEF = """
@@ -139,7 +120,7 @@ def _timed(steps: dict[str, int], key: str, t0: int) -> None:
 
 
 def hold(nbytes: int, device: int = 0, chunks: int = 1, *, kind: str = "alloc") -> HeldState:
-    """Set up a holder of ``kind`` (see the module docstring) on ``device`` and return what it holds. ``chunks`` is
+    """Set up a holder of ``kind`` (see :data:`HOLDER_KINDS`) on ``device`` and return what it holds. ``chunks`` is
     the count: allocations (``alloc``, ``chunks``, ``destroy``), contexts (``contexts``) or streams (``streams``)."""
     if kind not in HOLDER_KINDS:
         raise ValueError(f"unknown holder kind {kind!r}: one of {', '.join(HOLDER_KINDS)}")
