@@ -36,7 +36,7 @@ def on_term(signum, frame):
     os._exit(0)
 signal.signal(signal.SIGTERM, on_term)
 if nbytes:
-    from nvmlcheck.holder import hold
+    from nvmlcheck.study.child import hold
     keep = hold(nbytes, 0)
 print("ready", flush=True)
 while True:
@@ -118,7 +118,7 @@ def main() -> int:
     parser.add_argument("--text", action="store_true", help="kill prints its table, not --json")
     parser.add_argument("--json", metavar="FILE", help="write the figures here")
     args = parser.parse_args()
-    from nvmlcheck.holder import parse_size
+    from nvmlcheck.study.child import parse_size
 
     nbytes = 0 if args.simulate or args.bytes == "0" else parse_size(args.bytes)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))

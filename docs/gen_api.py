@@ -131,10 +131,11 @@ SECTIONS: list[tuple[str, str, list[str]]] = [
     ),
     (
         "Studies",
-        "The reclamation timing study (`nvmlcheck study reclaim`), in the module `nvmlcheck.study` (until 0.3.0 its "
-        "five main names also resolve from `nvmlcheck`, with a `DeprecationWarning`). The rest of its API (records, "
-        "summaries, plots, holder factories) is in `nvmlcheck.study.__all__`; [reclaim-study.md](reclaim-study.md) "
-        "describes the method.",
+        "The reclamation timing study (`nvmlcheck study reclaim`), in the `nvmlcheck.study` package (`config`, "
+        "`holders`, `runner`, `records`, `summary`, `plots`, `compare`; every name of the old module still imports "
+        "from `nvmlcheck.study`). Until 0.3.0 its five main names also resolve from `nvmlcheck`, with a "
+        "`DeprecationWarning`. [study-records.md](study-records.md) describes the method and the record fields, "
+        "[reclaim-study.md](reclaim-study.md) the results.",
         ["study.run_study", "study.StudyConfig", "study.StudyError", "study.BaselineNotClean", "study.HolderError"],
     ),
     (

@@ -27,7 +27,7 @@ from typing import Any
 # stdin: a worker whose launcher died would exit with it, and no worker would outlive the launcher.)
 WORKER = r"""
 import sys, time
-from nvmlcheck.holder import hold, parse_size
+from nvmlcheck.study.child import hold, parse_size
 keep = hold(parse_size(sys.argv[1]), int(sys.argv[2]))
 print("ready", flush=True)
 while True:

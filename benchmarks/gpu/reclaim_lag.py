@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import nvmlcheck as nc
-from nvmlcheck.holder import parse_size
+from nvmlcheck.study.child import parse_size
 
 HERE = Path(__file__).resolve().parent
 

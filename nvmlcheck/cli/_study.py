@@ -38,7 +38,7 @@ def _study_holders(args: argparse.Namespace) -> Any:
 
     if args.simulate is None:
         return CudaHolderFactory(chunks=_holder_count(args), kind=args.holder)
-    from ..simulate import StubHolderFactory
+    from ..study.stub_holder import StubHolderFactory
 
     # simulation() wrote this scenario file for the stub; the factory adds the holders' pids to it per run.
     return StubHolderFactory(args.simulation.scenario_path, kind=args.holder)
@@ -60,8 +60,8 @@ def _study_plots(records: Sequence[Any], directory: str) -> list[str]:
 
 def cmd_study_compare(args: argparse.Namespace) -> int:
     """``study compare A.jsonl B.jsonl``: per cell, the median difference with a bootstrap interval; exit 0."""
-    from ..compare import compare_records, format_comparison
     from ..study import RecordFormatError, load_records
+    from ..study.compare import compare_records, format_comparison
 
     if not 0.0 < args.level < 1.0:
         raise UsageError(f"--level must be within (0, 1), got {args.level}")

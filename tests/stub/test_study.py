@@ -15,7 +15,6 @@ import pytest
 
 import nvmlcheck
 from nvmlcheck.cli import main
-from nvmlcheck.simulate import StubHolderFactory
 from nvmlcheck.study import (
     SLEEP_REFERENCE_NS,
     BaselineNotClean,
@@ -39,6 +38,7 @@ from nvmlcheck.study import (
     summarize,
     write_records,
 )
+from nvmlcheck.study.stub_holder import StubHolderFactory
 from nvmlcheck.testing import Scenario, StubProbe, build_stub, use_stub
 
 pytestmark = pytest.mark.stub
@@ -554,7 +554,7 @@ def test_phases_without_device_files_are_seen_closed_and_reasons_kept() -> None:
 def test_proc_watcher_resolution_with_an_injected_clock() -> None:
     """Times and windows come from the clock: an event first seen by check k lies between the start of check k-1
     and the end of check k."""
-    from nvmlcheck._study_phases import PhaseWatch, ProcWatcher
+    from nvmlcheck.study.phases import PhaseWatch, ProcWatcher
 
     ticks = iter(range(1000, 10_000, 10))
     answers = {"zombie": iter([False, True]), "exited": iter([False, False, True]), "files_closed": iter([None, True])}
@@ -644,7 +644,7 @@ def test_cli_holder_kinds_concurrency_and_phases(tmp_path: Path, capsys: pytest.
 
 def test_files_closed_reads_every_thread(tmp_path: Path) -> None:
     """A fake /proc: the leader's fd directory is empty (a zombie leader's is), another thread still holds the file."""
-    from nvmlcheck._study_phases import files_closed
+    from nvmlcheck.study.phases import files_closed
 
     proc = tmp_path / "proc"
     for tid, files in ((42, []), (43, ["/dev/null", "/dev/nvidia0"])):

@@ -1,4 +1,4 @@
-"""``nvmlcheck.compare``: the bootstrap comparison of two studies, on generated records with known differences."""
+"""``nvmlcheck.study.compare``: the bootstrap comparison of two studies, on generated records with known differences."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from nvmlcheck.compare import (
+from nvmlcheck.study import DeviceRun, RunRecord, write_records
+from nvmlcheck.study.compare import (
     COMPARE_SCHEMA,
     MIN_N,
     bootstrap_median_difference,
@@ -18,7 +19,6 @@ from nvmlcheck.compare import (
     outliers,
     repeats_to_resolve,
 )
-from nvmlcheck.study import DeviceRun, RunRecord, write_records
 
 MS = 1_000_000
 GIB = 1 << 30

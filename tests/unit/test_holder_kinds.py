@@ -1,5 +1,6 @@
-"""``nvmlcheck.holder``'s kinds against a fake CUDA driver: which calls each kind makes, in which contexts, and the
-steps it reports. (The real driver is exercised by benchmarks/gpu/run_study2.sh on a GPU host.)"""
+"""``nvmlcheck.study.child``'s kinds (``python -m nvmlcheck.holder``) against a fake CUDA driver: which calls each
+kind makes, in which contexts, and the steps it reports. (The real driver is exercised by
+benchmarks/gpu/run_study2.sh on a GPU host.)"""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from nvmlcheck import holder as h
+from nvmlcheck.study import child as h
 
 
 class FakeLib:

@@ -1,19 +1,9 @@
-"""The OS-side phases of a holder's end, watched from ``/proc`` while the study's observer polls NVML.
+"""The OS-side phases of a holder's end (``zombie``, ``exited``, ``files_closed``), watched from ``/proc`` by a
+thread of its own while the study's observer polls NVML: an NVML query can block for as long as the driver tears a
+context down, and checks made between polls would inherit that as their resolution.
 
-A thread samples, for each holder, three facts the NVML observer cannot see:
-
-* ``zombie``: ``/proc/PID/stat`` shows the thread-group *leader* a zombie (``Z``/``X``) or gone. The leader can be a
-  zombie while other threads (CUDA's) are still tearing down: this is the earliest, not the whole process exiting.
-* ``exited``: the pidfd is readable, which the kernel reports only once *every* thread has exited (the whole
-  process; nothing is reaped). Without a pidfd this phase is unknown, not guessed.
-* ``files_closed``: no thread of the process has a matching device file open (``/proc/PID/task/TID/fd`` of every
-  thread: a zombie leader's own ``fd`` directory is empty while its threads still hold the shared table).
-
-Why a thread of its own: an NVML query blocks while the driver tears a context down (up to ~120 ms measured), so
-``/proc`` checks done between NVML polls would inherit that blocking as their resolution.
-
-Each phase's time is taken when the check that first saw it *returned*; its resolution is the time from the start
-of the previous check of the same phase (which had not seen it yet) to that moment: the event lies in that window.
+Each phase's time is taken when the check that first saw it *returned*; its resolution is the window since the
+previous check of the same phase started. What each phase means: docs/study-records.md.
 """
 
 from __future__ import annotations
@@ -25,11 +15,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from ._proc.devfiles import _matcher
-from ._proc.pin import Pinned, pidfd_available
-from ._proc.procfs import read_stat
+from .._proc.devfiles import _matcher, device_file_patterns
+from .._proc.pin import Pinned, pidfd_available
+from .._proc.procfs import read_stat
 
-__all__ = ["PROC_PHASES", "PhaseWatch", "ProcWatcher"]
+__all__ = ["PROC_PHASES", "PhaseWatch", "ProcWatcher", "files_closed", "leader_zombie", "watch_phases"]
 
 #: The phases watched here, in the order they normally happen.
 PROC_PHASES: tuple[str, ...] = ("zombie", "exited", "files_closed")
@@ -181,3 +171,20 @@ class ProcWatcher(threading.Thread):
         for w in self.watches:
             if w.pinned is not None:
                 w.pinned.close()
+
+
+def watch_phases(
+    pids: Sequence[int], *, precise: bool, device_files: Sequence[str] | None
+) -> tuple[list[PhaseWatch], ProcWatcher]:
+    """One :class:`PhaseWatch` per PID, each pinned by a pidfd while it is still alive (call before the signals),
+    and the (not yet started) watcher over them. ``precise``: sample every 0.2 ms instead of every 1 ms;
+    ``device_files``: the device-file globs (``None``: ``$NVMLCHECK_DEVICE_FILES`` or the defaults)."""
+    watches = []
+    for pid in pids:
+        pinned, why = ProcWatcher.pin(pid)
+        pw = PhaseWatch(pid, pinned=pinned)
+        if why is not None:
+            pw.unknown["exited"] = why
+        watches.append(pw)
+    interval = 0.0002 if precise else 0.001
+    return watches, ProcWatcher(watches, device_file_patterns(device_files), interval_s=interval)

@@ -1,0 +1,263 @@
+"""A process that holds GPU memory, for tests and the reclamation study (needs no PyTorch; CUDA driver API through
+cffi). Run it as ``python -m nvmlcheck.holder``::
+
+    python -m nvmlcheck.holder --bytes 1GiB --device 0 [--kind alloc] [--count 4]
+
+It sets up its :data:`HOLDER_KINDS` state, prints ``ready PID BYTES DEVICE [STEP=NS ...]``, and waits for ``exit``
+or ``free`` on stdin (or a signal); ended by a command it prints ``done [STEP=NS ...]`` and leaves with
+``os._exit``. Exit status 3 with a message on stderr when CUDA is unavailable or a step fails. The kinds, the steps
+and the protocol: docs/study-records.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["HOLDER_KINDS", "CudaError", "HeldState", "format_steps", "hold", "main", "parse_size", "parse_steps",
+           "release"]
+
+#: The kinds of holder (each described in docs/study-records.md).
+HOLDER_KINDS: tuple[str, ...] = ("alloc", "context", "chunks", "contexts", "streams", "destroy")
+
+_CDEF = """
+int cuInit(unsigned int flags);
+int cuDeviceGet(int *device, int ordinal);
+int cuDevicePrimaryCtxRetain(void **pctx, int dev);
+int cuCtxCreate_v2(void **pctx, unsigned int flags, int dev);
+int cuCtxDestroy_v2(void *ctx);
+int cuCtxSetCurrent(void *ctx);
+int cuMemAlloc_v2(unsigned long long *dptr, size_t bytesize);
+int cuMemsetD8_v2(unsigned long long dstDevice, unsigned char uc, size_t N);
+int cuMemsetD8Async(unsigned long long dstDevice, unsigned char uc, size_t N, void *hStream);
+int cuStreamCreate(void **phStream, unsigned int Flags);
+int cuCtxSynchronize(void);
+int cuMemFree_v2(unsigned long long dptr);
+int cuGetErrorName(int error, const char **pStr);
+"""
+
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gib": 1 << 30,
+          "kb": 10**3, "mb": 10**6, "gb": 10**9, "t": 1 << 40, "tib": 1 << 40}
+
+#: Memsets queued per stream by the ``streams`` kind: deep enough that work is still queued at the end, shallow
+#: enough never to fill the driver's launch queue (which would block the enqueue).
+QUEUE_DEPTH = 128
+#: Bytes each queued memset writes (at most; less when the allocation is smaller): a fraction of a ms each on an
+#: H200 (~4 TB/s), so 4 streams x 128 queue on the order of 100 ms of work (an estimate, not measured).
+QUEUE_BYTES = 1 << 30
+
+
+class CudaError(RuntimeError):
+    """A CUDA driver call failed."""
+
+
+def parse_size(text: str) -> int:
+    """``"16GiB"`` → 17179869184. Accepts B, KiB, MiB, GiB, TiB (K/M/G/T mean the binary units), KB/MB/GB."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    if not m or m[2].lower() not in _UNITS:
+        raise ValueError(f"not a size: {text!r} (examples: 1GiB, 512MiB, 1073741824)")
+    value = float(m[1]) * _UNITS[m[2].lower()]
+    if value <= 0:
+        raise ValueError(f"size must be positive: {text!r}")
+    return int(value)
+
+
+def format_steps(steps: dict[str, int]) -> str:
+    """``{"free": 12}`` → ``"free=12"`` (the ``STEP=NS`` pairs of the ``ready`` and ``done`` lines)."""
+    return " ".join(f"{k}={v}" for k, v in steps.items())
+
+
+def parse_steps(words: Sequence[str]) -> dict[str, int]:
+    """The ``STEP=NS`` pairs among ``words`` (others ignored: a later holder may print more)."""
+    out: dict[str, int] = {}
+    for w in words:
+        key, eq, value = w.partition("=")
+        if eq and key and re.fullmatch(r"-?\d+", value):
+            out[key] = int(value)
+    return out
+
+
+class _Cuda:
+    def __init__(self) -> None:
+        import cffi
+
+        self.ffi = cffi.FFI()
+        self.ffi.cdef(_CDEF)
+        try:
+            self.lib: Any = self.ffi.dlopen("libcuda.so.1")
+        except OSError as exc:
+            raise CudaError(f"libcuda.so.1 could not be loaded ({exc}); is the NVIDIA driver installed?") from None
+
+    def check(self, rc: int, what: str) -> None:
+        if rc != 0:
+            name = self.ffi.new("const char **")
+            self.lib.cuGetErrorName(rc, name)
+            raw = self.ffi.string(name[0]) if name[0] != self.ffi.NULL else b"unknown"
+            text = raw.decode() if isinstance(raw, bytes) else str(raw)
+            raise CudaError(f"{what} failed: {text} ({rc})")
+
+
+@dataclass
+class HeldState:
+    """What a holder set up: the CUDA handle, its contexts (``created``: made by ``cuCtxCreate``, so destroyable),
+    the device pointers per context, and the cost of each set-up step (``steps``, ns)."""
+
+    cuda: Any
+    contexts: list[Any] = field(default_factory=list)
+    created: bool = False
+    pointers: list[list[int]] = field(default_factory=list)
+    steps: dict[str, int] = field(default_factory=dict)
+
+
+def _timed(steps: dict[str, int], key: str, t0: int) -> None:
+    steps[key] = steps.get(key, 0) + time.monotonic_ns() - t0
+
+
+def hold(nbytes: int, device: int = 0, chunks: int = 1, *, kind: str = "alloc") -> HeldState:
+    """Set up a holder of ``kind`` (see :data:`HOLDER_KINDS`) on ``device`` and return what it holds. ``chunks`` is
+    the count: allocations (``alloc``, ``chunks``, ``destroy``), contexts (``contexts``) or streams (``streams``)."""
+    if kind not in HOLDER_KINDS:
+        raise ValueError(f"unknown holder kind {kind!r}: one of {', '.join(HOLDER_KINDS)}")
+    if chunks < 1:
+        raise ValueError(f"the count must be at least 1, got {chunks}")
+    if (kind == "context") != (nbytes == 0):
+        raise ValueError("the context kind holds no allocation (bytes 0); every other kind needs bytes > 0")
+    # NVML numbers GPUs in PCI bus order; make CUDA's ordinals agree so --device means the same GPU in both.
+    os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    steps: dict[str, int] = {}
+    t0 = time.monotonic_ns()
+    cuda = _Cuda()
+    cuda.check(cuda.lib.cuInit(0), "cuInit")
+    dev = cuda.ffi.new("int *")
+    cuda.check(cuda.lib.cuDeviceGet(dev, device), f"cuDeviceGet({device})")
+    _timed(steps, "init", t0)
+    state = HeldState(cuda, steps=steps)
+    n_ctx = chunks if kind == "contexts" else 1
+    t0 = time.monotonic_ns()
+    for _ in range(n_ctx):
+        ctx = cuda.ffi.new("void **")
+        if kind in ("contexts", "destroy"):
+            cuda.check(cuda.lib.cuCtxCreate_v2(ctx, 0, dev[0]), "cuCtxCreate")  # also makes it current
+            state.created = True
+        else:
+            cuda.check(cuda.lib.cuDevicePrimaryCtxRetain(ctx, dev[0]), "cuDevicePrimaryCtxRetain")
+            cuda.check(cuda.lib.cuCtxSetCurrent(ctx[0]), "cuCtxSetCurrent")
+        state.contexts.append(ctx[0])
+        state.pointers.append([])
+    _timed(steps, "ctx", t0)
+    if kind == "context":
+        cuda.check(cuda.lib.cuCtxSynchronize(), "cuCtxSynchronize")
+        return state
+    # How many allocations in each context: the count splits the bytes, except for streams (one per stream's work).
+    per_ctx = 1 if kind in ("contexts", "streams") else chunks
+    pieces = _split(nbytes, n_ctx * per_ctx)
+    for c, ctx_ptr in enumerate(state.contexts):
+        cuda.check(cuda.lib.cuCtxSetCurrent(ctx_ptr), "cuCtxSetCurrent")
+        for size in pieces[c * per_ctx:(c + 1) * per_ctx]:
+            ptr = cuda.ffi.new("unsigned long long *")
+            t0 = time.monotonic_ns()
+            cuda.check(cuda.lib.cuMemAlloc_v2(ptr, size), f"cuMemAlloc({size})")
+            _timed(steps, "alloc", t0)
+            t0 = time.monotonic_ns()
+            # Touch every byte: an untouched allocation may not be backed yet on every driver.
+            cuda.check(cuda.lib.cuMemsetD8_v2(ptr[0], 0xA5, size), "cuMemsetD8")
+            cuda.check(cuda.lib.cuCtxSynchronize(), "cuCtxSynchronize")
+            _timed(steps, "touch", t0)
+            state.pointers[c].append(int(ptr[0]))
+    if kind == "streams":
+        _queue_work(state, chunks, nbytes)
+    return state
+
+
+def _split(nbytes: int, n: int) -> list[int]:
+    base, extra = divmod(nbytes, n)
+    return [base + (1 if i < extra else 0) for i in range(n)]
+
+
+def _queue_work(state: HeldState, streams: int, nbytes: int) -> None:
+    """Create ``streams`` streams and queue :data:`QUEUE_DEPTH` memsets on each, not waited for: work in flight."""
+    cuda, steps = state.cuda, state.steps
+    ptr = state.pointers[0][0]
+    size = min(nbytes, QUEUE_BYTES)
+    t0 = time.monotonic_ns()
+    handles = []
+    for _ in range(streams):
+        s = cuda.ffi.new("void **")
+        cuda.check(cuda.lib.cuStreamCreate(s, 1), "cuStreamCreate")  # 1: CU_STREAM_NON_BLOCKING
+        handles.append(s[0])
+    _timed(steps, "streams", t0)
+    t0 = time.monotonic_ns()
+    for _ in range(QUEUE_DEPTH):
+        for s in handles:
+            cuda.check(cuda.lib.cuMemsetD8Async(ptr, 0x5A, size, s), "cuMemsetD8Async")
+    _timed(steps, "enqueue", t0)
+    steps["queued"] = QUEUE_DEPTH * streams
+
+
+def release(state: HeldState, *, free: bool, destroy: bool) -> dict[str, int]:
+    """What a holder does on its way out: free its allocations (``free``), destroy its created contexts
+    (``destroy``); returns the cost of each step (``free``, ``sync``, ``destroy``, ns)."""
+    cuda = state.cuda
+    steps: dict[str, int] = {}
+    if free:
+        t0 = time.monotonic_ns()
+        for c, ctx in enumerate(state.contexts):
+            cuda.check(cuda.lib.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+            for p in state.pointers[c]:
+                cuda.check(cuda.lib.cuMemFree_v2(p), "cuMemFree")
+        _timed(steps, "free", t0)
+        t0 = time.monotonic_ns()
+        cuda.check(cuda.lib.cuCtxSynchronize(), "cuCtxSynchronize")
+        _timed(steps, "sync", t0)
+    if destroy and state.created:
+        t0 = time.monotonic_ns()
+        for ctx in state.contexts:
+            cuda.check(cuda.lib.cuCtxDestroy_v2(ctx), "cuCtxDestroy")
+        _timed(steps, "destroy", t0)
+    return steps
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command-line entry point (``python -m nvmlcheck.holder``)."""
+    parser = argparse.ArgumentParser(prog="python -m nvmlcheck.holder", description="Hold GPU memory until told.")
+    parser.add_argument("--bytes", required=True, type=lambda t: 0 if t.strip() in ("0", "0B") else parse_size(t),
+                        help="how much to allocate, e.g. 16GiB (0 with --kind context)")
+    parser.add_argument("--device", type=int, default=0, help="CUDA device ordinal (default 0)")
+    parser.add_argument("--kind", choices=HOLDER_KINDS, default="alloc", help="what to hold (default alloc)")
+    parser.add_argument("--count", "--chunks", dest="count", type=int, default=1,
+                        help="allocations, contexts or streams, by kind (default 1)")
+    args = parser.parse_args(argv)
+    if args.count < 1:
+        parser.error("--count must be at least 1")
+    try:
+        state = hold(args.bytes, args.device, args.count, kind=args.kind)
+    except (CudaError, ValueError) as exc:
+        print(f"holder: {exc}", file=sys.stderr)
+        return 3
+    print(f"ready {os.getpid()} {args.bytes} {args.device} {format_steps(state.steps)}".rstrip(), flush=True)
+    done: dict[str, int] = {}
+    for line in sys.stdin:
+        command = line.strip()
+        if command in ("free", "exit"):
+            try:
+                done = release(state, free=command == "free", destroy=args.kind == "destroy")
+            except CudaError as exc:
+                print(f"holder: {exc}", file=sys.stderr)
+                os._exit(3)
+            break
+    else:
+        if args.kind == "destroy":  # end of input is "exit": the destroy kind still destroys
+            done = release(state, free=False, destroy=True)
+    print(f"done {format_steps(done)}".rstrip(), flush=True)
+    # Skip interpreter teardown: end like a process that simply exits, whatever it did before.
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

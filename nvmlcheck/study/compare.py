@@ -1,0 +1,268 @@
+"""Do two reclamation studies differ? Per cell, the median difference with a bootstrap confidence interval
+(``nvmlcheck study compare``).
+
+>>> from nvmlcheck.study import load_records
+>>> from nvmlcheck.study.compare import compare_records, format_comparison
+>>> result = compare_records(load_records("a.jsonl"), load_records("b.jsonl"), seed=1)   # doctest: +SKIP
+>>> print(format_comparison(result))                                                      # doctest: +SKIP
+
+The method (cells, the percentile bootstrap, outliers, repeats to resolve a difference) is in
+docs/study-records.md. Statistics in plain Python (no numpy): :mod:`random` and :mod:`statistics` only.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from statistics import NormalDist
+from typing import TYPE_CHECKING, Any
+
+from .._units import format_bytes
+from .summary import MEASURES, percentile
+
+if TYPE_CHECKING:
+    from .records import RunRecord
+
+__all__ = [
+    "COMPARE_SCHEMA",
+    "CELL_PARTS",
+    "COMPARE_VERSION",
+    "MIN_N",
+    "CellComparison",
+    "Comparison",
+    "bootstrap_median_difference",
+    "compare_records",
+    "format_comparison",
+    "outliers",
+    "repeats_to_resolve",
+]
+
+#: The ``schema`` of the ``--json`` document of ``nvmlcheck study compare``.
+COMPARE_SCHEMA = "nvmlcheck/study-compare"
+#: Its version.
+COMPARE_VERSION = 1
+#: Fewer values than this in a group: no verdict (the bootstrap of 2 or 3 values is not an interval to trust).
+MIN_N = 4
+
+#: A cell: (size_bytes, ending, holder kind, GPU index).
+Cell = tuple[int, str, str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class CellComparison:
+    """One cell compared. Times in ns. ``differ``: ``True``/``False`` at ``level``, ``None`` when there are too few
+    values (``why`` says so). ``outliers_a``/``outliers_b``: values beyond Tukey's fences, kept in every statistic.
+    ``repeats_needed``: runs per group to resolve ``resolve_ns`` (``None`` when the spread is unknown)."""
+
+    size_bytes: int
+    ending: str
+    holder: str
+    device: int
+    n_a: int
+    n_b: int
+    median_a: float | None
+    median_b: float | None
+    difference: float | None
+    ci_low: float | None
+    ci_high: float | None
+    differ: bool | None
+    why: str | None
+    outliers_a: tuple[float, ...]
+    outliers_b: tuple[float, ...]
+    spread: float | None
+    repeats_needed: int | None
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        out = asdict(self)
+        out["outliers_a"] = list(self.outliers_a)
+        out["outliers_b"] = list(self.outliers_b)
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    """Every cell compared, and the cells only one side has."""
+
+    measure: str
+    level: float
+    resamples: int
+    seed: int
+    resolve_ns: int
+    cells: tuple[CellComparison, ...]
+    only_a: tuple[Cell, ...]
+    only_b: tuple[Cell, ...]
+    across: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``nvmlcheck/study-compare`` document (version 1)."""
+        return {
+            "schema": COMPARE_SCHEMA, "version": COMPARE_VERSION, "measure": self.measure, "level": self.level,
+            "resamples": self.resamples, "seed": self.seed, "resolve_ns": self.resolve_ns, "across": list(self.across),
+            "cells": [c.to_json() for c in self.cells],
+            "only_a": [list(c) for c in self.only_a], "only_b": [list(c) for c in self.only_b],
+        }
+
+
+def _median(values: Sequence[float]) -> float:
+    return percentile(values, 0.5)
+
+
+def bootstrap_median_difference(
+    a: Sequence[float], b: Sequence[float], *, level: float = 0.95, resamples: int = 2000, rng: random.Random
+) -> tuple[float, float]:
+    """The percentile-bootstrap interval of ``median(b) - median(a)`` at ``level``."""
+    if not a or not b:
+        raise ValueError("both groups need values")
+    diffs = []
+    for _ in range(resamples):
+        ra = rng.choices(a, k=len(a))
+        rb = rng.choices(b, k=len(b))
+        diffs.append(_median(rb) - _median(ra))
+    tail = (1.0 - level) / 2.0
+    return percentile(diffs, tail), percentile(diffs, 1.0 - tail)
+
+
+def outliers(values: Sequence[float]) -> tuple[float, ...]:
+    """The values beyond 1.5 IQR below the first or above the third quartile (sorted); none for fewer than 4."""
+    if len(values) < 4:
+        return ()
+    q1, q3 = percentile(values, 0.25), percentile(values, 0.75)
+    lo, hi = q1 - 1.5 * (q3 - q1), q3 + 1.5 * (q3 - q1)
+    return tuple(sorted(v for v in values if v < lo or v > hi))
+
+
+def _iqr_sigma(values: Sequence[float]) -> float | None:
+    if len(values) < 2:
+        return None
+    return (percentile(values, 0.75) - percentile(values, 0.25)) / 1.349
+
+
+def repeats_to_resolve(a: Sequence[float], b: Sequence[float], *, resolve_ns: float, level: float) -> tuple[
+        float | None, int | None]:
+    """The pooled robust spread sigma (ns) and the runs per group to resolve ``resolve_ns`` at ``level`` (see
+    docs/study-records.md); ``(None, None)`` without two values in each group."""
+    sa, sb = _iqr_sigma(a), _iqr_sigma(b)
+    if sa is None or sb is None:
+        return None, None
+    sigma = math.sqrt((sa * sa + sb * sb) / 2.0)
+    z = NormalDist().inv_cdf((1.0 + level) / 2.0)
+    n = 2.0 * (z * 1.2533 * sigma / resolve_ns) ** 2
+    return sigma, max(MIN_N, math.ceil(n))
+
+
+#: The parts of a cell that ``across`` may leave out of the matching.
+CELL_PARTS: tuple[str, ...] = ("size", "ending", "holder", "device")
+
+
+def _cells(records: Iterable[RunRecord], measure: str, across: Sequence[str] = ()) -> dict[Cell, list[float]]:
+    out: dict[Cell, list[float]] = {}
+    for r in records:
+        if r.warmup or r.timed_out:
+            continue
+        for d in r.devices:
+            v = getattr(d, f"{measure}_ns")
+            # A part compared across is left out of the key: -1 / "*" stand for "any".
+            key = (-1 if "size" in across else r.size_bytes, "*" if "ending" in across else r.ending,
+                   "*" if "holder" in across else r.holder, -1 if "device" in across else d.index)
+            out.setdefault(key, [])
+            if v is not None:
+                out[key].append(float(v))
+    return out
+
+
+def compare_records(
+    a: Iterable[RunRecord],
+    b: Iterable[RunRecord],
+    *,
+    measure: str = "memory_back",
+    level: float = 0.95,
+    resamples: int = 2000,
+    seed: int = 0,
+    resolve_ns: int = 5_000_000,
+    across: Sequence[str] = (),
+) -> Comparison:
+    """Compare study A with study B cell by cell (the method: docs/study-records.md). ``measure``: one of
+    :data:`nvmlcheck.study.MEASURES`. ``across``: parts of the cell (:data:`CELL_PARTS`) left out of the matching,
+    to compare conditions that differ in them, for example ``("ending",)`` for a file of ``exit`` runs against one
+    of ``free`` runs (the values of every ending left in a side's cell are pooled, so give each side one).
+    ``ValueError`` for a bad measure, level, number of resamples or part."""
+    bad = [p for p in across if p not in CELL_PARTS]
+    if bad:
+        raise ValueError(f"cannot compare across {', '.join(bad)}: one of {', '.join(CELL_PARTS)}")
+    if measure not in MEASURES:
+        raise ValueError(f"unknown measure {measure!r}: one of {', '.join(MEASURES)}")
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level must be within (0, 1), got {level!r}")
+    if resamples < 100:
+        raise ValueError(f"resamples must be at least 100, got {resamples}")
+    if resolve_ns <= 0:
+        raise ValueError(f"resolve_ns must be > 0, got {resolve_ns}")
+    ca, cb = _cells(a, measure, across), _cells(b, measure, across)
+    rng = random.Random(seed)
+    cells = []
+    for key in sorted(set(ca) & set(cb), key=lambda k: (k[2], k[0], k[1], k[3])):
+        va, vb = ca[key], cb[key]
+        size, ending, holder, device = key
+        med_a = _median(va) if va else None
+        med_b = _median(vb) if vb else None
+        diff = None if med_a is None or med_b is None else med_b - med_a
+        lo = hi = None
+        differ: bool | None = None
+        why: str | None = None
+        if len(va) < MIN_N or len(vb) < MIN_N:
+            why = f"too few values to tell (A {len(va)}, B {len(vb)}; at least {MIN_N} each)"
+        else:
+            lo, hi = bootstrap_median_difference(va, vb, level=level, resamples=resamples, rng=rng)
+            differ = lo > 0 or hi < 0
+        sigma, need = repeats_to_resolve(va, vb, resolve_ns=resolve_ns, level=level)
+        cells.append(CellComparison(
+            size_bytes=size, ending=ending, holder=holder, device=device, n_a=len(va), n_b=len(vb),
+            median_a=med_a, median_b=med_b, difference=diff, ci_low=lo, ci_high=hi, differ=differ, why=why,
+            outliers_a=outliers(va), outliers_b=outliers(vb), spread=sigma, repeats_needed=need,
+        ))
+    return Comparison(
+        measure=measure, level=level, resamples=resamples, seed=seed, resolve_ns=resolve_ns, cells=tuple(cells),
+        across=tuple(across),
+        only_a=tuple(sorted(set(ca) - set(cb))), only_b=tuple(sorted(set(cb) - set(ca))),
+    )
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v / 1e6:.1f}"
+
+
+def format_comparison(c: Comparison) -> str:
+    """A plain-text report: one block per cell with the verdict in words."""
+    pct = f"{c.level * 100:g}%"
+    lines = [f"B - A, {c.measure.replace('_', ' ')} (signal -> event), medians in ms; {pct} bootstrap interval "
+             f"({c.resamples} resamples, seed {c.seed}); outliers (beyond 1.5 IQR) kept and listed"]
+    if c.across:
+        lines.append(f"compared across {', '.join(c.across)} (shown as *)")
+    for cell in c.cells:
+        size = "*" if cell.size_bytes < 0 else format_bytes(cell.size_bytes) if cell.size_bytes else "no allocation"
+        gpu = "*" if cell.device < 0 else str(cell.device)
+        head = f"{cell.holder} {size} {cell.ending} GPU {gpu}:"
+        lines.append(f"{head} A {_ms(cell.median_a)} (n {cell.n_a}), B {_ms(cell.median_b)} (n {cell.n_b})")
+        if cell.differ is None:
+            lines.append(f"  difference {_ms(cell.difference)} ms; {cell.why}")
+        else:
+            verdict = (f"they DIFFER at {pct}" if cell.differ
+                       else f"no difference shown at {pct} (the interval contains 0)")
+            lines.append(f"  difference {_ms(cell.difference)} ms, interval [{_ms(cell.ci_low)}, "
+                         f"{_ms(cell.ci_high)}]: {verdict}")
+        for side, values in (("A", cell.outliers_a), ("B", cell.outliers_b)):
+            if values:
+                lines.append(f"  outliers in {side}: {', '.join(_ms(v) for v in values)} ms")
+        if cell.repeats_needed is not None and cell.spread is not None:
+            lines.append(f"  spread (IQR/1.349) {_ms(cell.spread)} ms: about {cell.repeats_needed} runs per side "
+                         f"to resolve {c.resolve_ns / 1e6:g} ms")
+    for side, keys in (("A", c.only_a), ("B", c.only_b)):
+        for key in keys:
+            size_text = "*" if key[0] < 0 else format_bytes(key[0])
+            lines.append(f"only in {side}: {key[2]} {size_text} {key[1]} GPU {'*' if key[3] < 0 else key[3]}")
+    if not c.cells:
+        lines.append("no cell in common: nothing to compare")
+    return "\n".join(lines)

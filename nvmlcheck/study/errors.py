@@ -1,0 +1,54 @@
+"""The study's exceptions: a study that cannot go on, a dirty baseline, a failed holder, a bad record file, no
+matplotlib for a plot."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..errors import NvmlCheckError
+
+if TYPE_CHECKING:
+    from .records import RunRecord
+
+__all__ = ["BaselineNotClean", "HolderError", "PlotUnavailable", "RecordFormatError", "StudyError"]
+
+class StudyError(NvmlCheckError):
+    """A study could not go on."""
+
+    __module__ = "nvmlcheck"
+
+
+class BaselineNotClean(StudyError):
+    """The selected GPUs were not clean before a run, so its times would mean nothing. ``culprits`` says what held
+    them; ``records`` holds the runs completed before (their JSON Lines were already handed to ``on_record``)."""
+
+    __module__ = "nvmlcheck"
+
+    def __init__(self, culprits: Sequence[str], waited_s: float, records: Sequence[RunRecord] = ()) -> None:
+        self.culprits = tuple(culprits)
+        self.waited_s = waited_s
+        self.records = tuple(records)
+        lines = "\n".join(f"  - {c}" for c in self.culprits) or "  - (no detail available)"
+        waited = f" after waiting {waited_s:g} s" if waited_s > 0 else ""
+        super().__init__(
+            f"GPUs not clean at baseline{waited}: refusing to start a run (its times would mean nothing); "
+            f"free them first (nvmlcheck snapshot procs):\n{lines}"
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.culprits, self.waited_s, self.records))
+
+
+class HolderError(StudyError):
+    """A holder process could not be started, did not become ready, or its memory never became visible."""
+
+    __module__ = "nvmlcheck"
+
+
+class RecordFormatError(ValueError):
+    """A JSON Lines file that is not a valid run record file (wrong schema, newer version, bad line)."""
+
+
+class PlotUnavailable(ImportError):
+    """Plotting needs matplotlib: ``pip install 'nvmlcheck[plot]'``."""

@@ -1,0 +1,174 @@
+"""Statistics of a study: order statistics per (size, ending, holder kind) cell (:func:`summarize`), the table
+``nvmlcheck study reclaim`` prints (:func:`format_summary`), and the run to plot (:func:`median_run`)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+from .._units import format_bytes
+
+if TYPE_CHECKING:
+    from .records import RunRecord
+
+__all__ = ["MEASURES", "SLEEP_REFERENCE_NS", "Stats", "SummaryRow", "format_summary", "median_run", "percentile",
+           "summarize"]
+
+#: The ritual this instrument replaces: ``sleep 3 && nvidia-smi``.
+SLEEP_REFERENCE_NS = 3_000_000_000
+
+
+def percentile(values: Iterable[float], q: float) -> float:
+    """The ``q`` quantile (0..1) by linear interpolation between the closest ranks (numpy's default, "inclusive"):
+    position ``(n - 1) * q`` in the sorted values. ``ValueError`` for no values or ``q`` outside 0..1."""
+    ordered = sorted(values)
+    if not ordered:
+        raise ValueError("percentile of no values")
+    if not 0.0 <= q <= 1.0:
+        raise ValueError(f"q must be within 0..1, got {q!r}")
+    pos = (len(ordered) - 1) * q
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+@dataclass(frozen=True, slots=True)
+class Stats:
+    """Order statistics of one measure, in ns: ``n`` values, min, p10, median, p90, max (see :func:`percentile`)."""
+
+    n: int
+    min: float
+    p10: float
+    median: float
+    p90: float
+    max: float
+
+    @classmethod
+    def of(cls, values: Sequence[int]) -> Stats | None:
+        """The statistics of ``values`` (``None`` when there are none)."""
+        if not values:
+            return None
+        return cls(len(values), float(min(values)), percentile(values, 0.1), percentile(values, 0.5),
+                   percentile(values, 0.9), float(max(values)))
+
+
+#: The measures a :class:`SummaryRow` reports, with their :class:`DeviceRun` fields and labels.
+_MEASURES: tuple[tuple[str, str], ...] = (
+    ("memory_back", "memory back"),
+    ("off_list", "off the list"),
+    ("waitpid", "pid reaped"),
+    ("first_clean", "clean"),
+)
+#: The OS-side phases (added later): printed after the others, and only where a cell has data for them.
+_PHASE_MEASURES: tuple[tuple[str, str], ...] = (
+    ("zombie", "leader zombie"),
+    ("exited", "exited (pidfd)"),
+    ("files_closed", "files closed"),
+)
+#: Every measure a record can be compared on (``nvmlcheck study compare --measure``), in phase order.
+MEASURES: tuple[str, ...] = ("zombie", "exited", "files_closed", "off_list", "memory_back", "first_clean", "waitpid")
+
+
+@dataclass(frozen=True, slots=True)
+class SummaryRow:
+    """One (size, ending) cell: signal → event times over every measured GPU-run that did not time out.
+
+    ``n`` counts GPU-runs (a run on 8 GPUs adds 8); ``runs`` counts measured runs and ``timeouts`` those that timed
+    out (left out of the statistics). ``resolution_ns``: the median sampling period of the cell's runs.
+    ``sleep_ratio``: how many times longer ``sleep 3`` waits than the median time to clean (``None`` without data).
+    """
+
+    size_bytes: int
+    ending: str
+    n: int
+    runs: int
+    timeouts: int
+    memory_back: Stats | None
+    off_list: Stats | None
+    waitpid: Stats | None
+    first_clean: Stats | None
+    resolution_ns: int
+    sleep_ratio: float | None
+    holder: str = "alloc"
+    zombie: Stats | None = None
+    exited: Stats | None = None
+    files_closed: Stats | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (statistics in ns)."""
+        return asdict(self)
+
+
+def summarize(records: Iterable[RunRecord]) -> list[SummaryRow]:
+    """Statistics per (size, ending, holder kind), in order of holder kind, size, then ending, kinds and endings in
+    order of first appearance; warm-ups left out."""
+    cells: dict[tuple[int, str, str], list[RunRecord]] = {}
+    for r in records:
+        if not r.warmup:
+            cells.setdefault((r.size_bytes, r.ending, r.holder), []).append(r)
+    endings = list(dict.fromkeys(e for _, e, _ in cells))
+    kinds = list(dict.fromkeys(k for _, _, k in cells))
+    every = _MEASURES + _PHASE_MEASURES
+    rows = []
+    for size, ending, kind in sorted(cells, key=lambda k: (kinds.index(k[2]), k[0], endings.index(k[1]))):
+        runs = cells[(size, ending, kind)]
+        good = [r for r in runs if not r.timed_out]
+        values: dict[str, list[int]] = {m: [] for m, _ in every}
+        for r in good:
+            for d in r.devices:
+                for m, _ in every:
+                    v = getattr(d, f"{m}_ns")
+                    if v is not None:
+                        values[m].append(v)
+        stats = {m: Stats.of(values[m]) for m, _ in every}
+        clean = stats["first_clean"]
+        rows.append(SummaryRow(
+            size_bytes=size, ending=ending, n=sum(len(r.devices) for r in good), runs=len(runs),
+            timeouts=len(runs) - len(good), memory_back=stats["memory_back"], off_list=stats["off_list"],
+            waitpid=stats["waitpid"], first_clean=clean,
+            resolution_ns=median_int([r.resolution_ns for r in runs]),
+            sleep_ratio=SLEEP_REFERENCE_NS / clean.median if clean is not None and clean.median > 0 else None,
+            holder=kind, zombie=stats["zombie"], exited=stats["exited"], files_closed=stats["files_closed"],
+        ))
+    return rows
+
+
+def format_summary(rows: Sequence[SummaryRow]) -> str:
+    """A compact table: per cell, signal → memory back / off the list / pid reaped / clean in ms (n, min, p10,
+    median, p90, max), the sampling period, and how much longer ``sleep 3`` waits."""
+    head = f"{'size':<10}{'ending':<7}{'signal ->':<14}{'n':>4}{'min':>9}{'p10':>9}{'median':>9}{'p90':>9}{'max':>9}"
+    lines = ["times in ms from the signal; n = GPU-runs", head]
+    kinds = {row.holder for row in rows}
+    for row in rows:
+        if kinds != {"alloc"}:  # a study of several holder kinds (or not the default one) says which each cell is
+            lines.append(f"holder {row.holder}")
+        shown = _MEASURES + tuple(m for m in _PHASE_MEASURES if getattr(row, m[0]) is not None)
+        for i, (m, label) in enumerate(shown):
+            s: Stats | None = getattr(row, m)
+            left = f"{format_bytes(row.size_bytes):<10}{row.ending:<7}" if i == 0 else " " * 17
+            if s is None:
+                lines.append(f"{left}{label:<14}{0:>4}{'-':>9}{'-':>9}{'-':>9}{'-':>9}{'-':>9}")
+                continue
+            nums = "".join(f"{v / 1e6:>9.1f}" for v in (s.min, s.p10, s.median, s.p90, s.max))
+            lines.append(f"{left}{label:<14}{s.n:>4}{nums}")
+        ratio = f"sleep 3 waits {row.sleep_ratio:.1f}x the median time to clean" if row.sleep_ratio else "no clean run"
+        timeouts = f"; {row.timeouts} of {row.runs} runs timed out" if row.timeouts else ""
+        lines.append(f"{' ' * 17}{ratio} (sampling period {row.resolution_ns / 1e6:.3f} ms){timeouts}")
+    return "\n".join(lines)
+
+
+def median_run(records: Iterable[RunRecord], size_bytes: int, ending: str) -> RunRecord | None:
+    """The measured run of a cell whose first GPU's time to clean is the median (the one to plot), or ``None``."""
+    runs = [r for r in records if not r.warmup and not r.timed_out and r.size_bytes == size_bytes
+            and r.ending == ending and r.devices and r.devices[0].first_clean_ns is not None]
+    if not runs:
+        return None
+    runs.sort(key=lambda r: r.devices[0].first_clean_ns or 0)
+    return runs[(len(runs) - 1) // 2]
+
+
+def median_int(values: Sequence[int]) -> int:
+    """The median rounded to an int (0 for no values): poll intervals and costs."""
+    return 0 if not values else round(percentile(values, 0.5))
