@@ -332,6 +332,8 @@ def classify_failure(result: SmiResult, *, prefixed: bool = False) -> NvmlCheckE
     nvidia-smi's exit statuses are NVML return codes (2 invalid argument, 4 no permission, 6 not found, 9 driver not
     loaded, 12 library not found, 15 GPU lost, 18 driver/library mismatch, 255 other); its messages go to stdout. With
     a prefix, 255 is ssh's own failure and 126/127 a remote shell's "not executable"/"not found": transport errors.
+    Only the class is picked here; whether a wait retries it is the class's ``TRANSIENT`` (errors.py): the NVML
+    code's, a plain :class:`~nvmlcheck.SmiError` (a refused or failed run) transient, a transport error fatal.
     """
     rc = result.returncode
     if rc == 0:
