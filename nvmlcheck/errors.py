@@ -133,7 +133,7 @@ class NvmlError(NvmlCheckError):
     - ``"value"``: that value does not exist here (not supported, function missing): it is ``None`` with a reason,
       whatever it is;
     - ``"read"`` (the default): this read failed: an optional value (clocks, memory health, MIG) is ``None`` with a
-      reason, a value a wait judges (memory, processes) or the identity fails the GPU;
+      reason, a value a wait judges (memory, processes) or the identity (serial number excepted) fails the GPU;
     - ``"device"``: the GPU or NVML itself is unusable (lost, reset required, no driver): every read fails the GPU.
     """
 
