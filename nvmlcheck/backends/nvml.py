@@ -49,6 +49,7 @@ from ..model import (
     SystemInfo,
     attribute_processes,
     fast_constructor,
+    unknown_key,
 )
 
 if TYPE_CHECKING:
@@ -185,7 +186,7 @@ def _plan(fields: Fields) -> _Plan:
         if not fields & flag:
             skipped[key] = NOT_REQUESTED
     if not fields & Fields.PROCESSES:
-        skipped.update({f"processes.{k.value}": NOT_REQUESTED for k in ProcessKind})
+        skipped.update({unknown_key("processes", k): NOT_REQUESTED for k in ProcessKind})
     return _Plan(
         bool(fields & Fields.MEMORY),
         bool(fields & Fields.PROCESSES),
@@ -198,7 +199,7 @@ def _plan(fields: Fields) -> _Plan:
 # Fields values are few; computing the plan (enum.Flag arithmetic costs microseconds) once each keeps polls cheap.
 _PLANS: dict[Fields, _Plan] = {}
 _KINDS = tuple(ProcessKind)
-_PROCESS_KEYS = tuple(f"processes.{k.value}" for k in _KINDS)
+_PROCESS_KEYS = tuple(unknown_key("processes", k) for k in _KINDS)
 _NO_BOUND = 1 << 63  # before any memory read: no total to check process entries against
 _new_tuple = tuple.__new__  # GpuProcess is a named tuple; this skips its Python-level __new__
 _make_device = fast_constructor(DeviceState)

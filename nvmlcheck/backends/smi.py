@@ -70,7 +70,7 @@ from ..errors import (
     SmiTransportError,
     error_class_for_code,
 )
-from ..model import DeviceFailure, DeviceState, Fields, ProcessKind, RetiredPage, Snapshot, SystemInfo
+from ..model import DeviceFailure, DeviceState, Fields, ProcessKind, RetiredPage, Snapshot, SystemInfo, unknown_key
 from ._smi.pids import parse_pids_query
 from ._smi.queries import GpuRecord, parse_compute_apps, parse_query_gpu, parse_retired_pages
 from ._smi.small import cuda_version_number, parse_list_gpus, parse_version_output
@@ -775,11 +775,12 @@ class SmiBackend:
         with _parsing(result):
             listing = parse_compute_apps(result.stdout, _APPS_FIELDS)
         not_csv = "nvidia-smi --query-compute-apps lists compute processes only (use process_query='pids')"
+        not_listed = {unknown_key("processes", k): not_csv for k in (ProcessKind.GRAPHICS, ProcessKind.MPS)}
         out: dict[str, ProcessLists] = {}
         for r in records:
-            reasons = {"processes.graphics": not_csv, "processes.mps": not_csv}
+            reasons = dict(not_listed)
             if listing.unattributed is not None:
-                reasons["processes.compute"] = listing.unattributed
+                reasons[unknown_key("processes", ProcessKind.COMPUTE)] = listing.unattributed
                 out[r.uuid] = ProcessLists(None, None, None, reasons)
             else:
                 out[r.uuid] = ProcessLists(listing.by_gpu.get(r.uuid, ()), None, None, reasons)
@@ -802,12 +803,12 @@ class SmiBackend:
                     else f"nvidia-smi -q -d PIDS did not list GPU {r.index} (PCI bus id {pci or 'unknown'})"
                 )
             if why is not None:
-                reasons = {f"processes.{k.value}": why for k in ProcessKind}
+                reasons = {unknown_key("processes", k): why for k in ProcessKind}
                 out[r.uuid] = ProcessLists(None, None, None, reasons)
                 continue
             # Bytes a driver withholds (WDDM, MIG) are None on each process; the lists themselves are complete.
             bytes_why = listing.bytes_unknown.get(pci)
-            reasons = {"processes.used_bytes": bytes_why} if bytes_why is not None else {}
+            reasons = {unknown_key("processes", "used_bytes"): bytes_why} if bytes_why is not None else {}
             mig = listing.mig_devices.get(pci, ()) if self._mig_seen and r.mig_mode else None
             if mig is not None and pci in listing.mig_unknown:
                 mig = None
