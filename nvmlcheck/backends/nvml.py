@@ -135,7 +135,7 @@ def process_name(pid: int) -> str | None:
         return None
 
 
-# (symbol, code) -> reason: the same few unanswered slots repeat on every poll, and str.format costs ~1 µs.
+# (symbol, code) -> reason: the same few unanswered slots repeat on every poll, and a lookup is cheaper than a format.
 _CODE_REASONS: dict[tuple[str, int], str] = {}
 
 
