@@ -647,13 +647,18 @@ def render_nvml_codes(linker: Linker) -> str:
         doc = " ".join((cls.__doc__ or "").strip().split("\n\n")[0].split())
         doc = re.sub(r"^NVML_ERROR_\w+ \(\d+\)\s*[:;,.]?\s*", "", doc)
         notes = "; ".join(x for x in (linker.inline(doc), cls.HINT + "." if cls.HINT else "") if x)
-        rows.append(f"| `{cls.__name__}` | {cls.CODE} | `{cls.CODE_NAME}` | {escape_cell(notes)} |")
+        wait = "transient" if cls.TRANSIENT else "fatal"
+        rows.append(
+            f"| `{cls.__name__}` | {cls.CODE} | `{cls.CODE_NAME}` | {wait} | {cls.SCOPE} | {escape_cell(notes)} |"
+        )
     return (
         "### NVML return codes\n\n"
         "One `NvmlError` subclass per `nvmlReturn_t` code of nvml.h. `nvmlcheck.errors.error_class_for_code(code)` "
         "maps a code to its class; a code not listed here becomes `Unknown`, with its `.code` kept. The hint, when "
-        "there is one, ends the exception's message.\n\n"
-        "| class | code | NVML constant | meaning and hint |\n| --- | --- | --- | --- |\n" + "\n".join(rows) + "\n"
+        "there is one, ends the exception's message. *In a wait* is the class's `TRANSIENT` (a transient error is "
+        "retried until the deadline, a fatal one fails the wait at once), *scope* its `SCOPE` (see `NvmlError`).\n\n"
+        "| class | code | NVML constant | in a wait | scope | meaning and hint |\n"
+        "| --- | --- | --- | --- | --- | --- |\n" + "\n".join(rows) + "\n"
     )
 
 

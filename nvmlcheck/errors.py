@@ -21,6 +21,15 @@ Every exception derives from :class:`NvmlCheckError`. The tree::
     └── WaitTimeout (also TimeoutError) the GPUs were not clean at the deadline; carries the last snapshot and culprits
 
 All exceptions pickle and their messages stand alone (they name the call, the device and what to do).
+
+How an error is handled is a property of its class, declared here and nowhere else:
+
+- ``TRANSIENT`` (every class): whether asking again may help. A wait retries transient errors until its deadline
+  (:func:`nvmlcheck.wait.is_transient` reads it); any other error is fatal and fails the wait at once. A class that
+  does not declare it inherits it (``False`` from :class:`NvmlCheckError`).
+- ``SCOPE`` (NVML codes): what the error leaves unreadable when a backend reads one value (see :class:`NvmlError`).
+
+Adding an NVML return code means one ``@_code(...)`` class here, with both declared.
 """
 
 from __future__ import annotations
@@ -29,7 +38,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
+    from typing import Literal, TypeAlias
+
     from .model import Snapshot
+
+    #: See :attr:`NvmlError.SCOPE`.
+    Scope: TypeAlias = Literal["value", "read", "device"]
 
 __all__ = [
     "AlreadyInitialized",
@@ -81,6 +95,9 @@ class NvmlCheckError(Exception):
     """Base class of every exception nvmlcheck raises."""
 
     __module__ = "nvmlcheck"
+    #: Whether asking again may help: a wait retries a transient error until its deadline and fails at once on any
+    #: other (fatal) one. Declared by each class below; a subclass that does not declare it inherits its parent's.
+    TRANSIENT: ClassVar[bool] = False
 
 
 class BackendUnavailable(NvmlCheckError):
@@ -90,6 +107,7 @@ class BackendUnavailable(NvmlCheckError):
     """
 
     __module__ = "nvmlcheck"
+    TRANSIENT = False  # no library, driver or nvidia-smi: asking again will not load one
 
     def __init__(self, message: str, attempts: Sequence[str] = ()) -> None:
         self.attempts: tuple[str, ...] = tuple(attempts)
@@ -108,6 +126,15 @@ class NvmlError(NvmlCheckError):
 
     ``code`` is the numeric ``nvmlReturn_t``, ``function`` the C symbol that returned it (for example
     ``"nvmlDeviceGetMemoryInfo_v2"``), ``device_index`` the device it was asked about, when there was one.
+
+    Each code's class declares ``TRANSIENT`` (see :class:`NvmlCheckError`) and ``SCOPE``, what the error leaves
+    unreadable when a backend reads one value of a GPU:
+
+    - ``"value"``: that value does not exist here (not supported, function missing): it is ``None`` with a reason,
+      whatever it is;
+    - ``"read"`` (the default): this read failed: an optional value (clocks, memory health, MIG) is ``None`` with a
+      reason, a value a wait judges (memory, processes) or the identity (serial number excepted) fails the GPU;
+    - ``"device"``: the GPU or NVML itself is unusable (lost, reset required, no driver): every read fails the GPU.
     """
 
     __module__ = "nvmlcheck"
@@ -117,6 +144,11 @@ class NvmlError(NvmlCheckError):
     CODE_NAME: ClassVar[str] = "NVML_ERROR"
     #: What a person can do about it; appended to the message.
     HINT: ClassVar[str] = ""
+    #: What the error leaves unreadable when one value is read: ``"value"``, ``"read"`` or ``"device"`` (above).
+    SCOPE: ClassVar[Scope] = "read"
+    #: How ``DeviceState.unknown`` words a value this error left unknown (``{function}``: the C symbol); empty:
+    #: ``"unreadable: "`` and the error's message.
+    WHY_UNKNOWN: ClassVar[str] = ""
 
     def __init__(self, code: int, function: str, device_index: int | None = None, detail: str = "") -> None:
         self.code = code
@@ -140,9 +172,12 @@ class NvmlError(NvmlCheckError):
 
 
 class SmiError(NvmlCheckError):
-    """nvidia-smi (or its command prefix) failed: it exited non-zero or printed an error instead of data."""
+    """nvidia-smi (or its command prefix) failed: it exited non-zero or printed an error instead of data.
+
+    Transient: the next run may answer (the subclasses say otherwise where it cannot)."""
 
     __module__ = "nvmlcheck"
+    TRANSIENT = True
 
     def __init__(self, argv: Sequence[str], returncode: int | None, stderr: str, message: str = "") -> None:
         self.argv: tuple[str, ...] = tuple(argv)
@@ -162,6 +197,7 @@ class SmiTimeout(SmiError):
     """nvidia-smi (or its prefix, such as ``ssh``) did not answer in time; its whole process group was killed."""
 
     __module__ = "nvmlcheck"
+    TRANSIENT = True  # a wedged GPU can make one run hang and the next answer
 
     def __init__(self, argv: Sequence[str], timeout_s: float, stderr: str = "") -> None:
         self.timeout_s = timeout_s
@@ -183,12 +219,14 @@ class SmiTransportError(SmiError):
     about the GPUs and is never read as GPU state."""
 
     __module__ = "nvmlcheck"
+    TRANSIENT = False  # command not found, ssh refused: running it again will not fix it
 
 
 class SmiParseError(SmiError):
     """nvidia-smi printed something the parser cannot read; nothing is guessed from it."""
 
     __module__ = "nvmlcheck"
+    TRANSIENT = False  # the output format is not what we read: the next run prints the same
 
     def __init__(self, reason: str, line_no: int, line: str, argv: Sequence[str] = ()) -> None:
         self.reason = reason
@@ -205,6 +243,7 @@ class CorruptData(NvmlCheckError):
     this library and the driver (as NVML 535.43 caused). It is never reported as data."""
 
     __module__ = "nvmlcheck"
+    TRANSIENT = False  # a layout mismatch does not go away
 
     def __init__(self, message: str, function: str = "", device_index: int | None = None) -> None:
         self.function = function
@@ -272,6 +311,7 @@ class GpuFault(NvmlCheckError):
     """
 
     __module__ = "nvmlcheck"
+    TRANSIENT = False  # the GPU needs an operator
 
     def __init__(
         self,
@@ -320,13 +360,22 @@ _CODE_NAMES: dict[int, str] = {}
 _CODE_CLASSES: dict[int, type[NvmlError]] = {}
 
 
-def _code(code: int, name: str, hint: str = "", *bases: type[Exception]) -> Any:
-    """Class decorator registering an NvmlError subclass for one nvml.h return code."""
+def _code(
+    code: int, name: str, hint: str = "", *, transient: bool, scope: Scope = "read", why_unknown: str = ""
+) -> Any:
+    """Class decorator registering an NvmlError subclass for one nvml.h return code.
+
+    ``transient`` has no default, so that every code says whether a wait retries it; ``scope`` and ``why_unknown``
+    set :attr:`NvmlError.SCOPE` and :attr:`NvmlError.WHY_UNKNOWN`.
+    """
 
     def register(cls: type[NvmlError]) -> type[NvmlError]:
         cls.CODE = code
         cls.CODE_NAME = name
         cls.HINT = hint
+        cls.TRANSIENT = transient
+        cls.SCOPE = scope
+        cls.WHY_UNKNOWN = why_unknown
         cls.__module__ = "nvmlcheck"
         _CODE_NAMES[code] = name
         _CODE_CLASSES[code] = cls
@@ -335,48 +384,67 @@ def _code(code: int, name: str, hint: str = "", *bases: type[Exception]) -> Any:
     return register
 
 
-@_code(1, "NVML_ERROR_UNINITIALIZED", "NVML was used before nvmlInit or after nvmlShutdown; open a new session")
+@_code(
+    1,
+    "NVML_ERROR_UNINITIALIZED",
+    "NVML was used before nvmlInit or after nvmlShutdown; open a new session",
+    transient=False,
+    scope="device",
+)
 class Uninitialized(NvmlError):
     """NVML_ERROR_UNINITIALIZED (1)."""
 
 
-@_code(2, "NVML_ERROR_INVALID_ARGUMENT")
+@_code(2, "NVML_ERROR_INVALID_ARGUMENT", transient=False)
 class InvalidArgument(NvmlError):
     """NVML_ERROR_INVALID_ARGUMENT (2): a bad device index, handle or struct version."""
 
 
-@_code(3, "NVML_ERROR_NOT_SUPPORTED")
+@_code(
+    3,
+    "NVML_ERROR_NOT_SUPPORTED",
+    transient=False,
+    scope="value",
+    why_unknown="not supported: {function} returned NVML_ERROR_NOT_SUPPORTED",
+)
 class NotSupported(NvmlError):
     """NVML_ERROR_NOT_SUPPORTED (3): the device or driver does not offer this query (reported as ``None``)."""
 
 
-@_code(4, "NVML_ERROR_NO_PERMISSION", "Run as a user allowed to query the GPU (or root)")
+@_code(4, "NVML_ERROR_NO_PERMISSION", "Run as a user allowed to query the GPU (or root)", transient=False)
 class NoPermission(NvmlError):
     """NVML_ERROR_NO_PERMISSION (4)."""
 
 
-@_code(5, "NVML_ERROR_ALREADY_INITIALIZED")
+@_code(5, "NVML_ERROR_ALREADY_INITIALIZED", transient=False)
 class AlreadyInitialized(NvmlError):
     """NVML_ERROR_ALREADY_INITIALIZED (5), deprecated by NVML."""
 
 
-@_code(6, "NVML_ERROR_NOT_FOUND")
+@_code(6, "NVML_ERROR_NOT_FOUND", transient=False)
 class NotFound(NvmlError):
     """NVML_ERROR_NOT_FOUND (6): no such device or object."""
 
 
-@_code(7, "NVML_ERROR_INSUFFICIENT_SIZE")
+# Transient: the process list kept growing between the size query and the fill; the next poll may fit.
+@_code(7, "NVML_ERROR_INSUFFICIENT_SIZE", transient=True)
 class InsufficientSize(NvmlError):
     """NVML_ERROR_INSUFFICIENT_SIZE (7): a buffer was too small (nvmlcheck grows and retries a bounded number of
     times; this escapes only when the list kept growing)."""
 
 
-@_code(8, "NVML_ERROR_INSUFFICIENT_POWER", "Check the GPU's external power cables")
+@_code(8, "NVML_ERROR_INSUFFICIENT_POWER", "Check the GPU's external power cables", transient=False)
 class InsufficientPower(NvmlError):
     """NVML_ERROR_INSUFFICIENT_POWER (8)."""
 
 
-@_code(9, "NVML_ERROR_DRIVER_NOT_LOADED", "Load the NVIDIA kernel driver (is this a GPU host?)")
+@_code(
+    9,
+    "NVML_ERROR_DRIVER_NOT_LOADED",
+    "Load the NVIDIA kernel driver (is this a GPU host?)",
+    transient=False,
+    scope="device",
+)
 class DriverNotLoaded(NvmlError, BackendUnavailable):
     """NVML_ERROR_DRIVER_NOT_LOADED (9); also a :class:`BackendUnavailable`."""
 
@@ -386,17 +454,22 @@ class DriverNotLoaded(NvmlError, BackendUnavailable):
         self.message = str(self)
 
 
-@_code(10, "NVML_ERROR_TIMEOUT")
+@_code(10, "NVML_ERROR_TIMEOUT", transient=True)
 class Timeout(NvmlError):
     """NVML_ERROR_TIMEOUT (10)."""
 
 
-@_code(11, "NVML_ERROR_IRQ_ISSUE", "The kernel reported an interrupt problem with the GPU; check dmesg")
+@_code(
+    11,
+    "NVML_ERROR_IRQ_ISSUE",
+    "The kernel reported an interrupt problem with the GPU; check dmesg",
+    transient=False,
+)
 class IrqIssue(NvmlError):
     """NVML_ERROR_IRQ_ISSUE (11)."""
 
 
-@_code(12, "NVML_ERROR_LIBRARY_NOT_FOUND", "Install the NVIDIA driver's libnvidia-ml")
+@_code(12, "NVML_ERROR_LIBRARY_NOT_FOUND", "Install the NVIDIA driver's libnvidia-ml", transient=False, scope="device")
 class LibraryNotFound(NvmlError, BackendUnavailable):
     """NVML_ERROR_LIBRARY_NOT_FOUND (12); also a :class:`BackendUnavailable`."""
 
@@ -406,27 +479,40 @@ class LibraryNotFound(NvmlError, BackendUnavailable):
         self.message = str(self)
 
 
-@_code(13, "NVML_ERROR_FUNCTION_NOT_FOUND", "The installed driver is older than this call")
+@_code(
+    13,
+    "NVML_ERROR_FUNCTION_NOT_FOUND",
+    "The installed driver is older than this call",
+    transient=False,
+    scope="value",
+    why_unknown="not available: {function} is missing from this driver's libnvidia-ml",
+)
 class FunctionNotFound(NvmlError):
     """NVML_ERROR_FUNCTION_NOT_FOUND (13), also raised when a symbol is missing from the loaded library."""
 
 
-@_code(14, "NVML_ERROR_CORRUPTED_INFOROM", "The GPU's infoROM is corrupted; contact the vendor")
+@_code(14, "NVML_ERROR_CORRUPTED_INFOROM", "The GPU's infoROM is corrupted; contact the vendor", transient=False)
 class CorruptedInforom(NvmlError):
     """NVML_ERROR_CORRUPTED_INFOROM (14)."""
 
 
-@_code(15, "NVML_ERROR_GPU_IS_LOST", "The GPU fell off the bus or stopped answering; it needs a reset or a reboot")
+@_code(
+    15,
+    "NVML_ERROR_GPU_IS_LOST",
+    "The GPU fell off the bus or stopped answering; it needs a reset or a reboot",
+    transient=False,
+    scope="device",
+)
 class GpuLost(NvmlError):
     """NVML_ERROR_GPU_IS_LOST (15)."""
 
 
-@_code(16, "NVML_ERROR_RESET_REQUIRED", "Reset the GPU (nvidia-smi -r) or reboot")
+@_code(16, "NVML_ERROR_RESET_REQUIRED", "Reset the GPU (nvidia-smi -r) or reboot", transient=False, scope="device")
 class GpuRequiresReset(NvmlError):
     """NVML_ERROR_RESET_REQUIRED (16)."""
 
 
-@_code(17, "NVML_ERROR_OPERATING_SYSTEM")
+@_code(17, "NVML_ERROR_OPERATING_SYSTEM", transient=True)
 class OperatingSystemError(NvmlError):
     """NVML_ERROR_OPERATING_SYSTEM (17)."""
 
@@ -435,6 +521,8 @@ class OperatingSystemError(NvmlError):
     18,
     "NVML_ERROR_LIB_RM_VERSION_MISMATCH",
     "The kernel driver and libnvidia-ml differ in version (a driver upgrade without reboot?); reboot or reload it",
+    transient=False,
+    scope="device",
 )
 class LibraryVersionMismatch(NvmlError, BackendUnavailable):
     """NVML_ERROR_LIB_RM_VERSION_MISMATCH (18); also a :class:`BackendUnavailable`."""
@@ -445,73 +533,81 @@ class LibraryVersionMismatch(NvmlError, BackendUnavailable):
         self.message = str(self)
 
 
-@_code(19, "NVML_ERROR_IN_USE")
+@_code(19, "NVML_ERROR_IN_USE", transient=True)
 class InUse(NvmlError):
     """NVML_ERROR_IN_USE (19)."""
 
 
-@_code(20, "NVML_ERROR_MEMORY")
+@_code(20, "NVML_ERROR_MEMORY", transient=True)
 class NvmlMemoryError(NvmlError):
     """NVML_ERROR_MEMORY (20): NVML ran out of host memory."""
 
 
-@_code(21, "NVML_ERROR_NO_DATA")
+@_code(21, "NVML_ERROR_NO_DATA", transient=True)
 class NoData(NvmlError):
     """NVML_ERROR_NO_DATA (21)."""
 
 
-@_code(22, "NVML_ERROR_VGPU_ECC_NOT_SUPPORTED")
+@_code(22, "NVML_ERROR_VGPU_ECC_NOT_SUPPORTED", transient=False)
 class VgpuEccNotSupported(NvmlError):
     """NVML_ERROR_VGPU_ECC_NOT_SUPPORTED (22)."""
 
 
-@_code(23, "NVML_ERROR_INSUFFICIENT_RESOURCES")
+@_code(23, "NVML_ERROR_INSUFFICIENT_RESOURCES", transient=True)
 class InsufficientResources(NvmlError):
     """NVML_ERROR_INSUFFICIENT_RESOURCES (23)."""
 
 
-@_code(24, "NVML_ERROR_FREQ_NOT_SUPPORTED")
+@_code(24, "NVML_ERROR_FREQ_NOT_SUPPORTED", transient=False)
 class FreqNotSupported(NvmlError):
     """NVML_ERROR_FREQ_NOT_SUPPORTED (24)."""
 
 
-@_code(25, "NVML_ERROR_ARGUMENT_VERSION_MISMATCH", "A struct version is not what this driver expects")
+@_code(25, "NVML_ERROR_ARGUMENT_VERSION_MISMATCH", "A struct version is not what this driver expects", transient=False)
 class ArgumentVersionMismatch(NvmlError):
     """NVML_ERROR_ARGUMENT_VERSION_MISMATCH (25)."""
 
 
-@_code(26, "NVML_ERROR_DEPRECATED")
+@_code(26, "NVML_ERROR_DEPRECATED", transient=False)
 class Deprecated(NvmlError):
     """NVML_ERROR_DEPRECATED (26)."""
 
 
-@_code(27, "NVML_ERROR_NOT_READY")
+@_code(27, "NVML_ERROR_NOT_READY", transient=True)
 class NotReady(NvmlError):
     """NVML_ERROR_NOT_READY (27)."""
 
 
-@_code(28, "NVML_ERROR_GPU_NOT_FOUND")
+@_code(28, "NVML_ERROR_GPU_NOT_FOUND", transient=False)
 class GpuNotFound(NvmlError):
     """NVML_ERROR_GPU_NOT_FOUND (28)."""
 
 
-@_code(29, "NVML_ERROR_INVALID_STATE")
+@_code(29, "NVML_ERROR_INVALID_STATE", transient=False)
 class InvalidState(NvmlError):
     """NVML_ERROR_INVALID_STATE (29)."""
 
 
-@_code(30, "NVML_ERROR_RESET_TYPE_NOT_SUPPORTED")
+@_code(30, "NVML_ERROR_RESET_TYPE_NOT_SUPPORTED", transient=False)
 class ResetTypeNotSupported(NvmlError):
     """NVML_ERROR_RESET_TYPE_NOT_SUPPORTED (30)."""
 
 
-@_code(999, "NVML_ERROR_UNKNOWN")
+# Transient, though it can be sticky (nvidia-docker #1671): retried until the deadline, which then names it.
+@_code(999, "NVML_ERROR_UNKNOWN", transient=True)
 class Unknown(NvmlError):
     """NVML_ERROR_UNKNOWN (999), and any return code this version of nvmlcheck does not know (``.code`` is kept)."""
 
 
 #: Every return code nvml.h defines other than NVML_SUCCESS (0), for tests and documentation.
 KNOWN_CODES: tuple[int, ...] = tuple(sorted(_CODE_CLASSES))
+
+
+def codes_in_scope(scope: Scope) -> frozenset[int]:
+    """The known return codes whose class has :attr:`NvmlError.SCOPE` ``scope``: for code that tests raw return
+    codes in a loop (``rc in codes``) without building an exception per call. Codes not known here map to
+    :class:`Unknown` and have its scope."""
+    return frozenset(code for code, cls in _CODE_CLASSES.items() if scope == cls.SCOPE)
 
 
 def error_class_for_code(code: int) -> type[NvmlError]:

@@ -394,6 +394,12 @@ class DeviceState(_ReasonsPickle):
         return reason
 
 
+def unknown_key(part: str, name: str | enum.Enum) -> str:
+    """The :attr:`DeviceState.unknown` key of one field of a part, as :meth:`DeviceState.why_unknown` reads it:
+    ``unknown_key("processes", ProcessKind.MPS)`` is ``"processes.mps"``; an enum member stands for its value."""
+    return f"{part}.{name.value if isinstance(name, enum.Enum) else name}"
+
+
 @dataclass(frozen=True, slots=True)
 class DeviceFailure:
     """A device that could not be read in this snapshot (lost, no permission, ...); the others still report."""

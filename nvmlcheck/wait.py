@@ -69,29 +69,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal, cast
 
-from .errors import (
-    BackendUnavailable,
-    CorruptData,
-    DeadlinePassed,
-    GpuLost,
-    GpuRequiresReset,
-    InsufficientResources,
-    InsufficientSize,
-    InUse,
-    NoData,
-    NoPermission,
-    NotReady,
-    NvmlCheckError,
-    NvmlError,
-    NvmlMemoryError,
-    OperatingSystemError,
-    SmiError,
-    SmiParseError,
-    SmiTransportError,
-    Timeout,
-    Unknown,
-    WaitTimeout,
-)
+from .errors import CorruptData, DeadlinePassed, NvmlCheckError, NvmlError, WaitTimeout
 from .model import DeviceFailure, Snapshot
 from .predicates import Predicate, _failure_text, default_predicate
 
@@ -330,32 +308,6 @@ class WaitResult:
 
 # --- errors -----------------------------------------------------------------------------------------------------
 
-# Might succeed if asked again. NVML "Unknown Error" can also be sticky (nvidia-docker #1671): it is retried until
-# the deadline and the WaitTimeout then names it.
-_TRANSIENT: tuple[type[Exception], ...] = (
-    Unknown,
-    Timeout,
-    NotReady,
-    InUse,
-    NvmlMemoryError,
-    InsufficientResources,
-    InsufficientSize,  # the process list kept growing between the size query and the fill
-    NoData,
-    OperatingSystemError,
-    SmiError,  # nvidia-smi's own failures and SmiTimeout (a wedged GPU can make one run hang)
-)
-# Asking again cannot help; fail fast with the error itself.
-_FATAL: tuple[type[Exception], ...] = (
-    GpuLost,
-    GpuRequiresReset,
-    NoPermission,
-    BackendUnavailable,  # also DriverNotLoaded, LibraryNotFound, LibraryVersionMismatch
-    CorruptData,
-    SmiParseError,  # nvidia-smi's output format is not what we read; nothing is guessed from it
-    SmiTransportError,  # the way to nvidia-smi failed (command not found, ssh refused): retrying will not fix it
-)
-
-
 _children_ns = 0  # CPU time of reaped child processes, as last read
 _children_read_at = -(10**18)
 
@@ -373,11 +325,10 @@ def cpu_time_ns() -> int:
 
 
 def is_transient(exc: BaseException) -> bool:
-    """Whether polling again may help: ``True`` for the transient errors listed in the module docstring,
-    ``False`` for lost GPUs, permissions, a missing driver, corrupt data and every other error."""
-    if isinstance(exc, _FATAL):
-        return False
-    return isinstance(exc, _TRANSIENT)
+    """Whether polling again may help: the error class's ``TRANSIENT`` (declared in :mod:`nvmlcheck.errors`), so
+    ``True`` for the transient errors listed in the module docstring, ``False`` for lost GPUs, permissions, a missing
+    driver, corrupt data, every other error and anything that is not an :class:`~nvmlcheck.NvmlCheckError`."""
+    return isinstance(exc, NvmlCheckError) and exc.TRANSIENT
 
 
 def _naming_device(failure: DeviceFailure) -> BaseException:

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any, NewType
 
 from .._proc.procfs import PID_MAX_LIMIT  # NVML reports host PIDs, so nothing above is real
-from ..errors import CorruptData, FunctionNotFound, InsufficientSize, NvmlError, error_class_for_code
+from ..errors import CorruptData, FunctionNotFound, InsufficientSize, NvmlError, codes_in_scope, error_class_for_code
 from ..model import Memory, ProcessKind, RemappedRows, RetiredPage, RetirementCause
 from ._ffi import ffi as _ffi
 from .library import LoadedLibrary
@@ -53,10 +53,10 @@ NVML_ERROR_INSUFFICIENT_SIZE = 7
 NVML_ERROR_TIMEOUT = 10
 NVML_ERROR_FUNCTION_NOT_FOUND = 13
 NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25
-# Codes that say the whole device (or NVML) is unusable: uninitialised, driver not loaded, library not found, GPU lost,
-# reset required, driver/library mismatch. For the optional reads (clocks, memory health) every other code only
-# makes that one value unknown; memory and process lists, which a wait judges, raise on every error.
-_DEVICE_LEVEL_CODES = frozenset((1, 9, 12, 15, 16, 18))
+# Codes whose class has scope "device" (errors.py declares it): the whole device (or NVML) is unusable. For the
+# optional reads (clocks, memory health) every other code only makes that one value unknown; memory and process
+# lists, which a wait judges, raise on every error. Raw codes, so the per-call path is one set lookup.
+_DEVICE_LEVEL_CODES = codes_in_scope("device")
 #: NVML_VALUE_NOT_AVAILABLE as an unsigned long long.
 NOT_AVAILABLE_U64 = (1 << 64) - 1
 #: MIG instance ids outside MIG.

@@ -27,6 +27,7 @@ from ..model import (
     ProcessKind,
     RetiredPage,
     attribute_processes,
+    unknown_key,
 )
 from ._smi.queries import GpuRecord
 
@@ -59,7 +60,7 @@ def _not_requested(wanted: int) -> Mapping[str, str]:
         if not wanted & bit:
             out[key] = "not requested"
     if not wanted & _PROCESSES_BIT:
-        out.update({f"processes.{kind.value}": "not requested" for kind in ProcessKind})
+        out.update({unknown_key("processes", kind): "not requested" for kind in ProcessKind})
     return MappingProxyType(out)
 
 

@@ -25,14 +25,13 @@ from .._nvml import library
 from .._nvml.calls import EventCalls, Handle, NvmlCalls, handle_address
 from ..errors import (
     DeadlinePassed,
-    FunctionNotFound,
-    NotSupported,
     NvmlCheckError,
     NvmlError,
     Timeout,
     Uninitialized,
     Unknown,
     code_name,
+    error_class_for_code,
 )
 from ..model import (
     ClockEventReason,
@@ -50,6 +49,7 @@ from ..model import (
     SystemInfo,
     attribute_processes,
     fast_constructor,
+    unknown_key,
 )
 
 if TYPE_CHECKING:
@@ -110,9 +110,6 @@ def init_timeout_for(timeout: float | None) -> float:
 
 
 NOT_REQUESTED = "not requested"
-# Codes that make the whole device unreadable (uninitialised, driver gone, GPU lost, reset required, mismatch): a MIG
-# query answering one of them fails the device like any other read; other codes only make the MIG part unknown.
-_DEVICE_LEVEL = frozenset((1, 9, 12, 15, 16, 18))
 _NO_MIG: tuple[MigDevice, ...] = ()
 _V1_MEMORY = (
     "this driver has only nvmlDeviceGetMemoryInfo (v1): used_bytes includes the driver's reserved memory and "
@@ -138,25 +135,26 @@ def process_name(pid: int) -> str | None:
         return None
 
 
-def _soft_reason(symbol: str, code: int) -> str:
-    if code == 3:
-        return f"not supported: {symbol} returned NVML_ERROR_NOT_SUPPORTED"
-    if code == 13:
-        return f"not available: {symbol} is missing from this driver's libnvidia-ml"
-    return f"unreadable: {symbol} returned {code_name(code)} ({code})"
+# (symbol, code) -> reason: the same few unanswered slots repeat on every poll, and a lookup is cheaper than a format.
+_CODE_REASONS: dict[tuple[str, int], str] = {}
+
+
+def _code_reason(symbol: str, code: int) -> str:
+    """Why a value is unknown after ``symbol`` returned ``code`` (the raw-code twin of :func:`_reason`)."""
+    key = (symbol, code)
+    reason = _CODE_REASONS.get(key)
+    if reason is None:
+        why = error_class_for_code(code).WHY_UNKNOWN
+        reason = why.format(function=symbol) if why else f"unreadable: {symbol} returned {code_name(code)} ({code})"
+        if len(_CODE_REASONS) < 512:  # bounded, whatever codes a driver invents
+            _CODE_REASONS[key] = reason
+    return reason
 
 
 def _reason(exc: NvmlError) -> str:
-    if isinstance(exc, NotSupported):
-        return f"not supported: {exc.function} returned NVML_ERROR_NOT_SUPPORTED"
-    if isinstance(exc, FunctionNotFound):
-        return f"not available: {exc.function} is missing from this driver's libnvidia-ml"
-    return f"unreadable: {exc}"
-
-
-def _soft(exc: NvmlError) -> bool:
-    """Errors that make one value unknown rather than the device unreadable."""
-    return isinstance(exc, NotSupported | FunctionNotFound)
+    """Why a value is unknown after ``exc``: its class's wording (errors.py), else the error's message."""
+    why = exc.WHY_UNKNOWN
+    return why.format(function=exc.function) if why else f"unreadable: {exc}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,7 +186,7 @@ def _plan(fields: Fields) -> _Plan:
         if not fields & flag:
             skipped[key] = NOT_REQUESTED
     if not fields & Fields.PROCESSES:
-        skipped.update({f"processes.{k.value}": NOT_REQUESTED for k in ProcessKind})
+        skipped.update({unknown_key("processes", k): NOT_REQUESTED for k in ProcessKind})
     return _Plan(
         bool(fields & Fields.MEMORY),
         bool(fields & Fields.PROCESSES),
@@ -201,7 +199,7 @@ def _plan(fields: Fields) -> _Plan:
 # Fields values are few; computing the plan (enum.Flag arithmetic costs microseconds) once each keeps polls cheap.
 _PLANS: dict[Fields, _Plan] = {}
 _KINDS = tuple(ProcessKind)
-_PROCESS_KEYS = tuple(f"processes.{k.value}" for k in _KINDS)
+_PROCESS_KEYS = tuple(unknown_key("processes", k) for k in _KINDS)
 _NO_BOUND = 1 << 63  # before any memory read: no total to check process entries against
 _new_tuple = tuple.__new__  # GpuProcess is a named tuple; this skips its Python-level __new__
 _make_device = fast_constructor(DeviceState)
@@ -380,7 +378,7 @@ class NvmlBackend:
                 try:
                     values[key] = getter()
                 except NvmlError as exc:
-                    if not _soft(exc):
+                    if exc.SCOPE != "value":
                         raise
                     values[key] = None
                     unknown[key] = _reason(exc)
@@ -478,7 +476,7 @@ class NvmlBackend:
             try:
                 values[key] = getter(handle, index)
             except NvmlError as exc:
-                if not _soft(exc) and key != "serial":
+                if exc.SCOPE != "value" and key != "serial":
                     raise
                 # Serial numbers are often restricted (NO_PERMISSION) on consumer boards: unknown, not fatal.
                 values[key] = None
@@ -488,7 +486,7 @@ class NvmlBackend:
         try:
             mig_mode = calls.mig_mode(handle, index)
         except NvmlError as exc:
-            if exc.code in _DEVICE_LEVEL:
+            if exc.SCOPE == "device":  # MIG is optional: only a lost GPU, no driver, ... fails the device
                 raise
             mig_mode = None
             unknown["mig"] = _reason(exc)
@@ -561,7 +559,7 @@ class NvmlBackend:
             try:
                 mig_devices = self._mig_devices(handle, index, lists)
             except NvmlError as exc:
-                if exc.code in _DEVICE_LEVEL:
+                if exc.SCOPE == "device":
                     raise
                 unknown = _add(unknown, "mig_devices", _reason(exc))
 
@@ -618,14 +616,14 @@ class NvmlBackend:
             values[4:8] = cached[0]
             unanswered.extend(cached[1])
         for slot, symbol, code in unanswered:
-            unknown[_CLOCK_SLOT_KEYS[slot]] = _soft_reason(symbol, code)
+            unknown[_CLOCK_SLOT_KEYS[slot]] = _code_reason(symbol, code)
         reasons = None if mask is None else _event_reasons(mask)
         return Clocks(ClockSet(*values[0:4]), ClockSet(*values[4:8]), ClockSet(*values[8:12]), reasons)
 
     def _health(self, handle: Handle, index: int, unknown: dict[str, str]) -> MemoryHealth:
         pages, pending, rows, unanswered = self._calls.health(handle, index)
         for slot, symbol, code in unanswered:
-            unknown[_HEALTH_SLOT_KEYS[slot]] = _soft_reason(symbol, code)
+            unknown[_HEALTH_SLOT_KEYS[slot]] = _code_reason(symbol, code)
         return MemoryHealth(pages, pending, rows)
 
 
@@ -662,7 +660,7 @@ class _Attempts:
 
 def _note(unknown: dict[str, str] | None, key: str, exc: NvmlError) -> dict[str, str]:
     """Record why ``key`` is unknown, or re-raise when the error makes the whole device unreadable."""
-    if not _soft(exc):
+    if exc.SCOPE != "value":
         raise exc
     return _add(unknown, key, _reason(exc))
 

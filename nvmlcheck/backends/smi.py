@@ -70,7 +70,7 @@ from ..errors import (
     SmiTransportError,
     error_class_for_code,
 )
-from ..model import DeviceFailure, DeviceState, Fields, ProcessKind, RetiredPage, Snapshot, SystemInfo
+from ..model import DeviceFailure, DeviceState, Fields, ProcessKind, RetiredPage, Snapshot, SystemInfo, unknown_key
 from ._smi.pids import parse_pids_query
 from ._smi.queries import GpuRecord, parse_compute_apps, parse_query_gpu, parse_retired_pages
 from ._smi.small import cuda_version_number, parse_list_gpus, parse_version_output
@@ -332,6 +332,8 @@ def classify_failure(result: SmiResult, *, prefixed: bool = False) -> NvmlCheckE
     nvidia-smi's exit statuses are NVML return codes (2 invalid argument, 4 no permission, 6 not found, 9 driver not
     loaded, 12 library not found, 15 GPU lost, 18 driver/library mismatch, 255 other); its messages go to stdout. With
     a prefix, 255 is ssh's own failure and 126/127 a remote shell's "not executable"/"not found": transport errors.
+    Only the class is picked here; whether a wait retries it is the class's ``TRANSIENT`` (errors.py): the NVML
+    code's, a plain :class:`~nvmlcheck.SmiError` (a refused or failed run) transient, a transport error fatal.
     """
     rc = result.returncode
     if rc == 0:
@@ -773,11 +775,12 @@ class SmiBackend:
         with _parsing(result):
             listing = parse_compute_apps(result.stdout, _APPS_FIELDS)
         not_csv = "nvidia-smi --query-compute-apps lists compute processes only (use process_query='pids')"
+        not_listed = {unknown_key("processes", k): not_csv for k in (ProcessKind.GRAPHICS, ProcessKind.MPS)}
         out: dict[str, ProcessLists] = {}
         for r in records:
-            reasons = {"processes.graphics": not_csv, "processes.mps": not_csv}
+            reasons = dict(not_listed)
             if listing.unattributed is not None:
-                reasons["processes.compute"] = listing.unattributed
+                reasons[unknown_key("processes", ProcessKind.COMPUTE)] = listing.unattributed
                 out[r.uuid] = ProcessLists(None, None, None, reasons)
             else:
                 out[r.uuid] = ProcessLists(listing.by_gpu.get(r.uuid, ()), None, None, reasons)
@@ -800,12 +803,12 @@ class SmiBackend:
                     else f"nvidia-smi -q -d PIDS did not list GPU {r.index} (PCI bus id {pci or 'unknown'})"
                 )
             if why is not None:
-                reasons = {f"processes.{k.value}": why for k in ProcessKind}
+                reasons = {unknown_key("processes", k): why for k in ProcessKind}
                 out[r.uuid] = ProcessLists(None, None, None, reasons)
                 continue
             # Bytes a driver withholds (WDDM, MIG) are None on each process; the lists themselves are complete.
             bytes_why = listing.bytes_unknown.get(pci)
-            reasons = {"processes.used_bytes": bytes_why} if bytes_why is not None else {}
+            reasons = {unknown_key("processes", "used_bytes"): bytes_why} if bytes_why is not None else {}
             mig = listing.mig_devices.get(pci, ()) if self._mig_seen and r.mig_mode else None
             if mig is not None and pci in listing.mig_unknown:
                 mig = None
