@@ -436,7 +436,7 @@ def fast_constructor(cls: type[_T]) -> Callable[..., _T]:
 
     A frozen dataclass's ``__init__`` sets each field through ``object.__setattr__``; writing the slots directly
     costs less than half as much. Backends build a ``DeviceState`` per GPU and a ``Snapshot`` per poll, and the
-    difference is measured at 15-20 % of a wait poll on the stub (docs/performance.md, "Building the model objects").
+    difference is about a fifth of a wait poll on the stub (docs/performance.md, "Building the model objects").
     Every field is a required keyword argument, so reordering the class's fields changes nothing and a missing or
     misspelt one raises ``TypeError``. No defaults, no validation.
     """
