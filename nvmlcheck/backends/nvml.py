@@ -202,8 +202,12 @@ _KINDS = tuple(ProcessKind)
 _PROCESS_KEYS = tuple(unknown_key("processes", k) for k in _KINDS)
 _NO_BOUND = 1 << 63  # before any memory read: no total to check process entries against
 _new_tuple = tuple.__new__  # GpuProcess is a named tuple; this skips its Python-level __new__
+# Per GPU and per poll: the frozen dataclasses' own __init__ costs more than twice as much (docs/performance.md,
+# "Building the model objects"). Keyword-only, like the classes' own constructors.
 _make_device = fast_constructor(DeviceState)
 _make_snapshot = fast_constructor(Snapshot)
+# The unknown keys of the slots NvmlCalls.clocks and .health report unanswered (they do not raise per value:
+# docs/performance.md, "Building the model objects").
 _CLOCK_SLOT_KEYS = (
     *(
         f"clocks.{part}.{key}"
@@ -456,7 +460,15 @@ class NvmlBackend:
             except NvmlCheckError as exc:
                 failures.append(DeviceFailure(index, ident.uuid if ident else None, exc))
         end = time.monotonic_ns()
-        return _make_snapshot("nvml", start, end - start, wall, system, tuple(devices), tuple(failures))
+        return _make_snapshot(
+            backend="nvml",
+            taken_ns=start,
+            duration_ns=end - start,
+            wall_time=wall,
+            system=system,
+            devices=tuple(devices),
+            failures=tuple(failures),
+        )
 
     def _identity(self, index: int, gate: _GateFn = _no_gate) -> _Identity:
         calls = self._calls
@@ -568,21 +580,21 @@ class NvmlBackend:
         else:
             reasons = MappingProxyType({**ident.unknown, **plan.not_requested, **unknown})
         return _make_device(
-            index,
-            ident.uuid,
-            ident.name,
-            ident.pci_bus_id,
-            ident.serial,
-            ident.minor_number,
-            memory,
-            lists[0],
-            lists[1],
-            lists[2],
-            clocks,
-            health,
-            reasons,
-            ident.mig_mode,
-            mig_devices,
+            index=index,
+            uuid=ident.uuid,
+            name=ident.name,
+            pci_bus_id=ident.pci_bus_id,
+            serial=ident.serial,
+            minor_number=ident.minor_number,
+            memory=memory,
+            compute_processes=lists[0],
+            graphics_processes=lists[1],
+            mps_processes=lists[2],
+            clocks=clocks,
+            health=health,
+            unknown=reasons,
+            mig_mode=ident.mig_mode,
+            mig_devices=mig_devices,
         )
 
     def _mig_devices(
