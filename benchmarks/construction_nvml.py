@@ -40,7 +40,7 @@ import nvmlcheck.backends.nvml as nvml_backend
 from nvmlcheck import FunctionNotFound, NvmlCheckError, NvmlError
 from nvmlcheck._nvml.calls import CLOCK_GRAPHICS, CLOCK_MEM, CLOCK_SM, CLOCK_VIDEO, Handle
 from nvmlcheck.backends.nvml import NvmlBackend
-from nvmlcheck.errors import error_class_for_code
+from nvmlcheck.errors import codes_in_scope, error_class_for_code
 from nvmlcheck.model import (
     Clocks,
     ClockSet,
@@ -115,7 +115,7 @@ def constructor_cases() -> dict[str, Case]:
 
 # --- clocks and health read the plain way: one call per value, raising; the backend catches --------------------
 
-_DEVICE_LEVEL = frozenset((1, 9, 12, 15, 16, 18))  # as in _nvml/calls.py: these fail the device, others one value
+_DEVICE_LEVEL = codes_in_scope("device")  # these fail the device, others one value (errors.py)
 _DOMAINS = (
     ("graphics_mhz", CLOCK_GRAPHICS),
     ("sm_mhz", CLOCK_SM),
@@ -140,7 +140,7 @@ def _soft(unknown: dict[str, str], key: str, read: Callable[..., Any], *args: ob
     except NvmlError as exc:
         if exc.code in _DEVICE_LEVEL:
             raise
-        unknown[key] = nvml_backend._soft_reason(exc.function, exc.code)
+        unknown[key] = nvml_backend._code_reason(exc.function, exc.code)
         return None
 
 
