@@ -1,0 +1,194 @@
+"""Model values as plain dicts, and the header every document has (:func:`document`)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..model import (
+    Clocks,
+    ClockSet,
+    DeviceFailure,
+    DeviceState,
+    GpuProcess,
+    Memory,
+    MemoryHealth,
+    MigDevice,
+    Snapshot,
+)
+
+if TYPE_CHECKING:
+    from ..holders import Holder
+
+#: The version of every JSON document the CLI prints.
+SCHEMA_VERSION = 1
+
+
+def document(kind: str, **fields: Any) -> dict[str, Any]:
+    """A top-level document of ``kind`` (``"snapshot"``, ``"wait"``, ``"kill"``, ``"error"``)."""
+    return {"schema": f"nvmlcheck/{kind}", "version": SCHEMA_VERSION, **fields}
+
+
+def _memory(m: Memory | None) -> dict[str, Any] | None:
+    if m is None:
+        return None
+    return {
+        "total_bytes": m.total_bytes,
+        "used_bytes": m.used_bytes,
+        "free_bytes": m.free_bytes,
+        "reserved_bytes": m.reserved_bytes,
+        "used_includes_reserved": m.used_includes_reserved,
+        "granularity_bytes": m.granularity_bytes,
+    }
+
+
+def _process(p: GpuProcess) -> dict[str, Any]:
+    return {
+        "pid": p.pid,
+        "kind": p.kind.value,
+        "used_bytes": p.used_bytes,
+        "name": p.name,
+        "gpu_instance_id": p.gpu_instance_id,
+        "compute_instance_id": p.compute_instance_id,
+    }
+
+
+def _processes(procs: tuple[GpuProcess, ...] | None) -> list[dict[str, Any]] | None:
+    return None if procs is None else [_process(p) for p in procs]
+
+
+def _clock_set(c: ClockSet) -> dict[str, int | None]:
+    return {"graphics_mhz": c.graphics_mhz, "sm_mhz": c.sm_mhz, "memory_mhz": c.memory_mhz, "video_mhz": c.video_mhz}
+
+
+def _clocks(c: Clocks | None) -> dict[str, Any] | None:
+    if c is None:
+        return None
+    reasons = c.event_reasons
+    return {
+        "current": _clock_set(c.current),
+        "max": _clock_set(c.max),
+        "applications": _clock_set(c.applications),
+        "event_reasons": None if reasons is None else int(reasons),
+        "event_reason_names": None if reasons is None else list(reasons.names),
+    }
+
+
+def _health(h: MemoryHealth | None) -> dict[str, Any] | None:
+    if h is None:
+        return None
+    rows = h.remapped_rows
+    return {
+        "retired_pages": None
+        if h.retired_pages is None
+        else [{"address": p.address, "cause": p.cause.value, "timestamp": p.timestamp} for p in h.retired_pages],
+        "retired_pages_pending": h.retired_pages_pending,
+        "remapped_rows": None
+        if rows is None
+        else {
+            "correctable": rows.correctable,
+            "uncorrectable": rows.uncorrectable,
+            "pending": rows.pending,
+            "failure": rows.failure,
+        },
+    }
+
+
+def _mig_device(m: MigDevice) -> dict[str, Any]:
+    return {
+        "index": m.index,
+        "uuid": m.uuid,
+        "gpu_instance_id": m.gpu_instance_id,
+        "compute_instance_id": m.compute_instance_id,
+        "memory": _memory(m.memory),
+        "processes": _processes(m.processes),
+        "unknown": dict(m.unknown),
+    }
+
+
+def device_json(d: DeviceState) -> dict[str, Any]:
+    """One device. ``mig_mode`` / ``mig_devices`` were added in issue 11 (``null`` when not read)."""
+    return {
+        "index": d.index,
+        "uuid": d.uuid,
+        "name": d.name,
+        "pci_bus_id": d.pci_bus_id,
+        "serial": d.serial,
+        "minor_number": d.minor_number,
+        "memory": _memory(d.memory),
+        "processes": {
+            "compute": _processes(d.compute_processes),
+            "graphics": _processes(d.graphics_processes),
+            "mps": _processes(d.mps_processes),
+        },
+        "clocks": _clocks(d.clocks),
+        "health": _health(d.health),
+        "unknown": dict(d.unknown),
+        "mig_mode": d.mig_mode,
+        "mig_devices": None if d.mig_devices is None else [_mig_device(m) for m in d.mig_devices],
+    }
+
+
+def error_json(exc: BaseException) -> dict[str, Any]:
+    """An exception as ``{"type", "message"}``, plus ``code``/``function``/``device_index`` for NVML errors,
+    ``returncode`` for nvidia-smi errors, ``attempts`` (what was tried) when no backend opened, and for a
+    :class:`~nvmlcheck.GpuFault` ``index``/``uuid``/``kind``/``xid``/``meaning``/``time_ns``/``wall_time``."""
+    out: dict[str, Any] = {"type": type(exc).__name__, "message": str(exc)}
+    attrs: tuple[str, ...] = ("code", "function", "device_index", "returncode", "attempts")
+    if type(exc).__name__ == "GpuFault":  # by name: importing errors here would cost every other document
+        attrs = ("index", "uuid", "kind", "xid", "meaning", "time_ns", "wall_time")
+    for attr in attrs:
+        value = getattr(exc, attr, None)
+        if value is not None and value != ():
+            out[attr] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
+def holder_json(h: Holder) -> dict[str, Any]:
+    """One process holding a GPU (``nvmlcheck/holders``); ``null`` fields are unknown, the reason under
+    ``"unknown"``."""
+    return {
+        "pid": h.pid,
+        "found_by": sorted(h.found_by),
+        "gpus": [
+            {
+                "index": g.index,
+                "uuid": g.uuid,
+                "kinds": list(g.kinds),
+                "used_bytes": g.used_bytes,
+                "why_unknown": g.why_unknown,
+            }
+            for g in h.gpus
+        ],
+        "name": h.name,
+        "state": h.state,
+        "uid": h.uid,
+        "user": h.user,
+        "cmdline": None if h.cmdline is None else list(h.cmdline),
+        "nspid": None if h.nspid is None else list(h.nspid),
+        "ancestry": None if h.ancestry is None else list(h.ancestry),
+        "device_files": None if h.device_files is None else list(h.device_files),
+        "is_daemon": h.is_daemon,
+        "relation": h.relation,
+        "unknown": dict(h.unknown),
+    }
+
+
+def _failure(f: DeviceFailure) -> dict[str, Any]:
+    return {"index": f.index, "uuid": f.uuid, "error": error_json(f.error)}
+
+
+def snapshot_json(s: Snapshot) -> dict[str, Any]:
+    """A snapshot's content (without the document header: embed it, or wrap it with :func:`document`)."""
+    return {
+        "backend": s.backend,
+        "taken_ns": s.taken_ns,
+        "duration_ns": s.duration_ns,
+        "wall_time": s.wall_time,
+        "system": {
+            "driver_version": s.system.driver_version,
+            "nvml_version": s.system.nvml_version,
+            "cuda_driver_version": s.system.cuda_driver_version,
+        },
+        "devices": [device_json(d) for d in s.devices],
+        "failures": [_failure(f) for f in s.failures],
+    }
