@@ -25,7 +25,10 @@ class Default:
         self.value = value
 
     def __repr__(self) -> str:
-        return repr(self.value)
+        value = self.value
+        if callable(value):  # time.monotonic_ns, not <built-in function monotonic_ns>
+            return f"{getattr(value, '__module__', '?')}.{getattr(value, '__qualname__', '?')}"
+        return repr(value)
 
 
 # Typed Any so that a signature can say ``timeout: float | None = TIMEOUT``: the marker is never seen past the merge.

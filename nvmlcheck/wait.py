@@ -748,9 +748,6 @@ def poll_until(
     """Poll ``snapshot_fn`` until ``predicate`` (default: :func:`~nvmlcheck.predicates.default_predicate`) holds
     on ``stable_polls`` consecutive snapshots, and return when it was first seen clean.
 
-    ``options`` (a :class:`WaitOptions`) holds the wait's settings; the keyword arguments ``timeout``, ``policy``,
-    ``stable_polls``, ``clock``, ``sleep``, ``keep_trace`` (the options' ``trace``) and ``on_poll`` are shortcuts
-    that win over it. ``options.events=True`` is refused (:class:`ValueError`): events need a session's listener.
     ``timeout`` in seconds: ``0`` checks once, ``None`` or ``inf`` waits forever, negative or NaN raises
     :class:`ValueError`. ``policy``: a :class:`PollPolicy`, ``"default"``, ``"precise"``, a fixed interval in
     seconds, or ``None`` for :data:`DEFAULT`. ``clock`` returns integer nanoseconds; ``sleep`` takes seconds.
@@ -773,6 +770,11 @@ def poll_until(
     which always completes), and may raise :class:`~nvmlcheck.errors.DeadlinePassed` between two queries once it
     has come: the wait then times out at once, overrunning its deadline by at most one query instead of a whole
     poll. A backend's ``snapshot(indices, fields, deadline=d)`` is such a function.
+
+    ``options`` (a :class:`WaitOptions`) holds the wait's settings in one value; the keyword arguments
+    ``timeout`` (default 30 s, as everywhere), ``policy``, ``stable_polls``, ``clock``, ``sleep``, ``keep_trace``
+    (the options' ``trace``) and ``on_poll`` are shortcuts that win over it. ``events=True`` in the options is a
+    :class:`ValueError` here: events need a session's listener (:meth:`~nvmlcheck.Session.wait_until_clean`).
 
     Raises :class:`~nvmlcheck.WaitTimeout` at the deadline, naming what still holds each GPU; fatal errors
     (see :func:`is_transient`) are raised as they come. A timeout that follows a ``probe`` poll names the holders
