@@ -54,7 +54,7 @@ def test_defaults_are_each_apis_keyword_defaults(api: str) -> None:
         assert isinstance(param.default, Default), (api, name)
         assert param.default.name == name
         assert getattr(plain, name) == param.default.value, (api, name)
-        value = param.default.value  # help() and docs/api.md show the value
+        value: Any = param.default.value  # help() and docs/api.md show the value
         shown = f"{value.__module__}.{value.__qualname__}" if callable(value) else repr(value)
         assert repr(param.default) == shown
     assert inspect.signature(fn).parameters["options"].default is None
