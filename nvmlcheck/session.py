@@ -470,18 +470,21 @@ def open(
 
 
 def wait_until_clean(
-    timeout: float | None = 30.0,
+    timeout: float | None = TIMEOUT,
     predicate: Predicate | None = None,
     *,
     devices: Iterable[DeviceSelector] | DeviceSelector | None = None,
     backend: str = "auto",
-    policy: PollPolicy | str | float | None = None,
-    stable_polls: int = 2,
-    trace: bool = False,
-    events: bool = False,
+    policy: PollPolicy | str | float | None = POLICY,
+    stable_polls: int = STABLE_POLLS,
+    trace: bool = TRACE,
+    events: bool | None = EVENTS,
+    options: WaitOptions | None = None,
 ) -> WaitResult:
     """Open a session, wait until the GPUs are clean (see :meth:`Session.wait_until_clean`), close it.
     ``events=True`` listens for NVML events during the wait (:class:`~nvmlcheck.GpuFault` on a fatal one).
+    ``options``: a :class:`~nvmlcheck.wait.WaitOptions`, as for :meth:`Session.wait_until_clean`; a keyword
+    argument given wins over its field.
 
     A finite ``timeout`` (``0`` included) bounds the whole call, opening included, by this rule: ``nvmlInit`` may
     take half of it, at least 0.25 s and at most 10 s (:func:`~nvmlcheck.backends.nvml.init_timeout_for`), so that
@@ -496,7 +499,11 @@ def wait_until_clean(
     """
     from .backends.nvml import init_timeout_for
     from .backends.smi import DEFAULT_TIMEOUT_S as SMI_TIMEOUT_S
+    from .wait import WaitOptions
 
+    opts = WaitOptions.or_default(options).with_(timeout=timeout, policy=policy, stable_polls=stable_polls,
+                                                 trace=trace, events=events)
+    timeout = opts.timeout
     started = time.monotonic()
     init_timeout = init_timeout_for(timeout)
     bounded = isinstance(timeout, int | float) and not isinstance(timeout, bool) and 0 <= timeout < math.inf
@@ -510,7 +517,5 @@ def wait_until_clean(
         if bounded:
             assert timeout is not None
             timeout = max(0.0, timeout - (time.monotonic() - started))
-        return session.wait_until_clean(
-            timeout, predicate, devices=devices, policy=policy, stable_polls=stable_polls, trace=trace,
-            events=events or None,
-        )
+        # A fresh session has no listener: events None (the default) and False both poll.
+        return session.wait_until_clean(timeout, predicate, devices=devices, options=opts)

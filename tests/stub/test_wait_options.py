@@ -1,5 +1,6 @@
-"""One WaitOptions value, handed to every API that waits, on the stub: the poller, Session.wait_until_clean,
-kill_and_wait and KillPlan.wait all wait by it, and a keyword given wins over its field."""
+"""One WaitOptions value, handed to every API that waits, on the stub: the poller, Session.wait_until_clean (and the
+module-level wait_until_clean), kill_and_wait and KillPlan.wait all wait by it, and a keyword given wins over its
+field."""
 
 from __future__ import annotations
 
@@ -34,12 +35,16 @@ def _options(seen: list[TracePoint]) -> WaitOptions:
     return WaitOptions(timeout=20.0, policy=0.001, stable_polls=3, trace=True, on_poll=seen.append, events=None)
 
 
-def test_one_options_value_serves_every_api(scenario_path: Path, sleeper: subprocess.Popen[bytes]) -> None:
+def test_one_options_value_serves_every_api(
+    scenario_path: Path, sleeper: subprocess.Popen[bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
     Scenario.h200().write(scenario_path)
+    monkeypatch.setenv("NVMLCHECK_LIBNVML", str(build_stub()))  # for the module-level wait_until_clean's open
     seen: list[TracePoint] = []
     opts = _options(seen)
+    results = [nc.wait_until_clean(backend="nvml", options=opts)]
     with nc.open("nvml", library_path=str(build_stub())) as gpus:
-        results = [
+        results += [
             poll_until(lambda: gpus.snapshot(fields=Fields.WAIT), options=opts),
             gpus.wait_until_clean(options=opts),
             nc.kill_and_wait(gpus, [sleeper.pid], options=opts).wait,

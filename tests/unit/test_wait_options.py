@@ -16,13 +16,14 @@ from snapshots import busy, idle
 from nvmlcheck._waitdefaults import Default
 from nvmlcheck.errors import WaitTimeout
 from nvmlcheck.kill import KillPlan, kill_and_wait
-from nvmlcheck.session import Session
+from nvmlcheck.session import Session, wait_until_clean
 from nvmlcheck.wait import DEFAULT, PRECISE, TracePoint, WaitOptions, poll_until
 
 #: Every API that takes ``options=``, and its keyword for each option where the name differs.
 APIS: dict[str, tuple[Callable[..., Any], dict[str, str]]] = {
     "poll_until": (poll_until, {"keep_trace": "trace"}),
     "Session.wait_until_clean": (Session.wait_until_clean, {}),
+    "wait_until_clean": (wait_until_clean, {}),
     "KillPlan.wait": (KillPlan.wait, {}),
     "kill_and_wait": (kill_and_wait, {}),
 }
@@ -63,7 +64,8 @@ def test_defaults_are_each_apis_keyword_defaults(api: str) -> None:
 def test_every_api_takes_the_common_options_as_keywords() -> None:
     common = {"timeout", "policy", "stable_polls", "on_poll", "sleep", "events"}
     for api, (fn, renamed) in APIS.items():
-        missing = common - set(_option_keywords(fn, renamed)) - ({"events"} if api == "poll_until" else set())
+        exempt = {"poll_until": {"events"}, "wait_until_clean": {"on_poll", "sleep"}}.get(api, set())
+        missing = common - set(_option_keywords(fn, renamed)) - exempt
         assert not missing, (api, missing)
 
 
