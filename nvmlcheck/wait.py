@@ -643,11 +643,7 @@ class WaitOptions:
         sleep: Callable[[float], object] = SLEEP,
         events: bool | None = EVENTS,
     ) -> None:
-        values = (timeout, policy, stable_polls, trace, on_poll, clock, sleep, events)
-        for name, given in zip(_OPTION_NAMES, values, strict=True):
-            value = given.value if isinstance(given, Default) else given
-            _check_option(name, value)
-            object.__setattr__(self, name, value)
+        _fill(self, (timeout, policy, stable_polls, trace, on_poll, clock, sleep, events), None)
 
     def with_(
         self,
@@ -662,14 +658,9 @@ class WaitOptions:
         events: bool | None = EVENTS,
     ) -> WaitOptions:
         """A copy with the fields given changed (the others as in this one); this same object when none is given."""
-        values = (timeout, policy, stable_polls, trace, on_poll, clock, sleep, events)
-        if all(isinstance(v, Default) for v in values):
-            return self
-        merged: dict[str, Any] = {
-            name: getattr(self, name) if isinstance(value, Default) else value
-            for name, value in zip(_OPTION_NAMES, values, strict=True)
-        }
-        return WaitOptions(**merged)
+        new = object.__new__(WaitOptions)
+        given = _fill(new, (timeout, policy, stable_polls, trace, on_poll, clock, sleep, events), self)
+        return new if given else self
 
     @staticmethod
     def or_default(options: WaitOptions | None) -> WaitOptions:
@@ -707,6 +698,20 @@ class WaitOptions:
 def _rebuild_options(values: tuple[object, ...]) -> WaitOptions:
     fields: dict[str, Any] = dict(zip(_OPTION_NAMES, values, strict=True))
     return WaitOptions(**fields)
+
+
+def _fill(target: WaitOptions, values: tuple[object, ...], base: WaitOptions | None) -> bool:
+    """Set ``target``'s fields: a value given is checked, one left at its marker comes from ``base`` (already
+    checked) or is the default. Whether any was given. Once per wait: only the values given are checked."""
+    given = False
+    for name, value in zip(_OPTION_NAMES, values, strict=True):
+        if isinstance(value, Default):
+            value = value.value if base is None else getattr(base, name)  # noqa: PLW2901
+        else:
+            _check_option(name, value)
+            given = True
+        object.__setattr__(target, name, value)
+    return given
 
 
 def _check_option(name: str, value: object) -> None:
