@@ -593,9 +593,9 @@ _OPTION_NAMES = ("timeout", "policy", "stable_polls", "trace", "on_poll", "clock
 
 
 class WaitOptions:
-    """How a wait waits, in one immutable value that :func:`poll_until`,
-    :meth:`Session.wait_until_clean <nvmlcheck.Session.wait_until_clean>`, :func:`~nvmlcheck.kill_and_wait` and
-    :meth:`KillPlan.wait <nvmlcheck.KillPlan.wait>` all take as ``options=``.
+    """How a wait waits, in one immutable value that :func:`poll_until`, :meth:`Session.wait_until_clean`,
+    :func:`~nvmlcheck.wait_until_clean`, :func:`~nvmlcheck.kill_and_wait` and :meth:`KillPlan.wait` all take as
+    ``options=``.
 
     ``timeout``: seconds (``None`` or ``inf``: wait forever; ``0``: one check). ``policy``: a :class:`PollPolicy`,
     ``"default"``, ``"precise"``, an interval in seconds, or ``None`` (:data:`DEFAULT`; :data:`SMI_DEFAULT` with
@@ -611,6 +611,7 @@ class WaitOptions:
     for a negative or NaN ``timeout``, a ``stable_polls`` that is not an int >= 1, an unknown polling mode;
     ``TypeError`` for a value of the wrong type.
 
+    >>> from nvmlcheck.wait import WaitOptions
     >>> quick = WaitOptions(timeout=5.0, policy="precise")
     >>> quick.with_(stable_polls=3).stable_polls
     3
