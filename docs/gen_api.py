@@ -107,7 +107,7 @@ SECTIONS: list[tuple[str, str, list[str]]] = [
     (
         "Waiting",
         "The poller behind `wait_until_clean`. The policies `DEFAULT` and `PRECISE` live in `nvmlcheck.wait`.",
-        ["poll_until", "PollPolicy", "WaitResult", "TracePoint"],
+        ["poll_until", "WaitOptions", "PollPolicy", "WaitResult", "TracePoint"],
     ),
     (
         "Killing",

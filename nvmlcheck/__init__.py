@@ -101,6 +101,7 @@ _LAZY: dict[str, str] = {
     "Unknown": "errors",
     "Verdict": "predicates",
     "VgpuEccNotSupported": "errors",
+    "WaitOptions": "wait",
     "WaitResult": "wait",
     "WaitTimeout": "errors",
     "always": "predicates",

@@ -95,7 +95,7 @@ from nvmlcheck.study import HolderError as HolderError
 from nvmlcheck.study import StudyConfig as StudyConfig
 from nvmlcheck.study import StudyError as StudyError
 from nvmlcheck.study import run_study as run_study
-from nvmlcheck.wait import PollPolicy, TracePoint, WaitResult, poll_until
+from nvmlcheck.wait import PollPolicy, TracePoint, WaitOptions, WaitResult, poll_until
 
 __version__: str
 
@@ -182,6 +182,7 @@ __all__ = [
     "Unknown",
     "Verdict",
     "VgpuEccNotSupported",
+    "WaitOptions",
     "WaitResult",
     "WaitTimeout",
     "__version__",

@@ -47,7 +47,7 @@ EXPORTS: dict[str, tuple[str, ...]] = {
     ),
     "selection": ("SelectTimeout", "Selection", "select_clean"),
     "session": ("DeviceSelector", "Session", "open", "wait_until_clean"),
-    "wait": ("PollPolicy", "TracePoint", "WaitResult", "poll_until"),
+    "wait": ("PollPolicy", "TracePoint", "WaitOptions", "WaitResult", "poll_until"),
 }
 
 #: Top-level names on their way out: name -> (module that keeps it, the release that drops it from the top level).

@@ -735,7 +735,7 @@ class SmiFallback:
         from . import predicates as p
         from .backends.smi import SmiBackend
         from .errors import WaitTimeout
-        from .jsonout import document, snapshot_json
+        from .jsonout import document, snapshot_json, wait_document, wait_timeout_document
         from .session import Session
 
         remaining_s = context.remaining_s
@@ -764,12 +764,8 @@ class SmiFallback:
                 res = gpus.wait_until_clean(timeout, predicate, devices=devices, stable_polls=self.stable_polls,
                                             on_poll=on_poll)
             except WaitTimeout as exc:
-                return document("wait", clean=False, elapsed_ns=exc.elapsed_ns, timeout_s=exc.timeout_s,
-                                polls=exc.polls, culprits=list(exc.culprits),
-                                snapshot=None if exc.snapshot is None else snapshot_json(exc.snapshot)), 1
-            return document("wait", clean=True, elapsed_ns=res.elapsed_ns, first_clean_ns=res.first_clean_ns,
-                            last_dirty_ns=res.last_dirty_ns, polls=res.polls, poll_cost_ns=res.poll_cost_ns,
-                            interval_ns=res.interval_ns, culprits=[], snapshot=snapshot_json(res.snapshot)), 0
+                return wait_timeout_document(exc), 1
+            return wait_document(res), 0
 
 
 def run_on_hosts(

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ._proc import procfs, targets
 from ._proc.targets import Refused, Target, TargetSet
+from ._waitdefaults import CLOCK, EVENTS, ON_POLL, POLICY, SLEEP, STABLE_POLLS, TIMEOUT, Default
 from .errors import BackendUnavailable, NvmlCheckError, WaitTimeout
 from .holders import Holder
 from .model import Snapshot
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
     # Types only: prepare_kill and send_first run before anything of the GPU side is needed (issue 12).
     from ._proc.pin import PinMode
     from .session import DeviceSelector, Session
-    from .wait import PollPolicy, TracePoint, WaitResult
+    from .wait import PollPolicy, TracePoint, WaitOptions, WaitResult
 
 __all__ = [
     "FoundBy",
@@ -269,28 +270,40 @@ class KillPlan:
         self,
         session: Session,
         *,
-        timeout: float | None = 30.0,
+        timeout: float | None = TIMEOUT,
         grace_s: float | None = 5.0,
         devices: Iterable[DeviceSelector] | DeviceSelector | None = None,
         predicate: Predicate | None = None,
-        policy: PollPolicy | str | float | None = None,
-        stable_polls: int = 2,
-        on_poll: Callable[[TracePoint], object] | None = None,
-        sleep: Callable[[float], object] = time.sleep,
-        events: bool | None = None,
+        policy: PollPolicy | str | float | None = POLICY,
+        stable_polls: int = STABLE_POLLS,
+        on_poll: Callable[[TracePoint], object] | None = ON_POLL,
+        sleep: Callable[[float], object] = SLEEP,
+        events: bool | None = EVENTS,
+        options: WaitOptions | None = None,
     ) -> KillResult:
         """Wait until every target has exited and ``predicate`` (default: :func:`default_predicate`) holds on the
         selected GPUs; SIGKILL the targets still alive once ``grace_s`` has passed since the first signal (``None``
         or ``inf``: never). ``timeout`` counts from the first signal too. The clock is the one given to
         :meth:`send_first`. Raises :class:`KillTimeout`; closes the plan either way. ``events``: as for
         :meth:`Session.wait_until_clean`: with the session's event listener running (``None``) or started
-        (``True``), a fatal event on a selected GPU raises :class:`~nvmlcheck.GpuFault` at once."""
+        (``True``), a fatal event on a selected GPU raises :class:`~nvmlcheck.GpuFault` at once.
+
+        ``options``: a :class:`~nvmlcheck.wait.WaitOptions`; a keyword argument given wins over its field. Its
+        ``clock`` must be the one given to :meth:`send_first` (or left at its default): the plan's clock is used."""
+        from .wait import WaitOptions
+
         found = self._set
         if found.started is None or found.first is None:
             raise RuntimeError("send the first signal before waiting")
         grace_ns = _grace_ns(grace_s)
-        _check_timeout(timeout)
+        if not isinstance(timeout, Default):
+            _check_timeout(timeout)  # a keyword's errors stay ValueErrors, as they always were here
+        opts = WaitOptions.or_default(options).with_(timeout=timeout, policy=policy, stable_polls=stable_polls,
+                                                     on_poll=on_poll, sleep=sleep, events=events)
+        timeout, on_poll = opts.timeout, opts.on_poll
         start, clock, first = found.started, found.clock, found.first
+        if opts.clock is not clock and opts.clock is not CLOCK.value:
+            raise ValueError("options.clock is not the clock the first signal was timed on: give it to send_first")
         grace_end = None if grace_ns is None else start + grace_ns
         next_scan = start
 
@@ -323,12 +336,9 @@ class KillPlan:
                 remaining,
                 condition,
                 devices=devices,
-                policy=policy,
-                stable_polls=stable_polls,
                 on_poll=observe,
                 clock=clock,
-                sleep=sleep,
-                events=events,
+                options=opts,
             )
         except WaitTimeout as exc:
             raise self._timeout(exc, timeout) from None
@@ -454,18 +464,19 @@ def kill_and_wait(
     pids: Iterable[int],
     *,
     tree: bool = False,
-    timeout: float | None = 30.0,
+    timeout: float | None = TIMEOUT,
     grace_s: float | None = 5.0,
     first_signal: signal.Signals = signal.SIGTERM,
     devices: Iterable[DeviceSelector] | DeviceSelector | None = None,
     predicate: Predicate | None = None,
-    policy: PollPolicy | str | float | None = None,
-    stable_polls: int = 2,
-    on_poll: Callable[[TracePoint], object] | None = None,
-    clock: Callable[[], int] = time.monotonic_ns,
-    sleep: Callable[[float], object] = time.sleep,
+    policy: PollPolicy | str | float | None = POLICY,
+    stable_polls: int = STABLE_POLLS,
+    on_poll: Callable[[TracePoint], object] | None = ON_POLL,
+    clock: Callable[[], int] = CLOCK,
+    sleep: Callable[[float], object] = SLEEP,
     pinning: PinMode = "auto",
-    events: bool | None = None,
+    events: bool | None = EVENTS,
+    options: WaitOptions | None = None,
 ) -> KillResult:
     """Signal ``pids`` (with ``tree``, their descendants too), SIGKILL what is still alive after ``grace_s``, and wait
     until every one has exited and the selected GPUs are clean: :func:`prepare_kill`, :meth:`KillPlan.send_first`
@@ -478,9 +489,18 @@ def kill_and_wait(
     targets have not exited or the GPUs are not clean in time. ``events`` (see :meth:`KillPlan.wait`): ``True``
     starts the session's event listener before the first signal; a fatal event on a selected GPU then raises
     :class:`~nvmlcheck.GpuFault` at once.
+
+    ``options``: a :class:`~nvmlcheck.wait.WaitOptions` (``timeout``, ``policy``, ``stable_polls``, ``trace``,
+    ``on_poll``, ``clock``, ``sleep``, ``events``); a keyword argument given wins over its field.
     """
+    from .wait import WaitOptions
+
     _grace_ns(grace_s)
-    _check_timeout(timeout)
+    if not isinstance(timeout, Default):
+        _check_timeout(timeout)
+    # Merged before anything is signalled: a bad option is refused with nothing sent.
+    opts = WaitOptions.or_default(options).with_(timeout=timeout, policy=policy, stable_polls=stable_polls,
+                                                 on_poll=on_poll, clock=clock, sleep=sleep, events=events)
     first_signal = signal.Signals(first_signal)
     indices = session.resolve(devices)
     if indices is None and session.device_count() == 0:
@@ -490,19 +510,8 @@ def kill_and_wait(
             "so nothing was signalled",
             [f"{session.backend_name}: device count 0"],
         )
-    if events:
+    if opts.events:
         session.listen()  # before the signal: registration takes a few calls, the kill should not wait for them
     with prepare_kill(pids, tree=tree, pinning=pinning) as plan:
-        plan.send_first(first_signal, clock=clock)
-        return plan.wait(
-            session,
-            timeout=timeout,
-            grace_s=grace_s,
-            devices=indices,
-            predicate=predicate,
-            policy=policy,
-            stable_polls=stable_polls,
-            on_poll=on_poll,
-            sleep=sleep,
-            events=events,
-        )
+        plan.send_first(first_signal, clock=opts.clock)
+        return plan.wait(session, grace_s=grace_s, devices=indices, predicate=predicate, options=opts)

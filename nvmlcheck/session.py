@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING
 
+from ._waitdefaults import CLOCK, EVENTS, ON_POLL, POLICY, SLEEP, STABLE_POLLS, TIMEOUT, TRACE
 from .backends import Backend, open_backend
 from .model import DeviceState, Fields, Snapshot, SystemInfo
 
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
     from .holders import Holder
     from .predicates import Predicate
     from .selection import Selection
-    from .wait import Deadline, PollPolicy, TracePoint, WaitResult
+    from .wait import Deadline, PollPolicy, TracePoint, WaitOptions, WaitResult
 
 __all__ = ["DeviceSelector", "Session", "open", "wait_until_clean"]
 
@@ -256,17 +257,18 @@ class Session:
 
     def wait_until_clean(
         self,
-        timeout: float | None = 30.0,
+        timeout: float | None = TIMEOUT,
         predicate: Predicate | None = None,
         *,
         devices: Iterable[DeviceSelector] | DeviceSelector | None = None,
-        policy: PollPolicy | str | float | None = None,
-        stable_polls: int = 2,
-        trace: bool = False,
-        on_poll: Callable[[TracePoint], object] | None = None,
-        clock: Callable[[], int] = time.monotonic_ns,
-        sleep: Callable[[float], object] = time.sleep,
-        events: bool | None = None,
+        policy: PollPolicy | str | float | None = POLICY,
+        stable_polls: int = STABLE_POLLS,
+        trace: bool = TRACE,
+        on_poll: Callable[[TracePoint], object] | None = ON_POLL,
+        clock: Callable[[], int] = CLOCK,
+        sleep: Callable[[float], object] = SLEEP,
+        events: bool | None = EVENTS,
+        options: WaitOptions | None = None,
     ) -> WaitResult:
         """Poll until ``predicate`` holds on the selected devices, and say when it first did.
 
@@ -286,12 +288,21 @@ class Session:
         :data:`nvmlcheck.events.XID_TABLE`) on a selected GPU received after the wait began stops it at once with
         :class:`~nvmlcheck.GpuFault`: the sleep between polls wakes up for it, and a wait never returns clean after
         one. Application XIDs (13, 31, 43, ...) are only recorded. Without events the wait polls as before.
+
+        ``options``: a :class:`~nvmlcheck.wait.WaitOptions` with these settings in one value (``timeout``,
+        ``policy``, ``stable_polls``, ``trace``, ``on_poll``, ``clock``, ``sleep``, ``events``); a keyword argument
+        given wins over its field.
         """
         from .errors import BackendUnavailable, WaitTimeout
         from .predicates import default_predicate
-        from .wait import poll_until
+        from .wait import WaitOptions, poll_until
 
         self._check_open()
+        opts = WaitOptions.or_default(options).with_(
+            timeout=timeout, policy=policy, stable_polls=stable_polls, trace=trace, on_poll=on_poll, clock=clock,
+            sleep=sleep, events=events,
+        )
+        timeout, policy, clock, sleep, events = opts.timeout, opts.policy, opts.clock, opts.sleep, opts.events
         since = time.monotonic_ns()  # event times are on this clock, whatever ``clock`` the wait runs on
         indices = self.resolve(devices)
         backend = self._backend
@@ -365,9 +376,9 @@ class Session:
                 cpu_clock=time.thread_time_ns if backend.name == "nvml" and clock is time.monotonic_ns else None,
                 timeout=timeout,
                 policy=policy,
-                stable_polls=stable_polls,
-                keep_trace=trace,
-                on_poll=on_poll,
+                stable_polls=opts.stable_polls,
+                keep_trace=opts.trace,
+                on_poll=opts.on_poll,
                 clock=clock,
                 sleep=sleep,
             )
@@ -464,18 +475,21 @@ def open(
 
 
 def wait_until_clean(
-    timeout: float | None = 30.0,
+    timeout: float | None = TIMEOUT,
     predicate: Predicate | None = None,
     *,
     devices: Iterable[DeviceSelector] | DeviceSelector | None = None,
     backend: str = "auto",
-    policy: PollPolicy | str | float | None = None,
-    stable_polls: int = 2,
-    trace: bool = False,
-    events: bool = False,
+    policy: PollPolicy | str | float | None = POLICY,
+    stable_polls: int = STABLE_POLLS,
+    trace: bool = TRACE,
+    events: bool | None = EVENTS,
+    options: WaitOptions | None = None,
 ) -> WaitResult:
     """Open a session, wait until the GPUs are clean (see :meth:`Session.wait_until_clean`), close it.
     ``events=True`` listens for NVML events during the wait (:class:`~nvmlcheck.GpuFault` on a fatal one).
+    ``options``: a :class:`~nvmlcheck.wait.WaitOptions`, as for :meth:`Session.wait_until_clean`; a keyword
+    argument given wins over its field.
 
     A finite ``timeout`` (``0`` included) bounds the whole call, opening included, by this rule: ``nvmlInit`` may
     take half of it, at least 0.25 s and at most 10 s (:func:`~nvmlcheck.backends.nvml.init_timeout_for`), so that
@@ -490,7 +504,11 @@ def wait_until_clean(
     """
     from .backends.nvml import init_timeout_for
     from .backends.smi import DEFAULT_TIMEOUT_S as SMI_TIMEOUT_S
+    from .wait import WaitOptions
 
+    opts = WaitOptions.or_default(options).with_(timeout=timeout, policy=policy, stable_polls=stable_polls,
+                                                 trace=trace, events=events)
+    timeout = opts.timeout
     started = time.monotonic()
     init_timeout = init_timeout_for(timeout)
     bounded = isinstance(timeout, int | float) and not isinstance(timeout, bool) and 0 <= timeout < math.inf
@@ -504,7 +522,5 @@ def wait_until_clean(
         if bounded:
             assert timeout is not None
             timeout = max(0.0, timeout - (time.monotonic() - started))
-        return session.wait_until_clean(
-            timeout, predicate, devices=devices, policy=policy, stable_polls=stable_polls, trace=trace,
-            events=events or None,
-        )
+        # A fresh session has no listener: events None (the default) and False both poll.
+        return session.wait_until_clean(timeout, predicate, devices=devices, options=opts)

@@ -67,8 +67,9 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal, cast
+from typing import Any, ClassVar, Literal, cast
 
+from ._waitdefaults import CLOCK, EVENTS, ON_POLL, POLICY, SLEEP, STABLE_POLLS, TIMEOUT, TRACE, Default
 from .errors import CorruptData, DeadlinePassed, NvmlCheckError, NvmlError, WaitTimeout
 from .model import DeviceFailure, Snapshot
 from .predicates import Predicate, _failure_text, default_predicate
@@ -81,6 +82,7 @@ __all__ = [
     "OnPoll",
     "PollPolicy",
     "TracePoint",
+    "WaitOptions",
     "WaitResult",
     "cpu_time_ns",
     "is_transient",
@@ -536,20 +538,169 @@ class _Pacer:
         self.late_ns = max(0, min(late, (asked + self.late_ns) // 2))
 
 
+# --- options ----------------------------------------------------------------------------------------------------
+
+_OPTION_NAMES = ("timeout", "policy", "stable_polls", "trace", "on_poll", "clock", "sleep", "events")
+
+
+class WaitOptions:
+    """How a wait waits, in one immutable value that :func:`poll_until`, :meth:`Session.wait_until_clean`,
+    :func:`~nvmlcheck.wait_until_clean`, :func:`~nvmlcheck.kill_and_wait` and :meth:`KillPlan.wait` all take as
+    ``options=``.
+
+    ``timeout``: seconds (``None`` or ``inf``: wait forever; ``0``: one check). ``policy``: a :class:`PollPolicy`,
+    ``"default"``, ``"precise"``, an interval in seconds, or ``None`` (:data:`DEFAULT`; :data:`SMI_DEFAULT` with
+    the nvidia-smi backend). ``stable_polls``: consecutive clean polls required. ``trace``: keep every poll in
+    :attr:`WaitResult.trace`. ``on_poll``: called with each poll's :class:`TracePoint`. ``clock`` (integer ns) and
+    ``sleep`` (seconds): injectable for tests. ``events``: ``True`` starts the session's event listener, ``None``
+    uses it if it runs, ``False`` ignores it (a session's business: :func:`poll_until` refuses ``True``). The
+    defaults are those of the APIs' keyword arguments: ``WaitOptions()`` waits as a call without any.
+
+    The APIs keep their keyword arguments as shortcuts: a keyword given wins over the options' field, also when
+    both are given (``wait_until_clean(timeout=5, options=o)`` waits 5 s whatever ``o.timeout`` says).
+    :meth:`with_` returns a changed copy. Invalid values raise at construction, naming the value: ``ValueError``
+    for a negative or NaN ``timeout``, a ``stable_polls`` that is not an int >= 1, an unknown polling mode;
+    ``TypeError`` for a value of the wrong type.
+
+    >>> from nvmlcheck.wait import WaitOptions
+    >>> quick = WaitOptions(timeout=5.0, policy="precise")
+    >>> quick.with_(stable_polls=3).stable_polls
+    3
+    """
+
+    # A plain class with slots, not a dataclass: wait is on the launch path, and a dataclass costs its import time.
+    __slots__ = _OPTION_NAMES
+
+    timeout: float | None
+    policy: PollPolicy | str | float | None
+    stable_polls: int
+    trace: bool
+    on_poll: OnPoll | None
+    clock: Callable[[], int]
+    sleep: Callable[[float], object]
+    events: bool | None
+
+    #: ``WaitOptions()``: the defaults.
+    DEFAULT: ClassVar[WaitOptions]
+
+    def __init__(
+        self,
+        *,
+        timeout: float | None = TIMEOUT,
+        policy: PollPolicy | str | float | None = POLICY,
+        stable_polls: int = STABLE_POLLS,
+        trace: bool = TRACE,
+        on_poll: OnPoll | None = ON_POLL,
+        clock: Callable[[], int] = CLOCK,
+        sleep: Callable[[float], object] = SLEEP,
+        events: bool | None = EVENTS,
+    ) -> None:
+        _fill(self, (timeout, policy, stable_polls, trace, on_poll, clock, sleep, events), None)
+
+    def with_(
+        self,
+        *,
+        timeout: float | None = TIMEOUT,
+        policy: PollPolicy | str | float | None = POLICY,
+        stable_polls: int = STABLE_POLLS,
+        trace: bool = TRACE,
+        on_poll: OnPoll | None = ON_POLL,
+        clock: Callable[[], int] = CLOCK,
+        sleep: Callable[[float], object] = SLEEP,
+        events: bool | None = EVENTS,
+    ) -> WaitOptions:
+        """A copy with the fields given changed (the others as in this one); this same object when none is given."""
+        new = object.__new__(WaitOptions)
+        given = _fill(new, (timeout, policy, stable_polls, trace, on_poll, clock, sleep, events), self)
+        return new if given else self
+
+    @staticmethod
+    def or_default(options: WaitOptions | None) -> WaitOptions:
+        """``options``, or :attr:`DEFAULT` for ``None``; a :class:`TypeError` for anything else."""
+        if options is None:
+            return WaitOptions.DEFAULT
+        if not isinstance(options, WaitOptions):
+            raise TypeError(f"options must be a WaitOptions or None, got {options!r}")
+        return options
+
+    def _values(self) -> tuple[object, ...]:
+        return tuple(getattr(self, name) for name in _OPTION_NAMES)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"WaitOptions is immutable: use options.with_({name}=...) for a changed copy")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError("WaitOptions is immutable")
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, WaitOptions):
+            return NotImplemented
+        return self._values() == other._values()
+
+    def __hash__(self) -> int:
+        return hash(self._values())
+
+    def __repr__(self) -> str:
+        return f"WaitOptions({', '.join(f'{n}={v!r}' for n, v in zip(_OPTION_NAMES, self._values(), strict=True))})"
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild_options, (self._values(),))
+
+
+def _rebuild_options(values: tuple[object, ...]) -> WaitOptions:
+    fields: dict[str, Any] = dict(zip(_OPTION_NAMES, values, strict=True))
+    return WaitOptions(**fields)
+
+
+def _fill(target: WaitOptions, values: tuple[object, ...], base: WaitOptions | None) -> bool:
+    """Set ``target``'s fields: a value given is checked, one left at its marker comes from ``base`` (already
+    checked) or is the default. Whether any was given. Once per wait: only the values given are checked."""
+    given = False
+    for name, value in zip(_OPTION_NAMES, values, strict=True):
+        if isinstance(value, Default):
+            value = value.value if base is None else getattr(base, name)  # noqa: PLW2901
+        else:
+            _check_option(name, value)
+            given = True
+        object.__setattr__(target, name, value)
+    return given
+
+
+def _check_option(name: str, value: object) -> None:
+    """Raise for an invalid option, naming it and its value (the timeout's and the policy's rules are the poller's)."""
+    if name == "timeout":
+        _timeout_ns(value)  # type: ignore[arg-type]
+    elif name == "policy":
+        _resolve_policy(value)  # type: ignore[arg-type]
+    elif name == "stable_polls":
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"stable_polls must be an int >= 1, got {value!r}")
+    elif name in ("trace", "events"):
+        if not isinstance(value, bool) and not (name == "events" and value is None):
+            allowed = "True, False or None" if name == "events" else "True or False"
+            raise TypeError(f"{name} must be {allowed}, got {value!r}")
+    elif not (callable(value) or (name == "on_poll" and value is None)):
+        raise TypeError(f"{name} must be callable{' or None' if name == 'on_poll' else ''}, got {value!r}")
+
+
+WaitOptions.DEFAULT = WaitOptions()
+
+
 def poll_until(
     snapshot_fn: Callable[[], Snapshot] | DeadlineSnapshotFn,
     predicate: Predicate | None = None,
     *,
-    timeout: float | None,
-    policy: PollPolicy | str | float | None = None,
-    stable_polls: int = 2,
-    clock: Callable[[], int] = time.monotonic_ns,
-    sleep: Callable[[float], object] = time.sleep,
-    keep_trace: bool = False,
-    on_poll: OnPoll | None = None,
+    timeout: float | None = TIMEOUT,
+    policy: PollPolicy | str | float | None = POLICY,
+    stable_polls: int = STABLE_POLLS,
+    clock: Callable[[], int] = CLOCK,
+    sleep: Callable[[float], object] = SLEEP,
+    keep_trace: bool = TRACE,
+    on_poll: OnPoll | None = ON_POLL,
     cpu_clock: Callable[[], int] | None = None,
     probe: Callable[[], Snapshot] | DeadlineSnapshotFn | None = None,
     pass_deadline: bool = False,
+    options: WaitOptions | None = None,
 ) -> WaitResult:
     """Poll ``snapshot_fn`` until ``predicate`` (default: :func:`~nvmlcheck.predicates.default_predicate`) holds
     on ``stable_polls`` consecutive snapshots, and return when it was first seen clean.
@@ -577,11 +728,22 @@ def poll_until(
     has come: the wait then times out at once, overrunning its deadline by at most one query instead of a whole
     poll. A backend's ``snapshot(indices, fields, deadline=d)`` is such a function.
 
+    ``options`` (a :class:`WaitOptions`) holds the wait's settings in one value; the keyword arguments
+    ``timeout`` (default 30 s, as everywhere), ``policy``, ``stable_polls``, ``clock``, ``sleep``, ``keep_trace``
+    (the options' ``trace``) and ``on_poll`` are shortcuts that win over it. ``events=True`` in the options is a
+    :class:`ValueError` here: events need a session's listener (:meth:`~nvmlcheck.Session.wait_until_clean`).
+
     Raises :class:`~nvmlcheck.WaitTimeout` at the deadline, naming what still holds each GPU; fatal errors
     (see :func:`is_transient`) are raised as they come. A timeout that follows a ``probe`` poll names the holders
     seen by the last full snapshot (at most ``policy.full_every_s`` older): reading a fresh one would overrun the
     deadline by a whole poll.
     """
+    opts = WaitOptions.or_default(options).with_(
+        timeout=timeout, policy=policy, stable_polls=stable_polls, trace=keep_trace, on_poll=on_poll, clock=clock,
+        sleep=sleep,
+    )
+    if opts.events:
+        raise ValueError("events=True needs a session's event listener: use Session.wait_until_clean")
     take: DeadlineSnapshotFn
     cheap: DeadlineSnapshotFn | None
     if pass_deadline:
@@ -595,19 +757,7 @@ def poll_until(
         else:
             plain_probe = cast("Callable[[], Snapshot]", probe)
             cheap = lambda _deadline: plain_probe()  # noqa: E731
-    return _Poller(
-        snapshot_fn=take,
-        predicate=predicate,
-        timeout=timeout,
-        policy=policy,
-        stable_polls=stable_polls,
-        clock=clock,
-        sleep=sleep,
-        keep_trace=keep_trace,
-        on_poll=on_poll,
-        cpu_clock=cpu_clock,
-        probe=cheap,
-    ).run()
+    return _Poller(snapshot_fn=take, predicate=predicate, options=opts, cpu_clock=cpu_clock, probe=cheap).run()
 
 
 class _Poller:
@@ -618,29 +768,22 @@ class _Poller:
         *,
         snapshot_fn: DeadlineSnapshotFn,
         predicate: Predicate | None,
-        timeout: float | None,
-        policy: PollPolicy | str | float | None,
-        stable_polls: int,
-        clock: Callable[[], int],
-        sleep: Callable[[float], object],
-        keep_trace: bool,
-        on_poll: OnPoll | None,
+        options: WaitOptions,
         cpu_clock: Callable[[], int] | None,
         probe: DeadlineSnapshotFn | None,
     ) -> None:
-        if isinstance(stable_polls, bool) or not isinstance(stable_polls, int) or stable_polls < 1:
-            raise ValueError(f"stable_polls must be an int >= 1, got {stable_polls!r}")
+        timeout, clock = options.timeout, options.clock
         self.snapshot_fn = snapshot_fn
         self.predicate = predicate if predicate is not None else default_predicate()
         self.timeout_ns = _timeout_ns(timeout)
         self.timeout_s = math.inf if timeout is None else float(timeout)
-        self.policy = _resolve_policy(policy)
+        self.policy = _resolve_policy(options.policy)
         # timeout=0 is "is it clean right now?": one check, judged alone.
-        self.needed = 1 if timeout == 0 else stable_polls
+        self.needed = 1 if timeout == 0 else options.stable_polls
         self.clock = clock
-        self.sleep = sleep
-        self.trace: list[TracePoint] | None = [] if keep_trace else None
-        self.on_poll = on_poll
+        self.sleep = options.sleep
+        self.trace: list[TracePoint] | None = [] if options.trace else None
+        self.on_poll = options.on_poll
         # CPU accounting only makes sense against the real clock: with an injected clock it needs its own fake.
         if cpu_clock is None and clock is time.monotonic_ns:
             cpu_clock = cpu_time_ns

@@ -130,34 +130,13 @@ def run_hosts(args: argparse.Namespace) -> int:
         status.clear()
     code = overall_exit_code(results)
     if args.json:
+        from ..jsonout import hosts_document
+
         print_json(hosts_document(args.command, results, code))
     else:
         _print(args, results)
     verdict_printed(code)
     return code
-
-
-def hosts_document(command: str, results: Sequence[HostResult], code: int) -> dict[str, Any]:
-    """The ``nvmlcheck/hosts`` document (version 1)."""
-    from ..jsonout import document, error_json
-
-    def entry(r: HostResult) -> dict[str, Any]:
-        return {
-            "host": str(r.host),
-            "verdict": r.verdict,
-            "exit_code": r.exit_code,
-            "via": r.via,
-            "note": r.note,
-            "elapsed_ns": r.elapsed_ns,
-            "document": r.document,
-            "error": None if r.error is None else {**error_json(r.error), "kind": r.error.kind, "host": r.error.host},
-        }
-
-    def named(verdict: str) -> list[str]:
-        return [str(r.host) for r in results if r.verdict == verdict]
-
-    return document("hosts", command=command, exit_code=code, clean=named("clean"), not_clean=named("not-clean"),
-                    failed=named("failed"), hosts=[entry(r) for r in results])
 
 
 def _gpu_lines(name: str, snap: dict[str, Any]) -> list[str]:

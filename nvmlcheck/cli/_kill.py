@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from ..holders import Holder, KillSelection
     from ..kill import KillPlan, KillResult, KillTimeout
     from ..session import Session
+    from ..wait import WaitOptions
 
 
 def _early(args: argparse.Namespace) -> bool:
@@ -139,6 +140,7 @@ def _plan_with_nvml(args: argparse.Namespace, gpus: Session) -> tuple[KillPlan |
 def cmd_kill(args: argparse.Namespace) -> int:
     """Signal, escalate after --grace, wait until every target exited and the GPUs are clean."""
     from ..kill import KillPlan, KillTimeout
+    from ..wait import WaitOptions
 
     if _hosts_wanted(args):
         from ._hosts import run_hosts
@@ -156,12 +158,14 @@ def cmd_kill(args: argparse.Namespace) -> int:
             selection = None
             if plan is None:
                 plan, selection = _plan_with_nvml(args, gpus)
+            # The same wait whether there is something to signal or not.
+            options = WaitOptions(timeout=args.timeout, stable_polls=args.stable_polls,
+                                  on_poll=status_updater(status, predicate, time.monotonic()))
             if plan is None:  # --all-*: nothing to kill; the verdict is a plain wait's, in a kill document
-                return _wait_only(args, gpus, predicate, selection, status)
+                return _wait_only(args, gpus, predicate, selection, status, options=options)
             try:
-                result = plan.wait(gpus, timeout=args.timeout, grace_s=args.grace, devices=args.devices,
-                                   predicate=predicate, stable_polls=args.stable_polls,
-                                   on_poll=status_updater(status, predicate, time.monotonic()))
+                result = plan.wait(gpus, grace_s=args.grace, devices=args.devices, predicate=predicate,
+                                   options=options)
             except KillTimeout as exc:
                 status.clear()
                 _print_timeout(args, exc, plan, selection)
@@ -178,55 +182,37 @@ def cmd_kill(args: argparse.Namespace) -> int:
 
 
 def _wait_only(args: argparse.Namespace, gpus: Session, predicate: Any, selection: KillSelection | None,
-               status: StatusLine) -> int:
+               status: StatusLine, *, options: WaitOptions) -> int:
     """``--all-*`` found nothing to signal: wait for the GPUs as ``wait`` would, and say so as a kill would."""
     from ..errors import WaitTimeout
+    from ..jsonout import nothing_to_kill_document, nothing_to_kill_timeout_document
 
-    left_alone = [] if selection is None else [
-        {"pid": h.pid, "name": h.name, "reason": why} for h, why in selection.skipped]
-    kill_fields = {"signal": args.signal, "tree": args.tree, "pids": [], "left_alone": left_alone, "vanished": []}
+    kill_fields = {"signal_name": args.signal, "tree": args.tree, "selection": selection}
     try:
-        result = gpus.wait_until_clean(args.timeout, predicate, devices=args.devices, stable_polls=args.stable_polls,
-                                       on_poll=status_updater(status, predicate, time.monotonic()))
+        result = gpus.wait_until_clean(predicate=predicate, devices=args.devices, options=options)
     except WaitTimeout as exc:
         status.clear()
         if args.json:
-            from ._wait import timeout_document
-
-            print_json(timeout_document(exc, "kill", tree_hint=[], **kill_fields))
+            print_json(nothing_to_kill_timeout_document(exc, **kill_fields))
         else:
             print(str(exc), file=sys.stderr)
         verdict_printed(EXIT_NOT_CLEAN)
         return EXIT_NOT_CLEAN
     status.clear()
     if args.json:
-        from ..jsonout import document, snapshot_json
-
-        print_json(document("kill", clean=True, **kill_fields, clean_ns=result.first_clean_ns,
-                            confirmed_ns=result.elapsed_ns, resolution_ns=max(result.interval_ns, result.poll_cost_ns),
-                            snapshot=snapshot_json(result.snapshot)))
+        print_json(nothing_to_kill_document(result, **kill_fields))
     else:
         print(f"clean: nothing to kill, GPUs clean after {result.first_clean_ns / 1e6:.1f} ms")
     verdict_printed(EXIT_CLEAN)
     return EXIT_CLEAN
 
 
-def _selection_json(plan: KillPlan, selection: KillSelection | None) -> dict[str, Any]:
-    if selection is None:
-        return {"left_alone": [], "vanished": list(plan.vanished)}
-    return {
-        "left_alone": [{"pid": h.pid, "name": h.name, "reason": why} for h, why in selection.skipped],
-        "vanished": list(plan.vanished),
-    }
-
-
 def _print_result(args: argparse.Namespace, result: KillResult, plan: KillPlan,
                   selection: KillSelection | None) -> None:
     if args.json:
-        from ..jsonout import document, snapshot_json
+        from ..jsonout import kill_document
 
-        print_json(document("kill", **result.to_json(), **_selection_json(plan, selection),
-                            snapshot=snapshot_json(result.snapshot)))
+        print_json(kill_document(result, plan, selection))
         return
 
     def ms(v: int | None) -> str:
@@ -244,11 +230,9 @@ def _print_result(args: argparse.Namespace, result: KillResult, plan: KillPlan,
 def _print_timeout(args: argparse.Namespace, exc: KillTimeout, plan: KillPlan,
                    selection: KillSelection | None) -> None:
     if args.json:
-        from ._wait import timeout_document
+        from ..jsonout import kill_timeout_document
 
-        fields = {**exc.to_json(), **_selection_json(plan, selection)}
-        fields.pop("clean", None)
-        print_json(timeout_document(exc, "kill", **fields))
+        print_json(kill_timeout_document(exc, plan, selection))
         return
     print(str(exc), file=sys.stderr)
     if exc.tree_hint:

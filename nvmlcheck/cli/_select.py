@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ._common import EXIT_CLEAN, EXIT_NOT_CLEAN, UsageError, open_session, verdict_printed, wait_predicate
 from ._output import print_json
@@ -33,15 +33,9 @@ def _value(fmt: str, selection: Selection, mapping: CudaMapping | None) -> str:
     return mapping.visible_value(selection.indices)
 
 
-def _document(args: argparse.Namespace, **fields: Any) -> dict[str, Any]:
-    from ..jsonout import document
-
-    return document("select", count=args.count, format=args.format, timeout_s=args.wait, **fields)
-
-
 def cmd_select(args: argparse.Namespace) -> int:
     """Select with the CLI's predicate; with ``--lock``, hand the locks to a holder that outlives this process."""
-    from ..jsonout import snapshot_json
+    from ..jsonout import select_document, select_timeout_document
     from ..selection import SelectTimeout
 
     lock = args.lock or args.lock_pid is not None
@@ -72,31 +66,24 @@ def cmd_select(args: argparse.Namespace) -> int:
             exc = SelectTimeout(args.wait or 0.0, late.elapsed_ns + opened_ns, late.culprits, late.snapshot,
                                 late.polls, count=late.count, clean=late.clean)
             if args.json:
-                print_json(_document(args, found=False, value=None, selected=[], passed_over=list(exc.culprits),
-                                     elapsed_ns=exc.elapsed_ns, polls=exc.polls, lock=None,
-                                     snapshot=None if exc.snapshot is None else snapshot_json(exc.snapshot)))
+                print_json(select_timeout_document(exc, count=args.count, format=args.format, timeout_s=args.wait))
             else:
                 print(f"nvmlcheck: {exc}", file=sys.stderr)
             verdict_printed(EXIT_NOT_CLEAN)
             return EXIT_NOT_CLEAN
         value = _value(args.format, selection, mapping)
-        lock_doc = None
+        holder = None
         if selection.locks is not None:
             try:
                 holder = selection.locks.hold_until(owner)
             except ProcessLookupError as exc:
                 raise UsageError(str(exc)) from None
-            lock_doc = {"dir": str(selection.locks.directory), "uuids": list(selection.locks.uuids),
-                        "holder_pid": holder, "owner_pid": owner}
             if not args.json:
                 print(f"nvmlcheck: locked GPU {', '.join(map(str, selection.indices))} until PID {owner} exits "
                       f"(holder PID {holder}, {selection.locks.directory})", file=sys.stderr)
         if args.json:
-            selected = [{"index": d.index, "uuid": d.uuid, "name": d.name, "pci_bus_id": d.pci_bus_id}
-                        for d in selection.devices]
-            print_json(_document(args, found=True, value=value, selected=selected,
-                                 passed_over=list(selection.passed_over), elapsed_ns=selection.elapsed_ns,
-                                 polls=selection.polls, lock=lock_doc, snapshot=snapshot_json(selection.snapshot)))
+            print_json(select_document(selection, count=args.count, format=args.format, timeout_s=args.wait,
+                                       value=value, holder_pid=holder, owner_pid=owner))
         else:
             print(value)
         verdict_printed(EXIT_CLEAN)

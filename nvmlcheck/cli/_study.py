@@ -78,7 +78,9 @@ def cmd_study_compare(args: argparse.Namespace) -> int:
                              resamples=args.resamples, seed=args.seed, resolve_ns=round(args.resolve_ms * 1e6),
                              across=across)
     if args.json:
-        print_json({**result.to_json(), "a": args.a, "b": args.b})
+        from ..jsonout import compare_document
+
+        print_json(compare_document(result, args.a, args.b))
     else:
         print(f"A = {args.a}\nB = {args.b}")
         print(format_comparison(result))
@@ -137,20 +139,9 @@ def cmd_study_reclaim(args: argparse.Namespace) -> int:
     rows = st.summarize(result.records)
     timed_out = [r for r in result.records if r.timed_out]
     if args.json:
-        from ..jsonout import document
+        from ..jsonout import study_reclaim_document
 
-        print_json(document(
-            "study-reclaim",
-            complete=not timed_out,
-            runs=len(result.records),
-            measured_runs=len(result.measured),
-            timed_out_runs=[r.run for r in timed_out],
-            record_schema={"schema": st.RECORD_SCHEMA, "version": st.RECORD_VERSION},
-            out=args.out,
-            plots=plots,
-            summary=[row.to_json() for row in rows],
-            records=[{**r.to_json(), "trace": None} for r in result.records],
-        ))
+        print_json(study_reclaim_document(result, rows, out=args.out, plots=plots))
     else:
         first = result.records[0]
         gpus = ", ".join(f"{d.index} ({d.name or '?'})" for d in first.devices)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ._common import EXIT_CLEAN, EXIT_NOT_CLEAN, open_session, start_events, verdict_printed, wait_predicate
 from ._output import StatusLine, plural, print_json, status_updater
@@ -12,24 +12,7 @@ from ._output import StatusLine, plural, print_json, status_updater
 if TYPE_CHECKING:
     import argparse
 
-    from ..errors import WaitTimeout
     from ..wait import WaitResult
-
-
-def timeout_document(exc: WaitTimeout, kind: str = "wait", **extra: Any) -> dict[str, Any]:
-    """The ``nvmlcheck/wait`` (or ``kill``) document of a wait that timed out."""
-    from ..jsonout import document, snapshot_json
-
-    return document(
-        kind,
-        clean=False,
-        elapsed_ns=exc.elapsed_ns,
-        timeout_s=exc.timeout_s,
-        polls=exc.polls,
-        culprits=list(exc.culprits),
-        snapshot=None if exc.snapshot is None else snapshot_json(exc.snapshot),
-        **extra,
-    )
 
 
 def cmd_wait(args: argparse.Namespace) -> int:
@@ -63,7 +46,9 @@ def cmd_wait(args: argparse.Namespace) -> int:
             exc = WaitTimeout(args.timeout, late.elapsed_ns + max(0, opened_ns), late.culprits, late.snapshot,
                               late.polls)
             if args.json:
-                print_json(timeout_document(exc))
+                from ..jsonout import wait_timeout_document
+
+                print_json(wait_timeout_document(exc))
             else:
                 print(str(exc), file=sys.stderr)
             verdict_printed(EXIT_NOT_CLEAN)
@@ -77,22 +62,9 @@ def cmd_wait(args: argparse.Namespace) -> int:
 
 def _print_clean(args: argparse.Namespace, result: WaitResult) -> None:
     if args.json:
-        from ..jsonout import document, snapshot_json
+        from ..jsonout import wait_document
 
-        print_json(
-            document(
-                "wait",
-                clean=True,
-                elapsed_ns=result.elapsed_ns,
-                first_clean_ns=result.first_clean_ns,
-                last_dirty_ns=result.last_dirty_ns,
-                polls=result.polls,
-                poll_cost_ns=result.poll_cost_ns,
-                interval_ns=result.interval_ns,
-                culprits=[],
-                snapshot=snapshot_json(result.snapshot),
-            )
-        )
+        print_json(wait_document(result))
     else:
         n = len(result.snapshot.devices)
         print(

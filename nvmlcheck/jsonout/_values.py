@@ -1,18 +1,10 @@
-"""JSON output of the CLI: model objects to plain dicts, under a versioned schema.
-
-Every document has ``"schema"`` (``"nvmlcheck/snapshot"``, ``"nvmlcheck/wait"``, ``"nvmlcheck/kill"``,
-``"nvmlcheck/holders"``, ``"nvmlcheck/select"``,
-``"nvmlcheck/error"``, ``"nvmlcheck/demo"``, ``"nvmlcheck/study-reclaim"``) and ``"version"``
-(:data:`SCHEMA_VERSION`). Within a version, fields are only ever added;
-a removal or change of meaning bumps the version. Bytes are integers in bytes, times integers in ns, and unknown
-values are ``null`` with the reason under the device's ``"unknown"``. docs/cli.md documents each field.
-"""
+"""Model values as plain dicts, and the header every document has (:func:`document`)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .model import (
+from ..model import (
     Clocks,
     ClockSet,
     DeviceFailure,
@@ -25,9 +17,7 @@ from .model import (
 )
 
 if TYPE_CHECKING:
-    from .holders import Holder
-
-__all__ = ["SCHEMA_VERSION", "device_json", "document", "error_json", "holder_json", "snapshot_json"]
+    from ..holders import Holder
 
 #: The version of every JSON document the CLI prints.
 SCHEMA_VERSION = 1

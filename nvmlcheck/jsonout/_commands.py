@@ -1,0 +1,162 @@
+"""The documents of the CLI's commands, built from what the library returns (docs/cli.md documents each field)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ._values import document, error_json, snapshot_json
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from ..compare import Comparison
+    from ..errors import WaitTimeout
+    from ..holders import KillSelection
+    from ..hosts import HostResult
+    from ..kill import KillPlan, KillResult, KillTimeout
+    from ..selection import Selection, SelectTimeout
+    from ..study import StudyResult, SummaryRow
+    from ..wait import WaitResult
+
+
+def wait_document(result: WaitResult) -> dict[str, Any]:
+    """The ``nvmlcheck/wait`` document of a wait that ended clean."""
+    return document(
+        "wait",
+        clean=True,
+        elapsed_ns=result.elapsed_ns,
+        first_clean_ns=result.first_clean_ns,
+        last_dirty_ns=result.last_dirty_ns,
+        polls=result.polls,
+        poll_cost_ns=result.poll_cost_ns,
+        interval_ns=result.interval_ns,
+        culprits=[],
+        snapshot=snapshot_json(result.snapshot),
+    )
+
+
+def wait_timeout_document(exc: WaitTimeout, kind: str = "wait", **extra: Any) -> dict[str, Any]:
+    """The ``nvmlcheck/wait`` document of a wait that timed out; with ``kind="kill"`` the common part of a kill's,
+    ``extra`` its kill fields."""
+    return document(
+        kind,
+        clean=False,
+        elapsed_ns=exc.elapsed_ns,
+        timeout_s=exc.timeout_s,
+        polls=exc.polls,
+        culprits=list(exc.culprits),
+        snapshot=None if exc.snapshot is None else snapshot_json(exc.snapshot),
+        **extra,
+    )
+
+
+def left_alone_json(selection: KillSelection | None) -> list[dict[str, Any]]:
+    """The holders ``--all-holders``/``--all-on-gpu`` did not signal, with why (a kill's ``left_alone``)."""
+    return [] if selection is None else [{"pid": h.pid, "name": h.name, "reason": why} for h, why in selection.skipped]
+
+
+def kill_document(result: KillResult, plan: KillPlan, selection: KillSelection | None) -> dict[str, Any]:
+    """The ``nvmlcheck/kill`` document of a kill that ended clean (``selection``: what ``--all-*`` chose)."""
+    return document("kill", **result.to_json(), left_alone=left_alone_json(selection), vanished=list(plan.vanished),
+                    snapshot=snapshot_json(result.snapshot))
+
+
+def kill_timeout_document(exc: KillTimeout, plan: KillPlan, selection: KillSelection | None) -> dict[str, Any]:
+    """The ``nvmlcheck/kill`` document of a kill that timed out."""
+    fields = {**exc.to_json(), "left_alone": left_alone_json(selection), "vanished": list(plan.vanished)}
+    fields.pop("clean", None)  # the wait's part says it, first
+    return wait_timeout_document(exc, "kill", **fields)
+
+
+def _nothing_to_kill(signal_name: str, tree: bool, selection: KillSelection | None) -> dict[str, Any]:
+    return {"signal": signal_name, "tree": tree, "pids": [], "left_alone": left_alone_json(selection), "vanished": []}
+
+
+def nothing_to_kill_document(
+    result: WaitResult, *, signal_name: str, tree: bool, selection: KillSelection | None
+) -> dict[str, Any]:
+    """The ``nvmlcheck/kill`` document of ``--all-*`` with nothing to signal, whose plain wait ended clean."""
+    return document("kill", clean=True, **_nothing_to_kill(signal_name, tree, selection),
+                    clean_ns=result.first_clean_ns, confirmed_ns=result.elapsed_ns,
+                    resolution_ns=max(result.interval_ns, result.poll_cost_ns), snapshot=snapshot_json(result.snapshot))
+
+
+def nothing_to_kill_timeout_document(
+    exc: WaitTimeout, *, signal_name: str, tree: bool, selection: KillSelection | None
+) -> dict[str, Any]:
+    """The ``nvmlcheck/kill`` document of ``--all-*`` with nothing to signal, whose plain wait timed out."""
+    return wait_timeout_document(exc, "kill", tree_hint=[], **_nothing_to_kill(signal_name, tree, selection))
+
+
+def select_document(
+    selection: Selection, *, count: int, format: str, timeout_s: float | None, value: str,
+    holder_pid: int | None, owner_pid: int,
+) -> dict[str, Any]:
+    """The ``nvmlcheck/select`` document of GPUs found; ``lock`` is set when ``selection`` holds locks (then handed
+    to ``holder_pid`` until ``owner_pid`` exits)."""
+    locks = selection.locks
+    lock = None if locks is None else {"dir": str(locks.directory), "uuids": list(locks.uuids),
+                                       "holder_pid": holder_pid, "owner_pid": owner_pid}
+    selected = [{"index": d.index, "uuid": d.uuid, "name": d.name, "pci_bus_id": d.pci_bus_id}
+                for d in selection.devices]
+    return document("select", count=count, format=format, timeout_s=timeout_s, found=True, value=value,
+                    selected=selected, passed_over=list(selection.passed_over), elapsed_ns=selection.elapsed_ns,
+                    polls=selection.polls, lock=lock, snapshot=snapshot_json(selection.snapshot))
+
+
+def select_timeout_document(
+    exc: SelectTimeout, *, count: int, format: str, timeout_s: float | None
+) -> dict[str, Any]:
+    """The ``nvmlcheck/select`` document of a selection that timed out."""
+    return document("select", count=count, format=format, timeout_s=timeout_s, found=False, value=None, selected=[],
+                    passed_over=list(exc.culprits), elapsed_ns=exc.elapsed_ns, polls=exc.polls, lock=None,
+                    snapshot=None if exc.snapshot is None else snapshot_json(exc.snapshot))
+
+
+def hosts_document(command: str, results: Sequence[HostResult], code: int) -> dict[str, Any]:
+    """The ``nvmlcheck/hosts`` document (version 1): one verdict over every host, each host's own document."""
+
+    def entry(r: HostResult) -> dict[str, Any]:
+        return {
+            "host": str(r.host),
+            "verdict": r.verdict,
+            "exit_code": r.exit_code,
+            "via": r.via,
+            "note": r.note,
+            "elapsed_ns": r.elapsed_ns,
+            "document": r.document,
+            "error": None if r.error is None else {**error_json(r.error), "kind": r.error.kind, "host": r.error.host},
+        }
+
+    def named(verdict: str) -> list[str]:
+        return [str(r.host) for r in results if r.verdict == verdict]
+
+    return document("hosts", command=command, exit_code=code, clean=named("clean"), not_clean=named("not-clean"),
+                    failed=named("failed"), hosts=[entry(r) for r in results])
+
+
+def study_reclaim_document(
+    result: StudyResult, rows: Sequence[SummaryRow], *, out: str | None, plots: Sequence[str]
+) -> dict[str, Any]:
+    """The ``nvmlcheck/study-reclaim`` document: the summary and every record (without its trace: ``--out`` keeps
+    those)."""
+    from ..study import RECORD_SCHEMA, RECORD_VERSION
+
+    timed_out = [r for r in result.records if r.timed_out]
+    return document(
+        "study-reclaim",
+        complete=not timed_out,
+        runs=len(result.records),
+        measured_runs=len(result.measured),
+        timed_out_runs=[r.run for r in timed_out],
+        record_schema={"schema": RECORD_SCHEMA, "version": RECORD_VERSION},
+        out=out,
+        plots=list(plots),
+        summary=[row.to_json() for row in rows],
+        records=[{**r.to_json(), "trace": None} for r in result.records],
+    )
+
+
+def compare_document(result: Comparison, a: str, b: str) -> dict[str, Any]:
+    """The ``nvmlcheck/study-compare`` document with the two record files compared."""
+    return {**result.to_json(), "a": a, "b": b}
