@@ -16,14 +16,14 @@ __all__ = ["BaselineNotClean", "HolderError", "PlotUnavailable", "RecordFormatEr
 class StudyError(NvmlCheckError):
     """A study could not go on."""
 
-    __module__ = "nvmlcheck"
+    __module__ = "nvmlcheck.study"
 
 
 class BaselineNotClean(StudyError):
     """The selected GPUs were not clean before a run, so its times would mean nothing. ``culprits`` says what held
     them; ``records`` holds the runs completed before (their JSON Lines were already handed to ``on_record``)."""
 
-    __module__ = "nvmlcheck"
+    __module__ = "nvmlcheck.study"
 
     def __init__(self, culprits: Sequence[str], waited_s: float, records: Sequence[RunRecord] = ()) -> None:
         self.culprits = tuple(culprits)
@@ -43,7 +43,7 @@ class BaselineNotClean(StudyError):
 class HolderError(StudyError):
     """A holder process could not be started, did not become ready, or its memory never became visible."""
 
-    __module__ = "nvmlcheck"
+    __module__ = "nvmlcheck.study"
 
 
 class RecordFormatError(ValueError):

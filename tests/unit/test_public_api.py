@@ -88,3 +88,19 @@ def test_deprecated_names_still_resolve_with_a_warning_and_are_not_public() -> N
         assert value is getattr(importlib.import_module(f"nvmlcheck.{module}"), name)
     with pytest.raises(AttributeError, match="no attribute 'NoSuchName'"):
         _ = nvmlcheck.NoSuchName  # type: ignore[attr-defined]
+
+
+def test_a_class_that_says_it_lives_at_the_top_level_does() -> None:
+    # Exceptions report __module__ == "nvmlcheck" so that `except nvmlcheck.X` reads naturally and pickle finds them
+    # there; a class that says so but is not a (non-deprecated) top-level name would pickle through a warning or fail.
+    import inspect
+    import pkgutil
+
+    claimed = set()
+    for info in pkgutil.walk_packages(nvmlcheck.__path__, "nvmlcheck."):
+        if info.name.endswith(("__main__", "pytest_plugin")) or info.name.startswith("nvmlcheck.cli"):
+            continue
+        for value in vars(importlib.import_module(info.name)).values():
+            if inspect.isclass(value) and value.__module__ == "nvmlcheck":
+                claimed.add(value.__name__)
+    assert claimed and claimed <= set(nvmlcheck.__all__), sorted(claimed - set(nvmlcheck.__all__))
