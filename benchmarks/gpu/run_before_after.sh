@@ -53,10 +53,10 @@ json.dump(res, open(out, "w"), indent=1)
 PY
 el "kill smoke (this tree): a holder killed and verified clean"
 side "$HEAD_DIR" bash -c '
-  sleep 300 | python3 -m nvmlcheck.holder --bytes 2GiB --device 0 > /tmp/holder.out 2>&1 & hp=$!  # stdin open
+  sleep 300 2>/dev/null | python3 -m nvmlcheck.holder --bytes 2GiB --device 0 > /tmp/holder.out 2>&1 & hp=$!  # stdin open
   for i in $(seq 100); do grep -q ready /tmp/holder.out && break; sleep 0.1; done; head -c 300 /tmp/holder.out; echo
   timeout 60 python3 -m nvmlcheck kill $hp --timeout 30 --json > "'"$OUT"'/kill_smoke.json"; echo "kill exit $?"
-  head -c 1500 "'"$OUT"'/kill_smoke.json"; echo'
+  head -c 1500 "'"$OUT"'/kill_smoke.json"; echo; pkill -f "^sleep 300" || true'
 el "study smoke (this tree)"
 side "$HEAD_DIR" timeout 150 python3 -m nvmlcheck study reclaim --sizes 1GiB,8GiB --repeats 3 --endings KILL \
   --out "$OUT/study_smoke.jsonl" > "$OUT/study_smoke.txt" 2>&1; echo "study exit $?"; tail -12 "$OUT/study_smoke.txt"
