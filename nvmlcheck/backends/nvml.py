@@ -210,13 +210,13 @@ _make_snapshot = fast_constructor(Snapshot)
 # docs/performance.md, "Building the model objects").
 _CLOCK_SLOT_KEYS = (
     *(
-        f"clocks.{part}.{key}"
+        unknown_key("clocks", f"{part}.{key}")
         for part in ("current", "max", "applications")
         for key in ("graphics_mhz", "sm_mhz", "memory_mhz", "video_mhz")
     ),
-    "clocks.event_reasons",
+    unknown_key("clocks", "event_reasons"),
 )
-_HEALTH_SLOT_KEYS = ("health.retired_pages", "health.retired_pages_pending", "health.remapped_rows")
+_HEALTH_SLOT_KEYS = tuple(unknown_key("health", k) for k in ("retired_pages", "retired_pages_pending", "remapped_rows"))
 _REASON_FLAGS: dict[int, ClockEventReason] = {}
 
 

@@ -64,12 +64,15 @@ def device_table(snap: Snapshot, out: TextIO) -> None:
 
 def process_table(snap: Snapshot, out: TextIO) -> None:
     """The ``snapshot procs`` view."""
+    from ..model import unknown_key  # loaded already: snap is one of its objects
+
     print(f"{'GPU':<4}{'pid':>8}  {'kind':<9}{'used':>11}  name", file=out)
     for d in snap.devices:
         for kind in ("compute", "graphics", "mps"):
             procs = getattr(d, f"{kind}_processes")
             if procs is None:
-                print(f"{d.index:<4}{'?':>8}  {kind:<9}{'':>11}  ({d.why_unknown('processes.' + kind)})", file=out)
+                why = d.why_unknown(unknown_key("processes", kind))
+                print(f"{d.index:<4}{'?':>8}  {kind:<9}{'':>11}  ({why})", file=out)
                 continue
             for p in procs:
                 print(f"{d.index:<4}{p.pid:>8}  {kind:<9}{human_bytes(p.used_bytes):>11}  {p.name or '?'}", file=out)
