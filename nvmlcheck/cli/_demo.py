@@ -2,8 +2,8 @@
 prints with the CLI's tables).
 
 A simulated H200 (the bundled stub libnvidia-ml) where a *real* child process holds 16 GiB: the stub lists it while
-the child lives, drops it from the process list 90 ms after it dies and gives the memory back 120 ms after, as a
-real H200 does (FACTS.md: the list empties before the memory returns). The demo kills the child with
+the child lives, drops it from the process list 90 ms after it dies and gives the memory back 120 ms after (on a
+real GPU the list can empty before the memory returns: docs/driver-facts.md). The demo kills the child with
 :func:`~nvmlcheck.kill.kill_and_wait` and shows each phase, against the ``sleep 3`` ritual.
 """
 

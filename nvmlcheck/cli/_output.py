@@ -8,7 +8,7 @@ import time
 
 from .._units import format_bytes
 
-TYPE_CHECKING = False  # typing costs ~5-10 ms of start-up where site has not loaded it
+TYPE_CHECKING = False  # typing costs start-up time where site has not loaded it (docs/performance.md)
 if TYPE_CHECKING:
     from typing import Any, TextIO
 
@@ -26,7 +26,7 @@ def plural(n: int, word: str) -> str:
 
 
 def print_json(doc: dict[str, Any]) -> None:
-    """One document on stdout (``json`` is imported only when a document is printed: it costs ~2 ms)."""
+    """One document on stdout (``json`` is imported only when a document is printed: it costs start-up time)."""
     import json
 
     json.dump(doc, sys.stdout, indent=1)
