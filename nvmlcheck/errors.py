@@ -1,16 +1,12 @@
 """The exceptions nvmlcheck raises.
 
-Every exception derives from :class:`NvmlCheckError`. The tree::
+Every exception derives from :class:`NvmlCheckError`; all pickle, and their messages stand alone. The tree::
 
     NvmlCheckError
     ├── BackendUnavailable              no library / no nvidia-smi / no driver; ``.attempts`` says what was tried
     ├── NvmlError(code, function)       an NVML call returned an error code; one subclass per code in nvml.h
-    │   ├── Uninitialized, InvalidArgument, NotSupported, NoPermission, AlreadyInitialized, NotFound,
-    │   ├── InsufficientSize, InsufficientPower, DriverNotLoaded (also BackendUnavailable), Timeout, IrqIssue,
-    │   ├── LibraryNotFound (also BackendUnavailable), FunctionNotFound, CorruptedInforom, GpuLost,
-    │   ├── GpuRequiresReset, OperatingSystemError, LibraryVersionMismatch (also BackendUnavailable), InUse,
-    │   ├── NvmlMemoryError, NoData, VgpuEccNotSupported, InsufficientResources, FreqNotSupported,
-    │   ├── ArgumentVersionMismatch, Deprecated, NotReady, GpuNotFound, InvalidState, ResetTypeNotSupported,
+    │   ├── DriverNotLoaded, LibraryNotFound, LibraryVersionMismatch: also BackendUnavailable
+    │   ├── GpuLost, GpuRequiresReset, NoPermission, NotSupported, Timeout, InUse, NotReady, ... (every other code)
     │   └── Unknown                     NVML_ERROR_UNKNOWN (999) and any code not known here (``.code`` kept)
     ├── SmiError(argv, returncode, stderr)
     │   ├── SmiTimeout                  nvidia-smi (or its prefix, e.g. ssh) did not answer in time; group killed
@@ -20,16 +16,8 @@ Every exception derives from :class:`NvmlCheckError`. The tree::
     ├── GpuFault(index, uuid, kind, xid, meaning)  a fatal NVML event (XID 79, 48, ...) on a GPU a wait judges
     └── WaitTimeout (also TimeoutError) the GPUs were not clean at the deadline; carries the last snapshot and culprits
 
-All exceptions pickle and their messages stand alone (they name the call, the device and what to do).
-
-How an error is handled is a property of its class, declared here and nowhere else:
-
-- ``TRANSIENT`` (every class): whether asking again may help. A wait retries transient errors until its deadline
-  (:func:`nvmlcheck.wait.is_transient` reads it); any other error is fatal and fails the wait at once. A class that
-  does not declare it inherits it (``False`` from :class:`NvmlCheckError`).
-- ``SCOPE`` (NVML codes): what the error leaves unreadable when a backend reads one value (see :class:`NvmlError`).
-
-Adding an NVML return code means one ``@_code(...)`` class here, with both declared.
+How an error is handled is declared once, on its class: ``TRANSIENT`` (a wait retries it until its deadline) and,
+for NVML codes, ``SCOPE`` (what it leaves unreadable). A new NVML return code is one ``@_code(...)`` class here.
 """
 
 from __future__ import annotations

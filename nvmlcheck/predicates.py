@@ -21,7 +21,17 @@ from types import MappingProxyType
 from typing import NamedTuple
 
 from ._units import format_bytes
-from .model import MIB, DeviceFailure, DeviceState, GpuProcess, Memory, MigDevice, ProcessKind, Snapshot
+from .model import (
+    MIB,
+    DeviceFailure,
+    DeviceState,
+    GpuProcess,
+    Memory,
+    MigDevice,
+    ProcessKind,
+    Snapshot,
+    unknown_key,
+)
 
 __all__ = [
     "ALL_KINDS",
@@ -369,7 +379,7 @@ def _failure_text(f: DeviceFailure) -> str:
 
 
 def _process_list_unknown(d: DeviceState, kind: ProcessKind) -> _Why:
-    why = d.why_unknown(f"processes.{kind.value}") or "no reason recorded; was Fields.PROCESSES read?"
+    why = d.why_unknown(unknown_key("processes", kind)) or "no reason recorded; was Fields.PROCESSES read?"
     return _Why(None, d.index, f"GPU {d.index}: {kind.value} process list unknown ({why})")
 
 

@@ -2,61 +2,12 @@
 
 :func:`poll_until` is the engine behind ``wait_until_clean``. It knows nothing about backends: it calls a
 ``snapshot_fn`` (typically ``lambda: backend.snapshot(devices, Fields.WAIT)``) and judges each snapshot with a
-:class:`~nvmlcheck.predicates.Predicate`.
+:class:`~nvmlcheck.predicates.Predicate`. Time comes from an injectable ``clock`` and ``sleep``. The deadline is
+computed once and handed to the backend as a :class:`Deadline`, so a hanging query overruns it by at most one query.
+:data:`DEFAULT`, :data:`PRECISE` and :data:`SMI_DEFAULT` are the ready-made :class:`PollPolicy` values. Transient
+errors (:func:`is_transient`) are retried until the deadline; any other error fails the wait at once.
 
-Time
-----
-Time comes from ``clock`` (integer ns, default :func:`time.monotonic_ns`) and passes through ``sleep`` (seconds,
-default :func:`time.sleep`); tests inject fakes. The deadline is computed once, ``start + timeout``. ``timeout=0``
-is exactly one check, judged alone (there is no time for a second poll, so ``stable_polls`` does not apply), and
-that check always completes; ``None`` or ``math.inf`` waits forever; a negative or NaN timeout is a
-:class:`ValueError`. The poller never sleeps past the deadline, and a poll that ends before the deadline is followed
-by one more at (or just before) it.
-
-A poll is several queries (a snapshot makes one NVML call per value and device, or one or two nvidia-smi runs), and
-one query can hang (a wedged driver, 300 ms per call in a user's report). So the poller hands the backend a
-:class:`Deadline` on its own ``clock`` (``poll_until(..., pass_deadline=True)``, which ``wait_until_clean`` uses):
-the NVML backend checks it between the queries of a pass and the nvidia-smi backend gives each run at most the time
-left; past the deadline the backend abandons the pass (:class:`~nvmlcheck.errors.DeadlinePassed`, internal) and the
-poller raises :class:`~nvmlcheck.WaitTimeout`. The deadline is thus overrun by at most one query plus the sleep's
-own lateness; an abandoned pass is not a poll (it is not judged, traced or counted).
-
-Times in :class:`WaitResult` and :class:`TracePoint` are offsets from the start, taken when a poll's query
-*returned*: a state seen by a poll was true at that moment at the latest, so ``first_clean_ns`` is never earlier
-than the real clean moment, and at most one poll period later (``last_dirty_ns`` bounds it from below).
-
-Polling policy
---------------
-:data:`DEFAULT` polls every 1 ms and confirms a clean poll 0.25 ms later: detection within ~1.5 ms of the clean
-moment (2 ms p99 target) where a cycle costs at most 50 µs of CPU. ``time.sleep(0.001)`` really sleeps ~1.1 ms on
-Linux (timer slack), so the poller measures that lateness and asks for correspondingly less. A duty cap keeps the
-CPU time of a typical cycle within 5 % of the cycle, stretching the interval where polls are expensive and costing
-nothing where they are cheap. Typical means the median of the last 15 cycles: while the driver tears a killed
-process down, a few NVML queries take ~30-40 ms each (measured on an H200, charged to the thread as CPU there), and
-an average would stretch the interval to ~35 ms right when the clean moment is near. The CPU counted is this
-thread's plus that of reaped child processes (nvidia-smi runs); with an injected clock and no ``cpu_clock``, the
-wall time of queries stands in. Measured on an H200 (gVisor
-host): a full one-GPU query (memory and three process lists) costs ~50 µs hot and ~105 µs right after a sleep, so
-a 1 ms cycle costs ~120 µs and the cap stretches it to ~2.5-6 ms; a memory-only ``probe`` (see :func:`poll_until`)
-brings the cycle to ~2 ms. After 10 s without any change in what it sees (bytes used, process counts), the interval
-grows by 1.5x per poll up to 10 ms; any change snaps it back (a killed process leaves the list before its memory
-returns, FACTS).
-:data:`PRECISE` polls in a tight loop without sleeping (``time.sleep(0)`` alone costs ~80 µs on Linux), detecting
-within about two query times (< 100 µs on one GPU) at the cost of one busy core. ``PollPolicy.every(s)`` is a
-plain fixed interval. With the nvidia-smi backend, ``policy=None`` means :data:`SMI_DEFAULT` (a duty cap of half a
-core, since each poll is a process run).
-
-Errors
-------
-Transient errors (:func:`is_transient`: NVML Unknown, Timeout, NotReady, InUse, InsufficientSize, ..., nvidia-smi's
-own failures and :class:`~nvmlcheck.SmiTimeout`) make a poll not clean, reset the run of clean polls, and are
-retried until the deadline; the :class:`~nvmlcheck.WaitTimeout` then names the last error. Anything else fails fast
-with its own exception (:class:`~nvmlcheck.GpuLost`, :class:`~nvmlcheck.GpuRequiresReset`,
-:class:`~nvmlcheck.NoPermission`, :class:`~nvmlcheck.BackendUnavailable` and its driver/library subclasses,
-:class:`~nvmlcheck.CorruptData`, :class:`~nvmlcheck.SmiParseError`, :class:`~nvmlcheck.SmiTransportError`, and
-errors that cannot change by asking again, such as NotSupported), also when it arrives as a
-:class:`~nvmlcheck.model.DeviceFailure` inside a snapshot (then raised naming that GPU). Every device failure in a
-snapshot makes the poll not clean, whatever the predicate says.
+docs/waiting.md gives the rules (timeouts, resolution, policies, errors) and why; docs/performance.md the figures.
 """
 
 from __future__ import annotations
@@ -164,10 +115,10 @@ DEFAULT = PollPolicy(
     backoff_factor=1.5,
     max_interval_s=0.010,
 )
-#: The default for the nvidia-smi backend, where one poll is one or two nvidia-smi runs (~20 ms each, mostly CPU in
-#: the child): with :data:`DEFAULT`'s 5 % cap the interval stretched to ~0.4 s and a kill on an H200 saw the memory
-#: back ~0.9 s late. Half a core keeps the next run within about one run time of the last, so the clean moment is
-#: seen within about two runs; back-off after 10 s without change, up to 0.25 s between polls.
+#: The default for the nvidia-smi backend, where a poll is one or two nvidia-smi runs, mostly CPU in the child:
+#: :data:`DEFAULT`'s 5 % cap would space the runs far apart (docs/performance.md). Half a core keeps the next run
+#: within about one run time of the last, so the clean moment is seen within about two runs; back-off after 10 s
+#: without change, up to 0.25 s between polls.
 SMI_DEFAULT = PollPolicy(
     mode="default",
     interval_s=0.001,
@@ -317,7 +268,7 @@ _children_read_at = -(10**18)
 def cpu_time_ns() -> int:
     """CPU time spent by this thread plus that of reaped child processes (an nvidia-smi run burns its CPU in a
     child): what the duty cap counts by default. ``os.times`` counts children in clock ticks of 10 ms and costs a
-    system call (~3 µs on a VM), so the children's part is read again at most every 10 ms."""
+    system call, so the children's part is read again at most every 10 ms."""
     global _children_ns, _children_read_at
     now = time.monotonic_ns()
     if now - _children_read_at >= 10_000_000:
@@ -428,8 +379,9 @@ class _Stats:
 
 class _Median:
     """The median of the last 15 values: the cost of a typical cycle. A median, not an average: while the driver
-    tears a killed process down, a few NVML queries take ~30 ms each (H200), charged to the thread as CPU; an
-    average would stretch the interval exactly then, when the clean moment is near. A sustained cost (many GPUs,
+    tears a killed process down, a few NVML queries block for tens of milliseconds, which some hosts charge to the
+    thread as CPU (docs/waiting.md); an average would stretch the interval exactly then, when the clean moment is
+    near. A sustained cost (many GPUs,
     nvidia-smi) moves the median within 8 polls."""
 
     __slots__ = ("last", "value")
@@ -476,7 +428,7 @@ class _Pacer:
         self.compensate = pol.compensate_sleep
         self.late_ns = 0  # running estimate of how late sleep() wakes up
         # The duty cap wants load / period <= duty, i.e. sleep >= load / duty - busy, where busy is the wall time of
-        # a typical poll and load the CPU time of a typical cycle (a sleep's wake-up costs 15-20 µs of CPU too); not
+        # a typical poll and load the CPU time of a typical cycle (a sleep's wake-up costs CPU too); not
         # wall time, which blocking NVML calls inflate. Without a CPU clock (injected clocks), busy stands in.
         self.duty = pol.max_duty
         self.busy = _Median()  # a poll's wall time (query + judgement)
@@ -530,7 +482,7 @@ class _Pacer:
         return max(0, want - self.late_ns) if self.compensate else want
 
     def woke(self, asked: int, before: int, after: int) -> None:
-        """Learn how late ``sleep`` wakes up (timer slack: ~0.1 ms per time.sleep(0.001) on Linux)."""
+        """Learn how late ``sleep`` wakes up (timer slack, on Linux)."""
         if not self.compensate:
             return
         late = self.late_ns + ((after - before) - asked - self.late_ns) // 8
@@ -714,8 +666,8 @@ def poll_until(
     included; with the real ``clock`` it defaults to this thread's CPU time plus that of reaped child processes
     (:func:`cpu_time_ns`), with an injected one to none (then the wall time of queries stands in).
 
-    ``probe`` is an optional cheaper snapshot (typically ``Fields.MEMORY`` only: 18 µs instead of 50 µs for memory
-    and three process lists on an H200, FACTS-style measurement in ``benchmarks/bench_wait.py``). While the GPUs are
+    ``probe`` is an optional cheaper snapshot (typically ``Fields.MEMORY`` only: one NVML call per GPU instead of
+    four; docs/performance.md has the costs). While the GPUs are
     not clean, a poll first asks the probe; if the predicate is already ``False`` on it, the poll ends there, else
     the full ``snapshot_fn`` is read and judged. This is sound because Kleene logic is monotone: a verdict of
     ``False`` with the process lists unknown stays ``False`` whatever they hold, and the probe alone can never make
@@ -845,7 +797,7 @@ class _Poller:
                 t0 = clock()
                 pacer.woke(ask, now, t0)
             else:
-                t0 = now  # a tight loop (precise mode, or at the deadline): time.sleep(0) alone costs ~80 µs
+                t0 = now  # a tight loop (precise mode, or at the deadline): time.sleep(0) is not free either
 
     # --- helpers ------------------------------------------------------------------------------------------------
 

@@ -1,16 +1,11 @@
 """The C boundary: the only module that calls NVML query functions (library.py makes only init/shutdown calls).
 
-Each method makes one logical query and returns Python values or model objects:
-
-* a non-zero return code becomes the most specific :class:`~nvmlcheck.NvmlError` subclass, naming the C symbol
-  and the device;
-* a symbol missing from the loaded library becomes :class:`~nvmlcheck.FunctionNotFound`;
-* NVML's "not available" sentinels become ``None``;
-* values that cannot be true (PID 0 or above Linux's PID_MAX_LIMIT, bytes above the device total) raise
-  :class:`~nvmlcheck.CorruptData`: that is what a struct layout mismatch looks like (driver 535.43 changed
-  ``nvmlProcessInfo_t`` without a version bump: nvitop PR #89, gpustat #161).
-
-Hot paths (memory and process lists, called every poll) bind their C functions once and avoid per-call lookups.
+Each method makes one logical query and returns Python values or model objects. A non-zero return code becomes the
+most specific :class:`~nvmlcheck.NvmlError` subclass, naming the C symbol and the device; a symbol missing from the
+loaded library, :class:`~nvmlcheck.FunctionNotFound`; NVML's "not available" sentinels, ``None``. Values that cannot
+be true (PID 0 or above Linux's PID_MAX_LIMIT, bytes above the device total) raise :class:`~nvmlcheck.CorruptData`:
+that is what a struct layout mismatch looks like (docs/driver-facts.md). Hot paths (memory and process lists, called
+every poll) bind their C functions once and avoid per-call lookups.
 """
 
 from __future__ import annotations
@@ -98,7 +93,7 @@ class _Buffers(threading.local):
     def __init__(self) -> None:
         self.memory_v2 = ffi.new(_MEMORY_V2_T)
         # Input only: NVML reads it and fills the rest. It must be sizeof | 2<<24; a bare 2 fails on a real driver
-        # (FACTS.md, H200 driver 580.159.04).
+        # (docs/driver-facts.md).
         self.memory_v2.version = _MEMORY_V2_VERSION
         self.memory_v1 = ffi.new(_MEMORY_V1_T)
         self.count = ffi.new(_UINT_P)
@@ -410,8 +405,8 @@ class NvmlCalls:
 
     # --- clocks ---------------------------------------------------------------------------------------------------
     # A full snapshot reads 13 clock values and 3 health values. One method each, collecting (slot, symbol, code)
-    # for what did not answer instead of raising per value, keeps it a quarter cheaper on the stub: a raise per
-    # "not supported" value costs ~1.3 µs (docs/performance.md, "Building the model objects").
+    # for what did not answer instead of raising per value, keeps it measurably cheaper on the stub, where a raise per
+    # "not supported" value is most of the cost (docs/performance.md, "Building the model objects").
 
     def clock_mhz(self, handle: Handle, domain: int, index: int) -> int:
         """nvmlDeviceGetClockInfo: the current clock of ``domain`` (CLOCK_*), MHz."""
@@ -434,8 +429,8 @@ class NvmlCalls:
 
         A value that cannot be read is ``None`` and listed in ``unanswered`` as ``(slot, symbol, code)`` (slot 12
         is the reason mask); codes that make the whole device unusable (GPU lost, reset required, ...) raise.
-        ``include_max=False`` skips the four max clocks (``None``, not listed): they never change, and on an H200
-        each nvmlDeviceGetMaxClockInfo call costs ~1.4 ms (docs/performance.md), so callers read them once.
+        ``include_max=False`` skips the four max clocks (``None``, not listed): they never change, and each
+        nvmlDeviceGetMaxClockInfo call can cost milliseconds (docs/performance.md), so callers read them once.
         """
         out = self._buffers.u32
         values: list[int | None] = []

@@ -60,7 +60,7 @@ __all__ = ["DEFAULT_INIT_TIMEOUT_S", "MIN_INIT_TIMEOUT_S", "NvmlBackend", "init_
 
 # Reads of one snapshot when NVML answers UNINITIALIZED: the first, then after each re-init of our own. A read that
 # another thread's re-init pulled NVML from under (LoadedLibrary.reinit_epoch moved) does not count: it joins that
-# re-init and reads again. Counting those too once failed a healthy GPU's wait in ~27,000 (issue 12).
+# re-init and reads again. Counting those too once failed a healthy GPU's wait now and then (issue 12).
 _READ_ATTEMPTS = 3
 # Reads disturbed by other threads' re-inits, at most, before the error is reported anyway: each one means a
 # re-init started during that read, so only a driver failing continuously gets near it.
@@ -92,10 +92,11 @@ class _Gate:
 
 
 #: Seconds ``nvmlInit`` may take before opening gives up with :class:`~nvmlcheck.Timeout` (it can hang on a wedged
-#: driver: go-nvml #152); ``"auto"`` then falls back to nvidia-smi. A cold init takes ~10 ms on an H200 (FACTS).
+#: driver: go-nvml #152); ``"auto"`` then falls back to nvidia-smi. A cold init takes milliseconds
+#: (docs/driver-facts.md).
 DEFAULT_INIT_TIMEOUT_S = 10.0
-#: The least time ``nvmlInit`` gets when a caller's timeout bounds it (:func:`init_timeout_for`): ~25x a cold init on
-#: an H200 (9.6 ms, FACTS), while ``timeout=0`` ("check once") still returns within a fraction of a second.
+#: The least time ``nvmlInit`` gets when a caller's timeout bounds it (:func:`init_timeout_for`): many times a cold
+#: init (docs/driver-facts.md), while ``timeout=0`` ("check once") still returns within a fraction of a second.
 MIN_INIT_TIMEOUT_S = 0.25
 
 
@@ -210,18 +211,18 @@ _make_snapshot = fast_constructor(Snapshot)
 # docs/performance.md, "Building the model objects").
 _CLOCK_SLOT_KEYS = (
     *(
-        f"clocks.{part}.{key}"
+        unknown_key("clocks", f"{part}.{key}")
         for part in ("current", "max", "applications")
         for key in ("graphics_mhz", "sm_mhz", "memory_mhz", "video_mhz")
     ),
-    "clocks.event_reasons",
+    unknown_key("clocks", "event_reasons"),
 )
-_HEALTH_SLOT_KEYS = ("health.retired_pages", "health.retired_pages_pending", "health.remapped_rows")
+_HEALTH_SLOT_KEYS = tuple(unknown_key("health", k) for k in ("retired_pages", "retired_pages_pending", "remapped_rows"))
 _REASON_FLAGS: dict[int, ClockEventReason] = {}
 
 
 def _event_reasons(mask: int) -> ClockEventReason:
-    # Building an IntFlag costs ~0.4 µs; masks repeat, so keep each one built.
+    # Building an IntFlag costs far more than a dict lookup; masks repeat, so keep each one built.
     flag = _REASON_FLAGS.get(mask)
     if flag is None:
         flag = _REASON_FLAGS[mask] = ClockEventReason(mask)
@@ -622,7 +623,8 @@ class NvmlBackend:
         cached = self._max_clocks.get(index)
         values, mask, unanswered = self._calls.clocks(handle, index, include_max=cached is None)
         if cached is None:
-            # Max clocks are a property of the board: read once per device (each call costs ~1.4 ms on an H200).
+            # Max clocks are a property of the board: read once per device (each call costs milliseconds on some
+            # drivers: docs/performance.md).
             cached = self._max_clocks[index] = (values[4:8], [u for u in unanswered if 4 <= u[0] < 8])
         else:
             values[4:8] = cached[0]

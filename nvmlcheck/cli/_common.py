@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
-TYPE_CHECKING = False  # typing costs ~10 ms of start-up where site has not loaded it
+TYPE_CHECKING = False  # typing costs start-up time where site has not loaded it (docs/performance.md)
 if TYPE_CHECKING:
     import argparse
     import contextlib
@@ -34,8 +34,9 @@ def verdict_printed(code: int) -> None:
     """The command's answer is out: as the ``nvmlcheck`` script, end the process now with ``code``.
 
     What is skipped is only teardown the kernel does anyway: ``nvmlShutdown`` and the interpreter's finalisation
-    cost a launch script 15-25 ms after the GPU was already verified clean (issue 12). Never in-process (tests,
-    tools calling ``main``), and never under ``--simulate``, whose temporary files need their cleanup.
+    cost a launch script milliseconds after the GPU was already verified clean (issue 12; docs/performance.md).
+    Never in-process (tests, tools calling ``main``), and never under ``--simulate``, whose temporary files need
+    their cleanup.
     """
     if not FAST_EXIT or _simulating:
         return
@@ -98,7 +99,7 @@ class simulation:
     nvmlcheck reads nothing back from the environment: :func:`open_session` passes the library path explicitly. The
     stub library and child processes (the fake nvidia-smi) still get their variables.
 
-    A class rather than ``@contextmanager``: contextlib costs ~2 ms of start-up, and the fast path needs none of it.
+    A class rather than ``@contextmanager``: contextlib costs start-up time, and the fast path needs none of it.
     """
 
     def __init__(self, args: argparse.Namespace) -> None:

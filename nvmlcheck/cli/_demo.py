@@ -2,15 +2,14 @@
 prints with the CLI's tables).
 
 A simulated H200 (the bundled stub libnvidia-ml) where a *real* child process holds 16 GiB: the stub lists it while
-the child lives, drops it from the process list 90 ms after it dies and gives the memory back 120 ms after, as a
-real H200 does (FACTS.md: the list empties before the memory returns). The demo kills the child with
+the child lives, drops it from the process list 90 ms after it dies and gives the memory back 120 ms after (on a
+real GPU the list can empty before the memory returns: docs/driver-facts.md). The demo kills the child with
 :func:`~nvmlcheck.kill.kill_and_wait` and shows each phase, against the ``sleep 3`` ritual.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import subprocess
 import sys
 
@@ -72,24 +71,13 @@ def run_demo(*, json_output: bool = False) -> int:
         if child.poll() is None:
             child.kill()
         child.wait()
-    t = result.pids[0]
     if json_output:
-        json.dump(
-            {
-                "schema": "nvmlcheck/demo",
-                "version": 1,
-                "pid": t.pid,
-                "exited_ns": t.exited_ns,
-                "off_gpu_ns": t.off_gpu_ns,
-                "clean_ns": result.clean_ns,
-                "confirmed_ns": result.confirmed_ns,
-                "resolution_ns": result.resolution_ns,
-            },
-            sys.stdout,
-            indent=1,
-        )
-        print()
+        from ..jsonout import demo_document
+        from ._output import print_json
+
+        print_json(demo_document(result))
         return 0
+    t = result.pids[0]
 
     def ms(v: int | None) -> str:
         return "   not seen" if v is None else f"{v / 1e6:8.1f} ms"

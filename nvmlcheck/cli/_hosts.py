@@ -157,13 +157,15 @@ def _gpu_lines(name: str, snap: dict[str, Any]) -> list[str]:
 
 def _proc_lines(name: str, snap: dict[str, Any]) -> list[str]:
     """``snapshot procs`` with the host in front: one line per process, ``?`` where a list is unknown."""
+    from ..model import unknown_key  # the documents' "unknown" keys are DeviceState.unknown's
+
     lines = []
     for d in snap.get("devices", []):
         procs = d.get("processes") or {}
         for kind in ("compute", "graphics", "mps"):
             listed = procs.get(kind)
             if listed is None:
-                why = (d.get("unknown") or {}).get(f"processes.{kind}", "unknown")
+                why = (d.get("unknown") or {}).get(unknown_key("processes", kind), "unknown")
                 lines.append(f"{name}  GPU {d.get('index')}  {'?':>8}  {kind:<9}  ({why})")
                 continue
             for p in listed:

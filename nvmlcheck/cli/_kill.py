@@ -22,7 +22,7 @@ from ._common import (
 )
 from ._output import StatusLine, human_bytes, print_json, status_updater
 
-TYPE_CHECKING = False  # typing costs ~10 ms of start-up where site has not loaded it
+TYPE_CHECKING = False  # typing costs start-up time where site has not loaded it (docs/performance.md)
 if TYPE_CHECKING:
     import argparse
     from typing import Any

@@ -122,11 +122,11 @@ def fail(json_mode: bool, exc: BaseException, code: int, *, label: str | None = 
     if json_mode:
         import contextlib
 
-        from ..jsonout import document, error_json
+        from ..jsonout import error_document
         from ._output import print_json
 
         with contextlib.suppress(BrokenPipeError):
-            print_json(document("error", error=error_json(exc), exit_code=code))
+            print_json(error_document(exc, code))
     if label is None:
         from ..errors import BackendUnavailable
 

@@ -8,7 +8,7 @@ import time
 
 from .._units import format_bytes
 
-TYPE_CHECKING = False  # typing costs ~5-10 ms of start-up where site has not loaded it
+TYPE_CHECKING = False  # typing costs start-up time where site has not loaded it (docs/performance.md)
 if TYPE_CHECKING:
     from typing import Any, TextIO
 
@@ -26,7 +26,7 @@ def plural(n: int, word: str) -> str:
 
 
 def print_json(doc: dict[str, Any]) -> None:
-    """One document on stdout (``json`` is imported only when a document is printed: it costs ~2 ms)."""
+    """One document on stdout (``json`` is imported only when a document is printed: it costs start-up time)."""
     import json
 
     json.dump(doc, sys.stdout, indent=1)
@@ -64,12 +64,15 @@ def device_table(snap: Snapshot, out: TextIO) -> None:
 
 def process_table(snap: Snapshot, out: TextIO) -> None:
     """The ``snapshot procs`` view."""
+    from ..model import unknown_key  # loaded already: snap is one of its objects
+
     print(f"{'GPU':<4}{'pid':>8}  {'kind':<9}{'used':>11}  name", file=out)
     for d in snap.devices:
         for kind in ("compute", "graphics", "mps"):
             procs = getattr(d, f"{kind}_processes")
             if procs is None:
-                print(f"{d.index:<4}{'?':>8}  {kind:<9}{'':>11}  ({d.why_unknown('processes.' + kind)})", file=out)
+                why = d.why_unknown(unknown_key("processes", kind))
+                print(f"{d.index:<4}{'?':>8}  {kind:<9}{'':>11}  ({why})", file=out)
                 continue
             for p in procs:
                 print(f"{d.index:<4}{p.pid:>8}  {kind:<9}{human_bytes(p.used_bytes):>11}  {p.name or '?'}", file=out)

@@ -68,10 +68,10 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         if self.state.json_errors:
-            from ..jsonout import document
+            from ..jsonout import usage_error_document
             from ._output import print_json
 
-            print_json(document("error", error={"type": "UsageError", "message": message}, exit_code=EXIT_USAGE))
+            print_json(usage_error_document(message, EXIT_USAGE))
             self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
         self.print_usage(sys.stderr)
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")

@@ -11,6 +11,8 @@ documents each field. ``_values`` turns model values into dicts; ``_commands`` b
 # One module per kind of content: model values (and the header), and the commands' documents built from them.
 from ._commands import (
     compare_document,
+    demo_document,
+    error_document,
     hosts_document,
     kill_document,
     kill_timeout_document,
@@ -20,6 +22,7 @@ from ._commands import (
     select_document,
     select_timeout_document,
     study_reclaim_document,
+    usage_error_document,
     wait_document,
     wait_timeout_document,
 )
@@ -28,8 +31,10 @@ from ._values import SCHEMA_VERSION, device_json, document, error_json, holder_j
 __all__ = [
     "SCHEMA_VERSION",
     "compare_document",
+    "demo_document",
     "device_json",
     "document",
+    "error_document",
     "error_json",
     "holder_json",
     "hosts_document",
@@ -42,6 +47,7 @@ __all__ = [
     "select_timeout_document",
     "snapshot_json",
     "study_reclaim_document",
+    "usage_error_document",
     "wait_document",
     "wait_timeout_document",
 ]

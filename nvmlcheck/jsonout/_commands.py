@@ -160,3 +160,28 @@ def study_reclaim_document(
 def compare_document(result: Comparison, a: str, b: str) -> dict[str, Any]:
     """The ``nvmlcheck/study-compare`` document with the two record files compared."""
     return {**result.to_json(), "a": a, "b": b}
+
+
+def demo_document(result: KillResult) -> dict[str, Any]:
+    """The ``nvmlcheck/demo`` document: when the demo's child left the OS and the process list, and when the memory
+    was back."""
+    t = result.pids[0]
+    return document(
+        "demo",
+        pid=t.pid,
+        exited_ns=t.exited_ns,
+        off_gpu_ns=t.off_gpu_ns,
+        clean_ns=result.clean_ns,
+        confirmed_ns=result.confirmed_ns,
+        resolution_ns=result.resolution_ns,
+    )
+
+
+def error_document(exc: BaseException, exit_code: int) -> dict[str, Any]:
+    """The ``nvmlcheck/error`` document of a command that failed with ``exc`` and exits with ``exit_code``."""
+    return document("error", error=error_json(exc), exit_code=exit_code)
+
+
+def usage_error_document(message: str, exit_code: int) -> dict[str, Any]:
+    """The ``nvmlcheck/error`` document of an argument error (``message`` as argparse words it)."""
+    return document("error", error={"type": "UsageError", "message": message}, exit_code=exit_code)

@@ -48,8 +48,9 @@ _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 <<
 #: Memsets queued per stream by the ``streams`` kind: deep enough that work is still queued at the end, shallow
 #: enough never to fill the driver's launch queue (which would block the enqueue).
 QUEUE_DEPTH = 128
-#: Bytes each queued memset writes (at most; less when the allocation is smaller): a fraction of a ms each on an
-#: H200 (~4 TB/s), so 4 streams x 128 queue on the order of 100 ms of work (an estimate, not measured).
+#: Bytes each queued memset writes (at most; less when the allocation is smaller): a fraction of a ms each at HBM
+#: bandwidth (terabytes per second), so 4 streams x 128 queue on the order of 100 ms of work (an estimate, not
+#: measured).
 QUEUE_BYTES = 1 << 30
 
 

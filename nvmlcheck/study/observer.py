@@ -160,8 +160,8 @@ class Polls:
 
 def baseline_predicate(snap: Snapshot) -> Predicate:
     """What "clean at baseline" means on ``snap``'s driver: :func:`default_predicate`, or no process at all."""
-    # With only the v1 memory call, "used" includes the driver's reserve and no fixed limit can decide (FACTS):
-    # require no process, and take that reading as the baseline.
+    # With only the v1 memory call, "used" includes the driver's reserve and no fixed limit can decide
+    # (docs/driver-facts.md): require no process, and take that reading as the baseline.
     if any(d.memory is not None and d.memory.used_includes_reserved for d in snap.devices):
         return no_processes()
     return default_predicate()

@@ -52,7 +52,8 @@ if linger_ms > 0:
 os._exit(0)
 """
 
-#: What the stub lists for a ``context`` holder, which allocates nothing: about one context (FACTS.md: 518 MiB).
+#: What the stub lists for a ``context`` holder, which allocates nothing: about one CUDA context, as
+#: docs/driver-facts.md measured one.
 CONTEXT_BYTES = 518 << 20
 
 
@@ -67,7 +68,8 @@ class StubHolderFactory:
     else may keep NVML initialised in this process meanwhile).
 
     ``list_ms``/``release_ms``: how long after the child's death the stub drops it from the list and gives its
-    memory back; the defaults resemble an H200 (FACTS.md: off the list ~90 ms, memory back ~120 ms after a kill).
+    memory back; the defaults are of the order a real kill takes, with the list emptying first, the case a check of
+    the process list alone gets wrong (docs/driver-facts.md, docs/reclaim-study.md).
     ``zombie_holds``: an unreaped child still holds. ``base`` defaults to the file's content when the factory is
     made. The ``free`` ending is simulated as ``exit`` (the stub releases memory only after the process ends). A
     scenario fault returning NVML_ERROR_UNKNOWN makes the backend re-initialise NVML, which reloads the scenario and

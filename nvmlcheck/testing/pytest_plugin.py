@@ -2,17 +2,9 @@
 
 Registered as a ``pytest11`` entry point, so installing nvmlcheck makes the fixtures available; where plugin
 autoloading is off, ``-p nvmlcheck.testing.pytest_plugin`` loads it. pytest loads this module in every run, so it
-imports nothing of the simulator until a fixture is used. docs/testing.md shows the fixtures at work:
-
-* ``nvml_scenario``: the :class:`~nvmlcheck.testing.Scenario` the test runs on (one idle H200); override the fixture,
-  or change it before the stub reads it.
-* ``nvml_scenario_path``: ``nvml_scenario`` written to a file that ``$NVMLCHECK_STUB_SCENARIO`` names.
-* ``nvml_stub``: the stub libnvidia-ml built and ``$NVMLCHECK_LIBNVML`` pointing at it; a
-  :class:`~nvmlcheck.testing.StubSession`. Skips the test when the stub cannot be built (no C compiler, no
-  ``nvidia-nvml-dev``).
-* ``nvml_bound_process``: a factory of real child processes listed on a GPU while they live.
-* ``fake_nvidia_smi``: an ``nvidia-smi`` first on ``PATH`` that renders ``nvml_scenario`` (no compiler needed).
-
+imports nothing of the simulator until a fixture is used. The fixtures: ``nvml_scenario`` (override it to describe
+other GPUs), ``nvml_scenario_path``, ``nvml_stub`` (skips the test where the stub cannot be built),
+``nvml_bound_process`` and ``fake_nvidia_smi``; each has its own docstring, and docs/testing.md shows them at work.
 Environment variables are set through ``monkeypatch``: child processes inherit them, and they are undone after the
 test.
 """

@@ -28,6 +28,7 @@ from ...model import (
     RemappedRows,
     RetiredPage,
     RetirementCause,
+    unknown_key,
 )
 from .aliases import COMPUTE_APPS_ALIASES, QUERY_GPU_ALIASES, REMAPPED_ROWS_ALIASES, RETIRED_PAGES_ALIASES
 from .table import HEX, Cells, Table, known, parse_table
@@ -208,13 +209,14 @@ def _memory(table: Table, cells: Cells, index: int, unknown: dict[str, str]) -> 
 
 # Clock fields --query-gpu does not offer at all (driver 580's --help-query-gpu); NVML has them.
 _SMI_LACKS: Final = frozenset({"clocks.max.video", "clocks.applications.sm", "clocks.applications.video"})
+_EVENT_REASONS_KEY: Final = unknown_key("clocks", "event_reasons")
 
 
 def _clock_set(table: Table, cells: Cells, group: str, unknown: dict[str, str]) -> ClockSet:
     values: dict[str, int | None] = {}
     for domain, attr in _CLOCK_DOMAINS:
         name = f"clocks.{group}.{domain}"
-        key = f"clocks.{group}.{attr}"
+        key = unknown_key("clocks", f"{group}.{attr}")
         if not table.has(name):
             values[attr] = None
             unknown[key] = (
@@ -230,15 +232,16 @@ def _clocks(table: Table, cells: Cells, unknown: dict[str, str]) -> Clocks:
     current = _clock_set(table, cells, "current", unknown)
     # The current clocks are also read through Clocks.sm_mhz and friends: give those paths the same reasons.
     for _, attr in _CLOCK_DOMAINS:
-        if f"clocks.current.{attr}" in unknown:
-            unknown[f"clocks.{attr}"] = unknown[f"clocks.current.{attr}"]
+        current_key = unknown_key("clocks", f"current.{attr}")
+        if current_key in unknown:
+            unknown[unknown_key("clocks", attr)] = unknown[current_key]
     reasons: ClockEventReason | None = None
     if table.has("clocks_event_reasons.active"):
         mask = cells.hex("clocks_event_reasons.active")
-        if known(mask, "clocks_event_reasons.active", unknown, "clocks.event_reasons") and isinstance(mask, int):
+        if known(mask, "clocks_event_reasons.active", unknown, _EVENT_REASONS_KEY) and isinstance(mask, int):
             reasons = ClockEventReason(mask)
     else:
-        unknown["clocks.event_reasons"] = "clocks_event_reasons.active was not asked for"
+        unknown[_EVENT_REASONS_KEY] = "clocks_event_reasons.active was not asked for"
     return Clocks(
         current=current,
         max=_clock_set(table, cells, "max", unknown),
