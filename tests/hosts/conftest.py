@@ -52,15 +52,35 @@ class Hosts:
         return code, doc
 
 
-def _started_for(pid: str, lab: sshlab.Lab) -> bool:
-    # A ControlMaster rewrites its command line ("ssh: /tmp/nvmlcheck-ssh-.../... [mux]"), which no longer names the
-    # lab; its environment, inherited from the nvmlcheck that started it, does (NVMLCHECK_SSH_OPTIONS). Without this,
-    # a master that another lab left (another test run on the machine, ControlPersist=60) counted as this one's.
+def _peer_ports(pid: str) -> set[int] | None:
+    """The remote TCP ports of process ``pid``'s sockets, or None when they cannot be read."""
     try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            return str(lab.ssh_config).encode() in f.read()
+        inodes = set()
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+        ports = set()
+        for table in ("tcp", "tcp6"):
+            with open(f"/proc/{pid}/net/{table}", encoding="ascii") as f:
+                for row in f.readlines()[1:]:
+                    cols = row.split()
+                    if cols[9] in inodes:
+                        ports.add(int(cols[2].rsplit(":", 1)[1], 16))
+        return ports
     except OSError:
-        return True  # cannot tell: count it, as before
+        return None
+
+
+def _started_for(pid: str, lab: sshlab.Lab) -> bool:
+    # A ControlMaster rewrites its command line ("ssh: /tmp/nvmlcheck-ssh-.../... [mux]", over its environment too),
+    # which no longer names the lab; its TCP connection still goes to one of the lab's sshd ports. Without this, a
+    # master that another test run on the machine left (ControlPersist=60) counted as this lab's.
+    ports = _peer_ports(pid)
+    if ports is None:
+        return True  # cannot tell: count it
+    mine = {h.port for h in lab.hosts.values()} | {sock.getsockname()[1] for sock in lab.extra}
+    return bool(ports & mine)
 
 
 def ssh_children(lab: sshlab.Lab) -> list[str]:
