@@ -4,6 +4,11 @@ Used by the nvidia-smi runner (``backends/smi.py``) and the ssh fleet (``hosts.p
 argv (never a shell) in a new session, so one ``killpg`` reaches everything it started; the leader is reaped only
 through this class, after the reading is over, so its pid (= the group id) cannot be reused while a signal may
 still be sent to the group.
+
+Both pipes and a pidfd are watched with one selector, so the exit is seen the moment it happens.
+``Popen.communicate(timeout=...)`` would do for a plain run, but its wait polls ``waitpid`` with sleeps that start at
+0.5 ms and double, which alone added ~1 ms to every nvidia-smi run (measured), and it cannot stop reading at a grace
+after the exit or ask a stop callable.
 """
 
 from __future__ import annotations

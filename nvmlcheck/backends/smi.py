@@ -125,10 +125,7 @@ class SmiResult:
 class _Running:
     """A started run; :meth:`wait` returns its result or kills its process group at the deadline.
 
-    Output is read with one selector over both pipes and a pidfd (:class:`~nvmlcheck._proc.child.Child`), so the
-    exit is seen the moment it happens. ``Popen.communicate(timeout=...)`` would do, but its wait polls ``waitpid``
-    with sleeps that start at 0.5 ms and double, which alone added ~1 ms to every run (measured): a third of the
-    per-poll overhead budget.
+    The process is a :class:`~nvmlcheck._proc.child.Child`: both pipes and the exit are watched with one selector.
     """
 
     def __init__(
