@@ -137,12 +137,13 @@ class Child:
 
     def _timeout(self, now: int, deadline_ns: int | None, grace_ns: int | None, slice_s: float | None) -> float | None:
         """Seconds the next select may block: to the deadline, to the end of the grace after exit, to the slice."""
-        ends = [deadline_ns] if deadline_ns is not None else []
+        end = deadline_ns
         if self._exited_ns is not None and grace_ns is not None:
-            ends.append(self._exited_ns + grace_ns)
-        timeout = max(0.0, (min(ends) - now) / 1e9) if ends else None
-        if slice_s is not None:
-            timeout = slice_s if timeout is None else min(timeout, slice_s)
+            after = self._exited_ns + grace_ns
+            end = after if end is None or after < end else end
+        timeout = None if end is None else max(0.0, (end - now) / 1e9)
+        if slice_s is not None and (timeout is None or slice_s < timeout):
+            timeout = slice_s
         return timeout
 
     def _exited(self) -> bool:
