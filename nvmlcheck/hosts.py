@@ -20,11 +20,9 @@ import os
 import queue
 import re
 import secrets
-import selectors
 import shlex
 import shutil
 import signal
-import subprocess
 import tempfile
 import threading
 import time
@@ -32,6 +30,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from ._proc.child import Child
 from .errors import NvmlCheckError
 
 __all__ = [
@@ -284,6 +283,8 @@ _TIMEOUT = ("timed out", "operation timed out")
 _STDERR_KEEP = 2000
 #: Seconds to keep reading after the ssh we started exited (a ControlMaster may still hold copies of its pipes).
 _PIPE_GRACE_S = 1.0
+#: Seconds ``ssh -O exit`` may take to end a ControlMaster before it is killed.
+_EXIT_WAIT_S = 5.0
 
 
 def _trim(text: str) -> str:
@@ -351,7 +352,7 @@ class Fleet:
         self._control_master = control_master
         self._used: set[Host] = set()
         self._lock = threading.Lock()
-        self._running: set[subprocess.Popen[bytes]] = set()
+        self._running: set[Child] = set()
         self._closed = False
         self._token = secrets.token_hex(8)
 
@@ -400,72 +401,43 @@ class Fleet:
 
     # -- one host -----------------------------------------------------------------------------------------------------
 
-    def _spawn(self, argv: Sequence[str]) -> subprocess.Popen[bytes]:
+    def _spawn(self, argv: Sequence[str]) -> Child:
         # A new session per ssh: the deadline and the caller's interruption kill its whole process group (ssh, a
         # ProxyCommand, ...) with one killpg. A ControlPersist master daemonises into its own session and is ended
         # by close() with "ssh -O exit".
         with self._lock:
             if self._closed:
                 raise RuntimeError("this Fleet was stopped")
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    start_new_session=True)
-            self._running.add(proc)
-        return proc
+            child = Child(argv, after_exit_s=_PIPE_GRACE_S)
+            self._running.add(child)
+        return child
 
-    def _finish(self, proc: subprocess.Popen[bytes], deadline: float | None) -> tuple[int | None, str, str]:
+    def _finish(self, child: Child, deadline: float | None) -> tuple[int | None, str, str]:
         """Read its output until it exits, killing its group at ``deadline`` (monotonic) or when the fleet is
         stopped; returns (returncode, or None when killed or ended by a signal, stdout, stderr).
 
         Not ``communicate()``: with ControlMaster the master process holds copies of our pipes (the mux client
-        passes them over its socket), so the pipes may not reach end-of-file when the ssh we started dies. This
-        reads while the process lives, and stops reading :data:`_PIPE_GRACE_S` after it exited.
+        passes them over its socket), so the pipes may not reach end-of-file when the ssh we started dies. The
+        child (started with ``after_exit_s``) stops reading :data:`_PIPE_GRACE_S` after it exited.
         """
-        assert proc.stdout is not None and proc.stderr is not None
-        buffers = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
-        out, err = buffers.values()
-        killed = False
-        exited_at: float | None = None
+        answered = False
         try:
-            with selectors.DefaultSelector() as sel:
-                for fd in buffers:
-                    sel.register(fd, selectors.EVENT_READ)
-                while True:
-                    now = time.monotonic()
-                    if not killed and (self._closed or (deadline is not None and now >= deadline)):
-                        self._kill(proc)
-                        killed = True
-                    if exited_at is None and proc.poll() is not None:
-                        exited_at = now
-                    # Killed: its answer is dropped anyway, so stop at once rather than wait for the master's copies.
-                    if exited_at is not None and (killed or not sel.get_map() or now - exited_at > _PIPE_GRACE_S):
-                        break
-                    # Short slices: the deadline and stop() are checked at least every 50 ms.
-                    for key, _ in sel.select(0.05 if sel.get_map() else 0):
-                        chunk = os.read(key.fd, 1 << 16)
-                        if chunk:
-                            buffers[key.fd] += chunk
-                        else:
-                            sel.unregister(key.fd)
-                    if not sel.get_map() and exited_at is None:
-                        # Output complete, the process not yet reaped: wait for it in short slices too.
-                        with contextlib.suppress(subprocess.TimeoutExpired):
-                            proc.wait(0.05)
+            # stop() is checked at least every slice (50 ms); it also signals the group itself.
+            answered = child.wait(None if deadline is None else round(deadline * 1e9), should_stop=self._stopped)
         finally:
-            proc.stdout.close()
-            proc.stderr.close()
+            if not answered:
+                # Killed: its answer is dropped anyway, so stop at the exit rather than wait for the master's copies.
+                child.kill(read_after_exit=False)
+            child.close()
             with self._lock:
-                self._running.discard(proc)
-        rc = proc.returncode
-        if killed or rc is None or rc < 0:  # killed here, or by a signal: no answer
+                self._running.discard(child)
+        rc = child.returncode
+        if not answered or rc is None or rc < 0:  # killed here, or by a signal: no answer
             rc = None
-        return rc, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+        return rc, child.stdout.decode("utf-8", "replace"), child.stderr.decode("utf-8", "replace")
 
-    @staticmethod
-    def _kill(proc: subprocess.Popen[bytes]) -> None:
-        if proc.returncode is None:
-            # Not reaped yet, so its pid (= the group id) cannot have been reused.
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
+    def _stopped(self) -> bool:
+        return self._closed
 
     @staticmethod
     def _classify(host: Host, rc: int | None, out: str, err: str, waited_s: float) -> HostResult | HostError:
@@ -522,12 +494,12 @@ class Fleet:
         started = time.monotonic()
         deadline = None if deadline_s is None else started + deadline_s
         try:
-            proc = self._spawn(self.argv(host, command))
+            child = self._spawn(self.argv(host, command))
         except OSError as exc:
             return HostResult(host, None, None, HostUnreachable(str(host), f"cannot start {self.ssh!r}: {exc}"))
         except RuntimeError:
             return HostResult(host, None, None, HostError(str(host), "stopped before it started"))
-        rc, out, err = self._finish(proc, deadline)
+        rc, out, err = self._finish(child, deadline)
         if rc is None and not self._closed:
             # Killed at the deadline: the host's ControlMaster still carries the session (and the remote command);
             # end it, so a fleet used again does not pile up sessions. The next call starts a new master.
@@ -630,8 +602,8 @@ class Fleet:
         with self._lock:
             self._closed = True
             running = list(self._running)
-        for proc in running:
-            self._kill(proc)
+        for child in running:
+            child.signal_group()
         # The nvidia-smi fallback's ssh runs are started by the smi backend, not here: find them among this
         # process's children by the mark in their environment (each leads its own process group).
         for pid in self._marked_children():
@@ -662,7 +634,7 @@ class Fleet:
                     continue
         return pids
 
-    def _exit_master(self, host: Host, directory: str) -> subprocess.Popen[bytes] | None:
+    def _exit_master(self, host: Host, directory: str) -> Child | None:
         """Start ``ssh -O exit`` for ``host``'s ControlMaster (ending it and the sessions it carries), if any."""
         path = os.path.join(directory, hashlib.sha1(str(host).encode()).hexdigest()[:12])
         if not os.path.exists(path):
@@ -672,20 +644,18 @@ class Fleet:
             argv += ["-p", str(host.port)]
         argv += ["--", host.destination]
         try:
-            return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.DEVNULL, start_new_session=True)
+            return Child(argv, after_exit_s=0.0)  # its output is not used: stop reading at its exit
         except OSError:
             return None
 
-    def _wait_exits(self, exits: Iterable[subprocess.Popen[bytes] | None]) -> None:
-        for proc in exits:
-            if proc is None:
+    @staticmethod
+    def _wait_exits(exits: Iterable[Child | None]) -> None:
+        for child in exits:
+            if child is None:
                 continue
-            try:
-                proc.wait(5.0)
-            except subprocess.TimeoutExpired:
-                self._kill(proc)
-                proc.wait()
+            if not child.wait(time.monotonic_ns() + int(_EXIT_WAIT_S * 1e9)):
+                child.kill(read_after_exit=False)
+            child.close()
 
     def close(self) -> None:
         """Stop, end the ControlMaster processes this fleet started (``ssh -O exit``) and remove their directory."""

@@ -44,16 +44,14 @@ import contextlib
 import dataclasses
 import math
 import os
-import selectors
 import shlex
-import signal
-import subprocess
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import IO, TYPE_CHECKING, Final, Literal
+from typing import TYPE_CHECKING, Final, Literal
 
+from .._proc.child import Child
 from ..errors import (
     BackendUnavailable,
     DeadlinePassed,
@@ -84,10 +82,6 @@ __all__ = ["DEFAULT_TIMEOUT_S", "SmiBackend", "SmiResult", "SmiRunner", "classif
 
 #: Seconds one nvidia-smi run may take before its process group is killed.
 DEFAULT_TIMEOUT_S: Final = 10.0
-
-# After a kill, how long to wait for the pipes to close. A process that left the group (setsid) could hold them open
-# forever; it must not hold the caller too.
-_REAP_GRACE_S: Final = 1.0
 
 ProcessQuery = Literal["pids", "compute-apps"]
 
@@ -128,20 +122,10 @@ class SmiResult:
         return f"{self.stdout}\n{self.stderr}".strip()
 
 
-def _pidfd(pid: int) -> int | None:
-    """A descriptor that becomes readable when ``pid`` exits (Linux >= 5.3), else None."""
-    try:
-        return os.pidfd_open(pid)
-    except (AttributeError, OSError):
-        return None
-
-
 class _Running:
     """A started run; :meth:`wait` returns its result or kills its process group at the deadline.
 
-    Output is read with one selector over both pipes and a pidfd, so the exit is seen the moment it happens.
-    ``Popen.communicate(timeout=...)`` would do, but its wait polls ``waitpid`` with sleeps that start at 0.5 ms and
-    double, which alone added ~1 ms to every run (measured): a third of the per-poll overhead budget.
+    The process is a :class:`~nvmlcheck._proc.child.Child`: both pipes and the exit are watched with one selector.
     """
 
     def __init__(
@@ -154,95 +138,33 @@ class _Running:
         self.deadline_ns = self.started_ns + int(self.timeout_s * 1e9)
         try:
             # A new session makes the child a process-group leader, so a timeout can kill everything it started (ssh
-            # and its helpers, a shell and nvidia-smi) with one killpg.
-            self.proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
-                env=runner.env,
-            )
+            # and its helpers, a shell and nvidia-smi) with one killpg. The output is read to its end (after_exit_s
+            # None), bounded by the deadline.
+            self.child = Child(argv, env=runner.env)
         except OSError as exc:
             raise SmiTransportError(argv, None, str(exc), f"cannot start {argv[0]!r} ({exc.strerror})") from exc
-        self._out = bytearray()
-        self._err = bytearray()
-        assert self.proc.stdout is not None and self.proc.stderr is not None
-        self._open: dict[int, tuple[IO[bytes], bytearray]] = {
-            self.proc.stdout.fileno(): (self.proc.stdout, self._out),
-            self.proc.stderr.fileno(): (self.proc.stderr, self._err),
-        }
-
-    def _pump(self, deadline_ns: int) -> bool:
-        """Read the pipes to their end and wait for the exit, until ``deadline_ns``; False if the deadline came."""
-        pidfd = _pidfd(self.proc.pid) if self.proc.returncode is None else None
-        with selectors.DefaultSelector() as sel:
-            for fd in self._open:
-                sel.register(fd, selectors.EVENT_READ)
-            if pidfd is not None:
-                sel.register(pidfd, selectors.EVENT_READ)
-            try:
-                while sel.get_map():
-                    remaining = (deadline_ns - time.monotonic_ns()) / 1e9
-                    if remaining <= 0:
-                        return False
-                    for key, _ in sel.select(remaining):
-                        if key.fd == pidfd or self._read(key.fd):
-                            sel.unregister(key.fd)
-            finally:
-                if pidfd is not None:
-                    os.close(pidfd)
-        remaining = max(0.0, (deadline_ns - time.monotonic_ns()) / 1e9)
-        try:
-            self.proc.wait(timeout=remaining)  # returns at once when the pidfd said it exited
-        except subprocess.TimeoutExpired:
-            return False
-        return True
-
-    def _read(self, fd: int) -> bool:
-        """Read what is there; True at end of file (the pipe is then closed)."""
-        pipe, buf = self._open[fd]
-        chunk = os.read(fd, 1 << 16)
-        if chunk:
-            buf += chunk
-            return False
-        pipe.close()
-        del self._open[fd]
-        return True
+        self.proc = self.child.proc
 
     def wait(self) -> SmiResult:
-        if not self._pump(self.deadline_ns):
+        if not self.child.wait(self.deadline_ns):
             err_text = self.kill()
             raise SmiTimeout(self.argv, self.timeout_s, err_text)
         return SmiResult(
             self.argv,
             self.command,
             self.proc.returncode,
-            self._out.decode("utf-8", "replace"),
-            self._err.decode("utf-8", "replace"),
+            self.child.stdout.decode("utf-8", "replace"),
+            self.child.stderr.decode("utf-8", "replace"),
             time.monotonic_ns() - self.started_ns,
         )
 
     def kill(self) -> str:
         """Kill the whole process group and reap the leader; returns what it had printed on stderr."""
-        if self.proc.returncode is None:
-            # The leader is not reaped yet, so its pid (= the group id) cannot have been reused: killpg is safe.
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-        if not self._pump(time.monotonic_ns() + int(_REAP_GRACE_S * 1e9)):
-            # A process outside the group holds our pipes, or the leader is stuck in uninterruptible sleep (a wedged
-            # GPU): stop reading and leave it; blocking here would hang the caller with it.
-            for pipe, _ in list(self._open.values()):
-                pipe.close()
-            self._open.clear()
-            # The leader itself usually did die (a helper outside the group held the pipes): reap it now rather than
-            # leave a zombie child; one truly stuck in uninterruptible sleep is left to subprocess's own clean-up.
-            self.proc.poll()
-            note = (
-                "" if self.proc.returncode is not None else " (it did not exit after SIGKILL: uninterruptible sleep?)"
-            )
-            return self._err.decode("utf-8", "replace") + note
-        return self._err.decode("utf-8", "replace")
+        # A process outside the group may hold our pipes, or the leader be stuck in uninterruptible sleep (a wedged
+        # GPU): the kill stops reading after its grace and leaves it; blocking here would hang the caller with it.
+        reaped = self.child.kill()
+        note = "" if reaped else " (it did not exit after SIGKILL: uninterruptible sleep?)"
+        return self.child.stderr.decode("utf-8", "replace") + note
 
 
 class SmiRunner:

@@ -1,0 +1,203 @@
+"""Private: one child process run with a deadline, its output read from both pipes, killed with its whole group.
+
+Used by the nvidia-smi runner (``backends/smi.py``) and the ssh fleet (``hosts.py``). The child is started from an
+argv (never a shell) in a new session, so one ``killpg`` reaches everything it started; the leader is reaped only
+through this class, after the reading is over, so its pid (= the group id) cannot be reused while a signal may
+still be sent to the group.
+
+Both pipes and a pidfd are watched with one selector, so the exit is seen the moment it happens.
+``Popen.communicate(timeout=...)`` would do for a plain run, but its wait polls ``waitpid`` with sleeps that start at
+0.5 ms and double, which alone added ~1 ms to every nvidia-smi run (measured), and it cannot stop reading at a grace
+after the exit or ask a stop callable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import selectors
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import IO, Final
+
+__all__ = ["REAP_GRACE_S", "Child"]
+
+#: After a kill, how long to wait for the leader to be reaped (and, when asked, its pipes to close). A process that
+#: left the group could hold the pipes forever, and one in uninterruptible sleep outlives SIGKILL: neither may hold
+#: the caller.
+REAP_GRACE_S: Final = 1.0
+
+# How often the exit is polled where no pidfd can be had (Linux < 5.3): the first look is soon, later ones back off.
+_POLL_FIRST_S: Final = 0.0005
+_POLL_MAX_S: Final = 0.05
+
+
+def _pidfd(pid: int) -> int | None:
+    """A descriptor that becomes readable when ``pid`` exits (Linux >= 5.3), else None."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+
+
+class Child:
+    """A started child: ``argv`` in a new session, stdin from ``/dev/null``, stdout and stderr collected.
+
+    ``after_exit_s``: ``None`` reads both pipes to their end (bounded by the deadline of :meth:`wait`); a number
+    stops reading that many seconds after the exit even if the pipes are still open (an ssh ControlMaster keeps
+    copies of its clients' pipes). ``env``: the child's environment (default: inherited). Raises ``OSError`` when
+    the program cannot be started.
+
+    ``proc`` is the :class:`subprocess.Popen` (for ``pid`` and ``returncode``); do not wait on it directly.
+    """
+
+    def __init__(
+        self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, after_exit_s: float | None = None
+    ) -> None:
+        self.after_exit_s = after_exit_s
+        self.proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            env=env,
+        )
+        self.stdout = bytearray()
+        self.stderr = bytearray()
+        assert self.proc.stdout is not None and self.proc.stderr is not None
+        self._open: dict[int, tuple[IO[bytes], bytearray]] = {
+            self.proc.stdout.fileno(): (self.proc.stdout, self.stdout),
+            self.proc.stderr.fileno(): (self.proc.stderr, self.stderr),
+        }
+        self._exited_ns: int | None = None  # when the exit was seen (the leader may still be unreaped)
+        # Reaping and signalling the group take turns, so a signal never goes to a reaped (reusable) group id.
+        self._reap_lock = threading.Lock()
+
+    @property
+    def returncode(self) -> int | None:
+        """The exit status once reaped (negative: ended by that signal), else ``None``."""
+        return self.proc.returncode
+
+    def wait(
+        self,
+        deadline_ns: int | None,
+        *,
+        should_stop: Callable[[], bool] | None = None,
+        slice_s: float = 0.05,
+        after_exit_s: float | None = None,
+    ) -> bool:
+        """Read the pipes until the child exited and its output is complete (see ``after_exit_s``), then reap it.
+
+        ``deadline_ns``: ``time.monotonic_ns()`` at which to give up (``None``: never). ``should_stop`` is called
+        at least every ``slice_s`` seconds; giving up when it returns true. Returns True when reaped, False when the
+        deadline came or ``should_stop`` said so first (nothing is killed: see :meth:`kill`). ``after_exit_s``
+        replaces the child's own for this call. Can be called again after False.
+        """
+        grace_s = self.after_exit_s if after_exit_s is None else after_exit_s
+        grace_ns = None if grace_s is None else int(grace_s * 1e9)
+        pidfd = _pidfd(self.proc.pid) if self._exited_ns is None and self.proc.returncode is None else None
+        poll_s = _POLL_FIRST_S  # used only without a pidfd
+        with selectors.DefaultSelector() as sel:
+            for fd in self._open:
+                sel.register(fd, selectors.EVENT_READ)
+            if pidfd is not None:
+                sel.register(pidfd, selectors.EVENT_READ)
+            try:
+                while True:
+                    if self._exited_ns is None and pidfd is None and self._exited():
+                        self._exited_ns = time.monotonic_ns()
+                    now = time.monotonic_ns()
+                    if self._exited_ns is not None and (
+                        not self._open or (grace_ns is not None and now - self._exited_ns >= grace_ns)
+                    ):
+                        return self._reap()
+                    if should_stop is not None and should_stop():
+                        return False
+                    if deadline_ns is not None and now >= deadline_ns:
+                        return False
+                    timeout = self._timeout(now, deadline_ns, grace_ns, slice_s if should_stop else None)
+                    if pidfd is None and self._exited_ns is None:
+                        timeout = poll_s if timeout is None else min(timeout, poll_s)
+                        poll_s = min(poll_s * 2, _POLL_MAX_S)
+                    for key, _ in sel.select(timeout):
+                        if key.fd == pidfd:
+                            sel.unregister(pidfd)
+                            os.close(pidfd)
+                            pidfd = None
+                            self._exited_ns = time.monotonic_ns()
+                        elif self._read(key.fd):
+                            sel.unregister(key.fd)
+            finally:
+                if pidfd is not None:
+                    os.close(pidfd)
+
+    def _timeout(self, now: int, deadline_ns: int | None, grace_ns: int | None, slice_s: float | None) -> float | None:
+        """Seconds the next select may block: to the deadline, to the end of the grace after exit, to the slice."""
+        end = deadline_ns
+        if self._exited_ns is not None and grace_ns is not None:
+            after = self._exited_ns + grace_ns
+            end = after if end is None or after < end else end
+        timeout = None if end is None else max(0.0, (end - now) / 1e9)
+        if slice_s is not None and (timeout is None or slice_s < timeout):
+            timeout = slice_s
+        return timeout
+
+    def _exited(self) -> bool:
+        """Whether the leader exited, without reaping it (``WNOWAIT``), for where no pidfd can be had."""
+        try:
+            return os.waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+        except ChildProcessError:  # reaped already (by this class: returncode is set)
+            return True
+
+    def _reap(self) -> bool:
+        with self._reap_lock:
+            self.proc.poll()
+        return self.proc.returncode is not None
+
+    def _read(self, fd: int) -> bool:
+        """Read what is there; True at end of file (the pipe is then closed)."""
+        pipe, buf = self._open[fd]
+        chunk = os.read(fd, 1 << 16)
+        if chunk:
+            buf += chunk
+            return False
+        pipe.close()
+        del self._open[fd]
+        return True
+
+    def signal_group(self, sig: int = signal.SIGKILL) -> bool:
+        """Send ``sig`` to the child's whole process group, only while the leader is unreaped (its pid, the group
+        id, cannot have been reused). Safe from any thread. True when sent."""
+        with self._reap_lock:
+            if self.proc.returncode is not None:
+                return False
+            try:
+                os.killpg(self.proc.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                return False
+            return True
+
+    def kill(self, grace_s: float = REAP_GRACE_S, *, read_after_exit: bool = True) -> bool:
+        """SIGKILL to the group, then reap the leader within ``grace_s``, reading its last output
+        (``read_after_exit``: the pipes to their end, or the child's ``after_exit_s``; False: stop at the exit).
+        The pipes are closed either way. Returns whether the leader was reaped: a process outside the group may hold
+        the pipes, or the leader be stuck in uninterruptible sleep; then it is left, not waited for."""
+        self.signal_group(signal.SIGKILL)
+        self.wait(time.monotonic_ns() + int(grace_s * 1e9), after_exit_s=None if read_after_exit else 0.0)
+        self.close()
+        if self.proc.returncode is None:
+            # The leader usually did die (a helper outside the group held the pipes): reap it rather than leave a
+            # zombie. One truly stuck is left to subprocess's own clean-up.
+            self._reap()
+        return self.proc.returncode is not None
+
+    def close(self) -> None:
+        """Stop reading: close the pipes (what was read stays in ``stdout`` and ``stderr``)."""
+        for pipe, _ in self._open.values():
+            with contextlib.suppress(OSError):
+                pipe.close()
+        self._open.clear()
