@@ -115,9 +115,7 @@ class Child:
                         not self._open or (grace_ns is not None and now - self._exited_ns >= grace_ns)
                     ):
                         return self._reap()
-                    if should_stop is not None and should_stop():
-                        return False
-                    if deadline_ns is not None and now >= deadline_ns:
+                    if (should_stop is not None and should_stop()) or (deadline_ns is not None and now >= deadline_ns):
                         return False
                     timeout = self._timeout(now, deadline_ns, grace_ns, slice_s if should_stop else None)
                     if pidfd is None and self._exited_ns is None:
