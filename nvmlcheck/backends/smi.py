@@ -6,36 +6,9 @@ Use it where libnvidia-ml cannot be loaded here, or where the GPUs are on anothe
     SmiBackend(prefix="ssh -o BatchMode=yes gpu01")           # the remote shell runs it (arguments are quoted)
     SmiBackend(prefix=["pct", "exec", "129", "--"])           # argv passed through as is (no quoting)
 
-What one :meth:`SmiBackend.snapshot` costs (nvidia-smi itself takes ~20 ms a run on an H200, most of it NVML start-up):
-
-* always one ``nvidia-smi --query-gpu=index,uuid,<fields> --format=csv,nounits``, with only the fields that the
-  requested :class:`~nvmlcheck.model.Fields` need (identity is cached: name, serial, PCI bus id);
-* with ``Fields.PROCESSES`` one more run, started at the same time (so the pass takes one run's time, not two):
-  ``nvidia-smi -q -d PIDS`` (``process_query="pids"``, the default) or ``--query-compute-apps``
-  (``process_query="compute-apps"``);
-* with ``Fields.HEALTH`` no extra run unless a GPU reports retired pages (``retired_pages.sbe``/``dbe`` > 0): only then
-  ``--query-retired-pages`` lists them. Remapped rows come with ``--query-gpu``.
-
-Why ``-q -d PIDS`` by default: the CSV process query lists compute processes only (an MPS client shows there as it is
-also a compute process, but graphics processes never do), so graphics and MPS lists would be unknown, and with any list
-unknown :attr:`DeviceState.processes` is unknown too. ``-q -d PIDS`` lists every kind (``Type`` ``C``, ``G``, ``M+C``,
-``C+G``) with MIG instance ids and unaltered names, and measured on an H200 it costs what ``--query-compute-apps`` costs
-(21.8 vs 22.4 ms median of 15). ``-q -x`` (XML) also has every kind, but it cannot be narrowed with ``-d``
-("--display/-d flags can not be combined with -x") and the full query takes 94 ms, four polls' worth, so it is not
-used.
-
-Errors: the exit status and text are classified once (:func:`classify_failure`): no driver (exit 9) ->
-:class:`~nvmlcheck.DriverNotLoaded`, driver/library mismatch (exit 18, printed on stdout) ->
-:class:`~nvmlcheck.LibraryVersionMismatch`, no such GPU (exit 6) -> :class:`~nvmlcheck.NotFound`, the prefix's own
-failure (ssh's 255, a shell's 126/127) -> :class:`~nvmlcheck.SmiTransportError`, a run past its deadline ->
-:class:`~nvmlcheck.SmiTimeout` after its whole process group was killed. The NVML classes are raised ``from`` an
-:class:`~nvmlcheck.SmiError` that carries the argv, exit status and output.
-
-Deadlines: a snapshot given a wait's :class:`~nvmlcheck.wait.Deadline` gives each run at most the time left before
-it (and never more than the runner's own ``timeout_s``), and starts no run once it has come. A run killed because
-the wait's time ran out (not its own ``timeout_s``) abandons the pass with :class:`~nvmlcheck.errors.DeadlinePassed`,
-which the poller turns into its timeout: a wait overruns its deadline by the time to kill and reap a run, never by a
-whole 10 s run timeout.
+:class:`SmiRunner` runs it (argv only, a deadline per run, the process group killed at it); :func:`classify_failure`
+turns a failed run into one exception class. Which runs a snapshot makes and why, how failures are classified and
+how deadlines pass down: docs/backends.md ("The nvidia-smi backend").
 """
 
 from __future__ import annotations
