@@ -16,7 +16,8 @@ t0=$(date +%s); el() { echo "== $1 ($(( $(date +%s) - t0 )) s)"; }
 side() { (cd "$1" && PYTHONPATH=/tmp/site:$1 "${@:2}"); }
 
 el "gpu tests (this tree)"
-side "$HEAD_DIR" timeout 120 python3 -m pytest tests/gpu --require-gpu -q -p no:cacheprovider 2>&1 | tail -4
+side "$HEAD_DIR" timeout 120 python3 -m pytest tests/gpu --require-gpu -q -p no:cacheprovider -rA > "$OUT/gpu-tests.txt" 2>&1
+tail -4 "$OUT/gpu-tests.txt"
 for round in 1 2 3; do
   for s in base head; do
     dir=$HEAD_DIR; [ $s = base ] && dir=$BASE_DIR
@@ -61,3 +62,5 @@ el "study smoke (this tree)"
 side "$HEAD_DIR" timeout 150 python3 -m nvmlcheck study reclaim --sizes 1GiB,8GiB --repeats 3 --endings KILL \
   --out "$OUT/study_smoke.jsonl" > "$OUT/study_smoke.txt" 2>&1; echo "study exit $?"; tail -12 "$OUT/study_smoke.txt"
 el "done"
+# One file back (the device tool returns a limited number of files).
+(cd "$OUT" && tar -czf /tmp/results.tar.gz --exclude=results.tar.gz . && find . -mindepth 1 -delete && mv /tmp/results.tar.gz .)
