@@ -408,6 +408,11 @@ class DeviceFailure:
     uuid: str | None
     error: Exception
 
+    def describe(self) -> str:
+        """One line for messages: ``"GPU 1 (GPU-…): could not be read: <error>"``."""
+        uuid = f" ({self.uuid})" if self.uuid else ""
+        return f"GPU {self.index}{uuid}: could not be read: {self.error}"
+
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:

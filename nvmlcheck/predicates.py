@@ -363,7 +363,7 @@ class _DevicePredicate(Predicate):
         out: list[_Why] = []
         for d in scope.devices:
             out.extend(self._explain_device(d))
-        out.extend(_Why(None, f.index, _failure_text(f)) for f in scope.failures)
+        out.extend(_Why(None, f.index, f.describe()) for f in scope.failures)
         for m in scope.missing:
             key = m if isinstance(m, int) else None
             what = f"GPU {m}" if isinstance(m, int) else f"GPU {m!r}"
@@ -371,11 +371,6 @@ class _DevicePredicate(Predicate):
         if not scope.devices and not scope.failures and not scope.missing:
             out.append(_Why(None, None, "no GPU in the snapshot: nothing to judge, so not clean"))
         return out
-
-
-def _failure_text(f: DeviceFailure) -> str:
-    uuid = f" ({f.uuid})" if f.uuid else ""
-    return f"GPU {f.index}{uuid}: could not be read: {f.error}"
 
 
 def _process_list_unknown(d: DeviceState, kind: ProcessKind) -> _Why:

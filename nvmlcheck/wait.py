@@ -20,10 +20,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, cast
 
+from ._deadline import Deadline
 from ._waitdefaults import CLOCK, EVENTS, ON_POLL, POLICY, SLEEP, STABLE_POLLS, TIMEOUT, TRACE, Default
 from .errors import CorruptData, DeadlinePassed, NvmlCheckError, NvmlError, WaitTimeout
 from .model import DeviceFailure, Snapshot
-from .predicates import Predicate, _failure_text, default_predicate
+from .predicates import Predicate, default_predicate
 
 __all__ = [
     "DEFAULT",
@@ -149,42 +150,6 @@ def _resolve_policy(policy: PollPolicy | str | float | None) -> PollPolicy:
 
 
 # --- deadline ---------------------------------------------------------------------------------------------------
-
-
-class Deadline:
-    """A point in time on ``clock`` (integer ns, default :func:`time.monotonic_ns`): what a wait hands a backend's
-    ``snapshot(..., deadline=...)`` so that one pass stops at the wait's deadline, not a whole poll later.
-
-    The poller builds it on its own (possibly injected) clock, so tests drive it with a fake clock.
-    """
-
-    __slots__ = ("at_ns", "clock")
-
-    def __init__(self, at_ns: int, clock: Callable[[], int] = time.monotonic_ns) -> None:
-        self.at_ns = at_ns
-        self.clock = clock
-
-    @classmethod
-    def after(cls, seconds: float, clock: Callable[[], int] = time.monotonic_ns) -> Deadline:
-        """The deadline ``seconds`` from now on ``clock``."""
-        return cls(clock() + round(seconds * _NS), clock)
-
-    def expired(self) -> bool:
-        """Whether the deadline has come."""
-        return self.clock() >= self.at_ns
-
-    def remaining_s(self) -> float:
-        """Seconds left (0.0 once expired)."""
-        return max(0.0, (self.at_ns - self.clock()) / _NS)
-
-    def check(self) -> None:
-        """Raise :class:`~nvmlcheck.errors.DeadlinePassed` once the deadline has come: a backend calls this between
-        two queries of a pass."""
-        if self.clock() >= self.at_ns:
-            raise DeadlinePassed(f"the deadline passed {(self.clock() - self.at_ns) / 1e6:.3f} ms ago")
-
-    def __repr__(self) -> str:
-        return f"Deadline(at_ns={self.at_ns}, remaining_s={self.remaining_s():.6f})"
 
 
 #: A snapshot function that takes the wait's deadline (``None``: no deadline); see ``poll_until(pass_deadline=...)``.
@@ -877,7 +842,7 @@ class _Poller:
         elif good is not None:
             culprits.extend(self.predicate.evaluate(good).reasons)
             # Failures make a poll unclean whatever the predicate says (always() ignores them).
-            culprits.extend(_failure_text(f) for f in good.failures)
+            culprits.extend(f.describe() for f in good.failures)
         elif error is None:
             culprits.append("no poll finished before the deadline (a query was still running when it passed)")
         return WaitTimeout(self.timeout_s, t1 - stats.start, tuple(dict.fromkeys(culprits)), good, stats.polls)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from ..model import Fields, Snapshot, SystemInfo
 
 if TYPE_CHECKING:
-    from ..wait import Deadline
+    from .._deadline import Deadline
 
 __all__ = ["BACKEND_NAMES", "Backend", "open_backend"]
 

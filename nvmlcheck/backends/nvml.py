@@ -53,8 +53,8 @@ from ..model import (
 )
 
 if TYPE_CHECKING:
+    from .._deadline import Deadline
     from ..events import EventListener
-    from ..wait import Deadline
 
 __all__ = ["DEFAULT_INIT_TIMEOUT_S", "MIN_INIT_TIMEOUT_S", "NvmlBackend", "init_timeout_for", "process_name"]
 

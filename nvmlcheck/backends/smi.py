@@ -49,7 +49,7 @@ from ._smi.text import HandleFailure, has_handle_failure
 from ._smi_state import ProcessLists, build_device_state
 
 if TYPE_CHECKING:
-    from ..wait import Deadline
+    from .._deadline import Deadline
 
 __all__ = ["DEFAULT_TIMEOUT_S", "SmiBackend", "SmiResult", "SmiRunner", "classify_failure"]
 

@@ -1,0 +1,52 @@
+"""A point in time that a wait hands down to a backend, so one pass stops at the wait's deadline.
+
+Layer 1 (beside the model and the errors): the backends take it without importing the poller. Public as
+:class:`nvmlcheck.wait.Deadline`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from .errors import DeadlinePassed
+
+__all__ = ["Deadline"]
+
+_NS = 1_000_000_000
+
+
+class Deadline:
+    """A point in time on ``clock`` (integer ns, default :func:`time.monotonic_ns`): what a wait hands a backend's
+    ``snapshot(..., deadline=...)`` so that one pass stops at the wait's deadline, not a whole poll later.
+
+    The poller builds it on its own (possibly injected) clock, so tests drive it with a fake clock.
+    """
+
+    __slots__ = ("at_ns", "clock")
+
+    def __init__(self, at_ns: int, clock: Callable[[], int] = time.monotonic_ns) -> None:
+        self.at_ns = at_ns
+        self.clock = clock
+
+    @classmethod
+    def after(cls, seconds: float, clock: Callable[[], int] = time.monotonic_ns) -> Deadline:
+        """The deadline ``seconds`` from now on ``clock``."""
+        return cls(clock() + round(seconds * _NS), clock)
+
+    def expired(self) -> bool:
+        """Whether the deadline has come."""
+        return self.clock() >= self.at_ns
+
+    def remaining_s(self) -> float:
+        """Seconds left (0.0 once expired)."""
+        return max(0.0, (self.at_ns - self.clock()) / _NS)
+
+    def check(self) -> None:
+        """Raise :class:`~nvmlcheck.errors.DeadlinePassed` once the deadline has come: a backend calls this between
+        two queries of a pass."""
+        if self.clock() >= self.at_ns:
+            raise DeadlinePassed(f"the deadline passed {(self.clock() - self.at_ns) / 1e6:.3f} ms ago")
+
+    def __repr__(self) -> str:
+        return f"Deadline(at_ns={self.at_ns}, remaining_s={self.remaining_s():.6f})"
