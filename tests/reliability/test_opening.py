@@ -19,7 +19,7 @@ from nvmlcheck.backends.nvml import init_timeout_for
 from nvmlcheck.testing import Scenario
 from nvmlcheck.wait import TracePoint, is_transient
 
-from ._support import GIB, Stub, wait_for
+from ._support import GIB, StepClock, Stub, wait_for
 
 pytestmark = pytest.mark.stub
 
@@ -291,8 +291,9 @@ def test_wait_names_an_init_that_keeps_answering_unknown_error(stub: Stub) -> No
     with stub.open(_breaks_after(2)) as gpus:
         gpus.snapshot()
         stub.write(broken_init)
+        t = StepClock(2.0)  # a fake clock: the timeout comes after a completed poll, however loaded the machine
         with pytest.raises(nc.WaitTimeout) as info:
-            gpus.wait_until_clean(timeout=0.3, policy=0.01)
+            gpus.wait_until_clean(timeout=30, policy=0.01, clock=t.clock, sleep=t.sleep)
         assert "nvmlInit_v2 failed: NVML_ERROR_UNKNOWN" in str(info.value)
         assert stub.probe.init_refcount() == 0  # NVML is down; the session still counts itself
     assert stub.balanced()
