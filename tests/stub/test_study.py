@@ -682,7 +682,9 @@ def test_events_seen_during_a_run_are_in_its_record() -> None:
     sc = Scenario.h200()
     sc.at_ms(0).raise_event(0, "xid", xid=13)
     config = StudyConfig(sizes=(GIB,), repeats=1, endings=("KILL",), warmup="none", events=True)
-    result, _factory, _seen = study(sc, config, list_ms=0, release_ms=0)
+    # The record keeps what the listener thread has received when the run ends: a run of 300 ms or more gives that
+    # thread time to be scheduled on a loaded machine (with release_ms=0 the run could end before it ran).
+    result, _factory, _seen = study(sc, config, list_ms=0, release_ms=300)
     (record,) = result.records
     assert record.events is not None and record.events_reason is None
     assert [(e["schema"], e["index"], e["kind"], e["xid"], e["fatal"]) for e in record.events] == [
