@@ -56,6 +56,25 @@ def _busy() -> Scenario:
     return sc
 
 
+class StepClock:
+    """A fake clock for ``wait_until_clean(clock=..., sleep=...)``: each reading moves it ``step_s`` on, ``sleep``
+    moves it by what is asked and never sleeps. A wait that must time out then does so after polls that completed,
+    however slowly a loaded machine runs them: with ``timeout=0.2`` on the real clock, no poll of the (Python) fake
+    nvidia-smi finished in time on a loaded CI machine, and the timeout named no GPU state. The deadline each
+    backend is handed is on this clock too; with 30 s on it, a fake nvidia-smi run keeps its own 10 s limit."""
+
+    def __init__(self, step_s: float) -> None:
+        self.now = 0
+        self.step_ns = round(step_s * 1e9)
+
+    def clock(self) -> int:
+        self.now += self.step_ns
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += round(seconds * 1e9)
+
+
 def _close(exact: int, smi_value: int, granularity: int) -> bool:
     """smi's value is the exact byte count rounded up to its granularity."""
     return exact <= smi_value < exact + granularity or (exact % granularity == 0 and smi_value == exact)
@@ -137,14 +156,15 @@ def test_lost_gpu_is_a_failure_and_the_others_report(open_backend: Opener) -> No
 
 def test_wait_clean_on_an_idle_gpu(open_backend: Opener) -> None:
     with open_backend(Scenario.h200()) as gpus:
-        result = gpus.wait_until_clean(timeout=5)
+        result = gpus.wait_until_clean(timeout=30)
     assert result.clean and result.polls >= 2
     assert result.snapshot.backend == gpus.backend_name
 
 
 def test_wait_names_the_holder_at_the_timeout(open_backend: Opener) -> None:
+    t = StepClock(2.0)
     with open_backend(_busy()) as gpus, pytest.raises(nc.WaitTimeout) as info:
-        gpus.wait_until_clean(timeout=0.3, devices=[0])
+        gpus.wait_until_clean(timeout=30, devices=[0], clock=t.clock, sleep=t.sleep)
     text = str(info.value)
     assert "4100001" in text and "16.0 GiB" in text and "GPU 0" in text
     assert info.value.snapshot is not None and info.value.snapshot.backend == gpus.backend_name
@@ -153,8 +173,9 @@ def test_wait_names_the_holder_at_the_timeout(open_backend: Opener) -> None:
 def test_process_list_empty_but_memory_used_is_not_clean(open_backend: Opener) -> None:
     sc = Scenario.h200()
     sc.set_device(0, used_bytes=4 * GIB)  # memory held with no visible process (a PID namespace, say)
+    t = StepClock(2.0)
     with open_backend(sc) as gpus, pytest.raises(nc.WaitTimeout) as info:
-        gpus.wait_until_clean(timeout=0.2)
+        gpus.wait_until_clean(timeout=30, clock=t.clock, sleep=t.sleep)
     assert "no visible process" in str(info.value)
 
 
@@ -194,7 +215,7 @@ def test_mig_devices_are_read(open_backend: Opener) -> None:
 
 def test_idle_mig_gpu_is_clean(open_backend: Opener) -> None:
     with open_backend(_mig(loaded=False)) as gpus:
-        result = gpus.wait_until_clean(timeout=5.0)
+        result = gpus.wait_until_clean(timeout=30.0)
     assert result.snapshot.devices[0].mig_mode is True
 
 
@@ -211,7 +232,7 @@ def test_devices_mig_selects_one_instance(open_backend: Opener) -> None:
         with pytest.raises(ValueError, match="2 MIG devices"):
             gpus.resolve(MIG_UUIDS[1][:-1])  # a prefix of both
         # The idle instance is clean although its GPU holds a process in the other instance ...
-        result = gpus.wait_until_clean(timeout=5.0, devices=[MIG_UUIDS[0]])
+        result = gpus.wait_until_clean(timeout=30.0, devices=[MIG_UUIDS[0]])
         assert result.snapshot.devices[0].mig_mode is True
         # ... and the loaded one is not, named by its UUID.
         with pytest.raises(nc.WaitTimeout) as info:

@@ -67,7 +67,10 @@ def test_sigterm_during_a_simulated_wait_removes_the_stub_directory(tmp_path: Pa
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True,
     )
     try:
-        wait_for(lambda: any(tmp.iterdir()), 30.0, "the simulation's directory")
+        # Signal once the wait runs: the stub has written its call log into the simulation's directory. Anything
+        # earlier in $TMPDIR can be tempfile's short-lived writability probe (a SIGTERM then leaves that file behind)
+        # or the directory between its mkdir and the registration of its removal: not "during a simulated wait".
+        wait_for(lambda: any(tmp.glob("nvmlcheck-stub-*/calls.log")), 30.0, "the simulated wait's first NVML calls")
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=10)
     finally:

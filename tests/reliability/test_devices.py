@@ -17,7 +17,7 @@ from nvmlcheck._nvml.calls import MAX_LIST_ATTEMPTS
 from nvmlcheck.testing import Scenario, build_stub
 from nvmlcheck.wait import PollPolicy, TracePoint
 
-from ._support import GIB, MIB, Stub
+from ._support import GIB, MIB, StepClock, Stub
 
 pytestmark = pytest.mark.stub
 
@@ -72,7 +72,7 @@ def test_permission_denied_on_one_call_fails_that_gpu_only(stub: Stub) -> None:
         (failure,) = snap.failures
         assert failure.index == 1 and isinstance(failure.error, nc.NoPermission)
         assert failure.uuid == "GPU-00000000-0000-0000-0000-000000000001"
-        assert gpus.wait_until_clean(timeout=2, devices=[0]).clean  # the readable GPU can still be waited on
+        assert gpus.wait_until_clean(timeout=30, devices=[0]).clean  # the readable GPU can still be waited on
         polls: list[TracePoint] = []
         with pytest.raises(nc.NoPermission) as info:
             gpus.wait_until_clean(timeout=10, on_poll=polls.append)
@@ -86,7 +86,7 @@ def test_permission_denied_on_the_serial_number_is_an_unknown_not_a_failure(stub
     with stub.open(sc) as gpus:
         (d,) = gpus.snapshot().devices
         assert d.serial is None and "NO_PERMISSION" in (d.why_unknown("serial") or "")
-        assert gpus.wait_until_clean(timeout=2).clean
+        assert gpus.wait_until_clean(timeout=30).clean
 
 
 # --- lost GPUs -------------------------------------------------------------------------------------------------------
@@ -100,7 +100,7 @@ def test_gpu_lost_at_handle_time(stub: Stub) -> None:
         assert [d.index for d in snap.devices] == [0, 2]
         (failure,) = snap.failures
         assert failure.index == 1 and failure.uuid is None and isinstance(failure.error, nc.GpuLost)
-        assert gpus.wait_until_clean(timeout=2, devices=[0, 2]).clean
+        assert gpus.wait_until_clean(timeout=30, devices=[0, 2]).clean
         with pytest.raises(nc.GpuLost) as info:
             gpus.wait_until_clean(timeout=10)
         assert "GPU 1" in str(info.value) and "reset" in str(info.value)
@@ -145,9 +145,10 @@ def test_older_driver_without_versioned_symbols(old_driver: Stub) -> None:
         assert d.memory is not None and d.memory.used_includes_reserved and d.memory.reserved_bytes is None
         # v1 "used" counts the driver's reservation (615 MiB at idle on an H200, FACTS): a fixed limit cannot
         # tell idle from busy, so the default predicate never calls it clean; it says what to do instead.
+        t = StepClock(2.0)  # a fake clock: the timeout comes after a completed poll, however loaded the machine
         with pytest.raises(nc.WaitTimeout, match="memory_back_to"):
-            gpus.wait_until_clean(timeout=0.2)
-        assert gpus.wait_until_clean(timeout=2, predicate=nc.no_processes() & nc.memory_back_to(baseline)).clean
+            gpus.wait_until_clean(timeout=30, clock=t.clock, sleep=t.sleep)
+        assert gpus.wait_until_clean(timeout=30, predicate=nc.no_processes() & nc.memory_back_to(baseline)).clean
 
 
 def test_older_driver_reports_processes_through_the_legacy_call(old_driver: Stub) -> None:
@@ -179,8 +180,9 @@ def test_list_that_keeps_growing_is_never_truncated_and_never_clean(stub: Stub) 
     sc.fault("nvmlDeviceGetComputeRunningProcesses_v3", code=7)  # INSUFFICIENT_SIZE on every attempt
     before = stub.probe.call_count("nvmlDeviceGetComputeRunningProcesses_v3")
     with stub.open(sc) as gpus:
+        t = StepClock(2.0)  # a fake clock: the timeout comes after a completed poll, however loaded the machine
         with pytest.raises(nc.WaitTimeout) as info:
-            gpus.wait_until_clean(timeout=0.2, policy=0.01)
+            gpus.wait_until_clean(timeout=30, policy=0.01, clock=t.clock, sleep=t.sleep)
         assert "kept growing" in str(info.value) and "truncated" in str(info.value)
     calls = stub.probe.call_count("nvmlDeviceGetComputeRunningProcesses_v3") - before
     assert calls > 0 and calls % MAX_LIST_ATTEMPTS == 0  # bounded: exactly the retry bound per read
@@ -192,8 +194,9 @@ def test_list_growing_between_the_two_calls_is_read_whole_in_a_wait(stub: Stub) 
         sc.add_process(0, 3_000_000 + i, used_bytes=MIB)
     sc.race(0, "compute", grow=100, count=0)  # +100 entries after every answer
     points: list[TracePoint] = []
+    t = StepClock(2.0)  # a fake clock: the timeout comes after a completed poll, however loaded the machine
     with stub.open(sc) as gpus, pytest.raises(nc.WaitTimeout):
-        gpus.wait_until_clean(timeout=0.1, policy=0.01, on_poll=points.append)
+        gpus.wait_until_clean(timeout=30, policy=0.01, on_poll=points.append, clock=t.clock, sleep=t.sleep)
     seen = [n for p in points if not p.partial for n in p.process_counts]
     assert seen and all(n is not None and (n - 70) % 100 == 0 for n in seen)  # whole lists as of one answer
 
@@ -207,16 +210,18 @@ def test_process_memory_not_available_is_unknown_and_not_clean(stub: Stub) -> No
     with stub.open(sc) as gpus:
         (p,) = gpus.snapshot().devices[0].processes or ()
         assert p.used_bytes is None  # NVML's "not available" sentinel: unknown, never 0
+        t = StepClock(2.0)  # a fake clock: the timeout comes after a completed poll, however loaded the machine
         with pytest.raises(nc.WaitTimeout) as info:
-            gpus.wait_until_clean(timeout=0.1)
+            gpus.wait_until_clean(timeout=30, clock=t.clock, sleep=t.sleep)
         assert "pid 4000001" in str(info.value) and "unknown amount" in str(info.value)
 
 
 def test_memory_used_with_no_visible_process_is_not_clean_and_says_so(stub: Stub) -> None:
     sc = Scenario.h200()
     sc.set_device(0, used_bytes=4 * GIB)  # another PID namespace's process: NVML lists host PIDs we cannot see
+    t = StepClock(2.0)  # a fake clock: the timeout comes after a completed poll, however loaded the machine
     with stub.open(sc) as gpus, pytest.raises(nc.WaitTimeout) as info:
-        gpus.wait_until_clean(timeout=0.1)
+        gpus.wait_until_clean(timeout=30, clock=t.clock, sleep=t.sleep)
     assert "no visible process" in str(info.value) and "4.0 GiB" in str(info.value)
 
 

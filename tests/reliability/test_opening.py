@@ -19,7 +19,7 @@ from nvmlcheck.backends.nvml import init_timeout_for
 from nvmlcheck.testing import Scenario
 from nvmlcheck.wait import TracePoint, is_transient
 
-from ._support import GIB, Stub, wait_for
+from ._support import GIB, StepClock, Stub, wait_for
 
 pytestmark = pytest.mark.stub
 
@@ -162,14 +162,16 @@ def opened(monkeypatch: pytest.MonkeyPatch) -> Opened:
 
 
 def test_hung_init_auto_falls_back_to_nvidia_smi_within_the_callers_deadline(stub: Stub, opened: Opened) -> None:
-    stub.write(_hung_init(1500))
-    result = nc.wait_until_clean(timeout=1.0)  # NVML's init gets half of it, nvidia-smi the rest
+    # 4 s, not 1: the fake nvidia-smi (a Python script) must open and poll twice in what the init's half leaves,
+    # which a loaded CI machine did not do in 0.5 s. The init hangs past its 2 s half.
+    stub.write(_hung_init(3000))
+    result = nc.wait_until_clean(timeout=4.0)  # NVML's init gets half of it, nvidia-smi the rest
     assert result.snapshot.backend == "smi" and [d.index for d in result.snapshot.devices] == [0]
     assert result.polls >= 2  # time was left for a real wait (two clean polls), not a single check at the deadline
     (kwargs,) = opened.open_kwargs
-    assert kwargs["init_timeout_s"] == 0.5 and kwargs["smi_timeout_s"] == 1.0
+    assert kwargs["init_timeout_s"] == 2.0 and kwargs["smi_timeout_s"] == 2.0
     (left,) = opened.wait_timeouts
-    assert left is not None and left <= 0.5  # the wait got what the init's half left of the second
+    assert left is not None and left <= 2.0  # the wait got what the init's half left of the 4 s
     wait_for(lambda: _init_given_back(stub), 5.0, "the abandoned init to be given back")
 
 
@@ -291,8 +293,9 @@ def test_wait_names_an_init_that_keeps_answering_unknown_error(stub: Stub) -> No
     with stub.open(_breaks_after(2)) as gpus:
         gpus.snapshot()
         stub.write(broken_init)
+        t = StepClock(2.0)  # a fake clock: the timeout comes after a completed poll, however loaded the machine
         with pytest.raises(nc.WaitTimeout) as info:
-            gpus.wait_until_clean(timeout=0.3, policy=0.01)
+            gpus.wait_until_clean(timeout=30, policy=0.01, clock=t.clock, sleep=t.sleep)
         assert "nvmlInit_v2 failed: NVML_ERROR_UNKNOWN" in str(info.value)
         assert stub.probe.init_refcount() == 0  # NVML is down; the session still counts itself
     assert stub.balanced()

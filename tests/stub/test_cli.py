@@ -65,8 +65,11 @@ def test_wait_does_not_return_when_only_the_process_list_is_empty(
     sc.add_process(0, 4_100_001, used_bytes=8 * GIB)
     sc.at_ms(30).remove_process(0, 4_100_001)
     sc.at_ms(30).set_device(0, used_bytes=8 * GIB)  # the list empties; the memory is still held
-    sc.at_ms(200).set_device(0, used_bytes=0)
-    code, out, _ = run(capsys, "--simulate", scenario_file(tmp_path, sc), "--json", "wait", "--timeout", "5")
+    # Freed at 700 ms of the stub's clock, which starts at its init, before the wait's: the 190 ms bound below
+    # leaves 510 ms for that head start (opening the session), which a loaded CI machine can stretch well past the
+    # 10 ms that freeing at 200 ms left.
+    sc.at_ms(700).set_device(0, used_bytes=0)
+    code, out, _ = run(capsys, "--simulate", scenario_file(tmp_path, sc), "--json", "wait", "--timeout", "30")
     assert code == 0
     doc = json.loads(out)
     assert doc["schema"] == "nvmlcheck/wait" and doc["clean"] is True
@@ -74,13 +77,14 @@ def test_wait_does_not_return_when_only_the_process_list_is_empty(
 
 
 def test_wait_timeout_exits_1_naming_the_holder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = run(capsys, "--simulate", "h200-busy", "wait", "--timeout", "0.2")
+    # 2 s, not 0.2: the timeout must come after a completed poll, also on a loaded machine (the CLI takes no clock).
+    code, out, err = run(capsys, "--simulate", "h200-busy", "wait", "--timeout", "2")
     assert code == 1 and out == ""
     assert "pid 4123456" in err and "16.0 GiB" in err and "GPU 0" in err
 
 
 def test_wait_timeout_json(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run(capsys, "--simulate", "h200-busy", "--json", "wait", "--timeout", "0.1")
+    code, out, _ = run(capsys, "--simulate", "h200-busy", "--json", "wait", "--timeout", "2")  # a poll, even loaded
     assert code == 1
     doc = json.loads(out)
     assert doc["clean"] is False and doc["polls"] >= 1

@@ -167,7 +167,9 @@ def test_kill_and_wait_aborts_on_a_fatal_xid(scenario_path: Path) -> None:
         sc = Scenario.h200()
         sc.add_process(0, child.pid, used_bytes=4 * GIB, bound=True)
         sc.add_process(0, 4_000_002, used_bytes=GIB)  # never goes away: only the XID can end the wait early
-        sc.at_ms(100).raise_event(0, "xid", xid=48)
+        # At 1 s of the stub's clock: the listener runs from before the wait, and an XID it receives before the wait
+        # began is not the wait's (100 ms did not always cover the steps before it on a loaded CI machine).
+        sc.at_ms(1000).raise_event(0, "xid", xid=48)
         sc.write(scenario_path)
         with nc.open("nvml", library_path=str(build_stub())) as gpus:
             gpus.listen()
@@ -333,7 +335,9 @@ def test_a_refused_full_mask_falls_back_to_the_fault_kinds(scenario_path: Path) 
     sc = Scenario.h200()
     sc.fault("nvmlDeviceRegisterEvents", 3, count=1)
     sc.add_process(0, 4_000_001, used_bytes=4 * GIB)
-    sc.at_ms(50).raise_event(0, "xid", xid=79)
+    # At 1 s of the stub's clock: the listener runs from before the wait, and an XID it receives before the wait began
+    # is not the wait's (50 ms did not always cover the checks below on a loaded CI machine).
+    sc.at_ms(1000).raise_event(0, "xid", xid=79)
     sc.write(scenario_path)
     with nc.open("nvml", library_path=str(build_stub())) as gpus:
         listener = gpus.listen()
