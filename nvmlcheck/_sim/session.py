@@ -12,8 +12,10 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
+import signal
 import sys
 import tempfile
+import threading
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,6 +86,21 @@ def exported(env: Mapping[str, str]) -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def _termination_held() -> Iterator[None]:
+    """Hold SIGTERM, SIGHUP and SIGINT while a temporary directory is made and its removal registered: a signal in
+    between (the CLI turns them into exceptions) would leave the directory, or tempfile's probe file, behind. A held
+    signal arrives when the block ends, when the removal is registered. Main thread only (where handlers run)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGHUP, signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+@contextlib.contextmanager
 def simulation(
     scenario: Scenario | str | os.PathLike[str],
     *,
@@ -100,7 +117,8 @@ def simulation(
     library = build_stub(variant)
     with contextlib.ExitStack() as stack:
         if tmp_dir is None:
-            directory = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="nvmlcheck-stub-")))
+            with _termination_held():
+                directory = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="nvmlcheck-stub-")))
         else:
             directory = Path(tmp_dir)
             directory.mkdir(parents=True, exist_ok=True)
