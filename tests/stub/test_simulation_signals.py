@@ -40,11 +40,13 @@ def test_a_signal_held_during_creation_arrives_after_the_removal_is_registered()
 
     old = signal.signal(signal.SIGTERM, handler)
     made: list[Path] = []
+    kept: list[tempfile.TemporaryDirectory[str]] = []
     real = tempfile.TemporaryDirectory
 
     def signalling(*args: Any, **kwargs: Any) -> tempfile.TemporaryDirectory[str]:
         made_dir = real(*args, **kwargs)
         made.append(Path(made_dir.name))
+        kept.append(made_dir)  # as a traceback's frames keep it: its own finalizer must not be what removes it
         signal.raise_signal(signal.SIGTERM)  # lands between creation and registration of the removal
         return made_dir
 
@@ -56,3 +58,4 @@ def test_a_signal_held_during_creation_arrives_after_the_removal_is_registered()
     finally:
         signal.signal(signal.SIGTERM, old)
     assert made and not made[0].exists()
+    kept.clear()
