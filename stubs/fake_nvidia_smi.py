@@ -780,8 +780,10 @@ def apply_knobs(argv: list[str]) -> int | None:
         child = subprocess.Popen([sys.executable, "-S", "-c", "import time\nwhile True: time.sleep(3600)"])
         pid_file = os.environ.get("FAKE_SMI_CHILD_PID_FILE")
         if pid_file:
-            with open(pid_file, "w", encoding="utf-8") as f:
+            # Written whole, then renamed: a run killed while writing never leaves an empty file behind.
+            with open(f"{pid_file}.{os.getpid()}", "w", encoding="utf-8") as f:
                 f.write(f"{child.pid}\n")
+            os.replace(f"{pid_file}.{os.getpid()}", pid_file)
         while True:
             time.sleep(3600)
     code = os.environ.get("FAKE_SMI_EXIT")
