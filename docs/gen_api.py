@@ -175,6 +175,7 @@ SECTIONS: list[tuple[str, str, list[str]]] = [
             "testing.read_call_log",
             "testing.LogEntry",
             "testing.StubProbe",
+            "testing.StepClock",
             "testing.NVML_FUNCTIONS",
             "testing.STUB_VARIANTS",
             "testing.UNSUPPORTED_FIELDS",

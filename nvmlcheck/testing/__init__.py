@@ -33,6 +33,7 @@ __all__ = [
     "Scenario",
     "StubBuildError",
     "StubProbe",
+    "StepClock",
     "StubSession",
     "TimelineStep",
     "build_stub",
@@ -47,6 +48,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from .._sim.build import StubBuildError, build_stub, find_nvml_header, stub_source_dir
     from .._sim.calllog import LogEntry, read_call_log
+    from .._sim.clock import StepClock
     from .._sim.probe import StubProbe
     from .._sim.scenario import (
         CLOCK_DOMAINS,
@@ -71,6 +73,7 @@ _LAZY: dict[str, str] = {
     **dict.fromkeys(("StubBuildError", "build_stub", "find_nvml_header", "stub_source_dir"), "build"),
     **dict.fromkeys(("LogEntry", "read_call_log"), "calllog"),
     "StubProbe": "probe",
+    "StepClock": "clock",
     **dict.fromkeys(("CLOCK_DOMAINS", "DEVICE_FIELDS", "PROCESS_KINDS", "UNSUPPORTED_FIELDS", "ClockDomain",
                      "ProcessKindName", "Scenario", "TimelineStep"), "scenario"),
     **dict.fromkeys(("StubSession", "stub_environment", "use_stub"), "session"),

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import nvmlcheck as nc
-from nvmlcheck.testing import Scenario, build_stub, stub_source_dir
+from nvmlcheck.testing import Scenario, StepClock, build_stub, stub_source_dir
 
 pytestmark = pytest.mark.stub
 
@@ -54,25 +54,6 @@ def _busy() -> Scenario:
     sc.add_process(1, 4_100_003, kind="mps", used_bytes=GIB + 1)
     sc.add_process(1, 4_100_004, used_bytes=None, holds_bytes=2 * MIB)
     return sc
-
-
-class StepClock:
-    """A fake clock for ``wait_until_clean(clock=..., sleep=...)``: each reading moves it ``step_s`` on, ``sleep``
-    moves it by what is asked and never sleeps. A wait that must time out then does so after polls that completed,
-    however slowly a loaded machine runs them: with ``timeout=0.2`` on the real clock, no poll of the (Python) fake
-    nvidia-smi finished in time on a loaded CI machine, and the timeout named no GPU state. The deadline each
-    backend is handed is on this clock too; with 30 s on it, a fake nvidia-smi run keeps its own 10 s limit."""
-
-    def __init__(self, step_s: float) -> None:
-        self.now = 0
-        self.step_ns = round(step_s * 1e9)
-
-    def clock(self) -> int:
-        self.now += self.step_ns
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.now += round(seconds * 1e9)
 
 
 def _close(exact: int, smi_value: int, granularity: int) -> bool:

@@ -45,29 +45,6 @@ def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> floa
     return time.monotonic() - start
 
 
-class StepClock:
-    """A fake clock for ``wait_until_clean(clock=..., sleep=...)``: every reading moves it ``step_s`` on and ``sleep``
-    moves it by what is asked, never sleeping for real. How many polls a wait makes before its timeout then depends
-    only on the code path (how often it reads the clock), not on how fast a loaded machine runs each poll; the
-    deadline the backend is handed is on this clock too (a fake nvidia-smi run gets what is left of it, capped at its
-    own run timeout).
-
-    The wall-clock version of these tests (``timeout=0.2`` and a real clock) failed on a loaded CI machine: no poll
-    of the Python fake nvidia-smi finished within 0.2 s, so the timeout named no GPU state at all.
-    """
-
-    def __init__(self, step_s: float) -> None:
-        self.now = 0
-        self.step_ns = round(step_s * 1e9)
-
-    def clock(self) -> int:
-        self.now += self.step_ns
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.now += round(seconds * 1e9)
-
-
 def children(pid: int | None = None) -> set[int]:
     """The live child processes of ``pid`` (default: this process), from ``/proc/<pid>/task/*/children``; zombies
     waiting to be reaped count as children until they are."""

@@ -14,10 +14,10 @@ import pytest
 import nvmlcheck as nc
 from nvmlcheck._nvml import library
 from nvmlcheck._nvml.calls import MAX_LIST_ATTEMPTS
-from nvmlcheck.testing import Scenario, build_stub
+from nvmlcheck.testing import Scenario, StepClock, build_stub
 from nvmlcheck.wait import PollPolicy, TracePoint
 
-from ._support import GIB, MIB, StepClock, Stub
+from ._support import GIB, MIB, Stub
 
 pytestmark = pytest.mark.stub
 

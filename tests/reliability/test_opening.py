@@ -16,10 +16,10 @@ from nvmlcheck import cli
 from nvmlcheck import session as session_module
 from nvmlcheck._nvml import library
 from nvmlcheck.backends.nvml import init_timeout_for
-from nvmlcheck.testing import Scenario
+from nvmlcheck.testing import Scenario, StepClock
 from nvmlcheck.wait import TracePoint, is_transient
 
-from ._support import GIB, StepClock, Stub, wait_for
+from ._support import GIB, Stub, wait_for
 
 pytestmark = pytest.mark.stub
 

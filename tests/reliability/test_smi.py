@@ -17,9 +17,9 @@ import pytest
 import nvmlcheck as nc
 from nvmlcheck import cli
 from nvmlcheck.backends.smi import SmiBackend, _Running
-from nvmlcheck.testing import Scenario
+from nvmlcheck.testing import Scenario, StepClock
 
-from ._support import FAKE_SMI, FAKE_SMI_CMD, GIB, Smi, StepClock, children, dead, wait_for
+from ._support import FAKE_SMI, FAKE_SMI_CMD, GIB, Smi, children, dead, wait_for
 
 # --- nvidia-smi hanging -----------------------------------------------------------------------------------------------
 

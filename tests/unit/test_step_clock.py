@@ -1,0 +1,34 @@
+"""nvmlcheck.testing.StepClock: a wait's timeout comes after counted polls, not after wall time."""
+
+from __future__ import annotations
+
+import pytest
+
+from nvmlcheck.predicates import never
+from nvmlcheck.testing import StepClock
+from nvmlcheck.wait import poll_until
+
+
+def test_each_reading_steps_and_sleep_only_moves_the_clock() -> None:
+    steps = StepClock(0.25)
+    assert (steps.clock(), steps.clock()) == (250_000_000, 500_000_000)
+    steps.sleep(1.0)
+    assert steps.clock() == 1_750_000_000
+    with pytest.raises(ValueError, match="step_s"):
+        StepClock(0)
+
+
+def test_a_wait_on_it_times_out_after_polls_whatever_the_load() -> None:
+    from nvmlcheck.errors import WaitTimeout
+    from nvmlcheck.model import Snapshot, SystemInfo
+
+    steps = StepClock(1.0)
+    calls = []
+
+    def snapshot() -> Snapshot:
+        calls.append(steps.now_ns)
+        return Snapshot("nvml", 0, 0, 0.0, SystemInfo(None, None, None), (), ())
+
+    with pytest.raises(WaitTimeout) as info:
+        poll_until(snapshot, never(), timeout=10, clock=steps.clock, sleep=steps.sleep)
+    assert info.value.polls == len(calls) >= 2
