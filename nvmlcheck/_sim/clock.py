@@ -17,6 +17,7 @@ class StepClock:
     ``timeout=0.2`` on the real clock, a loaded CI machine may finish no poll at all and the timeout then names no
     GPU state.
 
+    >>> from nvmlcheck.testing import StepClock
     >>> steps = StepClock(0.5)
     >>> steps.clock(), steps.clock()
     (500000000, 1000000000)

@@ -104,3 +104,15 @@ def test_a_class_that_says_it_lives_at_the_top_level_does() -> None:
             if inspect.isclass(value) and value.__module__ == "nvmlcheck":
                 claimed.add(value.__name__)
     assert claimed and claimed <= set(nvmlcheck.__all__), sorted(claimed - set(nvmlcheck.__all__))
+
+
+def test_the_testing_face_is_generated_from_the_same_list(monkeypatch: pytest.MonkeyPatch) -> None:
+    from nvmlcheck import _public, testing
+
+    assert sorted(testing.__all__) == sorted(n for names in _public.TESTING.values() for n in names)
+    for old, new in _public.TESTING_ALIASES.items():
+        assert old not in testing.__all__ and getattr(testing, old) is getattr(testing, new)
+    monkeypatch.setitem(_public.TESTING, "clock", ("StepClock", "NoSuchClock"))
+    problems = _public.check()
+    assert any("testing.NoSuchClock" in p and "nvmlcheck._sim.clock" in p for p in problems), problems
+    assert any("testing/__init__.py is stale" in p for p in problems), problems
