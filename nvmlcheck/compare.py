@@ -3,30 +3,7 @@ release."""
 
 from __future__ import annotations
 
-from .study.compare import (
-    CELL_PARTS,
-    COMPARE_SCHEMA,
-    COMPARE_VERSION,
-    MIN_N,
-    CellComparison,
-    Comparison,
-    bootstrap_median_difference,
-    compare_records,
-    format_comparison,
-    outliers,
-    repeats_to_resolve,
-)
+from .study import compare as _moved
+from .study.compare import *  # noqa: F403 - every public name of the moved module, for one release
 
-__all__ = [
-    "COMPARE_SCHEMA",
-    "CELL_PARTS",
-    "COMPARE_VERSION",
-    "MIN_N",
-    "CellComparison",
-    "Comparison",
-    "bootstrap_median_difference",
-    "compare_records",
-    "format_comparison",
-    "outliers",
-    "repeats_to_resolve",
-]
+__all__ = list(_moved.__all__)

@@ -5,20 +5,10 @@ The code lives in :mod:`nvmlcheck.study.child`; this module re-exports it and ru
 
 from __future__ import annotations
 
-from .study.child import (
-    HOLDER_KINDS,
-    CudaError,
-    HeldState,
-    format_steps,
-    hold,
-    main,
-    parse_size,
-    parse_steps,
-    release,
-)
+from .study import child as _moved
+from .study.child import *  # noqa: F403 - every public name of the moved module
 
-__all__ = ["HOLDER_KINDS", "CudaError", "HeldState", "format_steps", "hold", "main", "parse_size", "parse_steps",
-           "release"]
+__all__ = list(_moved.__all__)
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(_moved.main())
