@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+import nvmlcheck as nc
 from nvmlcheck._nvml._ffi import ffi
 from nvmlcheck.testing import STUB_VARIANTS, Scenario, StubProbe, build_stub
 
@@ -200,6 +201,19 @@ def owner() -> Iterator[subprocess.Popen[bytes]]:
     if proc.poll() is None:
         proc.kill()
     proc.wait()
+
+
+@pytest.fixture
+def gpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[Scenario], nc.Session]:
+    """A function that opens an NVML session on the stub with the scenario it is given."""
+    monkeypatch.delenv("NVMLCHECK_STUB_LOG", raising=False)
+    lib = build_stub()
+
+    def open_(sc: Scenario) -> nc.Session:
+        monkeypatch.setenv("NVMLCHECK_STUB_SCENARIO", str(sc.write(tmp_path / "scenario.txt")))
+        return nc.open("nvml", library_path=str(lib))
+
+    return open_
 
 
 def gone_within(pid: int, cap_s: float = 30.0) -> bool:

@@ -57,18 +57,6 @@ def procs() -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
             p.stdout.close()
 
 
-@pytest.fixture
-def gpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[Scenario], nc.Session]:
-    monkeypatch.delenv("NVMLCHECK_STUB_LOG", raising=False)
-    lib = build_stub()
-
-    def open_(sc: Scenario) -> nc.Session:
-        monkeypatch.setenv("NVMLCHECK_STUB_SCENARIO", str(sc.write(tmp_path / "scenario.txt")))
-        return nc.open("nvml", library_path=str(lib))
-
-    return open_
-
-
 def test_patterns_from_argument_env_and_default(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(devfiles.ENV_VAR, raising=False)
     assert devfiles.device_file_patterns() == devfiles.DEFAULT_DEVICE_FILES

@@ -17,7 +17,7 @@ import pytest
 
 import nvmlcheck as nc
 from nvmlcheck._proc.pin import Pinned
-from nvmlcheck.testing import Scenario, build_stub
+from nvmlcheck.testing import Scenario
 
 pytestmark = pytest.mark.stub
 GIB = 1 << 30
@@ -47,19 +47,6 @@ while True:
         os._exit(0)
     time.sleep(0.01)
 """
-
-
-@pytest.fixture
-def gpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[Scenario], nc.Session]:
-    """Open an NVML session on the stub with a scenario."""
-    monkeypatch.delenv("NVMLCHECK_STUB_LOG", raising=False)
-    lib = build_stub()
-
-    def open_(sc: Scenario) -> nc.Session:
-        monkeypatch.setenv("NVMLCHECK_STUB_SCENARIO", str(sc.write(tmp_path / "scenario.txt")))
-        return nc.open("nvml", library_path=str(lib))
-
-    return open_
 
 
 @pytest.fixture
