@@ -228,12 +228,10 @@ class Session:
         for i in items:
             if isinstance(i, str) and i.startswith("MIG-"):
                 out.extend(u for u in known if u == i or u.startswith(i))
-            elif isinstance(i, str) and i.isdigit():
-                out.append(int(i))
-            elif isinstance(i, str):
-                out.extend(d.uuid for d in snap.devices if d.uuid == i or d.uuid.startswith(i))
             else:
-                out.append(i)
+                # Every other selector (index, UUID or prefix, cuda:N) as resolve() reads it: a selector this
+                # list dropped would be read by the wait but judged by nothing.
+                out.extend(self.resolve(i) or ())
         return out
 
     def snapshot(

@@ -90,3 +90,23 @@ def test_wait_sees_an_instance_emptied_on_the_timeline(scenario_path: Path) -> N
         result = s.wait_until_clean(timeout=30.0)
     d = result.snapshot.devices[0]
     assert d.mig_devices is not None and all(m.processes == () for m in d.mig_devices)
+
+
+@pytest.mark.parametrize("other", ["cuda:0", "1", 1, "GPU-busy-1"])
+def test_a_busy_gpu_named_beside_a_mig_instance_is_still_judged(
+    scenario_path: Path, monkeypatch: pytest.MonkeyPatch, other: object
+) -> None:
+    # Any selector next to a MIG UUID (a CUDA ordinal, an index, a UUID prefix) keeps its GPU in the verdict.
+    mig_uuid = "MIG-5f0a0000-0000-5000-8000-0000000000aa"
+    sc = Scenario.h200(devices=2)
+    sc.set_device(0, mig=True, used_bytes=55 * MIB)
+    sc.add_mig_device(0, 0, total_bytes=16 * GIB, uuid=mig_uuid)
+    sc.set_device(1, uuid="GPU-busy-1-0000-0000-0000-000000000000")
+    sc.add_process(1, 4_100_078, used_bytes=40 * GIB)
+    sc.write(scenario_path)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    with nc.open("nvml", library_path=str(build_stub())) as s:
+        with pytest.raises(nc.WaitTimeout) as info:
+            s.wait_until_clean(timeout=0, devices=[other, mig_uuid])  # type: ignore[list-item]
+        assert any("GPU 1" in c for c in info.value.culprits), info.value.culprits
+        assert s.wait_until_clean(timeout=0, devices=[mig_uuid]).clean  # the instance alone is idle
