@@ -502,7 +502,9 @@ def kill_and_wait(
     opts = WaitOptions.or_default(options).with_(timeout=timeout, policy=policy, stable_polls=stable_polls,
                                                  on_poll=on_poll, clock=clock, sleep=sleep, events=events)
     first_signal = signal.Signals(first_signal)
-    indices = session.resolve(devices)
+    if devices is not None and not isinstance(devices, int | str):
+        devices = list(devices)  # read twice: checked here, judged by the wait
+    indices = session.resolve(devices)  # a selector that names nothing is refused before anything is signalled
     if indices is None and session.device_count() == 0:
         # The wait would refuse zero GPUs after the signals went out; refuse before anything is signalled.
         raise BackendUnavailable(
@@ -514,4 +516,5 @@ def kill_and_wait(
         session.listen()  # before the signal: registration takes a few calls, the kill should not wait for them
     with prepare_kill(pids, tree=tree, pinning=pinning) as plan:
         plan.send_first(first_signal, clock=opts.clock)
-        return plan.wait(session, grace_s=grace_s, devices=indices, predicate=predicate, options=opts)
+        # The selection as given: a MIG UUID judges its instance, not the whole GPU its index would.
+        return plan.wait(session, grace_s=grace_s, devices=devices, predicate=predicate, options=opts)

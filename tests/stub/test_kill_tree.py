@@ -228,3 +228,22 @@ def test_split_api_signals_before_nvml_is_opened(gpus: Callable[[Scenario], nc.S
     finally:
         child.kill()
         child.wait()
+
+
+def test_a_kill_on_a_mig_instance_judges_that_instance(gpus: Callable[[Scenario], nc.Session]) -> None:
+    # Another tenant holds the other instance of the same GPU for good: the kill's wait must not judge it.
+    ours, theirs = "MIG-5f0a0000-0000-5000-8000-0000000000b0", "MIG-5f0a0000-0000-5000-8000-0000000000b1"
+    child = subprocess.Popen([sys.executable, "-S", "-c", "import time; time.sleep(60)"])
+    try:
+        sc = Scenario.h200()
+        sc.set_device(0, mig=True)
+        sc.add_mig_device(0, 0, gi=1, ci=0, total_bytes=16 * GIB, uuid=ours)
+        sc.add_mig_device(0, 1, gi=2, ci=0, total_bytes=16 * GIB, uuid=theirs)
+        sc.add_process(0, child.pid, used_bytes=GIB, gi=1, ci=0, bound=True)
+        sc.add_process(0, 4_100_090, used_bytes=2 * GIB, gi=2, ci=0)
+        with gpus(sc) as session:
+            result = nc.kill_and_wait(session, [child.pid], timeout=30, devices=iter([ours]))
+        assert result.pids[0].exited_ns is not None and result.clean_ns is not None
+    finally:
+        child.kill()
+        child.wait()
