@@ -472,6 +472,23 @@ def open(
     )
 
 
+
+def open_timeouts(timeout: float | None) -> tuple[float, float | None]:
+    """How much of a command's ``timeout`` opening may take: ``(init_timeout_s, smi_timeout_s)`` for :func:`open`.
+
+    ``nvmlInit`` may take half of it (at least 0.25 s, at most 10 s: ``init_timeout_for``); nvidia-smi, tried after
+    the init gave up, gets what the init left, but at least 1 s (a real run takes tens of ms:
+    docs/driver-facts.md) and never more than its default 10 s. ``None`` (no bound): ``(10.0, None)``.
+    """
+    from .backends import SMI_RUN_TIMEOUT_S
+    from .backends.nvml import init_timeout_for
+
+    init_timeout = init_timeout_for(timeout)
+    if not (isinstance(timeout, int | float) and not isinstance(timeout, bool) and 0 <= timeout < math.inf):
+        return init_timeout, None
+    return init_timeout, min(SMI_RUN_TIMEOUT_S, max(_SMI_FALLBACK_FLOOR_S, float(timeout) - init_timeout))
+
+
 def wait_until_clean(
     timeout: float | None = TIMEOUT,
     predicate: Predicate | None = None,
@@ -500,22 +517,14 @@ def wait_until_clean(
     >>> import nvmlcheck as nc
     >>> nc.wait_until_clean(timeout=30.0)        # doctest: +SKIP
     """
-    from .backends.nvml import init_timeout_for
-    from .backends.smi import DEFAULT_TIMEOUT_S as SMI_TIMEOUT_S
     from .wait import WaitOptions
 
     opts = WaitOptions.or_default(options).with_(timeout=timeout, policy=policy, stable_polls=stable_polls,
                                                  trace=trace, events=events)
     timeout = opts.timeout
     started = time.monotonic()
-    init_timeout = init_timeout_for(timeout)
     bounded = isinstance(timeout, int | float) and not isinstance(timeout, bool) and 0 <= timeout < math.inf
-    smi_timeout: float | None = None
-    if bounded:
-        assert timeout is not None
-        # nvidia-smi is tried after the init gave up: its runs get what the init left, but at least 1 s (a real
-        # run takes tens of ms: docs/driver-facts.md) and never more than their default.
-        smi_timeout = min(SMI_TIMEOUT_S, max(_SMI_FALLBACK_FLOOR_S, float(timeout) - init_timeout))
+    init_timeout, smi_timeout = open_timeouts(timeout)
     with open(backend, init_timeout_s=init_timeout, smi_timeout_s=smi_timeout) as session:
         if bounded:
             assert timeout is not None

@@ -25,6 +25,10 @@ __all__ = ["BACKEND_NAMES", "Backend", "open_backend"]
 #: The names :func:`open_backend` accepts.
 BACKEND_NAMES = ("auto", "nvml", "smi")
 
+#: The deadline of one nvidia-smi run unless told otherwise (here, not in smi.py, so that the rule that bounds
+#: opening by a timeout, session.open_timeouts, reads it without loading the nvidia-smi parsers).
+SMI_RUN_TIMEOUT_S = 10.0
+
 
 @runtime_checkable
 class Backend(Protocol):

@@ -42,6 +42,7 @@ from ..errors import (
     error_class_for_code,
 )
 from ..model import DeviceFailure, DeviceState, Fields, ProcessKind, RetiredPage, Snapshot, SystemInfo, unknown_key
+from . import SMI_RUN_TIMEOUT_S
 from ._smi.pids import parse_pids_query
 from ._smi.queries import GpuRecord, parse_compute_apps, parse_query_gpu, parse_retired_pages
 from ._smi.small import cuda_version_number, parse_list_gpus, parse_version_output
@@ -54,7 +55,7 @@ if TYPE_CHECKING:
 __all__ = ["DEFAULT_TIMEOUT_S", "SmiBackend", "SmiResult", "SmiRunner", "classify_failure"]
 
 #: Seconds one nvidia-smi run may take before its process group is killed.
-DEFAULT_TIMEOUT_S: Final = 10.0
+DEFAULT_TIMEOUT_S: Final = SMI_RUN_TIMEOUT_S
 
 ProcessQuery = Literal["pids", "compute-apps"]
 

@@ -73,13 +73,13 @@ def open_session(args: argparse.Namespace) -> Session:
     stub = getattr(args, "simulation", None)
     smi_command = stub.fake_smi_command() if stub is not None and backend == "smi" else None
     library_path = str(stub.library_path) if stub is not None else None
-    # nvmlInit can hang on a wedged driver: the library's rule bounds it by the command's own timeout (half of it,
-    # so "auto" still has time to fall back to nvidia-smi; at least 0.25 s, at most 10 s).
-    from ..backends.nvml import init_timeout_for
+    # nvmlInit can hang on a wedged driver, nvidia-smi too: the library's rule bounds both by the command's own
+    # timeout (session.open_timeouts), so --timeout covers opening as it does for nc.wait_until_clean.
+    from ..session import open_timeouts
 
-    init_timeout_s = init_timeout_for(getattr(args, "timeout", None))
+    init_timeout_s, smi_timeout_s = open_timeouts(getattr(args, "timeout", None))
     return open_backend(backend, smi_prefix=args.smi_prefix, smi_command=smi_command, library_path=library_path,
-                        init_timeout_s=init_timeout_s)
+                        init_timeout_s=init_timeout_s, smi_timeout_s=smi_timeout_s)
 
 
 def wait_predicate(args: argparse.Namespace) -> Any:
