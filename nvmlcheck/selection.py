@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import BackendUnavailable, WaitTimeout
+from .errors import BackendUnavailable, DeadlinePassed, NvmlCheckError, WaitTimeout
 from .model import DeviceState, Fields, Snapshot
 
 if TYPE_CHECKING:
@@ -140,8 +140,9 @@ def select_clean(
     Raises :class:`SelectTimeout` (a :class:`~nvmlcheck.WaitTimeout`) naming why each GPU was passed over;
     ``ValueError`` when ``count`` is below 1 or above the number of candidates.
     """
+    from ._deadline import Deadline
     from .predicates import default_predicate
-    from .wait import _timeout_ns
+    from .wait import _timeout_ns, is_transient
 
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise ValueError(f"count must be an integer >= 1, got {count!r}")
@@ -166,36 +167,66 @@ def select_clean(
     backend = session.backend
     start = clock()
     deadline = None if timeout_ns is None else start + timeout_ns
+    # As a wait does: the deadline goes down to the backend (a pass stops between queries, an nvidia-smi run gets the
+    # time left), except for timeout=0, which is one complete check; a transient error is retried, not raised.
+    cut = Deadline(deadline, clock) if deadline is not None and timeout_ns else None
     streak: dict[str, int] = {}
     polls = 0
+    last: Snapshot | None = None
+    # What the last complete poll found: a poll cut at the deadline or failing transiently keeps it.
+    why: list[str] = []
+    eligible: list[DeviceState] = []
+    busy: list[str] = []
     while True:
-        snap = backend.snapshot(selected, Fields.WAIT)
-        polls += 1
-        if not snap.devices and not snap.failures:
-            raise BackendUnavailable(f"the {backend.name} backend sees no GPU: nothing to select",
-                                     [f"{backend.name}: device count 0"])
-        why: list[str] = [f"GPU {f.index}: could not be read: {f.error}" for f in snap.failures]
-        eligible: list[DeviceState] = []
-        for d in snap.devices:
-            verdict = pred.evaluate(_one_device(snap, d))
-            streak[d.uuid] = streak.get(d.uuid, 0) + 1 if verdict.clean else 0
-            if not verdict.clean:
-                why.extend(verdict.reasons or (f"GPU {d.index}: not clean ({pred.describe()})",))
-            elif streak[d.uuid] < stable_polls:
-                why.append(f"GPU {d.index}: clean for {streak[d.uuid]} of {stable_polls} polls")
-            else:
-                eligible.append(d)
-        chosen, locks, busy = _choose(eligible, count, directory)
-        why.extend(busy)
+        try:
+            snap: Snapshot | None = backend.snapshot(selected, Fields.WAIT, deadline=cut)
+        except DeadlinePassed:
+            snap = None
+            if last is None:
+                why = ["no poll finished before the deadline (a query was still running when it passed)"]
+        except NvmlCheckError as exc:
+            if not is_transient(exc):
+                raise
+            snap = None
+            if last is None:
+                why = [f"no poll succeeded (the last failed; retried until the deadline): {exc}"]
+        if snap is not None:
+            polls += 1
+            last = snap
+            why, eligible = _judge(snap, pred, streak, stable_polls)
+            chosen, locks, busy = _choose(eligible, count, directory)
+            why.extend(busy)
+            if chosen is not None:
+                return Selection(tuple(chosen), snap, clock() - start, polls, locks, tuple(why))
         now = clock()
-        if chosen is not None:
-            return Selection(tuple(chosen), snap, now - start, polls, locks, tuple(why))
         if deadline is not None and now >= deadline:
             free = [d.index for d in eligible if not any(b.startswith(f"GPU {d.index}:") for b in busy)]
-            raise SelectTimeout(0.0 if timeout is None else float(timeout), now - start, why, snap, polls,
+            raise SelectTimeout(0.0 if timeout is None else float(timeout), now - start, why, last, polls,
                                 count=count, clean=free)
         wait_s = pause if deadline is None else min(pause, (deadline - now) / 1e9)
         sleep(max(0.0, wait_s))
+
+
+def _judge(
+    snap: Snapshot, pred: Predicate, streak: dict[str, int], stable_polls: int
+) -> tuple[list[str], list[DeviceState]]:
+    """(why GPUs are passed over, the GPUs clean for ``stable_polls`` polls in a row) for one poll; ``streak``
+    counts each GPU's clean polls in a row and is updated."""
+    if not snap.devices and not snap.failures:
+        raise BackendUnavailable(f"the {snap.backend} backend sees no GPU: nothing to select",
+                                 [f"{snap.backend}: device count 0"])
+    why: list[str] = [f"GPU {f.index}: could not be read: {f.error}" for f in snap.failures]
+    eligible: list[DeviceState] = []
+    for d in snap.devices:
+        verdict = pred.evaluate(_one_device(snap, d))
+        streak[d.uuid] = streak.get(d.uuid, 0) + 1 if verdict.clean else 0
+        if not verdict.clean:
+            why.extend(verdict.reasons or (f"GPU {d.index}: not clean ({pred.describe()})",))
+        elif streak[d.uuid] < stable_polls:
+            why.append(f"GPU {d.index}: clean for {streak[d.uuid]} of {stable_polls} polls")
+        else:
+            eligible.append(d)
+    return why, eligible
 
 
 def _choose(
