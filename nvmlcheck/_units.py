@@ -1,11 +1,16 @@
-"""Byte counts for people: the one formatter the CLI's tables, the predicates' reasons and the study share.
+"""Byte counts for people, both ways: the one formatter and the one parser of sizes (``16GiB``) the CLI, the
+predicates' reasons and the study share.
 
-No imports, so the CLI's output module can use it without giving up its lean start.
+Nothing is imported at load (re only when a size is parsed), so the CLI can use it without giving up its lean
+start.
 """
 
 from __future__ import annotations
 
-__all__ = ["format_bytes"]
+__all__ = ["format_bytes", "parse_size"]
+
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gib": 1 << 30,
+          "kb": 10**3, "mb": 10**6, "gb": 10**9, "t": 1 << 40, "tib": 1 << 40}
 
 
 def format_bytes(n: int) -> str:
@@ -16,3 +21,16 @@ def format_bytes(n: int) -> str:
         if a >= 1 << shift:
             return f"{sign}{a / (1 << shift):.1f} {unit}"
     return f"{sign}{a} B"
+
+
+def parse_size(text: str) -> int:
+    """``"16GiB"`` → 17179869184. Accepts B, KiB, MiB, GiB, TiB (K/M/G/T mean the binary units), KB/MB/GB."""
+    import re  # only when a size is given: the CLI parses --max-used with this
+
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    if not m or m[2].lower() not in _UNITS:
+        raise ValueError(f"not a size: {text!r} (examples: 1GiB, 512MiB, 1073741824)")
+    value = float(m[1]) * _UNITS[m[2].lower()]
+    if value <= 0:
+        raise ValueError(f"size must be positive: {text!r}")
+    return int(value)

@@ -19,7 +19,10 @@ from pathlib import Path
 
 from ._sim.scenario import Scenario
 from ._sim.session import StubSession, simulation
-from .study.stub_holder import CONTEXT_BYTES, StubHolderFactory  # moved; re-exported for one release
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .study.stub_holder import CONTEXT_BYTES, StubHolderFactory
 
 __all__ = ["CONTEXT_BYTES", "SCENARIOS", "StubHolderFactory", "scenario_named", "simulated"]
 
@@ -59,3 +62,13 @@ def simulated(scenario: Scenario | Path) -> Iterator[StubSession]:
     ``library_path=stub.library_path``."""
     with simulation(scenario) as stub:
         yield stub
+
+
+def __getattr__(name: str) -> object:
+    # Moved to nvmlcheck.study.stub_holder, re-exported for one release; resolved on use, so that --simulate does
+    # not load the study package.
+    if name in ("CONTEXT_BYTES", "StubHolderFactory"):
+        from .study import stub_holder
+
+        return getattr(stub_holder, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -175,7 +175,7 @@ def signal_name(text: str) -> str:
 
 def byte_size(text: str) -> int:
     """``16MiB`` / ``1GiB`` / ``4096`` → bytes (binary units; ``M``/``G`` mean MiB/GiB)."""
-    from ..holder import parse_size
+    from .._units import parse_size
 
     try:
         return parse_size(text) if text.strip() not in ("0", "0B") else 0
@@ -218,7 +218,7 @@ def device_list(text: str) -> list[int | str]:
 
 def size_list(text: str) -> list[int]:
     """``1GiB,16GiB``."""
-    from ..holder import parse_size
+    from .._units import parse_size
 
     try:
         return [parse_size(part) for part in text.split(",")]

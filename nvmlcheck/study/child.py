@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._units import parse_size
+
 __all__ = ["HOLDER_KINDS", "CudaError", "HeldState", "format_steps", "hold", "main", "parse_size", "parse_steps",
            "release"]
 
@@ -42,8 +44,6 @@ int cuMemFree_v2(unsigned long long dptr);
 int cuGetErrorName(int error, const char **pStr);
 """
 
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gib": 1 << 30,
-          "kb": 10**3, "mb": 10**6, "gb": 10**9, "t": 1 << 40, "tib": 1 << 40}
 
 #: Memsets queued per stream by the ``streams`` kind: deep enough that work is still queued at the end, shallow
 #: enough never to fill the driver's launch queue (which would block the enqueue).
@@ -56,17 +56,6 @@ QUEUE_BYTES = 1 << 30
 
 class CudaError(RuntimeError):
     """A CUDA driver call failed."""
-
-
-def parse_size(text: str) -> int:
-    """``"16GiB"`` → 17179869184. Accepts B, KiB, MiB, GiB, TiB (K/M/G/T mean the binary units), KB/MB/GB."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
-    if not m or m[2].lower() not in _UNITS:
-        raise ValueError(f"not a size: {text!r} (examples: 1GiB, 512MiB, 1073741824)")
-    value = float(m[1]) * _UNITS[m[2].lower()]
-    if value <= 0:
-        raise ValueError(f"size must be positive: {text!r}")
-    return int(value)
 
 
 def format_steps(steps: dict[str, int]) -> str:
