@@ -32,6 +32,7 @@ from typing import Any, Literal
 
 from ._proc.child import Child
 from .errors import NvmlCheckError
+from .predicates import DEFAULT_MAX_USED_BYTES
 
 __all__ = [
     "COMMANDS",
@@ -696,7 +697,7 @@ class SmiFallback:
     command: Literal["snapshot", "wait"]
     devices: tuple[int | str, ...] | None = None
     timeout_s: float | None = 30.0
-    max_used_bytes: int = 16 << 20
+    max_used_bytes: int = DEFAULT_MAX_USED_BYTES
     stable_polls: int = 2
     pids: tuple[int, ...] = field(default=())
 
@@ -767,7 +768,7 @@ def wait_on_hosts(
     hosts: Iterable[str | Host],
     timeout_s: float | None = 30.0,
     *,
-    max_used_bytes: int = 16 << 20,
+    max_used_bytes: int = DEFAULT_MAX_USED_BYTES,
     stable_polls: int = 2,
     pids: Sequence[int] = (),
     devices: Sequence[int | str] | None = None,

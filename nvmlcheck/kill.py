@@ -24,7 +24,7 @@ from ._waitdefaults import CLOCK, EVENTS, ON_POLL, POLICY, SLEEP, STABLE_POLLS, 
 from .errors import BackendUnavailable, NvmlCheckError, WaitTimeout
 from .holders import Holder
 from .model import Snapshot
-from .predicates import DEFAULT_MAX_USED_BYTES, Predicate, _Scope, _Why, default_predicate
+from .predicates import Predicate, _Scope, _Why, default_predicate
 
 if TYPE_CHECKING:
     # Types only: prepare_kill and send_first run before anything of the GPU side is needed (issue 12).
@@ -48,7 +48,6 @@ __all__ = [
 #: by its open device files.
 FoundBy = Literal["named", "descendant", "nvml", "device-file"]
 
-_HELD_BYTES = DEFAULT_MAX_USED_BYTES
 #: The shortest time between two scans for descendants while targets live (each scan reads a few /proc files per
 #: process of the tree; the poller may poll every millisecond).
 _SCAN_EVERY_NS = 5_000_000

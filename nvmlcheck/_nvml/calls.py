@@ -602,7 +602,7 @@ class EventCalls:
             raise _fail(rc, "nvmlEventSetWait_v2", None)
         gi, ci = int(data.gpuInstanceId), int(data.computeInstanceId)
         return (
-            int(ffi.cast("uintptr_t", data.device)),
+            handle_address(data.device),
             int(data.eventType),
             int(data.eventData),
             None if gi == NOT_MIG_U32 else gi,
