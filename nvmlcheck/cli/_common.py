@@ -62,6 +62,11 @@ def simulation_hint(exc: BaseException) -> str:
             f"(pip install 'nvmlcheck[sim]'): {exc}")
 
 
+def hosts_wanted(args: argparse.Namespace) -> bool:
+    """Whether the command runs on hosts (``--host``/``--hosts``/``--hosts-file``) rather than here."""
+    return bool(getattr(args, "hosts", None) or getattr(args, "hosts_file", None))
+
+
 def open_session(args: argparse.Namespace) -> Session:
     """Open the backend the options name; ``--simulate`` means the stub through NVML (or the fake nvidia-smi),
     handed over explicitly by :class:`simulation` as ``args.simulation``."""

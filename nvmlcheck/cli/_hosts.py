@@ -22,11 +22,6 @@ if TYPE_CHECKING:
     from ..hosts import Host, HostResult, SmiFallback
 
 
-def wanted(args: argparse.Namespace) -> bool:
-    """Whether the command is to run on hosts."""
-    return bool(getattr(args, "hosts", None) or getattr(args, "hosts_file", None))
-
-
 def _hosts(args: argparse.Namespace) -> list[Host]:
     from ..hosts import parse_hosts, read_hosts_file
 
@@ -61,6 +56,8 @@ def remote_command(args: argparse.Namespace) -> list[str]:
     if args.command in ("wait", "kill"):
         words += ["--timeout", _seconds(args.timeout), "--max-used", str(args.max_used),
                   "--stable-polls", str(args.stable_polls)]
+        if getattr(args, "events", False):
+            words.append("--events")  # a fatal XID on a remote GPU ends its wait there (exit 4), as it does here
     if args.command == "wait":
         if args.pids:
             words += ["--pids", *map(str, args.pids)]

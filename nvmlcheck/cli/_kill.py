@@ -15,6 +15,7 @@ from ._common import (
     EXIT_CLEAN,
     EXIT_NOT_CLEAN,
     UsageError,
+    hosts_wanted,
     open_session,
     start_events,
     verdict_printed,
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
 
 def _early(args: argparse.Namespace) -> bool:
     """Whether the first signal can go out before NVML: named PIDs only, every input already checked by argparse."""
-    if getattr(args, "hosts", None) or getattr(args, "hosts_file", None):
+    if hosts_wanted(args):
         return False  # the PIDs are on the hosts: nothing is signalled here
     return bool(args.pids) and not (args.all_holders or args.all_on_gpu or args.devices or args.simulate)
 
@@ -58,10 +59,6 @@ def signal_first(args: argparse.Namespace) -> None:
         raise KillError(exc.pid, exc.reason) from None  # type: ignore[arg-type]
     found.send_first(signal.Signals[args.signal])
     args.signalled = found
-
-
-def _hosts_wanted(args: argparse.Namespace) -> bool:
-    return bool(getattr(args, "hosts", None) or getattr(args, "hosts_file", None))
 
 
 # --- choosing targets with NVML --------------------------------------------------------------------------------------
@@ -142,7 +139,7 @@ def cmd_kill(args: argparse.Namespace) -> int:
     from ..kill import KillPlan, KillTimeout
     from ..wait import WaitOptions
 
-    if _hosts_wanted(args):
+    if hosts_wanted(args):
         from ._hosts import run_hosts
 
         return run_hosts(args)
@@ -241,7 +238,7 @@ def _print_timeout(args: argparse.Namespace, exc: KillTimeout, plan: KillPlan,
 
 def cmd_holders(args: argparse.Namespace) -> int:
     """Every process holding a GPU: NVML's lists joined with open NVIDIA device files."""
-    if _hosts_wanted(args):
+    if hosts_wanted(args):
         from ._hosts import run_hosts
 
         return run_hosts(args)

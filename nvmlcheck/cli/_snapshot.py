@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING
 
-from ._common import EXIT_BACKEND, EXIT_CLEAN, open_session, verdict_printed
+from ._common import EXIT_BACKEND, EXIT_CLEAN, hosts_wanted, open_session, verdict_printed
 from ._output import device_table, print_json, process_table
 
 if TYPE_CHECKING:
@@ -16,7 +16,7 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     """Read the selected GPUs once; exit 3 when one could not be read or none is seen."""
     from ..errors import BackendUnavailable
 
-    if getattr(args, "hosts", None) or getattr(args, "hosts_file", None):
+    if hosts_wanted(args):
         from ._hosts import run_hosts
 
         return run_hosts(args)

@@ -6,7 +6,15 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from ._common import EXIT_CLEAN, EXIT_NOT_CLEAN, open_session, start_events, verdict_printed, wait_predicate
+from ._common import (
+    EXIT_CLEAN,
+    EXIT_NOT_CLEAN,
+    hosts_wanted,
+    open_session,
+    start_events,
+    verdict_printed,
+    wait_predicate,
+)
 from ._output import StatusLine, plural, print_json, status_updater
 
 if TYPE_CHECKING:
@@ -19,7 +27,7 @@ def cmd_wait(args: argparse.Namespace) -> int:
     """Wait with the CLI's predicate; the status line shows on a terminal only."""
     from ..errors import WaitTimeout
 
-    if getattr(args, "hosts", None) or getattr(args, "hosts_file", None):
+    if hosts_wanted(args):
         from ._hosts import run_hosts
 
         return run_hosts(args)

@@ -117,3 +117,17 @@ def test_one_verdict() -> None:
     assert overall_exit_code([r(1), r(0, doc=False)]) == 3
     assert overall_exit_code([r(0), r(3)]) == 3
     assert r(0, doc=False).verdict == "failed"  # no document never looks clean
+
+
+@pytest.mark.parametrize("command", ["wait", "kill"])
+def test_events_reach_the_remote_command(command: str) -> None:
+    from nvmlcheck.cli._hosts import remote_command
+    from nvmlcheck.cli._parser import build_parser
+
+    tail = ["--", "123"] if command == "kill" else []
+    with_events = build_parser().parse_args([command, "--host", "gpu01", "--events", *tail])
+    without = build_parser().parse_args([command, "--host", "gpu01", *tail])
+    words = remote_command(with_events)
+    assert "--events" in words and "--events" not in remote_command(without)
+    if command == "kill":
+        assert words.index("--events") < words.index("--")  # an option, not a PID
