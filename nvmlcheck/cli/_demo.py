@@ -13,8 +13,6 @@ import contextlib
 import subprocess
 import sys
 
-from ..errors import NvmlCheckError
-
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import argparse
@@ -39,7 +37,7 @@ def run_demo(*, json_output: bool = False) -> int:
     from ..kill import kill_and_wait
     from ..session import open as open_session
     from ..simulate import simulated
-    from ._common import simulation_hint
+    from ._common import SimulationUnavailable, simulation_hint
     from ._output import device_table, human_bytes, process_table
 
     child = subprocess.Popen(
@@ -52,8 +50,8 @@ def run_demo(*, json_output: bool = False) -> int:
             try:
                 stub = stack.enter_context(simulated(scenario))
             except (StubBuildError, FileNotFoundError) as exc:
-                print(f"nvmlcheck demo: {simulation_hint(exc)}", file=sys.stderr)
-                return 3
+                # Reported by cli._main like any command's (exit 3, an nvmlcheck/error document under --json).
+                raise SimulationUnavailable(simulation_hint(exc)) from None
             gpus = stack.enter_context(open_session("nvml", library_path=str(stub.library_path)))
             before = gpus.snapshot()
             if not json_output:
@@ -64,9 +62,6 @@ def run_demo(*, json_output: bool = False) -> int:
                 process_table(before, sys.stdout)
                 print(f"\nnvmlcheck kill {child.pid}  (SIGTERM, then wait until GPU 0 is verified clean)")
             result = kill_and_wait(gpus, [child.pid], timeout=10.0, grace_s=2.0)
-    except NvmlCheckError as exc:
-        print(f"nvmlcheck demo: {exc}", file=sys.stderr)
-        return 1
     finally:
         if child.poll() is None:
             child.kill()

@@ -156,6 +156,11 @@ def test_simulate_without_a_compiler_exits_3_with_the_hint(
     assert doc["error"]["type"] == "SimulationUnavailable" and "nvidia-nvml-dev" in doc["error"]["message"]
     code, out, err = _run(capsys, "--simulate", "h200", "wait")
     assert code == 3 and "C compiler" in err and "Traceback" not in err
+    for argv in (["demo", "--json"], ["demo"]):  # the demo reports it the same way, a document under --json
+        code, out, err = _run(capsys, *argv)
+        assert code == 3 and "C compiler" in err + out and "Traceback" not in err
+        if "--json" in argv:
+            assert json.loads(out)["error"]["type"] == "SimulationUnavailable"
 
 
 def test_one_poll_is_singular(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
