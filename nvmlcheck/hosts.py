@@ -706,7 +706,7 @@ class SmiFallback:
         from . import predicates as p
         from .backends.smi import SmiBackend
         from .errors import WaitTimeout
-        from .jsonout import document, snapshot_json, wait_document, wait_timeout_document
+        from .jsonout import snapshot_document, wait_document, wait_timeout_document
         from .session import Session
 
         remaining_s = context.remaining_s
@@ -724,7 +724,7 @@ class SmiFallback:
             devices = list(self.devices) if self.devices else None
             if self.command == "snapshot":
                 snap = gpus.snapshot(devices)
-                return document("snapshot", **snapshot_json(snap)), 3 if snap.failures or not snap.devices else 0
+                return snapshot_document(snap), 3 if snap.failures or not snap.devices else 0
             predicate = p.no_processes() & p.memory_used_at_most(self.max_used_bytes)
             if self.pids:
                 predicate = predicate & p.pids_gone(self.pids)

@@ -245,9 +245,9 @@ def cmd_holders(args: argparse.Namespace) -> int:
     with open_session(args) as gpus:
         holders = gpus.holders(args.devices)
         if args.json:
-            from ..jsonout import document, holder_json
+            from ..jsonout import holders_document
 
-            print_json(document("holders", backend=gpus.backend_name, holders=[holder_json(h) for h in holders]))
+            print_json(holders_document(gpus.backend_name, holders))
         elif not holders:
             print("no process holds a selected GPU (NVML lists) or has an NVIDIA device file open")
         else:

@@ -25,9 +25,9 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
         if not snap.devices and not snap.failures:
             raise BackendUnavailable(f"the {snap.backend} backend sees no GPU", [f"{snap.backend}: device count 0"])
         if args.json:
-            from ..jsonout import document, snapshot_json
+            from ..jsonout import snapshot_document
 
-            print_json(document("snapshot", **snapshot_json(snap)))
+            print_json(snapshot_document(snap))
         elif args.view == "procs":
             process_table(snap, sys.stdout)
         else:

@@ -4,19 +4,30 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._values import document, error_json, snapshot_json
+from ._values import document, error_json, holder_json, snapshot_json
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from ..compare import Comparison
     from ..errors import WaitTimeout
-    from ..holders import KillSelection
+    from ..holders import Holder, KillSelection
     from ..hosts import HostResult
     from ..kill import KillPlan, KillResult, KillTimeout
+    from ..model import Snapshot
     from ..selection import Selection, SelectTimeout
     from ..study import StudyResult, SummaryRow
     from ..wait import WaitResult
+
+
+def snapshot_document(snap: Snapshot) -> dict[str, Any]:
+    """The ``nvmlcheck/snapshot`` document: every device, its failures and the system."""
+    return document("snapshot", **snapshot_json(snap))
+
+
+def holders_document(backend: str, holders: Sequence[Holder]) -> dict[str, Any]:
+    """The ``nvmlcheck/holders`` document: each process that holds a selected GPU, and how it was found."""
+    return document("holders", backend=backend, holders=[holder_json(h) for h in holders])
 
 
 def wait_document(result: WaitResult) -> dict[str, Any]:
