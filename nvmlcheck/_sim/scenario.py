@@ -493,9 +493,25 @@ class Scenario(_Changes):
         return "\n".join(["nvmlcheck-stub-scenario 1", system, *self._lines]) + "\n"
 
     def write(self, path: str | os.PathLike[str]) -> Path:
-        """Write :meth:`render` to ``path`` (UTF-8) and return it as a Path."""
-        out = Path(path)
-        out.write_text(self.render(), encoding="utf-8")
-        return out
+        """Write :meth:`render` to ``path`` (UTF-8, replaced atomically) and return it as a Path."""
+        return write_scenario_text(path, self.render())
+
+
+def write_scenario_text(path: str | os.PathLike[str], text: str) -> Path:
+    """Replace the scenario file at ``path`` with ``text`` atomically: a stub loading it in another process (an
+    ``nvmlInit`` in the program under test) never reads half a file."""
+    import tempfile
+
+    out = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=".scenario.", dir=out.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            os.fchmod(f.fileno(), 0o644)  # as a plain write would leave it (mkstemp makes 0600): others may read it
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return out
 
 

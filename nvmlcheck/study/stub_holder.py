@@ -7,11 +7,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .._sim.scenario import write_scenario_text
 from .errors import HolderError
 from .holders import Holder, check_ready, read_ready_line
 
@@ -154,8 +154,4 @@ class StubHolderFactory:
         return self.base_text + extra
 
     def _write(self) -> None:
-        # Replace atomically: a concurrent init must never read half a file.
-        fd, tmp = tempfile.mkstemp(prefix=".scenario.", dir=self.scenario_path.parent)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(self.scenario_text())
-        os.replace(tmp, self.scenario_path)
+        write_scenario_text(self.scenario_path, self.scenario_text())  # atomically: a concurrent init reads it

@@ -31,16 +31,6 @@ __all__ = ["fake_nvidia_smi", "nvml_bound_process", "nvml_scenario", "nvml_scena
 _HINT = "nvmlcheck's simulated GPU needs a C compiler and the nvidia-nvml-dev package (pip install 'nvmlcheck[sim]')"
 
 
-def _rewrite(scenario: Scenario, path: Path) -> None:
-    # Atomically: an nvmlInit in another process (a launch script under test) must never read half a file.
-    import tempfile
-
-    fd, tmp = tempfile.mkstemp(prefix=".scenario.", dir=path.parent)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(scenario.render())
-    os.replace(tmp, path)
-
-
 def _check_balanced(library: Path, when: str) -> None:
     from .._sim.probe import StubProbe
 
@@ -77,7 +67,7 @@ def nvml_scenario_path(nvml_scenario: Scenario, tmp_path: Path, monkeypatch: pyt
     directory = tmp_path / "nvmlcheck-stub"
     directory.mkdir(exist_ok=True)
     path = directory / "scenario.txt"
-    _rewrite(nvml_scenario, path)
+    nvml_scenario.write(path)
     monkeypatch.setenv(ENV_SCENARIO, str(path))
     return path
 
@@ -130,7 +120,7 @@ def nvml_bound_process(
         children.append(child)
         nvml_scenario.add_process(device, child.pid, kind, used_bytes, bound=True, list_ms=list_ms,
                                   release_ms=release_ms, zombie_holds=zombie_holds)
-        _rewrite(nvml_scenario, nvml_scenario_path)
+        nvml_scenario.write(nvml_scenario_path)  # atomically: a process under test may be reading it
         return child
 
     yield start
