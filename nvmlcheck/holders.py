@@ -329,8 +329,9 @@ def explain_unseen_holders(
     lines: list[str] = []
     fds = devfiles.scan(device_files)
     pids = sorted(set(fds.holders) | listed)
+    me = (os.getpid(), procfs.ancestors())  # once, not per process
     for pid in pids:
-        h = describe_process(pid, found_by=frozenset(), device_files=fds.holders.get(pid))
+        h = describe_process(pid, found_by=frozenset(), device_files=fds.holders.get(pid), me=me)
         if h.start_ticks is None:
             continue
         who = f"pid {pid} ({h.name or 'name unknown'})"

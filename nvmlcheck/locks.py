@@ -245,9 +245,13 @@ def take_locks(uuids: Iterable[str], directory: Path) -> tuple[LockSet, list[str
 
 
 def _start_time(pid: int) -> int:
-    """Field 22 of ``/proc/<pid>/stat`` (start time in clock ticks): with the PID, it names one process."""
-    text = Path(f"/proc/{pid}/stat").read_text()
-    return int(text[text.rindex(")") + 2:].split()[19])
+    """The start time of ``pid`` in clock ticks: with the PID, it names one process. OSError when it is gone."""
+    from ._proc.procfs import read_stat
+
+    st = read_stat(pid)
+    if st is None:
+        raise ProcessLookupError(pid)
+    return st.start_ticks
 
 
 def _alive(pid: int, start_time: int) -> bool:
