@@ -1,0 +1,113 @@
+"""How long the driver takes to give GPU memory back after its holders exit: a fitted model, per driver.
+
+``expected_ns(...)`` is the time from the last holder's exit to the memory being back, from the number of contexts
+torn down, the device memory they held, the pinned host memory they held and the CUDA IPC importers still alive.
+``stuck_after_ns(...)`` is the bound past which memory held with no holder is judged *stuck* (a reset is needed)
+rather than still being reclaimed. The coefficients are per driver branch (a table code can extend with
+:func:`register`); an unknown driver gets the most conservative entry. ``ready``'s ETA and its "stuck" verdict read
+this module; the reclaim study (docs/reclaim-study.md, "the model") fits and publishes the numbers. It imports only
+the standard library, so the launch path can read it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+__all__ = ["ReclaimModel", "expected_ns", "model_for", "register", "stuck_after_ns"]
+
+_GIB = 1 << 30
+
+
+@dataclass(frozen=True, slots=True)
+class ReclaimModel:
+    """Linear model of the time to memory-back after the holders exit, in ns, with its error.
+
+    ``base_ns``: one context; ``per_context_ns``: each further context (teardowns are serialised);
+    ``per_device_gib_ns`` / ``per_pinned_gib_ns``: each GiB of device / pinned host memory held;
+    ``per_importer_ns``: each CUDA IPC importer; ``error_ns``: the largest residual of the fit (the ETA's ±);
+    ``stuck_factor``: how many times the expected time (plus the error) memory may stay held with no holder before it
+    is called stuck; ``source``: where the figures come from (document and data set).
+    """
+
+    driver: str
+    base_ns: int
+    per_context_ns: int
+    per_device_gib_ns: int
+    per_pinned_gib_ns: int
+    per_importer_ns: int
+    error_ns: int
+    stuck_factor: float
+    source: str
+
+    def expected_ns(self, contexts: int = 1, device_bytes: int = 0, pinned_host_bytes: int = 0,
+                    importers: int = 0) -> int:
+        """The expected time from the holders' exit to the memory being back (ns); 0 for no context."""
+        _check_counts(contexts=contexts, device_bytes=device_bytes, pinned_host_bytes=pinned_host_bytes,
+                      importers=importers)
+        if contexts == 0:
+            return 0
+        return int(self.base_ns + self.per_context_ns * (contexts - 1)
+                   + self.per_device_gib_ns * device_bytes / _GIB
+                   + self.per_pinned_gib_ns * pinned_host_bytes / _GIB
+                   + self.per_importer_ns * importers)
+
+    def stuck_after_ns(self, contexts: int = 1, device_bytes: int = 0, pinned_host_bytes: int = 0,
+                       importers: int = 0) -> int:
+        """How long memory may stay held with no live holder before it is judged stuck (ns): never below 1 s."""
+        expect = self.expected_ns(max(contexts, 1), device_bytes, pinned_host_bytes, importers)
+        return max(1_000_000_000, math.ceil((expect + self.error_ns) * self.stuck_factor))
+
+
+def _check_counts(**values: int) -> None:
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+
+
+# Driver branch ("580") -> model. The 580 figures are the second edition's (docs/reclaim-study.md, H200, driver
+# 580.159.04: one context 108-125 ms after SIGKILL, 2 at 156-179, 4 at 260-285; 120 GiB 163-202 ms). Pinned host
+# memory and importers are not measured on it yet: their slopes are the conservative public figure (SGLang #32829:
+# 243 GB pinned, clean 25.9 s after the kill, ~0.11 s per GiB) and one context per importer.
+_MODELS: dict[str, ReclaimModel] = {}
+_FALLBACK = "default"
+
+
+def register(model: ReclaimModel) -> None:
+    """Add or replace the model of a driver branch (``model.driver``: ``"580"``, or ``"default"`` for any other)."""
+    if not isinstance(model, ReclaimModel):
+        raise TypeError(f"expected a ReclaimModel, got {type(model).__name__}")
+    _MODELS[model.driver] = model
+
+
+register(ReclaimModel(
+    driver="580", base_ns=118_000_000, per_context_ns=53_000_000, per_device_gib_ns=600_000,
+    per_pinned_gib_ns=110_000_000, per_importer_ns=53_000_000, error_ns=30_000_000, stuck_factor=4.0,
+    source="docs/reclaim-study.md (second edition, H200, driver 580.159.04); pinned: sgl-project/sglang#32829",
+))
+register(ReclaimModel(
+    driver=_FALLBACK, base_ns=200_000_000, per_context_ns=100_000_000, per_device_gib_ns=2_000_000,
+    per_pinned_gib_ns=150_000_000, per_importer_ns=100_000_000, error_ns=100_000_000, stuck_factor=5.0,
+    source="conservative fallback for drivers not measured (about twice the 580 figures)",
+))
+
+
+def model_for(driver_version: str | None) -> ReclaimModel:
+    """The model of a driver version (``"580.159.04"`` → branch ``"580"``); the fallback when unknown."""
+    if driver_version:
+        branch = driver_version.strip().split(".", 1)[0]
+        if branch in _MODELS:
+            return _MODELS[branch]
+    return _MODELS[_FALLBACK]
+
+
+def expected_ns(driver_version: str | None, contexts: int = 1, device_bytes: int = 0, pinned_host_bytes: int = 0,
+                importers: int = 0) -> int:
+    """:meth:`ReclaimModel.expected_ns` of :func:`model_for` ``(driver_version)``."""
+    return model_for(driver_version).expected_ns(contexts, device_bytes, pinned_host_bytes, importers)
+
+
+def stuck_after_ns(driver_version: str | None, contexts: int = 1, device_bytes: int = 0, pinned_host_bytes: int = 0,
+                   importers: int = 0) -> int:
+    """:meth:`ReclaimModel.stuck_after_ns` of :func:`model_for` ``(driver_version)``."""
+    return model_for(driver_version).stuck_after_ns(contexts, device_bytes, pinned_host_bytes, importers)
