@@ -29,8 +29,12 @@ def parse_size(text: str) -> int:
 
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
     if not m or m[2].lower() not in _UNITS:
-        raise ValueError(f"not a size: {text!r} (examples: 1GiB, 512MiB, 1073741824)")
+        from .errors import ArgumentError
+
+        raise ArgumentError(f"not a size: {text!r} (examples: 1GiB, 512MiB, 1073741824)")
     value = float(m[1]) * _UNITS[m[2].lower()]
     if value <= 0:
-        raise ValueError(f"size must be positive: {text!r}")
+        from .errors import ArgumentError
+
+        raise ArgumentError(f"size must be positive: {text!r}")
     return int(value)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from ._proc import devfiles, procfs
+from .errors import ArgumentError
 from .model import Snapshot
 from .predicates import DEFAULT_MAX_USED_BYTES, format_bytes
 
@@ -290,7 +291,7 @@ def select_kill_holders(
         holders: Sequence[Holder] = source.holders(devices, device_files=device_files)
     else:
         if devices is not None:
-            raise ValueError("devices selects GPUs of a session; holders already found are taken as they are")
+            raise ArgumentError("devices selects GPUs of a session; holders already found are taken as they are")
         holders = source
     targets: list[Holder] = []
     skipped: list[tuple[Holder, str]] = []

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ._proc.child import Child
-from .errors import NvmlCheckError
+from .errors import ArgumentError, NvmlCheckError, StateError
 from .predicates import DEFAULT_MAX_USED_BYTES
 
 __all__ = [
@@ -121,27 +121,27 @@ class Host:
         if "@" in text:
             user, _, text = text.rpartition("@")
             if not _USER.match(user):
-                raise ValueError(f"bad host {spec!r}: bad user {user!r}")
+                raise ArgumentError(f"bad host {spec!r}: bad user {user!r}")
         port_text: str | None = None
         if text.startswith("["):
             addr, bracket, rest = text[1:].partition("]")
             if not bracket or not addr or (rest and not rest.startswith(":")):
-                raise ValueError(f"bad host {spec!r}: an IPv6 address goes in brackets: [ADDR] or [ADDR]:PORT")
+                raise ArgumentError(f"bad host {spec!r}: an IPv6 address goes in brackets: [ADDR] or [ADDR]:PORT")
             if not re.fullmatch(r"[0-9A-Fa-f:.%A-Za-z]+", addr) or ":" not in addr:
-                raise ValueError(f"bad host {spec!r}: {addr!r} is not an IPv6 address")
+                raise ArgumentError(f"bad host {spec!r}: {addr!r} is not an IPv6 address")
             host = addr
             port_text = rest[1:] if rest else None
         else:
             if text.count(":") > 1:
-                raise ValueError(f"bad host {spec!r}: put an IPv6 address in brackets: [{text}]")
+                raise ArgumentError(f"bad host {spec!r}: put an IPv6 address in brackets: [{text}]")
             host, colon, port = text.partition(":")
             port_text = port if colon else None
             if not _NAME.match(host):
-                raise ValueError(f"bad host {spec!r}: {host!r} is not a host name or address")
+                raise ArgumentError(f"bad host {spec!r}: {host!r} is not a host name or address")
         port_number: int | None = None
         if port_text is not None:
             if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
-                raise ValueError(f"bad host {spec!r}: port must be 1-65535, got {port_text!r}")
+                raise ArgumentError(f"bad host {spec!r}: port must be 1-65535, got {port_text!r}")
             port_number = int(port_text)
         return cls(host, user, port_number)
 
@@ -305,7 +305,7 @@ def _words(name: str, value: Sequence[str] | str) -> tuple[str, ...]:
     try:
         return tuple(shlex.split(value))
     except ValueError as exc:
-        raise ValueError(f"{name} {value!r} cannot be split like a shell: {exc}") from None
+        raise ArgumentError(f"{name} {value!r} cannot be split like a shell: {exc}") from None
 
 
 def _deadline_for(timeout_s: float | None, connect_timeout_s: float) -> float | None:
@@ -335,11 +335,11 @@ class Fleet:
         control_master: bool = True,
     ) -> None:
         if fanout < 1:
-            raise ValueError(f"fanout must be at least 1, got {fanout}")
+            raise ArgumentError(f"fanout must be at least 1, got {fanout}")
         if not connect_timeout_s > 0:
-            raise ValueError(f"connect_timeout_s must be > 0, got {connect_timeout_s}")
+            raise ArgumentError(f"connect_timeout_s must be > 0, got {connect_timeout_s}")
         if not remote_python.strip():
-            raise ValueError("remote_python must not be empty")
+            raise ArgumentError("remote_python must not be empty")
         if ssh_options is None:
             ssh_options = os.environ.get("NVMLCHECK_SSH_OPTIONS", "")
         self.ssh = ssh
@@ -408,7 +408,7 @@ class Fleet:
         # by close() with "ssh -O exit".
         with self._lock:
             if self._closed:
-                raise RuntimeError("this Fleet was stopped")
+                raise StateError("this Fleet was stopped")
             child = Child(argv, after_exit_s=_PIPE_GRACE_S)
             self._running.add(child)
         return child
@@ -547,7 +547,7 @@ class Fleet:
         """
         targets = parse_hosts(hosts)
         if not command or command[0] not in COMMANDS:
-            raise ValueError(f"command must start with one of {', '.join(COMMANDS)}, got {list(command)[:1]}")
+            raise ArgumentError(f"command must start with one of {', '.join(COMMANDS)}, got {list(command)[:1]}")
         if deadline_s is None:
             deadline_s = _deadline_for(timeout_s, self.connect_timeout_s)
         results: dict[int, HostResult] = {}

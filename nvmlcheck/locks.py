@@ -23,12 +23,29 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-__all__ = ["ENV_LOCK_DIR", "GpuLock", "LockSet", "lock_dir", "lock_info", "take_locks", "try_lock"]
+from .errors import ArgumentError, NoSuchProcess, NvmlCheckError
+
+__all__ = ["ENV_LOCK_DIR", "GpuLock", "LockDirectoryError", "LockHolderFailed", "LockSet", "lock_dir", "lock_info",
+           "take_locks", "try_lock"]
 
 #: The environment variable that overrides where lock files live.
 ENV_LOCK_DIR = "NVMLCHECK_LOCK_DIR"
 
 _SAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+class LockDirectoryError(NvmlCheckError, PermissionError):
+    """The default lock directory is a symlink or another user's: someone could read or fake this user's locks.
+    Also a ``PermissionError``."""
+
+    __module__ = "nvmlcheck.locks"
+
+
+class LockHolderFailed(NvmlCheckError, RuntimeError):
+    """The process that was to keep the locks exited at start-up; the locks are still held by the caller only.
+    Also a ``RuntimeError``."""
+
+    __module__ = "nvmlcheck.locks"
 # The default lock directory, per user (a module constant so that tests can move it).
 _DEFAULT_DIR = "/tmp/nvmlcheck-locks-{uid}"
 
@@ -36,8 +53,8 @@ _DEFAULT_DIR = "/tmp/nvmlcheck-locks-{uid}"
 def lock_dir(env: Mapping[str, str] | None = None, *, create: bool = True) -> Path:
     """The lock directory: ``$NVMLCHECK_LOCK_DIR``, else ``/tmp/nvmlcheck-locks-<uid>`` (docs/cuda.md, "Locks").
 
-    With ``create``, make it when missing. Raises ``OSError`` (``PermissionError``) when the default directory is a
-    symlink or another user's: someone could otherwise read or fake this user's locks.
+    With ``create``, make it when missing. Raises :class:`LockDirectoryError` (a ``PermissionError``) when the
+    default directory is a symlink or another user's: someone could otherwise read or fake this user's locks.
     """
     env = os.environ if env is None else env
     configured = env.get(ENV_LOCK_DIR)
@@ -54,7 +71,7 @@ def lock_dir(env: Mapping[str, str] | None = None, *, create: bool = True) -> Pa
         import stat
 
         if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
-            raise PermissionError(
+            raise LockDirectoryError(
                 f"lock directory {path} is not a directory owned by uid {os.getuid()}; set {ENV_LOCK_DIR}")
     return path
 
@@ -160,20 +177,20 @@ class LockSet:
         inherits the descriptors and waits for ``pid`` (through a pidfd where the kernel has them, else by polling
         ``/proc/<pid>`` start time every 0.5 s), then release them here. Returns the holder's PID.
 
-        Raises ``ProcessLookupError`` when ``pid`` is not running (the locks would end at once); the locks are still
-        held here then.
+        Raises :class:`~nvmlcheck.NoSuchProcess` (a ``ProcessLookupError``) when ``pid`` is not running (the locks
+        would end at once); the locks are still held here then.
         """
         import subprocess
 
         fds = [lock.fd for lock in self.locks if lock.fd >= 0]
         if not fds or self.holder_pid is not None:
-            raise ValueError("no locks held here to hand over")
+            raise ArgumentError("no locks held here to hand over")
         argv = [sys.executable, "-m", "nvmlcheck.locks", "--owner", str(pid), "--fds", ",".join(map(str, fds))]
         pidfd = -1
         try:
             pidfd = os.pidfd_open(pid)
         except ProcessLookupError:
-            raise ProcessLookupError(f"process {pid} is not running: locks held until it exits would end now") from None
+            raise NoSuchProcess(f"process {pid} is not running: locks held until it exits would end now") from None
         except (OSError, AttributeError):
             argv += ["--start-time", str(_start_time(pid))]  # no pidfd (old kernel): identify the owner by start time
         if pidfd >= 0:
@@ -206,7 +223,7 @@ class LockSet:
             said = ready.read()
         if said != b"ready":
             holder.wait()
-            raise RuntimeError(f"the lock holder process exited at start-up (status {holder.returncode}); "
+            raise LockHolderFailed(f"the lock holder process exited at start-up (status {holder.returncode}); "
                                "the locks are still held by this process only")
         # The holder already shares the open files (inherited at fork), so the locks are never free in between.
         for lock in self.locks:
@@ -250,7 +267,7 @@ def _start_time(pid: int) -> int:
 
     st = read_stat(pid)
     if st is None:
-        raise ProcessLookupError(pid)
+        raise NoSuchProcess(f"process {pid} is not running")
     return st.start_ticks
 
 

@@ -432,11 +432,14 @@ class Snapshot:
     failures: tuple[DeviceFailure, ...] = ()
 
     def device(self, index: int) -> DeviceState:
-        """The state of the device with NVML index ``index``; ``KeyError`` if it is not in this snapshot."""
+        """The state of the device with NVML index ``index``; :class:`~nvmlcheck.NoSuchDevice` (a ``KeyError``) if it
+        is not in this snapshot."""
         for d in self.devices:
             if d.index == index:
                 return d
-        raise KeyError(f"GPU {index} is not in this snapshot (devices: {[d.index for d in self.devices]})")
+        from .errors import NoSuchDevice
+
+        raise NoSuchDevice(f"GPU {index} is not in this snapshot (devices: {[d.index for d in self.devices]})")
 
     def raise_for_failures(self) -> None:
         """Raise the first device failure, if any (its original exception)."""

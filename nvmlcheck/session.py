@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from ._waitdefaults import CLOCK, EVENTS, ON_POLL, POLICY, SLEEP, STABLE_POLLS, TIMEOUT, TRACE
 from .backends import Backend, open_backend
+from .errors import ArgumentError, ArgumentTypeError, NoSuchDevice, SessionClosed
 from .model import DeviceState, Fields, Snapshot, SystemInfo
 
 if TYPE_CHECKING:
@@ -97,7 +98,7 @@ class Session:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise ValueError("this nvmlcheck session is closed")
+            raise SessionClosed("this nvmlcheck session is closed")
 
     # --- events ---------------------------------------------------------------------------------------------------
 
@@ -167,14 +168,14 @@ class Session:
             return None
         items: list[DeviceSelector] = [devices] if isinstance(devices, int | str) else list(devices)
         if not items:
-            raise ValueError("empty device selection: name at least one GPU, or pass None for all")
+            raise ArgumentError("empty device selection: name at least one GPU, or pass None for all")
         count = self._backend.device_count()
         uuids: list[str] | None = None
         mapping: CudaMapping | None = None
         out: set[int] = set()
         for item in items:
             if isinstance(item, bool) or not isinstance(item, int | str):
-                raise TypeError(f"a device is an int index or a UUID string, not {item!r}")
+                raise ArgumentTypeError(f"a device is an int index or a UUID string, not {item!r}")
             if isinstance(item, str) and item[:5].lower() == "cuda:":
                 if mapping is None:
                     mapping = self.cuda_mapping()
@@ -182,7 +183,7 @@ class Session:
                 continue
             if isinstance(item, int):
                 if not 0 <= item < count:
-                    raise ValueError(f"no GPU with index {item}: this host has {count} (indices 0..{count - 1})")
+                    raise NoSuchDevice(f"no GPU with index {item}: this host has {count} (indices 0..{count - 1})")
                 out.add(item)
                 continue
             if item.isdigit():
@@ -196,7 +197,7 @@ class Session:
             matches = [i for i, u in enumerate(uuids) if u == item or u.startswith(item)]
             if len(matches) != 1:
                 what = "no GPU has" if not matches else f"{len(matches)} GPUs have"
-                raise ValueError(f"{what} a UUID starting with {item!r}")
+                raise (ArgumentError if matches else NoSuchDevice)(f"{what} a UUID starting with {item!r}")
             out.add(matches[0])
         return tuple(sorted(out))
 
@@ -212,7 +213,8 @@ class Session:
         ]
         if len(matches) != 1:
             what = "no MIG device has" if not matches else f"{len(matches)} MIG devices have"
-            raise ValueError(f"{what} a UUID starting with {item!r} (is the GPU in MIG mode?)")
+            error = ArgumentError if matches else NoSuchDevice
+            raise error(f"{what} a UUID starting with {item!r} (is the GPU in MIG mode?)")
         return matches[0][0]
 
     def _mig_selection(self, devices: Iterable[DeviceSelector] | DeviceSelector | None) -> list[DeviceSelector]:

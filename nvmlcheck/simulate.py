@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ._sim.scenario import Scenario
 from ._sim.session import StubSession, simulation
+from .errors import ArgumentError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -52,7 +53,7 @@ def scenario_named(name_or_path: str) -> Scenario | Path:
     if path.is_file():
         return path
     names = ", ".join(sorted(SCENARIOS))
-    raise ValueError(f"--simulate {name_or_path!r}: not a bundled scenario ({names}) nor a scenario file")
+    raise ArgumentError(f"--simulate {name_or_path!r}: not a bundled scenario ({names}) nor a scenario file")
 
 
 @contextlib.contextmanager

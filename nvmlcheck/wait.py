@@ -22,7 +22,15 @@ from typing import Any, ClassVar, Literal, cast
 
 from ._deadline import Deadline
 from ._waitdefaults import CLOCK, EVENTS, ON_POLL, POLICY, SLEEP, STABLE_POLLS, TIMEOUT, TRACE, Default
-from .errors import CorruptData, DeadlinePassed, NvmlCheckError, NvmlError, WaitTimeout
+from .errors import (
+    ArgumentError,
+    ArgumentTypeError,
+    CorruptData,
+    DeadlinePassed,
+    NvmlCheckError,
+    NvmlError,
+    WaitTimeout,
+)
 from .model import DeviceFailure, Snapshot
 from .predicates import Predicate, default_predicate
 
@@ -85,13 +93,13 @@ class PollPolicy:
         if self.max_interval_s is not None:
             _check_seconds("max_interval_s", self.max_interval_s)
             if self.max_interval_s < self.interval_s:
-                raise ValueError(f"max_interval_s ({self.max_interval_s}) is below interval_s ({self.interval_s})")
+                raise ArgumentError(f"max_interval_s ({self.max_interval_s}) is below interval_s ({self.interval_s})")
         if not (math.isfinite(self.backoff_factor) and self.backoff_factor >= 1.0):
-            raise ValueError(f"backoff_factor must be a finite number >= 1, got {self.backoff_factor!r}")
+            raise ArgumentError(f"backoff_factor must be a finite number >= 1, got {self.backoff_factor!r}")
         if self.max_duty is not None and not (0.0 < self.max_duty <= 1.0):
-            raise ValueError(f"max_duty must be in (0, 1], got {self.max_duty!r}")
+            raise ArgumentError(f"max_duty must be in (0, 1], got {self.max_duty!r}")
         if self.mode not in ("default", "precise", "custom"):
-            raise ValueError(f"mode must be 'default', 'precise' or 'custom', got {self.mode!r}")
+            raise ArgumentError(f"mode must be 'default', 'precise' or 'custom', got {self.mode!r}")
 
     @classmethod
     def every(cls, interval_s: float) -> PollPolicy:
@@ -101,9 +109,9 @@ class PollPolicy:
 
 def _check_seconds(name: str, value: float) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{name} must be a number of seconds, got {value!r}")
+        raise ArgumentTypeError(f"{name} must be a number of seconds, got {value!r}")
     if not math.isfinite(value) or value < 0:
-        raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
+        raise ArgumentError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
 
 
 #: Detects within ~2 ms (p99) at <= 5 % of one core on one GPU; backs off to 10 ms after 10 s without change.
@@ -143,9 +151,10 @@ def _resolve_policy(policy: PollPolicy | str | float | None) -> PollPolicy:
             return DEFAULT
         if policy == "precise":
             return PRECISE
-        raise ValueError(f"unknown polling mode {policy!r}; use 'default', 'precise' or a PollPolicy")
+        raise ArgumentError(f"unknown polling mode {policy!r}; use 'default', 'precise' or a PollPolicy")
     if isinstance(policy, bool) or not isinstance(policy, int | float):
-        raise TypeError(f"policy must be a PollPolicy, 'default', 'precise' or an interval in seconds, got {policy!r}")
+        raise ArgumentTypeError(
+            f"policy must be a PollPolicy, 'default', 'precise' or an interval in seconds, got {policy!r}")
     return PollPolicy.every(float(policy))
 
 
@@ -271,9 +280,9 @@ def _timeout_ns(timeout: float | None) -> int | None:
     if timeout is None:
         return None
     if isinstance(timeout, bool) or not isinstance(timeout, int | float):
-        raise TypeError(f"timeout must be a number of seconds or None, got {timeout!r}")
+        raise ArgumentTypeError(f"timeout must be a number of seconds or None, got {timeout!r}")
     if math.isnan(timeout) or timeout < 0:
-        raise ValueError(f"timeout must be >= 0 seconds (or None for no timeout), got {timeout!r}")
+        raise ArgumentError(f"timeout must be >= 0 seconds (or None for no timeout), got {timeout!r}")
     ns = timeout * _NS
     if math.isinf(ns):
         return None  # inf (or too large to count in ns) means no timeout
@@ -537,7 +546,7 @@ class WaitOptions:
         if options is None:
             return WaitOptions.DEFAULT
         if not isinstance(options, WaitOptions):
-            raise TypeError(f"options must be a WaitOptions or None, got {options!r}")
+            raise ArgumentTypeError(f"options must be a WaitOptions or None, got {options!r}")
         return options
 
     def _values(self) -> tuple[object, ...]:
@@ -591,13 +600,13 @@ def _check_option(name: str, value: object) -> None:
         _resolve_policy(value)  # type: ignore[arg-type]
     elif name == "stable_polls":
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"stable_polls must be an int >= 1, got {value!r}")
+            raise ArgumentError(f"stable_polls must be an int >= 1, got {value!r}")
     elif name in ("trace", "events"):
         if not isinstance(value, bool) and not (name == "events" and value is None):
             allowed = "True, False or None" if name == "events" else "True or False"
-            raise TypeError(f"{name} must be {allowed}, got {value!r}")
+            raise ArgumentTypeError(f"{name} must be {allowed}, got {value!r}")
     elif not (callable(value) or (name == "on_poll" and value is None)):
-        raise TypeError(f"{name} must be callable{' or None' if name == 'on_poll' else ''}, got {value!r}")
+        raise ArgumentTypeError(f"{name} must be callable{' or None' if name == 'on_poll' else ''}, got {value!r}")
 
 
 WaitOptions.DEFAULT = WaitOptions()
@@ -660,7 +669,7 @@ def poll_until(
         sleep=sleep,
     )
     if opts.events:
-        raise ValueError("events=True needs a session's event listener: use Session.wait_until_clean")
+        raise ArgumentError("events=True needs a session's event listener: use Session.wait_until_clean")
     take: DeadlineSnapshotFn
     cheap: DeadlineSnapshotFn | None
     if pass_deadline:
