@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from ._proc import procfs, targets
 from ._proc.targets import Refused, Target, TargetSet
 from ._waitdefaults import CLOCK, EVENTS, ON_POLL, POLICY, SLEEP, STABLE_POLLS, TIMEOUT, Default
-from .errors import BackendUnavailable, NvmlCheckError, WaitTimeout
+from .errors import ArgumentError, BackendUnavailable, NvmlCheckError, StateError, WaitTimeout
 from .holders import Holder
 from .model import Snapshot
 from .predicates import Predicate, _Scope, _Why, default_predicate
@@ -293,7 +293,7 @@ class KillPlan:
 
         found = self._set
         if found.started is None or found.first is None:
-            raise RuntimeError("send the first signal before waiting")
+            raise StateError("send the first signal before waiting")
         grace_ns = _grace_ns(grace_s)
         if not isinstance(timeout, Default):
             _check_timeout(timeout)  # a keyword's errors stay ValueErrors, as they always were here
@@ -302,7 +302,7 @@ class KillPlan:
         timeout, on_poll = opts.timeout, opts.on_poll
         start, clock, first = found.started, found.clock, found.first
         if opts.clock is not clock and opts.clock is not CLOCK.value:
-            raise ValueError("options.clock is not the clock the first signal was timed on: give it to send_first")
+            raise ArgumentError("options.clock is not the clock the first signal was timed on: give it to send_first")
         grace_end = None if grace_ns is None else start + grace_ns
         next_scan = start
 
@@ -427,7 +427,7 @@ def _grace_ns(grace_s: float | None) -> int | None:
     if grace_s is None:
         return None
     if isinstance(grace_s, bool) or not isinstance(grace_s, int | float) or not grace_s >= 0:  # rejects NaN
-        raise ValueError(f"grace_s must be None or a number of seconds >= 0, got {grace_s!r}")
+        raise ArgumentError(f"grace_s must be None or a number of seconds >= 0, got {grace_s!r}")
     return None if math.isinf(grace_s) else int(grace_s * 1e9)
 
 
@@ -435,7 +435,7 @@ def _check_timeout(timeout: float | None) -> None:
     if timeout is None:
         return
     if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0:
-        raise ValueError(f"timeout must be None or a number of seconds >= 0, got {timeout!r}")
+        raise ArgumentError(f"timeout must be None or a number of seconds >= 0, got {timeout!r}")
 
 
 def prepare_kill(
