@@ -47,6 +47,16 @@ _EVENT_SLEEP_MIN_S = 0.01
 DeviceSelector = int | str
 
 
+def _selectors(devices: Iterable[DeviceSelector] | DeviceSelector) -> list[DeviceSelector]:
+    """A selection as a list: one selector, or each of an iterable of them."""
+    if isinstance(devices, int | str):
+        return [devices]
+    try:
+        return list(devices)
+    except TypeError:
+        raise ArgumentTypeError(f"devices is an index, a UUID, a sequence of them or None, not {devices!r}") from None
+
+
 class Session:
     """An open connection to the GPUs through one backend. Use as a context manager, or call :meth:`close`.
 
@@ -159,14 +169,17 @@ class Session:
         in ``os.environ`` at the call, :meth:`Session.cuda_mapping`).
 
         ``None`` means every device. A MIG device UUID (``MIG-...``, or a unique prefix) resolves to its parent
-        GPU's index (the instance itself is judged by :meth:`wait_until_clean`). Raises ``ValueError`` for an index
-        or UUID that names no device, or a prefix that names several; :class:`~nvmlcheck.cudamap.CudaMappingError`
-        (a ``ValueError``) for a CUDA selector that cannot be resolved, its message showing the mapping seen.
+        GPU's index (the instance itself is judged by :meth:`wait_until_clean`). Raises
+        :class:`~nvmlcheck.NoSuchDevice` (a ``KeyError`` and a ``ValueError``) for an index or UUID that names no
+        device, :class:`~nvmlcheck.ArgumentError` (a ``ValueError``) for a prefix that names several,
+        :class:`~nvmlcheck.ArgumentTypeError` for a selector of the wrong type, and
+        :class:`~nvmlcheck.CudaMappingError` (an ``ArgumentError``) for a CUDA selector that cannot be resolved, its
+        message showing the mapping seen.
         """
         self._check_open()
         if devices is None:
             return None
-        items: list[DeviceSelector] = [devices] if isinstance(devices, int | str) else list(devices)
+        items = _selectors(devices)
         if not items:
             raise ArgumentError("empty device selection: name at least one GPU, or pass None for all")
         count = self._backend.device_count()
@@ -221,7 +234,7 @@ class Session:
         """The selection with MIG prefixes expanded to full MIG UUIDs; ``[]`` when it names no MIG device."""
         if devices is None:
             return []
-        items: list[DeviceSelector] = [devices] if isinstance(devices, int | str) else list(devices)
+        items = _selectors(devices)
         if not any(isinstance(i, str) and i.startswith("MIG-") for i in items):
             return []
         snap = self._backend.snapshot(None, Fields.MEMORY | Fields.PROCESSES)
