@@ -118,12 +118,14 @@ class PidTimes:
 
 @dataclass(frozen=True, slots=True)
 class KillResult:
-    """A kill that ended with every target exited and the GPUs clean. Times in ns from the first signal.
+    """A kill that ended with every target exited and the GPUs clean. Times are offsets in ns from the first
+    signal, named as in :class:`~nvmlcheck.WaitResult`; ``started_ns`` is the one absolute clock reading.
 
     ``pids``: one record per target (descendants included). ``clean_ns``: when the GPUs were first seen clean with
     every target exited and off the process lists (so never before any target's ``exited_ns`` or ``off_gpu_ns``:
-    both are stamped on the same clock as the polls); ``confirmed_ns``: when that was confirmed. ``resolution_ns``: the poll period, the
-    uncertainty of each time. ``started_ns``: the clock reading of the first signal.
+    both are stamped on the same clock as the polls); ``confirmed_ns``: when that was confirmed. ``resolution_ns``:
+    the poll period, the uncertainty of each time. ``started_ns``: the clock reading of the first signal. ``wait``:
+    the wait's own :class:`~nvmlcheck.WaitResult` (its offsets count from its own start, after the signal).
     """
 
     signal_name: str
@@ -352,13 +354,13 @@ class KillPlan:
         # is stamped a few µs later. Clean means both, so it is never earlier than the last exit, nor than a
         # target's leaving the lists (a predicate that ignores them can hold first): off_gpu_ns <= clean_ns always.
         last_seen = max((max(t.exited_ns or 0, t.off_gpu_ns or 0) for t in records), default=0)
-        clean_ns = max(result.started_ns + result.first_clean_ns - start, last_seen)
+        clean_ns = max(result.started_ns + result.clean_ns - start, last_seen)
         return KillResult(
             signal_name=first.name,
             started_ns=start,
             pids=records,
             clean_ns=clean_ns,
-            confirmed_ns=max(result.confirmed_ns - start, clean_ns),
+            confirmed_ns=max(result.started_ns + result.confirmed_ns - start, clean_ns),
             resolution_ns=max(result.interval_ns, result.poll_cost_ns),
             wait=result,
             tree=found.tree,

@@ -211,19 +211,25 @@ OnPoll = Callable[[TracePoint], object]
 class WaitResult:
     """A successful wait (a timeout raises :class:`~nvmlcheck.WaitTimeout` instead).
 
-    ``elapsed_ns``: from the start to the poll that confirmed. ``first_clean_ns``: from the start to the first poll
-    of the confirming run of clean polls (when the GPUs were seen clean). ``last_dirty_ns``: the last poll before
-    that run that was not clean (``None`` if the first poll was already clean): the clean moment lies in
-    ``(last_dirty_ns - poll_cost_ns, first_clean_ns]``. ``started_ns``/``confirmed_ns``: absolute readings of the
-    clock (``time.monotonic_ns`` unless injected), to correlate with other events. ``poll_cost_ns``: median query
-    cost; ``interval_ns``: median time between consecutive polls (0 with one poll): together the resolution of
-    these figures. ``partial_polls``: how many polls the ``probe`` answered alone. ``trace``: every poll, when asked
-    for.
+    Every ``*_ns`` time is an offset in ns from the start of the wait, as in :class:`~nvmlcheck.KillResult` (whose
+    start is its first signal); ``started_ns`` is the one absolute clock reading (``time.monotonic_ns`` unless
+    injected), to correlate with other events (``started_ns + clean_ns`` is when the GPUs were seen clean).
+
+    ``clean_ns``: the first poll of the confirming run of clean polls (when the GPUs were seen clean).
+    ``confirmed_ns``: the poll that confirmed it; ``elapsed_ns`` is the same offset (the name
+    :class:`~nvmlcheck.WaitTimeout` uses for the time waited). ``last_dirty_ns``: the last poll before that run
+    that was not clean (``None`` if the first poll was already clean): the clean moment lies in
+    ``(last_dirty_ns - poll_cost_ns, clean_ns]``. ``poll_cost_ns``: median query cost; ``interval_ns``: median time
+    between consecutive polls (0 with one poll): together the resolution of these figures. ``partial_polls``: how
+    many polls the ``probe`` answered alone. ``trace``: every poll, when asked for.
+
+    Until 0.3.0, ``first_clean_ns`` is ``clean_ns`` with a ``DeprecationWarning``. ``confirmed_ns`` was an absolute
+    clock reading in 0.1: that moment is now ``started_ns + confirmed_ns``.
     """
 
     clean: bool = True
     elapsed_ns: int
-    first_clean_ns: int
+    clean_ns: int
     last_dirty_ns: int | None
     started_ns: int
     confirmed_ns: int
@@ -234,6 +240,15 @@ class WaitResult:
     policy: PollPolicy
     partial_polls: int = 0
     trace: tuple[TracePoint, ...] | None = None
+
+    @property
+    def first_clean_ns(self) -> int:
+        """Deprecated (until 0.3.0): :attr:`clean_ns`, the same offset."""
+        import warnings
+
+        warnings.warn("nvmlcheck.WaitResult.first_clean_ns is deprecated and goes in 0.3.0: use clean_ns (the same "
+                      "offset from started_ns, as KillResult.clean_ns)", DeprecationWarning, stacklevel=2)
+        return self.clean_ns
 
 
 # --- errors -----------------------------------------------------------------------------------------------------
@@ -819,10 +834,10 @@ class _Poller:
         start = stats.start
         return WaitResult(
             elapsed_ns=t1 - start,
-            first_clean_ns=stats.run_first - start,
+            clean_ns=stats.run_first - start,
             last_dirty_ns=None if stats.last_dirty is None else stats.last_dirty - start,
             started_ns=start,
-            confirmed_ns=t1,
+            confirmed_ns=t1 - start,
             polls=stats.polls,
             poll_cost_ns=_median(stats.costs),
             interval_ns=_median(stats.periods),
