@@ -42,6 +42,7 @@ _LAZY: dict[str, str] = {
     "Fields": "model",
     "FreqNotSupported": "errors",
     "FunctionNotFound": "errors",
+    "GIB": "model",
     "GpuEvent": "events",
     "GpuFault": "errors",
     "GpuIdentity": "cudamap",
@@ -136,6 +137,7 @@ _DEPRECATED: dict[str, tuple[str, str]] = {
     "StudyError": ("study", "0.3.0"),
     "run_study": ("study", "0.3.0"),
 }
+_NOT_STAR = frozenset({"open"})  # not in __all__: they would shadow a builtin
 # --- end of generated part ---
 
 
@@ -165,6 +167,7 @@ def __dir__() -> list[str]:
 
 __version__ = "0.1.0"
 
-# The public names are exactly the lazy ones (plus the version). The table above and __init__.pyi are generated
-# from nvmlcheck/_public.py, the one list; CI runs `python -m nvmlcheck._public --check`.
-__all__ = [*sorted(_LAZY), "__version__"]  # noqa: PLE0604 - built from the table above, all str
+# The public names are the lazy ones (plus the version), less those that would shadow a builtin under `import *`
+# (`open`: nc.open still works). The table above and __init__.pyi are generated from nvmlcheck/_public.py, the one
+# list; CI runs `python -m nvmlcheck._public --check`.
+__all__ = [*sorted(_LAZY.keys() - _NOT_STAR), "__version__"]  # noqa: PLE0604 - built from the table above, all str

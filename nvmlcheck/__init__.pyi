@@ -64,6 +64,7 @@ from nvmlcheck.kill import (
 )
 from nvmlcheck.locks import LockSet
 from nvmlcheck.model import (
+    GIB,
     MIB,
     ClockEventReason,
     Clocks,
@@ -95,7 +96,8 @@ from nvmlcheck.predicates import (
     pids_gone,
 )
 from nvmlcheck.selection import Selection, SelectTimeout, select_clean
-from nvmlcheck.session import DeviceSelector, Session, open, wait_until_clean
+from nvmlcheck.session import DeviceSelector, Session, wait_until_clean
+from nvmlcheck.session import open as open
 from nvmlcheck.study import BaselineNotClean as BaselineNotClean
 from nvmlcheck.study import HolderError as HolderError
 from nvmlcheck.study import StudyConfig as StudyConfig
@@ -129,6 +131,7 @@ __all__ = [
     "Fields",
     "FreqNotSupported",
     "FunctionNotFound",
+    "GIB",
     "GpuEvent",
     "GpuFault",
     "GpuIdentity",
@@ -209,7 +212,6 @@ __all__ = [
     "never",
     "no_processes",
     "on_devices",
-    "open",
     "pids_gone",
     "poll_until",
     "prepare_kill",

@@ -21,6 +21,7 @@ from types import MappingProxyType
 from typing import Any, NamedTuple, TypeVar
 
 __all__ = [
+    "GIB",
     "MIB",
     "ClockEventReason",
     "ClockSet",
@@ -41,8 +42,10 @@ __all__ = [
     "SystemInfo",
 ]
 
-#: One mebibyte, the unit nvidia-smi reports memory in.
+#: One mebibyte (2**20 bytes), the unit nvidia-smi reports memory in.
 MIB = 1 << 20
+#: One gibibyte (2**30 bytes): ``16 * nc.GIB`` is what ``--max-used 16GiB`` (or ``16G``) means.
+GIB = 1 << 30
 
 _EMPTY: Mapping[str, str] = MappingProxyType({})
 _T = TypeVar("_T")
