@@ -10,7 +10,7 @@ from __future__ import annotations
 __all__ = ["format_bytes", "parse_size"]
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gib": 1 << 30,
-          "kb": 10**3, "mb": 10**6, "gb": 10**9, "t": 1 << 40, "tib": 1 << 40}
+          "kb": 10**3, "mb": 10**6, "gb": 10**9, "t": 1 << 40, "tib": 1 << 40, "tb": 10**12}
 
 
 def format_bytes(n: int) -> str:
@@ -24,7 +24,8 @@ def format_bytes(n: int) -> str:
 
 
 def parse_size(text: str) -> int:
-    """``"16GiB"`` → 17179869184. Accepts B, KiB, MiB, GiB, TiB (K/M/G/T mean the binary units), KB/MB/GB."""
+    """``"16GiB"`` → 17179869184. Accepts B, KiB, MiB, GiB, TiB (K/M/G/T mean the binary units, powers of 2) and
+    KB/MB/GB/TB (decimal, powers of 10: ``"16GB"`` is 16,000,000,000); any case."""
     import re  # only when a size is given: the CLI parses --max-used with this
 
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)

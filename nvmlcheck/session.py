@@ -254,8 +254,13 @@ class Session:
     ) -> Snapshot:
         """Read the selected devices (all by default) in one pass.
 
-        ``fields`` limits what is read beyond identity (``Fields.MEMORY | Fields.PROCESSES`` is what a wait
-        polls). Devices that cannot be read are in :attr:`Snapshot.failures`, never reported as idle.
+        ``fields`` limits what is read beyond identity. The default, ``Fields.ALL``, reads every value: right for a
+        report, costly in a loop. On an H200 it costs ~3.7 ms of driver time per GPU, almost all of it the four
+        application clocks (``nvmlDeviceGetApplicationsClock``, ~0.83 ms each; the max clocks are read once and
+        cached), where memory and the three process lists cost ~25 µs. In a loop, read what the loop uses:
+        ``fields=Fields.WAIT`` (memory and processes, what a wait polls), adding ``Fields.HEALTH`` (~2 µs) if
+        needed; ``Fields.CLOCKS`` brings the application clocks. Devices that cannot be read are in
+        :attr:`Snapshot.failures`, never reported as idle.
         """
         self._check_open()
         return self._backend.snapshot(self.resolve(devices), fields)

@@ -39,6 +39,7 @@ COMMANDS = {
     "demo": "_demo:cmd_demo",
     "study": "_study:cmd_study_reclaim",
     "watch": "_watch:cmd_watch",
+    "simulate": "_simulate:cmd_simulate",
 }
 
 
@@ -60,15 +61,28 @@ def _parse(argv: Sequence[str], json_errors: bool) -> argparse.Namespace | int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help, --version, or an argument error (already printed)
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
-    if args.command == "demo":
+    if args.command in ("demo", "simulate"):
         given = [f"--{name.replace('_', '-')}" for name in GLOBAL_OPTIONS
                  if getattr(args, name, None) not in (None, "auto")]
         if given:
+            what = ("demo runs on the bundled simulated H200 only" if args.command == "demo"
+                    else "simulate gives its command the simulation itself (--scenario)")
             try:
-                parser.error(f"demo runs on the bundled simulated H200 only and takes no {', '.join(given)}")
+                parser.error(f"{what} and takes no {', '.join(given)}")
             except SystemExit as exc:
                 return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    _simulate_from_environment(args)
     return args
+
+
+def _simulate_from_environment(args: argparse.Namespace) -> None:
+    """``$NVMLCHECK_SIMULATE`` (set by ``nvmlcheck simulate run`` for the commands it runs) is the default of
+    ``--simulate`` for every command that reads GPUs."""
+    if args.command in ("demo", "simulate") or getattr(args, "study", None) == "compare":
+        return
+    value = os.environ.get("NVMLCHECK_SIMULATE", "").strip()
+    if value and getattr(args, "simulate", None) is None:
+        args.simulate = value
 
 
 def run(argv: Sequence[str] | None) -> int:
@@ -115,6 +129,10 @@ def run(argv: Sequence[str] | None) -> int:
             from ..kill import KillError
 
             return fail(json_mode, exc, EXIT_USAGE if isinstance(exc, KillError) else EXIT_BACKEND)
+        finally:
+            output = sys.modules.get(f"{__package__}._output")
+            if output is not None:  # the next in-process run starts unmarked
+                output.SIMULATED = False  # type: ignore[attr-defined]
 
 
 def fail(json_mode: bool, exc: BaseException, code: int, *, label: str | None = None) -> int:
