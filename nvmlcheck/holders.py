@@ -9,8 +9,8 @@ file open, each described from ``/proc`` (state, owner, command line, PID namesp
 NVML names the GPU and the bytes but, on older drivers inside a PID namespace, a host PID that may be another local
 process; a device file proves a local process holds *a* GPU but not which one (every CUDA process opens every
 ``/dev/nvidiaN``). :func:`select_kill_holders` therefore kills an NVML PID only when the local process of that
-number has a device file open. Device-file patterns: :func:`nvmlcheck._proc.devfiles.device_file_patterns`
-(``$NVMLCHECK_DEVICE_FILES``). Rationale and limits: docs/killing.md.
+number has an NVIDIA device file open (a character device of NVIDIA's majors: :mod:`nvmlcheck._proc.devfiles`;
+tests name stand-ins with ``device_files=`` or run on the simulator). Rationale and limits: docs/killing.md.
 """
 
 from __future__ import annotations
@@ -248,8 +248,10 @@ def find_holders(
     device_files: Sequence[str] | str | None = None,
 ) -> tuple[Holder, ...]:
     """Every process holding a GPU: those on the process lists of ``snapshot`` (restricted to ``devices``, NVML
-    indices), joined by PID with those that have a device file open (always all of them: a device file cannot say
-    which GPU). ``snapshot=None``: the device-file scan alone, with no NVML at all. Sorted by PID."""
+    indices), joined by PID with those that have an NVIDIA device file open (always all of them: a device file
+    cannot say which GPU). ``snapshot=None``: the device-file scan alone, with no NVML at all. ``device_files``:
+    globs of stand-in files that count too, for tests where there is no NVIDIA device (else the simulator's, if one
+    runs, else none: :func:`nvmlcheck._proc.devfiles.device_rule`). Sorted by PID."""
     nvml = _gpu_uses(snapshot, devices) if snapshot is not None else {}
     fds = devfiles.scan(device_files)
     me = (os.getpid(), procfs.ancestors())
@@ -283,9 +285,15 @@ def select_kill_holders(
     Never chosen: this process and its ancestors; daemons (:data:`DAEMONS`) unless ``include_daemons``; an NVML PID
     whose local process has no NVIDIA device file open (NVML may report a PID of another namespace, which here names
     an unrelated process); a process whose files cannot be read; a zombie (already exited: no signal frees it).
+    ``device_files``: stand-in globs, as for :func:`find_holders`; when stand-ins count, a note says so (the
+    kill's plan prints it).
     """
     from .session import Session
 
+    notes: list[str] = []
+    rule = devfiles.device_rule(device_files)
+    if not rule.is_default:
+        notes.append(f"device files: {rule.describe()}")
     if isinstance(source, Session):
         holders: Sequence[Holder] = source.holders(devices, device_files=device_files)
     else:
@@ -309,14 +317,14 @@ def select_kill_holders(
             skipped.append((h, "its open files cannot be read, so it cannot be proven to hold a GPU"))
         elif not h.device_files:
             skipped.append(
-                (h, "not visible from this PID namespace: the local process with this PID has no NVIDIA device "
-                    "file open (NVML may report a PID of another namespace)")
+                (h, "no NVIDIA device file open: the local process with this PID cannot be proven to be the one "
+                    "NVML lists (NVML may report a PID of another namespace)")
             )
         elif h.state == "zombie":
             skipped.append((h, "a zombie: it has exited already; its parent has to reap it"))
         else:
             targets.append(h)
-    return KillSelection(tuple(targets), tuple(skipped))
+    return KillSelection(tuple(targets), tuple(skipped), tuple(notes))
 
 
 def explain_unseen_holders(

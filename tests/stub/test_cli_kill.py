@@ -1,6 +1,7 @@
 """`nvmlcheck kill` and `nvmlcheck holders` end to end on the simulated GPU: refusals with exit 2 and a plain message,
 --grace never, --tree, --all-holders with its listing and its prompt, and a launcher that ignores SIGTERM (issue 10).
-CI has no /dev/nvidia*: the processes hold a stand-in device file that $NVMLCHECK_DEVICE_FILES names."""
+CI has no /dev/nvidia*: the processes hold a stand-in device file in dev/ next to the scenario, where `--simulate`
+looks for its stand-ins."""
 
 from __future__ import annotations
 
@@ -31,11 +32,11 @@ LAUNCHER = ("import subprocess, sys, time; "
 
 
 @pytest.fixture
-def device_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+def device_file(tmp_path: Path) -> str:
+    """The simulation's stand-in /dev/nvidia0: dev/ next to the scenario `_scenario` writes."""
     d = tmp_path / "dev"
     d.mkdir()
     (d / "nvidia0").write_text("")
-    monkeypatch.setenv("NVMLCHECK_DEVICE_FILES", f"{d}/nvidia[0-9]*")
     return str(d / "nvidia0")
 
 
@@ -164,6 +165,8 @@ def test_all_holders_lists_then_kills_every_holder_and_spares_the_rest(
                          "--yes", "--timeout", "20")
     assert code == 0, err
     assert f"pid {holder.pid}" in err  # listed before anything was signalled
+    # The plan names the device-file rule: the simulation's stand-ins, not only NVIDIA's devices.
+    assert "note: device files: NVIDIA character devices (majors 195" in err and f"{tmp_path}/dev/*" in err
     assert [t["pid"] for t in json.loads(out)["pids"]] == [holder.pid]
     assert not _alive(holder.pid) and _alive(bystander.pid)
 
