@@ -54,11 +54,11 @@ def signal_first(args: argparse.Namespace) -> None:
 
     try:
         found = prepare(args.pids, tree=args.tree)
+        found.send_first(signal.Signals[args.signal])
     except Refused as exc:
         from ..kill import KillError
 
         raise KillError(exc.pid, exc.reason) from None  # type: ignore[arg-type]
-    found.send_first(signal.Signals[args.signal])
     args.signalled = found
 
 
