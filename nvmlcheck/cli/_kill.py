@@ -119,6 +119,8 @@ def _plan_with_nvml(args: argparse.Namespace, gpus: Session) -> tuple[KillPlan |
     selection = None
     if args.all_holders or args.all_on_gpu:
         selection = select_kill_holders(gpus, indices, all_holders=args.all_holders)
+        if selection.refused is not None:
+            raise UsageError(f"refusing --all-on-gpu: {selection.refused}; nothing was signalled")
         _show_selection(selection)
         if selection.targets:
             _confirm(len(selection.targets), args.yes)

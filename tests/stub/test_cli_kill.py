@@ -228,7 +228,35 @@ def test_all_holders_with_nothing_to_kill_is_a_kill_document_of_a_plain_wait(
     busy = Scenario.h200()
     busy.add_process(0, 4_100_001, used_bytes=GIB)  # not a process here: left alone, and the GPU stays busy
     code, out, err = run(capsys, "--simulate", str(busy.write(tmp_path / "busy.txt")), "--json", "kill",
-                         "--all-on-gpu", "--yes", "--timeout", "0.2")
+                         "--all-holders", "--yes", "--timeout", "0.2")
     doc = json.loads(out)
     assert code == 1 and doc["schema"] == "nvmlcheck/kill" and doc["clean"] is False
     assert [h["pid"] for h in doc["left_alone"]] == [4_100_001]
+
+
+def test_all_on_gpu_refuses_when_nvmls_pids_are_of_another_numbering(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], start: Callable[..., subprocess.Popen[bytes]],
+    device_file: str,
+) -> None:
+    # Issue 27: an older driver in a container lists host PIDs. The GPU-1 worker's host PID (4_100_002) names no
+    # process here, and GPU 0's list holds a host PID that happens to be the local PID of that same worker: every
+    # CUDA process has every /dev/nvidiaN open, so its device file proves nothing about which GPU.
+    worker = start(HOLD, device_file)
+    assert _ready(worker) == "ready"
+    sc = Scenario.h200(devices=2)
+    sc.add_process(0, worker.pid, used_bytes=4 * GIB)  # GPU 0's process, in host numbering: a collision here
+    sc.add_process(1, 4_100_002, used_bytes=4 * GIB)  # the worker itself, by its host PID
+    code, out, err = run(capsys, "--simulate", str(sc.write(tmp_path / "scenario.txt")), "--json", "kill",
+                         "--all-on-gpu", "--devices", "0", "--yes", "--timeout", "2")
+    assert code == 2, err
+    doc = json.loads(out)
+    assert doc["schema"] == "nvmlcheck/error" and "cannot be proven" in doc["error"]["message"]
+    assert "4100002" in doc["error"]["message"] and "nothing was signalled" in doc["error"]["message"]
+    assert _alive(worker.pid)
+    # Consistent lists are still killed by GPU: the worker alone, listed under its own PID.
+    sc = Scenario.h200(devices=2)
+    sc.add_process(0, worker.pid, used_bytes=4 * GIB, bound=True, list_ms=20, release_ms=40)
+    code, out, err = run(capsys, "--simulate", str(sc.write(tmp_path / "scenario.txt")), "--json", "kill",
+                         "--all-on-gpu", "--devices", "0", "--yes", "--timeout", "20")
+    assert code == 0, err
+    assert [t["pid"] for t in json.loads(out)["pids"]] == [worker.pid] and not _alive(worker.pid)

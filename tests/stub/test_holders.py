@@ -145,14 +145,17 @@ def test_holders_join_nvml_and_device_files(
     c = holders[collision.pid]
     assert c.found_by == {"nvml"} and c.device_files == () and not c.visible_here
 
-    on_gpu = nc.select_kill_holders(tuple(holders.values()), all_holders=False)
-    assert [t.pid for t in on_gpu.targets] == [both.pid]
-    reasons = {hh.pid: why for hh, why in on_gpu.skipped}
-    assert "no NVIDIA device file open" in reasons[collision.pid]
+    # A listed PID whose local process holds no NVIDIA device file: NVML's numbering is not this namespace's, so
+    # choosing by GPU is refused whole (issue 27): nothing is chosen, and the reason names the PID.
+    refused = nc.select_kill_holders(tuple(holders.values()), all_holders=False)
+    assert refused.targets == () and refused.refused is not None
+    assert f"pid {collision.pid}" in refused.refused and "no NVIDIA device file open" in refused.refused
     every = nc.select_kill_holders(tuple(holders.values()), all_holders=True)
     assert sorted(t.pid for t in every.targets) == sorted([both.pid, files_only.pid])
 
-    # --all-on-gpu through the split API: the colliding PID survives, the real holder is signalled.
+    # Without the suspect entry the lists are proven: --all-on-gpu through the split API signals the real holder.
+    on_gpu = nc.select_kill_holders(tuple(h for h in holders.values() if h.pid != collision.pid), all_holders=False)
+    assert [t.pid for t in on_gpu.targets] == [both.pid] and on_gpu.refused is None
     with nc.prepare_kill(holders=on_gpu.targets) as plan:
         assert [(t.pid, t.found_by) for t in plan.targets] == [(both.pid, "nvml")]
         plan.send_first(signal.SIGTERM)
@@ -288,6 +291,7 @@ print(json.dumps({
     "unrelated": unrelated.pid, "holder": holder.pid,
     "on_gpu_targets": [h.pid for h in on_gpu.targets],
     "on_gpu_skipped": {str(h.pid): why for h, why in on_gpu.skipped},
+    "refused": on_gpu.refused,
     "every_targets": [h.pid for h in every.targets],
     "unrelated_alive": unrelated.poll() is None,
 }))
@@ -315,6 +319,33 @@ def test_pid_collision_in_a_namespace_is_never_selected(dev: tuple[Path, str], t
     assert out.returncode == 0, out.stderr
     r = json.loads(out.stdout.strip().splitlines()[-1])
     assert r["on_gpu_targets"] == [] and r["unrelated_alive"]
-    assert "no NVIDIA device file open" in r["on_gpu_skipped"][str(r["unrelated"])]
-    assert "no process with this PID here" in r["on_gpu_skipped"][str(host_pid)]
+    # Choosing by GPU is refused whole: the lists are not this namespace's numbering.
+    assert r["refused"] and f"pid {host_pid}" in r["refused"] and f"pid {r['unrelated']}" in r["refused"]
+    assert "PID namespace of its own" in r["refused"]
     assert r["every_targets"] == [r["holder"]]  # --all-holders finds the real one by its device file
+
+
+def test_a_process_that_just_exited_is_no_evidence_of_another_numbering(
+    dev: tuple[Path, str],
+    procs: Callable[..., subprocess.Popen[bytes]],
+    gpus: Callable[[Scenario], nc.Session],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from nvmlcheck import holders as holders_module
+
+    d, pattern = dev
+    live = procs(str(d / "nvidia0"))
+    ended = procs(str(d / "nvidia1"))
+    sc = Scenario.h200(2)
+    sc.add_process(0, live.pid, used_bytes=GIB, bound=True)
+    # Still listed for 1 s after it exits, as a driver does for ~0.1 s; the second read, RECHECK_S later, proves it
+    # gone (both margins are wide: a loaded machine does not flip them).
+    sc.add_process(1, ended.pid, used_bytes=GIB, bound=True, list_ms=1000, release_ms=1000)
+    monkeypatch.setattr(holders_module, "RECHECK_S", 1.5)
+    with gpus(sc) as session, devfiles.simulated_stand_ins(pattern.split(":"), "the test"):
+        session.snapshot()  # the stub reads the scenario at init
+        ended.kill()
+        ended.wait()  # reaped: its PID names no process here, yet NVML lists it for a while
+        assert ended.pid in {p.pid for p in session.snapshot().devices[1].processes or ()}
+        selection = nc.select_kill_holders(session, [0], all_holders=False)
+    assert selection.refused is None and [t.pid for t in selection.targets] == [live.pid]
