@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from ._proc import procfs, targets
+from ._proc.procfs import ProcUnreadable
 from ._proc.targets import Refused, Target, TargetSet
 from ._waitdefaults import CLOCK, EVENTS, ON_POLL, POLICY, SLEEP, STABLE_POLLS, TIMEOUT, Default
 from .errors import BackendUnavailable, NvmlCheckError, WaitTimeout
@@ -252,7 +253,10 @@ class KillPlan:
                    clock: Callable[[], int] = time.monotonic_ns) -> int:
         """Send ``first_signal`` to every target (with ``tree``, first find and pin their descendants). Returns the
         clock reading taken just before the first signal: the origin of every time reported."""
-        return self._set.send_first(first_signal, clock=clock)
+        try:
+            return self._set.send_first(first_signal, clock=clock)
+        except Refused as exc:  # a descendant's /proc entry could not be read (out of descriptors): nothing sent
+            raise _public(exc) from None
 
     def escalate(self, sig: signal.Signals = signal.SIGKILL) -> tuple[int, ...]:
         """Send ``sig`` (SIGKILL) to every target that has not exited; returns their PIDs. :meth:`wait` calls it
@@ -345,6 +349,11 @@ class KillPlan:
             )
         except WaitTimeout as exc:
             raise self._timeout(exc, timeout) from None
+        except Refused as exc:  # /proc could not be read (out of descriptors): an error, never "exited"
+            raise _public(exc) from None
+        except ProcUnreadable as exc:
+            why = f"{exc.strerror}; the targets signalled already were left as they are"
+            raise _public(Refused("(a target)", why)) from None
         finally:
             self.close()
         records = self.targets

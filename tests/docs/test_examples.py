@@ -106,7 +106,7 @@ def _server(tmp: Path) -> Setup:
     assert child.stdout is not None and child.stdout.readline().strip() == b"ready"
     scenario = Scenario.h200(devices=2)
     scenario.add_process(0, child.pid, used_bytes=16 * GIB, bound=True, list_ms=90, release_ms=120)
-    env = {"SERVER_PID": str(child.pid), "NVMLCHECK_DEVICE_FILES": str(dev / "nvidia[0-9]*")}
+    env = {"SERVER_PID": str(child.pid)}  # dev/ next to the scenario: the simulation's stand-ins
     return Setup(scenario, env=env, files={"server.pid": f"{child.pid}\n"}, children=[child])
 
 
