@@ -36,9 +36,10 @@ class Hosts:
     busy_scenario: Path
 
     def cli(self, *args: str, timeout: float = 120) -> tuple[int, str, str]:
-        """Run ``python -m nvmlcheck ARGS --remote-python LAB --connect-timeout 2``: (exit code, stdout, stderr)."""
+        """Run ``python -m nvmlcheck ARGS --remote-python LAB --connect-timeout 2 --ssh-options "-F LAB"``: (exit
+        code, stdout, stderr)."""
         argv = [sys.executable, "-m", "nvmlcheck", *args, "--remote-python", str(self.lab.python),
-                "--connect-timeout", "2"]
+                "--connect-timeout", "2", "--ssh-options", self.lab.ssh_options]
         proc = subprocess.run(argv, capture_output=True, text=True, env=self.lab.env(), timeout=timeout,
                               check=False)
         return proc.returncode, proc.stdout, proc.stderr

@@ -2,7 +2,7 @@
 
 Used by tests/hosts (through its conftest) and by benchmarks/hosts_scale.py. Everything lives in one temporary
 directory: a host key, a client key, ``authorized_keys``, one ``sshd_config`` per server, an ``ssh_config`` for the
-client (passed to nvmlcheck as ``NVMLCHECK_SSH_OPTIONS="-F FILE"``, the documented test seam), and ``bin/python``, the
+client (passed to nvmlcheck as ``--ssh-options "-F FILE"``, or ``ssh_options=`` in Python), and ``bin/python``, the
 ``--remote-python`` wrapper every host runs.
 
 Each sshd sets its sessions' environment with ``SetEnv`` (OpenSSH >= 8.7): the stub libnvidia-ml and that host's
@@ -75,9 +75,10 @@ class Lab:
         return f"-F {self.ssh_config}"
 
     def env(self) -> dict[str, str]:
-        """The environment for an nvmlcheck CLI child that talks to the lab."""
+        """The environment for an nvmlcheck CLI child that talks to the lab (the ssh options go on its command line:
+        ``--ssh-options`` with :attr:`ssh_options`)."""
         env = dict(os.environ)
-        env["NVMLCHECK_SSH_OPTIONS"] = self.ssh_options
+        env.pop("NVMLCHECK_SSH_OPTIONS", None)
         env["PYTHONPATH"] = str(ROOT)
         for name in ("NVMLCHECK_LIBNVML", "NVMLCHECK_STUB_SCENARIO"):
             env.pop(name, None)

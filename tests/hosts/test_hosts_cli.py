@@ -161,7 +161,7 @@ def test_a_signal_ends_every_ssh_child(hosts: Hosts, signum: int) -> None:
     # attempt, and the nvidia-smi fallback's polls of a busy host without nvmlcheck.
     argv = [sys.executable, "-m", "nvmlcheck", "wait", "--timeout", "30", "--json", "--hosts",
             f"{hosts.busy},{hosts.hanging},{hosts.no_nvmlcheck_busy}", "--remote-python", str(hosts.lab.python),
-            "--connect-timeout", "60"]
+            "--connect-timeout", "60", "--ssh-options", hosts.lab.ssh_options]
     # SIGINT starts at its default in the child even where this test runs with it ignored (a background job of a
     # non-interactive shell), as it is for a launch script run in the foreground.
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=hosts.lab.env(),
