@@ -6,6 +6,8 @@ Nothing here asserts a duration; waits are for events (a process gone), capped o
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import os
 import signal
@@ -136,7 +138,7 @@ def test_cli_ssh_options_are_an_option_and_the_old_variable_is_named(
     ssh = _fake_ssh(tmp_path, f"open({str(seen)!r}, 'w').write(__import__('json').dumps(sys.argv[1:]))\n"
                               f"print({SNAPSHOT_DOC!r})")
     monkeypatch.setenv("NVMLCHECK_SSH_OPTIONS", "-o ProxyCommand=evil")
-    monkeypatch.setattr(hosts.Fleet.__init__, "__kwdefaults__", {**hosts.Fleet.__init__.__kwdefaults__, "ssh": ssh})
+    monkeypatch.setattr(hosts, "Fleet", functools.partial(Fleet, ssh=ssh))  # what the CLI makes, with the fake ssh
     code = cli.main(["snapshot", "--host", "gpu01", "--ssh-options", "-F /etc/lab_config"])
     _, err = capsys.readouterr()
     assert code == 0, err
@@ -207,10 +209,8 @@ def test_a_sigkilled_fleet_leaves_no_ssh_and_no_directory(tmp_path: Path, short_
             owner.kill()
             owner.wait()
         if pid_file.exists() and pid_file.read_text():
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(int(pid_file.read_text()), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
 
 def test_a_later_fleet_removes_the_directories_of_dead_fleets(short_tmp: Path) -> None:
