@@ -106,6 +106,15 @@ def ssh_children(lab: sshlab.Lab) -> list[str]:
     return found
 
 
+@pytest.fixture(autouse=True)
+def _remote_commands_end(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After a test on the lab, end what its cut connections left running "on the hosts" (see
+    :meth:`sshlab.Lab.end_remote_commands`), before the suite's leak check counts it as this process's."""
+    yield
+    if "hosts" in request.fixturenames:
+        request.getfixturevalue("hosts").lab.end_remote_commands()
+
+
 # Per module, not per session: the servers are this process's children, and later suites (tests/reliability's soak)
 # check that no child process is left behind.
 @pytest.fixture(scope="module")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -21,6 +22,20 @@ def short_tmp() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="nc"))  # short: ControlMaster socket paths are limited to ~108 bytes
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+def _guards(marker: str) -> list[str]:
+    """Guard processes (not zombies) whose command line names ``marker``."""
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().decode(errors="replace")
+            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if "guard.py" in cmdline and marker in cmdline and state != "Z":
+            found.append(entry)
+    return found
 
 
 def _control_dirs(base: Path) -> list[Path]:
@@ -46,6 +61,10 @@ def test_sigkill_leaves_no_ssh_client_master_or_directory(hosts: Hosts, short_tm
             time.sleep(0.05)
         assert not ssh_children(hosts.lab), "ssh outlived the SIGKILLed nvmlcheck"
         assert not _control_dirs(short_tmp)
+        end = time.monotonic() + 30
+        while _guards(str(hosts.lab.ssh_config)) and time.monotonic() < end:
+            time.sleep(0.05)
+        assert not _guards(str(hosts.lab.ssh_config)), "the guard did not end after its cleanup"
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -36,17 +36,31 @@ def _fake_ssh(directory: Path, body: str) -> str:
     return str(script)
 
 
+def _guards(marker: str) -> list[int]:
+    """The guard processes still running whose command line names ``marker`` (their ssh program)."""
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if "guard.py" in cmdline and marker in cmdline and not _gone_within(int(entry), 0):
+            found.append(int(entry))
+    return found
+
+
 def _gone_within(pid: int, cap_s: float = 30.0) -> bool:
     end = time.monotonic() + cap_s
-    while time.monotonic() < end:
+    while True:
         try:
             with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
                 if f.read().rsplit(")", 1)[1].split()[0] == "Z":
                     return True
         except OSError:
             return True
+        if time.monotonic() >= end:
+            return False
         time.sleep(0.02)
-    return False
 
 
 # --- bounded output ----------------------------------------------------------------------------------------------
@@ -204,6 +218,7 @@ def test_a_sigkilled_fleet_leaves_no_ssh_and_no_directory(tmp_path: Path, short_
         while any(p.name.startswith("nvmlcheck-ssh-") for p in short_tmp.iterdir()) and time.monotonic() < end:
             time.sleep(0.02)
         assert not any(p.name.startswith("nvmlcheck-ssh-") for p in short_tmp.iterdir())
+        assert all(_gone_within(pid) for pid in _guards(ssh)), "the guard did not end after its cleanup"
     finally:
         if owner.poll() is None:
             owner.kill()
