@@ -62,7 +62,7 @@ from nvmlcheck.kill import (
     kill_and_wait,
     prepare_kill,
 )
-from nvmlcheck.locks import LockSet
+from nvmlcheck.locks import LockDirError, LockSet
 from nvmlcheck.model import (
     GIB,
     MIB,
@@ -155,6 +155,7 @@ __all__ = [
     "KillTimeout",
     "LibraryNotFound",
     "LibraryVersionMismatch",
+    "LockDirError",
     "LockSet",
     "MIB",
     "Memory",

@@ -20,7 +20,10 @@ from ._common import (
     EXIT_USAGE,
     SimulationUnavailable,
     UsageError,
+    output_failed,
+    reset_verdict,
     simulation,
+    verdict_decided,
 )
 from ._signals import Terminated, ending_on_signals
 
@@ -85,12 +88,21 @@ def _simulate_from_environment(args: argparse.Namespace) -> None:
         args.simulate = value
 
 
+def _unmark_simulated() -> None:
+    """An earlier in-process run's simulation no longer marks this one's documents (``_output.SIMULATED``)."""
+    output = sys.modules.get(f"{__package__}._output")
+    if output is not None:
+        output.SIMULATED = False  # type: ignore[attr-defined]
+
+
 def run(argv: Sequence[str] | None) -> int:
     """The CLI: parse ``argv``, run the command, return its exit code."""
     from ._parser import wants_json
 
     argv = list(sys.argv[1:] if argv is None else argv)
     json_mode = wants_json(argv)
+    reset_verdict()
+    _unmark_simulated()
     with ending_on_signals():
         try:
             parsed = _parse(argv, json_mode)
@@ -113,14 +125,15 @@ def run(argv: Sequence[str] | None) -> int:
             return fail(json_mode, KeyboardInterrupt("interrupted"), EXIT_SIGNAL_BASE + 2, label="interrupted")
         except Terminated as exc:
             return fail(json_mode, exc, EXIT_SIGNAL_BASE + exc.signum, label="terminated")
-        except BrokenPipeError:
-            # Output piped into `head` and the like: stop quietly, and keep Python from complaining at exit.
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            return 0
+        except BrokenPipeError as exc:
+            # Output piped into `head` and the like: the verdict decided before printing stands (never a false 0).
+            return output_failed(exc)
         except Exception as exc:
             from ..errors import NvmlCheckError
 
             if not isinstance(exc, NvmlCheckError):
+                if isinstance(exc, OSError) and verdict_decided():
+                    return output_failed(exc)  # disk full, EIO on a terminal: as a broken pipe
                 raise
             from ..errors import GpuFault
 
@@ -129,10 +142,6 @@ def run(argv: Sequence[str] | None) -> int:
             from ..kill import KillError
 
             return fail(json_mode, exc, EXIT_USAGE if isinstance(exc, KillError) else EXIT_BACKEND)
-        finally:
-            output = sys.modules.get(f"{__package__}._output")
-            if output is not None:  # the next in-process run starts unmarked
-                output.SIMULATED = False  # type: ignore[attr-defined]
 
 
 def fail(json_mode: bool, exc: BaseException, code: int, *, label: str | None = None) -> int:

@@ -38,7 +38,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -107,7 +106,7 @@ def _server(tmp: Path) -> Setup:
     assert child.stdout is not None and child.stdout.readline().strip() == b"ready"
     scenario = Scenario.h200(devices=2)
     scenario.add_process(0, child.pid, used_bytes=16 * GIB, bound=True, list_ms=90, release_ms=120)
-    env = {"SERVER_PID": str(child.pid), "NVMLCHECK_DEVICE_FILES": str(dev / "nvidia[0-9]*")}
+    env = {"SERVER_PID": str(child.pid)}  # dev/ next to the scenario: the simulation's stand-ins
     return Setup(scenario, env=env, files={"server.pid": f"{child.pid}\n"}, children=[child])
 
 
@@ -244,7 +243,6 @@ BLOCKS = all_blocks()
 @contextlib.contextmanager
 def block_environment(options: dict[str, str], tmp: Path) -> Iterator[dict[str, str]]:
     """A working directory and environment that point nvmlcheck, python and nvidia-smi at the stub."""
-    before = set(_running_children())
     setup = SCENARIOS[options.get("scenario", "h200")](tmp)
     try:
         library = build_stub(setup.variant)
@@ -269,7 +267,7 @@ def block_environment(options: dict[str, str], tmp: Path) -> Iterator[dict[str, 
             key: value
             for key, value in os.environ.items()
             if not key.startswith(("NVMLCHECK_STUB_", "PYTEST_", "COV_", "CUDA_"))
-            and key not in ("NVMLCHECK_LIBNVML", "NVMLCHECK_LOCK_DIR")
+            and key not in ("NVMLCHECK_LIBNVML", "NVMLCHECK_LOCK_DIR", "NVMLCHECK_SIMULATE")
         }
         env.update(
             PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}",
@@ -285,52 +283,34 @@ def block_environment(options: dict[str, str], tmp: Path) -> Iterator[dict[str, 
             **setup.env,
         )
         env["PWD"] = str(work)
+        # Every process the block starts inherits this: what it leaves running (a `sleep 30 &` owner, the lock
+        # holder of `select --lock`, whose owner may be this very test process) is ended with the block.
+        env["NVMLCHECK_DOCS_BLOCK"] = str(tmp)
         yield env
     finally:
         for child in setup.children:
             if child.poll() is None:
                 child.kill()
             child.wait()
-        _end_block_groups(before)
+        _end_block_processes(f"NVMLCHECK_DOCS_BLOCK={tmp}".encode())
 
 
-#: The process group of every command a block ran (each runs in a session of its own): what a block started in the
-#: background (`sleep 30 &` as a lock owner) lives until the block ends, then the group is killed.
-_GROUPS: list[int] = []
-
-
-def _end_block_groups(before: set[int]) -> None:
-    """Kill what the block's commands left running (a `sleep 30 &` lock owner), then what outlives them on purpose:
-    a lock holder (`select --lock`, in a session of its own) waits for its owner, which may be this process. Both
-    are what the docs describe; the suite's leak check, right after, is for what a test leaves by mistake."""
-    for pgid in _GROUPS:
-        with contextlib.suppress(OSError):
-            os.killpg(pgid, signal.SIGKILL)
-    _GROUPS.clear()
-    end = time.monotonic() + 2.0
-    while time.monotonic() < end and set(_running_children()) - before:
-        time.sleep(0.01)  # a holder whose owner was just killed ends by itself
-    for pid in set(_running_children()) - before:
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-
-
-def _running_children() -> list[int]:
-    """Children of this process (the suite runs as a subreaper: orphans come here) that still run."""
-    out: list[int] = []
-    for task in Path("/proc/self/task").iterdir():
-        with contextlib.suppress(OSError):
-            for pid in (task / "children").read_text().split():
-                with contextlib.suppress(OSError):
-                    stat = Path(f"/proc/{pid}/stat").read_text()
-                    if stat[stat.rindex(")") + 2] not in "ZX":
-                        out.append(int(pid))
-    return out
+def _end_block_processes(marker: bytes) -> None:
+    """SIGKILL every process whose environment holds ``marker`` (the block's own variable)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if marker in environ.split(b"\0"):
+            with contextlib.suppress(OSError):
+                os.kill(int(entry.name), signal.SIGKILL)
 
 
 def _run(argv: list[str], env: dict[str, str], *, merge: bool = False) -> subprocess.CompletedProcess[str]:
-    with subprocess.Popen(
+    return subprocess.run(
         argv,
         cwd=env["PWD"],
         env=env,
@@ -338,17 +318,9 @@ def _run(argv: list[str], env: dict[str, str], *, merge: bool = False) -> subpro
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT if merge else subprocess.PIPE,
         text=True,
-        start_new_session=True,
-    ) as proc:
-        _GROUPS.append(proc.pid)
-        try:
-            out, err = proc.communicate(timeout=BLOCK_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(OSError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-            raise
-    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+        timeout=BLOCK_TIMEOUT_S,
+        check=False,
+    )
 
 
 def _explain(block: Block, result: subprocess.CompletedProcess[str], what: str) -> str:

@@ -29,7 +29,9 @@ def _env(**extra: str) -> dict[str, str]:
     return {**env, **extra}
 
 
-def nvmlcheck(*argv: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def nvmlcheck(
+    *argv: str, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "nvmlcheck", *argv], env=env or _env(), cwd=cwd,
                           capture_output=True, text=True, timeout=120, check=False)
 

@@ -32,6 +32,8 @@ INTERNAL: dict[str, str] = {
     "nvmlcheck.hosts._Stopped": "a fleet worker's stop signal inside Fleet; never escapes",
     "nvmlcheck._proc.targets.Refused": "turned into KillError by nvmlcheck.kill and the CLI",
     "nvmlcheck._proc.pin.StaleIdentity": "turned into Refused (so KillError) by _proc.targets",
+    "nvmlcheck._proc.procfs.ProcUnreadable": "a /proc read that failed; turned into Refused (so KillError) by "
+    "_proc.targets",
 }
 
 # Modules that need an optional package to import (they are checked where it is installed).
