@@ -127,8 +127,8 @@ class KillResult:
 
     ``pids``: one record per target (descendants included). ``clean_ns``: when the GPUs were first seen clean with
     every target exited and off the process lists (so never before any target's ``exited_ns`` or ``off_gpu_ns``:
-    both are stamped on the same clock as the polls); ``confirmed_ns``: when that was confirmed. ``resolution_ns``: the poll period, the
-    uncertainty of each time. ``started_ns``: the clock reading of the first signal.
+    both are stamped on the same clock as the polls); ``confirmed_ns``: when that was confirmed. ``resolution_ns``:
+    the poll period, the uncertainty of each time. ``started_ns``: the clock reading of the first signal.
     """
 
     signal_name: str
@@ -329,15 +329,7 @@ class KillPlan:
             if not found.all_exited() and now >= next_scan:
                 next_scan = now + _SCAN_EVERY_NS
                 found.scan_descendants()
-            snap = point.snapshot
-            if snap is not None and not snap.failures and all(d.processes is not None for d in snap.devices):
-                listed = {p.pid for d in snap.devices for p in (d.processes or ())}
-                # Stamped with the poll's own time (when its query returned), the moment the clean stamp uses too:
-                # a reading taken here, after the poll was judged, could fall after the clean stamp of that poll.
-                polled = point.stamp_ns if point.stamp_ns is not None else now
-                for t in found.items:
-                    if t.off_gpu_ns is None and t.pid not in listed:
-                        t.off_gpu_ns = polled - start
+            _stamp_off_lists(found.items, point, now - start, start)
             if grace_end is not None and now >= grace_end and not found.escalated:
                 found.escalate(signal.SIGKILL)
             if on_poll is not None:
@@ -453,6 +445,20 @@ class KillPlan:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _stamp_off_lists(items: Iterable[Target], point: TracePoint, fallback_ns: int, start: int) -> None:
+    """Stamp the targets that a complete poll (every GPU's lists read) no longer lists."""
+    snap = point.snapshot
+    if snap is None or snap.failures or any(d.processes is None for d in snap.devices):
+        return
+    listed = {p.pid for d in snap.devices for p in (d.processes or ())}
+    # The poll's own time (when its query returned), the moment the clean stamp uses too: a reading taken in the
+    # callback, after the poll was judged, could fall after the clean stamp of that same poll.
+    polled = fallback_ns if point.stamp_ns is None else point.stamp_ns - start
+    for t in items:
+        if t.off_gpu_ns is None and t.pid not in listed:
+            t.off_gpu_ns = polled
 
 
 class _TargetsExited(Predicate):
