@@ -361,7 +361,8 @@ class KillPlan:
             # The GPU side failed mid-kill (a GPU fell off the bus, a fatal event, an NVML error): the operator needs
             # the targets gone all the more. Finish the escalation from the OS side, then report each target.
             self._finish_without_gpu(grace_end, timeout, opts.sleep)
-            raise self._with_records(exc)
+            self._with_records(exc)
+            raise
         finally:
             self.close()
         records = self.targets
