@@ -28,9 +28,11 @@ if TYPE_CHECKING:
     from .session import DeviceSelector, Session
 
 __all__ = [
+    "AGENTS",
     "DAEMONS",
     "DEFAULT_DEVICE_FILES",
     "RECHECK_S",
+    "daemon_kind",
     "GpuUse",
     "Holder",
     "KillSelection",
@@ -44,12 +46,12 @@ __all__ = [
 DEFAULT_DEVICE_FILES = devfiles.DEFAULT_DEVICE_FILES
 
 #: Programs that hold the GPU by design and are never chosen by :func:`select_kill_holders` unless asked: NVIDIA's
-#: persistence, fabric-manager, DCGM host-engine and power daemons, and display servers and compositors.
+#: persistence, fabric-manager and power daemons, and display servers and compositors. Recognised by the program
+#: they run, not by what they call themselves (:func:`daemon_kind`).
 DAEMONS: frozenset[str] = frozenset(
     {
         "nvidia-persistenced",
         "nv-fabricmanager",
-        "nv-hostengine",
         "nvidia-powerd",
         "Xorg",
         "X",
@@ -61,6 +63,20 @@ DAEMONS: frozenset[str] = frozenset(
         "weston",
         "mutter",
         "gamescope",
+    }
+)
+
+#: Monitoring and cluster agents: they open the GPUs to read them (DCGM's host engine and exporter, the Kubernetes
+#: device plugin, whose end deregisters the node's GPUs, GPU feature discovery, nvtop, nvidia-smi in a loop). Left
+#: alone by ``--all-holders`` as daemons are, unless named.
+AGENTS: frozenset[str] = frozenset(
+    {
+        "nv-hostengine",
+        "dcgm-exporter",
+        "nvidia-device-plugin",
+        "gpu-feature-discovery",
+        "nvtop",
+        "nvidia-smi",
     }
 )
 
@@ -96,6 +112,9 @@ class Holder:
     ``cmdline``, ``nspid`` (``NSpid`` of ``/proc/PID/status``: this PID in each nested namespace, outermost first),
     ``ancestry`` (parent PIDs, nearest first) and ``start_ticks`` describe the local process of that PID; each is
     ``None`` when unknown, and :attr:`unknown` says why. ``relation``: ``"self"`` or ``"ancestor"`` of this process.
+    ``is_daemon``: it runs one of :data:`DAEMONS` or :data:`AGENTS` (``daemon_kind`` says which: ``"daemon"`` or
+    ``"agent"``). ``gpu_device_files``: the per-GPU device files (``/dev/nvidiaN``) among ``device_files``; a process
+    with only ``nvidiactl`` or UVM open holds no GPU (NVML's own clients, monitors).
     """
 
     pid: int
@@ -113,6 +132,8 @@ class Holder:
     relation: Literal["self", "ancestor"] | None
     start_ticks: int | None
     unknown: tuple[tuple[str, str], ...] = ()
+    gpu_device_files: tuple[str, ...] | None = None
+    daemon_kind: Literal["daemon", "agent"] | None = None
 
     @property
     def used_bytes(self) -> int | None:
@@ -170,12 +191,28 @@ def _basename(cmd: tuple[str, ...] | None) -> str | None:
     return os.path.basename(cmd[0]) if cmd else None
 
 
-def _is_daemon(comm: str | None, cmd: tuple[str, ...] | None) -> bool:
-    base = _basename(cmd)
-    if base in DAEMONS:
-        return True
-    # comm is cut to 15 characters ("nvidia-persiste").
-    return comm is not None and any(comm == d[:15] for d in DAEMONS)
+def _kind_of(name: str) -> Literal["daemon", "agent"] | None:
+    return "agent" if name in AGENTS else "daemon" if name in DAEMONS else None
+
+
+def daemon_kind(comm: str | None, cmd: tuple[str, ...] | None,
+                exe: tuple[str, int, int] | None) -> Literal["daemon", "agent"] | None:
+    """Whether a process runs one of :data:`DAEMONS` or :data:`AGENTS`, judged by the program it runs, not by the
+    name it gives itself: ``exe`` (:func:`nvmlcheck._proc.procfs.executable`) must be a file root owns and no one
+    else may write, named so, and ``comm`` must agree (cut to 15 characters). Setting ``argv[0]`` (or ``comm``) to
+    ``nvidia-persistenced`` exempts nothing. Where ``exe`` cannot be read (another user's process, which this one
+    cannot signal anyway) the names of ``argv[0]`` and ``comm`` are all there is."""
+    if exe is not None:
+        path, uid, mode = exe
+        base = os.path.basename(path.removesuffix(" (deleted)"))
+        kind = _kind_of(base)
+        if kind is None or uid != 0 or mode & 0o022 or comm != base[:15]:
+            return None
+        return kind
+    argv0 = _basename(cmd)
+    if argv0 is not None and _kind_of(argv0) is not None:
+        return _kind_of(argv0)
+    return next((_kind_of(d) for d in DAEMONS | AGENTS if comm == d[:15]), None)
 
 
 def describe_process(
@@ -184,6 +221,7 @@ def describe_process(
     found_by: frozenset[str],
     gpus: tuple[GpuUse, ...] = (),
     device_files: tuple[str, ...] | None = None,
+    gpu_device_files: tuple[str, ...] | None = None,
     me: tuple[int, tuple[int, ...]] | None = None,
 ) -> Holder:
     """A :class:`Holder` for ``pid`` from ``/proc`` (fields ``None`` with a reason where it cannot be read)."""
@@ -215,6 +253,7 @@ def describe_process(
     elif pid in my_ancestors:
         relation = "ancestor"
     name = (_basename(cmd) or (st.comm if st is not None else None)) if cmd or st is not None else None
+    kind = daemon_kind(st.comm, cmd, procfs.executable(pid)) if st is not None else None
     return Holder(
         pid=pid,
         found_by=found_by,
@@ -227,10 +266,12 @@ def describe_process(
         nspid=nspid,
         ancestry=None if st is None else procfs.ancestors(pid),
         device_files=device_files,
-        is_daemon=_is_daemon(st.comm if st is not None else None, cmd),
+        is_daemon=kind is not None,
         relation=relation,
         start_ticks=None if st is None else st.start_ticks,
         unknown=tuple(unknown),
+        gpu_device_files=gpu_device_files if device_files is not None else None,
+        daemon_kind=kind,
     )
 
 
@@ -277,7 +318,7 @@ def find_holders(
         if pid in nvml and pid not in fds.holders and pid not in fds.unreadable:
             files = () if procfs.read_stat(pid) is not None else None
         out.append(describe_process(pid, found_by=frozenset(found), gpus=tuple(nvml.get(pid, ())),
-                                    device_files=files, me=me))
+                                    device_files=files, gpu_device_files=fds.gpu_files.get(pid, ()), me=me))
     return tuple(out)
 
 
@@ -293,7 +334,9 @@ def select_kill_holders(
     found only by a device file) may signal, and the rest with the reason. ``source``: an open session (its
     :meth:`~nvmlcheck.Session.holders` on ``devices`` is read) or holders already found.
 
-    Never chosen: this process and its ancestors; daemons (:data:`DAEMONS`) unless ``include_daemons``; an NVML PID
+    Never chosen: this process and its ancestors; daemons and monitoring agents (:data:`DAEMONS`, :data:`AGENTS`,
+    recognised by the program they run: :func:`daemon_kind`) unless ``include_daemons``; a process found by device
+    files with no per-GPU one open (only ``nvidiactl``, UVM: it holds no GPU); an NVML PID
     whose local process has no NVIDIA device file open (NVML may report a PID of another namespace, which here names
     an unrelated process); a process whose files cannot be read; a zombie (already exited: no signal frees it).
     ``device_files``: stand-in globs, as for :func:`find_holders`; when stand-ins count, a note says so (the
@@ -340,9 +383,13 @@ def select_kill_holders(
         elif h.relation == "ancestor":
             skipped.append((h, "an ancestor of this process"))
         elif h.is_daemon and not include_daemons:
-            skipped.append((h, f"a daemon ({h.name}); include daemons to kill it"))
+            what = "monitoring agent" if h.daemon_kind == "agent" else "daemon"
+            skipped.append((h, f"{what} ({h.name}); name its PID to kill it"))
         elif not all_holders and "nvml" not in h.found_by:
             skipped.append((h, "not on a GPU process list (found by its device files only; --all-holders kills it)"))
+        elif "nvml" not in h.found_by and h.gpu_device_files == () and h.device_files:
+            skipped.append((h, f"holds no GPU: only {', '.join(h.device_files)} open, no per-GPU device file and on "
+                               "no GPU process list (NVML's own clients, monitors)"))
         elif h.start_ticks is None:
             skipped.append((h, "no process with this PID here (it exited, or NVML numbers processes as another "
                                "PID namespace does)"))
