@@ -16,7 +16,7 @@ tests name stand-ins with ``device_files=`` or run on the simulator). Rationale 
 from __future__ import annotations
 
 import os
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal
 
@@ -31,6 +31,7 @@ __all__ = [
     "AGENTS",
     "DAEMONS",
     "DEFAULT_DEVICE_FILES",
+    "EXPLAIN_BUDGET_S",
     "RECHECK_S",
     "daemon_kind",
     "GpuUse",
@@ -85,6 +86,8 @@ Source = Literal["nvml", "device-file"]
 #: The inode of the initial PID namespace (``PROC_PID_INIT_INO``): ``/proc/self/ns/pid`` of a process outside any
 #: container. Only there are NVML's PIDs this process's numbering whatever the driver.
 INITIAL_PID_NAMESPACE_INODE = 0xEFFFFFFC
+#: How long the device-file scan that explains a timed-out wait may take, after the deadline: one slow poll.
+EXPLAIN_BUDGET_S = 0.2
 #: How long after a suspect process list it is read again: a process that has just exited stays on NVML's list for
 #: about 0.1 s (docs/driver-facts.md), which is no evidence of another numbering.
 RECHECK_S = 0.3
@@ -375,36 +378,60 @@ def select_kill_holders(
     if suspects:
         refused = _numbering_refusal(suspects)
         return KillSelection((), tuple((h, "not signalled: " + refused) for h in holders), tuple(notes), refused)
+    never = _never_signalled()
     targets: list[Holder] = []
     skipped: list[tuple[Holder, str]] = []
     for h in holders:
-        if h.relation == "self":
-            skipped.append((h, "this process"))
-        elif h.relation == "ancestor":
-            skipped.append((h, "an ancestor of this process"))
-        elif h.is_daemon and not include_daemons:
-            what = "monitoring agent" if h.daemon_kind == "agent" else "daemon"
-            skipped.append((h, f"{what} ({h.name}); name its PID to kill it"))
-        elif not all_holders and "nvml" not in h.found_by:
-            skipped.append((h, "not on a GPU process list (found by its device files only; --all-holders kills it)"))
-        elif "nvml" not in h.found_by and h.gpu_device_files == () and h.device_files:
-            skipped.append((h, f"holds no GPU: only {', '.join(h.device_files)} open, no per-GPU device file and on "
-                               "no GPU process list (NVML's own clients, monitors)"))
-        elif h.start_ticks is None:
-            skipped.append((h, "no process with this PID here (it exited, or NVML numbers processes as another "
-                               "PID namespace does)"))
-        elif h.device_files is None:
-            skipped.append((h, "its open files cannot be read, so it cannot be proven to hold a GPU"))
-        elif not h.device_files:
-            skipped.append(
-                (h, "no NVIDIA device file open: the local process with this PID cannot be proven to be the one "
-                    "NVML lists (NVML may report a PID of another namespace)")
-            )
-        elif h.state == "zombie":
-            skipped.append((h, "a zombie: it has exited already; its parent has to reap it"))
-        else:
+        why = _left_alone(h, all_holders=all_holders, include_daemons=include_daemons, never=never)
+        if why is None:
             targets.append(h)
+        else:
+            skipped.append((h, why))
     return KillSelection(tuple(targets), tuple(skipped), tuple(notes))
+
+
+def _never_signalled() -> Callable[[int], str | None]:
+    """Why a PID may never be signalled (PID 1, this process, an ancestor, ...): the kill's own refusals
+    (:func:`nvmlcheck._proc.targets.refusal`), so that a selection leaves such a holder alone instead of proposing
+    it and having the whole kill refused (run through ``nsenter`` or ``docker exec``, PID 1 is no ancestor)."""
+    from ._proc.targets import refusal
+
+    limit, me = procfs.pid_max(), os.getpid()
+    try:
+        lineage = procfs.ancestors(strict=True)
+    except procfs.ProcUnreadable:
+        lineage = procfs.ancestors()  # the kill's own check, strict, refuses then; the selection says what it can
+    return lambda pid: refusal(pid, limit, me, lineage)
+
+
+def _left_alone(h: Holder, *, all_holders: bool, include_daemons: bool,
+                never: Callable[[int], str | None]) -> str | None:
+    """Why ``h`` is not chosen (``None``: it is)."""
+    if h.relation == "self":
+        return "this process"
+    if h.relation == "ancestor":
+        return "an ancestor of this process"
+    refused = never(h.pid)
+    if refused is not None:
+        return refused
+    if h.is_daemon and not include_daemons:
+        what = "monitoring agent" if h.daemon_kind == "agent" else "daemon"
+        return f"{what} ({h.name}); name its PID to kill it"
+    if not all_holders and "nvml" not in h.found_by:
+        return "not on a GPU process list (found by its device files only; --all-holders kills it)"
+    if "nvml" not in h.found_by and h.gpu_device_files == () and h.device_files:
+        return (f"holds no GPU: only {', '.join(h.device_files)} open, no per-GPU device file and on no GPU process "
+                "list (NVML's own clients, monitors)")
+    if h.start_ticks is None:
+        return "no process with this PID here (it exited, or NVML numbers processes as another PID namespace does)"
+    if h.device_files is None:
+        return "its open files cannot be read, so it cannot be proven to hold a GPU"
+    if not h.device_files:
+        return ("no NVIDIA device file open: the local process with this PID cannot be proven to be the one NVML "
+                "lists (NVML may report a PID of another namespace)")
+    if h.state == "zombie":
+        return "a zombie: it has exited already; its parent has to reap it"
+    return None
 
 
 def _unproven(holders: Iterable[Holder]) -> list[tuple[int, str]]:
@@ -457,14 +484,19 @@ def _restricted(holders: Iterable[Holder], indices: Collection[int] | None) -> l
 
 
 def explain_unseen_holders(
-    snapshot: Snapshot | None = None, *, device_files: Sequence[str] | str | None = None
+    snapshot: Snapshot | None = None, *, device_files: Sequence[str] | str | None = None,
+    budget_s: float | None = None,
 ) -> list[str]:
     """Lines that explain memory held with no (visible) process: processes with an NVIDIA device file open that are
     on no process list of ``snapshot``, and holders no signal can end (zombies, uninterruptible sleep). Empty when
-    the scan finds nothing to say."""
+    the scan finds nothing to say. ``budget_s``: how long the ``/proc/*/fd`` scan may take (``None``: to the end);
+    what it leaves unread is said in a line."""
+    import time
+
     listed = {p.pid for d in (snapshot.devices if snapshot is not None else ()) for p in (d.processes or ())}
     lines: list[str] = []
-    fds = devfiles.scan(device_files)
+    deadline = None if budget_s is None else time.monotonic_ns() + round(budget_s * 1e9)
+    fds = devfiles.scan(device_files, deadline_ns=deadline)
     pids = sorted(set(fds.holders) | listed)
     me = (os.getpid(), procfs.ancestors())  # once, not per process
     for pid in pids:
@@ -486,6 +518,9 @@ def explain_unseen_holders(
     if fds.unreadable and snapshot is not None:
         lines.append(f"{len(fds.unreadable)} processes' open files could not be read (not permitted): run as root "
                      "to see every holder")
+    if fds.unscanned:
+        lines.append(f"{fds.unscanned} processes were not scanned for NVIDIA device files: the scan is bounded to "
+                     f"{budget_s:g} s after the timeout (run `nvmlcheck holders` to see every holder)")
     return lines
 
 
@@ -500,11 +535,12 @@ def memory_held_unseen(snapshot: Snapshot | None, *, limit_bytes: int = DEFAULT_
 
 def timeout_explanation(snapshot: Snapshot | None) -> list[str]:
     """What a wait that timed out should add to its culprits: with memory held and no process listed, every line of
-    :func:`explain_unseen_holders`; otherwise only the holders no signal ends (zombies, uninterruptible sleep)."""
+    :func:`explain_unseen_holders`; otherwise only the holders no signal ends (zombies, uninterruptible sleep). The
+    scan takes at most :data:`EXPLAIN_BUDGET_S`: the wait's deadline has passed already."""
     try:
-        lines = explain_unseen_holders(snapshot)
+        lines = explain_unseen_holders(snapshot, budget_s=EXPLAIN_BUDGET_S)
     except OSError:
         return []
     if memory_held_unseen(snapshot):
         return lines
-    return [line for line in lines if "zombie" in line or "uninterruptible" in line]
+    return [line for line in lines if "zombie" in line or "uninterruptible" in line or "not scanned" in line]

@@ -18,6 +18,7 @@ import pytest
 
 import nvmlcheck as nc
 from nvmlcheck._proc import devfiles
+from nvmlcheck.holders import describe_process
 from nvmlcheck.testing import Scenario, build_stub
 
 pytestmark = pytest.mark.stub
@@ -397,3 +398,40 @@ def test_a_process_that_just_exited_is_no_evidence_of_another_numbering(
         assert ended.pid in {p.pid for p in session.snapshot().devices[1].processes or ()}
         selection = nc.select_kill_holders(session, [0], all_holders=False)
     assert selection.refused is None and [t.pid for t in selection.targets] == [live.pid]
+
+
+def test_pid_1_is_left_alone_when_it_is_no_ancestor(dev: tuple[Path, str]) -> None:
+    # Run through nsenter or docker exec, the parent is outside the namespace: PID 1 is no ancestor of this process,
+    # and proposing it made the kill refuse everything (issue 27). It is left alone, with the kill's own reason.
+    d, _ = dev
+    init = describe_process(1, found_by=frozenset({"device-file"}), device_files=(str(d / "nvidia0"),),
+                            gpu_device_files=(str(d / "nvidia0"),), me=(os.getpid(), ()))
+    assert init.relation is None and init.start_ticks is not None
+    sel = nc.select_kill_holders([init], all_holders=True, include_daemons=True)
+    assert sel.targets == () and "PID 1 is init" in sel.skipped[0][1]
+
+
+def test_the_timeout_explanation_scan_is_bounded_and_says_what_it_left(
+    dev: tuple[Path, str], procs: Callable[..., subprocess.Popen[bytes]]
+) -> None:
+    d, pattern = dev
+    procs(str(d / "nvidia0"))
+    whole = devfiles.scan(pattern)
+    assert whole.unscanned == 0
+    cut = devfiles.scan(pattern, deadline_ns=0)  # a deadline passed already: nothing is read
+    assert cut.holders == {} and cut.unscanned > 0
+    lines = nc.explain_unseen_holders(None, device_files=pattern, budget_s=0.0)
+    assert any("were not scanned" in line for line in lines), lines
+
+
+def test_a_wait_timeout_bounds_its_explanation_scan(
+    gpus: Callable[[Scenario], nc.Session], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from nvmlcheck import holders as holders_module
+
+    monkeypatch.setattr(holders_module, "EXPLAIN_BUDGET_S", 0.0)  # as on a host whose scan outlasts the budget
+    sc = Scenario.h200()
+    sc.set_device(0, used_bytes=4 * GIB)  # memory held, no process listed: the scan is wanted
+    with gpus(sc) as session, pytest.raises(nc.WaitTimeout) as info:
+        session.wait_until_clean(timeout=0)
+    assert any("were not scanned" in c and "bounded" in c for c in info.value.culprits), info.value.culprits
