@@ -42,6 +42,7 @@ __all__ = [
     "PidTimes",
     "SignalSent",
     "kill_and_wait",
+    "kill_records",
     "prepare_kill",
 ]
 
@@ -52,6 +53,9 @@ FoundBy = Literal["named", "descendant", "nvml", "device-file"]
 #: The shortest time between two scans for descendants while targets live (each scan reads a few /proc files per
 #: process of the tree; the poller may poll every millisecond).
 _SCAN_EVERY_NS = 5_000_000
+#: When the GPU side fails mid-kill and the kill has no timeout: how long after the SIGKILL the targets' exits are
+#: still awaited, with the operating system alone, before the error is raised with their records.
+AFTER_KILL_WAIT_S = 5.0
 
 
 class KillError(NvmlCheckError):
@@ -203,6 +207,13 @@ def _rebuild_timeout(args: tuple[Any, ...], extra: dict[str, Any]) -> KillTimeou
 # --- the plan ---------------------------------------------------------------------------------------------------
 
 
+def kill_records(exc: BaseException) -> tuple[PidTimes, ...] | None:
+    """The targets' records a kill attached to ``exc`` when it failed after the first signal (a lost GPU, an NVML
+    error, a fatal event): what was sent to each and whether it exited. ``None`` when ``exc`` carries none."""
+    records = getattr(exc, "_nvmlcheck_kill_pids", None)
+    return records if isinstance(records, tuple) else None
+
+
 def _public(exc: Refused) -> KillError:
     return KillError(exc.pid, exc.reason)  # type: ignore[arg-type]
 
@@ -342,10 +353,16 @@ class KillPlan:
         except WaitTimeout as exc:
             raise self._timeout(exc, timeout) from None
         except Refused as exc:  # /proc could not be read (out of descriptors): an error, never "exited"
-            raise _public(exc) from None
+            raise self._with_records(_public(exc)) from None
         except ProcUnreadable as exc:
             why = f"{exc.strerror}; the targets signalled already were left as they are"
-            raise _public(Refused("(a target)", why)) from None
+            raise self._with_records(_public(Refused("(a target)", why))) from None
+        except Exception as exc:
+            # The GPU side failed mid-kill (a GPU fell off the bus, a fatal event, an NVML error): the operator needs
+            # the targets gone all the more. Finish the escalation from the OS side, then report each target.
+            self._finish_without_gpu(grace_end, timeout, opts.sleep)
+            self._with_records(exc)
+            raise
         finally:
             self.close()
         records = self.targets
@@ -364,6 +381,39 @@ class KillPlan:
             wait=result,
             tree=found.tree,
         )
+
+    def _finish_without_gpu(self, grace_end: int | None, timeout: float | None,
+                            sleep: Callable[[float], object]) -> None:
+        """Stamp exits, SIGKILL the survivors when the grace period ends and wait for them, with the operating
+        system alone, until the kill's timeout (no timeout: until :data:`AFTER_KILL_WAIT_S` past the SIGKILL).
+        With no escalation planned (grace ``never``), or once the timeout has passed, it only stamps."""
+        found = self._set
+        assert found.started is not None
+        clock, start = found.clock, found.started
+        deadline = None if timeout is None or math.isinf(timeout) else start + round(timeout * 1e9)
+        next_scan = clock()
+        try:
+            while not found.all_exited() and grace_end is not None:
+                now = clock()
+                if deadline is not None and now >= deadline:
+                    return
+                if now >= next_scan:
+                    next_scan = now + _SCAN_EVERY_NS
+                    found.scan_descendants()
+                if now >= grace_end and not found.escalated:
+                    found.escalate(signal.SIGKILL)
+                    if deadline is None:
+                        deadline = now + round(AFTER_KILL_WAIT_S * 1e9)
+                wake = min(t for t in (None if found.escalated else grace_end, deadline, now + _SCAN_EVERY_NS)
+                           if t is not None)
+                sleep(max(0.0, (wake - now) / 1e9))
+        except (Refused, ProcUnreadable):
+            return  # /proc cannot be read now: the records say how far it got
+
+    def _with_records(self, exc: BaseException) -> BaseException:
+        """``exc`` with the targets' records attached (:func:`kill_records` reads them; error documents show them)."""
+        exc._nvmlcheck_kill_pids = self.targets  # type: ignore[attr-defined]
+        return exc
 
     def _timeout(self, exc: WaitTimeout, timeout: float | None) -> KillTimeout:
         found = self._set

@@ -25,6 +25,7 @@ __all__ = [
     "ancestors",
     "children",
     "cmdline",
+    "executable",
     "pid_max",
     "read_stat",
     "read_status",
@@ -155,6 +156,19 @@ def cmdline(pid: int, proc: str = "/proc") -> tuple[str, ...] | None:
     except OSError:
         return None
     return tuple(a.decode("utf-8", "replace") for a in raw.split(b"\0")[:-1]) if raw else ()
+
+
+def executable(pid: int, proc: str = "/proc") -> tuple[str, int, int] | None:
+    """The program ``pid`` runs: ``(path, owner uid, mode)`` of ``/proc/PID/exe`` (the path may end in
+    `` (deleted)``), or ``None`` when it cannot be read (gone, a kernel thread, or another user's process: reading
+    it needs the right to trace the process)."""
+    link = f"{proc}/{pid}/exe"
+    try:
+        path = os.readlink(link)
+        st = os.stat(link)
+    except OSError:
+        return None
+    return path, st.st_uid, st.st_mode
 
 
 def pid_max(proc: str = "/proc") -> int:

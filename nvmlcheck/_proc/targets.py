@@ -29,6 +29,9 @@ if TYPE_CHECKING:
 __all__ = ["EPERM", "Refused", "Target", "TargetSet", "prepare", "refusal"]
 
 EPERM = "not permitted (EPERM): another user's process, or one in another container"
+#: Rounds of stop-and-rescan before a tree's SIGKILL: each stops every member found, and a stopped process cannot
+#: fork, so a round that finds no new member proves the tree whole (a fast forker takes two or three).
+STOP_ROUNDS = 50
 
 
 class Refused(Exception):
@@ -129,6 +132,7 @@ class TargetSet:
         self.offspring: dict[int, tuple[int, int]] = {}
         self.vanished: list[int] = []
         self.fd_budget: int | None = None  # pidfds still to be had (pin.descriptor_budget); then start times
+        self.stopping = False  # the tree is being stopped for its SIGKILL: new members are stopped as found
 
     def pin_mode(self, pid: object) -> PinMode:
         """How the next target is pinned: a pidfd while descriptors last (the soft limit raised to the hard one
@@ -196,9 +200,16 @@ class TargetSet:
         if sig == signal.SIGKILL:
             self.escalated = True
         self.scan_descendants()
+        frozen = sig == signal.SIGKILL and self.tree
+        if frozen:
+            self._stop_tree()
         start = self.started = clock()
-        for t in self.items:
-            self._send(t, sig, start)
+        try:
+            for t in self.items:
+                self._send(t, sig, start)
+        finally:
+            if frozen:
+                self._resume_tree()
         return start
 
     def _send(self, t: Target, sig: signal.Signals, now: int) -> None:
@@ -216,14 +227,49 @@ class TargetSet:
             raise RuntimeError("send the first signal first")
         if sig == signal.SIGKILL:
             self.escalated = True
+        frozen = sig == signal.SIGKILL and self.tree
+        if frozen:
+            self._stop_tree()
         now = self.clock()
         out: list[int] = []
-        for t in self.items:
-            before = len(t.signals)
-            self._send(t, signal.Signals(sig), now)
-            if len(t.signals) > before:
-                out.append(t.pid)
+        try:
+            for t in self.items:
+                before = len(t.signals)
+                self._send(t, signal.Signals(sig), now)
+                if len(t.signals) > before:
+                    out.append(t.pid)
+        finally:
+            if frozen:
+                self._resume_tree()
         return tuple(out)
+
+    def _quietly(self, t: Target, sig: signal.Signals) -> None:
+        """Send ``sig`` without recording it (SIGSTOP and SIGCONT are the mechanism, not the kill's record)."""
+        try:  # noqa: SIM105 - contextlib is start-up this module avoids
+            t.pinned.send(sig)
+        except PermissionError:
+            pass
+
+    def _stop_tree(self) -> None:
+        """Stop the whole tree before its SIGKILL: SIGSTOP every member, rescan, stop the new ones (as they are
+        pinned), until a scan finds no new member (at most :data:`STOP_ROUNDS`). A worker forked in the last instant
+        is then found and killed with the rest, instead of surviving a kill that reports clean."""
+        self.stopping = True
+        for _ in range(STOP_ROUNDS):
+            for t in self.items:
+                if not t.pinned.exited():
+                    self._quietly(t, signal.SIGSTOP)
+            before = len(self.items)
+            self.scan_descendants()
+            if len(self.items) == before:
+                return
+
+    def _resume_tree(self) -> None:
+        """SIGCONT every member after the SIGKILL: nothing stays stopped (one the SIGKILL did not reach, say)."""
+        self.stopping = False
+        for t in self.items:
+            if not t.pinned.exited():
+                self._quietly(t, signal.SIGCONT)
 
     def scan_descendants(self) -> None:
         """Pin (``tree``) or remember (for the hint) the descendants of every living target. A ``/proc`` file that
@@ -279,6 +325,8 @@ class TargetSet:
                 child = Target(pinned, "descendant", origin)
                 self.items.append(child)
                 queue.append((pid, origin, pinned, None))
+                if self.stopping:
+                    self._quietly(child, signal.SIGSTOP)
                 if self.started is not None and self.first is not None:
                     now = self.clock()
                     self._send(child, self.first, now)

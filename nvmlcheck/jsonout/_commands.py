@@ -189,7 +189,14 @@ def demo_document(result: KillResult) -> dict[str, Any]:
 
 
 def error_document(exc: BaseException, exit_code: int) -> dict[str, Any]:
-    """The ``nvmlcheck/error`` document of a command that failed with ``exc`` and exits with ``exit_code``."""
+    """The ``nvmlcheck/error`` document of a command that failed with ``exc`` and exits with ``exit_code``; a kill
+    that failed after its first signal adds ``pids``, each target's record (:func:`nvmlcheck.kill.kill_records`)."""
+    if hasattr(exc, "_nvmlcheck_kill_pids"):
+        from ..kill import kill_records
+
+        records = kill_records(exc)
+        if records is not None:
+            return document("error", error=error_json(exc), exit_code=exit_code, pids=[r.to_json() for r in records])
     return document("error", error=error_json(exc), exit_code=exit_code)
 
 
