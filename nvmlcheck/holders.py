@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from ._proc import devfiles, procfs
+from ._text import printable
 from .model import Snapshot
 from .predicates import DEFAULT_MAX_USED_BYTES, format_bytes
 
@@ -124,7 +125,7 @@ class Holder:
 
     def describe(self) -> str:
         """One line: ``pid 123 (python3, zombie) holds 4.0 GiB on GPU 0``."""
-        bits = [self.name or "name unknown"]
+        bits = [printable(self.name) if self.name else "name unknown"]
         if self.state not in (None, "running", "sleeping"):
             bits.append(str(self.state))
         on = ", ".join(
@@ -300,7 +301,7 @@ def select_kill_holders(
         elif h.relation == "ancestor":
             skipped.append((h, "an ancestor of this process"))
         elif h.is_daemon and not include_daemons:
-            skipped.append((h, f"a daemon ({h.name}); include daemons to kill it"))
+            skipped.append((h, f"a daemon ({printable(h.name)}); include daemons to kill it"))
         elif not all_holders and "nvml" not in h.found_by:
             skipped.append((h, "not on a GPU process list (found by its device files only; --all-holders kills it)"))
         elif h.start_ticks is None:
@@ -334,7 +335,7 @@ def explain_unseen_holders(
         h = describe_process(pid, found_by=frozenset(), device_files=fds.holders.get(pid), me=me)
         if h.start_ticks is None:
             continue
-        who = f"pid {pid} ({h.name or 'name unknown'})"
+        who = f"pid {pid} ({printable(h.name) if h.name else 'name unknown'})"
         if h.state == "zombie":
             parent = h.ancestry[0] if h.ancestry else None
             lines.append(f"{who} is a zombie: it has exited but its parent (pid {parent}) has not reaped it; no "

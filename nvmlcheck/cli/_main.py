@@ -134,5 +134,7 @@ def fail(json_mode: bool, exc: BaseException, code: int, *, label: str | None = 
     if label in ("interrupted", "terminated"):
         print(f"nvmlcheck: {exc}" if label == "terminated" else "interrupted", file=sys.stderr)
     elif not json_mode:
-        print(f"nvmlcheck: {label}: {exc}", file=sys.stderr)
+        from ._output import safe_lines  # messages carry names of processes, GPUs and files: escaped
+
+        print(f"nvmlcheck: {label}: {safe_lines(exc)}", file=sys.stderr)
     return code
