@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal
 
 from ._proc import devfiles, procfs
+from ._text import printable
 from .model import Snapshot
 from .predicates import DEFAULT_MAX_USED_BYTES, format_bytes
 
@@ -156,7 +157,7 @@ class Holder:
 
     def describe(self) -> str:
         """One line: ``pid 123 (python3, zombie) holds 4.0 GiB on GPU 0``."""
-        bits = [self.name or "name unknown"]
+        bits = [printable(self.name) if self.name else "name unknown"]
         if self.state not in (None, "running", "sleeping"):
             bits.append(str(self.state))
         on = ", ".join(
@@ -416,7 +417,7 @@ def _left_alone(h: Holder, *, all_holders: bool, include_daemons: bool,
         return refused
     if h.is_daemon and not include_daemons:
         what = "monitoring agent" if h.daemon_kind == "agent" else "daemon"
-        return f"{what} ({h.name}); name its PID to kill it"
+        return f"{what} ({printable(h.name)}); name its PID to kill it"
     if not all_holders and "nvml" not in h.found_by:
         return "not on a GPU process list (found by its device files only; --all-holders kills it)"
     if "nvml" not in h.found_by and h.gpu_device_files == () and h.device_files:
@@ -445,7 +446,7 @@ def _unproven(holders: Iterable[Holder]) -> list[tuple[int, str]]:
         if h.start_ticks is None:
             out.append((h.pid, f"pid {h.pid} (on {on}) names no process here"))
         elif h.device_files == () and h.state != "zombie":
-            out.append((h.pid, f"pid {h.pid} (on {on}) names {h.name or 'a process'}, which has no NVIDIA device "
+            out.append((h.pid, f"pid {h.pid} (on {on}) names {printable(h.name) if h.name else 'a process'}, which has no NVIDIA device "
                                "file open"))
     return out
 
@@ -503,7 +504,7 @@ def explain_unseen_holders(
         h = describe_process(pid, found_by=frozenset(), device_files=fds.holders.get(pid), me=me)
         if h.start_ticks is None:
             continue
-        who = f"pid {pid} ({h.name or 'name unknown'})"
+        who = f"pid {pid} ({printable(h.name) if h.name else 'name unknown'})"
         if h.state == "zombie":
             parent = h.ancestry[0] if h.ancestry else None
             lines.append(f"{who} is a zombie: it has exited but its parent (pid {parent}) has not reaped it; no "

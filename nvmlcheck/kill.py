@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from ._proc import procfs, targets
 from ._proc.procfs import ProcUnreadable
 from ._proc.targets import Refused, Target, TargetSet
+from ._text import printable
 from ._waitdefaults import CLOCK, EVENTS, ON_POLL, POLICY, SLEEP, STABLE_POLLS, TIMEOUT, Default
 from .errors import BackendUnavailable, NvmlCheckError, WaitTimeout
 from .holders import Holder
@@ -483,7 +484,7 @@ class _TargetsExited(Predicate):
             elif st is not None and st.state in ("T", "t"):
                 extra = ": stopped (SIGKILL still ends it)"
             sent = ", ".join(name for name, _ in t.signals) or "no signal delivered"
-            out.append(_Why(False, None, f"pid {t.pid} ({t.pinned.comm}) has not exited ({sent}){extra}"))
+            out.append(_Why(False, None, f"pid {t.pid} ({printable(t.pinned.comm)}) has not exited ({sent}){extra}"))
         return out
 
     def describe(self) -> str:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import NamedTuple
 
+from ._text import printable
 from ._units import format_bytes
 from .model import (
     MIB,
@@ -379,7 +380,7 @@ def _process_list_unknown(d: DeviceState, kind: ProcessKind) -> _Why:
 
 
 def _holder_text(p: GpuProcess) -> str:
-    name = p.name if p.name else "name unknown"
+    name = printable(p.name) if p.name else "name unknown"  # a process names itself: no control characters
     held = format_bytes(p.used_bytes) if p.used_bytes is not None else "an unknown amount (NVML: not available)"
     return f"pid {p.pid} ({name}) holds {held}"
 

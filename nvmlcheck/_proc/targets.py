@@ -15,6 +15,7 @@ import os
 import signal
 import time
 
+from .._text import printable
 from . import procfs
 from .pin import Pinned, StaleIdentity, descriptor_budget
 from .procfs import ProcUnreadable
@@ -61,7 +62,7 @@ def refusal(pid: object, limit: int, me: int, lineage: tuple[int, ...]) -> str |
         return "that is this process"
     if pid in lineage:
         st = procfs.read_stat(pid)
-        name = f" ({st.comm})" if st is not None else ""
+        name = f" ({printable(st.comm)})" if st is not None else ""
         return (f"that is this process's {_ordinal(lineage.index(pid) + 1)}{name}; signalling it would end the "
                 "command that runs this one")
     return None

@@ -212,4 +212,6 @@ def start_events(args: argparse.Namespace, gpus: Session) -> None:
         return
     listener = gpus.listen()
     if listener.reason is not None:
-        print(f"nvmlcheck: events: {listener.reason}", file=sys.stderr)
+        from ._output import safe
+
+        print(f"nvmlcheck: events: {safe(listener.reason)}", file=sys.stderr)

@@ -22,7 +22,7 @@ from ._common import (
     verdict_printed,
     wait_predicate,
 )
-from ._output import StatusLine, human_bytes, print_json, status_updater
+from ._output import StatusLine, human_bytes, print_json, safe, safe_lines, status_updater
 
 TYPE_CHECKING = False  # typing costs start-up time where site has not loaded it (docs/performance.md)
 if TYPE_CHECKING:
@@ -75,18 +75,18 @@ def _holder_line(h: Holder) -> str:
     cmd = " ".join(h.cmdline) if h.cmdline else (h.name or "?")
     flags = f" [{h.daemon_kind}]" if h.daemon_kind else " [daemon]" if h.is_daemon else ""
     flags += f" [{h.relation}]" if h.relation else ""
-    return f"{who} {gpus:<24} {cmd[:80]}{flags}"
+    return safe(f"{who} {gpus:<24} {cmd[:80]}{flags}")
 
 
 def _show_selection(selection: KillSelection) -> None:
     if selection.targets:
         print("to be signalled:", file=sys.stderr)
         for h in selection.targets:
-            print("  " + h.describe(), file=sys.stderr)
+            print("  " + safe(h.describe()), file=sys.stderr)
     for h, why in selection.skipped:
-        print(f"  left alone: pid {h.pid} ({h.name or '?'}): {why}", file=sys.stderr)
+        print(safe(f"  left alone: pid {h.pid} ({h.name or '?'}): {why}"), file=sys.stderr)
     for note in selection.notes:
-        print(f"  note: {note}", file=sys.stderr)
+        print(f"  note: {safe(note)}", file=sys.stderr)
 
 
 def _confirm(count: int, assume_yes: bool) -> None:
@@ -198,7 +198,7 @@ def _wait_only(args: argparse.Namespace, gpus: Session, predicate: Any, selectio
         if args.json:
             print_json(nothing_to_kill_timeout_document(exc, **kill_fields))
         else:
-            print(str(exc), file=sys.stderr)
+            print(safe_lines(exc), file=sys.stderr)
         verdict_printed(EXIT_NOT_CLEAN)
         return EXIT_NOT_CLEAN
     status.clear()
@@ -225,7 +225,7 @@ def _print_result(args: argparse.Namespace, result: KillResult, plan: KillPlan,
     for t in result.pids:
         sent = ", ".join(f"{s.name} {ms(s.sent_ns)}" for s in t.signals) or "no signal (had exited)"
         origin = "" if t.found_by == "named" else f", {t.found_by}" + (f" of {t.parent}" if t.parent else "")
-        print(f"pid {t.pid} ({t.name}{origin}): {sent}, exited {ms(t.exited_ns)}, "
+        print(f"pid {t.pid} ({safe(t.name)}{origin}): {sent}, exited {ms(t.exited_ns)}, "
               f"off the GPU process list {ms(t.off_gpu_ns)}")
     print(f"clean: every target exited and memory back {ms(result.clean_ns)} (confirmed {ms(result.confirmed_ns)}, "
           f"resolution {result.resolution_ns / 1e6:.2f} ms)")
@@ -238,7 +238,7 @@ def _print_timeout(args: argparse.Namespace, exc: KillTimeout, plan: KillPlan,
 
         print_json(kill_timeout_document(exc, plan, selection))
         return
-    print(str(exc), file=sys.stderr)
+    print(safe_lines(exc), file=sys.stderr)
     if exc.tree_hint:
         print("hint: add --tree to kill the targets' descendants too", file=sys.stderr)
 
