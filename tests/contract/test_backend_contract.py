@@ -256,7 +256,8 @@ def test_health_state(open_backend: Opener, state: str) -> None:
     assert h is not None
     assert {c.code for c in h.causes()} == codes
     rows = fields.get("remapped_rows", (0, 0, False, False))
-    assert h.remapped_rows == nc.RemappedRows(*(int(v) for v in rows[:2]), *(bool(v) for v in rows[2:]))  # type: ignore[index]
+    assert isinstance(rows, tuple)
+    assert h.remapped_rows == nc.RemappedRows(*rows)
     assert h.ecc_uncorrected_volatile == fields.get("ecc_uncorrected_volatile", 0)
     assert h.ecc_uncorrected_aggregate == fields.get("ecc_uncorrected_aggregate", 0)
     assert h.recovery_action == nc.RecoveryAction(fields.get("recovery_action", 0))  # type: ignore[arg-type]
