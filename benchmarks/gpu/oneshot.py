@@ -38,7 +38,8 @@ ffi = cffi.FFI()
 ffi.cdef('''typedef struct { unsigned int version; unsigned long long total, reserved, free, used; } mem_t;
 typedef struct { unsigned int pid; unsigned long long used; unsigned int gi, ci; } proc_t;
 int nvmlInit_v2(void); int nvmlDeviceGetHandleByIndex_v2(unsigned int, void **);
-int nvmlDeviceGetMemoryInfo_v2(void *, mem_t *); int nvmlDeviceGetComputeRunningProcesses_v3(void *, unsigned int *, proc_t *);''')
+int nvmlDeviceGetMemoryInfo_v2(void *, mem_t *);
+int nvmlDeviceGetComputeRunningProcesses_v3(void *, unsigned int *, proc_t *);''')
 lib = ffi.dlopen(os.environ.get("NVMLCHECK_LIBNVML") or "libnvidia-ml.so.1")
 assert lib.nvmlInit_v2() == 0
 h = ffi.new("void **"); assert lib.nvmlDeviceGetHandleByIndex_v2(0, h) == 0
