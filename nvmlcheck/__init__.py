@@ -71,6 +71,7 @@ _LAZY: dict[str, str] = {
     "NoData": "errors",
     "NoPermission": "errors",
     "NotFound": "errors",
+    "NotPermitted": "kill",
     "NotReady": "errors",
     "NotSupported": "errors",
     "NvmlCheckError": "errors",
@@ -80,6 +81,7 @@ _LAZY: dict[str, str] = {
     "PidTimes": "kill",
     "PollPolicy": "wait",
     "Predicate": "predicates",
+    "ProcessGone": "kill",
     "ProcessKind": "model",
     "RemappedRows": "model",
     "ResetTypeNotSupported": "errors",
@@ -114,6 +116,7 @@ _LAZY: dict[str, str] = {
     "memory_used_at_most": "predicates",
     "never": "predicates",
     "no_processes": "predicates",
+    "not_ours": "released",
     "on_devices": "predicates",
     "open": "session",
     "pids_gone": "predicates",
@@ -121,6 +124,7 @@ _LAZY: dict[str, str] = {
     "prepare_kill": "kill",
     "select_clean": "selection",
     "select_kill_holders": "holders",
+    "targets_released": "released",
     "wait_until_clean": "session",
 }
 _DEPRECATED: dict[str, tuple[str, str]] = {
