@@ -310,7 +310,7 @@ def cmd_kill(args: argparse.Namespace) -> int:
     status = StatusLine(sys.stderr, not args.json)
     predicate = wait_predicate(args)
     try:
-        with open_session(args) as gpus:
+        with _open_after_signal(args, plan) as gpus:
             if plan is not None:
                 _check_gpus_after_signal(args, gpus, plan)
             start_events(args, gpus)
@@ -350,6 +350,26 @@ def cmd_kill(args: argparse.Namespace) -> int:
     return EXIT_CLEAN
 
 
+def _open_after_signal(args: argparse.Namespace, plan: KillPlan | None) -> Session:
+    """:func:`open_session`; when the targets were signalled already and no backend opens, finish the kill without
+    the GPUs (as :func:`_check_gpus_after_signal`) and raise the error saying so."""
+    from ..errors import BackendUnavailable
+
+    try:
+        return open_session(args)
+    except BackendUnavailable as exc:
+        if plan is None:
+            raise
+        raise BackendUnavailable(exc.message + _after_signal_note(plan, args), list(exc.attempts)) from None
+
+
+def _after_signal_note(plan: KillPlan, args: argparse.Namespace) -> str:
+    left = _finish_without_gpus(plan, args)
+    who = ", ".join(f"pid {t.pid}" for t in plan.targets) or "no process"
+    fate = "every target exited" if not left else f"still running: {', '.join(map(str, left))}"
+    return f" (the targets were signalled before the GPUs were read: {who}; {fate}; the GPUs were not judged)"
+
+
 def _check_gpus_after_signal(args: argparse.Namespace, gpus: Session, plan: KillPlan) -> None:
     """The targets were signalled before NVML: now check that the GPUs can be judged (the devices exist, the backend
     sees a GPU). If not, still finish the kill (exit, SIGKILL after --grace, bounded by --timeout) and then report
@@ -362,10 +382,7 @@ def _check_gpus_after_signal(args: argparse.Namespace, gpus: Session, plan: Kill
             raise BackendUnavailable(f"the {gpus.backend_name} backend sees no GPU: nothing can prove the GPUs clean",
                                      [f"{gpus.backend_name}: device count 0"])
     except (ValueError, BackendUnavailable) as exc:
-        left = _finish_without_gpus(plan, args)
-        who = ", ".join(f"pid {t.pid}" for t in plan.targets) or "no process"
-        fate = "every target exited" if not left else f"still running: {', '.join(map(str, left))}"
-        note = f" (the targets were signalled before the GPUs were read: {who}; {fate}; the GPUs were not judged)"
+        note = _after_signal_note(plan, args)
         if isinstance(exc, BackendUnavailable):
             raise BackendUnavailable(exc.message + note, list(exc.attempts)) from None
         raise UsageError(f"{exc}{note}") from None

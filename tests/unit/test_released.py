@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 import pytest
+from snapshots import GIB, dev, proc, snap
 
 import nvmlcheck as nc
+from nvmlcheck.model import MIB
 from nvmlcheck.released import not_ours, targets_released
-
-from snapshots import GIB, MIB, dev, proc, snap
 
 ME, OTHER = 4123, 777
 
