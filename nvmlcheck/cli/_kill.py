@@ -184,7 +184,7 @@ def _show_plan(found: TargetSet, sig: Any, args: argparse.Namespace) -> None:
     print(f"plan: {sig.name} to {len(found.items)} process{'es' if len(found.items) != 1 else ''} "
           f"(SIGKILL after {grace} to what is left):", file=sys.stderr)
     for e in _plan_entries(found, sig):
-        cmd = " ".join(e["cmdline"]) if e["cmdline"] else e["name"]
+        cmd = " ".join(" ".join(e["cmdline"]).split()) if e["cmdline"] else e["name"]  # one line: no newlines
         origin = e["found_by"] + (f" of {e['parent']}" if e["parent"] else "")
         c = e["container"]
         where = f" [{c['label']}]" if c and (c["kind"] != "cgroup" or args.container or args.cgroup) else ""
