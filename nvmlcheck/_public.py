@@ -40,7 +40,7 @@ EXPORTS: dict[str, tuple[str, ...]] = {
         "NotPermitted", "ProcessGone",
     ),
     "released": ("not_ours", "targets_released"),
-    "locks": ("LockSet",),
+    "locks": ("LockDirError", "LockSet"),
     "model": (
         "ClockEventReason", "ClockSet", "Clocks", "DeviceFailure", "DeviceState", "Fields", "GpuProcess", "MIB",
         "Memory", "MemoryHealth", "MigDevice", "ProcessKind", "RemappedRows", "RetiredPage", "RetirementCause",

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from ._proc import procfs, targets
+from ._proc.procfs import ProcUnreadable
 from ._proc.targets import Refused, Target, TargetSet
 from ._waitdefaults import CLOCK, EVENTS, ON_POLL, POLICY, SLEEP, STABLE_POLLS, TIMEOUT, Default
 from .errors import BackendUnavailable, NvmlCheckError, WaitTimeout
@@ -304,7 +305,10 @@ class KillPlan:
         outside, with no handler for it: the kernel discards such a signal) gets SIGKILL at once instead of waiting
         out the grace period, and its :attr:`PidTimes.discarded` says why. ``sigkill_if_discarded=False`` (for a
         kill that must never escalate) sends the first signal anyway and only records why."""
-        return self._set.send_first(first_signal, clock=clock, sigkill_if_discarded=sigkill_if_discarded)
+        try:
+            return self._set.send_first(first_signal, clock=clock, sigkill_if_discarded=sigkill_if_discarded)
+        except Refused as exc:  # a descendant's /proc entry could not be read (out of descriptors): nothing sent
+            raise _public(exc) from None
 
     def escalate(self, sig: signal.Signals = signal.SIGKILL) -> tuple[int, ...]:
         """Send ``sig`` (SIGKILL) to every target that has not exited; returns their PIDs. :meth:`wait` calls it
@@ -352,11 +356,7 @@ class KillPlan:
 
         found = self._set
         if only_targets is not None:
-            if predicate is not None:
-                raise ValueError("only_targets judges the targets' memory: it replaces predicate, give one of them")
-            from .released import targets_released
-
-            predicate = targets_released(lambda: [t.pid for t in found.items], only_targets)
+            predicate = _released(found, only_targets, predicate)
         if found.started is None or found.first is None:
             raise RuntimeError("send the first signal before waiting")
         grace_ns = _grace_ns(grace_s)
@@ -378,15 +378,7 @@ class KillPlan:
             if not found.all_exited() and now >= next_scan:
                 next_scan = now + _SCAN_EVERY_NS
                 found.scan_descendants()
-            snap = point.snapshot
-            if snap is not None and not snap.failures and all(d.processes is not None for d in snap.devices):
-                listed = {p.pid for d in snap.devices for p in (d.processes or ())}
-                # Stamped with the poll's own time (when its query returned), the moment the clean stamp uses too:
-                # a reading taken here, after the poll was judged, could fall after the clean stamp of that poll.
-                polled = point.stamp_ns if point.stamp_ns is not None else now
-                for t in found.items:
-                    if t.off_gpu_ns is None and t.pid not in listed:
-                        t.off_gpu_ns = polled - start
+            _stamp_off_lists(found.items, point, now - start, start)
             if grace_end is not None and now >= grace_end and not found.escalated:
                 found.escalate(signal.SIGKILL)
             if on_poll is not None:
@@ -409,6 +401,11 @@ class KillPlan:
             )
         except WaitTimeout as exc:
             raise self._timeout(exc, timeout, only_targets is not None) from None
+        except Refused as exc:  # /proc could not be read (out of descriptors): an error, never "exited"
+            raise _public(exc) from None
+        except ProcUnreadable as exc:
+            why = f"{exc.strerror}; the targets signalled already were left as they are"
+            raise _public(Refused("(a target)", why)) from None
         finally:
             self.close()
         records = self.targets
@@ -463,6 +460,29 @@ class KillPlan:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _stamp_off_lists(items: Iterable[Target], point: TracePoint, fallback_ns: int, start: int) -> None:
+    """Stamp the targets that a complete poll (every GPU's lists read) no longer lists."""
+    snap = point.snapshot
+    if snap is None or snap.failures or any(d.processes is None for d in snap.devices):
+        return
+    listed = {p.pid for d in snap.devices for p in (d.processes or ())}
+    # The poll's own time (when its query returned), the moment the clean stamp uses too: a reading taken in the
+    # callback, after the poll was judged, could fall after the clean stamp of that same poll.
+    polled = fallback_ns if point.stamp_ns is None else point.stamp_ns - start
+    for t in items:
+        if t.off_gpu_ns is None and t.pid not in listed:
+            t.off_gpu_ns = polled
+
+
+def _released(found: TargetSet, baseline: Snapshot, predicate: Predicate | None) -> Predicate:
+    """``only_targets``: the targets' memory back (the targets read as they are: descendants join when found)."""
+    if predicate is not None:
+        raise ValueError("only_targets judges the targets' memory: it replaces predicate, give one of them")
+    from .released import targets_released
+
+    return targets_released(lambda: [t.pid for t in found.items], baseline)
 
 
 def _not_ours(snapshot: Snapshot, records: Sequence[PidTimes]) -> tuple[str, ...]:

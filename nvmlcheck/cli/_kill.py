@@ -20,6 +20,7 @@ from ._common import (
     hosts_wanted,
     open_session,
     start_events,
+    verdict,
     verdict_printed,
     wait_predicate,
 )
@@ -153,7 +154,15 @@ def signal_first(args: argparse.Namespace) -> None:
         return
     if found is None:
         return
-    found.send_first(signal.Signals[args.signal], sigkill_if_discarded=args.grace is not None)
+    from .._proc.targets import Refused
+
+    try:
+        found.send_first(signal.Signals[args.signal], sigkill_if_discarded=args.grace is not None)
+    except Refused as exc:  # a descendant's /proc entry could not be read (out of descriptors)
+        from ..kill import _public
+
+        found.close()
+        raise _public(exc) from None
     args.signalled = found
 
 
@@ -266,6 +275,8 @@ def _plan_with_nvml(args: argparse.Namespace, gpus: Session) -> tuple[KillPlan |
     selection = None
     if args.all_holders or args.all_on_gpu:
         selection = select_kill_holders(gpus, indices, all_holders=args.all_holders)
+        if selection.refused is not None:
+            raise UsageError(f"refusing --all-on-gpu: {selection.refused}; nothing was signalled")
         _show_selection(selection)
         if selection.targets:
             _confirm(len(selection.targets), args.yes)
@@ -337,11 +348,13 @@ def cmd_kill(args: argparse.Namespace) -> int:
                                    only_targets=args.baseline)
             except KillTimeout as exc:
                 status.clear()
+                verdict(EXIT_NOT_CLEAN)
                 _print_timeout(args, exc, plan, selection)
                 verdict_printed(EXIT_NOT_CLEAN)
                 return EXIT_NOT_CLEAN
             finally:
                 status.clear()
+            verdict(EXIT_CLEAN)
             _print_result(args, result, plan, selection)
             verdict_printed(EXIT_CLEAN)
     finally:
@@ -419,6 +432,7 @@ def _wait_only(args: argparse.Namespace, gpus: Session, predicate: Any, selectio
         result = gpus.wait_until_clean(predicate=predicate, devices=args.devices, options=options)
     except WaitTimeout as exc:
         status.clear()
+        verdict(EXIT_NOT_CLEAN)
         if args.json:
             print_json(nothing_to_kill_timeout_document(exc, **kill_fields))
         else:
@@ -426,6 +440,7 @@ def _wait_only(args: argparse.Namespace, gpus: Session, predicate: Any, selectio
         verdict_printed(EXIT_NOT_CLEAN)
         return EXIT_NOT_CLEAN
     status.clear()
+    verdict(EXIT_CLEAN)
     if args.json:
         print_json(nothing_to_kill_document(result, **kill_fields))
     else:
@@ -496,6 +511,7 @@ def cmd_holders(args: argparse.Namespace) -> int:
         return run_hosts(args)
     with open_session(args) as gpus:
         holders = gpus.holders(args.devices)
+        verdict(EXIT_CLEAN, answer_is_output=True)
         if args.json:
             from ..jsonout import holders_document
 

@@ -314,6 +314,8 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
         once(g, "--fanout", type=positive_int, default=32, metavar="N", help="hosts at once (default 32)")
         once(g, "--connect-timeout", type=positive_seconds, default=10.0, metavar="S",
              help="ssh's connect timeout in seconds (default 10)")
+        once(g, "--ssh-options", metavar="WORDS", default=None,
+             help='extra ssh options, put right after "ssh" (split like a shell), e.g. "-F /etc/gpu/ssh_config"')
 
     def sub_parser(subs: Any, name: str, **kw: Any) -> argparse.ArgumentParser:
         p: argparse.ArgumentParser = subs.add_parser(name, state=state, **kw)
@@ -499,8 +501,8 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
                              help="watch /proc for the leader zombie, the pidfd exit and the device files closing "
                                   "(default on)")
         once(reclaim, "--device-files", metavar="GLOBS", default=None,
-             help="':'-separated globs of the files that count as NVIDIA device files (default "
-                  "$NVMLCHECK_DEVICE_FILES, else /dev/nvidia*)")
+             help="':'-separated globs of the files whose closing the study watches in its holders (default "
+                  "/dev/nvidia*)")
         compare = sub_parser(
             studies, "compare", help="do two studies differ? per cell, the median difference with a bootstrap interval",
             description="Compare two JSON Lines files of study reclaim records cell by cell (size, ending, holder "
