@@ -74,6 +74,7 @@ _LAZY: dict[str, str] = {
     "NoData": "errors",
     "NoPermission": "errors",
     "NotFound": "errors",
+    "NotPermitted": "kill",
     "NotReady": "errors",
     "NotSupported": "errors",
     "NvmlCheckError": "errors",
@@ -84,6 +85,7 @@ _LAZY: dict[str, str] = {
     "PidTimes": "kill",
     "PollPolicy": "wait",
     "Predicate": "predicates",
+    "ProcessGone": "kill",
     "ProcessKind": "model",
     "RecoveryAction": "model",
     "RemappedRows": "model",
@@ -119,6 +121,7 @@ _LAZY: dict[str, str] = {
     "memory_used_at_most": "predicates",
     "never": "predicates",
     "no_processes": "predicates",
+    "not_ours": "released",
     "on_devices": "predicates",
     "open": "session",
     "pids_gone": "predicates",
@@ -126,6 +129,7 @@ _LAZY: dict[str, str] = {
     "prepare_kill": "kill",
     "select_clean": "selection",
     "select_kill_holders": "holders",
+    "targets_released": "released",
     "wait_until_clean": "session",
 }
 _DEPRECATED: dict[str, tuple[str, str]] = {

@@ -51,7 +51,9 @@ from nvmlcheck.kill import (
     KillPlan,
     KillResult,
     KillTimeout,
+    NotPermitted,
     PidTimes,
+    ProcessGone,
     SignalSent,
     kill_and_wait,
     prepare_kill,
@@ -92,6 +94,7 @@ from nvmlcheck.predicates import (
     on_devices,
     pids_gone,
 )
+from nvmlcheck.released import not_ours, targets_released
 from nvmlcheck.selection import Selection, SelectTimeout, select_clean
 from nvmlcheck.session import DeviceSelector, Session, open, wait_until_clean
 from nvmlcheck.study import BaselineNotClean as BaselineNotClean
@@ -159,6 +162,7 @@ __all__ = [
     "NoData",
     "NoPermission",
     "NotFound",
+    "NotPermitted",
     "NotReady",
     "NotSupported",
     "NvmlCheckError",
@@ -169,6 +173,7 @@ __all__ = [
     "PidTimes",
     "PollPolicy",
     "Predicate",
+    "ProcessGone",
     "ProcessKind",
     "RecoveryAction",
     "RemappedRows",
@@ -205,6 +210,7 @@ __all__ = [
     "memory_used_at_most",
     "never",
     "no_processes",
+    "not_ours",
     "on_devices",
     "open",
     "pids_gone",
@@ -212,5 +218,6 @@ __all__ = [
     "prepare_kill",
     "select_clean",
     "select_kill_holders",
+    "targets_released",
     "wait_until_clean",
 ]

@@ -354,6 +354,7 @@ def select_kill_holders(
     """
     from .session import Session
 
+    elsewhere: dict[int, list[int]] = {}  # pid -> the unselected GPUs whose lists alone name it
     notes: list[str] = []
     rule = devfiles.device_rule(device_files)
     if not rule.is_default:
@@ -371,6 +372,7 @@ def select_kill_holders(
             suspects = [why for pid, why in _unproven(every) if pid in still]
             every = again
         holders: Sequence[Holder] = _restricted(every, indices)
+        elsewhere = _only_elsewhere(every, indices)
     else:
         if devices is not None:
             raise ValueError("devices selects GPUs of a session; holders already found are taken as they are")
@@ -383,7 +385,8 @@ def select_kill_holders(
     targets: list[Holder] = []
     skipped: list[tuple[Holder, str]] = []
     for h in holders:
-        why = _left_alone(h, all_holders=all_holders, include_daemons=include_daemons, never=never)
+        why = _left_alone(h, all_holders=all_holders, include_daemons=include_daemons, never=never,
+                          elsewhere=elsewhere.get(h.pid, ()))
         if why is None:
             targets.append(h)
         else:
@@ -406,8 +409,8 @@ def _never_signalled() -> Callable[[int], str | None]:
 
 
 def _left_alone(h: Holder, *, all_holders: bool, include_daemons: bool,
-                never: Callable[[int], str | None]) -> str | None:
-    """Why ``h`` is not chosen (``None``: it is)."""
+                never: Callable[[int], str | None], elsewhere: Collection[int] = ()) -> str | None:
+    """Why ``h`` is not chosen (``None``: it is). ``elsewhere``: the unselected GPUs whose lists alone name it."""
     if h.relation == "self":
         return "this process"
     if h.relation == "ancestor":
@@ -418,6 +421,8 @@ def _left_alone(h: Holder, *, all_holders: bool, include_daemons: bool,
     if h.is_daemon and not include_daemons:
         what = "monitoring agent" if h.daemon_kind == "agent" else "daemon"
         return f"{what} ({printable(h.name)}); name its PID to kill it"
+    if not all_holders and "nvml" not in h.found_by and elsewhere:
+        return f"on {' and '.join(f'GPU {i}' for i in elsewhere)}'s process list, not selected (--devices)"
     if not all_holders and "nvml" not in h.found_by:
         return "not on a GPU process list (found by its device files only; --all-holders kills it)"
     if "nvml" not in h.found_by and h.gpu_device_files == () and h.device_files:
@@ -446,8 +451,8 @@ def _unproven(holders: Iterable[Holder]) -> list[tuple[int, str]]:
         if h.start_ticks is None:
             out.append((h.pid, f"pid {h.pid} (on {on}) names no process here"))
         elif h.device_files == () and h.state != "zombie":
-            out.append((h.pid, f"pid {h.pid} (on {on}) names {printable(h.name) if h.name else 'a process'}, which has no NVIDIA device "
-                               "file open"))
+            name = printable(h.name) if h.name else "a process"
+            out.append((h.pid, f"pid {h.pid} (on {on}) names {name}, which has no NVIDIA device file open"))
     return out
 
 
@@ -465,6 +470,13 @@ def _numbering_refusal(suspects: Sequence[str]) -> str:
     return (f"NVML's process lists cannot be proven to number processes as this PID namespace does{where}: "
             f"{'; '.join(suspects)}; a PID on a selected GPU's list could then name a process of another GPU. "
             "Name the PIDs to kill, or use --all-holders (every process with an NVIDIA device file open)")
+
+
+def _only_elsewhere(holders: Iterable[Holder], indices: Collection[int] | None) -> dict[int, list[int]]:
+    """PID → the GPUs whose lists name it, for holders listed only on GPUs outside ``indices``."""
+    if indices is None:
+        return {}
+    return {h.pid: [g.index for g in h.gpus] for h in holders if h.gpus and not any(g.index in indices for g in h.gpus)}
 
 
 def _restricted(holders: Iterable[Holder], indices: Collection[int] | None) -> list[Holder]:
