@@ -372,8 +372,8 @@ def _unproven(holders: Iterable[Holder]) -> list[tuple[int, str]]:
         if h.start_ticks is None:
             out.append((h.pid, f"pid {h.pid} (on {on}) names no process here"))
         elif h.device_files == () and h.state != "zombie":
-            out.append((h.pid, f"pid {h.pid} (on {on}) names {h.name or 'a process'}, which has no NVIDIA device "
-                               "file open"))
+            name = printable(h.name) if h.name else "a process"
+            out.append((h.pid, f"pid {h.pid} (on {on}) names {name}, which has no NVIDIA device file open"))
     return out
 
 
