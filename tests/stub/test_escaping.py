@@ -95,10 +95,13 @@ def test_holders_and_the_kill_selection_escape_command_lines(scenario: str, caps
     code, out, err = _run(capsys, "--simulate", scenario, "holders")
     _assert_safe(out + err)
     assert SHOWN in out and "\\x1b]0;pwned\\x07" in out
-    # --all-on-gpu shows what it would signal and what it leaves alone before anything is signalled (here the
-    # process is left alone: it has no NVIDIA device file open), then waits, as a dry run would show it.
+    # --all-on-gpu says what it would do before anything is signalled: here it refuses (exit 2), naming the process
+    # on the GPU's list that has no NVIDIA device file open; --all-holders (a dry run without --yes) lists it.
     code, out, err = _run(capsys, "--simulate", scenario, "kill", "--all-on-gpu", "--timeout", "0")
-    assert code == 1 and "left alone" in err
+    assert code == 2 and "refusing --all-on-gpu" in err
+    _assert_safe(out + err)
+    assert SHOWN in err
+    code, out, err = _run(capsys, "--simulate", scenario, "kill", "--all-holders", "--timeout", "0")
     _assert_safe(out + err)
     assert SHOWN in err
 

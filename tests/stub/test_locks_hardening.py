@@ -275,15 +275,21 @@ def test_hold_until_a_zombie_is_refused(tmp_path: Path, monkeypatch: pytest.Monk
 
 
 def test_a_parent_outside_the_pid_namespace_gets_a_clear_error(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    owner: subprocess.Popen[bytes],
 ) -> None:
     monkeypatch.setenv("NVMLCHECK_LOCK_DIR", str(tmp_path / "locks"))
     monkeypatch.setattr(os, "getppid", lambda: 0)  # what nsenter / docker exec give
     code, out, err = _select(capsys, tmp_path)
     assert code == 2 and out == ""
     assert "--lock-pid 0" not in err and "outside this PID namespace" in err and "--lock-pid PID" in err
-    code, out, err = _select(capsys, tmp_path, "--lock-pid", str(os.getpid()))
+    code, out, err = _select(capsys, tmp_path, "--lock-pid", str(owner.pid))
     assert code == 0, err  # naming the owner works there
+    info = lock_info(UUID0, tmp_path / "locks")
+    assert info is not None
+    owner.kill()
+    owner.wait()
+    assert gone_within(int(info.split()[0].removeprefix("holder=")))
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not Path("/usr/bin/unshare").exists(), reason="needs root and unshare")
