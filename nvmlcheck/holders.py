@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Literal
 
 from ._proc import devfiles, procfs
 from ._text import printable
+from .errors import ArgumentError
 from .model import Snapshot
 from .predicates import DEFAULT_MAX_USED_BYTES, format_bytes
 
@@ -375,7 +376,7 @@ def select_kill_holders(
         elsewhere = _only_elsewhere(every, indices)
     else:
         if devices is not None:
-            raise ValueError("devices selects GPUs of a session; holders already found are taken as they are")
+            raise ArgumentError("devices selects GPUs of a session; holders already found are taken as they are")
         holders = source
         suspects = [why for _, why in _unproven(holders)] if not all_holders else []
     if suspects:

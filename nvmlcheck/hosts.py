@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ._proc.child import Child
-from .errors import NvmlCheckError
+from .errors import ArgumentError, NvmlCheckError, StateError
 from .predicates import DEFAULT_MAX_USED_BYTES
 
 __all__ = [
@@ -131,27 +131,27 @@ class Host:
         if "@" in text:
             user, _, text = text.rpartition("@")
             if not _USER.match(user):
-                raise ValueError(f"bad host {spec!r}: bad user {user!r}")
+                raise ArgumentError(f"bad host {spec!r}: bad user {user!r}")
         port_text: str | None = None
         if text.startswith("["):
             addr, bracket, rest = text[1:].partition("]")
             if not bracket or not addr or (rest and not rest.startswith(":")):
-                raise ValueError(f"bad host {spec!r}: an IPv6 address goes in brackets: [ADDR] or [ADDR]:PORT")
+                raise ArgumentError(f"bad host {spec!r}: an IPv6 address goes in brackets: [ADDR] or [ADDR]:PORT")
             if not re.fullmatch(r"[0-9A-Fa-f:.%A-Za-z]+", addr) or ":" not in addr:
-                raise ValueError(f"bad host {spec!r}: {addr!r} is not an IPv6 address")
+                raise ArgumentError(f"bad host {spec!r}: {addr!r} is not an IPv6 address")
             host = addr
             port_text = rest[1:] if rest else None
         else:
             if text.count(":") > 1:
-                raise ValueError(f"bad host {spec!r}: put an IPv6 address in brackets: [{text}]")
+                raise ArgumentError(f"bad host {spec!r}: put an IPv6 address in brackets: [{text}]")
             host, colon, port = text.partition(":")
             port_text = port if colon else None
             if not _NAME.match(host):
-                raise ValueError(f"bad host {spec!r}: {host!r} is not a host name or address")
+                raise ArgumentError(f"bad host {spec!r}: {host!r} is not a host name or address")
         port_number: int | None = None
         if port_text is not None:
             if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
-                raise ValueError(f"bad host {spec!r}: port must be 1-65535, got {port_text!r}")
+                raise ArgumentError(f"bad host {spec!r}: port must be 1-65535, got {port_text!r}")
             port_number = int(port_text)
         return cls(host, user, port_number)
 
@@ -186,15 +186,15 @@ def read_hosts_file(path: str | os.PathLike[str]) -> list[str]:
         if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
             kind = "a directory" if stat.S_ISDIR(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(
                 mode) else "not a regular file"
-            raise ValueError(f"{os.fspath(path)} is {kind}, not a hosts file")
+            raise ArgumentError(f"{os.fspath(path)} is {kind}, not a hosts file")
         data = f.read(HOSTS_FILE_MAX_BYTES + 1)
     if len(data) > HOSTS_FILE_MAX_BYTES:
-        raise ValueError(f"{os.fspath(path)} is larger than {HOSTS_FILE_MAX_BYTES} bytes: not a hosts file")
+        raise ArgumentError(f"{os.fspath(path)} is larger than {HOSTS_FILE_MAX_BYTES} bytes: not a hosts file")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
-        raise ValueError(f"{os.fspath(path)}:{line}: not UTF-8 text") from None
+        raise ArgumentError(f"{os.fspath(path)}:{line}: not UTF-8 text") from None
     lines = text.splitlines()
     return [line.split("#", 1)[0].strip() for line in lines if line.split("#", 1)[0].strip()]
 
@@ -334,7 +334,7 @@ def _words(name: str, value: Sequence[str] | str) -> tuple[str, ...]:
     try:
         return tuple(shlex.split(value))
     except ValueError as exc:
-        raise ValueError(f"{name} {value!r} cannot be split like a shell: {exc}") from None
+        raise ArgumentError(f"{name} {value!r} cannot be split like a shell: {exc}") from None
 
 
 def _deadline_for(timeout_s: float | None, connect_timeout_s: float) -> float | None:
@@ -416,14 +416,14 @@ class Fleet:
         max_output_bytes: int = MAX_OUTPUT_BYTES,
     ) -> None:
         if fanout < 1:
-            raise ValueError(f"fanout must be at least 1, got {fanout}")
+            raise ArgumentError(f"fanout must be at least 1, got {fanout}")
         if not 0 < connect_timeout_s <= MAX_CONNECT_TIMEOUT_S:
-            raise ValueError(f"connect_timeout_s must be > 0 and at most {MAX_CONNECT_TIMEOUT_S:g} s, "
+            raise ArgumentError(f"connect_timeout_s must be > 0 and at most {MAX_CONNECT_TIMEOUT_S:g} s, "
                              f"got {connect_timeout_s}")
         if not remote_python.strip():
-            raise ValueError("remote_python must not be empty")
+            raise ArgumentError("remote_python must not be empty")
         if isinstance(max_output_bytes, bool) or not isinstance(max_output_bytes, int) or max_output_bytes < 1:
-            raise ValueError(f"max_output_bytes must be an int >= 1, got {max_output_bytes!r}")
+            raise ArgumentError(f"max_output_bytes must be an int >= 1, got {max_output_bytes!r}")
         self.ssh = ssh
         self.ssh_options = _words("ssh_options", ssh_options or ())
         self.max_output_bytes = max_output_bytes
@@ -495,7 +495,7 @@ class Fleet:
         # by close() with "ssh -O exit".
         with self._lock:
             if self._closed:
-                raise RuntimeError("this Fleet was stopped")
+                raise StateError("this Fleet was stopped")
             if self._control_dir is not None and self._control_dir != self._guarded_dir:
                 self._tell_guard(f"dir {self._control_dir}")
                 self._guarded_dir = self._control_dir
@@ -698,7 +698,7 @@ class Fleet:
         """
         targets = parse_hosts(hosts)
         if not command or command[0] not in COMMANDS:
-            raise ValueError(f"command must start with one of {', '.join(COMMANDS)}, got {list(command)[:1]}")
+            raise ArgumentError(f"command must start with one of {', '.join(COMMANDS)}, got {list(command)[:1]}")
         if deadline_s is None:
             deadline_s = _deadline_for(timeout_s, self.connect_timeout_s)
         if deadline_s is not None and not deadline_s < _FOREVER_S:  # inf, NaN, 1e308: no deadline

@@ -23,7 +23,7 @@ from ._proc.procfs import ProcUnreadable
 from ._proc.targets import Refused, Target, TargetSet
 from ._text import printable
 from ._waitdefaults import CLOCK, EVENTS, ON_POLL, POLICY, SLEEP, STABLE_POLLS, TIMEOUT, Default
-from .errors import BackendUnavailable, NvmlCheckError, WaitTimeout
+from .errors import ArgumentError, BackendUnavailable, NvmlCheckError, StateError, WaitTimeout
 from .holders import Holder
 from .model import Snapshot
 from .predicates import Predicate, _Scope, _Why, default_predicate
@@ -143,7 +143,8 @@ class PidTimes:
 
 @dataclass(frozen=True, slots=True)
 class KillResult:
-    """A kill that ended with every target exited and the GPUs clean. Times in ns from the first signal.
+    """A kill that ended with every target exited and the GPUs clean. Times are offsets in ns from the first
+    signal, named as in :class:`~nvmlcheck.WaitResult`; ``started_ns`` is the one absolute clock reading.
 
     ``pids``: one record per target (descendants included). ``clean_ns``: when the GPUs were first seen clean with
     every target exited and off the process lists (so never before any target's ``exited_ns`` or ``off_gpu_ns``:
@@ -151,6 +152,7 @@ class KillResult:
     the poll period, the uncertainty of each time. ``started_ns``: the clock reading of the first signal.
     ``missing``: named PIDs that were gone already (``missing_ok``). ``only_targets``: "clean" judged only what the
     targets held (:func:`~nvmlcheck.released.targets_released`), and ``not_ours`` names what else holds the GPUs.
+    ``wait``: the wait's own :class:`~nvmlcheck.WaitResult` (its offsets count from its own start, after the signal).
     """
 
     signal_name: str
@@ -370,7 +372,7 @@ class KillPlan:
         if only_targets is not None:
             predicate = _released(found, only_targets, predicate)
         if found.started is None or found.first is None:
-            raise RuntimeError("send the first signal before waiting")
+            raise StateError("send the first signal before waiting")
         grace_ns = _grace_ns(grace_s)
         if not isinstance(timeout, Default):
             _check_timeout(timeout)  # a keyword's errors stay ValueErrors, as they always were here
@@ -379,7 +381,7 @@ class KillPlan:
         timeout, on_poll = opts.timeout, opts.on_poll
         start, clock = found.started, found.clock
         if opts.clock is not clock and opts.clock is not CLOCK.value:
-            raise ValueError("options.clock is not the clock the first signal was timed on: give it to send_first")
+            raise ArgumentError("options.clock is not the clock the first signal was timed on: give it to send_first")
         grace_end = None if grace_ns is None else start + grace_ns
         next_scan = start
 
@@ -436,13 +438,13 @@ class KillPlan:
         # is stamped a few µs later. Clean means both, so it is never earlier than the last exit, nor than a
         # target's leaving the lists (a predicate that ignores them can hold first): off_gpu_ns <= clean_ns always.
         last_seen = max((max(t.exited_ns or 0, t.off_gpu_ns or 0) for t in records), default=0)
-        clean_ns = max(result.started_ns + result.first_clean_ns - start, last_seen)
+        clean_ns = max(result.started_ns + result.clean_ns - start, last_seen)
         return KillResult(
             signal_name=found.first.name,
             started_ns=start,
             pids=records,
             clean_ns=clean_ns,
-            confirmed_ns=max(result.confirmed_ns - start, clean_ns),
+            confirmed_ns=max(result.started_ns + result.confirmed_ns - start, clean_ns),
             resolution_ns=max(result.interval_ns, result.poll_cost_ns),
             wait=result,
             tree=found.tree,
@@ -582,7 +584,7 @@ def _grace_ns(grace_s: float | None) -> int | None:
     if grace_s is None:
         return None
     if isinstance(grace_s, bool) or not isinstance(grace_s, int | float) or not grace_s >= 0:  # rejects NaN
-        raise ValueError(f"grace_s must be None or a number of seconds >= 0, got {grace_s!r}")
+        raise ArgumentError(f"grace_s must be None or a number of seconds >= 0, got {grace_s!r}")
     return None if math.isinf(grace_s) else int(grace_s * 1e9)
 
 
@@ -590,7 +592,7 @@ def _check_timeout(timeout: float | None) -> None:
     if timeout is None:
         return
     if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0:
-        raise ValueError(f"timeout must be None or a number of seconds >= 0, got {timeout!r}")
+        raise ArgumentError(f"timeout must be None or a number of seconds >= 0, got {timeout!r}")
 
 
 def prepare_kill(

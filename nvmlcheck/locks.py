@@ -27,11 +27,11 @@ from types import TracebackType
 from typing import Any
 
 from ._text import printable
-from .errors import NvmlCheckError
+from .errors import ArgumentError, NoSuchProcess, NvmlCheckError
 
 __all__ = [
-    "ENV_LOCK_DIR", "GpuLock", "LockDirError", "LockSet", "check_owner", "lock_dir", "lock_info", "prepare_lock_dir",
-    "take_locks", "try_lock",
+    "ENV_LOCK_DIR", "GpuLock", "LockDirError", "LockHolderFailed", "LockSet", "check_owner", "lock_dir", "lock_info",
+    "prepare_lock_dir", "take_locks", "try_lock",
 ]
 
 #: The environment variable that overrides where lock files live.
@@ -66,6 +66,13 @@ class LockDirError(NvmlCheckError, OSError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.directory, self.message, self.path))
+
+
+class LockHolderFailed(NvmlCheckError, RuntimeError):
+    """The process that was to keep the locks exited at start-up; the locks are still held by the caller only.
+    Also a ``RuntimeError``."""
+
+    __module__ = "nvmlcheck.locks"
 
 
 def _who(uid: int) -> str:
@@ -340,7 +347,7 @@ class LockSet:
 
         fds = [lock.fd for lock in self.locks if lock.fd >= 0]
         if not fds or self.holder_pid is not None:
-            raise ValueError("no locks held here to hand over")
+            raise ArgumentError("no locks held here to hand over")
         held = [lock for lock in self.locks if lock.fd >= 0]
         argv = [sys.executable, "-m", "nvmlcheck.locks", "--owner", str(pid), "--fds", ",".join(map(str, fds))]
         for lock in held:
@@ -386,7 +393,7 @@ class LockSet:
                                                    "being handed over, and another process holds the new file: "
                                                    "nothing is locked for the owner; select again",
                                    gone[0].path if gone else None)
-            raise RuntimeError(f"the lock holder process exited at start-up (status {holder.returncode}); "
+            raise LockHolderFailed(f"the lock holder process exited at start-up (status {holder.returncode}); "
                                "the locks are still held by this process only")
         # The holder already shares the open files (inherited at fork), so the locks are never free in between.
         for lock in self.locks:
@@ -443,11 +450,11 @@ def _owner_pidfd(pid: int) -> int | None:
     """A pidfd of the running process ``pid``; ``None`` where the kernel has no pidfds (then checked through
     ``/proc``). ``ProcessLookupError`` when it is gone or has exited (a zombie's pidfd is readable at once)."""
     if pid <= 0:
-        raise ProcessLookupError(_NOT_RUNNING.format(pid=pid))
+        raise NoSuchProcess(_NOT_RUNNING.format(pid=pid))
     try:
         pidfd = os.pidfd_open(pid)
     except ProcessLookupError:
-        raise ProcessLookupError(_NOT_RUNNING.format(pid=pid)) from None
+        raise NoSuchProcess(_NOT_RUNNING.format(pid=pid)) from None
     except (OSError, AttributeError):
         return None
     import select
@@ -456,7 +463,7 @@ def _owner_pidfd(pid: int) -> int | None:
     poller.register(pidfd, select.POLLIN)
     if poller.poll(0):
         os.close(pidfd)
-        raise ProcessLookupError(f"process {pid} has exited (a zombie its parent has not reaped): locks held until "
+        raise NoSuchProcess(f"process {pid} has exited (a zombie its parent has not reaped): locks held until "
                                  "it exits would end now")
     return pidfd
 
@@ -468,9 +475,9 @@ def _start_time(pid: int) -> int:
 
     st = read_stat(pid)
     if st is None:
-        raise ProcessLookupError(_NOT_RUNNING.format(pid=pid))
+        raise NoSuchProcess(_NOT_RUNNING.format(pid=pid))
     if st.state in ("Z", "X"):
-        raise ProcessLookupError(f"process {pid} has exited (a zombie its parent has not reaped): locks held until "
+        raise NoSuchProcess(f"process {pid} has exited (a zombie its parent has not reaped): locks held until "
                                  "it exits would end now")
     return st.start_ticks
 

@@ -22,6 +22,7 @@ from typing import NamedTuple
 from ._record import record, replace
 from ._text import printable
 from ._units import format_bytes
+from .errors import ArgumentError, ArgumentTypeError
 from .model import (
     MIB,
     DeviceFailure,
@@ -191,7 +192,7 @@ class Predicate(abc.ABC):
         return _Not(self)
 
     def __bool__(self) -> bool:
-        raise TypeError("a predicate has no truth value: combine predicates with &, | and ~, not and/or/not")
+        raise ArgumentTypeError("a predicate has no truth value: combine predicates with &, | and ~, not and/or/not")
 
 
 def _flatten(kind: type[_And] | type[_Or], parts: Iterable[Predicate]) -> tuple[Predicate, ...]:
@@ -390,7 +391,7 @@ def _kinds_arg(kinds: Iterable[ProcessKind | str] | ProcessKind | str) -> tuple[
         kinds = (kinds,)
     out = tuple(dict.fromkeys(ProcessKind(k) for k in kinds))
     if not out:
-        raise ValueError("no_processes() needs at least one process kind")
+        raise ArgumentError("no_processes() needs at least one process kind")
     return out
 
 
@@ -831,7 +832,7 @@ def pids_gone(pids: Iterable[int]) -> Predicate:
     chosen = frozenset(pids)
     for pid in chosen:
         if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
-            raise ValueError(f"a process ID is a positive whole number, got {pid!r}")
+            raise ArgumentError(f"a process ID is a positive whole number, got {pid!r}")
     return _PidsGone(chosen)
 
 
@@ -866,13 +867,13 @@ def on_devices(devices: Iterable[int | str], predicate: Predicate) -> Predicate:
     selectors = tuple(dict.fromkeys(devices))
     for s in selectors:
         if isinstance(s, bool) or not isinstance(s, int | str) or (isinstance(s, int) and s < 0):
-            raise ValueError(f"on_devices() takes GPU indices (int >= 0) or UUIDs (str), got {s!r}")
+            raise ArgumentError(f"on_devices() takes GPU indices (int >= 0) or UUIDs (str), got {s!r}")
         if isinstance(s, str) and s[:5].lower() == "cuda:":
             # A predicate has no environment to read CUDA_VISIBLE_DEVICES from: resolve the selector first.
-            raise ValueError(f"on_devices() takes NVML indices or UUIDs, not {s!r}: turn CUDA selectors into "
+            raise ArgumentError(f"on_devices() takes NVML indices or UUIDs, not {s!r}: turn CUDA selectors into "
                              "indices with Session.resolve() first")
     if not selectors:
-        raise ValueError("on_devices() needs at least one device")
+        raise ArgumentError("on_devices() needs at least one device")
     return _OnDevices(selectors, predicate)
 
 
@@ -896,9 +897,9 @@ def default_predicate(
 
 def _non_negative_bytes(name: str, value: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int number of bytes, got {value!r}")
+        raise ArgumentTypeError(f"{name} must be an int number of bytes, got {value!r}")
     if value < 0:
-        raise ValueError(f"{name} must be >= 0, got {value}")
+        raise ArgumentError(f"{name} must be >= 0, got {value}")
     return value
 
 

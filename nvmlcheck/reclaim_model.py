@@ -14,6 +14,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from .errors import ArgumentError, ArgumentTypeError
+
 __all__ = ["ReclaimModel", "expected_ns", "model_for", "register", "stuck_after_ns"]
 
 _GIB = 1 << 30
@@ -62,7 +64,7 @@ class ReclaimModel:
 def _check_counts(**values: int) -> None:
     for name, value in values.items():
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+            raise ArgumentError(f"{name} must be an int >= 0, got {value!r}")
 
 
 # Driver branch ("580") -> model. The 580 figures are the second edition's (docs/reclaim-study.md, H200, driver
@@ -76,7 +78,7 @@ _FALLBACK = "default"
 def register(model: ReclaimModel) -> None:
     """Add or replace the model of a driver branch (``model.driver``: ``"580"``, or ``"default"`` for any other)."""
     if not isinstance(model, ReclaimModel):
-        raise TypeError(f"expected a ReclaimModel, got {type(model).__name__}")
+        raise ArgumentTypeError(f"expected a ReclaimModel, got {type(model).__name__}")
     _MODELS[model.driver] = model
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import BackendUnavailable, DeadlinePassed, NvmlCheckError, WaitTimeout
+from .errors import ArgumentError, BackendUnavailable, DeadlinePassed, NvmlCheckError, WaitTimeout
 from .model import DeviceState, Fields, Snapshot
 
 if TYPE_CHECKING:
@@ -146,19 +146,19 @@ def select_clean(
     from .wait import _timeout_ns, is_transient
 
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-        raise ValueError(f"count must be an integer >= 1, got {count!r}")
+        raise ArgumentError(f"count must be an integer >= 1, got {count!r}")
     if isinstance(stable_polls, bool) or not isinstance(stable_polls, int) or stable_polls < 1:
-        raise ValueError(f"stable_polls must be an integer >= 1, got {stable_polls!r}")
+        raise ArgumentError(f"stable_polls must be an integer >= 1, got {stable_polls!r}")
     timeout_ns = _timeout_ns(timeout)
     selected = session.resolve(devices)
     total = session.device_count() if selected is None else len(selected)
     if count > total:
         where = "this host has" if selected is None else "the selection has"
-        raise ValueError(f"asked for {count} clean GPU(s) but {where} {total}")
+        raise ArgumentError(f"asked for {count} clean GPU(s) but {where} {total}")
     pred = predicate if predicate is not None else default_predicate()
     pause = DEFAULT_INTERVAL_S.get(session.backend_name, 0.5) if interval is None else interval
     if not (isinstance(pause, int | float) and 0 <= pause < float("inf")):
-        raise ValueError(f"interval must be >= 0 seconds, got {interval!r}")
+        raise ArgumentError(f"interval must be >= 0 seconds, got {interval!r}")
     directory: Path | None = None
     if lock:
         from .locks import lock_dir as default_lock_dir

@@ -82,11 +82,12 @@ def device_file_patterns(patterns: Sequence[str] | str | None = None) -> tuple[s
         return DEFAULT_DEVICE_FILES
     items = patterns.split(":") if isinstance(patterns, str) else list(patterns)
     out = tuple(p.strip() for p in items if p.strip())
-    if not out:
-        raise ValueError("no device-file pattern given")
-    for p in out:
-        if not p.startswith("/"):
-            raise ValueError(f"a device-file pattern is an absolute path glob, got {p!r}")
+    bad = next((p for p in out if not p.startswith("/")), None)
+    if not out or bad is not None:
+        from ..errors import ArgumentError  # layer 1, loaded only for this error
+
+        raise ArgumentError(f"a device-file pattern is an absolute path glob, got {bad!r}" if out
+                            else "no device-file pattern given")
     return out
 
 

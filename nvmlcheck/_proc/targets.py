@@ -50,10 +50,19 @@ def _ordinal(n: int) -> str:
     return {1: "parent", 2: "grandparent"}.get(n, f"ancestor ({n} generations up)")
 
 
+def _error(kind: str, message: str) -> Exception:
+    """nvmlcheck's exception class ``kind`` (``"ArgumentError"``, ...) with ``message``; :mod:`nvmlcheck.errors` is
+    imported only when one is raised (a kill signals before loading more than this layer)."""
+    from .. import errors
+
+    cls: type[Exception] = getattr(errors, kind)
+    return cls(message)
+
+
 def refusal(pid: object, limit: int, me: int, lineage: tuple[int, ...]) -> str | None:
     """Why ``pid`` may never be signalled (``None``: it may be tried). Raises TypeError for a non-int."""
     if isinstance(pid, bool) or not isinstance(pid, int):
-        raise TypeError(f"a PID is an int, not {pid!r} ({type(pid).__name__})")
+        raise _error("ArgumentTypeError", f"a PID is an int, not {pid!r} ({type(pid).__name__})")
     if pid <= 0:
         return "not a process ID (0 and negative numbers name process groups, which are never signalled)"
     if pid == 1:
@@ -186,7 +195,7 @@ class TargetSet:
         """Add holders as targets before the first signal, each pinned only if its PID still names the process
         that was found (same start time); one that exited meanwhile goes to :attr:`vanished`."""
         if self.started is not None:
-            raise RuntimeError("add holders before the first signal")
+            raise _error("StateError", "add holders before the first signal")
         try:
             lineage = procfs.ancestors(strict=True)
         except ProcUnreadable as exc:
@@ -225,11 +234,11 @@ class TargetSet:
         shows that the kernel would discard it gets SIGKILL instead (unless ``sigkill_if_discarded`` is false: a
         kill that never escalates); either way its ``discarded`` says why."""
         if self.closed:
-            raise RuntimeError("this kill plan is closed")
+            raise _error("StateError", "this kill plan is closed")
         if self.started is not None:
-            raise RuntimeError("the first signal was sent already")
+            raise _error("StateError", "the first signal was sent already")
         if not self.items and not self.missing:
-            raise ValueError("nothing to kill: no target")
+            raise _error("ArgumentError", "nothing to kill: no target")
         sig = signal.Signals(first_signal)
         self.clock = clock
         self.first = sig
@@ -269,7 +278,7 @@ class TargetSet:
     def escalate(self, sig: int = signal.SIGKILL) -> tuple[int, ...]:
         """Send ``sig`` (SIGKILL) to every target that has not exited; returns their PIDs."""
         if self.started is None:
-            raise RuntimeError("send the first signal first")
+            raise _error("StateError", "send the first signal first")
         if sig == signal.SIGKILL:
             self.escalated = True
         frozen = sig == signal.SIGKILL and self.tree
@@ -413,7 +422,7 @@ def prepare(pids: Iterable[int] = (), *, tree: bool = False, holders: Iterable[H
     nothing signalled; all or nothing. Raises :class:`Refused`, TypeError for a non-int PID, and ValueError when
     there is no target or ``pinning`` is unknown. ``missing_ok``: a named PID that is gone goes to ``missing``."""
     if pinning not in ("auto", "pidfd", "start-time"):
-        raise ValueError(f"pinning is 'auto', 'pidfd' or 'start-time', not {pinning!r}")
+        raise _error("ArgumentError", f"pinning is 'auto', 'pidfd' or 'start-time', not {pinning!r}")
     try:
         lineage = procfs.ancestors(strict=True)
     except ProcUnreadable as exc:
@@ -429,7 +438,7 @@ def prepare(pids: Iterable[int] = (), *, tree: bool = False, holders: Iterable[H
     holder_list = list(holders)
     selected = list(found)
     if not chosen and not holder_list and not selected:
-        raise ValueError("no PID given")
+        raise _error("ArgumentError", "no PID given")
     targets: list[Target] = []
     out = TargetSet(targets, tree=bool(tree), mode=pinning)
     try:

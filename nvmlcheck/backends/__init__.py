@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+from ..errors import ArgumentError
 from ..model import Fields, Snapshot, SystemInfo
 
 if TYPE_CHECKING:
@@ -81,7 +82,7 @@ def open_backend(
     from ..errors import BackendUnavailable, NvmlCheckError
 
     if backend not in BACKEND_NAMES:
-        raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKEND_NAMES)}")
+        raise ArgumentError(f"unknown backend {backend!r}; choose one of {', '.join(BACKEND_NAMES)}")
     attempts: list[str] = []
 
     def record(name: str, exc: NvmlCheckError) -> None:

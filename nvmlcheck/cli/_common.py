@@ -244,11 +244,17 @@ class simulation:
         self._stack = stack
         global _simulating
         _simulating = True
+        from . import _output
+
+        _output.SIMULATED = True
+        if not getattr(self.args, "json", False):
+            print(f"nvmlcheck: simulated GPUs (scenario {self.name}; the bundled stub libnvidia-ml): no real GPU is "
+                  "read", file=sys.stderr)
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if self._stack is not None:
+        if self._stack is not None:  # _output.SIMULATED stays set: an error document printed after says it too
             global _simulating
             _simulating = False
             self.args.simulation = None

@@ -444,7 +444,7 @@ def _wait_only(args: argparse.Namespace, gpus: Session, predicate: Any, selectio
     if args.json:
         print_json(nothing_to_kill_document(result, **kill_fields))
     else:
-        print(f"clean: nothing to kill, GPUs clean after {result.first_clean_ns / 1e6:.1f} ms")
+        print(f"clean: nothing to kill, GPUs clean after {result.clean_ns / 1e6:.1f} ms")
     verdict_printed(EXIT_CLEAN)
     return EXIT_CLEAN
 

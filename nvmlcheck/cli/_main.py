@@ -10,6 +10,7 @@ docs/architecture.md, "The path of one value"; exit codes: docs/cli.md, "Exit co
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 from ._common import (
@@ -41,6 +42,7 @@ COMMANDS = {
     "demo": "_demo:cmd_demo",
     "study": "_study:cmd_study_reclaim",
     "watch": "_watch:cmd_watch",
+    "simulate": "_simulate:cmd_simulate",
 }
 
 
@@ -62,15 +64,35 @@ def _parse(argv: Sequence[str], json_errors: bool) -> argparse.Namespace | int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help, --version, or an argument error (already printed)
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
-    if args.command == "demo":
+    if args.command in ("demo", "simulate"):
         given = [f"--{name.replace('_', '-')}" for name in GLOBAL_OPTIONS
                  if getattr(args, name, None) not in (None, "auto")]
         if given:
+            what = ("demo runs on the bundled simulated H200 only" if args.command == "demo"
+                    else "simulate gives its command the simulation itself (--scenario)")
             try:
-                parser.error(f"demo runs on the bundled simulated H200 only and takes no {', '.join(given)}")
+                parser.error(f"{what} and takes no {', '.join(given)}")
             except SystemExit as exc:
                 return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    _simulate_from_environment(args)
     return args
+
+
+def _simulate_from_environment(args: argparse.Namespace) -> None:
+    """``$NVMLCHECK_SIMULATE`` (set by ``nvmlcheck simulate run`` for the commands it runs) is the default of
+    ``--simulate`` for every command that reads GPUs."""
+    if args.command in ("demo", "simulate") or getattr(args, "study", None) == "compare":
+        return
+    value = os.environ.get("NVMLCHECK_SIMULATE", "").strip()
+    if value and getattr(args, "simulate", None) is None:
+        args.simulate = value
+
+
+def _unmark_simulated() -> None:
+    """An earlier in-process run's simulation no longer marks this one's documents (``_output.SIMULATED``)."""
+    output = sys.modules.get(f"{__package__}._output")
+    if output is not None:
+        output.SIMULATED = False  # type: ignore[attr-defined]
 
 
 def run(argv: Sequence[str] | None) -> int:
@@ -80,6 +102,7 @@ def run(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     json_mode = wants_json(argv)
     reset_verdict()
+    _unmark_simulated()
     with ending_on_signals():
         try:
             parsed = _parse(argv, json_mode)

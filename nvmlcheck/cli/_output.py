@@ -32,13 +32,27 @@ def plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
+#: Set while the command reads simulated GPUs (``--simulate``, ``$NVMLCHECK_SIMULATE``, ``demo``): every document
+#: then says ``"simulated": true`` after its version.
+SIMULATED = False
+
+
 def print_json(doc: dict[str, Any]) -> None:
     """One document on stdout (``json`` is imported only when a document is printed: it costs start-up time)."""
     import json
 
+    if SIMULATED:
+        doc = marked_simulated(doc)
+
     json.dump(doc, sys.stdout, indent=1)
     sys.stdout.write("\n")
     sys.stdout.flush()
+
+
+def marked_simulated(doc: dict[str, Any]) -> dict[str, Any]:
+    """``doc`` with ``"simulated": true`` right after its schema and version."""
+    head: dict[str, Any] = {k: doc[k] for k in ("schema", "version") if k in doc}
+    return {**head, "simulated": True, **doc}
 
 
 def _procs_text(d: DeviceState) -> str:

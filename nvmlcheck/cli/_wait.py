@@ -79,7 +79,7 @@ def _print_clean(args: argparse.Namespace, result: WaitResult) -> None:
     else:
         n = len(result.snapshot.devices)
         print(
-            f"clean: {plural(n, 'GPU')} after {result.first_clean_ns / 1e6:.1f} ms "
+            f"clean: {plural(n, 'GPU')} after {result.clean_ns / 1e6:.1f} ms "
             f"(confirmed at {result.elapsed_ns / 1e6:.1f} ms, {plural(result.polls, 'poll')}, "
             f"{result.poll_cost_ns / 1e3:.0f} µs per poll)"
         )

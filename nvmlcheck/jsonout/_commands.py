@@ -36,7 +36,9 @@ def wait_document(result: WaitResult) -> dict[str, Any]:
         "wait",
         clean=True,
         elapsed_ns=result.elapsed_ns,
-        first_clean_ns=result.first_clean_ns,
+        first_clean_ns=result.clean_ns,  # deprecated: clean_ns (goes in version 2)
+        clean_ns=result.clean_ns,
+        confirmed_ns=result.confirmed_ns,
         last_dirty_ns=result.last_dirty_ns,
         polls=result.polls,
         poll_cost_ns=result.poll_cost_ns,
@@ -107,7 +109,7 @@ def nothing_to_kill_document(
 ) -> dict[str, Any]:
     """The ``nvmlcheck/kill`` document of ``--all-*`` with nothing to signal, whose plain wait ended clean."""
     return document("kill", clean=True, **_nothing_to_kill(signal_name, tree, selection),
-                    clean_ns=result.first_clean_ns, confirmed_ns=result.elapsed_ns,
+                    clean_ns=result.clean_ns, confirmed_ns=result.confirmed_ns,
                     resolution_ns=max(result.interval_ns, result.poll_cost_ns), snapshot=snapshot_json(result.snapshot))
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._units import parse_size
+from ..errors import ArgumentError, NvmlCheckError
 
 __all__ = ["HOLDER_KINDS", "CudaError", "HeldState", "format_steps", "hold", "main", "parse_size", "parse_steps",
            "release"]
@@ -54,8 +55,8 @@ QUEUE_DEPTH = 128
 QUEUE_BYTES = 1 << 30
 
 
-class CudaError(RuntimeError):
-    """A CUDA driver call failed."""
+class CudaError(NvmlCheckError, RuntimeError):
+    """A CUDA driver call failed (in a holder process). Also a ``RuntimeError``."""
 
 
 def format_steps(steps: dict[str, int]) -> str:
@@ -113,11 +114,11 @@ def hold(nbytes: int, device: int = 0, chunks: int = 1, *, kind: str = "alloc") 
     """Set up a holder of ``kind`` (see :data:`HOLDER_KINDS`) on ``device`` and return what it holds. ``chunks`` is
     the count: allocations (``alloc``, ``chunks``, ``destroy``), contexts (``contexts``) or streams (``streams``)."""
     if kind not in HOLDER_KINDS:
-        raise ValueError(f"unknown holder kind {kind!r}: one of {', '.join(HOLDER_KINDS)}")
+        raise ArgumentError(f"unknown holder kind {kind!r}: one of {', '.join(HOLDER_KINDS)}")
     if chunks < 1:
-        raise ValueError(f"the count must be at least 1, got {chunks}")
+        raise ArgumentError(f"the count must be at least 1, got {chunks}")
     if (kind == "context") != (nbytes == 0):
-        raise ValueError("the context kind holds no allocation (bytes 0); every other kind needs bytes > 0")
+        raise ArgumentError("the context kind holds no allocation (bytes 0); every other kind needs bytes > 0")
     # NVML numbers GPUs in PCI bus order; make CUDA's ordinals agree so --device means the same GPU in both.
     os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     steps: dict[str, int] = {}

@@ -20,6 +20,7 @@ from statistics import NormalDist
 from typing import TYPE_CHECKING, Any
 
 from .._units import format_bytes
+from ..errors import ArgumentError
 from .summary import MEASURES, percentile
 
 if TYPE_CHECKING:
@@ -115,7 +116,7 @@ def bootstrap_median_difference(
 ) -> tuple[float, float]:
     """The percentile-bootstrap interval of ``median(b) - median(a)`` at ``level``."""
     if not a or not b:
-        raise ValueError("both groups need values")
+        raise ArgumentError("both groups need values")
     diffs = []
     for _ in range(resamples):
         ra = rng.choices(a, k=len(a))
@@ -191,15 +192,15 @@ def compare_records(
     ``ValueError`` for a bad measure, level, number of resamples or part."""
     bad = [p for p in across if p not in CELL_PARTS]
     if bad:
-        raise ValueError(f"cannot compare across {', '.join(bad)}: one of {', '.join(CELL_PARTS)}")
+        raise ArgumentError(f"cannot compare across {', '.join(bad)}: one of {', '.join(CELL_PARTS)}")
     if measure not in MEASURES:
-        raise ValueError(f"unknown measure {measure!r}: one of {', '.join(MEASURES)}")
+        raise ArgumentError(f"unknown measure {measure!r}: one of {', '.join(MEASURES)}")
     if not 0.0 < level < 1.0:
-        raise ValueError(f"level must be within (0, 1), got {level!r}")
+        raise ArgumentError(f"level must be within (0, 1), got {level!r}")
     if resamples < 100:
-        raise ValueError(f"resamples must be at least 100, got {resamples}")
+        raise ArgumentError(f"resamples must be at least 100, got {resamples}")
     if resolve_ns <= 0:
-        raise ValueError(f"resolve_ns must be > 0, got {resolve_ns}")
+        raise ArgumentError(f"resolve_ns must be > 0, got {resolve_ns}")
     ca, cb = _cells(a, measure, across), _cells(b, measure, across)
     rng = random.Random(seed)
     cells = []

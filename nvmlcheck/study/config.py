@@ -8,6 +8,7 @@ import signal
 from dataclasses import dataclass
 from typing import Literal
 
+from ..errors import ArgumentError
 from ..predicates import DEFAULT_TOLERANCE_BYTES
 
 __all__ = ["ENDINGS", "Concurrency", "Ending", "StudyConfig", "WarmUp", "parse_ending"]
@@ -35,7 +36,7 @@ def parse_ending(text: str) -> Ending:
         return "exit"
     if t.lower() == "free":
         return "free"
-    raise ValueError(f"unknown ending {text!r}: use KILL, TERM, exit or free")
+    raise ArgumentError(f"unknown ending {text!r}: use KILL, TERM, exit or free")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -88,46 +89,47 @@ class StudyConfig:
         from .child import HOLDER_KINDS
 
         if self.holder not in HOLDER_KINDS:
-            raise ValueError(f"unknown holder kind {self.holder!r}: one of {', '.join(HOLDER_KINDS)}")
+            raise ArgumentError(f"unknown holder kind {self.holder!r}: one of {', '.join(HOLDER_KINDS)}")
         sizes = tuple(self.sizes)
         if not sizes:
-            raise ValueError("a study needs at least one size")
+            raise ArgumentError("a study needs at least one size")
         for s in sizes:
             if isinstance(s, bool) or not isinstance(s, int) or s < 0:
-                raise ValueError(f"sizes are positive int byte counts, got {s!r}")
+                raise ArgumentError(f"sizes are positive int byte counts, got {s!r}")
             # A context holds no allocation: its "size" is 0, and only its size is 0.
             if (s == 0) != (self.holder == "context"):
-                raise ValueError(f"size {s}: the context holder takes size 0 only, every other holder positive sizes")
+                raise ArgumentError(
+                    f"size {s}: the context holder takes size 0 only, every other holder positive sizes")
         for name in ("holder_count", "per_gpu"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+                raise ArgumentError(f"{name} must be an int >= 1, got {value!r}")
         if self.concurrent not in ("gpus", "none"):
-            raise ValueError(f"concurrent must be 'gpus' or 'none', got {self.concurrent!r}")
+            raise ArgumentError(f"concurrent must be 'gpus' or 'none', got {self.concurrent!r}")
         if self.device_files is not None:
             object.__setattr__(self, "device_files", device_file_patterns(self.device_files))
         endings = tuple(parse_ending(e) for e in self.endings)
         if not endings:
-            raise ValueError("a study needs at least one ending (KILL, TERM, exit, free)")
+            raise ArgumentError("a study needs at least one ending (KILL, TERM, exit, free)")
         devices = None if self.devices is None else tuple(self.devices)
         if devices is not None and not devices:
-            raise ValueError("empty device selection: name at least one GPU, or None for all")
+            raise ArgumentError("empty device selection: name at least one GPU, or None for all")
         if isinstance(self.repeats, bool) or not isinstance(self.repeats, int) or self.repeats < 1:
-            raise ValueError(f"repeats must be an int >= 1, got {self.repeats!r}")
+            raise ArgumentError(f"repeats must be an int >= 1, got {self.repeats!r}")
         if self.mode not in ("precise", "default"):
-            raise ValueError(f"mode must be 'precise' or 'default', got {self.mode!r}")
+            raise ArgumentError(f"mode must be 'precise' or 'default', got {self.mode!r}")
         if self.warmup not in ("per_cell", "once", "none"):
-            raise ValueError(f"warmup must be 'per_cell', 'once' or 'none', got {self.warmup!r}")
+            raise ArgumentError(f"warmup must be 'per_cell', 'once' or 'none', got {self.warmup!r}")
         for name in ("run_timeout_s", "ready_timeout_s"):
             value = getattr(self, name)
             if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
-                raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
+                raise ArgumentError(f"{name} must be a finite number of seconds > 0, got {value!r}")
         if not (math.isfinite(self.settle_timeout_s) and self.settle_timeout_s >= 0):
-            raise ValueError(f"settle_timeout_s must be >= 0, got {self.settle_timeout_s!r}")
+            raise ArgumentError(f"settle_timeout_s must be >= 0, got {self.settle_timeout_s!r}")
         if self.tolerance_bytes < 0:
-            raise ValueError(f"tolerance_bytes must be >= 0, got {self.tolerance_bytes}")
+            raise ArgumentError(f"tolerance_bytes must be >= 0, got {self.tolerance_bytes}")
         if self.stable_polls < 1:
-            raise ValueError(f"stable_polls must be >= 1, got {self.stable_polls}")
+            raise ArgumentError(f"stable_polls must be >= 1, got {self.stable_polls}")
         # Frozen: normalise through object.__setattr__ (lists become tuples, endings canonical).
         object.__setattr__(self, "sizes", sizes)
         object.__setattr__(self, "endings", endings)

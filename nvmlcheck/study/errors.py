@@ -46,9 +46,14 @@ class HolderError(StudyError):
     __module__ = "nvmlcheck.study"
 
 
-class RecordFormatError(ValueError):
-    """A JSON Lines file that is not a valid run record file (wrong schema, newer version, bad line)."""
+class RecordFormatError(StudyError, ValueError):
+    """A JSON Lines file that is not a valid run record file (wrong schema, newer version, bad line). Also a
+    ``ValueError``."""
+
+    __module__ = "nvmlcheck.study"
 
 
-class PlotUnavailable(ImportError):
-    """Plotting needs matplotlib: ``pip install 'nvmlcheck[plot]'``."""
+class PlotUnavailable(StudyError, ImportError):
+    """Plotting needs matplotlib: ``pip install 'nvmlcheck[plot]'``. Also an ``ImportError``."""
+
+    __module__ = "nvmlcheck.study"

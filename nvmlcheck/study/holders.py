@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import IO, TYPE_CHECKING, Protocol
 
 from .._units import format_bytes
+from ..errors import ArgumentError
 from .errors import HolderError
 
 if TYPE_CHECKING:
@@ -144,11 +145,11 @@ class CudaHolderFactory:
         from .child import HOLDER_KINDS
 
         if chunks < 1:
-            raise ValueError(f"chunks must be at least 1, got {chunks}")
+            raise ArgumentError(f"chunks must be at least 1, got {chunks}")
         if not start_timeout_s > 0:
-            raise ValueError(f"start_timeout_s must be > 0, got {start_timeout_s!r}")
+            raise ArgumentError(f"start_timeout_s must be > 0, got {start_timeout_s!r}")
         if kind not in HOLDER_KINDS:
-            raise ValueError(f"unknown holder kind {kind!r}: one of {', '.join(HOLDER_KINDS)}")
+            raise ArgumentError(f"unknown holder kind {kind!r}: one of {', '.join(HOLDER_KINDS)}")
         self.chunks = chunks
         self.start_timeout_s = start_timeout_s
         self.python = python

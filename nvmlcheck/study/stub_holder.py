@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .._sim.scenario import write_scenario_text
+from ..errors import ArgumentError
 from .errors import HolderError
 from .holders import Holder, check_ready, read_ready_line
 
@@ -107,9 +108,9 @@ class StubHolderFactory:
         text = base if isinstance(base, str) else base.render()
         self.base_text = text if text.endswith("\n") else text + "\n"
         if min(list_ms, release_ms, free_ms, destroy_ms, linger_ms) < 0:
-            raise ValueError("list_ms, release_ms, free_ms, destroy_ms and linger_ms must be >= 0")
+            raise ArgumentError("list_ms, release_ms, free_ms, destroy_ms and linger_ms must be >= 0")
         if kind not in HOLDER_KINDS:
-            raise ValueError(f"unknown holder kind {kind!r}: one of {', '.join(HOLDER_KINDS)}")
+            raise ArgumentError(f"unknown holder kind {kind!r}: one of {', '.join(HOLDER_KINDS)}")
         self.list_ms = list_ms
         self.release_ms = release_ms
         self.zombie_holds = zombie_holds

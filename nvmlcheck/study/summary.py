@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from .._units import format_bytes
+from ..errors import ArgumentError
 
 if TYPE_CHECKING:
     from .records import RunRecord
@@ -25,9 +26,9 @@ def percentile(values: Iterable[float], q: float) -> float:
     position ``(n - 1) * q`` in the sorted values. ``ValueError`` for no values or ``q`` outside 0..1."""
     ordered = sorted(values)
     if not ordered:
-        raise ValueError("percentile of no values")
+        raise ArgumentError("percentile of no values")
     if not 0.0 <= q <= 1.0:
-        raise ValueError(f"q must be within 0..1, got {q!r}")
+        raise ArgumentError(f"q must be within 0..1, got {q!r}")
     pos = (len(ordered) - 1) * q
     lo = math.floor(pos)
     hi = min(lo + 1, len(ordered) - 1)
