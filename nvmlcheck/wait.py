@@ -17,10 +17,10 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, cast
 
 from ._deadline import Deadline
+from ._record import field, record
 from ._waitdefaults import CLOCK, EVENTS, ON_POLL, POLICY, SLEEP, STABLE_POLLS, TIMEOUT, TRACE, Default
 from .errors import (
     ArgumentError,
@@ -57,7 +57,7 @@ PolicyMode = Literal["default", "precise", "custom"]
 # --- policy -----------------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record(kw_only=True)
 class PollPolicy:
     """How often to poll.
 
@@ -168,7 +168,7 @@ DeadlineSnapshotFn = Callable[[Deadline | None], Snapshot]
 # --- results ----------------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class TracePoint:
     """One poll, summarised.
 
@@ -207,7 +207,7 @@ class TracePoint:
 OnPoll = Callable[[TracePoint], object]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record(kw_only=True)
 class WaitResult:
     """A successful wait (a timeout raises :class:`~nvmlcheck.WaitTimeout` instead).
 

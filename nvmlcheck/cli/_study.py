@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ._common import EXIT_CLEAN, EXIT_NOT_CLEAN, UsageError, open_session
-from ._output import StatusLine, human_bytes, print_json
+from ._output import StatusLine, human_bytes, print_json, safe, safe_lines
 
 if TYPE_CHECKING:
     import argparse
@@ -119,8 +119,8 @@ def cmd_study_compare(args: argparse.Namespace) -> int:
 
         print_json(compare_document(result, args.a, args.b))
     else:
-        print(f"A = {args.a}\nB = {args.b}")
-        print(format_comparison(result))
+        print(f"A = {safe(args.a)}\nB = {safe(args.b)}")
+        print(safe_lines(format_comparison(result)))  # holder kinds and endings come from the records files
     return EXIT_CLEAN
 
 
@@ -198,14 +198,14 @@ def cmd_study_reclaim(args: argparse.Namespace) -> int:
         print_json(study_reclaim_document(result, rows, out=args.out, plots=plots))
     else:
         first = result.records[0]
-        gpus = ", ".join(f"{d.index} ({d.name or '?'})" for d in first.devices)
+        gpus = ", ".join(f"{d.index} ({safe(d.name or '?')})" for d in first.devices)
         simulated = " — SIMULATED (stub libnvidia-ml)" if args.simulate is not None else ""
         print(f"{len(result.measured)} measured runs + {len(result.records) - len(result.measured)} warm-ups on "
               f"GPU {gpus}; backend {first.backend}, driver {first.driver}, {first.mode} polling{simulated}")
-        print(st.format_summary(rows))
+        print(safe_lines(st.format_summary(rows)))
         for r in timed_out:
-            print(f"run {r.run} ({human_bytes(r.size_bytes)} {r.ending}) timed out: {r.timeout_reason}",
+            print(f"run {r.run} ({human_bytes(r.size_bytes)} {r.ending}) timed out: {safe(r.timeout_reason)}",
                   file=sys.stderr)
         for written in ([args.out] if args.out else []) + plots:
-            print(f"wrote {written}")
+            print(f"wrote {safe(written)}")
     return EXIT_NOT_CLEAN if timed_out else EXIT_CLEAN

@@ -45,6 +45,11 @@ def _select(capsys: pytest.CaptureFixture[str], tmp_path: Path, *extra: str) -> 
     return code, out, err
 
 
+# These runs fail on the lock directory before any lock is held: the owner named is this process, so the test does
+# not depend on who started the suite (a parent that has exited makes the default owner init, which is refused).
+_OWNER = ("--lock-pid", str(os.getpid()))
+
+
 def _error(out: str) -> dict[str, object]:
     doc = json.loads(out)
     assert doc["schema"] == "nvmlcheck/error", doc
@@ -116,13 +121,13 @@ def test_a_planted_symlink_is_refused_and_not_followed(
     victim.write_text("precious\n")
     (shared / f"{UUID0}.lock").symlink_to(victim)
     monkeypatch.setenv("NVMLCHECK_LOCK_DIR", str(shared))
-    code, out, err = _select(capsys, tmp_path, "--json")
+    code, out, err = _select(capsys, tmp_path, "--json", *_OWNER)
     assert code == 3, (out, err)
     error = _error(out)
     assert error["type"] == "LockDirError" and error["directory"] == str(shared)
     assert error["path"] == str(shared / f"{UUID0}.lock") and "symbolic link" in str(error["message"])
     assert victim.read_text() == "precious\n"
-    code, out, err = _select(capsys, tmp_path)
+    code, out, err = _select(capsys, tmp_path, *_OWNER)
     assert code == 3 and "symbolic link" in err and str(shared) in err and "Traceback" not in err
 
 
@@ -137,7 +142,7 @@ def test_a_directory_that_is_a_file_is_an_error(
 ) -> None:
     (tmp_path / "file").write_text("")
     monkeypatch.setenv("NVMLCHECK_LOCK_DIR", str(tmp_path / "file"))
-    code, out, _ = _select(capsys, tmp_path, "--json")
+    code, out, _ = _select(capsys, tmp_path, "--json", *_OWNER)
     assert code == 3
     error = _error(out)
     assert error["directory"] == str(tmp_path / "file") and "not a directory" in str(error["message"])
@@ -154,7 +159,7 @@ def test_a_squatted_default_directory_is_an_error_naming_it(
     os.chown(squatted, NOBODY, NOBODY)
     with pytest.raises(LockDirError, match="owned by uid 65534"):
         lock_dir({})
-    code, out, err = _select(capsys, tmp_path, "--json")
+    code, out, err = _select(capsys, tmp_path, "--json", *_OWNER)
     assert code == 3, (out, err)
     error = _error(out)
     assert error["type"] == "LockDirError" and error["directory"] == str(squatted)
@@ -275,15 +280,21 @@ def test_hold_until_a_zombie_is_refused(tmp_path: Path, monkeypatch: pytest.Monk
 
 
 def test_a_parent_outside_the_pid_namespace_gets_a_clear_error(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    owner: subprocess.Popen[bytes],
 ) -> None:
     monkeypatch.setenv("NVMLCHECK_LOCK_DIR", str(tmp_path / "locks"))
     monkeypatch.setattr(os, "getppid", lambda: 0)  # what nsenter / docker exec give
     code, out, err = _select(capsys, tmp_path)
     assert code == 2 and out == ""
     assert "--lock-pid 0" not in err and "outside this PID namespace" in err and "--lock-pid PID" in err
-    code, out, err = _select(capsys, tmp_path, "--lock-pid", str(os.getpid()))
+    code, out, err = _select(capsys, tmp_path, "--lock-pid", str(owner.pid))
     assert code == 0, err  # naming the owner works there
+    info = lock_info(UUID0, tmp_path / "locks")
+    assert info is not None
+    owner.kill()
+    owner.wait()
+    assert gone_within(int(info.split()[0].removeprefix("holder=")))
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not Path("/usr/bin/unshare").exists(), reason="needs root and unshare")
