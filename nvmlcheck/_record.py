@@ -230,7 +230,9 @@ def replace(obj: _T, /, **changes: Any) -> _T:
         return dataclasses.replace(obj, **changes)  # type: ignore[type-var]
     unknown = set(changes) - set(names)
     if unknown:
-        raise TypeError(f"{type(obj).__name__} has no field(s) {sorted(unknown)}")
+        from .errors import ArgumentTypeError
+
+        raise ArgumentTypeError(f"{type(obj).__name__} has no field(s) {sorted(unknown)}")
     values = {n: changes[n] if n in changes else getattr(obj, n) for n in names}
     made: _T = type(obj)(**values)
     return made

@@ -4,3 +4,13 @@
 identity (a pidfd, else its start time) so that a signal reaches only the process meant; ``devfiles`` scans
 ``/proc/*/fd`` for NVIDIA device files. docs/killing.md explains the guarantees.
 """
+
+
+def error(kind: str, message: str) -> Exception:
+    """nvmlcheck's exception class ``kind`` (``"ArgumentError"``, ``"StateError"``, ...) with ``message``.
+    :mod:`nvmlcheck.errors` (layer 1) is imported only when one is raised: a kill signals before loading more than
+    this layer."""
+    from .. import errors
+
+    cls: type[Exception] = getattr(errors, kind)
+    return cls(message)

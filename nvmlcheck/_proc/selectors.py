@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 
-from . import container, procfs
+from . import container, error, procfs
 
 TYPE_CHECKING = False  # no typing before a signal: start-up cost where site has not loaded it (docs/performance.md)
 if TYPE_CHECKING:
@@ -29,10 +29,10 @@ def check_pattern(pattern: str) -> re.Pattern[str]:
     try:
         compiled = re.compile(pattern)
     except re.error as exc:
-        raise ValueError(f"--match {pattern!r}: not a regular expression ({exc})") from None
+        raise error("ArgumentError", f"--match {pattern!r}: not a regular expression ({exc})") from None
     if compiled.search("") is not None:
-        raise ValueError(f"--match {pattern!r} matches an empty command line, so it would select every process: "
-                         "give a pattern that names the command")
+        raise error("ArgumentError", f"--match {pattern!r} matches an empty command line, so it would select every "
+                                     "process: give a pattern that names the command")
     return compiled
 
 
@@ -40,8 +40,8 @@ def check_container(spec: str, *, path_only: bool = False) -> container.Containe
     """The parsed ``--container`` (or, ``path_only``, ``--cgroup``) selector; ValueError for a bad one."""
     parsed = container.parse_spec(spec)
     if path_only and parsed.kind not in ("path", "dir"):
-        raise ValueError(f"--cgroup {spec!r}: a cgroup path starts with '/' (as /proc/PID/cgroup prints it, or a "
-                         "directory under /sys/fs/cgroup); for a container ID use --container")
+        raise error("ArgumentError", f"--cgroup {spec!r}: a cgroup path starts with '/' (as /proc/PID/cgroup prints "
+                                     "it, or a directory under /sys/fs/cgroup); for a container ID use --container")
     return parsed
 
 

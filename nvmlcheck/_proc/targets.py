@@ -16,6 +16,7 @@ import signal
 import time
 
 from .._text import printable
+from . import error as _error
 from . import fate, procfs
 from .pin import Pinned, StaleIdentity, descriptor_budget
 from .procfs import ProcUnreadable
@@ -48,15 +49,6 @@ class Refused(Exception):
 
 def _ordinal(n: int) -> str:
     return {1: "parent", 2: "grandparent"}.get(n, f"ancestor ({n} generations up)")
-
-
-def _error(kind: str, message: str) -> Exception:
-    """nvmlcheck's exception class ``kind`` (``"ArgumentError"``, ...) with ``message``; :mod:`nvmlcheck.errors` is
-    imported only when one is raised (a kill signals before loading more than this layer)."""
-    from .. import errors
-
-    cls: type[Exception] = getattr(errors, kind)
-    return cls(message)
 
 
 def refusal(pid: object, limit: int, me: int, lineage: tuple[int, ...]) -> str | None:
@@ -173,7 +165,7 @@ class TargetSet:
         signal, each pinned only while it is the process the selector saw; one gone since goes to :attr:`vanished`,
         one not permitted to :attr:`left_alone`. The caller has left out this process and its ancestors."""
         if self.started is not None:
-            raise RuntimeError("add targets before the first signal")
+            raise _error("StateError", "add targets before the first signal")
         known = {t.pid for t in self.items}
         for pid, ticks, found_by in entries:
             if pid in known:
