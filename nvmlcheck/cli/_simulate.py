@@ -19,6 +19,8 @@ from ._common import SimulationUnavailable, UsageError, simulation_hint
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import argparse
+    from collections.abc import Sequence
+    from pathlib import Path
 
 #: The variable ``simulate run`` sets for the commands it runs: the default of ``--simulate``.
 ENV_SIMULATE = "NVMLCHECK_SIMULATE"
@@ -98,7 +100,7 @@ def _hold(argv: list[str], args: argparse.Namespace) -> int:
         bound_process_line(path, args.gpu, os.getpid(), args.bytes, **options)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    child = _start(argv, dict(os.environ))
+    child = _start(argv, dict(os.environ), _stand_ins(path, args.gpu))
     try:
         add_bound_process(path, args.gpu, child.pid, args.bytes, **options)
         print(f"nvmlcheck: simulated: pid {child.pid} ({argv[0]}) holds {human_bytes(args.bytes)} on GPU "
@@ -131,11 +133,26 @@ class _suppressed:
         return exc_type is not None and issubclass(exc_type, Exception)
 
 
-def _start(argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+def _stand_ins(scenario: Path, gpu: int) -> list[str]:
+    """The simulation's stand-ins of ``/dev/nvidia<gpu>`` and ``/dev/nvidiactl`` beside the scenario: a held
+    process keeps them open, as a CUDA process keeps the real ones, so ``holders`` and ``kill --all-on-gpu`` on
+    this scenario find it (as they find the pytest fixture's ``nvml_bound_process``)."""
+    from .._proc.devfiles import SIMULATED_DEVICE_DIR
+    from .._sim.session import stand_in_device_files
+
+    return [str(p) for p in stand_in_device_files(scenario.resolve().parent / SIMULATED_DEVICE_DIR, gpu)]
+
+
+def _start(argv: list[str], env: dict[str, str], hold_open: Sequence[str] = ()) -> subprocess.Popen[bytes]:
+    """Start ``argv``; it inherits ``hold_open`` opened read-only (closed here once it has them)."""
+    fds = [os.open(path, os.O_RDONLY) for path in hold_open]
     try:
-        return subprocess.Popen(argv, env=env)
+        return subprocess.Popen(argv, env=env, pass_fds=fds)
     except OSError as exc:
         raise UsageError(f"cannot start {argv[0]!r}: {exc.strerror or exc}") from None
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def _wait_for(child: subprocess.Popen[bytes]) -> int:

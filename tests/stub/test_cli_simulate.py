@@ -113,6 +113,20 @@ def test_a_wait_started_meanwhile_sees_the_simulated_reclaim(
     assert hold.wait(timeout=60) == 3
 
 
+def test_kill_all_on_gpu_finds_and_ends_a_held_process(
+    gpus_file: Path, holding: tuple[subprocess.Popen[bytes], int]
+) -> None:
+    # The held process keeps the simulation's stand-in device files open (dev/ beside the scenario), as a CUDA process
+    # keeps /dev/nvidia*: holders and kill --all-on-gpu find it as they would a real one.
+    hold, pid = holding
+    holders = nvmlcheck("--simulate", str(gpus_file), "--json", "holders")
+    (holder,) = json.loads(holders.stdout)["holders"]
+    assert holder["pid"] == pid and sorted(holder["found_by"]) == ["device-file", "nvml"]
+    done = nvmlcheck("--simulate", str(gpus_file), "--devices", "1", "kill", "--all-on-gpu", "--yes", "--timeout", "30")
+    assert done.returncode == 0, done.stderr
+    assert hold.wait(timeout=60) == 128 + signal.SIGTERM  # its command, ended by the kill's SIGTERM
+
+
 def test_hold_passes_sigterm_on_and_removes_its_entry(gpus_file: Path) -> None:
     hold = subprocess.Popen(
         [sys.executable, "-m", "nvmlcheck", "simulate", "hold", "--scenario", str(gpus_file), "--gpu", "0",
