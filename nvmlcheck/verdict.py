@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from . import reclaim_model
 from ._proc import procfs
@@ -250,7 +250,8 @@ def health_causes(d: DeviceState) -> tuple[Culprit, ...]:
         rows = h.remapped_rows
         if rows is not None and rows.failure:
             out.append(Culprit(i, "unhealthy", "remapped_rows.failure", "a row remapping failed: the memory has more "
-                               "bad rows than it can repair; NVIDIA's RMA policy: service the GPU", action=CONTACT_SUPPORT))
+                               "bad rows than it can repair; NVIDIA's RMA policy: service the GPU",
+                               action=CONTACT_SUPPORT))
         if rows is not None and rows.pending:
             out.append(Culprit(i, "unhealthy", "remapped_rows.pending", "row remapping pending: reset the GPU "
                                f"(nvidia-smi -r -i {i}) or reboot to apply it", action=RESET_GPU))
@@ -400,10 +401,8 @@ def _proc_state(pid: int) -> str | None:
 
 def _container(pid: int) -> str | None:
     """The container label of ``pid`` (``None``: none, or not visible here)."""
-    try:
-        from ._proc.container import container_of
-    except ImportError:  # pragma: no cover - the container reader arrives with the kill work
-        return None
+    from ._proc.container import container_of
+
     c = container_of(pid)
     return None if c is None else c.label()
 
@@ -445,13 +444,17 @@ def classify(
     if snapshot is not None:
         for failure in snapshot.failures:
             errs.setdefault(failure.index, failure.error)
+    ctx = _Ctx(now_ns, watch, model, max_used_bytes, need_bytes, need_fraction, unlisted, label_of)
     out: list[GpuVerdict] = []
     seen: set[int] = set()
     for d in devices:
         seen.add(d.index)
-        out.append(_classify_one(d, now_ns, watch, model, max_used_bytes, need_bytes, need_fraction,
-                                 health_of.get(d.index), [f for f in faults if f.index == d.index],
-                                 errs.get(d.index), unlisted, label_of))
+        culprits = [fault_culprit(f) for f in faults if f.index == d.index]
+        culprits += health_causes(health_of.get(d.index) or d)
+        error = errs.get(d.index)
+        if error is not None:
+            culprits.append(error_culprit(d.index, error))
+        out.append(_classify_one(d, ctx, culprits))
     for index, err in sorted(errs.items()):
         if index not in seen:
             culprits = [error_culprit(index, err), *(fault_culprit(f) for f in faults if f.index == index)]
@@ -464,6 +467,19 @@ def classify(
     return tuple(out)
 
 
+class _Ctx(NamedTuple):
+    """What every GPU of one classification shares."""
+
+    now: int
+    watch: Watch | None
+    model: reclaim_model.ReclaimModel
+    max_used: int
+    need_bytes: int | None
+    need_fraction: float | None
+    unlisted: Sequence[Holder]
+    label_of: Callable[[int], str | None]
+
+
 def _verdict(index: int, uuid: str | None, label: str, culprits: list[Culprit], **fields: Any) -> GpuVerdict:
     worst: ReadyClass = "ready"
     for c in culprits:
@@ -471,6 +487,8 @@ def _verdict(index: int, uuid: str | None, label: str, culprits: list[Culprit], 
             worst = c.class_
     if worst != "reclaiming":
         fields["eta_ns"] = None
+    if worst not in ("reclaiming", "stuck"):
+        fields["stuck_after_ns"] = None
     return GpuVerdict(index, uuid, label, worst, tuple(culprits), **fields)
 
 
@@ -480,79 +498,77 @@ def _label(d: DeviceState) -> str:
     return f"GPU {d.index}"
 
 
-def _classify_one(
-    d: DeviceState,
-    now: int,
-    watch: Watch | None,
-    model: reclaim_model.ReclaimModel,
-    max_used: int,
-    need_bytes: int | None,
-    need_fraction: float | None,
-    health: DeviceState | None,
-    faults: list[GpuFault],
-    error: BaseException | None,
-    unlisted: Sequence[Holder],
-    label_of: Callable[[int], str | None],
-) -> GpuVerdict:
-    i = d.index
-    label = _label(d)
-    culprits: list[Culprit] = [fault_culprit(f) for f in faults]
-    culprits += health_causes(health if health is not None else d)
-    if error is not None:
-        culprits.append(error_culprit(i, error))
-    m = d.memory
-    used = None if m is None else m.used_bytes
-    total = None if m is None else m.total_bytes
-    free = None if m is None else free_bytes_of(m)[0]
-    need = None
-    if m is not None and (need_bytes is not None or need_fraction is not None):
-        need = need_bytes if need_fraction is None else _ceil(need_fraction * m.total_bytes)
-    track = watch.track(d) if watch is not None else None
-    # The teardown episode: since when memory has been held with no live holder (this reading, without history).
+def _classify_one(d: DeviceState, ctx: _Ctx, culprits: list[Culprit]) -> GpuVerdict:
+    """The verdict on ``d``: ``culprits`` (faults, health, read errors) plus what its processes, memory and
+    capacity say."""
+    i, now, m = d.index, ctx.now, d.memory
+    track = ctx.watch.track(d) if ctx.watch is not None else None
+    episode = track is not None and track.since_ns is not None
+    # The teardown: since when memory has been held with no live holder (this reading, without history).
     since = track.since_ns if track is not None and track.since_ns is not None else now
-    start_bytes = track.start_bytes if track is not None and track.since_ns is not None else (used or 0)
+    start_bytes = track.start_bytes if track is not None and episode else (0 if m is None else m.used_bytes)
     procs = d.processes
-    listed = _distinct(procs) if procs is not None else _distinct(
-        (*(d.compute_processes or ()), *(d.graphics_processes or ()), *(d.mps_processes or ())))
-    contexts = track.contexts if track is not None and track.since_ns is not None else max(1, len(listed))
-    bound = model.stuck_after_ns(contexts, max(0, start_bytes))
-    expected = model.expected_ns(contexts, max(0, start_bytes))
-    clean_culprits = _process_culprits(d, listed, now, watch, bound, label_of)
+    listed = _distinct(procs if procs is not None else
+                       (*(d.compute_processes or ()), *(d.graphics_processes or ()), *(d.mps_processes or ())))
+    contexts = track.contexts if track is not None and episode else max(1, len(listed))
+    bound = ctx.model.stuck_after_ns(contexts, max(0, start_bytes))
+    culprits += _process_culprits(d, listed, ctx, bound)
+    culprits += _unknown_lists(d)
+    culprits += _memory_culprits(d, ctx, since, bound)
+    eta = None
+    if any(c.class_ == "reclaiming" for c in culprits):
+        eta = max(0, since + ctx.model.expected_ns(contexts, max(0, start_bytes)) - now)
+        if eta == 0 and track is not None and track.since_ns is not None and m is not None:
+            released, elapsed = start_bytes - m.used_bytes, now - track.since_ns
+            if released > 0 and elapsed > 0:  # overdue and still coming back: the observed rate extrapolated
+                eta = round(m.used_bytes * elapsed / released)
+    need = None
+    if m is not None and (ctx.need_bytes is not None or ctx.need_fraction is not None):
+        need = ctx.need_bytes if ctx.need_fraction is None else _ceil(ctx.need_fraction * m.total_bytes)
+        if not culprits and need is not None:
+            culprits += _capacity_culprits(d, m, need, ctx.need_fraction)
+    return _verdict(i, d.uuid, _label(d), culprits, used_bytes=None if m is None else m.used_bytes,
+                    total_bytes=None if m is None else m.total_bytes,
+                    free_bytes=None if m is None else free_bytes_of(m)[0], need_bytes=need, eta_ns=eta,
+                    stuck_after_ns=bound)
+
+
+def _unknown_lists(d: DeviceState) -> list[Culprit]:
+    out = []
     for kind in ("compute", "graphics", "mps"):
         if getattr(d, f"{kind}_processes") is None:
             why = d.why_unknown(f"processes.{kind}") or "not read"
-            clean_culprits.append(Culprit(i, "unknown", "query", f"{kind} process list unknown ({why})"))
-    judged = None if m is None else _memory_judgement(d, max_used)
+            out.append(Culprit(d.index, "unknown", "query", f"{kind} process list unknown ({why})"))
+    return out
+
+
+def _memory_culprits(d: DeviceState, ctx: _Ctx, since: int, bound: int) -> list[Culprit]:
+    """The memory rule: unknown, undecidable, or held with an empty process list (:func:`_unheld_memory`)."""
+    m = d.memory
     if m is None:
-        clean_culprits.append(Culprit(i, "unknown", "query",
-                                      f"memory use unknown ({d.why_unknown('memory') or 'not read'})"))
-    elif judged is None:
+        return [Culprit(d.index, "unknown", "query", f"memory use unknown ({d.why_unknown('memory') or 'not read'})")]
+    judged = _memory_judgement(d, ctx.max_used)
+    if judged is None:
         what = ("the driver only has the v1 memory call, whose 'used' counts its reserve: no fixed limit can tell idle "
                 "from busy" if m.used_includes_reserved else
                 f"{format_bytes(m.used_bytes)} used is within the reporting resolution of the "
-                f"{format_bytes(max_used)} limit")
-        clean_culprits.append(Culprit(i, "unknown", "memory", what, used_bytes=m.used_bytes))
-    elif judged is False and procs == ():
-        clean_culprits += _unheld_memory(d, m, now, since, bound, unlisted, label_of)
-    culprits += clean_culprits
-    eta = None
-    if any(c.class_ == "reclaiming" for c in culprits):
-        eta = max(0, since + expected - now)
-        if eta == 0 and track is not None and track.since_ns is not None and used is not None:
-            released, elapsed = start_bytes - used, now - track.since_ns
-            if released > 0 and elapsed > 0:
-                eta = round(used * elapsed / released)
-    if not culprits and m is not None and need is not None:
-        free_now, slack = free_bytes_of(m)
-        if free_now + slack < need:
-            of = "" if need_fraction is None else f" ({need_fraction:g} of {format_bytes(m.total_bytes)})"
-            culprits.append(Culprit(i, "short", "capacity", f"clean, but {format_bytes(free_now)} free, "
-                                    f"{format_bytes(need)} needed{of}", used_bytes=m.used_bytes))
-        elif free_now - slack < need:
-            culprits.append(Culprit(i, "unknown", "capacity", f"{format_bytes(free_now)} free is within the "
-                                    f"reporting resolution of the {format_bytes(need)} needed"))
-    return _verdict(i, d.uuid, label, culprits, used_bytes=used, total_bytes=total, free_bytes=free,
-                    need_bytes=need, eta_ns=eta, stuck_after_ns=bound)
+                f"{format_bytes(ctx.max_used)} limit")
+        return [Culprit(d.index, "unknown", "memory", what, used_bytes=m.used_bytes)]
+    if judged is False and d.processes == ():
+        return _unheld_memory(d, m, ctx, since, bound)
+    return []
+
+
+def _capacity_culprits(d: DeviceState, m: Memory, need: int, fraction: float | None) -> list[Culprit]:
+    free, slack = free_bytes_of(m)
+    if free + slack < need:
+        of = "" if fraction is None else f" ({fraction:g} of {format_bytes(m.total_bytes)})"
+        return [Culprit(d.index, "short", "capacity", f"clean, but {format_bytes(free)} free, {format_bytes(need)} "
+                        f"needed{of}", used_bytes=m.used_bytes)]
+    if free - slack < need:
+        return [Culprit(d.index, "unknown", "capacity", f"{format_bytes(free)} free is within the reporting "
+                        f"resolution of the {format_bytes(need)} needed")]
+    return []
 
 
 def _ceil(x: float) -> int:
@@ -577,19 +593,14 @@ def _memory_judgement(d: DeviceState, max_used: int) -> bool | None:
     return memory_used_at_most(max_used).check(alone)
 
 
-def _process_culprits(
-    d: DeviceState,
-    listed: list[GpuProcess],
-    now: int,
-    watch: Watch | None,
-    bound: int,
-    label_of: Callable[[int], str | None],
-) -> list[Culprit]:
+def _process_culprits(d: DeviceState, listed: list[GpuProcess], ctx: _Ctx, bound: int) -> list[Culprit]:
+    """Each listed process: held (alive), reclaiming (exited, within ``bound``), stuck (a zombie or in D state past
+    it), or held by a process not visible here (still listed past it)."""
     out: list[Culprit] = []
-    i = d.index
+    i, now = d.index, ctx.now
     for p in listed:
-        if watch is not None:
-            state, since = watch.state_since(d, p.pid, now)
+        if ctx.watch is not None:
+            state, since = ctx.watch.state_since(d, p.pid, now)
         else:
             state, since = _proc_state(p.pid), now
         word = procfs.STATE_WORDS.get(state, state) if state is not None else None
@@ -606,7 +617,7 @@ def _process_culprits(
                                    f"{age / 1e9:.1f} s but not visible from this PID namespace (NVML reports PIDs of "
                                    "another namespace on older drivers)", action=STOP_HOLDER, **common))
             continue
-        where = label_of(p.pid)
+        where = ctx.label_of(p.pid)
         common["container"] = where
         inside = f" in {where}" if where else ""
         if state in ("Z", "X"):
@@ -634,24 +645,16 @@ def _parent(pid: int) -> int | None:
     return None if st is None else st.ppid
 
 
-def _unheld_memory(
-    d: DeviceState,
-    m: Memory,
-    now: int,
-    since: int,
-    bound: int,
-    unlisted: Sequence[Holder],
-    label_of: Callable[[int], str | None],
-) -> list[Culprit]:
+def _unheld_memory(d: DeviceState, m: Memory, ctx: _Ctx, since: int, bound: int) -> list[Culprit]:
     """Memory held with an empty process list: a process on no list holds it (held), the teardown is still within
     the reclaim model's bound (reclaiming), or it is past it (stuck)."""
     i = d.index
     held = format_bytes(m.used_bytes)
     out: list[Culprit] = []
-    for h in unlisted:
+    for h in ctx.unlisted:
         if h.is_daemon or h.relation is not None or h.start_ticks is None or h.state in ("zombie", "dead"):
             continue
-        where = getattr(h, "container", None) or label_of(h.pid)
+        where = h.container or ctx.label_of(h.pid)
         inside = f" in {where}" if where else ""
         files = ", ".join(h.device_files or ()) or "NVIDIA device files"
         out.append(Culprit(i, "held", "device-file", f"{held} used with no process listed; pid {h.pid} "
@@ -660,7 +663,7 @@ def _unheld_memory(
                            state=h.state, container=where, action=STOP_HOLDER))
     if out:
         return out
-    age = now - since
+    age = ctx.now - since
     if age <= bound:
         return [Culprit(i, "reclaiming", "memory", f"{held} used with no process listed: the driver is giving it "
                         "back", used_bytes=m.used_bytes, action=WAIT)]
