@@ -40,9 +40,9 @@ EXPORTS: dict[str, tuple[str, ...]] = {
     ),
     "locks": ("LockSet",),
     "model": (
-        "ClockEventReason", "ClockSet", "Clocks", "DeviceFailure", "DeviceState", "Fields", "GpuProcess", "MIB",
-        "Memory", "MemoryHealth", "MigDevice", "ProcessKind", "RemappedRows", "RetiredPage", "RetirementCause",
-        "Snapshot", "SystemInfo",
+        "ClockEventReason", "ClockSet", "Clocks", "DeviceFailure", "DeviceState", "Fields", "GpuProcess", "Health",
+        "HealthCause", "MIB", "Memory", "MemoryHealth", "MigDevice", "OperatorAction", "ProcessKind", "RecoveryAction",
+        "RemappedRows", "RetiredPage", "RetirementCause", "Snapshot", "SystemInfo",
     ),
     "predicates": (
         "Predicate", "Verdict", "always", "default_predicate", "memory_back_to", "memory_used_at_most", "never",

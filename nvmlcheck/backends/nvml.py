@@ -22,7 +22,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from .._nvml import library
-from .._nvml.calls import EventCalls, Handle, NvmlCalls, handle_address
+from .._nvml.calls import HEALTH_SLOTS, EventCalls, Handle, NvmlCalls, handle_address
 from ..errors import (
     DeadlinePassed,
     NvmlCheckError,
@@ -41,8 +41,8 @@ from ..model import (
     DeviceState,
     Fields,
     GpuProcess,
+    Health,
     Memory,
-    MemoryHealth,
     MigDevice,
     ProcessKind,
     Snapshot,
@@ -217,7 +217,7 @@ _CLOCK_SLOT_KEYS = (
     ),
     unknown_key("clocks", "event_reasons"),
 )
-_HEALTH_SLOT_KEYS = tuple(unknown_key("health", k) for k in ("retired_pages", "retired_pages_pending", "remapped_rows"))
+_HEALTH_SLOT_KEYS = tuple(unknown_key("health", k) for k in HEALTH_SLOTS)
 _REASON_FLAGS: dict[int, ClockEventReason] = {}
 
 
@@ -634,11 +634,11 @@ class NvmlBackend:
         reasons = None if mask is None else _event_reasons(mask)
         return Clocks(ClockSet(*values[0:4]), ClockSet(*values[4:8]), ClockSet(*values[8:12]), reasons)
 
-    def _health(self, handle: Handle, index: int, unknown: dict[str, str]) -> MemoryHealth:
-        pages, pending, rows, unanswered = self._calls.health(handle, index)
+    def _health(self, handle: Handle, index: int, unknown: dict[str, str]) -> Health:
+        health, unanswered = self._calls.health(handle, index)
         for slot, symbol, code in unanswered:
             unknown[_HEALTH_SLOT_KEYS[slot]] = _code_reason(symbol, code)
-        return MemoryHealth(pages, pending, rows)
+        return health
 
 
 class _Attempts:
