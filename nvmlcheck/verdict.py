@@ -12,6 +12,7 @@ timeout its culprits. ``ready``'s own loop is :mod:`nvmlcheck.readiness`. Decisi
 
 from __future__ import annotations
 
+import enum
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 from . import reclaim_model
 from ._proc import procfs
 from ._units import format_bytes
-from .model import DeviceState, GpuProcess, Memory, Snapshot, SystemInfo
+from .model import DeviceState, GpuProcess, Memory, OperatorAction, Snapshot, SystemInfo
 from .predicates import DEFAULT_MAX_USED_BYTES, free_bytes_of, memory_used_at_most
 
 if TYPE_CHECKING:
@@ -50,24 +51,23 @@ NEEDS_OPERATOR: frozenset[str] = frozenset({"stuck", "unhealthy"})
 _SEVERITY = {c: i for i, c in enumerate(CLASSES)}
 _NO_SYSTEM = SystemInfo(None, None, None)
 
-# Operator actions. The GPU ones are NVIDIA's words: the XID catalogue's resolution buckets (RESET_GPU, RESTART_BM,
-# CONTACT_SUPPORT) and NVML's GPU recovery actions (DRAIN_P2P, DRAIN_AND_RESET); the process ones are nvmlcheck's.
-RESET_GPU = "RESET_GPU"
-RESTART_BM = "RESTART_BM"
-CONTACT_SUPPORT = "CONTACT_SUPPORT"
-STOP_HOLDER = "STOP_HOLDER"
-REAP_ZOMBIE = "REAP_ZOMBIE"
-WAIT = "WAIT"
+# Operator actions: a GPU's are NVIDIA's words (:class:`nvmlcheck.model.OperatorAction`: the XID catalogue's
+# resolution buckets and NVML's recovery actions); a process's are nvmlcheck's.
+RESET_GPU = OperatorAction.RESET_GPU.value
+NODE_REBOOT = OperatorAction.NODE_REBOOT.value
+STOP_HOLDER = "STOP_HOLDER"  #: end the holder (``nvmlcheck kill PID``) or let it finish
+REAP_ZOMBIE = "REAP_ZOMBIE"  #: its parent must reap it (end the parent)
+WAIT = "WAIT"  #: the driver is giving the memory back: wait for it
 
-# nvmlDeviceGpuRecoveryAction_t -> (action, what it means); docs/ready.md cites NVIDIA's memory error guide.
-_RECOVERY_ACTIONS: dict[int, tuple[str, str]] = {
-    1: (RESET_GPU, "the driver asks for a GPU reset: stop its processes, then nvidia-smi -r"),
-    2: (RESTART_BM, "the driver asks for a node reboot (the fault may have left the OS inconsistent)"),
-    3: ("DRAIN_P2P", "the driver asks to quiesce peer-to-peer traffic, then read the recovery action again"),
-    4: ("DRAIN_AND_RESET", "the driver asks to quiesce peer-to-peer traffic, then reset the GPU"),
-    5: ("RECOVER_IMEX_DOMAIN", "the driver asks to recover the IMEX domain"),
-    6: ("BUS_RESET", "the driver asks to reset the GPU's PCIe bus"),
-    7: ("SYSTEM_REBOOT", "the driver asks to reboot the system"),
+# What to do, in words, per GPU action (the hint after a health cause's text).
+_ACTION_HINTS = {
+    "RESET_GPU": "nvidia-smi -r -i {i} once its processes are gone, or reboot",
+    "DRAIN_P2P": "let peer-to-peer traffic drain, then read the recovery action again",
+    "DRAIN_AND_RESET": "let peer-to-peer traffic drain, then nvidia-smi -r -i {i}",
+    "BUS_RESET": "reset the GPU's PCIe bus",
+    "RECOVER_IMEX_DOMAIN": "recover the IMEX domain",
+    "NODE_REBOOT": "reboot the node",
+    "CONTACT_SUPPORT": "service the GPU (RMA): a reset does not help",
 }
 # Reasons a backend records for a value the device does not have (errors.py's NotSupported / FunctionNotFound):
 # unsupported health is no refusal (a Hopper GPU retires no pages: it remaps rows).
@@ -86,9 +86,10 @@ class Culprit:
     for a process found by its open device files only, else what the cause is (``"memory"``,
     ``"remapped_rows.pending"``, ``"xid"``, ``"capacity"``, ``"query"``, ...). ``pid``, ``name``, ``used_bytes``,
     ``state`` (``/proc`` state word) and ``container`` (label: ``"lxc/129"``, ``"docker 3f2a…"``) describe a process
-    culprit (``None`` where unknown or not a process). ``action``: what an operator does (``RESET_GPU``,
-    ``RESTART_BM``, ``CONTACT_SUPPORT``, ``STOP_HOLDER``, ``REAP_ZOMBIE``, ``WAIT``, ...; ``None``: nothing to do but
-    wait or ask for less). ``reason``: the cause in words, without the GPU (:meth:`describe` adds it).
+    culprit (``None`` where unknown or not a process). ``action``: what an operator does: for a GPU an
+    :class:`~nvmlcheck.model.OperatorAction` value (``RESET_GPU``, ``NODE_REBOOT``, ``CONTACT_SUPPORT``, ...), for a
+    process ``STOP_HOLDER``, ``REAP_ZOMBIE`` or ``WAIT``; ``None``: nothing to do but wait or ask for less.
+    ``reason``: the cause in words, without the GPU (:meth:`describe` adds it).
     """
 
     gpu: int | None
@@ -240,33 +241,18 @@ class ReadyReport:
 
 
 def health_causes(d: DeviceState) -> tuple[Culprit, ...]:
-    """The health causes of device ``d`` (read with ``Fields.HEALTH``), each an ``unhealthy`` culprit with the
-    operator's action; an unreadable health value that the device does support is an ``unknown`` one. Values the
-    device does not support (``None`` with a "not supported" reason) are no cause. Sources: docs/ready.md."""
+    """The health causes of device ``d`` (read with ``Fields.HEALTH``: :meth:`nvmlcheck.model.Health.causes`), each
+    an ``unhealthy`` culprit with the operator's action; an unreadable health value that the device does support
+    is an ``unknown`` one. Values the device does not support (``None`` with a "not supported" reason) are no
+    cause."""
     out: list[Culprit] = []
     i = d.index
-    h = d.health
-    if h is not None:
-        rows = h.remapped_rows
-        if rows is not None and rows.failure:
-            out.append(Culprit(i, "unhealthy", "remapped_rows.failure", "a row remapping failed: the memory has more "
-                               "bad rows than it can repair; NVIDIA's RMA policy: service the GPU",
-                               action=CONTACT_SUPPORT))
-        if rows is not None and rows.pending:
-            out.append(Culprit(i, "unhealthy", "remapped_rows.pending", "row remapping pending: reset the GPU "
-                               f"(nvidia-smi -r -i {i}) or reboot to apply it", action=RESET_GPU))
-        if h.retired_pages_pending:
-            out.append(Culprit(i, "unhealthy", "retired_pages_pending", "page retirement pending: reset the GPU "
-                               f"(nvidia-smi -r -i {i}) or reboot to retire the pages", action=RESET_GPU))
-        ecc = getattr(h, "ecc_volatile_uncorrected", None)
-        if isinstance(ecc, int) and not isinstance(ecc, bool) and ecc > 0:
-            out.append(Culprit(i, "unhealthy", "ecc.volatile_uncorrected", f"{ecc} uncorrectable ECC error(s) since "
-                               f"the last reset: reset the GPU (nvidia-smi -r -i {i})", action=RESET_GPU))
-        action = getattr(h, "recovery_action", None)
-        code = int(action) if isinstance(action, int) and not isinstance(action, bool) else 0
-        if code:
-            what, why = _RECOVERY_ACTIONS.get(code, (RESET_GPU, f"the driver reports recovery action {code}"))
-            out.append(Culprit(i, "unhealthy", "recovery_action", f"{why} (NVML recovery action {what})", action=what))
+    if d.health is not None:
+        for cause in d.health.causes():
+            action = cause.action.value
+            hint = _ACTION_HINTS.get(action, "").format(i=i)
+            out.append(Culprit(i, "unhealthy", cause.code, f"{cause.text} [{action}: {hint}]" if hint else
+                               f"{cause.text} [{action}]", action=action))
     for key, why in sorted(d.unknown.items()):
         if key.split(".", 1)[0] == "health" and not why.startswith(_UNSUPPORTED_PREFIXES):
             out.append(Culprit(i, "unknown", "query", f"{key} could not be read ({why}); health unknown is never "
@@ -281,8 +267,9 @@ def fault_culprit(fault: GpuFault) -> Culprit:
     if fault.xid is not None:
         from .events import xid_info
 
-        info = xid_info(fault.xid)
-        action = str(getattr(info, "action", None) or getattr(info, "bucket", None) or RESET_GPU)
+        given = getattr(xid_info(fault.xid), "action", None)
+        if given is not None:
+            action = str(given.value if isinstance(given, enum.Enum) else given)
     what = f"XID {fault.xid}" if fault.xid is not None else fault.kind.replace("_", "-")
     return Culprit(fault.index, "unhealthy", "xid" if fault.xid is not None else fault.kind,
                    f"{what}: {fault.meaning}", action=action)
@@ -294,7 +281,7 @@ def error_culprit(index: int, error: BaseException) -> Culprit:
     from .errors import GpuLost, GpuRequiresReset
 
     if isinstance(error, GpuLost):
-        return Culprit(index, "unhealthy", "query", f"the GPU is lost ({error}): reboot the node", action=RESTART_BM)
+        return Culprit(index, "unhealthy", "query", f"the GPU is lost ({error}): reboot the node", action=NODE_REBOOT)
     if isinstance(error, GpuRequiresReset):
         return Culprit(index, "unhealthy", "query", f"the GPU needs a reset ({error}): nvidia-smi -r -i {index}",
                        action=RESET_GPU)
@@ -633,7 +620,7 @@ def _process_culprits(d: DeviceState, listed: list[GpuProcess], ctx: _Ctx, bound
         if state == "D" and age > bound:
             out.append(Culprit(i, "stuck", p.kind.value, f"pid {p.pid} ({name}){inside} holds {held} in "
                                f"uninterruptible sleep (D) for {age / 1e9:.1f} s: no signal takes effect until its "
-                               "kernel call returns; reboot if it stays", action=RESTART_BM, **common))
+                               "kernel call returns; reboot if it stays", action=NODE_REBOOT, **common))
             continue
         out.append(Culprit(i, "held", p.kind.value, f"held by pid {p.pid} ({name}){inside}, {held}",
                            action=STOP_HOLDER, **common))
