@@ -86,12 +86,14 @@ from nvmlcheck.predicates import (
     always,
     default_predicate,
     memory_back_to,
+    memory_free_at_least,
     memory_used_at_most,
     never,
     no_processes,
     on_devices,
     pids_gone,
 )
+from nvmlcheck.readiness import ready
 from nvmlcheck.selection import Selection, SelectTimeout, select_clean
 from nvmlcheck.session import DeviceSelector, Session, open, wait_until_clean
 from nvmlcheck.study import BaselineNotClean as BaselineNotClean
@@ -99,6 +101,7 @@ from nvmlcheck.study import HolderError as HolderError
 from nvmlcheck.study import StudyConfig as StudyConfig
 from nvmlcheck.study import StudyError as StudyError
 from nvmlcheck.study import run_study as run_study
+from nvmlcheck.verdict import Culprit, GpuVerdict, ReadyReport
 from nvmlcheck.wait import PollPolicy, TracePoint, WaitOptions, WaitResult, poll_until
 
 __version__: str
@@ -115,6 +118,7 @@ __all__ = [
     "CudaDevice",
     "CudaMapping",
     "CudaMappingError",
+    "Culprit",
     "Deprecated",
     "DeviceFailure",
     "DeviceSelector",
@@ -133,6 +137,7 @@ __all__ = [
     "GpuProcess",
     "GpuRequiresReset",
     "GpuUse",
+    "GpuVerdict",
     "Health",
     "HealthCause",
     "Holder",
@@ -169,6 +174,7 @@ __all__ = [
     "PollPolicy",
     "Predicate",
     "ProcessKind",
+    "ReadyReport",
     "RecoveryAction",
     "RemappedRows",
     "ResetTypeNotSupported",
@@ -201,6 +207,7 @@ __all__ = [
     "find_holders",
     "kill_and_wait",
     "memory_back_to",
+    "memory_free_at_least",
     "memory_used_at_most",
     "never",
     "no_processes",
@@ -209,6 +216,7 @@ __all__ = [
     "pids_gone",
     "poll_until",
     "prepare_kill",
+    "ready",
     "select_clean",
     "select_kill_holders",
     "wait_until_clean",

@@ -13,6 +13,7 @@ timeout its culprits. ``ready``'s own loop is :mod:`nvmlcheck.readiness`. Decisi
 from __future__ import annotations
 
 import enum
+import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -428,9 +429,11 @@ def classify(
     model = reclaim_model.model_for(driver)
     health_of = {d.index: d for d in (health.devices if health is not None else devices)}
     errs = dict(errors or {})
+    uuids: dict[int, str | None] = {}
     if snapshot is not None:
         for failure in snapshot.failures:
             errs.setdefault(failure.index, failure.error)
+            uuids[failure.index] = failure.uuid
     ctx = _Ctx(now_ns, watch, model, max_used_bytes, need_bytes, need_fraction, unlisted, label_of)
     out: list[GpuVerdict] = []
     seen: set[int] = set()
@@ -445,7 +448,7 @@ def classify(
     for index, err in sorted(errs.items()):
         if index not in seen:
             culprits = [error_culprit(index, err), *(fault_culprit(f) for f in faults if f.index == index)]
-            out.append(_verdict(index, None, f"GPU {index}", culprits))
+            out.append(_verdict(index, uuids.get(index), f"GPU {index}", culprits))
             seen.add(index)
     for f in faults:
         if f.index not in seen:
@@ -591,10 +594,11 @@ def _process_culprits(d: DeviceState, listed: list[GpuProcess], ctx: _Ctx, bound
         else:
             state, since = _proc_state(p.pid), now
         word = procfs.STATE_WORDS.get(state, state) if state is not None else None
-        name = p.name or "name unknown"
+        short = os.path.basename(p.name) if p.name else None  # the program, as holders name it
+        name = short or "name unknown"
         held = "an unknown amount" if p.used_bytes is None else format_bytes(p.used_bytes)
         age = now - since
-        common: dict[str, Any] = {"pid": p.pid, "name": p.name, "used_bytes": p.used_bytes, "state": word}
+        common: dict[str, Any] = {"pid": p.pid, "name": short, "used_bytes": p.used_bytes, "state": word}
         if state is None:
             if age <= bound:
                 out.append(Culprit(i, "reclaiming", p.kind.value, f"pid {p.pid} ({name}) exited; its {held} is "

@@ -21,9 +21,9 @@ if TYPE_CHECKING:
 
 #: The version of every JSON document the CLI prints, but those in :data:`SCHEMA_VERSIONS`.
 SCHEMA_VERSION = 1
-#: Documents whose version moved on: ``wait``, ``kill`` and ``select`` 2 (``holders``, the structured culprits, and
-#: a holder's ``container``; every version 1 field kept), ``holders`` 2 (a holder's ``container``).
-SCHEMA_VERSIONS: dict[str, int] = {"wait": 2, "kill": 2, "select": 2, "holders": 2}
+#: Documents whose version moved on: ``wait``, ``kill`` and ``select`` 2 (``holders``, the structured culprits, beside
+#: the ``culprits`` lines; every version 1 field kept). ``nvmlcheck/holders`` gained ``container`` within version 1.
+SCHEMA_VERSIONS: dict[str, int] = {"wait": 2, "kill": 2, "select": 2}
 
 
 def document(kind: str, **fields: Any) -> dict[str, Any]:
