@@ -56,14 +56,14 @@ def remote_command(args: argparse.Namespace) -> list[str]:
     if args.command in ("wait", "kill", "ready"):
         words += ["--timeout", _seconds(args.timeout), "--max-used", str(args.max_used),
                   "--stable-polls", str(args.stable_polls)]
+        if getattr(args, "events", False):
+            words.append("--events")  # a fatal XID on a remote GPU ends its wait there (exit 4), as it does here
     if args.command == "ready":
         if args.need is not None:
             need_bytes, need_fraction = args.need
             words += ["--need", str(need_bytes) if need_fraction is None else repr(need_fraction)]
         if args.no_events:
             words.append("--no-events")
-        if getattr(args, "events", False):
-            words.append("--events")  # a fatal XID on a remote GPU ends its wait there (exit 4), as it does here
     if args.command == "wait":
         if args.pids:
             words += ["--pids", *map(str, args.pids)]
