@@ -22,7 +22,7 @@ MODEL = reclaim_model.model_for(SYSTEM.driver_version)
 
 def states(table: dict[int, str | None]) -> Watch:
     """A watch whose /proc reads come from ``table`` (pid -> state letter; missing: not visible)."""
-    return Watch(read_state=lambda pid: table.get(pid))
+    return Watch(read_state=table.get)
 
 
 def lxc(pid: int) -> str | None:
