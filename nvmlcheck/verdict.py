@@ -12,7 +12,6 @@ timeout its culprits. ``ready``'s own loop is :mod:`nvmlcheck.readiness`. Decisi
 
 from __future__ import annotations
 
-import enum
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -263,14 +262,14 @@ def health_causes(d: DeviceState) -> tuple[Culprit, ...]:
 
 def fault_culprit(fault: GpuFault) -> Culprit:
     """A fatal event (XID 79, 48, ...) that stopped a wait, as an ``unhealthy`` culprit with its action: the XID
-    table's (:data:`nvmlcheck.events.XID_TABLE`), else a reset."""
+    table's (:data:`nvmlcheck.events.XID_TABLE`, from NVIDIA's catalogue), else a reset."""
     action = RESET_GPU
     if fault.xid is not None:
         from .events import xid_info
 
-        given = getattr(xid_info(fault.xid), "action", None)
-        if given is not None:
-            action = str(given.value if isinstance(given, enum.Enum) else given)
+        known = xid_info(fault.xid).action
+        if known is not None:
+            action = known.value
     what = f"XID {fault.xid}" if fault.xid is not None else fault.kind.replace("_", "-")
     return Culprit(fault.index, "unhealthy", "xid" if fault.xid is not None else fault.kind,
                    f"{what}: {fault.meaning}", action=action)

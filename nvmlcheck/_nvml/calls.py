@@ -12,13 +12,17 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any, NewType
+from typing import TYPE_CHECKING, Any, NewType
 
+from .. import model
 from .._proc.procfs import PID_MAX_LIMIT  # NVML reports host PIDs, so nothing above is real
 from ..errors import CorruptData, FunctionNotFound, InsufficientSize, NvmlError, codes_in_scope, error_class_for_code
-from ..model import Health, Memory, ProcessKind, RecoveryAction, RemappedRows, RetiredPage, RetirementCause
+from ..model import Memory, ProcessKind
 from ._ffi import ffi as _ffi
 from .library import LoadedLibrary
+
+if TYPE_CHECKING:  # the health classes are created on first use (model.__getattr__): a wait never reads health
+    from ..model import Health, RecoveryAction, RemappedRows, RetiredPage, RetirementCause
 
 # cffi's cdata is dynamically typed (struct fields are attributes made at run time).
 ffi: Any = _ffi
@@ -491,7 +495,7 @@ class NvmlCalls:
             unanswered.append((0, "nvmlDeviceGetRetiredPages_v2", NVML_ERROR_FUNCTION_NOT_FOUND))
         else:
             found: list[RetiredPage] = []
-            for cause in (RetirementCause.MULTIPLE_SINGLE_BIT_ECC, RetirementCause.DOUBLE_BIT_ECC):
+            for cause in (model.RetirementCause.MULTIPLE_SINGLE_BIT_ECC, model.RetirementCause.DOUBLE_BIT_ECC):
                 rc = self._retired_pages(handle, name, cause, index, found)
                 if rc:
                     unanswered.append((0, name, rc))
@@ -509,7 +513,7 @@ class NvmlCalls:
         fn = self._health_fns["nvmlDeviceGetRemappedRows"]
         rc = fn(handle, quad, quad + 1, quad + 2, quad + 3) if fn is not None else NVML_ERROR_FUNCTION_NOT_FOUND
         if _answered(rc, 2, "nvmlDeviceGetRemappedRows", index, unanswered):
-            rows = RemappedRows(int(quad[0]), int(quad[1]), bool(quad[2]), bool(quad[3]))
+            rows = model.RemappedRows(int(quad[0]), int(quad[1]), bool(quad[2]), bool(quad[3]))
         ecc: list[int | None] = [None, None]
         count = self._buffers.u64
         fn = self._health_fns["nvmlDeviceGetTotalEccErrors"]
@@ -520,7 +524,7 @@ class NvmlCalls:
             if _answered(rc, slot, "nvmlDeviceGetTotalEccErrors", index, unanswered):
                 ecc[slot - 3] = int(count[0])
         action = self._recovery_action(handle, index, unanswered)
-        return Health(pages, pending, rows, ecc[0], ecc[1], action), unanswered
+        return model.Health(pages, pending, rows, ecc[0], ecc[1], action), unanswered
 
     def _recovery_action(self, handle: Handle, index: int, unanswered: list[Unanswered]) -> RecoveryAction | None:
         """NVML_FI_DEV_GET_GPU_RECOVERY_ACTION through nvmlDeviceGetFieldValues (slot 5). A driver that does not
@@ -541,7 +545,7 @@ class NvmlCalls:
             raw = int(value.value.ullVal)
         else:
             raw = int(value.value.ulVal if kind == _VALUE_TYPE_UL else value.value.uiVal)
-        return RecoveryAction(raw & 0xFFFFFFFF)
+        return model.RecoveryAction(raw & 0xFFFFFFFF)
 
     def _retired_pages(
         self, handle: Handle, name: str, cause: RetirementCause, index: int, found: list[RetiredPage]
@@ -549,7 +553,7 @@ class NvmlCalls:
         """Append one cause's retired pages to ``found``; returns 0, or the code that left them unknown."""
         fn = self._loaded.function(name)
         v2 = name == "nvmlDeviceGetRetiredPages_v2"
-        c_cause = 0 if cause is RetirementCause.MULTIPLE_SINGLE_BIT_ECC else 1
+        c_cause = 0 if cause is model.RetirementCause.MULTIPLE_SINGLE_BIT_ECC else 1
         count = self._buffers.count
         capacity = 0
         for _attempt in range(MAX_LIST_ATTEMPTS):
@@ -559,7 +563,8 @@ class NvmlCalls:
             rc = fn(handle, c_cause, count, addresses, stamps) if v2 else fn(handle, c_cause, count, addresses)
             if rc == NVML_SUCCESS:
                 n = min(count[0], capacity)
-                found.extend(RetiredPage(int(addresses[i]), cause, int(stamps[i]) if v2 else None) for i in range(n))
+                page = model.RetiredPage
+                found.extend(page(int(addresses[i]), cause, int(stamps[i]) if v2 else None) for i in range(n))
                 return 0
             if rc == NVML_ERROR_INSUFFICIENT_SIZE:
                 capacity = count[0] + 8
