@@ -75,6 +75,7 @@ _LAZY: dict[str, str] = {
     "NoData": "errors",
     "NoPermission": "errors",
     "NotFound": "errors",
+    "NotPermitted": "kill",
     "NotReady": "errors",
     "NotSupported": "errors",
     "NvmlCheckError": "errors",
@@ -85,6 +86,7 @@ _LAZY: dict[str, str] = {
     "PidTimes": "kill",
     "PollPolicy": "wait",
     "Predicate": "predicates",
+    "ProcessGone": "kill",
     "ProcessKind": "model",
     "ReadyReport": "verdict",
     "RecoveryAction": "model",
@@ -122,6 +124,7 @@ _LAZY: dict[str, str] = {
     "memory_used_at_most": "predicates",
     "never": "predicates",
     "no_processes": "predicates",
+    "not_ours": "released",
     "on_devices": "predicates",
     "open": "session",
     "pids_gone": "predicates",
@@ -130,6 +133,7 @@ _LAZY: dict[str, str] = {
     "ready": "readiness",
     "select_clean": "selection",
     "select_kill_holders": "holders",
+    "targets_released": "released",
     "wait_until_clean": "session",
 }
 _DEPRECATED: dict[str, tuple[str, str]] = {

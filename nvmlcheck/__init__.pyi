@@ -51,7 +51,9 @@ from nvmlcheck.kill import (
     KillPlan,
     KillResult,
     KillTimeout,
+    NotPermitted,
     PidTimes,
+    ProcessGone,
     SignalSent,
     kill_and_wait,
     prepare_kill,
@@ -94,6 +96,7 @@ from nvmlcheck.predicates import (
     pids_gone,
 )
 from nvmlcheck.readiness import ready
+from nvmlcheck.released import not_ours, targets_released
 from nvmlcheck.selection import Selection, SelectTimeout, select_clean
 from nvmlcheck.session import DeviceSelector, Session, open, wait_until_clean
 from nvmlcheck.study import BaselineNotClean as BaselineNotClean
@@ -163,6 +166,7 @@ __all__ = [
     "NoData",
     "NoPermission",
     "NotFound",
+    "NotPermitted",
     "NotReady",
     "NotSupported",
     "NvmlCheckError",
@@ -173,6 +177,7 @@ __all__ = [
     "PidTimes",
     "PollPolicy",
     "Predicate",
+    "ProcessGone",
     "ProcessKind",
     "ReadyReport",
     "RecoveryAction",
@@ -211,6 +216,7 @@ __all__ = [
     "memory_used_at_most",
     "never",
     "no_processes",
+    "not_ours",
     "on_devices",
     "open",
     "pids_gone",
@@ -219,5 +225,6 @@ __all__ = [
     "ready",
     "select_clean",
     "select_kill_holders",
+    "targets_released",
     "wait_until_clean",
 ]

@@ -37,7 +37,9 @@ EXPORTS: dict[str, tuple[str, ...]] = {
     "holders": ("GpuUse", "Holder", "KillSelection", "explain_unseen_holders", "find_holders", "select_kill_holders"),
     "kill": (
         "KillError", "KillPlan", "KillResult", "KillTimeout", "PidTimes", "SignalSent", "kill_and_wait", "prepare_kill",
+        "NotPermitted", "ProcessGone",
     ),
+    "released": ("not_ours", "targets_released"),
     "locks": ("LockSet",),
     "model": (
         "ClockEventReason", "ClockSet", "Clocks", "DeviceFailure", "DeviceState", "Fields", "GpuProcess", "Health",

@@ -298,8 +298,11 @@ def select_kill_holders(
     """
     from .session import Session
 
+    elsewhere: dict[int, list[int]] = {}
     if isinstance(source, Session):
         holders: Sequence[Holder] = source.holders(devices, device_files=device_files)
+        if devices is not None:
+            elsewhere = _listed_elsewhere(source, devices)
     else:
         if devices is not None:
             raise ValueError("devices selects GPUs of a session; holders already found are taken as they are")
@@ -313,6 +316,9 @@ def select_kill_holders(
             skipped.append((h, "an ancestor of this process"))
         elif h.is_daemon and not include_daemons:
             skipped.append((h, f"a daemon ({h.name}); include daemons to kill it"))
+        elif "nvml" not in h.found_by and h.pid in elsewhere:
+            where = " and ".join(f"GPU {i}'s" for i in elsewhere[h.pid])
+            skipped.append((h, f"on {where} process list, not selected (--devices)"))
         elif not all_holders and "nvml" not in h.found_by:
             skipped.append((h, "not on a GPU process list (found by its device files only; --all-holders kills it)"))
         elif h.start_ticks is None:
@@ -329,6 +335,21 @@ def select_kill_holders(
         else:
             targets.append(h)
     return KillSelection(tuple(targets), tuple(skipped))
+
+
+def _listed_elsewhere(session: Session, devices: Iterable[DeviceSelector] | DeviceSelector) -> dict[int, list[int]]:
+    """PID → the unselected GPUs whose process lists name it (one read of every GPU's lists; empty if unreadable)."""
+    from .model import Fields
+
+    selected = set(session.resolve(devices) or ())
+    out: dict[int, list[int]] = {}
+    snap = session.snapshot(None, fields=Fields.PROCESSES)
+    for d in snap.devices:
+        if d.index not in selected:
+            for p in d.processes or ():
+                if d.index not in out.setdefault(p.pid, []):
+                    out[p.pid].append(d.index)
+    return out
 
 
 def explain_unseen_holders(

@@ -72,7 +72,12 @@ def remote_command(args: argparse.Namespace) -> list[str]:
     if args.command == "kill":
         words += ["--grace", "never" if args.grace is None else repr(float(args.grace)), "--signal", args.signal]
         words += [flag for flag, on in (("--tree", args.tree), ("--all-holders", args.all_holders),
-                                        ("--all-on-gpu", args.all_on_gpu), ("--yes", args.yes)) if on]
+                                        ("--all-on-gpu", args.all_on_gpu), ("--yes", args.yes),
+                                        ("--dry-run", args.dry_run), ("--missing-ok", args.missing_ok),
+                                        ("--only-targets", args.only_targets)) if on]
+        for flag, value in (("--match", args.match), ("--container", args.container), ("--cgroup", args.cgroup)):
+            if value is not None:
+                words += [flag, value]
         if args.pids:
             words += ["--", *map(str, args.pids)]
     return words
@@ -96,11 +101,13 @@ def _check(args: argparse.Namespace) -> None:
         raise UsageError("--smi-prefix cannot be combined with --host: the hosts are reached through ssh "
                          "(use --remote-prefix for a command to run behind on each host)")
     if args.command == "kill":
-        if not (args.pids or args.all_holders or args.all_on_gpu):
-            raise UsageError("name at least one PID (or --all-holders / --all-on-gpu)")
-        if (args.all_holders or args.all_on_gpu) and not args.yes:
-            raise UsageError("--all-holders/--all-on-gpu on hosts need --yes: nothing can be confirmed host by host; "
-                             "run `nvmlcheck holders --host ...` first to see what would be killed")
+        chooses = args.all_holders or args.all_on_gpu or args.match is not None or args.container is not None or \
+            args.cgroup is not None
+        if not (args.pids or chooses):
+            raise UsageError("name at least one PID (or --match, --container, --cgroup, --all-holders, --all-on-gpu)")
+        if chooses and not (args.yes or args.dry_run):
+            raise UsageError("--all-holders/--all-on-gpu/--match/--container/--cgroup on hosts need --yes: nothing "
+                             "can be confirmed host by host; run with --dry-run first to see what would be killed")
 
 
 def run_hosts(args: argparse.Namespace) -> int:
@@ -182,6 +189,45 @@ def _proc_lines(name: str, snap: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _ms(v: Any) -> str:
+    return "not seen" if v is None else f"+{v / 1e6:.1f} ms"
+
+
+def _kill_lines(name: str, r: HostResult, doc: dict[str, Any]) -> None:
+    """A remote kill: each target with its signals and phases, what was left alone, then the host's verdict."""
+    if doc.get("schema") == "nvmlcheck/kill-plan":
+        for t in doc.get("targets", []):
+            cmd = " ".join(t.get("cmdline") or []) or (t.get("name") or "?")
+            fate = f" -> SIGKILL at once: {t['discarded']}" if t.get("discarded") else ""
+            print(f"{name}  would signal pid {t.get('pid')} ({t.get('found_by')}): {cmd[:80]}{fate}")
+        for t in doc.get("left_alone", []):
+            print(f"{name}  left alone: pid {t.get('pid')}: {t.get('reason')}")
+        print(f"{name}  dry run: nothing was signalled")
+        return
+    for t in doc.get("pids", []):
+        sent = ", ".join(f"{s.get('signal')} {_ms(s.get('sent_ns'))}" for s in t.get("signals", [])) or "no signal"
+        first = [s.get("signal") for s in t.get("signals", [])][:1]
+        why = "" if not t.get("discarded") else (f" (SIGKILL at once: {t['discarded']})" if first == ["SIGKILL"]
+                                                 else f" (the kernel discards it: {t['discarded']})")
+        print(f"{name}  pid {t.get('pid')} ({t.get('name') or '?'}, {t.get('found_by')}): {sent}{why}, exited "
+              f"{_ms(t.get('exited_ns'))}, off the GPU process list {_ms(t.get('off_gpu_ns'))}")
+    for t in doc.get("left_alone", []):
+        print(f"{name}  left alone: pid {t.get('pid')} ({t.get('name') or '?'}): {t.get('reason')}")
+    for pid in doc.get("missing", []):
+        print(f"{name}  pid {pid}: gone already (--missing-ok)")
+    for line in doc.get("not_ours", []):
+        print(f"{name}  {line}")
+    if r.verdict == "clean":
+        if doc.get("pids"):
+            print(f"{name}  clean: every target exited and memory back {_ms(doc.get('clean_ns'))} (confirmed "
+                  f"{_ms(doc.get('confirmed_ns'))}, on the host)")
+        else:
+            print(f"{name}  clean: nothing to kill, GPUs clean {_ms(doc.get('clean_ns'))} (on the host)")
+    else:
+        culprits = "; ".join(doc.get("culprits") or []) or "no detail"
+        print(f"{name}  NOT CLEAN: {culprits}")
+
+
 def _print(args: argparse.Namespace, results: Sequence[HostResult]) -> None:
     from ._kill import _HOLDER_HEADER
 
@@ -215,7 +261,9 @@ def _print(args: argparse.Namespace, results: Sequence[HostResult]) -> None:
         lines = _proc_lines(name, snap) if getattr(args, "view", None) == "procs" else _gpu_lines(name, snap)
         for line in lines:
             print(line)
-        if args.command in ("wait", "kill"):
+        if args.command == "kill":
+            _kill_lines(name, r, doc)
+        elif args.command in ("wait", "kill"):
             if r.verdict == "clean":
                 print(f"{name}  clean ({plural(int(doc.get('polls', 0) or 0), 'poll')}, "
                       f"{(doc.get('elapsed_ns') or doc.get('confirmed_ns') or 0) / 1e6:.1f} ms on the host)")
