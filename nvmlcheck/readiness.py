@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from .errors import BackendUnavailable, GpuFault, NvmlError, WaitTimeout
 from .model import DeviceState, Fields, Snapshot
 from .predicates import DEFAULT_MAX_USED_BYTES, instance_view, memory_free_at_least, memory_used_at_most, no_processes
-from .verdict import GpuVerdict, ReadyReport, Watch, classify
+from .verdict import GpuVerdict, ReadyReport, Watch, classify, unsupported
 
 if TYPE_CHECKING:
     from .holders import Holder
@@ -214,6 +214,6 @@ def _health_notes(snap: Snapshot) -> tuple[str, ...]:
     where: dict[tuple[str, str], list[str]] = {}
     for d in snap.devices:
         for key, why in sorted(d.unknown.items()):
-            if key.startswith("health") and why.startswith(("not supported", "not available")):
+            if key.startswith("health") and unsupported(why):
                 where.setdefault((key, why), []).append(str(d.index))
     return tuple(f"{key} not judged on GPU {', '.join(gpus)} ({why})" for (key, why), gpus in where.items())
