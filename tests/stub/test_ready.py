@@ -241,3 +241,25 @@ def test_a_mig_instance_is_judged_alone(gpus: Callable[[Scenario], nc.Session]) 
         assert v.ready and v.label.startswith("GPU 0 MIG 0") and v.free_bytes == 70 * GIB
         (w,) = session.ready([busy]).verdicts
         assert not w.ready and w.culprits[0].pid == 4_000_010
+
+
+def test_a_process_on_no_list_with_a_device_file_open_is_held_not_stuck(
+    gpus: Callable[[Scenario], nc.Session], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dev = tmp_path / "nvidia0"
+    dev.write_text("")
+    monkeypatch.setenv("NVMLCHECK_DEVICE_FILES", str(tmp_path / "nvidia[0-9]*"))
+    child = subprocess.Popen([sys.executable, "-S", "-c", "import sys, time; f = open(sys.argv[1]); "
+                              "print('ready', flush=True); time.sleep(60)", str(dev)], stdout=subprocess.PIPE)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == b"ready"
+        sc = Scenario.h200()
+        sc.set_device(0, used_bytes=8 * GIB)  # held, nothing listed: as from another PID namespace's numbering
+        with gpus(sc) as session:
+            (v,) = session.ready(timeout=3.0, options=steps()).verdicts  # past the bound: it would be stuck
+    finally:
+        child.kill()
+        child.wait()
+    assert v.class_ == "held"
+    (c,) = v.culprits
+    assert (c.kind, c.pid, c.action) == ("device-file", child.pid, "STOP_HOLDER") and "on no GPU list" in c.reason
