@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+
+from ._record import field, record, replace
 
 if TYPE_CHECKING:  # offered here (in __all__), created on first use (__getattr__ below); `X as X` re-exports
     from ._readings import ClockEventReason as ClockEventReason  # noqa: PLC0414
@@ -102,9 +103,9 @@ class _ReasonsPickle:
     __slots__ = ()
 
     def __reduce__(self) -> tuple[Any, ...]:
+        names: tuple[str, ...] = type(self).__record_fields__  # type: ignore[attr-defined]
         values = tuple(
-            _PickledReasons(v) if isinstance(v, MappingProxyType) else v
-            for v in (getattr(self, f.name) for f in fields(self))  # type: ignore[arg-type]
+            _PickledReasons(v) if isinstance(v, MappingProxyType) else v for v in (getattr(self, n) for n in names)
         )
         return (_rebuild, (type(self), values))
 
@@ -132,7 +133,7 @@ class Fields(enum.Flag):
     WAIT = MEMORY | PROCESSES
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class SystemInfo(_ReasonsPickle):
     """Host-wide facts.
 
@@ -183,7 +184,7 @@ class GpuProcess(NamedTuple):
     compute_instance_id: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class MigDevice(_ReasonsPickle):
     """One MIG device (a compute instance of a GPU instance) of a GPU in MIG mode.
 
@@ -244,7 +245,7 @@ def attribute_processes(
     return tuple(out)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class DeviceState(_ReasonsPickle):
     """Everything read from one device in one pass.
 
@@ -319,7 +320,7 @@ def unknown_key(part: str, name: str | enum.Enum) -> str:
     return f"{part}.{name.value if isinstance(name, enum.Enum) else name}"
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class DeviceFailure:
     """A device that could not be read in this snapshot (lost, no permission, ...); the others still report."""
 
@@ -333,7 +334,7 @@ class DeviceFailure:
         return f"GPU {self.index}{uuid}: could not be read: {self.error}"
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Snapshot:
     """One consistent pass over the selected devices.
 
@@ -364,7 +365,7 @@ class Snapshot:
 
 
 def fast_constructor(cls: type[_T]) -> Callable[..., _T]:
-    """A keyword-only constructor for a frozen slotted dataclass that skips the generated ``__init__``.
+    """A keyword-only constructor for a frozen slotted record or dataclass that skips the generated ``__init__``.
 
     A frozen dataclass's ``__init__`` sets each field through ``object.__setattr__``; writing the slots directly
     costs less than half as much. Backends build a ``DeviceState`` per GPU and a ``Snapshot`` per poll, and the
@@ -372,7 +373,11 @@ def fast_constructor(cls: type[_T]) -> Callable[..., _T]:
     Every field is a required keyword argument, so reordering the class's fields changes nothing and a missing or
     misspelt one raises ``TypeError``. No defaults, no validation.
     """
-    names = [f.name for f in fields(cls)]  # type: ignore[arg-type]
+    names: tuple[str, ...] | None = getattr(cls, "__record_fields__", None)
+    if names is None:  # a dataclass that is not a record
+        import dataclasses
+
+        names = tuple(f.name for f in dataclasses.fields(cls))  # type: ignore[arg-type]
     body = "\n".join(f"    _set_{n}(o, {n})" for n in names)
     source = f"def make(*, {', '.join(names)}):\n    o = _new(_cls)\n{body}\n    return o\n"
     namespace: dict[str, Any] = {"_new": object.__new__, "_cls": cls}

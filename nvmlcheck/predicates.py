@@ -18,10 +18,10 @@ from __future__ import annotations
 import abc
 import math
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import NamedTuple
 
+from ._record import record, replace
 from ._units import format_bytes
 from .model import (
     MIB,
@@ -82,7 +82,7 @@ _NO_VISIBLE_PROCESS = "with no visible process (PID namespace or a process that 
 # --- verdicts ---------------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Verdict:
     """The answer of a predicate about one snapshot.
 

@@ -154,11 +154,12 @@ def fork_generation() -> int:
 class _PendingInit:
     """One ``nvmlInit`` running in its own thread; ``waiters`` counts the callers waiting for it (under the lock)."""
 
-    __slots__ = ("done", "name", "rc", "waiters")
+    __slots__ = ("done", "name", "rc", "waiters", "warmed")
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.done = threading.Event()
+        self.warmed = threading.Event()  # set after the handles were read ahead (start_early), or right after done
         self.rc: int | None = None
         self.waiters = 0
 
@@ -257,7 +258,7 @@ class LoadedLibrary:
             pending = self._start_init()
         self._await(pending, deadline, timeout_s)
 
-    def begin_early(self) -> _PendingInit | None:
+    def begin_early(self, devices: Sequence[int] | None = ()) -> _PendingInit | None:
         """Start ``nvmlInit`` now, for an :meth:`acquire` that comes later (see :func:`start_early`): the init runs in
         its thread and, should it finish first, stays initialised for that caller. ``None`` when NVML is already
         initialised or an early init is already held."""
@@ -265,11 +266,12 @@ class LoadedLibrary:
             self._forget_parent_state()
             if self._initialised or self._early is not None:
                 return None
-            self._early = self._start_init()
+            self._early = self._start_init(devices)
             return self._early
 
-    def _start_init(self) -> _PendingInit:
-        """The init in flight, or a new one started in a daemon thread; counts the caller as a waiter (lock held)."""
+    def _start_init(self, warm: Sequence[int] | None = ()) -> _PendingInit:
+        """The init in flight, or a new one started in a daemon thread; counts the caller as a waiter (lock held).
+        ``warm``: device indices whose handles the thread reads after a successful init (``None``: all)."""
         pending = self._pending
         if pending is None:
             name = self.symbols.init
@@ -280,11 +282,13 @@ class LoadedLibrary:
                     f"{self.path} exports neither nvmlInit_v2 nor nvmlInit: it is not a usable libnvidia-ml"
                 )
             pending = self._pending = _PendingInit(name)
-            threading.Thread(target=self._run_init, args=(pending,), name=f"nvmlcheck {name}", daemon=True).start()
+            threading.Thread(
+                target=self._run_init, args=(pending, warm), name=f"nvmlcheck {name}", daemon=True
+            ).start()
         pending.waiters += 1
         return pending
 
-    def _run_init(self, pending: _PendingInit) -> None:
+    def _run_init(self, pending: _PendingInit, warm: Sequence[int] | None = ()) -> None:
         fn = self.function(pending.name)
         rc = fn()
         with self._lock:
@@ -301,6 +305,25 @@ class LoadedLibrary:
                     self._initialised = True
                     self._init_generation += 1
             pending.done.set()
+        if rc == 0 and warm != ():
+            self._warm_handles(warm)
+        pending.warmed.set()
+
+    def _warm_handles(self, devices: Sequence[int] | None) -> None:
+        """Read the handle of each of ``devices`` (``None``: every GPU) once: only the driver's first-call cost is
+        taken here, the session reads them again. Errors are left to the session's own calls."""
+        handle, count_name = self.symbols.handle_by_index, self.symbols.device_count
+        if handle is None or (devices is None and count_name is None):
+            return
+        if devices is None:
+            count = ffi.new("unsigned int *")
+            if self.function(str(count_name))(count) != 0:
+                return
+            devices = range(count[0])
+        fn = self.function(handle)
+        out = ffi.new("nvmlDevice_t *")
+        for index in devices:
+            fn(index, out)
 
     def _await(self, pending: _PendingInit, deadline: float | None, timeout_s: float | None) -> None:
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -392,45 +415,22 @@ def load(path: str | None = None) -> LoadedLibrary:
     )
 
 
-def start_early(path: str | None = None, devices: Sequence[int] | None = ()) -> threading.Thread:
-    """Load libnvidia-ml and start ``nvmlInit`` in a daemon thread, now: a one-shot command calls this before it
+def start_early(path: str | None = None, devices: Sequence[int] | None = ()) -> _PendingInit | None:
+    """Load libnvidia-ml here and start ``nvmlInit`` in its thread, now: a one-shot command calls this before it
     imports the rest of nvmlcheck, so the driver initialises while Python imports, and the session it opens later
     finds NVML initialised (or joins the init in flight: :meth:`LoadedLibrary.acquire` bounds it as usual).
 
-    ``devices``: once initialised, read the handle of each of these GPU indices (``None``: every GPU), whose first
-    ``nvmlDeviceGetHandleByIndex`` costs milliseconds on a real driver (docs/performance.md). Never raises, and
-    reports nothing: whatever failed here fails again, and is reported, in the ``acquire`` that follows. Returns the
-    thread (tests join it).
+    ``devices``: once initialised, the same thread reads the handle of each of these GPU indices (``None``: every
+    GPU), whose first ``nvmlDeviceGetHandleByIndex`` costs milliseconds on a real driver (docs/performance.md). The
+    ``dlopen`` is made in the caller's thread: the init thread then holds the GIL only between C calls, so it takes
+    next to nothing from the imports it overlaps. Never raises and reports nothing: whatever failed here fails
+    again, and is reported, in the ``acquire`` that follows. Returns the init in flight (``None`` if none was
+    started), whose ``warmed`` event tests wait on.
     """
-    thread = threading.Thread(target=_early, args=(path, devices), name="nvmlcheck early init", daemon=True)
-    thread.start()
-    return thread
-
-
-def _early(path: str | None, devices: Sequence[int] | None) -> None:
     try:
-        loaded = load(path)
-        pending = loaded.begin_early()
-        if pending is None or devices == ():
-            return
-        pending.done.wait()
-        handle = loaded.symbols.handle_by_index
-        if pending.rc != 0 or handle is None:
-            return
-        fn = loaded.function(handle)
-        if devices is None:
-            count_name = loaded.symbols.device_count
-            if count_name is None:
-                return
-            count = ffi.new("unsigned int *")
-            if loaded.function(count_name)(count) != 0:
-                return
-            devices = range(count[0])
-        out = ffi.new("nvmlDevice_t *")
-        for index in devices:
-            fn(index, out)  # the answer is read again by the session; only the driver's first-call cost is taken here
+        return load(path).begin_early(devices)
     except Exception:
-        return
+        return None
 
 
 def _after_fork_in_child() -> None:
