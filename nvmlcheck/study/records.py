@@ -48,6 +48,12 @@ class DeviceRun:
     phase_resolution_ns: dict[str, int | None] | None = field(default=None, hash=False)
     unknown: dict[str, str] | None = field(default=None, hash=False)
     holder_steps: dict[str, int] | None = field(default=None, hash=False)
+    #: The holder's part in its group (issue 26): ``holder``, ``exporter``/``importer`` (``ipc``), ``root``/``rank``
+    #: (``nccl``), ``client`` (``mps``).
+    role: str = "holder"
+    #: The GPU's used memory above its baseline at the last poll before this holder's signal (``None``: not read):
+    #: for a group ended in two stages, what the first stage left held when the second began.
+    held_at_signal_bytes: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +89,14 @@ class RunRecord:
     events: tuple[dict[str, Any], ...] | None = None
     #: Why events were not (all) heard: the listener's reason (smi backend, NOT_SUPPORTED, ...), or ``None``.
     events_reason: str | None = None
+    #: Third edition (issue 26), added within version 1: pinned host bytes per holder, how they were pinned
+    #: (``alloc``/``register``; ``None`` for other kinds), importers beside the exporter, which side of an IPC group
+    #: was ended first (``None``: one stage) and the gap between the stages (s; ``None``: one stage).
+    pinned_bytes: int = 0
+    pin_mode: str | None = None
+    importers: int = 0
+    first: str | None = None
+    stage_gap_s: float | None = None
 
     @property
     def resolution_ns(self) -> int:

@@ -168,4 +168,4 @@ def test_step_lines_round_trip() -> None:
     assert h.parse_steps(h.format_steps({"free": 12, "sync": 3}).split()) == {"free": 12, "sync": 3}
     assert h.parse_steps(["ready", "x=1", "y=a", "=2", "z=-4"]) == {"x": 1, "z": -4}
     with pytest.raises(ValueError, match="unknown holder kind"):
-        h.hold(1, kind="mps")
+        h.hold(1, kind="vgpu")
