@@ -20,7 +20,7 @@ from statistics import NormalDist
 from typing import TYPE_CHECKING, Any
 
 from .._units import format_bytes
-from .summary import MEASURES, percentile
+from .summary import MEASURES, cell_words, percentile
 
 if TYPE_CHECKING:
     from .records import RunRecord
@@ -46,8 +46,9 @@ COMPARE_VERSION = 1
 #: Fewer values than this in a group: no verdict (the bootstrap of 2 or 3 values is not an interval to trust).
 MIN_N = 4
 
-#: A cell: (size_bytes, ending, holder kind, GPU index).
-Cell = tuple[int, str, str, int]
+#: A cell: (size_bytes, ending, holder kind, GPU index, pinned bytes, importers, IPC order ("" for none)); the last
+#: three were added by the third edition (issue 26), after the first four.
+Cell = tuple[int, str, str, int, int, int, str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +74,9 @@ class CellComparison:
     outliers_b: tuple[float, ...]
     spread: float | None
     repeats_needed: int | None
+    pinned_bytes: int = 0
+    importers: int = 0
+    first: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -154,7 +158,7 @@ def repeats_to_resolve(a: Sequence[float], b: Sequence[float], *, resolve_ns: fl
 
 
 #: The parts of a cell that ``across`` may leave out of the matching.
-CELL_PARTS: tuple[str, ...] = ("size", "ending", "holder", "device")
+CELL_PARTS: tuple[str, ...] = ("size", "ending", "holder", "device", "pinned", "importers", "first")
 
 
 def _cells(records: Iterable[RunRecord], measure: str, across: Sequence[str] = ()) -> dict[Cell, list[float]]:
@@ -166,7 +170,9 @@ def _cells(records: Iterable[RunRecord], measure: str, across: Sequence[str] = (
             v = getattr(d, f"{measure}_ns")
             # A part compared across is left out of the key: -1 / "*" stand for "any".
             key = (-1 if "size" in across else r.size_bytes, "*" if "ending" in across else r.ending,
-                   "*" if "holder" in across else r.holder, -1 if "device" in across else d.index)
+                   "*" if "holder" in across else r.holder, -1 if "device" in across else d.index,
+                   -1 if "pinned" in across else r.pinned_bytes, -1 if "importers" in across else r.importers,
+                   "*" if "first" in across else r.first or "")
             out.setdefault(key, [])
             if v is not None:
                 out[key].append(float(v))
@@ -203,9 +209,9 @@ def compare_records(
     ca, cb = _cells(a, measure, across), _cells(b, measure, across)
     rng = random.Random(seed)
     cells = []
-    for key in sorted(set(ca) & set(cb), key=lambda k: (k[2], k[0], k[1], k[3])):
+    for key in sorted(set(ca) & set(cb), key=lambda k: (k[2], k[0], k[4], k[5], k[6], k[1], k[3])):
         va, vb = ca[key], cb[key]
-        size, ending, holder, device = key
+        size, ending, holder, device, pinned, importers, first = key
         med_a = _median(va) if va else None
         med_b = _median(vb) if vb else None
         diff = None if med_a is None or med_b is None else med_b - med_a
@@ -222,6 +228,7 @@ def compare_records(
             size_bytes=size, ending=ending, holder=holder, device=device, n_a=len(va), n_b=len(vb),
             median_a=med_a, median_b=med_b, difference=diff, ci_low=lo, ci_high=hi, differ=differ, why=why,
             outliers_a=outliers(va), outliers_b=outliers(vb), spread=sigma, repeats_needed=need,
+            pinned_bytes=pinned, importers=importers, first=first or None,
         ))
     return Comparison(
         measure=measure, level=level, resamples=resamples, seed=seed, resolve_ns=resolve_ns, cells=tuple(cells),
@@ -234,6 +241,14 @@ def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v / 1e6:.1f}"
 
 
+def _parts(pinned: int, importers: int, first: str | None) -> str:
+    """The third edition's cell parts in words; ``*`` where compared across."""
+    out = ", * pinned" if pinned < 0 else ""
+    out += ", * importers" if importers < 0 else ""
+    out += ", either side first" if first == "*" else ""
+    return out + cell_words(max(pinned, 0), max(importers, 0), None if first == "*" else first)
+
+
 def format_comparison(c: Comparison) -> str:
     """A plain-text report: one block per cell with the verdict in words."""
     pct = f"{c.level * 100:g}%"
@@ -244,7 +259,7 @@ def format_comparison(c: Comparison) -> str:
     for cell in c.cells:
         size = "*" if cell.size_bytes < 0 else format_bytes(cell.size_bytes) if cell.size_bytes else "no allocation"
         gpu = "*" if cell.device < 0 else str(cell.device)
-        head = f"{cell.holder} {size} {cell.ending} GPU {gpu}:"
+        head = f"{cell.holder} {size}{_parts(cell.pinned_bytes, cell.importers, cell.first)} {cell.ending} GPU {gpu}:"
         lines.append(f"{head} A {_ms(cell.median_a)} (n {cell.n_a}), B {_ms(cell.median_b)} (n {cell.n_b})")
         if cell.differ is None:
             lines.append(f"  difference {_ms(cell.difference)} ms; {cell.why}")
@@ -262,7 +277,8 @@ def format_comparison(c: Comparison) -> str:
     for side, keys in (("A", c.only_a), ("B", c.only_b)):
         for key in keys:
             size_text = "*" if key[0] < 0 else format_bytes(key[0])
-            lines.append(f"only in {side}: {key[2]} {size_text} {key[1]} GPU {'*' if key[3] < 0 else key[3]}")
+            parts = _parts(key[4], key[5], key[6] or None)
+            lines.append(f"only in {side}: {key[2]} {size_text}{parts} {key[1]} GPU {'*' if key[3] < 0 else key[3]}")
     if not c.cells:
         lines.append("no cell in common: nothing to compare")
     return "\n".join(lines)
