@@ -23,8 +23,8 @@ from typing import Any
 
 from .._units import parse_size
 
-__all__ = ["HOLDER_KINDS", "ROLES", "CudaError", "HeldState", "HoldOptions", "format_steps", "hold", "main", "parse_size",
-           "parse_steps", "parse_words", "release"]
+__all__ = ["HOLDER_KINDS", "ROLES", "CudaError", "HeldState", "HoldOptions", "format_steps", "hold", "main",
+           "parse_size", "parse_steps", "parse_words", "release"]
 
 #: The kinds of holder (each described in docs/study-records.md).
 HOLDER_KINDS: tuple[str, ...] = ("alloc", "context", "chunks", "contexts", "streams", "destroy", "pinned", "ipc",

@@ -145,8 +145,8 @@ class StudyConfig:
             if self.holder == "context" and s != 0:
                 raise ValueError(f"size {s}: the context holder takes size 0 only, every other holder positive sizes")
             if s == 0 and self.holder not in ZERO_SIZE_KINDS:
-                raise ValueError(f"size 0: the {self.holder} holder takes positive sizes (the context holder takes size 0 "
-                                 f"only; the pinned and nccl holders may hold no device memory)")
+                raise ValueError(f"size 0: the {self.holder} holder takes positive sizes (the context holder takes "
+                                 f"size 0 only; the pinned and nccl holders may hold no device memory)")
         for name in ("holder_count", "per_gpu"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

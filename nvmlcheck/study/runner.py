@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import WaitTimeout
 from ..model import Fields, Snapshot
-from ..predicates import memory_back_to, on_devices, pids_gone
+from ..predicates import Predicate, memory_back_to, on_devices, pids_gone
 from ..wait import DEFAULT, PRECISE, is_transient, poll_until
 from .config import Cell, PlannedRun, StudyConfig
 from .errors import BaselineNotClean, HolderError, StudyError, StudySkipped
@@ -254,47 +254,20 @@ class _Run:
         # Started before the signals: registering costs a few NVML calls that must not fall inside the measurement.
         listener = session.listen() if config.events else None
         self.stages = self._stages()
-        for i in self.stages[0]:
-            self.held_at_signal[i] = _above(ready, baseline, holders[i].device)
-        wall = time.time()
-        polls.origin = time.monotonic_ns()
-        for i in self.stages[0]:
-            self.watches[i].signal_ns = time.monotonic_ns()
-            holders[i].end(self.ending)
-        if watcher is not None:  # after the signals: their instants stay as close together as they can be
-            for i in self.stages[0]:
-                watcher.start_at(self.phases[i], self.watches[i].signal_ns)
-            watcher.start()
-        reason: str | None = None
+        wall = self._end_first_stage(polls, watcher, ready, baseline)
         deadline = polls.origin + int(config.run_timeout_s * _NS)
         stager = _Stager(self, polls, baseline, watcher, deadline) if len(self.stages) > 1 else None
         if stager is not None:
             stager.start()
         try:
-            try:
-                poll_until(
-                    lambda: session.snapshot(indices, fields=Fields.WAIT),
-                    condition,
-                    timeout=max(0.0, (deadline - time.monotonic_ns()) / _NS),
-                    policy=PRECISE if config.mode == "precise" else DEFAULT,
-                    stable_polls=config.stable_polls,
-                    clock=polls.clock,
-                    # This thread's CPU only: the default also counts reaped children, and reaping a holder that
-                    # spent seconds of CPU in cuInit would stretch the DEFAULT interval at the very moment measured.
-                    cpu_clock=time.thread_time_ns,
-                    on_poll=polls.on_poll,
-                )
-            except WaitTimeout as exc:
-                reason = "; ".join(exc.culprits) or "not clean before the run timeout"
-            for r in self.reapers:
-                r.join(max(0.0, (deadline - time.monotonic_ns()) / _NS))
+            reason = self._poll(session, condition, polls, deadline)
         finally:  # a backend error too: no watcher or stager thread, nor pidfd, outlives its run
             if stager is not None:
                 stager.stop()
-                if stager.failed is not None and reason is None:
-                    reason = stager.failed
             if watcher is not None:
                 watcher.stop()
+        if stager is not None and stager.failed is not None and reason is None:
+            reason = stager.failed
         for r in self.reapers:
             if r.reaped_ns is not None:
                 r.holder.read_done()
@@ -307,6 +280,45 @@ class _Run:
                 record, events=tuple(e.to_json() for e in listener.events), events_reason=listener.reason
             )
         return record
+
+    def _end_first_stage(self, polls: Polls, watcher: ProcWatcher | None, ready: Snapshot,
+                         baseline: Snapshot) -> float:
+        """End the first stage's holders (the run's origin is just before), start the ``/proc`` watcher; the wall
+        time of the origin."""
+        for i in self.stages[0]:
+            self.held_at_signal[i] = _above(ready, baseline, self.holders[i].device)
+        wall = time.time()
+        polls.origin = time.monotonic_ns()
+        for i in self.stages[0]:
+            self.watches[i].signal_ns = time.monotonic_ns()
+            self.holders[i].end(self.ending)
+        if watcher is not None:  # after the signals: their instants stay as close together as they can be
+            for i in self.stages[0]:
+                watcher.start_at(self.phases[i], self.watches[i].signal_ns)
+            watcher.start()
+        return wall
+
+    def _poll(self, session: Session, condition: Predicate, polls: Polls, deadline: int) -> str | None:
+        """Poll until clean (or the deadline), then wait for the reapers; why the run timed out, or ``None``."""
+        reason: str | None = None
+        try:
+            poll_until(
+                lambda: session.snapshot(self.indices, fields=Fields.WAIT),
+                condition,
+                timeout=max(0.0, (deadline - time.monotonic_ns()) / _NS),
+                policy=PRECISE if self.config.mode == "precise" else DEFAULT,
+                stable_polls=self.config.stable_polls,
+                clock=polls.clock,
+                # This thread's CPU only: the default also counts reaped children, and reaping a holder that
+                # spent seconds of CPU in cuInit would stretch the DEFAULT interval at the very moment measured.
+                cpu_clock=time.thread_time_ns,
+                on_poll=polls.on_poll,
+            )
+        except WaitTimeout as exc:
+            reason = "; ".join(exc.culprits) or "not clean before the run timeout"
+        for r in self.reapers:
+            r.join(max(0.0, (deadline - time.monotonic_ns()) / _NS))
+        return reason
 
     def _stages(self) -> list[list[int]]:
         """The holders (by position) ended together, stage by stage: an IPC group's first side, then the other;

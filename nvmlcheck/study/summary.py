@@ -14,8 +14,8 @@ from .._units import format_bytes
 if TYPE_CHECKING:
     from .records import RunRecord
 
-__all__ = ["MEASURES", "SLEEP_REFERENCE_NS", "Stats", "SummaryRow", "cell_words", "format_summary", "median_run", "percentile",
-           "summarize"]
+__all__ = ["MEASURES", "SLEEP_REFERENCE_NS", "Stats", "SummaryRow", "cell_words", "format_summary", "median_run",
+           "percentile", "summarize"]
 
 #: The ritual this instrument replaces: ``sleep 3 && nvidia-smi``.
 SLEEP_REFERENCE_NS = 3_000_000_000
@@ -99,37 +99,42 @@ class SummaryRow:
     pinned_bytes: int = 0
     importers: int = 0
     first: str | None = None
+    role: str = "holder"
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (statistics in ns)."""
         return asdict(self)
 
 
-_Key = tuple[int, str, str, int, int, str]
+_Key = tuple[int, str, str, int, int, str, str]
 
 
 def summarize(records: Iterable[RunRecord]) -> list[SummaryRow]:
-    """Statistics per cell (size, ending, holder kind, pinned bytes, importers, IPC order), in order of holder kind,
-    size, pinned bytes, importers, order, then ending, kinds, orders and endings in order of first appearance;
-    warm-ups left out."""
+    """Statistics per cell (size, ending, holder kind, pinned bytes, importers, IPC order) and holder role (an IPC
+    group's exporter and importers apart), in order of holder kind, size, pinned bytes, importers, order, ending and
+    role, kinds, orders, endings and roles in order of first appearance; warm-ups left out."""
     cells: dict[_Key, list[RunRecord]] = {}
     for r in records:
         if not r.warmup:
-            cells.setdefault((r.size_bytes, r.ending, r.holder, r.pinned_bytes, r.importers, r.first or ""),
-                             []).append(r)
+            for role in dict.fromkeys(d.role for d in r.devices):
+                cells.setdefault((r.size_bytes, r.ending, r.holder, r.pinned_bytes, r.importers, r.first or "", role),
+                                 []).append(r)
     endings = list(dict.fromkeys(k[1] for k in cells))
     kinds = list(dict.fromkeys(k[2] for k in cells))
     orders = list(dict.fromkeys(k[5] for k in cells))
+    roles = list(dict.fromkeys(k[6] for k in cells))
     every = _MEASURES + _PHASE_MEASURES
     rows = []
     for key in sorted(cells, key=lambda k: (kinds.index(k[2]), k[0], k[3], k[4], orders.index(k[5]),
-                                            endings.index(k[1]))):
-        size, ending, kind, pinned, importers, first = key
+                                            endings.index(k[1]), roles.index(k[6]))):
+        size, ending, kind, pinned, importers, first, role = key
         runs = cells[key]
         good = [r for r in runs if not r.timed_out]
         values: dict[str, list[int]] = {m: [] for m, _ in every}
         for r in good:
             for d in r.devices:
+                if d.role != role:
+                    continue
                 for m, _ in every:
                     v = getattr(d, f"{m}_ns")
                     if v is not None:
@@ -137,13 +142,13 @@ def summarize(records: Iterable[RunRecord]) -> list[SummaryRow]:
         stats = {m: Stats.of(values[m]) for m, _ in every}
         clean = stats["first_clean"]
         rows.append(SummaryRow(
-            size_bytes=size, ending=ending, n=sum(len(r.devices) for r in good), runs=len(runs),
+            size_bytes=size, ending=ending, n=sum(1 for r in good for d in r.devices if d.role == role), runs=len(runs),
             timeouts=len(runs) - len(good), memory_back=stats["memory_back"], off_list=stats["off_list"],
             waitpid=stats["waitpid"], first_clean=clean,
             resolution_ns=median_int([r.resolution_ns for r in runs]),
             sleep_ratio=SLEEP_REFERENCE_NS / clean.median if clean is not None and clean.median > 0 else None,
             holder=kind, zombie=stats["zombie"], exited=stats["exited"], files_closed=stats["files_closed"],
-            pinned_bytes=pinned, importers=importers, first=first or None,
+            pinned_bytes=pinned, importers=importers, first=first or None, role=role,
         ))
     return rows
 
@@ -156,7 +161,8 @@ def format_summary(rows: Sequence[SummaryRow]) -> str:
     kinds = {row.holder for row in rows}
     for row in rows:
         if kinds != {"alloc"}:  # a study of several holder kinds (or not the default one) says which each cell is
-            lines.append(f"holder {row.holder}{cell_words(row.pinned_bytes, row.importers, row.first)}")
+            role = "" if row.role == "holder" else f": the {row.role}s"
+            lines.append(f"holder {row.holder}{cell_words(row.pinned_bytes, row.importers, row.first)}{role}")
         shown = _MEASURES + tuple(m for m in _PHASE_MEASURES if getattr(row, m[0]) is not None)
         for i, (m, label) in enumerate(shown):
             s: Stats | None = getattr(row, m)

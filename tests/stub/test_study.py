@@ -646,7 +646,7 @@ def test_cli_holder_kinds_concurrency_and_phases(tmp_path: Path, capsys: pytest.
     assert doc["summary"][0]["holder"] == "streams" and doc["summary"][0]["zombie"] is None
     # a context allocates nothing: sizes are refused with it
     assert exit_code(["--simulate", "h200", "study", "reclaim", "--holder", "context", "--sizes", "1GiB"]) == 2
-    assert exit_code(["--simulate", "h200", "study", "reclaim", "--holder", "mps"]) == 2
+    assert exit_code(["--simulate", "h200", "study", "reclaim", "--holder", "vgpu"]) == 2
 
 
 def test_files_closed_reads_every_thread(tmp_path: Path) -> None:
