@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .config import ENDINGS, Cell, Concurrency, Ending, PlannedRun, StudyConfig, WarmUp, parse_ending
     from .errors import BaselineNotClean, HolderError, PlotUnavailable, RecordFormatError, StudyError, StudySkipped
-    from .fit import FitResult, fit, fit_report, format_fit
+    from .fit import FitResult, fit_report, format_fit
     from .holders import CudaHolderFactory, Holder, HolderFactory, HolderSpec
     from .plots import plot_run_trace, plot_time_to_clean
     from .records import RECORD_SCHEMA, RECORD_VERSION, DeviceRun, RunRecord, load_records, record_writer, write_records
@@ -67,7 +67,6 @@ __all__ = [
     "SummaryRow",
     "WarmUp",
     "cell_words",
-    "fit",
     "fit_report",
     "format_fit",
     "format_summary",
@@ -90,7 +89,7 @@ _LAZY: dict[str, str] = {
     "parse_ending": "config", "Cell": "config", "PlannedRun": "config",
     "BaselineNotClean": "errors", "HolderError": "errors", "PlotUnavailable": "errors",
     "RecordFormatError": "errors", "StudyError": "errors", "StudySkipped": "errors",
-    "FitResult": "fit", "fit": "fit", "fit_report": "fit", "format_fit": "fit",
+    "FitResult": "fit", "fit_report": "fit", "format_fit": "fit",  # fit() itself: nvmlcheck.study.fit.fit
     "CudaHolderFactory": "holders", "Holder": "holders", "HolderFactory": "holders", "HolderSpec": "holders",
     "plot_run_trace": "plots", "plot_time_to_clean": "plots",
     "RECORD_SCHEMA": "records", "RECORD_VERSION": "records", "DeviceRun": "records", "RunRecord": "records",
