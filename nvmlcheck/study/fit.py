@@ -33,6 +33,7 @@ FIT_KINDS: tuple[str, ...] = ("alloc", "chunks", "context", "contexts", "pinned"
 FIT_ENDINGS: tuple[str, ...] = ("KILL", "TERM", "exit")
 #: Holders signalled within this of the last signal belong to the last stage.
 STAGE_TOLERANCE_NS = 10_000_000
+_ZEROED = "fitted below 0"
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,9 +213,13 @@ def fit_report(
     residuals = [abs(p.memory_back_ns - model.expected_ns(*p.features)) for p in fitted_pts]
     err = max(residuals)
     fitted = tuple(c for c in COEFFICIENTS if c not in kept)
+    zeroed = [c for c, why in kept.items() if why.startswith(_ZEROED)]
+    prior_kept = [c for c in kept if c not in zeroed]
     model = replace(model, error_ns=math.ceil(err), source=(
         f"nvmlcheck study fit of {len(fitted_pts)} runs ({len(groups)} cells), driver {versions}; fitted "
-        f"{', '.join(fitted)}" + (f"; kept from the {base.driver} entry: {', '.join(kept)}" if kept else "")))
+        f"{', '.join(fitted) or 'nothing'}"
+        + (f"; kept from the {base.driver} entry: {', '.join(prior_kept)}" if prior_kept else "")
+        + (f"; set to 0 (fitted below 0): {', '.join(zeroed)}" if zeroed else "")))
     cells = tuple(_cell_fit(g, model, True) for g in groups) + tuple(
         _cell_fit(g, model, False) for g in _groups(other_pts))
     return FitResult(model=model, prior=base, fitted=fitted, kept=kept, n=len(fitted_pts), residual_max_ns=err,
@@ -259,7 +264,7 @@ def _fit_columns(rows: Sequence[Sequence[float]], y: Sequence[float], w: Sequenc
             break
         v, j = min(negative)
         coef[j] = 0.0
-        kept[COEFFICIENTS[j]] = f"fitted below 0 ({v / 1e6:.2f} ms): set to 0"
+        kept[COEFFICIENTS[j]] = f"{_ZEROED} ({v / 1e6:.2f} ms): set to 0"
         free.remove(j)
     return coef, kept
 
@@ -290,7 +295,9 @@ def format_fit(result: FitResult) -> str:
     m, lines = result.model, []
     lines.append(f"reclaim-time model for driver branch {m.driver}: {result.n} runs fitted")
     for name in COEFFICIENTS:
-        how = "fitted" if name in result.fitted else f"kept from the {result.prior.driver} entry ({result.kept[name]})"
+        why = result.kept.get(name, "")
+        how = ("fitted" if name in result.fitted else why if why.startswith(_ZEROED)
+               else f"kept from the {result.prior.driver} entry ({why})")
         lines.append(f"  {name:<18} {getattr(m, name) / 1e6:>10.3f} ms   {how}")
     lines.append(f"  error: largest residual {result.residual_max_ns / 1e6:.1f} ms, 95th percentile "
                  f"{result.residual_p95_ns / 1e6:.1f} ms (error_ns = the largest)")
