@@ -37,11 +37,14 @@ python3 -m compileall -q nvmlcheck 2>&1 | tail -3
 cat "$OUT/machine.txt"
 
 left() { echo $(( END - $(date +%s) )); }
-# study NAME CAP OPTIONS...: one `study reclaim` into $W/NAME.jsonl (+ .txt), its records appended to records.jsonl.
+# [NEED=S] study NAME CAP OPTIONS...: one `study reclaim` into $W/NAME.jsonl (+ .txt), its records appended to
+# records.jsonl; skipped when fewer than NEED (default 15) seconds are left.
 study() {
-  local name=$1 cap=$2; shift 2
+  local name=$1 cap=$2 need=${NEED:-15}; shift 2
   local l; l=$(left)
-  if [ "$l" -lt 15 ]; then echo "$name: SKIPPED (time budget spent) [$*]" | tee -a "$OUT/runs.txt"; return; fi
+  if [ "$l" -lt "$need" ]; then
+    echo "$name: SKIPPED (time budget spent: $l s left, $need s needed) [$*]" | tee -a "$OUT/runs.txt"; return
+  fi
   local budget=$(( cap < l - 5 ? cap : l - 5 ))
   # The previous study's tail (a killed holder still tearing down) must not fail this one's first baseline.
   # shellcheck disable=SC2086  # GLOBAL is a list of options
@@ -59,28 +62,29 @@ study() {
 }
 
 P=(--kind pinned --endings KILL)
-I=(--kind ipc --endings KILL --sizes 8GiB)
+I=(--kind ipc --endings KILL --sizes 8GiB --no-warmup)
 # 1. Pinned host memory beside 8 GiB of device memory: the users' question (SGLang's pinned pool).
-study pinned-0-dev8 25 "${P[@]}" --sizes 8GiB --pinned 0
-study pinned-8-dev8 70 "${P[@]}" --sizes 8GiB --pinned 8GiB --run-timeout 40
-study pinned-32-dev8 200 "${P[@]}" --sizes 8GiB --pinned 32GiB --run-timeout 60 --no-warmup
+study pinned-0-dev8 20 "${P[@]}" --sizes 8GiB --pinned 0
+study pinned-8-dev8 60 "${P[@]}" --sizes 8GiB --pinned 8GiB --run-timeout 40
+study pinned-32-dev8 170 "${P[@]}" --sizes 8GiB --pinned 32GiB --run-timeout 60 --no-warmup
 # 2. CUDA IPC: an exporter and K importers, either side ended first (the other 0.3 s after the first was reaped).
+#    No warm-up: every run starts fresh processes, and 8 GiB allocations ran in the studies just before.
 study ipc-1-exporter-first 35 "${I[@]}" --importers 1 --first exporter
 study ipc-1-importers-first 35 "${I[@]}" --importers 1 --first importers
 study ipc-2-exporter-first 35 "${I[@]}" --importers 2 --first exporter
 study ipc-2-importers-first 35 "${I[@]}" --importers 2 --first importers
 # 3. Managed memory touched on the GPU (8 GiB: far below the free memory; the holder refuses more than free - 7 GiB).
-study managed-dev8 25 --kind managed --endings KILL --sizes 8GiB
+study managed-dev8 20 --kind managed --endings KILL --sizes 8GiB
 # 4. MPS (a daemon of the study's own, started and stopped in the run) and NCCL: run or skipped with the reason.
-study mps-dev8 35 --kind mps --endings KILL --sizes 8GiB
-study nccl-dev8 15 --kind nccl --endings KILL --sizes 8GiB
+study mps-dev8 30 --kind mps --endings KILL --sizes 8GiB
+study nccl-dev8 10 --kind nccl --endings KILL --sizes 8GiB
 # 5. If time is left: the exporter alone; 64 GiB of device memory beside; 64 GiB pinned; 4 importers; registration.
 study ipc-0 20 "${I[@]}" --importers 0
 study pinned-0-dev64 25 "${P[@]}" --sizes 64GiB --pinned 0
-study ipc-1-exporter-first-dev64 35 --kind ipc --endings KILL --sizes 64GiB --importers 1 --first exporter
+study ipc-1-exporter-first-dev64 35 --kind ipc --endings KILL --sizes 64GiB --importers 1 --first exporter --no-warmup
 study pinned-8-dev64 70 "${P[@]}" --sizes 64GiB --pinned 8GiB --run-timeout 40
 study ipc-4-exporter-first 40 "${I[@]}" --importers 4 --first exporter
-study pinned-64-dev8 300 "${P[@]}" --sizes 8GiB --pinned 64GiB --run-timeout 90 --no-warmup
+NEED=100 study pinned-64-dev8 300 "${P[@]}" --sizes 8GiB --pinned 64GiB --run-timeout 90 --no-warmup
 study pinned-8-register-dev8 70 "${P[@]}" --sizes 8GiB --pinned 8GiB --pin-mode register --run-timeout 40
 echo "studies done at $(( $(date +%s) - T0 )) s" | tee -a "$OUT/runs.txt"
 

@@ -53,6 +53,8 @@ int cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int Flags);
 int cuMemHostUnregister(void *p);
 int cuMemAllocManaged(unsigned long long *dptr, size_t bytesize, unsigned int flags);
 int cuMemGetInfo_v2(size_t *free, size_t *total);
+int cuCtxGetDevice(int *device);
+int cuMemPrefetchAsync(unsigned long long devPtr, size_t count, int dstDevice, void *hStream);
 typedef struct { char reserved[64]; } CUipcMemHandle;
 int cuIpcGetMemHandle(CUipcMemHandle *pHandle, unsigned long long dptr);
 int cuIpcOpenMemHandle_v2(unsigned long long *pdptr, CUipcMemHandle handle, unsigned int Flags);

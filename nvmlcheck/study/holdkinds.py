@@ -188,18 +188,37 @@ def _managed(state: HeldState, nbytes: int, chunks: int, options: HoldOptions) -
     if nbytes > int(free[0]) - margin:
         raise CudaError(f"refusing to allocate {nbytes} bytes of managed memory: the GPU has {int(free[0])} bytes "
                         f"free, and more than free less {margin} can oversubscribe it (and hang it)")
+    before = int(free[0])
     for size in split(nbytes, chunks):
         ptr = cuda.ffi.new("unsigned long long *")
         t0 = time.monotonic_ns()
         cuda.check(cuda.lib.cuMemAllocManaged(ptr, size, _MEM_ATTACH_GLOBAL), f"cuMemAllocManaged({size})")
         _timed(state.steps, "alloc", t0)
         t0 = time.monotonic_ns()
-        # A memset is a kernel: it runs on the GPU, so every page is populated in GPU memory (the study then checks
-        # that NVML sees the bytes before it ends the holder).
+        # A memset runs on the GPU, so its pages are populated in GPU memory; checked below, and a prefetch to the
+        # GPU is the fallback where they were not.
         cuda.check(cuda.lib.cuMemsetD8_v2(ptr[0], 0xA5, size), "cuMemsetD8 (managed)")
         cuda.check(cuda.lib.cuCtxSynchronize(), "cuCtxSynchronize")
         _timed(state.steps, "touch", t0)
         state.pointers[0].append(int(ptr[0]))
+    if not _resident(cuda, before, nbytes):
+        t0 = time.monotonic_ns()
+        dev = cuda.ffi.new("int *")
+        cuda.check(cuda.lib.cuCtxGetDevice(dev), "cuCtxGetDevice")
+        for p, size in zip(state.pointers[0], split(nbytes, chunks), strict=True):
+            cuda.check(cuda.lib.cuMemPrefetchAsync(p, size, dev[0], cuda.ffi.NULL), "cuMemPrefetchAsync")
+        cuda.check(cuda.lib.cuCtxSynchronize(), "cuCtxSynchronize")
+        _timed(state.steps, "prefetch", t0)
+        if not _resident(cuda, before, nbytes):
+            raise CudaError(f"{nbytes} bytes of managed memory are not resident on the GPU after a memset and a "
+                            "prefetch (cuMemGetInfo): nothing to measure")
+
+
+def _resident(cuda: Any, free_before: int, nbytes: int) -> bool:
+    """Whether the GPU's free memory dropped by (nearly) ``nbytes`` since ``free_before``."""
+    free, total = cuda.ffi.new("size_t *"), cuda.ffi.new("size_t *")
+    cuda.check(cuda.lib.cuMemGetInfo_v2(free, total), "cuMemGetInfo")
+    return free_before - int(free[0]) >= nbytes * 0.9
 
 
 def _mps(state: HeldState, nbytes: int, chunks: int, options: HoldOptions) -> None:

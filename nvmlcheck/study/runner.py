@@ -130,9 +130,10 @@ def run_study(
 class _Budget:
     """A study's time budget: no run starts past it, nor one the cell's previous run says would end past it."""
 
-    def __init__(self, budget_s: float | None) -> None:
+    def __init__(self, budget_s: float | None, clock: Callable[[], float] = time.monotonic) -> None:
         self.budget_s = budget_s
-        self.start = time.monotonic()
+        self.clock = clock
+        self.start = clock()
         self.last: dict[Cell, float] = {}
 
     def took(self, cell: Cell, seconds: float) -> None:
@@ -142,7 +143,7 @@ class _Budget:
         """Why run ``n`` (of ``total``) may not start, or ``None``."""
         if self.budget_s is None:
             return None
-        elapsed = time.monotonic() - self.start
+        elapsed = self.clock() - self.start
         need = self.last.get(cell, 0.0)
         if elapsed + need <= self.budget_s:
             return None
