@@ -61,7 +61,7 @@ SECTIONS: list[tuple[str, str, list[str]]] = [
         "`nvmlcheck.cudamap`; the rules are in [cuda.md](cuda.md)), choosing clean GPUs (`nvmlcheck.selection`, what "
         "`nvmlcheck select` runs) and their advisory locks (`nvmlcheck.locks`).",
         ["cuda_mapping", "CudaMapping", "CudaDevice", "GpuIdentity", "CudaMappingError", "select_clean", "Selection",
-         "SelectTimeout", "LockSet"],
+         "SelectTimeout", "LockSet", "LockDirError"],
     ),
     (
         "Snapshots",

@@ -63,6 +63,7 @@ _LAZY: dict[str, str] = {
     "KillTimeout": "kill",
     "LibraryNotFound": "errors",
     "LibraryVersionMismatch": "errors",
+    "LockDirError": "locks",
     "LockSet": "locks",
     "MIB": "model",
     "Memory": "model",

@@ -56,7 +56,7 @@ from nvmlcheck.kill import (
     kill_and_wait,
     prepare_kill,
 )
-from nvmlcheck.locks import LockSet
+from nvmlcheck.locks import LockDirError, LockSet
 from nvmlcheck.model import (
     MIB,
     ClockEventReason,
@@ -144,6 +144,7 @@ __all__ = [
     "KillTimeout",
     "LibraryNotFound",
     "LibraryVersionMismatch",
+    "LockDirError",
     "LockSet",
     "MIB",
     "Memory",

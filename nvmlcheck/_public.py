@@ -38,7 +38,7 @@ EXPORTS: dict[str, tuple[str, ...]] = {
     "kill": (
         "KillError", "KillPlan", "KillResult", "KillTimeout", "PidTimes", "SignalSent", "kill_and_wait", "prepare_kill",
     ),
-    "locks": ("LockSet",),
+    "locks": ("LockDirError", "LockSet"),
     "model": (
         "ClockEventReason", "ClockSet", "Clocks", "DeviceFailure", "DeviceState", "Fields", "GpuProcess", "MIB",
         "Memory", "MemoryHealth", "MigDevice", "ProcessKind", "RemappedRows", "RetiredPage", "RetirementCause",

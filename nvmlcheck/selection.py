@@ -138,7 +138,8 @@ def select_clean(
     tests.
 
     Raises :class:`SelectTimeout` (a :class:`~nvmlcheck.WaitTimeout`) naming why each GPU was passed over;
-    ``ValueError`` when ``count`` is below 1 or above the number of candidates.
+    ``ValueError`` when ``count`` is below 1 or above the number of candidates; :class:`~nvmlcheck.locks.LockDirError`
+    when the lock directory or a lock file cannot be used safely (nothing stays locked then).
     """
     from ._deadline import Deadline
     from .predicates import default_predicate
@@ -161,9 +162,9 @@ def select_clean(
     directory: Path | None = None
     if lock:
         from .locks import lock_dir as default_lock_dir
+        from .locks import prepare_lock_dir
 
-        directory = default_lock_dir() if lock_dir is None else Path(lock_dir)
-        directory.mkdir(parents=True, exist_ok=True)
+        directory = default_lock_dir() if lock_dir is None else prepare_lock_dir(lock_dir)
     backend = session.backend
     start = clock()
     deadline = None if timeout_ns is None else start + timeout_ns
@@ -240,15 +241,20 @@ def _choose(
     taken = []
     chosen: list[DeviceState] = []
     busy: list[str] = []
-    for d in eligible:
-        if len(chosen) == count:
-            break
-        held = try_lock(d.uuid, directory)
-        if held is None:
-            busy.append(f"GPU {d.index}: locked by another process ({lock_info(d.uuid, directory) or 'just released'})")
-            continue
-        taken.append(held)
-        chosen.append(d)
+    try:
+        for d in eligible:
+            if len(chosen) == count:
+                break
+            held = try_lock(d.uuid, directory)
+            if held is None:
+                busy.append(f"GPU {d.index}: locked by another process "
+                            f"({lock_info(d.uuid, directory) or 'just released'})")
+                continue
+            taken.append(held)
+            chosen.append(d)
+    except BaseException:  # a lock file that cannot be used (LockDirError): keep none of those taken
+        LockSet(taken, directory).release()
+        raise
     locks = LockSet(taken, directory)
     if len(chosen) < count:
         # Not enough: give back what was taken, so that two racers wanting 2 of 3 GPUs cannot each sit on one.

@@ -122,6 +122,9 @@ class _Running:
     def wait(self) -> SmiResult:
         if not self.child.wait(self.deadline_ns):
             err_text = self.kill()
+            if self.child.overflow is not None:  # a flood (a broken or hostile host behind --smi-prefix): bounded
+                raise SmiError(self.argv, None, err_text, f"printed more than {self.child.max_output_bytes} bytes on "
+                                                          f"{self.child.overflow}: killed")
             raise SmiTimeout(self.argv, self.timeout_s, err_text)
         return SmiResult(
             self.argv,

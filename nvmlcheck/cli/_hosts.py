@@ -9,6 +9,7 @@ threads, json or ssh. Options, the document and what runs where: docs/hosts.md.
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +32,8 @@ def _hosts(args: argparse.Namespace) -> list[Host]:
             specs += read_hosts_file(args.hosts_file)
         except OSError as exc:
             raise UsageError(f"--hosts-file {args.hosts_file}: {exc.strerror or exc}") from None
+        except ValueError as exc:  # a device, a directory, too large, not UTF-8
+            raise UsageError(f"--hosts-file: {exc}") from None
     try:
         hosts = parse_hosts(specs)
     except ValueError as exc:
@@ -84,6 +87,11 @@ def _fallback(args: argparse.Namespace) -> SmiFallback | None:
 
 
 def _check(args: argparse.Namespace) -> None:
+    from ..hosts import MAX_CONNECT_TIMEOUT_S
+
+    if not args.connect_timeout <= MAX_CONNECT_TIMEOUT_S:
+        raise UsageError(f"--connect-timeout must be at most {MAX_CONNECT_TIMEOUT_S:g} seconds (a day), "
+                         f"got {args.connect_timeout:g}")
     if args.simulate is not None:
         raise UsageError("--simulate runs on this machine: it cannot be combined with --host/--hosts/--hosts-file")
     if args.smi_prefix is not None:
@@ -104,12 +112,16 @@ def run_hosts(args: argparse.Namespace) -> int:
 
     _check(args)
     hosts = _hosts(args)
+    if os.environ.get("NVMLCHECK_SSH_OPTIONS"):
+        # It used to add ssh options; an environment variable that changes what ssh does reaches root through
+        # sudo -E and CI jobs unseen, so it is no longer read (issue 27): say so rather than ignore it silently.
+        print("nvmlcheck: NVMLCHECK_SSH_OPTIONS is no longer read: pass --ssh-options instead", file=sys.stderr)
     try:
         fleet = Fleet(remote_prefix=args.remote_prefix or (), remote_python=args.remote_python,
-                      connect_timeout_s=args.connect_timeout, fanout=args.fanout)
-    except ValueError as exc:  # an unbalanced quote in --remote-prefix or NVMLCHECK_SSH_OPTIONS
+                      connect_timeout_s=args.connect_timeout, fanout=args.fanout, ssh_options=args.ssh_options)
+    except ValueError as exc:  # an unbalanced quote in --remote-prefix or --ssh-options
         raise UsageError(str(exc).replace("remote_prefix", "--remote-prefix")
-                         .replace("remote_python", "--remote-python")) from None
+                         .replace("remote_python", "--remote-python").replace("ssh_options", "--ssh-options")) from None
     timeout = args.timeout if args.command in ("wait", "kill") else 0.0
     status = StatusLine(sys.stderr, not args.json)
     total = len(hosts)

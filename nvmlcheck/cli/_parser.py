@@ -345,6 +345,8 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
         once(g, "--fanout", type=positive_int, default=32, metavar="N", help="hosts at once (default 32)")
         once(g, "--connect-timeout", type=positive_seconds, default=10.0, metavar="S",
              help="ssh's connect timeout in seconds (default 10)")
+        once(g, "--ssh-options", metavar="WORDS", default=None,
+             help='extra ssh options, put right after "ssh" (split like a shell), e.g. "-F /etc/gpu/ssh_config"')
 
     def sub_parser(subs: Any, name: str, **kw: Any) -> argparse.ArgumentParser:
         p: argparse.ArgumentParser = subs.add_parser(name, state=state, **kw)

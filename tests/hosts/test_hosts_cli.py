@@ -108,10 +108,16 @@ def test_an_ipv6_host(hosts: Hosts) -> None:
     from . import sshlab
 
     host = sshlab.start_host(hosts.lab, "v6", "::1", hosts.lab.hosts["idle"].env)
-    assert host.spec.startswith("root@[::1]:")
-    code, doc = hosts.cli_json("wait", "--timeout", "0", "--host", host.spec)
-    assert code == 0, doc
-    assert doc["clean"] == [host.spec]
+    try:
+        assert host.spec.startswith("root@[::1]:")
+        code, doc = hosts.cli_json("wait", "--timeout", "0", "--host", host.spec)
+        assert code == 0, doc
+        assert doc["clean"] == [host.spec]
+    finally:  # this test's own server: the suite's leak check counts what a test leaves running
+        hosts.lab.hosts.pop("v6", None)
+        assert host.process is not None
+        host.process.terminate()
+        host.process.wait(30)
 
 
 def test_remote_prefix_runs_the_command_behind_it(hosts: Hosts) -> None:
@@ -161,7 +167,7 @@ def test_a_signal_ends_every_ssh_child(hosts: Hosts, signum: int) -> None:
     # attempt, and the nvidia-smi fallback's polls of a busy host without nvmlcheck.
     argv = [sys.executable, "-m", "nvmlcheck", "wait", "--timeout", "30", "--json", "--hosts",
             f"{hosts.busy},{hosts.hanging},{hosts.no_nvmlcheck_busy}", "--remote-python", str(hosts.lab.python),
-            "--connect-timeout", "60"]
+            "--connect-timeout", "60", "--ssh-options", hosts.lab.ssh_options]
     # SIGINT starts at its default in the child even where this test runs with it ignored (a background job of a
     # non-interactive shell), as it is for a launch script run in the foreground.
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=hosts.lab.env(),
