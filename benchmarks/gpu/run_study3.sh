@@ -50,9 +50,11 @@ study() {
   # shellcheck disable=SC2086  # GLOBAL is a list of options
   timeout 40 python3 -m nvmlcheck $GLOBAL wait --devices "$DEV" --timeout 30 > /dev/null 2>&1
   local t1; t1=$(date +%s)
+  # The cap stops new runs; the timeout ends a study one run past it (a 64 GiB pinned run: ~30 s), never past LIMIT.
+  local hard=$(( budget + 60 < l ? budget + 60 : l ))
   # shellcheck disable=SC2086
-  timeout -k 5 "$l" python3 -m nvmlcheck $GLOBAL study reclaim --devices "$DEV" --repeats "$REPEATS" --trace \
-    --budget "$budget" --out "$W/$name.jsonl" "$@" > "$W/$name.txt" 2>&1
+  timeout -k 5 "$hard" python3 -m nvmlcheck $GLOBAL study reclaim --devices "$DEV" --repeats "$REPEATS" --trace \
+    --budget "$budget" --ready-timeout 15 --out "$W/$name.jsonl" "$@" > "$W/$name.txt" 2>&1
   local rc=$?
   [ -f "$W/$name.jsonl" ] && cat "$W/$name.jsonl" >> "$OUT/records.jsonl"
   local n=0; [ -f "$W/$name.jsonl" ] && n=$(grep -c '"warmup":false' "$W/$name.jsonl")
@@ -77,6 +79,12 @@ study ipc-2-importers-first 35 "${I[@]}" --importers 2 --first importers
 study managed-dev8 20 --kind managed --endings KILL --sizes 8GiB
 # 4. MPS (a daemon of the study's own, started and stopped in the run) and NCCL: run or skipped with the reason.
 study mps-dev8 30 --kind mps --endings KILL --sizes 8GiB
+# The study quits its MPS daemon itself; one killed outright would leave it (and its server's memory): quit any left.
+for pipe in "${TMPDIR:-/tmp}"/nvmlcheck-mps-*/pipe; do
+  [ -e "$pipe/control" ] || continue
+  echo "an MPS daemon was left in $pipe: quit" | tee -a "$OUT/runs.txt"
+  echo quit | CUDA_MPS_PIPE_DIRECTORY=$pipe timeout 10 nvidia-cuda-mps-control
+done
 study nccl-dev8 10 --kind nccl --endings KILL --sizes 8GiB
 # 5. If time is left: the exporter alone; 64 GiB of device memory beside; 64 GiB pinned; 4 importers; registration.
 study ipc-0 20 "${I[@]}" --importers 0

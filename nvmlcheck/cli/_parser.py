@@ -556,6 +556,8 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
              help="seconds between the first side being reaped and the other side's end (default 0.3)")
         once(reclaim, "--budget", type=float, default=None, metavar="S",
              help="start no run after S seconds, nor one the cell's last run says would end after them")
+        once(reclaim, "--ready-timeout", type=float, default=60.0, metavar="S",
+             help="seconds for NVML to show a ready holder and its memory, else the study fails (default 60)")
         fit = sub_parser(
             studies, "fit", help="fit the reclaim-time model to study records",
             description="Fit the reclaim-time model (nvmlcheck.reclaim_model) to JSON Lines study records: time "

@@ -131,7 +131,7 @@ def _study_config(args: argparse.Namespace) -> Any:
         phases=args.phases, device_files=None if args.device_files is None else tuple(args.device_files.split(":")),
         events=args.events, pinned=tuple(args.pinned or (0,)), pin_mode=args.pin_mode,
         importers=tuple(args.importers or (0,)), first=tuple(args.first or ("exporter",)),
-        stage_gap_s=args.stage_gap, budget_s=args.budget,
+        stage_gap_s=args.stage_gap, budget_s=args.budget, ready_timeout_s=args.ready_timeout,
     )
 
 

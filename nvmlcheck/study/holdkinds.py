@@ -240,7 +240,7 @@ def load_nccl() -> tuple[Any, Any]:
         try:
             return ffi, ffi.dlopen(name)
         except OSError as exc:
-            errors.append(f"{name}: {exc}")
+            errors.append(f"{name}: {str(exc)[:100]}")
     raise CudaError("no NCCL library could be loaded (set " + NCCL_LIBRARY_ENV + "); tried " + "; ".join(errors[:3]))
 
 
