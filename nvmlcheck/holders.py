@@ -9,15 +9,15 @@ file open, each described from ``/proc`` (state, owner, command line, PID namesp
 NVML names the GPU and the bytes but, on older drivers inside a PID namespace, a host PID that may be another local
 process; a device file proves a local process holds *a* GPU but not which one (every CUDA process opens every
 ``/dev/nvidiaN``). :func:`select_kill_holders` therefore kills an NVML PID only when the local process of that
-number has a device file open. Device-file patterns: :func:`nvmlcheck._proc.devfiles.device_file_patterns`
-(``$NVMLCHECK_DEVICE_FILES``). Rationale and limits: docs/killing.md.
+number has an NVIDIA device file open (a character device of NVIDIA's majors: :mod:`nvmlcheck._proc.devfiles`;
+tests name stand-ins with ``device_files=`` or run on the simulator). Rationale and limits: docs/killing.md.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Collection, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal
 
 from ._proc import devfiles, procfs
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DAEMONS",
     "DEFAULT_DEVICE_FILES",
+    "RECHECK_S",
     "GpuUse",
     "Holder",
     "KillSelection",
@@ -64,6 +65,13 @@ DAEMONS: frozenset[str] = frozenset(
 )
 
 Source = Literal["nvml", "device-file"]
+
+#: The inode of the initial PID namespace (``PROC_PID_INIT_INO``): ``/proc/self/ns/pid`` of a process outside any
+#: container. Only there are NVML's PIDs this process's numbering whatever the driver.
+INITIAL_PID_NAMESPACE_INODE = 0xEFFFFFFC
+#: How long after a suspect process list it is read again: a process that has just exited stays on NVML's list for
+#: about 0.1 s (docs/driver-facts.md), which is no evidence of another numbering.
+RECHECK_S = 0.3
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,12 +146,15 @@ class Holder:
 @dataclass(frozen=True, slots=True)
 class KillSelection:
     """What ``--all-on-gpu`` / ``--all-holders`` would kill (``targets``) and what it leaves alone, each with the
-    reason (``skipped``: daemons, this process and its ancestors, NVML PIDs not visible from this PID namespace),
-    plus ``notes`` on what could not be read."""
+    reason (``skipped``: daemons, this process and its ancestors, NVML PIDs with no process or no NVIDIA device file
+    here), plus ``notes`` (what could not be read, the device-file rule when stand-ins count). ``refused``: why the
+    whole selection is refused (``targets`` is then empty): NVML's process lists cannot be proven to number
+    processes as this PID namespace does, so a PID on a selected GPU's list may name a process of another GPU."""
 
     targets: tuple[Holder, ...]
     skipped: tuple[tuple[Holder, str], ...]
     notes: tuple[str, ...] = ()
+    refused: str | None = None
 
 
 def _user(uid: int) -> str | None:
@@ -248,8 +259,10 @@ def find_holders(
     device_files: Sequence[str] | str | None = None,
 ) -> tuple[Holder, ...]:
     """Every process holding a GPU: those on the process lists of ``snapshot`` (restricted to ``devices``, NVML
-    indices), joined by PID with those that have a device file open (always all of them: a device file cannot say
-    which GPU). ``snapshot=None``: the device-file scan alone, with no NVML at all. Sorted by PID."""
+    indices), joined by PID with those that have an NVIDIA device file open (always all of them: a device file
+    cannot say which GPU). ``snapshot=None``: the device-file scan alone, with no NVML at all. ``device_files``:
+    globs of stand-in files that count too, for tests where there is no NVIDIA device (else the simulator's, if one
+    runs, else none: :func:`nvmlcheck._proc.devfiles.device_rule`). Sorted by PID."""
     nvml = _gpu_uses(snapshot, devices) if snapshot is not None else {}
     fds = devfiles.scan(device_files)
     me = (os.getpid(), procfs.ancestors())
@@ -283,15 +296,42 @@ def select_kill_holders(
     Never chosen: this process and its ancestors; daemons (:data:`DAEMONS`) unless ``include_daemons``; an NVML PID
     whose local process has no NVIDIA device file open (NVML may report a PID of another namespace, which here names
     an unrelated process); a process whose files cannot be read; a zombie (already exited: no signal frees it).
+    ``device_files``: stand-in globs, as for :func:`find_holders`; when stand-ins count, a note says so (the
+    kill's plan prints it).
+
+    ``all_holders=False`` chooses by GPU, which needs NVML's PIDs to be this namespace's: every PID on any GPU's list
+    (read again after :data:`RECHECK_S` if not) must name a local process with an NVIDIA device file open (or a
+    zombie). Otherwise nothing is chosen and :attr:`KillSelection.refused` says why: an older driver in a container
+    reports host PIDs, and a host PID may be the local PID of a CUDA process on another GPU (every CUDA process has
+    every ``/dev/nvidiaN`` open, so the device file alone does not tell).
     """
     from .session import Session
 
+    notes: list[str] = []
+    rule = devfiles.device_rule(device_files)
+    if not rule.is_default:
+        notes.append(f"device files: {rule.describe()}")
+    suspects: list[str] = []
     if isinstance(source, Session):
-        holders: Sequence[Holder] = source.holders(devices, device_files=device_files)
+        indices = source.resolve(devices)
+        every = source.holders(None, device_files=device_files)  # the proof of numbering looks at every GPU
+        if not all_holders and _unproven(every):
+            import time
+
+            time.sleep(RECHECK_S)
+            again = source.holders(None, device_files=device_files)
+            still = {pid for pid, _ in _unproven(again)}
+            suspects = [why for pid, why in _unproven(every) if pid in still]
+            every = again
+        holders: Sequence[Holder] = _restricted(every, indices)
     else:
         if devices is not None:
             raise ValueError("devices selects GPUs of a session; holders already found are taken as they are")
         holders = source
+        suspects = [why for _, why in _unproven(holders)] if not all_holders else []
+    if suspects:
+        refused = _numbering_refusal(suspects)
+        return KillSelection((), tuple((h, "not signalled: " + refused) for h in holders), tuple(notes), refused)
     targets: list[Holder] = []
     skipped: list[tuple[Holder, str]] = []
     for h in holders:
@@ -304,19 +344,69 @@ def select_kill_holders(
         elif not all_holders and "nvml" not in h.found_by:
             skipped.append((h, "not on a GPU process list (found by its device files only; --all-holders kills it)"))
         elif h.start_ticks is None:
-            skipped.append((h, "not visible from this PID namespace: no process with this PID here"))
+            skipped.append((h, "no process with this PID here (it exited, or NVML numbers processes as another "
+                               "PID namespace does)"))
         elif h.device_files is None:
             skipped.append((h, "its open files cannot be read, so it cannot be proven to hold a GPU"))
         elif not h.device_files:
             skipped.append(
-                (h, "not visible from this PID namespace: the local process with this PID has no NVIDIA device "
-                    "file open (NVML may report a PID of another namespace)")
+                (h, "no NVIDIA device file open: the local process with this PID cannot be proven to be the one "
+                    "NVML lists (NVML may report a PID of another namespace)")
             )
         elif h.state == "zombie":
             skipped.append((h, "a zombie: it has exited already; its parent has to reap it"))
         else:
             targets.append(h)
-    return KillSelection(tuple(targets), tuple(skipped))
+    return KillSelection(tuple(targets), tuple(skipped), tuple(notes))
+
+
+def _unproven(holders: Iterable[Holder]) -> list[tuple[int, str]]:
+    """The NVML-listed PIDs that do not name a GPU holder here: no process of that PID, or one with no NVIDIA
+    device file open (not a zombie; one whose files cannot be read is no evidence either way)."""
+    out: list[tuple[int, str]] = []
+    for h in holders:
+        if "nvml" not in h.found_by:
+            continue
+        on = ", ".join(f"GPU {g.index}" for g in h.gpus)
+        if h.start_ticks is None:
+            out.append((h.pid, f"pid {h.pid} (on {on}) names no process here"))
+        elif h.device_files == () and h.state != "zombie":
+            out.append((h.pid, f"pid {h.pid} (on {on}) names {h.name or 'a process'}, which has no NVIDIA device "
+                               "file open"))
+    return out
+
+
+def _nested_pid_namespace() -> bool | None:
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino != INITIAL_PID_NAMESPACE_INODE
+    except OSError:
+        return None
+
+
+def _numbering_refusal(suspects: Sequence[str]) -> str:
+    nested = _nested_pid_namespace()
+    where = (" (this process runs in a PID namespace of its own, where older drivers report host PIDs)" if nested
+             else "")
+    return (f"NVML's process lists cannot be proven to number processes as this PID namespace does{where}: "
+            f"{'; '.join(suspects)}; a PID on a selected GPU's list could then name a process of another GPU. "
+            "Name the PIDs to kill, or use --all-holders (every process with an NVIDIA device file open)")
+
+
+def _restricted(holders: Iterable[Holder], indices: Collection[int] | None) -> list[Holder]:
+    """``holders`` as :func:`find_holders` with ``devices=indices`` gives them: NVML entries of other GPUs left out,
+    a holder listed only there kept only if a device file found it."""
+    if indices is None:
+        return list(holders)
+    out: list[Holder] = []
+    for h in holders:
+        gpus = tuple(g for g in h.gpus if g.index in indices)
+        if gpus == h.gpus:
+            out.append(h)
+        elif gpus:
+            out.append(replace(h, gpus=gpus))
+        elif "device-file" in h.found_by:
+            out.append(replace(h, gpus=(), found_by=frozenset({"device-file"})))
+    return out
 
 
 def explain_unseen_holders(

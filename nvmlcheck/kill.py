@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from ._proc import procfs, targets
+from ._proc.procfs import ProcUnreadable
 from ._proc.targets import Refused, Target, TargetSet
 from ._waitdefaults import CLOCK, EVENTS, ON_POLL, POLICY, SLEEP, STABLE_POLLS, TIMEOUT, Default
 from .errors import BackendUnavailable, NvmlCheckError, WaitTimeout
@@ -122,8 +123,8 @@ class KillResult:
 
     ``pids``: one record per target (descendants included). ``clean_ns``: when the GPUs were first seen clean with
     every target exited and off the process lists (so never before any target's ``exited_ns`` or ``off_gpu_ns``:
-    both are stamped on the same clock as the polls); ``confirmed_ns``: when that was confirmed. ``resolution_ns``: the poll period, the
-    uncertainty of each time. ``started_ns``: the clock reading of the first signal.
+    both are stamped on the same clock as the polls); ``confirmed_ns``: when that was confirmed. ``resolution_ns``:
+    the poll period, the uncertainty of each time. ``started_ns``: the clock reading of the first signal.
     """
 
     signal_name: str
@@ -252,7 +253,10 @@ class KillPlan:
                    clock: Callable[[], int] = time.monotonic_ns) -> int:
         """Send ``first_signal`` to every target (with ``tree``, first find and pin their descendants). Returns the
         clock reading taken just before the first signal: the origin of every time reported."""
-        return self._set.send_first(first_signal, clock=clock)
+        try:
+            return self._set.send_first(first_signal, clock=clock)
+        except Refused as exc:  # a descendant's /proc entry could not be read (out of descriptors): nothing sent
+            raise _public(exc) from None
 
     def escalate(self, sig: signal.Signals = signal.SIGKILL) -> tuple[int, ...]:
         """Send ``sig`` (SIGKILL) to every target that has not exited; returns their PIDs. :meth:`wait` calls it
@@ -314,15 +318,7 @@ class KillPlan:
             if not found.all_exited() and now >= next_scan:
                 next_scan = now + _SCAN_EVERY_NS
                 found.scan_descendants()
-            snap = point.snapshot
-            if snap is not None and not snap.failures and all(d.processes is not None for d in snap.devices):
-                listed = {p.pid for d in snap.devices for p in (d.processes or ())}
-                # Stamped with the poll's own time (when its query returned), the moment the clean stamp uses too:
-                # a reading taken here, after the poll was judged, could fall after the clean stamp of that poll.
-                polled = point.stamp_ns if point.stamp_ns is not None else now
-                for t in found.items:
-                    if t.off_gpu_ns is None and t.pid not in listed:
-                        t.off_gpu_ns = polled - start
+            _stamp_off_lists(found.items, point, now - start, start)
             if grace_end is not None and now >= grace_end and not found.escalated:
                 found.escalate(signal.SIGKILL)
             if on_poll is not None:
@@ -345,6 +341,11 @@ class KillPlan:
             )
         except WaitTimeout as exc:
             raise self._timeout(exc, timeout) from None
+        except Refused as exc:  # /proc could not be read (out of descriptors): an error, never "exited"
+            raise _public(exc) from None
+        except ProcUnreadable as exc:
+            why = f"{exc.strerror}; the targets signalled already were left as they are"
+            raise _public(Refused("(a target)", why)) from None
         finally:
             self.close()
         records = self.targets
@@ -395,6 +396,20 @@ class KillPlan:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _stamp_off_lists(items: Iterable[Target], point: TracePoint, fallback_ns: int, start: int) -> None:
+    """Stamp the targets that a complete poll (every GPU's lists read) no longer lists."""
+    snap = point.snapshot
+    if snap is None or snap.failures or any(d.processes is None for d in snap.devices):
+        return
+    listed = {p.pid for d in snap.devices for p in (d.processes or ())}
+    # The poll's own time (when its query returned), the moment the clean stamp uses too: a reading taken in the
+    # callback, after the poll was judged, could fall after the clean stamp of that same poll.
+    polled = fallback_ns if point.stamp_ns is None else point.stamp_ns - start
+    for t in items:
+        if t.off_gpu_ns is None and t.pid not in listed:
+            t.off_gpu_ns = polled
 
 
 class _TargetsExited(Predicate):

@@ -429,9 +429,9 @@ class Session:
         device_files: Sequence[str] | str | None = None,
     ) -> tuple[Holder, ...]:
         """Every process holding the selected GPUs (all by default): NVML's process lists joined with a scan of
-        ``/proc/*/fd`` for NVIDIA device files (``device_files``: globs, else ``$NVMLCHECK_DEVICE_FILES``, else
-        ``/dev/nvidia*``). Device-file holders are always included: a device file cannot say which GPU. Raises the
-        error of a GPU that cannot be read. See :mod:`nvmlcheck.holders`."""
+        ``/proc/*/fd`` for NVIDIA device files (character devices of NVIDIA's majors; ``device_files``: globs of
+        stand-in files that count too, for tests). Device-file holders are always included: a device file cannot say
+        which GPU. Raises the error of a GPU that cannot be read. See :mod:`nvmlcheck.holders`."""
         from .holders import find_holders
 
         self._check_open()
@@ -454,7 +454,8 @@ def open(
 
     ``backend``: ``"auto"`` (NVML, else nvidia-smi; never a simulator), ``"nvml"`` or ``"smi"``.
     ``smi_prefix``: run nvidia-smi behind a command such as ``"ssh gpu01"``. ``library_path``: a specific
-    libnvidia-ml (else ``$NVMLCHECK_LIBNVML``, else ``libnvidia-ml.so.1``). ``init_timeout_s``: how long
+    libnvidia-ml (else ``libnvidia-ml.so.1``; ``$NVMLCHECK_LIBNVML`` names only nvmlcheck's stub, for tests).
+    ``init_timeout_s``: how long
     ``nvmlInit`` may take (default 10 s; it can hang on a wedged driver), after which ``"nvml"`` raises
     :class:`~nvmlcheck.Timeout` and ``"auto"`` tries nvidia-smi.
 

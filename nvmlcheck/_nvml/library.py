@@ -1,6 +1,7 @@
 """Loading libnvidia-ml: where it is, which versioned symbols it has, and NVML's init/shutdown reference count.
 
-The path is ``$NVMLCHECK_LIBNVML`` (or an explicit path), else ``libnvidia-ml.so.1``, then ``libnvidia-ml.so``.
+The path is an explicit one, else ``libnvidia-ml.so.1``, then ``libnvidia-ml.so`` (the dynamic loader's search).
+``$NVMLCHECK_LIBNVML`` reaches a test's child processes and names only nvmlcheck's stub: :func:`library_from_env`.
 Versioned symbols (``_v2``/``_v3``) are probed once at load, newest first. One NVML initialisation per process and
 library is shared by every session, counted under a lock and started afresh after ``fork()``; ``nvmlInit`` runs in
 a daemon thread bounded by a timeout because it can hang. :meth:`LoadedLibrary.reinit` recovers from "Unknown
@@ -23,10 +24,12 @@ from ..errors import BackendUnavailable, Timeout, error_class_for_code
 from ..model import ProcessKind
 from ._ffi import ffi
 
-__all__ = ["ENV_LIBRARY", "LoadedLibrary", "Symbols", "fork_generation", "load"]
+__all__ = ["ENV_LIBRARY", "STUB_MARKER", "LoadedLibrary", "Symbols", "fork_generation", "library_from_env", "load"]
 
-#: Environment variable naming the libnvidia-ml to load (tests point it at the stub).
+#: Environment variable naming nvmlcheck's stub library for a test's child processes (nothing else is loaded from it).
 ENV_LIBRARY = "NVMLCHECK_LIBNVML"
+#: A symbol only nvmlcheck's stub exports: what proves that ``$NVMLCHECK_LIBNVML`` names the stub.
+STUB_MARKER = "stub_loaded_ns"
 DEFAULT_NAMES = ("libnvidia-ml.so.1", "libnvidia-ml.so")
 
 # Candidate symbols per capability, newest first. The _v3 and _v2 process calls share the 24-byte struct; the
@@ -297,13 +300,54 @@ _loaded: dict[str, LoadedLibrary] = {}
 _loaded_lock = threading.Lock()
 
 
-def _candidates(path: str | None) -> tuple[str, ...]:
-    if path:
-        return (path,)
-    env = os.environ.get(ENV_LIBRARY)
-    if env:
-        return (env,)
-    return DEFAULT_NAMES
+def _untrusted(path: str) -> str | None:
+    """Why this process must not load ``path`` named by its environment (``None``: it may): the file and its
+    directory are to be owned by this user or root and writable by no one else, so that a variable that travelled
+    into a root process (``sudo -E``, ``docker run -e``) cannot make it run another user's code."""
+    euid = os.geteuid()
+    for item in (path, os.path.dirname(os.path.abspath(path)) or "/"):
+        try:
+            st = os.stat(item)
+        except OSError as exc:
+            return f"{item}: {exc.strerror}"
+        if st.st_uid not in (euid, 0):
+            return f"{item} is owned by uid {st.st_uid}, not by this user ({euid}) or root"
+        if st.st_mode & 0o022:
+            return f"{item} is writable by other users (mode {st.st_mode & 0o777:o})"
+    return None
+
+
+def _is_stub(path: str) -> bool:
+    import ctypes
+
+    try:
+        return hasattr(ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY), STUB_MARKER)
+    except OSError:
+        return False
+
+
+def _check_stub(path: str) -> None:
+    if not _is_stub(path):
+        raise BackendUnavailable(
+            f"${ENV_LIBRARY} names {path!r}, which is not nvmlcheck's stub library: the variable is a test seam; "
+            "load another libnvidia-ml with library_path= or the dynamic loader's path", [f"{path}: no {STUB_MARKER}"])
+    from .._proc import devfiles
+
+    devfiles.stub_loaded_from_env()  # the stub's scenario's stand-in device files count (docs/testing.md)
+
+
+def library_from_env() -> str | None:
+    """The library ``$NVMLCHECK_LIBNVML`` names, for a process a test started with the stub in its environment;
+    ``None`` when unset. It is honoured only for nvmlcheck's stub, in a file this user (or root) owns and no one
+    else may write: anything else raises :class:`~nvmlcheck.BackendUnavailable`, so a test setting that leaks
+    into a real run cannot load another library, nor stand in for the driver without saying so."""
+    path = os.environ.get(ENV_LIBRARY)
+    if not path:
+        return None
+    why = _untrusted(path)
+    if why is not None:
+        raise BackendUnavailable(f"${ENV_LIBRARY} names {path!r}, which is not loaded: {why}", [f"{path}: {why}"])
+    return path
 
 
 def load(path: str | None = None) -> LoadedLibrary:
@@ -312,21 +356,25 @@ def load(path: str | None = None) -> LoadedLibrary:
     Raises :class:`~nvmlcheck.BackendUnavailable` listing every path tried and why it failed.
     """
     attempts: list[str] = []
+    from_env = None if path else library_from_env()
     with _loaded_lock:
-        for candidate in _candidates(path):
-            if candidate in _loaded:
-                return _loaded[candidate]
-            try:
-                lib = ffi.dlopen(candidate)
-            except OSError as exc:
-                attempts.append(f"{candidate}: {exc}")
-                continue
-            loaded = LoadedLibrary(candidate, lib)
+        for candidate in (path,) if path else (from_env,) if from_env else DEFAULT_NAMES:
+            loaded = _loaded.get(candidate)
+            if loaded is None:
+                try:
+                    lib = ffi.dlopen(candidate)
+                except OSError as exc:
+                    attempts.append(f"{candidate}: {exc}")
+                    continue
+                loaded = LoadedLibrary(candidate, lib)
+            if from_env is not None:
+                _check_stub(candidate)
             _loaded[candidate] = loaded
             return loaded
-    source = f" (from ${ENV_LIBRARY})" if not path and os.environ.get(ENV_LIBRARY) else ""
+    source = f" (${ENV_LIBRARY})" if from_env else ""
     raise BackendUnavailable(
-        f"libnvidia-ml could not be loaded{source}; install the NVIDIA driver, or point ${ENV_LIBRARY} at the library",
+        f"libnvidia-ml could not be loaded{source}; install the NVIDIA driver (or put its directory on the dynamic "
+        "loader's path, or pass library_path=)",
         attempts,
     )
 

@@ -16,7 +16,8 @@ import signal
 import time
 
 from . import procfs
-from .pin import Pinned, StaleIdentity
+from .pin import Pinned, StaleIdentity, descriptor_budget
+from .procfs import ProcUnreadable
 
 TYPE_CHECKING = False  # no typing: it costs start-up where site has not loaded it (docs/performance.md)
 if TYPE_CHECKING:
@@ -82,14 +83,26 @@ class Target:
         return self.pinned.pid
 
 
+def _unreadable(pid: object, exc: ProcUnreadable, started: bool) -> Refused:
+    """A ``/proc`` read that failed for want of descriptors (or memory, or permission): an error, never "gone"."""
+    after = ("; the targets signalled already were left as they are" if started else "; nothing was signalled")
+    return Refused(pid, f"{exc.strerror}{after}")
+
+
 def pin_pid(pid: int, mode: PinMode, expect_start_ticks: int | None = None) -> Pinned:
-    """Pin one named PID; :class:`Refused` for a thread, a process that is gone or changed, or EPERM."""
-    status = procfs.read_status(pid)
+    """Pin one named PID; :class:`Refused` for a thread, a process that is gone or changed, EPERM, or a ``/proc``
+    entry that cannot be read (out of descriptors: never taken for "gone")."""
+    try:
+        status = procfs.read_status(pid, strict=True)
+    except ProcUnreadable as exc:
+        raise _unreadable(pid, exc, False) from None
     if status is not None and status.tgid is not None and status.tgid != pid:
         # /proc/TID exists for threads too; kill() of a TID would signal its whole process.
         raise Refused(pid, f"that is a thread of process {status.tgid}, not a process")
     try:
         return Pinned.open(pid, mode=mode, expect_start_ticks=expect_start_ticks)
+    except ProcUnreadable as exc:
+        raise _unreadable(pid, exc, False) from None
     except StaleIdentity:
         raise Refused(pid, "that PID no longer names the process that was found (it exited; the PID may have "
                            "been reused)") from None
@@ -115,13 +128,33 @@ class TargetSet:
         # Without tree: descendants seen while the targets lived (pid -> (start ticks, target)), for the hint.
         self.offspring: dict[int, tuple[int, int]] = {}
         self.vanished: list[int] = []
+        self.fd_budget: int | None = None  # pidfds still to be had (pin.descriptor_budget); then start times
+
+    def pin_mode(self, pid: object) -> PinMode:
+        """How the next target is pinned: a pidfd while descriptors last (the soft limit raised to the hard one
+        first), then its start time; ``"pidfd"`` asked for explicitly and none left is :class:`Refused`."""
+        if self.mode == "start-time":
+            return "start-time"
+        if self.fd_budget is None:
+            self.fd_budget = descriptor_budget()
+        if self.fd_budget > 0:
+            self.fd_budget -= 1
+            return self.mode
+        if self.mode == "pidfd":
+            raise Refused(pid, "no file descriptor left for a pidfd (RLIMIT_NOFILE, hard limit reached)"
+                               + ("" if self.started is not None else "; nothing was signalled"))
+        return "start-time"
 
     def add_holders(self, holders: Iterable[Holder]) -> None:
         """Add holders as targets before the first signal, each pinned only if its PID still names the process
         that was found (same start time); one that exited meanwhile goes to :attr:`vanished`."""
         if self.started is not None:
             raise RuntimeError("add holders before the first signal")
-        limit, me, lineage = procfs.pid_max(), os.getpid(), procfs.ancestors()
+        try:
+            lineage = procfs.ancestors(strict=True)
+        except ProcUnreadable as exc:
+            raise _unreadable("(this process's ancestry)", exc, False) from None
+        limit, me = procfs.pid_max(), os.getpid()
         new: list[Target] = []
         try:
             for h in holders:
@@ -133,7 +166,9 @@ class TargetSet:
                 if h.start_ticks is None:
                     raise Refused(h.pid, "not a process of this PID namespace")
                 try:  # holders come from the /proc listing: processes, never thread IDs
-                    pinned = Pinned.open(h.pid, mode=self.mode, expect_start_ticks=h.start_ticks)
+                    pinned = Pinned.open(h.pid, mode=self.pin_mode(h.pid), expect_start_ticks=h.start_ticks)
+                except ProcUnreadable as exc:
+                    raise _unreadable(h.pid, exc, False) from None
                 except ProcessLookupError:  # gone, or its PID now names another process (StaleIdentity)
                     self.vanished.append(h.pid)
                     continue
@@ -191,7 +226,15 @@ class TargetSet:
         return tuple(out)
 
     def scan_descendants(self) -> None:
-        """Pin (``tree``) or remember (for the hint) the descendants of every living target."""
+        """Pin (``tree``) or remember (for the hint) the descendants of every living target. A ``/proc`` file that
+        cannot be read (out of descriptors, ...) is :class:`Refused`: a descendant left out would never be
+        signalled."""
+        try:
+            self._scan_descendants()
+        except ProcUnreadable as exc:
+            raise _unreadable("(a descendant of the targets)", exc, self.started is not None) from None
+
+    def _scan_descendants(self) -> None:
         known = {t.pid for t in self.items} | set(self.offspring)
         # (pid, the target it descends from, its pin when it is a target): the children of a PID are only taken
         # while that PID provably names the same process (its pin has not exited, or its start time is unchanged).
@@ -205,19 +248,19 @@ class TargetSet:
         me = os.getpid()
         while queue:
             ppid, origin, pin, ticks = queue.pop()
-            kids = procfs.children(ppid)
+            kids = procfs.children(ppid, strict=True)
             if kids is None:
                 if table is None:
-                    table = procfs.all_children()
+                    table = procfs.all_children(strict=True)
                 kids = table.get(ppid, set())
             if pin is not None and pin.exited():
                 continue  # the list may belong to a recycled PID
             if ticks is not None:
-                now_st = procfs.read_stat(ppid)
+                now_st = procfs.read_stat(ppid, strict=True)
                 if now_st is None or now_st.start_ticks != ticks:
                     continue
             for pid in sorted(kids - known - {me}):
-                st = procfs.read_stat(pid)
+                st = procfs.read_stat(pid, strict=True)
                 if st is None or st.ppid != ppid:
                     continue
                 known.add(pid)
@@ -226,7 +269,7 @@ class TargetSet:
                     queue.append((pid, origin, None, st.start_ticks))
                     continue
                 try:
-                    pinned = Pinned.open(pid, mode=self.mode, expect_start_ticks=st.start_ticks)
+                    pinned = Pinned.open(pid, mode=self.pin_mode(pid), expect_start_ticks=st.start_ticks)
                 except (ProcessLookupError, PermissionError):
                     continue
                 st2 = pinned.stat()
@@ -275,7 +318,11 @@ def prepare(pids: Iterable[int] = (), *, tree: bool = False, holders: Iterable[H
     TypeError for a non-int PID, and ValueError when there is no target or ``pinning`` is unknown."""
     if pinning not in ("auto", "pidfd", "start-time"):
         raise ValueError(f"pinning is 'auto', 'pidfd' or 'start-time', not {pinning!r}")
-    limit, me, lineage = procfs.pid_max(), os.getpid(), procfs.ancestors()
+    try:
+        lineage = procfs.ancestors(strict=True)
+    except ProcUnreadable as exc:
+        raise _unreadable("(this process's ancestry)", exc, False) from None
+    limit, me = procfs.pid_max(), os.getpid()
     chosen: list[int] = []
     for pid in pids:
         why = refusal(pid, limit, me, lineage)
@@ -290,7 +337,7 @@ def prepare(pids: Iterable[int] = (), *, tree: bool = False, holders: Iterable[H
     found = TargetSet(targets, tree=bool(tree), mode=pinning)
     try:
         for pid in chosen:
-            targets.append(Target(pin_pid(pid, pinning), "named"))
+            targets.append(Target(pin_pid(pid, found.pin_mode(pid)), "named"))
         if holder_list:
             found.add_holders(holder_list)
     except BaseException:

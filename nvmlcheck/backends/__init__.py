@@ -72,10 +72,10 @@ def open_backend(
 ) -> Backend:
     """Open a backend by name.
 
-    ``"nvml"`` loads libnvidia-ml (``library_path``, else ``$NVMLCHECK_LIBNVML``, else ``libnvidia-ml.so.1``, then
-    ``libnvidia-ml.so``) and initialises it, waiting at most ``init_timeout_s`` for ``nvmlInit`` (default
-    :data:`~nvmlcheck.backends.nvml.DEFAULT_INIT_TIMEOUT_S`). ``"smi"`` checks that nvidia-smi answers. ``"auto"``
-    tries NVML, then nvidia-smi (also when NVML's init failed or hung past its timeout), and raises
+    ``"nvml"`` loads libnvidia-ml (``library_path``, else ``libnvidia-ml.so.1``, then ``libnvidia-ml.so``;
+    ``$NVMLCHECK_LIBNVML`` only for nvmlcheck's stub) and initialises it, waiting at most ``init_timeout_s`` for
+    ``nvmlInit`` (default :data:`~nvmlcheck.backends.nvml.DEFAULT_INIT_TIMEOUT_S`). ``"smi"`` checks that nvidia-smi
+    answers. ``"auto"`` tries NVML, then nvidia-smi (also when NVML's init failed or hung past its timeout), and raises
     :class:`~nvmlcheck.BackendUnavailable` listing why each failed.
     """
     from ..errors import BackendUnavailable, NvmlCheckError

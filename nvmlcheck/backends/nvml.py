@@ -232,10 +232,10 @@ def _event_reasons(mask: int) -> ClockEventReason:
 class NvmlBackend:
     """Reads GPUs through libnvidia-ml.
 
-    ``library_path`` overrides ``$NVMLCHECK_LIBNVML`` and the default names. Opening initialises NVML (shared
-    reference count per process); :meth:`close` releases it. ``init_timeout_s`` bounds ``nvmlInit`` (``None``: no
-    bound); a hung init raises :class:`~nvmlcheck.Timeout`. After ``fork()`` the child re-initialises on its first
-    snapshot.
+    ``library_path`` overrides the default names (and ``$NVMLCHECK_LIBNVML``, which names only the stub). Opening
+    initialises NVML (shared reference count per process); :meth:`close` releases it. ``init_timeout_s`` bounds
+    ``nvmlInit`` (``None``: no bound); a hung init raises :class:`~nvmlcheck.Timeout`. After ``fork()`` the child
+    re-initialises on its first snapshot.
 
     Recovery: a call answering NVML_ERROR_UNINITIALIZED (NVML lost its initialisation, or another thread is
     re-initialising) makes the snapshot re-initialise NVML (unless another session just did) and read again, up to

@@ -13,7 +13,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from ._common import UsageError, verdict_printed
+from ._common import UsageError, verdict, verdict_printed
 from ._output import StatusLine, human_bytes, plural, print_json
 
 if TYPE_CHECKING:
@@ -138,6 +138,7 @@ def run_hosts(args: argparse.Namespace) -> int:
     finally:
         status.clear()
     code = overall_exit_code(results)
+    verdict(code, answer_is_output=args.command not in ("wait", "kill"))
     if args.json:
         from ..jsonout import hosts_document
 

@@ -18,6 +18,7 @@ from ._common import (
     hosts_wanted,
     open_session,
     start_events,
+    verdict,
     verdict_printed,
     wait_predicate,
 )
@@ -53,11 +54,11 @@ def signal_first(args: argparse.Namespace) -> None:
 
     try:
         found = prepare(args.pids, tree=args.tree)
+        found.send_first(signal.Signals[args.signal])
     except Refused as exc:
         from ..kill import KillError
 
         raise KillError(exc.pid, exc.reason) from None  # type: ignore[arg-type]
-    found.send_first(signal.Signals[args.signal])
     args.signalled = found
 
 
@@ -118,6 +119,8 @@ def _plan_with_nvml(args: argparse.Namespace, gpus: Session) -> tuple[KillPlan |
     selection = None
     if args.all_holders or args.all_on_gpu:
         selection = select_kill_holders(gpus, indices, all_holders=args.all_holders)
+        if selection.refused is not None:
+            raise UsageError(f"refusing --all-on-gpu: {selection.refused}; nothing was signalled")
         _show_selection(selection)
         if selection.targets:
             _confirm(len(selection.targets), args.yes)
@@ -165,11 +168,13 @@ def cmd_kill(args: argparse.Namespace) -> int:
                                    options=options)
             except KillTimeout as exc:
                 status.clear()
+                verdict(EXIT_NOT_CLEAN)
                 _print_timeout(args, exc, plan, selection)
                 verdict_printed(EXIT_NOT_CLEAN)
                 return EXIT_NOT_CLEAN
             finally:
                 status.clear()
+            verdict(EXIT_CLEAN)
             _print_result(args, result, plan, selection)
             verdict_printed(EXIT_CLEAN)
     finally:
@@ -189,6 +194,7 @@ def _wait_only(args: argparse.Namespace, gpus: Session, predicate: Any, selectio
         result = gpus.wait_until_clean(predicate=predicate, devices=args.devices, options=options)
     except WaitTimeout as exc:
         status.clear()
+        verdict(EXIT_NOT_CLEAN)
         if args.json:
             print_json(nothing_to_kill_timeout_document(exc, **kill_fields))
         else:
@@ -196,6 +202,7 @@ def _wait_only(args: argparse.Namespace, gpus: Session, predicate: Any, selectio
         verdict_printed(EXIT_NOT_CLEAN)
         return EXIT_NOT_CLEAN
     status.clear()
+    verdict(EXIT_CLEAN)
     if args.json:
         print_json(nothing_to_kill_document(result, **kill_fields))
     else:
@@ -244,6 +251,7 @@ def cmd_holders(args: argparse.Namespace) -> int:
         return run_hosts(args)
     with open_session(args) as gpus:
         holders = gpus.holders(args.devices)
+        verdict(EXIT_CLEAN, answer_is_output=True)
         if args.json:
             from ..jsonout import holders_document
 

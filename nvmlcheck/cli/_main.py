@@ -10,7 +10,6 @@ docs/architecture.md, "The path of one value"; exit codes: docs/cli.md, "Exit co
 from __future__ import annotations
 
 import importlib
-import os
 import sys
 
 from ._common import (
@@ -20,7 +19,10 @@ from ._common import (
     EXIT_USAGE,
     SimulationUnavailable,
     UsageError,
+    output_failed,
+    reset_verdict,
     simulation,
+    verdict_decided,
 )
 from ._signals import Terminated, ending_on_signals
 
@@ -77,6 +79,7 @@ def run(argv: Sequence[str] | None) -> int:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     json_mode = wants_json(argv)
+    reset_verdict()
     with ending_on_signals():
         try:
             parsed = _parse(argv, json_mode)
@@ -99,14 +102,15 @@ def run(argv: Sequence[str] | None) -> int:
             return fail(json_mode, KeyboardInterrupt("interrupted"), EXIT_SIGNAL_BASE + 2, label="interrupted")
         except Terminated as exc:
             return fail(json_mode, exc, EXIT_SIGNAL_BASE + exc.signum, label="terminated")
-        except BrokenPipeError:
-            # Output piped into `head` and the like: stop quietly, and keep Python from complaining at exit.
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            return 0
+        except BrokenPipeError as exc:
+            # Output piped into `head` and the like: the verdict decided before printing stands (never a false 0).
+            return output_failed(exc)
         except Exception as exc:
             from ..errors import NvmlCheckError
 
             if not isinstance(exc, NvmlCheckError):
+                if isinstance(exc, OSError) and verdict_decided():
+                    return output_failed(exc)  # disk full, EIO on a terminal: as a broken pipe
                 raise
             from ..errors import GpuFault
 

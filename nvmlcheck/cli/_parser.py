@@ -518,8 +518,8 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
                              help="watch /proc for the leader zombie, the pidfd exit and the device files closing "
                                   "(default on)")
         once(reclaim, "--device-files", metavar="GLOBS", default=None,
-             help="':'-separated globs of the files that count as NVIDIA device files (default "
-                  "$NVMLCHECK_DEVICE_FILES, else /dev/nvidia*)")
+             help="':'-separated globs of the files whose closing the study watches in its holders (default "
+                  "/dev/nvidia*)")
         compare = sub_parser(
             studies, "compare", help="do two studies differ? per cell, the median difference with a bootstrap interval",
             description="Compare two JSON Lines files of study reclaim records cell by cell (size, ending, holder "

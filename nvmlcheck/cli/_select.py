@@ -14,7 +14,7 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from ._common import EXIT_CLEAN, EXIT_NOT_CLEAN, UsageError, open_session, verdict_printed, wait_predicate
+from ._common import EXIT_CLEAN, EXIT_NOT_CLEAN, UsageError, open_session, verdict, verdict_printed, wait_predicate
 from ._output import print_json
 
 if TYPE_CHECKING:
@@ -88,6 +88,7 @@ def cmd_select(args: argparse.Namespace) -> int:
             opened_ns = max(0, round((time.monotonic() - started) * 1e9) - late.elapsed_ns)
             exc = SelectTimeout(args.wait or 0.0, late.elapsed_ns + opened_ns, late.culprits, late.snapshot,
                                 late.polls, count=late.count, clean=late.clean)
+            verdict(EXIT_NOT_CLEAN)
             if args.json:
                 print_json(select_timeout_document(exc, count=args.count, format=args.format, timeout_s=args.wait))
             else:
@@ -101,9 +102,10 @@ def cmd_select(args: argparse.Namespace) -> int:
                 holder = selection.locks.hold_until(owner)
             except ProcessLookupError as exc:
                 raise UsageError(str(exc)) from None
-            if not args.json:
-                print(f"nvmlcheck: locked GPU {', '.join(map(str, selection.indices))} until PID {owner} exits "
-                      f"(holder PID {holder}, {selection.locks.directory})", file=sys.stderr)
+        verdict(EXIT_CLEAN, answer_is_output=True)  # the GPUs chosen are the answer: unread, it is not given
+        if selection.locks is not None and not args.json:
+            print(f"nvmlcheck: locked GPU {', '.join(map(str, selection.indices))} until PID {owner} exits "
+                  f"(holder PID {holder}, {selection.locks.directory})", file=sys.stderr)
         if args.json:
             print_json(select_document(selection, count=args.count, format=args.format, timeout_s=args.wait,
                                        value=value, holder_pid=holder, owner_pid=owner))

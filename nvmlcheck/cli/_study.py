@@ -4,6 +4,9 @@ reclaim-time model) and ``nvmlcheck demo``."""
 from __future__ import annotations
 
 import contextlib
+import math
+import os
+import stat
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -59,6 +62,39 @@ def _study_plots(records: Sequence[Any], directory: str) -> list[str]:
     return paths
 
 
+def _check_out(path: str) -> None:
+    """``--out``: a regular file on disk (new or replaced), before a study that may last hours, not after its first
+    run: never a directory, a device or a kernel file (``/proc/self/mem`` is "regular" to stat)."""
+    real = os.path.realpath(path)
+    if real == "/dev" or real.startswith(("/proc/", "/sys/", "/dev/")):
+        raise UsageError(f"--out {path}: not a file on disk ({real})")
+    if not os.path.isdir(os.path.dirname(real) or "."):
+        raise UsageError(f"--out {path}: its directory does not exist")
+    try:
+        mode = os.stat(real).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise UsageError(f"--out {path}: {exc.strerror or exc}") from None
+    if stat.S_ISDIR(mode):
+        raise UsageError(f"--out {path}: is a directory (name a file in it, e.g. {os.path.join(path, 'runs.jsonl')})")
+    if not stat.S_ISREG(mode):
+        raise UsageError(f"--out {path}: not a regular file")
+
+
+def _sink(write: Any, path: str) -> Any:
+    """The record writer, its failure (a full disk) an error naming ``--out`` (the study stops, its holders ended)."""
+    from ..study import StudyError
+
+    def sink(record: Any) -> None:
+        try:
+            write(record)
+        except OSError as exc:
+            raise StudyError(f"--out {path}: cannot write a record: {exc.strerror or exc}") from None
+
+    return sink
+
+
 def cmd_study_compare(args: argparse.Namespace) -> int:
     """``study compare A.jsonl B.jsonl``: per cell, the median difference with a bootstrap interval; exit 0."""
     from ..study import RecordFormatError, load_records
@@ -66,8 +102,9 @@ def cmd_study_compare(args: argparse.Namespace) -> int:
 
     if not 0.0 < args.level < 1.0:
         raise UsageError(f"--level must be within (0, 1), got {args.level}")
-    if not args.resolve_ms > 0:
-        raise UsageError(f"--resolve-ms must be > 0, got {args.resolve_ms}")
+    resolve_ns = round(args.resolve_ms * 1e6) if math.isfinite(args.resolve_ms) else 0
+    if not resolve_ns >= 1:  # NaN, inf, <= 0, or below a nanosecond
+        raise UsageError(f"--resolve-ms must be a finite number of ms >= 1e-6, got {args.resolve_ms}")
     loaded = []
     for path in (args.a, args.b):
         try:
@@ -76,7 +113,7 @@ def cmd_study_compare(args: argparse.Namespace) -> int:
             raise UsageError(f"cannot read the records of {path}: {exc}") from None
     across = tuple(p.strip() for p in args.across.split(",") if p.strip())
     result = compare_records(loaded[0], loaded[1], measure=args.measure, level=args.level,
-                             resamples=args.resamples, seed=args.seed, resolve_ns=round(args.resolve_ms * 1e6),
+                             resamples=args.resamples, seed=args.seed, resolve_ns=resolve_ns,
                              across=across, stage=args.stage)
     if args.json:
         from ..jsonout import compare_document
@@ -114,16 +151,16 @@ def cmd_study_fit(args: argparse.Namespace) -> int:
     return EXIT_CLEAN
 
 
-def _study_config(args: argparse.Namespace) -> Any:
+def _config(args: argparse.Namespace) -> Any:
     """The :class:`~nvmlcheck.study.StudyConfig` of ``study reclaim``'s options (``ValueError``: exit 2)."""
-    from ..study import StudyConfig
+    from .. import study as st
 
     sizes = args.sizes
     if sizes is None:
         sizes = [0] if args.holder == "context" else [1 << 30, 4 << 30, 16 << 30]
     elif args.holder == "context":
         raise UsageError("--holder context allocates nothing: leave out --sizes")
-    return StudyConfig(
+    return st.StudyConfig(
         sizes=tuple(sizes), repeats=args.repeats, endings=tuple(args.endings),
         devices=None if args.devices is None else tuple(args.devices), mode=args.mode, trace=args.trace,
         warmup="per_cell" if args.warmup else "none", run_timeout_s=args.run_timeout,
@@ -133,6 +170,18 @@ def _study_config(args: argparse.Namespace) -> Any:
         importers=tuple(args.importers or (0,)), first=tuple(args.first or ("exporter",)),
         stage_gap_s=args.stage_gap, budget_s=args.budget, ready_timeout_s=args.ready_timeout,
     )
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    if args.plot is not None:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise UsageError("--plot needs matplotlib: pip install 'nvmlcheck[plot]'") from None
+        if os.path.exists(args.plot) and not os.path.isdir(args.plot):
+            raise UsageError(f"--plot {args.plot}: not a directory")
+    if args.out is not None:
+        _check_out(args.out)
 
 
 def _print_study(args: argparse.Namespace, result: Any, rows: Any, plots: Sequence[str]) -> None:
@@ -169,14 +218,8 @@ def cmd_study_reclaim(args: argparse.Namespace) -> int:
         return cmd_study_compare(args)
     if args.study == "fit":
         return cmd_study_fit(args)
-    config = _study_config(args)
-    if args.plot is not None:  # fail before a long study, not after it
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            raise UsageError("--plot needs matplotlib: pip install 'nvmlcheck[plot]'") from None
-    if args.out is not None and not Path(args.out).resolve().parent.is_dir():
-        raise UsageError(f"--out {args.out}: its directory does not exist")
+    config = _config(args)
+    _check_outputs(args)  # before a study that may last hours, not after it
     status = StatusLine(sys.stderr, not args.json)
 
     def progress(p: st.StudyProgress) -> None:
@@ -189,7 +232,12 @@ def cmd_study_reclaim(args: argparse.Namespace) -> int:
                       f" · {last}")
 
     with contextlib.ExitStack() as stack:
-        sink = stack.enter_context(st.record_writer(args.out)) if args.out is not None else None
+        sink = None
+        if args.out is not None:
+            try:
+                sink = _sink(stack.enter_context(st.record_writer(args.out)), args.out)
+            except OSError as exc:
+                raise UsageError(f"--out {args.out}: {exc.strerror or exc}") from None
         try:
             result = st.run_study(config, session_factory=lambda: open_session(args),
                                   holder_factory=_study_holders(args), on_record=sink, progress=progress)

@@ -12,6 +12,7 @@ from ._common import (
     hosts_wanted,
     open_session,
     start_events,
+    verdict,
     verdict_printed,
     wait_predicate,
 )
@@ -53,6 +54,7 @@ def cmd_wait(args: argparse.Namespace) -> int:
             opened_ns = round((time.monotonic() - started) * 1e9) - late.elapsed_ns
             exc = WaitTimeout(args.timeout, late.elapsed_ns + max(0, opened_ns), late.culprits, late.snapshot,
                               late.polls)
+            verdict(EXIT_NOT_CLEAN)
             if args.json:
                 from ..jsonout import wait_timeout_document
 
@@ -63,6 +65,7 @@ def cmd_wait(args: argparse.Namespace) -> int:
             return EXIT_NOT_CLEAN
         finally:
             status.clear()
+        verdict(EXIT_CLEAN)  # clean whether or not anyone reads it (docs/cli.md, "Exit codes")
         _print_clean(args, result)
         verdict_printed(EXIT_CLEAN)  # before the session closes: nvmlShutdown is teardown the kernel does anyway
     return EXIT_CLEAN

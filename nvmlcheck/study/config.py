@@ -90,7 +90,7 @@ class StudyConfig:
     ``"gpus"`` ends the holders of every selected GPU at the same instant; ``"none"`` runs each GPU alone, in turn
     (one record per GPU and planned run). ``phases``: watch the OS-side phases from ``/proc`` (zombie, whole process
     exited, device files closed) in a thread of their own; ``device_files``: the globs of the files that count as
-    NVIDIA device files (``None``: ``$NVMLCHECK_DEVICE_FILES`` or the defaults). ``events``: listen for NVML events
+    NVIDIA device files in the study's own holders (``None``: ``/dev/nvidia*``). ``events``: listen for NVML events
     (:mod:`nvmlcheck.events`) during each run and keep every one in its record (``events``; where events cannot be
     had, ``events_reason`` says why); they are recorded, they do not end a run.
 

@@ -185,7 +185,7 @@ def watch_phases(
 ) -> tuple[list[PhaseWatch], ProcWatcher]:
     """One :class:`PhaseWatch` per PID, each pinned by a pidfd while it is still alive (call before the signals),
     and the (not yet started) watcher over them. ``precise``: sample every 0.2 ms instead of every 1 ms;
-    ``device_files``: the device-file globs (``None``: ``$NVMLCHECK_DEVICE_FILES`` or the defaults)."""
+    ``device_files``: the device-file globs (``None``: ``/dev/nvidia*``)."""
     watches = []
     for pid in pids:
         pinned, why = ProcWatcher.pin(pid)

@@ -82,13 +82,15 @@ def nvml_stub(
     when NVML is initialised, so change ``nvml_scenario`` (or start ``nvml_bound_process`` children) before opening
     nvmlcheck. Fails the test when it leaves a session open (the next test would not see its own scenario).
     """
+    from .._proc.devfiles import simulated_globs, simulated_stand_ins
     from .._sim.session import ENV_LIBRARY, ENV_LOG, StubSession
 
     log_path = nvml_scenario_path.parent / "calls.log"
     monkeypatch.setenv(ENV_LIBRARY, str(nvml_stub_library))
     monkeypatch.setenv(ENV_LOG, str(log_path))
     _check_balanced(nvml_stub_library, "before the test")
-    yield StubSession(nvml_stub_library, nvml_scenario_path, log_path)
+    with simulated_stand_ins(simulated_globs(nvml_scenario_path), f"the test's simulation ({nvml_scenario_path})"):
+        yield StubSession(nvml_stub_library, nvml_scenario_path, log_path)
     _check_balanced(nvml_stub_library, "after the test")
 
 
@@ -99,10 +101,16 @@ def nvml_bound_process(
     """A factory: ``nvml_bound_process(device=0, used_bytes=16 << 30, *, kind="compute", list_ms=90,
     release_ms=120, zombie_holds=False, argv=None)`` starts a real child process (``argv``, default a Python that
     sleeps) and lists it on ``device`` in ``nvml_scenario`` while it lives: after it exits, it leaves the list
-    ``list_ms`` later and gives its memory back ``release_ms`` later, as a driver does. Children still running at
-    the end of the test are killed."""
+    ``list_ms`` later and gives its memory back ``release_ms`` later, as a driver does. The child holds the
+    simulation's stand-ins of ``/dev/nvidia<device>`` and ``/dev/nvidiactl`` open (inherited descriptors, whatever
+    ``argv`` runs), as a CUDA process holds the real ones, so ``holders`` and ``kill --all-on-gpu`` /
+    ``--all-holders`` find it on the simulator. Children still running at the end of the test are killed."""
     import subprocess
 
+    from .._proc.devfiles import SIMULATED_DEVICE_DIR
+    from .._sim.session import stand_in_device_files
+
+    device_dir = nvml_scenario_path.parent / SIMULATED_DEVICE_DIR
     children: list[subprocess.Popen[bytes]] = []
 
     def start(
@@ -116,7 +124,12 @@ def nvml_bound_process(
         argv: list[str] | None = None,
     ) -> subprocess.Popen[bytes]:
         command = argv or [sys.executable, "-S", "-c", "import time; time.sleep(3600)"]
-        child = subprocess.Popen(command, stdin=subprocess.DEVNULL)
+        fds = [os.open(path, os.O_RDONLY) for path in stand_in_device_files(device_dir, device)]
+        try:
+            child = subprocess.Popen(command, stdin=subprocess.DEVNULL, pass_fds=fds)
+        finally:
+            for fd in fds:
+                os.close(fd)
         children.append(child)
         nvml_scenario.add_process(device, child.pid, kind, used_bytes, bound=True, list_ms=list_ms,
                                   release_ms=release_ms, zombie_holds=zombie_holds)

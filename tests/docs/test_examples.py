@@ -34,6 +34,7 @@ import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import textwrap
@@ -105,7 +106,7 @@ def _server(tmp: Path) -> Setup:
     assert child.stdout is not None and child.stdout.readline().strip() == b"ready"
     scenario = Scenario.h200(devices=2)
     scenario.add_process(0, child.pid, used_bytes=16 * GIB, bound=True, list_ms=90, release_ms=120)
-    env = {"SERVER_PID": str(child.pid), "NVMLCHECK_DEVICE_FILES": str(dev / "nvidia[0-9]*")}
+    env = {"SERVER_PID": str(child.pid)}  # dev/ next to the scenario: the simulation's stand-ins
     return Setup(scenario, env=env, files={"server.pid": f"{child.pid}\n"}, children=[child])
 
 
@@ -280,12 +281,30 @@ def block_environment(options: dict[str, str], tmp: Path) -> Iterator[dict[str, 
             **setup.env,
         )
         env["PWD"] = str(work)
+        # Every process the block starts inherits this: what it leaves running (a `sleep 30 &` owner, the lock
+        # holder of `select --lock`, whose owner may be this very test process) is ended with the block.
+        env["NVMLCHECK_DOCS_BLOCK"] = str(tmp)
         yield env
     finally:
         for child in setup.children:
             if child.poll() is None:
                 child.kill()
             child.wait()
+        _end_block_processes(f"NVMLCHECK_DOCS_BLOCK={tmp}".encode())
+
+
+def _end_block_processes(marker: bytes) -> None:
+    """SIGKILL every process whose environment holds ``marker`` (the block's own variable)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if marker in environ.split(b"\0"):
+            with contextlib.suppress(OSError):
+                os.kill(int(entry.name), signal.SIGKILL)
 
 
 def _run(argv: list[str], env: dict[str, str], *, merge: bool = False) -> subprocess.CompletedProcess[str]:

@@ -64,6 +64,31 @@ def test_a_bound_process_frees_its_gpu_when_killed(nvml_stub: StubSession, nvml_
     assert result.pids[0].off_gpu_ns is not None and result.clean_ns is not None
 
 
+def test_a_bound_process_is_a_holder_and_all_on_gpu_kills_it(nvml_stub: StubSession, nvml_bound_process) -> None:
+    # It holds the simulation's stand-in device files, as a CUDA process holds /dev/nvidia*: proven here.
+    server = nvml_bound_process(0, used_bytes=8 << 30)
+    bystander = subprocess.Popen([sys.executable, "-S", "-c", "import time; time.sleep(60)"])
+    try:
+        with nc.open("nvml") as gpus:
+            (holder,) = gpus.holders()
+            assert holder.pid == server.pid and holder.found_by == {"nvml", "device-file"}
+            selection = nc.select_kill_holders(gpus, all_holders=False)
+        assert [t.pid for t in selection.targets] == [server.pid], selection.skipped
+        assert any("stand-in" in note for note in selection.notes)
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_a_child_nvmlcheck_kills_a_bound_process_with_all_on_gpu(nvml_stub: StubSession, nvml_bound_process) -> None:
+    server = nvml_bound_process(0, used_bytes=8 << 30, argv=[sys.executable, "-S", "-c", "import time; time.sleep(60)"])
+    done = subprocess.run([sys.executable, "-m", "nvmlcheck", "kill", "--all-on-gpu", "--yes", "--timeout", "10"],
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "stand-in" in done.stderr and "$NVMLCHECK_LIBNVML" in done.stderr  # the plan says whose rule
+    assert server.wait(timeout=10) is not None
+
+
 def test_the_fake_nvidia_smi_is_on_path(fake_nvidia_smi, nvml_scenario: Scenario) -> None:
     with nc.open("smi") as gpus:
         assert gpus.snapshot().devices[0].name == "NVIDIA H200"
@@ -95,14 +120,14 @@ def run_pytest(tmp_path: Path, module: str, **env: str) -> subprocess.CompletedP
 def test_a_tool_authors_tests_pass_with_the_fixtures(tmp_path: Path) -> None:
     done = run_pytest(tmp_path, TOOL_TESTS)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "5 passed" in done.stdout, done.stdout
+    assert "7 passed" in done.stdout, done.stdout
 
 
 def test_without_a_compiler_the_stub_fixtures_skip_and_the_fake_smi_still_works(tmp_path: Path) -> None:
     done = run_pytest(tmp_path, TOOL_TESTS, NVMLCHECK_STUB_CACHE=str(tmp_path / "empty-cache"),
                       CC=str(tmp_path / "no-such-cc"))
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "1 passed, 4 skipped" in done.stdout and "C compiler" in done.stdout, done.stdout
+    assert "1 passed, 6 skipped" in done.stdout and "C compiler" in done.stdout, done.stdout
 
 
 def test_a_session_left_open_fails_the_test(tmp_path: Path) -> None:

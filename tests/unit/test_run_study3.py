@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 from nvmlcheck.cli._parser import build_parser
-from nvmlcheck.cli._study import _study_config
+from nvmlcheck.cli._study import _config as _study_config
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu" / "run_study3.sh"
 
