@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from statistics import NormalDist
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +23,7 @@ from .._units import format_bytes
 from .summary import MEASURES, cell_words, percentile
 
 if TYPE_CHECKING:
-    from .records import RunRecord
+    from .records import DeviceRun, RunRecord
 
 __all__ = [
     "COMPARE_SCHEMA",
@@ -172,11 +172,7 @@ def _cells(records: Iterable[RunRecord], measure: str, across: Sequence[str] = (
     for r in records:
         if r.warmup or r.timed_out:
             continue
-        last = max((d.signal_ns for d in r.devices), default=0) - STAGE_TOLERANCE_NS
-        for d in r.devices:
-            if stage == "last" and d.signal_ns < last:
-                continue
-            v = getattr(d, f"{measure}_ns")
+        for d, v in _values(r, measure, stage):
             # A part compared across is left out of the key: -1 / "*" stand for "any".
             key = (-1 if "size" in across else r.size_bytes, "*" if "ending" in across else r.ending,
                    "*" if "holder" in across else r.holder, -1 if "device" in across else d.index,
@@ -185,6 +181,26 @@ def _cells(records: Iterable[RunRecord], measure: str, across: Sequence[str] = (
             out.setdefault(key, [])
             if v is not None:
                 out[key].append(float(v))
+    return out
+
+
+def _values(r: RunRecord, measure: str, stage: str) -> list[tuple[DeviceRun, int | None]]:
+    """Each GPU-run's value of ``measure``; with ``stage="last"``, one value per GPU: the latest of its last-stage
+    holders (the time until all of them got there), so K importers count once, not K times."""
+    if stage != "last":
+        return [(d, getattr(d, f"{measure}_ns")) for d in r.devices]
+    last = max((d.signal_ns for d in r.devices), default=0) - STAGE_TOLERANCE_NS
+    by_gpu: dict[int, list[DeviceRun]] = {}
+    for d in r.devices:
+        if d.signal_ns >= last:
+            by_gpu.setdefault(d.index, []).append(d)
+    out: list[tuple[DeviceRun, int | None]] = []
+    for group in by_gpu.values():
+        known = [v for d in group if (v := getattr(d, f"{measure}_ns")) is not None]
+        value = max(known) if len(known) == len(group) else None  # one holder unseen: the GPU's time is unknown
+        roles = {d.role for d in group}
+        first = group[0] if len(roles) == 1 else replace(group[0], role="*")
+        out.append((first, value))
     return out
 
 

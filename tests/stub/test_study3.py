@@ -171,10 +171,12 @@ def test_ipc_groups_end_in_two_stages() -> None:
     rows = summarize([exporter_first])
     assert [(row.role, row.n) for row in rows] == [("exporter", 1), ("importer", 2)]
     assert "2 importers, exporter ended first: the importers" in format_summary(rows)
-    # Compared from each run's last signal, whichever side it was: one cell, the importers' against the exporter's.
-    c = compare_records([exporter_first], [importers_first], across=("first", "role"), stage="last")
+    # Compared from each run's last signal, whichever side it was: one cell, the importers' against the exporter's,
+    # and the two importers count once, with the later of their times (when both had exited).
+    c = compare_records([exporter_first], [importers_first], across=("first", "role"), stage="last", measure="exited")
     (cell,) = c.cells
-    assert (cell.n_a, cell.n_b, cell.role, cell.first) == (2, 1, "*", "*")
+    assert (cell.n_a, cell.n_b, cell.role, cell.first) == (1, 1, "*", "*")
+    assert cell.median_a == max(d.exited_ns or 0 for d in exporter_first.devices if d.role == "importer")
 
 
 def test_nccl_ranks_on_two_gpus_and_skipped_on_one() -> None:
