@@ -45,10 +45,12 @@ study() {
   if [ "$l" -lt "$need" ]; then
     echo "$name: SKIPPED (time budget spent: $l s left, $need s needed) [$*]" | tee -a "$OUT/runs.txt"; return
   fi
-  local budget=$(( cap < l - 5 ? cap : l - 5 ))
   # The previous study's tail (a killed holder still tearing down) must not fail this one's first baseline.
   # shellcheck disable=SC2086  # GLOBAL is a list of options
   timeout 40 python3 -m nvmlcheck $GLOBAL wait --devices "$DEV" --timeout 30 > /dev/null 2>&1
+  l=$(left)
+  if [ "$l" -lt 10 ]; then echo "$name: SKIPPED (no time left after waiting for a clean GPU)" | tee -a "$OUT/runs.txt"; return; fi
+  local budget=$(( cap < l - 5 ? cap : l - 5 ))
   local t1; t1=$(date +%s)
   # The cap stops new runs; the timeout ends a study one run past it (a 64 GiB pinned run: ~30 s), never past LIMIT.
   local hard=$(( budget + 60 < l ? budget + 60 : l ))
