@@ -80,7 +80,7 @@ study ipc-2-importers-first 35 "${I[@]}" --importers 2 --first importers
 # 3. Managed memory touched on the GPU (8 GiB: far below the free memory; the holder refuses more than free - 7 GiB).
 study managed-dev8 20 --kind managed --endings KILL --sizes 8GiB
 # 4. MPS (a daemon of the study's own, started and stopped in the run) and NCCL: run or skipped with the reason.
-study mps-dev8 30 --kind mps --endings KILL --sizes 8GiB
+study mps-dev8 30 --kind mps --endings KILL --sizes 8GiB --run-timeout 10
 # The study quits its MPS daemon itself; one killed outright would leave it (and its server's memory): quit any left.
 for pipe in "${TMPDIR:-/tmp}"/nvmlcheck-mps-*/pipe; do
   [ -e "$pipe/control" ] || continue
