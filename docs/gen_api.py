@@ -78,6 +78,10 @@ SECTIONS: list[tuple[str, str, list[str]]] = [
             "Clocks",
             "ClockSet",
             "ClockEventReason",
+            "Health",
+            "HealthCause",
+            "OperatorAction",
+            "RecoveryAction",
             "MemoryHealth",
             "MigDevice",
             "RetiredPage",
@@ -114,7 +118,7 @@ SECTIONS: list[tuple[str, str, list[str]]] = [
         "Signal processes, escalate to SIGKILL, and wait until they have exited and the GPUs are clean, timing each "
         "phase. Targets are pinned (pidfd) from validation on; [killing.md](killing.md) explains the guarantees.",
         ["kill_and_wait", "prepare_kill", "KillPlan", "KillResult", "PidTimes", "SignalSent", "KillTimeout",
-         "KillError"],
+         "KillError", "ProcessGone", "NotPermitted", "targets_released", "not_ours"],
     ),
     (
         "Events",

@@ -22,6 +22,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from ._text import printable
+
 __all__ = [
     "ENV_DEVICE_ORDER",
     "ENV_VISIBLE_DEVICES",
@@ -215,11 +217,11 @@ class CudaMapping:
             lines.append("  visible CUDA devices: none")
         for d in self.devices or ():
             lines.append(f"  cuda:{d.cuda_index} -> GPU {d.nvml_index} {d.uuid} ({d.pci_bus_id or 'PCI bus id unknown'}"
-                         f", {d.name or 'name unknown'})")
+                         f", {printable(d.name) if d.name else 'name unknown'})")
         if self.devices is None or len(self.devices) < len(self.gpus):
             lines.append("  GPUs NVML sees:" + ("" if self.gpus else " none"))
             lines.extend(f"    GPU {g.index} {g.uuid} ({g.pci_bus_id or 'PCI bus id unknown'}, "
-                         f"{g.name or 'name unknown'})" for g in self.gpus)
+                         f"{printable(g.name) if g.name else 'name unknown'})" for g in self.gpus)
         lines.extend(f"  note: {n}" for n in self.notes)
         return "\n".join(lines)
 

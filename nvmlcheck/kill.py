@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from ._proc import procfs, targets
 from ._proc.procfs import ProcUnreadable
 from ._proc.targets import Refused, Target, TargetSet
+from ._text import printable
 from ._waitdefaults import CLOCK, EVENTS, ON_POLL, POLICY, SLEEP, STABLE_POLLS, TIMEOUT, Default
 from .errors import BackendUnavailable, NvmlCheckError, WaitTimeout
 from .holders import Holder
@@ -39,19 +40,25 @@ __all__ = [
     "KillPlan",
     "KillResult",
     "KillTimeout",
+    "NotPermitted",
     "PidTimes",
+    "ProcessGone",
     "SignalSent",
     "kill_and_wait",
+    "kill_records",
     "prepare_kill",
 ]
 
-#: How a target was chosen: named by the caller, a descendant of one (``tree=True``), or a holder found by NVML or
-#: by its open device files.
-FoundBy = Literal["named", "descendant", "nvml", "device-file"]
+#: How a target was chosen: named by the caller, a descendant of one (``tree=True``), a holder found by NVML or by
+#: its open device files, a command line that ``match`` matched, or a member of ``container``.
+FoundBy = Literal["named", "descendant", "nvml", "device-file", "match", "container"]
 
 #: The shortest time between two scans for descendants while targets live (each scan reads a few /proc files per
 #: process of the tree; the poller may poll every millisecond).
 _SCAN_EVERY_NS = 5_000_000
+#: When the GPU side fails mid-kill and the kill has no timeout: how long after the SIGKILL the targets' exits are
+#: still awaited, with the operating system alone, before the error is raised with their records.
+AFTER_KILL_WAIT_S = 5.0
 
 
 class KillError(NvmlCheckError):
@@ -70,6 +77,19 @@ class KillError(NvmlCheckError):
         return (type(self), (self.pid, self.reason))
 
 
+class ProcessGone(KillError):
+    """The named PID names no process (ESRCH), or no longer the process that was found (it exited and its PID may
+    have been reused). ``missing_ok=True`` (``--missing-ok``) skips such a PID instead."""
+
+    __module__ = "nvmlcheck"
+
+
+class NotPermitted(KillError):
+    """This process may not signal that PID (EPERM): another user's process, or one in another container."""
+
+    __module__ = "nvmlcheck"
+
+
 @dataclass(frozen=True, slots=True)
 class SignalSent:
     """One signal delivered to a target: its name (``"SIGTERM"``) and when, in ns from the first signal."""
@@ -85,7 +105,9 @@ class PidTimes:
     ``found_by``: see :data:`FoundBy`; ``parent``: for a descendant, the target it descends from. ``signals``: every
     signal actually delivered (none when it had exited already). ``exited_ns``: first poll that found it exited (gone
     or a zombie: its GPU file descriptors are closed then). ``off_gpu_ns``: first poll whose process lists no longer
-    showed its PID. ``pinning``: ``"pidfd"`` or ``"start-time"`` (docs/killing.md).
+    showed its PID. ``pinning``: ``"pidfd"`` or ``"start-time"`` (docs/killing.md). ``discarded``: why the kernel
+    would have discarded the first signal (it ignores it, or it is a PID-namespace init without a handler), so
+    SIGKILL was sent at once instead; ``None`` when the first signal was sent as asked.
     """
 
     pid: int
@@ -96,6 +118,7 @@ class PidTimes:
     off_gpu_ns: int | None
     parent: int | None = None
     pinning: Literal["pidfd", "start-time"] = "pidfd"
+    discarded: str | None = None
 
     @property
     def killed_ns(self) -> int | None:
@@ -114,6 +137,7 @@ class PidTimes:
             "exited_ns": self.exited_ns,
             "off_gpu_ns": self.off_gpu_ns,
             "pinning": self.pinning,
+            "discarded": self.discarded,
         }
 
 
@@ -125,6 +149,8 @@ class KillResult:
     every target exited and off the process lists (so never before any target's ``exited_ns`` or ``off_gpu_ns``:
     both are stamped on the same clock as the polls); ``confirmed_ns``: when that was confirmed. ``resolution_ns``:
     the poll period, the uncertainty of each time. ``started_ns``: the clock reading of the first signal.
+    ``missing``: named PIDs that were gone already (``missing_ok``). ``only_targets``: "clean" judged only what the
+    targets held (:func:`~nvmlcheck.released.targets_released`), and ``not_ours`` names what else holds the GPUs.
     """
 
     signal_name: str
@@ -135,6 +161,9 @@ class KillResult:
     resolution_ns: int
     wait: WaitResult
     tree: bool = False
+    missing: tuple[int, ...] = ()
+    only_targets: bool = False
+    not_ours: tuple[str, ...] = ()
 
     @property
     def snapshot(self) -> Snapshot:
@@ -152,6 +181,9 @@ class KillResult:
             "clean_ns": self.clean_ns,
             "confirmed_ns": self.confirmed_ns,
             "resolution_ns": self.resolution_ns,
+            "missing": list(self.missing),
+            "judged": "targets" if self.only_targets else "gpus",
+            "not_ours": list(self.not_ours),
         }
 
 
@@ -160,7 +192,8 @@ class KillTimeout(WaitTimeout):
 
     Besides :class:`~nvmlcheck.WaitTimeout`'s fields (``culprits`` names what still runs or holds a GPU): ``pids``,
     one :class:`PidTimes` per target, and ``tree_hint``, the processes on a GPU list that descend from a target and
-    were not killed (``tree=True``, ``--tree``, would have), as ``(pid, ancestor target)``.
+    were not killed (``tree=True``, ``--tree``, would have), as ``(pid, ancestor target)``; ``missing`` and
+    ``only_targets`` as in :class:`KillResult`.
     """
 
     __module__ = "nvmlcheck"
@@ -176,14 +209,19 @@ class KillTimeout(WaitTimeout):
         pids: Sequence[PidTimes] = (),
         tree_hint: Sequence[tuple[int, int]] = (),
         signal_name: str = "SIGTERM",
+        missing: Sequence[int] = (),
+        only_targets: bool = False,
     ) -> None:
         super().__init__(timeout_s, elapsed_ns, culprits, snapshot, polls)
         self.pids: tuple[PidTimes, ...] = tuple(pids)
         self.tree_hint: tuple[tuple[int, int], ...] = tuple(tree_hint)
         self.signal_name = signal_name
+        self.missing: tuple[int, ...] = tuple(missing)
+        self.only_targets = only_targets
 
     def __reduce__(self) -> tuple[Any, ...]:
-        extra = {"pids": self.pids, "tree_hint": self.tree_hint, "signal_name": self.signal_name}
+        extra = {"pids": self.pids, "tree_hint": self.tree_hint, "signal_name": self.signal_name,
+                 "missing": self.missing, "only_targets": self.only_targets}
         return (_rebuild_timeout, ((self.timeout_s, self.elapsed_ns, self.culprits, self.snapshot, self.polls), extra))
 
     def to_json(self) -> dict[str, Any]:
@@ -193,6 +231,8 @@ class KillTimeout(WaitTimeout):
             "signal": self.signal_name,
             "pids": [t.to_json() for t in self.pids],
             "tree_hint": [{"pid": pid, "descends_from": anc} for pid, anc in self.tree_hint],
+            "missing": list(self.missing),
+            "judged": "targets" if self.only_targets else "gpus",
         }
 
 
@@ -203,13 +243,21 @@ def _rebuild_timeout(args: tuple[Any, ...], extra: dict[str, Any]) -> KillTimeou
 # --- the plan ---------------------------------------------------------------------------------------------------
 
 
+def kill_records(exc: BaseException) -> tuple[PidTimes, ...] | None:
+    """The targets' records a kill attached to ``exc`` when it failed after the first signal (a lost GPU, an NVML
+    error, a fatal event): what was sent to each and whether it exited. ``None`` when ``exc`` carries none."""
+    records = getattr(exc, "_nvmlcheck_kill_pids", None)
+    return records if isinstance(records, tuple) else None
+
+
 def _public(exc: Refused) -> KillError:
-    return KillError(exc.pid, exc.reason)  # type: ignore[arg-type]
+    kind = {"gone": ProcessGone, "eperm": NotPermitted}.get(getattr(exc, "kind", None) or "", KillError)
+    return kind(exc.pid, exc.reason)  # type: ignore[arg-type]
 
 
 def _record(t: Target) -> PidTimes:
     return PidTimes(t.pid, t.found_by, t.pinned.comm, tuple(SignalSent(n, at) for n, at in t.signals),  # type: ignore[arg-type]
-                    t.exited_ns, t.off_gpu_ns, t.parent, t.pinned.mode)
+                    t.exited_ns, t.off_gpu_ns, t.parent, t.pinned.mode, t.discarded)
 
 
 class KillPlan:
@@ -234,6 +282,17 @@ class KillPlan:
         return tuple(self._set.vanished)
 
     @property
+    def missing(self) -> tuple[int, ...]:
+        """Named PIDs that were gone before they could be pinned (``missing_ok=True``): not targets."""
+        return tuple(self._set.missing)
+
+    @property
+    def left_alone(self) -> tuple[tuple[int, str], ...]:
+        """``(pid, why)`` of the processes ``match``/``container`` chose but this plan will not signal (this
+        process, an ancestor, a zombie, EPERM)."""
+        return tuple(self._set.left_alone)
+
+    @property
     def started_ns(self) -> int | None:
         """The clock reading of the first signal (``None`` before :meth:`send_first`)."""
         return self._set.started
@@ -250,11 +309,16 @@ class KillPlan:
     # --- signals ---
 
     def send_first(self, first_signal: signal.Signals = signal.SIGTERM, *,
-                   clock: Callable[[], int] = time.monotonic_ns) -> int:
+                   clock: Callable[[], int] = time.monotonic_ns, sigkill_if_discarded: bool = True) -> int:
         """Send ``first_signal`` to every target (with ``tree``, first find and pin their descendants). Returns the
-        clock reading taken just before the first signal: the origin of every time reported."""
+        clock reading taken just before the first signal: the origin of every time reported.
+
+        A target that would not receive it (it ignores the signal, or it is the init of a PID namespace, seen from
+        outside, with no handler for it: the kernel discards such a signal) gets SIGKILL at once instead of waiting
+        out the grace period, and its :attr:`PidTimes.discarded` says why. ``sigkill_if_discarded=False`` (for a
+        kill that must never escalate) sends the first signal anyway and only records why."""
         try:
-            return self._set.send_first(first_signal, clock=clock)
+            return self._set.send_first(first_signal, clock=clock, sigkill_if_discarded=sigkill_if_discarded)
         except Refused as exc:  # a descendant's /proc entry could not be read (out of descriptors): nothing sent
             raise _public(exc) from None
 
@@ -284,6 +348,7 @@ class KillPlan:
         sleep: Callable[[float], object] = SLEEP,
         events: bool | None = EVENTS,
         options: WaitOptions | None = None,
+        only_targets: Snapshot | None = None,
     ) -> KillResult:
         """Wait until every target has exited and ``predicate`` (default: :func:`default_predicate`) holds on the
         selected GPUs; SIGKILL the targets still alive once ``grace_s`` has passed since the first signal (``None``
@@ -293,10 +358,17 @@ class KillPlan:
         (``True``), a fatal event on a selected GPU raises :class:`~nvmlcheck.GpuFault` at once.
 
         ``options``: a :class:`~nvmlcheck.wait.WaitOptions`; a keyword argument given wins over its field. Its
-        ``clock`` must be the one given to :meth:`send_first` (or left at its default): the plan's clock is used."""
+        ``clock`` must be the one given to :meth:`send_first` (or left at its default): the plan's clock is used.
+
+        ``only_targets``: a snapshot of the selected GPUs taken just before :meth:`send_first` (memory and process
+        lists). Given, the GPU half judges only what the targets held
+        (:func:`~nvmlcheck.released.targets_released`: off every list, the used memory fallen by what they held),
+        instead of the whole GPU; other tenants are named in :attr:`KillResult.not_ours`. Not with ``predicate``."""
         from .wait import WaitOptions
 
         found = self._set
+        if only_targets is not None:
+            predicate = _released(found, only_targets, predicate)
         if found.started is None or found.first is None:
             raise RuntimeError("send the first signal before waiting")
         grace_ns = _grace_ns(grace_s)
@@ -305,7 +377,7 @@ class KillPlan:
         opts = WaitOptions.or_default(options).with_(timeout=timeout, policy=policy, stable_polls=stable_polls,
                                                      on_poll=on_poll, sleep=sleep, events=events)
         timeout, on_poll = opts.timeout, opts.on_poll
-        start, clock, first = found.started, found.clock, found.first
+        start, clock = found.started, found.clock
         if opts.clock is not clock and opts.clock is not CLOCK.value:
             raise ValueError("options.clock is not the clock the first signal was timed on: give it to send_first")
         grace_end = None if grace_ns is None else start + grace_ns
@@ -340,22 +412,33 @@ class KillPlan:
                 options=opts,
             )
         except WaitTimeout as exc:
-            raise self._timeout(exc, timeout) from None
+            raise self._timeout(exc, timeout, only_targets is not None) from None
         except Refused as exc:  # /proc could not be read (out of descriptors): an error, never "exited"
-            raise _public(exc) from None
+            raise self._with_records(_public(exc)) from None
         except ProcUnreadable as exc:
             why = f"{exc.strerror}; the targets signalled already were left as they are"
-            raise _public(Refused("(a target)", why)) from None
+            raise self._with_records(_public(Refused("(a target)", why))) from None
+        except Exception as exc:
+            # The GPU side failed mid-kill (a GPU fell off the bus, a fatal event, an NVML error): the operator needs
+            # the targets gone all the more. Finish the escalation from the OS side, then report each target.
+            self._finish_without_gpu(grace_end, timeout, opts.sleep)
+            self._with_records(exc)
+            raise
         finally:
             self.close()
-        records = self.targets
+        return self._result(result, only_targets is not None)
+
+    def _result(self, result: WaitResult, only_targets: bool) -> KillResult:
+        found = self._set
+        assert found.started is not None and found.first is not None
+        start, records = found.started, self.targets
         # The poller stamps a poll when its query returns and judges it just after: an exit seen in that judgement
         # is stamped a few µs later. Clean means both, so it is never earlier than the last exit, nor than a
         # target's leaving the lists (a predicate that ignores them can hold first): off_gpu_ns <= clean_ns always.
         last_seen = max((max(t.exited_ns or 0, t.off_gpu_ns or 0) for t in records), default=0)
         clean_ns = max(result.started_ns + result.first_clean_ns - start, last_seen)
         return KillResult(
-            signal_name=first.name,
+            signal_name=found.first.name,
             started_ns=start,
             pids=records,
             clean_ns=clean_ns,
@@ -363,9 +446,45 @@ class KillPlan:
             resolution_ns=max(result.interval_ns, result.poll_cost_ns),
             wait=result,
             tree=found.tree,
+            missing=tuple(found.missing),
+            only_targets=only_targets,
+            not_ours=_not_ours(result.snapshot, records) if only_targets else (),
         )
 
-    def _timeout(self, exc: WaitTimeout, timeout: float | None) -> KillTimeout:
+    def _finish_without_gpu(self, grace_end: int | None, timeout: float | None,
+                            sleep: Callable[[float], object]) -> None:
+        """Stamp exits, SIGKILL the survivors when the grace period ends and wait for them, with the operating
+        system alone, until the kill's timeout (no timeout: until :data:`AFTER_KILL_WAIT_S` past the SIGKILL).
+        With no escalation planned (grace ``never``), or once the timeout has passed, it only stamps."""
+        found = self._set
+        assert found.started is not None
+        clock, start = found.clock, found.started
+        deadline = None if timeout is None or math.isinf(timeout) else start + round(timeout * 1e9)
+        next_scan = clock()
+        try:
+            while not found.all_exited() and grace_end is not None:
+                now = clock()
+                if deadline is not None and now >= deadline:
+                    return
+                if now >= next_scan:
+                    next_scan = now + _SCAN_EVERY_NS
+                    found.scan_descendants()
+                if now >= grace_end and not found.escalated:
+                    found.escalate(signal.SIGKILL)
+                    if deadline is None:
+                        deadline = now + round(AFTER_KILL_WAIT_S * 1e9)
+                wake = min(t for t in (None if found.escalated else grace_end, deadline, now + _SCAN_EVERY_NS)
+                           if t is not None)
+                sleep(max(0.0, (wake - now) / 1e9))
+        except (Refused, ProcUnreadable):
+            return  # /proc cannot be read now: the records say how far it got
+
+    def _with_records(self, exc: BaseException) -> BaseException:
+        """``exc`` with the targets' records attached (:func:`kill_records` reads them; error documents show them)."""
+        exc._nvmlcheck_kill_pids = self.targets  # type: ignore[attr-defined]
+        return exc
+
+    def _timeout(self, exc: WaitTimeout, timeout: float | None, only_targets: bool = False) -> KillTimeout:
         found = self._set
         assert found.started is not None and found.first is not None
         culprits = list(exc.culprits)
@@ -385,7 +504,8 @@ class KillPlan:
         # culprits: Session.wait_until_clean adds them at its timeout.
         elapsed = found.clock() - found.started
         return KillTimeout(math.inf if timeout is None else float(timeout), elapsed, tuple(dict.fromkeys(culprits)),
-                           exc.snapshot, exc.polls, pids=self.targets, tree_hint=hint, signal_name=found.first.name)
+                           exc.snapshot, exc.polls, pids=self.targets, tree_hint=hint, signal_name=found.first.name,
+                           missing=found.missing, only_targets=only_targets)
 
     def close(self) -> None:
         """Release every pidfd; nothing more can be signalled through this plan. Idempotent."""
@@ -412,6 +532,21 @@ def _stamp_off_lists(items: Iterable[Target], point: TracePoint, fallback_ns: in
             t.off_gpu_ns = polled
 
 
+def _released(found: TargetSet, baseline: Snapshot, predicate: Predicate | None) -> Predicate:
+    """``only_targets``: the targets' memory back (the targets read as they are: descendants join when found)."""
+    if predicate is not None:
+        raise ValueError("only_targets judges the targets' memory: it replaces predicate, give one of them")
+    from .released import targets_released
+
+    return targets_released(lambda: [t.pid for t in found.items], baseline)
+
+
+def _not_ours(snapshot: Snapshot, records: Sequence[PidTimes]) -> tuple[str, ...]:
+    from .released import not_ours
+
+    return not_ours(snapshot, [t.pid for t in records])
+
+
 class _TargetsExited(Predicate):
     """Every target of a plan has exited (not a device predicate: it reads the pidfds, whatever the snapshot)."""
 
@@ -433,7 +568,7 @@ class _TargetsExited(Predicate):
             elif st is not None and st.state in ("T", "t"):
                 extra = ": stopped (SIGKILL still ends it)"
             sent = ", ".join(name for name, _ in t.signals) or "no signal delivered"
-            out.append(_Why(False, None, f"pid {t.pid} ({t.pinned.comm}) has not exited ({sent}){extra}"))
+            out.append(_Why(False, None, f"pid {t.pid} ({printable(t.pinned.comm)}) has not exited ({sent}){extra}"))
         return out
 
     def describe(self) -> str:
@@ -464,18 +599,48 @@ def prepare_kill(
     tree: bool = False,
     holders: Iterable[Holder] = (),
     pinning: PinMode = "auto",
+    missing_ok: bool = False,
+    match: str | None = None,
+    container: str | None = None,
 ) -> KillPlan:
     """Validate and pin ``pids`` (and ``holders``) with the operating system alone: no NVML, nothing signalled.
 
     Raises :class:`TypeError` for a non-int PID, :class:`ValueError` when there is no target, and
-    :class:`KillError` for the first PID refused (see :class:`KillError`). All or nothing: when it raises, nothing
-    stays pinned. ``tree``: the targets' descendants join them at the first signal and at every poll while they
-    live. ``pinning``: ``"auto"`` (pidfd where available), ``"pidfd"``, or ``"start-time"`` (the fallback, forced).
+    :class:`KillError` for the first PID refused (see :class:`KillError`: :class:`ProcessGone` for ESRCH,
+    :class:`NotPermitted` for EPERM). All or nothing: when it raises, nothing stays pinned. ``tree``: the targets'
+    descendants join them at the first signal and at every poll while they live. ``pinning``: ``"auto"`` (pidfd
+    where available), ``"pidfd"``, or ``"start-time"`` (the fallback, forced). ``missing_ok``: a named PID that is
+    gone is skipped (listed in :attr:`KillPlan.missing`), not an error.
+
+    ``match``: also every process whose command line (arguments joined by spaces) the regular expression matches
+    (``pkill -f``); ``container``: also every process of one container or cgroup (a docker/containerd/podman/cri-o
+    ID or a 12-digit prefix, ``lxc/NAME``, a pod UID, ``slurm/JOBID``, a systemd unit, a cgroup path). Never this
+    process, its ancestors or PID 1; what they chose but will not signal is in :attr:`KillPlan.left_alone`. A
+    selector that matches nothing is not an error here (:attr:`KillPlan.targets` is then what else was named).
     """
+    from ._proc import selectors
+
+    pids, holders = list(pids), list(holders)
+    found: list[tuple[int, int, str]] = []
+    skipped: list[tuple[int, str]] = []
+    for chosen, left in (selectors.by_match(match) if match is not None else ([], []),
+                         selectors.by_container(container) if container is not None else ([], [])):
+        found += chosen
+        skipped += left
+    if (match is not None or container is not None) and not found and not pids and not holders:
+        what = " and ".join(w for w, v in (("--match", match), ("--container", container)) if v is not None)
+        raise ValueError(f"{what} selected no process" + (f" (left alone: {_alone(skipped)})" if skipped else ""))
     try:
-        return KillPlan(targets.prepare(pids, tree=tree, holders=holders, pinning=pinning))
+        plan = KillPlan(targets.prepare(pids, tree=tree, holders=holders, pinning=pinning, missing_ok=missing_ok,
+                                        found=found))
     except Refused as exc:
         raise _public(exc) from None
+    plan._set.left_alone[:0] = skipped
+    return plan
+
+
+def _alone(skipped: Sequence[tuple[int, str]]) -> str:
+    return "; ".join(f"pid {pid}: {why}" for pid, why in skipped)
 
 
 def kill_and_wait(
@@ -496,6 +661,10 @@ def kill_and_wait(
     pinning: PinMode = "auto",
     events: bool | None = EVENTS,
     options: WaitOptions | None = None,
+    missing_ok: bool = False,
+    only_targets: bool = False,
+    match: str | None = None,
+    container: str | None = None,
 ) -> KillResult:
     """Signal ``pids`` (with ``tree``, their descendants too), SIGKILL what is still alive after ``grace_s``, and wait
     until every one has exited and the selected GPUs are clean: :func:`prepare_kill`, :meth:`KillPlan.send_first`
@@ -511,6 +680,10 @@ def kill_and_wait(
 
     ``options``: a :class:`~nvmlcheck.wait.WaitOptions` (``timeout``, ``policy``, ``stable_polls``, ``trace``,
     ``on_poll``, ``clock``, ``sleep``, ``events``); a keyword argument given wins over its field.
+
+    ``missing_ok``, ``match``, ``container``: as for :func:`prepare_kill`. ``only_targets``: judge only what the
+    targets held (a GPU shared with other tenants): a snapshot of the selected GPUs is taken just before the first
+    signal and :meth:`KillPlan.wait` is given it.
     """
     from .wait import WaitOptions
 
@@ -533,7 +706,14 @@ def kill_and_wait(
         )
     if opts.events:
         session.listen()  # before the signal: registration takes a few calls, the kill should not wait for them
-    with prepare_kill(pids, tree=tree, pinning=pinning) as plan:
-        plan.send_first(first_signal, clock=opts.clock)
+    with prepare_kill(pids, tree=tree, pinning=pinning, missing_ok=missing_ok, match=match,
+                      container=container) as plan:
+        baseline = None
+        if only_targets:
+            from .model import Fields
+
+            baseline = session.snapshot(devices, fields=Fields.WAIT)
+        plan.send_first(first_signal, clock=opts.clock, sigkill_if_discarded=_grace_ns(grace_s) is not None)
         # The selection as given: a MIG UUID judges its instance, not the whole GPU its index would.
-        return plan.wait(session, grace_s=grace_s, devices=devices, predicate=predicate, options=opts)
+        return plan.wait(session, grace_s=grace_s, devices=devices, predicate=predicate, options=opts,
+                         only_targets=baseline)

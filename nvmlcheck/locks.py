@@ -26,6 +26,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from ._text import printable
 from .errors import NvmlCheckError
 
 __all__ = [
@@ -284,7 +285,8 @@ def lock_info(uuid: str, directory: Path | None = None) -> str | None:
                 text = os.read(fd, _INFO_MAX_BYTES).decode("utf-8", "replace").strip()
         finally:
             os.close(fd)
-    return text or "held (no holder recorded)"
+    # Anyone who can write the file (another user in a shared directory) decides its text: no control characters.
+    return printable(text) if text else "held (no holder recorded)"
 
 
 class LockSet:

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import NamedTuple
 
+from ._record import record, replace
+from ._text import printable
 from ._units import format_bytes
 from .model import (
     MIB,
@@ -78,7 +79,7 @@ _NO_VISIBLE_PROCESS = "with no visible process (PID namespace or a process that 
 # --- verdicts ---------------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Verdict:
     """The answer of a predicate about one snapshot.
 
@@ -379,7 +380,7 @@ def _process_list_unknown(d: DeviceState, kind: ProcessKind) -> _Why:
 
 
 def _holder_text(p: GpuProcess) -> str:
-    name = p.name if p.name else "name unknown"
+    name = printable(p.name) if p.name else "name unknown"  # a process names itself: no control characters
     held = format_bytes(p.used_bytes) if p.used_bytes is not None else "an unknown amount (NVML: not available)"
     return f"pid {p.pid} ({name}) holds {held}"
 

@@ -17,10 +17,10 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, cast
 
 from ._deadline import Deadline
+from ._record import field, record
 from ._waitdefaults import CLOCK, EVENTS, ON_POLL, POLICY, SLEEP, STABLE_POLLS, TIMEOUT, TRACE, Default
 from .errors import CorruptData, DeadlinePassed, NvmlCheckError, NvmlError, WaitTimeout
 from .model import DeviceFailure, Snapshot
@@ -49,7 +49,7 @@ PolicyMode = Literal["default", "precise", "custom"]
 # --- policy -----------------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record(kw_only=True)
 class PollPolicy:
     """How often to poll.
 
@@ -159,7 +159,7 @@ DeadlineSnapshotFn = Callable[[Deadline | None], Snapshot]
 # --- results ----------------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class TracePoint:
     """One poll, summarised.
 
@@ -198,7 +198,7 @@ class TracePoint:
 OnPoll = Callable[[TracePoint], object]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record(kw_only=True)
 class WaitResult:
     """A successful wait (a timeout raises :class:`~nvmlcheck.WaitTimeout` instead).
 

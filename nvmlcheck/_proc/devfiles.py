@@ -17,7 +17,8 @@ import fnmatch
 import os
 import re
 import stat
-from collections.abc import Iterable, Iterator, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -229,24 +230,29 @@ def _fds(pid: int | str, rule: DeviceRule, proc: str) -> dict[str, str] | None:
 class FdScan(NamedTuple):
     """One scan: ``holders`` maps PID → NVIDIA device files open; ``gpu_files`` the per-GPU ones among them
     (``/dev/nvidiaN``; a process with only ``nvidiactl`` or UVM open has none); ``unreadable`` lists the PIDs whose
-    descriptors could not be read (not permitted), which may hold device files too; ``rule`` is what counted."""
+    descriptors could not be read (not permitted), which may hold device files too; ``rule`` is what counted;
+    ``unscanned``: processes left unread because the scan's deadline passed (0: the scan is complete)."""
 
     holders: dict[int, tuple[str, ...]]
     unreadable: tuple[int, ...]
     rule: DeviceRule
     gpu_files: dict[int, tuple[str, ...]]
+    unscanned: int = 0
 
 
-def scan(rule: DeviceRule | Sequence[str] | str | None = None, proc: str = "/proc") -> FdScan:
+def scan(rule: DeviceRule | Sequence[str] | str | None = None, proc: str = "/proc", *,
+         deadline_ns: int | None = None, clock: Callable[[], int] = time.monotonic_ns) -> FdScan:
     """Every process of this PID namespace with an NVIDIA device file open (``rule``: a :class:`DeviceRule`, or
-    stand-in globs for :func:`device_rule`)."""
+    stand-in globs for :func:`device_rule`). With ``deadline_ns`` (on ``clock``), the scan stops there and counts
+    the processes it did not read (``unscanned``): a host with many descriptors takes seconds to read whole."""
     rule = _rule(rule)
     holders: dict[int, tuple[str, ...]] = {}
     gpu_files: dict[int, tuple[str, ...]] = {}
     unreadable: list[int] = []
-    for name in os.listdir(proc):
-        if not name.isdigit():
-            continue
+    pids = [name for name in os.listdir(proc) if name.isdigit()]
+    for done, name in enumerate(pids):
+        if deadline_ns is not None and clock() >= deadline_ns:
+            return FdScan(holders, tuple(sorted(unreadable)), rule, gpu_files, len(pids) - done)
         files = _fds(name, rule, proc)
         if files is None:
             if os.path.exists(f"{proc}/{name}"):

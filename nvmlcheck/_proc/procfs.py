@@ -23,9 +23,13 @@ __all__ = [
     "ProcStatus",
     "ProcUnreadable",
     "ancestors",
+    "parse_status",
     "children",
     "cmdline",
+    "executable",
     "pid_max",
+    "pidns_inode",
+    "read_cgroup",
     "read_stat",
     "read_status",
 ]
@@ -64,15 +68,22 @@ if TYPE_CHECKING:
         start_ticks: int
 
     class ProcStatus(NamedTuple):
-        """The fields of ``/proc/PID/status`` nvmlcheck uses (``None`` where the kernel does not print them)."""
+        """The fields of ``/proc/PID/status`` nvmlcheck uses (``None`` where the kernel does not print them).
+
+        ``nspid``: the PID in each PID namespace it is in, outermost (this reader's view) first, its own last.
+        ``sig_ign``, ``sig_cgt``, ``sig_blk``: the ignored, caught (handler installed) and blocked signal masks,
+        bit ``n - 1`` for signal ``n``."""
 
         tgid: int | None
         uid: int | None
         nspid: tuple[int, ...] | None
+        sig_ign: int | None = None
+        sig_cgt: int | None = None
+        sig_blk: int | None = None
 
 else:  # the same tuples without typing (collections is loaded by argparse anyway): the kill CLI's fast path
     ProcStat = namedtuple("ProcStat", "pid comm state ppid start_ticks")
-    ProcStatus = namedtuple("ProcStatus", "tgid uid nspid")
+    ProcStatus = namedtuple("ProcStatus", "tgid uid nspid sig_ign sig_cgt sig_blk", defaults=(None, None, None))
 
 
 #: The errors that mean "no such process" (gone, or never was); every other one means "cannot tell".
@@ -125,14 +136,21 @@ def read_stat(pid: int | str, proc: str = "/proc", *, strict: bool = False) -> P
 
 
 def read_status(pid: int | str, proc: str = "/proc", *, strict: bool = False) -> ProcStatus | None:
-    """``Tgid``, real ``Uid`` and ``NSpid`` from ``/proc/PID/status``, or ``None`` if gone or unreadable
-    (``strict``: as :func:`read_stat`)."""
+    """``Tgid``, real ``Uid``, ``NSpid`` and the signal masks from ``/proc/PID/status``, or ``None`` if gone or
+    unreadable (``strict``: as :func:`read_stat`)."""
     raw = _read(f"{proc}/{pid}/status", strict)
     if raw is None:
         return None
+    return parse_status(raw)
+
+
+def parse_status(raw: bytes) -> ProcStatus:
+    """The text of ``/proc/PID/status`` parsed (:func:`read_status` without the read); a field absent or malformed is
+    ``None``."""
     tgid: int | None = None
     uid: int | None = None
     nspid: tuple[int, ...] | None = None
+    masks: dict[bytes, int] = {}
     for line in raw.splitlines():
         key, _, value = line.partition(b":")
         try:
@@ -142,9 +160,26 @@ def read_status(pid: int | str, proc: str = "/proc", *, strict: bool = False) ->
                 uid = int(value.split()[0])
             elif key == b"NSpid":
                 nspid = tuple(int(v) for v in value.split())
+            elif key in (b"SigIgn", b"SigCgt", b"SigBlk"):
+                masks[key] = int(value, 16)
         except (IndexError, ValueError):
             continue
-    return ProcStatus(tgid, uid, nspid)
+    return ProcStatus(tgid, uid, nspid, masks.get(b"SigIgn"), masks.get(b"SigCgt"), masks.get(b"SigBlk"))
+
+
+def read_cgroup(pid: int | str, proc: str = "/proc") -> str | None:
+    """The text of ``/proc/PID/cgroup``, or ``None`` if gone or unreadable (parsed by :mod:`.container`)."""
+    raw = _read(f"{proc}/{pid}/cgroup", False)
+    return None if raw is None else raw.decode("utf-8", "replace")
+
+
+def pidns_inode(pid: int | str, proc: str = "/proc") -> int | None:
+    """The inode of ``/proc/PID/ns/pid`` (equal for two processes in one PID namespace), or ``None`` if gone or not
+    permitted (reading another user's namespace needs ptrace access)."""
+    try:
+        return os.stat(f"{proc}/{pid}/ns/pid").st_ino
+    except OSError:
+        return None
 
 
 def cmdline(pid: int, proc: str = "/proc") -> tuple[str, ...] | None:
@@ -155,6 +190,19 @@ def cmdline(pid: int, proc: str = "/proc") -> tuple[str, ...] | None:
     except OSError:
         return None
     return tuple(a.decode("utf-8", "replace") for a in raw.split(b"\0")[:-1]) if raw else ()
+
+
+def executable(pid: int, proc: str = "/proc") -> tuple[str, int, int] | None:
+    """The program ``pid`` runs: ``(path, owner uid, mode)`` of ``/proc/PID/exe`` (the path may end in
+    `` (deleted)``), or ``None`` when it cannot be read (gone, a kernel thread, or another user's process: reading
+    it needs the right to trace the process)."""
+    link = f"{proc}/{pid}/exe"
+    try:
+        path = os.readlink(link)
+        st = os.stat(link)
+    except OSError:
+        return None
+    return path, st.st_uid, st.st_mode
 
 
 def pid_max(proc: str = "/proc") -> int:

@@ -14,7 +14,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from ._common import UsageError, verdict, verdict_printed
-from ._output import StatusLine, human_bytes, plural, print_json
+from ._output import StatusLine, human_bytes, plural, print_json, safe
 
 if TYPE_CHECKING:
     import argparse
@@ -69,7 +69,12 @@ def remote_command(args: argparse.Namespace) -> list[str]:
     if args.command == "kill":
         words += ["--grace", "never" if args.grace is None else repr(float(args.grace)), "--signal", args.signal]
         words += [flag for flag, on in (("--tree", args.tree), ("--all-holders", args.all_holders),
-                                        ("--all-on-gpu", args.all_on_gpu), ("--yes", args.yes)) if on]
+                                        ("--all-on-gpu", args.all_on_gpu), ("--yes", args.yes),
+                                        ("--dry-run", args.dry_run), ("--missing-ok", args.missing_ok),
+                                        ("--only-targets", args.only_targets)) if on]
+        for flag, value in (("--match", args.match), ("--container", args.container), ("--cgroup", args.cgroup)):
+            if value is not None:
+                words += [flag, value]
         if args.pids:
             words += ["--", *map(str, args.pids)]
     return words
@@ -98,11 +103,13 @@ def _check(args: argparse.Namespace) -> None:
         raise UsageError("--smi-prefix cannot be combined with --host: the hosts are reached through ssh "
                          "(use --remote-prefix for a command to run behind on each host)")
     if args.command == "kill":
-        if not (args.pids or args.all_holders or args.all_on_gpu):
-            raise UsageError("name at least one PID (or --all-holders / --all-on-gpu)")
-        if (args.all_holders or args.all_on_gpu) and not args.yes:
-            raise UsageError("--all-holders/--all-on-gpu on hosts need --yes: nothing can be confirmed host by host; "
-                             "run `nvmlcheck holders --host ...` first to see what would be killed")
+        chooses = args.all_holders or args.all_on_gpu or args.match is not None or args.container is not None or \
+            args.cgroup is not None
+        if not (args.pids or chooses):
+            raise UsageError("name at least one PID (or --match, --container, --cgroup, --all-holders, --all-on-gpu)")
+        if chooses and not (args.yes or args.dry_run):
+            raise UsageError("--all-holders/--all-on-gpu/--match/--container/--cgroup on hosts need --yes: nothing "
+                             "can be confirmed host by host; run with --dry-run first to see what would be killed")
 
 
 def run_hosts(args: argparse.Namespace) -> int:
@@ -149,20 +156,41 @@ def run_hosts(args: argparse.Namespace) -> int:
     return code
 
 
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _bytes(value: Any) -> str:
+    """A remote byte count as text; anything but an integer (a hostile or broken host) shows as ``?``."""
+    return human_bytes(value) if isinstance(value, int) and not isinstance(value, bool) else "?"
+
+
+# A remote document is another machine's word: every value shown goes through safe() (a GPU name could set the
+# terminal title, a message forge a line), and a value of the wrong type shows as "?" rather than raising.
+
+
 def _gpu_lines(name: str, snap: dict[str, Any]) -> list[str]:
     lines = []
-    for d in snap.get("devices", []):
-        m = d.get("memory") or {}
-        procs = d.get("processes") or {}
-        known = [p for kind in ("compute", "graphics", "mps") for p in (procs.get(kind) or [])]
+    for d in map(_dict, _list(snap.get("devices"))):
+        m = _dict(d.get("memory"))
+        procs = _dict(d.get("processes"))
+        known = [p for kind in ("compute", "graphics", "mps") for p in _list(procs.get(kind))]
         unknown = any(procs.get(kind) is None for kind in ("compute", "graphics", "mps"))
         count = f"{len(known)}+?" if unknown else str(len(known))
-        lines.append(f"{name}  GPU {d.get('index')}  {(d.get('name') or '?')[:21]:<21} "
-                     f"used {human_bytes(m.get('used_bytes')):>10} of {human_bytes(m.get('total_bytes')):>10}  "
-                     f"procs {count:>3}  {d.get('uuid') or '?'}")
-    for f in snap.get("failures", []):
-        lines.append(f"{name}  GPU {f.get('index')}  UNREADABLE: {(f.get('error') or {}).get('message', '?')}")
+        lines.append(f"{name}  GPU {safe(d.get('index'))}  {safe(d.get('name') or '?')[:21]:<21} "
+                     f"used {_bytes(m.get('used_bytes')):>10} of {_bytes(m.get('total_bytes')):>10}  "
+                     f"procs {count:>3}  {safe(d.get('uuid') or '?')}")
+    lines.extend(_failure_lines(name, snap))
     return lines
+
+
+def _failure_lines(name: str, snap: dict[str, Any]) -> list[str]:
+    return [f"{name}  GPU {safe(f.get('index'))}  UNREADABLE: {safe(_dict(f.get('error')).get('message', '?'))}"
+            for f in map(_dict, _list(snap.get("failures")))]
 
 
 def _proc_lines(name: str, snap: dict[str, Any]) -> list[str]:
@@ -170,57 +198,107 @@ def _proc_lines(name: str, snap: dict[str, Any]) -> list[str]:
     from ..model import unknown_key  # the documents' "unknown" keys are DeviceState.unknown's
 
     lines = []
-    for d in snap.get("devices", []):
-        procs = d.get("processes") or {}
+    for d in map(_dict, _list(snap.get("devices"))):
+        procs = _dict(d.get("processes"))
         for kind in ("compute", "graphics", "mps"):
             listed = procs.get(kind)
             if listed is None:
-                why = (d.get("unknown") or {}).get(unknown_key("processes", kind), "unknown")
-                lines.append(f"{name}  GPU {d.get('index')}  {'?':>8}  {kind:<9}  ({why})")
+                why = _dict(d.get("unknown")).get(unknown_key("processes", kind), "unknown")
+                lines.append(f"{name}  GPU {safe(d.get('index'))}  {'?':>8}  {kind:<9}  ({safe(why)})")
                 continue
-            for p in listed:
-                lines.append(f"{name}  GPU {d.get('index')}  {p.get('pid'):>8}  {kind:<9}"
-                             f"{human_bytes(p.get('used_bytes')):>11}  {p.get('name') or '?'}")
-    for f in snap.get("failures", []):
-        lines.append(f"{name}  GPU {f.get('index')}  UNREADABLE: {(f.get('error') or {}).get('message', '?')}")
+            for p in map(_dict, _list(listed)):
+                lines.append(f"{name}  GPU {safe(d.get('index'))}  {safe(p.get('pid')):>8}  {kind:<9}"
+                             f"{_bytes(p.get('used_bytes')):>11}  {safe(p.get('name') or '?')}")
+    lines.extend(_failure_lines(name, snap))
     return lines
 
 
-def _print(args: argparse.Namespace, results: Sequence[HostResult]) -> None:
+def _holder_lines(name: str, doc: dict[str, Any]) -> list[str]:
     from ._kill import _HOLDER_HEADER
 
+    holders = [_dict(h) for h in _list(doc.get("holders"))]
+    lines = [f"{name}  {_HOLDER_HEADER}" if holders else f"{name}  no process holds a selected GPU"]
+    for h in holders:
+        gpus = ", ".join(f"GPU {g.get('index')} {_bytes(g.get('used_bytes'))}"
+                         for g in map(_dict, _list(h.get("gpus"))))
+        cmdline = _list(h.get("cmdline"))
+        cmd = " ".join(map(str, cmdline)) if cmdline else str(h.get("name") or "?")
+        found_by = "+".join(map(str, _list(h.get("found_by"))))
+        lines.append(f"{name}  " + safe(f"{h.get('pid')!s:>8}  {str(h.get('user') or '?')[:10]:<10} "
+                                        f"{str(h.get('state') or '?')[:8]:<8} {found_by:<19} {gpus or '-':<24} "
+                                        f"{cmd[:80]}"))
+    return lines
+
+
+def _ms(v: Any) -> str:
+    return "not seen" if v is None else f"+{v / 1e6:.1f} ms"
+
+
+def _kill_lines(name: str, r: HostResult, doc: dict[str, Any]) -> None:
+    """A remote kill: each target with its signals and phases, what was left alone, then the host's verdict."""
+    if doc.get("schema") == "nvmlcheck/kill-plan":
+        for t in doc.get("targets", []):
+            cmd = " ".join(t.get("cmdline") or []) or (t.get("name") or "?")
+            fate = f" -> SIGKILL at once: {t['discarded']}" if t.get("discarded") else ""
+            print(f"{name}  would signal pid {t.get('pid')} ({t.get('found_by')}): {cmd[:80]}{fate}")
+        for t in doc.get("left_alone", []):
+            print(f"{name}  left alone: pid {t.get('pid')}: {t.get('reason')}")
+        print(f"{name}  dry run: nothing was signalled")
+        return
+    for t in doc.get("pids", []):
+        sent = ", ".join(f"{s.get('signal')} {_ms(s.get('sent_ns'))}" for s in t.get("signals", [])) or "no signal"
+        first = [s.get("signal") for s in t.get("signals", [])][:1]
+        why = "" if not t.get("discarded") else (f" (SIGKILL at once: {t['discarded']})" if first == ["SIGKILL"]
+                                                 else f" (the kernel discards it: {t['discarded']})")
+        print(f"{name}  pid {t.get('pid')} ({t.get('name') or '?'}, {t.get('found_by')}): {sent}{why}, exited "
+              f"{_ms(t.get('exited_ns'))}, off the GPU process list {_ms(t.get('off_gpu_ns'))}")
+    for t in doc.get("left_alone", []):
+        print(f"{name}  left alone: pid {t.get('pid')} ({t.get('name') or '?'}): {t.get('reason')}")
+    for pid in doc.get("missing", []):
+        print(f"{name}  pid {pid}: gone already (--missing-ok)")
+    for line in doc.get("not_ours", []):
+        print(f"{name}  {line}")
+    if r.verdict == "clean":
+        if doc.get("pids"):
+            print(f"{name}  clean: every target exited and memory back {_ms(doc.get('clean_ns'))} (confirmed "
+                  f"{_ms(doc.get('confirmed_ns'))}, on the host)")
+        else:
+            print(f"{name}  clean: nothing to kill, GPUs clean {_ms(doc.get('clean_ns'))} (on the host)")
+    else:
+        culprits = "; ".join(doc.get("culprits") or []) or "no detail"
+        print(f"{name}  NOT CLEAN: {culprits}")
+
+
+def _print(args: argparse.Namespace, results: Sequence[HostResult]) -> None:
     width = max(len(str(r.host)) for r in results)
     for r in results:
         name = str(r.host).ljust(width)
         doc = r.document or {}
         if r.note:
-            print(f"{name}  note: {r.note}")
+            print(f"{name}  note: {safe(r.note)}")
         if r.error is not None:
-            print(f"{name}  FAILED ({r.error.kind}): {r.error.message}")
+            print(f"{name}  FAILED ({r.error.kind}): {safe(r.error.message)}")
             continue
         if args.command == "holders":
-            holders = doc.get("holders", [])
-            if not holders:
-                print(f"{name}  no process holds a selected GPU")
-            else:
-                print(f"{name}  {_HOLDER_HEADER}")
-            for h in holders:
-                gpus = ", ".join(f"GPU {g['index']} {human_bytes(g.get('used_bytes'))}" for g in h.get("gpus", []))
-                cmd = " ".join(h["cmdline"]) if h.get("cmdline") else (h.get("name") or "?")
-                print(f"{name}  {h['pid']:>8}  {(h.get('user') or '?')[:10]:<10} {(h.get('state') or '?')[:8]:<8} "
-                      f"{'+'.join(h.get('found_by', [])):<19} {gpus or '-':<24} {cmd[:80]}")
+            for line in _holder_lines(name, doc):
+                print(line)
             continue
-        snap = doc if args.command == "snapshot" else (doc.get("snapshot") or {})
+        snap = doc if args.command == "snapshot" else _dict(doc.get("snapshot"))
         lines = _proc_lines(name, snap) if getattr(args, "view", None) == "procs" else _gpu_lines(name, snap)
         for line in lines:
             print(line)
-        if args.command in ("wait", "kill"):
+        if args.command == "kill":
+            _kill_lines(name, r, doc)
+        elif args.command in ("wait", "kill"):
             if r.verdict == "clean":
-                print(f"{name}  clean ({plural(int(doc.get('polls', 0) or 0), 'poll')}, "
-                      f"{(doc.get('elapsed_ns') or doc.get('confirmed_ns') or 0) / 1e6:.1f} ms on the host)")
+                polls = doc.get("polls")
+                took = doc.get("elapsed_ns") or doc.get("confirmed_ns") or 0
+                polls_text = plural(polls, "poll") if isinstance(polls, int) else "? polls"
+                took_text = f"{took / 1e6:.1f}" if isinstance(took, int | float) else "?"
+                print(f"{name}  clean ({polls_text}, {took_text} ms on the host)")
             else:
-                culprits = "; ".join(doc.get("culprits") or []) or "no detail"
-                print(f"{name}  NOT CLEAN: {culprits}")
+                culprits = "; ".join(map(str, _list(doc.get("culprits")))) or "no detail"
+                print(f"{name}  NOT CLEAN: {safe(culprits)}")
         elif r.verdict != "clean":
             print(f"{name}  FAILED: exit {r.exit_code}")
     clean = [str(r.host) for r in results if r.verdict == "clean"]

@@ -138,5 +138,21 @@ def fail(json_mode: bool, exc: BaseException, code: int, *, label: str | None = 
     if label in ("interrupted", "terminated"):
         print(f"nvmlcheck: {exc}" if label == "terminated" else "interrupted", file=sys.stderr)
     elif not json_mode:
-        print(f"nvmlcheck: {label}: {exc}", file=sys.stderr)
+        from ._output import safe_lines  # messages carry names of processes, GPUs and files: escaped
+
+        print(f"nvmlcheck: {label}: {safe_lines(exc)}", file=sys.stderr)
+        _print_kill_records(exc)
     return code
+
+
+def _print_kill_records(exc: BaseException) -> None:
+    """A kill that failed after its first signal: what each target got, and whether it exited."""
+    if not hasattr(exc, "_nvmlcheck_kill_pids"):
+        return
+    from .._text import printable
+    from ..kill import kill_records
+
+    for r in kill_records(exc) or ():
+        sent = ", ".join(f"{s.name} +{s.sent_ns / 1e6:.1f} ms" for s in r.signals) or "no signal (had exited)"
+        exited = "not seen to exit" if r.exited_ns is None else f"exited +{r.exited_ns / 1e6:.1f} ms"
+        print(f"  pid {r.pid} ({printable(r.name)}): {sent}, {exited}", file=sys.stderr)

@@ -419,8 +419,26 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
                           help="also kill every process on the selected GPUs' NVML process lists that has an NVIDIA "
                                "device file open here")
         kill.add_argument("--yes", action="store_true",
-                          help="do not ask for confirmation with --all-holders/--all-on-gpu (needed without a "
-                               "terminal)")
+                          help="do not ask for confirmation with --all-holders/--all-on-gpu/--match/--container "
+                               "(needed without a terminal)")
+        once(kill, "--match", metavar="REGEX",
+             help="also kill every process whose full command line matches REGEX (pkill -f; never this process, "
+                  "its ancestors or PID 1); with --tree and --devices as for PIDs")
+        once(kill, "--container", metavar="ID",
+             help="also kill every process of one container: a docker/containerd/podman/cri-o ID (or its first 12+ "
+                  "hex digits), lxc/NAME, a pod UID, slurm/JOBID, a systemd unit, pidns:INODE, or a cgroup path")
+        once(kill, "--cgroup", metavar="PATH",
+             help="also kill every process of one cgroup and the cgroups below it (/docker/ID as /proc/PID/cgroup "
+                  "prints it, or a directory under /sys/fs/cgroup)")
+        kill.add_argument("--dry-run", action="store_true",
+                          help="print the plan (targets, how each was found, its container, whether SIGKILL goes at "
+                               "once) and signal nothing")
+        kill.add_argument("--missing-ok", action="store_true",
+                          help="a named PID already gone (or a selector that selects nothing) is not an error")
+        kill.add_argument("--only-targets", action="store_true",
+                          help="judge only what the targets held (a shared GPU): clean when they exited and the "
+                               "memory they held at the signal is back; other tenants are named 'not ours' (opens "
+                               "NVML before the signal, to see what they held)")
         host_options(kill)
 
     if wanted("select"):

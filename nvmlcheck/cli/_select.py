@@ -15,7 +15,7 @@ import time
 from typing import TYPE_CHECKING
 
 from ._common import EXIT_CLEAN, EXIT_NOT_CLEAN, UsageError, open_session, verdict, verdict_printed, wait_predicate
-from ._output import print_json
+from ._output import print_json, safe, safe_lines
 
 if TYPE_CHECKING:
     import argparse
@@ -92,7 +92,7 @@ def cmd_select(args: argparse.Namespace) -> int:
             if args.json:
                 print_json(select_timeout_document(exc, count=args.count, format=args.format, timeout_s=args.wait))
             else:
-                print(f"nvmlcheck: {exc}", file=sys.stderr)
+                print(f"nvmlcheck: {safe_lines(exc)}", file=sys.stderr)
             verdict_printed(EXIT_NOT_CLEAN)
             return EXIT_NOT_CLEAN
         value = _value(args.format, selection, mapping)
@@ -105,7 +105,7 @@ def cmd_select(args: argparse.Namespace) -> int:
         verdict(EXIT_CLEAN, answer_is_output=True)  # the GPUs chosen are the answer: unread, it is not given
         if selection.locks is not None and not args.json:
             print(f"nvmlcheck: locked GPU {', '.join(map(str, selection.indices))} until PID {owner} exits "
-                  f"(holder PID {holder}, {selection.locks.directory})", file=sys.stderr)
+                  f"(holder PID {holder}, {safe(selection.locks.directory)})", file=sys.stderr)
         if args.json:
             print_json(select_document(selection, count=args.count, format=args.format, timeout_s=args.wait,
                                        value=value, holder_pid=holder, owner_pid=owner))

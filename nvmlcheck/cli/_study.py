@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ._common import EXIT_BACKEND, EXIT_CLEAN, EXIT_NOT_CLEAN, UsageError, open_session
-from ._output import StatusLine, human_bytes, print_json
+from ._output import StatusLine, human_bytes, print_json, safe, safe_lines
 
 if TYPE_CHECKING:
     import argparse
@@ -120,8 +120,8 @@ def cmd_study_compare(args: argparse.Namespace) -> int:
 
         print_json(compare_document(result, args.a, args.b))
     else:
-        print(f"A = {args.a}\nB = {args.b}")
-        print(format_comparison(result))
+        print(f"A = {safe(args.a)}\nB = {safe(args.b)}")
+        print(safe_lines(format_comparison(result)))  # holder kinds and endings come from the records files
     return EXIT_CLEAN
 
 
@@ -192,19 +192,19 @@ def _print_study(args: argparse.Namespace, result: Any, rows: Any, plots: Sequen
         print("no run: the time budget was spent before the first one")
         return
     first = result.records[0]
-    gpus = ", ".join(dict.fromkeys(f"{d.index} ({d.name or '?'})" for d in first.devices))
+    gpus = ", ".join(dict.fromkeys(f"{d.index} ({safe(d.name or '?')})" for d in first.devices))
     simulated = " — SIMULATED (stub libnvidia-ml)" if args.simulate is not None else ""
     print(f"{len(result.measured)} measured runs + {len(result.records) - len(result.measured)} warm-ups on "
           f"GPU {gpus}; backend {first.backend}, driver {first.driver}, {first.mode} polling{simulated}")
-    print(st.format_summary(rows))
+    print(safe_lines(st.format_summary(rows)))
     for r in result.records:
         if r.timed_out:
-            print(f"run {r.run} ({human_bytes(r.size_bytes)} {r.ending}) timed out: {r.timeout_reason}",
+            print(f"run {r.run} ({human_bytes(r.size_bytes)} {r.ending}) timed out: {safe(r.timeout_reason)}",
                   file=sys.stderr)
     if result.stopped is not None:
         print(f"study stopped early: {result.stopped}", file=sys.stderr)
     for written in ([args.out] if args.out else []) + list(plots):
-        print(f"wrote {written}")
+        print(f"wrote {safe(written)}")
 
 
 def cmd_study_reclaim(args: argparse.Namespace) -> int:

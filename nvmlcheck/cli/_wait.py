@@ -16,7 +16,7 @@ from ._common import (
     verdict_printed,
     wait_predicate,
 )
-from ._output import StatusLine, plural, print_json, status_updater
+from ._output import StatusLine, plural, print_json, safe_lines, status_updater
 
 if TYPE_CHECKING:
     import argparse
@@ -60,7 +60,7 @@ def cmd_wait(args: argparse.Namespace) -> int:
 
                 print_json(wait_timeout_document(exc))
             else:
-                print(str(exc), file=sys.stderr)
+                print(safe_lines(exc), file=sys.stderr)
             verdict_printed(EXIT_NOT_CLEAN)
             return EXIT_NOT_CLEAN
         finally:

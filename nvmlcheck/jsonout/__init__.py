@@ -2,8 +2,9 @@
 
 Every document has ``"schema"`` (``"nvmlcheck/snapshot"``, ``"nvmlcheck/wait"``, ``"nvmlcheck/kill"``,
 ``"nvmlcheck/holders"``, ``"nvmlcheck/select"``, ``"nvmlcheck/hosts"``, ``"nvmlcheck/error"``, ``"nvmlcheck/demo"``,
-``"nvmlcheck/study-reclaim"``, ``"nvmlcheck/study-compare"``) and ``"version"`` (:data:`SCHEMA_VERSION`). Within a
-version, fields are only ever added; a removal or change of meaning bumps the version. Bytes are integers in bytes,
+``"nvmlcheck/study-reclaim"``, ``"nvmlcheck/study-compare"``, ``"nvmlcheck/kill-plan"``) and ``"version"``
+(:data:`SCHEMA_VERSION`). Within a version, fields are only ever added; a removal or change of meaning bumps the
+version. Bytes are integers in bytes,
 times integers in ns, and unknown values are ``null`` with the reason under the device's ``"unknown"``. docs/cli.md
 documents each field. ``_values`` turns model values into dicts; ``_commands`` builds each command's document.
 """
@@ -16,6 +17,7 @@ from ._commands import (
     holders_document,
     hosts_document,
     kill_document,
+    kill_plan_document,
     kill_timeout_document,
     left_alone_json,
     nothing_to_kill_document,
@@ -43,6 +45,7 @@ __all__ = [
     "holders_document",
     "hosts_document",
     "kill_document",
+    "kill_plan_document",
     "kill_timeout_document",
     "left_alone_json",
     "nothing_to_kill_document",

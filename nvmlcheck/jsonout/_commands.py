@@ -61,22 +61,41 @@ def wait_timeout_document(exc: WaitTimeout, kind: str = "wait", **extra: Any) ->
     )
 
 
-def left_alone_json(selection: KillSelection | None) -> list[dict[str, Any]]:
-    """The holders ``--all-holders``/``--all-on-gpu`` did not signal, with why (a kill's ``left_alone``)."""
-    return [] if selection is None else [{"pid": h.pid, "name": h.name, "reason": why} for h, why in selection.skipped]
+def left_alone_json(selection: KillSelection | None, plan: KillPlan | None = None) -> list[dict[str, Any]]:
+    """The holders ``--all-holders``/``--all-on-gpu`` did not signal, and the processes ``--match``/``--container``
+    chose but left alone (``plan``), with why (a kill's ``left_alone``)."""
+    out = [] if selection is None else [{"pid": h.pid, "name": h.name, "reason": why} for h, why in selection.skipped]
+    if plan is not None:
+        from .._proc import procfs
+
+        for pid, why in plan.left_alone:
+            st = procfs.read_stat(pid)
+            out.append({"pid": pid, "name": None if st is None else st.comm, "reason": why})
+    return out
 
 
 def kill_document(result: KillResult, plan: KillPlan, selection: KillSelection | None) -> dict[str, Any]:
     """The ``nvmlcheck/kill`` document of a kill that ended clean (``selection``: what ``--all-*`` chose)."""
-    return document("kill", **result.to_json(), left_alone=left_alone_json(selection), vanished=list(plan.vanished),
-                    snapshot=snapshot_json(result.snapshot))
+    return document("kill", **result.to_json(), left_alone=left_alone_json(selection, plan),
+                    vanished=list(plan.vanished), snapshot=snapshot_json(result.snapshot))
 
 
 def kill_timeout_document(exc: KillTimeout, plan: KillPlan, selection: KillSelection | None) -> dict[str, Any]:
     """The ``nvmlcheck/kill`` document of a kill that timed out."""
-    fields = {**exc.to_json(), "left_alone": left_alone_json(selection), "vanished": list(plan.vanished)}
+    fields = {**exc.to_json(), "left_alone": left_alone_json(selection, plan), "vanished": list(plan.vanished)}
     fields.pop("clean", None)  # the wait's part says it, first
     return wait_timeout_document(exc, "kill", **fields)
+
+
+def kill_plan_document(
+    targets: Sequence[dict[str, Any]], *, signal_name: str, tree: bool, grace_s: float | None,
+    left_alone: Sequence[tuple[int, str]], missing: Sequence[int],
+) -> dict[str, Any]:
+    """The ``nvmlcheck/kill-plan`` document of ``kill --dry-run``: what would be signalled, nothing was. Each target:
+    ``pid``, ``name``, ``found_by``, ``parent``, ``cmdline``, ``container`` (``{kind, id, label, cgroup}`` or
+    ``null``), ``discarded`` (why SIGKILL would go at once)."""
+    return document("kill-plan", signal=signal_name, tree=tree, grace_s=grace_s, targets=list(targets),
+                    left_alone=[{"pid": pid, "reason": why} for pid, why in left_alone], missing=list(missing))
 
 
 def _nothing_to_kill(signal_name: str, tree: bool, selection: KillSelection | None) -> dict[str, Any]:
@@ -196,7 +215,14 @@ def demo_document(result: KillResult) -> dict[str, Any]:
 
 
 def error_document(exc: BaseException, exit_code: int) -> dict[str, Any]:
-    """The ``nvmlcheck/error`` document of a command that failed with ``exc`` and exits with ``exit_code``."""
+    """The ``nvmlcheck/error`` document of a command that failed with ``exc`` and exits with ``exit_code``; a kill
+    that failed after its first signal adds ``pids``, each target's record (:func:`nvmlcheck.kill.kill_records`)."""
+    if hasattr(exc, "_nvmlcheck_kill_pids"):
+        from ..kill import kill_records
+
+        records = kill_records(exc)
+        if records is not None:
+            return document("error", error=error_json(exc), exit_code=exit_code, pids=[r.to_json() for r in records])
     return document("error", error=error_json(exc), exit_code=exit_code)
 
 

@@ -10,8 +10,8 @@ from ..model import (
     DeviceFailure,
     DeviceState,
     GpuProcess,
+    Health,
     Memory,
-    MemoryHealth,
     MigDevice,
     Snapshot,
 )
@@ -73,7 +73,7 @@ def _clocks(c: Clocks | None) -> dict[str, Any] | None:
     }
 
 
-def _health(h: MemoryHealth | None) -> dict[str, Any] | None:
+def _health(h: Health | None) -> dict[str, Any] | None:
     if h is None:
         return None
     rows = h.remapped_rows
@@ -90,6 +90,12 @@ def _health(h: MemoryHealth | None) -> dict[str, Any] | None:
             "pending": rows.pending,
             "failure": rows.failure,
         },
+        # Issue 22 (added fields; the version stays 1).
+        "ecc_uncorrected_volatile": h.ecc_uncorrected_volatile,
+        "ecc_uncorrected_aggregate": h.ecc_uncorrected_aggregate,
+        "recovery_action": None if h.recovery_action is None else h.recovery_action.name.lower(),
+        "recovery_action_code": None if h.recovery_action is None else int(h.recovery_action),
+        "causes": [{"code": c.code, "text": c.text, "action": c.action.value} for c in h.causes()],
     }
 
 

@@ -23,7 +23,9 @@ pytestmark = pytest.mark.stub
 GIB = 1 << 30
 
 HOLD = "import sys, time; f = open(sys.argv[1]); print('ready', flush=True); time.sleep(60)"
-IGNORE_TERM = ("import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); "
+# Survives SIGTERM with a handler that does nothing (SIG_IGN would get SIGKILL at once: the kernel discards it).
+IGNORE_TERM = ("import signal, sys, time; signal.signal(signal.SIGTERM, lambda n, f: None); "
+               "print('ready', flush=True); "
                "time.sleep(60)")
 # A launcher whose worker holds the device file; the launcher itself holds nothing and is on no GPU list.
 LAUNCHER = ("import subprocess, sys, time; "
@@ -87,7 +89,8 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
 @pytest.mark.parametrize(
     ("pid", "words"),
     [("0", "process groups"), ("-1", "process groups"), ("1", "init"), ("2147483648", "pid_max"),
-     (str(os.getpid()), "this process"), (str(os.getppid()), "parent")],
+     # A suite started by a shell that has exited meanwhile (nohup, a CI runner's reaped job) has init as its parent.
+     (str(os.getpid()), "this process"), (str(os.getppid()), "init" if os.getppid() == 1 else "parent")],
 )
 def test_refused_pids_exit_2_with_a_plain_message_and_no_traceback(
     capsys: pytest.CaptureFixture[str], pid: str, words: str

@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import pytest
 
 import nvmlcheck as nc
 from nvmlcheck._proc import devfiles
+from nvmlcheck.holders import describe_process
 from nvmlcheck.testing import Scenario, build_stub
 
 pytestmark = pytest.mark.stub
@@ -127,7 +129,8 @@ def test_holders_join_nvml_and_device_files(
 ) -> None:
     d, pattern = dev
     both = procs(str(d / "nvidia0"))  # on GPU 0's list and has a device file open
-    files_only = procs(str(d / "nvidiactl"))  # device file, on no list
+    files_only = procs(str(d / "nvidia1"))  # a per-GPU device file, on no list
+    control_only = procs(str(d / "nvidiactl"))  # only the control device: NVML's own clients, monitors
     collision = procs()  # on the list (a PID of another namespace, as an old driver reports it), no device file
     unrelated = procs(str(d / "other"))  # neither
     sc = Scenario.h200()
@@ -152,6 +155,8 @@ def test_holders_join_nvml_and_device_files(
     assert f"pid {collision.pid}" in refused.refused and "no NVIDIA device file open" in refused.refused
     every = nc.select_kill_holders(tuple(holders.values()), all_holders=True)
     assert sorted(t.pid for t in every.targets) == sorted([both.pid, files_only.pid])
+    assert holders[control_only.pid].gpu_device_files == () and holders[files_only.pid].gpu_device_files
+    assert "holds no GPU" in dict((hh.pid, why) for hh, why in every.skipped)[control_only.pid]
 
     # Without the suspect entry the lists are proven: --all-on-gpu through the split API signals the real holder.
     on_gpu = nc.select_kill_holders(tuple(h for h in holders.values() if h.pid != collision.pid), all_holders=False)
@@ -184,21 +189,65 @@ def test_self_ancestors_and_daemons_are_skipped(
     dev: tuple[Path, str], procs: Callable[..., subprocess.Popen[bytes]], tmp_path: Path
 ) -> None:
     d, pattern = dev
-    daemon = procs(str(d / "nvidia0"), argv0="nvidia-persistenced")
+    # Calling itself nvidia-persistenced exempts nothing (issue 27): the program it runs is Python.
+    impostor = procs(str(d / "nvidia0"), argv0="nvidia-persistenced")
     with open(d / "nvidia1"):  # this process holds one too
         holders = nc.find_holders(None, device_files=pattern)
     by_pid = {h.pid: h for h in holders}
     assert by_pid[os.getpid()].relation == "self"
-    assert by_pid[daemon.pid].is_daemon and by_pid[daemon.pid].name == "nvidia-persistenced"
+    assert by_pid[impostor.pid].name == "nvidia-persistenced" and not by_pid[impostor.pid].is_daemon
     sel = nc.select_kill_holders(holders, all_holders=True)
-    assert sel.targets == ()
+    assert [t.pid for t in sel.targets] == [impostor.pid]
     reasons = {h.pid: why for h, why in sel.skipped}
-    assert reasons[os.getpid()] == "this process" and "daemon" in reasons[daemon.pid]
-    assert [t.pid for t in nc.select_kill_holders(holders, all_holders=True, include_daemons=True).targets] == [
-        daemon.pid
-    ]
+    assert reasons[os.getpid()] == "this process"
     with pytest.raises(nc.KillError, match="this process"):
         nc.prepare_kill(holders=[by_pid[os.getpid()]])
+
+
+def test_daemon_kind_is_the_program_not_the_name() -> None:
+    root_binary = ("/usr/bin/dcgm-exporter", 0, 0o100755)
+    assert nc.holders.daemon_kind("dcgm-exporter", ("dcgm-exporter",), root_binary) == "agent"
+    assert nc.holders.daemon_kind("nvidia-persiste", ("x",), ("/usr/bin/nvidia-persistenced", 0, 0o100755)) == "daemon"
+    # A renamed comm or argv[0] over another program, a binary a user owns or others may write: not exempt.
+    assert nc.holders.daemon_kind("dcgm-exporter", ("dcgm-exporter",), ("/usr/bin/python3", 0, 0o100755)) is None
+    assert nc.holders.daemon_kind("dcgm-exporter", (), ("/home/u/dcgm-exporter", 1000, 0o100755)) is None
+    assert nc.holders.daemon_kind("dcgm-exporter", (), ("/opt/dcgm-exporter", 0, 0o100777)) is None
+    assert nc.holders.daemon_kind("python3", ("dcgm-exporter",), root_binary) is None
+    # Another user's process (exe unreadable): the names are all there is; it cannot be signalled from here anyway.
+    assert nc.holders.daemon_kind("nvtop", ("nvtop",), None) == "agent"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="an agent is a program root owns: needs root to make one")
+def test_a_monitoring_agent_is_left_alone_by_all_holders(
+    dev: tuple[Path, str], tmp_path: Path
+) -> None:
+    d, pattern = dev
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    agent_exe = bin_dir / "dcgm-exporter"
+    shutil.copy("/bin/sleep", agent_exe)
+    agent_exe.chmod(0o755)
+    fds = [os.open(d / name, os.O_RDONLY) for name in ("nvidia0", "nvidiactl")]
+    try:
+        agent = subprocess.Popen([str(agent_exe), "60"], pass_fds=fds)
+    finally:
+        for fd in fds:
+            os.close(fd)
+    try:
+        devfile = str(d / "nvidia0")
+        for _ in range(500):  # until it runs the copy (exec done) with the files open
+            h = next((h for h in nc.find_holders(None, device_files=pattern) if h.pid == agent.pid), None)
+            if h is not None and h.daemon_kind == "agent" and devfile in (h.device_files or ()):
+                break
+            time.sleep(0.01)
+        assert h is not None and h.daemon_kind == "agent" and h.is_daemon
+        sel = nc.select_kill_holders([h], all_holders=True)
+        assert sel.targets == () and "monitoring agent (dcgm-exporter)" in sel.skipped[0][1]
+        assert [t.pid for t in nc.select_kill_holders([h], all_holders=True, include_daemons=True).targets] == [
+            agent.pid]
+    finally:
+        agent.kill()
+        agent.wait()
 
 
 def test_a_holder_whose_pid_was_reused_is_left_out(
@@ -349,3 +398,40 @@ def test_a_process_that_just_exited_is_no_evidence_of_another_numbering(
         assert ended.pid in {p.pid for p in session.snapshot().devices[1].processes or ()}
         selection = nc.select_kill_holders(session, [0], all_holders=False)
     assert selection.refused is None and [t.pid for t in selection.targets] == [live.pid]
+
+
+def test_pid_1_is_left_alone_when_it_is_no_ancestor(dev: tuple[Path, str]) -> None:
+    # Run through nsenter or docker exec, the parent is outside the namespace: PID 1 is no ancestor of this process,
+    # and proposing it made the kill refuse everything (issue 27). It is left alone, with the kill's own reason.
+    d, _ = dev
+    init = describe_process(1, found_by=frozenset({"device-file"}), device_files=(str(d / "nvidia0"),),
+                            gpu_device_files=(str(d / "nvidia0"),), me=(os.getpid(), ()))
+    assert init.relation is None and init.start_ticks is not None
+    sel = nc.select_kill_holders([init], all_holders=True, include_daemons=True)
+    assert sel.targets == () and "PID 1 is init" in sel.skipped[0][1]
+
+
+def test_the_timeout_explanation_scan_is_bounded_and_says_what_it_left(
+    dev: tuple[Path, str], procs: Callable[..., subprocess.Popen[bytes]]
+) -> None:
+    d, pattern = dev
+    procs(str(d / "nvidia0"))
+    whole = devfiles.scan(pattern)
+    assert whole.unscanned == 0
+    cut = devfiles.scan(pattern, deadline_ns=0)  # a deadline passed already: nothing is read
+    assert cut.holders == {} and cut.unscanned > 0
+    lines = nc.explain_unseen_holders(None, device_files=pattern, budget_s=0.0)
+    assert any("were not scanned" in line for line in lines), lines
+
+
+def test_a_wait_timeout_bounds_its_explanation_scan(
+    gpus: Callable[[Scenario], nc.Session], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from nvmlcheck import holders as holders_module
+
+    monkeypatch.setattr(holders_module, "EXPLAIN_BUDGET_S", 0.0)  # as on a host whose scan outlasts the budget
+    sc = Scenario.h200()
+    sc.set_device(0, used_bytes=4 * GIB)  # memory held, no process listed: the scan is wanted
+    with gpus(sc) as session, pytest.raises(nc.WaitTimeout) as info:
+        session.wait_until_clean(timeout=0)
+    assert any("were not scanned" in c and "bounded" in c for c in info.value.culprits), info.value.culprits
