@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from ..kill import KillPlan, KillResult, KillTimeout
     from ..model import Snapshot
     from ..selection import Selection, SelectTimeout
-    from ..study import StudyResult, SummaryRow
+    from ..study import FitResult, StudyResult, SummaryRow
     from ..verdict import Culprit, ReadyReport
     from ..wait import WaitResult
 
@@ -217,7 +217,14 @@ def study_reclaim_document(
         plots=list(plots),
         summary=[row.to_json() for row in rows],
         records=[{**r.to_json(), "trace": None} for r in result.records],
+        stopped=result.stopped,
     )
+
+
+def study_fit_document(result: FitResult, paths: Sequence[str]) -> dict[str, Any]:
+    """The ``nvmlcheck/study-fit`` document: the fitted reclaim-time model, what was fitted and kept, its error and
+    every cell against it, from the record files ``paths``."""
+    return document("study-fit", records=list(paths), **result.to_json())
 
 
 def compare_document(result: Comparison, a: str, b: str) -> dict[str, Any]:
