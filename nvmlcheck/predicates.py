@@ -940,12 +940,12 @@ def memory_free_at_least(need_bytes: int | None = None, *, fraction: float | Non
     need. It says nothing about processes: ``ready`` combines it with the clean predicate (docs/ready.md).
     """
     if (need_bytes is None) == (fraction is None):
-        raise ValueError("memory_free_at_least() takes need_bytes or fraction, exactly one of them")
+        raise ArgumentError("memory_free_at_least() takes need_bytes or fraction, exactly one of them")
     if fraction is not None:
         if isinstance(fraction, bool) or not isinstance(fraction, int | float):
-            raise TypeError(f"fraction must be a number in (0, 1], got {fraction!r}")
+            raise ArgumentTypeError(f"fraction must be a number in (0, 1], got {fraction!r}")
         if not (0.0 < fraction <= 1.0):
-            raise ValueError(f"fraction must be in (0, 1], got {fraction!r}")
+            raise ArgumentError(f"fraction must be in (0, 1], got {fraction!r}")
         return _MemoryFreeAtLeast(None, float(fraction))
     assert need_bytes is not None
     return _MemoryFreeAtLeast(_non_negative_bytes("need_bytes", need_bytes), None)
