@@ -537,7 +537,7 @@ def _stamp_off_lists(items: Iterable[Target], point: TracePoint, fallback_ns: in
 def _released(found: TargetSet, baseline: Snapshot, predicate: Predicate | None) -> Predicate:
     """``only_targets``: the targets' memory back (the targets read as they are: descendants join when found)."""
     if predicate is not None:
-        raise ValueError("only_targets judges the targets' memory: it replaces predicate, give one of them")
+        raise ArgumentError("only_targets judges the targets' memory: it replaces predicate, give one of them")
     from .released import targets_released
 
     return targets_released(lambda: [t.pid for t in found.items], baseline)
@@ -631,7 +631,7 @@ def prepare_kill(
         skipped += left
     if (match is not None or container is not None) and not found and not pids and not holders:
         what = " and ".join(w for w, v in (("--match", match), ("--container", container)) if v is not None)
-        raise ValueError(f"{what} selected no process" + (f" (left alone: {_alone(skipped)})" if skipped else ""))
+        raise ArgumentError(f"{what} selected no process" + (f" (left alone: {_alone(skipped)})" if skipped else ""))
     try:
         plan = KillPlan(targets.prepare(pids, tree=tree, holders=holders, pinning=pinning, missing_ok=missing_ok,
                                         found=found))
