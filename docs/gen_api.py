@@ -106,10 +106,17 @@ SECTIONS: list[tuple[str, str, list[str]]] = [
             "pids_gone",
             "memory_used_at_most",
             "memory_back_to",
+            "memory_free_at_least",
             "on_devices",
             "always",
             "never",
         ],
+    ),
+    (
+        "Ready",
+        "Can the next job start: one verdict per GPU from clean, healthy and capacity (`Session.ready`, `ready`), "
+        "each cause a structured `Culprit` (also `WaitTimeout.holders`); the rules are in [ready.md](ready.md).",
+        ["ready", "ReadyReport", "GpuVerdict", "Culprit"],
     ),
     (
         "Waiting",

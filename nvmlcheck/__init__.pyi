@@ -95,12 +95,14 @@ from nvmlcheck.predicates import (
     always,
     default_predicate,
     memory_back_to,
+    memory_free_at_least,
     memory_used_at_most,
     never,
     no_processes,
     on_devices,
     pids_gone,
 )
+from nvmlcheck.readiness import ready
 from nvmlcheck.released import not_ours, targets_released
 from nvmlcheck.selection import Selection, SelectTimeout, select_clean
 from nvmlcheck.session import DeviceSelector, Session, wait_until_clean
@@ -110,6 +112,7 @@ from nvmlcheck.study import HolderError as HolderError
 from nvmlcheck.study import StudyConfig as StudyConfig
 from nvmlcheck.study import StudyError as StudyError
 from nvmlcheck.study import run_study as run_study
+from nvmlcheck.verdict import Culprit, GpuVerdict, ReadyReport
 from nvmlcheck.wait import PollPolicy, TracePoint, WaitOptions, WaitResult, poll_until
 
 __version__: str
@@ -128,6 +131,7 @@ __all__ = [
     "CudaDevice",
     "CudaMapping",
     "CudaMappingError",
+    "Culprit",
     "Deprecated",
     "DeviceFailure",
     "DeviceSelector",
@@ -147,6 +151,7 @@ __all__ = [
     "GpuProcess",
     "GpuRequiresReset",
     "GpuUse",
+    "GpuVerdict",
     "Health",
     "HealthCause",
     "Holder",
@@ -188,6 +193,7 @@ __all__ = [
     "Predicate",
     "ProcessGone",
     "ProcessKind",
+    "ReadyReport",
     "RecoveryAction",
     "RemappedRows",
     "ResetTypeNotSupported",
@@ -222,6 +228,7 @@ __all__ = [
     "find_holders",
     "kill_and_wait",
     "memory_back_to",
+    "memory_free_at_least",
     "memory_used_at_most",
     "never",
     "no_processes",
@@ -230,6 +237,7 @@ __all__ = [
     "pids_gone",
     "poll_until",
     "prepare_kill",
+    "ready",
     "select_clean",
     "select_kill_holders",
     "targets_released",

@@ -49,11 +49,13 @@ EXPORTS: dict[str, tuple[str, ...]] = {
         "RecoveryAction", "RemappedRows", "RetiredPage", "RetirementCause", "Snapshot", "SystemInfo",
     ),
     "predicates": (
-        "Predicate", "Verdict", "always", "default_predicate", "memory_back_to", "memory_used_at_most", "never",
-        "no_processes", "on_devices", "pids_gone",
+        "Predicate", "Verdict", "always", "default_predicate", "memory_back_to", "memory_free_at_least",
+        "memory_used_at_most", "never", "no_processes", "on_devices", "pids_gone",
     ),
+    "readiness": ("ready",),
     "selection": ("SelectTimeout", "Selection", "select_clean"),
     "session": ("DeviceSelector", "Session", "open", "wait_until_clean"),
+    "verdict": ("Culprit", "GpuVerdict", "ReadyReport"),
     "wait": ("PollPolicy", "TracePoint", "WaitOptions", "WaitResult", "poll_until"),
 }
 

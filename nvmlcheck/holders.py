@@ -120,6 +120,8 @@ class Holder:
     ``is_daemon``: it runs one of :data:`DAEMONS` or :data:`AGENTS` (``daemon_kind`` says which: ``"daemon"`` or
     ``"agent"``). ``gpu_device_files``: the per-GPU device files (``/dev/nvidiaN``) among ``device_files``; a process
     with only ``nvidiactl`` or UVM open holds no GPU (NVML's own clients, monitors).
+    ``container``: the label of the container or cgroup it runs in (``"lxc/129"``, ``"docker 3f2a1b2c3d4e"``;
+    :func:`nvmlcheck._proc.container.container_of`), ``None`` when it runs in none or is not visible here.
     """
 
     pid: int
@@ -139,6 +141,7 @@ class Holder:
     unknown: tuple[tuple[str, str], ...] = ()
     gpu_device_files: tuple[str, ...] | None = None
     daemon_kind: Literal["daemon", "agent"] | None = None
+    container: str | None = None
 
     @property
     def used_bytes(self) -> int | None:
@@ -157,7 +160,7 @@ class Holder:
         return dict(self.unknown).get(field)
 
     def describe(self) -> str:
-        """One line: ``pid 123 (python3, zombie) holds 4.0 GiB on GPU 0``."""
+        """One line: ``pid 123 (python3, zombie) in lxc/129 holds 4.0 GiB on GPU 0``."""
         bits = [printable(self.name) if self.name else "name unknown"]
         if self.state not in (None, "running", "sleeping"):
             bits.append(str(self.state))
@@ -166,7 +169,8 @@ class Holder:
             for g in self.gpus
         )
         where = f"holds {on}" if on else f"has {', '.join(self.device_files or ('NVIDIA device files',))} open"
-        return f"pid {self.pid} ({', '.join(bits)}) {where}"
+        inside = f" in {printable(self.container)}" if self.container else ""
+        return f"pid {self.pid} ({', '.join(bits)}){inside} {where}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,7 +281,15 @@ def describe_process(
         unknown=tuple(unknown),
         gpu_device_files=gpu_device_files if device_files is not None else None,
         daemon_kind=kind,
+        container=_container_label(pid) if st is not None else None,
     )
+
+
+def _container_label(pid: int) -> str | None:
+    from ._proc.container import container_of
+
+    c = container_of(pid)
+    return None if c is None else c.label()
 
 
 def _gpu_uses(snapshot: Snapshot, devices: Collection[int] | None) -> dict[int, list[GpuUse]]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 
-from . import container, error, procfs
+from . import container, procfs
 
 TYPE_CHECKING = False  # no typing before a signal: start-up cost where site has not loaded it (docs/performance.md)
 if TYPE_CHECKING:
@@ -29,10 +29,10 @@ def check_pattern(pattern: str) -> re.Pattern[str]:
     try:
         compiled = re.compile(pattern)
     except re.error as exc:
-        raise error("ArgumentError", f"--match {pattern!r}: not a regular expression ({exc})") from None
+        raise _argument_error(f"--match {pattern!r}: not a regular expression ({exc})") from None
     if compiled.search("") is not None:
-        raise error("ArgumentError", f"--match {pattern!r} matches an empty command line, so it would select every "
-                                     "process: give a pattern that names the command")
+        raise _argument_error(f"--match {pattern!r} matches an empty command line, so it would select every process: "
+                         "give a pattern that names the command")
     return compiled
 
 
@@ -40,8 +40,8 @@ def check_container(spec: str, *, path_only: bool = False) -> container.Containe
     """The parsed ``--container`` (or, ``path_only``, ``--cgroup``) selector; ValueError for a bad one."""
     parsed = container.parse_spec(spec)
     if path_only and parsed.kind not in ("path", "dir"):
-        raise error("ArgumentError", f"--cgroup {spec!r}: a cgroup path starts with '/' (as /proc/PID/cgroup prints "
-                                     "it, or a directory under /sys/fs/cgroup); for a container ID use --container")
+        raise _argument_error(f"--cgroup {spec!r}: a cgroup path starts with '/' (as /proc/PID/cgroup prints it, or a "
+                         "directory under /sys/fs/cgroup); for a container ID use --container")
     return parsed
 
 
@@ -116,3 +116,10 @@ def by_container(spec: str | container.ContainerSpec, proc: str = "/proc") -> tu
         else:
             chosen.append((pid, ticks, "container"))
     return chosen, skipped
+
+
+def _argument_error(message: str) -> Exception:
+    """nvmlcheck's ArgumentError (a ValueError); :mod:`nvmlcheck.errors` is imported only when one is raised."""
+    from ..errors import ArgumentError
+
+    return ArgumentError(message)

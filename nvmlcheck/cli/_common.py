@@ -20,6 +20,9 @@ EXIT_USAGE = 2
 EXIT_BACKEND = 3
 #: A fatal GPU event (XID 79, 48, ...: docs/events.md) stopped a wait or kill: the GPU cannot become clean.
 EXIT_FAULT = 4
+#: ``ready``: a GPU needs an operator (unhealthy: a health cause, a fatal XID, a lost GPU; or stuck: memory that no
+#: signal frees): waiting cannot make it ready (docs/ready.md). ``ready`` exits 0 when ready and 1 when not yet.
+EXIT_UNHEALTHY = 5
 #: Ended by a signal: 128 + its number, as a shell reports it (SIGHUP 129, SIGINT 130, SIGTERM 143).
 EXIT_SIGNAL_BASE = 128
 #: The output could not be written (its reader went away, the disk is full) and the command's answer was the

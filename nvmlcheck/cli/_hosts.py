@@ -1,5 +1,5 @@
-"""``--host``/``--hosts``/``--hosts-file`` on ``snapshot``, ``wait``, ``kill`` and ``holders``: the command runs on
-each host through ssh (:mod:`nvmlcheck.hosts`), and one verdict comes back.
+"""``--host``/``--hosts``/``--hosts-file`` on ``snapshot``, ``wait``, ``kill``, ``holders`` and ``ready``: the command
+runs on each host through ssh (:mod:`nvmlcheck.hosts`), and one verdict comes back.
 
 :func:`wanted` tells whether hosts were given; :func:`run_hosts` builds each host's remote command
 (:func:`remote_command`: the command's own options, passed on), runs it on every host and prints one line per host
@@ -56,11 +56,17 @@ def remote_command(args: argparse.Namespace) -> list[str]:
         words += ["--backend", args.backend]
     if args.devices:
         words += ["--devices", ",".join(map(str, args.devices))]
-    if args.command in ("wait", "kill"):
+    if args.command in ("wait", "kill", "ready"):
         words += ["--timeout", _seconds(args.timeout), "--max-used", str(args.max_used),
                   "--stable-polls", str(args.stable_polls)]
         if getattr(args, "events", False):
             words.append("--events")  # a fatal XID on a remote GPU ends its wait there (exit 4), as it does here
+    if args.command == "ready":
+        if args.need is not None:
+            need_bytes, need_fraction = args.need
+            words += ["--need", str(need_bytes) if need_fraction is None else repr(need_fraction)]
+        if args.no_events:
+            words.append("--no-events")
     if args.command == "wait":
         if args.pids:
             words += ["--pids", *map(str, args.pids)]
@@ -129,7 +135,7 @@ def run_hosts(args: argparse.Namespace) -> int:
     except ValueError as exc:  # an unbalanced quote in --remote-prefix or --ssh-options
         raise UsageError(str(exc).replace("remote_prefix", "--remote-prefix")
                          .replace("remote_python", "--remote-python").replace("ssh_options", "--ssh-options")) from None
-    timeout = args.timeout if args.command in ("wait", "kill") else 0.0
+    timeout = args.timeout if args.command in ("wait", "kill", "ready") else 0.0
     status = StatusLine(sys.stderr, not args.json)
     total = len(hosts)
 
@@ -167,6 +173,9 @@ def _list(value: Any) -> list[Any]:
 def _bytes(value: Any) -> str:
     """A remote byte count as text; anything but an integer (a hostile or broken host) shows as ``?``."""
     return human_bytes(value) if isinstance(value, int) and not isinstance(value, bool) else "?"
+
+
+_READY_WORDS = {"clean": "ready", "not-clean": "NOT READY", "unhealthy": "NEEDS AN OPERATOR", "failed": "FAILED"}
 
 
 # A remote document is another machine's word: every value shown goes through safe() (a GPU name could set the
@@ -283,6 +292,12 @@ def _print(args: argparse.Namespace, results: Sequence[HostResult]) -> None:
             for line in _holder_lines(name, doc):
                 print(line)
             continue
+        if args.command == "ready":
+            for entry in _list(doc.get("gpus")):
+                gpu = _dict(entry)
+                print(f"{name}  {safe(str(gpu.get('line') or gpu.get('class')))}")
+            print(f"{name}  {_READY_WORDS.get(r.verdict, r.verdict)}")
+            continue
         snap = doc if args.command == "snapshot" else _dict(doc.get("snapshot"))
         lines = _proc_lines(name, snap) if getattr(args, "view", None) == "procs" else _gpu_lines(name, snap)
         for line in lines:
@@ -303,11 +318,14 @@ def _print(args: argparse.Namespace, results: Sequence[HostResult]) -> None:
             print(f"{name}  FAILED: exit {r.exit_code}")
     clean = [str(r.host) for r in results if r.verdict == "clean"]
     dirty = [str(r.host) for r in results if r.verdict == "not-clean"]
+    sick = [str(r.host) for r in results if r.verdict == "unhealthy"]
     failed = [f"{r.host} ({r.error.kind if r.error else 'error'})" for r in results if r.verdict == "failed"]
-    word = "ok" if args.command in ("snapshot", "holders") else "clean"
+    word = "ok" if args.command in ("snapshot", "holders") else "ready" if args.command == "ready" else "clean"
     parts = [f"{len(clean)} {word}"]
     if dirty:
-        parts.append(f"{len(dirty)} not clean: {', '.join(dirty)}")
+        parts.append(f"{len(dirty)} not {word}: {', '.join(dirty)}")
+    if sick:
+        parts.append(f"{len(sick)} need an operator: {', '.join(sick)}")
     if failed:
         parts.append(f"{len(failed)} failed: {', '.join(failed)}")
     print(f"{plural(len(results), 'host')}: {'; '.join(parts)}")

@@ -43,6 +43,7 @@ COMMANDS = {
     "study": "_study:cmd_study_reclaim",
     "watch": "_watch:cmd_watch",
     "simulate": "_simulate:cmd_simulate",
+    "ready": "_ready:cmd_ready",
 }
 
 

@@ -232,6 +232,27 @@ def device_list(text: str) -> list[int | str]:
     return items
 
 
+def need_amount(text: str) -> tuple[int | None, float | None]:
+    """``ready --need``: ``(bytes, None)`` for a size (``80GiB``, ``4096``), ``(None, fraction)`` for a fraction of
+    each GPU's total (``0.9``, ``90%``; in (0, 1]), as vLLM's ``gpu_memory_utilization``."""
+    from .._units import parse_size
+
+    raw = text.strip()
+    try:
+        if raw.endswith("%"):
+            fraction = float(raw[:-1]) / 100
+        elif raw.replace(".", "", 1).isdigit() and "." in raw:
+            fraction = float(raw)
+        else:
+            return (0 if raw in ("0", "0B") else parse_size(raw)), None
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{exc} (or a fraction of the total: 0.9, 90%)") from None
+    if not 0.0 < fraction <= 1.0:
+        raise argparse.ArgumentTypeError(f"a fraction of the total is in (0, 1] (0.9, 90%), got {text!r}; for bytes "
+                                         "give a unit (1.5GiB)")
+    return None, fraction
+
+
 def size_list(text: str) -> list[int]:
     """``1GiB,16GiB``."""
     from .._units import parse_size
@@ -240,6 +261,37 @@ def size_list(text: str) -> list[int]:
         return [parse_size(part) for part in text.split(",")]
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def count_list(text: str) -> list[int]:
+    """``0,1,2,4``: integers >= 0 (the study's importer counts)."""
+    try:
+        values = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of counts: {text!r} (example: 0,1,2,4)") from None
+    if any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError(f"counts must be >= 0: {text!r}")
+    return values
+
+
+def size_list_zero(text: str) -> list[int]:
+    """``0,8GiB,32GiB``: sizes, 0 allowed (the study's pinned host bytes)."""
+    parts = [p for p in text.split(",")]
+    zero = [p.strip() in ("0", "0B") for p in parts]
+    rest = ",".join(p for p, z in zip(parts, zero, strict=True) if not z)
+    sizes = iter(size_list(rest) if rest else [])
+    return [0 if z else next(sizes) for z in zero]
+
+
+def word_list(*allowed: str) -> Any:
+    """A comma-separated list of ``allowed`` words."""
+    def parse(text: str) -> list[str]:
+        words = [w.strip() for w in text.split(",")]
+        bad = [w for w in words if w not in allowed]
+        if bad:
+            raise argparse.ArgumentTypeError(f"{', '.join(map(repr, bad))}: use {' or '.join(allowed)}")
+        return words
+    return parse
 
 
 def ending_list(text: str) -> list[str]:
@@ -340,7 +392,8 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
     parser = _Parser(
         prog="nvmlcheck", state=state, root=True, description="Tell precisely and fast whether NVIDIA GPUs are clean.",
         epilog="exit codes: 0 clean/ok, 1 not clean at timeout, 2 usage, 3 backend unavailable or failed, "
-               "4 a fatal GPU event (XID) stopped the wait, 129/130/143 ended by SIGHUP/SIGINT/SIGTERM",
+               "4 a fatal GPU event (XID) stopped the wait, 5 ready: a GPU needs an operator (unhealthy or stuck), "
+               "129/130/143 ended by SIGHUP/SIGINT/SIGTERM",
     )
     parser.add_argument("--version", action="version", version=f"nvmlcheck {__version__}")
     global_options(parser, top=True)
@@ -465,6 +518,32 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
              help="keep the locks until this process exits (default: the process that ran nvmlcheck, e.g. the "
                   "launch script's shell; implies --lock)")
 
+    if wanted("ready"):
+        ready = sub_parser(
+            sub, "ready", help="is each GPU ready for the next job: clean, healthy, enough free memory (exit 0)?",
+            description="One verdict per GPU: ready, or why not: reclaiming (its holders exited; with an ETA), held "
+                        "(a live holder: pid, name, container, bytes), stuck (memory no signal frees), unhealthy (row "
+                        "remap or page retirement pending, uncorrectable ECC, the driver's recovery action, a fatal "
+                        "XID: each with the operator's action), short (clean, free < --need), unknown (a query "
+                        "failed). --timeout 0 (default) judges once; a longer one polls until ready, listening for "
+                        "XIDs. docs/ready.md has the decision table.",
+            epilog="exit codes: 0 ready, 1 not ready (yet) at the timeout, 5 a GPU needs an operator (unhealthy or "
+                   "stuck: waiting cannot help), 2 usage, 3 backend unavailable or failed",
+        )
+        global_options(ready, top=False)
+        once(ready, "--need", type=need_amount, default=None, metavar="BYTES|FRACTION",
+             help="memory the next job allocates per GPU: a size (80GiB) or a fraction of each GPU's total (0.9, "
+                  "90%%, like vLLM's gpu_memory_utilization); free = total - reserved - used must reach it")
+        once(ready, "--timeout", type=seconds_or_none, default=0.0, metavar="S",
+             help="seconds to wait until ready (default 0: judge once; 'none': forever)")
+        once(ready, "--max-used", type=byte_size, default=16 * MIB, metavar="BYTES",
+             help="clean means at most this much used per GPU (default 16MiB)")
+        once(ready, "--stable-polls", type=positive_int, default=2, metavar="N",
+             help="consecutive ready polls required when waiting (default 2)")
+        ready.add_argument("--no-events", action="store_true",
+                           help="do not listen for XIDs while waiting (a fatal one makes the GPU unhealthy, exit 5)")
+        host_options(ready)
+
     if wanted("holders"):
         holders = sub_parser(sub, "holders", help="every process that holds a GPU: NVML lists joined with open "
                                                    "NVIDIA device files",
@@ -559,11 +638,15 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
         once(reclaim, "--chunks", type=positive_int, default=1,
              help="allocations per holder (python -m nvmlcheck.holder --chunks; default 1)")
         # --- study reclaim, second edition (issue 18): holder kinds, concurrency, phases; study compare ---------
-        once(reclaim, "--holder", choices=("alloc", "context", "chunks", "contexts", "streams", "destroy"),
+        once(reclaim, "--holder", "--kind", dest="holder",
+             choices=("alloc", "context", "chunks", "contexts", "streams", "destroy", "pinned", "ipc", "managed",
+                      "mps", "nccl"),
              default="alloc",
              help="what each holder sets up: alloc (default), context (no allocation: the floor), chunks (--count "
                   "allocations), contexts (--count contexts), streams (--count streams with work queued at the "
-                  "end), destroy (cuCtxDestroy before exiting on exit/free)")
+                  "end), destroy (cuCtxDestroy before exiting on exit/free); pinned (--pinned host memory), ipc "
+                  "(an exporter and --importers), managed (cuMemAllocManaged touched on the GPU), mps (a client of "
+                  "a daemon the study starts), nccl (a communicator across the selected GPUs)")
         once(reclaim, "--count", type=positive_int, default=None,
              help="allocations, contexts or streams per holder, by --holder (default --chunks; 4 for chunks, "
                   "contexts and streams)")
@@ -594,11 +677,46 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
              choices=("zombie", "exited", "files_closed", "off_list", "memory_back", "first_clean", "waitpid"),
              help="which time from the signal to compare (default memory_back)")
         once(compare, "--across", metavar="PARTS", default="",
-             help="comma-separated cell parts (size, ending, holder, device) left out of the matching, to compare "
+             help="comma-separated cell parts (size, ending, holder, device, pinned, importers, first, role) left "
+                  "out of the matching, to compare "
                   "conditions that differ in them, e.g. --across ending for exit.jsonl against free.jsonl")
         once(compare, "--resolve-ms", type=float, default=5.0,
              help="the difference the repeats guidance aims to resolve, ms (default 5)")
         # --- end of the second-edition block ---------------------------------------------------------------------
+        # --- third edition (issue 26): sweeps of pinned memory and importers, a time budget; study fit ----------
+        once(reclaim, "--pinned", type=size_list_zero, default=None, metavar="LIST",
+             help="pinned host memory per holder, swept (--kind pinned), e.g. 0,8GiB,32GiB (default 0)")
+        once(reclaim, "--pin-mode", choices=("alloc", "register"), default="alloc",
+             help="pin with cuMemHostAlloc (alloc, default) or cuMemHostRegister of mapped memory (register)")
+        once(reclaim, "--importers", type=count_list, default=None, metavar="LIST",
+             help="IPC importers beside each exporter, swept (--kind ipc), e.g. 0,1,2,4 (default 0)")
+        once(reclaim, "--first", type=word_list("exporter", "importers"), default=None, metavar="LIST",
+             help="which side of an IPC group is ended first: exporter, importers or both, swept (default exporter)")
+        once(reclaim, "--stage-gap", type=float, default=0.3, metavar="S",
+             help="seconds between the first side being reaped and the other side's end (default 0.3)")
+        once(reclaim, "--budget", type=float, default=None, metavar="S",
+             help="start no run after S seconds, nor one the cell's last run says would end after them")
+        once(reclaim, "--ready-timeout", type=float, default=60.0, metavar="S",
+             help="seconds for NVML to show a ready holder and its memory, else the study fails (default 60)")
+        fit = sub_parser(
+            studies, "fit", help="fit the reclaim-time model to study records",
+            description="Fit the reclaim-time model (nvmlcheck.reclaim_model) to JSON Lines study records: time "
+                        "from the last signal to the memory back, against contexts, device GiB, pinned host GiB and "
+                        "IPC importers; prints each coefficient, the error, every cell against the model, and the "
+                        "code that registers it.",
+            epilog="exit codes: 0 fitted, 2 usage, unreadable records or nothing to fit",
+        )
+        global_options(fit, top=False, gpu=False)
+        fit.add_argument("records", metavar="RECORDS.jsonl", nargs="+", help="study reclaim records")
+        once(fit, "--kinds", default=None, metavar="LIST",
+             help="holder kinds fitted (default alloc,chunks,context,contexts,pinned,ipc)")
+        once(fit, "--endings", type=ending_list, default=None, metavar="LIST",
+             help="endings fitted (default KILL,TERM,exit)")
+        once(fit, "--driver", default=None, metavar="VERSION",
+             help="the driver the model is for (default: the records', which must be of one branch)")
+        once(compare, "--stage", choices=("all", "last"), default="all",
+             help="every holder (all, default) or only each run's last stage (last: the IPC side ended last)")
+        # --- end of the third-edition block ----------------------------------------------------------------------
     return parser
 
 

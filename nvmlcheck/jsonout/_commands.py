@@ -16,7 +16,8 @@ if TYPE_CHECKING:
     from ..kill import KillPlan, KillResult, KillTimeout
     from ..model import Snapshot
     from ..selection import Selection, SelectTimeout
-    from ..study import StudyResult, SummaryRow
+    from ..study import FitResult, StudyResult, SummaryRow
+    from ..verdict import Culprit, ReadyReport
     from ..wait import WaitResult
 
 
@@ -44,6 +45,7 @@ def wait_document(result: WaitResult) -> dict[str, Any]:
         poll_cost_ns=result.poll_cost_ns,
         interval_ns=result.interval_ns,
         culprits=[],
+        holders=[],
         snapshot=snapshot_json(result.snapshot),
     )
 
@@ -58,8 +60,35 @@ def wait_timeout_document(exc: WaitTimeout, kind: str = "wait", **extra: Any) ->
         timeout_s=exc.timeout_s,
         polls=exc.polls,
         culprits=list(exc.culprits),
+        holders=holders_json(exc.holders),
         snapshot=None if exc.snapshot is None else snapshot_json(exc.snapshot),
         **extra,
+    )
+
+
+def holders_json(culprits: Sequence[Culprit]) -> list[dict[str, Any]]:
+    """Structured culprits (:class:`~nvmlcheck.verdict.Culprit`) as the ``holders`` list of a document."""
+    return [c.to_json() for c in culprits]
+
+
+def ready_document(report: ReadyReport, *, exit_code: int, need_bytes: int | None = None,
+                   need_fraction: float | None = None) -> dict[str, Any]:
+    """The ``nvmlcheck/ready`` document (version 1): one verdict per GPU, its culprits as lines and as data."""
+    return document(
+        "ready",
+        ready=report.ready,
+        needs_operator=report.needs_operator,
+        exit_code=exit_code,
+        elapsed_ns=report.elapsed_ns,
+        polls=report.polls,
+        timeout_s=report.timeout_s,
+        need_bytes=need_bytes,
+        need_fraction=need_fraction,
+        gpus=[v.to_json() for v in report.verdicts],
+        culprits=list(report.culprits),
+        holders=holders_json(report.holders),
+        notes=list(report.notes),
+        snapshot=None if report.snapshot is None else snapshot_json(report.snapshot),
     )
 
 
@@ -79,7 +108,7 @@ def left_alone_json(selection: KillSelection | None, plan: KillPlan | None = Non
 def kill_document(result: KillResult, plan: KillPlan, selection: KillSelection | None) -> dict[str, Any]:
     """The ``nvmlcheck/kill`` document of a kill that ended clean (``selection``: what ``--all-*`` chose)."""
     return document("kill", **result.to_json(), left_alone=left_alone_json(selection, plan),
-                    vanished=list(plan.vanished), snapshot=snapshot_json(result.snapshot))
+                    vanished=list(plan.vanished), holders=[], snapshot=snapshot_json(result.snapshot))
 
 
 def kill_timeout_document(exc: KillTimeout, plan: KillPlan, selection: KillSelection | None) -> dict[str, Any]:
@@ -110,7 +139,8 @@ def nothing_to_kill_document(
     """The ``nvmlcheck/kill`` document of ``--all-*`` with nothing to signal, whose plain wait ended clean."""
     return document("kill", clean=True, **_nothing_to_kill(signal_name, tree, selection),
                     clean_ns=result.clean_ns, confirmed_ns=result.confirmed_ns,
-                    resolution_ns=max(result.interval_ns, result.poll_cost_ns), snapshot=snapshot_json(result.snapshot))
+                    resolution_ns=max(result.interval_ns, result.poll_cost_ns), holders=[],
+                    snapshot=snapshot_json(result.snapshot))
 
 
 def nothing_to_kill_timeout_document(
@@ -133,7 +163,7 @@ def select_document(
                 for d in selection.devices]
     return document("select", count=count, format=format, timeout_s=timeout_s, found=True, value=value,
                     selected=selected, passed_over=list(selection.passed_over), elapsed_ns=selection.elapsed_ns,
-                    polls=selection.polls, lock=lock, snapshot=snapshot_json(selection.snapshot))
+                    polls=selection.polls, lock=lock, holders=[], snapshot=snapshot_json(selection.snapshot))
 
 
 def select_timeout_document(
@@ -142,6 +172,7 @@ def select_timeout_document(
     """The ``nvmlcheck/select`` document of a selection that timed out."""
     return document("select", count=count, format=format, timeout_s=timeout_s, found=False, value=None, selected=[],
                     passed_over=list(exc.culprits), elapsed_ns=exc.elapsed_ns, polls=exc.polls, lock=None,
+                    holders=holders_json(exc.holders),
                     snapshot=None if exc.snapshot is None else snapshot_json(exc.snapshot))
 
 
@@ -164,7 +195,7 @@ def hosts_document(command: str, results: Sequence[HostResult], code: int) -> di
         return [str(r.host) for r in results if r.verdict == verdict]
 
     return document("hosts", command=command, exit_code=code, clean=named("clean"), not_clean=named("not-clean"),
-                    failed=named("failed"), hosts=[entry(r) for r in results])
+                    failed=named("failed"), unhealthy=named("unhealthy"), hosts=[entry(r) for r in results])
 
 
 def study_reclaim_document(
@@ -186,7 +217,14 @@ def study_reclaim_document(
         plots=list(plots),
         summary=[row.to_json() for row in rows],
         records=[{**r.to_json(), "trace": None} for r in result.records],
+        stopped=result.stopped,
     )
+
+
+def study_fit_document(result: FitResult, paths: Sequence[str]) -> dict[str, Any]:
+    """The ``nvmlcheck/study-fit`` document: the fitted reclaim-time model, what was fitted and kept, its error and
+    every cell against it, from the record files ``paths``."""
+    return document("study-fit", records=list(paths), **result.to_json())
 
 
 def compare_document(result: Comparison, a: str, b: str) -> dict[str, Any]:

@@ -19,13 +19,16 @@ from ..model import (
 if TYPE_CHECKING:
     from ..holders import Holder
 
-#: The version of every JSON document the CLI prints.
+#: The version of every JSON document the CLI prints, but those in :data:`SCHEMA_VERSIONS`.
 SCHEMA_VERSION = 1
+#: Documents whose version moved on: ``wait``, ``kill`` and ``select`` 2 (``holders``, the structured culprits, beside
+#: the ``culprits`` lines; every version 1 field kept). ``nvmlcheck/holders`` gained ``container`` within version 1.
+SCHEMA_VERSIONS: dict[str, int] = {"wait": 2, "kill": 2, "select": 2}
 
 
 def document(kind: str, **fields: Any) -> dict[str, Any]:
     """A top-level document of ``kind`` (``"snapshot"``, ``"wait"``, ``"kill"``, ``"error"``)."""
-    return {"schema": f"nvmlcheck/{kind}", "version": SCHEMA_VERSION, **fields}
+    return {"schema": f"nvmlcheck/{kind}", "version": SCHEMA_VERSIONS.get(kind, SCHEMA_VERSION), **fields}
 
 
 def _memory(m: Memory | None) -> dict[str, Any] | None:
@@ -177,6 +180,7 @@ def holder_json(h: Holder) -> dict[str, Any]:
         "is_daemon": h.is_daemon,
         "relation": h.relation,
         "unknown": dict(h.unknown),
+        "container": h.container,
     }
 
 

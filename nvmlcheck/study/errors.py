@@ -1,5 +1,5 @@
-"""The study's exceptions: a study that cannot go on, a dirty baseline, a failed holder, a bad record file, no
-matplotlib for a plot."""
+"""The study's exceptions: a study that cannot go on, a dirty baseline, a failed holder, a study that cannot run
+here (skipped, with its reason), a bad record file, no matplotlib for a plot."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from ..errors import NvmlCheckError
 if TYPE_CHECKING:
     from .records import RunRecord
 
-__all__ = ["BaselineNotClean", "HolderError", "PlotUnavailable", "RecordFormatError", "StudyError"]
+__all__ = ["BaselineNotClean", "HolderError", "PlotUnavailable", "RecordFormatError", "StudyError", "StudySkipped"]
 
 class StudyError(NvmlCheckError):
     """A study could not go on."""
@@ -44,6 +44,20 @@ class HolderError(StudyError):
     """A holder process could not be started, did not become ready, or its memory never became visible."""
 
     __module__ = "nvmlcheck.study"
+
+
+class StudySkipped(StudyError):
+    """The study cannot run here, for a reason that is no fault (``reason``): an MPS study on a host without
+    ``nvidia-cuda-mps-control``, an NCCL study with one GPU. Nothing was measured."""
+
+    __module__ = "nvmlcheck.study"
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(f"study skipped: {reason}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.reason,))
 
 
 class RecordFormatError(StudyError, ValueError):

@@ -49,6 +49,12 @@ class DeviceRun:
     phase_resolution_ns: dict[str, int | None] | None = field(default=None, hash=False)
     unknown: dict[str, str] | None = field(default=None, hash=False)
     holder_steps: dict[str, int] | None = field(default=None, hash=False)
+    #: The holder's part in its group (issue 26): ``holder``, ``exporter``/``importer`` (``ipc``), ``root``/``rank``
+    #: (``nccl``), ``client`` (``mps``).
+    role: str = "holder"
+    #: The GPU's used memory above its baseline at the last poll before this holder's signal (``None``: not read):
+    #: for a group ended in two stages, what the first stage left held when the second began.
+    held_at_signal_bytes: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +90,14 @@ class RunRecord:
     events: tuple[dict[str, Any], ...] | None = None
     #: Why events were not (all) heard: the listener's reason (smi backend, NOT_SUPPORTED, ...), or ``None``.
     events_reason: str | None = None
+    #: Third edition (issue 26), added within version 1: pinned host bytes per holder, how they were pinned
+    #: (``alloc``/``register``; ``None`` for other kinds), importers beside the exporter, which side of an IPC group
+    #: was ended first (``None``: one stage) and the gap between the stages (s; ``None``: one stage).
+    pinned_bytes: int = 0
+    pin_mode: str | None = None
+    importers: int = 0
+    first: str | None = None
+    stage_gap_s: float | None = None
 
     @property
     def resolution_ns(self) -> int:
@@ -214,6 +228,9 @@ _RUN_FIELDS: dict[str, _Check] = {
     "holder": _str, "holder_count": _int(1), "per_gpu": _int(1), "concurrent": _one_of("gpus", "none"),
     "events": _optional(_list_of(lambda e: None if isinstance(e, dict) else "an object", "objects")),
     "events_reason": _optional(_str),
+    # third edition (issue 26)
+    "pinned_bytes": _int(0), "pin_mode": _optional(_one_of("alloc", "register")), "importers": _int(0),
+    "first": _optional(_one_of("exporter", "importers")), "stage_gap_s": _optional(_seconds),
 }
 _DEVICE_FIELDS: dict[str, _Check] = {
     "index": _int(0), "uuid": _str, "name": _optional(_str), "pid": _int(1),
@@ -225,6 +242,9 @@ _DEVICE_FIELDS: dict[str, _Check] = {
     "zombie_ns": _optional(_NS), "exited_ns": _optional(_NS), "files_closed_ns": _optional(_NS),
     "phase_resolution_ns": _optional(_mapping(_optional(_NS), "integers >= 0 or null")),
     "unknown": _optional(_mapping(_str, "strings")), "holder_steps": _optional(_mapping(_int(None), "integers")),
+    # third edition (issue 26); held memory may read below the baseline (another process freed some meanwhile)
+    "role": _one_of("holder", "exporter", "importer", "root", "rank", "client"),
+    "held_at_signal_bytes": _optional(_int(None)),
 }
 
 

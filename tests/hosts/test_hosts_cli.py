@@ -210,3 +210,17 @@ def test_kill_on_a_host(hosts: Hosts) -> None:
 
 def test_fake_ssh_options_do_not_leak_into_other_tests() -> None:
     assert "NVMLCHECK_SSH_OPTIONS" not in os.environ
+
+
+def test_ready_on_hosts_one_verdict_with_exit_5_for_a_gpu_that_needs_an_operator(hosts: Hosts) -> None:
+    specs = [hosts.idle, hosts.busy, hosts.lost]
+    code, doc = hosts.cli_json("ready", "--need", "0.5", "--hosts", ",".join(specs))
+    got = by_host(doc)
+    assert got[hosts.idle]["verdict"] == "clean" and got[hosts.idle]["document"]["schema"] == "nvmlcheck/ready"
+    assert got[hosts.busy]["verdict"] == "not-clean" and got[hosts.busy]["document"]["gpus"][0]["class"] != "ready"
+    lost = got[hosts.lost]  # GPU 1 fell off the bus: unhealthy, a reboot
+    assert lost["verdict"] == "unhealthy" and lost["exit_code"] == 5, lost
+    assert code == 5 and doc["unhealthy"] == [hosts.lost] and doc["not_clean"] == [hosts.busy]
+    code, out, _ = hosts.cli("ready", "--hosts", ",".join(specs))
+    assert code == 5 and "NEEDS AN OPERATOR" in out and out.splitlines()[-1].startswith("3 hosts: 1 ready")
+    assert not ssh_children(hosts.lab)
