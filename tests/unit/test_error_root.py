@@ -29,7 +29,7 @@ INTERNAL: dict[str, str] = {
     "nvmlcheck.cli._signals.Terminated": "SIGTERM/SIGHUP as an exception (a BaseException, like KeyboardInterrupt)",
     "nvmlcheck.cli._common.UsageError": "the CLI's own: turned into exit 2 by cli._main.run, never raised to a caller",
     "nvmlcheck.cli._common.SimulationUnavailable": "the CLI's own: turned into exit 3 by cli._main.run",
-    "nvmlcheck.cli._kill.DryRun": "the CLI's own: `kill --dry-run` ending after the plan, caught in cli._kill",
+    "nvmlcheck.cli._kill.DryRun": "the CLI's own: --dry-run printed the plan; turned into exit 0 by the kill command",
     "nvmlcheck.hosts._Stopped": "a fleet worker's stop signal inside Fleet; never escapes",
     "nvmlcheck._proc.targets.Refused": "turned into KillError by nvmlcheck.kill and the CLI",
     "nvmlcheck._proc.pin.StaleIdentity": "turned into Refused (so KillError) by _proc.targets",
@@ -143,9 +143,6 @@ BAD_CALLS: list[tuple[str, Callable[[], object], type[BaseException]]] = [
     ("prepare_kill(['1'])", lambda: nc.prepare_kill(["1"]), TypeError),  # type: ignore[list-item]
     ("prepare_kill([0])", lambda: nc.prepare_kill([0]), nc.KillError),
     ("prepare_kill(pinning=...)", lambda: nc.prepare_kill([1], pinning="pin"), ValueError),  # type: ignore[arg-type]
-    ("prepare_kill(match='(')", lambda: nc.prepare_kill(match="("), ValueError),
-    ("prepare_kill(match='')", lambda: nc.prepare_kill(match=".*"), ValueError),
-    ("prepare_kill(container='x')", lambda: nc.prepare_kill(container="not a container"), ValueError),
     ("Host.parse", lambda: __import__("nvmlcheck.hosts").hosts.Host.parse("a b"), ValueError),
     ("Scenario.h200(devices=-1)", lambda: testing.Scenario.h200(devices=-1), ValueError),
     ("Scenario.add_process(device 3)", _scenario_bad_device, ValueError),
