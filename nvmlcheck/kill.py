@@ -121,7 +121,8 @@ class KillResult:
     """A kill that ended with every target exited and the GPUs clean. Times in ns from the first signal.
 
     ``pids``: one record per target (descendants included). ``clean_ns``: when the GPUs were first seen clean with
-    every target exited; ``confirmed_ns``: when that was confirmed. ``resolution_ns``: the poll period, the
+    every target exited and off the process lists (so never before any target's ``exited_ns`` or ``off_gpu_ns``:
+    both are stamped on the same clock as the polls); ``confirmed_ns``: when that was confirmed. ``resolution_ns``: the poll period, the
     uncertainty of each time. ``started_ns``: the clock reading of the first signal.
     """
 
@@ -316,9 +317,12 @@ class KillPlan:
             snap = point.snapshot
             if snap is not None and not snap.failures and all(d.processes is not None for d in snap.devices):
                 listed = {p.pid for d in snap.devices for p in (d.processes or ())}
+                # Stamped with the poll's own time (when its query returned), the moment the clean stamp uses too:
+                # a reading taken here, after the poll was judged, could fall after the clean stamp of that poll.
+                polled = point.stamp_ns if point.stamp_ns is not None else now
                 for t in found.items:
                     if t.off_gpu_ns is None and t.pid not in listed:
-                        t.off_gpu_ns = now - start
+                        t.off_gpu_ns = polled - start
             if grace_end is not None and now >= grace_end and not found.escalated:
                 found.escalate(signal.SIGKILL)
             if on_poll is not None:
@@ -345,9 +349,10 @@ class KillPlan:
             self.close()
         records = self.targets
         # The poller stamps a poll when its query returns and judges it just after: an exit seen in that judgement
-        # is stamped a few µs later. Clean means both, so it is never earlier than the last exit.
-        last_exit = max((t.exited_ns or 0 for t in records), default=0)
-        clean_ns = max(result.started_ns + result.first_clean_ns - start, last_exit)
+        # is stamped a few µs later. Clean means both, so it is never earlier than the last exit, nor than a
+        # target's leaving the lists (a predicate that ignores them can hold first): off_gpu_ns <= clean_ns always.
+        last_seen = max((max(t.exited_ns or 0, t.off_gpu_ns or 0) for t in records), default=0)
+        clean_ns = max(result.started_ns + result.first_clean_ns - start, last_seen)
         return KillResult(
             signal_name=first.name,
             started_ns=start,

@@ -169,7 +169,9 @@ class TracePoint:
     transient error that replaced the snapshot, if any; ``partial``: the snapshot came from the ``probe`` alone (the
     process lists were not read: ``process_counts`` are ``None``). ``snapshot`` is the poll's snapshot in the point
     handed to ``on_poll`` (call ``predicate.evaluate(point.snapshot)`` there for who holds what); points kept in
-    :attr:`WaitResult.trace` leave it ``None`` so long traces stay small.
+    :attr:`WaitResult.trace` leave it ``None`` so long traces stay small. ``stamp_ns``: the same moment as
+    ``offset_ns``, as the wait clock's reading (in the point handed to ``on_poll``; ``None`` in the trace), so a
+    caller timing on that clock stamps what the poll saw with the poll's own time.
     """
 
     offset_ns: int
@@ -182,6 +184,7 @@ class TracePoint:
     error: str | None = None
     partial: bool = False
     snapshot: Snapshot | None = field(default=None, compare=False, repr=False)
+    stamp_ns: int | None = field(default=None, compare=False, repr=False)
 
     @property
     def total_used_bytes(self) -> int | None:
@@ -748,7 +751,7 @@ class _Poller:
                 clean = False
             stats.record(t0, t1, clean, partial)
             if summarise:
-                self._report(t1 - start, t1 - t0, clean, snap, error, partial=partial)
+                self._report(t1, start, t1 - t0, clean, snap, error, partial=partial)
             pacer.saw(t1, clean, snap)
             if stats.run >= needed:
                 assert snap is not None
@@ -776,7 +779,8 @@ class _Poller:
 
     def _report(
         self,
-        offset: int,
+        stamp: int,
+        start: int,
         cost: int,
         clean: bool,
         snap: Snapshot | None,
@@ -784,20 +788,23 @@ class _Poller:
         *,
         partial: bool,
     ) -> None:
-        """Append the poll to the trace and hand it to on_poll (with its snapshot; the trace keeps none)."""
+        """Append the poll to the trace and hand it to on_poll (with its snapshot and stamp; the trace keeps
+        neither)."""
+        offset = stamp - start
         if snap is None:
-            point = TracePoint(offset, cost, clean, error=f"{type(error).__name__}: {error}")
+            why = f"{type(error).__name__}: {error}"
             if self.trace is not None:
-                self.trace.append(point)
+                self.trace.append(TracePoint(offset, cost, clean, error=why))
             if self.on_poll is not None:
-                self.on_poll(point)
+                self.on_poll(TracePoint(offset, cost, clean, error=why, stamp_ns=stamp))
             return
         idx, used, counts = _summary(snap)
         nfail = len(snap.failures)
         if self.trace is not None:
             self.trace.append(TracePoint(offset, cost, clean, idx, used, counts, nfail, partial=partial))
         if self.on_poll is not None:
-            self.on_poll(TracePoint(offset, cost, clean, idx, used, counts, nfail, partial=partial, snapshot=snap))
+            self.on_poll(TracePoint(offset, cost, clean, idx, used, counts, nfail, partial=partial, snapshot=snap,
+                                    stamp_ns=stamp))
 
     def _result(self, stats: _Stats, t1: int, snap: Snapshot) -> WaitResult:
         start = stats.start

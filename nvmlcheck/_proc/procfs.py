@@ -19,9 +19,12 @@ __all__ = [
     "ProcStat",
     "ProcStatus",
     "ancestors",
+    "parse_status",
     "children",
     "cmdline",
     "pid_max",
+    "pidns_inode",
+    "read_cgroup",
     "read_stat",
     "read_status",
 ]
@@ -60,15 +63,22 @@ if TYPE_CHECKING:
         start_ticks: int
 
     class ProcStatus(NamedTuple):
-        """The fields of ``/proc/PID/status`` nvmlcheck uses (``None`` where the kernel does not print them)."""
+        """The fields of ``/proc/PID/status`` nvmlcheck uses (``None`` where the kernel does not print them).
+
+        ``nspid``: the PID in each PID namespace it is in, outermost (this reader's view) first, its own last.
+        ``sig_ign``, ``sig_cgt``, ``sig_blk``: the ignored, caught (handler installed) and blocked signal masks,
+        bit ``n - 1`` for signal ``n``."""
 
         tgid: int | None
         uid: int | None
         nspid: tuple[int, ...] | None
+        sig_ign: int | None = None
+        sig_cgt: int | None = None
+        sig_blk: int | None = None
 
 else:  # the same tuples without typing (collections is loaded by argparse anyway): the kill CLI's fast path
     ProcStat = namedtuple("ProcStat", "pid comm state ppid start_ticks")
-    ProcStatus = namedtuple("ProcStatus", "tgid uid nspid")
+    ProcStatus = namedtuple("ProcStatus", "tgid uid nspid sig_ign sig_cgt sig_blk", defaults=(None, None, None))
 
 
 def read_stat(pid: int | str, proc: str = "/proc") -> ProcStat | None:
@@ -97,15 +107,23 @@ def read_stat(pid: int | str, proc: str = "/proc") -> ProcStat | None:
 
 
 def read_status(pid: int | str, proc: str = "/proc") -> ProcStatus | None:
-    """``Tgid``, real ``Uid`` and ``NSpid`` from ``/proc/PID/status``, or ``None`` if gone or unreadable."""
+    """``Tgid``, real ``Uid``, ``NSpid`` and the signal masks from ``/proc/PID/status``, or ``None`` if gone or
+    unreadable."""
     try:
         with open(f"{proc}/{pid}/status", "rb") as f:
             raw = f.read()
     except OSError:
         return None
+    return parse_status(raw)
+
+
+def parse_status(raw: bytes) -> ProcStatus:
+    """The text of ``/proc/PID/status`` parsed (:func:`read_status` without the read); a field absent or malformed is
+    ``None``."""
     tgid: int | None = None
     uid: int | None = None
     nspid: tuple[int, ...] | None = None
+    masks: dict[bytes, int] = {}
     for line in raw.splitlines():
         key, _, value = line.partition(b":")
         try:
@@ -115,9 +133,29 @@ def read_status(pid: int | str, proc: str = "/proc") -> ProcStatus | None:
                 uid = int(value.split()[0])
             elif key == b"NSpid":
                 nspid = tuple(int(v) for v in value.split())
+            elif key in (b"SigIgn", b"SigCgt", b"SigBlk"):
+                masks[key] = int(value, 16)
         except (IndexError, ValueError):
             continue
-    return ProcStatus(tgid, uid, nspid)
+    return ProcStatus(tgid, uid, nspid, masks.get(b"SigIgn"), masks.get(b"SigCgt"), masks.get(b"SigBlk"))
+
+
+def read_cgroup(pid: int | str, proc: str = "/proc") -> str | None:
+    """The text of ``/proc/PID/cgroup``, or ``None`` if gone or unreadable (parsed by :mod:`.container`)."""
+    try:
+        with open(f"{proc}/{pid}/cgroup", "rb") as f:
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+
+
+def pidns_inode(pid: int | str, proc: str = "/proc") -> int | None:
+    """The inode of ``/proc/PID/ns/pid`` (equal for two processes in one PID namespace), or ``None`` if gone or not
+    permitted (reading another user's namespace needs ptrace access)."""
+    try:
+        return os.stat(f"{proc}/{pid}/ns/pid").st_ino
+    except OSError:
+        return None
 
 
 def cmdline(pid: int, proc: str = "/proc") -> tuple[str, ...] | None:

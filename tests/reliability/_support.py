@@ -4,6 +4,7 @@ deadline-bounded polling (never a bare sleep)."""
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -33,6 +34,12 @@ KNOBS = (
     "FAKE_SMI_RAW_COMMAS",
     "FAKE_SMI_ARGV_LOG",
 )
+
+
+def sigint_default() -> None:
+    """``preexec_fn`` for a child that a test interrupts with SIGINT: a background job of a non-interactive shell
+    starts the suite with SIGINT ignored, the child inherits that, and nvmlcheck rightly keeps it ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> float:

@@ -277,3 +277,17 @@ def test_memory_back_long_after_the_process_is_gone(stub: Stub, sleeper: subproc
     listless_but_held = [p for p in points if p.process_counts == (0,) and (p.used_bytes[0] or 0) >= 8 * GIB]
     assert listless_but_held and not any(p.clean for p in listless_but_held)
 
+
+
+def test_off_the_list_is_never_stamped_after_clean(stub: Stub, sleeper: subprocess.Popen[bytes]) -> None:
+    # Off the list and memory back on the same poll. Every clock reading moves the fake clock on, as load would
+    # move the real one between the poll's query and the callback that looks at its lists: a reading taken there
+    # fell after the poll's clean stamp (issue 24: off_gpu 139.821522 ms, clean 139.810393 ms under load).
+    sc = Scenario.h200()
+    sc.add_process(0, sleeper.pid, used_bytes=8 * GIB, bound=True, list_ms=0, release_ms=0)
+    t = StepClock(1e-5)
+    with stub.open(sc) as gpus:
+        result = nc.kill_and_wait(gpus, [sleeper.pid], timeout=1e5, clock=t.clock, sleep=t.sleep)
+    (pid,) = result.pids
+    assert pid.off_gpu_ns is not None
+    assert pid.off_gpu_ns <= result.clean_ns <= result.confirmed_ns

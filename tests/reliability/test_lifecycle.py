@@ -18,7 +18,7 @@ import nvmlcheck as nc
 from nvmlcheck._nvml import library
 from nvmlcheck.testing import Scenario
 
-from ._support import FAKE_SMI, GIB, Stub, dead, wait_for
+from ._support import FAKE_SMI, GIB, Stub, dead, sigint_default, wait_for
 
 pytestmark = pytest.mark.stub
 
@@ -144,6 +144,7 @@ def _interrupt(backend: str, env: dict[str, str], ready: str, when: Path | None 
         stderr=subprocess.PIPE,
         text=True,
         env=env,
+        preexec_fn=sigint_default,
     )
     try:
         assert proc.stdout is not None
@@ -189,6 +190,7 @@ def test_keyboard_interrupt_in_the_cli_exits_130_and_kills_nvidia_smi(stub: Stub
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=env,
+        preexec_fn=sigint_default,
     )
     try:
         wait_for(lambda: pid_file.exists() and pid_file.read_text().endswith("\n"), 20.0, "the hung nvidia-smi")

@@ -1,0 +1,408 @@
+"""The container (or cgroup) a process runs in, read from ``/proc/PID/cgroup`` and its PID namespace.
+
+:func:`parse_cgroup` is the pure parser (cgroup v1 and v2 text → :class:`Container`); :func:`container_of` reads one
+process; :func:`members` lists every process of one container (``kill --container``). Recognised: docker,
+containerd (and nerdctl), cri-o, podman, LXC/Proxmox, Kubernetes pods, Slurm jobs, systemd units; any other non-root
+cgroup is kind ``"cgroup"``; a process in the root cgroup but another PID namespace is kind ``"pidns"``. A runtime's
+monitor (LXC's, podman's or cri-o's conmon, a Slurm step daemon) is marked ``monitor`` and is no member of its
+container. No ``re``, no dataclasses at run time: ``kill --container`` reads this before its first signal.
+Recognised path forms and their sources: docs/killing.md.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import namedtuple
+
+from . import procfs
+
+TYPE_CHECKING = False  # no typing before a signal: start-up cost where site has not loaded it (docs/performance.md)
+if TYPE_CHECKING:
+    from dataclasses import dataclass
+
+__all__ = ["CONTAINER_KINDS", "Container", "ContainerSpec", "container_of", "members", "parse_cgroup", "parse_spec"]
+
+#: The kinds that are containers proper (a runtime's); ``systemd``, ``slurm``, ``cgroup`` and ``pidns`` are not.
+CONTAINER_KINDS = frozenset({"docker", "containerd", "cri-o", "podman", "container", "lxc", "kubernetes"})
+
+_HEX = frozenset("0123456789abcdef")
+#: The kinds whose ID is a runtime's 64-hex container ID (``"container"``: under a pod, runtime not named).
+_RUNTIMES = ("docker", "containerd", "cri-o", "podman", "container")
+
+
+if TYPE_CHECKING:
+
+    @dataclass(frozen=True, slots=True)
+    class Container:
+        """Where one process runs.
+
+        ``kind``: ``"docker"``, ``"containerd"``, ``"cri-o"``, ``"podman"``, ``"lxc"``, ``"kubernetes"``,
+        ``"systemd"``, ``"slurm"``, ``"cgroup"`` (any other cgroup) or ``"pidns"`` (root cgroup, another PID
+        namespace). ``id``: the full runtime ID, ``"129"`` for ``lxc/129``, the pod UID, the unit name, the Slurm
+        job ID, the cgroup path, or the namespace inode. ``cgroup``: the process's cgroup path (the v2 line, else
+        the v1 hierarchy that was read). ``pidns_inode``: inode of ``/proc/PID/ns/pid`` (``None``: unread).
+        ``nested``: ``(kind, id)`` of what else the path names, outermost first (a pod's container, a unit inside
+        an LXC container). ``monitor``: the runtime's own process for that container (LXC monitor, conmon, Slurm
+        step daemon), not a member of it.
+        """
+
+        kind: str
+        id: str
+        cgroup: str
+        pidns_inode: int | None = None
+        nested: tuple[tuple[str, str], ...] = ()
+        monitor: bool = False
+
+        def label(self) -> str:
+            """Short text for humans: ``"docker 3f2a1b2c3d4e"``, ``"lxc/129"``, ``"pod <uid>"``."""
+            ...
+
+        def names(self) -> tuple[tuple[str, str], ...]:
+            """Every ``(kind, id)`` the path names: the container's own first, then :attr:`nested`."""
+            ...
+
+        @property
+        def is_container(self) -> bool:
+            """Whether a container runtime made it (:data:`CONTAINER_KINDS`)."""
+            ...
+
+else:
+
+    class Container(namedtuple("Container", "kind id cgroup pidns_inode nested monitor", defaults=(None, (), False))):
+        __slots__ = ()
+
+        def label(self) -> str:
+            return _label(self.kind, self.id) + (" monitor" if self.monitor else "")
+
+        def names(self):
+            return ((self.kind, self.id), *self.nested)
+
+        @property
+        def is_container(self):
+            return self.kind in CONTAINER_KINDS
+
+
+def _label(kind: str, ident: str) -> str:
+    if kind in _RUNTIMES:
+        return f"{kind} {ident[:12]}"
+    if kind == "lxc":
+        return f"lxc/{ident}"
+    if kind == "kubernetes":
+        return f"pod {ident}"
+    if kind == "slurm":
+        return f"slurm job {ident}"
+    if kind == "pidns":
+        return f"pid namespace {ident}"
+    return f"{kind} {ident}"
+
+
+# --- the parser ------------------------------------------------------------------------------------------------------
+
+
+def _is_hex(s: str, least: int = 12, most: int = 64) -> bool:
+    return least <= len(s) <= most and not (set(s) - _HEX)
+
+
+def _pod_uid(s: str) -> str | None:
+    """A pod UID as Kubernetes prints it (``_`` of systemd slice names back to ``-``), or ``None``."""
+    s = s.replace("_", "-")
+    if _is_hex(s, 32, 32):  # a static pod's UID is a config hash
+        return s
+    parts = s.split("-")
+    if [len(p) for p in parts] == [8, 4, 4, 4, 12] and _is_hex("".join(parts), 32, 32):
+        return s
+    return None
+
+
+#: Prefixes of ``<prefix><id>.scope`` (systemd cgroup driver) and kind, monitor.
+_SCOPES = (
+    ("docker-", "docker", False),
+    ("cri-containerd-", "containerd", False),
+    ("nerdctl-", "containerd", False),
+    ("crio-conmon-", "cri-o", True),
+    ("crio-", "cri-o", False),
+    ("libpod-conmon-", "podman", True),
+    ("libpod-", "podman", False),
+)
+
+
+def _runtime(name: str, parent: str | None, kube: bool) -> tuple[str, str, bool] | None:
+    """A container runtime's cgroup: ``<prefix><id>.scope`` (systemd driver) or ``<parent>/<id>`` (cgroupfs)."""
+    base = name[:-6] if name.endswith(".scope") else name
+    for prefix, kind, monitor in _SCOPES:  # crio-<id> under the cgroupfs driver has no .scope
+        if base.startswith(prefix) and _is_hex(base[len(prefix):], 64, 64):
+            return kind, base[len(prefix):], monitor
+    if not _is_hex(name, 64, 64):
+        return None
+    if parent in ("docker", "moby"):
+        return "docker", name, False
+    if parent == "libpod_parent":
+        return "podman", name, False
+    if kube:  # cgroupfs driver: /kubepods/burstable/pod<uid>/<id>, the runtime unnamed
+        return "container", name, False
+    return None
+
+
+def _pod(name: str, kube: bool) -> tuple[str, str, bool] | None:
+    """A Kubernetes pod: ``kubepods-<qos>-pod<uid>.slice`` (systemd driver) or ``pod<uid>`` under ``kubepods``."""
+    if name.startswith("kubepods") and "-pod" in name and name.endswith(".slice"):
+        uid = _pod_uid(name[name.rindex("-pod") + 4 : -6])
+    elif name.startswith("pod") and kube:
+        uid = _pod_uid(name[3:])
+    else:
+        return None
+    return None if uid is None else ("kubernetes", uid, False)
+
+
+def _lxc(name: str, parent: str | None) -> tuple[str, str, bool] | None:
+    """LXC: ``lxc/NAME`` (LXC 3, Proxmox), ``lxc.payload.NAME`` (LXC 4+); monitors ``lxc.monitor.NAME`` and
+    ``lxc.monitor/NAME`` (Proxmox)."""
+    if parent in ("lxc", "lxc.payload"):
+        return "lxc", name, False
+    if parent == "lxc.monitor":
+        return "lxc", name, True
+    for prefix, monitor in (("lxc.payload.", False), ("lxc.monitor.", True)):
+        if name.startswith(prefix) and len(name) > len(prefix):
+            return "lxc", name[len(prefix):], monitor
+    return None
+
+
+def _component(name: str, parent: str | None, grandparent: str | None, kube: bool) -> tuple[str, str, bool] | None:
+    """``(kind, id, monitor)`` named by one path component (its parent, grandparent and whether a ``kubepods``
+    component came before it, for context), or ``None``."""
+    got = _runtime(name, parent, kube) or _pod(name, kube) or _lxc(name, parent)
+    if got is not None:
+        return got
+    if name.startswith("job_") and name[4:].isdigit() and (
+        parent == "slurmstepd.scope"
+        or (parent is not None and parent.startswith("uid_") and (grandparent or "").startswith("slurm"))
+    ):
+        return "slurm", name[4:], False
+    if name.endswith((".service", ".scope")):
+        return "systemd", name, False
+    return None
+
+
+def classify(path: str) -> tuple[str, str, tuple[tuple[str, str], ...], bool] | None:
+    """``(kind, id, nested, monitor)`` for one cgroup path, or ``None`` for the root (``"/"``).
+
+    The outermost container (runtime, pod, LXC, Slurm job) wins and whatever else the path names goes to ``nested``;
+    without one, the innermost systemd unit; else kind ``"cgroup"`` with the path as its ID."""
+    parts = [p for p in path.split("/") if p]
+    if not parts:
+        return None
+    found: list[tuple[str, str]] = []
+    monitor = False
+    strong: int | None = None
+    for i, name in enumerate(parts):
+        got = _component(name, parts[i - 1] if i > 0 else None, parts[i - 2] if i > 1 else None,
+                         any(p.startswith("kubepods") for p in parts[:i]))
+        if got is None:
+            continue
+        kind, ident, mon = got
+        if strong is None and kind != "systemd":
+            strong = len(found)
+        found.append((kind, ident))
+        monitor = monitor or mon
+        # Slurm: the step daemon lives in job_N/step_M/slurm (v2) — Slurm's own process, not the job's.
+        if kind == "slurm" and len(parts) > i + 2 and parts[i + 2] == "slurm":
+            monitor = True
+    if not found:
+        return "cgroup", "/" + "/".join(parts), (), False
+    if strong is None:
+        kind, ident = found[-1]  # the innermost unit: app.scope inside user@1000.service
+        return kind, ident, tuple(found[:-1]), False
+    kind, ident = found[strong]
+    return kind, ident, tuple(found[:strong] + found[strong + 1:]), monitor
+
+
+#: v1 hierarchies in the order they are trusted to place a process (systemd's own first: every process has it).
+_V1_ORDER = ("name=systemd", "pids", "memory", "cpu,cpuacct", "cpu", "devices", "freezer", "cpuset", "blkio")
+
+
+def cgroup_paths(text: str) -> dict[str, str]:
+    """``/proc/PID/cgroup`` as hierarchy → path: ``""`` for the v2 line, else the v1 controller list
+    (``"memory"``, ``"cpu,cpuacct"``, ``"name=systemd"``). Malformed lines are skipped; the `` (deleted)`` the kernel
+    appends to a removed cgroup is dropped."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        fields = line.split(":", 2)
+        if len(fields) != 3 or not fields[2].startswith("/"):
+            continue
+        path = fields[2]
+        out[fields[1]] = path[: -len(" (deleted)")] if path.endswith(" (deleted)") else path
+    return out
+
+
+def parse_cgroup(text: str) -> Container | None:
+    """The container that ``/proc/PID/cgroup`` text names (``pidns_inode`` left ``None``), or ``None`` when every
+    line is the root cgroup. The first line that names a container proper (a runtime's, a pod, LXC, a Slurm job)
+    wins, the v2 line tried first (a hybrid host's v2 line may say only the runtime's unit while v1 names the
+    container); else the first non-root placement (a systemd unit, any cgroup), v2 first."""
+    paths = cgroup_paths(text)
+    ordered = [k for k in ("", *_V1_ORDER) if k in paths] + sorted(k for k in paths if k and k not in _V1_ORDER)
+    first: Container | None = None
+    for key in ordered:
+        path = paths[key]
+        got = classify(path)
+        if got is None:
+            continue
+        c = Container(got[0], got[1], path, None, got[2], got[3])
+        if c.kind not in ("cgroup", "systemd"):
+            return c
+        if first is None:
+            first = c
+    return first
+
+
+def container_of(pid: int | str, proc: str = "/proc") -> Container | None:
+    """Where ``pid`` runs, or ``None`` when it is in the root cgroup of this host (or of this cgroup namespace) and in
+    this process's PID namespace, or when its files cannot be read (it exited)."""
+    text = procfs.read_cgroup(pid, proc)
+    if text is None:
+        return None
+    ino = procfs.pidns_inode(pid, proc)
+    c = parse_cgroup(text)
+    if c is not None:
+        return c._replace(pidns_inode=ino)  # type: ignore[attr-defined, no-any-return]
+    mine = procfs.pidns_inode("self", proc)
+    if ino is not None and mine is not None and ino != mine:
+        root = cgroup_paths(text).get("", "/")
+        return Container("pidns", str(ino), root, ino)
+    return None
+
+
+# --- selecting by container ------------------------------------------------------------------------------------------
+
+
+if TYPE_CHECKING:
+
+    @dataclass(frozen=True, slots=True)
+    class ContainerSpec:
+        """A parsed ``--container``/``--cgroup`` argument: ``kind`` is a container kind, ``"id"`` (a runtime ID or
+        its prefix, of any runtime), ``"unit"`` (a path component), ``"path"`` (a cgroup path, itself or below)
+        or ``"dir"`` (a cgroup directory under a mounted hierarchy)."""
+
+        kind: str
+        value: str
+
+else:
+    ContainerSpec = namedtuple("ContainerSpec", "kind value")
+
+
+def _named_spec(s: str, low: str) -> ContainerSpec | None:
+    """The forms with a kind word or shape: ``lxc/``, ``slurm/``, ``job_``, pod UIDs, ``pidns:``, ``docker:``."""
+    if low.startswith("lxc/") and low[4:] and "/" not in low[4:]:
+        return ContainerSpec("lxc", s[4:])
+    for prefix in ("slurm/", "slurm:", "job_"):
+        if low.startswith(prefix) and low[len(prefix):].isdigit():
+            return ContainerSpec("slurm", low[len(prefix):])
+    for prefix in ("pod/", "pod:", "pod", ""):
+        uid = _pod_uid(low[len(prefix):]) if low.startswith(prefix) else None
+        if uid is not None and (prefix or "-" in low):  # 32 hex digits alone are an ID prefix
+            return ContainerSpec("kubernetes", uid)
+    for prefix in ("pidns:", "pid:["):
+        if low.startswith(prefix) and low[len(prefix):].rstrip("]").isdigit():
+            return ContainerSpec("pidns", low[len(prefix):].rstrip("]"))
+    for runtime in _RUNTIMES:
+        if low.startswith((runtime + ":", runtime + "/")):
+            rest = low[len(runtime) + 1:]
+            if not _is_hex(rest):
+                raise ValueError(f"{s!r}: a {runtime} container ID is 12 to 64 hex digits")
+            return ContainerSpec(runtime, rest)
+    return None
+
+
+def parse_spec(spec: str) -> ContainerSpec:
+    """Check a container selector's syntax (no ``/proc`` read). Raises ValueError with the accepted forms."""
+    s = spec.strip()
+    low = s.lower()
+    if not s:
+        raise ValueError("an empty container selector")
+    named = _named_spec(s, low)
+    if named is not None:
+        return named
+    if _is_hex(low):
+        return ContainerSpec("id", low)
+    if s.startswith("/"):
+        norm = "/" + "/".join(p for p in s.split("/") if p)
+        if ".." in norm.split("/"):
+            raise ValueError(f"{spec!r}: a cgroup path may not contain '..'")
+        return ContainerSpec("dir" if norm.startswith("/sys/fs/cgroup/") else "path", norm)
+    if s.endswith((".service", ".scope", ".slice")) and "/" not in s:
+        return ContainerSpec("unit", s)
+    if _is_hex(low, 1, 11):
+        raise ValueError(f"{spec!r}: a container ID prefix needs at least 12 hex digits (docker ps prints 12)")
+    raise ValueError(
+        f"{spec!r} is not a container: give a docker/containerd/podman/cri-o ID (12 to 64 hex digits), lxc/NAME, a "
+        "pod UID, slurm/JOBID or job_JOBID, a systemd unit (NAME.service, .scope, .slice), pidns:INODE, or a cgroup "
+        "path (/docker/…, /sys/fs/cgroup/…)")
+
+
+def _matches(spec: ContainerSpec, c: Container | None, paths: dict[str, str]) -> str | None:
+    """The full ID ``spec`` matched (``None``: no match). A path or unit matches on any hierarchy; an ID never names
+    a monitor."""
+    if spec.kind == "path":
+        below = spec.value.rstrip("/") + "/"
+        return next((p for p in paths.values() if p == spec.value or p.startswith(below)), None)
+    if spec.kind == "unit":
+        return spec.value if any(spec.value in p.split("/") for p in paths.values()) else None
+    if c is None or c.monitor:
+        return None
+    for kind, ident in c.names():
+        if spec.kind == "id":
+            if kind in _RUNTIMES and ident.startswith(spec.value):
+                return ident
+            if kind == "kubernetes" and ident == spec.value:
+                return ident
+        elif kind == spec.kind and (ident == spec.value or (kind in _RUNTIMES and ident.startswith(spec.value))):
+            return ident
+    return None
+
+
+def _dir_members(root: str) -> list[int]:
+    out: list[int] = []
+    for dirpath, _dirs, files in os.walk(root):
+        if "cgroup.procs" not in files:
+            continue
+        try:
+            with open(f"{dirpath}/cgroup.procs", "rb") as f:
+                out.extend(int(p) for p in f.read().split())
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def members(spec: str | ContainerSpec, proc: str = "/proc") -> list[tuple[int, int]]:
+    """``(pid, start_ticks)`` of every process (of this PID namespace's view) whose container matches ``spec``, by
+    PID; monitors (LXC's, conmon, Slurm's step daemon) are left out unless a path or unit names them. Raises
+    ValueError for a bad selector or an ID prefix that names two containers. Processes that exit while the list is
+    read are left out; the caller pins each one (its start time is its identity)."""
+    parsed = parse_spec(spec) if isinstance(spec, str) else spec
+    if parsed.kind == "dir":
+        if not os.path.isfile(f"{parsed.value}/cgroup.procs"):
+            raise ValueError(f"{parsed.value}: not a cgroup directory (no cgroup.procs)")
+        pids = sorted(set(_dir_members(parsed.value)))
+    else:
+        pids = sorted(int(name) for name in os.listdir(proc) if name.isdigit())
+    out: list[tuple[int, int]] = []
+    full: set[str] = set()
+    for pid in pids:
+        if parsed.kind == "pidns":  # the namespace, whatever the cgroup
+            if str(procfs.pidns_inode(pid, proc)) != parsed.value:
+                continue
+        elif parsed.kind != "dir":
+            text = procfs.read_cgroup(pid, proc)
+            if text is None:
+                continue
+            got = _matches(parsed, parse_cgroup(text), cgroup_paths(text))
+            if got is None:
+                continue
+            full.add(got)
+        st = procfs.read_stat(pid, proc)
+        if st is not None and st.pid == pid:
+            out.append((pid, st.start_ticks))
+    if (parsed.kind == "id" or parsed.kind in _RUNTIMES) and len(full) > 1:
+        raise ValueError(f"{parsed.value!r} names {len(full)} containers ({', '.join(sorted(i[:16] for i in full))}"
+                         "…): give more of the ID")
+    return out

@@ -1,0 +1,257 @@
+"""The container reader: recorded /proc/PID/cgroup samples (tests/data/cgroup) classified, selectors parsed, members
+listed from a fake /proc and from this machine's own (a child moved into a cgroup made for the test)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from nvmlcheck._proc import procfs
+from nvmlcheck._proc.container import (
+    Container,
+    ContainerSpec,
+    container_of,
+    members,
+    parse_cgroup,
+    parse_spec,
+)
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "cgroup"
+D = "3f2a1b2c3d4e5f60718293a4b5c6d7e8f90112233445566778899aabbccddeef"
+C = "9c1e2d3f4a5b6c7d8e9f00112233445566778899aabbccddeeff001122334455"
+POD = "1b2c3d4e-5f60-7182-93a4-b5c6d7e8f901"
+
+# file -> (kind, id, label, monitor)
+EXPECTED: dict[str, tuple[str, str, str, bool]] = {
+    "docker-v1-cgroupfs.txt": ("docker", D, "docker 3f2a1b2c3d4e", False),
+    "docker-v2-systemd.txt": ("docker", D, "docker 3f2a1b2c3d4e", False),
+    "docker-v1-systemd.txt": ("docker", D, "docker 3f2a1b2c3d4e", False),
+    "k8s-containerd-v2-systemd.txt": ("kubernetes", POD, f"pod {POD}", False),
+    "k8s-v1-cgroupfs.txt": ("kubernetes", POD, f"pod {POD}", False),
+    "k8s-guaranteed-v2-cgroupfs.txt": ("kubernetes", POD, f"pod {POD}", False),
+    "k8s-static-pod-v2.txt": ("kubernetes", "6c2b8f1a9d3e4f5a6b7c8d9e0f1a2b3c",
+                              "pod 6c2b8f1a9d3e4f5a6b7c8d9e0f1a2b3c", False),
+    "crio-v2.txt": ("kubernetes", POD, f"pod {POD}", False),
+    "crio-conmon-v2.txt": ("kubernetes", POD, f"pod {POD} monitor", True),
+    "podman-rootless-v2.txt": ("podman", D, "podman 3f2a1b2c3d4e", False),
+    "podman-conmon-v2.txt": ("podman", D, "podman 3f2a1b2c3d4e monitor", True),
+    "nerdctl-v2.txt": ("containerd", D, "containerd 3f2a1b2c3d4e", False),
+    "lxc-legacy-v1.txt": ("lxc", "129", "lxc/129", False),
+    "lxc4-payload-v2.txt": ("lxc", "129", "lxc/129", False),
+    "lxc4-monitor-v2.txt": ("lxc", "129", "lxc/129 monitor", True),
+    "proxmox-payload-v2.txt": ("lxc", "129", "lxc/129", False),
+    "proxmox-monitor-v2.txt": ("lxc", "129", "lxc/129 monitor", True),
+    "systemd-service-v2.txt": ("systemd", "sglang.service", "systemd sglang.service", False),
+    "systemd-user-app-v2.txt": ("systemd", "app-tmux-1234.scope", "systemd app-tmux-1234.scope", False),
+    "systemd-session-hybrid.txt": ("systemd", "session-3.scope", "systemd session-3.scope", False),
+    "slurm-v1.txt": ("slurm", "42", "slurm job 42", False),
+    "slurm-v2-task.txt": ("slurm", "42", "slurm job 42", False),
+    "slurm-v2-batch.txt": ("slurm", "42", "slurm job 42", False),
+    "slurm-v2-stepd.txt": ("slurm", "42", "slurm job 42 monitor", True),
+    "slurm-v2-infra.txt": ("systemd", "slurmstepd.scope", "systemd slurmstepd.scope", False),
+    "sandbox-v1-memory.txt": ("cgroup", "/process_api/d7130a16e04e726c016b028c3f5ed92f",
+                              "cgroup /process_api/d7130a16e04e726c016b028c3f5ed92f", False),
+    "deleted-v2.txt": ("docker", D, "docker 3f2a1b2c3d4e", False),
+}
+
+
+def test_every_sample_has_an_expectation() -> None:
+    samples = {p.name for p in DATA.glob("*.txt")}
+    assert samples == set(EXPECTED) | {"root-v1.txt", "root-v2.txt"}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_samples_are_classified(name: str) -> None:
+    c = parse_cgroup((DATA / name).read_text())
+    assert c is not None
+    kind, ident, label, monitor = EXPECTED[name]
+    assert (c.kind, c.id, c.label(), c.monitor) == (kind, ident, label, monitor)
+    assert c.pidns_inode is None  # the pure parser reads no namespace
+    assert c.cgroup.startswith("/") and not c.cgroup.endswith("(deleted)")
+
+
+@pytest.mark.parametrize("name", ["root-v1.txt", "root-v2.txt"])
+def test_the_root_cgroup_is_no_container(name: str) -> None:
+    assert parse_cgroup((DATA / name).read_text()) is None
+
+
+def test_a_pod_names_its_container_and_a_container_its_unit() -> None:
+    pod = parse_cgroup((DATA / "k8s-containerd-v2-systemd.txt").read_text())
+    assert pod is not None and pod.is_container
+    assert ("containerd", C) in pod.nested
+    lxc = parse_cgroup((DATA / "lxc4-payload-v2.txt").read_text())
+    assert lxc is not None and lxc.nested == (("systemd", "nginx.service"),)
+    unit = parse_cgroup((DATA / "systemd-service-v2.txt").read_text())
+    assert unit is not None and not unit.is_container
+
+
+def test_v1_prefers_the_hierarchy_that_names_a_container() -> None:
+    # name=systemd says slurmd.service (the daemon's unit); freezer says the job: the job wins.
+    c = parse_cgroup((DATA / "slurm-v1.txt").read_text())
+    assert c is not None and c.cgroup == "/slurm/uid_1000/job_42/step_0/task_0"
+    # docker on a hybrid host: the v2 line says only containerd's unit, v1 names the container.
+    d = parse_cgroup((DATA / "docker-v1-cgroupfs.txt").read_text())
+    assert d is not None and d.kind == "docker" and d.cgroup == f"/docker/{D}"
+
+
+def test_malformed_lines_are_skipped() -> None:
+    assert parse_cgroup("garbage\n\n3:memory\n0::relative\n") is None
+    c = parse_cgroup(f"nonsense\n0::/docker/{D}\n")
+    assert c is not None and c.kind == "docker"
+
+
+def test_this_process() -> None:
+    text = procfs.read_cgroup(os.getpid())
+    assert text is not None
+    c = container_of(os.getpid())
+    expected = parse_cgroup(text)
+    if expected is None:
+        assert c is None  # the root cgroup, and (a test runner is) this namespace
+    else:
+        assert c is not None and (c.kind, c.id, c.cgroup) == (expected.kind, expected.id, expected.cgroup)
+        assert c.pidns_inode == os.stat("/proc/self/ns/pid").st_ino
+
+
+def test_a_process_that_is_gone() -> None:
+    assert container_of(procfs.pid_max() + 1) is None
+
+
+# --- selectors -------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("spec", "expected"), [
+    ("lxc/129", ("lxc", "129")),
+    ("slurm/42", ("slurm", "42")),
+    ("job_42", ("slurm", "42")),
+    (POD, ("kubernetes", POD)),
+    (f"pod{POD.replace('-', '_')}", ("kubernetes", POD)),
+    (D[:12], ("id", D[:12])),
+    (D.upper(), ("id", D)),
+    (f"docker:{D[:12]}", ("docker", D[:12])),
+    ("sglang.service", ("unit", "sglang.service")),
+    ("user-1000.slice", ("unit", "user-1000.slice")),
+    ("/docker//abc/", ("path", "/docker/abc")),
+    ("/sys/fs/cgroup/pids/job", ("dir", "/sys/fs/cgroup/pids/job")),
+    ("pidns:4026532100", ("pidns", "4026532100")),
+    ("pid:[4026532100]", ("pidns", "4026532100")),
+])
+def test_selectors_parse(spec: str, expected: tuple[str, str]) -> None:
+    got = parse_spec(spec)
+    assert (got.kind, got.value) == expected
+
+
+@pytest.mark.parametrize(("spec", "words"), [
+    ("", "empty"),
+    ("3f2a1b2c", "at least 12"),
+    ("lxc", "not a container"),
+    ("docker:xyz", "12 to 64 hex"),
+    ("/a/../b", "'..'"),
+    ("python3", "not a container"),
+])
+def test_bad_selectors_are_refused_with_the_forms(spec: str, words: str) -> None:
+    with pytest.raises(ValueError, match=words.replace("(", r"\(").replace(".", r"\.")):
+        parse_spec(spec)
+
+
+# --- members, from a fake /proc ----------------------------------------------------------------------------------
+
+
+def _fake_proc(tmp_path: Path, procs: dict[int, str]) -> str:
+    for pid, cgroup in procs.items():
+        d = tmp_path / str(pid)
+        (d / "ns").mkdir(parents=True)
+        (d / "cgroup").write_text(cgroup)
+        (d / "stat").write_text(f"{pid} (p{pid}) S 1 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 {1000 + pid} 0 0\n")
+        (d / "ns" / "pid").write_text("")
+    (tmp_path / "self").mkdir()
+    return str(tmp_path)
+
+
+def test_members_by_every_form(tmp_path: Path) -> None:
+    other = "3f2a1b2c3d4e" + "0" * 52  # shares the 12-digit prefix with D
+    proc = _fake_proc(tmp_path, {
+        10: f"0::/system.slice/docker-{D}.scope\n",
+        11: f"0::/system.slice/docker-{D}.scope/inner\n",
+        12: f"0::/system.slice/docker-{other}.scope\n",
+        20: "0::/lxc.payload.129/system.slice/nginx.service\n",
+        21: "0::/lxc.monitor.129\n",
+        30: "0::/system.slice/slurmstepd.scope/job_42/step_0/user/task_0\n",
+        31: "0::/system.slice/slurmstepd.scope/job_42/step_0/slurm\n",
+        40: (DATA / "k8s-containerd-v2-systemd.txt").read_text(),
+        50: "0::/\n",
+    })
+    assert members(D[:20], proc) == [(10, 1010), (11, 1011)]
+    assert members(other, proc) == [(12, 1012)]
+    with pytest.raises(ValueError, match="names 2 containers"):
+        members(D[:12], proc)
+    assert members("lxc/129", proc) == [(20, 1020)]  # the monitor is the host's, not the container's
+    assert members("slurm/42", proc) == [(30, 1030)]  # the step daemon is Slurm's
+    assert members("/system.slice/slurmstepd.scope/job_42", proc) == [(30, 1030), (31, 1031)]  # a path: all below
+    assert members("nginx.service", proc) == [(20, 1020)]
+    assert members(POD, proc) == [(40, 1040)]
+    assert members(C[:12], proc) == [(40, 1040)]  # the pod's container, by its own ID
+    assert members("lxc/130", proc) == []
+    assert members(ContainerSpec("lxc", "129"), proc) == [(20, 1020)]
+
+
+# --- members, on this machine ------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def cgroup_dir() -> Iterator[Path]:
+    for hierarchy in ("unified", "pids", ""):
+        base = Path("/sys/fs/cgroup") / hierarchy
+        if not (base / "cgroup.procs").is_file():
+            continue
+        path = base / f"nvmlcheck-test-{uuid.uuid4().hex[:12]}"
+        try:
+            path.mkdir()
+        except OSError:
+            continue
+        try:
+            yield path
+        finally:
+            path.rmdir()
+        return
+    pytest.skip("no writable cgroup hierarchy here (needs root and a mounted cgroupfs)")
+
+
+def test_members_of_a_real_cgroup(cgroup_dir: Path) -> None:
+    child = subprocess.Popen([sys.executable, "-S", "-c", "import time; time.sleep(60)"])
+    try:
+        try:
+            (cgroup_dir / "cgroup.procs").write_text(str(child.pid))
+        except OSError as exc:
+            pytest.skip(f"cannot move a process into {cgroup_dir}: {exc}")
+        st = procfs.read_stat(child.pid)
+        assert st is not None
+        expect = [(child.pid, st.start_ticks)]
+        assert members(str(cgroup_dir)) == expect  # the directory, read from cgroup.procs
+        rel = "/" + cgroup_dir.name
+        assert members(rel) == expect  # the path as /proc/PID/cgroup prints it
+        c = container_of(child.pid)
+        assert c is not None and c.kind == "cgroup" and c.id == rel
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_members_of_our_own_cgroup_include_us() -> None:
+    me = container_of(os.getpid())
+    if me is None or me.kind == "pidns":
+        pytest.skip("this test runs in the root cgroup")
+    spec = me.cgroup
+    assert os.getpid() in [pid for pid, _ in members(spec)]
+
+
+def test_container_is_frozen() -> None:
+    c = Container("lxc", "129", "/lxc/129")
+    with pytest.raises(AttributeError):
+        c.kind = "docker"  # type: ignore[misc]
+    assert c.label() == "lxc/129" and c.names() == (("lxc", "129"),) and c.pidns_inode is None
