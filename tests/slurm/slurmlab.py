@@ -97,7 +97,7 @@ def tagged_processes(tag: str) -> list[int]:
     return found
 
 
-def wait_for(what: str, check: Callable[[], Any], timeout_s: float, step_s: float = 0.05) -> Any:
+def wait_for(what: str, check: Callable[[], Any], timeout_s: float, step_s: float = 0.1) -> Any:
     """Poll ``check`` until it returns something truthy (returned); AssertionError naming ``what`` after the bound."""
     deadline = time.monotonic() + timeout_s
     while True:
