@@ -136,7 +136,7 @@ def job_from_env(env: Mapping[str, str] | None = None) -> SlurmJob:
     )
 
 
-# --- causes and the drain reason ---------------------------------------------------------------------------------------
+# --- causes and the drain reason -------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,7 +191,9 @@ def _seconds(ns: int) -> str:
 # --- whose process -------------------------------------------------------------------------------------------------
 
 
-def job_processes(holders: Iterable[Holder], job: SlurmJob) -> tuple[tuple[Holder, str], tuple[Holder, str]]:
+def job_processes(
+    holders: Iterable[Holder], job: SlurmJob
+) -> tuple[tuple[tuple[Holder, str], ...], tuple[tuple[Holder, str], ...]]:
     """Split ``holders`` into the job's (to kill) and the rest, each with why: ``((holder, why), ...)`` twice.
 
     The job's: a process in the job's cgroup (``slurm/<id>``, read by :func:`nvmlcheck._proc.container.container_of`);
@@ -310,7 +312,8 @@ def _holding_causes(snapshot: Snapshot | None, indices: Sequence[int], elapsed_n
             h = described.get(p.pid)
             name = h.name if h is not None else None
             size = format_bytes(p.used_bytes) if p.used_bytes is not None else "an unknown amount"
-            extra, kind, action = "", "held", "kill"
+            extra, action = "", "kill"
+            kind: CauseKind = "held"
             if h is not None and h.state in ("zombie", "uninterruptible"):
                 extra, kind, action = f" ({'a zombie' if h.state == 'zombie' else 'in D state'})", "stuck", "reset"
             elif p.pid in killed and killed[p.pid].killed_ns is not None:

@@ -38,8 +38,8 @@ def cmd_slurm(args: argparse.Namespace) -> int:
         job = slurm.job_from_env()
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    gate = _Gate(args, slurm.node_name(args.node), slurm.Scontrol(args.scontrol, dry_run=args.dry_run, echo=None if args.json else print),
-                 deadline)
+    scontrol = slurm.Scontrol(args.scontrol, dry_run=args.dry_run, echo=None if args.json else print)
+    gate = _Gate(args, slurm.node_name(args.node), scontrol, deadline)
     command = args.slurm_command
     devices = [str(d) for d in args.devices] if args.devices else None
     if command != "health" and not devices and not job.gpus:
@@ -84,7 +84,7 @@ def cmd_slurm(args: argparse.Namespace) -> int:
     if command == "health":
         # slurmd reruns a failing health program at start-up and does not register the node until it exits 0: a
         # node drained with the reason is as it should be (docs/slurm.md).
-        return gate.finish(result, EXIT_CLEAN if run is not None and run.ok or gate.already(result) else
+        return gate.finish(result, EXIT_CLEAN if (run is not None and run.ok) or gate.already(result) else
                            EXIT_NOT_CLEAN)
     return gate.finish(result, EXIT_NOT_CLEAN)
 
@@ -109,12 +109,14 @@ class _Gate:
         self._read = False
 
     def read_state(self) -> NodeState | None:
-        """The node's state and reason, read once (at most 2 s of the deadline); ``None`` when scontrol fails."""
+        """The node's state and reason, read once (at most 2 s, and half of what is left of the deadline: a drain
+        may follow); ``None`` when scontrol fails."""
         if not self._read:
             self._read = True
+            now = time.monotonic_ns()
             try:
-                self.state = self.scontrol.node(self.node, deadline_ns=min(self.deadline,
-                                                                           time.monotonic_ns() + 2_000_000_000))
+                self.state = self.scontrol.node(self.node, deadline_ns=min(now + (self.deadline - now) // 2,
+                                                                           now + 2_000_000_000))
             except OSError as exc:
                 self.state_error = str(exc)
         return self.state

@@ -396,10 +396,15 @@ def _setup(lab: Lab, stub_cache: str, timeouts: dict[str, float]) -> None:
     _start(lab, "munged", [str(_which("munged")), "--foreground", "--force", f"--key-file={key}",
                            f"--socket={munge / 'munge.socket'}", f"--pid-file={munge / 'munged.pid'}",
                            f"--log-file={d / 'log' / 'munged.log'}", f"--seed-file={munge / 'munged.seed'}"])
-    wait_for("munged's socket", lambda: (_check_running(lab), (munge / "munge.socket").exists())[1], 10)
+    def munged_up() -> bool:
+        _check_running(lab)
+        return (munge / "munge.socket").exists()
+    wait_for("munged's socket", munged_up, 10)
     _start(lab, "slurmctld", [str(_which("slurmctld")), "-D", "-i", "-f", str(lab.conf)])
-    wait_for("slurmctld to answer", lambda: (_check_running(lab), lab.run("scontrol", "ping", check=False,
-                                                                            timeout=5).returncode == 0)[1], 20, 0.2)
+    def ctld_up() -> bool:
+        _check_running(lab)
+        return lab.run("scontrol", "ping", check=False, timeout=5).returncode == 0
+    wait_for("slurmctld to answer", ctld_up, 20, 0.2)
     _start(lab, "slurmd", [str(_which("slurmd")), "-D", "-f", str(lab.conf), "-N", lab.node])
 
     def idle() -> bool:
