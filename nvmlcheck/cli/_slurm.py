@@ -153,7 +153,8 @@ class _Gate:
         args = self.args
         reason = drain_reason(result.causes) if result.causes else None
         doc = slurm_document(result, node=self.node, node_state=self.state, node_state_error=self.state_error,
-                             reason=reason, scontrol=self.scontrol.runs, exit_code=code, dry_run=args.dry_run)
+                             reason=reason, scontrol=self.scontrol.runs, exit_code=code, dry_run=args.dry_run,
+                             timeout_s=args.timeout)
         if args.record:
             _append(args.record, doc)
         if args.json:

@@ -209,13 +209,14 @@ def slurm_document(
     scontrol: Sequence[ScontrolRun],
     exit_code: int,
     dry_run: bool,
+    timeout_s: float,
 ) -> dict[str, Any]:
     """The ``nvmlcheck/slurm`` document (version 1) of one ``slurm epilog|prolog|health`` run: the judgement, the
     causes and the drain reason made of them, what was killed or left alone, the node's state as read before acting,
-    and every scontrol command (run, or printed under ``--dry-run``)."""
+    and every scontrol command (run, or printed under ``--dry-run``). ``timeout_s``: the command's ``--timeout``."""
     return document(
         "slurm",
-        **result.to_json(),
+        **{**result.to_json(), "timeout_s": timeout_s},
         node=node,
         node_state=None if node_state is None else node_state.to_json(),
         node_state_error=node_state_error,

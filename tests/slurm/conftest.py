@@ -46,10 +46,13 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[slurmlab.Lab]:
 
 @pytest.fixture
 def cluster(slurm: slurmlab.Lab) -> Iterator[slurmlab.Lab]:
-    """The lab, idle and undrained, with an empty record file, and checked idle again after the test."""
+    """The lab, idle and undrained, with an empty record file; after the test, the health check off and nothing of
+    the test's jobs left running (the suite's leak check would count a lingering step daemon as the test's)."""
     slurm.resume()
     yield slurm
     slurm.health(False)
+    left = slurm.settle()
+    assert not left, f"processes of the test's jobs still running: {left}"
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:

@@ -231,6 +231,21 @@ class Lab:
                 parts.append(f"--- {name}\n" + "\n".join(text))
         return "\n".join(parts)
 
+    def stragglers(self) -> list[str]:
+        """Live processes of the lab other than its daemons (job processes, step daemons), as ``pid: command``."""
+        daemons = {p.pid for p in self.daemons.values()}
+        return [f"{pid}: {_cmdline(pid)}" for pid in tagged_processes(self.tag) if pid not in daemons]
+
+    def settle(self, timeout_s: float = 15) -> list[str]:
+        """Wait until only the daemons are left (a finished job's step daemon exits a moment after the job); returns
+        what is still there after the bound."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = self.stragglers()
+            if not left or time.monotonic() > deadline:
+                return left
+            time.sleep(0.1)
+
     # --- teardown ------------------------------------------------------------------------------------------------
     def stop(self) -> list[str]:
         """Stop every daemon and every process carrying the lab's tag; returns the command lines of the processes

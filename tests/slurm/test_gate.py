@@ -330,7 +330,8 @@ def test_dry_run_prints_the_command_and_runs_none(
         slurm_env: None, scontrol: FakeScontrol, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(scontrol, busy(tmp_path), "epilog", "--dry-run", json_out=False, capsys=capsys)
     assert code == 1 and scontrol.updates() == []
-    assert isinstance(out, str) and out.startswith(f"{scontrol.path} update NodeName=n1 State=DRAIN 'Reason=nvmlcheck: GPU 0 held")
+    assert isinstance(out, str)
+    assert out.startswith(f"{scontrol.path} update NodeName=n1 State=DRAIN 'Reason=nvmlcheck: GPU 0 held")
 
 
 def test_no_drain_only_exits_1(
