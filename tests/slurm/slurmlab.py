@@ -118,6 +118,8 @@ class Lab:
     proctrack: str
     tag: str = field(init=False)
     daemons: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    #: The lab's processes once it was up (:meth:`stragglers` reports the others).
+    baseline: frozenset[int] = frozenset()
 
     def __post_init__(self) -> None:
         self.tag = str(self.directory)
@@ -232,9 +234,9 @@ class Lab:
         return "\n".join(parts)
 
     def stragglers(self) -> list[str]:
-        """Live processes of the lab other than its daemons (job processes, step daemons), as ``pid: command``."""
-        daemons = {p.pid for p in self.daemons.values()}
-        return [f"{pid}: {_cmdline(pid)}" for pid in tagged_processes(self.tag) if pid not in daemons]
+        """Live processes of the lab other than those it had once up (the daemons and their helpers, such as
+        slurmctld's slurmscriptd): job processes, step daemons; as ``pid: command``."""
+        return [f"{pid}: {_cmdline(pid)}" for pid in tagged_processes(self.tag) if pid not in self.baseline]
 
     def settle(self, timeout_s: float = 15) -> list[str]:
         """Wait until only the daemons are left (a finished job's step daemon exits a moment after the job); returns
@@ -427,6 +429,7 @@ def _setup(lab: Lab, stub_cache: str, timeouts: dict[str, float]) -> None:
         state = lab.run("sinfo", "-h", "-n", lab.node, "-o", "%T", check=False, timeout=5).stdout.strip()
         return state == "idle"
     wait_for(f"node {lab.node} to be idle", idle, 30, 0.2)
+    lab.baseline = frozenset(tagged_processes(lab.tag))
 
 
 @contextlib.contextmanager
