@@ -122,8 +122,8 @@ class KillResult:
 
     ``pids``: one record per target (descendants included). ``clean_ns``: when the GPUs were first seen clean with
     every target exited and off the process lists (so never before any target's ``exited_ns`` or ``off_gpu_ns``:
-    both are stamped on the same clock as the polls); ``confirmed_ns``: when that was confirmed. ``resolution_ns``: the poll period, the
-    uncertainty of each time. ``started_ns``: the clock reading of the first signal.
+    both are stamped on the same clock as the polls); ``confirmed_ns``: when that was confirmed. ``resolution_ns``:
+    the poll period, the uncertainty of each time. ``started_ns``: the clock reading of the first signal.
     """
 
     signal_name: str

@@ -751,7 +751,7 @@ class _Poller:
                 clean = False
             stats.record(t0, t1, clean, partial)
             if summarise:
-                self._report(t1, start, t1 - t0, clean, snap, error, partial=partial)
+                self._report(t1, start, t1 - t0, clean=clean, snap=snap, error=error, partial=partial)
             pacer.saw(t1, clean, snap)
             if stats.run >= needed:
                 assert snap is not None
@@ -782,10 +782,10 @@ class _Poller:
         stamp: int,
         start: int,
         cost: int,
+        *,
         clean: bool,
         snap: Snapshot | None,
         error: NvmlCheckError | None,
-        *,
         partial: bool,
     ) -> None:
         """Append the poll to the trace and hand it to on_poll (with its snapshot and stamp; the trace keeps

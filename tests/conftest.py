@@ -1,67 +1,106 @@
 """Suite-wide options: the ``gpu`` marker is skipped without a real NVIDIA driver, unless ``--require-gpu``.
 
-And a leak check: the pytest process is made a child subreaper, so a process a test starts and leaves running (a hung
-fake nvidia-smi whose parent was killed, say) becomes its child instead of init's. After each test's teardown, a
-child started during the test that still runs fails that test; it is killed (with its process group) and reaped.
+And a leak check: the pytest process moves into a cgroup of its own (cgroup v2, membership only, no controller), so
+every process a test starts stays countable however it detaches (setsid, a dead parent, ssh's daemonised master, a
+cleared environment). After each test's teardown, a process that joined during the test and still runs a moment
+later fails that test; it is killed. Where no cgroup can be made the check is off, and the summary says so.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-_PR_SET_CHILD_SUBREAPER = 36
+_UNIFIED = (Path("/sys/fs/cgroup/unified"), Path("/sys/fs/cgroup"))
 
 
-def _children() -> set[int]:
-    """This process's children (of every thread), from /proc: cheap enough for every test."""
-    out: set[int] = set()
-    for task in Path("/proc/self/task").iterdir():
+class _LeakCheck:
+    """The cgroup this pytest process runs in, and who is in it."""
+
+    def __init__(self) -> None:
+        self.group: Path | None = None
+        self.home: Path | None = None
+        self.why_off = "no writable cgroup v2 hierarchy"
+        for root in _UNIFIED:
+            if not (root / "cgroup.procs").exists():
+                continue
+            try:
+                own = Path("/proc/self/cgroup").read_text()
+                rel = next(line[3:] for line in own.splitlines() if line.startswith("0::"))
+                home = root / rel.lstrip("/")
+                group = home / f"nvmlcheck-tests-{os.getpid()}"
+                group.mkdir(exist_ok=True)
+                (group / "cgroup.procs").write_text(str(os.getpid()))
+            except (OSError, StopIteration) as exc:
+                self.why_off = f"cannot make a cgroup under {root}: {exc}"
+                continue
+            self.group, self.home = group, home
+            return
+
+    def members(self) -> set[int]:
+        if self.group is None:
+            return set()
+        try:
+            return {int(pid) for pid in (self.group / "cgroup.procs").read_text().split()} - {os.getpid()}
+        except OSError:
+            return set()
+
+    def close(self) -> None:
+        if self.group is None or self.home is None:
+            return
+        for pid in self.members():
+            _end(pid)
         with contextlib.suppress(OSError):
-            out.update(int(pid) for pid in (task / "children").read_text().split())
-    return out
+            (self.home / "cgroup.procs").write_text(str(os.getpid()))
+            self.group.rmdir()
 
 
-def _state(pid: int) -> str | None:
+def _running(pid: int) -> bool:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
-        return None
-    return stat[stat.rindex(")") + 2]
+        return False
+    return stat[stat.rindex(")") + 2] not in ("Z", "X")
 
 
 def _end(pid: int) -> None:
-    """SIGKILL a leaked child and its process group (when it leads one that is not ours), then reap it."""
+    """SIGKILL a leaked process and its process group (when it leads one that is not ours)."""
     with contextlib.suppress(OSError):
         if os.getpgid(pid) == pid and pid != os.getpgrp():
             os.killpg(pid, signal.SIGKILL)
         os.kill(pid, signal.SIGKILL)
-    with contextlib.suppress(OSError):
-        os.waitpid(pid, 0)
+
+
+_LEAKS = pytest.StashKey[_LeakCheck]()
+_BEFORE = pytest.StashKey[set[int]]()
+_SETTLE_S = 3.0  # a process signalled by the test's teardown is given this long to exit before it counts as leaked
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        config.stash[_SUBREAPER] = libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        config.stash[_SUBREAPER] = False
+    config.stash[_LEAKS] = _LeakCheck()
 
 
-_SUBREAPER = pytest.StashKey[bool]()
-_BEFORE = pytest.StashKey[set[int]]()
+def pytest_unconfigure(config: pytest.Config) -> None:
+    check = config.stash.get(_LEAKS, None)
+    if check is not None:
+        check.close()
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    check = config.stash[_LEAKS]
+    return f"leak check: {'on, cgroup ' + str(check.group) if check.group else 'off (' + check.why_off + ')'}"
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     # After setup: daemons that a wider-scoped fixture started (sshd, say) are not this test's leaks.
-    item.stash[_BEFORE] = _children() if item.config.stash.get(_SUBREAPER, False) else set()
+    item.stash[_BEFORE] = item.config.stash[_LEAKS].members()
     yield
 
 
@@ -69,17 +108,16 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
 def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
     yield
     before = item.stash.get(_BEFORE, None)
-    if before is None:
+    check = item.config.stash[_LEAKS]
+    if before is None or check.group is None:
         return
+    fresh = {pid for pid in check.members() - before if _running(pid)}
+    settle_until = time.monotonic() + _SETTLE_S
+    while fresh and time.monotonic() < settle_until:  # killed by the teardown a moment ago: let them exit
+        time.sleep(0.01)
+        fresh = {pid for pid in fresh if _running(pid)}
     leaked: list[str] = []
-    for pid in sorted(_children() - before):
-        state = _state(pid)
-        if state is None:
-            continue
-        if state in ("Z", "X"):  # exited, parent gone or never waited for: reap it, it holds nothing
-            with contextlib.suppress(OSError):
-                os.waitpid(pid, os.WNOHANG)
-            continue
+    for pid in sorted(fresh):
         try:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
         except OSError:

@@ -34,6 +34,7 @@ import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import textwrap
@@ -280,12 +281,30 @@ def block_environment(options: dict[str, str], tmp: Path) -> Iterator[dict[str, 
             **setup.env,
         )
         env["PWD"] = str(work)
+        # Every process the block starts inherits this: what it leaves running (a `sleep 30 &` owner, the lock
+        # holder of `select --lock`, whose owner may be this very test process) is ended with the block.
+        env["NVMLCHECK_DOCS_BLOCK"] = str(tmp)
         yield env
     finally:
         for child in setup.children:
             if child.poll() is None:
                 child.kill()
             child.wait()
+        _end_block_processes(f"NVMLCHECK_DOCS_BLOCK={tmp}".encode())
+
+
+def _end_block_processes(marker: bytes) -> None:
+    """SIGKILL every process whose environment holds ``marker`` (the block's own variable)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if marker in environ.split(b"\0"):
+            with contextlib.suppress(OSError):
+                os.kill(int(entry.name), signal.SIGKILL)
 
 
 def _run(argv: list[str], env: dict[str, str], *, merge: bool = False) -> subprocess.CompletedProcess[str]:

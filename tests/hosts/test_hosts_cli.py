@@ -108,10 +108,16 @@ def test_an_ipv6_host(hosts: Hosts) -> None:
     from . import sshlab
 
     host = sshlab.start_host(hosts.lab, "v6", "::1", hosts.lab.hosts["idle"].env)
-    assert host.spec.startswith("root@[::1]:")
-    code, doc = hosts.cli_json("wait", "--timeout", "0", "--host", host.spec)
-    assert code == 0, doc
-    assert doc["clean"] == [host.spec]
+    try:
+        assert host.spec.startswith("root@[::1]:")
+        code, doc = hosts.cli_json("wait", "--timeout", "0", "--host", host.spec)
+        assert code == 0, doc
+        assert doc["clean"] == [host.spec]
+    finally:  # this test's own sshd: stopped with it
+        del hosts.lab.hosts["v6"]
+        assert host.process is not None
+        host.process.terminate()
+        host.process.wait()
 
 
 def test_remote_prefix_runs_the_command_behind_it(hosts: Hosts) -> None:

@@ -41,7 +41,8 @@ def test_a_signal_ends_an_smi_wait_with_its_code_kills_nvidia_smi_and_prints_a_d
     env = dict(os.environ, FAKE_SMI_HANG="1", FAKE_SMI_MATCH="PIDS", FAKE_SMI_CHILD_PID_FILE=str(pid_file))
     proc = subprocess.Popen(
         [sys.executable, "-m", "nvmlcheck", "--json", "wait", "--backend", "smi", "--timeout", "none"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True, preexec_fn=sigint_default,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True,
+        preexec_fn=sigint_default,  # noqa: PLW1509 - one signal call, no locks taken
     )
     try:
         wait_for(lambda: pid_file.exists() and pid_file.read_text().endswith("\n"), 20.0, "the hung nvidia-smi")

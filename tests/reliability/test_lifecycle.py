@@ -144,7 +144,7 @@ def _interrupt(backend: str, env: dict[str, str], ready: str, when: Path | None 
         stderr=subprocess.PIPE,
         text=True,
         env=env,
-        preexec_fn=sigint_default,
+        preexec_fn=sigint_default,  # noqa: PLW1509 - one signal call, no locks taken
     )
     try:
         assert proc.stdout is not None
@@ -190,7 +190,7 @@ def test_keyboard_interrupt_in_the_cli_exits_130_and_kills_nvidia_smi(stub: Stub
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=env,
-        preexec_fn=sigint_default,
+        preexec_fn=sigint_default,  # noqa: PLW1509 - one signal call, no locks taken
     )
     try:
         wait_for(lambda: pid_file.exists() and pid_file.read_text().endswith("\n"), 20.0, "the hung nvidia-smi")

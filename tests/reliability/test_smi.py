@@ -61,7 +61,7 @@ def test_hanging_nvidia_smi_is_killed_at_its_deadline_and_nothing_is_left(smi: S
 # output pipe open, so the end of the output never comes.
 _UNREAPABLE = """#!/bin/sh
 setsid sleep 30 &
-echo $! > "{pid_file}"
+echo $! >> "{pid_file}"
 exec sleep 30
 """
 
@@ -81,9 +81,9 @@ def test_nvidia_smi_whose_pipes_never_close_is_abandoned_after_a_bounded_grace(s
         assert "did not answer within 0.3 s" in str(info.value)
         assert children() == before  # the leader was killed and reaped; only the detached helper outlives it
     finally:
-        detached = int(pid_file.read_text())
-        if not dead(detached):
-            os.kill(detached, signal.SIGKILL)
+        for detached in map(int, pid_file.read_text().split()):  # one per run that opening made
+            if not dead(detached):
+                os.kill(detached, signal.SIGKILL)
 
 
 def test_slow_but_alive_nvidia_smi_answers(smi: Smi) -> None:

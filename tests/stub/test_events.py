@@ -291,6 +291,8 @@ def test_cli_watch_ends_on_ctrl_c_and_sigterm(tmp_path: Path, signum: int, code:
     proc = subprocess.Popen(
         [sys.executable, "-m", "nvmlcheck", "--simulate", str(sc.write(tmp_path / "s.txt")), "--json", "watch"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+        # SIGINT at its default in the child even where the suite runs with it ignored (a background job).
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # noqa: PLW1509 - one call, no locks
     )  # fmt: skip
     try:
         assert proc.stdout is not None
