@@ -78,6 +78,10 @@ SECTIONS: list[tuple[str, str, list[str]]] = [
             "Clocks",
             "ClockSet",
             "ClockEventReason",
+            "Health",
+            "HealthCause",
+            "OperatorAction",
+            "RecoveryAction",
             "MemoryHealth",
             "MigDevice",
             "RetiredPage",
@@ -99,10 +103,17 @@ SECTIONS: list[tuple[str, str, list[str]]] = [
             "pids_gone",
             "memory_used_at_most",
             "memory_back_to",
+            "memory_free_at_least",
             "on_devices",
             "always",
             "never",
         ],
+    ),
+    (
+        "Ready",
+        "Can the next job start: one verdict per GPU from clean, healthy and capacity (`Session.ready`, `ready`), "
+        "each cause a structured `Culprit` (also `WaitTimeout.holders`); the rules are in [ready.md](ready.md).",
+        ["ready", "ReadyReport", "GpuVerdict", "Culprit"],
     ),
     (
         "Waiting",
@@ -114,7 +125,7 @@ SECTIONS: list[tuple[str, str, list[str]]] = [
         "Signal processes, escalate to SIGKILL, and wait until they have exited and the GPUs are clean, timing each "
         "phase. Targets are pinned (pidfd) from validation on; [killing.md](killing.md) explains the guarantees.",
         ["kill_and_wait", "prepare_kill", "KillPlan", "KillResult", "PidTimes", "SignalSent", "KillTimeout",
-         "KillError"],
+         "KillError", "ProcessGone", "NotPermitted", "targets_released", "not_ours"],
     ),
     (
         "Events",

@@ -51,7 +51,9 @@ from nvmlcheck.kill import (
     KillPlan,
     KillResult,
     KillTimeout,
+    NotPermitted,
     PidTimes,
+    ProcessGone,
     SignalSent,
     kill_and_wait,
     prepare_kill,
@@ -66,10 +68,14 @@ from nvmlcheck.model import (
     DeviceState,
     Fields,
     GpuProcess,
+    Health,
+    HealthCause,
     Memory,
     MemoryHealth,
     MigDevice,
+    OperatorAction,
     ProcessKind,
+    RecoveryAction,
     RemappedRows,
     RetiredPage,
     RetirementCause,
@@ -82,12 +88,15 @@ from nvmlcheck.predicates import (
     always,
     default_predicate,
     memory_back_to,
+    memory_free_at_least,
     memory_used_at_most,
     never,
     no_processes,
     on_devices,
     pids_gone,
 )
+from nvmlcheck.readiness import ready
+from nvmlcheck.released import not_ours, targets_released
 from nvmlcheck.selection import Selection, SelectTimeout, select_clean
 from nvmlcheck.session import DeviceSelector, Session, open, wait_until_clean
 from nvmlcheck.study import BaselineNotClean as BaselineNotClean
@@ -95,6 +104,7 @@ from nvmlcheck.study import HolderError as HolderError
 from nvmlcheck.study import StudyConfig as StudyConfig
 from nvmlcheck.study import StudyError as StudyError
 from nvmlcheck.study import run_study as run_study
+from nvmlcheck.verdict import Culprit, GpuVerdict, ReadyReport
 from nvmlcheck.wait import PollPolicy, TracePoint, WaitOptions, WaitResult, poll_until
 
 __version__: str
@@ -111,6 +121,7 @@ __all__ = [
     "CudaDevice",
     "CudaMapping",
     "CudaMappingError",
+    "Culprit",
     "Deprecated",
     "DeviceFailure",
     "DeviceSelector",
@@ -129,6 +140,9 @@ __all__ = [
     "GpuProcess",
     "GpuRequiresReset",
     "GpuUse",
+    "GpuVerdict",
+    "Health",
+    "HealthCause",
     "Holder",
     "InUse",
     "InsufficientPower",
@@ -152,16 +166,21 @@ __all__ = [
     "NoData",
     "NoPermission",
     "NotFound",
+    "NotPermitted",
     "NotReady",
     "NotSupported",
     "NvmlCheckError",
     "NvmlError",
     "NvmlMemoryError",
     "OperatingSystemError",
+    "OperatorAction",
     "PidTimes",
     "PollPolicy",
     "Predicate",
+    "ProcessGone",
     "ProcessKind",
+    "ReadyReport",
+    "RecoveryAction",
     "RemappedRows",
     "ResetTypeNotSupported",
     "RetiredPage",
@@ -193,15 +212,19 @@ __all__ = [
     "find_holders",
     "kill_and_wait",
     "memory_back_to",
+    "memory_free_at_least",
     "memory_used_at_most",
     "never",
     "no_processes",
+    "not_ours",
     "on_devices",
     "open",
     "pids_gone",
     "poll_until",
     "prepare_kill",
+    "ready",
     "select_clean",
     "select_kill_holders",
+    "targets_released",
     "wait_until_clean",
 ]

@@ -37,19 +37,23 @@ EXPORTS: dict[str, tuple[str, ...]] = {
     "holders": ("GpuUse", "Holder", "KillSelection", "explain_unseen_holders", "find_holders", "select_kill_holders"),
     "kill": (
         "KillError", "KillPlan", "KillResult", "KillTimeout", "PidTimes", "SignalSent", "kill_and_wait", "prepare_kill",
+        "NotPermitted", "ProcessGone",
     ),
+    "released": ("not_ours", "targets_released"),
     "locks": ("LockSet",),
     "model": (
-        "ClockEventReason", "ClockSet", "Clocks", "DeviceFailure", "DeviceState", "Fields", "GpuProcess", "MIB",
-        "Memory", "MemoryHealth", "MigDevice", "ProcessKind", "RemappedRows", "RetiredPage", "RetirementCause",
-        "Snapshot", "SystemInfo",
+        "ClockEventReason", "ClockSet", "Clocks", "DeviceFailure", "DeviceState", "Fields", "GpuProcess", "Health",
+        "HealthCause", "MIB", "Memory", "MemoryHealth", "MigDevice", "OperatorAction", "ProcessKind", "RecoveryAction",
+        "RemappedRows", "RetiredPage", "RetirementCause", "Snapshot", "SystemInfo",
     ),
     "predicates": (
-        "Predicate", "Verdict", "always", "default_predicate", "memory_back_to", "memory_used_at_most", "never",
-        "no_processes", "on_devices", "pids_gone",
+        "Predicate", "Verdict", "always", "default_predicate", "memory_back_to", "memory_free_at_least",
+        "memory_used_at_most", "never", "no_processes", "on_devices", "pids_gone",
     ),
+    "readiness": ("ready",),
     "selection": ("SelectTimeout", "Selection", "select_clean"),
     "session": ("DeviceSelector", "Session", "open", "wait_until_clean"),
+    "verdict": ("Culprit", "GpuVerdict", "ReadyReport"),
     "wait": ("PollPolicy", "TracePoint", "WaitOptions", "WaitResult", "poll_until"),
 }
 

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from typing import Literal, TypeAlias
 
     from .model import Snapshot
+    from .verdict import Culprit
 
     #: See :attr:`NvmlError.SCOPE`.
     Scope: TypeAlias = Literal["value", "read", "device"]
@@ -257,6 +258,9 @@ class WaitTimeout(NvmlCheckError, TimeoutError):
 
     ``timeout_s`` is the timeout asked for, ``elapsed_ns`` the time actually waited, ``snapshot`` the last snapshot
     taken (``None`` if not even one poll succeeded), ``culprits`` one line per thing still holding a GPU.
+    ``holders`` is the same as data: one :class:`~nvmlcheck.verdict.Culprit` per cause (GPU, PID, name, bytes,
+    kind, class, container, action), given by the raiser or, when it gave none, judged from ``snapshot`` on first
+    use (:func:`nvmlcheck.verdict.holders_of`).
     """
 
     __module__ = "nvmlcheck"
@@ -268,12 +272,15 @@ class WaitTimeout(NvmlCheckError, TimeoutError):
         culprits: Sequence[str],
         snapshot: Snapshot | None = None,
         polls: int = 0,
+        *,
+        holders: Sequence[Culprit] | None = None,
     ) -> None:
         self.timeout_s = timeout_s
         self.elapsed_ns = elapsed_ns
         self.culprits: tuple[str, ...] = tuple(culprits)
         self.snapshot = snapshot
         self.polls = polls
+        self._holders: tuple[Culprit, ...] | None = None if holders is None else tuple(holders)
         lines = "\n".join(f"  - {c}" for c in self.culprits) if self.culprits else "  - (no detail available)"
         # "Still held" only when something was seen holding: a clean poll that could not be confirmed in time, or a
         # poll that never finished, is not a holder (a user read "still held" on an idle GPU as a busy one).
@@ -284,8 +291,23 @@ class WaitTimeout(NvmlCheckError, TimeoutError):
             f"{head} after {elapsed_ns / 1e9:.3f} s (timeout {timeout_s:g} s, {polls} {noun}); {verdict}:\n{lines}"
         )
 
+    @property
+    def holders(self) -> tuple[Culprit, ...]:
+        """What still holds the GPUs, as data (see the class docstring); judged from :attr:`snapshot` once when the
+        raiser gave none (the holders' ``/proc`` state and container are read then)."""
+        if self._holders is None:
+            from .verdict import holders_of  # layer 3, loaded only when asked for
+
+            self._holders = holders_of(self.snapshot)
+        return self._holders
+
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.timeout_s, self.elapsed_ns, self.culprits, self.snapshot, self.polls))
+        args = (self.timeout_s, self.elapsed_ns, self.culprits, self.snapshot, self.polls)
+        if self._holders is None:
+            return (type(self), args)
+        import functools
+
+        return (functools.partial(type(self), holders=self._holders), args)
 
 
 class GpuFault(NvmlCheckError):

@@ -23,6 +23,7 @@ from typing import Any
 
 from ._nvml import library
 from .errors import GpuFault, NoPermission, NotSupported, NvmlCheckError, NvmlError
+from .model import OperatorAction
 
 __all__ = [
     "EVENT_SCHEMA",
@@ -77,41 +78,62 @@ _CRITICAL_MASK = 0x1 | 0x2 | 0x8
 @dataclass(frozen=True)
 class XidInfo:
     """One XID code: what it means and whether it stops a wait (``fatal``: the GPU cannot become clean without an
-    operator: reset, reboot or service). Not fatal: recorded only (application errors, informational events)."""
+    operator: reset, reboot or service). Not fatal: recorded only (application errors, informational events).
+
+    ``bucket``: the "Resolution Bucket (Immediate Action)" of NVIDIA's XID catalogue, verbatim (``RESTART_APP``,
+    ``RESET_GPU``, ``RESTART_BM``, ``WORKFLOW_XID_48``, ...; ``""`` for a code the catalogue does not list).
+    ``action``: what an operator does, as a :class:`~nvmlcheck.OperatorAction` (``None`` for a code nvmlcheck does
+    not know). ``fatal`` is exactly "waiting cannot help": ``not action.waiting_helps``.
+    """
 
     code: int
     meaning: str
     fatal: bool
+    bucket: str = ""
+    action: OperatorAction | None = None
 
 
-def _x(code: int, meaning: str, fatal: bool) -> tuple[int, XidInfo]:
-    return code, XidInfo(code, meaning, fatal)
+def _x(code: int, meaning: str, bucket: str, action: OperatorAction) -> tuple[int, XidInfo]:
+    return code, XidInfo(code, meaning, not action.waiting_helps, bucket, action)
 
 
-#: XIDs nvmlcheck knows. Fatal ones are those NVIDIA's XID catalogue ("Analyzing Xid Errors with the Xid Catalog",
-#: docs.nvidia.com/deploy/xid-errors) resolves with a GPU reset or a node reboot; application errors (the catalogue's
-#: RESTART_APP) and informational ones are recorded only. docs/events.md is the table with its reasoning.
+_A = OperatorAction
+#: XIDs nvmlcheck knows, each checked against NVIDIA's XID catalogue for Ampere and newer GPUs ("Analyzing Xid Errors
+#: with the Xid Catalog", https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html, read 2026-12-01):
+#: ``bucket`` is the catalogue's immediate action; ``action`` what it comes to for an operator. Fatal ones are those
+#: the catalogue resolves with a GPU reset or a node reboot (RESET_GPU, RESTART_BM, and the workflows of 48 and 74,
+#: whose text says "a GPU reset or node reboot is needed"); RESTART_APP and IGNORE are recorded only.
+#: docs/events.md is the table with its reasoning.
 XID_TABLE: dict[int, XidInfo] = dict(
     (
-        _x(13, "graphics engine exception (an application fault: bad kernel, out-of-range access)", False),
-        _x(31, "GPU memory page fault (an application's illegal address)", False),
-        _x(43, "GPU stopped processing: the channel was reset after an application fault", False),
-        _x(45, "preemptive cleanup of a channel after an earlier error or a killed process", False),
-        _x(48, "double-bit (uncorrectable) ECC error in GPU memory", True),
-        _x(63, "ECC page retirement or row remapping recorded; a GPU reset activates it", False),
-        _x(64, "ECC page retirement or row remapping failed", True),
-        _x(74, "NVLink error", True),
-        _x(79, "GPU has fallen off the bus", True),
-        _x(92, "high single-bit ECC error rate", False),
-        _x(94, "contained ECC error: the affected application was stopped, the GPU keeps running", False),
-        _x(95, "uncontained ECC error: every application on the GPU is affected", True),
-        _x(119, "GSP RPC timeout: the GPU System Processor stopped answering", True),
-        _x(120, "GSP error: the GPU System Processor reported a fatal error", True),
-        _x(140, "unrecovered ECC error", True),
-        _x(154, "GPU recovery action changed (see nvidia-smi -q for the action required)", False),
-        _x(999, "an XID NVML could not identify", False),
+        _x(13, "graphics engine exception (an application fault: bad kernel, out-of-range access)", "RESTART_APP",
+           _A.RESTART_APP),
+        _x(31, "GPU memory page fault (an application's illegal address)", "RESTART_APP", _A.RESTART_APP),
+        _x(43, "GPU stopped processing: the channel was reset after an application fault", "IGNORE", _A.IGNORE),
+        _x(45, "preemptive cleanup of a channel after an earlier error or a killed process", "WORKFLOW_XID_45",
+           _A.IGNORE),
+        _x(46, "GPU stopped processing (timeout)", "RESET_GPU", _A.RESET_GPU),
+        _x(48, "double-bit (uncorrectable) ECC error in GPU memory", "WORKFLOW_XID_48", _A.RESET_GPU),
+        _x(62, "internal micro-controller halt", "RESET_GPU", _A.RESET_GPU),
+        _x(63, "ECC page retirement or row remapping recorded; a GPU reset activates it", "IGNORE", _A.IGNORE),
+        _x(64, "ECC page retirement or row remapping failed", "RESET_GPU", _A.RESET_GPU),
+        _x(74, "NVLink error", "WORKFLOW_NVLINK_ERR", _A.RESET_GPU),
+        _x(79, "GPU has fallen off the bus", "RESTART_BM", _A.NODE_REBOOT),
+        _x(92, "high single-bit ECC error rate", "IGNORE", _A.IGNORE),
+        _x(94, "contained ECC error: the affected application was stopped, the GPU keeps running", "RESTART_APP",
+           _A.RESTART_APP),
+        _x(95, "uncontained ECC error: every application on the GPU is affected", "RESET_GPU", _A.RESET_GPU),
+        _x(109, "context switch timeout", "RESET_GPU", _A.RESET_GPU),
+        _x(119, "GSP RPC timeout: the GPU System Processor stopped answering", "RESET_GPU", _A.RESET_GPU),
+        _x(120, "GSP error: the GPU System Processor reported a fatal error", "RESET_GPU", _A.RESET_GPU),
+        _x(140, "unrecovered ECC error", "RESET_GPU", _A.RESET_GPU),
+        _x(143, "GPU initialization error", "RESET_GPU", _A.RESET_GPU),
+        _x(154, "GPU recovery action changed (see nvidia-smi -q for the action required)", "XID_154", _A.IGNORE),
+        _x(156, "resource retirement event", "RESET_GPU", _A.RESET_GPU),
+        _x(158, "GPU fatal timeout", "RESET_GPU", _A.RESET_GPU),
+        _x(999, "an XID NVML could not identify", "", _A.IGNORE),
     )
-)
+)  # fmt: skip
 
 
 def xid_info(code: int) -> XidInfo:

@@ -88,6 +88,8 @@ class Holder:
     ``cmdline``, ``nspid`` (``NSpid`` of ``/proc/PID/status``: this PID in each nested namespace, outermost first),
     ``ancestry`` (parent PIDs, nearest first) and ``start_ticks`` describe the local process of that PID; each is
     ``None`` when unknown, and :attr:`unknown` says why. ``relation``: ``"self"`` or ``"ancestor"`` of this process.
+    ``container``: the label of the container or cgroup it runs in (``"lxc/129"``, ``"docker 3f2a1b2c3d4e"``;
+    :func:`nvmlcheck._proc.container.container_of`), ``None`` when it runs in none or is not visible here.
     """
 
     pid: int
@@ -105,6 +107,7 @@ class Holder:
     relation: Literal["self", "ancestor"] | None
     start_ticks: int | None
     unknown: tuple[tuple[str, str], ...] = ()
+    container: str | None = None
 
     @property
     def used_bytes(self) -> int | None:
@@ -123,7 +126,7 @@ class Holder:
         return dict(self.unknown).get(field)
 
     def describe(self) -> str:
-        """One line: ``pid 123 (python3, zombie) holds 4.0 GiB on GPU 0``."""
+        """One line: ``pid 123 (python3, zombie) in lxc/129 holds 4.0 GiB on GPU 0``."""
         bits = [self.name or "name unknown"]
         if self.state not in (None, "running", "sleeping"):
             bits.append(str(self.state))
@@ -132,7 +135,8 @@ class Holder:
             for g in self.gpus
         )
         where = f"holds {on}" if on else f"has {', '.join(self.device_files or ('NVIDIA device files',))} open"
-        return f"pid {self.pid} ({', '.join(bits)}) {where}"
+        inside = f" in {self.container}" if self.container else ""
+        return f"pid {self.pid} ({', '.join(bits)}){inside} {where}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,7 +224,15 @@ def describe_process(
         relation=relation,
         start_ticks=None if st is None else st.start_ticks,
         unknown=tuple(unknown),
+        container=_container_label(pid) if st is not None else None,
     )
+
+
+def _container_label(pid: int) -> str | None:
+    from ._proc.container import container_of
+
+    c = container_of(pid)
+    return None if c is None else c.label()
 
 
 def _gpu_uses(snapshot: Snapshot, devices: Collection[int] | None) -> dict[int, list[GpuUse]]:
@@ -286,8 +298,11 @@ def select_kill_holders(
     """
     from .session import Session
 
+    elsewhere: dict[int, list[int]] = {}
     if isinstance(source, Session):
         holders: Sequence[Holder] = source.holders(devices, device_files=device_files)
+        if devices is not None:
+            elsewhere = _listed_elsewhere(source, devices)
     else:
         if devices is not None:
             raise ValueError("devices selects GPUs of a session; holders already found are taken as they are")
@@ -301,6 +316,9 @@ def select_kill_holders(
             skipped.append((h, "an ancestor of this process"))
         elif h.is_daemon and not include_daemons:
             skipped.append((h, f"a daemon ({h.name}); include daemons to kill it"))
+        elif "nvml" not in h.found_by and h.pid in elsewhere:
+            where = " and ".join(f"GPU {i}'s" for i in elsewhere[h.pid])
+            skipped.append((h, f"on {where} process list, not selected (--devices)"))
         elif not all_holders and "nvml" not in h.found_by:
             skipped.append((h, "not on a GPU process list (found by its device files only; --all-holders kills it)"))
         elif h.start_ticks is None:
@@ -317,6 +335,21 @@ def select_kill_holders(
         else:
             targets.append(h)
     return KillSelection(tuple(targets), tuple(skipped))
+
+
+def _listed_elsewhere(session: Session, devices: Iterable[DeviceSelector] | DeviceSelector) -> dict[int, list[int]]:
+    """PID → the unselected GPUs whose process lists name it (one read of every GPU's lists; empty if unreadable)."""
+    from .model import Fields
+
+    selected = set(session.resolve(devices) or ())
+    out: dict[int, list[int]] = {}
+    snap = session.snapshot(None, fields=Fields.PROCESSES)
+    for d in snap.devices:
+        if d.index not in selected:
+            for p in d.processes or ():
+                if d.index not in out.setdefault(p.pid, []):
+                    out[p.pid].append(d.index)
+    return out
 
 
 def explain_unseen_holders(

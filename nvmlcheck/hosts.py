@@ -60,7 +60,7 @@ __all__ = [
 #: Hosts run at once unless told otherwise.
 DEFAULT_FANOUT = 32
 #: The nvmlcheck commands that can run on hosts.
-COMMANDS = ("snapshot", "wait", "kill", "holders")
+COMMANDS = ("snapshot", "wait", "kill", "holders", "ready")
 #: Seconds ssh may take to connect (``-o ConnectTimeout``; also bounds the banner exchange) unless told otherwise.
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
 #: Seconds allowed, beyond the command's own timeout and the connect timeout, for the remote Python to start and
@@ -70,7 +70,7 @@ START_ALLOWANCE_S = 5.0
 #: How long a ControlMaster stays after its last use (seconds): long enough for a poll loop's next call.
 CONTROL_PERSIST_S = 60
 
-Verdict = Literal["clean", "not-clean", "failed"]
+Verdict = Literal["clean", "not-clean", "failed", "unhealthy"]
 
 #: The environment variable that marks the processes a fleet's nvidia-smi fallback starts, so that stop() finds them.
 _MARK = "NVMLCHECK_FLEET"
@@ -255,21 +255,31 @@ class HostResult:
     @property
     def verdict(self) -> Verdict:
         """``"clean"`` (exit 0 with a document: clean, or the command succeeded), ``"not-clean"`` (exit 1 with a
-        document: not clean at the timeout) or ``"failed"`` (anything else: a failed host never looks clean)."""
+        document: not clean at the timeout), ``"unhealthy"`` (``ready``'s exit 5 with its document: a GPU needs an
+        operator) or ``"failed"`` (anything else: a failed host never looks clean)."""
         if self.error is not None or self.document is None:
             return "failed"
         if self.exit_code == 0:
             return "clean"
         if self.exit_code == 1:
             return "not-clean"
+        if self.exit_code == _EXIT_UNHEALTHY and self.document.get("schema") == "nvmlcheck/ready":
+            return "unhealthy"
         return "failed"
 
 
+#: ``ready``'s exit status for a GPU that needs an operator (cli/_common.EXIT_UNHEALTHY; docs/ready.md).
+_EXIT_UNHEALTHY = 5
+
+
 def overall_exit_code(results: Iterable[HostResult]) -> int:
-    """One verdict: 3 if any host failed, else 1 if any was not clean, else 0 (also for no hosts: nothing failed)."""
+    """One verdict: 3 if any host failed, else 5 if any needs an operator (``ready``), else 1 if any was not clean,
+    else 0 (also for no hosts: nothing failed)."""
     verdicts = {r.verdict for r in results}
     if "failed" in verdicts:
         return 3
+    if "unhealthy" in verdicts:
+        return _EXIT_UNHEALTHY
     if "not-clean" in verdicts:
         return 1
     return 0

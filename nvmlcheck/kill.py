@@ -38,15 +38,17 @@ __all__ = [
     "KillPlan",
     "KillResult",
     "KillTimeout",
+    "NotPermitted",
     "PidTimes",
+    "ProcessGone",
     "SignalSent",
     "kill_and_wait",
     "prepare_kill",
 ]
 
-#: How a target was chosen: named by the caller, a descendant of one (``tree=True``), or a holder found by NVML or
-#: by its open device files.
-FoundBy = Literal["named", "descendant", "nvml", "device-file"]
+#: How a target was chosen: named by the caller, a descendant of one (``tree=True``), a holder found by NVML or by
+#: its open device files, a command line that ``match`` matched, or a member of ``container``.
+FoundBy = Literal["named", "descendant", "nvml", "device-file", "match", "container"]
 
 #: The shortest time between two scans for descendants while targets live (each scan reads a few /proc files per
 #: process of the tree; the poller may poll every millisecond).
@@ -69,6 +71,19 @@ class KillError(NvmlCheckError):
         return (type(self), (self.pid, self.reason))
 
 
+class ProcessGone(KillError):
+    """The named PID names no process (ESRCH), or no longer the process that was found (it exited and its PID may
+    have been reused). ``missing_ok=True`` (``--missing-ok``) skips such a PID instead."""
+
+    __module__ = "nvmlcheck"
+
+
+class NotPermitted(KillError):
+    """This process may not signal that PID (EPERM): another user's process, or one in another container."""
+
+    __module__ = "nvmlcheck"
+
+
 @dataclass(frozen=True, slots=True)
 class SignalSent:
     """One signal delivered to a target: its name (``"SIGTERM"``) and when, in ns from the first signal."""
@@ -84,7 +99,9 @@ class PidTimes:
     ``found_by``: see :data:`FoundBy`; ``parent``: for a descendant, the target it descends from. ``signals``: every
     signal actually delivered (none when it had exited already). ``exited_ns``: first poll that found it exited (gone
     or a zombie: its GPU file descriptors are closed then). ``off_gpu_ns``: first poll whose process lists no longer
-    showed its PID. ``pinning``: ``"pidfd"`` or ``"start-time"`` (docs/killing.md).
+    showed its PID. ``pinning``: ``"pidfd"`` or ``"start-time"`` (docs/killing.md). ``discarded``: why the kernel
+    would have discarded the first signal (it ignores it, or it is a PID-namespace init without a handler), so
+    SIGKILL was sent at once instead; ``None`` when the first signal was sent as asked.
     """
 
     pid: int
@@ -95,6 +112,7 @@ class PidTimes:
     off_gpu_ns: int | None
     parent: int | None = None
     pinning: Literal["pidfd", "start-time"] = "pidfd"
+    discarded: str | None = None
 
     @property
     def killed_ns(self) -> int | None:
@@ -113,6 +131,7 @@ class PidTimes:
             "exited_ns": self.exited_ns,
             "off_gpu_ns": self.off_gpu_ns,
             "pinning": self.pinning,
+            "discarded": self.discarded,
         }
 
 
@@ -124,6 +143,8 @@ class KillResult:
     every target exited and off the process lists (so never before any target's ``exited_ns`` or ``off_gpu_ns``:
     both are stamped on the same clock as the polls); ``confirmed_ns``: when that was confirmed. ``resolution_ns``:
     the poll period, the uncertainty of each time. ``started_ns``: the clock reading of the first signal.
+    ``missing``: named PIDs that were gone already (``missing_ok``). ``only_targets``: "clean" judged only what the
+    targets held (:func:`~nvmlcheck.released.targets_released`), and ``not_ours`` names what else holds the GPUs.
     """
 
     signal_name: str
@@ -134,6 +155,9 @@ class KillResult:
     resolution_ns: int
     wait: WaitResult
     tree: bool = False
+    missing: tuple[int, ...] = ()
+    only_targets: bool = False
+    not_ours: tuple[str, ...] = ()
 
     @property
     def snapshot(self) -> Snapshot:
@@ -151,6 +175,9 @@ class KillResult:
             "clean_ns": self.clean_ns,
             "confirmed_ns": self.confirmed_ns,
             "resolution_ns": self.resolution_ns,
+            "missing": list(self.missing),
+            "judged": "targets" if self.only_targets else "gpus",
+            "not_ours": list(self.not_ours),
         }
 
 
@@ -159,7 +186,8 @@ class KillTimeout(WaitTimeout):
 
     Besides :class:`~nvmlcheck.WaitTimeout`'s fields (``culprits`` names what still runs or holds a GPU): ``pids``,
     one :class:`PidTimes` per target, and ``tree_hint``, the processes on a GPU list that descend from a target and
-    were not killed (``tree=True``, ``--tree``, would have), as ``(pid, ancestor target)``.
+    were not killed (``tree=True``, ``--tree``, would have), as ``(pid, ancestor target)``; ``missing`` and
+    ``only_targets`` as in :class:`KillResult`.
     """
 
     __module__ = "nvmlcheck"
@@ -175,14 +203,19 @@ class KillTimeout(WaitTimeout):
         pids: Sequence[PidTimes] = (),
         tree_hint: Sequence[tuple[int, int]] = (),
         signal_name: str = "SIGTERM",
+        missing: Sequence[int] = (),
+        only_targets: bool = False,
     ) -> None:
         super().__init__(timeout_s, elapsed_ns, culprits, snapshot, polls)
         self.pids: tuple[PidTimes, ...] = tuple(pids)
         self.tree_hint: tuple[tuple[int, int], ...] = tuple(tree_hint)
         self.signal_name = signal_name
+        self.missing: tuple[int, ...] = tuple(missing)
+        self.only_targets = only_targets
 
     def __reduce__(self) -> tuple[Any, ...]:
-        extra = {"pids": self.pids, "tree_hint": self.tree_hint, "signal_name": self.signal_name}
+        extra = {"pids": self.pids, "tree_hint": self.tree_hint, "signal_name": self.signal_name,
+                 "missing": self.missing, "only_targets": self.only_targets}
         return (_rebuild_timeout, ((self.timeout_s, self.elapsed_ns, self.culprits, self.snapshot, self.polls), extra))
 
     def to_json(self) -> dict[str, Any]:
@@ -192,6 +225,8 @@ class KillTimeout(WaitTimeout):
             "signal": self.signal_name,
             "pids": [t.to_json() for t in self.pids],
             "tree_hint": [{"pid": pid, "descends_from": anc} for pid, anc in self.tree_hint],
+            "missing": list(self.missing),
+            "judged": "targets" if self.only_targets else "gpus",
         }
 
 
@@ -203,12 +238,13 @@ def _rebuild_timeout(args: tuple[Any, ...], extra: dict[str, Any]) -> KillTimeou
 
 
 def _public(exc: Refused) -> KillError:
-    return KillError(exc.pid, exc.reason)  # type: ignore[arg-type]
+    kind = {"gone": ProcessGone, "eperm": NotPermitted}.get(getattr(exc, "kind", None) or "", KillError)
+    return kind(exc.pid, exc.reason)  # type: ignore[arg-type]
 
 
 def _record(t: Target) -> PidTimes:
     return PidTimes(t.pid, t.found_by, t.pinned.comm, tuple(SignalSent(n, at) for n, at in t.signals),  # type: ignore[arg-type]
-                    t.exited_ns, t.off_gpu_ns, t.parent, t.pinned.mode)
+                    t.exited_ns, t.off_gpu_ns, t.parent, t.pinned.mode, t.discarded)
 
 
 class KillPlan:
@@ -233,6 +269,17 @@ class KillPlan:
         return tuple(self._set.vanished)
 
     @property
+    def missing(self) -> tuple[int, ...]:
+        """Named PIDs that were gone before they could be pinned (``missing_ok=True``): not targets."""
+        return tuple(self._set.missing)
+
+    @property
+    def left_alone(self) -> tuple[tuple[int, str], ...]:
+        """``(pid, why)`` of the processes ``match``/``container`` chose but this plan will not signal (this
+        process, an ancestor, a zombie, EPERM)."""
+        return tuple(self._set.left_alone)
+
+    @property
     def started_ns(self) -> int | None:
         """The clock reading of the first signal (``None`` before :meth:`send_first`)."""
         return self._set.started
@@ -249,10 +296,15 @@ class KillPlan:
     # --- signals ---
 
     def send_first(self, first_signal: signal.Signals = signal.SIGTERM, *,
-                   clock: Callable[[], int] = time.monotonic_ns) -> int:
+                   clock: Callable[[], int] = time.monotonic_ns, sigkill_if_discarded: bool = True) -> int:
         """Send ``first_signal`` to every target (with ``tree``, first find and pin their descendants). Returns the
-        clock reading taken just before the first signal: the origin of every time reported."""
-        return self._set.send_first(first_signal, clock=clock)
+        clock reading taken just before the first signal: the origin of every time reported.
+
+        A target that would not receive it (it ignores the signal, or it is the init of a PID namespace, seen from
+        outside, with no handler for it: the kernel discards such a signal) gets SIGKILL at once instead of waiting
+        out the grace period, and its :attr:`PidTimes.discarded` says why. ``sigkill_if_discarded=False`` (for a
+        kill that must never escalate) sends the first signal anyway and only records why."""
+        return self._set.send_first(first_signal, clock=clock, sigkill_if_discarded=sigkill_if_discarded)
 
     def escalate(self, sig: signal.Signals = signal.SIGKILL) -> tuple[int, ...]:
         """Send ``sig`` (SIGKILL) to every target that has not exited; returns their PIDs. :meth:`wait` calls it
@@ -280,6 +332,7 @@ class KillPlan:
         sleep: Callable[[float], object] = SLEEP,
         events: bool | None = EVENTS,
         options: WaitOptions | None = None,
+        only_targets: Snapshot | None = None,
     ) -> KillResult:
         """Wait until every target has exited and ``predicate`` (default: :func:`default_predicate`) holds on the
         selected GPUs; SIGKILL the targets still alive once ``grace_s`` has passed since the first signal (``None``
@@ -289,10 +342,21 @@ class KillPlan:
         (``True``), a fatal event on a selected GPU raises :class:`~nvmlcheck.GpuFault` at once.
 
         ``options``: a :class:`~nvmlcheck.wait.WaitOptions`; a keyword argument given wins over its field. Its
-        ``clock`` must be the one given to :meth:`send_first` (or left at its default): the plan's clock is used."""
+        ``clock`` must be the one given to :meth:`send_first` (or left at its default): the plan's clock is used.
+
+        ``only_targets``: a snapshot of the selected GPUs taken just before :meth:`send_first` (memory and process
+        lists). Given, the GPU half judges only what the targets held
+        (:func:`~nvmlcheck.released.targets_released`: off every list, the used memory fallen by what they held),
+        instead of the whole GPU; other tenants are named in :attr:`KillResult.not_ours`. Not with ``predicate``."""
         from .wait import WaitOptions
 
         found = self._set
+        if only_targets is not None:
+            if predicate is not None:
+                raise ValueError("only_targets judges the targets' memory: it replaces predicate, give one of them")
+            from .released import targets_released
+
+            predicate = targets_released(lambda: [t.pid for t in found.items], only_targets)
         if found.started is None or found.first is None:
             raise RuntimeError("send the first signal before waiting")
         grace_ns = _grace_ns(grace_s)
@@ -344,7 +408,7 @@ class KillPlan:
                 options=opts,
             )
         except WaitTimeout as exc:
-            raise self._timeout(exc, timeout) from None
+            raise self._timeout(exc, timeout, only_targets is not None) from None
         finally:
             self.close()
         records = self.targets
@@ -362,9 +426,12 @@ class KillPlan:
             resolution_ns=max(result.interval_ns, result.poll_cost_ns),
             wait=result,
             tree=found.tree,
+            missing=tuple(found.missing),
+            only_targets=only_targets is not None,
+            not_ours=_not_ours(result.snapshot, records) if only_targets is not None else (),
         )
 
-    def _timeout(self, exc: WaitTimeout, timeout: float | None) -> KillTimeout:
+    def _timeout(self, exc: WaitTimeout, timeout: float | None, only_targets: bool = False) -> KillTimeout:
         found = self._set
         assert found.started is not None and found.first is not None
         culprits = list(exc.culprits)
@@ -384,7 +451,8 @@ class KillPlan:
         # culprits: Session.wait_until_clean adds them at its timeout.
         elapsed = found.clock() - found.started
         return KillTimeout(math.inf if timeout is None else float(timeout), elapsed, tuple(dict.fromkeys(culprits)),
-                           exc.snapshot, exc.polls, pids=self.targets, tree_hint=hint, signal_name=found.first.name)
+                           exc.snapshot, exc.polls, pids=self.targets, tree_hint=hint, signal_name=found.first.name,
+                           missing=found.missing, only_targets=only_targets)
 
     def close(self) -> None:
         """Release every pidfd; nothing more can be signalled through this plan. Idempotent."""
@@ -395,6 +463,12 @@ class KillPlan:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _not_ours(snapshot: Snapshot, records: Sequence[PidTimes]) -> tuple[str, ...]:
+    from .released import not_ours
+
+    return not_ours(snapshot, [t.pid for t in records])
 
 
 class _TargetsExited(Predicate):
@@ -449,18 +523,48 @@ def prepare_kill(
     tree: bool = False,
     holders: Iterable[Holder] = (),
     pinning: PinMode = "auto",
+    missing_ok: bool = False,
+    match: str | None = None,
+    container: str | None = None,
 ) -> KillPlan:
     """Validate and pin ``pids`` (and ``holders``) with the operating system alone: no NVML, nothing signalled.
 
     Raises :class:`TypeError` for a non-int PID, :class:`ValueError` when there is no target, and
-    :class:`KillError` for the first PID refused (see :class:`KillError`). All or nothing: when it raises, nothing
-    stays pinned. ``tree``: the targets' descendants join them at the first signal and at every poll while they
-    live. ``pinning``: ``"auto"`` (pidfd where available), ``"pidfd"``, or ``"start-time"`` (the fallback, forced).
+    :class:`KillError` for the first PID refused (see :class:`KillError`: :class:`ProcessGone` for ESRCH,
+    :class:`NotPermitted` for EPERM). All or nothing: when it raises, nothing stays pinned. ``tree``: the targets'
+    descendants join them at the first signal and at every poll while they live. ``pinning``: ``"auto"`` (pidfd
+    where available), ``"pidfd"``, or ``"start-time"`` (the fallback, forced). ``missing_ok``: a named PID that is
+    gone is skipped (listed in :attr:`KillPlan.missing`), not an error.
+
+    ``match``: also every process whose command line (arguments joined by spaces) the regular expression matches
+    (``pkill -f``); ``container``: also every process of one container or cgroup (a docker/containerd/podman/cri-o
+    ID or a 12-digit prefix, ``lxc/NAME``, a pod UID, ``slurm/JOBID``, a systemd unit, a cgroup path). Never this
+    process, its ancestors or PID 1; what they chose but will not signal is in :attr:`KillPlan.left_alone`. A
+    selector that matches nothing is not an error here (:attr:`KillPlan.targets` is then what else was named).
     """
+    from ._proc import selectors
+
+    pids, holders = list(pids), list(holders)
+    found: list[tuple[int, int, str]] = []
+    skipped: list[tuple[int, str]] = []
+    for chosen, left in (selectors.by_match(match) if match is not None else ([], []),
+                         selectors.by_container(container) if container is not None else ([], [])):
+        found += chosen
+        skipped += left
+    if (match is not None or container is not None) and not found and not pids and not holders:
+        what = " and ".join(w for w, v in (("--match", match), ("--container", container)) if v is not None)
+        raise ValueError(f"{what} selected no process" + (f" (left alone: {_alone(skipped)})" if skipped else ""))
     try:
-        return KillPlan(targets.prepare(pids, tree=tree, holders=holders, pinning=pinning))
+        plan = KillPlan(targets.prepare(pids, tree=tree, holders=holders, pinning=pinning, missing_ok=missing_ok,
+                                        found=found))
     except Refused as exc:
         raise _public(exc) from None
+    plan._set.left_alone[:0] = skipped
+    return plan
+
+
+def _alone(skipped: Sequence[tuple[int, str]]) -> str:
+    return "; ".join(f"pid {pid}: {why}" for pid, why in skipped)
 
 
 def kill_and_wait(
@@ -481,6 +585,10 @@ def kill_and_wait(
     pinning: PinMode = "auto",
     events: bool | None = EVENTS,
     options: WaitOptions | None = None,
+    missing_ok: bool = False,
+    only_targets: bool = False,
+    match: str | None = None,
+    container: str | None = None,
 ) -> KillResult:
     """Signal ``pids`` (with ``tree``, their descendants too), SIGKILL what is still alive after ``grace_s``, and wait
     until every one has exited and the selected GPUs are clean: :func:`prepare_kill`, :meth:`KillPlan.send_first`
@@ -496,6 +604,10 @@ def kill_and_wait(
 
     ``options``: a :class:`~nvmlcheck.wait.WaitOptions` (``timeout``, ``policy``, ``stable_polls``, ``trace``,
     ``on_poll``, ``clock``, ``sleep``, ``events``); a keyword argument given wins over its field.
+
+    ``missing_ok``, ``match``, ``container``: as for :func:`prepare_kill`. ``only_targets``: judge only what the
+    targets held (a GPU shared with other tenants): a snapshot of the selected GPUs is taken just before the first
+    signal and :meth:`KillPlan.wait` is given it.
     """
     from .wait import WaitOptions
 
@@ -518,7 +630,14 @@ def kill_and_wait(
         )
     if opts.events:
         session.listen()  # before the signal: registration takes a few calls, the kill should not wait for them
-    with prepare_kill(pids, tree=tree, pinning=pinning) as plan:
-        plan.send_first(first_signal, clock=opts.clock)
+    with prepare_kill(pids, tree=tree, pinning=pinning, missing_ok=missing_ok, match=match,
+                      container=container) as plan:
+        baseline = None
+        if only_targets:
+            from .model import Fields
+
+            baseline = session.snapshot(devices, fields=Fields.WAIT)
+        plan.send_first(first_signal, clock=opts.clock, sigkill_if_discarded=_grace_ns(grace_s) is not None)
         # The selection as given: a MIG UUID judges its instance, not the whole GPU its index would.
-        return plan.wait(session, grace_s=grace_s, devices=devices, predicate=predicate, options=opts)
+        return plan.wait(session, grace_s=grace_s, devices=devices, predicate=predicate, options=opts,
+                         only_targets=baseline)

@@ -18,7 +18,20 @@ import enum
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
-from typing import Any, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+
+if TYPE_CHECKING:  # offered here (in __all__), created on first use (__getattr__ below); `X as X` re-exports
+    from ._readings import ClockEventReason as ClockEventReason  # noqa: PLC0414
+    from ._readings import Clocks as Clocks  # noqa: PLC0414
+    from ._readings import ClockSet as ClockSet  # noqa: PLC0414
+    from ._readings import Health as Health  # noqa: PLC0414
+    from ._readings import HealthCause as HealthCause  # noqa: PLC0414
+    from ._readings import MemoryHealth as MemoryHealth  # noqa: PLC0414
+    from ._readings import OperatorAction as OperatorAction  # noqa: PLC0414
+    from ._readings import RecoveryAction as RecoveryAction  # noqa: PLC0414
+    from ._readings import RemappedRows as RemappedRows  # noqa: PLC0414
+    from ._readings import RetiredPage as RetiredPage  # noqa: PLC0414
+    from ._readings import RetirementCause as RetirementCause  # noqa: PLC0414
 
 __all__ = [
     "MIB",
@@ -29,17 +42,43 @@ __all__ = [
     "DeviceState",
     "Fields",
     "GpuProcess",
+    "Health",
+    "HealthCause",
     "Memory",
     "MemoryHealth",
     "MigDevice",
+    "OperatorAction",
     "attribute_processes",
     "ProcessKind",
+    "RecoveryAction",
     "RemappedRows",
     "RetiredPage",
     "RetirementCause",
     "Snapshot",
     "SystemInfo",
 ]
+
+# Clocks and health (and their enums) live in ._readings and are created on first use: a wait reads neither, and
+# creating their classes at import cost a one-shot check milliseconds (docs/performance.md, "One-shot checks").
+_READINGS = frozenset(
+    {
+        "ClockEventReason", "ClockSet", "Clocks", "Health", "HealthCause", "MemoryHealth", "OperatorAction",
+        "RecoveryAction", "RemappedRows", "RetiredPage", "RetirementCause",
+    }
+)  # fmt: skip
+
+
+if not TYPE_CHECKING:  # type checkers see the names through the import above
+
+    def __getattr__(name: str) -> Any:
+        if name in _READINGS:
+            from . import _readings
+
+            value = getattr(_readings, name)
+            globals()[name] = value
+            return value
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 #: One mebibyte, the unit nvidia-smi reports memory in.
 MIB = 1 << 20
@@ -93,47 +132,6 @@ class Fields(enum.Flag):
     WAIT = MEMORY | PROCESSES
 
 
-class ClockEventReason(enum.IntFlag):
-    """Why clocks are below their maximum (NVML "clocks event reasons", formerly "throttle reasons").
-
-    Bit values are NVML's ``nvmlClocksEventReason*`` / ``nvmlClocksThrottleReason*`` constants; bits this version
-    does not know are kept in the value.
-    """
-
-    NONE = 0
-    GPU_IDLE = 0x1
-    APPLICATIONS_CLOCKS_SETTING = 0x2
-    SW_POWER_CAP = 0x4
-    HW_SLOWDOWN = 0x8
-    SYNC_BOOST = 0x10
-    SW_THERMAL_SLOWDOWN = 0x20
-    HW_THERMAL_SLOWDOWN = 0x40
-    HW_POWER_BRAKE_SLOWDOWN = 0x80
-    DISPLAY_CLOCK_SETTING = 0x100
-    BOARD_LIMIT = 0x200
-    RELIABILITY = 0x400
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        """The decoded reason names, lowest bit first; unknown bits appear as ``"0x..."``."""
-        out: list[str] = []
-        rest = int(self)
-        for member in type(self):
-            if member.value and int(self) & member.value == member.value:
-                out.append(str(member.name).lower())
-                rest &= ~member.value
-        if rest:
-            out.append(hex(rest))
-        return tuple(out)
-
-
-class RetirementCause(str, enum.Enum):
-    """Why a memory page was retired (``nvmlPageRetirementCause_t``)."""
-
-    MULTIPLE_SINGLE_BIT_ECC = "single_bit_ecc"
-    DOUBLE_BIT_ECC = "double_bit_ecc"
-
-
 @dataclass(frozen=True, slots=True)
 class SystemInfo(_ReasonsPickle):
     """Host-wide facts.
@@ -183,85 +181,6 @@ class GpuProcess(NamedTuple):
     name: str | None = None
     gpu_instance_id: int | None = None
     compute_instance_id: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class ClockSet:
-    """Clock frequencies of the four NVML clock domains, in MHz (``None`` when not supported)."""
-
-    graphics_mhz: int | None
-    sm_mhz: int | None
-    memory_mhz: int | None
-    video_mhz: int | None
-
-
-@dataclass(frozen=True, slots=True)
-class Clocks:
-    """Clocks of one device.
-
-    ``current``: nvmlDeviceGetClockInfo (nvidia-smi ``clocks.gr/sm/mem/video``); ``max``: nvmlDeviceGetMaxClockInfo
-    (``clocks.max.*``); ``applications``: nvmlDeviceGetApplicationsClock (``clocks.applications.*``);
-    ``event_reasons``: nvmlDeviceGetCurrentClocksEventReasons (``clocks_event_reasons.active``).
-    """
-
-    current: ClockSet
-    max: ClockSet
-    applications: ClockSet
-    event_reasons: ClockEventReason | None
-
-    @property
-    def sm_mhz(self) -> int | None:
-        """Current SM clock, MHz."""
-        return self.current.sm_mhz
-
-    @property
-    def graphics_mhz(self) -> int | None:
-        """Current graphics clock, MHz."""
-        return self.current.graphics_mhz
-
-    @property
-    def memory_mhz(self) -> int | None:
-        """Current memory clock, MHz."""
-        return self.current.memory_mhz
-
-    @property
-    def video_mhz(self) -> int | None:
-        """Current video clock, MHz."""
-        return self.current.video_mhz
-
-
-@dataclass(frozen=True, slots=True)
-class RetiredPage:
-    """A retired memory page (nvmlDeviceGetRetiredPages_v2; nvidia-smi ``--query-retired-pages``).
-
-    ``timestamp`` is the raw value NVML reports for the retirement time (``None`` when only the v1 call exists or
-    the value is not available).
-    """
-
-    address: int
-    cause: RetirementCause
-    timestamp: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class RemappedRows:
-    """Row remapping state (nvmlDeviceGetRemappedRows; nvidia-smi ``remapped_rows.*``), the Ampere+ successor of
-    page retirement."""
-
-    correctable: int
-    uncorrectable: int
-    pending: bool
-    failure: bool
-
-
-@dataclass(frozen=True, slots=True)
-class MemoryHealth:
-    """Memory error bookkeeping. Each part is ``None`` when the device does not support it (Hopper does not retire
-    pages, it remaps rows), with the reason in :attr:`DeviceState.unknown`."""
-
-    retired_pages: tuple[RetiredPage, ...] | None
-    retired_pages_pending: bool | None
-    remapped_rows: RemappedRows | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -354,7 +273,7 @@ class DeviceState(_ReasonsPickle):
     graphics_processes: tuple[GpuProcess, ...] | None
     mps_processes: tuple[GpuProcess, ...] | None
     clocks: Clocks | None
-    health: MemoryHealth | None
+    health: Health | None
     unknown: Mapping[str, str] = field(default_factory=lambda: _EMPTY, compare=False)
     mig_mode: bool | None = None
     mig_devices: tuple[MigDevice, ...] | None = None

@@ -6,7 +6,8 @@ A predicate is a small immutable object, combined with ``&``, ``|`` and ``~``::
     verdict = p.evaluate(snapshot)   # satisfied: True, False or None (cannot tell); reasons: one line per GPU
 
 Entry points: the constructors (:func:`no_processes`, :func:`pids_gone`, :func:`memory_used_at_most`,
-:func:`memory_back_to`, :func:`on_devices`, :func:`default_predicate`, :func:`always`, :func:`never`),
+:func:`memory_back_to`, :func:`memory_free_at_least` (capacity, for ``ready``), :func:`on_devices`,
+:func:`default_predicate`, :func:`always`, :func:`never`),
 :class:`Predicate` (``evaluate`` with reasons, ``check`` without text for the poller) and :class:`Verdict`.
 Three-valued (Kleene) logic, unknown devices and the default's limits: docs/waiting.md ("Predicates", "Unknown:
 three-valued logic", "MIG: clean per instance").
@@ -15,6 +16,7 @@ three-valued logic", "MIG: clean per instance").
 from __future__ import annotations
 
 import abc
+import math
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
@@ -45,7 +47,9 @@ __all__ = [
     "default_predicate",
     "format_bytes",
     "instance_view",
+    "free_bytes_of",
     "memory_back_to",
+    "memory_free_at_least",
     "memory_used_at_most",
     "never",
     "no_processes",
@@ -653,6 +657,75 @@ def _mig_memory(d: DeviceState, parent: Memory, limit: int) -> tuple[bool | None
     return result, whys
 
 
+def free_bytes_of(m: Memory) -> tuple[int, int]:
+    """What a next job can allocate on a GPU with memory ``m``, and the reporting slack of that figure:
+    ``(free, slack)`` with free = total - reserved - used. With only the v1 call (``used`` already counts the
+    driver's reserve) free = total - used; with the reserve unknown, the ``free`` the backend reported. ``slack`` is
+    how far the true value may lie from ``free`` (nvidia-smi reports whole MiB: one unit per term)."""
+    unit = m.granularity_bytes - 1
+    if m.used_includes_reserved:
+        return m.total_bytes - m.used_bytes, 2 * unit
+    if m.reserved_bytes is None:
+        return m.free_bytes, unit
+    return m.total_bytes - m.reserved_bytes - m.used_bytes, 3 * unit
+
+
+class _MemoryFreeAtLeast(_DevicePredicate):
+    __slots__ = ("fraction", "need")
+
+    def __init__(self, need: int | None, fraction: float | None) -> None:
+        self.need = need
+        self.fraction = fraction
+
+    def need_of(self, m: Memory) -> int:
+        """The bytes needed on a GPU with memory ``m`` (a fraction is of its total)."""
+        if self.fraction is None:
+            assert self.need is not None
+            return self.need
+        return math.ceil(self.fraction * m.total_bytes)
+
+    def _check_device(self, d: DeviceState) -> bool | None:
+        m = d.memory
+        if m is None:
+            return None
+        free, slack = free_bytes_of(m)
+        need = self.need_of(m)
+        if free - slack >= need:
+            return True
+        if free + slack < need:
+            return False
+        return None
+
+    def _explain_device(self, d: DeviceState) -> Iterator[_Why]:
+        m = d.memory
+        if m is None:
+            yield _memory_unknown(d)
+            return
+        truth = self._check_device(d)
+        if truth is True:
+            return
+        free, _ = free_bytes_of(m)
+        need = self.need_of(m)
+        of = "" if self.fraction is None else f" ({self.fraction:g} of {format_bytes(m.total_bytes)})"
+        if truth is None:
+            yield _Why(None, d.index, f"GPU {d.index}: {format_bytes(free)} free is within the reporting resolution "
+                                      f"of the {format_bytes(need)} needed{of}; cannot tell which side it is on")
+            return
+        free_text, need_text = _two_sizes(free, need)
+        yield _Why(False, d.index, f"GPU {d.index}: {free_text} free, {need_text} needed{of}")
+
+    def describe(self) -> str:
+        if self.fraction is not None:
+            return f"free memory at least {self.fraction:g} of the total"
+        assert self.need is not None
+        return f"free memory at least {format_bytes(self.need)}"
+
+    def __repr__(self) -> str:
+        if self.fraction is not None:
+            return f"memory_free_at_least(fraction={self.fraction!r})"
+        return f"memory_free_at_least({self.need})"
+
+
 class _MemoryBackTo(_DevicePredicate):
     __slots__ = ("baseline", "tolerance")
 
@@ -854,6 +927,26 @@ def memory_back_to(baseline: Snapshot, tolerance_bytes: int = DEFAULT_TOLERANCE_
     tol = _non_negative_bytes("tolerance_bytes", tolerance_bytes)
     table = {d.uuid: (d.index, d.memory, d.why_unknown("memory")) for d in baseline.devices}
     return _MemoryBackTo(table, tol)
+
+
+def memory_free_at_least(need_bytes: int | None = None, *, fraction: float | None = None) -> Predicate:
+    """Capacity: on every selected device a next job can allocate ``need_bytes``, or ``fraction`` of the device's
+    total (as vLLM's ``gpu_memory_utilization`` asks for), judged against free = total - reserved - used
+    (:func:`free_bytes_of`). Give exactly one of the two; ``fraction`` in (0, 1].
+
+    Unknown when the memory is unknown, or the free figure lies within nvidia-smi's whole-MiB resolution of the
+    need. It says nothing about processes: ``ready`` combines it with the clean predicate (docs/ready.md).
+    """
+    if (need_bytes is None) == (fraction is None):
+        raise ValueError("memory_free_at_least() takes need_bytes or fraction, exactly one of them")
+    if fraction is not None:
+        if isinstance(fraction, bool) or not isinstance(fraction, int | float):
+            raise TypeError(f"fraction must be a number in (0, 1], got {fraction!r}")
+        if not (0.0 < fraction <= 1.0):
+            raise ValueError(f"fraction must be in (0, 1], got {fraction!r}")
+        return _MemoryFreeAtLeast(None, float(fraction))
+    assert need_bytes is not None
+    return _MemoryFreeAtLeast(_non_negative_bytes("need_bytes", need_bytes), None)
 
 
 def on_devices(devices: Iterable[int | str], predicate: Predicate) -> Predicate:

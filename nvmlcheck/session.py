@@ -6,9 +6,9 @@
 ...     gpus.wait_until_clean(timeout=30.0)
 
 Entry points: :func:`open` (picks a backend: NVML, else nvidia-smi), :class:`Session` (``resolve`` for indices,
-UUIDs, ``MIG-…`` and ``cuda:N``; ``snapshot``; ``wait_until_clean``; ``select_clean``; ``holders``; ``listen``)
-and :func:`wait_until_clean`, which counts the opening in its timeout. The layers below and the path of one poll:
-docs/architecture.md; waiting and its policies: docs/waiting.md.
+UUIDs, ``MIG-…`` and ``cuda:N``; ``snapshot``; ``wait_until_clean``; ``select_clean``; ``holders``; ``ready``;
+``listen``) and :func:`wait_until_clean`, which counts the opening in its timeout. The layers below and the path of
+one poll: docs/architecture.md; waiting and its policies: docs/waiting.md.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from .holders import Holder
     from .predicates import Predicate
     from .selection import Selection
+    from .verdict import ReadyReport
     from .wait import Deadline, PollPolicy, TracePoint, WaitOptions, WaitResult
 
 __all__ = ["DeviceSelector", "Session", "open", "wait_until_clean"]
@@ -439,6 +440,27 @@ class Session:
         snap = self._backend.snapshot(None, Fields.PROCESSES)
         snap.raise_for_failures()
         return find_holders(snap, devices=indices, device_files=device_files)
+
+    def ready(
+        self,
+        devices: Iterable[DeviceSelector] | DeviceSelector | None = None,
+        *,
+        need_bytes: int | None = None,
+        need_fraction: float | None = None,
+        max_used_bytes: int | None = None,
+        timeout: float | None = 0.0,
+        events: bool | None = None,
+        options: WaitOptions | None = None,
+    ) -> ReadyReport:
+        """Can the next job start on the selected GPUs (all by default), and if not, why and when? One verdict per
+        GPU, from clean + healthy + capacity; ``timeout`` 0 (default) judges one reading, else it waits until every
+        GPU is ready or the deadline passes; ``max_used_bytes`` ``None``: the waits' 16 MiB. See
+        :func:`nvmlcheck.readiness.ready_on` and docs/ready.md."""
+        from .readiness import ready_on
+
+        self._check_open()
+        return ready_on(self, devices, need_bytes=need_bytes, need_fraction=need_fraction,
+                        max_used_bytes=max_used_bytes, timeout=timeout, events=events, options=options)
 
 
 def open(

@@ -78,7 +78,7 @@ DEVICE_KEYS = {
     "index", "name", "uuid", "pci", "pci.device_id", "pci.subsystem_id", "serial", "minor", "total", "reserved", "used",
     "clock.graphics", "clock.sm", "clock.mem", "clock.video", "max.graphics", "max.sm", "max.mem", "max.video",
     "app.graphics", "app.sm", "app.mem", "app.video", "reasons", "retired", "retired_pending", "remapped",
-    "unsupported", "lost", "mig",
+    "ecc_volatile", "ecc_aggregate", "recovery", "unsupported", "lost", "mig",
 }  # fmt: skip
 MIG_KEYS = {"device", "index", "gi", "ci", "uuid", "total", "used", "remove"}
 PROCESS_KEYS = {
@@ -142,6 +142,9 @@ def default_device(i: int) -> Dev:
         "retired": [],
         "retired_pending": 0,
         "remapped": (0, 0, 0, 0),
+        "ecc_volatile": 0,
+        "ecc_aggregate": 0,
+        "recovery": 0,
         # As measured on the H200: page retirement is not supported (Hopper remaps rows instead).
         "unsupported": {"retired_pages", "retired_pending"},
         "lost": 0,
@@ -451,6 +454,7 @@ def health_field(view: View, dev: Dev, name: str) -> Cell:
     dbe = sum(1 for p in dev["retired"] if p[0] == "dbe")
     no_retire = view.unsupported(dev, "retired_pages")
     no_remap = view.unsupported(dev, "remapped")
+    no_ecc = view.unsupported(dev, "ecc")
     corr, unc, pending, failure = dev["remapped"]
     table = {
         ("retired_pages.single_bit_ecc.count", "retired_pages.sbe"): ("retired_pages.single_bit_ecc.count",
@@ -464,11 +468,23 @@ def health_field(view: View, dev: Dev, name: str) -> Cell:
                                                               None if no_remap else unc),
         ("remapped_rows.pending",): ("remapped_rows.pending", None if no_remap else yes_no(pending)),
         ("remapped_rows.failure",): ("remapped_rows.failure", None if no_remap else yes_no(failure)),
+        ("ecc.errors.uncorrected.volatile.total",): ("ecc.errors.uncorrected.volatile.total",
+                                                      None if no_ecc else dev["ecc_volatile"]),
+        ("ecc.errors.uncorrected.aggregate.total",): ("ecc.errors.uncorrected.aggregate.total",
+                                                       None if no_ecc else dev["ecc_aggregate"]),
+        ("gpu_recovery_action",): ("gpu_recovery_action", None if view.unsupported(dev, "recovery")
+                                   else RECOVERY_WORDS.get(dev["recovery"], str(dev["recovery"]))),
     }  # fmt: skip
     for names, (header, value) in table.items():
         if name in names:
             return header, None, value
     raise KeyError(name)
+
+
+# How nvidia-smi -q and gpu_recovery_action print nvmlDeviceGpuRecoveryAction_t ("None" as captured on driver 580;
+# "Reset", "Reboot", "Drain P2P", "Drain and Reset" as printed on faulted GPUs in public reports); other codes: the
+# number.
+RECOVERY_WORDS = {0: "None", 1: "Reset", 2: "Reboot", 3: "Drain P2P", 4: "Drain and Reset"}
 
 
 def yes_no(v: int) -> str:

@@ -76,6 +76,8 @@ enum { F_DEVICE = 1, F_INDEX = 2, F_INIT = 4, F_NOFAULT = 8, F_UNCOUNTED = 16 };
     X(nvmlDeviceGetRetiredPages_v2, F_DEVICE)                                                                      \
     X(nvmlDeviceGetRetiredPagesPendingStatus, F_DEVICE)                                                            \
     X(nvmlDeviceGetRemappedRows, F_DEVICE)                                                                         \
+    X(nvmlDeviceGetTotalEccErrors, F_DEVICE)                                                                       \
+    X(nvmlDeviceGetFieldValues, F_DEVICE)                                                                          \
     X(nvmlDeviceGetMigMode, F_DEVICE)                                                                              \
     X(nvmlDeviceGetMaxMigDeviceCount, F_DEVICE)                                                                    \
     X(nvmlDeviceGetMigDeviceHandleByIndex, F_DEVICE)                                                               \
@@ -130,6 +132,8 @@ enum {
     U_REMAPPED,
     U_MIG,
     U_EVENTS,
+    U_ECC,
+    U_RECOVERY,
     U_PROC_BASE,                  /* + kind */
     U_CLOCK_BASE = U_PROC_BASE + K_COUNT, /* + set * 4 + domain */
     U_COUNT = U_CLOCK_BASE + CLK_SETS * 4
@@ -137,7 +141,7 @@ enum {
 static const char *const unsupported_names[U_CLOCK_BASE] = {
     "name",    "uuid",          "serial",          "minor",    "pci",
     "memory",  "reasons",       "retired_pages",   "retired_pending",
-    "remapped", "mig", "events", "processes.compute", "processes.graphics", "processes.mps",
+    "remapped", "mig", "events", "ecc", "recovery", "processes.compute", "processes.graphics", "processes.mps",
 };
 
 #define NOT_AVAILABLE (~0ULL) /* NVML_VALUE_NOT_AVAILABLE as an unsigned long long: all bits set */
@@ -161,6 +165,8 @@ struct device {
     size_t npages;
     int retired_pending;
     unsigned int remapped[4];
+    unsigned long long ecc_volatile, ecc_aggregate; /* uncorrected ECC totals */
+    unsigned int recovery;                           /* nvmlDeviceGpuRecoveryAction_t */
     unsigned long long unsupported; /* bit set of U_* */
     int lost;
     int mig; /* MIG mode (current = pending) */
@@ -760,6 +766,12 @@ static int apply_device(struct state *st, const struct line *ln, int dry, int in
                 p += len + (end ? 1 : 0);
             }
             memcpy(d->remapped, r, sizeof r);
+        } else if (strcmp(k, "ecc_volatile") == 0) {
+            if (parse_u64(k, v, &d->ecc_volatile, err)) return -1;
+        } else if (strcmp(k, "ecc_aggregate") == 0) {
+            if (parse_u64(k, v, &d->ecc_aggregate, err)) return -1;
+        } else if (strcmp(k, "recovery") == 0) {
+            if (parse_u32(k, v, &d->recovery, err)) return -1;
         } else if (strcmp(k, "unsupported") == 0) {
             if (parse_unsupported(v, &d->unsupported, err)) return -1;
         } else if (strcmp(k, "lost") == 0) {
@@ -2003,6 +2015,47 @@ nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t device, unsigned int *corrRo
     *failureOccurred = d->remapped[3];
     return end(NVML_SUCCESS);
 }
+
+nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t device, nvmlMemoryErrorType_t errorType,
+                                         nvmlEccCounterType_t counterType, unsigned long long *eccCounts) {
+    struct device *d;
+    nvmlReturn_t r = begin(FN_nvmlDeviceGetTotalEccErrors, handle_index(device), &d);
+    if (r) return end(r);
+    if (unsupported(d, U_ECC)) return end(NVML_ERROR_NOT_SUPPORTED); /* ECC disabled, or a board without it */
+    if (!eccCounts || (int)errorType < 0 || (int)errorType > 1 || (int)counterType < 0 || (int)counterType > 1)
+        return end(NVML_ERROR_INVALID_ARGUMENT);
+    /* Corrected errors are not modelled: 0. */
+    if (errorType == NVML_MEMORY_ERROR_TYPE_UNCORRECTED)
+        *eccCounts = counterType == NVML_VOLATILE_ECC ? d->ecc_volatile : d->ecc_aggregate;
+    else
+        *eccCounts = 0;
+    return end(NVML_SUCCESS);
+}
+
+#ifndef STUB_NO_FIELD_VALUES
+/* Field values: only NVML_FI_DEV_GET_GPU_RECOVERY_ACTION is answered (an unsigned int, as driver 580 does); any
+ * other field id answers NOT_SUPPORTED in its own nvmlReturn, as a driver does for a field it lacks. */
+nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCount, nvmlFieldValue_t *values) {
+    struct device *d;
+    nvmlReturn_t r = begin(FN_nvmlDeviceGetFieldValues, handle_index(device), &d);
+    if (r) return end(r);
+    if (valuesCount < 0 || (valuesCount > 0 && !values)) return end(NVML_ERROR_INVALID_ARGUMENT);
+    for (int i = 0; i < valuesCount; i++) {
+        nvmlFieldValue_t *v = &values[i];
+        v->timestamp = 0;
+        v->latencyUsec = 0;
+        if (v->fieldId == NVML_FI_DEV_GET_GPU_RECOVERY_ACTION && !unsupported(d, U_RECOVERY)) {
+            v->valueType = NVML_VALUE_TYPE_UNSIGNED_INT;
+            v->value.ullVal = 0;
+            v->value.uiVal = d->recovery;
+            v->nvmlReturn = NVML_SUCCESS;
+        } else {
+            v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+        }
+    }
+    return end(NVML_SUCCESS);
+}
+#endif
 
 /* ------------------------------------------------------------------------------------------------------------ */
 /* Test symbols                                                                                                 */

@@ -12,13 +12,17 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any, NewType
+from typing import TYPE_CHECKING, Any, NewType
 
+from .. import model
 from .._proc.procfs import PID_MAX_LIMIT  # NVML reports host PIDs, so nothing above is real
 from ..errors import CorruptData, FunctionNotFound, InsufficientSize, NvmlError, codes_in_scope, error_class_for_code
-from ..model import Memory, ProcessKind, RemappedRows, RetiredPage, RetirementCause
+from ..model import Memory, ProcessKind
 from ._ffi import ffi as _ffi
 from .library import LoadedLibrary
+
+if TYPE_CHECKING:  # the health classes are created on first use (model.__getattr__): a wait never reads health
+    from ..model import Health, RecoveryAction, RemappedRows, RetiredPage, RetirementCause
 
 # cffi's cdata is dynamically typed (struct fields are attributes made at run time).
 ffi: Any = _ffi
@@ -29,6 +33,7 @@ __all__ = [
     "CLOCK_SM",
     "CLOCK_VIDEO",
     "EVENT_FUNCTIONS",
+    "HEALTH_SLOTS",
     "MAX_LIST_ATTEMPTS",
     "PID_MAX_LIMIT",
     "Handle",
@@ -101,6 +106,7 @@ class _Buffers(threading.local):
         self.u64 = ffi.new(_ULL_P)
         self.quad = ffi.new("unsigned int[4]")
         self.enable_state = ffi.new("nvmlEnableState_t *")
+        self.field_value = ffi.new("nvmlFieldValue_t[1]")
         self.proc_v2 = ffi.new(_PROC_V2_ARRAY, _INITIAL_CAPACITY * _HEADROOM)
         self.proc_v1 = ffi.new(_PROC_V1_ARRAY, _INITIAL_CAPACITY * _HEADROOM)
 
@@ -470,15 +476,17 @@ class NvmlCalls:
 
     # --- memory health --------------------------------------------------------------------------------------------
 
-    def health(
-        self, handle: Handle, index: int
-    ) -> tuple[tuple[RetiredPage, ...] | None, bool | None, RemappedRows | None, list[Unanswered]]:
-        """Retired pages of both causes (nvmlDeviceGetRetiredPages_v2 with timestamps, or the v1 call), the pending
-        flag (nvmlDeviceGetRetiredPagesPendingStatus) and remapped rows (nvmlDeviceGetRemappedRows).
+    def health(self, handle: Handle, index: int) -> tuple[Health, list[Unanswered]]:
+        """The GPU's :class:`~nvmlcheck.model.Health`: retired pages of both causes (nvmlDeviceGetRetiredPages_v2
+        with timestamps, or the v1 call), the pending flag (nvmlDeviceGetRetiredPagesPendingStatus), remapped rows
+        (nvmlDeviceGetRemappedRows), the uncorrected ECC totals, volatile and aggregate
+        (nvmlDeviceGetTotalEccErrors), and the recovery action (nvmlDeviceGetFieldValues with
+        NVML_FI_DEV_GET_GPU_RECOVERY_ACTION).
 
-        Each is ``None`` when it cannot be read (Hopper retires no pages: it remaps rows), listed in ``unanswered``
-        as ``(slot, symbol, code)`` with slot 0 pages, 1 pending, 2 remapped rows; codes that make the whole device
-        unusable raise.
+        Each is ``None`` when it cannot be read (Hopper retires no pages: it remaps rows; ECC counters need ECC on;
+        the recovery action needs a driver that has the field), listed in ``unanswered`` as ``(slot, symbol,
+        code)`` with slot 0 pages, 1 pending, 2 remapped rows, 3 volatile ECC, 4 aggregate ECC, 5 recovery action
+        (:data:`HEALTH_SLOTS`); codes that make the whole device unusable raise.
         """
         unanswered: list[Unanswered] = []
         pages: tuple[RetiredPage, ...] | None = None
@@ -487,7 +495,7 @@ class NvmlCalls:
             unanswered.append((0, "nvmlDeviceGetRetiredPages_v2", NVML_ERROR_FUNCTION_NOT_FOUND))
         else:
             found: list[RetiredPage] = []
-            for cause in (RetirementCause.MULTIPLE_SINGLE_BIT_ECC, RetirementCause.DOUBLE_BIT_ECC):
+            for cause in (model.RetirementCause.MULTIPLE_SINGLE_BIT_ECC, model.RetirementCause.DOUBLE_BIT_ECC):
                 rc = self._retired_pages(handle, name, cause, index, found)
                 if rc:
                     unanswered.append((0, name, rc))
@@ -498,23 +506,46 @@ class NvmlCalls:
         out = self._buffers.enable_state
         fn = self._health_fns["nvmlDeviceGetRetiredPagesPendingStatus"]
         rc = fn(handle, out) if fn is not None else NVML_ERROR_FUNCTION_NOT_FOUND
-        if rc == NVML_SUCCESS:
+        if _answered(rc, 1, "nvmlDeviceGetRetiredPagesPendingStatus", index, unanswered):
             pending = bool(out[0])
-        elif rc not in _DEVICE_LEVEL_CODES:
-            unanswered.append((1, "nvmlDeviceGetRetiredPagesPendingStatus", rc))
-        else:
-            raise _fail(rc, "nvmlDeviceGetRetiredPagesPendingStatus", index)
         rows: RemappedRows | None = None
         quad = self._buffers.quad
         fn = self._health_fns["nvmlDeviceGetRemappedRows"]
         rc = fn(handle, quad, quad + 1, quad + 2, quad + 3) if fn is not None else NVML_ERROR_FUNCTION_NOT_FOUND
+        if _answered(rc, 2, "nvmlDeviceGetRemappedRows", index, unanswered):
+            rows = model.RemappedRows(int(quad[0]), int(quad[1]), bool(quad[2]), bool(quad[3]))
+        ecc: list[int | None] = [None, None]
+        count = self._buffers.u64
+        fn = self._health_fns["nvmlDeviceGetTotalEccErrors"]
+        for slot, counter in ((3, _NVML_VOLATILE_ECC), (4, _NVML_AGGREGATE_ECC)):
+            rc = fn(handle, _NVML_MEMORY_ERROR_TYPE_UNCORRECTED, counter, count) if fn is not None else (
+                NVML_ERROR_FUNCTION_NOT_FOUND
+            )
+            if _answered(rc, slot, "nvmlDeviceGetTotalEccErrors", index, unanswered):
+                ecc[slot - 3] = int(count[0])
+        action = self._recovery_action(handle, index, unanswered)
+        return model.Health(pages, pending, rows, ecc[0], ecc[1], action), unanswered
+
+    def _recovery_action(self, handle: Handle, index: int, unanswered: list[Unanswered]) -> RecoveryAction | None:
+        """NVML_FI_DEV_GET_GPU_RECOVERY_ACTION through nvmlDeviceGetFieldValues (slot 5). A driver that does not
+        know the field answers NOT_SUPPORTED or INVALID_ARGUMENT in the value's own return code: unknown."""
+        fn = self._health_fns["nvmlDeviceGetFieldValues"]
+        values = self._buffers.field_value
+        value = values[0]
+        value.fieldId = _NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
+        value.scopeId = 0
+        value.nvmlReturn = NVML_ERROR_NOT_SUPPORTED
+        rc = fn(handle, 1, values) if fn is not None else NVML_ERROR_FUNCTION_NOT_FOUND
         if rc == NVML_SUCCESS:
-            rows = RemappedRows(int(quad[0]), int(quad[1]), bool(quad[2]), bool(quad[3]))
-        elif rc not in _DEVICE_LEVEL_CODES:
-            unanswered.append((2, "nvmlDeviceGetRemappedRows", rc))
+            rc = value.nvmlReturn
+        if not _answered(rc, 5, _RECOVERY_SYMBOL, index, unanswered):
+            return None
+        kind = value.valueType
+        if kind in _VALUE_TYPES_64:
+            raw = int(value.value.ullVal)
         else:
-            raise _fail(rc, "nvmlDeviceGetRemappedRows", index)
-        return pages, pending, rows, unanswered
+            raw = int(value.value.ulVal if kind == _VALUE_TYPE_UL else value.value.uiVal)
+        return model.RecoveryAction(raw & 0xFFFFFFFF)
 
     def _retired_pages(
         self, handle: Handle, name: str, cause: RetirementCause, index: int, found: list[RetiredPage]
@@ -522,7 +553,7 @@ class NvmlCalls:
         """Append one cause's retired pages to ``found``; returns 0, or the code that left them unknown."""
         fn = self._loaded.function(name)
         v2 = name == "nvmlDeviceGetRetiredPages_v2"
-        c_cause = 0 if cause is RetirementCause.MULTIPLE_SINGLE_BIT_ECC else 1
+        c_cause = 0 if cause is model.RetirementCause.MULTIPLE_SINGLE_BIT_ECC else 1
         count = self._buffers.count
         capacity = 0
         for _attempt in range(MAX_LIST_ATTEMPTS):
@@ -532,7 +563,8 @@ class NvmlCalls:
             rc = fn(handle, c_cause, count, addresses, stamps) if v2 else fn(handle, c_cause, count, addresses)
             if rc == NVML_SUCCESS:
                 n = min(count[0], capacity)
-                found.extend(RetiredPage(int(addresses[i]), cause, int(stamps[i]) if v2 else None) for i in range(n))
+                page = model.RetiredPage
+                found.extend(page(int(addresses[i]), cause, int(stamps[i]) if v2 else None) for i in range(n))
                 return 0
             if rc == NVML_ERROR_INSUFFICIENT_SIZE:
                 capacity = count[0] + 8
@@ -618,7 +650,28 @@ class EventCalls:
 _new_tuple = tuple.__new__
 _CLOCK_FUNCTIONS = ("nvmlDeviceGetClockInfo", "nvmlDeviceGetMaxClockInfo", "nvmlDeviceGetApplicationsClock")
 _CLOCK_DOMAINS = (CLOCK_GRAPHICS, CLOCK_SM, CLOCK_MEM, CLOCK_VIDEO)
-_HEALTH_FUNCTIONS = ("nvmlDeviceGetRetiredPagesPendingStatus", "nvmlDeviceGetRemappedRows")
+_HEALTH_FUNCTIONS = (
+    "nvmlDeviceGetRetiredPagesPendingStatus",
+    "nvmlDeviceGetRemappedRows",
+    "nvmlDeviceGetTotalEccErrors",
+    "nvmlDeviceGetFieldValues",
+)
+#: The parts :meth:`NvmlCalls.health` reports by slot in ``unanswered`` (the model's field names).
+HEALTH_SLOTS = (
+    "retired_pages",
+    "retired_pages_pending",
+    "remapped_rows",
+    "ecc_uncorrected_volatile",
+    "ecc_uncorrected_aggregate",
+    "recovery_action",
+)
+# nvml.h: nvmlMemoryErrorType_t, nvmlEccCounterType_t, nvmlValueType_t, the recovery action's field id.
+_NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
+_NVML_VOLATILE_ECC, _NVML_AGGREGATE_ECC = 0, 1
+_VALUE_TYPE_UL = 2  # unsigned long
+_VALUE_TYPES_64 = (3, 4)  # unsigned and signed long long
+_NVML_FI_DEV_GET_GPU_RECOVERY_ACTION = 230
+_RECOVERY_SYMBOL = "nvmlDeviceGetFieldValues(NVML_FI_DEV_GET_GPU_RECOVERY_ACTION)"
 _MIG_FUNCTIONS = (
     "nvmlDeviceGetMigMode",
     "nvmlDeviceGetMaxMigDeviceCount",
@@ -641,6 +694,17 @@ _PROCESS_WANTED = {
     ProcessKind.GRAPHICS: "nvmlDeviceGetGraphicsRunningProcesses_v3",
     ProcessKind.MPS: "nvmlDeviceGetMPSComputeRunningProcesses_v3",
 }
+
+
+def _answered(rc: int, slot: int, symbol: str, index: int, unanswered: list[Unanswered]) -> bool:
+    """Whether an optional health read succeeded; else note it in ``unanswered``, or raise when ``rc`` makes the
+    whole device unusable."""
+    if rc == NVML_SUCCESS:
+        return True
+    if rc in _DEVICE_LEVEL_CODES:
+        raise _fail(rc, symbol, index)
+    unanswered.append((slot, symbol, rc))
+    return False
 
 
 def _entry(e: Any, v1: bool, name: str, index: int, total_bytes: int) -> ProcessEntry:

@@ -15,15 +15,19 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
 
-from ..errors import BackendUnavailable, Timeout, error_class_for_code
-from ..model import ProcessKind
 from ._ffi import ffi
 
-__all__ = ["ENV_LIBRARY", "LoadedLibrary", "Symbols", "fork_generation", "load"]
+# Lean on purpose: the one-shot commands import this module first of all, to start nvmlInit while Python is still
+# importing the rest (start_early). The error classes are imported where an error is raised.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+    from typing import Any
+
+    from ..model import ProcessKind
+
+__all__ = ["ENV_LIBRARY", "LoadedLibrary", "Symbols", "fork_generation", "load", "start_early"]
 
 #: Environment variable naming the libnvidia-ml to load (tests point it at the stub).
 ENV_LIBRARY = "NVMLCHECK_LIBNVML"
@@ -31,18 +35,19 @@ DEFAULT_NAMES = ("libnvidia-ml.so.1", "libnvidia-ml.so")
 
 # Candidate symbols per capability, newest first. The _v3 and _v2 process calls share the 24-byte struct; the
 # legacy call uses the 16-byte v1 struct (calls.py picks the struct from the chosen name).
-_PROCESS_SYMBOLS: dict[ProcessKind, tuple[str, ...]] = {
-    ProcessKind.COMPUTE: (
+# Keyed by ProcessKind's values: this module does not import the model.
+_PROCESS_SYMBOLS: dict[str, tuple[str, ...]] = {
+    "compute": (
         "nvmlDeviceGetComputeRunningProcesses_v3",
         "nvmlDeviceGetComputeRunningProcesses_v2",
         "nvmlDeviceGetComputeRunningProcesses",
     ),
-    ProcessKind.GRAPHICS: (
+    "graphics": (
         "nvmlDeviceGetGraphicsRunningProcesses_v3",
         "nvmlDeviceGetGraphicsRunningProcesses_v2",
         "nvmlDeviceGetGraphicsRunningProcesses",
     ),
-    ProcessKind.MPS: (
+    "mps": (
         "nvmlDeviceGetMPSComputeRunningProcesses_v3",
         "nvmlDeviceGetMPSComputeRunningProcesses_v2",
         "nvmlDeviceGetMPSComputeRunningProcesses",
@@ -60,10 +65,23 @@ _CAPABILITIES: dict[str, tuple[str, ...]] = {
 }
 
 
-@dataclass(frozen=True)
 class Symbols:
-    """Which symbol answers each capability in the loaded library (``None``: the library has none of them)."""
+    """Which symbol answers each capability in the loaded library (``None``: the library has none of them).
+    Immutable; compares by value. (A plain class, not a dataclass: see the module's first comment.)"""
 
+    __slots__ = _SYMBOL_FIELDS = (
+        "init",
+        "device_count",
+        "handle_by_index",
+        "memory",
+        "pci_info",
+        "cuda_driver_version",
+        "clock_event_reasons",
+        "retired_pages",
+        "compute_processes",
+        "graphics_processes",
+        "mps_processes",
+    )
     init: str | None
     device_count: str | None
     handle_by_index: str | None
@@ -76,13 +94,31 @@ class Symbols:
     graphics_processes: str | None
     mps_processes: str | None
 
-    def processes(self, kind: ProcessKind) -> str | None:
-        """The process-list symbol for ``kind``."""
-        if kind is ProcessKind.COMPUTE:
-            return self.compute_processes
-        if kind is ProcessKind.GRAPHICS:
-            return self.graphics_processes
-        return self.mps_processes
+    def __init__(self, **names: str | None) -> None:
+        if set(names) != set(self._SYMBOL_FIELDS):
+            raise TypeError(f"Symbols needs exactly {self._SYMBOL_FIELDS}, got {sorted(names)}")
+        for key in self._SYMBOL_FIELDS:
+            object.__setattr__(self, key, names[key])
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"Symbols is immutable: cannot set {name!r}")
+
+    def _values(self) -> tuple[str | None, ...]:
+        return tuple(getattr(self, key) for key in self._SYMBOL_FIELDS)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Symbols) and self._values() == other._values()
+
+    def __hash__(self) -> int:
+        return hash(self._values())
+
+    def __repr__(self) -> str:
+        return "Symbols(" + ", ".join(f"{k}={getattr(self, k)!r}" for k in self._SYMBOL_FIELDS) + ")"
+
+    def processes(self, kind: ProcessKind | str) -> str | None:
+        """The process-list symbol for ``kind`` (a :class:`~nvmlcheck.ProcessKind` or its value)."""
+        name: str | None = getattr(self, f"{getattr(kind, 'value', kind)}_processes")
+        return name
 
 
 def _has(lib: Any, name: str) -> bool:
@@ -99,9 +135,9 @@ def _probe(lib: Any) -> Symbols:
 
     caps = {cap: first(names) for cap, names in _CAPABILITIES.items()}
     return Symbols(
-        compute_processes=first(_PROCESS_SYMBOLS[ProcessKind.COMPUTE]),
-        graphics_processes=first(_PROCESS_SYMBOLS[ProcessKind.GRAPHICS]),
-        mps_processes=first(_PROCESS_SYMBOLS[ProcessKind.MPS]),
+        compute_processes=first(_PROCESS_SYMBOLS["compute"]),
+        graphics_processes=first(_PROCESS_SYMBOLS["graphics"]),
+        mps_processes=first(_PROCESS_SYMBOLS["mps"]),
         **caps,
     )
 
@@ -142,6 +178,8 @@ class LoadedLibrary:
         self._reinit_epoch = 0  # re-inits started (each one shuts NVML down under every other thread's calls)
         self._settled_epoch = 0  # the re-init epoch when an init last returned: below reinit_epoch while one runs
         self._generation = _fork_generation
+        # An init begun by start_early, holding its initialisation (as one waiter) for the first acquire().
+        self._early: _PendingInit | None = None
 
     def function(self, name: str) -> Callable[..., int]:
         """The C function ``name`` (``AttributeError`` if the library lacks it)."""
@@ -183,6 +221,9 @@ class LoadedLibrary:
         while True:
             with self._lock:
                 self._forget_parent_state()
+                early, self._early = self._early, None
+                if early is not None:
+                    early.waiters -= 1  # the early start's hold passes to this caller (or ends: it failed)
                 if self._initialised:
                     self._refcount += 1
                     return
@@ -216,12 +257,25 @@ class LoadedLibrary:
             pending = self._start_init()
         self._await(pending, deadline, timeout_s)
 
+    def begin_early(self) -> _PendingInit | None:
+        """Start ``nvmlInit`` now, for an :meth:`acquire` that comes later (see :func:`start_early`): the init runs in
+        its thread and, should it finish first, stays initialised for that caller. ``None`` when NVML is already
+        initialised or an early init is already held."""
+        with self._lock:
+            self._forget_parent_state()
+            if self._initialised or self._early is not None:
+                return None
+            self._early = self._start_init()
+            return self._early
+
     def _start_init(self) -> _PendingInit:
         """The init in flight, or a new one started in a daemon thread; counts the caller as a waiter (lock held)."""
         pending = self._pending
         if pending is None:
             name = self.symbols.init
             if name is None:
+                from ..errors import BackendUnavailable
+
                 raise BackendUnavailable(
                     f"{self.path} exports neither nvmlInit_v2 nor nvmlInit: it is not a usable libnvidia-ml"
                 )
@@ -255,6 +309,8 @@ class LoadedLibrary:
             pending.waiters -= 1
             rc = pending.rc
         if not finished:
+            from ..errors import Timeout
+
             raise Timeout(
                 10,
                 pending.name,
@@ -262,6 +318,8 @@ class LoadedLibrary:
                 "daemon thread and its initialisation is given back if nobody needs it",
             )
         if rc:
+            from ..errors import error_class_for_code
+
             raise error_class_for_code(rc)(rc, pending.name)
 
     def _shutdown_quietly(self) -> None:
@@ -287,6 +345,7 @@ class LoadedLibrary:
             self._refcount = 0
             self._initialised = False
             self._pending = None  # its thread did not survive the fork
+            self._early = None
 
     def _after_fork_in_child(self) -> None:
         # The lock may have been held by another thread of the parent at fork time.
@@ -324,11 +383,54 @@ def load(path: str | None = None) -> LoadedLibrary:
             loaded = LoadedLibrary(candidate, lib)
             _loaded[candidate] = loaded
             return loaded
+    from ..errors import BackendUnavailable
+
     source = f" (from ${ENV_LIBRARY})" if not path and os.environ.get(ENV_LIBRARY) else ""
     raise BackendUnavailable(
         f"libnvidia-ml could not be loaded{source}; install the NVIDIA driver, or point ${ENV_LIBRARY} at the library",
         attempts,
     )
+
+
+def start_early(path: str | None = None, devices: Sequence[int] | None = ()) -> threading.Thread:
+    """Load libnvidia-ml and start ``nvmlInit`` in a daemon thread, now: a one-shot command calls this before it
+    imports the rest of nvmlcheck, so the driver initialises while Python imports, and the session it opens later
+    finds NVML initialised (or joins the init in flight: :meth:`LoadedLibrary.acquire` bounds it as usual).
+
+    ``devices``: once initialised, read the handle of each of these GPU indices (``None``: every GPU), whose first
+    ``nvmlDeviceGetHandleByIndex`` costs milliseconds on a real driver (docs/performance.md). Never raises, and
+    reports nothing: whatever failed here fails again, and is reported, in the ``acquire`` that follows. Returns the
+    thread (tests join it).
+    """
+    thread = threading.Thread(target=_early, args=(path, devices), name="nvmlcheck early init", daemon=True)
+    thread.start()
+    return thread
+
+
+def _early(path: str | None, devices: Sequence[int] | None) -> None:
+    try:
+        loaded = load(path)
+        pending = loaded.begin_early()
+        if pending is None or devices == ():
+            return
+        pending.done.wait()
+        handle = loaded.symbols.handle_by_index
+        if pending.rc != 0 or handle is None:
+            return
+        fn = loaded.function(handle)
+        if devices is None:
+            count_name = loaded.symbols.device_count
+            if count_name is None:
+                return
+            count = ffi.new("unsigned int *")
+            if loaded.function(count_name)(count) != 0:
+                return
+            devices = range(count[0])
+        out = ffi.new("nvmlDevice_t *")
+        for index in devices:
+            fn(index, out)  # the answer is read again by the session; only the driver's first-call cost is taken here
+    except Exception:
+        return
 
 
 def _after_fork_in_child() -> None:

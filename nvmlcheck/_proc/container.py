@@ -328,6 +328,8 @@ def parse_spec(spec: str) -> ContainerSpec:
         norm = "/" + "/".join(p for p in s.split("/") if p)
         if ".." in norm.split("/"):
             raise ValueError(f"{spec!r}: a cgroup path may not contain '..'")
+        if norm in ("/", "/sys/fs/cgroup"):
+            raise ValueError(f"{spec!r} is a root cgroup: it holds every process of the host")
         return ContainerSpec("dir" if norm.startswith("/sys/fs/cgroup/") else "path", norm)
     if s.endswith((".service", ".scope", ".slice")) and "/" not in s:
         return ContainerSpec("unit", s)
@@ -382,6 +384,8 @@ def members(spec: str | ContainerSpec, proc: str = "/proc") -> list[tuple[int, i
     if parsed.kind == "dir":
         if not os.path.isfile(f"{parsed.value}/cgroup.procs"):
             raise ValueError(f"{parsed.value}: not a cgroup directory (no cgroup.procs)")
+        if not os.path.isfile(f"{os.path.dirname(parsed.value)}/cgroup.procs"):
+            raise ValueError(f"{parsed.value} is a root cgroup: it holds every process of the host")
         pids = sorted(set(_dir_members(parsed.value)))
     else:
         pids = sorted(int(name) for name in os.listdir(proc) if name.isdigit())

@@ -15,7 +15,7 @@ import os
 import signal
 import time
 
-from . import procfs
+from . import fate, procfs
 from .pin import Pinned, StaleIdentity
 
 TYPE_CHECKING = False  # no typing: it costs start-up where site has not loaded it (docs/performance.md)
@@ -31,11 +31,13 @@ EPERM = "not permitted (EPERM): another user's process, or one in another contai
 
 
 class Refused(Exception):
-    """``pid`` may not be signalled, for ``reason`` (:class:`nvmlcheck.KillError` is the public form)."""
+    """``pid`` may not be signalled, for ``reason`` (:class:`nvmlcheck.KillError` is the public form). ``kind``:
+    ``"gone"`` (ESRCH, or its PID names another process now), ``"eperm"``, or ``None`` (refused by rule)."""
 
-    def __init__(self, pid: object, reason: str) -> None:
+    def __init__(self, pid: object, reason: str, kind: str | None = None) -> None:
         self.pid = pid
         self.reason = reason
+        self.kind = kind
         super().__init__(f"cannot signal PID {pid}: {reason}")
 
 
@@ -66,12 +68,14 @@ def refusal(pid: object, limit: int, me: int, lineage: tuple[int, ...]) -> str |
 class Target:
     """One pinned target and what happened to it. ``signals``: ``(name, sent_ns)`` per signal delivered."""
 
-    __slots__ = ("exited_ns", "found_by", "off_gpu_ns", "parent", "pinned", "signals")
+    __slots__ = ("discarded", "exited_ns", "found_by", "off_gpu_ns", "parent", "pinned", "signals")
 
     def __init__(self, pinned: Pinned, found_by: str, parent: int | None = None) -> None:
         self.pinned = pinned
         self.found_by = found_by
         self.parent = parent
+        #: Why the kernel would have discarded the first signal (then SIGKILL went instead), else ``None``.
+        self.discarded: str | None = None
         self.signals: list[tuple[str, int]] = []
         self.exited_ns: int | None = None
         self.off_gpu_ns: int | None = None
@@ -92,11 +96,11 @@ def pin_pid(pid: int, mode: PinMode, expect_start_ticks: int | None = None) -> P
         return Pinned.open(pid, mode=mode, expect_start_ticks=expect_start_ticks)
     except StaleIdentity:
         raise Refused(pid, "that PID no longer names the process that was found (it exited; the PID may have "
-                           "been reused)") from None
+                           "been reused)", "gone") from None
     except ProcessLookupError:
-        raise Refused(pid, "no such process (ESRCH)") from None
+        raise Refused(pid, "no such process (ESRCH)", "gone") from None
     except PermissionError:
-        raise Refused(pid, EPERM) from None
+        raise Refused(pid, EPERM, "eperm") from None
 
 
 class TargetSet:
@@ -112,9 +116,35 @@ class TargetSet:
         self.clock: Callable[[], int] = time.monotonic_ns
         self.closed = False
         self.escalated = False
+        self.sigkill_if_discarded = True
         # Without tree: descendants seen while the targets lived (pid -> (start ticks, target)), for the hint.
         self.offspring: dict[int, tuple[int, int]] = {}
         self.vanished: list[int] = []
+        #: Named PIDs that had exited before they could be pinned (``missing_ok``).
+        self.missing: list[int] = []
+        #: Processes a selector chose that may not be signalled, with why.
+        self.left_alone: list[tuple[int, str]] = []
+
+    def add_selected(self, entries: Iterable[tuple[int, int, str]]) -> None:
+        """Add ``(pid, start ticks, found_by)`` from a selector (``--match``, ``--container``) before the first
+        signal, each pinned only while it is the process the selector saw; one gone since goes to :attr:`vanished`,
+        one not permitted to :attr:`left_alone`. The caller has left out this process and its ancestors."""
+        if self.started is not None:
+            raise RuntimeError("add targets before the first signal")
+        known = {t.pid for t in self.items}
+        for pid, ticks, found_by in entries:
+            if pid in known:
+                continue
+            try:
+                pinned = Pinned.open(pid, mode=self.mode, expect_start_ticks=ticks)
+            except ProcessLookupError:
+                self.vanished.append(pid)
+                continue
+            except PermissionError:
+                self.left_alone.append((pid, EPERM))
+                continue
+            known.add(pid)
+            self.items.append(Target(pinned, found_by))
 
     def add_holders(self, holders: Iterable[Holder]) -> None:
         """Add holders as targets before the first signal, each pinned only if its PID still names the process
@@ -146,25 +176,37 @@ class TargetSet:
             raise
         self.items.extend(new)
 
-    def send_first(self, first_signal: int = signal.SIGTERM, *, clock: Callable[[], int] = time.monotonic_ns) -> int:
+    def send_first(self, first_signal: int = signal.SIGTERM, *, clock: Callable[[], int] = time.monotonic_ns,
+                   sigkill_if_discarded: bool = True) -> int:
         """Send ``first_signal`` to every target (with ``tree``, first find and pin their descendants). Returns the
-        clock reading taken just before the first signal: the origin of every time reported."""
+        clock reading taken just before the first signal: the origin of every time reported. A target whose status
+        shows that the kernel would discard it gets SIGKILL instead (unless ``sigkill_if_discarded`` is false: a
+        kill that never escalates); either way its ``discarded`` says why."""
         if self.closed:
             raise RuntimeError("this kill plan is closed")
         if self.started is not None:
             raise RuntimeError("the first signal was sent already")
-        if not self.items:
+        if not self.items and not self.missing:
             raise ValueError("nothing to kill: no target")
         sig = signal.Signals(first_signal)
         self.clock = clock
         self.first = sig
+        self.sigkill_if_discarded = sigkill_if_discarded
         if sig == signal.SIGKILL:
             self.escalated = True
         self.scan_descendants()
+        fates = [fate.fate_of(t.pid, sig) for t in self.items]  # read before the first signal goes anywhere
         start = self.started = clock()
-        for t in self.items:
-            self._send(t, sig, start)
+        for t, why in zip(self.items, fates, strict=True):
+            self._send_first(t, sig, start, why)
         return start
+
+    def _send_first(self, t: Target, sig: signal.Signals, now: int, why: str | None) -> None:
+        """The first signal, or SIGKILL at once when the kernel would discard it (``why``, from :mod:`.fate`)."""
+        t.discarded = why
+        if why is not None and self.sigkill_if_discarded and not self.escalated:
+            sig = signal.SIGKILL
+        self._send(t, sig, now)
 
     def _send(self, t: Target, sig: signal.Signals, now: int) -> None:
         try:
@@ -237,8 +279,9 @@ class TargetSet:
                 self.items.append(child)
                 queue.append((pid, origin, pinned, None))
                 if self.started is not None and self.first is not None:
+                    why = fate.fate_of(pid, self.first)
                     now = self.clock()
-                    self._send(child, self.first, now)
+                    self._send_first(child, self.first, now, why)
                     if self.escalated:
                         self._send(child, signal.SIGKILL, now)
 
@@ -270,9 +313,11 @@ class TargetSet:
 
 
 def prepare(pids: Iterable[int] = (), *, tree: bool = False, holders: Iterable[Holder] = (),
-            pinning: PinMode = "auto") -> TargetSet:
-    """Validate and pin ``pids`` (and ``holders``), nothing signalled; all or nothing. Raises :class:`Refused`,
-    TypeError for a non-int PID, and ValueError when there is no target or ``pinning`` is unknown."""
+            pinning: PinMode = "auto", missing_ok: bool = False,
+            found: Iterable[tuple[int, int, str]] = ()) -> TargetSet:
+    """Validate and pin ``pids`` (and ``holders``, and ``found``: ``(pid, start ticks, found_by)`` from a selector),
+    nothing signalled; all or nothing. Raises :class:`Refused`, TypeError for a non-int PID, and ValueError when
+    there is no target or ``pinning`` is unknown. ``missing_ok``: a named PID that is gone goes to ``missing``."""
     if pinning not in ("auto", "pidfd", "start-time"):
         raise ValueError(f"pinning is 'auto', 'pidfd' or 'start-time', not {pinning!r}")
     limit, me, lineage = procfs.pid_max(), os.getpid(), procfs.ancestors()
@@ -284,16 +329,24 @@ def prepare(pids: Iterable[int] = (), *, tree: bool = False, holders: Iterable[H
         if pid not in chosen:
             chosen.append(pid)
     holder_list = list(holders)
-    if not chosen and not holder_list:
+    selected = list(found)
+    if not chosen and not holder_list and not selected:
         raise ValueError("no PID given")
     targets: list[Target] = []
-    found = TargetSet(targets, tree=bool(tree), mode=pinning)
+    out = TargetSet(targets, tree=bool(tree), mode=pinning)
     try:
         for pid in chosen:
-            targets.append(Target(pin_pid(pid, pinning), "named"))
+            try:
+                targets.append(Target(pin_pid(pid, pinning), "named"))
+            except Refused as exc:
+                if not (missing_ok and exc.kind == "gone"):
+                    raise
+                out.missing.append(pid)
+        if selected:
+            out.add_selected(selected)
         if holder_list:
-            found.add_holders(holder_list)
+            out.add_holders(holder_list)
     except BaseException:
-        found.close()
+        out.close()
         raise
-    return found
+    return out

@@ -39,7 +39,7 @@ CLOCK_DOMAINS: tuple[ClockDomain, ...] = ("graphics", "sm", "mem", "video")
 #: Field names accepted by ``unsupported=`` (their calls return NVML_ERROR_NOT_SUPPORTED).
 UNSUPPORTED_FIELDS: frozenset[str] = frozenset(
     {"name", "uuid", "serial", "minor", "pci", "memory", "reasons", "retired_pages", "retired_pending", "remapped"}
-    | {"mig", "events"}
+    | {"mig", "events", "ecc", "recovery"}
     | {f"processes.{kind}" for kind in PROCESS_KINDS}
     | {f"{group}.{domain}" for group in ("clock", "max", "app") for domain in CLOCK_DOMAINS}
 )
@@ -123,6 +123,9 @@ DEVICE_FIELDS: Mapping[str, str] = {
     "retired_pages": "retired",
     "retired_pending": "retired_pending",
     "remapped_rows": "remapped",
+    "ecc_uncorrected_volatile": "ecc_volatile",
+    "ecc_uncorrected_aggregate": "ecc_aggregate",
+    "recovery_action": "recovery",
     "unsupported": "unsupported",
     "lost": "lost",
     "mig": "mig",
@@ -185,6 +188,10 @@ def _render_device_fields(fields: Mapping[str, object]) -> list[str]:
                 for label, v in zip(labels, value, strict=True)
             ]
             out.append("remapped=" + ",".join(map(str, numbers)))
+        elif name in ("ecc_uncorrected_volatile", "ecc_uncorrected_aggregate"):
+            out.append(f"{DEVICE_FIELDS[name]}={_check_int(name, value)}")
+        elif name == "recovery_action":
+            out.append(f"recovery={_check_int(name, int(value) if isinstance(value, int) else value, _U32_MAX)}")
         elif name == "unsupported":
             if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
                 raise TypeError("unsupported must be an iterable of field names, e.g. ('retired_pages',)")
@@ -424,6 +431,8 @@ class Scenario(_Changes):
     ``app_clocks_mhz`` (mapping of ``"graphics"``/``"sm"``/``"mem"``/``"video"`` to MHz); ``clock_event_reasons``
     (bit mask); ``retired_pages`` (sequence of ``(cause, address, timestamp)``, cause ``"sbe"`` or ``"dbe"``);
     ``retired_pending`` (bool); ``remapped_rows`` (``(correctable, uncorrectable, pending, failure)``);
+    ``ecc_uncorrected_volatile``, ``ecc_uncorrected_aggregate`` (uncorrected ECC totals); ``recovery_action``
+    (``nvmlDeviceGpuRecoveryAction_t``: an int or a :class:`nvmlcheck.RecoveryAction`);
     ``unsupported`` (field names, see :data:`UNSUPPORTED_FIELDS`; the default of the stub is
     ``("retired_pages", "retired_pending")`` as on a real H200, so pass ``unsupported=()`` to see retired pages);
     ``lost`` (bool). Omitted fields keep the stub's defaults: an idle H200.

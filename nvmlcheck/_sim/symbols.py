@@ -51,6 +51,8 @@ NVML_FUNCTIONS: tuple[str, ...] = (
     "nvmlDeviceGetRetiredPages_v2",
     "nvmlDeviceGetRetiredPagesPendingStatus",
     "nvmlDeviceGetRemappedRows",
+    "nvmlDeviceGetTotalEccErrors",
+    "nvmlDeviceGetFieldValues",
     "nvmlDeviceGetMigMode",
     "nvmlDeviceGetMaxMigDeviceCount",
     "nvmlDeviceGetMigDeviceHandleByIndex",
@@ -87,6 +89,7 @@ STUB_VARIANTS: Mapping[str, tuple[str, ...]] = {
         "nvmlEventSetWait_v2",
         "nvmlEventSetFree",
     ),
+    "STUB_NO_FIELD_VALUES": ("nvmlDeviceGetFieldValues",),
     "STUB_NO_MIG": (
         "nvmlDeviceGetMigMode",
         "nvmlDeviceGetMaxMigDeviceCount",

@@ -22,14 +22,14 @@ from ..model import (
     DeviceState,
     Fields,
     GpuProcess,
-    MemoryHealth,
+    Health,
     MigDevice,
     ProcessKind,
     RetiredPage,
     attribute_processes,
     unknown_key,
 )
-from ._smi.queries import GpuRecord
+from ._smi.queries import ECC_COLUMNS, GpuRecord
 
 __all__ = ["ProcessLists", "build_device_state"]
 
@@ -135,7 +135,7 @@ def _check_process_memory(record: GpuRecord, lists: Iterable[tuple[GpuProcess, .
 
 def _health(
     record: GpuRecord, retired_pages: tuple[RetiredPage, ...] | str | None, unknown: dict[str, str]
-) -> MemoryHealth:
+) -> Health:
     pages: tuple[RetiredPage, ...] | None = None
     if record.retired_sbe is not None and record.retired_dbe is not None:
         if record.retired_sbe + record.retired_dbe == 0:
@@ -148,4 +148,16 @@ def _health(
         unknown.setdefault("health.remapped_rows", "remapped_rows.* were not asked for")
     if record.retired_pending is None:
         unknown.setdefault("health.retired_pages_pending", "retired_pages.pending was not asked for")
-    return MemoryHealth(pages, record.retired_pending, record.remapped_rows)
+    for attr, column in ECC_COLUMNS:
+        if getattr(record, attr) is None:
+            unknown.setdefault(f"health.{attr}", f"{column} was not asked for")
+    if record.recovery_action is None:
+        unknown.setdefault("health.recovery_action", "gpu_recovery_action was not asked for")
+    return Health(
+        pages,
+        record.retired_pending,
+        record.remapped_rows,
+        record.ecc_uncorrected_volatile,
+        record.ecc_uncorrected_aggregate,
+        record.recovery_action,
+    )

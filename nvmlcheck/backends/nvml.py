@@ -17,12 +17,12 @@ import contextlib
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from types import MappingProxyType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
+from .. import model
 from .._nvml import library
-from .._nvml.calls import EventCalls, Handle, NvmlCalls, handle_address
+from .._nvml.calls import HEALTH_SLOTS, EventCalls, Handle, NvmlCalls, handle_address
 from ..errors import (
     DeadlinePassed,
     NvmlCheckError,
@@ -34,15 +34,11 @@ from ..errors import (
     error_class_for_code,
 )
 from ..model import (
-    ClockEventReason,
-    Clocks,
-    ClockSet,
     DeviceFailure,
     DeviceState,
     Fields,
     GpuProcess,
     Memory,
-    MemoryHealth,
     MigDevice,
     ProcessKind,
     Snapshot,
@@ -55,6 +51,7 @@ from ..model import (
 if TYPE_CHECKING:
     from .._deadline import Deadline
     from ..events import EventListener
+    from ..model import ClockEventReason, Clocks, Health
 
 __all__ = ["DEFAULT_INIT_TIMEOUT_S", "MIN_INIT_TIMEOUT_S", "NvmlBackend", "init_timeout_for", "process_name"]
 
@@ -158,8 +155,9 @@ def _reason(exc: NvmlError) -> str:
     return why.format(function=exc.function) if why else f"unreadable: {exc}"
 
 
-@dataclass(frozen=True, slots=True)
-class _Identity:
+# Private values of this backend: plain classes rather than dataclasses, which cost a one-shot check ~0.5 ms each to
+# create at import (docs/performance.md, "One-shot checks").
+class _Identity(NamedTuple):
     handle: Handle
     uuid: str
     name: str | None
@@ -172,13 +170,19 @@ class _Identity:
     mig_mode: bool | None = False
 
 
-@dataclass(frozen=True, slots=True, eq=False)  # hashed by identity: one plan per Fields value (_PLANS)
 class _Plan:
-    memory: bool
-    processes: bool
-    clocks: bool
-    health: bool
-    not_requested: Mapping[str, str]
+    """What one Fields value reads; hashed by identity (one plan per Fields value: _PLANS)."""
+
+    __slots__ = ("clocks", "health", "memory", "not_requested", "processes")
+
+    def __init__(
+        self, memory: bool, processes: bool, clocks: bool, health: bool, not_requested: Mapping[str, str]
+    ) -> None:
+        self.memory = memory
+        self.processes = processes
+        self.clocks = clocks
+        self.health = health
+        self.not_requested = not_requested
 
 
 def _plan(fields: Fields) -> _Plan:
@@ -217,7 +221,7 @@ _CLOCK_SLOT_KEYS = (
     ),
     unknown_key("clocks", "event_reasons"),
 )
-_HEALTH_SLOT_KEYS = tuple(unknown_key("health", k) for k in ("retired_pages", "retired_pages_pending", "remapped_rows"))
+_HEALTH_SLOT_KEYS = tuple(unknown_key("health", k) for k in HEALTH_SLOTS)
 _REASON_FLAGS: dict[int, ClockEventReason] = {}
 
 
@@ -225,7 +229,7 @@ def _event_reasons(mask: int) -> ClockEventReason:
     # Building an IntFlag costs far more than a dict lookup; masks repeat, so keep each one built.
     flag = _REASON_FLAGS.get(mask)
     if flag is None:
-        flag = _REASON_FLAGS[mask] = ClockEventReason(mask)
+        flag = _REASON_FLAGS[mask] = model.ClockEventReason(mask)
     return flag
 
 
@@ -632,13 +636,14 @@ class NvmlBackend:
         for slot, symbol, code in unanswered:
             unknown[_CLOCK_SLOT_KEYS[slot]] = _code_reason(symbol, code)
         reasons = None if mask is None else _event_reasons(mask)
-        return Clocks(ClockSet(*values[0:4]), ClockSet(*values[4:8]), ClockSet(*values[8:12]), reasons)
+        clock_set = model.ClockSet
+        return model.Clocks(clock_set(*values[0:4]), clock_set(*values[4:8]), clock_set(*values[8:12]), reasons)
 
-    def _health(self, handle: Handle, index: int, unknown: dict[str, str]) -> MemoryHealth:
-        pages, pending, rows, unanswered = self._calls.health(handle, index)
+    def _health(self, handle: Handle, index: int, unknown: dict[str, str]) -> Health:
+        health, unanswered = self._calls.health(handle, index)
         for slot, symbol, code in unanswered:
             unknown[_HEALTH_SLOT_KEYS[slot]] = _code_reason(symbol, code)
-        return MemoryHealth(pages, pending, rows)
+        return health
 
 
 class _Attempts:

@@ -44,7 +44,7 @@ from ..errors import (
 from ..model import DeviceFailure, DeviceState, Fields, ProcessKind, RetiredPage, Snapshot, SystemInfo, unknown_key
 from . import SMI_RUN_TIMEOUT_S
 from ._smi.pids import parse_pids_query
-from ._smi.queries import GpuRecord, parse_compute_apps, parse_query_gpu, parse_retired_pages
+from ._smi.queries import ECC_COLUMNS, GpuRecord, parse_compute_apps, parse_query_gpu, parse_retired_pages
 from ._smi.small import cuda_version_number, parse_list_gpus, parse_version_output
 from ._smi.text import HandleFailure, has_handle_failure
 from ._smi_state import ProcessLists, build_device_state
@@ -308,6 +308,10 @@ _FIELD_GROUPS: Final[Mapping[Fields, tuple[str, ...]]] = MappingProxyType(
             "remapped_rows.uncorrectable",
             "remapped_rows.pending",
             "remapped_rows.failure",
+            # Issue 22; older drivers refuse them one by one (each is then unknown with the reason).
+            "ecc.errors.uncorrected.volatile.total",
+            "ecc.errors.uncorrected.aggregate.total",
+            "gpu_recovery_action",
         ),
     }
 )
@@ -315,7 +319,7 @@ _FIELD_GROUPS: Final[Mapping[Fields, tuple[str, ...]]] = MappingProxyType(
 _REQUIRED: Final = frozenset({"index", "uuid", "memory.total", "memory.used", "memory.free", "clocks.sm"})
 # Fields refused together: the model part needs all of them.
 _TOGETHER: Final = (
-    frozenset(_FIELD_GROUPS[Fields.HEALTH][3:]),
+    frozenset(_FIELD_GROUPS[Fields.HEALTH][3:7]),
     frozenset({"retired_pages.sbe", "retired_pages.dbe"}),
 )
 # A newer spelling to try when an older one is refused.
@@ -637,6 +641,9 @@ class SmiBackend:
                     out.append((key, self._refused[name]))
             if "retired_pages.pending" in self._refused:
                 out.append(("retired_pages_pending", self._refused["retired_pages.pending"]))
+            for key, name in (*ECC_COLUMNS, ("recovery_action", "gpu_recovery_action")):
+                if name in self._refused:
+                    out.append((key, self._refused[name]))
         return out
 
     def _parse_gpus(

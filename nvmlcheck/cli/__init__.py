@@ -29,10 +29,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def script() -> None:
-    """The ``nvmlcheck`` command's entry point: :func:`main`, then exit without the interpreter's teardown."""
+    """The ``nvmlcheck`` command's entry point: :func:`main`, then exit without the interpreter's teardown. A one-shot
+    command starts NVML first, in a thread, while the rest is imported (``_common.start_nvml_early``)."""
+    import sys
+
     from . import _common
 
     _common.FAST_EXIT = True
+    _common.start_nvml_early(sys.argv[1:])
     _common.verdict_printed(main())
 
 

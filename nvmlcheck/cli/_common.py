@@ -20,6 +20,9 @@ EXIT_USAGE = 2
 EXIT_BACKEND = 3
 #: A fatal GPU event (XID 79, 48, ...: docs/events.md) stopped a wait or kill: the GPU cannot become clean.
 EXIT_FAULT = 4
+#: ``ready``: a GPU needs an operator (unhealthy: a health cause, a fatal XID, a lost GPU; or stuck: memory that no
+#: signal frees): waiting cannot make it ready (docs/ready.md). ``ready`` exits 0 when ready and 1 when not yet.
+EXIT_UNHEALTHY = 5
 #: Ended by a signal: 128 + its number, as a shell reports it (SIGHUP 129, SIGINT 130, SIGTERM 143).
 EXIT_SIGNAL_BASE = 128
 
@@ -46,6 +49,56 @@ def verdict_printed(code: int) -> None:
     except (BrokenPipeError, ValueError):
         pass
     os._exit(code)
+
+
+#: The commands that read GPUs once and exit: worth starting NVML before the rest is imported (start_nvml_early).
+ONE_SHOT_COMMANDS = ("wait", "snapshot", "ready")
+_VALUED = ("--backend", "--smi-prefix", "--simulate", "--devices")
+_NOT_EARLY = ("-h", "--help", "--version", "--simulate", "--smi-prefix", "--host", "--hosts", "--hosts-file")
+
+
+def start_nvml_early(argv: list[str]) -> bool:
+    """For the ``nvmlcheck`` script: when ``argv`` is a one-shot command that will read this host's GPUs through
+    NVML (``wait``, ``snapshot``, ``ready``; backend ``auto`` or ``nvml``; no ``--simulate``, ``--smi-prefix`` or
+    hosts), start loading libnvidia-ml and ``nvmlInit`` in a thread now, and read the handles of the GPUs that
+    ``--devices`` names by index (all when it is absent), so the driver's start overlaps Python's imports
+    (docs/performance.md, "One-shot checks"). Judged on the words alone, without the parser: a command that turns out
+    not to need NVML only leaves an idle thread behind. Returns whether it started.
+    """
+    command: str | None = None
+    backend = "auto"
+    devices: list[int] | None = None
+    value_of: str | None = None
+    for arg in argv:
+        if value_of is not None:
+            backend, devices = _note(value_of, arg, backend, devices)
+            value_of = None
+            continue
+        name, eq, value = arg.partition("=")
+        if name in _NOT_EARLY or arg == "--":
+            return False
+        if name in _VALUED:
+            if eq:
+                backend, devices = _note(name, value, backend, devices)
+            else:
+                value_of = name
+        elif command is None and not arg.startswith("-"):
+            command = arg
+    if command not in ONE_SHOT_COMMANDS or backend not in ("auto", "nvml"):
+        return False
+    from .._nvml.library import start_early
+
+    start_early(None, devices)
+    return True
+
+
+def _note(name: str, value: str, backend: str, devices: list[int] | None) -> tuple[str, list[int] | None]:
+    if name == "--backend":
+        return value, devices
+    if name == "--devices":
+        # Indices only: a UUID or cuda:N needs the session's resolution first, so nothing is read ahead for it.
+        return backend, (devices or []) + [int(w) for w in value.split(",") if w.strip().isdigit()]
+    return backend, devices
 
 
 class UsageError(Exception):

@@ -1,5 +1,5 @@
-"""``--host``/``--hosts``/``--hosts-file`` on ``snapshot``, ``wait``, ``kill`` and ``holders``: the command runs on
-each host through ssh (:mod:`nvmlcheck.hosts`), and one verdict comes back.
+"""``--host``/``--hosts``/``--hosts-file`` on ``snapshot``, ``wait``, ``kill``, ``holders`` and ``ready``: the command
+runs on each host through ssh (:mod:`nvmlcheck.hosts`), and one verdict comes back.
 
 :func:`wanted` tells whether hosts were given; :func:`run_hosts` builds each host's remote command
 (:func:`remote_command`: the command's own options, passed on), runs it on every host and prints one line per host
@@ -53,11 +53,17 @@ def remote_command(args: argparse.Namespace) -> list[str]:
         words += ["--backend", args.backend]
     if args.devices:
         words += ["--devices", ",".join(map(str, args.devices))]
-    if args.command in ("wait", "kill"):
+    if args.command in ("wait", "kill", "ready"):
         words += ["--timeout", _seconds(args.timeout), "--max-used", str(args.max_used),
                   "--stable-polls", str(args.stable_polls)]
         if getattr(args, "events", False):
             words.append("--events")  # a fatal XID on a remote GPU ends its wait there (exit 4), as it does here
+    if args.command == "ready":
+        if args.need is not None:
+            need_bytes, need_fraction = args.need
+            words += ["--need", str(need_bytes) if need_fraction is None else repr(need_fraction)]
+        if args.no_events:
+            words.append("--no-events")
     if args.command == "wait":
         if args.pids:
             words += ["--pids", *map(str, args.pids)]
@@ -66,7 +72,12 @@ def remote_command(args: argparse.Namespace) -> list[str]:
     if args.command == "kill":
         words += ["--grace", "never" if args.grace is None else repr(float(args.grace)), "--signal", args.signal]
         words += [flag for flag, on in (("--tree", args.tree), ("--all-holders", args.all_holders),
-                                        ("--all-on-gpu", args.all_on_gpu), ("--yes", args.yes)) if on]
+                                        ("--all-on-gpu", args.all_on_gpu), ("--yes", args.yes),
+                                        ("--dry-run", args.dry_run), ("--missing-ok", args.missing_ok),
+                                        ("--only-targets", args.only_targets)) if on]
+        for flag, value in (("--match", args.match), ("--container", args.container), ("--cgroup", args.cgroup)):
+            if value is not None:
+                words += [flag, value]
         if args.pids:
             words += ["--", *map(str, args.pids)]
     return words
@@ -90,11 +101,13 @@ def _check(args: argparse.Namespace) -> None:
         raise UsageError("--smi-prefix cannot be combined with --host: the hosts are reached through ssh "
                          "(use --remote-prefix for a command to run behind on each host)")
     if args.command == "kill":
-        if not (args.pids or args.all_holders or args.all_on_gpu):
-            raise UsageError("name at least one PID (or --all-holders / --all-on-gpu)")
-        if (args.all_holders or args.all_on_gpu) and not args.yes:
-            raise UsageError("--all-holders/--all-on-gpu on hosts need --yes: nothing can be confirmed host by host; "
-                             "run `nvmlcheck holders --host ...` first to see what would be killed")
+        chooses = args.all_holders or args.all_on_gpu or args.match is not None or args.container is not None or \
+            args.cgroup is not None
+        if not (args.pids or chooses):
+            raise UsageError("name at least one PID (or --match, --container, --cgroup, --all-holders, --all-on-gpu)")
+        if chooses and not (args.yes or args.dry_run):
+            raise UsageError("--all-holders/--all-on-gpu/--match/--container/--cgroup on hosts need --yes: nothing "
+                             "can be confirmed host by host; run with --dry-run first to see what would be killed")
 
 
 def run_hosts(args: argparse.Namespace) -> int:
@@ -110,7 +123,7 @@ def run_hosts(args: argparse.Namespace) -> int:
     except ValueError as exc:  # an unbalanced quote in --remote-prefix or NVMLCHECK_SSH_OPTIONS
         raise UsageError(str(exc).replace("remote_prefix", "--remote-prefix")
                          .replace("remote_python", "--remote-python")) from None
-    timeout = args.timeout if args.command in ("wait", "kill") else 0.0
+    timeout = args.timeout if args.command in ("wait", "kill", "ready") else 0.0
     status = StatusLine(sys.stderr, not args.json)
     total = len(hosts)
 
@@ -134,6 +147,9 @@ def run_hosts(args: argparse.Namespace) -> int:
         _print(args, results)
     verdict_printed(code)
     return code
+
+
+_READY_WORDS = {"clean": "ready", "not-clean": "NOT READY", "unhealthy": "NEEDS AN OPERATOR", "failed": "FAILED"}
 
 
 def _gpu_lines(name: str, snap: dict[str, Any]) -> list[str]:
@@ -173,6 +189,45 @@ def _proc_lines(name: str, snap: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _ms(v: Any) -> str:
+    return "not seen" if v is None else f"+{v / 1e6:.1f} ms"
+
+
+def _kill_lines(name: str, r: HostResult, doc: dict[str, Any]) -> None:
+    """A remote kill: each target with its signals and phases, what was left alone, then the host's verdict."""
+    if doc.get("schema") == "nvmlcheck/kill-plan":
+        for t in doc.get("targets", []):
+            cmd = " ".join(t.get("cmdline") or []) or (t.get("name") or "?")
+            fate = f" -> SIGKILL at once: {t['discarded']}" if t.get("discarded") else ""
+            print(f"{name}  would signal pid {t.get('pid')} ({t.get('found_by')}): {cmd[:80]}{fate}")
+        for t in doc.get("left_alone", []):
+            print(f"{name}  left alone: pid {t.get('pid')}: {t.get('reason')}")
+        print(f"{name}  dry run: nothing was signalled")
+        return
+    for t in doc.get("pids", []):
+        sent = ", ".join(f"{s.get('signal')} {_ms(s.get('sent_ns'))}" for s in t.get("signals", [])) or "no signal"
+        first = [s.get("signal") for s in t.get("signals", [])][:1]
+        why = "" if not t.get("discarded") else (f" (SIGKILL at once: {t['discarded']})" if first == ["SIGKILL"]
+                                                 else f" (the kernel discards it: {t['discarded']})")
+        print(f"{name}  pid {t.get('pid')} ({t.get('name') or '?'}, {t.get('found_by')}): {sent}{why}, exited "
+              f"{_ms(t.get('exited_ns'))}, off the GPU process list {_ms(t.get('off_gpu_ns'))}")
+    for t in doc.get("left_alone", []):
+        print(f"{name}  left alone: pid {t.get('pid')} ({t.get('name') or '?'}): {t.get('reason')}")
+    for pid in doc.get("missing", []):
+        print(f"{name}  pid {pid}: gone already (--missing-ok)")
+    for line in doc.get("not_ours", []):
+        print(f"{name}  {line}")
+    if r.verdict == "clean":
+        if doc.get("pids"):
+            print(f"{name}  clean: every target exited and memory back {_ms(doc.get('clean_ns'))} (confirmed "
+                  f"{_ms(doc.get('confirmed_ns'))}, on the host)")
+        else:
+            print(f"{name}  clean: nothing to kill, GPUs clean {_ms(doc.get('clean_ns'))} (on the host)")
+    else:
+        culprits = "; ".join(doc.get("culprits") or []) or "no detail"
+        print(f"{name}  NOT CLEAN: {culprits}")
+
+
 def _print(args: argparse.Namespace, results: Sequence[HostResult]) -> None:
     from ._kill import _HOLDER_HEADER
 
@@ -197,11 +252,18 @@ def _print(args: argparse.Namespace, results: Sequence[HostResult]) -> None:
                 print(f"{name}  {h['pid']:>8}  {(h.get('user') or '?')[:10]:<10} {(h.get('state') or '?')[:8]:<8} "
                       f"{'+'.join(h.get('found_by', [])):<19} {gpus or '-':<24} {cmd[:80]}")
             continue
+        if args.command == "ready":
+            for gpu in doc.get("gpus") or []:
+                print(f"{name}  {gpu.get('line') or gpu.get('class')}")
+            print(f"{name}  {_READY_WORDS.get(r.verdict, r.verdict)}")
+            continue
         snap = doc if args.command == "snapshot" else (doc.get("snapshot") or {})
         lines = _proc_lines(name, snap) if getattr(args, "view", None) == "procs" else _gpu_lines(name, snap)
         for line in lines:
             print(line)
-        if args.command in ("wait", "kill"):
+        if args.command == "kill":
+            _kill_lines(name, r, doc)
+        elif args.command in ("wait", "kill"):
             if r.verdict == "clean":
                 print(f"{name}  clean ({plural(int(doc.get('polls', 0) or 0), 'poll')}, "
                       f"{(doc.get('elapsed_ns') or doc.get('confirmed_ns') or 0) / 1e6:.1f} ms on the host)")
@@ -212,11 +274,14 @@ def _print(args: argparse.Namespace, results: Sequence[HostResult]) -> None:
             print(f"{name}  FAILED: exit {r.exit_code}")
     clean = [str(r.host) for r in results if r.verdict == "clean"]
     dirty = [str(r.host) for r in results if r.verdict == "not-clean"]
+    sick = [str(r.host) for r in results if r.verdict == "unhealthy"]
     failed = [f"{r.host} ({r.error.kind if r.error else 'error'})" for r in results if r.verdict == "failed"]
-    word = "ok" if args.command in ("snapshot", "holders") else "clean"
+    word = "ok" if args.command in ("snapshot", "holders") else "ready" if args.command == "ready" else "clean"
     parts = [f"{len(clean)} {word}"]
     if dirty:
-        parts.append(f"{len(dirty)} not clean: {', '.join(dirty)}")
+        parts.append(f"{len(dirty)} not {word}: {', '.join(dirty)}")
+    if sick:
+        parts.append(f"{len(sick)} need an operator: {', '.join(sick)}")
     if failed:
         parts.append(f"{len(failed)} failed: {', '.join(failed)}")
     print(f"{plural(len(results), 'host')}: {'; '.join(parts)}")

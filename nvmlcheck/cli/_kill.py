@@ -1,9 +1,11 @@
 """``nvmlcheck kill`` and ``nvmlcheck holders``.
 
-Named PIDs are validated, pinned and signalled with the operating system alone (:func:`signal_first`, run before
-the simulation or NVML is loaded), so the driver starts tearing the process down while nvmlcheck opens NVML. When
-the targets depend on what the GPUs show (``--all-holders``, ``--all-on-gpu``) or a device selection must be checked
-first (``--devices``), NVML is opened first and nothing is signalled until every input has been checked.
+Targets named without the GPUs (PIDs, ``--match``, ``--container``/``--cgroup``, with ``--tree`` and ``--devices``)
+are selected, validated, pinned and signalled with the operating system alone (:func:`signal_first`, run before the
+simulation or NVML is loaded), so the driver starts tearing the process down while nvmlcheck opens NVML; a device
+selection's syntax is checked before the signal and its existence right after. When the targets depend on what the
+GPUs show (``--all-holders``, ``--all-on-gpu``), or the judgement needs the GPUs as they were before the signal
+(``--only-targets``), NVML is opened first and nothing is signalled until every input has been checked.
 """
 
 from __future__ import annotations
@@ -35,30 +37,176 @@ if TYPE_CHECKING:
     from ..wait import WaitOptions
 
 
+def _selectors(args: argparse.Namespace) -> bool:
+    """Whether targets are chosen by a selector (``--match``, ``--container``, ``--cgroup``)."""
+    return bool(args.match is not None or args.container is not None or args.cgroup is not None)
+
+
+def _plain_device(item: int | str) -> bool:
+    """A device selector whose syntax alone is checked before the signal: an index, ``cuda:N``/``cuda:all``, or a
+    ``GPU-``/``MIG-`` UUID (prefix). Anything else is resolved with NVML before anything is signalled."""
+    if isinstance(item, int):
+        return True
+    return item[:5].lower() == "cuda:" or item[:4].upper() in ("GPU-", "MIG-")
+
+
 def _early(args: argparse.Namespace) -> bool:
-    """Whether the first signal can go out before NVML: named PIDs only, every input already checked by argparse."""
+    """Whether the first signal can go out before NVML: targets named without the GPUs, every input's syntax
+    checked (argparse, :func:`_select`); the devices' existence is checked right after the signal."""
     if hosts_wanted(args):
         return False  # the PIDs are on the hosts: nothing is signalled here
-    return bool(args.pids) and not (args.all_holders or args.all_on_gpu or args.devices or args.simulate)
+    if args.all_holders or args.all_on_gpu or args.simulate or args.only_targets:
+        return False
+    return (bool(args.pids) or _selectors(args)) and all(_plain_device(d) for d in args.devices or ())
 
 
-def signal_first(args: argparse.Namespace) -> None:
-    """Pin and signal the named PIDs before anything of the GPU side is loaded (kept in ``args.signalled``)."""
-    args.signalled = None
-    if not _early(args):
-        return
+def _select(args: argparse.Namespace) -> tuple[list[tuple[int, int, str]], list[tuple[int, str]]]:
+    """The processes ``--match``/``--container``/``--cgroup`` choose, and those left alone with why; a selector's
+    bad syntax is a usage error, with nothing signalled."""
+    from .._proc import selectors
+
+    chosen: list[tuple[int, int, str]] = []
+    skipped: list[tuple[int, str]] = []
+    try:
+        parts = []
+        if args.match is not None:
+            parts.append(selectors.by_match(selectors.check_pattern(args.match)))
+        if args.container is not None:
+            parts.append(selectors.by_container(selectors.check_container(args.container)))
+        if args.cgroup is not None:
+            parts.append(selectors.by_container(selectors.check_container(args.cgroup, path_only=True)))
+    except ValueError as exc:
+        raise UsageError(f"{exc}; nothing was signalled") from None
+    for got, left in parts:
+        chosen += [c for c in got if all(c[0] != k[0] for k in chosen)]
+        skipped += [s for s in left if s not in skipped]
+    return chosen, skipped
+
+
+def _nothing_selected(args: argparse.Namespace, skipped: list[tuple[int, str]]) -> str:
+    what = " and ".join(f"{flag} {value!r}" for flag, value in (("--match", args.match), ("--container",
+                        args.container), ("--cgroup", args.cgroup)) if value is not None)
+    alone = "; ".join(f"pid {pid}: {why}" for pid, why in skipped)
+    return f"{what} selected no process" + (f" (left alone: {alone})" if alone else "")
+
+
+def prepare_targets(args: argparse.Namespace, holders: Any = ()) -> TargetSet | None:
+    """Select (selectors), validate and pin every target, show the plan, confirm, and with ``--dry-run`` stop:
+    everything before the first signal, OS only. ``None``: nothing to signal (``--missing-ok``, or the holders
+    found none and nothing else was named)."""
     import signal
 
     from .._proc.targets import Refused, prepare
 
+    chosen, skipped = _select(args) if _selectors(args) else ([], [])
+    holders = list(holders)
+    if _selectors(args) and not chosen and not args.pids and not holders and not (args.all_holders or
+                                                                                  args.all_on_gpu):
+        if not args.missing_ok:
+            raise UsageError(_nothing_selected(args, skipped) + "; nothing was signalled (--missing-ok: not an "
+                             "error)")
+        print(f"nvmlcheck: {_nothing_selected(args, skipped)}", file=sys.stderr)
+    if not chosen and not args.pids and not holders:
+        return None
     try:
-        found = prepare(args.pids, tree=args.tree)
+        found = prepare(args.pids, tree=args.tree, holders=holders, missing_ok=args.missing_ok, found=chosen)
     except Refused as exc:
-        from ..kill import KillError
+        from ..kill import _public
 
-        raise KillError(exc.pid, exc.reason) from None  # type: ignore[arg-type]
-    found.send_first(signal.Signals[args.signal])
+        raise _public(exc) from None
+    found.left_alone[:0] = skipped
+    sig = signal.Signals[args.signal]
+    try:
+        if _selectors(args) or args.dry_run:
+            if args.tree:
+                found.scan_descendants()  # shown as they will be signalled (send_first scans again for late ones)
+            if not args.json or args.dry_run:
+                _show_plan(found, sig, args)
+        if args.dry_run:
+            _print_dry_run(found, sig, args)
+            verdict_printed(EXIT_CLEAN)
+            raise DryRun
+        if chosen:
+            _confirm(len(chosen), args.yes)
+    except BaseException:
+        found.close()
+        raise
+    return found
+
+
+class DryRun(Exception):
+    """``--dry-run``: the plan is printed and nothing was signalled (exit 0)."""
+
+
+def signal_first(args: argparse.Namespace) -> None:
+    """Select, pin and signal the targets before anything of the GPU side is loaded (kept in ``args.signalled``)."""
+    args.signalled = None
+    args.dry_run_done = False
+    if not _early(args):
+        return
+    import signal
+
+    try:
+        found = prepare_targets(args)
+    except DryRun:
+        args.dry_run_done = True
+        return
+    if found is None:
+        return
+    found.send_first(signal.Signals[args.signal], sigkill_if_discarded=args.grace is not None)
     args.signalled = found
+
+
+# --- the plan --------------------------------------------------------------------------------------------------------
+
+
+def _plan_entries(found: TargetSet, sig: int) -> list[dict[str, Any]]:
+    """One entry per target as it will be signalled: pid, name, how found, command line, container, and the first
+    signal's fate (why SIGKILL goes at once, else ``None``)."""
+    from .._proc import container, fate, procfs
+
+    out = []
+    for t in found.items:
+        argv = procfs.cmdline(t.pid)
+        where = container.container_of(t.pid)
+        out.append({
+            "pid": t.pid, "name": t.pinned.comm, "found_by": t.found_by, "parent": t.parent,
+            "cmdline": list(argv) if argv else None,
+            "container": None if where is None else {"kind": where.kind, "id": where.id, "label": where.label(),
+                                                     "cgroup": where.cgroup},
+            "discarded": fate.fate_of(t.pid, sig),
+        })
+    return out
+
+
+def _show_plan(found: TargetSet, sig: Any, args: argparse.Namespace) -> None:
+    grace = "never" if args.grace is None else f"{args.grace:g} s"
+    print(f"plan: {sig.name} to {len(found.items)} process{'es' if len(found.items) != 1 else ''} "
+          f"(SIGKILL after {grace} to what is left):", file=sys.stderr)
+    for e in _plan_entries(found, sig):
+        cmd = " ".join(" ".join(e["cmdline"]).split()) if e["cmdline"] else e["name"]  # one line: no newlines
+        origin = e["found_by"] + (f" of {e['parent']}" if e["parent"] else "")
+        c = e["container"]
+        where = f" [{c['label']}]" if c and (c["kind"] != "cgroup" or args.container or args.cgroup) else ""
+        fate = ""
+        if e["discarded"]:
+            fate = (f" -> SIGKILL at once: {e['discarded']}" if args.grace is not None else
+                    f" -> it will not exit: {e['discarded']} (--grace never: no SIGKILL)")
+        print(f"  pid {e['pid']} ({origin}){where}: {cmd[:100]}{fate}", file=sys.stderr)
+    for pid, why in found.left_alone:
+        print(f"  left alone: pid {pid}: {why}", file=sys.stderr)
+    for pid in found.missing:
+        print(f"  missing: pid {pid} is gone already (--missing-ok)", file=sys.stderr)
+
+
+def _print_dry_run(found: TargetSet, sig: Any, args: argparse.Namespace) -> None:
+    if args.json:
+        from ..jsonout import kill_plan_document
+
+        print_json(kill_plan_document(_plan_entries(found, sig), signal_name=sig.name, tree=args.tree,
+                                      grace_s=args.grace, left_alone=found.left_alone, missing=found.missing))
+    else:
+        print("dry run: nothing was signalled")
 
 
 # --- choosing targets with NVML --------------------------------------------------------------------------------------
@@ -108,7 +256,7 @@ def _plan_with_nvml(args: argparse.Namespace, gpus: Session) -> tuple[KillPlan |
 
     from ..errors import BackendUnavailable
     from ..holders import select_kill_holders
-    from ..kill import prepare_kill
+    from ..kill import KillPlan
 
     indices = gpus.resolve(args.devices)
     if indices is None and gpus.device_count() == 0:
@@ -124,10 +272,19 @@ def _plan_with_nvml(args: argparse.Namespace, gpus: Session) -> tuple[KillPlan |
         elif not args.pids:
             print("nothing to kill on the selected GPUs", file=sys.stderr)
     holders = selection.targets if selection is not None else ()
-    if not args.pids and not holders:
+    found = prepare_targets(args, holders)
+    if found is None:
         return None, selection
-    plan = prepare_kill(args.pids, tree=args.tree, holders=holders)
-    plan.send_first(signal.Signals[args.signal])
+    plan = KillPlan(found)
+    if args.only_targets:
+        from ..model import Fields
+
+        try:
+            args.baseline = gpus.snapshot(args.devices, fields=Fields.WAIT)  # what the targets hold at the signal
+        except BaseException:
+            plan.close()
+            raise
+    plan.send_first(signal.Signals[args.signal], sigkill_if_discarded=args.grace is not None)
     return plan, selection
 
 
@@ -143,26 +300,41 @@ def cmd_kill(args: argparse.Namespace) -> int:
         from ._hosts import run_hosts
 
         return run_hosts(args)
-    if not (args.pids or args.all_holders or args.all_on_gpu):
-        raise UsageError("name at least one PID (or --all-holders / --all-on-gpu)")
+    if getattr(args, "dry_run_done", False):
+        return EXIT_CLEAN  # the plan is printed; nothing was signalled
+    if not (args.pids or args.all_holders or args.all_on_gpu or _selectors(args)):
+        raise UsageError("name at least one PID (or --match, --container, --cgroup, --all-holders, --all-on-gpu)")
     signalled: TargetSet | None = getattr(args, "signalled", None)
     plan = KillPlan(signalled) if signalled is not None else None
+    args.baseline = None
     status = StatusLine(sys.stderr, not args.json)
     predicate = wait_predicate(args)
     try:
-        with open_session(args) as gpus:
+        with _open_after_signal(args, plan) as gpus:
+            if plan is not None:
+                _check_gpus_after_signal(args, gpus, plan)
             start_events(args, gpus)
             selection = None
             if plan is None:
-                plan, selection = _plan_with_nvml(args, gpus)
+                try:
+                    plan, selection = _plan_with_nvml(args, gpus)
+                except DryRun:
+                    return EXIT_CLEAN
+            shown = predicate
+            if args.only_targets and plan is not None:
+                from ..released import targets_released
+
+                found = plan._set  # the status line judges as the wait does (descendants join as found)
+                shown = targets_released(lambda: [t.pid for t in found.items], args.baseline)
             # The same wait whether there is something to signal or not.
             options = WaitOptions(timeout=args.timeout, stable_polls=args.stable_polls,
-                                  on_poll=status_updater(status, predicate, time.monotonic()))
+                                  on_poll=status_updater(status, shown, time.monotonic()))
             if plan is None:  # --all-*: nothing to kill; the verdict is a plain wait's, in a kill document
                 return _wait_only(args, gpus, predicate, selection, status, options=options)
             try:
-                result = plan.wait(gpus, grace_s=args.grace, devices=args.devices, predicate=predicate,
-                                   options=options)
+                result = plan.wait(gpus, grace_s=args.grace, devices=args.devices,
+                                   predicate=None if args.only_targets else predicate, options=options,
+                                   only_targets=args.baseline)
             except KillTimeout as exc:
                 status.clear()
                 _print_timeout(args, exc, plan, selection)
@@ -176,6 +348,64 @@ def cmd_kill(args: argparse.Namespace) -> int:
         if plan is not None:
             plan.close()
     return EXIT_CLEAN
+
+
+def _open_after_signal(args: argparse.Namespace, plan: KillPlan | None) -> Session:
+    """:func:`open_session`; when the targets were signalled already and no backend opens, finish the kill without
+    the GPUs (as :func:`_check_gpus_after_signal`) and raise the error saying so."""
+    from ..errors import BackendUnavailable
+
+    try:
+        return open_session(args)
+    except BackendUnavailable as exc:
+        if plan is None:
+            raise
+        raise BackendUnavailable(exc.message + _after_signal_note(plan, args), list(exc.attempts)) from None
+
+
+def _after_signal_note(plan: KillPlan, args: argparse.Namespace) -> str:
+    left = _finish_without_gpus(plan, args)
+    who = ", ".join(f"pid {t.pid}" for t in plan.targets) or "no process"
+    fate = "every target exited" if not left else f"still running: {', '.join(map(str, left))}"
+    return f" (the targets were signalled before the GPUs were read: {who}; {fate}; the GPUs were not judged)"
+
+
+def _check_gpus_after_signal(args: argparse.Namespace, gpus: Session, plan: KillPlan) -> None:
+    """The targets were signalled before NVML: now check that the GPUs can be judged (the devices exist, the backend
+    sees a GPU). If not, still finish the kill (exit, SIGKILL after --grace, bounded by --timeout) and then report
+    the error, saying what was signalled: the signal is out, so leaving the targets half-killed helps nobody."""
+    from ..errors import BackendUnavailable
+
+    try:
+        indices = gpus.resolve(args.devices)
+        if indices is None and gpus.device_count() == 0:
+            raise BackendUnavailable(f"the {gpus.backend_name} backend sees no GPU: nothing can prove the GPUs clean",
+                                     [f"{gpus.backend_name}: device count 0"])
+    except (ValueError, BackendUnavailable) as exc:
+        note = _after_signal_note(plan, args)
+        if isinstance(exc, BackendUnavailable):
+            raise BackendUnavailable(exc.message + note, list(exc.attempts)) from None
+        raise UsageError(f"{exc}{note}") from None
+
+
+def _finish_without_gpus(plan: KillPlan, args: argparse.Namespace) -> list[int]:
+    """Wait for the targets to exit, SIGKILL at --grace, until --timeout; the PIDs still running."""
+    import math
+
+    found = plan._set
+    assert found.started is not None
+    grace_ns = None if args.grace is None or math.isinf(args.grace) else int(args.grace * 1e9)
+    end = None if args.timeout is None else found.started + int(args.timeout * 1e9)
+    while not found.all_exited():
+        now = found.clock()
+        if end is not None and now >= end:
+            break
+        if grace_ns is not None and now - found.started >= grace_ns and not found.escalated:
+            found.escalate()
+        if found.tree:
+            found.scan_descendants()
+        time.sleep(0.005)
+    return [t.pid for t in found.alive()]
 
 
 def _wait_only(args: argparse.Namespace, gpus: Session, predicate: Any, selection: KillSelection | None,
@@ -218,10 +448,28 @@ def _print_result(args: argparse.Namespace, result: KillResult, plan: KillPlan,
     for t in result.pids:
         sent = ", ".join(f"{s.name} {ms(s.sent_ns)}" for s in t.signals) or "no signal (had exited)"
         origin = "" if t.found_by == "named" else f", {t.found_by}" + (f" of {t.parent}" if t.parent else "")
-        print(f"pid {t.pid} ({t.name}{origin}): {sent}, exited {ms(t.exited_ns)}, "
+        why = f" ({_fate_words(t.discarded, [s.name for s in t.signals])})" if t.discarded else ""
+        print(f"pid {t.pid} ({t.name}{origin}): {sent}{why}, exited {ms(t.exited_ns)}, "
               f"off the GPU process list {ms(t.off_gpu_ns)}")
-    print(f"clean: every target exited and memory back {ms(result.clean_ns)} (confirmed {ms(result.confirmed_ns)}, "
+    _print_aside(plan)
+    for line in result.not_ours:
+        print(f"  {line}")
+    what = "the memory they held back" if result.only_targets else "memory back"
+    print(f"clean: every target exited and {what} {ms(result.clean_ns)} (confirmed {ms(result.confirmed_ns)}, "
           f"resolution {result.resolution_ns / 1e6:.2f} ms)")
+
+
+def _fate_words(discarded: str, signals: list[str]) -> str:
+    """Why the first signal was replaced by SIGKILL, or (``--grace never``) why it did nothing."""
+    if signals[:1] == ["SIGKILL"]:
+        return f"SIGKILL at once: {discarded}"
+    return f"the kernel discards it: {discarded}"
+
+
+def _print_aside(plan: KillPlan, file: Any = None) -> None:
+    """The named PIDs gone already (``--missing-ok``)."""
+    for pid in plan.missing:
+        print(f"pid {pid}: gone already, nothing to signal (--missing-ok)", file=file or sys.stdout)
 
 
 def _print_timeout(args: argparse.Namespace, exc: KillTimeout, plan: KillPlan,
@@ -231,6 +479,10 @@ def _print_timeout(args: argparse.Namespace, exc: KillTimeout, plan: KillPlan,
 
         print_json(kill_timeout_document(exc, plan, selection))
         return
+    for t in exc.pids:
+        if t.discarded:
+            print(f"pid {t.pid} ({t.name}): {_fate_words(t.discarded, [s.name for s in t.signals])}", file=sys.stderr)
+    _print_aside(plan, sys.stderr)
     print(str(exc), file=sys.stderr)
     if exc.tree_hint:
         print("hint: add --tree to kill the targets' descendants too", file=sys.stderr)

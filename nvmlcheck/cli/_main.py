@@ -40,6 +40,7 @@ COMMANDS = {
     "study": "_study:cmd_study_reclaim",
     "watch": "_watch:cmd_watch",
     "slurm": "_slurm:cmd_slurm",
+    "ready": "_ready:cmd_ready",
 }
 
 

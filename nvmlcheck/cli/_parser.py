@@ -216,6 +216,27 @@ def device_list(text: str) -> list[int | str]:
     return items
 
 
+def need_amount(text: str) -> tuple[int | None, float | None]:
+    """``ready --need``: ``(bytes, None)`` for a size (``80GiB``, ``4096``), ``(None, fraction)`` for a fraction of
+    each GPU's total (``0.9``, ``90%``; in (0, 1]), as vLLM's ``gpu_memory_utilization``."""
+    from .._units import parse_size
+
+    raw = text.strip()
+    try:
+        if raw.endswith("%"):
+            fraction = float(raw[:-1]) / 100
+        elif raw.replace(".", "", 1).isdigit() and "." in raw:
+            fraction = float(raw)
+        else:
+            return (0 if raw in ("0", "0B") else parse_size(raw)), None
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{exc} (or a fraction of the total: 0.9, 90%)") from None
+    if not 0.0 < fraction <= 1.0:
+        raise argparse.ArgumentTypeError(f"a fraction of the total is in (0, 1] (0.9, 90%), got {text!r}; for bytes "
+                                         "give a unit (1.5GiB)")
+    return None, fraction
+
+
 def size_list(text: str) -> list[int]:
     """``1GiB,16GiB``."""
     from .._units import parse_size
@@ -322,7 +343,8 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
     parser = _Parser(
         prog="nvmlcheck", state=state, root=True, description="Tell precisely and fast whether NVIDIA GPUs are clean.",
         epilog="exit codes: 0 clean/ok, 1 not clean at timeout, 2 usage, 3 backend unavailable or failed, "
-               "4 a fatal GPU event (XID) stopped the wait, 129/130/143 ended by SIGHUP/SIGINT/SIGTERM",
+               "4 a fatal GPU event (XID) stopped the wait, 5 ready: a GPU needs an operator (unhealthy or stuck), "
+               "129/130/143 ended by SIGHUP/SIGINT/SIGTERM",
     )
     parser.add_argument("--version", action="version", version=f"nvmlcheck {__version__}")
     global_options(parser, top=True)
@@ -386,8 +408,26 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
                           help="also kill every process on the selected GPUs' NVML process lists that has an NVIDIA "
                                "device file open here")
         kill.add_argument("--yes", action="store_true",
-                          help="do not ask for confirmation with --all-holders/--all-on-gpu (needed without a "
-                               "terminal)")
+                          help="do not ask for confirmation with --all-holders/--all-on-gpu/--match/--container "
+                               "(needed without a terminal)")
+        once(kill, "--match", metavar="REGEX",
+             help="also kill every process whose full command line matches REGEX (pkill -f; never this process, "
+                  "its ancestors or PID 1); with --tree and --devices as for PIDs")
+        once(kill, "--container", metavar="ID",
+             help="also kill every process of one container: a docker/containerd/podman/cri-o ID (or its first 12+ "
+                  "hex digits), lxc/NAME, a pod UID, slurm/JOBID, a systemd unit, pidns:INODE, or a cgroup path")
+        once(kill, "--cgroup", metavar="PATH",
+             help="also kill every process of one cgroup and the cgroups below it (/docker/ID as /proc/PID/cgroup "
+                  "prints it, or a directory under /sys/fs/cgroup)")
+        kill.add_argument("--dry-run", action="store_true",
+                          help="print the plan (targets, how each was found, its container, whether SIGKILL goes at "
+                               "once) and signal nothing")
+        kill.add_argument("--missing-ok", action="store_true",
+                          help="a named PID already gone (or a selector that selects nothing) is not an error")
+        kill.add_argument("--only-targets", action="store_true",
+                          help="judge only what the targets held (a shared GPU): clean when they exited and the "
+                               "memory they held at the signal is back; other tenants are named 'not ours' (opens "
+                               "NVML before the signal, to see what they held)")
         host_options(kill)
 
     if wanted("select"):
@@ -417,6 +457,32 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
         once(select, "--lock-pid", type=pid_number, default=None, metavar="PID",
              help="keep the locks until this process exits (default: the process that ran nvmlcheck, e.g. the "
                   "launch script's shell; implies --lock)")
+
+    if wanted("ready"):
+        ready = sub_parser(
+            sub, "ready", help="is each GPU ready for the next job: clean, healthy, enough free memory (exit 0)?",
+            description="One verdict per GPU: ready, or why not: reclaiming (its holders exited; with an ETA), held "
+                        "(a live holder: pid, name, container, bytes), stuck (memory no signal frees), unhealthy (row "
+                        "remap or page retirement pending, uncorrectable ECC, the driver's recovery action, a fatal "
+                        "XID: each with the operator's action), short (clean, free < --need), unknown (a query "
+                        "failed). --timeout 0 (default) judges once; a longer one polls until ready, listening for "
+                        "XIDs. docs/ready.md has the decision table.",
+            epilog="exit codes: 0 ready, 1 not ready (yet) at the timeout, 5 a GPU needs an operator (unhealthy or "
+                   "stuck: waiting cannot help), 2 usage, 3 backend unavailable or failed",
+        )
+        global_options(ready, top=False)
+        once(ready, "--need", type=need_amount, default=None, metavar="BYTES|FRACTION",
+             help="memory the next job allocates per GPU: a size (80GiB) or a fraction of each GPU's total (0.9, "
+                  "90%%, like vLLM's gpu_memory_utilization); free = total - reserved - used must reach it")
+        once(ready, "--timeout", type=seconds_or_none, default=0.0, metavar="S",
+             help="seconds to wait until ready (default 0: judge once; 'none': forever)")
+        once(ready, "--max-used", type=byte_size, default=16 * MIB, metavar="BYTES",
+             help="clean means at most this much used per GPU (default 16MiB)")
+        once(ready, "--stable-polls", type=positive_int, default=2, metavar="N",
+             help="consecutive ready polls required when waiting (default 2)")
+        ready.add_argument("--no-events", action="store_true",
+                           help="do not listen for XIDs while waiting (a fatal one makes the GPU unhealthy, exit 5)")
+        host_options(ready)
 
     if wanted("holders"):
         holders = sub_parser(sub, "holders", help="every process that holds a GPU: NVML lists joined with open "

@@ -1,11 +1,12 @@
 """Every JSON document nvmlcheck prints: model objects to plain dicts, under a versioned schema.
 
 Every document has ``"schema"`` (``"nvmlcheck/snapshot"``, ``"nvmlcheck/wait"``, ``"nvmlcheck/kill"``,
-``"nvmlcheck/holders"``, ``"nvmlcheck/select"``, ``"nvmlcheck/hosts"``, ``"nvmlcheck/error"``, ``"nvmlcheck/demo"``,
-``"nvmlcheck/study-reclaim"``, ``"nvmlcheck/study-compare"``) and ``"version"`` (:data:`SCHEMA_VERSION`). Within a
-version, fields are only ever added; a removal or change of meaning bumps the version. Bytes are integers in bytes,
-times integers in ns, and unknown values are ``null`` with the reason under the device's ``"unknown"``. docs/cli.md
-documents each field. ``_values`` turns model values into dicts; ``_commands`` builds each command's document.
+``"nvmlcheck/holders"``, ``"nvmlcheck/select"``, ``"nvmlcheck/ready"``, ``"nvmlcheck/hosts"``, ``"nvmlcheck/error"``,
+``"nvmlcheck/demo"``, ``"nvmlcheck/study-reclaim"``, ``"nvmlcheck/study-compare"``, ``"nvmlcheck/kill-plan"``) and
+``"version"`` (:data:`SCHEMA_VERSION`, or the document's own in ``SCHEMA_VERSIONS``). Within a version, fields are
+only ever added; a removal or change of meaning bumps the version. Bytes are integers in bytes, times integers in
+ns, and unknown values are ``null`` with the reason under the device's ``"unknown"``. docs/cli.md documents each
+field. ``_values`` turns model values into dicts; ``_commands`` builds each command's document.
 """
 
 # One module per kind of content: model values (and the header), and the commands' documents built from them.
@@ -16,10 +17,12 @@ from ._commands import (
     holders_document,
     hosts_document,
     kill_document,
+    kill_plan_document,
     kill_timeout_document,
     left_alone_json,
     nothing_to_kill_document,
     nothing_to_kill_timeout_document,
+    ready_document,
     select_document,
     select_timeout_document,
     slurm_document,
@@ -43,10 +46,12 @@ __all__ = [
     "holders_document",
     "hosts_document",
     "kill_document",
+    "kill_plan_document",
     "kill_timeout_document",
     "left_alone_json",
     "nothing_to_kill_document",
     "nothing_to_kill_timeout_document",
+    "ready_document",
     "select_document",
     "select_timeout_document",
     "slurm_document",

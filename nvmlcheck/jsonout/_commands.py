@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from ..selection import Selection, SelectTimeout
     from ..slurm import GateResult, NodeState, ScontrolRun
     from ..study import StudyResult, SummaryRow
+    from ..verdict import Culprit, ReadyReport
     from ..wait import WaitResult
 
 
@@ -43,6 +44,7 @@ def wait_document(result: WaitResult) -> dict[str, Any]:
         poll_cost_ns=result.poll_cost_ns,
         interval_ns=result.interval_ns,
         culprits=[],
+        holders=[],
         snapshot=snapshot_json(result.snapshot),
     )
 
@@ -57,27 +59,73 @@ def wait_timeout_document(exc: WaitTimeout, kind: str = "wait", **extra: Any) ->
         timeout_s=exc.timeout_s,
         polls=exc.polls,
         culprits=list(exc.culprits),
+        holders=holders_json(exc.holders),
         snapshot=None if exc.snapshot is None else snapshot_json(exc.snapshot),
         **extra,
     )
 
 
-def left_alone_json(selection: KillSelection | None) -> list[dict[str, Any]]:
-    """The holders ``--all-holders``/``--all-on-gpu`` did not signal, with why (a kill's ``left_alone``)."""
-    return [] if selection is None else [{"pid": h.pid, "name": h.name, "reason": why} for h, why in selection.skipped]
+def holders_json(culprits: Sequence[Culprit]) -> list[dict[str, Any]]:
+    """Structured culprits (:class:`~nvmlcheck.verdict.Culprit`) as the ``holders`` list of a document."""
+    return [c.to_json() for c in culprits]
+
+
+def ready_document(report: ReadyReport, *, exit_code: int, need_bytes: int | None = None,
+                   need_fraction: float | None = None) -> dict[str, Any]:
+    """The ``nvmlcheck/ready`` document (version 1): one verdict per GPU, its culprits as lines and as data."""
+    return document(
+        "ready",
+        ready=report.ready,
+        needs_operator=report.needs_operator,
+        exit_code=exit_code,
+        elapsed_ns=report.elapsed_ns,
+        polls=report.polls,
+        timeout_s=report.timeout_s,
+        need_bytes=need_bytes,
+        need_fraction=need_fraction,
+        gpus=[v.to_json() for v in report.verdicts],
+        culprits=list(report.culprits),
+        holders=holders_json(report.holders),
+        notes=list(report.notes),
+        snapshot=None if report.snapshot is None else snapshot_json(report.snapshot),
+    )
+
+
+def left_alone_json(selection: KillSelection | None, plan: KillPlan | None = None) -> list[dict[str, Any]]:
+    """The holders ``--all-holders``/``--all-on-gpu`` did not signal, and the processes ``--match``/``--container``
+    chose but left alone (``plan``), with why (a kill's ``left_alone``)."""
+    out = [] if selection is None else [{"pid": h.pid, "name": h.name, "reason": why} for h, why in selection.skipped]
+    if plan is not None:
+        from .._proc import procfs
+
+        for pid, why in plan.left_alone:
+            st = procfs.read_stat(pid)
+            out.append({"pid": pid, "name": None if st is None else st.comm, "reason": why})
+    return out
 
 
 def kill_document(result: KillResult, plan: KillPlan, selection: KillSelection | None) -> dict[str, Any]:
     """The ``nvmlcheck/kill`` document of a kill that ended clean (``selection``: what ``--all-*`` chose)."""
-    return document("kill", **result.to_json(), left_alone=left_alone_json(selection), vanished=list(plan.vanished),
-                    snapshot=snapshot_json(result.snapshot))
+    return document("kill", **result.to_json(), left_alone=left_alone_json(selection, plan),
+                    vanished=list(plan.vanished), holders=[], snapshot=snapshot_json(result.snapshot))
 
 
 def kill_timeout_document(exc: KillTimeout, plan: KillPlan, selection: KillSelection | None) -> dict[str, Any]:
     """The ``nvmlcheck/kill`` document of a kill that timed out."""
-    fields = {**exc.to_json(), "left_alone": left_alone_json(selection), "vanished": list(plan.vanished)}
+    fields = {**exc.to_json(), "left_alone": left_alone_json(selection, plan), "vanished": list(plan.vanished)}
     fields.pop("clean", None)  # the wait's part says it, first
     return wait_timeout_document(exc, "kill", **fields)
+
+
+def kill_plan_document(
+    targets: Sequence[dict[str, Any]], *, signal_name: str, tree: bool, grace_s: float | None,
+    left_alone: Sequence[tuple[int, str]], missing: Sequence[int],
+) -> dict[str, Any]:
+    """The ``nvmlcheck/kill-plan`` document of ``kill --dry-run``: what would be signalled, nothing was. Each target:
+    ``pid``, ``name``, ``found_by``, ``parent``, ``cmdline``, ``container`` (``{kind, id, label, cgroup}`` or
+    ``null``), ``discarded`` (why SIGKILL would go at once)."""
+    return document("kill-plan", signal=signal_name, tree=tree, grace_s=grace_s, targets=list(targets),
+                    left_alone=[{"pid": pid, "reason": why} for pid, why in left_alone], missing=list(missing))
 
 
 def _nothing_to_kill(signal_name: str, tree: bool, selection: KillSelection | None) -> dict[str, Any]:
@@ -90,7 +138,8 @@ def nothing_to_kill_document(
     """The ``nvmlcheck/kill`` document of ``--all-*`` with nothing to signal, whose plain wait ended clean."""
     return document("kill", clean=True, **_nothing_to_kill(signal_name, tree, selection),
                     clean_ns=result.first_clean_ns, confirmed_ns=result.elapsed_ns,
-                    resolution_ns=max(result.interval_ns, result.poll_cost_ns), snapshot=snapshot_json(result.snapshot))
+                    resolution_ns=max(result.interval_ns, result.poll_cost_ns), holders=[],
+                    snapshot=snapshot_json(result.snapshot))
 
 
 def nothing_to_kill_timeout_document(
@@ -113,7 +162,7 @@ def select_document(
                 for d in selection.devices]
     return document("select", count=count, format=format, timeout_s=timeout_s, found=True, value=value,
                     selected=selected, passed_over=list(selection.passed_over), elapsed_ns=selection.elapsed_ns,
-                    polls=selection.polls, lock=lock, snapshot=snapshot_json(selection.snapshot))
+                    polls=selection.polls, lock=lock, holders=[], snapshot=snapshot_json(selection.snapshot))
 
 
 def select_timeout_document(
@@ -122,6 +171,7 @@ def select_timeout_document(
     """The ``nvmlcheck/select`` document of a selection that timed out."""
     return document("select", count=count, format=format, timeout_s=timeout_s, found=False, value=None, selected=[],
                     passed_over=list(exc.culprits), elapsed_ns=exc.elapsed_ns, polls=exc.polls, lock=None,
+                    holders=holders_json(exc.holders),
                     snapshot=None if exc.snapshot is None else snapshot_json(exc.snapshot))
 
 
@@ -144,7 +194,7 @@ def hosts_document(command: str, results: Sequence[HostResult], code: int) -> di
         return [str(r.host) for r in results if r.verdict == verdict]
 
     return document("hosts", command=command, exit_code=code, clean=named("clean"), not_clean=named("not-clean"),
-                    failed=named("failed"), hosts=[entry(r) for r in results])
+                    failed=named("failed"), unhealthy=named("unhealthy"), hosts=[entry(r) for r in results])
 
 
 def study_reclaim_document(

@@ -10,8 +10,8 @@ from ..model import (
     DeviceFailure,
     DeviceState,
     GpuProcess,
+    Health,
     Memory,
-    MemoryHealth,
     MigDevice,
     Snapshot,
 )
@@ -19,13 +19,16 @@ from ..model import (
 if TYPE_CHECKING:
     from ..holders import Holder
 
-#: The version of every JSON document the CLI prints.
+#: The version of every JSON document the CLI prints, but those in :data:`SCHEMA_VERSIONS`.
 SCHEMA_VERSION = 1
+#: Documents whose version moved on: ``wait``, ``kill`` and ``select`` 2 (``holders``, the structured culprits, beside
+#: the ``culprits`` lines; every version 1 field kept). ``nvmlcheck/holders`` gained ``container`` within version 1.
+SCHEMA_VERSIONS: dict[str, int] = {"wait": 2, "kill": 2, "select": 2}
 
 
 def document(kind: str, **fields: Any) -> dict[str, Any]:
     """A top-level document of ``kind`` (``"snapshot"``, ``"wait"``, ``"kill"``, ``"error"``)."""
-    return {"schema": f"nvmlcheck/{kind}", "version": SCHEMA_VERSION, **fields}
+    return {"schema": f"nvmlcheck/{kind}", "version": SCHEMA_VERSIONS.get(kind, SCHEMA_VERSION), **fields}
 
 
 def _memory(m: Memory | None) -> dict[str, Any] | None:
@@ -73,7 +76,7 @@ def _clocks(c: Clocks | None) -> dict[str, Any] | None:
     }
 
 
-def _health(h: MemoryHealth | None) -> dict[str, Any] | None:
+def _health(h: Health | None) -> dict[str, Any] | None:
     if h is None:
         return None
     rows = h.remapped_rows
@@ -90,6 +93,12 @@ def _health(h: MemoryHealth | None) -> dict[str, Any] | None:
             "pending": rows.pending,
             "failure": rows.failure,
         },
+        # Issue 22 (added fields; the version stays 1).
+        "ecc_uncorrected_volatile": h.ecc_uncorrected_volatile,
+        "ecc_uncorrected_aggregate": h.ecc_uncorrected_aggregate,
+        "recovery_action": None if h.recovery_action is None else h.recovery_action.name.lower(),
+        "recovery_action_code": None if h.recovery_action is None else int(h.recovery_action),
+        "causes": [{"code": c.code, "text": c.text, "action": c.action.value} for c in h.causes()],
     }
 
 
@@ -170,6 +179,7 @@ def holder_json(h: Holder) -> dict[str, Any]:
         "is_daemon": h.is_daemon,
         "relation": h.relation,
         "unknown": dict(h.unknown),
+        "container": h.container,
     }
 
 

@@ -221,3 +221,72 @@ def test_devices_mig_selects_one_instance(open_backend: Opener) -> None:
         assert any("4100042" in c and MIG_UUIDS[1] in c for c in info.value.culprits)
         with pytest.raises(ValueError, match="no MIG device"):
             gpus.resolve("MIG-ffffffff")
+
+
+# --- health (issue 22): each state read the same way by both backends, and judged by Health.causes ---------------
+
+HEALTH_STATES: dict[str, tuple[dict[str, object], set[str]]] = {
+    # state: (device fields, the cause codes expected)
+    "healthy": ({}, set()),
+    "row_remap_pending": ({"remapped_rows": (0, 1, True, False)}, {"row-remap-pending"}),
+    "row_remap_failure": ({"remapped_rows": (2, 512, False, True)}, {"row-remap-failure"}),
+    "retired_pages_pending": (
+        {"unsupported": (), "retired_pages": [("dbe", 0x2000, 1_700_000_100)], "retired_pending": True},
+        {"retired-pages-pending"},
+    ),
+    "ecc_volatile_uncorrected": (
+        {"ecc_uncorrected_volatile": 3, "ecc_uncorrected_aggregate": 11},
+        {"ecc-uncorrected-volatile"},
+    ),
+    "ecc_aggregate_only": ({"ecc_uncorrected_aggregate": 11}, set()),  # a lifetime count alone is no cause
+    "recovery_reset": ({"recovery_action": 1}, {"recovery-action"}),
+    "recovery_drain_and_reset": ({"recovery_action": 4}, {"recovery-action"}),
+    "recovery_unknown_code": ({"recovery_action": 9}, {"recovery-action"}),
+}
+
+
+@pytest.mark.parametrize("state", sorted(HEALTH_STATES))
+def test_health_state(open_backend: Opener, state: str) -> None:
+    fields, codes = HEALTH_STATES[state]
+    sc = Scenario.h200()
+    sc.set_device(0, **fields)
+    with open_backend(sc) as gpus:
+        d = gpus.snapshot(fields=nc.Fields.HEALTH).devices[0]
+    h = d.health
+    assert h is not None
+    assert {c.code for c in h.causes()} == codes
+    rows = fields.get("remapped_rows", (0, 0, False, False))
+    assert isinstance(rows, tuple)
+    assert h.remapped_rows == nc.RemappedRows(*rows)
+    assert h.ecc_uncorrected_volatile == fields.get("ecc_uncorrected_volatile", 0)
+    assert h.ecc_uncorrected_aggregate == fields.get("ecc_uncorrected_aggregate", 0)
+    assert h.recovery_action == nc.RecoveryAction(fields.get("recovery_action", 0))  # type: ignore[arg-type]
+    if "retired_pending" in fields:
+        assert h.retired_pages_pending is True
+        assert h.retired_pages == (nc.RetiredPage(0x2000, nc.RetirementCause.DOUBLE_BIT_ECC, 1_700_000_100),)
+    else:
+        assert h.retired_pages_pending is None and d.why_unknown("health.retired_pages_pending")  # Hopper
+    if codes:
+        assert h.action is not None and not h.action.waiting_helps
+    else:
+        assert h.action is None
+
+
+def test_health_unsupported_is_unknown_never_a_cause(open_backend: Opener) -> None:
+    sc = Scenario.h200()
+    sc.set_device(0, unsupported=("ecc", "recovery", "remapped", "retired_pages", "retired_pending"))
+    with open_backend(sc) as gpus:
+        d = gpus.snapshot(fields=nc.Fields.HEALTH).devices[0]
+    h = d.health
+    assert h is not None and h.causes() == ()
+    for key in ("ecc_uncorrected_volatile", "ecc_uncorrected_aggregate", "recovery_action", "remapped_rows"):
+        assert getattr(h, key) is None
+        assert d.why_unknown(f"health.{key}"), key
+
+
+def test_health_is_not_read_on_the_wait_path(open_backend: Opener) -> None:
+    sc = Scenario.h200()
+    sc.set_device(0, remapped_rows=(0, 1, True, False), recovery_action=1)
+    with open_backend(sc) as gpus:
+        d = gpus.snapshot(fields=nc.Fields.WAIT).devices[0]
+    assert d.health is None and d.why_unknown("health") == "not requested"

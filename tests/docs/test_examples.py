@@ -122,6 +122,13 @@ def _v1(tmp: Path) -> Setup:
     return Setup(Scenario.h200(), variant=("STUB_NO_MEMORY_V2",))
 
 
+def _remap(tmp: Path) -> Setup:
+    # An idle H200 with a pending row remap: clean, but it needs a reset (docs/ready.md).
+    scenario = Scenario.h200()
+    scenario.set_device(0, remapped_rows=(0, 1, True, False))
+    return Setup(scenario)
+
+
 #: Scenario name -> what it prepares.
 SCENARIOS: dict[str, Callable[[Path], Setup]] = {
     "h200": _idle(1),
@@ -131,6 +138,7 @@ SCENARIOS: dict[str, Callable[[Path], Setup]] = {
     "server": _server,
     "hidden": _hidden,
     "v1": _v1,
+    "remap": _remap,
 }
 
 

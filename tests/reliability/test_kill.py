@@ -192,12 +192,12 @@ def test_cli_kill_of_a_zombie_holding_memory_exits_1(
 
 def test_kill_escalates_to_sigkill_and_ends_clean(stub: Stub) -> None:
     stubborn = subprocess.Popen(
-        [sys.executable, "-S", "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        [sys.executable, "-S", "-c", "import signal, time; signal.signal(signal.SIGTERM, lambda n, f: None); "
          "print(1, flush=True); time.sleep(60)"],
         stdout=subprocess.PIPE,
     )
     try:
-        assert stubborn.stdout is not None and stubborn.stdout.readline()  # SIGTERM is ignored from here on
+        assert stubborn.stdout is not None and stubborn.stdout.readline()  # SIGTERM is caught (and does nothing)
         sc = Scenario.h200()
         sc.add_process(0, stubborn.pid, used_bytes=GIB, bound=True, release_ms=50)
         with stub.open(sc) as gpus:

@@ -47,7 +47,7 @@ def test_kill_exits_0_only_after_the_simulated_reclaim(
     code, out, _ = run(capsys, "--simulate", scenario_file(tmp_path, sc), "--json", "kill", str(child.pid))
     assert code == 0
     doc: dict[str, Any] = json.loads(out)
-    assert (doc["schema"], doc["version"], doc["clean"]) == ("nvmlcheck/kill", 1, True)
+    assert (doc["schema"], doc["version"], doc["clean"]) == ("nvmlcheck/kill", 2, True)
     (pid,) = doc["pids"]
     assert pid["pid"] == child.pid and pid["exited_ns"] is not None
     # the stub drops the process 40 ms and frees its memory 150 ms after it died: never reported earlier

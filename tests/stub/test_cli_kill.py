@@ -22,7 +22,9 @@ pytestmark = pytest.mark.stub
 GIB = 1 << 30
 
 HOLD = "import sys, time; f = open(sys.argv[1]); print('ready', flush=True); time.sleep(60)"
-IGNORE_TERM = ("import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); "
+# Survives SIGTERM with a handler that does nothing (SIG_IGN would get SIGKILL at once: the kernel discards it).
+IGNORE_TERM = ("import signal, sys, time; signal.signal(signal.SIGTERM, lambda n, f: None); "
+               "print('ready', flush=True); "
                "time.sleep(60)")
 # A launcher whose worker holds the device file; the launcher itself holds nothing and is on no GPU list.
 LAUNCHER = ("import subprocess, sys, time; "

@@ -190,7 +190,7 @@ def test_cli_select_formats_and_exit_codes(
     assert "3 of the 4 asked for" in err and "GPU 0: pid 4100000" in err
     code, out, _ = run(capsys, "--simulate", path, "--json", "select", "--count", "4")
     doc: dict[str, Any] = json.loads(out)
-    assert code == 1 and (doc["schema"], doc["version"], doc["found"], doc["value"]) == ("nvmlcheck/select", 1, False,
+    assert code == 1 and (doc["schema"], doc["version"], doc["found"], doc["value"]) == ("nvmlcheck/select", 2, False,
                                                                                           None)
     assert any("GPU 0" in line for line in doc["passed_over"])
     code, out, _ = run(capsys, "--simulate", path, "--json", "select", "--count", "2", "--max-used", "32GiB",

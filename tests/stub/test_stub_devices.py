@@ -179,6 +179,37 @@ def test_retired_pages_two_call_pattern(nvml: Nvml) -> None:
     assert lib.nvmlDeviceGetRetiredPages(h, 0, ffi.NULL, addresses) == INVALID_ARGUMENT
 
 
+def recovery_action(nvml: Nvml, h: Any) -> tuple[int, int]:
+    """nvmlDeviceGetFieldValues for NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (230): (the field's return code, value)."""
+    values = ffi.new("nvmlFieldValue_t[2]")
+    values[0].fieldId = 230
+    values[1].fieldId = 9999  # a field the stub does not know: NOT_SUPPORTED in its own return code
+    assert nvml.lib.nvmlDeviceGetFieldValues(h, 2, values) == SUCCESS
+    assert values[1].nvmlReturn == NOT_SUPPORTED
+    if values[0].nvmlReturn == SUCCESS:
+        assert values[0].valueType == 1  # NVML_VALUE_TYPE_UNSIGNED_INT, as driver 580 answers
+    return int(values[0].nvmlReturn), int(values[0].value.uiVal)
+
+
+def test_health_values(nvml: Nvml) -> None:
+    scenario = Scenario()
+    scenario.add_device()
+    scenario.add_device(remapped_rows=(3, 1, True, False), ecc_uncorrected_volatile=2, ecc_uncorrected_aggregate=9,
+                        recovery_action=4)  # fmt: skip
+    nvml.start(scenario)
+    u64 = ffi.new("unsigned long long *")
+
+    def ecc(h: Any, error_type: int, counter: int) -> int:
+        assert nvml.lib.nvmlDeviceGetTotalEccErrors(h, error_type, counter, u64) == SUCCESS
+        return int(u64[0])
+
+    h0, h1 = nvml.handle(0), nvml.handle(1)
+    assert [ecc(h0, 1, 0), ecc(h0, 1, 1), recovery_action(nvml, h0)] == [0, 0, (SUCCESS, 0)]  # the defaults
+    assert [ecc(h1, 1, 0), ecc(h1, 1, 1), ecc(h1, 0, 0), recovery_action(nvml, h1)] == [2, 9, 0, (SUCCESS, 4)]
+    assert nvml.lib.nvmlDeviceGetTotalEccErrors(h1, 2, 0, u64) == INVALID_ARGUMENT
+    assert nvml.lib.nvmlDeviceGetTotalEccErrors(h1, 1, 0, ffi.NULL) == INVALID_ARGUMENT
+
+
 def _unsupported_probe(field: str) -> Callable[[Nvml, Any], int]:
     """A call that answers NOT_SUPPORTED exactly when ``field`` is unsupported."""
     u32 = ffi.new("unsigned int *", 0)
@@ -204,6 +235,10 @@ def _unsupported_probe(field: str) -> Callable[[Nvml, Any], int]:
         return lambda nvml, h: int(nvml.lib.nvmlDeviceGetMigMode(h, u32, ffi.new("unsigned int *")))
     if field == "events":
         return lambda nvml, h: int(nvml.lib.nvmlDeviceGetSupportedEventTypes(h, ffi.new("unsigned long long *")))
+    if field == "ecc":
+        return lambda nvml, h: int(nvml.lib.nvmlDeviceGetTotalEccErrors(h, 1, 0, u64))
+    if field == "recovery":
+        return lambda nvml, h: recovery_action(nvml, h)[0]
     group, name = field.split(".")
     if group == "processes":
         fn = PROCESS_CALLS[name] + "_v3"

@@ -164,7 +164,7 @@ def test_zombie_counts_as_exited_and_is_pinned() -> None:
     assert child.wait() == 0
 
 
-# The script runs as PID 1 of a new PID namespace: it pins a child that ignores SIGTERM, sends SIGTERM, kills and
+# The script runs as PID 1 of a new PID namespace: it pins a child that survives SIGTERM, sends SIGTERM, kills and
 # reaps the child itself, makes the kernel hand the same PID to an impostor (ns_last_pid), then asks the plan to
 # escalate. The impostor reports every signal it receives.
 _REUSE = """
@@ -173,7 +173,8 @@ import nvmlcheck as nc
 from nvmlcheck._proc import procfs
 
 mode = sys.argv[1]
-IGNORE = ("import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+# A handler that does nothing (not SIG_IGN: a kill sends SIGKILL at once to a process that ignores SIGTERM).
+IGNORE = ("import signal, sys, time; signal.signal(signal.SIGTERM, lambda n, f: None); "
           "print('ready', flush=True); time.sleep(60)")
 target = subprocess.Popen([sys.executable, "-S", "-c", IGNORE], stdout=subprocess.PIPE)
 assert target.stdout.readline() == b"ready\\n"

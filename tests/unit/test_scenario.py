@@ -60,6 +60,9 @@ def test_every_device_field_renders() -> None:
         retired_pages=[("sbe", 0x1000, 1700000000), ("dbe", 0x2000, 1700000100)],
         retired_pending=False,
         remapped_rows=(0, 1, False, True),
+        ecc_uncorrected_volatile=2,
+        ecc_uncorrected_aggregate=5,
+        recovery_action=4,
         unsupported=("retired_pages", "retired_pending"),
         lost=False,
         mig=True,
@@ -70,12 +73,13 @@ def test_every_device_field_renders() -> None:
         "pci=00000000:00:06.0 pci.device_id=0x233510de pci.subsystem_id=0x0 minor=0 total=150754820096 "
         "reserved=644939776 used=0 clock.graphics=345 clock.sm=345 max.mem=3201 app.video=1545 reasons=0x1 "
         "retired=sbe:0x1000@1700000000,dbe:0x2000@1700000100 retired_pending=0 remapped=0,1,0,1 "
-        "unsupported=retired_pages,retired_pending lost=0 mig=1"
+        "ecc_volatile=2 ecc_aggregate=5 recovery=4 unsupported=retired_pages,retired_pending lost=0 mig=1"
     ]
     assert set(DEVICE_FIELDS) == {
         "name", "uuid", "serial", "pci_bus_id", "pci_device_id", "pci_subsystem_id", "minor", "total_bytes",
         "reserved_bytes", "used_bytes", "clocks_mhz", "max_clocks_mhz", "app_clocks_mhz", "clock_event_reasons",
-        "retired_pages", "retired_pending", "remapped_rows", "unsupported", "lost", "mig",
+        "retired_pages", "retired_pending", "remapped_rows", "ecc_uncorrected_volatile", "ecc_uncorrected_aggregate",
+        "recovery_action", "unsupported", "lost", "mig",
     }  # fmt: skip
 
 
@@ -211,7 +215,9 @@ def test_device_validation(fields: dict[str, Any], error: type[Exception], messa
 
 def test_unsupported_field_names_are_the_readme_list() -> None:
     assert {"memory", "processes.mps", "app.video", "clock.sm", "max.graphics"} <= UNSUPPORTED_FIELDS
-    assert len(UNSUPPORTED_FIELDS) == 12 + 3 + 12  # "mig" since issue 11, "events" since issue 15
+    # "mig" since issue 11, "events" since issue 15, "ecc" and "recovery" since issue 22
+    assert {"ecc", "recovery"} <= UNSUPPORTED_FIELDS
+    assert len(UNSUPPORTED_FIELDS) == 14 + 3 + 12
 
 
 def test_device_index_checks() -> None:

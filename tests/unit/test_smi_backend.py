@@ -388,6 +388,24 @@ class TestInvocations:
         (run,) = env.runs()
         assert "memory.reserved" not in run[0] and "clocks_event_reasons.active" in run[0]
 
+    def test_a_driver_without_the_health_fields_of_issue_22(self, env: Env) -> None:
+        # An older nvidia-smi knows no gpu_recovery_action (driver 565 added it): that value alone is unknown, the
+        # rest of the health is read, and the refusal is remembered.
+        env.write("device index=0 remapped=0,1,1,0 ecc_volatile=2 recovery=1")
+        env.knob("FAKE_SMI_REFUSE_FIELDS", "gpu_recovery_action,ecc.errors.uncorrected.aggregate.total")
+        backend = SmiBackend(command=FAKE_CMD)
+        env.runs()
+        h = backend.snapshot(fields=Fields.HEALTH).devices[0]
+        assert h.health is not None and h.health.recovery_action is None
+        assert "does not know the field gpu_recovery_action" in (h.why_unknown("health.recovery_action") or "")
+        assert h.health.ecc_uncorrected_aggregate is None and h.why_unknown("health.ecc_uncorrected_aggregate")
+        assert h.health.ecc_uncorrected_volatile == 2
+        assert [c.code for c in h.health.causes()] == ["row-remap-pending", "ecc-uncorrected-volatile"]
+        assert len(env.runs()) == 3
+        backend.snapshot(fields=Fields.HEALTH)
+        (run,) = env.runs()
+        assert "gpu_recovery_action" not in run[0] and "ecc.errors.uncorrected.volatile.total" in run[0]
+
 
 # --- failures -----------------------------------------------------------------------------------------------------
 

@@ -25,6 +25,7 @@ from ...model import (
     GpuProcess,
     Memory,
     ProcessKind,
+    RecoveryAction,
     RemappedRows,
     RetiredPage,
     RetirementCause,
@@ -39,6 +40,7 @@ __all__ = [
     "ProcessListing",
     "RetiredListing",
     "parse_compute_apps",
+    "parse_recovery_action",
     "parse_query_gpu",
     "parse_remapped_rows",
     "parse_retired_pages",
@@ -70,10 +72,49 @@ class GpuRecord:
     unknown: Mapping[str, str]
     #: ``mig.mode.current``: True Enabled, False Disabled or not supported (``[N/A]``), None not asked or unknown.
     mig_mode: bool | None = None
+    #: ``ecc.errors.uncorrected.volatile.total`` / ``.aggregate.total`` and ``gpu_recovery_action`` (issue 22).
+    ecc_uncorrected_volatile: int | None = None
+    ecc_uncorrected_aggregate: int | None = None
+    recovery_action: RecoveryAction | None = None
 
 
 _MEMORY_COLUMNS = ("memory.total", "memory.used", "memory.free")
 _CLOCK_DOMAINS = (("graphics", "graphics_mhz"), ("sm", "sm_mhz"), ("memory", "memory_mhz"), ("video", "video_mhz"))
+#: The ECC totals of :class:`~nvmlcheck.model.Health` and their ``--query-gpu`` fields.
+ECC_COLUMNS: Final = (
+    ("ecc_uncorrected_volatile", "ecc.errors.uncorrected.volatile.total"),
+    ("ecc_uncorrected_aggregate", "ecc.errors.uncorrected.aggregate.total"),
+)
+#: How nvidia-smi spells each recovery action (``-q`` "GPU Recovery Action", ``gpu_recovery_action``; the words of
+#: XID 154's message too), lower-cased with ``_`` as a space. Driver 580 prints ``None`` on a healthy GPU.
+_RECOVERY_WORDS: Final = MappingProxyType(
+    {
+        "none": RecoveryAction.NONE,
+        "reset": RecoveryAction.GPU_RESET,
+        "gpu reset": RecoveryAction.GPU_RESET,
+        "gpu reset required": RecoveryAction.GPU_RESET,
+        "reboot": RecoveryAction.NODE_REBOOT,
+        "node reboot": RecoveryAction.NODE_REBOOT,
+        "node reboot required": RecoveryAction.NODE_REBOOT,
+        "drain p2p": RecoveryAction.DRAIN_P2P,
+        "drain and reset": RecoveryAction.DRAIN_AND_RESET,
+        "recover imex domain": RecoveryAction.RECOVER_IMEX_DOMAIN,
+        "bus reset": RecoveryAction.BUS_RESET,
+        "system reboot": RecoveryAction.SYSTEM_REBOOT,
+    }
+)
+
+
+def parse_recovery_action(text: str) -> RecoveryAction | None:
+    """The :class:`~nvmlcheck.model.RecoveryAction` nvidia-smi printed (``None``, ``Reset``, ``Drain P2P``,
+    ``GPU_RESET``, a number, ...); ``None`` for a spelling this version does not know."""
+    words = " ".join(text.replace("_", " ").lower().split())
+    action = _RECOVERY_WORDS.get(words) or _RECOVERY_WORDS.get(words.removeprefix("gpu recovery action "))
+    if action is None and words.isdigit():
+        action = RecoveryAction(int(words) & 0xFFFFFFFF)
+    return action
+
+
 _REMAPPED_COLUMNS = (
     "remapped_rows.correctable",
     "remapped_rows.uncorrectable",
@@ -148,6 +189,7 @@ def _gpu_record(table: Table, cells: Cells, index: int, uuid: str) -> GpuRecord:
         pending = p if isinstance(p, bool) else None
     if table.has("remapped_rows.correctable"):
         remapped = _remapped(cells, unknown)
+    ecc, recovery = _ecc_and_recovery(table, cells, unknown)
     mig_mode: bool | None = None
     if table.has("mig.mode.current"):
         mode = cells.flag("mig.mode.current")
@@ -173,7 +215,31 @@ def _gpu_record(table: Table, cells: Cells, index: int, uuid: str) -> GpuRecord:
         remapped_rows=remapped,
         unknown=MappingProxyType(unknown),
         mig_mode=mig_mode,
+        ecc_uncorrected_volatile=ecc.get("ecc_uncorrected_volatile"),
+        ecc_uncorrected_aggregate=ecc.get("ecc_uncorrected_aggregate"),
+        recovery_action=recovery,
     )
+
+
+def _ecc_and_recovery(
+    table: Table, cells: Cells, unknown: dict[str, str]
+) -> tuple[dict[str, int | None], RecoveryAction | None]:
+    """The uncorrected ECC totals (by Health attribute) and the recovery action, where they were asked for."""
+    ecc: dict[str, int | None] = {}
+    for attr, column in ECC_COLUMNS:
+        if table.has(column):
+            v = cells.uint(column)
+            ecc[attr] = v if known(v, column, unknown, unknown_key("health", attr)) and isinstance(v, int) else None
+    recovery: RecoveryAction | None = None
+    if table.has("gpu_recovery_action"):
+        text = cells.text("gpu_recovery_action")
+        if known(text, "gpu_recovery_action", unknown, "health.recovery_action") and isinstance(text, str):
+            recovery = parse_recovery_action(text)
+            if recovery is None:
+                unknown["health.recovery_action"] = (
+                    f"nvidia-smi printed gpu_recovery_action {text!r}, which this version of nvmlcheck does not know"
+                )
+    return ecc, recovery
 
 
 def _memory(table: Table, cells: Cells, index: int, unknown: dict[str, str]) -> Memory | None:

@@ -9,6 +9,8 @@ DIR holds:
   with units). A ``--query-gpu=F1,F2,...`` run prints the header cells and row cells of the fields asked for, in that
   order; lines that are not rows (``Unable to determine the device handle ...``) are printed as they are, where they
   stand. ``query_gpu.exitcode`` (optional) is the exit status of every ``--query-gpu`` run.
+* ``retired.stdout`` for any ``--query-retired-pages=`` run (printed as it is: it must hold the columns the backend
+  asks for, header first);
 * ``q_pids.stdout`` for ``-q -d PIDS``; ``q.stdout`` for a bare ``-q``; ``L.stdout`` for ``-L``; ``version.stdout``
   for ``--version``
   (exit 0 each; ``NAME.exitcode`` overrides). A missing file: exit 2, like an option this nvidia-smi lacks.
@@ -81,6 +83,8 @@ def main(argv: list[str]) -> int:
     for a in args:
         if a.startswith("--query-gpu="):
             return _query_gpu(d, a.split("=", 1)[1].split(","))
+        if a.startswith("--query-retired-pages="):
+            return _file(d, "retired")
     if args == ["--version"]:
         return _file(d, "version")
     if args == ["-q", "-d", "PIDS"]:

@@ -1,0 +1,148 @@
+"""One-shot checks side by side (issue 22, item 5): how long `nvmlcheck wait --timeout 0`, `snapshot` and `ready`
+take from launch to exit, against one `nvidia-smi --query-gpu` run, a bare interpreter, nvidia-ml-py and raw cffi
+doing the same one-shot read. The goal: nvmlcheck's one-shots within 2x one nvidia-smi run.
+
+    python3 benchmarks/gpu/oneshot.py                  # on the GPU host, from the repo root; JSON to $OUT
+    python3 benchmarks/gpu/oneshot.py --runs 30 --python /usr/bin/python3
+
+Byte-compiles nvmlcheck first (as an installed package is), then runs each command N times, interleaved (one of
+each per round, so drift of the host hits all alike), and prints medians, p10/p90 and each median's ratio to
+nvidia-smi's. Bounded: every run has a timeout, and the whole stops adding rounds after --budget seconds (default
+100). Without a GPU it still runs where $NVMLCHECK_LIBNVML points at the stub (nvidia-smi and nvidia-ml-py are then
+skipped with a message).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# The read a one-shot check makes, written with each library alone: init, handle 0, memory, compute processes, exit.
+PYNVML = (
+    "import os, pynvml as n; n.nvmlInit(); h = n.nvmlDeviceGetHandleByIndex(0); "
+    "m = n.nvmlDeviceGetMemoryInfo(h, version=n.nvmlMemory_v2); p = n.nvmlDeviceGetComputeRunningProcesses(h); "
+    "print(m.used, len(p)); os._exit(0)"
+)
+RAW_CFFI = r"""
+import os, cffi
+ffi = cffi.FFI()
+ffi.cdef('''typedef struct { unsigned int version; unsigned long long total, reserved, free, used; } mem_t;
+typedef struct { unsigned int pid; unsigned long long used; unsigned int gi, ci; } proc_t;
+int nvmlInit_v2(void); int nvmlDeviceGetHandleByIndex_v2(unsigned int, void **);
+int nvmlDeviceGetMemoryInfo_v2(void *, mem_t *);
+int nvmlDeviceGetComputeRunningProcesses_v3(void *, unsigned int *, proc_t *);''')
+lib = ffi.dlopen(os.environ.get("NVMLCHECK_LIBNVML") or "libnvidia-ml.so.1")
+assert lib.nvmlInit_v2() == 0
+h = ffi.new("void **"); assert lib.nvmlDeviceGetHandleByIndex_v2(0, h) == 0
+m = ffi.new("mem_t *"); m.version = ffi.sizeof("mem_t") | (2 << 24); assert lib.nvmlDeviceGetMemoryInfo_v2(h[0], m) == 0
+n = ffi.new("unsigned int *", 64); p = ffi.new("proc_t[64]"); lib.nvmlDeviceGetComputeRunningProcesses_v3(h[0], n, p)
+print(m.used, n[0]); os._exit(0)
+"""
+
+
+def commands(py: str) -> dict[str, list[str] | str]:
+    """name -> argv, or a string saying why it is skipped."""
+    out: dict[str, list[str] | str] = {}
+    smi = shutil.which("nvidia-smi")
+    out["nvidia-smi --query-gpu"] = (
+        [smi, "--query-gpu=memory.used", "--format=csv"] if smi else "no nvidia-smi on PATH"
+    )
+    out["python3 -c pass"] = [py, "-c", "pass"]
+    out["nvmlcheck wait --timeout 0"] = [py, "-m", "nvmlcheck", "wait", "--timeout", "0"]
+    out["nvmlcheck snapshot"] = [py, "-m", "nvmlcheck", "snapshot"]
+    has_ready = subprocess.run([py, "-m", "nvmlcheck", "ready", "--help"], cwd=ROOT, capture_output=True,
+                               timeout=30, check=False).returncode == 0  # fmt: skip
+    out["nvmlcheck ready"] = [py, "-m", "nvmlcheck", "ready"] if has_ready else "this nvmlcheck has no ready command"
+    has_pynvml = subprocess.run([py, "-c", "import pynvml"], capture_output=True, timeout=30, check=False)
+    if has_pynvml.returncode == 0 and not os.environ.get("NVMLCHECK_LIBNVML"):
+        out["nvidia-ml-py one-shot"] = [py, "-c", PYNVML]
+    else:
+        out["nvidia-ml-py one-shot"] = "nvidia-ml-py is not installed (or $NVMLCHECK_LIBNVML points at a stub)"
+    has_cffi = subprocess.run([py, "-c", "import cffi"], capture_output=True, timeout=30, check=False)
+    out["raw cffi one-shot"] = [py, "-c", RAW_CFFI] if has_cffi.returncode == 0 else "cffi is not installed"
+    return out
+
+
+def run_once(argv: list[str], timeout_s: float) -> tuple[float, int]:
+    t0 = time.perf_counter()
+    done = subprocess.run(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=timeout_s,
+                          check=False)  # fmt: skip
+    return (time.perf_counter() - t0) * 1e3, done.returncode
+
+
+def quantile(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=30, help="runs of each command (default 30)")
+    parser.add_argument("--python", default=shutil.which("python3") or sys.executable,
+                        help="the interpreter to time (default: python3 on PATH, the system's)")  # fmt: skip
+    parser.add_argument("--budget", type=float, default=100.0, help="stop adding rounds after this many seconds")
+    parser.add_argument("--out", default=os.environ.get("OUT", "."), help="directory for oneshot.json (default $OUT)")
+    args = parser.parse_args()
+    py = args.python
+    t_start = time.monotonic()
+    subprocess.run([py, "-m", "compileall", "-q", str(ROOT / "nvmlcheck")], check=False, timeout=120)
+    cmds = commands(py)
+    live = {k: v for k, v in cmds.items() if isinstance(v, list)}
+    for name, why in cmds.items():
+        if isinstance(why, str):
+            print(f"skip {name}: {why}")
+    for argv in live.values():  # warm the page cache and __pycache__; not counted
+        run_once(argv, 60)
+    times: dict[str, list[float]] = {k: [] for k in live}
+    codes: dict[str, set[int]] = {k: set() for k in live}
+    rounds = 0
+    for _ in range(args.runs):
+        if time.monotonic() - t_start > args.budget:
+            print(f"budget of {args.budget:.0f} s spent after {rounds} rounds")
+            break
+        for name, argv in live.items():
+            ms, rc = run_once(argv, 60)
+            times[name].append(ms)
+            codes[name].add(rc)
+        rounds += 1
+    base = statistics.median(times["nvidia-smi --query-gpu"]) if times.get("nvidia-smi --query-gpu") else None
+    results: dict[str, dict[str, object]] = {}
+    medians: dict[str, float] = {}
+    print(f"{'command':32s} {'n':>3s} {'median':>8s} {'p10':>8s} {'p90':>8s}  {'/ nvidia-smi':>12s}  exit")
+    for name, values in times.items():
+        med = medians[name] = statistics.median(values)
+        ratio = med / base if base else None
+        results[name] = {"n": len(values), "median_ms": med, "p10_ms": quantile(values, 0.1),
+                         "p90_ms": quantile(values, 0.9), "min_ms": min(values), "ratio_to_smi": ratio,
+                         "exit_codes": sorted(codes[name]), "argv": live[name][:6]}  # fmt: skip
+        r = f"{ratio:12.2f}" if ratio else f"{'-':>12s}"
+        print(f"{name:32s} {len(values):3d} {med:8.1f} {quantile(values, 0.1):8.1f} {quantile(values, 0.9):8.1f}  {r}"
+              f"  {sorted(codes[name])}")
+    goal = None
+    if base:
+        worst = max((m for k, m in medians.items() if k.startswith("nvmlcheck")), default=None)
+        goal = {"limit_ms": 2 * base, "worst_nvmlcheck_ms": worst, "met": worst is not None and worst <= 2 * base}
+        print(f"goal: every nvmlcheck one-shot <= 2 x nvidia-smi = {2 * base:.1f} ms: "
+              f"{'met' if goal['met'] else 'NOT met'} (worst {worst:.1f} ms)")
+    doc = {"python": py, "version": subprocess.run([py, "--version"], capture_output=True, text=True,
+                                                     check=False).stdout.strip(),
+           "rounds": rounds, "skipped": {k: v for k, v in cmds.items() if isinstance(v, str)},
+           "results": results, "goal": goal, "wall_s": time.monotonic() - t_start}  # fmt: skip
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "oneshot.json").write_text(json.dumps(doc, indent=1))
+    print(f"wrote {out / 'oneshot.json'} ({doc['wall_s']:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

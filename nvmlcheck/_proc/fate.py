@@ -1,0 +1,49 @@
+"""A signal's fate, known before it is sent: whether the kernel will discard it, from ``/proc/PID/status``.
+
+The kernel drops a signal whose disposition is ``SIG_IGN`` (``SigIgn``), a default-ignore signal with no handler
+(SIGCHLD, SIGURG, SIGWINCH, SIGCONT), and, for the init of a PID namespace sent from outside it (``NSpid`` has more
+than one entry and ends in 1), any signal it has no handler for (``SigCgt``), SIGKILL and SIGSTOP excepted. A kill
+whose first signal would be dropped sends SIGKILL at once instead of sitting out the grace period. A blocked signal
+(``SigBlk``) is not dropped: it stays pending (the process may take it with ``sigwait`` or a signalfd). Rationale and
+the measurement behind it: docs/killing.md ("A signal's fate").
+"""
+
+from __future__ import annotations
+
+import signal
+
+from . import procfs
+
+__all__ = ["discarded", "fate_of"]
+
+#: Signals whose default action is to ignore them (signal(7)).
+_DEFAULT_IGNORE = frozenset({signal.SIGCHLD, signal.SIGURG, signal.SIGWINCH, signal.SIGCONT})
+
+
+def _has(mask: int | None, sig: int) -> bool:
+    return mask is not None and bool(mask >> (sig - 1) & 1)
+
+
+def discarded(status: procfs.ProcStatus | None, sig: int) -> str | None:
+    """Why the kernel will discard ``sig`` sent to the process whose status is ``status`` from this PID namespace,
+    or ``None`` when it will be delivered (or when the status is unknown: then nothing is assumed)."""
+    if status is None or sig in (signal.SIGKILL, signal.SIGSTOP) or sig == 0:
+        return None
+    name = signal.Signals(sig).name
+    if _has(status.sig_ign, sig):
+        return f"it ignores {name} (SIG_IGN)"
+    caught = _has(status.sig_cgt, sig)
+    if caught:
+        return None
+    nspid = status.nspid
+    if nspid is not None and len(nspid) > 1 and nspid[-1] == 1:
+        return (f"it is PID 1 of its own PID namespace and has no {name} handler: the kernel discards such a signal "
+                "sent from outside that namespace")
+    if sig in _DEFAULT_IGNORE:
+        return f"{name}'s default action is to ignore it and it has no handler"
+    return None
+
+
+def fate_of(pid: int, sig: int) -> str | None:
+    """:func:`discarded` for a live process (``None`` as well when its status cannot be read)."""
+    return discarded(procfs.read_status(pid), sig)

@@ -1,0 +1,118 @@
+"""Kill targets chosen as users choose them: a pattern on the command line (``--match``, pkill ``-f`` semantics) or
+every process of one container or cgroup (``--container``, ``--cgroup``), from ``/proc`` alone.
+
+:func:`check_pattern` and :func:`check_container` check a selector's syntax (before anything is signalled, with no
+``/proc`` scan); :func:`by_match` and :func:`by_container` list ``(pid, start ticks, found_by)`` for
+:func:`~nvmlcheck._proc.targets.prepare`, which pins each one, plus what was left alone and why. Never chosen:
+this process, its ancestors (the shell and ``sudo`` that run it), PID 1 of this namespace, kernel threads and
+zombies (nothing to signal).
+"""
+
+from __future__ import annotations
+
+import os
+
+from . import container, procfs
+
+TYPE_CHECKING = False  # no typing before a signal: start-up cost where site has not loaded it (docs/performance.md)
+if TYPE_CHECKING:
+    import re
+
+__all__ = ["by_container", "by_match", "check_container", "check_pattern", "command_line"]
+
+
+def check_pattern(pattern: str) -> re.Pattern[str]:
+    """``pattern`` compiled (Python ``re`` syntax, searched anywhere in the command line); ValueError if it does
+    not compile or matches the empty string (it would select every process)."""
+    import re
+
+    try:
+        compiled = re.compile(pattern)
+    except re.error as exc:
+        raise ValueError(f"--match {pattern!r}: not a regular expression ({exc})") from None
+    if compiled.search("") is not None:
+        raise ValueError(f"--match {pattern!r} matches an empty command line, so it would select every process: "
+                         "give a pattern that names the command")
+    return compiled
+
+
+def check_container(spec: str, *, path_only: bool = False) -> container.ContainerSpec:
+    """The parsed ``--container`` (or, ``path_only``, ``--cgroup``) selector; ValueError for a bad one."""
+    parsed = container.parse_spec(spec)
+    if path_only and parsed.kind not in ("path", "dir"):
+        raise ValueError(f"--cgroup {spec!r}: a cgroup path starts with '/' (as /proc/PID/cgroup prints it, or a "
+                         "directory under /sys/fs/cgroup); for a container ID use --container")
+    return parsed
+
+
+def command_line(pid: int) -> str | None:
+    """The command line as pkill ``-f`` sees it (arguments joined by spaces); ``None`` for a kernel thread, a
+    zombie, or a process that is gone."""
+    argv = procfs.cmdline(pid)
+    return " ".join(argv) if argv else None
+
+
+def _me() -> tuple[int, tuple[int, ...]]:
+    return os.getpid(), procfs.ancestors()
+
+
+def _keep(pid: int, me: int, lineage: tuple[int, ...]) -> str | None:
+    """Why a selected ``pid`` is left alone, or ``None``."""
+    if pid == me:
+        return "this process"
+    if pid in lineage:
+        return "an ancestor of this process (signalling it would end the command that runs this one)"
+    if pid == 1:
+        return "PID 1 (init of this PID namespace)"
+    return None
+
+
+def by_match(pattern: str | re.Pattern[str], proc: str = "/proc") -> tuple[list[tuple[int, int, str]],
+                                                                            list[tuple[int, str]]]:
+    """Every process whose command line ``pattern`` matches: ``([(pid, start ticks, "match")], [(pid, why left
+    alone)])``, by PID."""
+    compiled = check_pattern(pattern) if isinstance(pattern, str) else pattern
+    me, lineage = _me()
+    chosen: list[tuple[int, int, str]] = []
+    skipped: list[tuple[int, str]] = []
+    for name in os.listdir(proc):
+        if not name.isdigit():
+            continue
+        pid = int(name)
+        argv = procfs.cmdline(pid, proc)
+        if not argv or compiled.search(" ".join(argv)) is None:
+            continue
+        st = procfs.read_stat(pid, proc)
+        if st is None or st.pid != pid:
+            continue
+        why = _keep(pid, me, lineage)
+        if pid == me:
+            continue  # its own command line holds the pattern (pkill leaves itself out silently too)
+        if why is not None:
+            skipped.append((pid, why))
+        elif st.state in ("Z", "X"):
+            skipped.append((pid, "a zombie: it has exited already; its parent has to reap it"))
+        else:
+            chosen.append((pid, st.start_ticks, "match"))
+    chosen.sort()
+    skipped.sort()
+    return chosen, skipped
+
+
+def by_container(spec: str | container.ContainerSpec, proc: str = "/proc") -> tuple[list[tuple[int, int, str]],
+                                                                                   list[tuple[int, str]]]:
+    """Every process of one container or cgroup (:func:`~nvmlcheck._proc.container.members`), as :func:`by_match`
+    returns them (``found_by`` ``"container"``). ValueError for a bad selector or an ambiguous ID prefix."""
+    me, lineage = _me()
+    chosen: list[tuple[int, int, str]] = []
+    skipped: list[tuple[int, str]] = []
+    for pid, ticks in container.members(spec, proc):
+        why = _keep(pid, me, lineage)
+        st = procfs.read_stat(pid, proc) if why is None else None
+        if why is not None:
+            skipped.append((pid, why))
+        elif st is not None and st.state in ("Z", "X"):
+            skipped.append((pid, "a zombie: it has exited already; its parent has to reap it"))
+        else:
+            chosen.append((pid, ticks, "container"))
+    return chosen, skipped

@@ -1,0 +1,309 @@
+"""The model's optional readings: clocks (:data:`~nvmlcheck.model.Fields.CLOCKS`) and health
+(:data:`~nvmlcheck.model.Fields.HEALTH`), with the enums they use.
+
+Part of :mod:`nvmlcheck.model`, which offers every name here and creates these classes only when one is first used:
+a wait reads neither clocks nor health, so it does not pay for their classes at import (docs/performance.md, "One-shot
+checks"). Import them from ``nvmlcheck.model`` (or ``nvmlcheck``), never from here; their ``__module__`` says
+``nvmlcheck.model``, so reprs, pickles and the API reference name them there.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import NamedTuple
+
+__all__ = [
+    "ClockEventReason",
+    "ClockSet",
+    "Clocks",
+    "Health",
+    "HealthCause",
+    "MemoryHealth",
+    "OperatorAction",
+    "RecoveryAction",
+    "RemappedRows",
+    "RetiredPage",
+    "RetirementCause",
+]
+
+
+class ClockEventReason(enum.IntFlag):
+    """Why clocks are below their maximum (NVML "clocks event reasons", formerly "throttle reasons").
+
+    Bit values are NVML's ``nvmlClocksEventReason*`` / ``nvmlClocksThrottleReason*`` constants; bits this version
+    does not know are kept in the value.
+    """
+
+    NONE = 0
+    GPU_IDLE = 0x1
+    APPLICATIONS_CLOCKS_SETTING = 0x2
+    SW_POWER_CAP = 0x4
+    HW_SLOWDOWN = 0x8
+    SYNC_BOOST = 0x10
+    SW_THERMAL_SLOWDOWN = 0x20
+    HW_THERMAL_SLOWDOWN = 0x40
+    HW_POWER_BRAKE_SLOWDOWN = 0x80
+    DISPLAY_CLOCK_SETTING = 0x100
+    BOARD_LIMIT = 0x200
+    RELIABILITY = 0x400
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The decoded reason names, lowest bit first; unknown bits appear as ``"0x..."``."""
+        out: list[str] = []
+        rest = int(self)
+        for member in type(self):
+            if member.value and int(self) & member.value == member.value:
+                out.append(str(member.name).lower())
+                rest &= ~member.value
+        if rest:
+            out.append(hex(rest))
+        return tuple(out)
+
+
+class RetirementCause(str, enum.Enum):
+    """Why a memory page was retired (``nvmlPageRetirementCause_t``)."""
+
+    MULTIPLE_SINGLE_BIT_ECC = "single_bit_ecc"
+    DOUBLE_BIT_ECC = "double_bit_ecc"
+
+
+@dataclass(frozen=True, slots=True)
+class ClockSet:
+    """Clock frequencies of the four NVML clock domains, in MHz (``None`` when not supported)."""
+
+    graphics_mhz: int | None
+    sm_mhz: int | None
+    memory_mhz: int | None
+    video_mhz: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Clocks:
+    """Clocks of one device.
+
+    ``current``: nvmlDeviceGetClockInfo (nvidia-smi ``clocks.gr/sm/mem/video``); ``max``: nvmlDeviceGetMaxClockInfo
+    (``clocks.max.*``); ``applications``: nvmlDeviceGetApplicationsClock (``clocks.applications.*``);
+    ``event_reasons``: nvmlDeviceGetCurrentClocksEventReasons (``clocks_event_reasons.active``).
+    """
+
+    current: ClockSet
+    max: ClockSet
+    applications: ClockSet
+    event_reasons: ClockEventReason | None
+
+    @property
+    def sm_mhz(self) -> int | None:
+        """Current SM clock, MHz."""
+        return self.current.sm_mhz
+
+    @property
+    def graphics_mhz(self) -> int | None:
+        """Current graphics clock, MHz."""
+        return self.current.graphics_mhz
+
+    @property
+    def memory_mhz(self) -> int | None:
+        """Current memory clock, MHz."""
+        return self.current.memory_mhz
+
+    @property
+    def video_mhz(self) -> int | None:
+        """Current video clock, MHz."""
+        return self.current.video_mhz
+
+
+@dataclass(frozen=True, slots=True)
+class RetiredPage:
+    """A retired memory page (nvmlDeviceGetRetiredPages_v2; nvidia-smi ``--query-retired-pages``).
+
+    ``timestamp`` is the raw value NVML reports for the retirement time (``None`` when only the v1 call exists or
+    the value is not available).
+    """
+
+    address: int
+    cause: RetirementCause
+    timestamp: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RemappedRows:
+    """Row remapping state (nvmlDeviceGetRemappedRows; nvidia-smi ``remapped_rows.*``), the Ampere+ successor of
+    page retirement."""
+
+    correctable: int
+    uncorrectable: int
+    pending: bool
+    failure: bool
+
+
+class OperatorAction(str, enum.Enum):
+    """What an operator does about an unhealthy GPU, in NVIDIA's own words, mildest first (:attr:`severity`).
+
+    The names are those of NVIDIA's XID catalogue's resolution buckets (``IGNORE``, ``RESTART_APP``, ``RESET_GPU``,
+    ``CONTACT_SUPPORT``) and of NVML's ``nvmlDeviceGpuRecoveryAction_t`` (``DRAIN_P2P``, ``DRAIN_AND_RESET``,
+    ``BUS_RESET``, ``NODE_REBOOT``, ``RECOVER_IMEX_DOMAIN``); the catalogue's ``RESTART_BM`` (restart the bare-metal
+    node) is ``NODE_REBOOT``. Sources and the mapping: docs/health.md.
+    """
+
+    IGNORE = "IGNORE"  #: nothing to do (informational)
+    RESTART_APP = "RESTART_APP"  #: the application that hit it must restart; the GPU keeps working
+    DRAIN_P2P = "DRAIN_P2P"  #: let peer-to-peer (NVLink) traffic drain before new work
+    RESET_GPU = "RESET_GPU"  #: reset the GPU (``nvidia-smi -r``) before new work
+    DRAIN_AND_RESET = "DRAIN_AND_RESET"  #: drain peer-to-peer traffic, then reset the GPU
+    BUS_RESET = "BUS_RESET"  #: reset the GPU's PCIe bus
+    RECOVER_IMEX_DOMAIN = "RECOVER_IMEX_DOMAIN"  #: recover the IMEX (multi-node NVLink) domain
+    NODE_REBOOT = "NODE_REBOOT"  #: reboot the node
+    CONTACT_SUPPORT = "CONTACT_SUPPORT"  #: service the hardware (RMA): a reset does not help
+
+    @property
+    def severity(self) -> int:
+        """0 for ``IGNORE`` up to ``CONTACT_SUPPORT``: the larger wins when several causes apply."""
+        return _ACTION_ORDER.index(self)
+
+    @property
+    def waiting_helps(self) -> bool:
+        """Whether the GPU can become usable again without an operator (``IGNORE`` and ``RESTART_APP``)."""
+        return self in (OperatorAction.IGNORE, OperatorAction.RESTART_APP)
+
+
+_ACTION_ORDER = tuple(OperatorAction)
+
+
+class RecoveryAction(enum.IntEnum):
+    """NVML's recommended recovery action (``nvmlDeviceGpuRecoveryAction_t``, field
+    ``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION``; nvidia-smi ``gpu_recovery_action`` / ``GPU Recovery Action``).
+
+    A code this version does not know is kept as a member named ``ACTION_<n>`` (the driver asks for *something*:
+    :meth:`Health.causes` reports it).
+    """
+
+    NONE = 0  #: no action needed
+    GPU_RESET = 1  #: reset the GPU
+    NODE_REBOOT = 2  #: reboot the node
+    DRAIN_P2P = 3  #: drain peer-to-peer traffic
+    DRAIN_AND_RESET = 4  #: drain peer-to-peer traffic and reset the GPU
+    RECOVER_IMEX_DOMAIN = 5  #: recover the IMEX domain
+    BUS_RESET = 6  #: reset the GPU's PCIe bus
+    SYSTEM_REBOOT = 7  #: reboot the system
+
+    @classmethod
+    def _missing_(cls, value: object) -> RecoveryAction | None:
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 1 << 32:
+            return None
+        member = int.__new__(cls, value)
+        member._name_ = f"ACTION_{value}"
+        member._value_ = value
+        return member
+
+    @property
+    def operator_action(self) -> OperatorAction | None:
+        """The :class:`OperatorAction` it asks for (``None`` for ``NONE``; an unknown code: ``CONTACT_SUPPORT``)."""
+        if self is RecoveryAction.NONE:
+            return None
+        return _RECOVERY_TO_OPERATOR.get(int(self), OperatorAction.CONTACT_SUPPORT)
+
+
+_RECOVERY_TO_OPERATOR = {
+    1: OperatorAction.RESET_GPU,
+    2: OperatorAction.NODE_REBOOT,
+    3: OperatorAction.DRAIN_P2P,
+    4: OperatorAction.DRAIN_AND_RESET,
+    5: OperatorAction.RECOVER_IMEX_DOMAIN,
+    6: OperatorAction.BUS_RESET,
+    7: OperatorAction.NODE_REBOOT,
+}
+
+
+class HealthCause(NamedTuple):
+    """One reason a GPU is not healthy (:meth:`Health.causes`).
+
+    ``code``: a stable identifier (``"row-remap-pending"``); ``text``: a sentence for people; ``action``: what an
+    operator does about it, in NVIDIA's words. The codes, their sources and actions: docs/health.md.
+    """
+
+    code: str
+    text: str
+    action: OperatorAction
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    """A GPU's health as the driver reports it. Each part is ``None`` when the device or driver cannot say (Hopper
+    retires no pages, it remaps rows; ECC counters need ECC on; the recovery action needs driver 565+), with the
+    reason in :attr:`DeviceState.unknown` under ``"health.<field>"``: unknown is never a cause.
+
+    ``retired_pages``: nvmlDeviceGetRetiredPages_v2 (nvidia-smi ``--query-retired-pages``). ``retired_pages_pending``:
+    nvmlDeviceGetRetiredPagesPendingStatus (``retired_pages.pending``). ``remapped_rows``: nvmlDeviceGetRemappedRows
+    (``remapped_rows.*``). ``ecc_uncorrected_volatile`` / ``ecc_uncorrected_aggregate``: nvmlDeviceGetTotalEccErrors,
+    uncorrected, volatile (since the driver loaded or the GPU was reset) and aggregate (the board's lifetime)
+    (``ecc.errors.uncorrected.volatile.total`` / ``.aggregate.total``). ``recovery_action``: the field value
+    ``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`` (``gpu_recovery_action``).
+
+    Issue 22 added the last three (defaults ``None``, so the three-argument constructor of ``MemoryHealth``, its
+    former name, still works).
+    """
+
+    retired_pages: tuple[RetiredPage, ...] | None
+    retired_pages_pending: bool | None
+    remapped_rows: RemappedRows | None
+    ecc_uncorrected_volatile: int | None = None
+    ecc_uncorrected_aggregate: int | None = None
+    recovery_action: RecoveryAction | None = None
+
+    def causes(self) -> tuple[HealthCause, ...]:
+        """Why this GPU needs an operator before the next job, strongest action first; ``()`` when nothing known
+        says so (unknown parts are not causes). Codes: ``row-remap-failure``, ``row-remap-pending``,
+        ``retired-pages-pending``, ``ecc-uncorrected-volatile``, ``recovery-action``."""
+        out: list[HealthCause] = []
+        rows = self.remapped_rows
+        if rows is not None and rows.failure:
+            out.append(HealthCause(
+                "row-remap-failure",
+                "a row remapping failed: the GPU has memory it could not take out of service",
+                OperatorAction.CONTACT_SUPPORT,
+            ))
+        if rows is not None and rows.pending:
+            out.append(HealthCause(
+                "row-remap-pending",
+                "a row remapping is pending: a GPU reset completes it (until then the faulty rows stay in use)",
+                OperatorAction.RESET_GPU,
+            ))
+        if self.retired_pages_pending:
+            out.append(HealthCause(
+                "retired-pages-pending",
+                "memory pages are pending retirement: a GPU reset (or driver reload) retires them",
+                OperatorAction.RESET_GPU,
+            ))
+        if self.ecc_uncorrected_volatile:
+            out.append(HealthCause(
+                "ecc-uncorrected-volatile",
+                f"{self.ecc_uncorrected_volatile} uncorrectable ECC error(s) since the driver loaded or the GPU was "
+                "last reset",
+                OperatorAction.RESET_GPU,
+            ))
+        action = self.recovery_action
+        if action is not None and action is not RecoveryAction.NONE:
+            out.append(HealthCause(
+                "recovery-action",
+                f"the driver asks for recovery action {action.name} ({int(action)})",
+                action.operator_action or OperatorAction.CONTACT_SUPPORT,
+            ))
+        out.sort(key=lambda c: -c.action.severity)
+        return tuple(out)
+
+    @property
+    def action(self) -> OperatorAction | None:
+        """The strongest action among :meth:`causes` (``None`` when there is no cause)."""
+        causes = self.causes()
+        return causes[0].action if causes else None
+
+
+#: The former name of :class:`Health` (before issue 22 it held only memory bookkeeping).
+MemoryHealth = Health
+
+
+for _cls in (ClockEventReason, ClockSet, Clocks, Health, HealthCause, OperatorAction, RecoveryAction, RemappedRows,
+             RetiredPage, RetirementCause):  # fmt: skip
+    _cls.__module__ = "nvmlcheck.model"

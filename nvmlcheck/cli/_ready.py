@@ -1,0 +1,84 @@
+"""``nvmlcheck ready``: one verdict per GPU (exit 0 ready, 1 not ready yet, 5 an operator is needed).
+
+:func:`cmd_ready` opens a session and calls :meth:`nvmlcheck.Session.ready` (:mod:`nvmlcheck.readiness`) with
+``--need``, ``--timeout``, ``--max-used``, ``--stable-polls`` and ``--devices``; it prints one line per GPU (or the
+``nvmlcheck/ready`` document) and the summary. ``--host``/``--hosts`` run it on each host. The decision table:
+docs/ready.md; the options: docs/cli.md.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import TYPE_CHECKING
+
+from ._common import EXIT_CLEAN, EXIT_NOT_CLEAN, EXIT_UNHEALTHY, hosts_wanted, open_session, verdict_printed
+from ._output import StatusLine, plural, print_json
+
+if TYPE_CHECKING:
+    import argparse
+
+    from ..verdict import ReadyReport
+    from ..wait import TracePoint
+
+
+def exit_code_of(report: ReadyReport) -> int:
+    """0 ready, 5 when a GPU needs an operator (unhealthy or stuck), else 1."""
+    if report.ready:
+        return EXIT_CLEAN
+    return EXIT_UNHEALTHY if report.needs_operator else EXIT_NOT_CLEAN
+
+
+def cmd_ready(args: argparse.Namespace) -> int:
+    """Judge the selected GPUs; the status line shows on a terminal only, while waiting."""
+    from dataclasses import replace
+
+    from ..wait import WaitOptions
+
+    if hosts_wanted(args):
+        from ._hosts import run_hosts
+
+        return run_hosts(args)
+    need_bytes, need_fraction = args.need if args.need is not None else (None, None)
+    status = StatusLine(sys.stderr, not args.json)
+    started = time.monotonic()
+
+    def on_poll(point: TracePoint) -> None:
+        if status.enabled and point.snapshot is not None:
+            used = point.total_used_bytes
+            held = "?" if used is None else f"{used / (1 << 30):.1f} GiB"
+            status.update(f"waiting for ready {time.monotonic() - started:5.1f} s · {held} used")
+
+    with open_session(args) as gpus:
+        # --timeout bounds the whole command: the open (whose nvmlInit it bounded) comes out of it.
+        timeout = None if args.timeout is None else max(0.0, args.timeout - (time.monotonic() - started))
+        try:
+            report = gpus.ready(
+                args.devices, need_bytes=need_bytes, need_fraction=need_fraction, max_used_bytes=args.max_used,
+                timeout=timeout, events=not args.no_events,
+                options=WaitOptions(stable_polls=args.stable_polls, on_poll=on_poll),
+            )
+        finally:
+            status.clear()
+        report = replace(report, timeout_s=args.timeout, elapsed_ns=round((time.monotonic() - started) * 1e9))
+        code = exit_code_of(report)
+        if args.json:
+            from ..jsonout import ready_document
+
+            print_json(ready_document(report, exit_code=code, need_bytes=need_bytes, need_fraction=need_fraction))
+        else:
+            for v in report.verdicts:
+                print(v.line())
+            print(_summary(report))
+        verdict_printed(code)  # before the session closes: nvmlShutdown is teardown the kernel does anyway
+    return code
+
+
+def _summary(report: ReadyReport) -> str:
+    n = len(report.verdicts)
+    ok = sum(v.ready for v in report.verdicts)
+    took = f"{report.elapsed_ns / 1e6:.1f} ms, {plural(report.polls, 'poll')}"
+    if report.ready:
+        return f"ready: {plural(n, 'GPU')} ({took})"
+    word = "needs an operator" if report.needs_operator else "not ready"
+    return f"{word}: {ok} of {plural(n, 'GPU')} ready ({took})"

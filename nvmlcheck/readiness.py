@@ -1,0 +1,219 @@
+"""``ready``: can the next job start on these GPUs now, and if not, why and when?
+
+:func:`ready_on` (also :meth:`Session.ready <nvmlcheck.Session.ready>`) reads the selected GPUs once with their
+health; with a timeout it then waits through the one poller (:meth:`~nvmlcheck.Session.wait_until_clean`) with the
+ready predicate (clean, and with a need, capacity: :func:`~nvmlcheck.predicates.memory_free_at_least`), listening for
+XIDs, while a :class:`~nvmlcheck.verdict.Watch` sees every poll; the last reading is classified
+(:func:`~nvmlcheck.verdict.classify`) into a :class:`~nvmlcheck.verdict.ReadyReport`. An unhealthy GPU ends it at
+once: waiting cannot help. :func:`ready` opens a session first, bounded by the timeout as
+:func:`~nvmlcheck.wait_until_clean` is. Rules, exit codes and sources: docs/ready.md.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
+
+from .errors import BackendUnavailable, GpuFault, NvmlError, WaitTimeout
+from .model import DeviceState, Fields, Snapshot
+from .predicates import DEFAULT_MAX_USED_BYTES, instance_view, memory_free_at_least, memory_used_at_most, no_processes
+from .verdict import GpuVerdict, ReadyReport, Watch, classify
+
+if TYPE_CHECKING:
+    from .holders import Holder
+    from .predicates import Predicate
+    from .session import DeviceSelector, Session
+    from .wait import TracePoint, WaitOptions
+
+__all__ = ["ready", "ready_on"]
+
+#: ``ready``'s default timeout: one check ("is it ready now?"); a launch gate that may wait says how long.
+DEFAULT_TIMEOUT_S = 0.0
+
+
+def ready_on(
+    session: Session,
+    devices: Iterable[DeviceSelector] | DeviceSelector | None = None,
+    *,
+    need_bytes: int | None = None,
+    need_fraction: float | None = None,
+    max_used_bytes: int | None = None,
+    timeout: float | None = DEFAULT_TIMEOUT_S,
+    events: bool | None = None,
+    options: WaitOptions | None = None,
+) -> ReadyReport:
+    """One verdict per selected GPU: ready (clean, healthy and, with a need, enough free memory) or why not.
+
+    ``need_bytes``: what the next job allocates per GPU; ``need_fraction``: that as a fraction of each GPU's total
+    (vLLM's ``gpu_memory_utilization``); free = total - reserved - used must reach it. ``max_used_bytes``: what
+    clean allows (``None``: 16 MiB, as for waits). ``timeout`` in seconds: ``0`` (the default) judges one reading,
+    ``None`` waits forever; otherwise it polls until every GPU is ready or the deadline passes (overrun by at most one
+    query), listening for XIDs on the selected GPUs unless ``events=False``. An unhealthy GPU (a health cause, a
+    fatal XID, a lost GPU) ends the call at once. ``options``: a :class:`~nvmlcheck.wait.WaitOptions` for the
+    policy, stable polls, ``on_poll``, ``clock`` and ``sleep`` (its timeout and events are this call's keywords).
+
+    Never raises for "not ready": the :class:`~nvmlcheck.verdict.ReadyReport` says so, per GPU, with its
+    culprits. Raises ``ValueError`` for a bad selection or need, :class:`~nvmlcheck.BackendUnavailable` when the
+    backend sees no GPU.
+    """
+    from .wait import WaitOptions
+
+    opts = WaitOptions.or_default(options).with_(timeout=timeout, events=True if events is None else events)
+    bound = opts.timeout
+    if max_used_bytes is None:
+        max_used_bytes = DEFAULT_MAX_USED_BYTES
+    capacity = None
+    if need_bytes is not None or need_fraction is not None:
+        capacity = memory_free_at_least(need_bytes, fraction=need_fraction)  # checks them
+    predicate = no_processes() & memory_used_at_most(max_used_bytes)
+    if capacity is not None:
+        predicate = predicate & capacity
+    clock = opts.clock
+    start = clock()
+    indices = session.resolve(devices)
+    mig = session._mig_selection(devices)
+    backend = session.backend
+    watch = Watch(max_used_bytes=max_used_bytes)
+    first = backend.snapshot(indices, Fields.WAIT | Fields.HEALTH)
+    if not first.devices and not first.failures:
+        raise BackendUnavailable(f"the {backend.name} backend sees no GPU: refusing to call zero GPUs ready",
+                                 [f"{backend.name}: device count 0"])
+    watch.observe(first, clock())
+    notes = _health_notes(first)
+    health = first
+    faults: list[GpuFault] = []
+    errors: dict[int, BaseException] = {}
+
+    def judge(snap: Snapshot) -> tuple[GpuVerdict, ...]:
+        units = _units(snap, mig)
+        return classify(snap, now_ns=clock(), watch=watch, max_used_bytes=max_used_bytes, need_bytes=need_bytes,
+                        need_fraction=need_fraction, health=health, faults=faults, errors=errors,
+                        unlisted=_unlisted(session, units or snap.devices, max_used_bytes), units=units)
+
+    verdicts = judge(first)
+    if bound == 0 or any(v.class_ == "unhealthy" for v in verdicts):
+        return ReadyReport(verdicts, first, clock() - start, 1, bound, notes)
+
+    remaining = None if bound is None else max(0.0, bound - (clock() - start) / 1e9)
+    since = time.monotonic_ns()  # event times are on this clock
+    final = _wait(session, devices, predicate, opts.with_(timeout=remaining), watch, faults=faults,
+                  errors=errors) or first
+    listener = session.listener
+    if listener is not None:
+        if listener.reason is not None:
+            notes = (*notes, f"events: {listener.reason}")
+        if any(e.time_ns >= since and (indices is None or e.index in indices) for e in listener.events):
+            health = backend.snapshot(indices, Fields.HEALTH)  # an XID came (63, 154, ...): read the health again
+    return ReadyReport(judge(final), final, clock() - start, watch.observed, bound, notes)
+
+
+def _wait(
+    session: Session,
+    devices: Iterable[DeviceSelector] | DeviceSelector | None,
+    predicate: Predicate,
+    opts: WaitOptions,
+    watch: Watch,
+    *,
+    faults: list[GpuFault],
+    errors: dict[int, BaseException],
+) -> Snapshot | None:
+    """Poll with the ready predicate through the session's wait, the watch seeing every poll; the last reading
+    (``None``: none beyond what the watch saw). A fatal event lands in ``faults``, a GPU that became unreadable in
+    ``errors``: both are judged, not raised."""
+    observe = watch.on_poll(opts.clock)
+    user = opts.on_poll
+
+    def on_poll(point: TracePoint) -> None:
+        observe(point)
+        if user is not None:
+            user(point)
+
+    try:
+        return session.wait_until_clean(opts.timeout, predicate, devices=devices,
+                                        options=opts.with_(on_poll=on_poll)).snapshot
+    except WaitTimeout as exc:
+        return exc.snapshot or watch.last_full
+    except GpuFault as fault:
+        faults.append(fault)
+    except NvmlError as exc:
+        if exc.device_index is None:
+            raise
+        errors[exc.device_index] = exc  # lost, no permission, ...
+    return watch.last_full
+
+
+def ready(
+    devices: Iterable[DeviceSelector] | DeviceSelector | None = None,
+    *,
+    need_bytes: int | None = None,
+    need_fraction: float | None = None,
+    max_used_bytes: int | None = None,
+    timeout: float | None = DEFAULT_TIMEOUT_S,
+    backend: str = "auto",
+    events: bool | None = None,
+    options: WaitOptions | None = None,
+) -> ReadyReport:
+    """Open a session, judge the selected GPUs (:func:`ready_on`), close it. A finite ``timeout`` (``0``
+    included) bounds the whole call, the opening included, by :func:`~nvmlcheck.wait_until_clean`'s rule
+    (``session.open_timeouts``).
+
+    >>> import nvmlcheck as nc
+    >>> report = nc.ready([0], need_fraction=0.9, timeout=30.0)        # doctest: +SKIP
+    >>> report.ready, [v.line() for v in report.verdicts]                # doctest: +SKIP
+    """
+    from .session import open as open_session
+    from .session import open_timeouts
+
+    started = time.monotonic()
+    init_timeout, smi_timeout = open_timeouts(timeout)
+    with open_session(backend, init_timeout_s=init_timeout, smi_timeout_s=smi_timeout) as session:
+        if timeout is not None and not math.isinf(timeout):
+            timeout = max(0.0, timeout - (time.monotonic() - started))
+        return ready_on(session, devices, need_bytes=need_bytes, need_fraction=need_fraction,
+                        max_used_bytes=max_used_bytes, timeout=timeout, events=events, options=options)
+
+
+def _units(snap: Snapshot, mig: Sequence[int | str]) -> tuple[DeviceState, ...] | None:
+    """The judged units of a MIG selection (each MIG UUID its instance, each other selector its GPU); ``None``
+    without MIG (every device of the snapshot)."""
+    if not mig:
+        return None
+    out: list[DeviceState] = []
+    for s in mig:
+        for d in snap.devices:
+            if isinstance(s, int) and d.index == s:
+                out.append(d)
+            elif isinstance(s, str):
+                out.extend(instance_view(d, m) for m in d.mig_devices or () if m.uuid == s)
+    return tuple(out)
+
+
+def _unlisted(session: Session, units: Sequence[DeviceState], max_used_bytes: int) -> tuple[Holder, ...]:
+    """Processes with an NVIDIA device file open that are on no GPU's list: read only when a unit holds memory with
+    an empty process list (they may hold it from another PID namespace's numbering)."""
+    if not any(_held_unlisted(d, max_used_bytes) for d in units):
+        return ()
+    from .holders import find_holders
+
+    try:
+        every = session.backend.snapshot(None, Fields.PROCESSES)
+        return tuple(h for h in find_holders(every) if "nvml" not in h.found_by)
+    except (OSError, NvmlError):
+        return ()
+
+
+def _held_unlisted(d: DeviceState, max_used_bytes: int) -> bool:
+    m = d.memory
+    return d.processes == () and m is not None and not m.used_includes_reserved and m.used_bytes > max_used_bytes
+
+
+def _health_notes(snap: Snapshot) -> tuple[str, ...]:
+    """Health values a GPU does not support: said once, never a refusal."""
+    where: dict[tuple[str, str], list[str]] = {}
+    for d in snap.devices:
+        for key, why in sorted(d.unknown.items()):
+            if key.startswith("health") and why.startswith(("not supported", "not available")):
+                where.setdefault((key, why), []).append(str(d.index))
+    return tuple(f"{key} not judged on GPU {', '.join(gpus)} ({why})" for (key, why), gpus in where.items())

@@ -1,0 +1,673 @@
+"""Ready, not just clean: one verdict per GPU with its cause, and the structured culprits every timeout carries.
+
+A :class:`GpuVerdict` classes a GPU as ``ready`` or not: ``reclaiming`` (its holders exited, the memory is coming
+back; with an ETA), ``held`` (a live holder), ``stuck`` (a holder no signal ends, or memory held with no holder past
+the reclaim model's bound), ``unhealthy`` (a health cause or a fatal XID, each with the operator's action),
+``short`` (clean, but free < need) or ``unknown`` (a query failed: never ready). Each cause is a :class:`Culprit`
+(data: GPU, PID, name, bytes, kind, class, container, action, reason). :class:`Watch` keeps what the polls of one
+wait saw (when a teardown began, how fast memory came back); :func:`classify` turns a snapshot into verdicts;
+:func:`health_causes` is the one table of health causes and actions; :func:`holders_of` gives a plain wait's
+timeout its culprits. ``ready``'s own loop is :mod:`nvmlcheck.readiness`. Decision table and sources: docs/ready.md.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+
+from . import reclaim_model
+from ._proc import procfs
+from ._units import format_bytes
+from .model import DeviceState, GpuProcess, Memory, OperatorAction, Snapshot, SystemInfo
+from .predicates import DEFAULT_MAX_USED_BYTES, free_bytes_of, memory_used_at_most
+
+if TYPE_CHECKING:
+    from .errors import GpuFault
+    from .holders import Holder
+    from .wait import TracePoint
+
+__all__ = [
+    "CLASSES",
+    "NEEDS_OPERATOR",
+    "Culprit",
+    "GpuVerdict",
+    "ReadyClass",
+    "ReadyReport",
+    "Watch",
+    "classify",
+    "health_causes",
+    "holders_of",
+]
+
+#: A verdict's class (and a culprit's): see the module docstring and docs/ready.md.
+ReadyClass = Literal["ready", "reclaiming", "held", "stuck", "unhealthy", "short", "unknown"]
+#: The classes, least severe first: a GPU's class is that of its most severe culprit.
+CLASSES: tuple[ReadyClass, ...] = ("ready", "short", "reclaiming", "held", "unknown", "stuck", "unhealthy")
+#: The classes waiting cannot end: an operator has to act (``nvmlcheck ready`` exits 5).
+NEEDS_OPERATOR: frozenset[str] = frozenset({"stuck", "unhealthy"})
+_SEVERITY = {c: i for i, c in enumerate(CLASSES)}
+_NO_SYSTEM = SystemInfo(None, None, None)
+
+# Operator actions: a GPU's are NVIDIA's words (:class:`nvmlcheck.model.OperatorAction`: the XID catalogue's
+# resolution buckets and NVML's recovery actions); a process's are nvmlcheck's.
+RESET_GPU = OperatorAction.RESET_GPU.value
+NODE_REBOOT = OperatorAction.NODE_REBOOT.value
+STOP_HOLDER = "STOP_HOLDER"  #: end the holder (``nvmlcheck kill PID``) or let it finish
+REAP_ZOMBIE = "REAP_ZOMBIE"  #: its parent must reap it (end the parent)
+WAIT = "WAIT"  #: the driver is giving the memory back: wait for it
+
+# What to do, in words, per GPU action (the hint after a health cause's text).
+_ACTION_HINTS = {
+    "RESET_GPU": "nvidia-smi -r -i {i} once its processes are gone, or reboot",
+    "DRAIN_P2P": "let peer-to-peer traffic drain, then read the recovery action again",
+    "DRAIN_AND_RESET": "let peer-to-peer traffic drain, then nvidia-smi -r -i {i}",
+    "BUS_RESET": "reset the GPU's PCIe bus",
+    "RECOVER_IMEX_DOMAIN": "recover the IMEX domain",
+    "NODE_REBOOT": "reboot the node",
+    "CONTACT_SUPPORT": "service the GPU (RMA): a reset does not help",
+}
+# Reasons a backend records for a value the device does not have (errors.py's NotSupported / FunctionNotFound):
+# unsupported health is no refusal (a Hopper GPU retires no pages: it remaps rows).
+_UNSUPPORTED_PREFIXES = ("not supported", "not available", "not requested")
+
+
+# --- values -----------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Culprit:
+    """One thing that keeps a GPU from being ready, as data.
+
+    ``gpu``: NVML index (``None``: not tied to one GPU). ``class_``: the :data:`ReadyClass` it puts the GPU in
+    (``"class"`` in JSON). ``kind``: ``"compute"``/``"graphics"``/``"mps"`` for a listed process, ``"device-file"``
+    for a process found by its open device files only, else what the cause is (``"memory"``,
+    ``"remapped_rows.pending"``, ``"xid"``, ``"capacity"``, ``"query"``, ...). ``pid``, ``name``, ``used_bytes``,
+    ``state`` (``/proc`` state word) and ``container`` (label: ``"lxc/129"``, ``"docker 3f2a…"``) describe a process
+    culprit (``None`` where unknown or not a process). ``action``: what an operator does: for a GPU an
+    :class:`~nvmlcheck.model.OperatorAction` value (``RESET_GPU``, ``NODE_REBOOT``, ``CONTACT_SUPPORT``, ...), for a
+    process ``STOP_HOLDER``, ``REAP_ZOMBIE`` or ``WAIT``; ``None``: nothing to do but wait or ask for less.
+    ``reason``: the cause in words, without the GPU (:meth:`describe` adds it).
+    """
+
+    gpu: int | None
+    class_: ReadyClass
+    kind: str
+    reason: str
+    pid: int | None = None
+    name: str | None = None
+    used_bytes: int | None = None
+    state: str | None = None
+    container: str | None = None
+    action: str | None = None
+
+    def describe(self) -> str:
+        """The reason with its GPU: ``"GPU 1: held by pid 4123 (python3) in lxc/129, 8.0 GiB"``."""
+        return self.reason if self.gpu is None else f"GPU {self.gpu}: {self.reason}"
+
+    def to_json(self) -> dict[str, Any]:
+        """The culprit in JSON documents (``holders`` of ``nvmlcheck/wait``, ``kill``, ``select``, ``ready``)."""
+        return {
+            "gpu": self.gpu,
+            "class": self.class_,
+            "kind": self.kind,
+            "pid": self.pid,
+            "name": self.name,
+            "used_bytes": self.used_bytes,
+            "state": self.state,
+            "container": self.container,
+            "action": self.action,
+            "reason": self.reason,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class GpuVerdict:
+    """The verdict on one GPU (or one MIG instance: ``label`` names it).
+
+    ``class_``: ``"ready"`` or why not (its most severe culprit's class); ``culprits``: every cause found.
+    ``used_bytes``, ``total_bytes``, ``free_bytes`` (total - reserved - used) and ``need_bytes`` (``None``: no need
+    given) from the last reading. ``eta_ns``: for ``reclaiming``, the expected time from the verdict until the memory
+    is back (the reclaim model's figure from when the teardown was first seen; once that has passed while memory
+    is still coming back, the observed release rate extrapolated); ``stuck_after_ns``: how long memory may stay held
+    with no live holder before it is called stuck (:mod:`nvmlcheck.reclaim_model`).
+    """
+
+    index: int
+    uuid: str | None
+    label: str
+    class_: ReadyClass
+    culprits: tuple[Culprit, ...] = ()
+    used_bytes: int | None = None
+    total_bytes: int | None = None
+    free_bytes: int | None = None
+    need_bytes: int | None = None
+    eta_ns: int | None = None
+    stuck_after_ns: int | None = None
+
+    @property
+    def ready(self) -> bool:
+        """Whether the next job can start on it now."""
+        return self.class_ == "ready"
+
+    @property
+    def needs_operator(self) -> bool:
+        """Whether waiting cannot make it ready (``unhealthy`` or ``stuck``)."""
+        return self.class_ in NEEDS_OPERATOR
+
+    @property
+    def actions(self) -> tuple[str, ...]:
+        """The culprits' actions, most severe first, without repeats."""
+        ordered = sorted(self.culprits, key=lambda c: -_SEVERITY[c.class_])
+        return tuple(dict.fromkeys(c.action for c in ordered if c.action))
+
+    def line(self) -> str:
+        """One line for a person: ``GPU 1: held by pid 4123 (python3) in lxc/129, 8.0 GiB``."""
+        if self.ready:
+            free = "" if self.free_bytes is None else f" ({format_bytes(self.free_bytes)} free"
+            if free:
+                free += "" if self.need_bytes is None else f", {format_bytes(self.need_bytes)} needed"
+                free += ")"
+            return f"{self.label}: ready{free}"
+        ordered = sorted(self.culprits, key=lambda c: -_SEVERITY[c.class_])
+        text = "; ".join(c.reason if c.class_ == self.class_ else f"{c.class_}: {c.reason}" for c in ordered)
+        head = "" if self.class_ == "held" else f"{self.class_}: "
+        eta = ""
+        if self.class_ == "reclaiming" and self.eta_ns is not None:
+            eta = f"; back in ~{self.eta_ns / 1e6:.0f} ms" if self.eta_ns > 0 else "; overdue, still coming back"
+        return f"{self.label}: {head}{text}{eta}"
+
+    def to_json(self) -> dict[str, Any]:
+        """The verdict in the ``nvmlcheck/ready`` document."""
+        return {
+            "index": self.index,
+            "uuid": self.uuid,
+            "label": self.label,
+            "class": self.class_,
+            "ready": self.ready,
+            "used_bytes": self.used_bytes,
+            "total_bytes": self.total_bytes,
+            "free_bytes": self.free_bytes,
+            "need_bytes": self.need_bytes,
+            "eta_ns": self.eta_ns,
+            "stuck_after_ns": self.stuck_after_ns,
+            "actions": list(self.actions),
+            "culprits": [c.to_json() for c in self.culprits],
+            "line": self.line(),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ReadyReport:
+    """What ``ready`` found: one :class:`GpuVerdict` per selected GPU (or MIG instance).
+
+    ``ready``: every one is ready (never for none). ``needs_operator``: one is ``unhealthy`` or ``stuck`` (waiting
+    cannot help). ``snapshot``: the last reading judged; ``elapsed_ns``: from the call to the verdict; ``polls``:
+    readings taken; ``timeout_s``: the bound asked for (``None``: none). ``notes``: what was not judged and why
+    (health values the GPUs do not support, events that could not be had): never a refusal.
+    """
+
+    verdicts: tuple[GpuVerdict, ...]
+    snapshot: Snapshot | None
+    elapsed_ns: int
+    polls: int
+    timeout_s: float | None
+    notes: tuple[str, ...] = ()
+
+    @property
+    def ready(self) -> bool:
+        """Whether every selected GPU is ready (``False`` when none was judged)."""
+        return bool(self.verdicts) and all(v.ready for v in self.verdicts)
+
+    @property
+    def needs_operator(self) -> bool:
+        """Whether a GPU is unhealthy or stuck: waiting cannot make the selection ready."""
+        return any(v.needs_operator for v in self.verdicts)
+
+    @property
+    def holders(self) -> tuple[Culprit, ...]:
+        """Every culprit of every GPU (the structured form of :attr:`culprits`)."""
+        return tuple(c for v in self.verdicts for c in v.culprits)
+
+    @property
+    def culprits(self) -> tuple[str, ...]:
+        """Every culprit as a line (``GPU 1: held by pid 4123 ...``)."""
+        return tuple(c.describe() for c in self.holders)
+
+
+# --- health -----------------------------------------------------------------------------------------------------
+
+
+def health_causes(d: DeviceState) -> tuple[Culprit, ...]:
+    """The health causes of device ``d`` (read with ``Fields.HEALTH``: :meth:`nvmlcheck.model.Health.causes`), each
+    an ``unhealthy`` culprit with the operator's action; an unreadable health value that the device does support
+    is an ``unknown`` one. Values the device does not support (``None`` with a "not supported" reason) are no
+    cause."""
+    out: list[Culprit] = []
+    i = d.index
+    if d.health is not None:
+        for cause in d.health.causes():
+            action = cause.action.value
+            hint = _ACTION_HINTS.get(action, "").format(i=i)
+            out.append(Culprit(i, "unhealthy", cause.code, f"{cause.text} [{action}: {hint}]" if hint else
+                               f"{cause.text} [{action}]", action=action))
+    for key, why in sorted(d.unknown.items()):
+        if key.split(".", 1)[0] == "health" and not why.startswith(_UNSUPPORTED_PREFIXES):
+            out.append(Culprit(i, "unknown", "query", f"{key} could not be read ({why}); health unknown is never "
+                               "ready"))
+    return tuple(out)
+
+
+def fault_culprit(fault: GpuFault) -> Culprit:
+    """A fatal event (XID 79, 48, ...) that stopped a wait, as an ``unhealthy`` culprit with its action: the XID
+    table's (:data:`nvmlcheck.events.XID_TABLE`, from NVIDIA's catalogue), else a reset."""
+    action = RESET_GPU
+    if fault.xid is not None:
+        from .events import xid_info
+
+        known = xid_info(fault.xid).action
+        if known is not None:
+            action = known.value
+    what = f"XID {fault.xid}" if fault.xid is not None else fault.kind.replace("_", "-")
+    return Culprit(fault.index, "unhealthy", "xid" if fault.xid is not None else fault.kind,
+                   f"{what}: {fault.meaning}", action=action)
+
+
+def error_culprit(index: int, error: BaseException) -> Culprit:
+    """A GPU that could not be read: ``unhealthy`` when the error says it needs a reset or a reboot (lost,
+    reset required), else ``unknown`` (never ready)."""
+    from .errors import GpuLost, GpuRequiresReset
+
+    if isinstance(error, GpuLost):
+        return Culprit(index, "unhealthy", "query", f"the GPU is lost ({error}): reboot the node", action=NODE_REBOOT)
+    if isinstance(error, GpuRequiresReset):
+        return Culprit(index, "unhealthy", "query", f"the GPU needs a reset ({error}): nvidia-smi -r -i {index}",
+                       action=RESET_GPU)
+    return Culprit(index, "unknown", "query", f"could not be read: {error}")
+
+
+# --- what the polls saw -----------------------------------------------------------------------------------------
+
+
+class _Track:
+    """One GPU's history in a :class:`Watch`."""
+
+    __slots__ = ("contexts", "last_ns", "last_used", "pid_states", "since_ns", "start_bytes")
+
+    def __init__(self) -> None:
+        self.since_ns: int | None = None  # when memory was first seen held with no live holder (this episode)
+        self.start_bytes = 0  # used then
+        self.contexts = 1  # processes exiting then (teardowns are serialised: reclaim_model)
+        self.last_ns: int | None = None
+        self.last_used: int | None = None
+        self.pid_states: dict[int, tuple[str, int]] = {}  # pid -> (state letter or "-" for absent, first seen)
+
+
+class Watch:
+    """What the polls of one wait saw, per GPU (by UUID): when its memory was first seen held with no live holder
+    (the teardown's start), how much and how many contexts then, and since when each listed PID has been a zombie,
+    in D state or absent from ``/proc``. Feed it every poll (:meth:`observe`, or :meth:`on_poll` as a wait's
+    ``on_poll``); :func:`classify` reads it. ``read_state(pid)`` is the ``/proc`` state letter (``None``: no such
+    process here); injectable for tests."""
+
+    def __init__(
+        self,
+        *,
+        max_used_bytes: int = DEFAULT_MAX_USED_BYTES,
+        read_state: Callable[[int], str | None] | None = None,
+    ) -> None:
+        self.max_used_bytes = max_used_bytes
+        self.read_state = read_state if read_state is not None else _proc_state
+        self._tracks: dict[str, _Track] = {}
+        self.last_full: Snapshot | None = None
+        self.observed = 0
+
+    def track(self, d: DeviceState) -> _Track:
+        """The history of device ``d`` (created empty)."""
+        t = self._tracks.get(d.uuid)
+        if t is None:
+            t = self._tracks[d.uuid] = _Track()
+        return t
+
+    def state_since(self, d: DeviceState, pid: int, now_ns: int) -> tuple[str | None, int]:
+        """``pid``'s ``/proc`` state letter (``None``: not visible here) and since when it has been in it."""
+        state = self.read_state(pid)
+        key = state or "-"
+        t = self.track(d)
+        seen = t.pid_states.get(pid)
+        if seen is None or seen[0] != key:
+            t.pid_states[pid] = (key, now_ns)
+            return state, now_ns
+        return state, seen[1]
+
+    def observe(self, snapshot: Snapshot, now_ns: int, *, partial: bool = False) -> None:
+        """Record one poll's snapshot taken at ``now_ns`` (``partial``: memory only, the probe's)."""
+        self.observed += 1
+        if not partial:
+            self.last_full = snapshot
+        for d in snapshot.devices:
+            m = d.memory
+            t = self.track(d)
+            if m is None:
+                continue
+            t.last_ns, t.last_used = now_ns, m.used_bytes
+            held = not m.used_includes_reserved and m.used_bytes > self.max_used_bytes
+            if partial:
+                if not held:
+                    t.since_ns = None
+                continue
+            procs = d.processes
+            if procs is None:
+                continue
+            pids = {p.pid for p in procs}
+            live = [pid for pid in pids if self.state_since(d, pid, now_ns)[0] not in (None, "Z", "X")]
+            for gone in set(t.pid_states) - pids:
+                del t.pid_states[gone]
+            if held and not live:
+                if t.since_ns is None:
+                    t.since_ns, t.start_bytes, t.contexts = now_ns, m.used_bytes, max(1, len(pids))
+            else:
+                t.since_ns = None
+
+    def on_poll(self, clock: Callable[[], int]) -> Callable[[TracePoint], None]:
+        """A wait's ``on_poll`` that observes every poll, stamped with ``clock``."""
+
+        def on_poll(point: TracePoint) -> None:
+            if point.snapshot is not None:
+                self.observe(point.snapshot, clock(), partial=point.partial)
+
+        return on_poll
+
+
+def _proc_state(pid: int) -> str | None:
+    st = procfs.read_stat(pid)
+    return None if st is None else st.state
+
+
+def _container(pid: int) -> str | None:
+    """The container label of ``pid`` (``None``: none, or not visible here)."""
+    from ._proc.container import container_of
+
+    c = container_of(pid)
+    return None if c is None else c.label()
+
+
+# --- classification ---------------------------------------------------------------------------------------------
+
+
+def classify(
+    snapshot: Snapshot | None,
+    *,
+    now_ns: int,
+    watch: Watch | None = None,
+    max_used_bytes: int = DEFAULT_MAX_USED_BYTES,
+    need_bytes: int | None = None,
+    need_fraction: float | None = None,
+    health: Snapshot | None = None,
+    faults: Sequence[GpuFault] = (),
+    errors: Mapping[int, BaseException] | None = None,
+    unlisted: Sequence[Holder] = (),
+    units: Sequence[DeviceState] | None = None,
+    container: Callable[[int], str | None] | None = None,
+) -> tuple[GpuVerdict, ...]:
+    """One :class:`GpuVerdict` per device of ``snapshot`` (or per ``units``: MIG instance views), judged at
+    ``now_ns`` (on the clock ``watch`` was fed with).
+
+    Clean means no listed process and at most ``max_used_bytes`` used (the wait's rule); capacity means free =
+    total - reserved - used at least ``need_bytes`` or ``need_fraction`` of the total. ``health``: a snapshot read
+    with ``Fields.HEALTH`` (default: ``snapshot``'s own health); ``faults``: fatal events on these GPUs; ``errors``:
+    per GPU index, the error that made it unreadable; ``unlisted``: processes with NVIDIA device files open that are
+    on no GPU's list (a GPU whose memory is held with an empty list is ``held`` while one lives, not ``stuck``).
+    ``container(pid)`` labels a holder's container (default: ``/proc/PID/cgroup`` and its PID namespace).
+    """
+    label_of = container if container is not None else _container
+    devices = tuple(units) if units is not None else (snapshot.devices if snapshot is not None else ())
+    driver = snapshot.system.driver_version if snapshot is not None else None
+    model = reclaim_model.model_for(driver)
+    health_of = {d.index: d for d in (health.devices if health is not None else devices)}
+    errs = dict(errors or {})
+    uuids: dict[int, str | None] = {}
+    if snapshot is not None:
+        for failure in snapshot.failures:
+            errs.setdefault(failure.index, failure.error)
+            uuids[failure.index] = failure.uuid
+    ctx = _Ctx(now_ns, watch, model, max_used_bytes, need_bytes, need_fraction, unlisted, label_of)
+    out: list[GpuVerdict] = []
+    seen: set[int] = set()
+    for d in devices:
+        seen.add(d.index)
+        culprits = [fault_culprit(f) for f in faults if f.index == d.index]
+        culprits += health_causes(health_of.get(d.index) or d)
+        error = errs.get(d.index)
+        if error is not None:
+            culprits.append(error_culprit(d.index, error))
+        out.append(_classify_one(d, ctx, culprits))
+    for index, err in sorted(errs.items()):
+        if index not in seen:
+            culprits = [error_culprit(index, err), *(fault_culprit(f) for f in faults if f.index == index)]
+            out.append(_verdict(index, uuids.get(index), f"GPU {index}", culprits))
+            seen.add(index)
+    for f in faults:
+        if f.index not in seen:
+            out.append(_verdict(f.index, f.uuid, f"GPU {f.index}", [fault_culprit(f)]))
+            seen.add(f.index)
+    return tuple(out)
+
+
+class _Ctx(NamedTuple):
+    """What every GPU of one classification shares."""
+
+    now: int
+    watch: Watch | None
+    model: reclaim_model.ReclaimModel
+    max_used: int
+    need_bytes: int | None
+    need_fraction: float | None
+    unlisted: Sequence[Holder]
+    label_of: Callable[[int], str | None]
+
+
+def _verdict(index: int, uuid: str | None, label: str, culprits: list[Culprit], **fields: Any) -> GpuVerdict:
+    worst: ReadyClass = "ready"
+    for c in culprits:
+        if _SEVERITY[c.class_] > _SEVERITY[worst]:
+            worst = c.class_
+    if worst != "reclaiming":
+        fields["eta_ns"] = None
+    if worst not in ("reclaiming", "stuck"):
+        fields["stuck_after_ns"] = None
+    return GpuVerdict(index, uuid, label, worst, tuple(culprits), **fields)
+
+
+def _label(d: DeviceState) -> str:
+    if d.mig_mode and d.mig_devices is not None and len(d.mig_devices) == 1 and d.mig_devices[0].uuid == d.uuid:
+        return f"GPU {d.index} {d.mig_devices[0].label}"
+    return f"GPU {d.index}"
+
+
+def _classify_one(d: DeviceState, ctx: _Ctx, culprits: list[Culprit]) -> GpuVerdict:
+    """The verdict on ``d``: ``culprits`` (faults, health, read errors) plus what its processes, memory and
+    capacity say."""
+    i, now, m = d.index, ctx.now, d.memory
+    track = ctx.watch.track(d) if ctx.watch is not None else None
+    episode = track is not None and track.since_ns is not None
+    # The teardown: since when memory has been held with no live holder (this reading, without history).
+    since = track.since_ns if track is not None and track.since_ns is not None else now
+    start_bytes = track.start_bytes if track is not None and episode else (0 if m is None else m.used_bytes)
+    procs = d.processes
+    listed = _distinct(procs if procs is not None else
+                       (*(d.compute_processes or ()), *(d.graphics_processes or ()), *(d.mps_processes or ())))
+    contexts = track.contexts if track is not None and episode else max(1, len(listed))
+    bound = ctx.model.stuck_after_ns(contexts, max(0, start_bytes))
+    culprits += _process_culprits(d, listed, ctx, bound)
+    culprits += _unknown_lists(d)
+    culprits += _memory_culprits(d, ctx, since, bound)
+    eta = None
+    if any(c.class_ == "reclaiming" for c in culprits):
+        eta = max(0, since + ctx.model.expected_ns(contexts, max(0, start_bytes)) - now)
+        if eta == 0 and track is not None and track.since_ns is not None and m is not None:
+            released, elapsed = start_bytes - m.used_bytes, now - track.since_ns
+            if released > 0 and elapsed > 0:  # overdue and still coming back: the observed rate extrapolated
+                eta = round(m.used_bytes * elapsed / released)
+    need = None
+    if m is not None and (ctx.need_bytes is not None or ctx.need_fraction is not None):
+        need = ctx.need_bytes if ctx.need_fraction is None else _ceil(ctx.need_fraction * m.total_bytes)
+        if not culprits and need is not None:
+            culprits += _capacity_culprits(d, m, need, ctx.need_fraction)
+    return _verdict(i, d.uuid, _label(d), culprits, used_bytes=None if m is None else m.used_bytes,
+                    total_bytes=None if m is None else m.total_bytes,
+                    free_bytes=None if m is None else free_bytes_of(m)[0], need_bytes=need, eta_ns=eta,
+                    stuck_after_ns=bound)
+
+
+def _unknown_lists(d: DeviceState) -> list[Culprit]:
+    out = []
+    for kind in ("compute", "graphics", "mps"):
+        if getattr(d, f"{kind}_processes") is None:
+            why = d.why_unknown(f"processes.{kind}") or "not read"
+            out.append(Culprit(d.index, "unknown", "query", f"{kind} process list unknown ({why})"))
+    return out
+
+
+def _memory_culprits(d: DeviceState, ctx: _Ctx, since: int, bound: int) -> list[Culprit]:
+    """The memory rule: unknown, undecidable, or held with an empty process list (:func:`_unheld_memory`)."""
+    m = d.memory
+    if m is None:
+        return [Culprit(d.index, "unknown", "query", f"memory use unknown ({d.why_unknown('memory') or 'not read'})")]
+    judged = _memory_judgement(d, ctx.max_used)
+    if judged is None:
+        what = ("the driver only has the v1 memory call, whose 'used' counts its reserve: no fixed limit can tell idle "
+                "from busy" if m.used_includes_reserved else
+                f"{format_bytes(m.used_bytes)} used is within the reporting resolution of the "
+                f"{format_bytes(ctx.max_used)} limit")
+        return [Culprit(d.index, "unknown", "memory", what, used_bytes=m.used_bytes)]
+    if judged is False and d.processes == ():
+        return _unheld_memory(d, m, ctx, since, bound)
+    return []
+
+
+def _capacity_culprits(d: DeviceState, m: Memory, need: int, fraction: float | None) -> list[Culprit]:
+    free, slack = free_bytes_of(m)
+    if free + slack < need:
+        of = "" if fraction is None else f" ({fraction:g} of {format_bytes(m.total_bytes)})"
+        return [Culprit(d.index, "short", "capacity", f"clean, but {format_bytes(free)} free, {format_bytes(need)} "
+                        f"needed{of}", used_bytes=m.used_bytes)]
+    if free - slack < need:
+        return [Culprit(d.index, "unknown", "capacity", f"{format_bytes(free)} free is within the reporting "
+                        f"resolution of the {format_bytes(need)} needed")]
+    return []
+
+
+def _ceil(x: float) -> int:
+    n = int(x)
+    return n if n >= x else n + 1
+
+
+def _distinct(procs: Iterable[GpuProcess]) -> list[GpuProcess]:
+    """One entry per PID (a process listed under two kinds shares one context: the largest figure)."""
+    by_pid: dict[int, GpuProcess] = {}
+    for p in procs:
+        seen = by_pid.get(p.pid)
+        if seen is None or (p.used_bytes or 0) > (seen.used_bytes or 0):
+            by_pid[p.pid] = p
+    return list(by_pid.values())
+
+
+def _memory_judgement(d: DeviceState, max_used: int) -> bool | None:
+    """The wait's memory rule on this one device (MIG allowance included): ``False`` held, ``None`` cannot tell."""
+    alone = Snapshot("-", 0, 0, 0.0, _NO_SYSTEM, (replace(d, compute_processes=(), graphics_processes=(),
+                                                          mps_processes=()),))
+    return memory_used_at_most(max_used).check(alone)
+
+
+def _process_culprits(d: DeviceState, listed: list[GpuProcess], ctx: _Ctx, bound: int) -> list[Culprit]:
+    """Each listed process: held (alive), reclaiming (exited, within ``bound``), stuck (a zombie or in D state past
+    it), or held by a process not visible here (still listed past it)."""
+    out: list[Culprit] = []
+    i, now = d.index, ctx.now
+    for p in listed:
+        if ctx.watch is not None:
+            state, since = ctx.watch.state_since(d, p.pid, now)
+        else:
+            state, since = _proc_state(p.pid), now
+        word = procfs.STATE_WORDS.get(state, state) if state is not None else None
+        short = os.path.basename(p.name) if p.name else None  # the program, as holders name it
+        name = short or "name unknown"
+        held = "an unknown amount" if p.used_bytes is None else format_bytes(p.used_bytes)
+        age = now - since
+        common: dict[str, Any] = {"pid": p.pid, "name": short, "used_bytes": p.used_bytes, "state": word}
+        if state is None:
+            if age <= bound:
+                out.append(Culprit(i, "reclaiming", p.kind.value, f"pid {p.pid} ({name}) exited; its {held} is "
+                                   "coming back (or it runs in another PID namespace)", action=WAIT, **common))
+            else:
+                out.append(Culprit(i, "held", p.kind.value, f"held by pid {p.pid} ({name}), {held}, listed for "
+                                   f"{age / 1e9:.1f} s but not visible from this PID namespace (NVML reports PIDs of "
+                                   "another namespace on older drivers)", action=STOP_HOLDER, **common))
+            continue
+        where = ctx.label_of(p.pid)
+        common["container"] = where
+        inside = f" in {where}" if where else ""
+        if state in ("Z", "X"):
+            if age <= bound:
+                out.append(Culprit(i, "reclaiming", p.kind.value, f"pid {p.pid} ({name}){inside} exited (zombie); "
+                                   f"its {held} is coming back", action=WAIT, **common))
+            else:
+                parent = _parent(p.pid)
+                out.append(Culprit(i, "stuck", p.kind.value, f"pid {p.pid} ({name}){inside} is a zombie still "
+                                   f"holding {held} after {age / 1e9:.1f} s: its parent (pid {parent}) must reap it "
+                                   "(end the parent), else reset the GPU", action=REAP_ZOMBIE, **common))
+            continue
+        if state == "D" and age > bound:
+            out.append(Culprit(i, "stuck", p.kind.value, f"pid {p.pid} ({name}){inside} holds {held} in "
+                               f"uninterruptible sleep (D) for {age / 1e9:.1f} s: no signal takes effect until its "
+                               "kernel call returns; reboot if it stays", action=NODE_REBOOT, **common))
+            continue
+        out.append(Culprit(i, "held", p.kind.value, f"held by pid {p.pid} ({name}){inside}, {held}",
+                           action=STOP_HOLDER, **common))
+    return out
+
+
+def _parent(pid: int) -> int | None:
+    st = procfs.read_stat(pid)
+    return None if st is None else st.ppid
+
+
+def _unheld_memory(d: DeviceState, m: Memory, ctx: _Ctx, since: int, bound: int) -> list[Culprit]:
+    """Memory held with an empty process list: a process on no list holds it (held), the teardown is still within
+    the reclaim model's bound (reclaiming), or it is past it (stuck)."""
+    i = d.index
+    held = format_bytes(m.used_bytes)
+    out: list[Culprit] = []
+    for h in ctx.unlisted:
+        if h.is_daemon or h.relation is not None or h.start_ticks is None or h.state in ("zombie", "dead"):
+            continue
+        where = h.container or ctx.label_of(h.pid)
+        inside = f" in {where}" if where else ""
+        files = ", ".join(h.device_files or ()) or "NVIDIA device files"
+        out.append(Culprit(i, "held", "device-file", f"{held} used with no process listed; pid {h.pid} "
+                           f"({h.name or 'name unknown'}){inside} has {files} open and is on no GPU list (a process "
+                           "of another PID namespace, or one the driver does not list)", pid=h.pid, name=h.name,
+                           state=h.state, container=where, action=STOP_HOLDER))
+    if out:
+        return out
+    age = ctx.now - since
+    if age <= bound:
+        return [Culprit(i, "reclaiming", "memory", f"{held} used with no process listed: the driver is giving it "
+                        "back", used_bytes=m.used_bytes, action=WAIT)]
+    return [Culprit(i, "stuck", "memory", f"{held} held with no holder for {age / 1e9:.1f} s, past the "
+                    f"{bound / 1e9:.1f} s a reclaim can take: reset the GPU (nvidia-smi -r -i {i}) or reboot",
+                    used_bytes=m.used_bytes, action=RESET_GPU)]
+
+
+def holders_of(snapshot: Snapshot | None, *, max_used_bytes: int = DEFAULT_MAX_USED_BYTES) -> tuple[Culprit, ...]:
+    """The culprits of a wait that timed out on ``snapshot`` (what :attr:`nvmlcheck.WaitTimeout.holders` holds):
+    each listed process (``held``, or ``reclaiming`` when it has exited) with its container, memory held with no
+    process, unreadable GPUs. Judged without history, so nothing is ``stuck`` by age alone."""
+    if snapshot is None:
+        return ()
+    verdicts = classify(snapshot, now_ns=time.monotonic_ns(), max_used_bytes=max_used_bytes)
+    return tuple(c for v in verdicts for c in v.culprits)
+

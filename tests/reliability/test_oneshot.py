@@ -1,0 +1,115 @@
+"""One-shot checks at the floor (issue 22, item 5): the script starts NVML in a thread before it imports the rest, the
+session joins that init instead of making its own, and a wait loads neither the clock nor the health classes.
+Mechanisms only (counted calls, threads, module lists); the timings are benchmarks/gpu/oneshot.py's."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import nvmlcheck as nc
+from nvmlcheck._nvml import library
+from nvmlcheck.cli import _common
+from nvmlcheck.testing import Scenario, read_call_log
+
+from ._support import Stub
+
+pytestmark = pytest.mark.stub
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize(
+    ("argv", "devices"),
+    [
+        (["wait", "--timeout", "0"], None),
+        (["snapshot"], None),
+        (["--json", "ready"], None),
+        (["--backend", "nvml", "wait", "--devices", "1,3"], [1, 3]),
+        (["wait", "--devices=2", "--backend=auto"], [2]),
+        (["wait", "--devices", "cuda:0"], []),  # resolved by the session: nothing is read ahead
+        (["--devices", "0", "snapshot", "--devices", "GPU-1234"], [0]),
+    ],
+)
+def test_a_one_shot_command_starts_nvml_early(
+    monkeypatch: pytest.MonkeyPatch, argv: list[str], devices: list[int] | None
+) -> None:
+    calls: list[tuple[str | None, object]] = []
+    monkeypatch.setattr(library, "start_early", lambda path, devs: calls.append((path, devs)))
+    assert _common.start_nvml_early(argv) is True
+    assert calls == [(None, devices)]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["kill", "123"],
+        ["holders"],
+        ["wait", "--backend", "smi"],
+        ["--backend=smi", "snapshot"],
+        ["--simulate", "h200", "wait"],
+        ["wait", "--smi-prefix", "ssh gpu01"],
+        ["wait", "--host", "gpu01"],
+        ["snapshot", "--help"],
+        ["--version"],
+        ["demo"],
+        [],
+    ],
+)
+def test_other_commands_do_not(monkeypatch: pytest.MonkeyPatch, argv: list[str]) -> None:
+    monkeypatch.setattr(library, "start_early", lambda *a: pytest.fail(f"started early for {argv}"))
+    assert _common.start_nvml_early(argv) is False
+
+
+def test_the_session_joins_the_early_init_and_its_handles_are_read_ahead(stub: Stub) -> None:
+    stub.write(Scenario.h200(devices=3))
+    probe = stub.probe
+    inits, handles = probe.init_total(), probe.call_count("nvmlDeviceGetHandleByIndex_v2")
+    library.start_early(str(stub.library), None).join(30)
+    assert probe.init_total() == inits + 1 and probe.init_refcount() == 1  # held for the session to come
+    assert probe.call_count("nvmlDeviceGetHandleByIndex_v2") == handles + 3
+    with nc.open("nvml", library_path=str(stub.library)) as gpus:
+        assert len(gpus.snapshot(fields=nc.Fields.WAIT).devices) == 3
+        assert probe.init_total() == inits + 1  # the session's acquire took the early init over: no second one
+    assert stub.balanced()  # and its close gave it back
+
+
+def test_an_early_init_that_failed_is_tried_again_by_the_session(stub: Stub) -> None:
+    # No scenario yet: the stub's init fails (as a driver that is not ready would); the session's own init works.
+    library.start_early(str(stub.library), [0]).join(30)
+    stub.write(Scenario.h200())
+    with nc.open("nvml", library_path=str(stub.library)) as gpus:
+        assert gpus.snapshot(fields=nc.Fields.WAIT).devices[0].index == 0
+    assert stub.balanced()
+
+
+def test_the_script_initialises_nvml_in_another_thread(stub: Stub, tmp_path: Path) -> None:
+    stub.write(Scenario.h200(devices=2))
+    log = tmp_path / "calls.log"
+    env = dict(os.environ, NVMLCHECK_STUB_LOG=str(log))
+    done = subprocess.run([sys.executable, "-m", "nvmlcheck", "wait", "--timeout", "0"], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    entries = read_call_log(log)
+    (init,) = [e for e in entries if e.function.startswith("nvmlInit")]
+    assert init.tid != init.pid  # not the main thread: it ran while Python imported the rest
+    first_main = next(i for i, e in enumerate(entries) if e.tid == e.pid)
+    ahead = [e for e in entries[:first_main] if e.function == "nvmlDeviceGetHandleByIndex_v2"]
+    assert len(ahead) <= 2 and all(e.tid != e.pid for e in ahead)
+
+
+def _modules_of(argv: list[str], env: dict[str, str]) -> set[str]:
+    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "nvmlcheck", *argv], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    return {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
+
+
+def test_a_wait_creates_no_clock_or_health_class(stub: Stub) -> None:
+    stub.write(Scenario.h200())
+    env = dict(os.environ)
+    assert "nvmlcheck._readings" not in _modules_of(["wait", "--timeout", "0"], env)
+    assert "nvmlcheck._readings" in _modules_of(["snapshot", "--json"], env)  # the control: a snapshot reads them

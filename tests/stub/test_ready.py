@@ -1,0 +1,214 @@
+"""``ready`` on the simulated GPU (issue 22): one test per class, through the library and the CLI.
+
+Time is the injected StepClock wherever a bound matters (the stuck bound, a wait's deadline); no assertion depends on
+how fast the machine runs. Real processes stand for live holders and are reaped by their fixtures.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import nvmlcheck as nc
+from nvmlcheck import cli, reclaim_model
+from nvmlcheck._proc.container import container_of
+from nvmlcheck.cli._ready import exit_code_of
+from nvmlcheck.testing import Scenario, StepClock
+from nvmlcheck.wait import WaitOptions
+
+pytestmark = pytest.mark.stub
+GIB = 1 << 30
+MODEL = reclaim_model.model_for("580.159.04")
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def ready_json(capsys: pytest.CaptureFixture[str], path: str, *argv: str) -> tuple[int, dict[str, Any]]:
+    code, out, _ = run(capsys, "--simulate", path, "--json", "ready", *argv)
+    doc: dict[str, Any] = json.loads(out)
+    assert (doc["schema"], doc["version"], doc["exit_code"]) == ("nvmlcheck/ready", 1, code)
+    return code, doc
+
+
+@pytest.fixture
+def sleeper() -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen([sys.executable, "-S", "-c", "import time; time.sleep(60)"])
+    yield proc
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+
+
+def steps() -> WaitOptions:
+    """A step clock and a fixed 20 ms interval: how many polls fit before a deadline depends on the code alone."""
+    clock = StepClock(0.001)
+    return WaitOptions(clock=clock.clock, sleep=clock.sleep, policy=0.02)
+
+
+def test_idle_gpu_is_ready_exit_0(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "--simulate", "h200", "ready")
+    assert code == 0
+    assert out.splitlines()[0].startswith("GPU 0: ready") and "ready: 1 GPU" in out
+
+
+def test_live_holder_is_held_naming_pid_name_and_container(
+    gpus: Callable[[Scenario], nc.Session], sleeper: subprocess.Popen[bytes]
+) -> None:
+    sc = Scenario.h200(2)
+    sc.add_process(1, sleeper.pid, used_bytes=8 * GIB, bound=True)
+    with gpus(sc) as session:
+        report = session.ready()
+    assert not report.ready and not report.needs_operator
+    v0, v1 = report.verdicts
+    assert v0.ready and v1.class_ == "held"
+    (c,) = v1.culprits
+    where = container_of(sleeper.pid)
+    assert (c.gpu, c.pid, c.used_bytes, c.class_, c.kind) == (1, sleeper.pid, 8 * GIB, "held", "compute")
+    assert c.name is not None and c.name.startswith("python")
+    assert c.container == (None if where is None else where.label())
+    assert f"held by pid {sleeper.pid} ({c.name})" in v1.line() and "8.0 GiB" in v1.line()
+    assert exit_code_of(report) == 1
+
+
+def test_held_in_the_cli_json_with_structured_culprits(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], sleeper: subprocess.Popen[bytes]
+) -> None:
+    sc = Scenario.h200()
+    sc.add_process(0, sleeper.pid, used_bytes=4 * GIB, bound=True)
+    code, doc = ready_json(capsys, str(sc.write(tmp_path / "s.txt")))
+    assert code == 1 and doc["ready"] is False
+    (gpu,) = doc["gpus"]
+    assert gpu["class"] == "held" and gpu["culprits"][0]["pid"] == sleeper.pid
+    assert doc["holders"][0]["class"] == "held" and doc["holders"][0]["used_bytes"] == 4 * GIB
+    assert any(str(sleeper.pid) in line for line in doc["culprits"])
+
+
+def test_memory_with_no_holder_is_reclaiming_with_the_models_eta(gpus: Callable[[Scenario], nc.Session]) -> None:
+    sc = Scenario.h200()
+    sc.set_device(0, used_bytes=8 * GIB)
+    with gpus(sc) as session:
+        (v,) = session.ready(options=steps()).verdicts
+    # the model's time from the first reading, less the few steps of the clock until the verdict
+    expected = MODEL.expected_ns(1, 8 * GIB)
+    assert v.class_ == "reclaiming" and v.eta_ns is not None and expected - 10_000_000 < v.eta_ns <= expected
+    assert "back in ~" in v.line()
+
+
+def test_memory_falling_while_waiting_is_reclaiming_with_an_eta(gpus: Callable[[Scenario], nc.Session]) -> None:
+    sc = Scenario.h200()
+    sc.set_device(0, used_bytes=8 * GIB)
+    for n, left in ((40, 6), (80, 4), (120, 2)):  # coming back, never all of it before the deadline
+        sc.at_call(n).set_device(0, used_bytes=left * GIB)
+    with gpus(sc) as session:
+        report = session.ready(timeout=0.5, options=steps())  # 0.5 s of the step clock: within the 1 s bound
+    (v,) = report.verdicts
+    assert v.class_ == "reclaiming" and report.polls > 1
+    assert v.used_bytes is not None and v.used_bytes < 8 * GIB  # it fell while the wait watched
+    # past the model's ~123 ms, so the ETA is the observed rate extrapolated: what is left at the rate seen so far
+    assert v.eta_ns is not None and v.eta_ns > 0 and "back in ~" in v.line()
+
+
+def test_falling_memory_that_comes_back_is_ready(gpus: Callable[[Scenario], nc.Session]) -> None:
+    sc = Scenario.h200()
+    sc.set_device(0, used_bytes=8 * GIB)
+    sc.at_call(60).set_device(0, used_bytes=0)
+    with gpus(sc) as session:
+        report = session.ready(timeout=30, options=steps())
+    assert report.ready and report.polls > 1
+
+
+def test_memory_held_with_no_holder_past_the_bound_is_stuck_exit_5(gpus: Callable[[Scenario], nc.Session]) -> None:
+    sc = Scenario.h200()
+    sc.set_device(0, used_bytes=8 * GIB)
+    with gpus(sc) as session:
+        report = session.ready(timeout=3.0, options=steps())  # 3 s of the step clock, past the 1 s bound
+    (v,) = report.verdicts
+    assert v.class_ == "stuck" and report.needs_operator and exit_code_of(report) == 5
+    assert v.culprits[0].action == "RESET_GPU" and "no holder" in v.culprits[0].reason
+
+
+def test_pending_remap_is_unhealthy_exit_5_with_the_action(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    sc = Scenario.h200(2)
+    sc.set_device(1, remapped_rows=(0, 1, True, False))
+    path = str(sc.write(tmp_path / "s.txt"))
+    code, doc = ready_json(capsys, path, "--timeout", "30")  # ends at once: waiting cannot help
+    assert code == 5 and doc["needs_operator"] is True and doc["polls"] == 1
+    g0, g1 = doc["gpus"]
+    assert g0["class"] == "ready" and g1["class"] == "unhealthy" and g1["actions"] == ["RESET_GPU"]
+    assert g1["culprits"][0]["kind"] == "row-remap-pending"
+    code, out, _ = run(capsys, "--simulate", path, "ready")
+    assert code == 5 and "GPU 1: unhealthy: a row remapping is pending" in out and "RESET_GPU" in out
+
+
+def test_short_with_need(capsys: pytest.CaptureFixture[str]) -> None:
+    code, doc = ready_json(capsys, "h200", "--need", "200GiB")
+    assert code == 1 and doc["gpus"][0]["class"] == "short" and doc["need_bytes"] == 200 * GIB
+    code, doc = ready_json(capsys, "h200", "--need", "90%")
+    assert code == 0 and doc["need_fraction"] == 0.9 and doc["gpus"][0]["need_bytes"] > 0
+
+
+def test_a_failed_query_is_not_ready_with_its_reason(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    sc = Scenario.h200()
+    sc.fault("nvmlDeviceGetComputeRunningProcesses_v3", 4)  # NVML_ERROR_NO_PERMISSION
+    code, doc = ready_json(capsys, str(sc.write(tmp_path / "s.txt")))
+    assert code == 1 and doc["ready"] is False
+    (gpu,) = doc["gpus"]
+    assert gpu["class"] == "unknown"
+    assert any("could not be read" in c["reason"] and "NO_PERMISSION" in c["reason"] for c in gpu["culprits"])
+
+
+def test_a_fatal_xid_while_waiting_is_unhealthy_exit_5(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    sc = Scenario.h200()
+    sc.add_process(0, 4_000_001, used_bytes=4 * GIB)  # never ready
+    sc.at_ms(50).raise_event(0, "xid", xid=79)
+    code, doc = ready_json(capsys, str(sc.write(tmp_path / "s.txt")), "--timeout", "120")
+    assert code == 5
+    (gpu,) = doc["gpus"]
+    assert gpu["class"] == "unhealthy"
+    xid = [c for c in gpu["culprits"] if c["kind"] == "xid"]
+    assert xid and xid[0]["action"] and "XID 79" in xid[0]["reason"]
+
+
+def test_wait_timeout_documents_carry_structured_holders(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "--simulate", "h200-busy", "--json", "wait", "--timeout", "2")
+    assert code == 1
+    doc = json.loads(out)
+    assert (doc["schema"], doc["version"]) == ("nvmlcheck/wait", 2)
+    (h,) = doc["holders"]
+    assert (h["gpu"], h["pid"], h["used_bytes"], h["kind"]) == (0, 4123456, 16 * GIB, "compute")
+    assert doc["culprits"]  # the lines stay
+
+
+def test_library_wait_timeout_has_holders(gpus: Callable[[Scenario], nc.Session]) -> None:
+    sc = Scenario.h200()
+    sc.add_process(0, 4_000_002, used_bytes=2 * GIB)
+    with gpus(sc) as session, pytest.raises(nc.WaitTimeout) as info:
+        session.wait_until_clean(timeout=1.0, options=steps())
+    (h,) = info.value.holders
+    assert (h.gpu, h.pid, h.used_bytes) == (0, 4_000_002, 2 * GIB)
+
+
+def test_cuda_selectors_and_devices(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    code, doc = ready_json(capsys, "h200x8", "--devices", "cuda:0")
+    assert code == 0 and [g["index"] for g in doc["gpus"]] == [1]
+
+
+def test_top_level_ready_opens_and_closes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from nvmlcheck.testing import build_stub
+
+    sc = Scenario.h200()
+    monkeypatch.setenv("NVMLCHECK_STUB_SCENARIO", str(sc.write(tmp_path / "s.txt")))
+    monkeypatch.setenv("NVMLCHECK_LIBNVML", str(build_stub()))
+    report = nc.ready(need_fraction=0.5, backend="nvml")
+    assert report.ready and report.polls == 1

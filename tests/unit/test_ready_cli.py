@@ -1,0 +1,58 @@
+"""``ready``'s command line without a GPU: --need parsing, the words sent to --hosts, and the hosts' verdicts."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from nvmlcheck.cli._hosts import remote_command
+from nvmlcheck.cli._parser import build_parser, need_amount
+from nvmlcheck.hosts import Host, HostResult, overall_exit_code
+
+GIB = 1 << 30
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("80GiB", (80 * GIB, None)), ("4096", (4096, None)), ("0", (0, None)), ("0.9", (None, 0.9)),
+     ("90%", (None, 0.9)), ("1.0", (None, 1.0)), (".5", (None, 0.5))],
+)
+def test_need_is_bytes_or_a_fraction(text: str, expected: tuple[int | None, float | None]) -> None:
+    need_bytes, fraction = need_amount(text)
+    assert need_bytes == expected[0]
+    assert fraction == pytest.approx(expected[1]) if expected[1] is not None else fraction is None
+
+
+@pytest.mark.parametrize("text", ["1.5", "150%", "0%", "lots", "-1GiB"])
+def test_bad_needs_are_usage_errors_naming_the_rule(text: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError):
+        need_amount(text)
+
+
+def test_ready_defaults_to_one_check() -> None:
+    args = build_parser(only="ready").parse_args(["ready"])
+    assert (args.timeout, args.need, args.no_events, args.stable_polls) == (0.0, None, False, 2)
+
+
+def test_hosts_run_ready_with_its_own_options() -> None:
+    args = build_parser(only="ready").parse_args(
+        ["--devices", "0,cuda:1", "ready", "--need", "90%", "--timeout", "5", "--no-events", "--hosts", "a,b"])
+    words = remote_command(args)
+    assert words[:3] == ["ready", "--devices", "0,cuda:1"]
+    assert words[words.index("--timeout") + 1] == "5.0" and words[words.index("--need") + 1] == "0.9"
+    assert "--no-events" in words and "--max-used" in words
+    bytes_args = build_parser(only="ready").parse_args(["ready", "--need", "80GiB", "--hosts", "a"])
+    assert remote_command(bytes_args)[remote_command(bytes_args).index("--need") + 1] == str(80 * GIB)
+
+
+def test_a_host_that_needs_an_operator_gives_exit_5_unless_one_failed() -> None:
+    doc = {"schema": "nvmlcheck/ready", "version": 1}
+    sick = HostResult(Host("a"), doc, 5)
+    late = HostResult(Host("b"), doc, 1)
+    assert (sick.verdict, late.verdict) == ("unhealthy", "not-clean")
+    assert overall_exit_code([sick, late]) == 5
+    assert overall_exit_code([late]) == 1
+    assert overall_exit_code([sick, HostResult(Host("c"), None, 3)]) == 3
+    # exit 5 from another command is no verdict this version knows: failed, never clean
+    assert HostResult(Host("d"), {"schema": "nvmlcheck/wait"}, 5).verdict == "failed"

@@ -1,0 +1,207 @@
+"""The verdict module on synthetic snapshots: each class, the ETA and the stuck bound on an injected clock, the
+structured culprits, WaitTimeout.holders. /proc states and containers are injected: nothing here reads a real
+process, and no assertion depends on how fast the machine runs."""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import replace
+
+import pytest
+from snapshots import GIB, SYSTEM, dev, failure, proc, snap
+
+import nvmlcheck as nc
+from nvmlcheck import reclaim_model
+from nvmlcheck.errors import GpuLost, NoPermission
+from nvmlcheck.model import Health, RecoveryAction, RemappedRows
+from nvmlcheck.verdict import Culprit, Watch, classify, health_causes
+
+MS = 1_000_000
+MODEL = reclaim_model.model_for(SYSTEM.driver_version)
+
+
+def states(table: dict[int, str | None]) -> Watch:
+    """A watch whose /proc reads come from ``table`` (pid -> state letter; missing: not visible)."""
+    return Watch(read_state=table.get)
+
+
+def lxc(pid: int) -> str | None:
+    return "lxc/129"
+
+
+def test_idle_gpu_is_ready_with_its_free_memory() -> None:
+    (v,) = classify(snap(dev(0)), now_ns=0, watch=states({}))
+    assert v.ready and v.class_ == "ready" and v.culprits == ()
+    assert v.free_bytes == v.total_bytes - 644_939_776  # type: ignore[operator]
+    assert v.line().startswith("GPU 0: ready")
+
+
+def test_a_live_holder_is_held_naming_pid_name_container_and_bytes() -> None:
+    s = snap(dev(1, procs=[proc(4123, 8 * GIB)]))
+    (v,) = classify(s, now_ns=0, watch=states({4123: "S"}), container=lxc)
+    assert v.class_ == "held"
+    (c,) = v.culprits
+    assert (c.gpu, c.pid, c.name, c.used_bytes, c.kind, c.class_, c.container, c.state) == (
+        1, 4123, "python3", 8 * GIB, "compute", "held", "lxc/129", "sleeping")
+    assert v.line() == "GPU 1: held by pid 4123 (python3) in lxc/129, 8.0 GiB"
+    assert c.to_json()["class"] == "held" and c.to_json()["container"] == "lxc/129"
+
+
+def test_an_exited_holder_is_reclaiming_with_the_models_eta() -> None:
+    s = snap(dev(0, procs=[proc(777, 4 * GIB)]))
+    (v,) = classify(s, now_ns=5 * MS, watch=states({777: "Z"}), container=lxc)
+    assert v.class_ == "reclaiming"
+    assert v.eta_ns == MODEL.expected_ns(1, 4 * GIB)  # first seen now: the whole expected time
+    assert v.culprits[0].action == "WAIT" and "exited (zombie)" in v.culprits[0].reason
+
+
+def test_memory_falling_eta_counts_from_when_the_teardown_was_first_seen() -> None:
+    w = states({})
+    w.observe(snap(dev(0, used=8 * GIB)), 1_000 * MS)  # held, nothing listed: the teardown began here
+    later = snap(dev(0, used=6 * GIB))
+    w.observe(later, 1_050 * MS)
+    (v,) = classify(later, now_ns=1_050 * MS, watch=w)
+    assert v.class_ == "reclaiming"
+    assert v.eta_ns == MODEL.expected_ns(1, 8 * GIB) - 50 * MS
+
+
+def test_overdue_teardown_extrapolates_the_observed_release_rate() -> None:
+    w = states({})
+    w.observe(snap(dev(0, used=8 * GIB)), 0)
+    t = 400 * MS  # past the model's ~120 ms, before the 1 s stuck bound
+    now = snap(dev(0, used=2 * GIB))
+    w.observe(now, t)
+    (v,) = classify(now, now_ns=t, watch=w)
+    assert v.class_ == "reclaiming"
+    assert v.eta_ns == round(2 * GIB * t / (6 * GIB))  # 6 GiB back in 400 ms: the last 2 GiB in ~133 ms
+
+
+def test_memory_held_with_no_holder_past_the_bound_is_stuck() -> None:
+    w = states({})
+    held = snap(dev(0, used=8 * GIB))
+    w.observe(held, 0)
+    bound = MODEL.stuck_after_ns(1, 8 * GIB)
+    (before,) = classify(held, now_ns=bound, watch=w)
+    assert before.class_ == "reclaiming"
+    (after,) = classify(held, now_ns=bound + 1, watch=w)
+    assert after.class_ == "stuck" and after.needs_operator
+    (c,) = after.culprits
+    assert (c.kind, c.action, c.used_bytes, c.pid) == ("memory", "RESET_GPU", 8 * GIB, None)
+    assert after.stuck_after_ns == bound
+
+
+def test_a_live_holder_resets_the_teardown_clock() -> None:
+    w = states({42: "R"})
+    w.observe(snap(dev(0, used=8 * GIB)), 0)
+    w.observe(snap(dev(0, procs=[proc(42, 8 * GIB)])), 10 * MS)  # a process took it: no teardown
+    again = snap(dev(0, used=8 * GIB))
+    w.observe(again, 5_000 * MS)
+    (v,) = classify(again, now_ns=5_000 * MS, watch=w)
+    assert v.class_ == "reclaiming"  # measured from 5 s, not from 0
+
+
+def test_a_zombie_holding_memory_past_the_bound_is_stuck_and_names_its_parent_action() -> None:
+    w = states({99: "Z"})
+    s = snap(dev(0, procs=[proc(99, 4 * GIB)]))
+    w.observe(s, 0)
+    (v,) = classify(s, now_ns=MODEL.stuck_after_ns(1, 4 * GIB) + 1, watch=w, container=lxc)
+    assert v.class_ == "stuck" and v.culprits[0].action == "REAP_ZOMBIE" and v.culprits[0].pid == 99
+
+
+def test_a_process_in_d_state_is_held_then_stuck() -> None:
+    w = states({5: "D"})
+    s = snap(dev(0, procs=[proc(5, 1 * GIB)]))
+    w.observe(s, 0)
+    assert classify(s, now_ns=10 * MS, watch=w, container=lxc)[0].class_ == "held"
+    late = classify(s, now_ns=MODEL.stuck_after_ns(1, 1 * GIB) + 1, watch=w, container=lxc)[0]
+    assert late.class_ == "stuck" and late.culprits[0].state == "uninterruptible"
+
+
+def test_a_listed_pid_not_visible_here_past_the_bound_is_held_not_stuck() -> None:
+    w = states({})  # pid 7 is not in this PID namespace
+    s = snap(dev(0, procs=[proc(7, 1 * GIB)]))
+    w.observe(s, 0)
+    assert classify(s, now_ns=1 * MS, watch=w)[0].class_ == "reclaiming"
+    v = classify(s, now_ns=MODEL.stuck_after_ns(1, 1 * GIB) + 1, watch=w)[0]
+    assert v.class_ == "held" and "another" in v.culprits[0].reason
+
+
+def test_health_causes_make_it_unhealthy_with_the_operators_action() -> None:
+    health = Health(retired_pages=None, retired_pages_pending=None,
+                    remapped_rows=RemappedRows(0, 1, pending=True, failure=False))
+    d = replace(dev(3), health=health)
+    (v,) = classify(snap(d), now_ns=0, watch=states({}))
+    assert v.class_ == "unhealthy" and v.needs_operator and v.actions == ("RESET_GPU",)
+    (c,) = v.culprits
+    assert c.kind == "row-remap-pending" and "nvidia-smi -r -i 3" in c.reason
+
+
+def test_recovery_action_reboot_and_remap_failure_carry_their_actions() -> None:
+    health = Health(None, None, RemappedRows(0, 0, pending=False, failure=True),
+                    recovery_action=RecoveryAction.NODE_REBOOT)
+    causes = health_causes(replace(dev(0), health=health))
+    assert [c.action for c in causes] == ["CONTACT_SUPPORT", "NODE_REBOOT"]
+
+
+def test_unsupported_health_is_no_refusal_but_an_unreadable_one_is_unknown() -> None:
+    unsupported = dev(0, unknown={"health.retired_pages": "not supported: nvmlDeviceGetRetiredPages_v2 returned X"})
+    assert classify(snap(unsupported), now_ns=0, watch=states({}))[0].ready
+    failed = dev(0, unknown={"health.remapped_rows": "unreadable: nvmlDeviceGetRemappedRows returned 999"})
+    (v,) = classify(snap(failed), now_ns=0, watch=states({}))
+    assert v.class_ == "unknown" and "health.remapped_rows" in v.culprits[0].reason
+
+
+def test_short_when_clean_but_free_is_below_the_need() -> None:
+    (v,) = classify(snap(dev(0)), now_ns=0, watch=states({}), need_bytes=200 * GIB)
+    assert v.class_ == "short" and v.need_bytes == 200 * GIB and v.culprits[0].kind == "capacity"
+    (f,) = classify(snap(dev(0)), now_ns=0, watch=states({}), need_fraction=0.9)
+    assert f.ready and f.need_bytes is not None and f.need_bytes <= f.free_bytes  # type: ignore[operator]
+    (g,) = classify(snap(dev(0)), now_ns=0, watch=states({}), need_fraction=1.0)
+    assert g.class_ == "short"  # the driver's reserve is never free: a fraction of 1 cannot be met
+
+
+def test_a_failed_query_is_never_ready_and_says_why() -> None:
+    unknown_mem = dev(0, memory=None, unknown={"memory": "unreadable: nvmlDeviceGetMemoryInfo_v2 returned 4"})
+    (v,) = classify(snap(unknown_mem), now_ns=0, watch=states({}))
+    assert v.class_ == "unknown" and "nvmlDeviceGetMemoryInfo_v2" in v.culprits[0].reason
+    (w,) = classify(snap(dev(0, procs=None, unknown={"processes": "no permission"})), now_ns=0, watch=states({}))
+    assert w.class_ == "unknown" and not w.ready
+    s = snap(failures=[failure(1, NoPermission(4, "nvmlDeviceGetMemoryInfo_v2", 1))])
+    (x,) = classify(s, now_ns=0, watch=states({}))
+    assert (x.index, x.class_) == (1, "unknown")
+    lost = classify(snap(failures=[failure(2, GpuLost(15, "nvmlDeviceGetHandleByIndex_v2", 2))]), now_ns=0)
+    assert lost[0].class_ == "unhealthy" and lost[0].actions == ("NODE_REBOOT",)
+
+
+def test_the_gpu_takes_its_worst_culprits_class() -> None:
+    health = Health(None, None, RemappedRows(0, 0, pending=True, failure=False))
+    d = replace(dev(0, procs=[proc(1, 1 * GIB)]), health=health)
+    (v,) = classify(snap(d), now_ns=0, watch=states({1: "S"}), container=lxc)
+    assert v.class_ == "unhealthy" and {c.class_ for c in v.culprits} == {"unhealthy", "held"}
+    assert v.actions[0] == "RESET_GPU"
+
+
+def test_wait_timeout_holders_are_judged_from_its_snapshot_and_pickle() -> None:
+    s = snap(dev(0, procs=[proc(4_000_123, 8 * GIB)]))
+    exc = nc.WaitTimeout(1.0, 10, ["GPU 0: pid 4000123 (python3) holds 8.0 GiB (compute)"], s, 3)
+    (c,) = exc.holders
+    assert (c.gpu, c.pid, c.used_bytes, c.kind) == (0, 4_000_123, 8 * GIB, "compute")
+    assert exc.culprits == ("GPU 0: pid 4000123 (python3) holds 8.0 GiB (compute)",)  # the text is kept
+    given = Culprit(0, "held", "compute", "held by pid 1", pid=1)
+    again = pickle.loads(pickle.dumps(nc.WaitTimeout(1.0, 10, ["x"], None, 1, holders=[given])))
+    assert again.holders == (given,) and again.culprits == ("x",)
+    assert nc.WaitTimeout(1.0, 10, [], None).holders == ()
+
+
+@pytest.mark.parametrize("fraction", [0.0, 1.5, -0.1])
+def test_capacity_predicate_refuses_bad_fractions(fraction: float) -> None:
+    with pytest.raises(ValueError, match="fraction"):
+        nc.memory_free_at_least(fraction=fraction)
+
+
+def test_capacity_predicate_is_three_valued_with_smi_granularity() -> None:
+    p = nc.memory_free_at_least(10 * GIB)
+    assert p.check(snap(dev(0))) is True
+    assert p.check(snap(dev(0, used=140 * GIB))) is False
+    with pytest.raises(ValueError, match="exactly one"):
+        nc.memory_free_at_least(1, fraction=0.5)
