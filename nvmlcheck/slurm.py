@@ -29,6 +29,8 @@ if TYPE_CHECKING:
     from .kill import PidTimes
     from .model import Snapshot
     from .session import Session
+    from .verdict import Culprit
+    from .wait import TracePoint
 
 __all__ = [
     "REASON_PREFIX",
@@ -40,6 +42,7 @@ __all__ = [
     "ScontrolRun",
     "SlurmJob",
     "await_ready",
+    "cause_of",
     "clean_text",
     "drain_reason",
     "epilog",
@@ -58,7 +61,7 @@ REASON_PREFIX = "nvmlcheck:"
 #: A drain reason is cut to this many characters (``sinfo -R`` shows the start; the record keeps every cause).
 MAX_REASON_CHARS = 200
 
-CauseKind = Literal["held", "stuck", "unhealthy", "unreadable", "unavailable"]
+CauseKind = Literal["held", "reclaiming", "stuck", "unhealthy", "unknown", "short", "unavailable"]
 Command = Literal["epilog", "prolog", "health"]
 
 
@@ -141,11 +144,11 @@ def job_from_env(env: Mapping[str, str] | None = None) -> SlurmJob:
 
 @dataclass(frozen=True, slots=True)
 class Cause:
-    """One reason the node's GPUs are not ready. ``kind``: ``"held"`` (a live process holds memory), ``"stuck"``
-    (memory held that no signal brings back: no process listed, a zombie, uninterruptible sleep), ``"unhealthy"``
-    (waiting cannot help: a reset or service is needed), ``"unreadable"`` (a GPU NVML cannot read), ``"unavailable"``
-    (no backend). ``text``: the sentence for the drain reason, without the prefix. ``action``: what an operator
-    does: ``"kill"``, ``"reset"``, ``"service"``, ``"investigate"``."""
+    """One reason the node's GPUs are not ready: a :class:`~nvmlcheck.verdict.Culprit` of ``ready`` (its class is
+    ``kind``: ``"held"``, ``"reclaiming"``, ``"stuck"``, ``"unhealthy"``, ``"unknown"``), or ``"unavailable"`` (no
+    backend). ``text``: the sentence for the drain reason, without the prefix. ``action``: what an operator does, in
+    ``ready``'s words (``STOP_HOLDER``, ``WAIT``, ``REAP_ZOMBIE``, ``RESET_GPU``, ``NODE_REBOOT``,
+    ``CONTACT_SUPPORT``, ...; ``None``: nothing named)."""
 
     kind: CauseKind
     text: str
@@ -153,11 +156,12 @@ class Cause:
     pid: int | None = None
     name: str | None = None
     used_bytes: int | None = None
-    action: str = "investigate"
+    action: str | None = None
+    container: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"kind": self.kind, "text": self.text, "gpu": self.gpu, "pid": self.pid, "name": self.name,
-                "used_bytes": self.used_bytes, "action": self.action}
+                "used_bytes": self.used_bytes, "action": self.action, "container": self.container}
 
 
 def clean_text(text: str) -> str:
@@ -165,14 +169,17 @@ def clean_text(text: str) -> str:
     return " ".join("".join(c if c.isprintable() else " " for c in text).split())
 
 
+#: The order of causes in a drain reason: what needs an operator first (a reset is the most specific thing to do).
+_REASON_ORDER = {"unhealthy": 0, "stuck": 1, "held": 2, "reclaiming": 3, "unknown": 4, "short": 5, "unavailable": 6}
+
+
 def drain_reason(causes: Sequence[Cause]) -> str:
     """The node's drain reason: ``"nvmlcheck: "`` and the first causes, joined with ``"; "``, cut to
-    :data:`MAX_REASON_CHARS` with ``"(+N more)"`` for those left out. Unhealthy GPUs come first (a reset is the most
-    specific thing an operator can do), then held, stuck, unreadable, unavailable."""
+    :data:`MAX_REASON_CHARS` with ``"(+N more)"`` for those left out. Unhealthy GPUs come first, then stuck, held,
+    reclaiming, unknown, unavailable."""
     if not causes:
         raise ValueError("a drain reason needs at least one cause")
-    order = {"unhealthy": 0, "held": 1, "stuck": 2, "unreadable": 3, "unavailable": 4}
-    ranked = sorted(causes, key=lambda c: order[c.kind])
+    ranked = sorted(causes, key=lambda c: _REASON_ORDER[c.kind])
     texts = [clean_text(c.text) for c in ranked]
     for shown in range(len(texts), 0, -1):
         more = len(texts) - shown
@@ -186,6 +193,46 @@ def drain_reason(causes: Sequence[Cause]) -> str:
 def _seconds(ns: int) -> str:
     s = ns / 1e9
     return f"{s:.0f} s" if s >= 10 else f"{s:.1f} s"
+
+
+#: The drain reason's words for the health causes (codes of :meth:`nvmlcheck.model.Health.causes`); any other
+#: culprit keeps ``ready``'s own sentence.
+_SHORT = {
+    "row-remap-pending": "row remap pending, reset needed",
+    "row-remap-failure": "row remap failed, service needed",
+    "retired-pages-pending": "page retirement pending, reset needed",
+    "ecc-uncorrected-volatile": "uncorrectable ECC errors, reset needed",
+}
+
+
+def cause_of(c: Culprit, *, after_ns: int | None = None, killed: Mapping[int, PidTimes] | None = None) -> Cause:
+    """A culprit of ``ready`` as a drain-reason cause: ``GPU 3 held by pid 4123 (python3) 8.0 GiB after 30 s``,
+    ``GPU 1: row remap pending, reset needed``. ``after_ns``: how long the gate waited; ``killed``: what the epilog
+    signalled, so that a survivor is named as one."""
+    gpu = f"GPU {c.gpu}" if c.gpu is not None else "GPUs"
+    after = "" if after_ns is None else f" after {_seconds(after_ns)}"
+    size = "" if c.used_bytes is None else f" {format_bytes(c.used_bytes)}"
+    if c.class_ in ("unhealthy", "unknown", "short") or (c.pid is None and c.class_ not in ("reclaiming", "stuck")):
+        text = f"{gpu}: {_SHORT.get(c.kind) or c.reason.split(' [', 1)[0]}"
+    elif c.pid is None:
+        what = "still coming back" if c.class_ == "reclaiming" else "held by no process"
+        text = f"{gpu}:{size} {what}{after}"
+    else:
+        who = f"pid {c.pid} ({c.name})" if c.name else f"pid {c.pid}"
+        where = f" in {c.container}" if c.container and not c.container.startswith("cgroup ") else ""
+        extra = ""
+        if c.state == "zombie":
+            extra = " (a zombie)"
+        elif c.state == "uninterruptible":
+            extra = " (in D state)"
+        elif killed and c.pid in killed and killed[c.pid].killed_ns is not None:
+            extra = " (survived SIGKILL)"
+        if c.class_ == "reclaiming" and not extra:
+            text = f"{gpu}:{size} of exited {who}{where} still coming back{after}"
+        else:
+            text = f"{gpu} held by {who}{where}{size}{extra}{after}"
+    kind: CauseKind = c.class_ if c.class_ != "ready" else "unknown"
+    return Cause(kind, text, c.gpu, c.pid, c.name, c.used_bytes, c.action, c.container)
 
 
 # --- whose process -------------------------------------------------------------------------------------------------
@@ -246,87 +293,39 @@ def _never_killed(h: Holder, job: SlurmJob) -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class Readiness:
-    """The judgement of :func:`await_ready`: ``ready`` when clean and healthy before the deadline; ``causes`` when not.
-    ``polls``/``first_clean_ns``/``last_dirty_ns``/``elapsed_ns`` are the wait's (ns from its start); ``culprits``
-    its lines (every holder, the device-file scan's explanations)."""
+    """The judgement of :func:`await_ready`: ``ready`` when every GPU is ready before the deadline; ``causes`` when
+    not. ``polls``/``elapsed_ns`` are ``ready``'s; ``dirty_polls`` counts the polls of its wait that were not clean,
+    ``last_dirty_ns`` and ``first_clean_ns`` (ns from the wait's start) frame when the GPUs became clean (``None``:
+    the wait never saw them dirty, or never clean). ``verdicts``: ``ready``'s per GPU, as JSON."""
 
     ready: bool
     causes: tuple[Cause, ...]
     polls: int
     elapsed_ns: int
-    first_clean_ns: int | None = None
+    dirty_polls: int = 0
     last_dirty_ns: int | None = None
+    first_clean_ns: int | None = None
     culprits: tuple[str, ...] = ()
+    verdicts: tuple[dict[str, Any], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {"ready": self.ready, "polls": self.polls, "elapsed_ns": self.elapsed_ns,
-                "first_clean_ns": self.first_clean_ns, "last_dirty_ns": self.last_dirty_ns,
-                "culprits": list(self.culprits)}
+                "dirty_polls": self.dirty_polls, "last_dirty_ns": self.last_dirty_ns,
+                "first_clean_ns": self.first_clean_ns, "culprits": list(self.culprits),
+                "verdicts": list(self.verdicts)}
 
 
 def health_causes(snapshot: Snapshot) -> list[Cause]:
-    """What in ``snapshot`` (read with ``Fields.HEALTH``) needs a reset or service: a pending row remap (reset), a
-    failed remap (service), a pending page retirement (reset), and every GPU that could not be read. Unsupported
-    fields are no cause."""
-    out: list[Cause] = []
-    for f in snapshot.failures:
-        out.append(Cause("unreadable", f"GPU {f.index} unreadable: {clean_text(str(f.error))}", gpu=f.index,
-                         action="reset"))
+    """What in ``snapshot`` (read with ``Fields.HEALTH``) needs an operator: each health cause of
+    :func:`nvmlcheck.verdict.health_causes` (a pending or failed row remap, pending retirement, uncorrected ECC
+    errors, a recovery action) and each GPU that could not be read (:func:`nvmlcheck.verdict.error_culprit`). A
+    health value that cannot be read is no cause here (it is in the record's culprits of a ``ready`` check)."""
+    from .verdict import error_culprit
+    from .verdict import health_causes as culprits_of
+
+    out = [cause_of(error_culprit(f.index, f.error)) for f in snapshot.failures]
     for d in snapshot.devices:
-        h = d.health
-        rows = h.remapped_rows if h is not None else None
-        if rows is not None and rows.failure:
-            out.append(Cause("unhealthy", f"GPU {d.index}: row remap failed, service needed", gpu=d.index,
-                             action="service"))
-        elif rows is not None and rows.pending:
-            out.append(Cause("unhealthy", f"GPU {d.index}: row remap pending, reset needed", gpu=d.index,
-                             action="reset"))
-        if h is not None and h.retired_pages_pending:
-            out.append(Cause("unhealthy", f"GPU {d.index}: page retirement pending, reset needed", gpu=d.index,
-                             action="reset"))
-    return out
-
-
-def _holding_causes(snapshot: Snapshot | None, indices: Sequence[int], elapsed_ns: int, max_used_bytes: int,
-                    killed: Mapping[int, PidTimes]) -> list[Cause]:
-    """Per GPU not clean in ``snapshot``: each process listed (largest first), or the memory held with none."""
-    from .holders import find_holders
-
-    if snapshot is None:
-        return [Cause("unreadable", f"GPU {', '.join(map(str, indices))}: no poll completed in "
-                      f"{_seconds(elapsed_ns)}", action="investigate")]
-    out: list[Cause] = []
-    after = f"after {_seconds(elapsed_ns)}"
-    try:
-        described = {h.pid: h for h in find_holders(snapshot, devices=indices)}
-    except OSError:
-        described = {}
-    for f in snapshot.failures:
-        out.append(Cause("unreadable", f"GPU {f.index} unreadable: {clean_text(str(f.error))}", gpu=f.index,
-                         action="reset"))
-    for d in snapshot.devices:
-        if d.index not in indices:
-            continue
-        procs = sorted(d.processes or (), key=lambda p: -(p.used_bytes or 0))
-        for p in procs:
-            h = described.get(p.pid)
-            name = h.name if h is not None else None
-            size = format_bytes(p.used_bytes) if p.used_bytes is not None else "an unknown amount"
-            extra, action = "", "kill"
-            kind: CauseKind = "held"
-            if h is not None and h.state in ("zombie", "uninterruptible"):
-                extra, kind, action = f" ({'a zombie' if h.state == 'zombie' else 'in D state'})", "stuck", "reset"
-            elif p.pid in killed and killed[p.pid].killed_ns is not None:
-                extra, kind, action = " (survived SIGKILL)", "stuck", "reset"
-            who = f"pid {p.pid} ({name})" if name else f"pid {p.pid}"
-            out.append(Cause(kind, f"GPU {d.index} held by {who} {size}{extra} {after}",
-                             gpu=d.index, pid=p.pid, name=name, used_bytes=p.used_bytes, action=action))
-        m = d.memory
-        if not procs and d.processes is not None and m is not None and m.used_bytes > max_used_bytes:
-            out.append(Cause("stuck", f"GPU {d.index}: {format_bytes(m.used_bytes)} held by no listed process "
-                                      f"{after}", gpu=d.index, used_bytes=m.used_bytes, action="reset"))
-        elif d.processes is None or m is None:
-            out.append(Cause("unreadable", f"GPU {d.index}: memory or process lists unknown {after}", gpu=d.index))
+        out.extend(cause_of(c) for c in culprits_of(d) if c.class_ == "unhealthy")
     return out
 
 
@@ -337,37 +336,46 @@ def await_ready(
     deadline_ns: int,
     max_used_bytes: int = DEFAULT_MAX_USED_BYTES,
     killed: Sequence[PidTimes] = (),
+    started_ns: int | None = None,
     clock: Callable[[], int] = time.monotonic_ns,
     sleep: Callable[[float], object] = time.sleep,
 ) -> Readiness:
-    """Whether the GPUs ``indices`` are ready by ``deadline_ns`` (on ``clock``): healthy (one read; an unhealthy GPU
-    is reported at once, since waiting cannot help), then clean (no process, at most ``max_used_bytes`` used, two
-    stable polls). ``killed``: what the epilog signalled, so that a survivor is named as such."""
-    from . import predicates as p
-    from .errors import NvmlCheckError, WaitTimeout
-    from .model import Fields
+    """Whether the GPUs ``indices`` are ready by ``deadline_ns`` (on ``clock``), as :meth:`Session.ready
+    <nvmlcheck.Session.ready>` judges it: clean (no process, at most ``max_used_bytes``), healthy (an unhealthy GPU
+    ends the wait at once: waiting cannot help), no fatal XID meanwhile. The causes say how long was waited since
+    ``started_ns`` (default: now); ``killed``: what the epilog signalled, so that a survivor is named as one."""
+    from .errors import NvmlCheckError
+    from .wait import WaitOptions
 
     start = clock()
-    try:
-        causes = health_causes(session.snapshot(list(indices), fields=Fields.HEALTH))
-    except NvmlCheckError as exc:
-        causes = [Cause("unreadable", f"GPU health unreadable: {clean_text(str(exc))}", action="investigate")]
-    if causes:
-        return Readiness(False, tuple(causes), 0, clock() - start)
+    since = start if started_ns is None else started_ns
+    dirty = 0
+    last_dirty: int | None = None
+    first_clean: int | None = None
+
+    def observe(point: TracePoint) -> None:
+        nonlocal dirty, last_dirty, first_clean
+        if not point.clean:
+            dirty, last_dirty, first_clean = dirty + 1, point.offset_ns, None
+        elif first_clean is None:
+            first_clean = point.offset_ns
+
     remaining_s = max(0.0, (deadline_ns - clock()) / 1e9)
     try:
-        result = session.wait_until_clean(remaining_s, p.no_processes() & p.memory_used_at_most(max_used_bytes),
-                                          devices=list(indices), clock=clock, sleep=sleep)
-    except WaitTimeout as exc:
-        by_pid = {t.pid: t for t in killed}
-        held = _holding_causes(exc.snapshot, indices, clock() - start, max_used_bytes, by_pid)
-        if not held:
-            held = [Cause("unreadable", f"GPU {', '.join(map(str, indices))} not confirmed clean after "
-                                        f"{_seconds(clock() - start)}")]
-        return Readiness(False, tuple(held), exc.polls, clock() - start, culprits=exc.culprits)
+        report = session.ready(list(indices), max_used_bytes=max_used_bytes, timeout=remaining_s,
+                               options=WaitOptions().with_(on_poll=observe, clock=clock, sleep=sleep))
     except NvmlCheckError as exc:
-        return Readiness(False, (Cause("unreadable", clean_text(str(exc)), action="reset"),), 0, clock() - start)
-    return Readiness(True, (), result.polls, clock() - start, result.first_clean_ns, result.last_dirty_ns)
+        cause = Cause("unknown", f"GPU {', '.join(map(str, indices))}: {clean_text(str(exc)).split(': ', 1)[-1]}"[:160],
+                      action="RESET_GPU")
+        return Readiness(False, (cause,), 0, clock() - start)
+    by_pid = {t.pid: t for t in killed}
+    after = clock() - since
+    causes = tuple(cause_of(c, after_ns=after, killed=by_pid) for v in report.verdicts if not v.ready
+                   for c in v.culprits)
+    if not report.ready and not causes:
+        causes = (Cause("unknown", f"GPU {', '.join(map(str, indices))} not ready after {_seconds(after)}"),)
+    return Readiness(report.ready, causes, report.polls, clock() - start, dirty, last_dirty,
+                     first_clean if dirty else None, report.culprits, tuple(v.to_json() for v in report.verdicts))
 
 
 # --- the three gates ---------------------------------------------------------------------------------------------
@@ -471,7 +479,7 @@ def epilog(
                 except NvmlCheckError:
                     killed = plan.targets
     readiness = await_ready(session, indices, deadline_ns=deadline, max_used_bytes=max_used_bytes, killed=killed,
-                            clock=clock, sleep=sleep)
+                            started_ns=start, clock=clock, sleep=sleep)
     return GateResult("epilog", job, indices, readiness.ready, readiness.causes, clock() - start, timeout_s,
                       readiness, killed, tuple(left), tuple(would))
 
@@ -530,7 +538,7 @@ def health(
     try:
         causes = health_causes(session.snapshot(list(indices), fields=Fields.HEALTH))
     except NvmlCheckError as exc:
-        causes = [Cause("unreadable", f"GPU health unreadable: {clean_text(str(exc))}", action="investigate")]
+        causes = [Cause("unknown", f"GPU health unreadable: {clean_text(str(exc))}"[:160])]
     return GateResult("health", None, indices, not causes, tuple(causes), clock() - start, timeout_s)
 
 

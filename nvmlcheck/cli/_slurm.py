@@ -56,7 +56,7 @@ def cmd_slurm(args: argparse.Namespace) -> int:
         if not isinstance(exc, NvmlCheckError):
             raise
         first = slurm.clean_text(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-        cause = slurm.Cause("unavailable", f"no GPU backend: {first[:120]}", action="investigate")
+        cause = slurm.Cause("unavailable", f"no GPU backend: {first[:120]}")
         result = slurm.GateResult(command, job, (), False, (cause,), time.monotonic_ns() - start, args.timeout)
         gate.drain(result)
         return gate.finish(result, EXIT_BACKEND)

@@ -151,7 +151,7 @@ def test_health_drains_a_gpu_with_a_pending_row_remap_and_returns_it_once_reset(
     cluster.wait_node(lambda s: "DRAIN" in s, "drained by the health check")
     assert cluster.node_info().get("Reason") == "nvmlcheck: GPU 1: row remap pending, reset needed"
     records = cluster.read_records("health")
-    assert records and records[-1]["causes"][0]["action"] == "reset"
+    assert records and records[-1]["causes"][0]["action"] == "RESET_GPU"
     # Idempotent: later runs see the same cause and leave the node as it is (no second drain).
     wait_for("a second health run", lambda: len(cluster.read_records("health")) >= len(records) + 1, 15)
     again = cluster.read_records("health")[-1]
