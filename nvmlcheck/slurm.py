@@ -432,7 +432,7 @@ def epilog(
     job: SlurmJob,
     *,
     timeout_s: float,
-    grace_s: float = 2.0,
+    grace_s: float | None = 2.0,
     max_used_bytes: int = DEFAULT_MAX_USED_BYTES,
     devices: Sequence[str] | None = None,
     device_files: Sequence[str] | str | None = None,
@@ -441,9 +441,10 @@ def epilog(
     sleep: Callable[[float], object] = time.sleep,
 ) -> GateResult:
     """After job ``job``: SIGTERM its processes that still hold a GPU (:func:`job_processes`; with their
-    descendants), SIGKILL them after ``grace_s``, then :func:`await_ready` on its GPUs (``devices``: these instead of
-    the job's), all within ``timeout_s``. ``kill=False`` (a dry run) signals nothing and lists them in
-    ``would_kill``. A job without GPUs is ready at once, without reading any GPU."""
+    descendants), SIGKILL them after ``grace_s`` (at the latest once half of the time left is gone; ``None``: then),
+    then :func:`await_ready` on its GPUs (``devices``: these instead of the job's), all within ``timeout_s``.
+    ``kill=False`` (a dry run) signals nothing and lists them in ``would_kill``. A job without GPUs is ready at
+    once, without reading any GPU."""
     from .errors import NvmlCheckError
     from .kill import KillError, KillTimeout, prepare_kill
     from .predicates import always
@@ -472,8 +473,10 @@ def epilog(
                 plan.send_first(signal.SIGTERM, clock=clock)
                 remaining_s = max(0.0, (deadline - clock()) / 1e9)
                 try:
-                    killed = plan.wait(session, timeout=remaining_s, grace_s=min(grace_s, remaining_s / 2),
-                                       devices=list(indices), predicate=always(), sleep=sleep).pids
+                    # SIGKILL by half of what is left at the latest: the wait for the memory needs the rest.
+                    grace = remaining_s / 2 if grace_s is None else min(grace_s, remaining_s / 2)
+                    killed = plan.wait(session, timeout=remaining_s, grace_s=grace, devices=list(indices),
+                                       predicate=always(), sleep=sleep).pids
                 except KillTimeout as exc:
                     killed = exc.pids
                 except NvmlCheckError:

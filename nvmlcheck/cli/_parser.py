@@ -611,7 +611,8 @@ def slurm_parser(sub: Any, sub_parser: Any, global_options: Any, once: Any) -> N
              help="the node to drain (default $SLURMD_NODENAME, else the short host name)")
         if name == "epilog":
             once(p, "--grace", type=grace_seconds, default=2.0, metavar="S",
-                 help="seconds from SIGTERM to SIGKILL for the job's leftovers (default 2; 'never')")
+                 help="seconds from SIGTERM to SIGKILL for the job's leftovers (default 2; at the latest, and with "
+                      "'never', once half of the time left is gone)")
             once(p, "--device-files", metavar="GLOBS", default=None,
                  help="':'-separated globs of the files that count as NVIDIA device files (default /dev/nvidia*)")
         if name == "health":
