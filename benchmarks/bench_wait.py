@@ -247,8 +247,8 @@ def realtime(runs: int = 200, query_us: float = 35.0) -> None:
             res = poll_until(take, timeout=5.0, policy=policy)
             cpu += time.process_time() - c0
             wall += time.monotonic() - w0
-            lags.append((res.confirmed_ns - change) / 1e3)
-            firsts.append((res.started_ns + res.first_clean_ns - change) / 1e3)
+            lags.append((res.started_ns + res.confirmed_ns - change) / 1e3)
+            firsts.append((res.started_ns + res.clean_ns - change) / 1e3)
         lags.sort()
         firsts.sort()
         print(
@@ -319,8 +319,8 @@ def real_gpu(seconds: float = 3.0, device: int = 0, hold_gib: int = 4) -> None:
             holder.send_signal(signal.SIGKILL)
             res = poll_until(full, timeout=30.0, probe=memory)
             print(
-                f"SIGKILL -> first clean poll {(res.started_ns + res.first_clean_ns - kill_ns) / 1e6:.1f} ms, "
-                f"confirmed {(res.confirmed_ns - kill_ns) / 1e6:.1f} ms; last dirty poll "
+                f"SIGKILL -> first clean poll {(res.started_ns + res.clean_ns - kill_ns) / 1e6:.1f} ms, "
+                f"confirmed {(res.started_ns + res.confirmed_ns - kill_ns) / 1e6:.1f} ms; last dirty poll "
                 f"{(res.started_ns + (res.last_dirty_ns or 0) - kill_ns) / 1e6:.1f} ms; {res.polls} polls "
                 f"({res.partial_polls} by the probe), median period {res.interval_ns / 1e3:.0f} µs"
             )

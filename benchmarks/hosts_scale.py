@@ -55,7 +55,8 @@ sshlab = _load_lab()
 def timed(lab: Any, hosts: list[str], fanout: int) -> tuple[float, float]:
     """(wall seconds, CPU seconds of the local side: nvmlcheck and its ssh clients, user + system)."""
     argv = [sys.executable, "-m", "nvmlcheck", "wait", "--timeout", "0", "--json", "--hosts", ",".join(hosts),
-            "--remote-python", str(lab.python), "--fanout", str(fanout), "--connect-timeout", "60"]
+            "--remote-python", str(lab.python), "--fanout", str(fanout), "--connect-timeout", "60",
+            "--ssh-options", lab.ssh_options]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.run(argv, capture_output=True, env=lab.env(), check=False)

@@ -30,6 +30,8 @@ sys.path.insert(0, str(ROOT))
 
 import nvmlcheck  # noqa: E402
 from nvmlcheck import errors, study, testing  # noqa: E402
+from nvmlcheck._public import NOT_STAR  # noqa: E402
+from nvmlcheck.testing import pytest_plugin  # noqa: E402
 
 # --- the outline (hand-written) ---------------------------------------------------------------------------------------
 
@@ -61,7 +63,7 @@ SECTIONS: list[tuple[str, str, list[str]]] = [
         "`nvmlcheck.cudamap`; the rules are in [cuda.md](cuda.md)), choosing clean GPUs (`nvmlcheck.selection`, what "
         "`nvmlcheck select` runs) and their advisory locks (`nvmlcheck.locks`).",
         ["cuda_mapping", "CudaMapping", "CudaDevice", "GpuIdentity", "CudaMappingError", "select_clean", "Selection",
-         "SelectTimeout", "LockSet"],
+         "SelectTimeout", "LockSet", "LockDirError"],
     ),
     (
         "Snapshots",
@@ -89,6 +91,7 @@ SECTIONS: list[tuple[str, str, list[str]]] = [
             "RemappedRows",
             "Fields",
             "MIB",
+            "GIB",
         ],
     ),
     (
@@ -136,8 +139,8 @@ SECTIONS: list[tuple[str, str, list[str]]] = [
     ),
     (
         "Holders",
-        "Who holds the GPUs: NVML's process lists joined with a scan of open NVIDIA device files "
-        "(`$NVMLCHECK_DEVICE_FILES`).",
+        "Who holds the GPUs: NVML's process lists joined with a scan of open NVIDIA device files (character devices "
+        "of NVIDIA's majors; tests name stand-ins).",
         ["find_holders", "Holder", "GpuUse", "select_kill_holders", "KillSelection", "explain_unseen_holders"],
     ),
     (
@@ -165,6 +168,12 @@ SECTIONS: list[tuple[str, str, list[str]]] = [
             "CorruptData",
             "GpuFault",
             "WaitTimeout",
+            "ArgumentError",
+            "ArgumentTypeError",
+            "NoSuchDevice",
+            "NoSuchProcess",
+            "StateError",
+            "SessionClosed",
         ],
     ),
     ("Version", "", ["__version__"]),
@@ -176,6 +185,7 @@ SECTIONS: list[tuple[str, str, list[str]]] = [
         [
             "testing.use_stub",
             "testing.StubSession",
+            "testing.BoundProcessFactory",
             "testing.Scenario",
             "testing.TimelineStep",
             "testing.build_stub",
@@ -196,6 +206,18 @@ SECTIONS: list[tuple[str, str, list[str]]] = [
             "testing.ProcessKindName",
             "testing.ClockDomain",
         ],
+    ),
+    (
+        "pytest fixtures",
+        "`nvmlcheck.testing.pytest_plugin`, a `pytest11` entry point: installing nvmlcheck makes these fixtures "
+        "available in every pytest run (where plugin autoloading is off: `-p nvmlcheck.testing.pytest_plugin`). "
+        "Each heading shows the type to annotate a test's parameter with. The stub fixtures skip the test when the "
+        "stub cannot be built (no C compiler, no `nvidia-nvml-dev`: `pip install 'nvmlcheck[sim]'`); "
+        "`--nvmlcheck-require-sim` (or `nvmlcheck_require_sim = true` in the ini file) makes that a failure. "
+        "[testing.md](testing.md#fixtures) shows them at work.",
+        [f"pytest_plugin.{name}" for name in
+         ("nvml_scenario", "nvml_scenario_path", "nvml_stub", "nvml_stub_library", "nvml_bound_process",
+          "fake_nvidia_smi")],
     ),
 ]
 
@@ -224,7 +246,7 @@ NO_SIGNATURE = {"Predicate"}
 
 
 # Modules documented by name (``"study.StudyConfig"``) besides the top level; testing's whole ``__all__`` is placed.
-SUBMODULES: dict[str, types.ModuleType] = {"testing": testing, "study": study}
+SUBMODULES: dict[str, types.ModuleType] = {"testing": testing, "study": study, "pytest_plugin": pytest_plugin}
 
 
 def resolve(key: str) -> Any:
@@ -236,7 +258,7 @@ def resolve(key: str) -> Any:
 
 def qualified(key: str) -> str:
     module, _, name = key.partition(".")
-    return f"nvmlcheck.{module}.{name}" if name and module in SUBMODULES else key
+    return f"{SUBMODULES[module].__name__}.{name}" if name and module in SUBMODULES else key
 
 
 def anchor(heading: str) -> str:
@@ -247,7 +269,8 @@ def anchor(heading: str) -> str:
 
 
 def all_keys() -> list[str]:
-    return [*nvmlcheck.__all__, *(f"testing.{n}" for n in testing.__all__)]
+    # NOT_STAR: top-level names kept out of __all__ (``open``), documented all the same.
+    return [*nvmlcheck.__all__, *sorted(NOT_STAR), *(f"testing.{n}" for n in testing.__all__)]
 
 
 def _in_submodule_all(key: str) -> bool:
@@ -674,11 +697,24 @@ def render_nvml_codes(linker: Linker) -> str:
     )
 
 
+def render_fixture(key: str, fixture: Any, linker: Linker) -> str:
+    """A fixture: how a test asks for it (with its type: the fixture function's return annotation, less an
+    ``Iterator[...]``), its scope, its docstring."""
+    name = key.partition(".")[2]
+    returns = str(inspect.signature(fixture).return_annotation).strip("'\"")
+    returns = re.sub(r"^Iterator\[(.*)\]$", r"\1", returns)
+    scope = getattr(getattr(fixture, "_fixture_function_marker", None), "scope", "function")
+    usage = code_block(f"def test_it({name}: {returns}) -> None: ...")
+    return f"{usage}\nA pytest fixture, scope `{scope}`.\n\n{convert(fixture.__doc__, linker, True)}"
+
+
 def render_name(key: str, linker: Linker) -> str:
     obj = resolve(key)
     prefer_testing = key.startswith("testing.")
     out = [f"### {heading_for(key)}\n"]
-    if inspect.isclass(obj) and not _is_alias(key):
+    if key.startswith("pytest_plugin."):
+        out.append(render_fixture(key, obj, linker))
+    elif inspect.isclass(obj) and not _is_alias(key):
         out.append(render_class(key, obj, linker, prefer_testing))
     elif inspect.isfunction(obj):
         out.append(code_block(signature(qualified(key), obj)))

@@ -3,6 +3,8 @@
 from nvmlcheck.cudamap import CudaDevice, CudaMapping, CudaMappingError, GpuIdentity, cuda_mapping
 from nvmlcheck.errors import (
     AlreadyInitialized,
+    ArgumentError,
+    ArgumentTypeError,
     ArgumentVersionMismatch,
     BackendUnavailable,
     CorruptData,
@@ -26,6 +28,8 @@ from nvmlcheck.errors import (
     LibraryVersionMismatch,
     NoData,
     NoPermission,
+    NoSuchDevice,
+    NoSuchProcess,
     NotFound,
     NotReady,
     NotSupported,
@@ -34,10 +38,12 @@ from nvmlcheck.errors import (
     NvmlMemoryError,
     OperatingSystemError,
     ResetTypeNotSupported,
+    SessionClosed,
     SmiError,
     SmiParseError,
     SmiTimeout,
     SmiTransportError,
+    StateError,
     Timeout,
     Uninitialized,
     Unknown,
@@ -58,8 +64,9 @@ from nvmlcheck.kill import (
     kill_and_wait,
     prepare_kill,
 )
-from nvmlcheck.locks import LockSet
+from nvmlcheck.locks import LockDirError, LockSet
 from nvmlcheck.model import (
+    GIB,
     MIB,
     ClockEventReason,
     Clocks,
@@ -98,7 +105,8 @@ from nvmlcheck.predicates import (
 from nvmlcheck.readiness import ready
 from nvmlcheck.released import not_ours, targets_released
 from nvmlcheck.selection import Selection, SelectTimeout, select_clean
-from nvmlcheck.session import DeviceSelector, Session, open, wait_until_clean
+from nvmlcheck.session import DeviceSelector, Session, wait_until_clean
+from nvmlcheck.session import open as open
 from nvmlcheck.study import BaselineNotClean as BaselineNotClean
 from nvmlcheck.study import HolderError as HolderError
 from nvmlcheck.study import StudyConfig as StudyConfig
@@ -111,6 +119,8 @@ __version__: str
 
 __all__ = [
     "AlreadyInitialized",
+    "ArgumentError",
+    "ArgumentTypeError",
     "ArgumentVersionMismatch",
     "BackendUnavailable",
     "ClockEventReason",
@@ -132,6 +142,7 @@ __all__ = [
     "Fields",
     "FreqNotSupported",
     "FunctionNotFound",
+    "GIB",
     "GpuEvent",
     "GpuFault",
     "GpuIdentity",
@@ -158,6 +169,7 @@ __all__ = [
     "KillTimeout",
     "LibraryNotFound",
     "LibraryVersionMismatch",
+    "LockDirError",
     "LockSet",
     "MIB",
     "Memory",
@@ -165,6 +177,8 @@ __all__ = [
     "MigDevice",
     "NoData",
     "NoPermission",
+    "NoSuchDevice",
+    "NoSuchProcess",
     "NotFound",
     "NotPermitted",
     "NotReady",
@@ -188,12 +202,14 @@ __all__ = [
     "SelectTimeout",
     "Selection",
     "Session",
+    "SessionClosed",
     "SignalSent",
     "SmiError",
     "SmiParseError",
     "SmiTimeout",
     "SmiTransportError",
     "Snapshot",
+    "StateError",
     "SystemInfo",
     "Timeout",
     "TracePoint",
@@ -218,7 +234,6 @@ __all__ = [
     "no_processes",
     "not_ours",
     "on_devices",
-    "open",
     "pids_gone",
     "poll_until",
     "prepare_kill",

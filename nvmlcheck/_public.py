@@ -19,19 +19,21 @@ import sys
 from pathlib import Path
 
 __all__ = [
-    "DEPRECATED", "EXPORTS", "TESTING", "TESTING_ALIASES", "check", "render_init", "render_stub", "render_testing",
+    "DEPRECATED", "EXPORTS", "NOT_STAR", "TESTING", "TESTING_ALIASES", "check", "render_init", "render_stub",
+    "render_testing",
 ]
 
 EXPORTS: dict[str, tuple[str, ...]] = {
     "cudamap": ("CudaDevice", "CudaMapping", "CudaMappingError", "GpuIdentity", "cuda_mapping"),
     "errors": (
-        "AlreadyInitialized", "ArgumentVersionMismatch", "BackendUnavailable", "CorruptData", "CorruptedInforom",
-        "Deprecated", "DriverNotLoaded", "FreqNotSupported", "FunctionNotFound", "GpuFault", "GpuLost", "GpuNotFound",
-        "GpuRequiresReset", "InUse", "InsufficientPower", "InsufficientResources", "InsufficientSize",
-        "InvalidArgument", "InvalidState", "IrqIssue", "LibraryNotFound", "LibraryVersionMismatch", "NoData",
-        "NoPermission", "NotFound", "NotReady", "NotSupported", "NvmlCheckError", "NvmlError", "NvmlMemoryError",
-        "OperatingSystemError", "ResetTypeNotSupported", "SmiError", "SmiParseError", "SmiTimeout",
-        "SmiTransportError", "Timeout", "Uninitialized", "Unknown", "VgpuEccNotSupported", "WaitTimeout",
+        "AlreadyInitialized", "ArgumentError", "ArgumentTypeError", "ArgumentVersionMismatch", "BackendUnavailable",
+        "CorruptData", "CorruptedInforom", "Deprecated", "DriverNotLoaded", "FreqNotSupported", "FunctionNotFound",
+        "GpuFault", "GpuLost", "GpuNotFound", "GpuRequiresReset", "InUse", "InsufficientPower", "InsufficientResources",
+        "InsufficientSize", "InvalidArgument", "InvalidState", "IrqIssue", "LibraryNotFound", "LibraryVersionMismatch",
+        "NoData", "NoPermission", "NoSuchDevice", "NoSuchProcess", "NotFound", "NotReady", "NotSupported",
+        "NvmlCheckError", "NvmlError", "NvmlMemoryError", "OperatingSystemError", "ResetTypeNotSupported",
+        "SessionClosed", "SmiError", "SmiParseError", "SmiTimeout", "SmiTransportError", "StateError", "Timeout",
+        "Uninitialized", "Unknown", "VgpuEccNotSupported", "WaitTimeout",
     ),
     "events": ("EventKind", "EventListener", "GpuEvent"),
     "holders": ("GpuUse", "Holder", "KillSelection", "explain_unseen_holders", "find_holders", "select_kill_holders"),
@@ -40,11 +42,11 @@ EXPORTS: dict[str, tuple[str, ...]] = {
         "NotPermitted", "ProcessGone",
     ),
     "released": ("not_ours", "targets_released"),
-    "locks": ("LockSet",),
+    "locks": ("LockDirError", "LockSet"),
     "model": (
-        "ClockEventReason", "ClockSet", "Clocks", "DeviceFailure", "DeviceState", "Fields", "GpuProcess", "Health",
-        "HealthCause", "MIB", "Memory", "MemoryHealth", "MigDevice", "OperatorAction", "ProcessKind", "RecoveryAction",
-        "RemappedRows", "RetiredPage", "RetirementCause", "Snapshot", "SystemInfo",
+        "ClockEventReason", "ClockSet", "Clocks", "DeviceFailure", "DeviceState", "Fields", "GIB", "GpuProcess",
+        "Health", "HealthCause", "MIB", "Memory", "MemoryHealth", "MigDevice", "OperatorAction", "ProcessKind",
+        "RecoveryAction", "RemappedRows", "RetiredPage", "RetirementCause", "Snapshot", "SystemInfo",
     ),
     "predicates": (
         "Predicate", "Verdict", "always", "default_predicate", "memory_back_to", "memory_free_at_least",
@@ -66,11 +68,16 @@ DEPRECATED: dict[str, tuple[str, str]] = {
     "run_study": ("study", "0.3.0"),
 }
 
+#: Top-level names that ``from nvmlcheck import *`` does not bring (they are left out of ``__all__``), because they
+#: would shadow a builtin there; ``nvmlcheck.open`` and ``from nvmlcheck import open`` still work.
+NOT_STAR: frozenset[str] = frozenset({"open"})
+
 #: What ``nvmlcheck.testing`` offers, by the private module of ``nvmlcheck._sim`` that defines it.
 TESTING: dict[str, tuple[str, ...]] = {
     "build": ("StubBuildError", "build_stub", "find_nvml_header", "stub_source_dir"),
     "calllog": ("LogEntry", "read_call_log"),
     "clock": ("StepClock",),
+    "fixtures": ("BoundProcessFactory",),
     "probe": ("StubProbe",),
     "scenario": (
         "CLOCK_DOMAINS", "DEVICE_FIELDS", "PROCESS_KINDS", "UNSUPPORTED_FIELDS", "ClockDomain", "ProcessKindName",
@@ -119,12 +126,13 @@ def render_stub() -> str:
         deprecated.setdefault(module, []).append(name)
     for module in sorted(set(EXPORTS) | set(deprecated)):
         if module in EXPORTS:
-            lines += _import_lines(module, list(EXPORTS[module]))
-        # A deprecated name is re-exported explicitly (`X as X`): it is not in __all__.
-        old = sorted(deprecated.get(module, ()), key=_member_key)
+            lines += _import_lines(module, [n for n in EXPORTS[module] if n not in NOT_STAR])
+        # A deprecated name, or one kept out of `import *`, is re-exported explicitly (`X as X`): not in __all__.
+        old = sorted([*deprecated.get(module, ()), *(n for n in EXPORTS.get(module, ()) if n in NOT_STAR)],
+                     key=_member_key)
         lines += [f"from nvmlcheck.{module} import {n} as {n}" for n in old]
     lines += ["", "__version__: str", "", "__all__ = ["]
-    lines += [f'    "{name}",' for name in sorted([*_top_level(), "__version__"])]
+    lines += [f'    "{name}",' for name in sorted([*(set(_top_level()) - NOT_STAR), "__version__"])]
     lines += ["]"]
     return "\n".join(lines) + "\n"
 
@@ -132,9 +140,11 @@ def render_stub() -> str:
 def _generated_block() -> str:
     lazy = "".join(f'    "{name}": "{module}",\n' for name, module in sorted(_top_level().items()))
     old = "".join(f'    "{name}": ("{m}", "{v}"),\n' for name, (m, v) in sorted(DEPRECATED.items()))
+    not_star = "".join(f'"{name}", ' for name in sorted(NOT_STAR))
     return (
         f"{_BEGIN}_LAZY: dict[str, str] = {{\n{lazy}}}\n"
-        f"_DEPRECATED: dict[str, tuple[str, str]] = {{\n{old}}}\n{_END}"
+        f"_DEPRECATED: dict[str, tuple[str, str]] = {{\n{old}}}\n"
+        f"_NOT_STAR = frozenset({{{not_star.rstrip(', ')}}})  # not in __all__: they would shadow a builtin\n{_END}"
     )
 
 

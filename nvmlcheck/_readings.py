@@ -10,8 +10,9 @@ checks"). Import them from ``nvmlcheck.model`` (or ``nvmlcheck``), never from he
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
 from typing import NamedTuple
+
+from ._record import record
 
 __all__ = [
     "ClockEventReason",
@@ -69,7 +70,7 @@ class RetirementCause(str, enum.Enum):
     DOUBLE_BIT_ECC = "double_bit_ecc"
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ClockSet:
     """Clock frequencies of the four NVML clock domains, in MHz (``None`` when not supported)."""
 
@@ -79,7 +80,7 @@ class ClockSet:
     video_mhz: int | None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Clocks:
     """Clocks of one device.
 
@@ -114,7 +115,7 @@ class Clocks:
         return self.current.video_mhz
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class RetiredPage:
     """A retired memory page (nvmlDeviceGetRetiredPages_v2; nvidia-smi ``--query-retired-pages``).
 
@@ -127,7 +128,7 @@ class RetiredPage:
     timestamp: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class RemappedRows:
     """Row remapping state (nvmlDeviceGetRemappedRows; nvidia-smi ``remapped_rows.*``), the Ampere+ successor of
     page retirement."""
@@ -228,7 +229,7 @@ class HealthCause(NamedTuple):
     action: OperatorAction
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Health:
     """A GPU's health as the driver reports it. Each part is ``None`` when the device or driver cannot say (Hopper
     retires no pages, it remaps rows; ECC counters need ECC on; the recovery action needs driver 565+), with the

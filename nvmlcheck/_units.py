@@ -10,7 +10,7 @@ from __future__ import annotations
 __all__ = ["format_bytes", "parse_size"]
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gib": 1 << 30,
-          "kb": 10**3, "mb": 10**6, "gb": 10**9, "t": 1 << 40, "tib": 1 << 40}
+          "kb": 10**3, "mb": 10**6, "gb": 10**9, "t": 1 << 40, "tib": 1 << 40, "tb": 10**12}
 
 
 def format_bytes(n: int) -> str:
@@ -24,13 +24,18 @@ def format_bytes(n: int) -> str:
 
 
 def parse_size(text: str) -> int:
-    """``"16GiB"`` → 17179869184. Accepts B, KiB, MiB, GiB, TiB (K/M/G/T mean the binary units), KB/MB/GB."""
+    """``"16GiB"`` → 17179869184. Accepts B, KiB, MiB, GiB, TiB (K/M/G/T mean the binary units, powers of 2) and
+    KB/MB/GB/TB (decimal, powers of 10: ``"16GB"`` is 16,000,000,000); any case."""
     import re  # only when a size is given: the CLI parses --max-used with this
 
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
     if not m or m[2].lower() not in _UNITS:
-        raise ValueError(f"not a size: {text!r} (examples: 1GiB, 512MiB, 1073741824)")
+        from .errors import ArgumentError
+
+        raise ArgumentError(f"not a size: {text!r} (examples: 1GiB, 512MiB, 1073741824)")
     value = float(m[1]) * _UNITS[m[2].lower()]
     if value <= 0:
-        raise ValueError(f"size must be positive: {text!r}")
+        from .errors import ArgumentError
+
+        raise ArgumentError(f"size must be positive: {text!r}")
     return int(value)

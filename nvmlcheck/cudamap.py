@@ -22,6 +22,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from ._text import printable
+from .errors import ArgumentError
+
 __all__ = [
     "ENV_DEVICE_ORDER",
     "ENV_VISIBLE_DEVICES",
@@ -80,8 +83,9 @@ class CudaDevice:
     pci_bus_id: str | None
 
 
-class CudaMappingError(ValueError):
-    """A CUDA selector that cannot be resolved (or a mapping that is unknown). A ``ValueError``, so the CLI exits 2.
+class CudaMappingError(ArgumentError):
+    """A CUDA selector that cannot be resolved (or a mapping that is unknown). An :class:`~nvmlcheck.ArgumentError`
+    (so a ``ValueError``): the CLI exits 2.
 
     The message shows the mapping it saw: the two environment variables, the order, and the ``cuda:N -> GPU``
     table (or why it is unknown); :attr:`mapping` is the :class:`CudaMapping` itself (``None`` when none was built).
@@ -109,12 +113,12 @@ def parse_cuda_selector(text: str) -> int | None:
     :func:`is_cuda_selector` first)."""
     match = _SELECTOR.match(text)
     if match is None:
-        raise ValueError(f"not a CUDA device selector: {text!r} (expected cuda:N or cuda:all)")
+        raise ArgumentError(f"not a CUDA device selector: {text!r} (expected cuda:N or cuda:all)")
     rest = match.group(1)
     if rest.lower() == "all":
         return None
     if not re.fullmatch(r"[0-9]+", rest):
-        raise ValueError(f"bad CUDA device selector {text!r}: expected cuda:N (N = 0, 1, ...) or cuda:all")
+        raise ArgumentError(f"bad CUDA device selector {text!r}: expected cuda:N (N = 0, 1, ...) or cuda:all")
     return int(rest)
 
 
@@ -215,11 +219,11 @@ class CudaMapping:
             lines.append("  visible CUDA devices: none")
         for d in self.devices or ():
             lines.append(f"  cuda:{d.cuda_index} -> GPU {d.nvml_index} {d.uuid} ({d.pci_bus_id or 'PCI bus id unknown'}"
-                         f", {d.name or 'name unknown'})")
+                         f", {printable(d.name) if d.name else 'name unknown'})")
         if self.devices is None or len(self.devices) < len(self.gpus):
             lines.append("  GPUs NVML sees:" + ("" if self.gpus else " none"))
             lines.extend(f"    GPU {g.index} {g.uuid} ({g.pci_bus_id or 'PCI bus id unknown'}, "
-                         f"{g.name or 'name unknown'})" for g in self.gpus)
+                         f"{printable(g.name) if g.name else 'name unknown'})" for g in self.gpus)
         lines.extend(f"  note: {n}" for n in self.notes)
         return "\n".join(lines)
 
@@ -269,7 +273,7 @@ def cuda_mapping(
     ids = tuple(sorted((GpuIdentity(g.index, g.uuid, g.name, g.pci_bus_id) for g in gpus), key=lambda g: g.index))
     by_index = {g.index: g for g in ids}
     if len(by_index) != len(ids):
-        raise ValueError("two GPUs with the same NVML index")
+        raise ArgumentError("two GPUs with the same NVML index")
     visible = env.get(ENV_VISIBLE_DEVICES)
     order_env = env.get(ENV_DEVICE_ORDER)
     order, order_unknown, order_note = _base_order(ids, order_env, tuple(unreadable))

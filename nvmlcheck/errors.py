@@ -14,7 +14,17 @@ Every exception derives from :class:`NvmlCheckError`; all pickle, and their mess
     │   └── SmiParseError(line_no, line)
     ├── CorruptData                     values that cannot be true (PID 0, used > total): a struct layout mismatch
     ├── GpuFault(index, uuid, kind, xid, meaning)  a fatal NVML event (XID 79, 48, ...) on a GPU a wait judges
-    └── WaitTimeout (also TimeoutError) the GPUs were not clean at the deadline; carries the last snapshot and culprits
+    ├── WaitTimeout (also TimeoutError) the GPUs were not clean at the deadline; carries the last snapshot and culprits
+    ├── ArgumentError (also ValueError)  a value nvmlcheck cannot use (a bad size, timeout, selector, scenario field)
+    │   ├── NoSuchDevice (also KeyError) an index or UUID that names no GPU (of the host, or of a snapshot)
+    │   └── NoSuchProcess (also ProcessLookupError)  a PID that names no running process
+    ├── ArgumentTypeError (also TypeError)  an argument of the wrong type
+    └── StateError (also RuntimeError)  a call the object cannot take now (a kill plan used out of order)
+        └── SessionClosed (also ValueError)  a call on a closed session
+
+Other modules add their own subclasses (``KillError``, ``HostError``, ``StudyError``, ``CudaMappingError``, ...): every
+exception nvmlcheck raises on purpose is an :class:`NvmlCheckError`, and the classes that stand for a built-in kind
+keep it as a second base, so ``except ValueError`` goes on working.
 
 How an error is handled is declared once, on its class: ``TRANSIENT`` (a wait retries it until its deadline) and,
 for NVML codes, ``SCOPE`` (what it leaves unreadable). A new NVML return code is one ``@_code(...)`` class here.
@@ -36,6 +46,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AlreadyInitialized",
+    "ArgumentError",
+    "ArgumentTypeError",
     "ArgumentVersionMismatch",
     "BackendUnavailable",
     "CorruptData",
@@ -59,6 +71,8 @@ __all__ = [
     "LibraryVersionMismatch",
     "NoData",
     "NoPermission",
+    "NoSuchDevice",
+    "NoSuchProcess",
     "NotFound",
     "NotReady",
     "NotSupported",
@@ -67,10 +81,12 @@ __all__ = [
     "NvmlMemoryError",
     "OperatingSystemError",
     "ResetTypeNotSupported",
+    "SessionClosed",
     "SmiError",
     "SmiParseError",
     "SmiTimeout",
     "SmiTransportError",
+    "StateError",
     "Timeout",
     "Uninitialized",
     "Unknown",
@@ -353,6 +369,51 @@ class GpuFault(NvmlCheckError):
 
         rebuild = functools.partial(type(self), time_ns=self.time_ns, wall_time=self.wall_time)
         return (rebuild, (self.index, self.uuid, self.kind, self.xid, self.meaning))
+
+
+class ArgumentError(NvmlCheckError, ValueError):
+    """An argument nvmlcheck cannot use: a value out of range, a malformed size, timeout or device selector, an
+    unknown name. Also a ``ValueError`` (the CLI exits 2 on it); the message names the argument and what it
+    accepts."""
+
+    __module__ = "nvmlcheck"
+
+
+class NoSuchDevice(ArgumentError, KeyError):
+    """An index or UUID that names no GPU: none of this host's (``devices=``, ``--devices``), or none of a snapshot's
+    (:meth:`~nvmlcheck.Snapshot.device`). Also a ``KeyError`` and a ``ValueError``."""
+
+    __module__ = "nvmlcheck"
+
+    def __str__(self) -> str:
+        return Exception.__str__(self)  # not KeyError's: a message is not a key to quote
+
+
+class NoSuchProcess(ProcessLookupError, ArgumentError):
+    """A PID that names no running process where one was needed. Also a ``ProcessLookupError`` (first: its
+    instance layout is ``OSError``'s) and a ``ValueError``."""
+
+    __module__ = "nvmlcheck"
+
+
+class ArgumentTypeError(NvmlCheckError, TypeError):
+    """An argument of the wrong type (a PID that is not an int, a predicate used as a bool). Also a
+    ``TypeError``."""
+
+    __module__ = "nvmlcheck"
+
+
+class StateError(NvmlCheckError, RuntimeError):
+    """A call the object cannot take in the state it is in: a kill plan waited on before its first signal or used
+    after it closed, a stopped fleet. Also a ``RuntimeError``."""
+
+    __module__ = "nvmlcheck"
+
+
+class SessionClosed(StateError, ValueError):
+    """A call on a session that was closed. Also a ``ValueError``, as for a closed file."""
+
+    __module__ = "nvmlcheck"
 
 
 class DeadlinePassed(Exception):

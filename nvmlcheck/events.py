@@ -42,8 +42,10 @@ __all__ = [
 EVENT_SCHEMA = "nvmlcheck/event"
 #: Its version.
 EVENT_SCHEMA_VERSION = 1
-#: The longest single ``nvmlEventSetWait_v2``: bounds how long :meth:`EventListener.stop` waits for the thread.
-WAIT_SLICE_MS = 100
+#: The longest single ``nvmlEventSetWait_v2``: bounds how long :meth:`EventListener.stop` (a session's close) waits
+#: for the thread, since the call cannot be interrupted. Short: 100 ms added ~100 ms to every ``--events`` command
+#: (issue 27); a slice costs one call, so 10 ms is 100 calls a second while listening (docs/events.md).
+WAIT_SLICE_MS = 10
 #: How long :meth:`EventListener.stop` waits for a thread stuck in ``nvmlEventSetWait_v2`` (a wedged driver) before
 #: leaving it behind (a daemon thread; the set is then not freed under it).
 STOP_TIMEOUT_S = 5.0

@@ -9,18 +9,20 @@ file open, each described from ``/proc`` (state, owner, command line, PID namesp
 NVML names the GPU and the bytes but, on older drivers inside a PID namespace, a host PID that may be another local
 process; a device file proves a local process holds *a* GPU but not which one (every CUDA process opens every
 ``/dev/nvidiaN``). :func:`select_kill_holders` therefore kills an NVML PID only when the local process of that
-number has a device file open. Device-file patterns: :func:`nvmlcheck._proc.devfiles.device_file_patterns`
-(``$NVMLCHECK_DEVICE_FILES``). Rationale and limits: docs/killing.md.
+number has an NVIDIA device file open (a character device of NVIDIA's majors: :mod:`nvmlcheck._proc.devfiles`;
+tests name stand-ins with ``device_files=`` or run on the simulator). Rationale and limits: docs/killing.md.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Collection, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Iterable, Sequence
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal
 
 from ._proc import devfiles, procfs
+from ._text import printable
+from .errors import ArgumentError
 from .model import Snapshot
 from .predicates import DEFAULT_MAX_USED_BYTES, format_bytes
 
@@ -28,8 +30,12 @@ if TYPE_CHECKING:
     from .session import DeviceSelector, Session
 
 __all__ = [
+    "AGENTS",
     "DAEMONS",
     "DEFAULT_DEVICE_FILES",
+    "EXPLAIN_BUDGET_S",
+    "RECHECK_S",
+    "daemon_kind",
     "GpuUse",
     "Holder",
     "KillSelection",
@@ -43,12 +49,12 @@ __all__ = [
 DEFAULT_DEVICE_FILES = devfiles.DEFAULT_DEVICE_FILES
 
 #: Programs that hold the GPU by design and are never chosen by :func:`select_kill_holders` unless asked: NVIDIA's
-#: persistence, fabric-manager, DCGM host-engine and power daemons, and display servers and compositors.
+#: persistence, fabric-manager and power daemons, and display servers and compositors. Recognised by the program
+#: they run, not by what they call themselves (:func:`daemon_kind`).
 DAEMONS: frozenset[str] = frozenset(
     {
         "nvidia-persistenced",
         "nv-fabricmanager",
-        "nv-hostengine",
         "nvidia-powerd",
         "Xorg",
         "X",
@@ -63,7 +69,30 @@ DAEMONS: frozenset[str] = frozenset(
     }
 )
 
+#: Monitoring and cluster agents: they open the GPUs to read them (DCGM's host engine and exporter, the Kubernetes
+#: device plugin, whose end deregisters the node's GPUs, GPU feature discovery, nvtop, nvidia-smi in a loop). Left
+#: alone by ``--all-holders`` as daemons are, unless named.
+AGENTS: frozenset[str] = frozenset(
+    {
+        "nv-hostengine",
+        "dcgm-exporter",
+        "nvidia-device-plugin",
+        "gpu-feature-discovery",
+        "nvtop",
+        "nvidia-smi",
+    }
+)
+
 Source = Literal["nvml", "device-file"]
+
+#: The inode of the initial PID namespace (``PROC_PID_INIT_INO``): ``/proc/self/ns/pid`` of a process outside any
+#: container. Only there are NVML's PIDs this process's numbering whatever the driver.
+INITIAL_PID_NAMESPACE_INODE = 0xEFFFFFFC
+#: How long the device-file scan that explains a timed-out wait may take, after the deadline: one slow poll.
+EXPLAIN_BUDGET_S = 0.2
+#: How long after a suspect process list it is read again: a process that has just exited stays on NVML's list for
+#: about 0.1 s (docs/driver-facts.md), which is no evidence of another numbering.
+RECHECK_S = 0.3
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +117,9 @@ class Holder:
     ``cmdline``, ``nspid`` (``NSpid`` of ``/proc/PID/status``: this PID in each nested namespace, outermost first),
     ``ancestry`` (parent PIDs, nearest first) and ``start_ticks`` describe the local process of that PID; each is
     ``None`` when unknown, and :attr:`unknown` says why. ``relation``: ``"self"`` or ``"ancestor"`` of this process.
+    ``is_daemon``: it runs one of :data:`DAEMONS` or :data:`AGENTS` (``daemon_kind`` says which: ``"daemon"`` or
+    ``"agent"``). ``gpu_device_files``: the per-GPU device files (``/dev/nvidiaN``) among ``device_files``; a process
+    with only ``nvidiactl`` or UVM open holds no GPU (NVML's own clients, monitors).
     ``container``: the label of the container or cgroup it runs in (``"lxc/129"``, ``"docker 3f2a1b2c3d4e"``;
     :func:`nvmlcheck._proc.container.container_of`), ``None`` when it runs in none or is not visible here.
     """
@@ -107,6 +139,8 @@ class Holder:
     relation: Literal["self", "ancestor"] | None
     start_ticks: int | None
     unknown: tuple[tuple[str, str], ...] = ()
+    gpu_device_files: tuple[str, ...] | None = None
+    daemon_kind: Literal["daemon", "agent"] | None = None
     container: str | None = None
 
     @property
@@ -127,7 +161,7 @@ class Holder:
 
     def describe(self) -> str:
         """One line: ``pid 123 (python3, zombie) in lxc/129 holds 4.0 GiB on GPU 0``."""
-        bits = [self.name or "name unknown"]
+        bits = [printable(self.name) if self.name else "name unknown"]
         if self.state not in (None, "running", "sleeping"):
             bits.append(str(self.state))
         on = ", ".join(
@@ -135,19 +169,22 @@ class Holder:
             for g in self.gpus
         )
         where = f"holds {on}" if on else f"has {', '.join(self.device_files or ('NVIDIA device files',))} open"
-        inside = f" in {self.container}" if self.container else ""
+        inside = f" in {printable(self.container)}" if self.container else ""
         return f"pid {self.pid} ({', '.join(bits)}){inside} {where}"
 
 
 @dataclass(frozen=True, slots=True)
 class KillSelection:
     """What ``--all-on-gpu`` / ``--all-holders`` would kill (``targets``) and what it leaves alone, each with the
-    reason (``skipped``: daemons, this process and its ancestors, NVML PIDs not visible from this PID namespace),
-    plus ``notes`` on what could not be read."""
+    reason (``skipped``: daemons, this process and its ancestors, NVML PIDs with no process or no NVIDIA device file
+    here), plus ``notes`` (what could not be read, the device-file rule when stand-ins count). ``refused``: why the
+    whole selection is refused (``targets`` is then empty): NVML's process lists cannot be proven to number
+    processes as this PID namespace does, so a PID on a selected GPU's list may name a process of another GPU."""
 
     targets: tuple[Holder, ...]
     skipped: tuple[tuple[Holder, str], ...]
     notes: tuple[str, ...] = ()
+    refused: str | None = None
 
 
 def _user(uid: int) -> str | None:
@@ -163,12 +200,28 @@ def _basename(cmd: tuple[str, ...] | None) -> str | None:
     return os.path.basename(cmd[0]) if cmd else None
 
 
-def _is_daemon(comm: str | None, cmd: tuple[str, ...] | None) -> bool:
-    base = _basename(cmd)
-    if base in DAEMONS:
-        return True
-    # comm is cut to 15 characters ("nvidia-persiste").
-    return comm is not None and any(comm == d[:15] for d in DAEMONS)
+def _kind_of(name: str) -> Literal["daemon", "agent"] | None:
+    return "agent" if name in AGENTS else "daemon" if name in DAEMONS else None
+
+
+def daemon_kind(comm: str | None, cmd: tuple[str, ...] | None,
+                exe: tuple[str, int, int] | None) -> Literal["daemon", "agent"] | None:
+    """Whether a process runs one of :data:`DAEMONS` or :data:`AGENTS`, judged by the program it runs, not by the
+    name it gives itself: ``exe`` (:func:`nvmlcheck._proc.procfs.executable`) must be a file root owns and no one
+    else may write, named so, and ``comm`` must agree (cut to 15 characters). Setting ``argv[0]`` (or ``comm``) to
+    ``nvidia-persistenced`` exempts nothing. Where ``exe`` cannot be read (another user's process, which this one
+    cannot signal anyway) the names of ``argv[0]`` and ``comm`` are all there is."""
+    if exe is not None:
+        path, uid, mode = exe
+        base = os.path.basename(path.removesuffix(" (deleted)"))
+        kind = _kind_of(base)
+        if kind is None or uid != 0 or mode & 0o022 or comm != base[:15]:
+            return None
+        return kind
+    argv0 = _basename(cmd)
+    if argv0 is not None and _kind_of(argv0) is not None:
+        return _kind_of(argv0)
+    return next((_kind_of(d) for d in DAEMONS | AGENTS if comm == d[:15]), None)
 
 
 def describe_process(
@@ -177,6 +230,7 @@ def describe_process(
     found_by: frozenset[str],
     gpus: tuple[GpuUse, ...] = (),
     device_files: tuple[str, ...] | None = None,
+    gpu_device_files: tuple[str, ...] | None = None,
     me: tuple[int, tuple[int, ...]] | None = None,
 ) -> Holder:
     """A :class:`Holder` for ``pid`` from ``/proc`` (fields ``None`` with a reason where it cannot be read)."""
@@ -208,6 +262,7 @@ def describe_process(
     elif pid in my_ancestors:
         relation = "ancestor"
     name = (_basename(cmd) or (st.comm if st is not None else None)) if cmd or st is not None else None
+    kind = daemon_kind(st.comm, cmd, procfs.executable(pid)) if st is not None else None
     return Holder(
         pid=pid,
         found_by=found_by,
@@ -220,10 +275,12 @@ def describe_process(
         nspid=nspid,
         ancestry=None if st is None else procfs.ancestors(pid),
         device_files=device_files,
-        is_daemon=_is_daemon(st.comm if st is not None else None, cmd),
+        is_daemon=kind is not None,
         relation=relation,
         start_ticks=None if st is None else st.start_ticks,
         unknown=tuple(unknown),
+        gpu_device_files=gpu_device_files if device_files is not None else None,
+        daemon_kind=kind,
         container=_container_label(pid) if st is not None else None,
     )
 
@@ -260,8 +317,10 @@ def find_holders(
     device_files: Sequence[str] | str | None = None,
 ) -> tuple[Holder, ...]:
     """Every process holding a GPU: those on the process lists of ``snapshot`` (restricted to ``devices``, NVML
-    indices), joined by PID with those that have a device file open (always all of them: a device file cannot say
-    which GPU). ``snapshot=None``: the device-file scan alone, with no NVML at all. Sorted by PID."""
+    indices), joined by PID with those that have an NVIDIA device file open (always all of them: a device file
+    cannot say which GPU). ``snapshot=None``: the device-file scan alone, with no NVML at all. ``device_files``:
+    globs of stand-in files that count too, for tests where there is no NVIDIA device (else the simulator's, if one
+    runs, else none: :func:`nvmlcheck._proc.devfiles.device_rule`). Sorted by PID."""
     nvml = _gpu_uses(snapshot, devices) if snapshot is not None else {}
     fds = devfiles.scan(device_files)
     me = (os.getpid(), procfs.ancestors())
@@ -276,7 +335,7 @@ def find_holders(
         if pid in nvml and pid not in fds.holders and pid not in fds.unreadable:
             files = () if procfs.read_stat(pid) is not None else None
         out.append(describe_process(pid, found_by=frozenset(found), gpus=tuple(nvml.get(pid, ())),
-                                    device_files=files, me=me))
+                                    device_files=files, gpu_device_files=fds.gpu_files.get(pid, ()), me=me))
     return tuple(out)
 
 
@@ -292,82 +351,185 @@ def select_kill_holders(
     found only by a device file) may signal, and the rest with the reason. ``source``: an open session (its
     :meth:`~nvmlcheck.Session.holders` on ``devices`` is read) or holders already found.
 
-    Never chosen: this process and its ancestors; daemons (:data:`DAEMONS`) unless ``include_daemons``; an NVML PID
+    Never chosen: this process and its ancestors; daemons and monitoring agents (:data:`DAEMONS`, :data:`AGENTS`,
+    recognised by the program they run: :func:`daemon_kind`) unless ``include_daemons``; a process found by device
+    files with no per-GPU one open (only ``nvidiactl``, UVM: it holds no GPU); an NVML PID
     whose local process has no NVIDIA device file open (NVML may report a PID of another namespace, which here names
     an unrelated process); a process whose files cannot be read; a zombie (already exited: no signal frees it).
+    ``device_files``: stand-in globs, as for :func:`find_holders`; when stand-ins count, a note says so (the
+    kill's plan prints it).
+
+    ``all_holders=False`` chooses by GPU, which needs NVML's PIDs to be this namespace's: every PID on any GPU's list
+    (read again after :data:`RECHECK_S` if not) must name a local process with an NVIDIA device file open (or a
+    zombie). Otherwise nothing is chosen and :attr:`KillSelection.refused` says why: an older driver in a container
+    reports host PIDs, and a host PID may be the local PID of a CUDA process on another GPU (every CUDA process has
+    every ``/dev/nvidiaN`` open, so the device file alone does not tell).
     """
     from .session import Session
 
-    elsewhere: dict[int, list[int]] = {}
+    elsewhere: dict[int, list[int]] = {}  # pid -> the unselected GPUs whose lists alone name it
+    notes: list[str] = []
+    rule = devfiles.device_rule(device_files)
+    if not rule.is_default:
+        notes.append(f"device files: {rule.describe()}")
+    suspects: list[str] = []
     if isinstance(source, Session):
-        holders: Sequence[Holder] = source.holders(devices, device_files=device_files)
-        if devices is not None:
-            elsewhere = _listed_elsewhere(source, devices)
+        indices = source.resolve(devices)
+        every = source.holders(None, device_files=device_files)  # the proof of numbering looks at every GPU
+        if not all_holders and _unproven(every):
+            import time
+
+            time.sleep(RECHECK_S)
+            again = source.holders(None, device_files=device_files)
+            still = {pid for pid, _ in _unproven(again)}
+            suspects = [why for pid, why in _unproven(every) if pid in still]
+            every = again
+        holders: Sequence[Holder] = _restricted(every, indices)
+        elsewhere = _only_elsewhere(every, indices)
     else:
         if devices is not None:
-            raise ValueError("devices selects GPUs of a session; holders already found are taken as they are")
+            raise ArgumentError("devices selects GPUs of a session; holders already found are taken as they are")
         holders = source
+        suspects = [why for _, why in _unproven(holders)] if not all_holders else []
+    if suspects:
+        refused = _numbering_refusal(suspects)
+        return KillSelection((), tuple((h, "not signalled: " + refused) for h in holders), tuple(notes), refused)
+    never = _never_signalled()
     targets: list[Holder] = []
     skipped: list[tuple[Holder, str]] = []
     for h in holders:
-        if h.relation == "self":
-            skipped.append((h, "this process"))
-        elif h.relation == "ancestor":
-            skipped.append((h, "an ancestor of this process"))
-        elif h.is_daemon and not include_daemons:
-            skipped.append((h, f"a daemon ({h.name}); include daemons to kill it"))
-        elif "nvml" not in h.found_by and h.pid in elsewhere:
-            where = " and ".join(f"GPU {i}'s" for i in elsewhere[h.pid])
-            skipped.append((h, f"on {where} process list, not selected (--devices)"))
-        elif not all_holders and "nvml" not in h.found_by:
-            skipped.append((h, "not on a GPU process list (found by its device files only; --all-holders kills it)"))
-        elif h.start_ticks is None:
-            skipped.append((h, "not visible from this PID namespace: no process with this PID here"))
-        elif h.device_files is None:
-            skipped.append((h, "its open files cannot be read, so it cannot be proven to hold a GPU"))
-        elif not h.device_files:
-            skipped.append(
-                (h, "not visible from this PID namespace: the local process with this PID has no NVIDIA device "
-                    "file open (NVML may report a PID of another namespace)")
-            )
-        elif h.state == "zombie":
-            skipped.append((h, "a zombie: it has exited already; its parent has to reap it"))
-        else:
+        why = _left_alone(h, all_holders=all_holders, include_daemons=include_daemons, never=never,
+                          elsewhere=elsewhere.get(h.pid, ()))
+        if why is None:
             targets.append(h)
-    return KillSelection(tuple(targets), tuple(skipped))
+        else:
+            skipped.append((h, why))
+    return KillSelection(tuple(targets), tuple(skipped), tuple(notes))
 
 
-def _listed_elsewhere(session: Session, devices: Iterable[DeviceSelector] | DeviceSelector) -> dict[int, list[int]]:
-    """PID → the unselected GPUs whose process lists name it (one read of every GPU's lists; empty if unreadable)."""
-    from .model import Fields
+def _never_signalled() -> Callable[[int], str | None]:
+    """Why a PID may never be signalled (PID 1, this process, an ancestor, ...): the kill's own refusals
+    (:func:`nvmlcheck._proc.targets.refusal`), so that a selection leaves such a holder alone instead of proposing
+    it and having the whole kill refused (run through ``nsenter`` or ``docker exec``, PID 1 is no ancestor)."""
+    from ._proc.targets import refusal
 
-    selected = set(session.resolve(devices) or ())
-    out: dict[int, list[int]] = {}
-    snap = session.snapshot(None, fields=Fields.PROCESSES)
-    for d in snap.devices:
-        if d.index not in selected:
-            for p in d.processes or ():
-                if d.index not in out.setdefault(p.pid, []):
-                    out[p.pid].append(d.index)
+    limit, me = procfs.pid_max(), os.getpid()
+    try:
+        lineage = procfs.ancestors(strict=True)
+    except procfs.ProcUnreadable:
+        lineage = procfs.ancestors()  # the kill's own check, strict, refuses then; the selection says what it can
+    return lambda pid: refusal(pid, limit, me, lineage)
+
+
+def _left_alone(h: Holder, *, all_holders: bool, include_daemons: bool,
+                never: Callable[[int], str | None], elsewhere: Collection[int] = ()) -> str | None:
+    """Why ``h`` is not chosen (``None``: it is). ``elsewhere``: the unselected GPUs whose lists alone name it."""
+    if h.relation == "self":
+        return "this process"
+    if h.relation == "ancestor":
+        return "an ancestor of this process"
+    refused = never(h.pid)
+    if refused is not None:
+        return refused
+    if h.is_daemon and not include_daemons:
+        what = "monitoring agent" if h.daemon_kind == "agent" else "daemon"
+        return f"{what} ({printable(h.name)}); name its PID to kill it"
+    if not all_holders and "nvml" not in h.found_by and elsewhere:
+        return f"on {' and '.join(f'GPU {i}' for i in elsewhere)}'s process list, not selected (--devices)"
+    if not all_holders and "nvml" not in h.found_by:
+        return "not on a GPU process list (found by its device files only; --all-holders kills it)"
+    if "nvml" not in h.found_by and h.gpu_device_files == () and h.device_files:
+        return (f"holds no GPU: only {', '.join(h.device_files)} open, no per-GPU device file and on no GPU process "
+                "list (NVML's own clients, monitors)")
+    if h.start_ticks is None:
+        return "no process with this PID here (it exited, or NVML numbers processes as another PID namespace does)"
+    if h.device_files is None:
+        return "its open files cannot be read, so it cannot be proven to hold a GPU"
+    if not h.device_files:
+        return ("no NVIDIA device file open: the local process with this PID cannot be proven to be the one NVML "
+                "lists (NVML may report a PID of another namespace)")
+    if h.state == "zombie":
+        return "a zombie: it has exited already; its parent has to reap it"
+    return None
+
+
+def _unproven(holders: Iterable[Holder]) -> list[tuple[int, str]]:
+    """The NVML-listed PIDs that do not name a GPU holder here: no process of that PID, or one with no NVIDIA
+    device file open (not a zombie; one whose files cannot be read is no evidence either way)."""
+    out: list[tuple[int, str]] = []
+    for h in holders:
+        if "nvml" not in h.found_by:
+            continue
+        on = ", ".join(f"GPU {g.index}" for g in h.gpus)
+        if h.start_ticks is None:
+            out.append((h.pid, f"pid {h.pid} (on {on}) names no process here"))
+        elif h.device_files == () and h.state != "zombie":
+            name = printable(h.name) if h.name else "a process"
+            out.append((h.pid, f"pid {h.pid} (on {on}) names {name}, which has no NVIDIA device file open"))
+    return out
+
+
+def _nested_pid_namespace() -> bool | None:
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino != INITIAL_PID_NAMESPACE_INODE
+    except OSError:
+        return None
+
+
+def _numbering_refusal(suspects: Sequence[str]) -> str:
+    nested = _nested_pid_namespace()
+    where = (" (this process runs in a PID namespace of its own, where older drivers report host PIDs)" if nested
+             else "")
+    return (f"NVML's process lists cannot be proven to number processes as this PID namespace does{where}: "
+            f"{'; '.join(suspects)}; a PID on a selected GPU's list could then name a process of another GPU. "
+            "Name the PIDs to kill, or use --all-holders (every process with an NVIDIA device file open)")
+
+
+def _only_elsewhere(holders: Iterable[Holder], indices: Collection[int] | None) -> dict[int, list[int]]:
+    """PID → the GPUs whose lists name it, for holders listed only on GPUs outside ``indices``."""
+    if indices is None:
+        return {}
+    return {h.pid: [g.index for g in h.gpus] for h in holders if h.gpus and not any(g.index in indices for g in h.gpus)}
+
+
+def _restricted(holders: Iterable[Holder], indices: Collection[int] | None) -> list[Holder]:
+    """``holders`` as :func:`find_holders` with ``devices=indices`` gives them: NVML entries of other GPUs left out,
+    a holder listed only there kept only if a device file found it."""
+    if indices is None:
+        return list(holders)
+    out: list[Holder] = []
+    for h in holders:
+        gpus = tuple(g for g in h.gpus if g.index in indices)
+        if gpus == h.gpus:
+            out.append(h)
+        elif gpus:
+            out.append(replace(h, gpus=gpus))
+        elif "device-file" in h.found_by:
+            out.append(replace(h, gpus=(), found_by=frozenset({"device-file"})))
     return out
 
 
 def explain_unseen_holders(
-    snapshot: Snapshot | None = None, *, device_files: Sequence[str] | str | None = None
+    snapshot: Snapshot | None = None, *, device_files: Sequence[str] | str | None = None,
+    budget_s: float | None = None,
 ) -> list[str]:
     """Lines that explain memory held with no (visible) process: processes with an NVIDIA device file open that are
     on no process list of ``snapshot``, and holders no signal can end (zombies, uninterruptible sleep). Empty when
-    the scan finds nothing to say."""
+    the scan finds nothing to say. ``budget_s``: how long the ``/proc/*/fd`` scan may take (``None``: to the end);
+    what it leaves unread is said in a line."""
+    import time
+
     listed = {p.pid for d in (snapshot.devices if snapshot is not None else ()) for p in (d.processes or ())}
     lines: list[str] = []
-    fds = devfiles.scan(device_files)
+    deadline = None if budget_s is None else time.monotonic_ns() + round(budget_s * 1e9)
+    fds = devfiles.scan(device_files, deadline_ns=deadline)
     pids = sorted(set(fds.holders) | listed)
     me = (os.getpid(), procfs.ancestors())  # once, not per process
     for pid in pids:
         h = describe_process(pid, found_by=frozenset(), device_files=fds.holders.get(pid), me=me)
         if h.start_ticks is None:
             continue
-        who = f"pid {pid} ({h.name or 'name unknown'})"
+        who = f"pid {pid} ({printable(h.name) if h.name else 'name unknown'})"
         if h.state == "zombie":
             parent = h.ancestry[0] if h.ancestry else None
             lines.append(f"{who} is a zombie: it has exited but its parent (pid {parent}) has not reaped it; no "
@@ -382,6 +544,9 @@ def explain_unseen_holders(
     if fds.unreadable and snapshot is not None:
         lines.append(f"{len(fds.unreadable)} processes' open files could not be read (not permitted): run as root "
                      "to see every holder")
+    if fds.unscanned:
+        lines.append(f"{fds.unscanned} processes were not scanned for NVIDIA device files: the scan is bounded to "
+                     f"{budget_s:g} s after the timeout (run `nvmlcheck holders` to see every holder)")
     return lines
 
 
@@ -396,11 +561,12 @@ def memory_held_unseen(snapshot: Snapshot | None, *, limit_bytes: int = DEFAULT_
 
 def timeout_explanation(snapshot: Snapshot | None) -> list[str]:
     """What a wait that timed out should add to its culprits: with memory held and no process listed, every line of
-    :func:`explain_unseen_holders`; otherwise only the holders no signal ends (zombies, uninterruptible sleep)."""
+    :func:`explain_unseen_holders`; otherwise only the holders no signal ends (zombies, uninterruptible sleep). The
+    scan takes at most :data:`EXPLAIN_BUDGET_S`: the wait's deadline has passed already."""
     try:
-        lines = explain_unseen_holders(snapshot)
+        lines = explain_unseen_holders(snapshot, budget_s=EXPLAIN_BUDGET_S)
     except OSError:
         return []
     if memory_held_unseen(snapshot):
         return lines
-    return [line for line in lines if "zombie" in line or "uninterruptible" in line]
+    return [line for line in lines if "zombie" in line or "uninterruptible" in line or "not scanned" in line]

@@ -23,6 +23,7 @@ import secrets
 import shlex
 import shutil
 import signal
+import subprocess
 import tempfile
 import threading
 import time
@@ -31,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ._proc.child import Child
-from .errors import NvmlCheckError
+from .errors import ArgumentError, NvmlCheckError, StateError
 from .predicates import DEFAULT_MAX_USED_BYTES
 
 __all__ = [
@@ -69,6 +70,15 @@ DEFAULT_CONNECT_TIMEOUT_S = 10.0
 START_ALLOWANCE_S = 5.0
 #: How long a ControlMaster stays after its last use (seconds): long enough for a poll loop's next call.
 CONTROL_PERSIST_S = 60
+#: The most kept of a host's stdout, and of its stderr: an nvmlcheck document of 8 GPUs is ~30 KiB; a host printing
+#: more (broken, or hostile) fails with "output over N bytes" instead of filling this process's memory.
+MAX_OUTPUT_BYTES = 4 << 20
+#: The largest ``connect_timeout_s`` (seconds): a day. More is a typo, and would overflow the deadlines built on it.
+MAX_CONNECT_TIMEOUT_S = 86_400.0
+#: The largest hosts file read (bytes): ~40,000 hosts. ``--hosts-file /dev/zero`` must not read forever.
+HOSTS_FILE_MAX_BYTES = 1 << 20
+# A deadline further away than this (seconds) is no deadline: its nanoseconds would not fit a float.
+_FOREVER_S = 1e9
 
 Verdict = Literal["clean", "not-clean", "failed", "unhealthy"]
 
@@ -121,27 +131,27 @@ class Host:
         if "@" in text:
             user, _, text = text.rpartition("@")
             if not _USER.match(user):
-                raise ValueError(f"bad host {spec!r}: bad user {user!r}")
+                raise ArgumentError(f"bad host {spec!r}: bad user {user!r}")
         port_text: str | None = None
         if text.startswith("["):
             addr, bracket, rest = text[1:].partition("]")
             if not bracket or not addr or (rest and not rest.startswith(":")):
-                raise ValueError(f"bad host {spec!r}: an IPv6 address goes in brackets: [ADDR] or [ADDR]:PORT")
+                raise ArgumentError(f"bad host {spec!r}: an IPv6 address goes in brackets: [ADDR] or [ADDR]:PORT")
             if not re.fullmatch(r"[0-9A-Fa-f:.%A-Za-z]+", addr) or ":" not in addr:
-                raise ValueError(f"bad host {spec!r}: {addr!r} is not an IPv6 address")
+                raise ArgumentError(f"bad host {spec!r}: {addr!r} is not an IPv6 address")
             host = addr
             port_text = rest[1:] if rest else None
         else:
             if text.count(":") > 1:
-                raise ValueError(f"bad host {spec!r}: put an IPv6 address in brackets: [{text}]")
+                raise ArgumentError(f"bad host {spec!r}: put an IPv6 address in brackets: [{text}]")
             host, colon, port = text.partition(":")
             port_text = port if colon else None
             if not _NAME.match(host):
-                raise ValueError(f"bad host {spec!r}: {host!r} is not a host name or address")
+                raise ArgumentError(f"bad host {spec!r}: {host!r} is not a host name or address")
         port_number: int | None = None
         if port_text is not None:
             if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
-                raise ValueError(f"bad host {spec!r}: port must be 1-65535, got {port_text!r}")
+                raise ArgumentError(f"bad host {spec!r}: port must be 1-65535, got {port_text!r}")
             port_number = int(port_text)
         return cls(host, user, port_number)
 
@@ -164,9 +174,28 @@ def parse_hosts(specs: Iterable[str | Host]) -> list[Host]:
 
 
 def read_hosts_file(path: str | os.PathLike[str]) -> list[str]:
-    """Host specs from a file: one per line; blank lines and ``#`` comments (whole-line or trailing) ignored."""
-    with open(path, encoding="utf-8") as f:
-        lines = f.read().splitlines()
+    """Host specs from a file: one per line; blank lines and ``#`` comments (whole-line or trailing) ignored.
+
+    A regular file or a pipe (``--hosts-file <(...)``), at most :data:`HOSTS_FILE_MAX_BYTES`, in UTF-8. Raises
+    ``OSError`` when it cannot be read, ``ValueError`` naming the file when it is a device or directory, too large,
+    or not text."""
+    import stat
+
+    with open(path, "rb") as f:
+        mode = os.fstat(f.fileno()).st_mode
+        if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
+            kind = "a directory" if stat.S_ISDIR(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(
+                mode) else "not a regular file"
+            raise ArgumentError(f"{os.fspath(path)} is {kind}, not a hosts file")
+        data = f.read(HOSTS_FILE_MAX_BYTES + 1)
+    if len(data) > HOSTS_FILE_MAX_BYTES:
+        raise ArgumentError(f"{os.fspath(path)} is larger than {HOSTS_FILE_MAX_BYTES} bytes: not a hosts file")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise ArgumentError(f"{os.fspath(path)}:{line}: not UTF-8 text") from None
+    lines = text.splitlines()
     return [line.split("#", 1)[0].strip() for line in lines if line.split("#", 1)[0].strip()]
 
 
@@ -315,11 +344,56 @@ def _words(name: str, value: Sequence[str] | str) -> tuple[str, ...]:
     try:
         return tuple(shlex.split(value))
     except ValueError as exc:
-        raise ValueError(f"{name} {value!r} cannot be split like a shell: {exc}") from None
+        raise ArgumentError(f"{name} {value!r} cannot be split like a shell: {exc}") from None
 
 
 def _deadline_for(timeout_s: float | None, connect_timeout_s: float) -> float | None:
     return None if timeout_s is None else timeout_s + connect_timeout_s + START_ALLOWANCE_S
+
+
+_CONTROL_PREFIX = "nvmlcheck-ssh-"
+
+
+def _start_ticks(pid: int) -> int | None:
+    from ._proc.procfs import read_stat
+
+    st = read_stat(pid)
+    return None if st is None else st.start_ticks
+
+
+def _self_identity() -> str:
+    """``PID-START``: names this process for the life of the system (a later fleet's sweep checks it)."""
+    return f"{os.getpid()}-{_start_ticks(os.getpid()) or 0}"
+
+
+def _sweep_stale_control_dirs(ssh: str, ssh_options: Sequence[str]) -> None:
+    """Remove the ControlMaster directories of this user's fleets whose process is gone (killed before its close
+    and its guard), ending any master still listening there. Directories without an owner in their name (older
+    versions) and every other user's are left alone."""
+    base = tempfile.gettempdir()
+    try:
+        names = [n for n in os.listdir(base) if n.startswith(_CONTROL_PREFIX)]
+    except OSError:
+        return
+    for name in names:
+        owner, _, start = name[len(_CONTROL_PREFIX):].partition("-")
+        start = start.partition("-")[0]
+        if not (owner.isdigit() and start.isdigit()):
+            continue
+        path = os.path.join(base, name)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        import stat as stat_module
+
+        if not stat_module.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+            continue
+        if _start_ticks(int(owner)) == int(start):
+            continue  # its fleet's process still runs
+        from ._proc import guard
+
+        guard.end_masters([ssh, *ssh_options], path)
 
 
 class Fleet:
@@ -327,10 +401,16 @@ class Fleet:
 
     Use it as a context manager (or call :meth:`close`) when calling :meth:`run` repeatedly, so the connections
     are reused between calls and the masters are ended at the end. ``ssh``: the ssh program; ``ssh_options``: extra
-    words put right after it (default: ``$NVMLCHECK_SSH_OPTIONS`` split with shlex); ``remote_python``: the
-    interpreter on the hosts (default ``python3``); ``remote_prefix``: words the remote command runs behind, e.g.
-    ``"pct exec 129 --"`` (a string is split with shlex); ``connect_timeout_s``: ssh's ConnectTimeout; ``fanout``:
-    hosts at once; ``control_master``: reuse connections (default on).
+    words put right after it (a string is split with shlex; the CLI's ``--ssh-options``; no environment variable is
+    read); ``remote_python``: the interpreter on the hosts (default ``python3``); ``remote_prefix``: words the remote
+    command runs behind, e.g. ``"pct exec 129 --"`` (a string is split with shlex); ``connect_timeout_s``: ssh's
+    ConnectTimeout (at most :data:`MAX_CONNECT_TIMEOUT_S`); ``fanout``: hosts at once; ``control_master``: reuse
+    connections (default on); ``max_output_bytes``: the most kept of each host's stdout and stderr (past it the host
+    fails: :data:`MAX_OUTPUT_BYTES`).
+
+    Should this process die without :meth:`close` (SIGKILL, the OOM killer), a guard process it started kills the
+    ssh clients still running, ends the ControlMasters and removes their directory; a later fleet also removes the
+    socket directories of fleets whose process is gone.
     """
 
     def __init__(
@@ -343,17 +423,20 @@ class Fleet:
         connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
         fanout: int = DEFAULT_FANOUT,
         control_master: bool = True,
+        max_output_bytes: int = MAX_OUTPUT_BYTES,
     ) -> None:
         if fanout < 1:
-            raise ValueError(f"fanout must be at least 1, got {fanout}")
-        if not connect_timeout_s > 0:
-            raise ValueError(f"connect_timeout_s must be > 0, got {connect_timeout_s}")
+            raise ArgumentError(f"fanout must be at least 1, got {fanout}")
+        if not 0 < connect_timeout_s <= MAX_CONNECT_TIMEOUT_S:
+            raise ArgumentError(f"connect_timeout_s must be > 0 and at most {MAX_CONNECT_TIMEOUT_S:g} s, "
+                             f"got {connect_timeout_s}")
         if not remote_python.strip():
-            raise ValueError("remote_python must not be empty")
-        if ssh_options is None:
-            ssh_options = os.environ.get("NVMLCHECK_SSH_OPTIONS", "")
+            raise ArgumentError("remote_python must not be empty")
+        if isinstance(max_output_bytes, bool) or not isinstance(max_output_bytes, int) or max_output_bytes < 1:
+            raise ArgumentError(f"max_output_bytes must be an int >= 1, got {max_output_bytes!r}")
         self.ssh = ssh
-        self.ssh_options = _words("ssh_options (NVMLCHECK_SSH_OPTIONS)", ssh_options)
+        self.ssh_options = _words("ssh_options", ssh_options or ())
+        self.max_output_bytes = max_output_bytes
         self.remote_python = remote_python
         _words("remote_python", remote_python)  # checked here, split where used
         self.remote_prefix = _words("remote_prefix", remote_prefix)
@@ -366,6 +449,9 @@ class Fleet:
         self._running: set[Child] = set()
         self._closed = False
         self._token = secrets.token_hex(8)
+        self._guard: subprocess.Popen[bytes] | None = None
+        self._guard_w: int | None = None  # the write end of the guard's stdin: only this process holds it
+        self._guarded_dir: str | None = None
 
     # -- argv ---------------------------------------------------------------------------------------------------------
 
@@ -374,10 +460,11 @@ class Fleet:
             return None
         with self._lock:
             if self._control_dir is None:
+                _sweep_stale_control_dirs(self.ssh, self.ssh_options)
                 # mkdtemp makes it 0700: nobody else can reach the sockets (a ControlMaster socket is a logged-in
                 # session). Short names: a Unix socket path is limited to ~108 bytes and ssh appends ~17 while
-                # creating it.
-                self._control_dir = tempfile.mkdtemp(prefix="nvmlcheck-ssh-")
+                # creating it. The name says whose it is (PID and start time), for the sweep of a later fleet.
+                self._control_dir = tempfile.mkdtemp(prefix=f"{_CONTROL_PREFIX}{_self_identity()}-")
             self._used.add(host)
             directory = self._control_dir
         return os.path.join(directory, hashlib.sha1(str(host).encode()).hexdigest()[:12])
@@ -418,10 +505,67 @@ class Fleet:
         # by close() with "ssh -O exit".
         with self._lock:
             if self._closed:
-                raise RuntimeError("this Fleet was stopped")
-            child = Child(argv, after_exit_s=_PIPE_GRACE_S)
+                raise StateError("this Fleet was stopped")
+            if self._control_dir is not None and self._control_dir != self._guarded_dir:
+                self._tell_guard(f"dir {self._control_dir}")
+                self._guarded_dir = self._control_dir
+            child = Child(argv, after_exit_s=_PIPE_GRACE_S, max_output_bytes=self.max_output_bytes)
             self._running.add(child)
+            start = _start_ticks(child.proc.pid)
+            if start is not None:
+                self._tell_guard(f"pid {child.proc.pid} {start}")
         return child
+
+    # -- the guard ----------------------------------------------------------------------------------------------------
+
+    def _tell_guard(self, line: str) -> None:
+        """Tell the guard process (started on first use) one fact; the lock is held. A guard that cannot be started
+        or has died costs only the cleanup after a SIGKILL: the fleet works without it."""
+        if self._guard_w is None and self._guard is None:
+            self._start_guard()
+        if self._guard_w is None:
+            return
+        try:
+            os.write(self._guard_w, f"{line}\n".encode())
+        except OSError:
+            os.close(self._guard_w)
+            self._guard_w = None
+
+    def _start_guard(self) -> None:
+        import sys
+
+        from ._proc import guard
+
+        read_end, write_end = os.pipe()  # both close-on-exec: no ssh child inherits the write end
+        try:
+            self._guard = subprocess.Popen(
+                [sys.executable, "-I", "-S", guard.__file__, "--", self.ssh, *self.ssh_options],
+                stdin=read_end, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, cwd="/",
+            )
+        except OSError:
+            os.close(write_end)
+            self._guard = None
+            self._guard_w = None
+            return
+        finally:
+            os.close(read_end)
+        self._guard_w = write_end
+
+    def _dismiss_guard(self) -> None:
+        """After a clean close: tell the guard there is nothing to do, and reap it."""
+        with self._lock:
+            guard, write_end = self._guard, self._guard_w
+            self._guard, self._guard_w = None, None
+        if write_end is not None:
+            with contextlib.suppress(OSError):
+                os.write(write_end, b"exit\n")
+            os.close(write_end)
+        if guard is not None:
+            try:
+                guard.wait(_EXIT_WAIT_S)
+            except subprocess.TimeoutExpired:
+                guard.kill()
+                guard.wait()
 
     def _finish(self, child: Child, deadline: float | None) -> tuple[int | None, str, str]:
         """Read its output until it exits, killing its group at ``deadline`` (monotonic) or when the fleet is
@@ -442,6 +586,8 @@ class Fleet:
             child.close()
             with self._lock:
                 self._running.discard(child)
+                if child.returncode is not None:  # reaped: its PID may be reused, the guard must forget it
+                    self._tell_guard(f"done {child.proc.pid}")
         rc = child.returncode
         if not answered or rc is None or rc < 0:  # killed here, or by a signal: no answer
             rc = None
@@ -517,7 +663,12 @@ class Fleet:
             directory = self._control_dir
             if directory is not None:
                 self._wait_exits([self._exit_master(host, directory)])
-        answer = self._classify(host, rc, out, err, time.monotonic() - started)
+        if child.overflow is not None:
+            answer: HostResult | HostError = RemoteError(
+                str(host), f"output over {self.max_output_bytes} bytes on its {child.overflow} (ssh killed): not an "
+                "nvmlcheck answer (a broken or hostile host?)", None, _trim(err))
+        else:
+            answer = self._classify(host, rc, out, err, time.monotonic() - started)
         if isinstance(answer, NoRemoteNvmlcheck):
             if fallback is not None:
                 answer = self._fallback(host, deadline, fallback, answer)
@@ -557,9 +708,11 @@ class Fleet:
         """
         targets = parse_hosts(hosts)
         if not command or command[0] not in COMMANDS:
-            raise ValueError(f"command must start with one of {', '.join(COMMANDS)}, got {list(command)[:1]}")
+            raise ArgumentError(f"command must start with one of {', '.join(COMMANDS)}, got {list(command)[:1]}")
         if deadline_s is None:
             deadline_s = _deadline_for(timeout_s, self.connect_timeout_s)
+        if deadline_s is not None and not deadline_s < _FOREVER_S:  # inf, NaN, 1e308: no deadline
+            deadline_s = None
         results: dict[int, HostResult] = {}
         todo: queue.SimpleQueue[int] = queue.SimpleQueue()
         for i in range(len(targets)):
@@ -675,12 +828,14 @@ class Fleet:
             directory, used = self._control_dir, list(self._used)
             self._control_dir = None
             self._used.clear()
-        if directory is None:
-            return
         try:
-            self._wait_exits([self._exit_master(host, directory) for host in used])
+            if directory is not None:
+                try:
+                    self._wait_exits([self._exit_master(host, directory) for host in used])
+                finally:
+                    shutil.rmtree(directory, ignore_errors=True)
         finally:
-            shutil.rmtree(directory, ignore_errors=True)
+            self._dismiss_guard()  # everything it would have done is done
 
     def __enter__(self) -> Fleet:
         return self

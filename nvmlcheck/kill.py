@@ -19,9 +19,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from ._proc import procfs, targets
+from ._proc.procfs import ProcUnreadable
 from ._proc.targets import Refused, Target, TargetSet
+from ._text import printable
 from ._waitdefaults import CLOCK, EVENTS, ON_POLL, POLICY, SLEEP, STABLE_POLLS, TIMEOUT, Default
-from .errors import BackendUnavailable, NvmlCheckError, WaitTimeout
+from .errors import ArgumentError, BackendUnavailable, NvmlCheckError, StateError, WaitTimeout
 from .holders import Holder
 from .model import Snapshot
 from .predicates import Predicate, _Scope, _Why, default_predicate
@@ -43,6 +45,7 @@ __all__ = [
     "ProcessGone",
     "SignalSent",
     "kill_and_wait",
+    "kill_records",
     "prepare_kill",
 ]
 
@@ -53,6 +56,9 @@ FoundBy = Literal["named", "descendant", "nvml", "device-file", "match", "contai
 #: The shortest time between two scans for descendants while targets live (each scan reads a few /proc files per
 #: process of the tree; the poller may poll every millisecond).
 _SCAN_EVERY_NS = 5_000_000
+#: When the GPU side fails mid-kill and the kill has no timeout: how long after the SIGKILL the targets' exits are
+#: still awaited, with the operating system alone, before the error is raised with their records.
+AFTER_KILL_WAIT_S = 5.0
 
 
 class KillError(NvmlCheckError):
@@ -137,7 +143,8 @@ class PidTimes:
 
 @dataclass(frozen=True, slots=True)
 class KillResult:
-    """A kill that ended with every target exited and the GPUs clean. Times in ns from the first signal.
+    """A kill that ended with every target exited and the GPUs clean. Times are offsets in ns from the first
+    signal, named as in :class:`~nvmlcheck.WaitResult`; ``started_ns`` is the one absolute clock reading.
 
     ``pids``: one record per target (descendants included). ``clean_ns``: when the GPUs were first seen clean with
     every target exited and off the process lists (so never before any target's ``exited_ns`` or ``off_gpu_ns``:
@@ -145,6 +152,7 @@ class KillResult:
     the poll period, the uncertainty of each time. ``started_ns``: the clock reading of the first signal.
     ``missing``: named PIDs that were gone already (``missing_ok``). ``only_targets``: "clean" judged only what the
     targets held (:func:`~nvmlcheck.released.targets_released`), and ``not_ours`` names what else holds the GPUs.
+    ``wait``: the wait's own :class:`~nvmlcheck.WaitResult` (its offsets count from its own start, after the signal).
     """
 
     signal_name: str
@@ -237,6 +245,13 @@ def _rebuild_timeout(args: tuple[Any, ...], extra: dict[str, Any]) -> KillTimeou
 # --- the plan ---------------------------------------------------------------------------------------------------
 
 
+def kill_records(exc: BaseException) -> tuple[PidTimes, ...] | None:
+    """The targets' records a kill attached to ``exc`` when it failed after the first signal (a lost GPU, an NVML
+    error, a fatal event): what was sent to each and whether it exited. ``None`` when ``exc`` carries none."""
+    records = getattr(exc, "_nvmlcheck_kill_pids", None)
+    return records if isinstance(records, tuple) else None
+
+
 def _public(exc: Refused) -> KillError:
     kind = {"gone": ProcessGone, "eperm": NotPermitted}.get(getattr(exc, "kind", None) or "", KillError)
     return kind(exc.pid, exc.reason)  # type: ignore[arg-type]
@@ -304,7 +319,10 @@ class KillPlan:
         outside, with no handler for it: the kernel discards such a signal) gets SIGKILL at once instead of waiting
         out the grace period, and its :attr:`PidTimes.discarded` says why. ``sigkill_if_discarded=False`` (for a
         kill that must never escalate) sends the first signal anyway and only records why."""
-        return self._set.send_first(first_signal, clock=clock, sigkill_if_discarded=sigkill_if_discarded)
+        try:
+            return self._set.send_first(first_signal, clock=clock, sigkill_if_discarded=sigkill_if_discarded)
+        except Refused as exc:  # a descendant's /proc entry could not be read (out of descriptors): nothing sent
+            raise _public(exc) from None
 
     def escalate(self, sig: signal.Signals = signal.SIGKILL) -> tuple[int, ...]:
         """Send ``sig`` (SIGKILL) to every target that has not exited; returns their PIDs. :meth:`wait` calls it
@@ -352,22 +370,18 @@ class KillPlan:
 
         found = self._set
         if only_targets is not None:
-            if predicate is not None:
-                raise ValueError("only_targets judges the targets' memory: it replaces predicate, give one of them")
-            from .released import targets_released
-
-            predicate = targets_released(lambda: [t.pid for t in found.items], only_targets)
+            predicate = _released(found, only_targets, predicate)
         if found.started is None or found.first is None:
-            raise RuntimeError("send the first signal before waiting")
+            raise StateError("send the first signal before waiting")
         grace_ns = _grace_ns(grace_s)
         if not isinstance(timeout, Default):
             _check_timeout(timeout)  # a keyword's errors stay ValueErrors, as they always were here
         opts = WaitOptions.or_default(options).with_(timeout=timeout, policy=policy, stable_polls=stable_polls,
                                                      on_poll=on_poll, sleep=sleep, events=events)
         timeout, on_poll = opts.timeout, opts.on_poll
-        start, clock, first = found.started, found.clock, found.first
+        start, clock = found.started, found.clock
         if opts.clock is not clock and opts.clock is not CLOCK.value:
-            raise ValueError("options.clock is not the clock the first signal was timed on: give it to send_first")
+            raise ArgumentError("options.clock is not the clock the first signal was timed on: give it to send_first")
         grace_end = None if grace_ns is None else start + grace_ns
         next_scan = start
 
@@ -378,15 +392,7 @@ class KillPlan:
             if not found.all_exited() and now >= next_scan:
                 next_scan = now + _SCAN_EVERY_NS
                 found.scan_descendants()
-            snap = point.snapshot
-            if snap is not None and not snap.failures and all(d.processes is not None for d in snap.devices):
-                listed = {p.pid for d in snap.devices for p in (d.processes or ())}
-                # Stamped with the poll's own time (when its query returned), the moment the clean stamp uses too:
-                # a reading taken here, after the poll was judged, could fall after the clean stamp of that poll.
-                polled = point.stamp_ns if point.stamp_ns is not None else now
-                for t in found.items:
-                    if t.off_gpu_ns is None and t.pid not in listed:
-                        t.off_gpu_ns = polled - start
+            _stamp_off_lists(found.items, point, now - start, start)
             if grace_end is not None and now >= grace_end and not found.escalated:
                 found.escalate(signal.SIGKILL)
             if on_poll is not None:
@@ -409,27 +415,76 @@ class KillPlan:
             )
         except WaitTimeout as exc:
             raise self._timeout(exc, timeout, only_targets is not None) from None
+        except Refused as exc:  # /proc could not be read (out of descriptors): an error, never "exited"
+            raise self._with_records(_public(exc)) from None
+        except ProcUnreadable as exc:
+            why = f"{exc.strerror}; the targets signalled already were left as they are"
+            raise self._with_records(_public(Refused("(a target)", why))) from None
+        except Exception as exc:
+            # The GPU side failed mid-kill (a GPU fell off the bus, a fatal event, an NVML error): the operator needs
+            # the targets gone all the more. Finish the escalation from the OS side, then report each target.
+            self._finish_without_gpu(grace_end, timeout, opts.sleep)
+            self._with_records(exc)
+            raise
         finally:
             self.close()
-        records = self.targets
+        return self._result(result, only_targets is not None)
+
+    def _result(self, result: WaitResult, only_targets: bool) -> KillResult:
+        found = self._set
+        assert found.started is not None and found.first is not None
+        start, records = found.started, self.targets
         # The poller stamps a poll when its query returns and judges it just after: an exit seen in that judgement
         # is stamped a few µs later. Clean means both, so it is never earlier than the last exit, nor than a
         # target's leaving the lists (a predicate that ignores them can hold first): off_gpu_ns <= clean_ns always.
         last_seen = max((max(t.exited_ns or 0, t.off_gpu_ns or 0) for t in records), default=0)
-        clean_ns = max(result.started_ns + result.first_clean_ns - start, last_seen)
+        clean_ns = max(result.started_ns + result.clean_ns - start, last_seen)
         return KillResult(
-            signal_name=first.name,
+            signal_name=found.first.name,
             started_ns=start,
             pids=records,
             clean_ns=clean_ns,
-            confirmed_ns=max(result.confirmed_ns - start, clean_ns),
+            confirmed_ns=max(result.started_ns + result.confirmed_ns - start, clean_ns),
             resolution_ns=max(result.interval_ns, result.poll_cost_ns),
             wait=result,
             tree=found.tree,
             missing=tuple(found.missing),
-            only_targets=only_targets is not None,
-            not_ours=_not_ours(result.snapshot, records) if only_targets is not None else (),
+            only_targets=only_targets,
+            not_ours=_not_ours(result.snapshot, records) if only_targets else (),
         )
+
+    def _finish_without_gpu(self, grace_end: int | None, timeout: float | None,
+                            sleep: Callable[[float], object]) -> None:
+        """Stamp exits, SIGKILL the survivors when the grace period ends and wait for them, with the operating
+        system alone, until the kill's timeout (no timeout: until :data:`AFTER_KILL_WAIT_S` past the SIGKILL).
+        With no escalation planned (grace ``never``), or once the timeout has passed, it only stamps."""
+        found = self._set
+        assert found.started is not None
+        clock, start = found.clock, found.started
+        deadline = None if timeout is None or math.isinf(timeout) else start + round(timeout * 1e9)
+        next_scan = clock()
+        try:
+            while not found.all_exited() and grace_end is not None:
+                now = clock()
+                if deadline is not None and now >= deadline:
+                    return
+                if now >= next_scan:
+                    next_scan = now + _SCAN_EVERY_NS
+                    found.scan_descendants()
+                if now >= grace_end and not found.escalated:
+                    found.escalate(signal.SIGKILL)
+                    if deadline is None:
+                        deadline = now + round(AFTER_KILL_WAIT_S * 1e9)
+                wake = min(t for t in (None if found.escalated else grace_end, deadline, now + _SCAN_EVERY_NS)
+                           if t is not None)
+                sleep(max(0.0, (wake - now) / 1e9))
+        except (Refused, ProcUnreadable):
+            return  # /proc cannot be read now: the records say how far it got
+
+    def _with_records(self, exc: BaseException) -> BaseException:
+        """``exc`` with the targets' records attached (:func:`kill_records` reads them; error documents show them)."""
+        exc._nvmlcheck_kill_pids = self.targets  # type: ignore[attr-defined]
+        return exc
 
     def _timeout(self, exc: WaitTimeout, timeout: float | None, only_targets: bool = False) -> KillTimeout:
         found = self._set
@@ -465,6 +520,29 @@ class KillPlan:
         self.close()
 
 
+def _stamp_off_lists(items: Iterable[Target], point: TracePoint, fallback_ns: int, start: int) -> None:
+    """Stamp the targets that a complete poll (every GPU's lists read) no longer lists."""
+    snap = point.snapshot
+    if snap is None or snap.failures or any(d.processes is None for d in snap.devices):
+        return
+    listed = {p.pid for d in snap.devices for p in (d.processes or ())}
+    # The poll's own time (when its query returned), the moment the clean stamp uses too: a reading taken in the
+    # callback, after the poll was judged, could fall after the clean stamp of that same poll.
+    polled = fallback_ns if point.stamp_ns is None else point.stamp_ns - start
+    for t in items:
+        if t.off_gpu_ns is None and t.pid not in listed:
+            t.off_gpu_ns = polled
+
+
+def _released(found: TargetSet, baseline: Snapshot, predicate: Predicate | None) -> Predicate:
+    """``only_targets``: the targets' memory back (the targets read as they are: descendants join when found)."""
+    if predicate is not None:
+        raise ArgumentError("only_targets judges the targets' memory: it replaces predicate, give one of them")
+    from .released import targets_released
+
+    return targets_released(lambda: [t.pid for t in found.items], baseline)
+
+
 def _not_ours(snapshot: Snapshot, records: Sequence[PidTimes]) -> tuple[str, ...]:
     from .released import not_ours
 
@@ -492,7 +570,7 @@ class _TargetsExited(Predicate):
             elif st is not None and st.state in ("T", "t"):
                 extra = ": stopped (SIGKILL still ends it)"
             sent = ", ".join(name for name, _ in t.signals) or "no signal delivered"
-            out.append(_Why(False, None, f"pid {t.pid} ({t.pinned.comm}) has not exited ({sent}){extra}"))
+            out.append(_Why(False, None, f"pid {t.pid} ({printable(t.pinned.comm)}) has not exited ({sent}){extra}"))
         return out
 
     def describe(self) -> str:
@@ -506,7 +584,7 @@ def _grace_ns(grace_s: float | None) -> int | None:
     if grace_s is None:
         return None
     if isinstance(grace_s, bool) or not isinstance(grace_s, int | float) or not grace_s >= 0:  # rejects NaN
-        raise ValueError(f"grace_s must be None or a number of seconds >= 0, got {grace_s!r}")
+        raise ArgumentError(f"grace_s must be None or a number of seconds >= 0, got {grace_s!r}")
     return None if math.isinf(grace_s) else int(grace_s * 1e9)
 
 
@@ -514,7 +592,7 @@ def _check_timeout(timeout: float | None) -> None:
     if timeout is None:
         return
     if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0:
-        raise ValueError(f"timeout must be None or a number of seconds >= 0, got {timeout!r}")
+        raise ArgumentError(f"timeout must be None or a number of seconds >= 0, got {timeout!r}")
 
 
 def prepare_kill(
@@ -553,7 +631,7 @@ def prepare_kill(
         skipped += left
     if (match is not None or container is not None) and not found and not pids and not holders:
         what = " and ".join(w for w, v in (("--match", match), ("--container", container)) if v is not None)
-        raise ValueError(f"{what} selected no process" + (f" (left alone: {_alone(skipped)})" if skipped else ""))
+        raise ArgumentError(f"{what} selected no process" + (f" (left alone: {_alone(skipped)})" if skipped else ""))
     try:
         plan = KillPlan(targets.prepare(pids, tree=tree, holders=holders, pinning=pinning, missing_ok=missing_ok,
                                         found=found))

@@ -18,11 +18,13 @@ from __future__ import annotations
 import abc
 import math
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import NamedTuple
 
+from ._record import record, replace
+from ._text import printable
 from ._units import format_bytes
+from .errors import ArgumentError, ArgumentTypeError
 from .model import (
     MIB,
     DeviceFailure,
@@ -82,7 +84,7 @@ _NO_VISIBLE_PROCESS = "with no visible process (PID namespace or a process that 
 # --- verdicts ---------------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Verdict:
     """The answer of a predicate about one snapshot.
 
@@ -194,7 +196,7 @@ class Predicate(abc.ABC):
         return _Not(self)
 
     def __bool__(self) -> bool:
-        raise TypeError("a predicate has no truth value: combine predicates with &, | and ~, not and/or/not")
+        raise ArgumentTypeError("a predicate has no truth value: combine predicates with &, | and ~, not and/or/not")
 
 
 def _flatten(kind: type[_And] | type[_Or], parts: Iterable[Predicate]) -> tuple[Predicate, ...]:
@@ -383,7 +385,7 @@ def _process_list_unknown(d: DeviceState, kind: ProcessKind) -> _Why:
 
 
 def _holder_text(p: GpuProcess) -> str:
-    name = p.name if p.name else "name unknown"
+    name = printable(p.name) if p.name else "name unknown"  # a process names itself: no control characters
     held = format_bytes(p.used_bytes) if p.used_bytes is not None else "an unknown amount (NVML: not available)"
     return f"pid {p.pid} ({name}) holds {held}"
 
@@ -393,7 +395,7 @@ def _kinds_arg(kinds: Iterable[ProcessKind | str] | ProcessKind | str) -> tuple[
         kinds = (kinds,)
     out = tuple(dict.fromkeys(ProcessKind(k) for k in kinds))
     if not out:
-        raise ValueError("no_processes() needs at least one process kind")
+        raise ArgumentError("no_processes() needs at least one process kind")
     return out
 
 
@@ -903,7 +905,7 @@ def pids_gone(pids: Iterable[int]) -> Predicate:
     chosen = frozenset(pids)
     for pid in chosen:
         if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
-            raise ValueError(f"a process ID is a positive whole number, got {pid!r}")
+            raise ArgumentError(f"a process ID is a positive whole number, got {pid!r}")
     return _PidsGone(chosen)
 
 
@@ -938,12 +940,12 @@ def memory_free_at_least(need_bytes: int | None = None, *, fraction: float | Non
     need. It says nothing about processes: ``ready`` combines it with the clean predicate (docs/ready.md).
     """
     if (need_bytes is None) == (fraction is None):
-        raise ValueError("memory_free_at_least() takes need_bytes or fraction, exactly one of them")
+        raise ArgumentError("memory_free_at_least() takes need_bytes or fraction, exactly one of them")
     if fraction is not None:
         if isinstance(fraction, bool) or not isinstance(fraction, int | float):
-            raise TypeError(f"fraction must be a number in (0, 1], got {fraction!r}")
+            raise ArgumentTypeError(f"fraction must be a number in (0, 1], got {fraction!r}")
         if not (0.0 < fraction <= 1.0):
-            raise ValueError(f"fraction must be in (0, 1], got {fraction!r}")
+            raise ArgumentError(f"fraction must be in (0, 1], got {fraction!r}")
         return _MemoryFreeAtLeast(None, float(fraction))
     assert need_bytes is not None
     return _MemoryFreeAtLeast(_non_negative_bytes("need_bytes", need_bytes), None)
@@ -958,13 +960,13 @@ def on_devices(devices: Iterable[int | str], predicate: Predicate) -> Predicate:
     selectors = tuple(dict.fromkeys(devices))
     for s in selectors:
         if isinstance(s, bool) or not isinstance(s, int | str) or (isinstance(s, int) and s < 0):
-            raise ValueError(f"on_devices() takes GPU indices (int >= 0) or UUIDs (str), got {s!r}")
+            raise ArgumentError(f"on_devices() takes GPU indices (int >= 0) or UUIDs (str), got {s!r}")
         if isinstance(s, str) and s[:5].lower() == "cuda:":
             # A predicate has no environment to read CUDA_VISIBLE_DEVICES from: resolve the selector first.
-            raise ValueError(f"on_devices() takes NVML indices or UUIDs, not {s!r}: turn CUDA selectors into "
+            raise ArgumentError(f"on_devices() takes NVML indices or UUIDs, not {s!r}: turn CUDA selectors into "
                              "indices with Session.resolve() first")
     if not selectors:
-        raise ValueError("on_devices() needs at least one device")
+        raise ArgumentError("on_devices() needs at least one device")
     return _OnDevices(selectors, predicate)
 
 
@@ -988,9 +990,9 @@ def default_predicate(
 
 def _non_negative_bytes(name: str, value: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int number of bytes, got {value!r}")
+        raise ArgumentTypeError(f"{name} must be an int number of bytes, got {value!r}")
     if value < 0:
-        raise ValueError(f"{name} must be >= 0, got {value}")
+        raise ArgumentError(f"{name} must be >= 0, got {value}")
     return value
 
 

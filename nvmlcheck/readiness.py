@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from .errors import BackendUnavailable, GpuFault, NvmlError, WaitTimeout
 from .model import DeviceState, Fields, Snapshot
 from .predicates import DEFAULT_MAX_USED_BYTES, instance_view, memory_free_at_least, memory_used_at_most, no_processes
-from .verdict import GpuVerdict, ReadyReport, Watch, classify
+from .verdict import GpuVerdict, ReadyReport, Watch, classify, unsupported
 
 if TYPE_CHECKING:
     from .holders import Holder
@@ -88,9 +88,19 @@ def ready_on(
 
     def judge(snap: Snapshot) -> tuple[GpuVerdict, ...]:
         units = _units(snap, mig)
-        return classify(snap, now_ns=clock(), watch=watch, max_used_bytes=max_used_bytes, need_bytes=need_bytes,
-                        need_fraction=need_fraction, health=health, faults=faults, errors=errors,
-                        unlisted=_unlisted(session, units or snap.devices, max_used_bytes), units=units)
+        now = clock()
+
+        def verdicts(unlisted: tuple[Holder, ...]) -> tuple[GpuVerdict, ...]:
+            return classify(snap, now_ns=now, watch=watch, max_used_bytes=max_used_bytes, need_bytes=need_bytes,
+                            need_fraction=need_fraction, health=health, faults=faults, errors=errors,
+                            unlisted=unlisted, units=units)
+
+        out = verdicts(())
+        # Memory held with an empty list past the bound reads as stuck: only then is the device-file scan worth its
+        # cost (a process of another PID namespace's numbering makes it held instead).
+        if any(c.class_ == "stuck" and c.kind == "memory" for v in out for c in v.culprits):
+            out = verdicts(_unlisted(session, units or snap.devices, max_used_bytes))
+        return out
 
     verdicts = judge(first)
     if bound == 0 or any(v.class_ == "unhealthy" for v in verdicts):
@@ -98,14 +108,16 @@ def ready_on(
 
     remaining = None if bound is None else max(0.0, bound - (clock() - start) / 1e9)
     since = time.monotonic_ns()  # event times are on this clock
-    final = _wait(session, devices, predicate, opts.with_(timeout=remaining), watch, faults=faults,
-                  errors=errors) or first
+    waited = _wait(session, devices, predicate, opts.with_(timeout=remaining), watch, faults=faults, errors=errors)
+    final = waited[0] or first
     listener = session.listener
     if listener is not None:
         if listener.reason is not None:
             notes = (*notes, f"events: {listener.reason}")
-        if any(e.time_ns >= since and (indices is None or e.index in indices) for e in listener.events):
-            health = backend.snapshot(indices, Fields.HEALTH)  # an XID came (63, 154, ...): read the health again
+        if waited[1] and any(e.time_ns >= since and (indices is None or e.index in indices) for e in listener.events):
+            # Ready, but an XID came while waiting (63 and 154 announce a remap and a recovery action): read the
+            # health again before saying so. Only then: after a timeout it would overrun the deadline.
+            health = backend.snapshot(indices, Fields.HEALTH)
     return ReadyReport(judge(final), final, clock() - start, watch.observed, bound, notes)
 
 
@@ -118,10 +130,10 @@ def _wait(
     *,
     faults: list[GpuFault],
     errors: dict[int, BaseException],
-) -> Snapshot | None:
-    """Poll with the ready predicate through the session's wait, the watch seeing every poll; the last reading
-    (``None``: none beyond what the watch saw). A fatal event lands in ``faults``, a GPU that became unreadable in
-    ``errors``: both are judged, not raised."""
+) -> tuple[Snapshot | None, bool]:
+    """Poll with the ready predicate through the session's wait, the watch seeing every poll: the last reading
+    (``None``: none beyond what the watch saw) and whether the wait ended ready. A fatal event lands in
+    ``faults``, a GPU that became unreadable in ``errors``: both are judged, not raised."""
     observe = watch.on_poll(opts.clock)
     user = opts.on_poll
 
@@ -132,16 +144,16 @@ def _wait(
 
     try:
         return session.wait_until_clean(opts.timeout, predicate, devices=devices,
-                                        options=opts.with_(on_poll=on_poll)).snapshot
+                                        options=opts.with_(on_poll=on_poll)).snapshot, True
     except WaitTimeout as exc:
-        return exc.snapshot or watch.last_full
+        return exc.snapshot or watch.last_full, False
     except GpuFault as fault:
         faults.append(fault)
     except NvmlError as exc:
         if exc.device_index is None:
             raise
         errors[exc.device_index] = exc  # lost, no permission, ...
-    return watch.last_full
+    return watch.last_full, False
 
 
 def ready(
@@ -214,6 +226,6 @@ def _health_notes(snap: Snapshot) -> tuple[str, ...]:
     where: dict[tuple[str, str], list[str]] = {}
     for d in snap.devices:
         for key, why in sorted(d.unknown.items()):
-            if key.startswith("health") and why.startswith(("not supported", "not available")):
+            if key.startswith("health") and unsupported(why):
                 where.setdefault((key, why), []).append(str(d.index))
     return tuple(f"{key} not judged on GPU {', '.join(gpus)} ({why})" for (key, why), gpus in where.items())

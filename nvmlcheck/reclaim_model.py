@@ -14,9 +14,27 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["ReclaimModel", "expected_ns", "model_for", "register", "stuck_after_ns"]
+from .errors import ArgumentError, ArgumentTypeError
+
+__all__ = ["COEFFICIENTS", "ReclaimModel", "expected_ns", "model_for", "register", "stuck_after_ns", "terms"]
 
 _GIB = 1 << 30
+
+#: The model's coefficients (fields of :class:`ReclaimModel`), in the order of :func:`terms`.
+COEFFICIENTS: tuple[str, ...] = ("base_ns", "per_context_ns", "per_device_gib_ns", "per_pinned_gib_ns",
+                                 "per_importer_ns")
+
+
+def terms(contexts: int = 1, device_bytes: int = 0, pinned_host_bytes: int = 0,
+          importers: int = 0) -> tuple[float, ...]:
+    """What each of :data:`COEFFICIENTS` multiplies: 1, the contexts beyond the first, device GiB, pinned host GiB,
+    importers; all 0 when nothing is torn down (no context and no importer). The study's fit uses the same terms.
+    ``contexts`` counts the processes' own contexts, ``importers`` the CUDA IPC importers (each with its context)."""
+    _check_counts(contexts=contexts, device_bytes=device_bytes, pinned_host_bytes=pinned_host_bytes,
+                  importers=importers)
+    if contexts == 0 and importers == 0:
+        return (0.0,) * len(COEFFICIENTS)
+    return (1.0, float(max(contexts - 1, 0)), device_bytes / _GIB, pinned_host_bytes / _GIB, float(importers))
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,15 +60,10 @@ class ReclaimModel:
 
     def expected_ns(self, contexts: int = 1, device_bytes: int = 0, pinned_host_bytes: int = 0,
                     importers: int = 0) -> int:
-        """The expected time from the holders' exit to the memory being back (ns); 0 for no context."""
-        _check_counts(contexts=contexts, device_bytes=device_bytes, pinned_host_bytes=pinned_host_bytes,
-                      importers=importers)
-        if contexts == 0:
-            return 0
-        return int(self.base_ns + self.per_context_ns * (contexts - 1)
-                   + self.per_device_gib_ns * device_bytes / _GIB
-                   + self.per_pinned_gib_ns * pinned_host_bytes / _GIB
-                   + self.per_importer_ns * importers)
+        """The expected time from the holders' exit to the memory being back (ns): the sum of each coefficient times
+        its :func:`terms`; 0 when nothing is torn down (no context, no importer)."""
+        row = terms(contexts, device_bytes, pinned_host_bytes, importers)
+        return int(sum(getattr(self, name) * t for name, t in zip(COEFFICIENTS, row, strict=True)))
 
     def stuck_after_ns(self, contexts: int = 1, device_bytes: int = 0, pinned_host_bytes: int = 0,
                        importers: int = 0) -> int:
@@ -62,7 +75,7 @@ class ReclaimModel:
 def _check_counts(**values: int) -> None:
     for name, value in values.items():
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+            raise ArgumentError(f"{name} must be an int >= 0, got {value!r}")
 
 
 # Driver branch ("580") -> model. The 580 figures are the second edition's (docs/reclaim-study.md, H200, driver
@@ -76,7 +89,7 @@ _FALLBACK = "default"
 def register(model: ReclaimModel) -> None:
     """Add or replace the model of a driver branch (``model.driver``: ``"580"``, or ``"default"`` for any other)."""
     if not isinstance(model, ReclaimModel):
-        raise TypeError(f"expected a ReclaimModel, got {type(model).__name__}")
+        raise ArgumentTypeError(f"expected a ReclaimModel, got {type(model).__name__}")
     _MODELS[model.driver] = model
 
 

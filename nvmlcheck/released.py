@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 
 from ._units import format_bytes
+from .errors import ArgumentError
 from .model import DeviceState, Snapshot
 from .predicates import DEFAULT_TOLERANCE_BYTES, Predicate, _DevicePredicate, _judge_at_most, _memory_unknown, _Why
 
@@ -144,7 +145,7 @@ def targets_released(
     them: they count as targets from then on). ``baseline``: a snapshot with memory and process lists, taken
     just before the first signal (the targets' holdings are read from it)."""
     if isinstance(tolerance_bytes, bool) or not isinstance(tolerance_bytes, int) or tolerance_bytes < 0:
-        raise ValueError(f"tolerance_bytes must be an int >= 0, got {tolerance_bytes!r}")
+        raise ArgumentError(f"tolerance_bytes must be an int >= 0, got {tolerance_bytes!r}")
     if callable(pids):
         source = pids
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import BackendUnavailable, DeadlinePassed, NvmlCheckError, WaitTimeout
+from .errors import ArgumentError, BackendUnavailable, DeadlinePassed, NvmlCheckError, WaitTimeout
 from .model import DeviceState, Fields, Snapshot
 
 if TYPE_CHECKING:
@@ -138,32 +138,33 @@ def select_clean(
     tests.
 
     Raises :class:`SelectTimeout` (a :class:`~nvmlcheck.WaitTimeout`) naming why each GPU was passed over;
-    ``ValueError`` when ``count`` is below 1 or above the number of candidates.
+    ``ValueError`` when ``count`` is below 1 or above the number of candidates; :class:`~nvmlcheck.locks.LockDirError`
+    when the lock directory or a lock file cannot be used safely (nothing stays locked then).
     """
     from ._deadline import Deadline
     from .predicates import default_predicate
     from .wait import _timeout_ns, is_transient
 
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-        raise ValueError(f"count must be an integer >= 1, got {count!r}")
+        raise ArgumentError(f"count must be an integer >= 1, got {count!r}")
     if isinstance(stable_polls, bool) or not isinstance(stable_polls, int) or stable_polls < 1:
-        raise ValueError(f"stable_polls must be an integer >= 1, got {stable_polls!r}")
+        raise ArgumentError(f"stable_polls must be an integer >= 1, got {stable_polls!r}")
     timeout_ns = _timeout_ns(timeout)
     selected = session.resolve(devices)
     total = session.device_count() if selected is None else len(selected)
     if count > total:
         where = "this host has" if selected is None else "the selection has"
-        raise ValueError(f"asked for {count} clean GPU(s) but {where} {total}")
+        raise ArgumentError(f"asked for {count} clean GPU(s) but {where} {total}")
     pred = predicate if predicate is not None else default_predicate()
     pause = DEFAULT_INTERVAL_S.get(session.backend_name, 0.5) if interval is None else interval
     if not (isinstance(pause, int | float) and 0 <= pause < float("inf")):
-        raise ValueError(f"interval must be >= 0 seconds, got {interval!r}")
+        raise ArgumentError(f"interval must be >= 0 seconds, got {interval!r}")
     directory: Path | None = None
     if lock:
         from .locks import lock_dir as default_lock_dir
+        from .locks import prepare_lock_dir
 
-        directory = default_lock_dir() if lock_dir is None else Path(lock_dir)
-        directory.mkdir(parents=True, exist_ok=True)
+        directory = default_lock_dir() if lock_dir is None else prepare_lock_dir(lock_dir)
     backend = session.backend
     start = clock()
     deadline = None if timeout_ns is None else start + timeout_ns
@@ -240,15 +241,20 @@ def _choose(
     taken = []
     chosen: list[DeviceState] = []
     busy: list[str] = []
-    for d in eligible:
-        if len(chosen) == count:
-            break
-        held = try_lock(d.uuid, directory)
-        if held is None:
-            busy.append(f"GPU {d.index}: locked by another process ({lock_info(d.uuid, directory) or 'just released'})")
-            continue
-        taken.append(held)
-        chosen.append(d)
+    try:
+        for d in eligible:
+            if len(chosen) == count:
+                break
+            held = try_lock(d.uuid, directory)
+            if held is None:
+                busy.append(f"GPU {d.index}: locked by another process "
+                            f"({lock_info(d.uuid, directory) or 'just released'})")
+                continue
+            taken.append(held)
+            chosen.append(d)
+    except BaseException:  # a lock file that cannot be used (LockDirError): keep none of those taken
+        LockSet(taken, directory).release()
+        raise
     locks = LockSet(taken, directory)
     if len(chosen) < count:
         # Not enough: give back what was taken, so that two racers wanting 2 of 3 GPUs cannot each sit on one.

@@ -7,24 +7,30 @@ Named scenarios (:data:`SCENARIOS`): ``h200`` (one idle H200 as measured), ``h20
 ``h200-busy`` (one H200 with a process that never lets go of 16 GiB). Any other value is read as a scenario file
 path (format: stubs/README.md).
 
-The stand-in for real GPU memory holders in a study on the stub, :class:`StubHolderFactory`, lives in
-:mod:`nvmlcheck.study.stub_holder` (re-exported here for one release).
+:func:`add_bound_process` and :func:`remove_bound_process` change a scenario *file* in place (``nvmlcheck simulate
+hold``), atomically and under a lock, for processes that read it meanwhile. The stand-in for real GPU memory
+holders in a study on the stub, :class:`StubHolderFactory`, lives in :mod:`nvmlcheck.study.stub_holder`
+(re-exported here for one release).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from ._sim.scenario import Scenario
+from ._sim.scenario import ProcessKindName, Scenario, write_scenario_text
 from ._sim.session import StubSession, simulation
+from .errors import ArgumentError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from .study.stub_holder import CONTEXT_BYTES, StubHolderFactory
 
-__all__ = ["CONTEXT_BYTES", "SCENARIOS", "StubHolderFactory", "scenario_named", "simulated"]
+__all__ = ["CONTEXT_BYTES", "SCENARIOS", "StubHolderFactory", "add_bound_process", "bound_process_line",
+           "remove_bound_process", "scenario_named", "simulated"]
 
 GIB = 1 << 30
 
@@ -52,7 +58,7 @@ def scenario_named(name_or_path: str) -> Scenario | Path:
     if path.is_file():
         return path
     names = ", ".join(sorted(SCENARIOS))
-    raise ValueError(f"--simulate {name_or_path!r}: not a bundled scenario ({names}) nor a scenario file")
+    raise ArgumentError(f"--simulate {name_or_path!r}: not a bundled scenario ({names}) nor a scenario file")
 
 
 @contextlib.contextmanager
@@ -62,6 +68,85 @@ def simulated(scenario: Scenario | Path) -> Iterator[StubSession]:
     ``library_path=stub.library_path``."""
     with simulation(scenario) as stub:
         yield stub
+
+
+# A device declared at the top level of a scenario file (not a timeline line, which starts with `at`).
+_DEVICE_LINE = re.compile(r"^\s*device\s+index=(\d+)\b", re.MULTILINE)
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive ``flock`` on the scenario's directory while its file is read and replaced: two ``simulate hold``
+    commands on one file do not lose each other's line (the file itself is replaced, so it cannot carry the lock)."""
+    import fcntl
+
+    fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _append(path: Path, line: str) -> None:
+    with _locked(path):
+        text = path.read_text(encoding="utf-8")
+        write_scenario_text(path, text + ("" if text.endswith("\n") else "\n") + line + "\n")
+
+
+def bound_process_line(
+    path: str | os.PathLike[str],
+    device: int,
+    pid: int,
+    used_bytes: int,
+    *,
+    kind: ProcessKindName = "compute",
+    list_ms: int = 90,
+    release_ms: int = 120,
+) -> str:
+    """The scenario line of a process bound to ``pid`` on GPU ``device`` of the scenario file at ``path``, checked
+    against it. Raises :class:`~nvmlcheck.ArgumentError` (a ``ValueError``) for a GPU the file does not declare or
+    a bad value."""
+    from .errors import ArgumentError
+
+    target = Path(path)
+    declared = {int(i) for i in _DEVICE_LINE.findall(target.read_text(encoding="utf-8"))}
+    if device not in declared:
+        raise ArgumentError(f"GPU {device} is not in the scenario {target} (it declares GPU "
+                            f"{', '.join(map(str, sorted(declared))) or 'none'})")
+    renderer = Scenario()  # only to validate and render the line, in the scenario format's own words
+    for _ in range(device + 1):
+        renderer.add_device()
+    renderer.add_process(device, pid, kind, used_bytes, bound=True, list_ms=list_ms, release_ms=release_ms)
+    return renderer.render().splitlines()[-1]
+
+
+def add_bound_process(
+    path: str | os.PathLike[str],
+    device: int,
+    pid: int,
+    used_bytes: int,
+    *,
+    kind: ProcessKindName = "compute",
+    list_ms: int = 90,
+    release_ms: int = 120,
+) -> None:
+    """Add process ``pid`` to the scenario file at ``path``, bound to the real process: listed on GPU ``device``
+    with ``used_bytes`` while it lives, off the list ``list_ms`` and its memory back ``release_ms`` after it exits.
+
+    Raises :class:`~nvmlcheck.ArgumentError` (a ``ValueError``) for a GPU the file does not declare or a bad value
+    (:func:`bound_process_line`); the file is left as it was.
+    """
+    line = bound_process_line(path, device, pid, used_bytes, kind=kind, list_ms=list_ms, release_ms=release_ms)
+    _append(Path(path), line)
+
+
+def remove_bound_process(
+    path: str | os.PathLike[str], device: int, pid: int, *, kind: ProcessKindName = "compute"
+) -> None:
+    """Remove process ``pid`` of ``kind`` on GPU ``device`` from the scenario file at ``path`` (a ``remove=1`` line,
+    as the scenario format says; nothing happens to an entry that is not there)."""
+    _append(Path(path), f"process device={int(device)} kind={kind} pid={int(pid)} remove=1")
 
 
 def __getattr__(name: str) -> object:

@@ -69,9 +69,17 @@ _ACTION_HINTS = {
     "NODE_REBOOT": "reboot the node",
     "CONTACT_SUPPORT": "service the GPU (RMA): a reset does not help",
 }
-# Reasons a backend records for a value the device does not have (errors.py's NotSupported / FunctionNotFound):
-# unsupported health is no refusal (a Hopper GPU retires no pages: it remaps rows).
-_UNSUPPORTED_PREFIXES = ("not supported", "not available", "not requested")
+# Words of the reasons a backend records for a value the device does not have: errors.py's NotSupported and
+# FunctionNotFound ("not supported: ...", "not available: ..."), nvidia-smi's placeholders ("[N/A]", "[Not
+# Supported]"). Unsupported health is no refusal (a Hopper GPU retires no pages: it remaps rows).
+_UNSUPPORTED_WORDS = ("not supported", "not available", "[n/a]", "not requested")
+
+
+def unsupported(why: str) -> bool:
+    """Whether an ``unknown`` reason says the device or driver does not have the value (rather than that reading
+    it failed)."""
+    low = why.lower()
+    return any(w in low for w in _UNSUPPORTED_WORDS)
 
 
 # --- values -----------------------------------------------------------------------------------------------------
@@ -254,7 +262,7 @@ def health_causes(d: DeviceState) -> tuple[Culprit, ...]:
             out.append(Culprit(i, "unhealthy", cause.code, f"{cause.text} [{action}: {hint}]" if hint else
                                f"{cause.text} [{action}]", action=action))
     for key, why in sorted(d.unknown.items()):
-        if key.split(".", 1)[0] == "health" and not why.startswith(_UNSUPPORTED_PREFIXES):
+        if key.split(".", 1)[0] == "health" and not unsupported(why):
             out.append(Culprit(i, "unknown", "query", f"{key} could not be read ({why}); health unknown is never "
                                "ready"))
     return tuple(out)

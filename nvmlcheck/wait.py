@@ -17,12 +17,20 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, cast
 
 from ._deadline import Deadline
+from ._record import field, record
 from ._waitdefaults import CLOCK, EVENTS, ON_POLL, POLICY, SLEEP, STABLE_POLLS, TIMEOUT, TRACE, Default
-from .errors import CorruptData, DeadlinePassed, NvmlCheckError, NvmlError, WaitTimeout
+from .errors import (
+    ArgumentError,
+    ArgumentTypeError,
+    CorruptData,
+    DeadlinePassed,
+    NvmlCheckError,
+    NvmlError,
+    WaitTimeout,
+)
 from .model import DeviceFailure, Snapshot
 from .predicates import Predicate, default_predicate
 
@@ -49,7 +57,7 @@ PolicyMode = Literal["default", "precise", "custom"]
 # --- policy -----------------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record(kw_only=True)
 class PollPolicy:
     """How often to poll.
 
@@ -85,13 +93,13 @@ class PollPolicy:
         if self.max_interval_s is not None:
             _check_seconds("max_interval_s", self.max_interval_s)
             if self.max_interval_s < self.interval_s:
-                raise ValueError(f"max_interval_s ({self.max_interval_s}) is below interval_s ({self.interval_s})")
+                raise ArgumentError(f"max_interval_s ({self.max_interval_s}) is below interval_s ({self.interval_s})")
         if not (math.isfinite(self.backoff_factor) and self.backoff_factor >= 1.0):
-            raise ValueError(f"backoff_factor must be a finite number >= 1, got {self.backoff_factor!r}")
+            raise ArgumentError(f"backoff_factor must be a finite number >= 1, got {self.backoff_factor!r}")
         if self.max_duty is not None and not (0.0 < self.max_duty <= 1.0):
-            raise ValueError(f"max_duty must be in (0, 1], got {self.max_duty!r}")
+            raise ArgumentError(f"max_duty must be in (0, 1], got {self.max_duty!r}")
         if self.mode not in ("default", "precise", "custom"):
-            raise ValueError(f"mode must be 'default', 'precise' or 'custom', got {self.mode!r}")
+            raise ArgumentError(f"mode must be 'default', 'precise' or 'custom', got {self.mode!r}")
 
     @classmethod
     def every(cls, interval_s: float) -> PollPolicy:
@@ -101,9 +109,9 @@ class PollPolicy:
 
 def _check_seconds(name: str, value: float) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{name} must be a number of seconds, got {value!r}")
+        raise ArgumentTypeError(f"{name} must be a number of seconds, got {value!r}")
     if not math.isfinite(value) or value < 0:
-        raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
+        raise ArgumentError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
 
 
 #: Detects within ~2 ms (p99) at <= 5 % of one core on one GPU; backs off to 10 ms after 10 s without change.
@@ -143,9 +151,10 @@ def _resolve_policy(policy: PollPolicy | str | float | None) -> PollPolicy:
             return DEFAULT
         if policy == "precise":
             return PRECISE
-        raise ValueError(f"unknown polling mode {policy!r}; use 'default', 'precise' or a PollPolicy")
+        raise ArgumentError(f"unknown polling mode {policy!r}; use 'default', 'precise' or a PollPolicy")
     if isinstance(policy, bool) or not isinstance(policy, int | float):
-        raise TypeError(f"policy must be a PollPolicy, 'default', 'precise' or an interval in seconds, got {policy!r}")
+        raise ArgumentTypeError(
+            f"policy must be a PollPolicy, 'default', 'precise' or an interval in seconds, got {policy!r}")
     return PollPolicy.every(float(policy))
 
 
@@ -159,7 +168,7 @@ DeadlineSnapshotFn = Callable[[Deadline | None], Snapshot]
 # --- results ----------------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class TracePoint:
     """One poll, summarised.
 
@@ -198,23 +207,29 @@ class TracePoint:
 OnPoll = Callable[[TracePoint], object]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record(kw_only=True)
 class WaitResult:
     """A successful wait (a timeout raises :class:`~nvmlcheck.WaitTimeout` instead).
 
-    ``elapsed_ns``: from the start to the poll that confirmed. ``first_clean_ns``: from the start to the first poll
-    of the confirming run of clean polls (when the GPUs were seen clean). ``last_dirty_ns``: the last poll before
-    that run that was not clean (``None`` if the first poll was already clean): the clean moment lies in
-    ``(last_dirty_ns - poll_cost_ns, first_clean_ns]``. ``started_ns``/``confirmed_ns``: absolute readings of the
-    clock (``time.monotonic_ns`` unless injected), to correlate with other events. ``poll_cost_ns``: median query
-    cost; ``interval_ns``: median time between consecutive polls (0 with one poll): together the resolution of
-    these figures. ``partial_polls``: how many polls the ``probe`` answered alone. ``trace``: every poll, when asked
-    for.
+    Every ``*_ns`` time is an offset in ns from the start of the wait, as in :class:`~nvmlcheck.KillResult` (whose
+    start is its first signal); ``started_ns`` is the one absolute clock reading (``time.monotonic_ns`` unless
+    injected), to correlate with other events (``started_ns + clean_ns`` is when the GPUs were seen clean).
+
+    ``clean_ns``: the first poll of the confirming run of clean polls (when the GPUs were seen clean).
+    ``confirmed_ns``: the poll that confirmed it; ``elapsed_ns`` is the same offset (the name
+    :class:`~nvmlcheck.WaitTimeout` uses for the time waited). ``last_dirty_ns``: the last poll before that run
+    that was not clean (``None`` if the first poll was already clean): the clean moment lies in
+    ``(last_dirty_ns - poll_cost_ns, clean_ns]``. ``poll_cost_ns``: median query cost; ``interval_ns``: median time
+    between consecutive polls (0 with one poll): together the resolution of these figures. ``partial_polls``: how
+    many polls the ``probe`` answered alone. ``trace``: every poll, when asked for.
+
+    Until 0.3.0, ``first_clean_ns`` is ``clean_ns`` with a ``DeprecationWarning``. ``confirmed_ns`` was an absolute
+    clock reading in 0.1: that moment is now ``started_ns + confirmed_ns``.
     """
 
     clean: bool = True
     elapsed_ns: int
-    first_clean_ns: int
+    clean_ns: int
     last_dirty_ns: int | None
     started_ns: int
     confirmed_ns: int
@@ -225,6 +240,15 @@ class WaitResult:
     policy: PollPolicy
     partial_polls: int = 0
     trace: tuple[TracePoint, ...] | None = None
+
+    @property
+    def first_clean_ns(self) -> int:
+        """Deprecated (until 0.3.0): :attr:`clean_ns`, the same offset."""
+        import warnings
+
+        warnings.warn("nvmlcheck.WaitResult.first_clean_ns is deprecated and goes in 0.3.0: use clean_ns (the same "
+                      "offset from started_ns, as KillResult.clean_ns)", DeprecationWarning, stacklevel=2)
+        return self.clean_ns
 
 
 # --- errors -----------------------------------------------------------------------------------------------------
@@ -274,9 +298,9 @@ def _timeout_ns(timeout: float | None) -> int | None:
     if timeout is None:
         return None
     if isinstance(timeout, bool) or not isinstance(timeout, int | float):
-        raise TypeError(f"timeout must be a number of seconds or None, got {timeout!r}")
+        raise ArgumentTypeError(f"timeout must be a number of seconds or None, got {timeout!r}")
     if math.isnan(timeout) or timeout < 0:
-        raise ValueError(f"timeout must be >= 0 seconds (or None for no timeout), got {timeout!r}")
+        raise ArgumentError(f"timeout must be >= 0 seconds (or None for no timeout), got {timeout!r}")
     ns = timeout * _NS
     if math.isinf(ns):
         return None  # inf (or too large to count in ns) means no timeout
@@ -540,7 +564,7 @@ class WaitOptions:
         if options is None:
             return WaitOptions.DEFAULT
         if not isinstance(options, WaitOptions):
-            raise TypeError(f"options must be a WaitOptions or None, got {options!r}")
+            raise ArgumentTypeError(f"options must be a WaitOptions or None, got {options!r}")
         return options
 
     def _values(self) -> tuple[object, ...]:
@@ -594,13 +618,13 @@ def _check_option(name: str, value: object) -> None:
         _resolve_policy(value)  # type: ignore[arg-type]
     elif name == "stable_polls":
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"stable_polls must be an int >= 1, got {value!r}")
+            raise ArgumentError(f"stable_polls must be an int >= 1, got {value!r}")
     elif name in ("trace", "events"):
         if not isinstance(value, bool) and not (name == "events" and value is None):
             allowed = "True, False or None" if name == "events" else "True or False"
-            raise TypeError(f"{name} must be {allowed}, got {value!r}")
+            raise ArgumentTypeError(f"{name} must be {allowed}, got {value!r}")
     elif not (callable(value) or (name == "on_poll" and value is None)):
-        raise TypeError(f"{name} must be callable{' or None' if name == 'on_poll' else ''}, got {value!r}")
+        raise ArgumentTypeError(f"{name} must be callable{' or None' if name == 'on_poll' else ''}, got {value!r}")
 
 
 WaitOptions.DEFAULT = WaitOptions()
@@ -663,7 +687,7 @@ def poll_until(
         sleep=sleep,
     )
     if opts.events:
-        raise ValueError("events=True needs a session's event listener: use Session.wait_until_clean")
+        raise ArgumentError("events=True needs a session's event listener: use Session.wait_until_clean")
     take: DeadlineSnapshotFn
     cheap: DeadlineSnapshotFn | None
     if pass_deadline:
@@ -810,10 +834,10 @@ class _Poller:
         start = stats.start
         return WaitResult(
             elapsed_ns=t1 - start,
-            first_clean_ns=stats.run_first - start,
+            clean_ns=stats.run_first - start,
             last_dirty_ns=None if stats.last_dirty is None else stats.last_dirty - start,
             started_ns=start,
-            confirmed_ns=t1,
+            confirmed_ns=t1 - start,
             polls=stats.polls,
             poll_cost_ns=_median(stats.costs),
             interval_ns=_median(stats.periods),

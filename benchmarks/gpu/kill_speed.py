@@ -23,6 +23,7 @@ import argparse
 import contextlib
 import json
 import os
+import select
 import statistics
 import subprocess
 import sys
@@ -85,6 +86,15 @@ def start_observer(pid: int, clean_bytes: int, env: dict[str, str]) -> subproces
     raise RuntimeError("no observer could start (neither nvidia-ml-py nor raw cffi)")
 
 
+def finish(obs: subprocess.Popen[str]) -> str:
+    """The observer's output (it stops at its own --timeout; killed if it does not)."""
+    try:
+        return obs.communicate(timeout=40)[0]
+    except subprocess.TimeoutExpired:
+        obs.kill()
+        return obs.communicate()[0]
+
+
 def cgroup_dir() -> Path | None:
     for hierarchy in ("unified", "pids", ""):
         base = Path("/sys/fs/cgroup") / hierarchy
@@ -116,10 +126,13 @@ def one_run(form: str, argv_tail: list[str], args: argparse.Namespace, env: dict
         t0 = time.monotonic_ns()
         done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60, check=False)
         t_exit = time.monotonic_ns()
-        line = target.stdout.readline().split()
+        ready, _, _ = select.select([target.stdout], [], [], 10.0)  # a kill that signalled nothing: no line
+        line = target.stdout.readline().split() if ready else []
         signal_ns = int(line[1]) if len(line) == 2 and line[0] == "term" else None
+        if signal_ns is None:
+            target.kill()
         target.wait(timeout=30)
-        obs_out, _ = obs.communicate(timeout=40)
+        obs_out = finish(obs)
         seen = json.loads(obs_out.strip().splitlines()[-1]) if obs_out.strip() else {}
         back = seen.get("clean_ns")
         doc = None

@@ -93,7 +93,7 @@ def one_run(gpus: nc.Session, nbytes: int, mode: str, clean_bytes: int) -> dict[
     observer.wait()
     reaper.join()
     holder.returncode = -9  # reaped by the thread above
-    ours_ns = result.started_ns + result.first_clean_ns
+    ours_ns = result.started_ns + result.clean_ns
     return {
         "bytes": nbytes,
         "mode": mode,
@@ -102,7 +102,7 @@ def one_run(gpus: nc.Session, nbytes: int, mode: str, clean_bytes: int) -> dict[
         "observer_period_us": truth["period_ns"] / 1e3,
         "waitpid_ms": (reaped["ns"] - killed_ns) / 1e6,
         "nvmlcheck_clean_ms": (ours_ns - killed_ns) / 1e6,
-        "nvmlcheck_confirmed_ms": (result.confirmed_ns - killed_ns) / 1e6,
+        "nvmlcheck_confirmed_ms": (result.started_ns + result.confirmed_ns - killed_ns) / 1e6,
         "lag_ms": (ours_ns - truth["clean_ns"]) / 1e6,
         "polls": result.polls,
         "poll_cost_us": result.poll_cost_ns / 1e3,

@@ -210,7 +210,11 @@ def run_case(case: str, args: argparse.Namespace, env: dict[str, str], threshold
         done = subprocess.run(argv, capture_output=True, text=True, env=cmd_env, timeout=60, check=False)
         t_exit = time.monotonic_ns()
         survivors = tree.survivors()
-        obs_out, _ = obs.communicate(timeout=40)
+        try:
+            obs_out = obs.communicate(timeout=40)[0]
+        except subprocess.TimeoutExpired:
+            obs.kill()
+            obs_out = obs.communicate()[0]
         seen = json.loads(obs_out.strip().splitlines()[-1]) if obs_out.strip() else {}
         back = seen.get("clean_ns")
         try:

@@ -1,6 +1,7 @@
 """Loading libnvidia-ml: where it is, which versioned symbols it has, and NVML's init/shutdown reference count.
 
-The path is ``$NVMLCHECK_LIBNVML`` (or an explicit path), else ``libnvidia-ml.so.1``, then ``libnvidia-ml.so``.
+The path is an explicit one, else ``libnvidia-ml.so.1``, then ``libnvidia-ml.so`` (the dynamic loader's search).
+``$NVMLCHECK_LIBNVML`` reaches a test's child processes and names only nvmlcheck's stub: :func:`library_from_env`.
 Versioned symbols (``_v2``/``_v3``) are probed once at load, newest first. One NVML initialisation per process and
 library is shared by every session, counted under a lock and started afresh after ``fork()``; ``nvmlInit`` runs in
 a daemon thread bounded by a timeout because it can hang. :meth:`LoadedLibrary.reinit` recovers from "Unknown
@@ -27,10 +28,21 @@ if TYPE_CHECKING:
 
     from ..model import ProcessKind
 
-__all__ = ["ENV_LIBRARY", "LoadedLibrary", "Symbols", "fork_generation", "load", "start_early"]
+__all__ = [
+    "ENV_LIBRARY",
+    "STUB_MARKER",
+    "LoadedLibrary",
+    "Symbols",
+    "fork_generation",
+    "library_from_env",
+    "load",
+    "start_early",
+]
 
-#: Environment variable naming the libnvidia-ml to load (tests point it at the stub).
+#: Environment variable naming nvmlcheck's stub library for a test's child processes (nothing else is loaded from it).
 ENV_LIBRARY = "NVMLCHECK_LIBNVML"
+#: A symbol only nvmlcheck's stub exports: what proves that ``$NVMLCHECK_LIBNVML`` names the stub.
+STUB_MARKER = "stub_loaded_ns"
 DEFAULT_NAMES = ("libnvidia-ml.so.1", "libnvidia-ml.so")
 
 # Candidate symbols per capability, newest first. The _v3 and _v2 process calls share the 24-byte struct; the
@@ -154,11 +166,12 @@ def fork_generation() -> int:
 class _PendingInit:
     """One ``nvmlInit`` running in its own thread; ``waiters`` counts the callers waiting for it (under the lock)."""
 
-    __slots__ = ("done", "name", "rc", "waiters")
+    __slots__ = ("done", "name", "rc", "waiters", "warmed")
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.done = threading.Event()
+        self.warmed = threading.Event()  # set after the handles were read ahead (start_early), or right after done
         self.rc: int | None = None
         self.waiters = 0
 
@@ -257,7 +270,7 @@ class LoadedLibrary:
             pending = self._start_init()
         self._await(pending, deadline, timeout_s)
 
-    def begin_early(self) -> _PendingInit | None:
+    def begin_early(self, devices: Sequence[int] | None = ()) -> _PendingInit | None:
         """Start ``nvmlInit`` now, for an :meth:`acquire` that comes later (see :func:`start_early`): the init runs in
         its thread and, should it finish first, stays initialised for that caller. ``None`` when NVML is already
         initialised or an early init is already held."""
@@ -265,11 +278,12 @@ class LoadedLibrary:
             self._forget_parent_state()
             if self._initialised or self._early is not None:
                 return None
-            self._early = self._start_init()
+            self._early = self._start_init(devices)
             return self._early
 
-    def _start_init(self) -> _PendingInit:
-        """The init in flight, or a new one started in a daemon thread; counts the caller as a waiter (lock held)."""
+    def _start_init(self, warm: Sequence[int] | None = ()) -> _PendingInit:
+        """The init in flight, or a new one started in a daemon thread; counts the caller as a waiter (lock held).
+        ``warm``: device indices whose handles the thread reads after a successful init (``None``: all)."""
         pending = self._pending
         if pending is None:
             name = self.symbols.init
@@ -280,11 +294,13 @@ class LoadedLibrary:
                     f"{self.path} exports neither nvmlInit_v2 nor nvmlInit: it is not a usable libnvidia-ml"
                 )
             pending = self._pending = _PendingInit(name)
-            threading.Thread(target=self._run_init, args=(pending,), name=f"nvmlcheck {name}", daemon=True).start()
+            threading.Thread(
+                target=self._run_init, args=(pending, warm), name=f"nvmlcheck {name}", daemon=True
+            ).start()
         pending.waiters += 1
         return pending
 
-    def _run_init(self, pending: _PendingInit) -> None:
+    def _run_init(self, pending: _PendingInit, warm: Sequence[int] | None = ()) -> None:
         fn = self.function(pending.name)
         rc = fn()
         with self._lock:
@@ -301,6 +317,25 @@ class LoadedLibrary:
                     self._initialised = True
                     self._init_generation += 1
             pending.done.set()
+        if rc == 0 and warm != ():
+            self._warm_handles(warm)
+        pending.warmed.set()
+
+    def _warm_handles(self, devices: Sequence[int] | None) -> None:
+        """Read the handle of each of ``devices`` (``None``: every GPU) once: only the driver's first-call cost is
+        taken here, the session reads them again. Errors are left to the session's own calls."""
+        handle, count_name = self.symbols.handle_by_index, self.symbols.device_count
+        if handle is None or (devices is None and count_name is None):
+            return
+        if devices is None:
+            count = ffi.new("unsigned int *")
+            if self.function(str(count_name))(count) != 0:
+                return
+            devices = range(count[0])
+        fn = self.function(handle)
+        out = ffi.new("nvmlDevice_t *")
+        for index in devices:
+            fn(index, out)
 
     def _await(self, pending: _PendingInit, deadline: float | None, timeout_s: float | None) -> None:
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -356,13 +391,58 @@ _loaded: dict[str, LoadedLibrary] = {}
 _loaded_lock = threading.Lock()
 
 
-def _candidates(path: str | None) -> tuple[str, ...]:
-    if path:
-        return (path,)
-    env = os.environ.get(ENV_LIBRARY)
-    if env:
-        return (env,)
-    return DEFAULT_NAMES
+def _untrusted(path: str) -> str | None:
+    """Why this process must not load ``path`` named by its environment (``None``: it may): the file and its
+    directory are to be owned by this user or root and writable by no one else, so that a variable that travelled
+    into a root process (``sudo -E``, ``docker run -e``) cannot make it run another user's code."""
+    euid = os.geteuid()
+    for item in (path, os.path.dirname(os.path.abspath(path)) or "/"):
+        try:
+            st = os.stat(item)
+        except OSError as exc:
+            return f"{item}: {exc.strerror}"
+        if st.st_uid not in (euid, 0):
+            return f"{item} is owned by uid {st.st_uid}, not by this user ({euid}) or root"
+        if st.st_mode & 0o022:
+            return f"{item} is writable by other users (mode {st.st_mode & 0o777:o})"
+    return None
+
+
+def _is_stub(path: str) -> bool:
+    import ctypes
+
+    try:
+        return hasattr(ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY), STUB_MARKER)
+    except OSError:
+        return False
+
+
+def _check_stub(path: str) -> None:
+    if not _is_stub(path):
+        from ..errors import BackendUnavailable
+
+        raise BackendUnavailable(
+            f"${ENV_LIBRARY} names {path!r}, which is not nvmlcheck's stub library: the variable is a test seam; "
+            "load another libnvidia-ml with library_path= or the dynamic loader's path", [f"{path}: no {STUB_MARKER}"])
+    from .._proc import devfiles
+
+    devfiles.stub_loaded_from_env()  # the stub's scenario's stand-in device files count (docs/testing.md)
+
+
+def library_from_env() -> str | None:
+    """The library ``$NVMLCHECK_LIBNVML`` names, for a process a test started with the stub in its environment;
+    ``None`` when unset. It is honoured only for nvmlcheck's stub, in a file this user (or root) owns and no one
+    else may write: anything else raises :class:`~nvmlcheck.BackendUnavailable`, so a test setting that leaks
+    into a real run cannot load another library, nor stand in for the driver without saying so."""
+    path = os.environ.get(ENV_LIBRARY)
+    if not path:
+        return None
+    why = _untrusted(path)
+    if why is not None:
+        from ..errors import BackendUnavailable
+
+        raise BackendUnavailable(f"${ENV_LIBRARY} names {path!r}, which is not loaded: {why}", [f"{path}: {why}"])
+    return path
 
 
 def load(path: str | None = None) -> LoadedLibrary:
@@ -371,66 +451,47 @@ def load(path: str | None = None) -> LoadedLibrary:
     Raises :class:`~nvmlcheck.BackendUnavailable` listing every path tried and why it failed.
     """
     attempts: list[str] = []
+    from_env = None if path else library_from_env()
     with _loaded_lock:
-        for candidate in _candidates(path):
-            if candidate in _loaded:
-                return _loaded[candidate]
-            try:
-                lib = ffi.dlopen(candidate)
-            except OSError as exc:
-                attempts.append(f"{candidate}: {exc}")
-                continue
-            loaded = LoadedLibrary(candidate, lib)
+        for candidate in (path,) if path else (from_env,) if from_env else DEFAULT_NAMES:
+            loaded = _loaded.get(candidate)
+            if loaded is None:
+                try:
+                    lib = ffi.dlopen(candidate)
+                except OSError as exc:
+                    attempts.append(f"{candidate}: {exc}")
+                    continue
+                loaded = LoadedLibrary(candidate, lib)
+            if from_env is not None:
+                _check_stub(candidate)
             _loaded[candidate] = loaded
             return loaded
     from ..errors import BackendUnavailable
 
-    source = f" (from ${ENV_LIBRARY})" if not path and os.environ.get(ENV_LIBRARY) else ""
+    source = f" (${ENV_LIBRARY})" if from_env else ""
     raise BackendUnavailable(
-        f"libnvidia-ml could not be loaded{source}; install the NVIDIA driver, or point ${ENV_LIBRARY} at the library",
+        f"libnvidia-ml could not be loaded{source}; install the NVIDIA driver (or put its directory on the dynamic "
+        "loader's path, or pass library_path=)",
         attempts,
     )
 
 
-def start_early(path: str | None = None, devices: Sequence[int] | None = ()) -> threading.Thread:
-    """Load libnvidia-ml and start ``nvmlInit`` in a daemon thread, now: a one-shot command calls this before it
+def start_early(path: str | None = None, devices: Sequence[int] | None = ()) -> _PendingInit | None:
+    """Load libnvidia-ml here and start ``nvmlInit`` in its thread, now: a one-shot command calls this before it
     imports the rest of nvmlcheck, so the driver initialises while Python imports, and the session it opens later
     finds NVML initialised (or joins the init in flight: :meth:`LoadedLibrary.acquire` bounds it as usual).
 
-    ``devices``: once initialised, read the handle of each of these GPU indices (``None``: every GPU), whose first
-    ``nvmlDeviceGetHandleByIndex`` costs milliseconds on a real driver (docs/performance.md). Never raises, and
-    reports nothing: whatever failed here fails again, and is reported, in the ``acquire`` that follows. Returns the
-    thread (tests join it).
+    ``devices``: once initialised, the same thread reads the handle of each of these GPU indices (``None``: every
+    GPU), whose first ``nvmlDeviceGetHandleByIndex`` costs milliseconds on a real driver (docs/performance.md). The
+    ``dlopen`` is made in the caller's thread: the init thread then holds the GIL only between C calls, so it takes
+    next to nothing from the imports it overlaps. Never raises and reports nothing: whatever failed here fails
+    again, and is reported, in the ``acquire`` that follows. Returns the init in flight (``None`` if none was
+    started), whose ``warmed`` event tests wait on.
     """
-    thread = threading.Thread(target=_early, args=(path, devices), name="nvmlcheck early init", daemon=True)
-    thread.start()
-    return thread
-
-
-def _early(path: str | None, devices: Sequence[int] | None) -> None:
     try:
-        loaded = load(path)
-        pending = loaded.begin_early()
-        if pending is None or devices == ():
-            return
-        pending.done.wait()
-        handle = loaded.symbols.handle_by_index
-        if pending.rc != 0 or handle is None:
-            return
-        fn = loaded.function(handle)
-        if devices is None:
-            count_name = loaded.symbols.device_count
-            if count_name is None:
-                return
-            count = ffi.new("unsigned int *")
-            if loaded.function(count_name)(count) != 0:
-                return
-            devices = range(count[0])
-        out = ffi.new("nvmlDevice_t *")
-        for index in devices:
-            fn(index, out)  # the answer is read again by the session; only the driver's first-call cost is taken here
+        return load(path).begin_early(devices)
     except Exception:
-        return
+        return None
 
 
 def _after_fork_in_child() -> None:

@@ -5,7 +5,9 @@ argv (never a shell) in a new session, so one ``killpg`` reaches everything it s
 through this class, after the reading is over, so its pid (= the group id) cannot be reused while a signal may
 still be sent to the group.
 
-Both pipes and a pidfd are watched with one selector, so the exit is seen the moment it happens.
+Both pipes and a pidfd are watched with one selector, so the exit is seen the moment it happens. Each pipe keeps at
+most ``max_output_bytes`` (a hostile or broken program must not fill this process's memory): past it the wait gives
+up, as at a deadline, and :attr:`Child.overflow` names the pipe.
 ``Popen.communicate(timeout=...)`` would do for a plain run, but its wait polls ``waitpid`` with sleeps that start at
 0.5 ms and double, which alone added ~1 ms to every nvidia-smi run (measured), and it cannot stop reading at a grace
 after the exit or ask a stop callable.
@@ -23,12 +25,19 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Final
 
-__all__ = ["REAP_GRACE_S", "Child"]
+__all__ = ["MAX_OUTPUT_BYTES", "REAP_GRACE_S", "Child"]
 
 #: After a kill, how long to wait for the leader to be reaped (and, when asked, its pipes to close). A process that
 #: left the group could hold the pipes forever, and one in uninterruptible sleep outlives SIGKILL: neither may hold
 #: the caller.
 REAP_GRACE_S: Final = 1.0
+
+#: The most a child may print on each of stdout and stderr unless told otherwise: far above any nvidia-smi or
+#: nvmlcheck document (an 8-GPU ``nvidia-smi -q`` is ~100 KiB), far below what would hurt this process.
+MAX_OUTPUT_BYTES: Final = 16 << 20
+
+# The longest single select: a deadline decades away (a --timeout of 1e308 s) would overflow the kernel's timeout.
+_MAX_SELECT_S: Final = 3600.0
 
 # How often the exit is polled where no pidfd can be had (Linux < 5.3): the first look is soon, later ones back off.
 _POLL_FIRST_S: Final = 0.0005
@@ -48,16 +57,27 @@ class Child:
 
     ``after_exit_s``: ``None`` reads both pipes to their end (bounded by the deadline of :meth:`wait`); a number
     stops reading that many seconds after the exit even if the pipes are still open (an ssh ControlMaster keeps
-    copies of its clients' pipes). ``env``: the child's environment (default: inherited). Raises ``OSError`` when
-    the program cannot be started.
+    copies of its clients' pipes). ``env``: the child's environment (default: inherited). ``max_output_bytes``: the
+    most kept of each pipe (``None``: no bound); past it :meth:`wait` returns False and :attr:`overflow` says
+    ``"stdout"`` or ``"stderr"`` (what comes later is read and dropped). Raises ``OSError`` when the program cannot
+    be started.
 
     ``proc`` is the :class:`subprocess.Popen` (for ``pid`` and ``returncode``); do not wait on it directly.
     """
 
     def __init__(
-        self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, after_exit_s: float | None = None
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        after_exit_s: float | None = None,
+        max_output_bytes: int | None = MAX_OUTPUT_BYTES,
     ) -> None:
         self.after_exit_s = after_exit_s
+        self.max_output_bytes = max_output_bytes
+        #: ``"stdout"`` or ``"stderr"`` once that pipe went over ``max_output_bytes``, else ``None``.
+        self.overflow: str | None = None
+        self._killing = False
         self.proc = subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
@@ -69,9 +89,9 @@ class Child:
         self.stdout = bytearray()
         self.stderr = bytearray()
         assert self.proc.stdout is not None and self.proc.stderr is not None
-        self._open: dict[int, tuple[IO[bytes], bytearray]] = {
-            self.proc.stdout.fileno(): (self.proc.stdout, self.stdout),
-            self.proc.stderr.fileno(): (self.proc.stderr, self.stderr),
+        self._open: dict[int, tuple[IO[bytes], bytearray, str]] = {
+            self.proc.stdout.fileno(): (self.proc.stdout, self.stdout, "stdout"),
+            self.proc.stderr.fileno(): (self.proc.stderr, self.stderr, "stderr"),
         }
         self._exited_ns: int | None = None  # when the exit was seen (the leader may still be unreaped)
         # Reaping and signalling the group take turns, so a signal never goes to a reaped (reusable) group id.
@@ -94,8 +114,9 @@ class Child:
 
         ``deadline_ns``: ``time.monotonic_ns()`` at which to give up (``None``: never). ``should_stop`` is called
         at least every ``slice_s`` seconds; giving up when it returns true. Returns True when reaped, False when the
-        deadline came or ``should_stop`` said so first (nothing is killed: see :meth:`kill`). ``after_exit_s``
-        replaces the child's own for this call. Can be called again after False.
+        deadline came, ``should_stop`` said so or the output went over ``max_output_bytes`` first (nothing is
+        killed: see :meth:`kill`). ``after_exit_s`` replaces the child's own for this call. Can be called again after
+        False.
         """
         grace_s = self.after_exit_s if after_exit_s is None else after_exit_s
         grace_ns = None if grace_s is None else int(grace_s * 1e9)
@@ -115,7 +136,7 @@ class Child:
                         not self._open or (grace_ns is not None and now - self._exited_ns >= grace_ns)
                     ):
                         return self._reap()
-                    if (should_stop is not None and should_stop()) or (deadline_ns is not None and now >= deadline_ns):
+                    if self._give_up(now, deadline_ns, should_stop):
                         return False
                     timeout = self._timeout(now, deadline_ns, grace_ns, slice_s if should_stop else None)
                     if pidfd is None and self._exited_ns is None:
@@ -133,6 +154,14 @@ class Child:
                 if pidfd is not None:
                     os.close(pidfd)
 
+    def _give_up(self, now: int, deadline_ns: int | None, should_stop: Callable[[], bool] | None) -> bool:
+        """The deadline passed, ``should_stop`` says so, or the output went over its bound (unless being killed)."""
+        if deadline_ns is not None and now >= deadline_ns:
+            return True
+        if self.overflow is not None and not self._killing:
+            return True
+        return should_stop is not None and should_stop()
+
     def _timeout(self, now: int, deadline_ns: int | None, grace_ns: int | None, slice_s: float | None) -> float | None:
         """Seconds the next select may block: to the deadline, to the end of the grace after exit, to the slice."""
         end = deadline_ns
@@ -142,7 +171,7 @@ class Child:
         timeout = None if end is None else max(0.0, (end - now) / 1e9)
         if slice_s is not None and (timeout is None or slice_s < timeout):
             timeout = slice_s
-        return timeout
+        return timeout if timeout is None else min(timeout, _MAX_SELECT_S)
 
     def _exited(self) -> bool:
         """Whether the leader exited, without reaping it (``WNOWAIT``), for where no pidfd can be had."""
@@ -157,10 +186,16 @@ class Child:
         return self.proc.returncode is not None
 
     def _read(self, fd: int) -> bool:
-        """Read what is there; True at end of file (the pipe is then closed)."""
-        pipe, buf = self._open[fd]
+        """Read what is there; True at end of file (the pipe is then closed). Past ``max_output_bytes`` the rest is
+        dropped and :attr:`overflow` set."""
+        pipe, buf, name = self._open[fd]
         chunk = os.read(fd, 1 << 16)
         if chunk:
+            cap = self.max_output_bytes
+            if cap is not None and len(buf) + len(chunk) > cap:
+                chunk = chunk[: max(0, cap - len(buf))]
+                if self.overflow is None:
+                    self.overflow = name
             buf += chunk
             return False
         pipe.close()
@@ -185,6 +220,7 @@ class Child:
         The pipes are closed either way. Returns whether the leader was reaped: a process outside the group may hold
         the pipes, or the leader be stuck in uninterruptible sleep; then it is left, not waited for."""
         self.signal_group(signal.SIGKILL)
+        self._killing = True  # an overflow no longer stops the wait: the leader is to be reaped
         self.wait(time.monotonic_ns() + int(grace_s * 1e9), after_exit_s=None if read_after_exit else 0.0)
         self.close()
         if self.proc.returncode is None:
@@ -195,7 +231,7 @@ class Child:
 
     def close(self) -> None:
         """Stop reading: close the pipes (what was read stays in ``stdout`` and ``stderr``)."""
-        for pipe, _ in self._open.values():
+        for pipe, _, _ in self._open.values():
             with contextlib.suppress(OSError):
                 pipe.close()
         self._open.clear()

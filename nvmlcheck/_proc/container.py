@@ -308,7 +308,7 @@ def _named_spec(s: str, low: str) -> ContainerSpec | None:
         if low.startswith((runtime + ":", runtime + "/")):
             rest = low[len(runtime) + 1:]
             if not _is_hex(rest):
-                raise ValueError(f"{s!r}: a {runtime} container ID is 12 to 64 hex digits")
+                raise _argument_error(f"{s!r}: a {runtime} container ID is 12 to 64 hex digits")
             return ContainerSpec(runtime, rest)
     return None
 
@@ -318,7 +318,7 @@ def parse_spec(spec: str) -> ContainerSpec:
     s = spec.strip()
     low = s.lower()
     if not s:
-        raise ValueError("an empty container selector")
+        raise _argument_error("an empty container selector")
     named = _named_spec(s, low)
     if named is not None:
         return named
@@ -327,15 +327,15 @@ def parse_spec(spec: str) -> ContainerSpec:
     if s.startswith("/"):
         norm = "/" + "/".join(p for p in s.split("/") if p)
         if ".." in norm.split("/"):
-            raise ValueError(f"{spec!r}: a cgroup path may not contain '..'")
+            raise _argument_error(f"{spec!r}: a cgroup path may not contain '..'")
         if norm in ("/", "/sys/fs/cgroup"):
-            raise ValueError(f"{spec!r} is a root cgroup: it holds every process of the host")
+            raise _argument_error(f"{spec!r} is a root cgroup: it holds every process of the host")
         return ContainerSpec("dir" if norm.startswith("/sys/fs/cgroup/") else "path", norm)
     if s.endswith((".service", ".scope", ".slice")) and "/" not in s:
         return ContainerSpec("unit", s)
     if _is_hex(low, 1, 11):
-        raise ValueError(f"{spec!r}: a container ID prefix needs at least 12 hex digits (docker ps prints 12)")
-    raise ValueError(
+        raise _argument_error(f"{spec!r}: a container ID prefix needs at least 12 hex digits (docker ps prints 12)")
+    raise _argument_error(
         f"{spec!r} is not a container: give a docker/containerd/podman/cri-o ID (12 to 64 hex digits), lxc/NAME, a "
         "pod UID, slurm/JOBID or job_JOBID, a systemd unit (NAME.service, .scope, .slice), pidns:INODE, or a cgroup "
         "path (/docker/…, /sys/fs/cgroup/…)")
@@ -383,9 +383,9 @@ def members(spec: str | ContainerSpec, proc: str = "/proc") -> list[tuple[int, i
     parsed = parse_spec(spec) if isinstance(spec, str) else spec
     if parsed.kind == "dir":
         if not os.path.isfile(f"{parsed.value}/cgroup.procs"):
-            raise ValueError(f"{parsed.value}: not a cgroup directory (no cgroup.procs)")
+            raise _argument_error(f"{parsed.value}: not a cgroup directory (no cgroup.procs)")
         if not os.path.isfile(f"{os.path.dirname(parsed.value)}/cgroup.procs"):
-            raise ValueError(f"{parsed.value} is a root cgroup: it holds every process of the host")
+            raise _argument_error(f"{parsed.value} is a root cgroup: it holds every process of the host")
         pids = sorted(set(_dir_members(parsed.value)))
     else:
         pids = sorted(int(name) for name in os.listdir(proc) if name.isdigit())
@@ -407,6 +407,13 @@ def members(spec: str | ContainerSpec, proc: str = "/proc") -> list[tuple[int, i
         if st is not None and st.pid == pid:
             out.append((pid, st.start_ticks))
     if (parsed.kind == "id" or parsed.kind in _RUNTIMES) and len(full) > 1:
-        raise ValueError(f"{parsed.value!r} names {len(full)} containers ({', '.join(sorted(i[:16] for i in full))}"
-                         "…): give more of the ID")
+        names = ", ".join(sorted(i[:16] for i in full))
+        raise _argument_error(f"{parsed.value!r} names {len(full)} containers ({names}…): give more of the ID")
     return out
+
+
+def _argument_error(message: str) -> Exception:
+    """nvmlcheck's ArgumentError (a ValueError); :mod:`nvmlcheck.errors` is imported only when one is raised."""
+    from ..errors import ArgumentError
+
+    return ArgumentError(message)

@@ -9,15 +9,21 @@ Without a pidfd (``mode="start-time"``, or older kernels) the start time (field 
 ticks since boot) is compared before every signal: a recycled PID has a later start time. A window of a few
 microseconds remains between the comparison and ``kill()``, and two processes started in the same clock tick (10 ms)
 under the same PID cannot be told apart; docs/killing.md says where each guarantee holds.
+
+A pidfd costs a descriptor. :func:`descriptor_budget` raises the soft ``RLIMIT_NOFILE`` to the hard one and says how
+many pidfds fit while :data:`FD_RESERVE` stay free; past it targets are pinned by start time. A ``/proc`` read that
+fails for any reason but "no such process" (EMFILE, ENFILE, ENOMEM, EACCES) raises
+:class:`~nvmlcheck._proc.procfs.ProcUnreadable`: it never reads as "the process is gone".
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import select
 import signal
 
-from .procfs import ProcStat, read_stat
+from .procfs import ProcStat, ProcUnreadable, read_stat
 
 TYPE_CHECKING = False  # no typing before a signal: start-up cost where site has not loaded it (docs/performance.md)
 if TYPE_CHECKING:
@@ -27,7 +33,12 @@ if TYPE_CHECKING:
     #: ``"start-time"``: the fallback, forced (for tests and for kernels whose pidfd misbehaves).
     PinMode = Literal["auto", "pidfd", "start-time"]
 
-__all__ = ["PinMode", "Pinned", "StaleIdentity", "pidfd_available"]
+__all__ = ["FD_RESERVE", "PinMode", "Pinned", "StaleIdentity", "descriptor_budget", "pidfd_available"]
+
+#: Descriptors a kill keeps free for everything but pidfds (``/proc`` reads, NVML, pipes, the event listener).
+FD_RESERVE = 64
+#: pidfd_open failures that mean "no descriptor to spare", not "no such process": pin by start time instead.
+_NO_DESCRIPTOR = (errno.EMFILE, errno.ENFILE, errno.ENOMEM)
 
 _pidfd_ok: bool | None = None
 
@@ -46,6 +57,34 @@ def pidfd_available() -> bool:
                 os.close(fd)
         _pidfd_ok = ok
     return _pidfd_ok
+
+
+def descriptor_budget() -> int:
+    """How many pidfds this process may still open: raise the soft ``RLIMIT_NOFILE`` to the hard limit (capped by
+    ``/proc/sys/fs/nr_open``), then the limit less the descriptors open now and :data:`FD_RESERVE` (0 or more)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard
+    if hard == resource.RLIM_INFINITY:
+        try:
+            with open("/proc/sys/fs/nr_open", "rb") as f:
+                target = int(f.read())
+        except (OSError, ValueError):
+            target = soft
+    if soft == resource.RLIM_INFINITY:
+        soft = target
+    elif soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    try:
+        in_use = len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return 0
+    return max(0, soft - in_use - FD_RESERVE)
 
 
 class StaleIdentity(ProcessLookupError):
@@ -69,18 +108,32 @@ class Pinned:
     @classmethod
     def open(cls, pid: int, *, mode: PinMode = "auto", expect_start_ticks: int | None = None) -> Pinned:
         """Pin ``pid`` as it is now (or, with ``expect_start_ticks``, only if it is still the process that had that
-        start time). Raises :class:`ProcessLookupError` (:class:`StaleIdentity` for a changed identity) and
-        :class:`PermissionError` when this process may not signal it."""
+        start time). Raises :class:`ProcessLookupError` (:class:`StaleIdentity` for a changed identity),
+        :class:`PermissionError` when this process may not signal it, and
+        :class:`~nvmlcheck._proc.procfs.ProcUnreadable` when its ``/proc`` entry cannot be read (out of descriptors:
+        never taken for "gone"). With ``"auto"``, a pidfd that cannot be had for want of descriptors falls back to
+        the start time."""
         use_fd = mode == "pidfd" or (mode == "auto" and pidfd_available())
-        before = read_stat(pid)
+        before = read_stat(pid, strict=True)
         if before is None or before.pid != pid:
             raise ProcessLookupError(f"no process {pid}")
         if expect_start_ticks is not None and before.start_ticks != expect_start_ticks:
             raise StaleIdentity(f"PID {pid} now names another process (start time changed)")
         fd: int | None = None
         if use_fd:
-            fd = os.pidfd_open(pid)  # ProcessLookupError if gone; the fd names whatever process had the PID now
-            after = read_stat(pid)
+            try:
+                fd = os.pidfd_open(pid)  # ProcessLookupError if gone; the fd names whatever process had the PID now
+            except OSError as exc:
+                if exc.errno not in _NO_DESCRIPTOR or isinstance(exc, ProcessLookupError):
+                    raise
+                if mode == "pidfd":
+                    raise ProcUnreadable(exc.errno, f"no descriptor for a pidfd of PID {pid}: {exc.strerror}") from None
+        if fd is not None:
+            try:
+                after = read_stat(pid, strict=True)
+            except BaseException:
+                os.close(fd)
+                raise
             # The fd was opened between two reads that show the same process: it names that process.
             if after is None or after.start_ticks != before.start_ticks:
                 os.close(fd)
@@ -112,8 +165,9 @@ class Pinned:
                 self._gone = True
 
     def _same(self) -> ProcStat | None:
-        """The process's stat if the PID still names it, else ``None`` (and remember that it is gone)."""
-        st = read_stat(self.pid)
+        """The process's stat if the PID still names it, else ``None`` (and remember that it is gone); raises
+        :class:`~nvmlcheck._proc.procfs.ProcUnreadable` when that cannot be told."""
+        st = read_stat(self.pid, strict=True)
         if st is None or st.start_ticks != self.start_ticks:
             self._gone = True
             return None
@@ -139,7 +193,7 @@ class Pinned:
         """``/proc/PID/stat`` while the PID still names this process (``None`` once it has exited or was reused)."""
         if self.exited():
             return None
-        st = read_stat(self.pid)
+        st = read_stat(self.pid, strict=True)
         if st is None or st.start_ticks != self.start_ticks or self.exited():
             return None
         return st

@@ -1,11 +1,14 @@
 """Reading ``/proc``: one process's stat and status lines, its command line, children and ancestry.
 
 Every reader returns ``None`` when the process is gone or the file cannot be read; none raises for a process that
-exits while it is being read (that race is the normal case here).
+exits while it is being read (that race is the normal case here). Where "cannot be read" must not pass for "gone"
+(a kill: out of descriptors, EMFILE, would otherwise read as "the process exited"), ``strict=True`` returns ``None``
+only for ENOENT/ESRCH and raises :class:`ProcUnreadable` for anything else (EMFILE, ENFILE, ENOMEM, EACCES, ...).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 from collections import namedtuple
 
@@ -18,10 +21,12 @@ __all__ = [
     "STATE_WORDS",
     "ProcStat",
     "ProcStatus",
+    "ProcUnreadable",
     "ancestors",
     "parse_status",
     "children",
     "cmdline",
+    "executable",
     "pid_max",
     "pidns_inode",
     "read_cgroup",
@@ -81,12 +86,36 @@ else:  # the same tuples without typing (collections is loaded by argparse anywa
     ProcStatus = namedtuple("ProcStatus", "tgid uid nspid sig_ign sig_cgt sig_blk", defaults=(None, None, None))
 
 
-def read_stat(pid: int | str, proc: str = "/proc") -> ProcStat | None:
-    """``/proc/PID/stat`` parsed, or ``None`` if the process is gone or unreadable. ``pid`` may be ``"self"``."""
+#: The errors that mean "no such process" (gone, or never was); every other one means "cannot tell".
+_GONE = (errno.ENOENT, errno.ESRCH)
+
+
+class ProcUnreadable(OSError):
+    """A ``/proc`` file of a process could not be read for a reason other than the process being gone (out of
+    descriptors, out of memory, not permitted): nothing may be concluded about that process."""
+
+
+def _unreadable(exc: OSError, path: str) -> ProcUnreadable:
+    code = exc.errno if exc.errno is not None else errno.EIO
+    name = errno.errorcode.get(code, str(code))
+    return ProcUnreadable(code, f"{path} cannot be read: {exc.strerror or exc} ({name})")
+
+
+def _read(path: str, strict: bool) -> bytes | None:
     try:
-        with open(f"{proc}/{pid}/stat", "rb") as f:
-            raw = f.read()
-    except OSError:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        if strict and exc.errno not in _GONE:
+            raise _unreadable(exc, path) from None
+        return None
+
+
+def read_stat(pid: int | str, proc: str = "/proc", *, strict: bool = False) -> ProcStat | None:
+    """``/proc/PID/stat`` parsed, or ``None`` if the process is gone or unreadable (``strict``: gone only; else
+    :class:`ProcUnreadable`). ``pid`` may be ``"self"``."""
+    raw = _read(f"{proc}/{pid}/stat", strict)
+    if raw is None:
         return None
     # The command name is parenthesised and may itself contain ") " and spaces: split at the last ")".
     close = raw.rfind(b")")
@@ -106,13 +135,11 @@ def read_stat(pid: int | str, proc: str = "/proc") -> ProcStat | None:
         return None
 
 
-def read_status(pid: int | str, proc: str = "/proc") -> ProcStatus | None:
+def read_status(pid: int | str, proc: str = "/proc", *, strict: bool = False) -> ProcStatus | None:
     """``Tgid``, real ``Uid``, ``NSpid`` and the signal masks from ``/proc/PID/status``, or ``None`` if gone or
-    unreadable."""
-    try:
-        with open(f"{proc}/{pid}/status", "rb") as f:
-            raw = f.read()
-    except OSError:
+    unreadable (``strict``: as :func:`read_stat`)."""
+    raw = _read(f"{proc}/{pid}/status", strict)
+    if raw is None:
         return None
     return parse_status(raw)
 
@@ -142,11 +169,8 @@ def parse_status(raw: bytes) -> ProcStatus:
 
 def read_cgroup(pid: int | str, proc: str = "/proc") -> str | None:
     """The text of ``/proc/PID/cgroup``, or ``None`` if gone or unreadable (parsed by :mod:`.container`)."""
-    try:
-        with open(f"{proc}/{pid}/cgroup", "rb") as f:
-            return f.read().decode("utf-8", "replace")
-    except OSError:
-        return None
+    raw = _read(f"{proc}/{pid}/cgroup", False)
+    return None if raw is None else raw.decode("utf-8", "replace")
 
 
 def pidns_inode(pid: int | str, proc: str = "/proc") -> int | None:
@@ -168,6 +192,19 @@ def cmdline(pid: int, proc: str = "/proc") -> tuple[str, ...] | None:
     return tuple(a.decode("utf-8", "replace") for a in raw.split(b"\0")[:-1]) if raw else ()
 
 
+def executable(pid: int, proc: str = "/proc") -> tuple[str, int, int] | None:
+    """The program ``pid`` runs: ``(path, owner uid, mode)`` of ``/proc/PID/exe`` (the path may end in
+    `` (deleted)``), or ``None`` when it cannot be read (gone, a kernel thread, or another user's process: reading
+    it needs the right to trace the process)."""
+    link = f"{proc}/{pid}/exe"
+    try:
+        path = os.readlink(link)
+        st = os.stat(link)
+    except OSError:
+        return None
+    return path, st.st_uid, st.st_mode
+
+
 def pid_max(proc: str = "/proc") -> int:
     """``/proc/sys/kernel/pid_max``: the largest PID this host hands out, plus one (``PID_MAX_LIMIT`` if
     unreadable)."""
@@ -178,47 +215,57 @@ def pid_max(proc: str = "/proc") -> int:
         return PID_MAX_LIMIT
 
 
-def ancestors(pid: int | str = "self", proc: str = "/proc") -> tuple[int, ...]:
+def ancestors(pid: int | str = "self", proc: str = "/proc", *, strict: bool = False) -> tuple[int, ...]:
     """The chain of parents of ``pid``, nearest first, up to PID 1 (or the edge of this PID namespace, where the
-    parent reads 0). Stops early, without error, where a process exits while it is read."""
+    parent reads 0). Stops early, without error, where a process exits while it is read; ``strict`` raises
+    :class:`ProcUnreadable` where a link cannot be read (a chain cut short there would leave an ancestor out)."""
     out: list[int] = []
-    st = read_stat(pid, proc)
+    st = read_stat(pid, proc, strict=strict)
     while st is not None and st.ppid > 0 and st.ppid not in out:
         out.append(st.ppid)
         if st.ppid == 1:
             break
-        st = read_stat(st.ppid, proc)
+        st = read_stat(st.ppid, proc, strict=strict)
     return tuple(out)
 
 
-def children(pid: int, proc: str = "/proc") -> set[int] | None:
+def children(pid: int, proc: str = "/proc", *, strict: bool = False) -> set[int] | None:
     """The children of ``pid`` (of every thread of it), from ``/proc/PID/task/*/children``; ``None`` when the
-    kernel has no such file (``CONFIG_PROC_CHILDREN`` off) or the process is gone."""
+    kernel has no such file (``CONFIG_PROC_CHILDREN`` off) or the process is gone. ``strict``: a file that cannot be
+    read for another reason raises :class:`ProcUnreadable` (a child left out would never be signalled)."""
+    base = f"{proc}/{pid}/task"
     try:
-        tasks = os.listdir(f"{proc}/{pid}/task")
-    except OSError:
+        tasks = os.listdir(base)
+    except OSError as exc:
+        if strict and exc.errno not in _GONE:
+            raise _unreadable(exc, base) from None
         return None
     out: set[int] = set()
     seen_file = False
     for task in tasks:
+        path = f"{base}/{task}/children"
         try:
-            with open(f"{proc}/{pid}/task/{task}/children", "rb") as f:
+            with open(path, "rb") as f:
                 out.update(int(c) for c in f.read().split())
             seen_file = True
         except FileNotFoundError:
             continue  # the thread ended, or the kernel lacks the file
-        except (OSError, ValueError):
+        except ValueError:
+            continue
+        except OSError as exc:
+            if strict and exc.errno not in _GONE:
+                raise _unreadable(exc, path) from None
             continue
     return out if seen_file else None
 
 
-def all_children(proc: str = "/proc") -> dict[int, set[int]]:
+def all_children(proc: str = "/proc", *, strict: bool = False) -> dict[int, set[int]]:
     """Parent → children for every process, from every ``/proc/PID/stat`` (the slow path, where the ``children``
-    files do not exist)."""
+    files do not exist); ``strict`` as :func:`read_stat`."""
     out: dict[int, set[int]] = {}
     for name in os.listdir(proc):
         if name.isdigit():
-            st = read_stat(name, proc)
+            st = read_stat(name, proc, strict=strict)
             if st is not None:
                 out.setdefault(st.ppid, set()).add(st.pid)
     return out

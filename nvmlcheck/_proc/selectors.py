@@ -29,9 +29,9 @@ def check_pattern(pattern: str) -> re.Pattern[str]:
     try:
         compiled = re.compile(pattern)
     except re.error as exc:
-        raise ValueError(f"--match {pattern!r}: not a regular expression ({exc})") from None
+        raise _argument_error(f"--match {pattern!r}: not a regular expression ({exc})") from None
     if compiled.search("") is not None:
-        raise ValueError(f"--match {pattern!r} matches an empty command line, so it would select every process: "
+        raise _argument_error(f"--match {pattern!r} matches an empty command line, so it would select every process: "
                          "give a pattern that names the command")
     return compiled
 
@@ -40,7 +40,7 @@ def check_container(spec: str, *, path_only: bool = False) -> container.Containe
     """The parsed ``--container`` (or, ``path_only``, ``--cgroup``) selector; ValueError for a bad one."""
     parsed = container.parse_spec(spec)
     if path_only and parsed.kind not in ("path", "dir"):
-        raise ValueError(f"--cgroup {spec!r}: a cgroup path starts with '/' (as /proc/PID/cgroup prints it, or a "
+        raise _argument_error(f"--cgroup {spec!r}: a cgroup path starts with '/' (as /proc/PID/cgroup prints it, or a "
                          "directory under /sys/fs/cgroup); for a container ID use --container")
     return parsed
 
@@ -116,3 +116,10 @@ def by_container(spec: str | container.ContainerSpec, proc: str = "/proc") -> tu
         else:
             chosen.append((pid, ticks, "container"))
     return chosen, skipped
+
+
+def _argument_error(message: str) -> Exception:
+    """nvmlcheck's ArgumentError (a ValueError); :mod:`nvmlcheck.errors` is imported only when one is raised."""
+    from ..errors import ArgumentError
+
+    return ArgumentError(message)

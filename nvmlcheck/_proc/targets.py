@@ -15,8 +15,10 @@ import os
 import signal
 import time
 
+from .._text import printable
 from . import fate, procfs
-from .pin import Pinned, StaleIdentity
+from .pin import Pinned, StaleIdentity, descriptor_budget
+from .procfs import ProcUnreadable
 
 TYPE_CHECKING = False  # no typing: it costs start-up where site has not loaded it (docs/performance.md)
 if TYPE_CHECKING:
@@ -28,6 +30,9 @@ if TYPE_CHECKING:
 __all__ = ["EPERM", "Refused", "Target", "TargetSet", "prepare", "refusal"]
 
 EPERM = "not permitted (EPERM): another user's process, or one in another container"
+#: Rounds of stop-and-rescan before a tree's SIGKILL: each stops every member found, and a stopped process cannot
+#: fork, so a round that finds no new member proves the tree whole (a fast forker takes two or three).
+STOP_ROUNDS = 50
 
 
 class Refused(Exception):
@@ -45,10 +50,19 @@ def _ordinal(n: int) -> str:
     return {1: "parent", 2: "grandparent"}.get(n, f"ancestor ({n} generations up)")
 
 
+def _error(kind: str, message: str) -> Exception:
+    """nvmlcheck's exception class ``kind`` (``"ArgumentError"``, ...) with ``message``; :mod:`nvmlcheck.errors` is
+    imported only when one is raised (a kill signals before loading more than this layer)."""
+    from .. import errors
+
+    cls: type[Exception] = getattr(errors, kind)
+    return cls(message)
+
+
 def refusal(pid: object, limit: int, me: int, lineage: tuple[int, ...]) -> str | None:
     """Why ``pid`` may never be signalled (``None``: it may be tried). Raises TypeError for a non-int."""
     if isinstance(pid, bool) or not isinstance(pid, int):
-        raise TypeError(f"a PID is an int, not {pid!r} ({type(pid).__name__})")
+        raise _error("ArgumentTypeError", f"a PID is an int, not {pid!r} ({type(pid).__name__})")
     if pid <= 0:
         return "not a process ID (0 and negative numbers name process groups, which are never signalled)"
     if pid == 1:
@@ -59,7 +73,7 @@ def refusal(pid: object, limit: int, me: int, lineage: tuple[int, ...]) -> str |
         return "that is this process"
     if pid in lineage:
         st = procfs.read_stat(pid)
-        name = f" ({st.comm})" if st is not None else ""
+        name = f" ({printable(st.comm)})" if st is not None else ""
         return (f"that is this process's {_ordinal(lineage.index(pid) + 1)}{name}; signalling it would end the "
                 "command that runs this one")
     return None
@@ -86,14 +100,26 @@ class Target:
         return self.pinned.pid
 
 
+def _unreadable(pid: object, exc: ProcUnreadable, started: bool) -> Refused:
+    """A ``/proc`` read that failed for want of descriptors (or memory, or permission): an error, never "gone"."""
+    after = ("; the targets signalled already were left as they are" if started else "; nothing was signalled")
+    return Refused(pid, f"{exc.strerror}{after}")
+
+
 def pin_pid(pid: int, mode: PinMode, expect_start_ticks: int | None = None) -> Pinned:
-    """Pin one named PID; :class:`Refused` for a thread, a process that is gone or changed, or EPERM."""
-    status = procfs.read_status(pid)
+    """Pin one named PID; :class:`Refused` for a thread, a process that is gone or changed, EPERM, or a ``/proc``
+    entry that cannot be read (out of descriptors: never taken for "gone")."""
+    try:
+        status = procfs.read_status(pid, strict=True)
+    except ProcUnreadable as exc:
+        raise _unreadable(pid, exc, False) from None
     if status is not None and status.tgid is not None and status.tgid != pid:
         # /proc/TID exists for threads too; kill() of a TID would signal its whole process.
         raise Refused(pid, f"that is a thread of process {status.tgid}, not a process")
     try:
         return Pinned.open(pid, mode=mode, expect_start_ticks=expect_start_ticks)
+    except ProcUnreadable as exc:
+        raise _unreadable(pid, exc, False) from None
     except StaleIdentity:
         raise Refused(pid, "that PID no longer names the process that was found (it exited; the PID may have "
                            "been reused)", "gone") from None
@@ -120,10 +146,27 @@ class TargetSet:
         # Without tree: descendants seen while the targets lived (pid -> (start ticks, target)), for the hint.
         self.offspring: dict[int, tuple[int, int]] = {}
         self.vanished: list[int] = []
+        self.fd_budget: int | None = None  # pidfds still to be had (pin.descriptor_budget); then start times
+        self.stopping = False  # the tree is being stopped for its SIGKILL: new members are stopped as found
         #: Named PIDs that had exited before they could be pinned (``missing_ok``).
         self.missing: list[int] = []
         #: Processes a selector chose that may not be signalled, with why.
         self.left_alone: list[tuple[int, str]] = []
+
+    def pin_mode(self, pid: object) -> PinMode:
+        """How the next target is pinned: a pidfd while descriptors last (the soft limit raised to the hard one
+        first), then its start time; ``"pidfd"`` asked for explicitly and none left is :class:`Refused`."""
+        if self.mode == "start-time":
+            return "start-time"
+        if self.fd_budget is None:
+            self.fd_budget = descriptor_budget()
+        if self.fd_budget > 0:
+            self.fd_budget -= 1
+            return self.mode
+        if self.mode == "pidfd":
+            raise Refused(pid, "no file descriptor left for a pidfd (RLIMIT_NOFILE, hard limit reached)"
+                               + ("" if self.started is not None else "; nothing was signalled"))
+        return "start-time"
 
     def add_selected(self, entries: Iterable[tuple[int, int, str]]) -> None:
         """Add ``(pid, start ticks, found_by)`` from a selector (``--match``, ``--container``) before the first
@@ -136,7 +179,9 @@ class TargetSet:
             if pid in known:
                 continue
             try:
-                pinned = Pinned.open(pid, mode=self.mode, expect_start_ticks=ticks)
+                pinned = Pinned.open(pid, mode=self.pin_mode(pid), expect_start_ticks=ticks)
+            except ProcUnreadable as exc:
+                raise _unreadable(pid, exc, False) from None
             except ProcessLookupError:
                 self.vanished.append(pid)
                 continue
@@ -150,8 +195,12 @@ class TargetSet:
         """Add holders as targets before the first signal, each pinned only if its PID still names the process
         that was found (same start time); one that exited meanwhile goes to :attr:`vanished`."""
         if self.started is not None:
-            raise RuntimeError("add holders before the first signal")
-        limit, me, lineage = procfs.pid_max(), os.getpid(), procfs.ancestors()
+            raise _error("StateError", "add holders before the first signal")
+        try:
+            lineage = procfs.ancestors(strict=True)
+        except ProcUnreadable as exc:
+            raise _unreadable("(this process's ancestry)", exc, False) from None
+        limit, me = procfs.pid_max(), os.getpid()
         new: list[Target] = []
         try:
             for h in holders:
@@ -163,7 +212,9 @@ class TargetSet:
                 if h.start_ticks is None:
                     raise Refused(h.pid, "not a process of this PID namespace")
                 try:  # holders come from the /proc listing: processes, never thread IDs
-                    pinned = Pinned.open(h.pid, mode=self.mode, expect_start_ticks=h.start_ticks)
+                    pinned = Pinned.open(h.pid, mode=self.pin_mode(h.pid), expect_start_ticks=h.start_ticks)
+                except ProcUnreadable as exc:
+                    raise _unreadable(h.pid, exc, False) from None
                 except ProcessLookupError:  # gone, or its PID now names another process (StaleIdentity)
                     self.vanished.append(h.pid)
                     continue
@@ -183,11 +234,11 @@ class TargetSet:
         shows that the kernel would discard it gets SIGKILL instead (unless ``sigkill_if_discarded`` is false: a
         kill that never escalates); either way its ``discarded`` says why."""
         if self.closed:
-            raise RuntimeError("this kill plan is closed")
+            raise _error("StateError", "this kill plan is closed")
         if self.started is not None:
-            raise RuntimeError("the first signal was sent already")
+            raise _error("StateError", "the first signal was sent already")
         if not self.items and not self.missing:
-            raise ValueError("nothing to kill: no target")
+            raise _error("ArgumentError", "nothing to kill: no target")
         sig = signal.Signals(first_signal)
         self.clock = clock
         self.first = sig
@@ -195,10 +246,17 @@ class TargetSet:
         if sig == signal.SIGKILL:
             self.escalated = True
         self.scan_descendants()
+        frozen = sig == signal.SIGKILL and self.tree
+        if frozen:
+            self._stop_tree()
         fates = [fate.fate_of(t.pid, sig) for t in self.items]  # read before the first signal goes anywhere
         start = self.started = clock()
-        for t, why in zip(self.items, fates, strict=True):
-            self._send_first(t, sig, start, why)
+        try:
+            for t, why in zip(self.items, fates, strict=True):
+                self._send_first(t, sig, start, why)
+        finally:
+            if frozen:
+                self._resume_tree()
         return start
 
     def _send_first(self, t: Target, sig: signal.Signals, now: int, why: str | None) -> None:
@@ -220,20 +278,63 @@ class TargetSet:
     def escalate(self, sig: int = signal.SIGKILL) -> tuple[int, ...]:
         """Send ``sig`` (SIGKILL) to every target that has not exited; returns their PIDs."""
         if self.started is None:
-            raise RuntimeError("send the first signal first")
+            raise _error("StateError", "send the first signal first")
         if sig == signal.SIGKILL:
             self.escalated = True
+        frozen = sig == signal.SIGKILL and self.tree
+        if frozen:
+            self._stop_tree()
         now = self.clock()
         out: list[int] = []
-        for t in self.items:
-            before = len(t.signals)
-            self._send(t, signal.Signals(sig), now)
-            if len(t.signals) > before:
-                out.append(t.pid)
+        try:
+            for t in self.items:
+                before = len(t.signals)
+                self._send(t, signal.Signals(sig), now)
+                if len(t.signals) > before:
+                    out.append(t.pid)
+        finally:
+            if frozen:
+                self._resume_tree()
         return tuple(out)
 
+    def _quietly(self, t: Target, sig: signal.Signals) -> None:
+        """Send ``sig`` without recording it (SIGSTOP and SIGCONT are the mechanism, not the kill's record)."""
+        try:  # noqa: SIM105 - contextlib is start-up this module avoids
+            t.pinned.send(sig)
+        except PermissionError:
+            pass
+
+    def _stop_tree(self) -> None:
+        """Stop the whole tree before its SIGKILL: SIGSTOP every member, rescan, stop the new ones (as they are
+        pinned), until a scan finds no new member (at most :data:`STOP_ROUNDS`). A worker forked in the last instant
+        is then found and killed with the rest, instead of surviving a kill that reports clean."""
+        self.stopping = True
+        for _ in range(STOP_ROUNDS):
+            for t in self.items:
+                if not t.pinned.exited():
+                    self._quietly(t, signal.SIGSTOP)
+            before = len(self.items)
+            self.scan_descendants()
+            if len(self.items) == before:
+                return
+
+    def _resume_tree(self) -> None:
+        """SIGCONT every member after the SIGKILL: nothing stays stopped (one the SIGKILL did not reach, say)."""
+        self.stopping = False
+        for t in self.items:
+            if not t.pinned.exited():
+                self._quietly(t, signal.SIGCONT)
+
     def scan_descendants(self) -> None:
-        """Pin (``tree``) or remember (for the hint) the descendants of every living target."""
+        """Pin (``tree``) or remember (for the hint) the descendants of every living target. A ``/proc`` file that
+        cannot be read (out of descriptors, ...) is :class:`Refused`: a descendant left out would never be
+        signalled."""
+        try:
+            self._scan_descendants()
+        except ProcUnreadable as exc:
+            raise _unreadable("(a descendant of the targets)", exc, self.started is not None) from None
+
+    def _scan_descendants(self) -> None:
         known = {t.pid for t in self.items} | set(self.offspring)
         # (pid, the target it descends from, its pin when it is a target): the children of a PID are only taken
         # while that PID provably names the same process (its pin has not exited, or its start time is unchanged).
@@ -247,19 +348,19 @@ class TargetSet:
         me = os.getpid()
         while queue:
             ppid, origin, pin, ticks = queue.pop()
-            kids = procfs.children(ppid)
+            kids = procfs.children(ppid, strict=True)
             if kids is None:
                 if table is None:
-                    table = procfs.all_children()
+                    table = procfs.all_children(strict=True)
                 kids = table.get(ppid, set())
             if pin is not None and pin.exited():
                 continue  # the list may belong to a recycled PID
             if ticks is not None:
-                now_st = procfs.read_stat(ppid)
+                now_st = procfs.read_stat(ppid, strict=True)
                 if now_st is None or now_st.start_ticks != ticks:
                     continue
             for pid in sorted(kids - known - {me}):
-                st = procfs.read_stat(pid)
+                st = procfs.read_stat(pid, strict=True)
                 if st is None or st.ppid != ppid:
                     continue
                 known.add(pid)
@@ -268,7 +369,7 @@ class TargetSet:
                     queue.append((pid, origin, None, st.start_ticks))
                     continue
                 try:
-                    pinned = Pinned.open(pid, mode=self.mode, expect_start_ticks=st.start_ticks)
+                    pinned = Pinned.open(pid, mode=self.pin_mode(pid), expect_start_ticks=st.start_ticks)
                 except (ProcessLookupError, PermissionError):
                     continue
                 st2 = pinned.stat()
@@ -278,6 +379,8 @@ class TargetSet:
                 child = Target(pinned, "descendant", origin)
                 self.items.append(child)
                 queue.append((pid, origin, pinned, None))
+                if self.stopping:
+                    self._quietly(child, signal.SIGSTOP)
                 if self.started is not None and self.first is not None:
                     why = fate.fate_of(pid, self.first)
                     now = self.clock()
@@ -319,8 +422,12 @@ def prepare(pids: Iterable[int] = (), *, tree: bool = False, holders: Iterable[H
     nothing signalled; all or nothing. Raises :class:`Refused`, TypeError for a non-int PID, and ValueError when
     there is no target or ``pinning`` is unknown. ``missing_ok``: a named PID that is gone goes to ``missing``."""
     if pinning not in ("auto", "pidfd", "start-time"):
-        raise ValueError(f"pinning is 'auto', 'pidfd' or 'start-time', not {pinning!r}")
-    limit, me, lineage = procfs.pid_max(), os.getpid(), procfs.ancestors()
+        raise _error("ArgumentError", f"pinning is 'auto', 'pidfd' or 'start-time', not {pinning!r}")
+    try:
+        lineage = procfs.ancestors(strict=True)
+    except ProcUnreadable as exc:
+        raise _unreadable("(this process's ancestry)", exc, False) from None
+    limit, me = procfs.pid_max(), os.getpid()
     chosen: list[int] = []
     for pid in pids:
         why = refusal(pid, limit, me, lineage)
@@ -331,13 +438,13 @@ def prepare(pids: Iterable[int] = (), *, tree: bool = False, holders: Iterable[H
     holder_list = list(holders)
     selected = list(found)
     if not chosen and not holder_list and not selected:
-        raise ValueError("no PID given")
+        raise _error("ArgumentError", "no PID given")
     targets: list[Target] = []
     out = TargetSet(targets, tree=bool(tree), mode=pinning)
     try:
         for pid in chosen:
             try:
-                targets.append(Target(pin_pid(pid, pinning), "named"))
+                targets.append(Target(pin_pid(pid, out.pin_mode(pid)), "named"))
             except Refused as exc:
                 if not (missing_ok and exc.kind == "gone"):
                     raise

@@ -12,6 +12,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from ..errors import ArgumentError, ArgumentTypeError, NvmlCheckError
 from .symbols import STUB_VARIANTS
 
 __all__ = ["StubBuildError", "build_stub", "find_nvml_header", "stub_source_dir"]
@@ -20,7 +21,7 @@ _HEADER_CANDIDATES = ("nvidia/cu13/include/nvml.h", "nvidia/cu12/include/nvml.h"
 _LIBRARY_NAME = "libnvidia-ml.so.1"
 
 
-class StubBuildError(RuntimeError):
+class StubBuildError(NvmlCheckError, RuntimeError):
     """The stub could not be built: no compiler, no ``nvml.h``, or the compiler failed (its stderr is included)."""
 
 
@@ -80,11 +81,11 @@ def _find_compiler(cc: str | None) -> str:
 
 def _validate_variant(variant: Iterable[str]) -> tuple[str, ...]:
     if isinstance(variant, str):
-        raise TypeError("variant must be an iterable of macro names, not a string")
+        raise ArgumentTypeError("variant must be an iterable of macro names, not a string")
     macros = tuple(sorted(set(variant)))
     unknown = [m for m in macros if m not in STUB_VARIANTS]
     if unknown:
-        raise ValueError(f"unknown stub variant macro(s) {unknown}; known: {sorted(STUB_VARIANTS)}")
+        raise ArgumentError(f"unknown stub variant macro(s) {unknown}; known: {sorted(STUB_VARIANTS)}")
     return macros
 
 

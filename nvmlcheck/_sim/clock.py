@@ -5,6 +5,8 @@ Public as :class:`nvmlcheck.testing.StepClock`.
 
 from __future__ import annotations
 
+from ..errors import ArgumentError
+
 __all__ = ["StepClock"]
 
 
@@ -25,7 +27,7 @@ class StepClock:
 
     def __init__(self, step_s: float) -> None:
         if not step_s > 0:
-            raise ValueError(f"step_s must be a positive number of seconds, got {step_s!r}")
+            raise ArgumentError(f"step_s must be a positive number of seconds, got {step_s!r}")
         self.now_ns = 0
         self.step_ns = round(step_s * 1e9)
 

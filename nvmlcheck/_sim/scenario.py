@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from ..errors import ArgumentError, ArgumentTypeError
 from .symbols import NVML_FUNCTIONS
 
 TYPE_CHECKING = False
@@ -52,7 +53,7 @@ _INT_MAX = 2**31 - 1
 def _quote(value: str) -> str:
     """A scenario value: bare when it can be, else double-quoted with ``\\"`` and ``\\\\`` escapes."""
     if "\n" in value or "\r" in value or "\0" in value:
-        raise ValueError(f"scenario values cannot contain newlines or NUL bytes: {value!r}")
+        raise ArgumentError(f"scenario values cannot contain newlines or NUL bytes: {value!r}")
     if value and not any(c in value for c in ' \t"#\\'):
         return value
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
@@ -60,19 +61,19 @@ def _quote(value: str) -> str:
 
 def _check_int(name: str, value: object, maximum: int = _U64_MAX, minimum: int = 0) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
-        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+        raise ArgumentTypeError(f"{name} must be an int, not {type(value).__name__}")
     if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+        raise ArgumentError(f"{name} must be >= {minimum}, got {value}")
     if value > maximum:
-        raise ValueError(f"{name} must be <= {maximum}, got {value}")
+        raise ArgumentError(f"{name} must be <= {maximum}, got {value}")
     return value
 
 
 def _check_str(name: str, value: object, max_bytes: int) -> str:
     if not isinstance(value, str):
-        raise TypeError(f"{name} must be a str, not {type(value).__name__}")
+        raise ArgumentTypeError(f"{name} must be a str, not {type(value).__name__}")
     if len(value.encode()) > max_bytes:
-        raise ValueError(f"{name} is longer than {max_bytes} bytes (NVML's buffer): {value!r}")
+        raise ArgumentError(f"{name} is longer than {max_bytes} bytes (NVML's buffer): {value!r}")
     _quote(value)
     return value
 
@@ -80,7 +81,7 @@ def _check_str(name: str, value: object, max_bytes: int) -> str:
 def _check_kind(kind: object) -> str:
     name = getattr(kind, "value", kind)  # nvmlcheck.ProcessKind.COMPUTE is "compute"
     if name not in PROCESS_KINDS:
-        raise ValueError(f"unknown process kind {kind!r}; expected one of {PROCESS_KINDS}")
+        raise ArgumentError(f"unknown process kind {kind!r}; expected one of {PROCESS_KINDS}")
     return str(name)
 
 
@@ -91,16 +92,16 @@ def _check_pci(value: object) -> str:
     text = _check_str("pci_bus_id", value, 31)
     match = _PCI_BUS_ID.fullmatch(text)
     if not match:
-        raise ValueError(f"pci_bus_id must look like 00000000:06:00.0 (hex domain:bus:device.function): {text!r}")
+        raise ArgumentError(f"pci_bus_id must look like 00000000:06:00.0 (hex domain:bus:device.function): {text!r}")
     _domain, bus, device, function = (int(part, 16) for part in match.groups())
     if bus > 0xFF or device > 0x1F or function > 7:
-        raise ValueError(f"pci_bus_id out of range (bus <= ff, device <= 1f, function <= 7): {text!r}")
+        raise ArgumentError(f"pci_bus_id out of range (bus <= ff, device <= 1f, function <= 7): {text!r}")
     return text
 
 
 def _check_bool(name: str, value: object) -> bool:
     if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, not {type(value).__name__}")
+        raise ArgumentTypeError(f"{name} must be a bool, not {type(value).__name__}")
     return value
 
 
@@ -155,23 +156,24 @@ def _render_device_fields(fields: Mapping[str, object]) -> list[str]:
         elif name in ("clocks_mhz", "max_clocks_mhz", "app_clocks_mhz"):
             group = {"clocks_mhz": "clock", "max_clocks_mhz": "max", "app_clocks_mhz": "app"}[name]
             if not isinstance(value, Mapping):
-                raise TypeError(f"{name} must be a mapping of clock domain to MHz, e.g. {{'sm': 1980}}")
+                raise ArgumentTypeError(f"{name} must be a mapping of clock domain to MHz, e.g. {{'sm': 1980}}")
             for domain, mhz in value.items():
                 if domain not in CLOCK_DOMAINS:
-                    raise ValueError(f"{name}: unknown clock domain {domain!r}; expected one of {CLOCK_DOMAINS}")
+                    raise ArgumentError(f"{name}: unknown clock domain {domain!r}; expected one of {CLOCK_DOMAINS}")
                 out.append(f"{group}.{domain}={_check_int(f'{name}[{domain!r}]', mhz, _U32_MAX)}")
         elif name == "clock_event_reasons":
             out.append(f"reasons={_check_int(name, value):#x}")
         elif name == "retired_pages":
             if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
-                raise TypeError("retired_pages must be a sequence of (cause, address, timestamp) tuples")
+                raise ArgumentTypeError("retired_pages must be a sequence of (cause, address, timestamp) tuples")
             pages: list[str] = []
             for page in value:
                 if not isinstance(page, tuple) or len(page) != 3:
-                    raise TypeError(f"retired_pages entries are (cause, address, timestamp) tuples, got {page!r}")
+                    raise ArgumentTypeError(
+                        f"retired_pages entries are (cause, address, timestamp) tuples, got {page!r}")
                 cause, address, timestamp = page
                 if cause not in ("sbe", "dbe"):
-                    raise ValueError(f"retired page cause must be 'sbe' or 'dbe', got {cause!r}")
+                    raise ArgumentError(f"retired page cause must be 'sbe' or 'dbe', got {cause!r}")
                 pages.append(
                     f"{cause}:{_check_int('retired page address', address):#x}"
                     f"@{_check_int('retired page timestamp', timestamp)}"
@@ -181,7 +183,7 @@ def _render_device_fields(fields: Mapping[str, object]) -> list[str]:
             out.append(f"retired_pending={int(_check_bool(name, value))}")
         elif name == "remapped_rows":
             if not isinstance(value, tuple) or len(value) != 4:
-                raise TypeError("remapped_rows must be a tuple (correctable, uncorrectable, pending, failure)")
+                raise ArgumentTypeError("remapped_rows must be a tuple (correctable, uncorrectable, pending, failure)")
             labels = ("correctable", "uncorrectable", "pending", "failure")
             numbers = [
                 _check_int(f"remapped_rows {label}", int(v) if isinstance(v, bool) else v, _U32_MAX)
@@ -194,16 +196,16 @@ def _render_device_fields(fields: Mapping[str, object]) -> list[str]:
             out.append(f"recovery={_check_int(name, int(value) if isinstance(value, int) else value, _U32_MAX)}")
         elif name == "unsupported":
             if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
-                raise TypeError("unsupported must be an iterable of field names, e.g. ('retired_pages',)")
+                raise ArgumentTypeError("unsupported must be an iterable of field names, e.g. ('retired_pages',)")
             names = list(dict.fromkeys(value))
             bad = [n for n in names if n not in UNSUPPORTED_FIELDS]
             if bad:
-                raise ValueError(f"unknown unsupported field(s) {bad}; known: {sorted(UNSUPPORTED_FIELDS)}")
+                raise ArgumentError(f"unknown unsupported field(s) {bad}; known: {sorted(UNSUPPORTED_FIELDS)}")
             out.append("unsupported=" + _quote(",".join(names)))
         elif name in ("lost", "mig"):
             out.append(f"{name}={int(_check_bool(name, value))}")
         else:
-            raise TypeError(f"unknown device field {name!r}; known: {sorted(DEVICE_FIELDS)}")
+            raise ArgumentTypeError(f"unknown device field {name!r}; known: {sorted(DEVICE_FIELDS)}")
     return out
 
 
@@ -219,7 +221,7 @@ class _Changes:
     def _check_device(self, device: object, what: str = "device") -> int:
         index = _check_int(what, device, _U32_MAX)
         if index >= self._device_count():
-            raise ValueError(f"{what} {index} does not exist (the scenario has {self._device_count()} device(s))")
+            raise ArgumentError(f"{what} {index} does not exist (the scenario has {self._device_count()} device(s))")
         return index
 
     def set_device(self, index: int, **fields: object) -> None:
@@ -278,7 +280,7 @@ class _Changes:
             if zombie_holds:
                 parts.append("zombie_holds=1")
         elif release_ms or list_ms or zombie_holds:
-            raise ValueError("release_ms, list_ms and zombie_holds need bound=True")
+            raise ArgumentError("release_ms, list_ms and zombie_holds need bound=True")
         self._emit(" ".join(parts))
 
     def add_mig_device(
@@ -309,7 +311,7 @@ class _Changes:
         total = _check_int("total_bytes", total_bytes)
         used = _check_int("used_bytes", used_bytes)
         if used > total:
-            raise ValueError(f"used_bytes {used} exceeds total_bytes {total}")
+            raise ArgumentError(f"used_bytes {used} exceeds total_bytes {total}")
         parts.append(f"total={total} used={used}")
         self._emit(" ".join(parts))
 
@@ -341,21 +343,21 @@ class _Changes:
         fault to one device (functions with a device handle or index only).
         """
         if fn not in NVML_FUNCTIONS:
-            raise ValueError(f"fault: {fn!r} is not a function the stub exports (see NVML_FUNCTIONS)")
+            raise ArgumentError(f"fault: {fn!r} is not a function the stub exports (see NVML_FUNCTIONS)")
         if fn == "nvmlErrorString":
-            raise ValueError("fault: nvmlErrorString cannot fail (it returns a string, not a code)")
+            raise ArgumentError("fault: nvmlErrorString cannot fail (it returns a string, not a code)")
         parts = [f"fault fn={fn}"]
         if code is not None:
             parts.append(f"code={_check_int('code', code, _INT_MAX, minimum=1)}")
         if device is not None:
             if not fn.startswith("nvmlDevice") or fn.startswith("nvmlDeviceGetCount"):
-                raise ValueError(f"fault: {fn} takes no device, so device= cannot restrict it")
+                raise ArgumentError(f"fault: {fn} takes no device, so device= cannot restrict it")
             parts.append(f"device={self._check_device(device)}")
         for key, value in (("after", after), ("count", count), ("delay_ms", delay_ms)):
             if _check_int(key, value):
                 parts.append(f"{key}={value}")
         if code is None and not delay_ms:
-            raise ValueError("fault: give code= (the error to return) and/or delay_ms= (how long to hang)")
+            raise ArgumentError("fault: give code= (the error to return) and/or delay_ms= (how long to hang)")
         self._emit(" ".join(parts))
 
     def race(self, device: int, kind: ProcessKind | ProcessKindName, grow: int, count: int = 1) -> None:
@@ -370,7 +372,7 @@ class _Changes:
     def quirk(self, proc_struct: Literal["535.43", "none"] = "535.43") -> None:
         """Driver quirks. ``proc_struct="535.43"``: the ``_v3`` process calls write 32-byte entries."""
         if proc_struct not in ("535.43", "none"):
-            raise ValueError(f"quirk proc_struct must be '535.43' or 'none', got {proc_struct!r}")
+            raise ArgumentError(f"quirk proc_struct must be '535.43' or 'none', got {proc_struct!r}")
         self._emit(f"quirk proc_struct={proc_struct}")
 
 
@@ -402,11 +404,11 @@ class TimelineStep(_Changes):
         ``unsupported=("events",)`` answers NOT_SUPPORTED to the event calls instead.
         """
         if kind not in ("xid", "sbe", "dbe", "pstate", "clock", "power"):
-            raise ValueError(f"event kind must be xid, sbe, dbe, pstate, clock or power, got {kind!r}")
+            raise ArgumentError(f"event kind must be xid, sbe, dbe, pstate, clock or power, got {kind!r}")
         parts = [f"event device={self._check_device(device)} type={kind}"]
         if xid:
             if kind != "xid":
-                raise ValueError("xid= is only meaningful for an 'xid' event")
+                raise ArgumentError("xid= is only meaningful for an 'xid' event")
             parts.append(f"data={_check_int('xid', xid, _U64_MAX)}")
         if gi is not None:
             parts.append(f"gi={_check_int('gi', gi, _U32_MAX)}")

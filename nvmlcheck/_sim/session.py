@@ -20,14 +20,15 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from .._proc.devfiles import SIMULATED_DEVICE_DIR, simulated_globs, simulated_stand_ins
 from .build import build_stub, stub_source_dir
 from .calllog import LogEntry, read_call_log
 from .scenario import Scenario
 
-__all__ = ["ENV_LIBRARY", "ENV_LOG", "ENV_SCENARIO", "StubSession", "exported", "simulation", "stub_environment",
-           "use_stub"]
+__all__ = ["ENV_LIBRARY", "ENV_LOG", "ENV_SCENARIO", "StubSession", "exported", "simulation", "stand_in_device_files",
+           "stub_environment", "use_stub"]
 
-ENV_LIBRARY = "NVMLCHECK_LIBNVML"  # read by nvmlcheck's NVML backend when no library_path is given
+ENV_LIBRARY = "NVMLCHECK_LIBNVML"  # read by nvmlcheck's NVML backend when no library_path is given: the stub only
 ENV_SCENARIO = "NVMLCHECK_STUB_SCENARIO"  # read by the stub at nvmlInit, and by the fake nvidia-smi
 ENV_LOG = "NVMLCHECK_STUB_LOG"  # the stub appends one line per call here
 
@@ -52,6 +53,12 @@ class StubSession:
     scenario_path: Path
     log_path: Path
 
+    @property
+    def device_dir(self) -> Path:
+        """Where this simulation's stand-in device files are (``dev/`` next to the scenario): files there that a
+        process holds open count as NVIDIA device files for ``holders`` and ``kill`` on this simulation only."""
+        return self.scenario_path.parent / SIMULATED_DEVICE_DIR
+
     def environment(self) -> dict[str, str]:
         """The variables a child process needs to see this stub and scenario (:func:`stub_environment`)."""
         return stub_environment(self.scenario_path, self.library_path, self.log_path)
@@ -68,6 +75,17 @@ class StubSession:
     def call_counts(self) -> collections.Counter[str]:
         """Calls per function name so far."""
         return collections.Counter(entry.function for entry in self.calls())
+
+
+def stand_in_device_files(device_dir: str | os.PathLike[str], device: int) -> tuple[Path, Path]:
+    """Create (if missing) the stand-ins of ``/dev/nvidia<device>`` and ``/dev/nvidiactl`` in ``device_dir``, for a
+    process of a simulation to hold open (:attr:`StubSession.device_dir`)."""
+    directory = Path(device_dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    files = (directory / f"nvidia{device}", directory / "nvidiactl")
+    for path in files:
+        path.touch(exist_ok=True)
+    return files
 
 
 @contextlib.contextmanager
@@ -134,7 +152,7 @@ def simulation(
         env = stub.environment()
         if not export_library:
             del env[ENV_LIBRARY]
-        with exported(env):
+        with exported(env), simulated_stand_ins(simulated_globs(scenario_path), f"the simulation of {scenario_path}"):
             yield stub
 
 

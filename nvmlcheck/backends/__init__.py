@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+from ..errors import ArgumentError
 from ..model import Fields, Snapshot, SystemInfo
 
 if TYPE_CHECKING:
@@ -72,16 +73,16 @@ def open_backend(
 ) -> Backend:
     """Open a backend by name.
 
-    ``"nvml"`` loads libnvidia-ml (``library_path``, else ``$NVMLCHECK_LIBNVML``, else ``libnvidia-ml.so.1``, then
-    ``libnvidia-ml.so``) and initialises it, waiting at most ``init_timeout_s`` for ``nvmlInit`` (default
-    :data:`~nvmlcheck.backends.nvml.DEFAULT_INIT_TIMEOUT_S`). ``"smi"`` checks that nvidia-smi answers. ``"auto"``
-    tries NVML, then nvidia-smi (also when NVML's init failed or hung past its timeout), and raises
+    ``"nvml"`` loads libnvidia-ml (``library_path``, else ``libnvidia-ml.so.1``, then ``libnvidia-ml.so``;
+    ``$NVMLCHECK_LIBNVML`` only for nvmlcheck's stub) and initialises it, waiting at most ``init_timeout_s`` for
+    ``nvmlInit`` (default :data:`~nvmlcheck.backends.nvml.DEFAULT_INIT_TIMEOUT_S`). ``"smi"`` checks that nvidia-smi
+    answers. ``"auto"`` tries NVML, then nvidia-smi (also when NVML's init failed or hung past its timeout), and raises
     :class:`~nvmlcheck.BackendUnavailable` listing why each failed.
     """
     from ..errors import BackendUnavailable, NvmlCheckError
 
     if backend not in BACKEND_NAMES:
-        raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKEND_NAMES)}")
+        raise ArgumentError(f"unknown backend {backend!r}; choose one of {', '.join(BACKEND_NAMES)}")
     attempts: list[str] = []
 
     def record(name: str, exc: NvmlCheckError) -> None:

@@ -24,9 +24,11 @@ from .. import model
 from .._nvml import library
 from .._nvml.calls import HEALTH_SLOTS, EventCalls, Handle, NvmlCalls, handle_address
 from ..errors import (
+    ArgumentError,
     DeadlinePassed,
     NvmlCheckError,
     NvmlError,
+    SessionClosed,
     Timeout,
     Uninitialized,
     Unknown,
@@ -236,10 +238,10 @@ def _event_reasons(mask: int) -> ClockEventReason:
 class NvmlBackend:
     """Reads GPUs through libnvidia-ml.
 
-    ``library_path`` overrides ``$NVMLCHECK_LIBNVML`` and the default names. Opening initialises NVML (shared
-    reference count per process); :meth:`close` releases it. ``init_timeout_s`` bounds ``nvmlInit`` (``None``: no
-    bound); a hung init raises :class:`~nvmlcheck.Timeout`. After ``fork()`` the child re-initialises on its first
-    snapshot.
+    ``library_path`` overrides the default names (and ``$NVMLCHECK_LIBNVML``, which names only the stub). Opening
+    initialises NVML (shared reference count per process); :meth:`close` releases it. ``init_timeout_s`` bounds
+    ``nvmlInit`` (``None``: no bound); a hung init raises :class:`~nvmlcheck.Timeout`. After ``fork()`` the child
+    re-initialises on its first snapshot.
 
     Recovery: a call answering NVML_ERROR_UNINITIALIZED (NVML lost its initialisation, or another thread is
     re-initialising) makes the snapshot re-initialise NVML (unless another session just did) and read again, up to
@@ -254,7 +256,7 @@ class NvmlBackend:
 
     def __init__(self, library_path: str | None = None, init_timeout_s: float | None = DEFAULT_INIT_TIMEOUT_S) -> None:
         if init_timeout_s is not None and not (init_timeout_s > 0 and init_timeout_s != float("inf")):
-            raise ValueError(f"init_timeout_s must be a positive number of seconds or None, got {init_timeout_s!r}")
+            raise ArgumentError(f"init_timeout_s must be a positive number of seconds or None, got {init_timeout_s!r}")
         self._init_timeout_s = init_timeout_s
         self._loaded = library.load(library_path)
         self._loaded.acquire(init_timeout_s)
@@ -298,7 +300,7 @@ class NvmlBackend:
 
     def _check_open(self, deadline: Deadline | None = None) -> None:
         if self._closed:
-            raise ValueError("this nvmlcheck session is closed")
+            raise SessionClosed("this nvmlcheck session is closed")
         if self._generation != library.fork_generation():
             # A forked child: NVML must be initialised again here, and handles re-read.
             self._loaded.acquire(self._init_timeout_s)

@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Final, Literal
 
 from .._proc.child import Child
 from ..errors import (
+    ArgumentError,
+    ArgumentTypeError,
     BackendUnavailable,
     DeadlinePassed,
     DriverNotLoaded,
@@ -66,7 +68,7 @@ def _words(value: Sequence[str] | str | None, default: Sequence[str]) -> tuple[s
         return tuple(default)
     words = tuple(shlex.split(value)) if isinstance(value, str) else tuple(value)
     if not all(isinstance(w, str) for w in words):
-        raise TypeError(f"command words must be strings, got {value!r}")
+        raise ArgumentTypeError(f"command words must be strings, got {value!r}")
     return words
 
 
@@ -122,6 +124,9 @@ class _Running:
     def wait(self) -> SmiResult:
         if not self.child.wait(self.deadline_ns):
             err_text = self.kill()
+            if self.child.overflow is not None:  # a flood (a broken or hostile host behind --smi-prefix): bounded
+                raise SmiError(self.argv, None, err_text, f"printed more than {self.child.max_output_bytes} bytes on "
+                                                          f"{self.child.overflow}: killed")
             raise SmiTimeout(self.argv, self.timeout_s, err_text)
         return SmiResult(
             self.argv,
@@ -164,12 +169,12 @@ class SmiRunner:
     ) -> None:
         self.command = _words(command, ("nvidia-smi",))
         if not self.command:
-            raise ValueError("command must name the nvidia-smi executable")
+            raise ArgumentError("command must name the nvidia-smi executable")
         self.prefix = _words(prefix, ())
         self.prefix_shell = _infer_prefix_shell(self.prefix) if prefix_shell is None else prefix_shell
         timeout = DEFAULT_TIMEOUT_S if timeout_s is None else float(timeout_s)
         if not math.isfinite(timeout) or timeout <= 0:
-            raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+            raise ArgumentError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
         self.timeout_s = timeout
         self.env = dict(env) if env is not None else None
 
@@ -376,7 +381,7 @@ class SmiBackend:
         env: Mapping[str, str] | None = None,
     ) -> None:
         if process_query not in ("pids", "compute-apps"):
-            raise ValueError(f"process_query must be 'pids' or 'compute-apps', got {process_query!r}")
+            raise ArgumentError(f"process_query must be 'pids' or 'compute-apps', got {process_query!r}")
         self._runner = SmiRunner(command, prefix, timeout_s, prefix_shell=prefix_shell, env=env)
         self._prefixed = bool(self._runner.prefix)
         self._process_query: ProcessQuery = process_query
@@ -592,7 +597,7 @@ class SmiBackend:
         chosen = tuple(dict.fromkeys(indices))
         for i in chosen:
             if isinstance(i, bool) or not isinstance(i, int):
-                raise TypeError(f"GPU indices must be ints, got {i!r}")
+                raise ArgumentTypeError(f"GPU indices must be ints, got {i!r}")
         missing = [i for i in chosen if i not in self._identity]
         if missing:
             self._load_identity(deadline)  # a GPU may have appeared since the backend was opened

@@ -25,12 +25,71 @@ EXIT_FAULT = 4
 EXIT_UNHEALTHY = 5
 #: Ended by a signal: 128 + its number, as a shell reports it (SIGHUP 129, SIGINT 130, SIGTERM 143).
 EXIT_SIGNAL_BASE = 128
+#: The output could not be written (its reader went away, the disk is full) and the command's answer was the
+#: output itself, or no verdict had been decided yet: 128 + SIGPIPE, as a shell reports a writer a broken pipe ended.
+EXIT_OUTPUT_FAILED = EXIT_SIGNAL_BASE + 13
 
 
 #: Set by the ``nvmlcheck`` script (not by :func:`nvmlcheck.cli.main` called in-process): once the verdict is
 #: printed, the process may end at once (see :func:`verdict_printed`).
 FAST_EXIT = False
 _simulating = False
+#: The exit status an output failure ends the command with (set by :func:`verdict` before the answer is printed;
+#: ``None`` before any verdict: then an output failure is :data:`EXIT_OUTPUT_FAILED`).
+_on_output_failure: int | None = None
+
+
+def verdict(code: int, *, answer_is_output: bool = False) -> None:
+    """The command's verdict is ``code``: call before printing it, so that a failed write cannot change it.
+
+    When stdout (or stderr) cannot be written, :func:`output_failed` ends the command with ``code`` if it is not 0.
+    A 0 stays 0 when the verdict stands without anyone reading it (``wait`` and ``kill``: the GPUs are clean), and
+    becomes :data:`EXIT_OUTPUT_FAILED` when the answer is the output (``answer_is_output``: ``select``'s GPU list,
+    ``snapshot``, ``holders``). An output failure can never turn a verdict that is not clean into 0.
+    """
+    global _on_output_failure
+    _on_output_failure = EXIT_OUTPUT_FAILED if code == EXIT_CLEAN and answer_is_output else code
+
+
+def reset_verdict() -> None:
+    """Forget the verdict of an earlier command run in this process (:func:`._main.run` starts with it)."""
+    global _on_output_failure
+    _on_output_failure = None
+
+
+def verdict_decided() -> bool:
+    """Whether the command has decided its verdict and is printing it (an ``OSError`` then is the output's)."""
+    return _on_output_failure is not None
+
+
+def output_failed(exc: OSError, code: int = EXIT_CLEAN) -> int:
+    """Writing the answer failed with ``exc``: say so on stderr if it can be written, point the standard streams
+    that fail at ``/dev/null`` (so the interpreter's own flush at exit cannot fail again), and return the exit status
+    :func:`verdict` decided; without one, ``code`` unless it is 0, which becomes :data:`EXIT_OUTPUT_FAILED`."""
+    if _on_output_failure is not None:
+        code = _on_output_failure
+    elif code == EXIT_CLEAN:
+        code = EXIT_OUTPUT_FAILED
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            _silence(stream)
+    try:
+        print(f"nvmlcheck: output failed ({exc.strerror or exc}); exit status {code}", file=sys.stderr)
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        _silence(sys.stderr)
+    return code
+
+
+def _silence(stream: Any) -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, stream.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # not a real file (a test's capture): nothing to protect
+        pass
 
 
 def verdict_printed(code: int) -> None:
@@ -46,7 +105,9 @@ def verdict_printed(code: int) -> None:
     try:
         sys.stdout.flush()
         sys.stderr.flush()
-    except (BrokenPipeError, ValueError):
+    except OSError as exc:  # the reader went away, the disk is full: the verdict stands (see verdict)
+        code = output_failed(exc, code)
+    except ValueError:  # closed by the command itself
         pass
     os._exit(code)
 
@@ -186,11 +247,17 @@ class simulation:
         self._stack = stack
         global _simulating
         _simulating = True
+        from . import _output
+
+        _output.SIMULATED = True
+        if not getattr(self.args, "json", False):
+            print(f"nvmlcheck: simulated GPUs (scenario {self.name}; the bundled stub libnvidia-ml): no real GPU is "
+                  "read", file=sys.stderr)
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if self._stack is not None:
+        if self._stack is not None:  # _output.SIMULATED stays set: an error document printed after says it too
             global _simulating
             _simulating = False
             self.args.simulation = None
@@ -204,4 +271,6 @@ def start_events(args: argparse.Namespace, gpus: Session) -> None:
         return
     listener = gpus.listen()
     if listener.reason is not None:
-        print(f"nvmlcheck: events: {listener.reason}", file=sys.stderr)
+        from ._output import safe
+
+        print(f"nvmlcheck: events: {safe(listener.reason)}", file=sys.stderr)

@@ -68,9 +68,9 @@ def run_demo(*, json_output: bool = False) -> int:
         child.wait()
     if json_output:
         from ..jsonout import demo_document
-        from ._output import print_json
+        from ._output import marked_simulated, print_json
 
-        print_json(demo_document(result))
+        print_json(marked_simulated(demo_document(result)))  # as every simulated output says
         return 0
     t = result.pids[0]
 

@@ -9,11 +9,12 @@ threads, json or ssh. Options, the document and what runs where: docs/hosts.md.
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from ._common import UsageError, verdict_printed
-from ._output import StatusLine, human_bytes, plural, print_json
+from ._common import UsageError, verdict, verdict_printed
+from ._output import StatusLine, human_bytes, plural, print_json, safe
 
 if TYPE_CHECKING:
     import argparse
@@ -31,6 +32,8 @@ def _hosts(args: argparse.Namespace) -> list[Host]:
             specs += read_hosts_file(args.hosts_file)
         except OSError as exc:
             raise UsageError(f"--hosts-file {args.hosts_file}: {exc.strerror or exc}") from None
+        except ValueError as exc:  # a device, a directory, too large, not UTF-8
+            raise UsageError(f"--hosts-file: {exc}") from None
     try:
         hosts = parse_hosts(specs)
     except ValueError as exc:
@@ -95,6 +98,11 @@ def _fallback(args: argparse.Namespace) -> SmiFallback | None:
 
 
 def _check(args: argparse.Namespace) -> None:
+    from ..hosts import MAX_CONNECT_TIMEOUT_S
+
+    if not args.connect_timeout <= MAX_CONNECT_TIMEOUT_S:
+        raise UsageError(f"--connect-timeout must be at most {MAX_CONNECT_TIMEOUT_S:g} seconds (a day), "
+                         f"got {args.connect_timeout:g}")
     if args.simulate is not None:
         raise UsageError("--simulate runs on this machine: it cannot be combined with --host/--hosts/--hosts-file")
     if args.smi_prefix is not None:
@@ -117,12 +125,16 @@ def run_hosts(args: argparse.Namespace) -> int:
 
     _check(args)
     hosts = _hosts(args)
+    if os.environ.get("NVMLCHECK_SSH_OPTIONS"):
+        # It used to add ssh options; an environment variable that changes what ssh does reaches root through
+        # sudo -E and CI jobs unseen, so it is no longer read (issue 27): say so rather than ignore it silently.
+        print("nvmlcheck: NVMLCHECK_SSH_OPTIONS is no longer read: pass --ssh-options instead", file=sys.stderr)
     try:
         fleet = Fleet(remote_prefix=args.remote_prefix or (), remote_python=args.remote_python,
-                      connect_timeout_s=args.connect_timeout, fanout=args.fanout)
-    except ValueError as exc:  # an unbalanced quote in --remote-prefix or NVMLCHECK_SSH_OPTIONS
+                      connect_timeout_s=args.connect_timeout, fanout=args.fanout, ssh_options=args.ssh_options)
+    except ValueError as exc:  # an unbalanced quote in --remote-prefix or --ssh-options
         raise UsageError(str(exc).replace("remote_prefix", "--remote-prefix")
-                         .replace("remote_python", "--remote-python")) from None
+                         .replace("remote_python", "--remote-python").replace("ssh_options", "--ssh-options")) from None
     timeout = args.timeout if args.command in ("wait", "kill", "ready") else 0.0
     status = StatusLine(sys.stderr, not args.json)
     total = len(hosts)
@@ -139,6 +151,7 @@ def run_hosts(args: argparse.Namespace) -> int:
     finally:
         status.clear()
     code = overall_exit_code(results)
+    verdict(code, answer_is_output=args.command not in ("wait", "kill"))
     if args.json:
         from ..jsonout import hosts_document
 
@@ -149,23 +162,44 @@ def run_hosts(args: argparse.Namespace) -> int:
     return code
 
 
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _bytes(value: Any) -> str:
+    """A remote byte count as text; anything but an integer (a hostile or broken host) shows as ``?``."""
+    return human_bytes(value) if isinstance(value, int) and not isinstance(value, bool) else "?"
+
+
 _READY_WORDS = {"clean": "ready", "not-clean": "NOT READY", "unhealthy": "NEEDS AN OPERATOR", "failed": "FAILED"}
+
+
+# A remote document is another machine's word: every value shown goes through safe() (a GPU name could set the
+# terminal title, a message forge a line), and a value of the wrong type shows as "?" rather than raising.
 
 
 def _gpu_lines(name: str, snap: dict[str, Any]) -> list[str]:
     lines = []
-    for d in snap.get("devices", []):
-        m = d.get("memory") or {}
-        procs = d.get("processes") or {}
-        known = [p for kind in ("compute", "graphics", "mps") for p in (procs.get(kind) or [])]
+    for d in map(_dict, _list(snap.get("devices"))):
+        m = _dict(d.get("memory"))
+        procs = _dict(d.get("processes"))
+        known = [p for kind in ("compute", "graphics", "mps") for p in _list(procs.get(kind))]
         unknown = any(procs.get(kind) is None for kind in ("compute", "graphics", "mps"))
         count = f"{len(known)}+?" if unknown else str(len(known))
-        lines.append(f"{name}  GPU {d.get('index')}  {(d.get('name') or '?')[:21]:<21} "
-                     f"used {human_bytes(m.get('used_bytes')):>10} of {human_bytes(m.get('total_bytes')):>10}  "
-                     f"procs {count:>3}  {d.get('uuid') or '?'}")
-    for f in snap.get("failures", []):
-        lines.append(f"{name}  GPU {f.get('index')}  UNREADABLE: {(f.get('error') or {}).get('message', '?')}")
+        lines.append(f"{name}  GPU {safe(d.get('index'))}  {safe(d.get('name') or '?')[:21]:<21} "
+                     f"used {_bytes(m.get('used_bytes')):>10} of {_bytes(m.get('total_bytes')):>10}  "
+                     f"procs {count:>3}  {safe(d.get('uuid') or '?')}")
+    lines.extend(_failure_lines(name, snap))
     return lines
+
+
+def _failure_lines(name: str, snap: dict[str, Any]) -> list[str]:
+    return [f"{name}  GPU {safe(f.get('index'))}  UNREADABLE: {safe(_dict(f.get('error')).get('message', '?'))}"
+            for f in map(_dict, _list(snap.get("failures")))]
 
 
 def _proc_lines(name: str, snap: dict[str, Any]) -> list[str]:
@@ -173,19 +207,35 @@ def _proc_lines(name: str, snap: dict[str, Any]) -> list[str]:
     from ..model import unknown_key  # the documents' "unknown" keys are DeviceState.unknown's
 
     lines = []
-    for d in snap.get("devices", []):
-        procs = d.get("processes") or {}
+    for d in map(_dict, _list(snap.get("devices"))):
+        procs = _dict(d.get("processes"))
         for kind in ("compute", "graphics", "mps"):
             listed = procs.get(kind)
             if listed is None:
-                why = (d.get("unknown") or {}).get(unknown_key("processes", kind), "unknown")
-                lines.append(f"{name}  GPU {d.get('index')}  {'?':>8}  {kind:<9}  ({why})")
+                why = _dict(d.get("unknown")).get(unknown_key("processes", kind), "unknown")
+                lines.append(f"{name}  GPU {safe(d.get('index'))}  {'?':>8}  {kind:<9}  ({safe(why)})")
                 continue
-            for p in listed:
-                lines.append(f"{name}  GPU {d.get('index')}  {p.get('pid'):>8}  {kind:<9}"
-                             f"{human_bytes(p.get('used_bytes')):>11}  {p.get('name') or '?'}")
-    for f in snap.get("failures", []):
-        lines.append(f"{name}  GPU {f.get('index')}  UNREADABLE: {(f.get('error') or {}).get('message', '?')}")
+            for p in map(_dict, _list(listed)):
+                lines.append(f"{name}  GPU {safe(d.get('index'))}  {safe(p.get('pid')):>8}  {kind:<9}"
+                             f"{_bytes(p.get('used_bytes')):>11}  {safe(p.get('name') or '?')}")
+    lines.extend(_failure_lines(name, snap))
+    return lines
+
+
+def _holder_lines(name: str, doc: dict[str, Any]) -> list[str]:
+    from ._kill import _HOLDER_HEADER
+
+    holders = [_dict(h) for h in _list(doc.get("holders"))]
+    lines = [f"{name}  {_HOLDER_HEADER}" if holders else f"{name}  no process holds a selected GPU"]
+    for h in holders:
+        gpus = ", ".join(f"GPU {g.get('index')} {_bytes(g.get('used_bytes'))}"
+                         for g in map(_dict, _list(h.get("gpus"))))
+        cmdline = _list(h.get("cmdline"))
+        cmd = " ".join(map(str, cmdline)) if cmdline else str(h.get("name") or "?")
+        found_by = "+".join(map(str, _list(h.get("found_by"))))
+        lines.append(f"{name}  " + safe(f"{h.get('pid')!s:>8}  {str(h.get('user') or '?')[:10]:<10} "
+                                        f"{str(h.get('state') or '?')[:8]:<8} {found_by:<19} {gpus or '-':<24} "
+                                        f"{cmd[:80]}"))
     return lines
 
 
@@ -229,35 +279,26 @@ def _kill_lines(name: str, r: HostResult, doc: dict[str, Any]) -> None:
 
 
 def _print(args: argparse.Namespace, results: Sequence[HostResult]) -> None:
-    from ._kill import _HOLDER_HEADER
-
     width = max(len(str(r.host)) for r in results)
     for r in results:
         name = str(r.host).ljust(width)
         doc = r.document or {}
         if r.note:
-            print(f"{name}  note: {r.note}")
+            print(f"{name}  note: {safe(r.note)}")
         if r.error is not None:
-            print(f"{name}  FAILED ({r.error.kind}): {r.error.message}")
+            print(f"{name}  FAILED ({r.error.kind}): {safe(r.error.message)}")
             continue
         if args.command == "holders":
-            holders = doc.get("holders", [])
-            if not holders:
-                print(f"{name}  no process holds a selected GPU")
-            else:
-                print(f"{name}  {_HOLDER_HEADER}")
-            for h in holders:
-                gpus = ", ".join(f"GPU {g['index']} {human_bytes(g.get('used_bytes'))}" for g in h.get("gpus", []))
-                cmd = " ".join(h["cmdline"]) if h.get("cmdline") else (h.get("name") or "?")
-                print(f"{name}  {h['pid']:>8}  {(h.get('user') or '?')[:10]:<10} {(h.get('state') or '?')[:8]:<8} "
-                      f"{'+'.join(h.get('found_by', [])):<19} {gpus or '-':<24} {cmd[:80]}")
+            for line in _holder_lines(name, doc):
+                print(line)
             continue
         if args.command == "ready":
-            for gpu in doc.get("gpus") or []:
-                print(f"{name}  {gpu.get('line') or gpu.get('class')}")
+            for entry in _list(doc.get("gpus")):
+                gpu = _dict(entry)
+                print(f"{name}  {safe(str(gpu.get('line') or gpu.get('class')))}")
             print(f"{name}  {_READY_WORDS.get(r.verdict, r.verdict)}")
             continue
-        snap = doc if args.command == "snapshot" else (doc.get("snapshot") or {})
+        snap = doc if args.command == "snapshot" else _dict(doc.get("snapshot"))
         lines = _proc_lines(name, snap) if getattr(args, "view", None) == "procs" else _gpu_lines(name, snap)
         for line in lines:
             print(line)
@@ -265,11 +306,14 @@ def _print(args: argparse.Namespace, results: Sequence[HostResult]) -> None:
             _kill_lines(name, r, doc)
         elif args.command in ("wait", "kill"):
             if r.verdict == "clean":
-                print(f"{name}  clean ({plural(int(doc.get('polls', 0) or 0), 'poll')}, "
-                      f"{(doc.get('elapsed_ns') or doc.get('confirmed_ns') or 0) / 1e6:.1f} ms on the host)")
+                polls = doc.get("polls")
+                took = doc.get("elapsed_ns") or doc.get("confirmed_ns") or 0
+                polls_text = plural(polls, "poll") if isinstance(polls, int) else "? polls"
+                took_text = f"{took / 1e6:.1f}" if isinstance(took, int | float) else "?"
+                print(f"{name}  clean ({polls_text}, {took_text} ms on the host)")
             else:
-                culprits = "; ".join(doc.get("culprits") or []) or "no detail"
-                print(f"{name}  NOT CLEAN: {culprits}")
+                culprits = "; ".join(map(str, _list(doc.get("culprits")))) or "no detail"
+                print(f"{name}  NOT CLEAN: {safe(culprits)}")
         elif r.verdict != "clean":
             print(f"{name}  FAILED: exit {r.exit_code}")
     clean = [str(r.host) for r in results if r.verdict == "clean"]

@@ -20,10 +20,11 @@ from ._common import (
     hosts_wanted,
     open_session,
     start_events,
+    verdict,
     verdict_printed,
     wait_predicate,
 )
-from ._output import StatusLine, human_bytes, print_json, status_updater
+from ._output import StatusLine, human_bytes, print_json, safe, safe_lines, status_updater
 
 TYPE_CHECKING = False  # typing costs start-up time where site has not loaded it (docs/performance.md)
 if TYPE_CHECKING:
@@ -153,7 +154,15 @@ def signal_first(args: argparse.Namespace) -> None:
         return
     if found is None:
         return
-    found.send_first(signal.Signals[args.signal], sigkill_if_discarded=args.grace is not None)
+    from .._proc.targets import Refused
+
+    try:
+        found.send_first(signal.Signals[args.signal], sigkill_if_discarded=args.grace is not None)
+    except Refused as exc:  # a descendant's /proc entry could not be read (out of descriptors)
+        from ..kill import _public
+
+        found.close()
+        raise _public(exc) from None
     args.signalled = found
 
 
@@ -220,20 +229,20 @@ def _holder_line(h: Holder) -> str:
     who = f"{h.pid:>8}  {(h.user or '?')[:10]:<10} {(h.state or '?')[:8]:<8} {'+'.join(sorted(h.found_by)):<19}"
     gpus = ", ".join(f"GPU {g.index} {human_bytes(g.used_bytes)}" for g in h.gpus) or "-"
     cmd = " ".join(h.cmdline) if h.cmdline else (h.name or "?")
-    flags = " [daemon]" if h.is_daemon else ""
+    flags = f" [{h.daemon_kind}]" if h.daemon_kind else " [daemon]" if h.is_daemon else ""
     flags += f" [{h.relation}]" if h.relation else ""
-    return f"{who} {gpus:<24} {cmd[:80]}{flags}"
+    return safe(f"{who} {gpus:<24} {cmd[:80]}{flags}")
 
 
 def _show_selection(selection: KillSelection) -> None:
     if selection.targets:
         print("to be signalled:", file=sys.stderr)
         for h in selection.targets:
-            print("  " + h.describe(), file=sys.stderr)
+            print("  " + safe(h.describe()), file=sys.stderr)
     for h, why in selection.skipped:
-        print(f"  left alone: pid {h.pid} ({h.name or '?'}): {why}", file=sys.stderr)
+        print(safe(f"  left alone: pid {h.pid} ({h.name or '?'}): {why}"), file=sys.stderr)
     for note in selection.notes:
-        print(f"  note: {note}", file=sys.stderr)
+        print(f"  note: {safe(note)}", file=sys.stderr)
 
 
 def _confirm(count: int, assume_yes: bool) -> None:
@@ -266,6 +275,8 @@ def _plan_with_nvml(args: argparse.Namespace, gpus: Session) -> tuple[KillPlan |
     selection = None
     if args.all_holders or args.all_on_gpu:
         selection = select_kill_holders(gpus, indices, all_holders=args.all_holders)
+        if selection.refused is not None:
+            raise UsageError(f"refusing --all-on-gpu: {selection.refused}; nothing was signalled")
         _show_selection(selection)
         if selection.targets:
             _confirm(len(selection.targets), args.yes)
@@ -337,11 +348,13 @@ def cmd_kill(args: argparse.Namespace) -> int:
                                    only_targets=args.baseline)
             except KillTimeout as exc:
                 status.clear()
+                verdict(EXIT_NOT_CLEAN)
                 _print_timeout(args, exc, plan, selection)
                 verdict_printed(EXIT_NOT_CLEAN)
                 return EXIT_NOT_CLEAN
             finally:
                 status.clear()
+            verdict(EXIT_CLEAN)
             _print_result(args, result, plan, selection)
             verdict_printed(EXIT_CLEAN)
     finally:
@@ -419,17 +432,19 @@ def _wait_only(args: argparse.Namespace, gpus: Session, predicate: Any, selectio
         result = gpus.wait_until_clean(predicate=predicate, devices=args.devices, options=options)
     except WaitTimeout as exc:
         status.clear()
+        verdict(EXIT_NOT_CLEAN)
         if args.json:
             print_json(nothing_to_kill_timeout_document(exc, **kill_fields))
         else:
-            print(str(exc), file=sys.stderr)
+            print(safe_lines(exc), file=sys.stderr)
         verdict_printed(EXIT_NOT_CLEAN)
         return EXIT_NOT_CLEAN
     status.clear()
+    verdict(EXIT_CLEAN)
     if args.json:
         print_json(nothing_to_kill_document(result, **kill_fields))
     else:
-        print(f"clean: nothing to kill, GPUs clean after {result.first_clean_ns / 1e6:.1f} ms")
+        print(f"clean: nothing to kill, GPUs clean after {result.clean_ns / 1e6:.1f} ms")
     verdict_printed(EXIT_CLEAN)
     return EXIT_CLEAN
 
@@ -449,7 +464,7 @@ def _print_result(args: argparse.Namespace, result: KillResult, plan: KillPlan,
         sent = ", ".join(f"{s.name} {ms(s.sent_ns)}" for s in t.signals) or "no signal (had exited)"
         origin = "" if t.found_by == "named" else f", {t.found_by}" + (f" of {t.parent}" if t.parent else "")
         why = f" ({_fate_words(t.discarded, [s.name for s in t.signals])})" if t.discarded else ""
-        print(f"pid {t.pid} ({t.name}{origin}): {sent}{why}, exited {ms(t.exited_ns)}, "
+        print(f"pid {t.pid} ({safe(t.name)}{origin}): {sent}{why}, exited {ms(t.exited_ns)}, "
               f"off the GPU process list {ms(t.off_gpu_ns)}")
     _print_aside(plan)
     for line in result.not_ours:
@@ -481,9 +496,10 @@ def _print_timeout(args: argparse.Namespace, exc: KillTimeout, plan: KillPlan,
         return
     for t in exc.pids:
         if t.discarded:
-            print(f"pid {t.pid} ({t.name}): {_fate_words(t.discarded, [s.name for s in t.signals])}", file=sys.stderr)
+            print(f"pid {t.pid} ({safe(t.name)}): {_fate_words(t.discarded, [s.name for s in t.signals])}",
+                  file=sys.stderr)
     _print_aside(plan, sys.stderr)
-    print(str(exc), file=sys.stderr)
+    print(safe_lines(exc), file=sys.stderr)
     if exc.tree_hint:
         print("hint: add --tree to kill the targets' descendants too", file=sys.stderr)
 
@@ -496,6 +512,7 @@ def cmd_holders(args: argparse.Namespace) -> int:
         return run_hosts(args)
     with open_session(args) as gpus:
         holders = gpus.holders(args.devices)
+        verdict(EXIT_CLEAN, answer_is_output=True)
         if args.json:
             from ..jsonout import holders_document
 

@@ -20,7 +20,10 @@ from ._common import (
     EXIT_USAGE,
     SimulationUnavailable,
     UsageError,
+    output_failed,
+    reset_verdict,
     simulation,
+    verdict_decided,
 )
 from ._signals import Terminated, ending_on_signals
 
@@ -40,6 +43,7 @@ COMMANDS = {
     "study": "_study:cmd_study_reclaim",
     "watch": "_watch:cmd_watch",
     "slurm": "_slurm:cmd_slurm",
+    "simulate": "_simulate:cmd_simulate",
     "ready": "_ready:cmd_ready",
 }
 
@@ -62,15 +66,35 @@ def _parse(argv: Sequence[str], json_errors: bool) -> argparse.Namespace | int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help, --version, or an argument error (already printed)
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
-    if args.command == "demo":
+    if args.command in ("demo", "simulate"):
         given = [f"--{name.replace('_', '-')}" for name in GLOBAL_OPTIONS
                  if getattr(args, name, None) not in (None, "auto")]
         if given:
+            what = ("demo runs on the bundled simulated H200 only" if args.command == "demo"
+                    else "simulate gives its command the simulation itself (--scenario)")
             try:
-                parser.error(f"demo runs on the bundled simulated H200 only and takes no {', '.join(given)}")
+                parser.error(f"{what} and takes no {', '.join(given)}")
             except SystemExit as exc:
                 return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    _simulate_from_environment(args)
     return args
+
+
+def _simulate_from_environment(args: argparse.Namespace) -> None:
+    """``$NVMLCHECK_SIMULATE`` (set by ``nvmlcheck simulate run`` for the commands it runs) is the default of
+    ``--simulate`` for every command that reads GPUs."""
+    if args.command in ("demo", "simulate") or getattr(args, "study", None) == "compare":
+        return
+    value = os.environ.get("NVMLCHECK_SIMULATE", "").strip()
+    if value and getattr(args, "simulate", None) is None:
+        args.simulate = value
+
+
+def _unmark_simulated() -> None:
+    """An earlier in-process run's simulation no longer marks this one's documents (``_output.SIMULATED``)."""
+    output = sys.modules.get(f"{__package__}._output")
+    if output is not None:
+        output.SIMULATED = False  # type: ignore[attr-defined]
 
 
 def run(argv: Sequence[str] | None) -> int:
@@ -79,6 +103,8 @@ def run(argv: Sequence[str] | None) -> int:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     json_mode = wants_json(argv)
+    reset_verdict()
+    _unmark_simulated()
     with ending_on_signals():
         try:
             parsed = _parse(argv, json_mode)
@@ -101,14 +127,15 @@ def run(argv: Sequence[str] | None) -> int:
             return fail(json_mode, KeyboardInterrupt("interrupted"), EXIT_SIGNAL_BASE + 2, label="interrupted")
         except Terminated as exc:
             return fail(json_mode, exc, EXIT_SIGNAL_BASE + exc.signum, label="terminated")
-        except BrokenPipeError:
-            # Output piped into `head` and the like: stop quietly, and keep Python from complaining at exit.
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            return 0
+        except BrokenPipeError as exc:
+            # Output piped into `head` and the like: the verdict decided before printing stands (never a false 0).
+            return output_failed(exc)
         except Exception as exc:
             from ..errors import NvmlCheckError
 
             if not isinstance(exc, NvmlCheckError):
+                if isinstance(exc, OSError) and verdict_decided():
+                    return output_failed(exc)  # disk full, EIO on a terminal: as a broken pipe
                 raise
             from ..errors import GpuFault
 
@@ -136,5 +163,21 @@ def fail(json_mode: bool, exc: BaseException, code: int, *, label: str | None = 
     if label in ("interrupted", "terminated"):
         print(f"nvmlcheck: {exc}" if label == "terminated" else "interrupted", file=sys.stderr)
     elif not json_mode:
-        print(f"nvmlcheck: {label}: {exc}", file=sys.stderr)
+        from ._output import safe_lines  # messages carry names of processes, GPUs and files: escaped
+
+        print(f"nvmlcheck: {label}: {safe_lines(exc)}", file=sys.stderr)
+        _print_kill_records(exc)
     return code
+
+
+def _print_kill_records(exc: BaseException) -> None:
+    """A kill that failed after its first signal: what each target got, and whether it exited."""
+    if not hasattr(exc, "_nvmlcheck_kill_pids"):
+        return
+    from .._text import printable
+    from ..kill import kill_records
+
+    for r in kill_records(exc) or ():
+        sent = ", ".join(f"{s.name} +{s.sent_ns / 1e6:.1f} ms" for s in r.signals) or "no signal (had exited)"
+        exited = "not seen to exit" if r.exited_ns is None else f"exited +{r.exited_ns / 1e6:.1f} ms"
+        print(f"  pid {r.pid} ({printable(r.name)}): {sent}, {exited}", file=sys.stderr)

@@ -1,4 +1,6 @@
-"""What the CLI prints: byte sizes, the device and process tables, the live status line, JSON documents."""
+"""What the CLI prints: byte sizes, the device and process tables, the live status line, JSON documents, and
+:func:`safe` / :func:`safe_lines`, through which every text output passes data from processes, GPUs and remote hosts
+(control characters escaped: :mod:`nvmlcheck._text`)."""
 
 from __future__ import annotations
 
@@ -6,7 +8,12 @@ import os
 import sys
 import time
 
+from .._text import printable as safe
+from .._text import printable_lines as safe_lines
 from .._units import format_bytes
+
+__all__ = ["StatusLine", "device_table", "human_bytes", "plural", "print_json", "process_table", "safe",
+           "safe_lines", "status_updater"]
 
 TYPE_CHECKING = False  # typing costs start-up time where site has not loaded it (docs/performance.md)
 if TYPE_CHECKING:
@@ -25,13 +32,27 @@ def plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
+#: Set while the command reads simulated GPUs (``--simulate``, ``$NVMLCHECK_SIMULATE``, ``demo``): every document
+#: then says ``"simulated": true`` after its version.
+SIMULATED = False
+
+
 def print_json(doc: dict[str, Any]) -> None:
     """One document on stdout (``json`` is imported only when a document is printed: it costs start-up time)."""
     import json
 
+    if SIMULATED:
+        doc = marked_simulated(doc)
+
     json.dump(doc, sys.stdout, indent=1)
     sys.stdout.write("\n")
     sys.stdout.flush()
+
+
+def marked_simulated(doc: dict[str, Any]) -> dict[str, Any]:
+    """``doc`` with ``"simulated": true`` right after its schema and version."""
+    head: dict[str, Any] = {k: doc[k] for k in ("schema", "version") if k in doc}
+    return {**head, "simulated": True, **doc}
 
 
 def _procs_text(d: DeviceState) -> str:
@@ -49,16 +70,17 @@ def device_table(snap: Snapshot, out: TextIO) -> None:
         m = d.memory
         sm = d.clocks.sm_mhz if d.clocks else None
         print(
-            f"{d.index:<4}{(d.name or '?')[:21]:<22}{human_bytes(m.used_bytes if m else None):>11}"
+            f"{d.index:<4}{safe(d.name or '?')[:21]:<22}"
+            f"{human_bytes(m.used_bytes if m else None):>11}"
             f"{human_bytes(m.total_bytes if m else None):>11}{human_bytes(m.reserved_bytes if m else None):>11}"
-            f"{_procs_text(d):>7}{sm if sm is not None else '?':>8}  {d.uuid}",
+            f"{_procs_text(d):>7}{sm if sm is not None else '?':>8}  {safe(d.uuid)}",
             file=out,
         )
         if m is not None and m.used_includes_reserved:
             print("    (v1 driver: used includes the driver's reserved memory)", file=out)
     for f in snap.failures:
-        print(f"{f.index:<4}UNREADABLE: {f.error}", file=out)
-    driver = snap.system.driver_version or "?"
+        print(f"{f.index:<4}UNREADABLE: {safe(f.error)}", file=out)
+    driver = safe(snap.system.driver_version or "?")
     print(f"backend {snap.backend}, driver {driver}, read in {snap.duration_ns / 1e3:.0f} µs", file=out)
 
 
@@ -72,12 +94,13 @@ def process_table(snap: Snapshot, out: TextIO) -> None:
             procs = getattr(d, f"{kind}_processes")
             if procs is None:
                 why = d.why_unknown(unknown_key("processes", kind))
-                print(f"{d.index:<4}{'?':>8}  {kind:<9}{'':>11}  ({why})", file=out)
+                print(f"{d.index:<4}{'?':>8}  {kind:<9}{'':>11}  ({safe(why)})", file=out)
                 continue
             for p in procs:
-                print(f"{d.index:<4}{p.pid:>8}  {kind:<9}{human_bytes(p.used_bytes):>11}  {p.name or '?'}", file=out)
+                print(f"{d.index:<4}{p.pid:>8}  {kind:<9}{human_bytes(p.used_bytes):>11}  {safe(p.name or '?')}",
+                      file=out)
     for f in snap.failures:
-        print(f"{f.index:<4}UNREADABLE: {f.error}", file=out)
+        print(f"{f.index:<4}UNREADABLE: {safe(f.error)}", file=out)
 
 
 class StatusLine:
@@ -90,7 +113,7 @@ class StatusLine:
         self._width = 0
 
     def update(self, text: str) -> None:
-        """Replace the line (rate-limited)."""
+        """Replace the line (rate-limited); ``text`` is shown escaped (:func:`safe`): it carries process names."""
         if not self.enabled:
             return
         now = time.monotonic()
@@ -101,7 +124,7 @@ class StatusLine:
             columns = os.get_terminal_size(self.stream.fileno()).columns
         except (OSError, ValueError):  # a TTY-like stream without a real terminal behind it
             columns = 80
-        text = text[: max(20, columns - 1)]
+        text = safe(text)[: max(20, columns - 1)]
         self.stream.write("\r" + text.ljust(self._width))
         self.stream.flush()
         self._width = len(text)

@@ -145,6 +145,17 @@ def positive_int(text: str) -> int:
     return value
 
 
+def non_negative_int(text: str) -> int:
+    """An integer >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
+    return value
+
+
 def positive_seconds(text: str) -> float:
     """Seconds > 0."""
     value = seconds_or_none(text)
@@ -173,8 +184,13 @@ def signal_name(text: str) -> str:
     return sig.name
 
 
+#: How sizes are written, for every option that takes one (docs/cli.md, "Sizes").
+SIZE_UNITS = ("KiB/MiB/GiB/TiB (or K/M/G/T) are powers of 2, KB/MB/GB/TB powers of 10: 16GiB is 17,179,869,184 "
+              "bytes, 16GB 16,000,000,000")
+
+
 def byte_size(text: str) -> int:
-    """``16MiB`` / ``1GiB`` / ``4096`` → bytes (binary units; ``M``/``G`` mean MiB/GiB)."""
+    """``16MiB`` / ``1GiB`` / ``4096`` → bytes (``M``/``G`` mean MiB/GiB; ``MB``/``GB`` are decimal)."""
     from .._units import parse_size
 
     try:
@@ -245,6 +261,37 @@ def size_list(text: str) -> list[int]:
         return [parse_size(part) for part in text.split(",")]
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def count_list(text: str) -> list[int]:
+    """``0,1,2,4``: integers >= 0 (the study's importer counts)."""
+    try:
+        values = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of counts: {text!r} (example: 0,1,2,4)") from None
+    if any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError(f"counts must be >= 0: {text!r}")
+    return values
+
+
+def size_list_zero(text: str) -> list[int]:
+    """``0,8GiB,32GiB``: sizes, 0 allowed (the study's pinned host bytes)."""
+    parts = [p for p in text.split(",")]
+    zero = [p.strip() in ("0", "0B") for p in parts]
+    rest = ",".join(p for p, z in zip(parts, zero, strict=True) if not z)
+    sizes = iter(size_list(rest) if rest else [])
+    return [0 if z else next(sizes) for z in zero]
+
+
+def word_list(*allowed: str) -> Any:
+    """A comma-separated list of ``allowed`` words."""
+    def parse(text: str) -> list[str]:
+        words = [w.strip() for w in text.split(",")]
+        bad = [w for w in words if w not in allowed]
+        if bad:
+            raise argparse.ArgumentTypeError(f"{', '.join(map(repr, bad))}: use {' or '.join(allowed)}")
+        return words
+    return parse
 
 
 def ending_list(text: str) -> list[str]:
@@ -335,6 +382,8 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
         once(g, "--fanout", type=positive_int, default=32, metavar="N", help="hosts at once (default 32)")
         once(g, "--connect-timeout", type=positive_seconds, default=10.0, metavar="S",
              help="ssh's connect timeout in seconds (default 10)")
+        once(g, "--ssh-options", metavar="WORDS", default=None,
+             help='extra ssh options, put right after "ssh" (split like a shell), e.g. "-F /etc/gpu/ssh_config"')
 
     def sub_parser(subs: Any, name: str, **kw: Any) -> argparse.ArgumentParser:
         p: argparse.ArgumentParser = subs.add_parser(name, state=state, **kw)
@@ -351,7 +400,11 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     if wanted("snapshot"):
-        snap = sub_parser(sub, "snapshot", help="show devices (default) or processes")
+        snap = sub_parser(sub, "snapshot", help="show devices (default) or processes",
+                          description="Read every selected GPU once, with every field (memory, process lists, "
+                                      "clocks, memory health), and print one line per GPU (devices, the default) or "
+                                      "per process (procs). Exit 0; 3 when a GPU could not be read (it is still "
+                                      "printed, as UNREADABLE) or the backend sees no GPU.")
         global_options(snap, top=False)
         snap.add_argument("view", nargs="?", choices=("devices", "procs"), default="devices")
         host_options(snap)
@@ -370,7 +423,7 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
         once(p, "--timeout", type=seconds_or_none, default=30.0, metavar="S",
              help="seconds (default 30; 0: check once; 'none': forever)")
         once(p, "--max-used", type=byte_size, default=16 * MIB, metavar="BYTES",
-             help="clean means at most this much used per GPU (default 16MiB)")
+             help=f"clean means at most this much used per GPU (default 16MiB; {SIZE_UNITS})")
         once(p, "--stable-polls", type=positive_int, default=2, metavar="N",
              help="consecutive clean polls required (default 2)")
         p.add_argument("--events", action="store_true",
@@ -378,7 +431,14 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
                             "at once with exit 4 (where events are not supported, says why and polls)")
 
     if wanted("wait"):
-        wait = sub_parser(sub, "wait", help="wait until the GPUs are clean (exit 0) or time out (1)")
+        wait = sub_parser(sub, "wait", help="wait until the GPUs are clean (exit 0) or time out (1)",
+                          description="Poll the selected GPUs (all by default) until each is clean: no process of "
+                                      "any kind, at most --max-used bytes used, the --pids off every list, on "
+                                      "--stable-polls consecutive polls. Prints when they first were; at the timeout "
+                                      "exits 1 naming what still holds each GPU. --timeout bounds the whole "
+                                      "command, opening NVML included.",
+                          epilog="exit codes: 0 clean, 1 not clean at the timeout, 2 usage, 3 backend unavailable or "
+                                 "failed, 4 a fatal GPU event (--events)")
         global_options(wait, top=False)
         wait_options(wait)
         wait.add_argument("--pids", type=pid_number, nargs="+", action=_Merge, state=state, default=[], metavar="PID",
@@ -444,7 +504,7 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
         once(select, "--wait", type=seconds_or_none, default=0.0, metavar="S",
              help="seconds to wait for them (default 0: check once; 'none': forever)")
         once(select, "--max-used", type=byte_size, default=16 * MIB, metavar="BYTES",
-             help="clean means at most this much used per GPU (default 16MiB)")
+             help=f"clean means at most this much used per GPU (default 16MiB; {SIZE_UNITS})")
         once(select, "--stable-polls", type=positive_int, default=1, metavar="N",
              help="consecutive clean polls a GPU needs (default 1)")
         once(select, "--format", choices=("cuda", "index", "uuid"), default="cuda",
@@ -486,7 +546,13 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
 
     if wanted("holders"):
         holders = sub_parser(sub, "holders", help="every process that holds a GPU: NVML lists joined with open "
-                                                   "NVIDIA device files")
+                                                   "NVIDIA device files",
+                             description="List every process that holds a selected GPU: the NVML process lists "
+                                         "joined with the processes of this PID namespace that have an NVIDIA device "
+                                         "file open ($NVMLCHECK_DEVICE_FILES, default /dev/nvidia*), and how each was "
+                                         "found. A process on a list but not seen here is named with why (another PID "
+                                         "namespace, no permission). What `kill --all-holders`/--all-on-gpu would "
+                                         "choose from.")
         global_options(holders, top=False)
         host_options(holders)
 
@@ -496,6 +562,47 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
                           description="Runs on the bundled simulated H200 only; it reads no real GPU and takes no "
                                       "backend or device options.")
         global_options(demo, top=False, gpu=False)
+
+    if wanted("simulate"):
+        simulate = sub_parser(
+            sub, "simulate", help="rehearse on simulated GPUs: run a command on them, or hold one with a process",
+            description="Rehearse a launch script in the shell on the bundled stub libnvidia-ml (needs a C compiler "
+                        "and nvidia-nvml-dev: pip install 'nvmlcheck[sim]'). Every output on simulated GPUs says so.",
+        )
+        sims = simulate.add_subparsers(dest="simulate_command", required=True, parser_class=_Parser)
+        sim_run = sub_parser(
+            sims, "run", help="run a command with every nvmlcheck in it reading the simulated GPUs",
+            description="Run COMMAND with $NVMLCHECK_SIMULATE (the default of --simulate for every nvmlcheck command "
+                        "it runs), $NVMLCHECK_LIBNVML and $NVMLCHECK_STUB_SCENARIO (for Python code calling "
+                        "nvmlcheck.open()) pointing at the scenario. Exits with COMMAND's status.",
+            epilog="example: nvmlcheck simulate run --scenario h200x8 -- ./launch.sh",
+        )
+        once(sim_run, "--scenario", metavar="SCENARIO", default=None,
+             help="a bundled scenario (h200, h200x8, h200-busy; copied to a file for the run) or a scenario file "
+                  "(default $NVMLCHECK_SIMULATE, else h200)")
+        sim_run.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARG ...]")
+        hold = sub_parser(
+            sims, "hold", help="start a command as a process that holds memory on a simulated GPU until it exits",
+            description="Start COMMAND (a real process) and add it to the scenario file, bound to its PID: listed on "
+                        "--gpu with --bytes while it runs; after it exits, off the list --list-ms and its memory back "
+                        "--release-ms later, as a driver does, then the entry is removed. Exits with COMMAND's "
+                        f"status. Sizes: {SIZE_UNITS}.",
+            epilog="example: nvmlcheck simulate hold --gpu 0 --bytes 8GiB -- sleep 30 &",
+        )
+        once(hold, "--gpu", type=non_negative_int, required=True, metavar="N", help="the GPU index (required)")
+        once(hold, "--bytes", type=byte_size, required=True, metavar="SIZE", help="memory it holds, e.g. 8GiB")
+        once(hold, "--kind", choices=("compute", "graphics", "mps"), default="compute",
+             help="which process list shows it (default compute)")
+        once(hold, "--list-ms", type=non_negative_int, default=90, metavar="MS",
+             help="ms from its exit until it leaves the list (default 90)")
+        once(hold, "--release-ms", type=non_negative_int, default=120, metavar="MS",
+             help="ms from its exit until its memory is back (default 120)")
+        once(hold, "--scenario", metavar="FILE", default=None,
+             help="the scenario file to add it to (default $NVMLCHECK_SIMULATE, as `simulate run` sets it)")
+        hold.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARG ...]")
+        show = sub_parser(sims, "scenario", help="print a bundled scenario, to start a scenario file from",
+                          epilog="example: nvmlcheck simulate scenario h200x8 > gpus.txt")
+        show.add_argument("name", choices=("h200", "h200x8", "h200-busy"))
 
     if wanted("study"):
         study = sub_parser(sub, "study", help="measurement studies (reclaim: how fast the driver gives memory back)")
@@ -531,11 +638,15 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
         once(reclaim, "--chunks", type=positive_int, default=1,
              help="allocations per holder (python -m nvmlcheck.holder --chunks; default 1)")
         # --- study reclaim, second edition (issue 18): holder kinds, concurrency, phases; study compare ---------
-        once(reclaim, "--holder", choices=("alloc", "context", "chunks", "contexts", "streams", "destroy"),
+        once(reclaim, "--holder", "--kind", dest="holder",
+             choices=("alloc", "context", "chunks", "contexts", "streams", "destroy", "pinned", "ipc", "managed",
+                      "mps", "nccl"),
              default="alloc",
              help="what each holder sets up: alloc (default), context (no allocation: the floor), chunks (--count "
                   "allocations), contexts (--count contexts), streams (--count streams with work queued at the "
-                  "end), destroy (cuCtxDestroy before exiting on exit/free)")
+                  "end), destroy (cuCtxDestroy before exiting on exit/free); pinned (--pinned host memory), ipc "
+                  "(an exporter and --importers), managed (cuMemAllocManaged touched on the GPU), mps (a client of "
+                  "a daemon the study starts), nccl (a communicator across the selected GPUs)")
         once(reclaim, "--count", type=positive_int, default=None,
              help="allocations, contexts or streams per holder, by --holder (default --chunks; 4 for chunks, "
                   "contexts and streams)")
@@ -547,8 +658,8 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
                              help="watch /proc for the leader zombie, the pidfd exit and the device files closing "
                                   "(default on)")
         once(reclaim, "--device-files", metavar="GLOBS", default=None,
-             help="':'-separated globs of the files that count as NVIDIA device files (default "
-                  "$NVMLCHECK_DEVICE_FILES, else /dev/nvidia*)")
+             help="':'-separated globs of the files whose closing the study watches in its holders (default "
+                  "/dev/nvidia*)")
         compare = sub_parser(
             studies, "compare", help="do two studies differ? per cell, the median difference with a bootstrap interval",
             description="Compare two JSON Lines files of study reclaim records cell by cell (size, ending, holder "
@@ -566,11 +677,46 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
              choices=("zombie", "exited", "files_closed", "off_list", "memory_back", "first_clean", "waitpid"),
              help="which time from the signal to compare (default memory_back)")
         once(compare, "--across", metavar="PARTS", default="",
-             help="comma-separated cell parts (size, ending, holder, device) left out of the matching, to compare "
+             help="comma-separated cell parts (size, ending, holder, device, pinned, importers, first, role) left "
+                  "out of the matching, to compare "
                   "conditions that differ in them, e.g. --across ending for exit.jsonl against free.jsonl")
         once(compare, "--resolve-ms", type=float, default=5.0,
              help="the difference the repeats guidance aims to resolve, ms (default 5)")
         # --- end of the second-edition block ---------------------------------------------------------------------
+        # --- third edition (issue 26): sweeps of pinned memory and importers, a time budget; study fit ----------
+        once(reclaim, "--pinned", type=size_list_zero, default=None, metavar="LIST",
+             help="pinned host memory per holder, swept (--kind pinned), e.g. 0,8GiB,32GiB (default 0)")
+        once(reclaim, "--pin-mode", choices=("alloc", "register"), default="alloc",
+             help="pin with cuMemHostAlloc (alloc, default) or cuMemHostRegister of mapped memory (register)")
+        once(reclaim, "--importers", type=count_list, default=None, metavar="LIST",
+             help="IPC importers beside each exporter, swept (--kind ipc), e.g. 0,1,2,4 (default 0)")
+        once(reclaim, "--first", type=word_list("exporter", "importers"), default=None, metavar="LIST",
+             help="which side of an IPC group is ended first: exporter, importers or both, swept (default exporter)")
+        once(reclaim, "--stage-gap", type=float, default=0.3, metavar="S",
+             help="seconds between the first side being reaped and the other side's end (default 0.3)")
+        once(reclaim, "--budget", type=float, default=None, metavar="S",
+             help="start no run after S seconds, nor one the cell's last run says would end after them")
+        once(reclaim, "--ready-timeout", type=float, default=60.0, metavar="S",
+             help="seconds for NVML to show a ready holder and its memory, else the study fails (default 60)")
+        fit = sub_parser(
+            studies, "fit", help="fit the reclaim-time model to study records",
+            description="Fit the reclaim-time model (nvmlcheck.reclaim_model) to JSON Lines study records: time "
+                        "from the last signal to the memory back, against contexts, device GiB, pinned host GiB and "
+                        "IPC importers; prints each coefficient, the error, every cell against the model, and the "
+                        "code that registers it.",
+            epilog="exit codes: 0 fitted, 2 usage, unreadable records or nothing to fit",
+        )
+        global_options(fit, top=False, gpu=False)
+        fit.add_argument("records", metavar="RECORDS.jsonl", nargs="+", help="study reclaim records")
+        once(fit, "--kinds", default=None, metavar="LIST",
+             help="holder kinds fitted (default alloc,chunks,context,contexts,pinned,ipc)")
+        once(fit, "--endings", type=ending_list, default=None, metavar="LIST",
+             help="endings fitted (default KILL,TERM,exit)")
+        once(fit, "--driver", default=None, metavar="VERSION",
+             help="the driver the model is for (default: the records', which must be of one branch)")
+        once(compare, "--stage", choices=("all", "last"), default="all",
+             help="every holder (all, default) or only each run's last stage (last: the IPC side ended last)")
+        # --- end of the third-edition block ----------------------------------------------------------------------
     if wanted("slurm"):
         slurm_parser(sub, sub_parser, global_options, once)
     return parser

@@ -14,8 +14,8 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from ._common import EXIT_CLEAN, EXIT_NOT_CLEAN, UsageError, open_session, verdict_printed, wait_predicate
-from ._output import print_json
+from ._common import EXIT_CLEAN, EXIT_NOT_CLEAN, UsageError, open_session, verdict, verdict_printed, wait_predicate
+from ._output import print_json, safe, safe_lines
 
 if TYPE_CHECKING:
     import argparse
@@ -33,17 +33,40 @@ def _value(fmt: str, selection: Selection, mapping: CudaMapping | None) -> str:
     return mapping.visible_value(selection.indices)
 
 
+def _owner(args: argparse.Namespace) -> int:
+    """Whose life the locks last: the process that ran nvmlcheck (in `GPUS=$(nvmlcheck select ...)` that is the
+    launch script's shell, which may `exec` the server), unless --lock-pid names another. Checked before any wait:
+    a process that is gone or has exited (a zombie) would end the locks at once."""
+    from ..locks import check_owner
+
+    owner: int
+    if args.lock_pid is not None:
+        owner, what = int(args.lock_pid), f"--lock-pid {args.lock_pid}"
+    else:
+        owner, what = os.getppid(), f"the parent process (PID {os.getppid()})"
+        if owner == 0:
+            # nsenter, `docker exec`, `kubectl exec`: the parent lives outside this PID namespace and has no PID here,
+            # so no process here can stand for it.
+            raise UsageError("--lock: nvmlcheck's parent process is outside this PID namespace (started through "
+                             "nsenter, docker exec or kubectl exec), so nothing here ends with it; name the process "
+                             "whose exit ends the locks with --lock-pid PID (for example $$ of the launch script)")
+    if owner <= 1:
+        raise UsageError(f"{what}: PID {owner} never exits (init); name the process whose exit ends the locks with "
+                         "--lock-pid PID")
+    try:
+        check_owner(owner)
+    except ProcessLookupError as exc:
+        raise UsageError(f"{what}: {exc}") from None
+    return owner
+
+
 def cmd_select(args: argparse.Namespace) -> int:
     """Select with the CLI's predicate; with ``--lock``, hand the locks to a holder that outlives this process."""
     from ..jsonout import select_document, select_timeout_document
     from ..selection import SelectTimeout
 
     lock = args.lock or args.lock_pid is not None
-    # Whose life the locks last: the process that ran nvmlcheck (in `GPUS=$(nvmlcheck select ...)` that is the
-    # launch script's shell, which may `exec` the server), unless --lock-pid names another.
-    owner = args.lock_pid if args.lock_pid is not None else os.getppid()
-    if lock and (owner <= 1 or not os.path.exists(f"/proc/{owner}")):
-        raise UsageError(f"--lock-pid {owner}: no such process to keep the locks for")
+    owner = _owner(args) if lock else os.getppid()
     args.timeout = args.wait  # open_session bounds nvmlInit by the command's own timeout
     predicate = wait_predicate(args)
     started = time.monotonic()
@@ -65,10 +88,11 @@ def cmd_select(args: argparse.Namespace) -> int:
             opened_ns = max(0, round((time.monotonic() - started) * 1e9) - late.elapsed_ns)
             exc = SelectTimeout(args.wait or 0.0, late.elapsed_ns + opened_ns, late.culprits, late.snapshot,
                                 late.polls, count=late.count, clean=late.clean)
+            verdict(EXIT_NOT_CLEAN)
             if args.json:
                 print_json(select_timeout_document(exc, count=args.count, format=args.format, timeout_s=args.wait))
             else:
-                print(f"nvmlcheck: {exc}", file=sys.stderr)
+                print(f"nvmlcheck: {safe_lines(exc)}", file=sys.stderr)
             verdict_printed(EXIT_NOT_CLEAN)
             return EXIT_NOT_CLEAN
         value = _value(args.format, selection, mapping)
@@ -78,9 +102,10 @@ def cmd_select(args: argparse.Namespace) -> int:
                 holder = selection.locks.hold_until(owner)
             except ProcessLookupError as exc:
                 raise UsageError(str(exc)) from None
-            if not args.json:
-                print(f"nvmlcheck: locked GPU {', '.join(map(str, selection.indices))} until PID {owner} exits "
-                      f"(holder PID {holder}, {selection.locks.directory})", file=sys.stderr)
+        verdict(EXIT_CLEAN, answer_is_output=True)  # the GPUs chosen are the answer: unread, it is not given
+        if selection.locks is not None and not args.json:
+            print(f"nvmlcheck: locked GPU {', '.join(map(str, selection.indices))} until PID {owner} exits "
+                  f"(holder PID {holder}, {safe(selection.locks.directory)})", file=sys.stderr)
         if args.json:
             print_json(select_document(selection, count=args.count, format=args.format, timeout_s=args.wait,
                                        value=value, holder_pid=holder, owner_pid=owner))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING
 
-from ._common import EXIT_BACKEND, EXIT_CLEAN, hosts_wanted, open_session, verdict_printed
+from ._common import EXIT_BACKEND, EXIT_CLEAN, hosts_wanted, open_session, verdict, verdict_printed
 from ._output import device_table, print_json, process_table
 
 if TYPE_CHECKING:
@@ -24,6 +24,8 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
         snap = gpus.snapshot(args.devices)
         if not snap.devices and not snap.failures:
             raise BackendUnavailable(f"the {snap.backend} backend sees no GPU", [f"{snap.backend}: device count 0"])
+        code = EXIT_BACKEND if snap.failures else EXIT_CLEAN
+        verdict(code, answer_is_output=True)
         if args.json:
             from ..jsonout import snapshot_document
 
@@ -32,6 +34,5 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
             process_table(snap, sys.stdout)
         else:
             device_table(snap, sys.stdout)
-        code = EXIT_BACKEND if snap.failures else EXIT_CLEAN
         verdict_printed(code)
     return code

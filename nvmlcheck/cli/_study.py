@@ -1,14 +1,18 @@
-"""``nvmlcheck study reclaim`` (how fast the driver gives memory back) and ``nvmlcheck demo``."""
+"""``nvmlcheck study reclaim`` (how fast the driver gives memory back), ``study compare``, ``study fit`` (the
+reclaim-time model) and ``nvmlcheck demo``."""
 
 from __future__ import annotations
 
 import contextlib
+import math
+import os
+import stat
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ._common import EXIT_CLEAN, EXIT_NOT_CLEAN, UsageError, open_session
-from ._output import StatusLine, human_bytes, print_json
+from ._common import EXIT_BACKEND, EXIT_CLEAN, EXIT_NOT_CLEAN, UsageError, open_session
+from ._output import StatusLine, human_bytes, print_json, safe, safe_lines
 
 if TYPE_CHECKING:
     import argparse
@@ -58,6 +62,39 @@ def _study_plots(records: Sequence[Any], directory: str) -> list[str]:
     return paths
 
 
+def _check_out(path: str) -> None:
+    """``--out``: a regular file on disk (new or replaced), before a study that may last hours, not after its first
+    run: never a directory, a device or a kernel file (``/proc/self/mem`` is "regular" to stat)."""
+    real = os.path.realpath(path)
+    if real == "/dev" or real.startswith(("/proc/", "/sys/", "/dev/")):
+        raise UsageError(f"--out {path}: not a file on disk ({real})")
+    if not os.path.isdir(os.path.dirname(real) or "."):
+        raise UsageError(f"--out {path}: its directory does not exist")
+    try:
+        mode = os.stat(real).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise UsageError(f"--out {path}: {exc.strerror or exc}") from None
+    if stat.S_ISDIR(mode):
+        raise UsageError(f"--out {path}: is a directory (name a file in it, e.g. {os.path.join(path, 'runs.jsonl')})")
+    if not stat.S_ISREG(mode):
+        raise UsageError(f"--out {path}: not a regular file")
+
+
+def _sink(write: Any, path: str) -> Any:
+    """The record writer, its failure (a full disk) an error naming ``--out`` (the study stops, its holders ended)."""
+    from ..study import StudyError
+
+    def sink(record: Any) -> None:
+        try:
+            write(record)
+        except OSError as exc:
+            raise StudyError(f"--out {path}: cannot write a record: {exc.strerror or exc}") from None
+
+    return sink
+
+
 def cmd_study_compare(args: argparse.Namespace) -> int:
     """``study compare A.jsonl B.jsonl``: per cell, the median difference with a bootstrap interval; exit 0."""
     from ..study import RecordFormatError, load_records
@@ -65,8 +102,9 @@ def cmd_study_compare(args: argparse.Namespace) -> int:
 
     if not 0.0 < args.level < 1.0:
         raise UsageError(f"--level must be within (0, 1), got {args.level}")
-    if not args.resolve_ms > 0:
-        raise UsageError(f"--resolve-ms must be > 0, got {args.resolve_ms}")
+    resolve_ns = round(args.resolve_ms * 1e6) if math.isfinite(args.resolve_ms) else 0
+    if not resolve_ns >= 1:  # NaN, inf, <= 0, or below a nanosecond
+        raise UsageError(f"--resolve-ms must be a finite number of ms >= 1e-6, got {args.resolve_ms}")
     loaded = []
     for path in (args.a, args.b):
         try:
@@ -75,46 +113,113 @@ def cmd_study_compare(args: argparse.Namespace) -> int:
             raise UsageError(f"cannot read the records of {path}: {exc}") from None
     across = tuple(p.strip() for p in args.across.split(",") if p.strip())
     result = compare_records(loaded[0], loaded[1], measure=args.measure, level=args.level,
-                             resamples=args.resamples, seed=args.seed, resolve_ns=round(args.resolve_ms * 1e6),
-                             across=across)
+                             resamples=args.resamples, seed=args.seed, resolve_ns=resolve_ns,
+                             across=across, stage=args.stage)
     if args.json:
         from ..jsonout import compare_document
 
         print_json(compare_document(result, args.a, args.b))
     else:
-        print(f"A = {args.a}\nB = {args.b}")
-        print(format_comparison(result))
+        print(f"A = {safe(args.a)}\nB = {safe(args.b)}")
+        print(safe_lines(format_comparison(result)))  # holder kinds and endings come from the records files
     return EXIT_CLEAN
 
 
-def cmd_study_reclaim(args: argparse.Namespace) -> int:
-    """Run the reclamation study (or, for ``study compare``, :func:`cmd_study_compare`); exit 1 if a run timed out
-    or the GPUs were not clean at baseline."""
-    from .. import study as st
-    from ._main import fail
+def cmd_study_fit(args: argparse.Namespace) -> int:
+    """``study fit RECORDS.jsonl...``: the reclaim-time model fitted to the records; exit 0."""
+    from ..study import RecordFormatError, load_records
+    from ..study.fit import FIT_ENDINGS, FIT_KINDS, fit_report, format_fit
 
-    if args.study == "compare":
-        return cmd_study_compare(args)
+    records = []
+    for path in args.records:
+        try:
+            records.extend(load_records(path))
+        except (OSError, RecordFormatError) as exc:
+            raise UsageError(f"cannot read the records of {path}: {exc}") from None
+    kinds = FIT_KINDS if args.kinds is None else tuple(k.strip() for k in args.kinds.split(",") if k.strip())
+    endings = FIT_ENDINGS if args.endings is None else tuple(args.endings)
+    try:
+        result = fit_report(records, kinds=kinds, endings=endings, driver=args.driver)
+    except ValueError as exc:
+        raise UsageError(f"cannot fit: {exc}") from None
+    if args.json:
+        from ..jsonout import study_fit_document
+
+        print_json(study_fit_document(result, args.records))
+    else:
+        print(format_fit(result))
+    return EXIT_CLEAN
+
+
+def _config(args: argparse.Namespace) -> Any:
+    """The :class:`~nvmlcheck.study.StudyConfig` of ``study reclaim``'s options (``ValueError``: exit 2)."""
+    from .. import study as st
+
     sizes = args.sizes
     if sizes is None:
         sizes = [0] if args.holder == "context" else [1 << 30, 4 << 30, 16 << 30]
     elif args.holder == "context":
         raise UsageError("--holder context allocates nothing: leave out --sizes")
-    config = st.StudyConfig(
+    return st.StudyConfig(
         sizes=tuple(sizes), repeats=args.repeats, endings=tuple(args.endings),
         devices=None if args.devices is None else tuple(args.devices), mode=args.mode, trace=args.trace,
         warmup="per_cell" if args.warmup else "none", run_timeout_s=args.run_timeout,
         holder=args.holder, holder_count=_holder_count(args), per_gpu=args.per_gpu, concurrent=args.concurrent,
         phases=args.phases, device_files=None if args.device_files is None else tuple(args.device_files.split(":")),
-        events=args.events,
+        events=args.events, pinned=tuple(args.pinned or (0,)), pin_mode=args.pin_mode,
+        importers=tuple(args.importers or (0,)), first=tuple(args.first or ("exporter",)),
+        stage_gap_s=args.stage_gap, budget_s=args.budget, ready_timeout_s=args.ready_timeout,
     )
-    if args.plot is not None:  # fail before a long study, not after it
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    if args.plot is not None:
         try:
             import matplotlib  # noqa: F401
         except ImportError:
             raise UsageError("--plot needs matplotlib: pip install 'nvmlcheck[plot]'") from None
-    if args.out is not None and not Path(args.out).resolve().parent.is_dir():
-        raise UsageError(f"--out {args.out}: its directory does not exist")
+        if os.path.exists(args.plot) and not os.path.isdir(args.plot):
+            raise UsageError(f"--plot {args.plot}: not a directory")
+    if args.out is not None:
+        _check_out(args.out)
+
+
+def _print_study(args: argparse.Namespace, result: Any, rows: Any, plots: Sequence[str]) -> None:
+    """The text output of ``study reclaim``: the machine, the summary, timeouts, an early stop, the files written."""
+    from .. import study as st
+
+    if not result.records:
+        print("no run: the time budget was spent before the first one")
+        return
+    first = result.records[0]
+    gpus = ", ".join(dict.fromkeys(f"{d.index} ({safe(d.name or '?')})" for d in first.devices))
+    simulated = " — SIMULATED (stub libnvidia-ml)" if args.simulate is not None else ""
+    print(f"{len(result.measured)} measured runs + {len(result.records) - len(result.measured)} warm-ups on "
+          f"GPU {gpus}; backend {first.backend}, driver {first.driver}, {first.mode} polling{simulated}")
+    print(safe_lines(st.format_summary(rows)))
+    for r in result.records:
+        if r.timed_out:
+            print(f"run {r.run} ({human_bytes(r.size_bytes)} {r.ending}) timed out: {safe(r.timeout_reason)}",
+                  file=sys.stderr)
+    if result.stopped is not None:
+        print(f"study stopped early: {result.stopped}", file=sys.stderr)
+    for written in ([args.out] if args.out else []) + list(plots):
+        print(f"wrote {safe(written)}")
+
+
+def cmd_study_reclaim(args: argparse.Namespace) -> int:
+    """Run the reclamation study (or, for ``study compare`` and ``study fit``, :func:`cmd_study_compare` and
+    :func:`cmd_study_fit`); exit 1 if a run timed out or the GPUs were not clean at baseline, 3 when the study is
+    skipped (it cannot run here: the reason is printed)."""
+    from .. import study as st
+    from ._main import fail
+
+    if args.study == "compare":
+        return cmd_study_compare(args)
+    if args.study == "fit":
+        return cmd_study_fit(args)
+    config = _config(args)
+    _check_outputs(args)  # before a study that may last hours, not after it
     status = StatusLine(sys.stderr, not args.json)
 
     def progress(p: st.StudyProgress) -> None:
@@ -122,17 +227,26 @@ def cmd_study_reclaim(args: argparse.Namespace) -> int:
         clean = r.devices[0].first_clean_ns if r.devices else None
         last = "timed out" if r.timed_out else f"clean after {clean / 1e6:.1f} ms" if clean is not None else "?"
         kind = " warm-up" if r.warmup else ""
-        status.update(f"study run {p.done}/{p.total} · {r.holder} {human_bytes(r.size_bytes)} {r.ending}{kind} · "
-                      f"{last}")
+        words = st.cell_words(r.pinned_bytes, r.importers, r.first)
+        status.update(f"study run {p.done}/{p.total} · {r.holder} {human_bytes(r.size_bytes)}{words} {r.ending}{kind}"
+                      f" · {last}")
 
     with contextlib.ExitStack() as stack:
-        sink = stack.enter_context(st.record_writer(args.out)) if args.out is not None else None
+        sink = None
+        if args.out is not None:
+            try:
+                sink = _sink(stack.enter_context(st.record_writer(args.out)), args.out)
+            except OSError as exc:
+                raise UsageError(f"--out {args.out}: {exc.strerror or exc}") from None
         try:
             result = st.run_study(config, session_factory=lambda: open_session(args),
                                   holder_factory=_study_holders(args), on_record=sink, progress=progress)
         except st.BaselineNotClean as exc:
             status.clear()
             return fail(args.json, exc, EXIT_NOT_CLEAN)
+        except st.StudySkipped as exc:
+            status.clear()
+            return fail(args.json, exc, EXIT_BACKEND, label="skipped")
         finally:
             status.clear()
     plots = _study_plots(result.records, args.plot) if args.plot is not None else []
@@ -143,15 +257,5 @@ def cmd_study_reclaim(args: argparse.Namespace) -> int:
 
         print_json(study_reclaim_document(result, rows, out=args.out, plots=plots))
     else:
-        first = result.records[0]
-        gpus = ", ".join(f"{d.index} ({d.name or '?'})" for d in first.devices)
-        simulated = " — SIMULATED (stub libnvidia-ml)" if args.simulate is not None else ""
-        print(f"{len(result.measured)} measured runs + {len(result.records) - len(result.measured)} warm-ups on "
-              f"GPU {gpus}; backend {first.backend}, driver {first.driver}, {first.mode} polling{simulated}")
-        print(st.format_summary(rows))
-        for r in timed_out:
-            print(f"run {r.run} ({human_bytes(r.size_bytes)} {r.ending}) timed out: {r.timeout_reason}",
-                  file=sys.stderr)
-        for written in ([args.out] if args.out else []) + plots:
-            print(f"wrote {written}")
+        _print_study(args, result, rows, plots)
     return EXIT_NOT_CLEAN if timed_out else EXIT_CLEAN

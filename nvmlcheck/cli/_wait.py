@@ -12,10 +12,11 @@ from ._common import (
     hosts_wanted,
     open_session,
     start_events,
+    verdict,
     verdict_printed,
     wait_predicate,
 )
-from ._output import StatusLine, plural, print_json, status_updater
+from ._output import StatusLine, plural, print_json, safe_lines, status_updater
 
 if TYPE_CHECKING:
     import argparse
@@ -53,16 +54,18 @@ def cmd_wait(args: argparse.Namespace) -> int:
             opened_ns = round((time.monotonic() - started) * 1e9) - late.elapsed_ns
             exc = WaitTimeout(args.timeout, late.elapsed_ns + max(0, opened_ns), late.culprits, late.snapshot,
                               late.polls)
+            verdict(EXIT_NOT_CLEAN)
             if args.json:
                 from ..jsonout import wait_timeout_document
 
                 print_json(wait_timeout_document(exc))
             else:
-                print(str(exc), file=sys.stderr)
+                print(safe_lines(exc), file=sys.stderr)
             verdict_printed(EXIT_NOT_CLEAN)
             return EXIT_NOT_CLEAN
         finally:
             status.clear()
+        verdict(EXIT_CLEAN)  # clean whether or not anyone reads it (docs/cli.md, "Exit codes")
         _print_clean(args, result)
         verdict_printed(EXIT_CLEAN)  # before the session closes: nvmlShutdown is teardown the kernel does anyway
     return EXIT_CLEAN
@@ -76,7 +79,7 @@ def _print_clean(args: argparse.Namespace, result: WaitResult) -> None:
     else:
         n = len(result.snapshot.devices)
         print(
-            f"clean: {plural(n, 'GPU')} after {result.first_clean_ns / 1e6:.1f} ms "
+            f"clean: {plural(n, 'GPU')} after {result.clean_ns / 1e6:.1f} ms "
             f"(confirmed at {result.elapsed_ns / 1e6:.1f} ms, {plural(result.polls, 'poll')}, "
             f"{result.poll_cost_ns / 1e3:.0f} µs per poll)"
         )

@@ -13,6 +13,7 @@ import time
 from typing import TYPE_CHECKING
 
 from ._common import EXIT_BACKEND, EXIT_CLEAN, open_session
+from ._output import safe
 
 if TYPE_CHECKING:
     import argparse
@@ -30,10 +31,10 @@ def cmd_watch(args: argparse.Namespace) -> int:
         wanted = None if indices is None else frozenset(indices)
         listener = gpus.listen()
         if not listener.active:
-            print(f"nvmlcheck: events: {listener.reason}", file=sys.stderr)
+            print(f"nvmlcheck: events: {safe(listener.reason)}", file=sys.stderr)
             return EXIT_BACKEND
         if listener.reason is not None:  # some GPUs only: say which are not watched, once
-            print(f"nvmlcheck: events: {listener.reason}", file=sys.stderr)
+            print(f"nvmlcheck: events: {safe(listener.reason)}", file=sys.stderr)
         end = None if args.duration is None else time.monotonic() + args.duration
         seen = 0
         while end is None or time.monotonic() < end:
@@ -42,8 +43,8 @@ def cmd_watch(args: argparse.Namespace) -> int:
             for ev in events:
                 if wanted is not None and ev.index not in wanted:
                     continue
-                print(json.dumps(ev.to_json(), separators=(",", ":")) if args.json else ev.line(), flush=True)
+                print(json.dumps(ev.to_json(), separators=(",", ":")) if args.json else safe(ev.line()), flush=True)
             if listener.state != "running":
-                print(f"nvmlcheck: events: {listener.reason or 'the listener stopped'}", file=sys.stderr)
+                print(f"nvmlcheck: events: {safe(listener.reason or 'the listener stopped')}", file=sys.stderr)
                 return EXIT_BACKEND
     return EXIT_CLEAN

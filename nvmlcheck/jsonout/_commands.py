@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from ..model import Snapshot
     from ..selection import Selection, SelectTimeout
     from ..slurm import GateResult, NodeState, ScontrolRun
-    from ..study import StudyResult, SummaryRow
+    from ..study import FitResult, StudyResult, SummaryRow
     from ..verdict import Culprit, ReadyReport
     from ..wait import WaitResult
 
@@ -38,7 +38,9 @@ def wait_document(result: WaitResult) -> dict[str, Any]:
         "wait",
         clean=True,
         elapsed_ns=result.elapsed_ns,
-        first_clean_ns=result.first_clean_ns,
+        first_clean_ns=result.clean_ns,  # deprecated: clean_ns (goes in version 2)
+        clean_ns=result.clean_ns,
+        confirmed_ns=result.confirmed_ns,
         last_dirty_ns=result.last_dirty_ns,
         polls=result.polls,
         poll_cost_ns=result.poll_cost_ns,
@@ -137,7 +139,7 @@ def nothing_to_kill_document(
 ) -> dict[str, Any]:
     """The ``nvmlcheck/kill`` document of ``--all-*`` with nothing to signal, whose plain wait ended clean."""
     return document("kill", clean=True, **_nothing_to_kill(signal_name, tree, selection),
-                    clean_ns=result.first_clean_ns, confirmed_ns=result.elapsed_ns,
+                    clean_ns=result.clean_ns, confirmed_ns=result.confirmed_ns,
                     resolution_ns=max(result.interval_ns, result.poll_cost_ns), holders=[],
                     snapshot=snapshot_json(result.snapshot))
 
@@ -216,7 +218,14 @@ def study_reclaim_document(
         plots=list(plots),
         summary=[row.to_json() for row in rows],
         records=[{**r.to_json(), "trace": None} for r in result.records],
+        stopped=result.stopped,
     )
+
+
+def study_fit_document(result: FitResult, paths: Sequence[str]) -> dict[str, Any]:
+    """The ``nvmlcheck/study-fit`` document: the fitted reclaim-time model, what was fitted and kept, its error and
+    every cell against it, from the record files ``paths``."""
+    return document("study-fit", records=list(paths), **result.to_json())
 
 
 def compare_document(result: Comparison, a: str, b: str) -> dict[str, Any]:
@@ -240,7 +249,14 @@ def demo_document(result: KillResult) -> dict[str, Any]:
 
 
 def error_document(exc: BaseException, exit_code: int) -> dict[str, Any]:
-    """The ``nvmlcheck/error`` document of a command that failed with ``exc`` and exits with ``exit_code``."""
+    """The ``nvmlcheck/error`` document of a command that failed with ``exc`` and exits with ``exit_code``; a kill
+    that failed after its first signal adds ``pids``, each target's record (:func:`nvmlcheck.kill.kill_records`)."""
+    if hasattr(exc, "_nvmlcheck_kill_pids"):
+        from ..kill import kill_records
+
+        records = kill_records(exc)
+        if records is not None:
+            return document("error", error=error_json(exc), exit_code=exit_code, pids=[r.to_json() for r in records])
     return document("error", error=error_json(exc), exit_code=exit_code)
 
 

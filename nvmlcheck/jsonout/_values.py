@@ -140,9 +140,10 @@ def device_json(d: DeviceState) -> dict[str, Any]:
 def error_json(exc: BaseException) -> dict[str, Any]:
     """An exception as ``{"type", "message"}``, plus ``code``/``function``/``device_index`` for NVML errors,
     ``returncode`` for nvidia-smi errors, ``attempts`` (what was tried) when no backend opened, and for a
-    :class:`~nvmlcheck.GpuFault` ``index``/``uuid``/``kind``/``xid``/``meaning``/``time_ns``/``wall_time``."""
+    :class:`~nvmlcheck.GpuFault` ``index``/``uuid``/``kind``/``xid``/``meaning``/``time_ns``/``wall_time``, and
+    ``directory``/``path`` for a lock directory that cannot be used (``LockDirError``)."""
     out: dict[str, Any] = {"type": type(exc).__name__, "message": str(exc)}
-    attrs: tuple[str, ...] = ("code", "function", "device_index", "returncode", "attempts")
+    attrs: tuple[str, ...] = ("code", "function", "device_index", "returncode", "attempts", "directory", "path")
     if type(exc).__name__ == "GpuFault":  # by name: importing errors here would cost every other document
         attrs = ("index", "uuid", "kind", "xid", "meaning", "time_ns", "wall_time")
     for attr in attrs:

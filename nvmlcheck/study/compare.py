@@ -15,15 +15,16 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from statistics import NormalDist
 from typing import TYPE_CHECKING, Any
 
 from .._units import format_bytes
-from .summary import MEASURES, percentile
+from ..errors import ArgumentError
+from .summary import MEASURES, cell_words, percentile
 
 if TYPE_CHECKING:
-    from .records import RunRecord
+    from .records import DeviceRun, RunRecord
 
 __all__ = [
     "COMPARE_SCHEMA",
@@ -46,8 +47,11 @@ COMPARE_VERSION = 1
 #: Fewer values than this in a group: no verdict (the bootstrap of 2 or 3 values is not an interval to trust).
 MIN_N = 4
 
-#: A cell: (size_bytes, ending, holder kind, GPU index).
-Cell = tuple[int, str, str, int]
+#: A cell: (size_bytes, ending, holder kind, GPU index, pinned bytes, importers, IPC order ("" for none), holder
+#: role); the last four were added by the third edition (issue 26), after the first four.
+Cell = tuple[int, str, str, int, int, int, str, str]
+#: Holders signalled within this of a run's last signal belong to its last stage (``stage="last"``).
+STAGE_TOLERANCE_NS = 10_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +77,10 @@ class CellComparison:
     outliers_b: tuple[float, ...]
     spread: float | None
     repeats_needed: int | None
+    pinned_bytes: int = 0
+    importers: int = 0
+    first: str | None = None
+    role: str = "holder"
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -95,12 +103,14 @@ class Comparison:
     only_a: tuple[Cell, ...]
     only_b: tuple[Cell, ...]
     across: tuple[str, ...] = ()
+    stage: str = "all"
 
     def to_json(self) -> dict[str, Any]:
         """The ``nvmlcheck/study-compare`` document (version 1)."""
         return {
             "schema": COMPARE_SCHEMA, "version": COMPARE_VERSION, "measure": self.measure, "level": self.level,
             "resamples": self.resamples, "seed": self.seed, "resolve_ns": self.resolve_ns, "across": list(self.across),
+            "stage": self.stage,
             "cells": [c.to_json() for c in self.cells],
             "only_a": [list(c) for c in self.only_a], "only_b": [list(c) for c in self.only_b],
         }
@@ -115,7 +125,7 @@ def bootstrap_median_difference(
 ) -> tuple[float, float]:
     """The percentile-bootstrap interval of ``median(b) - median(a)`` at ``level``."""
     if not a or not b:
-        raise ValueError("both groups need values")
+        raise ArgumentError("both groups need values")
     diffs = []
     for _ in range(resamples):
         ra = rng.choices(a, k=len(a))
@@ -154,22 +164,44 @@ def repeats_to_resolve(a: Sequence[float], b: Sequence[float], *, resolve_ns: fl
 
 
 #: The parts of a cell that ``across`` may leave out of the matching.
-CELL_PARTS: tuple[str, ...] = ("size", "ending", "holder", "device")
+CELL_PARTS: tuple[str, ...] = ("size", "ending", "holder", "device", "pinned", "importers", "first", "role")
 
 
-def _cells(records: Iterable[RunRecord], measure: str, across: Sequence[str] = ()) -> dict[Cell, list[float]]:
+def _cells(records: Iterable[RunRecord], measure: str, across: Sequence[str] = (),
+           stage: str = "all") -> dict[Cell, list[float]]:
     out: dict[Cell, list[float]] = {}
     for r in records:
         if r.warmup or r.timed_out:
             continue
-        for d in r.devices:
-            v = getattr(d, f"{measure}_ns")
+        for d, v in _values(r, measure, stage):
             # A part compared across is left out of the key: -1 / "*" stand for "any".
             key = (-1 if "size" in across else r.size_bytes, "*" if "ending" in across else r.ending,
-                   "*" if "holder" in across else r.holder, -1 if "device" in across else d.index)
+                   "*" if "holder" in across else r.holder, -1 if "device" in across else d.index,
+                   -1 if "pinned" in across else r.pinned_bytes, -1 if "importers" in across else r.importers,
+                   "*" if "first" in across else r.first or "", "*" if "role" in across else d.role)
             out.setdefault(key, [])
             if v is not None:
                 out[key].append(float(v))
+    return out
+
+
+def _values(r: RunRecord, measure: str, stage: str) -> list[tuple[DeviceRun, int | None]]:
+    """Each GPU-run's value of ``measure``; with ``stage="last"``, one value per GPU: the latest of its last-stage
+    holders (the time until all of them got there), so K importers count once, not K times."""
+    if stage != "last":
+        return [(d, getattr(d, f"{measure}_ns")) for d in r.devices]
+    last = max((d.signal_ns for d in r.devices), default=0) - STAGE_TOLERANCE_NS
+    by_gpu: dict[int, list[DeviceRun]] = {}
+    for d in r.devices:
+        if d.signal_ns >= last:
+            by_gpu.setdefault(d.index, []).append(d)
+    out: list[tuple[DeviceRun, int | None]] = []
+    for group in by_gpu.values():
+        known = [v for d in group if (v := getattr(d, f"{measure}_ns")) is not None]
+        value = max(known) if len(known) == len(group) else None  # one holder unseen: the GPU's time is unknown
+        roles = {d.role for d in group}
+        first = group[0] if len(roles) == 1 else replace(group[0], role="*")
+        out.append((first, value))
     return out
 
 
@@ -183,29 +215,34 @@ def compare_records(
     seed: int = 0,
     resolve_ns: int = 5_000_000,
     across: Sequence[str] = (),
+    stage: str = "all",
 ) -> Comparison:
     """Compare study A with study B cell by cell (the method: docs/study-records.md). ``measure``: one of
     :data:`nvmlcheck.study.MEASURES`. ``across``: parts of the cell (:data:`CELL_PARTS`) left out of the matching,
     to compare conditions that differ in them, for example ``("ending",)`` for a file of ``exit`` runs against one
     of ``free`` runs (the values of every ending left in a side's cell are pooled, so give each side one).
-    ``ValueError`` for a bad measure, level, number of resamples or part."""
+    ``stage``: ``"all"`` holders, or only those of each run's ``"last"`` stage (an IPC group's side ended last:
+    with ``across=("first", "role")`` it compares the time from the last signal whichever side that was).
+    ``ValueError`` for a bad measure, level, number of resamples, part or stage."""
     bad = [p for p in across if p not in CELL_PARTS]
     if bad:
-        raise ValueError(f"cannot compare across {', '.join(bad)}: one of {', '.join(CELL_PARTS)}")
+        raise ArgumentError(f"cannot compare across {', '.join(bad)}: one of {', '.join(CELL_PARTS)}")
     if measure not in MEASURES:
-        raise ValueError(f"unknown measure {measure!r}: one of {', '.join(MEASURES)}")
+        raise ArgumentError(f"unknown measure {measure!r}: one of {', '.join(MEASURES)}")
     if not 0.0 < level < 1.0:
-        raise ValueError(f"level must be within (0, 1), got {level!r}")
+        raise ArgumentError(f"level must be within (0, 1), got {level!r}")
     if resamples < 100:
-        raise ValueError(f"resamples must be at least 100, got {resamples}")
+        raise ArgumentError(f"resamples must be at least 100, got {resamples}")
     if resolve_ns <= 0:
-        raise ValueError(f"resolve_ns must be > 0, got {resolve_ns}")
-    ca, cb = _cells(a, measure, across), _cells(b, measure, across)
+        raise ArgumentError(f"resolve_ns must be > 0, got {resolve_ns}")
+    if stage not in ("all", "last"):
+        raise ArgumentError(f"stage must be 'all' or 'last', got {stage!r}")
+    ca, cb = _cells(a, measure, across, stage), _cells(b, measure, across, stage)
     rng = random.Random(seed)
     cells = []
-    for key in sorted(set(ca) & set(cb), key=lambda k: (k[2], k[0], k[1], k[3])):
+    for key in sorted(set(ca) & set(cb), key=lambda k: (k[2], k[0], k[4], k[5], k[6], k[1], k[3], k[7])):
         va, vb = ca[key], cb[key]
-        size, ending, holder, device = key
+        size, ending, holder, device, pinned, importers, first, role = key
         med_a = _median(va) if va else None
         med_b = _median(vb) if vb else None
         diff = None if med_a is None or med_b is None else med_b - med_a
@@ -222,16 +259,25 @@ def compare_records(
             size_bytes=size, ending=ending, holder=holder, device=device, n_a=len(va), n_b=len(vb),
             median_a=med_a, median_b=med_b, difference=diff, ci_low=lo, ci_high=hi, differ=differ, why=why,
             outliers_a=outliers(va), outliers_b=outliers(vb), spread=sigma, repeats_needed=need,
+            pinned_bytes=pinned, importers=importers, first=first or None, role=role,
         ))
     return Comparison(
         measure=measure, level=level, resamples=resamples, seed=seed, resolve_ns=resolve_ns, cells=tuple(cells),
-        across=tuple(across),
+        across=tuple(across), stage=stage,
         only_a=tuple(sorted(set(ca) - set(cb))), only_b=tuple(sorted(set(cb) - set(ca))),
     )
 
 
 def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v / 1e6:.1f}"
+
+
+def _parts(pinned: int, importers: int, first: str | None) -> str:
+    """The third edition's cell parts in words; ``*`` where compared across."""
+    out = ", * pinned" if pinned < 0 else ""
+    out += ", * importers" if importers < 0 else ""
+    out += ", either side first" if first == "*" else ""
+    return out + cell_words(max(pinned, 0), max(importers, 0), None if first == "*" else first)
 
 
 def format_comparison(c: Comparison) -> str:
@@ -241,10 +287,14 @@ def format_comparison(c: Comparison) -> str:
              f"({c.resamples} resamples, seed {c.seed}); outliers (beyond 1.5 IQR) kept and listed"]
     if c.across:
         lines.append(f"compared across {', '.join(c.across)} (shown as *)")
+    if c.stage == "last":
+        lines.append("only the holders of each run's last stage (times from the last signal)")
     for cell in c.cells:
         size = "*" if cell.size_bytes < 0 else format_bytes(cell.size_bytes) if cell.size_bytes else "no allocation"
         gpu = "*" if cell.device < 0 else str(cell.device)
-        head = f"{cell.holder} {size} {cell.ending} GPU {gpu}:"
+        role = "" if cell.role == "holder" else f" ({'any role' if cell.role == '*' else cell.role + 's'})"
+        parts = _parts(cell.pinned_bytes, cell.importers, cell.first)
+        head = f"{cell.holder} {size}{parts} {cell.ending}{role} GPU {gpu}:"
         lines.append(f"{head} A {_ms(cell.median_a)} (n {cell.n_a}), B {_ms(cell.median_b)} (n {cell.n_b})")
         if cell.differ is None:
             lines.append(f"  difference {_ms(cell.difference)} ms; {cell.why}")
@@ -262,7 +312,8 @@ def format_comparison(c: Comparison) -> str:
     for side, keys in (("A", c.only_a), ("B", c.only_b)):
         for key in keys:
             size_text = "*" if key[0] < 0 else format_bytes(key[0])
-            lines.append(f"only in {side}: {key[2]} {size_text} {key[1]} GPU {'*' if key[3] < 0 else key[3]}")
+            parts = _parts(key[4], key[5], key[6] or None) + ("" if key[7] == "holder" else f" ({key[7]}s)")
+            lines.append(f"only in {side}: {key[2]} {size_text}{parts} {key[1]} GPU {'*' if key[3] < 0 else key[3]}")
     if not c.cells:
         lines.append("no cell in common: nothing to compare")
     return "\n".join(lines)

@@ -1,5 +1,5 @@
 """What a study measures: the ways a holder is ended, the warm-up and concurrency choices, and :class:`StudyConfig`
-(validated and normalised when made)."""
+(validated and normalised when made), whose sweeps give the :class:`Cell` of each planned run (:class:`PlannedRun`)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,11 @@ import signal
 from dataclasses import dataclass
 from typing import Literal
 
+from ..errors import ArgumentError
 from ..predicates import DEFAULT_TOLERANCE_BYTES
 
-__all__ = ["ENDINGS", "Concurrency", "Ending", "StudyConfig", "WarmUp", "parse_ending"]
+__all__ = ["ENDINGS", "ZERO_SIZE_KINDS", "Cell", "Concurrency", "Ending", "IpcFirst", "PinMode", "PlannedRun",
+           "StudyConfig", "WarmUp", "parse_ending"]
 
 #: How a holder is ended: SIGKILL, SIGTERM, ``exit`` on its stdin (exits without freeing), ``free`` (frees, then exits).
 Ending = Literal["KILL", "TERM", "exit", "free"]
@@ -20,6 +22,37 @@ ENDINGS: tuple[Ending, ...] = ("KILL", "TERM", "exit", "free")
 WarmUp = Literal["per_cell", "once", "none"]
 #: ``"gpus"``: every selected GPU's holders end at the same instant; ``"none"``: one GPU per run, in turn.
 Concurrency = Literal["gpus", "none"]
+#: Which side of a CUDA IPC group (holder ``ipc``) is ended first; the other is ended ``stage_gap_s`` after the first
+#: side was reaped.
+IpcFirst = Literal["exporter", "importers"]
+#: How a ``pinned`` holder pins host memory: ``cuMemHostAlloc`` or ``cuMemHostRegister`` of mapped memory.
+PinMode = Literal["alloc", "register"]
+#: Holder kinds that may hold no device memory (size 0); ``context`` holds none, always.
+ZERO_SIZE_KINDS: tuple[str, ...] = ("context", "pinned", "nccl")
+#: The most importers an IPC group may have (each is a process with its own context).
+MAX_IMPORTERS = 16
+
+
+@dataclass(frozen=True, slots=True)
+class Cell:
+    """One condition of a study: device bytes per holder, the ending, pinned host bytes per holder (``pinned``),
+    importers per exporter and which side ends first (``ipc``; ``first`` is ``None`` for every other kind and for an
+    exporter alone)."""
+
+    size_bytes: int
+    ending: Ending
+    pinned_bytes: int = 0
+    importers: int = 0
+    first: IpcFirst | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedRun:
+    """One planned run: its cell, its index among the cell's runs of its kind, and whether it is a warm-up."""
+
+    cell: Cell
+    repeat: int
+    warmup: bool
 
 
 def parse_ending(text: str) -> Ending:
@@ -35,7 +68,7 @@ def parse_ending(text: str) -> Ending:
         return "exit"
     if t.lower() == "free":
         return "free"
-    raise ValueError(f"unknown ending {text!r}: use KILL, TERM, exit or free")
+    raise ArgumentError(f"unknown ending {text!r}: use KILL, TERM, exit or free")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -58,9 +91,17 @@ class StudyConfig:
     ``"gpus"`` ends the holders of every selected GPU at the same instant; ``"none"`` runs each GPU alone, in turn
     (one record per GPU and planned run). ``phases``: watch the OS-side phases from ``/proc`` (zombie, whole process
     exited, device files closed) in a thread of their own; ``device_files``: the globs of the files that count as
-    NVIDIA device files (``None``: ``$NVMLCHECK_DEVICE_FILES`` or the defaults). ``events``: listen for NVML events
+    NVIDIA device files in the study's own holders (``None``: ``/dev/nvidia*``). ``events``: listen for NVML events
     (:mod:`nvmlcheck.events`) during each run and keep every one in its record (``events``; where events cannot be
     had, ``events_reason`` says why); they are recorded, they do not end a run.
+
+    Third edition (issue 26): ``pinned`` (swept) pinned host bytes per holder (holder ``pinned``; ``pin_mode``
+    ``"alloc"`` or ``"register"``); ``importers`` (swept) importer processes beside each exporter (holder ``ipc``),
+    ``first`` (swept) which side of such a group is ended first and ``stage_gap_s`` how long after that side was
+    reaped the other is ended. ``budget_s``: start no run once this many seconds have passed since the study began,
+    nor one that the cell's previous run says would end past it (the study stops early, with what it has;
+    ``None``: no budget). A study plans every combination of sizes, pinned bytes, importers, orders and endings
+    (:meth:`runs`).
     """
 
     sizes: tuple[int, ...]
@@ -82,63 +123,123 @@ class StudyConfig:
     device_files: tuple[str, ...] | None = None
     phases: bool = True
     events: bool = False
+    pinned: tuple[int, ...] = (0,)
+    pin_mode: PinMode = "alloc"
+    importers: tuple[int, ...] = (0,)
+    first: tuple[IpcFirst, ...] = ("exporter",)
+    stage_gap_s: float = 0.3
+    budget_s: float | None = None
 
     def __post_init__(self) -> None:
         from .._proc.devfiles import device_file_patterns
         from .child import HOLDER_KINDS
 
         if self.holder not in HOLDER_KINDS:
-            raise ValueError(f"unknown holder kind {self.holder!r}: one of {', '.join(HOLDER_KINDS)}")
+            raise ArgumentError(f"unknown holder kind {self.holder!r}: one of {', '.join(HOLDER_KINDS)}")
         sizes = tuple(self.sizes)
         if not sizes:
-            raise ValueError("a study needs at least one size")
+            raise ArgumentError("a study needs at least one size")
         for s in sizes:
             if isinstance(s, bool) or not isinstance(s, int) or s < 0:
-                raise ValueError(f"sizes are positive int byte counts, got {s!r}")
-            # A context holds no allocation: its "size" is 0, and only its size is 0.
-            if (s == 0) != (self.holder == "context"):
-                raise ValueError(f"size {s}: the context holder takes size 0 only, every other holder positive sizes")
+                raise ArgumentError(f"sizes are positive int byte counts, got {s!r}")
+            # A context holds no allocation: its "size" is 0; a few kinds may hold no device memory either.
+            if self.holder == "context" and s != 0:
+                raise ArgumentError(
+                    f"size {s}: the context holder takes size 0 only, every other holder positive sizes")
+            if s == 0 and self.holder not in ZERO_SIZE_KINDS:
+                raise ArgumentError(f"size 0: the {self.holder} holder takes positive sizes (the context holder takes "
+                                 f"size 0 only; the pinned and nccl holders may hold no device memory)")
         for name in ("holder_count", "per_gpu"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+                raise ArgumentError(f"{name} must be an int >= 1, got {value!r}")
         if self.concurrent not in ("gpus", "none"):
-            raise ValueError(f"concurrent must be 'gpus' or 'none', got {self.concurrent!r}")
+            raise ArgumentError(f"concurrent must be 'gpus' or 'none', got {self.concurrent!r}")
         if self.device_files is not None:
             object.__setattr__(self, "device_files", device_file_patterns(self.device_files))
         endings = tuple(parse_ending(e) for e in self.endings)
         if not endings:
-            raise ValueError("a study needs at least one ending (KILL, TERM, exit, free)")
+            raise ArgumentError("a study needs at least one ending (KILL, TERM, exit, free)")
         devices = None if self.devices is None else tuple(self.devices)
         if devices is not None and not devices:
-            raise ValueError("empty device selection: name at least one GPU, or None for all")
+            raise ArgumentError("empty device selection: name at least one GPU, or None for all")
         if isinstance(self.repeats, bool) or not isinstance(self.repeats, int) or self.repeats < 1:
-            raise ValueError(f"repeats must be an int >= 1, got {self.repeats!r}")
+            raise ArgumentError(f"repeats must be an int >= 1, got {self.repeats!r}")
         if self.mode not in ("precise", "default"):
-            raise ValueError(f"mode must be 'precise' or 'default', got {self.mode!r}")
+            raise ArgumentError(f"mode must be 'precise' or 'default', got {self.mode!r}")
         if self.warmup not in ("per_cell", "once", "none"):
-            raise ValueError(f"warmup must be 'per_cell', 'once' or 'none', got {self.warmup!r}")
+            raise ArgumentError(f"warmup must be 'per_cell', 'once' or 'none', got {self.warmup!r}")
         for name in ("run_timeout_s", "ready_timeout_s"):
             value = getattr(self, name)
             if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
-                raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
+                raise ArgumentError(f"{name} must be a finite number of seconds > 0, got {value!r}")
         if not (math.isfinite(self.settle_timeout_s) and self.settle_timeout_s >= 0):
-            raise ValueError(f"settle_timeout_s must be >= 0, got {self.settle_timeout_s!r}")
+            raise ArgumentError(f"settle_timeout_s must be >= 0, got {self.settle_timeout_s!r}")
         if self.tolerance_bytes < 0:
-            raise ValueError(f"tolerance_bytes must be >= 0, got {self.tolerance_bytes}")
+            raise ArgumentError(f"tolerance_bytes must be >= 0, got {self.tolerance_bytes}")
         if self.stable_polls < 1:
-            raise ValueError(f"stable_polls must be >= 1, got {self.stable_polls}")
+            raise ArgumentError(f"stable_polls must be >= 1, got {self.stable_polls}")
         # Frozen: normalise through object.__setattr__ (lists become tuples, endings canonical).
         object.__setattr__(self, "sizes", sizes)
         object.__setattr__(self, "endings", endings)
         object.__setattr__(self, "devices", devices)
+        self._check_sweeps()
+
+    def _check_sweeps(self) -> None:
+        """The third edition's fields (issue 26), normalised to tuples."""
+        pinned, importers, first = tuple(self.pinned), tuple(self.importers), tuple(self.first)
+        for name, values in (("pinned", pinned), ("importers", importers)):
+            if not values:
+                raise ArgumentError(f"{name} needs at least one value (0 for none)")
+            for v in values:
+                if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                    raise ArgumentError(f"{name} values are int counts >= 0, got {v!r}")
+        if any(pinned) and self.holder != "pinned":
+            raise ArgumentError(f"pinned host memory needs the pinned holder, not {self.holder!r}")
+        if any(importers) and self.holder != "ipc":
+            raise ArgumentError(f"importers need the ipc holder, not {self.holder!r}")
+        if max(importers) > MAX_IMPORTERS:
+            raise ArgumentError(f"at most {MAX_IMPORTERS} importers per exporter, got {max(importers)}")
+        if not first or any(f not in ("exporter", "importers") for f in first):
+            raise ArgumentError(f"first must name 'exporter' and/or 'importers', got {first!r}")
+        if self.pin_mode not in ("alloc", "register"):
+            raise ArgumentError(f"pin_mode must be 'alloc' or 'register', got {self.pin_mode!r}")
+        gap = self.stage_gap_s
+        if isinstance(gap, bool) or not isinstance(gap, int | float) or not math.isfinite(gap) or gap < 0:
+            raise ArgumentError(f"stage_gap_s must be a finite number of seconds >= 0, got {gap!r}")
+        budget = self.budget_s
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int | float)
+                                   or not math.isfinite(budget) or budget <= 0):
+            raise ArgumentError(f"budget_s must be a finite number of seconds > 0 (or None), got {budget!r}")
+        if self.holder in ("ipc", "nccl") and self.per_gpu != 1:
+            raise ArgumentError(f"the {self.holder} holder starts its own group: per_gpu must be 1")
+        if self.holder == "nccl" and self.concurrent != "gpus":
+            raise ArgumentError("an NCCL communicator spans the selected GPUs: concurrent must be 'gpus'")
+        object.__setattr__(self, "pinned", tuple(dict.fromkeys(pinned)))
+        object.__setattr__(self, "importers", tuple(dict.fromkeys(importers)))
+        object.__setattr__(self, "first", tuple(dict.fromkeys(first)))
+
+    def cells(self) -> list[Cell]:
+        """Every condition, in order: size, pinned bytes, importers, which side first, ending."""
+        out: list[Cell] = []
+        for size in self.sizes:
+            for pinned in self.pinned:
+                for k in self.importers:
+                    orders: tuple[IpcFirst | None, ...] = self.first if self.holder == "ipc" and k > 0 else (None,)
+                    for first in orders:
+                        out.extend(Cell(size, e, pinned, k, first) for e in self.endings)
+        return out
+
+    def runs(self) -> list[PlannedRun]:
+        """The runs in order. Cells run one after another, each preceded by its warm-up with ``"per_cell"``; with
+        ``"once"`` the single warm-up uses the first cell."""
+        out: list[PlannedRun] = []
+        for n, cell in enumerate(self.cells()):
+            if self.warmup == "per_cell" or (self.warmup == "once" and n == 0):
+                out.append(PlannedRun(cell, 0, True))
+            out.extend(PlannedRun(cell, r, False) for r in range(self.repeats))
+        return out
 
     def plan(self) -> list[tuple[int, Ending, int, bool]]:
-        """The runs in order: ``(size, ending, repeat, warmup)``. Cells run one after another, each preceded by its
-        warm-up with ``"per_cell"``; with ``"once"`` the single warm-up uses the first cell."""
-        out: list[tuple[int, Ending, int, bool]] = []
-        for n, (size, ending) in enumerate((s, e) for s in self.sizes for e in self.endings):
-            if self.warmup == "per_cell" or (self.warmup == "once" and n == 0):
-                out.append((size, ending, 0, True))
-            out.extend((size, ending, r, False) for r in range(self.repeats))
-        return out
+        """:meth:`runs` as ``(size, ending, repeat, warmup)`` tuples (the second edition's view of a plan)."""
+        return [(r.cell.size_bytes, r.cell.ending, r.repeat, r.warmup) for r in self.runs()]

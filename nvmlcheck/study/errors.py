@@ -1,5 +1,5 @@
-"""The study's exceptions: a study that cannot go on, a dirty baseline, a failed holder, a bad record file, no
-matplotlib for a plot."""
+"""The study's exceptions: a study that cannot go on, a dirty baseline, a failed holder, a study that cannot run
+here (skipped, with its reason), a bad record file, no matplotlib for a plot."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from ..errors import NvmlCheckError
 if TYPE_CHECKING:
     from .records import RunRecord
 
-__all__ = ["BaselineNotClean", "HolderError", "PlotUnavailable", "RecordFormatError", "StudyError"]
+__all__ = ["BaselineNotClean", "HolderError", "PlotUnavailable", "RecordFormatError", "StudyError", "StudySkipped"]
 
 class StudyError(NvmlCheckError):
     """A study could not go on."""
@@ -46,9 +46,28 @@ class HolderError(StudyError):
     __module__ = "nvmlcheck.study"
 
 
-class RecordFormatError(ValueError):
-    """A JSON Lines file that is not a valid run record file (wrong schema, newer version, bad line)."""
+class StudySkipped(StudyError):
+    """The study cannot run here, for a reason that is no fault (``reason``): an MPS study on a host without
+    ``nvidia-cuda-mps-control``, an NCCL study with one GPU. Nothing was measured."""
+
+    __module__ = "nvmlcheck.study"
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(f"study skipped: {reason}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.reason,))
 
 
-class PlotUnavailable(ImportError):
-    """Plotting needs matplotlib: ``pip install 'nvmlcheck[plot]'``."""
+class RecordFormatError(StudyError, ValueError):
+    """A JSON Lines file that is not a valid run record file (wrong schema, newer version, bad line). Also a
+    ``ValueError``."""
+
+    __module__ = "nvmlcheck.study"
+
+
+class PlotUnavailable(StudyError, ImportError):
+    """Plotting needs matplotlib: ``pip install 'nvmlcheck[plot]'``. Also an ``ImportError``."""
+
+    __module__ = "nvmlcheck.study"

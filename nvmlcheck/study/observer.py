@@ -18,7 +18,7 @@ from ..wait import TracePoint
 from .holders import Holder
 from .phases import PROC_PHASES, PhaseWatch
 
-__all__ = ["Polls", "Reaper", "Watch", "baseline_predicate", "compact", "not_ready", "phase_fields"]
+__all__ = ["Polls", "Reaper", "Watch", "baseline_predicate", "compact", "not_ready", "phase_fields", "set_up_only"]
 
 
 class Reaper(threading.Thread):
@@ -125,6 +125,8 @@ class Polls:
         self.costs: list[int] = []
         self.ends: list[int] = []
         self.rows: list[tuple[int | None, ...]] = []
+        #: Each GPU's used bytes at the latest poll that read it (a later stage's ``held_at_signal_bytes``).
+        self.last_used: dict[int, int | None] = {}
 
     def clock(self) -> int:
         """poll_until's clock; its first reading is the wait's start, which TracePoint offsets are relative to."""
@@ -140,6 +142,8 @@ class Polls:
         self.ends.append(t)
         for w in self.watches:
             w.saw(t, point.snapshot, prev_start)
+        for index, used in zip(point.devices, point.used_bytes, strict=False):
+            self.last_used[index] = used
         if self.trace_indices is not None:
             self.rows.append(self._row(t, point))
 
@@ -165,6 +169,23 @@ def baseline_predicate(snap: Snapshot) -> Predicate:
     if any(d.memory is not None and d.memory.used_includes_reserved for d in snap.devices):
         return no_processes()
     return default_predicate()
+
+
+def set_up_only(snap: Snapshot, allowed: frozenset[int]) -> list[str]:
+    """Why ``snap``'s GPUs hold more than the set-up's own processes (``allowed``: an MPS server); empty when they
+    do not. A list that could not be read, or a GPU that could not be, is a reason too (unknown is not clean)."""
+    from ..model import ProcessKind
+
+    reasons = [f"GPU {f.index}: {f.describe()}" for f in snap.failures]
+    for d in snap.devices:
+        for kind in ProcessKind:
+            procs = d.processes_of(kind)
+            if procs is None:
+                reasons.append(f"GPU {d.index}: {kind.value} process list unknown")
+                continue
+            reasons.extend(f"GPU {d.index}: pid {p.pid} ({p.name or 'name unknown'}) is listed ({kind.value})"
+                           for p in procs if p.pid not in allowed)
+    return reasons
 
 
 def not_ready(snap: Snapshot, baseline: Snapshot, holder: Holder, on_gpu: int | None = None) -> str | None:

@@ -82,6 +82,9 @@ class PhaseWatch:
     resolution: dict[str, int] = field(default_factory=dict)
     unknown: dict[str, str] = field(default_factory=dict)
     last_start: dict[str, int] = field(default_factory=dict)
+    #: Set by :meth:`ProcWatcher.start_at`: a holder of a later stage is not sampled before its own signal (a phase
+    #: "seen" while it still runs would be no phase of its end).
+    armed: bool = False
 
     def pending(self) -> list[str]:
         """The phases neither seen nor known to be unobservable."""
@@ -132,6 +135,7 @@ class ProcWatcher(threading.Thread):
     def start_at(self, watch: PhaseWatch, signal_ns: int) -> None:
         """Record ``watch``'s signal time (the start of every phase's first window)."""
         watch.signal_ns = signal_ns
+        watch.armed = True
         for p in PROC_PHASES:
             watch.last_start.setdefault(p, signal_ns)
 
@@ -140,6 +144,9 @@ class ProcWatcher(threading.Thread):
         self.rounds += 1
         busy = False
         for w in self.watches:
+            if not w.armed:
+                busy = True  # its stage has not been ended yet
+                continue
             # Latest phase first: a round that sees a later phase then also sees the earlier ones (they happened
             # before it), so the recorded times keep the phases' order instead of depending on where a round
             # happened to be when the process exited.
@@ -178,7 +185,7 @@ def watch_phases(
 ) -> tuple[list[PhaseWatch], ProcWatcher]:
     """One :class:`PhaseWatch` per PID, each pinned by a pidfd while it is still alive (call before the signals),
     and the (not yet started) watcher over them. ``precise``: sample every 0.2 ms instead of every 1 ms;
-    ``device_files``: the device-file globs (``None``: ``$NVMLCHECK_DEVICE_FILES`` or the defaults)."""
+    ``device_files``: the device-file globs (``None``: ``/dev/nvidia*``)."""
     watches = []
     for pid in pids:
         pinned, why = ProcWatcher.pin(pid)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._units import format_bytes
+from ..errors import ArgumentError
 from .errors import PlotUnavailable
 from .summary import percentile
 
@@ -79,12 +80,12 @@ def plot_run_trace(record: RunRecord, path: str | os.PathLike[str], *, device: i
     ``ValueError`` when the record has no trace (run with ``trace=True`` / ``--trace``); :class:`PlotUnavailable`
     without matplotlib."""
     if record.trace is None or not record.trace:
-        raise ValueError(f"run {record.run} has no trace: run the study with trace=True (--trace)")
+        raise ArgumentError(f"run {record.run} has no trace: run the study with trace=True (--trace)")
     gpus = list(dict.fromkeys(d.index for d in record.devices))  # the trace's columns: one per GPU, not per holder
     n = len(gpus)
     marked = record.devices[0] if device is None else next((d for d in record.devices if d.index == device), None)
     if marked is None:
-        raise ValueError(f"GPU {device} is not in run {record.run}")
+        raise ArgumentError(f"GPU {device} is not in run {record.run}")
     fig = _figure(7.0, 4.5)
     ax = fig.add_subplot()
     times = [(row[0] or 0) / 1e6 for row in record.trace]

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,12 @@ class DeviceRun:
     phase_resolution_ns: dict[str, int | None] | None = field(default=None, hash=False)
     unknown: dict[str, str] | None = field(default=None, hash=False)
     holder_steps: dict[str, int] | None = field(default=None, hash=False)
+    #: The holder's part in its group (issue 26): ``holder``, ``exporter``/``importer`` (``ipc``), ``root``/``rank``
+    #: (``nccl``), ``client`` (``mps``).
+    role: str = "holder"
+    #: The GPU's used memory above its baseline at the last poll before this holder's signal (``None``: not read):
+    #: for a group ended in two stages, what the first stage left held when the second began.
+    held_at_signal_bytes: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +90,14 @@ class RunRecord:
     events: tuple[dict[str, Any], ...] | None = None
     #: Why events were not (all) heard: the listener's reason (smi backend, NOT_SUPPORTED, ...), or ``None``.
     events_reason: str | None = None
+    #: Third edition (issue 26), added within version 1: pinned host bytes per holder, how they were pinned
+    #: (``alloc``/``register``; ``None`` for other kinds), importers beside the exporter, which side of an IPC group
+    #: was ended first (``None``: one stage) and the gap between the stages (s; ``None``: one stage).
+    pinned_bytes: int = 0
+    pin_mode: str | None = None
+    importers: int = 0
+    first: str | None = None
+    stage_gap_s: float | None = None
 
     @property
     def resolution_ns(self) -> int:
@@ -103,8 +118,9 @@ class RunRecord:
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> RunRecord:
-        """Read a record written by :meth:`to_json`; :class:`RecordFormatError` for another schema or version,
-        ``KeyError``/``TypeError`` for a damaged one."""
+        """Read a record written by :meth:`to_json`. Every field is checked for its type and range (a bool is not a
+        number, a time is not negative, a number is finite): :class:`RecordFormatError` naming the field for
+        anything else, another schema or a newer version."""
         schema, version = doc.get("schema"), doc.get("version")
         if schema != RECORD_SCHEMA:
             raise RecordFormatError(f"not a reclamation run record: schema {schema!r} (expected {RECORD_SCHEMA!r})")
@@ -114,20 +130,154 @@ class RunRecord:
             raise RecordFormatError(
                 f"record version {version} is newer than this nvmlcheck reads ({RECORD_VERSION}): upgrade nvmlcheck"
             )
-        known = {f for f in cls.__dataclass_fields__}
-        fields = {k: v for k, v in doc.items() if k in known}  # fields added later in version 1 are ignored
-        device_fields = set(DeviceRun.__dataclass_fields__)
-        fields["devices"] = tuple(
-            DeviceRun(**{k: v for k, v in d.items() if k in device_fields}) for d in doc["devices"]
-        )
+        fields = _checked(doc, _RUN_FIELDS, cls.__dataclass_fields__, "")  # later fields of version 1: ignored
+        if "devices" not in doc:
+            raise RecordFormatError("missing field 'devices'")
+        devices = doc["devices"]
+        if not isinstance(devices, list) or not devices:
+            raise RecordFormatError(f"field 'devices': expected a non-empty list of objects, got {_show(devices)}")
+        runs = []
+        for i, d in enumerate(devices):
+            if not isinstance(d, dict):
+                raise RecordFormatError(f"field 'devices[{i}]': expected an object, got {_show(d)}")
+            values = _checked(d, _DEVICE_FIELDS, DeviceRun.__dataclass_fields__, f"devices[{i}].")
+            last_held = values.get("last_held_ns")
+            if last_held is not None and last_held < -values["signal_ns"]:
+                raise RecordFormatError(f"field 'devices[{i}].last_held_ns': {last_held} is before the run's origin")
+            runs.append(DeviceRun(**values))
+        fields["devices"] = tuple(runs)
+        _check_trace(fields.get("trace_columns"), fields.get("trace"))
         if fields.get("trace_columns") is not None:
             fields["trace_columns"] = tuple(fields["trace_columns"])
         if fields.get("trace") is not None:
             fields["trace"] = tuple(tuple(row) for row in fields["trace"])
         if fields.get("events") is not None:
             fields["events"] = tuple(fields["events"])
-        fields["ending"] = parse_ending(str(fields["ending"]))
+        try:
+            fields["ending"] = parse_ending(fields["ending"])
+        except ValueError as exc:
+            raise RecordFormatError(f"field 'ending': {exc}") from None
         return cls(**fields)
+
+
+# --- reading: every field checked for its type and range ----------------------------------------------------------
+
+#: A check: the error (what was expected) for a value, or None when it is fine.
+_Check = Callable[[Any], "str | None"]
+
+
+def _show(value: Any) -> str:
+    text = json.dumps(value) if not isinstance(value, float) or math.isfinite(value) else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _int(minimum: int | None) -> _Check:
+    def check(v: Any) -> str | None:
+        if isinstance(v, bool) or not isinstance(v, int):
+            return "an integer" + ("" if minimum is None else f" >= {minimum}")
+        return None if minimum is None or v >= minimum else f"an integer >= {minimum}"
+    return check
+
+
+def _seconds(v: Any) -> str | None:
+    ok = not isinstance(v, bool) and isinstance(v, int | float) and math.isfinite(v) and v >= 0
+    return None if ok else "a finite number >= 0"
+
+
+def _bool(v: Any) -> str | None:
+    return None if isinstance(v, bool) else "true or false"
+
+
+def _str(v: Any) -> str | None:
+    return None if isinstance(v, str) else "a string"
+
+
+def _optional(check: _Check) -> _Check:
+    def inner(v: Any) -> str | None:
+        why = None if v is None else check(v)
+        return None if why is None else f"{why} or null"
+    return inner
+
+
+def _mapping(check: _Check, what: str) -> _Check:
+    def inner(v: Any) -> str | None:
+        ok = isinstance(v, dict) and all(check(x) is None for x in v.values())
+        return None if ok else f"an object of {what}"
+    return inner
+
+
+def _list_of(check: _Check, what: str) -> _Check:
+    def inner(v: Any) -> str | None:
+        return None if isinstance(v, list) and all(check(x) is None for x in v) else f"a list of {what}"
+    return inner
+
+
+def _one_of(*words: str) -> _Check:
+    def check(v: Any) -> str | None:
+        return None if v in words else " or ".join(map(repr, words))
+    return check
+
+
+_NS = _int(0)
+_RUN_FIELDS: dict[str, _Check] = {
+    "run": _int(0), "repeat": _int(0), "warmup": _bool, "size_bytes": _int(0), "ending": _str, "mode": _str,
+    "backend": _str, "driver": _optional(_str), "nvmlcheck": _str, "wall_time": _seconds, "timed_out": _bool,
+    "timeout_s": _seconds, "timeout_reason": _optional(_str), "polls": _int(0), "poll_interval_ns": _NS,
+    "poll_cost_ns": _NS, "poll_cost_max_ns": _NS, "trace_columns": _optional(_list_of(_str, "strings")),
+    "trace": _optional(_list_of(lambda row: None if isinstance(row, list) else "a list", "lists")),
+    "holder": _str, "holder_count": _int(1), "per_gpu": _int(1), "concurrent": _one_of("gpus", "none"),
+    "events": _optional(_list_of(lambda e: None if isinstance(e, dict) else "an object", "objects")),
+    "events_reason": _optional(_str),
+    # third edition (issue 26)
+    "pinned_bytes": _int(0), "pin_mode": _optional(_one_of("alloc", "register")), "importers": _int(0),
+    "first": _optional(_one_of("exporter", "importers")), "stage_gap_s": _optional(_seconds),
+}
+_DEVICE_FIELDS: dict[str, _Check] = {
+    "index": _int(0), "uuid": _str, "name": _optional(_str), "pid": _int(1),
+    "baseline_used_bytes": _optional(_int(0)), "held_bytes": _optional(_int(None)), "signal_ns": _NS,
+    # The last poll that showed the GPU held may come just before this GPU's own signal (holders of several GPUs
+    # are signalled one after another): negative, but never before the run's origin (checked with signal_ns).
+    "last_held_ns": _optional(_int(None)), "first_clean_ns": _optional(_NS), "off_list_ns": _optional(_NS),
+    "memory_back_ns": _optional(_NS), "waitpid_ns": _optional(_NS), "exit_status": _optional(_int(None)),
+    "zombie_ns": _optional(_NS), "exited_ns": _optional(_NS), "files_closed_ns": _optional(_NS),
+    "phase_resolution_ns": _optional(_mapping(_optional(_NS), "integers >= 0 or null")),
+    "unknown": _optional(_mapping(_str, "strings")), "holder_steps": _optional(_mapping(_int(None), "integers")),
+    # third edition (issue 26); held memory may read below the baseline (another process freed some meanwhile)
+    "role": _one_of("holder", "exporter", "importer", "root", "rank", "client"),
+    "held_at_signal_bytes": _optional(_int(None)),
+}
+
+
+def _checked(doc: dict[str, Any], checks: dict[str, _Check], known: Any, where: str) -> dict[str, Any]:
+    """The dataclass fields of ``doc``, each checked; a missing one without a default is an error."""
+    out: dict[str, Any] = {}
+    for name, spec in known.items():
+        if name == "devices":
+            continue
+        if name not in doc:
+            if spec.default is MISSING and spec.default_factory is MISSING:
+                raise RecordFormatError(f"missing field {where}{name!r}")
+            continue
+        value = doc[name]
+        why = checks[name](value)
+        if why is not None:
+            raise RecordFormatError(f"field '{where}{name}': expected {why}, got {_show(value)}")
+        out[name] = value
+    return out
+
+
+def _check_trace(columns: list[str] | None, rows: list[list[Any]] | None) -> None:
+    if rows is None:
+        return
+    width = None if columns is None else len(columns)
+    for n, row in enumerate(rows):
+        if width is not None and len(row) != width:
+            raise RecordFormatError(f"field 'trace[{n}]': {len(row)} values for {width} trace_columns")
+        if not row or _int(None)(row[0]) is not None:
+            raise RecordFormatError(f"field 'trace[{n}]': expected an integer offset first, got {_show(row[:1])}")
+        bad = next((x for x in row[1:] if x is not None and _NS(x) is not None), None)
+        if bad is not None:
+            raise RecordFormatError(f"field 'trace[{n}]': expected integers >= 0 or null, got {_show(bad)}")
 
 
 def write_records(records: Iterable[RunRecord], path: str | os.PathLike[str]) -> Path:
@@ -141,21 +291,28 @@ def write_records(records: Iterable[RunRecord], path: str | os.PathLike[str]) ->
 
 def load_records(path: str | os.PathLike[str]) -> list[RunRecord]:
     """Read a JSON Lines file of run records (blank lines skipped). Raises :class:`RecordFormatError` naming the file
-    and line for anything that is not a version-1 ``nvmlcheck/reclaim-run`` record."""
+    and line for anything that is not a version-1 ``nvmlcheck/reclaim-run`` record: a field of the wrong type or
+    range, ``NaN``/``Infinity``, text that is not UTF-8. ``OSError`` when the file cannot be read."""
     records: list[RunRecord] = []
-    with Path(path).open(encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
+    with Path(path).open("rb") as f:
+        for n, raw in enumerate(f, 1):
             try:
-                doc = json.loads(line)
+                line = raw.decode("utf-8")
+                if not line.strip():
+                    continue
+                doc = json.loads(line, parse_constant=_no_constant)
                 if not isinstance(doc, dict):
                     raise RecordFormatError(f"a record is a JSON object, not {type(doc).__name__}")
                 records.append(RunRecord.from_json(doc))
-            except (RecordFormatError, ValueError, KeyError, TypeError) as exc:
-                what = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
-                raise RecordFormatError(f"{path}:{n}: {what}") from exc
+            except UnicodeDecodeError:
+                raise RecordFormatError(f"{path}:{n}: not UTF-8 text") from None
+            except (RecordFormatError, ValueError, RecursionError) as exc:
+                raise RecordFormatError(f"{path}:{n}: {exc}") from exc
     return records
+
+
+def _no_constant(name: str) -> Any:
+    raise RecordFormatError(f"{name} is not a number a record can hold")
 
 
 

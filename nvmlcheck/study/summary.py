@@ -1,4 +1,5 @@
-"""Statistics of a study: order statistics per (size, ending, holder kind) cell (:func:`summarize`), the table
+"""Statistics of a study: order statistics per cell (size, ending, holder kind, pinned bytes, importers, IPC order:
+:func:`summarize`), the table
 ``nvmlcheck study reclaim`` prints (:func:`format_summary`), and the run to plot (:func:`median_run`)."""
 
 from __future__ import annotations
@@ -9,12 +10,13 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from .._units import format_bytes
+from ..errors import ArgumentError
 
 if TYPE_CHECKING:
     from .records import RunRecord
 
-__all__ = ["MEASURES", "SLEEP_REFERENCE_NS", "Stats", "SummaryRow", "format_summary", "median_run", "percentile",
-           "summarize"]
+__all__ = ["MEASURES", "SLEEP_REFERENCE_NS", "Stats", "SummaryRow", "cell_words", "format_summary", "median_run",
+           "percentile", "summarize"]
 
 #: The ritual this instrument replaces: ``sleep 3 && nvidia-smi``.
 SLEEP_REFERENCE_NS = 3_000_000_000
@@ -25,9 +27,9 @@ def percentile(values: Iterable[float], q: float) -> float:
     position ``(n - 1) * q`` in the sorted values. ``ValueError`` for no values or ``q`` outside 0..1."""
     ordered = sorted(values)
     if not ordered:
-        raise ValueError("percentile of no values")
+        raise ArgumentError("percentile of no values")
     if not 0.0 <= q <= 1.0:
-        raise ValueError(f"q must be within 0..1, got {q!r}")
+        raise ArgumentError(f"q must be within 0..1, got {q!r}")
     pos = (len(ordered) - 1) * q
     lo = math.floor(pos)
     hi = min(lo + 1, len(ordered) - 1)
@@ -95,29 +97,45 @@ class SummaryRow:
     zombie: Stats | None = None
     exited: Stats | None = None
     files_closed: Stats | None = None
+    pinned_bytes: int = 0
+    importers: int = 0
+    first: str | None = None
+    role: str = "holder"
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (statistics in ns)."""
         return asdict(self)
 
 
+_Key = tuple[int, str, str, int, int, str, str]
+
+
 def summarize(records: Iterable[RunRecord]) -> list[SummaryRow]:
-    """Statistics per (size, ending, holder kind), in order of holder kind, size, then ending, kinds and endings in
-    order of first appearance; warm-ups left out."""
-    cells: dict[tuple[int, str, str], list[RunRecord]] = {}
+    """Statistics per cell (size, ending, holder kind, pinned bytes, importers, IPC order) and holder role (an IPC
+    group's exporter and importers apart), in order of holder kind, size, pinned bytes, importers, order, ending and
+    role, kinds, orders, endings and roles in order of first appearance; warm-ups left out."""
+    cells: dict[_Key, list[RunRecord]] = {}
     for r in records:
         if not r.warmup:
-            cells.setdefault((r.size_bytes, r.ending, r.holder), []).append(r)
-    endings = list(dict.fromkeys(e for _, e, _ in cells))
-    kinds = list(dict.fromkeys(k for _, _, k in cells))
+            for role in dict.fromkeys(d.role for d in r.devices):
+                cells.setdefault((r.size_bytes, r.ending, r.holder, r.pinned_bytes, r.importers, r.first or "", role),
+                                 []).append(r)
+    endings = list(dict.fromkeys(k[1] for k in cells))
+    kinds = list(dict.fromkeys(k[2] for k in cells))
+    orders = list(dict.fromkeys(k[5] for k in cells))
+    roles = list(dict.fromkeys(k[6] for k in cells))
     every = _MEASURES + _PHASE_MEASURES
     rows = []
-    for size, ending, kind in sorted(cells, key=lambda k: (kinds.index(k[2]), k[0], endings.index(k[1]))):
-        runs = cells[(size, ending, kind)]
+    for key in sorted(cells, key=lambda k: (kinds.index(k[2]), k[0], k[3], k[4], orders.index(k[5]),
+                                            endings.index(k[1]), roles.index(k[6]))):
+        size, ending, kind, pinned, importers, first, role = key
+        runs = cells[key]
         good = [r for r in runs if not r.timed_out]
         values: dict[str, list[int]] = {m: [] for m, _ in every}
         for r in good:
             for d in r.devices:
+                if d.role != role:
+                    continue
                 for m, _ in every:
                     v = getattr(d, f"{m}_ns")
                     if v is not None:
@@ -125,12 +143,13 @@ def summarize(records: Iterable[RunRecord]) -> list[SummaryRow]:
         stats = {m: Stats.of(values[m]) for m, _ in every}
         clean = stats["first_clean"]
         rows.append(SummaryRow(
-            size_bytes=size, ending=ending, n=sum(len(r.devices) for r in good), runs=len(runs),
+            size_bytes=size, ending=ending, n=sum(1 for r in good for d in r.devices if d.role == role), runs=len(runs),
             timeouts=len(runs) - len(good), memory_back=stats["memory_back"], off_list=stats["off_list"],
             waitpid=stats["waitpid"], first_clean=clean,
             resolution_ns=median_int([r.resolution_ns for r in runs]),
             sleep_ratio=SLEEP_REFERENCE_NS / clean.median if clean is not None and clean.median > 0 else None,
             holder=kind, zombie=stats["zombie"], exited=stats["exited"], files_closed=stats["files_closed"],
+            pinned_bytes=pinned, importers=importers, first=first or None, role=role,
         ))
     return rows
 
@@ -143,7 +162,8 @@ def format_summary(rows: Sequence[SummaryRow]) -> str:
     kinds = {row.holder for row in rows}
     for row in rows:
         if kinds != {"alloc"}:  # a study of several holder kinds (or not the default one) says which each cell is
-            lines.append(f"holder {row.holder}")
+            role = "" if row.role == "holder" else f": the {row.role}s"
+            lines.append(f"holder {row.holder}{cell_words(row.pinned_bytes, row.importers, row.first)}{role}")
         shown = _MEASURES + tuple(m for m in _PHASE_MEASURES if getattr(row, m[0]) is not None)
         for i, (m, label) in enumerate(shown):
             s: Stats | None = getattr(row, m)
@@ -157,6 +177,19 @@ def format_summary(rows: Sequence[SummaryRow]) -> str:
         timeouts = f"; {row.timeouts} of {row.runs} runs timed out" if row.timeouts else ""
         lines.append(f"{' ' * 17}{ratio} (sampling period {row.resolution_ns / 1e6:.3f} ms){timeouts}")
     return "\n".join(lines)
+
+
+def cell_words(pinned_bytes: int, importers: int, first: str | None) -> str:
+    """The third edition's parts of a cell in words (empty for the others): ``", 8.0 GiB pinned"``,
+    ``", 2 importers, exporter ended first"``."""
+    out = ""
+    if pinned_bytes:
+        out += f", {format_bytes(pinned_bytes)} pinned"
+    if importers:
+        out += f", {importers} importer{'s' if importers > 1 else ''}"
+    if first:
+        out += f", {first} ended first"
+    return out
 
 
 def median_run(records: Iterable[RunRecord], size_bytes: int, ending: str) -> RunRecord | None:

@@ -2,11 +2,12 @@
 
 Registered as a ``pytest11`` entry point, so installing nvmlcheck makes the fixtures available; where plugin
 autoloading is off, ``-p nvmlcheck.testing.pytest_plugin`` loads it. pytest loads this module in every run, so it
-imports nothing of the simulator until a fixture is used. The fixtures: ``nvml_scenario`` (override it to describe
-other GPUs), ``nvml_scenario_path``, ``nvml_stub`` (skips the test where the stub cannot be built),
-``nvml_bound_process`` and ``fake_nvidia_smi``; each has its own docstring, and docs/testing.md shows them at work.
-Environment variables are set through ``monkeypatch``: child processes inherit them, and they are undone after the
-test.
+imports nothing of the simulator until a fixture is used. The fixtures, with the types to annotate them:
+``nvml_scenario: Scenario`` (override it to describe other GPUs), ``nvml_scenario_path: Path``, ``nvml_stub:
+StubSession`` (skips the test where the stub cannot be built; ``--nvmlcheck-require-sim`` makes that a failure),
+``nvml_stub_library: Path``, ``nvml_bound_process: BoundProcessFactory`` and ``fake_nvidia_smi: Path``; each has
+its own docstring, and docs/testing.md shows them at work. Environment variables are set through ``monkeypatch``:
+child processes inherit them, and they are undone after the test.
 """
 
 from __future__ import annotations
@@ -19,16 +20,33 @@ import pytest
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import subprocess
-    from collections.abc import Callable, Iterator
+    from collections.abc import Iterator, Sequence
     from pathlib import Path
 
+    from .._sim.fixtures import BoundProcessFactory
     from .._sim.scenario import ProcessKindName, Scenario
     from .._sim.session import StubSession
+    from ..model import ProcessKind
 
 __all__ = ["fake_nvidia_smi", "nvml_bound_process", "nvml_scenario", "nvml_scenario_path", "nvml_stub",
-           "nvml_stub_library"]
+           "nvml_stub_library", "pytest_addoption"]
 
 _HINT = "nvmlcheck's simulated GPU needs a C compiler and the nvidia-nvml-dev package (pip install 'nvmlcheck[sim]')"
+_REQUIRE = "nvmlcheck_require_sim"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """``--nvmlcheck-require-sim`` (or ``nvmlcheck_require_sim = true`` in the ini file): a stub that cannot be built
+    fails the tests that need it instead of skipping them, for the CI job that must run them."""
+    parser.addoption("--nvmlcheck-require-sim", action="store_true", default=False, dest=_REQUIRE,
+                     help="fail (instead of skip) the tests that need nvmlcheck's simulated GPU when the stub "
+                          "libnvidia-ml cannot be built (no C compiler, no nvidia-nvml-dev)")
+    parser.addini(_REQUIRE, type="bool", default=False,
+                  help="as --nvmlcheck-require-sim: fail instead of skip when the stub cannot be built")
+
+
+def _sim_required(config: pytest.Config) -> bool:
+    return bool(config.getoption(_REQUIRE, default=False) or config.getini(_REQUIRE))
 
 
 def _check_balanced(library: Path, when: str) -> None:
@@ -41,14 +59,18 @@ def _check_balanced(library: Path, when: str) -> None:
 
 
 @pytest.fixture(scope="session")
-def nvml_stub_library() -> Path:
-    """The stub ``libnvidia-ml.so.1``, compiled once (cached across runs); skips when it cannot be built."""
+def nvml_stub_library(pytestconfig: pytest.Config) -> Path:
+    """The stub ``libnvidia-ml.so.1``, compiled once (cached across runs). Skips the test when it cannot be built;
+    with ``--nvmlcheck-require-sim`` (or the ini value ``nvmlcheck_require_sim``) fails it instead."""
     from .._sim.build import StubBuildError, build_stub
 
     try:
         return build_stub()
     except (StubBuildError, FileNotFoundError) as exc:
-        pytest.skip(f"{_HINT}: {exc}")
+        why = f"{_HINT}: {exc}"
+    if _sim_required(pytestconfig):
+        pytest.fail(f"{why} (--nvmlcheck-require-sim: a failure, not a skip)", pytrace=False)
+    pytest.skip(why)
 
 
 @pytest.fixture
@@ -82,41 +104,53 @@ def nvml_stub(
     when NVML is initialised, so change ``nvml_scenario`` (or start ``nvml_bound_process`` children) before opening
     nvmlcheck. Fails the test when it leaves a session open (the next test would not see its own scenario).
     """
+    from .._proc.devfiles import simulated_globs, simulated_stand_ins
     from .._sim.session import ENV_LIBRARY, ENV_LOG, StubSession
 
     log_path = nvml_scenario_path.parent / "calls.log"
     monkeypatch.setenv(ENV_LIBRARY, str(nvml_stub_library))
     monkeypatch.setenv(ENV_LOG, str(log_path))
     _check_balanced(nvml_stub_library, "before the test")
-    yield StubSession(nvml_stub_library, nvml_scenario_path, log_path)
+    with simulated_stand_ins(simulated_globs(nvml_scenario_path), f"the test's simulation ({nvml_scenario_path})"):
+        yield StubSession(nvml_stub_library, nvml_scenario_path, log_path)
     _check_balanced(nvml_stub_library, "after the test")
 
 
 @pytest.fixture
-def nvml_bound_process(
-    nvml_scenario: Scenario, nvml_scenario_path: Path
-) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
-    """A factory: ``nvml_bound_process(device=0, used_bytes=16 << 30, *, kind="compute", list_ms=90,
-    release_ms=120, zombie_holds=False, argv=None)`` starts a real child process (``argv``, default a Python that
-    sleeps) and lists it on ``device`` in ``nvml_scenario`` while it lives: after it exits, it leaves the list
-    ``list_ms`` later and gives its memory back ``release_ms`` later, as a driver does. Children still running at
-    the end of the test are killed."""
+def nvml_bound_process(nvml_scenario: Scenario, nvml_scenario_path: Path) -> Iterator[BoundProcessFactory]:
+    """A factory (type :class:`nvmlcheck.testing.BoundProcessFactory`): ``nvml_bound_process(device=0,
+    used_bytes=16 << 30, *, kind="compute", list_ms=90, release_ms=120, zombie_holds=False, argv=None)`` starts a
+    real child process (``argv``, default a Python that sleeps) and lists it on ``device`` in ``nvml_scenario``
+    while it lives: after it exits, it leaves the list ``list_ms`` later and gives its memory back ``release_ms``
+    later, as a driver does. The child holds the simulation's stand-ins of ``/dev/nvidia<device>`` and
+    ``/dev/nvidiactl`` open (inherited descriptors, whatever ``argv`` runs), as a CUDA process holds the real ones,
+    so ``holders`` and ``kill --all-on-gpu`` / ``--all-holders`` find it on the simulator. Children still running
+    at the end of the test are killed."""
     import subprocess
 
+    from .._proc.devfiles import SIMULATED_DEVICE_DIR
+    from .._sim.session import stand_in_device_files
+
+    device_dir = nvml_scenario_path.parent / SIMULATED_DEVICE_DIR
     children: list[subprocess.Popen[bytes]] = []
 
     def start(
         device: int = 0,
         used_bytes: int = 16 << 30,
         *,
-        kind: ProcessKindName = "compute",
+        kind: ProcessKind | ProcessKindName = "compute",
         list_ms: int = 90,
         release_ms: int = 120,
         zombie_holds: bool = False,
-        argv: list[str] | None = None,
+        argv: Sequence[str] | None = None,
     ) -> subprocess.Popen[bytes]:
-        command = argv or [sys.executable, "-S", "-c", "import time; time.sleep(3600)"]
-        child = subprocess.Popen(command, stdin=subprocess.DEVNULL)
+        command = list(argv) if argv else [sys.executable, "-S", "-c", "import time; time.sleep(3600)"]
+        fds = [os.open(path, os.O_RDONLY) for path in stand_in_device_files(device_dir, device)]
+        try:
+            child = subprocess.Popen(command, stdin=subprocess.DEVNULL, pass_fds=fds)
+        finally:
+            for fd in fds:
+                os.close(fd)
         children.append(child)
         nvml_scenario.add_process(device, child.pid, kind, used_bytes, bound=True, list_ms=list_ms,
                                   release_ms=release_ms, zombie_holds=zombie_holds)

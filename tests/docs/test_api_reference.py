@@ -52,3 +52,15 @@ def test_every_nvml_error_class_has_a_row() -> None:
     documented = _documented(API.read_text(encoding="utf-8"))
     for code in errors.KNOWN_CODES:
         assert errors.error_class_for_code(code).__name__ in documented
+
+
+def test_every_fixture_is_documented_with_its_type() -> None:
+    from nvmlcheck.testing import pytest_plugin
+
+    text = API.read_text(encoding="utf-8")
+    documented = _documented(text)
+    fixtures = [n for n in pytest_plugin.__all__ if not n.startswith("pytest_")]
+    assert fixtures
+    for name in fixtures:
+        assert f"nvmlcheck.testing.pytest_plugin.{name}" in documented, name
+        assert re.search(rf"^def test_it\({name}: \w+\) -> None: \.\.\.$", text, re.MULTILINE), name

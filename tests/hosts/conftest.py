@@ -36,9 +36,10 @@ class Hosts:
     busy_scenario: Path
 
     def cli(self, *args: str, timeout: float = 120) -> tuple[int, str, str]:
-        """Run ``python -m nvmlcheck ARGS --remote-python LAB --connect-timeout 2``: (exit code, stdout, stderr)."""
+        """Run ``python -m nvmlcheck ARGS --remote-python LAB --connect-timeout 2 --ssh-options "-F LAB"``: (exit
+        code, stdout, stderr)."""
         argv = [sys.executable, "-m", "nvmlcheck", *args, "--remote-python", str(self.lab.python),
-                "--connect-timeout", "2"]
+                "--connect-timeout", "2", "--ssh-options", self.lab.ssh_options]
         proc = subprocess.run(argv, capture_output=True, text=True, env=self.lab.env(), timeout=timeout,
                               check=False)
         return proc.returncode, proc.stdout, proc.stderr
@@ -103,6 +104,15 @@ def ssh_children(lab: sshlab.Lab) -> list[str]:
         if str(lab.ssh_config) in cmdline or ("nvmlcheck-ssh-" in cmdline and _started_for(entry, lab)):
             found.append(f"{entry}: {cmdline}")
     return found
+
+
+@pytest.fixture(autouse=True)
+def _remote_commands_end(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After a test on the lab, end what its cut connections left running "on the hosts" (see
+    :meth:`sshlab.Lab.end_remote_commands`), before the suite's leak check counts it as this process's."""
+    yield
+    if "hosts" in request.fixturenames:
+        request.getfixturevalue("hosts").lab.end_remote_commands()
 
 
 # Per module, not per session: the servers are this process's children, and later suites (tests/reliability's soak)

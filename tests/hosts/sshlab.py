@@ -2,7 +2,7 @@
 
 Used by tests/hosts (through its conftest) and by benchmarks/hosts_scale.py. Everything lives in one temporary
 directory: a host key, a client key, ``authorized_keys``, one ``sshd_config`` per server, an ``ssh_config`` for the
-client (passed to nvmlcheck as ``NVMLCHECK_SSH_OPTIONS="-F FILE"``, the documented test seam), and ``bin/python``, the
+client (passed to nvmlcheck as ``--ssh-options "-F FILE"``, or ``ssh_options=`` in Python), and ``bin/python``, the
 ``--remote-python`` wrapper every host runs.
 
 Each sshd sets its sessions' environment with ``SetEnv`` (OpenSSH >= 8.7): the stub libnvidia-ml and that host's
@@ -75,13 +75,34 @@ class Lab:
         return f"-F {self.ssh_config}"
 
     def env(self) -> dict[str, str]:
-        """The environment for an nvmlcheck CLI child that talks to the lab."""
+        """The environment for an nvmlcheck CLI child that talks to the lab (the ssh options go on its command line:
+        ``--ssh-options`` with :attr:`ssh_options`)."""
         env = dict(os.environ)
-        env["NVMLCHECK_SSH_OPTIONS"] = self.ssh_options
+        env.pop("NVMLCHECK_SSH_OPTIONS", None)
         env["PYTHONPATH"] = str(ROOT)
         for name in ("NVMLCHECK_LIBNVML", "NVMLCHECK_STUB_SCENARIO"):
             env.pop(name, None)
         return env
+
+    def remote_pids(self) -> list[int]:
+        """Processes of the lab's ssh sessions ("on the hosts"): their environment has the lab's ``HOME``."""
+        marker = f"HOME={self.directory}".encode()
+        found = []
+        for entry in filter(str.isdigit, os.listdir("/proc")):
+            with contextlib.suppress(OSError):
+                if marker in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
+                    found.append(int(entry))
+        return found
+
+    def end_remote_commands(self) -> None:
+        """SIGKILL what still runs on the "hosts". A remote command outlives a connection that was cut (it has no
+        terminal, so no SIGHUP: docs/hosts.md); on a real host it ends at its own timeout, here it would outlive
+        the test. Reaped when this process became their parent (a subreaper)."""
+        for pid in self.remote_pids():
+            with contextlib.suppress(OSError):
+                os.kill(pid, 9)
+            with contextlib.suppress(OSError):
+                os.waitpid(pid, 0)
 
     def add_alias(self, alias: str, host: LabHost) -> None:
         with self.ssh_config.open("a", encoding="utf-8") as f:
@@ -159,7 +180,9 @@ def start_host(lab: Lab, name: str, address: str, env: dict[str, str]) -> LabHos
     port = free_port(address)
     host = LabHost(name, address, port, env)
     path = f"{lab.directory / 'bin'}:/usr/local/bin:/usr/bin:/bin"
-    setenv = " ".join(f'"{k}={v}"' for k, v in {"PATH": path, **env}.items())
+    # HOME: the sessions' shell (bash -c) must not read this machine's ~/.bashrc, which may do anything (pyenv init
+    # waits up to 60 s on a stale rehash lock); the lab's directory has none.
+    setenv = " ".join(f'"{k}={v}"' for k, v in {"PATH": path, "HOME": str(lab.directory), **env}.items())
     config = lab.directory / f"sshd_{name}.conf"
     config.write_text(
         f"ListenAddress {f'[{address}]' if ':' in address else address}:{port}\n"

@@ -113,11 +113,11 @@ def test_an_ipv6_host(hosts: Hosts) -> None:
         code, doc = hosts.cli_json("wait", "--timeout", "0", "--host", host.spec)
         assert code == 0, doc
         assert doc["clean"] == [host.spec]
-    finally:  # this test's own sshd: stopped with it
-        del hosts.lab.hosts["v6"]
+    finally:  # this test's own server: the suite's leak check counts what a test leaves running
+        hosts.lab.hosts.pop("v6", None)
         assert host.process is not None
         host.process.terminate()
-        host.process.wait()
+        host.process.wait(30)
 
 
 def test_remote_prefix_runs_the_command_behind_it(hosts: Hosts) -> None:
@@ -167,7 +167,7 @@ def test_a_signal_ends_every_ssh_child(hosts: Hosts, signum: int) -> None:
     # attempt, and the nvidia-smi fallback's polls of a busy host without nvmlcheck.
     argv = [sys.executable, "-m", "nvmlcheck", "wait", "--timeout", "30", "--json", "--hosts",
             f"{hosts.busy},{hosts.hanging},{hosts.no_nvmlcheck_busy}", "--remote-python", str(hosts.lab.python),
-            "--connect-timeout", "60"]
+            "--connect-timeout", "60", "--ssh-options", hosts.lab.ssh_options]
     # SIGINT starts at its default in the child even where this test runs with it ignored (a background job of a
     # non-interactive shell), as it is for a launch script run in the foreground.
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=hosts.lab.env(),
@@ -210,3 +210,17 @@ def test_kill_on_a_host(hosts: Hosts) -> None:
 
 def test_fake_ssh_options_do_not_leak_into_other_tests() -> None:
     assert "NVMLCHECK_SSH_OPTIONS" not in os.environ
+
+
+def test_ready_on_hosts_one_verdict_with_exit_5_for_a_gpu_that_needs_an_operator(hosts: Hosts) -> None:
+    specs = [hosts.idle, hosts.busy, hosts.lost]
+    code, doc = hosts.cli_json("ready", "--need", "0.5", "--hosts", ",".join(specs))
+    got = by_host(doc)
+    assert got[hosts.idle]["verdict"] == "clean" and got[hosts.idle]["document"]["schema"] == "nvmlcheck/ready"
+    assert got[hosts.busy]["verdict"] == "not-clean" and got[hosts.busy]["document"]["gpus"][0]["class"] != "ready"
+    lost = got[hosts.lost]  # GPU 1 fell off the bus: unhealthy, a reboot
+    assert lost["verdict"] == "unhealthy" and lost["exit_code"] == 5, lost
+    assert code == 5 and doc["unhealthy"] == [hosts.lost] and doc["not_clean"] == [hosts.busy]
+    code, out, _ = hosts.cli("ready", "--hosts", ",".join(specs))
+    assert code == 5 and "NEEDS AN OPERATOR" in out and out.splitlines()[-1].startswith("3 hosts: 1 ready")
+    assert not ssh_children(hosts.lab)

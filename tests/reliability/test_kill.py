@@ -41,12 +41,11 @@ def _start_holding(device_file: str) -> subprocess.Popen[bytes]:
 
 
 @pytest.fixture
-def device_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    """A stand-in /dev/nvidia0 (CI has none), named by $NVMLCHECK_DEVICE_FILES."""
+def device_file(tmp_path: Path) -> str:
+    """A stand-in /dev/nvidia0 (CI has none): in dev/ next to the stub's scenario, the simulation's stand-ins."""
     path = tmp_path / "dev" / "nvidia0"
     path.parent.mkdir()
     path.write_text("")
-    monkeypatch.setenv("NVMLCHECK_DEVICE_FILES", str(path.parent / "nvidia[0-9]*"))
     return str(path)
 
 

@@ -291,7 +291,7 @@ def test_a_process_on_another_gpus_list_is_left_alone_as_such(
         sc = Scenario.h200(devices=2)
         sc.add_process(1, holder.pid, used_bytes=GIB, bound=True)
         stub.write(sc)
-        code, out, _ = run(capsys, "--json", "kill", "--all-holders", "--devices", "0", "--yes", "--timeout", "5")
+        code, out, _ = run(capsys, "--json", "kill", "--all-on-gpu", "--devices", "0", "--yes", "--timeout", "5")
         doc = json.loads(out)
         reasons = {e["pid"]: e["reason"] for e in doc["left_alone"]}
         assert code == 0 and reasons[holder.pid] == "on GPU 1's process list, not selected (--devices)"

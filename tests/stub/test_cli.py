@@ -73,7 +73,9 @@ def test_wait_does_not_return_when_only_the_process_list_is_empty(
     assert code == 0
     doc = json.loads(out)
     assert doc["schema"] == "nvmlcheck/wait" and doc["clean"] is True
-    assert doc["first_clean_ns"] >= 190_000_000  # the stub's clock started a little before the wait did
+    assert doc["clean_ns"] >= 190_000_000  # the stub's clock started a little before the wait did
+    # One time base with the kill document: offsets from the start; first_clean_ns kept a version for old readers.
+    assert doc["first_clean_ns"] == doc["clean_ns"] <= doc["confirmed_ns"] == doc["elapsed_ns"]
 
 
 def test_wait_timeout_exits_1_naming_the_holder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,6 +1,7 @@
 """`nvmlcheck kill` and `nvmlcheck holders` end to end on the simulated GPU: refusals with exit 2 and a plain message,
 --grace never, --tree, --all-holders with its listing and its prompt, and a launcher that ignores SIGTERM (issue 10).
-CI has no /dev/nvidia*: the processes hold a stand-in device file that $NVMLCHECK_DEVICE_FILES names."""
+CI has no /dev/nvidia*: the processes hold a stand-in device file in dev/ next to the scenario, where `--simulate`
+looks for its stand-ins."""
 
 from __future__ import annotations
 
@@ -33,11 +34,11 @@ LAUNCHER = ("import subprocess, sys, time; "
 
 
 @pytest.fixture
-def device_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+def device_file(tmp_path: Path) -> str:
+    """The simulation's stand-in /dev/nvidia0: dev/ next to the scenario `_scenario` writes."""
     d = tmp_path / "dev"
     d.mkdir()
     (d / "nvidia0").write_text("")
-    monkeypatch.setenv("NVMLCHECK_DEVICE_FILES", f"{d}/nvidia[0-9]*")
     return str(d / "nvidia0")
 
 
@@ -88,7 +89,8 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
 @pytest.mark.parametrize(
     ("pid", "words"),
     [("0", "process groups"), ("-1", "process groups"), ("1", "init"), ("2147483648", "pid_max"),
-     (str(os.getpid()), "this process"), (str(os.getppid()), "parent")],
+     # A suite started by a shell that has exited meanwhile (nohup, a CI runner's reaped job) has init as its parent.
+     (str(os.getpid()), "this process"), (str(os.getppid()), "init" if os.getppid() == 1 else "parent")],
 )
 def test_refused_pids_exit_2_with_a_plain_message_and_no_traceback(
     capsys: pytest.CaptureFixture[str], pid: str, words: str
@@ -166,6 +168,8 @@ def test_all_holders_lists_then_kills_every_holder_and_spares_the_rest(
                          "--yes", "--timeout", "20")
     assert code == 0, err
     assert f"pid {holder.pid}" in err  # listed before anything was signalled
+    # The plan names the device-file rule: the simulation's stand-ins, not only NVIDIA's devices.
+    assert "note: device files: NVIDIA character devices (majors 195" in err and f"{tmp_path}/dev/*" in err
     assert [t["pid"] for t in json.loads(out)["pids"]] == [holder.pid]
     assert not _alive(holder.pid) and _alive(bystander.pid)
 
@@ -227,7 +231,35 @@ def test_all_holders_with_nothing_to_kill_is_a_kill_document_of_a_plain_wait(
     busy = Scenario.h200()
     busy.add_process(0, 4_100_001, used_bytes=GIB)  # not a process here: left alone, and the GPU stays busy
     code, out, err = run(capsys, "--simulate", str(busy.write(tmp_path / "busy.txt")), "--json", "kill",
-                         "--all-on-gpu", "--yes", "--timeout", "0.2")
+                         "--all-holders", "--yes", "--timeout", "0.2")
     doc = json.loads(out)
     assert code == 1 and doc["schema"] == "nvmlcheck/kill" and doc["clean"] is False
     assert [h["pid"] for h in doc["left_alone"]] == [4_100_001]
+
+
+def test_all_on_gpu_refuses_when_nvmls_pids_are_of_another_numbering(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], start: Callable[..., subprocess.Popen[bytes]],
+    device_file: str,
+) -> None:
+    # Issue 27: an older driver in a container lists host PIDs. The GPU-1 worker's host PID (4_100_002) names no
+    # process here, and GPU 0's list holds a host PID that happens to be the local PID of that same worker: every
+    # CUDA process has every /dev/nvidiaN open, so its device file proves nothing about which GPU.
+    worker = start(HOLD, device_file)
+    assert _ready(worker) == "ready"
+    sc = Scenario.h200(devices=2)
+    sc.add_process(0, worker.pid, used_bytes=4 * GIB)  # GPU 0's process, in host numbering: a collision here
+    sc.add_process(1, 4_100_002, used_bytes=4 * GIB)  # the worker itself, by its host PID
+    code, out, err = run(capsys, "--simulate", str(sc.write(tmp_path / "scenario.txt")), "--json", "kill",
+                         "--all-on-gpu", "--devices", "0", "--yes", "--timeout", "2")
+    assert code == 2, err
+    doc = json.loads(out)
+    assert doc["schema"] == "nvmlcheck/error" and "cannot be proven" in doc["error"]["message"]
+    assert "4100002" in doc["error"]["message"] and "nothing was signalled" in doc["error"]["message"]
+    assert _alive(worker.pid)
+    # Consistent lists are still killed by GPU: the worker alone, listed under its own PID.
+    sc = Scenario.h200(devices=2)
+    sc.add_process(0, worker.pid, used_bytes=4 * GIB, bound=True, list_ms=20, release_ms=40)
+    code, out, err = run(capsys, "--simulate", str(sc.write(tmp_path / "scenario.txt")), "--json", "kill",
+                         "--all-on-gpu", "--devices", "0", "--yes", "--timeout", "20")
+    assert code == 0, err
+    assert [t["pid"] for t in json.loads(out)["pids"]] == [worker.pid] and not _alive(worker.pid)

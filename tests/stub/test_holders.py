@@ -1,6 +1,6 @@
-"""Holders: NVML process lists joined with a /proc/*/fd scan for device files, on the stub. CI has no /dev/nvidia*,
-so the tests create files in a temporary directory and inject a pattern that matches them (the parameter, and
-$NVMLCHECK_DEVICE_FILES for the CLI)."""
+"""Holders: NVML process lists joined with a /proc/*/fd scan for NVIDIA device files, on the stub. CI has no
+/dev/nvidia*, so the tests create stand-in files in a temporary directory and name them explicitly (the
+``device_files`` parameter) or through the simulation (``simulated_stand_ins``); no environment variable does."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import pytest
 
 import nvmlcheck as nc
 from nvmlcheck._proc import devfiles
+from nvmlcheck.holders import describe_process
 from nvmlcheck.testing import Scenario, build_stub
 
 pytestmark = pytest.mark.stub
@@ -57,14 +59,67 @@ def procs() -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
             p.stdout.close()
 
 
-def test_patterns_from_argument_env_and_default(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(devfiles.ENV_VAR, raising=False)
+def test_patterns_from_argument_and_default() -> None:
     assert devfiles.device_file_patterns() == devfiles.DEFAULT_DEVICE_FILES
-    monkeypatch.setenv(devfiles.ENV_VAR, "/x/nvidia*:/y/ctl")
-    assert devfiles.device_file_patterns() == ("/x/nvidia*", "/y/ctl")
+    assert devfiles.device_file_patterns("/x/nvidia*:/y/ctl") == ("/x/nvidia*", "/y/ctl")
     assert devfiles.device_file_patterns("/z/*") == ("/z/*",)
     with pytest.raises(ValueError, match="absolute"):
         devfiles.device_file_patterns("nvidia*")
+
+
+def test_the_environment_does_not_change_what_counts_as_a_device_file(
+    procs: Callable[..., subprocess.Popen[bytes]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Issue 27: NVMLCHECK_DEVICE_FILES=/dev/null made every process with /dev/null open a holder (and a kill target).
+    monkeypatch.setenv("NVMLCHECK_DEVICE_FILES", "/dev/null:/*")
+    p = procs("/dev/null")
+    rule = devfiles.device_rule()
+    assert rule.is_default and rule.stand_ins == ()
+    assert p.pid not in devfiles.scan().holders
+    assert p.pid not in {h.pid for h in nc.find_holders(None)}
+
+
+def test_a_file_named_like_a_device_is_not_one_but_a_character_device_of_nvidias_major_is(
+    tmp_path: Path, procs: Callable[..., subprocess.Popen[bytes]]
+) -> None:
+    fake = tmp_path / "nvidia0"
+    fake.write_text("")
+    p = procs(str(fake))
+    assert devfiles.open_device_files(p.pid) == ()  # a regular file, whatever its name
+    # /dev/null is a character device (major 1): not NVIDIA's.
+    q = procs("/dev/null")
+    assert devfiles.open_device_files(q.pid) == ()
+    majors = devfiles.nvidia_majors()
+    assert devfiles.NVIDIA_MAJOR in majors and 1 not in majors
+    # Counted by major: a rule whose majors include 1 finds /dev/null (what a real NVIDIA node looks like).
+    rule = devfiles.DeviceRule(frozenset({1}))
+    assert devfiles.open_device_files(q.pid, rule) == ("/dev/null",)
+
+
+def test_nvidia_majors_come_from_proc_devices(tmp_path: Path) -> None:
+    table = tmp_path / "devices"
+    table.write_text("Character devices:\n  1 mem\n195 nvidia-frontend\n234 nvidia-uvm\n235 nvidia-caps\n"
+                     "509 nvidia-nvswitch\n240 nvidia-caps-imex-channels\n 10 misc\n\nBlock devices:\n"
+                     "259 nvidia-block-not-a-char\n")
+    assert devfiles.nvidia_majors(str(table)) == {195, 234, 235, 509, 240}
+    assert devfiles.nvidia_majors(str(tmp_path / "missing")) == {195}
+
+
+def test_stand_ins_count_only_when_named_and_the_kill_plan_says_so(
+    dev: tuple[Path, str], procs: Callable[..., subprocess.Popen[bytes]]
+) -> None:
+    d, pattern = dev
+    p = procs(str(d / "nvidia0"))
+    assert p.pid not in devfiles.scan().holders
+    assert devfiles.scan(pattern).holders[p.pid] == (str(d / "nvidia0"),)
+    sel = nc.select_kill_holders(nc.find_holders(None, device_files=pattern), all_holders=True,
+                                 device_files=pattern)
+    assert [t.pid for t in sel.targets] == [p.pid]
+    assert any("stand-in files" in n and pattern in n for n in sel.notes), sel.notes
+    with devfiles.simulated_stand_ins([f"{d}/*"], "a test simulation"):
+        assert p.pid in devfiles.scan().holders
+        assert "a test simulation" in devfiles.device_rule().describe()
+    assert p.pid not in devfiles.scan().holders
 
 
 def test_holders_join_nvml_and_device_files(
@@ -74,7 +129,8 @@ def test_holders_join_nvml_and_device_files(
 ) -> None:
     d, pattern = dev
     both = procs(str(d / "nvidia0"))  # on GPU 0's list and has a device file open
-    files_only = procs(str(d / "nvidiactl"))  # device file, on no list
+    files_only = procs(str(d / "nvidia1"))  # a per-GPU device file, on no list
+    control_only = procs(str(d / "nvidiactl"))  # only the control device: NVML's own clients, monitors
     collision = procs()  # on the list (a PID of another namespace, as an old driver reports it), no device file
     unrelated = procs(str(d / "other"))  # neither
     sc = Scenario.h200()
@@ -92,14 +148,19 @@ def test_holders_join_nvml_and_device_files(
     c = holders[collision.pid]
     assert c.found_by == {"nvml"} and c.device_files == () and not c.visible_here
 
-    on_gpu = nc.select_kill_holders(tuple(holders.values()), all_holders=False)
-    assert [t.pid for t in on_gpu.targets] == [both.pid]
-    reasons = {hh.pid: why for hh, why in on_gpu.skipped}
-    assert "not visible from this PID namespace" in reasons[collision.pid]
+    # A listed PID whose local process holds no NVIDIA device file: NVML's numbering is not this namespace's, so
+    # choosing by GPU is refused whole (issue 27): nothing is chosen, and the reason names the PID.
+    refused = nc.select_kill_holders(tuple(holders.values()), all_holders=False)
+    assert refused.targets == () and refused.refused is not None
+    assert f"pid {collision.pid}" in refused.refused and "no NVIDIA device file open" in refused.refused
     every = nc.select_kill_holders(tuple(holders.values()), all_holders=True)
     assert sorted(t.pid for t in every.targets) == sorted([both.pid, files_only.pid])
+    assert holders[control_only.pid].gpu_device_files == () and holders[files_only.pid].gpu_device_files
+    assert "holds no GPU" in dict((hh.pid, why) for hh, why in every.skipped)[control_only.pid]
 
-    # --all-on-gpu through the split API: the colliding PID survives, the real holder is signalled.
+    # Without the suspect entry the lists are proven: --all-on-gpu through the split API signals the real holder.
+    on_gpu = nc.select_kill_holders(tuple(h for h in holders.values() if h.pid != collision.pid), all_holders=False)
+    assert [t.pid for t in on_gpu.targets] == [both.pid] and on_gpu.refused is None
     with nc.prepare_kill(holders=on_gpu.targets) as plan:
         assert [(t.pid, t.found_by) for t in plan.targets] == [(both.pid, "nvml")]
         plan.send_first(signal.SIGTERM)
@@ -107,43 +168,86 @@ def test_holders_join_nvml_and_device_files(
     assert collision.poll() is None and files_only.poll() is None
 
 
-def test_session_selection_and_env_pattern(
+def test_session_selection_with_simulated_stand_ins(
     dev: tuple[Path, str],
     procs: Callable[..., subprocess.Popen[bytes]],
     gpus: Callable[[Scenario], nc.Session],
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     d, pattern = dev
-    monkeypatch.setenv(devfiles.ENV_VAR, pattern)
     on1 = procs(str(d / "nvidia1"))
     on0 = procs(str(d / "nvidia0"))
     sc = Scenario.h200(2)
     sc.add_process(0, on0.pid, used_bytes=GIB)
     sc.add_process(1, on1.pid, used_bytes=GIB)
-    with gpus(sc) as session:
+    with gpus(sc) as session, devfiles.simulated_stand_ins(pattern.split(":"), "the test"):
         sel = nc.select_kill_holders(session, [1], all_holders=False)
     assert [t.pid for t in sel.targets] == [on1.pid]
+    assert any("the test" in n for n in sel.notes)
 
 
 def test_self_ancestors_and_daemons_are_skipped(
     dev: tuple[Path, str], procs: Callable[..., subprocess.Popen[bytes]], tmp_path: Path
 ) -> None:
     d, pattern = dev
-    daemon = procs(str(d / "nvidia0"), argv0="nvidia-persistenced")
+    # Calling itself nvidia-persistenced exempts nothing (issue 27): the program it runs is Python.
+    impostor = procs(str(d / "nvidia0"), argv0="nvidia-persistenced")
     with open(d / "nvidia1"):  # this process holds one too
         holders = nc.find_holders(None, device_files=pattern)
     by_pid = {h.pid: h for h in holders}
     assert by_pid[os.getpid()].relation == "self"
-    assert by_pid[daemon.pid].is_daemon and by_pid[daemon.pid].name == "nvidia-persistenced"
+    assert by_pid[impostor.pid].name == "nvidia-persistenced" and not by_pid[impostor.pid].is_daemon
     sel = nc.select_kill_holders(holders, all_holders=True)
-    assert sel.targets == ()
+    assert [t.pid for t in sel.targets] == [impostor.pid]
     reasons = {h.pid: why for h, why in sel.skipped}
-    assert reasons[os.getpid()] == "this process" and "daemon" in reasons[daemon.pid]
-    assert [t.pid for t in nc.select_kill_holders(holders, all_holders=True, include_daemons=True).targets] == [
-        daemon.pid
-    ]
+    assert reasons[os.getpid()] == "this process"
     with pytest.raises(nc.KillError, match="this process"):
         nc.prepare_kill(holders=[by_pid[os.getpid()]])
+
+
+def test_daemon_kind_is_the_program_not_the_name() -> None:
+    root_binary = ("/usr/bin/dcgm-exporter", 0, 0o100755)
+    assert nc.holders.daemon_kind("dcgm-exporter", ("dcgm-exporter",), root_binary) == "agent"
+    assert nc.holders.daemon_kind("nvidia-persiste", ("x",), ("/usr/bin/nvidia-persistenced", 0, 0o100755)) == "daemon"
+    # A renamed comm or argv[0] over another program, a binary a user owns or others may write: not exempt.
+    assert nc.holders.daemon_kind("dcgm-exporter", ("dcgm-exporter",), ("/usr/bin/python3", 0, 0o100755)) is None
+    assert nc.holders.daemon_kind("dcgm-exporter", (), ("/home/u/dcgm-exporter", 1000, 0o100755)) is None
+    assert nc.holders.daemon_kind("dcgm-exporter", (), ("/opt/dcgm-exporter", 0, 0o100777)) is None
+    assert nc.holders.daemon_kind("python3", ("dcgm-exporter",), root_binary) is None
+    # Another user's process (exe unreadable): the names are all there is; it cannot be signalled from here anyway.
+    assert nc.holders.daemon_kind("nvtop", ("nvtop",), None) == "agent"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="an agent is a program root owns: needs root to make one")
+def test_a_monitoring_agent_is_left_alone_by_all_holders(
+    dev: tuple[Path, str], tmp_path: Path
+) -> None:
+    d, pattern = dev
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    agent_exe = bin_dir / "dcgm-exporter"
+    shutil.copy("/bin/sleep", agent_exe)
+    agent_exe.chmod(0o755)
+    fds = [os.open(d / name, os.O_RDONLY) for name in ("nvidia0", "nvidiactl")]
+    try:
+        agent = subprocess.Popen([str(agent_exe), "60"], pass_fds=fds)
+    finally:
+        for fd in fds:
+            os.close(fd)
+    try:
+        devfile = str(d / "nvidia0")
+        for _ in range(500):  # until it runs the copy (exec done) with the files open
+            h = next((h for h in nc.find_holders(None, device_files=pattern) if h.pid == agent.pid), None)
+            if h is not None and h.daemon_kind == "agent" and devfile in (h.device_files or ()):
+                break
+            time.sleep(0.01)
+        assert h is not None and h.daemon_kind == "agent" and h.is_daemon
+        sel = nc.select_kill_holders([h], all_holders=True)
+        assert sel.targets == () and "monitoring agent (dcgm-exporter)" in sel.skipped[0][1]
+        assert [t.pid for t in nc.select_kill_holders([h], all_holders=True, include_daemons=True).targets] == [
+            agent.pid]
+    finally:
+        agent.kill()
+        agent.wait()
 
 
 def test_a_holder_whose_pid_was_reused_is_left_out(
@@ -182,10 +286,10 @@ def test_a_wait_timeout_with_memory_held_and_no_process_names_the_device_file_ho
 ) -> None:
     d, pattern = dev
     hidden = procs(str(d / "nvidia0"))
-    monkeypatch.setenv(devfiles.ENV_VAR, pattern)
     sc = Scenario.h200()
     sc.set_device(0, used_bytes=4 * GIB)  # as inside a PID namespace: memory held, the list empty
-    with gpus(sc) as session, pytest.raises(nc.WaitTimeout) as info:
+    with gpus(sc) as session, devfiles.simulated_stand_ins(pattern.split(":"), "the test"), \
+            pytest.raises(nc.WaitTimeout) as info:
         session.wait_until_clean(timeout=0)
     assert any(f"pid {hidden.pid}" in c and "on no GPU process list" in c for c in info.value.culprits)
     assert any("4.0 GiB used" in c for c in info.value.culprits)  # the predicate's own reason stays first
@@ -199,10 +303,10 @@ def test_a_wait_timeout_with_listed_holders_adds_no_scan_lines(
 ) -> None:
     d, pattern = dev
     holder = procs(str(d / "nvidia0"))
-    monkeypatch.setenv(devfiles.ENV_VAR, pattern)
     sc = Scenario.h200()
     sc.add_process(0, holder.pid, used_bytes=4 * GIB)
-    with gpus(sc) as session, pytest.raises(nc.WaitTimeout) as info:
+    with gpus(sc) as session, devfiles.simulated_stand_ins(pattern.split(":"), "the test"), \
+            pytest.raises(nc.WaitTimeout) as info:
         session.wait_until_clean(timeout=0)
     assert not any("on no GPU process list" in c for c in info.value.culprits)
 
@@ -236,6 +340,7 @@ print(json.dumps({
     "unrelated": unrelated.pid, "holder": holder.pid,
     "on_gpu_targets": [h.pid for h in on_gpu.targets],
     "on_gpu_skipped": {str(h.pid): why for h, why in on_gpu.skipped},
+    "refused": on_gpu.refused,
     "every_targets": [h.pid for h in every.targets],
     "unrelated_alive": unrelated.poll() is None,
 }))
@@ -263,6 +368,70 @@ def test_pid_collision_in_a_namespace_is_never_selected(dev: tuple[Path, str], t
     assert out.returncode == 0, out.stderr
     r = json.loads(out.stdout.strip().splitlines()[-1])
     assert r["on_gpu_targets"] == [] and r["unrelated_alive"]
-    assert "not visible from this PID namespace" in r["on_gpu_skipped"][str(r["unrelated"])]
-    assert "no process with this PID here" in r["on_gpu_skipped"][str(host_pid)]
+    # Choosing by GPU is refused whole: the lists are not this namespace's numbering.
+    assert r["refused"] and f"pid {host_pid}" in r["refused"] and f"pid {r['unrelated']}" in r["refused"]
+    assert "PID namespace of its own" in r["refused"]
     assert r["every_targets"] == [r["holder"]]  # --all-holders finds the real one by its device file
+
+
+def test_a_process_that_just_exited_is_no_evidence_of_another_numbering(
+    dev: tuple[Path, str],
+    procs: Callable[..., subprocess.Popen[bytes]],
+    gpus: Callable[[Scenario], nc.Session],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from nvmlcheck import holders as holders_module
+
+    d, pattern = dev
+    live = procs(str(d / "nvidia0"))
+    ended = procs(str(d / "nvidia1"))
+    sc = Scenario.h200(2)
+    sc.add_process(0, live.pid, used_bytes=GIB, bound=True)
+    # Still listed for 1 s after it exits, as a driver does for ~0.1 s; the second read, RECHECK_S later, proves it
+    # gone (both margins are wide: a loaded machine does not flip them).
+    sc.add_process(1, ended.pid, used_bytes=GIB, bound=True, list_ms=1000, release_ms=1000)
+    monkeypatch.setattr(holders_module, "RECHECK_S", 1.5)
+    with gpus(sc) as session, devfiles.simulated_stand_ins(pattern.split(":"), "the test"):
+        session.snapshot()  # the stub reads the scenario at init
+        ended.kill()
+        ended.wait()  # reaped: its PID names no process here, yet NVML lists it for a while
+        assert ended.pid in {p.pid for p in session.snapshot().devices[1].processes or ()}
+        selection = nc.select_kill_holders(session, [0], all_holders=False)
+    assert selection.refused is None and [t.pid for t in selection.targets] == [live.pid]
+
+
+def test_pid_1_is_left_alone_when_it_is_no_ancestor(dev: tuple[Path, str]) -> None:
+    # Run through nsenter or docker exec, the parent is outside the namespace: PID 1 is no ancestor of this process,
+    # and proposing it made the kill refuse everything (issue 27). It is left alone, with the kill's own reason.
+    d, _ = dev
+    init = describe_process(1, found_by=frozenset({"device-file"}), device_files=(str(d / "nvidia0"),),
+                            gpu_device_files=(str(d / "nvidia0"),), me=(os.getpid(), ()))
+    assert init.relation is None and init.start_ticks is not None
+    sel = nc.select_kill_holders([init], all_holders=True, include_daemons=True)
+    assert sel.targets == () and "PID 1 is init" in sel.skipped[0][1]
+
+
+def test_the_timeout_explanation_scan_is_bounded_and_says_what_it_left(
+    dev: tuple[Path, str], procs: Callable[..., subprocess.Popen[bytes]]
+) -> None:
+    d, pattern = dev
+    procs(str(d / "nvidia0"))
+    whole = devfiles.scan(pattern)
+    assert whole.unscanned == 0
+    cut = devfiles.scan(pattern, deadline_ns=0)  # a deadline passed already: nothing is read
+    assert cut.holders == {} and cut.unscanned > 0
+    lines = nc.explain_unseen_holders(None, device_files=pattern, budget_s=0.0)
+    assert any("were not scanned" in line for line in lines), lines
+
+
+def test_a_wait_timeout_bounds_its_explanation_scan(
+    gpus: Callable[[Scenario], nc.Session], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from nvmlcheck import holders as holders_module
+
+    monkeypatch.setattr(holders_module, "EXPLAIN_BUDGET_S", 0.0)  # as on a host whose scan outlasts the budget
+    sc = Scenario.h200()
+    sc.set_device(0, used_bytes=4 * GIB)  # memory held, no process listed: the scan is wanted
+    with gpus(sc) as session, pytest.raises(nc.WaitTimeout) as info:
+        session.wait_until_clean(timeout=0)
+    assert any("were not scanned" in c and "bounded" in c for c in info.value.culprits), info.value.culprits

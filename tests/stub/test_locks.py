@@ -35,7 +35,7 @@ def test_default_directory_is_private_and_refused_when_not_ours(
     target = tmp_path / "elsewhere"
     target.mkdir()
     path.symlink_to(target)  # someone planted a link: never follow it
-    with pytest.raises(PermissionError, match="NVMLCHECK_LOCK_DIR"):
+    with pytest.raises(locks.LockDirError, match="NVMLCHECK_LOCK_DIR"):
         lock_dir({})
     assert lock_dir({"NVMLCHECK_LOCK_DIR": str(tmp_path / "mine" / "sub")}) == tmp_path / "mine" / "sub"
 

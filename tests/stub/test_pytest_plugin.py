@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -22,11 +23,12 @@ PLUGIN = "nvmlcheck.testing.pytest_plugin"
 TOOL_TESTS = '''
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 import nvmlcheck as nc
-from nvmlcheck.testing import Scenario, StubSession
+from nvmlcheck.testing import BoundProcessFactory, Scenario, StubSession
 
 
 def test_the_default_is_one_idle_gpu(nvml_stub: StubSession) -> None:
@@ -56,15 +58,47 @@ class TestABusyGpu:
         assert done.returncode == 1, done.stderr
 
 
-def test_a_bound_process_frees_its_gpu_when_killed(nvml_stub: StubSession, nvml_bound_process) -> None:
-    server = nvml_bound_process(0, used_bytes=8 << 30)
+def test_a_bound_process_frees_its_gpu_when_killed(
+    nvml_stub: StubSession, nvml_bound_process: BoundProcessFactory
+) -> None:
+    server = nvml_bound_process(0, used_bytes=8 * nc.GIB)
     with nc.open("nvml") as gpus:
-        assert [p.pid for p in gpus.snapshot().devices[0].processes] == [server.pid]
+        assert [p.pid for p in gpus.snapshot().devices[0].processes or ()] == [server.pid]
         result = nc.kill_and_wait(gpus, [server.pid], timeout=10)
     assert result.pids[0].off_gpu_ns is not None and result.clean_ns is not None
 
 
-def test_the_fake_nvidia_smi_is_on_path(fake_nvidia_smi, nvml_scenario: Scenario) -> None:
+def test_a_bound_process_is_a_holder_and_all_on_gpu_kills_it(
+    nvml_stub: StubSession, nvml_bound_process: BoundProcessFactory
+) -> None:
+    # It holds the simulation's stand-in device files, as a CUDA process holds /dev/nvidia*: proven here.
+    server = nvml_bound_process(0, used_bytes=8 << 30)
+    bystander = subprocess.Popen([sys.executable, "-S", "-c", "import time; time.sleep(60)"])
+    try:
+        with nc.open("nvml") as gpus:
+            (holder,) = gpus.holders()
+            assert holder.pid == server.pid and holder.found_by == {"nvml", "device-file"}
+            selection = nc.select_kill_holders(gpus, all_holders=False)
+        assert [t.pid for t in selection.targets] == [server.pid], selection.skipped
+        assert any("stand-in" in note for note in selection.notes)
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_a_child_nvmlcheck_kills_a_bound_process_with_all_on_gpu(
+    nvml_stub: StubSession, nvml_bound_process: BoundProcessFactory
+) -> None:
+    server = nvml_bound_process(0, used_bytes=8 * nc.GIB,
+                                argv=[sys.executable, "-S", "-c", "import time; time.sleep(60)"])
+    done = subprocess.run([sys.executable, "-m", "nvmlcheck", "kill", "--all-on-gpu", "--yes", "--timeout", "10"],
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "stand-in" in done.stderr and "$NVMLCHECK_LIBNVML" in done.stderr  # the plan says whose rule
+    assert server.wait(timeout=10) is not None
+
+
+def test_the_fake_nvidia_smi_is_on_path(fake_nvidia_smi: Path, nvml_scenario: Scenario) -> None:
     with nc.open("smi") as gpus:
         assert gpus.snapshot().devices[0].name == "NVIDIA H200"
     out = subprocess.run(["nvidia-smi", "--version"], capture_output=True, text=True, check=True).stdout
@@ -80,14 +114,17 @@ def test_leaves_a_session_open(nvml_stub) -> None:
 '''
 
 
-def run_pytest(tmp_path: Path, module: str, **env: str) -> subprocess.CompletedProcess[str]:
-    (tmp_path / "pytest.ini").write_text("[pytest]\n", encoding="utf-8")  # rootdir here, not this repository
+def run_pytest(
+    tmp_path: Path, module: str, *, extra_args: Sequence[str] = (), ini: str = "", **env: str
+) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "pytest.ini").write_text("[pytest]\n" + ini, encoding="utf-8")  # rootdir here, not this repository
     (tmp_path / "test_tool.py").write_text(textwrap.dedent(module), encoding="utf-8")
     child_env = {k: v for k, v in os.environ.items() if not k.startswith(("NVMLCHECK_STUB_", "PYTEST_"))}
     child_env.pop("NVMLCHECK_LIBNVML", None)
     child_env.update(PYTHONPATH=str(ROOT), PYTEST_DISABLE_PLUGIN_AUTOLOAD="1", **env)
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", PLUGIN, "-p", "no:cacheprovider", "-q", "-rs", "test_tool.py"],
+        [sys.executable, "-m", "pytest", "-p", PLUGIN, "-p", "no:cacheprovider", "-q", "-rs", *extra_args,
+         "test_tool.py"],
         cwd=tmp_path, env=child_env, capture_output=True, text=True, timeout=300, check=False,
     )
 
@@ -95,14 +132,41 @@ def run_pytest(tmp_path: Path, module: str, **env: str) -> subprocess.CompletedP
 def test_a_tool_authors_tests_pass_with_the_fixtures(tmp_path: Path) -> None:
     done = run_pytest(tmp_path, TOOL_TESTS)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "5 passed" in done.stdout, done.stdout
+    assert "7 passed" in done.stdout, done.stdout
 
 
 def test_without_a_compiler_the_stub_fixtures_skip_and_the_fake_smi_still_works(tmp_path: Path) -> None:
     done = run_pytest(tmp_path, TOOL_TESTS, NVMLCHECK_STUB_CACHE=str(tmp_path / "empty-cache"),
                       CC=str(tmp_path / "no-such-cc"))
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "1 passed, 4 skipped" in done.stdout and "C compiler" in done.stdout, done.stdout
+    assert "1 passed, 6 skipped" in done.stdout and "C compiler" in done.stdout, done.stdout
+
+
+def test_a_tool_authors_tests_pass_mypy_strict(tmp_path: Path) -> None:
+    # The fixtures are typed (BoundProcessFactory, Scenario, StubSession, Path): a tool author's test module that
+    # annotates them passes mypy --strict with no ignore.
+    (tmp_path / "test_tool.py").write_text(textwrap.dedent(TOOL_TESTS), encoding="utf-8")
+    done = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--python-version", "3.10", "--cache-dir", str(tmp_path / ".mypy"),
+         "test_tool.py"],
+        cwd=tmp_path, env=dict(os.environ, MYPYPATH=str(ROOT)), capture_output=True, text=True, timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("how", ["option", "ini"])
+def test_require_sim_fails_instead_of_skipping(tmp_path: Path, how: str) -> None:
+    no_compiler = {"NVMLCHECK_STUB_CACHE": str(tmp_path / "empty-cache"), "CC": str(tmp_path / "no-such-cc")}
+    if how == "option":
+        done = run_pytest(tmp_path, TOOL_TESTS, extra_args=["--nvmlcheck-require-sim"], **no_compiler)
+    else:
+        done = run_pytest(tmp_path, TOOL_TESTS, ini="nvmlcheck_require_sim = true\n", **no_compiler)
+    assert done.returncode == 1, done.stdout + done.stderr
+    # Every test that needs the stub fails, naming why; the fake nvidia-smi needs no compiler and still passes.
+    summary = done.stdout.strip().splitlines()[-1]
+    assert "6 errors" in summary and "1 passed" in summary and "skipped" not in summary, done.stdout
+    assert "--nvmlcheck-require-sim: a failure, not a skip" in done.stdout and "C compiler" in done.stdout, done.stdout
 
 
 def test_a_session_left_open_fails_the_test(tmp_path: Path) -> None:

@@ -212,3 +212,54 @@ def test_top_level_ready_opens_and_closes(tmp_path: Path, monkeypatch: pytest.Mo
     monkeypatch.setenv("NVMLCHECK_LIBNVML", str(build_stub()))
     report = nc.ready(need_fraction=0.5, backend="nvml")
     assert report.ready and report.polls == 1
+
+
+@pytest.mark.parametrize(("scenario", "code"), [("idle", 0), ("remap", 5)])
+def test_the_smi_backend_judges_the_same(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], scenario: str, code: int
+) -> None:
+    sc = Scenario.h200()
+    if scenario == "remap":
+        sc.set_device(0, remapped_rows=(0, 1, True, False))
+    # nvidia-smi prints [N/A] for the retired pages an H200 does not have: not judged, never a refusal
+    got, doc = ready_json(capsys, str(sc.write(tmp_path / "s.txt")), "--backend", "smi")
+    assert got == code and doc["snapshot"]["backend"] == "smi"
+    assert doc["gpus"][0]["class"] == ("ready" if code == 0 else "unhealthy")
+    assert any("not judged" in note for note in doc["notes"])
+
+
+def test_a_mig_instance_is_judged_alone(gpus: Callable[[Scenario], nc.Session]) -> None:
+    sc = Scenario.h200()
+    sc.set_device(0, mig=True)
+    sc.add_mig_device(0, 0, total_bytes=70 * GIB)
+    sc.add_mig_device(0, 1, total_bytes=70 * GIB)
+    sc.add_process(0, 4_000_010, used_bytes=4 * GIB, gi=2, ci=0)  # in instance 1
+    with gpus(sc) as session:
+        free, busy = (m.uuid for m in session.snapshot().devices[0].mig_devices or ())
+        assert free is not None and busy is not None
+        (v,) = session.ready([free], need_bytes=10 * GIB).verdicts
+        assert v.ready and v.label.startswith("GPU 0 MIG 0") and v.free_bytes == 70 * GIB
+        (w,) = session.ready([busy]).verdicts
+        assert not w.ready and w.culprits[0].pid == 4_000_010
+
+
+def test_a_process_on_no_list_with_a_device_file_open_is_held_not_stuck(
+    gpus: Callable[[Scenario], nc.Session], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dev = tmp_path / "nvidia0"
+    dev.write_text("")
+    monkeypatch.setenv("NVMLCHECK_DEVICE_FILES", str(tmp_path / "nvidia[0-9]*"))
+    child = subprocess.Popen([sys.executable, "-S", "-c", "import sys, time; f = open(sys.argv[1]); "
+                              "print('ready', flush=True); time.sleep(60)", str(dev)], stdout=subprocess.PIPE)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == b"ready"
+        sc = Scenario.h200()
+        sc.set_device(0, used_bytes=8 * GIB)  # held, nothing listed: as from another PID namespace's numbering
+        with gpus(sc) as session:
+            (v,) = session.ready(timeout=3.0, options=steps()).verdicts  # past the bound: it would be stuck
+    finally:
+        child.kill()
+        child.wait()
+    assert v.class_ == "held"
+    (c,) = v.culprits
+    assert (c.kind, c.pid, c.action) == ("device-file", child.pid, "STOP_HOLDER") and "on no GPU list" in c.reason

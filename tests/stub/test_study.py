@@ -330,7 +330,9 @@ def test_jsonl_round_trip_and_schema(tmp_path: Path) -> None:
     assert set(doc["devices"][0]) == {"index", "uuid", "name", "pid", "baseline_used_bytes", "held_bytes", "signal_ns",
                                       "last_held_ns", "first_clean_ns", "off_list_ns", "memory_back_ns", "waitpid_ns",
                                       "exit_status", "zombie_ns", "exited_ns", "files_closed_ns",
-                                      "phase_resolution_ns", "unknown", "holder_steps"}  # added within version 1
+                                      "phase_resolution_ns", "unknown", "holder_steps",  # added within version 1
+                                      "role", "held_at_signal_bytes"}  # and in the third edition
+    assert {"pinned_bytes", "pin_mode", "importers", "first", "stage_gap_s"} <= set(doc)
     assert all(len(row) == 5 for row in doc["trace"])  # offset, used x2, count x2
 
     # fields added later within version 1 are ignored; blank lines skipped
@@ -602,7 +604,7 @@ def test_holder_kinds_and_their_steps_on_the_stub() -> None:
     with pytest.raises(ValueError, match="context holder takes size 0"):
         StudyConfig(sizes=(0,))
     with pytest.raises(ValueError, match="unknown holder kind"):
-        StudyConfig(sizes=(GIB,), holder="mps")
+        StudyConfig(sizes=(GIB,), holder="vgpu")
 
 
 def test_concurrency_per_gpu_and_one_gpu_at_a_time(tmp_path: Path) -> None:
@@ -644,7 +646,7 @@ def test_cli_holder_kinds_concurrency_and_phases(tmp_path: Path, capsys: pytest.
     assert doc["summary"][0]["holder"] == "streams" and doc["summary"][0]["zombie"] is None
     # a context allocates nothing: sizes are refused with it
     assert exit_code(["--simulate", "h200", "study", "reclaim", "--holder", "context", "--sizes", "1GiB"]) == 2
-    assert exit_code(["--simulate", "h200", "study", "reclaim", "--holder", "mps"]) == 2
+    assert exit_code(["--simulate", "h200", "study", "reclaim", "--holder", "vgpu"]) == 2
 
 
 def test_files_closed_reads_every_thread(tmp_path: Path) -> None:

@@ -89,9 +89,10 @@ def test_too_few_values_give_no_verdict_and_cells_match_by_kind_size_ending_gpu(
     (cell,) = c.cells
     assert cell.differ is None and cell.why is not None and "too few" in cell.why
     assert cell.ci_low is None and cell.difference == 50 * MS
-    assert c.only_a == ((0, "KILL", "context", 0),) and c.only_b == ((GIB, "exit", "alloc", 0),)
+    assert c.only_a == ((0, "KILL", "context", 0, 0, 0, "", "holder"),)
+    assert c.only_b == ((GIB, "exit", "alloc", 0, 0, 0, "", "holder"),)
     two = compare_records(records([100.0] * 5, gpus=2), records([100.0] * 5))
-    assert [x.device for x in two.cells] == [0] and two.only_a == ((GIB, "KILL", "alloc", 1),)
+    assert [x.device for x in two.cells] == [0] and two.only_a == ((GIB, "KILL", "alloc", 1, 0, 0, "", "holder"),)
     with pytest.raises(ValueError, match="unknown measure"):
         compare_records(a, b, measure="sleep")
     with pytest.raises(ValueError, match="level"):

@@ -116,3 +116,13 @@ def test_the_testing_face_is_generated_from_the_same_list(monkeypatch: pytest.Mo
     problems = _public.check()
     assert any("testing.NoSuchClock" in p and "nvmlcheck._sim.clock" in p for p in problems), problems
     assert any("testing/__init__.py is stale" in p for p in problems), problems
+
+
+def test_star_import_does_not_shadow_the_builtin_open() -> None:
+    namespace: dict[str, object] = {}
+    exec("from nvmlcheck import *", namespace)
+    assert "open" not in namespace and "Session" in namespace and "GIB" in namespace
+    assert "open" not in nvmlcheck.__all__
+    from nvmlcheck import open as open_session  # still offered, typed and documented
+
+    assert nvmlcheck.open is open_session is importlib.import_module("nvmlcheck.session").open

@@ -205,3 +205,17 @@ def test_capacity_predicate_is_three_valued_with_smi_granularity() -> None:
     assert p.check(snap(dev(0, used=140 * GIB))) is False
     with pytest.raises(ValueError, match="exactly one"):
         nc.memory_free_at_least(1, fraction=0.5)
+
+
+@pytest.mark.parametrize(
+    ("why", "expected"),
+    [("not supported: nvmlDeviceGetRetiredPages_v2 returned NVML_ERROR_NOT_SUPPORTED", True),
+     ("not available: nvmlDeviceGetTotalEccErrors is missing from this driver's libnvidia-ml", True),
+     ("nvidia-smi printed [N/A] for retired_pages.pending: not available on this GPU or driver", True),
+     ("nvidia-smi printed [Unknown Error] for remapped_rows.pending", False),
+     ("unreadable: nvmlDeviceGetRemappedRows returned NVML_ERROR_UNKNOWN (999)", False)],
+)
+def test_which_unknown_health_reasons_are_unsupported(why: str, expected: bool) -> None:
+    from nvmlcheck.verdict import unsupported
+
+    assert unsupported(why) is expected

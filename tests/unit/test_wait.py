@@ -149,15 +149,22 @@ def test_clean_at_once_takes_stable_polls_and_reports_the_first() -> None:
     res, _ = wait([(0, CLEAN)], costs=[10 * US])
     assert res.clean is True
     assert res.polls == 2
-    assert res.first_clean_ns == 10 * US  # the first query returned 10 µs after the start
+    assert res.clean_ns == 10 * US  # the first query returned 10 µs after the start
     assert res.last_dirty_ns is None
     # confirmed after the 0.25 ms confirmation interval and a second 10 µs query
     assert res.elapsed_ns == 10 * US + 250 * US + 10 * US
     assert res.started_ns == START
-    assert res.confirmed_ns == START + res.elapsed_ns
+    # One time base with KillResult: offsets from the start; started_ns is the one absolute reading.
+    assert res.confirmed_ns == res.elapsed_ns == 10 * US + 250 * US + 10 * US
     assert res.poll_cost_ns == 10 * US
     assert res.interval_ns == 260 * US
     assert res.snapshot is CLEAN
+
+
+def test_first_clean_ns_is_the_deprecated_name_of_clean_ns() -> None:
+    res, _ = wait([(0, CLEAN)], costs=[10 * US])
+    with pytest.warns(DeprecationWarning, match=r"WaitResult\.first_clean_ns is deprecated.*clean_ns"):
+        assert res.first_clean_ns == res.clean_ns == 10 * US
     assert res.policy is DEFAULT
     assert res.trace is None
 
@@ -165,18 +172,18 @@ def test_clean_at_once_takes_stable_polls_and_reports_the_first() -> None:
 def test_becomes_clean_after_the_holder_leaves() -> None:
     res, _ = wait([(0, BUSY), (50 * MS, CLEAN)], policy=PollPolicy.every(0.001), costs=[10 * US])
     # polls end at 10 µs + k * 1010 µs; the first at or after 50 ms is k = 50 -> 50.51 ms
-    assert res.first_clean_ns == 10 * US + 50 * 1010 * US
+    assert res.clean_ns == 10 * US + 50 * 1010 * US
     assert res.last_dirty_ns == 10 * US + 49 * 1010 * US
-    assert res.first_clean_ns - 50 * MS <= 1 * MS + 10 * US
-    assert res.elapsed_ns == res.first_clean_ns + 1010 * US
+    assert res.clean_ns - 50 * MS <= 1 * MS + 10 * US
+    assert res.elapsed_ns == res.clean_ns + 1010 * US
     assert res.polls == 52
 
 
 def test_process_list_empty_before_memory_returns_does_not_return_early() -> None:
     # FACTS (H200): the process list emptied 28 ms before used returned to idle.
     res, _ = wait([(0, BUSY), (100 * MS, HELD), (128 * MS, CLEAN)])
-    assert res.first_clean_ns >= 128 * MS
-    assert res.first_clean_ns <= 128 * MS + 2 * MS
+    assert res.clean_ns >= 128 * MS
+    assert res.clean_ns <= 128 * MS + 2 * MS
 
 
 def test_flapping_list_resets_stability() -> None:
@@ -184,7 +191,7 @@ def test_flapping_list_resets_stability() -> None:
     flaps: list[tuple[int, State]] = [(i * 300 * US, CLEAN if i % 2 else BUSY) for i in range(67)]
     policy = PollPolicy.every(0.0003)
     res, gpu = wait([*flaps, (20 * MS, CLEAN)], policy=policy, costs=[0, 0, 0, 1])
-    assert res.first_clean_ns >= 20 * MS - 300 * US
+    assert res.clean_ns >= 20 * MS - 300 * US
     seen = [s is CLEAN for _, s in gpu.samples]
     assert any(seen[:-2]), "the test must actually show clean polls that were not confirmed"
     assert res.polls == len(gpu.samples)
@@ -192,9 +199,9 @@ def test_flapping_list_resets_stability() -> None:
 
 def test_stable_polls_one_and_three() -> None:
     res1, _ = wait([(0, CLEAN)], stable_polls=1)
-    assert res1.polls == 1 and res1.elapsed_ns == res1.first_clean_ns == 10 * US
+    assert res1.polls == 1 and res1.elapsed_ns == res1.clean_ns == 10 * US
     res3, _ = wait([(0, CLEAN)], stable_polls=3)
-    assert res3.polls == 3 and res3.first_clean_ns == 10 * US
+    assert res3.polls == 3 and res3.clean_ns == 10 * US
 
 
 def test_default_predicate_is_used_when_none_given() -> None:
@@ -218,7 +225,7 @@ def test_timeout_zero_is_exactly_one_check_judged_alone() -> None:
 def test_timeout_none_and_inf_wait_as_long_as_it_takes() -> None:
     for timeout in (None, math.inf):
         res, _ = wait([(0, BUSY), (60 * 1000 * MS, CLEAN)], timeout=timeout)
-        assert res.first_clean_ns >= 60 * 1000 * MS
+        assert res.clean_ns >= 60 * 1000 * MS
 
 
 @pytest.mark.parametrize("bad", [-1, -1e-9, math.nan, -math.inf])
@@ -338,7 +345,7 @@ def test_transient_errors_are_retried_and_never_clean(exc: NvmlCheckError) -> No
     kinds = [s for _, s in gpu.samples]
     assert kinds[0] is CLEAN and kinds[1] is exc and kinds[2] is CLEAN
     assert res.polls == 4
-    assert res.first_clean_ns == gpu.samples[2][0] - START
+    assert res.clean_ns == gpu.samples[2][0] - START
     assert res.last_dirty_ns == gpu.samples[1][0] - START
 
 
@@ -400,7 +407,7 @@ def test_transient_failure_inside_a_snapshot_is_not_clean_even_for_always() -> N
     err, _ = wait_timeout([(0, state)], timeout=0.003, predicate=always())
     assert err.culprits == (f"GPU 1: could not be read: {flaky}",)
     res, _ = wait([(0, state), (2 * MS, idle(0, 1))], predicate=always())
-    assert res.first_clean_ns >= 2 * MS
+    assert res.clean_ns >= 2 * MS
 
 
 def test_non_nvmlcheck_exceptions_propagate() -> None:
@@ -430,7 +437,7 @@ def test_precise_mode_never_sleeps() -> None:
     # time.sleep(0) alone costs ~80 µs on Linux: the precise loop must not call it at all.
     res, gpu = wait([(0, BUSY), (5 * MS, CLEAN)], policy=PRECISE, costs=[30 * US])
     assert gpu.time.sleeps == []
-    assert res.first_clean_ns - 5 * MS <= 30 * US
+    assert res.clean_ns - 5 * MS <= 30 * US
     assert res.elapsed_ns - 5 * MS <= 60 * US  # well within the 100 µs target
 
 
@@ -506,7 +513,7 @@ def test_a_few_slow_queries_do_not_stretch_the_interval(slow_cpu: int) -> None:
     gpu = Gpu(t, [(0, BUSY), (250 * MS, CLEAN)], costs)  # the slow polls end at ~183 ms
     res = poll_until(gpu, timeout=1.0, clock=t.clock, sleep=t.sleep, cpu_clock=lambda: cpu[0])
     assert {ns for _, ns in t.sleeps[:-1]} == {1 * MS}  # (the last one is the 0.25 ms confirmation)
-    assert res.first_clean_ns - 250 * MS <= 1 * MS + 40 * US
+    assert res.clean_ns - 250 * MS <= 1 * MS + 40 * US
 
 
 def test_a_sustained_cost_does_stretch_the_interval() -> None:
@@ -550,7 +557,7 @@ def test_default_mode_backs_off_after_ten_quiet_seconds_and_snaps_back_on_change
     assert max(early) <= 1 * MS
     assert min(late) == max(late) == 10 * MS  # backed off to the 10 ms cap
     # the list change reset the interval, so the memory return is still detected within 2 ms
-    assert res.first_clean_ns - (change + 28 * MS) <= 1 * MS + 10 * US
+    assert res.clean_ns - (change + 28 * MS) <= 1 * MS + 10 * US
     assert res.elapsed_ns - (change + 28 * MS) <= 2 * MS
     quiet = [when for when, _ in gpu.samples if START + 12_000 * MS < when < START + change]
     assert 10 * US * len(quiet) / (change - 12_000 * MS) < 0.002  # ~0.1 % of a core once backed off
@@ -632,7 +639,7 @@ def test_on_poll_sees_every_poll_with_its_snapshot() -> None:
 
 def test_custom_predicate() -> None:
     res, _ = wait([(0, BUSY), (5 * MS, HELD)], predicate=no_processes())
-    assert 5 * MS <= res.first_clean_ns <= 6 * MS + 10 * US
+    assert 5 * MS <= res.clean_ns <= 6 * MS + 10 * US
     err, _ = wait_timeout([(0, HELD)], predicate=memory_used_at_most(GIB), timeout=0.001)
     assert err.culprits[0].startswith("GPU 0: 16.0 GiB used with no visible process")
 
@@ -652,7 +659,7 @@ def probe_wait(
 
 def test_probe_answers_while_memory_is_held() -> None:
     res, full, probe = probe_wait([(0, BUSY), (300 * MS, HELD), (328 * MS, CLEAN)], keep_trace=True)
-    assert 328 * MS <= res.first_clean_ns <= 328 * MS + 1 * MS + 18 * US + 50 * US
+    assert 328 * MS <= res.clean_ns <= 328 * MS + 1 * MS + 18 * US + 50 * US
     # full queries: the first poll, one per 100 ms for the status line, and the two that saw and confirmed clean
     assert len(full.samples) == 1 + 3 + 2
     assert res.partial_polls == len(probe.samples) - 1  # the last probe saw 0 B used and could not decide
@@ -700,7 +707,7 @@ def test_probe_errors_are_errors() -> None:
     res = poll_until(full, timeout=1.0, clock=t.clock, sleep=t.sleep, probe=probe, keep_trace=True)
     assert res.trace is not None
     assert any(p.error is not None and "Timeout" in p.error for p in res.trace)
-    assert res.first_clean_ns >= 5 * MS
+    assert res.clean_ns >= 5 * MS
     lost = GpuLost(15, "nvmlDeviceGetMemoryInfo_v2", 0)
     t = FakeTime()
     with pytest.raises(GpuLost):
@@ -891,7 +898,7 @@ def test_random_timelines(sc: Scenario) -> None:
         assert all(clean[-n:]) and len(clean) >= n
         assert not _has_run(clean[:-1], n)
         assert result.elapsed_ns == times[-1] - START
-        first_clean = START + result.first_clean_ns
+        first_clean = START + result.clean_ns
         assert first_clean == times[-n]
         # never earlier than the true clean moment, at most one interval plus one query later
         begin = max(b for b, e in sc.clean_stretches() if b <= first_clean < e)
@@ -945,10 +952,10 @@ def test_default_policy_with_late_wakeups(late: int, cost: int, change: int, tim
         assert START + change + period >= deadline
         assert t.now <= deadline + cost + late
         return
-    assert res.first_clean_ns >= change
-    assert res.first_clean_ns - change <= period
+    assert res.clean_ns >= change
+    assert res.clean_ns - change <= period
     # the confirmation follows quickly: 0.25 ms, not a whole interval
-    assert res.elapsed_ns - res.first_clean_ns <= 250 * US + cost + late
+    assert res.elapsed_ns - res.clean_ns <= 250 * US + cost + late
     if deadline is not None:
         assert t.now <= deadline + cost + late
 

@@ -15,7 +15,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ...errors import SmiParseError
+from ...errors import ArgumentError, SmiParseError
 from ...model import MIB
 from .aliases import CANONICAL_UNITS, FREE_TEXT, canonical_name
 from .text import (
@@ -121,7 +121,7 @@ def parse_table(
             raise SmiParseError(f"header does not match the fields asked for ({', '.join(wanted)})", head_no, head)
     else:
         if wanted is None:
-            raise ValueError("parse_table(header=False) needs the requested field names")
+            raise ArgumentError("parse_table(header=False) needs the requested field names")
         columns = tuple(Column(n, None, n) for n in wanted)
         body = lines
     positions = {c.name: i for i, c in enumerate(columns)}

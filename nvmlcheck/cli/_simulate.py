@@ -1,0 +1,169 @@
+"""``nvmlcheck simulate``: rehearse a launch script in the shell, on simulated GPUs.
+
+``simulate run [--scenario S] -- CMD ...`` runs CMD with the simulation in its environment: every ``nvmlcheck``
+command in it reads the scenario (``$NVMLCHECK_SIMULATE``, the default of ``--simulate``, and says so), and so does
+Python code that calls ``nvmlcheck.open()`` (``$NVMLCHECK_LIBNVML``, ``$NVMLCHECK_STUB_SCENARIO``).
+``simulate hold --gpu N --bytes SIZE -- CMD ...`` starts CMD as a real process that the scenario file lists on GPU N
+with SIZE bytes until it exits (then, like a driver, off the list and its memory back ``--list-ms``/``--release-ms``
+later). ``simulate scenario NAME`` prints a bundled scenario, to start a file from. docs/cli.md, "simulate".
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from ._common import SimulationUnavailable, UsageError, simulation_hint
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import argparse
+
+#: The variable ``simulate run`` sets for the commands it runs: the default of ``--simulate``.
+ENV_SIMULATE = "NVMLCHECK_SIMULATE"
+#: How long a command gets to end after ``simulate`` was asked to end (and passed it on), before SIGKILL.
+END_GRACE_S = 10.0
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    """Dispatch ``simulate run``, ``simulate hold`` and ``simulate scenario``."""
+    if args.simulate_command == "scenario":
+        from ..simulate import scenario_named
+
+        scenario = scenario_named(args.name)
+        assert not isinstance(scenario, os.PathLike)  # the parser offers the bundled names only
+        sys.stdout.write(scenario.render())
+        return 0
+    argv = _command(args.argv)
+    if args.simulate_command == "run":
+        return _run(argv, args.scenario or os.environ.get(ENV_SIMULATE) or "h200")
+    return _hold(argv, args)
+
+
+def _command(words: list[str]) -> list[str]:
+    argv = words[1:] if words[:1] == ["--"] else list(words)
+    if not argv:
+        raise UsageError("no command given: nvmlcheck simulate run|hold [OPTIONS] -- COMMAND [ARG ...]")
+    return argv
+
+
+def _run(argv: list[str], name: str) -> int:
+    import contextlib
+    import tempfile
+    from pathlib import Path
+
+    from .._sim.build import StubBuildError, build_stub
+    from .._sim.session import ENV_LIBRARY, ENV_SCENARIO
+    from ..simulate import scenario_named
+
+    try:
+        scenario = scenario_named(name)
+    except ValueError as exc:
+        raise UsageError(str(exc).replace("--simulate", "--scenario")) from None
+    try:
+        library = build_stub()
+    except (StubBuildError, FileNotFoundError) as exc:
+        raise SimulationUnavailable(simulation_hint(exc)) from None
+    with contextlib.ExitStack() as stack:
+        if isinstance(scenario, Path):
+            path = scenario.resolve()
+        else:  # a bundled scenario: a file of its own for the run, which `simulate hold` inside it may change
+            directory = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="nvmlcheck-simulate-")))
+            path = scenario.write(directory / f"{name}.txt")
+        env = {**os.environ, ENV_SIMULATE: str(path), ENV_LIBRARY: str(library), ENV_SCENARIO: str(path)}
+        print(f"nvmlcheck: simulated GPUs for {argv[0]}: scenario {name} ({path}); the nvmlcheck commands it runs "
+              "read them, and say so", file=sys.stderr)
+        return _wait_for(_start(argv, env))
+
+
+def _hold(argv: list[str], args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from ..simulate import SCENARIOS, add_bound_process, bound_process_line, remove_bound_process
+    from ._output import human_bytes
+
+    name = args.scenario or os.environ.get(ENV_SIMULATE)
+    if not name:
+        raise UsageError(f"no scenario file: give --scenario FILE, or run under `nvmlcheck simulate run` (which sets "
+                         f"${ENV_SIMULATE})")
+    if name in SCENARIOS:
+        raise UsageError(f"{name!r} is a bundled scenario: hold adds a process to a scenario file (`nvmlcheck "
+                         f"simulate scenario {name} > FILE` writes one; `simulate run` gives its command one)")
+    path = Path(name)
+    if not path.is_file():
+        raise UsageError(f"--scenario {name!r}: no such scenario file")
+    options = {"kind": args.kind, "list_ms": args.list_ms, "release_ms": args.release_ms}
+    try:  # checked before anything starts: a refused hold leaves no process behind
+        bound_process_line(path, args.gpu, os.getpid(), args.bytes, **options)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    child = _start(argv, dict(os.environ))
+    try:
+        add_bound_process(path, args.gpu, child.pid, args.bytes, **options)
+        print(f"nvmlcheck: simulated: pid {child.pid} ({argv[0]}) holds {human_bytes(args.bytes)} on GPU "
+              f"{args.gpu} of {path} until it exits", file=sys.stderr)
+        code = _wait_for(child)
+        # As a driver: off the list list_ms after the exit, memory back release_ms after it (the stub does that in
+        # every process that had loaded the scenario); then the entry goes, so that a later reader, or a new
+        # process with the same PID, does not see it.
+        import time
+
+        time.sleep(max(args.list_ms, args.release_ms) / 1000)
+        remove_bound_process(path, args.gpu, child.pid, kind=args.kind)
+        return code
+    except BaseException:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        with _suppressed():
+            remove_bound_process(path, args.gpu, child.pid, kind=args.kind)
+        raise
+
+
+class _suppressed:
+    """Ignore an ``Exception`` in a clean-up step (not a signal's exception): the error being raised matters more."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool:
+        return exc_type is not None and issubclass(exc_type, Exception)
+
+
+def _start(argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    try:
+        return subprocess.Popen(argv, env=env)
+    except OSError as exc:
+        raise UsageError(f"cannot start {argv[0]!r}: {exc.strerror or exc}") from None
+
+
+def _wait_for(child: subprocess.Popen[bytes]) -> int:
+    """Wait for ``child``; its exit status as a shell reports it (128 + N when signal N ended it).
+
+    Asked to end (SIGTERM, SIGHUP: :mod:`._signals`), pass the signal on and wait ``END_GRACE_S``, then SIGKILL.
+    Ctrl-C reaches the child from the terminal itself, so SIGINT is not passed on; it is given the same grace.
+    """
+    from ._signals import Terminated
+
+    deadline: float | None = None
+    while True:
+        try:
+            code = child.wait(timeout=None if deadline is None else max(0.0, deadline - _now()))
+        except subprocess.TimeoutExpired:
+            child.kill()
+            code = child.wait()
+        except (KeyboardInterrupt, Terminated) as exc:
+            if isinstance(exc, Terminated):
+                with _suppressed():
+                    child.send_signal(exc.signum)
+            if deadline is None:
+                deadline = _now() + END_GRACE_S
+            continue
+        return code if code >= 0 else 128 - code
+
+
+def _now() -> float:
+    import time
+
+    return time.monotonic()

@@ -1,0 +1,315 @@
+"""The reclaim-time model fitted to study records (``nvmlcheck study fit``): :func:`fit` returns a
+:class:`~nvmlcheck.reclaim_model.ReclaimModel`, :func:`fit_report` also what was fitted, what was kept and how well
+it fits each cell; :func:`format_fit` prints it with the ``register(...)`` call that puts it in the per-driver table.
+
+Each run becomes one point: the time from its *last* signal until every GPU's memory is back, against what was torn
+down after that signal (contexts, device GiB, pinned host GiB, IPC importers: the terms of
+:func:`nvmlcheck.reclaim_model.terms`). Each cell's median is fitted by weighted least squares (weight: its runs), in
+plain Python; a coefficient the data cannot tell apart (no run varies it) keeps the prior model's value, and one fitted
+below 0 is set to 0. The error is the largest absolute residual of any run of a fitted cell. The method:
+docs/reclaim-study.md ("The model").
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from .._units import format_bytes
+from ..errors import ArgumentError
+from ..reclaim_model import COEFFICIENTS, ReclaimModel, model_for, terms
+from .records import RunRecord
+from .summary import cell_words, percentile
+
+__all__ = ["FIT_ENDINGS", "FIT_KINDS", "CellFit", "FitPoint", "FitResult", "fit", "fit_point", "fit_report",
+           "format_fit", "model_code"]
+
+#: Holder kinds fitted by default: those whose teardown the model's terms describe. The others (``streams``: work in
+#: flight; ``destroy``: the holder tears down itself; ``managed``, ``mps``, ``nccl``: their own teardown) are shown
+#: against the fitted model, not fitted.
+FIT_KINDS: tuple[str, ...] = ("alloc", "chunks", "context", "contexts", "pinned", "ipc")
+#: Endings fitted by default (``free`` frees in the holder first: not the driver's teardown alone).
+FIT_ENDINGS: tuple[str, ...] = ("KILL", "TERM", "exit")
+#: Holders signalled within this of the last signal belong to the last stage.
+STAGE_TOLERANCE_NS = 10_000_000
+_ZEROED = "fitted below 0"
+
+
+@dataclass(frozen=True, slots=True)
+class FitPoint:
+    """One run as the model sees it: what was torn down after its last signal, and how long until every GPU's
+    memory was back (``memory_back_ns``, from that signal). ``cell`` labels its condition."""
+
+    contexts: int
+    device_bytes: int
+    pinned_bytes: int
+    importers: int
+    memory_back_ns: int
+    cell: str
+    kind: str
+    ending: str
+
+    @property
+    def features(self) -> tuple[int, int, int, int]:
+        """``(contexts, device_bytes, pinned_bytes, importers)``."""
+        return (self.contexts, self.device_bytes, self.pinned_bytes, self.importers)
+
+
+@dataclass(frozen=True, slots=True)
+class CellFit:
+    """One cell against the fitted model: runs ``n``, median measured and predicted time (ns), the median and the
+    largest absolute residual, and whether the cell was fitted (``in_fit``)."""
+
+    cell: str
+    kind: str
+    n: int
+    measured_ns: float
+    predicted_ns: float
+    residual_ns: float
+    residual_max_ns: float
+    in_fit: bool
+
+
+@dataclass(frozen=True, slots=True)
+class FitResult:
+    """The fitted ``model``; the coefficients ``fitted``; those ``kept`` from ``prior`` (coefficient → why); the runs
+    fitted (``n``) and the residuals of those runs (largest and 95th percentile of the absolute values, ns); every
+    cell against the model; the runs left out, by reason."""
+
+    model: ReclaimModel
+    prior: ReclaimModel
+    fitted: tuple[str, ...]
+    kept: dict[str, str]
+    n: int
+    residual_max_ns: float
+    residual_p95_ns: float
+    cells: tuple[CellFit, ...]
+    excluded: dict[str, int] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (the ``nvmlcheck/study-fit`` document's body)."""
+        from dataclasses import asdict
+
+        return {"model": asdict(self.model), "prior": asdict(self.prior), "fitted": list(self.fitted),
+                "kept": dict(self.kept), "n": self.n, "residual_max_ns": self.residual_max_ns,
+                "residual_p95_ns": self.residual_p95_ns, "cells": [asdict(c) for c in self.cells],
+                "excluded": dict(self.excluded)}
+
+
+def _label(r: RunRecord, contexts: int) -> str:
+    size = format_bytes(r.size_bytes) if r.size_bytes else "no allocation"
+    gpus = len({d.index for d in r.devices})
+    many = f" x{r.per_gpu} per GPU" if r.per_gpu > 1 else ""
+    count = f" x{r.holder_count}" if r.holder == "contexts" else ""
+    where = f" on {gpus} GPUs" if gpus > 1 else ""
+    return f"{r.holder}{count} {size}{cell_words(r.pinned_bytes, r.importers, r.first)}{many} {r.ending}{where}"
+
+
+def fit_point(r: RunRecord) -> FitPoint | None:
+    """The point of one measured run (``None`` for a warm-up, a timed-out run, or one whose memory was not seen
+    back on every GPU)."""
+    devs = r.devices
+    if r.warmup or r.timed_out or not devs:
+        return None
+    backs: dict[int, int] = {}
+    for d in devs:
+        if d.memory_back_ns is None:
+            return None
+        backs[d.index] = max(backs.get(d.index, 0), d.signal_ns + d.memory_back_ns)
+    last_signal = max(d.signal_ns for d in devs)
+    last = [d for d in devs if d.signal_ns >= last_signal - STAGE_TOLERANCE_NS]
+    own = [d for d in devs if d.role != "importer"]
+    per_holder = r.holder_count if r.holder == "contexts" else 1
+    contexts = per_holder * sum(1 for d in last if d.role != "importer")
+    importers = sum(1 for d in last if d.role == "importer")
+    device = r.size_bytes * len(own)
+    if len(last) < len(devs):  # two stages: is the allocation still held when the last one begins?
+        still = [d.held_at_signal_bytes for d in last]
+        if not all(h is not None and h >= r.size_bytes // 2 for h in still):
+            device = 0
+    pinned = r.pinned_bytes * sum(1 for d in last if d.role != "importer")
+    return FitPoint(contexts, device, pinned, importers, max(backs.values()) - last_signal, _label(r, contexts),
+                    r.holder, r.ending)
+
+
+def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
+    """``a x = b`` by Gaussian elimination with partial pivoting; ``None`` when ``a`` is (numerically) singular."""
+    n = len(b)
+    m = [[*row, b[i]] for i, row in enumerate(a)]
+    scale = max((abs(v) for row in a for v in row), default=0.0) or 1.0
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(m[r][col]))
+        if abs(m[pivot][col]) <= 1e-9 * scale:
+            return None
+        m[col], m[pivot] = m[pivot], m[col]
+        for r in range(col + 1, n):
+            f = m[r][col] / m[col][col]
+            for c in range(col, n + 1):
+                m[r][c] -= f * m[col][c]
+    x = [0.0] * n
+    for r in range(n - 1, -1, -1):
+        x[r] = (m[r][n] - sum(m[r][c] * x[c] for c in range(r + 1, n))) / m[r][r]
+    return x
+
+
+def _least_squares(rows: Sequence[Sequence[float]], y: Sequence[float], w: Sequence[float],
+                   cols: Sequence[int]) -> list[float] | None:
+    """Weighted least squares of ``y`` on the columns ``cols`` of ``rows`` (normal equations)."""
+    k = len(cols)
+    ata = [[sum(wi * row[cols[i]] * row[cols[j]] for row, wi in zip(rows, w, strict=True)) for j in range(k)]
+           for i in range(k)]
+    aty = [sum(wi * row[cols[i]] * yi for row, yi, wi in zip(rows, y, w, strict=True)) for i in range(k)]
+    return _solve(ata, aty)
+
+
+def _branch(records: Sequence[RunRecord], driver: str | None) -> tuple[str, str]:
+    if driver is not None:
+        return driver.split(".", 1)[0], driver
+    versions = sorted({r.driver for r in records if r.driver})
+    branches = sorted({v.split(".", 1)[0] for v in versions})
+    if len(branches) != 1:
+        raise ArgumentError(f"the records come from {'no known driver' if not branches else 'several driver branches'}"
+                         f" ({', '.join(versions) or 'none recorded'}): fit one branch at a time, or name it")
+    return branches[0], ", ".join(versions)
+
+
+def fit_report(
+    records: Iterable[RunRecord],
+    *,
+    prior: ReclaimModel | None = None,
+    kinds: Sequence[str] = FIT_KINDS,
+    endings: Sequence[str] = FIT_ENDINGS,
+    driver: str | None = None,
+) -> FitResult:
+    """Fit the model to ``records`` (see the module). ``prior``: where the coefficients the data cannot tell come
+    from (default: the table's model of the records' driver); ``kinds``/``endings``: the runs fitted (the others are
+    shown against the model); ``driver``: the driver version to fit for (default: the records', which must be of one
+    branch). ``ValueError`` when no run can be fitted."""
+    every = list(records)
+    branch, versions = _branch(every, driver)
+    base = prior if prior is not None else model_for(versions.split(", ")[0] if driver is None else driver)
+    excluded: dict[str, int] = {}
+    fitted_pts: list[FitPoint] = []
+    other_pts: list[FitPoint] = []
+    for r in every:
+        p = fit_point(r)
+        if p is None:
+            if not r.warmup:
+                why = "timed out" if r.timed_out else "memory not seen back"
+                excluded[why] = excluded.get(why, 0) + 1
+            continue
+        (fitted_pts if p.kind in kinds and p.ending in endings else other_pts).append(p)
+    if not fitted_pts:
+        raise ArgumentError(f"no measured run of the kinds {', '.join(kinds)} with the endings {', '.join(endings)} "
+                         "to fit")
+    groups = _groups(fitted_pts)
+    rows = [terms(*g[0].features) for g in groups]
+    y = [percentile([p.memory_back_ns for p in g], 0.5) for g in groups]
+    w = [float(len(g)) for g in groups]
+    coef, kept = _fit_columns(rows, y, w, base)
+    model = replace(base, driver=branch, **{name: round(coef[j]) for j, name in enumerate(COEFFICIENTS)},
+                    source="")
+    residuals = [abs(p.memory_back_ns - model.expected_ns(*p.features)) for p in fitted_pts]
+    err = max(residuals)
+    fitted = tuple(c for c in COEFFICIENTS if c not in kept)
+    zeroed = [c for c, why in kept.items() if why.startswith(_ZEROED)]
+    prior_kept = [c for c in kept if c not in zeroed]
+    model = replace(model, error_ns=math.ceil(err), source=(
+        f"nvmlcheck study fit of {len(fitted_pts)} runs ({len(groups)} cells), driver {versions}; fitted "
+        f"{', '.join(fitted) or 'nothing'}"
+        + (f"; kept from the {base.driver} entry: {', '.join(prior_kept)}" if prior_kept else "")
+        + (f"; set to 0 (fitted below 0): {', '.join(zeroed)}" if zeroed else "")))
+    cells = tuple(_cell_fit(g, model, True) for g in groups) + tuple(
+        _cell_fit(g, model, False) for g in _groups(other_pts))
+    return FitResult(model=model, prior=base, fitted=fitted, kept=kept, n=len(fitted_pts), residual_max_ns=err,
+                     residual_p95_ns=percentile(residuals, 0.95), cells=cells, excluded=excluded)
+
+
+def _groups(points: Sequence[FitPoint]) -> list[list[FitPoint]]:
+    by: dict[tuple[str, tuple[int, int, int, int]], list[FitPoint]] = {}
+    for p in points:
+        by.setdefault((p.cell, p.features), []).append(p)
+    return list(by.values())
+
+
+def _fit_columns(rows: Sequence[Sequence[float]], y: Sequence[float], w: Sequence[float],
+                 prior: ReclaimModel) -> tuple[list[float], dict[str, str]]:
+    """The coefficients, and the ones kept from ``prior`` with why. Columns the data never varies, or that are
+    collinear with those before them, keep the prior; a coefficient fitted below 0 (base excepted) is set to 0."""
+    coef = [float(getattr(prior, name)) for name in COEFFICIENTS]
+    kept: dict[str, str] = {}
+    free: list[int] = []
+    # Base first, then the terms in the order a user's question varies them: device, pinned, importers, contexts.
+    for j in (0, 2, 3, 4, 1):
+        if not any(row[j] for row in rows):
+            kept[COEFFICIENTS[j]] = "no run has this term"
+            continue
+        if _least_squares(rows, y, w, [*free, j]) is None:
+            kept[COEFFICIENTS[j]] = "not told apart from the terms before it (no run varies it alone)"
+            continue
+        free.append(j)
+    while free:
+        fixed = [j for j in range(len(COEFFICIENTS)) if j not in free]
+        target = [yi - sum(coef[j] * row[j] for j in fixed) for row, yi in zip(rows, y, strict=True)]
+        solution = _least_squares(rows, target, w, free)
+        if solution is None:  # cannot happen after the checks above; keep the prior rather than guess
+            for j in free:
+                kept[COEFFICIENTS[j]] = "the fit was singular"
+            break
+        negative = [(v, j) for v, j in zip(solution, free, strict=True) if v < 0 and j != 0]
+        if not negative:
+            for v, j in zip(solution, free, strict=True):
+                coef[j] = v
+            break
+        v, j = min(negative)
+        coef[j] = 0.0
+        kept[COEFFICIENTS[j]] = f"{_ZEROED} ({v / 1e6:.2f} ms): set to 0"
+        free.remove(j)
+    return coef, kept
+
+
+def _cell_fit(group: Sequence[FitPoint], model: ReclaimModel, in_fit: bool) -> CellFit:
+    measured = [p.memory_back_ns for p in group]
+    predicted = model.expected_ns(*group[0].features)
+    return CellFit(cell=group[0].cell, kind=group[0].kind, n=len(group), measured_ns=percentile(measured, 0.5),
+                   predicted_ns=float(predicted), residual_ns=percentile(measured, 0.5) - predicted,
+                   residual_max_ns=max(abs(m - predicted) for m in measured), in_fit=in_fit)
+
+
+def fit(records: Iterable[RunRecord], **options: Any) -> ReclaimModel:
+    """The fitted model (:func:`fit_report`'s ``model``; the same options)."""
+    return fit_report(records, **options).model
+
+
+def model_code(model: ReclaimModel) -> str:
+    """The ``register(ReclaimModel(...))`` call that puts ``model`` in :mod:`nvmlcheck.reclaim_model`'s table."""
+    nums = "".join(f"    {name}={getattr(model, name):_},\n" for name in (*COEFFICIENTS, "error_ns"))
+    return (f"register(ReclaimModel(\n    driver={model.driver!r},\n{nums}    stuck_factor={model.stuck_factor!r},"
+            f"\n    source={model.source!r},\n))")
+
+
+def format_fit(result: FitResult) -> str:
+    """The fit in words: each coefficient (fitted or kept, and why), the error, each cell against the model, and
+    the code to register it."""
+    m, lines = result.model, []
+    lines.append(f"reclaim-time model for driver branch {m.driver}: {result.n} runs fitted")
+    for name in COEFFICIENTS:
+        why = result.kept.get(name, "")
+        how = ("fitted" if name in result.fitted else why if why.startswith(_ZEROED)
+               else f"kept from the {result.prior.driver} entry ({why})")
+        lines.append(f"  {name:<18} {getattr(m, name) / 1e6:>10.3f} ms   {how}")
+    lines.append(f"  error: largest residual {result.residual_max_ns / 1e6:.1f} ms, 95th percentile "
+                 f"{result.residual_p95_ns / 1e6:.1f} ms (error_ns = the largest)")
+    lines.append("cells (median measured vs model, ms; * = not fitted, shown against the model):")
+    for c in result.cells:
+        mark = " " if c.in_fit else "*"
+        lines.append(f" {mark} {c.cell:<58} n {c.n:>3}  measured {c.measured_ns / 1e6:>9.1f}  model "
+                     f"{c.predicted_ns / 1e6:>9.1f}  residual {c.residual_ns / 1e6:>+8.1f} "
+                     f"(max {c.residual_max_ns / 1e6:.1f})")
+    for why, n in sorted(result.excluded.items()):
+        lines.append(f"  left out: {n} run{'s' if n > 1 else ''} ({why})")
+    lines.append("to register it (nvmlcheck/reclaim_model.py):")
+    lines.append(model_code(m))
+    return "\n".join(lines)

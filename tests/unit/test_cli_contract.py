@@ -1,0 +1,45 @@
+"""The command line's side of the contract (issue 24): every reading command describes itself in ``--help``, sizes
+say which units are decimal, and the one size parser reads them so."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+
+import pytest
+
+import nvmlcheck as nc
+from nvmlcheck._units import parse_size
+from nvmlcheck.cli._parser import build_parser
+
+
+def _help(*argv: str) -> str:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+        build_parser().parse_args([*argv, "--help"])
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("command", ["snapshot", "wait", "holders", "kill", "select", "watch", "simulate"])
+def test_every_command_describes_itself(command: str) -> None:
+    text = _help(command)
+    usage_end = text.index("\n\n")
+    described = text[usage_end:].lstrip().split("\n\n")[0]
+    assert not described.startswith(("positional arguments", "options")), f"{command} --help has no description"
+    assert len(described) > 60, described
+
+
+@pytest.mark.parametrize("command", [("wait",), ("select",), ("simulate", "hold")])
+def test_size_options_say_which_units_are_decimal(command: tuple[str, ...]) -> None:
+    text = " ".join(_help(*command).split())
+    assert "KB/MB/GB/TB powers of 10" in text and "16GB 16,000,000,000" in text
+
+
+def test_sizes_decimal_and_binary() -> None:
+    assert parse_size("16GiB") == parse_size("16G") == parse_size("16gib") == 16 * nc.GIB
+    assert parse_size("16GB") == 16 * 10**9
+    assert parse_size("2TB") == 2 * 10**12 and parse_size("2TiB") == parse_size("2T") == 2 << 40
+    assert parse_size("512MiB") == 512 * nc.MIB and parse_size("512MB") == 512 * 10**6
+    assert nc.GIB == 1 << 30 and nc.MIB == 1 << 20
+    with pytest.raises(nc.ArgumentError, match="not a size"):
+        parse_size("16 gigs")

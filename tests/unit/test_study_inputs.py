@@ -1,0 +1,219 @@
+"""Study inputs that are not what they claim (issue 27, item 7): records of the wrong shape or type, absurd option
+values, an ``--out`` that is not a file. Every one is an error naming the file and line (or the option), exit 2, the
+same in human and ``--json`` modes; never a traceback, never a value silently taken for another."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from nvmlcheck import cli
+from nvmlcheck.study import DeviceRun, RecordFormatError, RunRecord, StudyError, load_records, write_records
+
+MS = 1_000_000
+GIB = 1 << 30
+
+
+def _records(values_ms: list[float], gpus: int = 1) -> list[RunRecord]:
+    out = []
+    for n, v in enumerate(values_ms):
+        devices = tuple(
+            DeviceRun(index=i, uuid=f"GPU-{i}", name="H200", pid=100 + n, baseline_used_bytes=0, held_bytes=GIB,
+                      signal_ns=0, last_held_ns=None, first_clean_ns=round(v * MS), off_list_ns=round(v * MS),
+                      memory_back_ns=round(v * MS), waitpid_ns=None, exit_status=-9)
+            for i in range(gpus))
+        out.append(RunRecord(run=n, repeat=n, warmup=False, size_bytes=GIB, ending="KILL", mode="precise",
+                             backend="nvml", driver="580", nvmlcheck="0", wall_time=0.0, timed_out=False,
+                             timeout_s=30.0, timeout_reason=None, polls=10, poll_interval_ns=1, poll_cost_ns=1,
+                             devices=devices))
+    return out
+
+
+GOOD = _records([100.0])[0].to_json()
+
+
+def _write(tmp_path: Path, docs: list[Any], name: str = "runs.jsonl") -> Path:
+    path = tmp_path / name
+    path.write_text("".join((d if isinstance(d, str) else json.dumps(d)) + "\n" for d in docs), encoding="utf-8")
+    return path
+
+
+def _device(**changes: Any) -> dict[str, Any]:
+    return {**GOOD, "devices": [{**GOOD["devices"][0], **changes}]}
+
+
+@pytest.mark.parametrize(
+    ("doc", "match"),
+    [
+        ({**GOOD, "devices": ["GPU-0", "GPU-1"]}, r"'devices\[0\]': expected an object, got \"GPU-0\""),
+        ({**GOOD, "devices": {"index": 0}}, r"'devices': expected a non-empty list of objects"),
+        ({**GOOD, "devices": []}, r"'devices': expected a non-empty list"),
+        (_device(memory_back_ns=True), r"'devices\[0\]\.memory_back_ns': expected an integer >= 0 or null, got true"),
+        (_device(first_clean_ns=-5), r"'devices\[0\]\.first_clean_ns': expected an integer >= 0"),
+        (_device(off_list_ns=1.5), r"'devices\[0\]\.off_list_ns': expected an integer"),
+        (_device(last_held_ns=-1), r"last_held_ns': -1 is before the run's origin"),
+        (_device(index="0"), r"'devices\[0\]\.index': expected an integer >= 0, got \"0\""),
+        (_device(unknown={"waitpid": 3}), r"'devices\[0\]\.unknown': expected an object of strings"),
+        ({**GOOD, "warmup": "no"}, r"'warmup': expected true or false, got \"no\""),
+        ({**GOOD, "timed_out": 0}, r"'timed_out': expected true or false, got 0"),
+        ({**GOOD, "polls": False}, r"'polls': expected an integer >= 0, got false"),
+        ({**GOOD, "size_bytes": -1}, r"'size_bytes': expected an integer >= 0"),
+        ({**GOOD, "timeout_s": "30"}, r"'timeout_s': expected a finite number >= 0"),
+        ({**GOOD, "ending": "HUP"}, r"'ending': unknown ending 'HUP'"),
+        ({**GOOD, "ending": 9}, r"'ending': expected a string"),
+        ({**GOOD, "concurrent": "all"}, r"'concurrent': expected 'gpus' or 'none'"),
+        ({**GOOD, "trace_columns": ["offset_ns", "used"], "trace": [[0, 1, 2]]}, r"'trace\[0\]': 3 values for 2"),
+        ({**GOOD, "trace": [[0, -4]]}, r"'trace\[0\]': expected integers >= 0 or null"),
+        ({**GOOD, "events": [1]}, r"'events': expected a list of objects or null"),
+        ({k: v for k, v in GOOD.items() if k != "polls"}, r"missing field 'polls'"),
+        ('{"schema": "nvmlcheck/reclaim-run", "version": 1, "wall_time": NaN}', r"NaN is not a number"),
+        (json.dumps(GOOD).replace('"wall_time": 0.0', '"wall_time": Infinity'), r"Infinity is not a number"),
+    ],
+)
+def test_a_bad_record_names_its_file_line_and_field(tmp_path: Path, doc: Any, match: str) -> None:
+    path = _write(tmp_path, [GOOD, doc])
+    with pytest.raises(RecordFormatError, match=rf"runs\.jsonl:2: .*{match}"):
+        load_records(path)
+
+
+def test_bytes_that_are_not_utf8_name_their_line(tmp_path: Path) -> None:
+    path = tmp_path / "runs.jsonl"
+    path.write_bytes(json.dumps(GOOD).encode() + b"\n\n" + b'{"schema": "\xff"}\n')
+    with pytest.raises(RecordFormatError, match=r"runs\.jsonl:3: not UTF-8"):
+        load_records(path)
+
+
+def test_a_good_record_still_round_trips(tmp_path: Path) -> None:
+    records = _records([100.0, 120.0], gpus=2)
+    assert load_records(write_records(records, tmp_path / "ok.jsonl")) == records
+
+
+# --- the CLI: exit 2, the same in both modes ---------------------------------------------------------------------
+
+
+def _both_modes(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
+    """Run in human and JSON modes; the exit codes must agree; returns it and the error message (both modes')."""
+    code = cli.main(list(argv))
+    _, err = capsys.readouterr()
+    json_code = cli.main(["--json", *argv])
+    out, _ = capsys.readouterr()
+    assert json_code == code, (code, json_code, err, out)
+    doc = json.loads(out)
+    if code == 0:
+        return code, ""
+    assert doc["schema"] == "nvmlcheck/error" and doc["exit_code"] == code
+    assert doc["error"]["message"] in err, (doc["error"]["message"], err)
+    assert "Traceback" not in err
+    return code, doc["error"]["message"]
+
+
+@pytest.mark.parametrize("bad", [{**GOOD, "devices": ["a"]}, {**GOOD, "warmup": "no"}, _device(memory_back_ns=True)])
+def test_compare_refuses_a_bad_record_in_both_modes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], bad: dict[str, Any]
+) -> None:
+    a = write_records(_records([100.0] * 5), tmp_path / "a.jsonl")
+    b = _write(tmp_path, [GOOD, bad], "b.jsonl")
+    code, message = _both_modes(capsys, "study", "compare", str(a), str(b))
+    assert code == 2 and f"{b}:2: field" in message
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", "0", "-3", "1e-9"])
+def test_compare_refuses_a_resolve_ms_that_is_not_a_finite_positive_time(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], value: str
+) -> None:
+    a = write_records(_records([100.0] * 5), tmp_path / "a.jsonl")
+    code, message = _both_modes(capsys, "study", "compare", str(a), str(a), f"--resolve-ms={value}")
+    assert code == 2 and "--resolve-ms must be a finite number" in message
+
+
+def test_compare_gives_the_same_verdict_in_both_modes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a = write_records(_records([100.0, 101.0, 99.0, 100.5, 100.2, 99.7]), tmp_path / "a.jsonl")
+    b = write_records(_records([130.0, 131.0, 129.0, 130.5, 130.2, 129.7]), tmp_path / "b.jsonl")
+    assert cli.main(["study", "compare", str(a), str(b)]) == 0
+    human, _ = capsys.readouterr()
+    assert cli.main(["--json", "study", "compare", str(a), str(b)]) == 0
+    (cell,) = json.loads(capsys.readouterr()[0])["cells"]
+    assert cell["differ"] is True and "they DIFFER" in human
+
+
+@pytest.mark.parametrize("out", ["DIR", "/proc/self/mem", "/dev/full", "MISSING/runs.jsonl"])
+def test_study_reclaim_refuses_an_out_that_is_not_a_file_before_any_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], out: str
+) -> None:
+    target = out.replace("DIR", str(tmp_path)).replace("MISSING", str(tmp_path / "missing"))
+    code, message = _both_modes(capsys, "--simulate", "h200", "study", "reclaim", "--sizes", "1MiB", "--repeats",
+                                "1", "--no-warmup", "--out", target)
+    assert code == 2 and message.startswith(f"--out {target}:")
+
+
+def test_a_record_that_cannot_be_written_stops_the_study_with_an_error_naming_out() -> None:
+    from nvmlcheck.cli._study import _sink
+
+    def full_disk(record: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(StudyError, match=r"--out runs\.jsonl: cannot write a record: No space left on device"):
+        _sink(full_disk, "runs.jsonl")(object())
+
+
+# --- fuzzing the reader --------------------------------------------------------------------------------------------
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8),
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=6), children, max_size=3),
+    max_leaves=8,
+)
+
+
+def _fields_are_typed(r: RunRecord) -> None:
+    assert isinstance(r.warmup, bool) and isinstance(r.timed_out, bool)
+    for name in ("run", "repeat", "size_bytes", "polls", "poll_interval_ns", "poll_cost_ns", "poll_cost_max_ns"):
+        value = getattr(r, name)
+        assert isinstance(value, int) and not isinstance(value, bool) and value >= 0, name
+    assert math.isfinite(r.wall_time) and math.isfinite(r.timeout_s)
+    for d in r.devices:
+        for name in ("first_clean_ns", "off_list_ns", "memory_back_ns", "waitpid_ns", "zombie_ns", "exited_ns"):
+            value = getattr(d, name)
+            assert value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0), name
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    top=st.sampled_from(sorted(GOOD)), top_value=JSON_VALUES,
+    field=st.sampled_from(sorted(GOOD["devices"][0])), value=JSON_VALUES, where=st.sampled_from(["run", "device"]),
+)
+def test_fuzz_one_field_changed_is_read_typed_or_refused(
+    top: str, top_value: Any, field: str, value: Any, where: str
+) -> None:
+    doc = json.loads(json.dumps(GOOD))
+    if where == "run":
+        doc[top] = top_value
+    else:
+        doc["devices"][0][field] = value
+    try:
+        record = RunRecord.from_json(doc)
+    except RecordFormatError:
+        return
+    _fields_are_typed(record)
+
+
+@settings(max_examples=200, deadline=None)
+@given(lines=st.lists(st.binary(max_size=40) | JSON_VALUES.map(json.dumps), max_size=4))
+def test_fuzz_any_file_is_records_or_a_record_format_error(tmp_path_factory: pytest.TempPathFactory,
+                                                           lines: list[Any]) -> None:
+    path = tmp_path_factory.mktemp("fuzz") / "runs.jsonl"
+    path.write_bytes(b"\n".join(x if isinstance(x, bytes) else x.encode() for x in lines))
+    try:
+        records = load_records(path)
+    except RecordFormatError as exc:
+        assert "runs.jsonl:" in str(exc)
+        return
+    for r in records:
+        _fields_are_typed(r)
