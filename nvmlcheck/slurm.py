@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from ._units import format_bytes
+from .errors import ArgumentError, NvmlCheckError
 from .predicates import DEFAULT_MAX_USED_BYTES
 
 if TYPE_CHECKING:
@@ -39,6 +40,7 @@ __all__ = [
     "NodeState",
     "Readiness",
     "Scontrol",
+    "ScontrolError",
     "ScontrolRun",
     "SlurmJob",
     "await_ready",
@@ -92,7 +94,8 @@ _UUID = re.compile(r"(GPU|MIG)-[0-9A-Za-z-]+")
 
 def parse_gpu_list(text: str, variable: str) -> tuple[str, ...]:
     """``"0,1,3"``, ``"0-3,6"`` or UUIDs (``GPU-…``, ``MIG-…``) as device selectors, in order, each once. ``""`` and
-    Slurm's ``NoDevFiles`` (GRES without device files) are no GPU. ``ValueError`` naming ``variable`` otherwise."""
+    Slurm's ``NoDevFiles`` (GRES without device files) are no GPU. ``ArgumentError`` (a ``ValueError``) naming
+    ``variable`` otherwise."""
     text = text.strip()
     if not text or text == "NoDevFiles":
         return ()
@@ -106,14 +109,15 @@ def parse_gpu_list(text: str, variable: str) -> tuple[str, ...]:
         elif _UUID.fullmatch(item):
             out.append(item)
         else:
-            raise ValueError(f"${variable}={text!r}: {item!r} is not a GPU index, range or UUID")
+            raise ArgumentError(f"${variable}={text!r}: {item!r} is not a GPU index, range or UUID")
     return tuple(dict.fromkeys(out))
 
 
 def job_from_env(env: Mapping[str, str] | None = None) -> SlurmJob:
     """The job slurmd describes in ``env`` (default ``os.environ``). Its GPUs come from ``SLURM_JOB_GPUS`` (Slurm's
     GPU indices, which are NVML's where gres.conf lists ``/dev/nvidia0..N`` in order or ``AutoDetect=nvml``: see
-    docs/slurm.md), else ``CUDA_VISIBLE_DEVICES``. ``ValueError`` (naming the variable) for a malformed value."""
+    docs/slurm.md), else ``CUDA_VISIBLE_DEVICES``. ``ArgumentError`` (a ``ValueError``, naming the variable) for a
+    malformed value."""
     env = os.environ if env is None else env
     gpus: tuple[str, ...] = ()
     source = None
@@ -125,10 +129,10 @@ def job_from_env(env: Mapping[str, str] | None = None) -> SlurmJob:
                 break
     uid_text = env.get("SLURM_JOB_UID")
     if uid_text is not None and not uid_text.strip().isdigit():
-        raise ValueError(f"$SLURM_JOB_UID={uid_text!r} is not a user ID")
+        raise ArgumentError(f"$SLURM_JOB_UID={uid_text!r} is not a user ID")
     job_id = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or None
     if job_id is not None and not job_id.strip().isdigit():
-        raise ValueError(f"$SLURM_JOB_ID={job_id!r} is not a job ID")
+        raise ArgumentError(f"$SLURM_JOB_ID={job_id!r} is not a job ID")
     return SlurmJob(
         id=None if job_id is None else job_id.strip(),
         uid=None if uid_text is None else int(uid_text),
@@ -178,7 +182,7 @@ def drain_reason(causes: Sequence[Cause]) -> str:
     :data:`MAX_REASON_CHARS` with ``"(+N more)"`` for those left out. Unhealthy GPUs come first, then stuck, held,
     reclaiming, unknown, unavailable."""
     if not causes:
-        raise ValueError("a drain reason needs at least one cause")
+        raise ArgumentError("a drain reason needs at least one cause")
     ranked = sorted(causes, key=lambda c: _REASON_ORDER[c.kind])
     texts = [clean_text(c.text) for c in ranked]
     for shown in range(len(texts), 0, -1):
@@ -344,7 +348,6 @@ def await_ready(
     <nvmlcheck.Session.ready>` judges it: clean (no process, at most ``max_used_bytes``), healthy (an unhealthy GPU
     ends the wait at once: waiting cannot help), no fatal XID meanwhile. The causes say how long was waited since
     ``started_ns`` (default: now); ``killed``: what the epilog signalled, so that a survivor is named as one."""
-    from .errors import NvmlCheckError
     from .wait import WaitOptions
 
     start = clock()
@@ -417,7 +420,7 @@ class GateResult:
 
 def _deadline(clock: Callable[[], int], timeout_s: float) -> tuple[int, int]:
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or not 0 <= timeout_s < math.inf:
-        raise ValueError(f"timeout_s must be a finite number of seconds >= 0, got {timeout_s!r}")
+        raise ArgumentError(f"timeout_s must be a finite number of seconds >= 0, got {timeout_s!r}")
     start = clock()
     return start, start + int(timeout_s * 1e9)
 
@@ -445,7 +448,6 @@ def epilog(
     then :func:`await_ready` on its GPUs (``devices``: these instead of the job's), all within ``timeout_s``.
     ``kill=False`` (a dry run) signals nothing and lists them in ``would_kill``. A job without GPUs is ready at
     once, without reading any GPU."""
-    from .errors import NvmlCheckError
     from .kill import KillError, KillTimeout, prepare_kill
     from .predicates import always
 
@@ -528,7 +530,6 @@ def health(
     """The periodic check: the health of every GPU (``devices``: these). Memory and processes are not judged (jobs
     run), unless ``clean``: then the GPUs must be ready as for a prolog, with one check (``timeout_s=0`` waits no
     longer), as before returning a drained, idle node to service."""
-    from .errors import NvmlCheckError
     from .model import Fields
 
     start, deadline = _deadline(clock, timeout_s)
@@ -550,6 +551,10 @@ def health(
 
 #: Where scontrol is looked for when it is not on ``PATH`` (slurmd runs a Prolog/Epilog with no ``PATH``).
 SCONTROL_DIRS = ("/usr/bin", "/usr/local/bin", "/opt/slurm/bin", "/usr/sbin")
+
+
+class ScontrolError(NvmlCheckError, OSError):
+    """scontrol failed, timed out or printed what cannot be read (also an ``OSError``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -607,7 +612,7 @@ def parse_node_line(line: str) -> NodeState:
     head, sep, reason = line.strip().partition(" Reason=")
     state = next((item[6:] for item in head.split() if item.startswith("State=")), None)
     if state is None:
-        raise ValueError(f"no State= in scontrol's output: {line[:200]!r}")
+        raise ArgumentError(f"no State= in scontrol's output: {line[:200]!r}")
     return NodeState(state, _REASON_TAIL.sub("", reason) if sep else None)
 
 
@@ -632,15 +637,16 @@ class Scontrol:
         return self._change((f"NodeName={node}", "State=RESUME"), deadline_ns)
 
     def node(self, node: str, *, deadline_ns: int) -> NodeState:
-        """The node's state and reason (read even in a dry run). ``OSError`` when scontrol fails or times out."""
+        """The node's state and reason (read even in a dry run). :class:`ScontrolError` when scontrol fails, times
+        out or prints no node line."""
         run = self._run(("-o", "show", "node", node), deadline_ns)
         if not run.ok:
-            raise OSError(f"{' '.join(run.argv)}: {'timed out' if run.exit_code is None else 'exit'} "
-                          f"{run.exit_code if run.exit_code is not None else ''} {run.output.strip()[:200]}".strip())
+            how = "timed out" if run.exit_code is None else f"exit {run.exit_code}"
+            raise ScontrolError(f"{' '.join(run.argv)}: {how} {run.output.strip()[:200]}".strip())
         try:
             return parse_node_line(run.output.splitlines()[0] if run.output else "")
-        except ValueError as exc:
-            raise OSError(str(exc)) from None
+        except ArgumentError as exc:
+            raise ScontrolError(str(exc)) from None
 
     def _change(self, args: tuple[str, ...], deadline_ns: int) -> ScontrolRun:
         argv = (self.path or "scontrol", "update", *args)
