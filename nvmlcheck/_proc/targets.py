@@ -246,7 +246,10 @@ class TargetSet:
         if sig == signal.SIGKILL:
             self.escalated = True
         self.scan_descendants()
-        frozen = sig == signal.SIGKILL and self.tree
+        # A tree that gets SIGKILL now (asked for, or instead of a signal its members would discard) is stopped
+        # first, as for the escalation: nothing forked in the last instant escapes.
+        frozen = self.tree and (sig == signal.SIGKILL or (
+            sigkill_if_discarded and any(fate.fate_of(t.pid, sig) is not None for t in self.items)))
         if frozen:
             self._stop_tree()
         fates = [fate.fate_of(t.pid, sig) for t in self.items]  # read before the first signal goes anywhere

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -140,6 +141,19 @@ def test_match_leaves_out_this_process_and_its_ancestors(tmp_path: Path) -> None
 # --- --container / --cgroup ------------------------------------------------------------------------------------------
 
 
+def _remove(path: Path) -> None:
+    """Remove a test's cgroup once the kernel has let its last (reaped) member go: bounded, never a bare sleep."""
+    deadline = time.monotonic() + 5.0
+    while True:
+        try:
+            path.rmdir()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
 @pytest.fixture
 def cgroup_dir() -> Iterator[Path]:
     for hierarchy in ("unified", "pids", ""):
@@ -154,7 +168,7 @@ def cgroup_dir() -> Iterator[Path]:
         try:
             yield path
         finally:
-            path.rmdir()  # every process in it was reaped by the test's fixtures first
+            _remove(path)
         return
     pytest.skip("no writable cgroup hierarchy here (needs root and a mounted cgroupfs)")
 

@@ -19,13 +19,14 @@ from nvmlcheck.testing import Scenario
 pytestmark = pytest.mark.stub
 
 GPU_IS_LOST = 15
-IGNORE_TERM = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); "
+# Catches SIGTERM and carries on (a handler, not SIG_IGN: a signal the kernel would discard gets SIGKILL at once).
+IGNORE_TERM = ("import signal, time; signal.signal(signal.SIGTERM, lambda *a: None); print('ready', flush=True); "
                "time.sleep(60)")
 
 
 @pytest.fixture
 def stubborn() -> Iterator[subprocess.Popen[bytes]]:
-    """A process that ignores SIGTERM (reaped whatever happens)."""
+    """A process that survives SIGTERM (reaped whatever happens)."""
     p = subprocess.Popen([sys.executable, "-S", "-c", IGNORE_TERM], stdout=subprocess.PIPE)
     assert p.stdout is not None and p.stdout.readline() == b"ready\n"
     yield p

@@ -20,10 +20,12 @@ from nvmlcheck.testing import Scenario
 
 pytestmark = pytest.mark.stub
 
-# Forks a sleeping worker every 2 ms (at most 4,000, for at most 30 s); SIGTERM is ignored by it and its workers.
+# Forks a sleeping worker every 2 ms (at most 4,000, for at most 30 s); SIGTERM is ignored by it and its workers:
+# SIG_IGN ("ignore": the kill sends SIGKILL at once, the kernel would discard SIGTERM) or a handler that carries on
+# ("handler": SIGKILL comes at the grace period's end).
 FORKER = """
 import os, signal, sys, time
-signal.signal(signal.SIGTERM, signal.SIG_IGN)
+signal.signal(signal.SIGTERM, signal.SIG_IGN if sys.argv[1] == "ignore" else (lambda *a: None))
 print("ready", flush=True)
 end = time.monotonic() + 30
 for _ in range(4000):
@@ -52,9 +54,10 @@ def _session_members(sid: int) -> list[tuple[int, str]]:
     return out
 
 
-@pytest.fixture
-def forker() -> Iterator[subprocess.Popen[bytes]]:
-    p = subprocess.Popen([sys.executable, "-S", "-c", FORKER], stdout=subprocess.PIPE, start_new_session=True)
+@pytest.fixture(params=["ignore", "handler"])
+def forker(request: pytest.FixtureRequest) -> Iterator[subprocess.Popen[bytes]]:
+    p = subprocess.Popen([sys.executable, "-S", "-c", FORKER, request.param], stdout=subprocess.PIPE,
+                         start_new_session=True)
     try:
         assert p.stdout is not None and p.stdout.readline() == b"ready\n"
         yield p

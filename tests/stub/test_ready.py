@@ -18,6 +18,7 @@ import pytest
 import nvmlcheck as nc
 from nvmlcheck import cli, reclaim_model
 from nvmlcheck._proc.container import container_of
+from nvmlcheck._proc.devfiles import simulated_globs, simulated_stand_ins
 from nvmlcheck.cli._ready import exit_code_of
 from nvmlcheck.testing import Scenario, StepClock
 from nvmlcheck.wait import WaitOptions
@@ -246,16 +247,18 @@ def test_a_mig_instance_is_judged_alone(gpus: Callable[[Scenario], nc.Session]) 
 def test_a_process_on_no_list_with_a_device_file_open_is_held_not_stuck(
     gpus: Callable[[Scenario], nc.Session], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    dev = tmp_path / "nvidia0"
+    # The simulator's stand-in for /dev/nvidia0: dev/ beside the scenario the session opens (CI has no NVIDIA device).
+    (tmp_path / "dev").mkdir(exist_ok=True)
+    dev = tmp_path / "dev" / "nvidia0"
     dev.write_text("")
-    monkeypatch.setenv("NVMLCHECK_DEVICE_FILES", str(tmp_path / "nvidia[0-9]*"))
     child = subprocess.Popen([sys.executable, "-S", "-c", "import sys, time; f = open(sys.argv[1]); "
                               "print('ready', flush=True); time.sleep(60)", str(dev)], stdout=subprocess.PIPE)
     try:
         assert child.stdout is not None and child.stdout.readline().strip() == b"ready"
         sc = Scenario.h200()
         sc.set_device(0, used_bytes=8 * GIB)  # held, nothing listed: as from another PID namespace's numbering
-        with gpus(sc) as session:
+        stand_ins = simulated_stand_ins(simulated_globs(tmp_path / "scenario.txt"), "this test's simulation")
+        with stand_ins, gpus(sc) as session:
             (v,) = session.ready(timeout=3.0, options=steps()).verdicts  # past the bound: it would be stuck
     finally:
         child.kill()

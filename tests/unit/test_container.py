@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -203,6 +204,19 @@ def test_members_by_every_form(tmp_path: Path) -> None:
 # --- members, on this machine ------------------------------------------------------------------------------------
 
 
+def _remove(path: Path) -> None:
+    """Remove a test's cgroup once the kernel has let its last (reaped) member go: bounded, never a bare sleep."""
+    deadline = time.monotonic() + 5.0
+    while True:
+        try:
+            path.rmdir()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
 @pytest.fixture
 def cgroup_dir() -> Iterator[Path]:
     for hierarchy in ("unified", "pids", ""):
@@ -217,7 +231,7 @@ def cgroup_dir() -> Iterator[Path]:
         try:
             yield path
         finally:
-            path.rmdir()
+            _remove(path)
         return
     pytest.skip("no writable cgroup hierarchy here (needs root and a mounted cgroupfs)")
 
