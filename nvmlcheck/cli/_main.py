@@ -42,6 +42,7 @@ COMMANDS = {
     "demo": "_demo:cmd_demo",
     "study": "_study:cmd_study_reclaim",
     "watch": "_watch:cmd_watch",
+    "slurm": "_slurm:cmd_slurm",
     "simulate": "_simulate:cmd_simulate",
     "ready": "_ready:cmd_ready",
 }

@@ -717,7 +717,54 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
         once(compare, "--stage", choices=("all", "last"), default="all",
              help="every holder (all, default) or only each run's last stage (last: the IPC side ended last)")
         # --- end of the third-edition block ----------------------------------------------------------------------
+    if wanted("slurm"):
+        slurm_parser(sub, sub_parser, global_options, once)
     return parser
+
+
+def slurm_parser(sub: Any, sub_parser: Any, global_options: Any, once: Any) -> None:
+    """``slurm epilog | prolog | health`` (issue 25; docs/slurm.md)."""
+    slurm = sub_parser(sub, "slurm", help="the GPU gate between Slurm jobs: Epilog, Prolog, HealthCheckProgram",
+                       description="Run by slurmd (docs/slurm.md). The job's GPUs come from SLURM_JOB_GPUS (else "
+                                   "CUDA_VISIBLE_DEVICES); --devices replaces them.")
+    global_options(slurm, top=False)
+    gates = slurm.add_subparsers(dest="slurm_command", required=True, parser_class=_Parser)
+    helps = {
+        "epilog": ("kill what the ended job left on its GPUs, wait until they are ready, else drain the node", 60.0),
+        "prolog": ("wait until the job's GPUs are ready, else drain the node and refuse the job", 30.0),
+        "health": ("HealthCheckProgram: drain on an unhealthy GPU (row remap pending, ...), return to service "
+                   "what nvmlcheck drained once ready", 20.0),
+    }
+    for name, (text, timeout) in helps.items():
+        p = sub_parser(gates, name, help=text, description=text[0].upper() + text[1:] + ".",
+                       epilog="exit codes: 0 ready (health: the node is as its GPUs say), 1 not ready (drained), "
+                              "2 usage, 3 no GPU backend (drained)")
+        global_options(p, top=False)
+        once(p, "--timeout", type=positive_seconds, default=timeout, metavar="S",
+             help=f"bound for the whole run, scontrol included (default {timeout:g}); keep it below Slurm's "
+                  "PrologEpilogTimeout (HealthCheckProgram: 60 s)")
+        once(p, "--max-used", type=byte_size, default=16 * MIB, metavar="BYTES",
+             help="clean means at most this much used per GPU (default 16MiB)")
+        p.add_argument("--dry-run", action="store_true",
+                       help="print the scontrol commands instead of running them" +
+                            (", and signal nothing" if name == "epilog" else ""))
+        p.add_argument("--no-drain", action="store_true", help="never drain: the exit code alone says not ready")
+        once(p, "--record", metavar="FILE", default=None,
+             help="append the nvmlcheck/slurm JSON document of this run to FILE, one line")
+        once(p, "--scontrol", metavar="PATH", default=None,
+             help="the scontrol to run (default: on PATH, else /usr/bin, /usr/local/bin, /opt/slurm/bin)")
+        once(p, "--node", metavar="NAME", default=None,
+             help="the node to drain (default $SLURMD_NODENAME, else the short host name)")
+        if name == "epilog":
+            once(p, "--grace", type=grace_seconds, default=2.0, metavar="S",
+                 help="seconds from SIGTERM to SIGKILL for the job's leftovers (default 2; at the latest, and with "
+                      "'never', once half of the time left is gone)")
+            once(p, "--device-files", metavar="GLOBS", default=None,
+                 help="':'-separated globs of the files that count as NVIDIA device files (default /dev/nvidia*)")
+        if name == "health":
+            p.add_argument("--no-resume", action="store_true",
+                           help="never return a node to service (default: an idle node nvmlcheck drained, once its "
+                                "GPUs are ready)")
 
 
 def wants_json(argv: Sequence[str]) -> bool:

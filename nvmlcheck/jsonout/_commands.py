@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from ..kill import KillPlan, KillResult, KillTimeout
     from ..model import Snapshot
     from ..selection import Selection, SelectTimeout
+    from ..slurm import GateResult, NodeState, ScontrolRun
     from ..study import FitResult, StudyResult, SummaryRow
     from ..verdict import Culprit, ReadyReport
     from ..wait import WaitResult
@@ -262,3 +263,31 @@ def error_document(exc: BaseException, exit_code: int) -> dict[str, Any]:
 def usage_error_document(message: str, exit_code: int) -> dict[str, Any]:
     """The ``nvmlcheck/error`` document of an argument error (``message`` as argparse words it)."""
     return document("error", error={"type": "UsageError", "message": message}, exit_code=exit_code)
+
+
+def slurm_document(
+    result: GateResult,
+    *,
+    node: str,
+    node_state: NodeState | None,
+    node_state_error: str | None,
+    reason: str | None,
+    scontrol: Sequence[ScontrolRun],
+    exit_code: int,
+    dry_run: bool,
+    timeout_s: float,
+) -> dict[str, Any]:
+    """The ``nvmlcheck/slurm`` document (version 1) of one ``slurm epilog|prolog|health`` run: the judgement, the
+    causes and the drain reason made of them, what was killed or left alone, the node's state as read before acting,
+    and every scontrol command (run, or printed under ``--dry-run``). ``timeout_s``: the command's ``--timeout``."""
+    return document(
+        "slurm",
+        **{**result.to_json(), "timeout_s": timeout_s},
+        node=node,
+        node_state=None if node_state is None else node_state.to_json(),
+        node_state_error=node_state_error,
+        reason=reason,
+        scontrol=[run.to_json() for run in scontrol],
+        exit_code=exit_code,
+        dry_run=dry_run,
+    )

@@ -1,0 +1,183 @@
+"""``nvmlcheck slurm epilog | prolog | health``: the Slurm gate of :mod:`nvmlcheck.slurm`, as slurmd runs it.
+
+One deadline (``--timeout``) covers everything, opening NVML and the scontrol calls included: the GPU part gets what
+is left after a reserve for scontrol. A node whose GPUs are not ready is drained with a reason naming the cause;
+``health`` also returns to service an idle node that nvmlcheck drained, once its GPUs are ready again. Exit codes
+(docs/slurm.md): 0 ready (health: the node is as the findings say), 1 not ready (drained, or would be), 2 usage,
+3 no backend (drained too). Nothing goes to stdout but ``--json``'s document and ``--dry-run``'s commands; one line
+to stderr when not ready (slurmd logs it). ``--record FILE`` appends the ``nvmlcheck/slurm`` document as one line.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from ._common import EXIT_BACKEND, EXIT_CLEAN, EXIT_NOT_CLEAN, UsageError, open_session, verdict_printed
+from ._output import print_json
+
+TYPE_CHECKING = False  # typing costs start-up time where site has not loaded it (docs/performance.md)
+if TYPE_CHECKING:
+    import argparse
+    from typing import Any
+
+    from ..slurm import GateResult, NodeState, Scontrol, ScontrolRun
+
+#: The part of ``--timeout`` kept for scontrol (drain, resume): this fraction, at most :data:`_SCONTROL_MAX_S`.
+_SCONTROL_SHARE = 0.2
+_SCONTROL_MAX_S = 5.0
+
+
+def cmd_slurm(args: argparse.Namespace) -> int:
+    from .. import slurm
+
+    start = time.monotonic_ns()
+    deadline = start + int(args.timeout * 1e9)
+    gpu_deadline = deadline - int(min(_SCONTROL_MAX_S, args.timeout * _SCONTROL_SHARE) * 1e9)
+    try:
+        job = slurm.job_from_env()
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    scontrol = slurm.Scontrol(args.scontrol, dry_run=args.dry_run, echo=None if args.json else print)
+    gate = _Gate(args, slurm.node_name(args.node), scontrol, deadline)
+    command = args.slurm_command
+    devices = [str(d) for d in args.devices] if args.devices else None
+    if command != "health" and not devices and not job.gpus:
+        # A job without GPUs: nothing to judge, and NVML is not even opened (CPU partitions pay nothing).
+        result = slurm.GateResult(command, job, (), True, (), time.monotonic_ns() - start, args.timeout)
+        return gate.finish(result, EXIT_CLEAN)
+    if command == "health":
+        gate.read_state()
+    try:
+        session = open_session(_with_timeout(args, max(0.0, (gpu_deadline - time.monotonic_ns()) / 1e9)))
+    except Exception as exc:
+        from ..errors import NvmlCheckError
+
+        if not isinstance(exc, NvmlCheckError):
+            raise
+        first = slurm.clean_text(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        cause = slurm.Cause("unavailable", f"no GPU backend: {first[:120]}")
+        result = slurm.GateResult(command, job, (), False, (cause,), time.monotonic_ns() - start, args.timeout)
+        gate.drain(result)
+        return gate.finish(result, EXIT_BACKEND)
+    with session:
+        timeout_s = max(0.0, (gpu_deadline - time.monotonic_ns()) / 1e9)
+        if command == "epilog":
+            result = slurm.epilog(session, job, timeout_s=timeout_s, grace_s=args.grace, max_used_bytes=args.max_used,
+                                  devices=devices, device_files=args.device_files, kill=not args.dry_run)
+        elif command == "prolog":
+            result = slurm.prolog(session, job, timeout_s=timeout_s, max_used_bytes=args.max_used, devices=devices)
+        else:
+            result = slurm.health(session, timeout_s=timeout_s, devices=devices, max_used_bytes=args.max_used)
+            if result.ready and gate.may_resume():
+                # Drained by nvmlcheck and idle (no job can start on it): ready again means clean too, not only
+                # healthy. One short check: the periodic run comes back.
+                timeout_s = max(0.0, min(1.0, (gpu_deadline - time.monotonic_ns()) / 1e9))
+                result = slurm.health(session, timeout_s=timeout_s, devices=devices, clean=True,
+                                      max_used_bytes=args.max_used)
+                if result.ready:
+                    gate.resume()
+                return gate.finish(result, EXIT_CLEAN)  # not clean yet: it stays drained, as it should
+        if result.ready:
+            return gate.finish(result, EXIT_CLEAN)
+        run = gate.drain(result)
+    if command == "health":
+        # slurmd reruns a failing health program at start-up and does not register the node until it exits 0: a
+        # node drained with the reason is as it should be (docs/slurm.md).
+        return gate.finish(result, EXIT_CLEAN if (run is not None and run.ok) or gate.already(result) else
+                           EXIT_NOT_CLEAN)
+    return gate.finish(result, EXIT_NOT_CLEAN)
+
+
+def _with_timeout(args: argparse.Namespace, timeout_s: float) -> argparse.Namespace:
+    """``args`` with ``timeout`` replaced (open_session bounds nvmlInit by it)."""
+    import argparse as ap
+
+    return ap.Namespace(**{**vars(args), "timeout": timeout_s})
+
+
+class _Gate:
+    """The node side of one run: its state, the scontrol calls, and the record at the end."""
+
+    def __init__(self, args: argparse.Namespace, node: str, scontrol: Scontrol, deadline: int) -> None:
+        self.args = args
+        self.node = node
+        self.scontrol = scontrol
+        self.deadline = deadline
+        self.state: NodeState | None = None
+        self.state_error: str | None = None
+        self._read = False
+
+    def read_state(self) -> NodeState | None:
+        """The node's state and reason, read once (at most 2 s, and half of what is left of the deadline: a drain
+        may follow); ``None`` when scontrol fails."""
+        if not self._read:
+            self._read = True
+            now = time.monotonic_ns()
+            try:
+                self.state = self.scontrol.node(self.node, deadline_ns=min(now + (self.deadline - now) // 2,
+                                                                           now + 2_000_000_000))
+            except OSError as exc:
+                self.state_error = str(exc)
+        return self.state
+
+    def may_resume(self) -> bool:
+        s = self.state
+        return s is not None and s.drained and s.ours and s.base == "IDLE" and not self.args.no_resume
+
+    def already(self, result: GateResult) -> bool:
+        from ..slurm import drain_reason
+
+        s = self.state
+        return s is not None and s.drained and bool(result.causes) and s.reason == drain_reason(result.causes)
+
+    def drain(self, result: GateResult) -> ScontrolRun | None:
+        """Drain with the result's reason; not with ``--no-drain``, nor when the node is already drained with that
+        reason (idempotent), nor when someone else drained it (their reason is kept)."""
+        from ..slurm import drain_reason
+
+        if self.args.no_drain:
+            return None
+        s = self.read_state()
+        if s is not None and s.drained and (not s.ours or self.already(result)):
+            return None
+        return self.scontrol.drain(self.node, drain_reason(result.causes), deadline_ns=self.deadline)
+
+    def resume(self) -> None:
+        self.scontrol.resume(self.node, deadline_ns=self.deadline)
+
+    def finish(self, result: GateResult, code: int) -> int:
+        from ..jsonout import slurm_document
+        from ..slurm import REASON_PREFIX, drain_reason
+
+        args = self.args
+        reason = drain_reason(result.causes) if result.causes else None
+        doc = slurm_document(result, node=self.node, node_state=self.state, node_state_error=self.state_error,
+                             reason=reason, scontrol=self.scontrol.runs, exit_code=code, dry_run=args.dry_run,
+                             timeout_s=args.timeout)
+        if args.record:
+            _append(args.record, doc)
+        if args.json:
+            print_json(doc)
+        if reason is not None:
+            # slurmd logs a failing Prolog/Epilog's output: one line, the reason.
+            print(f"nvmlcheck slurm {args.slurm_command}: {reason.removeprefix(REASON_PREFIX).strip()}",
+                  file=sys.stderr)
+        verdict_printed(code)
+        return code
+
+
+def _append(path: str, doc: dict[str, Any]) -> None:
+    """One JSON line, written with one ``write`` on an ``O_APPEND`` descriptor (concurrent runs do not interleave)."""
+    import json
+    import os
+
+    line = (json.dumps(doc, separators=(",", ":")) + "\n").encode()
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            os.write(fd, line)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        print(f"nvmlcheck slurm: cannot write the record to {path}: {exc}", file=sys.stderr)

@@ -1,0 +1,701 @@
+"""Slurm: nvmlcheck as the GPU gate between jobs (``nvmlcheck slurm epilog | prolog | health``).
+
+:func:`job_from_env` reads the job from the environment slurmd gives a Prolog or Epilog. :func:`epilog` kills what
+the ended job left on its GPUs (its cgroup; or, for a process that left it, its environment and user; never another
+job's) and waits until those GPUs are ready; :func:`prolog` only waits; :func:`health` judges the GPUs' health. Each
+returns a :class:`GateResult` whose :class:`Cause` list names what is wrong; :func:`drain_reason` makes the node's
+drain reason of it and :class:`Scontrol` drains, resumes and reads the node, every run bounded by a deadline.
+:func:`await_ready` is the one readiness judgement (clean, then healthy) all three use. Slurm's contract (exit codes,
+environment, timeouts), the reasons and the configuration: docs/slurm.md.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import shutil
+import signal
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from ._units import format_bytes
+from .errors import ArgumentError, NvmlCheckError
+from .predicates import DEFAULT_MAX_USED_BYTES
+
+if TYPE_CHECKING:
+    from .holders import Holder
+    from .kill import PidTimes
+    from .model import Snapshot
+    from .session import Session
+    from .verdict import Culprit
+    from .wait import TracePoint
+
+__all__ = [
+    "REASON_PREFIX",
+    "Cause",
+    "GateResult",
+    "NodeState",
+    "Readiness",
+    "Scontrol",
+    "ScontrolError",
+    "ScontrolRun",
+    "SlurmJob",
+    "await_ready",
+    "cause_of",
+    "clean_text",
+    "drain_reason",
+    "epilog",
+    "health",
+    "health_causes",
+    "job_from_env",
+    "job_processes",
+    "node_name",
+    "parse_gpu_list",
+    "parse_node_line",
+    "prolog",
+]
+
+#: Every drain reason nvmlcheck sets starts with this; ``health`` returns to service only nodes whose reason does.
+REASON_PREFIX = "nvmlcheck:"
+#: A drain reason is cut to this many characters (``sinfo -R`` shows the start; the record keeps every cause).
+MAX_REASON_CHARS = 200
+
+CauseKind = Literal["held", "reclaiming", "stuck", "unhealthy", "unknown", "short", "unavailable"]
+Command = Literal["epilog", "prolog", "health"]
+
+
+# --- the job, from Slurm's environment --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SlurmJob:
+    """A job as a Prolog or Epilog sees it. ``id``/``uid``/``user``: ``SLURM_JOB_ID``, ``SLURM_JOB_UID``,
+    ``SLURM_JOB_USER`` (``None`` when unset, as for the HealthCheckProgram). ``gpus``: the job's GPUs on this node as
+    device selectors (NVML indices as text, or UUIDs), ``()`` for a job without GPUs; ``gpus_from``: the variable they
+    were read from (``None``: none named any). ``node``: ``SLURMD_NODENAME``."""
+
+    id: str | None
+    uid: int | None
+    user: str | None
+    node: str | None
+    gpus: tuple[str, ...]
+    gpus_from: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "uid": self.uid, "user": self.user, "node": self.node, "gpus": list(self.gpus),
+                "gpus_from": self.gpus_from}
+
+
+_UUID = re.compile(r"(GPU|MIG)-[0-9A-Za-z-]+")
+
+
+def parse_gpu_list(text: str, variable: str) -> tuple[str, ...]:
+    """``"0,1,3"``, ``"0-3,6"`` or UUIDs (``GPU-…``, ``MIG-…``) as device selectors, in order, each once. ``""`` and
+    Slurm's ``NoDevFiles`` (GRES without device files) are no GPU. ``ArgumentError`` (a ``ValueError``) naming
+    ``variable`` otherwise."""
+    text = text.strip()
+    if not text or text == "NoDevFiles":
+        return ()
+    out: list[str] = []
+    for item in (part.strip() for part in text.split(",")):
+        first, dash, last = item.partition("-")
+        if item.isdigit():
+            out.append(str(int(item)))
+        elif dash and first.isdigit() and last.isdigit() and int(first) <= int(last):
+            out.extend(str(i) for i in range(int(first), int(last) + 1))
+        elif _UUID.fullmatch(item):
+            out.append(item)
+        else:
+            raise ArgumentError(f"${variable}={text!r}: {item!r} is not a GPU index, range or UUID")
+    return tuple(dict.fromkeys(out))
+
+
+def job_from_env(env: Mapping[str, str] | None = None) -> SlurmJob:
+    """The job slurmd describes in ``env`` (default ``os.environ``). Its GPUs come from ``SLURM_JOB_GPUS`` (Slurm's
+    GPU indices, which are NVML's where gres.conf lists ``/dev/nvidia0..N`` in order or ``AutoDetect=nvml``: see
+    docs/slurm.md), else ``CUDA_VISIBLE_DEVICES``. ``ArgumentError`` (a ``ValueError``, naming the variable) for a
+    malformed value."""
+    env = os.environ if env is None else env
+    gpus: tuple[str, ...] = ()
+    source = None
+    for variable in ("SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES"):
+        if variable in env:
+            gpus = parse_gpu_list(env[variable], variable)
+            if gpus:
+                source = variable
+                break
+    uid_text = env.get("SLURM_JOB_UID")
+    if uid_text is not None and not uid_text.strip().isdigit():
+        raise ArgumentError(f"$SLURM_JOB_UID={uid_text!r} is not a user ID")
+    job_id = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or None
+    if job_id is not None and not job_id.strip().isdigit():
+        raise ArgumentError(f"$SLURM_JOB_ID={job_id!r} is not a job ID")
+    return SlurmJob(
+        id=None if job_id is None else job_id.strip(),
+        uid=None if uid_text is None else int(uid_text),
+        user=env.get("SLURM_JOB_USER") or None,
+        node=env.get("SLURMD_NODENAME") or None,
+        gpus=gpus,
+        gpus_from=source,
+    )
+
+
+# --- causes and the drain reason -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Cause:
+    """One reason the node's GPUs are not ready: a :class:`~nvmlcheck.verdict.Culprit` of ``ready`` (its class is
+    ``kind``: ``"held"``, ``"reclaiming"``, ``"stuck"``, ``"unhealthy"``, ``"unknown"``), or ``"unavailable"`` (no
+    backend). ``text``: the sentence for the drain reason, without the prefix. ``action``: what an operator does, in
+    ``ready``'s words (``STOP_HOLDER``, ``WAIT``, ``REAP_ZOMBIE``, ``RESET_GPU``, ``NODE_REBOOT``,
+    ``CONTACT_SUPPORT``, ...; ``None``: nothing named)."""
+
+    kind: CauseKind
+    text: str
+    gpu: int | None = None
+    pid: int | None = None
+    name: str | None = None
+    used_bytes: int | None = None
+    action: str | None = None
+    container: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "text": self.text, "gpu": self.gpu, "pid": self.pid, "name": self.name,
+                "used_bytes": self.used_bytes, "action": self.action, "container": self.container}
+
+
+def clean_text(text: str) -> str:
+    """One line, no control characters: Slurm stores the reason as given and ``sinfo`` prints it raw."""
+    return " ".join("".join(c if c.isprintable() else " " for c in text).split())
+
+
+#: The order of causes in a drain reason: what needs an operator first (a reset is the most specific thing to do).
+_REASON_ORDER = {"unhealthy": 0, "stuck": 1, "held": 2, "reclaiming": 3, "unknown": 4, "short": 5, "unavailable": 6}
+
+
+def drain_reason(causes: Sequence[Cause]) -> str:
+    """The node's drain reason: ``"nvmlcheck: "`` and the first causes, joined with ``"; "``, cut to
+    :data:`MAX_REASON_CHARS` with ``"(+N more)"`` for those left out. Unhealthy GPUs come first, then stuck, held,
+    reclaiming, unknown, unavailable."""
+    if not causes:
+        raise ArgumentError("a drain reason needs at least one cause")
+    ranked = sorted(causes, key=lambda c: _REASON_ORDER[c.kind])
+    texts = [clean_text(c.text) for c in ranked]
+    for shown in range(len(texts), 0, -1):
+        more = len(texts) - shown
+        reason = f"{REASON_PREFIX} " + "; ".join(texts[:shown]) + (f" (+{more} more)" if more else "")
+        if len(reason) <= MAX_REASON_CHARS:
+            return reason
+    tail = f" (+{len(texts) - 1} more)" if len(texts) > 1 else ""
+    return f"{REASON_PREFIX} " + texts[0][: MAX_REASON_CHARS - len(REASON_PREFIX) - 2 - len(tail) - 1] + "…" + tail
+
+
+def _seconds(ns: int) -> str:
+    s = ns / 1e9
+    return f"{s:.0f} s" if s >= 10 else f"{s:.1f} s"
+
+
+#: The drain reason's words for the health causes (codes of :meth:`nvmlcheck.model.Health.causes`); any other
+#: culprit keeps ``ready``'s own sentence.
+_SHORT = {
+    "row-remap-pending": "row remap pending, reset needed",
+    "row-remap-failure": "row remap failed, service needed",
+    "retired-pages-pending": "page retirement pending, reset needed",
+    "ecc-uncorrected-volatile": "uncorrectable ECC errors, reset needed",
+}
+
+
+def cause_of(c: Culprit, *, after_ns: int | None = None, killed: Mapping[int, PidTimes] | None = None) -> Cause:
+    """A culprit of ``ready`` as a drain-reason cause: ``GPU 3 held by pid 4123 (python3) 8.0 GiB after 30 s``,
+    ``GPU 1: row remap pending, reset needed``. ``after_ns``: how long the gate waited; ``killed``: what the epilog
+    signalled, so that a survivor is named as one."""
+    gpu = f"GPU {c.gpu}" if c.gpu is not None else "GPUs"
+    after = "" if after_ns is None else f" after {_seconds(after_ns)}"
+    size = "" if c.used_bytes is None else f" {format_bytes(c.used_bytes)}"
+    if c.class_ in ("unhealthy", "unknown", "short") or (c.pid is None and c.class_ not in ("reclaiming", "stuck")):
+        text = f"{gpu}: {_SHORT.get(c.kind) or c.reason.split(' [', 1)[0]}"
+    elif c.pid is None:
+        what = "still coming back" if c.class_ == "reclaiming" else "held by no process"
+        text = f"{gpu}:{size} {what}{after}"
+    else:
+        who = f"pid {c.pid} ({c.name})" if c.name else f"pid {c.pid}"
+        where = f" in {c.container}" if c.container and not c.container.startswith("cgroup ") else ""
+        extra = ""
+        if c.state == "zombie":
+            extra = " (a zombie)"
+        elif c.state == "uninterruptible":
+            extra = " (in D state)"
+        elif killed and c.pid in killed and killed[c.pid].killed_ns is not None:
+            extra = " (survived SIGKILL)"
+        if c.class_ == "reclaiming" and not extra:
+            text = f"{gpu}:{size} of exited {who}{where} still coming back{after}"
+        else:
+            text = f"{gpu} held by {who}{where}{size}{extra}{after}"
+    kind: CauseKind = c.class_ if c.class_ != "ready" else "unknown"
+    return Cause(kind, text, c.gpu, c.pid, c.name, c.used_bytes, c.action, c.container)
+
+
+# --- whose process -------------------------------------------------------------------------------------------------
+
+
+def job_processes(
+    holders: Iterable[Holder], job: SlurmJob
+) -> tuple[tuple[tuple[Holder, str], ...], tuple[tuple[Holder, str], ...]]:
+    """Split ``holders`` into the job's (to kill) and the rest, each with why: ``((holder, why), ...)`` twice.
+
+    The job's: a process in the job's cgroup (``slurm/<id>``, read by :func:`nvmlcheck._proc.container.container_of`);
+    or one in no Slurm job's cgroup whose initial environment says ``SLURM_JOB_ID=<id>`` and whose owner is the job's
+    user (a worker that daemonised out of the job under ``proctrack/linuxproc``). Never: a process in another job's
+    cgroup (whatever its environment says), Slurm's step daemon, this process or an ancestor, a daemon
+    (:data:`~nvmlcheck.holders.DAEMONS`), a zombie (no signal frees it), or anything when the job ID is unknown."""
+    from ._proc.container import container_of
+    from ._proc.environ import environ_value
+
+    mine: list[tuple[Holder, str]] = []
+    others: list[tuple[Holder, str]] = []
+    for h in holders:
+        why_not = _never_killed(h, job)
+        if why_not is not None:
+            others.append((h, why_not))
+            continue
+        c = container_of(h.pid)
+        jobs = [ident for kind, ident in (c.names() if c is not None else ()) if kind == "slurm"]
+        if jobs and c is not None and c.monitor:
+            others.append((h, f"Slurm's step daemon of job {jobs[0]}"))
+        elif jobs and jobs[0] == job.id:
+            mine.append((h, f"in job {job.id}'s cgroup"))
+        elif jobs:
+            others.append((h, f"in another job's cgroup (job {jobs[0]})"))
+        elif environ_value(h.pid, "SLURM_JOB_ID") == job.id and job.uid is not None and h.uid == job.uid:
+            mine.append((h, f"left job {job.id}'s cgroup; its environment names the job and it runs as its user"))
+        else:
+            where = f" ({c.label()})" if c is not None else ""
+            others.append((h, f"not job {job.id}'s process{where}"))
+    return tuple(mine), tuple(others)
+
+
+def _never_killed(h: Holder, job: SlurmJob) -> str | None:
+    if job.id is None:
+        return "the job ID is unknown ($SLURM_JOB_ID unset)"
+    if h.relation is not None:
+        return "this process" if h.relation == "self" else "an ancestor of this process"
+    if h.start_ticks is None:
+        return "no process with this PID here (another PID namespace's numbering, or exited)"
+    if h.is_daemon:
+        return f"a daemon ({h.name})"
+    if h.state == "zombie":
+        return "a zombie: it has exited; its parent has to reap it"
+    return None
+
+
+# --- readiness ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Readiness:
+    """The judgement of :func:`await_ready`: ``ready`` when every GPU is ready before the deadline; ``causes`` when
+    not. ``polls``/``elapsed_ns`` are ``ready``'s; ``dirty_polls`` counts the polls of its wait that were not clean,
+    ``last_dirty_ns`` and ``first_clean_ns`` (ns from the wait's start) frame when the GPUs became clean (``None``:
+    the wait never saw them dirty, or never clean). ``verdicts``: ``ready``'s per GPU, as JSON."""
+
+    ready: bool
+    causes: tuple[Cause, ...]
+    polls: int
+    elapsed_ns: int
+    dirty_polls: int = 0
+    last_dirty_ns: int | None = None
+    first_clean_ns: int | None = None
+    culprits: tuple[str, ...] = ()
+    verdicts: tuple[dict[str, Any], ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ready": self.ready, "polls": self.polls, "elapsed_ns": self.elapsed_ns,
+                "dirty_polls": self.dirty_polls, "last_dirty_ns": self.last_dirty_ns,
+                "first_clean_ns": self.first_clean_ns, "culprits": list(self.culprits),
+                "verdicts": list(self.verdicts)}
+
+
+def health_causes(snapshot: Snapshot) -> list[Cause]:
+    """What in ``snapshot`` (read with ``Fields.HEALTH``) needs an operator: each health cause of
+    :func:`nvmlcheck.verdict.health_causes` (a pending or failed row remap, pending retirement, uncorrected ECC
+    errors, a recovery action) and each GPU that could not be read (:func:`nvmlcheck.verdict.error_culprit`). A
+    health value that cannot be read is no cause here (it is in the record's culprits of a ``ready`` check)."""
+    from .verdict import error_culprit
+    from .verdict import health_causes as culprits_of
+
+    out = [cause_of(error_culprit(f.index, f.error)) for f in snapshot.failures]
+    for d in snapshot.devices:
+        out.extend(cause_of(c) for c in culprits_of(d) if c.class_ == "unhealthy")
+    return out
+
+
+def await_ready(
+    session: Session,
+    indices: Sequence[int],
+    *,
+    deadline_ns: int,
+    max_used_bytes: int = DEFAULT_MAX_USED_BYTES,
+    killed: Sequence[PidTimes] = (),
+    started_ns: int | None = None,
+    clock: Callable[[], int] = time.monotonic_ns,
+    sleep: Callable[[float], object] = time.sleep,
+) -> Readiness:
+    """Whether the GPUs ``indices`` are ready by ``deadline_ns`` (on ``clock``), as :meth:`Session.ready
+    <nvmlcheck.Session.ready>` judges it: clean (no process, at most ``max_used_bytes``), healthy (an unhealthy GPU
+    ends the wait at once: waiting cannot help), no fatal XID meanwhile. The causes say how long was waited since
+    ``started_ns`` (default: now); ``killed``: what the epilog signalled, so that a survivor is named as one."""
+    from .wait import WaitOptions
+
+    start = clock()
+    since = start if started_ns is None else started_ns
+    dirty = 0
+    last_dirty: int | None = None
+    first_clean: int | None = None
+
+    def observe(point: TracePoint) -> None:
+        nonlocal dirty, last_dirty, first_clean
+        if not point.clean:
+            dirty, last_dirty, first_clean = dirty + 1, point.offset_ns, None
+        elif first_clean is None:
+            first_clean = point.offset_ns
+
+    remaining_s = max(0.0, (deadline_ns - clock()) / 1e9)
+    try:
+        report = session.ready(list(indices), max_used_bytes=max_used_bytes, timeout=remaining_s,
+                               options=WaitOptions().with_(on_poll=observe, clock=clock, sleep=sleep))
+    except NvmlCheckError as exc:
+        cause = Cause("unknown", f"GPU {', '.join(map(str, indices))}: {clean_text(str(exc)).split(': ', 1)[-1]}"[:160],
+                      action="RESET_GPU")
+        return Readiness(False, (cause,), 0, clock() - start)
+    by_pid = {t.pid: t for t in killed}
+    after = clock() - since
+    causes = tuple(cause_of(c, after_ns=after, killed=by_pid) for v in report.verdicts if not v.ready
+                   for c in v.culprits)
+    if not report.ready and not causes:
+        causes = (Cause("unknown", f"GPU {', '.join(map(str, indices))} not ready after {_seconds(after)}"),)
+    return Readiness(report.ready, causes, report.polls, clock() - start, dirty, last_dirty,
+                     first_clean if dirty else None, report.culprits, tuple(v.to_json() for v in report.verdicts))
+
+
+# --- the three gates ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class GateResult:
+    """What ``epilog``, ``prolog`` or ``health`` found. ``devices``: the NVML indices judged. ``ready``: clean and
+    healthy (health: healthy). ``killed``: the job's processes the epilog signalled; ``left_alone``: holders it did
+    not, ``(pid, name, why)``. ``readiness``: the judgement (``None`` when nothing was judged: no GPUs)."""
+
+    command: Command
+    job: SlurmJob | None
+    devices: tuple[int, ...]
+    ready: bool
+    causes: tuple[Cause, ...]
+    elapsed_ns: int
+    timeout_s: float
+    readiness: Readiness | None = None
+    killed: tuple[PidTimes, ...] = ()
+    left_alone: tuple[tuple[int, str | None, str], ...] = ()
+    would_kill: tuple[tuple[int, str | None, str], ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "command": self.command,
+            "job": None if self.job is None else self.job.to_json(),
+            "devices": list(self.devices),
+            "ready": self.ready,
+            "causes": [c.to_json() for c in self.causes],
+            "elapsed_ns": self.elapsed_ns,
+            "timeout_s": self.timeout_s,
+            "readiness": None if self.readiness is None else self.readiness.to_json(),
+            "killed": [t.to_json() for t in self.killed],
+            "left_alone": [{"pid": pid, "name": name, "reason": why} for pid, name, why in self.left_alone],
+            "would_kill": [{"pid": pid, "name": name, "reason": why} for pid, name, why in self.would_kill],
+        }
+
+
+def _deadline(clock: Callable[[], int], timeout_s: float) -> tuple[int, int]:
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or not 0 <= timeout_s < math.inf:
+        raise ArgumentError(f"timeout_s must be a finite number of seconds >= 0, got {timeout_s!r}")
+    start = clock()
+    return start, start + int(timeout_s * 1e9)
+
+
+def _indices(session: Session, selectors: Sequence[str] | None) -> tuple[int, ...]:
+    resolved = session.resolve(list(selectors) if selectors else None)
+    return tuple(range(session.device_count())) if resolved is None else resolved
+
+
+def epilog(
+    session: Session,
+    job: SlurmJob,
+    *,
+    timeout_s: float,
+    grace_s: float | None = 2.0,
+    max_used_bytes: int = DEFAULT_MAX_USED_BYTES,
+    devices: Sequence[str] | None = None,
+    device_files: Sequence[str] | str | None = None,
+    kill: bool = True,
+    clock: Callable[[], int] = time.monotonic_ns,
+    sleep: Callable[[float], object] = time.sleep,
+) -> GateResult:
+    """After job ``job``: SIGTERM its processes that still hold a GPU (:func:`job_processes`; with their
+    descendants), SIGKILL them after ``grace_s`` (at the latest once half of the time left is gone; ``None``: then),
+    then :func:`await_ready` on its GPUs (``devices``: these instead of the job's), all within ``timeout_s``.
+    ``kill=False`` (a dry run) signals nothing and lists them in ``would_kill``. A job without GPUs is ready at
+    once, without reading any GPU."""
+    from .kill import KillError, KillTimeout, prepare_kill
+    from .predicates import always
+
+    start, deadline = _deadline(clock, timeout_s)
+    selectors = devices if devices else job.gpus
+    if not selectors:
+        return GateResult("epilog", job, (), True, (), clock() - start, timeout_s)
+    indices = _indices(session, selectors)
+    holders = session.holders(list(indices), device_files=device_files)
+    mine, others = job_processes((h for h in holders if _on(h, indices)), job)
+    # A listed PID with no process here (exited a moment ago, or another PID namespace's numbering) is nothing to
+    # kill or leave alone; if it keeps holding, the readiness causes name it.
+    left = [(h.pid, h.name, why) for h, why in others if h.start_ticks is not None]
+    would: list[tuple[int, str | None, str]] = []
+    killed: tuple[PidTimes, ...] = ()
+    if mine and not kill:
+        would = [(h.pid, h.name, why) for h, why in mine]
+    elif mine:
+        try:
+            plan = prepare_kill(holders=[h for h, _ in mine], tree=True)
+        except KillError as exc:
+            left.extend((h.pid, h.name, f"cannot be signalled: {exc.reason}") for h, _ in mine)
+        else:
+            with plan:
+                plan.send_first(signal.SIGTERM, clock=clock)
+                remaining_s = max(0.0, (deadline - clock()) / 1e9)
+                try:
+                    # SIGKILL by half of what is left at the latest: the wait for the memory needs the rest.
+                    grace = remaining_s / 2 if grace_s is None else min(grace_s, remaining_s / 2)
+                    killed = plan.wait(session, timeout=remaining_s, grace_s=grace, devices=list(indices),
+                                       predicate=always(), sleep=sleep).pids
+                except KillTimeout as exc:
+                    killed = exc.pids
+                except NvmlCheckError:
+                    killed = plan.targets
+    readiness = await_ready(session, indices, deadline_ns=deadline, max_used_bytes=max_used_bytes, killed=killed,
+                            started_ns=start, clock=clock, sleep=sleep)
+    return GateResult("epilog", job, indices, readiness.ready, readiness.causes, clock() - start, timeout_s,
+                      readiness, killed, tuple(left), tuple(would))
+
+
+def _on(h: Holder, indices: Sequence[int]) -> bool:
+    """Listed on one of ``indices``, or found by a device file only (which cannot say which GPU)."""
+    return not h.gpus or any(g.index in indices for g in h.gpus)
+
+
+def prolog(
+    session: Session,
+    job: SlurmJob,
+    *,
+    timeout_s: float,
+    max_used_bytes: int = DEFAULT_MAX_USED_BYTES,
+    devices: Sequence[str] | None = None,
+    clock: Callable[[], int] = time.monotonic_ns,
+    sleep: Callable[[float], object] = time.sleep,
+) -> GateResult:
+    """Before job ``job``: :func:`await_ready` on its GPUs (``devices``: these instead) within ``timeout_s``. Nothing
+    is signalled: what holds a GPU now is not this job's."""
+    start, deadline = _deadline(clock, timeout_s)
+    selectors = devices if devices else job.gpus
+    if not selectors:
+        return GateResult("prolog", job, (), True, (), clock() - start, timeout_s)
+    indices = _indices(session, selectors)
+    readiness = await_ready(session, indices, deadline_ns=deadline, max_used_bytes=max_used_bytes, clock=clock,
+                            sleep=sleep)
+    return GateResult("prolog", job, indices, readiness.ready, readiness.causes, clock() - start, timeout_s,
+                      readiness)
+
+
+def health(
+    session: Session,
+    *,
+    timeout_s: float,
+    devices: Sequence[str] | None = None,
+    clean: bool = False,
+    max_used_bytes: int = DEFAULT_MAX_USED_BYTES,
+    clock: Callable[[], int] = time.monotonic_ns,
+    sleep: Callable[[float], object] = time.sleep,
+) -> GateResult:
+    """The periodic check: the health of every GPU (``devices``: these). Memory and processes are not judged (jobs
+    run), unless ``clean``: then the GPUs must be ready as for a prolog, with one check (``timeout_s=0`` waits no
+    longer), as before returning a drained, idle node to service."""
+    from .model import Fields
+
+    start, deadline = _deadline(clock, timeout_s)
+    indices = _indices(session, devices)
+    if clean:
+        readiness = await_ready(session, indices, deadline_ns=deadline, max_used_bytes=max_used_bytes, clock=clock,
+                                sleep=sleep)
+        return GateResult("health", None, indices, readiness.ready, readiness.causes, clock() - start, timeout_s,
+                          readiness)
+    try:
+        causes = health_causes(session.snapshot(list(indices), fields=Fields.HEALTH))
+    except NvmlCheckError as exc:
+        causes = [Cause("unknown", f"GPU health unreadable: {clean_text(str(exc))}"[:160])]
+    return GateResult("health", None, indices, not causes, tuple(causes), clock() - start, timeout_s)
+
+
+# --- scontrol ------------------------------------------------------------------------------------------------------
+
+
+#: Where scontrol is looked for when it is not on ``PATH`` (slurmd runs a Prolog/Epilog with no ``PATH``).
+SCONTROL_DIRS = ("/usr/bin", "/usr/local/bin", "/opt/slurm/bin", "/usr/sbin")
+
+
+class ScontrolError(NvmlCheckError, OSError):
+    """scontrol failed, timed out or printed what cannot be read (also an ``OSError``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ScontrolRun:
+    """One scontrol command: ``argv``; ``ran`` (False in a dry run); ``exit_code`` (``None``: not run, or cut by
+    the deadline); ``output``: what it printed (stdout and stderr)."""
+
+    argv: tuple[str, ...]
+    ran: bool
+    exit_code: int | None = None
+    output: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.ran and self.exit_code == 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"argv": list(self.argv), "ran": self.ran, "exit_code": self.exit_code, "output": self.output}
+
+
+@dataclass(frozen=True, slots=True)
+class NodeState:
+    """A node as ``scontrol -o show node`` says: ``state`` (``"IDLE+DRAIN"``), its base and flags, the reason."""
+
+    state: str
+    reason: str | None
+
+    @property
+    def base(self) -> str:
+        return self.state.split("+", 1)[0]
+
+    @property
+    def flags(self) -> frozenset[str]:
+        return frozenset(self.state.split("+")[1:])
+
+    @property
+    def drained(self) -> bool:
+        """Drained or draining."""
+        return "DRAIN" in self.flags or self.base in ("DRAINED", "DRAINING")
+
+    @property
+    def ours(self) -> bool:
+        """Whether nvmlcheck set the reason (:data:`REASON_PREFIX`)."""
+        return self.reason is not None and self.reason.startswith(REASON_PREFIX)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"state": self.state, "reason": self.reason}
+
+
+_REASON_TAIL = re.compile(r" \[[^\[\]]*@[^\[\]]*\]$")  # " [root@2026-01-01T00:00:00]"
+
+
+def parse_node_line(line: str) -> NodeState:
+    """``scontrol -o show node NAME``'s one line → :class:`NodeState`; ``ValueError`` without a ``State=``."""
+    head, sep, reason = line.strip().partition(" Reason=")
+    state = next((item[6:] for item in head.split() if item.startswith("State=")), None)
+    if state is None:
+        raise ArgumentError(f"no State= in scontrol's output: {line[:200]!r}")
+    return NodeState(state, _REASON_TAIL.sub("", reason) if sep else None)
+
+
+class Scontrol:
+    """Runs ``scontrol`` (``path``: this one; default found on ``PATH`` or in :data:`SCONTROL_DIRS`) with a deadline
+    and a group kill, or, with ``dry_run``, gives each command to ``echo`` (one shell-quoted line) instead of running
+    those that change the node. Every run is kept in :attr:`runs`."""
+
+    def __init__(self, path: str | None = None, *, dry_run: bool = False,
+                 echo: Callable[[str], object] | None = None) -> None:
+        self.path = path or _find_scontrol()
+        self.dry_run = dry_run
+        self.echo = echo
+        self.runs: list[ScontrolRun] = []
+
+    def drain(self, node: str, reason: str, *, deadline_ns: int) -> ScontrolRun:
+        """``scontrol update NodeName=NODE State=DRAIN Reason=REASON``."""
+        return self._change((f"NodeName={node}", "State=DRAIN", f"Reason={reason}"), deadline_ns)
+
+    def resume(self, node: str, *, deadline_ns: int) -> ScontrolRun:
+        """``scontrol update NodeName=NODE State=RESUME``: undrain."""
+        return self._change((f"NodeName={node}", "State=RESUME"), deadline_ns)
+
+    def node(self, node: str, *, deadline_ns: int) -> NodeState:
+        """The node's state and reason (read even in a dry run). :class:`ScontrolError` when scontrol fails, times
+        out or prints no node line."""
+        run = self._run(("-o", "show", "node", node), deadline_ns)
+        if not run.ok:
+            how = "timed out" if run.exit_code is None else f"exit {run.exit_code}"
+            raise ScontrolError(f"{' '.join(run.argv)}: {how} {run.output.strip()[:200]}".strip())
+        try:
+            return parse_node_line(run.output.splitlines()[0] if run.output else "")
+        except ArgumentError as exc:
+            raise ScontrolError(str(exc)) from None
+
+    def _change(self, args: tuple[str, ...], deadline_ns: int) -> ScontrolRun:
+        argv = (self.path or "scontrol", "update", *args)
+        if self.dry_run:
+            import shlex
+
+            run = ScontrolRun(argv, False)
+            self.runs.append(run)
+            if self.echo is not None:
+                self.echo(shlex.join(argv))
+            return run
+        return self._run(("update", *args), deadline_ns)
+
+    def _run(self, args: tuple[str, ...], deadline_ns: int) -> ScontrolRun:
+        from ._proc.child import Child
+
+        argv = (self.path or "scontrol", *args)
+        if self.path is None:
+            run = ScontrolRun(argv, False, None, "scontrol not found on PATH nor in " + ", ".join(SCONTROL_DIRS))
+        else:
+            try:
+                child = Child(argv)
+            except OSError as exc:
+                run = ScontrolRun(argv, False, None, str(exc))
+            else:
+                done = child.wait(deadline_ns)
+                if not done:
+                    child.kill()
+                out = (bytes(child.stdout) + bytes(child.stderr)).decode(errors="replace")
+                run = ScontrolRun(argv, True, child.returncode if done else None, out)
+        self.runs.append(run)
+        return run
+
+
+def _find_scontrol() -> str | None:
+    found = shutil.which("scontrol")
+    if found:
+        return found
+    return next((f"{d}/scontrol" for d in SCONTROL_DIRS if os.access(f"{d}/scontrol", os.X_OK)), None)
+
+
+def node_name(given: str | None = None, env: Mapping[str, str] | None = None) -> str:
+    """The node to drain: ``given``, else ``$SLURMD_NODENAME``, else the short host name."""
+    env = os.environ if env is None else env
+    if given:
+        return given
+    if env.get("SLURMD_NODENAME"):
+        return env["SLURMD_NODENAME"]
+    import socket
+
+    return socket.gethostname().split(".")[0]
+

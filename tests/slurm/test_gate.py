@@ -1,0 +1,485 @@
+"""``nvmlcheck.slurm`` without a cluster: the job from Slurm's environment, the drain reason, scontrol's node line,
+whose process is the job's, and ``nvmlcheck slurm …`` on the simulated GPUs with a stand-in scontrol that records
+what it is asked (what slurmd would see: exit code, stderr, and the commands)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import nvmlcheck as nc
+from nvmlcheck import slurm
+from nvmlcheck.cli import main
+from nvmlcheck.holders import Holder
+from nvmlcheck.testing import Scenario, StubSession
+from nvmlcheck.verdict import Culprit
+
+GIB = 1 << 30
+
+
+# --- the job from the environment -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("text", "gpus"), [
+    ("0", ("0",)), ("0,1,3", ("0", "1", "3")), ("0-2,5", ("0", "1", "2", "5")), ("3,3,1", ("3", "1")),
+    ("", ()), ("NoDevFiles", ()), (" 07 ", ("7",)),
+    ("GPU-acdc9db5-97f7-57e3-53d2-3061aececeec,1", ("GPU-acdc9db5-97f7-57e3-53d2-3061aececeec", "1")),
+])
+def test_gpu_lists_as_slurm_writes_them(text: str, gpus: tuple[str, ...]) -> None:
+    assert slurm.parse_gpu_list(text, "SLURM_JOB_GPUS") == gpus
+
+
+@pytest.mark.parametrize("text", ["gpu0", "1,,2", "3-1", "-1", "0;1", "1 2"])
+def test_a_malformed_gpu_list_names_the_variable(text: str) -> None:
+    with pytest.raises(ValueError, match=r"\$CUDA_VISIBLE_DEVICES="):
+        slurm.parse_gpu_list(text, "CUDA_VISIBLE_DEVICES")
+
+
+def test_the_job_as_an_epilog_sees_it() -> None:
+    env = {"SLURM_JOB_ID": "42", "SLURM_JOB_UID": "1000", "SLURM_JOB_USER": "ana", "SLURMD_NODENAME": "gpu07",
+           "SLURM_JOB_GPUS": "2,3", "CUDA_VISIBLE_DEVICES": "0,1"}
+    job = slurm.job_from_env(env)
+    assert job == slurm.SlurmJob("42", 1000, "ana", "gpu07", ("2", "3"), "SLURM_JOB_GPUS")
+    # Slurm's GPU IDs win over CUDA_VISIBLE_DEVICES, which is the fallback.
+    del env["SLURM_JOB_GPUS"]
+    assert slurm.job_from_env(env).gpus == ("0", "1")
+    assert slurm.job_from_env(env).gpus_from == "CUDA_VISIBLE_DEVICES"
+    # The HealthCheckProgram's environment: no job at all.
+    assert slurm.job_from_env({"SLURMD_NODENAME": "gpu07"}) == slurm.SlurmJob(None, None, None, "gpu07", (), None)
+
+
+@pytest.mark.parametrize(("name", "value"), [("SLURM_JOB_UID", "root"), ("SLURM_JOB_ID", "42a")])
+def test_a_malformed_job_variable_is_refused(name: str, value: str) -> None:
+    with pytest.raises(ValueError, match=name):
+        slurm.job_from_env({name: value})
+
+
+def test_the_node_name() -> None:
+    assert slurm.node_name("n1", {"SLURMD_NODENAME": "n2"}) == "n1"
+    assert slurm.node_name(None, {"SLURMD_NODENAME": "n2"}) == "n2"
+    assert slurm.node_name(None, {}) and "." not in slurm.node_name(None, {})
+
+
+# --- the drain reason ----------------------------------------------------------------------------------------------
+
+
+def held(gpu: int, pid: int) -> slurm.Cause:
+    return slurm.Cause("held", f"GPU {gpu} held by pid {pid} (python3) 8.0 GiB after 30 s", gpu=gpu, pid=pid)
+
+
+def test_the_reason_names_the_cause_after_the_prefix() -> None:
+    assert slurm.drain_reason([held(3, 4123)]) == "nvmlcheck: GPU 3 held by pid 4123 (python3) 8.0 GiB after 30 s"
+
+
+def test_an_unhealthy_gpu_comes_first_and_what_does_not_fit_is_counted() -> None:
+    remap = slurm.Cause("unhealthy", "GPU 1: row remap pending, reset needed", gpu=1, action="RESET_GPU")
+    reason = slurm.drain_reason([held(n, 4_000_000 + n) for n in range(8)] + [remap])
+    assert reason.startswith("nvmlcheck: GPU 1: row remap pending, reset needed; GPU 0 held by pid 4000000")
+    assert len(reason) <= slurm.MAX_REASON_CHARS
+    shown = reason.count("held by")
+    assert reason.endswith(f" (+{8 - shown} more)")
+
+
+def test_a_reason_is_one_printable_line_even_from_a_hostile_process_name() -> None:
+    cause = slurm.Cause("held", "GPU 0 held by pid 7 (evil\nState=RESUME\x1b[2J) 1.0 GiB after 1 s")
+    reason = slurm.drain_reason([cause])
+    assert "\n" not in reason and "\x1b" not in reason and reason.isprintable()
+    long = slurm.Cause("stuck", "x" * 500)
+    assert len(slurm.drain_reason([long])) <= slurm.MAX_REASON_CHARS
+    with pytest.raises(ValueError):
+        slurm.drain_reason([])
+
+
+# --- scontrol's node line --------------------------------------------------------------------------------------------
+
+
+def test_the_node_line_of_scontrol() -> None:
+    line = ("NodeName=gpu07 Arch=x86_64 CoresPerSocket=1 State=IDLE+DRAIN ThreadsPerCore=1 Partitions=gpu "
+            "Reason=nvmlcheck: GPU 0 held by pid 4123 (python3) 8.0 GiB after 30 s [root@2026-12-01T14:08:18]")
+    state = slurm.parse_node_line(line)
+    assert state.state == "IDLE+DRAIN" and state.base == "IDLE" and state.flags == {"DRAIN"}
+    assert state.reason == "nvmlcheck: GPU 0 held by pid 4123 (python3) 8.0 GiB after 30 s"
+    assert state.drained and state.ours
+    other = slurm.parse_node_line("NodeName=gpu07 State=MIXED+DRAIN Reason=Kill task failed [slurm@2026-12-01T1]")
+    assert other.drained and not other.ours and other.base == "MIXED"
+    idle = slurm.parse_node_line("NodeName=gpu07 State=IDLE ThreadsPerCore=1")
+    assert idle.reason is None and not idle.drained and not idle.ours
+    with pytest.raises(ValueError):
+        slurm.parse_node_line("slurm_load_node error: Invalid node name specified")
+
+
+# --- whose process ---------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def children() -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start(**env: str) -> subprocess.Popen[bytes]:
+        base = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+        child = subprocess.Popen([sys.executable, "-S", "-c", "import time; time.sleep(60)"],
+                                 env={**base, **env}, stdin=subprocess.DEVNULL)
+        started.append(child)
+        return child
+
+    yield start
+    for child in started:
+        child.kill()
+        child.wait()
+
+
+def as_holder(pid: int, **fields: Any) -> Holder:
+    from nvmlcheck.holders import describe_process
+
+    h = describe_process(pid, found_by=frozenset({"nvml"}))
+    return Holder(**{**{f: getattr(h, f) for f in Holder.__dataclass_fields__}, **fields})
+
+
+def test_the_jobs_processes_by_environment_and_user(children: Callable[..., subprocess.Popen[bytes]]) -> None:
+    ours = children(SLURM_JOB_ID="42")
+    other_job = children(SLURM_JOB_ID="41")
+    no_job = children()
+    job = slurm.SlurmJob("42", os.getuid(), None, None, ("0",), "SLURM_JOB_GPUS")
+    holders = [as_holder(c.pid) for c in (ours, other_job, no_job)]
+    mine, others = slurm.job_processes(holders, job)
+    assert [h.pid for h, _ in mine] == [ours.pid]
+    assert "its environment names the job" in mine[0][1]
+    assert {h.pid for h, _ in others} == {other_job.pid, no_job.pid}
+    assert all("not job 42's process" in why for _, why in others)
+    # Another user's process is not the job's, whatever its environment says (a user cannot name another's job).
+    stranger = slurm.SlurmJob("42", os.getuid() + 1, None, None, ("0",), "SLURM_JOB_GPUS")
+    assert slurm.job_processes(holders, stranger)[0] == ()
+
+
+def test_never_this_process_an_ancestor_a_daemon_a_zombie_or_without_a_job_id(
+        children: Callable[..., subprocess.Popen[bytes]]) -> None:
+    ours = children(SLURM_JOB_ID="42")
+    job = slurm.SlurmJob("42", os.getuid(), None, None, ("0",), "SLURM_JOB_GPUS")
+    cases = {
+        "this process": as_holder(ours.pid, relation="self"),
+        "an ancestor": as_holder(ours.pid, relation="ancestor"),
+        "a daemon": as_holder(ours.pid, is_daemon=True, name="nvidia-persistenced"),
+        "a zombie": as_holder(ours.pid, state="zombie"),
+        "no process with this PID here": as_holder(ours.pid, start_ticks=None),
+    }
+    for why, h in cases.items():
+        mine, others = slurm.job_processes([h], job)
+        assert mine == () and why in others[0][1], (why, others)
+    unknown = slurm.SlurmJob(None, os.getuid(), None, None, ("0",), "CUDA_VISIBLE_DEVICES")
+    assert slurm.job_processes([as_holder(ours.pid)], unknown)[1][0][1].startswith("the job ID is unknown")
+
+
+def test_the_cgroup_decides_before_the_environment(children: Callable[..., subprocess.Popen[bytes]],
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from nvmlcheck._proc import container
+
+    in_job = children()
+    forged = children(SLURM_JOB_ID="42")  # says job 42, but lives in job 43's cgroup
+    stepd = children(SLURM_JOB_ID="42")
+    where = {
+        in_job.pid: container.Container("slurm", "42", "/slurm/uid_0/job_42/step_0"),
+        forged.pid: container.Container("slurm", "43", "/slurm/uid_0/job_43/step_0"),
+        stepd.pid: container.Container("slurm", "42", "/system.slice/slurmstepd.scope/job_42/step_0/slurm",
+                                       monitor=True),
+    }
+    monkeypatch.setattr(container, "container_of", lambda pid, proc="/proc": where.get(int(pid)))
+    job = slurm.SlurmJob("42", os.getuid(), None, None, ("0",), "SLURM_JOB_GPUS")
+    mine, others = slurm.job_processes([as_holder(c.pid) for c in (in_job, forged, stepd)], job)
+    assert [(h.pid, why) for h, why in mine] == [(in_job.pid, "in job 42's cgroup")]
+    reasons = {h.pid: why for h, why in others}
+    assert reasons == {forged.pid: "in another job's cgroup (job 43)", stepd.pid: "Slurm's step daemon of job 42"}
+
+
+# --- the gates on the simulated GPUs ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def nvml_scenario() -> Scenario:
+    return Scenario.h200(devices=2)
+
+
+def job(gpus: str = "0", job_id: str = "42") -> slurm.SlurmJob:
+    return slurm.job_from_env({"SLURM_JOB_ID": job_id, "SLURM_JOB_UID": str(os.getuid()), "SLURM_JOB_GPUS": gpus})
+
+
+def test_the_epilog_kills_the_jobs_leftover_and_waits_for_its_memory(
+        nvml_stub: StubSession, nvml_bound_process: Callable[..., subprocess.Popen[bytes]],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    leftover = nvml_bound_process(0, 8 * GIB, list_ms=20, release_ms=150)
+    monkeypatch.delenv("SLURM_JOB_ID")
+    elsewhere = nvml_bound_process(1, 4 * GIB)  # on a GPU the job did not have: not looked at
+    with nc.open("nvml") as gpus:
+        result = slurm.epilog(gpus, job("0"), timeout_s=10)
+    assert result.ready and result.devices == (0,) and result.causes == ()
+    assert [t.pid for t in result.killed] == [leftover.pid]
+    assert leftover.wait(5) == -signal.SIGTERM
+    assert elsewhere.poll() is None
+    assert result.readiness is not None and result.readiness.last_dirty_ns is not None  # it waited for the memory
+
+
+def test_a_dry_run_epilog_signals_nothing_and_says_what_it_would_kill(
+        nvml_stub: StubSession, nvml_bound_process: Callable[..., subprocess.Popen[bytes]],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    leftover = nvml_bound_process(0, 8 * GIB)
+    with nc.open("nvml") as gpus:
+        result = slurm.epilog(gpus, job("0"), timeout_s=0.3, kill=False)
+    assert leftover.poll() is None and result.killed == ()
+    assert [pid for pid, _, _ in result.would_kill] == [leftover.pid]
+    assert not result.ready
+    assert [(c.kind, c.pid, c.used_bytes) for c in result.causes] == [("held", leftover.pid, 8 * GIB)]
+
+
+def test_a_pending_row_remap_is_reported_at_once_without_waiting(nvml_stub: StubSession,
+                                                                 nvml_scenario: Scenario) -> None:
+    nvml_scenario.set_device(1, remapped_rows=(0, 1, True, False))
+    nvml_scenario.write(nvml_stub.scenario_path)
+    with nc.open("nvml") as gpus:
+        result = slurm.prolog(gpus, job("1"), timeout_s=30)
+        healthy = slurm.prolog(gpus, job("0"), timeout_s=30)
+    # One reading, no wait: the health cause ends it (waiting cannot help).
+    assert not result.ready and result.readiness is not None and result.readiness.polls == 1
+    assert result.readiness.dirty_polls == 0
+    assert [(c.kind, c.text, c.action) for c in result.causes] == [
+        ("unhealthy", "GPU 1: row remap pending, reset needed", "RESET_GPU")]
+    assert healthy.ready
+
+
+# --- the command, as slurmd runs it ---------------------------------------------------------------------------------
+
+
+class FakeScontrol:
+    """An executable that records each argv and answers ``-o show node`` with :attr:`line`. A shell script: it
+    starts in a millisecond even on a loaded machine, inside the command's scontrol reserve (20 % of --timeout)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.path = directory / "scontrol"
+        self.log = directory / "scontrol.log"
+        self.state = directory / "node.txt"
+        self.line = "NodeName=n1 State=IDLE ThreadsPerCore=1"
+        self.path.write_text(
+            "#!/bin/sh\n"
+            f"printf '%s\\037' \"$@\" >> {self.log}; echo >> {self.log}\n"
+            f'if [ "$1" = -o ]; then cat {self.state}; fi\n',
+            encoding="utf-8")
+        self.path.chmod(0o755)
+
+    def set(self, line: str) -> None:
+        self.line = line
+
+    def calls(self) -> list[list[str]]:
+        if not self.log.exists():
+            return []
+        return [line.split("\x1f")[:-1] for line in self.log.read_text().splitlines()]
+
+    def updates(self) -> list[list[str]]:
+        return [c for c in self.calls() if c[:1] == ["update"]]
+
+
+@pytest.fixture
+def scontrol(tmp_path: Path) -> FakeScontrol:
+    return FakeScontrol(tmp_path)
+
+
+def run(scontrol: FakeScontrol, scenario: Path, command: str, *args: str, json_out: bool = True,
+        timeout: str = "1", capsys: pytest.CaptureFixture[str]) -> tuple[int, dict[str, Any] | str, str]:
+    """``nvmlcheck --simulate SCENARIO slurm COMMAND … --timeout 1``: long enough for every answer that does not
+    wait for memory (the stub answers at once), short where the GPU stays held."""
+    scontrol.state.write_text(scontrol.line)
+    argv = ["--simulate", str(scenario), "slurm", command, "--scontrol", str(scontrol.path), "--node", "n1",
+            "--timeout", timeout, *args] + (["--json"] if json_out else [])
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, (json.loads(out) if json_out else out), err
+
+
+@pytest.fixture
+def slurm_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for key in list(os.environ):
+        if key.startswith("SLURM"):
+            monkeypatch.delenv(key)
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    monkeypatch.setenv("SLURM_JOB_UID", str(os.getuid()))
+    monkeypatch.setenv("SLURM_JOB_GPUS", "0")
+
+
+def busy(tmp_path: Path) -> Path:
+    sc = Scenario.h200(devices=2)
+    sc.add_process(0, 4_123_456, used_bytes=8 * GIB)  # no such local process: nobody nvmlcheck can kill
+    return sc.write(tmp_path / "busy.txt")
+
+
+def test_a_not_ready_epilog_drains_with_the_cause_and_exits_1(
+        slurm_env: None, scontrol: FakeScontrol, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, doc, err = run(scontrol, busy(tmp_path), "epilog", capsys=capsys)
+    assert code == 1 and isinstance(doc, dict)
+    reason = doc["reason"]
+    # No local process has that PID: ready calls it an exited holder whose memory is coming back (for now).
+    assert reason.startswith("nvmlcheck: GPU 0: 8.0 GiB of exited pid 4123456 still coming back after ")
+    assert scontrol.updates() == [["update", "NodeName=n1", "State=DRAIN", f"Reason={reason}"]]
+    assert err == f"nvmlcheck slurm epilog: {reason.removeprefix('nvmlcheck: ')}\n"  # one line, for slurmd's log
+    assert doc["schema"] == "nvmlcheck/slurm" and doc["exit_code"] == 1 and doc["job"]["id"] == "42"
+
+
+def test_dry_run_prints_the_command_and_runs_none(
+        slurm_env: None, scontrol: FakeScontrol, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(scontrol, busy(tmp_path), "epilog", "--dry-run", json_out=False, capsys=capsys)
+    assert code == 1 and scontrol.updates() == []
+    assert isinstance(out, str)
+    assert out.startswith(f"{scontrol.path} update NodeName=n1 State=DRAIN 'Reason=nvmlcheck: GPU 0: 8.0 GiB of ")
+
+
+def test_no_drain_only_exits_1(
+        slurm_env: None, scontrol: FakeScontrol, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, _ = run(scontrol, busy(tmp_path), "prolog", "--no-drain", capsys=capsys)
+    assert code == 1 and scontrol.calls() == []
+
+
+def test_someone_elses_drain_reason_is_kept(
+        slurm_env: None, scontrol: FakeScontrol, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    scontrol.set("NodeName=n1 State=IDLE+DRAIN Reason=maintenance: new cables [admin@2026-12-01T10:00:00]")
+    code, doc, _ = run(scontrol, busy(tmp_path), "prolog", capsys=capsys)
+    assert code == 1 and scontrol.updates() == []
+    assert isinstance(doc, dict) and doc["node_state"]["reason"] == "maintenance: new cables"
+
+
+def test_a_job_without_gpus_opens_nothing(
+        slurm_env: None, scontrol: FakeScontrol, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.delenv("SLURM_JOB_GPUS")
+    sc = Scenario.h200()
+    sc.fault("nvmlInit_v2", code=9)  # opening NVML would fail: exit 3
+    code, doc, err = run(scontrol, sc.write(tmp_path / "nodriver.txt"), "epilog", "--backend", "nvml",
+                         capsys=capsys)
+    assert (code, err) == (0, "") and isinstance(doc, dict) and doc["devices"] == []
+    assert scontrol.calls() == []
+
+
+def test_a_malformed_environment_is_a_usage_error(
+        slurm_env: None, scontrol: FakeScontrol, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("SLURM_JOB_GPUS", "gpu0")
+    code, _, err = run(scontrol, busy(tmp_path), "epilog", json_out=False, capsys=capsys)
+    assert code == 2 and "$SLURM_JOB_GPUS='gpu0'" in err and scontrol.calls() == []
+
+
+def test_no_backend_drains_and_exits_3(
+        slurm_env: None, scontrol: FakeScontrol, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    sc = Scenario.h200()
+    sc.fault("nvmlInit_v2", code=9)  # NVML_ERROR_DRIVER_NOT_LOADED
+    code, doc, _ = run(scontrol, sc.write(tmp_path / "nodriver.txt"), "prolog", "--backend", "nvml", capsys=capsys)
+    assert code == 3 and isinstance(doc, dict)
+    assert doc["causes"][0]["kind"] == "unavailable"
+    assert scontrol.updates()[0][3].startswith("Reason=nvmlcheck: no GPU backend: ")
+
+
+class TestHealth:
+    """The HealthCheckProgram: drains by cause, once; returns nvmlcheck's drains to service; leaves others'."""
+
+    @pytest.fixture
+    def remap(self, tmp_path: Path) -> Path:
+        sc = Scenario.h200(devices=2)
+        sc.set_device(1, remapped_rows=(0, 1, True, False))
+        return sc.write(tmp_path / "remap.txt")
+
+    @pytest.fixture
+    def healthy(self, tmp_path: Path) -> Path:
+        return Scenario.h200(devices=2).write(tmp_path / "healthy.txt")
+
+    REASON = "nvmlcheck: GPU 1: row remap pending, reset needed"
+
+    def test_it_drains_an_unhealthy_gpu(self, scontrol: FakeScontrol, remap: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+        code, doc, _ = run(scontrol, remap, "health", capsys=capsys)
+        # Exit 0: the node is as it should be (drained with the reason); slurmd at start-up waits for a 0.
+        assert code == 0 and isinstance(doc, dict) and doc["ready"] is False
+        assert scontrol.updates() == [["update", "NodeName=n1", "State=DRAIN", f"Reason={self.REASON}"]]
+
+    def test_it_is_idempotent(self, scontrol: FakeScontrol, remap: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        scontrol.set(f"NodeName=n1 State=IDLE+DRAIN Reason={self.REASON} [root@2026-12-01T10:00:00]")
+        code, _, _ = run(scontrol, remap, "health", capsys=capsys)
+        assert code == 0 and scontrol.updates() == []
+
+    def test_it_leaves_someone_elses_drain(self, scontrol: FakeScontrol, remap: Path, healthy: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+        scontrol.set("NodeName=n1 State=IDLE+DRAIN Reason=Kill task failed [slurm@2026-12-01T10:00:00]")
+        for scenario in (remap, healthy):
+            run(scontrol, scenario, "health", capsys=capsys)
+        assert scontrol.updates() == []
+
+    def test_it_returns_its_own_drain_to_service_once_ready(self, scontrol: FakeScontrol, healthy: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+        scontrol.set(f"NodeName=n1 State=IDLE+DRAIN Reason={self.REASON} [root@2026-12-01T10:00:00]")
+        code, _, _ = run(scontrol, healthy, "health", capsys=capsys)
+        assert code == 0 and scontrol.updates() == [["update", "NodeName=n1", "State=RESUME"]]
+        # Not while a job still runs on it (draining), nor with --no-resume.
+        scontrol.log.unlink()
+        scontrol.set(f"NodeName=n1 State=MIXED+DRAIN Reason={self.REASON} [root@2026-12-01T10:00:00]")
+        run(scontrol, healthy, "health", capsys=capsys)
+        scontrol.set(f"NodeName=n1 State=IDLE+DRAIN Reason={self.REASON} [root@2026-12-01T10:00:00]")
+        run(scontrol, healthy, "health", "--no-resume", capsys=capsys)
+        assert scontrol.updates() == []
+
+    def test_it_keeps_its_drain_while_memory_is_still_held(self, scontrol: FakeScontrol, tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+        scontrol.set("NodeName=n1 State=IDLE+DRAIN Reason=nvmlcheck: GPU 0 held by pid 4123456 8.0 GiB after 30 s")
+        code, doc, _ = run(scontrol, busy(tmp_path), "health", capsys=capsys)
+        assert code == 0 and scontrol.updates() == []
+        assert isinstance(doc, dict) and doc["causes"][0]["pid"] == 4_123_456
+
+
+# --- ready's culprits as drain-reason causes -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("culprit", "text"), [
+    (Culprit(3, "held", "compute", "held by pid 4123 (python3), 8.0 GiB", pid=4123, name="python3",
+             used_bytes=8 * GIB, state="sleeping", action="STOP_HOLDER"),
+     "GPU 3 held by pid 4123 (python3) 8.0 GiB after 30 s"),
+    (Culprit(3, "held", "compute", "…", pid=4123, name="python3", used_bytes=8 * GIB, container="lxc/129"),
+     "GPU 3 held by pid 4123 (python3) in lxc/129 8.0 GiB after 30 s"),
+    (Culprit(3, "held", "compute", "…", pid=4123, name="python3", used_bytes=8 * GIB, container="cgroup /user.slice"),
+     "GPU 3 held by pid 4123 (python3) 8.0 GiB after 30 s"),
+    (Culprit(0, "stuck", "compute", "…", pid=77, name="python3", used_bytes=GIB, state="zombie", action="REAP_ZOMBIE"),
+     "GPU 0 held by pid 77 (python3) 1.0 GiB (a zombie) after 30 s"),
+    (Culprit(0, "stuck", "compute", "…", pid=77, name="dd", used_bytes=GIB, state="uninterruptible",
+             action="NODE_REBOOT"),
+     "GPU 0 held by pid 77 (dd) 1.0 GiB (in D state) after 30 s"),
+    (Culprit(0, "reclaiming", "compute", "…", pid=77, used_bytes=GIB, action="WAIT"),
+     "GPU 0: 1.0 GiB of exited pid 77 still coming back after 30 s"),
+    (Culprit(0, "stuck", "memory", "…", used_bytes=8 * GIB, action="RESET_GPU"),
+     "GPU 0: 8.0 GiB held by no process after 30 s"),
+    (Culprit(0, "reclaiming", "memory", "…", used_bytes=8 * GIB, action="WAIT"),
+     "GPU 0: 8.0 GiB still coming back after 30 s"),
+    (Culprit(1, "unhealthy", "row-remap-pending", "a row remapping is pending: … [RESET_GPU: nvidia-smi -r -i 1]",
+             action="RESET_GPU"),
+     "GPU 1: row remap pending, reset needed"),
+    (Culprit(1, "unhealthy", "row-remap-failure", "…", action="CONTACT_SUPPORT"),
+     "GPU 1: row remap failed, service needed"),
+    (Culprit(2, "unhealthy", "xid", "XID 79: fell off the bus [NODE_REBOOT]", action="NODE_REBOOT"),
+     "GPU 2: XID 79: fell off the bus"),
+    (Culprit(2, "unknown", "query", "could not be read: no permission"), "GPU 2: could not be read: no permission"),
+])
+def test_each_culprit_of_ready_reads_as_a_drain_reason(culprit: Culprit, text: str) -> None:
+    cause = slurm.cause_of(culprit, after_ns=30_000_000_000)
+    assert cause.text == text
+    assert (cause.kind, cause.gpu, cause.pid) == (culprit.class_, culprit.gpu, culprit.pid)
+    assert cause.action == culprit.action
+
+
+def test_a_holder_the_epilog_killed_is_named_a_survivor() -> None:
+    from nvmlcheck.kill import PidTimes, SignalSent
+
+    survivor = PidTimes(77, "nvml", "python3", (SignalSent("SIGTERM", 0), SignalSent("SIGKILL", 2_000_000_000)),
+                        None, None)
+    culprit = Culprit(0, "held", "compute", "…", pid=77, name="python3", used_bytes=GIB, state="running")
+    assert slurm.cause_of(culprit, after_ns=5_000_000_000, killed={77: survivor}).text == (
+        "GPU 0 held by pid 77 (python3) 1.0 GiB (survived SIGKILL) after 5.0 s")
