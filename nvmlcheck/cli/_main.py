@@ -10,7 +10,6 @@ docs/architecture.md, "The path of one value"; exit codes: docs/cli.md, "Exit co
 from __future__ import annotations
 
 import importlib
-import os
 import sys
 
 from ._common import (
