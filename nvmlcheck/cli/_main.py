@@ -10,7 +10,6 @@ docs/architecture.md, "The path of one value"; exit codes: docs/cli.md, "Exit co
 from __future__ import annotations
 
 import importlib
-import os
 import sys
 
 from ._common import (
@@ -67,8 +66,10 @@ def _parse(argv: Sequence[str], json_errors: bool) -> argparse.Namespace | int:
     except SystemExit as exc:  # --help, --version, or an argument error (already printed)
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     if args.command in ("demo", "simulate"):
+        # simulate's own scenario may come as --simulate FILE: what the `nvmlcheck` of `simulate run` passes.
         given = [f"--{name.replace('_', '-')}" for name in GLOBAL_OPTIONS
-                 if getattr(args, name, None) not in (None, "auto")]
+                 if getattr(args, name, None) not in (None, "auto")
+                 and not (args.command == "simulate" and name == "simulate")]
         if given:
             what = ("demo runs on the bundled simulated H200 only" if args.command == "demo"
                     else "simulate gives its command the simulation itself (--scenario)")
@@ -76,18 +77,7 @@ def _parse(argv: Sequence[str], json_errors: bool) -> argparse.Namespace | int:
                 parser.error(f"{what} and takes no {', '.join(given)}")
             except SystemExit as exc:
                 return exc.code if isinstance(exc.code, int) else EXIT_USAGE
-    _simulate_from_environment(args)
     return args
-
-
-def _simulate_from_environment(args: argparse.Namespace) -> None:
-    """``$NVMLCHECK_SIMULATE`` (set by ``nvmlcheck simulate run`` for the commands it runs) is the default of
-    ``--simulate`` for every command that reads GPUs."""
-    if args.command in ("demo", "simulate") or getattr(args, "study", None) == "compare":
-        return
-    value = os.environ.get("NVMLCHECK_SIMULATE", "").strip()
-    if value and getattr(args, "simulate", None) is None:
-        args.simulate = value
 
 
 def _unmark_simulated() -> None:

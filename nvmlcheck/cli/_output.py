@@ -32,7 +32,7 @@ def plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
-#: Set while the command reads simulated GPUs (``--simulate``, ``$NVMLCHECK_SIMULATE``, ``demo``): every document
+#: Set while the command reads simulated GPUs (``--simulate``, ``demo``): every document
 #: then says ``"simulated": true`` after its version.
 SIMULATED = False
 

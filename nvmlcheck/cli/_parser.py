@@ -572,14 +572,14 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
         sims = simulate.add_subparsers(dest="simulate_command", required=True, parser_class=_Parser)
         sim_run = sub_parser(
             sims, "run", help="run a command with every nvmlcheck in it reading the simulated GPUs",
-            description="Run COMMAND with $NVMLCHECK_SIMULATE (the default of --simulate for every nvmlcheck command "
-                        "it runs), $NVMLCHECK_LIBNVML and $NVMLCHECK_STUB_SCENARIO (for Python code calling "
-                        "nvmlcheck.open()) pointing at the scenario. Exits with COMMAND's status.",
+            description="Run COMMAND with an `nvmlcheck` first on its PATH that adds --simulate FILE to every "
+                        "nvmlcheck command it runs, and $NVMLCHECK_LIBNVML and $NVMLCHECK_STUB_SCENARIO (for Python "
+                        "code calling nvmlcheck.open()) pointing at the scenario. Exits with COMMAND's status.",
             epilog="example: nvmlcheck simulate run --scenario h200x8 -- ./launch.sh",
         )
         once(sim_run, "--scenario", metavar="SCENARIO", default=None,
              help="a bundled scenario (h200, h200x8, h200-busy; copied to a file for the run) or a scenario file "
-                  "(default $NVMLCHECK_SIMULATE, else h200)")
+                  "(default h200)")
         sim_run.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARG ...]")
         hold = sub_parser(
             sims, "hold", help="start a command as a process that holds memory on a simulated GPU until it exits",
@@ -598,7 +598,7 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
         once(hold, "--release-ms", type=non_negative_int, default=120, metavar="MS",
              help="ms from its exit until its memory is back (default 120)")
         once(hold, "--scenario", metavar="FILE", default=None,
-             help="the scenario file to add it to (default $NVMLCHECK_SIMULATE, as `simulate run` sets it)")
+             help="the scenario file to add it to (default: --simulate's file, which `simulate run` passes)")
         hold.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARG ...]")
         show = sub_parser(sims, "scenario", help="print a bundled scenario, to start a scenario file from",
                           epilog="example: nvmlcheck simulate scenario h200x8 > gpus.txt")

@@ -1,8 +1,9 @@
 """``nvmlcheck simulate``: rehearse a launch script in the shell, on simulated GPUs.
 
 ``simulate run [--scenario S] -- CMD ...`` runs CMD with the simulation in its environment: every ``nvmlcheck``
-command in it reads the scenario (``$NVMLCHECK_SIMULATE``, the default of ``--simulate``, and says so), and so does
-Python code that calls ``nvmlcheck.open()`` (``$NVMLCHECK_LIBNVML``, ``$NVMLCHECK_STUB_SCENARIO``).
+command in it reads the scenario (an ``nvmlcheck`` first on its ``PATH`` that passes ``--simulate FILE``, printed
+like any option: nvmlcheck itself reads no variable to decide it), and so does Python code that calls
+``nvmlcheck.open()`` (``$NVMLCHECK_LIBNVML``, ``$NVMLCHECK_STUB_SCENARIO``: the test kit's stub, proven by its symbol).
 ``simulate hold --gpu N --bytes SIZE -- CMD ...`` starts CMD as a real process that the scenario file lists on GPU N
 with SIZE bytes until it exits (then, like a driver, off the list and its memory back ``--list-ms``/``--release-ms``
 later). ``simulate scenario NAME`` prints a bundled scenario, to start a file from. docs/cli.md, "simulate".
@@ -22,8 +23,6 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from pathlib import Path
 
-#: The variable ``simulate run`` sets for the commands it runs: the default of ``--simulate``.
-ENV_SIMULATE = "NVMLCHECK_SIMULATE"
 #: How long a command gets to end after ``simulate`` was asked to end (and passed it on), before SIGKILL.
 END_GRACE_S = 10.0
 
@@ -39,7 +38,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         return 0
     argv = _command(args.argv)
     if args.simulate_command == "run":
-        return _run(argv, args.scenario or os.environ.get(ENV_SIMULATE) or "h200")
+        return _run(argv, args.scenario or getattr(args, "simulate", None) or "h200")
     return _hold(argv, args)
 
 
@@ -73,7 +72,9 @@ def _run(argv: list[str], name: str) -> int:
         else:  # a bundled scenario: a file of its own for the run, which `simulate hold` inside it may change
             directory = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="nvmlcheck-simulate-")))
             path = scenario.write(directory / f"{name}.txt")
-        env = {**os.environ, ENV_SIMULATE: str(path), ENV_LIBRARY: str(library), ENV_SCENARIO: str(path)}
+        shim = _nvmlcheck_shim(Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="nvmlcheck-bin-"))), path)
+        env = {**os.environ, "PATH": f"{shim}{os.pathsep}{os.environ.get('PATH', '')}", ENV_LIBRARY: str(library),
+               ENV_SCENARIO: str(path)}
         print(f"nvmlcheck: simulated GPUs for {argv[0]}: scenario {name} ({path}); the nvmlcheck commands it runs "
               "read them, and say so", file=sys.stderr)
         return _wait_for(_start(argv, env))
@@ -85,10 +86,11 @@ def _hold(argv: list[str], args: argparse.Namespace) -> int:
     from ..simulate import SCENARIOS, add_bound_process, bound_process_line, remove_bound_process
     from ._output import human_bytes
 
-    name = args.scenario or os.environ.get(ENV_SIMULATE)
+    # Inside `simulate run`, `nvmlcheck` is its shim, which passes --simulate FILE: that file is the default.
+    name = args.scenario or getattr(args, "simulate", None)
     if not name:
-        raise UsageError(f"no scenario file: give --scenario FILE, or run under `nvmlcheck simulate run` (which sets "
-                         f"${ENV_SIMULATE})")
+        raise UsageError("no scenario file: give --scenario FILE (or --simulate FILE), or run under `nvmlcheck "
+                         "simulate run`, whose `nvmlcheck` passes its scenario")
     if name in SCENARIOS:
         raise UsageError(f"{name!r} is a bundled scenario: hold adds a process to a scenario file (`nvmlcheck "
                          f"simulate scenario {name} > FILE` writes one; `simulate run` gives its command one)")
@@ -121,6 +123,18 @@ def _hold(argv: list[str], args: argparse.Namespace) -> int:
         with _suppressed():
             remove_bound_process(path, args.gpu, child.pid, kind=args.kind)
         raise
+
+
+def _nvmlcheck_shim(directory: Path, scenario: Path) -> Path:
+    """A directory holding an ``nvmlcheck`` that runs this interpreter's nvmlcheck with ``--simulate scenario``:
+    first on the command's ``PATH``, so the simulation is an option on every command line, not a variable."""
+    import shlex
+
+    script = directory / "nvmlcheck"
+    script.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -m nvmlcheck --simulate "
+                      f"{shlex.quote(str(scenario))} \"$@\"\n", encoding="utf-8")
+    script.chmod(0o755)
+    return directory
 
 
 class _suppressed:

@@ -163,7 +163,7 @@ def test_a_refused_hold_starts_nothing(gpus_file: Path, tmp_path: Path) -> None:
 
 def test_run_gives_its_command_the_simulation(tmp_path: Path, stub_library: Path) -> None:
     script = (
-        f"{sys.executable} -m nvmlcheck --json snapshot && "
+        "nvmlcheck --json snapshot && "  # the run's own nvmlcheck, first on the command's PATH
         f"{sys.executable} -c 'import nvmlcheck as nc; s = nc.open(\"nvml\"); print(len(s.snapshot().devices)); "
         "s.close()' && exit 7"
     )
@@ -177,8 +177,9 @@ def test_run_gives_its_command_the_simulation(tmp_path: Path, stub_library: Path
 
 
 def test_hold_inside_run_changes_the_runs_scenario(tmp_path: Path, stub_library: Path) -> None:
-    py = sys.executable
-    script = (f"{py} -m nvmlcheck simulate hold --gpu 0 --bytes 2GiB -- {py} -m nvmlcheck --json snapshot")
+    # The run's `nvmlcheck` (first on its PATH) passes --simulate FILE: hold adds to that file, and the snapshot
+    # held reads it.
+    script = "nvmlcheck simulate hold --gpu 0 --bytes 2GiB -- nvmlcheck --json snapshot"
     done = nvmlcheck("simulate", "run", "--scenario", "h200", "--", "sh", "-c", script)
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
@@ -187,8 +188,12 @@ def test_hold_inside_run_changes_the_runs_scenario(tmp_path: Path, stub_library:
 
 
 def test_simulate_takes_no_global_gpu_options(stub_library: Path) -> None:
-    done = nvmlcheck("--simulate", "h200", "simulate", "run", "--", "true")
-    assert done.returncode == 2 and "takes no --simulate" in done.stderr
+    done = nvmlcheck("--backend", "smi", "simulate", "run", "--", "true")
+    assert done.returncode == 2 and "takes no --backend" in done.stderr
+    # --simulate is its scenario (what the run's own `nvmlcheck` passes to a nested simulate command).
+    done = nvmlcheck("--simulate", "h200x8", "simulate", "run", "--", "sh", "-c", "nvmlcheck --json snapshot")
+    assert done.returncode == 0, done.stderr
+    assert len(json.loads(done.stdout)["devices"]) == 8
 
 
 def test_scenario_prints_a_bundled_scenario(tmp_path: Path) -> None:
@@ -211,10 +216,9 @@ def test_every_simulated_output_says_so(tmp_path: Path, stub_library: Path) -> N
     assert error.returncode == 2 and json.loads(error.stdout)["simulated"] is True
     demo = nvmlcheck("demo", "--json")
     assert demo.returncode == 0 and json.loads(demo.stdout)["simulated"] is True
-    # $NVMLCHECK_SIMULATE is --simulate's default (what `simulate run` sets), and marks the output the same way.
+    # No variable makes a production command simulated (issue 27: a test seam is never a bare variable).
     from_env = nvmlcheck("--json", "snapshot", env=_env(NVMLCHECK_SIMULATE="h200x8"))
-    doc = json.loads(from_env.stdout)
-    assert doc["simulated"] is True and len(doc["devices"]) == 8
+    assert "simulated" not in json.loads(from_env.stdout)
     # The stub named directly (a test harness, the pytest fixtures) is not "simulate": no marker there.
     plain = nvmlcheck("--json", "snapshot", env=_env(NVMLCHECK_LIBNVML=str(stub_library),
                                                      NVMLCHECK_STUB_SCENARIO=str(Scenario.h200().write(
