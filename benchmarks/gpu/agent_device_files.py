@@ -87,7 +87,7 @@ def main() -> None:
             p.wait()
             if p.stderr is not None:
                 err = p.stderr.read().decode(errors="replace").strip()
-                entry = results[label] if label in results else None
+                entry = results.get(label)
                 if isinstance(entry, dict) and entry["exit"] is not None and err:
                     entry["stderr"] = err[-500:]  # why it exited before it was read
                 p.stderr.close()
