@@ -34,10 +34,15 @@ CUDA_CTX = ("import time, ctypes\n"
             "time.sleep(30)\n")
 
 
-def nvidia_files(pid: int, majors: frozenset[int]) -> list[str]:
+def nvidia_files(pid: int, majors: frozenset[int]) -> list[str] | None:
+    """The NVIDIA device files ``pid`` has open; None when its fd table cannot be read (it exited, or is a zombie)."""
     out = []
     base = f"/proc/{pid}/fd"
-    for name in os.listdir(base):
+    try:
+        names = os.listdir(base)
+    except (FileNotFoundError, ProcessLookupError, NotADirectoryError):
+        return None
+    for name in names:
         try:
             target = os.readlink(f"{base}/{name}")
             st = os.stat(f"{base}/{name}")
@@ -46,6 +51,16 @@ def nvidia_files(pid: int, majors: frozenset[int]) -> list[str]:
         if stat.S_ISCHR(st.st_mode) and os.major(st.st_rdev) in majors:
             out.append(f"{target} {os.major(st.st_rdev)}:{os.minor(st.st_rdev)}")
     return sorted(set(out))
+
+
+def probe(p: subprocess.Popen[bytes], majors: frozenset[int]) -> dict[str, object]:
+    """What a running probe holds; a probe that exited before its fd table was read is recorded as exited (its exit
+    status; ``files`` None), not a crash."""
+    files = nvidia_files(p.pid, majors)
+    code = p.poll()
+    if files is None or code is not None:
+        return {"alive": False, "exit": code, "files": None}
+    return {"alive": True, "exit": None, "files": files}
 
 
 def main() -> None:
@@ -66,10 +81,16 @@ def main() -> None:
             continue
         try:
             time.sleep(4)
-            results[label] = {"alive": p.poll() is None, "files": nvidia_files(p.pid, majors)}
+            results[label] = probe(p, majors)
         finally:
             p.kill()
             p.wait()
+            if p.stderr is not None:
+                err = p.stderr.read().decode(errors="replace").strip()
+                entry = results.get(label)
+                if isinstance(entry, dict) and entry["exit"] is not None and err:
+                    entry["stderr"] = err[-500:]  # why it exited before it was read
+                p.stderr.close()
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "agent_device_files.json").write_text(json.dumps(results, indent=1))
     print(json.dumps(results, indent=1))

@@ -104,6 +104,38 @@ def test_model_table() -> None:
         rm.register("580")  # type: ignore[arg-type]
 
 
+# The H200's maxima, signal -> memory back (ms), per cell of the reclaim study's third edition
+# (docs/data/h200-2026-12-01-study3/summary.txt; IPC: from the last stage's signal), with the cell's terms:
+# (contexts, device bytes, pinned host bytes, importers).
+H200_MAX_MS = [
+    ((1, 8 * GIB, 0, 0), 127.3),            # pinned-0-dev8
+    ((1, 8 * GIB, 8 * GIB, 0), 1626.9),     # pinned-8-dev8 (cuMemHostAlloc)
+    ((1, 8 * GIB, 32 * GIB, 0), 6359.9),    # pinned-32-dev8, 8 runs
+    ((1, 64 * GIB, 0, 0), 170.6),           # pinned-0-dev64
+    ((1, 64 * GIB, 8 * GIB, 0), 1643.1),    # pinned-8-dev64
+    ((0, 8 * GIB, 0, 4), 295.4),            # ipc-4-exporter-first: the importers, last
+    ((1, 8 * GIB, 0, 0), 568.3),            # ipc-2-importers-first: the exporter, last (ipc's largest)
+    ((1, 8 * GIB, 0, 0), 201.1),            # managed-dev8
+]
+
+
+@pytest.mark.parametrize(("cell", "max_ms"), H200_MAX_MS)
+def test_the_580_stuck_bound_exceeds_every_h200_teardown(cell: tuple[int, int, int, int], max_ms: float) -> None:
+    # never "stuck" while still being reclaimed: with the cell's terms, and with the pinned host memory unknown (ready
+    # cannot read it from a process that has exited, so it passes 0)
+    m = rm.model_for("580.159.04")
+    contexts, device_bytes, pinned, importers = cell
+    assert m.stuck_after_ns(contexts, device_bytes, pinned, importers) > max_ms * MS
+    assert m.stuck_after_ns(max(contexts, 1), device_bytes, 0, 0) > max_ms * MS
+
+
+def test_the_fallback_is_at_least_as_patient_as_the_580_entry() -> None:
+    old, other = rm.model_for("580.159.04"), rm.model_for(None)
+    for cell, _ in H200_MAX_MS:
+        assert other.stuck_after_ns(*cell) >= old.stuck_after_ns(*cell)
+        assert other.expected_ns(*cell) >= old.expected_ns(*cell)
+
+
 # --- the fit ---------------------------------------------------------------------------------------------------------
 
 
