@@ -58,6 +58,12 @@ def _command(name: str) -> Callable[[argparse.Namespace], int]:
 
 
 def _parse(argv: Sequence[str], json_errors: bool) -> argparse.Namespace | int:
+    from ._quick import quick_parse
+
+    quick = quick_parse(argv)  # a launch script's plain kill/wait/snapshot/ready: no argparse (docs/performance.md)
+    if quick is not None:
+        _simulate_from_environment(quick)  # type: ignore[arg-type]
+        return quick  # type: ignore[return-value]
     from ._parser import GLOBAL_OPTIONS, build_parser, command_in
 
     parser = build_parser(json_errors=json_errors, only=command_in(argv))
@@ -98,7 +104,7 @@ def _unmark_simulated() -> None:
 
 def run(argv: Sequence[str] | None) -> int:
     """The CLI: parse ``argv``, run the command, return its exit code."""
-    from ._parser import wants_json
+    from ._quick import wants_json
 
     argv = list(sys.argv[1:] if argv is None else argv)
     json_mode = wants_json(argv)
