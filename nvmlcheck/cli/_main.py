@@ -9,7 +9,6 @@ docs/architecture.md, "The path of one value"; exit codes: docs/cli.md, "Exit co
 
 from __future__ import annotations
 
-import importlib
 import os
 import sys
 
@@ -53,8 +52,14 @@ EARLY = {"kill": "_kill:signal_first"}
 
 def _command(name: str) -> Callable[[argparse.Namespace], int]:
     module, function = COMMANDS[name].split(":")
-    handler: Callable[[argparse.Namespace], int] = getattr(importlib.import_module(f"{__package__}.{module}"), function)
+    handler: Callable[[argparse.Namespace], int] = getattr(_module(module), function)
     return handler
+
+
+def _module(name: str) -> object:
+    """This package's module ``name``, imported now (``__import__``: importlib and its warnings cost start-up)."""
+    __import__(f"{__package__}.{name}")
+    return sys.modules[f"{__package__}.{name}"]
 
 
 def _parse(argv: Sequence[str], json_errors: bool) -> argparse.Namespace | int:
@@ -118,7 +123,7 @@ def run(argv: Sequence[str] | None) -> int:
             early = EARLY.get(parsed.command)
             if early is not None:
                 module, function = early.split(":")
-                getattr(importlib.import_module(f"{__package__}.{module}"), function)(parsed)
+                getattr(_module(module), function)(parsed)
             with simulation(parsed):
                 return _command(parsed.command)(parsed)
         except UsageError as exc:
