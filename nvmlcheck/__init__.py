@@ -12,8 +12,6 @@ full reference.
 
 from __future__ import annotations
 
-import importlib
-
 # Names resolve on first use (PEP 562): `import nvmlcheck` stays cheap for launch scripts and for tools that import
 # it without calling it; dataclass and enum creation alone cost ~20 ms, and even `typing` costs ~10 ms where site
 # has not loaded it, so this file imports neither (types: __init__.pyi). docs/performance.md has the figures.
@@ -169,10 +167,18 @@ def __getattr__(name: str) -> object:
             DeprecationWarning,
             stacklevel=2,
         )
-        return getattr(importlib.import_module(f".{module}", __name__), name)  # not cached: warn at every use
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
+        return getattr(_submodule(module), name)  # not cached: warn at every use
+    value = getattr(_submodule(module), name)
     globals()[name] = value
     return value
+
+
+def _submodule(module: str) -> object:
+    # __import__, not importlib: importlib (and the warnings it imports) costs the console script start-up time.
+    import sys
+
+    __import__(f"{__name__}.{module}")
+    return sys.modules[f"{__name__}.{module}"]
 
 
 def __dir__() -> list[str]:

@@ -12,8 +12,8 @@ the standard library, so the launch path can read it.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
+from ._record import record
 from .errors import ArgumentError, ArgumentTypeError
 
 __all__ = ["COEFFICIENTS", "ReclaimModel", "expected_ns", "model_for", "register", "stuck_after_ns", "terms"]
@@ -37,7 +37,7 @@ def terms(contexts: int = 1, device_bytes: int = 0, pinned_host_bytes: int = 0,
     return (1.0, float(max(contexts - 1, 0)), device_bytes / _GIB, pinned_host_bytes / _GIB, float(importers))
 
 
-@dataclass(frozen=True, slots=True)
+@record  # not @dataclass: `ready` reads this module, and dataclasses costs its start-up milliseconds
 class ReclaimModel:
     """Linear model of the time to memory-back after the holders exit, in ns, with its error.
 

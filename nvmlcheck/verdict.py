@@ -15,11 +15,11 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from . import reclaim_model
 from ._proc import procfs
+from ._record import record, replace
 from ._units import format_bytes
 from .model import DeviceState, GpuProcess, Memory, OperatorAction, Snapshot, SystemInfo
 from .predicates import DEFAULT_MAX_USED_BYTES, free_bytes_of, memory_used_at_most
@@ -85,7 +85,7 @@ def unsupported(why: str) -> bool:
 # --- values -----------------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Culprit:
     """One thing that keeps a GPU from being ready, as data.
 
@@ -131,7 +131,7 @@ class Culprit:
         }
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class GpuVerdict:
     """The verdict on one GPU (or one MIG instance: ``label`` names it).
 
@@ -207,7 +207,7 @@ class GpuVerdict:
         }
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ReadyReport:
     """What ``ready`` found: one :class:`GpuVerdict` per selected GPU (or MIG instance).
 

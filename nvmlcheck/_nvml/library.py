@@ -424,9 +424,11 @@ def _check_stub(path: str) -> None:
         raise BackendUnavailable(
             f"${ENV_LIBRARY} names {path!r}, which is not nvmlcheck's stub library: the variable is a test seam; "
             "load another libnvidia-ml with library_path= or the dynamic loader's path", [f"{path}: no {STUB_MARKER}"])
-    from .._proc import devfiles
+    from .. import _proc
 
-    devfiles.stub_loaded_from_env()  # the stub's scenario's stand-in device files count (docs/testing.md)
+    # The stub's scenario's stand-in device files count (docs/testing.md): the flag devfiles.stub_loaded_from_env
+    # sets, set here without importing devfiles (and its dataclasses) into a one-shot's NVML thread.
+    _proc.stub_from_env = True
 
 
 def library_from_env() -> str | None:

@@ -14,3 +14,9 @@ def error(kind: str, message: str) -> Exception:
 
     cls: type[Exception] = getattr(errors, kind)
     return cls(message)
+
+
+#: Set when this process loaded nvmlcheck's stub through ``$NVMLCHECK_LIBNVML`` (``devfiles.stub_loaded_from_env``):
+#: kept here, in a module with no imports, so that the NVML thread of a one-shot can set it without importing devfiles.
+stub_from_env = False
+

@@ -159,7 +159,6 @@ def simulated_stand_ins(globs: Sequence[str], origin: str) -> Iterator[None]:
 #: ``nvml_bound_process`` opens ``dev/nvidiaN`` and ``dev/nvidiactl`` there).
 SIMULATED_DEVICE_DIR = "dev"
 _SCENARIO_VARIABLE = "NVMLCHECK_STUB_SCENARIO"  # the stub's own: the scenario it answers from
-_stub_from_env = False
 
 
 def simulated_globs(scenario_path: str | os.PathLike[str]) -> tuple[str, ...]:
@@ -170,14 +169,17 @@ def simulated_globs(scenario_path: str | os.PathLike[str]) -> tuple[str, ...]:
 def stub_loaded_from_env() -> None:
     """This process loaded nvmlcheck's stub through ``$NVMLCHECK_LIBNVML`` (a test's child process; proven by
     the library's own symbol): from now on the stand-ins next to the stub's scenario count."""
-    global _stub_from_env
-    _stub_from_env = True
+    from .. import _proc
+
+    _proc.stub_from_env = True
 
 
 def _simulation_stand_ins() -> tuple[tuple[str, ...], str] | None:
     if _simulated is not None:
         return _simulated
-    scenario = os.environ.get(_SCENARIO_VARIABLE) if _stub_from_env else None
+    from .. import _proc
+
+    scenario = os.environ.get(_SCENARIO_VARIABLE) if _proc.stub_from_env else None
     if scenario:
         return simulated_globs(scenario), "the simulated GPU: nvmlcheck's stub library, from $NVMLCHECK_LIBNVML"
     return None

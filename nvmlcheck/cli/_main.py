@@ -9,7 +9,6 @@ docs/architecture.md, "The path of one value"; exit codes: docs/cli.md, "Exit co
 
 from __future__ import annotations
 
-import importlib
 import sys
 
 from ._common import (
@@ -53,11 +52,22 @@ EARLY = {"kill": "_kill:signal_first"}
 
 def _command(name: str) -> Callable[[argparse.Namespace], int]:
     module, function = COMMANDS[name].split(":")
-    handler: Callable[[argparse.Namespace], int] = getattr(importlib.import_module(f"{__package__}.{module}"), function)
+    handler: Callable[[argparse.Namespace], int] = getattr(_module(module), function)
     return handler
 
 
+def _module(name: str) -> object:
+    """This package's module ``name``, imported now (``__import__``: importlib and its warnings cost start-up)."""
+    __import__(f"{__package__}.{name}")
+    return sys.modules[f"{__package__}.{name}"]
+
+
 def _parse(argv: Sequence[str], json_errors: bool) -> argparse.Namespace | int:
+    from ._quick import quick_parse
+
+    quick = quick_parse(argv)  # a launch script's plain kill/wait/snapshot/ready: no argparse (docs/performance.md)
+    if quick is not None:
+        return quick  # type: ignore[return-value]
     from ._parser import GLOBAL_OPTIONS, build_parser, command_in
 
     parser = build_parser(json_errors=json_errors, only=command_in(argv))
@@ -89,7 +99,7 @@ def _unmark_simulated() -> None:
 
 def run(argv: Sequence[str] | None) -> int:
     """The CLI: parse ``argv``, run the command, return its exit code."""
-    from ._parser import wants_json
+    from ._quick import wants_json
 
     argv = list(sys.argv[1:] if argv is None else argv)
     json_mode = wants_json(argv)
@@ -103,7 +113,7 @@ def run(argv: Sequence[str] | None) -> int:
             early = EARLY.get(parsed.command)
             if early is not None:
                 module, function = early.split(":")
-                getattr(importlib.import_module(f"{__package__}.{module}"), function)(parsed)
+                getattr(_module(module), function)(parsed)
             with simulation(parsed):
                 return _command(parsed.command)(parsed)
         except UsageError as exc:

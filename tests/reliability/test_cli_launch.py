@@ -245,3 +245,79 @@ def test_the_parser_is_built_for_the_command_alone() -> None:
 
     assert commands(build_parser(only="kill")) == {"kill"}
     assert {"snapshot", "wait", "kill", "holders", "demo", "study"} <= commands(build_parser())
+
+
+# The console script as a launch script runs it, in an interpreter without site: at the first signal, record the
+# modules loaded and end at once (the target is the caller's to reap).
+_AT_SIGNAL = r"""
+import os, sys, signal
+def _at(real):
+    def call(*a):
+        real(*a)
+        if a[1] == 0:  # an existence probe, not the signal
+            return
+        sys.stdout.write(" ".join(sorted(sys.modules)))
+        sys.stdout.flush()
+        os._exit(0)
+    return call
+os.kill = _at(os.kill)
+if hasattr(signal, "pidfd_send_signal"):
+    signal.pidfd_send_signal = _at(signal.pidfd_send_signal)
+sys.argv = ["nvmlcheck", *sys.argv[1:]]
+from nvmlcheck.cli import script
+script()
+"""
+
+#: All that a kill whose targets are named may load before its first signal, beyond a bare interpreter's os, sys,
+#: signal: nvmlcheck's cli and _proc modules it runs, and four small modules of the standard library. No argparse,
+#: re, importlib, warnings, typing, json, dataclasses, threading, nor anything of the GPU side (docs/performance.md).
+_BEFORE_SIGNAL_ALLOWED = {
+    "__future__", "errno", "math", "resource", "select", "nvmlcheck", "nvmlcheck._text", "nvmlcheck._units",
+    "nvmlcheck._proc", "nvmlcheck._proc.fate", "nvmlcheck._proc.pin", "nvmlcheck._proc.procfs",
+    "nvmlcheck._proc.targets", "nvmlcheck.cli", "nvmlcheck.cli._common", "nvmlcheck.cli._kill",
+    "nvmlcheck.cli._main", "nvmlcheck.cli._output", "nvmlcheck.cli._quick", "nvmlcheck.cli._signals",
+    "nvmlcheck.cli._values",
+}
+#: ``--match``/``--container``/``--cgroup`` read every process's command line or cgroup: the regex and these too.
+_SELECTOR_ALLOWED = {"re", "re._casefix", "re._compiler", "re._constants", "re._parser", "_sre", "copyreg",
+                     "nvmlcheck._proc.container", "nvmlcheck._proc.selectors"}
+
+
+@pytest.mark.parametrize(
+    "form",
+    [["kill", "{pid}"], ["kill", "--devices", "0", "{pid}"], ["kill", "--tree", "{pid}"], ["--json", "kill", "{pid}"],
+     ["kill", "--match", "{token}", "--yes"], ["kill", "--devices", "0", "--tree", "--grace", "2", "{pid}"]],
+    ids=" ".join,
+)
+def test_a_kill_of_named_targets_loads_only_its_own_modules_before_the_signal(form: list[str]) -> None:
+    token = f"nvmlcheck-launch-test-{os.getpid()}"
+    # SIGTERM's default action in the target, whatever the runner ignores or blocks.
+    sleeper = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_DFL); "
+               "signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGTERM]); time.sleep(60)")
+    target = subprocess.Popen([sys.executable, "-S", "-c", sleeper, token])
+    try:
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        argv = [w.replace("{pid}", str(target.pid)).replace("{token}", token) for w in form]
+        out = subprocess.run([sys.executable, "-S", "-c", _AT_SIGNAL, *argv], capture_output=True, text=True,
+                             env=env, timeout=60, check=False)  # fmt: skip
+        assert out.returncode == 0 and out.stdout, out.stderr
+        assert target.wait(timeout=10) == -signal.SIGTERM
+    finally:
+        if target.poll() is None:
+            target.kill()
+            target.wait()
+    loaded = set(out.stdout.split()) - _loaded_by("import os, signal")
+    allowed = _BEFORE_SIGNAL_ALLOWED | (_SELECTOR_ALLOWED if "--match" in form else set())
+    assert loaded <= allowed, sorted(loaded - allowed)
+
+
+def test_a_one_shot_parses_without_argparse(stub: Stub) -> None:
+    stub.write(Scenario.h200())
+    for argv in (["wait", "--timeout", "0"], ["--json", "snapshot"], ["ready", "--need", "1GiB"]):
+        code = ("import sys\nfrom nvmlcheck.cli import main\nmain(sys.argv[1:])\n"
+                "print(' '.join(sys.modules), file=sys.stderr)")
+        done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=60,
+                              check=False)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        loaded = set(done.stderr.split())
+        assert "nvmlcheck.cli._quick" in loaded and not {"argparse", "nvmlcheck.cli._parser"} & loaded, argv

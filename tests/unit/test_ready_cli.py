@@ -7,7 +7,8 @@ import argparse
 import pytest
 
 from nvmlcheck.cli._hosts import remote_command
-from nvmlcheck.cli._parser import build_parser, need_amount
+from nvmlcheck.cli._parser import build_parser
+from nvmlcheck.cli._values import need_amount
 from nvmlcheck.hosts import Host, HostResult, overall_exit_code
 
 GIB = 1 << 30

@@ -1,0 +1,141 @@
+"""The value types of the options that the quick parse (:mod:`._quick`) reads too: no argparse here.
+
+Each turns one word into a value or raises argparse's ``ArgumentTypeError`` (argparse, imported only then, prints
+its message as the usage error); :mod:`._parser` uses the same functions, so both parses read a word alike.
+"""
+
+from __future__ import annotations
+
+import math
+
+TYPE_CHECKING = False  # no typing: it costs start-up where site has not loaded it (docs/performance.md)
+if TYPE_CHECKING:
+    import argparse
+
+
+def _bad(message: str) -> argparse.ArgumentTypeError:
+    """The error a value type raises for ``message``; argparse is imported only for a word that is bad."""
+    import argparse
+
+    return argparse.ArgumentTypeError(message)
+
+
+def seconds_or_none(text: str) -> float | None:
+    """``--timeout``: seconds >= 0, or ``none``/``inf``/``forever`` for no bound."""
+    if text.strip().lower() in ("none", "inf", "infinity", "forever"):
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise _bad(f"not a number of seconds: {text!r}") from None
+    if math.isnan(value) or value < 0:
+        raise _bad(f"must be >= 0 seconds (or 'none'), got {text!r}")
+    return None if math.isinf(value) else value
+
+
+def grace_seconds(text: str) -> float | None:
+    """``--grace``: seconds >= 0 before SIGKILL, or ``none``/``inf``/``never``: never escalate."""
+    if text.strip().lower() == "never":
+        return None
+    return seconds_or_none(text)
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise _bad(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise _bad(f"must be at least 1, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """An integer >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise _bad(f"not an integer: {text!r}") from None
+    if value < 0:
+        raise _bad(f"must be at least 0, got {value}")
+    return value
+
+
+def positive_seconds(text: str) -> float:
+    """Seconds > 0."""
+    value = seconds_or_none(text)
+    if value is None or value <= 0:
+        raise _bad(f"must be > 0 seconds, got {text!r}")
+    return value
+
+
+def pid_number(text: str) -> int:
+    """A PID as written; its range (1 < pid <= pid_max) is checked with the other refusals, before any signal."""
+    try:
+        return int(text)
+    except ValueError:
+        raise _bad(f"not a PID: {text!r}") from None
+
+
+def signal_name(text: str) -> str:
+    """``TERM``, ``SIGTERM``, ``int``, ``9``: a signal this system knows, as ``SIGTERM``."""
+    import signal
+
+    name = text.strip().upper()
+    try:
+        sig = signal.Signals(int(name)) if name.isdigit() else signal.Signals[f"SIG{name.removeprefix('SIG')}"]
+    except (KeyError, ValueError):
+        raise _bad(f"unknown signal {text!r}") from None
+    return sig.name
+
+
+#: How sizes are written, for every option that takes one (docs/cli.md, "Sizes").
+SIZE_UNITS = ("KiB/MiB/GiB/TiB (or K/M/G/T) are powers of 2, KB/MB/GB/TB powers of 10: 16GiB is 17,179,869,184 "
+              "bytes, 16GB 16,000,000,000")
+
+
+def byte_size(text: str) -> int:
+    """``16MiB`` / ``1GiB`` / ``4096`` → bytes (``M``/``G`` mean MiB/GiB; ``MB``/``GB`` are decimal)."""
+    from .._units import parse_size
+
+    try:
+        return parse_size(text) if text.strip() not in ("0", "0B") else 0
+    except ValueError as exc:
+        raise _bad(str(exc)) from None
+
+
+def device_list(text: str) -> list[int | str]:
+    """``0,2``, UUIDs (or unique UUID prefixes) or CUDA selectors (``cuda:0``, ``cuda:all``), comma-separated.
+
+    CUDA selectors stay strings: the session resolves them through ``CUDA_VISIBLE_DEVICES``."""
+    items: list[int | str] = []
+    for raw in text.split(","):
+        part = raw.strip()
+        if not part:
+            raise _bad(f"empty device in {text!r}")
+        if part[:5].lower() == "cuda:" and not (part[5:].isdigit() or part[5:].lower() == "all"):
+            raise _bad(f"bad CUDA device {part!r}: expected cuda:N (N = 0, 1, ...) or cuda:all")
+        items.append(int(part) if part.isdigit() else part)
+    return items
+
+
+def need_amount(text: str) -> tuple[int | None, float | None]:
+    """``ready --need``: ``(bytes, None)`` for a size (``80GiB``, ``4096``), ``(None, fraction)`` for a fraction of
+    each GPU's total (``0.9``, ``90%``; in (0, 1]), as vLLM's ``gpu_memory_utilization``."""
+    from .._units import parse_size
+
+    raw = text.strip()
+    try:
+        if raw.endswith("%"):
+            fraction = float(raw[:-1]) / 100
+        elif raw.replace(".", "", 1).isdigit() and "." in raw:
+            fraction = float(raw)
+        else:
+            return (0 if raw in ("0", "0B") else parse_size(raw)), None
+    except ValueError as exc:
+        raise _bad(f"{exc} (or a fraction of the total: 0.9, 90%)") from None
+    if not 0.0 < fraction <= 1.0:
+        raise _bad(f"a fraction of the total is in (0, 1] (0.9, 90%), got {text!r}; for bytes "
+                                         "give a unit (1.5GiB)")
+    return None, fraction
