@@ -78,7 +78,9 @@ def _scenario(args: argparse.Namespace, workers: list[subprocess.Popen[bytes]], 
 
 
 def one_run(args: argparse.Namespace, case: str, work: Path) -> dict[str, Any]:
-    job_env = {**os.environ, "SLURM_JOB_ID": "4242", "PYTHONPATH": str(ROOT)}
+    # The project first, then what the caller's PYTHONPATH holds (cffi installed from wheels on a GPU host).
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    job_env = {**os.environ, "SLURM_JOB_ID": "4242", "PYTHONPATH": path}
     workers = _start_workers(args, job_env)
     try:
         scenario = work / "scenario.txt"
@@ -91,7 +93,7 @@ def one_run(args: argparse.Namespace, case: str, work: Path) -> dict[str, Any]:
                 w.wait()
         record = work / "record.jsonl"
         record.unlink(missing_ok=True)
-        env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "SLURM_JOB_ID": "4242",
+        env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": path, "SLURM_JOB_ID": "4242",
                "SLURM_JOB_UID": str(os.getuid()), "SLURM_JOB_GPUS": ",".join(map(str, range(args.gpus))),
                "SLURMD_NODENAME": "bench", "SLURM_SCRIPT_CONTEXT": "epilog_slurmd"}
         if "NVMLCHECK_STUB_CACHE" in os.environ:
