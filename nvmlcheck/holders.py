@@ -119,7 +119,8 @@ class Holder:
     ``None`` when unknown, and :attr:`unknown` says why. ``relation``: ``"self"`` or ``"ancestor"`` of this process.
     ``is_daemon``: it runs one of :data:`DAEMONS` or :data:`AGENTS` (``daemon_kind`` says which: ``"daemon"`` or
     ``"agent"``). ``gpu_device_files``: the per-GPU device files (``/dev/nvidiaN``) among ``device_files``; a process
-    with only ``nvidiactl`` or UVM open holds no GPU (NVML's own clients, monitors).
+    with only ``nvidiactl`` or UVM open holds no GPU. (NVML's own clients are no such process: on an H200,
+    ``nvidia-smi -l 1`` and ``dmon`` held ``/dev/nvidia0`` too; monitors are spared as :data:`AGENTS`.)
     ``container``: the label of the container or cgroup it runs in (``"lxc/129"``, ``"docker 3f2a1b2c3d4e"``;
     :func:`nvmlcheck._proc.container.container_of`), ``None`` when it runs in none or is not visible here.
     """
