@@ -12,6 +12,7 @@ import contextlib
 import os
 import signal
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -168,3 +169,36 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     skip = pytest.mark.skip(reason=reason)
     for item in gpu_items:
         item.add_marker(skip)
+
+
+def _remove_cgroup(path: Path) -> None:
+    """Remove a test's cgroup once the kernel has let its last (reaped) member go: bounded, never a bare sleep."""
+    deadline = time.monotonic() + 5.0
+    while True:
+        try:
+            path.rmdir()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
+@pytest.fixture
+def cgroup_dir() -> Iterator[Path]:
+    """A new, empty cgroup (v2 where mounted, else v1 pids) for a test to put processes in; removed after."""
+    for hierarchy in ("unified", "pids", ""):
+        base = Path("/sys/fs/cgroup") / hierarchy
+        if not (base / "cgroup.procs").is_file():
+            continue
+        path = base / f"nvmlcheck-test-{uuid.uuid4().hex[:12]}"
+        try:
+            path.mkdir()
+        except OSError:
+            continue
+        try:
+            yield path
+        finally:
+            _remove_cgroup(path)
+        return
+    pytest.skip("no writable cgroup hierarchy here (needs root and a mounted cgroupfs)")

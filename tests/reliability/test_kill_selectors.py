@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -141,36 +140,6 @@ def test_match_leaves_out_this_process_and_its_ancestors(tmp_path: Path) -> None
 # --- --container / --cgroup ------------------------------------------------------------------------------------------
 
 
-def _remove(path: Path) -> None:
-    """Remove a test's cgroup once the kernel has let its last (reaped) member go: bounded, never a bare sleep."""
-    deadline = time.monotonic() + 5.0
-    while True:
-        try:
-            path.rmdir()
-            return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.01)
-
-
-@pytest.fixture
-def cgroup_dir() -> Iterator[Path]:
-    for hierarchy in ("unified", "pids", ""):
-        base = Path("/sys/fs/cgroup") / hierarchy
-        if not (base / "cgroup.procs").is_file():
-            continue
-        path = base / f"nvmlcheck-test-{uuid.uuid4().hex[:12]}"
-        try:
-            path.mkdir()
-        except OSError:
-            continue
-        try:
-            yield path
-        finally:
-            _remove(path)
-        return
-    pytest.skip("no writable cgroup hierarchy here (needs root and a mounted cgroupfs)")
 
 
 def test_cgroup_kills_every_member_and_nothing_else(

@@ -6,9 +6,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -204,36 +201,6 @@ def test_members_by_every_form(tmp_path: Path) -> None:
 # --- members, on this machine ------------------------------------------------------------------------------------
 
 
-def _remove(path: Path) -> None:
-    """Remove a test's cgroup once the kernel has let its last (reaped) member go: bounded, never a bare sleep."""
-    deadline = time.monotonic() + 5.0
-    while True:
-        try:
-            path.rmdir()
-            return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.01)
-
-
-@pytest.fixture
-def cgroup_dir() -> Iterator[Path]:
-    for hierarchy in ("unified", "pids", ""):
-        base = Path("/sys/fs/cgroup") / hierarchy
-        if not (base / "cgroup.procs").is_file():
-            continue
-        path = base / f"nvmlcheck-test-{uuid.uuid4().hex[:12]}"
-        try:
-            path.mkdir()
-        except OSError:
-            continue
-        try:
-            yield path
-        finally:
-            _remove(path)
-        return
-    pytest.skip("no writable cgroup hierarchy here (needs root and a mounted cgroupfs)")
 
 
 def test_members_of_a_real_cgroup(cgroup_dir: Path) -> None:
