@@ -12,23 +12,53 @@ tests/unit/test_record.py holds each record to what ``@dataclass`` makes of the 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, overload  # typing is loaded anyway: the model's named tuples need it
-
+TYPE_CHECKING = False  # no typing at run time: it costs a one-shot check milliseconds (docs/performance.md)
 if TYPE_CHECKING:
     from collections.abc import Callable
-    from typing import TypeVar
+    from typing import Any, NamedTuple, TypeVar, overload
 
     from typing_extensions import dataclass_transform
 
     _C = TypeVar("_C", bound=type)
     _T = TypeVar("_T")
 else:
+    Any = object
 
-    def dataclass_transform(**_kwargs):  # the typing decorator only informs type checkers (typing has it from 3.11)
+    def dataclass_transform(**_kwargs):  # the typing decorators only inform type checkers
         return lambda f: f
 
+    def overload(f):
+        return f
 
-__all__ = ["field", "record", "replace"]
+
+__all__ = ["NamedTuple", "field", "record", "replace"]
+
+
+class _NamedTupleMeta(type):
+    """Makes ``class X(NamedTuple): ...`` a ``collections.namedtuple`` with the class body's annotations as fields,
+    its defaults, docstring, methods and properties: what ``typing.NamedTuple`` makes, without importing typing."""
+
+    def __new__(mcls, name: str, bases: tuple[type, ...], namespace: dict[str, Any]) -> Any:
+        from collections import namedtuple
+
+        if not bases:  # the NamedTuple base below
+            return super().__new__(mcls, name, bases, namespace)
+        fields = list(namespace.get("__annotations__", {}))
+        defaults = [namespace[f] for f in fields if f in namespace]
+        for before, after in zip(fields, fields[1:]):
+            if before in namespace and after not in namespace:
+                raise TypeError(f"non-default named tuple field {after} cannot follow default field {before}")
+        made = namedtuple(name, fields, defaults=defaults, module=namespace["__module__"])  # noqa: PYI024
+        for key, value in namespace.items():
+            if key not in fields and key not in ("__module__", "__qualname__", "__annotations__", "__dict__"):
+                setattr(made, key, value)
+        made.__annotations__ = dict(namespace.get("__annotations__", {}))
+        made.__qualname__ = namespace.get("__qualname__", name)  # a nested class pickles by its qualified name
+        return made
+
+
+if not TYPE_CHECKING:  # type checkers see typing's NamedTuple (imported above)
+    NamedTuple = type.__new__(_NamedTupleMeta, "NamedTuple", (), {"__doc__": "A typed named tuple base."})
 
 
 class _Missing:

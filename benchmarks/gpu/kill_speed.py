@@ -13,6 +13,7 @@ Goals (issue 23): launch → signal ≤ bare + 10 ms for every form; kill wall �
 i.e. the command exits within 10 ms of the observer's "memory back".
 
     python3 benchmarks/gpu/kill_speed.py [--runs 5] [--bytes 1GiB] [--python /usr/bin/python3] [--holder cuda|torch]
+        [--script /tmp/inst/bin/nvmlcheck]     # time the installed console script, not python -m nvmlcheck
 
 Writes ``$OUT/kill_speed.json`` (every run and the medians) and prints a table; bounded by ``--budget-s``.
 """
@@ -122,7 +123,7 @@ def one_run(form: str, argv_tail: list[str], args: argparse.Namespace, env: dict
         words = [w.replace("{pid}", str(target.pid)).replace("{token}", token).replace("{cgroup}", str(cg))
                  for w in argv_tail]
         argv = [args.python, "-c", BARE, str(target.pid)] if form == "bare" else \
-            [args.python, "-m", "nvmlcheck", "--json", "kill", *words]
+            [*nvmlcheck_argv(args), "--json", "kill", *words]
         t0 = time.monotonic_ns()
         done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60, check=False)
         t_exit = time.monotonic_ns()
@@ -155,6 +156,11 @@ def one_run(form: str, argv_tail: list[str], args: argparse.Namespace, env: dict
             target.wait()
 
 
+def nvmlcheck_argv(args: argparse.Namespace) -> list[str]:
+    """The command as a user runs it: the installed console script (``--script``), else ``python -m nvmlcheck``."""
+    return [args.script] if args.script else [args.python, "-m", "nvmlcheck"]
+
+
 def median(rows: list[dict[str, Any]], key: str) -> float | None:
     vals = [r[key] for r in rows if r.get(key) is not None]
     return statistics.median(vals) / 1e6 if vals else None
@@ -166,10 +172,13 @@ def main() -> int:
     parser.add_argument("--bytes", dest="nbytes", type=parse_size, default=parse_size("1GiB"))
     parser.add_argument("--python", default=sys.executable, help="the interpreter that runs nvmlcheck and bare")
     parser.add_argument("--holder", choices=("cuda", "torch"), default="cuda")
+    parser.add_argument("--script", help="the installed nvmlcheck console script to time (default: python -m "
+                        "nvmlcheck from this tree); $PYTHONPATH must then reach its package")
     parser.add_argument("--budget-s", type=float, default=240.0)
     parser.add_argument("--out", default=os.environ.get("OUT", "/tmp/out"))
     args = parser.parse_args()
-    env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    env = dict(os.environ) if args.script else \
+        os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     base_used, gpu_uuid = used_bytes(args.python, env)
     threshold = base_used + (64 << 20)
     cg = cgroup_dir()
@@ -221,7 +230,7 @@ def main() -> int:
               f"{'signal ok' if ok_signal else 'SIGNAL SLOW'}, {'exit ok' if ok_exit else 'EXIT LATE'}")
     Path(args.out).mkdir(parents=True, exist_ok=True)
     out = Path(args.out) / "kill_speed.json"
-    out.write_text(json.dumps({"python": args.python, "holder": args.holder, "bytes": args.nbytes,
+    out.write_text(json.dumps({"python": args.python, "script": args.script, "holder": args.holder, "bytes": args.nbytes,
                                "summary": summary, "runs": rows}, indent=1))
     print(f"wrote {out}")
     return 0

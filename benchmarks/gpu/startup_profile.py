@@ -37,6 +37,17 @@ cnt = ctypes.c_uint(0)
 for name in ("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetGraphicsRunningProcesses_v3",
              "nvmlDeviceGetMPSComputeRunningProcesses_v3"):
     cnt.value = 0; timed(name, getattr(lib, name), h, ctypes.byref(cnt), None)
+u = [ctypes.c_uint() for _ in range(4)]
+timed("nvmlDeviceGetRemappedRows", lib.nvmlDeviceGetRemappedRows, h, *[ctypes.byref(x) for x in u])
+timed("nvmlDeviceGetRetiredPagesPendingStatus", lib.nvmlDeviceGetRetiredPagesPendingStatus, h, ctypes.byref(u[0]))
+ull = ctypes.c_ulonglong()
+timed("nvmlDeviceGetTotalEccErrors", lib.nvmlDeviceGetTotalEccErrors, h, 1, 0, ctypes.byref(ull))
+fv = ctypes.create_string_buffer(64); ctypes.cast(fv, ctypes.POINTER(ctypes.c_uint))[0] = 230
+timed("nvmlDeviceGetFieldValues", lib.nvmlDeviceGetFieldValues, h, 1, fv)
+for dom in range(2):
+    timed(f"nvmlDeviceGetClockInfo[{dom}]", lib.nvmlDeviceGetClockInfo, h, dom, ctypes.byref(u[0]))
+    timed(f"nvmlDeviceGetMaxClockInfo[{dom}]", lib.nvmlDeviceGetMaxClockInfo, h, dom, ctypes.byref(u[0]))
+    timed(f"nvmlDeviceGetApplicationsClock[{dom}]", lib.nvmlDeviceGetApplicationsClock, h, dom, ctypes.byref(u[0]))
 timed("nvmlShutdown", lib.nvmlShutdown)
 print(json.dumps(t))
 """
@@ -59,7 +70,9 @@ def main() -> int:
     sleeper = subprocess.Popen([py, "-c", "import time; time.sleep(60)"])
     try:
         for name, argv in {"importtime_kill": ["-m", "nvmlcheck", "kill", str(sleeper.pid), "--timeout", "5"],
-                           "importtime_wait0": ["-m", "nvmlcheck", "wait", "--timeout", "0"]}.items():
+                           "importtime_wait0": ["-m", "nvmlcheck", "wait", "--timeout", "0"],
+                           "importtime_snapshot": ["-m", "nvmlcheck", "snapshot"],
+                           "importtime_ready": ["-m", "nvmlcheck", "ready"]}.items():
             done = subprocess.run([py, "-X", "importtime", *argv], capture_output=True, text=True, check=False)
             (out / f"{name}.txt").write_text(done.stderr)
     finally:

@@ -1,0 +1,88 @@
+"""What a process's exit costs once it has NVML open: the floor under "kill exits within 10 ms of the memory back"
+and under every one-shot's wall time.
+
+For each variant, ``--runs`` times, interleaved: a child interpreter does its part, writes one line with a
+CLOCK_MONOTONIC stamp and ends with ``os._exit(0)``; the parent stamps the line's arrival and the ``waitpid`` that
+reaps the child. Printed: the child's own phases (``nvmlInit_v2``, the first handle, a memory read, and for
+``shutdown`` an ``nvmlShutdown`` before the stamp) and line → reaped (what the exit itself costs: the kernel closing
+the driver's files). Variants: ``bare`` (no NVML), ``nvml`` (init + handle + memory read, then exit with NVML open),
+``shutdown`` (the same, ``nvmlShutdown`` first). ctypes only, so the figures are the driver's, not a binding's.
+
+    python3 benchmarks/gpu/exit_cost.py [--runs 20] [--python /usr/bin/python3] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+CHILD = r"""
+import ctypes, os, sys, time
+variant = sys.argv[1]
+phases = {}
+if variant != "bare":
+    lib = ctypes.CDLL("libnvidia-ml.so.1")
+    t = time.monotonic_ns(); assert lib.nvmlInit_v2() == 0; phases["init_ms"] = (time.monotonic_ns() - t) / 1e6
+    h = ctypes.c_void_p()
+    t = time.monotonic_ns(); assert lib.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(h)) == 0
+    phases["handle_ms"] = (time.monotonic_ns() - t) / 1e6
+    mem = ctypes.create_string_buffer(64); ctypes.cast(mem, ctypes.POINTER(ctypes.c_uint))[0] = (2 << 24) | 40
+    t = time.monotonic_ns(); assert lib.nvmlDeviceGetMemoryInfo_v2(h, mem) == 0
+    phases["memory_ms"] = (time.monotonic_ns() - t) / 1e6
+    if variant == "shutdown":
+        t = time.monotonic_ns(); assert lib.nvmlShutdown() == 0; phases["shutdown_ms"] = (time.monotonic_ns() - t) / 1e6
+phases["stamp_ns"] = time.monotonic_ns()
+os.write(1, (repr(phases) + "\n").encode())
+os._exit(0)
+"""
+
+
+def once(py: str, variant: str) -> dict[str, float]:
+    child = subprocess.Popen([py, "-c", CHILD, variant], stdout=subprocess.PIPE)
+    assert child.stdout is not None
+    line = child.stdout.readline()
+    seen_ns = time.monotonic_ns()
+    _, status = os.waitpid(child.pid, 0)
+    reaped_ns = time.monotonic_ns()
+    child.returncode = os.waitstatus_to_exitcode(status)
+    phases = eval(line)  # noqa: S307 - our own child's repr of a dict of numbers
+    stamp = phases.pop("stamp_ns")
+    return {**phases, "line_ms": (seen_ns - stamp) / 1e6, "exit_ms": (reaped_ns - stamp) / 1e6}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--python", default=sys.executable)
+    parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = parser.parse_args()
+    variants = ("bare", "nvml", "shutdown")
+    rows: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
+    for v in variants:
+        once(args.python, v)  # warm-up, not counted
+    for _ in range(args.runs):
+        for v in variants:
+            rows[v].append(once(args.python, v))
+    print(f"{'variant':10s} {'n':>3s}  " + "  ".join(f"{k:>12s}" for k in
+          ("init_ms", "handle_ms", "memory_ms", "shutdown_ms", "exit_ms")) + "   (medians)")  # fmt: skip
+    summary: dict[str, dict[str, float]] = {}
+    for v, rs in rows.items():
+        summary[v] = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
+        cells = [f"{summary[v][k]:12.3f}" if k in summary[v] else f"{'-':>12s}"
+                 for k in ("init_ms", "handle_ms", "memory_ms", "shutdown_ms", "exit_ms")]  # fmt: skip
+        print(f"{v:10s} {len(rs):3d}  " + "  ".join(cells))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "exit_cost.json").write_text(json.dumps({"python": args.python, "summary": summary, "runs": rows},
+                                                   indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
