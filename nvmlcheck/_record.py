@@ -39,16 +39,18 @@ class _NamedTupleMeta(type):
     its defaults, docstring, methods and properties: what ``typing.NamedTuple`` makes, without importing typing."""
 
     def __new__(mcls, name: str, bases: tuple[type, ...], namespace: dict[str, Any]) -> Any:
-        from collections import namedtuple
+        import collections
+        import itertools
 
+        namedtuple: Any = collections.namedtuple  # a call mypy need not check as a declaration
         if not bases:  # the NamedTuple base below
             return super().__new__(mcls, name, bases, namespace)
         fields = list(namespace.get("__annotations__", {}))
         defaults = [namespace[f] for f in fields if f in namespace]
-        for before, after in zip(fields, fields[1:]):
+        for before, after in itertools.pairwise(fields):
             if before in namespace and after not in namespace:
                 raise TypeError(f"non-default named tuple field {after} cannot follow default field {before}")
-        made = namedtuple(name, fields, defaults=defaults, module=namespace["__module__"])  # noqa: PYI024
+        made = namedtuple(name, fields, defaults=defaults, module=namespace["__module__"])
         for key, value in namespace.items():
             if key not in fields and key not in ("__module__", "__qualname__", "__annotations__", "__dict__"):
                 setattr(made, key, value)
@@ -216,12 +218,13 @@ class _DataclassInfo:
         return getattr(cls, self.attr)
 
 
+# F811: ruff cannot tell that the run-time overload above stands for typing's.
 @overload
 def record(cls: _C, /) -> _C: ...
 @overload
-def record(*, kw_only: bool = False) -> Callable[[_C], _C]: ...
+def record(*, kw_only: bool = False) -> Callable[[_C], _C]: ...  # noqa: F811
 @dataclass_transform(frozen_default=True, field_specifiers=(field,))
-def record(cls: _C | None = None, /, *, kw_only: bool = False) -> Any:
+def record(cls: _C | None = None, /, *, kw_only: bool = False) -> Any:  # noqa: F811
     """Make ``cls`` a frozen slotted record (see the module docstring); ``@record`` or ``@record(kw_only=True)``."""
 
     def wrap(cls: type) -> type:

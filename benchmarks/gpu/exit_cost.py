@@ -51,7 +51,7 @@ def once(py: str, variant: str) -> dict[str, float]:
     _, status = os.waitpid(child.pid, 0)
     reaped_ns = time.monotonic_ns()
     child.returncode = os.waitstatus_to_exitcode(status)
-    phases = eval(line)  # noqa: S307 - our own child's repr of a dict of numbers
+    phases = eval(line)  # our own child's repr of a dict of numbers
     stamp = phases.pop("stamp_ns")
     return {**phases, "line_ms": (seen_ns - stamp) / 1e6, "exit_ms": (reaped_ns - stamp) / 1e6}
 

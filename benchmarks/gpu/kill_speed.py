@@ -230,8 +230,8 @@ def main() -> int:
               f"{'signal ok' if ok_signal else 'SIGNAL SLOW'}, {'exit ok' if ok_exit else 'EXIT LATE'}")
     Path(args.out).mkdir(parents=True, exist_ok=True)
     out = Path(args.out) / "kill_speed.json"
-    out.write_text(json.dumps({"python": args.python, "script": args.script, "holder": args.holder, "bytes": args.nbytes,
-                               "summary": summary, "runs": rows}, indent=1))
+    out.write_text(json.dumps({"python": args.python, "script": args.script, "holder": args.holder,
+                               "bytes": args.nbytes, "summary": summary, "runs": rows}, indent=1))
     print(f"wrote {out}")
     return 0
 

@@ -140,8 +140,8 @@ def main() -> int:
         goal = {"limit_ms": 2 * base, "worst_nvmlcheck_ms": worst, "met": worst is not None and worst <= 2 * base}
         print(f"goal: every nvmlcheck one-shot <= 2 x nvidia-smi = {2 * base:.1f} ms: "
               f"{'met' if goal['met'] else 'NOT met'} (worst {worst:.1f} ms)")
-    doc = {"python": py, "script": args.script, "version": subprocess.run([py, "--version"], capture_output=True, text=True,
-                                                     check=False).stdout.strip(),
+    version = subprocess.run([py, "--version"], capture_output=True, text=True, check=False).stdout.strip()
+    doc = {"python": py, "script": args.script, "version": version,
            "rounds": rounds, "skipped": {k: v for k, v in cmds.items() if isinstance(v, str)},
            "results": results, "goal": goal, "wall_s": time.monotonic() - t_start}  # fmt: skip
     out = Path(args.out)

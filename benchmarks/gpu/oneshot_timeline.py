@@ -96,7 +96,7 @@ def once(py: str, words: list[str]) -> dict[str, float]:
     if line is None:
         raise RuntimeError(f"{words}: no timeline (exit {done.returncode}): {done.stderr[-800:]}")
     out: dict[str, float] = {}
-    for name, ns in eval(line[len("TIMELINE "):]):  # noqa: S307 - our own child's repr of a list of pairs
+    for name, ns in eval(line[len("TIMELINE "):]):  # our own child's repr of a list of pairs
         key, n = name, 2
         while key in out:  # a second handle call: .call#2
             key, n = f"{name}#{n}", n + 1
