@@ -10,9 +10,14 @@ checks"). Import them from ``nvmlcheck.model`` (or ``nvmlcheck``), never from he
 from __future__ import annotations
 
 import enum
-from typing import NamedTuple
 
 from ._record import record
+
+TYPE_CHECKING = False  # no typing at run time: it costs a one-shot check milliseconds (docs/performance.md)
+if TYPE_CHECKING:
+    from typing import NamedTuple
+else:
+    from ._record import NamedTuple
 
 __all__ = [
     "ClockEventReason",

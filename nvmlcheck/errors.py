@@ -33,10 +33,10 @@ for NVML codes, ``SCOPE`` (what it leaves unreadable). A new NVML return code is
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
 
+TYPE_CHECKING = False  # no typing at run time: it costs a one-shot check milliseconds (docs/performance.md)
 if TYPE_CHECKING:
-    from typing import Literal, TypeAlias
+    from typing import Any, ClassVar, Literal, TypeAlias
 
     from .model import Snapshot
     from .verdict import Culprit

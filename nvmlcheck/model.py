@@ -17,9 +17,16 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from ._record import field, record, replace
+
+TYPE_CHECKING = False  # no typing at run time: it costs a one-shot check milliseconds (docs/performance.md)
+if TYPE_CHECKING:
+    from typing import Any, NamedTuple, TypeVar
+
+    _T = TypeVar("_T")
+else:
+    from ._record import NamedTuple
 
 if TYPE_CHECKING:  # offered here (in __all__), created on first use (__getattr__ below); `X as X` re-exports
     from ._readings import ClockEventReason as ClockEventReason  # noqa: PLC0414
@@ -88,7 +95,6 @@ MIB = 1 << 20
 GIB = 1 << 30
 
 _EMPTY: Mapping[str, str] = MappingProxyType({})
-_T = TypeVar("_T")
 
 
 def _rebuild(cls: type[_T], values: tuple[Any, ...]) -> _T:

@@ -19,7 +19,6 @@ import abc
 import math
 from collections.abc import Iterable, Iterator, Mapping
 from types import MappingProxyType
-from typing import NamedTuple
 
 from ._record import record, replace
 from ._text import printable
@@ -36,6 +35,12 @@ from .model import (
     Snapshot,
     unknown_key,
 )
+
+TYPE_CHECKING = False  # no typing at run time: it costs a one-shot check milliseconds (docs/performance.md)
+if TYPE_CHECKING:
+    from typing import NamedTuple
+else:
+    from ._record import NamedTuple
 
 __all__ = [
     "ALL_KINDS",

@@ -14,13 +14,13 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
 
 from .errors import BackendUnavailable, GpuFault, NvmlError, WaitTimeout
 from .model import DeviceState, Fields, Snapshot
 from .predicates import DEFAULT_MAX_USED_BYTES, instance_view, memory_free_at_least, memory_used_at_most, no_processes
 from .verdict import GpuVerdict, ReadyReport, Watch, classify, unsupported
 
+TYPE_CHECKING = False  # no typing at run time: it costs a one-shot check milliseconds (docs/performance.md)
 if TYPE_CHECKING:
     from .holders import Holder
     from .predicates import Predicate

@@ -18,16 +18,17 @@ import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING
 
 from ._waitdefaults import CLOCK, EVENTS, ON_POLL, POLICY, SLEEP, STABLE_POLLS, TIMEOUT, TRACE
-from .backends import Backend, open_backend
+from .backends import open_backend
 from .errors import ArgumentError, ArgumentTypeError, NoSuchDevice, SessionClosed
 from .model import DeviceState, Fields, Snapshot, SystemInfo
 
+TYPE_CHECKING = False  # no typing at run time: it costs a one-shot check milliseconds (docs/performance.md)
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from .backends import Backend
     from .cudamap import CudaMapping
     from .events import EventListener
     from .holders import Holder

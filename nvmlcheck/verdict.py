@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from . import reclaim_model
 from ._proc import procfs
@@ -24,10 +23,28 @@ from ._units import format_bytes
 from .model import DeviceState, GpuProcess, Memory, OperatorAction, Snapshot, SystemInfo
 from .predicates import DEFAULT_MAX_USED_BYTES, free_bytes_of, memory_used_at_most
 
+TYPE_CHECKING = False  # no typing at run time: it costs a one-shot check milliseconds (docs/performance.md)
 if TYPE_CHECKING:
+    from typing import Any, Literal, NamedTuple
+
     from .errors import GpuFault
     from .holders import Holder
     from .wait import TracePoint
+
+    #: A verdict's class (and a culprit's): see the module docstring and docs/ready.md.
+    ReadyClass = Literal["ready", "reclaiming", "held", "stuck", "unhealthy", "short", "unknown"]
+else:
+    from ._record import NamedTuple
+
+    def __getattr__(name: str) -> object:
+        # ReadyClass, the typing.Literal, made on first use: typing is not loaded otherwise (docs/performance.md).
+        if name == "ReadyClass":
+            from typing import Literal
+
+            value = globals()["ReadyClass"] = Literal[CLASSES]  # the same members as the declaration above
+            return value
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "CLASSES",
@@ -42,8 +59,6 @@ __all__ = [
     "holders_of",
 ]
 
-#: A verdict's class (and a culprit's): see the module docstring and docs/ready.md.
-ReadyClass = Literal["ready", "reclaiming", "held", "stuck", "unhealthy", "short", "unknown"]
 #: The classes, least severe first: a GPU's class is that of its most severe culprit.
 CLASSES: tuple[ReadyClass, ...] = ("ready", "short", "reclaiming", "held", "unknown", "stuck", "unhealthy")
 #: The classes waiting cannot end: an operator has to act (``nvmlcheck ready`` exits 5).

@@ -17,7 +17,6 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any, ClassVar, Literal, cast
 
 from ._deadline import Deadline
 from ._record import field, record
@@ -33,6 +32,16 @@ from .errors import (
 )
 from .model import DeviceFailure, Snapshot
 from .predicates import Predicate, default_predicate
+
+TYPE_CHECKING = False  # no typing at run time: it costs a one-shot check milliseconds (docs/performance.md)
+if TYPE_CHECKING:
+    from typing import Any, ClassVar, Literal, cast
+
+    PolicyMode = Literal["default", "precise", "custom"]
+else:
+
+    def cast(_type, value):  # typing.cast's run-time identity
+        return value
 
 __all__ = [
     "DEFAULT",
@@ -50,9 +59,6 @@ __all__ = [
 ]
 
 _NS = 1_000_000_000
-
-PolicyMode = Literal["default", "precise", "custom"]
-
 
 # --- policy -----------------------------------------------------------------------------------------------------
 

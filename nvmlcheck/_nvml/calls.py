@@ -10,9 +10,8 @@ every poll) bind their C functions once and avoid per-call lookups.
 
 from __future__ import annotations
 
-import threading
+from _thread import _local  # threading.local itself, without importing threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NewType
 
 from .. import model
 from .._proc.procfs import PID_MAX_LIMIT  # NVML reports host PIDs, so nothing above is real
@@ -21,8 +20,18 @@ from ..model import Memory, ProcessKind
 from ._ffi import ffi as _ffi
 from .library import LoadedLibrary
 
+TYPE_CHECKING = False  # no typing at run time: it costs a one-shot check milliseconds (docs/performance.md)
 if TYPE_CHECKING:  # the health classes are created on first use (model.__getattr__): a wait never reads health
+    from typing import Any, NewType
+
     from ..model import Health, RecoveryAction, RemappedRows, RetiredPage, RetirementCause
+
+    #: An ``nvmlDevice_t`` (an opaque cffi pointer).
+    Handle = NewType("Handle", object)
+else:
+
+    def Handle(value):
+        return value
 
 # cffi's cdata is dynamically typed (struct fields are attributes made at run time).
 ffi: Any = _ffi
@@ -39,9 +48,6 @@ __all__ = [
     "Handle",
     "NvmlCalls",
 ]
-
-#: An ``nvmlDevice_t`` (an opaque cffi pointer).
-Handle = NewType("Handle", object)
 
 # nvmlClockType_t
 CLOCK_GRAPHICS, CLOCK_SM, CLOCK_MEM, CLOCK_VIDEO = 0, 1, 2, 3
@@ -91,7 +97,7 @@ MigEntry = tuple[int, "str | None", "int | None", "int | None", "Memory | None",
 Unanswered = tuple[int, str, int]
 
 
-class _Buffers(threading.local):
+class _Buffers(_local):
     """Per-thread buffers for the per-poll calls: allocating a cffi struct costs about as much as reading it, and
     cffi releases the GIL during the C call, so a buffer cannot be shared between threads."""
 

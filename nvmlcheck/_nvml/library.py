@@ -13,14 +13,15 @@ libnvidia-ml".
 
 from __future__ import annotations
 
+import _thread
 import os
-import threading
 import time
 
 from ._ffi import ffi
 
 # Lean on purpose: the one-shot commands import this module first of all, to start nvmlInit while Python is still
-# importing the rest (start_early). The error classes are imported where an error is raised.
+# importing the rest (start_early). The error classes are imported where an error is raised; threads and locks are
+# _thread's (threading and the functools and collections it imports would delay nvmlInit by milliseconds).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -163,6 +164,31 @@ def fork_generation() -> int:
     return _fork_generation
 
 
+class _Latch:
+    """A one-shot event (``set`` once, ``wait`` by any number of threads) on a bare lock: threading.Event's part
+    this module needs, without importing threading."""
+
+    __slots__ = ("_lock",)
+
+    def __init__(self) -> None:
+        self._lock = _thread.allocate_lock()
+        self._lock.acquire()
+
+    def set(self) -> None:
+        """Open the latch (call once)."""
+        self._lock.release()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Whether the latch opened within ``timeout`` seconds (``None``: wait for it)."""
+        if timeout is not None and timeout <= 0:
+            got = self._lock.acquire(False)
+        else:
+            got = self._lock.acquire(True, -1 if timeout is None else timeout)
+        if got:
+            self._lock.release()  # for the next waiter
+        return got
+
+
 class _PendingInit:
     """One ``nvmlInit`` running in its own thread; ``waiters`` counts the callers waiting for it (under the lock)."""
 
@@ -170,8 +196,8 @@ class _PendingInit:
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.done = threading.Event()
-        self.warmed = threading.Event()  # set after the handles were read ahead (start_early), or right after done
+        self.done = _Latch()
+        self.warmed = _Latch()  # set after the handles were read ahead (start_early), or right after done
         self.rc: int | None = None
         self.waiters = 0
 
@@ -183,7 +209,7 @@ class LoadedLibrary:
         self.path = path
         self.lib = lib
         self.symbols = _probe(lib)
-        self._lock = threading.Lock()
+        self._lock = _thread.allocate_lock()
         self._refcount = 0  # sessions using NVML through this library
         self._initialised = False  # whether this library holds one NVML initialisation (NVML's own count)
         self._pending: _PendingInit | None = None  # the init in flight, if any
@@ -294,9 +320,7 @@ class LoadedLibrary:
                     f"{self.path} exports neither nvmlInit_v2 nor nvmlInit: it is not a usable libnvidia-ml"
                 )
             pending = self._pending = _PendingInit(name)
-            threading.Thread(
-                target=self._run_init, args=(pending, warm), name=f"nvmlcheck {name}", daemon=True
-            ).start()
+            _thread.start_new_thread(self._run_init, (pending, warm))  # a daemon thread, as threading's would be
         pending.waiters += 1
         return pending
 
@@ -384,11 +408,11 @@ class LoadedLibrary:
 
     def _after_fork_in_child(self) -> None:
         # The lock may have been held by another thread of the parent at fork time.
-        self._lock = threading.Lock()
+        self._lock = _thread.allocate_lock()
 
 
 _loaded: dict[str, LoadedLibrary] = {}
-_loaded_lock = threading.Lock()
+_loaded_lock = _thread.allocate_lock()
 
 
 def _untrusted(path: str) -> str | None:
@@ -500,7 +524,7 @@ def _after_fork_in_child() -> None:
     global _fork_generation
     _fork_generation += 1
     global _loaded_lock
-    _loaded_lock = threading.Lock()
+    _loaded_lock = _thread.allocate_lock()
     for loaded in _loaded.values():
         loaded._after_fork_in_child()
 

@@ -13,13 +13,23 @@ Every field from each backend, what nvidia-smi cannot give, and the measured cos
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from ..errors import ArgumentError
-from ..model import Fields, Snapshot, SystemInfo
 
+TYPE_CHECKING = False  # no typing at run time: it costs a one-shot check milliseconds (docs/performance.md)
 if TYPE_CHECKING:
-    from .._deadline import Deadline
+    from ._protocol import Backend as Backend
+else:
+
+    def __getattr__(name: str) -> object:
+        # The Backend protocol (a typing.Protocol) is made on first use: a one-shot check never needs it.
+        if name == "Backend":
+            from ._protocol import Backend
+
+            globals()["Backend"] = Backend
+            return Backend
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["BACKEND_NAMES", "Backend", "open_backend"]
 
@@ -29,37 +39,6 @@ BACKEND_NAMES = ("auto", "nvml", "smi")
 #: The deadline of one nvidia-smi run unless told otherwise (here, not in smi.py, so that the rule that bounds
 #: opening by a timeout, session.open_timeouts, reads it without loading the nvidia-smi parsers).
 SMI_RUN_TIMEOUT_S = 10.0
-
-
-@runtime_checkable
-class Backend(Protocol):
-    """What a session needs from a backend. Implementations are not required to be thread-safe beyond what their
-    docstring says; :class:`nvmlcheck.Session` serialises nothing itself."""
-
-    #: ``"nvml"`` or ``"smi"``; copied into :attr:`Snapshot.backend`.
-    name: str
-
-    def system(self) -> SystemInfo:
-        """Driver, NVML and CUDA driver versions."""
-        ...
-
-    def device_count(self) -> int:
-        """How many GPUs the backend sees (0 is possible; callers decide whether that is an error)."""
-        ...
-
-    def snapshot(
-        self, indices: Sequence[int] | None = None, fields: Fields = Fields.ALL, *, deadline: Deadline | None = None
-    ) -> Snapshot:
-        """Read the devices ``indices`` (all when ``None``) in one pass. Devices that fail appear in
-        :attr:`Snapshot.failures`; errors that stop the whole pass (driver gone) are raised.
-
-        ``deadline`` (a wait's): no query of the pass may run past it by more than one query; once it has come the
-        pass is abandoned with :class:`~nvmlcheck.errors.DeadlinePassed`, which the poller turns into its timeout."""
-        ...
-
-    def close(self) -> None:
-        """Release what the backend holds (NVML reference, child processes). Idempotent."""
-        ...
 
 
 def open_backend(

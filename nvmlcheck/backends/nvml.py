@@ -18,7 +18,6 @@ import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
-from typing import TYPE_CHECKING, NamedTuple
 
 from .. import model
 from .._nvml import library
@@ -50,10 +49,15 @@ from ..model import (
     unknown_key,
 )
 
+TYPE_CHECKING = False  # no typing at run time: it costs a one-shot check milliseconds (docs/performance.md)
 if TYPE_CHECKING:
+    from typing import NamedTuple
+
     from .._deadline import Deadline
     from ..events import EventListener
     from ..model import ClockEventReason, Clocks, Health
+else:
+    from .._record import NamedTuple
 
 __all__ = ["DEFAULT_INIT_TIMEOUT_S", "MIN_INIT_TIMEOUT_S", "NvmlBackend", "init_timeout_for", "process_name"]
 

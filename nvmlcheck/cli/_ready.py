@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import TYPE_CHECKING
 
 from ._common import EXIT_CLEAN, EXIT_NOT_CLEAN, EXIT_UNHEALTHY, hosts_wanted, open_session, verdict_printed
 from ._output import StatusLine, plural, print_json
 
+TYPE_CHECKING = False  # no typing at run time: it costs a one-shot check milliseconds (docs/performance.md)
 if TYPE_CHECKING:
     import argparse
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING
 
 from ._common import EXIT_BACKEND, EXIT_CLEAN, hosts_wanted, open_session, verdict, verdict_printed
 from ._output import device_table, print_json, process_table
 
+TYPE_CHECKING = False  # no typing at run time: it costs a one-shot check milliseconds (docs/performance.md)
 if TYPE_CHECKING:
     import argparse
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import TYPE_CHECKING
 
 from ._common import (
     EXIT_CLEAN,
@@ -18,6 +17,7 @@ from ._common import (
 )
 from ._output import StatusLine, plural, print_json, safe_lines, status_updater
 
+TYPE_CHECKING = False  # no typing at run time: it costs a one-shot check milliseconds (docs/performance.md)
 if TYPE_CHECKING:
     import argparse
 
