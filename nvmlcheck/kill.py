@@ -440,7 +440,7 @@ class KillPlan:
         last_seen = max((max(t.exited_ns or 0, t.off_gpu_ns or 0) for t in records), default=0)
         clean_ns = max(result.started_ns + result.clean_ns - start, last_seen)
         return KillResult(
-            signal_name=found.first.name,
+            signal_name=signal.Signals(found.first).name,
             started_ns=start,
             pids=records,
             clean_ns=clean_ns,
@@ -506,7 +506,8 @@ class KillPlan:
         # culprits: Session.wait_until_clean adds them at its timeout.
         elapsed = found.clock() - found.started
         return KillTimeout(math.inf if timeout is None else float(timeout), elapsed, tuple(dict.fromkeys(culprits)),
-                           exc.snapshot, exc.polls, pids=self.targets, tree_hint=hint, signal_name=found.first.name,
+                           exc.snapshot, exc.polls, pids=self.targets, tree_hint=hint,
+                           signal_name=signal.Signals(found.first).name,
                            missing=found.missing, only_targets=only_targets)
 
     def close(self) -> None:

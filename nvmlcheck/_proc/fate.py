@@ -10,14 +10,12 @@ the measurement behind it: docs/killing.md ("A signal's fate").
 
 from __future__ import annotations
 
-import signal
-
-from . import procfs
+from . import procfs, signals
 
 __all__ = ["discarded", "fate_of"]
 
 #: Signals whose default action is to ignore them (signal(7)).
-_DEFAULT_IGNORE = frozenset({signal.SIGCHLD, signal.SIGURG, signal.SIGWINCH, signal.SIGCONT})
+_DEFAULT_IGNORE = frozenset({signals.SIGCHLD, signals.SIGURG, signals.SIGWINCH, signals.SIGCONT})
 
 
 def _has(mask: int | None, sig: int) -> bool:
@@ -27,9 +25,9 @@ def _has(mask: int | None, sig: int) -> bool:
 def discarded(status: procfs.ProcStatus | None, sig: int) -> str | None:
     """Why the kernel will discard ``sig`` sent to the process whose status is ``status`` from this PID namespace,
     or ``None`` when it will be delivered (or when the status is unknown: then nothing is assumed)."""
-    if status is None or sig in (signal.SIGKILL, signal.SIGSTOP) or sig == 0:
+    if status is None or sig in (signals.SIGKILL, signals.SIGSTOP) or sig == 0:
         return None
-    name = signal.Signals(sig).name
+    name = signals.name(sig)
     if _has(status.sig_ign, sig):
         return f"it ignores {name} (SIG_IGN)"
     caught = _has(status.sig_cgt, sig)

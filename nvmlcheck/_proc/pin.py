@@ -21,8 +21,8 @@ from __future__ import annotations
 import errno
 import os
 import select
-import signal
 
+from . import signals
 from .procfs import ProcStat, ProcUnreadable, read_stat
 
 TYPE_CHECKING = False  # no typing before a signal: start-up cost where site has not loaded it (docs/performance.md)
@@ -47,7 +47,7 @@ def pidfd_available() -> bool:
     """Whether this Python and kernel offer pidfds (``pidfd_open`` and ``pidfd_send_signal``); probed once."""
     global _pidfd_ok
     if _pidfd_ok is None:
-        ok = hasattr(os, "pidfd_open") and hasattr(signal, "pidfd_send_signal")
+        ok = hasattr(os, "pidfd_open") and signals.has_pidfd_send()
         if ok:
             try:
                 fd = os.pidfd_open(os.getpid())
@@ -155,7 +155,7 @@ class Pinned:
         """Signal 0: raises PermissionError where a real signal would be refused."""
         if self._fd is not None:
             try:
-                signal.pidfd_send_signal(self._fd, 0)
+                signals.pidfd_send(self._fd, 0)
             except ProcessLookupError:
                 self._gone = True
         elif self._same():
@@ -205,7 +205,7 @@ class Pinned:
             return False
         try:
             if self._fd is not None:
-                signal.pidfd_send_signal(self._fd, sig)
+                signals.pidfd_send(self._fd, sig)
             else:
                 if self._same() is None:
                     return False

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import errno
 import os
-from collections import namedtuple
 
 TYPE_CHECKING = False  # no typing before a signal: start-up cost where site has not loaded it (docs/performance.md)
 if TYPE_CHECKING:
@@ -81,9 +80,36 @@ if TYPE_CHECKING:
         sig_cgt: int | None = None
         sig_blk: int | None = None
 
-else:  # the same tuples without typing (collections is loaded by argparse anyway): the kill CLI's fast path
-    ProcStat = namedtuple("ProcStat", "pid comm state ppid start_ticks")
-    ProcStatus = namedtuple("ProcStatus", "tgid uid nspid sig_ign sig_cgt sig_blk", defaults=(None, None, None))
+else:  # the same tuples without typing or collections (2 ms of a kill's start-up before its first signal)
+    from _collections import _tuplegetter  # namedtuple's own field accessor
+
+    def _tuple_class(name, fields, defaults=()):
+        names = tuple(fields.split())
+        given_defaults = dict(zip(names[len(names) - len(defaults):], defaults, strict=True))
+
+        def __new__(cls, *args, **kwargs):
+            if len(args) > len(names) or set(kwargs) - set(names[len(args):]):
+                raise TypeError(f"{name}() takes the fields {names}: not {args}, {kwargs}")
+            values = list(args)
+            for n in names[len(args):]:
+                if n not in kwargs and n not in given_defaults:
+                    raise TypeError(f"{name}() missing argument {n!r}")
+                values.append(kwargs.get(n, given_defaults.get(n)))
+            return tuple.__new__(cls, values)
+
+        def __repr__(self):
+            return f"{name}(" + ", ".join(f"{n}={v!r}" for n, v in zip(names, self, strict=True)) + ")"
+
+        def __getnewargs__(self):  # pickling: the values, as __new__ takes them
+            return tuple(self)
+
+        body = {"__slots__": (), "__new__": __new__, "__repr__": __repr__, "__getnewargs__": __getnewargs__,
+                "_fields": names, "__match_args__": names, "__module__": __name__}
+        body.update({n: _tuplegetter(i, f"Alias for field number {i}") for i, n in enumerate(names)})
+        return type(name, (tuple,), body)
+
+    ProcStat = _tuple_class("ProcStat", "pid comm state ppid start_ticks")
+    ProcStatus = _tuple_class("ProcStatus", "tgid uid nspid sig_ign sig_cgt sig_blk", (None, None, None))
 
 
 #: The errors that mean "no such process" (gone, or never was); every other one means "cannot tell".

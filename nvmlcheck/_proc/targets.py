@@ -12,12 +12,11 @@ milliseconds after the interpreter starts and open NVML while the driver tears t
 from __future__ import annotations
 
 import os
-import signal
 import time
 
 from .._text import printable
 from . import error as _error
-from . import fate, procfs
+from . import fate, procfs, signals
 from .pin import Pinned, StaleIdentity, descriptor_budget
 from .procfs import ProcUnreadable
 
@@ -130,7 +129,7 @@ class TargetSet:
         self.tree = tree
         self.mode: PinMode = mode
         self.started: int | None = None
-        self.first: signal.Signals | None = None
+        self.first: int | None = None  # the first signal's number
         self.clock: Callable[[], int] = time.monotonic_ns
         self.closed = False
         self.escalated = False
@@ -219,7 +218,7 @@ class TargetSet:
             raise
         self.items.extend(new)
 
-    def send_first(self, first_signal: int = signal.SIGTERM, *, clock: Callable[[], int] = time.monotonic_ns,
+    def send_first(self, first_signal: int = signals.SIGTERM, *, clock: Callable[[], int] = time.monotonic_ns,
                    sigkill_if_discarded: bool = True) -> int:
         """Send ``first_signal`` to every target (with ``tree``, first find and pin their descendants). Returns the
         clock reading taken just before the first signal: the origin of every time reported. A target whose status
@@ -231,16 +230,17 @@ class TargetSet:
             raise _error("StateError", "the first signal was sent already")
         if not self.items and not self.missing:
             raise _error("ArgumentError", "nothing to kill: no target")
-        sig = signal.Signals(first_signal)
+        sig = first_signal
+        signals.name(sig)  # ValueError for a number that is no signal, before anything is sent
         self.clock = clock
         self.first = sig
         self.sigkill_if_discarded = sigkill_if_discarded
-        if sig == signal.SIGKILL:
+        if sig == signals.SIGKILL:
             self.escalated = True
         self.scan_descendants()
         # A tree that gets SIGKILL now (asked for, or instead of a signal its members would discard) is stopped
         # first, as for the escalation: nothing forked in the last instant escapes.
-        frozen = self.tree and (sig == signal.SIGKILL or (
+        frozen = self.tree and (sig == signals.SIGKILL or (
             sigkill_if_discarded and any(fate.fate_of(t.pid, sig) is not None for t in self.items)))
         if frozen:
             self._stop_tree()
@@ -254,29 +254,29 @@ class TargetSet:
                 self._resume_tree()
         return start
 
-    def _send_first(self, t: Target, sig: signal.Signals, now: int, why: str | None) -> None:
+    def _send_first(self, t: Target, sig: int, now: int, why: str | None) -> None:
         """The first signal, or SIGKILL at once when the kernel would discard it (``why``, from :mod:`.fate`)."""
         t.discarded = why
         if why is not None and self.sigkill_if_discarded and not self.escalated:
-            sig = signal.SIGKILL
+            sig = signals.SIGKILL
         self._send(t, sig, now)
 
-    def _send(self, t: Target, sig: signal.Signals, now: int) -> None:
+    def _send(self, t: Target, sig: int, now: int) -> None:
         try:
             sent = t.pinned.send(sig)
         except PermissionError:
             return  # pinned and probed as permitted; a change of credentials since: it stays a culprit
         if sent:
             assert self.started is not None
-            t.signals.append((sig.name, now - self.started))
+            t.signals.append((signals.name(sig), now - self.started))
 
-    def escalate(self, sig: int = signal.SIGKILL) -> tuple[int, ...]:
+    def escalate(self, sig: int = signals.SIGKILL) -> tuple[int, ...]:
         """Send ``sig`` (SIGKILL) to every target that has not exited; returns their PIDs."""
         if self.started is None:
             raise _error("StateError", "send the first signal first")
-        if sig == signal.SIGKILL:
+        if sig == signals.SIGKILL:
             self.escalated = True
-        frozen = sig == signal.SIGKILL and self.tree
+        frozen = sig == signals.SIGKILL and self.tree
         if frozen:
             self._stop_tree()
         now = self.clock()
@@ -284,7 +284,7 @@ class TargetSet:
         try:
             for t in self.items:
                 before = len(t.signals)
-                self._send(t, signal.Signals(sig), now)
+                self._send(t, sig, now)
                 if len(t.signals) > before:
                     out.append(t.pid)
         finally:
@@ -292,7 +292,7 @@ class TargetSet:
                 self._resume_tree()
         return tuple(out)
 
-    def _quietly(self, t: Target, sig: signal.Signals) -> None:
+    def _quietly(self, t: Target, sig: int) -> None:
         """Send ``sig`` without recording it (SIGSTOP and SIGCONT are the mechanism, not the kill's record)."""
         try:  # noqa: SIM105 - contextlib is start-up this module avoids
             t.pinned.send(sig)
@@ -307,7 +307,7 @@ class TargetSet:
         for _ in range(STOP_ROUNDS):
             for t in self.items:
                 if not t.pinned.exited():
-                    self._quietly(t, signal.SIGSTOP)
+                    self._quietly(t, signals.SIGSTOP)
             before = len(self.items)
             self.scan_descendants()
             if len(self.items) == before:
@@ -318,7 +318,7 @@ class TargetSet:
         self.stopping = False
         for t in self.items:
             if not t.pinned.exited():
-                self._quietly(t, signal.SIGCONT)
+                self._quietly(t, signals.SIGCONT)
 
     def scan_descendants(self) -> None:
         """Pin (``tree``) or remember (for the hint) the descendants of every living target. A ``/proc`` file that
@@ -375,13 +375,13 @@ class TargetSet:
                 self.items.append(child)
                 queue.append((pid, origin, pinned, None))
                 if self.stopping:
-                    self._quietly(child, signal.SIGSTOP)
+                    self._quietly(child, signals.SIGSTOP)
                 if self.started is not None and self.first is not None:
                     why = fate.fate_of(pid, self.first)
                     now = self.clock()
                     self._send_first(child, self.first, now, why)
                     if self.escalated:
-                        self._send(child, signal.SIGKILL, now)
+                        self._send(child, signals.SIGKILL, now)
 
     def alive(self) -> Iterator[Target]:
         """The targets that have not exited."""

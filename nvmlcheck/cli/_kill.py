@@ -13,6 +13,7 @@ from __future__ import annotations
 import sys
 import time
 
+from .._proc import signals
 from ._common import (
     EXIT_CLEAN,
     EXIT_NOT_CLEAN,
@@ -95,8 +96,6 @@ def prepare_targets(args: argparse.Namespace, holders: Any = ()) -> TargetSet | 
     """Select (selectors), validate and pin every target, show the plan, confirm, and with ``--dry-run`` stop:
     everything before the first signal, OS only. ``None``: nothing to signal (``--missing-ok``, or the holders
     found none and nothing else was named)."""
-    import signal
-
     from .._proc.targets import Refused, prepare
 
     chosen, skipped = _select(args) if _selectors(args) else ([], [])
@@ -116,7 +115,7 @@ def prepare_targets(args: argparse.Namespace, holders: Any = ()) -> TargetSet | 
 
         raise _public(exc) from None
     found.left_alone[:0] = skipped
-    sig = signal.Signals[args.signal]
+    sig = signals.number(args.signal)
     try:
         if _selectors(args) or args.dry_run:
             if args.tree:
@@ -145,8 +144,6 @@ def signal_first(args: argparse.Namespace) -> None:
     args.dry_run_done = False
     if not _early(args):
         return
-    import signal
-
     try:
         found = prepare_targets(args)
     except DryRun:
@@ -157,7 +154,7 @@ def signal_first(args: argparse.Namespace) -> None:
     from .._proc.targets import Refused
 
     try:
-        found.send_first(signal.Signals[args.signal], sigkill_if_discarded=args.grace is not None)
+        found.send_first(signals.number(args.signal), sigkill_if_discarded=args.grace is not None)
     except Refused as exc:  # a descendant's /proc entry could not be read (out of descriptors)
         from ..kill import _public
 
@@ -188,9 +185,9 @@ def _plan_entries(found: TargetSet, sig: int) -> list[dict[str, Any]]:
     return out
 
 
-def _show_plan(found: TargetSet, sig: Any, args: argparse.Namespace) -> None:
+def _show_plan(found: TargetSet, sig: int, args: argparse.Namespace) -> None:
     grace = "never" if args.grace is None else f"{args.grace:g} s"
-    print(f"plan: {sig.name} to {len(found.items)} process{'es' if len(found.items) != 1 else ''} "
+    print(f"plan: {signals.name(sig)} to {len(found.items)} process{'es' if len(found.items) != 1 else ''} "
           f"(SIGKILL after {grace} to what is left):", file=sys.stderr)
     for e in _plan_entries(found, sig):
         cmd = " ".join(" ".join(e["cmdline"]).split()) if e["cmdline"] else e["name"]  # one line: no newlines
@@ -208,11 +205,11 @@ def _show_plan(found: TargetSet, sig: Any, args: argparse.Namespace) -> None:
         print(f"  missing: pid {pid} is gone already (--missing-ok)", file=sys.stderr)
 
 
-def _print_dry_run(found: TargetSet, sig: Any, args: argparse.Namespace) -> None:
+def _print_dry_run(found: TargetSet, sig: int, args: argparse.Namespace) -> None:
     if args.json:
         from ..jsonout import kill_plan_document
 
-        print_json(kill_plan_document(_plan_entries(found, sig), signal_name=sig.name, tree=args.tree,
+        print_json(kill_plan_document(_plan_entries(found, sig), signal_name=signals.name(sig), tree=args.tree,
                                       grace_s=args.grace, left_alone=found.left_alone, missing=found.missing))
     else:
         print("dry run: nothing was signalled")

@@ -9,13 +9,13 @@ command exits with 128 + the signal's number. A second signal during that cleanu
 
 from __future__ import annotations
 
-import signal
+from .._proc import signals
 
 TYPE_CHECKING = False  # no typing: it costs start-up where site has not loaded it (docs/performance.md)
 if TYPE_CHECKING:
     from types import FrameType, TracebackType
 
-HANDLED = (signal.SIGTERM, signal.SIGHUP)
+HANDLED = (signals.SIGTERM, signals.SIGHUP)  # numbers: the signal module's enums cost start-up
 
 
 class Terminated(BaseException):
@@ -23,7 +23,7 @@ class Terminated(BaseException):
 
     def __init__(self, signum: int) -> None:
         self.signum = signum
-        super().__init__(f"ended by {signal.Signals(signum).name}")
+        super().__init__(f"ended by {signals.name(signum)}")
 
 
 class ending_on_signals:
@@ -33,7 +33,7 @@ class ending_on_signals:
     """
 
     def __init__(self) -> None:
-        self._previous: dict[signal.Signals, object] = {}
+        self._previous: dict[int, object] = {}
         self._raised = False
 
     def _handler(self, signum: int, frame: FrameType | None) -> None:
@@ -45,7 +45,7 @@ class ending_on_signals:
     def __enter__(self) -> None:
         try:
             for sig in HANDLED:
-                self._previous[sig] = signal.signal(sig, self._handler)
+                self._previous[sig] = signals.set_handler(sig, self._handler)
         except ValueError:  # not the main thread
             self.__exit__(None, None, None)
 
@@ -53,5 +53,5 @@ class ending_on_signals:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         for sig, old in self._previous.items():
-            signal.signal(sig, old)  # type: ignore[arg-type]
+            signals.set_handler(sig, old)
         self._previous.clear()

@@ -80,14 +80,12 @@ def pid_number(text: str) -> int:
 
 def signal_name(text: str) -> str:
     """``TERM``, ``SIGTERM``, ``int``, ``9``: a signal this system knows, as ``SIGTERM``."""
-    import signal
+    from .._proc import signals  # not the signal module: its enums cost a kill's start-up
 
-    name = text.strip().upper()
     try:
-        sig = signal.Signals(int(name)) if name.isdigit() else signal.Signals[f"SIG{name.removeprefix('SIG')}"]
-    except (KeyError, ValueError):
+        return signals.name(signals.number(text))
+    except ValueError:
         raise _bad(f"unknown signal {text!r}") from None
-    return sig.name
 
 
 #: How sizes are written, for every option that takes one (docs/cli.md, "Sizes").

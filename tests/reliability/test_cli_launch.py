@@ -250,7 +250,7 @@ def test_the_parser_is_built_for_the_command_alone() -> None:
 # The console script as a launch script runs it, in an interpreter without site: at the first signal, record the
 # modules loaded and end at once (the target is the caller's to reap).
 _AT_SIGNAL = r"""
-import os, sys, signal
+import os, sys, _signal
 def _at(real):
     def call(*a):
         real(*a)
@@ -261,26 +261,31 @@ def _at(real):
         os._exit(0)
     return call
 os.kill = _at(os.kill)
-if hasattr(signal, "pidfd_send_signal"):
-    signal.pidfd_send_signal = _at(signal.pidfd_send_signal)
+if hasattr(_signal, "pidfd_send_signal"):
+    _signal.pidfd_send_signal = _at(_signal.pidfd_send_signal)
 sys.argv = ["nvmlcheck", *sys.argv[1:]]
 from nvmlcheck.cli import script
 script()
 """
 
-#: All that a kill whose targets are named may load before its first signal, beyond a bare interpreter's os, sys,
-#: signal: nvmlcheck's cli and _proc modules it runs, and four small modules of the standard library. No argparse,
-#: re, importlib, warnings, typing, json, dataclasses, threading, nor anything of the GPU side (docs/performance.md).
+#: All that a kill whose targets are named may load before its first signal, beyond a bare interpreter's os and sys:
+#: nvmlcheck's cli and _proc modules it runs, four small modules of the standard library and the built-in
+#: _collections (procfs's tuples). No signal (its enums: enum, functools, collections), argparse, re, importlib,
+#: warnings, typing, json, dataclasses, threading, nor anything of the GPU side (docs/performance.md).
 _BEFORE_SIGNAL_ALLOWED = {
-    "__future__", "errno", "math", "resource", "select", "nvmlcheck", "nvmlcheck._text", "nvmlcheck._units",
-    "nvmlcheck._proc", "nvmlcheck._proc.fate", "nvmlcheck._proc.pin", "nvmlcheck._proc.procfs",
-    "nvmlcheck._proc.targets", "nvmlcheck.cli", "nvmlcheck.cli._common", "nvmlcheck.cli._kill",
-    "nvmlcheck.cli._main", "nvmlcheck.cli._output", "nvmlcheck.cli._quick", "nvmlcheck.cli._signals",
-    "nvmlcheck.cli._values",
-}
-#: ``--match``/``--container``/``--cgroup`` read every process's command line or cgroup: the regex and these too.
-_SELECTOR_ALLOWED = {"re", "re._casefix", "re._compiler", "re._constants", "re._parser", "_sre", "copyreg",
-                     "nvmlcheck._proc.container", "nvmlcheck._proc.selectors"}
+    "__future__", "_collections", "errno", "math", "resource", "select", "nvmlcheck", "nvmlcheck._text",
+    "nvmlcheck._units", "nvmlcheck._proc", "nvmlcheck._proc.fate", "nvmlcheck._proc.pin", "nvmlcheck._proc.procfs",
+    "nvmlcheck._proc.signals", "nvmlcheck._proc.targets", "nvmlcheck.cli", "nvmlcheck.cli._common",
+    "nvmlcheck.cli._kill", "nvmlcheck.cli._main", "nvmlcheck.cli._output", "nvmlcheck.cli._quick",
+    "nvmlcheck.cli._signals", "nvmlcheck.cli._values",
+}  # fmt: skip
+#: ``--match``/``--container``/``--cgroup`` read every process's command line or cgroup: the regex (and the enum,
+#: functools and collections ``re`` imports) and these too.
+_SELECTOR_ALLOWED = {
+    "re", "re._casefix", "re._compiler", "re._constants", "re._parser", "_sre", "copyreg", "enum", "functools",
+    "_functools", "collections", "itertools", "keyword", "operator", "_operator", "reprlib", "types",
+    "nvmlcheck._proc.container", "nvmlcheck._proc.selectors",
+}  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -306,7 +311,7 @@ def test_a_kill_of_named_targets_loads_only_its_own_modules_before_the_signal(fo
         if target.poll() is None:
             target.kill()
             target.wait()
-    loaded = set(out.stdout.split()) - _loaded_by("import os, signal")
+    loaded = set(out.stdout.split()) - _loaded_by("import os, _signal")
     allowed = _BEFORE_SIGNAL_ALLOWED | (_SELECTOR_ALLOWED if "--match" in form else set())
     assert loaded <= allowed, sorted(loaded - allowed)
 

@@ -95,7 +95,7 @@ def signals(monkeypatch: pytest.MonkeyPatch, foreign: subprocess.Popen[bytes]) -
         check(pid, sig)
         real_kill(pid, sig)
 
-    monkeypatch.setattr(signal, "pidfd_send_signal", pidfd_send_signal)
+    monkeypatch.setattr("_signal.pidfd_send_signal", pidfd_send_signal)  # what _proc.signals calls
     monkeypatch.setattr(os, "kill", kill)
     return sent
 
