@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
 from ._values import document, error_json, holder_json, snapshot_json
 
+TYPE_CHECKING = False  # no typing at run time: it costs a one-shot check milliseconds (docs/performance.md)
 if TYPE_CHECKING:
     from collections.abc import Sequence
+    from typing import Any
 
     from ..compare import Comparison
     from ..errors import WaitTimeout

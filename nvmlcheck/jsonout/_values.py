@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
 from ..model import (
     Clocks,
     ClockSet,
@@ -16,7 +14,10 @@ from ..model import (
     Snapshot,
 )
 
+TYPE_CHECKING = False  # no typing at run time: it costs a one-shot check milliseconds (docs/performance.md)
 if TYPE_CHECKING:
+    from typing import Any
+
     from ..holders import Holder
 
 #: The version of every JSON document the CLI prints, but those in :data:`SCHEMA_VERSIONS`.
