@@ -33,41 +33,44 @@ import os, sys
 marks = [("python_up", _T0)]
 def mark(name):
     marks.append((name, time.monotonic_ns()))
-from nvmlcheck._nvml import library as L
-_function = L.LoadedLibrary.function
-def function(self, name):
-    fn = _function(self, name)
-    if not (name.startswith("nvmlInit") or name.startswith("nvmlDeviceGetHandleByIndex")):
-        return fn
-    def timed(*a):
-        mark(name + ".call")
-        rc = fn(*a)
-        mark(name + ".ret")
-        return rc
-    return timed
-L.LoadedLibrary.function = function
-_acquire = L.LoadedLibrary.acquire
-def acquire(self, *a, **k):
-    mark("acquire.call")
-    try:
-        return _acquire(self, *a, **k)
-    finally:
-        mark("acquire.ret")
-L.LoadedLibrary.acquire = acquire
+def _patch(L):
+    _function = L.LoadedLibrary.function
+    def function(self, name):
+        fn = _function(self, name)
+        if not (name.startswith("nvmlInit") or name.startswith("nvmlDeviceGetHandleByIndex")):
+            return fn
+        def timed(*a):
+            mark(name + ".call")
+            rc = fn(*a)
+            mark(name + ".ret")
+            return rc
+        return timed
+    L.LoadedLibrary.function = function
+    _acquire = L.LoadedLibrary.acquire
+    def acquire(self, *a, **k):
+        mark("acquire.call")
+        try:
+            return _acquire(self, *a, **k)
+        finally:
+            mark("acquire.ret")
+    L.LoadedLibrary.acquire = acquire
+if "kill" not in sys.argv:  # a kill loads the library after its signal: its row has no NVML marks
+    from nvmlcheck._nvml import library
+    _patch(library)
 _kill = os.kill
 def kill(pid, sig):
     if sig and not any(m[0] == "signal" for m in marks):
         mark("signal")
     return _kill(pid, sig)
 os.kill = kill
-import signal
-if hasattr(signal, "pidfd_send_signal"):
-    _pidfd_send = signal.pidfd_send_signal
+import _signal
+if hasattr(_signal, "pidfd_send_signal"):
+    _pidfd_send = _signal.pidfd_send_signal
     def pidfd_send(fd, sig, *a):
         if sig and not any(m[0] == "signal" for m in marks):
             mark("signal")
         return _pidfd_send(fd, sig, *a)
-    signal.pidfd_send_signal = pidfd_send
+    _signal.pidfd_send_signal = pidfd_send
 _write = sys.stdout.write
 def write(s):
     if not any(m[0] == "stdout" for m in marks):

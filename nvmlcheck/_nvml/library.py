@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import _thread
 import os
+import sys
 import time
 
 from ._ffi import ffi
@@ -192,10 +193,12 @@ class _Latch:
 class _PendingInit:
     """One ``nvmlInit`` running in its own thread; ``waiters`` counts the callers waiting for it (under the lock)."""
 
-    __slots__ = ("done", "name", "rc", "waiters", "warmed")
+    __slots__ = ("done", "name", "rc", "reads", "switch_interval_s", "waiters", "warmed")
 
     def __init__(self, name: str) -> None:
         self.name = name
+        self.reads: tuple[str, ...] = ()  # what the thread warms after the handles (start_early)
+        self.switch_interval_s: float | None = None  # the interpreter's, restored when the thread ends
         self.done = _Latch()
         self.warmed = _Latch()  # set after the handles were read ahead (start_early), or right after done
         self.rc: int | None = None
@@ -296,7 +299,7 @@ class LoadedLibrary:
             pending = self._start_init()
         self._await(pending, deadline, timeout_s)
 
-    def begin_early(self, devices: Sequence[int] | None = ()) -> _PendingInit | None:
+    def begin_early(self, devices: Sequence[int] | None = (), reads: tuple[str, ...] = ()) -> _PendingInit | None:
         """Start ``nvmlInit`` now, for an :meth:`acquire` that comes later (see :func:`start_early`): the init runs in
         its thread and, should it finish first, stays initialised for that caller. ``None`` when NVML is already
         initialised or an early init is already held."""
@@ -304,10 +307,15 @@ class LoadedLibrary:
             self._forget_parent_state()
             if self._initialised or self._early is not None:
                 return None
-            self._early = self._start_init(devices)
-            return self._early
+            # The thread holds the GIL only between its C calls, but waits for it after each: at the default 5 ms
+            # switch interval that wait, while the main thread imports, can outlast the call. 0.5 ms until it ends.
+            previous = sys.getswitchinterval()
+            sys.setswitchinterval(min(previous, 0.0005))
+            early = self._early = self._start_init(devices, reads)
+            early.switch_interval_s = previous
+            return early
 
-    def _start_init(self, warm: Sequence[int] | None = ()) -> _PendingInit:
+    def _start_init(self, warm: Sequence[int] | None = (), reads: tuple[str, ...] = ()) -> _PendingInit:
         """The init in flight, or a new one started in a daemon thread; counts the caller as a waiter (lock held).
         ``warm``: device indices whose handles the thread reads after a successful init (``None``: all)."""
         pending = self._pending
@@ -320,6 +328,7 @@ class LoadedLibrary:
                     f"{self.path} exports neither nvmlInit_v2 nor nvmlInit: it is not a usable libnvidia-ml"
                 )
             pending = self._pending = _PendingInit(name)
+            pending.reads = reads
             _thread.start_new_thread(self._run_init, (pending, warm))  # a daemon thread, as threading's would be
         pending.waiters += 1
         return pending
@@ -341,25 +350,56 @@ class LoadedLibrary:
                     self._initialised = True
                     self._init_generation += 1
             pending.done.set()
-        if rc == 0 and warm != ():
-            self._warm_handles(warm)
-        pending.warmed.set()
+        try:
+            if rc == 0 and warm != ():
+                self._warm_reads(self._warm_handles(warm), pending.reads)
+        finally:
+            if pending.switch_interval_s is not None:
+                sys.setswitchinterval(pending.switch_interval_s)
+            pending.warmed.set()
 
-    def _warm_handles(self, devices: Sequence[int] | None) -> None:
+    def _warm_handles(self, devices: Sequence[int] | None) -> list[Any]:
         """Read the handle of each of ``devices`` (``None``: every GPU) once: only the driver's first-call cost is
-        taken here, the session reads them again. Errors are left to the session's own calls."""
+        taken here, the session reads them again. Errors are left to the session's own calls. Returns the handles
+        read."""
         handle, count_name = self.symbols.handle_by_index, self.symbols.device_count
         if handle is None or (devices is None and count_name is None):
-            return
+            return []
         if devices is None:
             count = ffi.new("unsigned int *")
             if self.function(str(count_name))(count) != 0:
-                return
+                return []
             devices = range(count[0])
         fn = self.function(handle)
-        out = ffi.new("nvmlDevice_t *")
+        handles = []
         for index in devices:
-            fn(index, out)
+            out = ffi.new("nvmlDevice_t *")
+            if fn(index, out) == 0:
+                handles.append(out[0])
+        return handles
+
+    def _warm_reads(self, handles: list[Any], reads: tuple[str, ...]) -> None:
+        """Make once per GPU the calls whose first one costs milliseconds on a real driver, results discarded: the
+        session's own reads then find them warm (docs/performance.md, "One-shot checks": on an H200 the first
+        nvmlDeviceGetRemappedRows took 3.2 ms, the first application clock 4.2 ms). ``reads``: ``"health"``
+        and/or ``"clocks"``. A missing symbol or a failing call is skipped: the session reports its own."""
+        u32 = ffi.new("unsigned int[4]")
+        u64 = ffi.new("unsigned long long *")
+        state = ffi.new("nvmlEnableState_t *")
+        calls: list[tuple[str, tuple[Any, ...]]] = []
+        if "health" in reads:
+            calls += [("nvmlDeviceGetRemappedRows", (u32, u32 + 1, u32 + 2, u32 + 3)),
+                      ("nvmlDeviceGetRetiredPagesPendingStatus", (state,)),
+                      ("nvmlDeviceGetTotalEccErrors", (1, 0, u64))]  # uncorrected, volatile  # fmt: skip
+        if "clocks" in reads:
+            calls += [(name, (0, u32)) for name in
+                      ("nvmlDeviceGetClockInfo", "nvmlDeviceGetMaxClockInfo", "nvmlDeviceGetApplicationsClock")]
+        for name, args in calls:
+            if not _has(self.lib, name):
+                continue
+            fn = self.function(name)
+            for h in handles:
+                fn(h, *args)
 
     def _await(self, pending: _PendingInit, deadline: float | None, timeout_s: float | None) -> None:
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -502,20 +542,23 @@ def load(path: str | None = None) -> LoadedLibrary:
     )
 
 
-def start_early(path: str | None = None, devices: Sequence[int] | None = ()) -> _PendingInit | None:
+def start_early(
+    path: str | None = None, devices: Sequence[int] | None = (), reads: tuple[str, ...] = ()
+) -> _PendingInit | None:
     """Load libnvidia-ml here and start ``nvmlInit`` in its thread, now: a one-shot command calls this before it
     imports the rest of nvmlcheck, so the driver initialises while Python imports, and the session it opens later
     finds NVML initialised (or joins the init in flight: :meth:`LoadedLibrary.acquire` bounds it as usual).
 
     ``devices``: once initialised, the same thread reads the handle of each of these GPU indices (``None``: every
-    GPU), whose first ``nvmlDeviceGetHandleByIndex`` costs milliseconds on a real driver (docs/performance.md). The
-    ``dlopen`` is made in the caller's thread: the init thread then holds the GIL only between C calls, so it takes
-    next to nothing from the imports it overlaps. Never raises and reports nothing: whatever failed here fails
-    again, and is reported, in the ``acquire`` that follows. Returns the init in flight (``None`` if none was
-    started), whose ``warmed`` event tests wait on.
+    GPU), whose first ``nvmlDeviceGetHandleByIndex`` costs milliseconds on a real driver (docs/performance.md);
+    then, for ``reads`` (``"health"``, ``"clocks"``), it makes once per GPU the calls whose first one is slow
+    (results discarded: the session reads its own). The ``dlopen`` is made in the caller's thread: the init thread
+    then holds the GIL only between C calls, so it takes next to nothing from the imports it overlaps. Never raises
+    and reports nothing: whatever failed here fails again, and is reported, in the ``acquire`` that follows.
+    Returns the init in flight (``None`` if none was started), whose ``warmed`` event tests wait on.
     """
     try:
-        return load(path).begin_early(devices)
+        return load(path).begin_early(devices, reads)
     except Exception:
         return None
 

@@ -149,8 +149,12 @@ def start_nvml_early(argv: list[str]) -> bool:
         return False
     from .._nvml.library import start_early
 
-    start_early(None, devices)
+    start_early(None, devices, _WARM_READS.get(command, ()))
     return True
+
+
+#: What each one-shot reads whose first call is slow on a real driver (the early thread makes it first).
+_WARM_READS = {"snapshot": ("health", "clocks"), "ready": ("health",)}
 
 
 def _note(name: str, value: str, backend: str, devices: list[int] | None) -> tuple[str, list[int] | None]:

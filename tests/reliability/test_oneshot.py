@@ -38,10 +38,11 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_a_one_shot_command_starts_nvml_early(
     monkeypatch: pytest.MonkeyPatch, argv: list[str], devices: list[int] | None
 ) -> None:
-    calls: list[tuple[str | None, object]] = []
-    monkeypatch.setattr(library, "start_early", lambda path, devs: calls.append((path, devs)))
+    calls: list[tuple[str | None, object, object]] = []
+    monkeypatch.setattr(library, "start_early", lambda path, devs, reads: calls.append((path, devs, reads)))
     assert _common.start_nvml_early(argv) is True
-    assert calls == [(None, devices)]
+    warmed = {"wait": (), "snapshot": ("health", "clocks"), "ready": ("health",)}
+    assert calls == [(None, devices, warmed[next(w for w in argv if w in warmed)])]
 
 
 @pytest.mark.parametrize(
@@ -77,6 +78,32 @@ def test_the_session_joins_the_early_init_and_its_handles_are_read_ahead(stub: S
         assert len(gpus.snapshot(fields=nc.Fields.WAIT).devices) == 3
         assert probe.init_total() == inits + 1  # the session's acquire took the early init over: no second one
     assert stub.balanced()  # and its close gave it back
+
+
+@pytest.mark.parametrize(
+    ("reads", "warmed"),
+    [((), set()), (("health",), {"nvmlDeviceGetRemappedRows", "nvmlDeviceGetRetiredPagesPendingStatus",
+                                 "nvmlDeviceGetTotalEccErrors"}),
+     (("health", "clocks"), {"nvmlDeviceGetRemappedRows", "nvmlDeviceGetRetiredPagesPendingStatus",
+                             "nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetClockInfo", "nvmlDeviceGetMaxClockInfo",
+                             "nvmlDeviceGetApplicationsClock"})],
+)
+def test_the_early_thread_makes_each_slow_first_call_once_per_gpu(
+    stub: Stub, reads: tuple[str, ...], warmed: set[str]
+) -> None:
+    stub.write(Scenario.h200(devices=2))
+    probe = stub.probe
+    names = ("nvmlDeviceGetRemappedRows", "nvmlDeviceGetRetiredPagesPendingStatus", "nvmlDeviceGetTotalEccErrors",
+             "nvmlDeviceGetClockInfo", "nvmlDeviceGetMaxClockInfo", "nvmlDeviceGetApplicationsClock")
+    before = {n: probe.call_count(n) for n in names}
+    interval = sys.getswitchinterval()
+    pending = library.start_early(str(stub.library), None, reads)
+    assert pending is not None and pending.warmed.wait(30)
+    assert {n: probe.call_count(n) - before[n] for n in names} == {n: 2 if n in warmed else 0 for n in names}
+    assert sys.getswitchinterval() == interval  # the thread's shorter interval is given back when it ends
+    with nc.open("nvml", library_path=str(stub.library)) as gpus:
+        assert len(gpus.snapshot().devices) == 2  # the session's own reads answer as ever
+    assert stub.balanced()
 
 
 def test_an_early_init_that_failed_is_tried_again_by_the_session(stub: Stub) -> None:
