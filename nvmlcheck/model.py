@@ -131,15 +131,19 @@ class Fields(enum.Flag):
     """What a snapshot reads. Identity (name, UUID, PCI bus id, ...) is always included.
 
     Driver time per GPU on an H200 (docs/performance.md): ``MEMORY`` ~5 µs, ``PROCESSES`` ~17 µs (three lists),
-    ``HEALTH`` ~2 µs, ``CLOCKS`` ~3.3 ms (the four application clocks, ~0.83 ms each; the max clocks cost ~5.8 ms
-    once per device and are cached). The poller asks for ``WAIT`` (``MEMORY | PROCESSES``) only; a loop over
-    :meth:`Session.snapshot` should too, rather than its default ``ALL``.
+    ``HEALTH`` ~2 µs, ``CURRENT_CLOCKS`` (current clocks and their event reasons) a few µs, ``CLOCK_LIMITS`` (the
+    max and application clocks) ~3.3 ms (the four application clocks, ~0.83 ms each; the max clocks cost ~5.8 ms
+    once per device and are cached); ``CLOCKS`` is both. A process's first call of each costs milliseconds more
+    (``HEALTH`` ~4 ms, ``CLOCKS`` ~12 ms on an H200). The poller asks for ``WAIT`` (``MEMORY | PROCESSES``) only; a
+    loop over :meth:`Session.snapshot` should too, rather than its default ``ALL``.
     """
 
-    MEMORY = enum.auto()
-    PROCESSES = enum.auto()
-    CLOCKS = enum.auto()
-    HEALTH = enum.auto()
+    MEMORY = 1
+    PROCESSES = 2
+    CURRENT_CLOCKS = 4  # the bit CLOCKS had before the limits were split off
+    HEALTH = 8
+    CLOCK_LIMITS = 16
+    CLOCKS = CURRENT_CLOCKS | CLOCK_LIMITS
     ALL = MEMORY | PROCESSES | CLOCKS | HEALTH
     #: What :func:`wait_until_clean` reads each poll.
     WAIT = MEMORY | PROCESSES

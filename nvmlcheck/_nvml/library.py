@@ -381,8 +381,9 @@ class LoadedLibrary:
     def _warm_reads(self, handles: list[Any], reads: tuple[str, ...]) -> None:
         """Make once per GPU the calls whose first one costs milliseconds on a real driver, results discarded: the
         session's own reads then find them warm (docs/performance.md, "One-shot checks": on an H200 the first
-        nvmlDeviceGetRemappedRows took 3.2 ms, the first application clock 4.2 ms). ``reads``: ``"health"``
-        and/or ``"clocks"``. A missing symbol or a failing call is skipped: the session reports its own."""
+        nvmlDeviceGetRemappedRows took 3.2 ms, the first application clock 4.2 ms). ``reads``: any of
+        ``"health"``, ``"current_clocks"``, ``"clock_limits"`` (the max and application clocks). A missing symbol
+        or a failing call is skipped: the session reports its own."""
         u32 = ffi.new("unsigned int[4]")
         u64 = ffi.new("unsigned long long *")
         state = ffi.new("nvmlEnableState_t *")
@@ -391,9 +392,10 @@ class LoadedLibrary:
             calls += [("nvmlDeviceGetRemappedRows", (u32, u32 + 1, u32 + 2, u32 + 3)),
                       ("nvmlDeviceGetRetiredPagesPendingStatus", (state,)),
                       ("nvmlDeviceGetTotalEccErrors", (1, 0, u64))]  # uncorrected, volatile  # fmt: skip
-        if "clocks" in reads:
-            calls += [(name, (0, u32)) for name in
-                      ("nvmlDeviceGetClockInfo", "nvmlDeviceGetMaxClockInfo", "nvmlDeviceGetApplicationsClock")]
+        if "current_clocks" in reads:
+            calls.append(("nvmlDeviceGetClockInfo", (0, u32)))
+        if "clock_limits" in reads:
+            calls += [(name, (0, u32)) for name in ("nvmlDeviceGetMaxClockInfo", "nvmlDeviceGetApplicationsClock")]
         for name, args in calls:
             if not _has(self.lib, name):
                 continue
@@ -551,10 +553,11 @@ def start_early(
 
     ``devices``: once initialised, the same thread reads the handle of each of these GPU indices (``None``: every
     GPU), whose first ``nvmlDeviceGetHandleByIndex`` costs milliseconds on a real driver (docs/performance.md);
-    then, for ``reads`` (``"health"``, ``"clocks"``), it makes once per GPU the calls whose first one is slow
-    (results discarded: the session reads its own). The ``dlopen`` is made in the caller's thread: the init thread
-    then holds the GIL only between C calls, so it takes next to nothing from the imports it overlaps. Never raises
-    and reports nothing: whatever failed here fails again, and is reported, in the ``acquire`` that follows.
+    then, for ``reads`` (``"health"``, ``"current_clocks"``, ``"clock_limits"``), it makes once per GPU the calls
+    whose first one is slow (results discarded: the session reads its own). The ``dlopen`` is made in the caller's
+    thread: the init thread then holds the GIL only between C calls, so it takes next to nothing from the imports
+    it overlaps. Never raises and reports nothing: whatever failed here fails again, and is reported, in the
+    ``acquire`` that follows.
     Returns the init in flight (``None`` if none was started), whose ``warmed`` event tests wait on.
     """
     try:

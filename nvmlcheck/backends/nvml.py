@@ -179,14 +179,16 @@ class _Identity(NamedTuple):
 class _Plan:
     """What one Fields value reads; hashed by identity (one plan per Fields value: _PLANS)."""
 
-    __slots__ = ("clocks", "health", "memory", "not_requested", "processes")
+    __slots__ = ("clock_limits", "clocks", "health", "memory", "not_requested", "processes")
 
     def __init__(
-        self, memory: bool, processes: bool, clocks: bool, health: bool, not_requested: Mapping[str, str]
+        self, memory: bool, processes: bool, clocks: bool, health: bool, not_requested: Mapping[str, str], *,
+        clock_limits: bool = True,
     ) -> None:
         self.memory = memory
         self.processes = processes
-        self.clocks = clocks
+        self.clocks = clocks  # the current ones (and the limits with clock_limits)
+        self.clock_limits = clock_limits
         self.health = health
         self.not_requested = not_requested
 
@@ -198,12 +200,16 @@ def _plan(fields: Fields) -> _Plan:
             skipped[key] = NOT_REQUESTED
     if not fields & Fields.PROCESSES:
         skipped.update({unknown_key("processes", k): NOT_REQUESTED for k in ProcessKind})
+    limits = bool(fields & Fields.CLOCK_LIMITS)
+    if fields & Fields.CLOCKS and not limits:
+        skipped.update({key: NOT_REQUESTED for key in _CLOCK_SLOT_KEYS[4:12]})
     return _Plan(
         bool(fields & Fields.MEMORY),
         bool(fields & Fields.PROCESSES),
         bool(fields & Fields.CLOCKS),
         bool(fields & Fields.HEALTH),
         MappingProxyType(skipped),
+        clock_limits=limits,
     )
 
 
@@ -569,7 +575,7 @@ class NvmlBackend:
             extra: dict[str, str] = {}
             if plan.clocks:
                 gate()
-                clocks = self._clocks(handle, index, extra)
+                clocks = self._clocks(handle, index, extra, plan.clock_limits)
             if plan.health:
                 gate()
                 health = self._health(handle, index, extra)
@@ -629,14 +635,17 @@ class NvmlBackend:
             self._reasons_cache[key] = reasons
         return reasons
 
-    def _clocks(self, handle: Handle, index: int, unknown: dict[str, str]) -> Clocks:
+    def _clocks(self, handle: Handle, index: int, unknown: dict[str, str], limits: bool = True) -> Clocks:
         cached = self._max_clocks.get(index)
-        values, mask, unanswered = self._calls.clocks(handle, index, include_max=cached is None)
-        if cached is None:
+        values, mask, unanswered = self._calls.clocks(
+            handle, index, include_max=limits and cached is None, include_applications=limits
+        )
+        # Without limits, the max and application clocks stay None (the plan's reasons say "not requested").
+        if limits and cached is None:
             # Max clocks are a property of the board: read once per device (each call costs milliseconds on some
             # drivers: docs/performance.md).
             cached = self._max_clocks[index] = (values[4:8], [u for u in unanswered if 4 <= u[0] < 8])
-        else:
+        elif limits and cached is not None:
             values[4:8] = cached[0]
             unanswered.extend(cached[1])
         for slot, symbol, code in unanswered:

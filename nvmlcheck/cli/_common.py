@@ -149,12 +149,18 @@ def start_nvml_early(argv: list[str]) -> bool:
         return False
     from .._nvml.library import start_early
 
-    start_early(None, devices, _WARM_READS.get(command, ()))
+    start_early(None, devices, _slow_first_reads(command, argv))
     return True
 
 
-#: What each one-shot reads whose first call is slow on a real driver (the early thread makes it first).
-_WARM_READS = {"snapshot": ("health", "clocks"), "ready": ("health",)}
+def _slow_first_reads(command: str, argv: list[str]) -> tuple[str, ...]:
+    """What the one-shot will read whose first call is slow on a real driver (the early thread makes it first):
+    ready's health; snapshot's table, its current clocks; snapshot's JSON, every reading (cli/_snapshot.py)."""
+    if command == "ready":
+        return ("health",)
+    if command != "snapshot" or "procs" in argv:
+        return ()
+    return ("health", "current_clocks", "clock_limits") if "--json" in argv else ("current_clocks",)
 
 
 def _note(name: str, value: str, backend: str, devices: list[int] | None) -> tuple[str, list[int] | None]:

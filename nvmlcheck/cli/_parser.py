@@ -294,10 +294,11 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
 
     if wanted("snapshot"):
         snap = sub_parser(sub, "snapshot", help="show devices (default) or processes",
-                          description="Read every selected GPU once, with every field (memory, process lists, "
-                                      "clocks, memory health), and print one line per GPU (devices, the default) or "
-                                      "per process (procs). Exit 0; 3 when a GPU could not be read (it is still "
-                                      "printed, as UNREADABLE) or the backend sees no GPU.")
+                          description="Read every selected GPU once and print one line per GPU (devices, the "
+                                      "default: memory, processes, SM clock) or per process (procs); each table "
+                                      "reads only what it shows, --json reads and prints every field (memory, "
+                                      "process lists, clocks, memory health). Exit 0; 3 when a GPU could not be "
+                                      "read (it is still printed, as UNREADABLE) or the backend sees no GPU.")
         global_options(snap, top=False)
         snap.add_argument("view", nargs="?", choices=("devices", "procs"), default="devices")
         host_options(snap)

@@ -11,6 +11,20 @@ TYPE_CHECKING = False  # no typing at run time: it costs a one-shot check millis
 if TYPE_CHECKING:
     import argparse
 
+    from ..model import Fields
+
+
+def snapshot_fields(args: argparse.Namespace) -> Fields:
+    """What the view reads: a table reads what it shows (the max and application clocks and the health reads cost
+    an H200 one-shot ~15 ms: docs/performance.md, "One-shot checks"); the JSON document has every field."""
+    from ..model import Fields
+
+    if args.json:
+        return Fields.ALL
+    if args.view == "procs":
+        return Fields.PROCESSES
+    return Fields.MEMORY | Fields.PROCESSES | Fields.CURRENT_CLOCKS
+
 
 def cmd_snapshot(args: argparse.Namespace) -> int:
     """Read the selected GPUs once; exit 3 when one could not be read or none is seen."""
@@ -21,7 +35,7 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
 
         return run_hosts(args)
     with open_session(args) as gpus:
-        snap = gpus.snapshot(args.devices)
+        snap = gpus.snapshot(args.devices, fields=snapshot_fields(args))
         if not snap.devices and not snap.failures:
             raise BackendUnavailable(f"the {snap.backend} backend sees no GPU", [f"{snap.backend}: device count 0"])
         code = EXIT_BACKEND if snap.failures else EXIT_CLEAN

@@ -290,3 +290,27 @@ def test_health_is_not_read_on_the_wait_path(open_backend: Opener) -> None:
     with open_backend(sc) as gpus:
         d = gpus.snapshot(fields=nc.Fields.WAIT).devices[0]
     assert d.health is None and d.why_unknown("health") == "not requested"
+
+
+@pytest.mark.parametrize(
+    "fields", [nc.Fields.CURRENT_CLOCKS, nc.Fields.MEMORY | nc.Fields.PROCESSES | nc.Fields.CURRENT_CLOCKS]
+)
+def test_current_clocks_alone_leave_the_limits_unknown_as_not_asked(open_backend: Opener, fields: nc.Fields) -> None:
+    with open_backend(Scenario.h200()) as gpus:
+        d = gpus.snapshot(fields=fields).devices[0]
+    assert d.clocks is not None and d.clocks.sm_mhz is not None and d.clocks.current.memory_mhz is not None
+    assert d.clocks.max.sm_mhz is None and d.clocks.applications.graphics_mhz is None
+    for key in ("clocks.max.sm_mhz", "clocks.applications.graphics_mhz"):
+        why = d.why_unknown(key)
+        assert why is not None and ("not requested" in why or "not asked" in why), (key, why)
+    assert d.health is None  # not asked either
+
+
+def test_the_clocks_are_current_and_limits_together(open_backend: Opener) -> None:
+    assert nc.Fields.CLOCKS == nc.Fields.CURRENT_CLOCKS | nc.Fields.CLOCK_LIMITS
+    with open_backend(Scenario.h200()) as gpus:
+        every = gpus.snapshot(fields=nc.Fields.CLOCKS).devices[0]
+        limits = gpus.snapshot(fields=nc.Fields.CLOCK_LIMITS).devices[0]
+    for d in (every, limits):  # the limits come with the current clocks they are read around
+        assert d.clocks is not None and d.clocks.sm_mhz is not None and d.clocks.max.sm_mhz is not None
+        assert d.clocks.applications.graphics_mhz is not None

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import nvmlcheck as nc
+from nvmlcheck import cli
 from nvmlcheck._nvml import library
 from nvmlcheck.cli import _common
 from nvmlcheck.testing import Scenario, read_call_log
@@ -41,7 +42,7 @@ def test_a_one_shot_command_starts_nvml_early(
     calls: list[tuple[str | None, object, object]] = []
     monkeypatch.setattr(library, "start_early", lambda path, devs, reads: calls.append((path, devs, reads)))
     assert _common.start_nvml_early(argv) is True
-    warmed = {"wait": (), "snapshot": ("health", "clocks"), "ready": ("health",)}
+    warmed = {"wait": (), "snapshot": ("current_clocks",), "ready": ("health",)}
     assert calls == [(None, devices, warmed[next(w for w in argv if w in warmed)])]
 
 
@@ -82,11 +83,15 @@ def test_the_session_joins_the_early_init_and_its_handles_are_read_ahead(stub: S
 
 @pytest.mark.parametrize(
     ("reads", "warmed"),
-    [((), set()), (("health",), {"nvmlDeviceGetRemappedRows", "nvmlDeviceGetRetiredPagesPendingStatus",
-                                 "nvmlDeviceGetTotalEccErrors"}),
-     (("health", "clocks"), {"nvmlDeviceGetRemappedRows", "nvmlDeviceGetRetiredPagesPendingStatus",
-                             "nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetClockInfo", "nvmlDeviceGetMaxClockInfo",
-                             "nvmlDeviceGetApplicationsClock"})],
+    [
+        ((), set()),
+        (("current_clocks",), {"nvmlDeviceGetClockInfo"}),
+        (("health",), {"nvmlDeviceGetRemappedRows", "nvmlDeviceGetRetiredPagesPendingStatus",
+                       "nvmlDeviceGetTotalEccErrors"}),
+        (("health", "current_clocks", "clock_limits"),
+         {"nvmlDeviceGetRemappedRows", "nvmlDeviceGetRetiredPagesPendingStatus", "nvmlDeviceGetTotalEccErrors",
+          "nvmlDeviceGetClockInfo", "nvmlDeviceGetMaxClockInfo", "nvmlDeviceGetApplicationsClock"}),
+    ],
 )
 def test_the_early_thread_makes_each_slow_first_call_once_per_gpu(
     stub: Stub, reads: tuple[str, ...], warmed: set[str]
@@ -141,3 +146,23 @@ def test_a_wait_creates_no_clock_or_health_class(stub: Stub) -> None:
     env = dict(os.environ)
     assert "nvmlcheck._readings" not in _modules_of(["wait", "--timeout", "0"], env)
     assert "nvmlcheck._readings" in _modules_of(["snapshot", "--json"], env)  # the control: a snapshot reads them
+
+
+@pytest.mark.parametrize(
+    ("argv", "limits", "health"),
+    [(["snapshot"], False, False), (["snapshot", "procs"], False, False), (["--json", "snapshot"], True, True)],
+)
+def test_a_snapshot_table_reads_what_it_shows_and_the_json_everything(
+    stub: Stub, capsys: pytest.CaptureFixture[str], argv: list[str], limits: bool, health: bool
+) -> None:
+    stub.write(Scenario.h200())
+    probe = stub.probe
+    names = ("nvmlDeviceGetApplicationsClock", "nvmlDeviceGetMaxClockInfo", "nvmlDeviceGetRemappedRows")
+    before = {n: probe.call_count(n) for n in names}
+    assert cli.main(argv) == 0
+    made = {n: probe.call_count(n) - before[n] for n in names}
+    assert (made["nvmlDeviceGetApplicationsClock"] > 0, made["nvmlDeviceGetMaxClockInfo"] > 0) == (limits, limits)
+    assert (made["nvmlDeviceGetRemappedRows"] > 0) == health
+    out = capsys.readouterr().out
+    if argv == ["snapshot"]:
+        assert "345" in out.splitlines()[1]  # the SM clock the table shows is still read (the h200 scenario's)
