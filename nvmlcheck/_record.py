@@ -40,7 +40,43 @@ else:
         return f
 
 
-__all__ = ["NamedTuple", "field", "record", "replace"]
+__all__ = ["NamedTuple", "field", "light_tuple", "record", "replace"]
+
+
+def light_tuple(name: str, fields: str, defaults: tuple[object, ...] = (), module: str | None = None) -> Any:
+    """A named tuple class (fields, defaults, keywords, ``_fields``, ``_replace``, a repr, pickling) made without
+    ``collections``, whose import (with keyword, operator, reprlib) costs a kill milliseconds before its first
+    signal: for the private tuples of the code that runs before it (``_proc``). Subclass it to add methods."""
+    from _collections import _tuplegetter  # type: ignore[import-not-found]  # namedtuple's own field accessor (C)
+
+    names = tuple(fields.split())
+    given = dict(zip(names[len(names) - len(defaults):], defaults, strict=True))
+
+    def __new__(cls: type, *args: object, **kwargs: object) -> Any:
+        if len(args) > len(names) or set(kwargs) - set(names[len(args):]):
+            raise TypeError(f"{name}() takes the fields {names}: not {args}, {kwargs}")
+        values = list(args)
+        for n in names[len(args):]:
+            if n not in kwargs and n not in given:
+                raise TypeError(f"{name}() missing argument {n!r}")
+            values.append(kwargs.get(n, given.get(n)))
+        return tuple.__new__(cls, values)
+
+    def __repr__(self: tuple[object, ...]) -> str:
+        return f"{type(self).__name__}(" + ", ".join(f"{n}={v!r}" for n, v in zip(names, self, strict=True)) + ")"
+
+    def __getnewargs__(self: tuple[object, ...]) -> tuple[object, ...]:  # pickling: the values, as __new__ takes
+        return tuple(self)
+
+    def _replace(self: tuple[object, ...], **changes: object) -> Any:
+        return type(self)(**{**dict(zip(names, self, strict=True)), **changes})
+
+    body: dict[str, object] = {
+        "__slots__": (), "__new__": __new__, "__repr__": __repr__, "__getnewargs__": __getnewargs__,
+        "_replace": _replace, "_fields": names, "__match_args__": names, "__module__": module or __name__,
+    }  # fmt: skip
+    body.update({n: _tuplegetter(i, f"Alias for field number {i}") for i, n in enumerate(names)})
+    return type(name, (tuple,), body)
 
 
 class _NamedTupleMeta(type):

@@ -12,8 +12,8 @@ Recognised path forms and their sources: docs/killing.md.
 from __future__ import annotations
 
 import os
-from collections import namedtuple
 
+from .._record import light_tuple
 from . import procfs
 
 TYPE_CHECKING = False  # no typing before a signal: start-up cost where site has not loaded it (docs/performance.md)
@@ -68,7 +68,7 @@ if TYPE_CHECKING:
 
 else:
 
-    class Container(namedtuple("Container", "kind id cgroup pidns_inode nested monitor", defaults=(None, (), False))):
+    class Container(light_tuple("Container", "kind id cgroup pidns_inode nested monitor", (None, (), False), __name__)):
         __slots__ = ()
 
         def label(self) -> str:
@@ -287,7 +287,7 @@ if TYPE_CHECKING:
         value: str
 
 else:
-    ContainerSpec = namedtuple("ContainerSpec", "kind value")
+    ContainerSpec = light_tuple("ContainerSpec", "kind value", module=__name__)
 
 
 def _named_spec(s: str, low: str) -> ContainerSpec | None:

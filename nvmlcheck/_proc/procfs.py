@@ -81,35 +81,10 @@ if TYPE_CHECKING:
         sig_blk: int | None = None
 
 else:  # the same tuples without typing or collections (2 ms of a kill's start-up before its first signal)
-    from _collections import _tuplegetter  # namedtuple's own field accessor
+    from .._record import light_tuple
 
-    def _tuple_class(name, fields, defaults=()):
-        names = tuple(fields.split())
-        given_defaults = dict(zip(names[len(names) - len(defaults):], defaults, strict=True))
-
-        def __new__(cls, *args, **kwargs):
-            if len(args) > len(names) or set(kwargs) - set(names[len(args):]):
-                raise TypeError(f"{name}() takes the fields {names}: not {args}, {kwargs}")
-            values = list(args)
-            for n in names[len(args):]:
-                if n not in kwargs and n not in given_defaults:
-                    raise TypeError(f"{name}() missing argument {n!r}")
-                values.append(kwargs.get(n, given_defaults.get(n)))
-            return tuple.__new__(cls, values)
-
-        def __repr__(self):
-            return f"{name}(" + ", ".join(f"{n}={v!r}" for n, v in zip(names, self, strict=True)) + ")"
-
-        def __getnewargs__(self):  # pickling: the values, as __new__ takes them
-            return tuple(self)
-
-        body = {"__slots__": (), "__new__": __new__, "__repr__": __repr__, "__getnewargs__": __getnewargs__,
-                "_fields": names, "__match_args__": names, "__module__": __name__}
-        body.update({n: _tuplegetter(i, f"Alias for field number {i}") for i, n in enumerate(names)})
-        return type(name, (tuple,), body)
-
-    ProcStat = _tuple_class("ProcStat", "pid comm state ppid start_ticks")
-    ProcStatus = _tuple_class("ProcStatus", "tgid uid nspid sig_ign sig_cgt sig_blk", (None, None, None))
+    ProcStat = light_tuple("ProcStat", "pid comm state ppid start_ticks", module=__name__)
+    ProcStatus = light_tuple("ProcStatus", "tgid uid nspid sig_ign sig_cgt sig_blk", (None, None, None), __name__)
 
 
 #: The errors that mean "no such process" (gone, or never was); every other one means "cannot tell".

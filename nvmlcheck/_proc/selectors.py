@@ -17,13 +17,38 @@ from . import container, procfs
 TYPE_CHECKING = False  # no typing before a signal: start-up cost where site has not loaded it (docs/performance.md)
 if TYPE_CHECKING:
     import re
+    from typing import TypeAlias
 
-__all__ = ["by_container", "by_match", "check_container", "check_pattern", "command_line"]
+    #: What a --match selector searches command lines with.
+    Matcher: TypeAlias = "re.Pattern[str] | Substring"
+
+__all__ = ["Substring", "by_container", "by_match", "check_container", "check_pattern", "command_line"]
+
+#: The characters that make a pattern more than a literal string in ``re`` syntax.
+_REGEX_SYNTAX = frozenset(".^$*+?{}[]\\|()")
 
 
-def check_pattern(pattern: str) -> re.Pattern[str]:
-    """``pattern`` compiled (Python ``re`` syntax, searched anywhere in the command line); ValueError if it does
-    not compile or matches the empty string (it would select every process)."""
+class Substring:
+    """A ``--match`` pattern without regular-expression syntax: searched as a substring, which finds exactly what
+    ``re`` would, without importing ``re`` (and the enum, functools and collections it imports: milliseconds of a
+    kill's start-up before its first signal, docs/performance.md)."""
+
+    __slots__ = ("pattern",)
+
+    def __init__(self, pattern: str) -> None:
+        self.pattern = pattern
+
+    def search(self, text: str) -> Substring | None:
+        """Truthy (``self``) when the pattern occurs in ``text``, as ``re.Pattern.search`` is."""
+        return self if self.pattern in text else None
+
+
+def check_pattern(pattern: str) -> Matcher:
+    """``pattern`` compiled (Python ``re`` syntax, searched anywhere in the command line; a :class:`Substring` when it
+    has no regex syntax); ValueError if it does not compile or matches the empty string (it would select every
+    process)."""
+    if pattern and not _REGEX_SYNTAX.intersection(pattern):
+        return Substring(pattern)
     import re
 
     try:
@@ -67,8 +92,8 @@ def _keep(pid: int, me: int, lineage: tuple[int, ...]) -> str | None:
     return None
 
 
-def by_match(pattern: str | re.Pattern[str], proc: str = "/proc") -> tuple[list[tuple[int, int, str]],
-                                                                            list[tuple[int, str]]]:
+def by_match(pattern: str | Matcher, proc: str = "/proc") -> tuple[list[tuple[int, int, str]],
+                                                                 list[tuple[int, str]]]:
     """Every process whose command line ``pattern`` matches: ``([(pid, start ticks, "match")], [(pid, why left
     alone)])``, by PID."""
     compiled = check_pattern(pattern) if isinstance(pattern, str) else pattern

@@ -17,9 +17,12 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import nvmlcheck as nc
 from nvmlcheck import cli
+from nvmlcheck._proc import selectors
 from nvmlcheck._proc.targets import Refused
 from nvmlcheck.testing import Scenario
 
@@ -300,3 +303,19 @@ def test_a_remote_kill_lists_each_hosts_pids_and_phases(capsys: pytest.CaptureFi
            "exited +105.0 ms, off the GPU process list +106.0 ms" in out
     assert "gpu1  left alone: pid 9 (nvidia-persistenced): a daemon" in out and "pid 77: gone already" in out
     assert "gpu1  clean: every target exited and memory back +265.0 ms" in out and "0 polls" not in out
+
+
+@given(st.text(alphabet=st.characters(blacklist_characters=".^$*+?{}[]\\|()\x00"), min_size=1, max_size=8),
+       st.text(max_size=40))
+def test_a_pattern_without_regex_syntax_is_a_substring_search_with_re_s_answers(pattern: str, text: str) -> None:
+    import re
+
+    matcher = selectors.check_pattern(pattern)
+    assert isinstance(matcher, selectors.Substring)  # re is not imported for it
+    assert (matcher.search(text) is not None) == (re.compile(pattern).search(text) is not None)
+    assert matcher.search(f"x {pattern} y") is not None
+
+
+@pytest.mark.parametrize("pattern", ["a.b", "^python", "x$", "a|b", "(?i)sglang", r"\d+", "a{2}", "[ab]"])
+def test_a_pattern_with_regex_syntax_is_a_regular_expression(pattern: str) -> None:
+    assert not isinstance(selectors.check_pattern(pattern), selectors.Substring)
