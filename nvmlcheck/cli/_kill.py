@@ -25,7 +25,7 @@ from ._common import (
     verdict_printed,
     wait_predicate,
 )
-from ._output import StatusLine, human_bytes, print_json, safe, safe_lines, status_updater
+from ._output import StatusLine, human_bytes, load_json_output, print_json, safe, safe_lines, status_updater
 
 TYPE_CHECKING = False  # typing costs start-up time where site has not loaded it (docs/performance.md)
 if TYPE_CHECKING:
@@ -339,7 +339,7 @@ def cmd_kill(args: argparse.Namespace) -> int:
                                   on_poll=status_updater(status, shown, time.monotonic()))
             if plan is None:  # --all-*: nothing to kill; the verdict is a plain wait's, in a kill document
                 return _wait_only(args, gpus, predicate, selection, status, options=options)
-            _load_output(args)
+            load_json_output(args.json)  # while the driver tears the targets down, not after their memory is back
             try:
                 result = plan.wait(gpus, grace_s=args.grace, devices=args.devices,
                                    predicate=None if args.only_targets else predicate, options=options,
@@ -359,15 +359,6 @@ def cmd_kill(args: argparse.Namespace) -> int:
         if plan is not None:
             plan.close()
     return EXIT_CLEAN
-
-
-def _load_output(args: argparse.Namespace) -> None:
-    """Import what printing the result takes while the driver tears the targets down: after their memory is back
-    it cost the exit 4 to 5 ms (docs/performance.md, "Start-up")."""
-    if args.json:
-        import json  # noqa: F401
-
-        from ..jsonout import kill_document  # noqa: F401
 
 
 def _open_after_signal(args: argparse.Namespace, plan: KillPlan | None) -> Session:

@@ -12,8 +12,8 @@ from .._text import printable as safe
 from .._text import printable_lines as safe_lines
 from .._units import format_bytes
 
-__all__ = ["StatusLine", "device_table", "human_bytes", "plural", "print_json", "process_table", "safe",
-           "safe_lines", "status_updater"]
+__all__ = ["StatusLine", "device_table", "human_bytes", "load_json_output", "plural", "print_json", "process_table",
+           "safe", "safe_lines", "status_updater"]
 
 TYPE_CHECKING = False  # typing costs start-up time where site has not loaded it (docs/performance.md)
 if TYPE_CHECKING:
@@ -35,6 +35,16 @@ def plural(n: int, word: str) -> str:
 #: Set while the command reads simulated GPUs (``--simulate``, ``demo``): every document
 #: then says ``"simulated": true`` after its version.
 SIMULATED = False
+
+
+def load_json_output(wanted: bool) -> None:
+    """With ``--json``, import ``json`` and the document builders now rather than once the answer is known: before
+    a one-shot opens its session they overlap the driver's start, after the reading they add to the command's time,
+    and after a kill's signal they overlap the teardown (docs/performance.md, "One-shot checks")."""
+    if wanted:
+        import json  # noqa: F401
+
+        from .. import jsonout  # noqa: F401
 
 
 def print_json(doc: dict[str, Any]) -> None:

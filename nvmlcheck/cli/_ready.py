@@ -12,7 +12,7 @@ import sys
 import time
 
 from ._common import EXIT_CLEAN, EXIT_NOT_CLEAN, EXIT_UNHEALTHY, hosts_wanted, open_session, verdict_printed
-from ._output import StatusLine, plural, print_json
+from ._output import StatusLine, load_json_output, plural, print_json
 
 TYPE_CHECKING = False  # no typing at run time: it costs a one-shot check milliseconds (docs/performance.md)
 if TYPE_CHECKING:
@@ -48,6 +48,11 @@ def cmd_ready(args: argparse.Namespace) -> int:
             held = "?" if used is None else f"{used / (1 << 30):.1f} GiB"
             status.update(f"waiting for ready {time.monotonic() - started:5.1f} s · {held} used")
 
+    # Imported before the session opens, while the early thread is still in nvmlInit: after it, they would add
+    # milliseconds to the one-shot (docs/performance.md, "One-shot checks").
+    from .. import readiness  # noqa: F401
+
+    load_json_output(args.json)
     with open_session(args) as gpus:
         # --timeout bounds the whole command: the open (whose nvmlInit it bounded) comes out of it.
         timeout = None if args.timeout is None else max(0.0, args.timeout - (time.monotonic() - started))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from ._common import EXIT_BACKEND, EXIT_CLEAN, hosts_wanted, open_session, verdict, verdict_printed
-from ._output import device_table, print_json, process_table
+from ._output import device_table, load_json_output, print_json, process_table
 
 TYPE_CHECKING = False  # no typing at run time: it costs a one-shot check milliseconds (docs/performance.md)
 if TYPE_CHECKING:
@@ -34,6 +34,7 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
         from ._hosts import run_hosts
 
         return run_hosts(args)
+    load_json_output(args.json)
     with open_session(args) as gpus:
         snap = gpus.snapshot(args.devices, fields=snapshot_fields(args))
         if not snap.devices and not snap.failures:

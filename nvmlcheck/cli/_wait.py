@@ -15,7 +15,7 @@ from ._common import (
     verdict_printed,
     wait_predicate,
 )
-from ._output import StatusLine, plural, print_json, safe_lines, status_updater
+from ._output import StatusLine, load_json_output, plural, print_json, safe_lines, status_updater
 
 TYPE_CHECKING = False  # no typing at run time: it costs a one-shot check milliseconds (docs/performance.md)
 if TYPE_CHECKING:
@@ -35,6 +35,7 @@ def cmd_wait(args: argparse.Namespace) -> int:
     predicate = wait_predicate(args)
     status = StatusLine(sys.stderr, not args.json)
     started = time.monotonic()
+    load_json_output(args.json)
     with open_session(args) as gpus:
         start_events(args, gpus)
         # --timeout bounds the whole command: the open (whose nvmlInit it bounded) comes out of it.
