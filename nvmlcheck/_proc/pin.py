@@ -59,9 +59,15 @@ def pidfd_available() -> bool:
     return _pidfd_ok
 
 
-def descriptor_budget() -> int:
+def descriptor_budget(*, raise_limit: bool = True) -> int:
     """How many pidfds this process may still open: raise the soft ``RLIMIT_NOFILE`` to the hard limit (capped by
-    ``/proc/sys/fs/nr_open``), then the limit less the descriptors open now and :data:`FD_RESERVE` (0 or more)."""
+    ``/proc/sys/fs/nr_open``), then the limit less the descriptors open now and :data:`FD_RESERVE` (0 or more).
+
+    ``raise_limit=False``: the soft limit as it is (``sysconf``), without importing ``resource`` (a kill's few
+    targets fit in it; the caller raises the limit when they do not)."""
+    if not raise_limit:
+        soft_now = os.sysconf("SC_OPEN_MAX")
+        return _left(soft_now) if soft_now > 0 else 0
     import resource
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -80,11 +86,15 @@ def descriptor_budget() -> int:
             soft = target
         except (ValueError, OSError):
             pass
+    return _left(soft)
+
+
+def _left(limit: int) -> int:
     try:
         in_use = len(os.listdir("/proc/self/fd"))
     except OSError:
         return 0
-    return max(0, soft - in_use - FD_RESERVE)
+    return max(0, limit - in_use - FD_RESERVE)
 
 
 class StaleIdentity(ProcessLookupError):

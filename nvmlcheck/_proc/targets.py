@@ -138,6 +138,7 @@ class TargetSet:
         self.offspring: dict[int, tuple[int, int]] = {}
         self.vanished: list[int] = []
         self.fd_budget: int | None = None  # pidfds still to be had (pin.descriptor_budget); then start times
+        self.fd_limit_raised = False  # whether the soft RLIMIT_NOFILE was raised to the hard one for them
         self.stopping = False  # the tree is being stopped for its SIGKILL: new members are stopped as found
         #: Named PIDs that had exited before they could be pinned (``missing_ok``).
         self.missing: list[int] = []
@@ -150,6 +151,9 @@ class TargetSet:
         if self.mode == "start-time":
             return "start-time"
         if self.fd_budget is None:
+            self.fd_budget = descriptor_budget(raise_limit=False)  # no resource module while the soft limit will do
+        if self.fd_budget <= 0 and not self.fd_limit_raised:
+            self.fd_limit_raised = True
             self.fd_budget = descriptor_budget()
         if self.fd_budget > 0:
             self.fd_budget -= 1

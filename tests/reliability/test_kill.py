@@ -211,3 +211,16 @@ def test_kill_escalates_to_sigkill_and_ends_clean(stub: Stub) -> None:
         stubborn.wait()
         assert stubborn.stdout is not None
         stubborn.stdout.close()
+
+
+def test_the_descriptor_budget_reads_the_soft_limit_without_raising_it_first() -> None:
+    import resource
+
+    from nvmlcheck._proc.pin import FD_RESERVE, descriptor_budget
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    in_use = len(os.listdir("/proc/self/fd"))
+    cheap = descriptor_budget(raise_limit=False)
+    assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == soft  # nothing raised
+    if soft != resource.RLIM_INFINITY:
+        assert abs(cheap - max(0, soft - in_use - FD_RESERVE)) <= 2  # the listing's own descriptor, a racing one
