@@ -269,11 +269,11 @@ script()
 """
 
 #: All that a kill whose targets are named may load before its first signal, beyond a bare interpreter's os and sys:
-#: nvmlcheck's cli and _proc modules it runs, four small modules of the standard library and the built-in
+#: nvmlcheck's cli and _proc modules it runs, three small modules of the standard library and the built-in
 #: _collections (procfs's tuples). No signal (its enums: enum, functools, collections), argparse, re, importlib,
 #: warnings, typing, json, dataclasses, threading, nor anything of the GPU side (docs/performance.md).
 _BEFORE_SIGNAL_ALLOWED = {
-    "__future__", "_collections", "errno", "math", "resource", "select", "nvmlcheck", "nvmlcheck._record",
+    "__future__", "_collections", "errno", "math", "select", "nvmlcheck", "nvmlcheck._record",
     "nvmlcheck._text", "nvmlcheck._units", "nvmlcheck._proc", "nvmlcheck._proc.fate", "nvmlcheck._proc.pin",
     "nvmlcheck._proc.procfs", "nvmlcheck._proc.signals", "nvmlcheck._proc.targets", "nvmlcheck.cli",
     "nvmlcheck.cli._common", "nvmlcheck.cli._kill", "nvmlcheck.cli._main", "nvmlcheck.cli._output",
