@@ -6,7 +6,9 @@ CLOCK_MONOTONIC stamp and ends with ``os._exit(0)``; the parent stamps the line'
 reaps the child. Printed: the child's own phases (``nvmlInit_v2``, the first handle, a memory read, and for
 ``shutdown`` an ``nvmlShutdown`` before the stamp) and line → reaped (what the exit itself costs: the kernel closing
 the driver's files). Variants: ``bare`` (no NVML), ``nvml`` (init + handle + memory read, then exit with NVML open),
-``shutdown`` (the same, ``nvmlShutdown`` first). ctypes only, so the figures are the driver's, not a binding's.
+``shutdown`` (the same, ``nvmlShutdown`` first), ``noattach`` (``nvmlInitWithFlags(NVML_INIT_FLAG_NO_ATTACH)``
+instead of ``nvmlInit_v2``: where the init's time goes when it attaches no GPU). ctypes only, so the figures are
+the driver's, not a binding's.
 
     python3 benchmarks/gpu/exit_cost.py [--runs 20] [--python /usr/bin/python3] [--out DIR]
 """
@@ -28,7 +30,9 @@ variant = sys.argv[1]
 phases = {}
 if variant != "bare":
     lib = ctypes.CDLL("libnvidia-ml.so.1")
-    t = time.monotonic_ns(); assert lib.nvmlInit_v2() == 0; phases["init_ms"] = (time.monotonic_ns() - t) / 1e6
+    t = time.monotonic_ns()
+    assert (lib.nvmlInitWithFlags(2) if variant == "noattach" else lib.nvmlInit_v2()) == 0  # NVML_INIT_FLAG_NO_ATTACH
+    phases["init_ms"] = (time.monotonic_ns() - t) / 1e6
     h = ctypes.c_void_p()
     t = time.monotonic_ns(); assert lib.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(h)) == 0
     phases["handle_ms"] = (time.monotonic_ns() - t) / 1e6
@@ -62,7 +66,7 @@ def main() -> int:
     parser.add_argument("--python", default=sys.executable)
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     args = parser.parse_args()
-    variants = ("bare", "nvml", "shutdown")
+    variants = ("bare", "nvml", "shutdown", "noattach")
     rows: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
     for v in variants:
         once(args.python, v)  # warm-up, not counted
