@@ -34,9 +34,12 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
         from ._hosts import run_hosts
 
         return run_hosts(args)
+    fields = snapshot_fields(args)
+    if fields & (fields.CLOCKS | fields.HEALTH):
+        from .. import _readings  # noqa: F401 - the reading classes, made while nvmlInit runs rather than after it
     load_json_output(args.json)
     with open_session(args) as gpus:
-        snap = gpus.snapshot(args.devices, fields=snapshot_fields(args))
+        snap = gpus.snapshot(args.devices, fields=fields)
         if not snap.devices and not snap.failures:
             raise BackendUnavailable(f"the {snap.backend} backend sees no GPU", [f"{snap.backend}: device count 0"])
         code = EXIT_BACKEND if snap.failures else EXIT_CLEAN
