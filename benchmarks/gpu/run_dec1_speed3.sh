@@ -24,8 +24,10 @@ step() { local name=$1 t=$2; shift 2; local t0=$EPOCHREALTIME
   timeout -k 5 "$t" "$@" > "$W/$name.txt" 2>&1; local rc=$?
   python3 -c "import sys; print(f'{sys.argv[1]:<18} exit {int(sys.argv[2]):3d} in {float(sys.argv[4]) - float(sys.argv[3]):6.1f} s')" \
     "$name" "$rc" "$t0" "$EPOCHREALTIME" | tee -a "$W/steps.txt"; }
-{ nvidia-smi --query-gpu=index,name,driver_version,memory.used --format=csv; /usr/bin/python3 --version; date -u; } \
+{ nvidia-smi --query-gpu=index,name,driver_version,memory.used --format=csv; /usr/bin/python3 --version; date -u;
+  echo "head install has the last change: $(grep -c 'made while nvmlInit runs' /tmp/inst-head/nvmlcheck/cli/_snapshot.py)"; } \
   > "$W/machine.txt" 2>&1
+cat "$W/machine.txt"
 for v in head base; do
   mkdir -p "$W/oneshot-$v"
   step oneshot-$v 120 env PYTHONPATH=/tmp/site:/tmp/inst-$v python3 benchmarks/gpu/oneshot.py --runs 30 \
