@@ -29,9 +29,9 @@ else:
     from ._record import NamedTuple
 
 if TYPE_CHECKING:  # offered here (in __all__), created on first use (__getattr__ below); `X as X` re-exports
-    from ._readings import ClockEventReason as ClockEventReason  # noqa: PLC0414
-    from ._readings import Clocks as Clocks  # noqa: PLC0414
-    from ._readings import ClockSet as ClockSet  # noqa: PLC0414
+    from ._clocks import ClockEventReason as ClockEventReason  # noqa: PLC0414
+    from ._clocks import Clocks as Clocks  # noqa: PLC0414
+    from ._clocks import ClockSet as ClockSet  # noqa: PLC0414
     from ._readings import Health as Health  # noqa: PLC0414
     from ._readings import HealthCause as HealthCause  # noqa: PLC0414
     from ._readings import MemoryHealth as MemoryHealth  # noqa: PLC0414
@@ -67,26 +67,30 @@ __all__ = [
     "SystemInfo",
 ]
 
-# Clocks and health (and their enums) live in ._readings and are created on first use: a wait reads neither, and
-# creating their classes at import cost a one-shot check milliseconds (docs/performance.md, "One-shot checks").
-_READINGS = frozenset(
-    {
-        "ClockEventReason", "ClockSet", "Clocks", "Health", "HealthCause", "MemoryHealth", "OperatorAction",
-        "RecoveryAction", "RemappedRows", "RetiredPage", "RetirementCause",
-    }
-)  # fmt: skip
+# Clocks (._clocks) and health (._readings), with their enums, are created on first use: a wait reads neither and
+# a ready no clocks, and creating their classes at import cost a one-shot check milliseconds (docs/performance.md,
+# "One-shot checks").
+_READINGS = {
+    "ClockEventReason": "_clocks", "ClockSet": "_clocks", "Clocks": "_clocks", "Health": "_readings",
+    "HealthCause": "_readings", "MemoryHealth": "_readings", "OperatorAction": "_readings",
+    "RecoveryAction": "_readings", "RemappedRows": "_readings", "RetiredPage": "_readings",
+    "RetirementCause": "_readings",
+}  # fmt: skip
 
 
 if not TYPE_CHECKING:  # type checkers see the names through the import above
 
     def __getattr__(name: str) -> Any:
-        if name in _READINGS:
-            from . import _readings
-
-            value = getattr(_readings, name)
-            globals()[name] = value
-            return value
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        home = _READINGS.get(name)
+        if home == "_clocks":
+            from . import _clocks as module
+        elif home is not None:
+            from . import _readings as module
+        else:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        value = getattr(module, name)
+        globals()[name] = value
+        return value
 
 
 #: One mebibyte (2**20 bytes), the unit nvidia-smi reports memory in.

@@ -35,8 +35,11 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
 
         return run_hosts(args)
     fields = snapshot_fields(args)
-    if fields & (fields.CLOCKS | fields.HEALTH):
-        from .. import _readings  # noqa: F401 - the reading classes, made while nvmlInit runs rather than after it
+    # The reading classes, made while nvmlInit runs rather than after it.
+    if fields & fields.CLOCKS:
+        from .. import _clocks  # noqa: F401
+    if fields & fields.HEALTH:
+        from .. import _readings  # noqa: F401
     load_json_output(args.json)
     with open_session(args) as gpus:
         snap = gpus.snapshot(args.devices, fields=fields)

@@ -144,8 +144,9 @@ def _modules_of(argv: list[str], env: dict[str, str]) -> set[str]:
 def test_a_wait_creates_no_clock_or_health_class(stub: Stub) -> None:
     stub.write(Scenario.h200())
     env = dict(os.environ)
-    assert "nvmlcheck._readings" not in _modules_of(["wait", "--timeout", "0"], env)
-    assert "nvmlcheck._readings" in _modules_of(["snapshot", "--json"], env)  # the control: a snapshot reads them
+    assert not {"nvmlcheck._readings", "nvmlcheck._clocks"} & _modules_of(["wait", "--timeout", "0"], env)
+    assert "nvmlcheck._clocks" not in _modules_of(["ready"], env)  # ready reads health, no clocks
+    assert {"nvmlcheck._readings", "nvmlcheck._clocks"} <= _modules_of(["snapshot", "--json"], env)  # the control
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from nvmlcheck import _record, model, predicates, wait
-from nvmlcheck._readings import Clocks, ClockSet, Health, RemappedRows, RetiredPage, RetirementCause
+from nvmlcheck._clocks import Clocks, ClockSet
+from nvmlcheck._readings import Health, RemappedRows, RetiredPage, RetirementCause
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORDS = [

@@ -34,7 +34,7 @@ class _Local:
 def _package_records() -> list[type]:
     assert _record._import_package() == []  # every module of the package imports, so every record class is made
     made = [c for c in _record._RECORDS if c.__module__.startswith("nvmlcheck.")]
-    assert len(made) >= 14  # model, _readings, wait, predicates, verdict, reclaim_model
+    assert len(made) >= 14  # model, _clocks, _readings, wait, predicates, verdict, reclaim_model
     return made
 
 
@@ -45,7 +45,7 @@ def test_every_record_of_the_package_takes_the_generated_methods() -> None:
             assert function.__code__.co_filename == _record_methods.__file__, f"{cls.__qualname__}.{name} was compiled"
             assert function.__qualname__ == f"{cls.__qualname__}.{name}"
             # the module that made the class (_readings' classes say nvmlcheck.model afterwards, for pickling)
-            assert function.__module__ in (cls.__module__, "nvmlcheck._readings")
+            assert function.__module__ in (cls.__module__, "nvmlcheck._readings", "nvmlcheck._clocks")
 
 
 def test_a_record_outside_the_package_compiles_its_text() -> None:
