@@ -1,8 +1,7 @@
 #!/bin/bash
-# The fourth closing H200 call, after the clock classes moved to _clocks; otherwise as run_dec1_speed3.sh (the
-# does not replace a package without --upgrade, so both timed a wheel built before the last changes; the installs
-# are removed first now): one-shots and kills of the installed console script, this tree against 39d1599 (the
-# previous session's end), and the one-shot timeline.
+# The fourth closing H200 call, after the clock classes moved to _clocks; otherwise as run_dec1_speed3.sh: one-shots
+# and kills of the installed console script, this tree against 39d1599 (the previous session's end), and the
+# one-shot timeline.
 # Here: pip wheel --no-deps -w .whl/ . ; git archive 39d1599 | tar -x -C .base ; pip wheel --no-deps -w .whl/base
 # of that export; carry .whl and .base.
 set -u
