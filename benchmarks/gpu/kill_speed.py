@@ -149,6 +149,11 @@ def one_run(form: str, argv_tail: list[str], args: argparse.Namespace, env: dict
             "observer": seen, "stderr": done.stderr[-2000:],
             "clean_ns": (doc or {}).get("clean_ns"),
             "discarded": [t.get("discarded") for t in (doc or {}).get("pids", [])],
+            # Where a late exit comes from: each target's exit and off-list stamps and the poll count (ns after the
+            # first signal, as clean_ns).
+            "targets": [{k: t.get(k) for k in ("pid", "exited_ns", "off_gpu_ns")} for t in (doc or {}).get("pids", [])],
+            "polls": (doc or {}).get("polls"), "resolution_ns": (doc or {}).get("resolution_ns"),
+            "confirmed_ns": (doc or {}).get("confirmed_ns"),
         }
     finally:
         if target.poll() is None:
@@ -175,6 +180,7 @@ def main() -> int:
     parser.add_argument("--script", help="the installed nvmlcheck console script to time (default: python -m "
                         "nvmlcheck from this tree); $PYTHONPATH must then reach its package")
     parser.add_argument("--budget-s", type=float, default=240.0)
+    parser.add_argument("--forms", help="comma-separated forms to time (default: all)")
     parser.add_argument("--out", default=os.environ.get("OUT", "/tmp/out"))
     args = parser.parse_args()
     env = dict(os.environ) if args.script else \
@@ -193,6 +199,8 @@ def main() -> int:
     ]
     if cg is not None:
         forms.append(("cgroup", ["--cgroup", "{cgroup}", "--yes"]))
+    if args.forms:
+        forms = [f for f in forms if f[0] in {"bare", *args.forms.split(",")}]
     deadline = time.monotonic() + args.budget_s
     rows: list[dict[str, Any]] = []
     try:
