@@ -1,6 +1,6 @@
 #!/bin/bash
-# Why some kills' clean stamp trails the observer's "memory back" by 10-30 ms (run_dec1_speed3/4.sh): kill PID
-# against kill --devices 0 PID, 8 runs each, keeping each target's exit and off-list stamps and the poll count.
+# Why some kills' clean stamp trailed the observer's "memory back" by 10-30 ms (run_dec1_speed3/4.sh), and the kill
+# after the fix (descendant scans kept out of most polls): 7 runs each of kill PID, --devices 0, --tree, --cgroup,
 # Here: pip wheel --no-deps -w .whl/ . ; carry .whl.
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; W=/tmp/killdiag; mkdir -p "$W"
@@ -11,8 +11,8 @@ python3 -m pip install -q --no-index --no-deps --no-cache-dir --target /tmp/inst
 printf '#!/usr/bin/python3\nimport sys\nfrom nvmlcheck.cli import script\nif __name__ == "__main__":\n    sys.exit(script())\n' \
   > /tmp/inst-head/bin/nvmlcheck
 /usr/bin/python3 -m compileall -q /tmp/inst-head/nvmlcheck benchmarks
-PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:/tmp/inst-head timeout 200 python3 benchmarks/gpu/kill_speed.py --runs 8 \
-  --forms pid,devices --bytes 1GiB --python /usr/bin/python3 --script /tmp/inst-head/bin/nvmlcheck --budget-s 150 \
+PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:/tmp/inst-head timeout 200 python3 benchmarks/gpu/kill_speed.py --runs 7 \
+  --forms pid,devices,tree,cgroup --bytes 1GiB --python /usr/bin/python3 --script /tmp/inst-head/bin/nvmlcheck --budget-s 150 \
   --out "$W" > "$W/kill_speed.txt" 2>&1
 cat "$W/kill_speed.txt"
 python3 - "$W/kill_speed.json" <<'PY'
