@@ -56,30 +56,6 @@ FoundBy = Literal["named", "descendant", "nvml", "device-file", "match", "contai
 #: The shortest time between two scans for descendants while targets live (each scan reads a few /proc files per
 #: process of the tree; the poller may poll every millisecond).
 _SCAN_EVERY_NS = 5_000_000
-#: And the fewest polls between two scans: the duty cap paces the polls by the median CPU of the last cycles, so
-#: scans must stay in fewer than half of them. A scan in every cycle (13 µs per thread of each target: ~375 µs a
-#: cycle for a CUDA process) stretched an H200 kill's polling to ~7.5 ms and its clean stamp by as much
-#: (docs/killing.md, "Kill speed").
-_SCAN_EVERY_POLLS = 3
-class _ScanCadence:
-    """When a kill's poll also scans for descendants: at most every :data:`_SCAN_EVERY_NS` and every
-    :data:`_SCAN_EVERY_POLLS` polls."""
-
-    __slots__ = ("next_ns", "polls_left")
-
-    def __init__(self, start_ns: int) -> None:
-        self.next_ns = start_ns
-        self.polls_left = 0
-
-    def due(self, now_ns: int) -> bool:
-        """Whether this poll scans (counting it)."""
-        self.polls_left -= 1
-        if now_ns < self.next_ns or self.polls_left > 0:
-            return False
-        self.next_ns, self.polls_left = now_ns + _SCAN_EVERY_NS, _SCAN_EVERY_POLLS
-        return True
-
-
 #: When the GPU side fails mid-kill and the kill has no timeout: how long after the SIGKILL the targets' exits are
 #: still awaited, with the operating system alone, before the error is raised with their records.
 AFTER_KILL_WAIT_S = 5.0
@@ -407,12 +383,14 @@ class KillPlan:
         if opts.clock is not clock and opts.clock is not CLOCK.value:
             raise ArgumentError("options.clock is not the clock the first signal was timed on: give it to send_first")
         grace_end = None if grace_ns is None else start + grace_ns
-        cadence = _ScanCadence(start)
+        next_scan = start
 
         def observe(point: TracePoint) -> None:
+            nonlocal next_scan
             now = clock()
             # Stamp exits on every poll (a probe poll may not have asked the exit predicate), scan less often.
-            if not found.all_exited() and cadence.due(now):
+            if not found.all_exited() and now >= next_scan:
+                next_scan = now + _SCAN_EVERY_NS
                 found.scan_descendants()
             _stamp_off_lists(found.items, point, now - start, start)
             if grace_end is not None and now >= grace_end and not found.escalated:

@@ -224,16 +224,3 @@ def test_the_descriptor_budget_reads_the_soft_limit_without_raising_it_first() -
     assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == soft  # nothing raised
     if soft != resource.RLIM_INFINITY:
         assert abs(cheap - max(0, soft - in_use - FD_RESERVE)) <= 2  # the listing's own descriptor, a racing one
-
-
-def test_descendant_scans_stay_out_of_most_polls_so_the_duty_cap_paces_the_polls() -> None:
-    from nvmlcheck.kill import _SCAN_EVERY_NS, _SCAN_EVERY_POLLS, _ScanCadence
-
-    cadence = _ScanCadence(0)
-    ms = 1_000_000
-    fast = [cadence.due(t * ms // 4) for t in range(200)]  # polls every 0.25 ms: the time bound decides
-    assert fast[0] and sum(fast) <= 50 * ms // _SCAN_EVERY_NS + 1
-    cadence = _ScanCadence(0)
-    slow = [cadence.due(t * 10 * ms) for t in range(30)]  # polls every 10 ms: the poll bound decides
-    assert sum(slow) == 10 and all(not any(slow[i + 1:i + _SCAN_EVERY_POLLS]) for i, s in enumerate(slow) if s)
-    assert sum(slow) * 2 < len(slow)  # scans in fewer than half the polls: the median cycle is a plain poll
