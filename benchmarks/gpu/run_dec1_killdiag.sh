@@ -1,6 +1,7 @@
 #!/bin/bash
 # Why some kills' clean stamp trailed the observer's "memory back" by 10-30 ms (run_dec1_speed3/4.sh), and the kill
-# after the fix (descendant scans kept out of most polls): 7 runs each of kill PID, --devices 0, --tree, --cgroup, with each target's stamps and the resolution.
+# with a change to the scans (since reverted): 7 runs each of kill PID, --devices 0, --tree, --cgroup, with each
+# target's exit and off-list stamps and the resolution.
 # Here: pip wheel --no-deps -w .whl/ . ; carry .whl.
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; W=/tmp/killdiag; mkdir -p "$W"
