@@ -12,6 +12,7 @@ be made). CLOCK_MONOTONIC is shared by every process, so the stamps compare acro
 Goals (issue 23): launch → signal ≤ bare + 10 ms for every form; kill wall ≤ launch → signal + teardown + 10 ms,
 i.e. the command exits within 10 ms of the observer's "memory back".
 
+    python3 benchmarks/gpu/kill_speed.py --summarise DIR/kill_speed.json ...   # where the late exits came from
     python3 benchmarks/gpu/kill_speed.py [--runs 5] [--bytes 1GiB] [--python /usr/bin/python3] [--holder cuda|torch]
         [--script /tmp/inst/bin/nvmlcheck]     # time the installed console script, not python -m nvmlcheck
 
@@ -171,6 +172,33 @@ def median(rows: list[dict[str, Any]], key: str) -> float | None:
     return statistics.median(vals) / 1e6 if vals else None
 
 
+def summarise(paths: list[str]) -> int:
+    """Where each late exit came from, over the runs of kill_speed.json files: the target's own exit (its pidfd
+    readable) against the observer's "memory back", the kill's clean stamp against that exit, and its exit after it."""
+    rows = [r for p in paths for r in json.loads(Path(p).read_text())["runs"]
+            if r["form"] != "bare" and r.get("targets") and r.get("clean_ns") is not None]
+    if not rows:
+        print("no run with per-target stamps")
+        return 1
+    ms = 1e6
+    late = [r for r in rows if r["exit_after_memory_back_ns"] > 10 * ms]
+    exited = [r["targets"][-1]["exited_ns"] for r in rows]
+    after_clean = sorted((r["wall_ns"] - r["launch_to_signal_ns"] - r["clean_ns"]) / ms for r in rows)
+    print(f"{len(rows)} kills; {len(late)} exited more than 10 ms after the observer's memory back")
+    print("  in those, the target exited after the memory back by (ms):",
+          sorted(round((r["targets"][-1]["exited_ns"] - r["teardown_ns"]) / ms, 1) for r in late))
+    print(f"  clean stamp after the last target's exit: at most "
+          f"{max(r['clean_ns'] - e for r, e in zip(rows, exited, strict=True)) / ms:.2f} ms")
+    print(f"  exit after the kill's own clean stamp: median {after_clean[len(after_clean) // 2]:.1f} ms, "
+          f"at most {after_clean[-1]:.1f} ms")
+    prompt = [r["exit_after_memory_back_ns"] / ms for r, e in zip(rows, exited, strict=True)
+              if e - r["teardown_ns"] < ms]
+    if prompt:
+        print(f"  where the target exited within 1 ms of the memory: exit after memory back at most "
+              f"{max(prompt):.1f} ms")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=5)
@@ -182,7 +210,11 @@ def main() -> int:
     parser.add_argument("--budget-s", type=float, default=240.0)
     parser.add_argument("--forms", help="comma-separated forms to time (default: all)")
     parser.add_argument("--out", default=os.environ.get("OUT", "/tmp/out"))
+    parser.add_argument("--summarise", nargs="+", metavar="JSON",
+                        help="print where the late exits of these kill_speed.json files came from, and stop")
     args = parser.parse_args()
+    if args.summarise:
+        return summarise(args.summarise)
     env = dict(os.environ) if args.script else \
         os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     base_used, gpu_uuid = used_bytes(args.python, env)
