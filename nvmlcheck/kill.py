@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from ._proc import procfs, targets
+from ._proc import procfs, signals, targets
 from ._proc.procfs import ProcUnreadable
 from ._proc.targets import Refused, Target, TargetSet
 from ._text import printable
@@ -440,7 +440,7 @@ class KillPlan:
         last_seen = max((max(t.exited_ns or 0, t.off_gpu_ns or 0) for t in records), default=0)
         clean_ns = max(result.started_ns + result.clean_ns - start, last_seen)
         return KillResult(
-            signal_name=signal.Signals(found.first).name,
+            signal_name=signals.name(found.first),
             started_ns=start,
             pids=records,
             clean_ns=clean_ns,
@@ -507,7 +507,7 @@ class KillPlan:
         elapsed = found.clock() - found.started
         return KillTimeout(math.inf if timeout is None else float(timeout), elapsed, tuple(dict.fromkeys(culprits)),
                            exc.snapshot, exc.polls, pids=self.targets, tree_hint=hint,
-                           signal_name=signal.Signals(found.first).name,
+                           signal_name=signals.name(found.first),
                            missing=found.missing, only_targets=only_targets)
 
     def close(self) -> None:
