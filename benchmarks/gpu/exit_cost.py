@@ -28,19 +28,19 @@ CHILD = r"""
 import ctypes, os, sys, time
 variant = sys.argv[1]
 phases = {}
+def timed(key, call):  # a failing call is kept as its return code (NO_ATTACH's first handle fails), not raised
+    t = time.monotonic_ns(); rc = call(); phases[key] = (time.monotonic_ns() - t) / 1e6
+    if rc:
+        phases[key.replace("_ms", "_rc")] = rc
 if variant != "bare":
     lib = ctypes.CDLL("libnvidia-ml.so.1")
-    t = time.monotonic_ns()
-    assert (lib.nvmlInitWithFlags(2) if variant == "noattach" else lib.nvmlInit_v2()) == 0  # NVML_INIT_FLAG_NO_ATTACH
-    phases["init_ms"] = (time.monotonic_ns() - t) / 1e6
+    timed("init_ms", lambda: lib.nvmlInitWithFlags(2) if variant == "noattach" else lib.nvmlInit_v2())  # 2: NO_ATTACH
     h = ctypes.c_void_p()
-    t = time.monotonic_ns(); assert lib.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(h)) == 0
-    phases["handle_ms"] = (time.monotonic_ns() - t) / 1e6
+    timed("handle_ms", lambda: lib.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(h)))
     mem = ctypes.create_string_buffer(64); ctypes.cast(mem, ctypes.POINTER(ctypes.c_uint))[0] = (2 << 24) | 40
-    t = time.monotonic_ns(); assert lib.nvmlDeviceGetMemoryInfo_v2(h, mem) == 0
-    phases["memory_ms"] = (time.monotonic_ns() - t) / 1e6
+    timed("memory_ms", lambda: lib.nvmlDeviceGetMemoryInfo_v2(h, mem))
     if variant == "shutdown":
-        t = time.monotonic_ns(); assert lib.nvmlShutdown() == 0; phases["shutdown_ms"] = (time.monotonic_ns() - t) / 1e6
+        timed("shutdown_ms", lib.nvmlShutdown)
 phases["stamp_ns"] = time.monotonic_ns()
 os.write(1, (repr(phases) + "\n").encode())
 os._exit(0)
@@ -77,10 +77,11 @@ def main() -> int:
           ("init_ms", "handle_ms", "memory_ms", "shutdown_ms", "exit_ms")) + "   (medians)")  # fmt: skip
     summary: dict[str, dict[str, float]] = {}
     for v, rs in rows.items():
-        summary[v] = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
+        summary[v] = {k: statistics.median(r[k] for r in rs) for k in rs[0] if not k.endswith("_rc")}
+        codes = sorted({f"{k}={r[k]}" for r in rs for k in r if k.endswith("_rc")})
         cells = [f"{summary[v][k]:12.3f}" if k in summary[v] else f"{'-':>12s}"
                  for k in ("init_ms", "handle_ms", "memory_ms", "shutdown_ms", "exit_ms")]  # fmt: skip
-        print(f"{v:10s} {len(rs):3d}  " + "  ".join(cells))
+        print(f"{v:10s} {len(rs):3d}  " + "  ".join(cells) + (f"   failed: {', '.join(codes)}" if codes else ""))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "exit_cost.json").write_text(json.dumps({"python": args.python, "summary": summary, "runs": rows},
