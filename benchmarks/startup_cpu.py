@@ -39,8 +39,10 @@ def _at_signal(real):
         os._exit(0)
     return call
 os.kill = _at_signal(os.kill)
-if hasattr(signal, "pidfd_send_signal"):
-    signal.pidfd_send_signal = _at_signal(signal.pidfd_send_signal)
+import _signal  # nvmlcheck._proc.signals sends through _signal, the module signal wraps
+for _mod in (signal, _signal):
+    if hasattr(_mod, "pidfd_send_signal"):
+        _mod.pidfd_send_signal = _at_signal(_mod.pidfd_send_signal)
 sys.argv = ["nvmlcheck", *sys.argv[1:]]
 from nvmlcheck.cli import script
 script()

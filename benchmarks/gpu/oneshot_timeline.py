@@ -1,10 +1,11 @@
 """Where the milliseconds of one ``nvmlcheck`` run go, on a GPU host: a timeline of each run, not only its total.
 
 Each command runs ``--runs`` times under a wrapper that stamps CLOCK_MONOTONIC (shared with this parent, which
-stamps the launch) at: the wrapper's first line (the interpreter's own start-up is before it), the early NVML
-thread's C calls (``nvmlInit``, each ``nvmlDeviceGetHandleByIndex``: start and end), the session's ``acquire``
-(when the main thread asked for NVML and when it had it), the first signal (kill), the first write to stdout, and
-``os._exit``; the parent stamps the reap. Medians in ms from launch, per mark. What it shows: whether the imports
+stamps the launch) at: the wrapper's first line (the interpreter's own start-up is before it), the library's import,
+its ``dlopen`` and symbol probe, the early start (``begin_early``), every NVML C call through
+``LoadedLibrary.function`` (start and end; ``T.`` marks the early init thread's, ``#2`` a name's second call), the
+thread's warm reads, the session's ``acquire`` (when the main thread asked for NVML and when it had it), the first
+signal (kill), the first write to stdout, and ``os._exit``; the parent stamps the reap. Medians in ms from launch, per mark. What it shows: whether the imports
 or the driver's start are the critical path, and how long the init thread waits for the GIL between its calls.
 
     python3 benchmarks/gpu/oneshot_timeline.py --runs 15 [--python /usr/bin/python3] [--out DIR]
@@ -29,16 +30,37 @@ ROOT = Path(__file__).resolve().parents[2]
 WRAPPER = r"""
 import time
 _T0 = time.monotonic_ns()
-import os, sys
+import os, sys, _thread
 marks = [("python_up", _T0)]
+_MAIN = _thread.get_ident()
 def mark(name):
+    if _thread.get_ident() != _MAIN:
+        name = "T." + name  # the early init thread
     marks.append((name, time.monotonic_ns()))
+def _wrap(owner, attr, label):
+    real = getattr(owner, attr)
+    def call(*a, **k):
+        mark(label + ".call")
+        try:
+            return real(*a, **k)
+        finally:
+            mark(label + ".ret")
+    setattr(owner, attr, call)
+class _FfiProxy:  # the library module's ffi, with dlopen stamped
+    def __init__(self, ffi):
+        self._ffi = ffi
+    def __getattr__(self, name):
+        return getattr(self._ffi, name)
+    def dlopen(self, *a):
+        mark("dlopen.call")
+        try:
+            return self._ffi.dlopen(*a)
+        finally:
+            mark("dlopen.ret")
 def _patch(L):
     _function = L.LoadedLibrary.function
     def function(self, name):
         fn = _function(self, name)
-        if not (name.startswith("nvmlInit") or name.startswith("nvmlDeviceGetHandleByIndex")):
-            return fn
         def timed(*a):
             mark(name + ".call")
             rc = fn(*a)
@@ -46,16 +68,15 @@ def _patch(L):
             return rc
         return timed
     L.LoadedLibrary.function = function
-    _acquire = L.LoadedLibrary.acquire
-    def acquire(self, *a, **k):
-        mark("acquire.call")
-        try:
-            return _acquire(self, *a, **k)
-        finally:
-            mark("acquire.ret")
-    L.LoadedLibrary.acquire = acquire
+    L.ffi = _FfiProxy(L.ffi)
+    _wrap(L, "_probe", "probe")
+    _wrap(L.LoadedLibrary, "begin_early", "begin_early")
+    _wrap(L.LoadedLibrary, "_warm_reads", "warm_reads")
+    _wrap(L.LoadedLibrary, "acquire", "acquire")
 if "kill" not in sys.argv:  # a kill loads the library after its signal: its row has no NVML marks
+    mark("library.import")
     from nvmlcheck._nvml import library
+    mark("library.imported")
     _patch(library)
 _kill = os.kill
 def kill(pid, sig):

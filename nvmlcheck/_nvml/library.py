@@ -193,12 +193,13 @@ class _Latch:
 class _PendingInit:
     """One ``nvmlInit`` running in its own thread; ``waiters`` counts the callers waiting for it (under the lock)."""
 
-    __slots__ = ("done", "name", "rc", "reads", "switch_interval_s", "waiters", "warmed")
+    __slots__ = ("calling", "done", "name", "rc", "reads", "switch_interval_s", "waiters", "warmed")
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.reads: tuple[str, ...] = ()  # what the thread warms after the handles (start_early)
         self.switch_interval_s: float | None = None  # the interpreter's, restored when the thread ends
+        self.calling = _Latch()  # set by the thread as it calls nvmlInit (begin_early waits for it)
         self.done = _Latch()
         self.warmed = _Latch()  # set after the handles were read ahead (start_early), or right after done
         self.rc: int | None = None
@@ -257,25 +258,34 @@ class LoadedLibrary:
         """Count one user, initialising NVML if it is not (first user, a forked child, or after a failed re-init).
 
         ``timeout_s`` bounds the wait for ``nvmlInit`` (``None``: no bound); past it :class:`~nvmlcheck.Timeout` is
-        raised and nothing is counted. Init failures raise the class of their return code.
+        raised and nothing is counted. Init failures raise the class of their return code. A caller that takes over
+        an early start (:func:`start_early`) also waits, within the same bound, for its thread's handles and warm
+        reads: its own calls then neither race nor repeat them.
         """
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        taken: _PendingInit | None = None
         while True:
             with self._lock:
                 self._forget_parent_state()
                 early, self._early = self._early, None
                 if early is not None:
                     early.waiters -= 1  # the early start's hold passes to this caller (or ends: it failed)
+                    taken = early
                 if self._initialised:
                     self._refcount += 1
-                    return
+                    break
                 pending = self._start_init()
             self._await(pending, deadline, timeout_s)
             with self._lock:
                 if self._initialised:
                     self._refcount += 1
-                    return
+                    break
             # The last session closed (and shut NVML down) between the init and here: initialise again.
+        if taken is not None:
+            # The caller's first calls wait for the early thread's: a handle asked for while the thread's first
+            # nvmlDeviceGetHandleByIndex is in flight is not served from it but costs a second attach (~4-5 ms on an
+            # H200: docs/driver-facts.md). Bounded by the same timeout; a warm-up that overruns is only left behind.
+            taken.warmed.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
 
     def reinit(self, seen_generation: int, timeout_s: float | None = None) -> None:
         """Shut NVML down and initialise it again, for a session whose calls fail with "Unknown Error" or
@@ -313,7 +323,12 @@ class LoadedLibrary:
             sys.setswitchinterval(min(previous, 0.0005))
             early = self._early = self._start_init(devices, reads)
             early.switch_interval_s = previous
-            return early
+        # Let the thread reach nvmlInit before this one imports on: a new thread needs the GIL to start, and an
+        # importing thread gives it up only between bytecodes, which a long import step delays by milliseconds
+        # (measured: ~3 ms from the thread's start to its nvmlInit with the stub; docs/performance.md). Bounded:
+        # a thread that does not start in time only starts later.
+        early.calling.wait(_EARLY_CALL_WAIT_S)
+        return early
 
     def _start_init(self, warm: Sequence[int] | None = (), reads: tuple[str, ...] = ()) -> _PendingInit:
         """The init in flight, or a new one started in a daemon thread; counts the caller as a waiter (lock held).
@@ -335,6 +350,7 @@ class LoadedLibrary:
 
     def _run_init(self, pending: _PendingInit, warm: Sequence[int] | None = ()) -> None:
         fn = self.function(pending.name)
+        pending.calling.set()
         rc = fn()
         with self._lock:
             self._settled_epoch = self._reinit_epoch  # whatever re-init was running has its answer now
@@ -452,6 +468,9 @@ class LoadedLibrary:
         # The lock may have been held by another thread of the parent at fork time.
         self._lock = _thread.allocate_lock()
 
+
+#: How long an early start waits for its thread to call nvmlInit (it takes ~0.1 ms; this bounds a starved thread).
+_EARLY_CALL_WAIT_S = 0.05
 
 _loaded: dict[str, LoadedLibrary] = {}
 _loaded_lock = _thread.allocate_lock()

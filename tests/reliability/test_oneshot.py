@@ -81,6 +81,50 @@ def test_the_session_joins_the_early_init_and_its_handles_are_read_ahead(stub: S
     assert stub.balanced()  # and its close gave it back
 
 
+def test_the_early_start_returns_once_its_thread_is_calling_nvml_init(stub: Stub) -> None:
+    # A new thread needs the GIL to start; an importing main thread would hold it for milliseconds (measured ~3 ms
+    # on the H200 before this): start_early lets the thread reach nvmlInit first. Here the init hangs 300 ms.
+    scenario = Scenario.h200(devices=1)
+    scenario.fault("nvmlInit_v2", delay_ms=300, count=1)
+    stub.write(scenario)
+    pending = library.start_early(str(stub.library), [0])
+    assert pending is not None
+    assert pending.calling.wait(0) and not pending.done.wait(0)  # in nvmlInit, not past it
+    assert pending.warmed.wait(30) and pending.rc == 0
+    with nc.open("nvml", library_path=str(stub.library)) as gpus:
+        assert len(gpus.snapshot(fields=nc.Fields.WAIT).devices) == 1
+    assert stub.balanced()
+
+
+def test_the_session_waits_for_the_early_threads_handles(stub: Stub) -> None:
+    # On a real driver a handle asked for while the early thread's first one is in flight costs a second attach
+    # (docs/driver-facts.md): the session's first calls come after the thread's. Here the thread's handle hangs.
+    scenario = Scenario.h200(devices=1)
+    scenario.fault("nvmlDeviceGetHandleByIndex_v2", delay_ms=400, count=1)
+    stub.write(scenario)
+    pending = library.start_early(str(stub.library), [0], ("health",))
+    assert pending is not None
+    with nc.open("nvml", library_path=str(stub.library)) as gpus:
+        assert pending.warmed.wait(0)  # the open returned only once the thread's handle and reads were done
+        assert len(gpus.snapshot(fields=nc.Fields.WAIT).devices) == 1
+    assert stub.balanced()
+
+
+def test_a_bounded_open_does_not_wait_past_its_bound_for_the_warm_up(stub: Stub) -> None:
+    scenario = Scenario.h200(devices=1)
+    scenario.fault("nvmlDeviceGetHandleByIndex_v2", delay_ms=3000, count=1)
+    stub.write(scenario)
+    pending = library.start_early(str(stub.library), [0])
+    assert pending is not None and pending.done.wait(30)
+    loaded = library.load(str(stub.library))
+    loaded.acquire(timeout_s=0)  # initialised already: the warm-up is not waited for past the bound
+    try:
+        assert not pending.warmed.wait(0)
+    finally:
+        loaded.release()
+    assert pending.warmed.wait(30)
+
+
 @pytest.mark.parametrize(
     ("reads", "warmed"),
     [
