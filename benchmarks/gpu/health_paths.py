@@ -52,7 +52,8 @@ def field_values(ids):
         if v.nvmlReturn:
             res[fid] = f"rc {v.nvmlReturn}"
         else:
-            res[fid] = int(v.value.ullVal if v.valueType in (N.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, 5) else v.value.uiVal)
+            wide = v.valueType in (N.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, 5)
+            res[fid] = int(v.value.ullVal if wide else v.value.uiVal)
     return res
 UNC, VOL, AGG = 1, 0, 1
 ALL = [31, 142, 143, 144, 145, 4, 6, 230]
@@ -99,7 +100,8 @@ def main() -> int:
     values: dict[str, set[str]] = {}
     for _ in range(args.runs):
         for mode in modes:
-            done = subprocess.run([args.python, "-c", CHILD, mode], capture_output=True, text=True, timeout=60)
+            done = subprocess.run([args.python, "-c", CHILD, mode], capture_output=True, text=True, timeout=60,
+                                  check=False)
             if done.returncode:
                 print(f"{mode}: exit {done.returncode}: {done.stderr.strip()[-400:]}")
                 return 1

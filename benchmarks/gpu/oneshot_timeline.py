@@ -5,8 +5,9 @@ stamps the launch) at: the wrapper's first line (the interpreter's own start-up 
 its ``dlopen`` and symbol probe, the early start (``begin_early``), every NVML C call through
 ``LoadedLibrary.function`` (start and end; ``T.`` marks the early init thread's, ``#2`` a name's second call), the
 thread's warm reads, the session's ``acquire`` (when the main thread asked for NVML and when it had it), the first
-signal (kill), the first write to stdout, and ``os._exit``; the parent stamps the reap. Medians in ms from launch, per mark. What it shows: whether the imports
-or the driver's start are the critical path, and how long the init thread waits for the GIL between its calls.
+signal (kill), the first write to stdout, and ``os._exit``; the parent stamps the reap. Medians in ms from launch,
+per mark (each mark's own median: their order can differ from any one run's; the JSON keeps every run). What it
+shows: whether the imports or the driver are the critical path, and which calls wait for which.
 
     python3 benchmarks/gpu/oneshot_timeline.py --runs 15 [--python /usr/bin/python3] [--out DIR]
 
