@@ -35,6 +35,9 @@ def cmd_wait(args: argparse.Namespace) -> int:
     predicate = wait_predicate(args)
     status = StatusLine(sys.stderr, not args.json)
     started = time.monotonic()
+    # Imported before the session opens, while the early thread is still in nvmlInit (as ready's readiness).
+    from .. import wait  # noqa: F401
+
     load_json_output(args.json)
     with open_session(args) as gpus:
         start_events(args, gpus)

@@ -185,6 +185,44 @@ def _modules_of(argv: list[str], env: dict[str, str]) -> set[str]:
     return {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
 
 
+# Runs the script; at NVML's acquire it notes the modules loaded, at os._exit prints those loaded since.
+_AFTER_OPEN = r"""
+import os, sys
+sys.argv = ["nvmlcheck", *sys.argv[1:]]
+from nvmlcheck._nvml import library
+seen = {}
+acquire = library.LoadedLibrary.acquire
+def noted(self, *a, **k):
+    acquire(self, *a, **k)
+    seen.setdefault("at", set(sys.modules))
+library.LoadedLibrary.acquire = noted
+exit_ = os._exit
+def ended(code):
+    sys.stdout.flush()
+    os.write(2, ("AFTER-OPEN " + " ".join(sorted(set(sys.modules) - seen["at"])) + "\n").encode())
+    exit_(code)
+os._exit = ended
+from nvmlcheck.cli import script
+script()
+"""
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["wait", "--timeout", "0"], ["--json", "wait", "--timeout", "0"], ["snapshot"], ["--json", "snapshot"],
+     ["snapshot", "procs"], ["ready"], ["--json", "ready"]],
+)
+def test_a_one_shot_imports_nothing_once_nvml_is_open(stub: Stub, argv: list[str]) -> None:
+    # What a one-shot imports after the session opened is on its critical path when the driver is the faster of
+    # the two (its imports overlap the early thread's nvmlInit only before): each command imports it first.
+    stub.write(Scenario.h200())
+    done = subprocess.run([sys.executable, "-c", _AFTER_OPEN, *argv], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    (line,) = [x for x in done.stderr.splitlines() if x.startswith("AFTER-OPEN")]
+    assert line.split()[1:] == []
+
+
 def test_a_wait_creates_no_clock_or_health_class(stub: Stub) -> None:
     stub.write(Scenario.h200())
     env = dict(os.environ)
