@@ -13,6 +13,7 @@ for. Each mode runs ``--runs`` times in a fresh process (interleaved), after ``n
 - ``threads``: nvmlDeviceGetRemappedRows in a second thread while the main thread reads the pending flag and the
   volatile ECC count: does the driver overlap first calls on one GPU (``both_wall`` against their sum)?
 
+``fields_calls``: the one field-values call, then each dedicated call: are they warm after it?
 ``calls`` also times the first nvmlDeviceGetRetiredPages_v2 of each cause and the first compute process list.
 
 It prints, per mode and call, the median and p90 in µs, and each mode's values (they must agree between modes).
@@ -78,6 +79,13 @@ elif mode == "threads":
     out["values"]["ecc_t"] = str(timed("ecc_vol_main", N.nvmlDeviceGetTotalEccErrors, h, UNC, VOL))
     th.join()
     out["times"]["both_wall"] = (time.perf_counter_ns() - t0) / 1e3
+elif mode == "fields_calls":
+    out["values"]["all1"] = str(timed("all1", field_values, ALL))
+    out["values"]["pending"] = str(timed("pending", N.nvmlDeviceGetRetiredPagesPendingStatus, h))
+    out["values"]["rows"] = str(timed("rows", N.nvmlDeviceGetRemappedRows, h))
+    out["values"]["ecc_vol"] = str(timed("ecc_vol", N.nvmlDeviceGetTotalEccErrors, h, UNC, VOL))
+    out["values"]["ecc_agg"] = str(timed("ecc_agg", N.nvmlDeviceGetTotalEccErrors, h, UNC, AGG))
+    out["values"]["retired"] = str(timed("retired", N.nvmlDeviceGetRetiredPages_v2, h, 0))
 elif mode == "fields":
     out["values"]["all1"] = str(timed("all1", field_values, ALL))
     out["values"]["all2"] = str(timed("all2", field_values, ALL))
@@ -95,7 +103,7 @@ def main() -> int:
     ap.add_argument("--python", default=sys.executable)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    modes = ("calls", "fields", "split", "threads")
+    modes = ("calls", "fields", "split", "threads", "fields_calls")
     times: dict[str, dict[str, list[float]]] = {m: {} for m in modes}
     values: dict[str, set[str]] = {}
     for _ in range(args.runs):
