@@ -58,7 +58,7 @@ def ready_on(
     culprits. Raises ``ValueError`` for a bad selection or need, :class:`~nvmlcheck.BackendUnavailable` when the
     backend sees no GPU.
     """
-    from .wait import WaitOptions
+    from ._waitoptions import WaitOptions
 
     opts = WaitOptions.or_default(options).with_(timeout=timeout, events=True if events is None else events)
     bound = opts.timeout

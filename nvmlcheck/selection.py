@@ -142,8 +142,9 @@ def select_clean(
     when the lock directory or a lock file cannot be used safely (nothing stays locked then).
     """
     from ._deadline import Deadline
+    from ._waitoptions import _timeout_ns
     from .predicates import default_predicate
-    from .wait import _timeout_ns, is_transient
+    from .wait import is_transient
 
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise ArgumentError(f"count must be an integer >= 1, got {count!r}")

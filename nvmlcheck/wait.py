@@ -20,10 +20,10 @@ from collections.abc import Callable
 
 from ._deadline import Deadline
 from ._record import field, record
-from ._waitdefaults import CLOCK, EVENTS, ON_POLL, POLICY, SLEEP, STABLE_POLLS, TIMEOUT, TRACE, Default
+from ._waitdefaults import CLOCK, ON_POLL, POLICY, SLEEP, STABLE_POLLS, TIMEOUT, TRACE
+from ._waitoptions import DEFAULT, PRECISE, SMI_DEFAULT, PollPolicy, WaitOptions, _resolve_policy, _timeout_ns
 from .errors import (
     ArgumentError,
-    ArgumentTypeError,
     CorruptData,
     DeadlinePassed,
     NvmlCheckError,
@@ -35,9 +35,7 @@ from .predicates import Predicate, default_predicate
 
 TYPE_CHECKING = False  # no typing at run time: it costs a one-shot check milliseconds (docs/performance.md)
 if TYPE_CHECKING:
-    from typing import Any, ClassVar, Literal, cast
-
-    PolicyMode = Literal["default", "precise", "custom"]
+    from typing import cast
 else:
 
     def cast(_type, value):  # typing.cast's run-time identity
@@ -59,110 +57,6 @@ __all__ = [
 ]
 
 _NS = 1_000_000_000
-
-# --- policy -----------------------------------------------------------------------------------------------------
-
-
-@record(kw_only=True)
-class PollPolicy:
-    """How often to poll.
-
-    ``interval_s``: time from the end of one poll to the start of the next (0: no sleep at all, a tight loop).
-    ``confirm_interval_s``: the interval after a clean poll, while the run of clean polls is being confirmed
-    (``None``: same as ``interval_s``); shorter means faster detection, longer guards better against flapping.
-    ``max_duty``: the largest fraction of a cycle's time that its CPU time may take (the wall time of a query
-    stands in without a CPU clock); the base interval is stretched to respect it when polls are costly (``None``:
-    no cap). ``backoff_after_s``: once nothing seen has changed for this long, the
-    interval grows by ``backoff_factor`` per poll up to ``max_interval_s`` (``None``: never). ``compensate_sleep``:
-    ask ``sleep`` for less by its measured lateness, so real intervals match the nominal ones. ``full_every_s``:
-    with a ``probe`` (see :func:`poll_until`), the longest time between two full queries, so the live status line
-    and the trace still name the processes. ``mode`` labels the policy (``"default"``, ``"precise"`` or ``"custom"``).
-    """
-
-    interval_s: float = 0.001
-    mode: PolicyMode = "custom"
-    confirm_interval_s: float | None = None
-    max_duty: float | None = None
-    backoff_after_s: float | None = None
-    backoff_factor: float = 1.5
-    max_interval_s: float | None = None
-    compensate_sleep: bool = True
-    full_every_s: float = 0.1
-
-    def __post_init__(self) -> None:
-        _check_seconds("interval_s", self.interval_s)
-        _check_seconds("full_every_s", self.full_every_s)
-        if self.confirm_interval_s is not None:
-            _check_seconds("confirm_interval_s", self.confirm_interval_s)
-        if self.backoff_after_s is not None:
-            _check_seconds("backoff_after_s", self.backoff_after_s)
-        if self.max_interval_s is not None:
-            _check_seconds("max_interval_s", self.max_interval_s)
-            if self.max_interval_s < self.interval_s:
-                raise ArgumentError(f"max_interval_s ({self.max_interval_s}) is below interval_s ({self.interval_s})")
-        if not (math.isfinite(self.backoff_factor) and self.backoff_factor >= 1.0):
-            raise ArgumentError(f"backoff_factor must be a finite number >= 1, got {self.backoff_factor!r}")
-        if self.max_duty is not None and not (0.0 < self.max_duty <= 1.0):
-            raise ArgumentError(f"max_duty must be in (0, 1], got {self.max_duty!r}")
-        if self.mode not in ("default", "precise", "custom"):
-            raise ArgumentError(f"mode must be 'default', 'precise' or 'custom', got {self.mode!r}")
-
-    @classmethod
-    def every(cls, interval_s: float) -> PollPolicy:
-        """A plain fixed interval: no confirmation shortcut, duty cap, back-off or sleep compensation."""
-        return cls(interval_s=interval_s, mode="custom", compensate_sleep=False)
-
-
-def _check_seconds(name: str, value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ArgumentTypeError(f"{name} must be a number of seconds, got {value!r}")
-    if not math.isfinite(value) or value < 0:
-        raise ArgumentError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
-
-
-#: Detects within ~2 ms (p99) at <= 5 % of one core on one GPU; backs off to 10 ms after 10 s without change.
-DEFAULT = PollPolicy(
-    mode="default",
-    interval_s=0.001,
-    confirm_interval_s=0.00025,
-    max_duty=0.05,
-    backoff_after_s=10.0,
-    backoff_factor=1.5,
-    max_interval_s=0.010,
-)
-#: The default for the nvidia-smi backend, where a poll is one or two nvidia-smi runs, mostly CPU in the child:
-#: :data:`DEFAULT`'s 5 % cap would space the runs far apart (docs/performance.md). Half a core keeps the next run
-#: within about one run time of the last, so the clean moment is seen within about two runs; back-off after 10 s
-#: without change, up to 0.25 s between polls.
-SMI_DEFAULT = PollPolicy(
-    mode="default",
-    interval_s=0.001,
-    confirm_interval_s=0.0,
-    max_duty=0.5,
-    backoff_after_s=10.0,
-    backoff_factor=1.5,
-    max_interval_s=0.25,
-)
-#: A tight loop without sleeping: detects within about two query times, keeps one core busy.
-PRECISE = PollPolicy(mode="precise", interval_s=0.0, confirm_interval_s=0.0, compensate_sleep=False)
-
-
-def _resolve_policy(policy: PollPolicy | str | float | None) -> PollPolicy:
-    if policy is None:
-        return DEFAULT
-    if isinstance(policy, PollPolicy):
-        return policy
-    if isinstance(policy, str):
-        if policy == "default":
-            return DEFAULT
-        if policy == "precise":
-            return PRECISE
-        raise ArgumentError(f"unknown polling mode {policy!r}; use 'default', 'precise' or a PollPolicy")
-    if isinstance(policy, bool) or not isinstance(policy, int | float):
-        raise ArgumentTypeError(
-            f"policy must be a PollPolicy, 'default', 'precise' or an interval in seconds, got {policy!r}")
-    return PollPolicy.every(float(policy))
-
 
 # --- deadline ---------------------------------------------------------------------------------------------------
 
@@ -298,19 +192,6 @@ def _naming_device(failure: DeviceFailure) -> BaseException:
 
 
 # --- the loop ---------------------------------------------------------------------------------------------------
-
-
-def _timeout_ns(timeout: float | None) -> int | None:
-    if timeout is None:
-        return None
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float):
-        raise ArgumentTypeError(f"timeout must be a number of seconds or None, got {timeout!r}")
-    if math.isnan(timeout) or timeout < 0:
-        raise ArgumentError(f"timeout must be >= 0 seconds (or None for no timeout), got {timeout!r}")
-    ns = timeout * _NS
-    if math.isinf(ns):
-        return None  # inf (or too large to count in ns) means no timeout
-    return round(ns)  # not ceil: 63225e-9 * 1e9 is 63225.00000000001
 
 
 def _summary(snap: Snapshot) -> tuple[tuple[int, ...], tuple[int | None, ...], tuple[int | None, ...]]:
@@ -486,154 +367,6 @@ class _Pacer:
         late = self.late_ns + ((after - before) - asked - self.late_ns) // 8
         # a one-off preemption must not make us spin: at most half the interval asked for
         self.late_ns = max(0, min(late, (asked + self.late_ns) // 2))
-
-
-# --- options ----------------------------------------------------------------------------------------------------
-
-_OPTION_NAMES = ("timeout", "policy", "stable_polls", "trace", "on_poll", "clock", "sleep", "events")
-
-
-class WaitOptions:
-    """How a wait waits, in one immutable value that :func:`poll_until`, :meth:`Session.wait_until_clean`,
-    :func:`~nvmlcheck.wait_until_clean`, :func:`~nvmlcheck.kill_and_wait` and :meth:`KillPlan.wait` all take as
-    ``options=``.
-
-    ``timeout``: seconds (``None`` or ``inf``: wait forever; ``0``: one check). ``policy``: a :class:`PollPolicy`,
-    ``"default"``, ``"precise"``, an interval in seconds, or ``None`` (:data:`DEFAULT`; :data:`SMI_DEFAULT` with
-    the nvidia-smi backend). ``stable_polls``: consecutive clean polls required. ``trace``: keep every poll in
-    :attr:`WaitResult.trace`. ``on_poll``: called with each poll's :class:`TracePoint`. ``clock`` (integer ns) and
-    ``sleep`` (seconds): injectable for tests. ``events``: ``True`` starts the session's event listener, ``None``
-    uses it if it runs, ``False`` ignores it (a session's business: :func:`poll_until` refuses ``True``). The
-    defaults are those of the APIs' keyword arguments: ``WaitOptions()`` waits as a call without any.
-
-    The APIs keep their keyword arguments as shortcuts: a keyword given wins over the options' field, also when
-    both are given (``wait_until_clean(timeout=5, options=o)`` waits 5 s whatever ``o.timeout`` says).
-    :meth:`with_` returns a changed copy. Invalid values raise at construction, naming the value: ``ValueError``
-    for a negative or NaN ``timeout``, a ``stable_polls`` that is not an int >= 1, an unknown polling mode;
-    ``TypeError`` for a value of the wrong type.
-
-    >>> from nvmlcheck.wait import WaitOptions
-    >>> quick = WaitOptions(timeout=5.0, policy="precise")
-    >>> quick.with_(stable_polls=3).stable_polls
-    3
-    """
-
-    # A plain class with slots, not a dataclass: wait is on the launch path, and a dataclass costs its import time.
-    __slots__ = _OPTION_NAMES
-
-    timeout: float | None
-    policy: PollPolicy | str | float | None
-    stable_polls: int
-    trace: bool
-    on_poll: OnPoll | None
-    clock: Callable[[], int]
-    sleep: Callable[[float], object]
-    events: bool | None
-
-    #: ``WaitOptions()``: the defaults.
-    DEFAULT: ClassVar[WaitOptions]
-
-    def __init__(
-        self,
-        *,
-        timeout: float | None = TIMEOUT,
-        policy: PollPolicy | str | float | None = POLICY,
-        stable_polls: int = STABLE_POLLS,
-        trace: bool = TRACE,
-        on_poll: OnPoll | None = ON_POLL,
-        clock: Callable[[], int] = CLOCK,
-        sleep: Callable[[float], object] = SLEEP,
-        events: bool | None = EVENTS,
-    ) -> None:
-        _fill(self, (timeout, policy, stable_polls, trace, on_poll, clock, sleep, events), None)
-
-    def with_(
-        self,
-        *,
-        timeout: float | None = TIMEOUT,
-        policy: PollPolicy | str | float | None = POLICY,
-        stable_polls: int = STABLE_POLLS,
-        trace: bool = TRACE,
-        on_poll: OnPoll | None = ON_POLL,
-        clock: Callable[[], int] = CLOCK,
-        sleep: Callable[[float], object] = SLEEP,
-        events: bool | None = EVENTS,
-    ) -> WaitOptions:
-        """A copy with the fields given changed (the others as in this one); this same object when none is given."""
-        new = object.__new__(WaitOptions)
-        given = _fill(new, (timeout, policy, stable_polls, trace, on_poll, clock, sleep, events), self)
-        return new if given else self
-
-    @staticmethod
-    def or_default(options: WaitOptions | None) -> WaitOptions:
-        """``options``, or :attr:`DEFAULT` for ``None``; a :class:`TypeError` for anything else."""
-        if options is None:
-            return WaitOptions.DEFAULT
-        if not isinstance(options, WaitOptions):
-            raise ArgumentTypeError(f"options must be a WaitOptions or None, got {options!r}")
-        return options
-
-    def _values(self) -> tuple[object, ...]:
-        return tuple(getattr(self, name) for name in _OPTION_NAMES)
-
-    def __setattr__(self, name: str, value: object) -> None:
-        raise AttributeError(f"WaitOptions is immutable: use options.with_({name}=...) for a changed copy")
-
-    def __delattr__(self, name: str) -> None:
-        raise AttributeError("WaitOptions is immutable")
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, WaitOptions):
-            return NotImplemented
-        return self._values() == other._values()
-
-    def __hash__(self) -> int:
-        return hash(self._values())
-
-    def __repr__(self) -> str:
-        return f"WaitOptions({', '.join(f'{n}={v!r}' for n, v in zip(_OPTION_NAMES, self._values(), strict=True))})"
-
-    def __reduce__(self) -> tuple[object, ...]:
-        return (_rebuild_options, (self._values(),))
-
-
-def _rebuild_options(values: tuple[object, ...]) -> WaitOptions:
-    fields: dict[str, Any] = dict(zip(_OPTION_NAMES, values, strict=True))
-    return WaitOptions(**fields)
-
-
-def _fill(target: WaitOptions, values: tuple[object, ...], base: WaitOptions | None) -> bool:
-    """Set ``target``'s fields: a value given is checked, one left at its marker comes from ``base`` (already
-    checked) or is the default. Whether any was given. Once per wait: only the values given are checked."""
-    given = False
-    for name, value in zip(_OPTION_NAMES, values, strict=True):
-        if isinstance(value, Default):
-            value = value.value if base is None else getattr(base, name)  # noqa: PLW2901
-        else:
-            _check_option(name, value)
-            given = True
-        object.__setattr__(target, name, value)
-    return given
-
-
-def _check_option(name: str, value: object) -> None:
-    """Raise for an invalid option, naming it and its value (the timeout's and the policy's rules are the poller's)."""
-    if name == "timeout":
-        _timeout_ns(value)  # type: ignore[arg-type]
-    elif name == "policy":
-        _resolve_policy(value)  # type: ignore[arg-type]
-    elif name == "stable_polls":
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ArgumentError(f"stable_polls must be an int >= 1, got {value!r}")
-    elif name in ("trace", "events"):
-        if not isinstance(value, bool) and not (name == "events" and value is None):
-            allowed = "True, False or None" if name == "events" else "True or False"
-            raise ArgumentTypeError(f"{name} must be {allowed}, got {value!r}")
-    elif not (callable(value) or (name == "on_poll" and value is None)):
-        raise ArgumentTypeError(f"{name} must be callable{' or None' if name == 'on_poll' else ''}, got {value!r}")
-
-
-WaitOptions.DEFAULT = WaitOptions()
 
 
 def poll_until(

@@ -5,12 +5,16 @@ doing the same one-shot read. The goal: nvmlcheck's one-shots within 2x one nvid
     python3 benchmarks/gpu/oneshot.py                  # on the GPU host, from the repo root; JSON to $OUT
     python3 benchmarks/gpu/oneshot.py --runs 30 --python /usr/bin/python3
     python3 benchmarks/gpu/oneshot.py --runs 30 --script /tmp/inst/bin/nvmlcheck   # as installed by pip
+    python3 benchmarks/gpu/oneshot.py --runs 30 --script /tmp/a/bin/nvmlcheck --path /tmp/a \
+        --base-script /tmp/b/bin/nvmlcheck --base-path /tmp/b        # and another version, run by run
 
 Byte-compiles nvmlcheck first (as an installed package is), then runs each command N times, interleaved (one of
 each per round, so drift of the host hits all alike), and prints medians, p10/p90 and each median's ratio to
-nvidia-smi's. Bounded: every run has a timeout, and the whole stops adding rounds after --budget seconds (default
-100). Without a GPU it still runs where $NVMLCHECK_LIBNVML points at the stub (nvidia-smi and nvidia-ml-py are then
-skipped with a message).
+nvidia-smi's. With ``--base-script`` a second installed version's one-shots join each round (rows ``base ...``):
+two versions timed in separate calls differ by the host's drift (the bare interpreter moved 2.4 ms between two
+back-to-back calls on one H200), interleaved they do not. Bounded: every run has a timeout, and the whole stops
+adding rounds after --budget seconds (default 100). Without a GPU it still runs where $NVMLCHECK_LIBNVML points at
+the stub (nvidia-smi and nvidia-ml-py are then skipped with a message).
 """
 
 from __future__ import annotations
@@ -50,9 +54,14 @@ print(m.used, n[0]); os._exit(0)
 """
 
 
-def commands(py: str, script: str | None) -> dict[str, list[str] | str]:
+#: The one-shots timed for a base version too (``--base-script``).
+BASE_ROWS = ("nvmlcheck wait --timeout 0", "nvmlcheck snapshot", "nvmlcheck ready")
+
+
+def commands(py: str, script: str | None, base_script: str | None = None) -> dict[str, list[str] | str]:
     """name -> argv, or a string saying why it is skipped. ``script``: the installed console script, timed as a user
-    runs it (``python -m nvmlcheck`` is then timed for ``wait`` only, as a reference: runpy costs milliseconds)."""
+    runs it (``python -m nvmlcheck`` is then timed for ``wait`` only, as a reference: runpy costs milliseconds);
+    ``base_script``: another version's, timed for the one-shots as ``base ...``."""
     out: dict[str, list[str] | str] = {}
     cmd = [script] if script else [py, "-m", "nvmlcheck"]
     smi = shutil.which("nvidia-smi")
@@ -74,13 +83,17 @@ def commands(py: str, script: str | None) -> dict[str, list[str] | str]:
         out["nvidia-ml-py one-shot"] = "nvidia-ml-py is not installed (or $NVMLCHECK_LIBNVML points at a stub)"
     has_cffi = subprocess.run([py, "-c", "import cffi"], capture_output=True, timeout=30, check=False)
     out["raw cffi one-shot"] = [py, "-c", RAW_CFFI] if has_cffi.returncode == 0 else "cffi is not installed"
+    if base_script:
+        for name in BASE_ROWS:
+            argv = out[name]
+            out[f"base {name[len('nvmlcheck '):]}"] = [base_script, *argv[1:]] if isinstance(argv, list) else argv
     return out
 
 
-def run_once(argv: list[str], timeout_s: float) -> tuple[float, int]:
+def run_once(argv: list[str], timeout_s: float, env: dict[str, str] | None = None) -> tuple[float, int]:
     t0 = time.perf_counter()
     done = subprocess.run(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=timeout_s,
-                          check=False)  # fmt: skip
+                          check=False, env=env)  # fmt: skip
     return (time.perf_counter() - t0) * 1e3, done.returncode
 
 
@@ -96,19 +109,26 @@ def main() -> int:
                         help="the interpreter to time (default: python3 on PATH, the system's)")  # fmt: skip
     parser.add_argument("--script", help="the installed nvmlcheck console script to time (default: python -m "
                         "nvmlcheck from this tree); $PYTHONPATH must then reach its package")
+    parser.add_argument("--path", help="$PYTHONPATH for --script's runs (default: the inherited one)")
+    parser.add_argument("--base-script", help="another installed version's console script, timed in the same rounds")
+    parser.add_argument("--base-path", help="$PYTHONPATH for --base-script's runs")
     parser.add_argument("--budget", type=float, default=100.0, help="stop adding rounds after this many seconds")
     parser.add_argument("--out", default=os.environ.get("OUT", "."), help="directory for oneshot.json (default $OUT)")
     args = parser.parse_args()
     py = args.python
     t_start = time.monotonic()
     subprocess.run([py, "-m", "compileall", "-q", str(ROOT / "nvmlcheck")], check=False, timeout=120)
-    cmds = commands(py, args.script)
+    cmds = commands(py, args.script, args.base_script)
     live = {k: v for k, v in cmds.items() if isinstance(v, list)}
+    envs: dict[str, dict[str, str] | None] = {}
+    for name, argv in live.items():
+        path = args.base_path if name.startswith("base ") else args.path if argv[0] == args.script else None
+        envs[name] = None if path is None else dict(os.environ, PYTHONPATH=path)
     for name, why in cmds.items():
         if isinstance(why, str):
             print(f"skip {name}: {why}")
-    for argv in live.values():  # warm the page cache and __pycache__; not counted
-        run_once(argv, 60)
+    for name, argv in live.items():  # warm the page cache and __pycache__; not counted
+        run_once(argv, 60, envs[name])
     times: dict[str, list[float]] = {k: [] for k in live}
     codes: dict[str, set[int]] = {k: set() for k in live}
     rounds = 0
@@ -117,7 +137,7 @@ def main() -> int:
             print(f"budget of {args.budget:.0f} s spent after {rounds} rounds")
             break
         for name, argv in live.items():
-            ms, rc = run_once(argv, 60)
+            ms, rc = run_once(argv, 60, envs[name])
             times[name].append(ms)
             codes[name].add(rc)
         rounds += 1
@@ -136,12 +156,12 @@ def main() -> int:
               f"  {sorted(codes[name])}")
     goal = None
     if base:
-        worst = max((m for k, m in medians.items() if k.startswith("nvmlcheck")), default=None)  # not "-m"
+        worst = max((m for k, m in medians.items() if k.startswith("nvmlcheck")), default=None)  # not "-m", "base"
         goal = {"limit_ms": 2 * base, "worst_nvmlcheck_ms": worst, "met": worst is not None and worst <= 2 * base}
         print(f"goal: every nvmlcheck one-shot <= 2 x nvidia-smi = {2 * base:.1f} ms: "
               f"{'met' if goal['met'] else 'NOT met'} (worst {worst:.1f} ms)")
     version = subprocess.run([py, "--version"], capture_output=True, text=True, check=False).stdout.strip()
-    doc = {"python": py, "script": args.script, "version": version,
+    doc = {"python": py, "script": args.script, "base_script": args.base_script, "version": version,
            "rounds": rounds, "skipped": {k: v for k, v in cmds.items() if isinstance(v, str)},
            "results": results, "goal": goal, "wall_s": time.monotonic() - t_start}  # fmt: skip
     out = Path(args.out)

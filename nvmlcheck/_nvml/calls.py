@@ -14,7 +14,7 @@ from _thread import _local  # threading.local itself, without importing threadin
 from collections.abc import Callable
 
 from .. import model
-from .._proc.procfs import PID_MAX_LIMIT  # NVML reports host PIDs, so nothing above is real
+from .._proc import PID_MAX_LIMIT  # NVML reports host PIDs, so nothing above is real
 from ..errors import CorruptData, FunctionNotFound, InsufficientSize, NvmlError, codes_in_scope, error_class_for_code
 from ..model import Memory, ProcessKind
 from ._ffi import ffi as _ffi

@@ -317,10 +317,12 @@ class LoadedLibrary:
             self._forget_parent_state()
             if self._initialised or self._early is not None:
                 return None
-            # The thread holds the GIL only between its C calls, but waits for it after each: at the default 5 ms
-            # switch interval that wait, while the main thread imports, can outlast the call. 0.5 ms until it ends.
+            # The thread holds the GIL only between its C calls, but waits for it after each, up to the switch
+            # interval while the main thread imports: at 5 ms (the default) that wait can outlast the call; at
+            # 0.5 ms it cost the H200's warm-up of five calls ~1 ms. The main thread pays a switch only when the
+            # thread asks, so 0.1 ms until the thread ends.
             previous = sys.getswitchinterval()
-            sys.setswitchinterval(min(previous, 0.0005))
+            sys.setswitchinterval(min(previous, _EARLY_SWITCH_INTERVAL_S))
             early = self._early = self._start_init(devices, reads)
             early.switch_interval_s = previous
         # Let the thread reach nvmlInit before this one imports on: a new thread needs the GIL to start, and an
@@ -397,26 +399,38 @@ class LoadedLibrary:
     def _warm_reads(self, handles: list[Any], reads: tuple[str, ...]) -> None:
         """Make once per GPU the calls whose first one costs milliseconds on a real driver, results discarded: the
         session's own reads then find them warm (docs/performance.md, "One-shot checks": on an H200 the first
-        nvmlDeviceGetRemappedRows took 3.2 ms, the first application clock 4.2 ms). ``reads``: any of
-        ``"health"``, ``"current_clocks"``, ``"clock_limits"`` (the max and application clocks). A missing symbol
-        or a failing call is skipped: the session reports its own."""
+        nvmlDeviceGetRemappedRows took 3.2 ms, the first application clock 4.2 ms). Every one-shot reads the MIG
+        mode and the compute processes (0.4 ms each the first time); ``reads`` adds any of ``"health"``,
+        ``"current_clocks"``, ``"clock_limits"`` (the max and application clocks). A missing symbol or a failing
+        call is skipped: the session reports its own."""
         u32 = ffi.new("unsigned int[4]")
         u64 = ffi.new("unsigned long long *")
         state = ffi.new("nvmlEnableState_t *")
-        calls: list[tuple[str, tuple[Any, ...]]] = []
+        count = ffi.new("unsigned int *")  # 0: the list calls answer with their size only
+        null = ffi.NULL
+        calls: list[tuple[str | None, tuple[Any, ...]]] = [
+            ("nvmlDeviceGetMigMode", (u32, u32 + 1)),
+            (self.symbols.compute_processes, (count, null)),
+        ]
         if "health" in reads:
+            field = ffi.new("nvmlFieldValue_t[1]")
+            field[0].fieldId = 230  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, as calls.py reads it
             calls += [("nvmlDeviceGetRemappedRows", (u32, u32 + 1, u32 + 2, u32 + 3)),
                       ("nvmlDeviceGetRetiredPagesPendingStatus", (state,)),
-                      ("nvmlDeviceGetTotalEccErrors", (1, 0, u64))]  # uncorrected, volatile  # fmt: skip
+                      ("nvmlDeviceGetTotalEccErrors", (1, 0, u64)),  # uncorrected, volatile
+                      ("nvmlDeviceGetFieldValues", (1, field))]  # fmt: skip
+            if self.symbols.retired_pages == "nvmlDeviceGetRetiredPages_v2":
+                calls.append(("nvmlDeviceGetRetiredPages_v2", (0, count, null, null)))
         if "current_clocks" in reads:
             calls.append(("nvmlDeviceGetClockInfo", (0, u32)))
         if "clock_limits" in reads:
             calls += [(name, (0, u32)) for name in ("nvmlDeviceGetMaxClockInfo", "nvmlDeviceGetApplicationsClock")]
         for name, args in calls:
-            if not _has(self.lib, name):
+            if name is None or not _has(self.lib, name):
                 continue
             fn = self.function(name)
             for h in handles:
+                count[0] = 0
                 fn(h, *args)
 
     def _await(self, pending: _PendingInit, deadline: float | None, timeout_s: float | None) -> None:
@@ -469,6 +483,8 @@ class LoadedLibrary:
         self._lock = _thread.allocate_lock()
 
 
+#: The GIL switch interval while an early start's thread runs (the interpreter's is given back when it ends).
+_EARLY_SWITCH_INTERVAL_S = 0.0001
 #: How long an early start waits for its thread to call nvmlInit (it takes ~0.1 ms; this bounds a starved thread).
 _EARLY_CALL_WAIT_S = 0.05
 

@@ -16,6 +16,12 @@ def error(kind: str, message: str) -> Exception:
     return cls(message)
 
 
+#: Linux's largest possible PID, the hard upper bound on ``/proc/sys/kernel/pid_max`` (``PID_MAX_LIMIT`` of
+#: include/linux/threads.h, 4 Mi on 64-bit): used when that file cannot be read, and the one definition in the package
+#: (a process list naming a larger PID is corrupt data, from NVML or nvidia-smi). Here, not in ``procfs``: the NVML
+#: calls check every PID against it, and a wait reads no ``/proc`` file, so need not import that module.
+PID_MAX_LIMIT = 4_194_304
+
 #: Set when this process loaded nvmlcheck's stub through ``$NVMLCHECK_LIBNVML`` (``devfiles.stub_loaded_from_env``):
 #: kept here, in a module with no imports, so that the NVML thread of a one-shot can set it without importing devfiles.
 stub_from_env = False

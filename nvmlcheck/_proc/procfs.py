@@ -11,6 +11,8 @@ from __future__ import annotations
 import errno
 import os
 
+from . import PID_MAX_LIMIT
+
 TYPE_CHECKING = False  # no typing before a signal: start-up cost where site has not loaded it (docs/performance.md)
 if TYPE_CHECKING:
     from typing import NamedTuple
@@ -33,10 +35,6 @@ __all__ = [
     "read_status",
 ]
 
-#: Linux's largest possible PID, the hard upper bound on ``/proc/sys/kernel/pid_max`` (``PID_MAX_LIMIT`` of
-#: include/linux/threads.h, 4 Mi on 64-bit): used when that file cannot be read, and the one definition in the package
-#: (a process list naming a larger PID is corrupt data, from NVML or nvidia-smi).
-PID_MAX_LIMIT = 4_194_304
 
 #: The words for the state letters of ``/proc/PID/stat`` (proc(5)).
 STATE_WORDS: dict[str, str] = {

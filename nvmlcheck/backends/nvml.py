@@ -13,7 +13,6 @@ call. A re-init inside the pass gets at most the time left.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -269,6 +268,9 @@ class NvmlBackend:
             raise ArgumentError(f"init_timeout_s must be a positive number of seconds or None, got {init_timeout_s!r}")
         self._init_timeout_s = init_timeout_s
         self._loaded = library.load(library_path)
+        # Bound before the init is waited for: in a one-shot check that wait is the early thread's nvmlInit, which
+        # this work then overlaps (binding the C functions needs the library, not an initialised NVML).
+        self._calls = NvmlCalls(self._loaded)
         self._loaded.acquire(init_timeout_s)
         self._closed = False
         self._generation = library.fork_generation()
@@ -276,7 +278,6 @@ class NvmlBackend:
         # Set after an "Unknown Error": the init generation under which it was seen; the next read re-initialises
         # unless another session did so since.
         self._reinit_due: int | None = None
-        self._calls = NvmlCalls(self._loaded)
         self._identities: dict[int, _Identity] = {}
         # Total memory per device, from the first successful memory read: the bound process entries are checked
         # against (a process cannot hold more than the device has).
@@ -521,8 +522,10 @@ class NvmlBackend:
             unknown["mig"] = _reason(exc)
         # A live read reports any error; the total is only the bound process entries are checked against.
         gate()
-        with contextlib.suppress(NvmlCheckError):
+        try:  # noqa: SIM105  (contextlib would cost a one-shot ~1 ms of imports on an H200: docs/performance.md)
             self._totals[index] = calls.memory(handle, index).total_bytes
+        except NvmlCheckError:
+            pass
         ident = _Identity(
             handle,
             uuid,

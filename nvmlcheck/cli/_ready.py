@@ -32,7 +32,7 @@ def exit_code_of(report: ReadyReport) -> int:
 def cmd_ready(args: argparse.Namespace) -> int:
     """Judge the selected GPUs; the status line shows on a terminal only, while waiting."""
     from .._record import replace
-    from ..wait import WaitOptions
+    from .._waitoptions import WaitOptions
 
     if hosts_wanted(args):
         from ._hosts import run_hosts

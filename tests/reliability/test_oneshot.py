@@ -125,16 +125,20 @@ def test_a_bounded_open_does_not_wait_past_its_bound_for_the_warm_up(stub: Stub)
     assert pending.warmed.wait(30)
 
 
+_EVERY_ONE_SHOT = {"nvmlDeviceGetMigMode", "nvmlDeviceGetComputeRunningProcesses_v3"}
+_HEALTH = {"nvmlDeviceGetRemappedRows", "nvmlDeviceGetRetiredPagesPendingStatus", "nvmlDeviceGetTotalEccErrors",
+           "nvmlDeviceGetFieldValues", "nvmlDeviceGetRetiredPages_v2"}
+
+
 @pytest.mark.parametrize(
     ("reads", "warmed"),
     [
-        ((), set()),
-        (("current_clocks",), {"nvmlDeviceGetClockInfo"}),
-        (("health",), {"nvmlDeviceGetRemappedRows", "nvmlDeviceGetRetiredPagesPendingStatus",
-                       "nvmlDeviceGetTotalEccErrors"}),
+        ((), _EVERY_ONE_SHOT),
+        (("current_clocks",), {*_EVERY_ONE_SHOT, "nvmlDeviceGetClockInfo"}),
+        (("health",), _EVERY_ONE_SHOT | _HEALTH),
         (("health", "current_clocks", "clock_limits"),
-         {"nvmlDeviceGetRemappedRows", "nvmlDeviceGetRetiredPagesPendingStatus", "nvmlDeviceGetTotalEccErrors",
-          "nvmlDeviceGetClockInfo", "nvmlDeviceGetMaxClockInfo", "nvmlDeviceGetApplicationsClock"}),
+         _EVERY_ONE_SHOT | _HEALTH | {"nvmlDeviceGetClockInfo", "nvmlDeviceGetMaxClockInfo",
+                                      "nvmlDeviceGetApplicationsClock"}),
     ],
 )
 def test_the_early_thread_makes_each_slow_first_call_once_per_gpu(
@@ -142,8 +146,8 @@ def test_the_early_thread_makes_each_slow_first_call_once_per_gpu(
 ) -> None:
     stub.write(Scenario.h200(devices=2))
     probe = stub.probe
-    names = ("nvmlDeviceGetRemappedRows", "nvmlDeviceGetRetiredPagesPendingStatus", "nvmlDeviceGetTotalEccErrors",
-             "nvmlDeviceGetClockInfo", "nvmlDeviceGetMaxClockInfo", "nvmlDeviceGetApplicationsClock")
+    names = (*sorted(_EVERY_ONE_SHOT | _HEALTH), "nvmlDeviceGetClockInfo", "nvmlDeviceGetMaxClockInfo",
+             "nvmlDeviceGetApplicationsClock")
     before = {n: probe.call_count(n) for n in names}
     interval = sys.getswitchinterval()
     pending = library.start_early(str(stub.library), None, reads)
@@ -176,7 +180,8 @@ def test_the_script_initialises_nvml_in_another_thread(stub: Stub, tmp_path: Pat
     (init,) = [e for e in entries if e.function.startswith("nvmlInit")]
     assert init.tid != init.pid  # not the main thread: it ran while Python imported the rest
     ahead = [e for e in entries if e.tid == init.tid]
-    assert {e.function for e in ahead} <= {"nvmlInit_v2", "nvmlDeviceGetCount_v2", "nvmlDeviceGetHandleByIndex_v2"}
+    assert {e.function for e in ahead} <= {"nvmlInit_v2", "nvmlDeviceGetCount_v2", "nvmlDeviceGetHandleByIndex_v2",
+                                           *_EVERY_ONE_SHOT}
 
 
 def _modules_of(argv: list[str], env: dict[str, str]) -> set[str]:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Final
 
-from ..._proc.procfs import PID_MAX_LIMIT
+from ..._proc import PID_MAX_LIMIT
 from ...errors import CorruptData, SmiParseError
 
 __all__ = [
