@@ -2,7 +2,7 @@
 # The start-up round's H200 calls (issues 22 item 5, 23 item 4) in one script: the installed console script of this
 # tree (and of a base) timed as a user runs it. Usage, from the repo root on the GPU host:
 #   bash benchmarks/gpu/run_speed.sh STEP...      (results in $W, default /tmp/speed; a tarball in $OUT)
-# Steps: oneshot (oneshot.py --runs 30, this tree and the base in the same rounds), timeline
+# Steps: oneshot (oneshot.py --runs ${ONESHOT_RUNS:-30}, this tree and the base in the same rounds), timeline
 #   (oneshot_timeline.py --runs 10 on the tree), kill (kill_speed.py --runs ${KILL_RUNS:-6} on this tree; $FORMS, e.g.
 #   pid,devices, limits the forms), kill-base (the same on the base, 3 runs), exit (exit_cost.py --runs 15), profile
 #   (startup_profile.py), compare (compare_nvml.py, base and tree alternating, two rounds), gpu-tests
@@ -45,8 +45,8 @@ for s in "$@"; do
     oneshot) mkdir -p "$W/oneshot"
       base=(); [ -d /tmp/inst-base ] && base=(--base-script /tmp/inst-base/bin/nvmlcheck
         --base-path /tmp/site:/tmp/inst-base)
-      step oneshot 200 env PYTHONPATH=/tmp/site python3 benchmarks/gpu/oneshot.py --runs 30 --python /usr/bin/python3 \
-        --script /tmp/inst-head/bin/nvmlcheck --path /tmp/site:/tmp/inst-head "${base[@]}" --budget 170 \
+      step oneshot 200 env PYTHONPATH=/tmp/site python3 benchmarks/gpu/oneshot.py --runs "${ONESHOT_RUNS:-30}" \
+        --python /usr/bin/python3 --script /tmp/inst-head/bin/nvmlcheck --path /tmp/site:/tmp/inst-head "${base[@]}" --budget 170 \
         --out "$W/oneshot" ;;
     timeline) step timeline 60 env PYTHONPATH=/tmp/site python3 benchmarks/gpu/oneshot_timeline.py --runs 10 \
         --python /usr/bin/python3 --out "$W" ;;
