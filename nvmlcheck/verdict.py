@@ -25,7 +25,7 @@ from .predicates import DEFAULT_MAX_USED_BYTES, free_bytes_of, memory_used_at_mo
 
 TYPE_CHECKING = False  # no typing at run time: it costs a one-shot check milliseconds (docs/performance.md)
 if TYPE_CHECKING:
-    from typing import Any, Literal, NamedTuple
+    from typing import Any, Literal
 
     from .errors import GpuFault
     from .holders import Holder
@@ -34,7 +34,6 @@ if TYPE_CHECKING:
     #: A verdict's class (and a culprit's): see the module docstring and docs/ready.md.
     ReadyClass = Literal["ready", "reclaiming", "held", "stuck", "unhealthy", "short", "unknown"]
 else:
-    from ._record import NamedTuple
 
     def __getattr__(name: str) -> object:
         # ReadyClass, the typing.Literal, made on first use: typing is not loaded otherwise (docs/performance.md).
@@ -456,7 +455,8 @@ def classify(
         for failure in snapshot.failures:
             errs.setdefault(failure.index, failure.error)
             uuids[failure.index] = failure.uuid
-    ctx = _Ctx(now_ns, watch, model, max_used_bytes, need_bytes, need_fraction, unlisted, label_of)
+    ctx = _Ctx(now=now_ns, watch=watch, model=model, max_used=max_used_bytes, need_bytes=need_bytes,
+               need_fraction=need_fraction, unlisted=unlisted, label_of=label_of)
     out: list[GpuVerdict] = []
     seen: set[int] = set()
     for d in devices:
@@ -479,17 +479,25 @@ def classify(
     return tuple(out)
 
 
-class _Ctx(NamedTuple):
-    """What every GPU of one classification shares."""
+class _Ctx:
+    """What every GPU of one classification shares (a slotted class: a named tuple class costs a one-shot's import
+    ~0.15 ms on an H200)."""
 
-    now: int
-    watch: Watch | None
-    model: reclaim_model.ReclaimModel
-    max_used: int
-    need_bytes: int | None
-    need_fraction: float | None
-    unlisted: Sequence[Holder]
-    label_of: Callable[[int], str | None]
+    __slots__ = ("label_of", "max_used", "model", "need_bytes", "need_fraction", "now", "unlisted", "watch")
+
+    def __init__(
+        self, *, now: int, watch: Watch | None, model: reclaim_model.ReclaimModel, max_used: int,
+        need_bytes: int | None, need_fraction: float | None, unlisted: Sequence[Holder],
+        label_of: Callable[[int], str | None],
+    ) -> None:  # fmt: skip
+        self.now = now
+        self.watch = watch
+        self.model = model
+        self.max_used = max_used
+        self.need_bytes = need_bytes
+        self.need_fraction = need_fraction
+        self.unlisted = unlisted
+        self.label_of = label_of
 
 
 def _verdict(index: int, uuid: str | None, label: str, culprits: list[Culprit], **fields: Any) -> GpuVerdict:

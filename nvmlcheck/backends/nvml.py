@@ -50,13 +50,12 @@ from ..model import (
 
 TYPE_CHECKING = False  # no typing at run time: it costs a one-shot check milliseconds (docs/performance.md)
 if TYPE_CHECKING:
-    from typing import NamedTuple
 
     from .._deadline import Deadline
     from ..events import EventListener
     from ..model import ClockEventReason, Clocks, Health
 else:
-    from .._record import NamedTuple
+    pass
 
 __all__ = ["DEFAULT_INIT_TIMEOUT_S", "MIN_INIT_TIMEOUT_S", "NvmlBackend", "init_timeout_for", "process_name"]
 
@@ -162,17 +161,25 @@ def _reason(exc: NvmlError) -> str:
 
 # Private values of this backend: plain classes rather than dataclasses, which cost a one-shot check ~0.5 ms each to
 # create at import (docs/performance.md, "One-shot checks").
-class _Identity(NamedTuple):
-    handle: Handle
-    uuid: str
-    name: str | None
-    pci_bus_id: str | None
-    serial: str | None
-    minor_number: int | None
-    unknown: Mapping[str, str]
-    # nvmlDeviceGetMigMode, read with the identity: changing it needs a GPU reset, so the poll path pays nothing for
-    # it on a GPU without MIG. None (unknown) carries its reason under "mig" in ``unknown``.
-    mig_mode: bool | None = False
+class _Identity:
+    """What a device's first read learns and every later one reuses. ``mig_mode``: nvmlDeviceGetMigMode, read with
+    the identity (changing it needs a GPU reset, so the poll path pays nothing for it on a GPU without MIG); ``None``
+    (unknown) carries its reason under ``"mig"`` in ``unknown``."""
+
+    __slots__ = ("handle", "mig_mode", "minor_number", "name", "pci_bus_id", "serial", "unknown", "uuid")
+
+    def __init__(
+        self, *, handle: Handle, uuid: str, name: str | None, pci_bus_id: str | None, serial: str | None,
+        minor_number: int | None, unknown: Mapping[str, str], mig_mode: bool | None = False,
+    ) -> None:  # fmt: skip
+        self.handle = handle
+        self.uuid = uuid
+        self.name = name
+        self.pci_bus_id = pci_bus_id
+        self.serial = serial
+        self.minor_number = minor_number
+        self.unknown = unknown
+        self.mig_mode = mig_mode
 
 
 class _Plan:
@@ -527,14 +534,14 @@ class NvmlBackend:
         except NvmlCheckError:
             pass
         ident = _Identity(
-            handle,
-            uuid,
-            values["name"],  # type: ignore[arg-type]
-            values["pci_bus_id"],  # type: ignore[arg-type]
-            values["serial"],  # type: ignore[arg-type]
-            values["minor_number"],  # type: ignore[arg-type]
-            MappingProxyType(unknown),
-            mig_mode,
+            handle=handle,
+            uuid=uuid,
+            name=values["name"],  # type: ignore[arg-type]
+            pci_bus_id=values["pci_bus_id"],  # type: ignore[arg-type]
+            serial=values["serial"],  # type: ignore[arg-type]
+            minor_number=values["minor_number"],  # type: ignore[arg-type]
+            unknown=MappingProxyType(unknown),
+            mig_mode=mig_mode,
         )
         self._identities[index] = ident
         return ident
