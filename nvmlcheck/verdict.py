@@ -17,7 +17,6 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from . import reclaim_model
-from ._proc import procfs
 from ._record import record, replace
 from ._units import format_bytes
 from .model import DeviceState, GpuProcess, Memory, OperatorAction, Snapshot, SystemInfo
@@ -404,6 +403,8 @@ class Watch:
 
 
 def _proc_state(pid: int) -> str | None:
+    from ._proc import procfs  # here: a ready GPU has no holder, and a one-shot need not import it
+
     st = procfs.read_stat(pid)
     return None if st is None else st.state
 
@@ -623,7 +624,7 @@ def _process_culprits(d: DeviceState, listed: list[GpuProcess], ctx: _Ctx, bound
             state, since = ctx.watch.state_since(d, p.pid, now)
         else:
             state, since = _proc_state(p.pid), now
-        word = procfs.STATE_WORDS.get(state, state) if state is not None else None
+        word = _state_word(state)
         short = os.path.basename(p.name) if p.name else None  # the program, as holders name it
         name = short or "name unknown"
         held = "an unknown amount" if p.used_bytes is None else format_bytes(p.used_bytes)
@@ -661,7 +662,18 @@ def _process_culprits(d: DeviceState, listed: list[GpuProcess], ctx: _Ctx, bound
     return out
 
 
+def _state_word(state: str | None) -> str | None:
+    """The word for a ``/proc/PID/stat`` state letter (``None`` stays ``None``)."""
+    if state is None:
+        return None
+    from ._proc import procfs
+
+    return procfs.STATE_WORDS.get(state, state)
+
+
 def _parent(pid: int) -> int | None:
+    from ._proc import procfs
+
     st = procfs.read_stat(pid)
     return None if st is None else st.ppid
 
