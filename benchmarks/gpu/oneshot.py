@@ -170,6 +170,11 @@ def main() -> int:
         goal = {"limit_ms": 2 * base, "worst_nvmlcheck_ms": worst, "met": worst is not None and worst <= 2 * base}
         print(f"goal: every nvmlcheck one-shot <= 2 x nvidia-smi = {2 * base:.1f} ms: "
               f"{'met' if goal['met'] else 'NOT met'} (worst {worst:.1f} ms)")
+    health_smi = medians.get("nvidia-smi --query-gpu (health)")
+    if health_smi and "nvmlcheck ready" in medians:
+        # Like for like: nvidia-smi making ready's health reads pays the driver's first-call costs too.
+        like = medians["nvmlcheck ready"] / health_smi
+        print(f"ready against nvidia-smi reading the same health fields: {like:.2f}x")
     paired: dict[str, dict[str, float]] = {}
     for name in BASE_ROWS:
         base_name = f"base {name[len('nvmlcheck '):]}"
