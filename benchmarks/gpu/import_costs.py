@@ -1,10 +1,12 @@
 """What importing each module of a one-shot costs on this host, without ``-X importtime``'s own overhead.
 
-For each module in the order a one-shot imports it, a fresh interpreter imports the ones before it, then stamps
-``perf_counter_ns`` around importing that one (its own cost, its imports not already loaded included); ``--runs``
-fresh interpreters per module, medians in µs. Run from the repo root (the tree's modules, byte-compiled first).
+The modules and their order are those a run of the command imports beyond a bare interpreter (read once from
+``-X importtime`` of ``python -m nvmlcheck COMMAND``; without a GPU point ``$NVMLCHECK_LIBNVML`` at the stub). For
+each, a fresh interpreter imports the ones before it, then stamps ``perf_counter_ns`` around importing that one;
+``--runs`` fresh interpreters per module, medians in µs, and their sum. Run from the repo root (the tree's modules,
+byte-compiled first).
 
-    python3 benchmarks/gpu/import_costs.py --python /usr/bin/python3 --runs 15
+    python3 benchmarks/gpu/import_costs.py --python /usr/bin/python3 --runs 15 [--command "wait --timeout 0"]
 """
 
 from __future__ import annotations
@@ -16,12 +18,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-ORDER = (
-    "_cffi_backend", "nvmlcheck._nvml.library", "nvmlcheck.cli._common", "nvmlcheck.cli._main", "functools", "enum",
-    "collections", "nvmlcheck.errors", "nvmlcheck._record", "nvmlcheck._record_methods", "nvmlcheck.model",
-    "nvmlcheck.predicates", "nvmlcheck.backends.nvml", "nvmlcheck.session", "nvmlcheck._waitoptions",
-    "nvmlcheck.wait", "nvmlcheck._readings", "nvmlcheck.verdict", "nvmlcheck.readiness", "nvmlcheck.cli._ready",
-)
+#: Modules a bare interpreter has already loaded (``-X importtime`` lists them too): not the command's.
+BARE = "import sys; print(' '.join(sys.modules))"
+
 CHILD = r"""
 import importlib, sys, time
 for name in sys.argv[1].split(",") if sys.argv[1] else ():
@@ -32,16 +31,36 @@ print((time.perf_counter_ns() - t) / 1e3)
 """
 
 
+def modules_of(py: str, command: list[str]) -> list[str]:
+    """The modules ``python -m nvmlcheck COMMAND`` imports, in order, less the bare interpreter's and ``runpy``'s."""
+    bare = set(subprocess.run([py, "-c", BARE], capture_output=True, text=True, check=True).stdout.split())
+    done = subprocess.run([py, "-X", "importtime", "-m", "nvmlcheck", *command], cwd=ROOT, capture_output=True,
+                          text=True, check=False)  # fmt: skip
+    names = [line.rsplit("|", 1)[-1] for line in done.stderr.splitlines()
+             if line.startswith("import time:") and "|" in line and "cumulative" not in line]  # fmt: skip
+    # The lines come as each import ends, so site's own imports (its .pth files') all come before its line.
+    start = next((i + 1 for i, n in enumerate(names) if n.strip() == "site" and not n.startswith("  ")), 0)
+    out: list[str] = []
+    for raw in names[start:]:
+        name = raw.strip()
+        if name not in bare and name not in out and not name.startswith(("runpy", "importlib", "pkgutil")):
+            out.append(name)
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--python", default=sys.executable)
     ap.add_argument("--runs", type=int, default=15)
+    ap.add_argument("--command", default="ready", help="the one-shot whose imports are timed (default: ready)")
     args = ap.parse_args()
     subprocess.run([args.python, "-m", "compileall", "-q", str(ROOT / "nvmlcheck")], check=False)
+    order = modules_of(args.python, args.command.split())
     total = 0.0
-    print(f"{'module':32} {'median us':>10}   ({args.runs} fresh interpreters each, {args.python})")
-    for i, name in enumerate(ORDER):
-        before = ",".join(ORDER[:i])
+    print(f"{'module':32} {'median us':>10}   ({args.runs} fresh interpreters each, {args.python}, "
+          f"nvmlcheck {args.command})")
+    for i, name in enumerate(order):
+        before = ",".join(order[:i])
         got = []
         for _ in range(args.runs):
             done = subprocess.run([args.python, "-c", CHILD, before, name], cwd=ROOT, capture_output=True, text=True,
