@@ -1,7 +1,7 @@
 """What importing each module of a one-shot costs on this host, without ``-X importtime``'s own overhead.
 
 The modules and their order are those a run of the command imports beyond a bare interpreter (read once from
-``-X importtime`` of ``python -m nvmlcheck COMMAND``; without a GPU point ``$NVMLCHECK_LIBNVML`` at the stub). For
+``-X importtime`` of the console script's body; without a GPU point ``$NVMLCHECK_LIBNVML`` at the stub). For
 each, a fresh interpreter imports the ones before it, then stamps ``perf_counter_ns`` around importing that one;
 ``--runs`` fresh interpreters per module, medians in µs, and their sum. Run from the repo root (the tree's modules,
 byte-compiled first).
@@ -18,6 +18,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+#: The console script's body as a current pip writes it (not ``-m``: runpy brings importlib.util and threading).
+SCRIPT = "import sys\nfrom nvmlcheck.cli import script\nsys.argv[0] = 'nvmlcheck'\nsys.exit(script())"
 #: Modules a bare interpreter has already loaded (``-X importtime`` lists them too): not the command's.
 BARE = "import sys; print(' '.join(sys.modules))"
 
@@ -32,10 +34,10 @@ print((time.perf_counter_ns() - t) / 1e3)
 
 
 def modules_of(py: str, command: list[str]) -> list[str]:
-    """The modules ``python -m nvmlcheck COMMAND`` imports, in order, less the bare interpreter's and ``runpy``'s."""
+    """The modules the console script imports for ``COMMAND``, in order, less the bare interpreter's."""
     bare = set(subprocess.run([py, "-c", BARE], capture_output=True, text=True, check=True).stdout.split())
-    done = subprocess.run([py, "-X", "importtime", "-m", "nvmlcheck", *command], cwd=ROOT, capture_output=True,
-                          text=True, check=False)  # fmt: skip
+    done = subprocess.run([py, "-X", "importtime", "-c", SCRIPT, *command], cwd=ROOT, capture_output=True, text=True,
+                          check=False)  # fmt: skip
     names = [line.rsplit("|", 1)[-1] for line in done.stderr.splitlines()
              if line.startswith("import time:") and "|" in line and "cumulative" not in line]  # fmt: skip
     # The lines come as each import ends, so site's own imports (its .pth files') all come before its line.
@@ -43,7 +45,7 @@ def modules_of(py: str, command: list[str]) -> list[str]:
     out: list[str] = []
     for raw in names[start:]:
         name = raw.strip()
-        if name not in bare and name not in out and not name.startswith(("runpy", "importlib", "pkgutil")):
+        if name not in bare and name not in out:
             out.append(name)
     return out
 
