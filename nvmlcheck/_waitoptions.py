@@ -294,5 +294,6 @@ def _check_option(name: str, value: object) -> None:
 WaitOptions.DEFAULT = WaitOptions()
 
 
-for _cls in (PollPolicy, WaitOptions):
-    _cls.__module__ = "nvmlcheck.wait"
+# Pickles and reprs name nvmlcheck.wait, where these were defined before and are offered now.
+for _made in (PollPolicy, WaitOptions, _rebuild_options):
+    _made.__module__ = "nvmlcheck.wait"

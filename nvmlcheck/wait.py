@@ -21,7 +21,16 @@ from collections.abc import Callable
 from ._deadline import Deadline
 from ._record import field, record
 from ._waitdefaults import CLOCK, ON_POLL, POLICY, SLEEP, STABLE_POLLS, TIMEOUT, TRACE
-from ._waitoptions import DEFAULT, PRECISE, SMI_DEFAULT, PollPolicy, WaitOptions, _resolve_policy, _timeout_ns
+from ._waitoptions import (  # _rebuild_options: what a pickled WaitOptions names (nvmlcheck.wait._rebuild_options)
+    DEFAULT,
+    PRECISE,
+    SMI_DEFAULT,
+    PollPolicy,
+    WaitOptions,
+    _rebuild_options,  # noqa: F401
+    _resolve_policy,
+    _timeout_ns,
+)
 from .errors import (
     ArgumentError,
     CorruptData,

@@ -104,6 +104,7 @@ def test_options_are_immutable_hashable_and_picklable() -> None:
         del opts.timeout
     assert hash(opts) == hash(WaitOptions(timeout=2.5, policy=PRECISE, trace=True))
     assert pickle.loads(pickle.dumps(opts)) == opts
+    assert b"nvmlcheck.wait" in pickle.dumps(opts) and b"_waitoptions" not in pickle.dumps(opts)  # the public module
     assert "timeout=2.5" in repr(opts) and "trace=True" in repr(opts)
 
 
