@@ -399,19 +399,16 @@ class LoadedLibrary:
     def _warm_reads(self, handles: list[Any], reads: tuple[str, ...]) -> None:
         """Make once per GPU the calls whose first one costs milliseconds on a real driver, results discarded: the
         session's own reads then find them warm (docs/performance.md, "One-shot checks": on an H200 the first
-        nvmlDeviceGetRemappedRows took 3.2 ms, the first application clock 4.2 ms). Every one-shot reads the MIG
-        mode and the compute processes (0.4 ms each the first time); ``reads`` adds any of ``"health"``,
-        ``"current_clocks"``, ``"clock_limits"`` (the max and application clocks). A missing symbol or a failing
-        call is skipped: the session reports its own."""
+        nvmlDeviceGetRemappedRows took 3.2 ms, the first application clock 4.2 ms). Every one-shot reads the compute
+        processes (0.4 ms the first time, then µs); ``reads`` adds any of ``"health"``, ``"current_clocks"``,
+        ``"clock_limits"`` (the max and application clocks). Not the MIG mode: it costs 0.4 ms on every call, so
+        warming it only adds a call. A missing symbol or a failing call is skipped: the session reports its own."""
         u32 = ffi.new("unsigned int[4]")
         u64 = ffi.new("unsigned long long *")
         state = ffi.new("nvmlEnableState_t *")
         count = ffi.new("unsigned int *")  # 0: the list calls answer with their size only
         null = ffi.NULL
-        calls: list[tuple[str | None, tuple[Any, ...]]] = [
-            ("nvmlDeviceGetMigMode", (u32, u32 + 1)),
-            (self.symbols.compute_processes, (count, null)),
-        ]
+        calls: list[tuple[str | None, tuple[Any, ...]]] = [(self.symbols.compute_processes, (count, null))]
         if "health" in reads:
             field = ffi.new("nvmlFieldValue_t[1]")
             field[0].fieldId = 230  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, as calls.py reads it
