@@ -36,12 +36,6 @@ from .model import (
     unknown_key,
 )
 
-TYPE_CHECKING = False  # no typing at run time: it costs a one-shot check milliseconds (docs/performance.md)
-if TYPE_CHECKING:
-    pass
-else:
-    pass
-
 __all__ = [
     "ALL_KINDS",
     "DEFAULT_MAX_USED_BYTES",

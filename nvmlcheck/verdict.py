@@ -26,6 +26,7 @@ TYPE_CHECKING = False  # no typing at run time: it costs a one-shot check millis
 if TYPE_CHECKING:
     from typing import Any, Literal
 
+    from ._proc.procfs import ProcStat
     from .errors import GpuFault
     from .holders import Holder
     from .wait import TracePoint
@@ -402,10 +403,15 @@ class Watch:
         return on_poll
 
 
-def _proc_state(pid: int) -> str | None:
-    from ._proc import procfs  # here: a ready GPU has no holder, and a one-shot need not import it
+def _read_stat(pid: int) -> ProcStat | None:
+    """``procfs.read_stat(pid)``, imported here: only a holder needs it, and a one-shot on a ready GPU has none."""
+    from ._proc import procfs
 
-    st = procfs.read_stat(pid)
+    return procfs.read_stat(pid)
+
+
+def _proc_state(pid: int) -> str | None:
+    st = _read_stat(pid)
     return None if st is None else st.state
 
 
@@ -672,9 +678,7 @@ def _state_word(state: str | None) -> str | None:
 
 
 def _parent(pid: int) -> int | None:
-    from ._proc import procfs
-
-    st = procfs.read_stat(pid)
+    st = _read_stat(pid)
     return None if st is None else st.ppid
 
 

@@ -18,7 +18,7 @@ from .._proc import PID_MAX_LIMIT  # NVML reports host PIDs, so nothing above is
 from ..errors import CorruptData, FunctionNotFound, InsufficientSize, NvmlError, codes_in_scope, error_class_for_code
 from ..model import Memory, ProcessKind
 from ._ffi import ffi as _ffi
-from .library import LoadedLibrary
+from .library import NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, LoadedLibrary
 
 TYPE_CHECKING = False  # no typing at run time: it costs a one-shot check milliseconds (docs/performance.md)
 if TYPE_CHECKING:  # the health classes are created on first use (model.__getattr__): a wait never reads health
@@ -541,7 +541,7 @@ class NvmlCalls:
         fn = self._health_fns["nvmlDeviceGetFieldValues"]
         values = self._buffers.field_value
         value = values[0]
-        value.fieldId = _NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
+        value.fieldId = NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
         value.scopeId = 0
         value.nvmlReturn = NVML_ERROR_NOT_SUPPORTED
         rc = fn(handle, 1, values) if fn is not None else NVML_ERROR_FUNCTION_NOT_FOUND
@@ -679,7 +679,6 @@ _NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
 _NVML_VOLATILE_ECC, _NVML_AGGREGATE_ECC = 0, 1
 _VALUE_TYPE_UL = 2  # unsigned long
 _VALUE_TYPES_64 = (3, 4)  # unsigned and signed long long
-_NVML_FI_DEV_GET_GPU_RECOVERY_ACTION = 230
 _RECOVERY_SYMBOL = "nvmlDeviceGetFieldValues(NVML_FI_DEV_GET_GPU_RECOVERY_ACTION)"
 _MIG_FUNCTIONS = (
     "nvmlDeviceGetMigMode",

@@ -411,7 +411,7 @@ class LoadedLibrary:
         calls: list[tuple[str | None, tuple[Any, ...]]] = [(self.symbols.compute_processes, (count, null))]
         if "health" in reads:
             field = ffi.new("nvmlFieldValue_t[1]")
-            field[0].fieldId = 230  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, as calls.py reads it
+            field[0].fieldId = NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
             calls += [("nvmlDeviceGetRemappedRows", (u32, u32 + 1, u32 + 2, u32 + 3)),
                       ("nvmlDeviceGetRetiredPagesPendingStatus", (state,)),
                       ("nvmlDeviceGetTotalEccErrors", (1, 0, u64)),  # uncorrected, volatile
@@ -480,6 +480,8 @@ class LoadedLibrary:
         self._lock = _thread.allocate_lock()
 
 
+#: The field ID of NVML's recommended recovery action (nvml.h), read by calls.py and warmed by the early thread.
+NVML_FI_DEV_GET_GPU_RECOVERY_ACTION = 230
 #: The GIL switch interval while an early start's thread runs (the interpreter's is given back when it ends).
 _EARLY_SWITCH_INTERVAL_S = 0.0001
 #: How long an early start waits for its thread to call nvmlInit (it takes ~0.1 ms; this bounds a starved thread).

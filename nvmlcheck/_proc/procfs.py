@@ -35,7 +35,6 @@ __all__ = [
     "read_status",
 ]
 
-
 #: The words for the state letters of ``/proc/PID/stat`` (proc(5)).
 STATE_WORDS: dict[str, str] = {
     "R": "running",

@@ -50,12 +50,9 @@ from ..model import (
 
 TYPE_CHECKING = False  # no typing at run time: it costs a one-shot check milliseconds (docs/performance.md)
 if TYPE_CHECKING:
-
     from .._deadline import Deadline
     from ..events import EventListener
     from ..model import ClockEventReason, Clocks, Health
-else:
-    pass
 
 __all__ = ["DEFAULT_INIT_TIMEOUT_S", "MIN_INIT_TIMEOUT_S", "NvmlBackend", "init_timeout_for", "process_name"]
 
