@@ -2,7 +2,8 @@
 
 The early thread of a one-shot makes the calls whose *first* call is slow, so that the session finds them warm; a
 call that is slow on *every* call gains nothing from that and only lengthens the driver's path. For each call a
-one-shot makes, in ``--runs`` fresh processes (after ``nvmlInit`` and the first handle, each call in its own order
+one-shot makes, in ``--runs`` fresh processes (``--reverse``: the list last to first, which moves a first cost
+that several calls share) (after ``nvmlInit`` and the first handle, each call in its own order
 position as listed), the 1st, 2nd and 3rd call are timed. Prints medians in µs. Uses nvidia-ml-py.
 
     python3 benchmarks/gpu/first_calls.py --runs 8 [--json out.json]
@@ -18,7 +19,7 @@ import sys
 from pathlib import Path
 
 CHILD = r"""
-import json, time
+import json, sys, time
 import pynvml as N
 N.nvmlInit()
 h = N.nvmlDeviceGetHandleByIndex(0)
@@ -33,7 +34,24 @@ calls = [
                                                   getattr(N, "nvmlDeviceGetCurrentClocksThrottleReasons", None))(h)),
     ("UUID", lambda: N.nvmlDeviceGetUUID(h)),
     ("PciInfo", lambda: N.nvmlDeviceGetPciInfo(h)),
+    ("Name", lambda: N.nvmlDeviceGetName(h)),
+    ("Serial", lambda: N.nvmlDeviceGetSerial(h)),
+    ("MinorNumber", lambda: N.nvmlDeviceGetMinorNumber(h)),
+    ("GraphicsRunningProcesses", lambda: N.nvmlDeviceGetGraphicsRunningProcesses(h)),
+    ("MPSComputeRunningProcesses", lambda: N.nvmlDeviceGetMPSComputeRunningProcesses(h)),
+    ("RemappedRows", lambda: N.nvmlDeviceGetRemappedRows(h)),
+    ("RetiredPagesPendingStatus", lambda: N.nvmlDeviceGetRetiredPagesPendingStatus(h)),
+    ("TotalEccErrors.volatile", lambda: N.nvmlDeviceGetTotalEccErrors(h, 1, 0)),
+    ("RetiredPages.sbe", lambda: N.nvmlDeviceGetRetiredPages(h, 0)),
+    ("RetiredPages.dbe", lambda: N.nvmlDeviceGetRetiredPages(h, 1)),
+    ("FieldValues.recovery", lambda: N.nvmlDeviceGetFieldValues(h, [230])),
+    ("FieldValues.health", lambda: N.nvmlDeviceGetFieldValues(h, [31, 142, 143, 144, 145, 4])),
+    ("MaxMigDeviceCount", lambda: N.nvmlDeviceGetMaxMigDeviceCount(h)),
+    ("MigDeviceHandleByIndex0", lambda: N.nvmlDeviceGetMigDeviceHandleByIndex(h, 0)),
+    ("SystemDriverVersion", lambda: N.nvmlSystemGetDriverVersion()),
 ]
+if "--reverse" in sys.argv:  # the same calls last to first: a first cost shared by several calls moves
+    calls.reverse()
 out = {}
 for name, fn in calls:
     got = []
@@ -54,10 +72,12 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=8)
     ap.add_argument("--python", default=sys.executable)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--reverse", action="store_true", help="make the calls last to first")
     args = ap.parse_args()
     times: dict[str, list[list[float]]] = {}
     for _ in range(args.runs):
-        done = subprocess.run([args.python, "-c", CHILD], capture_output=True, text=True, timeout=60, check=False)
+        words = [args.python, "-c", CHILD, *(["--reverse"] if args.reverse else [])]
+        done = subprocess.run(words, capture_output=True, text=True, timeout=60, check=False)
         if done.returncode:
             print(f"exit {done.returncode}: {done.stderr.strip()[-400:]}")
             return 1

@@ -2,16 +2,14 @@
 
 The path is an explicit one, else ``libnvidia-ml.so.1``, then ``libnvidia-ml.so`` (the dynamic loader's search).
 ``$NVMLCHECK_LIBNVML`` reaches a test's child processes and names only nvmlcheck's stub: :func:`library_from_env`.
-Versioned symbols (``_v2``/``_v3``) are probed once at load, newest first. One NVML initialisation per process and
-library is shared by every session, counted under a lock and started afresh after ``fork()``; ``nvmlInit`` runs in
-a daemon thread bounded by a timeout because it can hang. :meth:`LoadedLibrary.reinit` recovers from "Unknown
+Versioned symbols (``_v2``/``_v3``) are probed once, on first use, newest first. One NVML initialisation per
+process and library is shared by every session, counted under a lock and started afresh after ``fork()``;
+``nvmlInit`` runs in a daemon thread bounded by a timeout because it can hang. :meth:`LoadedLibrary.reinit` recovers from "Unknown
 Error" or a lost initialisation; ``init_generation``, ``reinit_epoch`` and ``reinit_in_progress`` let readers tell
 another thread's re-init from a real loss. Entry points: :func:`load` and :class:`LoadedLibrary` (``acquire``,
 ``release``, ``reinit``). The driver facts behind each rule, with their sources: docs/driver-facts.md, "Loading
 libnvidia-ml".
 """
-
-from __future__ import annotations
 
 import _thread
 import os
@@ -129,13 +127,13 @@ class Symbols:
     def __repr__(self) -> str:
         return "Symbols(" + ", ".join(f"{k}={getattr(self, k)!r}" for k in self._SYMBOL_FIELDS) + ")"
 
-    def processes(self, kind: ProcessKind | str) -> str | None:
+    def processes(self, kind: "ProcessKind | str") -> str | None:
         """The process-list symbol for ``kind`` (a :class:`~nvmlcheck.ProcessKind` or its value)."""
         name: str | None = getattr(self, f"{getattr(kind, 'value', kind)}_processes")
         return name
 
 
-def _has(lib: Any, name: str) -> bool:
+def _has(lib: "Any", name: str) -> bool:
     try:
         getattr(lib, name)
     except (AttributeError, ffi.error):  # cffi ABI mode raises ffi.error: "symbol 'x' not found in library"
@@ -143,15 +141,16 @@ def _has(lib: Any, name: str) -> bool:
     return True
 
 
-def _probe(lib: Any) -> Symbols:
-    def first(names: tuple[str, ...]) -> str | None:
-        return next((n for n in names if _has(lib, n)), None)
+def _first(lib: "Any", names: tuple[str, ...]) -> str | None:
+    return next((n for n in names if _has(lib, n)), None)
 
-    caps = {cap: first(names) for cap, names in _CAPABILITIES.items()}
+
+def _probe(lib: "Any") -> Symbols:
+    caps = {cap: _first(lib, names) for cap, names in _CAPABILITIES.items()}
     return Symbols(
-        compute_processes=first(_PROCESS_SYMBOLS["compute"]),
-        graphics_processes=first(_PROCESS_SYMBOLS["graphics"]),
-        mps_processes=first(_PROCESS_SYMBOLS["mps"]),
+        compute_processes=_first(lib, _PROCESS_SYMBOLS["compute"]),
+        graphics_processes=_first(lib, _PROCESS_SYMBOLS["graphics"]),
+        mps_processes=_first(lib, _PROCESS_SYMBOLS["mps"]),
         **caps,
     )
 
@@ -209,10 +208,10 @@ class _PendingInit:
 class LoadedLibrary:
     """One dlopen'ed libnvidia-ml with its probed symbols and shared init reference count."""
 
-    def __init__(self, path: str, lib: Any) -> None:
+    def __init__(self, path: str, lib: "Any") -> None:
         self.path = path
         self.lib = lib
-        self.symbols = _probe(lib)
+        self._symbols: Symbols | None = None  # probed on first use (symbols): an early start needs only the init
         self._lock = _thread.allocate_lock()
         self._refcount = 0  # sessions using NVML through this library
         self._initialised = False  # whether this library holds one NVML initialisation (NVML's own count)
@@ -224,7 +223,16 @@ class LoadedLibrary:
         # An init begun by start_early, holding its initialisation (as one waiter) for the first acquire().
         self._early: _PendingInit | None = None
 
-    def function(self, name: str) -> Callable[..., int]:
+    @property
+    def symbols(self) -> Symbols:
+        """Which symbol answers each capability (probed once, ~40 look-ups: 0.14 ms on an H200)."""
+        found = self._symbols
+        if found is None:
+            # Two threads may both probe (the early thread and a session): the same answer, either one kept.
+            found = self._symbols = _probe(self.lib)
+        return found
+
+    def function(self, name: str) -> "Callable[..., int]":
         """The C function ``name`` (``AttributeError`` if the library lacks it)."""
         try:
             fn: Callable[..., int] = getattr(self.lib, name)
@@ -309,7 +317,7 @@ class LoadedLibrary:
             pending = self._start_init()
         self._await(pending, deadline, timeout_s)
 
-    def begin_early(self, devices: Sequence[int] | None = (), reads: tuple[str, ...] = ()) -> _PendingInit | None:
+    def begin_early(self, devices: "Sequence[int] | None" = (), reads: tuple[str, ...] = ()) -> "_PendingInit | None":
         """Start ``nvmlInit`` now, for an :meth:`acquire` that comes later (see :func:`start_early`): the init runs in
         its thread and, should it finish first, stays initialised for that caller. ``None`` when NVML is already
         initialised or an early init is already held."""
@@ -332,12 +340,12 @@ class LoadedLibrary:
         early.calling.wait(_EARLY_CALL_WAIT_S)
         return early
 
-    def _start_init(self, warm: Sequence[int] | None = (), reads: tuple[str, ...] = ()) -> _PendingInit:
+    def _start_init(self, warm: "Sequence[int] | None" = (), reads: tuple[str, ...] = ()) -> _PendingInit:
         """The init in flight, or a new one started in a daemon thread; counts the caller as a waiter (lock held).
         ``warm``: device indices whose handles the thread reads after a successful init (``None``: all)."""
         pending = self._pending
         if pending is None:
-            name = self.symbols.init
+            name = _first(self.lib, _CAPABILITIES["init"])  # not the whole probe: an early start is waiting
             if name is None:
                 from ..errors import BackendUnavailable
 
@@ -350,7 +358,7 @@ class LoadedLibrary:
         pending.waiters += 1
         return pending
 
-    def _run_init(self, pending: _PendingInit, warm: Sequence[int] | None = ()) -> None:
+    def _run_init(self, pending: _PendingInit, warm: "Sequence[int] | None" = ()) -> None:
         fn = self.function(pending.name)
         pending.calling.set()
         rc = fn()
@@ -376,7 +384,7 @@ class LoadedLibrary:
                 sys.setswitchinterval(pending.switch_interval_s)
             pending.warmed.set()
 
-    def _warm_handles(self, devices: Sequence[int] | None) -> list[Any]:
+    def _warm_handles(self, devices: "Sequence[int] | None") -> "list[Any]":
         """Read the handle of each of ``devices`` (``None``: every GPU) once: only the driver's first-call cost is
         taken here, the session reads them again. Errors are left to the session's own calls. Returns the handles
         read."""
@@ -396,7 +404,7 @@ class LoadedLibrary:
                 handles.append(out[0])
         return handles
 
-    def _warm_reads(self, handles: list[Any], reads: tuple[str, ...]) -> None:
+    def _warm_reads(self, handles: "list[Any]", reads: tuple[str, ...]) -> None:
         """Make once per GPU the calls whose first one costs milliseconds on a real driver, results discarded: the
         session's own reads then find them warm (docs/performance.md, "One-shot checks": on an H200 the first
         nvmlDeviceGetRemappedRows took 3.2 ms, the first application clock 4.2 ms). Every one-shot reads the compute
@@ -548,7 +556,7 @@ def library_from_env() -> str | None:
 
 
 def load(path: str | None = None) -> LoadedLibrary:
-    """dlopen libnvidia-ml (once per path) and probe its symbols.
+    """dlopen libnvidia-ml (once per path); its symbols are probed on first use (:attr:`LoadedLibrary.symbols`).
 
     Raises :class:`~nvmlcheck.BackendUnavailable` listing every path tried and why it failed.
     """
@@ -579,8 +587,8 @@ def load(path: str | None = None) -> LoadedLibrary:
 
 
 def start_early(
-    path: str | None = None, devices: Sequence[int] | None = (), reads: tuple[str, ...] = ()
-) -> _PendingInit | None:
+    path: str | None = None, devices: "Sequence[int] | None" = (), reads: tuple[str, ...] = ()
+) -> "_PendingInit | None":
     """Load libnvidia-ml here and start ``nvmlInit`` in its thread, now: a one-shot command calls this before it
     imports the rest of nvmlcheck, so the driver initialises while Python imports, and the session it opens later
     finds NVML initialised (or joins the init in flight: :meth:`LoadedLibrary.acquire` bounds it as usual).
@@ -595,7 +603,10 @@ def start_early(
     Returns the init in flight (``None`` if none was started), whose ``warmed`` event tests wait on.
     """
     try:
-        return load(path).begin_early(devices, reads)
+        loaded = load(path)
+        early = loaded.begin_early(devices, reads)
+        loaded.symbols  # noqa: B018 - probed here, while the thread is in nvmlInit (its warm reads need them)
+        return early
     except Exception:
         return None
 

@@ -4,6 +4,7 @@ Mechanisms only (counted calls, threads, module lists); the timings are benchmar
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -14,7 +15,6 @@ import pytest
 import nvmlcheck as nc
 from nvmlcheck import cli
 from nvmlcheck._nvml import library
-from nvmlcheck.cli import _common
 from nvmlcheck.testing import Scenario, read_call_log
 
 from ._support import Stub
@@ -41,7 +41,7 @@ def test_a_one_shot_command_starts_nvml_early(
 ) -> None:
     calls: list[tuple[str | None, object, object]] = []
     monkeypatch.setattr(library, "start_early", lambda path, devs, reads: calls.append((path, devs, reads)))
-    assert _common.start_nvml_early(argv) is True
+    assert cli.start_nvml_early(argv) is True
     warmed = {"wait": (), "snapshot": ("current_clocks",), "ready": ("health",)}
     assert calls == [(None, devices, warmed[next(w for w in argv if w in warmed)])]
 
@@ -64,7 +64,7 @@ def test_a_one_shot_command_starts_nvml_early(
 )
 def test_other_commands_do_not(monkeypatch: pytest.MonkeyPatch, argv: list[str]) -> None:
     monkeypatch.setattr(library, "start_early", lambda *a: pytest.fail(f"started early for {argv}"))
-    assert _common.start_nvml_early(argv) is False
+    assert cli.start_nvml_early(argv) is False
 
 
 def test_the_session_joins_the_early_init_and_its_handles_are_read_ahead(stub: Stub) -> None:
@@ -182,6 +182,55 @@ def test_the_script_initialises_nvml_in_another_thread(stub: Stub, tmp_path: Pat
     ahead = [e for e in entries if e.tid == init.tid]
     assert {e.function for e in ahead} <= {"nvmlInit_v2", "nvmlDeviceGetCount_v2", "nvmlDeviceGetHandleByIndex_v2",
                                            *_EVERY_ONE_SHOT}
+
+
+# Runs the script; when a thread is started (the early init's: nothing starts one before it) prints the modules
+# imported so far and whether the library's symbols were probed yet, and ends.
+_BEFORE_INIT = r"""
+import json, os, sys, _thread
+imported = []
+class Noted:
+    def find_spec(self, name, path=None, target=None):
+        imported.append(name)
+sys.meta_path.insert(0, Noted())
+start = _thread.start_new_thread
+def started(fn, args, *rest):
+    loaded = getattr(fn, "__self__", None)
+    os.write(1, json.dumps({"imported": imported, "probed": getattr(loaded, "_symbols", 0) is not None}).encode())
+    os._exit(0)
+_thread.start_new_thread = started
+sys.argv = ["nvmlcheck", *sys.argv[1:]]
+from nvmlcheck.cli import script
+script()
+"""
+
+
+@pytest.mark.parametrize("argv", [["ready"], ["wait", "--timeout", "0"], ["--json", "snapshot"]])
+def test_the_script_imports_only_the_loader_before_the_driver_starts(stub: Stub, argv: list[str]) -> None:
+    # Everything imported before the init thread starts delays nvmlInit, the start of the driver's critical path
+    # (docs/performance.md, "The fourth round"): not __future__, not the commands' shared module, and the symbol
+    # probe waits until the thread runs. The library is found as libnvidia-ml.so.1, as on a GPU host: the stub's
+    # own check ($NVMLCHECK_LIBNVML) imports ctypes, which a real run does not.
+    stub.write(Scenario.h200())
+    env = {k: v for k, v in os.environ.items() if k != library.ENV_LIBRARY}
+    env["LD_LIBRARY_PATH"] = str(stub.library.parent)
+    done = subprocess.run([sys.executable, "-c", _BEFORE_INIT, *argv], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=60, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout)
+    ours = [m for m in seen["imported"] if m not in {"encodings", "_distutils_hack"}]  # site's own, when present
+    assert set(ours) == {"nvmlcheck", "nvmlcheck.cli", "nvmlcheck._nvml", "nvmlcheck._nvml.library",
+                         "nvmlcheck._nvml._ffi", "_cffi_backend"}, ours  # fmt: skip
+    assert seen["probed"] is False
+
+
+def test_the_early_start_probes_the_symbols_while_the_thread_initialises(stub: Stub) -> None:
+    stub.write(Scenario.h200())
+    loaded = library.load(str(stub.library))
+    pending = library.start_early(str(stub.library), None)
+    assert pending is not None and loaded._symbols is not None  # probed by the caller, before it returned
+    loaded.acquire(30)  # take the early init over, and give it back
+    loaded.release()
 
 
 def _modules_of(argv: list[str], env: dict[str, str]) -> set[str]:
