@@ -1,6 +1,7 @@
 """One-shot checks side by side (issue 22, item 5): how long `nvmlcheck wait --timeout 0`, `snapshot` and `ready`
 take from launch to exit, against one `nvidia-smi --query-gpu` run, a bare interpreter, nvidia-ml-py and raw cffi
-doing the same one-shot read. The goal: nvmlcheck's one-shots within 2x one nvidia-smi run.
+doing the same one-shot read, and each command's floor (its NVML reads made by a minimal Python program: FLOOR).
+The goal: nvmlcheck's one-shots within 2x one nvidia-smi run.
 
     python3 benchmarks/gpu/oneshot.py                  # on the GPU host, from the repo root; JSON to $OUT
     python3 benchmarks/gpu/oneshot.py --runs 30 --python /usr/bin/python3
@@ -54,6 +55,38 @@ print(m.used, n[0]); os._exit(0)
 """
 
 
+# The floor under a one-shot (issue 22 item 5): what any Python program pays to make the command's NVML reads with
+# nothing of nvmlcheck but its prebuilt cffi module (no cdef parsing), serially, then exit: the interpreter's start,
+# the loader, the driver's calls (first-call costs included) and the exit with NVML open. argv[1]: "wait" (the
+# reads of `wait --timeout 0`) or "ready" (those plus ready's health reads, in the session's order).
+FLOOR = r"""
+import os, sys
+from nvmlcheck._nvml._ffi import ffi
+lib = ffi.dlopen("libnvidia-ml.so.1")
+assert lib.nvmlInit_v2() == 0
+n = ffi.new("unsigned int *"); lib.nvmlDeviceGetCount_v2(n)
+h = ffi.new("nvmlDevice_t *"); assert lib.nvmlDeviceGetHandleByIndex_v2(0, h) == 0
+d = h[0]; text = ffi.new("char[96]"); u = ffi.new("unsigned int[4]")
+lib.nvmlDeviceGetUUID(d, text, 96)
+lib.nvmlDeviceGetMigMode(d, u, u + 1)
+m = ffi.new("nvmlMemory_v2_t *"); m.version = ffi.sizeof("nvmlMemory_v2_t") | (2 << 24)
+lib.nvmlDeviceGetMemoryInfo_v2(d, m)
+p = ffi.new("nvmlProcessInfo_v2_t[64]")
+for f in (lib.nvmlDeviceGetComputeRunningProcesses_v3, lib.nvmlDeviceGetGraphicsRunningProcesses_v3,
+          lib.nvmlDeviceGetMPSComputeRunningProcesses_v3):
+    n[0] = 64; f(d, n, p)
+if sys.argv[1] == "ready":
+    a = ffi.new("unsigned long long[64]"); t = ffi.new("unsigned long long[64]")
+    n[0] = 64; lib.nvmlDeviceGetRetiredPages_v2(d, 0, n, a, t)
+    s = ffi.new("nvmlEnableState_t *"); lib.nvmlDeviceGetRetiredPagesPendingStatus(d, s)
+    lib.nvmlDeviceGetRemappedRows(d, u, u + 1, u + 2, u + 3)
+    e = ffi.new("unsigned long long *")
+    lib.nvmlDeviceGetTotalEccErrors(d, 1, 0, e); lib.nvmlDeviceGetTotalEccErrors(d, 1, 1, e)
+    fv = ffi.new("nvmlFieldValue_t[1]"); fv[0].fieldId = 230; lib.nvmlDeviceGetFieldValues(d, 1, fv)
+print(m.used); os._exit(0)
+"""
+
+
 #: The one-shots timed for a base version too (``--base-script``).
 BASE_ROWS = ("nvmlcheck wait --timeout 0", "nvmlcheck snapshot", "nvmlcheck ready")
 
@@ -88,6 +121,10 @@ def commands(py: str, script: str | None, base_script: str | None = None) -> dic
         out["nvidia-ml-py one-shot"] = "nvidia-ml-py is not installed (or $NVMLCHECK_LIBNVML points at a stub)"
     has_cffi = subprocess.run([py, "-c", "import cffi"], capture_output=True, timeout=30, check=False)
     out["raw cffi one-shot"] = [py, "-c", RAW_CFFI] if has_cffi.returncode == 0 else "cffi is not installed"
+    stub = os.environ.get("NVMLCHECK_LIBNVML")
+    no_floor = "the floor needs a GPU (libnvidia-ml.so.1), not the stub" if stub else None
+    out["floor: wait's reads"] = no_floor or [py, "-c", FLOOR, "wait"]
+    out["floor: ready's reads"] = no_floor or [py, "-c", FLOOR, "ready"]
     if base_script:
         for name in BASE_ROWS:
             argv = out[name]
@@ -127,7 +164,8 @@ def main() -> int:
     live = {k: v for k, v in cmds.items() if isinstance(v, list)}
     envs: dict[str, dict[str, str] | None] = {}
     for name, argv in list(live.items()):
-        path = args.base_path if name.startswith("base ") else args.path if argv[0] == args.script else None
+        mine = argv[0] == args.script or name.startswith("floor")  # the floor imports the package's cffi module
+        path = args.base_path if name.startswith("base ") else args.path if mine else None
         envs[name] = None if path is None else dict(os.environ, PYTHONPATH=path)
         if name.endswith(" ready") and subprocess.run([*argv, "--help"], cwd=ROOT, capture_output=True, timeout=30,
                                                       env=envs[name], check=False).returncode:
@@ -170,6 +208,11 @@ def main() -> int:
         goal = {"limit_ms": 2 * base, "worst_nvmlcheck_ms": worst, "met": worst is not None and worst <= 2 * base}
         print(f"goal: every nvmlcheck one-shot <= 2 x nvidia-smi = {2 * base:.1f} ms: "
               f"{'met' if goal['met'] else 'NOT met'} (worst {worst:.1f} ms)")
+    for command, floor_row in (("wait --timeout 0", "floor: wait's reads"), ("ready", "floor: ready's reads")):
+        if base and f"nvmlcheck {command}" in medians and floor_row in medians:
+            above = medians[f"nvmlcheck {command}"] - medians[floor_row]
+            print(f"{command}: {above:+.1f} ms over its floor; the floor alone is {medians[floor_row] / base:.2f}x "
+                  "nvidia-smi")
     health_smi = medians.get("nvidia-smi --query-gpu (health)")
     if health_smi and "nvmlcheck ready" in medians:
         # Like for like: nvidia-smi making ready's health reads pays the driver's first-call costs too.

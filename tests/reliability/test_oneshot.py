@@ -185,7 +185,7 @@ def test_the_script_initialises_nvml_in_another_thread(stub: Stub, tmp_path: Pat
 
 
 # Runs the script; when a thread is started (the early init's: nothing starts one before it) prints the modules
-# imported so far and whether the library's symbols were probed yet, and ends.
+# imported so far, and ends.
 _BEFORE_INIT = r"""
 import json, os, sys, _thread
 imported = []
@@ -195,8 +195,7 @@ class Noted:
 sys.meta_path.insert(0, Noted())
 start = _thread.start_new_thread
 def started(fn, args, *rest):
-    loaded = getattr(fn, "__self__", None)
-    os.write(1, json.dumps({"imported": imported, "probed": getattr(loaded, "_symbols", 0) is not None}).encode())
+    os.write(1, json.dumps({"imported": imported}).encode())
     os._exit(0)
 _thread.start_new_thread = started
 sys.argv = ["nvmlcheck", *sys.argv[1:]]
@@ -208,9 +207,9 @@ script()
 @pytest.mark.parametrize("argv", [["ready"], ["wait", "--timeout", "0"], ["--json", "snapshot"]])
 def test_the_script_imports_only_the_loader_before_the_driver_starts(stub: Stub, argv: list[str]) -> None:
     # Everything imported before the init thread starts delays nvmlInit, the start of the driver's critical path
-    # (docs/performance.md, "The fourth round"): not __future__, not the commands' shared module, and the symbol
-    # probe waits until the thread runs. The library is found as libnvidia-ml.so.1, as on a GPU host: the stub's
-    # own check ($NVMLCHECK_LIBNVML) imports ctypes, which a real run does not.
+    # (docs/performance.md, "The fourth round"): not __future__, not the commands' shared module. The library is
+    # found as libnvidia-ml.so.1, as on a GPU host: the stub's own check ($NVMLCHECK_LIBNVML) imports ctypes, which
+    # a real run does not.
     stub.write(Scenario.h200())
     env = {k: v for k, v in os.environ.items() if k != library.ENV_LIBRARY}
     env["LD_LIBRARY_PATH"] = str(stub.library.parent)
@@ -221,16 +220,6 @@ def test_the_script_imports_only_the_loader_before_the_driver_starts(stub: Stub,
     ours = [m for m in seen["imported"] if m not in {"encodings", "_distutils_hack"}]  # site's own, when present
     assert set(ours) == {"nvmlcheck", "nvmlcheck.cli", "nvmlcheck._nvml", "nvmlcheck._nvml.library",
                          "nvmlcheck._nvml._ffi", "_cffi_backend"}, ours  # fmt: skip
-    assert seen["probed"] is False
-
-
-def test_the_early_start_probes_the_symbols_while_the_thread_initialises(stub: Stub) -> None:
-    stub.write(Scenario.h200())
-    loaded = library.load(str(stub.library))
-    pending = library.start_early(str(stub.library), None)
-    assert pending is not None and loaded._symbols is not None  # probed by the caller, before it returned
-    loaded.acquire(30)  # take the early init over, and give it back
-    loaded.release()
 
 
 def _modules_of(argv: list[str], env: dict[str, str]) -> set[str]:
