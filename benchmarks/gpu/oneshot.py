@@ -58,7 +58,8 @@ print(m.used, n[0]); os._exit(0)
 # The floor under a one-shot (issue 22 item 5): what any Python program pays to make the command's NVML reads with
 # nothing of nvmlcheck but its prebuilt cffi module (no cdef parsing), serially, then exit: the interpreter's start,
 # the loader, the driver's calls (first-call costs included) and the exit with NVML open. argv[1]: "wait" (the
-# reads of `wait --timeout 0`) or "ready" (those plus ready's health reads, in the session's order).
+# reads of `wait --timeout 0`), "snapshot" (those plus the table's identity and current clocks) or "ready" (wait's
+# plus ready's health reads, in the session's order).
 FLOOR = r"""
 import os, sys
 from nvmlcheck._nvml._ffi import ffi
@@ -75,6 +76,13 @@ p = ffi.new("nvmlProcessInfo_v2_t[64]")
 for f in (lib.nvmlDeviceGetComputeRunningProcesses_v3, lib.nvmlDeviceGetGraphicsRunningProcesses_v3,
           lib.nvmlDeviceGetMPSComputeRunningProcesses_v3):
     n[0] = 64; f(d, n, p)
+if sys.argv[1] == "snapshot":  # the table's identity and current clocks
+    for f in (lib.nvmlDeviceGetName, lib.nvmlDeviceGetSerial):
+        f(d, text, 96)
+    pci = ffi.new("nvmlPciInfo_t *"); lib.nvmlDeviceGetPciInfo_v3(d, pci); lib.nvmlDeviceGetMinorNumber(d, u)
+    for clock in range(4):
+        lib.nvmlDeviceGetClockInfo(d, clock, u)
+    r = ffi.new("unsigned long long *"); lib.nvmlDeviceGetCurrentClocksEventReasons(d, r)
 if sys.argv[1] == "ready":
     a = ffi.new("unsigned long long[64]"); t = ffi.new("unsigned long long[64]")
     n[0] = 64; lib.nvmlDeviceGetRetiredPages_v2(d, 0, n, a, t)
@@ -124,6 +132,7 @@ def commands(py: str, script: str | None, base_script: str | None = None) -> dic
     stub = os.environ.get("NVMLCHECK_LIBNVML")
     no_floor = "the floor needs a GPU (libnvidia-ml.so.1), not the stub" if stub else None
     out["floor: wait's reads"] = no_floor or [py, "-c", FLOOR, "wait"]
+    out["floor: snapshot's reads"] = no_floor or [py, "-c", FLOOR, "snapshot"]
     out["floor: ready's reads"] = no_floor or [py, "-c", FLOOR, "ready"]
     if base_script:
         for name in BASE_ROWS:
@@ -208,7 +217,8 @@ def main() -> int:
         goal = {"limit_ms": 2 * base, "worst_nvmlcheck_ms": worst, "met": worst is not None and worst <= 2 * base}
         print(f"goal: every nvmlcheck one-shot <= 2 x nvidia-smi = {2 * base:.1f} ms: "
               f"{'met' if goal['met'] else 'NOT met'} (worst {worst:.1f} ms)")
-    for command, floor_row in (("wait --timeout 0", "floor: wait's reads"), ("ready", "floor: ready's reads")):
+    for command, floor_row in (("wait --timeout 0", "floor: wait's reads"), ("snapshot", "floor: snapshot's reads"),
+                               ("ready", "floor: ready's reads")):
         if base and f"nvmlcheck {command}" in medians and floor_row in medians:
             above = medians[f"nvmlcheck {command}"] - medians[floor_row]
             print(f"{command}: {above:+.1f} ms over its floor; the floor alone is {medians[floor_row] / base:.2f}x "
