@@ -11,6 +11,8 @@ another thread's re-init from a real loss. Entry points: :func:`load` and :class
 libnvidia-ml".
 """
 
+from __future__ import annotations
+
 import _thread
 import os
 import sys
@@ -127,13 +129,13 @@ class Symbols:
     def __repr__(self) -> str:
         return "Symbols(" + ", ".join(f"{k}={getattr(self, k)!r}" for k in self._SYMBOL_FIELDS) + ")"
 
-    def processes(self, kind: "ProcessKind | str") -> str | None:
+    def processes(self, kind: ProcessKind | str) -> str | None:
         """The process-list symbol for ``kind`` (a :class:`~nvmlcheck.ProcessKind` or its value)."""
         name: str | None = getattr(self, f"{getattr(kind, 'value', kind)}_processes")
         return name
 
 
-def _has(lib: "Any", name: str) -> bool:
+def _has(lib: Any, name: str) -> bool:
     try:
         getattr(lib, name)
     except (AttributeError, ffi.error):  # cffi ABI mode raises ffi.error: "symbol 'x' not found in library"
@@ -141,7 +143,7 @@ def _has(lib: "Any", name: str) -> bool:
     return True
 
 
-def _probe(lib: "Any") -> Symbols:
+def _probe(lib: Any) -> Symbols:
     def first(names: tuple[str, ...]) -> str | None:
         return next((n for n in names if _has(lib, n)), None)
 
@@ -207,7 +209,7 @@ class _PendingInit:
 class LoadedLibrary:
     """One dlopen'ed libnvidia-ml with its probed symbols and shared init reference count."""
 
-    def __init__(self, path: str, lib: "Any") -> None:
+    def __init__(self, path: str, lib: Any) -> None:
         self.path = path
         self.lib = lib
         # Probed now, before any init: during nvmlInit the probe's dlsym calls wait for the dynamic loader's lock,
@@ -224,7 +226,7 @@ class LoadedLibrary:
         # An init begun by start_early, holding its initialisation (as one waiter) for the first acquire().
         self._early: _PendingInit | None = None
 
-    def function(self, name: str) -> "Callable[..., int]":
+    def function(self, name: str) -> Callable[..., int]:
         """The C function ``name`` (``AttributeError`` if the library lacks it)."""
         try:
             fn: Callable[..., int] = getattr(self.lib, name)
@@ -309,7 +311,7 @@ class LoadedLibrary:
             pending = self._start_init()
         self._await(pending, deadline, timeout_s)
 
-    def begin_early(self, devices: "Sequence[int] | None" = (), reads: tuple[str, ...] = ()) -> "_PendingInit | None":
+    def begin_early(self, devices: Sequence[int] | None = (), reads: tuple[str, ...] = ()) -> _PendingInit | None:
         """Start ``nvmlInit`` now, for an :meth:`acquire` that comes later (see :func:`start_early`): the init runs in
         its thread and, should it finish first, stays initialised for that caller. ``None`` when NVML is already
         initialised or an early init is already held."""
@@ -332,7 +334,7 @@ class LoadedLibrary:
         early.calling.wait(_EARLY_CALL_WAIT_S)
         return early
 
-    def _start_init(self, warm: "Sequence[int] | None" = (), reads: tuple[str, ...] = ()) -> _PendingInit:
+    def _start_init(self, warm: Sequence[int] | None = (), reads: tuple[str, ...] = ()) -> _PendingInit:
         """The init in flight, or a new one started in a daemon thread; counts the caller as a waiter (lock held).
         ``warm``: device indices whose handles the thread reads after a successful init (``None``: all)."""
         pending = self._pending
@@ -350,7 +352,7 @@ class LoadedLibrary:
         pending.waiters += 1
         return pending
 
-    def _run_init(self, pending: _PendingInit, warm: "Sequence[int] | None" = ()) -> None:
+    def _run_init(self, pending: _PendingInit, warm: Sequence[int] | None = ()) -> None:
         fn = self.function(pending.name)
         pending.calling.set()
         rc = fn()
@@ -376,7 +378,7 @@ class LoadedLibrary:
                 sys.setswitchinterval(pending.switch_interval_s)
             pending.warmed.set()
 
-    def _warm_handles(self, devices: "Sequence[int] | None") -> "list[Any]":
+    def _warm_handles(self, devices: Sequence[int] | None) -> list[Any]:
         """Read the handle of each of ``devices`` (``None``: every GPU) once: only the driver's first-call cost is
         taken here, the session reads them again. Errors are left to the session's own calls. Returns the handles
         read."""
@@ -396,7 +398,7 @@ class LoadedLibrary:
                 handles.append(out[0])
         return handles
 
-    def _warm_reads(self, handles: "list[Any]", reads: tuple[str, ...]) -> None:
+    def _warm_reads(self, handles: list[Any], reads: tuple[str, ...]) -> None:
         """Make once per GPU the calls whose first one costs milliseconds on a real driver, results discarded: the
         session's own reads then find them warm (docs/performance.md, "One-shot checks": on an H200 the first
         nvmlDeviceGetRemappedRows took 3.2 ms, the first application clock 4.2 ms). Every one-shot reads the compute
@@ -579,8 +581,8 @@ def load(path: str | None = None) -> LoadedLibrary:
 
 
 def start_early(
-    path: str | None = None, devices: "Sequence[int] | None" = (), reads: tuple[str, ...] = ()
-) -> "_PendingInit | None":
+    path: str | None = None, devices: Sequence[int] | None = (), reads: tuple[str, ...] = ()
+) -> _PendingInit | None:
     """Load libnvidia-ml here and start ``nvmlInit`` in its thread, now: a one-shot command calls this before it
     imports the rest of nvmlcheck, so the driver initialises while Python imports, and the session it opens later
     finds NVML initialised (or joins the init in flight: :meth:`LoadedLibrary.acquire` bounds it as usual).

@@ -112,6 +112,66 @@ def verdict_printed(code: int) -> None:
     os._exit(code)
 
 
+#: The commands that read GPUs once and exit: worth starting NVML before the rest is imported (start_nvml_early).
+ONE_SHOT_COMMANDS = ("wait", "snapshot", "ready")
+_VALUED = ("--backend", "--smi-prefix", "--simulate", "--devices")
+_NOT_EARLY = ("-h", "--help", "--version", "--simulate", "--smi-prefix", "--host", "--hosts", "--hosts-file")
+
+
+def start_nvml_early(argv: list[str]) -> bool:
+    """For the ``nvmlcheck`` script: when ``argv`` is a one-shot command that will read this host's GPUs through
+    NVML (``wait``, ``snapshot``, ``ready``; backend ``auto`` or ``nvml``; no ``--simulate``, ``--smi-prefix`` or
+    hosts), start loading libnvidia-ml and ``nvmlInit`` in a thread now, and read the handles of the GPUs that
+    ``--devices`` names by index (all when it is absent), so the driver's start overlaps Python's imports
+    (docs/performance.md, "One-shot checks"). Judged on the words alone, without the parser: a command that turns out
+    not to need NVML only leaves an idle thread behind. Returns whether it started.
+    """
+    command: str | None = None
+    backend = "auto"
+    devices: list[int] | None = None
+    value_of: str | None = None
+    for arg in argv:
+        if value_of is not None:
+            backend, devices = _note(value_of, arg, backend, devices)
+            value_of = None
+            continue
+        name, eq, value = arg.partition("=")
+        if name in _NOT_EARLY or arg == "--":
+            return False
+        if name in _VALUED:
+            if eq:
+                backend, devices = _note(name, value, backend, devices)
+            else:
+                value_of = name
+        elif command is None and not arg.startswith("-"):
+            command = arg
+    if command not in ONE_SHOT_COMMANDS or backend not in ("auto", "nvml"):
+        return False
+    from .._nvml.library import start_early
+
+    start_early(None, devices, _slow_first_reads(command, argv))
+    return True
+
+
+def _slow_first_reads(command: str, argv: list[str]) -> tuple[str, ...]:
+    """What the one-shot will read whose first call is slow on a real driver (the early thread makes it first):
+    ready's health; snapshot's table, its current clocks; snapshot's JSON, every reading (cli/_snapshot.py)."""
+    if command == "ready":
+        return ("health",)
+    if command != "snapshot" or "procs" in argv:
+        return ()
+    return ("health", "current_clocks", "clock_limits") if "--json" in argv else ("current_clocks",)
+
+
+def _note(name: str, value: str, backend: str, devices: list[int] | None) -> tuple[str, list[int] | None]:
+    if name == "--backend":
+        return value, devices
+    if name == "--devices":
+        # Indices only: a UUID or cuda:N needs the session's resolution first, so nothing is read ahead for it.
+        return backend, (devices or []) + [int(w) for w in value.split(",") if w.strip().isdigit()]
+    return backend, devices
+
+
 class UsageError(Exception):
     """Bad command-line input (exit 2)."""
 

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 def snapshot_fields(args: argparse.Namespace) -> Fields:
     """What the view reads: a table reads what it shows (the max and application clocks and the health reads cost
     an H200 one-shot ~15 ms: docs/performance.md, "One-shot checks"); the JSON document has every field. The early
-    NVML thread warms the same reads, judged from the raw words (``cli._slow_first_reads``): change both."""
+    NVML thread warms the same reads, judged from the raw words (``_common._slow_first_reads``): change both."""
     from ..model import Fields
 
     if args.json:

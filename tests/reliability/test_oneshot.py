@@ -15,6 +15,7 @@ import pytest
 import nvmlcheck as nc
 from nvmlcheck import cli
 from nvmlcheck._nvml import library
+from nvmlcheck.cli import _common
 from nvmlcheck.testing import Scenario, read_call_log
 
 from ._support import Stub
@@ -41,7 +42,7 @@ def test_a_one_shot_command_starts_nvml_early(
 ) -> None:
     calls: list[tuple[str | None, object, object]] = []
     monkeypatch.setattr(library, "start_early", lambda path, devs, reads: calls.append((path, devs, reads)))
-    assert cli.start_nvml_early(argv) is True
+    assert _common.start_nvml_early(argv) is True
     warmed = {"wait": (), "snapshot": ("current_clocks",), "ready": ("health",)}
     assert calls == [(None, devices, warmed[next(w for w in argv if w in warmed)])]
 
@@ -64,7 +65,7 @@ def test_a_one_shot_command_starts_nvml_early(
 )
 def test_other_commands_do_not(monkeypatch: pytest.MonkeyPatch, argv: list[str]) -> None:
     monkeypatch.setattr(library, "start_early", lambda *a: pytest.fail(f"started early for {argv}"))
-    assert cli.start_nvml_early(argv) is False
+    assert _common.start_nvml_early(argv) is False
 
 
 def test_the_session_joins_the_early_init_and_its_handles_are_read_ahead(stub: Stub) -> None:
@@ -207,9 +208,9 @@ script()
 @pytest.mark.parametrize("argv", [["ready"], ["wait", "--timeout", "0"], ["--json", "snapshot"]])
 def test_the_script_imports_only_the_loader_before_the_driver_starts(stub: Stub, argv: list[str]) -> None:
     # Everything imported before the init thread starts delays nvmlInit, the start of the driver's critical path
-    # (docs/performance.md, "The fourth round"): not __future__, not the commands' shared module. The library is
-    # found as libnvidia-ml.so.1, as on a GPU host: the stub's own check ($NVMLCHECK_LIBNVML) imports ctypes, which
-    # a real run does not.
+    # (docs/performance.md, "The fourth round"): the package, the command line's shared module (the exit codes) and
+    # the loader, nothing of a command. The library is found as libnvidia-ml.so.1, as on a GPU host: the stub's own
+    # check ($NVMLCHECK_LIBNVML) imports ctypes, which a real run does not.
     stub.write(Scenario.h200())
     env = {k: v for k, v in os.environ.items() if k != library.ENV_LIBRARY}
     env["LD_LIBRARY_PATH"] = str(stub.library.parent)
@@ -218,8 +219,8 @@ def test_the_script_imports_only_the_loader_before_the_driver_starts(stub: Stub,
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout)
     ours = [m for m in seen["imported"] if m not in {"encodings", "_distutils_hack"}]  # site's own, when present
-    assert set(ours) == {"nvmlcheck", "nvmlcheck.cli", "nvmlcheck._nvml", "nvmlcheck._nvml.library",
-                         "nvmlcheck._nvml._ffi", "_cffi_backend"}, ours  # fmt: skip
+    assert set(ours) == {"__future__", "nvmlcheck", "nvmlcheck.cli", "nvmlcheck.cli._common", "nvmlcheck._nvml",
+                         "nvmlcheck._nvml.library", "nvmlcheck._nvml._ffi", "_cffi_backend"}, ours  # fmt: skip
 
 
 def _modules_of(argv: list[str], env: dict[str, str]) -> set[str]:
