@@ -135,18 +135,22 @@ class Fields(enum.Flag):
     """What a snapshot reads. Identity (name, UUID, PCI bus id, ...) is always included.
 
     Driver time per GPU on an H200 (docs/performance.md): ``MEMORY`` ~5 µs, ``PROCESSES`` ~17 µs (three lists),
-    ``HEALTH`` ~2 µs, ``CURRENT_CLOCKS`` (current clocks and their event reasons) a few µs, ``CLOCK_LIMITS`` (the
-    max and application clocks) ~3.3 ms (the four application clocks, ~0.83 ms each; the max clocks cost ~5.8 ms
-    once per device and are cached); ``CLOCKS`` is both. A process's first call of each costs milliseconds more
-    (``HEALTH`` ~4 ms, ``CLOCKS`` ~12 ms on an H200). The poller asks for ``WAIT`` (``MEMORY | PROCESSES``) only; a
-    loop over :meth:`Session.snapshot` should too, rather than its default ``ALL``.
+    ``HEALTH`` ~2 µs, ``CURRENT_CLOCKS`` a few µs: the current clock speeds (``CLOCK_SPEEDS``) and their event
+    reasons (``CLOCK_REASONS``); ``CLOCK_LIMITS`` (the max and application clocks) ~3.3 ms (the four application
+    clocks, ~0.83 ms each; the max clocks cost ~5.8 ms once per device and are cached); ``CLOCKS`` is all three
+    (any of them reads the current speeds too: the model's :class:`Clocks` is built around them). A process's first
+    call of each costs milliseconds more (``HEALTH`` ~4 ms, the speeds ~2.8 ms, the reasons ~1.4 ms, the limits
+    ~12 ms on an H200): a view that shows MHz only asks for ``CLOCK_SPEEDS``. The poller asks for ``WAIT``
+    (``MEMORY | PROCESSES``) only; a loop over :meth:`Session.snapshot` should too, rather than its default ``ALL``.
     """
 
     MEMORY = 1
     PROCESSES = 2
-    CURRENT_CLOCKS = 4  # the bit CLOCKS had before the limits were split off
+    CLOCK_SPEEDS = 4  # the bit CURRENT_CLOCKS (and CLOCKS before it) had before each split
     HEALTH = 8
     CLOCK_LIMITS = 16
+    CLOCK_REASONS = 32
+    CURRENT_CLOCKS = CLOCK_SPEEDS | CLOCK_REASONS
     CLOCKS = CURRENT_CLOCKS | CLOCK_LIMITS
     ALL = MEMORY | PROCESSES | CLOCKS | HEALTH
     #: What :func:`wait_until_clean` reads each poll.

@@ -182,16 +182,17 @@ class _Identity:
 class _Plan:
     """What one Fields value reads; hashed by identity (one plan per Fields value: _PLANS)."""
 
-    __slots__ = ("clock_limits", "clocks", "health", "memory", "not_requested", "processes")
+    __slots__ = ("clock_limits", "clock_reasons", "clocks", "health", "memory", "not_requested", "processes")
 
     def __init__(
         self, memory: bool, processes: bool, clocks: bool, health: bool, not_requested: Mapping[str, str], *,
-        clock_limits: bool = True,
+        clock_limits: bool = True, clock_reasons: bool = True,
     ) -> None:
         self.memory = memory
         self.processes = processes
-        self.clocks = clocks  # the current ones (and the limits with clock_limits)
+        self.clocks = clocks  # the current speeds (the limits with clock_limits, the event reasons with clock_reasons)
         self.clock_limits = clock_limits
+        self.clock_reasons = clock_reasons
         self.health = health
         self.not_requested = not_requested
 
@@ -204,8 +205,11 @@ def _plan(fields: Fields) -> _Plan:
     if not fields & Fields.PROCESSES:
         skipped.update({unknown_key("processes", k): NOT_REQUESTED for k in ProcessKind})
     limits = bool(fields & Fields.CLOCK_LIMITS)
+    reasons = bool(fields & Fields.CLOCK_REASONS)
     if fields & Fields.CLOCKS and not limits:
         skipped.update({key: NOT_REQUESTED for key in _CLOCK_SLOT_KEYS[4:12]})
+    if fields & Fields.CLOCKS and not reasons:
+        skipped[_CLOCK_SLOT_KEYS[12]] = NOT_REQUESTED
     return _Plan(
         bool(fields & Fields.MEMORY),
         bool(fields & Fields.PROCESSES),
@@ -213,6 +217,7 @@ def _plan(fields: Fields) -> _Plan:
         bool(fields & Fields.HEALTH),
         MappingProxyType(skipped),
         clock_limits=limits,
+        clock_reasons=reasons,
     )
 
 
@@ -582,7 +587,7 @@ class NvmlBackend:
             extra: dict[str, str] = {}
             if plan.clocks:
                 gate()
-                clocks = self._clocks(handle, index, extra, plan.clock_limits)
+                clocks = self._clocks(handle, index, extra, plan.clock_limits, plan.clock_reasons)
             if plan.health:
                 gate()
                 health = self._health(handle, index, extra)
@@ -642,12 +647,16 @@ class NvmlBackend:
             self._reasons_cache[key] = reasons
         return reasons
 
-    def _clocks(self, handle: Handle, index: int, unknown: dict[str, str], limits: bool = True) -> Clocks:
+    def _clocks(
+        self, handle: Handle, index: int, unknown: dict[str, str], limits: bool = True, reasons: bool = True
+    ) -> Clocks:
         cached = self._max_clocks.get(index)
         values, mask, unanswered = self._calls.clocks(
-            handle, index, include_max=limits and cached is None, include_applications=limits
+            handle, index, include_max=limits and cached is None, include_applications=limits,
+            include_reasons=reasons,
         )
-        # Without limits, the max and application clocks stay None (the plan's reasons say "not requested").
+        # Without limits (reasons), the max and application clocks (the event reasons) stay None: the plan's reasons
+        # say "not requested".
         if limits and cached is None:
             # Max clocks are a property of the board: read once per device (each call costs milliseconds on some
             # drivers: docs/performance.md).
@@ -657,9 +666,9 @@ class NvmlBackend:
             unanswered.extend(cached[1])
         for slot, symbol, code in unanswered:
             unknown[_CLOCK_SLOT_KEYS[slot]] = _code_reason(symbol, code)
-        reasons = None if mask is None else _event_reasons(mask)
+        event_reasons = None if mask is None else _event_reasons(mask)
         clock_set = model.ClockSet
-        return model.Clocks(clock_set(*values[0:4]), clock_set(*values[4:8]), clock_set(*values[8:12]), reasons)
+        return model.Clocks(clock_set(*values[0:4]), clock_set(*values[4:8]), clock_set(*values[8:12]), event_reasons)
 
     def _health(self, handle: Handle, index: int, unknown: dict[str, str]) -> Health:
         health, unanswered = self._calls.health(handle, index)

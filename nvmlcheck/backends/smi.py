@@ -292,14 +292,9 @@ _BASE_FIELDS: Final = ("index", "uuid")
 _FIELD_GROUPS: Final[Mapping[Fields, tuple[str, ...]]] = MappingProxyType(
     {
         Fields.MEMORY: ("memory.total", "memory.used", "memory.free", "memory.reserved"),
-        Fields.CURRENT_CLOCKS: (
-            "clocks.gr",
-            "clocks.sm",
-            "clocks.mem",
-            "clocks.video",
-            # The old name is accepted by old and new drivers alike (580 prints it as clocks_event_reasons.active).
-            "clocks_throttle_reasons.active",
-        ),
+        Fields.CLOCK_SPEEDS: ("clocks.gr", "clocks.sm", "clocks.mem", "clocks.video"),
+        # The old name is accepted by old and new drivers alike (580 prints it as clocks_event_reasons.active).
+        Fields.CLOCK_REASONS: ("clocks_throttle_reasons.active",),
         Fields.CLOCK_LIMITS: (
             "clocks.max.gr",
             "clocks.max.sm",
@@ -617,8 +612,8 @@ class SmiBackend:
     def _gpu_fields(self, fields: Fields) -> tuple[str, ...]:
         wanted: list[str] = list(_BASE_FIELDS)
         for flag, names in _FIELD_GROUPS.items():
-            # The limits come with the current clocks: the model's Clocks is built around them.
-            if fields & flag or (flag is Fields.CURRENT_CLOCKS and fields & Fields.CLOCKS):
+            # The limits and the reasons come with the current speeds: the model's Clocks is built around them.
+            if fields & flag or (flag is Fields.CLOCK_SPEEDS and fields & Fields.CLOCKS):
                 wanted.extend(self._alternatives.get(n, n) for n in names)
         if Fields.PROCESSES in fields and self._process_query == "pids":
             wanted.append("pci.bus_id")  # -q names GPUs by PCI bus id
