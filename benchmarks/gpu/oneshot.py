@@ -82,7 +82,6 @@ if sys.argv[1] == "snapshot":  # the table's identity and current clocks
     pci = ffi.new("nvmlPciInfo_t *"); lib.nvmlDeviceGetPciInfo_v3(d, pci); lib.nvmlDeviceGetMinorNumber(d, u)
     for clock in range(4):
         lib.nvmlDeviceGetClockInfo(d, clock, u)
-    r = ffi.new("unsigned long long *"); lib.nvmlDeviceGetCurrentClocksEventReasons(d, r)
 if sys.argv[1] == "ready":
     a = ffi.new("unsigned long long[64]"); t = ffi.new("unsigned long long[64]")
     n[0] = 64; lib.nvmlDeviceGetRetiredPages_v2(d, 0, n, a, t)
