@@ -419,7 +419,10 @@ class LoadedLibrary:
                       ("nvmlDeviceGetTotalEccErrors", (1, 0, u64)),  # uncorrected, volatile
                       ("nvmlDeviceGetFieldValues", (1, field))]  # fmt: skip
             if self.symbols.retired_pages == "nvmlDeviceGetRetiredPages_v2":
-                calls.append(("nvmlDeviceGetRetiredPages_v2", (0, count, null, null)))
+                # With arrays, as the session asks: with NULL ones the driver answers at once (10 µs on an H200)
+                # and the session's first call still cost 0.38 ms (docs/performance.md, "The fourth round").
+                pages = ffi.new("unsigned long long[2]")
+                calls.append(("nvmlDeviceGetRetiredPages_v2", (0, count, pages, pages + 1)))
         if "current_clocks" in reads:
             calls.append(("nvmlDeviceGetClockInfo", (0, u32)))
         if "clock_limits" in reads:
