@@ -418,11 +418,8 @@ class LoadedLibrary:
                       ("nvmlDeviceGetRetiredPagesPendingStatus", (state,)),
                       ("nvmlDeviceGetTotalEccErrors", (1, 0, u64)),  # uncorrected, volatile
                       ("nvmlDeviceGetFieldValues", (1, field))]  # fmt: skip
-            if self.symbols.retired_pages == "nvmlDeviceGetRetiredPages_v2":
-                # With arrays, as the session asks: with NULL ones the driver answers at once (10 µs on an H200)
-                # and the session's first call still cost 0.38 ms (docs/performance.md, "The fourth round").
-                pages = ffi.new("unsigned long long[2]")
-                calls.append(("nvmlDeviceGetRetiredPages_v2", (0, count, pages, pages + 1)))
+            # Not the retired-page list: it shares the pending flag's first cost, and the session's own call ~1 ms
+            # after the thread's still cost 0.38 ms in every run (docs/performance.md, "The fourth round").
         if "current_clocks" in reads:
             calls.append(("nvmlDeviceGetClockInfo", (0, u32)))
         if "clock_limits" in reads:
