@@ -211,7 +211,11 @@ class NvmlCalls:
         return int(out[0])
 
     def handle(self, index: int) -> Handle:
-        """nvmlDeviceGetHandleByIndex_v2 (or the v1 name)."""
+        """nvmlDeviceGetHandleByIndex_v2 (or the v1 name), or the handle an early start read for this
+        initialisation (:meth:`~nvmlcheck._nvml.library.LoadedLibrary.handle_read_ahead`)."""
+        ahead = self._loaded.handle_read_ahead(index)
+        if ahead is not None:
+            return Handle(ahead)
         name = self._loaded.symbols.handle_by_index
         fn = self._require(name, "nvmlDeviceGetHandleByIndex_v2", index)
         out = ffi.new("nvmlDevice_t *")

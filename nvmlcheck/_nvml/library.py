@@ -225,6 +225,8 @@ class LoadedLibrary:
         self._generation = _fork_generation
         # An init begun by start_early, holding its initialisation (as one waiter) for the first acquire().
         self._early: _PendingInit | None = None
+        # The handles its thread read, by GPU index, with the init generation they belong to (handle_read_ahead).
+        self._handles_ahead: tuple[int, dict[int, Any]] | None = None
 
     def function(self, name: str) -> Callable[..., int]:
         """The C function ``name`` (``AttributeError`` if the library lacks it)."""
@@ -356,6 +358,7 @@ class LoadedLibrary:
         fn = self.function(pending.name)
         pending.calling.set()
         rc = fn()
+        generation = None
         with self._lock:
             self._settled_epoch = self._reinit_epoch  # whatever re-init was running has its answer now
             pending.rc = rc
@@ -369,34 +372,50 @@ class LoadedLibrary:
                 else:
                     self._initialised = True
                     self._init_generation += 1
+                    generation = self._init_generation
             pending.done.set()
         try:
-            if rc == 0 and warm != ():
-                self._warm_reads(self._warm_handles(warm), pending.reads)
+            if generation is not None and warm != ():
+                handles = self._warm_handles(warm)
+                with self._lock:
+                    self._handles_ahead = (generation, handles)
+                self._warm_reads(list(handles.values()), pending.reads)
         finally:
             if pending.switch_interval_s is not None:
                 sys.setswitchinterval(pending.switch_interval_s)
             pending.warmed.set()
 
-    def _warm_handles(self, devices: Sequence[int] | None) -> list[Any]:
-        """Read the handle of each of ``devices`` (``None``: every GPU) once: only the driver's first-call cost is
-        taken here, the session reads them again. Errors are left to the session's own calls. Returns the handles
-        read."""
+    def _warm_handles(self, devices: Sequence[int] | None) -> dict[int, Any]:
+        """Read the handle of each of ``devices`` (``None``: every GPU) once, for the session to take
+        (:meth:`handle_read_ahead`). Errors are left to the session's own calls. Returns the handles read, by
+        index."""
         handle, count_name = self.symbols.handle_by_index, self.symbols.device_count
         if handle is None or (devices is None and count_name is None):
-            return []
+            return {}
         if devices is None:
             count = ffi.new("unsigned int *")
             if self.function(str(count_name))(count) != 0:
-                return []
+                return {}
             devices = range(count[0])
         fn = self.function(handle)
-        handles = []
+        handles = {}
         for index in devices:
             out = ffi.new("nvmlDevice_t *")
             if fn(index, out) == 0:
-                handles.append(out[0])
+                handles[index] = out[0]
         return handles
+
+    def handle_read_ahead(self, index: int) -> Any | None:
+        """The handle of GPU ``index`` an early start's thread read under the current initialisation, or ``None``
+        (none read, or NVML was initialised again since, or this is a forked child). A session takes it rather than
+        calling ``nvmlDeviceGetHandleByIndex`` again: that call, even for a GPU already attached, makes the driver's
+        next page-retirement read pay its first cost again (0.4 ms per GPU on an H200: docs/driver-facts.md)."""
+        with self._lock:
+            ahead = self._handles_ahead
+            if ahead is None or self._generation != _fork_generation or not self._initialised:
+                return None
+            generation, handles = ahead
+            return handles.get(index) if generation == self._init_generation else None
 
     def _warm_reads(self, handles: list[Any], reads: tuple[str, ...]) -> None:
         """Make once per GPU the calls whose first one costs milliseconds on a real driver, results discarded: the
@@ -476,6 +495,7 @@ class LoadedLibrary:
             self._initialised = False
             self._pending = None  # its thread did not survive the fork
             self._early = None
+            self._handles_ahead = None
 
     def _after_fork_in_child(self) -> None:
         # The lock may have been held by another thread of the parent at fork time.

@@ -79,7 +79,32 @@ def test_the_session_joins_the_early_init_and_its_handles_are_read_ahead(stub: S
     with nc.open("nvml", library_path=str(stub.library)) as gpus:
         assert len(gpus.snapshot(fields=nc.Fields.WAIT).devices) == 3
         assert probe.init_total() == inits + 1  # the session's acquire took the early init over: no second one
+        # ... and the thread's handles: asking again would make the driver's next page-retirement read cold again.
+        assert probe.call_count("nvmlDeviceGetHandleByIndex_v2") == handles + 3
     assert stub.balanced()  # and its close gave it back
+
+
+def test_handles_read_ahead_belong_to_their_initialisation(stub: Stub) -> None:
+    stub.write(Scenario.h200(devices=2))
+    probe = stub.probe
+    loaded = library.load(str(stub.library))
+    pending = library.start_early(str(stub.library), [1])
+    assert pending is not None and pending.warmed.wait(30)
+    assert loaded.handle_read_ahead(1) is not None and loaded.handle_read_ahead(0) is None  # only those asked for
+    with nc.open("nvml", library_path=str(stub.library)) as gpus:
+        before = probe.call_count("nvmlDeviceGetHandleByIndex_v2")
+        assert len(gpus.snapshot(fields=nc.Fields.WAIT).devices) == 2
+        assert probe.call_count("nvmlDeviceGetHandleByIndex_v2") == before + 1  # GPU 0's own; GPU 1's read ahead
+        child = os.fork()
+        if child == 0:  # a forked child's NVML state is not the parent's: nothing read ahead there
+            os._exit(0 if loaded.handle_read_ahead(1) is None else 1)
+        assert os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]) == 0
+        loaded.reinit(loaded.init_generation)  # a new initialisation: the old handles are stale
+        assert loaded.handle_read_ahead(1) is None
+        before = probe.call_count("nvmlDeviceGetHandleByIndex_v2")
+        assert len(gpus.snapshot(fields=nc.Fields.WAIT).devices) == 2
+        assert probe.call_count("nvmlDeviceGetHandleByIndex_v2") == before + 2
+    assert stub.balanced()
 
 
 def test_the_early_start_returns_once_its_thread_is_calling_nvml_init(stub: Stub) -> None:
