@@ -33,6 +33,11 @@ EPERM = "not permitted (EPERM): another user's process, or one in another contai
 #: Rounds of stop-and-rescan before a tree's SIGKILL: each stops every member found, and a stopped process cannot
 #: fork, so a round that finds no new member proves the tree whole (a fast forker takes two or three).
 STOP_ROUNDS = 50
+#: How long a tree's stop waits, in all, for its members to be seen stopped before each rescan (a process in
+#: uninterruptible sleep, as a GPU process stuck in the driver, does not stop: the kill then goes on without it).
+STOP_WAIT_NS = 200_000_000
+#: The states of a process that cannot be inside fork() (proc(5)): stopped, traced, zombie, dead.
+_NOT_FORKING = frozenset("TtZXx")
 
 
 class Refused(Exception):
@@ -304,18 +309,41 @@ class TargetSet:
             pass
 
     def _stop_tree(self) -> None:
-        """Stop the whole tree before its SIGKILL: SIGSTOP every member, rescan, stop the new ones (as they are
-        pinned), until a scan finds no new member (at most :data:`STOP_ROUNDS`). A worker forked in the last instant
-        is then found and killed with the rest, instead of surviving a kill that reports clean."""
+        """Stop the whole tree before its SIGKILL: SIGSTOP every member, wait until they are seen stopped, rescan,
+        stop the new ones (as they are pinned), until a scan finds no new member (at most :data:`STOP_ROUNDS`). A
+        worker forked in the last instant is then found and killed with the rest, instead of surviving a kill that
+        reports clean."""
         self.stopping = True
+        deadline = time.monotonic_ns() + STOP_WAIT_NS
         for _ in range(STOP_ROUNDS):
             for t in self.items:
                 if not t.pinned.exited():
                     self._quietly(t, signals.SIGSTOP)
+            # kill() only queues SIGSTOP: a fork already under way completes after it (since Linux 4.20 only a
+            # fatal signal aborts one), and its child would appear after a rescan made at once. A member seen
+            # stopped is not inside fork, so its children are all there to be found.
+            self._await_stopped(deadline)
             before = len(self.items)
             self.scan_descendants()
             if len(self.items) == before:
                 return
+
+    def _await_stopped(self, deadline_ns: int) -> None:
+        """Poll until every living member is stopped (or gone), or ``deadline_ns`` passes."""
+        waiting = [t for t in self.items if not t.pinned.exited()]
+        while waiting:
+            still = []
+            for t in waiting:
+                try:
+                    st = t.pinned.stat()
+                except ProcUnreadable:
+                    continue  # cannot tell: not waited for (the rescan reports an unreadable /proc itself)
+                if st is not None and st.state not in _NOT_FORKING:
+                    still.append(t)
+            waiting = still
+            if not waiting or time.monotonic_ns() >= deadline_ns:
+                return
+            time.sleep(0.0002)
 
     def _resume_tree(self) -> None:
         """SIGCONT every member after the SIGKILL: nothing stays stopped (one the SIGKILL did not reach, say)."""
