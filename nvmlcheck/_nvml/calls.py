@@ -473,9 +473,9 @@ class NvmlCalls:
                 else:
                     raise _fail(rc, name, index)
                 slot += 1
-        reasons_name = self._loaded.symbols.clock_event_reasons
         if not include_reasons:
             return values, None, unanswered
+        reasons_name = self._loaded.symbols.clock_event_reasons
         reasons: int | None = None
         if reasons_name is None:
             unanswered.append((slot, "nvmlDeviceGetCurrentClocksEventReasons", NVML_ERROR_FUNCTION_NOT_FOUND))

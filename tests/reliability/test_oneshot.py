@@ -107,14 +107,22 @@ def test_handles_read_ahead_belong_to_their_initialisation(stub: Stub) -> None:
     assert stub.balanced()
 
 
+def _early_start_with_a_slow(
+    stub: Stub, function: str, delay_ms: int, reads: tuple[str, ...] = ()
+) -> library._PendingInit:
+    """An early start on one GPU whose first ``function`` call takes ``delay_ms``."""
+    scenario = Scenario.h200(devices=1)
+    scenario.fault(function, delay_ms=delay_ms, count=1)
+    stub.write(scenario)
+    pending = library.start_early(str(stub.library), [0], reads)
+    assert pending is not None
+    return pending
+
+
 def test_the_early_start_returns_once_its_thread_is_calling_nvml_init(stub: Stub) -> None:
     # A new thread needs the GIL to start; an importing main thread would hold it for milliseconds (measured ~3 ms
     # on the H200 before this): start_early lets the thread reach nvmlInit first. Here the init hangs 300 ms.
-    scenario = Scenario.h200(devices=1)
-    scenario.fault("nvmlInit_v2", delay_ms=300, count=1)
-    stub.write(scenario)
-    pending = library.start_early(str(stub.library), [0])
-    assert pending is not None
+    pending = _early_start_with_a_slow(stub, "nvmlInit_v2", 300)
     assert pending.calling.wait(0) and not pending.done.wait(0)  # in nvmlInit, not past it
     assert pending.warmed.wait(30) and pending.rc == 0
     with nc.open("nvml", library_path=str(stub.library)) as gpus:
@@ -125,11 +133,7 @@ def test_the_early_start_returns_once_its_thread_is_calling_nvml_init(stub: Stub
 def test_the_session_waits_for_the_early_threads_handles(stub: Stub) -> None:
     # On a real driver a handle asked for while the early thread's first one is in flight costs a second attach
     # (docs/driver-facts.md): the session's first calls come after the thread's. Here the thread's handle hangs.
-    scenario = Scenario.h200(devices=1)
-    scenario.fault("nvmlDeviceGetHandleByIndex_v2", delay_ms=400, count=1)
-    stub.write(scenario)
-    pending = library.start_early(str(stub.library), [0], ("health",))
-    assert pending is not None
+    pending = _early_start_with_a_slow(stub, "nvmlDeviceGetHandleByIndex_v2", 400, ("health",))
     with nc.open("nvml", library_path=str(stub.library)) as gpus:
         assert pending.warmed.wait(0)  # the open returned only once the thread's handle and reads were done
         assert len(gpus.snapshot(fields=nc.Fields.WAIT).devices) == 1
@@ -137,11 +141,8 @@ def test_the_session_waits_for_the_early_threads_handles(stub: Stub) -> None:
 
 
 def test_a_bounded_open_does_not_wait_past_its_bound_for_the_warm_up(stub: Stub) -> None:
-    scenario = Scenario.h200(devices=1)
-    scenario.fault("nvmlDeviceGetHandleByIndex_v2", delay_ms=3000, count=1)
-    stub.write(scenario)
-    pending = library.start_early(str(stub.library), [0])
-    assert pending is not None and pending.done.wait(30)
+    pending = _early_start_with_a_slow(stub, "nvmlDeviceGetHandleByIndex_v2", 3000)
+    assert pending.done.wait(30)
     loaded = library.load(str(stub.library))
     loaded.acquire(timeout_s=0)  # initialised already: the warm-up is not waited for past the bound
     try:
