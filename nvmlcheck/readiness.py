@@ -4,9 +4,9 @@
 health; with a timeout it then waits through the one poller (:meth:`~nvmlcheck.Session.wait_until_clean`) with the
 ready predicate (clean, and with a need, capacity: :func:`~nvmlcheck.predicates.memory_free_at_least`), listening for
 XIDs, while a :class:`~nvmlcheck.verdict.Watch` sees every poll; the last reading is classified
-(:func:`~nvmlcheck.verdict.classify`) into a :class:`~nvmlcheck.verdict.ReadyReport`. An unhealthy GPU ends it at
-once: waiting cannot help. :func:`ready` opens a session first, bounded by the timeout as
-:func:`~nvmlcheck.wait_until_clean` is. Rules, exit codes and sources: docs/ready.md.
+(:func:`~nvmlcheck.verdict.classify`) into a :class:`~nvmlcheck.verdict.ReadyReport`. An unhealthy GPU, or a need
+beyond what a GPU has with nothing running, ends it at once: waiting cannot help. :func:`ready` opens a session
+first, bounded by the timeout as :func:`~nvmlcheck.wait_until_clean` is. Rules, exit codes and sources: docs/ready.md.
 """
 
 from __future__ import annotations
@@ -51,8 +51,9 @@ def ready_on(
     clean allows (``None``: 16 MiB, as for waits). ``timeout`` in seconds: ``0`` (the default) judges one reading,
     ``None`` waits forever; otherwise it polls until every GPU is ready or the deadline passes (overrun by at most one
     query), listening for XIDs on the selected GPUs unless ``events=False``. An unhealthy GPU (a health cause, a
-    fatal XID, a lost GPU) ends the call at once. ``options``: a :class:`~nvmlcheck.wait.WaitOptions` for the
-    policy, stable polls, ``on_poll``, ``clock`` and ``sleep`` (its timeout and events are this call's keywords).
+    fatal XID, a lost GPU) ends the call at once, as does a need beyond what a GPU has with nothing running
+    (``GpuVerdict.beyond_capacity``). ``options``: a :class:`~nvmlcheck.wait.WaitOptions` for the policy, stable
+    polls, ``on_poll``, ``clock`` and ``sleep`` (its timeout and events are this call's keywords).
 
     Never raises for "not ready": the :class:`~nvmlcheck.verdict.ReadyReport` says so, per GPU, with its
     culprits. Raises ``ValueError`` for a bad selection or need, :class:`~nvmlcheck.BackendUnavailable` when the
@@ -103,7 +104,8 @@ def ready_on(
         return out
 
     verdicts = judge(first)
-    if bound == 0 or any(v.class_ == "unhealthy" for v in verdicts):
+    # Waiting cannot help an unhealthy GPU, nor a need beyond what a GPU has with nothing running.
+    if bound == 0 or any(v.class_ == "unhealthy" or v.beyond_capacity for v in verdicts):
         return ReadyReport(verdicts, first, clock() - start, 1, bound, notes)
 
     remaining = None if bound is None else max(0.0, bound - (clock() - start) / 1e9)

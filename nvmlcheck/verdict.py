@@ -3,7 +3,8 @@
 A :class:`GpuVerdict` classes a GPU as ``ready`` or not: ``reclaiming`` (its holders exited, the memory is coming
 back; with an ETA), ``held`` (a live holder), ``stuck`` (a holder no signal ends, or memory held with no holder past
 the reclaim model's bound), ``unhealthy`` (a health cause or a fatal XID, each with the operator's action),
-``short`` (clean, but free < need) or ``unknown`` (a query failed: never ready). Each cause is a :class:`Culprit`
+``short`` (clean, but free < need; or a need beyond what the GPU has with nothing running, whatever else holds
+it) or ``unknown`` (a query failed: never ready). Each cause is a :class:`Culprit`
 (data: GPU, PID, name, bytes, kind, class, container, action, reason). :class:`Watch` keeps what the polls of one
 wait saw (when a teardown began, how fast memory came back); :func:`classify` turns a snapshot into verdicts;
 :func:`health_causes` is the one table of health causes and actions; :func:`holders_of` gives a plain wait's
@@ -106,11 +107,12 @@ class Culprit:
     ``gpu``: NVML index (``None``: not tied to one GPU). ``class_``: the :data:`ReadyClass` it puts the GPU in
     (``"class"`` in JSON). ``kind``: ``"compute"``/``"graphics"``/``"mps"`` for a listed process, ``"device-file"``
     for a process found by its open device files only, else what the cause is (``"memory"``,
-    ``"remapped_rows.pending"``, ``"xid"``, ``"capacity"``, ``"query"``, ...). ``pid``, ``name``, ``used_bytes``,
-    ``state`` (``/proc`` state word) and ``container`` (label: ``"lxc/129"``, ``"docker 3f2a…"``) describe a process
-    culprit (``None`` where unknown or not a process). ``action``: what an operator does: for a GPU an
-    :class:`~nvmlcheck.model.OperatorAction` value (``RESET_GPU``, ``NODE_REBOOT``, ``CONTACT_SUPPORT``, ...), for a
-    process ``STOP_HOLDER``, ``REAP_ZOMBIE`` or ``WAIT``; ``None``: nothing to do but wait or ask for less.
+    ``"remapped_rows.pending"``, ``"xid"``, ``"capacity"``, ``"capacity-limit"``, ``"query"``, ...). ``pid``,
+    ``name``, ``used_bytes``, ``state`` (``/proc`` state word) and ``container`` (label: ``"lxc/129"``,
+    ``"docker 3f2a…"``) describe a process culprit (``None`` where unknown or not a process). ``action``: what an
+    operator does: for a GPU an :class:`~nvmlcheck.model.OperatorAction` value (``RESET_GPU``, ``NODE_REBOOT``,
+    ``CONTACT_SUPPORT``, ...), for a process ``STOP_HOLDER``, ``REAP_ZOMBIE`` or ``WAIT``; ``None``: nothing to do
+    but wait or ask for less.
     ``reason``: the cause in words, without the GPU (:meth:`describe` adds it).
     """
 
@@ -180,6 +182,12 @@ class GpuVerdict:
         return self.class_ in NEEDS_OPERATOR
 
     @property
+    def beyond_capacity(self) -> bool:
+        """Whether the need exceeds what this GPU has with nothing running (a ``capacity-limit`` culprit): no wait
+        can make it ready; ask for less or choose another GPU."""
+        return any(c.kind == "capacity-limit" for c in self.culprits)
+
+    @property
     def actions(self) -> tuple[str, ...]:
         """The culprits' actions, most severe first, without repeats."""
         ordered = sorted(self.culprits, key=lambda c: -_SEVERITY[c.class_])
@@ -215,6 +223,7 @@ class GpuVerdict:
             "need_bytes": self.need_bytes,
             "eta_ns": self.eta_ns,
             "stuck_after_ns": self.stuck_after_ns,
+            "beyond_capacity": self.beyond_capacity,
             "actions": list(self.actions),
             "culprits": [c.to_json() for c in self.culprits],
             "line": self.line(),
@@ -247,6 +256,12 @@ class ReadyReport:
     def needs_operator(self) -> bool:
         """Whether a GPU is unhealthy or stuck: waiting cannot make the selection ready."""
         return any(v.needs_operator for v in self.verdicts)
+
+    @property
+    def beyond_capacity(self) -> bool:
+        """Whether a GPU can never give the need (:attr:`GpuVerdict.beyond_capacity`): no wait can make the
+        selection ready."""
+        return any(v.beyond_capacity for v in self.verdicts)
 
     @property
     def holders(self) -> tuple[Culprit, ...]:
@@ -552,7 +567,10 @@ def _classify_one(d: DeviceState, ctx: _Ctx, culprits: list[Culprit]) -> GpuVerd
     need = None
     if m is not None and (ctx.need_bytes is not None or ctx.need_fraction is not None):
         need = ctx.need_bytes if ctx.need_fraction is None else _ceil(ctx.need_fraction * m.total_bytes)
-        if not culprits and need is not None:
+        beyond = [] if need is None else _beyond_capacity(d, m, need, ctx.need_fraction)
+        if beyond:  # whatever else holds it: no wait can make this GPU ready
+            culprits += beyond
+        elif not culprits and need is not None:
             culprits += _capacity_culprits(d, m, need, ctx.need_fraction)
     return _verdict(i, d.uuid, _label(d), culprits, used_bytes=None if m is None else m.used_bytes,
                     total_bytes=None if m is None else m.total_bytes,
@@ -586,10 +604,29 @@ def _memory_culprits(d: DeviceState, ctx: _Ctx, since: int, bound: int) -> list[
     return []
 
 
+def _beyond_capacity(d: DeviceState, m: Memory, need: int, fraction: float | None) -> list[Culprit]:
+    """A ``short`` culprit of kind ``capacity-limit`` when ``need`` exceeds what the GPU has with nothing running
+    (total - the driver's reserve; the total where the reserve is unknown), beyond the figures' resolution."""
+    unit = m.granularity_bytes - 1
+    reserved = None if m.used_includes_reserved else m.reserved_bytes
+    most = m.total_bytes - (reserved or 0)
+    if need <= most + (1 if reserved is None else 2) * unit:
+        return []
+    of = _of_total(m, fraction)
+    where = ("its total; the driver's reserve is not known" if reserved is None else
+             f"{format_bytes(m.total_bytes)} total, {format_bytes(reserved)} reserved by the driver")
+    return [Culprit(d.index, "short", "capacity-limit", f"{format_bytes(need)} needed{of} can never be free on this "
+                    f"GPU: at most {format_bytes(most)} with nothing running ({where})", used_bytes=m.used_bytes)]
+
+
+def _of_total(m: Memory, fraction: float | None) -> str:
+    return "" if fraction is None else f" ({fraction:g} of {format_bytes(m.total_bytes)})"
+
+
 def _capacity_culprits(d: DeviceState, m: Memory, need: int, fraction: float | None) -> list[Culprit]:
     free, slack = free_bytes_of(m)
     if free + slack < need:
-        of = "" if fraction is None else f" ({fraction:g} of {format_bytes(m.total_bytes)})"
+        of = _of_total(m, fraction)
         return [Culprit(d.index, "short", "capacity", f"clean, but {format_bytes(free)} free, {format_bytes(need)} "
                         f"needed{of}", used_bytes=m.used_bytes)]
     if free - slack < need:

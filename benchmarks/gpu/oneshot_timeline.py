@@ -11,6 +11,8 @@ shows: whether the imports or the driver are the critical path, and which calls 
 
     python3 benchmarks/gpu/oneshot_timeline.py --runs 15 [--python /usr/bin/python3] [--out DIR]
 
+``$TIMELINE_SWITCH_INTERVAL_S`` sets the early thread's GIL switch interval (library._EARLY_SWITCH_INTERVAL_S).
+
 The wrapper changes the order of two imports (it loads ``nvmlcheck._nvml.library`` first, as the script's early
 start does anyway) and adds a few µs per wrapped call; totals are oneshot.py's, not this one's.
 """
@@ -78,6 +80,8 @@ if "kill" not in sys.argv:  # a kill loads the library after its signal: its row
     mark("library.import")
     from nvmlcheck._nvml import library
     mark("library.imported")
+    if os.environ.get("TIMELINE_SWITCH_INTERVAL_S"):  # an A/B of the early thread's GIL switch interval
+        library._EARLY_SWITCH_INTERVAL_S = float(os.environ["TIMELINE_SWITCH_INTERVAL_S"])
     _patch(library)
 _kill = os.kill
 def kill(pid, sig):

@@ -160,6 +160,26 @@ def test_short_with_need(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 0 and doc["need_fraction"] == 0.9 and doc["gpus"][0]["need_bytes"] > 0
 
 
+@pytest.mark.parametrize("need", ["200GiB", "1.0"])
+def test_a_need_beyond_the_gpu_ends_the_wait_at_once(capsys: pytest.CaptureFixture[str], need: str) -> None:
+    # More than the GPU has with nothing running (its total less the driver's reserve): no wait can help.
+    code, doc = ready_json(capsys, "h200", "--need", need, "--timeout", "2")  # without the rule: 2 s of polls
+    (g,) = doc["gpus"]
+    assert code == 1 and doc["polls"] == 1 and g["class"] == "short" and g["beyond_capacity"] is True
+    assert g["culprits"][0]["kind"] == "capacity-limit" and "can never be free" in g["line"]
+
+
+def test_a_need_only_todays_use_leaves_unmet_is_waited_for(gpus: Callable[[Scenario], nc.Session]) -> None:
+    sc = Scenario.h200()
+    sc.set_device(0, used_bytes=8 << 20)  # clean (within 16 MiB), but 8 MiB short of the need below
+    with gpus(sc) as session:
+        m = session.snapshot().devices[0].memory
+        assert m is not None and m.reserved_bytes is not None
+        report = session.ready(need_bytes=m.total_bytes - m.reserved_bytes - 1, timeout=0.2, options=steps())
+    (v,) = report.verdicts
+    assert v.class_ == "short" and not v.beyond_capacity and report.polls > 1  # it could still come: waited
+
+
 def test_a_failed_query_is_not_ready_with_its_reason(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     sc = Scenario.h200()
     sc.fault("nvmlDeviceGetComputeRunningProcesses_v3", 4)  # NVML_ERROR_NO_PERMISSION

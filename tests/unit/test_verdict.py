@@ -8,7 +8,7 @@ import pickle
 from dataclasses import replace
 
 import pytest
-from snapshots import GIB, SYSTEM, dev, failure, proc, snap
+from snapshots import GIB, H200_RESERVED, H200_TOTAL, SYSTEM, dev, failure, mem, proc, snap
 
 import nvmlcheck as nc
 from nvmlcheck import reclaim_model
@@ -153,11 +153,42 @@ def test_unsupported_health_is_no_refusal_but_an_unreadable_one_is_unknown() -> 
 
 def test_short_when_clean_but_free_is_below_the_need() -> None:
     (v,) = classify(snap(dev(0)), now_ns=0, watch=states({}), need_bytes=200 * GIB)
-    assert v.class_ == "short" and v.need_bytes == 200 * GIB and v.culprits[0].kind == "capacity"
+    assert v.class_ == "short" and v.need_bytes == 200 * GIB and v.culprits[0].kind == "capacity-limit"
+    (u,) = classify(snap(dev(0, used=8 << 20)), now_ns=0, watch=states({}), need_bytes=H200_TOTAL - H200_RESERVED - 1)
+    assert u.class_ == "short" and u.culprits[0].kind == "capacity" and not u.beyond_capacity
     (f,) = classify(snap(dev(0)), now_ns=0, watch=states({}), need_fraction=0.9)
     assert f.ready and f.need_bytes is not None and f.need_bytes <= f.free_bytes  # type: ignore[operator]
     (g,) = classify(snap(dev(0)), now_ns=0, watch=states({}), need_fraction=1.0)
-    assert g.class_ == "short"  # the driver's reserve is never free: a fraction of 1 cannot be met
+    assert g.class_ == "short" and g.beyond_capacity  # the driver's reserve is never free: 1.0 cannot be met
+
+
+def test_a_need_beyond_what_the_gpu_has_empty_is_beyond_capacity() -> None:
+    empty = H200_TOTAL - H200_RESERVED  # what a job can ever get: total - the driver's reserve
+    (edge,) = classify(snap(dev(0)), now_ns=0, watch=states({}), need_bytes=empty)
+    assert edge.ready and not edge.beyond_capacity
+    (v,) = classify(snap(dev(0)), now_ns=0, watch=states({}), need_bytes=empty + 1)
+    assert v.class_ == "short" and v.beyond_capacity and [c.kind for c in v.culprits] == ["capacity-limit"]
+    assert "can never be free on this GPU" in v.line() and v.to_json()["beyond_capacity"] is True
+    # A held GPU with such a need: held, and still beyond capacity (no wait can help)
+    (h,) = classify(snap(dev(1, procs=[proc(4123, 8 * GIB)])), now_ns=0, watch=states({4123: "S"}),
+                    need_bytes=empty + 1)
+    assert h.class_ == "held" and h.beyond_capacity and not h.needs_operator
+    # A need that only today's use makes unmet is short, not beyond capacity
+    (s,) = classify(snap(dev(0, used=8 << 20)), now_ns=0, watch=states({}), need_bytes=empty - 1)
+    assert s.class_ == "short" and not s.beyond_capacity
+    # v1 (used counts the reserve, which is unknown): only a need above the total is beyond it
+    (one,) = classify(snap(dev(0, memory=mem(v1=True))), now_ns=0, watch=states({}), need_bytes=empty + 1)
+    assert not one.beyond_capacity
+    (two,) = classify(snap(dev(0, memory=mem(v1=True))), now_ns=0, watch=states({}), need_bytes=H200_TOTAL + 1)
+    assert two.beyond_capacity and any("not known" in c.reason for c in two.culprits)
+    # nvidia-smi's whole MiB: within that resolution of the limit is not called beyond it
+    mib = mem(granularity=1 << 20)
+    (smi,) = classify(snap(dev(0, memory=mib)), now_ns=0, watch=states({}), need_bytes=empty + (1 << 20))
+    assert not smi.beyond_capacity
+    (smi2,) = classify(snap(dev(0, memory=mib)), now_ns=0, watch=states({}), need_bytes=empty + (3 << 20))
+    assert smi2.beyond_capacity
+    report = nc.ReadyReport((edge, v), None, 0, 1, 0.0)
+    assert report.beyond_capacity and not report.needs_operator
 
 
 def test_a_failed_query_is_never_ready_and_says_why() -> None:
