@@ -26,7 +26,7 @@ from ._waitdefaults import CLOCK, EVENTS, ON_POLL, POLICY, SLEEP, STABLE_POLLS, 
 from .errors import ArgumentError, BackendUnavailable, NvmlCheckError, StateError, WaitTimeout
 from .holders import Holder
 from .model import Snapshot
-from .predicates import Predicate, _Scope, _Why, default_predicate
+from .predicates import Predicate, _Scope, _Why, check_predicate, default_predicate
 
 if TYPE_CHECKING:
     # Types only: prepare_kill and send_first run before anything of the GPU side is needed (issue 12).
@@ -369,6 +369,7 @@ class KillPlan:
         from .wait import WaitOptions
 
         found = self._set
+        check_predicate(predicate)
         if only_targets is not None:
             predicate = _released(found, only_targets, predicate)
         if found.started is None or found.first is None:
@@ -535,10 +536,13 @@ def _stamp_off_lists(items: Iterable[Target], point: TracePoint, fallback_ns: in
             t.off_gpu_ns = polled
 
 
+_ONLY_TARGETS_OR_PREDICATE = "only_targets judges the targets' memory: it replaces predicate, give one of them"
+
+
 def _released(found: TargetSet, baseline: Snapshot, predicate: Predicate | None) -> Predicate:
     """``only_targets``: the targets' memory back (the targets read as they are: descendants join when found)."""
     if predicate is not None:
-        raise ArgumentError("only_targets judges the targets' memory: it replaces predicate, give one of them")
+        raise ArgumentError(_ONLY_TARGETS_OR_PREDICATE)
     from .released import targets_released
 
     return targets_released(lambda: [t.pid for t in found.items], baseline)
@@ -693,6 +697,9 @@ def kill_and_wait(
     _grace_ns(grace_s)
     if not isinstance(timeout, Default):
         _check_timeout(timeout)
+    check_predicate(predicate)
+    if only_targets and predicate is not None:
+        raise ArgumentError(_ONLY_TARGETS_OR_PREDICATE)
     # Merged before anything is signalled: a bad option is refused with nothing sent.
     opts = WaitOptions.or_default(options).with_(timeout=timeout, policy=policy, stable_polls=stable_polls,
                                                  on_poll=on_poll, clock=clock, sleep=sleep, events=events)

@@ -950,11 +950,7 @@ def memory_free_at_least(need_bytes: int | None = None, *, fraction: float | Non
     if (need_bytes is None) == (fraction is None):
         raise ArgumentError("memory_free_at_least() takes need_bytes or fraction, exactly one of them")
     if fraction is not None:
-        if isinstance(fraction, bool) or not isinstance(fraction, int | float):
-            raise ArgumentTypeError(f"fraction must be a number in (0, 1], got {fraction!r}")
-        if not (0.0 < fraction <= 1.0):
-            raise ArgumentError(f"fraction must be in (0, 1], got {fraction!r}")
-        return _MemoryFreeAtLeast(None, float(fraction))
+        return _MemoryFreeAtLeast(None, check_fraction("fraction", fraction))
     assert need_bytes is not None
     return _MemoryFreeAtLeast(_non_negative_bytes("need_bytes", need_bytes), None)
 
@@ -994,6 +990,26 @@ def default_predicate(
     memory = memory_back_to(baseline, tolerance_bytes) if baseline is not None else memory_used_at_most(max_used_bytes)
     predicate = no_processes() & memory
     return on_devices(devices, predicate) if devices is not None else predicate
+
+
+def check_predicate(predicate: object, name: str = "predicate") -> Predicate | None:
+    """``predicate`` when it is a :class:`Predicate` (or ``None``); else :class:`~nvmlcheck.ArgumentTypeError`
+    naming it: every call that takes one checks it before it reads, signals or waits."""
+    if predicate is None or isinstance(predicate, Predicate):
+        return predicate
+    raise ArgumentTypeError(
+        f"{name} must be a nvmlcheck Predicate (no_processes(), memory_used_at_most(...), ..., combined with &, | "
+        f"and ~; or a subclass of Predicate) or None, got {predicate!r}"
+    )
+
+
+def check_fraction(name: str, value: float) -> float:
+    """A fraction of a GPU's total in (0, 1] (a ``TypeError`` or ``ValueError`` naming ``name`` otherwise)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ArgumentTypeError(f"{name} must be a number in (0, 1], got {value!r}")
+    if not (0.0 < value <= 1.0):
+        raise ArgumentError(f"{name} must be in (0, 1], got {value!r}")
+    return float(value)
 
 
 def _non_negative_bytes(name: str, value: int) -> int:

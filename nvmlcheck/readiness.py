@@ -15,9 +15,16 @@ import math
 import time
 from collections.abc import Iterable, Sequence
 
-from .errors import BackendUnavailable, GpuFault, NvmlError, WaitTimeout
+from .errors import ArgumentError, BackendUnavailable, GpuFault, NvmlError, WaitTimeout
 from .model import DeviceState, Fields, Snapshot
-from .predicates import DEFAULT_MAX_USED_BYTES, instance_view, memory_free_at_least, memory_used_at_most, no_processes
+from .predicates import (
+    DEFAULT_MAX_USED_BYTES,
+    check_fraction,
+    instance_view,
+    memory_free_at_least,
+    memory_used_at_most,
+    no_processes,
+)
 from .verdict import GpuVerdict, ReadyReport, Watch, classify, unsupported
 
 TYPE_CHECKING = False  # no typing at run time: it costs a one-shot check milliseconds (docs/performance.md)
@@ -65,9 +72,7 @@ def ready_on(
     bound = opts.timeout
     if max_used_bytes is None:
         max_used_bytes = DEFAULT_MAX_USED_BYTES
-    capacity = None
-    if need_bytes is not None or need_fraction is not None:
-        capacity = memory_free_at_least(need_bytes, fraction=need_fraction)  # checks them
+    capacity = _capacity(need_bytes, need_fraction)
     predicate = no_processes() & memory_used_at_most(max_used_bytes)
     if capacity is not None:
         predicate = predicate & capacity
@@ -121,6 +126,18 @@ def ready_on(
             # health again before saying so. Only then: after a timeout it would overrun the deadline.
             health = backend.snapshot(indices, Fields.HEALTH)
     return ReadyReport(judge(final), final, clock() - start, watch.observed, bound, notes)
+
+
+def _capacity(need_bytes: int | None, need_fraction: float | None) -> Predicate | None:
+    """The capacity predicate of a need (``None``: none given); a ``TypeError``/``ValueError`` naming the keyword
+    for a bad one, or for both."""
+    if need_bytes is None and need_fraction is None:
+        return None
+    if need_bytes is not None and need_fraction is not None:
+        raise ArgumentError(f"give need_bytes or need_fraction, not both (got {need_bytes!r} and {need_fraction!r})")
+    if need_fraction is not None:
+        return memory_free_at_least(fraction=check_fraction("need_fraction", need_fraction))
+    return memory_free_at_least(need_bytes)
 
 
 def _wait(
@@ -177,9 +194,13 @@ def ready(
     >>> report = nc.ready([0], need_fraction=0.9, timeout=30.0)        # doctest: +SKIP
     >>> report.ready, [v.line() for v in report.verdicts]                # doctest: +SKIP
     """
+    from ._waitoptions import WaitOptions
     from .session import open as open_session
     from .session import open_timeouts
 
+    # Checked before the session opens, with this call's names: a bad one is refused with nothing read.
+    timeout = WaitOptions.or_default(options).with_(timeout=timeout).timeout
+    _capacity(need_bytes, need_fraction)
     started = time.monotonic()
     init_timeout, smi_timeout = open_timeouts(timeout)
     with open_session(backend, init_timeout_s=init_timeout, smi_timeout_s=smi_timeout) as session:

@@ -143,9 +143,10 @@ def select_clean(
     """
     from ._deadline import Deadline
     from ._waitoptions import _timeout_ns
-    from .predicates import default_predicate
+    from .predicates import check_predicate, default_predicate
     from .wait import is_transient
 
+    check_predicate(predicate)
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise ArgumentError(f"count must be an integer >= 1, got {count!r}")
     if isinstance(stable_polls, bool) or not isinstance(stable_polls, int) or stable_polls < 1:

@@ -314,10 +314,11 @@ class Session:
         given wins over its field.
         """
         from .errors import BackendUnavailable, WaitTimeout
-        from .predicates import default_predicate
+        from .predicates import check_predicate, default_predicate
         from .wait import WaitOptions, poll_until
 
         self._check_open()
+        check_predicate(predicate)
         opts = WaitOptions.or_default(options).with_(
             timeout=timeout, policy=policy, stable_polls=stable_polls, trace=trace, on_poll=on_poll, clock=clock,
             sleep=sleep, events=events,

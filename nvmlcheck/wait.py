@@ -40,7 +40,7 @@ from .errors import (
     WaitTimeout,
 )
 from .model import DeviceFailure, Snapshot
-from .predicates import Predicate, default_predicate
+from .predicates import Predicate, check_predicate, default_predicate
 
 TYPE_CHECKING = False  # no typing at run time: it costs a one-shot check milliseconds (docs/performance.md)
 if TYPE_CHECKING:
@@ -436,6 +436,7 @@ def poll_until(
     )
     if opts.events:
         raise ArgumentError("events=True needs a session's event listener: use Session.wait_until_clean")
+    check_predicate(predicate)
     take: DeadlineSnapshotFn
     cheap: DeadlineSnapshotFn | None
     if pass_deadline:

@@ -20,7 +20,7 @@ from nvmlcheck import cli, reclaim_model
 from nvmlcheck._proc.container import container_of
 from nvmlcheck._proc.devfiles import simulated_globs, simulated_stand_ins
 from nvmlcheck.cli._ready import exit_code_of
-from nvmlcheck.testing import Scenario, StepClock
+from nvmlcheck.testing import Scenario, StepClock, build_stub
 from nvmlcheck.wait import WaitOptions
 
 pytestmark = pytest.mark.stub
@@ -169,6 +169,26 @@ def test_a_need_beyond_the_gpu_ends_the_wait_at_once(capsys: pytest.CaptureFixtu
     assert g["culprits"][0]["kind"] == "capacity-limit" and "can never be free" in g["line"]
 
 
+def test_bad_ready_arguments_are_refused_with_this_calls_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NVMLCHECK_LIBNVML", str(build_stub()))
+    monkeypatch.setenv("NVMLCHECK_STUB_SCENARIO", str(Scenario.h200().write(tmp_path / "s.txt")))
+    bad: list[tuple[dict[str, Any], type[Exception], str]] = [
+        ({"timeout": -1.0}, ValueError, "timeout must be >= 0"),  # was clipped to 0 and judged: ready
+        ({"timeout": float("nan")}, ValueError, "timeout must be >= 0"),
+        ({"timeout": "1"}, TypeError, "timeout must be a number"),  # was a bare TypeError from math
+        ({"need_fraction": 0}, ValueError, "need_fraction must be in"),
+        ({"need_fraction": True}, TypeError, "need_fraction must be a number"),
+        ({"need_bytes": 1, "need_fraction": 0.5}, ValueError, "need_bytes or need_fraction, not both"),
+        ({"need_bytes": -1}, ValueError, "need_bytes must be >= 0"),
+    ]
+    for kwargs, error, text in bad:
+        with pytest.raises(error, match=text):
+            nc.ready(**kwargs)
+        with nc.open("nvml") as session, pytest.raises(error, match=text):
+            session.ready(**kwargs)
+    assert nc.ready(timeout=float("inf"), need_fraction=0.5).ready  # inf: no bound (ready at once here)
+
+
 def test_a_need_only_todays_use_leaves_unmet_is_waited_for(gpus: Callable[[Scenario], nc.Session]) -> None:
     sc = Scenario.h200()
     sc.set_device(0, used_bytes=8 << 20)  # clean (within 16 MiB), but 8 MiB short of the need below
@@ -228,8 +248,6 @@ def test_cuda_selectors_and_devices(capsys: pytest.CaptureFixture[str], monkeypa
 
 
 def test_top_level_ready_opens_and_closes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from nvmlcheck.testing import build_stub
-
     sc = Scenario.h200()
     monkeypatch.setenv("NVMLCHECK_STUB_SCENARIO", str(sc.write(tmp_path / "s.txt")))
     monkeypatch.setenv("NVMLCHECK_LIBNVML", str(build_stub()))

@@ -99,4 +99,26 @@ def test_kill_and_wait_refuses_bad_options_before_signalling(
             nc.kill_and_wait(gpus, [sleeper.pid], policy="fast")
         with pytest.raises(TypeError, match="WaitOptions"):
             nc.kill_and_wait(gpus, [sleeper.pid], options=30.0)  # type: ignore[arg-type]
+        # A function where a Predicate goes, or a predicate with only_targets (which replaces it): refused before
+        # the signal too (the first used to fail in the wait, after the SIGTERM; the second in KillPlan.wait).
+        with pytest.raises(TypeError, match="must be a nvmlcheck Predicate"):
+            nc.kill_and_wait(gpus, [sleeper.pid], predicate=lambda snap: True)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="only_targets"):
+            nc.kill_and_wait(gpus, [sleeper.pid], only_targets=True, predicate=nc.no_processes())
     assert sleeper.poll() is None  # nothing was signalled
+
+
+def test_every_call_that_takes_a_predicate_refuses_another_type(scenario_path: Path) -> None:
+    Scenario.h200().write(scenario_path)
+    with nc.open("nvml", library_path=str(build_stub())) as gpus:
+        calls = {
+            "Session.wait_until_clean": lambda p: gpus.wait_until_clean(0, p),
+            "poll_until": lambda p: poll_until(gpus.snapshot, p, timeout=0),
+            "select_clean": lambda p: nc.select_clean(gpus, 1, predicate=p),
+        }
+        for name, call in calls.items():
+            for bad in (lambda snap: True, "no_processes", 1):
+                with pytest.raises(TypeError, match="must be a nvmlcheck Predicate"):
+                    call(bad)
+                    pytest.fail(f"{name} took {bad!r}")
+        assert gpus.wait_until_clean(0, nc.no_processes()).clean  # a Predicate still works
