@@ -20,24 +20,25 @@ def _bad(message: str) -> argparse.ArgumentTypeError:
     return argparse.ArgumentTypeError(message)
 
 
-def seconds_or_none(text: str) -> float | None:
-    """``--timeout``: seconds >= 0, or ``none``/``inf``/``forever`` for no bound."""
+def seconds_or_none(text: str, unbounded: str = "none") -> float | None:
+    """``--timeout``: seconds >= 0, or ``none``/``inf``/``forever`` for no bound (``unbounded``: the word the error
+    suggests)."""
     if text.strip().lower() in ("none", "inf", "infinity", "forever"):
         return None
     try:
         value = float(text)
     except ValueError:
-        raise _bad(f"not a number of seconds: {text!r}") from None
+        raise _bad(f"not a number of seconds: {text!r} (or '{unbounded}')") from None
     if math.isnan(value) or value < 0:
-        raise _bad(f"must be >= 0 seconds (or 'none'), got {text!r}")
+        raise _bad(f"must be >= 0 seconds (or '{unbounded}'), got {text!r}")
     return None if math.isinf(value) else value
 
 
 def grace_seconds(text: str) -> float | None:
-    """``--grace``: seconds >= 0 before SIGKILL, or ``none``/``inf``/``never``: never escalate."""
+    """``--grace``: seconds >= 0 before SIGKILL, or ``never``/``none``/``inf``: never escalate."""
     if text.strip().lower() == "never":
         return None
-    return seconds_or_none(text)
+    return seconds_or_none(text, "never")
 
 
 def positive_int(text: str) -> int:

@@ -77,3 +77,13 @@ def test_every_option_of_the_quick_commands_is_known_to_it() -> None:
 def test_the_namespace_compares_as_argparse_does() -> None:
     assert Namespace(a=1) == argparse.Namespace(a=1) and Namespace(a=1) != Namespace(a=2)
     assert "a" in Namespace(a=1) and "b" not in Namespace(a=1)
+
+
+@pytest.mark.parametrize(("option", "word"), [("--timeout", "none"), ("--grace", "never")])
+def test_a_bad_duration_names_the_word_for_no_bound(
+    option: str, word: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for bad in ("-1", "nan", "soon"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["kill", option, bad, "5"])
+        assert f"(or '{word}')" in capsys.readouterr().err  # --grace's is 'never', as its help says
