@@ -3,8 +3,9 @@
 >>> from nvmlcheck.hosts import run_on_hosts
 >>> results = run_on_hosts(["root@gpu01", "gpu02:2222"], ["wait", "--timeout", "5"], timeout_s=5.0)  # doctest: +SKIP
 
-Each host runs ``[REMOTE_PREFIX...] PYTHON -m nvmlcheck --json COMMAND ARGS...`` over ssh (an argv list, never a
-local shell; ``BatchMode=yes``, a ControlMaster per host), in parallel up to ``fanout``, each with its own deadline.
+Each host runs ``[REMOTE_PREFIX...] env NVMLCHECK_END_WITH_STDIN=1 PYTHON -m nvmlcheck --json COMMAND ARGS...`` over
+ssh (an argv list, never a local shell; ``BatchMode=yes``, a ControlMaster per host), in parallel up to ``fanout``,
+each with its own deadline; the remote command ends when the stdin the fleet holds open through ssh does.
 A host without nvmlcheck is read through its nvidia-smi for ``snapshot`` and ``wait``. A failed host never looks
 clean: its verdict is ``"failed"`` with a :class:`HostError`. Entry points: :func:`run_on_hosts`,
 :func:`wait_on_hosts`, :func:`snapshot_on_hosts`, :class:`Fleet` (connections reused between calls),
@@ -32,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ._proc.child import Child
+from ._proc.signals import ENV_END_WITH_STDIN, STDIN_HELLO
 from .errors import ArgumentError, NvmlCheckError, StateError
 from .predicates import DEFAULT_MAX_USED_BYTES
 
@@ -483,8 +485,11 @@ class Fleet:
         return [*argv, "--", host.destination]
 
     def remote_argv(self, command: Sequence[str]) -> list[str]:
-        """The words run on the host: the prefix, the interpreter, ``-m nvmlcheck --json`` and the command."""
-        return [*self.remote_prefix, *shlex.split(self.remote_python), "-m", "nvmlcheck", "--json", *command]
+        """The words run on the host: the prefix, ``env NVMLCHECK_END_WITH_STDIN=1`` (the command ends when the
+        stdin this fleet holds open through ssh does: :func:`~nvmlcheck._proc.signals.hang_up_at_stdin_eof`), the
+        interpreter, ``-m nvmlcheck --json`` and the command."""
+        return [*self.remote_prefix, "env", f"{ENV_END_WITH_STDIN}=1", *shlex.split(self.remote_python), "-m",
+                "nvmlcheck", "--json", *command]
 
     def argv(self, host: Host, command: Sequence[str]) -> list[str]:
         """The full local argv for ``command`` on ``host``: ssh's words, then the remote command as one string
@@ -509,7 +514,9 @@ class Fleet:
             if self._control_dir is not None and self._control_dir != self._guarded_dir:
                 self._tell_guard(f"dir {self._control_dir}")
                 self._guarded_dir = self._control_dir
-            child = Child(argv, after_exit_s=_PIPE_GRACE_S, max_output_bytes=self.max_output_bytes)
+            # stdin held open: its end (this call giving up, this process dying) ends the remote command too.
+            child = Child(argv, after_exit_s=_PIPE_GRACE_S, max_output_bytes=self.max_output_bytes,
+                          hold_stdin=STDIN_HELLO)
             self._running.add(child)
             start = _start_ticks(child.proc.pid)
             if start is not None:

@@ -53,7 +53,10 @@ def _pidfd(pid: int) -> int | None:
 
 
 class Child:
-    """A started child: ``argv`` in a new session, stdin from ``/dev/null``, stdout and stderr collected.
+    """A started child: ``argv`` in a new session, stdin from ``/dev/null`` (or, with ``hold_stdin``, a pipe that
+    holds those bytes and that this process keeps open until the child is reaped, killed or closed: ssh then keeps
+    the remote command's stdin open, and its end, or this process's death, reaches the remote command as end of
+    file), stdout and stderr collected.
 
     ``after_exit_s``: ``None`` reads both pipes to their end (bounded by the deadline of :meth:`wait`); a number
     stops reading that many seconds after the exit even if the pipes are still open (an ssh ControlMaster keeps
@@ -72,20 +75,34 @@ class Child:
         env: Mapping[str, str] | None = None,
         after_exit_s: float | None = None,
         max_output_bytes: int | None = MAX_OUTPUT_BYTES,
+        hold_stdin: bytes | None = None,
     ) -> None:
         self.after_exit_s = after_exit_s
         self.max_output_bytes = max_output_bytes
         #: ``"stdout"`` or ``"stderr"`` once that pipe went over ``max_output_bytes``, else ``None``.
         self.overflow: str | None = None
         self._killing = False
-        self.proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-            env=env,
-        )
+        # Both ends close-on-exec: only the child gets the read end (as its stdin), no other child the write end.
+        self._stdin_w: int | None = None
+        stdin_r = subprocess.DEVNULL
+        if hold_stdin is not None:
+            stdin_r, self._stdin_w = os.pipe()
+            os.write(self._stdin_w, hold_stdin)  # a few bytes: the pipe's buffer takes them at once
+        try:
+            self.proc = subprocess.Popen(
+                argv,
+                stdin=stdin_r,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                env=env,
+            )
+        except BaseException:
+            self._release_stdin()
+            raise
+        finally:
+            if hold_stdin is not None:
+                os.close(stdin_r)
         self.stdout = bytearray()
         self.stderr = bytearray()
         assert self.proc.stdout is not None and self.proc.stderr is not None
@@ -183,7 +200,17 @@ class Child:
     def _reap(self) -> bool:
         with self._reap_lock:
             self.proc.poll()
+        if self.proc.returncode is not None:
+            self._release_stdin()
         return self.proc.returncode is not None
+
+    def _release_stdin(self) -> None:
+        """Close the held end of the child's stdin (``hold_stdin``): the child, and whatever it forwards its stdin
+        to, reads end of file."""
+        fd, self._stdin_w = self._stdin_w, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     def _read(self, fd: int) -> bool:
         """Read what is there; True at end of file (the pipe is then closed). Past ``max_output_bytes`` the rest is
@@ -219,6 +246,7 @@ class Child:
         (``read_after_exit``: the pipes to their end, or the child's ``after_exit_s``; False: stop at the exit).
         The pipes are closed either way. Returns whether the leader was reaped: a process outside the group may hold
         the pipes, or the leader be stuck in uninterruptible sleep; then it is left, not waited for."""
+        self._release_stdin()  # first: a multiplexed ssh's remote command ends on it even if the master outlives us
         self.signal_group(signal.SIGKILL)
         self._killing = True  # an overflow no longer stops the wait: the leader is to be reaped
         self.wait(time.monotonic_ns() + int(grace_s * 1e9), after_exit_s=None if read_after_exit else 0.0)
@@ -230,7 +258,8 @@ class Child:
         return self.proc.returncode is not None
 
     def close(self) -> None:
-        """Stop reading: close the pipes (what was read stays in ``stdout`` and ``stderr``)."""
+        """Stop reading: close the pipes (what was read stays in ``stdout`` and ``stderr``) and the held stdin."""
+        self._release_stdin()
         for pipe, _, _ in self._open.values():
             with contextlib.suppress(OSError):
                 pipe.close()

@@ -1,4 +1,5 @@
-"""Signal numbers and names from the C module alone, for the code that runs before a kill's first signal.
+"""Signal numbers and names from the C module alone, for the code that runs before a kill's first signal; and
+:func:`hang_up_at_stdin_eof`, how a command run by a fleet over ssh ends with its caller.
 
 ``import signal`` builds three enums at import (and imports ``enum``, ``functools`` and ``collections`` for them):
 measured, about 5 ms of a kill's launch → signal on an H200 host (docs/performance.md, "Start-up"). Everything
@@ -9,6 +10,8 @@ before the first signal (the CLI's handlers, the pinned targets, a signal's fate
 
 from __future__ import annotations
 
+import os
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import signal as _signal  # the same functions and constants, as typeshed declares them
@@ -16,8 +19,9 @@ else:
     import _signal
 
 __all__ = [
-    "SIGCHLD", "SIGCONT", "SIGHUP", "SIGINT", "SIGKILL", "SIGSTOP", "SIGTERM", "SIGURG", "SIGWINCH", "has_pidfd_send",
-    "name", "number", "pidfd_send", "set_handler",
+    "ENV_END_WITH_STDIN", "SIGCHLD", "SIGCONT", "SIGHUP", "SIGINT", "SIGKILL", "SIGSTOP", "SIGTERM", "SIGURG",
+    "SIGWINCH", "STDIN_HELLO", "hang_up_at_stdin_eof", "has_pidfd_send", "name", "number", "pidfd_send",
+    "set_handler",
 ]  # fmt: skip
 
 SIGCHLD: int = _signal.SIGCHLD
@@ -80,3 +84,50 @@ def number(word: str) -> int:
     if not isinstance(found, int) or wanted.startswith("SIG_"):
         raise ValueError(f"unknown signal {word!r}")
     return int(found)
+
+
+#: Set to ``1`` by a fleet (:mod:`nvmlcheck.hosts`) in the environment of each command it runs over ssh: the command
+#: then ends as on SIGHUP when its stdin, which the fleet holds open through ssh, reaches end of file (the fleet was
+#: interrupted, killed or gave up on the host, or the connection was cut). Without a terminal sshd sends no SIGHUP.
+ENV_END_WITH_STDIN = "NVMLCHECK_END_WITH_STDIN"
+#: What the fleet writes first on that stdin: only a stdin that said it is watched to its end (a remote prefix that
+#: gives the command an empty stdin of its own must not end it).
+STDIN_HELLO = b"nvmlcheck fleet: this command ends with this stream\n"
+
+
+def hang_up_at_stdin_eof() -> bool:
+    """Under ``$NVMLCHECK_END_WITH_STDIN=1`` (removed from the environment: children do not inherit it) with a pipe
+    or socket on stdin, read stdin in a daemon thread and, once it began with :data:`STDIN_HELLO`, send this process
+    SIGHUP at its end (the CLI ends on it with exit 129, its cleanup done). Anything else on stdin (``/dev/null``, a
+    terminal, a file, a stream that ends or says something else first: a remote prefix that does not forward
+    stdin) is not watched to its end. Returns whether it reads stdin."""
+    if os.environ.pop(ENV_END_WITH_STDIN, None) != "1":
+        return False
+    import _thread
+    import stat
+
+    try:
+        mode = os.fstat(0).st_mode
+    except OSError:
+        return False
+    if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
+        return False
+    _thread.start_new_thread(_hang_up_at_eof, ())
+    return True
+
+
+def _hang_up_at_eof() -> None:
+    seen = b""
+    try:
+        while len(seen) < len(STDIN_HELLO):
+            chunk = os.read(0, len(STDIN_HELLO) - len(seen))
+            if not chunk:
+                return  # ended before it said who holds it: not the fleet's stream
+            seen += chunk
+        if seen != STDIN_HELLO:
+            return
+        while os.read(0, 1 << 16):
+            pass  # nothing more is written; whatever comes is not ours to read
+    except OSError:
+        pass  # a reset connection ends it as surely as end of file
+    os.kill(os.getpid(), SIGHUP)

@@ -30,13 +30,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def script() -> None:
     """The ``nvmlcheck`` command's entry point: :func:`main`, then exit without the interpreter's teardown. A one-shot
-    command starts NVML first, in a thread, while the rest is imported (``_common.start_nvml_early``)."""
+    command starts NVML first, in a thread, while the rest is imported (``_common.start_nvml_early``). A command a
+    fleet runs over ssh ends when its stdin does (``_proc.signals.hang_up_at_stdin_eof``)."""
     import sys
 
     from . import _common
 
     _common.FAST_EXIT = True
     _common.start_nvml_early(sys.argv[1:])
+    from .._proc.signals import hang_up_at_stdin_eof
+
+    hang_up_at_stdin_eof()  # run by a fleet over ssh (nvmlcheck.hosts): end with it
     _common.verdict_printed(main())
 
 

@@ -95,9 +95,9 @@ class Lab:
         return found
 
     def end_remote_commands(self) -> None:
-        """SIGKILL what still runs on the "hosts". A remote command outlives a connection that was cut (it has no
-        terminal, so no SIGHUP: docs/hosts.md); on a real host it ends at its own timeout, here it would outlive
-        the test. Reaped when this process became their parent (a subreaper)."""
+        """SIGKILL what still runs on the "hosts": a safety net (a remote nvmlcheck ends with the stdin its fleet
+        holds open, docs/hosts.md, "Ending"; a test's own remote command might not). Reaped when this process became
+        their parent (a subreaper)."""
         for pid in self.remote_pids():
             with contextlib.suppress(OSError):
                 os.kill(pid, 9)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -42,8 +43,25 @@ def _control_dirs(base: Path) -> list[Path]:
     return [p for p in base.iterdir() if p.name.startswith("nvmlcheck-ssh-")]
 
 
+def _remote_nvmlcheck(hosts: Hosts) -> list[int]:
+    """The lab's remote processes that run nvmlcheck."""
+    found = []
+    for pid in hosts.lab.remote_pids():
+        with contextlib.suppress(OSError):
+            if b"nvmlcheck" in Path(f"/proc/{pid}/cmdline").read_bytes() and _state(pid) not in ("Z", None):
+                found.append(pid)
+    return found
+
+
+def _state(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
 def test_sigkill_leaves_no_ssh_client_master_or_directory(hosts: Hosts, short_tmp: Path) -> None:
-    argv = [sys.executable, "-m", "nvmlcheck", "wait", "--timeout", "60", "--host", hosts.busy,
+    argv = [sys.executable, "-m", "nvmlcheck", "wait", "--timeout", "600", "--host", hosts.busy,
             "--remote-python", str(hosts.lab.python), "--ssh-options", hosts.lab.ssh_options]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             env={**hosts.lab.env(), "TMPDIR": str(short_tmp)})
@@ -54,6 +72,9 @@ def test_sigkill_leaves_no_ssh_client_master_or_directory(hosts: Hosts, short_tm
             assert proc.poll() is None and time.monotonic() < end, ssh_children(hosts.lab)
             time.sleep(0.05)
         assert _control_dirs(short_tmp)
+        while not _remote_nvmlcheck(hosts):  # and the remote command has started
+            assert proc.poll() is None and time.monotonic() < end
+            time.sleep(0.05)
         proc.kill()
         proc.wait()
         end = time.monotonic() + 30
@@ -61,6 +82,12 @@ def test_sigkill_leaves_no_ssh_client_master_or_directory(hosts: Hosts, short_tm
             time.sleep(0.05)
         assert not ssh_children(hosts.lab), "ssh outlived the SIGKILLed nvmlcheck"
         assert not _control_dirs(short_tmp)
+        # The remote wait (600 s of its own timeout left) ended with its caller: its stdin, held by the SIGKILLed
+        # process through ssh, reached end of file. Before, it ran on "the host" until its own timeout.
+        end = time.monotonic() + 30
+        while _remote_nvmlcheck(hosts) and time.monotonic() < end:
+            time.sleep(0.05)
+        assert not _remote_nvmlcheck(hosts), "the remote command outlived its SIGKILLed caller"
         end = time.monotonic() + 30
         while _guards(str(hosts.lab.ssh_config)) and time.monotonic() < end:
             time.sleep(0.05)

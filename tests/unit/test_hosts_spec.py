@@ -67,8 +67,8 @@ def test_the_remote_command_is_one_quoted_word() -> None:
     assert argv[:3] == ["ssh", "-o", "BatchMode=yes"]
     assert "-F" in argv and argv[argv.index("-p") + 1] == "2222"
     assert argv[-3:-1] == ["--", "root@gpu01"]
-    assert shlex.split(argv[-1]) == ["pct", "exec", "129", "--", "python3", "-S", "-m", "nvmlcheck", "--json",
-                                     "wait", "--devices", "0;rm -rf /"]
+    assert shlex.split(argv[-1]) == ["pct", "exec", "129", "--", "env", "NVMLCHECK_END_WITH_STDIN=1", "python3",
+                                     "-S", "-m", "nvmlcheck", "--json", "wait", "--devices", "0;rm -rf /"]
 
 
 def test_fleet_options_are_checked() -> None:
