@@ -7,8 +7,9 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -111,13 +112,14 @@ def test_kill_and_wait_refuses_bad_options_before_signalling(
 def test_every_call_that_takes_a_predicate_refuses_another_type(scenario_path: Path) -> None:
     Scenario.h200().write(scenario_path)
     with nc.open("nvml", library_path=str(build_stub())) as gpus:
-        calls = {
+        calls: dict[str, Callable[[Any], object]] = {
             "Session.wait_until_clean": lambda p: gpus.wait_until_clean(0, p),
             "poll_until": lambda p: poll_until(gpus.snapshot, p, timeout=0),
             "select_clean": lambda p: nc.select_clean(gpus, 1, predicate=p),
         }
+        bad_values: tuple[object, ...] = (lambda snap: True, "no_processes", 1)
         for name, call in calls.items():
-            for bad in (lambda snap: True, "no_processes", 1):
+            for bad in bad_values:
                 with pytest.raises(TypeError, match="must be a nvmlcheck Predicate"):
                     call(bad)
                     pytest.fail(f"{name} took {bad!r}")
