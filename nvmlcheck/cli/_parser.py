@@ -395,8 +395,9 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
         )
         global_options(select, top=False)
         once(select, "--count", type=positive_int, required=True, metavar="K", help="how many GPUs (required)")
-        once(select, "--wait", type=seconds_or_none, default=0.0, metavar="S",
-             help="seconds to wait for them (default 0: check once; 'none': forever)")
+        once(select, "--wait", "--timeout", dest="wait", type=seconds_or_none, default=0.0, metavar="S",
+             help="seconds to wait for them (default 0: check once; 'none': forever); --timeout is the same option, "
+                  "as for the other commands")
         once(select, "--max-used", type=byte_size, default=16 * MIB, metavar="BYTES",
              help=f"clean means at most this much used per GPU (default 16MiB; {SIZE_UNITS})")
         once(select, "--stable-polls", type=positive_int, default=1, metavar="N",

@@ -50,8 +50,11 @@ def _owner(args: argparse.Namespace) -> int:
             raise UsageError("--lock: nvmlcheck's parent process is outside this PID namespace (started through "
                              "nsenter, docker exec or kubectl exec), so nothing here ends with it; name the process "
                              "whose exit ends the locks with --lock-pid PID (for example $$ of the launch script)")
-    if owner <= 1:
-        raise UsageError(f"{what}: PID {owner} never exits (init); name the process whose exit ends the locks with "
+    if owner < 1:
+        raise UsageError(f"{what}: {owner} is not a process ID; name the process whose exit ends the locks with "
+                         "--lock-pid PID")
+    if owner == 1:
+        raise UsageError(f"{what}: PID 1 never exits (init); name the process whose exit ends the locks with "
                          "--lock-pid PID")
     try:
         check_owner(owner)

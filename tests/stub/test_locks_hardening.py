@@ -258,6 +258,25 @@ def test_a_zombie_lock_pid_is_refused_before_anything_is_locked(
         zombie.wait()
 
 
+@pytest.mark.parametrize(("pid", "why"), [("1", "never exits (init)"), ("0", "is not a process ID"),
+                                         ("-3", "is not a process ID")])
+def test_a_lock_pid_that_cannot_end_the_locks_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], pid: str, why: str
+) -> None:
+    monkeypatch.setenv("NVMLCHECK_LOCK_DIR", str(tmp_path / "locks"))
+    code, out, err = _select(capsys, tmp_path, "--lock-pid", pid)
+    assert code == 2 and out == "" and f"--lock-pid {pid}" in err and why in err, err  # -3 was called init
+    assert not (tmp_path / "locks").exists()
+
+
+def test_select_takes_timeout_as_the_other_commands_do(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    scenario = str(Scenario.h200().write(tmp_path / "sc.txt"))
+    assert cli.main(["--simulate", scenario, "select", "--count", "1", "--timeout", "0.5"]) == 0
+    assert capsys.readouterr().out.strip() == "0"
+    assert cli.main(["--simulate", scenario, "select", "--count", "1", "--wait", "1", "--timeout", "2"]) == 2
+    assert "given twice" in capsys.readouterr().err  # one option under two names
+
+
 def test_hold_until_a_zombie_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     zombie = subprocess.Popen([sys.executable, "-S", "-c", "pass"])
     try:
