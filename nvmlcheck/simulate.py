@@ -50,15 +50,38 @@ SCENARIOS: dict[str, Callable[[], Scenario]] = {
 
 
 def scenario_named(name_or_path: str) -> Scenario | Path:
-    """A bundled scenario by name, or a scenario file path. ``ValueError`` if it is neither."""
+    """A bundled scenario by name, or a scenario file path. ``ValueError`` if it is neither: a file whose first line
+    (after comments and blank lines) is not ``nvmlcheck-stub-scenario 1`` is refused here, not by the stub's
+    ``nvmlInit``."""
     factory = SCENARIOS.get(name_or_path)
     if factory is not None:
         return factory()
     path = Path(name_or_path)
     if path.is_file():
+        why = _not_a_scenario(path)
+        if why is not None:
+            raise ArgumentError(f"--simulate {name_or_path!r}: not a scenario file ({why}); write one with "
+                                "`nvmlcheck simulate scenario` or Scenario.write (docs/testing.md)")
         return path
     names = ", ".join(sorted(SCENARIOS))
     raise ArgumentError(f"--simulate {name_or_path!r}: not a bundled scenario ({names}) nor a scenario file")
+
+
+_MAGIC = "nvmlcheck-stub-scenario 1"
+
+
+def _not_a_scenario(path: Path) -> str | None:
+    """Why ``path`` is no scenario file (its first line that is not blank or a comment is not the format's first
+    line), or ``None``. The rest is the stub's to judge."""
+    try:
+        with path.open(encoding="utf-8", errors="replace") as f:
+            for line in f:
+                words = line.split("#", 1)[0].split()
+                if words:
+                    return None if " ".join(words) == _MAGIC else f"its first line must be {_MAGIC!r}"
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return "it is empty"
 
 
 @contextlib.contextmanager

@@ -224,3 +224,16 @@ def test_every_simulated_output_says_so(tmp_path: Path, stub_library: Path) -> N
                                                      NVMLCHECK_STUB_SCENARIO=str(Scenario.h200().write(
                                                          tmp_path / "s.txt"))))
     assert plain.returncode == 0 and "simulated" not in json.loads(plain.stdout)
+
+
+@pytest.mark.parametrize(("text", "why"), [("root:x:0:0:root:/root:/bin/bash\n", "its first line must be"),
+                                          ("", "it is empty"), ("# only a comment\n\n", "it is empty")])
+def test_a_file_that_is_no_scenario_is_a_usage_error(tmp_path: Path, text: str, why: str) -> None:
+    path = tmp_path / "not-a-scenario"
+    path.write_text(text)
+    done = nvmlcheck("--simulate", str(path), "wait", "--timeout", "0")
+    assert done.returncode == 2 and "not a scenario file" in done.stderr and why in done.stderr, done.stderr
+    assert "nvmlInit" not in done.stderr  # refused before the stub was loaded (it was exit 3 from nvmlInit)
+    ok = tmp_path / "commented"
+    ok.write_text("# a comment first\n\n" + Scenario.h200().render())
+    assert nvmlcheck("--simulate", str(ok), "wait", "--timeout", "0").returncode == 0
