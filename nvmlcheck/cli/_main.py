@@ -46,8 +46,9 @@ COMMANDS = {
 }
 
 
-#: command → "module:function" that runs before the simulation and the backend (kill signals first).
-EARLY = {"kill": "_kill:signal_first"}
+#: command → "module:function" that runs before the simulation and the backend (kill signals first; select checks
+#: how many GPUs it was asked for).
+EARLY = {"kill": "_kill:signal_first", "select": "_select:count_first"}
 
 
 def _command(name: str) -> Callable[[argparse.Namespace], int]:

@@ -394,7 +394,10 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
             epilog="exit codes: 0 found, 1 not enough clean GPUs at the timeout (stderr says why), 2 usage, 3 backend",
         )
         global_options(select, top=False)
-        once(select, "--count", type=positive_int, required=True, metavar="K", help="how many GPUs (required)")
+        once(select, "--count", type=positive_int, default=None, metavar="K",
+             help="how many GPUs (required: --count K, or K alone after select)")
+        select.add_argument("count_word", nargs="?", type=positive_int, default=None, metavar="K",
+                            help="how many GPUs, as --count K")
         once(select, "--wait", "--timeout", dest="wait", type=seconds_or_none, default=0.0, metavar="S",
              help="seconds to wait for them (default 0: check once; 'none': forever); --timeout is the same option, "
                   "as for the other commands")

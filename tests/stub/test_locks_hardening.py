@@ -277,6 +277,18 @@ def test_select_takes_timeout_as_the_other_commands_do(tmp_path: Path, capsys: p
     assert "given twice" in capsys.readouterr().err  # one option under two names
 
 
+def test_select_takes_how_many_gpus_as_a_word_too(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    scenario = str(Scenario.h200(devices=2).write(tmp_path / "sc.txt"))
+    for argv in (["select", "2"], ["select", "--count", "2"], ["select", "2", "--count", "2"]):
+        assert cli.main(["--simulate", scenario, *argv]) == 0, argv
+        assert capsys.readouterr().out.strip() == "0,1"
+    for argv, text in ((["select"], "needs how many GPUs"), (["select", "1", "--count", "2"], "disagree"),
+                       (["select", "0"], "at least 1")):
+        assert cli.main(["--simulate", scenario, *argv]) == 2, argv
+        err = capsys.readouterr().err
+        assert text in err and "simulated GPUs" not in err, err  # refused before the simulation starts
+
+
 def test_hold_until_a_zombie_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     zombie = subprocess.Popen([sys.executable, "-S", "-c", "pass"])
     try:
