@@ -64,18 +64,14 @@ def _owner(args: argparse.Namespace) -> int:
 
 
 def count_first(args: argparse.Namespace) -> None:
-    """Before anything is opened (``_main.EARLY``): how many GPUs, or a usage error."""
-    args.count = _count(args)
-
-
-def _count(args: argparse.Namespace) -> int:
-    """How many GPUs: ``--count K`` or ``K`` alone (the same number if both)."""
+    """Before anything is opened (``_main.EARLY``): how many GPUs, ``--count K`` or ``K`` alone (the same number if
+    both), into ``args.count``; a usage error otherwise."""
     given = [n for n in (args.count, args.count_word) if n is not None]
     if not given:
         raise UsageError("select needs how many GPUs: --count K (or K alone, as in `nvmlcheck select 2`)")
     if len(set(given)) > 1:
         raise UsageError(f"--count {args.count} and {args.count_word} disagree: give how many GPUs once")
-    return int(given[0])
+    args.count = int(given[0])
 
 
 def cmd_select(args: argparse.Namespace) -> int:
@@ -83,7 +79,6 @@ def cmd_select(args: argparse.Namespace) -> int:
     from ..jsonout import select_document, select_timeout_document
     from ..selection import SelectTimeout
 
-    args.count = _count(args)
     lock = args.lock or args.lock_pid is not None
     owner = _owner(args) if lock else os.getppid()
     args.timeout = args.wait  # open_session bounds nvmlInit by the command's own timeout
