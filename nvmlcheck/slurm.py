@@ -51,6 +51,7 @@ __all__ = [
     "health",
     "health_causes",
     "job_from_env",
+    "job_gpu_indices",
     "job_processes",
     "node_name",
     "parse_gpu_list",
@@ -73,8 +74,9 @@ Command = Literal["epilog", "prolog", "health"]
 @dataclass(frozen=True, slots=True)
 class SlurmJob:
     """A job as a Prolog or Epilog sees it. ``id``/``uid``/``user``: ``SLURM_JOB_ID``, ``SLURM_JOB_UID``,
-    ``SLURM_JOB_USER`` (``None`` when unset, as for the HealthCheckProgram). ``gpus``: the job's GPUs on this node as
-    device selectors (NVML indices as text, or UUIDs), ``()`` for a job without GPUs; ``gpus_from``: the variable they
+    ``SLURM_JOB_USER`` (``None`` when unset, as for the HealthCheckProgram). ``gpus``: the job's GPUs on this node:
+    Slurm's GPU IDs as text (the N of ``/dev/nvidiaN``; :func:`job_gpu_indices` finds their NVML indices) or UUIDs,
+    ``()`` for a job without GPUs; ``gpus_from``: the variable they
     were read from (``None``: none named any). ``node``: ``SLURMD_NODENAME``."""
 
     id: str | None
@@ -93,7 +95,7 @@ _UUID = re.compile(r"(GPU|MIG)-[0-9A-Za-z-]+")
 
 
 def parse_gpu_list(text: str, variable: str) -> tuple[str, ...]:
-    """``"0,1,3"``, ``"0-3,6"`` or UUIDs (``GPU-…``, ``MIG-…``) as device selectors, in order, each once. ``""`` and
+    """``"0,1,3"``, ``"0-3,6"`` or UUIDs (``GPU-…``, ``MIG-…``) as a list of IDs, in order, each once. ``""`` and
     Slurm's ``NoDevFiles`` (GRES without device files) are no GPU. ``ArgumentError`` (a ``ValueError``) naming
     ``variable`` otherwise."""
     text = text.strip()
@@ -430,6 +432,48 @@ def _indices(session: Session, selectors: Sequence[str] | None) -> tuple[int, ..
     return tuple(range(session.device_count())) if resolved is None else resolved
 
 
+def job_gpu_indices(session: Session, gpus: Sequence[str]) -> tuple[tuple[int, ...], tuple[Cause, ...]]:
+    """The NVML indices of a job's GPUs (:attr:`SlurmJob.gpus`), and a cause for each one that cannot be found.
+
+    A number is Slurm's GPU ID: the N of ``/dev/nvidiaN`` (gres.conf's ``File=``, or ``AutoDetect=nvml``), matched to
+    the GPU whose minor number it is, never taken as NVML's index (PCI order; the two differ on some hosts, and the
+    gate would judge another job's GPU). A UUID is matched as :meth:`Session.resolve <nvmlcheck.Session.resolve>`
+    matches one. An ID no GPU's minor number is, or one that cannot be told because a GPU's minor number is unknown
+    (unreadable, or the nvidia-smi backend without the driver's procfs list), is a cause of kind ``"unknown"``: what
+    the job used is not judged, so the node is not called ready."""
+    from .errors import NoSuchDevice
+    from .model import Fields
+
+    ids = [g for g in gpus if g.isdigit()]
+    out: set[int] = set()
+    causes: list[Cause] = []
+    for g in gpus:
+        if not g.isdigit():
+            try:
+                out.update(session.resolve([g]) or ())
+            except NoSuchDevice:
+                causes.append(Cause("unknown", f"the job's GPU {g} is none of this host's GPUs"))
+    if not ids:
+        return tuple(sorted(out)), tuple(causes)
+    snap = session.snapshot(None, fields=Fields(0))  # identity only: cached after the first read
+    by_minor = {d.minor_number: d.index for d in snap.devices if d.minor_number is not None}
+    unknown = [f"GPU {d.index}'s: {d.why_unknown('minor_number') or 'unknown'}" for d in snap.devices
+               if d.minor_number is None]
+    unknown += [f"GPU {f.index} unreadable: {f.error}" for f in snap.failures]
+    for g in ids:
+        index = by_minor.get(int(g))
+        if index is not None:
+            out.add(index)
+        elif unknown:
+            why = f"which GPU is the job's GPU {g} (/dev/nvidia{g}) cannot be told: no minor number for {unknown[0]}"
+            causes.append(Cause("unknown", clean_text(why)[:160]))
+        else:
+            minors = ", ".join(map(str, sorted(by_minor))) or "none"
+            causes.append(Cause("unknown", f"the job's GPU {g} (/dev/nvidia{g}) is none of this host's GPUs "
+                                           f"(minor numbers {minors})"))
+    return tuple(sorted(out)), tuple(causes)
+
+
 def epilog(
     session: Session,
     job: SlurmJob,
@@ -445,17 +489,19 @@ def epilog(
 ) -> GateResult:
     """After job ``job``: SIGTERM its processes that still hold a GPU (:func:`job_processes`; with their
     descendants), SIGKILL them after ``grace_s`` (at the latest once half of the time left is gone; ``None``: then),
-    then :func:`await_ready` on its GPUs (``devices``: these instead of the job's), all within ``timeout_s``.
+    then :func:`await_ready` on its GPUs (:func:`job_gpu_indices`; ``devices``: these NVML selectors instead), all
+    within ``timeout_s``. A job GPU that cannot be found is a cause (not ready); when none can be, nothing is signalled.
     ``kill=False`` (a dry run) signals nothing and lists them in ``would_kill``. A job without GPUs is ready at
     once, without reading any GPU."""
     from .kill import KillError, KillTimeout, prepare_kill
     from .predicates import always
 
     start, deadline = _deadline(clock, timeout_s)
-    selectors = devices if devices else job.gpus
-    if not selectors:
+    if not devices and not job.gpus:
         return GateResult("epilog", job, (), True, (), clock() - start, timeout_s)
-    indices = _indices(session, selectors)
+    indices, unfound = _job_indices(session, job, devices)
+    if not indices:
+        return GateResult("epilog", job, (), False, unfound, clock() - start, timeout_s)
     holders = session.holders(list(indices), device_files=device_files)
     mine, others = job_processes((h for h in holders if _on(h, indices)), job)
     # A listed PID with no process here (exited a moment ago, or another PID namespace's numbering) is nothing to
@@ -485,8 +531,16 @@ def epilog(
                     killed = plan.targets
     readiness = await_ready(session, indices, deadline_ns=deadline, max_used_bytes=max_used_bytes, killed=killed,
                             started_ns=start, clock=clock, sleep=sleep)
-    return GateResult("epilog", job, indices, readiness.ready, readiness.causes, clock() - start, timeout_s,
-                      readiness, killed, tuple(left), tuple(would))
+    return GateResult("epilog", job, indices, readiness.ready and not unfound, readiness.causes + unfound,
+                      clock() - start, timeout_s, readiness, killed, tuple(left), tuple(would))
+
+
+def _job_indices(session: Session, job: SlurmJob, devices: Sequence[str] | None) -> tuple[tuple[int, ...],
+                                                                                          tuple[Cause, ...]]:
+    """``devices`` (NVML selectors, as ``--devices`` gives them) resolved, else the job's GPUs by Slurm's IDs."""
+    if devices:
+        return _indices(session, devices), ()
+    return job_gpu_indices(session, job.gpus)
 
 
 def _on(h: Holder, indices: Sequence[int]) -> bool:
@@ -504,17 +558,19 @@ def prolog(
     clock: Callable[[], int] = time.monotonic_ns,
     sleep: Callable[[float], object] = time.sleep,
 ) -> GateResult:
-    """Before job ``job``: :func:`await_ready` on its GPUs (``devices``: these instead) within ``timeout_s``. Nothing
+    """Before job ``job``: :func:`await_ready` on its GPUs (:func:`job_gpu_indices`; ``devices``: these NVML
+    selectors instead) within ``timeout_s``. Nothing
     is signalled: what holds a GPU now is not this job's."""
     start, deadline = _deadline(clock, timeout_s)
-    selectors = devices if devices else job.gpus
-    if not selectors:
+    if not devices and not job.gpus:
         return GateResult("prolog", job, (), True, (), clock() - start, timeout_s)
-    indices = _indices(session, selectors)
+    indices, unfound = _job_indices(session, job, devices)
+    if not indices:
+        return GateResult("prolog", job, (), False, unfound, clock() - start, timeout_s)
     readiness = await_ready(session, indices, deadline_ns=deadline, max_used_bytes=max_used_bytes, clock=clock,
                             sleep=sleep)
-    return GateResult("prolog", job, indices, readiness.ready, readiness.causes, clock() - start, timeout_s,
-                      readiness)
+    return GateResult("prolog", job, indices, readiness.ready and not unfound, readiness.causes + unfound,
+                      clock() - start, timeout_s, readiness)
 
 
 def health(

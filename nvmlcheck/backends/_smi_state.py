@@ -71,18 +71,22 @@ def build_device_state(
     processes: ProcessLists | None = None,
     retired_pages: tuple[RetiredPage, ...] | str | None = None,
     identity: Mapping[str, str | None] | None = None,
+    minor_number: int | None = None,
     extra_unknown: Iterable[tuple[str, str]] = (),
 ) -> DeviceState:
     """One :class:`DeviceState` from a ``--query-gpu`` row and the other queries' parts.
 
     ``retired_pages`` is the listed pages, or a reason string when they could not be listed; it is only consulted when
     the row's page counts are non-zero. ``identity`` supplies name/serial/PCI bus id cached from an earlier query when
-    this row did not ask for them. Parts not in ``fields`` are ``None`` with the reason "not requested".
+    this row did not ask for them; ``minor_number`` the driver's (``None``: unknown, its reason in ``extra_unknown``).
+    Parts not in ``fields`` are ``None`` with the reason "not requested".
     """
     wanted = fields.value  # int tests: Flag's "in" is slow, and this runs for every GPU every poll
     unknown = dict(_not_requested(wanted))
     unknown.update(record.unknown)
     unknown.update(extra_unknown)
+    if minor_number is not None:
+        del unknown["minor_number"]
     ident = identity or {}
     memory = record.memory if wanted & _MEMORY_BIT else None
     clocks = record.clocks if wanted & _CLOCKS_BIT else None
@@ -106,7 +110,7 @@ def build_device_state(
         name=record.name if record.name is not None else ident.get("name"),
         pci_bus_id=record.pci_bus_id if record.pci_bus_id is not None else ident.get("pci_bus_id"),
         serial=record.serial if record.serial is not None else ident.get("serial"),
-        minor_number=None,
+        minor_number=minor_number,
         memory=memory,
         compute_processes=compute,
         graphics_processes=graphics,

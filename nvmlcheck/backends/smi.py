@@ -45,6 +45,7 @@ from ..errors import (
 )
 from ..model import DeviceFailure, DeviceState, Fields, ProcessKind, RetiredPage, Snapshot, SystemInfo, unknown_key
 from . import SMI_RUN_TIMEOUT_S
+from ._driver_procfs import GPUS_DIR, normal_bus_id, read_driver_gpus
 from ._smi.pids import parse_pids_query
 from ._smi.queries import ECC_COLUMNS, GpuRecord, parse_compute_apps, parse_query_gpu, parse_retired_pages
 from ._smi.small import cuda_version_number, parse_list_gpus, parse_version_output
@@ -340,6 +341,7 @@ class _Identity:
     name: str | None
     pci_bus_id: str | None
     serial: str | None
+    minor_number: int | None = None  # from the driver's procfs list (._driver_procfs), when nvidia-smi is local
 
 
 def _refused_field(result: SmiResult) -> str | None:
@@ -385,6 +387,7 @@ class SmiBackend:
         self._refused: dict[str, str] = {}  # field -> why it is not asked for any more
         self._alternatives: dict[str, str] = {}  # old spelling -> the one this driver accepts
         self._identity: dict[int, _Identity] = {}
+        self._minor_problem = "nvidia-smi --query-gpu has no minor number field"
         self._driver_version: str | None = None
         self._cuda_version: str | None = None
         self._system: SystemInfo | None = None
@@ -425,7 +428,9 @@ class SmiBackend:
             _raise_for(result, self._prefixed)
         with _parsing(result):
             records, failures = parse_query_gpu(result.stdout, _IDENTITY_FIELDS)
-        self._identity = {r.index: _Identity(r.index, r.uuid, r.name, r.pci_bus_id, r.serial) for r in records}
+        minors = self._minor_numbers(records)
+        self._identity = {r.index: _Identity(r.index, r.uuid, r.name, r.pci_bus_id, r.serial, minors.get(r.index))
+                          for r in records}
         # A GPU lost before we opened still counts: it must show up in every snapshot as a failure, never vanish.
         # nvidia-smi numbers GPUs in PCI order and prints the lost one's bus id; when it names no index, the gaps
         # in the others' indices are where the lost ones were.
@@ -435,6 +440,28 @@ class SmiBackend:
             if index is not None and index not in self._identity:
                 self._identity[index] = _Identity(index, "", None, hf.pci_bus_id, None)
         self._driver_version = next((r.driver_version for r in records if r.driver_version), self._driver_version)
+
+    def _minor_numbers(self, records: Sequence[GpuRecord]) -> dict[int, int]:
+        """Each GPU's minor number from the driver's procfs list, by UUID (by bus id where the list has no UUID);
+        none behind a prefix: that nvidia-smi runs on another host. The reason for a GPU left out goes to
+        :meth:`_minor_reason`."""
+        if self._prefixed:
+            self._minor_problem = "nvidia-smi --query-gpu has no minor number field (and it runs behind a prefix)"
+            return {}
+        listed, problem = read_driver_gpus()
+        by_uuid = {g.uuid: g.minor_number for g in listed if g.uuid}
+        by_bus = {g.bus_id: g.minor_number for g in listed if not g.uuid}
+        out: dict[int, int] = {}
+        for r in records:
+            minor = by_uuid.get(r.uuid)
+            if minor is None and r.pci_bus_id:
+                minor = by_bus.get(normal_bus_id(r.pci_bus_id))
+            if minor is not None:
+                out[r.index] = minor
+        self._minor_problem = (
+            f"nvidia-smi --query-gpu has no minor number field, and {problem or GPUS_DIR + ' does not list this GPU'}"
+        )
+        return out
 
     # -- Backend protocol --------------------------------------------------------------------------------------------
 
@@ -543,6 +570,8 @@ class SmiBackend:
             if record.index not in selected:
                 continue
             ident = self._identity_for(record)
+            known = self._identity.get(record.index)
+            minor = known.minor_number if known is not None and known.uuid == record.uuid else None
             devices.append(
                 build_device_state(
                     record,
@@ -550,7 +579,8 @@ class SmiBackend:
                     processes=lists.get(record.uuid),
                     retired_pages=retired.get(record.uuid),
                     identity=ident,
-                    extra_unknown=extra,
+                    minor_number=minor,
+                    extra_unknown=extra if minor is not None else [*extra, ("minor_number", self._minor_problem)],
                 )
             )
         failures = self._failures(selected, devices, handle_failures, gpu_result)

@@ -3,7 +3,8 @@ nvidia-smi backend (the fake nvidia-smi, which renders the same scenario file wi
 nvmlcheck). Memory agrees to nvidia-smi's granularity: it prints whole MiB, rounded up.
 
 Where the backends legitimately differ, the contract says so explicitly: nvidia-smi has no NVML version string, no
-max video clock and no minor number.
+max video clock and no minor number of its own (the driver's procfs list gives it on a real host; the fake GPUs
+are in none).
 """
 
 from __future__ import annotations

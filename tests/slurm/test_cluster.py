@@ -80,6 +80,27 @@ def test_a_clean_job_end_leaves_the_node_idle_and_the_epilog_saw_the_reclaim(clu
     assert prolog["ready"] is True and prolog["devices"] == [0]
 
 
+def test_the_gate_judges_the_gpu_behind_slurms_device_file_not_nvmls_index(cluster: Lab, pids: list[int]) -> None:
+    # As on some hosts: NVML's GPU 0 is /dev/nvidia1 and its GPU 1 is /dev/nvidia0 (gres.conf's File= order).
+    scenario = Scenario.h200(devices=slurmlab.GPUS)
+    for index in range(slurmlab.GPUS):
+        scenario.set_device(index, minor=slurmlab.GPUS - 1 - index)
+    write_scenario(cluster, scenario)
+    # The worker holds memory on the GPU the job's device file is (NVML's index GPUS-1-ID).
+    job = cluster.sbatch(
+        f"sleep 0.3 & W=$!\nG=$(({slurmlab.GPUS - 1} - $SLURM_JOB_GPUS))\n"
+        + worker_line(cluster, "$G", 8 * GIB, release_ms=300) + "wait\n",
+        "--gres=gpu:1")
+    done = cluster.wait_job_done(job)
+    assert done["JobState"] == "COMPLETED", done
+    assert cluster.node_state() == "IDLE", cluster.node_info()
+    record = only(cluster.read_records("epilog"), job)
+    (slurm_id,) = record["job"]["gpus"]
+    assert record["devices"] == [slurmlab.GPUS - 1 - int(slurm_id)]
+    assert record["ready"] is True and record["exit_code"] == 0
+    assert record["readiness"]["last_dirty_ns"] is not None  # it saw the job's memory, then saw it back
+
+
 def test_an_orphaned_worker_holding_memory_is_killed_by_the_epilog(cluster: Lab, pids: list[int]) -> None:
     write_scenario(cluster, Scenario.h200(devices=slurmlab.GPUS))
     # A worker that left the job: its own session, and out of the job's freezer cgroup (where proctrack/cgroup would

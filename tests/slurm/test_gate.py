@@ -254,6 +254,93 @@ def test_a_pending_row_remap_is_reported_at_once_without_waiting(nvml_stub: Stub
     assert healthy.ready
 
 
+# --- Slurm's GPU IDs are minor numbers ----------------------------------------------------------------------------
+
+
+def driver_list(directory: Path, devices: tuple[nc.DeviceState, ...], *, uuids: bool = True) -> str:
+    """``/proc/driver/nvidia/gpus`` as the driver writes it, for ``devices`` (their UUIDs, bus ids and minors)."""
+    for d in devices:
+        assert d.pci_bus_id is not None and d.minor_number is not None
+        bus = d.pci_bus_id[4:].lower()  # 00000000:18:00.0 -> 0000:18:00.0
+        (directory / bus).mkdir(parents=True)
+        (directory / bus / "information").write_text(
+            "Model: \t\t NVIDIA H200\nIRQ:   \t\t 151\n"
+            + (f"GPU UUID: \t {d.uuid}\n" if uuids else "GPU UUID: \t ??\n")
+            + f"Bus Type: \t PCIe\nBus Location: \t {bus}\nDevice Minor: \t {d.minor_number}\n")
+    return str(directory)
+
+
+@pytest.mark.parametrize("uuids", [True, False], ids=["by-uuid", "by-bus-id"])
+def test_slurms_gpu_ids_are_minor_numbers_on_both_backends(
+        nvml_stub: StubSession, nvml_scenario: Scenario, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        uuids: bool) -> None:
+    from nvmlcheck.backends import _driver_procfs
+    from nvmlcheck.testing import stub_source_dir
+
+    # As on some hosts (AMD EPYC boards among them): /dev/nvidia0 is NVML's GPU 1, and /dev/nvidia1 its GPU 0.
+    nvml_scenario.set_device(0, minor=1)
+    nvml_scenario.set_device(1, minor=0)
+    nvml_scenario.write(nvml_stub.scenario_path)
+    with nc.open("nvml") as gpus:
+        devices = gpus.devices()
+        assert slurm.job_gpu_indices(gpus, ("0",)) == ((1,), ())
+        assert slurm.job_gpu_indices(gpus, ("1", "0")) == ((0, 1), ())
+        assert slurm.job_gpu_indices(gpus, (devices[1].uuid,)) == ((1,), ())
+    # nvidia-smi prints no minor number: the driver's own list in procfs gives it.
+    monkeypatch.setattr(_driver_procfs, "GPUS_DIR", driver_list(tmp_path / "gpus", devices, uuids=uuids))
+    with nc.open("smi", smi_command=[sys.executable, str(stub_source_dir() / "fake_nvidia_smi.py")]) as smi:
+        assert [d.minor_number for d in smi.devices()] == [1, 0]
+        assert slurm.job_gpu_indices(smi, ("0",)) == ((1,), ())
+    # Without that list nothing tells which GPU is /dev/nvidia0: a cause, never a guess.
+    monkeypatch.setattr(_driver_procfs, "GPUS_DIR", str(tmp_path / "absent"))
+    with nc.open("smi", smi_command=[sys.executable, str(stub_source_dir() / "fake_nvidia_smi.py")]) as smi:
+        d = smi.devices()[0]
+        assert d.minor_number is None and "absent" in (d.why_unknown("minor_number") or "")
+        indices, causes = slurm.job_gpu_indices(smi, ("0",))
+    assert indices == () and [c.kind for c in causes] == ["unknown"]
+    assert causes[0].text.startswith("which GPU is the job's GPU 0 (/dev/nvidia0) cannot be told: no minor number ")
+
+
+def swapped(tmp_path: Path) -> Path:
+    """NVML's GPU 1 is ``/dev/nvidia0`` and holds 8 GiB; NVML's GPU 0 is ``/dev/nvidia1`` and idle."""
+    sc = Scenario.h200(devices=2)
+    sc.set_device(0, minor=1)
+    sc.set_device(1, minor=0)
+    sc.add_process(1, 4_123_456, used_bytes=8 * GIB)
+    return sc.write(tmp_path / "swapped.txt")
+
+
+@pytest.mark.parametrize("command", ["prolog", "epilog"])
+def test_the_gate_judges_the_gpu_slurm_gave_the_job(
+        slurm_env: None, scontrol: FakeScontrol, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *,
+        capsys: pytest.CaptureFixture[str], command: str) -> None:
+    scenario = swapped(tmp_path)
+    code, doc, _ = run(scontrol, scenario, command, "--no-drain", capsys=capsys)  # SLURM_JOB_GPUS=0
+    assert code == 1 and isinstance(doc, dict) and doc["devices"] == [1]
+    assert [c["gpu"] for c in doc["causes"]] == [1]
+    monkeypatch.setenv("SLURM_JOB_GPUS", "1")
+    code, doc, _ = run(scontrol, scenario, command, "--no-drain", capsys=capsys)
+    assert code == 0 and isinstance(doc, dict) and doc["devices"] == [0] and doc["job"]["gpus"] == ["1"]
+    # --devices names NVML's indices, as everywhere else.
+    code, doc, _ = run(scontrol, scenario, command, "--no-drain", "--devices", "1", capsys=capsys)
+    assert code == 1 and isinstance(doc, dict) and doc["devices"] == [1]
+
+
+def test_a_job_gpu_that_is_no_gpu_here_drains_the_node(
+        slurm_env: None, scontrol: FakeScontrol, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("SLURM_JOB_GPUS", "1,5")
+    code, doc, err = run(scontrol, swapped(tmp_path), "prolog", capsys=capsys)
+    assert code == 1 and isinstance(doc, dict) and doc["devices"] == [0]  # /dev/nvidia1 is judged: it is ready
+    assert [(c["kind"], c["text"]) for c in doc["causes"]] == [
+        ("unknown", "the job's GPU 5 (/dev/nvidia5) is none of this host's GPUs (minor numbers 0, 1)")]
+    assert scontrol.updates() == [["update", "NodeName=n1", "State=DRAIN", f"Reason={doc['reason']}"]]
+    monkeypatch.setenv("SLURM_JOB_GPUS", "5")
+    code, doc, err = run(scontrol, swapped(tmp_path), "epilog", "--no-drain", capsys=capsys)
+    assert code == 1 and isinstance(doc, dict) and doc["devices"] == [] and doc["killed"] == []
+    assert err.startswith("nvmlcheck slurm epilog: the job's GPU 5 (/dev/nvidia5) is none of this host's GPUs")
+
+
 # --- the command, as slurmd runs it ---------------------------------------------------------------------------------
 
 
