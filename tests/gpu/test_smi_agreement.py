@@ -90,3 +90,12 @@ def test_auto_selects_nvml() -> None:
     with nc.open() as gpus:
         assert gpus.backend_name == "nvml"
         assert gpus.snapshot().backend == "nvml"
+
+
+def test_the_minor_numbers_agree(both: tuple[nc.Session, nc.Session]) -> None:
+    """nvidia-smi prints no minor number: the smi backend reads the driver's procfs list, which must name the same
+    ``/dev/nvidiaN`` for each GPU as ``nvmlDeviceGetMinorNumber`` (what Slurm's GPU IDs are matched with)."""
+    nvml, smi = both
+    mine = [(d.uuid, d.minor_number) for d in nvml.devices()]
+    theirs = [(d.uuid, d.minor_number) for d in smi.devices()]
+    assert all(minor is not None for _, minor in mine) and theirs == mine
