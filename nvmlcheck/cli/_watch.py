@@ -35,16 +35,32 @@ def cmd_watch(args: argparse.Namespace) -> int:
             return EXIT_BACKEND
         if listener.reason is not None:  # some GPUs only: say which are not watched, once
             print(f"nvmlcheck: events: {safe(listener.reason)}", file=sys.stderr)
+        covered = sorted(listener.covered if wanted is None else listener.covered & wanted)
+        if not covered:  # the selected GPUs have no events (the others do): nothing would ever be printed
+            print(f"nvmlcheck: events: no selected GPU is listened to ({safe(listener.reason or 'none covered')})",
+                  file=sys.stderr)
+            return EXIT_BACKEND
+        if not args.json:
+            # Status on stderr (stdout is the events alone): a quiet GPU prints nothing for hours, so say it listens.
+            until = f"for {args.duration:g} s" if args.duration is not None else "until Ctrl-C"
+            print(f"nvmlcheck watch: listening to {_gpus(covered)} {until}", file=sys.stderr, flush=True)
         end = None if args.duration is None else time.monotonic() + args.duration
-        seen = 0
+        seen = printed = 0
         while end is None or time.monotonic() < end:
             left = _SLICE_S if end is None else max(0.0, min(_SLICE_S, end - time.monotonic()))
             events, seen = listener.next_events(seen, left)
             for ev in events:
                 if wanted is not None and ev.index not in wanted:
                     continue
+                printed += 1
                 print(json.dumps(ev.to_json(), separators=(",", ":")) if args.json else safe(ev.line()), flush=True)
             if listener.state != "running":
                 print(f"nvmlcheck: events: {safe(listener.reason or 'the listener stopped')}", file=sys.stderr)
                 return EXIT_BACKEND
+    if not args.json:
+        print(f"nvmlcheck watch: {printed} event{'' if printed == 1 else 's'} in {args.duration:g} s", file=sys.stderr)
     return EXIT_CLEAN
+
+
+def _gpus(indices: list[int]) -> str:
+    return f"GPU {indices[0]}" if len(indices) == 1 else f"GPUs {', '.join(map(str, indices))}"

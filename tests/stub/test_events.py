@@ -273,6 +273,38 @@ def test_cli_watch_streams_json_lines(tmp_path: Path, capsys: pytest.CaptureFixt
     assert code == 0 and "GPU 1 FATAL XID 79" in out
 
 
+def test_cli_watch_says_on_stderr_that_it_listens_and_how_many_events_came(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    sc = Scenario.h200(2)
+    path = str(sc.write(tmp_path / "quiet.txt"))
+    # Quiet GPUs: stdout stays empty (it is the events alone), stderr says it listened and that nothing came.
+    code, out, err = _cli(capsys, "--simulate", path, "watch", "--for", "0.2")
+    assert (code, out) == (0, "")
+    assert _watch_lines(err) == ["listening to GPUs 0, 1 for 0.2 s", "0 events in 0.2 s"]
+    sc.at_ms(0).raise_event(1, "xid", xid=13)
+    sc.write(tmp_path / "quiet.txt")
+    code, out, err = _cli(capsys, "--simulate", path, "watch", "--devices", "1", "--for", "0.5")
+    assert code == 0 and out.count("XID 13") == 1
+    assert _watch_lines(err) == ["listening to GPU 1 for 0.5 s", "1 event in 0.5 s"]
+    code, out, err = _cli(capsys, "--simulate", path, "--json", "watch", "--for", "0.2")
+    assert code == 0 and _watch_lines(err) == []  # JSON Lines: nothing else
+
+
+def _watch_lines(err: str) -> list[str]:
+    return [line.removeprefix("nvmlcheck watch: ") for line in err.splitlines() if line.startswith("nvmlcheck watch: ")]
+
+
+def test_cli_watch_of_gpus_without_events_exits_3_even_when_others_have_them(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    sc = Scenario.h200()
+    sc.add_device(unsupported=("events",))
+    path = str(sc.write(tmp_path / "s.txt"))
+    code, _, err = _cli(capsys, "--simulate", path, "watch", "--devices", "1", "--for", "1")
+    assert code == 3 and "no selected GPU is listened to" in err and "NOT_SUPPORTED" in err
+    code, _, err = _cli(capsys, "--simulate", path, "watch", "--devices", "0", "--for", "0.1")
+    assert code == 0 and "listening to GPU 0 for 0.1 s" in err
+
+
 def test_cli_watch_without_events_exits_3(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     sc = Scenario()
     sc.add_device(unsupported=("events",))
