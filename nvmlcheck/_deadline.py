@@ -6,14 +6,22 @@ Layer 1 (beside the model and the errors): the backends take it without importin
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 
 from .errors import DeadlinePassed
 
-__all__ = ["Deadline"]
+__all__ = ["Deadline", "ns_or_none"]
 
 _NS = 1_000_000_000
+
+
+def ns_or_none(seconds: float) -> int | None:
+    """``seconds`` (a number >= 0, checked by the caller) in integer ns; ``None`` when it cannot be counted in ns
+    (``inf``, or beyond ~1.8e299 s): no bound. The one rule for every timeout and grace the library takes."""
+    ns = seconds * _NS
+    return None if math.isinf(ns) else round(ns)  # not ceil: 63225e-9 * 1e9 is 63225.00000000001
 
 
 class Deadline:

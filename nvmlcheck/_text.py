@@ -10,7 +10,7 @@ for nvmlcheck's own multi-line messages whose data was escaped where it went in.
 
 from __future__ import annotations
 
-__all__ = ["printable", "printable_lines"]
+__all__ = ["is_digits", "printable", "printable_lines"]
 
 _BIDI = (0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A))
 _ESCAPED: dict[int, str] = {
@@ -31,3 +31,9 @@ def printable_lines(text: object) -> str:
     """As :func:`printable`, but ``\\n`` is kept: for a message of several lines built by nvmlcheck."""
     s = text if isinstance(text, str) else str(text)
     return s if s.isprintable() else s.translate(_KEEP_NEWLINE)
+
+
+def is_digits(text: str) -> bool:
+    """Whether ``text`` is ASCII decimal digits (at least one). ``str.isdigit`` also says yes to ``²`` and ``٣``,
+    which ``int`` then refuses or reads as 3: a PID, GPU index or job ID, typed or from the environment, is 0-9."""
+    return text.isascii() and text.isdigit()

@@ -28,7 +28,7 @@ def parse_size(text: str) -> int:
     KB/MB/GB/TB (decimal, powers of 10: ``"16GB"`` is 16,000,000,000); any case."""
     import re  # only when a size is given: the CLI parses --max-used with this
 
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text, re.ASCII)  # 0-9 only, not "٣"
     if not m or m[2].lower() not in _UNITS:
         from .errors import ArgumentError
 

@@ -139,6 +139,7 @@ def _timeout_ns(timeout: float | None) -> int | None:
         raise ArgumentTypeError(f"timeout must be a number of seconds or None, got {timeout!r}")
     if math.isnan(timeout) or timeout < 0:
         raise ArgumentError(f"timeout must be >= 0 seconds (or None for no timeout), got {timeout!r}")
+    # _deadline.ns_or_none's rule, inline: ready's one-shot path imports this module but not _deadline.
     ns = timeout * _NS
     if math.isinf(ns):
         return None  # inf (or too large to count in ns) means no timeout

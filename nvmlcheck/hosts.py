@@ -34,6 +34,7 @@ from typing import Any, Literal
 
 from ._proc.child import Child
 from ._proc.signals import ENV_END_WITH_STDIN, STDIN_HELLO
+from ._text import is_digits
 from .errors import ArgumentError, NvmlCheckError, StateError
 from .predicates import DEFAULT_MAX_USED_BYTES
 
@@ -152,7 +153,7 @@ class Host:
                 raise ArgumentError(f"bad host {spec!r}: {host!r} is not a host name or address")
         port_number: int | None = None
         if port_text is not None:
-            if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+            if not is_digits(port_text) or not 1 <= int(port_text) <= 65535:
                 raise ArgumentError(f"bad host {spec!r}: port must be 1-65535, got {port_text!r}")
             port_number = int(port_text)
         return cls(host, user, port_number)

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from ._deadline import ns_or_none
 from ._proc import procfs, signals, targets
 from ._proc.procfs import ProcUnreadable
 from ._proc.targets import Refused, Target, TargetSet
@@ -462,7 +463,8 @@ class KillPlan:
         found = self._set
         assert found.started is not None
         clock, start = found.clock, found.started
-        deadline = None if timeout is None or math.isinf(timeout) else start + round(timeout * 1e9)
+        bound_ns = None if timeout is None else ns_or_none(timeout)
+        deadline = None if bound_ns is None else start + bound_ns
         next_scan = clock()
         try:
             while not found.all_exited() and grace_end is not None:
@@ -590,7 +592,7 @@ def _grace_ns(grace_s: float | None) -> int | None:
         return None
     if isinstance(grace_s, bool) or not isinstance(grace_s, int | float) or not grace_s >= 0:  # rejects NaN
         raise ArgumentError(f"grace_s must be None or a number of seconds >= 0, got {grace_s!r}")
-    return None if math.isinf(grace_s) else int(grace_s * 1e9)
+    return ns_or_none(grace_s)  # inf, or too long to count in ns: never
 
 
 def _check_timeout(timeout: float | None) -> None:

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 
+from ._text import is_digits
 from ._waitdefaults import CLOCK, EVENTS, ON_POLL, POLICY, SLEEP, STABLE_POLLS, TIMEOUT, TRACE
 from .backends import open_backend
 from .errors import ArgumentError, ArgumentTypeError, NoSuchDevice, SessionClosed
@@ -201,7 +202,7 @@ class Session:
                     raise NoSuchDevice(f"no GPU with index {item}: this host has {count} (indices 0..{count - 1})")
                 out.add(item)
                 continue
-            if item.isdigit():
+            if is_digits(item):
                 out.update(self.resolve(int(item)) or ())
                 continue
             if item.startswith("MIG-"):

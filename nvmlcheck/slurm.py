@@ -21,6 +21,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from ._deadline import ns_or_none
+from ._text import is_digits
 from ._units import format_bytes
 from .errors import ArgumentError, NvmlCheckError
 from .predicates import DEFAULT_MAX_USED_BYTES
@@ -104,9 +106,9 @@ def parse_gpu_list(text: str, variable: str) -> tuple[str, ...]:
     out: list[str] = []
     for item in (part.strip() for part in text.split(",")):
         first, dash, last = item.partition("-")
-        if item.isdigit():
+        if is_digits(item):
             out.append(str(int(item)))
-        elif dash and first.isdigit() and last.isdigit() and int(first) <= int(last):
+        elif dash and is_digits(first) and is_digits(last) and int(first) <= int(last):
             out.extend(str(i) for i in range(int(first), int(last) + 1))
         elif _UUID.fullmatch(item):
             out.append(item)
@@ -130,10 +132,10 @@ def job_from_env(env: Mapping[str, str] | None = None) -> SlurmJob:
                 source = variable
                 break
     uid_text = env.get("SLURM_JOB_UID")
-    if uid_text is not None and not uid_text.strip().isdigit():
+    if uid_text is not None and not is_digits(uid_text.strip()):
         raise ArgumentError(f"$SLURM_JOB_UID={uid_text!r} is not a user ID")
     job_id = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or None
-    if job_id is not None and not job_id.strip().isdigit():
+    if job_id is not None and not is_digits(job_id.strip()):
         raise ArgumentError(f"$SLURM_JOB_ID={job_id!r} is not a job ID")
     return SlurmJob(
         id=None if job_id is None else job_id.strip(),
@@ -421,10 +423,13 @@ class GateResult:
 
 
 def _deadline(clock: Callable[[], int], timeout_s: float) -> tuple[int, int]:
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or not 0 <= timeout_s < math.inf:
+    bound_ns = None
+    if not isinstance(timeout_s, bool) and isinstance(timeout_s, int | float) and 0 <= timeout_s < math.inf:
+        bound_ns = ns_or_none(timeout_s)
+    if bound_ns is None:
         raise ArgumentError(f"timeout_s must be a finite number of seconds >= 0, got {timeout_s!r}")
     start = clock()
-    return start, start + int(timeout_s * 1e9)
+    return start, start + bound_ns
 
 
 def _indices(session: Session, selectors: Sequence[str] | None) -> tuple[int, ...]:
@@ -444,11 +449,11 @@ def job_gpu_indices(session: Session, gpus: Sequence[str]) -> tuple[tuple[int, .
     from .errors import NoSuchDevice
     from .model import Fields
 
-    ids = [g for g in gpus if g.isdigit()]
+    ids = [g for g in gpus if is_digits(g)]
     out: set[int] = set()
     causes: list[Cause] = []
     for g in gpus:
-        if not g.isdigit():
+        if not is_digits(g):
             try:
                 out.update(session.resolve([g]) or ())
             except NoSuchDevice:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 
 from .._record import light_tuple
+from .._text import is_digits
 from . import procfs
 
 TYPE_CHECKING = False  # no typing before a signal: start-up cost where site has not loaded it (docs/performance.md)
@@ -295,14 +296,14 @@ def _named_spec(s: str, low: str) -> ContainerSpec | None:
     if low.startswith("lxc/") and low[4:] and "/" not in low[4:]:
         return ContainerSpec("lxc", s[4:])
     for prefix in ("slurm/", "slurm:", "job_"):
-        if low.startswith(prefix) and low[len(prefix):].isdigit():
+        if low.startswith(prefix) and is_digits(low[len(prefix):]):
             return ContainerSpec("slurm", low[len(prefix):])
     for prefix in ("pod/", "pod:", "pod", ""):
         uid = _pod_uid(low[len(prefix):]) if low.startswith(prefix) else None
         if uid is not None and (prefix or "-" in low):  # 32 hex digits alone are an ID prefix
             return ContainerSpec("kubernetes", uid)
     for prefix in ("pidns:", "pid:["):
-        if low.startswith(prefix) and low[len(prefix):].rstrip("]").isdigit():
+        if low.startswith(prefix) and is_digits(low[len(prefix):].rstrip("]")):
             return ContainerSpec("pidns", low[len(prefix):].rstrip("]"))
     for runtime in _RUNTIMES:
         if low.startswith((runtime + ":", runtime + "/")):
@@ -325,7 +326,7 @@ def parse_spec(spec: str) -> ContainerSpec:
     if _is_hex(low):
         return ContainerSpec("id", low)
     if s.startswith("/"):
-        norm = "/" + "/".join(p for p in s.split("/") if p)
+        norm = "/" + "/".join(p for p in s.split("/") if p and p != ".")  # "/sys/fs/cgroup/memory/." is the root
         if ".." in norm.split("/"):
             raise _argument_error(f"{spec!r}: a cgroup path may not contain '..'")
         if norm in ("/", "/sys/fs/cgroup"):
@@ -384,7 +385,8 @@ def members(spec: str | ContainerSpec, proc: str = "/proc") -> list[tuple[int, i
     if parsed.kind == "dir":
         if not os.path.isfile(f"{parsed.value}/cgroup.procs"):
             raise _argument_error(f"{parsed.value}: not a cgroup directory (no cgroup.procs)")
-        if not os.path.isfile(f"{os.path.dirname(parsed.value)}/cgroup.procs"):
+        # The real path's parent: a symlink (v1's cpu -> cpu,cpuacct) must not hide a hierarchy's root.
+        if not os.path.isfile(f"{os.path.dirname(os.path.realpath(parsed.value))}/cgroup.procs"):
             raise _argument_error(f"{parsed.value} is a root cgroup: it holds every process of the host")
         pids = sorted(set(_dir_members(parsed.value)))
     else:

@@ -75,7 +75,7 @@ def name(number: int) -> str:
 def number(word: str) -> int:
     """``TERM``, ``SIGTERM``, ``term`` or ``15`` → 15; ValueError for a signal this system does not know."""
     text = word.strip().upper()
-    if text.isdigit():
+    if text.isascii() and text.isdigit():  # not "²" or "٣"
         value = int(text)
         name(value)  # raises for an unknown number
         return value

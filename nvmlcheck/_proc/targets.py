@@ -251,11 +251,13 @@ class TargetSet:
         # first, as for the escalation: nothing forked in the last instant escapes.
         frozen = self.tree and (sig == signals.SIGKILL or (
             sigkill_if_discarded and any(fate.fate_of(t.pid, sig) is not None for t in self.items)))
-        if frozen:
-            self._stop_tree()
-        fates = [fate.fate_of(t.pid, sig) for t in self.items]  # read before the first signal goes anywhere
-        start = self.started = clock()
+        # The stop is inside the try: an interrupt (Ctrl-C, SIGTERM) or a refusal while stopping still resumes
+        # every member, so no tree stays SIGSTOPped holding its GPU.
         try:
+            if frozen:
+                self._stop_tree()
+            fates = [fate.fate_of(t.pid, sig) for t in self.items]  # read before the first signal goes anywhere
+            start = self.started = clock()
             for t, why in zip(self.items, fates, strict=True):
                 self._send_first(t, sig, start, why)
         finally:
@@ -286,11 +288,11 @@ class TargetSet:
         if sig == signals.SIGKILL:
             self.escalated = True
         frozen = sig == signals.SIGKILL and self.tree
-        if frozen:
-            self._stop_tree()
-        now = self.clock()
         out: list[int] = []
-        try:
+        try:  # the stop inside: resumed whatever interrupts it (see send_first)
+            if frozen:
+                self._stop_tree()
+            now = self.clock()
             for t in self.items:
                 before = len(t.signals)
                 self._send(t, sig, now)

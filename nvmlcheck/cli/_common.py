@@ -168,7 +168,8 @@ def _note(name: str, value: str, backend: str, devices: list[int] | None) -> tup
         return value, devices
     if name == "--devices":
         # Indices only: a UUID or cuda:N needs the session's resolution first, so nothing is read ahead for it.
-        return backend, (devices or []) + [int(w) for w in value.split(",") if w.strip().isdigit()]
+        words = (w.strip() for w in value.split(","))
+        return backend, (devices or []) + [int(w) for w in words if w.isascii() and w.isdigit()]
     return backend, devices
 
 

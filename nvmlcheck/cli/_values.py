@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import math
 
+from .._text import is_digits
+
 TYPE_CHECKING = False  # no typing: it costs start-up where site has not loaded it (docs/performance.md)
 if TYPE_CHECKING:
     import argparse
@@ -20,18 +22,33 @@ def _bad(message: str) -> argparse.ArgumentTypeError:
     return argparse.ArgumentTypeError(message)
 
 
+#: The longest finite duration an option takes: about 31.7 years. Longer is a typo ('none' says "no bound").
+MAX_SECONDS = 1e9
+
+
+def _number(text: str, what: str, unbounded: str | None = None) -> float:
+    """``text`` as a float, in ASCII without ``_`` (Python's ``float`` also reads ``1_0`` and Arabic-Indic digits)."""
+    try:
+        if not text.isascii() or "_" in text:
+            raise ValueError(text)
+        return float(text)
+    except ValueError:
+        raise _bad(f"not a number of {what}: {text!r}" + (f" (or '{unbounded}')" if unbounded else "")) from None
+
+
 def seconds_or_none(text: str, unbounded: str = "none") -> float | None:
     """``--timeout``: seconds >= 0, or ``none``/``inf``/``forever`` for no bound (``unbounded``: the word the error
-    suggests)."""
+    suggests). More than :data:`MAX_SECONDS` is refused: no deadline is that far, and it would not count in ns."""
     if text.strip().lower() in ("none", "inf", "infinity", "forever"):
         return None
-    try:
-        value = float(text)
-    except ValueError:
-        raise _bad(f"not a number of seconds: {text!r} (or '{unbounded}')") from None
+    value = _number(text, "seconds", unbounded)
     if math.isnan(value) or value < 0:
         raise _bad(f"must be >= 0 seconds (or '{unbounded}'), got {text!r}")
-    return None if math.isinf(value) else value
+    if math.isinf(value):
+        return None
+    if value > MAX_SECONDS:
+        raise _bad(f"at most {MAX_SECONDS:.0e} seconds (about 31 years), got {text!r}; '{unbounded}' has no bound")
+    return value
 
 
 def grace_seconds(text: str) -> float | None:
@@ -41,12 +58,17 @@ def grace_seconds(text: str) -> float | None:
     return seconds_or_none(text, "never")
 
 
+def _integer(text: str, what: str) -> int:
+    """``text`` as an int: an optional sign and ASCII digits (``int`` also reads ``1_0``, ``٣`` and spaces)."""
+    word = text.strip()
+    if not is_digits(word.removeprefix("-").removeprefix("+")):
+        raise _bad(f"not {what}: {text!r}")
+    return int(word)
+
+
 def positive_int(text: str) -> int:
     """An integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise _bad(f"not an integer: {text!r}") from None
+    value = _integer(text, "an integer")
     if value < 1:
         raise _bad(f"must be at least 1, got {value}")
     return value
@@ -54,29 +76,23 @@ def positive_int(text: str) -> int:
 
 def non_negative_int(text: str) -> int:
     """An integer >= 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise _bad(f"not an integer: {text!r}") from None
+    value = _integer(text, "an integer")
     if value < 0:
         raise _bad(f"must be at least 0, got {value}")
     return value
 
 
 def positive_seconds(text: str) -> float:
-    """Seconds > 0."""
-    value = seconds_or_none(text)
-    if value is None or value <= 0:
-        raise _bad(f"must be > 0 seconds, got {text!r}")
+    """Seconds > 0, bounded (at most :data:`MAX_SECONDS`; ``none`` is no value here)."""
+    value = _number(text, "seconds")
+    if not 0 < value <= MAX_SECONDS:
+        raise _bad(f"must be > 0 seconds and at most {MAX_SECONDS:.0e}, got {text!r}")
     return value
 
 
 def pid_number(text: str) -> int:
     """A PID as written; its range (1 < pid <= pid_max) is checked with the other refusals, before any signal."""
-    try:
-        return int(text)
-    except ValueError:
-        raise _bad(f"not a PID: {text!r}") from None
+    return _integer(text, "a PID")
 
 
 def signal_name(text: str) -> str:
@@ -113,9 +129,9 @@ def device_list(text: str) -> list[int | str]:
         part = raw.strip()
         if not part:
             raise _bad(f"empty device in {text!r}")
-        if part[:5].lower() == "cuda:" and not (part[5:].isdigit() or part[5:].lower() == "all"):
+        if part[:5].lower() == "cuda:" and not (is_digits(part[5:]) or part[5:].lower() == "all"):
             raise _bad(f"bad CUDA device {part!r}: expected cuda:N (N = 0, 1, ...) or cuda:all")
-        items.append(int(part) if part.isdigit() else part)
+        items.append(int(part) if is_digits(part) else part)
     return items
 
 
@@ -127,8 +143,8 @@ def need_amount(text: str) -> tuple[int | None, float | None]:
     raw = text.strip()
     try:
         if raw.endswith("%"):
-            fraction = float(raw[:-1]) / 100
-        elif raw.replace(".", "", 1).isdigit() and "." in raw:
+            fraction = _number(raw[:-1], "percent") / 100
+        elif is_digits(raw.replace(".", "", 1)) and "." in raw:
             fraction = float(raw)
         else:
             return (0 if raw in ("0", "0B") else parse_size(raw)), None

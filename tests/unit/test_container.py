@@ -135,6 +135,8 @@ def test_a_process_that_is_gone() -> None:
     ("sglang.service", ("unit", "sglang.service")),
     ("user-1000.slice", ("unit", "user-1000.slice")),
     ("/docker//abc/", ("path", "/docker/abc")),
+    ("/docker/./abc/.", ("path", "/docker/abc")),
+    ("/sys/fs/cgroup/memory/./job/", ("dir", "/sys/fs/cgroup/memory/job")),
     ("/sys/fs/cgroup/pids/job", ("dir", "/sys/fs/cgroup/pids/job")),
     ("pidns:4026532100", ("pidns", "4026532100")),
     ("pid:[4026532100]", ("pidns", "4026532100")),
@@ -151,6 +153,9 @@ def test_selectors_parse(spec: str, expected: tuple[str, str]) -> None:
     ("docker:xyz", "12 to 64 hex"),
     ("/a/../b", "'..'"),
     ("python3", "not a container"),
+    # "." components name the same directory: the roots spelt with them are still roots.
+    ("/sys/fs/cgroup/.", "root cgroup"),
+    ("/./", "root cgroup"),
 ])
 def test_bad_selectors_are_refused_with_the_forms(spec: str, words: str) -> None:
     with pytest.raises(ValueError, match=words.replace("(", r"\(").replace(".", r"\.")):
@@ -201,6 +206,19 @@ def test_members_by_every_form(tmp_path: Path) -> None:
 # --- members, on this machine ------------------------------------------------------------------------------------
 
 
+
+
+def test_a_hierarchys_root_is_refused_however_it_is_spelt() -> None:
+    # v1's /sys/fs/cgroup/memory/. (or a v2 root) passed the check before: every process of the host, kernel threads
+    # included, was selected. Its parent (after "." and symlinks) has no cgroup.procs: it is a hierarchy's root.
+    roots = [d for d in ("/sys/fs/cgroup/memory", "/sys/fs/cgroup/cpu", "/sys/fs/cgroup/unified", "/sys/fs/cgroup/pids")
+             if os.path.isfile(f"{d}/cgroup.procs")]
+    if not roots:
+        pytest.skip("no cgroup v1 hierarchy mounted here (v2's root is refused by parse_spec, tested above)")
+    for root in roots:
+        for spelt in (root, root + "/.", root + "/./"):
+            with pytest.raises(ValueError, match="root cgroup"):
+                members(spelt)
 
 
 def test_members_of_a_real_cgroup(cgroup_dir: Path) -> None:

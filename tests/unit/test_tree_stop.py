@@ -88,3 +88,47 @@ def test_a_member_that_never_stops_delays_the_rescan_only_until_the_bound(
     tree._stop_tree()
     assert rescans == [targets.STOP_WAIT_NS]  # polled until the bound (and not past it), then the rescan anyway
     assert pins[1].stopped and pins[0].reads_after_stop == fake_time.sleeps + 1
+
+
+@pytest.mark.parametrize("step", ["escalate", "send_first"])
+@pytest.mark.parametrize("where", ["while stopping", "during the rescan"])
+def test_an_interrupt_while_the_tree_is_stopped_still_resumes_it(
+    monkeypatch: pytest.MonkeyPatch, fake_time: _Time, step: str, where: str
+) -> None:
+    # Ctrl-C (or SIGTERM's handler, or a refusal from the rescan) inside the stop: every member gets SIGCONT on the
+    # way out, so nothing stays SIGSTOPped holding its GPU. Before the fix the stop ran outside the try.
+    pins = [_Pin(301, lag=0), _Pin(302, lag=2)]
+    tree = _tree(pins)
+    if step == "escalate":
+        monkeypatch.setattr(tree, "scan_descendants", lambda: None)
+        tree.send_first(signals.SIGTERM, clock=lambda: 0)
+        for p in pins:
+            p.sent.clear()
+
+    def interrupt(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    if where == "while stopping":
+        monkeypatch.setattr(tree, "_await_stopped", interrupt)
+    else:
+        monkeypatch.setattr(tree, "scan_descendants", interrupt if step == "escalate" else _second_call(interrupt))
+    with pytest.raises(KeyboardInterrupt):
+        if step == "escalate":
+            tree.escalate(signals.SIGKILL)
+        else:
+            tree.send_first(signals.SIGKILL, clock=lambda: 0)
+    for p in pins:
+        assert signals.SIGSTOP in p.sent and p.sent[-1] == signals.SIGCONT, p.sent
+    assert not tree.stopping
+
+
+def _second_call(then: object) -> object:
+    """A stand-in for ``scan_descendants`` that does nothing the first time (send_first's own scan), then ``then``."""
+    calls = []
+
+    def scan(*args: object) -> None:
+        calls.append(args)
+        if len(calls) > 1:
+            then()  # type: ignore[operator]
+
+    return scan

@@ -1,0 +1,92 @@
+"""Numbers as people type them and the environment gives them: ASCII digits only, and durations that a deadline in
+ns can hold. Python's own parsers read more (``int("1_0")`` is 10, ``int("٣")`` is 3, ``float("1e300") * 1e9`` is
+``inf``); each case here was a wrong target or a traceback after a signal went out."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from nvmlcheck import slurm
+from nvmlcheck._text import is_digits
+from nvmlcheck.cli import main
+from nvmlcheck.kill import _grace_ns
+from nvmlcheck.testing import StubSession
+
+ODD = ["1_0", "\u0663", "\u00b2", " 12_3", "\uff11"]  # underscore, Arabic-Indic three, superscript two, fullwidth 1
+
+
+@pytest.mark.parametrize("word", ODD)
+def test_only_ascii_digits_are_digits(word: str) -> None:
+    assert not is_digits(word) and is_digits("0123") and not is_digits("")
+
+
+@pytest.mark.parametrize("word", ODD)
+@pytest.mark.parametrize("argv", [
+    ["kill", "--dry-run", "{}"],
+    ["wait", "--timeout", "{}"],
+    ["kill", "--grace", "{}", "1"],
+    ["select", "--count", "{}"],
+    ["snapshot", "--devices", "{}"],
+    ["ready", "--need", "{}GiB"],
+])
+def test_a_number_option_takes_ascii_digits_only(word: str, argv: list[str],
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["--simulate", "h200", "--json", *[a.replace("{}", word) for a in argv]])
+    out, _ = capsys.readouterr()
+    doc = json.loads(out)
+    # A usage error, or (a device) no GPU of that name: never read as another number.
+    assert code == 2 and doc["schema"] == "nvmlcheck/error", doc
+
+
+@pytest.mark.parametrize("argv", [
+    ["wait", "--timeout", "1e300"], ["kill", "--grace", "1e300", "1"], ["kill", "--timeout", "1e300", "1"],
+    ["select", "--count", "1", "--wait", "1e10"], ["watch", "--for", "1e300"],
+])
+def test_a_duration_longer_than_any_deadline_is_a_usage_error(argv: list[str],
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["--json", *argv])
+    out, _ = capsys.readouterr()
+    doc = json.loads(out)
+    assert code == 2 and "at most 1e+09 seconds" in doc["error"]["message"], doc
+    # 'none' (or inf) is how to say "no bound".
+    assert main(["--simulate", "h200", "wait", "--timeout", "none"]) == 0
+
+
+def test_slurm_timeouts_are_bounded_on_the_command_line_and_in_the_library(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["--json", "slurm", "prolog", "--timeout", "1e300"])
+    out, _ = capsys.readouterr()
+    assert code == 2 and json.loads(out)["schema"] == "nvmlcheck/error"
+    for bad in (1e300, math.inf, -1.0):
+        with pytest.raises(ValueError, match="timeout_s must be a finite number"):
+            slurm._deadline(lambda: 0, bad)
+
+
+def test_a_library_grace_too_long_to_count_is_never() -> None:
+    # It was int(inf): an OverflowError after the first signal had gone out, the target half-killed.
+    assert _grace_ns(1e300) is None and _grace_ns(math.inf) is None and _grace_ns(2.5) == 2_500_000_000
+
+
+def test_a_library_kill_with_an_endless_grace_and_timeout_signals_and_reports(nvml_stub: StubSession) -> None:
+    import signal
+
+    import nvmlcheck as nc
+    from nvmlcheck import kill as kill_mod
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        plan = kill_mod.prepare_kill([child.pid])
+        with plan, nc.open("nvml") as gpus:
+            plan.send_first(signal.SIGTERM)
+            result = plan.wait(gpus, timeout=1e300, grace_s=1e300)
+        assert child.wait(30) == -signal.SIGTERM
+        assert [t.pid for t in result.pids] == [child.pid]
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
