@@ -50,6 +50,26 @@ _EVENT_SLEEP_MIN_S = 0.01
 DeviceSelector = int | str
 
 
+def _by_uuid(item: str, uuids: Mapping[int, str], unreadable: Mapping[int, str]) -> tuple[int, ...]:
+    """The GPU a UUID or unique UUID prefix names. While a GPU's UUID cannot be read (lost, ...), a prefix cannot be
+    shown to name one GPU alone, and a UUID no readable GPU has may be that GPU's: those GPUs are taken (their
+    reading then says why they cannot be judged), never the readable GPU a prefix happens to match."""
+    matches = [i for i, u in uuids.items() if u == item or u.startswith(item)]
+    exact = [i for i, u in uuids.items() if u == item]
+    if exact:
+        return (exact[0],)  # a whole UUID names one GPU, whatever the others are
+    if unreadable:
+        if matches:
+            gpus = ", ".join(f"GPU {i} ({why})" for i, why in sorted(unreadable.items()))
+            raise ArgumentError(f"{item!r} cannot be shown to name one GPU: the UUID of {gpus} cannot be read; give "
+                                "the whole UUID or an index")
+        return tuple(sorted(unreadable))
+    if len(matches) != 1:
+        what = "no GPU has" if not matches else f"{len(matches)} GPUs have"
+        raise (ArgumentError if matches else NoSuchDevice)(f"{what} a UUID starting with {item!r}")
+    return (matches[0],)
+
+
 def _selectors(devices: Iterable[DeviceSelector] | DeviceSelector) -> list[DeviceSelector]:
     """A selection as a list: one selector, or each of an iterable of them."""
     if isinstance(devices, int | str):
@@ -172,7 +192,9 @@ class Session:
         in ``os.environ`` at the call, :meth:`Session.cuda_mapping`).
 
         ``None`` means every device. A MIG device UUID (``MIG-...``, or a unique prefix) resolves to its parent
-        GPU's index (the instance itself is judged by :meth:`wait_until_clean`). Raises
+        GPU's index (the instance itself is judged by :meth:`wait_until_clean`). While a GPU's UUID cannot be read
+        (lost, a failed query), a UUID no readable GPU has resolves to that GPU (its reading says why it cannot be
+        judged), and a prefix is refused (it may name that GPU too). Raises
         :class:`~nvmlcheck.NoSuchDevice` (a ``KeyError`` and a ``ValueError``) for an index or UUID that names no
         device, :class:`~nvmlcheck.ArgumentError` (a ``ValueError``) for a prefix that names several,
         :class:`~nvmlcheck.ArgumentTypeError` for a selector of the wrong type, and
@@ -186,7 +208,8 @@ class Session:
         if not items:
             raise ArgumentError("empty device selection: name at least one GPU, or pass None for all")
         count = self._backend.device_count()
-        uuids: list[str] | None = None
+        uuids: dict[int, str] | None = None
+        unreadable: dict[int, str] = {}
         mapping: CudaMapping | None = None
         out: set[int] = set()
         for item in items:
@@ -209,13 +232,18 @@ class Session:
                 out.add(self._mig_parent(item))
                 continue
             if uuids is None:
-                uuids = [d.uuid for d in self._backend.snapshot(None, Fields(0)).devices]
-            matches = [i for i, u in enumerate(uuids) if u == item or u.startswith(item)]
-            if len(matches) != 1:
-                what = "no GPU has" if not matches else f"{len(matches)} GPUs have"
-                raise (ArgumentError if matches else NoSuchDevice)(f"{what} a UUID starting with {item!r}")
-            out.add(matches[0])
+                uuids, unreadable = self._uuids()
+            out.update(_by_uuid(item, uuids, unreadable))
         return tuple(sorted(out))
+
+    def _uuids(self) -> tuple[dict[int, str], dict[int, str]]:
+        """Each GPU's UUID by its index, and the GPUs whose UUID cannot be read (index -> why)."""
+        snap = self._backend.snapshot(None, Fields(0))
+        uuids = {d.index: d.uuid for d in snap.devices if d.uuid}
+        uuids.update({f.index: f.uuid for f in snap.failures if f.uuid})
+        unreadable = {d.index: "its UUID is unknown" for d in snap.devices if not d.uuid}
+        unreadable.update({f.index: str(f.error) for f in snap.failures if not f.uuid})
+        return uuids, unreadable
 
     def _mig_parent(self, item: str) -> int:
         """The index of the GPU holding MIG device ``item`` (a UUID or unique prefix). MIG devices are read with
