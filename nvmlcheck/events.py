@@ -340,9 +340,11 @@ class EventListener:
 
     # --- lifecycle ------------------------------------------------------------------------------------------------
 
-    def start(self) -> EventListener:
+    def start(self, deadline_ns: int | None = None, clock: Callable[[], int] = time.monotonic_ns) -> EventListener:
         """Register the GPUs and start the thread. Never raises for "events not available": the state and
-        :attr:`reason` say so. Returns ``self``."""
+        :attr:`reason` say so. Returns ``self``. ``deadline_ns`` (on ``clock``): the wait that starts it has a
+        deadline; a GPU whose turn comes after it is not registered (its reason says so), so a slow registration
+        overruns the wait by one call at most."""
         self._forked()
         if self._state != "new":
             return self
@@ -355,6 +357,9 @@ class EventListener:
             return self._unsupported(f"nvmlEventSetCreate: {exc}")
         reg = _Registration(reasons=dict(self._preset))
         for t in self._targets:
+            if deadline_ns is not None and reg.covered and clock() >= deadline_ns:
+                reg.reasons[t.index] = "not registered: the deadline of the wait that started the listener came first"
+                continue
             why = self._register(src, t, event_set, reg)
             if why is not None:
                 reg.reasons[t.index] = why

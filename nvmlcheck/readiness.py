@@ -29,6 +29,8 @@ from .verdict import GpuVerdict, ReadyReport, Watch, classify, unsupported
 
 TYPE_CHECKING = False  # no typing at run time: it costs a one-shot check milliseconds (docs/performance.md)
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from .holders import Holder
     from .predicates import Predicate
     from .session import DeviceSelector, Session
@@ -82,7 +84,7 @@ def ready_on(
     mig = session._mig_selection(devices)
     backend = session.backend
     watch = Watch(max_used_bytes=max_used_bytes)
-    first = backend.snapshot(indices, Fields.WAIT | Fields.HEALTH)
+    first, late = _first_reading(session, indices, bound, start, clock)
     if not first.devices and not first.failures:
         raise BackendUnavailable(f"the {backend.name} backend sees no GPU: refusing to call zero GPUs ready",
                                  [f"{backend.name}: device count 0"])
@@ -109,23 +111,46 @@ def ready_on(
         return out
 
     verdicts = judge(first)
-    # Waiting cannot help an unhealthy GPU, nor a need beyond what a GPU has with nothing running.
-    if bound == 0 or any(v.class_ == "unhealthy" or v.beyond_capacity for v in verdicts):
+    # Waiting cannot help an unhealthy GPU, nor a need beyond what a GPU has with nothing running; and a first
+    # reading cut by the deadline leaves no time to wait.
+    if bound == 0 or late or any(v.class_ == "unhealthy" or v.beyond_capacity for v in verdicts):
         return ReadyReport(verdicts, first, clock() - start, 1, bound, notes)
 
     remaining = None if bound is None else max(0.0, bound - (clock() - start) / 1e9)
-    since = time.monotonic_ns()  # event times are on this clock
     waited = _wait(session, devices, predicate, opts.with_(timeout=remaining), watch, faults=faults, errors=errors)
     final = waited[0] or first
     listener = session.listener
-    if listener is not None:
-        if listener.reason is not None:
-            notes = (*notes, f"events: {listener.reason}")
-        if waited[1] and any(e.time_ns >= since and (indices is None or e.index in indices) for e in listener.events):
-            # Ready, but an XID came while waiting (63 and 154 announce a remap and a recovery action): read the
-            # health again before saying so. Only then: after a timeout it would overrun the deadline.
-            health = backend.snapshot(indices, Fields.HEALTH)
+    if listener is not None and listener.reason is not None:
+        notes = (*notes, f"events: {listener.reason}")
+    if waited[1]:
+        # Ready: read the health again before saying so (one reading past the wait at most). A remap can become
+        # pending while waiting with no XID heard: events off, the nvidia-smi backend, an XID 63 missed. Not after a
+        # timeout: it would overrun the deadline, and the GPU is not called ready then anyway.
+        health = backend.snapshot(indices, Fields.HEALTH)
     return ReadyReport(judge(final), final, clock() - start, watch.observed, bound, notes)
+
+
+def _first_reading(session: Session, indices: tuple[int, ...] | None, bound: float | None, start: int,
+                   clock: Callable[[], int]) -> tuple[Snapshot, bool]:
+    """The first reading, health included, and whether the deadline cut it. One check (``bound`` 0) always completes,
+    as a wait's does; with a timeout the reading stops at the deadline (at most one query late), and every selected
+    GPU is then a failure saying so: judged unknown, never ready."""
+    from ._deadline import Deadline, ns_or_none
+    from .errors import DeadlinePassed, NvmlCheckError
+    from .model import DeviceFailure
+
+    backend = session.backend
+    bound_ns = None if not bound else ns_or_none(bound)
+    deadline = None if bound_ns is None else Deadline(start + bound_ns, clock)
+    try:
+        return backend.snapshot(indices, Fields.WAIT | Fields.HEALTH, deadline=deadline), False
+    except DeadlinePassed:
+        now = clock()
+        why = NvmlCheckError(f"the first reading did not complete within the timeout ({bound:g} s)")
+        chosen = range(backend.device_count()) if indices is None else indices
+        return Snapshot(backend=backend.name, taken_ns=start, duration_ns=now - start, wall_time=time.time(),
+                        system=backend.system(), devices=(),
+                        failures=tuple(DeviceFailure(i, None, why) for i in chosen)), True
 
 
 def _capacity(need_bytes: int | None, need_fraction: float | None) -> Predicate | None:

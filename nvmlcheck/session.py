@@ -142,6 +142,10 @@ class Session:
         once: waits then poll as they always do. A listener that stopped (NVML re-initialised, or inherited over
         ``fork()``) is replaced by a new one. See :mod:`nvmlcheck.events`.
         """
+        return self._listen(None, time.monotonic_ns)
+
+    def _listen(self, deadline_ns: int | None, clock: Callable[[], int]) -> EventListener:
+        """:meth:`listen`, its registration bounded by a wait's deadline (on ``clock``; see ``EventListener.start``)."""
         from .events import EventListener
 
         self._check_open()
@@ -154,9 +158,31 @@ class Session:
                 f"the {self._backend.name} backend has no events (nvidia-smi cannot deliver them): waits poll"
             )
         else:
-            listener = factory().start()
+            listener = factory().start(deadline_ns, clock)
         self._listener = listener
         return listener
+
+    def _wait_listener(self, events: bool | None, timeout: float | None,
+                       clock: Callable[[], int]) -> tuple[EventListener | None, float | None]:
+        """The listener a wait uses (``None``: it polls alone) and the timeout left after starting it.
+
+        ``events=None`` follows :meth:`listen`: once asked for, a listener that failed (NVML re-initialised) is
+        replaced. One check (timeout 0) starts none: it would only delay the check (an event is heard after its
+        registration). The registration is bounded by the wait's deadline and counts against the timeout."""
+        if not (events or (events is None and self._listener is not None)):
+            return None, timeout
+        running = self._listener is not None and self._listener.state == "running"
+        if timeout == 0 and not running:
+            return None, timeout
+        from ._deadline import ns_or_none
+
+        started = clock()
+        bound_ns = None if timeout is None else ns_or_none(timeout)
+        listener = self._listen(None if bound_ns is None else started + bound_ns, clock)
+        if timeout:
+            timeout = max(0.0, timeout - (clock() - started) / 1e9)
+        # Unsupported or stopped: said by its reason; the wait polls.
+        return (listener if listener.active else None), timeout
 
     @property
     def listener(self) -> EventListener | None:
@@ -356,10 +382,7 @@ class Session:
         since = time.monotonic_ns()  # event times are on this clock, whatever ``clock`` the wait runs on
         indices = self.resolve(devices)
         backend = self._backend
-        # events=None follows listen(): once asked for, a listener that failed (NVML re-initialised) is replaced.
-        listener = self.listen() if events or (events is None and self._listener is not None) else None
-        if listener is not None and not listener.active:
-            listener = None  # unsupported or stopped: said by its reason; the wait polls
+        listener, timeout = self._wait_listener(events, timeout, clock)
 
         # The events module (and its dataclasses) is loaded only when a listener is in play: a plain wait, the
         # launch scripts' case, pays nothing for it on start-up or per poll.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 TYPE_CHECKING = False  # typing costs start-up time where site has not loaded it (docs/performance.md)
 if TYPE_CHECKING:
@@ -275,12 +276,19 @@ class simulation:
             self._stack.__exit__(exc_type, exc, tb)
 
 
-def start_events(args: argparse.Namespace, gpus: Session) -> None:
+def start_events(args: argparse.Namespace, gpus: Session, deadline_s: float | None = None) -> None:
     """``--events``: start the session's event listener, so the wait stops at once on a fatal event (exit 4).
-    Where events cannot be had, say why once on stderr; the wait polls as without the option."""
+    Where events cannot be had, say why once on stderr; the wait polls as without the option. ``deadline_s`` (on
+    ``time.monotonic``): the command's deadline, which bounds the registration; one check (a deadline already
+    reached: ``--timeout 0``) starts no listener, which would only delay it."""
     if not getattr(args, "events", False):
         return
-    listener = gpus.listen()
+    if deadline_s is None:
+        listener = gpus.listen()
+    elif time.monotonic() >= deadline_s:
+        return
+    else:
+        listener = gpus._listen(int(deadline_s * 1e9), time.monotonic_ns)
     if listener.reason is not None:
         from ._output import safe
 

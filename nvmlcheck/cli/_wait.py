@@ -40,7 +40,7 @@ def cmd_wait(args: argparse.Namespace) -> int:
 
     load_json_output(args.json)
     with open_session(args) as gpus:
-        start_events(args, gpus)
+        start_events(args, gpus, None if args.timeout is None else started + args.timeout)
         # --timeout bounds the whole command: the open (whose nvmlInit it bounded) comes out of it.
         timeout = None if args.timeout is None else max(0.0, args.timeout - (time.monotonic() - started))
         try:

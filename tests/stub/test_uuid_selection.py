@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,7 +25,7 @@ def _three(tmp_path: Path, fault: str) -> str:
     return str(sc.write(tmp_path / "s.txt"))
 
 
-def _ready(capsys: pytest.CaptureFixture[str], path: str, devices: str) -> tuple[int, dict[str, object]]:
+def _ready(capsys: pytest.CaptureFixture[str], path: str, devices: str) -> tuple[int, Any]:
     code = main(["--simulate", path, "--json", "ready", "--devices", devices])
     out, _ = capsys.readouterr()
     return code, json.loads(out)
@@ -35,13 +36,13 @@ def test_a_uuid_with_a_gpu_unreadable(tmp_path: Path, capsys: pytest.CaptureFixt
     path = _three(tmp_path, fault)
     # A whole UUID of a readable GPU names it: GPU 2, not the second readable GPU's position (1, the lost one).
     code, doc = _ready(capsys, path, UUID.format(2))
-    assert code == 0 and [v["index"] for v in doc["gpus"]] == [2], doc  # type: ignore[union-attr]
+    assert code == 0 and [v["index"] for v in doc["gpus"]] == [2], doc
     # A prefix that a readable GPU matches may name the unreadable one too: refused, naming it.
     code, doc = _ready(capsys, path, UUID.format("")[:-1])
-    assert code == 2 and "GPU 1" in doc["error"]["message"], doc  # type: ignore[index]
+    assert code == 2 and "GPU 1" in doc["error"]["message"], doc
     # A UUID no readable GPU has may be the unreadable GPU's: that GPU is judged (never ready), not a usage error.
     code, doc = _ready(capsys, path, UUID.format(1))
-    assert code not in (0, 2) and [v["index"] for v in doc["gpus"]] == [1], doc  # type: ignore[union-attr]
+    assert code not in (0, 2) and [v["index"] for v in doc["gpus"]] == [1], doc
 
 
 def test_the_library_resolves_the_same(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
