@@ -91,8 +91,14 @@ def _parse(argv: Sequence[str], json_errors: bool) -> argparse.Namespace | int:
     return args
 
 
-def _unmark_simulated() -> None:
-    """An earlier in-process run's simulation no longer marks this one's documents (``_output.SIMULATED``)."""
+def _mark_simulated(argv: Sequence[str], json_mode: bool) -> None:
+    """``_output.SIMULATED`` for this run: not an earlier in-process run's, and set at once with ``--simulate``, so
+    that a usage error found before the simulation is set up says ``"simulated": true`` too (docs/cli.md)."""
+    from ._quick import wants_simulation
+
+    if json_mode and wants_simulation(argv):
+        _module("_output").SIMULATED = True  # type: ignore[attr-defined]
+        return
     output = sys.modules.get(f"{__package__}._output")
     if output is not None:
         output.SIMULATED = False  # type: ignore[attr-defined]
@@ -105,7 +111,7 @@ def run(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     json_mode = wants_json(argv)
     reset_verdict()
-    _unmark_simulated()
+    _mark_simulated(argv, json_mode)
     with ending_on_signals():
         try:
             parsed = _parse(argv, json_mode)

@@ -186,6 +186,17 @@ def _option(word: str, words: Iterator[str], valued: dict[str, tuple[str, Callab
     return True
 
 
+def wants_simulation(argv: Sequence[str]) -> bool:
+    """Whether ``--simulate`` is among the options (before a ``--``): a usage error's document then says
+    ``"simulated": true`` as every other document of the run would."""
+    for arg in argv:
+        if arg == "--":
+            return False
+        if arg == "--simulate" or arg.startswith("--simulate="):
+            return True
+    return False
+
+
 def wants_json(argv: Sequence[str]) -> bool:
     """Whether ``--json`` is among the options (before a ``--``): argument errors then print a document too."""
     for arg in argv:

@@ -237,3 +237,18 @@ def test_a_file_that_is_no_scenario_is_a_usage_error(tmp_path: Path, text: str, 
     ok = tmp_path / "commented"
     ok.write_text("# a comment first\n\n" + Scenario.h200().render())
     assert nvmlcheck("--simulate", str(ok), "wait", "--timeout", "0").returncode == 0
+
+
+@pytest.mark.parametrize("argv", [
+    ["kill", "--grace", "nan", "123"], ["select", "0"], ["ready", "--need", "abc"], ["wait", "--timeout", "-1"],
+])
+def test_a_usage_error_on_simulated_gpus_says_simulated(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    from nvmlcheck.cli import main
+
+    # Found by the parser, before the simulation is set up: the document says so as every other of the run would.
+    code = main(["--simulate", "h200", "--json", *argv])
+    doc = json.loads(capsys.readouterr()[0])
+    assert code == 2 and doc["schema"] == "nvmlcheck/error" and doc["simulated"] is True
+    code = main(["--json", *argv])
+    doc = json.loads(capsys.readouterr()[0])
+    assert code == 2 and "simulated" not in doc  # a real run's (and a later in-process run is not marked)
