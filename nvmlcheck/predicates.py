@@ -1012,6 +1012,12 @@ def check_fraction(name: str, value: float) -> float:
     return float(value)
 
 
+def check_bytes(name: str, value: int) -> int:
+    """A byte count >= 0 (a ``TypeError`` or ``ValueError`` naming ``name`` otherwise): for callers that take one
+    under their own keyword (``ready``'s ``max_used_bytes``)."""
+    return _non_negative_bytes(name, value)
+
+
 def _non_negative_bytes(name: str, value: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ArgumentTypeError(f"{name} must be an int number of bytes, got {value!r}")

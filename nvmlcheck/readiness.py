@@ -19,6 +19,7 @@ from .errors import ArgumentError, BackendUnavailable, GpuFault, NvmlError, Wait
 from .model import DeviceState, Fields, Snapshot
 from .predicates import (
     DEFAULT_MAX_USED_BYTES,
+    check_bytes,
     check_fraction,
     instance_view,
     memory_free_at_least,
@@ -72,8 +73,7 @@ def ready_on(
 
     opts = WaitOptions.or_default(options).with_(timeout=timeout, events=True if events is None else events)
     bound = opts.timeout
-    if max_used_bytes is None:
-        max_used_bytes = DEFAULT_MAX_USED_BYTES
+    max_used_bytes = DEFAULT_MAX_USED_BYTES if max_used_bytes is None else check_bytes("max_used_bytes", max_used_bytes)
     capacity = _capacity(need_bytes, need_fraction)
     predicate = no_processes() & memory_used_at_most(max_used_bytes)
     if capacity is not None:
@@ -226,6 +226,8 @@ def ready(
     # Checked before the session opens, with this call's names: a bad one is refused with nothing read.
     timeout = WaitOptions.or_default(options).with_(timeout=timeout).timeout
     _capacity(need_bytes, need_fraction)
+    if max_used_bytes is not None:
+        check_bytes("max_used_bytes", max_used_bytes)
     started = time.monotonic()
     init_timeout, smi_timeout = open_timeouts(timeout)
     with open_session(backend, init_timeout_s=init_timeout, smi_timeout_s=smi_timeout) as session:

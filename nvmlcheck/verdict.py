@@ -671,11 +671,12 @@ def _process_culprits(d: DeviceState, listed: list[GpuProcess], ctx: _Ctx, bound
         short = os.path.basename(p.name) if p.name else None  # the program, as holders name it
         name = short or "name unknown"
         held = "an unknown amount" if p.used_bytes is None else format_bytes(p.used_bytes)
+        its = "memory (an unknown amount)" if p.used_bytes is None else held  # "its 8.0 GiB", never "its an unknown"
         age = now - since
         common: dict[str, Any] = {"pid": p.pid, "name": short, "used_bytes": p.used_bytes, "state": word}
         if state is None:
             if age <= bound:
-                out.append(Culprit(i, "reclaiming", p.kind.value, f"pid {p.pid} ({name}) exited; its {held} is "
+                out.append(Culprit(i, "reclaiming", p.kind.value, f"pid {p.pid} ({name}) exited; its {its} is "
                                    "coming back (or it runs in another PID namespace)", action=WAIT, **common))
             else:
                 out.append(Culprit(i, "held", p.kind.value, f"held by pid {p.pid} ({name}), {held}, listed for "
@@ -688,7 +689,7 @@ def _process_culprits(d: DeviceState, listed: list[GpuProcess], ctx: _Ctx, bound
         if state in ("Z", "X"):
             if age <= bound:
                 out.append(Culprit(i, "reclaiming", p.kind.value, f"pid {p.pid} ({name}){inside} exited (zombie); "
-                                   f"its {held} is coming back", action=WAIT, **common))
+                                   f"its {its} is coming back", action=WAIT, **common))
             else:
                 parent = _parent(p.pid)
                 out.append(Culprit(i, "stuck", p.kind.value, f"pid {p.pid} ({name}){inside} is a zombie still "

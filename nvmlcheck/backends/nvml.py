@@ -226,6 +226,9 @@ _PLANS: dict[Fields, _Plan] = {}
 _KINDS = tuple(ProcessKind)
 _PROCESS_KEYS = tuple(unknown_key("processes", k) for k in _KINDS)
 _NO_BOUND = 1 << 63  # before any memory read: no total to check process entries against
+#: Why a listed process's ``used_bytes`` is ``None``: NVML said NVML_VALUE_NOT_AVAILABLE for it.
+_USED_NOT_AVAILABLE = ("NVML reports NVML_VALUE_NOT_AVAILABLE for a process's used GPU memory (Windows WDDM, some "
+                       "MIG and container setups)")
 _new_tuple = tuple.__new__  # GpuProcess is a named tuple; this skips its Python-level __new__
 # Per GPU and per poll: the frozen dataclasses' own __init__ costs more than twice as much (docs/performance.md,
 # "Building the model objects"). Keyword-only, like the classes' own constructors.
@@ -581,6 +584,8 @@ class NvmlBackend:
                     if raw
                     else ()
                 )
+                if raw and any(e[1] is None for e in raw):  # every None has its reason, as nvidia-smi's N/A does
+                    unknown = _add(unknown, "processes.used_bytes", _USED_NOT_AVAILABLE)
 
         clocks = health = None
         if plan.clocks or plan.health:

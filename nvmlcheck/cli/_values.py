@@ -48,7 +48,7 @@ def seconds_or_none(text: str, unbounded: str = "none") -> float | None:
         return None
     if value > MAX_SECONDS:
         raise _bad(f"at most {MAX_SECONDS:.0e} seconds (about 31 years), got {text!r}; '{unbounded}' has no bound")
-    return value
+    return value + 0.0  # -0 is 0 (printed "timeout -0 s" otherwise)
 
 
 def grace_seconds(text: str) -> float | None:
@@ -131,6 +131,10 @@ def device_list(text: str) -> list[int | str]:
             raise _bad(f"empty device in {text!r}")
         if part[:5].lower() == "cuda:" and not (is_digits(part[5:]) or part[5:].lower() == "all"):
             raise _bad(f"bad CUDA device {part!r}: expected cuda:N (N = 0, 1, ...) or cuda:all")
+        if not (is_digits(part) or part[:5].lower() == "cuda:" or part[:4].upper() in ("GPU-", "MIG-")):
+            # "-1", "1.0", "all": refused here, before anything opens (they would be read as UUID prefixes).
+            raise _bad(f"bad device {part!r}: give an index (0, 1, ...), a UUID or its start (GPU-…, MIG-…), or "
+                       "cuda:N / cuda:all")
         items.append(int(part) if is_digits(part) else part)
     return items
 
@@ -141,6 +145,9 @@ def need_amount(text: str) -> tuple[int | None, float | None]:
     from .._units import parse_size
 
     raw = text.strip()
+    if raw == "1":
+        # 1 byte, or vLLM's gpu_memory_utilization=1 (all of it)? Both readings are plausible: say which.
+        raise _bad("--need 1 is ambiguous: write 1.0 (or 100%) for all of each GPU, or 1B for one byte")
     try:
         if raw.endswith("%"):
             fraction = _number(raw[:-1], "percent") / 100

@@ -102,6 +102,8 @@ def test_processes_of_every_kind(open_backend: Opener) -> None:
     assert [p.pid for p in d1.mps_processes or ()] == [4_100_003]
     na = [p for p in d1.compute_processes or () if p.pid == 4_100_004]
     assert len(na) == 1 and na[0].used_bytes is None  # "not available" is unknown, never 0
+    assert d1.why_unknown("processes.used_bytes")  # with its reason, on both backends
+    assert d0.why_unknown("processes.used_bytes") is None  # only where a process's amount is unknown
     assert d0.processes is not None and len(d0.processes) == 2
 
 

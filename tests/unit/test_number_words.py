@@ -90,3 +90,28 @@ def test_a_library_kill_with_an_endless_grace_and_timeout_signals_and_reports(nv
         if child.poll() is None:
             child.kill()
             child.wait()
+
+
+def test_need_1_is_ambiguous_and_says_how_to_write_either(capsys: pytest.CaptureFixture[str]) -> None:
+    # vLLM's gpu_memory_utilization=1 is all of the GPU; --need 1 was one byte, and "ready" with no capacity check.
+    code = main(["--simulate", "h200", "--json", "ready", "--need", "1"])
+    doc = json.loads(capsys.readouterr()[0])
+    assert code == 2 and "1.0 (or 100%)" in doc["error"]["message"] and "1B" in doc["error"]["message"]
+    assert main(["--simulate", "h200", "ready", "--need", "1B"]) == 0
+    assert main(["--simulate", "h200", "ready", "--need", "1.0"]) == 1  # more than a GPU has with nothing running
+
+
+@pytest.mark.parametrize("word", ["-1", "+1", "1.0", "all", "0x1"])
+def test_a_device_word_that_is_no_index_uuid_or_cuda_selector_is_refused_before_opening(
+        word: str, capsys: pytest.CaptureFixture[str]) -> None:
+    # No --simulate: nothing would open anyway, and the refusal must come from the parser (exit 2, naming the forms).
+    code = main(["--json", "snapshot", f"--devices={word}"])
+    doc = json.loads(capsys.readouterr()[0])
+    assert code == 2 and "GPU-…, MIG-…" in doc["error"]["message"], doc
+
+
+def test_minus_zero_seconds_is_zero(capsys: pytest.CaptureFixture[str]) -> None:
+    from nvmlcheck.cli._values import seconds_or_none
+
+    value = seconds_or_none("-0")
+    assert value == 0 and math.copysign(1.0, value or 0.0) == 1.0
