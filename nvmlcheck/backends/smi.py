@@ -252,6 +252,10 @@ def classify_failure(result: SmiResult, *, prefixed: bool = False) -> NvmlCheckE
         error = LibraryVersionMismatch(18, cmd, detail=detail)
     elif prefixed and rc == 255:
         return SmiTransportError(result.argv, rc, text, "the command prefix failed (ssh exits 255 on its own errors)")
+    elif prefixed and rc == 1:
+        # nvidia-smi never exits 1 (NVML_ERROR_UNINITIALIZED) on its own; a prefix (or what it ran) fails so.
+        return SmiTransportError(result.argv, rc, text, f"the command prefix failed, or ran no nvidia-smi (exit 1: "
+                                                        f"{detail or 'no output'})")
     elif rc in (126, 127):
         what = "was not found" if rc == 127 else "could not be executed"
         return SmiTransportError(result.argv, rc, text, f"{result.command[0]} {what} (exit {rc})")

@@ -242,6 +242,8 @@ class simulation:
     def __enter__(self) -> None:
         if self.name is None:
             return
+        if hosts_wanted(self.args):  # refused before the stub is built or anything is printed
+            raise UsageError("--simulate runs on this machine: it cannot be combined with --host/--hosts/--hosts-file")
         import contextlib
 
         from .._sim.build import StubBuildError

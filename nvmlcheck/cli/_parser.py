@@ -116,6 +116,7 @@ class _Merge(_Stateful):
 from ._values import (  # noqa: E402
     SIZE_UNITS,
     byte_size,
+    command_words,
     device_list,
     grace_seconds,
     need_amount,
@@ -247,7 +248,7 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
         if gpu:
             once(g, "--backend", choices=("auto", "nvml", "smi"), default=d("auto"),
                  help="where to read GPUs from (default auto: NVML, else nvidia-smi)")
-            once(g, "--smi-prefix", metavar="CMD", default=d(None),
+            once(g, "--smi-prefix", type=command_words, metavar="CMD", default=d(None),
                  help='run nvidia-smi behind a command, e.g. "ssh gpu01"')
             once(g, "--simulate", metavar="SCENARIO", default=d(None),
                  help="use the bundled stub libnvidia-ml with a named scenario (h200, h200x8, h200-busy) or a "

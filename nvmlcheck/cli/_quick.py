@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from ._values import (
     byte_size,
+    command_words,
     device_list,
     grace_seconds,
     need_amount,
@@ -62,7 +63,7 @@ def _text(text: str) -> str:
 #: The global options (before or after the command): option → (dest, type, default). ``--devices`` merges.
 _GLOBAL: dict[str, tuple[str, Callable[[str], Any], Any]] = {
     "--backend": ("backend", _choice("auto", "nvml", "smi"), "auto"),
-    "--smi-prefix": ("smi_prefix", _text, None),
+    "--smi-prefix": ("smi_prefix", command_words, None),
     "--simulate": ("simulate", _text, None),
     "--devices": ("devices", device_list, None),
 }

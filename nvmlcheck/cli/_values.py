@@ -110,6 +110,20 @@ SIZE_UNITS = ("KiB/MiB/GiB/TiB (or K/M/G/T) are powers of 2, KB/MB/GB/TB powers 
               "bytes, 16GB 16,000,000,000")
 
 
+def command_words(text: str) -> str:
+    """``--smi-prefix``: a command split like a shell would (``ssh gpu01``); refused when it does not split (an
+    unclosed quote) or is empty. The text is kept: the backend splits it again, as its own argument."""
+    import shlex
+
+    try:
+        words = shlex.split(text)
+    except ValueError as exc:
+        raise _bad(f"{text!r} does not split into words: {exc}") from None
+    if not words:
+        raise _bad("an empty command: give one (\"ssh gpu01\"), or leave the option out")
+    return text
+
+
 def byte_size(text: str) -> int:
     """``16MiB`` / ``1GiB`` / ``4096`` → bytes (``M``/``G`` mean MiB/GiB; ``MB``/``GB`` are decimal)."""
     from .._units import parse_size
