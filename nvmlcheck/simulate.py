@@ -95,6 +95,7 @@ def simulated(scenario: Scenario | Path) -> Iterator[StubSession]:
 
 # A device declared at the top level of a scenario file (not a timeline line, which starts with `at`).
 _DEVICE_LINE = re.compile(r"^\s*device\s+index=(\d+)\b", re.MULTILINE)
+_DEVICE_TOTAL = re.compile(r"^\s*device\s+index=(\d+)\b[^\n]*?\btotal=(\d+)", re.MULTILINE)
 
 
 @contextlib.contextmanager
@@ -133,10 +134,18 @@ def bound_process_line(
     from .errors import ArgumentError
 
     target = Path(path)
-    declared = {int(i) for i in _DEVICE_LINE.findall(target.read_text(encoding="utf-8"))}
+    text = target.read_text(encoding="utf-8")
+    declared = {int(i) for i in _DEVICE_LINE.findall(text)}
     if device not in declared:
         raise ArgumentError(f"GPU {device} is not in the scenario {target} (it declares GPU "
                             f"{', '.join(map(str, sorted(declared))) or 'none'})")
+    total = next((int(t) for i, t in _DEVICE_TOTAL.findall(text) if int(i) == device), None)
+    if total is not None and isinstance(used_bytes, int) and used_bytes > total:
+        # The stub would report more used than the GPU has: NVML's answer for a struct layout it misread.
+        from ._units import format_bytes
+
+        raise ArgumentError(f"{format_bytes(used_bytes)} is more than GPU {device} of {target} has "
+                            f"({format_bytes(total)})")
     renderer = Scenario()  # only to validate and render the line, in the scenario format's own words
     for _ in range(device + 1):
         renderer.add_device()

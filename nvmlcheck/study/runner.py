@@ -13,7 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from ..errors import WaitTimeout
+from .._units import format_bytes
+from ..errors import ArgumentError, WaitTimeout
 from ..model import Fields, Snapshot
 from ..predicates import Predicate, memory_back_to, on_devices, pids_gone
 from ..wait import DEFAULT, PRECISE, is_transient, poll_until
@@ -92,6 +93,7 @@ def run_study(
     with sessions() as session:
         resolved = session.resolve(config.devices)
         every = resolved if resolved is not None else tuple(range(session.device_count()))
+        _check_room(config, session.snapshot(list(every), fields=Fields.MEMORY))
     if config.holder == "nccl" and len(every) < 2:
         raise StudySkipped(f"an NCCL communicator needs two or more GPUs; {len(every)} selected "
                            f"({', '.join(map(str, every)) or 'none'})")
@@ -125,6 +127,20 @@ def run_study(
         if getattr(hooks, "close", None) is not None:
             hooks.close()
     return StudyResult(config, tuple(records), stopped)
+
+
+def _check_room(config: StudyConfig, snap: Snapshot) -> None:
+    """Refuse, before any holder starts, a size no selected GPU can hold with nothing running (its total less the
+    driver's reserve): its holders would never show their memory, and the run would fail after its ready timeout."""
+    need = max((p.cell.size_bytes for p in config.runs()), default=0) * config.per_gpu
+    for d in snap.devices:
+        m = d.memory
+        if m is None:
+            continue  # unknown: the holders' ready timeout still bounds it
+        room = m.total_bytes - (m.reserved_bytes or 0)
+        if need > room:
+            raise ArgumentError(f"{format_bytes(need)} per GPU ({config.per_gpu} holder(s) of the largest size) is "
+                                f"more than GPU {d.index} can hold with nothing running ({format_bytes(room)})")
 
 
 class _Budget:

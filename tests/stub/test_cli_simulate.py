@@ -159,6 +159,10 @@ def test_a_refused_hold_starts_nothing(gpus_file: Path, tmp_path: Path) -> None:
         assert not marker.exists(), options
     assert "declares GPU 0, 1" in nvmlcheck("simulate", "hold", "--scenario", str(gpus_file), "--gpu", "5",
                                             "--bytes", "1GiB", "--", "true").stderr
+    # More than the GPU has: the stub would report used > total, read as a misread struct ("UNREADABLE").
+    done = nvmlcheck("simulate", "hold", "--scenario", str(gpus_file), "--gpu", "0", "--bytes", "1000TiB", "--",
+                     "touch", str(marker))
+    assert done.returncode == 2 and "is more than GPU 0" in done.stderr and not marker.exists()
 
 
 def test_run_gives_its_command_the_simulation(tmp_path: Path, stub_library: Path) -> None:

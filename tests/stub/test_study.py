@@ -130,6 +130,17 @@ def test_records_are_complete_and_ordered() -> None:
         assert (d.signal_ns + d.last_held_ns, r.size_bytes, 0) in r.trace
 
 
+def test_a_size_no_gpu_can_hold_is_refused_before_any_holder_starts() -> None:
+    # 200 GiB on a 140 GiB H200: the holders would never show their memory, and each run would fail only after its
+    # ready timeout (60 s by default) with "holders not visible in NVML".
+    config = StudyConfig(sizes=(GIB, 200 * GIB), repeats=1, endings=("KILL",), warmup="none", per_gpu=1)
+    with use_stub(Scenario.h200()) as stub:
+        factory = StubHolderFactory(stub.scenario_path, list_ms=10, release_ms=10)
+        with pytest.raises(ValueError, match=r"200\.0 GiB per GPU .* more than GPU 0 can hold .*139\.8 GiB"):
+            run_study(config, session_factory=_open, holder_factory=factory)
+        assert factory.live == [] and stub.scenario_path.read_text() == Scenario.h200().render()
+
+
 def test_eight_gpus_one_holder_each_one_observer() -> None:
     config = StudyConfig(sizes=(2 * GIB,), repeats=2, endings=("KILL",), warmup="none")
     with use_stub(Scenario.h200(devices=8)) as stub:
