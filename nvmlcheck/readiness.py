@@ -135,12 +135,15 @@ def _first_reading(session: Session, indices: tuple[int, ...] | None, bound: flo
     """The first reading, health included, and whether the deadline cut it. One check (``bound`` 0) always completes,
     as a wait's does; with a timeout the reading stops at the deadline (at most one query late), and every selected
     GPU is then a failure saying so: judged unknown, never ready."""
-    from ._deadline import Deadline, ns_or_none
     from .errors import DeadlinePassed, NvmlCheckError
-    from .model import DeviceFailure
 
     backend = session.backend
-    bound_ns = None if not bound else ns_or_none(bound)
+    if not bound:  # one check (or no bound): the one-shot's path imports nothing more
+        return backend.snapshot(indices, Fields.WAIT | Fields.HEALTH), False
+    from ._deadline import Deadline, ns_or_none
+    from .model import DeviceFailure
+
+    bound_ns = ns_or_none(bound)
     deadline = None if bound_ns is None else Deadline(start + bound_ns, clock)
     try:
         return backend.snapshot(indices, Fields.WAIT | Fields.HEALTH, deadline=deadline), False
