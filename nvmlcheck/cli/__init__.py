@@ -41,7 +41,9 @@ def script() -> None:
     from .._proc.signals import hang_up_at_stdin_eof
 
     hang_up_at_stdin_eof()  # run by a fleet over ssh (nvmlcheck.hosts): end with it
-    _common.verdict_printed(main())
+    code = main()
+    _common.verdict_printed(code)
+    sys.exit(code)  # where the fast exit is not taken (--simulate cleans up): the same status, never 0 by default
 
 
 _LAZY = {

@@ -254,19 +254,25 @@ class simulation:
         except ValueError as exc:
             raise UsageError(str(exc)) from None
         stack = contextlib.ExitStack()
-        try:
-            self.args.simulation = stack.enter_context(simulated(scenario))
-        except (StubBuildError, FileNotFoundError) as exc:
-            raise SimulationUnavailable(simulation_hint(exc)) from None
         self._stack = stack
-        global _simulating
-        _simulating = True
-        from . import _output
+        try:
+            try:
+                self.args.simulation = stack.enter_context(simulated(scenario))
+            except (StubBuildError, FileNotFoundError) as exc:
+                raise SimulationUnavailable(simulation_hint(exc)) from None
+            global _simulating
+            _simulating = True
+            from . import _output
 
-        _output.SIMULATED = True
-        if not getattr(self.args, "json", False):
-            print(f"nvmlcheck: simulated GPUs (scenario {self.name}; the bundled stub libnvidia-ml): no real GPU is "
-                  "read", file=sys.stderr)
+            _output.SIMULATED = True
+            if not getattr(self.args, "json", False):
+                print(f"nvmlcheck: simulated GPUs (scenario {self.name}; the bundled stub libnvidia-ml): no real GPU "
+                      "is read", file=sys.stderr)
+        except BaseException:
+            # A signal (SIGHUP, SIGTERM: Terminated) while entering: `with` calls no __exit__ then, so clean up here,
+            # or the simulation's files stay and the command ends as if simulating, without its exit status.
+            self.__exit__(*sys.exc_info())
+            raise
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
