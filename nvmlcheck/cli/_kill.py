@@ -185,8 +185,14 @@ def _plan_entries(found: TargetSet, sig: int) -> list[dict[str, Any]]:
     return out
 
 
+def _grace_s(args: argparse.Namespace) -> float | None:
+    """``--grace`` as the plan shows it: ``None`` (never), else seconds, ``-0`` read as 0."""
+    return None if args.grace is None else args.grace + 0.0  # -0.0 + 0.0 is 0.0
+
+
 def _show_plan(found: TargetSet, sig: int, args: argparse.Namespace) -> None:
-    grace = "never" if args.grace is None else f"{args.grace:g} s"
+    grace_s = _grace_s(args)
+    grace = "never" if grace_s is None else f"{grace_s:g} s"
     print(f"plan: {signals.name(sig)} to {len(found.items)} process{'es' if len(found.items) != 1 else ''} "
           f"(SIGKILL after {grace} to what is left):", file=sys.stderr)
     for e in _plan_entries(found, sig):
@@ -210,7 +216,7 @@ def _print_dry_run(found: TargetSet, sig: int, args: argparse.Namespace) -> None
         from ..jsonout import kill_plan_document
 
         print_json(kill_plan_document(_plan_entries(found, sig), signal_name=signals.name(sig), tree=args.tree,
-                                      grace_s=args.grace, left_alone=found.left_alone, missing=found.missing))
+                                      grace_s=_grace_s(args), left_alone=found.left_alone, missing=found.missing))
     else:
         print("dry run: nothing was signalled")
 

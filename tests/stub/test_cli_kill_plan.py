@@ -1,0 +1,122 @@
+"""`nvmlcheck kill`'s plan, its confirmation and `--dry-run` on the simulated GPU: the plan and the prompt go to stderr,
+`--json` too (stdout is the document alone, and what is confirmed is seen), a dry run of every form never asks and
+never waits for the GPUs, and the plan's grace reads `0 s` for `--grace=-0`. The processes hold a stand-in device file
+in dev/ next to the scenario, where `--simulate` looks for its stand-ins."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import subprocess
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from nvmlcheck import cli
+from nvmlcheck.testing import Scenario
+
+pytestmark = pytest.mark.stub
+GIB = 1 << 30
+
+# Holds the device file named by argv[1] (when given), says ready, sleeps; argv[2] marks its command line.
+HOLD = ("import sys, time; f = open(sys.argv[1]) if sys.argv[1] != '-' else None; print('ready', flush=True); "
+        "time.sleep(60)")
+
+
+class Terminal(io.StringIO):
+    """A terminal on stdin that answers ``text`` to the prompt (``input()`` writes its prompt to ``sys.stdout`` when
+    stdin is not the real terminal: what the tester's pty showed)."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+class Untouchable:
+    """A terminal on stdin that must never be read: a dry run does not ask."""
+
+    def isatty(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> str:
+        raise AssertionError("the dry run read stdin: it asked")
+
+    readline = read
+
+
+@pytest.fixture
+def device_file(tmp_path: Path) -> str:
+    d = tmp_path / "dev"
+    d.mkdir()
+    (d / "nvidia0").write_text("")
+    return str(d / "nvidia0")
+
+
+@pytest.fixture
+def start() -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
+    started: list[subprocess.Popen[bytes]] = []
+
+    def run(device_file: str = "-", word: str = "") -> subprocess.Popen[bytes]:
+        p = subprocess.Popen([sys.executable, "-S", "-c", HOLD, device_file, word], stdout=subprocess.PIPE)
+        started.append(p)
+        assert p.stdout is not None and p.stdout.readline() == b"ready\n"
+        return p
+
+    yield run
+    for p in started:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+        if p.stdout is not None:
+            p.stdout.close()
+
+
+def token() -> str:
+    return f"nvmlcheck-test-{uuid.uuid4().hex[:12]}"
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in (b"Z", b"X")
+
+
+def scenario(tmp_path: Path, *holders: int, foreign: bool = False) -> str:
+    """One H200 whose list holds ``holders`` (bound: released when they exit); ``foreign``: also a PID that names
+    no process here, so the GPU stays busy whatever is killed."""
+    sc = Scenario.h200()
+    for pid in holders:
+        sc.add_process(0, pid, used_bytes=4 * GIB, bound=True, list_ms=20, release_ms=40)
+    if foreign:
+        sc.add_process(0, 4_100_001, used_bytes=GIB)
+    return str(sc.write(tmp_path / "scenario.txt"))
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# --- the grace as the plan says it -----------------------------------------------------------------------------------
+
+
+def test_grace_minus_zero_reads_0_s(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], start: Callable[..., subprocess.Popen[bytes]],
+    device_file: str,
+) -> None:
+    word = token()
+    p = start(device_file, word)
+    sc = scenario(tmp_path, p.pid)
+    code, out, err = run(capsys, "--simulate", sc, "kill", "--match", word, "--dry-run", "--grace=-0")
+    assert code == 0, err
+    assert "(SIGKILL after 0 s to what is left)" in err and "-0" not in err
+    code, out, err = run(capsys, "--simulate", sc, "--json", "kill", "--match", word, "--dry-run", "--grace=-0")
+    grace = json.loads(out)["grace_s"]
+    assert code == 0 and grace == 0 and math.copysign(1.0, grace) == 1.0 and '"grace_s": -0' not in out
+    assert alive(p.pid)
