@@ -94,7 +94,8 @@ def _nothing_selected(args: argparse.Namespace, skipped: list[tuple[int, str]]) 
 
 def prepare_targets(args: argparse.Namespace, holders: Any = ()) -> TargetSet | None:
     """Select (selectors), validate and pin every target, show the plan, confirm, and with ``--dry-run`` stop:
-    everything before the first signal, OS only. ``None``: nothing to signal (``--missing-ok``, or the holders
+    everything before the first signal, OS only. The plan and the prompt go to stderr (stdout is the output alone:
+    one document with ``--json``). ``None``: nothing to signal (``--missing-ok``, or the holders
     found none and nothing else was named)."""
     from .._proc.targets import Refused, prepare
 
@@ -120,8 +121,7 @@ def prepare_targets(args: argparse.Namespace, holders: Any = ()) -> TargetSet | 
         if _selectors(args) or args.dry_run:
             if args.tree:
                 found.scan_descendants()  # shown as they will be signalled (send_first scans again for late ones)
-            if not args.json or args.dry_run:
-                _show_plan(found, sig, args)
+            _show_plan(found, sig, args)  # --json too: what is confirmed is seen (stderr)
         if args.dry_run:
             _print_dry_run(found, sig, args)
             verdict_printed(EXIT_CLEAN)
@@ -249,15 +249,16 @@ def _show_selection(selection: KillSelection) -> None:
 
 
 def _confirm(count: int, assume_yes: bool) -> None:
+    """Ask on the terminal before signalling ``count`` processes a selector or ``--all-*`` chose. The prompt goes to
+    stderr, as the plan does: ``input()`` would write it to stdout, into the output (``--json``'s document)."""
     if assume_yes:
         return
     what = "1 process" if count == 1 else f"{count} processes"
     if not sys.stdin.isatty():
         raise UsageError(f"refusing to kill {what} without --yes (stdin is not a terminal); nothing was signalled")
-    try:
-        answer = input(f"kill {'this process' if count == 1 else f'these {count} processes'}? [y/N] ")
-    except EOFError:  # Ctrl-D: no
-        answer = ""
+    sys.stderr.write(f"kill {'this process' if count == 1 else f'these {count} processes'}? [y/N] ")
+    sys.stderr.flush()
+    answer = sys.stdin.readline()  # "" at the end of input (Ctrl-D): no
     if answer.strip().lower() not in ("y", "yes"):
         raise UsageError("not confirmed; nothing was signalled")
 

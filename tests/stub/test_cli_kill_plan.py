@@ -8,11 +8,13 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
 import subprocess
 import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -101,6 +103,77 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     code = cli.main(list(argv))
     out, err = capsys.readouterr()
     return code, out, err
+
+
+# --- the plan and the prompt: stderr, --json included ----------------------------------------------------------------
+
+
+def test_json_kill_shows_the_plan_and_asks_on_stderr_and_prints_the_document_alone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], start: Callable[..., subprocess.Popen[bytes]],
+    device_file: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    word = token()
+    p = start(device_file, word)
+    monkeypatch.setattr(sys, "stdin", Terminal("y\n"))
+    code, out, err = run(capsys, "--simulate", scenario(tmp_path, p.pid), "--json", "kill", "--match", word,
+                         "--timeout", "20")
+    assert code == 0, err
+    doc: dict[str, Any] = json.loads(out)  # stdout is one document: no prompt before it
+    assert doc["schema"] == "nvmlcheck/kill" and [t["pid"] for t in doc["pids"]] == [p.pid]
+    assert "[y/N]" not in out
+    # The plan is shown before the question, both on stderr.
+    assert err.index("plan: SIGTERM to 1 process") < err.index(f"pid {p.pid} (match)") < err.index(
+        "kill this process? [y/N]")
+    assert p.wait(timeout=10) < 0
+
+
+def test_all_holders_asks_on_stderr(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], start: Callable[..., subprocess.Popen[bytes]],
+    device_file: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    p = start(device_file)
+    monkeypatch.setattr(sys, "stdin", Terminal("n\n"))
+    code, out, err = run(capsys, "--simulate", scenario(tmp_path, p.pid), "--json", "kill", "--all-holders")
+    assert code == 2 and "not confirmed; nothing was signalled" in json.loads(out)["error"]["message"]
+    assert "[y/N]" not in out and err.index(f"pid {p.pid}") < err.index("kill this process? [y/N]")
+    assert alive(p.pid)
+
+
+def test_the_prompt_reaches_the_terminal_not_stdout(
+    tmp_path: Path, start: Callable[..., subprocess.Popen[bytes]], device_file: str
+) -> None:
+    """The tester's case: stdin a real terminal, stdout redirected to a file."""
+    import pty
+
+    word = token()
+    p = start(device_file, word)
+    sc = scenario(tmp_path, p.pid)
+    master, slave = pty.openpty()
+    out_path = tmp_path / "out.json"
+    try:
+        with out_path.open("wb") as out:
+            proc = subprocess.Popen([sys.executable, "-m", "nvmlcheck", "--simulate", sc, "--json", "kill", "--match",
+                                     word, "--timeout", "20"], stdin=slave, stdout=out, stderr=slave)
+            os.close(slave)
+            slave = -1
+            os.write(master, b"y\n")
+            seen = b""
+            while b"[y/N]" not in seen or proc.poll() is None:
+                try:
+                    chunk = os.read(master, 4096)
+                except OSError:  # EIO: the command exited and closed the terminal
+                    break
+                if not chunk:
+                    break
+                seen += chunk
+            assert proc.wait(timeout=60) == 0, seen.decode(errors="replace")
+    finally:
+        os.close(master)
+        if slave >= 0:
+            os.close(slave)
+    assert b"kill this process? [y/N]" in seen and b"plan: SIGTERM to 1 process" in seen
+    doc = json.loads(out_path.read_text())  # the file holds the document alone
+    assert doc["schema"] == "nvmlcheck/kill" and [t["pid"] for t in doc["pids"]] == [p.pid]
 
 
 # --- the grace as the plan says it -----------------------------------------------------------------------------------
