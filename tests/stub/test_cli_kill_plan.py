@@ -139,6 +139,20 @@ def test_all_holders_asks_on_stderr(
     assert alive(p.pid)
 
 
+def test_all_holders_with_match_asks_once_for_everything(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], start: Callable[..., subprocess.Popen[bytes]],
+    device_file: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    word = token()
+    holder, matched = start(device_file), start("-", word)
+    monkeypatch.setattr(sys, "stdin", Terminal("y\n"))  # one answer: a second question would read end of input
+    code, out, err = run(capsys, "--simulate", scenario(tmp_path, holder.pid), "--json", "kill", "--all-holders",
+                         "--match", word, "--timeout", "20")
+    assert code == 0, err
+    assert err.count("[y/N]") == 1 and "kill these 2 processes? [y/N]" in err
+    assert sorted(t["pid"] for t in json.loads(out)["pids"]) == sorted([holder.pid, matched.pid])
+
+
 def test_the_prompt_reaches_the_terminal_not_stdout(
     tmp_path: Path, start: Callable[..., subprocess.Popen[bytes]], device_file: str
 ) -> None:
@@ -174,6 +188,53 @@ def test_the_prompt_reaches_the_terminal_not_stdout(
     assert b"kill this process? [y/N]" in seen and b"plan: SIGTERM to 1 process" in seen
     doc = json.loads(out_path.read_text())  # the file holds the document alone
     assert doc["schema"] == "nvmlcheck/kill" and [t["pid"] for t in doc["pids"]] == [p.pid]
+
+
+# --- --dry-run: never asks, never waits ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("form", ["all-on-gpu", "all-holders", "match", "all-holders+match", "pid", "pid+match"])
+@pytest.mark.parametrize("stdin", ["no terminal", "terminal"])
+@pytest.mark.parametrize("json_out", [False, True])
+def test_a_dry_run_of_every_form_prints_the_plan_and_never_asks(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], start: Callable[..., subprocess.Popen[bytes]],
+    device_file: str, monkeypatch: pytest.MonkeyPatch, *, form: str, stdin: str, json_out: bool,
+) -> None:
+    word = token()
+    holder = start(device_file, word)
+    monkeypatch.setattr(sys, "stdin", Untouchable() if stdin == "terminal" else io.StringIO(""))
+    selectors = {"all-on-gpu": ["--all-on-gpu", "--devices", "0"], "all-holders": ["--all-holders"],
+                 "match": ["--match", word], "all-holders+match": ["--all-holders", "--match", word],
+                 "pid": [str(holder.pid)], "pid+match": [str(holder.pid), "--match", word]}[form]
+    code, out, err = run(capsys, "--simulate", scenario(tmp_path, holder.pid), *(["--json"] if json_out else []),
+                         "kill", *selectors, "--dry-run")
+    assert code == 0, err
+    assert "--yes" not in err and "[y/N]" not in err + out
+    if json_out:
+        doc = json.loads(out)
+        assert doc["schema"] == "nvmlcheck/kill-plan" and [t["pid"] for t in doc["targets"]] == [holder.pid]
+    else:
+        assert "dry run: nothing was signalled" in out and "plan: SIGTERM to 1 process" in err
+    assert alive(holder.pid)
+
+
+@pytest.mark.parametrize(("selector", "busy"), [(["--all-holders"], True), (["--all-on-gpu"], False),
+                                               (["--match", "WORD", "--missing-ok"], True)])
+def test_a_dry_run_with_nothing_to_signal_prints_the_empty_plan_and_does_not_wait(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], selector: list[str], busy: bool
+) -> None:
+    # A busy GPU (a PID of no process here) would make a wait time out (exit 1); a wait on an idle one would print
+    # an nvmlcheck/kill document. (--all-on-gpu refuses a GPU listing a PID of no process here: it stays idle.)
+    sc = scenario(tmp_path, foreign=busy)
+    argv = [token() if a == "WORD" else a for a in selector]
+    code, out, err = run(capsys, "--simulate", sc, "--json", "kill", *argv, "--dry-run", "--timeout", "0")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert (doc["schema"], doc["targets"], doc["missing"]) == ("nvmlcheck/kill-plan", [], [])
+    if selector == ["--all-holders"]:  # the holder --all-holders left alone is in the plan, with why
+        assert [e["pid"] for e in doc["left_alone"]] == [4_100_001]
+    code, out, err = run(capsys, "--simulate", sc, "kill", *argv, "--dry-run", "--timeout", "0")
+    assert code == 0 and "dry run: nothing was signalled" in out and "plan: nothing to signal" in err
 
 
 # --- the grace as the plan says it -----------------------------------------------------------------------------------
