@@ -93,10 +93,6 @@ def _nothing_selected(args: argparse.Namespace, skipped: list[tuple[int, str]]) 
     return f"{what} selected no process" + (f" (left alone: {alone})" if alone else "")
 
 
-#: How a target chosen by a selector or ``--all-*`` was found: the ones ``--yes`` (or the prompt) confirms.
-_CHOSEN = ("match", "container", "nvml", "device-file")
-
-
 def prepare_targets(args: argparse.Namespace, holders: Any = (),
                     left_out: Sequence[tuple[int, str]] = ()) -> TargetSet | None:
     """Select (selectors), validate and pin every target, show the plan, and with ``--dry-run`` print it and stop
@@ -138,7 +134,8 @@ def prepare_targets(args: argparse.Namespace, holders: Any = (),
             _print_dry_run(found, sig, args, left_out)
             verdict_printed(EXIT_CLEAN)
             raise DryRun
-        _confirm(sum(t.found_by in _CHOSEN for t in found.items), args.yes)
+        asked = {pid for pid, _, _ in chosen} | {h.pid for h in holders}  # named too: --yes is for what they chose
+        _confirm(sum(t.pid in asked for t in found.items), args.yes)
     except BaseException:
         found.close()
         raise

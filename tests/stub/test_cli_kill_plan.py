@@ -153,6 +153,17 @@ def test_all_holders_with_match_asks_once_for_everything(
     assert sorted(t["pid"] for t in json.loads(out)["pids"]) == sorted([holder.pid, matched.pid])
 
 
+def test_a_selector_asks_even_for_a_pid_also_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], start: Callable[..., subprocess.Popen[bytes]],
+    device_file: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    word = token()
+    p = start(device_file, word)
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))  # no terminal, no --yes
+    code, _, err = run(capsys, "--simulate", scenario(tmp_path, p.pid), "kill", str(p.pid), "--match", word)
+    assert code == 2 and "refusing to kill 1 process without --yes" in err and alive(p.pid)
+
+
 def test_the_prompt_reaches_the_terminal_not_stdout(
     tmp_path: Path, start: Callable[..., subprocess.Popen[bytes]], device_file: str
 ) -> None:
