@@ -24,7 +24,7 @@ from ._proc.procfs import ProcUnreadable
 from ._proc.targets import Refused, Target, TargetSet
 from ._text import printable
 from ._waitdefaults import CLOCK, EVENTS, ON_POLL, POLICY, SLEEP, STABLE_POLLS, TIMEOUT, Default
-from .errors import ArgumentError, BackendUnavailable, NvmlCheckError, StateError, WaitTimeout
+from .errors import ArgumentError, ArgumentTypeError, BackendUnavailable, NvmlCheckError, StateError, WaitTimeout
 from .holders import Holder
 from .model import Snapshot
 from .predicates import Predicate, _Scope, _Why, check_predicate, default_predicate
@@ -602,6 +602,69 @@ def _check_timeout(timeout: float | None) -> None:
         raise ArgumentError(f"timeout must be None or a number of seconds >= 0, got {timeout!r}")
 
 
+def _kind(value: object) -> str:
+    """``value`` and its type, for a message (a long repr cut)."""
+    text = repr(value)
+    return f"{text if len(text) <= 80 else text[:77] + '...'} ({type(value).__name__})"
+
+
+def _pid_list(pids: Iterable[int]) -> list[int]:
+    """``pids`` read once into a list, each an int: never a str or bytes (its characters) or a bare int."""
+    what = "pids is an iterable of ints (PIDs)"
+    if isinstance(pids, str | bytes | bytearray):
+        text = pids.decode("ascii", "replace") if isinstance(pids, bytes | bytearray) else pids
+        word = text.strip()
+        hint = f"; for one PID give [{int(word)}]" if word.isascii() and word.isdigit() else ""
+        raise ArgumentTypeError(f"{what}, not a {type(pids).__name__}: {pids!r}{hint}")
+    if isinstance(pids, int) and not isinstance(pids, bool):
+        raise ArgumentTypeError(f"{what}, not a bare int: for one PID give [{pids}]")
+    try:
+        out = list(pids)
+    except TypeError:
+        raise ArgumentTypeError(f"{what}, not {_kind(pids)}") from None
+    for pid in out:
+        if isinstance(pid, bool) or not isinstance(pid, int):
+            raise ArgumentTypeError(f"pids: a PID is an int, not {_kind(pid)}")
+    return out
+
+
+def _holder_list(holders: Iterable[Holder]) -> list[Holder]:
+    """``holders`` read once into a list, each a :class:`~nvmlcheck.holders.Holder`."""
+    what = "holders is an iterable of Holder (Session.holders(), select_kill_holders(...).targets)"
+    if isinstance(holders, Holder):
+        raise ArgumentTypeError(f"{what}, not a bare Holder: give [holder]")
+    if isinstance(holders, str | bytes | bytearray):
+        raise ArgumentTypeError(f"{what}, not a {type(holders).__name__}: {holders!r}")
+    try:
+        out = list(holders)
+    except TypeError:
+        raise ArgumentTypeError(f"{what}, not {_kind(holders)}") from None
+    for h in out:
+        if not isinstance(h, Holder):
+            pids = "; PIDs go in pids" if isinstance(h, int) and not isinstance(h, bool) else ""
+            raise ArgumentTypeError(f"holders: a holder is a Holder, not {_kind(h)}{pids}")
+    return out
+
+
+def _check_flags(**flags: object) -> None:
+    """Each keyword is True or False (a truthy ``"no"`` must not turn a flag on)."""
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise ArgumentTypeError(f"{name} is True or False, not {_kind(value)}")
+
+
+def _check_selectors(match: str | None, container: str | None) -> None:
+    """``match`` and ``container`` are each ``None`` or a str (a compiled pattern would skip the check that refuses
+    one matching every command line)."""
+    if match is not None and not isinstance(match, str):
+        hint = "; give its .pattern" if isinstance(getattr(match, "pattern", None), str) else ""
+        raise ArgumentTypeError(f"match is None or a str (a regular expression, Python re syntax), not "
+                                f"{_kind(match)}{hint}")
+    if container is not None and not isinstance(container, str):
+        raise ArgumentTypeError(f"container is None or a str (a container ID, lxc/NAME, a pod UID, slurm/JOBID, a "
+                                f"systemd unit or a cgroup path), not {_kind(container)}")
+
+
 def prepare_kill(
     pids: Iterable[int] = (),
     *,
@@ -629,7 +692,9 @@ def prepare_kill(
     """
     from ._proc import selectors
 
-    pids, holders = list(pids), list(holders)
+    pids, holders = _pid_list(pids), _holder_list(holders)
+    _check_flags(tree=tree, missing_ok=missing_ok)
+    _check_selectors(match, container)
     found: list[tuple[int, int, str]] = []
     skipped: list[tuple[int, str]] = []
     for chosen, left in (selectors.by_match(match) if match is not None else ([], []),
@@ -696,6 +761,9 @@ def kill_and_wait(
     """
     from .wait import WaitOptions
 
+    pids = _pid_list(pids)  # read once: checked here, pinned by prepare_kill
+    _check_flags(tree=tree, missing_ok=missing_ok, only_targets=only_targets)
+    _check_selectors(match, container)
     _grace_ns(grace_s)
     if not isinstance(timeout, Default):
         _check_timeout(timeout)

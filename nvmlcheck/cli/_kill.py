@@ -30,6 +30,7 @@ from ._output import StatusLine, human_bytes, load_json_output, print_json, safe
 TYPE_CHECKING = False  # typing costs start-up time where site has not loaded it (docs/performance.md)
 if TYPE_CHECKING:
     import argparse
+    from collections.abc import Sequence
     from typing import Any
 
     from .._proc.targets import TargetSet
@@ -92,10 +93,14 @@ def _nothing_selected(args: argparse.Namespace, skipped: list[tuple[int, str]]) 
     return f"{what} selected no process" + (f" (left alone: {alone})" if alone else "")
 
 
-def prepare_targets(args: argparse.Namespace, holders: Any = ()) -> TargetSet | None:
-    """Select (selectors), validate and pin every target, show the plan, confirm, and with ``--dry-run`` stop:
-    everything before the first signal, OS only. ``None``: nothing to signal (``--missing-ok``, or the holders
-    found none and nothing else was named)."""
+def prepare_targets(args: argparse.Namespace, holders: Any = (),
+                    left_out: Sequence[tuple[int, str]] = ()) -> TargetSet | None:
+    """Select (selectors), validate and pin every target, show the plan, and with ``--dry-run`` print it and stop
+    (:class:`DryRun`, whatever there is to signal: a dry run never asks and never waits), else confirm what a
+    selector or ``--all-*`` chose: everything before the first signal, OS only. The plan and the prompt go to
+    stderr (stdout is the output alone: one document with ``--json``). ``left_out``: the holders ``--all-*`` did
+    not choose, with why (the dry run's document lists them). ``None``: nothing to signal (``--missing-ok``, or the
+    holders found none and nothing else was named)."""
     from .._proc.targets import Refused, prepare
 
     chosen, skipped = _select(args) if _selectors(args) else ([], [])
@@ -106,7 +111,12 @@ def prepare_targets(args: argparse.Namespace, holders: Any = ()) -> TargetSet | 
             raise UsageError(_nothing_selected(args, skipped) + "; nothing was signalled (--missing-ok: not an "
                              "error)")
         print(f"nvmlcheck: {_nothing_selected(args, skipped)}", file=sys.stderr)
+    sig = signals.number(args.signal)
     if not chosen and not args.pids and not holders:
+        if args.dry_run:
+            _print_empty_dry_run(sig, args, [*left_out, *skipped])
+            verdict_printed(EXIT_CLEAN)
+            raise DryRun
         return None
     try:
         found = prepare(args.pids, tree=args.tree, holders=holders, missing_ok=args.missing_ok, found=chosen)
@@ -115,19 +125,17 @@ def prepare_targets(args: argparse.Namespace, holders: Any = ()) -> TargetSet | 
 
         raise _public(exc) from None
     found.left_alone[:0] = skipped
-    sig = signals.number(args.signal)
     try:
         if _selectors(args) or args.dry_run:
             if args.tree:
                 found.scan_descendants()  # shown as they will be signalled (send_first scans again for late ones)
-            if not args.json or args.dry_run:
-                _show_plan(found, sig, args)
+            _show_plan(found, sig, args)  # --json too: what is confirmed is seen (stderr)
         if args.dry_run:
-            _print_dry_run(found, sig, args)
+            _print_dry_run(found, sig, args, left_out)
             verdict_printed(EXIT_CLEAN)
             raise DryRun
-        if chosen:
-            _confirm(len(chosen), args.yes)
+        asked = {pid for pid, _, _ in chosen} | {h.pid for h in holders}  # named too: --yes is for what they chose
+        _confirm(sum(t.pid in asked for t in found.items), args.yes)
     except BaseException:
         found.close()
         raise
@@ -142,6 +150,7 @@ def signal_first(args: argparse.Namespace) -> None:
     """Select, pin and signal the targets before anything of the GPU side is loaded (kept in ``args.signalled``)."""
     args.signalled = None
     args.dry_run_done = False
+    args.selected_nothing = False
     if not _early(args):
         return
     try:
@@ -150,6 +159,7 @@ def signal_first(args: argparse.Namespace) -> None:
         args.dry_run_done = True
         return
     if found is None:
+        args.selected_nothing = True  # --missing-ok: cmd_kill waits for the GPUs without selecting again
         return
     from .._proc.targets import Refused
 
@@ -185,8 +195,14 @@ def _plan_entries(found: TargetSet, sig: int) -> list[dict[str, Any]]:
     return out
 
 
+def _grace_s(args: argparse.Namespace) -> float | None:
+    """``--grace`` as the plan shows it: ``None`` (never), else seconds, ``-0`` read as 0."""
+    return None if args.grace is None else args.grace + 0.0  # -0.0 + 0.0 is 0.0
+
+
 def _show_plan(found: TargetSet, sig: int, args: argparse.Namespace) -> None:
-    grace = "never" if args.grace is None else f"{args.grace:g} s"
+    grace_s = _grace_s(args)
+    grace = "never" if grace_s is None else f"{grace_s:g} s"
     print(f"plan: {signals.name(sig)} to {len(found.items)} process{'es' if len(found.items) != 1 else ''} "
           f"(SIGKILL after {grace} to what is left):", file=sys.stderr)
     for e in _plan_entries(found, sig):
@@ -205,14 +221,31 @@ def _show_plan(found: TargetSet, sig: int, args: argparse.Namespace) -> None:
         print(f"  missing: pid {pid} is gone already (--missing-ok)", file=sys.stderr)
 
 
-def _print_dry_run(found: TargetSet, sig: int, args: argparse.Namespace) -> None:
+def _print_dry_run(found: TargetSet, sig: int, args: argparse.Namespace,
+                   left_out: Sequence[tuple[int, str]] = ()) -> None:
     if args.json:
         from ..jsonout import kill_plan_document
 
         print_json(kill_plan_document(_plan_entries(found, sig), signal_name=signals.name(sig), tree=args.tree,
-                                      grace_s=args.grace, left_alone=found.left_alone, missing=found.missing))
+                                      grace_s=_grace_s(args), left_alone=[*left_out, *found.left_alone],
+                                      missing=found.missing))
     else:
         print("dry run: nothing was signalled")
+
+
+def _print_empty_dry_run(sig: int, args: argparse.Namespace, left_alone: Sequence[tuple[int, str]]) -> None:
+    """``--dry-run`` with nothing to signal (``--all-*`` found no holder, ``--missing-ok`` and no match): the empty
+    plan; no wait for the GPUs."""
+    if args.json:
+        from ..jsonout import kill_plan_document
+
+        print_json(kill_plan_document([], signal_name=signals.name(sig), tree=args.tree, grace_s=_grace_s(args),
+                                      left_alone=left_alone, missing=[]))
+        return
+    print(f"plan: nothing to signal ({signals.name(sig)} to no process)", file=sys.stderr)
+    for pid, why in left_alone:
+        print(f"  left alone: pid {pid}: {why}", file=sys.stderr)
+    print("dry run: nothing was signalled")
 
 
 # --- choosing targets with NVML --------------------------------------------------------------------------------------
@@ -243,15 +276,17 @@ def _show_selection(selection: KillSelection) -> None:
 
 
 def _confirm(count: int, assume_yes: bool) -> None:
-    if assume_yes:
+    """Ask on the terminal before signalling ``count`` processes a selector or ``--all-*`` chose (none: no
+    question). The prompt goes to stderr, as the plan does: ``input()`` would write it to stdout, into the output
+    (``--json``'s document)."""
+    if assume_yes or count == 0:
         return
     what = "1 process" if count == 1 else f"{count} processes"
     if not sys.stdin.isatty():
         raise UsageError(f"refusing to kill {what} without --yes (stdin is not a terminal); nothing was signalled")
-    try:
-        answer = input(f"kill {'this process' if count == 1 else f'these {count} processes'}? [y/N] ")
-    except EOFError:  # Ctrl-D: no
-        answer = ""
+    sys.stderr.write(f"kill {'this process' if count == 1 else f'these {count} processes'}? [y/N] ")
+    sys.stderr.flush()
+    answer = sys.stdin.readline()  # "" at the end of input (Ctrl-D): no
     if answer.strip().lower() not in ("y", "yes"):
         raise UsageError("not confirmed; nothing was signalled")
 
@@ -275,12 +310,13 @@ def _plan_with_nvml(args: argparse.Namespace, gpus: Session) -> tuple[KillPlan |
         if selection.refused is not None:
             raise UsageError(f"refusing --all-on-gpu: {selection.refused}; nothing was signalled")
         _show_selection(selection)
-        if selection.targets:
-            _confirm(len(selection.targets), args.yes)
-        elif not args.pids:
+        if not selection.targets and not args.pids:
             print("nothing to kill on the selected GPUs", file=sys.stderr)
+    if getattr(args, "selected_nothing", False):
+        return None, selection  # signal_first's selectors chose nothing (--missing-ok, said so): not read again
     holders = selection.targets if selection is not None else ()
-    found = prepare_targets(args, holders)
+    left_out = [] if selection is None else [(h.pid, why) for h, why in selection.skipped]
+    found = prepare_targets(args, holders, left_out)  # confirms what --all-* and the selectors chose, once
     if found is None:
         return None, selection
     plan = KillPlan(found)

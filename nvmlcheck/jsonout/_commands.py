@@ -113,9 +113,11 @@ def kill_document(result: KillResult, plan: KillPlan, selection: KillSelection |
 
 
 def kill_timeout_document(exc: KillTimeout, plan: KillPlan, selection: KillSelection | None) -> dict[str, Any]:
-    """The ``nvmlcheck/kill`` document of a kill that timed out."""
-    fields = {**exc.to_json(), "left_alone": left_alone_json(selection, plan), "vanished": list(plan.vanished)}
-    fields.pop("clean", None)  # the wait's part says it, first
+    """The ``nvmlcheck/kill`` document of a kill that timed out (the fields of every timeout's: docs/cli.md)."""
+    kill = exc.to_json()
+    kill.pop("clean", None)  # the wait's part says it, first
+    fields = {"signal": kill.pop("signal"), "tree": plan._set.tree, **kill,
+              "left_alone": left_alone_json(selection, plan), "vanished": list(plan.vanished)}
     return wait_timeout_document(exc, "kill", **fields)
 
 
@@ -130,25 +132,24 @@ def kill_plan_document(
                     left_alone=[{"pid": pid, "reason": why} for pid, why in left_alone], missing=list(missing))
 
 
-def _nothing_to_kill(signal_name: str, tree: bool, selection: KillSelection | None) -> dict[str, Any]:
-    return {"signal": signal_name, "tree": tree, "pids": [], "left_alone": left_alone_json(selection), "vanished": []}
-
-
 def nothing_to_kill_document(
     result: WaitResult, *, signal_name: str, tree: bool, selection: KillSelection | None
 ) -> dict[str, Any]:
-    """The ``nvmlcheck/kill`` document of ``--all-*`` with nothing to signal, whose plain wait ended clean."""
-    return document("kill", clean=True, **_nothing_to_kill(signal_name, tree, selection),
-                    clean_ns=result.clean_ns, confirmed_ns=result.confirmed_ns,
-                    resolution_ns=max(result.interval_ns, result.poll_cost_ns), holders=[],
-                    snapshot=snapshot_json(result.snapshot))
+    """The ``nvmlcheck/kill`` document of ``--all-*`` (or ``--missing-ok``) with nothing to signal, whose plain wait
+    ended clean: :func:`kill_document`'s fields, with no target, none missing, and the GPUs judged."""
+    return document("kill", clean=True, signal=signal_name, tree=tree, pids=[], clean_ns=result.clean_ns,
+                    confirmed_ns=result.confirmed_ns, resolution_ns=max(result.interval_ns, result.poll_cost_ns),
+                    missing=[], judged="gpus", not_ours=[], left_alone=left_alone_json(selection), vanished=[],
+                    holders=[], snapshot=snapshot_json(result.snapshot))
 
 
 def nothing_to_kill_timeout_document(
     exc: WaitTimeout, *, signal_name: str, tree: bool, selection: KillSelection | None
 ) -> dict[str, Any]:
-    """The ``nvmlcheck/kill`` document of ``--all-*`` with nothing to signal, whose plain wait timed out."""
-    return wait_timeout_document(exc, "kill", tree_hint=[], **_nothing_to_kill(signal_name, tree, selection))
+    """The ``nvmlcheck/kill`` document of ``--all-*`` (or ``--missing-ok``) with nothing to signal, whose plain wait
+    timed out: :func:`kill_timeout_document`'s fields."""
+    return wait_timeout_document(exc, "kill", signal=signal_name, tree=tree, pids=[], tree_hint=[], missing=[],
+                                 judged="gpus", left_alone=left_alone_json(selection), vanished=[])
 
 
 def select_document(

@@ -123,6 +123,7 @@ def test_a_match_that_selects_nothing(stub: Stub, capsys: pytest.CaptureFixture[
     h200(stub)
     code, out, err = run(capsys, "kill", "--match", word, "--yes", "--missing-ok", "--timeout", "5")
     assert code == 0 and "selected no process" in err and "nothing to kill" in out
+    assert err.count("selected no process") == 1  # selected once, before NVML: not again after it
 
 
 def test_match_leaves_out_this_process_and_its_ancestors(tmp_path: Path) -> None:
