@@ -174,7 +174,7 @@ class KillResult:
         return self.wait.snapshot
 
     def to_json(self) -> dict[str, Any]:
-        """The fields of the ``nvmlcheck/kill`` JSON document (version 1) besides ``schema``/``version`` and the
+        """The fields of the ``nvmlcheck/kill`` JSON document (version 2) besides ``schema``/``version`` and the
         snapshot, which the CLI serialises itself."""
         return {
             "clean": True,
