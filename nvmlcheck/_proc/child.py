@@ -137,13 +137,9 @@ class Child:
         """
         grace_s = self.after_exit_s if after_exit_s is None else after_exit_s
         grace_ns = None if grace_s is None else int(grace_s * 1e9)
-        pidfd = _pidfd(self.proc.pid) if self._exited_ns is None and self.proc.returncode is None else None
         poll_s = _POLL_FIRST_S  # used only without a pidfd
         with selectors.DefaultSelector() as sel:
-            for fd in self._open:
-                sel.register(fd, selectors.EVENT_READ)
-            if pidfd is not None:
-                sel.register(pidfd, selectors.EVENT_READ)
+            pidfd = self._register(sel)
             try:
                 while True:
                     if self._exited_ns is None and pidfd is None and self._exited():
@@ -170,6 +166,21 @@ class Child:
             finally:
                 if pidfd is not None:
                     os.close(pidfd)
+
+    def _register(self, sel: selectors.BaseSelector) -> int | None:
+        """Register the open pipes, and a pidfd for the exit while the child runs (returned: the caller closes it).
+        Ctrl-C while registering closes the pidfd it opened: an interrupted wait leaves no descriptor behind."""
+        pidfd = _pidfd(self.proc.pid) if self._exited_ns is None and self.proc.returncode is None else None
+        try:
+            for fd in self._open:
+                sel.register(fd, selectors.EVENT_READ)
+            if pidfd is not None:
+                sel.register(pidfd, selectors.EVENT_READ)
+        except BaseException:
+            if pidfd is not None:
+                os.close(pidfd)
+            raise
+        return pidfd
 
     def _give_up(self, now: int, deadline_ns: int | None, should_stop: Callable[[], bool] | None) -> bool:
         """The deadline passed, ``should_stop`` says so, or the output went over its bound (unless being killed)."""

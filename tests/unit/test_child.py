@@ -210,3 +210,29 @@ def test_wait_can_be_called_again_after_the_deadline(pidfd_mode: str) -> None:
     child = start([sys.executable, "-S", "-c", "import time; time.sleep(0.3); print('late')"])
     assert child.wait(soon(0.0)) is False
     assert child.wait(guard()) is True and child.stdout == b"late\n"
+
+
+def test_ctrl_c_while_a_wait_registers_leaves_no_descriptor(monkeypatch: pytest.MonkeyPatch) -> None:
+    # tests/reliability/test_lifecycle.py once found one descriptor left after Ctrl-C during an nvidia-smi run: the
+    # exit's pidfd was opened before the selector registrations and closed only by a `finally` entered after them.
+    import selectors
+
+    child = Child([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        before = sorted(os.listdir("/proc/self/fd"))
+        real = selectors.DefaultSelector.register
+        seen: list[int] = []
+
+        def register(self: selectors.BaseSelector, fd: int, events: int, data: object = None) -> object:
+            seen.append(fd)
+            if len(seen) == 3:  # the pidfd, after the two pipes
+                raise KeyboardInterrupt
+            return real(self, fd, events, data)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(selectors.DefaultSelector, "register", register)
+        with pytest.raises(KeyboardInterrupt):
+            child.wait(None)
+        monkeypatch.undo()
+        assert len(seen) == 3 and sorted(os.listdir("/proc/self/fd")) == before
+    finally:
+        child.kill()
