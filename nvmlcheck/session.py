@@ -58,7 +58,7 @@ def _by_uuid(item: str, uuids: Mapping[int, str], unreadable: Mapping[int, str])
     exact = [i for i, u in uuids.items() if u == item]
     if exact:
         return (exact[0],)  # a whole UUID names one GPU, whatever the others are
-    if unreadable:
+    if unreadable and item[:4].upper() == "GPU-":  # only what can be a GPU's UUID may be an unreadable one's
         if matches:
             gpus = ", ".join(f"GPU {i} ({why})" for i, why in sorted(unreadable.items()))
             raise ArgumentError(f"{item!r} cannot be shown to name one GPU: the UUID of {gpus} cannot be read; give "

@@ -54,3 +54,7 @@ def test_the_library_resolves_the_same(tmp_path: Path, monkeypatch: pytest.Monke
         assert gpus.resolve([UUID.format(1)]) == (1,)
         with pytest.raises(ValueError, match="cannot be shown to name one GPU"):
             gpus.resolve(["GPU-0000"])
+        # What cannot be a GPU's UUID names no GPU, unreadable ones included (a typo is no lost GPU).
+        for word in ("banana", " 0", "1.0"):
+            with pytest.raises(nc.NoSuchDevice):
+                gpus.resolve([word])
