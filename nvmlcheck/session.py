@@ -506,13 +506,23 @@ class Session:
         """Every process holding the selected GPUs (all by default): NVML's process lists joined with a scan of
         ``/proc/*/fd`` for NVIDIA device files (character devices of NVIDIA's majors; ``device_files``: globs of
         stand-in files that count too, for tests). Device-file holders are always included: a device file cannot say
-        which GPU. Raises the error of a GPU that cannot be read. See :mod:`nvmlcheck.holders`."""
+        which GPU. Raises the error of a selected GPU that cannot be read, and an
+        :class:`~nvmlcheck.NvmlCheckError` for one whose process list could not be read (its holders would be
+        missing: never an idle GPU). Only the selected GPUs are read. See :mod:`nvmlcheck.holders`."""
         from .holders import find_holders
 
         self._check_open()
         indices = self.resolve(devices)
-        snap = self._backend.snapshot(None, Fields.PROCESSES)
+        snap = self._backend.snapshot(indices, Fields.PROCESSES)
         snap.raise_for_failures()
+        for d in snap.devices:
+            for kind in ("compute", "graphics", "mps"):
+                if getattr(d, f"{kind}_processes") is None:
+                    from .errors import NvmlCheckError
+
+                    why = d.why_unknown(f"processes.{kind}") or "no reason recorded"
+                    raise NvmlCheckError(f"GPU {d.index}: cannot tell what holds it: its {kind} process list could "
+                                         f"not be read ({why})")
         return find_holders(snap, devices=indices, device_files=device_files)
 
     def ready(

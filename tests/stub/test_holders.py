@@ -435,3 +435,36 @@ def test_a_wait_timeout_bounds_its_explanation_scan(
     with gpus(sc) as session, pytest.raises(nc.WaitTimeout) as info:
         session.wait_until_clean(timeout=0)
     assert any("were not scanned" in c and "bounded" in c for c in info.value.culprits), info.value.culprits
+
+
+def _opened(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sc: Scenario) -> nc.Session:
+    monkeypatch.setenv("NVMLCHECK_STUB_SCENARIO", str(sc.write(tmp_path / "s.txt")))
+    return nc.open("nvml", library_path=str(build_stub()))
+
+
+def test_a_process_list_that_cannot_be_read_is_never_no_holder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # GPU 0 holds 1 GiB, but its compute list cannot be read: "no process holds a selected GPU" (exit 0) was a
+    # failed query looking like an idle GPU.
+    sc = Scenario.h200(devices=2)
+    sc.add_process(0, 4_100_000, used_bytes=1 << 30)
+    sc.set_device(0, unsupported=("processes.compute",))
+    with _opened(tmp_path, monkeypatch, sc) as gpus:
+        with pytest.raises(nc.NvmlCheckError, match="GPU 0: cannot tell what holds it: its compute process list"):
+            gpus.holders()
+        assert gpus.holders(1) == ()  # the other GPU is read on its own
+    from nvmlcheck.cli import main
+
+    code = main(["--simulate", str(tmp_path / "s.txt"), "--json", "holders"])
+    doc = json.loads(capsys.readouterr()[0])
+    assert code == 3 and doc["schema"] == "nvmlcheck/error" and "compute process list" in doc["error"]["message"]
+
+
+def test_a_lost_gpu_that_is_not_selected_does_not_stop_the_others(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    sc = Scenario.h200(devices=2)
+    sc.set_device(1, lost=True)
+    with _opened(tmp_path, monkeypatch, sc) as gpus:
+        assert gpus.holders(0) == ()
+        with pytest.raises(nc.GpuLost):
+            gpus.holders()  # selected (all), it is the answer
