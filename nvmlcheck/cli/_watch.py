@@ -17,6 +17,7 @@ from ._output import safe
 
 if TYPE_CHECKING:
     import argparse
+    from typing import Any
 
 #: How long one wait for events lasts: bounds how late ``--for`` ends (Ctrl-C and SIGTERM interrupt it at once).
 _SLICE_S = 0.25
@@ -24,22 +25,18 @@ _SLICE_S = 0.25
 
 def cmd_watch(args: argparse.Namespace) -> int:
     """Print each event of the selected GPUs as it arrives; flush every line (a pipe reader sees it at once)."""
-    import json
 
     with open_session(args) as gpus:
         indices = gpus.resolve(args.devices)
         wanted = None if indices is None else frozenset(indices)
         listener = gpus.listen()
         if not listener.active:
-            print(f"nvmlcheck: events: {safe(listener.reason)}", file=sys.stderr)
-            return EXIT_BACKEND
+            return _unavailable(args, f"events: {listener.reason}")
         if listener.reason is not None:  # some GPUs only: say which are not watched, once
             print(f"nvmlcheck: events: {safe(listener.reason)}", file=sys.stderr)
         covered = sorted(listener.covered if wanted is None else listener.covered & wanted)
         if not covered:  # the selected GPUs have no events (the others do): nothing would ever be printed
-            print(f"nvmlcheck: events: no selected GPU is listened to ({safe(listener.reason or 'none covered')})",
-                  file=sys.stderr)
-            return EXIT_BACKEND
+            return _unavailable(args, f"events: no selected GPU is listened to ({listener.reason or 'none covered'})")
         if not args.json:
             # Status on stderr (stdout is the events alone): a quiet GPU prints nothing for hours, so say it listens.
             until = f"for {args.duration:g} s" if args.duration is not None else "until Ctrl-C"
@@ -53,13 +50,33 @@ def cmd_watch(args: argparse.Namespace) -> int:
                 if wanted is not None and ev.index not in wanted:
                     continue
                 printed += 1
-                print(json.dumps(ev.to_json(), separators=(",", ":")) if args.json else safe(ev.line()), flush=True)
+                print(_line(ev.to_json()) if args.json else safe(ev.line()), flush=True)
             if listener.state != "running":
-                print(f"nvmlcheck: events: {safe(listener.reason or 'the listener stopped')}", file=sys.stderr)
-                return EXIT_BACKEND
+                return _unavailable(args, f"events: {listener.reason or 'the listener stopped'}")
     if not args.json:
         print(f"nvmlcheck watch: {printed} event{'' if printed == 1 else 's'} in {args.duration:g} s", file=sys.stderr)
     return EXIT_CLEAN
+
+
+def _line(doc: dict[str, Any]) -> str:
+    """One JSON Lines line: compact, and marked ``"simulated": true`` on simulated GPUs as every document is."""
+    import json
+
+    from . import _output
+
+    return json.dumps(_output.marked_simulated(doc) if _output.SIMULATED else doc, separators=(",", ":"))
+
+
+def _unavailable(args: argparse.Namespace, message: str) -> int:
+    """Events cannot be had (or stopped): exit 3, with an ``nvmlcheck/error`` document as the last line under
+    ``--json`` (stdout stays JSON Lines), and the reason on stderr."""
+    if args.json:
+        from ..errors import NvmlCheckError
+        from ..jsonout import error_document
+
+        print(_line(error_document(NvmlCheckError(message), EXIT_BACKEND)), flush=True)
+    print(f"nvmlcheck: {safe(message)}", file=sys.stderr)
+    return EXIT_BACKEND
 
 
 def _gpus(indices: list[int]) -> str:

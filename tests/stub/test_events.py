@@ -269,6 +269,7 @@ def test_cli_watch_streams_json_lines(tmp_path: Path, capsys: pytest.CaptureFixt
         ("nvmlcheck/event", 1, 0, "xid", 13),
         ("nvmlcheck/event", 1, 0, "single_bit_ecc", None),
     ]
+    assert all(d["simulated"] is True for d in docs)  # as every document on simulated GPUs
     code, out, _ = _cli(capsys, "--simulate", path, "watch", "--for", "1")
     assert code == 0 and "GPU 1 FATAL XID 79" in out
 
@@ -310,6 +311,13 @@ def test_cli_watch_without_events_exits_3(tmp_path: Path, capsys: pytest.Capture
     sc.add_device(unsupported=("events",))
     code, _, err = _cli(capsys, "--simulate", str(sc.write(tmp_path / "s.txt")), "watch", "--for", "1")
     assert code == 3 and "NOT_SUPPORTED" in err
+    # Under --json the error is a document too (the stream's last line), as for every command.
+    import json
+
+    code, out, _ = _cli(capsys, "--simulate", str(tmp_path / "s.txt"), "--json", "watch", "--for", "1")
+    doc = json.loads(out.splitlines()[-1])
+    assert code == 3 and (doc["schema"], doc["exit_code"]) == ("nvmlcheck/error", 3)
+    assert "NOT_SUPPORTED" in doc["error"]["message"]
 
 
 @pytest.mark.parametrize(("signum", "code"), [(2, 130), (15, 143)])
