@@ -13,6 +13,7 @@ one poll: docs/architecture.md; waiting and its policies: docs/waiting.md.
 
 from __future__ import annotations
 
+import _thread
 import math
 import os
 import time
@@ -90,6 +91,8 @@ class Session:
         self._backend = backend
         self._closed = False
         self._listener: EventListener | None = None
+        # One listener per session, whichever threads ask at once (its start registers every GPU: not instant).
+        self._listener_lock = _thread.allocate_lock()
 
     # --- lifecycle ------------------------------------------------------------------------------------------------
 
@@ -111,10 +114,11 @@ class Session:
     def close(self) -> None:
         """Release the backend. Idempotent."""
         if not self._closed:
-            self._closed = True
-            if self._listener is not None:
-                self._listener.stop()  # before the backend: its NVML reference keeps the event set valid
-                self._listener = None
+            with self._listener_lock:  # a listen() in another thread either finished or sees the session closed
+                self._closed = True
+                if self._listener is not None:
+                    self._listener.stop()  # before the backend: its NVML reference keeps the event set valid
+                    self._listener = None
             self._backend.close()
 
     def __enter__(self) -> Session:
@@ -146,9 +150,13 @@ class Session:
 
     def _listen(self, deadline_ns: int | None, clock: Callable[[], int]) -> EventListener:
         """:meth:`listen`, its registration bounded by a wait's deadline (on ``clock``; see ``EventListener.start``)."""
+        with self._listener_lock:
+            self._check_open()
+            return self._listen_locked(deadline_ns, clock)
+
+    def _listen_locked(self, deadline_ns: int | None, clock: Callable[[], int]) -> EventListener:
         from .events import EventListener
 
-        self._check_open()
         current = self._listener
         if current is not None and current.state in ("running", "unsupported"):
             return current

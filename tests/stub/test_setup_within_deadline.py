@@ -72,3 +72,24 @@ def test_a_remap_pending_while_waiting_is_seen_without_any_event(
     doc = json.loads(capsys.readouterr()[0])
     assert not doc["ready"] and doc["gpus"][0]["class"] == "unhealthy", doc["gpus"][0]
     assert code == doc["exit_code"] != 0
+
+
+def test_threads_that_listen_at_once_share_one_listener(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    with _open(tmp_path, monkeypatch, 2) as gpus:
+        got: list[object] = []
+        start = threading.Barrier(16)
+
+        def listen() -> None:
+            start.wait()
+            got.append(gpus.listen())
+
+        threads = [threading.Thread(target=listen) for _ in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        # One per session (it was 5-6 listeners and threads: events heard by an orphan were lost).
+        assert len({id(x) for x in got}) == 1
+        assert sum(t.name == "nvmlcheck events" for t in threading.enumerate()) == 1
