@@ -40,3 +40,5 @@ ON_POLL: Any = Default("on_poll", None)
 CLOCK: Any = Default("clock", time.monotonic_ns)
 SLEEP: Any = Default("sleep", time.sleep)
 EVENTS: Any = Default("events", None)
+#: ``ready``'s timeout: one check unless a caller's options (or the keyword) say how long to wait.
+READY_TIMEOUT: Any = Default("timeout", 0.0)

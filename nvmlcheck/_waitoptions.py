@@ -178,7 +178,9 @@ class WaitOptions:
     """
 
     # A plain class with slots, not a dataclass: wait is on the launch path, and a dataclass costs its import time.
-    __slots__ = _OPTION_NAMES
+    # _given: the fields set by a caller (here or in a base of with_), not left at their default; an API whose own
+    # default differs (ready's timeout is 0) reads a field only when it was given.
+    __slots__ = (*_OPTION_NAMES, "_given")
 
     timeout: float | None
     policy: PollPolicy | str | float | None
@@ -188,6 +190,7 @@ class WaitOptions:
     clock: Callable[[], int]
     sleep: Callable[[float], object]
     events: bool | None
+    _given: frozenset[str]
 
     #: ``WaitOptions()``: the defaults.
     DEFAULT: ClassVar[WaitOptions]
@@ -232,6 +235,11 @@ class WaitOptions:
             raise ArgumentTypeError(f"options must be a WaitOptions or None, got {options!r}")
         return options
 
+    def given(self, name: str) -> bool:
+        """Whether field ``name`` was set by a caller (here or in the options :meth:`with_` copied), not left at its
+        default: an API whose own default differs (``ready``'s timeout, 0) takes the field only then."""
+        return name in self._given
+
     def _values(self) -> tuple[object, ...]:
         return tuple(getattr(self, name) for name in _OPTION_NAMES)
 
@@ -253,17 +261,19 @@ class WaitOptions:
         return f"WaitOptions({', '.join(f'{n}={v!r}' for n, v in zip(_OPTION_NAMES, self._values(), strict=True))})"
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (_rebuild_options, (self._values(),))
+        return (_rebuild_options, (self._values(), tuple(sorted(self._given))))
 
 
-def _rebuild_options(values: tuple[object, ...]) -> WaitOptions:
-    fields: dict[str, Any] = dict(zip(_OPTION_NAMES, values, strict=True))
+def _rebuild_options(values: tuple[object, ...], given: tuple[str, ...] | None = None) -> WaitOptions:
+    # Only the fields given are passed: the others are their defaults, and stay "not given" (None: an older pickle).
+    fields: dict[str, Any] = {n: v for n, v in zip(_OPTION_NAMES, values, strict=True) if given is None or n in given}
     return WaitOptions(**fields)
 
 
 def _fill(target: WaitOptions, values: tuple[object, ...], base: WaitOptions | None) -> bool:
     """Set ``target``'s fields: a value given is checked, one left at its marker comes from ``base`` (already
     checked) or is the default. Whether any was given. Once per wait: only the values given are checked."""
+    names: set[str] = set() if base is None else set(base._given)
     given = False
     for name, value in zip(_OPTION_NAMES, values, strict=True):
         if isinstance(value, Default):
@@ -271,7 +281,9 @@ def _fill(target: WaitOptions, values: tuple[object, ...], base: WaitOptions | N
         else:
             _check_option(name, value)
             given = True
+            names.add(name)
         object.__setattr__(target, name, value)
+    object.__setattr__(target, "_given", frozenset(names))
     return given
 
 

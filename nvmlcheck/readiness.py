@@ -15,6 +15,7 @@ import math
 import time
 from collections.abc import Iterable, Sequence
 
+from ._waitdefaults import READY_TIMEOUT, Default
 from .errors import ArgumentError, BackendUnavailable, GpuFault, NvmlError, WaitTimeout
 from .model import DeviceState, Fields, Snapshot
 from .predicates import (
@@ -40,7 +41,7 @@ if TYPE_CHECKING:
 __all__ = ["ready", "ready_on"]
 
 #: ``ready``'s default timeout: one check ("is it ready now?"); a launch gate that may wait says how long.
-DEFAULT_TIMEOUT_S = 0.0
+DEFAULT_TIMEOUT_S = READY_TIMEOUT.value
 
 
 def ready_on(
@@ -50,7 +51,7 @@ def ready_on(
     need_bytes: int | None = None,
     need_fraction: float | None = None,
     max_used_bytes: int | None = None,
-    timeout: float | None = DEFAULT_TIMEOUT_S,
+    timeout: float | None = READY_TIMEOUT,
     events: bool | None = None,
     options: WaitOptions | None = None,
 ) -> ReadyReport:
@@ -62,16 +63,15 @@ def ready_on(
     ``None`` waits forever; otherwise it polls until every GPU is ready or the deadline passes (overrun by at most one
     query), listening for XIDs on the selected GPUs unless ``events=False``. An unhealthy GPU (a health cause, a
     fatal XID, a lost GPU) ends the call at once, as does a need beyond what a GPU has with nothing running
-    (``GpuVerdict.beyond_capacity``). ``options``: a :class:`~nvmlcheck.wait.WaitOptions` for the policy, stable
-    polls, ``on_poll``, ``clock`` and ``sleep`` (its timeout and events are this call's keywords).
+    (``GpuVerdict.beyond_capacity``). ``options``: a :class:`~nvmlcheck.wait.WaitOptions` (policy, stable polls,
+    ``on_poll``, ``clock``, ``sleep``; its ``timeout`` and ``events`` where a caller set them and the keywords are
+    not given: ``ready``'s own defaults are one check and listening).
 
     Never raises for "not ready": the :class:`~nvmlcheck.verdict.ReadyReport` says so, per GPU, with its
     culprits. Raises ``ValueError`` for a bad selection or need, :class:`~nvmlcheck.BackendUnavailable` when the
     backend sees no GPU.
     """
-    from ._waitoptions import WaitOptions
-
-    opts = WaitOptions.or_default(options).with_(timeout=timeout, events=True if events is None else events)
+    opts = _ready_options(timeout, events, options)
     bound = opts.timeout
     max_used_bytes = DEFAULT_MAX_USED_BYTES if max_used_bytes is None else check_bytes("max_used_bytes", max_used_bytes)
     capacity = _capacity(need_bytes, need_fraction)
@@ -128,6 +128,19 @@ def ready_on(
         # timeout: it would overrun the deadline, and the GPU is not called ready then anyway.
         health = backend.snapshot(indices, Fields.HEALTH)
     return ReadyReport(judge(final), final, clock() - start, watch.observed, bound, notes)
+
+
+def _ready_options(timeout: float | None, events: bool | None, options: WaitOptions | None) -> WaitOptions:
+    """The wait options of a ``ready`` call: a keyword given wins; else the options' field where a caller set it;
+    else ``ready``'s defaults (one check; listening for XIDs). Values are checked here, before anything opens."""
+    from ._waitoptions import WaitOptions
+
+    base = WaitOptions.or_default(options)
+    if isinstance(timeout, Default):
+        timeout = base.timeout if base.given("timeout") else timeout.value
+    if events is None:
+        events = base.events if base.given("events") and base.events is not None else True
+    return base.with_(timeout=timeout, events=events)
 
 
 def _first_reading(session: Session, indices: tuple[int, ...] | None, bound: float | None, start: int,
@@ -209,7 +222,7 @@ def ready(
     need_bytes: int | None = None,
     need_fraction: float | None = None,
     max_used_bytes: int | None = None,
-    timeout: float | None = DEFAULT_TIMEOUT_S,
+    timeout: float | None = READY_TIMEOUT,
     backend: str = "auto",
     events: bool | None = None,
     options: WaitOptions | None = None,
@@ -222,12 +235,11 @@ def ready(
     >>> report = nc.ready([0], need_fraction=0.9, timeout=30.0)        # doctest: +SKIP
     >>> report.ready, [v.line() for v in report.verdicts]                # doctest: +SKIP
     """
-    from ._waitoptions import WaitOptions
     from .session import open as open_session
     from .session import open_timeouts
 
     # Checked before the session opens, with this call's names: a bad one is refused with nothing read.
-    timeout = WaitOptions.or_default(options).with_(timeout=timeout).timeout
+    timeout = _ready_options(timeout, events, options).timeout
     _capacity(need_bytes, need_fraction)
     if max_used_bytes is not None:
         check_bytes("max_used_bytes", max_used_bytes)

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 
 from ._text import is_digits
-from ._waitdefaults import CLOCK, EVENTS, ON_POLL, POLICY, SLEEP, STABLE_POLLS, TIMEOUT, TRACE
+from ._waitdefaults import CLOCK, EVENTS, ON_POLL, POLICY, READY_TIMEOUT, SLEEP, STABLE_POLLS, TIMEOUT, TRACE
 from .backends import open_backend
 from .errors import ArgumentError, ArgumentTypeError, NoSuchDevice, SessionClosed
 from .model import DeviceState, Fields, Snapshot, SystemInfo
@@ -540,13 +540,14 @@ class Session:
         need_bytes: int | None = None,
         need_fraction: float | None = None,
         max_used_bytes: int | None = None,
-        timeout: float | None = 0.0,
+        timeout: float | None = READY_TIMEOUT,
         events: bool | None = None,
         options: WaitOptions | None = None,
     ) -> ReadyReport:
         """Can the next job start on the selected GPUs (all by default), and if not, why and when? One verdict per
-        GPU, from clean + healthy + capacity; ``timeout`` 0 (default) judges one reading, else it waits until every
-        GPU is ready or the deadline passes; ``max_used_bytes`` ``None``: the waits' 16 MiB. See
+        GPU, from clean + healthy + capacity; ``timeout`` 0 (default; or ``options``' timeout where a caller set it)
+        judges one reading, else it waits until every GPU is ready or the deadline passes; ``max_used_bytes``
+        ``None``: the waits' 16 MiB. See
         :func:`nvmlcheck.readiness.ready_on` and docs/ready.md."""
         from .readiness import ready_on
 

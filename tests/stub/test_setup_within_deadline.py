@@ -93,3 +93,21 @@ def test_threads_that_listen_at_once_share_one_listener(tmp_path: Path, monkeypa
         # One per session (it was 5-6 listeners and threads: events heard by an orphan were lost).
         assert len({id(x) for x in got}) == 1
         assert sum(t.name == "nvmlcheck events" for t in threading.enumerate()) == 1
+
+
+def test_ready_takes_the_options_timeout_a_caller_set(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A tool author reuses one WaitOptions: ready took one check whatever it said (its keyword's default won).
+    sc = Scenario.h200()
+    sc.add_process(0, 4_123_456, used_bytes=8 << 30)  # never clean: a wait runs to its timeout
+    monkeypatch.setenv("NVMLCHECK_STUB_SCENARIO", str(sc.write(tmp_path / "s.txt")))
+    with nc.open("nvml", library_path=str(build_stub())) as gpus:
+        steps = StepClock(0.1)
+        report = gpus.ready(options=WaitOptions(timeout=60.0, clock=steps.clock, sleep=steps.sleep), events=False)
+        assert report.timeout_s == 60.0 and report.polls > 1, report.verdicts[0].culprits
+        # Options that do not set a timeout leave ready's own default: one check.
+        report = gpus.ready(options=WaitOptions(policy="precise"))
+        assert report.timeout_s == 0.0 and report.polls == 1
+        # The keyword, given, wins over the options.
+        report = gpus.ready(timeout=0, options=WaitOptions(timeout=2.0))
+        assert report.timeout_s == 0.0 and report.polls == 1
+        assert WaitOptions(timeout=2.0).given("timeout") and not WaitOptions(policy="precise").given("timeout")
