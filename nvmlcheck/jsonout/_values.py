@@ -200,6 +200,7 @@ def snapshot_json(s: Snapshot) -> dict[str, Any]:
             "driver_version": s.system.driver_version,
             "nvml_version": s.system.nvml_version,
             "cuda_driver_version": s.system.cuda_driver_version,
+            "unknown": dict(s.system.unknown),  # the reason of each null above
         },
         "devices": [device_json(d) for d in s.devices],
         "failures": [_failure(f) for f in s.failures],
