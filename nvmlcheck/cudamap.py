@@ -259,6 +259,16 @@ def _base_order(
                   f"{ENV_DEVICE_ORDER}=PCI_BUS_ID or name GPUs by UUID"), None
 
 
+def _checked_env(env: Mapping[str, str]) -> Mapping[str, str]:
+    """``env``, whose two CUDA variables must be text as in ``os.environ`` (an int fails deep inside otherwise)."""
+    for name in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"):
+        if name in env and not isinstance(env[name], str):
+            from .errors import ArgumentTypeError
+
+            raise ArgumentTypeError(f"env[{name!r}] must be a str, as in os.environ, got {env[name]!r}")
+    return env
+
+
 def cuda_mapping(
     gpus: Iterable[Identity],
     env: Mapping[str, str] | None = None,
@@ -269,7 +279,7 @@ def cuda_mapping(
     unset; pass ``os.environ`` for this process's view). ``unreadable``: NVML indices of GPUs that could not be
     read (the numbering is then unknown). Never raises for what the environment says: an unknown mapping has
     ``devices=None`` and the reason; :meth:`CudaMapping.resolve` raises when asked about it."""
-    env = {} if env is None else env
+    env = _checked_env({} if env is None else env)
     ids = tuple(sorted((GpuIdentity(g.index, g.uuid, g.name, g.pci_bus_id) for g in gpus), key=lambda g: g.index))
     by_index = {g.index: g for g in ids}
     if len(by_index) != len(ids):

@@ -401,7 +401,12 @@ def _holder_text(p: GpuProcess) -> str:
 def _kinds_arg(kinds: Iterable[ProcessKind | str] | ProcessKind | str) -> tuple[ProcessKind, ...]:
     if isinstance(kinds, str):  # ProcessKind is a str enum too
         kinds = (kinds,)
-    out = tuple(dict.fromkeys(ProcessKind(k) for k in kinds))
+    try:
+        out = tuple(dict.fromkeys(ProcessKind(k) for k in kinds))
+    except (ValueError, TypeError):
+        names = ", ".join(repr(k.value) for k in ProcessKind)
+        raise ArgumentError(f"no_processes() takes process kinds ({names} or ProcessKind members), got "
+                            f"{kinds!r}") from None
     if not out:
         raise ArgumentError("no_processes() needs at least one process kind")
     return out
@@ -910,6 +915,8 @@ def pids_gone(pids: Iterable[int]) -> Predicate:
     Unknown when a list could not be read (the pid could be in it). Older drivers report host PIDs
     (docs/driver-facts.md): inside a PID namespace pass host PIDs.
     """
+    if isinstance(pids, str | bytes | int):  # a str would be read digit by digit, an int is not iterable
+        raise ArgumentTypeError(f"pids_gone() takes PIDs (an iterable of int: [{pids!r}]), got {pids!r}")
     chosen = frozenset(pids)
     for pid in chosen:
         if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
@@ -935,6 +942,8 @@ def memory_back_to(baseline: Snapshot, tolerance_bytes: int = DEFAULT_TOLERANCE_
     Unknown for a device absent from the baseline, or when the two readings measure ``used`` differently.
     """
     tol = _non_negative_bytes("tolerance_bytes", tolerance_bytes)
+    if not isinstance(baseline, Snapshot):
+        raise ArgumentTypeError(f"memory_back_to() takes a Snapshot taken while the GPUs were idle, got {baseline!r}")
     table = {d.uuid: (d.index, d.memory, d.why_unknown("memory")) for d in baseline.devices}
     return _MemoryBackTo(table, tol)
 
@@ -971,7 +980,10 @@ def on_devices(devices: Iterable[int | str], predicate: Predicate) -> Predicate:
                              "indices with Session.resolve() first")
     if not selectors:
         raise ArgumentError("on_devices() needs at least one device")
-    return _OnDevices(selectors, predicate)
+    judged = check_predicate(predicate, "on_devices()'s predicate")
+    if judged is None:
+        raise ArgumentTypeError("on_devices() needs the predicate to judge the devices by, got None")
+    return _OnDevices(selectors, judged)
 
 
 def default_predicate(
@@ -987,6 +999,7 @@ def default_predicate(
     judge on drivers that only have the v1 memory call, where the fixed limit cannot decide. ``devices`` narrows the
     judgement with :func:`on_devices`.
     """
+    _non_negative_bytes("tolerance_bytes", tolerance_bytes)  # checked whether or not a baseline uses it
     memory = memory_back_to(baseline, tolerance_bytes) if baseline is not None else memory_used_at_most(max_used_bytes)
     predicate = no_processes() & memory
     return on_devices(devices, predicate) if devices is not None else predicate

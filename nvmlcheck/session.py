@@ -328,6 +328,9 @@ class Session:
         :attr:`Snapshot.failures`, never reported as idle.
         """
         self._check_open()
+        if not isinstance(fields, Fields):
+            raise ArgumentTypeError(f"fields must be a Fields value (Fields.WAIT, Fields.ALL, combined with |), got "
+                                    f"{fields!r}")
         return self._backend.snapshot(self.resolve(devices), fields)
 
     def devices(self) -> tuple[DeviceState, ...]:

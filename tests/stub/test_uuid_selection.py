@@ -58,3 +58,5 @@ def test_the_library_resolves_the_same(tmp_path: Path, monkeypatch: pytest.Monke
         for word in ("banana", " 0", "1.0"):
             with pytest.raises(nc.NoSuchDevice):
                 gpus.resolve([word])
+        with pytest.raises(nc.ArgumentTypeError, match="fields must be a Fields value"):
+            gpus.snapshot(fields=3)  # type: ignore[arg-type]
