@@ -95,26 +95,53 @@ class SlurmJob:
 
 _UUID = re.compile(r"(GPU|MIG)-[0-9A-Za-z-]+")
 
+#: The highest GPU ID: Slurm's GPU ID is a device minor number (``/dev/nvidiaN``), and NVIDIA GPUs are minors
+#: 0-253 (254 is ``nvidia-modeset``, 255 ``nvidiactl``). It also bounds how long a GPU list may be.
+MAX_GPU_ID = 253
+_MAX_GPU_IDS = MAX_GPU_ID + 1
+
 
 def parse_gpu_list(text: str, variable: str) -> tuple[str, ...]:
     """``"0,1,3"``, ``"0-3,6"`` or UUIDs (``GPU-…``, ``MIG-…``) as a list of IDs, in order, each once. ``""`` and
     Slurm's ``NoDevFiles`` (GRES without device files) are no GPU. ``ArgumentError`` (a ``ValueError``) naming
-    ``variable`` otherwise."""
+    ``variable`` otherwise, and for an ID beyond :data:`MAX_GPU_ID` or more than ``MAX_GPU_ID + 1`` items: each is
+    refused before anything is built (``0-100000000`` would be a list of 10**8 IDs)."""
     text = text.strip()
     if not text or text == "NoDevFiles":
         return ()
+    if text.count(",") >= _MAX_GPU_IDS:
+        raise ArgumentError(f"${variable}={_shown(text)}: more than {_MAX_GPU_IDS} GPUs (a host has at most "
+                            f"{_MAX_GPU_IDS}: /dev/nvidia0-{MAX_GPU_ID})")
     out: list[str] = []
     for item in (part.strip() for part in text.split(",")):
         first, dash, last = item.partition("-")
         if is_digits(item):
-            out.append(str(int(item)))
-        elif dash and is_digits(first) and is_digits(last) and int(first) <= int(last):
-            out.extend(str(i) for i in range(int(first), int(last) + 1))
+            out.append(str(_gpu_id(item, text, variable)))
+        elif dash and is_digits(first) and is_digits(last):
+            low, high = _gpu_id(first, text, variable), _gpu_id(last, text, variable)
+            if low > high:
+                raise ArgumentError(f"${variable}={_shown(text)}: {item!r} is an empty range")
+            out.extend(str(i) for i in range(low, high + 1))
         elif _UUID.fullmatch(item):
             out.append(item)
         else:
-            raise ArgumentError(f"${variable}={text!r}: {item!r} is not a GPU index, range or UUID")
+            raise ArgumentError(f"${variable}={_shown(text)}: {item!r} is not a GPU index, range or UUID")
     return tuple(dict.fromkeys(out))
+
+
+def _gpu_id(digits: str, text: str, variable: str) -> int:
+    """``digits`` (ASCII, checked by the caller) as a GPU ID, refused beyond :data:`MAX_GPU_ID`; its length is
+    checked first, so that a number of a million digits is never converted."""
+    significant = digits.lstrip("0") or "0"
+    if len(significant) > len(str(MAX_GPU_ID)) or int(significant) > MAX_GPU_ID:
+        raise ArgumentError(f"${variable}={_shown(text)}: GPU {_shown(digits, 20)} is beyond /dev/nvidia"
+                            f"{MAX_GPU_ID} (a GPU ID is a device minor number, 0-{MAX_GPU_ID})")
+    return int(significant)
+
+
+def _shown(text: str, limit: int = 80) -> str:
+    """``text`` quoted for an error message, cut to ``limit`` characters: an environment value can be 128 KiB."""
+    return repr(text) if len(text) <= limit else repr(text[:limit]) + "…"
 
 
 def job_from_env(env: Mapping[str, str] | None = None) -> SlurmJob:

@@ -43,6 +43,33 @@ def test_a_malformed_gpu_list_names_the_variable(text: str) -> None:
         slurm.parse_gpu_list(text, "CUDA_VISIBLE_DEVICES")
 
 
+@pytest.mark.parametrize(("text", "why"), [
+    ("0-1000000", "GPU '1000000' is beyond /dev/nvidia253"),  # 0-100000000 once built 10**8 IDs: 4.8 GB
+    ("0-254", "GPU '254' is beyond /dev/nvidia253"),
+    ("254", "GPU '254' is beyond /dev/nvidia253"),
+    ("0,1," + "9" * 100_000, "is beyond /dev/nvidia253"),  # never converted: int() refuses > 4300 digits
+    (",".join(["0"] * 255), "more than 254 GPUs"),
+])
+def test_an_id_or_list_beyond_the_minor_numbers_is_refused_before_it_is_built(text: str, why: str) -> None:
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        with pytest.raises(ValueError, match=r"^\$SLURM_JOB_GPUS=") as raised:
+            slurm.parse_gpu_list(text, "SLURM_JOB_GPUS")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert why in str(raised.value) and len(str(raised.value)) < 300
+    assert peak < 4 * len(text) + (1 << 20)  # nothing in proportion to the range: only the text, split
+
+
+def test_the_highest_minor_number_and_a_full_list_are_accepted() -> None:
+    assert slurm.parse_gpu_list("253", "SLURM_JOB_GPUS") == ("253",)
+    assert slurm.parse_gpu_list("0-253", "SLURM_JOB_GPUS") == tuple(map(str, range(254)))
+    assert slurm.parse_gpu_list(",".join(["0"] * 254), "SLURM_JOB_GPUS") == ("0",)
+
+
 def test_the_job_as_an_epilog_sees_it() -> None:
     env = {"SLURM_JOB_ID": "42", "SLURM_JOB_UID": "1000", "SLURM_JOB_USER": "ana", "SLURMD_NODENAME": "gpu07",
            "SLURM_JOB_GPUS": "2,3", "CUDA_VISIBLE_DEVICES": "0,1"}
@@ -457,6 +484,16 @@ def test_a_malformed_environment_is_a_usage_error(
     monkeypatch.setenv("SLURM_JOB_GPUS", "gpu0")
     code, _, err = run(scontrol, busy(tmp_path), "epilog", json_out=False, capsys=capsys)
     assert code == 2 and "$SLURM_JOB_GPUS='gpu0'" in err and scontrol.calls() == []
+
+
+def test_a_huge_range_is_a_usage_error_naming_the_variable(
+        slurm_env: None, scontrol: FakeScontrol, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.delenv("SLURM_JOB_GPUS")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0-100000")
+    code, _, err = run(scontrol, busy(tmp_path), "prolog", json_out=False, capsys=capsys)
+    assert code == 2 and "$CUDA_VISIBLE_DEVICES='0-100000'" in err and "beyond /dev/nvidia253" in err
+    assert scontrol.calls() == []
 
 
 def test_no_backend_drains_and_exits_3(
