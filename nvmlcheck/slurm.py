@@ -749,24 +749,47 @@ class Scontrol:
         return self._run(("update", *args), deadline_ns)
 
     def _run(self, args: tuple[str, ...], deadline_ns: int) -> ScontrolRun:
-        from ._proc.child import Child
-
         argv = (self.path or "scontrol", *args)
         if self.path is None:
             run = ScontrolRun(argv, False, None, "scontrol not found on PATH nor in " + ", ".join(SCONTROL_DIRS))
         else:
-            try:
-                child = Child(argv)
-            except OSError as exc:
-                run = ScontrolRun(argv, False, None, str(exc))
-            else:
-                done = child.wait(deadline_ns)
-                if not done:
-                    child.kill()
-                out = (bytes(child.stdout) + bytes(child.stderr)).decode(errors="replace")
-                run = ScontrolRun(argv, True, child.returncode if done else None, out)
+            run = _run_child(argv, deadline_ns)
         self.runs.append(run)
         return run
+
+
+#: After scontrol exited, how long its pipes are still read when something it left behind holds them open (a
+#: daemonised helper): what scontrol printed before its exit is in the pipe by then, and the wait ends at its end of
+#: file when nothing holds them.
+_AFTER_EXIT_S = 0.1
+#: After SIGKILL (at the deadline, or when this process is interrupted), how long past the deadline the leader's exit
+#: is waited for, in ns: one of Child's 50 ms slices, not its REAP_GRACE_S (a second past the deadline per call). A
+#: pidfd shows the exit at once; only a leader in uninterruptible sleep takes all of it, and is then left.
+_KILL_REAP_NS = 50_000_000
+
+
+def _run_child(argv: tuple[str, ...], deadline_ns: int) -> ScontrolRun:
+    """Run ``argv`` until ``deadline_ns`` (``time.monotonic_ns()``), then kill its process group. Interrupted (slurmd's
+    SIGTERM at its timeout, Ctrl-C: the CLI raises them as exceptions), the group is killed before the exception goes
+    on, as a fleet's ssh children are: no scontrol outlives this process."""
+    from ._proc.child import Child
+
+    try:
+        child = Child(argv, after_exit_s=_AFTER_EXIT_S)
+    except OSError as exc:
+        return ScontrolRun(argv, False, None, str(exc))
+    done = False
+    try:
+        done = child.wait(deadline_ns)
+    finally:
+        if child.returncode is None:  # the deadline came, or an exception (a signal) is on its way out
+            child.kill(read_after_exit=False, deadline_ns=deadline_ns + _KILL_REAP_NS)
+        child.close()
+    code = child.returncode
+    # An exit of its own (>= 0) before the kill counts even when the deadline cut the reading of its pipes; a
+    # SIGKILL of ours (< 0) is no answer.
+    exit_code = code if code is not None and (done or code >= 0) else None
+    return ScontrolRun(argv, True, exit_code, (bytes(child.stdout) + bytes(child.stderr)).decode(errors="replace"))
 
 
 def _find_scontrol() -> str | None:
