@@ -647,8 +647,9 @@ class ScontrolError(NvmlCheckError, OSError):
 
 @dataclass(frozen=True, slots=True)
 class ScontrolRun:
-    """One scontrol command: ``argv``; ``ran`` (False in a dry run); ``exit_code`` (``None``: not run, or cut by
-    the deadline); ``output``: what it printed (stdout and stderr)."""
+    """One scontrol command: ``argv``; ``ran`` (False in a dry run, or when it could not be started: ``output`` then
+    says why); ``exit_code`` (``None``: not run, or cut by the deadline); ``output``: what it printed (stdout and
+    stderr)."""
 
     argv: tuple[str, ...]
     ran: bool
@@ -729,7 +730,7 @@ class Scontrol:
         out or prints no node line."""
         run = self._run(("-o", "show", "node", node), deadline_ns)
         if not run.ok:
-            how = "timed out" if run.exit_code is None else f"exit {run.exit_code}"
+            how = _how_it_failed(run)
             raise ScontrolError(f"{' '.join(run.argv)}: {how} {run.output.strip()[:200]}".strip())
         try:
             return parse_node_line(run.output.splitlines()[0] if run.output else "")
@@ -790,6 +791,14 @@ def _run_child(argv: tuple[str, ...], deadline_ns: int) -> ScontrolRun:
     # SIGKILL of ours (< 0) is no answer.
     exit_code = code if code is not None and (done or code >= 0) else None
     return ScontrolRun(argv, True, exit_code, (bytes(child.stdout) + bytes(child.stderr)).decode(errors="replace"))
+
+
+def _how_it_failed(run: ScontrolRun) -> str:
+    """``"not started:"`` (no such file, not executable: it never ran, so it cannot have timed out), ``"timed out"``
+    or ``"exit N"``."""
+    if not run.ran:
+        return "not started:"
+    return "timed out" if run.exit_code is None else f"exit {run.exit_code}"
 
 
 def _find_scontrol() -> str | None:

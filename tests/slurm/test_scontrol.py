@@ -1,6 +1,6 @@
 """``slurm.Scontrol`` against stand-in scontrol programs that misbehave as a real one can when slurmctld does not
 answer: one that blocks (and this process is interrupted meanwhile), one that leaves a process holding its output
-pipe. Mechanism only: the time bounds here are hang guards, never measurements."""
+pipe, one that cannot be started. Mechanism only: the time bounds here are hang guards, never measurements."""
 
 from __future__ import annotations
 
@@ -158,3 +158,36 @@ def test_no_wait_for_a_held_pipe_goes_past_the_deadline(tmp_path: Path, pids: Ca
     assert len(asked) >= 2  # the run's wait, then the kill's
     assert all(d is not None and d <= deadline + slurm._KILL_REAP_NS for d in asked), asked
     assert scontrol.runs[0].exit_code is None
+
+
+# --- one that cannot be started --------------------------------------------------------------------------------------
+
+
+def test_a_scontrol_that_cannot_be_started_is_not_said_to_time_out(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(slurm.ScontrolError) as raised:
+        slurm.Scontrol(str(tmp_path / "nope" / "scontrol")).node("n1", deadline_ns=guard())
+    message = str(raised.value)
+    assert message.startswith(f"{tmp_path}/nope/scontrol -o show node n1: not started: ")
+    assert "No such file or directory" in message and "timed out" not in message
+    monkeypatch.setattr(slurm, "_find_scontrol", lambda: None)
+    with pytest.raises(slurm.ScontrolError, match=r"^scontrol -o show node n1: not started: scontrol not found on "):
+        slurm.Scontrol().node("n1", deadline_ns=guard())
+
+
+def test_the_record_says_scontrol_was_not_started(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from nvmlcheck.cli import main
+
+    for key in [k for k in os.environ if k.startswith("SLURM")]:
+        monkeypatch.delenv(key)
+    scenario = Scenario.h200(devices=2)
+    scenario.set_device(1, remapped_rows=(0, 1, True, False))
+    code = main(["--simulate", str(scenario.write(tmp_path / "remap.txt")), "slurm", "health", "--scontrol",
+                 "/nope/scontrol", "--node", "n1", "--timeout", "5", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 1  # unhealthy, and the drain failed
+    assert doc["node_state_error"].startswith("/nope/scontrol -o show node n1: not started: [Errno 2] No such file")
+    assert [(r["ran"], r["exit_code"]) for r in doc["scontrol"]] == [(False, None), (False, None)]
