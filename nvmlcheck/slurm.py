@@ -471,8 +471,8 @@ def job_gpu_indices(session: Session, gpus: Sequence[str]) -> tuple[tuple[int, .
     the GPU whose minor number it is, never taken as NVML's index (PCI order; the two differ on some hosts, and the
     gate would judge another job's GPU). A UUID is matched as :meth:`Session.resolve <nvmlcheck.Session.resolve>`
     matches one. An ID no GPU's minor number is, or one that cannot be told because a GPU's minor number is unknown
-    (unreadable, or the nvidia-smi backend without the driver's procfs list), is a cause of kind ``"unknown"``: what
-    the job used is not judged, so the node is not called ready."""
+    (unreadable, or the nvidia-smi backend without the driver's procfs list) or because more than one GPU reports it,
+    is a cause of kind ``"unknown"``: what the job used is not judged, so the node is not called ready."""
     from .errors import NoSuchDevice
     from .model import Fields
 
@@ -488,14 +488,23 @@ def job_gpu_indices(session: Session, gpus: Sequence[str]) -> tuple[tuple[int, .
     if not ids:
         return tuple(sorted(out)), tuple(causes)
     snap = session.snapshot(None, fields=Fields(0))  # identity only: cached after the first read
-    by_minor = {d.minor_number: d.index for d in snap.devices if d.minor_number is not None}
+    by_minor: dict[int, list[int]] = {}
+    for d in snap.devices:
+        if d.minor_number is not None:
+            by_minor.setdefault(d.minor_number, []).append(d.index)
     unknown = [f"GPU {d.index}'s: {d.why_unknown('minor_number') or 'unknown'}" for d in snap.devices
                if d.minor_number is None]
     unknown += [f"GPU {f.index} unreadable: {f.error}" for f in snap.failures]
     for g in ids:
-        index = by_minor.get(int(g))
-        if index is not None:
-            out.add(index)
+        found = by_minor.get(int(g), [])
+        if len(found) == 1:
+            out.add(found[0])
+        elif found:
+            # Two GPUs cannot both be /dev/nvidiaN: a reading is wrong, and judging either one could pass the job's
+            # GPU by (the other may be it, and held).
+            why = (f"which GPU is the job's GPU {g} (/dev/nvidia{g}) cannot be told: {_all_report(found)} minor "
+                   f"number {g}")
+            causes.append(Cause("unknown", clean_text(why)[:160]))
         elif unknown:
             why = f"which GPU is the job's GPU {g} (/dev/nvidia{g}) cannot be told: no minor number for {unknown[0]}"
             causes.append(Cause("unknown", clean_text(why)[:160]))
@@ -504,6 +513,12 @@ def job_gpu_indices(session: Session, gpus: Sequence[str]) -> tuple[tuple[int, .
             causes.append(Cause("unknown", f"the job's GPU {g} (/dev/nvidia{g}) is none of this host's GPUs "
                                            f"(minor numbers {minors})"))
     return tuple(sorted(out)), tuple(causes)
+
+
+def _all_report(indices: Sequence[int]) -> str:
+    """``"GPUs 0 and 1 both report"``, ``"GPUs 0, 1 and 3 all report"``."""
+    head, last = ", ".join(map(str, indices[:-1])), indices[-1]
+    return f"GPUs {head} and {last} {'both' if len(indices) == 2 else 'all'} report"
 
 
 def epilog(

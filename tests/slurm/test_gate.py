@@ -368,6 +368,30 @@ def test_a_job_gpu_that_is_no_gpu_here_drains_the_node(
     assert err.startswith("nvmlcheck slurm epilog: the job's GPU 5 (/dev/nvidia5) is none of this host's GPUs")
 
 
+def same_minor(tmp_path: Path) -> Path:
+    """NVML's GPUs 0 and 1 both report minor number 0 (a reading is wrong); GPU 0 holds 8 GiB, GPU 1 is idle."""
+    sc = Scenario.h200(devices=3)
+    for index in (0, 1):
+        sc.set_device(index, minor=0)
+    sc.add_process(0, 4_123_456, used_bytes=8 * GIB)
+    return sc.write(tmp_path / "same-minor.txt")
+
+
+def test_an_id_that_two_gpus_minor_numbers_match_cannot_be_told(
+        slurm_env: None, scontrol: FakeScontrol, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # The last GPU with minor 0 (idle) once won: the gate said ready, and GPU 0 (8 GiB held) was never judged.
+    code, doc, _ = run(scontrol, same_minor(tmp_path), "prolog", "--no-drain", capsys=capsys)
+    assert code == 1 and isinstance(doc, dict) and doc["devices"] == [] and doc["ready"] is False
+    assert [(c["kind"], c["text"]) for c in doc["causes"]] == [
+        ("unknown", "which GPU is the job's GPU 0 (/dev/nvidia0) cannot be told: GPUs 0 and 1 both report minor "
+                    "number 0")]
+    # An ID that one GPU alone matches is still judged (GPU 2 is /dev/nvidia2).
+    monkeypatch.setenv("SLURM_JOB_GPUS", "2")
+    code, doc, _ = run(scontrol, same_minor(tmp_path), "prolog", "--no-drain", capsys=capsys)
+    assert code == 0 and isinstance(doc, dict) and doc["devices"] == [2]
+
+
 # --- the command, as slurmd runs it ---------------------------------------------------------------------------------
 
 
