@@ -50,6 +50,7 @@ __all__ = [
     "clean_text",
     "drain_reason",
     "epilog",
+    "gpu_label",
     "health",
     "health_causes",
     "job_from_env",
@@ -183,7 +184,9 @@ class Cause:
     ``kind``: ``"held"``, ``"reclaiming"``, ``"stuck"``, ``"unhealthy"``, ``"unknown"``), or ``"unavailable"`` (no
     backend). ``text``: the sentence for the drain reason, without the prefix. ``action``: what an operator does, in
     ``ready``'s words (``STOP_HOLDER``, ``WAIT``, ``REAP_ZOMBIE``, ``RESET_GPU``, ``NODE_REBOOT``,
-    ``CONTACT_SUPPORT``, ...; ``None``: nothing named)."""
+    ``CONTACT_SUPPORT``, ...; ``None``: nothing named). ``gpu``: the GPU's NVML index (``nvidia-smi -i``), which
+    the text names too; where its minor number differs (Slurm's GPU ID, ``/dev/nvidiaN``), the text names both:
+    ``GPU 0 (/dev/nvidia1)``."""
 
     kind: CauseKind
     text: str
@@ -240,11 +243,13 @@ _SHORT = {
 }
 
 
-def cause_of(c: Culprit, *, after_ns: int | None = None, killed: Mapping[int, PidTimes] | None = None) -> Cause:
+def cause_of(c: Culprit, *, after_ns: int | None = None, killed: Mapping[int, PidTimes] | None = None,
+             minors: Mapping[int, int] | None = None) -> Cause:
     """A culprit of ``ready`` as a drain-reason cause: ``GPU 3 held by pid 4123 (python3) 8.0 GiB after 30 s``,
     ``GPU 1: row remap pending, reset needed``. ``after_ns``: how long the gate waited; ``killed``: what the epilog
-    signalled, so that a survivor is named as one."""
-    gpu = f"GPU {c.gpu}" if c.gpu is not None else "GPUs"
+    signalled, so that a survivor is named as one; ``minors``: each GPU's minor number by NVML index, so that a GPU
+    whose ``/dev/nvidiaN`` is not its index is named by both (:func:`gpu_label`)."""
+    gpu = gpu_label(c.gpu, minors) if c.gpu is not None else "GPUs"
     after = "" if after_ns is None else f" after {_seconds(after_ns)}"
     size = "" if c.used_bytes is None else f" {format_bytes(c.used_bytes)}"
     if c.class_ in ("unhealthy", "unknown", "short") or (c.pid is None and c.class_ not in ("reclaiming", "stuck")):
@@ -268,6 +273,20 @@ def cause_of(c: Culprit, *, after_ns: int | None = None, killed: Mapping[int, Pi
             text = f"{gpu} held by {who}{where}{size}{extra}{after}"
     kind: CauseKind = c.class_ if c.class_ != "ready" else "unknown"
     return Cause(kind, text, c.gpu, c.pid, c.name, c.used_bytes, c.action, c.container)
+
+
+def gpu_label(index: int, minors: Mapping[int, int] | None = None) -> str:
+    """``"GPU 0"``, or ``"GPU 0 (/dev/nvidia1)"`` where the GPU's minor number (``minors[index]``) is not its NVML
+    index: an operator resets by one and Slurm names the other, and must not take one for the other."""
+    minor = None if minors is None else minors.get(index)
+    return f"GPU {index}" if minor is None or minor == index else f"GPU {index} (/dev/nvidia{minor})"
+
+
+def _minors(snapshot: Snapshot | None) -> dict[int, int]:
+    """Each GPU's minor number by NVML index, from ``snapshot``'s identity (read with every snapshot)."""
+    if snapshot is None:
+        return {}
+    return {d.index: d.minor_number for d in snapshot.devices if d.minor_number is not None}
 
 
 # --- whose process -------------------------------------------------------------------------------------------------
@@ -358,9 +377,10 @@ def health_causes(snapshot: Snapshot) -> list[Cause]:
     from .verdict import error_culprit
     from .verdict import health_causes as culprits_of
 
-    out = [cause_of(error_culprit(f.index, f.error)) for f in snapshot.failures]
+    minors = _minors(snapshot)
+    out = [cause_of(error_culprit(f.index, f.error), minors=minors) for f in snapshot.failures]
     for d in snapshot.devices:
-        out.extend(cause_of(c) for c in culprits_of(d) if c.class_ == "unhealthy")
+        out.extend(cause_of(c, minors=minors) for c in culprits_of(d) if c.class_ == "unhealthy")
     return out
 
 
@@ -404,10 +424,12 @@ def await_ready(
         return Readiness(False, (cause,), 0, clock() - start)
     by_pid = {t.pid: t for t in killed}
     after = clock() - since
-    causes = tuple(cause_of(c, after_ns=after, killed=by_pid) for v in report.verdicts if not v.ready
+    minors = _minors(report.snapshot)
+    causes = tuple(cause_of(c, after_ns=after, killed=by_pid, minors=minors) for v in report.verdicts if not v.ready
                    for c in v.culprits)
     if not report.ready and not causes:
-        causes = (Cause("unknown", f"GPU {', '.join(map(str, indices))} not ready after {_seconds(after)}"),)
+        gpus = ", ".join(gpu_label(i, minors).removeprefix("GPU ") for i in indices)  # "GPU 0, 1 (/dev/nvidia0)"
+        causes = (Cause("unknown", f"GPU {gpus} not ready after {_seconds(after)}"),)
     return Readiness(report.ready, causes, report.polls, clock() - start, dirty, last_dirty,
                      first_clean if dirty else None, report.culprits, tuple(v.to_json() for v in report.verdicts))
 

@@ -392,6 +392,38 @@ def test_an_id_that_two_gpus_minor_numbers_match_cannot_be_told(
     assert code == 0 and isinstance(doc, dict) and doc["devices"] == [2]
 
 
+def test_a_gpu_whose_device_file_is_not_its_index_is_named_by_both(
+        slurm_env: None, scontrol: FakeScontrol, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # NVML's GPU 0 is /dev/nvidia1 (Slurm's GPU 1) and holds 8 GiB: "GPU 0" alone sent operators to /dev/nvidia0.
+    sc = Scenario.h200(devices=2)
+    sc.set_device(0, minor=1)
+    sc.set_device(1, minor=0, remapped_rows=(0, 1, True, False))
+    sc.add_process(0, 4_123_456, used_bytes=8 * GIB)
+    scenario = sc.write(tmp_path / "swap.txt")
+    monkeypatch.setenv("SLURM_JOB_GPUS", "1")
+    code, doc, err = run(scontrol, scenario, "epilog", capsys=capsys)
+    assert code == 1 and isinstance(doc, dict) and doc["devices"] == [0]
+    assert doc["reason"].startswith("nvmlcheck: GPU 0 (/dev/nvidia1): 8.0 GiB of exited pid 4123456 still coming back")
+    assert [c["gpu"] for c in doc["causes"]] == [0]  # the field stays NVML's index
+    assert scontrol.updates() == [["update", "NodeName=n1", "State=DRAIN", f"Reason={doc['reason']}"]]
+    assert err.startswith("nvmlcheck slurm epilog: GPU 0 (/dev/nvidia1): ")
+    code, doc, _ = run(scontrol, scenario, "health", "--no-drain", capsys=capsys)
+    assert isinstance(doc, dict) and doc["reason"] == "nvmlcheck: GPU 1 (/dev/nvidia0): row remap pending, reset needed"
+
+
+def test_gpu_labels_name_the_device_file_only_where_it_is_not_the_index() -> None:
+    assert slurm.gpu_label(0) == slurm.gpu_label(0, {0: 0}) == slurm.gpu_label(0, {1: 0}) == "GPU 0"
+    assert slurm.gpu_label(0, {0: 1}) == "GPU 0 (/dev/nvidia1)"
+    culprit = Culprit(3, "held", "compute", "…", pid=4123, name="python3", used_bytes=8 * GIB)
+    cause = slurm.cause_of(culprit, after_ns=30_000_000_000, minors={3: 5})
+    assert cause.text == "GPU 3 (/dev/nvidia5) held by pid 4123 (python3) 8.0 GiB after 30 s" and cause.gpu == 3
+    assert slurm.cause_of(culprit, after_ns=30_000_000_000, minors={3: 3}).text.startswith("GPU 3 held by ")
+    many = [slurm.cause_of(Culprit(i, "held", "compute", "…", pid=4_000_000 + i, name="python3", used_bytes=GIB),
+                           after_ns=30_000_000_000, minors={i: 7 - i}) for i in range(8)]
+    assert len(slurm.drain_reason(many)) <= slurm.MAX_REASON_CHARS
+
+
 # --- the command, as slurmd runs it ---------------------------------------------------------------------------------
 
 
