@@ -596,6 +596,22 @@ class TestHealth:
             run(scontrol, scenario, "health", capsys=capsys)
         assert scontrol.updates() == []
 
+    def test_a_node_someone_else_drained_is_as_it_should_be(
+            self, scontrol: FakeScontrol, remap: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        # Once exit 1: slurmd, rerunning a failing health program at start-up, would not register the node.
+        scontrol.set("NodeName=n1 State=IDLE+DRAIN Reason=Kill task failed [slurm@2026-12-01T10:00:00]")
+        record = tmp_path / "slurm.jsonl"
+        code, doc, err = run(scontrol, remap, "health", "--record", str(record), capsys=capsys)
+        assert code == 0 and scontrol.updates() == []
+        assert isinstance(doc, dict) and doc["ready"] is False and doc["exit_code"] == 0
+        causes = json.loads(record.read_text())["causes"]
+        assert [c["text"] for c in causes] == ["GPU 1: row remap pending, reset needed"]
+        assert err == f"nvmlcheck slurm health: {self.REASON.removeprefix('nvmlcheck: ')}\n"
+        # Not drained by anyone, and not drained by this run either (--no-drain): the exit says so.
+        scontrol.set("NodeName=n1 State=IDLE ThreadsPerCore=1")
+        code, _, _ = run(scontrol, remap, "health", "--no-drain", capsys=capsys)
+        assert code == 1
+
     def test_it_returns_its_own_drain_to_service_once_ready(self, scontrol: FakeScontrol, healthy: Path,
                                                             capsys: pytest.CaptureFixture[str]) -> None:
         scontrol.set(f"NodeName=n1 State=IDLE+DRAIN Reason={self.REASON} [root@2026-12-01T10:00:00]")
