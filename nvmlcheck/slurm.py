@@ -28,6 +28,7 @@ from .errors import ArgumentError, NvmlCheckError
 from .predicates import DEFAULT_MAX_USED_BYTES
 
 if TYPE_CHECKING:
+    from ._proc.child import Child
     from .holders import Holder
     from .kill import PidTimes
     from .model import Snapshot
@@ -807,20 +808,61 @@ _KILL_REAP_NS = 50_000_000
 
 
 def _run_child(argv: tuple[str, ...], deadline_ns: int) -> ScontrolRun:
-    """Run ``argv`` until ``deadline_ns`` (``time.monotonic_ns()``), then kill its process group. Interrupted (slurmd's
-    SIGTERM at its timeout, Ctrl-C: the CLI raises them as exceptions), the group is killed before the exception goes
-    on, as a fleet's ssh children are: no scontrol outlives this process."""
+    """Run ``argv`` until ``deadline_ns`` (``time.monotonic_ns()``), then kill its process group.
+
+    As a fleet runs its ssh children (:mod:`nvmlcheck.hosts`): the child is started and waited for in a worker thread
+    while this thread waits for the worker. The CLI raises SIGTERM (slurmd's, at its timeout), SIGHUP and Ctrl-C as
+    exceptions in the main thread only, so none can cut the start between the fork and the moment the child is known
+    (it would run on, unkilled); here the exception stops the worker, which kills the group, before it goes on."""
+    import threading
+
+    from ._proc.child import REAP_GRACE_S
+
+    stop, finished = threading.Event(), threading.Event()
+    started: list[Child] = []
+    out: list[ScontrolRun | BaseException] = []
+
+    def work() -> None:
+        try:
+            out.append(_run_until(argv, deadline_ns, stop.is_set, started))
+        except BaseException as exc:  # handed to the caller's thread
+            out.append(exc)
+        finally:
+            finished.set()
+
+    # An event, not Thread.join: a join that an exception interrupts can mark the thread stopped while it runs
+    # (bpo-45274's handling in Python 3.11), and a later join then returns at once.
+    try:
+        threading.Thread(target=work, name="nvmlcheck-scontrol", daemon=True).start()
+        while not finished.wait(0.05):  # bounded, as a fleet waits: a signal's handler runs here within a slice
+            pass
+    except BaseException:
+        stop.set()  # a child not started yet is killed by the worker as soon as it is
+        for child in started:
+            child.signal_group()
+        finished.wait(2 * REAP_GRACE_S)  # bounded: a leader stuck in uninterruptible sleep is left
+        raise
+    if isinstance(out[0], BaseException):
+        raise out[0]
+    return out[0]
+
+
+def _run_until(argv: tuple[str, ...], deadline_ns: int, should_stop: Callable[[], bool],
+               started: list[Child]) -> ScontrolRun:
+    """The worker of :func:`_run_child`: start ``argv`` (appended to ``started``), read it until it exits, the
+    deadline comes or ``should_stop()``; kill its group if it was not reaped by then."""
     from ._proc.child import Child
 
     try:
         child = Child(argv, after_exit_s=_AFTER_EXIT_S)
     except OSError as exc:
         return ScontrolRun(argv, False, None, str(exc))
+    started.append(child)
     done = False
     try:
-        done = child.wait(deadline_ns)
+        done = child.wait(deadline_ns, should_stop=should_stop)
     finally:
-        if child.returncode is None:  # the deadline came, or an exception (a signal) is on its way out
+        if child.returncode is None:  # the deadline came, or the caller is being interrupted
             child.kill(read_after_exit=False, deadline_ns=deadline_ns + _KILL_REAP_NS)
         child.close()
     code = child.returncode

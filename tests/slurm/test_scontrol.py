@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -95,6 +96,37 @@ def test_an_interrupted_run_kills_scontrols_group(signum: int, tmp_path: Path,
     thread.join()
     # SIGKILLed: each is gone once the kernel has run its exit (a moment after the signal, not the same instant).
     eventually(lambda: all(gone(pid) for pid in pids()), "scontrol (or its child) outlived the interruption")
+
+
+def test_a_signal_while_scontrol_is_being_started_leaves_none(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              pids: Callable[[], list[int]]) -> None:
+    # The moment between the fork and the caller knowing its child: an exception raised there (as the CLI raises
+    # SIGTERM) once left scontrol running, unknown to anything that would kill it.
+    leaders: list[int] = []
+    killed: list[int] = []
+    init, kill = child_module.Child.__init__, child_module.Child.kill
+
+    def starting(self: child_module.Child, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        leaders.append(self.proc.pid)
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.2)  # a start slower than the signal: the child is not yet known when the interruption comes
+
+    def killing(self: child_module.Child, *args: Any, **kwargs: Any) -> bool:
+        killed.append(self.proc.pid)
+        return kill(self, *args, **kwargs)
+
+    monkeypatch.setattr(child_module.Child, "__init__", starting)
+    monkeypatch.setattr(child_module.Child, "kill", killing)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            slurm.Scontrol(str(blocking(tmp_path, "-o"))).node("n1", deadline_ns=guard())
+        assert killed == leaders != [], "the exception went on before scontrol's group was killed"
+        eventually(lambda: gone(leaders[0]), "scontrol outlived the interruption of its start")
+    finally:
+        for pid in leaders:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 @pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["sigterm", "ctrl-c"])
