@@ -28,6 +28,7 @@ from .errors import ArgumentError, NvmlCheckError
 from .predicates import DEFAULT_MAX_USED_BYTES
 
 if TYPE_CHECKING:
+    from ._proc.child import Child
     from .holders import Holder
     from .kill import PidTimes
     from .model import Snapshot
@@ -50,6 +51,7 @@ __all__ = [
     "clean_text",
     "drain_reason",
     "epilog",
+    "gpu_label",
     "health",
     "health_causes",
     "job_from_env",
@@ -95,26 +97,53 @@ class SlurmJob:
 
 _UUID = re.compile(r"(GPU|MIG)-[0-9A-Za-z-]+")
 
+#: The highest GPU ID: Slurm's GPU ID is a device minor number (``/dev/nvidiaN``), and NVIDIA GPUs are minors
+#: 0-253 (254 is ``nvidia-modeset``, 255 ``nvidiactl``). It also bounds how long a GPU list may be.
+MAX_GPU_ID = 253
+_MAX_GPU_IDS = MAX_GPU_ID + 1
+
 
 def parse_gpu_list(text: str, variable: str) -> tuple[str, ...]:
     """``"0,1,3"``, ``"0-3,6"`` or UUIDs (``GPU-…``, ``MIG-…``) as a list of IDs, in order, each once. ``""`` and
     Slurm's ``NoDevFiles`` (GRES without device files) are no GPU. ``ArgumentError`` (a ``ValueError``) naming
-    ``variable`` otherwise."""
+    ``variable`` otherwise, and for an ID beyond :data:`MAX_GPU_ID` or more than ``MAX_GPU_ID + 1`` items: each is
+    refused before anything is built (``0-100000000`` would be a list of 10**8 IDs)."""
     text = text.strip()
     if not text or text == "NoDevFiles":
         return ()
+    if text.count(",") >= _MAX_GPU_IDS:
+        raise ArgumentError(f"${variable}={_shown(text)}: more than {_MAX_GPU_IDS} GPUs (a host has at most "
+                            f"{_MAX_GPU_IDS}: /dev/nvidia0-{MAX_GPU_ID})")
     out: list[str] = []
     for item in (part.strip() for part in text.split(",")):
         first, dash, last = item.partition("-")
         if is_digits(item):
-            out.append(str(int(item)))
-        elif dash and is_digits(first) and is_digits(last) and int(first) <= int(last):
-            out.extend(str(i) for i in range(int(first), int(last) + 1))
+            out.append(str(_gpu_id(item, text, variable)))
+        elif dash and is_digits(first) and is_digits(last):
+            low, high = _gpu_id(first, text, variable), _gpu_id(last, text, variable)
+            if low > high:
+                raise ArgumentError(f"${variable}={_shown(text)}: {item!r} is an empty range")
+            out.extend(str(i) for i in range(low, high + 1))
         elif _UUID.fullmatch(item):
             out.append(item)
         else:
-            raise ArgumentError(f"${variable}={text!r}: {item!r} is not a GPU index, range or UUID")
+            raise ArgumentError(f"${variable}={_shown(text)}: {item!r} is not a GPU index, range or UUID")
     return tuple(dict.fromkeys(out))
+
+
+def _gpu_id(digits: str, text: str, variable: str) -> int:
+    """``digits`` (ASCII, checked by the caller) as a GPU ID, refused beyond :data:`MAX_GPU_ID`; its length is
+    checked first, so that a number of a million digits is never converted."""
+    significant = digits.lstrip("0") or "0"
+    if len(significant) > len(str(MAX_GPU_ID)) or int(significant) > MAX_GPU_ID:
+        raise ArgumentError(f"${variable}={_shown(text)}: GPU {_shown(digits, 20)} is beyond /dev/nvidia"
+                            f"{MAX_GPU_ID} (a GPU ID is a device minor number, 0-{MAX_GPU_ID})")
+    return int(significant)
+
+
+def _shown(text: str, limit: int = 80) -> str:
+    """``text`` quoted for an error message, cut to ``limit`` characters: an environment value can be 128 KiB."""
+    return repr(text) if len(text) <= limit else repr(text[:limit]) + "…"
 
 
 def job_from_env(env: Mapping[str, str] | None = None) -> SlurmJob:
@@ -156,7 +185,9 @@ class Cause:
     ``kind``: ``"held"``, ``"reclaiming"``, ``"stuck"``, ``"unhealthy"``, ``"unknown"``), or ``"unavailable"`` (no
     backend). ``text``: the sentence for the drain reason, without the prefix. ``action``: what an operator does, in
     ``ready``'s words (``STOP_HOLDER``, ``WAIT``, ``REAP_ZOMBIE``, ``RESET_GPU``, ``NODE_REBOOT``,
-    ``CONTACT_SUPPORT``, ...; ``None``: nothing named)."""
+    ``CONTACT_SUPPORT``, ...; ``None``: nothing named). ``gpu``: the GPU's NVML index (``nvidia-smi -i``), which
+    the text names too; where its minor number differs (Slurm's GPU ID, ``/dev/nvidiaN``), the text names both:
+    ``GPU 0 (/dev/nvidia1)``."""
 
     kind: CauseKind
     text: str
@@ -213,11 +244,13 @@ _SHORT = {
 }
 
 
-def cause_of(c: Culprit, *, after_ns: int | None = None, killed: Mapping[int, PidTimes] | None = None) -> Cause:
+def cause_of(c: Culprit, *, after_ns: int | None = None, killed: Mapping[int, PidTimes] | None = None,
+             minors: Mapping[int, int] | None = None) -> Cause:
     """A culprit of ``ready`` as a drain-reason cause: ``GPU 3 held by pid 4123 (python3) 8.0 GiB after 30 s``,
     ``GPU 1: row remap pending, reset needed``. ``after_ns``: how long the gate waited; ``killed``: what the epilog
-    signalled, so that a survivor is named as one."""
-    gpu = f"GPU {c.gpu}" if c.gpu is not None else "GPUs"
+    signalled, so that a survivor is named as one; ``minors``: each GPU's minor number by NVML index, so that a GPU
+    whose ``/dev/nvidiaN`` is not its index is named by both (:func:`gpu_label`)."""
+    gpu = gpu_label(c.gpu, minors) if c.gpu is not None else "GPUs"
     after = "" if after_ns is None else f" after {_seconds(after_ns)}"
     size = "" if c.used_bytes is None else f" {format_bytes(c.used_bytes)}"
     if c.class_ in ("unhealthy", "unknown", "short") or (c.pid is None and c.class_ not in ("reclaiming", "stuck")):
@@ -241,6 +274,20 @@ def cause_of(c: Culprit, *, after_ns: int | None = None, killed: Mapping[int, Pi
             text = f"{gpu} held by {who}{where}{size}{extra}{after}"
     kind: CauseKind = c.class_ if c.class_ != "ready" else "unknown"
     return Cause(kind, text, c.gpu, c.pid, c.name, c.used_bytes, c.action, c.container)
+
+
+def gpu_label(index: int, minors: Mapping[int, int] | None = None) -> str:
+    """``"GPU 0"``, or ``"GPU 0 (/dev/nvidia1)"`` where the GPU's minor number (``minors[index]``) is not its NVML
+    index: an operator resets by one and Slurm names the other, and must not take one for the other."""
+    minor = None if minors is None else minors.get(index)
+    return f"GPU {index}" if minor is None or minor == index else f"GPU {index} (/dev/nvidia{minor})"
+
+
+def _minors(snapshot: Snapshot | None) -> dict[int, int]:
+    """Each GPU's minor number by NVML index, from ``snapshot``'s identity (read with every snapshot)."""
+    if snapshot is None:
+        return {}
+    return {d.index: d.minor_number for d in snapshot.devices if d.minor_number is not None}
 
 
 # --- whose process -------------------------------------------------------------------------------------------------
@@ -331,9 +378,10 @@ def health_causes(snapshot: Snapshot) -> list[Cause]:
     from .verdict import error_culprit
     from .verdict import health_causes as culprits_of
 
-    out = [cause_of(error_culprit(f.index, f.error)) for f in snapshot.failures]
+    minors = _minors(snapshot)
+    out = [cause_of(error_culprit(f.index, f.error), minors=minors) for f in snapshot.failures]
     for d in snapshot.devices:
-        out.extend(cause_of(c) for c in culprits_of(d) if c.class_ == "unhealthy")
+        out.extend(cause_of(c, minors=minors) for c in culprits_of(d) if c.class_ == "unhealthy")
     return out
 
 
@@ -377,10 +425,12 @@ def await_ready(
         return Readiness(False, (cause,), 0, clock() - start)
     by_pid = {t.pid: t for t in killed}
     after = clock() - since
-    causes = tuple(cause_of(c, after_ns=after, killed=by_pid) for v in report.verdicts if not v.ready
+    minors = _minors(report.snapshot)
+    causes = tuple(cause_of(c, after_ns=after, killed=by_pid, minors=minors) for v in report.verdicts if not v.ready
                    for c in v.culprits)
     if not report.ready and not causes:
-        causes = (Cause("unknown", f"GPU {', '.join(map(str, indices))} not ready after {_seconds(after)}"),)
+        gpus = ", ".join(gpu_label(i, minors).removeprefix("GPU ") for i in indices)  # "GPU 0, 1 (/dev/nvidia0)"
+        causes = (Cause("unknown", f"GPU {gpus} not ready after {_seconds(after)}"),)
     return Readiness(report.ready, causes, report.polls, clock() - start, dirty, last_dirty,
                      first_clean if dirty else None, report.culprits, tuple(v.to_json() for v in report.verdicts))
 
@@ -444,8 +494,8 @@ def job_gpu_indices(session: Session, gpus: Sequence[str]) -> tuple[tuple[int, .
     the GPU whose minor number it is, never taken as NVML's index (PCI order; the two differ on some hosts, and the
     gate would judge another job's GPU). A UUID is matched as :meth:`Session.resolve <nvmlcheck.Session.resolve>`
     matches one. An ID no GPU's minor number is, or one that cannot be told because a GPU's minor number is unknown
-    (unreadable, or the nvidia-smi backend without the driver's procfs list), is a cause of kind ``"unknown"``: what
-    the job used is not judged, so the node is not called ready."""
+    (unreadable, or the nvidia-smi backend without the driver's procfs list) or because more than one GPU reports it,
+    is a cause of kind ``"unknown"``: what the job used is not judged, so the node is not called ready."""
     from .errors import NoSuchDevice
     from .model import Fields
 
@@ -461,14 +511,23 @@ def job_gpu_indices(session: Session, gpus: Sequence[str]) -> tuple[tuple[int, .
     if not ids:
         return tuple(sorted(out)), tuple(causes)
     snap = session.snapshot(None, fields=Fields(0))  # identity only: cached after the first read
-    by_minor = {d.minor_number: d.index for d in snap.devices if d.minor_number is not None}
+    by_minor: dict[int, list[int]] = {}
+    for d in snap.devices:
+        if d.minor_number is not None:
+            by_minor.setdefault(d.minor_number, []).append(d.index)
     unknown = [f"GPU {d.index}'s: {d.why_unknown('minor_number') or 'unknown'}" for d in snap.devices
                if d.minor_number is None]
     unknown += [f"GPU {f.index} unreadable: {f.error}" for f in snap.failures]
     for g in ids:
-        index = by_minor.get(int(g))
-        if index is not None:
-            out.add(index)
+        found = by_minor.get(int(g), [])
+        if len(found) == 1:
+            out.add(found[0])
+        elif found:
+            # Two GPUs cannot both be /dev/nvidiaN: a reading is wrong, and judging either one could pass the job's
+            # GPU by (the other may be it, and held).
+            why = (f"which GPU is the job's GPU {g} (/dev/nvidia{g}) cannot be told: {_all_report(found)} minor "
+                   f"number {g}")
+            causes.append(Cause("unknown", clean_text(why)[:160]))
         elif unknown:
             why = f"which GPU is the job's GPU {g} (/dev/nvidia{g}) cannot be told: no minor number for {unknown[0]}"
             causes.append(Cause("unknown", clean_text(why)[:160]))
@@ -477,6 +536,12 @@ def job_gpu_indices(session: Session, gpus: Sequence[str]) -> tuple[tuple[int, .
             causes.append(Cause("unknown", f"the job's GPU {g} (/dev/nvidia{g}) is none of this host's GPUs "
                                            f"(minor numbers {minors})"))
     return tuple(sorted(out)), tuple(causes)
+
+
+def _all_report(indices: Sequence[int]) -> str:
+    """``"GPUs 0 and 1 both report"``, ``"GPUs 0, 1 and 3 all report"``."""
+    head, last = ", ".join(map(str, indices[:-1])), indices[-1]
+    return f"GPUs {head} and {last} {'both' if len(indices) == 2 else 'all'} report"
 
 
 def epilog(
@@ -620,8 +685,9 @@ class ScontrolError(NvmlCheckError, OSError):
 
 @dataclass(frozen=True, slots=True)
 class ScontrolRun:
-    """One scontrol command: ``argv``; ``ran`` (False in a dry run); ``exit_code`` (``None``: not run, or cut by
-    the deadline); ``output``: what it printed (stdout and stderr)."""
+    """One scontrol command: ``argv``; ``ran`` (False in a dry run, or when it could not be started: ``output`` then
+    says why); ``exit_code`` (``None``: not run, or cut by the deadline); ``output``: what it printed (stdout and
+    stderr)."""
 
     argv: tuple[str, ...]
     ran: bool
@@ -702,7 +768,7 @@ class Scontrol:
         out or prints no node line."""
         run = self._run(("-o", "show", "node", node), deadline_ns)
         if not run.ok:
-            how = "timed out" if run.exit_code is None else f"exit {run.exit_code}"
+            how = _how_it_failed(run)
             raise ScontrolError(f"{' '.join(run.argv)}: {how} {run.output.strip()[:200]}".strip())
         try:
             return parse_node_line(run.output.splitlines()[0] if run.output else "")
@@ -722,24 +788,96 @@ class Scontrol:
         return self._run(("update", *args), deadline_ns)
 
     def _run(self, args: tuple[str, ...], deadline_ns: int) -> ScontrolRun:
-        from ._proc.child import Child
-
         argv = (self.path or "scontrol", *args)
         if self.path is None:
             run = ScontrolRun(argv, False, None, "scontrol not found on PATH nor in " + ", ".join(SCONTROL_DIRS))
         else:
-            try:
-                child = Child(argv)
-            except OSError as exc:
-                run = ScontrolRun(argv, False, None, str(exc))
-            else:
-                done = child.wait(deadline_ns)
-                if not done:
-                    child.kill()
-                out = (bytes(child.stdout) + bytes(child.stderr)).decode(errors="replace")
-                run = ScontrolRun(argv, True, child.returncode if done else None, out)
+            run = _run_child(argv, deadline_ns)
         self.runs.append(run)
         return run
+
+
+#: After scontrol exited, how long its pipes are still read when something it left behind holds them open (a
+#: daemonised helper): what scontrol printed before its exit is in the pipe by then, and the wait ends at its end of
+#: file when nothing holds them.
+_AFTER_EXIT_S = 0.1
+#: After SIGKILL (at the deadline, or when this process is interrupted), how long past the deadline the leader's exit
+#: is waited for, in ns: one of Child's 50 ms slices, not its REAP_GRACE_S (a second past the deadline per call). A
+#: pidfd shows the exit at once; only a leader in uninterruptible sleep takes all of it, and is then left.
+_KILL_REAP_NS = 50_000_000
+
+
+def _run_child(argv: tuple[str, ...], deadline_ns: int) -> ScontrolRun:
+    """Run ``argv`` until ``deadline_ns`` (``time.monotonic_ns()``), then kill its process group.
+
+    As a fleet runs its ssh children (:mod:`nvmlcheck.hosts`): the child is started and waited for in a worker thread
+    while this thread waits for the worker. The CLI raises SIGTERM (slurmd's, at its timeout), SIGHUP and Ctrl-C as
+    exceptions in the main thread only, so none can cut the start between the fork and the moment the child is known
+    (it would run on, unkilled); here the exception stops the worker, which kills the group, before it goes on."""
+    import threading
+
+    from ._proc.child import REAP_GRACE_S
+
+    stop, finished = threading.Event(), threading.Event()
+    started: list[Child] = []
+    out: list[ScontrolRun | BaseException] = []
+
+    def work() -> None:
+        try:
+            out.append(_run_until(argv, deadline_ns, stop.is_set, started))
+        except BaseException as exc:  # handed to the caller's thread
+            out.append(exc)
+        finally:
+            finished.set()
+
+    # An event, not Thread.join: a join that an exception interrupts can mark the thread stopped while it runs
+    # (bpo-45274's handling in Python 3.11), and a later join then returns at once.
+    try:
+        threading.Thread(target=work, name="nvmlcheck-scontrol", daemon=True).start()
+        while not finished.wait(0.05):  # bounded, as a fleet waits: a signal's handler runs here within a slice
+            pass
+    except BaseException:
+        stop.set()  # a child not started yet is killed by the worker as soon as it is
+        for child in started:
+            child.signal_group()
+        finished.wait(2 * REAP_GRACE_S)  # bounded: a leader stuck in uninterruptible sleep is left
+        raise
+    if isinstance(out[0], BaseException):
+        raise out[0]
+    return out[0]
+
+
+def _run_until(argv: tuple[str, ...], deadline_ns: int, should_stop: Callable[[], bool],
+               started: list[Child]) -> ScontrolRun:
+    """The worker of :func:`_run_child`: start ``argv`` (appended to ``started``), read it until it exits, the
+    deadline comes or ``should_stop()``; kill its group if it was not reaped by then."""
+    from ._proc.child import Child
+
+    try:
+        child = Child(argv, after_exit_s=_AFTER_EXIT_S)
+    except OSError as exc:
+        return ScontrolRun(argv, False, None, str(exc))
+    started.append(child)
+    done = False
+    try:
+        done = child.wait(deadline_ns, should_stop=should_stop)
+    finally:
+        if child.returncode is None:  # the deadline came, or the caller is being interrupted
+            child.kill(read_after_exit=False, deadline_ns=deadline_ns + _KILL_REAP_NS)
+        child.close()
+    code = child.returncode
+    # An exit of its own (>= 0) before the kill counts even when the deadline cut the reading of its pipes; a
+    # SIGKILL of ours (< 0) is no answer.
+    exit_code = code if code is not None and (done or code >= 0) else None
+    return ScontrolRun(argv, True, exit_code, (bytes(child.stdout) + bytes(child.stderr)).decode(errors="replace"))
+
+
+def _how_it_failed(run: ScontrolRun) -> str:
+    """``"not started:"`` (no such file, not executable: it never ran, so it cannot have timed out), ``"timed out"``
+    or ``"exit N"``."""
+    if not run.ran:
+        return "not started:"
+    return "timed out" if run.exit_code is None else f"exit {run.exit_code}"
 
 
 def _find_scontrol() -> str | None:

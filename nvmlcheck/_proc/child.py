@@ -252,15 +252,20 @@ class Child:
                 return False
             return True
 
-    def kill(self, grace_s: float = REAP_GRACE_S, *, read_after_exit: bool = True) -> bool:
-        """SIGKILL to the group, then reap the leader within ``grace_s``, reading its last output
-        (``read_after_exit``: the pipes to their end, or the child's ``after_exit_s``; False: stop at the exit).
-        The pipes are closed either way. Returns whether the leader was reaped: a process outside the group may hold
-        the pipes, or the leader be stuck in uninterruptible sleep; then it is left, not waited for."""
+    def kill(
+        self, grace_s: float = REAP_GRACE_S, *, read_after_exit: bool = True, deadline_ns: int | None = None
+    ) -> bool:
+        """SIGKILL to the group, then reap the leader within ``grace_s`` (and by ``deadline_ns``, on
+        ``time.monotonic_ns()``, when given: a caller's deadline is not overrun by the grace), reading its last
+        output (``read_after_exit``: the pipes to their end, or the child's ``after_exit_s``; False: stop at the
+        exit). The pipes are closed either way. Returns whether the leader was reaped: a process outside the group
+        may hold the pipes, or the leader be stuck in uninterruptible sleep; then it is left, not waited for."""
         self._release_stdin()  # first: a multiplexed ssh's remote command ends on it even if the master outlives us
         self.signal_group(signal.SIGKILL)
         self._killing = True  # an overflow no longer stops the wait: the leader is to be reaped
-        self.wait(time.monotonic_ns() + int(grace_s * 1e9), after_exit_s=None if read_after_exit else 0.0)
+        end = time.monotonic_ns() + int(grace_s * 1e9)
+        self.wait(end if deadline_ns is None else min(end, deadline_ns),
+                  after_exit_s=None if read_after_exit else 0.0)
         self.close()
         if self.proc.returncode is None:
             # The leader usually did die (a helper outside the group held the pipes): reap it rather than leave a

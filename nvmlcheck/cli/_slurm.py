@@ -3,9 +3,10 @@
 One deadline (``--timeout``) covers everything, opening NVML and the scontrol calls included: the GPU part gets what
 is left after a reserve for scontrol. A node whose GPUs are not ready is drained with a reason naming the cause;
 ``health`` also returns to service an idle node that nvmlcheck drained, once its GPUs are ready again. Exit codes
-(docs/slurm.md): 0 ready (health: the node is as the findings say), 1 not ready (drained, or would be), 2 usage,
-3 no backend (drained too). Nothing goes to stdout but ``--json``'s document and ``--dry-run``'s commands; one line
-to stderr when not ready (slurmd logs it). ``--record FILE`` appends the ``nvmlcheck/slurm`` document as one line.
+(docs/slurm.md): 0 ready (health: the node is as the findings say: in service, or drained, by this run or anyone),
+1 not ready (drained, or would be; health: unhealthy and the node not drained), 2 usage, 3 no backend (drained too).
+Nothing goes to stdout but ``--json``'s document and ``--dry-run``'s commands; one line to stderr when not ready
+(slurmd logs it). ``--record FILE`` appends the ``nvmlcheck/slurm`` document as one line.
 """
 
 from __future__ import annotations
@@ -83,8 +84,8 @@ def cmd_slurm(args: argparse.Namespace) -> int:
         run = gate.drain(result)
     if command == "health":
         # slurmd reruns a failing health program at start-up and does not register the node until it exits 0: a
-        # node drained with the reason is as it should be (docs/slurm.md).
-        return gate.finish(result, EXIT_CLEAN if (run is not None and run.ok) or gate.already(result) else
+        # node drained, by this run, earlier with the reason or by someone else, is as it should be (docs/slurm.md).
+        return gate.finish(result, EXIT_CLEAN if (run is not None and run.ok) or gate.kept_drained(result) else
                            EXIT_NOT_CLEAN)
     return gate.finish(result, EXIT_NOT_CLEAN)
 
@@ -131,15 +132,20 @@ class _Gate:
         s = self.state
         return s is not None and s.drained and bool(result.causes) and s.reason == drain_reason(result.causes)
 
+    def kept_drained(self, result: GateResult) -> bool:
+        """Whether the node was found drained (or draining) so that no drain of this run is needed: with the result's
+        reason already, or by someone else (their reason is kept, as NHC does)."""
+        s = self.state
+        return s is not None and s.drained and (not s.ours or self.already(result))
+
     def drain(self, result: GateResult) -> ScontrolRun | None:
-        """Drain with the result's reason; not with ``--no-drain``, nor when the node is already drained with that
-        reason (idempotent), nor when someone else drained it (their reason is kept)."""
+        """Drain with the result's reason; not with ``--no-drain``, nor when :meth:`kept_drained`."""
         from ..slurm import drain_reason
 
         if self.args.no_drain:
             return None
-        s = self.read_state()
-        if s is not None and s.drained and (not s.ours or self.already(result)):
+        self.read_state()
+        if self.kept_drained(result):
             return None
         return self.scontrol.drain(self.node, drain_reason(result.causes), deadline_ns=self.deadline)
 

@@ -43,6 +43,33 @@ def test_a_malformed_gpu_list_names_the_variable(text: str) -> None:
         slurm.parse_gpu_list(text, "CUDA_VISIBLE_DEVICES")
 
 
+@pytest.mark.parametrize(("text", "why"), [
+    ("0-1000000", "GPU '1000000' is beyond /dev/nvidia253"),  # 0-100000000 once built 10**8 IDs: 4.8 GB
+    ("0-254", "GPU '254' is beyond /dev/nvidia253"),
+    ("254", "GPU '254' is beyond /dev/nvidia253"),
+    ("0,1," + "9" * 100_000, "is beyond /dev/nvidia253"),  # never converted: int() refuses > 4300 digits
+    (",".join(["0"] * 255), "more than 254 GPUs"),
+])
+def test_an_id_or_list_beyond_the_minor_numbers_is_refused_before_it_is_built(text: str, why: str) -> None:
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        with pytest.raises(ValueError, match=r"^\$SLURM_JOB_GPUS=") as raised:
+            slurm.parse_gpu_list(text, "SLURM_JOB_GPUS")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert why in str(raised.value) and len(str(raised.value)) < 300
+    assert peak < 4 * len(text) + (1 << 20)  # nothing in proportion to the range: only the text, split
+
+
+def test_the_highest_minor_number_and_a_full_list_are_accepted() -> None:
+    assert slurm.parse_gpu_list("253", "SLURM_JOB_GPUS") == ("253",)
+    assert slurm.parse_gpu_list("0-253", "SLURM_JOB_GPUS") == tuple(map(str, range(254)))
+    assert slurm.parse_gpu_list(",".join(["0"] * 254), "SLURM_JOB_GPUS") == ("0",)
+
+
 def test_the_job_as_an_epilog_sees_it() -> None:
     env = {"SLURM_JOB_ID": "42", "SLURM_JOB_UID": "1000", "SLURM_JOB_USER": "ana", "SLURMD_NODENAME": "gpu07",
            "SLURM_JOB_GPUS": "2,3", "CUDA_VISIBLE_DEVICES": "0,1"}
@@ -341,6 +368,62 @@ def test_a_job_gpu_that_is_no_gpu_here_drains_the_node(
     assert err.startswith("nvmlcheck slurm epilog: the job's GPU 5 (/dev/nvidia5) is none of this host's GPUs")
 
 
+def same_minor(tmp_path: Path) -> Path:
+    """NVML's GPUs 0 and 1 both report minor number 0 (a reading is wrong); GPU 0 holds 8 GiB, GPU 1 is idle."""
+    sc = Scenario.h200(devices=3)
+    for index in (0, 1):
+        sc.set_device(index, minor=0)
+    sc.add_process(0, 4_123_456, used_bytes=8 * GIB)
+    return sc.write(tmp_path / "same-minor.txt")
+
+
+def test_an_id_that_two_gpus_minor_numbers_match_cannot_be_told(
+        slurm_env: None, scontrol: FakeScontrol, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # The last GPU with minor 0 (idle) once won: the gate said ready, and GPU 0 (8 GiB held) was never judged.
+    code, doc, _ = run(scontrol, same_minor(tmp_path), "prolog", "--no-drain", capsys=capsys)
+    assert code == 1 and isinstance(doc, dict) and doc["devices"] == [] and doc["ready"] is False
+    assert [(c["kind"], c["text"]) for c in doc["causes"]] == [
+        ("unknown", "which GPU is the job's GPU 0 (/dev/nvidia0) cannot be told: GPUs 0 and 1 both report minor "
+                    "number 0")]
+    # An ID that one GPU alone matches is still judged (GPU 2 is /dev/nvidia2).
+    monkeypatch.setenv("SLURM_JOB_GPUS", "2")
+    code, doc, _ = run(scontrol, same_minor(tmp_path), "prolog", "--no-drain", capsys=capsys)
+    assert code == 0 and isinstance(doc, dict) and doc["devices"] == [2]
+
+
+def test_a_gpu_whose_device_file_is_not_its_index_is_named_by_both(
+        slurm_env: None, scontrol: FakeScontrol, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # NVML's GPU 0 is /dev/nvidia1 (Slurm's GPU 1) and holds 8 GiB: "GPU 0" alone sent operators to /dev/nvidia0.
+    sc = Scenario.h200(devices=2)
+    sc.set_device(0, minor=1)
+    sc.set_device(1, minor=0, remapped_rows=(0, 1, True, False))
+    sc.add_process(0, 4_123_456, used_bytes=8 * GIB)
+    scenario = sc.write(tmp_path / "swap.txt")
+    monkeypatch.setenv("SLURM_JOB_GPUS", "1")
+    code, doc, err = run(scontrol, scenario, "epilog", capsys=capsys)
+    assert code == 1 and isinstance(doc, dict) and doc["devices"] == [0]
+    assert doc["reason"].startswith("nvmlcheck: GPU 0 (/dev/nvidia1): 8.0 GiB of exited pid 4123456 still coming back")
+    assert [c["gpu"] for c in doc["causes"]] == [0]  # the field stays NVML's index
+    assert scontrol.updates() == [["update", "NodeName=n1", "State=DRAIN", f"Reason={doc['reason']}"]]
+    assert err.startswith("nvmlcheck slurm epilog: GPU 0 (/dev/nvidia1): ")
+    code, doc, _ = run(scontrol, scenario, "health", "--no-drain", capsys=capsys)
+    assert isinstance(doc, dict) and doc["reason"] == "nvmlcheck: GPU 1 (/dev/nvidia0): row remap pending, reset needed"
+
+
+def test_gpu_labels_name_the_device_file_only_where_it_is_not_the_index() -> None:
+    assert slurm.gpu_label(0) == slurm.gpu_label(0, {0: 0}) == slurm.gpu_label(0, {1: 0}) == "GPU 0"
+    assert slurm.gpu_label(0, {0: 1}) == "GPU 0 (/dev/nvidia1)"
+    culprit = Culprit(3, "held", "compute", "…", pid=4123, name="python3", used_bytes=8 * GIB)
+    cause = slurm.cause_of(culprit, after_ns=30_000_000_000, minors={3: 5})
+    assert cause.text == "GPU 3 (/dev/nvidia5) held by pid 4123 (python3) 8.0 GiB after 30 s" and cause.gpu == 3
+    assert slurm.cause_of(culprit, after_ns=30_000_000_000, minors={3: 3}).text.startswith("GPU 3 held by ")
+    many = [slurm.cause_of(Culprit(i, "held", "compute", "…", pid=4_000_000 + i, name="python3", used_bytes=GIB),
+                           after_ns=30_000_000_000, minors={i: 7 - i}) for i in range(8)]
+    assert len(slurm.drain_reason(many)) <= slurm.MAX_REASON_CHARS
+
+
 # --- the command, as slurmd runs it ---------------------------------------------------------------------------------
 
 
@@ -459,6 +542,16 @@ def test_a_malformed_environment_is_a_usage_error(
     assert code == 2 and "$SLURM_JOB_GPUS='gpu0'" in err and scontrol.calls() == []
 
 
+def test_a_huge_range_is_a_usage_error_naming_the_variable(
+        slurm_env: None, scontrol: FakeScontrol, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.delenv("SLURM_JOB_GPUS")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0-100000")
+    code, _, err = run(scontrol, busy(tmp_path), "prolog", json_out=False, capsys=capsys)
+    assert code == 2 and "$CUDA_VISIBLE_DEVICES='0-100000'" in err and "beyond /dev/nvidia253" in err
+    assert scontrol.calls() == []
+
+
 def test_no_backend_drains_and_exits_3(
         slurm_env: None, scontrol: FakeScontrol, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     sc = Scenario.h200()
@@ -502,6 +595,22 @@ class TestHealth:
         for scenario in (remap, healthy):
             run(scontrol, scenario, "health", capsys=capsys)
         assert scontrol.updates() == []
+
+    def test_a_node_someone_else_drained_is_as_it_should_be(
+            self, scontrol: FakeScontrol, remap: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        # Once exit 1: slurmd, rerunning a failing health program at start-up, would not register the node.
+        scontrol.set("NodeName=n1 State=IDLE+DRAIN Reason=Kill task failed [slurm@2026-12-01T10:00:00]")
+        record = tmp_path / "slurm.jsonl"
+        code, doc, err = run(scontrol, remap, "health", "--record", str(record), capsys=capsys)
+        assert code == 0 and scontrol.updates() == []
+        assert isinstance(doc, dict) and doc["ready"] is False and doc["exit_code"] == 0
+        causes = json.loads(record.read_text())["causes"]
+        assert [c["text"] for c in causes] == ["GPU 1: row remap pending, reset needed"]
+        assert err == f"nvmlcheck slurm health: {self.REASON.removeprefix('nvmlcheck: ')}\n"
+        # Not drained by anyone, and not drained by this run either (--no-drain): the exit says so.
+        scontrol.set("NodeName=n1 State=IDLE ThreadsPerCore=1")
+        code, _, _ = run(scontrol, remap, "health", "--no-drain", capsys=capsys)
+        assert code == 1
 
     def test_it_returns_its_own_drain_to_service_once_ready(self, scontrol: FakeScontrol, healthy: Path,
                                                             capsys: pytest.CaptureFixture[str]) -> None:
