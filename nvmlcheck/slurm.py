@@ -572,7 +572,14 @@ def epilog(
     indices, unfound = _job_indices(session, job, devices)
     if not indices:
         return GateResult("epilog", job, (), False, unfound, clock() - start, timeout_s)
-    holders = session.holders(list(indices), device_files=device_files)
+    try:
+        holders = session.holders(list(indices), device_files=device_files)
+    except NvmlCheckError:
+        # A GPU or its process list cannot be read: the job's processes are still found by their device files (and
+        # proven the job's as always); the readiness judgement below says what cannot be read.
+        from .holders import find_holders
+
+        holders = find_holders(None, device_files=device_files)
     mine, others = job_processes((h for h in holders if _on(h, indices)), job)
     # A listed PID with no process here (exited a moment ago, or another PID namespace's numbering) is nothing to
     # kill or leave alone; if it keeps holding, the readiness causes name it.

@@ -679,3 +679,15 @@ def test_a_holder_the_epilog_killed_is_named_a_survivor() -> None:
     culprit = Culprit(0, "held", "compute", "…", pid=77, name="python3", used_bytes=GIB, state="running")
     assert slurm.cause_of(culprit, after_ns=5_000_000_000, killed={77: survivor}).text == (
         "GPU 0 held by pid 77 (python3) 1.0 GiB (survived SIGKILL) after 5.0 s")
+
+
+def test_an_epilog_whose_gpu_list_cannot_be_read_still_ends_and_drains(
+        slurm_env: None, scontrol: FakeScontrol, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Session.holders raises for a process list it cannot read (never "no holder"): the epilog goes on, finds the
+    # job's processes by their device files, and the readiness judgement names what cannot be read.
+    sc = Scenario.h200(devices=2)
+    sc.add_process(0, 4_123_456, used_bytes=8 * GIB)
+    sc.set_device(0, unsupported=("processes.compute",))
+    code, doc, _ = run(scontrol, sc.write(tmp_path / "unreadable.txt"), "epilog", capsys=capsys)
+    assert code == 1 and isinstance(doc, dict) and doc["schema"] == "nvmlcheck/slurm" and doc["devices"] == [0]
+    assert doc["causes"] and scontrol.updates()  # drained, with a cause
