@@ -232,3 +232,12 @@ def gone_within(pid: int, cap_s: float = 30.0) -> bool:
             return True
         time.sleep(0.01)
     return False
+
+
+@pytest.fixture
+def device_file(tmp_path: Path) -> str:
+    """The simulation's stand-in /dev/nvidia0: dev/ next to the scenario the tests write in ``tmp_path``."""
+    d = tmp_path / "dev"
+    d.mkdir()
+    (d / "nvidia0").write_text("")
+    return str(d / "nvidia0")

@@ -34,15 +34,6 @@ LAUNCHER = ("import subprocess, sys, time; "
 
 
 @pytest.fixture
-def device_file(tmp_path: Path) -> str:
-    """The simulation's stand-in /dev/nvidia0: dev/ next to the scenario `_scenario` writes."""
-    d = tmp_path / "dev"
-    d.mkdir()
-    (d / "nvidia0").write_text("")
-    return str(d / "nvidia0")
-
-
-@pytest.fixture
 def start() -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
     started: list[subprocess.Popen[bytes]] = []
 

@@ -75,14 +75,6 @@ def test_killing_md_names_the_version_the_output_carries() -> None:
 
 
 @pytest.fixture
-def device_file(tmp_path: Path) -> str:
-    d = tmp_path / "dev"
-    d.mkdir()
-    (d / "nvidia0").write_text("")
-    return str(d / "nvidia0")
-
-
-@pytest.fixture
 def start() -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
     started: list[subprocess.Popen[bytes]] = []
 
