@@ -300,6 +300,35 @@ class HostResult:
         return "failed"
 
 
+#: The documents each command a fleet runs answers with: any other is no answer to it.
+_ANSWERS = {"wait": ("wait",), "ready": ("ready",), "snapshot": ("snapshot",), "holders": ("holders",),
+            "kill": ("kill", "kill-plan")}
+
+
+def _unreadable_answer(command: Sequence[str], document: dict[str, Any], rc: int | None) -> str | None:
+    """Why a host's document cannot stand for its verdict (``None``: it can): a schema that answers another command,
+    a version this nvmlcheck does not read (a change of meaning bumps it), or a verdict that contradicts the exit
+    status (exit 0 with ``clean``/``ready`` false, or another ``exit_code``). The exit status alone never makes a host
+    clean: a version-skewed, broken or hostile host is failed."""
+    from .jsonout._values import SCHEMA_VERSION, SCHEMA_VERSIONS
+
+    schema = str(document.get("schema"))
+    kind = schema.removeprefix("nvmlcheck/")
+    expected = _ANSWERS.get(command[0] if command else "")
+    if expected is not None and kind not in expected:
+        return f"answered {command[0]} with a {schema} document (expected {', '.join(expected)})"
+    known = SCHEMA_VERSIONS.get(kind, SCHEMA_VERSION)
+    if document.get("version") != known:
+        return (f"its {schema} document is version {document.get('version')!r}; this nvmlcheck reads version {known} "
+                "(install the same release on both)")
+    for verdict in ("clean", "ready"):
+        if verdict in document and (document[verdict] is not True) and rc == 0:
+            return f"exit 0 with {verdict}: {document[verdict]!r} in its document: contradictory, not trusted"
+    if "exit_code" in document and document["exit_code"] != rc:
+        return f"exit {rc} with exit_code {document['exit_code']!r} in its document: contradictory, not trusted"
+    return None
+
+
 #: ``ready``'s exit status for a GPU that needs an operator (cli/_common.EXIT_UNHEALTHY; docs/ready.md).
 _EXIT_UNHEALTHY = 5
 
@@ -605,7 +634,8 @@ class Fleet:
         return self._closed
 
     @staticmethod
-    def _classify(host: Host, rc: int | None, out: str, err: str, waited_s: float) -> HostResult | HostError:
+    def _classify(host: Host, rc: int | None, out: str, err: str, waited_s: float, *,
+                  command: Sequence[str] = ()) -> HostResult | HostError:
         name = str(host)
         if rc is None:
             return HostTimeout(name, f"no answer within {waited_s:.1f} s (ssh killed)", None, _trim(err))
@@ -633,6 +663,9 @@ class Fleet:
             error = document.get("error") or {}
             message = f"{error.get('type', 'error')}: {error.get('message', '?')}"
             return RemoteError(name, message, rc, _trim(err), document)
+        problem = _unreadable_answer(command, document, rc)
+        if problem is not None:
+            return RemoteError(name, problem, rc, _trim(err), document)
         return HostResult(host, document, rc)
 
     def _fallback(self, host: Host, deadline: float | None, fallback: FallbackFn,
@@ -676,7 +709,7 @@ class Fleet:
                 str(host), f"output over {self.max_output_bytes} bytes on its {child.overflow} (ssh killed): not an "
                 "nvmlcheck answer (a broken or hostile host?)", None, _trim(err))
         else:
-            answer = self._classify(host, rc, out, err, time.monotonic() - started)
+            answer = self._classify(host, rc, out, err, time.monotonic() - started, command=command)
         if isinstance(answer, NoRemoteNvmlcheck):
             if fallback is not None:
                 answer = self._fallback(host, deadline, fallback, answer)

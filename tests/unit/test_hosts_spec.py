@@ -99,12 +99,35 @@ def test_failures_are_classified(rc: int | None, stderr: str, cls: type) -> None
 
 
 def test_documents_are_kept_and_error_documents_are_remote_errors() -> None:
-    ok = Fleet._classify(Host("gpu"), 1, '{"schema": "nvmlcheck/wait", "version": 1, "clean": false}', "", 0.1)
+    ok = Fleet._classify(Host("gpu"), 1, '{"schema": "nvmlcheck/wait", "version": 2, "clean": false}', "", 0.1,
+                         command=["wait"])
     assert isinstance(ok, HostResult) and ok.verdict == "not-clean"
     err = Fleet._classify(
         Host("gpu"), 3, '{"schema": "nvmlcheck/error", "version": 1, "error": {"type": "GpuLost", "message": "lost"}}',
         "", 0.1)
     assert isinstance(err, RemoteError) and err.document is not None and "GpuLost: lost" in str(err)
+
+
+@pytest.mark.parametrize(("command", "rc", "doc", "why"), [
+    # The exit status alone never makes a host clean: a document that cannot stand for the verdict fails the host.
+    (["wait"], 0, {"schema": "nvmlcheck/wait", "version": 2, "clean": False}, "contradictory"),
+    (["wait"], 0, {"schema": "nvmlcheck/snapshot", "version": 1, "devices": []}, "answered wait with"),
+    (["wait"], 0, {"schema": "nvmlcheck/wait", "version": 9, "clean": True}, "version 9"),
+    (["wait"], 0, {"schema": "nvmlcheck/wait", "version": 1, "clean": True}, "version 1"),
+    (["ready"], 0, {"schema": "nvmlcheck/ready", "version": 1, "ready": True, "exit_code": 1}, "contradictory"),
+    (["ready"], 0, {"schema": "nvmlcheck/ready", "version": 1, "ready": "yes", "exit_code": 0}, "contradictory"),
+])
+def test_a_document_that_cannot_stand_for_the_exit_status_fails_the_host(
+        command: list[str], rc: int, doc: dict[str, object], why: str) -> None:
+    import json
+
+    answer = Fleet._classify(Host("gpu"), rc, json.dumps(doc), "", 0.1, command=command)
+    assert isinstance(answer, RemoteError) and why in str(answer), answer
+    assert HostResult(Host("gpu"), doc, rc, answer).verdict == "failed"
+    good = {**doc, "version": 2 if command == ["wait"] else 1, "clean": True, "ready": True, "exit_code": 0}
+    good["schema"] = f"nvmlcheck/{command[0]}"
+    ok = Fleet._classify(Host("gpu"), 0, json.dumps(good), "", 0.1, command=command)
+    assert isinstance(ok, HostResult) and ok.verdict == "clean"
 
 
 def test_one_verdict() -> None:
