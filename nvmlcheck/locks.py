@@ -405,6 +405,21 @@ class LockSet:
         self.holder_pid, self.owner_pid = holder.pid, pid
         return holder.pid
 
+    def end_holder(self) -> None:
+        """End the holder :meth:`hold_until` started, and reap it: its locks are free after. For a caller whose answer
+        naming the locked GPUs was never delivered (stdout closed, disk full): nobody would use them. Idempotent."""
+        import subprocess
+
+        popen = getattr(self, "_popen", None)
+        if popen is None or popen.poll() is not None:
+            return
+        popen.terminate()  # our own unreaped child: its PID cannot name another process
+        try:
+            popen.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            popen.kill()
+            popen.wait()
+
     def __enter__(self) -> LockSet:
         return self
 

@@ -120,10 +120,18 @@ def cmd_select(args: argparse.Namespace) -> int:
         if selection.locks is not None and not args.json:
             print(f"nvmlcheck: locked GPU {', '.join(map(str, selection.indices))} until PID {owner} exits "
                   f"(holder PID {holder}, {safe(selection.locks.directory)})", file=sys.stderr)
-        if args.json:
-            print_json(select_document(selection, count=args.count, format=args.format, timeout_s=args.wait,
-                                       value=value, holder_pid=holder, owner_pid=owner))
-        else:
-            print(value)
+        try:
+            if args.json:
+                print_json(select_document(selection, count=args.count, format=args.format, timeout_s=args.wait,
+                                           value=value, holder_pid=holder, owner_pid=owner))
+            else:
+                print(value)
+            sys.stdout.flush()
+        except OSError:
+            # The answer was not delivered (stdout closed, disk full): nobody will use these GPUs, so their locks
+            # must not outlive this command (exit 141 or the write's error follows).
+            if selection.locks is not None and holder is not None:
+                selection.locks.end_holder()
+            raise
         verdict_printed(EXIT_CLEAN)
     return EXIT_CLEAN

@@ -284,3 +284,22 @@ def test_lock_pid_must_be_a_running_process(tmp_path: Path, capsys: pytest.Captu
     dead.wait()
     code, out, err = run(capsys, "--simulate", path, "select", "--count", "1", "--lock-pid", str(dead.pid))
     assert code == 2 and out == "" and "no such process" in err
+
+
+def test_locks_of_an_answer_not_delivered_do_not_outlive_the_command(
+    tmp_path: Path, owner: subprocess.Popen[bytes]
+) -> None:
+    # `select --lock > /dev/full`: exit 141 (the answer was not delivered), but its holder kept GPUs 0 and 1 locked
+    # until the owner exited, and nobody would ever use them.
+    path = str(mixed(devices=2, busy=()).write(tmp_path / "sc.txt"))
+    env = _env(tmp_path)
+    with open("/dev/full", "w") as full:
+        done = subprocess.run(
+            [sys.executable, "-m", "nvmlcheck", "--simulate", path, "select", "--count", "2", "--lock-pid",
+             str(owner.pid)], env=env, stdout=full, stderr=subprocess.PIPE, text=True, timeout=60, check=False)
+    assert done.returncode == 141, done.stderr
+    lock_dir = Path(env["NVMLCHECK_LOCK_DIR"])
+    for index in range(2):
+        taken = try_lock(uuid(index), lock_dir)  # free at once: the holder was ended before the command returned
+        assert taken is not None, lock_info(uuid(index), lock_dir)
+        os.close(taken.fd)
