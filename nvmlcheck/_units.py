@@ -38,4 +38,8 @@ def parse_size(text: str) -> int:
         from .errors import ArgumentError
 
         raise ArgumentError(f"size must be positive: {text!r}")
+    if value != int(value):  # 1.5B is no size; 1.5GiB is (a whole number of bytes)
+        from .errors import ArgumentError
+
+        raise ArgumentError(f"not a whole number of bytes: {text!r} is {value:g} B")
     return int(value)

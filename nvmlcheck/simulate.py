@@ -139,18 +139,25 @@ def bound_process_line(
     if device not in declared:
         raise ArgumentError(f"GPU {device} is not in the scenario {target} (it declares GPU "
                             f"{', '.join(map(str, sorted(declared))) or 'none'})")
-    total = next((int(t) for i, t in _DEVICE_TOTAL.findall(text) if int(i) == device), None)
-    if total is not None and isinstance(used_bytes, int) and used_bytes > total:
-        # The stub would report more used than the GPU has: NVML's answer for a struct layout it misread.
-        from ._units import format_bytes
-
-        raise ArgumentError(f"{format_bytes(used_bytes)} is more than GPU {device} of {target} has "
-                            f"({format_bytes(total)})")
+    check_hold_fits(text, device, used_bytes, str(target))
     renderer = Scenario()  # only to validate and render the line, in the scenario format's own words
     for _ in range(device + 1):
         renderer.add_device()
     renderer.add_process(device, pid, kind, used_bytes, bound=True, list_ms=list_ms, release_ms=release_ms)
     return renderer.render().splitlines()[-1]
+
+
+def check_hold_fits(scenario_text: str, device: int, used_bytes: int | None, where: str) -> None:
+    """Refuse a held amount larger than GPU ``device``'s total in the scenario (``where`` names it): the stub would
+    report more used than the GPU has, NVML's answer for a struct layout misread ("UNREADABLE"), never a hold.
+    Used by ``simulate hold`` and the test kit's bound processes; a scenario written by hand may still say so."""
+    total = next((int(t) for i, t in _DEVICE_TOTAL.findall(scenario_text) if int(i) == device), None)
+    if total is not None and isinstance(used_bytes, int) and used_bytes > total:
+        from ._units import format_bytes
+        from .errors import ArgumentError
+
+        raise ArgumentError(f"{format_bytes(used_bytes)} is more than GPU {device} of {where} has "
+                            f"({format_bytes(total)})")
 
 
 def add_bound_process(

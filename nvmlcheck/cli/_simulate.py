@@ -75,8 +75,9 @@ def _run(argv: list[str], name: str) -> int:
         shim = _nvmlcheck_shim(Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="nvmlcheck-bin-"))), path)
         env = {**os.environ, "PATH": f"{shim}{os.pathsep}{os.environ.get('PATH', '')}", ENV_LIBRARY: str(library),
                ENV_SCENARIO: str(path)}
-        print(f"nvmlcheck: simulated GPUs for {argv[0]}: scenario {name} ({path}); the nvmlcheck commands it runs "
-              "read them, and say so", file=sys.stderr)
+        print(f"nvmlcheck: simulated GPUs for {argv[0]}: scenario {name} ({path}); the `nvmlcheck` commands it runs "
+              "read them and say so (python -m nvmlcheck and the library read them as under the test kit, unmarked)",
+              file=sys.stderr)
         return _wait_for(_start(argv, env))
 
 

@@ -180,6 +180,12 @@ def _check_outputs(args: argparse.Namespace) -> None:
             raise UsageError("--plot needs matplotlib: pip install 'nvmlcheck[plot]'") from None
         if os.path.exists(args.plot) and not os.path.isdir(args.plot):
             raise UsageError(f"--plot {args.plot}: not a directory")
+        try:  # made now, as the plots will make it: a path that cannot be a directory is refused before any run
+            os.makedirs(args.plot, exist_ok=True)
+        except OSError as exc:
+            raise UsageError(f"--plot {args.plot}: cannot make the directory: {exc.strerror or exc}") from None
+        if not os.access(args.plot, os.W_OK | os.X_OK):
+            raise UsageError(f"--plot {args.plot}: not writable")
     if args.out is not None:
         _check_out(args.out)
 
@@ -192,10 +198,12 @@ def _print_study(args: argparse.Namespace, result: Any, rows: Any, plots: Sequen
         print("no run: the time budget was spent before the first one")
         return
     first = result.records[0]
-    gpus = ", ".join(dict.fromkeys(f"{d.index} ({safe(d.name or '?')})" for d in first.devices))
+    # Every record's GPUs (with --concurrent none each run is on one of them, in turn).
+    named = list(dict.fromkeys(f"{d.index} ({safe(d.name or '?')})" for r in result.records for d in r.devices))
+    gpus = ("GPUs " if len(named) > 1 else "GPU ") + ", ".join(named)
     simulated = " — SIMULATED (stub libnvidia-ml)" if args.simulate is not None else ""
     print(f"{len(result.measured)} measured runs + {len(result.records) - len(result.measured)} warm-ups on "
-          f"GPU {gpus}; backend {first.backend}, driver {first.driver}, {first.mode} polling{simulated}")
+          f"{gpus}; backend {first.backend}, driver {first.driver}, {first.mode} polling{simulated}")
     print(safe_lines(st.format_summary(rows)))
     for r in result.records:
         if r.timed_out:

@@ -144,6 +144,9 @@ def nvml_bound_process(nvml_scenario: Scenario, nvml_scenario_path: Path) -> Ite
         zombie_holds: bool = False,
         argv: Sequence[str] | None = None,
     ) -> subprocess.Popen[bytes]:
+        from ..simulate import check_hold_fits
+
+        check_hold_fits(nvml_scenario.render(), device, used_bytes, "the scenario")  # before any process starts
         command = list(argv) if argv else [sys.executable, "-S", "-c", "import time; time.sleep(3600)"]
         fds = [os.open(path, os.O_RDONLY) for path in stand_in_device_files(device_dir, device)]
         try:

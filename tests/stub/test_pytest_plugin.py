@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from nvmlcheck.testing import BoundProcessFactory, StubSession
+
 pytestmark = pytest.mark.stub
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -190,3 +192,11 @@ def test_the_fixture_names_do_not_clash_with_this_repositorys_fixtures() -> None
             if isinstance(node, ast.FunctionDef) and any("fixture" in ast.unparse(d) for d in node.decorator_list):
                 ours.add(node.name)
     assert ours and not ours & set(pytest_plugin.__all__)
+
+
+def test_a_bound_process_larger_than_its_gpu_is_refused_before_it_starts(
+        nvml_stub: StubSession, nvml_bound_process: BoundProcessFactory) -> None:
+    # It was accepted, and the GPU then vanished from snapshots ("struct layout probably differs"), as
+    # `simulate hold --bytes 500GiB` refuses it.
+    with pytest.raises(ValueError, match=r"500\.0 GiB is more than GPU 0 of the scenario has \(140\.4 GiB\)"):
+        nvml_bound_process(0, used_bytes=500 << 30)

@@ -711,3 +711,15 @@ def test_events_seen_during_a_run_are_in_its_record() -> None:
     plain, _, _ = study(sc, StudyConfig(sizes=(GIB,), repeats=1, endings=("KILL",), warmup="none"),
                         list_ms=0, release_ms=0)
     assert plain.records[0].events is None
+
+
+def test_a_plot_directory_that_cannot_be_made_is_refused_before_any_run(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("matplotlib")
+    a_file = tmp_path / "afile"
+    a_file.write_text("")
+    # It was found after every run (a NotADirectoryError traceback, exit 1, no document).
+    code = main(["--simulate", "h200", "--json", "study", "reclaim", "--sizes", "1GiB", "--repeats", "1",
+                 "--endings", "KILL", "--plot", str(a_file / "plots")])
+    doc = json.loads(capsys.readouterr()[0])
+    assert code == 2 and "--plot" in doc["error"]["message"] and "cannot make the directory" in doc["error"]["message"]

@@ -115,3 +115,13 @@ def test_minus_zero_seconds_is_zero(capsys: pytest.CaptureFixture[str]) -> None:
 
     value = seconds_or_none("-0")
     assert value == 0 and math.copysign(1.0, value or 0.0) == 1.0
+
+
+@pytest.mark.parametrize("text", ["1.5B", "0.1KiB", "2.5"])
+def test_a_size_is_a_whole_number_of_bytes(text: str) -> None:
+    from nvmlcheck._units import parse_size
+
+    # It was truncated (study reclaim --sizes 1.5B ran and recorded 1 byte).
+    with pytest.raises(ValueError, match="not a whole number of bytes"):
+        parse_size(text)
+    assert parse_size("1.5GiB") == 3 << 29
