@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from ._proc.child import Child
     from .holders import Holder
     from .kill import PidTimes
-    from .model import Snapshot
+    from .model import Fields, Snapshot
     from .session import Session
     from .verdict import Culprit
     from .wait import TracePoint
@@ -487,7 +487,8 @@ def _indices(session: Session, selectors: Sequence[str] | None) -> tuple[int, ..
     return tuple(range(session.device_count())) if resolved is None else resolved
 
 
-def job_gpu_indices(session: Session, gpus: Sequence[str]) -> tuple[tuple[int, ...], tuple[Cause, ...]]:
+def job_gpu_indices(session: Session, gpus: Sequence[str], *, deadline_ns: int | None = None,
+                    clock: Callable[[], int] = time.monotonic_ns) -> tuple[tuple[int, ...], tuple[Cause, ...]]:
     """The NVML indices of a job's GPUs (:attr:`SlurmJob.gpus`), and a cause for each one that cannot be found.
 
     A number is Slurm's GPU ID: the N of ``/dev/nvidiaN`` (gres.conf's ``File=``, or ``AutoDetect=nvml``), matched to
@@ -495,7 +496,8 @@ def job_gpu_indices(session: Session, gpus: Sequence[str]) -> tuple[tuple[int, .
     gate would judge another job's GPU). A UUID is matched as :meth:`Session.resolve <nvmlcheck.Session.resolve>`
     matches one. An ID no GPU's minor number is, or one that cannot be told because a GPU's minor number is unknown
     (unreadable, or the nvidia-smi backend without the driver's procfs list) or because more than one GPU reports it,
-    is a cause of kind ``"unknown"``: what the job used is not judged, so the node is not called ready."""
+    is a cause of kind ``"unknown"``: what the job used is not judged, so the node is not called ready.
+    ``deadline_ns`` (on ``clock``): the gate's; the minor numbers not read by then make every ID a cause."""
     from .errors import NoSuchDevice
     from .model import Fields
 
@@ -510,7 +512,11 @@ def job_gpu_indices(session: Session, gpus: Sequence[str]) -> tuple[tuple[int, .
                 causes.append(Cause("unknown", f"the job's GPU {g} is none of this host's GPUs"))
     if not ids:
         return tuple(sorted(out)), tuple(causes)
-    snap = session.snapshot(None, fields=Fields(0))  # identity only: cached after the first read
+    snap = _read(session, Fields(0), None, deadline_ns, clock)  # identity only: cached after the first read
+    if snap is None:
+        return tuple(sorted(out)), (*causes, *(Cause("unknown", f"which GPU is the job's GPU {g} (/dev/nvidia{g}) "
+                                                                 "cannot be told: the minor numbers were not read "
+                                                                 "within the timeout") for g in ids))
     by_minor: dict[int, list[int]] = {}
     for d in snap.devices:
         if d.minor_number is not None:
@@ -569,7 +575,7 @@ def epilog(
     start, deadline = _deadline(clock, timeout_s)
     if not devices and not job.gpus:
         return GateResult("epilog", job, (), True, (), clock() - start, timeout_s)
-    indices, unfound = _job_indices(session, job, devices)
+    indices, unfound = _job_indices(session, job, devices, deadline, clock)
     if not indices:
         return GateResult("epilog", job, (), False, unfound, clock() - start, timeout_s)
     try:
@@ -612,12 +618,29 @@ def epilog(
                       clock() - start, timeout_s, readiness, killed, tuple(left), tuple(would))
 
 
-def _job_indices(session: Session, job: SlurmJob, devices: Sequence[str] | None) -> tuple[tuple[int, ...],
-                                                                                          tuple[Cause, ...]]:
+def _job_indices(session: Session, job: SlurmJob, devices: Sequence[str] | None, deadline_ns: int,
+                 clock: Callable[[], int]) -> tuple[tuple[int, ...], tuple[Cause, ...]]:
     """``devices`` (NVML selectors, as ``--devices`` gives them) resolved, else the job's GPUs by Slurm's IDs."""
     if devices:
         return _indices(session, devices), ()
-    return job_gpu_indices(session, job.gpus)
+    return job_gpu_indices(session, job.gpus, deadline_ns=deadline_ns, clock=clock)
+
+
+def _read(session: Session, fields: Fields, indices: Sequence[int] | None, deadline_ns: int | None,
+          clock: Callable[[], int]) -> Snapshot | None:
+    """One reading of ``indices`` (all: ``None``) stopped at ``deadline_ns`` (at most one call late): ``None`` when it
+    was (a slow driver must not hold the gate past slurmd's own timeout)."""
+    from .errors import DeadlinePassed
+
+    if deadline_ns is None:
+        return session.snapshot(None if indices is None else list(indices), fields=fields)
+    from ._deadline import Deadline
+
+    try:
+        return session.backend.snapshot(None if indices is None else tuple(indices), fields,
+                                        deadline=Deadline(deadline_ns, clock))
+    except DeadlinePassed:
+        return None
 
 
 def _on(h: Holder, indices: Sequence[int]) -> bool:
@@ -641,7 +664,7 @@ def prolog(
     start, deadline = _deadline(clock, timeout_s)
     if not devices and not job.gpus:
         return GateResult("prolog", job, (), True, (), clock() - start, timeout_s)
-    indices, unfound = _job_indices(session, job, devices)
+    indices, unfound = _job_indices(session, job, devices, deadline, clock)
     if not indices:
         return GateResult("prolog", job, (), False, unfound, clock() - start, timeout_s)
     readiness = await_ready(session, indices, deadline_ns=deadline, max_used_bytes=max_used_bytes, clock=clock,
@@ -673,7 +696,9 @@ def health(
         return GateResult("health", None, indices, readiness.ready, readiness.causes, clock() - start, timeout_s,
                           readiness)
     try:
-        causes = health_causes(session.snapshot(list(indices), fields=Fields.HEALTH))
+        snap = _read(session, Fields.HEALTH, indices, deadline, clock)
+        causes = (health_causes(snap) if snap is not None else
+                  [Cause("unknown", f"GPU {', '.join(map(str, indices))}: health not read within the timeout")])
     except NvmlCheckError as exc:
         causes = [Cause("unknown", f"GPU health unreadable: {clean_text(str(exc))}"[:160])]
     return GateResult("health", None, indices, not causes, tuple(causes), clock() - start, timeout_s)

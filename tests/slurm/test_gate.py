@@ -691,3 +691,19 @@ def test_an_epilog_whose_gpu_list_cannot_be_read_still_ends_and_drains(
     code, doc, _ = run(scontrol, sc.write(tmp_path / "unreadable.txt"), "epilog", capsys=capsys)
     assert code == 1 and isinstance(doc, dict) and doc["schema"] == "nvmlcheck/slurm" and doc["devices"] == [0]
     assert doc["causes"] and scontrol.updates()  # drained, with a cause
+
+
+def test_the_minor_numbers_and_the_health_are_read_within_the_gates_deadline(
+        nvml_stub: StubSession, nvml_scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> None:
+    from nvmlcheck.testing import StepClock
+
+    # Read without a deadline, eight GPUs with a 2 s minor-number call held `prolog --timeout 3` for 16 s (slurmd
+    # kills a Prolog at its own timeout). A StepClock: each reading is 0.5 s, whatever the machine.
+    Scenario.h200(devices=8).write(nvml_stub.scenario_path)
+    with nc.open("nvml") as gpus:
+        result = slurm.prolog(gpus, job("0"), timeout_s=1.0, clock=StepClock(0.5).clock)
+        assert not result.ready and [c.kind for c in result.causes] == ["unknown"]
+        assert "minor numbers were not read within the timeout" in result.causes[0].text
+    with nc.open("nvml") as gpus:
+        result = slurm.health(gpus, timeout_s=1.0, clock=StepClock(0.5).clock)
+        assert not result.ready and "health not read within the timeout" in result.causes[0].text
