@@ -59,7 +59,8 @@ def _by_uuid(item: str, uuids: Mapping[int, str], unreadable: Mapping[int, str])
     exact = [i for i, u in uuids.items() if u == item]
     if exact:
         return (exact[0],)  # a whole UUID names one GPU, whatever the others are
-    if unreadable and item[:4].upper() == "GPU-":  # only what can be a GPU's UUID may be an unreadable one's
+    # Only what can start a GPU's UUID ("GPU-…", or "G", "GPU" before it) may be an unreadable one's.
+    if unreadable and (item[:4].upper() == "GPU-" or "GPU-".startswith(item.upper())):
         if matches:
             gpus = ", ".join(f"GPU {i} ({why})" for i, why in sorted(unreadable.items()))
             raise ArgumentError(f"{item!r} cannot be shown to name one GPU: the UUID of {gpus} cannot be read; give "
@@ -75,6 +76,8 @@ def _selectors(devices: Iterable[DeviceSelector] | DeviceSelector) -> list[Devic
     """A selection as a list: one selector, or each of an iterable of them."""
     if isinstance(devices, int | str):
         return [devices]
+    if isinstance(devices, bytes | bytearray):  # iterable, but of ints (b"0" is [48]): not a selection
+        raise ArgumentTypeError(f"devices is an index, a UUID (str), a sequence of them or None, not {devices!r}")
     try:
         return list(devices)
     except TypeError:
@@ -262,6 +265,8 @@ class Session:
             if is_digits(item):
                 out.update(self.resolve(int(item)) or ())
                 continue
+            if not item.strip():
+                raise ArgumentError(f"an empty device selector ({item!r}): give an index, a UUID or cuda:N")
             if item.startswith("MIG-"):
                 out.add(self._mig_parent(item))
                 continue

@@ -58,5 +58,14 @@ def test_the_library_resolves_the_same(tmp_path: Path, monkeypatch: pytest.Monke
         for word in ("banana", " 0", "1.0"):
             with pytest.raises(nc.NoSuchDevice):
                 gpus.resolve([word])
+        # A start of every UUID ("G", "GPU") matches the unreadable GPU too: refused, never the readable one.
+        for word in ("G", "GPU"):
+            with pytest.raises(ValueError, match="cannot be shown to name one GPU"):
+                gpus.resolve([word])
+        for word in ("", "  "):
+            with pytest.raises(ValueError, match="an empty device selector"):
+                gpus.resolve([word])
+        with pytest.raises(nc.ArgumentTypeError):
+            gpus.resolve(b"0")
         with pytest.raises(nc.ArgumentTypeError, match="fields must be a Fields value"):
             gpus.snapshot(fields=3)  # type: ignore[arg-type]
