@@ -7,7 +7,10 @@ start.
 
 from __future__ import annotations
 
-__all__ = ["format_bytes", "parse_size"]
+__all__ = ["MAX_BYTES", "format_bytes", "parse_size"]
+
+#: The largest byte count a size may name (2**64: what NVML's counters hold); more is a typo.
+MAX_BYTES = 1 << 64
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gib": 1 << 30,
           "kb": 10**3, "mb": 10**6, "gb": 10**9, "t": 1 << 40, "tib": 1 << 40, "tb": 10**12}
@@ -34,6 +37,10 @@ def parse_size(text: str) -> int:
 
         raise ArgumentError(f"not a size: {text!r} (examples: 1GiB, 512MiB, 1073741824)")
     value = float(m[1]) * _UNITS[m[2].lower()]
+    if not value < MAX_BYTES:  # inf too: 400 digits overflow a float
+        from .errors import ArgumentError
+
+        raise ArgumentError(f"size too large: {text!r} (at most 16 EiB)")
     if value <= 0:
         from .errors import ArgumentError
 

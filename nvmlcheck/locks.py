@@ -451,6 +451,10 @@ def take_locks(uuids: Iterable[str], directory: Path) -> tuple[LockSet, list[str
     return LockSet(taken, directory), busy
 
 
+#: The kernel's highest possible PID (``PID_MAX_LIMIT`` on 64-bit Linux): a larger number names no process.
+_PID_MAX_LIMIT = 1 << 22
+
+
 def check_owner(pid: int) -> None:
     """Raise ``ProcessLookupError`` (with a message) unless ``pid`` names a running process: missing, or exited and
     not yet reaped (a zombie, which holds nothing and whose exit has already happened)."""
@@ -464,7 +468,7 @@ def check_owner(pid: int) -> None:
 def _owner_pidfd(pid: int) -> int | None:
     """A pidfd of the running process ``pid``; ``None`` where the kernel has no pidfds (then checked through
     ``/proc``). ``ProcessLookupError`` when it is gone or has exited (a zombie's pidfd is readable at once)."""
-    if pid <= 0:
+    if not 0 < pid <= _PID_MAX_LIMIT:  # past the kernel's limit it is no PID (and overflows pidfd_open's int)
         raise NoSuchProcess(_NOT_RUNNING.format(pid=pid))
     try:
         pidfd = os.pidfd_open(pid)

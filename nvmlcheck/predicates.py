@@ -22,7 +22,7 @@ from types import MappingProxyType
 
 from ._record import record, replace
 from ._text import printable
-from ._units import format_bytes
+from ._units import MAX_BYTES, format_bytes
 from .errors import ArgumentError, ArgumentTypeError
 from .model import (
     MIB,
@@ -1036,6 +1036,8 @@ def _non_negative_bytes(name: str, value: int) -> int:
         raise ArgumentTypeError(f"{name} must be an int number of bytes, got {value!r}")
     if value < 0:
         raise ArgumentError(f"{name} must be >= 0, got {value}")
+    if value >= MAX_BYTES:
+        raise ArgumentError(f"{name} must be below 2**64 (what NVML counts), got {value}")
     return value
 
 

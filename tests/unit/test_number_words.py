@@ -125,3 +125,22 @@ def test_a_size_is_a_whole_number_of_bytes(text: str) -> None:
     with pytest.raises(ValueError, match="not a whole number of bytes"):
         parse_size(text)
     assert parse_size("1.5GiB") == 3 << 29
+
+
+@pytest.mark.parametrize("argv", [
+    ["ready", "--need", "9" * 400 + "GiB"], ["wait", "--max-used", "9" * 400],
+    ["select", "1", "--lock", "--lock-pid", "2147483648"], ["select", "1", "--lock", "--lock-pid", "9" * 20],
+])
+def test_numbers_too_large_to_be_sizes_or_pids_are_usage_errors(argv: list[str],
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    # Each was an OverflowError traceback (float infinity to int; pidfd_open's int): exit 1 and no document.
+    code = main(["--simulate", "h200", "--json", *argv])
+    doc = json.loads(capsys.readouterr()[0])
+    assert code == 2 and doc["schema"] == "nvmlcheck/error", doc
+
+
+def test_a_byte_count_nvml_cannot_hold_is_refused_by_the_library() -> None:
+    import nvmlcheck as nc
+
+    with pytest.raises(nc.ArgumentError, match="below 2\\*\\*64"):
+        nc.memory_free_at_least(10**400)
