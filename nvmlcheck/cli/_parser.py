@@ -119,11 +119,15 @@ from ._values import (  # noqa: E402
     command_words,
     device_list,
     grace_seconds,
+    integer,
+    milliseconds,
     need_amount,
     non_negative_int,
+    number,
     pid_number,
     positive_int,
     positive_seconds,
+    seconds,
     seconds_or_none,
     signal_name,
 )
@@ -492,9 +496,9 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
         once(hold, "--bytes", type=byte_size, required=True, metavar="SIZE", help="memory it holds, e.g. 8GiB")
         once(hold, "--kind", choices=("compute", "graphics", "mps"), default="compute",
              help="which process list shows it (default compute)")
-        once(hold, "--list-ms", type=non_negative_int, default=90, metavar="MS",
+        once(hold, "--list-ms", type=milliseconds, default=90, metavar="MS",
              help="ms from its exit until it leaves the list (default 90)")
-        once(hold, "--release-ms", type=non_negative_int, default=120, metavar="MS",
+        once(hold, "--release-ms", type=milliseconds, default=120, metavar="MS",
              help="ms from its exit until its memory is back (default 120)")
         once(hold, "--scenario", metavar="FILE", default=None,
              help="the scenario file to add it to (default: --simulate's file, which `simulate run` passes)")
@@ -532,7 +536,7 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
                              help="one discarded warm-up run before each size and ending (default on)")
         reclaim.add_argument("--events", action="store_true",
                              help="listen for NVML events during each run and record them (field 'events')")
-        once(reclaim, "--run-timeout", type=float, default=30.0, metavar="S",
+        once(reclaim, "--run-timeout", type=positive_seconds, default=30.0, metavar="S",
              help="seconds from the signal until clean and reaped, else the run times out (default 30)")
         once(reclaim, "--chunks", type=positive_int, default=1,
              help="allocations per holder (python -m nvmlcheck.holder --chunks; default 1)")
@@ -569,9 +573,10 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
         global_options(compare, top=False, gpu=False)
         compare.add_argument("a", metavar="A.jsonl", help="the reference study's records")
         compare.add_argument("b", metavar="B.jsonl", help="the study compared with it")
-        once(compare, "--level", type=float, default=0.95, help="confidence level, within (0, 1) (default 0.95)")
+        once(compare, "--level", type=number, default=0.95, help="confidence level, within (0, 1) (default 0.95)")
         once(compare, "--resamples", type=positive_int, default=5000, help="bootstrap resamples (default 5000)")
-        once(compare, "--seed", type=int, default=0, help="random seed: same records and seed, same output (default 0)")
+        once(compare, "--seed", type=integer, default=0,
+             help="random seed: same records and seed, same output (default 0)")
         once(compare, "--measure", default="memory_back",
              choices=("zombie", "exited", "files_closed", "off_list", "memory_back", "first_clean", "waitpid"),
              help="which time from the signal to compare (default memory_back)")
@@ -579,7 +584,7 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
              help="comma-separated cell parts (size, ending, holder, device, pinned, importers, first, role) left "
                   "out of the matching, to compare "
                   "conditions that differ in them, e.g. --across ending for exit.jsonl against free.jsonl")
-        once(compare, "--resolve-ms", type=float, default=5.0,
+        once(compare, "--resolve-ms", type=number, default=5.0,
              help="the difference the repeats guidance aims to resolve, ms (default 5)")
         # --- end of the second-edition block ---------------------------------------------------------------------
         # --- third edition (issue 26): sweeps of pinned memory and importers, a time budget; study fit ----------
@@ -591,11 +596,11 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
              help="IPC importers beside each exporter, swept (--kind ipc), e.g. 0,1,2,4 (default 0)")
         once(reclaim, "--first", type=word_list("exporter", "importers"), default=None, metavar="LIST",
              help="which side of an IPC group is ended first: exporter, importers or both, swept (default exporter)")
-        once(reclaim, "--stage-gap", type=float, default=0.3, metavar="S",
+        once(reclaim, "--stage-gap", type=seconds, default=0.3, metavar="S",
              help="seconds between the first side being reaped and the other side's end (default 0.3)")
-        once(reclaim, "--budget", type=float, default=None, metavar="S",
+        once(reclaim, "--budget", type=positive_seconds, default=None, metavar="S",
              help="start no run after S seconds, nor one the cell's last run says would end after them")
-        once(reclaim, "--ready-timeout", type=float, default=60.0, metavar="S",
+        once(reclaim, "--ready-timeout", type=positive_seconds, default=60.0, metavar="S",
              help="seconds for NVML to show a ready holder and its memory, else the study fails (default 60)")
         fit = sub_parser(
             studies, "fit", help="fit the reclaim-time model to study records",

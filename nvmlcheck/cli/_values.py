@@ -82,6 +82,35 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+def seconds(text: str) -> float:
+    """Seconds >= 0, bounded (at most :data:`MAX_SECONDS`; no ``none``: this option always has a value)."""
+    value = _number(text, "seconds")
+    if not 0 <= value <= MAX_SECONDS:
+        raise _bad(f"must be >= 0 seconds and at most {MAX_SECONDS:.0e}, got {text!r}")
+    return value + 0.0
+
+
+def number(text: str) -> float:
+    """A finite number, in ASCII without ``_`` (its range is the option's own check)."""
+    value = _number(text, "a number")
+    if not math.isfinite(value):
+        raise _bad(f"must be a finite number, got {text!r}")
+    return value
+
+
+def integer(text: str) -> int:
+    """An integer (sign and ASCII digits)."""
+    return _integer(text, "an integer")
+
+
+def milliseconds(text: str) -> int:
+    """Milliseconds >= 0, at most :data:`MAX_SECONDS` of them."""
+    value = non_negative_int(text)
+    if value > MAX_SECONDS * 1000:
+        raise _bad(f"at most {MAX_SECONDS * 1000:.0e} ms (about 31 years), got {text!r}")
+    return value
+
+
 def positive_seconds(text: str) -> float:
     """Seconds > 0, bounded (at most :data:`MAX_SECONDS`; ``none`` is no value here)."""
     value = _number(text, "seconds")

@@ -144,3 +144,18 @@ def test_a_byte_count_nvml_cannot_hold_is_refused_by_the_library() -> None:
 
     with pytest.raises(nc.ArgumentError, match="below 2\\*\\*64"):
         nc.memory_free_at_least(10**400)
+
+
+@pytest.mark.parametrize("argv", [
+    ["study", "reclaim", "--run-timeout", "\u0663"], ["study", "reclaim", "--budget", "1_0"],
+    ["study", "reclaim", "--run-timeout", "1e300"], ["study", "reclaim", "--stage-gap", "nan"],
+    ["study", "reclaim", "--ready-timeout", "inf"], ["study", "compare", "--level", "nan", "a", "b"],
+    ["study", "compare", "--seed", "1_0", "a", "b"], ["study", "compare", "--resolve-ms", "\u0665", "a", "b"],
+    ["simulate", "hold", "--gpu", "0", "--bytes", "1GiB", "--release-ms", "18446744073709551615", "--", "true"],
+])
+def test_every_duration_and_number_option_reads_ascii_and_is_bounded(argv: list[str],
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    # They were plain float()/int(): `--run-timeout ٣` ran with 3 s, `1e300` overflowed after the run started.
+    code = main(["--json", *argv])
+    doc = json.loads(capsys.readouterr()[0])
+    assert code == 2 and doc["schema"] == "nvmlcheck/error", doc

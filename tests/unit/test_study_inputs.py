@@ -129,7 +129,7 @@ def test_compare_refuses_a_resolve_ms_that_is_not_a_finite_positive_time(
 ) -> None:
     a = write_records(_records([100.0] * 5), tmp_path / "a.jsonl")
     code, message = _both_modes(capsys, "study", "compare", str(a), str(a), f"--resolve-ms={value}")
-    assert code == 2 and "--resolve-ms must be a finite number" in message
+    assert code == 2 and "--resolve-ms" in message and "must be a finite" in message
 
 
 def test_compare_gives_the_same_verdict_in_both_modes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
