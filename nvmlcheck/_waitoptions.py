@@ -85,6 +85,8 @@ def _check_seconds(name: str, value: float) -> None:
         raise ArgumentTypeError(f"{name} must be a number of seconds, got {value!r}")
     if not math.isfinite(value) or value < 0:
         raise ArgumentError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
+    if value > 1e9:  # about 31 years: no poll waits that long, and the ns arithmetic would overflow a float
+        raise ArgumentError(f"{name} must be at most 1e9 seconds, got {value!r}")
 
 
 #: Detects within ~2 ms (p99) at <= 5 % of one core on one GPU; backs off to 10 ms after 10 s without change.

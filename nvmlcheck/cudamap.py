@@ -261,6 +261,10 @@ def _base_order(
 
 def _checked_env(env: Mapping[str, str]) -> Mapping[str, str]:
     """``env``, whose two CUDA variables must be text as in ``os.environ`` (an int fails deep inside otherwise)."""
+    if not isinstance(env, Mapping):
+        from .errors import ArgumentTypeError
+
+        raise ArgumentTypeError(f"env is a mapping of variable names to values (as os.environ), got {env!r}")
     for name in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"):
         if name in env and not isinstance(env[name], str):
             from .errors import ArgumentTypeError

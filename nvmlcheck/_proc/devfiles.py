@@ -80,8 +80,19 @@ def device_file_patterns(patterns: Sequence[str] | str | None = None) -> tuple[s
     ``ValueError`` for an empty or relative one."""
     if patterns is None:
         return DEFAULT_DEVICE_FILES
-    items = patterns.split(":") if isinstance(patterns, str) else list(patterns)
-    out = tuple(p.strip() for p in items if p.strip())
+    if not isinstance(patterns, str):
+        try:
+            items: list[object] = list(patterns)
+        except TypeError:
+            items = [patterns]
+        if not all(isinstance(p, str) for p in items):
+            from ..errors import ArgumentTypeError
+
+            raise ArgumentTypeError(f"device-file patterns are path globs (str, or a sequence of str), got "
+                                    f"{patterns!r}")
+    else:
+        items = list(patterns.split(":"))
+    out = tuple(p.strip() for p in items if isinstance(p, str) and p.strip())
     bad = next((p for p in out if not p.startswith("/")), None)
     if not out or bad is not None:
         from ..errors import ArgumentError  # layer 1, loaded only for this error

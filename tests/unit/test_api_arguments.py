@@ -7,7 +7,9 @@ from __future__ import annotations
 import pytest
 
 import nvmlcheck as nc
+from nvmlcheck._proc.devfiles import device_file_patterns
 from nvmlcheck.cudamap import cuda_mapping
+from nvmlcheck.wait import PollPolicy
 
 
 @pytest.mark.parametrize(("call", "error"), [
@@ -20,6 +22,9 @@ from nvmlcheck.cudamap import cuda_mapping
     (lambda: nc.pids_gone(123), nc.ArgumentTypeError),  # type: ignore[arg-type]
     (lambda: nc.default_predicate(tolerance_bytes=-1), nc.ArgumentError),
     (lambda: cuda_mapping((), {"CUDA_VISIBLE_DEVICES": 0}), nc.ArgumentTypeError),  # type: ignore[dict-item]
+    (lambda: cuda_mapping((), [1]), nc.ArgumentTypeError),  # type: ignore[arg-type]
+    (lambda: device_file_patterns(3), nc.ArgumentTypeError),  # type: ignore[arg-type]
+    (lambda: PollPolicy.every(1e300), nc.ArgumentError),  # it overflowed inside the wait
 ])
 def test_a_wrong_argument_is_refused_where_it_is_given(call: object, error: type[Exception]) -> None:
     with pytest.raises(error) as caught:
