@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
     from ..cudamap import CudaMapping
     from ..selection import Selection
+    from ..session import Session
 
 
 def _value(fmt: str, selection: Selection, mapping: CudaMapping | None) -> str:
@@ -63,6 +64,24 @@ def _owner(args: argparse.Namespace) -> int:
     return owner
 
 
+def _cuda_mapping(gpus: Session, deadline_s: float | None) -> CudaMapping:
+    """The session's CUDA numbering, its identity read stopped at ``deadline_s`` (``time.monotonic``; one call late
+    at most): when it passes, an error naming it (exit 3): the numbers could not be read in time."""
+    if deadline_s is None:
+        return gpus.cuda_mapping()
+    from .._deadline import Deadline
+    from ..cudamap import cuda_mapping
+    from ..errors import DeadlinePassed, NvmlCheckError
+    from ..model import Fields
+
+    try:
+        snap = gpus.backend.snapshot(None, Fields(0), deadline=Deadline(int(deadline_s * 1e9), time.monotonic_ns))
+    except DeadlinePassed:
+        raise NvmlCheckError("--format cuda: the GPUs' identities (for CUDA's numbering) were not read within "
+                             "--wait") from None
+    return cuda_mapping(snap.devices, os.environ, unreadable=[f.index for f in snap.failures])
+
+
 def count_first(args: argparse.Namespace) -> None:
     """Before anything is opened (``_main.EARLY``): how many GPUs, ``--count K`` or ``K`` alone (the same number if
     both), into ``args.count``; a usage error otherwise."""
@@ -88,10 +107,12 @@ def cmd_select(args: argparse.Namespace) -> int:
         mapping = None
         if args.format == "cuda":
             # Refuse before waiting (maybe for minutes) when the numbers cannot be told: CUDA_DEVICE_ORDER unset on
-            # a host with mixed GPU models.
-            mapping = gpus.cuda_mapping()
+            # a host with mixed GPU models. Read within --wait, as everything else.
+            mapping = _cuda_mapping(gpus, None if not args.wait else started + args.wait)
             mapping.visible_value(())
         timeout = None if args.wait is None else max(0.0, args.wait - (time.monotonic() - started))
+        if timeout == 0 and args.wait:
+            timeout = 1e-9  # --wait used up by opening: a check bounded by it, not a whole one (that is --wait 0)
         try:
             selection = gpus.select_clean(
                 args.count, timeout=timeout, predicate=predicate, devices=args.devices,

@@ -303,3 +303,17 @@ def test_locks_of_an_answer_not_delivered_do_not_outlive_the_command(
         taken = try_lock(uuid(index), lock_dir)  # free at once: the holder was ended before the command returned
         assert taken is not None, lock_info(uuid(index), lock_dir)
         os.close(taken.fd)
+
+
+def test_the_cuda_numbering_is_read_within_the_wait(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # `select --format cuda --wait 0.5` read every identity unbounded (4.2 s with a 1 s memory call), and the wait
+    # left was 0: one whole check more. A deadline that has passed stops the read at once.
+    import time
+
+    from nvmlcheck.cli._select import _cuda_mapping
+
+    monkeypatch.setenv("NVMLCHECK_STUB_SCENARIO", str(Scenario.h200(devices=2).write(tmp_path / "s.txt")))
+    with nc.open("nvml", library_path=str(build_stub())) as gpus:
+        with pytest.raises(nc.NvmlCheckError, match="not read within --wait"):
+            _cuda_mapping(gpus, time.monotonic() - 1.0)
+        assert _cuda_mapping(gpus, time.monotonic() + 60).devices is not None
