@@ -11,9 +11,11 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
+import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -202,3 +204,25 @@ def cgroup_dir() -> Iterator[Path]:
             _remove_cgroup(path)
         return
     pytest.skip("no writable cgroup hierarchy here (needs root and a mounted cgroupfs)")
+
+
+@pytest.fixture
+def python_child() -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
+    """``start(code, *args, ready=True)``: a ``python -S -c code args`` child, stdout piped; with ``ready``, returned
+    once it printed ``ready`` (its first line). Every child is killed, reaped and its pipe closed at teardown."""
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start(code: str, *args: str, ready: bool = True) -> subprocess.Popen[bytes]:
+        p = subprocess.Popen([sys.executable, "-S", "-c", code, *args], stdout=subprocess.PIPE)
+        started.append(p)
+        if ready:
+            assert p.stdout is not None and p.stdout.readline() == b"ready\n"
+        return p
+
+    yield start
+    for p in started:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+        if p.stdout is not None:
+            p.stdout.close()

@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -32,22 +32,11 @@ SLEEP = "import sys, time; print('ready', flush=True); time.sleep(60)"
 
 
 @pytest.fixture
-def start() -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
-    started: list[subprocess.Popen[bytes]] = []
-
+def start(python_child: Callable[..., subprocess.Popen[bytes]]) -> Callable[..., subprocess.Popen[bytes]]:
     def run(*extra: str) -> subprocess.Popen[bytes]:
-        p = subprocess.Popen([sys.executable, "-S", "-c", SLEEP, *extra], stdout=subprocess.PIPE)
-        started.append(p)
-        assert p.stdout is not None and p.stdout.readline() == b"ready\n"
-        return p
+        return python_child(SLEEP, *extra)
 
-    yield run
-    for p in started:
-        if p.poll() is None:
-            p.kill()
-        p.wait()
-        if p.stdout is not None:
-            p.stdout.close()
+    return run
 
 
 def token() -> str:

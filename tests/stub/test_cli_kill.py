@@ -10,7 +10,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,21 +34,11 @@ LAUNCHER = ("import subprocess, sys, time; "
 
 
 @pytest.fixture
-def start() -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
-    started: list[subprocess.Popen[bytes]] = []
-
+def start(python_child: Callable[..., subprocess.Popen[bytes]]) -> Callable[..., subprocess.Popen[bytes]]:
     def run(code: str, *args: str) -> subprocess.Popen[bytes]:
-        p = subprocess.Popen([sys.executable, "-S", "-c", code, *args], stdout=subprocess.PIPE)
-        started.append(p)
-        return p
+        return python_child(code, *args, ready=False)
 
-    yield run
-    for p in started:
-        if p.poll() is None:
-            p.kill()
-        p.wait()
-        if p.stdout is not None:
-            p.stdout.close()
+    return run
 
 
 def _ready(p: subprocess.Popen[bytes]) -> str:

@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -50,22 +50,11 @@ class Untouchable:
 
 
 @pytest.fixture
-def start() -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
-    started: list[subprocess.Popen[bytes]] = []
-
+def start(python_child: Callable[..., subprocess.Popen[bytes]]) -> Callable[..., subprocess.Popen[bytes]]:
     def run(device_file: str = "-", word: str = "") -> subprocess.Popen[bytes]:
-        p = subprocess.Popen([sys.executable, "-S", "-c", HOLD, device_file, word], stdout=subprocess.PIPE)
-        started.append(p)
-        assert p.stdout is not None and p.stdout.readline() == b"ready\n"
-        return p
+        return python_child(HOLD, device_file, word)
 
-    yield run
-    for p in started:
-        if p.poll() is None:
-            p.kill()
-        p.wait()
-        if p.stdout is not None:
-            p.stdout.close()
+    return run
 
 
 def token() -> str:

@@ -8,9 +8,8 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -75,22 +74,11 @@ def test_killing_md_names_the_version_the_output_carries() -> None:
 
 
 @pytest.fixture
-def start() -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
-    started: list[subprocess.Popen[bytes]] = []
-
+def start(python_child: Callable[..., subprocess.Popen[bytes]]) -> Callable[..., subprocess.Popen[bytes]]:
     def run(device_file: str = "-", mode: str = "", word: str = "") -> subprocess.Popen[bytes]:
-        p = subprocess.Popen([sys.executable, "-S", "-c", HOLD, device_file, mode, word], stdout=subprocess.PIPE)
-        started.append(p)
-        assert p.stdout is not None and p.stdout.readline() == b"ready\n"
-        return p
+        return python_child(HOLD, device_file, mode, word)
 
-    yield run
-    for p in started:
-        if p.poll() is None:
-            p.kill()
-        p.wait()
-        if p.stdout is not None:
-            p.stdout.close()
+    return run
 
 
 def scenario(tmp_path: Path, *holders: int, foreign: bool = False) -> str:
