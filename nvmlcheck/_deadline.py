@@ -12,7 +12,12 @@ from collections.abc import Callable
 
 from .errors import DeadlinePassed
 
-__all__ = ["Deadline", "ns_or_none"]
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .backends import Backend
+    from .model import Fields, Snapshot
+
+__all__ = ["Deadline", "ns_or_none", "read_by"]
 
 _NS = 1_000_000_000
 
@@ -58,3 +63,14 @@ class Deadline:
 
     def __repr__(self) -> str:
         return f"Deadline(at_ns={self.at_ns}, remaining_s={self.remaining_s():.6f})"
+
+
+def read_by(backend: Backend, indices: tuple[int, ...] | None, fields: Fields, deadline_ns: int | None,
+            clock: Callable[[], int] = time.monotonic_ns) -> Snapshot | None:
+    """One reading of ``indices`` (all: ``None``) stopped at ``deadline_ns`` on ``clock`` (at most one query late):
+    ``None`` when the deadline came first. The setup readings of commands with a deadline (``ready``'s first, the
+    Slurm gate's, ``select``'s CUDA numbering) use it; the poller hands its own :class:`Deadline` to the backend."""
+    try:
+        return backend.snapshot(indices, fields, deadline=None if deadline_ns is None else Deadline(deadline_ns, clock))
+    except DeadlinePassed:
+        return None

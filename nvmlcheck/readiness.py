@@ -148,25 +148,23 @@ def _first_reading(session: Session, indices: tuple[int, ...] | None, bound: flo
     """The first reading, health included, and whether the deadline cut it. One check (``bound`` 0) always completes,
     as a wait's does; with a timeout the reading stops at the deadline (at most one query late), and every selected
     GPU is then a failure saying so: judged unknown, never ready."""
-    from .errors import DeadlinePassed, NvmlCheckError
-
     backend = session.backend
     if not bound:  # one check (or no bound): the one-shot's path imports nothing more
         return backend.snapshot(indices, Fields.WAIT | Fields.HEALTH), False
-    from ._deadline import Deadline, ns_or_none
+    from ._deadline import ns_or_none, read_by
+    from .errors import NvmlCheckError
     from .model import DeviceFailure
 
     bound_ns = ns_or_none(bound)
-    deadline = None if bound_ns is None else Deadline(start + bound_ns, clock)
-    try:
-        return backend.snapshot(indices, Fields.WAIT | Fields.HEALTH, deadline=deadline), False
-    except DeadlinePassed:
-        now = clock()
-        why = NvmlCheckError(f"the first reading did not complete within the timeout ({bound:g} s)")
-        chosen = range(backend.device_count()) if indices is None else indices
-        return Snapshot(backend=backend.name, taken_ns=start, duration_ns=now - start, wall_time=time.time(),
-                        system=backend.system(), devices=(),
-                        failures=tuple(DeviceFailure(i, None, why) for i in chosen)), True
+    snap = read_by(backend, indices, Fields.WAIT | Fields.HEALTH, None if bound_ns is None else start + bound_ns,
+                   clock)
+    if snap is not None:
+        return snap, False
+    why = NvmlCheckError(f"the first reading did not complete within the timeout ({bound:g} s)")
+    chosen = range(backend.device_count()) if indices is None else indices
+    return Snapshot(backend=backend.name, taken_ns=start, duration_ns=clock() - start, wall_time=time.time(),
+                    system=backend.system(), devices=(),
+                    failures=tuple(DeviceFailure(i, None, why) for i in chosen)), True
 
 
 def _capacity(need_bytes: int | None, need_fraction: float | None) -> Predicate | None:

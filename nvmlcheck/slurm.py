@@ -630,17 +630,9 @@ def _read(session: Session, fields: Fields, indices: Sequence[int] | None, deadl
           clock: Callable[[], int]) -> Snapshot | None:
     """One reading of ``indices`` (all: ``None``) stopped at ``deadline_ns`` (at most one call late): ``None`` when it
     was (a slow driver must not hold the gate past slurmd's own timeout)."""
-    from .errors import DeadlinePassed
+    from ._deadline import read_by
 
-    if deadline_ns is None:
-        return session.snapshot(None if indices is None else list(indices), fields=fields)
-    from ._deadline import Deadline
-
-    try:
-        return session.backend.snapshot(None if indices is None else tuple(indices), fields,
-                                        deadline=Deadline(deadline_ns, clock))
-    except DeadlinePassed:
-        return None
+    return read_by(session.backend, None if indices is None else tuple(indices), fields, deadline_ns, clock)
 
 
 def _on(h: Holder, indices: Sequence[int]) -> bool:

@@ -69,16 +69,15 @@ def _cuda_mapping(gpus: Session, deadline_s: float | None) -> CudaMapping:
     at most): when it passes, an error naming it (exit 3): the numbers could not be read in time."""
     if deadline_s is None:
         return gpus.cuda_mapping()
-    from .._deadline import Deadline
+    from .._deadline import read_by
     from ..cudamap import cuda_mapping
-    from ..errors import DeadlinePassed, NvmlCheckError
+    from ..errors import NvmlCheckError
     from ..model import Fields
 
-    try:
-        snap = gpus.backend.snapshot(None, Fields(0), deadline=Deadline(int(deadline_s * 1e9), time.monotonic_ns))
-    except DeadlinePassed:
+    snap = read_by(gpus.backend, None, Fields(0), int(deadline_s * 1e9))
+    if snap is None:
         raise NvmlCheckError("--format cuda: the GPUs' identities (for CUDA's numbering) were not read within "
-                             "--wait") from None
+                             "--wait")
     return cuda_mapping(snap.devices, os.environ, unreadable=[f.index for f in snap.failures])
 
 
