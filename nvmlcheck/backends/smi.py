@@ -447,8 +447,8 @@ class SmiBackend:
 
     def _minor_numbers(self, records: Sequence[GpuRecord]) -> dict[int, int]:
         """Each GPU's minor number from the driver's procfs list, by UUID (by bus id where the list has no UUID);
-        none behind a prefix: that nvidia-smi runs on another host. The reason for a GPU left out goes to
-        :meth:`_minor_reason`."""
+        none behind a prefix: that nvidia-smi runs on another host. Why a GPU is left out is kept in
+        ``_minor_problem``, the reason its snapshots give."""
         if self._prefixed:
             self._minor_problem = "nvidia-smi --query-gpu has no minor number field (and it runs behind a prefix)"
             return {}
