@@ -1,11 +1,15 @@
 """A point in time that a wait hands down to a backend, so one pass stops at the wait's deadline.
 
 Layer 1 (beside the model and the errors): the backends take it without importing the poller. Public as
-:class:`nvmlcheck.wait.Deadline`.
+:class:`nvmlcheck.wait.Deadline`. Also here: :func:`read_by` (one reading stopped at a deadline) and
+:class:`hung_after` (a wait still running :data:`HUNG_AFTER_NS` after its deadline is stuck in a call no thread can
+interrupt: an installed handler, the command line's, reports it and ends the process; docs/waiting.md, "A call that
+does not return").
 """
 
 from __future__ import annotations
 
+import _thread
 import math
 import time
 from collections.abc import Callable
@@ -17,7 +21,7 @@ if TYPE_CHECKING:
     from .backends import Backend
     from .model import Fields, Snapshot
 
-__all__ = ["Deadline", "ns_or_none", "read_by"]
+__all__ = ["HUNG_AFTER_NS", "Deadline", "hung_after", "ns_or_none", "on_hung", "read_by"]
 
 _NS = 1_000_000_000
 
@@ -71,6 +75,67 @@ def read_by(backend: Backend, indices: tuple[int, ...] | None, fields: Fields, d
     ``None`` when the deadline came first. The setup readings of commands with a deadline (``ready``'s first, the
     Slurm gate's, ``select``'s CUDA numbering) use it; the poller hands its own :class:`Deadline` to the backend."""
     try:
-        return backend.snapshot(indices, fields, deadline=None if deadline_ns is None else Deadline(deadline_ns, clock))
+        with hung_after(deadline_ns, clock):
+            return backend.snapshot(indices, fields,
+                                    deadline=None if deadline_ns is None else Deadline(deadline_ns, clock))
     except DeadlinePassed:
         return None
+
+
+#: How long a wait may run past its deadline before it counts as stuck in a call: a query takes µs, a pass stops
+#: at most one query after the deadline, and a query waits ~0.1 s at most while the driver tears contexts down
+#: (docs/driver-facts.md). A wait still running a second after its deadline is in a call that has not returned
+#: (a wedged driver or GPU: NVML calls can take minutes there), which no thread can interrupt.
+HUNG_AFTER_NS = 1_000_000_000
+
+_hung_handler: Callable[[float], object] | None = None
+# Held by a handler that fires (which then ends the process) and taken by every wait's end: a wait that ends as
+# the handler fires waits for the process to end instead of printing an answer after the handler's report.
+_firing = _thread.allocate_lock()
+
+
+def on_hung(handler: Callable[[float], object] | None) -> None:
+    """Install ``handler`` (``None``: remove it), called in a watchdog thread when a wait is still running
+    :data:`HUNG_AFTER_NS` after its deadline, with the seconds since the deadline. It must end the process (the
+    waiting thread is in a call no exception can reach): the command line reports a hung reading and exits 3. The
+    library installs none: its caller's thread stays in the call, as with any binding of a C library."""
+    global _hung_handler
+    _hung_handler = handler
+
+
+class hung_after:
+    """``with hung_after(deadline_ns, clock):`` around a wait with a deadline: when a handler is installed
+    (:func:`on_hung`), a watchdog thread calls it if the ``with`` block is still running :data:`HUNG_AFTER_NS`
+    after ``deadline_ns``. Nothing without a handler or a deadline, nor on an injected clock (a test's time is not
+    the watchdog's). One thread per wait, none per poll."""
+
+    __slots__ = ("_done",)
+
+    def __init__(self, deadline_ns: int | None, clock: Callable[[], int] = time.monotonic_ns,
+                 after_ns: int = HUNG_AFTER_NS) -> None:  # fmt: skip
+        handler = _hung_handler
+        self._done: _thread.LockType | None = None
+        if handler is None or deadline_ns is None or clock is not time.monotonic_ns:
+            return
+        done = self._done = _thread.allocate_lock()
+        done.acquire()
+        _thread.start_new_thread(_watch, (done, deadline_ns, deadline_ns + after_ns, handler))
+
+    def __enter__(self) -> hung_after:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        done = self._done
+        if done is not None:
+            with _firing:  # blocks only while a handler is ending the process
+                done.release()
+
+
+def _watch(done: _thread.LockType, deadline_ns: int, at_ns: int, handler: Callable[[float], object]) -> None:
+    while (left_s := (at_ns - time.monotonic_ns()) / _NS) > 0:
+        if done.acquire(True, min(left_s, _thread.TIMEOUT_MAX)):
+            return  # the wait ended in time
+    with _firing:
+        if done.acquire(False):
+            return  # it ended just now
+        handler((time.monotonic_ns() - deadline_ns) / _NS)

@@ -148,10 +148,12 @@ def _first_reading(session: Session, indices: tuple[int, ...] | None, bound: flo
     """The first reading, health included, and whether the deadline cut it. One check (``bound`` 0) always completes,
     as a wait's does; with a timeout the reading stops at the deadline (at most one query late), and every selected
     GPU is then a failure saying so: judged unknown, never ready."""
+    from ._deadline import hung_after, ns_or_none, read_by
+
     backend = session.backend
-    if not bound:  # one check (or no bound): the one-shot's path imports nothing more
-        return backend.snapshot(indices, Fields.WAIT | Fields.HEALTH), False
-    from ._deadline import ns_or_none, read_by
+    if not bound:  # one check (or no bound), which always completes: only a hung call is cut (by a handler)
+        with hung_after(None if bound is None else start, clock):
+            return backend.snapshot(indices, Fields.WAIT | Fields.HEALTH), False
     from .errors import NvmlCheckError
     from .model import DeviceFailure
 

@@ -18,7 +18,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from ._deadline import Deadline
+from ._deadline import Deadline, hung_after
 from ._record import field, record
 from ._waitdefaults import CLOCK, ON_POLL, POLICY, SLEEP, STABLE_POLLS, TIMEOUT, TRACE
 from ._waitoptions import (  # _rebuild_options: what a pickled WaitOptions names (nvmlcheck.wait._rebuild_options)
@@ -484,10 +484,14 @@ class _Poller:
         self.probe = probe
 
     def run(self) -> WaitResult:
+        start = self.clock()
+        deadline = None if self.timeout_ns is None else start + self.timeout_ns
+        with hung_after(deadline, self.clock):  # a call that never returns: the command line's handler ends it
+            return self._run(start, deadline)
+
+    def _run(self, start: int, deadline: int | None) -> WaitResult:
         clock, check, needed = self.clock, self.predicate.check, self.needed
         summarise = self.trace is not None or self.on_poll is not None
-        start = clock()
-        deadline = None if self.timeout_ns is None else start + self.timeout_ns
         # timeout=0 is one complete check: its deadline is now, so handing it down would cut the check short.
         cut = Deadline(deadline, clock) if deadline is not None and self.timeout_ns else None
         pacer = _Pacer(self.policy, start, self.cpu_clock)

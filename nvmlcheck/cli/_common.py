@@ -35,6 +35,7 @@ EXIT_OUTPUT_FAILED = EXIT_SIGNAL_BASE + 13
 #: printed, the process may end at once (see :func:`verdict_printed`).
 FAST_EXIT = False
 _simulating = False
+_simulation_files: contextlib.ExitStack | None = None  # the simulation's cleanup, for a hung reading's exit
 #: The exit status an output failure ends the command with (set by :func:`verdict` before the answer is printed;
 #: ``None`` before any verdict: then an output failure is :data:`EXIT_OUTPUT_FAILED`).
 _on_output_failure: int | None = None
@@ -209,8 +210,43 @@ def open_session(args: argparse.Namespace) -> Session:
     from ..session import open_timeouts
 
     init_timeout_s, smi_timeout_s = open_timeouts(getattr(args, "timeout", None))
+    if FAST_EXIT:  # its own process: a wait stuck in a call can be ended (never in-process: tests, tools)
+        from .._deadline import on_hung
+
+        on_hung(lambda late_s: _hung_reading(args, late_s))
     return open_backend(backend, smi_prefix=args.smi_prefix, smi_command=smi_command, library_path=library_path,
                         init_timeout_s=init_timeout_s, smi_timeout_s=smi_timeout_s)
+
+
+class HungReading(Exception):
+    """A GPU reading that had not returned a second after the command's deadline (``_deadline.HUNG_AFTER_NS``)."""
+
+
+def _hung_reading(args: argparse.Namespace, late_s: float) -> None:
+    """The watchdog's handler (another thread; the main one is in a call no exception reaches): report the hung
+    reading as an error, exit 3 (backend failed) without waiting for the call. A simulation's files are removed
+    first."""
+    code = EXIT_BACKEND
+    exc = HungReading(
+        f"a GPU reading has not returned {late_s:.1f} s after the deadline: an NVML call (or nvidia-smi) is hung, "
+        "as on a wedged driver or a GPU that stopped answering (check dmesg for XIDs); giving up without its answer"
+    )
+    try:
+        from ._main import fail
+
+        fail(bool(getattr(args, "json", False)), exc, code)
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (OSError, ValueError):  # the reader went away: the exit status still says it
+        pass
+    finally:
+        stack = _simulation_files
+        if stack is not None:
+            import contextlib
+
+            with contextlib.suppress(Exception):
+                stack.close()
+        os._exit(code)
 
 
 def wait_predicate(args: argparse.Namespace) -> Any:
@@ -260,8 +296,9 @@ class simulation:
                 self.args.simulation = stack.enter_context(simulated(scenario))
             except (StubBuildError, FileNotFoundError) as exc:
                 raise SimulationUnavailable(simulation_hint(exc)) from None
-            global _simulating
+            global _simulating, _simulation_files
             _simulating = True
+            _simulation_files = stack
             from . import _output
 
             _output.SIMULATED = True
@@ -278,8 +315,9 @@ class simulation:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         if self._stack is not None:  # _output.SIMULATED stays set: an error document printed after says it too
-            global _simulating
+            global _simulating, _simulation_files
             _simulating = False
+            _simulation_files = None
             self.args.simulation = None
             self._stack.__exit__(exc_type, exc, tb)
 

@@ -29,6 +29,7 @@ INTERNAL: dict[str, str] = {
     "nvmlcheck.cli._signals.Terminated": "SIGTERM/SIGHUP as an exception (a BaseException, like KeyboardInterrupt)",
     "nvmlcheck.cli._common.UsageError": "the CLI's own: turned into exit 2 by cli._main.run, never raised to a caller",
     "nvmlcheck.cli._common.SimulationUnavailable": "the CLI's own: turned into exit 3 by cli._main.run",
+    "nvmlcheck.cli._common.HungReading": "the CLI's own: reported by the hung-reading watchdog, which exits 3",
     "nvmlcheck.cli._kill.DryRun": "the CLI's own: --dry-run printed the plan; turned into exit 0 by the kill command",
     "nvmlcheck.hosts._Stopped": "a fleet worker's stop signal inside Fleet; never escapes",
     "nvmlcheck._proc.targets.Refused": "turned into KillError by nvmlcheck.kill and the CLI",

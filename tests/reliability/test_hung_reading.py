@@ -1,0 +1,117 @@
+"""A wait stuck in a call that never returns (a wedged driver: NVML calls can take minutes there) still ends: the
+command line's watchdog reports it and exits 3 a second after the deadline (``_deadline.hung_after``). Mechanisms
+only: which handler ran, with what, and the exit status of a command whose hung call outlasts the test's bound; no
+duration is asserted."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from nvmlcheck import _deadline
+from nvmlcheck.testing import Scenario
+
+pytestmark = pytest.mark.stub
+
+#: The stub's hung call: far longer than the test waits for the command (its bound, not an asserted time).
+HANG_MS = 120_000
+BOUND_S = 60
+
+
+@pytest.fixture
+def handler() -> Iterator[tuple[list[float], threading.Event]]:
+    calls: list[float] = []
+    fired = threading.Event()
+
+    def record(late_s: float) -> None:
+        calls.append(late_s)
+        fired.set()
+
+    _deadline.on_hung(record)
+    yield calls, fired
+    _deadline.on_hung(None)
+
+
+def test_a_wait_still_running_after_its_deadline_calls_the_handler_once(
+    handler: tuple[list[float], threading.Event],
+) -> None:
+    calls, fired = handler
+    deadline = time.monotonic_ns()
+    with _deadline.hung_after(deadline, after_ns=1_000_000):
+        assert fired.wait(BOUND_S)  # the body "hangs" until the watchdog has fired
+    assert len(calls) == 1 and calls[0] >= 0.001
+
+
+def test_a_wait_that_ends_in_time_calls_nothing(handler: tuple[list[float], threading.Event]) -> None:
+    calls, fired = handler
+    guard = _deadline.hung_after(time.monotonic_ns(), after_ns=200_000_000)
+    with guard:
+        pass
+    assert guard._done is not None and not guard._done.locked()  # released: the watchdog returns
+    assert not fired.wait(0.5) and calls == []
+
+
+def test_nothing_is_watched_without_a_handler_a_deadline_or_the_real_clock(
+    handler: tuple[list[float], threading.Event],
+) -> None:
+    assert _deadline.hung_after(None)._done is None
+    assert _deadline.hung_after(0, clock=lambda: 0)._done is None  # a test's injected clock is not the watchdog's
+    _deadline.on_hung(None)
+    assert _deadline.hung_after(time.monotonic_ns())._done is None
+
+
+def _hung(tmp_path: Path, at_ms: int = 0) -> Path:
+    s = Scenario.h200(devices=1)
+    step = s if at_ms == 0 else s.at_ms(at_ms)
+    step.fault("nvmlDeviceGetMemoryInfo_v2", None, delay_ms=HANG_MS)
+    return s.write(tmp_path / "hung.txt")
+
+
+def _run(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NVMLCHECK_") or k == "NVMLCHECK_STUB_CACHE"}
+    # The console script's own process (python -m: the same script()), where the handler is installed.
+    return subprocess.run([sys.executable, "-m", "nvmlcheck", *argv], capture_output=True, text=True, env=env,
+                          timeout=BOUND_S, check=False)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["wait", "--timeout", "0"],
+        ["ready", "--timeout", "0"],
+        ["ready", "--timeout", "0.2"],
+        ["wait", "--timeout", "0.2"],
+        ["select", "1", "--wait", "0.2"],
+    ],
+)
+def test_a_hung_reading_ends_the_command_with_exit_3(tmp_path: Path, command: list[str]) -> None:
+    done = _run(["--simulate", str(_hung(tmp_path)), *command])
+    assert done.returncode == 3, done.stderr
+    assert "has not returned" in done.stderr and "after the deadline" in done.stderr
+
+
+def test_a_call_hung_mid_wait_ends_it_with_an_error_document(tmp_path: Path) -> None:
+    s = Scenario.h200(devices=1)
+    s.add_process(0, 4_000_001, used_bytes=2**30)  # never clean: the wait polls on until the call hangs
+    s.at_ms(200).fault("nvmlDeviceGetMemoryInfo_v2", None, delay_ms=HANG_MS)
+    done = _run(["--json", "--simulate", str(s.write(tmp_path / "mid.txt")), "wait", "--timeout", "0.5"])
+    assert done.returncode == 3, done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["schema"] == "nvmlcheck/error" and doc["exit_code"] == 3
+    assert doc["error"]["type"] == "HungReading" and "has not returned" in doc["error"]["message"]
+
+
+def test_in_process_callers_get_no_handler(tmp_path: Path) -> None:
+    # main() in a tool's own process must never end that process: only the script installs the handler.
+    from nvmlcheck import cli
+
+    assert cli.main(["--simulate", "h200", "wait", "--timeout", "0"]) == 0
+    assert _deadline._hung_handler is None
