@@ -5,8 +5,9 @@ each process's identity, so a signal can never reach a process that took a targe
 sends the first signal; :meth:`KillPlan.wait` escalates to SIGKILL after the grace period (any target still alive,
 on a GPU list or not), follows late-spawned descendants with ``tree=True``, and returns a :class:`KillResult` only
 when every target has exited *and* the GPUs are clean. The split lets a CLI signal before it loads NVML.
-:func:`kill_and_wait` does all three. Refused: PID 0, 1, negatives, PIDs above ``pid_max``, threads, this process
-and every ancestor of it. Nothing is ever reaped. Rationale, guarantees and limits: docs/killing.md.
+:func:`kill_and_wait` does all three. Refused: PID 0, 1, negatives, PIDs above ``pid_max``, threads, kernel
+threads, this process and every ancestor of it. Nothing is ever reaped. Rationale, guarantees and limits:
+docs/killing.md.
 """
 
 from __future__ import annotations
@@ -63,9 +64,9 @@ AFTER_KILL_WAIT_S = 5.0
 
 
 class KillError(NvmlCheckError):
-    """A PID cannot be signalled: refused (not a process ID, PID 1, a thread, this process or an ancestor of it),
-    no such process (ESRCH), or not permitted (EPERM: another user's or another container's process). Raised before
-    anything is signalled."""
+    """A PID cannot be signalled: refused (not a process ID, PID 1, a thread, a kernel thread, this process or an
+    ancestor of it), no such process (ESRCH), or not permitted (EPERM: another user's or another container's
+    process). Raised before anything is signalled."""
 
     __module__ = "nvmlcheck"
 

@@ -376,6 +376,15 @@ def _dir_members(root: str) -> list[int]:
     return out
 
 
+def _not_own_namespace(parsed: ContainerSpec, proc: str) -> None:
+    """``pidns:INODE`` of this process's own PID namespace is refused as a root cgroup is: it holds every process this
+    one can see (kernel threads, the shell that runs it and that shell's other children)."""
+    if parsed.kind == "pidns" and parsed.value == str(procfs.pidns_inode("self", proc)):
+        raise _argument_error(f"pidns:{parsed.value} is this process's own PID namespace: it holds every process this "
+                              "one can see; give another namespace's inode (stat -L -c %i /proc/PID/ns/pid of a "
+                              "process inside it)")
+
+
 def members(spec: str | ContainerSpec, proc: str = "/proc") -> list[tuple[int, int]]:
     """``(pid, start_ticks)`` of every process (of this PID namespace's view) whose container matches ``spec``, by
     PID; monitors (LXC's, conmon, Slurm's step daemon) are left out unless a path or unit names them. Raises
@@ -390,6 +399,7 @@ def members(spec: str | ContainerSpec, proc: str = "/proc") -> list[tuple[int, i
             raise _argument_error(f"{parsed.value} is a root cgroup: it holds every process of the host")
         pids = sorted(set(_dir_members(parsed.value)))
     else:
+        _not_own_namespace(parsed, proc)
         pids = sorted(int(name) for name in os.listdir(proc) if name.isdigit())
     out: list[tuple[int, int]] = []
     full: set[str] = set()

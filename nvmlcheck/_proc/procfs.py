@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from typing import NamedTuple
 
 __all__ = [
+    "PF_KTHREAD",
     "PID_MAX_LIMIT",
     "STATE_WORDS",
     "ProcStat",
@@ -28,6 +29,7 @@ __all__ = [
     "children",
     "cmdline",
     "executable",
+    "is_kernel_thread",
     "pid_max",
     "pidns_inode",
     "read_cgroup",
@@ -55,13 +57,14 @@ if TYPE_CHECKING:
     class ProcStat(NamedTuple):
         """The fields of ``/proc/PID/stat`` nvmlcheck uses. ``start_ticks`` (field 22) is the start time in clock
         ticks since boot: with the PID it names one process for the life of the system (a recycled PID has a later
-        one)."""
+        one). ``flags`` (field 9): the kernel's ``PF_*`` bits (:data:`PF_KTHREAD` marks a kernel thread)."""
 
         pid: int
         comm: str
         state: str
         ppid: int
         start_ticks: int
+        flags: int = 0
 
     class ProcStatus(NamedTuple):
         """The fields of ``/proc/PID/status`` nvmlcheck uses (``None`` where the kernel does not print them).
@@ -80,7 +83,7 @@ if TYPE_CHECKING:
 else:  # the same tuples without typing or collections (2 ms of a kill's start-up before its first signal)
     from .._record import light_tuple
 
-    ProcStat = light_tuple("ProcStat", "pid comm state ppid start_ticks", module=__name__)
+    ProcStat = light_tuple("ProcStat", "pid comm state ppid start_ticks flags", (0,), __name__)
     ProcStatus = light_tuple("ProcStatus", "tgid uid nspid sig_ign sig_cgt sig_blk", (None, None, None), __name__)
 
 
@@ -128,9 +131,21 @@ def read_stat(pid: int | str, proc: str = "/proc", *, strict: bool = False) -> P
             state=rest[0].decode("ascii", "replace"),
             ppid=int(rest[1]),
             start_ticks=int(rest[19]),
+            flags=int(rest[6]),
         )
     except (IndexError, ValueError):
         return None
+
+
+#: ``PF_KTHREAD`` (include/linux/sched.h), in field 9 of ``/proc/PID/stat``: the task is a kernel thread. A kernel
+#: thread holds no GPU and is no process to kill: it ignores most signals, and the few that take one (``lockd``,
+#: ``nfsd``) are the kernel's services, not a job's.
+PF_KTHREAD = 0x00200000
+
+
+def is_kernel_thread(st: ProcStat) -> bool:
+    """Whether ``st`` (from :func:`read_stat`) is a kernel thread's (``PF_KTHREAD`` in its flags)."""
+    return bool(st.flags & PF_KTHREAD)
 
 
 def read_status(pid: int | str, proc: str = "/proc", *, strict: bool = False) -> ProcStatus | None:

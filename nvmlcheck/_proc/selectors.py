@@ -136,6 +136,8 @@ def by_container(spec: str | container.ContainerSpec, proc: str = "/proc") -> tu
         st = procfs.read_stat(pid, proc) if why is None else None
         if why is not None:
             skipped.append((pid, why))
+        elif st is not None and procfs.is_kernel_thread(st):
+            skipped.append((pid, "a kernel thread, not a process: it holds no GPU"))
         elif st is not None and st.state in ("Z", "X"):
             skipped.append((pid, "a zombie: it has exited already; its parent has to reap it"))
         else:

@@ -20,8 +20,8 @@ else:
 
 __all__ = [
     "ENV_END_WITH_STDIN", "SIGCHLD", "SIGCONT", "SIGHUP", "SIGINT", "SIGKILL", "SIGSTOP", "SIGTERM", "SIGURG",
-    "SIGWINCH", "STDIN_HELLO", "hang_up_at_stdin_eof", "has_pidfd_send", "name", "number", "pidfd_send",
-    "set_handler",
+    "SIGWINCH", "STDIN_HELLO", "STOP_SIGNALS", "hang_up_at_stdin_eof", "has_pidfd_send", "name", "number",
+    "pidfd_send", "set_handler", "stop_refusal",
 ]  # fmt: skip
 
 SIGCHLD: int = _signal.SIGCHLD
@@ -33,6 +33,9 @@ SIGSTOP: int = _signal.SIGSTOP
 SIGTERM: int = _signal.SIGTERM
 SIGURG: int = _signal.SIGURG
 SIGWINCH: int = _signal.SIGWINCH
+#: The signals that stop a process instead of ending it: never a kill's first signal (the target would stay,
+#: stopped, holding its GPU; with ``--grace never`` or an interrupt, for good).
+STOP_SIGNALS: frozenset[int] = frozenset((_signal.SIGSTOP, _signal.SIGTSTP, _signal.SIGTTIN, _signal.SIGTTOU))
 
 _names: dict[int, str] = {}
 
@@ -84,6 +87,12 @@ def number(word: str) -> int:
     if not isinstance(found, int) or wanted.startswith("SIG_"):
         raise ValueError(f"unknown signal {word!r}")
     return int(found)
+
+
+def stop_refusal(sig: int) -> str:
+    """Why a stop signal is never a kill's first signal."""
+    return (f"{name(sig)} stops a process instead of ending it: the target would stay, stopped, holding its GPU "
+            "(give TERM, INT, KILL, ...)")
 
 
 #: Set to ``1`` by a fleet (:mod:`nvmlcheck.hosts`) in the environment of each command it runs over ssh: the command

@@ -27,9 +27,12 @@ if TYPE_CHECKING:
     from ..holders import Holder
     from .pin import PinMode
 
-__all__ = ["EPERM", "Refused", "Target", "TargetSet", "prepare", "refusal"]
+__all__ = ["EPERM", "KERNEL_THREAD", "Refused", "Target", "TargetSet", "prepare", "refusal"]
 
 EPERM = "not permitted (EPERM): another user's process, or one in another container"
+#: Why a kernel thread is never a target (named: refused; chosen by a selector: left alone).
+KERNEL_THREAD = ("a kernel thread, not a process: it holds no GPU, and the kernel ignores signals to it (or, for "
+                 "the few that take one, runs a service of its own)")
 #: Rounds of stop-and-rescan before a tree's SIGKILL: each stops every member found, and a stopped process cannot
 #: fork, so a round that finds no new member proves the tree whole (a fast forker takes two or three).
 STOP_ROUNDS = 50
@@ -112,6 +115,8 @@ def pin_pid(pid: int, mode: PinMode, expect_start_ticks: int | None = None) -> P
     if status is not None and status.tgid is not None and status.tgid != pid:
         # /proc/TID exists for threads too; kill() of a TID would signal its whole process.
         raise Refused(pid, f"that is a thread of process {status.tgid}, not a process")
+    if _kernel_thread(pid, False):
+        raise Refused(pid, KERNEL_THREAD)
     try:
         return Pinned.open(pid, mode=mode, expect_start_ticks=expect_start_ticks)
     except ProcUnreadable as exc:
@@ -123,6 +128,16 @@ def pin_pid(pid: int, mode: PinMode, expect_start_ticks: int | None = None) -> P
         raise Refused(pid, "no such process (ESRCH)", "gone") from None
     except PermissionError:
         raise Refused(pid, EPERM, "eperm") from None
+
+
+def _kernel_thread(pid: int, started: bool) -> bool:
+    """Whether ``pid`` is a kernel thread (``False`` when it is gone: pinning says so); a ``/proc`` entry that cannot
+    be read is :class:`Refused`, as everywhere before a signal."""
+    try:
+        st = procfs.read_stat(pid, strict=True)
+    except ProcUnreadable as exc:
+        raise _unreadable(pid, exc, started) from None
+    return st is not None and procfs.is_kernel_thread(st)
 
 
 class TargetSet:
@@ -177,6 +192,9 @@ class TargetSet:
         known = {t.pid for t in self.items}
         for pid, ticks, found_by in entries:
             if pid in known:
+                continue
+            if _kernel_thread(pid, False):
+                self.left_alone.append((pid, KERNEL_THREAD))
                 continue
             try:
                 pinned = Pinned.open(pid, mode=self.pin_mode(pid), expect_start_ticks=ticks)
@@ -241,6 +259,8 @@ class TargetSet:
             raise _error("ArgumentError", "nothing to kill: no target")
         sig = first_signal
         signals.name(sig)  # ValueError for a number that is no signal, before anything is sent
+        if sig in signals.STOP_SIGNALS:
+            raise _error("ArgumentError", signals.stop_refusal(sig) + "; nothing was signalled")
         self.clock = clock
         self.first = sig
         self.sigkill_if_discarded = sigkill_if_discarded
@@ -348,11 +368,22 @@ class TargetSet:
             time.sleep(0.0002)
 
     def _resume_tree(self) -> None:
-        """SIGCONT every member after the SIGKILL: nothing stays stopped (one the SIGKILL did not reach, say)."""
+        """SIGCONT every member after the SIGKILL: nothing stays stopped (one the SIGKILL did not reach, or one that
+        got the first signal while stopped). An interrupt (Ctrl-C, SIGTERM to nvmlcheck) or an error on the way does
+        not cut the round short: every member is still resumed (each tried twice), then the first one is raised."""
         self.stopping = False
+        pending: BaseException | None = None
         for t in self.items:
-            if not t.pinned.exited():
-                self._quietly(t, signals.SIGCONT)
+            for _ in range(2):
+                try:
+                    if not t.pinned.exited():
+                        self._quietly(t, signals.SIGCONT)
+                    break
+                except BaseException as exc:  # re-raised below, once every member is resumed
+                    if pending is None:
+                        pending = exc
+        if pending is not None:
+            raise pending
 
     def scan_descendants(self) -> None:
         """Pin (``tree``) or remember (for the hint) the descendants of every living target. A ``/proc`` file that

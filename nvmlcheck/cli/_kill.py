@@ -151,6 +151,8 @@ def signal_first(args: argparse.Namespace) -> None:
     args.signalled = None
     args.dry_run_done = False
     args.selected_nothing = False
+    if signals.number(args.signal) in signals.STOP_SIGNALS:  # every form, before anything is read or signalled
+        raise UsageError(f"--signal {args.signal}: {signals.stop_refusal(signals.number(args.signal))}")
     if not _early(args):
         return
     try:

@@ -22,6 +22,57 @@ if TYPE_CHECKING:
     from ..model import DeviceState, Snapshot
 
 
+class _ClosedStdout:
+    """``sys.stdout`` when the command was started with it closed (``>&-``: Python then sets it to ``None``, and
+    ``print`` drops every line while ``json.dump`` and a flush raise AttributeError). A write fails as into a closed
+    pipe, so the answer that could not be delivered ends the command as ``| head -0`` does (docs/cli.md, "Exit
+    codes"): the verdict stands, an answer that *is* the output exits 141."""
+
+    encoding = "utf-8"
+    errors = "strict"
+
+    def write(self, text: str) -> int:
+        import errno
+
+        raise BrokenPipeError(errno.EBADF, "stdout is closed")
+
+    def flush(self) -> None:
+        """Nothing is buffered."""
+
+    def isatty(self) -> bool:
+        return False
+
+    def fileno(self) -> int:
+        import errno
+
+        raise OSError(errno.EBADF, "stdout is closed")  # descriptor 1 may name another file by now
+
+
+def _usable_streams() -> None:
+    """A closed stdout writes nowhere and says so (:class:`_ClosedStdout`); a closed stderr is ``/dev/null`` (what
+    would go there is read by no one either way, and the exit status still says the verdict). A stream whose
+    encoding cannot write every character (``PYTHONIOENCODING=ascii``, a Latin-1 terminal) escapes what it cannot
+    write (``\\xb5``): the ``µs`` of a timing or a process's name must not turn a verdict into an error."""
+    if sys.stdout is None:
+        sys.stdout = _ClosedStdout()
+    if sys.stderr is None:
+        sys.stderr = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 - the process's stderr from now on
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        encoding = (getattr(stream, "encoding", None) or "").lower().replace("_", "-")
+        if reconfigure is not None and getattr(stream, "errors", "strict") == "strict" and encoding not in _UTF:
+            try:  # noqa: SIM105 - contextlib is start-up this module avoids
+                reconfigure(errors="backslashreplace")
+            except (ValueError, OSError):  # a stream of a test harness that cannot be reconfigured: left as it is
+                pass
+
+
+#: The encodings that write every character.
+_UTF = ("utf-8", "utf8", "utf-16", "utf-32")
+
+_usable_streams()
+
+
 def human_bytes(n: int | None) -> str:
     """``16.0 GiB``, ``615.1 MiB``, ``512 B`` (:func:`nvmlcheck._units.format_bytes`); ``?`` for unknown."""
     return "?" if n is None else format_bytes(n)
@@ -47,14 +98,25 @@ def load_json_output(wanted: bool) -> None:
         from .. import jsonout  # noqa: F401
 
 
+#: Set while the command's stdout is a JSON Lines stream (``watch --json``): the error document that ends the stream
+#: (an interrupt, a device that does not exist) is then one line, as every event is.
+JSON_LINES = False
+
+
 def print_json(doc: dict[str, Any]) -> None:
-    """One document on stdout (``json`` is imported only when a document is printed: it costs start-up time)."""
+    """One document on stdout (``json`` is imported only when a document is printed: it costs start-up time); one
+    compact line under :data:`JSON_LINES`."""
     import json
 
     if SIMULATED:
         doc = marked_simulated(doc)
 
-    json.dump(doc, sys.stdout, indent=1)
+    global JSON_LINES
+    if JSON_LINES:
+        JSON_LINES = False  # the document that ends the stream: a later command run in this process prints its own
+        sys.stdout.write(json.dumps(doc, separators=(",", ":")))
+    else:
+        json.dump(doc, sys.stdout, indent=1)
     sys.stdout.write("\n")
     sys.stdout.flush()
 

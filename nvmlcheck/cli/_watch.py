@@ -25,7 +25,17 @@ _SLICE_S = 0.25
 
 def cmd_watch(args: argparse.Namespace) -> int:
     """Print each event of the selected GPUs as it arrives; flush every line (a pipe reader sees it at once)."""
+    from . import _output
 
+    # stdout is JSON Lines: an error document that ends the stream (Ctrl-C, SIGTERM, a bad --devices, no backend),
+    # printed by the command line's error path, is one line too.
+    _output.JSON_LINES = bool(args.json)
+    code = _watch(args)
+    _output.JSON_LINES = False  # ended without an error document
+    return code
+
+
+def _watch(args: argparse.Namespace) -> int:
     with open_session(args) as gpus:
         indices = gpus.resolve(args.devices)
         wanted = None if indices is None else frozenset(indices)

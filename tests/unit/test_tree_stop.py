@@ -132,3 +132,31 @@ def _second_call(then: object) -> object:
             then()  # type: ignore[operator]
 
     return scan
+
+
+class _InterruptedPin(_Pin):
+    """A member whose SIGCONT is interrupted once (Ctrl-C lands while the tree is resumed)."""
+
+    interrupted = False
+
+    def send(self, sig: int) -> bool:
+        if sig == signals.SIGCONT and not self.interrupted:
+            self.interrupted = True
+            raise KeyboardInterrupt
+        return super().send(sig)
+
+
+def test_an_interrupt_while_the_tree_is_resumed_still_resumes_every_member(
+    monkeypatch: pytest.MonkeyPatch, fake_time: _Time
+) -> None:
+    # Ctrl-C in the middle of the SIGCONT round: before the fix the round stopped there, and every member after the
+    # interrupted one stayed SIGSTOPped (a first signal it got while stopped stays pending: it holds its GPU for good).
+    pins = [_Pin(401, lag=0), _InterruptedPin(402, lag=0), _Pin(403, lag=0), _Pin(404, lag=0)]
+    tree = _tree(pins)
+    monkeypatch.setattr(tree, "scan_descendants", lambda: None)
+    tree.send_first(signals.SIGTERM, clock=lambda: 0)
+    with pytest.raises(KeyboardInterrupt):
+        tree.escalate(signals.SIGKILL)
+    for p in pins:
+        assert signals.SIGSTOP in p.sent and p.sent[-1] == signals.SIGCONT, (p.pid, p.sent)
+    assert not tree.stopping

@@ -1,0 +1,81 @@
+"""The command line's streams as an adversary leaves them: ``watch --json``'s error document (an interrupt, a bad
+``--devices``) kept to one line of its JSON Lines stream, a stdout closed at start (``>&-``), and a stdout whose
+encoding cannot write ``µ`` (``PYTHONIOENCODING=ascii``). Each used to end in a traceback, a multi-line document or a
+wrong exit status."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nvmlcheck.testing import Scenario
+
+pytestmark = pytest.mark.stub
+
+
+def _nvmlcheck(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "nvmlcheck", *argv], capture_output=True, text=True, timeout=120,
+                          check=False, env=env)
+
+
+def _json_lines(text: str) -> list[dict[str, object]]:
+    return [json.loads(line) for line in text.splitlines()]  # each line a document, as JSON Lines says
+
+
+def test_watch_json_error_document_is_one_line() -> None:
+    out = _nvmlcheck("--simulate", "h200", "--json", "watch", "--devices", "7", "--for", "1")
+    assert out.returncode == 2, out.stderr
+    docs = _json_lines(out.stdout)
+    assert [d["schema"] for d in docs] == ["nvmlcheck/error"] and docs[0]["exit_code"] == 2
+
+
+def test_watch_json_ended_by_sigterm_stays_json_lines(tmp_path: Path) -> None:
+    scenario = Scenario.h200()
+    scenario.at_ms(50).raise_event(0, "xid", xid=13)
+    path = scenario.write(tmp_path / "scenario.txt")
+    proc = subprocess.Popen([sys.executable, "-m", "nvmlcheck", "--simulate", str(path), "--json", "watch"],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert proc.stdout is not None
+        first = proc.stdout.readline()  # the event: the stream is running
+        proc.send_signal(signal.SIGTERM)
+        rest, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+    assert proc.returncode == 128 + signal.SIGTERM
+    docs = _json_lines(first + rest)
+    assert [d["schema"] for d in docs] == ["nvmlcheck/event", "nvmlcheck/error"]
+    assert docs[-1]["exit_code"] == 128 + signal.SIGTERM
+
+
+@pytest.mark.parametrize(("argv", "code"), [
+    (["snapshot"], 141),  # the answer is the output: not delivered
+    (["--json", "snapshot"], 141),
+    (["holders"], 141),
+    (["wait", "--timeout", "5"], 0),  # clean whether or not anyone reads it
+    (["--json", "wait", "--timeout", "5"], 0),
+])
+def test_a_closed_stdout_is_an_output_failure_not_a_traceback(argv: list[str], code: int) -> None:
+    # `nvmlcheck snapshot >&-`: Python sets sys.stdout to None; the command ended in an AttributeError traceback, exit 1
+    # (a clean wait included).
+    out = subprocess.run(["sh", "-c", 'exec "$@" >&-', "sh", sys.executable, "-m", "nvmlcheck", "--simulate", "h200",
+                          *argv], capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == code, out.stderr
+    assert "Traceback" not in out.stderr and "output failed (stdout is closed)" in out.stderr
+
+
+def test_an_ascii_stdout_escapes_what_it_cannot_write() -> None:
+    # "read in 312 µs" on an ASCII stdout raised UnicodeEncodeError, a ValueError: a clean wait exited 2, "usage error".
+    env = {**os.environ, "PYTHONIOENCODING": "ascii"}
+    for argv in (["wait", "--timeout", "5"], ["snapshot"]):
+        out = _nvmlcheck("--simulate", "h200", *argv, env=env)
+        assert out.returncode == 0, out.stderr
+        assert "\\xb5s" in out.stdout
