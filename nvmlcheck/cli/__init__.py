@@ -37,6 +37,8 @@ def script() -> None:
     from . import _common
 
     _common.FAST_EXIT = True
+    if sys.stdout is None or sys.stderr is None:  # started with >&- or 2>&-: _output makes both usable on import
+        from . import _output  # noqa: F401
     _common.start_nvml_early(sys.argv[1:])
     from .._proc.signals import hang_up_at_stdin_eof
 

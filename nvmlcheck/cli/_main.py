@@ -71,7 +71,10 @@ def _parse(argv: Sequence[str], json_errors: bool) -> argparse.Namespace | int:
         return quick  # type: ignore[return-value]
     from ._parser import GLOBAL_OPTIONS, build_parser, command_in
 
-    parser = build_parser(json_errors=json_errors, only=command_in(argv))
+    only = command_in(argv)
+    if json_errors and only == "watch":  # its stdout is JSON Lines: an argument error's document is one line too
+        _module("_output").JSON_LINES = True  # type: ignore[attr-defined]
+    parser = build_parser(json_errors=json_errors, only=only)
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help, --version, or an argument error (already printed)

@@ -452,7 +452,7 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
                                                    "NVIDIA device files",
                              description="List every process that holds a selected GPU: the NVML process lists "
                                          "joined with the processes of this PID namespace that have an NVIDIA device "
-                                         "file open ($NVMLCHECK_DEVICE_FILES, default /dev/nvidia*), and how each was "
+                                         "file open (a character device of NVIDIA's: /dev/nvidia*), and how each was "
                                          "found. A process on a list but not seen here is named with why (another PID "
                                          "namespace, no permission). What `kill --all-holders`/--all-on-gpu would "
                                          "choose from.")

@@ -79,3 +79,41 @@ def test_an_ascii_stdout_escapes_what_it_cannot_write() -> None:
         out = _nvmlcheck("--simulate", "h200", *argv, env=env)
         assert out.returncode == 0, out.stderr
         assert "\\xb5s" in out.stdout
+
+
+@pytest.mark.parametrize(("argv", "code"), [
+    (["wait", "--timeout", "x"], 2),  # a usage error, decided before any command module loads
+    (["kill", "--signal", "NOPE", "1"], 2),
+])
+def test_a_closed_stdout_with_an_argument_error_is_still_the_usage_error(argv: list[str], code: int) -> None:
+    # The streams were made usable only when a command module loaded _output: an argument error before that ended in
+    # an AttributeError traceback, exit 1.
+    out = subprocess.run(["sh", "-c", 'exec "$@" >&-', "sh", sys.executable, "-m", "nvmlcheck", *argv],
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == code, out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_watch_json_argument_error_is_one_line() -> None:
+    # The parser's own error (before cmd_watch set the one-line mode) was an indented document over nine lines.
+    out = _nvmlcheck("--json", "watch", "--for", "-1")
+    assert out.returncode == 2, out.stderr
+    docs = _json_lines(out.stdout)
+    assert [d["schema"] for d in docs] == ["nvmlcheck/error"] and docs[0]["exit_code"] == 2
+
+
+def test_every_environment_variable_a_help_names_is_one_nvmlcheck_reads() -> None:
+    # `holders --help` named $NVMLCHECK_DEVICE_FILES, removed releases ago (no variable changes the device-file rule).
+    import re
+
+    from nvmlcheck.cli._parser import build_parser
+
+    root = Path(__file__).resolve().parents[2] / "nvmlcheck"
+    source = "\n".join(p.read_text(encoding="utf-8") for p in root.rglob("*.py") if p.name != "_parser.py")
+    parser = build_parser(json_errors=False, only=None)
+    texts = [parser.format_help()]
+    for action in parser._subparsers._group_actions if parser._subparsers else ():  # every command's help
+        texts += [sub.format_help() for sub in getattr(action, "choices", {}).values()]
+    named = set(re.findall(r"NVMLCHECK_[A-Z_]+", "\n".join(texts)))
+    unread = sorted(n for n in named if not re.search(rf"[\"']{n}[\"']", source))
+    assert not unread, f"help texts name variables nothing reads: {unread}"
