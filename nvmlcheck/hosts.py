@@ -24,7 +24,6 @@ import secrets
 import shlex
 import shutil
 import signal
-import subprocess
 import tempfile
 import threading
 import time
@@ -481,8 +480,10 @@ class Fleet:
         self._running: set[Child] = set()
         self._closed = False
         self._token = secrets.token_hex(8)
-        self._guard: subprocess.Popen[bytes] | None = None
-        self._guard_w: int | None = None  # the write end of the guard's stdin: only this process holds it
+        from ._proc.guard import Guard
+
+        # Kills the ssh clients, ends the masters and removes their directory should this process die first.
+        self._guard = Guard([self.ssh, *self.ssh_options])
         self._guarded_dir: str | None = None
 
     # -- argv ---------------------------------------------------------------------------------------------------------
@@ -542,67 +543,14 @@ class Fleet:
             if self._closed:
                 raise StateError("this Fleet was stopped")
             if self._control_dir is not None and self._control_dir != self._guarded_dir:
-                self._tell_guard(f"dir {self._control_dir}")
+                self._guard.directory(self._control_dir)
                 self._guarded_dir = self._control_dir
-            # stdin held open: its end (this call giving up, this process dying) ends the remote command too.
+            # stdin held open: its end (this call giving up, this process dying) ends the remote command too. The
+            # guard is told of the child at its start and forgets it at its reaping.
             child = Child(argv, after_exit_s=_PIPE_GRACE_S, max_output_bytes=self.max_output_bytes,
-                          hold_stdin=STDIN_HELLO)
+                          hold_stdin=STDIN_HELLO, guard=self._guard)
             self._running.add(child)
-            start = _start_ticks(child.proc.pid)
-            if start is not None:
-                self._tell_guard(f"pid {child.proc.pid} {start}")
         return child
-
-    # -- the guard ----------------------------------------------------------------------------------------------------
-
-    def _tell_guard(self, line: str) -> None:
-        """Tell the guard process (started on first use) one fact; the lock is held. A guard that cannot be started
-        or has died costs only the cleanup after a SIGKILL: the fleet works without it."""
-        if self._guard_w is None and self._guard is None:
-            self._start_guard()
-        if self._guard_w is None:
-            return
-        try:
-            os.write(self._guard_w, f"{line}\n".encode())
-        except OSError:
-            os.close(self._guard_w)
-            self._guard_w = None
-
-    def _start_guard(self) -> None:
-        import sys
-
-        from ._proc import guard
-
-        read_end, write_end = os.pipe()  # both close-on-exec: no ssh child inherits the write end
-        try:
-            self._guard = subprocess.Popen(
-                [sys.executable, "-I", "-S", guard.__file__, "--", self.ssh, *self.ssh_options],
-                stdin=read_end, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, cwd="/",
-            )
-        except OSError:
-            os.close(write_end)
-            self._guard = None
-            self._guard_w = None
-            return
-        finally:
-            os.close(read_end)
-        self._guard_w = write_end
-
-    def _dismiss_guard(self) -> None:
-        """After a clean close: tell the guard there is nothing to do, and reap it."""
-        with self._lock:
-            guard, write_end = self._guard, self._guard_w
-            self._guard, self._guard_w = None, None
-        if write_end is not None:
-            with contextlib.suppress(OSError):
-                os.write(write_end, b"exit\n")
-            os.close(write_end)
-        if guard is not None:
-            try:
-                guard.wait(_EXIT_WAIT_S)
-            except subprocess.TimeoutExpired:
-                guard.kill()
-                guard.wait()
 
     def _finish(self, child: Child, deadline: float | None) -> tuple[int | None, str, str]:
         """Read its output until it exits, killing its group at ``deadline`` (monotonic) or when the fleet is
@@ -623,8 +571,6 @@ class Fleet:
             child.close()
             with self._lock:
                 self._running.discard(child)
-                if child.returncode is not None:  # reaped: its PID may be reused, the guard must forget it
-                    self._tell_guard(f"done {child.proc.pid}")
         rc = child.returncode
         if not answered or rc is None or rc < 0:  # killed here, or by a signal: no answer
             rc = None
@@ -876,7 +822,7 @@ class Fleet:
                 finally:
                     shutil.rmtree(directory, ignore_errors=True)
         finally:
-            self._dismiss_guard()  # everything it would have done is done
+            self._guard.dismiss()  # everything it would have done is done
 
     def __enter__(self) -> Fleet:
         return self
