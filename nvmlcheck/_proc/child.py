@@ -5,6 +5,10 @@ argv (never a shell) in a new session, so one ``killpg`` reaches everything it s
 through this class, after the reading is over, so its pid (= the group id) cannot be reused while a signal may
 still be sent to the group.
 
+What the leader leaves in its group ends with the run: when the leader has exited, the group is SIGKILLed just
+before the leader is reaped (its pid, the group id, is still ours then), as at a deadline. A process that left the
+group (a new session: an ssh ControlMaster daemonises so) is not reached, and is not meant to be.
+
 Given a :class:`~nvmlcheck._proc.guard.Guard`, the child is told to it when started and forgotten when reaped: should
 this process die without cleaning up (SIGKILL), the guard process SIGKILLs the child's group.
 
@@ -222,8 +226,12 @@ class Child:
             return True
 
     def _reap(self) -> bool:
-        """Reap the leader if it exited (and tell the guard, if any). True when reaped."""
+        """Reap the leader if it exited; first SIGKILL what it left in its group (its exit was seen and it is not
+        reaped: its pid, the group id, is still ours). True when reaped."""
         with self._reap_lock:
+            if self.proc.returncode is None and self._exited_ns is not None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.poll()
             guard = self._guard if self.proc.returncode is not None else None
             if guard is not None:

@@ -214,6 +214,18 @@ def test_no_wait_for_a_held_pipe_goes_past_the_deadline(tmp_path: Path, pids: Ca
     assert scontrol.runs[0].exit_code is None
 
 
+def test_what_scontrol_leaves_in_its_group_after_exit_0_is_killed(tmp_path: Path,
+                                                                   pids: Callable[[], list[int]]) -> None:
+    # A helper left in scontrol's process group (not in a session of its own: that one is not ours) ends with the
+    # run, as a run cut at its deadline does, and as a fleet's ssh leaves nothing in its group.
+    scontrol = slurm.Scontrol(str(fake(tmp_path, f"sleep 300 >/dev/null 2>&1 &\necho $! >> {tmp_path}/pids\n"
+                                                 f'echo "{NODE_LINE}"; exit 0')))
+    assert scontrol.node("n1", deadline_ns=guard()).state == "IDLE"
+    assert scontrol.runs[0].exit_code == 0
+    assert len(pids()) == 1
+    eventually(lambda: gone(pids()[0]), "what scontrol left in its group outlived its run")
+
+
 # --- one that cannot be started --------------------------------------------------------------------------------------
 
 

@@ -91,6 +91,26 @@ def test_the_default_bound_is_a_few_mib() -> None:
         Fleet(max_output_bytes=0)
 
 
+def test_what_ssh_leaves_in_its_group_after_answering_is_killed(tmp_path: Path) -> None:
+    # A helper left in the ssh client's process group (a ProxyCommand that outlives its client, say) ends with the
+    # run, as the Slurm gate's scontrol's does; a ControlMaster is in a session of its own and is not reached.
+    pid_file = tmp_path / "stray.pid"
+    ssh = _fake_ssh(tmp_path, "import subprocess\n"
+                              "p = subprocess.Popen(['sleep', '300'], stdout=subprocess.DEVNULL, "
+                              "stderr=subprocess.DEVNULL)\n"
+                              f"open({str(pid_file)!r}, 'w').write(str(p.pid))\n"
+                              f"print({SNAPSHOT_DOC!r})")
+    try:
+        with Fleet(ssh=ssh, control_master=False) as fleet:
+            (result,) = fleet.run(["gpu01"], ["snapshot"], deadline_s=60.0)
+        assert result.error is None and result.verdict == "clean"
+        assert _gone_within(int(pid_file.read_text())), "what ssh left in its group outlived its run"
+    finally:
+        if pid_file.exists() and pid_file.read_text():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+
 # --- hosts files ---------------------------------------------------------------------------------------------------
 
 
