@@ -427,6 +427,95 @@ def _sweep_stale_control_dirs(ssh: str, ssh_options: Sequence[str]) -> None:
         guard.end_masters([ssh, *ssh_options], path)
 
 
+class _Workers:
+    """The worker threads of one :meth:`Fleet.run`: each takes hosts until none is left (or the call is over) and
+    answers each with ``answer``; the caller's thread collects the results and waits for the workers' end."""
+
+    def __init__(self, targets: Sequence[Host], answer: Callable[[Host], HostResult]) -> None:
+        self.targets = targets
+        self.answer = answer
+        self.results: dict[int, HostResult] = {}
+        self.todo: queue.SimpleQueue[int] = queue.SimpleQueue()
+        for i in range(len(targets)):
+            self.todo.put(i)
+        self.finished = threading.Condition()
+        # Workers running and whether the call is over (a worker that begins after that takes no host), both under
+        # ``finished``: the end is waited for with them, never Thread.join (see await_end).
+        self.busy = 0
+        self.over = False
+
+    def work(self) -> None:
+        """A worker thread's body."""
+        with self.finished:
+            if self.over:
+                return
+            self.busy += 1
+        try:
+            while True:
+                with self.finished:
+                    if self.over:
+                        return
+                try:
+                    i = self.todo.get_nowait()
+                except queue.Empty:
+                    return
+                host = self.targets[i]
+                try:
+                    result = self.answer(host)
+                except Exception as exc:  # a bug must not look like a clean host, nor leave the caller waiting
+                    result = HostResult(host, None, None, HostError(str(host), f"internal error: {exc!r}"))
+                with self.finished:
+                    self.results[i] = result
+                    self.finished.notify_all()
+        finally:
+            with self.finished:
+                self.busy -= 1
+                self.finished.notify_all()
+
+    def results_when_done(
+        self, on_progress: Callable[[Sequence[Host], Sequence[HostResult]], object] | None
+    ) -> dict[int, HostResult]:
+        """Wait (in the caller's thread) until every host has its result, reporting progress about 10 times a
+        second."""
+        finished, results, targets = self.finished, self.results, self.targets
+        with finished:
+            while len(results) < len(targets):
+                # A bounded wait, so signals reach the caller's thread promptly and progress is reported.
+                finished.wait(0.1)
+                if on_progress is not None:
+                    done = [results[i] for i in sorted(results)]
+                    pending = [targets[i] for i in range(len(targets)) if i not in results]
+                    finished.release()
+                    try:
+                        on_progress(pending, done)
+                    finally:
+                        finished.acquire()
+        return results
+
+    def await_end(self, stop: Callable[[], object] | None) -> None:
+        """End the call and wait until no worker runs. Not ``Thread.join``: one cut by an exception can mark a
+        running thread stopped (Python 3.11, bpo-45274's handling), and run() would return while a worker still
+        runs, free to start an nvidia-smi over ssh after the fleet's last stop. ``stop``: after an interruption,
+        called each slice (a fallback may have started a run since the last); a further Ctrl-C or SIGTERM here is
+        held until every worker has ended (they do within a slice or a reaping once stopped), then raised."""
+        late: BaseException | None = None
+        while True:
+            try:
+                with self.finished:
+                    self.over = True
+                    if self.busy == 0:
+                        break
+                    self.finished.wait(0.05)
+                if stop is not None:
+                    stop()
+            except BaseException as exc:  # a second interruption: the workers are still waited for
+                late = exc
+                if stop is not None:
+                    stop()
+        if late is not None:
+            raise late
+
+
 class Fleet:
     """Runs nvmlcheck commands on hosts; owns the ssh ControlMaster sockets (a private temporary directory).
 
@@ -691,7 +780,8 @@ class Fleet:
         answer for a host without nvmlcheck (see :func:`run_on_hosts`); ``None``: such a host fails with
         :class:`NoRemoteNvmlcheck`. ``on_progress(pending, done)`` is called in the caller's thread about 10 times a
         second while hosts are pending, and once at the end. Any exception in the caller's thread while waiting
-        (KeyboardInterrupt, the CLI's Terminated) kills every ssh child before it propagates.
+        (KeyboardInterrupt, the CLI's Terminated) kills every ssh child before it propagates, and every worker thread
+        has ended when it does (a further interruption meanwhile is held until then, then raised).
         """
         targets = parse_hosts(hosts)
         if not command or command[0] not in COMMANDS:
@@ -700,49 +790,20 @@ class Fleet:
             deadline_s = _deadline_for(timeout_s, self.connect_timeout_s)
         if deadline_s is not None and not deadline_s < _FOREVER_S:  # inf, NaN, 1e308: no deadline
             deadline_s = None
-        results: dict[int, HostResult] = {}
-        todo: queue.SimpleQueue[int] = queue.SimpleQueue()
-        for i in range(len(targets)):
-            todo.put(i)
-        finished = threading.Condition()
-
-        def worker() -> None:
-            while True:
-                try:
-                    i = todo.get_nowait()
-                except queue.Empty:
-                    return
-                try:
-                    result = self._one(targets[i], command, deadline_s, fallback)
-                except Exception as exc:  # a bug must not look like a clean host, nor leave the caller waiting
-                    result = HostResult(targets[i], None, None, HostError(str(targets[i]), f"internal error: {exc!r}"))
-                with finished:
-                    results[i] = result
-                    finished.notify_all()
-
-        threads = [threading.Thread(target=worker, name=f"nvmlcheck-host-{n}", daemon=True)
+        pool = _Workers(targets, lambda host: self._one(host, command, deadline_s, fallback))
+        threads = [threading.Thread(target=pool.work, name=f"nvmlcheck-host-{n}", daemon=True)
                    for n in range(min(self.fanout, len(targets)))]
+        interrupted = False
         try:
             for t in threads:
                 t.start()
-            with finished:
-                while len(results) < len(targets):
-                    # A bounded wait, so signals reach the caller's thread promptly and progress is reported.
-                    finished.wait(0.1)
-                    if on_progress is not None:
-                        done = [results[i] for i in sorted(results)]
-                        pending = [targets[i] for i in range(len(targets)) if i not in results]
-                        finished.release()
-                        try:
-                            on_progress(pending, done)
-                        finally:
-                            finished.acquire()
+            results = pool.results_when_done(on_progress)
         except BaseException:
+            interrupted = True
             self.stop()
             raise
         finally:
-            for t in threads:
-                t.join()
+            pool.await_end(self.stop if interrupted else None)
         ordered = [results[i] for i in range(len(targets))]
         if on_progress is not None:
             on_progress([], ordered)
