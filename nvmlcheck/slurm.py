@@ -48,6 +48,7 @@ __all__ = [
     "SlurmJob",
     "await_ready",
     "cause_of",
+    "check_node_name",
     "clean_text",
     "drain_reason",
     "epilog",
@@ -924,13 +925,28 @@ def _find_scontrol() -> str | None:
 
 
 def node_name(given: str | None = None, env: Mapping[str, str] | None = None) -> str:
-    """The node to drain: ``given``, else ``$SLURMD_NODENAME``, else the short host name."""
+    """The node to drain: ``given``, else ``$SLURMD_NODENAME``, else the short host name. ``ArgumentError`` (a
+    ``ValueError``, naming where it came from) for what is not one node's name (:func:`check_node_name`)."""
     env = os.environ if env is None else env
     if given:
-        return given
+        return check_node_name(given, "--node")
     if env.get("SLURMD_NODENAME"):
-        return env["SLURMD_NODENAME"]
+        return check_node_name(env["SLURMD_NODENAME"], "$SLURMD_NODENAME")
     import socket
 
-    return socket.gethostname().split(".")[0]
+    return check_node_name(socket.gethostname().split(".")[0], "the host name")
+
+
+def check_node_name(name: str, source: str = "the node name") -> str:
+    """``name`` if it names one node, else ``ArgumentError`` naming ``source``. scontrol reads ``NodeName=`` as a
+    hostlist expression: ``n1,n2`` or ``gpu[01-64]`` would drain (or resume) other nodes than this one, and a name
+    starting with ``-`` would be read as an option; so a comma, a bracket, ``=``, a space or a control character,
+    a leading ``-`` and the empty name are refused."""
+    bad = [c for c in name if c in ",[]=" or not "!" <= c <= "~"]
+    if not name or name.startswith("-") or bad or len(name) > 255:
+        why = (f"{_shown(''.join(dict.fromkeys(bad)))} in it" if bad else "empty" if not name else
+               "it starts with '-'" if name.startswith("-") else "longer than 255 characters")
+        raise ArgumentError(f"{source}={_shown(name)} is not one node's name ({why}): scontrol would act on other "
+                            "nodes, or read it as an option")
+    return name
 
