@@ -24,7 +24,6 @@ import secrets
 import shlex
 import shutil
 import signal
-import subprocess
 import tempfile
 import threading
 import time
@@ -428,6 +427,95 @@ def _sweep_stale_control_dirs(ssh: str, ssh_options: Sequence[str]) -> None:
         guard.end_masters([ssh, *ssh_options], path)
 
 
+class _Workers:
+    """The worker threads of one :meth:`Fleet.run`: each takes hosts until none is left (or the call is over) and
+    answers each with ``answer``; the caller's thread collects the results and waits for the workers' end."""
+
+    def __init__(self, targets: Sequence[Host], answer: Callable[[Host], HostResult]) -> None:
+        self.targets = targets
+        self.answer = answer
+        self.results: dict[int, HostResult] = {}
+        self.todo: queue.SimpleQueue[int] = queue.SimpleQueue()
+        for i in range(len(targets)):
+            self.todo.put(i)
+        self.finished = threading.Condition()
+        # Workers running and whether the call is over (a worker that begins after that takes no host), both under
+        # ``finished``: the end is waited for with them, never Thread.join (see await_end).
+        self.busy = 0
+        self.over = False
+
+    def work(self) -> None:
+        """A worker thread's body."""
+        with self.finished:
+            if self.over:
+                return
+            self.busy += 1
+        try:
+            while True:
+                with self.finished:
+                    if self.over:
+                        return
+                try:
+                    i = self.todo.get_nowait()
+                except queue.Empty:
+                    return
+                host = self.targets[i]
+                try:
+                    result = self.answer(host)
+                except Exception as exc:  # a bug must not look like a clean host, nor leave the caller waiting
+                    result = HostResult(host, None, None, HostError(str(host), f"internal error: {exc!r}"))
+                with self.finished:
+                    self.results[i] = result
+                    self.finished.notify_all()
+        finally:
+            with self.finished:
+                self.busy -= 1
+                self.finished.notify_all()
+
+    def results_when_done(
+        self, on_progress: Callable[[Sequence[Host], Sequence[HostResult]], object] | None
+    ) -> dict[int, HostResult]:
+        """Wait (in the caller's thread) until every host has its result, reporting progress about 10 times a
+        second."""
+        finished, results, targets = self.finished, self.results, self.targets
+        with finished:
+            while len(results) < len(targets):
+                # A bounded wait, so signals reach the caller's thread promptly and progress is reported.
+                finished.wait(0.1)
+                if on_progress is not None:
+                    done = [results[i] for i in sorted(results)]
+                    pending = [targets[i] for i in range(len(targets)) if i not in results]
+                    finished.release()
+                    try:
+                        on_progress(pending, done)
+                    finally:
+                        finished.acquire()
+        return results
+
+    def await_end(self, stop: Callable[[], object] | None) -> None:
+        """End the call and wait until no worker runs. Not ``Thread.join``: one cut by an exception can mark a
+        running thread stopped (Python 3.11, bpo-45274's handling), and run() would return while a worker still
+        runs, free to start an nvidia-smi over ssh after the fleet's last stop. ``stop``: after an interruption,
+        called each slice (a fallback may have started a run since the last); a further Ctrl-C or SIGTERM here is
+        held until every worker has ended (they do within a slice or a reaping once stopped), then raised."""
+        late: BaseException | None = None
+        while True:
+            try:
+                with self.finished:
+                    self.over = True
+                    if self.busy == 0:
+                        break
+                    self.finished.wait(0.05)
+                if stop is not None:
+                    stop()
+            except BaseException as exc:  # a second interruption: the workers are still waited for
+                late = exc
+                if stop is not None:
+                    stop()
+        if late is not None:
+            raise late
+
+
 class Fleet:
     """Runs nvmlcheck commands on hosts; owns the ssh ControlMaster sockets (a private temporary directory).
 
@@ -481,8 +569,10 @@ class Fleet:
         self._running: set[Child] = set()
         self._closed = False
         self._token = secrets.token_hex(8)
-        self._guard: subprocess.Popen[bytes] | None = None
-        self._guard_w: int | None = None  # the write end of the guard's stdin: only this process holds it
+        from ._proc.guard import Guard
+
+        # Kills the ssh clients, ends the masters and removes their directory should this process die first.
+        self._guard = Guard([self.ssh, *self.ssh_options])
         self._guarded_dir: str | None = None
 
     # -- argv ---------------------------------------------------------------------------------------------------------
@@ -542,67 +632,14 @@ class Fleet:
             if self._closed:
                 raise StateError("this Fleet was stopped")
             if self._control_dir is not None and self._control_dir != self._guarded_dir:
-                self._tell_guard(f"dir {self._control_dir}")
+                self._guard.directory(self._control_dir)
                 self._guarded_dir = self._control_dir
-            # stdin held open: its end (this call giving up, this process dying) ends the remote command too.
+            # stdin held open: its end (this call giving up, this process dying) ends the remote command too. The
+            # guard is told of the child at its start and forgets it at its reaping.
             child = Child(argv, after_exit_s=_PIPE_GRACE_S, max_output_bytes=self.max_output_bytes,
-                          hold_stdin=STDIN_HELLO)
+                          hold_stdin=STDIN_HELLO, guard=self._guard)
             self._running.add(child)
-            start = _start_ticks(child.proc.pid)
-            if start is not None:
-                self._tell_guard(f"pid {child.proc.pid} {start}")
         return child
-
-    # -- the guard ----------------------------------------------------------------------------------------------------
-
-    def _tell_guard(self, line: str) -> None:
-        """Tell the guard process (started on first use) one fact; the lock is held. A guard that cannot be started
-        or has died costs only the cleanup after a SIGKILL: the fleet works without it."""
-        if self._guard_w is None and self._guard is None:
-            self._start_guard()
-        if self._guard_w is None:
-            return
-        try:
-            os.write(self._guard_w, f"{line}\n".encode())
-        except OSError:
-            os.close(self._guard_w)
-            self._guard_w = None
-
-    def _start_guard(self) -> None:
-        import sys
-
-        from ._proc import guard
-
-        read_end, write_end = os.pipe()  # both close-on-exec: no ssh child inherits the write end
-        try:
-            self._guard = subprocess.Popen(
-                [sys.executable, "-I", "-S", guard.__file__, "--", self.ssh, *self.ssh_options],
-                stdin=read_end, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, cwd="/",
-            )
-        except OSError:
-            os.close(write_end)
-            self._guard = None
-            self._guard_w = None
-            return
-        finally:
-            os.close(read_end)
-        self._guard_w = write_end
-
-    def _dismiss_guard(self) -> None:
-        """After a clean close: tell the guard there is nothing to do, and reap it."""
-        with self._lock:
-            guard, write_end = self._guard, self._guard_w
-            self._guard, self._guard_w = None, None
-        if write_end is not None:
-            with contextlib.suppress(OSError):
-                os.write(write_end, b"exit\n")
-            os.close(write_end)
-        if guard is not None:
-            try:
-                guard.wait(_EXIT_WAIT_S)
-            except subprocess.TimeoutExpired:
-                guard.kill()
-                guard.wait()
 
     def _finish(self, child: Child, deadline: float | None) -> tuple[int | None, str, str]:
         """Read its output until it exits, killing its group at ``deadline`` (monotonic) or when the fleet is
@@ -623,8 +660,6 @@ class Fleet:
             child.close()
             with self._lock:
                 self._running.discard(child)
-                if child.returncode is not None:  # reaped: its PID may be reused, the guard must forget it
-                    self._tell_guard(f"done {child.proc.pid}")
         rc = child.returncode
         if not answered or rc is None or rc < 0:  # killed here, or by a signal: no answer
             rc = None
@@ -745,7 +780,8 @@ class Fleet:
         answer for a host without nvmlcheck (see :func:`run_on_hosts`); ``None``: such a host fails with
         :class:`NoRemoteNvmlcheck`. ``on_progress(pending, done)`` is called in the caller's thread about 10 times a
         second while hosts are pending, and once at the end. Any exception in the caller's thread while waiting
-        (KeyboardInterrupt, the CLI's Terminated) kills every ssh child before it propagates.
+        (KeyboardInterrupt, the CLI's Terminated) kills every ssh child before it propagates, and every worker thread
+        has ended when it does (a further interruption meanwhile is held until then, then raised).
         """
         targets = parse_hosts(hosts)
         if not command or command[0] not in COMMANDS:
@@ -754,49 +790,20 @@ class Fleet:
             deadline_s = _deadline_for(timeout_s, self.connect_timeout_s)
         if deadline_s is not None and not deadline_s < _FOREVER_S:  # inf, NaN, 1e308: no deadline
             deadline_s = None
-        results: dict[int, HostResult] = {}
-        todo: queue.SimpleQueue[int] = queue.SimpleQueue()
-        for i in range(len(targets)):
-            todo.put(i)
-        finished = threading.Condition()
-
-        def worker() -> None:
-            while True:
-                try:
-                    i = todo.get_nowait()
-                except queue.Empty:
-                    return
-                try:
-                    result = self._one(targets[i], command, deadline_s, fallback)
-                except Exception as exc:  # a bug must not look like a clean host, nor leave the caller waiting
-                    result = HostResult(targets[i], None, None, HostError(str(targets[i]), f"internal error: {exc!r}"))
-                with finished:
-                    results[i] = result
-                    finished.notify_all()
-
-        threads = [threading.Thread(target=worker, name=f"nvmlcheck-host-{n}", daemon=True)
+        pool = _Workers(targets, lambda host: self._one(host, command, deadline_s, fallback))
+        threads = [threading.Thread(target=pool.work, name=f"nvmlcheck-host-{n}", daemon=True)
                    for n in range(min(self.fanout, len(targets)))]
+        interrupted = False
         try:
             for t in threads:
                 t.start()
-            with finished:
-                while len(results) < len(targets):
-                    # A bounded wait, so signals reach the caller's thread promptly and progress is reported.
-                    finished.wait(0.1)
-                    if on_progress is not None:
-                        done = [results[i] for i in sorted(results)]
-                        pending = [targets[i] for i in range(len(targets)) if i not in results]
-                        finished.release()
-                        try:
-                            on_progress(pending, done)
-                        finally:
-                            finished.acquire()
+            results = pool.results_when_done(on_progress)
         except BaseException:
+            interrupted = True
             self.stop()
             raise
         finally:
-            for t in threads:
-                t.join()
+            pool.await_end(self.stop if interrupted else None)
         ordered = [results[i] for i in range(len(targets))]
         if on_progress is not None:
             on_progress([], ordered)
@@ -876,7 +883,7 @@ class Fleet:
                 finally:
                     shutil.rmtree(directory, ignore_errors=True)
         finally:
-            self._dismiss_guard()  # everything it would have done is done
+            self._guard.dismiss()  # everything it would have done is done
 
     def __enter__(self) -> Fleet:
         return self

@@ -48,6 +48,7 @@ __all__ = [
     "SlurmJob",
     "await_ready",
     "cause_of",
+    "check_node_name",
     "clean_text",
     "drain_reason",
     "epilog",
@@ -770,7 +771,12 @@ def parse_node_line(line: str) -> NodeState:
 class Scontrol:
     """Runs ``scontrol`` (``path``: this one; default found on ``PATH`` or in :data:`SCONTROL_DIRS`) with a deadline
     and a group kill, or, with ``dry_run``, gives each command to ``echo`` (one shell-quoted line) instead of running
-    those that change the node. Every run is kept in :attr:`runs`."""
+    those that change the node. Every run is kept in :attr:`runs`.
+
+    Each scontrol runs in a session of its own (so that one kill reaches what it started), out of reach of a kill of
+    this process's group: while it runs, a guard process (:class:`nvmlcheck._proc.guard.Guard`, as a fleet's for its
+    ssh clients) stands ready to SIGKILL its group should this process die without doing it (SIGKILL, the OOM
+    killer)."""
 
     def __init__(self, path: str | None = None, *, dry_run: bool = False,
                  echo: Callable[[str], object] | None = None) -> None:
@@ -872,14 +878,19 @@ def _run_child(argv: tuple[str, ...], deadline_ns: int) -> ScontrolRun:
 
 
 def _run_until(argv: tuple[str, ...], deadline_ns: int, should_stop: Callable[[], bool],
-               started: list[Child]) -> ScontrolRun:
+                started: list[Child]) -> ScontrolRun:
     """The worker of :func:`_run_child`: start ``argv`` (appended to ``started``), read it until it exits, the
-    deadline comes or ``should_stop()``; kill its group if it was not reaped by then."""
+    deadline comes or ``should_stop()``; kill its group if it was not reaped by then. A guard process watches it
+    meanwhile (this process may be SIGKILLed), and is dismissed once it is reaped; a leader that could not be reaped
+    (uninterruptible sleep) is left to the guard, which SIGKILLs its group when this process ends."""
     from ._proc.child import Child
+    from ._proc.guard import Guard
 
+    guard = Guard()
     try:
-        child = Child(argv, after_exit_s=_AFTER_EXIT_S)
+        child = Child(argv, after_exit_s=_AFTER_EXIT_S, guard=guard)
     except OSError as exc:
+        guard.dismiss(wait=False)
         return ScontrolRun(argv, False, None, str(exc))
     started.append(child)
     done = False
@@ -889,6 +900,8 @@ def _run_until(argv: tuple[str, ...], deadline_ns: int, should_stop: Callable[[]
         if child.returncode is None:  # the deadline came, or the caller is being interrupted
             child.kill(read_after_exit=False, deadline_ns=deadline_ns + _KILL_REAP_NS)
         child.close()
+        if child.returncode is not None:
+            guard.dismiss(wait=False)  # it ends by itself: the gate does not wait for an interpreter's start
     code = child.returncode
     # An exit of its own (>= 0) before the kill counts even when the deadline cut the reading of its pipes; a
     # SIGKILL of ours (< 0) is no answer.
@@ -912,13 +925,28 @@ def _find_scontrol() -> str | None:
 
 
 def node_name(given: str | None = None, env: Mapping[str, str] | None = None) -> str:
-    """The node to drain: ``given``, else ``$SLURMD_NODENAME``, else the short host name."""
+    """The node to drain: ``given``, else ``$SLURMD_NODENAME``, else the short host name. ``ArgumentError`` (a
+    ``ValueError``, naming where it came from) for what is not one node's name (:func:`check_node_name`)."""
     env = os.environ if env is None else env
     if given:
-        return given
+        return check_node_name(given, "--node")
     if env.get("SLURMD_NODENAME"):
-        return env["SLURMD_NODENAME"]
+        return check_node_name(env["SLURMD_NODENAME"], "$SLURMD_NODENAME")
     import socket
 
-    return socket.gethostname().split(".")[0]
+    return check_node_name(socket.gethostname().split(".")[0], "the host name")
+
+
+def check_node_name(name: str, source: str = "the node name") -> str:
+    """``name`` if it names one node, else ``ArgumentError`` naming ``source``. scontrol reads ``NodeName=`` as a
+    hostlist expression: ``n1,n2`` or ``gpu[01-64]`` would drain (or resume) other nodes than this one, and a name
+    starting with ``-`` would be read as an option; so a comma, a bracket, ``=``, a space or a control character,
+    a leading ``-`` and the empty name are refused."""
+    bad = [c for c in name if c in ",[]=" or not "!" <= c <= "~"]
+    if not name or name.startswith("-") or bad or len(name) > 255:
+        why = (f"{_shown(''.join(dict.fromkeys(bad)))} in it" if bad else "empty" if not name else
+               "it starts with '-'" if name.startswith("-") else "longer than 255 characters")
+        raise ArgumentError(f"{source}={_shown(name)} is not one node's name ({why}): scontrol would act on other "
+                            "nodes, or read it as an option")
+    return name
 

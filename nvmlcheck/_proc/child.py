@@ -5,6 +5,13 @@ argv (never a shell) in a new session, so one ``killpg`` reaches everything it s
 through this class, after the reading is over, so its pid (= the group id) cannot be reused while a signal may
 still be sent to the group.
 
+What the leader leaves in its group ends with the run: when the leader has exited, the group is SIGKILLed just
+before the leader is reaped (its pid, the group id, is still ours then), as at a deadline. A process that left the
+group (a new session: an ssh ControlMaster daemonises so) is not reached, and is not meant to be.
+
+Given a :class:`~nvmlcheck._proc.guard.Guard`, the child is told to it when started and forgotten when reaped: should
+this process die without cleaning up (SIGKILL), the guard process SIGKILLs the child's group.
+
 Both pipes and a pidfd are watched with one selector, so the exit is seen the moment it happens. Each pipe keeps at
 most ``max_output_bytes`` (a hostile or broken program must not fill this process's memory): past it the wait gives
 up, as at a deadline, and :attr:`Child.overflow` names the pipe.
@@ -23,7 +30,10 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import IO, Final
+from typing import IO, TYPE_CHECKING, Final
+
+if TYPE_CHECKING:
+    from .guard import Guard
 
 __all__ = ["MAX_OUTPUT_BYTES", "REAP_GRACE_S", "Child"]
 
@@ -56,7 +66,8 @@ class Child:
     """A started child: ``argv`` in a new session, stdin from ``/dev/null`` (or, with ``hold_stdin``, a pipe that
     holds those bytes and that this process keeps open until the child is reaped, killed or closed: ssh then keeps
     the remote command's stdin open, and its end, or this process's death, reaches the remote command as end of
-    file), stdout and stderr collected.
+    file), stdout and stderr collected. ``guard``: a :class:`~nvmlcheck._proc.guard.Guard` that kills the child's
+    group should this process die before reaping it (started first, if not yet running).
 
     ``after_exit_s``: ``None`` reads both pipes to their end (bounded by the deadline of :meth:`wait`); a number
     stops reading that many seconds after the exit even if the pipes are still open (an ssh ControlMaster keeps
@@ -76,6 +87,7 @@ class Child:
         after_exit_s: float | None = None,
         max_output_bytes: int | None = MAX_OUTPUT_BYTES,
         hold_stdin: bytes | None = None,
+        guard: Guard | None = None,
     ) -> None:
         self.after_exit_s = after_exit_s
         self.max_output_bytes = max_output_bytes
@@ -88,7 +100,10 @@ class Child:
         if hold_stdin is not None:
             stdin_r, self._stdin_w = os.pipe()
             os.write(self._stdin_w, hold_stdin)  # a few bytes: the pipe's buffer takes them at once
+        self._guard = guard
         try:
+            if guard is not None:
+                guard.start()  # before the child: a SIGKILL a moment after its start finds the guard running
             self.proc = subprocess.Popen(
                 argv,
                 stdin=stdin_r,
@@ -103,6 +118,8 @@ class Child:
         finally:
             if hold_stdin is not None:
                 os.close(stdin_r)
+        if guard is not None:
+            guard.watch(self.proc.pid)
         self.stdout = bytearray()
         self.stderr = bytearray()
         assert self.proc.stdout is not None and self.proc.stderr is not None
@@ -209,8 +226,18 @@ class Child:
             return True
 
     def _reap(self) -> bool:
+        """Reap the leader if it exited; first SIGKILL what it left in its group (its exit was seen and it is not
+        reaped: its pid, the group id, is still ours). True when reaped."""
         with self._reap_lock:
+            if self.proc.returncode is None and self._exited_ns is not None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.poll()
+            guard = self._guard if self.proc.returncode is not None else None
+            if guard is not None:
+                self._guard = None
+        if guard is not None:
+            guard.forget(self.proc.pid)
         if self.proc.returncode is not None:
             self._release_stdin()
         return self.proc.returncode is not None

@@ -36,11 +36,11 @@ def cmd_slurm(args: argparse.Namespace) -> int:
     deadline = start + int(args.timeout * 1e9)
     gpu_deadline = deadline - int(min(_SCONTROL_MAX_S, args.timeout * _SCONTROL_SHARE) * 1e9)
     try:
-        job = slurm.job_from_env()
-    except ValueError as exc:
+        job, node = slurm.job_from_env(), slurm.node_name(args.node)
+    except ValueError as exc:  # a malformed SLURM_* variable, or not one node's name
         raise UsageError(str(exc)) from None
     scontrol = slurm.Scontrol(args.scontrol, dry_run=args.dry_run, echo=None if args.json else print)
-    gate = _Gate(args, slurm.node_name(args.node), scontrol, deadline)
+    gate = _Gate(args, node, scontrol, deadline)
     command = args.slurm_command
     devices = [str(d) for d in args.devices] if args.devices else None
     if command != "health" and not devices and not job.gpus:

@@ -95,6 +95,18 @@ def test_the_node_name() -> None:
     assert slurm.node_name(None, {}) and "." not in slurm.node_name(None, {})
 
 
+@pytest.mark.parametrize(("name", "why"), [("n1,n2", "','"), ("gpu[01-64]", "'[]'"), ("-h", "starts with '-'"),
+                                         ("n1 State=RESUME", "' ='"), ("n1\nn2", "'\\n'"), ("n\x1b", "'\\x1b'")])
+def test_what_is_not_one_nodes_name_is_refused(name: str, why: str) -> None:
+    # scontrol reads NodeName= as a hostlist expression: "n1,n2" drained (or resumed) two nodes.
+    with pytest.raises(ValueError, match=r"^\$SLURMD_NODENAME=.* is not one node's name") as raised:
+        slurm.node_name(None, {"SLURMD_NODENAME": name})
+    assert why in str(raised.value)
+    with pytest.raises(ValueError, match=r"^--node="):
+        slurm.node_name(name, {})
+    assert slurm.check_node_name("gpu-01.rack_2") == "gpu-01.rack_2"
+
+
 # --- the drain reason ----------------------------------------------------------------------------------------------
 
 
@@ -540,6 +552,16 @@ def test_a_malformed_environment_is_a_usage_error(
     monkeypatch.setenv("SLURM_JOB_GPUS", "gpu0")
     code, _, err = run(scontrol, busy(tmp_path), "epilog", json_out=False, capsys=capsys)
     assert code == 2 and "$SLURM_JOB_GPUS='gpu0'" in err and scontrol.calls() == []
+
+
+def test_a_hostlist_as_the_node_name_is_a_usage_error_and_drains_nothing(
+        slurm_env: None, scontrol: FakeScontrol, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("SLURMD_NODENAME", "n1,n2")
+    code = main(["--simulate", str(busy(tmp_path)), "slurm", "epilog", "--scontrol", str(scontrol.path), "--timeout",
+                 "1"])
+    err = capsys.readouterr().err
+    assert code == 2 and "$SLURMD_NODENAME='n1,n2' is not one node's name" in err and scontrol.calls() == []
 
 
 def test_a_huge_range_is_a_usage_error_naming_the_variable(

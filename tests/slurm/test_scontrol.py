@@ -152,6 +152,28 @@ def test_slurmds_sigterm_during_a_drain_leaves_no_scontrol(signum: int, code: in
     eventually(lambda: all(gone(pid) for pid in pids()), "scontrol (or its child) outlived nvmlcheck")
 
 
+def test_a_sigkilled_gate_leaves_no_scontrol(tmp_path: Path, pids: Callable[[], list[int]]) -> None:
+    # SIGKILL (slurmd's at the end of its kill wait, the OOM killer) runs no cleanup, and scontrol runs in a session
+    # of its own, out of reach of a kill of nvmlcheck's group: the guard process ends it, as it ends a fleet's ssh.
+    scenario = Scenario.h200(devices=2)
+    scenario.set_device(1, remapped_rows=(0, 1, True, False))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
+    argv = [sys.executable, "-m", "nvmlcheck", "--simulate", str(scenario.write(tmp_path / "remap.txt")), "slurm",
+            "health", "--scontrol", str(blocking(tmp_path, "update")), "--node", "n1", "--timeout", "120"]
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        eventually(lambda: len(pids()) == 2 or proc.poll() is not None, "the drain started")
+        assert proc.poll() is None, "nvmlcheck ended before its drain"
+        proc.kill()
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert len(pids()) == 2
+    eventually(lambda: all(gone(pid) for pid in pids()), "scontrol (or its child) outlived a SIGKILLed nvmlcheck")
+
+
 # --- a pipe held open by what scontrol left behind --------------------------------------------------------------------
 
 
@@ -190,6 +212,18 @@ def test_no_wait_for_a_held_pipe_goes_past_the_deadline(tmp_path: Path, pids: Ca
     assert len(asked) >= 2  # the run's wait, then the kill's
     assert all(d is not None and d <= deadline + slurm._KILL_REAP_NS for d in asked), asked
     assert scontrol.runs[0].exit_code is None
+
+
+def test_what_scontrol_leaves_in_its_group_after_exit_0_is_killed(tmp_path: Path,
+                                                                   pids: Callable[[], list[int]]) -> None:
+    # A helper left in scontrol's process group (not in a session of its own: that one is not ours) ends with the
+    # run, as a run cut at its deadline does, and as a fleet's ssh leaves nothing in its group.
+    scontrol = slurm.Scontrol(str(fake(tmp_path, f"sleep 300 >/dev/null 2>&1 &\necho $! >> {tmp_path}/pids\n"
+                                                 f'echo "{NODE_LINE}"; exit 0')))
+    assert scontrol.node("n1", deadline_ns=guard()).state == "IDLE"
+    assert scontrol.runs[0].exit_code == 0
+    assert len(pids()) == 1
+    eventually(lambda: gone(pids()[0]), "what scontrol left in its group outlived its run")
 
 
 # --- one that cannot be started --------------------------------------------------------------------------------------

@@ -150,6 +150,20 @@ def test_group_stays_signalable_until_the_output_ends(pidfd_mode: str) -> None:
     assert not_our_child(child.proc.pid)
 
 
+@pytest.mark.parametrize("holds_pipes", [False, True], ids=["output-elsewhere", "holding-the-pipes"])
+def test_what_the_leader_left_in_its_group_ends_at_its_reaping(pidfd_mode: str, holds_pipes: bool,
+                                                               leftovers: list[int]) -> None:
+    # The leader exits 0 at once and leaves a process in its group, writing elsewhere (nothing holds the pipes) or
+    # holding them (the read ends at the grace). Unreaped, the leader's pid is still the group's id: the group is
+    # SIGKILLed then, as at a deadline, so nothing of the run outlives it.
+    out = "" if holds_pipes else " >/dev/null 2>&1"
+    child = start(["/bin/sh", "-c", f"sleep 60{out} & echo $!"], after_exit_s=0.1)
+    leftovers.append(int(first_line(child)))
+    assert child.wait(guard()) is True and child.returncode == 0
+    assert not_our_child(child.proc.pid)
+    assert eventually(lambda: dead(leftovers[0])), "what the leader left in its group outlived the run"
+
+
 def test_a_pipe_held_outside_the_group_ends_the_read_after_the_grace(pidfd_mode: str, leftovers: list[int]) -> None:
     # Like an ssh ControlMaster: a process in another session keeps copies of the pipes after the leader exits.
     child = start(["/bin/sh", "-c", "setsid sleep 60 & echo $!; echo done >&2"], after_exit_s=0.1)

@@ -91,6 +91,26 @@ def test_the_default_bound_is_a_few_mib() -> None:
         Fleet(max_output_bytes=0)
 
 
+def test_what_ssh_leaves_in_its_group_after_answering_is_killed(tmp_path: Path) -> None:
+    # A helper left in the ssh client's process group (a ProxyCommand that outlives its client, say) ends with the
+    # run, as the Slurm gate's scontrol's does; a ControlMaster is in a session of its own and is not reached.
+    pid_file = tmp_path / "stray.pid"
+    ssh = _fake_ssh(tmp_path, "import subprocess\n"
+                              "p = subprocess.Popen(['sleep', '300'], stdout=subprocess.DEVNULL, "
+                              "stderr=subprocess.DEVNULL)\n"
+                              f"open({str(pid_file)!r}, 'w').write(str(p.pid))\n"
+                              f"print({SNAPSHOT_DOC!r})")
+    try:
+        with Fleet(ssh=ssh, control_master=False) as fleet:
+            (result,) = fleet.run(["gpu01"], ["snapshot"], deadline_s=60.0)
+        assert result.error is None and result.verdict == "clean"
+        assert _gone_within(int(pid_file.read_text())), "what ssh left in its group outlived its run"
+    finally:
+        if pid_file.exists() and pid_file.read_text():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+
 # --- hosts files ---------------------------------------------------------------------------------------------------
 
 
@@ -243,3 +263,117 @@ def test_a_later_fleet_removes_the_directories_of_dead_fleets(short_tmp: Path) -
         assert not dead.exists() and alive.exists() and legacy.exists()
     finally:
         fleet.close()
+
+
+# --- interrupted while the workers end -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("first", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_a_second_interrupt_while_a_fleet_ends_still_waits_for_its_workers(
+        first: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Python 3.11's Thread.join, cut by an exception, can mark a running thread stopped (bpo-45274's handling): a
+    # Ctrl-C while run() waited for its workers after a first interrupt once returned with a worker still running,
+    # free to start an nvidia-smi over ssh after the fleet's last stop(). gpu01 has no nvmlcheck and its fallback is
+    # slow to see the stop (as between two nvidia-smi runs); gpu02's ssh hangs until it is killed.
+    import threading
+
+    from nvmlcheck.cli._signals import Terminated, ending_on_signals
+
+    hang_s = 30.0
+    ssh_pid = tmp_path / "ssh.pid"
+    ssh = _fake_ssh(tmp_path, "host = sys.argv[sys.argv.index('--') + 1]\n"
+                              "if host == 'gpu01':\n"
+                              "    sys.stderr.write('/usr/bin/python3: No module named nvmlcheck\\n'); sys.exit(1)\n"
+                              f"open({str(ssh_pid)!r}, 'w').write(str(os.getpid()))\n"
+                              "time.sleep(600)")
+    entered, release, returned, stopped = (threading.Event() for _ in range(4))
+
+    def fallback(context: hosts.FallbackContext) -> tuple[dict[str, object], int]:
+        entered.set()
+        try:
+            release.wait(hang_s)
+            return json.loads(SNAPSHOT_DOC), 0
+        finally:
+            returned.set()
+
+    fleet = Fleet(ssh=ssh, control_master=False)
+    stop = fleet.stop
+
+    def stopping() -> None:
+        stop()
+        stopped.set()
+
+    monkeypatch.setattr(fleet, "stop", stopping)
+
+    def interrupt() -> None:
+        end = time.monotonic() + hang_s
+        while not (entered.is_set() and ssh_pid.exists() and ssh_pid.read_text()) and time.monotonic() < end:
+            time.sleep(0.01)
+        os.kill(os.getpid(), first)
+        stopped.wait(hang_s)
+        for _ in range(2):  # the second lands in the wait for the workers even if the first came a moment early
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.2)
+        release.set()
+
+    armed = [True]
+
+    def on_sigint(signum: int, frame: object) -> None:
+        if armed[0]:
+            raise KeyboardInterrupt
+
+    released_when_it_raised: list[bool] = []
+    helper = threading.Thread(target=interrupt, daemon=True)
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        with ending_on_signals(), pytest.raises((KeyboardInterrupt, Terminated)):
+            helper.start()
+            try:
+                fleet.run(["gpu01", "gpu02"], ["snapshot"], deadline_s=hang_s, fallback=fallback)
+            finally:
+                armed[0] = False
+                released_when_it_raised.append(release.is_set())
+    finally:
+        armed[0] = False
+        release.set()
+        helper.join(hang_s)
+        signal.signal(signal.SIGINT, previous)
+        fleet.close()
+    # The fallback could only end once released: run() ending before that left its worker running.
+    assert released_when_it_raised == [True], "run() returned while a worker was still running"
+    assert returned.is_set()
+    assert _gone_within(int(ssh_pid.read_text())), "the hung ssh outlived the interrupted run"
+    end = time.monotonic() + hang_s
+    while any(t.name.startswith("nvmlcheck-host-") for t in threading.enumerate()) and time.monotonic() < end:
+        time.sleep(0.01)
+    assert not any(t.name.startswith("nvmlcheck-host-") for t in threading.enumerate())
+
+
+def test_an_interrupt_while_the_workers_start_is_raised_as_itself(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    # Ctrl-C while run() starts its threads: the wait for them once joined a thread never started, and
+    # "cannot join thread before it is started" (a RuntimeError) replaced the KeyboardInterrupt.
+    import threading
+
+    ssh_pid = tmp_path / "ssh.pid"
+    ssh = _fake_ssh(tmp_path, f"open({str(ssh_pid)!r}, 'w').write(str(os.getpid()))\ntime.sleep(600)")
+    start = threading.Thread.start
+    started: list[str] = []
+
+    def starting(self: threading.Thread) -> None:
+        if started:
+            raise KeyboardInterrupt  # the second thread: before it starts
+        started.append(self.name)
+        start(self)
+        end = time.monotonic() + 30
+        while not (ssh_pid.exists() and ssh_pid.read_text()) and time.monotonic() < end:
+            time.sleep(0.01)  # the first host's ssh runs: the interruption must end it
+
+    monkeypatch.setattr(threading.Thread, "start", starting)
+    try:
+        with Fleet(ssh=ssh, control_master=False, fanout=2) as fleet, pytest.raises(KeyboardInterrupt):
+            fleet.run(["gpu01", "gpu02"], ["snapshot"], deadline_s=60.0)
+    finally:
+        monkeypatch.undo()
+    assert started == ["nvmlcheck-host-0"]
+    assert _gone_within(int(ssh_pid.read_text())), "the first host's ssh outlived the interrupted run"
