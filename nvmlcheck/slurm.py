@@ -941,11 +941,13 @@ def check_node_name(name: str, source: str = "the node name") -> str:
     """``name`` if it names one node, else ``ArgumentError`` naming ``source``. scontrol reads ``NodeName=`` as a
     hostlist expression: ``n1,n2`` or ``gpu[01-64]`` would drain (or resume) other nodes than this one, and a name
     starting with ``-`` would be read as an option; so a comma, a bracket, ``=``, a space or a control character,
-    a leading ``-`` and the empty name are refused."""
+    a leading ``-`` and the empty name are refused; so is ``ALL``, which scontrol's update takes as every node of the
+    cluster."""
     bad = [c for c in name if c in ",[]=" or not "!" <= c <= "~"]
-    if not name or name.startswith("-") or bad or len(name) > 255:
+    if not name or name.startswith("-") or bad or len(name) > 255 or name.upper() == "ALL":
         why = (f"{_shown(''.join(dict.fromkeys(bad)))} in it" if bad else "empty" if not name else
-               "it starts with '-'" if name.startswith("-") else "longer than 255 characters")
+               "it starts with '-'" if name.startswith("-") else
+               "scontrol reads ALL as every node" if name.upper() == "ALL" else "longer than 255 characters")
         raise ArgumentError(f"{source}={_shown(name)} is not one node's name ({why}): scontrol would act on other "
                             "nodes, or read it as an option")
     return name

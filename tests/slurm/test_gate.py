@@ -96,7 +96,8 @@ def test_the_node_name() -> None:
 
 
 @pytest.mark.parametrize(("name", "why"), [("n1,n2", "','"), ("gpu[01-64]", "'[]'"), ("-h", "starts with '-'"),
-                                         ("n1 State=RESUME", "' ='"), ("n1\nn2", "'\\n'"), ("n\x1b", "'\\x1b'")])
+                                         ("n1 State=RESUME", "' ='"), ("n1\nn2", "'\\n'"), ("n\x1b", "'\\x1b'"),
+                                         ("ALL", "every node"), ("all", "every node")])
 def test_what_is_not_one_nodes_name_is_refused(name: str, why: str) -> None:
     # scontrol reads NodeName= as a hostlist expression: "n1,n2" drained (or resumed) two nodes.
     with pytest.raises(ValueError, match=r"^\$SLURMD_NODENAME=.* is not one node's name") as raised:
