@@ -515,6 +515,8 @@ class TestRefusals:
             (f"0, GPU-1\n{ROW_BARE}\n", "header"),
             ("", "no header"),
             ("\x00\x01garbage\n", "header"),
+            (f"{HEADER}\n{ROW_BARE}\n{ROW_BARE}\n", "second row for GPU 0"),  # one GPU twice: whose reading?
+            (f"{HEADER}\n{ROW_BARE}\n{with_cell(ROW_BARE, 0, '1')}\n", "second row for GPU GPU-"),  # one UUID twice
         ],
     )
     def test_query_gpu_refuses(self, text: str, match: str) -> None:
