@@ -775,10 +775,17 @@ class SmiBackend:
         not_csv = "nvidia-smi --query-compute-apps lists compute processes only (use process_query='pids')"
         not_listed = {unknown_key("processes", k): not_csv for k in (ProcessKind.GRAPHICS, ProcessKind.MPS)}
         out: dict[str, ProcessLists] = {}
+        unattributed = listing.unattributed
+        strangers = sorted(set(listing.by_gpu) - set(self._pinned()))
+        if unattributed is None and strangers:
+            # A row on a GPU this backend does not know (a MIG-... UUID, a GPU that appeared): its process may be on
+            # one of ours, whose list would then look shorter than it is.
+            unattributed = (f"nvidia-smi --query-compute-apps listed a process on {strangers[0]}, which is none of "
+                            "the GPUs this backend reads: the lists cannot be attributed")
         for r in records:
             reasons = dict(not_listed)
-            if listing.unattributed is not None:
-                reasons[unknown_key("processes", ProcessKind.COMPUTE)] = listing.unattributed
+            if unattributed is not None:
+                reasons[unknown_key("processes", ProcessKind.COMPUTE)] = unattributed
                 out[r.uuid] = ProcessLists(None, None, None, reasons)
             else:
                 out[r.uuid] = ProcessLists(listing.by_gpu.get(r.uuid, ()), None, None, reasons)

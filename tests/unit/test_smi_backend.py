@@ -231,6 +231,24 @@ class TestMemoryAndProcesses:
         assert "compute processes only" in (d.why_unknown("processes.graphics") or "")
         assert any(run[0].startswith("--query-compute-apps=") for run in env.runs())
 
+    def test_compute_apps_row_on_an_unknown_gpu_makes_the_lists_unknown_not_empty(
+        self, env: Env, tmp_path: Path
+    ) -> None:
+        # --query-compute-apps printing a MIG-... (or any unknown) UUID in gpu_uuid: its process is on some GPU of
+        # ours, whose list was then () (no process) before; it is unknown now, with the reason.
+        wrapper = tmp_path / "mig-uuid-smi.py"
+        wrapper.write_text(
+            "import subprocess, sys\n"
+            f"run = subprocess.run({FAKE_CMD!r} + sys.argv[1:], capture_output=True, text=True)\n"
+            f"sys.stdout.write(run.stdout.replace({UUID0!r} + ', 4123456', 'MIG-0-0-0-0-9, 4123456'))\n"
+            "sys.exit(run.returncode)\n"
+        )
+        env.write("device index=0", "process device=0 kind=compute pid=4123456 used=1048576")
+        backend = SmiBackend(command=[sys.executable, "-S", str(wrapper)], process_query="compute-apps")
+        d = backend.snapshot(fields=Fields.WAIT).devices[0]
+        assert d.compute_processes is None
+        assert "MIG-0-0-0-0-9" in (d.why_unknown("processes.compute") or "")
+
     def test_mig_instance_ids(self, env: Env) -> None:
         env.write("device index=0", "process device=0 kind=compute pid=4123456 used=1048576 gi=1 ci=2")
         (p,) = SmiBackend(command=FAKE_CMD).snapshot().devices[0].compute_processes or ()
