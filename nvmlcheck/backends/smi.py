@@ -406,6 +406,7 @@ class SmiBackend:
         self._renumbered = False
         self._displaced: dict[int, str] = {}  # nvidia-smi index -> who is there now (for the failure of that index)
         self._printed_index: dict[int, int] = {}  # this pass: pinned index -> the index nvidia-smi printed
+        self._strangers: set[str] = set()  # UUIDs nvidia-smi listed that could not be pinned (their index was taken)
         try:
             self._open()
         except BackendUnavailable:
@@ -719,8 +720,11 @@ class SmiBackend:
         # Some GPUs could not be read; nvidia-smi still printed the others (exit 15 for a lost one).
         with _parsing(result):
             records, failures = parse_query_gpu(result.stdout, gpu_fields)
-        if any(r.uuid not in self._pinned() for r in records):
+        pinned = self._pinned()
+        new = {r.uuid for r in records if r.uuid not in pinned} - self._strangers
+        if new:
             self._load_identity(deadline)  # a GPU appeared, or one lost before opening came back
+            self._strangers |= new - set(self._pinned())  # not ours (an index pinned to another): asked once
         return self._pin(records), failures
 
     def _pinned(self) -> dict[str, int]:

@@ -478,6 +478,9 @@ class TestFailures:
         (failure,) = snap.failures
         assert (failure.index, failure.uuid) == (0, UUID0) and isinstance(failure.error, GpuLost)
         assert "GPU-11111111-2222-3333-4444-555555555555" in str(failure.error) and "renumbered" in str(failure.error)
+        env.runs()
+        assert backend.snapshot(fields=Fields.MEMORY).failures  # still GPU 0's failure
+        assert len(env.runs()) == 1, "the GPU that could not be pinned is looked up once, not at every poll"
         assert SmiBackend(command=FAKE_CMD).snapshot().devices[0].name == "Other"  # opened again: the new numbering
 
 
