@@ -10,7 +10,10 @@ NVML's index is PCI order, and the two differ on some hosts. Only :mod:`nvmlchec
 from __future__ import annotations
 
 import os
+from collections import Counter
 from dataclasses import dataclass
+
+from .._text import is_digits
 
 __all__ = ["GPUS_DIR", "DriverGpu", "normal_bus_id", "read_driver_gpus"]
 
@@ -40,7 +43,8 @@ def normal_bus_id(bus_id: str) -> str:
 
 def read_driver_gpus(gpus_dir: str | None = None) -> tuple[tuple[DriverGpu, ...], str | None]:
     """Every GPU ``gpus_dir`` (default :data:`GPUS_DIR`) lists, and why none could be read (``None`` when at least
-    one was). A GPU whose file has no readable ``Device Minor`` is left out."""
+    one was). A GPU whose file has no readable ``Device Minor`` (ASCII digits) is left out, and so are GPUs whose
+    minor number, UUID or bus id another file claims too: a minor number that may be another GPU's is no answer."""
     root = GPUS_DIR if gpus_dir is None else gpus_dir
     try:
         names = sorted(os.listdir(root))
@@ -58,9 +62,13 @@ def read_driver_gpus(gpus_dir: str | None = None) -> tuple[tuple[DriverGpu, ...]
         except OSError:
             continue
         minor = fields.get("Device Minor", "")
-        if not minor.isdigit():
+        if not is_digits(minor) or len(minor) > 9:  # str.isdigit takes "²", which int() refuses
             continue
         uuid = fields.get("GPU UUID")
         out.append(DriverGpu(uuid if uuid and uuid.startswith("GPU-") else None,
                              normal_bus_id(fields.get("Bus Location") or name), int(minor)))
-    return tuple(out), None if out else f"{root} lists no GPU with a device minor number"
+    # A minor number, UUID or bus id that two files claim names neither GPU for sure: both are left out.
+    claims = Counter(k for g in out for k in {("minor", g.minor_number), ("uuid", g.uuid), ("bus", g.bus_id)})
+    out = [g for g in out if all(claims[k] == 1 for k in (("minor", g.minor_number), ("bus", g.bus_id)))
+           and (g.uuid is None or claims["uuid", g.uuid] == 1)]
+    return tuple(out), None if out else f"{root} lists no GPU with a device minor number of its own"

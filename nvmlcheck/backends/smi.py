@@ -31,6 +31,7 @@ from ..errors import (
     BackendUnavailable,
     DeadlinePassed,
     DriverNotLoaded,
+    GpuLost,
     InvalidArgument,
     LibraryNotFound,
     LibraryVersionMismatch,
@@ -400,6 +401,12 @@ class SmiBackend:
         # Set once a GPU was seen in MIG mode: process queries then read the full -q (MIG Device blocks) and -L
         # (MIG UUIDs) instead of -q -d PIDS, which has neither.
         self._mig_seen = False
+        # Set once nvidia-smi numbered a pinned GPU differently (one vanished or appeared): runs then list every GPU
+        # (-i takes nvidia-smi's current numbers) and rows are matched by UUID (_pin).
+        self._renumbered = False
+        self._displaced: dict[int, str] = {}  # nvidia-smi index -> who is there now (for the failure of that index)
+        self._printed_index: dict[int, int] = {}  # this pass: pinned index -> the index nvidia-smi printed
+        self._strangers: set[str] = set()  # UUIDs nvidia-smi listed that could not be pinned (their index was taken)
         try:
             self._open()
         except BackendUnavailable:
@@ -425,24 +432,34 @@ class SmiBackend:
         self._use_identity(self._run(("--query-gpu=" + ",".join(_IDENTITY_FIELDS), _FORMAT), deadline))
 
     def _use_identity(self, result: SmiResult) -> None:
+        """Pin each GPU's index to its UUID. The first reading (opening) pins them all; a later one (a GPU appeared,
+        or a UUID never seen came back) only adds GPUs at indices not pinned yet, or fills in one lost before
+        opening: a pinned index always means the same GPU, as an NVML handle does (docs/backends.md, "GPUs that
+        vanish or appear")."""
         if result.returncode == 6 and _NO_DEVICES_TEXT in result.output.lower():
-            self._identity = {}  # nvidia-smi answered: there is no GPU
+            # nvidia-smi answered: there is no GPU (now). GPUs pinned before stay, and read as failures.
             return
         if result.returncode != 0 and not has_handle_failure(result.output):
             _raise_for(result, self._prefixed)
         with _parsing(result):
             records, failures = parse_query_gpu(result.stdout, _IDENTITY_FIELDS)
-        minors = self._minor_numbers(records)
-        self._identity = {r.index: _Identity(r.index, r.uuid, r.name, r.pci_bus_id, r.serial, minors.get(r.index))
-                          for r in records}
-        # A GPU lost before we opened still counts: it must show up in every snapshot as a failure, never vanish.
-        # nvidia-smi numbers GPUs in PCI order and prints the lost one's bus id; when it names no index, the gaps
-        # in the others' indices are where the lost ones were.
-        gaps = iter(i for i in range(len(records) + len(failures)) if i not in self._identity)
-        for hf in failures:
-            index = hf.index if hf.index is not None else next(gaps, None)
-            if index is not None and index not in self._identity:
-                self._identity[index] = _Identity(index, "", None, hf.pci_bus_id, None)
+        pinned = {i.uuid for i in self._identity.values() if i.uuid}
+        fresh = [r for r in records if r.uuid not in pinned]
+        taken = {i for i, ident in self._identity.items() if ident.uuid}
+        fresh = [r for r in fresh if r.index not in taken]  # a new GPU at a pinned index is not that GPU
+        minors = self._minor_numbers(fresh) if fresh else {}
+        first = not self._identity
+        for r in fresh:
+            self._identity[r.index] = _Identity(r.index, r.uuid, r.name, r.pci_bus_id, r.serial, minors.get(r.index))
+        if first:
+            # A GPU lost before we opened still counts: it must show up in every snapshot as a failure, never vanish.
+            # nvidia-smi numbers GPUs in PCI order and prints the lost one's bus id; when it names no index, the gaps
+            # in the others' indices are where the lost ones were.
+            gaps = iter(i for i in range(len(records) + len(failures)) if i not in self._identity)
+            for hf in failures:
+                index = hf.index if hf.index is not None else next(gaps, None)
+                if index is not None and index not in self._identity:
+                    self._identity[index] = _Identity(index, "", None, hf.pci_bus_id, None)
         self._driver_version = next((r.driver_version for r in records if r.driver_version), self._driver_version)
 
     def _minor_numbers(self, records: Sequence[GpuRecord]) -> dict[int, int]:
@@ -540,7 +557,8 @@ class SmiBackend:
         if not selected:
             # No GPU (nvidia-smi said so when the backend was opened): nothing to run.
             return Snapshot(self.name, taken_ns, time.monotonic_ns() - taken_ns, wall, self.system(), ())
-        select_args = ("-i", ",".join(map(str, selected))) if indices is not None else ()
+        # -i takes nvidia-smi's current numbers: once they differ from the pinned ones, every GPU is read (_pin).
+        select_args = ("-i", ",".join(map(str, selected))) if indices is not None and not self._renumbered else ()
         gpu_fields = self._gpu_fields(fields)
         jobs: list[tuple[str, ...]] = [(*select_args, "--query-gpu=" + ",".join(gpu_fields), _FORMAT)]
         mig_jobs = Fields.PROCESSES in fields and self._process_query == "pids" and self._mig_seen
@@ -554,7 +572,11 @@ class SmiBackend:
             # An older driver does not know a field: ask without it (remembered) rather than fail every poll.
             gpu_fields = self._refuse(refused, gpu_fields, gpu_result)
             gpu_result = self._run((*select_args, "--query-gpu=" + ",".join(gpu_fields), _FORMAT), deadline)
+        renumbered = self._renumbered
         records, handle_failures = self._parse_gpus(gpu_result, gpu_fields, deadline)
+        if self._renumbered and not renumbered and select_args:
+            # This pass asked nvidia-smi for GPUs by numbers that now name others: read again, every GPU.
+            return self.snapshot(indices, fields, deadline=deadline)
         if (
             Fields.PROCESSES in fields
             and self._process_query == "pids"
@@ -687,14 +709,54 @@ class SmiBackend:
         self, result: SmiResult, gpu_fields: Sequence[str], deadline: Deadline | None = None
     ) -> tuple[tuple[GpuRecord, ...], tuple[HandleFailure, ...]]:
         if result.returncode != 0 and not has_handle_failure(result.output):
+            if not self._renumbered and _NO_DEVICES_TEXT in result.output.lower() and "-i" in result.command:
+                # -i N names no GPU any more: the GPUs may have been renumbered (one vanished). Every GPU is read to
+                # tell; if they were, the caller reads again without -i.
+                every = self._run(("--query-gpu=index,uuid", _FORMAT), deadline)
+                self._parse_gpus(every, ("index", "uuid"), deadline)
+                if self._renumbered:
+                    return (), ()
             _raise_for(result, self._prefixed)
         # Some GPUs could not be read; nvidia-smi still printed the others (exit 15 for a lost one).
         with _parsing(result):
             records, failures = parse_query_gpu(result.stdout, gpu_fields)
-        known = {i.uuid for i in self._identity.values()}
-        if any(r.uuid not in known for r in records):
-            self._load_identity(deadline)  # GPUs were re-enumerated: refresh the cached identity
-        return records, failures
+        pinned = self._pinned()
+        new = {r.uuid for r in records if r.uuid not in pinned} - self._strangers
+        if new:
+            self._load_identity(deadline)  # a GPU appeared, or one lost before opening came back
+            self._strangers |= new - set(self._pinned())  # not ours (an index pinned to another): asked once
+        return self._pin(records), failures
+
+    def _pinned(self) -> dict[str, int]:
+        return {i.uuid: i.index for i in self._identity.values() if i.uuid}
+
+    def _pin(self, records: Sequence[GpuRecord]) -> tuple[GpuRecord, ...]:
+        """Each row under the index its UUID is pinned to. nvidia-smi numbers the GPUs it sees now: once one vanished
+        (or appeared before others), its index N is another GPU, which must never be read as GPU N. Such a row moves
+        to its GPU's own index (from then on every run lists all GPUs: ``-i`` takes nvidia-smi's numbers); a GPU
+        this backend never pinned is left out, and the index it displaced is a failure that names it."""
+        pinned = self._pinned()
+        out: list[GpuRecord] = []
+        self._printed_index = {}
+        self._displaced = {}
+        for r in records:
+            index = pinned.get(r.uuid)
+            if index is None or index != r.index:
+                ident = self._identity.get(r.index)
+                was = ident.uuid if ident is not None and ident.uuid else "this GPU"
+                self._displaced.setdefault(
+                    r.index,
+                    f"nvidia-smi no longer lists {was} as GPU {r.index}: "
+                    f"it prints {r.uuid} there now. The GPUs were renumbered (one was removed or added); open the "
+                    "backend again to read the new numbering",
+                )
+                self._renumbered = True
+            if index is None:
+                continue
+            self._printed_index[index] = r.index
+            r.index = index
+            out.append(r)
+        return tuple(out)
 
     def _identity_for(self, record: GpuRecord) -> Mapping[str, str | None]:
         ident = self._identity.get(record.index)
@@ -717,10 +779,17 @@ class SmiBackend:
         not_csv = "nvidia-smi --query-compute-apps lists compute processes only (use process_query='pids')"
         not_listed = {unknown_key("processes", k): not_csv for k in (ProcessKind.GRAPHICS, ProcessKind.MPS)}
         out: dict[str, ProcessLists] = {}
+        unattributed = listing.unattributed
+        strangers = sorted(set(listing.by_gpu) - set(self._pinned()))
+        if unattributed is None and strangers:
+            # A row on a GPU this backend does not know (a MIG-... UUID, a GPU that appeared): its process may be on
+            # one of ours, whose list would then look shorter than it is.
+            unattributed = (f"nvidia-smi --query-compute-apps listed a process on {strangers[0]}, which is none of "
+                            "the GPUs this backend reads: the lists cannot be attributed")
         for r in records:
             reasons = dict(not_listed)
-            if listing.unattributed is not None:
-                reasons[unknown_key("processes", ProcessKind.COMPUTE)] = listing.unattributed
+            if unattributed is not None:
+                reasons[unknown_key("processes", ProcessKind.COMPUTE)] = unattributed
                 out[r.uuid] = ProcessLists(None, None, None, reasons)
             else:
                 out[r.uuid] = ProcessLists(listing.by_gpu.get(r.uuid, ()), None, None, reasons)
@@ -771,7 +840,7 @@ class SmiBackend:
             pl = lists.get(r.uuid)
             if pl is None or not pl.mig_devices:
                 continue
-            named = uuids.get(r.index, {})
+            named = uuids.get(self._printed_index.get(r.index, r.index), {})  # -L prints nvidia-smi's numbers
             devices = []
             for m in pl.mig_devices:
                 uuid = named.get(m.index)
@@ -822,7 +891,10 @@ class SmiBackend:
         out: dict[int, DeviceFailure] = {}
         leftovers: list[HandleFailure] = []
         for hf in handle_failures:
-            index = hf.index if hf.index is not None else by_pci.get(hf.pci_bus_id or "")
+            # The bus id names the GPU whatever nvidia-smi's numbering; the printed index only while it is ours.
+            index = by_pci.get(hf.pci_bus_id or "")
+            if index is None and not self._renumbered:
+                index = hf.index
             if index is None or index in seen or index not in selected:
                 leftovers.append(hf)
                 continue
@@ -836,7 +908,9 @@ class SmiBackend:
         ident = self._identity.get(index)
         cmd = shlex.join(result.command)
         error: Exception
-        if hf is None:
+        if hf is None and index in self._displaced:
+            error = GpuLost(15, cmd, index, self._displaced[index])  # as NVML's handle of a GPU that went away
+        elif hf is None:
             error = SmiError(
                 result.argv, result.returncode, result.output, f"nvidia-smi printed no row for GPU {index}"
             )

@@ -25,6 +25,7 @@ from nvmlcheck.errors import (
     GpuRequiresReset,
     InvalidArgument,
     LibraryVersionMismatch,
+    SmiParseError,
     SmiTimeout,
     SmiTransportError,
 )
@@ -229,6 +230,24 @@ class TestMemoryAndProcesses:
         assert d.graphics_processes is None and d.mps_processes is None and d.processes is None
         assert "compute processes only" in (d.why_unknown("processes.graphics") or "")
         assert any(run[0].startswith("--query-compute-apps=") for run in env.runs())
+
+    def test_compute_apps_row_on_an_unknown_gpu_makes_the_lists_unknown_not_empty(
+        self, env: Env, tmp_path: Path
+    ) -> None:
+        # --query-compute-apps printing a MIG-... (or any unknown) UUID in gpu_uuid: its process is on some GPU of
+        # ours, whose list was then () (no process) before; it is unknown now, with the reason.
+        wrapper = tmp_path / "mig-uuid-smi.py"
+        wrapper.write_text(
+            "import subprocess, sys\n"
+            f"run = subprocess.run({FAKE_CMD!r} + sys.argv[1:], capture_output=True, text=True)\n"
+            f"sys.stdout.write(run.stdout.replace({UUID0!r} + ', 4123456', 'MIG-0-0-0-0-9, 4123456'))\n"
+            "sys.exit(run.returncode)\n"
+        )
+        env.write("device index=0", "process device=0 kind=compute pid=4123456 used=1048576")
+        backend = SmiBackend(command=[sys.executable, "-S", str(wrapper)], process_query="compute-apps")
+        d = backend.snapshot(fields=Fields.WAIT).devices[0]
+        assert d.compute_processes is None
+        assert "MIG-0-0-0-0-9" in (d.why_unknown("processes.compute") or "")
 
     def test_mig_instance_ids(self, env: Env) -> None:
         env.write("device index=0", "process device=0 kind=compute pid=4123456 used=1048576 gi=1 ci=2")
@@ -449,12 +468,65 @@ class TestFailures:
         with pytest.raises(BackendUnavailable, match="closed"):
             two_gpus.snapshot()
 
-    def test_reenumerated_gpus_refresh_the_identity(self, env: Env) -> None:
+    def test_a_gpu_replaced_at_its_index_is_not_read_as_the_old_one(self, env: Env) -> None:
         env.write("device index=0")
         backend = SmiBackend(command=FAKE_CMD)
         env.write('device index=0 uuid=GPU-11111111-2222-3333-4444-555555555555 name="Other"')
-        d = backend.snapshot(fields=Fields.MEMORY).devices[0]
-        assert (d.uuid, d.name) == ("GPU-11111111-2222-3333-4444-555555555555", "Other")
+        snap = backend.snapshot(fields=Fields.MEMORY)
+        # As NVML's handle of a GPU that went away: GPU 0 is the GPU it was when the backend was opened.
+        assert snap.devices == ()
+        (failure,) = snap.failures
+        assert (failure.index, failure.uuid) == (0, UUID0) and isinstance(failure.error, GpuLost)
+        assert "GPU-11111111-2222-3333-4444-555555555555" in str(failure.error) and "renumbered" in str(failure.error)
+        env.runs()
+        assert backend.snapshot(fields=Fields.MEMORY).failures  # still GPU 0's failure
+        assert len(env.runs()) == 1, "the GPU that could not be pinned is looked up once, not at every poll"
+        assert SmiBackend(command=FAKE_CMD).snapshot().devices[0].name == "Other"  # opened again: the new numbering
+
+
+class TestAVanishedGpu:
+    """GPU 0 leaves the driver's list between two runs (it fell off the bus and was removed): nvidia-smi numbers the
+    GPU it still sees from 0, so its "GPU 0" is the old GPU 1. The backend reads GPUs by the UUID pinned to each index
+    when it opened, so no index ever reports another GPU's reading (before: the old GPU 1's idle reading was GPU 0's,
+    and a wait on a busy GPU 0 could end "clean")."""
+
+    @pytest.fixture
+    def vanished(self, env: Env) -> SmiBackend:
+        env.write("device index=0 used=8589934592", "device index=1")  # GPU 0 busy (8 GiB), GPU 1 idle
+        backend = SmiBackend(command=FAKE_CMD)
+        env.write(f"device index=0 uuid={UUID1} pci=00000000:02:00.0")  # only the old GPU 1 is left, numbered 0
+        return backend
+
+    @pytest.mark.parametrize("indices", [[0], [0, 1], None])
+    def test_the_vanished_index_is_a_failure_never_the_other_gpus_reading(
+        self, vanished: SmiBackend, indices: list[int] | None
+    ) -> None:
+        snap = vanished.snapshot(indices)
+        assert all(d.uuid != UUID1 or d.index == 1 for d in snap.devices)
+        assert 0 not in [d.index for d in snap.devices]
+        (failure,) = snap.failures
+        assert (failure.index, failure.uuid) == (0, UUID0) and isinstance(failure.error, GpuLost)
+        assert UUID1 in str(failure.error) and "renumbered" in str(failure.error)
+
+    @pytest.mark.parametrize("indices", [[1], [0, 1], None])
+    def test_the_gpu_still_there_keeps_its_index(self, vanished: SmiBackend, indices: list[int] | None) -> None:
+        # -i 1 names no GPU for nvidia-smi now ("No devices were found"); the backend reads every GPU instead.
+        for _ in range(2):
+            d = vanished.snapshot(indices).device(1)
+            assert d.uuid == UUID1 and d.memory is not None and d.memory.used_bytes == 0
+            assert d.compute_processes == ()
+
+    def test_a_wait_on_the_vanished_gpu_is_never_clean(self, vanished: SmiBackend) -> None:
+        from nvmlcheck.predicates import default_predicate
+
+        snap = vanished.snapshot([0], Fields.WAIT)
+        assert not snap.devices and snap.failures
+        assert not default_predicate()(snap).clean
+
+    def test_two_rows_for_one_gpu_are_refused(self, env: Env, two_gpus: SmiBackend) -> None:
+        env.write("device index=0", "device index=1 uuid=" + UUID0)
+        with pytest.raises(SmiParseError, match="a second row for GPU"):
+            two_gpus.snapshot()
 
 
 # --- a real GPU ---------------------------------------------------------------------------------------------------

@@ -282,6 +282,28 @@ class TestProcessCaptures:
         assert listing.compute == {"00000000:00:06.0": ()}
         assert listing.cuda_version == "13.0"
 
+    @pytest.mark.parametrize(
+        "name",
+        [
+            # A name with a line break whose second line closes the Processes section: what followed (its own
+            # bytes, and every later process of the GPU) was skipped, so pid 509 vanished from the list.
+            "evil\n            Used GPU Memory               : 0 MiB\n    X",
+            "evil\n            Used GPU Memory               : 0 MiB\n    Processes X",
+            "evil\n            Used GPU Memory               : 0 MiB\nbar",
+        ],
+    )
+    def test_q_pids_process_lines_outside_the_section_are_refused_not_skipped(self, name: str) -> None:
+        text = read(CAP2, "busy_q_pids").replace("/tmp/cap/holder\n", name + "\n", 1)
+        with pytest.raises(SmiParseError, match="outside a Processes section"):
+            parse_pids_query(text)
+
+    def test_q_pids_one_gpu_printed_twice_is_refused(self) -> None:
+        text = read(CAP2, "busy_q_pids")
+        gpu = text[text.index("GPU 00000000:00:06.0"):]
+        with pytest.raises(SmiParseError, match="printed twice"):
+            parse_pids_query(text + gpu.replace("Processes\n", "Processes                    : None\n", 1)
+                             .split("        GPU instance ID")[0])
+
     def test_q_without_a_processes_section_is_not_no_process(self) -> None:
         # -q -d MEMORY,... prints no Processes section: reading it as "no process" would be a lie.
         with pytest.raises(SmiParseError, match="no Processes section"):
@@ -515,6 +537,8 @@ class TestRefusals:
             (f"0, GPU-1\n{ROW_BARE}\n", "header"),
             ("", "no header"),
             ("\x00\x01garbage\n", "header"),
+            (f"{HEADER}\n{ROW_BARE}\n{ROW_BARE}\n", "second row for GPU 0"),  # one GPU twice: whose reading?
+            (f"{HEADER}\n{ROW_BARE}\n{with_cell(ROW_BARE, 0, '1')}\n", "second row for GPU GPU-"),  # one UUID twice
         ],
     )
     def test_query_gpu_refuses(self, text: str, match: str) -> None:

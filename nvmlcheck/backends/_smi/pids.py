@@ -68,6 +68,8 @@ _Q_TYPE_LETTERS = {"C": ProcessKind.COMPUTE, "G": ProcessKind.GRAPHICS, "M": Pro
 _Q_MEMORY = re.compile(r"(\d{1,20}) MiB")
 _Q_KEY = re.compile(r"[A-Za-z][A-Za-z0-9 ./()+-]*")
 _Q_ENTRY_LINE = re.compile(r"( +)(GPU instance ID|Compute instance ID|Process ID|Type|Name|Used GPU Memory) *: (.*)")
+# Keys only a process entry has (a MIG Device block spells its ids "GPU Instance ID", "Compute Instance ID").
+_Q_PROCESS_KEYS: Final = frozenset({"GPU instance ID", "Compute instance ID", "Process ID", "Used GPU Memory"})
 # Keys of -q -d PIDS output, accepted without the regular expression (the hot path).
 _Q_KNOWN_KEYS: Final = frozenset(
     {"GPU instance ID", "Compute instance ID", "Process ID", "Type", "Name", "Used GPU Memory", "Processes",
@@ -121,6 +123,9 @@ class _PidsParser:
         if stripped[0] == "G" and (gpu := _Q_GPU.fullmatch(stripped)) is not None:
             self.close_gpu(no, line)
             self.gpu = normalize_pci_bus_id(gpu.group(1))
+            if str(self.gpu) in self.lists[ProcessKind.COMPUTE]:
+                # Two blocks for one GPU: the second's lists would be merged into the first's, or hide them.
+                raise SmiParseError(f"GPU {self.gpu} is printed twice", no, line)
             for kind in ProcessKind:
                 self.lists[kind].setdefault(str(self.gpu), [])
             return
@@ -139,6 +144,11 @@ class _PidsParser:
             return
         if self.gpu is not None and self.section_indent is None and self.gpu_section(no, line, indent, key, value):
             return
+        if self.gpu is not None and self.section_indent is None and key in _Q_PROCESS_KEYS:
+            # A process's line outside its GPU's Processes section (after the section closed, or after "Processes :
+            # None"): skipping it would drop the process from the lists silently. A process name with a line break
+            # ends the section early so; such output is refused, never read as fewer processes.
+            raise SmiParseError(f"{key!r} outside a Processes section (a process name with a line break?)", no, line)
         if value is None:
             if self.gpu is not None and self.section_indent is None and _Q_KEY.fullmatch(stripped):
                 return  # a section title of a full -q: not ours

@@ -129,7 +129,8 @@ def parse_query_gpu(
     """Parse ``nvidia-smi --query-gpu=... --format=csv[,nounits]``.
 
     ``index`` and ``uuid`` must be among the columns. A row whose UUID is a placeholder (``[GPU requires reset]``)
-    becomes a :class:`HandleFailure`, as do ``Unable to determine the device handle`` lines.
+    becomes a :class:`HandleFailure`, as do ``Unable to determine the device handle`` lines. A second row for one
+    index or one UUID is refused (:class:`~nvmlcheck.SmiParseError`).
     """
     table = parse_table(text, QUERY_GPU_ALIASES, requested, header=header)
     for needed in ("index", "uuid"):
@@ -137,12 +138,19 @@ def parse_query_gpu(
             raise SmiParseError(f"--query-gpu output lacks the {needed} column", 1, "")
     records: list[GpuRecord] = []
     failures = list(table.failures)
+    seen: set[int | str] = set()
     for row in table.rows:
         cells = Cells(table, row)
         index = cells.uint("index")
         uuid = cells.uuid("uuid")
         if isinstance(index, Unavailable):
             raise cells.fail(f"index is {index.text}: the row cannot be attributed to a GPU")
+        # One row per GPU: a second row for an index or a UUID would make one GPU's reading another's.
+        for key in (index, uuid):
+            if key in seen:
+                raise cells.fail(f"a second row for GPU {key}")
+            if not isinstance(key, Unavailable):
+                seen.add(key)
         if isinstance(uuid, Unavailable):
             pci = cells.pci("pci.bus_id") if table.has("pci.bus_id") else None
             failures.append(
