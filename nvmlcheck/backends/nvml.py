@@ -24,6 +24,7 @@ from .._nvml.calls import HEALTH_SLOTS, EventCalls, Handle, NvmlCalls, handle_ad
 from ..errors import (
     ArgumentError,
     DeadlinePassed,
+    GpuLost,
     NvmlCheckError,
     NvmlError,
     SessionClosed,
@@ -291,6 +292,8 @@ class NvmlBackend:
         # unless another session did so since.
         self._reinit_due: int | None = None
         self._identities: dict[int, _Identity] = {}
+        # The UUID each index had when first read, kept across re-inits (which renumber GPUs: _identity).
+        self._first_uuids: dict[int, str] = {}
         # Total memory per device, from the first successful memory read: the bound process entries are checked
         # against (a process cannot hold more than the device has).
         self._totals: dict[int, int] = {}
@@ -506,6 +509,14 @@ class NvmlBackend:
         handle = calls.handle(index)
         gate()
         uuid = calls.uuid(handle, index)  # required: it is how devices are matched across backends and tools
+        first = self._first_uuids.setdefault(index, uuid)
+        if uuid != first:
+            # NVML numbers GPUs anew at each init: after a re-init with a GPU gone (fallen off the bus), index N
+            # names the next GPU. Reading it as GPU N could call a busy GPU clean.
+            raise GpuLost(15, str(self._loaded.symbols.handle_by_index), index,
+                          detail=f"GPU {index} was {first} when this session first read it; after NVML was "
+                          f"initialised again index {index} is {uuid}: that GPU is no longer enumerated (fallen off "
+                          f"the bus, or reset), and GPU {index} is not read as another one")
         unknown: dict[str, str] = {}
         values: dict[str, object] = {}
         for key, getter in (

@@ -677,3 +677,31 @@ def test_max_clocks_read_once_current_clocks_every_time(stub: Stub) -> None:
         d = snap.devices[0]
         assert d.clocks is not None and d.clocks.max == nc.ClockSet(1980, 1980, 3201, None)
         assert "not supported" in (d.why_unknown("clocks.max.video_mhz") or "")
+
+
+def test_a_gpu_renumbered_by_a_re_init_is_not_read_as_the_one_it_replaces(
+    stub: Stub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # NVML numbers GPUs anew at each init: after a re-init with GPU 0 gone (fallen off the bus), index 0 names what
+    # was GPU 1. The identity was read again and that GPU's state reported as GPU 0's: a wait on a busy GPU 0 that
+    # vanished could end "clean". (The stub reloads its scenario at a re-init, so the renumbering is the UUID call's.)
+    sc = Scenario.h200(devices=2)
+    sc.add_process(0, 4_000_001, used_bytes=GIB)
+    with stub.open(sc) as session:
+        first = session.snapshot()
+        assert [d.index for d in first.devices] == [0, 1] and not first.failures
+        backend = session.backend
+        assert isinstance(backend, NvmlBackend)
+        calls = backend._calls
+        uuids = {d.index: d.uuid for d in first.devices}
+        read_uuid = calls.uuid
+        monkeypatch.setattr(calls, "uuid", lambda handle, index: uuids[1] if index == 0 else read_uuid(handle, index))
+        backend._forget_devices()  # what a re-init does: identities read again
+        snap = session.snapshot()
+        assert [d.index for d in snap.devices] == [1]
+        (failure,) = snap.failures
+        assert failure.index == 0 and isinstance(failure.error, errors.GpuLost)
+        assert uuids[0] in str(failure.error) and uuids[1] in str(failure.error)
+        from nvmlcheck.wait import default_predicate
+
+        assert default_predicate().check(snap) is not True
