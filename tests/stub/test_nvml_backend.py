@@ -702,6 +702,6 @@ def test_a_gpu_renumbered_by_a_re_init_is_not_read_as_the_one_it_replaces(
         (failure,) = snap.failures
         assert failure.index == 0 and isinstance(failure.error, errors.GpuLost)
         assert uuids[0] in str(failure.error) and uuids[1] in str(failure.error)
-        from nvmlcheck.wait import default_predicate
+        from nvmlcheck.predicates import default_predicate
 
         assert default_predicate().check(snap) is not True
