@@ -1,0 +1,231 @@
+"""``select --lock``: an owner that exits during the wait, or before the hand-over, leaves nothing locked.
+
+No durations are asserted: the owner is ended at a counted poll (a wrapper around ``selection._judge``), and a poll
+count past which the wait should have ended stops the run with an assertion instead of hanging.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nvmlcheck import cli, locks, selection
+from nvmlcheck.errors import NoSuchProcess
+from nvmlcheck.locks import take_locks, try_lock
+from nvmlcheck.testing import Scenario, StubProbe, build_stub, use_stub
+
+pytestmark = pytest.mark.stub
+GIB = 1 << 30
+
+
+def uuid(i: int) -> str:
+    return f"GPU-00000000-0000-0000-0000-{i:012d}"
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
+    monkeypatch.setenv("NVMLCHECK_LOCK_DIR", str(tmp_path / "locks"))
+    yield
+    assert StubProbe(build_stub()).init_refcount() == 0, "this test left NVML initialised"
+
+
+@pytest.fixture
+def sleeper() -> Iterator[Callable[[], subprocess.Popen[bytes]]]:
+    """``start()``: a process standing for a launch script; every one is killed and reaped at teardown."""
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start() -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen([sys.executable, "-S", "-c", "import time; time.sleep(120)"])
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
+def _busy(devices: int = 2) -> Scenario:
+    """GPUs that never become clean: a wait on them ends only by its owner or its deadline."""
+    sc = Scenario.h200(devices=devices)
+    for d in range(devices):
+        sc.add_process(d, 4_100_000 + d, used_bytes=16 * GIB)
+    return sc
+
+
+def _end_at_poll(monkeypatch: pytest.MonkeyPatch, poll: int, action: Callable[[], None], cap: int = 10) -> list[int]:
+    """Wrap ``selection._judge``: run ``action`` during poll ``poll``; fail at poll ``cap`` (the wait went on)."""
+    calls: list[int] = []
+    real = selection._judge
+
+    def judge(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) == poll:
+            action()
+        if len(calls) >= cap:
+            raise AssertionError(f"still polling after {cap} polls: the owner's exit was not noticed")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(selection, "_judge", judge)
+    return calls
+
+
+def _ended(proc: subprocess.Popen[bytes]) -> Callable[[], None]:
+    def end() -> None:
+        proc.kill()
+        proc.wait()  # reaped: its PID is free for the kernel to hand out again
+    return end
+
+
+def _all_free(lock_dir: Path, devices: int) -> bool:
+    for i in range(devices):
+        taken = try_lock(uuid(i), lock_dir)
+        if taken is None:
+            return False
+        os.close(taken.fd)
+    return True
+
+
+def _no_pidfd(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_pidfd(pid: int, flags: int = 0) -> int:
+        raise OSError(38, "Function not implemented")
+
+    monkeypatch.setattr(os, "pidfd_open", no_pidfd)  # an old kernel: the owner is told by its start time
+
+
+# --- the owner exits during the wait ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("pidfd", [True, False], ids=["pidfd", "start-time"])
+def test_an_owner_that_exits_during_the_wait_is_refused_at_the_next_poll(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    sleeper: Callable[[], subprocess.Popen[bytes]], pidfd: bool,
+) -> None:
+    # `select --lock-pid P --wait 600` went on polling after P had exited, until GPUs were free, and only then
+    # refused (or waited out the whole --wait on GPUs that stay busy).
+    if not pidfd:
+        _no_pidfd(monkeypatch)
+    path = str(_busy().write(tmp_path / "sc.txt"))
+    owner = sleeper()
+    calls = _end_at_poll(monkeypatch, 2, _ended(owner))
+    code = cli.main(["--simulate", path, "--json", "select", "1", "--lock-pid", str(owner.pid), "--wait", "600"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 2, doc
+    assert len(calls) == 2  # noticed before the third poll
+    during = doc["error"]
+    assert during["type"] == "UsageError" and doc["exit_code"] == 2
+    assert during["message"].startswith(f"--lock-pid {owner.pid}: process {owner.pid} exited while GPUs were being")
+    assert "nothing is locked" in during["message"]
+    # The same refusal as for an owner already gone at the start.
+    code = cli.main(["--simulate", path, "--json", "select", "1", "--lock-pid", str(owner.pid), "--wait", "600"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 2 and doc["error"]["type"] == during["type"] and doc["exit_code"] == 2
+    assert doc["error"]["message"].startswith(f"--lock-pid {owner.pid}: process {owner.pid} ")
+    assert _all_free(tmp_path / "locks", 2)
+
+
+def test_the_default_owner_exiting_during_the_wait_ends_it_too(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    sleeper: Callable[[], subprocess.Popen[bytes]],
+) -> None:
+    # Without --lock-pid the owner is nvmlcheck's parent (the launch script): its exit ends the wait the same way.
+    path = str(_busy().write(tmp_path / "sc.txt"))
+    owner = sleeper()
+    monkeypatch.setattr(os, "getppid", lambda: owner.pid)
+    calls = _end_at_poll(monkeypatch, 1, _ended(owner))
+    code = cli.main(["--simulate", path, "select", "1", "--lock", "--wait", "none"])
+    err = capsys.readouterr().err
+    assert code == 2 and len(calls) == 1, err
+    assert f"the parent process (PID {owner.pid}): process {owner.pid} exited while GPUs" in err
+
+
+def test_an_owner_that_exits_as_the_gpus_are_chosen_leaves_nothing_locked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sleeper: Callable[[], subprocess.Popen[bytes]],
+) -> None:
+    owner = sleeper()
+    lock_dir = tmp_path / "api-locks"
+    calls = _end_at_poll(monkeypatch, 1, _ended(owner))  # the poll that finds both GPUs clean
+    with use_stub(Scenario.h200(devices=2), tmp_dir=tmp_path):
+        import nvmlcheck as nc
+
+        with nc.open("nvml") as gpus, pytest.raises(NoSuchProcess, match="nothing is locked"):
+            selection.select_clean(gpus, 2, lock=True, lock_dir=lock_dir, owner=owner.pid)
+    assert len(calls) == 1 and _all_free(lock_dir, 2)
+
+
+def test_select_clean_with_an_owner_ends_its_wait_when_the_owner_exits(
+    tmp_path: Path, sleeper: Callable[[], subprocess.Popen[bytes]],
+) -> None:
+    owner = sleeper()
+    pauses: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        pauses.append(seconds)
+        if len(pauses) == 1:
+            _ended(owner)()
+        assert len(pauses) < 5, "the wait went on after its owner exited"
+
+    with use_stub(_busy(), tmp_dir=tmp_path):
+        import nvmlcheck as nc
+
+        with nc.open("nvml") as gpus:
+            with pytest.raises(NoSuchProcess, match=f"process {owner.pid} exited"):
+                selection.select_clean(gpus, 1, timeout=None, interval=0.0, sleep=sleep, owner=owner.pid)
+            assert len(pauses) == 1
+            with pytest.raises(NoSuchProcess):  # gone at the start: refused before a poll
+                selection.select_clean(gpus, 1, timeout=None, sleep=sleep, owner=owner.pid)
+
+
+# --- a PID reused between the check and the hand-over -----------------------------------------------------------------
+
+
+def test_a_reused_owner_pid_never_gets_the_locks(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    sleeper: Callable[[], subprocess.Popen[bytes]],
+) -> None:
+    # The owner was checked by PID at the start and looked up by PID again at the hand-over: had it exited and its
+    # PID gone to another process meanwhile, the holder kept the GPUs until that stranger exited.
+    owner, stranger = sleeper(), sleeper()
+    real_pidfd = locks._owner_pidfd
+    opened: list[int] = []
+
+    def owner_pidfd(pid: int) -> int | None:
+        opened.append(pid)
+        # The first look-up is the owner; any later one finds its PID handed to the stranger.
+        return real_pidfd(pid if len(opened) == 1 else stranger.pid)
+
+    monkeypatch.setattr(locks, "_owner_pidfd", owner_pidfd)
+    _end_at_poll(monkeypatch, 1, _ended(owner))
+    path = str(Scenario.h200(devices=2).write(tmp_path / "sc.txt"))
+    code = cli.main(["--simulate", path, "select", "2", "--lock-pid", str(owner.pid)])
+    out, err = capsys.readouterr()
+    assert (code, out) == (2, ""), err
+    assert f"--lock-pid {owner.pid}: process {owner.pid}" in err
+    assert _all_free(tmp_path / "locks", 2)
+
+
+def test_hold_until_a_pinned_owner_that_has_exited_is_refused(
+    tmp_path: Path, sleeper: Callable[[], subprocess.Popen[bytes]],
+) -> None:
+    from nvmlcheck.locks import pin_owner
+
+    owner = sleeper()
+    with pin_owner(owner.pid) as pinned:
+        held, _ = take_locks([uuid(0)], tmp_path)
+        _ended(owner)()
+        assert pinned.exited()
+        with pytest.raises(ProcessLookupError, match=f"process {owner.pid} has exited"):
+            held.hold_until(pinned)
+        assert held.held_here  # still held here, as documented
+        held.release()
+    assert _all_free(tmp_path, 1)
