@@ -344,7 +344,8 @@ class LockSet:
         The holder checks every second that each lock file is still there and re-creates and locks a removed one
         (a /tmp cleaner). Raises ``ProcessLookupError`` when ``pid`` is not running or has exited (a zombie): the
         locks would end at once; :class:`LockDirError` when a lock file was removed or replaced before the holder
-        could keep it (nothing is then locked here or there). The locks are still held here after either.
+        could keep it (nothing is then locked here or there). The locks are still held here after either. When the
+        call does not return (a signal, Ctrl-C), a holder it started is ended: nothing stays locked by it.
         """
         import subprocess
 
@@ -380,10 +381,26 @@ class LockSet:
                 start_new_session=True,
                 cwd="/",
             )
+        except BaseException:
+            os.close(ready_r)
+            raise
         finally:
             os.close(ready_w)
             if pidfd is not None:
                 os.close(pidfd)
+        self._popen = holder  # kept so that a long-lived caller reaps it (subprocess's own cleanup)
+        try:
+            return self._handed_to(holder, ready_r, held, owner_pid)
+        except BaseException:
+            # Not handed over (a signal, Ctrl-C, an error): a holder in its own session would otherwise keep the GPUs
+            # locked for an owner who was never told. The locks stay held here, as documented.
+            self.end_holder()
+            del self._popen
+            self.holder_pid = self.owner_pid = None
+            raise
+
+    def _handed_to(self, holder: Any, ready_r: int, held: Sequence[GpuLock], pid: int) -> int:
+        """The rest of :meth:`hold_until` once the holder runs: wait for its word, then let go here."""
         with open(ready_r, "rb") as ready:  # closes ready_r
             said = ready.read(4096)
         if said != b"ready":
@@ -400,12 +417,11 @@ class LockSet:
         # The holder already shares the open files (inherited at fork), so the locks are never free in between.
         for lock in self.locks:
             if lock.fd >= 0:
-                _write_info(lock.fd, f"holder={holder.pid} owner={owner_pid} since="
+                _write_info(lock.fd, f"holder={holder.pid} owner={pid} since="
                                      f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}\n".encode())
-        self._popen = holder  # kept so that a long-lived caller reaps it (subprocess's own cleanup)
         self.release()
-        self.holder_pid, self.owner_pid = holder.pid, owner_pid
-        return holder.pid
+        self.holder_pid, self.owner_pid = holder.pid, pid
+        return int(holder.pid)
 
     def end_holder(self) -> None:
         """End the holder :meth:`hold_until` started, and reap it: its locks are free after. For a caller whose answer

@@ -173,9 +173,10 @@ def _select(args: argparse.Namespace, pinned: Owner | None, what: str) -> int:
             else:
                 print(value)
             sys.stdout.flush()
-        except OSError:
-            # The answer was not delivered (stdout closed, disk full): nobody will use these GPUs, so their locks
-            # must not outlive this command (exit 141 or the write's error follows).
+        except BaseException:
+            # The answer was not delivered (stdout closed, disk full, a signal or Ctrl-C while writing): nobody will
+            # use these GPUs, so their locks must not outlive this command (exit 141, 128 + the signal, or the
+            # write's error follows).
             if selection.locks is not None and holder is not None:
                 selection.locks.end_holder()
             raise

@@ -1,4 +1,5 @@
-"""``select --lock``: an owner that exits during the wait, or before the hand-over, leaves nothing locked.
+"""``select --lock``: an owner that exits during the wait or before the hand-over, and answers that are never
+delivered (a signal or Ctrl-C while writing, or while the holder starts), leave nothing locked.
 
 No durations are asserted: the owner is ended at a counted poll (a wrapper around ``selection._judge``), and a poll
 count past which the wait should have ended stops the run with an assertion instead of hanging.
@@ -229,3 +230,48 @@ def test_hold_until_a_pinned_owner_that_has_exited_is_refused(
         assert held.held_here  # still held here, as documented
         held.release()
     assert _all_free(tmp_path, 1)
+
+
+# --- an answer not delivered ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("signal", [KeyboardInterrupt, "Terminated"])
+def test_a_signal_while_the_answer_is_written_ends_the_holder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    sleeper: Callable[[], subprocess.Popen[bytes]], signal: Any,
+) -> None:
+    # Ctrl-C or SIGTERM after the holder took the locks, before the answer was out: the command exited 130/143
+    # without printing, and its holder kept the GPUs locked for an owner who never learnt which they were.
+    from nvmlcheck.cli import _select
+    from nvmlcheck.cli._signals import Terminated
+
+    raised = KeyboardInterrupt() if signal is KeyboardInterrupt else Terminated(15)
+
+    def interrupted(doc: object) -> None:
+        raise raised
+
+    monkeypatch.setattr(_select, "print_json", interrupted)
+    owner = sleeper()
+    path = str(Scenario.h200(devices=2).write(tmp_path / "sc.txt"))
+    code = cli.main(["--simulate", path, "--json", "select", "2", "--lock-pid", str(owner.pid)])
+    capsys.readouterr()
+    assert code == (130 if signal is KeyboardInterrupt else 143)
+    assert _all_free(tmp_path / "locks", 2)  # the holder was ended and reaped before the command returned
+
+
+def test_an_interrupt_while_the_holder_starts_ends_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sleeper: Callable[[], subprocess.Popen[bytes]],
+) -> None:
+    owner = sleeper()
+    held, _ = take_locks([uuid(0), uuid(1)], tmp_path)
+
+    def interrupted(fd: int, text: bytes) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(locks, "_write_info", interrupted)  # after the holder said ready, before the hand-over
+    with pytest.raises(KeyboardInterrupt):
+        held.hold_until(owner.pid)
+    monkeypatch.undo()
+    assert held.held_here and held.holder_pid is None  # not handed over: still held here only
+    held.release()
+    assert _all_free(tmp_path, 2)
