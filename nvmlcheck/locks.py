@@ -204,9 +204,13 @@ def _open_lock_file(path: Path, directory: Path) -> int:
         raise _open_error(path, directory, exc) from None
     if not stat.S_ISREG(st.st_mode):
         os.close(fd)
-        raise LockDirError(directory, f"lock file {path} is {_kind(st.st_mode)} owned by {_who(st.st_uid)}, not a "
-                                      "regular file: someone may have planted it; remove it", path)
+        raise _not_regular(path, directory, st)
     return fd
+
+
+def _not_regular(path: Path, directory: Path, st: os.stat_result) -> LockDirError:
+    return LockDirError(directory, f"lock file {path} is {_kind(st.st_mode)} owned by {_who(st.st_uid)}, not a "
+                                   "regular file: someone may have planted it; remove it", path)
 
 
 def _open_error(path: Path, directory: Path, exc: OSError) -> LockDirError:
@@ -226,6 +230,9 @@ def _open_error(path: Path, directory: Path, exc: OSError) -> LockDirError:
     if dir_st is None or not stat.S_ISDIR(dir_st.st_mode):
         what = "does not exist" if dir_st is None else f"is {_kind(dir_st.st_mode)}"
         return LockDirError(directory, f"lock directory {directory} {what}: cannot open {path.name}", path)
+    if found is not None and not stat.S_ISREG(found.st_mode):
+        # A directory (EISDIR), a socket (ENXIO): refused at the open, as a FIFO or a device is after it.
+        return _not_regular(path, directory, found)
     if found is None and exc.errno in (errno.ENOENT, errno.EACCES, errno.EPERM, errno.EROFS):
         mode = stat.S_IMODE(dir_st.st_mode)
         return LockDirError(directory, f"cannot create lock file {path.name} in {directory} (mode {mode:04o}, owned "
