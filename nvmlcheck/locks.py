@@ -20,7 +20,7 @@ import re
 import stat
 import sys
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -30,8 +30,8 @@ from ._text import printable
 from .errors import ArgumentError, NoSuchProcess, NvmlCheckError
 
 __all__ = [
-    "ENV_LOCK_DIR", "GpuLock", "LockDirError", "LockHolderFailed", "LockSet", "Owner", "check_owner", "lock_dir",
-    "lock_info", "pin_owner", "prepare_lock_dir", "take_locks", "try_lock",
+    "ENV_LOCK_DIR", "GpuLock", "LockDirError", "LockHolderFailed", "LockSet", "Owner", "check_owner", "choosing",
+    "lock_dir", "lock_info", "pin_owner", "prepare_lock_dir", "take_locks", "try_lock",
 ]
 
 #: The environment variable that overrides where lock files live.
@@ -47,6 +47,10 @@ _RECHECK_S = 1.0
 _NOT_RUNNING = "process {pid} is not running (no such process): locks held until it exits would end now"
 # The most of a lock file's text that is read for a message.
 _INFO_MAX_BYTES = 4096
+# The file whose flock lets one select at a time choose among a directory's GPUs (no GPU's: a UUID never starts
+# with a dot), and how long a select waits for another's choice before choosing without it (seconds).
+_CHOOSING = ".choosing.lock"
+_CHOOSING_WAIT_S = 5.0
 
 
 class LockDirError(NvmlCheckError, OSError):
@@ -281,6 +285,37 @@ def try_lock(uuid: str, directory: Path | None = None, *, record: bool = True) -
         os.close(fd)  # removed or replaced between the open and the flock: a lock nobody else would see
     raise LockDirError(directory, f"lock file {path} was removed or replaced {_RETRIES} times while it was being "
                                   "locked: something keeps deleting files in the lock directory", path)
+
+
+@contextlib.contextmanager
+def choosing(directory: Path, wait_s: float | None = None) -> Iterator[bool]:
+    """While the block runs, no other select chooses among ``directory``'s GPUs (an ``flock`` on its
+    ``.choosing.lock``). Two selects that take their GPUs' locks one by one at the same time can otherwise split the
+    free GPUs so that neither gets enough (each wanting 2 of 2: one takes GPU 0, the other GPU 1), and both give up
+    though the GPUs were free. Best effort, never a failure: a file that cannot be opened, or a chooser that does not
+    finish within ``wait_s`` (default 5 s; 0: one try), stopped or someone holding the file, is gone around; the
+    GPUs' own locks are what count. Yields whether the file was locked."""
+    try:
+        fd: int | None = _open_lock_file(directory / _CHOOSING, directory)
+    except LockDirError:
+        fd = None
+    taken = False
+    try:
+        if fd is not None:
+            end = time.monotonic() + (_CHOOSING_WAIT_S if wait_s is None else wait_s)
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    taken = True
+                    break
+                except OSError as exc:
+                    if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN) or time.monotonic() >= end:
+                        break
+                time.sleep(0.001)
+        yield taken
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 def lock_info(uuid: str, directory: Path | None = None) -> str | None:

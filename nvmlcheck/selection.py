@@ -221,6 +221,7 @@ def _poll(
     why: list[str] = []
     eligible: list[DeviceState] = []
     busy: list[str] = []
+    patience: list[float | None] = [None]  # the default wait for another select's choice, until one is in vain
     while True:
         if pin is not None and pin.exited():
             raise _owner_gone(pin, polls)
@@ -240,7 +241,7 @@ def _poll(
             polls += 1
             last = snap
             why, eligible = _judge(snap, pred, streak, stable_polls)
-            chosen, locks, busy = _choose(eligible, count, directory)
+            chosen, locks, busy = _choose(eligible, count, directory, patience)
             why.extend(busy)
             if chosen is not None:
                 if pin is not None and pin.exited():
@@ -280,31 +281,37 @@ def _judge(
 
 
 def _choose(
-    eligible: list[DeviceState], count: int, directory: Path | None
+    eligible: list[DeviceState], count: int, directory: Path | None, patience: list[float | None] | None = None
 ) -> tuple[list[DeviceState] | None, LockSet | None, list[str]]:
-    """The first ``count`` eligible GPUs, locked when ``directory`` is given; (None, None, reasons) when too few."""
+    """The first ``count`` eligible GPUs, locked when ``directory`` is given; (None, None, reasons) when too few.
+    ``patience``: ``[seconds]`` to wait for another select's choice (:func:`nvmlcheck.locks.choosing`; ``[None]``:
+    its default), set to 0 once a wait was in vain, so that a select stopped mid-choice, or a file held on purpose,
+    costs one wait, not one per poll."""
     if directory is None:
         return (eligible[:count] if len(eligible) >= count else None), None, []
-    from .locks import LockSet, lock_info, try_lock
+    from .locks import LockSet, choosing, lock_info, try_lock
 
-    taken = []
+    locks = LockSet([], directory)
     chosen: list[DeviceState] = []
     busy: list[str] = []
     try:
-        for d in eligible:
-            if len(chosen) == count:
-                break
-            held = try_lock(d.uuid, directory)
-            if held is None:
-                busy.append(f"GPU {d.index}: locked by another process "
-                            f"({lock_info(d.uuid, directory) or 'just released'})")
-                continue
-            taken.append(held)
-            chosen.append(d)
+        # One select at a time: racers cannot split the free GPUs between them.
+        with choosing(directory, None if patience is None else patience[0]) as one_at_a_time:
+            if not one_at_a_time and patience is not None:
+                patience[0] = 0.0
+            for d in eligible:
+                if len(chosen) == count:
+                    break
+                held = try_lock(d.uuid, directory)
+                if held is None:
+                    busy.append(f"GPU {d.index}: locked by another process "
+                                f"({lock_info(d.uuid, directory) or 'just released'})")
+                    continue
+                locks.locks += (held,)
+                chosen.append(d)
     except BaseException:  # a lock file that cannot be used (LockDirError): keep none of those taken
-        LockSet(taken, directory).release()
+        locks.release()
         raise
-    locks = LockSet(taken, directory)
     if len(chosen) < count:
         # Not enough: give back what was taken, so that two racers wanting 2 of 3 GPUs cannot each sit on one.
         locks.release()

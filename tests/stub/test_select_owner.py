@@ -275,3 +275,97 @@ def test_an_interrupt_while_the_holder_starts_ends_it(
     assert held.held_here and held.holder_pid is None  # not handed over: still held here only
     held.release()
     assert _all_free(tmp_path, 2)
+
+
+# --- two selects choosing at the same moment --------------------------------------------------------------------------
+
+
+def test_racing_selects_cannot_split_the_free_gpus_so_that_neither_gets_enough(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two selects each wanting both of 2 free GPUs, taking their locks one by one at the same moment: A took GPU 0,
+    # B (GPU 0 busy) took GPU 1, A found GPU 1 busy: both gave back and exited 1 (or, with --wait, collided again at
+    # the next poll) though both GPUs were free. The interleaving is forced with events, never with timing.
+    import fcntl
+    import threading
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(locks, "_CHOOSING_WAIT_S", 600.0)  # B waits for A's choice, however slow this machine is
+    gpus: list[Any] = [SimpleNamespace(index=i, uuid=uuid(i)) for i in range(2)]  # what _choose reads of a GPU
+    b_thread: list[threading.Thread] = []
+    b_holds_1, b_blocked, a_tried_1 = threading.Event(), threading.Event(), threading.Event()
+    results: dict[str, Any] = {}
+    real_try, real_flock = locks.try_lock, fcntl.flock
+
+    def in_b() -> bool:
+        return bool(b_thread) and threading.current_thread() is b_thread[0]
+
+    def flock(fd: int, operation: int) -> None:
+        try:
+            real_flock(fd, operation)
+        except BlockingIOError:
+            if in_b() and os.readlink(f"/proc/self/fd/{fd}").endswith(".choosing.lock"):
+                b_blocked.set()  # B waits for A's choice to end
+            raise
+
+    def try_lock(gpu: str, directory: Path | None = None, *, record: bool = True) -> Any:
+        if in_b():
+            held = real_try(gpu, directory, record=record)
+            if gpu == uuid(1) and held is not None:
+                b_holds_1.set()
+                assert a_tried_1.wait(60), "A never tried GPU 1"
+            return held
+        if gpu == uuid(1) and record:  # A, between GPU 0 and GPU 1: B starts choosing now
+            b_thread.append(threading.Thread(target=lambda: results.update(b=selection._choose(gpus, 2, tmp_path))))
+            b_thread[0].start()
+            while not (b_holds_1.is_set() or b_blocked.is_set() or not b_thread[0].is_alive()):
+                b_holds_1.wait(0.01)
+            try:
+                return real_try(gpu, directory, record=record)
+            finally:
+                a_tried_1.set()
+        return real_try(gpu, directory, record=record)
+
+    monkeypatch.setattr(locks, "try_lock", try_lock)
+    monkeypatch.setattr(fcntl, "flock", flock)
+    results["a"] = selection._choose(gpus, 2, tmp_path)
+    b_thread[0].join(60)
+    assert not b_thread[0].is_alive()
+    won = [name for name in ("a", "b") if results[name][0] is not None]
+    assert won == ["a"], results  # A chose first; B found both GPUs taken
+    results["a"][1].release()
+
+
+def test_a_chooser_file_held_on_purpose_costs_one_wait_not_one_per_poll(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Someone holds .choosing.lock (a select stopped mid-choice, or on purpose in a shared directory): each select
+    # waits for it once, then chooses without it at every later poll, still by the GPUs' own locks.
+    import fcntl
+    from types import SimpleNamespace
+
+    squatter = os.open(tmp_path / ".choosing.lock", os.O_CREAT | os.O_RDWR, 0o644)
+    fcntl.flock(squatter, fcntl.LOCK_EX)
+    monkeypatch.setattr(locks, "_CHOOSING_WAIT_S", 0.05)
+    tries: list[int] = []
+    real_flock = fcntl.flock
+
+    def flock(fd: int, operation: int) -> None:
+        if fd != squatter and os.readlink(f"/proc/self/fd/{fd}").endswith(".choosing.lock"):
+            tries.append(fd)
+        real_flock(fd, operation)
+
+    monkeypatch.setattr(fcntl, "flock", flock)
+    gpus: list[Any] = [SimpleNamespace(index=i, uuid=uuid(i)) for i in range(2)]
+    patience: list[float | None] = [None]
+    try:
+        first = selection._choose(gpus, 1, tmp_path, patience)
+        assert first[0] is not None and first[1] is not None and tries  # gone around: GPU 0 is still chosen
+        assert patience == [0.0]
+        first[1].release()
+        tries.clear()
+        second = selection._choose(gpus, 2, tmp_path, patience)
+        assert second[0] is not None and second[1] is not None and len(tries) == 1  # one try, no wait
+        second[1].release()
+    finally:
+        os.close(squatter)
