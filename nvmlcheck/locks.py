@@ -20,7 +20,7 @@ import re
 import stat
 import sys
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -30,8 +30,8 @@ from ._text import printable
 from .errors import ArgumentError, NoSuchProcess, NvmlCheckError
 
 __all__ = [
-    "ENV_LOCK_DIR", "GpuLock", "LockDirError", "LockHolderFailed", "LockSet", "check_owner", "lock_dir", "lock_info",
-    "prepare_lock_dir", "take_locks", "try_lock",
+    "ENV_LOCK_DIR", "GpuLock", "LockDirError", "LockHolderFailed", "LockSet", "Owner", "check_owner", "choosing",
+    "lock_dir", "lock_info", "pin_owner", "prepare_lock_dir", "take_locks", "try_lock",
 ]
 
 #: The environment variable that overrides where lock files live.
@@ -47,6 +47,10 @@ _RECHECK_S = 1.0
 _NOT_RUNNING = "process {pid} is not running (no such process): locks held until it exits would end now"
 # The most of a lock file's text that is read for a message.
 _INFO_MAX_BYTES = 4096
+# The file whose flock lets one select at a time choose among a directory's GPUs (no GPU's: a UUID never starts
+# with a dot), and how long a select waits for another's choice before choosing without it (seconds).
+_CHOOSING = ".choosing.lock"
+_CHOOSING_WAIT_S = 5.0
 
 
 class LockDirError(NvmlCheckError, OSError):
@@ -204,9 +208,13 @@ def _open_lock_file(path: Path, directory: Path) -> int:
         raise _open_error(path, directory, exc) from None
     if not stat.S_ISREG(st.st_mode):
         os.close(fd)
-        raise LockDirError(directory, f"lock file {path} is {_kind(st.st_mode)} owned by {_who(st.st_uid)}, not a "
-                                      "regular file: someone may have planted it; remove it", path)
+        raise _not_regular(path, directory, st)
     return fd
+
+
+def _not_regular(path: Path, directory: Path, st: os.stat_result) -> LockDirError:
+    return LockDirError(directory, f"lock file {path} is {_kind(st.st_mode)} owned by {_who(st.st_uid)}, not a "
+                                   "regular file: someone may have planted it; remove it", path)
 
 
 def _open_error(path: Path, directory: Path, exc: OSError) -> LockDirError:
@@ -226,6 +234,9 @@ def _open_error(path: Path, directory: Path, exc: OSError) -> LockDirError:
     if dir_st is None or not stat.S_ISDIR(dir_st.st_mode):
         what = "does not exist" if dir_st is None else f"is {_kind(dir_st.st_mode)}"
         return LockDirError(directory, f"lock directory {directory} {what}: cannot open {path.name}", path)
+    if found is not None and not stat.S_ISREG(found.st_mode):
+        # A directory (EISDIR), a socket (ENXIO): refused at the open, as a FIFO or a device is after it.
+        return _not_regular(path, directory, found)
     if found is None and exc.errno in (errno.ENOENT, errno.EACCES, errno.EPERM, errno.EROFS):
         mode = stat.S_IMODE(dir_st.st_mode)
         return LockDirError(directory, f"cannot create lock file {path.name} in {directory} (mode {mode:04o}, owned "
@@ -274,6 +285,37 @@ def try_lock(uuid: str, directory: Path | None = None, *, record: bool = True) -
         os.close(fd)  # removed or replaced between the open and the flock: a lock nobody else would see
     raise LockDirError(directory, f"lock file {path} was removed or replaced {_RETRIES} times while it was being "
                                   "locked: something keeps deleting files in the lock directory", path)
+
+
+@contextlib.contextmanager
+def choosing(directory: Path, wait_s: float | None = None) -> Iterator[bool]:
+    """While the block runs, no other select chooses among ``directory``'s GPUs (an ``flock`` on its
+    ``.choosing.lock``). Two selects that take their GPUs' locks one by one at the same time can otherwise split the
+    free GPUs so that neither gets enough (each wanting 2 of 2: one takes GPU 0, the other GPU 1), and both give up
+    though the GPUs were free. Best effort, never a failure: a file that cannot be opened, or a chooser that does not
+    finish within ``wait_s`` (default 5 s; 0: one try), stopped or someone holding the file, is gone around; the
+    GPUs' own locks are what count. Yields whether the file was locked."""
+    try:
+        fd: int | None = _open_lock_file(directory / _CHOOSING, directory)
+    except LockDirError:
+        fd = None
+    taken = False
+    try:
+        if fd is not None:
+            end = time.monotonic() + (_CHOOSING_WAIT_S if wait_s is None else wait_s)
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    taken = True
+                    break
+                except OSError as exc:
+                    if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN) or time.monotonic() >= end:
+                        break
+                time.sleep(0.001)
+        yield taken
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 def lock_info(uuid: str, directory: Path | None = None) -> str | None:
@@ -333,15 +375,19 @@ class LockSet:
         longer has its name counts for nobody else: another process can lock the new file)."""
         return tuple(lock.uuid for lock in self.locks if lock.fd >= 0 and not _same_file(lock.fd, lock.path))
 
-    def hold_until(self, pid: int) -> int:
+    def hold_until(self, pid: int | Owner) -> int:
         """Keep the locks after this process exits, until process ``pid`` exits: start a holder process that
         inherits the descriptors and waits for ``pid`` (through a pidfd where the kernel has them, else by polling
         ``/proc/<pid>`` start time every 0.5 s), then release them here. Returns the holder's PID.
 
+        ``pid`` may be an :class:`Owner` pinned earlier (:func:`pin_owner`): the holder then waits for that very
+        process, even if it exited meanwhile and its PID now names another one (then this raises).
+
         The holder checks every second that each lock file is still there and re-creates and locks a removed one
         (a /tmp cleaner). Raises ``ProcessLookupError`` when ``pid`` is not running or has exited (a zombie): the
         locks would end at once; :class:`LockDirError` when a lock file was removed or replaced before the holder
-        could keep it (nothing is then locked here or there). The locks are still held here after either.
+        could keep it (nothing is then locked here or there). The locks are still held here after either. When the
+        call does not return (a signal, Ctrl-C), a holder it started is ended: nothing stays locked by it.
         """
         import subprocess
 
@@ -349,14 +395,13 @@ class LockSet:
         if not fds or self.holder_pid is not None:
             raise ArgumentError("no locks held here to hand over")
         held = [lock for lock in self.locks if lock.fd >= 0]
-        argv = [sys.executable, "-m", "nvmlcheck.locks", "--owner", str(pid), "--fds", ",".join(map(str, fds))]
+        owner_pid = pid.pid if isinstance(pid, Owner) else pid
+        argv = [sys.executable, "-m", "nvmlcheck.locks", "--owner", str(owner_pid), "--fds",
+                ",".join(map(str, fds))]
         for lock in held:
             argv += ["--path", str(lock.path)]
-        pidfd = _owner_pidfd(pid)
-        if pidfd is None:
-            argv += ["--start-time", str(_start_time(pid))]  # no pidfd (old kernel): identify the owner by start time
-        else:
-            argv += ["--pidfd", str(pidfd)]
+        pidfd, how = _owner_for_holder(pid)
+        argv += how
         # The holder says it is running, and that each lock file still names its lock, before the locks are called
         # handed over: one that died at start-up (an import error) would release them silently, and "locked" must
         # never be said of a free GPU.
@@ -378,10 +423,26 @@ class LockSet:
                 start_new_session=True,
                 cwd="/",
             )
+        except BaseException:
+            os.close(ready_r)
+            raise
         finally:
             os.close(ready_w)
             if pidfd is not None:
                 os.close(pidfd)
+        self._popen = holder  # kept so that a long-lived caller reaps it (subprocess's own cleanup)
+        try:
+            return self._handed_to(holder, ready_r, held, owner_pid)
+        except BaseException:
+            # Not handed over (a signal, Ctrl-C, an error): a holder in its own session would otherwise keep the GPUs
+            # locked for an owner who was never told. The locks stay held here, as documented.
+            self.end_holder()
+            del self._popen
+            self.holder_pid = self.owner_pid = None
+            raise
+
+    def _handed_to(self, holder: Any, ready_r: int, held: Sequence[GpuLock], pid: int) -> int:
+        """The rest of :meth:`hold_until` once the holder runs: wait for its word, then let go here."""
         with open(ready_r, "rb") as ready:  # closes ready_r
             said = ready.read(4096)
         if said != b"ready":
@@ -400,10 +461,9 @@ class LockSet:
             if lock.fd >= 0:
                 _write_info(lock.fd, f"holder={holder.pid} owner={pid} since="
                                      f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}\n".encode())
-        self._popen = holder  # kept so that a long-lived caller reaps it (subprocess's own cleanup)
         self.release()
         self.holder_pid, self.owner_pid = holder.pid, pid
-        return holder.pid
+        return int(holder.pid)
 
     def end_holder(self) -> None:
         """End the holder :meth:`hold_until` started, and reap it: its locks are free after. For a caller whose answer
@@ -463,6 +523,106 @@ def check_owner(pid: int) -> None:
         os.close(pidfd)
     else:
         _start_time(pid)
+
+
+class Owner:
+    """A process whose exit ends locks, pinned when it was checked (:func:`pin_owner`): through a pidfd where the
+    kernel has them, else by its PID and start time, so that its PID, handed to another process after it exited,
+    never stands for it. Pass it to :meth:`LockSet.hold_until` (the holder then waits for this very process) and
+    to :func:`~nvmlcheck.selection.select_clean` (``owner=``: its exit ends the wait).
+
+    ``pid``: its PID. :meth:`exited` says whether it has exited (gone, or a zombie). :meth:`close` releases the
+    pidfd (idempotent; also on leaving a ``with`` block); a closed owner still tells its exit by start time.
+    """
+
+    __slots__ = ("_exited", "_fd", "pid", "start_time")
+
+    def __init__(self, pid: int, pidfd: int | None, start_time: int) -> None:
+        self.pid = pid
+        self._fd = pidfd
+        #: The start time in clock ticks (``/proc/<pid>/stat``): with the PID, it names one process.
+        self.start_time = start_time
+        self._exited = False
+
+    def exited(self) -> bool:
+        """Whether the process has exited: gone, or exited and not yet reaped (a zombie). Never reaps it."""
+        if self._exited:
+            return True
+        if self._fd is not None:
+            import select
+
+            poller = select.poll()
+            poller.register(self._fd, select.POLLIN)
+            self._exited = bool(poller.poll(0))  # a pidfd is readable once its process has exited
+        else:
+            self._exited = not _alive(self.pid, self.start_time)
+        return self._exited
+
+    def gone_error(self) -> NoSuchProcess:
+        """The error for an owner that has exited: locks held until it exits would end at once."""
+        return NoSuchProcess(f"process {self.pid} has exited: locks held until it exits would end now")
+
+    def dup_pidfd(self) -> int | None:
+        """A new descriptor of the pidfd (for a holder process to inherit), or ``None`` without one."""
+        return None if self._fd is None else os.dup(self._fd)
+
+    def close(self) -> None:
+        """Release the pidfd. Idempotent."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def __enter__(self) -> Owner:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
+
+    def __repr__(self) -> str:
+        how = "pidfd" if self._fd is not None else f"start time {self.start_time}"
+        return f"<nvmlcheck Owner pid={self.pid} ({how}){' exited' if self._exited else ''}>"
+
+
+def _owner_for_holder(owner: int | Owner) -> tuple[int | None, list[str]]:
+    """How the holder is to tell the owner: (a pidfd for it to inherit, or ``None``; its arguments). Raises
+    ``ProcessLookupError`` when the owner has exited."""
+    if isinstance(owner, Owner):
+        if owner.exited():
+            raise owner.gone_error()
+        pidfd = owner.dup_pidfd()
+    else:
+        pidfd = _owner_pidfd(owner)
+    if pidfd is not None:
+        return pidfd, ["--pidfd", str(pidfd)]
+    # No pidfd (old kernel): identify the owner by start time.
+    start = owner.start_time if isinstance(owner, Owner) else _start_time(owner)
+    return None, ["--start-time", str(start)]
+
+
+def pin_owner(pid: int) -> Owner:
+    """Pin the running process ``pid`` as an :class:`Owner` (a pidfd where the kernel has them, else its start
+    time). Raises ``ProcessLookupError`` (:class:`~nvmlcheck.NoSuchProcess`, with a message) when it is gone or has
+    exited (a zombie), as :func:`check_owner` does."""
+    if isinstance(pid, bool) or not isinstance(pid, int):
+        from .errors import ArgumentTypeError
+
+        raise ArgumentTypeError(f"an owner is a PID (int), got {pid!r}")
+    pidfd = _owner_pidfd(pid)
+    if pidfd is None:
+        return Owner(pid, None, _start_time(pid))
+    try:
+        start = _start_time(pid)  # kept for after close(); it exited if this fails (the pidfd would say so too)
+    except BaseException:
+        os.close(pidfd)
+        raise
+    return Owner(pid, pidfd, start)
 
 
 def _owner_pidfd(pid: int) -> int | None:

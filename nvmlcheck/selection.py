@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import ArgumentError, BackendUnavailable, DeadlinePassed, NvmlCheckError, WaitTimeout
+from .errors import ArgumentError, BackendUnavailable, DeadlinePassed, NoSuchProcess, NvmlCheckError, WaitTimeout
 from .model import DeviceState, Fields, Snapshot
 
 if TYPE_CHECKING:
-    from .locks import LockSet
+    from .locks import LockSet, Owner
     from .predicates import Predicate
     from .session import DeviceSelector, Session
 
@@ -124,6 +124,7 @@ def select_clean(
     interval: float | None = None,
     clock: Callable[[], int] = time.monotonic_ns,
     sleep: Callable[[float], object] = time.sleep,
+    owner: int | Owner | None = None,
 ) -> Selection:
     """Wait until ``count`` of the candidate GPUs are clean, and return them (lowest NVML index first).
 
@@ -135,16 +136,18 @@ def select_clean(
     (:mod:`nvmlcheck.locks`, in ``lock_dir`` or the default directory), passing over GPUs locked by others; the
     locks are in :attr:`Selection.locks` and last until released, handed over, or this process exits.
     ``interval``: seconds between polls (default 0.05 with NVML, 0.5 with nvidia-smi). ``clock``/``sleep``: for
-    tests.
+    tests. ``owner``: a process (a PID, or a :class:`~nvmlcheck.locks.Owner` pinned earlier) for whom the GPUs are
+    chosen, typically the one :meth:`LockSet.hold_until <nvmlcheck.locks.LockSet.hold_until>` will be given: it is
+    checked before each poll and once more before returning, and once it has exited the wait ends.
 
     Raises :class:`SelectTimeout` (a :class:`~nvmlcheck.WaitTimeout`) naming why each GPU was passed over;
     ``ValueError`` when ``count`` is below 1 or above the number of candidates; :class:`~nvmlcheck.locks.LockDirError`
-    when the lock directory or a lock file cannot be used safely (nothing stays locked then).
+    when the lock directory or a lock file cannot be used safely (nothing stays locked then);
+    :class:`~nvmlcheck.NoSuchProcess` (a ``ProcessLookupError``) when ``owner`` is not running at the start or exits
+    during the wait (nothing stays locked then).
     """
-    from ._deadline import Deadline
     from ._waitoptions import _timeout_ns
     from .predicates import check_predicate, default_predicate
-    from .wait import is_transient
 
     check_predicate(predicate)
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
@@ -167,6 +170,44 @@ def select_clean(
         from .locks import prepare_lock_dir
 
         directory = default_lock_dir() if lock_dir is None else prepare_lock_dir(lock_dir)
+    pin: Owner | None = None
+    if owner is not None:
+        from .locks import Owner, pin_owner
+
+        pin = owner if isinstance(owner, Owner) else pin_owner(owner)
+    try:
+        return _poll(session, count=count, timeout=timeout, timeout_ns=timeout_ns, selected=selected, pred=pred,
+                     stable_polls=stable_polls, directory=directory, pause=pause, clock=clock, sleep=sleep, pin=pin)
+    finally:
+        if pin is not None and pin is not owner:
+            pin.close()
+
+
+def _owner_gone(pin: Owner, polls: int) -> NoSuchProcess:
+    noun = "poll" if polls == 1 else "polls"
+    return NoSuchProcess(f"process {pin.pid} exited while GPUs were being chosen for it (after {polls} {noun}): "
+                         "locks held until it exits would end now; nothing is locked")
+
+
+def _poll(
+    session: Session,
+    *,
+    count: int,
+    timeout: float | None,
+    timeout_ns: int | None,
+    selected: tuple[int, ...] | None,
+    pred: Predicate,
+    stable_polls: int,
+    directory: Path | None,
+    pause: float,
+    clock: Callable[[], int],
+    sleep: Callable[[float], object],
+    pin: Owner | None,
+) -> Selection:
+    """:func:`select_clean`'s loop, its arguments checked."""
+    from ._deadline import Deadline
+    from .wait import is_transient
+
     backend = session.backend
     start = clock()
     deadline = None if timeout_ns is None else start + timeout_ns
@@ -180,7 +221,10 @@ def select_clean(
     why: list[str] = []
     eligible: list[DeviceState] = []
     busy: list[str] = []
+    patience: list[float | None] = [None]  # the default wait for another select's choice, until one is in vain
     while True:
+        if pin is not None and pin.exited():
+            raise _owner_gone(pin, polls)
         try:
             snap: Snapshot | None = backend.snapshot(selected, Fields.WAIT, deadline=cut)
         except DeadlinePassed:
@@ -197,9 +241,13 @@ def select_clean(
             polls += 1
             last = snap
             why, eligible = _judge(snap, pred, streak, stable_polls)
-            chosen, locks, busy = _choose(eligible, count, directory)
+            chosen, locks, busy = _choose(eligible, count, directory, patience)
             why.extend(busy)
             if chosen is not None:
+                if pin is not None and pin.exited():
+                    if locks is not None:
+                        locks.release()
+                    raise _owner_gone(pin, polls)
                 return Selection(tuple(chosen), snap, clock() - start, polls, locks, tuple(why))
         now = clock()
         if deadline is not None and now >= deadline:
@@ -233,31 +281,37 @@ def _judge(
 
 
 def _choose(
-    eligible: list[DeviceState], count: int, directory: Path | None
+    eligible: list[DeviceState], count: int, directory: Path | None, patience: list[float | None] | None = None
 ) -> tuple[list[DeviceState] | None, LockSet | None, list[str]]:
-    """The first ``count`` eligible GPUs, locked when ``directory`` is given; (None, None, reasons) when too few."""
+    """The first ``count`` eligible GPUs, locked when ``directory`` is given; (None, None, reasons) when too few.
+    ``patience``: ``[seconds]`` to wait for another select's choice (:func:`nvmlcheck.locks.choosing`; ``[None]``:
+    its default), set to 0 once a wait was in vain, so that a select stopped mid-choice, or a file held on purpose,
+    costs one wait, not one per poll."""
     if directory is None:
         return (eligible[:count] if len(eligible) >= count else None), None, []
-    from .locks import LockSet, lock_info, try_lock
+    from .locks import LockSet, choosing, lock_info, try_lock
 
-    taken = []
+    locks = LockSet([], directory)
     chosen: list[DeviceState] = []
     busy: list[str] = []
     try:
-        for d in eligible:
-            if len(chosen) == count:
-                break
-            held = try_lock(d.uuid, directory)
-            if held is None:
-                busy.append(f"GPU {d.index}: locked by another process "
-                            f"({lock_info(d.uuid, directory) or 'just released'})")
-                continue
-            taken.append(held)
-            chosen.append(d)
+        # One select at a time: racers cannot split the free GPUs between them.
+        with choosing(directory, None if patience is None else patience[0]) as one_at_a_time:
+            if not one_at_a_time and patience is not None:
+                patience[0] = 0.0
+            for d in eligible:
+                if len(chosen) == count:
+                    break
+                held = try_lock(d.uuid, directory)
+                if held is None:
+                    busy.append(f"GPU {d.index}: locked by another process "
+                                f"({lock_info(d.uuid, directory) or 'just released'})")
+                    continue
+                locks.locks += (held,)
+                chosen.append(d)
     except BaseException:  # a lock file that cannot be used (LockDirError): keep none of those taken
-        LockSet(taken, directory).release()
+        locks.release()
         raise
-    locks = LockSet(taken, directory)
     if len(chosen) < count:
         # Not enough: give back what was taken, so that two racers wanting 2 of 3 GPUs cannot each sit on one.
         locks.release()

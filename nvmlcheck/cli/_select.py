@@ -21,7 +21,8 @@ if TYPE_CHECKING:
     import argparse
 
     from ..cudamap import CudaMapping
-    from ..selection import Selection
+    from ..locks import Owner
+    from ..selection import Selection, SelectTimeout
     from ..session import Session
 
 
@@ -34,11 +35,12 @@ def _value(fmt: str, selection: Selection, mapping: CudaMapping | None) -> str:
     return mapping.visible_value(selection.indices)
 
 
-def _owner(args: argparse.Namespace) -> int:
+def _owner(args: argparse.Namespace) -> tuple[Owner, str]:
     """Whose life the locks last: the process that ran nvmlcheck (in `GPUS=$(nvmlcheck select ...)` that is the
-    launch script's shell, which may `exec` the server), unless --lock-pid names another. Checked before any wait:
-    a process that is gone or has exited (a zombie) would end the locks at once."""
-    from ..locks import check_owner
+    launch script's shell, which may `exec` the server), unless --lock-pid names another; and how to name it in a
+    message. Pinned before any wait (its exit ends the wait, and the holder waits for that very process): a process
+    that is gone or has exited (a zombie) would end the locks at once."""
+    from ..locks import pin_owner
 
     owner: int
     if args.lock_pid is not None:
@@ -58,10 +60,9 @@ def _owner(args: argparse.Namespace) -> int:
         raise UsageError(f"{what}: PID 1 never exits (init); name the process whose exit ends the locks with "
                          "--lock-pid PID")
     try:
-        check_owner(owner)
+        return pin_owner(owner), what
     except ProcessLookupError as exc:
         raise UsageError(f"{what}: {exc}") from None
-    return owner
 
 
 def _cuda_mapping(gpus: Session, deadline_s: float | None) -> CudaMapping:
@@ -94,11 +95,40 @@ def count_first(args: argparse.Namespace) -> None:
 
 def cmd_select(args: argparse.Namespace) -> int:
     """Select with the CLI's predicate; with ``--lock``, hand the locks to a holder that outlives this process."""
-    from ..jsonout import select_document, select_timeout_document
+    lock = args.lock or args.lock_pid is not None
+    if not lock:
+        return _select(args, None, "")
+    pinned, what = _owner(args)
+    with pinned:
+        return _select(args, pinned, what)
+
+
+def _not_found(args: argparse.Namespace, late: SelectTimeout, started: float) -> int:
+    """Say why ``--count`` GPUs were not found (exit 1): the --wait asked for, and the time since the command
+    started, the open included."""
+    from ..jsonout import select_timeout_document
     from ..selection import SelectTimeout
 
-    lock = args.lock or args.lock_pid is not None
-    owner = _owner(args) if lock else os.getppid()
+    opened_ns = max(0, round((time.monotonic() - started) * 1e9) - late.elapsed_ns)
+    exc = SelectTimeout(args.wait or 0.0, late.elapsed_ns + opened_ns, late.culprits, late.snapshot,
+                        late.polls, count=late.count, clean=late.clean)
+    verdict(EXIT_NOT_CLEAN)
+    if args.json:
+        print_json(select_timeout_document(exc, count=args.count, format=args.format, timeout_s=args.wait))
+    else:
+        print(f"nvmlcheck: {safe_lines(exc)}", file=sys.stderr)
+    verdict_printed(EXIT_NOT_CLEAN)
+    return EXIT_NOT_CLEAN
+
+
+def _select(args: argparse.Namespace, pinned: Owner | None, what: str) -> int:
+    """:func:`cmd_select` once the owner is pinned (``None``: no locks)."""
+    from ..errors import NoSuchProcess
+    from ..jsonout import select_document
+    from ..selection import SelectTimeout, select_clean
+
+    lock = pinned is not None
+    owner = os.getppid() if pinned is None else pinned.pid
     args.timeout = args.wait  # open_session bounds nvmlInit by the command's own timeout
     predicate = wait_predicate(args)
     started = time.monotonic()
@@ -113,29 +143,25 @@ def cmd_select(args: argparse.Namespace) -> int:
         if timeout == 0 and args.wait:
             timeout = 1e-9  # --wait used up by opening: a check bounded by it, not a whole one (that is --wait 0)
         try:
-            selection = gpus.select_clean(
-                args.count, timeout=timeout, predicate=predicate, devices=args.devices,
-                stable_polls=args.stable_polls, lock=lock,
+            # The module's function: Session.select_clean does not take the owner, whose exit ends the wait.
+            selection = select_clean(
+                gpus, args.count, timeout=timeout, predicate=predicate, devices=args.devices,
+                stable_polls=args.stable_polls, lock=lock, owner=pinned,
             )
+        except NoSuchProcess as gone:
+            # The owner exited during the wait: the refusal of an owner gone at the start (exit 2); select_clean
+            # took nothing or let go of it.
+            raise UsageError(f"{what}: {gone}") from None
         except SelectTimeout as late:
-            # Report the --wait asked for and the time since the command started, the open included.
-            opened_ns = max(0, round((time.monotonic() - started) * 1e9) - late.elapsed_ns)
-            exc = SelectTimeout(args.wait or 0.0, late.elapsed_ns + opened_ns, late.culprits, late.snapshot,
-                                late.polls, count=late.count, clean=late.clean)
-            verdict(EXIT_NOT_CLEAN)
-            if args.json:
-                print_json(select_timeout_document(exc, count=args.count, format=args.format, timeout_s=args.wait))
-            else:
-                print(f"nvmlcheck: {safe_lines(exc)}", file=sys.stderr)
-            verdict_printed(EXIT_NOT_CLEAN)
-            return EXIT_NOT_CLEAN
+            return _not_found(args, late, started)
         value = _value(args.format, selection, mapping)
         holder = None
         if selection.locks is not None:
+            assert pinned is not None
             try:
-                holder = selection.locks.hold_until(owner)
-            except ProcessLookupError as exc:
-                raise UsageError(str(exc)) from None
+                holder = selection.locks.hold_until(pinned)
+            except ProcessLookupError as gone:  # it exited after the last poll: the same refusal
+                raise UsageError(f"{what}: {gone}") from None
         verdict(EXIT_CLEAN, answer_is_output=True)  # the GPUs chosen are the answer: unread, it is not given
         if selection.locks is not None and not args.json:
             print(f"nvmlcheck: locked GPU {', '.join(map(str, selection.indices))} until PID {owner} exits "
@@ -147,9 +173,10 @@ def cmd_select(args: argparse.Namespace) -> int:
             else:
                 print(value)
             sys.stdout.flush()
-        except OSError:
-            # The answer was not delivered (stdout closed, disk full): nobody will use these GPUs, so their locks
-            # must not outlive this command (exit 141 or the write's error follows).
+        except BaseException:
+            # The answer was not delivered (stdout closed, disk full, a signal or Ctrl-C while writing): nobody will
+            # use these GPUs, so their locks must not outlive this command (exit 141, 128 + the signal, or the
+            # write's error follows).
             if selection.locks is not None and holder is not None:
                 selection.locks.end_holder()
             raise

@@ -340,3 +340,38 @@ def test_select_in_a_pid_namespace_whose_parent_is_outside(tmp_path: Path) -> No
         pytest.skip(f"no PID namespaces here: {proc.stderr.strip()}")
     assert proc.returncode == 2, proc.stderr
     assert "outside this PID namespace" in proc.stderr and "--lock-pid 0" not in proc.stderr
+
+
+@pytest.mark.parametrize("kind", ["directory", "socket"])
+def test_a_lock_file_that_cannot_be_opened_as_one_says_what_it_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], kind: str
+) -> None:
+    # A directory (EISDIR) or a socket (ENXIO) where a GPU's lock file should be was refused with the bare errno
+    # ("Is a directory"), unlike a FIFO or a symbolic link: not what it is, nor what to do.
+    import socket
+
+    locks_dir = tmp_path / "locks"
+    locks_dir.mkdir()
+    path = locks_dir / f"{UUID0}.lock"
+    listener = None
+    if kind == "directory":
+        path.mkdir()
+    else:
+        listener = socket.socket(socket.AF_UNIX)
+        here = os.getcwd()
+        os.chdir(locks_dir)  # a relative name: tmp_path is too long for a socket's address
+        try:
+            listener.bind(path.name)
+        finally:
+            os.chdir(here)
+    try:
+        with pytest.raises(LockDirError, match=f"is a {kind} owned by .*not a regular file.*remove it"):
+            try_lock(UUID0, locks_dir)
+        monkeypatch.setenv("NVMLCHECK_LOCK_DIR", str(locks_dir))
+        code, out, _ = _select(capsys, tmp_path, "--json", *_OWNER)
+        error = _error(out)
+        assert code == 3 and error["type"] == "LockDirError" and error["path"] == str(path)
+        assert f"is a {kind}" in str(error["message"])
+    finally:
+        if listener is not None:
+            listener.close()
