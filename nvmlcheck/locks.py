@@ -391,6 +391,12 @@ class LockSet:
         """
         import subprocess
 
+        if not isinstance(pid, Owner) and (isinstance(pid, bool) or not isinstance(pid, int)):
+            from .errors import ArgumentTypeError
+
+            raise ArgumentTypeError(f"hold_until takes a PID (int) or an Owner, got {pid!r}")
+        if (pid.pid if isinstance(pid, Owner) else pid) == 1:
+            raise ArgumentError("hold_until(1): PID 1 (init) never exits, so the locks would be held until reboot")
         fds = [lock.fd for lock in self.locks if lock.fd >= 0]
         if not fds or self.holder_pid is not None:
             raise ArgumentError("no locks held here to hand over")

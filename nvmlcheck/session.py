@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from .cudamap import CudaMapping
     from .events import EventListener
     from .holders import Holder
+    from .locks import Owner
     from .predicates import Predicate
     from .selection import Selection
     from .verdict import ReadyReport
@@ -498,11 +499,13 @@ class Session:
         interval: float | None = None,
         clock: Callable[[], int] = time.monotonic_ns,
         sleep: Callable[[float], object] = time.sleep,
+        owner: int | Owner | None = None,
     ) -> Selection:
         """Wait until ``count`` GPUs are clean and return them (see :func:`nvmlcheck.selection.select_clean`):
         ``timeout`` 0 checks once, ``None`` waits forever; ``lock=True`` also takes their advisory locks and passes
-        over GPUs locked by others. Raises :class:`~nvmlcheck.selection.SelectTimeout` naming why GPUs were passed
-        over."""
+        over GPUs locked by others; ``owner``: the process they are chosen for (a PID or a pinned
+        :class:`~nvmlcheck.locks.Owner`), whose exit ends the wait. Raises
+        :class:`~nvmlcheck.selection.SelectTimeout` naming why GPUs were passed over."""
         from pathlib import Path
 
         from .selection import select_clean
@@ -511,6 +514,7 @@ class Session:
         return select_clean(
             self, count, timeout=timeout, predicate=predicate, devices=devices, stable_polls=stable_polls, lock=lock,
             lock_dir=None if lock_dir is None else Path(lock_dir), interval=interval, clock=clock, sleep=sleep,
+            owner=owner,
         )
 
     def holders(

@@ -125,7 +125,7 @@ def _select(args: argparse.Namespace, pinned: Owner | None, what: str) -> int:
     """:func:`cmd_select` once the owner is pinned (``None``: no locks)."""
     from ..errors import NoSuchProcess
     from ..jsonout import select_document
-    from ..selection import SelectTimeout, select_clean
+    from ..selection import SelectTimeout
 
     lock = pinned is not None
     owner = os.getppid() if pinned is None else pinned.pid
@@ -143,9 +143,8 @@ def _select(args: argparse.Namespace, pinned: Owner | None, what: str) -> int:
         if timeout == 0 and args.wait:
             timeout = 1e-9  # --wait used up by opening: a check bounded by it, not a whole one (that is --wait 0)
         try:
-            # The module's function: Session.select_clean does not take the owner, whose exit ends the wait.
-            selection = select_clean(
-                gpus, args.count, timeout=timeout, predicate=predicate, devices=args.devices,
+            selection = gpus.select_clean(
+                args.count, timeout=timeout, predicate=predicate, devices=args.devices,
                 stable_polls=args.stable_polls, lock=lock, owner=pinned,
             )
         except NoSuchProcess as gone:

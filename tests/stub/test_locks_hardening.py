@@ -289,6 +289,20 @@ def test_select_takes_how_many_gpus_as_a_word_too(tmp_path: Path, capsys: pytest
         assert text in err and "simulated GPUs" not in err, err  # refused before the simulation starts
 
 
+def test_hold_until_refuses_init_and_what_is_no_pid(tmp_path: Path) -> None:
+    # hold_until(1) (or True, which is 1) started a holder waiting for init: the locks were held until reboot.
+    held, _ = take_locks([UUID0], tmp_path)
+    try:
+        with pytest.raises(ValueError, match="PID 1"):
+            held.hold_until(1)
+        for bad in (True, "123", 1.0):
+            with pytest.raises(TypeError, match="PID"):
+                held.hold_until(bad)  # type: ignore[arg-type]
+        assert held.held_here and held.holder_pid is None  # nothing was handed over
+    finally:
+        held.release()
+
+
 def test_hold_until_a_zombie_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     zombie = subprocess.Popen([sys.executable, "-S", "-c", "pass"])
     try:
