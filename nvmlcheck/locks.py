@@ -387,7 +387,9 @@ class LockSet:
         (a /tmp cleaner). Raises ``ProcessLookupError`` when ``pid`` is not running or has exited (a zombie): the
         locks would end at once; :class:`LockDirError` when a lock file was removed or replaced before the holder
         could keep it (nothing is then locked here or there). The locks are still held here after either. When the
-        call does not return (a signal, Ctrl-C), a holder it started is ended: nothing stays locked by it.
+        call does not return (a signal, Ctrl-C), a holder it started is ended: nothing stays locked by it. PID 1
+        (init, which never exits) is an ``ArgumentError``, a ``pid`` that is neither an int nor an :class:`Owner` an
+        ``ArgumentTypeError``.
         """
         import subprocess
 
