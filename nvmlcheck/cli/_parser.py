@@ -457,9 +457,9 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
                                          "joined with the processes of this PID namespace that have an NVIDIA device "
                                          "file open (a character device of NVIDIA's majors, whatever its path; no "
                                          "variable changes that), and how each was found. A process on a list but not "
-                                         "seen here is named with why (another PID "
-                                         "namespace, no permission). What `kill --all-holders`/--all-on-gpu would "
-                                         "choose from.")
+                                         "seen here (another PID namespace, no permission) shows ? for what cannot "
+                                         "be read; --json says why under unknown. What `kill --all-holders`/"
+                                         "--all-on-gpu would choose from.")
         global_options(holders, top=False)
         host_options(holders)
 
