@@ -291,7 +291,7 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
         prog="nvmlcheck", state=state, root=True, description="Tell precisely and fast whether NVIDIA GPUs are clean.",
         epilog="exit codes: 0 clean/ok, 1 not clean at timeout, 2 usage, 3 backend unavailable or failed, "
                "4 a fatal GPU event (XID) stopped the wait, 5 ready: a GPU needs an operator (unhealthy or stuck), "
-               "129/130/143 ended by SIGHUP/SIGINT/SIGTERM",
+               "129/130/143 ended by SIGHUP/SIGINT/SIGTERM, 141 the answer could not be written (docs/cli.md)",
     )
     parser.add_argument("--version", action="version", version=f"nvmlcheck {__version__}")
     global_options(parser, top=True)
@@ -351,6 +351,9 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
             description="Signal the named PIDs (and with --tree their descendants) first, then open NVML and wait "
                         "until every target exited and the selected GPUs are clean. A target still running after "
                         "--grace gets SIGKILL. Targets are pinned (pidfd): a recycled PID is never signalled.",
+            epilog="exit codes: 0 every target exited and the GPUs are clean, 1 not clean at the timeout, 2 usage (a "
+                   "refused, missing or unsignallable PID; a selector without --yes), 3 backend unavailable or "
+                   "failed, 4 a fatal GPU event (--events)",
         )
         global_options(kill, top=False)
         kill.add_argument("pids", type=pid_number, nargs="*", metavar="PID")
@@ -367,8 +370,8 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
                           help="also kill every process on the selected GPUs' NVML process lists that has an NVIDIA "
                                "device file open here")
         kill.add_argument("--yes", action="store_true",
-                          help="do not ask for confirmation with --all-holders/--all-on-gpu/--match/--container "
-                               "(needed without a terminal)")
+                          help="do not ask for confirmation with --all-holders/--all-on-gpu/--match/--container/"
+                               "--cgroup (needed without a terminal)")
         once(kill, "--match", metavar="REGEX",
              help="also kill every process whose full command line matches REGEX (pkill -f; never this process, "
                   "its ancestors or PID 1); with --tree and --devices as for PIDs")
@@ -440,7 +443,7 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
         once(ready, "--timeout", type=seconds_or_none, default=0.0, metavar="S",
              help="seconds to wait until ready (default 0: judge once; 'none': forever)")
         once(ready, "--max-used", type=byte_size, default=16 * MIB, metavar="BYTES",
-             help="clean means at most this much used per GPU (default 16MiB)")
+             help=f"clean means at most this much used per GPU (default 16MiB; {SIZE_UNITS})")
         once(ready, "--stable-polls", type=positive_int, default=2, metavar="N",
              help="consecutive ready polls required when waiting (default 2)")
         ready.add_argument("--no-events", action="store_true",
@@ -452,10 +455,11 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
                                                    "NVIDIA device files",
                              description="List every process that holds a selected GPU: the NVML process lists "
                                          "joined with the processes of this PID namespace that have an NVIDIA device "
-                                         "file open (a character device of NVIDIA's: /dev/nvidia*), and how each was "
-                                         "found. A process on a list but not seen here is named with why (another PID "
-                                         "namespace, no permission). What `kill --all-holders`/--all-on-gpu would "
-                                         "choose from.")
+                                         "file open (a character device of NVIDIA's majors, whatever its path; no "
+                                         "variable changes that), and how each was found. A process on a list but not "
+                                         "seen here (another PID namespace, no permission) shows ? for what cannot "
+                                         "be read; --json says why under unknown. What `kill --all-holders`/"
+                                         "--all-on-gpu would choose from.")
         global_options(holders, top=False)
         host_options(holders)
 
@@ -480,9 +484,9 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
                         "code calling nvmlcheck.open()) pointing at the scenario. Exits with COMMAND's status.",
             epilog="example: nvmlcheck simulate run --scenario h200x8 -- ./launch.sh",
         )
-        once(sim_run, "--scenario", metavar="SCENARIO", default=None,
+        once(sim_run, "--scenario", "--simulate", dest="scenario", metavar="SCENARIO", default=None,
              help="a bundled scenario (h200, h200x8, h200-busy; copied to a file for the run) or a scenario file "
-                  "(default h200)")
+                  "(default h200); --simulate is the same option")
         sim_run.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARG ...]")
         hold = sub_parser(
             sims, "hold", help="start a command as a process that holds memory on a simulated GPU until it exits",
@@ -500,8 +504,9 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
              help="ms from its exit until it leaves the list (default 90)")
         once(hold, "--release-ms", type=milliseconds, default=120, metavar="MS",
              help="ms from its exit until its memory is back (default 120)")
-        once(hold, "--scenario", metavar="FILE", default=None,
-             help="the scenario file to add it to (default: --simulate's file, which `simulate run` passes)")
+        once(hold, "--scenario", "--simulate", dest="scenario", metavar="FILE", default=None,
+             help="the scenario file to add it to (default: the file of a --simulate given before `simulate`, which "
+                  "`simulate run` passes); --simulate is the same option")
         hold.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARG ...]")
         show = sub_parser(sims, "scenario", help="print a bundled scenario, to start a scenario file from",
                           epilog="example: nvmlcheck simulate scenario h200x8 > gpus.txt")
@@ -516,13 +521,15 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
             description="Start a process holding memory on each selected GPU, end it, and time when its PID leaves "
                         "the NVML list, when the memory is back, and when waitpid returns. Refuses to start unless the "
                         "GPUs are clean.",
-            epilog="exit codes: 0 every run completed, 1 a run timed out or the GPUs were not clean at baseline, "
-                   "2 usage, 3 backend or holder failure",
+            epilog="exit codes: 0 every run completed (or --budget stopped the study), 1 a run timed out or the GPUs "
+                   "were not clean at baseline, 2 usage, 3 backend or holder failure, or a study that cannot run here "
+                   "(skipped: --kind mps without nvidia-cuda-mps-control, --kind nccl with one GPU)",
         )
         global_options(reclaim, top=False)
         once(reclaim, "--sizes", type=size_list, default=None, metavar="LIST",
              help="bytes held per GPU, comma-separated (default 1GiB,4GiB,16GiB; none with --holder context)")
-        once(reclaim, "--repeats", type=positive_int, default=5, help="measured runs per size and ending (default 5)")
+        once(reclaim, "--repeats", type=positive_int, default=5, metavar="N",
+             help="measured runs per size and ending (default 5)")
         once(reclaim, "--endings", type=ending_list, default=["KILL", "TERM"], metavar="LIST",
              help="how the holder ends: KILL, TERM, exit, free (comma-separated; default KILL,TERM)")
         once(reclaim, "--mode", choices=("precise", "default"), default="precise",
@@ -538,7 +545,7 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
                              help="listen for NVML events during each run and record them (field 'events')")
         once(reclaim, "--run-timeout", type=positive_seconds, default=30.0, metavar="S",
              help="seconds from the signal until clean and reaped, else the run times out (default 30)")
-        once(reclaim, "--chunks", type=positive_int, default=1,
+        once(reclaim, "--chunks", type=positive_int, default=1, metavar="N",
              help="allocations per holder (python -m nvmlcheck.holder --chunks; default 1)")
         # --- study reclaim, second edition (issue 18): holder kinds, concurrency, phases; study compare ---------
         once(reclaim, "--holder", "--kind", dest="holder",
@@ -550,10 +557,11 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
                   "end), destroy (cuCtxDestroy before exiting on exit/free); pinned (--pinned host memory), ipc "
                   "(an exporter and --importers), managed (cuMemAllocManaged touched on the GPU), mps (a client of "
                   "a daemon the study starts), nccl (a communicator across the selected GPUs)")
-        once(reclaim, "--count", type=positive_int, default=None,
+        once(reclaim, "--count", type=positive_int, default=None, metavar="N",
              help="allocations, contexts or streams per holder, by --holder (default --chunks; 4 for chunks, "
                   "contexts and streams)")
-        once(reclaim, "--per-gpu", type=positive_int, default=1, help="holders on each GPU, ended together (default 1)")
+        once(reclaim, "--per-gpu", type=positive_int, default=1, metavar="N",
+             help="holders on each GPU, ended together (default 1)")
         once(reclaim, "--concurrent", choices=("gpus", "none"), default="gpus",
              help="gpus: end the holders of every selected GPU at the same instant (default); none: one GPU per run, "
                   "in turn")
@@ -573,9 +581,11 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
         global_options(compare, top=False, gpu=False)
         compare.add_argument("a", metavar="A.jsonl", help="the reference study's records")
         compare.add_argument("b", metavar="B.jsonl", help="the study compared with it")
-        once(compare, "--level", type=number, default=0.95, help="confidence level, within (0, 1) (default 0.95)")
-        once(compare, "--resamples", type=positive_int, default=5000, help="bootstrap resamples (default 5000)")
-        once(compare, "--seed", type=integer, default=0,
+        once(compare, "--level", type=number, default=0.95, metavar="P",
+             help="confidence level, within (0, 1) (default 0.95)")
+        once(compare, "--resamples", type=positive_int, default=5000, metavar="N",
+             help="bootstrap resamples (default 5000)")
+        once(compare, "--seed", type=integer, default=0, metavar="S",
              help="random seed: same records and seed, same output (default 0)")
         once(compare, "--measure", default="memory_back",
              choices=("zombie", "exited", "files_closed", "off_list", "memory_back", "first_clean", "waitpid"),
@@ -584,7 +594,7 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
              help="comma-separated cell parts (size, ending, holder, device, pinned, importers, first, role) left "
                   "out of the matching, to compare "
                   "conditions that differ in them, e.g. --across ending for exit.jsonl against free.jsonl")
-        once(compare, "--resolve-ms", type=number, default=5.0,
+        once(compare, "--resolve-ms", type=number, default=5.0, metavar="MS",
              help="the difference the repeats guidance aims to resolve, ms (default 5)")
         # --- end of the second-edition block ---------------------------------------------------------------------
         # --- third edition (issue 26): sweeps of pinned memory and importers, a time budget; study fit ----------
@@ -595,7 +605,8 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
         once(reclaim, "--importers", type=count_list, default=None, metavar="LIST",
              help="IPC importers beside each exporter, swept (--kind ipc), e.g. 0,1,2,4 (default 0)")
         once(reclaim, "--first", type=word_list("exporter", "importers"), default=None, metavar="LIST",
-             help="which side of an IPC group is ended first: exporter, importers or both, swept (default exporter)")
+             help="which side of an IPC group is ended first, comma-separated and swept: exporter, importers, or "
+                  "exporter,importers for both (default exporter)")
         once(reclaim, "--stage-gap", type=seconds, default=0.3, metavar="S",
              help="seconds between the first side being reaped and the other side's end (default 0.3)")
         once(reclaim, "--budget", type=positive_seconds, default=None, metavar="S",

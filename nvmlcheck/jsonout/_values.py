@@ -156,7 +156,14 @@ def error_json(exc: BaseException) -> dict[str, Any]:
 
 def holder_json(h: Holder) -> dict[str, Any]:
     """One process holding a GPU (``nvmlcheck/holders``); ``null`` fields are unknown, the reason under
-    ``"unknown"``."""
+    ``"unknown"`` (``relation`` and ``container`` excepted: ``null`` there means none)."""
+    unknown = dict(h.unknown)
+    # Two fields the holder leaves without a reason of their own: the user comes from the uid, and a process not
+    # visible here (no /proc entry: its start time unknown) has no open files to read.
+    if h.user is None and "user" not in unknown and "uid" in unknown:
+        unknown["user"] = unknown["uid"]
+    if h.device_files is None and "device_files" not in unknown and "start_ticks" in unknown:
+        unknown["device_files"] = unknown["start_ticks"]
     return {
         "pid": h.pid,
         "found_by": sorted(h.found_by),
@@ -180,7 +187,7 @@ def holder_json(h: Holder) -> dict[str, Any]:
         "device_files": None if h.device_files is None else list(h.device_files),
         "is_daemon": h.is_daemon,
         "relation": h.relation,
-        "unknown": dict(h.unknown),
+        "unknown": unknown,
         "container": h.container,
     }
 

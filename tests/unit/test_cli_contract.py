@@ -43,3 +43,20 @@ def test_sizes_decimal_and_binary() -> None:
     assert nc.GIB == 1 << 30 and nc.MIB == 1 << 20
     with pytest.raises(nc.ArgumentError, match="not a size"):
         parse_size("16 gigs")
+
+
+@pytest.mark.parametrize("command", [["run"], ["hold", "--gpu", "0", "--bytes", "1GiB"]])
+def test_simulate_takes_simulate_after_the_command_too(command: list[str]) -> None:
+    # docs/cli.md: `--scenario` (or `--simulate`, before or after `simulate run`/`hold`); the error of a hold without a
+    # scenario suggests `--simulate FILE` as well.
+    args = build_parser().parse_args(["simulate", *command, "--simulate", "gpus.txt", "--", "true"])
+    assert args.scenario == "gpus.txt"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["simulate", *command, "--simulate", "a", "--scenario", "b", "--", "true"])
+
+
+def test_kill_help_names_every_selector_yes_covers_and_its_exit_codes() -> None:
+    text = " ".join(_help("kill").split())
+    assert "--match/--container/--cgroup" in text
+    assert "exit codes: 0" in text and "4 a fatal GPU event" in text
+    assert "NVMLCHECK_DEVICE_FILES" not in " ".join(_help("holders").split())  # the variable is gone (docs/killing.md)
