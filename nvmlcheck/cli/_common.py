@@ -186,7 +186,7 @@ class SimulationUnavailable(Exception):
 def simulation_hint(exc: BaseException) -> str:
     """The message for a stub that cannot be built (no C compiler, no ``nvidia-nvml-dev``)."""
     return (f"the simulated GPU needs a C compiler and the nvidia-nvml-dev package "
-            f"(pip install 'nvmlcheck[sim]'): {exc}")
+            f"(pip install 'nvmlcheck[sim]', or pip install -e '.[sim]' in a clone): {exc}")
 
 
 def hosts_wanted(args: argparse.Namespace) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 
+from . import _common
 from ._common import (
     EXIT_BACKEND,
     EXIT_FAULT,
@@ -166,9 +167,9 @@ def fail(json_mode: bool, exc: BaseException, code: int, *, label: str | None = 
 
         with contextlib.suppress(BrokenPipeError):
             print_json(error_document(exc, code))
-    if label is None:
-        from ..errors import BackendUnavailable
+    from ..errors import BackendUnavailable
 
+    if label is None:
         label = "unavailable" if isinstance(exc, BackendUnavailable | SimulationUnavailable) else "error"
     if label in ("interrupted", "terminated"):
         print(f"nvmlcheck: {exc}" if label == "terminated" else "interrupted", file=sys.stderr)
@@ -177,6 +178,9 @@ def fail(json_mode: bool, exc: BaseException, code: int, *, label: str | None = 
 
         print(f"nvmlcheck: {label}: {safe_lines(exc)}", file=sys.stderr)
         _print_kill_records(exc)
+        if label == "unavailable" and isinstance(exc, BackendUnavailable) and not _common._simulating:
+            print("nvmlcheck: no GPU here? `nvmlcheck --simulate h200 COMMAND` runs a command on a simulated H200 "
+                  "(the bundled stub libnvidia-ml)", file=sys.stderr)
     return code
 
 

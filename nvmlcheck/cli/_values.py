@@ -131,7 +131,8 @@ def signal_name(text: str) -> str:
     try:
         return signals.name(signals.number(text))
     except ValueError:
-        raise _bad(f"unknown signal {text!r}") from None
+        raise _bad(f"unknown signal {text!r}: give a name with or without SIG, or a number (TERM, SIGINT, KILL, "
+                   "9)") from None
 
 
 #: How sizes are written, for every option that takes one (docs/cli.md, "Sizes").

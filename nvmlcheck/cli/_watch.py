@@ -41,6 +41,9 @@ def _watch(args: argparse.Namespace) -> int:
         wanted = None if indices is None else frozenset(indices)
         listener = gpus.listen()
         if not listener.active:
+            if gpus.backend.name == "smi":  # the listener's reason speaks of waits, which poll instead; watch cannot
+                return _unavailable(args, "events: the smi backend has none (nvidia-smi cannot deliver them): nothing "
+                                    "to watch; events need the NVML backend (--backend nvml)")
             return _unavailable(args, f"events: {listener.reason}")
         if listener.reason is not None:  # some GPUs only: say which are not watched, once
             print(f"nvmlcheck: events: {safe(listener.reason)}", file=sys.stderr)

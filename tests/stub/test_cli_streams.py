@@ -117,3 +117,28 @@ def test_every_environment_variable_a_help_names_is_one_nvmlcheck_reads() -> Non
     named = set(re.findall(r"NVMLCHECK_[A-Z_]+", "\n".join(texts)))
     unread = sorted(n for n in named if not re.search(rf"[\"']{n}[\"']", source))
     assert not unread, f"help texts name variables nothing reads: {unread}"
+
+
+def test_watch_on_the_smi_backend_says_there_is_nothing_to_watch() -> None:
+    # It said "the smi backend has no events ...: waits poll", a wait's words: watch does not poll, it ends.
+    out = _nvmlcheck("--simulate", "h200", "--backend", "smi", "watch", "--for", "0.2")
+    assert out.returncode == 3, out.stderr
+    assert "nothing to watch" in out.stderr and "--backend nvml" in out.stderr and "waits poll" not in out.stderr
+
+
+def test_an_unknown_signal_says_what_is_accepted() -> None:
+    out = _nvmlcheck("kill", "--signal", "FOO", "123")
+    assert out.returncode == 2 and "unknown signal 'FOO'" in out.stderr and "TERM, SIGINT, KILL, 9" in out.stderr
+
+
+def test_no_gpu_backend_points_to_the_simulator(tmp_path: Path) -> None:
+    # No driver and no nvidia-smi: the message said "install the NVIDIA driver" and nothing of --simulate.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NVMLCHECK_") or k == "NVMLCHECK_STUB_CACHE"}
+    env["PATH"] = str(tmp_path)  # no nvidia-smi
+    env["LD_LIBRARY_PATH"] = str(tmp_path)
+    out = _nvmlcheck("snapshot", env=env)
+    if out.returncode == 0:
+        pytest.skip("this machine has a GPU driver")
+    assert out.returncode == 3 and "--simulate h200" in out.stderr, out.stderr
+    json_out = _nvmlcheck("--json", "snapshot", env=env)
+    assert json.loads(json_out.stdout)["exit_code"] == 3 and "--simulate" not in json_out.stdout
