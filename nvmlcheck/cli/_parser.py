@@ -621,6 +621,10 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
         once(compare, "--stage", choices=("all", "last"), default="all",
              help="every holder (all, default) or only each run's last stage (last: the IPC side ended last)")
         # --- end of the third-edition block ----------------------------------------------------------------------
+        # --- simulated runs kept apart (records say whether they were simulated) -------------------------------
+        fit.add_argument("--include-simulated", action="store_true",
+                         help="fit simulated runs too (--simulate: the stub's timings, not a driver's; left out by "
+                              "default, and refused when every run is simulated)")
     if wanted("slurm"):
         slurm_parser(sub, sub_parser, global_options, once)
     return parser

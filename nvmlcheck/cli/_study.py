@@ -45,7 +45,8 @@ def _study_holders(args: argparse.Namespace) -> Any:
     from ..study.stub_holder import StubHolderFactory
 
     # simulation() wrote this scenario file for the stub; the factory adds the holders' pids to it per run.
-    return StubHolderFactory(args.simulation.scenario_path, kind=args.holder)
+    return StubHolderFactory(args.simulation.scenario_path, kind=args.holder,
+                             simulation=f"nvmlcheck --simulate {args.simulate}: the stub libnvidia-ml and stub holders")
 
 
 def _study_plots(records: Sequence[Any], directory: str) -> list[str]:
@@ -139,7 +140,8 @@ def cmd_study_fit(args: argparse.Namespace) -> int:
     kinds = FIT_KINDS if args.kinds is None else tuple(k.strip() for k in args.kinds.split(",") if k.strip())
     endings = FIT_ENDINGS if args.endings is None else tuple(args.endings)
     try:
-        result = fit_report(records, kinds=kinds, endings=endings, driver=args.driver)
+        result = fit_report(records, kinds=kinds, endings=endings, driver=args.driver,
+                            include_simulated=args.include_simulated)
     except ValueError as exc:
         raise UsageError(f"cannot fit: {exc}") from None
     if args.json:
