@@ -31,6 +31,7 @@ __all__ = [
     "CELL_PARTS",
     "CONDITION_PARTS",
     "COMPARE_VERSION",
+    "MAX_RESAMPLES",
     "MIN_N",
     "CellComparison",
     "Comparison",
@@ -46,6 +47,9 @@ __all__ = [
 COMPARE_SCHEMA = "nvmlcheck/study-compare"
 #: Its version.
 COMPARE_VERSION = 1
+#: The bootstrap's resamples: fewer make a coarse interval; more take minutes per cell (a second per 200 000) for
+#: no visible change, and a mistyped count would run for days.
+MIN_RESAMPLES, MAX_RESAMPLES = 100, 1_000_000
 #: Fewer values than this in a group: no verdict (the bootstrap of 2 or 3 values is not an interval to trust).
 MIN_N = 4
 
@@ -304,8 +308,8 @@ def compare_records(
         raise ArgumentError(f"unknown measure {measure!r}: one of {', '.join(MEASURES)}")
     if not 0.0 < level < 1.0:
         raise ArgumentError(f"level must be within (0, 1), got {level!r}")
-    if resamples < 100:
-        raise ArgumentError(f"resamples must be at least 100, got {resamples}")
+    if not MIN_RESAMPLES <= resamples <= MAX_RESAMPLES:
+        raise ArgumentError(f"resamples must be within {MIN_RESAMPLES}..{MAX_RESAMPLES:_}, got {resamples}")
     if resolve_ns <= 0:
         raise ArgumentError(f"resolve_ns must be > 0, got {resolve_ns}")
     if stage not in ("all", "last"):

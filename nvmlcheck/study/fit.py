@@ -13,6 +13,7 @@ docs/reclaim-study.md ("The model").
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -35,6 +36,8 @@ FIT_ENDINGS: tuple[str, ...] = ("KILL", "TERM", "exit")
 #: Holders signalled within this of the last signal belong to the last stage.
 STAGE_TOLERANCE_NS = 10_000_000
 _ZEROED = "fitted below 0"
+#: A driver version named for a fit: a branch, then up to three dotted numbers of up to 6 digits.
+_VERSION = re.compile(r"[0-9]{1,6}(?:\.[0-9]{1,6}){0,3}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +173,8 @@ def _least_squares(rows: Sequence[Sequence[float]], y: Sequence[float], w: Seque
 def _branch(records: Sequence[RunRecord], driver: str | None) -> tuple[str, str]:
     if driver is not None:
         return driver.split(".", 1)[0], driver
+    if not records:
+        raise ArgumentError("no records to fit")
     versions = sorted({r.driver for r in records if r.driver})
     branches = sorted({v.split(".", 1)[0] for v in versions})
     if len(branches) != 1:
@@ -193,6 +198,9 @@ def fit_report(
     branch). Simulated runs (``RunRecord.simulated``: the stub's timings, not a driver's) are left out unless
     ``include_simulated``; runs that do not say are fitted and counted as ``unknown`` in ``provenance``.
     ``ValueError`` when no run can be fitted."""
+    if driver is not None and not _VERSION.fullmatch(driver):
+        shown = driver if len(driver) <= 40 else driver[:37] + "..."
+        raise ArgumentError(f"driver {shown!r} is not a driver version (digits and dots, such as 580 or 580.159.04)")
     every = list(records)
     excluded: dict[str, int] = {}
     if not include_simulated:

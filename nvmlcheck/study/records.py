@@ -184,11 +184,18 @@ def _show(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+#: Every integer of a record is within a signed 64-bit integer (what the driver and the clocks give: 2**63 ns is 292
+#: years): larger ones are refused, not carried into statistics and fits where they overflow.
+INT_LIMIT = 2**63
+
+
 def _int(minimum: int | None) -> _Check:
     def check(v: Any) -> str | None:
         if isinstance(v, bool) or not isinstance(v, int):
             return "an integer" + ("" if minimum is None else f" >= {minimum}")
-        return None if minimum is None or v >= minimum else f"an integer >= {minimum}"
+        if minimum is not None and v < minimum:
+            return f"an integer >= {minimum}"
+        return None if -INT_LIMIT < v < INT_LIMIT else "an integer of magnitude below 2**63"
     return check
 
 
