@@ -82,8 +82,8 @@ cmp() {  # cmp NAME A B [options]
       --measure files_closed
   done
   cmp 1GiB-vs-16GiB-KILL alloc-1GiB-KILL alloc-16GiB-KILL --across size
-  cmp one-vs-all-gpus one-gpu-16GiB-KILL all-gpus-16GiB-KILL
-  cmp one-vs-all-gpus-exited one-gpu-16GiB-KILL all-gpus-16GiB-KILL --measure exited
+  cmp one-vs-all-gpus one-gpu-16GiB-KILL all-gpus-16GiB-KILL --across concurrent
+  cmp one-vs-all-gpus-exited one-gpu-16GiB-KILL all-gpus-16GiB-KILL --across concurrent --measure exited
   cmp kill-vs-streams alloc-1GiB-KILL streams-1GiB-KILL --across holder
   cmp kill-vs-contexts alloc-1GiB-KILL contexts-1GiB-KILL --across holder
 } 2>&1 | tee "$R/compare.txt"

@@ -114,7 +114,7 @@ cmp() {  # cmp NAME A B [options]
   cmp pinned-0-vs-32-exited pinned-0-dev8 pinned-32-dev8 --across pinned --measure exited
   cmp dev8-vs-64-pinned-0 pinned-0-dev8 pinned-0-dev64 --across size
   cmp dev8-vs-64-pinned-8 pinned-8-dev8 pinned-8-dev64 --across size
-  cmp pinned-alloc-vs-register pinned-8-dev8 pinned-8-register-dev8
+  cmp pinned-alloc-vs-register pinned-8-dev8 pinned-8-register-dev8 --across pin_mode
   cmp ipc-0-vs-1 ipc-0 ipc-1-exporter-first --across importers,first,role --stage last
   cmp ipc-1-vs-2-exporter-first ipc-1-exporter-first ipc-2-exporter-first --across importers --stage last
   cmp ipc-1-vs-2-importers-first ipc-1-importers-first ipc-2-importers-first --across importers --stage last

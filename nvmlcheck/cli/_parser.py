@@ -591,9 +591,11 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
              choices=("zombie", "exited", "files_closed", "off_list", "memory_back", "first_clean", "waitpid"),
              help="which time from the signal to compare (default memory_back)")
         once(compare, "--across", metavar="PARTS", default="",
-             help="comma-separated cell parts (size, ending, holder, device, pinned, importers, first, role) left "
-                  "out of the matching, to compare "
-                  "conditions that differ in them, e.g. --across ending for exit.jsonl against free.jsonl")
+             help="comma-separated cell parts (size, ending, holder, device, pinned, importers, first, role) or "
+                  "conditions (simulated, mode, backend, driver, gpu, count, per_gpu, concurrent, pin_mode, "
+                  "stage_gap) left out of the matching, to compare "
+                  "conditions that differ in them, e.g. --across ending for exit.jsonl against free.jsonl; runs "
+                  "that differ in a condition not named are never pooled nor compared")
         once(compare, "--resolve-ms", type=number, default=5.0, metavar="MS",
              help="the difference the repeats guidance aims to resolve, ms (default 5)")
         # --- end of the second-edition block ---------------------------------------------------------------------
@@ -632,6 +634,10 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
         once(compare, "--stage", choices=("all", "last"), default="all",
              help="every holder (all, default) or only each run's last stage (last: the IPC side ended last)")
         # --- end of the third-edition block ----------------------------------------------------------------------
+        # --- simulated runs kept apart (records say whether they were simulated) -------------------------------
+        fit.add_argument("--include-simulated", action="store_true",
+                         help="fit simulated runs too (--simulate: the stub's timings, not a driver's; left out by "
+                              "default, and refused when every run is simulated)")
     if wanted("slurm"):
         slurm_parser(sub, sub_parser, global_options, once)
     return parser

@@ -45,7 +45,8 @@ def _study_holders(args: argparse.Namespace) -> Any:
     from ..study.stub_holder import StubHolderFactory
 
     # simulation() wrote this scenario file for the stub; the factory adds the holders' pids to it per run.
-    return StubHolderFactory(args.simulation.scenario_path, kind=args.holder)
+    return StubHolderFactory(args.simulation.scenario_path, kind=args.holder,
+                             simulation=f"nvmlcheck --simulate {args.simulate}: the stub libnvidia-ml and stub holders")
 
 
 def _study_plots(records: Sequence[Any], directory: str) -> list[str]:
@@ -65,6 +66,8 @@ def _study_plots(records: Sequence[Any], directory: str) -> list[str]:
 def _check_out(path: str) -> None:
     """``--out``: a regular file on disk (new or replaced), before a study that may last hours, not after its first
     run: never a directory, a device or a kernel file (``/proc/self/mem`` is "regular" to stat)."""
+    if not path:
+        raise UsageError("--out needs a file name, got an empty one")
     real = os.path.realpath(path)
     if real == "/dev" or real.startswith(("/proc/", "/sys/", "/dev/")):
         raise UsageError(f"--out {path}: not a file on disk ({real})")
@@ -95,22 +98,32 @@ def _sink(write: Any, path: str) -> Any:
     return sink
 
 
+def _records_of(path: str) -> list[Any]:
+    """The run records of ``path``; a file that cannot be read, is not records, or holds none is a usage error (an
+    empty file is not an empty study: compared or fitted, it would read as cells only the other side has)."""
+    from ..study import RecordFormatError, load_records
+
+    try:
+        records = load_records(path)
+    except (OSError, RecordFormatError) as exc:
+        raise UsageError(f"cannot read the records of {path}: {exc}") from None
+    if not records:
+        raise UsageError(f"{path}: no run records (the file is empty or blank)")
+    return records
+
+
 def cmd_study_compare(args: argparse.Namespace) -> int:
     """``study compare A.jsonl B.jsonl``: per cell, the median difference with a bootstrap interval; exit 0."""
-    from ..study import RecordFormatError, load_records
-    from ..study.compare import compare_records, format_comparison
+    from ..study.compare import MAX_RESAMPLES, MIN_RESAMPLES, compare_records, format_comparison
 
+    if not MIN_RESAMPLES <= args.resamples <= MAX_RESAMPLES:  # before reading: a huge count would run for days
+        raise UsageError(f"--resamples must be within {MIN_RESAMPLES}..{MAX_RESAMPLES}, got {args.resamples}")
     if not 0.0 < args.level < 1.0:
         raise UsageError(f"--level must be within (0, 1), got {args.level}")
     resolve_ns = round(args.resolve_ms * 1e6) if math.isfinite(args.resolve_ms) else 0
     if not resolve_ns >= 1:  # NaN, inf, <= 0, or below a nanosecond
         raise UsageError(f"--resolve-ms must be a finite number of ms >= 1e-6, got {args.resolve_ms}")
-    loaded = []
-    for path in (args.a, args.b):
-        try:
-            loaded.append(load_records(path))
-        except (OSError, RecordFormatError) as exc:
-            raise UsageError(f"cannot read the records of {path}: {exc}") from None
+    loaded = [_records_of(path) for path in (args.a, args.b)]
     across = tuple(p.strip() for p in args.across.split(",") if p.strip())
     result = compare_records(loaded[0], loaded[1], measure=args.measure, level=args.level,
                              resamples=args.resamples, seed=args.seed, resolve_ns=resolve_ns,
@@ -127,19 +140,14 @@ def cmd_study_compare(args: argparse.Namespace) -> int:
 
 def cmd_study_fit(args: argparse.Namespace) -> int:
     """``study fit RECORDS.jsonl...``: the reclaim-time model fitted to the records; exit 0."""
-    from ..study import RecordFormatError, load_records
     from ..study.fit import FIT_ENDINGS, FIT_KINDS, fit_report, format_fit
 
-    records = []
-    for path in args.records:
-        try:
-            records.extend(load_records(path))
-        except (OSError, RecordFormatError) as exc:
-            raise UsageError(f"cannot read the records of {path}: {exc}") from None
+    records = [r for path in args.records for r in _records_of(path)]
     kinds = FIT_KINDS if args.kinds is None else tuple(k.strip() for k in args.kinds.split(",") if k.strip())
     endings = FIT_ENDINGS if args.endings is None else tuple(args.endings)
     try:
-        result = fit_report(records, kinds=kinds, endings=endings, driver=args.driver)
+        result = fit_report(records, kinds=kinds, endings=endings, driver=args.driver,
+                            include_simulated=args.include_simulated)
     except ValueError as exc:
         raise UsageError(f"cannot fit: {exc}") from None
     if args.json:
@@ -174,6 +182,8 @@ def _config(args: argparse.Namespace) -> Any:
 
 def _check_outputs(args: argparse.Namespace) -> None:
     if args.plot is not None:
+        if not args.plot:
+            raise UsageError("--plot needs a directory name, got an empty one")
         try:
             import matplotlib  # noqa: F401
         except ImportError:

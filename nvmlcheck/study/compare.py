@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from statistics import NormalDist
 from typing import TYPE_CHECKING, Any
 
@@ -29,10 +29,13 @@ if TYPE_CHECKING:
 __all__ = [
     "COMPARE_SCHEMA",
     "CELL_PARTS",
+    "CONDITION_PARTS",
     "COMPARE_VERSION",
+    "MAX_RESAMPLES",
     "MIN_N",
     "CellComparison",
     "Comparison",
+    "Unmatched",
     "bootstrap_median_difference",
     "compare_records",
     "format_comparison",
@@ -44,6 +47,9 @@ __all__ = [
 COMPARE_SCHEMA = "nvmlcheck/study-compare"
 #: Its version.
 COMPARE_VERSION = 1
+#: The bootstrap's resamples: fewer make a coarse interval; more take minutes per cell (a second per 200 000) for
+#: no visible change, and a mistyped count would run for days.
+MIN_RESAMPLES, MAX_RESAMPLES = 100, 1_000_000
 #: Fewer values than this in a group: no verdict (the bootstrap of 2 or 3 values is not an interval to trust).
 MIN_N = 4
 
@@ -81,6 +87,9 @@ class CellComparison:
     importers: int = 0
     first: str | None = None
     role: str = "holder"
+    #: What the cell's runs were measured under (:data:`CONDITION_PARTS`: simulated or real, polling mode, backend,
+    #: driver, GPU model, ...), the same on both sides; a part compared across is ``"*"``.
+    conditions: dict[str, Any] = field(default_factory=dict, hash=False)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -104,6 +113,11 @@ class Comparison:
     only_b: tuple[Cell, ...]
     across: tuple[str, ...] = ()
     stage: str = "all"
+    #: Cells both sides have, with runs measured under conditions the other side has none of (``differ_in``): those
+    #: runs not compared (``across`` those parts pools them).
+    unmatched: tuple[Unmatched, ...] = ()
+    #: What the reader must know, in words: parts compared across where a side pools several values, simulated runs.
+    notes: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """The ``nvmlcheck/study-compare`` document (version 1)."""
@@ -113,7 +127,25 @@ class Comparison:
             "stage": self.stage,
             "cells": [c.to_json() for c in self.cells],
             "only_a": [list(c) for c in self.only_a], "only_b": [list(c) for c in self.only_b],
+            "unmatched": [u.to_json() for u in self.unmatched], "notes": list(self.notes),
         }
+
+
+@dataclass(frozen=True, slots=True)
+class Unmatched:
+    """A cell both sides have, with runs not compared: the conditions of A's runs and of B's that have no counterpart
+    on the other side (one dict per group of runs; a side may have none) and the parts in which the cell's runs
+    differ."""
+
+    cell: Cell
+    a: tuple[dict[str, Any], ...]
+    b: tuple[dict[str, Any], ...]
+    differ_in: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return {"cell": list(self.cell), "a": [dict(c) for c in self.a], "b": [dict(c) for c in self.b],
+                "differ_in": list(self.differ_in)}
 
 
 def _median(values: Sequence[float]) -> float:
@@ -165,11 +197,29 @@ def repeats_to_resolve(a: Sequence[float], b: Sequence[float], *, resolve_ns: fl
 
 #: The parts of a cell that ``across`` may leave out of the matching.
 CELL_PARTS: tuple[str, ...] = ("size", "ending", "holder", "device", "pinned", "importers", "first", "role")
+#: What a run was measured under, beside its cell, that changes its times: whether it was simulated (``real``,
+#: ``simulated``, ``unknown``), the polling mode, the backend, the driver version, the GPU model, the holder's count,
+#: holders per GPU, concurrency, the pin mode and the gap between stages. Runs that differ in one are never pooled
+#: into one cell nor compared with each other unless ``across`` names it (``holder`` takes ``count`` with it: each
+#: kind counts something else).
+CONDITION_PARTS: tuple[str, ...] = ("simulated", "mode", "backend", "driver", "gpu", "count", "per_gpu",
+                                    "concurrent", "pin_mode", "stage_gap")
+#: The value shown for a part compared across.
+ANY = "*"
+
+_Conditions = tuple[tuple[str, Any], ...]
+
+
+def conditions_of(r: RunRecord, d: DeviceRun) -> dict[str, Any]:
+    """The :data:`CONDITION_PARTS` of one GPU-run."""
+    return {"simulated": r.provenance, "mode": r.mode, "backend": r.backend, "driver": r.driver, "gpu": d.name,
+            "count": r.holder_count, "per_gpu": r.per_gpu, "concurrent": r.concurrent, "pin_mode": r.pin_mode,
+            "stage_gap": r.stage_gap_s}
 
 
 def _cells(records: Iterable[RunRecord], measure: str, across: Sequence[str] = (),
-           stage: str = "all") -> dict[Cell, list[float]]:
-    out: dict[Cell, list[float]] = {}
+           stage: str = "all") -> dict[tuple[Cell, _Conditions], list[float]]:
+    out: dict[tuple[Cell, _Conditions], list[float]] = {}
     for r in records:
         if r.warmup or r.timed_out:
             continue
@@ -179,10 +229,30 @@ def _cells(records: Iterable[RunRecord], measure: str, across: Sequence[str] = (
                    "*" if "holder" in across else r.holder, -1 if "device" in across else d.index,
                    -1 if "pinned" in across else r.pinned_bytes, -1 if "importers" in across else r.importers,
                    "*" if "first" in across else r.first or "", "*" if "role" in across else d.role)
-            out.setdefault(key, [])
+            cond = tuple((k, ANY if k in across else x) for k, x in conditions_of(r, d).items())
+            out.setdefault((key, cond), [])
             if v is not None:
-                out[key].append(float(v))
+                out[(key, cond)].append(float(v))
     return out
+
+
+def _pooled(records: Iterable[RunRecord], side: str, across: Sequence[str]) -> list[str]:
+    """Notes for the condition parts compared across that a side pools: several values in one side's runs."""
+    seen: dict[str, dict[Any, int]] = {}
+    for r in records:
+        if r.warmup or r.timed_out:
+            continue
+        for d in r.devices:
+            for k, x in conditions_of(r, d).items():
+                if k in across:
+                    seen.setdefault(k, {})
+                    seen[k][x] = seen[k].get(x, 0) + 1
+    return [f"{side} pools runs of several {k} values ({', '.join(f'{_word(x)}: {n}' for x, n in values.items())} "
+            "GPU-runs): compared across it, as asked" for k, values in seen.items() if len(values) > 1]
+
+
+def _word(value: Any) -> str:
+    return "unknown" if value is None else str(value)
 
 
 def _values(r: RunRecord, measure: str, stage: str) -> list[tuple[DeviceRun, int | None]]:
@@ -223,26 +293,37 @@ def compare_records(
     of ``free`` runs (the values of every ending left in a side's cell are pooled, so give each side one).
     ``stage``: ``"all"`` holders, or only those of each run's ``"last"`` stage (an IPC group's side ended last:
     with ``across=("first", "role")`` it compares the time from the last signal whichever side that was).
+
+    Runs measured under different conditions (:data:`CONDITION_PARTS`: simulated or real, polling mode, backend,
+    driver, GPU model, ...) are kept apart: within a side they make separate cells, and a cell whose conditions differ
+    between A and B is not compared but listed in ``unmatched`` with the parts that differ, unless ``across`` names
+    them (then ``notes`` says where a side pools several values). Simulated runs are thus never compared with real
+    ones, nor with records that do not say (``across=("simulated",)`` does it anyway, with a note).
     ``ValueError`` for a bad measure, level, number of resamples, part or stage."""
-    bad = [p for p in across if p not in CELL_PARTS]
+    parts = CELL_PARTS + CONDITION_PARTS
+    bad = [p for p in across if p not in parts]
     if bad:
-        raise ArgumentError(f"cannot compare across {', '.join(bad)}: one of {', '.join(CELL_PARTS)}")
+        raise ArgumentError(f"cannot compare across {', '.join(bad)}: one of {', '.join(parts)}")
     if measure not in MEASURES:
         raise ArgumentError(f"unknown measure {measure!r}: one of {', '.join(MEASURES)}")
     if not 0.0 < level < 1.0:
         raise ArgumentError(f"level must be within (0, 1), got {level!r}")
-    if resamples < 100:
-        raise ArgumentError(f"resamples must be at least 100, got {resamples}")
+    if not MIN_RESAMPLES <= resamples <= MAX_RESAMPLES:
+        raise ArgumentError(f"resamples must be within {MIN_RESAMPLES}..{MAX_RESAMPLES:_}, got {resamples}")
     if resolve_ns <= 0:
         raise ArgumentError(f"resolve_ns must be > 0, got {resolve_ns}")
     if stage not in ("all", "last"):
         raise ArgumentError(f"stage must be 'all' or 'last', got {stage!r}")
-    ca, cb = _cells(a, measure, across, stage), _cells(b, measure, across, stage)
+    a, b = list(a), list(b)
+    # A holder's count means something else for each kind: compared across kinds, their counts are part of it.
+    pooled = (*across, "count") if "holder" in across and "count" not in across else tuple(across)
+    ca, cb = _cells(a, measure, pooled, stage), _cells(b, measure, pooled, stage)
     rng = random.Random(seed)
     cells = []
-    for key in sorted(set(ca) & set(cb), key=lambda k: (k[2], k[0], k[4], k[5], k[6], k[1], k[3], k[7])):
+    for key in sorted(set(ca) & set(cb), key=lambda k: (k[0][2], k[0][0], k[0][4], k[0][5], k[0][6], k[0][1],
+                                                      k[0][3], k[0][7], repr(k[1]))):
         va, vb = ca[key], cb[key]
-        size, ending, holder, device, pinned, importers, first, role = key
+        (size, ending, holder, device, pinned, importers, first, role), cond = key
         med_a = _median(va) if va else None
         med_b = _median(vb) if vb else None
         diff = None if med_a is None or med_b is None else med_b - med_a
@@ -259,13 +340,41 @@ def compare_records(
             size_bytes=size, ending=ending, holder=holder, device=device, n_a=len(va), n_b=len(vb),
             median_a=med_a, median_b=med_b, difference=diff, ci_low=lo, ci_high=hi, differ=differ, why=why,
             outliers_a=outliers(va), outliers_b=outliers(vb), spread=sigma, repeats_needed=need,
-            pinned_bytes=pinned, importers=importers, first=first or None, role=role,
+            pinned_bytes=pinned, importers=importers, first=first or None, role=role, conditions=dict(cond),
         ))
+    base_a, base_b = {k for k, _ in ca}, {k for k, _ in cb}
+    unmatched = []
+    for cell in sorted(base_a & base_b):
+        ga = [c for k, c in sorted(ca, key=repr) if k == cell]
+        gb = [c for k, c in sorted(cb, key=repr) if k == cell]
+        if set(ga) == set(gb):
+            continue  # every group of runs of this cell was compared
+        every = [dict(c) for c in ga + gb]
+        differ_in = tuple(p for p in CONDITION_PARTS if len({repr(g[p]) for g in every}) > 1)
+        unmatched.append(Unmatched(cell, tuple(dict(c) for c in ga if c not in gb),
+                                   tuple(dict(c) for c in gb if c not in ga), differ_in))
+    notes = _pooled(a, "A", pooled) + _pooled(b, "B", pooled) + _simulated_notes(a, b, cells)
     return Comparison(
         measure=measure, level=level, resamples=resamples, seed=seed, resolve_ns=resolve_ns, cells=tuple(cells),
         across=tuple(across), stage=stage,
-        only_a=tuple(sorted(set(ca) - set(cb))), only_b=tuple(sorted(set(cb) - set(ca))),
+        only_a=tuple(sorted(base_a - base_b)), only_b=tuple(sorted(base_b - base_a)),
+        unmatched=tuple(unmatched), notes=tuple(notes),
     )
+
+
+def _simulated_notes(a: Sequence[RunRecord], b: Sequence[RunRecord],
+                     cells: Sequence[CellComparison]) -> list[str]:
+    """Say so when simulated runs were compared (with each other, or with real ones across ``simulated``)."""
+    kinds = {c.conditions.get("simulated") for c in cells}
+    if not kinds & {"simulated", ANY}:
+        return []
+    what = sorted({r.simulation for r in (*a, *b) if r.simulated and r.simulation})
+    whence = f" ({'; '.join(what)})" if what else ""
+    if kinds == {"simulated"}:
+        return [f"SIMULATED: every run compared ran on the stub{whence}: the stub's timings, for testing the "
+                "instrument, not a GPU's"]
+    return [f"SIMULATED runs{whence} are compared with runs that are not (across simulated, as asked): the stub's "
+            "timings are not a GPU's"]
 
 
 def _ms(v: float | None) -> str:
@@ -281,7 +390,8 @@ def _parts(pinned: int, importers: int, first: str | None) -> str:
 
 
 def format_comparison(c: Comparison) -> str:
-    """A plain-text report: one block per cell with the verdict in words."""
+    """A plain-text report: one block per cell with the verdict in words; the conditions the cells were measured
+    under, the cells not compared because their runs' conditions differ, and the notes."""
     pct = f"{c.level * 100:g}%"
     lines = [f"B - A, {c.measure.replace('_', ' ')} (signal -> event), medians in ms; {pct} bootstrap interval "
              f"({c.resamples} resamples, seed {c.seed}); outliers (beyond 1.5 IQR) kept and listed"]
@@ -289,31 +399,84 @@ def format_comparison(c: Comparison) -> str:
         lines.append(f"compared across {', '.join(c.across)} (shown as *)")
     if c.stage == "last":
         lines.append("only the holders of each run's last stage (times from the last signal)")
+    shared, varying = _shared_conditions(c.cells)
+    if shared:
+        lines.append(f"measured under: {_condition_words(shared)}")
     for cell in c.cells:
-        size = "*" if cell.size_bytes < 0 else format_bytes(cell.size_bytes) if cell.size_bytes else "no allocation"
-        gpu = "*" if cell.device < 0 else str(cell.device)
-        role = "" if cell.role == "holder" else f" ({'any role' if cell.role == '*' else cell.role + 's'})"
-        parts = _parts(cell.pinned_bytes, cell.importers, cell.first)
-        head = f"{cell.holder} {size}{parts} {cell.ending}{role} GPU {gpu}:"
-        lines.append(f"{head} A {_ms(cell.median_a)} (n {cell.n_a}), B {_ms(cell.median_b)} (n {cell.n_b})")
-        if cell.differ is None:
-            lines.append(f"  difference {_ms(cell.difference)} ms; {cell.why}")
-        else:
-            verdict = (f"they DIFFER at {pct}" if cell.differ
-                       else f"no difference shown at {pct} (the interval contains 0)")
-            lines.append(f"  difference {_ms(cell.difference)} ms, interval [{_ms(cell.ci_low)}, "
-                         f"{_ms(cell.ci_high)}]: {verdict}")
-        for side, values in (("A", cell.outliers_a), ("B", cell.outliers_b)):
-            if values:
-                lines.append(f"  outliers in {side}: {', '.join(_ms(v) for v in values)} ms")
-        if cell.repeats_needed is not None and cell.spread is not None:
-            lines.append(f"  spread (IQR/1.349) {_ms(cell.spread)} ms: about {cell.repeats_needed} runs per side "
-                         f"to resolve {c.resolve_ns / 1e6:g} ms")
+        lines.extend(_cell_lines(c, cell, varying, pct))
     for side, keys in (("A", c.only_a), ("B", c.only_b)):
         for key in keys:
-            size_text = "*" if key[0] < 0 else format_bytes(key[0])
-            parts = _parts(key[4], key[5], key[6] or None) + ("" if key[7] == "holder" else f" ({key[7]}s)")
-            lines.append(f"only in {side}: {key[2]} {size_text}{parts} {key[1]} GPU {'*' if key[3] < 0 else key[3]}")
+            lines.append(f"only in {side}: {_cell_words(key)}")
+    for u in c.unmatched:
+        sides = [f"{side}'s runs ({_groups_words(groups, u.differ_in)})"
+                 for side, groups in (("A", u.a), ("B", u.b)) if groups]
+        lines.append(f"not compared: {_cell_words(u.cell)}: {' and '.join(sides)} have no counterpart on the other "
+                     f"side (the runs differ in {', '.join(u.differ_in)}); --across {','.join(u.differ_in)} pools them")
+    lines.extend(f"note: {n}" for n in c.notes)
     if not c.cells:
         lines.append("no cell in common: nothing to compare")
     return "\n".join(lines)
+
+
+def _cell_lines(c: Comparison, cell: CellComparison, varying: Sequence[str], pct: str) -> list[str]:
+    size = "*" if cell.size_bytes < 0 else format_bytes(cell.size_bytes) if cell.size_bytes else "no allocation"
+    gpu = "*" if cell.device < 0 else str(cell.device)
+    role = "" if cell.role == "holder" else f" ({'any role' if cell.role == '*' else cell.role + 's'})"
+    parts = _parts(cell.pinned_bytes, cell.importers, cell.first)
+    head = f"{cell.holder} {size}{parts} {cell.ending}{role} GPU {gpu}"
+    if varying:
+        head += f" [{_condition_words({k: cell.conditions.get(k) for k in varying})}]"
+    lines = [f"{head}: A {_ms(cell.median_a)} (n {cell.n_a}), B {_ms(cell.median_b)} (n {cell.n_b})"]
+    if cell.differ is None:
+        lines.append(f"  difference {_ms(cell.difference)} ms; {cell.why}")
+    else:
+        verdict = (f"they DIFFER at {pct}" if cell.differ
+                   else f"no difference shown at {pct} (the interval contains 0)")
+        lines.append(f"  difference {_ms(cell.difference)} ms, interval [{_ms(cell.ci_low)}, "
+                     f"{_ms(cell.ci_high)}]: {verdict}")
+    for side, values in (("A", cell.outliers_a), ("B", cell.outliers_b)):
+        if values:
+            lines.append(f"  outliers in {side}: {', '.join(_ms(v) for v in values)} ms")
+    if cell.repeats_needed is not None and cell.spread is not None:
+        lines.append(f"  spread (IQR/1.349) {_ms(cell.spread)} ms: about {cell.repeats_needed} runs per side "
+                     f"to resolve {c.resolve_ns / 1e6:g} ms")
+    return lines
+
+
+def _shared_conditions(cells: Sequence[CellComparison]) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """The conditions every cell has alike, and the parts that vary between cells."""
+    shared: dict[str, Any] = {}
+    varying = []
+    for p in CONDITION_PARTS:
+        values = {repr(c.conditions.get(p)) for c in cells}
+        if len(values) == 1 and cells:
+            shared[p] = cells[0].conditions.get(p)
+        elif len(values) > 1:
+            varying.append(p)
+    return shared, tuple(varying)
+
+
+_PROVENANCE_WORDS = {"real": "real GPUs", "simulated": "SIMULATED: the stub",
+                     "unknown": "provenance unknown: records that do not say whether simulated",
+                     ANY: "simulated or not (*)"}
+
+
+def _condition_words(conditions: dict[str, Any]) -> str:
+    """Conditions in words; a part that does not apply (no pin mode, one stage) is left out."""
+    out = []
+    for p, v in conditions.items():
+        if p == "simulated":
+            out.append(_PROVENANCE_WORDS.get(v, str(v)))
+        elif v is not None or p in ("driver", "gpu"):
+            out.append(f"{p.replace('_', ' ')} {_word(v)}")
+    return ", ".join(out)
+
+
+def _groups_words(groups: Sequence[dict[str, Any]], parts: Sequence[str]) -> str:
+    return " / ".join(dict.fromkeys(_condition_words({p: g.get(p) for p in parts}) for g in groups))
+
+
+def _cell_words(key: Cell) -> str:
+    size_text = "*" if key[0] < 0 else format_bytes(key[0])
+    parts = _parts(key[4], key[5], key[6] or None) + ("" if key[7] == "holder" else f" ({key[7]}s)")
+    return f"{key[2]} {size_text}{parts} {key[1]} GPU {'*' if key[3] < 0 else key[3]}"

@@ -13,6 +13,7 @@ docs/reclaim-study.md ("The model").
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -35,6 +36,8 @@ FIT_ENDINGS: tuple[str, ...] = ("KILL", "TERM", "exit")
 #: Holders signalled within this of the last signal belong to the last stage.
 STAGE_TOLERANCE_NS = 10_000_000
 _ZEROED = "fitted below 0"
+#: A driver version named for a fit: a branch, then up to three dotted numbers of up to 6 digits.
+_VERSION = re.compile(r"[0-9]{1,6}(?:\.[0-9]{1,6}){0,3}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +90,9 @@ class FitResult:
     residual_p95_ns: float
     cells: tuple[CellFit, ...]
     excluded: dict[str, int] = field(default_factory=dict)
+    #: The runs fitted, by whether they were simulated: ``real``, ``simulated`` (with ``include_simulated``),
+    #: ``unknown`` (records that do not say: never counted as real).
+    provenance: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (the ``nvmlcheck/study-fit`` document's body)."""
@@ -95,7 +101,7 @@ class FitResult:
         return {"model": asdict(self.model), "prior": asdict(self.prior), "fitted": list(self.fitted),
                 "kept": dict(self.kept), "n": self.n, "residual_max_ns": self.residual_max_ns,
                 "residual_p95_ns": self.residual_p95_ns, "cells": [asdict(c) for c in self.cells],
-                "excluded": dict(self.excluded)}
+                "excluded": dict(self.excluded), "provenance": dict(self.provenance)}
 
 
 def _label(r: RunRecord, contexts: int) -> str:
@@ -167,6 +173,8 @@ def _least_squares(rows: Sequence[Sequence[float]], y: Sequence[float], w: Seque
 def _branch(records: Sequence[RunRecord], driver: str | None) -> tuple[str, str]:
     if driver is not None:
         return driver.split(".", 1)[0], driver
+    if not records:
+        raise ArgumentError("no records to fit")
     versions = sorted({r.driver for r in records if r.driver})
     branches = sorted({v.split(".", 1)[0] for v in versions})
     if len(branches) != 1:
@@ -182,17 +190,26 @@ def fit_report(
     kinds: Sequence[str] = FIT_KINDS,
     endings: Sequence[str] = FIT_ENDINGS,
     driver: str | None = None,
+    include_simulated: bool = False,
 ) -> FitResult:
     """Fit the model to ``records`` (see the module). ``prior``: where the coefficients the data cannot tell come
     from (default: the table's model of the records' driver); ``kinds``/``endings``: the runs fitted (the others are
     shown against the model); ``driver``: the driver version to fit for (default: the records', which must be of one
-    branch). ``ValueError`` when no run can be fitted."""
+    branch). Simulated runs (``RunRecord.simulated``: the stub's timings, not a driver's) are left out unless
+    ``include_simulated``; runs that do not say are fitted and counted as ``unknown`` in ``provenance``.
+    ``ValueError`` when no run can be fitted."""
+    if driver is not None and not _VERSION.fullmatch(driver):
+        shown = driver if len(driver) <= 40 else driver[:37] + "..."
+        raise ArgumentError(f"driver {shown!r} is not a driver version (digits and dots, such as 580 or 580.159.04)")
     every = list(records)
+    excluded: dict[str, int] = {}
+    if not include_simulated:
+        every = _without_simulated(every, excluded)
     branch, versions = _branch(every, driver)
     base = prior if prior is not None else model_for(versions.split(", ")[0] if driver is None else driver)
-    excluded: dict[str, int] = {}
     fitted_pts: list[FitPoint] = []
     other_pts: list[FitPoint] = []
+    fitted_runs: list[RunRecord] = []
     for r in every:
         p = fit_point(r)
         if p is None:
@@ -200,7 +217,11 @@ def fit_report(
                 why = "timed out" if r.timed_out else "memory not seen back"
                 excluded[why] = excluded.get(why, 0) + 1
             continue
-        (fitted_pts if p.kind in kinds and p.ending in endings else other_pts).append(p)
+        if p.kind in kinds and p.ending in endings:
+            fitted_pts.append(p)
+            fitted_runs.append(r)
+        else:
+            other_pts.append(p)
     if not fitted_pts:
         raise ArgumentError(f"no measured run of the kinds {', '.join(kinds)} with the endings {', '.join(endings)} "
                          "to fit")
@@ -216,15 +237,46 @@ def fit_report(
     fitted = tuple(c for c in COEFFICIENTS if c not in kept)
     zeroed = [c for c, why in kept.items() if why.startswith(_ZEROED)]
     prior_kept = [c for c in kept if c not in zeroed]
+    provenance = _provenance(fitted_runs)
     model = replace(model, error_ns=math.ceil(err), source=(
-        f"nvmlcheck study fit of {len(fitted_pts)} runs ({len(groups)} cells), driver {versions}; fitted "
-        f"{', '.join(fitted) or 'nothing'}"
+        f"nvmlcheck study fit of {len(fitted_pts)} runs ({len(groups)} cells), driver {versions}"
+        + "".join(f"; {n} runs {_PROVENANCE_WORDS[k]}" for k, n in provenance.items() if k != "real" and n)
+        + f"; fitted {', '.join(fitted) or 'nothing'}"
         + (f"; kept from the {base.driver} entry: {', '.join(prior_kept)}" if prior_kept else "")
         + (f"; set to 0 (fitted below 0): {', '.join(zeroed)}" if zeroed else "")))
     cells = tuple(_cell_fit(g, model, True) for g in groups) + tuple(
         _cell_fit(g, model, False) for g in _groups(other_pts))
     return FitResult(model=model, prior=base, fitted=fitted, kept=kept, n=len(fitted_pts), residual_max_ns=err,
-                     residual_p95_ns=percentile(residuals, 0.95), cells=cells, excluded=excluded)
+                     residual_p95_ns=percentile(residuals, 0.95), cells=cells, excluded=excluded,
+                     provenance=provenance)
+
+
+#: How a fit's source and text name runs that are not known to be real.
+_PROVENANCE_WORDS = {"simulated": "SIMULATED (the stub's timings, not a driver's)",
+                     "unknown": "of unknown provenance (records that do not say whether they were simulated)"}
+#: Why simulated runs are left out of a fit (``excluded``).
+SIMULATED_LEFT_OUT = "simulated: the stub's timings, not a driver's (include_simulated / --include-simulated fits them)"
+
+
+def _provenance(records: Sequence[RunRecord]) -> dict[str, int]:
+    out = {"real": 0, "simulated": 0, "unknown": 0}
+    for r in records:
+        out[r.provenance] += 1
+    return out
+
+
+def _without_simulated(records: list[RunRecord], excluded: dict[str, int]) -> list[RunRecord]:
+    """``records`` without the simulated runs, counted in ``excluded``; ``ValueError`` when every run is simulated."""
+    kept = [r for r in records if r.simulated is not True]
+    left_out = [r for r in records if r.simulated is True and not r.warmup]
+    if records and not kept:
+        what = sorted({r.simulation or "simulated" for r in records})
+        raise ArgumentError(f"every run is simulated ({len(left_out)} measured runs; {'; '.join(what)}): the stub's "
+                            "timings are not a driver's, so no model is fitted from them by default "
+                            "(include_simulated=True, --include-simulated, fits them anyway)")
+    if left_out:
+        excluded[SIMULATED_LEFT_OUT] = len(left_out)
+    return kept
 
 
 def _groups(points: Sequence[FitPoint]) -> list[list[FitPoint]]:
@@ -310,6 +362,9 @@ def format_fit(result: FitResult) -> str:
                      f"(max {c.residual_max_ns / 1e6:.1f})")
     for why, n in sorted(result.excluded.items()):
         lines.append(f"  left out: {n} run{'s' if n > 1 else ''} ({why})")
+    for kind, n in result.provenance.items():
+        if kind != "real" and n:
+            lines.append(f"  note: {n} of the runs fitted {'are' if n > 1 else 'is'} {_PROVENANCE_WORDS[kind]}")
     lines.append("to register it (nvmlcheck/reclaim_model.py):")
     lines.append(model_code(m))
     return "\n".join(lines)

@@ -152,7 +152,8 @@ class HolderFactory(Protocol):
     :data:`GROUP_KINDS` need it; see :func:`start_holders`); ``prepare(devices)`` is called once before the first
     run (an MPS daemon starts there; :class:`StudySkipped` says the study cannot run);
     ``baseline_pids()`` names processes of the set-up (an MPS server) that a baseline allows; ``close()`` is called
-    when the study ends.
+    when the study ends. The attribute ``simulated`` (a bool; with ``simulation``, what simulates them) says whether
+    its holders are simulated; each record keeps it (``RunRecord.simulated``), unknown for a factory without it.
     """
 
     def start(self, device: int, nbytes: int) -> Holder:
@@ -222,6 +223,9 @@ class CudaHolderFactory:
         self.python = python
         self.kind = kind
         self.mps: Any = None  # the MpsDaemon of an mps study, once prepared
+
+    #: Real CUDA holders: records say ``simulated: false``.
+    simulated = False
 
     def command(self, device: int, nbytes: int) -> list[str]:
         """The holder's argv (``chunks`` is the holder's ``--count``: allocations, contexts or streams by kind)."""

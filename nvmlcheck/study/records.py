@@ -15,8 +15,8 @@ from typing import Any
 from .config import Ending, parse_ending
 from .errors import RecordFormatError
 
-__all__ = ["RECORD_SCHEMA", "RECORD_VERSION", "DeviceRun", "RunRecord", "load_records", "record_writer",
-           "write_records"]
+__all__ = ["RECORD_SCHEMA", "RECORD_VERSION", "UNRECORDED", "DeviceRun", "RunRecord", "load_records",
+           "record_writer", "write_records"]
 
 #: The ``schema`` of a run record.
 RECORD_SCHEMA = "nvmlcheck/reclaim-run"
@@ -98,6 +98,13 @@ class RunRecord:
     importers: int = 0
     first: str | None = None
     stage_gap_s: float | None = None
+    #: Whether the run was simulated (``--simulate``: the stub libnvidia-ml and stub holders), added within version 1:
+    #: ``True``, ``False`` (real GPUs and holders), or ``None`` when unknown, ``simulated_reason`` saying why (a record
+    #: written before this field is never taken for a real one). ``simulation``: what simulated it (``None`` when not
+    #: simulated or unknown).
+    simulated: bool | None = None
+    simulation: str | None = None
+    simulated_reason: str | None = None
 
     @property
     def resolution_ns(self) -> int:
@@ -111,6 +118,11 @@ class RunRecord:
         body["trace_columns"] = None if self.trace_columns is None else list(self.trace_columns)
         body["trace"] = None if self.trace is None else [list(row) for row in self.trace]
         return {"schema": RECORD_SCHEMA, "version": RECORD_VERSION, **body}
+
+    @property
+    def provenance(self) -> str:
+        """``"simulated"``, ``"real"`` or ``"unknown"`` (see ``simulated``)."""
+        return "unknown" if self.simulated is None else "simulated" if self.simulated else "real"
 
     def to_line(self) -> str:
         """One JSON Lines line (no trailing newline)."""
@@ -153,6 +165,7 @@ class RunRecord:
             fields["trace"] = tuple(tuple(row) for row in fields["trace"])
         if fields.get("events") is not None:
             fields["events"] = tuple(fields["events"])
+        fields.update(_provenance(doc, fields))
         try:
             fields["ending"] = parse_ending(fields["ending"])
         except ValueError as exc:
@@ -171,11 +184,18 @@ def _show(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+#: Every integer of a record is within a signed 64-bit integer (what the driver and the clocks give: 2**63 ns is 292
+#: years): larger ones are refused, not carried into statistics and fits where they overflow.
+INT_LIMIT = 2**63
+
+
 def _int(minimum: int | None) -> _Check:
     def check(v: Any) -> str | None:
         if isinstance(v, bool) or not isinstance(v, int):
             return "an integer" + ("" if minimum is None else f" >= {minimum}")
-        return None if minimum is None or v >= minimum else f"an integer >= {minimum}"
+        if minimum is not None and v < minimum:
+            return f"an integer >= {minimum}"
+        return None if -INT_LIMIT < v < INT_LIMIT else "an integer of magnitude below 2**63"
     return check
 
 
@@ -231,6 +251,8 @@ _RUN_FIELDS: dict[str, _Check] = {
     # third edition (issue 26)
     "pinned_bytes": _int(0), "pin_mode": _optional(_one_of("alloc", "register")), "importers": _int(0),
     "first": _optional(_one_of("exporter", "importers")), "stage_gap_s": _optional(_seconds),
+    # whether the run was simulated (added within version 1 after the third edition)
+    "simulated": _optional(_bool), "simulation": _optional(_str), "simulated_reason": _optional(_str),
 }
 _DEVICE_FIELDS: dict[str, _Check] = {
     "index": _int(0), "uuid": _str, "name": _optional(_str), "pid": _int(1),
@@ -246,6 +268,30 @@ _DEVICE_FIELDS: dict[str, _Check] = {
     "role": _one_of("holder", "exporter", "importer", "root", "rank", "client"),
     "held_at_signal_bytes": _optional(_int(None)),
 }
+
+
+#: Why a record without the ``simulated`` field is of unknown provenance.
+UNRECORDED = ("written before records said whether they were simulated (no 'simulated' field): it may come from "
+              "the stub (--simulate) or from a real GPU")
+#: The stub holder's mark on its ``ready`` line (``sim=1``), kept in ``holder_steps`` since the second edition.
+_STUB_MARK = "sim"
+
+
+def _provenance(doc: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
+    """``simulated``, ``simulation`` and ``simulated_reason`` of a record read back: as written; for an older record
+    without them, simulated when its holders carry the stub's mark (``sim`` in ``holder_steps``), else unknown with
+    the reason (never taken for real)."""
+    simulated = fields.get("simulated")
+    if simulated is True:
+        return {"simulated_reason": None}
+    if simulated is False:
+        return {"simulation": None, "simulated_reason": None}
+    if any(_STUB_MARK in (d.holder_steps or {}) for d in fields["devices"]):
+        return {"simulated": True, "simulated_reason": None,
+                "simulation": fields.get("simulation") or "the stub holders (their ready lines carry sim=1)"}
+    if "simulated" in doc:
+        return {}  # unknown, as written (with the writer's reason, if it gave one)
+    return {"simulated": None, "simulation": None, "simulated_reason": UNRECORDED}
 
 
 def _checked(doc: dict[str, Any], checks: dict[str, _Check], known: Any, where: str) -> dict[str, Any]:

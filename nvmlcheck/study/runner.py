@@ -401,6 +401,7 @@ class _Run:
             pin_mode=self.config.pin_mode if self.config.holder == "pinned" else None,
             importers=self.cell.importers, first=self.cell.first,
             stage_gap_s=self.config.stage_gap_s if len(self.stages) > 1 else None,
+            **simulated_by(self.factory),
         )
 
     def _clean_up(self) -> None:
@@ -417,6 +418,19 @@ class _Run:
             h.close()
         if self.holders:
             self.factory.finish(self.holders)
+
+
+def simulated_by(factory: object) -> dict[str, Any]:
+    """A record's ``simulated``, ``simulation`` and ``simulated_reason`` from the holder factory, which says whether it
+    simulates (``simulated``: ``True`` for :class:`~nvmlcheck.study.stub_holder.StubHolderFactory`, whose
+    ``simulation`` says what, ``False`` for :class:`CudaHolderFactory`); one that does not say leaves it unknown."""
+    simulated = getattr(factory, "simulated", None)
+    if not isinstance(simulated, bool):
+        return {"simulated": None, "simulation": None,
+                "simulated_reason": f"the holder factory ({type(factory).__name__}) does not say whether it simulates "
+                                    "(no 'simulated' attribute)"}
+    what = getattr(factory, "simulation", None) if simulated else None
+    return {"simulated": simulated, "simulation": what if isinstance(what, str) else None, "simulated_reason": None}
 
 
 def _above(snap: Snapshot, baseline: Snapshot, index: int) -> int | None:

@@ -96,8 +96,12 @@ class StubHolderFactory:
     ``mps`` clients are listed as MPS processes. ``device_files``: files each child opens and keeps open (point the
     study's ``device_files`` globs at them to watch the files-closed phase); ``linger_ms``: after a command, the
     leader thread exits first and another thread keeps the files open this long (see ``_CHILD``). These are shapes
-    for testing the instrument, not measurements.
+    for testing the instrument, not measurements: every record says ``simulated: true``, with ``simulation`` (what
+    simulated it: ``"the stub libnvidia-ml and stub holders"``, or the text given).
     """
+
+    #: Every record of a study with these holders says ``simulated: true`` (``RunRecord.simulated``).
+    simulated = True
 
     def __init__(
         self,
@@ -115,6 +119,7 @@ class StubHolderFactory:
         linger_ms: int = 0,
         pinned_ms_per_gib: float = 100.0,
         pin_ms_per_gib: float = 0.0,
+        simulation: str = "the stub libnvidia-ml and stub holders",
     ) -> None:
         from .child import HOLDER_KINDS
 
@@ -136,6 +141,7 @@ class StubHolderFactory:
         self.device_files = tuple(device_files)
         self.free_ms, self.destroy_ms, self.linger_ms = free_ms, destroy_ms, linger_ms
         self.pinned_ms_per_gib, self.pin_ms_per_gib = pinned_ms_per_gib, pin_ms_per_gib
+        self.simulation = simulation
         self.live: list[Holder] = []
         #: pid -> the scenario keys of its entry, for holders that are not listed the plain way.
         self.entries: dict[int, str] = {}
