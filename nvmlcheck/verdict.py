@@ -461,7 +461,8 @@ def classify(
 
     Clean means no listed process and at most ``max_used_bytes`` used (the wait's rule); capacity means free =
     total - reserved - used at least ``need_bytes`` or ``need_fraction`` of the total. ``health``: a snapshot read
-    with ``Fields.HEALTH`` (default: ``snapshot``'s own health); ``faults``: fatal events on these GPUs; ``errors``:
+    with ``Fields.HEALTH`` (default: ``snapshot``'s own health; a GPU among its failures is judged by that error, a
+    GPU it lacks is ``unknown``: health not read is never ready); ``faults``: fatal events on these GPUs; ``errors``:
     per GPU index, the error that made it unreadable; ``unlisted``: processes with NVIDIA device files open that are
     on no GPU's list (a GPU whose memory is held with an empty list is ``held`` while one lives, not ``stuck``).
     ``container(pid)`` labels a holder's container (default: ``/proc/PID/cgroup`` and its PID namespace).
@@ -477,6 +478,12 @@ def classify(
         for failure in snapshot.failures:
             errs.setdefault(failure.index, failure.error)
             uuids[failure.index] = failure.uuid
+    if health is not None:
+        # A GPU the health reading could not read has unknown health (lost: unhealthy), never the judged
+        # snapshot's unrequested health read as "nothing to say".
+        for failure in health.failures:
+            errs.setdefault(failure.index, failure.error)
+            uuids.setdefault(failure.index, failure.uuid)
     ctx = _Ctx(now=now_ns, watch=watch, model=model, max_used=max_used_bytes, need_bytes=need_bytes,
                need_fraction=need_fraction, unlisted=unlisted, label_of=label_of)
     out: list[GpuVerdict] = []
@@ -484,7 +491,12 @@ def classify(
     for d in devices:
         seen.add(d.index)
         culprits = [fault_culprit(f) for f in faults if f.index == d.index]
-        culprits += health_causes(health_of.get(d.index) or d)
+        read = health_of.get(d.index)
+        if read is not None:
+            culprits += health_causes(read)
+        elif d.index not in errs:
+            culprits.append(Culprit(d.index, "unknown", "query", "health was not read; health unknown is never "
+                                    "ready"))
         error = errs.get(d.index)
         if error is not None:
             culprits.append(error_culprit(d.index, error))

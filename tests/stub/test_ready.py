@@ -306,3 +306,16 @@ def test_a_process_on_no_list_with_a_device_file_open_is_held_not_stuck(
     assert v.class_ == "held"
     (c,) = v.culprits
     assert (c.kind, c.pid, c.action) == ("device-file", child.pid, "STOP_HOLDER") and "on no GPU list" in c.reason
+
+
+def test_a_gpu_lost_when_its_health_is_read_again_is_not_ready(gpus: Callable[[Scenario], nc.Session]) -> None:
+    """The health read again before a wait says ready fails on the GPU: it is in that reading's failures, and its
+    health is not "not requested" (nothing to say) but lost: unhealthy, never ready."""
+    sc = Scenario.h200()
+    sc.fault("nvmlDeviceGetMemoryInfo_v2", 10, device=0, count=1)  # the first reading cannot judge it: a wait follows
+    sc.fault("nvmlDeviceGetRemappedRows", 15, device=0, after=1)  # the first reading's health passes, the next is lost
+    with gpus(sc) as session:
+        report = session.ready(timeout=5.0, events=False, options=steps())
+    (v,) = report.verdicts
+    assert not report.ready and report.needs_operator
+    assert v.class_ == "unhealthy" and v.actions == ("NODE_REBOOT",) and "lost" in v.line()

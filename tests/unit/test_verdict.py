@@ -143,6 +143,22 @@ def test_recovery_action_reboot_and_remap_failure_carry_their_actions() -> None:
     assert [c.action for c in causes] == ["CONTACT_SUPPORT", "NODE_REBOOT"]
 
 
+def test_health_that_a_later_reading_could_not_read_is_never_ready() -> None:
+    """``health=`` a reading where a GPU failed (lost: unhealthy; other errors: unknown) or is absent (unknown):
+    never the judged snapshot's own, unrequested health, which says nothing."""
+    not_requested = dev(0, unknown={"health": "not requested"})
+    lost = snap(failures=[failure(0, GpuLost(15, "nvmlDeviceGetRemappedRows", 0))])
+    (v,) = classify(snap(not_requested), now_ns=0, watch=states({}), health=lost)
+    assert v.class_ == "unhealthy" and v.actions == ("NODE_REBOOT",)
+    denied = snap(failures=[failure(0, NoPermission(4, "nvmlDeviceGetRemappedRows", 0))])
+    (v,) = classify(snap(not_requested), now_ns=0, watch=states({}), health=denied)
+    assert v.class_ == "unknown" and "NO_PERMISSION" in v.line()
+    (v,) = classify(snap(not_requested), now_ns=0, watch=states({}), health=snap(dev(1)))
+    assert v.class_ == "unknown" and "health was not read" in v.line()
+    (v,) = classify(snap(not_requested), now_ns=0, watch=states({}))  # no health asked for: a wait's timeout
+    assert v.ready
+
+
 def test_unsupported_health_is_no_refusal_but_an_unreadable_one_is_unknown() -> None:
     unsupported = dev(0, unknown={"health.retired_pages": "not supported: nvmlDeviceGetRetiredPages_v2 returned X"})
     assert classify(snap(unsupported), now_ns=0, watch=states({}))[0].ready
