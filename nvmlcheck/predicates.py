@@ -45,6 +45,7 @@ __all__ = [
     "Predicate",
     "Verdict",
     "always",
+    "blamed_devices",
     "default_predicate",
     "format_bytes",
     "instance_view",
@@ -1003,6 +1004,23 @@ def default_predicate(
     memory = memory_back_to(baseline, tolerance_bytes) if baseline is not None else memory_used_at_most(max_used_bytes)
     predicate = no_processes() & memory
     return on_devices(devices, predicate) if devices is not None else predicate
+
+
+def blamed_devices(predicate: Predicate, snapshot: Snapshot) -> frozenset[int] | None:
+    """The NVML indices of the GPUs ``predicate`` is not satisfied on in ``snapshot``, from its reasons, with the
+    snapshot's unreadable GPUs (a wait is never clean with one); ``frozenset()`` when it holds, ``None`` when a
+    reason is tied to no GPU (then every GPU may be to blame). What a wait's timeout names as holders
+    (:attr:`nvmlcheck.WaitTimeout.holders`): only the GPUs its own predicate refused."""
+    scope = _scope_of(snapshot)
+    if predicate._check(scope) is True:
+        return frozenset(f.index for f in snapshot.failures)
+    out = {f.index for f in snapshot.failures}
+    for why in predicate._explain(scope):
+        device = getattr(why, "device", None)  # a subclass's own reasons may carry none
+        if not isinstance(device, int) or isinstance(device, bool):
+            return None
+        out.add(device)
+    return frozenset(out)
 
 
 def check_predicate(predicate: object, name: str = "predicate") -> Predicate | None:

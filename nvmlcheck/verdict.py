@@ -759,12 +759,20 @@ def _unheld_memory(d: DeviceState, m: Memory, ctx: _Ctx, since: int, bound: int)
                     used_bytes=m.used_bytes, action=RESET_GPU)]
 
 
-def holders_of(snapshot: Snapshot | None, *, max_used_bytes: int = DEFAULT_MAX_USED_BYTES) -> tuple[Culprit, ...]:
+def holders_of(
+    snapshot: Snapshot | None,
+    *,
+    max_used_bytes: int = DEFAULT_MAX_USED_BYTES,
+    devices: Iterable[int] | None = None,
+) -> tuple[Culprit, ...]:
     """The culprits of a wait that timed out on ``snapshot`` (what :attr:`nvmlcheck.WaitTimeout.holders` holds):
     each listed process (``held``, or ``reclaiming`` when it has exited) with its container, memory held with no
-    process, unreadable GPUs. Judged without history, so nothing is ``stuck`` by age alone."""
+    process, unreadable GPUs. Judged without history, so nothing is ``stuck`` by age alone. ``devices``: only the
+    GPUs with these NVML indices (those the wait's predicate refused: :func:`nvmlcheck.predicates.blamed_devices`;
+    ``None``: every GPU of ``snapshot``)."""
     if snapshot is None:
         return ()
     verdicts = classify(snapshot, now_ns=time.monotonic_ns(), max_used_bytes=max_used_bytes)
-    return tuple(c for v in verdicts for c in v.culprits)
+    chosen = None if devices is None else frozenset(devices)
+    return tuple(c for v in verdicts if chosen is None or v.index in chosen for c in v.culprits)
 

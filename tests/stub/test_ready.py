@@ -232,6 +232,18 @@ def test_wait_timeout_documents_carry_structured_holders(capsys: pytest.CaptureF
     assert doc["culprits"]  # the lines stay
 
 
+def test_wait_timeout_document_holders_follow_max_used(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``holders`` names the GPUs the wait refused, as ``culprits`` does: not GPU 1, clean under ``--max-used``."""
+    sc = Scenario.h200(2)
+    sc.add_process(0, 4_000_003, used_bytes=4 * GIB)
+    sc.set_device(1, used_bytes=512 << 20)
+    code, out, _ = run(capsys, "--simulate", str(sc.write(tmp_path / "s.txt")), "--json", "wait", "--timeout", "0",
+                       "--max-used", "1GiB")
+    doc = json.loads(out)
+    assert code == 1 and all(line.startswith("GPU 0") for line in doc["culprits"])
+    assert [(h["gpu"], h["pid"]) for h in doc["holders"]] == [(0, 4_000_003)]
+
+
 def test_library_wait_timeout_has_holders(gpus: Callable[[Scenario], nc.Session]) -> None:
     sc = Scenario.h200()
     sc.add_process(0, 4_000_002, used_bytes=2 * GIB)

@@ -37,7 +37,15 @@ from nvmlcheck.errors import (
     WaitTimeout,
 )
 from nvmlcheck.model import Snapshot
-from nvmlcheck.predicates import Predicate, always, default_predicate, memory_used_at_most, no_processes
+from nvmlcheck.predicates import (
+    Predicate,
+    always,
+    default_predicate,
+    memory_used_at_most,
+    no_processes,
+    on_devices,
+    pids_gone,
+)
 from nvmlcheck.wait import DEFAULT, PRECISE, Deadline, PollPolicy, TracePoint, WaitResult, is_transient, poll_until
 
 START = 1_000_000_000_000  # the fake clock's reading when a test begins (not 0: offsets must be relative)
@@ -1065,3 +1073,29 @@ def test_deadline_helpers() -> None:
     with pytest.raises(DeadlinePassed):
         d.check()
     assert not issubclass(DeadlinePassed, NvmlCheckError)  # no handler of real errors may swallow it
+
+
+# --- a timeout's structured holders -----------------------------------------------------------------------------
+
+# GPU 0 held by a process; GPU 1 with 512 MiB used and nothing listed: clean under a 1 GiB limit, not under 16 MiB.
+TWO = snap(dev(0, procs=[proc(4_000_123, 8 * GIB)]), dev(1, used=GIB // 2))
+
+
+@pytest.mark.parametrize("predicate", [
+    no_processes() & memory_used_at_most(GIB),  # nvmlcheck wait --max-used 1GiB
+    on_devices([0], default_predicate()),  # the wait judges GPU 0 only
+    pids_gone([4_000_123]),  # a kill's: the target off the lists
+], ids=["max-used", "on-devices", "pids-gone"])
+def test_timeout_holders_name_only_the_gpus_the_predicate_refused(predicate: Predicate) -> None:
+    exc, _ = wait_timeout([(0, TWO)], predicate=predicate, timeout=0.01)
+    assert all(c.startswith("GPU 0") for c in exc.culprits)
+    assert {c.gpu for c in exc.holders} == {0}  # never GPU 1, which the wait judged clean
+    assert [c.pid for c in exc.holders] == [4_000_123]
+
+
+def test_timeout_holders_of_a_predicate_refusing_every_gpu_are_those_of_the_snapshot() -> None:
+    exc, _ = wait_timeout([(0, TWO)], timeout=0.01)  # the default: 16 MiB, every GPU
+    assert {c.gpu for c in exc.holders} == {0, 1}
+    exc, _ = wait_timeout([(0, TWO)], predicate=no_processes() & memory_used_at_most(GIB), timeout=0,
+                          stable_polls=1)
+    assert {c.gpu for c in exc.holders} == {0}  # one check too
