@@ -971,6 +971,9 @@ def on_devices(devices: Iterable[int | str], predicate: Predicate) -> Predicate:
 
     A selected device that is missing from the snapshot makes the answer unknown (not clean).
     """
+    if isinstance(devices, str | bytes) or not isinstance(devices, Iterable):
+        # A str would be read character by character (each a UUID no GPU has: a wait that can never end clean).
+        raise ArgumentTypeError(f"on_devices() takes a list of GPU indices or UUIDs ([{devices!r}]), got {devices!r}")
     selectors = tuple(dict.fromkeys(devices))
     for s in selectors:
         if isinstance(s, bool) or not isinstance(s, int | str) or (isinstance(s, int) and s < 0):

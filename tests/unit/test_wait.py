@@ -591,9 +591,17 @@ def test_policy_validation(kwargs: dict[str, object]) -> None:
         PollPolicy(**kwargs)  # type: ignore[arg-type]
 
 
-def test_policy_type_validation() -> None:
-    with pytest.raises(TypeError):
-        PollPolicy(interval_s="1ms")  # type: ignore[arg-type]
+@pytest.mark.parametrize("kwargs", [
+    {"interval_s": "1ms"},
+    {"backoff_factor": True},  # a bool is no factor (True would read as 1: no back-off)
+    {"backoff_factor": "2"},
+    {"max_duty": True},  # True would read as a 100 % duty cap
+    {"compensate_sleep": 1},
+])
+def test_policy_type_validation(kwargs: dict[str, object]) -> None:
+    with pytest.raises(NvmlCheckError) as info:
+        PollPolicy(**kwargs)  # type: ignore[arg-type]
+    assert isinstance(info.value, TypeError) and next(iter(kwargs)) in str(info.value)
 
 
 def test_policies_are_documented_values() -> None:
