@@ -876,12 +876,23 @@ def instance_view(d: DeviceState, m: MigDevice) -> DeviceState:
     processes that run in it (from its own lists, else the parent's, filtered by instance ids). The index stays the
     parent's, so reasons read ``GPU 0 MIG 1 (GI 2, CI 0, MIG-...)``."""
 
+    unknown = dict(d.unknown)
+
     def only(kind: ProcessKind, procs: tuple[GpuProcess, ...] | None) -> tuple[GpuProcess, ...] | None:
+        doubtful = [p for p in procs or () if _maybe_in(d, m, p)]
+        if doubtful:
+            # A process of the parent's list this instance may run (an instance id unread): its list is unknown,
+            # never empty for want of an id.
+            p = doubtful[0]
+            unknown[unknown_key("processes", kind)] = (
+                f"pid {p.pid} has no MIG instance id: it may run in {m.label}" if p.gpu_instance_id is None else
+                f"pid {p.pid} (GI {p.gpu_instance_id}) may run in {m.label}, whose GPU-instance id is unknown: "
+                f"{m.unknown.get('gpu_instance_id', 'not read')}")
+            return None
         if m.processes is not None:
             return tuple(p for p in m.processes if p.kind is kind)
         return None if procs is None else tuple(p for p in procs if m.owns(p))
 
-    unknown = dict(d.unknown)
     if m.memory is None:
         unknown["memory"] = m.unknown.get("memory", f"the memory of {m.label} was not read")
     return replace(
@@ -895,6 +906,16 @@ def instance_view(d: DeviceState, m: MigDevice) -> DeviceState:
         mig_mode=True,
         mig_devices=(m,),
     )
+
+
+def _maybe_in(d: DeviceState, m: MigDevice, p: GpuProcess) -> bool:
+    """Whether process ``p`` of GPU ``d``'s lists may run in its MIG device ``m`` although ``m`` does not own it: an
+    instance id is unknown on one side, and no instance whose id is known owns it."""
+    if m.owns(p) or (p.gpu_instance_id is not None and m.gpu_instance_id is not None):
+        return False
+    if p.gpu_instance_id is None:
+        return True
+    return not any(n is not m and n.gpu_instance_id is not None and n.owns(p) for n in d.mig_devices or ())
 
 
 # --- public constructors ----------------------------------------------------------------------------------------
