@@ -331,3 +331,26 @@ def test_a_gpu_lost_when_its_health_is_read_again_is_not_ready(gpus: Callable[[S
     (v,) = report.verdicts
     assert not report.ready and report.needs_operator
     assert v.class_ == "unhealthy" and v.actions == ("NODE_REBOOT",) and "lost" in v.line()
+
+
+@pytest.mark.parametrize("call", [150, 400])
+def test_a_selected_mig_instance_destroyed_while_waiting_is_unknown_never_dropped(
+    gpus: Callable[[Scenario], nc.Session], call: int
+) -> None:
+    """Two instances selected; the busy one is destroyed during the wait (a few polls in, by NVML call count). It is
+    not dropped from the report (which then called the selection ready), nor does selecting it again by UUID fail
+    the call: it is ``unknown``."""
+    sc = Scenario.h200()
+    sc.set_device(0, mig=True)
+    sc.add_mig_device(0, 0, total_bytes=70 * GIB)
+    sc.add_mig_device(0, 1, total_bytes=70 * GIB, used_bytes=GIB)  # held, nothing listed: never ready
+    sc.at_call(call).remove_mig_device(0, 1)  # the first reading and a few polls (or many) are done by then
+    with gpus(sc) as session:
+        free, busy = (m.uuid for m in session.snapshot().devices[0].mig_devices or ())
+        assert free is not None and busy is not None
+        report = session.ready([free, busy], timeout=1.0, events=False, options=steps())
+    assert not report.ready and report.polls > 3
+    first, gone = report.verdicts
+    assert first.ready and first.uuid == free
+    assert (gone.uuid, gone.class_, gone.index) == (busy, "unknown", 0)
+    assert "not in the reading" in gone.culprits[0].reason
