@@ -21,7 +21,7 @@ from . import reclaim_model
 from ._record import record, replace
 from ._units import format_bytes
 from .model import DeviceState, GpuProcess, Memory, OperatorAction, Snapshot, SystemInfo
-from .predicates import DEFAULT_MAX_USED_BYTES, free_bytes_of, memory_used_at_most
+from .predicates import DEFAULT_MAX_USED_BYTES, free_bytes_of, instance_view, memory_used_at_most
 
 TYPE_CHECKING = False  # no typing at run time: it costs a one-shot check milliseconds (docs/performance.md)
 if TYPE_CHECKING:
@@ -384,20 +384,27 @@ class Watch:
         self.observed += 1
         if not partial:
             self.last_full = snapshot
-        for d in snapshot.devices:
-            m = d.memory
-            t = self.track(d)
-            if m is None:
-                continue
+        for whole in snapshot.devices:
+            # A GPU, and each of its MIG instances as ``ready`` judges one selected by UUID (its own track).
+            for d in (whole, *(instance_view(whole, i) for i in whole.mig_devices or () if i.uuid is not None)):
+                self._observe_one(d, now_ns, partial=partial)
+
+    def _observe_one(self, d: DeviceState, now_ns: int, *, partial: bool) -> None:
+        m = d.memory
+        t = self.track(d)
+        if m is not None:
             t.last_ns, t.last_used = now_ns, m.used_bytes
-            held = not m.used_includes_reserved and m.used_bytes > self.max_used_bytes
+            if d.mig_mode:  # the MIG rule: per instance, with its idle allowance
+                held = _memory_judgement(d, self.max_used_bytes) is False
+            else:
+                held = not m.used_includes_reserved and m.used_bytes > self.max_used_bytes
             if partial:
                 if not held:
                     t.since_ns = None
-                continue
+                return
             procs = d.processes
             if procs is None:
-                continue
+                return
             pids = {p.pid for p in procs}
             live = [pid for pid in pids if self.state_since(d, pid, now_ns)[0] not in (None, "Z", "X")]
             for gone in set(t.pid_states) - pids:

@@ -90,6 +90,29 @@ def test_memory_held_with_no_holder_past_the_bound_is_stuck() -> None:
     assert after.stuck_after_ns == bound
 
 
+def test_a_mig_instance_holding_memory_with_no_holder_past_the_bound_is_stuck() -> None:
+    """``ready`` on one MIG instance (its units: instance views): the watch keeps each instance's own history, so
+    memory held there with nothing listed becomes stuck past the bound, as on a whole GPU (it stayed "reclaiming",
+    the bound counted from each judgement, forever). The parent's MIG bookkeeping starts no teardown."""
+    from nvmlcheck.model import Memory, MigDevice
+    from nvmlcheck.predicates import instance_view
+
+    held = MigDevice(1, "MIG-1", 2, 0, Memory(70 * GIB, 8 * GIB, 62 * GIB, 0), ())
+    idle = MigDevice(0, "MIG-0", 1, 0, Memory(70 * GIB, 0, 70 * GIB, 0), ())
+    gpu = replace(dev(0, used=8 * GIB + 55 * (1 << 20)), mig_mode=True, mig_devices=(idle, held))
+    s = snap(gpu)
+    w = states({})
+    w.observe(s, 0)
+    bound = MODEL.stuck_after_ns(1, 8 * GIB)
+    (before,) = classify(s, now_ns=bound, watch=w, units=[instance_view(gpu, held)])
+    assert before.class_ == "reclaiming"
+    w.observe(s, bound + 1)
+    (after,) = classify(s, now_ns=bound + 1, watch=w, units=[instance_view(gpu, held)])
+    assert after.class_ == "stuck" and after.needs_operator and after.uuid == "MIG-1"
+    (other,) = classify(s, now_ns=bound + 1, watch=w, units=[instance_view(gpu, idle)])
+    assert other.ready
+
+
 def test_a_live_holder_resets_the_teardown_clock() -> None:
     w = states({42: "R"})
     w.observe(snap(dev(0, used=8 * GIB)), 0)
