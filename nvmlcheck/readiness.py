@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterable, Sequence
 
 from ._waitdefaults import READY_TIMEOUT, Default
-from .errors import ArgumentError, BackendUnavailable, GpuFault, NvmlError, WaitTimeout
+from .errors import ArgumentError, BackendUnavailable, GpuFault, NvmlCheckError, NvmlError, WaitTimeout
 from .model import DeviceState, Fields, Snapshot
 from .predicates import (
     DEFAULT_MAX_USED_BYTES,
@@ -217,10 +217,13 @@ def _wait(
         return exc.snapshot or watch.last_full, False
     except GpuFault as fault:
         faults.append(fault)
-    except NvmlError as exc:
-        if exc.device_index is None:
+    except NvmlCheckError as exc:
+        # A GPU that became unreadable (lost, no permission, an impossible value: CorruptData) is judged, as the
+        # one-shot check judges it, not raised; an error of no one GPU is.
+        index = getattr(exc, "device_index", None)
+        if not isinstance(index, int) or isinstance(index, bool):
             raise
-        errors[exc.device_index] = exc  # lost, no permission, ...
+        errors[index] = exc
     return watch.last_full, False
 
 

@@ -354,3 +354,19 @@ def test_a_selected_mig_instance_destroyed_while_waiting_is_unknown_never_droppe
     assert first.ready and first.uuid == free
     assert (gone.uuid, gone.class_, gone.index) == (busy, "unknown", 0)
     assert "not in the reading" in gone.culprits[0].reason
+
+
+@pytest.mark.parametrize("timeout", [0.0, 1.0])
+def test_a_gpu_with_an_impossible_value_is_unknown_waiting_or_not(
+    gpus: Callable[[Scenario], nc.Session], tmp_path: Path, capsys: pytest.CaptureFixture[str], timeout: float
+) -> None:
+    """A process list with an impossible PID (CorruptData, as a struct layout mismatch gives): GPU 1 is unknown,
+    GPU 0 judged, whether ready checks once or waits (a wait raised the error, failing the call and the command)."""
+    sc = Scenario.h200(2)
+    sc.add_process(1, pid=5_000_000, used_bytes=GIB)  # above PID_MAX_LIMIT
+    with gpus(sc) as session:
+        report = session.ready(timeout=timeout, events=False, options=steps())
+    v0, v1 = report.verdicts
+    assert v0.ready and v1.class_ == "unknown" and "impossible PID" in v1.line()
+    code, doc = ready_json(capsys, str(sc.write(tmp_path / "s.txt")), "--timeout", str(timeout), "--no-events")
+    assert code == 1 and [g["class"] for g in doc["gpus"]] == ["ready", "unknown"]
