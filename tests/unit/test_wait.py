@@ -1107,3 +1107,17 @@ def test_timeout_holders_of_a_predicate_refusing_every_gpu_are_those_of_the_snap
     exc, _ = wait_timeout([(0, TWO)], predicate=no_processes() & memory_used_at_most(GIB), timeout=0,
                           stable_polls=1)
     assert {c.gpu for c in exc.holders} == {0}  # one check too
+
+
+def test_a_timeout_with_no_snapshot_has_unknown_holders_never_none() -> None:
+    """No poll finished (or every one failed): ``holders`` says the GPUs are unknown, of no one GPU, rather than an
+    empty list that a tool reads as "nothing holds them" (the ``nvmlcheck/wait`` document's ``holders``)."""
+    t = FakeTime()
+    with pytest.raises(WaitTimeout) as info:
+        poll_until(SlowPasses(t, BUSY, queries=7), timeout=1.0, clock=t.clock, sleep=t.sleep, pass_deadline=True)
+    (h,) = info.value.holders
+    assert (h.gpu, h.class_, h.kind, h.pid) == (None, "unknown", "query", None)
+    assert h.reason.startswith("no poll finished before the deadline")
+    failing, _ = wait_timeout([(0, Unknown(999, "nvmlDeviceGetCount_v2"))], timeout=0.01)
+    assert failing.snapshot is None and failing.holders
+    assert all(c.class_ == "unknown" and c.gpu is None for c in failing.holders)
