@@ -57,6 +57,13 @@ class PollPolicy:
     full_every_s: float = 0.1
 
     def __post_init__(self) -> None:
+        for name in ("backoff_factor", "max_duty"):
+            value = getattr(self, name)
+            if (value is not None or name == "backoff_factor") and (
+                    isinstance(value, bool) or not isinstance(value, int | float)):
+                raise ArgumentTypeError(f"{name} must be a number, got {value!r}")
+        if not isinstance(self.compensate_sleep, bool):
+            raise ArgumentTypeError(f"compensate_sleep must be True or False, got {self.compensate_sleep!r}")
         _check_seconds("interval_s", self.interval_s)
         _check_seconds("full_every_s", self.full_every_s)
         if self.confirm_interval_s is not None:

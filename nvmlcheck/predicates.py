@@ -45,6 +45,7 @@ __all__ = [
     "Predicate",
     "Verdict",
     "always",
+    "blamed_devices",
     "default_predicate",
     "format_bytes",
     "instance_view",
@@ -875,12 +876,23 @@ def instance_view(d: DeviceState, m: MigDevice) -> DeviceState:
     processes that run in it (from its own lists, else the parent's, filtered by instance ids). The index stays the
     parent's, so reasons read ``GPU 0 MIG 1 (GI 2, CI 0, MIG-...)``."""
 
+    unknown = dict(d.unknown)
+
     def only(kind: ProcessKind, procs: tuple[GpuProcess, ...] | None) -> tuple[GpuProcess, ...] | None:
+        doubtful = [p for p in procs or () if _maybe_in(d, m, p)]
+        if doubtful:
+            # A process of the parent's list this instance may run (an instance id unread): its list is unknown,
+            # never empty for want of an id.
+            p = doubtful[0]
+            unknown[unknown_key("processes", kind)] = (
+                f"pid {p.pid} has no MIG instance id: it may run in {m.label}" if p.gpu_instance_id is None else
+                f"pid {p.pid} (GI {p.gpu_instance_id}) may run in {m.label}, whose GPU-instance id is unknown: "
+                f"{m.unknown.get('gpu_instance_id', 'not read')}")
+            return None
         if m.processes is not None:
             return tuple(p for p in m.processes if p.kind is kind)
         return None if procs is None else tuple(p for p in procs if m.owns(p))
 
-    unknown = dict(d.unknown)
     if m.memory is None:
         unknown["memory"] = m.unknown.get("memory", f"the memory of {m.label} was not read")
     return replace(
@@ -894,6 +906,16 @@ def instance_view(d: DeviceState, m: MigDevice) -> DeviceState:
         mig_mode=True,
         mig_devices=(m,),
     )
+
+
+def _maybe_in(d: DeviceState, m: MigDevice, p: GpuProcess) -> bool:
+    """Whether process ``p`` of GPU ``d``'s lists may run in its MIG device ``m`` although ``m`` does not own it: an
+    instance id is unknown on one side, and no instance whose id is known owns it."""
+    if m.owns(p) or (p.gpu_instance_id is not None and m.gpu_instance_id is not None):
+        return False
+    if p.gpu_instance_id is None:
+        return True
+    return not any(n is not m and n.gpu_instance_id is not None and n.owns(p) for n in d.mig_devices or ())
 
 
 # --- public constructors ----------------------------------------------------------------------------------------
@@ -970,6 +992,9 @@ def on_devices(devices: Iterable[int | str], predicate: Predicate) -> Predicate:
 
     A selected device that is missing from the snapshot makes the answer unknown (not clean).
     """
+    if isinstance(devices, str | bytes) or not isinstance(devices, Iterable):
+        # A str would be read character by character (each a UUID no GPU has: a wait that can never end clean).
+        raise ArgumentTypeError(f"on_devices() takes a list of GPU indices or UUIDs ([{devices!r}]), got {devices!r}")
     selectors = tuple(dict.fromkeys(devices))
     for s in selectors:
         if isinstance(s, bool) or not isinstance(s, int | str) or (isinstance(s, int) and s < 0):
@@ -1003,6 +1028,23 @@ def default_predicate(
     memory = memory_back_to(baseline, tolerance_bytes) if baseline is not None else memory_used_at_most(max_used_bytes)
     predicate = no_processes() & memory
     return on_devices(devices, predicate) if devices is not None else predicate
+
+
+def blamed_devices(predicate: Predicate, snapshot: Snapshot) -> frozenset[int] | None:
+    """The NVML indices of the GPUs ``predicate`` is not satisfied on in ``snapshot``, from its reasons, with the
+    snapshot's unreadable GPUs (a wait is never clean with one); ``frozenset()`` when it holds, ``None`` when a
+    reason is tied to no GPU (then every GPU may be to blame). What a wait's timeout names as holders
+    (:attr:`nvmlcheck.WaitTimeout.holders`): only the GPUs its own predicate refused."""
+    scope = _scope_of(snapshot)
+    if predicate._check(scope) is True:
+        return frozenset(f.index for f in snapshot.failures)
+    out = {f.index for f in snapshot.failures}
+    for why in predicate._explain(scope):
+        device = getattr(why, "device", None)  # a subclass's own reasons may carry none
+        if not isinstance(device, int) or isinstance(device, bool):
+            return None
+        out.add(device)
+    return frozenset(out)
 
 
 def check_predicate(predicate: object, name: str = "predicate") -> Predicate | None:

@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterable, Sequence
 
 from ._waitdefaults import READY_TIMEOUT, Default
-from .errors import ArgumentError, BackendUnavailable, GpuFault, NvmlError, WaitTimeout
+from .errors import ArgumentError, BackendUnavailable, GpuFault, NvmlCheckError, NvmlError, WaitTimeout
 from .model import DeviceState, Fields, Snapshot
 from .predicates import (
     DEFAULT_MAX_USED_BYTES,
@@ -26,8 +26,9 @@ from .predicates import (
     memory_free_at_least,
     memory_used_at_most,
     no_processes,
+    on_devices,
 )
-from .verdict import GpuVerdict, ReadyReport, Watch, classify, unsupported
+from .verdict import Culprit, GpuVerdict, ReadyReport, Watch, classify, unsupported
 
 TYPE_CHECKING = False  # no typing at run time: it costs a one-shot check milliseconds (docs/performance.md)
 if TYPE_CHECKING:
@@ -94,6 +95,9 @@ def ready_on(
     faults: list[GpuFault] = []
     errors: dict[int, BaseException] = {}
 
+    # The GPU of each selected MIG instance, for one that a later reading no longer has.
+    parents = {m.uuid: d.index for d in first.devices for m in d.mig_devices or () if m.uuid is not None}
+
     def judge(snap: Snapshot) -> tuple[GpuVerdict, ...]:
         units = _units(snap, mig)
         now = clock()
@@ -108,7 +112,8 @@ def ready_on(
         # cost (a process of another PID namespace's numbering makes it held instead).
         if any(c.class_ == "stuck" and c.kind == "memory" for v in out for c in v.culprits):
             out = verdicts(_unlisted(session, units or snap.devices, max_used_bytes))
-        return out
+        return out + _missing_units(snap, mig, units, parents=parents, indices=indices,
+                                   judged={v.index for v in out})
 
     verdicts = judge(first)
     # Waiting cannot help an unhealthy GPU, nor a need beyond what a GPU has with nothing running; and a first
@@ -117,7 +122,12 @@ def ready_on(
         return ReadyReport(verdicts, first, clock() - start, 1, bound, notes)
 
     remaining = None if bound is None else max(0.0, bound - (clock() - start) / 1e9)
-    waited = _wait(session, devices, predicate, opts.with_(timeout=remaining), watch, faults=faults, errors=errors)
+    if mig:
+        # The instances as resolved now, judged by UUID: one destroyed while waiting is then unknown (never ready),
+        # where selecting it again by UUID would fail the call.
+        predicate = on_devices(mig, predicate)
+    waited = _wait(session, indices if mig else devices, predicate, opts.with_(timeout=remaining), watch,
+                   faults=faults, errors=errors)
     final = waited[0] or first
     listener = session.listener
     if listener is not None and listener.reason is not None:
@@ -209,10 +219,13 @@ def _wait(
         return exc.snapshot or watch.last_full, False
     except GpuFault as fault:
         faults.append(fault)
-    except NvmlError as exc:
-        if exc.device_index is None:
+    except NvmlCheckError as exc:
+        # A GPU that became unreadable (lost, no permission, an impossible value: CorruptData) is judged, as the
+        # one-shot check judges it, not raised; an error of no one GPU is.
+        index = getattr(exc, "device_index", None)
+        if not isinstance(index, int) or isinstance(index, bool):
             raise
-        errors[exc.device_index] = exc  # lost, no permission, ...
+        errors[index] = exc
     return watch.last_full, False
 
 
@@ -264,6 +277,34 @@ def _units(snap: Snapshot, mig: Sequence[int | str]) -> tuple[DeviceState, ...] 
                 out.append(d)
             elif isinstance(s, str):
                 out.extend(instance_view(d, m) for m in d.mig_devices or () if m.uuid == s)
+    return tuple(out)
+
+
+def _missing_units(
+    snap: Snapshot,
+    mig: Sequence[int | str],
+    units: Sequence[DeviceState] | None,
+    *,
+    parents: dict[str, int],
+    indices: tuple[int, ...] | None,
+    judged: set[int],
+) -> tuple[GpuVerdict, ...]:
+    """An ``unknown`` verdict for each selected MIG instance the reading does not have (destroyed, or its GPU left
+    MIG mode): never dropped from the report, which would call the rest of the selection ready. Not for one whose
+    GPU failed: that GPU's own verdict says why."""
+    if not mig or units is None:
+        return ()
+    found = {u.uuid for u in units}
+    failed = {f.index for f in snap.failures}
+    out: list[GpuVerdict] = []
+    for s in mig:
+        if not isinstance(s, str) or s in found:
+            continue
+        index = parents.get(s, indices[0] if indices else 0)
+        if index in failed and index in judged:
+            continue
+        why = f"{s} is not in the reading (the MIG instance was destroyed, or its GPU left MIG mode): never ready"
+        out.append(GpuVerdict(index, s, f"GPU {index} {s}", "unknown", (Culprit(index, "unknown", "query", why),)))
     return tuple(out)
 
 

@@ -2,8 +2,8 @@
 
 :func:`targets_released` holds on a GPU when none of the targets is on its process lists and its used memory has
 fallen by what the targets held in the baseline (a snapshot taken just before the first signal), within the
-reporting resolution and a tolerance; memory other tenants allocate meanwhile, where they are visible on the lists,
-is allowed for. :func:`not_ours` names what was left running. Used by ``kill --only-targets`` and
+reporting resolution and a tolerance; memory other tenants allocate or free meanwhile, where they are visible on the
+lists, is allowed for. :func:`not_ours` names what was left running. Used by ``kill --only-targets`` and
 ``kill_and_wait(only_targets=True)``; limits (a tenant of another PID namespace that grows during the kill):
 docs/killing.md ("Shared GPUs").
 """
@@ -13,9 +13,17 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 
 from ._units import format_bytes
-from .errors import ArgumentError
+from .errors import ArgumentError, ArgumentTypeError
 from .model import DeviceState, Snapshot
-from .predicates import DEFAULT_TOLERANCE_BYTES, Predicate, _DevicePredicate, _judge_at_most, _memory_unknown, _Why
+from .predicates import (
+    DEFAULT_TOLERANCE_BYTES,
+    Predicate,
+    _DevicePredicate,
+    _judge_at_most,
+    _memory_unknown,
+    _Why,
+    check_bytes,
+)
 
 __all__ = ["not_ours", "targets_released"]
 
@@ -74,7 +82,9 @@ class _Released(_DevicePredicate):
         if listed is None:
             return None, f"GPU {d.index}: a process list is unknown; cannot tell the targets from the others"
         others_now = sum(b for pid, b, _ in listed if pid not in pids and b is not None)
-        grown = max(0, others_now - base.others) if base.others is not None else 0
+        # Signed: a tenant that leaves during the kill takes its memory with it, and that must not pass for the
+        # targets' (their memory still held, the tenant's back: a drop as large as the targets').
+        grown = others_now - base.others if base.others is not None else 0
         allowed = base.used - base.targets_bytes + grown + self.tolerance
         verdict = _judge_at_most(m.used_bytes, 2 * (m.granularity_bytes - 1), allowed)
         if verdict is True:
@@ -137,30 +147,45 @@ def targets_released(
     tolerance_bytes: int = DEFAULT_TOLERANCE_BYTES,
 ) -> Predicate:
     """Holds on each GPU when no target is on its process lists and its used memory is at most the baseline's minus
-    what the targets held there, plus what other listed processes have grown by since, plus ``tolerance_bytes``
+    what the targets held there, plus the change since in what other listed processes hold (less when one left: its
+    memory coming back is not the targets'), plus ``tolerance_bytes``
     (and the reporting resolution of both readings). Unknown (``None``) where that cannot be told: a list or the
     memory unreadable, a target's bytes "not available", a GPU absent from the baseline, or a v1-only driver.
 
     ``pids``: the targets, or a callable returning them (a kill with ``tree=True`` adds descendants as it finds
     them: they count as targets from then on). ``baseline``: a snapshot with memory and process lists, taken
     just before the first signal (the targets' holdings are read from it)."""
-    if isinstance(tolerance_bytes, bool) or not isinstance(tolerance_bytes, int) or tolerance_bytes < 0:
-        raise ArgumentError(f"tolerance_bytes must be an int >= 0, got {tolerance_bytes!r}")
+    tolerance_bytes = check_bytes("tolerance_bytes", tolerance_bytes)
+    if not isinstance(baseline, Snapshot):
+        raise ArgumentTypeError(f"targets_released() takes the baseline Snapshot taken before the first signal, got "
+                                f"{baseline!r}")
     if callable(pids):
         source = pids
 
         def current() -> frozenset[int]:
             return frozenset(source())
 
-        at_baseline = current()
+        at_baseline = _checked_pids(current())
     else:
-        fixed = frozenset(pids)
+        fixed = _checked_pids(pids)
 
         def current() -> frozenset[int]:
             return fixed
 
         at_baseline = fixed
     return _Released(current, _baseline(baseline, at_baseline), tolerance_bytes)
+
+
+def _checked_pids(pids: object) -> frozenset[int]:
+    """The targets as a set of PIDs; an :class:`~nvmlcheck.ArgumentTypeError` or ``ArgumentError`` for anything
+    else (a str would be read digit by digit: no target would ever be seen on a list)."""
+    if isinstance(pids, str | bytes | int) or not isinstance(pids, Iterable):
+        raise ArgumentTypeError(f"targets_released() takes PIDs (an iterable of int: [{pids!r}]), got {pids!r}")
+    out = frozenset(pids)
+    for pid in out:
+        if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
+            raise ArgumentError(f"a process ID is a positive whole number, got {pid!r}")
+    return out
 
 
 def not_ours(snapshot: Snapshot | None, pids: Iterable[int], *, tolerance_bytes: int = DEFAULT_TOLERANCE_BYTES

@@ -21,7 +21,7 @@ from . import reclaim_model
 from ._record import record, replace
 from ._units import format_bytes
 from .model import DeviceState, GpuProcess, Memory, OperatorAction, Snapshot, SystemInfo
-from .predicates import DEFAULT_MAX_USED_BYTES, free_bytes_of, memory_used_at_most
+from .predicates import DEFAULT_MAX_USED_BYTES, free_bytes_of, instance_view, memory_used_at_most
 
 TYPE_CHECKING = False  # no typing at run time: it costs a one-shot check milliseconds (docs/performance.md)
 if TYPE_CHECKING:
@@ -384,20 +384,27 @@ class Watch:
         self.observed += 1
         if not partial:
             self.last_full = snapshot
-        for d in snapshot.devices:
-            m = d.memory
-            t = self.track(d)
-            if m is None:
-                continue
+        for whole in snapshot.devices:
+            # A GPU, and each of its MIG instances as ``ready`` judges one selected by UUID (its own track).
+            for d in (whole, *(instance_view(whole, i) for i in whole.mig_devices or () if i.uuid is not None)):
+                self._observe_one(d, now_ns, partial=partial)
+
+    def _observe_one(self, d: DeviceState, now_ns: int, *, partial: bool) -> None:
+        m = d.memory
+        t = self.track(d)
+        if m is not None:
             t.last_ns, t.last_used = now_ns, m.used_bytes
-            held = not m.used_includes_reserved and m.used_bytes > self.max_used_bytes
+            if d.mig_mode:  # the MIG rule: per instance, with its idle allowance
+                held = _memory_judgement(d, self.max_used_bytes) is False
+            else:
+                held = not m.used_includes_reserved and m.used_bytes > self.max_used_bytes
             if partial:
                 if not held:
                     t.since_ns = None
-                continue
+                return
             procs = d.processes
             if procs is None:
-                continue
+                return
             pids = {p.pid for p in procs}
             live = [pid for pid in pids if self.state_since(d, pid, now_ns)[0] not in (None, "Z", "X")]
             for gone in set(t.pid_states) - pids:
@@ -461,7 +468,8 @@ def classify(
 
     Clean means no listed process and at most ``max_used_bytes`` used (the wait's rule); capacity means free =
     total - reserved - used at least ``need_bytes`` or ``need_fraction`` of the total. ``health``: a snapshot read
-    with ``Fields.HEALTH`` (default: ``snapshot``'s own health); ``faults``: fatal events on these GPUs; ``errors``:
+    with ``Fields.HEALTH`` (default: ``snapshot``'s own health; a GPU among its failures is judged by that error, a
+    GPU it lacks is ``unknown``: health not read is never ready); ``faults``: fatal events on these GPUs; ``errors``:
     per GPU index, the error that made it unreadable; ``unlisted``: processes with NVIDIA device files open that are
     on no GPU's list (a GPU whose memory is held with an empty list is ``held`` while one lives, not ``stuck``).
     ``container(pid)`` labels a holder's container (default: ``/proc/PID/cgroup`` and its PID namespace).
@@ -477,6 +485,12 @@ def classify(
         for failure in snapshot.failures:
             errs.setdefault(failure.index, failure.error)
             uuids[failure.index] = failure.uuid
+    if health is not None:
+        # A GPU the health reading could not read has unknown health (lost: unhealthy), never the judged
+        # snapshot's unrequested health read as "nothing to say".
+        for failure in health.failures:
+            errs.setdefault(failure.index, failure.error)
+            uuids.setdefault(failure.index, failure.uuid)
     ctx = _Ctx(now=now_ns, watch=watch, model=model, max_used=max_used_bytes, need_bytes=need_bytes,
                need_fraction=need_fraction, unlisted=unlisted, label_of=label_of)
     out: list[GpuVerdict] = []
@@ -484,7 +498,12 @@ def classify(
     for d in devices:
         seen.add(d.index)
         culprits = [fault_culprit(f) for f in faults if f.index == d.index]
-        culprits += health_causes(health_of.get(d.index) or d)
+        read = health_of.get(d.index)
+        if read is not None:
+            culprits += health_causes(read)
+        elif d.index not in errs:
+            culprits.append(Culprit(d.index, "unknown", "query", "health was not read; health unknown is never "
+                                    "ready"))
         error = errs.get(d.index)
         if error is not None:
             culprits.append(error_culprit(d.index, error))
@@ -747,12 +766,20 @@ def _unheld_memory(d: DeviceState, m: Memory, ctx: _Ctx, since: int, bound: int)
                     used_bytes=m.used_bytes, action=RESET_GPU)]
 
 
-def holders_of(snapshot: Snapshot | None, *, max_used_bytes: int = DEFAULT_MAX_USED_BYTES) -> tuple[Culprit, ...]:
+def holders_of(
+    snapshot: Snapshot | None,
+    *,
+    max_used_bytes: int = DEFAULT_MAX_USED_BYTES,
+    devices: Iterable[int] | None = None,
+) -> tuple[Culprit, ...]:
     """The culprits of a wait that timed out on ``snapshot`` (what :attr:`nvmlcheck.WaitTimeout.holders` holds):
     each listed process (``held``, or ``reclaiming`` when it has exited) with its container, memory held with no
-    process, unreadable GPUs. Judged without history, so nothing is ``stuck`` by age alone."""
+    process, unreadable GPUs. Judged without history, so nothing is ``stuck`` by age alone. ``devices``: only the
+    GPUs with these NVML indices (those the wait's predicate refused: :func:`nvmlcheck.predicates.blamed_devices`;
+    ``None``: every GPU of ``snapshot``)."""
     if snapshot is None:
         return ()
     verdicts = classify(snapshot, now_ns=time.monotonic_ns(), max_used_bytes=max_used_bytes)
-    return tuple(c for v in verdicts for c in v.culprits)
+    chosen = None if devices is None else frozenset(devices)
+    return tuple(c for v in verdicts if chosen is None or v.index in chosen for c in v.culprits)
 

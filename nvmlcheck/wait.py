@@ -40,11 +40,13 @@ from .errors import (
     WaitTimeout,
 )
 from .model import DeviceFailure, Snapshot
-from .predicates import Predicate, check_predicate, default_predicate
+from .predicates import Predicate, blamed_devices, check_predicate, default_predicate
 
 TYPE_CHECKING = False  # no typing at run time: it costs a one-shot check milliseconds (docs/performance.md)
 if TYPE_CHECKING:
     from typing import cast
+
+    from .verdict import Culprit
 else:
 
     def cast(_type, value):  # typing.cast's run-time identity
@@ -629,4 +631,25 @@ class _Poller:
             culprits.extend(f.describe() for f in good.failures)
         elif error is None:
             culprits.append("no poll finished before the deadline (a query was still running when it passed)")
-        return WaitTimeout(self.timeout_s, t1 - stats.start, tuple(dict.fromkeys(culprits)), good, stats.polls)
+        lines = tuple(dict.fromkeys(culprits))
+        return WaitTimeout(self.timeout_s, t1 - stats.start, lines, good, stats.polls,
+                           holders=self._holders(good, lines, clean=clean))
+
+    def _holders(self, good: Snapshot | None, lines: tuple[str, ...], *, clean: bool) -> tuple[Culprit, ...] | None:
+        """A timeout's structured holders: those of the GPUs the predicate refused (``WaitTimeout.holders``), never a
+        GPU it judged clean (one within a laxer ``memory_used_at_most``, or outside ``on_devices``). ``None`` (judged
+        from the snapshot on first use) when it refused every GPU of the snapshot: the same answer, without reading
+        ``/proc`` unless asked. With no snapshot at all (no poll finished, every poll failed), each line is an
+        ``unknown`` culprit of no one GPU: never an empty list, which would read as nothing holding them."""
+        if good is None:
+            from .verdict import Culprit
+
+            return tuple(Culprit(None, "unknown", "query", line) for line in lines)
+        blamed = frozenset(f.index for f in good.failures) if clean else blamed_devices(self.predicate, good)
+        if blamed is None or blamed >= {d.index for d in good.devices}:
+            return None
+        if not blamed:
+            return ()
+        from .verdict import holders_of
+
+        return holders_of(good, devices=blamed)

@@ -56,8 +56,10 @@ def cmd_wait(args: argparse.Namespace) -> int:
             status.clear()
             # Report the timeout asked for and the time since the command started, the open included.
             opened_ns = round((time.monotonic() - started) * 1e9) - late.elapsed_ns
+            # The wait's holders (those of the GPUs its predicate refused: --max-used, --devices) go along; only a
+            # document shows them.
             exc = WaitTimeout(args.timeout, late.elapsed_ns + max(0, opened_ns), late.culprits, late.snapshot,
-                              late.polls)
+                              late.polls, holders=late.holders if args.json else None)
             verdict(EXIT_NOT_CLEAN)
             if args.json:
                 from ..jsonout import wait_timeout_document

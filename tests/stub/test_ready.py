@@ -232,6 +232,18 @@ def test_wait_timeout_documents_carry_structured_holders(capsys: pytest.CaptureF
     assert doc["culprits"]  # the lines stay
 
 
+def test_wait_timeout_document_holders_follow_max_used(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``holders`` names the GPUs the wait refused, as ``culprits`` does: not GPU 1, clean under ``--max-used``."""
+    sc = Scenario.h200(2)
+    sc.add_process(0, 4_000_003, used_bytes=4 * GIB)
+    sc.set_device(1, used_bytes=512 << 20)
+    code, out, _ = run(capsys, "--simulate", str(sc.write(tmp_path / "s.txt")), "--json", "wait", "--timeout", "0",
+                       "--max-used", "1GiB")
+    doc = json.loads(out)
+    assert code == 1 and all(line.startswith("GPU 0") for line in doc["culprits"])
+    assert [(h["gpu"], h["pid"]) for h in doc["holders"]] == [(0, 4_000_003)]
+
+
 def test_library_wait_timeout_has_holders(gpus: Callable[[Scenario], nc.Session]) -> None:
     sc = Scenario.h200()
     sc.add_process(0, 4_000_002, used_bytes=2 * GIB)
@@ -306,3 +318,55 @@ def test_a_process_on_no_list_with_a_device_file_open_is_held_not_stuck(
     assert v.class_ == "held"
     (c,) = v.culprits
     assert (c.kind, c.pid, c.action) == ("device-file", child.pid, "STOP_HOLDER") and "on no GPU list" in c.reason
+
+
+def test_a_gpu_lost_when_its_health_is_read_again_is_not_ready(gpus: Callable[[Scenario], nc.Session]) -> None:
+    """The health read again before a wait says ready fails on the GPU: it is in that reading's failures, and its
+    health is not "not requested" (nothing to say) but lost: unhealthy, never ready."""
+    sc = Scenario.h200()
+    sc.fault("nvmlDeviceGetMemoryInfo_v2", 10, device=0, count=1)  # the first reading cannot judge it: a wait follows
+    sc.fault("nvmlDeviceGetRemappedRows", 15, device=0, after=1)  # the first reading's health passes, the next is lost
+    with gpus(sc) as session:
+        report = session.ready(timeout=5.0, events=False, options=steps())
+    (v,) = report.verdicts
+    assert not report.ready and report.needs_operator
+    assert v.class_ == "unhealthy" and v.actions == ("NODE_REBOOT",) and "lost" in v.line()
+
+
+@pytest.mark.parametrize("call", [150, 400])
+def test_a_selected_mig_instance_destroyed_while_waiting_is_unknown_never_dropped(
+    gpus: Callable[[Scenario], nc.Session], call: int
+) -> None:
+    """Two instances selected; the busy one is destroyed during the wait (a few polls in, by NVML call count). It is
+    not dropped from the report (which then called the selection ready), nor does selecting it again by UUID fail
+    the call: it is ``unknown``."""
+    sc = Scenario.h200()
+    sc.set_device(0, mig=True)
+    sc.add_mig_device(0, 0, total_bytes=70 * GIB)
+    sc.add_mig_device(0, 1, total_bytes=70 * GIB, used_bytes=GIB)  # held, nothing listed: never ready
+    sc.at_call(call).remove_mig_device(0, 1)  # the first reading and a few polls (or many) are done by then
+    with gpus(sc) as session:
+        free, busy = (m.uuid for m in session.snapshot().devices[0].mig_devices or ())
+        assert free is not None and busy is not None
+        report = session.ready([free, busy], timeout=1.0, events=False, options=steps())
+    assert not report.ready and report.polls > 3
+    first, gone = report.verdicts
+    assert first.ready and first.uuid == free
+    assert (gone.uuid, gone.class_, gone.index) == (busy, "unknown", 0)
+    assert "not in the reading" in gone.culprits[0].reason
+
+
+@pytest.mark.parametrize("timeout", [0.0, 1.0])
+def test_a_gpu_with_an_impossible_value_is_unknown_waiting_or_not(
+    gpus: Callable[[Scenario], nc.Session], tmp_path: Path, capsys: pytest.CaptureFixture[str], timeout: float
+) -> None:
+    """A process list with an impossible PID (CorruptData, as a struct layout mismatch gives): GPU 1 is unknown,
+    GPU 0 judged, whether ready checks once or waits (a wait raised the error, failing the call and the command)."""
+    sc = Scenario.h200(2)
+    sc.add_process(1, pid=5_000_000, used_bytes=GIB)  # above PID_MAX_LIMIT
+    with gpus(sc) as session:
+        report = session.ready(timeout=timeout, events=False, options=steps())
+    v0, v1 = report.verdicts
+    assert v0.ready and v1.class_ == "unknown" and "impossible PID" in v1.line()
+    code, doc = ready_json(capsys, str(sc.write(tmp_path / "s.txt")), "--timeout", str(timeout), "--no-events")
+    assert code == 1 and [g["class"] for g in doc["gpus"]] == ["ready", "unknown"]

@@ -152,3 +152,26 @@ def test_on_devices_with_a_mig_uuid_judges_that_instance_only() -> None:
     # Its memory unknown: unknown too.
     blind = snap(mig_gpu(59 * MIB, (instance(0, 1, used=None),)))
     assert nc.on_devices([idle], nc.default_predicate()).evaluate(blind).satisfied is None
+
+
+def test_an_instance_whose_processes_cannot_be_attributed_is_unknown_never_clean() -> None:
+    """Selecting one instance (``on_devices(["MIG-…"])``, ``ready``): a process of the parent's list that may run in
+    it, its instance unknown on one side (an id that could not be read, a driver listing no ids), makes its list
+    unknown. Its memory, withheld and adding nothing, cannot tell."""
+    from nvmlcheck.predicates import on_devices
+
+    unread = dataclasses.replace(instance(1, 2), gpu_instance_id=None)  # nvmlDeviceGetGpuInstanceId failed
+    gpu = mig_gpu(59 * MIB, (instance(0, 1), unread), (mig_proc(4242, gi=2, used=None),))
+    s = snap(gpu)
+    busy = on_devices([unread.uuid or ""], nc.default_predicate()).evaluate(s)
+    assert busy.satisfied is None and any("pid 4242 (GI 2) may run in MIG 1" in r for r in busy.reasons)
+    # GI 1 is known and is not GI 2: that instance is clean.
+    assert on_devices([instance(0, 1).uuid or ""], nc.default_predicate()).check(s) is True
+    no_ids = mig_gpu(59 * MIB, (instance(0, 1), instance(1, 2)),
+                     (GpuProcess(4243, ProcessKind.COMPUTE, None, "python3"),))  # listed with no instance id
+    for inst in no_ids.mig_devices or ():
+        v = on_devices([inst.uuid or ""], nc.default_predicate()).evaluate(snap(no_ids))
+        assert v.satisfied is None and any("pid 4243 has no MIG instance id" in r for r in v.reasons)
+    # A process whose known GI matches no instance runs in none of those selected: they stay clean.
+    other = mig_gpu(59 * MIB, (instance(0, 1), instance(1, 2)), (mig_proc(4244, gi=7, used=None),))
+    assert on_devices([instance(0, 1).uuid or ""], nc.default_predicate()).check(snap(other)) is True

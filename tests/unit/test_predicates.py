@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from snapshots import GIB, H200_RESERVED, busy, dev, failure, idle, mem, proc, snap
 
-from nvmlcheck.errors import GpuLost, Unknown
+from nvmlcheck.errors import ArgumentTypeError, GpuLost, Unknown
 from nvmlcheck.model import MIB, DeviceState, ProcessKind, Snapshot
 from nvmlcheck.predicates import (
     ALL_KINDS,
@@ -303,6 +303,16 @@ def test_nested_on_devices_narrows() -> None:
 def test_on_devices_rejects_bad_selectors(bad: list[object]) -> None:
     with pytest.raises(ValueError):
         on_devices(bad, always())  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("bad", [0, "01", "GPU-0000", b"0"])
+def test_on_devices_rejects_a_selection_that_is_no_list(bad: object) -> None:
+    """A str is not read character by character (each a "UUID" no GPU has: a wait that could never end clean), an
+    int is not an iterable: both refused at once, with the error the library raises for a wrong type."""
+    with pytest.raises(ArgumentTypeError, match=r"on_devices\(\) takes a list"):
+        on_devices(bad, always())  # type: ignore[arg-type]
+    with pytest.raises(ArgumentTypeError, match=r"on_devices\(\) takes a list"):
+        default_predicate(devices=bad)  # type: ignore[arg-type]
 
 
 def test_bad_arguments() -> None:

@@ -88,3 +88,28 @@ def test_pids_may_grow_as_a_tree_is_found() -> None:
 def test_bad_tolerance() -> None:
     with pytest.raises(ValueError, match="tolerance_bytes"):
         targets_released([ME], base(), tolerance_bytes=-1)
+
+
+def test_a_tenant_leaving_during_the_kill_does_not_pass_for_the_targets_memory() -> None:
+    """Our worker 4 GiB, a tenant 8 GiB. The tenant's job ends while ours is torn down: used falls by 8 GiB, more
+    than ours held, while our 4 GiB is still held with no process listed. Not released until it is back."""
+    p = targets_released([ME], snap(dev(0, procs=[proc(ME, 4 * GIB), proc(OTHER, 8 * GIB)])))
+    v = p.evaluate(snap(dev(0, used=4 * GIB, procs=[])))
+    assert v.satisfied is False and any("0 B of the 4.0 GiB the targets held is back" in r for r in v.reasons)
+    assert p.check(snap(dev(0, used=8 * GIB + 4 * GIB, procs=[]))) is False  # the tenant off its list, memory not back
+    assert p.check(snap(dev(0, used=0, procs=[]))) is True
+    assert p.check(snap(dev(0, procs=[proc(OTHER, 8 * GIB)]))) is True  # the tenant still runs
+
+
+@pytest.mark.parametrize(("pids", "error"), [
+    (str(ME), nc.ArgumentTypeError),  # read digit by digit, no target would ever be seen on a list
+    (ME, nc.ArgumentTypeError),
+    ([True], nc.ArgumentError),
+    ([0], nc.ArgumentError),
+    (lambda: ["4123"], nc.ArgumentError),
+])
+def test_targets_that_are_no_pids_are_refused(pids: object, error: type[Exception]) -> None:
+    with pytest.raises(error):
+        targets_released(pids, base())  # type: ignore[arg-type]
+    with pytest.raises(nc.ArgumentTypeError):
+        targets_released([ME], base(), tolerance_bytes="16MiB")  # type: ignore[arg-type]

@@ -90,6 +90,29 @@ def test_memory_held_with_no_holder_past_the_bound_is_stuck() -> None:
     assert after.stuck_after_ns == bound
 
 
+def test_a_mig_instance_holding_memory_with_no_holder_past_the_bound_is_stuck() -> None:
+    """``ready`` on one MIG instance (its units: instance views): the watch keeps each instance's own history, so
+    memory held there with nothing listed becomes stuck past the bound, as on a whole GPU (it stayed "reclaiming",
+    the bound counted from each judgement, forever). The parent's MIG bookkeeping starts no teardown."""
+    from nvmlcheck.model import Memory, MigDevice
+    from nvmlcheck.predicates import instance_view
+
+    held = MigDevice(1, "MIG-1", 2, 0, Memory(70 * GIB, 8 * GIB, 62 * GIB, 0), ())
+    idle = MigDevice(0, "MIG-0", 1, 0, Memory(70 * GIB, 0, 70 * GIB, 0), ())
+    gpu = replace(dev(0, used=8 * GIB + 55 * (1 << 20)), mig_mode=True, mig_devices=(idle, held))
+    s = snap(gpu)
+    w = states({})
+    w.observe(s, 0)
+    bound = MODEL.stuck_after_ns(1, 8 * GIB)
+    (before,) = classify(s, now_ns=bound, watch=w, units=[instance_view(gpu, held)])
+    assert before.class_ == "reclaiming"
+    w.observe(s, bound + 1)
+    (after,) = classify(s, now_ns=bound + 1, watch=w, units=[instance_view(gpu, held)])
+    assert after.class_ == "stuck" and after.needs_operator and after.uuid == "MIG-1"
+    (other,) = classify(s, now_ns=bound + 1, watch=w, units=[instance_view(gpu, idle)])
+    assert other.ready
+
+
 def test_a_live_holder_resets_the_teardown_clock() -> None:
     w = states({42: "R"})
     w.observe(snap(dev(0, used=8 * GIB)), 0)
@@ -141,6 +164,22 @@ def test_recovery_action_reboot_and_remap_failure_carry_their_actions() -> None:
                     recovery_action=RecoveryAction.NODE_REBOOT)
     causes = health_causes(replace(dev(0), health=health))
     assert [c.action for c in causes] == ["CONTACT_SUPPORT", "NODE_REBOOT"]
+
+
+def test_health_that_a_later_reading_could_not_read_is_never_ready() -> None:
+    """``health=`` a reading where a GPU failed (lost: unhealthy; other errors: unknown) or is absent (unknown):
+    never the judged snapshot's own, unrequested health, which says nothing."""
+    not_requested = dev(0, unknown={"health": "not requested"})
+    lost = snap(failures=[failure(0, GpuLost(15, "nvmlDeviceGetRemappedRows", 0))])
+    (v,) = classify(snap(not_requested), now_ns=0, watch=states({}), health=lost)
+    assert v.class_ == "unhealthy" and v.actions == ("NODE_REBOOT",)
+    denied = snap(failures=[failure(0, NoPermission(4, "nvmlDeviceGetRemappedRows", 0))])
+    (v,) = classify(snap(not_requested), now_ns=0, watch=states({}), health=denied)
+    assert v.class_ == "unknown" and "NO_PERMISSION" in v.line()
+    (v,) = classify(snap(not_requested), now_ns=0, watch=states({}), health=snap(dev(1)))
+    assert v.class_ == "unknown" and "health was not read" in v.line()
+    (v,) = classify(snap(not_requested), now_ns=0, watch=states({}))  # no health asked for: a wait's timeout
+    assert v.ready
 
 
 def test_unsupported_health_is_no_refusal_but_an_unreadable_one_is_unknown() -> None:

@@ -37,7 +37,15 @@ from nvmlcheck.errors import (
     WaitTimeout,
 )
 from nvmlcheck.model import Snapshot
-from nvmlcheck.predicates import Predicate, always, default_predicate, memory_used_at_most, no_processes
+from nvmlcheck.predicates import (
+    Predicate,
+    always,
+    default_predicate,
+    memory_used_at_most,
+    no_processes,
+    on_devices,
+    pids_gone,
+)
 from nvmlcheck.wait import DEFAULT, PRECISE, Deadline, PollPolicy, TracePoint, WaitResult, is_transient, poll_until
 
 START = 1_000_000_000_000  # the fake clock's reading when a test begins (not 0: offsets must be relative)
@@ -583,9 +591,17 @@ def test_policy_validation(kwargs: dict[str, object]) -> None:
         PollPolicy(**kwargs)  # type: ignore[arg-type]
 
 
-def test_policy_type_validation() -> None:
-    with pytest.raises(TypeError):
-        PollPolicy(interval_s="1ms")  # type: ignore[arg-type]
+@pytest.mark.parametrize("kwargs", [
+    {"interval_s": "1ms"},
+    {"backoff_factor": True},  # a bool is no factor (True would read as 1: no back-off)
+    {"backoff_factor": "2"},
+    {"max_duty": True},  # True would read as a 100 % duty cap
+    {"compensate_sleep": 1},
+])
+def test_policy_type_validation(kwargs: dict[str, object]) -> None:
+    with pytest.raises(NvmlCheckError) as info:
+        PollPolicy(**kwargs)  # type: ignore[arg-type]
+    assert isinstance(info.value, TypeError) and next(iter(kwargs)) in str(info.value)
 
 
 def test_policies_are_documented_values() -> None:
@@ -1065,3 +1081,43 @@ def test_deadline_helpers() -> None:
     with pytest.raises(DeadlinePassed):
         d.check()
     assert not issubclass(DeadlinePassed, NvmlCheckError)  # no handler of real errors may swallow it
+
+
+# --- a timeout's structured holders -----------------------------------------------------------------------------
+
+# GPU 0 held by a process; GPU 1 with 512 MiB used and nothing listed: clean under a 1 GiB limit, not under 16 MiB.
+TWO = snap(dev(0, procs=[proc(4_000_123, 8 * GIB)]), dev(1, used=GIB // 2))
+
+
+@pytest.mark.parametrize("predicate", [
+    no_processes() & memory_used_at_most(GIB),  # nvmlcheck wait --max-used 1GiB
+    on_devices([0], default_predicate()),  # the wait judges GPU 0 only
+    pids_gone([4_000_123]),  # a kill's: the target off the lists
+], ids=["max-used", "on-devices", "pids-gone"])
+def test_timeout_holders_name_only_the_gpus_the_predicate_refused(predicate: Predicate) -> None:
+    exc, _ = wait_timeout([(0, TWO)], predicate=predicate, timeout=0.01)
+    assert all(c.startswith("GPU 0") for c in exc.culprits)
+    assert {c.gpu for c in exc.holders} == {0}  # never GPU 1, which the wait judged clean
+    assert [c.pid for c in exc.holders] == [4_000_123]
+
+
+def test_timeout_holders_of_a_predicate_refusing_every_gpu_are_those_of_the_snapshot() -> None:
+    exc, _ = wait_timeout([(0, TWO)], timeout=0.01)  # the default: 16 MiB, every GPU
+    assert {c.gpu for c in exc.holders} == {0, 1}
+    exc, _ = wait_timeout([(0, TWO)], predicate=no_processes() & memory_used_at_most(GIB), timeout=0,
+                          stable_polls=1)
+    assert {c.gpu for c in exc.holders} == {0}  # one check too
+
+
+def test_a_timeout_with_no_snapshot_has_unknown_holders_never_none() -> None:
+    """No poll finished (or every one failed): ``holders`` says the GPUs are unknown, of no one GPU, rather than an
+    empty list that a tool reads as "nothing holds them" (the ``nvmlcheck/wait`` document's ``holders``)."""
+    t = FakeTime()
+    with pytest.raises(WaitTimeout) as info:
+        poll_until(SlowPasses(t, BUSY, queries=7), timeout=1.0, clock=t.clock, sleep=t.sleep, pass_deadline=True)
+    (h,) = info.value.holders
+    assert (h.gpu, h.class_, h.kind, h.pid) == (None, "unknown", "query", None)
+    assert h.reason.startswith("no poll finished before the deadline")
+    failing, _ = wait_timeout([(0, Unknown(999, "nvmlDeviceGetCount_v2"))], timeout=0.01)
+    assert failing.snapshot is None and failing.holders
+    assert all(c.class_ == "unknown" and c.gpu is None for c in failing.holders)
