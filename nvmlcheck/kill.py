@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     # Types only: prepare_kill and send_first run before anything of the GPU side is needed (issue 12).
     from ._proc.pin import PinMode
     from .session import DeviceSelector, Session
+    from .verdict import Culprit
     from .wait import PollPolicy, TracePoint, WaitOptions, WaitResult
 
 __all__ = [
@@ -215,8 +216,9 @@ class KillTimeout(WaitTimeout):
         signal_name: str = "SIGTERM",
         missing: Sequence[int] = (),
         only_targets: bool = False,
+        holders: Sequence[Culprit] | None = None,
     ) -> None:
-        super().__init__(timeout_s, elapsed_ns, culprits, snapshot, polls)
+        super().__init__(timeout_s, elapsed_ns, culprits, snapshot, polls, holders=holders)
         self.pids: tuple[PidTimes, ...] = tuple(pids)
         self.tree_hint: tuple[tuple[int, int], ...] = tuple(tree_hint)
         self.signal_name = signal_name
@@ -225,7 +227,7 @@ class KillTimeout(WaitTimeout):
 
     def __reduce__(self) -> tuple[Any, ...]:
         extra = {"pids": self.pids, "tree_hint": self.tree_hint, "signal_name": self.signal_name,
-                 "missing": self.missing, "only_targets": self.only_targets}
+                 "missing": self.missing, "only_targets": self.only_targets, "holders": self._holders}
         return (_rebuild_timeout, ((self.timeout_s, self.elapsed_ns, self.culprits, self.snapshot, self.polls), extra))
 
     def to_json(self) -> dict[str, Any]:
@@ -512,7 +514,8 @@ class KillPlan:
         return KillTimeout(math.inf if timeout is None else float(timeout), elapsed, tuple(dict.fromkeys(culprits)),
                            exc.snapshot, exc.polls, pids=self.targets, tree_hint=hint,
                            signal_name=signals.name(found.first),
-                           missing=found.missing, only_targets=only_targets)
+                           missing=found.missing, only_targets=only_targets,
+                           holders=exc._holders)  # the wait's: the GPUs its predicate refused
 
     def close(self) -> None:
         """Release every pidfd; nothing more can be signalled through this plan. Idempotent."""

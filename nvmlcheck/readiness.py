@@ -82,7 +82,7 @@ def ready_on(
     clock = opts.clock
     start = clock()
     indices = session.resolve(devices)
-    mig = session._mig_selection(devices)
+    mig = _mig_instances(session, devices, bound, start, clock)
     backend = session.backend
     watch = Watch(max_used_bytes=max_used_bytes)
     first, late = _first_reading(session, indices, bound, start, clock)
@@ -138,6 +138,21 @@ def ready_on(
         # timeout: it would overrun the deadline, and the GPU is not called ready then anyway.
         health = backend.snapshot(indices, Fields.HEALTH)
     return ReadyReport(judge(final), final, clock() - start, watch.observed, bound, notes)
+
+
+def _mig_instances(session: Session, devices: Iterable[DeviceSelector] | DeviceSelector | None, bound: float | None,
+                   start: int, clock: Callable[[], int]) -> list[DeviceSelector]:
+    """The selected MIG instances, read by ``ready``'s deadline (one check always completes). Cut by the deadline,
+    none: each selected GPU is then judged whole (never laxer than its instance), by a first reading that the same
+    deadline cuts too, so it is unknown, never ready."""
+    from ._deadline import ns_or_none
+    from .errors import DeadlinePassed
+
+    bound_ns = None if not bound else ns_or_none(bound)
+    try:
+        return session._mig_selection(devices, None if bound_ns is None else start + bound_ns, clock)
+    except DeadlinePassed:
+        return []
 
 
 def _ready_options(timeout: float | None, events: bool | None, options: WaitOptions | None) -> WaitOptions:

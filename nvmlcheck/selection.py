@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from .locks import LockSet, Owner
     from .predicates import Predicate
     from .session import DeviceSelector, Session
+    from .verdict import Culprit
 
 __all__ = ["SelectTimeout", "Selection", "select_clean"]
 
@@ -83,8 +84,9 @@ class SelectTimeout(WaitTimeout):
         *,
         count: int = 1,
         clean: Sequence[int] = (),
+        holders: Sequence[Culprit] | None = None,
     ) -> None:
-        super().__init__(timeout_s, elapsed_ns, culprits, snapshot, polls)
+        super().__init__(timeout_s, elapsed_ns, culprits, snapshot, polls, holders=holders)
         self.count = count
         self.clean: tuple[int, ...] = tuple(clean)
         lines = "\n".join(f"  - {c}" for c in self.culprits) or "  - (no detail available)"
@@ -99,7 +101,7 @@ class SelectTimeout(WaitTimeout):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_rebuild, ((self.timeout_s, self.elapsed_ns, self.culprits, self.snapshot, self.polls),
-                           {"count": self.count, "clean": self.clean}))
+                           {"count": self.count, "clean": self.clean, "holders": self._holders}))
 
 
 def _rebuild(args: tuple[Any, ...], kwargs: dict[str, Any]) -> SelectTimeout:
@@ -253,7 +255,7 @@ def _poll(
         if deadline is not None and now >= deadline:
             free = [d.index for d in eligible if not any(b.startswith(f"GPU {d.index}:") for b in busy)]
             raise SelectTimeout(0.0 if timeout is None else float(timeout), now - start, why, last, polls,
-                                count=count, clean=free)
+                                count=count, clean=free, holders=_passed_over_holders(last, free))
         wait_s = pause if deadline is None else min(pause, (deadline - now) / 1e9)
         sleep(max(0.0, wait_s))
 
@@ -317,3 +319,14 @@ def _choose(
         locks.release()
         return None, None, busy
     return chosen, locks, busy
+
+
+def _passed_over_holders(last: Snapshot | None, free: Sequence[int]) -> tuple[Culprit, ...] | None:
+    """What held the candidates that were not clean and free at the timeout (:attr:`SelectTimeout.holders`): not
+    those the predicate found clean (a GPU within a laxer limit is no holder's). ``None`` (judged from the snapshot
+    when asked) with no snapshot."""
+    if last is None:
+        return None
+    from .verdict import holders_of
+
+    return holders_of(last, devices=[d.index for d in last.devices if d.index not in free])

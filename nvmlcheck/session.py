@@ -288,7 +288,7 @@ class Session:
     def _mig_parent(self, item: str) -> int:
         """The index of the GPU holding MIG device ``item`` (a UUID or unique prefix). MIG devices are read with
         memory (they are live: instances come and go), so this costs one memory snapshot."""
-        snap = self._backend.snapshot(None, Fields.MEMORY | Fields.PROCESSES)
+        snap = self._backend.snapshot(None, Fields.PROCESSES)  # MIG devices are read with the process lists
         matches = [
             (d.index, m.uuid)
             for d in snap.devices
@@ -301,14 +301,23 @@ class Session:
             raise error(f"{what} a UUID starting with {item!r} (is the GPU in MIG mode?)")
         return matches[0][0]
 
-    def _mig_selection(self, devices: Iterable[DeviceSelector] | DeviceSelector | None) -> list[DeviceSelector]:
-        """The selection with MIG prefixes expanded to full MIG UUIDs; ``[]`` when it names no MIG device."""
+    def _mig_selection(self, devices: Iterable[DeviceSelector] | DeviceSelector | None, deadline_ns: int | None = None,
+                       clock: Callable[[], int] = time.monotonic_ns) -> list[DeviceSelector]:
+        """The selection with MIG prefixes expanded to full MIG UUIDs; ``[]`` when it names no MIG device. The
+        reading of every GPU's MIG devices stops at ``deadline_ns`` on ``clock`` (a wait's: at most one query
+        late), raising :class:`~nvmlcheck.errors.DeadlinePassed`."""
         if devices is None:
             return []
         items = _selectors(devices)
         if not any(isinstance(i, str) and i.startswith("MIG-") for i in items):
             return []
-        snap = self._backend.snapshot(None, Fields.MEMORY | Fields.PROCESSES)
+        from ._deadline import read_by
+        from .errors import DeadlinePassed
+
+        read = read_by(self._backend, None, Fields.PROCESSES, deadline_ns, clock)  # MIG devices come with the lists
+        if read is None:
+            raise DeadlinePassed("the deadline passed while the GPUs' MIG devices were read")
+        snap = read
         known = [m.uuid for d in snap.devices for m in d.mig_devices or () if m.uuid is not None]
         out: list[DeviceSelector] = []
         for i in items:
@@ -319,6 +328,21 @@ class Session:
                 # list dropped would be read by the wait but judged by nothing.
                 out.extend(self.resolve(i) or ())
         return out
+
+    def _mig_instances(self, devices: Iterable[DeviceSelector] | DeviceSelector | None, timeout: float | None,
+                       began: int, clock: Callable[[], int]) -> list[DeviceSelector]:
+        """:meth:`_mig_selection` for a wait that began at ``began`` with ``timeout``: read by its deadline (one check,
+        ``timeout`` 0, always completes), a :class:`~nvmlcheck.WaitTimeout` when the deadline came first."""
+        from ._deadline import ns_or_none
+        from .errors import DeadlinePassed, WaitTimeout
+
+        bound = None if not timeout else ns_or_none(timeout)
+        try:
+            return self._mig_selection(devices, None if bound is None else began + bound, clock)
+        except DeadlinePassed:
+            raise WaitTimeout(float(timeout or 0.0), clock() - began, (
+                "no poll finished before the deadline: the GPUs' MIG devices were still being read (a slow or hung "
+                "GPU)",)) from None
 
     def snapshot(
         self, devices: Iterable[DeviceSelector] | DeviceSelector | None = None, *, fields: Fields = Fields.ALL
@@ -413,8 +437,10 @@ class Session:
 
             def fatal() -> None:
                 return None
-        mig = self._mig_selection(devices)
+        began = clock()  # after the listener's registration, which took its time off the timeout already
+        mig = self._mig_instances(devices, timeout, began, clock)
         if mig:
+            timeout = _left(timeout, began, clock)  # the instances were read within the wait's timeout
             # A MIG UUID selects one instance: judge it (and any other selected GPU) on its own, not the whole GPU.
             from .predicates import on_devices
 
@@ -481,10 +507,12 @@ class Session:
             # PID namespace, a zombie, a process in D state); read once, at the timeout.
             from .holders import timeout_explanation
 
-            extra = [line for line in timeout_explanation(exc.snapshot) if line not in exc.culprits]
+            extra = [line for line in timeout_explanation(_blamed_only(exc.snapshot, predicate))
+                     if line not in exc.culprits]
             if not extra or type(exc) is not WaitTimeout:
                 raise
-            raise WaitTimeout(exc.timeout_s, exc.elapsed_ns, (*exc.culprits, *extra), exc.snapshot, exc.polls) from None
+            raise WaitTimeout(exc.timeout_s, exc.elapsed_ns, (*exc.culprits, *extra), exc.snapshot, exc.polls,
+                              holders=exc._holders) from None  # the poller's holders: the GPUs its predicate refused
 
     def select_clean(
         self,
@@ -659,3 +687,26 @@ def wait_until_clean(
             timeout = max(0.0, timeout - (time.monotonic() - started))
         # A fresh session has no listener: events None (the default) and False both poll.
         return session.wait_until_clean(timeout, predicate, devices=devices, options=opts)
+
+
+def _blamed_only(snapshot: Snapshot | None, predicate: Predicate | None) -> Snapshot | None:
+    """``snapshot`` with only the GPUs ``predicate`` (default: the default predicate) refused in it: what a timeout
+    explains. A GPU the wait accepted (512 MiB under ``--max-used 1GiB``) is no one's to explain."""
+    if snapshot is None:
+        return None
+    from ._record import replace
+    from .predicates import blamed_devices, default_predicate
+
+    blamed = blamed_devices(predicate if predicate is not None else default_predicate(), snapshot)
+    if blamed is None:  # a reason tied to no GPU: every GPU may be to blame
+        return snapshot
+    return replace(snapshot, devices=tuple(d for d in snapshot.devices if d.index in blamed))
+
+
+def _left(timeout: float | None, began: int, clock: Callable[[], int]) -> float | None:
+    """What is left of ``timeout`` (seconds; ``None``: no bound) since ``began`` on ``clock``; 0 stays 0 (one check),
+    and a timeout used up is the least positive one: a check bounded by it, not a whole one."""
+    if not timeout:
+        return timeout
+    left = timeout - (clock() - began) / 1e9
+    return left if left > 0 else 1e-9

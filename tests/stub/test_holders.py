@@ -311,6 +311,28 @@ def test_a_wait_timeout_with_listed_holders_adds_no_scan_lines(
     assert not any("on no GPU process list" in c for c in info.value.culprits)
 
 
+def test_a_wait_timeout_explains_only_the_gpus_its_predicate_refused(
+    dev: tuple[Path, str],
+    procs: Callable[..., subprocess.Popen[bytes]],
+    gpus: Callable[[Scenario], nc.Session],
+) -> None:
+    # GPU 1 holds 512 MiB with no process, clean under a 1 GiB limit; GPU 0 is held by a process seen by its
+    # device file only. The scan's lines used to judge every GPU at 16 MiB, and the re-raised timeout lost the
+    # poller's holders (judged on the refused GPUs): both named GPU 1, which the wait had accepted.
+    d, pattern = dev
+    hidden = procs(str(d / "nvidia0"))
+    sc = Scenario.h200(devices=2)
+    sc.set_device(0, used_bytes=4 * GIB)
+    sc.set_device(1, used_bytes=512 << 20)
+    predicate = nc.predicates.no_processes() & nc.predicates.memory_used_at_most(GIB)
+    with gpus(sc) as session, devfiles.simulated_stand_ins(pattern.split(":"), "the test"), \
+            pytest.raises(nc.WaitTimeout) as info:
+        session.wait_until_clean(0, predicate)
+    assert any(f"pid {hidden.pid}" in c for c in info.value.culprits)  # the scan ran: GPU 0 was refused
+    assert not any("GPU 1" in c for c in info.value.culprits)
+    assert info.value.holders and {c.gpu for c in info.value.holders} == {0}
+
+
 # Runs as PID 1 of a new PID namespace, with the stub listing two PIDs as an old driver reports them (host numbering):
 # HOST_PID, which names no process here, and the PID of `unrelated`, a local process that merely shares the number.
 # The real holder, `holder`, has a device file open and is on no list under its local PID.
@@ -468,3 +490,22 @@ def test_a_lost_gpu_that_is_not_selected_does_not_stop_the_others(
         assert gpus.holders(0) == ()
         with pytest.raises(nc.GpuLost):
             gpus.holders()  # selected (all), it is the answer
+
+
+def test_a_select_timeout_names_holders_only_of_the_gpus_it_passed_over(
+    gpus: Callable[[Scenario], nc.Session],
+) -> None:
+    # SelectTimeout's holders were judged from its snapshot at 16 MiB on every GPU: GPU 0, clean under the
+    # select's 1 GiB limit (and chosen as clean), was named as held.
+    import pickle
+
+    sc = Scenario.h200(devices=2)
+    sc.set_device(0, used_bytes=512 << 20)
+    sc.add_process(1, 4_000_001, used_bytes=2 * GIB)
+    predicate = nc.predicates.no_processes() & nc.predicates.memory_used_at_most(GIB)
+    with gpus(sc) as session, pytest.raises(nc.WaitTimeout) as info:
+        session.select_clean(2, predicate=predicate, timeout=0)
+    assert info.value.clean == (0,)  # type: ignore[attr-defined]
+    assert {c.gpu for c in info.value.holders} == {1}
+    again = pickle.loads(pickle.dumps(info.value))
+    assert {c.gpu for c in again.holders} == {1}

@@ -110,3 +110,28 @@ def test_a_busy_gpu_named_beside_a_mig_instance_is_still_judged(
             s.wait_until_clean(timeout=0, devices=[other, mig_uuid])  # type: ignore[list-item]
         assert any("GPU 1" in c for c in info.value.culprits), info.value.culprits
         assert s.wait_until_clean(timeout=0, devices=[mig_uuid]).clean  # the instance alone is idle
+
+
+@pytest.mark.parametrize("call", ["wait", "ready"])
+def test_reading_the_mig_devices_of_a_selection_stops_at_the_deadline(scenario_path: Path, call: str) -> None:
+    # A MIG selection read every GPU of the host before the wait, with no deadline: an unselected GPU 1 whose process
+    # lists take 0.5 s a call made a 0.3 s wait on an idle instance of GPU 0 take seconds, and end "clean". Each call
+    # of GPU 1 outlasts the whole timeout: the reading is cut at the deadline (one query late) and the wait times out.
+    sc = Scenario.h200(devices=2)
+    sc.set_device(0, mig=True)
+    sc.add_mig_device(0, 0, total_bytes=16 * GIB)
+    sc.write(scenario_path)
+    with nc.open("nvml", library_path=str(build_stub())) as s:
+        (instance,) = s.snapshot(fields=nc.Fields.PROCESSES).devices[0].mig_devices or ()
+        assert instance.uuid is not None
+        sc.fault("nvmlDeviceGetComputeRunningProcesses_v3", None, device=1, delay_ms=500)
+        sc.write(scenario_path)  # the stub reads its scenario at init: the delay comes with the re-opened session
+    with nc.open("nvml", library_path=str(build_stub())) as s:
+        s.resolve([instance.uuid])  # resolving (no deadline) reads the instances once; the wait's reading comes next
+        if call == "wait":
+            with pytest.raises(nc.WaitTimeout) as info:
+                s.wait_until_clean(0.3, devices=[instance.uuid])
+            assert "MIG devices were still being read" in str(info.value)
+        else:
+            report = s.ready(devices=[instance.uuid], timeout=0.3)
+            assert not report.ready
