@@ -255,17 +255,21 @@ def attribute_processes(
 ) -> tuple[MigDevice, ...]:
     """``mig_devices`` with ``processes`` set from the parent's list: each process goes to the instance it runs in
     (both backends list a MIG GPU's processes on the parent, with instance ids). ``processes`` ``None`` (unknown)
-    leaves each device's processes ``None`` with that reason."""
+    leaves each device's processes ``None`` with that reason; so does a process listed with no GPU-instance id, and
+    a device whose own id is unknown, where the parent lists any process: which instance runs it cannot be told."""
+    unplaced = processes is not None and any(p.gpu_instance_id is None for p in processes)
     out: list[MigDevice] = []
     for m in mig_devices:
         if processes is None:
-            unknown = {
-                **m.unknown,
-                "processes": m.unknown.get("processes", "the parent GPU's process lists are unknown"),
-            }
-            out.append(replace(m, processes=None, unknown=MappingProxyType(unknown)))
+            why = m.unknown.get("processes", "the parent GPU's process lists are unknown")
+        elif processes and m.gpu_instance_id is None:
+            why = "its GPU-instance id is unknown: which of the parent GPU's processes run in it cannot be told"
+        elif unplaced:
+            why = "a process on the parent GPU's lists has no GPU-instance id: which instance runs it cannot be told"
         else:
             out.append(replace(m, processes=tuple(p for p in processes if m.owns(p))))
+            continue
+        out.append(replace(m, processes=None, unknown=MappingProxyType({**m.unknown, "processes": why})))
     return tuple(out)
 
 

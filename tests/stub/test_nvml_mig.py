@@ -135,3 +135,29 @@ def test_reading_the_mig_devices_of_a_selection_stops_at_the_deadline(scenario_p
         else:
             report = s.ready(devices=[instance.uuid], timeout=0.3)
             assert not report.ready
+
+
+def test_an_instance_whose_id_cannot_be_read_has_unknown_processes_not_none(scenario_path: Path) -> None:
+    # attribute_processes gave each instance processes=() (known: none) when its GPU-instance id could not be read,
+    # while the parent listed a process with GI 2: the snapshot's JSON said [] for an instance that may run it.
+    sc = Scenario.h200()
+    sc.set_device(0, mig=True)
+    sc.add_mig_device(0, 0, total_bytes=70 * GIB)
+    sc.add_mig_device(0, 1, total_bytes=70 * GIB)
+    sc.add_process(0, 4_000_010, used_bytes=None, holds_bytes=0, gi=2, ci=0)
+    sc.fault("nvmlDeviceGetGpuInstanceId", 999)
+    d = snapshot(scenario_path, sc).devices[0]
+    assert [p.pid for p in d.compute_processes or ()] == [4_000_010]
+    for m in d.mig_devices or ():
+        assert m.processes is None and "cannot be told" in (m.unknown.get("processes") or "")
+
+
+def test_a_process_with_no_instance_id_makes_every_instance_s_processes_unknown() -> None:
+    from nvmlcheck.model import attribute_processes
+
+    sc_devices = (nc.MigDevice(0, "MIG-a", 1, 0, None, (), {}), nc.MigDevice(1, "MIG-b", 2, 0, None, (), {}))
+    placed = nc.GpuProcess(10, nc.ProcessKind.COMPUTE, GIB, None, 1, 0)
+    unplaced = nc.GpuProcess(11, nc.ProcessKind.COMPUTE, GIB, None, None, None)
+    assert [m.processes for m in attribute_processes(sc_devices, (placed,))] == [(placed,), ()]
+    assert [m.processes for m in attribute_processes(sc_devices, (placed, unplaced))] == [None, None]
+    assert [m.processes for m in attribute_processes(sc_devices, ())] == [(), ()]
