@@ -722,7 +722,7 @@ class _MemoryFreeAtLeast(_DevicePredicate):
             return
         free, _ = free_bytes_of(m)
         need = self.need_of(m)
-        of = "" if self.fraction is None else f" ({self.fraction:g} of {format_bytes(m.total_bytes)})"
+        of = "" if self.fraction is None else f" ({self.fraction * 100:g}% of {format_bytes(m.total_bytes)})"
         if truth is None:
             yield _Why(None, d.index, f"GPU {d.index}: {format_bytes(free)} free is within the reporting resolution "
                                       f"of the {format_bytes(need)} needed{of}; cannot tell which side it is on")

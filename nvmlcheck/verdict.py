@@ -639,7 +639,7 @@ def _beyond_capacity(d: DeviceState, m: Memory, need: int, fraction: float | Non
 
 
 def _of_total(m: Memory, fraction: float | None) -> str:
-    return "" if fraction is None else f" ({fraction:g} of {format_bytes(m.total_bytes)})"
+    return "" if fraction is None else f" ({fraction * 100:g}% of {format_bytes(m.total_bytes)})"
 
 
 def _capacity_culprits(d: DeviceState, m: Memory, need: int, fraction: float | None) -> list[Culprit]:

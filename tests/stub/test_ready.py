@@ -370,3 +370,12 @@ def test_a_gpu_with_an_impossible_value_is_unknown_waiting_or_not(
     assert v0.ready and v1.class_ == "unknown" and "impossible PID" in v1.line()
     code, doc = ready_json(capsys, str(sc.write(tmp_path / "s.txt")), "--timeout", str(timeout), "--no-events")
     assert code == 1 and [g["class"] for g in doc["gpus"]] == ["ready", "unknown"]
+
+
+@pytest.mark.parametrize(("need", "shown"), [("100%", "(100% of 140.4 GiB)"), ("1.0", "(100% of 140.4 GiB)")])
+def test_a_fractional_need_is_shown_as_a_percentage(tmp_path: Path, capsys: pytest.CaptureFixture[str], need: str,
+                                                    shown: str) -> None:
+    # "140.4 GiB needed (1 of 140.4 GiB)": the fraction 1.0 printed as "1", read as one byte or one GPU.
+    sc = Scenario.h200()  # idle: short only, as no GPU has all of its memory free
+    assert cli.main(["--simulate", str(sc.write(tmp_path / "sc.txt")), "ready", "--need", need]) == 1
+    assert shown in capsys.readouterr().out
