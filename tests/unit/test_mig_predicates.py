@@ -116,8 +116,11 @@ def test_bytes_not_available_are_none_never_zero_in_reasons() -> None:
 
 def test_attribution_by_instance_ids() -> None:
     a, b, c = mig_proc(1, gi=1), mig_proc(2, gi=2), GpuProcess(3, ProcessKind.COMPUTE, 1, None)
-    out = attribute_processes((instance(0, 1), instance(1, 2)), (a, b, c))
+    out = attribute_processes((instance(0, 1), instance(1, 2)), (a, b))
     assert [tuple(p.pid for p in m.processes or ()) for m in out] == [(1,), (2,)]
+    # A process listed with no instance id may run in either: neither instance's list is known then.
+    out = attribute_processes((instance(0, 1), instance(1, 2)), (a, b, c))
+    assert [m.processes for m in out] == [None, None] and "cannot be told" in out[0].unknown["processes"]
     unknown = attribute_processes((instance(0, 1),), None)
     assert unknown[0].processes is None and "unknown" in unknown[0].unknown["processes"]
 
