@@ -308,7 +308,8 @@ def _plan_with_nvml(args: argparse.Namespace, gpus: Session) -> tuple[KillPlan |
             "nothing was signalled", [f"{gpus.backend_name}: device count 0"])
     selection = None
     if args.all_holders or args.all_on_gpu:
-        selection = select_kill_holders(gpus, indices, all_holders=args.all_holders)
+        with _reading_bound(args):
+            selection = select_kill_holders(gpus, indices, all_holders=args.all_holders)
         if selection.refused is not None:
             raise UsageError(f"refusing --all-on-gpu: {selection.refused}; nothing was signalled")
         _show_selection(selection)
@@ -326,12 +327,25 @@ def _plan_with_nvml(args: argparse.Namespace, gpus: Session) -> tuple[KillPlan |
         from ..model import Fields
 
         try:
-            args.baseline = gpus.snapshot(args.devices, fields=Fields.WAIT)  # what the targets hold at the signal
+            with _reading_bound(args):
+                args.baseline = gpus.snapshot(args.devices, fields=Fields.WAIT)  # what the targets hold at the signal
         except BaseException:
             plan.close()
             raise
     plan.send_first(signal.Signals[args.signal], sigkill_if_discarded=args.grace is not None)
     return plan, selection
+
+
+def _reading_bound(args: argparse.Namespace) -> Any:
+    """The watchdog over a reading made before the first signal (the holders to choose, the baseline): a call hung
+    in it ends the command (exit 3, nothing signalled) ``--timeout`` + 1 s after the reading began, as a wait's
+    would after its deadline; no bound with ``--timeout none``."""
+    import time
+
+    from .._deadline import hung_after, ns_or_none
+
+    bound = None if args.timeout is None else ns_or_none(args.timeout)
+    return hung_after(None if bound is None else time.monotonic_ns() + bound)
 
 
 # --- the command -----------------------------------------------------------------------------------------------------

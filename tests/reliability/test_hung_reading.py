@@ -90,6 +90,7 @@ def _run(argv: list[str]) -> subprocess.CompletedProcess[str]:
         ["ready", "--timeout", "0.2"],
         ["wait", "--timeout", "0.2"],
         ["select", "1", "--wait", "0.2"],
+        ["kill", "--devices", "0", "--all-holders", "--yes", "--timeout", "0.2"],  # its reading before any signal
     ],
 )
 def test_a_hung_reading_ends_the_command_with_exit_3(tmp_path: Path, command: list[str]) -> None:
