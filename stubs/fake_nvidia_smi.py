@@ -103,7 +103,7 @@ def tokenize(line: str, line_no: int) -> list[str]:
             quoted, have = True, True
         elif c == "#":
             break
-        elif c.isspace():
+        elif c in " \t":  # the stub's separators only: other whitespace (a no-break space) is part of a value
             if cur or have:
                 words.append("".join(cur))
             cur, have = [], False
@@ -283,7 +283,9 @@ def load_scenario(path: str) -> State:
         "migs": [],
     }
     with open(path, encoding="utf-8") as f:
-        lines = f.read().splitlines()
+        # Lines end at "\n" only (a trailing "\r" is dropped), as the stub reads them: str.splitlines() would also
+        # break at \v, \f, \x1c-\x1e, \x85 and U+2028/U+2029, which a quoted value may hold.
+        lines = [line.removesuffix("\r") for line in f.read().split("\n")]
     seen_magic = False
     for no, line in enumerate(lines, start=1):
         words = tokenize(line, no)

@@ -26,8 +26,8 @@ class BoundProcessFactory(Protocol):
     zombie_holds=False, argv=None)`` starts ``argv`` (default: a Python that sleeps) and adds it to ``nvml_scenario``
     as a bound process of ``kind`` on GPU ``device`` holding ``used_bytes``: after it exits it leaves the process
     list ``list_ms`` later and gives its memory back ``release_ms`` later, as a driver does (``zombie_holds``: an
-    unreaped zombie still holds it). Returns the child; children still running at the end of the test are killed
-    and every child is reaped.
+    unreaped zombie still holds it). Returns the child, which leads a process group of its own: at the end of the test
+    what is left of each group (the child, a job it started) is killed and every child is reaped.
     """
 
     def __call__(

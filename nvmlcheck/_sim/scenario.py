@@ -60,8 +60,11 @@ def _quote(value: str) -> str:
 
 
 def _check_int(name: str, value: object, maximum: int = _U64_MAX, minimum: int = 0) -> int:
+    """``value`` as a plain int, checked. Callers render the returned int, never ``value``: a subclass of int (an
+    IntEnum, a numpy-like wrapper) may format itself as anything, and the scenario must say what was checked."""
     if not isinstance(value, int) or isinstance(value, bool):
         raise ArgumentTypeError(f"{name} must be an int, not {type(value).__name__}")
+    value = int.__index__(value)  # the plain int, whatever the subclass's __str__/__format__/__int__ say
     if value < minimum:
         raise ArgumentError(f"{name} must be >= {minimum}, got {value}")
     if value > maximum:
@@ -72,6 +75,7 @@ def _check_int(name: str, value: object, maximum: int = _U64_MAX, minimum: int =
 def _check_str(name: str, value: object, max_bytes: int) -> str:
     if not isinstance(value, str):
         raise ArgumentTypeError(f"{name} must be a str, not {type(value).__name__}")
+    value = str.__getitem__(value, slice(None)) if type(value) is not str else value  # a plain str (see _check_int)
     if len(value.encode()) > max_bytes:
         raise ArgumentError(f"{name} is longer than {max_bytes} bytes (NVML's buffer): {value!r}")
     _quote(value)
@@ -80,9 +84,10 @@ def _check_str(name: str, value: object, max_bytes: int) -> str:
 
 def _check_kind(kind: object) -> str:
     name = getattr(kind, "value", kind)  # nvmlcheck.ProcessKind.COMPUTE is "compute"
-    if name not in PROCESS_KINDS:
-        raise ArgumentError(f"unknown process kind {kind!r}; expected one of {PROCESS_KINDS}")
-    return str(name)
+    for known in PROCESS_KINDS:
+        if isinstance(name, str) and name == known:
+            return known  # the constant, not a str subclass that might render itself otherwise
+    raise ArgumentError(f"unknown process kind {kind!r}; expected one of {PROCESS_KINDS}")
 
 
 _PCI_BUS_ID = re.compile(r"([0-9A-Fa-f]{1,8}):([0-9A-Fa-f]{1,8}):([0-9A-Fa-f]{1,8})\.([0-9A-Fa-f]{1,8})")
@@ -97,6 +102,29 @@ def _check_pci(value: object) -> str:
     if bus > 0xFF or device > 0x1F or function > 7:
         raise ArgumentError(f"pci_bus_id out of range (bus <= ff, device <= 1f, function <= 7): {text!r}")
     return text
+
+
+# What NVML reports (GPU-8-4-4-4-12 hex digits; MIG-... or, before driver 470, MIG-GPU-<uuid>/<gi>/<ci>), loosely:
+# the same shapes nvidia-smi's reader accepts, so that both backends read a scenario's UUIDs alike.
+_GPU_UUID = re.compile(r"GPU-[0-9A-Za-z-]+")
+_MIG_UUID = re.compile(r"MIG-[0-9A-Za-z/-]+")
+
+
+def _check_uuid(name: str, value: object, mig: bool) -> str:
+    text = _check_str(name, value, 95)
+    pattern, example = (_MIG_UUID, "MIG-5f0a0000-0000-5000-8000-000000000000") if mig else (
+        _GPU_UUID, "GPU-acdc9db5-97f7-57e3-53d2-3061aececeec")
+    if pattern.fullmatch(text) is None:
+        raise ArgumentError(f"{name} must look like {example} (letters, digits and '-' after the prefix, as NVML "
+                            f"writes them; nvidia-smi's reader refuses other forms): {text!r}")
+    return text
+
+
+def _default_uuid(key: tuple[int, ...]) -> str:
+    """The stub's default UUID of a GPU (``(index,)``) or MIG device (``(device, index)``): stubs/README.md."""
+    if len(key) == 1:
+        return f"GPU-00000000-0000-0000-0000-{key[0]:012x}"
+    return f"MIG-00000000-0000-0000-{key[0]:04x}-{key[1]:012x}"
 
 
 def _check_bool(name: str, value: object) -> bool:
@@ -140,7 +168,7 @@ def _render_device_fields(fields: Mapping[str, object]) -> list[str]:
         if name == "name":
             out.append("name=" + _quote(_check_str(name, value, 63)))
         elif name == "uuid":
-            out.append("uuid=" + _quote(_check_str(name, value, 95)))
+            out.append("uuid=" + _quote(_check_uuid(name, value, mig=False)))
         elif name == "serial":
             out.append("serial=" + _quote(_check_str(name, value, 29)))
         elif name == "pci_bus_id":
@@ -172,10 +200,10 @@ def _render_device_fields(fields: Mapping[str, object]) -> list[str]:
                     raise ArgumentTypeError(
                         f"retired_pages entries are (cause, address, timestamp) tuples, got {page!r}")
                 cause, address, timestamp = page
-                if cause not in ("sbe", "dbe"):
+                if not isinstance(cause, str) or cause not in ("sbe", "dbe"):
                     raise ArgumentError(f"retired page cause must be 'sbe' or 'dbe', got {cause!r}")
                 pages.append(
-                    f"{cause}:{_check_int('retired page address', address):#x}"
+                    f"{'sbe' if cause == 'sbe' else 'dbe'}:{_check_int('retired page address', address):#x}"
                     f"@{_check_int('retired page timestamp', timestamp)}"
                 )
             out.append("retired=" + _quote(",".join(pages)))
@@ -197,7 +225,11 @@ def _render_device_fields(fields: Mapping[str, object]) -> list[str]:
         elif name == "unsupported":
             if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
                 raise ArgumentTypeError("unsupported must be an iterable of field names, e.g. ('retired_pages',)")
-            names = list(dict.fromkeys(value))
+            items = list(value)
+            wrong = [n for n in items if not isinstance(n, str)]
+            if wrong:
+                raise ArgumentTypeError(f"unsupported field names must be str, got {wrong[0]!r}")
+            names = list(dict.fromkeys(_check_str("unsupported field", n, 255) for n in items))
             bad = [n for n in names if n not in UNSUPPORTED_FIELDS]
             if bad:
                 raise ArgumentError(f"unknown unsupported field(s) {bad}; known: {sorted(UNSUPPORTED_FIELDS)}")
@@ -218,6 +250,24 @@ class _Changes:
     def _device_count(self) -> int:
         raise NotImplementedError
 
+    def _uuids(self) -> dict[tuple[int, ...], str]:
+        """The UUID each GPU (``(index,)``) and MIG device (``(device, index)``) has set explicitly so far."""
+        raise NotImplementedError
+
+    def _claim_uuid(self, key: tuple[int, ...], uuid: str | None) -> None:
+        """Refuse ``uuid`` for ``key`` when another GPU or MIG device has it (set, or the stub's default): no host has
+        two devices of one UUID, and the backends would not agree on one (NVML lists both, nvidia-smi's reader
+        refuses the second row). ``None``: ``key`` keeps (or gets) its default."""
+        uuids = self._uuids()
+        wanted = uuid if uuid is not None else uuids.get(key, _default_uuid(key))
+        gpus = [(i,) for i in range(self._device_count())]
+        migs = [k for k in uuids if len(k) == 2]
+        for other in dict.fromkeys([*gpus, *migs]):
+            if other != key and uuids.get(other, _default_uuid(other)) == wanted:
+                what = f"GPU {other[0]}" if len(other) == 1 else f"MIG device {other[1]} of GPU {other[0]}"
+                raise ArgumentError(f"UUID {wanted} is already {what}'s: every GPU and MIG device needs its own")
+        uuids[key] = wanted
+
     def _check_device(self, device: object, what: str = "device") -> int:
         index = _check_int(what, device, _U32_MAX)
         if index >= self._device_count():
@@ -226,8 +276,11 @@ class _Changes:
 
     def set_device(self, index: int, **fields: object) -> None:
         """Change fields of an existing device (same keyword arguments as :meth:`Scenario.add_device`)."""
-        self._check_device(index, "device index")
-        self._emit(" ".join([f"device index={index}", *_render_device_fields(fields)]))
+        index = self._check_device(index, "device index")
+        rendered = _render_device_fields(fields)
+        if "uuid" in fields:
+            self._claim_uuid((index,), _check_str("uuid", fields["uuid"], 95))
+        self._emit(" ".join([f"device index={index}", *rendered]))
 
     def add_process(
         self,
@@ -273,8 +326,8 @@ class _Changes:
             parts.append(f"ci={_check_int('ci', ci, _U32_MAX)}")
         _check_bool("bound", bound)
         _check_bool("zombie_holds", zombie_holds)
-        _check_int("release_ms", release_ms)
-        _check_int("list_ms", list_ms)
+        release_ms = _check_int("release_ms", release_ms)
+        list_ms = _check_int("list_ms", list_ms)
         if bound:
             parts.append(f"bound=1 release_ms={release_ms} list_ms={list_ms}")
             if zombie_holds:
@@ -303,21 +356,26 @@ class _Changes:
             total_bytes, used_bytes: its memory (``used_bytes``: what it reads with no process).
         """
         idx = _check_int("index", index, 6)
-        parts = [f"mig device={self._check_device(device)} index={idx}", f"ci={_check_int('ci', ci, _U32_MAX)}"]
+        dev = self._check_device(device)
+        parts = [f"mig device={dev} index={idx}", f"ci={_check_int('ci', ci, _U32_MAX)}"]
         if gi is not None:
             parts.append(f"gi={_check_int('gi', gi, _U32_MAX)}")
         if uuid is not None:
-            parts.append("uuid=" + _quote(_check_str("uuid", uuid, 95)))
+            parts.append("uuid=" + _quote(_check_uuid("uuid", uuid, mig=True)))
         total = _check_int("total_bytes", total_bytes)
         used = _check_int("used_bytes", used_bytes)
         if used > total:
             raise ArgumentError(f"used_bytes {used} exceeds total_bytes {total}")
         parts.append(f"total={total} used={used}")
+        self._uuids().pop((dev, idx), None)  # a line naming an existing MIG device replaces it, its UUID too
+        self._claim_uuid((dev, idx), uuid)
         self._emit(" ".join(parts))
 
     def remove_mig_device(self, device: int, index: int) -> None:
         """Destroy MIG device ``index`` of GPU ``device`` (nothing happens if there is none)."""
-        self._emit(f"mig device={self._check_device(device)} index={_check_int('index', index, 6)} remove=1")
+        dev, idx = self._check_device(device), _check_int("index", index, 6)
+        self._uuids().pop((dev, idx), None)
+        self._emit(f"mig device={dev} index={idx} remove=1")
 
     def remove_process(self, device: int, pid: int, kind: ProcessKind | ProcessKindName = "compute") -> None:
         """Remove the entry with that device, kind and pid (nothing happens if there is none)."""
@@ -354,8 +412,9 @@ class _Changes:
                 raise ArgumentError(f"fault: {fn} takes no device, so device= cannot restrict it")
             parts.append(f"device={self._check_device(device)}")
         for key, value in (("after", after), ("count", count), ("delay_ms", delay_ms)):
-            if _check_int(key, value):
-                parts.append(f"{key}={value}")
+            number = _check_int(key, value)
+            if number:
+                parts.append(f"{key}={number}")
         if code is None and not delay_ms:
             raise ArgumentError("fault: give code= (the error to return) and/or delay_ms= (how long to hang)")
         self._emit(" ".join(parts))
@@ -363,7 +422,7 @@ class _Changes:
     def race(self, device: int, kind: ProcessKind | ProcessKindName, grow: int, count: int = 1) -> None:
         """After each of the first ``count`` (0: every) list calls of ``kind`` on ``device``, add ``grow``
         synthetic 1 MiB processes (negative: remove from the end): the two-call INSUFFICIENT_SIZE race."""
-        _check_int("grow", grow, 2**63 - 1, -(2**63 - 1))
+        grow = _check_int("grow", grow, 2**63 - 1, -(2**63 - 1))
         self._emit(
             f"race device={self._check_device(device)} kind={_check_kind(kind)} grow={grow} "
             f"count={_check_int('count', count)}"
@@ -371,9 +430,9 @@ class _Changes:
 
     def quirk(self, proc_struct: Literal["535.43", "none"] = "535.43") -> None:
         """Driver quirks. ``proc_struct="535.43"``: the ``_v3`` process calls write 32-byte entries."""
-        if proc_struct not in ("535.43", "none"):
+        if not isinstance(proc_struct, str) or proc_struct not in ("535.43", "none"):
             raise ArgumentError(f"quirk proc_struct must be '535.43' or 'none', got {proc_struct!r}")
-        self._emit(f"quirk proc_struct={proc_struct}")
+        self._emit(f"quirk proc_struct={'535.43' if proc_struct == '535.43' else 'none'}")
 
 
 @dataclass
@@ -419,6 +478,9 @@ class TimelineStep(_Changes):
     def _device_count(self) -> int:
         return self.scenario.device_count
 
+    def _uuids(self) -> dict[tuple[int, ...], str]:
+        return self.scenario._uuids()
+
 
 @dataclass
 class Scenario(_Changes):
@@ -447,11 +509,12 @@ class Scenario(_Changes):
     cuda: int = 13000
     _lines: list[str] = field(default_factory=list, init=False, repr=False)
     _devices: int = field(default=0, init=False, repr=False)
+    _uuid_of: dict[tuple[int, ...], str] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        _check_str("driver", self.driver, 79)
-        _check_str("nvml", self.nvml, 79)
-        _check_int("cuda", self.cuda, _INT_MAX)
+        self.driver = _check_str("driver", self.driver, 79)
+        self.nvml = _check_str("nvml", self.nvml, 79)
+        self.cuda = _check_int("cuda", self.cuda, _INT_MAX)
 
     @classmethod
     def h200(cls, devices: int = 1) -> Scenario:
@@ -481,12 +544,20 @@ class Scenario(_Changes):
     def _device_count(self) -> int:
         return self._devices
 
+    def _uuids(self) -> dict[tuple[int, ...], str]:
+        return self._uuid_of
+
     def add_device(self, **fields: object) -> int:
         """Declare the next device (index 0, 1, ...) and return its index. Fields: see the class docstring."""
         rendered = _render_device_fields(fields)
         index = self._devices
-        self._emit(" ".join([f"device index={index}", *rendered]))
         self._devices += 1
+        try:
+            self._claim_uuid((index,), _check_str("uuid", fields["uuid"], 95) if "uuid" in fields else None)
+        except ArgumentError:
+            self._devices -= 1
+            raise
+        self._emit(" ".join([f"device index={index}", *rendered]))
         return index
 
     def at_call(self, n: int) -> TimelineStep:
@@ -500,7 +571,8 @@ class Scenario(_Changes):
 
     def render(self) -> str:
         """The scenario file's text."""
-        system = f"system driver={_quote(self.driver)} nvml={_quote(self.nvml)} cuda={self.cuda}"
+        driver, nvml = _check_str("driver", self.driver, 79), _check_str("nvml", self.nvml, 79)
+        system = f"system driver={_quote(driver)} nvml={_quote(nvml)} cuda={_check_int('cuda', self.cuda, _INT_MAX)}"
         return "\n".join(["nvmlcheck-stub-scenario 1", system, *self._lines]) + "\n"
 
     def write(self, path: str | os.PathLike[str]) -> Path:

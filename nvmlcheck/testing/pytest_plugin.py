@@ -124,8 +124,9 @@ def nvml_bound_process(nvml_scenario: Scenario, nvml_scenario_path: Path) -> Ite
     while it lives: after it exits, it leaves the list ``list_ms`` later and gives its memory back ``release_ms``
     later, as a driver does. The child holds the simulation's stand-ins of ``/dev/nvidia<device>`` and
     ``/dev/nvidiactl`` open (inherited descriptors, whatever ``argv`` runs), as a CUDA process holds the real ones,
-    so ``holders`` and ``kill --all-on-gpu`` / ``--all-holders`` find it on the simulator. Children still running
-    at the end of the test are killed."""
+    so ``holders`` and ``kill --all-on-gpu`` / ``--all-holders`` find it on the simulator. Each child leads a
+    process group of its own: at the end of the test whatever is left of it (the child, and what it started: a
+    shell's background job) is killed, whether the test passed, failed or was interrupted."""
     import subprocess
 
     from .._proc.devfiles import SIMULATED_DEVICE_DIR
@@ -150,7 +151,8 @@ def nvml_bound_process(nvml_scenario: Scenario, nvml_scenario_path: Path) -> Ite
         command = list(argv) if argv else [sys.executable, "-S", "-c", "import time; time.sleep(3600)"]
         fds = [os.open(path, os.O_RDONLY) for path in stand_in_device_files(device_dir, device)]
         try:
-            child = subprocess.Popen(command, stdin=subprocess.DEVNULL, pass_fds=fds)
+            # A session (so a process group) of its own, for the clean-up to reach the child's own children too.
+            child = subprocess.Popen(command, stdin=subprocess.DEVNULL, pass_fds=fds, start_new_session=True)
         finally:
             for fd in fds:
                 os.close(fd)
@@ -162,9 +164,26 @@ def nvml_bound_process(nvml_scenario: Scenario, nvml_scenario_path: Path) -> Ite
 
     yield start
     for child in children:
-        if child.poll() is None:
-            child.kill()
+        _kill_group(child)
         child.wait()
+
+
+def _kill_group(child: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the process group ``child`` leads: the child and its descendants that are still in the group.
+
+    Until the child is reaped its PID (the group's id) is ours. Once reaped (the test waited for it), a group with
+    members keeps the number allocated, so the group is still ours; only a live process with that PID (the number
+    reused, the group gone) is someone else's, and is left alone."""
+    import signal
+
+    if child.returncode is not None and os.path.exists(f"/proc/{child.pid}"):
+        return
+    try:
+        os.killpg(child.pid, signal.SIGKILL)
+    except ProcessLookupError:  # no process of the group is left
+        pass
+    except PermissionError:  # not ours after all
+        pass
 
 
 @pytest.fixture

@@ -76,6 +76,23 @@ def test_identity(open_backend: Opener) -> None:
     assert snap.backend == gpus.backend_name
 
 
+# Characters the scenario format keeps inside a value (it splits words at space and tab only, lines at "\n" only):
+# both readers must see the same name, not a line broken at U+2028 or a word broken at a no-break space.
+ODD_NAMES = ["NVIDIA\u00a0H200", "NVIDIA\u2003H200", "GPU\u2028one", "GPU\u0085one", "GPU\x0bone", "GPU\x1cone",
+             'Ünï "çødé" #1\\', "NVIDIA\tH200"]
+
+
+@pytest.mark.parametrize("name", ODD_NAMES)
+def test_names_with_odd_characters_read_alike(open_backend: Opener, name: str) -> None:
+    sc = Scenario.h200(devices=2)
+    sc.set_device(0, name=name)
+    sc.add_process(1, 4_100_001, used_bytes=GIB)  # the lines after the odd one are read too
+    with open_backend(sc) as gpus:
+        snap = gpus.snapshot(fields=nc.Fields.WAIT)
+    assert [d.name for d in snap.devices] == [name, "NVIDIA H200"]
+    assert [p.pid for p in snap.devices[1].processes or ()] == [4_100_001]
+
+
 def test_memory_to_the_granularity(open_backend: Opener) -> None:
     with open_backend(_busy()) as gpus:
         snap = gpus.snapshot(fields=nc.Fields.MEMORY)

@@ -6,10 +6,13 @@ the simulator."""
 from __future__ import annotations
 
 import ast
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -200,3 +203,49 @@ def test_a_bound_process_larger_than_its_gpu_is_refused_before_it_starts(
     # `simulate hold --bytes 500GiB` refuses it.
     with pytest.raises(ValueError, match=r"500\.0 GiB is more than GPU 0 of the scenario has \(140\.4 GiB\)"):
         nvml_bound_process(0, used_bytes=500 << 30)
+
+
+LEAVES_CHILDREN = '''
+import time
+from pathlib import Path
+
+def start_with_a_background_job(nvml_bound_process, name):
+    # A shell that starts a job of its own and records its pid: the job is a grandchild of the test.
+    script = f"sleep 300 & echo $! > {name}; wait"
+    return nvml_bound_process(argv=["sh", "-c", script])
+
+def test_fails_with_a_grandchild_running(nvml_stub, nvml_bound_process) -> None:
+    start_with_a_background_job(nvml_bound_process, "failing.pid")
+    while not Path("failing.pid").is_file() or not Path("failing.pid").read_text().strip():
+        time.sleep(0.01)
+    assert False, "on purpose"
+
+def test_its_child_exits_and_leaves_a_job(nvml_stub, nvml_bound_process) -> None:
+    child = nvml_bound_process(argv=["sh", "-c", "sleep 300 & echo $! > orphan.pid"])
+    assert child.wait(timeout=30) == 0  # reaped by the test: the clean-up still finds its job
+'''
+
+
+def _gone(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8")
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[-1].split()[0] in ("Z", "X")  # killed, not yet reaped by its new parent
+
+
+def test_a_bound_processs_own_children_are_killed_after_the_test(tmp_path: Path) -> None:
+    done = run_pytest(tmp_path, LEAVES_CHILDREN)
+    pids = [int((tmp_path / name).read_text()) for name in ("failing.pid", "orphan.pid")]
+    try:
+        assert "1 failed, 1 passed" in done.stdout, done.stdout + done.stderr
+        for _ in range(1000):  # SIGKILL is sent before pytest exits; the new parent reaps at its own pace
+            if all(_gone(pid) for pid in pids):
+                break
+            time.sleep(0.01)
+        assert [pid for pid in pids if not _gone(pid)] == []
+    finally:
+        for pid in pids:  # not to leave them behind when the clean-up failed (only while they are still the sleep)
+            with contextlib.suppress(OSError):
+                if Path(f"/proc/{pid}/cmdline").read_bytes() == b"sleep\x00300\x00":
+                    os.kill(pid, signal.SIGKILL)

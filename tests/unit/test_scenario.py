@@ -311,3 +311,92 @@ def test_mig_device_lines() -> None:
         scenario.add_mig_device(0, 7)
     with pytest.raises(ValueError, match="device 1 does not exist"):
         scenario.add_mig_device(1, 0)
+
+
+# --- what is rendered is what was checked ---------------------------------------------------------------------------
+
+
+class _Sneaky(int):
+    """An int subclass that formats itself as more keys: a scenario must render the checked number, not this."""
+
+    def __str__(self) -> str:
+        return "1 lost=1"
+
+    def __format__(self, spec: str) -> str:
+        return "1 lost=1"
+
+    def __int__(self) -> int:
+        return 7
+
+
+class _SneakyStr(str):
+    def __str__(self) -> str:
+        return "x lost=1"
+
+    def __format__(self, spec: str) -> str:
+        return "x lost=1"
+
+
+def test_int_and_str_subclasses_render_as_the_value_checked() -> None:
+    sc = Scenario(cuda=_Sneaky(12020), driver=_SneakyStr("535.43.02"))
+    sc.add_device(total_bytes=_Sneaky(1000), minor=_Sneaky(2), name=_SneakyStr("GPU one"))
+    sc.add_process(_Sneaky(0), _Sneaky(4_100_001), _SneakyStr("compute"), _Sneaky(5), bound=True,  # type: ignore[arg-type]
+                   release_ms=_Sneaky(3), list_ms=_Sneaky(4))
+    sc.fault("nvmlDeviceGetMemoryInfo_v2", code=_Sneaky(3), after=_Sneaky(2), count=_Sneaky(1))
+    sc.race(0, "compute", grow=_Sneaky(2))
+    sc.at_call(_Sneaky(9)).set_device(0, used_bytes=_Sneaky(6))
+    text = sc.render()
+    assert "lost" not in text and " 7" not in text
+    assert text.splitlines()[1] == "system driver=535.43.02 nvml=13.580.159.04 cuda=12020"
+    assert body(sc) == [
+        'device index=0 total=1000 minor=2 name="GPU one"',
+        "process device=0 kind=compute pid=4100001 used=5 bound=1 release_ms=3 list_ms=4",
+        "fault fn=nvmlDeviceGetMemoryInfo_v2 code=3 after=2 count=1",
+        "race device=0 kind=compute grow=2 count=1",
+        "at call=9 device index=0 used=6",
+    ]
+
+
+def test_unsupported_names_of_the_wrong_type_are_a_type_error() -> None:
+    with pytest.raises(TypeError, match=r"unsupported field names must be str, got \['mig'\]"):
+        Scenario.h200().set_device(0, unsupported=[["mig"]])
+
+
+# --- UUIDs: each device its own, in the shape NVML writes ------------------------------------------------------------
+
+
+def test_a_uuid_another_device_has_is_refused() -> None:
+    sc = Scenario.h200(devices=2)
+    with pytest.raises(ValueError, match="UUID GPU-00000000-0000-0000-0000-000000000000 is already GPU 0's"):
+        sc.set_device(1, uuid="GPU-00000000-0000-0000-0000-000000000000")  # GPU 0's default
+    with pytest.raises(ValueError, match="already GPU 1's"):
+        sc.add_device(uuid="GPU-00000000-0000-0000-0000-000000000001")
+    assert sc.device_count == 2  # the refused device was not declared
+    sc.set_device(0, uuid="GPU-aaaa")
+    with pytest.raises(ValueError, match="already GPU 0's"):
+        sc.at_ms(10).set_device(1, uuid="GPU-aaaa")
+    sc.set_device(1, uuid="GPU-00000000-0000-0000-0000-000000000000")  # free again once GPU 0 changed its own
+    sc.set_device(0, uuid="GPU-aaaa")  # a device may restate its own
+    sc.set_device(0, mig=True)
+    sc.add_mig_device(0, 0, uuid="MIG-1")
+    with pytest.raises(ValueError, match="already MIG device 0 of GPU 0's"):
+        sc.add_mig_device(0, 1, uuid="MIG-1")
+    sc.add_mig_device(0, 2)
+    with pytest.raises(ValueError, match="already MIG device 2 of GPU 0's"):
+        sc.add_mig_device(0, 3, uuid="MIG-00000000-0000-0000-0000-000000000002")  # MIG 2's default...
+    sc.add_mig_device(0, 2, uuid="MIG-2")  # ... until it is replaced
+    sc.add_mig_device(0, 3, uuid="MIG-00000000-0000-0000-0000-000000000002")
+    sc.remove_mig_device(0, 2)
+    sc.add_mig_device(1, 0, uuid="MIG-2")  # a destroyed MIG device's UUID can be reused
+
+
+@pytest.mark.parametrize("uuid", ["not a uuid", "GPU 0", "gpu-1234", "MIG-1234", "GPU-", "GPU-12,34"])
+def test_a_gpu_uuid_must_have_nvmls_shape(uuid: str) -> None:
+    with pytest.raises(ValueError, match="uuid must look like GPU-"):
+        Scenario.h200().set_device(0, uuid=uuid)
+
+
+@pytest.mark.parametrize("uuid", ["GPU-1234", "MIG 1", "MIG-"])
+def test_a_mig_uuid_must_have_nvmls_shape(uuid: str) -> None:
+    with pytest.raises(ValueError, match="uuid must look like MIG-"):
+        Scenario.h200().add_mig_device(0, 0, uuid=uuid)
