@@ -108,9 +108,10 @@ FallbackFn = Callable[[FallbackContext], tuple[dict[str, Any], int]]
 # --- host specs ------------------------------------------------------------------------------------------------------
 
 # A host name or address as ssh takes it: letters, digits, dots, dashes, underscores (aliases from ssh_config too),
-# never starting with "-" (ssh would read it as an option).
-_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
-_USER = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
+# never starting with "-" (ssh would read it as an option). Matched with fullmatch: "$" would let a trailing newline
+# through ("root\n@gpu01" reached ssh, and the output, as a user name with a line break).
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
+_USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,7 +133,7 @@ class Host:
         user: str | None = None
         if "@" in text:
             user, _, text = text.rpartition("@")
-            if not _USER.match(user):
+            if not _USER.fullmatch(user):
                 raise ArgumentError(f"bad host {spec!r}: bad user {user!r}")
         port_text: str | None = None
         if text.startswith("["):
@@ -148,7 +149,7 @@ class Host:
                 raise ArgumentError(f"bad host {spec!r}: put an IPv6 address in brackets: [{text}]")
             host, colon, port = text.partition(":")
             port_text = port if colon else None
-            if not _NAME.match(host):
+            if not _NAME.fullmatch(host):
                 raise ArgumentError(f"bad host {spec!r}: {host!r} is not a host name or address")
         port_number: int | None = None
         if port_text is not None:
@@ -169,10 +170,27 @@ class Host:
         return f"{user}{host}{port}"
 
 
+def _same_host_key(host: Host) -> tuple[str | None, str, int | None]:
+    """What makes two specs the same host for ssh: the user, the name without case (ssh lowercases it before it
+    reads its config or resolves it) or the address in one form (``[0:0::1]`` is ``[::1]``), the port."""
+    import ipaddress
+
+    name = host.host.lower()
+    if ":" in name:
+        with contextlib.suppress(ValueError):
+            name = ipaddress.IPv6Address(name).compressed
+    return host.user, name, host.port
+
+
 def parse_hosts(specs: Iterable[str | Host]) -> list[Host]:
-    """Hosts from specs (``Host`` objects pass through); duplicates dropped, order kept. ``ValueError`` on a bad one."""
+    """Hosts from specs (``Host`` objects pass through); duplicates dropped (``GPU01`` is ``gpu01``, ``[0::1]`` is
+    ``[::1]``: ssh reaches the same host, and a command must not run twice there at once), the first spelling and
+    the order kept. ``ValueError`` on a bad one."""
     hosts = [s if isinstance(s, Host) else Host.parse(s) for s in specs]
-    return list(dict.fromkeys(hosts))
+    seen: dict[tuple[str | None, str, int | None], Host] = {}
+    for host in hosts:
+        seen.setdefault(_same_host_key(host), host)
+    return list(seen.values())
 
 
 def read_hosts_file(path: str | os.PathLike[str]) -> list[str]:
@@ -193,7 +211,7 @@ def read_hosts_file(path: str | os.PathLike[str]) -> list[str]:
     if len(data) > HOSTS_FILE_MAX_BYTES:
         raise ArgumentError(f"{os.fspath(path)} is larger than {HOSTS_FILE_MAX_BYTES} bytes: not a hosts file")
     try:
-        text = data.decode("utf-8")
+        text = data.decode("utf-8-sig")  # a byte order mark (an editor on Windows) is not part of the first host
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
         raise ArgumentError(f"{os.fspath(path)}:{line}: not UTF-8 text") from None
@@ -330,6 +348,8 @@ def _unreadable_answer(command: Sequence[str], document: dict[str, Any], rc: int
 
 #: ``ready``'s exit status for a GPU that needs an operator (cli/_common.EXIT_UNHEALTHY; docs/ready.md).
 _EXIT_UNHEALTHY = 5
+#: The exit statuses that are each command's verdicts (docs/cli.md): any other, even with a document, is a failure.
+_VERDICT_EXITS = {"wait": (0, 1), "kill": (0, 1), "ready": (0, 1, _EXIT_UNHEALTHY), "snapshot": (0,), "holders": (0,)}
 
 
 def overall_exit_code(results: Iterable[HostResult]) -> int:
@@ -363,6 +383,57 @@ def _trim(text: str) -> str:
     return text if len(text) <= _STDERR_KEEP else "..." + text[-_STDERR_KEEP:]
 
 
+# Where a document may begin: a line that opens an object whose first key is an nvmlcheck schema (as the remote
+# nvmlcheck prints it, indented or on one line).
+_DOCUMENT_START = re.compile(r'^[ \t]*(\{)\s*"schema"\s*:\s*"nvmlcheck/', re.MULTILINE)
+_MAX_DOCUMENT_STARTS = 16
+
+
+def _first_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[0].strip()[:200] if lines else ""
+
+
+def _documents_in(out: str) -> tuple[list[dict[str, Any]], int]:
+    """The nvmlcheck documents in a host's stdout, each beginning a line (a login banner, a ``.bashrc`` that
+    echoes, a logout message may surround the one the remote nvmlcheck printed), and how many other characters
+    there were (whitespace aside)."""
+    decoder = json.JSONDecoder()
+    documents: list[dict[str, Any]] = []
+    other = 0
+    pos = 0
+    tried = 0
+    for match in _DOCUMENT_START.finditer(out):
+        start = match.start(1)
+        if start < pos:
+            continue  # inside a document already read
+        tried += 1
+        if tried > _MAX_DOCUMENT_STARTS:  # a hostile host must not make this quadratic: not an answer
+            return [], len(out.strip())
+        try:
+            parsed, end = decoder.raw_decode(out, start)
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(parsed, dict) and str(parsed.get("schema", "")).startswith("nvmlcheck/"):
+            other += len(out[pos:start].strip())
+            documents.append(parsed)
+            pos = end
+    other += len(out[pos:].strip())
+    return documents, other
+
+
+def _why_not_answered(document: dict[str, Any]) -> str:
+    """``": GPU 1: ..."``: the first failure a document lists, if any."""
+    failures = document.get("failures")
+    if not isinstance(failures, list):
+        failures = document.get("snapshot", {}).get("failures") if isinstance(document.get("snapshot"), dict) else None
+    if isinstance(failures, list) and failures and isinstance(failures[0], dict):
+        error = failures[0].get("error")
+        message = error.get("message") if isinstance(error, dict) else None
+        return f": GPU {failures[0].get('index')!s}: {message!s}"[:500]
+    return ""
+
+
 def _last_line(text: str) -> str:
     lines = [line for line in text.strip().splitlines() if line.strip()]
     return lines[-1].strip() if lines else ""
@@ -380,6 +451,28 @@ def _words(name: str, value: Sequence[str] | str) -> tuple[str, ...]:
 
 def _deadline_for(timeout_s: float | None, connect_timeout_s: float) -> float | None:
     return None if timeout_s is None else timeout_s + connect_timeout_s + START_ALLOWANCE_S
+
+
+def _with_timeout(command: Sequence[str], timeout_s: float, left_s: float) -> list[str] | None:
+    """``command`` with its ``--timeout`` (of ``timeout_s``, before any ``--``) made ``left_s``; ``None`` when it has
+    none of that value (the call's timeout is then not the command's: left alone)."""
+    words = list(command)
+    for i, word in enumerate(words):
+        if word == "--":
+            break
+        value, at = (words[i + 1], i + 1) if word == "--timeout" and i + 1 < len(words) else (
+            (word.partition("=")[2], i) if word.startswith("--timeout=") else (None, i))
+        if value is None:
+            continue
+        try:
+            same = float(value) == float(timeout_s)
+        except ValueError:
+            return None
+        if not same:
+            return None
+        words[at] = repr(float(left_s)) if at == i + 1 else f"--timeout={float(left_s)!r}"
+        return words
+    return None
 
 
 _CONTROL_PREFIX = "nvmlcheck-ssh-"
@@ -674,13 +767,10 @@ class Fleet:
         name = str(host)
         if rc is None:
             return HostTimeout(name, f"no answer within {waited_s:.1f} s (ssh killed)", None, _trim(err))
-        document: dict[str, Any] | None = None
-        text = out.strip()
-        if text.startswith("{"):
-            with contextlib.suppress(ValueError):
-                parsed = json.loads(text)
-                if isinstance(parsed, dict) and str(parsed.get("schema", "")).startswith("nvmlcheck/"):
-                    document = parsed
+        documents, noise = _documents_in(out)
+        if len(documents) > 1:
+            return RemoteError(name, f"{len(documents)} nvmlcheck documents in one answer: not trusted", rc, _trim(err))
+        document = documents[0] if documents else None
         if document is None:
             if _NO_MODULE.search(err) or (rc == 127 and "not found" in err.lower()):
                 return NoRemoteNvmlcheck(name, f"no nvmlcheck there ({_last_line(err)})", rc, _trim(err))
@@ -692,7 +782,7 @@ class Fleet:
                 if any(k in low for k in _TIMEOUT):
                     return HostTimeout(name, line, rc, _trim(err))
                 return HostUnreachable(name, line, rc, _trim(err))
-            return RemoteError(name, f"exit {rc} without an nvmlcheck document: {_last_line(err) or _last_line(out)}",
+            return RemoteError(name, f"exit {rc} without an nvmlcheck document: {_last_line(err) or _first_line(out)}",
                                rc, _trim(err))
         if document.get("schema") == "nvmlcheck/error":
             error = document.get("error") or {}
@@ -701,7 +791,17 @@ class Fleet:
         problem = _unreadable_answer(command, document, rc)
         if problem is not None:
             return RemoteError(name, problem, rc, _trim(err), document)
-        return HostResult(host, document, rc)
+        verdicts = _VERDICT_EXITS.get(command[0] if command else "", (0, 1, _EXIT_UNHEALTHY))
+        if rc not in verdicts:
+            # Not one of the command's verdicts (snapshot's 3: a GPU it could not read, 4: a fatal XID): failed,
+            # with the reason, never a verdict without one (and a snapshot's exit 1 is not "not clean").
+            return RemoteError(name, f"exit {rc} with its {document.get('schema')} document"
+                               f"{_why_not_answered(document)}", rc, _trim(err), document)
+        note = None
+        if noise:
+            note = (f"{noise} characters besides the document on its stdout (a login banner or shell start-up noise?): "
+                    "ignored")
+        return HostResult(host, document, rc, note=note)
 
     def _fallback(self, host: Host, deadline: float | None, fallback: FallbackFn,
                   cause: HostError) -> HostResult | HostError:
@@ -774,9 +874,11 @@ class Fleet:
     ) -> list[HostResult]:
         """Run ``nvmlcheck --json COMMAND...`` on every host; results in the hosts' order.
 
-        ``timeout_s``: the command's own timeout (``wait --timeout``), used for the default deadline. ``deadline_s``:
-        seconds each host may take from its start (default: ``timeout_s`` + the connect timeout + 5 s; ``None`` with
-        no ``timeout_s``: no deadline). ``fallback(context) -> (document, exit_code)``: how to
+        ``timeout_s``: the command's own timeout (``wait --timeout``), used for the default deadline; it is the
+        call's: a host started late (queued behind ``fanout`` others) has the ``--timeout`` of ``timeout_s`` in
+        ``command`` and its deadline shrunk by how late it started. ``deadline_s``: seconds each host may take from
+        its start (default: ``timeout_s`` + the connect timeout + 5 s; ``None`` with no ``timeout_s``: no
+        deadline; given, the command is left as it is). ``fallback(context) -> (document, exit_code)``: how to
         answer for a host without nvmlcheck (see :func:`run_on_hosts`); ``None``: such a host fails with
         :class:`NoRemoteNvmlcheck`. ``on_progress(pending, done)`` is called in the caller's thread about 10 times a
         second while hosts are pending, and once at the end. Any exception in the caller's thread while waiting
@@ -786,11 +888,25 @@ class Fleet:
         targets = parse_hosts(hosts)
         if not command or command[0] not in COMMANDS:
             raise ArgumentError(f"command must start with one of {', '.join(COMMANDS)}, got {list(command)[:1]}")
+        shared = deadline_s is None and timeout_s is not None and 0 < timeout_s < _FOREVER_S
         if deadline_s is None:
             deadline_s = _deadline_for(timeout_s, self.connect_timeout_s)
         if deadline_s is not None and not deadline_s < _FOREVER_S:  # inf, NaN, 1e308: no deadline
             deadline_s = None
-        pool = _Workers(targets, lambda host: self._one(host, command, deadline_s, fallback))
+        began = time.monotonic()
+
+        def answer(host: Host) -> HostResult:
+            # The command's timeout is the call's, not each host's: a host that starts late (queued behind
+            # ``fanout`` others) gets what is left of it, so the whole call ends by about the timeout plus the
+            # connect and start allowances, not by a multiple of it (64 hosts, a fanout of 32: twice).
+            if shared and timeout_s is not None:
+                left = max(0.0, timeout_s - (time.monotonic() - began))
+                shifted = _with_timeout(command, timeout_s, left)
+                if shifted is not None:
+                    return self._one(host, shifted, _deadline_for(left, self.connect_timeout_s), fallback)
+            return self._one(host, command, deadline_s, fallback)
+
+        pool = _Workers(targets, answer)
         threads = [threading.Thread(target=pool.work, name=f"nvmlcheck-host-{n}", daemon=True)
                    for n in range(min(self.fanout, len(targets)))]
         interrupted = False

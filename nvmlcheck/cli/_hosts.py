@@ -9,6 +9,8 @@ threads, json or ssh. Options, the document and what runs where: docs/hosts.md.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import sys
 from typing import TYPE_CHECKING, Any
@@ -152,14 +154,58 @@ def run_hosts(args: argparse.Namespace) -> int:
         status.clear()
     code = overall_exit_code(results)
     verdict(code, answer_is_output=args.command not in ("wait", "kill"))
-    if args.json:
-        from ..jsonout import hosts_document
+    # The answer is rendered first and written whole: a fleet's document is megabytes (64 hosts of 8 GPUs), and a
+    # Ctrl-C or SIGTERM while a slow reader takes it must not leave half a JSON document (or half the lines).
+    rendered = io.StringIO()
+    with contextlib.redirect_stdout(rendered):
+        if args.json:
+            from ..jsonout import hosts_document
 
-        print_json(hosts_document(args.command, results, code))
-    else:
-        _print(args, results)
+            print_json(hosts_document(args.command, results, code))
+        else:
+            _print(args, results)
+    _write_whole(rendered.getvalue())
     verdict_printed(code)
     return code
+
+
+def _write_whole(text: str) -> None:
+    """Write ``text`` to stdout with SIGINT, SIGTERM and SIGHUP held until it is out. The verdict is decided and
+    the command ends right after with it: a signal that came meanwhile is not raised (that would print an error
+    document after the answer, a second document on stdout).
+
+    Written with ``os.write`` on the descriptor: a signal whose handler returns while ``sys.stdout`` blocks on a
+    full pipe can make the buffered writer drop what it had not written yet (seen with CPython 3.11);
+    ``os.write`` retries (PEP 475) and says how much it wrote."""
+    import signal
+
+    def hold(signum: int, frame: object) -> None:
+        pass
+
+    previous: dict[int, Any] = {}
+    try:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            old = signal.getsignal(sig)
+            if old is None:  # a handler not installed from Python: leave it
+                continue
+            try:
+                signal.signal(sig, hold)
+            except ValueError:  # not the main thread: nothing to hold
+                break
+            previous[sig] = old
+        try:
+            fd = sys.stdout.fileno()
+        except (AttributeError, OSError, ValueError):  # not a file (tests capture it): its own write
+            sys.stdout.write(text)
+            sys.stdout.flush()
+            return
+        sys.stdout.flush()
+        data = memoryview(text.encode(sys.stdout.encoding or "utf-8", sys.stdout.errors or "strict"))
+        while data:
+            data = data[os.write(fd, data):]
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
 
 
 def _dict(value: Any) -> dict[str, Any]:
@@ -240,33 +286,43 @@ def _holder_lines(name: str, doc: dict[str, Any]) -> list[str]:
 
 
 def _ms(v: Any) -> str:
-    return "not seen" if v is None else f"+{v / 1e6:.1f} ms"
+    if v is None:
+        return "not seen"
+    return f"+{v / 1e6:.1f} ms" if isinstance(v, int | float) and not isinstance(v, bool) else "?"
+
+
+def _cmd(t: dict[str, Any]) -> str:
+    cmdline = _list(t.get("cmdline"))
+    return " ".join(map(str, cmdline)) if cmdline else str(t.get("name") or "?")
 
 
 def _kill_lines(name: str, r: HostResult, doc: dict[str, Any]) -> None:
-    """A remote kill: each target with its signals and phases, what was left alone, then the host's verdict."""
+    """A remote kill: each target with its signals and phases, what was left alone, then the host's verdict. Every
+    value through safe() and the type checks of the other views: a broken or hostile host's document shows ``?``,
+    never a traceback halfway through the output, nor a terminal escape."""
     if doc.get("schema") == "nvmlcheck/kill-plan":
-        for t in doc.get("targets", []):
-            cmd = " ".join(t.get("cmdline") or []) or (t.get("name") or "?")
+        for t in map(_dict, _list(doc.get("targets"))):
             fate = f" -> SIGKILL at once: {t['discarded']}" if t.get("discarded") else ""
-            print(f"{name}  would signal pid {t.get('pid')} ({t.get('found_by')}): {cmd[:80]}{fate}")
-        for t in doc.get("left_alone", []):
-            print(f"{name}  left alone: pid {t.get('pid')}: {t.get('reason')}")
+            print(f"{name}  " + safe(f"would signal pid {t.get('pid')} ({t.get('found_by')}): {_cmd(t)[:80]}{fate}"))
+        for t in map(_dict, _list(doc.get("left_alone"))):
+            print(f"{name}  " + safe(f"left alone: pid {t.get('pid')}: {t.get('reason')}"))
         print(f"{name}  dry run: nothing was signalled")
         return
-    for t in doc.get("pids", []):
-        sent = ", ".join(f"{s.get('signal')} {_ms(s.get('sent_ns'))}" for s in t.get("signals", [])) or "no signal"
-        first = [s.get("signal") for s in t.get("signals", [])][:1]
+    for t in map(_dict, _list(doc.get("pids"))):
+        signals = [_dict(s) for s in _list(t.get("signals"))]
+        sent = ", ".join(f"{s.get('signal')} {_ms(s.get('sent_ns'))}" for s in signals) or "no signal"
+        first = [s.get("signal") for s in signals][:1]
         why = "" if not t.get("discarded") else (f" (SIGKILL at once: {t['discarded']})" if first == ["SIGKILL"]
                                                  else f" (the kernel discards it: {t['discarded']})")
-        print(f"{name}  pid {t.get('pid')} ({t.get('name') or '?'}, {t.get('found_by')}): {sent}{why}, exited "
-              f"{_ms(t.get('exited_ns'))}, off the GPU process list {_ms(t.get('off_gpu_ns'))}")
-    for t in doc.get("left_alone", []):
-        print(f"{name}  left alone: pid {t.get('pid')} ({t.get('name') or '?'}): {t.get('reason')}")
-    for pid in doc.get("missing", []):
-        print(f"{name}  pid {pid}: gone already (--missing-ok)")
-    for line in doc.get("not_ours", []):
-        print(f"{name}  {line}")
+        print(f"{name}  " + safe(f"pid {t.get('pid')} ({t.get('name') or '?'}, {t.get('found_by')}): {sent}{why}, "
+                                 f"exited {_ms(t.get('exited_ns'))}, off the GPU process list "
+                                 f"{_ms(t.get('off_gpu_ns'))}"))
+    for t in map(_dict, _list(doc.get("left_alone"))):
+        print(f"{name}  " + safe(f"left alone: pid {t.get('pid')} ({t.get('name') or '?'}): {t.get('reason')}"))
+    for pid in _list(doc.get("missing")):
+        print(f"{name}  " + safe(f"pid {pid}: gone already (--missing-ok)"))
+    for line in _list(doc.get("not_ours")):
+        print(f"{name}  {safe(line)}")
     if r.verdict == "clean":
         if doc.get("pids"):
             print(f"{name}  clean: every target exited and memory back {_ms(doc.get('clean_ns'))} (confirmed "
@@ -274,8 +330,8 @@ def _kill_lines(name: str, r: HostResult, doc: dict[str, Any]) -> None:
         else:
             print(f"{name}  clean: nothing to kill, GPUs clean {_ms(doc.get('clean_ns'))} (on the host)")
     else:
-        culprits = "; ".join(doc.get("culprits") or []) or "no detail"
-        print(f"{name}  NOT CLEAN: {culprits}")
+        culprits = "; ".join(map(str, _list(doc.get("culprits")))) or "no detail"
+        print(f"{name}  NOT CLEAN: {safe(culprits)}")
 
 
 def _print(args: argparse.Namespace, results: Sequence[HostResult]) -> None:

@@ -112,3 +112,20 @@ def test_a_host_that_floods_its_output_fails_and_is_cut(hosts: Hosts, tmp_path: 
     for host in doc["hosts"]:
         assert host["verdict"] == "failed" and "output over 4194304 bytes" in host["error"]["message"], host
     assert not ssh_children(hosts.lab)
+
+
+def test_login_noise_around_the_answer_is_ignored_with_a_note_and_a_lost_gpu_names_itself(hosts: Hosts) -> None:
+    # A .bashrc that echoes, a login banner on stdout: the answer is still the one nvmlcheck document (before, every
+    # such host failed, "exit 0 without an nvmlcheck document: }").
+    noisy = "sh -c 'echo Welcome to gpu01; echo {; \"$@\"; status=$?; echo bye; exit $status' sh"
+    code, doc = hosts.cli_json("wait", "--timeout", "0", "--host", hosts.idle, "--remote-prefix", noisy)
+    entry = doc["hosts"][0]
+    assert code == 0 and entry["verdict"] == "clean", doc
+    assert "besides the document" in entry["note"]
+    code, out, err = hosts.cli("wait", "--timeout", "0", "--host", hosts.idle, "--remote-prefix", noisy)
+    assert code == 0 and "besides the document" in out, err
+    # snapshot's exit 3 (a lost GPU): failed with its reason, not with "error": null.
+    code, doc = hosts.cli_json("snapshot", "--host", hosts.lost)
+    entry = doc["hosts"][0]
+    assert code == 3 and entry["verdict"] == "failed" and entry["document"]["schema"] == "nvmlcheck/snapshot", doc
+    assert entry["error"]["kind"] == "remote" and "GPU 1" in entry["error"]["message"], entry
