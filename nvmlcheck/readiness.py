@@ -15,6 +15,7 @@ import math
 import time
 from collections.abc import Iterable, Sequence
 
+from ._deadline import hung_after, ns_or_none
 from ._waitdefaults import READY_TIMEOUT, Default
 from .errors import ArgumentError, BackendUnavailable, GpuFault, NvmlCheckError, NvmlError, WaitTimeout
 from .model import DeviceState, Fields, Snapshot
@@ -81,6 +82,28 @@ def ready_on(
         predicate = predicate & capacity
     clock = opts.clock
     start = clock()
+    bound_ns = None if bound is None else ns_or_none(bound)
+    # Every step runs under one watchdog (the command line's handler, when installed): the MIG selection, the first
+    # reading, the listener's registration, the wait, the device-file scan and the health read after it. A call that
+    # never returns in any of them ends the command a second after the deadline (exit 3), not whenever it returns.
+    with hung_after(None if bound_ns is None else start + bound_ns, clock):
+        return _ready(session, devices, opts, predicate, max_used_bytes=max_used_bytes, need_bytes=need_bytes,
+                      need_fraction=need_fraction, start=start)
+
+
+def _ready(
+    session: Session,
+    devices: Iterable[DeviceSelector] | DeviceSelector | None,
+    opts: WaitOptions,
+    predicate: Predicate,
+    *,
+    max_used_bytes: int,
+    need_bytes: int | None,
+    need_fraction: float | None,
+    start: int,
+) -> ReadyReport:
+    """:func:`ready_on` past its checks, from ``start`` on the options' clock."""
+    clock, bound = opts.clock, opts.timeout
     indices = session.resolve(devices)
     mig = _mig_instances(session, devices, bound, start, clock)
     backend = session.backend
@@ -173,12 +196,11 @@ def _first_reading(session: Session, indices: tuple[int, ...] | None, bound: flo
     """The first reading, health included, and whether the deadline cut it. One check (``bound`` 0) always completes,
     as a wait's does; with a timeout the reading stops at the deadline (at most one query late), and every selected
     GPU is then a failure saying so: judged unknown, never ready."""
-    from ._deadline import hung_after, ns_or_none, read_by
+    from ._deadline import ns_or_none, read_by
 
     backend = session.backend
-    if not bound:  # one check (or no bound), which always completes: only a hung call is cut (by a handler)
-        with hung_after(None if bound is None else start, clock):
-            return backend.snapshot(indices, Fields.WAIT | Fields.HEALTH), False
+    if not bound:  # one check (or no bound), which always completes: only a hung call is cut (ready_on's watchdog)
+        return backend.snapshot(indices, Fields.WAIT | Fields.HEALTH), False
     from .errors import NvmlCheckError
     from .model import DeviceFailure
 
