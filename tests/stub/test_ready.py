@@ -415,3 +415,19 @@ def test_a_recorded_xid_on_a_healthy_gpu_does_not_stop_the_wait(
     sc.at_ms(300).remove_process(0, 4_000_001)
     code, doc = ready_json(capsys, str(sc.write(tmp_path / "s.txt")), "--timeout", "120")
     assert code == 0 and doc["gpus"][0]["class"] == "ready"
+
+
+def test_gpus_not_listened_to_are_said_on_stderr_as_in_the_document(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The document's notes named the GPU whose XIDs were not heard; the human output said nothing of it (wait
+    --events says it on stderr)."""
+    sc = Scenario.h200(2)
+    sc.fault("nvmlDeviceRegisterEvents", 4, device=1)  # a container without the capability, on GPU 1 only
+    sc.add_process(1, 4_000_001, used_bytes=GIB)  # never ready: the command waits, listening
+    path = str(sc.write(tmp_path / "s.txt"))
+    code, out, err = run(capsys, "--simulate", path, "ready", "--timeout", "0.3")
+    assert code == 1 and "GPU 1" in out
+    assert "nvmlcheck: events: " in err and "GPU 1" in err and "NO_PERMISSION" in err
+    code, doc = ready_json(capsys, path, "--timeout", "0.3")
+    assert code == 1 and any(n.startswith("events: ") and "NO_PERMISSION" in n for n in doc["notes"])
