@@ -15,6 +15,7 @@ import math
 import time
 from collections.abc import Iterable, Sequence
 
+from ._deadline import hung_after, ns_or_none
 from ._waitdefaults import READY_TIMEOUT, Default
 from .errors import ArgumentError, BackendUnavailable, GpuFault, NvmlCheckError, NvmlError, WaitTimeout
 from .model import DeviceState, Fields, Snapshot
@@ -81,6 +82,29 @@ def ready_on(
         predicate = predicate & capacity
     clock = opts.clock
     start = clock()
+    bound_ns = None if bound is None else ns_or_none(bound)
+    # Every step runs under one watchdog (the command line's handler, when installed): the MIG selection, the first
+    # reading, the listener's registration, the wait, the device-file scan and the health read after it. A call that
+    # never returns in any of them ends the command a second after the deadline (exit 3), not whenever it returns.
+    with hung_after(None if bound_ns is None else start + bound_ns, clock):
+        return _ready(session, devices, opts, predicate, max_used_bytes=max_used_bytes, need_bytes=need_bytes,
+                      need_fraction=need_fraction, start=start)
+
+
+def _ready(
+    session: Session,
+    devices: Iterable[DeviceSelector] | DeviceSelector | None,
+    opts: WaitOptions,
+    predicate: Predicate,
+    *,
+    max_used_bytes: int,
+    need_bytes: int | None,
+    need_fraction: float | None,
+    start: int,
+) -> ReadyReport:
+    """:func:`ready_on` past its checks, from ``start`` on the options' clock."""
+    clock, bound = opts.clock, opts.timeout
+    bound_ns = None if bound is None else ns_or_none(bound)
     indices = session.resolve(devices)
     mig = _mig_instances(session, devices, bound, start, clock)
     backend = session.backend
@@ -126,9 +150,14 @@ def ready_on(
         # The instances as resolved now, judged by UUID: one destroyed while waiting is then unknown (never ready),
         # where selecting it again by UUID would fail the call.
         predicate = on_devices(mig, predicate)
+    recheck = _HealthOnEvents(session, indices, None if bound_ns is None else start + bound_ns, clock)
     waited = _wait(session, indices if mig else devices, predicate, opts.with_(timeout=remaining), watch,
-                   faults=faults, errors=errors)
+                   faults=faults, errors=errors, recheck=recheck)
     final = waited[0] or first
+    if recheck.unhealthy is not None:
+        # An XID or ECC event on a selected GPU, and the health read it prompted says reset (XID 63's pending
+        # remap, XID 154's recovery action): the wait stopped there, judged on that health.
+        health = recheck.unhealthy
     listener = session.listener
     if listener is not None and listener.reason is not None:
         notes = (*notes, f"events: {listener.reason}")
@@ -173,12 +202,11 @@ def _first_reading(session: Session, indices: tuple[int, ...] | None, bound: flo
     """The first reading, health included, and whether the deadline cut it. One check (``bound`` 0) always completes,
     as a wait's does; with a timeout the reading stops at the deadline (at most one query late), and every selected
     GPU is then a failure saying so: judged unknown, never ready."""
-    from ._deadline import hung_after, ns_or_none, read_by
+    from ._deadline import ns_or_none, read_by
 
     backend = session.backend
-    if not bound:  # one check (or no bound), which always completes: only a hung call is cut (by a handler)
-        with hung_after(None if bound is None else start, clock):
-            return backend.snapshot(indices, Fields.WAIT | Fields.HEALTH), False
+    if not bound:  # one check (or no bound), which always completes: only a hung call is cut (ready_on's watchdog)
+        return backend.snapshot(indices, Fields.WAIT | Fields.HEALTH), False
     from .errors import NvmlCheckError
     from .model import DeviceFailure
 
@@ -215,10 +243,12 @@ def _wait(
     *,
     faults: list[GpuFault],
     errors: dict[int, BaseException],
+    recheck: _HealthOnEvents | None = None,
 ) -> tuple[Snapshot | None, bool]:
     """Poll with the ready predicate through the session's wait, the watch seeing every poll: the last reading
     (``None``: none beyond what the watch saw) and whether the wait ended ready. A fatal event lands in
-    ``faults``, a GPU that became unreadable in ``errors``: both are judged, not raised."""
+    ``faults``, a GPU that became unreadable in ``errors``: both are judged, not raised. ``recheck`` reads the
+    health again after each poll that follows an XID or ECC event, and stops the wait when it finds a cause."""
     observe = watch.on_poll(opts.clock)
     user = opts.on_poll
 
@@ -226,12 +256,16 @@ def _wait(
         observe(point)
         if user is not None:
             user(point)
+        if recheck is not None:
+            recheck()
 
     try:
         return session.wait_until_clean(opts.timeout, predicate, devices=devices,
                                         options=opts.with_(on_poll=on_poll)).snapshot, True
     except WaitTimeout as exc:
         return exc.snapshot or watch.last_full, False
+    except _Unhealthy:
+        pass
     except GpuFault as fault:
         faults.append(fault)
     except NvmlCheckError as exc:
@@ -242,6 +276,51 @@ def _wait(
             raise
         errors[index] = exc
     return watch.last_full, False
+
+
+class _Unhealthy(Exception):
+    """Raised from a poll's ``on_poll`` to end ``ready``'s wait: the health read after an event found a cause."""
+
+
+class _HealthOnEvents:
+    """After each poll: when the listener has heard an XID or an ECC event on a selected GPU since the last call
+    (XID 63: a row remapping recorded; 154: a recovery action set; 92, 94; a single-bit ECC event), read the
+    selected GPUs' health again, by the deadline; a health cause (or a GPU that reading finds lost) ends the wait
+    (:class:`_Unhealthy`), that reading in :attr:`unhealthy`. Fatal events stop the wait by themselves
+    (``GpuFault``); clock, P-state and power events say nothing of health."""
+
+    def __init__(self, session: Session, indices: tuple[int, ...] | None, deadline_ns: int | None,
+                 clock: Callable[[], int]) -> None:  # fmt: skip
+        self.session = session
+        self.indices = indices
+        self.deadline_ns = deadline_ns
+        self.clock = clock
+        self.seen = 0
+        self.unhealthy: Snapshot | None = None
+
+    def __call__(self) -> None:
+        listener = self.session.listener
+        if listener is None or self.unhealthy is not None:
+            return
+        new, self.seen = listener.next_events(self.seen, 0.0)
+        wanted = None if self.indices is None else frozenset(self.indices)
+        if not any(e.kind.value in _HEALTH_EVENTS and (wanted is None or e.index in wanted) for e in new):
+            return
+        from ._deadline import read_by
+        from .verdict import error_culprit, health_causes
+
+        snap = read_by(self.session.backend, self.indices, Fields.HEALTH, self.deadline_ns, self.clock)
+        if snap is None:  # the deadline came first: the wait times out on its own
+            return
+        if any(c.class_ == "unhealthy" for d in snap.devices for c in health_causes(d)) or any(
+            error_culprit(f.index, f.error).class_ == "unhealthy" for f in snap.failures
+        ):
+            self.unhealthy = snap
+            raise _Unhealthy
+
+
+#: The event kinds that can announce a change of health (``EventKind`` values).
+_HEALTH_EVENTS = frozenset({"xid", "single_bit_ecc", "double_bit_ecc"})
 
 
 def ready(

@@ -12,7 +12,7 @@ import sys
 import time
 
 from ._common import EXIT_CLEAN, EXIT_NOT_CLEAN, EXIT_UNHEALTHY, hosts_wanted, open_session, verdict_printed
-from ._output import StatusLine, load_json_output, plural, print_json
+from ._output import StatusLine, load_json_output, plural, print_json, safe
 
 TYPE_CHECKING = False  # no typing at run time: it costs a one-shot check milliseconds (docs/performance.md)
 if TYPE_CHECKING:
@@ -74,6 +74,10 @@ def cmd_ready(args: argparse.Namespace) -> int:
             for v in report.verdicts:
                 print(v.line())
             print(_summary(report))
+            for note in report.notes:
+                if note.startswith("events: "):
+                    # GPUs whose XIDs were not heard, as wait --events says (the document's notes say it too).
+                    print(f"nvmlcheck: {safe(note)}", file=sys.stderr)
         verdict_printed(code)  # before the session closes: nvmlShutdown is teardown the kernel does anyway
     return code
 

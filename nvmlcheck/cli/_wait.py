@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 def cmd_wait(args: argparse.Namespace) -> int:
     """Wait with the CLI's predicate; the status line shows on a terminal only."""
+    from .._deadline import hung_after
     from ..errors import WaitTimeout
 
     if hosts_wanted(args):
@@ -40,7 +41,10 @@ def cmd_wait(args: argparse.Namespace) -> int:
 
     load_json_output(args.json)
     with open_session(args) as gpus:
-        start_events(args, gpus, None if args.timeout is None else started + args.timeout)
+        deadline = None if args.timeout is None else started + args.timeout
+        # The registration bounds itself between two calls; one that never returns is the watchdog's, as in the wait.
+        with hung_after(None if deadline is None else round(deadline * 1e9)):
+            start_events(args, gpus, deadline)
         # --timeout bounds the whole command: the open (whose nvmlInit it bounded) comes out of it.
         timeout = None if args.timeout is None else max(0.0, args.timeout - (time.monotonic() - started))
         try:

@@ -116,3 +116,32 @@ def test_in_process_callers_get_no_handler(tmp_path: Path) -> None:
 
     assert cli.main(["--simulate", "h200", "wait", "--timeout", "0"]) == 0
     assert _deadline._hung_handler is None
+
+
+def _held(tmp_path: Path) -> Scenario:
+    s = Scenario.h200(devices=1)
+    s.add_process(0, 4_000_001, used_bytes=2**30)  # never clean: a wait follows the first reading
+    return s
+
+
+@pytest.mark.parametrize("command", [["ready", "--timeout", "0.5"], ["wait", "--events", "--timeout", "0.5"]])
+def test_a_hung_event_registration_ends_the_command_with_exit_3(tmp_path: Path, command: list[str]) -> None:
+    """The listener's registration bounds itself between calls; a call that never returns was outside every
+    watchdog (ready listens by default): the command ran until the driver answered, then said not ready (exit 1)."""
+    s = _held(tmp_path)
+    s.fault("nvmlDeviceRegisterEvents", None, delay_ms=HANG_MS)
+    done = _run(["--json", "--simulate", str(s.write(tmp_path / "reg.txt")), *command])
+    assert done.returncode == 3, done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["exit_code"] == 3 and doc["error"]["type"] == "HungReading"
+
+
+def test_a_hung_health_reading_after_a_ready_wait_ends_it_with_exit_3(tmp_path: Path) -> None:
+    """The health read again before a wait says ready was outside the watchdog: a hung call there ran on until the
+    driver answered, and the command then said ready (exit 0), long past its deadline."""
+    s = Scenario.h200(devices=1)
+    s.fault("nvmlDeviceGetMemoryInfo_v2", 10, count=1)  # the first reading cannot judge the GPU: a wait follows
+    s.fault("nvmlDeviceGetRemappedRows", None, after=1, delay_ms=HANG_MS)  # the first reading's passes
+    done = _run(["--simulate", str(s.write(tmp_path / "health.txt")), "ready", "--timeout", "0.5", "--no-events"])
+    assert done.returncode == 3, done.stderr
+    assert "has not returned" in done.stderr

@@ -379,3 +379,55 @@ def test_a_fractional_need_is_shown_as_a_percentage(tmp_path: Path, capsys: pyte
     sc = Scenario.h200()  # idle: short only, as no GPU has all of its memory free
     assert cli.main(["--simulate", str(sc.write(tmp_path / "sc.txt")), "ready", "--need", need]) == 1
     assert shown in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("xid", "change", "action"),
+    [
+        (63, {"remapped_rows": (0, 1, True, False)}, "RESET_GPU"),  # a row marked for remapping: reset to activate
+        (154, {"recovery_action": 2}, "NODE_REBOOT"),  # the driver's recovery action changed
+    ],
+)
+def test_a_recorded_xid_that_leaves_the_gpu_unhealthy_ends_the_wait_exit_5(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], xid: int, change: dict[str, Any], action: str
+) -> None:
+    """XIDs 63 and 154 are not fatal (the table records them), but the health they announce is: the health is read
+    again when one comes, and an unhealthy GPU ends the wait at once, as at the start. It was read only before a
+    wait that ended ready: a held GPU waited out its timeout and was called held (exit 1)."""
+    sc = Scenario.h200()
+    sc.add_process(0, 4_000_001, used_bytes=4 * GIB)  # never ready: only the health can end the wait early
+    step = sc.at_ms(50)
+    step.set_device(0, **change)
+    step.raise_event(0, "xid", xid=xid)
+    code, doc = ready_json(capsys, str(sc.write(tmp_path / "s.txt")), "--timeout", "120")
+    assert code == 5 and doc["needs_operator"] is True
+    (gpu,) = doc["gpus"]
+    assert gpu["class"] == "unhealthy" and gpu["actions"][0] == action
+    assert not any(c["kind"] == "xid" for c in gpu["culprits"])  # the cause is the health, not the recorded XID
+
+
+def test_a_recorded_xid_on_a_healthy_gpu_does_not_stop_the_wait(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sc = Scenario.h200()
+    sc.add_process(0, 4_000_001, used_bytes=4 * GIB)
+    sc.at_ms(50).raise_event(0, "xid", xid=13)  # an application's fault: its health read finds nothing
+    sc.at_ms(300).remove_process(0, 4_000_001)
+    code, doc = ready_json(capsys, str(sc.write(tmp_path / "s.txt")), "--timeout", "120")
+    assert code == 0 and doc["gpus"][0]["class"] == "ready"
+
+
+def test_gpus_not_listened_to_are_said_on_stderr_as_in_the_document(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The document's notes named the GPU whose XIDs were not heard; the human output said nothing of it (wait
+    --events says it on stderr)."""
+    sc = Scenario.h200(2)
+    sc.fault("nvmlDeviceRegisterEvents", 4, device=1)  # a container without the capability, on GPU 1 only
+    sc.add_process(1, 4_000_001, used_bytes=GIB)  # never ready: the command waits, listening
+    path = str(sc.write(tmp_path / "s.txt"))
+    code, out, err = run(capsys, "--simulate", path, "ready", "--timeout", "0.3")
+    assert code == 1 and "GPU 1" in out
+    assert "nvmlcheck: events: " in err and "GPU 1" in err and "NO_PERMISSION" in err
+    code, doc = ready_json(capsys, path, "--timeout", "0.3")
+    assert code == 1 and any(n.startswith("events: ") and "NO_PERMISSION" in n for n in doc["notes"])
