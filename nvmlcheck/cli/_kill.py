@@ -336,6 +336,20 @@ def _plan_with_nvml(args: argparse.Namespace, gpus: Session) -> tuple[KillPlan |
     return plan, selection
 
 
+def _start_events_by_deadline(args: argparse.Namespace, gpus: Session) -> None:
+    """``--events``' listener, registered within the wait's time (``--timeout`` from now, the first signal having
+    just gone out), under the hung-call watchdog as a wait's registration is."""
+    import time
+
+    from .._deadline import hung_after
+
+    if not getattr(args, "events", False):
+        return
+    deadline = None if args.timeout is None else time.monotonic() + args.timeout
+    with hung_after(None if deadline is None else round(deadline * 1e9)):
+        start_events(args, gpus, deadline)
+
+
 def _reading_bound(args: argparse.Namespace) -> Any:
     """The watchdog over a reading made before the first signal (the holders to choose, the baseline): a call hung
     in it ends the command (exit 3, nothing signalled) ``--timeout`` + 1 s after the reading began, as a wait's
@@ -373,13 +387,15 @@ def cmd_kill(args: argparse.Namespace) -> int:
         with _open_after_signal(args, plan) as gpus:
             if plan is not None:
                 _check_gpus_after_signal(args, gpus, plan)
-            start_events(args, gpus)
             selection = None
             if plan is None:
                 try:
                     plan, selection = _plan_with_nvml(args, gpus)
                 except DryRun:
                     return EXIT_CLEAN
+            # After the PIDs were checked and signalled (a refusal comes before anything opens or registers, and a
+            # slow registration never delays the signal); bounded by the wait's deadline, which counts from it.
+            _start_events_by_deadline(args, gpus)
             shown = predicate
             if args.only_targets and plan is not None:
                 from ..released import targets_released

@@ -145,3 +145,22 @@ def test_a_hung_health_reading_after_a_ready_wait_ends_it_with_exit_3(tmp_path: 
     done = _run(["--simulate", str(s.write(tmp_path / "health.txt")), "ready", "--timeout", "0.5", "--no-events"])
     assert done.returncode == 3, done.stderr
     assert "has not returned" in done.stderr
+
+
+def test_kill_events_signals_first_and_registers_under_the_watchdog(tmp_path: Path) -> None:
+    # kill --events registered its listener before checking and signalling the PIDs, with no watchdog: a hung
+    # nvmlDeviceRegisterEvents held a PID's refusal (exit 2) and the signal itself, and then the whole command.
+    s = Scenario.h200(devices=1)
+    s.fault("nvmlDeviceRegisterEvents", None, delay_ms=HANG_MS)
+    path = str(s.write(tmp_path / "reg.txt"))
+    refused = _run(["--simulate", path, "kill", "--events", "--timeout", "0.2", "4194305"])
+    assert refused.returncode == 2 and "not a process ID" in refused.stderr, refused.stderr
+    target = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        done = _run(["--simulate", path, "kill", "--events", "--timeout", "0.2", str(target.pid)])
+        assert done.returncode == 3 and "has not returned" in done.stderr, done.stderr
+        assert target.wait(BOUND_S) == -15  # the SIGTERM went out before the registration hung
+    finally:
+        if target.poll() is None:
+            target.kill()
+            target.wait()
