@@ -16,7 +16,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from ._common import UsageError, verdict, verdict_printed
-from ._output import StatusLine, human_bytes, plural, print_json, safe
+from ._output import StatusLine, human_bytes, plural, print_json, safe, write_whole
 
 if TYPE_CHECKING:
     import argparse
@@ -164,48 +164,9 @@ def run_hosts(args: argparse.Namespace) -> int:
             print_json(hosts_document(args.command, results, code))
         else:
             _print(args, results)
-    _write_whole(rendered.getvalue())
+    write_whole(rendered.getvalue())
     verdict_printed(code)
     return code
-
-
-def _write_whole(text: str) -> None:
-    """Write ``text`` to stdout with SIGINT, SIGTERM and SIGHUP held until it is out. The verdict is decided and
-    the command ends right after with it: a signal that came meanwhile is not raised (that would print an error
-    document after the answer, a second document on stdout).
-
-    Written with ``os.write`` on the descriptor: a signal whose handler returns while ``sys.stdout`` blocks on a
-    full pipe can make the buffered writer drop what it had not written yet (seen with CPython 3.11);
-    ``os.write`` retries (PEP 475) and says how much it wrote."""
-    import signal
-
-    def hold(signum: int, frame: object) -> None:
-        pass
-
-    previous: dict[int, Any] = {}
-    try:
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            old = signal.getsignal(sig)
-            if old is None:  # a handler not installed from Python: leave it
-                continue
-            try:
-                signal.signal(sig, hold)
-            except ValueError:  # not the main thread: nothing to hold
-                break
-            previous[sig] = old
-        try:
-            fd = sys.stdout.fileno()
-        except (AttributeError, OSError, ValueError):  # not a file (tests capture it): its own write
-            sys.stdout.write(text)
-            sys.stdout.flush()
-            return
-        sys.stdout.flush()
-        data = memoryview(text.encode(sys.stdout.encoding or "utf-8", sys.stdout.errors or "strict"))
-        while data:
-            data = data[os.write(fd, data):]
-    finally:
-        for number, handler in previous.items():
-            signal.signal(number, handler)
 
 
 def _dict(value: Any) -> dict[str, Any]:

@@ -105,7 +105,8 @@ JSON_LINES = False
 
 def print_json(doc: dict[str, Any]) -> None:
     """One document on stdout (``json`` is imported only when a document is printed: it costs start-up time); one
-    compact line under :data:`JSON_LINES`."""
+    compact line under :data:`JSON_LINES`. Written whole (:func:`write_whole`): a signal while a slow reader takes
+    it never leaves half a document followed by an error document."""
     import json
 
     if SIMULATED:
@@ -114,11 +115,54 @@ def print_json(doc: dict[str, Any]) -> None:
     global JSON_LINES
     if JSON_LINES:
         JSON_LINES = False  # the document that ends the stream: a later command run in this process prints its own
-        sys.stdout.write(json.dumps(doc, separators=(",", ":")))
+        write_whole(json.dumps(doc, separators=(",", ":")) + "\n")
     else:
-        json.dump(doc, sys.stdout, indent=1)
-    sys.stdout.write("\n")
-    sys.stdout.flush()
+        write_whole(json.dumps(doc, indent=1) + "\n")
+
+
+def write_whole(text: str, *, stream: bool = False) -> None:
+    """Write ``text`` to stdout with SIGINT, SIGTERM and SIGHUP held until it is out. A command's answer: the
+    verdict is decided and the command ends right after with it, so a signal that came meanwhile is not raised
+    (that would print an error document after the answer, a second document on stdout). ``stream``: one line of a
+    stream (``watch --json``), which goes on: the signal is raised once the line is out, and the stream ends with
+    its error document on a line of its own.
+
+    Written with ``os.write`` on the descriptor: a signal whose handler returns while ``sys.stdout`` blocks on a
+    full pipe can make the buffered writer drop what it had not written yet (seen with CPython 3.11);
+    ``os.write`` retries (PEP 475) and says how much it wrote."""
+    import signal
+
+    caught: list[int] = []
+
+    def hold(signum: int, frame: object) -> None:
+        caught.append(signum)
+
+    previous: dict[int, Any] = {}
+    try:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            old = signal.getsignal(sig)
+            if old is None:  # a handler not installed from Python: leave it
+                continue
+            try:
+                signal.signal(sig, hold)
+            except ValueError:  # not the main thread: nothing to hold
+                break
+            previous[sig] = old
+        try:
+            fd = sys.stdout.fileno()
+        except (AttributeError, OSError, ValueError):  # not a file (a test's capture, a closed stdout): its own write
+            sys.stdout.write(text)
+            sys.stdout.flush()
+            return
+        sys.stdout.flush()
+        data = memoryview(text.encode(sys.stdout.encoding or "utf-8", getattr(sys.stdout, "errors", None) or "strict"))
+        while data:
+            data = data[os.write(fd, data):]
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+    if caught and stream:
+        signal.raise_signal(caught[0])  # its handler raises here, after the whole line
 
 
 def marked_simulated(doc: dict[str, Any]) -> dict[str, Any]:

@@ -13,7 +13,7 @@ import time
 from typing import TYPE_CHECKING
 
 from ._common import EXIT_BACKEND, EXIT_CLEAN, open_session
-from ._output import safe
+from ._output import safe, write_whole
 
 if TYPE_CHECKING:
     import argparse
@@ -63,7 +63,7 @@ def _watch(args: argparse.Namespace) -> int:
                 if wanted is not None and ev.index not in wanted:
                     continue
                 printed += 1
-                print(_line(ev.to_json()) if args.json else safe(ev.line()), flush=True)
+                write_whole((_line(ev.to_json()) if args.json else safe(ev.line())) + "\n", stream=True)
             if listener.state != "running":
                 return _unavailable(args, f"events: {listener.reason or 'the listener stopped'}")
     if not args.json:
