@@ -226,3 +226,41 @@ def python_child() -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
         p.wait()
         if p.stdout is not None:
             p.stdout.close()
+
+
+@pytest.fixture
+def sigterm_while_writing() -> Callable[..., tuple[bytes, int, bytes]]:
+    """``run(argv, env=None)``: start ``argv`` with its stdout on a 4 KiB pipe that nobody reads until it is (nearly)
+    full, so the command is blocked writing its answer; send SIGTERM then; return what it wrote, its exit status and
+    its stderr. For the rule that an answer is written whole (``cli._output.write_whole``)."""
+    import fcntl
+    import termios
+
+    def run(argv: list[str], env: dict[str, str] | None = None) -> tuple[bytes, int, bytes]:
+        read_end, write_end = os.pipe()
+        fcntl.fcntl(read_end, 1031, 4096)  # F_SETPIPE_SZ: far less than the answer
+        size = fcntl.fcntl(read_end, 1032)  # F_GETPIPE_SZ
+        proc = subprocess.Popen(argv, stdout=write_end, stderr=subprocess.PIPE, env=env)
+        os.close(write_end)
+        try:
+            buffered = bytearray(4)
+            end = time.monotonic() + 120
+            while True:  # the writer fills the pipe and blocks: the answer is being written
+                fcntl.ioctl(read_end, termios.FIONREAD, buffered)
+                if int.from_bytes(buffered, sys.byteorder) >= size - 256:  # a buffered writer stops a little short
+                    break
+                assert proc.poll() is None and time.monotonic() < end, "the answer was never written"
+                time.sleep(0.02)
+            proc.send_signal(signal.SIGTERM)
+            chunks = []
+            while chunk := os.read(read_end, 1 << 16):
+                chunks.append(chunk)
+            _, err = proc.communicate(timeout=120)
+        finally:
+            os.close(read_end)
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        return b"".join(chunks), proc.returncode, err
+
+    return run

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -144,38 +145,13 @@ def test_no_gpu_backend_points_to_the_simulator(tmp_path: Path) -> None:
     assert json.loads(json_out.stdout)["exit_code"] == 3 and "--simulate" not in json_out.stdout
 
 
-def test_sigterm_while_a_json_answer_is_written_leaves_one_whole_document() -> None:
+def test_sigterm_while_a_json_answer_is_written_leaves_one_whole_document(
+    sigterm_while_writing: Callable[..., tuple[bytes, int, bytes]],
+) -> None:
     # json.dump wrote the document in chunks: a SIGTERM while stdout was blocked on a full pipe cut it, and the error
     # path then added an nvmlcheck/error document after the half of it (two documents, neither whole).
-    import fcntl
-    import termios
-    import time
-
-    read_end, write_end = os.pipe()
-    fcntl.fcntl(read_end, 1031, 4096)  # F_SETPIPE_SZ: far less than the document
-    size = fcntl.fcntl(read_end, 1032)  # F_GETPIPE_SZ
-    proc = subprocess.Popen([sys.executable, "-m", "nvmlcheck", "--simulate", "h200x8", "--json", "snapshot"],
-                            stdout=write_end, stderr=subprocess.PIPE)
-    os.close(write_end)
-    try:
-        buffered = bytearray(4)
-        end = time.monotonic() + 120
-        while True:  # the writer fills the pipe and blocks: the answer is being written
-            fcntl.ioctl(read_end, termios.FIONREAD, buffered)
-            if int.from_bytes(buffered, sys.byteorder) >= size - 256:  # a buffered writer stops a few bytes short
-                break
-            assert proc.poll() is None and time.monotonic() < end, "the answer was never written"
-            time.sleep(0.02)
-        proc.send_signal(signal.SIGTERM)
-        chunks = []
-        while chunk := os.read(read_end, 1 << 16):
-            chunks.append(chunk)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        os.close(read_end)
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    doc = json.loads(b"".join(chunks))  # one document, whole
+    out, code, err = sigterm_while_writing(
+        [sys.executable, "-m", "nvmlcheck", "--simulate", "h200x8", "--json", "snapshot"])
+    doc = json.loads(out)  # one document, whole
     assert doc["schema"] == "nvmlcheck/snapshot" and len(doc["devices"]) == 8
-    assert proc.returncode == 0, err  # the answer was out: the command ends with its verdict
+    assert code == 0, err  # the answer was out: the command ends with its verdict

@@ -8,15 +8,11 @@ Nothing here asserts a duration; waits are for events, capped only against a han
 
 from __future__ import annotations
 
-import fcntl
 import functools
 import json
 import os
-import signal
-import subprocess
 import sys
-import termios
-import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -161,43 +157,19 @@ def test_an_explicit_deadline_or_another_timeout_leaves_the_command_alone(tmp_pa
 # --- a signal while the answer is written ------------------------------------------------------------------------
 
 
-F_SETPIPE_SZ = 1031
-
-
-def test_sigterm_while_the_document_is_written_leaves_a_whole_document(tmp_path: Path) -> None:
+def test_sigterm_while_the_document_is_written_leaves_a_whole_document(
+    tmp_path: Path, sigterm_while_writing: Callable[..., tuple[bytes, int, bytes]]
+) -> None:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     big = {**SNAPSHOT, "padding": "x" * 300_000}  # far more than the pipe holds
     _fake_ssh(bin_dir / "ssh", f"print({json.dumps(big)!r})")
     env = dict(os.environ, PYTHONPATH=str(ROOT), PATH=f"{bin_dir}:{os.environ.get('PATH', '')}")
     env.pop("NVMLCHECK_SSH_OPTIONS", None)
-    read_end, write_end = os.pipe()
-    fcntl.fcntl(read_end, F_SETPIPE_SZ, 4096)
-    size = fcntl.fcntl(read_end, 1032)  # F_GETPIPE_SZ
-    proc = subprocess.Popen([sys.executable, "-m", "nvmlcheck", "snapshot", "--host", "gpu01", "--json"],
-                            stdout=write_end, stderr=subprocess.PIPE, env=env)
-    os.close(write_end)
-    try:
-        buffered = bytearray(4)
-        end = time.monotonic() + 60
-        while True:  # the writer fills the pipe and blocks: the answer is being written
-            fcntl.ioctl(read_end, termios.FIONREAD, buffered)
-            if int.from_bytes(buffered, sys.byteorder) >= size:
-                break
-            assert proc.poll() is None and time.monotonic() < end, "the answer was never written"
-            time.sleep(0.02)
-        proc.send_signal(signal.SIGTERM)
-        chunks = []
-        while chunk := os.read(read_end, 1 << 16):
-            chunks.append(chunk)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        os.close(read_end)
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    doc = json.loads(b"".join(chunks))  # whole: not cut where the signal came
+    out, code, err = sigterm_while_writing(
+        [sys.executable, "-m", "nvmlcheck", "snapshot", "--host", "gpu01", "--json"], env)
+    doc = json.loads(out)  # whole: not cut where the signal came
     assert doc["schema"] == "nvmlcheck/hosts" and doc["hosts"][0]["document"]["padding"] == big["padding"]
     # The verdict was decided and is out whole: the command ends with it (an error document after the answer would
     # be a second document on stdout).
-    assert proc.returncode == 0, err
+    assert code == 0, err
