@@ -542,10 +542,13 @@ def test_phases_in_order_with_a_lingering_teardown(tmp_path: Path) -> None:
     for r in result.records:
         (d,) = r.devices
         assert d.zombie_ns is not None and d.exited_ns is not None and d.files_closed_ns is not None
-        # The leader's exit is not the process's: the other thread lingered 200 ms with the file open (counted from
-        # before the leader exited, so the gap seen is a little less; 100 ms is far above any sampling window).
-        assert d.exited_ns - d.zombie_ns >= 100 * MS
-        assert d.files_closed_ns - d.zombie_ns >= 100 * MS
+        # The leader's exit is not the process's: the other thread lingered with the file open, so the leader was
+        # seen a zombie before the process had exited and its files closed. Each time is when the watcher saw it,
+        # within its resolution window: a watcher starved by a loaded machine widens the windows (it once saw a
+        # 200 ms linger as a negative gap), so the order is checked within them, not a duration.
+        windows = d.phase_resolution_ns or {}
+        seen_zombie_from = d.zombie_ns - (windows.get("zombie") or 0)
+        assert seen_zombie_from <= d.exited_ns and seen_zombie_from <= d.files_closed_ns
         # Exit precedes the reap; the watcher may see it after waitpid returned, but its window starts before.
         exited_res = (d.phase_resolution_ns or {}).get("exited")
         assert d.waitpid_ns is not None and exited_res is not None and d.exited_ns - exited_res <= d.waitpid_ns
