@@ -20,8 +20,8 @@ else:
 
 __all__ = [
     "ENV_END_WITH_STDIN", "SIGCHLD", "SIGCONT", "SIGHUP", "SIGINT", "SIGKILL", "SIGSTOP", "SIGTERM", "SIGURG",
-    "SIGWINCH", "STDIN_HELLO", "STOP_SIGNALS", "hang_up_at_stdin_eof", "has_pidfd_send", "name", "number",
-    "pidfd_send", "set_handler", "stop_refusal",
+    "SIGWINCH", "STDIN_HELLO", "STOP_SIGNALS", "get_handler", "hang_up_at_stdin_eof", "has_pidfd_send", "name",
+    "number", "pidfd_send", "raise_signal", "set_handler", "stop_refusal",
 ]  # fmt: skip
 
 SIGCHLD: int = _signal.SIGCHLD
@@ -64,6 +64,16 @@ def pidfd_send(fd: int, sig: int) -> None:
 def set_handler(sig: int, handler: object) -> object:
     """``signal.signal``: install ``handler`` for ``sig``, return the previous one (ValueError off the main thread)."""
     return _signal.signal(sig, handler)  # type: ignore[arg-type]
+
+
+def get_handler(sig: int) -> object:
+    """``signal.getsignal``: the handler of ``sig`` (``None`` for one not installed from Python)."""
+    return _signal.getsignal(sig)
+
+
+def raise_signal(sig: int) -> None:
+    """``signal.raise_signal``: deliver ``sig`` to this process now (its Python handler runs at once)."""
+    _signal.raise_signal(sig)
 
 
 def name(number: int) -> str:

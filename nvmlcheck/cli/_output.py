@@ -130,21 +130,21 @@ def write_whole(text: str, *, stream: bool = False) -> None:
     Written with ``os.write`` on the descriptor: a signal whose handler returns while ``sys.stdout`` blocks on a
     full pipe can make the buffered writer drop what it had not written yet (seen with CPython 3.11);
     ``os.write`` retries (PEP 475) and says how much it wrote."""
-    import signal
+    from .._proc import signals  # not the signal module: its enums would cost a one-shot's answer milliseconds
 
     caught: list[int] = []
 
     def hold(signum: int, frame: object) -> None:
         caught.append(signum)
 
-    previous: dict[int, Any] = {}
+    previous: dict[int, object] = {}
     try:
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            old = signal.getsignal(sig)
+        for sig in (signals.SIGINT, signals.SIGTERM, signals.SIGHUP):
+            old = signals.get_handler(sig)
             if old is None:  # a handler not installed from Python: leave it
                 continue
             try:
-                signal.signal(sig, hold)
+                signals.set_handler(sig, hold)
             except ValueError:  # not the main thread: nothing to hold
                 break
             previous[sig] = old
@@ -160,9 +160,9 @@ def write_whole(text: str, *, stream: bool = False) -> None:
             data = data[os.write(fd, data):]
     finally:
         for number, handler in previous.items():
-            signal.signal(number, handler)
+            signals.set_handler(number, handler)
     if caught and stream:
-        signal.raise_signal(caught[0])  # its handler raises here, after the whole line
+        signals.raise_signal(caught[0])  # its handler raises here, after the whole line
 
 
 def marked_simulated(doc: dict[str, Any]) -> dict[str, Any]:
