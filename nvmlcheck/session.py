@@ -286,9 +286,9 @@ class Session:
         return uuids, unreadable
 
     def _mig_parent(self, item: str) -> int:
-        """The index of the GPU holding MIG device ``item`` (a UUID or unique prefix). MIG devices are read with
-        memory (they are live: instances come and go), so this costs one memory snapshot."""
-        snap = self._backend.snapshot(None, Fields.PROCESSES)  # MIG devices are read with the process lists
+        """The index of the GPU holding MIG device ``item`` (a UUID or unique prefix). MIG devices are read live
+        (instances come and go), with the process lists: this costs one snapshot of every GPU's lists."""
+        snap = self._backend.snapshot(None, Fields.PROCESSES)
         matches = [
             (d.index, m.uuid)
             for d in snap.devices
