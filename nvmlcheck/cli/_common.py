@@ -36,6 +36,7 @@ EXIT_OUTPUT_FAILED = EXIT_SIGNAL_BASE + 13
 FAST_EXIT = False
 _simulating = False
 _simulation_files: contextlib.ExitStack | None = None  # the simulation's cleanup, for a hung reading's exit
+_signalled_plan: Any = None  # a kill's plan once its first signal went out: a hung reading's report names the targets
 #: The exit status an output failure ends the command with (set by :func:`verdict` before the answer is printed;
 #: ``None`` before any verdict: then an output failure is :data:`EXIT_OUTPUT_FAILED`).
 _on_output_failure: int | None = None
@@ -227,10 +228,16 @@ def _hung_reading(args: argparse.Namespace, late_s: float) -> None:
     reading as an error, exit 3 (backend failed) without waiting for the call. A simulation's files are removed
     first."""
     code = EXIT_BACKEND
+    plan = _signalled_plan
     exc = HungReading(
         f"a GPU reading has not returned {late_s:.1f} s after the deadline: an NVML call (or nvidia-smi) is hung, "
         "as on a wedged driver or a GPU that stopped answering (check dmesg for XIDs); giving up without its answer"
     )
+    if plan is not None:  # a kill already signalled: say what each target got, as a kill's own errors do
+        import contextlib
+
+        with contextlib.suppress(Exception):  # the report goes out whatever the plan's state
+            exc._nvmlcheck_kill_pids = plan.targets  # type: ignore[attr-defined]
     try:
         from ._main import fail
 

@@ -14,6 +14,7 @@ import sys
 import time
 
 from .._proc import signals
+from . import _common
 from ._common import (
     EXIT_CLEAN,
     EXIT_NOT_CLEAN,
@@ -395,6 +396,7 @@ def cmd_kill(args: argparse.Namespace) -> int:
                     return EXIT_CLEAN
             # After the PIDs were checked and signalled (a refusal comes before anything opens or registers, and a
             # slow registration never delays the signal); bounded by the wait's deadline, which counts from it.
+            _common._signalled_plan = plan  # a hung reading from now on reports what each target got
             _start_events_by_deadline(args, gpus)
             shown = predicate
             if args.only_targets and plan is not None:
@@ -424,6 +426,7 @@ def cmd_kill(args: argparse.Namespace) -> int:
             _print_result(args, result, plan, selection)
             verdict_printed(EXIT_CLEAN)
     finally:
+        _common._signalled_plan = None
         if plan is not None:
             plan.close()
     return EXIT_CLEAN

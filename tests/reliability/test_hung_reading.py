@@ -164,3 +164,21 @@ def test_kill_events_signals_first_and_registers_under_the_watchdog(tmp_path: Pa
         if target.poll() is None:
             target.kill()
             target.wait()
+
+
+def test_a_kill_whose_wait_hangs_after_its_signal_says_what_each_target_got(tmp_path: Path) -> None:
+    # The watchdog's report after a kill's first signal said nothing of the targets: a launch script could not tell
+    # from it that the process had been signalled (and had exited).
+    target = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        done = _run(["--json", "--simulate", str(_hung(tmp_path)), "kill", "--timeout", "0.2", str(target.pid)])
+        assert done.returncode == 3, done.stderr
+        doc = json.loads(done.stdout)
+        assert doc["error"]["type"] == "HungReading"
+        (pid,) = doc["pids"]
+        assert pid["pid"] == target.pid and pid["signals"][0]["signal"] == "SIGTERM"
+        assert target.wait(BOUND_S) == -15
+    finally:
+        if target.poll() is None:
+            target.kill()
+            target.wait()
