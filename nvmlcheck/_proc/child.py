@@ -97,13 +97,18 @@ class Child:
         # Both ends close-on-exec: only the child gets the read end (as its stdin), no other child the write end.
         self._stdin_w: int | None = None
         stdin_r = subprocess.DEVNULL
-        if hold_stdin is not None:
+        go_w: int | None = None  # a guarded child's go-ahead, written on its stdin once the guard knows it
+        if guard is not None:
+            guard.start()  # before the child: a SIGKILL a moment after its start finds the guard running
+        if guard is not None and hold_stdin is None:
+            # (A fleet's ssh, which holds its stdin, starts at once: its remote side ends with that stdin anyway.)
+            argv = _after_the_guard_knows(argv, env)
+            stdin_r, go_w = os.pipe()
+        elif hold_stdin is not None:
             stdin_r, self._stdin_w = os.pipe()
             os.write(self._stdin_w, hold_stdin)  # a few bytes: the pipe's buffer takes them at once
         self._guard = guard
         try:
-            if guard is not None:
-                guard.start()  # before the child: a SIGKILL a moment after its start finds the guard running
             self.proc = subprocess.Popen(
                 argv,
                 stdin=stdin_r,
@@ -114,12 +119,20 @@ class Child:
             )
         except BaseException:
             self._release_stdin()
+            if go_w is not None:
+                os.close(go_w)
             raise
         finally:
-            if hold_stdin is not None:
+            if stdin_r != subprocess.DEVNULL:
                 os.close(stdin_r)
         if guard is not None:
             guard.watch(self.proc.pid)
+        if go_w is not None:
+            # The guard knows the child: its command may run now (a few bytes: the pipe's buffer takes them). A child
+            # gone already (killed) makes this fail: its reaping says so.
+            with contextlib.suppress(OSError):
+                os.write(go_w, b"go\n")
+            os.close(go_w)  # the command reads /dev/null, as an unguarded one does
         self.stdout = bytearray()
         self.stderr = bytearray()
         assert self.proc.stdout is not None and self.proc.stderr is not None
@@ -307,3 +320,26 @@ class Child:
             with contextlib.suppress(OSError):
                 pipe.close()
         self._open.clear()
+
+
+#: What a guarded child runs first: it reads one line from its stdin, the word that the guard knows its PID, then
+#: becomes the command (the same PID and group) with /dev/null as its stdin. Should this process die before (SIGKILL
+#: between the start and the guard's note), the read meets the pipe's end and the command never runs: nothing the
+#: guard could not end. No descriptor number is named (dash takes only 0-9).
+_WAIT_FOR_GUARD: Final = 'read -r _ && exec "$@" </dev/null'
+
+
+def _after_the_guard_knows(argv: Sequence[str], env: Mapping[str, str] | None) -> list[str]:
+    """``argv`` run by ``/bin/sh`` once told on its stdin (:data:`_WAIT_FOR_GUARD`). The program is looked up first:
+    one that cannot be run raises ``FileNotFoundError``/``PermissionError`` here, as ``Popen`` would, rather than
+    starting a shell that fails (a command "not started" is not one that ran)."""
+    import shutil
+
+    program = argv[0]
+    path = program if os.sep in program else shutil.which(program, path=(env if env is not None else os.environ)
+                                                           .get("PATH", os.defpath))
+    if path is None or not os.path.exists(path):
+        raise FileNotFoundError(2, "No such file or directory", program)
+    if os.path.isdir(path) or not os.access(path, os.X_OK):
+        raise PermissionError(13, "Permission denied", program)
+    return ["/bin/sh", "-c", _WAIT_FOR_GUARD, "sh", path, *argv[1:]]
