@@ -171,16 +171,14 @@ def _ready(
 
 def _mig_instances(session: Session, devices: Iterable[DeviceSelector] | DeviceSelector | None, bound: float | None,
                    start: int, clock: Callable[[], int]) -> list[DeviceSelector]:
-    """The selected MIG instances, read by ``ready``'s deadline (one check always completes). Cut by the deadline,
-    none: each selected GPU is then judged whole (never laxer than its instance), by a first reading that the same
-    deadline cuts too, so it is unknown, never ready."""
-    from ._deadline import ns_or_none
-    from .errors import DeadlinePassed
+    """The selected MIG instances, read by ``ready``'s deadline (:meth:`Session._mig_instances`). Cut by the
+    deadline, none: each selected GPU is then judged whole (never laxer than its instance), by a first reading that
+    the same deadline cuts too, so it is unknown, never ready."""
+    from .errors import WaitTimeout
 
-    bound_ns = None if not bound else ns_or_none(bound)
     try:
-        return session._mig_selection(devices, None if bound_ns is None else start + bound_ns, clock)
-    except DeadlinePassed:
+        return session._mig_instances(devices, bound, start, clock)
+    except WaitTimeout:
         return []
 
 

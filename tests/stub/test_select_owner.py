@@ -20,7 +20,9 @@ import pytest
 from nvmlcheck import cli, locks, selection
 from nvmlcheck.errors import NoSuchProcess
 from nvmlcheck.locks import take_locks, try_lock
-from nvmlcheck.testing import Scenario, StubProbe, build_stub, use_stub
+from nvmlcheck.testing import Scenario, use_stub
+
+from .test_select import clean_env  # noqa: F401 - the same autouse environment (CUDA variables, lock dir, NVML shut)
 
 pytestmark = pytest.mark.stub
 GIB = 1 << 30
@@ -30,13 +32,6 @@ def uuid(i: int) -> str:
     return f"GPU-00000000-0000-0000-0000-{i:012d}"
 
 
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
-    monkeypatch.setenv("NVMLCHECK_LOCK_DIR", str(tmp_path / "locks"))
-    yield
-    assert StubProbe(build_stub()).init_refcount() == 0, "this test left NVML initialised"
 
 
 @pytest.fixture
