@@ -31,7 +31,7 @@ from .errors import ArgumentError, NoSuchProcess, NvmlCheckError
 
 __all__ = [
     "ENV_LOCK_DIR", "GpuLock", "LockDirError", "LockHolderFailed", "LockSet", "Owner", "check_owner", "choosing",
-    "lock_dir", "lock_info", "pin_owner", "prepare_lock_dir", "take_locks", "try_lock",
+    "lock_dir", "lock_info", "pin_owner", "prepare_lock_dir", "recorded_holder", "take_locks", "try_lock",
 ]
 
 #: The environment variable that overrides where lock files live.
@@ -320,12 +320,20 @@ def choosing(directory: Path, wait_s: float | None = None) -> Iterator[bool]:
 
 def lock_info(uuid: str, directory: Path | None = None) -> str | None:
     """Who holds GPU ``uuid``'s lock, as its file says (``"holder=123 owner=45 since=..."``), when it is held;
-    ``None`` when it is free (probed by taking and releasing it)."""
+    ``None`` when it is free. Probed by taking and releasing the lock: for that instant another process's
+    :func:`try_lock` of the same GPU fails, so a caller that already knows the lock is held (its own
+    :func:`try_lock` failed) should not ask this (``select`` reads the file's text only)."""
     directory = lock_dir() if directory is None else directory
     taken = try_lock(uuid, directory, record=False)  # a probe: keep the last holder's text
     if taken is not None:
         os.close(taken.fd)
         return None
+    return recorded_holder(uuid, directory)
+
+
+def recorded_holder(uuid: str, directory: Path) -> str:
+    """What GPU ``uuid``'s lock file says of its holder (``"held (no holder recorded)"`` when it says nothing),
+    read without touching the lock: for a lock known to be held."""
     text = ""
     with contextlib.suppress(OSError):
         fd = os.open(_lock_path(directory, uuid), os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
@@ -334,8 +342,25 @@ def lock_info(uuid: str, directory: Path | None = None) -> str | None:
                 text = os.read(fd, _INFO_MAX_BYTES).decode("utf-8", "replace").strip()
         finally:
             os.close(fd)
+    if not text:
+        return "held (no holder recorded)"
     # Anyone who can write the file (another user in a shared directory) decides its text: no control characters.
-    return printable(text) if text else "held (no holder recorded)"
+    return printable(text) + _stopped_hint(text)
+
+
+def _stopped_hint(text: str) -> str:
+    """A holder process that was stopped (SIGSTOP, Ctrl-Z) keeps its locks past its owner's exit, since it cannot
+    run to see the owner go: say so, rather than leave a GPU "locked" with no explanation."""
+    found = re.search(r"\bholder=(\d{1,10})\b", text)
+    if found is None:
+        return ""
+    from ._proc.procfs import read_stat
+
+    st = read_stat(int(found.group(1)))
+    if st is None or st.state not in ("T", "t"):
+        return ""
+    return (f"; holder process {st.pid} is stopped: it releases the lock only once continued "
+            f"(kill -CONT {st.pid}) or ended")
 
 
 class LockSet:

@@ -291,7 +291,7 @@ def _choose(
     costs one wait, not one per poll."""
     if directory is None:
         return (eligible[:count] if len(eligible) >= count else None), None, []
-    from .locks import LockSet, choosing, lock_info, try_lock
+    from .locks import LockSet, choosing, recorded_holder, try_lock
 
     locks = LockSet([], directory)
     chosen: list[DeviceState] = []
@@ -307,7 +307,7 @@ def _choose(
                 held = try_lock(d.uuid, directory)
                 if held is None:
                     busy.append(f"GPU {d.index}: locked by another process "
-                                f"({lock_info(d.uuid, directory) or 'just released'})")
+                                f"({recorded_holder(d.uuid, directory)})")
                     continue
                 locks.locks += (held,)
                 chosen.append(d)

@@ -6,6 +6,7 @@ Nothing here asserts a duration: waits are for events (a process gone), capped o
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import sys
@@ -120,3 +121,56 @@ def test_command_substitution_returns_and_the_lock_lasts_as_long_as_the_execd_se
     shell.communicate("done\n", timeout=60)
     assert gone_within(holder)
     assert lock_info(uuid, tmp_path / "locks") is None
+
+
+def test_a_select_reads_a_held_locks_holder_without_probing_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # lock_info probes by taking the lock: for that instant a racing select's try_lock fails and it passes over a
+    # free GPU. A select whose own try_lock failed knows the lock is held: it reads the file's text only.
+    from nvmlcheck import selection
+    from nvmlcheck.model import DeviceState
+
+    held, _ = take_locks(["GPU-a"], tmp_path)
+    attempts: list[str] = []
+    real = locks.try_lock
+
+    def counted(uuid: str, directory: Path | None = None, *, record: bool = True) -> locks.GpuLock | None:
+        attempts.append(uuid)
+        return real(uuid, directory, record=record)
+
+    monkeypatch.setattr(locks, "try_lock", counted)
+    gpus = [DeviceState.__new__(DeviceState) for _ in range(2)]
+    for i, (d, uuid) in enumerate(zip(gpus, ["GPU-a", "GPU-b"], strict=True)):
+        object.__setattr__(d, "index", i)
+        object.__setattr__(d, "uuid", uuid)
+    try:
+        chosen, taken, busy = selection._choose(gpus, 1, tmp_path)
+        assert attempts == ["GPU-a", "GPU-b"]  # one attempt each: no probe of the held one
+        assert chosen is not None and [d.uuid for d in chosen] == ["GPU-b"]
+        assert len(busy) == 1 and busy[0].startswith(f"GPU 0: locked by another process (holder={os.getpid()} ")
+        assert taken is not None
+        taken.release()
+    finally:
+        held.release()
+
+
+def test_a_stopped_holder_is_named_as_such(tmp_path: Path) -> None:
+    # A SIGSTOPped holder cannot see its owner exit and keeps the lock: the message says so and how to end it.
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        (tmp_path / "GPU-s.lock").write_text(f"holder={child.pid} owner=1 since=2026-01-01T00:00:00Z\n")
+        held = os.open(tmp_path / "GPU-s.lock", os.O_RDONLY)
+        fcntl.flock(held, fcntl.LOCK_EX)
+        try:
+            assert "stopped" not in locks.recorded_holder("GPU-s", tmp_path)
+            os.kill(child.pid, 19)  # SIGSTOP
+            for _ in range(1000):  # the state changes once the kernel has stopped it
+                if "stopped" in locks.recorded_holder("GPU-s", tmp_path):
+                    break
+                time.sleep(0.01)
+            assert f"kill -CONT {child.pid}" in locks.recorded_holder("GPU-s", tmp_path)
+            assert f"kill -CONT {child.pid}" in (lock_info("GPU-s", tmp_path) or "")
+        finally:
+            os.close(held)
+    finally:
+        os.kill(child.pid, 9)
+        child.wait()
