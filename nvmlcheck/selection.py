@@ -127,8 +127,9 @@ def select_clean(
     clock: Callable[[], int] = time.monotonic_ns,
     sleep: Callable[[float], object] = time.sleep,
     owner: int | Owner | None = None,
+    health: bool = True,
 ) -> Selection:
-    """Wait until ``count`` of the candidate GPUs are clean, and return them (lowest NVML index first).
+    """Wait until ``count`` of the candidate GPUs are clean and healthy, and return them (lowest NVML index first).
 
     ``timeout`` in seconds: ``0`` (default) checks once, ``None`` waits forever. ``predicate`` is judged on each
     GPU alone (default :func:`~nvmlcheck.default_predicate`: no process of any kind, at most 16 MiB used).
@@ -140,7 +141,11 @@ def select_clean(
     ``interval``: seconds between polls (default 0.05 with NVML, 0.5 with nvidia-smi). ``clock``/``sleep``: for
     tests. ``owner``: a process (a PID, or a :class:`~nvmlcheck.locks.Owner` pinned earlier) for whom the GPUs are
     chosen, typically the one :meth:`LockSet.hold_until <nvmlcheck.locks.LockSet.hold_until>` will be given: it is
-    checked before each poll and once more before returning, and once it has exited the wait ends.
+    checked before each poll and once more before returning, and once it has exited the wait ends. ``health``
+    (default ``True``): also read each GPU's health and pass over one with a cause ``ready`` refuses it for
+    (a pending row remap or page retirement, a remap failure, volatile uncorrectable ECC errors, a recovery action:
+    docs/ready.md), or whose health could not be read though the GPU supports it; ``False`` judges the predicate
+    only.
 
     Raises :class:`SelectTimeout` (a :class:`~nvmlcheck.WaitTimeout`) naming why each GPU was passed over;
     ``ValueError`` when ``count`` is below 1 or above the number of candidates; :class:`~nvmlcheck.locks.LockDirError`
@@ -179,7 +184,8 @@ def select_clean(
         pin = owner if isinstance(owner, Owner) else pin_owner(owner)
     try:
         return _poll(session, count=count, timeout=timeout, timeout_ns=timeout_ns, selected=selected, pred=pred,
-                     stable_polls=stable_polls, directory=directory, pause=pause, clock=clock, sleep=sleep, pin=pin)
+                     stable_polls=stable_polls, directory=directory, pause=pause, clock=clock, sleep=sleep, pin=pin,
+                     health=health)
     finally:
         if pin is not None and pin is not owner:
             pin.close()
@@ -205,6 +211,7 @@ def _poll(
     clock: Callable[[], int],
     sleep: Callable[[float], object],
     pin: Owner | None,
+    health: bool,
 ) -> Selection:
     """:func:`select_clean`'s loop, its arguments checked."""
     from ._deadline import Deadline
@@ -224,11 +231,12 @@ def _poll(
     eligible: list[DeviceState] = []
     busy: list[str] = []
     patience: list[float | None] = [None]  # the default wait for another select's choice, until one is in vain
+    fields = Fields.WAIT | Fields.HEALTH if health else Fields.WAIT
     while True:
         if pin is not None and pin.exited():
             raise _owner_gone(pin, polls)
         try:
-            snap: Snapshot | None = backend.snapshot(selected, Fields.WAIT, deadline=cut)
+            snap: Snapshot | None = backend.snapshot(selected, fields, deadline=cut)
         except DeadlinePassed:
             snap = None
             if last is None:
@@ -242,7 +250,7 @@ def _poll(
         if snap is not None:
             polls += 1
             last = snap
-            why, eligible = _judge(snap, pred, streak, stable_polls)
+            why, eligible = _judge(snap, pred, streak, stable_polls, health=health)
             chosen, locks, busy = _choose(eligible, count, directory, patience)
             why.extend(busy)
             if chosen is not None:
@@ -261,10 +269,13 @@ def _poll(
 
 
 def _judge(
-    snap: Snapshot, pred: Predicate, streak: dict[str, int], stable_polls: int
+    snap: Snapshot, pred: Predicate, streak: dict[str, int], stable_polls: int, *, health: bool = False
 ) -> tuple[list[str], list[DeviceState]]:
-    """(why GPUs are passed over, the GPUs clean for ``stable_polls`` polls in a row) for one poll; ``streak``
-    counts each GPU's clean polls in a row and is updated."""
+    """(why GPUs are passed over, the GPUs clean (and, with ``health``, without a health cause) for
+    ``stable_polls`` polls in a row) for one poll; ``streak`` counts each GPU's clean polls in a row and is
+    updated."""
+    from .verdict import health_causes
+
     if not snap.devices and not snap.failures:
         raise BackendUnavailable(f"the {snap.backend} backend sees no GPU: nothing to select",
                                  [f"{snap.backend}: device count 0"])
@@ -272,8 +283,13 @@ def _judge(
     eligible: list[DeviceState] = []
     for d in snap.devices:
         verdict = pred.evaluate(_one_device(snap, d))
-        streak[d.uuid] = streak.get(d.uuid, 0) + 1 if verdict.clean else 0
-        if not verdict.clean:
+        # A GPU that needs a reset (or whose health cannot be told) is as unusable as a busy one: the same causes as
+        # ``ready``'s, from the one health model.
+        sick = health_causes(d) if health else ()
+        streak[d.uuid] = streak.get(d.uuid, 0) + 1 if verdict.clean and not sick else 0
+        if sick:
+            why.extend(c.describe() for c in sick)
+        elif not verdict.clean:
             why.extend(verdict.reasons or (f"GPU {d.index}: not clean ({pred.describe()})",))
         elif streak[d.uuid] < stable_polls:
             why.append(f"GPU {d.index}: clean for {streak[d.uuid]} of {stable_polls} polls")

@@ -528,11 +528,13 @@ class Session:
         clock: Callable[[], int] = time.monotonic_ns,
         sleep: Callable[[float], object] = time.sleep,
         owner: int | Owner | None = None,
+        health: bool = True,
     ) -> Selection:
-        """Wait until ``count`` GPUs are clean and return them (see :func:`nvmlcheck.selection.select_clean`):
-        ``timeout`` 0 checks once, ``None`` waits forever; ``lock=True`` also takes their advisory locks and passes
-        over GPUs locked by others; ``owner``: the process they are chosen for (a PID or a pinned
-        :class:`~nvmlcheck.locks.Owner`), whose exit ends the wait. Raises
+        """Wait until ``count`` GPUs are clean and healthy and return them (see
+        :func:`nvmlcheck.selection.select_clean`): ``timeout`` 0 checks once, ``None`` waits forever; ``lock=True``
+        also takes their advisory locks and passes over GPUs locked by others; ``owner``: the process they are chosen
+        for (a PID or a pinned :class:`~nvmlcheck.locks.Owner`), whose exit ends the wait; ``health=False``: pass
+        over busy GPUs only, not those with a health cause (a pending row remap, ...). Raises
         :class:`~nvmlcheck.selection.SelectTimeout` naming why GPUs were passed over."""
         from pathlib import Path
 
@@ -542,7 +544,7 @@ class Session:
         return select_clean(
             self, count, timeout=timeout, predicate=predicate, devices=devices, stable_polls=stable_polls, lock=lock,
             lock_dir=None if lock_dir is None else Path(lock_dir), interval=interval, clock=clock, sleep=sleep,
-            owner=owner,
+            owner=owner, health=health,
         )
 
     def holders(

@@ -396,7 +396,8 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
         select = sub_parser(
             sub, "select", help="wait until COUNT GPUs are clean and print them for CUDA_VISIBLE_DEVICES",
             description="Wait (up to --wait seconds) until --count GPUs are clean (no process of any kind, at most "
-                        "--max-used bytes used) and print them comma-separated on stdout: "
+                        "--max-used bytes used) and healthy (no cause `ready` refuses a GPU for: a pending row "
+                        "remap, ...) and print them comma-separated on stdout: "
                         "GPUS=$(nvmlcheck select --count 2 --wait 600) || exit 1; export CUDA_VISIBLE_DEVICES=$GPUS. "
                         "--devices limits the candidates (cuda:all: those CUDA_VISIBLE_DEVICES shows).",
             epilog="exit codes: 0 found, 1 not enough clean GPUs at the timeout (stderr says why), 2 usage, 3 backend",
@@ -413,6 +414,9 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
              help=f"clean means at most this much used per GPU (default 16MiB; {SIZE_UNITS})")
         once(select, "--stable-polls", type=positive_int, default=1, metavar="N",
              help="consecutive clean polls a GPU needs (default 1)")
+        select.add_argument("--no-health", action="store_true",
+                            help="do not read the GPUs' health: a GPU that needs a reset (a pending row remap, ...) "
+                                 "can be chosen")
         once(select, "--format", choices=("cuda", "index", "uuid"), default="cuda",
              help="cuda (default): numbers for CUDA_VISIBLE_DEVICES in CUDA's numbering of all GPUs (replacing any "
                   "current value); index: NVML/nvidia-smi indices; uuid: UUIDs (valid in CUDA_VISIBLE_DEVICES too)")

@@ -145,7 +145,7 @@ def _select(args: argparse.Namespace, pinned: Owner | None, what: str) -> int:
         try:
             selection = gpus.select_clean(
                 args.count, timeout=timeout, predicate=predicate, devices=args.devices,
-                stable_polls=args.stable_polls, lock=lock, owner=pinned,
+                stable_polls=args.stable_polls, lock=lock, owner=pinned, health=not args.no_health,
             )
         except NoSuchProcess as gone:
             # The owner exited during the wait: the refusal of an owner gone at the start (exit 2); select_clean

@@ -136,6 +136,31 @@ def test_select_clean_picks_the_lowest_clean_gpus_and_says_why_others_were_passe
             gpus.select_clean(0)
 
 
+def test_select_passes_over_a_gpu_that_needs_a_reset_or_whose_health_is_unknown(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # An idle GPU with a pending row remap is clean but not usable (ready refuses it): select chose it before.
+    sc = mixed(devices=3, busy=())
+    sc.set_device(0, remapped_rows=(0, 0, 1, 0))
+    sc.fault("nvmlDeviceGetRemappedRows", 999, device=1)  # NVML_ERROR_UNKNOWN: supported, but unreadable
+    with use_stub(sc, tmp_dir=tmp_path):
+        with nc.open("nvml") as gpus:
+            assert gpus.select_clean(1).indices == (2,)
+            with pytest.raises(SelectTimeout) as err:
+                gpus.select_clean(2)
+            assert err.value.clean == (2,)
+            assert any(line.startswith("GPU 0: a row remapping is pending") for line in err.value.culprits)
+            assert any(line.startswith("GPU 1: health.remapped_rows could not be read") for line in err.value.culprits)
+            assert [(h.gpu, h.class_) for h in err.value.holders] == [(0, "unhealthy"), (1, "unknown")]
+            assert gpus.select_clean(3, health=False).indices == (0, 1, 2)  # the predicate alone, as asked
+        code, out, err_text = run(capsys, "select", "1")
+        assert (code, out.strip()) == (0, "2")
+        code, out, err_text = run(capsys, "select", "2")
+        assert code == 1 and out == "" and "row remapping is pending" in err_text
+        code, out, _ = run(capsys, "select", "3", "--no-health", "--format", "index")
+        assert (code, out.strip()) == (0, "0,1,2")
+
+
 def test_select_clean_waits_for_a_gpu_to_become_clean(tmp_path: Path) -> None:
     sc = mixed(devices=2, busy=(1,))
     sc.at_call(40).remove_process(1, 4_100_000)
