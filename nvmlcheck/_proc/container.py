@@ -3,7 +3,9 @@
 :func:`parse_cgroup` is the pure parser (cgroup v1 and v2 text → :class:`Container`); :func:`container_of` reads one
 process; :func:`members` lists every process of one container (``kill --container``). Recognised: docker,
 containerd (and nerdctl), cri-o, podman, LXC/Proxmox, Kubernetes pods, Slurm jobs, systemd units; any other non-root
-cgroup is kind ``"cgroup"``; a process in the root cgroup but another PID namespace is kind ``"pidns"``. A runtime's
+cgroup is kind ``"cgroup"``; a process in the root cgroup but another PID namespace is kind ``"pidns"``; one whose
+container cannot be told (its cgroup file unreadable, its PID namespace not readable) is kind ``"unknown"``, the
+reason its ID: never guessed, never taken for "none". A runtime's
 monitor (LXC's, podman's or cri-o's conmon, a Slurm step daemon) is marked ``monitor`` and is no member of its
 container. No ``re``, no dataclasses at run time: ``kill --container`` reads this before its first signal.
 Recognised path forms and their sources: docs/killing.md.
@@ -21,10 +23,15 @@ TYPE_CHECKING = False  # no typing before a signal: start-up cost where site has
 if TYPE_CHECKING:
     from dataclasses import dataclass
 
-__all__ = ["CONTAINER_KINDS", "Container", "ContainerSpec", "container_of", "members", "parse_cgroup", "parse_spec"]
+__all__ = [
+    "CONTAINER_KINDS", "UNKNOWN", "Container", "ContainerSpec", "container_of", "members", "parse_cgroup", "parse_spec",
+]
 
 #: The kinds that are containers proper (a runtime's); ``systemd``, ``slurm``, ``cgroup`` and ``pidns`` are not.
 CONTAINER_KINDS = frozenset({"docker", "containerd", "cri-o", "podman", "container", "lxc", "kubernetes"})
+
+#: The kind of a process whose container cannot be told; its ``id`` says why.
+UNKNOWN = "unknown"
 
 _HEX = frozenset("0123456789abcdef")
 #: The kinds whose ID is a runtime's 64-hex container ID (``"container"``: under a pod, runtime not named).
@@ -38,13 +45,14 @@ if TYPE_CHECKING:
         """Where one process runs.
 
         ``kind``: ``"docker"``, ``"containerd"``, ``"cri-o"``, ``"podman"``, ``"lxc"``, ``"kubernetes"``,
-        ``"systemd"``, ``"slurm"``, ``"cgroup"`` (any other cgroup) or ``"pidns"`` (root cgroup, another PID
-        namespace). ``id``: the full runtime ID, ``"129"`` for ``lxc/129``, the pod UID, the unit name, the Slurm
-        job ID, the cgroup path, or the namespace inode. ``cgroup``: the process's cgroup path (the v2 line, else
-        the v1 hierarchy that was read). ``pidns_inode``: inode of ``/proc/PID/ns/pid`` (``None``: unread).
-        ``nested``: ``(kind, id)`` of what else the path names, outermost first (a pod's container, a unit inside
-        an LXC container). ``monitor``: the runtime's own process for that container (LXC monitor, conmon, Slurm
-        step daemon), not a member of it.
+        ``"systemd"``, ``"slurm"``, ``"cgroup"`` (any other cgroup), ``"pidns"`` (root cgroup, another PID
+        namespace) or ``"unknown"`` (:data:`UNKNOWN`: it cannot be told). ``id``: the full runtime ID, ``"129"`` for
+        ``lxc/129``, the pod UID, the unit name, the Slurm job ID, the cgroup path, the namespace inode, or (kind
+        ``"unknown"``) why it cannot be told. ``cgroup``: the process's cgroup path (the v2 line, else the v1
+        hierarchy that was read; ``""`` when none was read). ``pidns_inode``: inode of ``/proc/PID/ns/pid``
+        (``None``: unread). ``nested``: ``(kind, id)`` of what else the path names, outermost first (a pod's
+        container, a unit inside an LXC container). ``monitor``: the runtime's own process for that container (LXC
+        monitor, conmon, Slurm step daemon), not a member of it.
         """
 
         kind: str
@@ -55,7 +63,8 @@ if TYPE_CHECKING:
         monitor: bool = False
 
         def label(self) -> str:
-            """Short text for humans: ``"docker 3f2a1b2c3d4e"``, ``"lxc/129"``, ``"pod <uid>"``."""
+            """Short text for humans: ``"docker 3f2a1b2c3d4e"``, ``"lxc/129"``, ``"pod <uid>"``,
+            ``"unknown container (<why>)"``."""
             ...
 
         def names(self) -> tuple[tuple[str, str], ...]:
@@ -94,6 +103,8 @@ def _label(kind: str, ident: str) -> str:
         return f"slurm job {ident}"
     if kind == "pidns":
         return f"pid namespace {ident}"
+    if kind == UNKNOWN:
+        return f"unknown container ({ident})"
     return f"{kind} {ident}"
 
 
@@ -258,8 +269,14 @@ def parse_cgroup(text: str) -> Container | None:
 
 def container_of(pid: int | str, proc: str = "/proc") -> Container | None:
     """Where ``pid`` runs, or ``None`` when it is in the root cgroup of this host (or of this cgroup namespace) and in
-    this process's PID namespace, or when its files cannot be read (it exited)."""
-    text = procfs.read_cgroup(pid, proc)
+    this process's PID namespace, or when it is gone (it exited). Kind ``"unknown"`` (:data:`UNKNOWN`, the reason
+    its ID) when that cannot be told: ``/proc/PID/cgroup`` unreadable for another reason than the process being gone
+    (``hidepid``, out of descriptors, a path longer than the kernel prints), or a process in the root cgroup whose
+    PID namespace cannot be read (another user's: its inode needs ptrace access) nor told from its ``NSpid``."""
+    try:
+        text = procfs.read_cgroup(pid, proc, strict=True)
+    except procfs.ProcUnreadable as exc:
+        return Container(UNKNOWN, str(exc.strerror), "")
     if text is None:
         return None
     ino = procfs.pidns_inode(pid, proc)
@@ -267,10 +284,27 @@ def container_of(pid: int | str, proc: str = "/proc") -> Container | None:
     if c is not None:
         return c._replace(pidns_inode=ino)  # type: ignore[attr-defined, no-any-return]
     mine = procfs.pidns_inode("self", proc)
-    if ino is not None and mine is not None and ino != mine:
-        root = cgroup_paths(text).get("", "/")
-        return Container("pidns", str(ino), root, ino)
-    return None
+    root = cgroup_paths(text).get("", "/")
+    if ino is not None and mine is not None:
+        return None if ino == mine else Container("pidns", str(ino), root, ino)
+    return _pidns_from_nspid(pid, proc, root)
+
+
+def _pidns_from_nspid(pid: int | str, proc: str, root: str) -> Container | None:
+    """Whether a root-cgroup process whose namespace inode cannot be read shares this one's PID namespace, from the
+    ``NSpid`` lines (readable by anyone; one entry: the namespace of this ``/proc``): ``None`` when both have one
+    entry, else an unknown container saying what is known."""
+    theirs = procfs.read_status(pid, proc)
+    if theirs is None:
+        return None  # gone
+    own = procfs.read_status("self", proc)
+    own_depth = len(own.nspid) if own is not None and own.nspid else None
+    if theirs.nspid and own_depth == 1:
+        if len(theirs.nspid) == 1:
+            return None  # both in the PID namespace of this /proc: the same one
+        return Container(UNKNOWN, f"another PID namespace, whose inode cannot be read ({proc}/{pid}/ns/pid: not "
+                                  "permitted)", root)
+    return Container(UNKNOWN, f"its PID namespace cannot be read ({proc}/{pid}/ns/pid: not permitted)", root)
 
 
 # --- selecting by container ------------------------------------------------------------------------------------------

@@ -180,9 +180,10 @@ def parse_status(raw: bytes) -> ProcStatus:
     return ProcStatus(tgid, uid, nspid, masks.get(b"SigIgn"), masks.get(b"SigCgt"), masks.get(b"SigBlk"))
 
 
-def read_cgroup(pid: int | str, proc: str = "/proc") -> str | None:
-    """The text of ``/proc/PID/cgroup``, or ``None`` if gone or unreadable (parsed by :mod:`.container`)."""
-    raw = _read(f"{proc}/{pid}/cgroup", False)
+def read_cgroup(pid: int | str, proc: str = "/proc", *, strict: bool = False) -> str | None:
+    """The text of ``/proc/PID/cgroup``, or ``None`` if gone or unreadable (``strict``: as :func:`read_stat`; parsed
+    by :mod:`.container`)."""
+    raw = _read(f"{proc}/{pid}/cgroup", strict)
     return None if raw is None else raw.decode("utf-8", "replace")
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from nvmlcheck._proc import procfs
 from nvmlcheck._proc.container import (
+    UNKNOWN,
     Container,
     ContainerSpec,
     container_of,
@@ -254,3 +255,43 @@ def test_container_is_frozen() -> None:
     with pytest.raises(AttributeError):
         c.kind = "docker"  # type: ignore[misc]
     assert c.label() == "lxc/129" and c.names() == (("lxc", "129"),) and c.pidns_inode is None
+
+
+# --- what cannot be told is unknown, with why: never "none" ------------------------------------------------------
+
+
+def _status(nspid: str | None) -> str:
+    return "Name:\tp\nTgid:\t7\nUid:\t1000\t1000\t1000\t1000\n" + (f"NSpid:\t{nspid}\n" if nspid else "")
+
+
+def test_an_unreadable_cgroup_file_is_an_unknown_container(tmp_path: Path) -> None:
+    # Any error but "gone" (hidepid, EMFILE, a path longer than the kernel prints: ENAMETOOLONG) used to read as the
+    # root cgroup: the holder was shown in no container at all. Here the file is a directory (EISDIR).
+    (tmp_path / "7" / "cgroup").mkdir(parents=True)
+    c = container_of(7, str(tmp_path))
+    assert c is not None and c.kind == UNKNOWN and not c.is_container
+    assert "cgroup cannot be read" in c.id and "EISDIR" in c.id
+    assert c.label() == f"unknown container ({c.id})"
+    assert container_of(8, str(tmp_path)) is None  # gone: no process to say anything of
+
+
+@pytest.mark.parametrize(("theirs", "ours", "expected"), [
+    ("7", "1", None),  # both in this /proc's namespace: none
+    ("7\t1", "1", "another PID namespace"),  # nested below this one: which one is unknown
+    (None, "1", "cannot be read"),  # a kernel before NSpid: nothing to tell by
+    ("7", "5\t1", "cannot be read"),  # this process is itself nested: one entry proves nothing about it
+])
+def test_a_root_cgroup_process_whose_namespace_cannot_be_read(
+    tmp_path: Path, theirs: str | None, ours: str, expected: str | None,
+) -> None:
+    # Another user's process: /proc/PID/ns/pid needs ptrace access. It used to read as "in this namespace" (None).
+    (tmp_path / "7").mkdir()
+    (tmp_path / "7" / "cgroup").write_text("0::/\n")
+    (tmp_path / "7" / "status").write_text(_status(theirs))
+    (tmp_path / "self").mkdir()
+    (tmp_path / "self" / "status").write_text(_status(ours))
+    c = container_of(7, str(tmp_path))
+    if expected is None:
+        assert c is None
+    else:
+        assert c is not None and c.kind == UNKNOWN and expected in c.id and c.cgroup == "/"
