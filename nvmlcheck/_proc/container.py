@@ -235,25 +235,42 @@ _V1_ORDER = ("name=systemd", "pids", "memory", "cpu,cpuacct", "cpu", "devices", 
 def cgroup_paths(text: str) -> dict[str, str]:
     """``/proc/PID/cgroup`` as hierarchy → path: ``""`` for the v2 line, else the v1 controller list
     (``"memory"``, ``"cpu,cpuacct"``, ``"name=systemd"``). Malformed lines are skipped; the `` (deleted)`` the kernel
-    appends to a removed cgroup is dropped."""
+    appends to a removed cgroup of the v2 hierarchy (of that one only) is dropped."""
+    return _placements(text)[0]
+
+
+def _placements(text: str) -> tuple[dict[str, str], str | None]:
+    """:func:`cgroup_paths`, and why the text cannot be trusted (``None``: it can). The kernel prints each hierarchy
+    once; a second line for one is forged (a cgroup named with a newline, refused only since Linux 4.13): which line
+    is the kernel's cannot be told."""
     out: dict[str, str] = {}
+    twice: list[str] = []
     for line in text.splitlines():
         fields = line.split(":", 2)
         if len(fields) != 3 or not fields[2].startswith("/"):
             continue
         path = fields[2]
-        out[fields[1]] = path[: -len(" (deleted)")] if path.endswith(" (deleted)") else path
-    return out
+        if fields[:2] == ["0", ""] and path.endswith(" (deleted)"):
+            path = path[: -len(" (deleted)")]
+        if fields[1] in out:
+            twice.append(fields[1] or "the v2 hierarchy")
+        out[fields[1]] = path
+    why = f"/proc/PID/cgroup names {', '.join(twice)} twice: a cgroup name forges a line" if twice else None
+    return out, why
 
 
 def parse_cgroup(text: str) -> Container | None:
     """The container that ``/proc/PID/cgroup`` text names (``pidns_inode`` left ``None``), or ``None`` when every
-    line is the root cgroup. The first line that names a container proper (a runtime's, a pod, LXC, a Slurm job)
-    wins, the v2 line tried first (a hybrid host's v2 line may say only the runtime's unit while v1 names the
-    container); else the first non-root placement (a systemd unit, any cgroup), v2 first."""
-    paths = cgroup_paths(text)
+    line is the root cgroup. The container proper (a runtime's, a pod, LXC, a Slurm job) that a line names wins, the
+    v2 line tried first (a hybrid host's v2 line may say only the runtime's unit while v1 names the container); else
+    the first non-root placement (a systemd unit, any cgroup), v2 first. Kind ``"unknown"`` (:data:`UNKNOWN`) when
+    the text contradicts itself: two lines of one hierarchy, or hierarchies that name different containers."""
+    paths, forged = _placements(text)
+    if forged is not None:
+        return Container(UNKNOWN, forged, "")
     ordered = [k for k in ("", *_V1_ORDER) if k in paths] + sorted(k for k in paths if k and k not in _V1_ORDER)
     first: Container | None = None
+    strong: list[tuple[str, Container]] = []
     for key in ordered:
         path = paths[key]
         got = classify(path)
@@ -261,10 +278,14 @@ def parse_cgroup(text: str) -> Container | None:
             continue
         c = Container(got[0], got[1], path, None, got[2], got[3])
         if c.kind not in ("cgroup", "systemd"):
-            return c
-        if first is None:
+            strong.append((key, c))
+        elif first is None:
             first = c
-    return first
+    named = {(c.kind, c.id) for _, c in strong}
+    if len(named) > 1:
+        which = "; ".join(f"{key or 'v2'}: {_label(c.kind, c.id)}" for key, c in strong)
+        return Container(UNKNOWN, f"its cgroup hierarchies name different containers ({which})", "")
+    return strong[0][1] if strong else first
 
 
 def container_of(pid: int | str, proc: str = "/proc") -> Container | None:
@@ -384,7 +405,7 @@ def _matches(spec: ContainerSpec, c: Container | None, paths: dict[str, str]) ->
         return next((p for p in paths.values() if p == spec.value or p.startswith(below)), None)
     if spec.kind == "unit":
         return spec.value if any(spec.value in p.split("/") for p in paths.values()) else None
-    if c is None or c.monitor:
+    if c is None or c.monitor or c.kind == UNKNOWN:
         return None
     for kind, ident in c.names():
         if spec.kind == "id":
@@ -445,7 +466,10 @@ def members(spec: str | ContainerSpec, proc: str = "/proc") -> list[tuple[int, i
             text = procfs.read_cgroup(pid, proc)
             if text is None:
                 continue
-            got = _matches(parsed, parse_cgroup(text), cgroup_paths(text))
+            paths, forged = _placements(text)
+            if forged is not None:
+                continue  # which line is the kernel's cannot be told: no proof of membership
+            got = _matches(parsed, parse_cgroup(text), paths)
             if got is None:
                 continue
             full.add(got)

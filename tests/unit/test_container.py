@@ -295,3 +295,41 @@ def test_a_root_cgroup_process_whose_namespace_cannot_be_read(
         assert c is None
     else:
         assert c is not None and c.kind == UNKNOWN and expected in c.id and c.cgroup == "/"
+
+
+def test_a_hierarchy_named_twice_is_forged_and_unknown(tmp_path: Path) -> None:
+    # A cgroup name with a newline (refused by the kernel only since 4.13) forges a second line: the last one used to
+    # win, so a user's process under its own delegated subtree read as "docker <any ID it liked>".
+    forged = f"0::/user.slice/user-1000.slice/user@1000.service/x\n0::/docker/{D}\n"
+    c = parse_cgroup(forged)
+    assert c is not None and c.kind == UNKNOWN and "twice" in c.id and not c.is_container
+    v1 = f"4:memory:/user.slice/x\n4:memory:/docker/{D}\n0::/\n"
+    assert parse_cgroup(v1) == Container(UNKNOWN, c.id.replace("the v2 hierarchy", "memory"), "")
+    # ... and no selector takes it, not even by a path one of its lines names.
+    proc = _fake_proc(tmp_path, {10: f"0::/docker/{D}\n", 11: forged})
+    assert members(D[:12], proc) == [(10, 1010)]
+    assert members(f"/docker/{D}", proc) == [(10, 1010)]
+
+
+def test_hierarchies_that_name_different_containers_are_unknown(tmp_path: Path) -> None:
+    # The first hierarchy that named a container used to win: which one holds the process cannot be told.
+    text = f"9:memory:/docker/{D}\n12:pids:/lxc/129\n0::/\n"
+    c = parse_cgroup(text)
+    assert c is not None and c.kind == UNKNOWN
+    assert "different containers" in c.id and "docker 3f2a1b2c3d4e" in c.id and "lxc/129" in c.id
+    proc = _fake_proc(tmp_path, {10: text})
+    assert members(D[:12], proc) == [] and members("lxc/129", proc) == []  # no kind or ID selector proves it
+    assert members(f"/docker/{D}", proc) == [(10, 1010)]  # a path is matched in each hierarchy, as before
+    # The same container named by several hierarchies (a Slurm job's step and task cgroups) is still that one.
+    slurm = "11:freezer:/slurm/uid_1000/job_42/step_0/task_0\n5:devices:/slurm/uid_1000/job_42/step_0\n"
+    got = parse_cgroup(slurm)
+    assert got is not None and (got.kind, got.id) == ("slurm", "42")
+
+
+def test_deleted_is_dropped_from_the_v2_line_only() -> None:
+    # The kernel appends " (deleted)" to the v2 line alone; on a v1 line it is part of the cgroup's name, and
+    # dropping it made --cgroup /a select a process of the cgroup "/a (deleted)".
+    c = parse_cgroup("4:memory:/a (deleted)\n0::/\n")
+    assert c is not None and c.cgroup == "/a (deleted)"
+    d = parse_cgroup("0::/a (deleted)\n")
+    assert d is not None and d.cgroup == "/a"
