@@ -418,6 +418,16 @@ def _matches(spec: ContainerSpec, c: Container | None, paths: dict[str, str]) ->
     return None
 
 
+def _member_of(spec: ContainerSpec, text: str | None) -> str | None:
+    """The full ID ``spec`` matched in one ``/proc/PID/cgroup`` text (``None``: no match, or no text)."""
+    if text is None:
+        return None
+    paths, forged = _placements(text)
+    if forged is not None:
+        return None  # which line is the kernel's cannot be told: no proof of membership
+    return _matches(spec, parse_cgroup(text), paths)
+
+
 def _dir_members(root: str) -> list[int]:
     out: list[int] = []
     for dirpath, _dirs, files in os.walk(root):
@@ -463,13 +473,7 @@ def members(spec: str | ContainerSpec, proc: str = "/proc") -> list[tuple[int, i
             if str(procfs.pidns_inode(pid, proc)) != parsed.value:
                 continue
         elif parsed.kind != "dir":
-            text = procfs.read_cgroup(pid, proc)
-            if text is None:
-                continue
-            paths, forged = _placements(text)
-            if forged is not None:
-                continue  # which line is the kernel's cannot be told: no proof of membership
-            got = _matches(parsed, parse_cgroup(text), paths)
+            got = _member_of(parsed, procfs.read_cgroup(pid, proc))
             if got is None:
                 continue
             full.add(got)
