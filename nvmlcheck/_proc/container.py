@@ -52,7 +52,10 @@ if TYPE_CHECKING:
         hierarchy that was read; ``""`` when none was read). ``pidns_inode``: inode of ``/proc/PID/ns/pid``
         (``None``: unread). ``nested``: ``(kind, id)`` of what else the path names, outermost first (a pod's
         container, a unit inside an LXC container). ``monitor``: the runtime's own process for that container (LXC
-        monitor, conmon, Slurm step daemon), not a member of it.
+        monitor, conmon, Slurm step daemon), not a member of it. ``user``: the UID whose systemd user manager
+        (``user@UID.service``, delegated to that user) holds the cgroup that names it: there the user names cgroups
+        as it likes, so kind and ID are that user's claim (rootless podman, docker and LXC live there; a Slurm job
+        never does, and is not believed there); ``None``: outside any.
         """
 
         kind: str
@@ -61,10 +64,11 @@ if TYPE_CHECKING:
         pidns_inode: int | None = None
         nested: tuple[tuple[str, str], ...] = ()
         monitor: bool = False
+        user: int | None = None
 
         def label(self) -> str:
             """Short text for humans: ``"docker 3f2a1b2c3d4e"``, ``"lxc/129"``, ``"pod <uid>"``,
-            ``"unknown container (<why>)"``."""
+            ``"unknown container (<why>)"``; ``" (user 1000)"`` added for a :attr:`user`'s claim."""
             ...
 
         def names(self) -> tuple[tuple[str, str], ...]:
@@ -78,11 +82,13 @@ if TYPE_CHECKING:
 
 else:
 
-    class Container(light_tuple("Container", "kind id cgroup pidns_inode nested monitor", (None, (), False), __name__)):
+    class Container(light_tuple("Container", "kind id cgroup pidns_inode nested monitor user", (None, (), False, None),
+                                  __name__)):
         __slots__ = ()
 
         def label(self) -> str:
-            return _label(self.kind, self.id) + (" monitor" if self.monitor else "")
+            return (_label(self.kind, self.id) + (" monitor" if self.monitor else "")
+                    + (f" (user {self.user})" if self.user is not None else ""))
 
         def names(self):
             return ((self.kind, self.id), *self.nested)
@@ -195,37 +201,48 @@ def _component(name: str, parent: str | None, grandparent: str | None, kube: boo
     return None
 
 
-def classify(path: str) -> tuple[str, str, tuple[tuple[str, str], ...], bool] | None:
-    """``(kind, id, nested, monitor)`` for one cgroup path, or ``None`` for the root (``"/"``).
+def _user_manager(name: str) -> int | None:
+    """The UID of ``user@UID.service`` (systemd's per-user manager, whose subtree is delegated to that user)."""
+    uid = name[5:-8] if name.startswith("user@") and name.endswith(".service") else ""
+    return int(uid) if is_digits(uid) else None
+
+
+def classify(path: str) -> tuple[str, str, tuple[tuple[str, str], ...], bool, int | None] | None:
+    """``(kind, id, nested, monitor, user)`` for one cgroup path, or ``None`` for the root (``"/"``).
 
     The outermost container (runtime, pod, LXC, Slurm job) wins and whatever else the path names goes to ``nested``;
-    without one, the innermost systemd unit; else kind ``"cgroup"`` with the path as its ID."""
+    without one, the innermost systemd unit; else kind ``"cgroup"`` with the path as its ID. ``user``: the UID of
+    the ``user@UID.service`` above the winner (that user's own cgroups: its claim, :attr:`Container.user`)."""
     parts = [p for p in path.split("/") if p]
     if not parts:
         return None
     found: list[tuple[str, str]] = []
     monitor = False
     strong: int | None = None
+    delegated: int | None = None  # the first user@UID.service: below it, the user names cgroups as it likes
+    user: int | None = None
     for i, name in enumerate(parts):
         got = _component(name, parts[i - 1] if i > 0 else None, parts[i - 2] if i > 1 else None,
                          any(p.startswith("kubepods") for p in parts[:i]))
-        if got is None:
+        if got is None or (got[0] == "slurm" and delegated is not None):  # slurmstepd never runs jobs there
             continue
         kind, ident, mon = got
         if strong is None and kind != "systemd":
-            strong = len(found)
+            strong, user = len(found), delegated
         found.append((kind, ident))
         monitor = monitor or mon
         # Slurm: the step daemon lives in job_N/step_M/slurm (v2) — Slurm's own process, not the job's.
         if kind == "slurm" and len(parts) > i + 2 and parts[i + 2] == "slurm":
             monitor = True
+        if delegated is None:
+            delegated = _user_manager(name)
     if not found:
-        return "cgroup", "/" + "/".join(parts), (), False
+        return "cgroup", "/" + "/".join(parts), (), False, None
     if strong is None:
         kind, ident = found[-1]  # the innermost unit: app.scope inside user@1000.service
-        return kind, ident, tuple(found[:-1]), False
+        return kind, ident, tuple(found[:-1]), False, None
     kind, ident = found[strong]
-    return kind, ident, tuple(found[:strong] + found[strong + 1:]), monitor
+    return kind, ident, tuple(found[:strong] + found[strong + 1:]), monitor, user
 
 
 #: v1 hierarchies in the order they are trusted to place a process (systemd's own first: every process has it).
@@ -276,14 +293,14 @@ def parse_cgroup(text: str) -> Container | None:
         got = classify(path)
         if got is None:
             continue
-        c = Container(got[0], got[1], path, None, got[2], got[3])
+        c = Container(got[0], got[1], path, None, got[2], got[3], got[4])
         if c.kind not in ("cgroup", "systemd"):
             strong.append((key, c))
         elif first is None:
             first = c
-    named = {(c.kind, c.id) for _, c in strong}
+    named = {(c.kind, c.id, c.user) for _, c in strong}
     if len(named) > 1:
-        which = "; ".join(f"{key or 'v2'}: {_label(c.kind, c.id)}" for key, c in strong)
+        which = "; ".join(f"{key or 'v2'}: {c.label()}" for key, c in strong)
         return Container(UNKNOWN, f"its cgroup hierarchies name different containers ({which})", "")
     return strong[0][1] if strong else first
 
@@ -418,14 +435,17 @@ def _matches(spec: ContainerSpec, c: Container | None, paths: dict[str, str]) ->
     return None
 
 
-def _member_of(spec: ContainerSpec, text: str | None) -> str | None:
-    """The full ID ``spec`` matched in one ``/proc/PID/cgroup`` text (``None``: no match, or no text)."""
+def _member_of(spec: ContainerSpec, text: str | None) -> tuple[str, int | None] | None:
+    """The full ID ``spec`` matched in one ``/proc/PID/cgroup`` text and the user whose claim it is
+    (:attr:`Container.user`), or ``None``: no match, or no text."""
     if text is None:
         return None
     paths, forged = _placements(text)
     if forged is not None:
         return None  # which line is the kernel's cannot be told: no proof of membership
-    return _matches(spec, parse_cgroup(text), paths)
+    c = parse_cgroup(text)
+    got = _matches(spec, c, paths)
+    return None if got is None else (got, c.user if c is not None and spec.kind not in ("path", "unit") else None)
 
 
 def _dir_members(root: str) -> list[int]:
@@ -467,7 +487,7 @@ def members(spec: str | ContainerSpec, proc: str = "/proc") -> list[tuple[int, i
         _not_own_namespace(parsed, proc)
         pids = sorted(int(name) for name in os.listdir(proc) if name.isdigit())
     out: list[tuple[int, int]] = []
-    full: set[str] = set()
+    full: set[tuple[str, int | None]] = set()
     for pid in pids:
         if parsed.kind == "pidns":  # the namespace, whatever the cgroup
             if str(procfs.pidns_inode(pid, proc)) != parsed.value:
@@ -480,10 +500,20 @@ def members(spec: str | ContainerSpec, proc: str = "/proc") -> list[tuple[int, i
         st = procfs.read_stat(pid, proc)
         if st is not None and st.pid == pid:
             out.append((pid, st.start_ticks))
-    if (parsed.kind == "id" or parsed.kind in _RUNTIMES) and len(full) > 1:
-        names = ", ".join(sorted(i[:16] for i in full))
-        raise _argument_error(f"{parsed.value!r} names {len(full)} containers ({names}…): give more of the ID")
+    if parsed.kind not in ("path", "unit") and len(full) > 1:
+        _ambiguous(parsed, full)
     return out
+
+
+def _ambiguous(parsed: ContainerSpec, full: set[tuple[str, int | None]]) -> None:
+    """Refuse a selector that names two containers: two IDs with one prefix, or one ID claimed in a user's own
+    cgroups too (a user names them as it likes: which is the one meant cannot be told)."""
+    names = ", ".join(sorted(f"{i[:16]}{'…' if len(i) > 16 else ''}" + ("" if u is None else f" (user {u})")
+                             for i, u in full))
+    hint = ("give more of the ID" if len({i for i, _ in full}) > 1 else
+            "the same name in a user's own cgroups (user@UID.service) is that user's claim: give the cgroup path "
+            "(--cgroup)")
+    raise _argument_error(f"{parsed.value!r} names {len(full)} containers ({names}): {hint}")
 
 
 def _argument_error(message: str) -> Exception:

@@ -38,7 +38,7 @@ EXPECTED: dict[str, tuple[str, str, str, bool]] = {
                               "pod 6c2b8f1a9d3e4f5a6b7c8d9e0f1a2b3c", False),
     "crio-v2.txt": ("kubernetes", POD, f"pod {POD}", False),
     "crio-conmon-v2.txt": ("kubernetes", POD, f"pod {POD} monitor", True),
-    "podman-rootless-v2.txt": ("podman", D, "podman 3f2a1b2c3d4e", False),
+    "podman-rootless-v2.txt": ("podman", D, "podman 3f2a1b2c3d4e (user 1000)", False),
     "podman-conmon-v2.txt": ("podman", D, "podman 3f2a1b2c3d4e monitor", True),
     "nerdctl-v2.txt": ("containerd", D, "containerd 3f2a1b2c3d4e", False),
     "lxc-legacy-v1.txt": ("lxc", "129", "lxc/129", False),
@@ -333,3 +333,32 @@ def test_deleted_is_dropped_from_the_v2_line_only() -> None:
     assert c is not None and c.cgroup == "/a (deleted)"
     d = parse_cgroup("0::/a (deleted)\n")
     assert d is not None and d.cgroup == "/a"
+
+
+def test_what_a_users_own_cgroups_name_is_that_users_claim(tmp_path: Path) -> None:
+    # Below user@UID.service the user makes any cgroup it likes: a GPU process of its own in .../docker/<ID of
+    # someone else's container> used to be labelled that container (an operator then stops the wrong one), and one
+    # in .../slurmstepd.scope/job_42/... counted as job 42's.
+    user = "/user.slice/user-1000.slice/user@1000.service"
+    decoy = parse_cgroup(f"0::{user}/app.slice/docker/{D}\n")
+    assert decoy is not None and (decoy.kind, decoy.id, decoy.user) == ("docker", D, 1000)
+    assert decoy.label() == "docker 3f2a1b2c3d4e (user 1000)"
+    job = parse_cgroup(f"0::{user}/slurmstepd.scope/job_42/step_0/user/task_0\n")
+    assert job is not None and "slurm" not in dict(job.names())  # slurmstepd never runs a job there
+    monitor = parse_cgroup(f"0::{user}/app.slice/lxc.monitor.129\n")
+    assert monitor is not None and monitor.label() == "lxc/129 monitor (user 1000)"
+    # A container with a user's session inside it is the container's, not the user's.
+    lxc = parse_cgroup(f"0::/lxc.payload.129{user}/app.slice/foo.scope\n")
+    assert lxc is not None and (lxc.kind, lxc.id, lxc.user) == ("lxc", "129", None)
+    # One hierarchy naming the container and another the user's claim on it: which holds it cannot be told.
+    mixed = parse_cgroup(f"0::{user}/docker/{D}\n9:memory:/docker/{D}\n")
+    assert mixed is not None and mixed.kind == UNKNOWN
+    # kill --container: the ID names the container and the user's claim on it: refused, not both signalled.
+    proc = _fake_proc(tmp_path, {10: f"0::/system.slice/docker-{D}.scope\n", 11: f"0::{user}/docker/{D}\n",
+                                 20: f"0::{user}/user.slice/libpod-{C}.scope\n"})
+    with pytest.raises(ValueError, match=r"names 2 containers .*\(user 1000\).*cgroup path"):
+        members(D[:12], proc)
+    with pytest.raises(ValueError, match="names 2 containers"):
+        members(f"docker:{D}", proc)
+    assert members(C[:12], proc) == [(20, 1020)]  # a rootless container alone is selected as any other
+    assert members(f"/system.slice/docker-{D}.scope", proc) == [(10, 1010)]
