@@ -305,6 +305,8 @@ def _container_label(pid: int) -> tuple[str | None, str | None]:
     c = container_of(pid)
     if c is not None and c.kind == UNKNOWN:
         return None, c.id
+    if c is None and procfs.read_stat(pid) is None:
+        return None, "it exited while it was read"  # not "in none": its cgroup was never read
     return (None if c is None else c.label()), None
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 
 from .._record import light_tuple
-from .._text import is_digits
+from .._text import is_digits, printable
 from . import procfs
 
 TYPE_CHECKING = False  # no typing before a signal: start-up cost where site has not loaded it (docs/performance.md)
@@ -68,7 +68,9 @@ if TYPE_CHECKING:
 
         def label(self) -> str:
             """Short text for humans: ``"docker 3f2a1b2c3d4e"``, ``"lxc/129"``, ``"pod <uid>"``,
-            ``"unknown container (<why>)"``; ``" (user 1000)"`` added for a :attr:`user`'s claim."""
+            ``"unknown container (<why>)"``; ``" (user 1000)"`` added for a :attr:`user`'s claim. Safe to print:
+            control characters of a cgroup's name are escaped (:func:`nvmlcheck._text.printable`); :attr:`cgroup`
+            and :attr:`id` stay exact."""
             ...
 
         def names(self) -> tuple[tuple[str, str], ...]:
@@ -87,8 +89,8 @@ else:
         __slots__ = ()
 
         def label(self) -> str:
-            return (_label(self.kind, self.id) + (" monitor" if self.monitor else "")
-                    + (f" (user {self.user})" if self.user is not None else ""))
+            return printable(_label(self.kind, self.id) + (" monitor" if self.monitor else "")
+                             + (f" (user {self.user})" if self.user is not None else ""))
 
         def names(self):
             return ((self.kind, self.id), *self.nested)
@@ -493,7 +495,9 @@ def members(spec: str | ContainerSpec, proc: str = "/proc") -> list[tuple[int, i
             if str(procfs.pidns_inode(pid, proc)) != parsed.value:
                 continue
         elif parsed.kind != "dir":
-            got = _member_of(parsed, procfs.read_cgroup(pid, proc))
+            # Exact: a path typed with bytes that are not UTF-8 must match those bytes, not every name that reads
+            # as U+FFFD (nor a name copied from printed text with U+FFFD in it).
+            got = _member_of(parsed, procfs.read_cgroup(pid, proc, exact=True))
             if got is None:
                 continue
             full.add(got)

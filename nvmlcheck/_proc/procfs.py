@@ -180,11 +180,13 @@ def parse_status(raw: bytes) -> ProcStatus:
     return ProcStatus(tgid, uid, nspid, masks.get(b"SigIgn"), masks.get(b"SigCgt"), masks.get(b"SigBlk"))
 
 
-def read_cgroup(pid: int | str, proc: str = "/proc", *, strict: bool = False) -> str | None:
+def read_cgroup(pid: int | str, proc: str = "/proc", *, strict: bool = False, exact: bool = False) -> str | None:
     """The text of ``/proc/PID/cgroup``, or ``None`` if gone or unreadable (``strict``: as :func:`read_stat`; parsed
-    by :mod:`.container`)."""
+    by :mod:`.container`). Bytes that are not UTF-8 (a cgroup may be named with any) read as U+FFFD, which two
+    names can share; ``exact`` keeps them as surrogate escapes, as ``os.fsdecode`` and ``sys.argv`` do, to compare
+    with a path typed on the command line (never to print: such text cannot be written to a UTF-8 stream)."""
     raw = _read(f"{proc}/{pid}/cgroup", strict)
-    return None if raw is None else raw.decode("utf-8", "replace")
+    return None if raw is None else raw.decode("utf-8", "surrogateescape" if exact else "replace")
 
 
 def pidns_inode(pid: int | str, proc: str = "/proc") -> int | None:

@@ -362,3 +362,23 @@ def test_what_a_users_own_cgroups_name_is_that_users_claim(tmp_path: Path) -> No
         members(f"docker:{D}", proc)
     assert members(C[:12], proc) == [(20, 1020)]  # a rootless container alone is selected as any other
     assert members(f"/system.slice/docker-{D}.scope", proc) == [(10, 1010)]
+
+
+def test_a_label_is_safe_to_print_and_the_path_stays_exact() -> None:
+    # A cgroup may be named with an escape sequence: ready's culprit line and kill's plan printed it raw.
+    c = parse_cgroup("0::/jobs/a b\x1b[2J\u202e\n")
+    assert c is not None and c.cgroup == "/jobs/a b\x1b[2J\u202e" and c.id == c.cgroup
+    assert c.label() == "cgroup /jobs/a b\\x1b[2J\\u202e"
+
+
+def test_a_path_that_is_not_utf8_is_matched_by_its_bytes(tmp_path: Path) -> None:
+    # Read as U+FFFD, /w/bad\xff and /w/bad\xfe were one name: --cgroup with the real bytes (as argv carries them)
+    # selected neither, and the name as printed ("/w/bad\ufffd") selected both.
+    proc = _fake_proc(tmp_path, {10: "", 11: ""})
+    (tmp_path / "10" / "cgroup").write_bytes(b"0::/w/bad\xff\n")
+    (tmp_path / "11" / "cgroup").write_bytes(b"0::/w/bad\xfe\n")
+    assert members(os.fsdecode(b"/w/bad\xff"), proc) == [(10, 1010)]
+    assert members("/w/bad\ufffd", proc) == []
+    assert members("/w", proc) == [(10, 1010), (11, 1011)]
+    c = container_of(10, proc)
+    assert c is not None and c.cgroup == "/w/bad\ufffd"  # printed, it reads as U+FFFD

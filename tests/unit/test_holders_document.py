@@ -71,3 +71,19 @@ def test_a_process_hidden_by_hidepid_is_not_called_gone(monkeypatch: pytest.Monk
     refused_all = select_kill_holders([h], all_holders=False)
     assert refused_all.refused is not None and "cannot be read here" in refused_all.refused
     assert "names no process" not in refused_all.refused
+
+
+def test_a_holder_that_exits_while_it_is_read_is_not_said_to_run_in_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    from nvmlcheck._proc import container
+
+    real = procfs.read_stat
+    gone: list[bool] = []
+
+    def exits(pid: object, proc: str = "/proc") -> None:
+        gone.append(True)  # its cgroup file is gone: container_of says None, as for the root cgroup
+
+    monkeypatch.setattr(container, "container_of", exits)
+    monkeypatch.setattr(procfs, "read_stat", lambda pid, proc="/proc", *, strict=False:
+                        None if gone else real(pid, proc, strict=strict))
+    h = describe_process(os.getpid(), found_by=frozenset({"device-file"}), device_files=("/dev/nvidia0",))
+    assert h.container is None and h.why_unknown("container") == "it exited while it was read"
