@@ -193,7 +193,7 @@ def _component(name: str, parent: str | None, grandparent: str | None, kube: boo
     got = _runtime(name, parent, kube) or _pod(name, kube) or _lxc(name, parent)
     if got is not None:
         return got
-    if name.startswith("job_") and name[4:].isdigit() and (
+    if name.startswith("job_") and is_digits(name[4:]) and (
         parent == "slurmstepd.scope"
         or (parent is not None and parent.startswith("uid_") and (grandparent or "").startswith("slurm"))
     ):

@@ -382,3 +382,9 @@ def test_a_path_that_is_not_utf8_is_matched_by_its_bytes(tmp_path: Path) -> None
     assert members("/w", proc) == [(10, 1010), (11, 1011)]
     c = container_of(10, proc)
     assert c is not None and c.cgroup == "/w/bad\ufffd"  # printed, it reads as U+FFFD
+
+
+def test_a_slurm_job_id_is_ascii_digits() -> None:
+    # str.isdigit took "job_\u0664\u0662" (Arabic-Indic 42) for a job, whose ID no selector or job ID ever matches.
+    c = parse_cgroup("0::/system.slice/slurmstepd.scope/job_\u0664\u0662/step_0/user/task_0\n")
+    assert c is not None and c.kind != "slurm"
