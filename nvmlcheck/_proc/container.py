@@ -223,9 +223,10 @@ def classify(path: str) -> tuple[str, str, tuple[tuple[str, str], ...], bool, in
     strong: int | None = None
     delegated: int | None = None  # the first user@UID.service: below it, the user names cgroups as it likes
     user: int | None = None
+    kube = False  # a kubepods component came before: kept as it goes, a path may be 2,000 components deep
     for i, name in enumerate(parts):
-        got = _component(name, parts[i - 1] if i > 0 else None, parts[i - 2] if i > 1 else None,
-                         any(p.startswith("kubepods") for p in parts[:i]))
+        got = _component(name, parts[i - 1] if i > 0 else None, parts[i - 2] if i > 1 else None, kube)
+        kube = kube or name.startswith("kubepods")
         if got is None or (got[0] == "slurm" and delegated is not None):  # slurmstepd never runs jobs there
             continue
         kind, ident, mon = got

@@ -15,6 +15,7 @@ from nvmlcheck._proc.container import (
     UNKNOWN,
     Container,
     ContainerSpec,
+    classify,
     container_of,
     members,
     parse_cgroup,
@@ -388,3 +389,27 @@ def test_a_slurm_job_id_is_ascii_digits() -> None:
     # str.isdigit took "job_\u0664\u0662" (Arabic-Indic 42) for a job, whose ID no selector or job ID ever matches.
     c = parse_cgroup("0::/system.slice/slurmstepd.scope/job_\u0664\u0662/step_0/user/task_0\n")
     assert c is not None and c.kind != "slurm"
+
+
+def test_a_deep_path_is_read_in_linear_time() -> None:
+    # A user may nest its own cgroups ~2,000 deep (PATH_MAX): each component used to look back at every one before
+    # it for "kubepods", 0.16 s for one such process, paid for each process of it by every --container scan. Counted,
+    # not timed: the str.startswith calls per component stay bounded.
+    calls = 0
+
+    def count(frame: object, event: str, arg: object) -> None:
+        nonlocal calls
+        if event == "c_call" and getattr(arg, "__name__", "") == "startswith":
+            calls += 1
+
+    depth = 1000
+    sys.setprofile(count)
+    try:
+        got = classify("/" + "/".join(["a"] * depth))
+    finally:
+        sys.setprofile(None)
+    assert got is not None and got[0] == "cgroup"
+    assert calls < 20 * depth
+    # The context is kept all the way down: a pod's container under kubepods, however deep.
+    deep = classify("/kubepods/" + "/".join(["a"] * 500) + f"/pod{POD}/{C}")
+    assert deep is not None and deep[:2] == ("kubernetes", POD) and ("container", C) in deep[2]
