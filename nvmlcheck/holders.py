@@ -174,7 +174,7 @@ class Holder:
             for g in self.gpus
         )
         where = f"holds {on}" if on else f"has {', '.join(self.device_files or ('NVIDIA device files',))} open"
-        why_not = self.why_unknown("container")
+        why_not = self.why_unknown("container") if self.start_ticks is not None else None  # not here: said above
         inside = (f" in {printable(self.container)}" if self.container else
                   f" in unknown container ({printable(why_not)})" if why_not else "")
         return f"pid {self.pid} ({', '.join(bits)}){inside} {where}"
@@ -250,7 +250,7 @@ def describe_process(
     status = procfs.read_status(pid) if st is not None else None
     cmd = procfs.cmdline(pid) if st is not None else None
     if st is None:
-        for f in ("name", "state", "uid", "cmdline", "nspid", "ancestry", "start_ticks"):
+        for f in ("name", "state", "uid", "cmdline", "nspid", "ancestry", "start_ticks", "container"):
             unknown.append((f, why))
     uid = status.uid if status is not None else None
     user = _user(uid) if uid is not None else None

@@ -31,6 +31,9 @@ def test_a_process_not_visible_here_has_a_reason_for_every_null() -> None:
     assert holder["name"] is None and holder["user"] is None and holder["device_files"] is None
     assert _unexplained(holder) == []
     assert holder["unknown"]["user"] == holder["unknown"]["uid"]
+    # Its container is not "none": it cannot be read either.
+    assert holder["container"] is None and holder["unknown"]["container"] == holder["unknown"]["start_ticks"]
+    assert " in " not in gone.describe()  # the line says it is not visible, not "in unknown container (...)"
 
 
 def test_this_process_has_no_unexplained_null() -> None:
