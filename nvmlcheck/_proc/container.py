@@ -312,16 +312,25 @@ def container_of(pid: int | str, proc: str = "/proc") -> Container | None:
     """Where ``pid`` runs, or ``None`` when it is in the root cgroup of this host (or of this cgroup namespace) and in
     this process's PID namespace, or when it is gone (it exited). Kind ``"unknown"`` (:data:`UNKNOWN`, the reason
     its ID) when that cannot be told: ``/proc/PID/cgroup`` unreadable for another reason than the process being gone
-    (``hidepid``, out of descriptors, a path longer than the kernel prints), or a process in the root cgroup whose
-    PID namespace cannot be read (another user's: its inode needs ptrace access) nor told from its ``NSpid``."""
+    (``hidepid``, out of descriptors, a path longer than the kernel prints), a process in the root cgroup whose
+    PID namespace cannot be read (another user's: its inode needs ptrace access) nor told from its ``NSpid``, or an
+    exiting process (a zombie, one tearing its GPU context down) whose v1 hierarchies the kernel prints as ``/``
+    and whose v2 line names no container."""
     try:
         text = procfs.read_cgroup(pid, proc, strict=True)
     except procfs.ProcUnreadable as exc:
         return Container(UNKNOWN, str(exc.strerror), "")
     if text is None:
         return None
-    ino = procfs.pidns_inode(pid, proc)
     c = parse_cgroup(text)
+    if (c is None or c.kind in ("cgroup", "systemd")) and any(cgroup_paths(text)):
+        st = procfs.read_stat(pid, proc)
+        if st is None:
+            return None  # gone
+        if st.flags & procfs.PF_EXITING:  # its v1 lines say "/" whatever its cgroups were: a hybrid host's v2 line
+            # would name only the runtime's unit (containerd.service) of a docker container's process
+            return Container(UNKNOWN, "exiting: its cgroup v1 placement reads as /", "")
+    ino = procfs.pidns_inode(pid, proc)
     if c is not None:
         return c._replace(pidns_inode=ino)  # type: ignore[attr-defined, no-any-return]
     mine = procfs.pidns_inode("self", proc)

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from typing import NamedTuple
 
 __all__ = [
+    "PF_EXITING",
     "PF_KTHREAD",
     "PID_MAX_LIMIT",
     "STATE_WORDS",
@@ -141,6 +142,9 @@ def read_stat(pid: int | str, proc: str = "/proc", *, strict: bool = False) -> P
 #: thread holds no GPU and is no process to kill: it ignores most signals, and the few that take one (``lockd``,
 #: ``nfsd``) are the kernel's services, not a job's.
 PF_KTHREAD = 0x00200000
+#: ``PF_EXITING``: the task is exiting (set at the start of ``do_exit``, kept by a zombie). The kernel then prints
+#: ``/`` for each of its cgroup v1 hierarchies in ``/proc/PID/cgroup`` (the v2 line stays true).
+PF_EXITING = 0x00000004
 
 
 def is_kernel_thread(st: ProcStat) -> bool:

@@ -413,3 +413,42 @@ def test_a_deep_path_is_read_in_linear_time() -> None:
     # The context is kept all the way down: a pod's container under kubepods, however deep.
     deep = classify("/kubepods/" + "/".join(["a"] * 500) + f"/pod{POD}/{C}")
     assert deep is not None and deep[:2] == ("kubernetes", POD) and ("container", C) in deep[2]
+
+
+def _stat_line(pid: int, flags: int, state: str = "S") -> str:
+    return f"{pid} (p) {state} 1 1 1 0 -1 {flags} 0 0 0 0 0 0 0 0 20 0 1 0 {1000 + pid} 0 0\n"
+
+
+@pytest.mark.parametrize(("exiting", "expected"), [(True, UNKNOWN), (False, "systemd")])
+def test_an_exiting_process_on_cgroup_v1_is_unknown(tmp_path: Path, exiting: bool, expected: str) -> None:
+    # From do_exit on (a zombie, a process tearing its GPU context down) the kernel prints "/" for each v1 hierarchy:
+    # a docker container's process on a hybrid host read as the v2 line's "systemd containerd.service", and on a
+    # v1 host as no container at all.
+    (tmp_path / "7").mkdir()
+    (tmp_path / "7" / "cgroup").write_text("9:memory:/\n1:name=systemd:/\n0::/system.slice/containerd.service\n")
+    (tmp_path / "7" / "stat").write_text(_stat_line(7, procfs.PF_EXITING if exiting else 0, "Z" if exiting else "S"))
+    c = container_of(7, str(tmp_path))
+    assert c is not None and c.kind == expected
+    if exiting:
+        assert "exiting" in c.id
+    # The v2 line stays true while it exits: a container it names is still named.
+    (tmp_path / "7" / "cgroup").write_text(f"9:memory:/\n0::/system.slice/docker-{D}.scope\n")
+    c = container_of(7, str(tmp_path))
+    assert c is not None and (c.kind, c.id) == ("docker", D)
+
+
+def test_a_real_zombie_keeps_its_container_or_an_unknown_one() -> None:
+    live = container_of(os.getpid())
+    if live is None or live.kind == "pidns":
+        pytest.skip("this test runs in the root cgroup: a zombie of it is rightly in none")
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    try:
+        while (st := procfs.read_stat(pid)) is not None and st.state != "Z":
+            os.sched_yield()
+        c = container_of(pid)
+        assert c is not None  # its container (the v2 line), or unknown with why: never "none"
+        assert c.kind == UNKNOWN or (c.kind, c.id) == (live.kind, live.id)
+    finally:
+        os.waitpid(pid, 0)
