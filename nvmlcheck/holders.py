@@ -90,7 +90,7 @@ Source = Literal["nvml", "device-file"]
 INITIAL_PID_NAMESPACE_INODE = 0xEFFFFFFC
 #: Why a holder's ``/proc`` fields are unknown when no process of its PID is here (one that is there but cannot be
 #: read, under ``hidepid=1``, says so instead).
-NOT_HERE = "no process with this PID in this PID namespace (exited, or NVML reports a PID of another namespace)"
+_NOT_HERE = "no process with this PID in this PID namespace (exited, or NVML reports a PID of another namespace)"
 #: How long the device-file scan that explains a timed-out wait may take, after the deadline: one slow poll.
 EXPLAIN_BUDGET_S = 0.2
 #: How long after a suspect process list it is read again: a process that has just exited stays on NVML's list for
@@ -125,8 +125,10 @@ class Holder:
     with only ``nvidiactl`` or UVM open holds no GPU. (NVML's own clients are no such process: on an H200,
     ``nvidia-smi -l 1`` and ``dmon`` held ``/dev/nvidia0`` too; monitors are spared as :data:`AGENTS`.)
     ``container``: the label of the container or cgroup it runs in (``"lxc/129"``, ``"docker 3f2a1b2c3d4e"``;
-    :func:`nvmlcheck._proc.container.container_of`), ``None`` when it runs in none or is not visible here, or when
-    it cannot be told (its cgroup file unreadable: :attr:`unknown` then says why, under ``"container"``).
+    :func:`nvmlcheck._proc.container.container_of`), ``None`` when it runs in none (the root cgroup, in this PID
+    namespace) or when it cannot be told: :attr:`unknown` then says why, under ``"container"`` (not visible here,
+    its cgroup file unreadable, exiting on cgroup v1, ...). A container a user's own cgroups name is labelled as
+    that user's claim (``"podman 3f2a1b2c3d4e (user 1000)"``).
     """
 
     pid: int
@@ -242,7 +244,7 @@ def describe_process(
 ) -> Holder:
     """A :class:`Holder` for ``pid`` from ``/proc`` (fields ``None`` with a reason where it cannot be read)."""
     unknown: list[tuple[str, str]] = []
-    why = NOT_HERE
+    why = _NOT_HERE
     try:
         st = procfs.read_stat(pid, strict=True)
     except procfs.ProcUnreadable as exc:  # hidepid=1, or out of descriptors: there, but not readable
@@ -460,7 +462,7 @@ def _left_alone(h: Holder, *, all_holders: bool, include_daemons: bool,
         return (f"holds no GPU: only {', '.join(h.device_files)} open, no per-GPU device file and on no GPU process "
                 "list (NVML's own clients, monitors)")
     unread = h.why_unknown("start_ticks")
-    if h.start_ticks is None and unread not in (None, NOT_HERE):
+    if h.start_ticks is None and unread not in (None, _NOT_HERE):
         return f"it cannot be read here: {unread}"
     if h.start_ticks is None:
         return "no process with this PID here (it exited, or NVML numbers processes as another PID namespace does)"
@@ -483,7 +485,7 @@ def _unproven(holders: Iterable[Holder]) -> list[tuple[int, str]]:
             continue
         on = ", ".join(f"GPU {g.index}" for g in h.gpus)
         unread = h.why_unknown("start_ticks")
-        if h.start_ticks is None and unread not in (None, NOT_HERE):
+        if h.start_ticks is None and unread not in (None, _NOT_HERE):
             out.append((h.pid, f"pid {h.pid} (on {on}) cannot be read here ({unread})"))
         elif h.start_ticks is None:
             out.append((h.pid, f"pid {h.pid} (on {on}) names no process here"))

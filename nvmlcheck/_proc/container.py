@@ -4,8 +4,9 @@
 process; :func:`members` lists every process of one container (``kill --container``). Recognised: docker,
 containerd (and nerdctl), cri-o, podman, LXC/Proxmox, Kubernetes pods, Slurm jobs, systemd units; any other non-root
 cgroup is kind ``"cgroup"``; a process in the root cgroup but another PID namespace is kind ``"pidns"``; one whose
-container cannot be told (its cgroup file unreadable, its PID namespace not readable) is kind ``"unknown"``, the
-reason its ID: never guessed, never taken for "none". A runtime's
+container cannot be told (its cgroup file unreadable, its PID namespace not readable, an exiting process on cgroup
+v1, text that contradicts itself) is kind ``"unknown"``, the reason its ID: never guessed, never taken for "none".
+What a user's own cgroups (``user@UID.service``) name is that user's claim (:attr:`Container.user`). A runtime's
 monitor (LXC's, podman's or cri-o's conmon, a Slurm step daemon) is marked ``monitor`` and is no member of its
 container. No ``re``, no dataclasses at run time: ``kill --container`` reads this before its first signal.
 Recognised path forms and their sources: docs/killing.md.
