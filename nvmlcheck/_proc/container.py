@@ -253,10 +253,16 @@ def classify(path: str) -> tuple[str, str, tuple[tuple[str, str], ...], bool, in
 _V1_ORDER = ("name=systemd", "pids", "memory", "cpu,cpuacct", "cpu", "devices", "freezer", "cpuset", "blkio")
 
 
+#: How long a cgroup path the kernel prints (``PATH_MAX - 1``): a longer one is cut there, in the middle of a name
+#: that may be another cgroup's whole name (``/a/ddd…`` cut to ``/a/d``), so it is kept only to its last ``/``.
+_PATH_CUT = 4095
+
+
 def cgroup_paths(text: str) -> dict[str, str]:
     """``/proc/PID/cgroup`` as hierarchy → path: ``""`` for the v2 line, else the v1 controller list
     (``"memory"``, ``"cpu,cpuacct"``, ``"name=systemd"``). Malformed lines are skipped; the `` (deleted)`` the kernel
-    appends to a removed cgroup of the v2 hierarchy (of that one only) is dropped."""
+    appends to a removed cgroup of the v2 hierarchy (of that one only) is dropped; a path the kernel cut at
+    ``PATH_MAX`` ends in ``/…`` after the last whole name."""
     return _placements(text)[0]
 
 
@@ -273,6 +279,8 @@ def _placements(text: str) -> tuple[dict[str, str], str | None]:
         path = fields[2]
         if fields[:2] == ["0", ""] and path.endswith(" (deleted)"):
             path = path[: -len(" (deleted)")]
+        if len(path) >= _PATH_CUT:  # cut mid-name: keep the ancestors it proves, mark the rest unknown
+            path = path[: path.rindex("/")] + "/…"
         if fields[1] in out:
             twice.append(fields[1] or "the v2 hierarchy")
         out[fields[1]] = path

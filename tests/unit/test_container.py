@@ -452,3 +452,19 @@ def test_a_real_zombie_keeps_its_container_or_an_unknown_one() -> None:
         assert c.kind == UNKNOWN or (c.kind, c.id) == (live.kind, live.id)
     finally:
         os.waitpid(pid, 0)
+
+
+def test_a_path_cut_at_path_max_keeps_only_whole_names(tmp_path: Path) -> None:
+    # The kernel prints at most PATH_MAX - 1 characters of a cgroup path (seen on 6.18: 4095), cutting a name in
+    # the middle: a process deep below /a/<250 d>/... read as in the cgroup the cut spells (/a/.../ddd), so
+    # --cgroup with that path selected it, and its label named a cgroup it is not in.
+    name = "d" * 250
+    cut = ("/a/" + "/".join([name] * 20))[:4095]
+    whole = cut[: cut.rindex("/")]
+    assert not cut.endswith(name)  # the last name is cut short
+    # 10 is deep below; 11 is in a cgroup whose whole path is what the cut spells: the kernel prints the same text.
+    proc = _fake_proc(tmp_path, {10: f"4:pids:{cut}\n0::/\n", 11: f"4:pids:{cut}\n0::/\n"})
+    c = parse_cgroup(f"4:pids:{cut}\n0::/\n")
+    assert c is not None and c.cgroup == whole + "/…" and c.label() == f"cgroup {whole}/…"
+    assert members(cut, proc) == []  # which of them is in it cannot be told: neither is taken for a member
+    assert members(whole, proc) == [(10, 1010), (11, 1011)]  # both are below the names the text proves
