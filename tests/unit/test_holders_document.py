@@ -1,5 +1,6 @@
 """The ``nvmlcheck/holders`` document keeps docs/cli.md's rule: a ``null`` field is unknown and ``unknown`` says why
-(``relation`` and ``container`` excepted: ``null`` there means none)."""
+(``relation`` excepted: ``null`` there means none; ``container`` is ``null`` for none, or for unknown with a reason
+under ``unknown``)."""
 
 from __future__ import annotations
 
