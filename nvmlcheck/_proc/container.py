@@ -14,6 +14,7 @@ Recognised path forms and their sources: docs/killing.md.
 
 from __future__ import annotations
 
+import errno
 import os
 
 from .._record import light_tuple
@@ -469,6 +470,19 @@ def _member_of(spec: ContainerSpec, text: str | None) -> tuple[str, int | None] 
     return None if got is None else (got, c.user if c is not None and spec.kind not in ("path", "unit") else None)
 
 
+def _read_for_members(pid: int, proc: str, spec: ContainerSpec) -> str | None:
+    """``/proc/PID/cgroup`` read exactly (:func:`procfs.read_cgroup`), ``None`` when gone or not permitted (another
+    user's under ``hidepid``: not this user's to signal either). Any other failure (out of descriptors or memory)
+    raises ValueError: a member left out would be left running, the kill said done."""
+    try:
+        return procfs.read_cgroup(pid, proc, strict=True, exact=True)
+    except procfs.ProcUnreadable as exc:
+        if exc.errno in (errno.EACCES, errno.EPERM):
+            return None
+        raise _argument_error(f"whether pid {pid} is in {spec.kind} {spec.value!r} cannot be told: "
+                              f"{exc.strerror}") from None
+
+
 def _dir_members(root: str) -> list[int]:
     out: list[int] = []
     for dirpath, _dirs, files in os.walk(root):
@@ -494,8 +508,9 @@ def _not_own_namespace(parsed: ContainerSpec, proc: str) -> None:
 def members(spec: str | ContainerSpec, proc: str = "/proc") -> list[tuple[int, int]]:
     """``(pid, start_ticks)`` of every process (of this PID namespace's view) whose container matches ``spec``, by
     PID; monitors (LXC's, conmon, Slurm's step daemon) are left out unless a path or unit names them. Raises
-    ValueError for a bad selector or an ID prefix that names two containers. Processes that exit while the list is
-    read are left out; the caller pins each one (its start time is its identity)."""
+    ValueError for a bad selector, an ID prefix that names two containers, or a process whose cgroup file cannot be
+    read (out of descriptors: it may be a member). Processes that exit while the list is read, and those whose
+    files this user may not read, are left out; the caller pins each one (its start time is its identity)."""
     parsed = parse_spec(spec) if isinstance(spec, str) else spec
     if parsed.kind == "dir":
         if not os.path.isfile(f"{parsed.value}/cgroup.procs"):
@@ -516,7 +531,7 @@ def members(spec: str | ContainerSpec, proc: str = "/proc") -> list[tuple[int, i
         elif parsed.kind != "dir":
             # Exact: a path typed with bytes that are not UTF-8 must match those bytes, not every name that reads
             # as U+FFFD (nor a name copied from printed text with U+FFFD in it).
-            got = _member_of(parsed, procfs.read_cgroup(pid, proc, exact=True))
+            got = _member_of(parsed, _read_for_members(pid, proc, parsed))
             if got is None:
                 continue
             full.add(got)

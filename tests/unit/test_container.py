@@ -3,6 +3,7 @@ listed from a fake /proc and from this machine's own (a child moved into a cgrou
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import sys
@@ -468,3 +469,25 @@ def test_a_path_cut_at_path_max_keeps_only_whole_names(tmp_path: Path) -> None:
     assert c is not None and c.cgroup == whole + "/…" and c.label() == f"cgroup {whole}/…"
     assert members(cut, proc) == []  # which of them is in it cannot be told: neither is taken for a member
     assert members(whole, proc) == [(10, 1010), (11, 1011)]  # both are below the names the text proves
+
+
+def test_a_member_that_cannot_be_read_refuses_the_selection(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Out of descriptors (here: a cgroup file that is a directory, EISDIR), a member was silently left out: the kill
+    # reported done with it still running.
+    proc = _fake_proc(tmp_path, {10: f"0::/docker/{D}\n", 11: ""})
+    (tmp_path / "11" / "cgroup").unlink()
+    (tmp_path / "11" / "cgroup").mkdir()
+    with pytest.raises(ValueError, match=r"whether pid 11 is in id .* cannot be told: .*EISDIR"):
+        members(D[:12], proc)
+    # Not permitted (another user's, under hidepid): not this user's to signal either; the rest is selected.
+    real = procfs.read_cgroup
+
+    def refused(pid: int | str, proc: str = "/proc", *, strict: bool = False, exact: bool = False) -> str | None:
+        if str(pid) == "11":
+            raise procfs.ProcUnreadable(errno.EACCES, "/proc/11/cgroup cannot be read: Permission denied (EACCES)")
+        return real(pid, proc, strict=strict, exact=exact)
+
+    monkeypatch.setattr(procfs, "read_cgroup", refused)
+    assert members(D[:12], proc) == [(10, 1010)]
