@@ -196,7 +196,8 @@ def _component(name: str, parent: str | None, grandparent: str | None, kube: boo
     if got is not None:
         return got
     if name.startswith("job_") and is_digits(name[4:]) and (
-        parent == "slurmstepd.scope"
+        # <node>_slurmstepd.scope: a Slurm built for several slurmd per host (and a few sites' default)
+        parent == "slurmstepd.scope" or (parent or "").endswith("_slurmstepd.scope")
         or (parent is not None and parent.startswith("uid_") and (grandparent or "").startswith("slurm"))
     ):
         return "slurm", name[4:], False

@@ -55,6 +55,8 @@ EXPECTED: dict[str, tuple[str, str, str, bool]] = {
     "slurm-v2-task.txt": ("slurm", "42", "slurm job 42", False),
     "slurm-v2-batch.txt": ("slurm", "42", "slurm job 42", False),
     "slurm-v2-stepd.txt": ("slurm", "42", "slurm job 42 monitor", True),
+    # <node>_slurmstepd.scope (several slurmd per host) used to read as the unit "systemd gx10-ac12_slurmstepd.scope"
+    "slurm-v2-multi-slurmd.txt": ("slurm", "42", "slurm job 42", False),
     "slurm-v2-infra.txt": ("systemd", "slurmstepd.scope", "systemd slurmstepd.scope", False),
     "sandbox-v1-memory.txt": ("cgroup", "/process_api/d7130a16e04e726c016b028c3f5ed92f",
                               "cgroup /process_api/d7130a16e04e726c016b028c3f5ed92f", False),
