@@ -88,6 +88,9 @@ Source = Literal["nvml", "device-file"]
 #: The inode of the initial PID namespace (``PROC_PID_INIT_INO``): ``/proc/self/ns/pid`` of a process outside any
 #: container. Only there are NVML's PIDs this process's numbering whatever the driver.
 INITIAL_PID_NAMESPACE_INODE = 0xEFFFFFFC
+#: Why a holder's ``/proc`` fields are unknown when no process of its PID is here (one that is there but cannot be
+#: read, under ``hidepid=1``, says so instead).
+_NOT_HERE = "no process with this PID in this PID namespace (exited, or NVML reports a PID of another namespace)"
 #: How long the device-file scan that explains a timed-out wait may take, after the deadline: one slow poll.
 EXPLAIN_BUDGET_S = 0.2
 #: How long after a suspect process list it is read again: a process that has just exited stays on NVML's list for
@@ -122,7 +125,10 @@ class Holder:
     with only ``nvidiactl`` or UVM open holds no GPU. (NVML's own clients are no such process: on an H200,
     ``nvidia-smi -l 1`` and ``dmon`` held ``/dev/nvidia0`` too; monitors are spared as :data:`AGENTS`.)
     ``container``: the label of the container or cgroup it runs in (``"lxc/129"``, ``"docker 3f2a1b2c3d4e"``;
-    :func:`nvmlcheck._proc.container.container_of`), ``None`` when it runs in none or is not visible here.
+    :func:`nvmlcheck._proc.container.container_of`), ``None`` when it runs in none (the root cgroup, in this PID
+    namespace) or when it cannot be told: :attr:`unknown` then says why, under ``"container"`` (not visible here,
+    its cgroup file unreadable, exiting on cgroup v1, ...). A container a user's own cgroups name is labelled as
+    that user's claim (``"podman 3f2a1b2c3d4e (user 1000)"``).
     """
 
     pid: int
@@ -170,7 +176,9 @@ class Holder:
             for g in self.gpus
         )
         where = f"holds {on}" if on else f"has {', '.join(self.device_files or ('NVIDIA device files',))} open"
-        inside = f" in {printable(self.container)}" if self.container else ""
+        why_not = self.why_unknown("container") if self.start_ticks is not None else None  # not here: said above
+        inside = (f" in {printable(self.container)}" if self.container else
+                  f" in unknown container ({printable(why_not)})" if why_not else "")
         return f"pid {self.pid} ({', '.join(bits)}){inside} {where}"
 
 
@@ -236,12 +244,15 @@ def describe_process(
 ) -> Holder:
     """A :class:`Holder` for ``pid`` from ``/proc`` (fields ``None`` with a reason where it cannot be read)."""
     unknown: list[tuple[str, str]] = []
-    st = procfs.read_stat(pid)
+    why = _NOT_HERE
+    try:
+        st = procfs.read_stat(pid, strict=True)
+    except procfs.ProcUnreadable as exc:  # hidepid=1, or out of descriptors: there, but not readable
+        st, why = None, f"{exc.strerror} (/proc mounted with hidepid, or not permitted)"
     status = procfs.read_status(pid) if st is not None else None
     cmd = procfs.cmdline(pid) if st is not None else None
     if st is None:
-        why = "no process with this PID in this PID namespace (exited, or NVML reports a PID of another namespace)"
-        for f in ("name", "state", "uid", "cmdline", "nspid", "ancestry", "start_ticks"):
+        for f in ("name", "state", "uid", "cmdline", "nspid", "ancestry", "start_ticks", "container"):
             unknown.append((f, why))
     uid = status.uid if status is not None else None
     user = _user(uid) if uid is not None else None
@@ -256,6 +267,9 @@ def describe_process(
         unknown.append(("cmdline", "/proc/PID/cmdline unreadable"))
     if device_files is None and st is not None:
         unknown.append(("device_files", "its open files cannot be read (not permitted)"))
+    where, why_not = _container_label(pid) if st is not None else (None, None)
+    if why_not is not None:
+        unknown.append(("container", why_not))
     my_pid, my_ancestors = me if me is not None else (os.getpid(), procfs.ancestors())
     relation: Literal["self", "ancestor"] | None = None
     if pid == my_pid:
@@ -282,15 +296,20 @@ def describe_process(
         unknown=tuple(unknown),
         gpu_device_files=gpu_device_files if device_files is not None else None,
         daemon_kind=kind,
-        container=_container_label(pid) if st is not None else None,
+        container=where,
     )
 
 
-def _container_label(pid: int) -> str | None:
-    from ._proc.container import container_of
+def _container_label(pid: int) -> tuple[str | None, str | None]:
+    """The label of ``pid``'s container (``None``: none), and why it cannot be told (``None``: it can)."""
+    from ._proc.container import UNKNOWN, container_of
 
     c = container_of(pid)
-    return None if c is None else c.label()
+    if c is not None and c.kind == UNKNOWN:
+        return None, c.id
+    if c is None and procfs.read_stat(pid) is None:
+        return None, "it exited while it was read"  # not "in none": its cgroup was never read
+    return (None if c is None else c.label()), None
 
 
 def _gpu_uses(snapshot: Snapshot, devices: Collection[int] | None) -> dict[int, list[GpuUse]]:
@@ -442,6 +461,9 @@ def _left_alone(h: Holder, *, all_holders: bool, include_daemons: bool,
     if "nvml" not in h.found_by and h.gpu_device_files == () and h.device_files:
         return (f"holds no GPU: only {', '.join(h.device_files)} open, no per-GPU device file and on no GPU process "
                 "list (NVML's own clients, monitors)")
+    unread = h.why_unknown("start_ticks")
+    if h.start_ticks is None and unread not in (None, _NOT_HERE):
+        return f"it cannot be read here: {unread}"
     if h.start_ticks is None:
         return "no process with this PID here (it exited, or NVML numbers processes as another PID namespace does)"
     if h.device_files is None:
@@ -462,7 +484,10 @@ def _unproven(holders: Iterable[Holder]) -> list[tuple[int, str]]:
         if "nvml" not in h.found_by:
             continue
         on = ", ".join(f"GPU {g.index}" for g in h.gpus)
-        if h.start_ticks is None:
+        unread = h.why_unknown("start_ticks")
+        if h.start_ticks is None and unread not in (None, _NOT_HERE):
+            out.append((h.pid, f"pid {h.pid} (on {on}) cannot be read here ({unread})"))
+        elif h.start_ticks is None:
             out.append((h.pid, f"pid {h.pid} (on {on}) names no process here"))
         elif h.device_files == () and h.state != "zombie":
             name = printable(h.name) if h.name else "a process"

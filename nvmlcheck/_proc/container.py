@@ -3,7 +3,10 @@
 :func:`parse_cgroup` is the pure parser (cgroup v1 and v2 text → :class:`Container`); :func:`container_of` reads one
 process; :func:`members` lists every process of one container (``kill --container``). Recognised: docker,
 containerd (and nerdctl), cri-o, podman, LXC/Proxmox, Kubernetes pods, Slurm jobs, systemd units; any other non-root
-cgroup is kind ``"cgroup"``; a process in the root cgroup but another PID namespace is kind ``"pidns"``. A runtime's
+cgroup is kind ``"cgroup"``; a process in the root cgroup but another PID namespace is kind ``"pidns"``; one whose
+container cannot be told (its cgroup file unreadable, its PID namespace not readable, an exiting process on cgroup
+v1, text that contradicts itself) is kind ``"unknown"``, the reason its ID: never guessed, never taken for "none".
+What a user's own cgroups (``user@UID.service``) name is that user's claim (:attr:`Container.user`). A runtime's
 monitor (LXC's, podman's or cri-o's conmon, a Slurm step daemon) is marked ``monitor`` and is no member of its
 container. No ``re``, no dataclasses at run time: ``kill --container`` reads this before its first signal.
 Recognised path forms and their sources: docs/killing.md.
@@ -11,20 +14,26 @@ Recognised path forms and their sources: docs/killing.md.
 
 from __future__ import annotations
 
+import errno
 import os
 
 from .._record import light_tuple
-from .._text import is_digits
+from .._text import is_digits, printable
 from . import procfs
 
 TYPE_CHECKING = False  # no typing before a signal: start-up cost where site has not loaded it (docs/performance.md)
 if TYPE_CHECKING:
     from dataclasses import dataclass
 
-__all__ = ["CONTAINER_KINDS", "Container", "ContainerSpec", "container_of", "members", "parse_cgroup", "parse_spec"]
+__all__ = [
+    "CONTAINER_KINDS", "UNKNOWN", "Container", "ContainerSpec", "container_of", "members", "parse_cgroup", "parse_spec",
+]
 
 #: The kinds that are containers proper (a runtime's); ``systemd``, ``slurm``, ``cgroup`` and ``pidns`` are not.
 CONTAINER_KINDS = frozenset({"docker", "containerd", "cri-o", "podman", "container", "lxc", "kubernetes"})
+
+#: The kind of a process whose container cannot be told; its ``id`` says why.
+UNKNOWN = "unknown"
 
 _HEX = frozenset("0123456789abcdef")
 #: The kinds whose ID is a runtime's 64-hex container ID (``"container"``: under a pod, runtime not named).
@@ -38,13 +47,17 @@ if TYPE_CHECKING:
         """Where one process runs.
 
         ``kind``: ``"docker"``, ``"containerd"``, ``"cri-o"``, ``"podman"``, ``"lxc"``, ``"kubernetes"``,
-        ``"systemd"``, ``"slurm"``, ``"cgroup"`` (any other cgroup) or ``"pidns"`` (root cgroup, another PID
-        namespace). ``id``: the full runtime ID, ``"129"`` for ``lxc/129``, the pod UID, the unit name, the Slurm
-        job ID, the cgroup path, or the namespace inode. ``cgroup``: the process's cgroup path (the v2 line, else
-        the v1 hierarchy that was read). ``pidns_inode``: inode of ``/proc/PID/ns/pid`` (``None``: unread).
-        ``nested``: ``(kind, id)`` of what else the path names, outermost first (a pod's container, a unit inside
-        an LXC container). ``monitor``: the runtime's own process for that container (LXC monitor, conmon, Slurm
-        step daemon), not a member of it.
+        ``"systemd"``, ``"slurm"``, ``"cgroup"`` (any other cgroup), ``"pidns"`` (root cgroup, another PID
+        namespace) or ``"unknown"`` (:data:`UNKNOWN`: it cannot be told). ``id``: the full runtime ID, ``"129"`` for
+        ``lxc/129``, the pod UID, the unit name, the Slurm job ID, the cgroup path, the namespace inode, or (kind
+        ``"unknown"``) why it cannot be told. ``cgroup``: the process's cgroup path (the v2 line, else the v1
+        hierarchy that was read; ``""`` when none was read). ``pidns_inode``: inode of ``/proc/PID/ns/pid``
+        (``None``: unread). ``nested``: ``(kind, id)`` of what else the path names, outermost first (a pod's
+        container, a unit inside an LXC container). ``monitor``: the runtime's own process for that container (LXC
+        monitor, conmon, Slurm step daemon), not a member of it. ``user``: the UID whose systemd user manager
+        (``user@UID.service``, delegated to that user) holds the cgroup that names it: there the user names cgroups
+        as it likes, so kind and ID are that user's claim (rootless podman, docker and LXC live there; a Slurm job
+        never does, and is not believed there); ``None``: outside any.
         """
 
         kind: str
@@ -53,9 +66,13 @@ if TYPE_CHECKING:
         pidns_inode: int | None = None
         nested: tuple[tuple[str, str], ...] = ()
         monitor: bool = False
+        user: int | None = None
 
         def label(self) -> str:
-            """Short text for humans: ``"docker 3f2a1b2c3d4e"``, ``"lxc/129"``, ``"pod <uid>"``."""
+            """Short text for humans: ``"docker 3f2a1b2c3d4e"``, ``"lxc/129"``, ``"pod <uid>"``,
+            ``"unknown container (<why>)"``; ``" (user 1000)"`` added for a :attr:`user`'s claim. Safe to print:
+            control characters of a cgroup's name are escaped (:func:`nvmlcheck._text.printable`); :attr:`cgroup`
+            and :attr:`id` stay exact."""
             ...
 
         def names(self) -> tuple[tuple[str, str], ...]:
@@ -69,11 +86,13 @@ if TYPE_CHECKING:
 
 else:
 
-    class Container(light_tuple("Container", "kind id cgroup pidns_inode nested monitor", (None, (), False), __name__)):
+    class Container(light_tuple("Container", "kind id cgroup pidns_inode nested monitor user", (None, (), False, None),
+                                  __name__)):
         __slots__ = ()
 
         def label(self) -> str:
-            return _label(self.kind, self.id) + (" monitor" if self.monitor else "")
+            return printable(_label(self.kind, self.id) + (" monitor" if self.monitor else "")
+                             + (f" (user {self.user})" if self.user is not None else ""))
 
         def names(self):
             return ((self.kind, self.id), *self.nested)
@@ -94,6 +113,8 @@ def _label(kind: str, ident: str) -> str:
         return f"slurm job {ident}"
     if kind == "pidns":
         return f"pid namespace {ident}"
+    if kind == UNKNOWN:
+        return f"unknown container ({ident})"
     return f"{kind} {ident}"
 
 
@@ -174,8 +195,9 @@ def _component(name: str, parent: str | None, grandparent: str | None, kube: boo
     got = _runtime(name, parent, kube) or _pod(name, kube) or _lxc(name, parent)
     if got is not None:
         return got
-    if name.startswith("job_") and name[4:].isdigit() and (
-        parent == "slurmstepd.scope"
+    if name.startswith("job_") and is_digits(name[4:]) and (
+        # <node>_slurmstepd.scope: a Slurm built for several slurmd per host (and a few sites' default)
+        parent == "slurmstepd.scope" or (parent or "").endswith("_slurmstepd.scope")
         or (parent is not None and parent.startswith("uid_") and (grandparent or "").startswith("slurm"))
     ):
         return "slurm", name[4:], False
@@ -184,93 +206,166 @@ def _component(name: str, parent: str | None, grandparent: str | None, kube: boo
     return None
 
 
-def classify(path: str) -> tuple[str, str, tuple[tuple[str, str], ...], bool] | None:
-    """``(kind, id, nested, monitor)`` for one cgroup path, or ``None`` for the root (``"/"``).
+def _user_manager(name: str) -> int | None:
+    """The UID of ``user@UID.service`` (systemd's per-user manager, whose subtree is delegated to that user)."""
+    uid = name[5:-8] if name.startswith("user@") and name.endswith(".service") else ""
+    return int(uid) if is_digits(uid) else None
+
+
+def classify(path: str) -> tuple[str, str, tuple[tuple[str, str], ...], bool, int | None] | None:
+    """``(kind, id, nested, monitor, user)`` for one cgroup path, or ``None`` for the root (``"/"``).
 
     The outermost container (runtime, pod, LXC, Slurm job) wins and whatever else the path names goes to ``nested``;
-    without one, the innermost systemd unit; else kind ``"cgroup"`` with the path as its ID."""
+    without one, the innermost systemd unit; else kind ``"cgroup"`` with the path as its ID. ``user``: the UID of
+    the ``user@UID.service`` above the winner (that user's own cgroups: its claim, :attr:`Container.user`)."""
     parts = [p for p in path.split("/") if p]
     if not parts:
         return None
     found: list[tuple[str, str]] = []
     monitor = False
     strong: int | None = None
+    delegated: int | None = None  # the first user@UID.service: below it, the user names cgroups as it likes
+    user: int | None = None
+    kube = False  # a kubepods component came before: kept as it goes, a path may be 2,000 components deep
     for i, name in enumerate(parts):
-        got = _component(name, parts[i - 1] if i > 0 else None, parts[i - 2] if i > 1 else None,
-                         any(p.startswith("kubepods") for p in parts[:i]))
-        if got is None:
+        got = _component(name, parts[i - 1] if i > 0 else None, parts[i - 2] if i > 1 else None, kube)
+        kube = kube or name.startswith("kubepods")
+        if got is None or (got[0] == "slurm" and delegated is not None):  # slurmstepd never runs jobs there
             continue
         kind, ident, mon = got
         if strong is None and kind != "systemd":
-            strong = len(found)
+            strong, user = len(found), delegated
         found.append((kind, ident))
         monitor = monitor or mon
         # Slurm: the step daemon lives in job_N/step_M/slurm (v2) — Slurm's own process, not the job's.
         if kind == "slurm" and len(parts) > i + 2 and parts[i + 2] == "slurm":
             monitor = True
+        if delegated is None:
+            delegated = _user_manager(name)
     if not found:
-        return "cgroup", "/" + "/".join(parts), (), False
+        return "cgroup", "/" + "/".join(parts), (), False, None
     if strong is None:
         kind, ident = found[-1]  # the innermost unit: app.scope inside user@1000.service
-        return kind, ident, tuple(found[:-1]), False
+        return kind, ident, tuple(found[:-1]), False, None
     kind, ident = found[strong]
-    return kind, ident, tuple(found[:strong] + found[strong + 1:]), monitor
+    return kind, ident, tuple(found[:strong] + found[strong + 1:]), monitor, user
 
 
 #: v1 hierarchies in the order they are trusted to place a process (systemd's own first: every process has it).
 _V1_ORDER = ("name=systemd", "pids", "memory", "cpu,cpuacct", "cpu", "devices", "freezer", "cpuset", "blkio")
 
 
+#: How long a cgroup path the kernel prints (``PATH_MAX - 1``): a longer one is cut there, in the middle of a name
+#: that may be another cgroup's whole name (``/a/ddd…`` cut to ``/a/d``), so it is kept only to its last ``/``.
+_PATH_CUT = 4095
+
+
 def cgroup_paths(text: str) -> dict[str, str]:
     """``/proc/PID/cgroup`` as hierarchy → path: ``""`` for the v2 line, else the v1 controller list
     (``"memory"``, ``"cpu,cpuacct"``, ``"name=systemd"``). Malformed lines are skipped; the `` (deleted)`` the kernel
-    appends to a removed cgroup is dropped."""
+    appends to a removed cgroup of the v2 hierarchy (of that one only) is dropped; a path the kernel cut at
+    ``PATH_MAX`` ends in ``/…`` after the last whole name."""
+    return _placements(text)[0]
+
+
+def _placements(text: str) -> tuple[dict[str, str], str | None]:
+    """:func:`cgroup_paths`, and why the text cannot be trusted (``None``: it can). The kernel prints each hierarchy
+    once; a second line for one is forged (a cgroup named with a newline, refused only since Linux 4.13): which line
+    is the kernel's cannot be told."""
     out: dict[str, str] = {}
+    twice: list[str] = []
     for line in text.splitlines():
         fields = line.split(":", 2)
         if len(fields) != 3 or not fields[2].startswith("/"):
             continue
         path = fields[2]
-        out[fields[1]] = path[: -len(" (deleted)")] if path.endswith(" (deleted)") else path
-    return out
+        if fields[:2] == ["0", ""] and path.endswith(" (deleted)"):
+            path = path[: -len(" (deleted)")]
+        if len(path) >= _PATH_CUT:  # cut mid-name: keep the ancestors it proves, mark the rest unknown
+            path = path[: path.rindex("/")] + "/…"
+        if fields[1] in out:
+            twice.append(fields[1] or "the v2 hierarchy")
+        out[fields[1]] = path
+    why = f"/proc/PID/cgroup names {', '.join(twice)} twice: a cgroup name forges a line" if twice else None
+    return out, why
 
 
 def parse_cgroup(text: str) -> Container | None:
     """The container that ``/proc/PID/cgroup`` text names (``pidns_inode`` left ``None``), or ``None`` when every
-    line is the root cgroup. The first line that names a container proper (a runtime's, a pod, LXC, a Slurm job)
-    wins, the v2 line tried first (a hybrid host's v2 line may say only the runtime's unit while v1 names the
-    container); else the first non-root placement (a systemd unit, any cgroup), v2 first."""
-    paths = cgroup_paths(text)
+    line is the root cgroup. The container proper (a runtime's, a pod, LXC, a Slurm job) that a line names wins, the
+    v2 line tried first (a hybrid host's v2 line may say only the runtime's unit while v1 names the container); else
+    the first non-root placement (a systemd unit, any cgroup), v2 first. Kind ``"unknown"`` (:data:`UNKNOWN`) when
+    the text contradicts itself: two lines of one hierarchy, or hierarchies that name different containers."""
+    paths, forged = _placements(text)
+    if forged is not None:
+        return Container(UNKNOWN, forged, "")
     ordered = [k for k in ("", *_V1_ORDER) if k in paths] + sorted(k for k in paths if k and k not in _V1_ORDER)
     first: Container | None = None
+    strong: list[tuple[str, Container]] = []
     for key in ordered:
         path = paths[key]
         got = classify(path)
         if got is None:
             continue
-        c = Container(got[0], got[1], path, None, got[2], got[3])
+        c = Container(got[0], got[1], path, None, got[2], got[3], got[4])
         if c.kind not in ("cgroup", "systemd"):
-            return c
-        if first is None:
+            strong.append((key, c))
+        elif first is None:
             first = c
-    return first
+    named = {(c.kind, c.id, c.user) for _, c in strong}
+    if len(named) > 1:
+        which = "; ".join(f"{key or 'v2'}: {c.label()}" for key, c in strong)
+        return Container(UNKNOWN, f"its cgroup hierarchies name different containers ({which})", "")
+    return strong[0][1] if strong else first
 
 
 def container_of(pid: int | str, proc: str = "/proc") -> Container | None:
     """Where ``pid`` runs, or ``None`` when it is in the root cgroup of this host (or of this cgroup namespace) and in
-    this process's PID namespace, or when its files cannot be read (it exited)."""
-    text = procfs.read_cgroup(pid, proc)
+    this process's PID namespace, or when it is gone (it exited). Kind ``"unknown"`` (:data:`UNKNOWN`, the reason
+    its ID) when that cannot be told: ``/proc/PID/cgroup`` unreadable for another reason than the process being gone
+    (``hidepid``, out of descriptors, a path longer than the kernel prints), a process in the root cgroup whose
+    PID namespace cannot be read (another user's: its inode needs ptrace access) nor told from its ``NSpid``, or an
+    exiting process (a zombie, one tearing its GPU context down) whose v1 hierarchies the kernel prints as ``/``
+    and whose v2 line names no container."""
+    try:
+        text = procfs.read_cgroup(pid, proc, strict=True)
+    except procfs.ProcUnreadable as exc:
+        return Container(UNKNOWN, str(exc.strerror), "")
     if text is None:
         return None
-    ino = procfs.pidns_inode(pid, proc)
     c = parse_cgroup(text)
+    if (c is None or c.kind in ("cgroup", "systemd")) and any(cgroup_paths(text)):
+        st = procfs.read_stat(pid, proc)
+        if st is None:
+            return None  # gone
+        if st.flags & procfs.PF_EXITING:  # its v1 lines say "/" whatever its cgroups were: a hybrid host's v2 line
+            # would name only the runtime's unit (containerd.service) of a docker container's process
+            return Container(UNKNOWN, "exiting: its cgroup v1 placement reads as /", "")
+    ino = procfs.pidns_inode(pid, proc)
     if c is not None:
         return c._replace(pidns_inode=ino)  # type: ignore[attr-defined, no-any-return]
     mine = procfs.pidns_inode("self", proc)
-    if ino is not None and mine is not None and ino != mine:
-        root = cgroup_paths(text).get("", "/")
-        return Container("pidns", str(ino), root, ino)
-    return None
+    root = cgroup_paths(text).get("", "/")
+    if ino is not None and mine is not None:
+        return None if ino == mine else Container("pidns", str(ino), root, ino)
+    return _pidns_from_nspid(pid, proc, root)
+
+
+def _pidns_from_nspid(pid: int | str, proc: str, root: str) -> Container | None:
+    """Whether a root-cgroup process whose namespace inode cannot be read shares this one's PID namespace, from the
+    ``NSpid`` lines (readable by anyone; one entry: the namespace of this ``/proc``): ``None`` when both have one
+    entry, else an unknown container saying what is known."""
+    theirs = procfs.read_status(pid, proc)
+    if theirs is None:
+        return None  # gone
+    own = procfs.read_status("self", proc)
+    own_depth = len(own.nspid) if own is not None and own.nspid else None
+    if theirs.nspid and own_depth == 1:
+        if len(theirs.nspid) == 1:
+            return None  # both in the PID namespace of this /proc: the same one
+        return Container(UNKNOWN, f"another PID namespace, whose inode cannot be read ({proc}/{pid}/ns/pid: not "
+                                  "permitted)", root)
+    return Container(UNKNOWN, f"its PID namespace cannot be read ({proc}/{pid}/ns/pid: not permitted)", root)
 
 
 # --- selecting by container ------------------------------------------------------------------------------------------
@@ -350,7 +445,7 @@ def _matches(spec: ContainerSpec, c: Container | None, paths: dict[str, str]) ->
         return next((p for p in paths.values() if p == spec.value or p.startswith(below)), None)
     if spec.kind == "unit":
         return spec.value if any(spec.value in p.split("/") for p in paths.values()) else None
-    if c is None or c.monitor:
+    if c is None or c.monitor or c.kind == UNKNOWN:
         return None
     for kind, ident in c.names():
         if spec.kind == "id":
@@ -361,6 +456,32 @@ def _matches(spec: ContainerSpec, c: Container | None, paths: dict[str, str]) ->
         elif kind == spec.kind and (ident == spec.value or (kind in _RUNTIMES and ident.startswith(spec.value))):
             return ident
     return None
+
+
+def _member_of(spec: ContainerSpec, text: str | None) -> tuple[str, int | None] | None:
+    """The full ID ``spec`` matched in one ``/proc/PID/cgroup`` text and the user whose claim it is
+    (:attr:`Container.user`), or ``None``: no match, or no text."""
+    if text is None:
+        return None
+    paths, forged = _placements(text)
+    if forged is not None:
+        return None  # which line is the kernel's cannot be told: no proof of membership
+    c = parse_cgroup(text)
+    got = _matches(spec, c, paths)
+    return None if got is None else (got, c.user if c is not None and spec.kind not in ("path", "unit") else None)
+
+
+def _read_for_members(pid: int, proc: str, spec: ContainerSpec) -> str | None:
+    """``/proc/PID/cgroup`` read exactly (:func:`procfs.read_cgroup`), ``None`` when gone or not permitted (another
+    user's under ``hidepid``: not this user's to signal either). Any other failure (out of descriptors or memory)
+    raises ValueError: a member left out would be left running, the kill said done."""
+    try:
+        return procfs.read_cgroup(pid, proc, strict=True, exact=True)
+    except procfs.ProcUnreadable as exc:
+        if exc.errno in (errno.EACCES, errno.EPERM):
+            return None
+        raise _argument_error(f"whether pid {pid} is in {spec.kind} {spec.value!r} cannot be told: "
+                              f"{exc.strerror}") from None
 
 
 def _dir_members(root: str) -> list[int]:
@@ -388,8 +509,9 @@ def _not_own_namespace(parsed: ContainerSpec, proc: str) -> None:
 def members(spec: str | ContainerSpec, proc: str = "/proc") -> list[tuple[int, int]]:
     """``(pid, start_ticks)`` of every process (of this PID namespace's view) whose container matches ``spec``, by
     PID; monitors (LXC's, conmon, Slurm's step daemon) are left out unless a path or unit names them. Raises
-    ValueError for a bad selector or an ID prefix that names two containers. Processes that exit while the list is
-    read are left out; the caller pins each one (its start time is its identity)."""
+    ValueError for a bad selector, an ID prefix that names two containers, or a process whose cgroup file cannot be
+    read (out of descriptors: it may be a member). Processes that exit while the list is read, and those whose
+    files this user may not read, are left out; the caller pins each one (its start time is its identity)."""
     parsed = parse_spec(spec) if isinstance(spec, str) else spec
     if parsed.kind == "dir":
         if not os.path.isfile(f"{parsed.value}/cgroup.procs"):
@@ -402,26 +524,35 @@ def members(spec: str | ContainerSpec, proc: str = "/proc") -> list[tuple[int, i
         _not_own_namespace(parsed, proc)
         pids = sorted(int(name) for name in os.listdir(proc) if name.isdigit())
     out: list[tuple[int, int]] = []
-    full: set[str] = set()
+    full: set[tuple[str, int | None]] = set()
     for pid in pids:
         if parsed.kind == "pidns":  # the namespace, whatever the cgroup
             if str(procfs.pidns_inode(pid, proc)) != parsed.value:
                 continue
         elif parsed.kind != "dir":
-            text = procfs.read_cgroup(pid, proc)
-            if text is None:
-                continue
-            got = _matches(parsed, parse_cgroup(text), cgroup_paths(text))
+            # Exact: a path typed with bytes that are not UTF-8 must match those bytes, not every name that reads
+            # as U+FFFD (nor a name copied from printed text with U+FFFD in it).
+            got = _member_of(parsed, _read_for_members(pid, proc, parsed))
             if got is None:
                 continue
             full.add(got)
         st = procfs.read_stat(pid, proc)
         if st is not None and st.pid == pid:
             out.append((pid, st.start_ticks))
-    if (parsed.kind == "id" or parsed.kind in _RUNTIMES) and len(full) > 1:
-        names = ", ".join(sorted(i[:16] for i in full))
-        raise _argument_error(f"{parsed.value!r} names {len(full)} containers ({names}…): give more of the ID")
+    if parsed.kind not in ("path", "unit") and len(full) > 1:
+        _ambiguous(parsed, full)
     return out
+
+
+def _ambiguous(parsed: ContainerSpec, full: set[tuple[str, int | None]]) -> None:
+    """Refuse a selector that names two containers: two IDs with one prefix, or one ID claimed in a user's own
+    cgroups too (a user names them as it likes: which is the one meant cannot be told)."""
+    names = ", ".join(sorted(f"{i[:16]}{'…' if len(i) > 16 else ''}" + ("" if u is None else f" (user {u})")
+                             for i, u in full))
+    hint = ("give more of the ID" if len({i for i, _ in full}) > 1 else
+            "the same name in a user's own cgroups (user@UID.service) is that user's claim: give the cgroup path "
+            "(--cgroup)")
+    raise _argument_error(f"{parsed.value!r} names {len(full)} containers ({names}): {hint}")
 
 
 def _argument_error(message: str) -> Exception:

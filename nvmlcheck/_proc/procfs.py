@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from typing import NamedTuple
 
 __all__ = [
+    "PF_EXITING",
     "PF_KTHREAD",
     "PID_MAX_LIMIT",
     "STATE_WORDS",
@@ -141,6 +142,9 @@ def read_stat(pid: int | str, proc: str = "/proc", *, strict: bool = False) -> P
 #: thread holds no GPU and is no process to kill: it ignores most signals, and the few that take one (``lockd``,
 #: ``nfsd``) are the kernel's services, not a job's.
 PF_KTHREAD = 0x00200000
+#: ``PF_EXITING``: the task is exiting (set at the start of ``do_exit``, kept by a zombie). The kernel then prints
+#: ``/`` for each of its cgroup v1 hierarchies in ``/proc/PID/cgroup`` (the v2 line stays true).
+PF_EXITING = 0x00000004
 
 
 def is_kernel_thread(st: ProcStat) -> bool:
@@ -180,10 +184,13 @@ def parse_status(raw: bytes) -> ProcStatus:
     return ProcStatus(tgid, uid, nspid, masks.get(b"SigIgn"), masks.get(b"SigCgt"), masks.get(b"SigBlk"))
 
 
-def read_cgroup(pid: int | str, proc: str = "/proc") -> str | None:
-    """The text of ``/proc/PID/cgroup``, or ``None`` if gone or unreadable (parsed by :mod:`.container`)."""
-    raw = _read(f"{proc}/{pid}/cgroup", False)
-    return None if raw is None else raw.decode("utf-8", "replace")
+def read_cgroup(pid: int | str, proc: str = "/proc", *, strict: bool = False, exact: bool = False) -> str | None:
+    """The text of ``/proc/PID/cgroup``, or ``None`` if gone or unreadable (``strict``: as :func:`read_stat`; parsed
+    by :mod:`.container`). Bytes that are not UTF-8 (a cgroup may be named with any) read as U+FFFD, which two
+    names can share; ``exact`` keeps them as surrogate escapes, as ``os.fsdecode`` and ``sys.argv`` do, to compare
+    with a path typed on the command line (never to print: such text cannot be written to a UTF-8 stream)."""
+    raw = _read(f"{proc}/{pid}/cgroup", strict)
+    return None if raw is None else raw.decode("utf-8", "surrogateescape" if exact else "replace")
 
 
 def pidns_inode(pid: int | str, proc: str = "/proc") -> int | None:

@@ -3,6 +3,7 @@ listed from a fake /proc and from this machine's own (a child moved into a cgrou
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import sys
@@ -12,8 +13,10 @@ import pytest
 
 from nvmlcheck._proc import procfs
 from nvmlcheck._proc.container import (
+    UNKNOWN,
     Container,
     ContainerSpec,
+    classify,
     container_of,
     members,
     parse_cgroup,
@@ -37,7 +40,7 @@ EXPECTED: dict[str, tuple[str, str, str, bool]] = {
                               "pod 6c2b8f1a9d3e4f5a6b7c8d9e0f1a2b3c", False),
     "crio-v2.txt": ("kubernetes", POD, f"pod {POD}", False),
     "crio-conmon-v2.txt": ("kubernetes", POD, f"pod {POD} monitor", True),
-    "podman-rootless-v2.txt": ("podman", D, "podman 3f2a1b2c3d4e", False),
+    "podman-rootless-v2.txt": ("podman", D, "podman 3f2a1b2c3d4e (user 1000)", False),
     "podman-conmon-v2.txt": ("podman", D, "podman 3f2a1b2c3d4e monitor", True),
     "nerdctl-v2.txt": ("containerd", D, "containerd 3f2a1b2c3d4e", False),
     "lxc-legacy-v1.txt": ("lxc", "129", "lxc/129", False),
@@ -52,6 +55,8 @@ EXPECTED: dict[str, tuple[str, str, str, bool]] = {
     "slurm-v2-task.txt": ("slurm", "42", "slurm job 42", False),
     "slurm-v2-batch.txt": ("slurm", "42", "slurm job 42", False),
     "slurm-v2-stepd.txt": ("slurm", "42", "slurm job 42 monitor", True),
+    # <node>_slurmstepd.scope (several slurmd per host) used to read as the unit "systemd gx10-ac12_slurmstepd.scope"
+    "slurm-v2-multi-slurmd.txt": ("slurm", "42", "slurm job 42", False),
     "slurm-v2-infra.txt": ("systemd", "slurmstepd.scope", "systemd slurmstepd.scope", False),
     "sandbox-v1-memory.txt": ("cgroup", "/process_api/d7130a16e04e726c016b028c3f5ed92f",
                               "cgroup /process_api/d7130a16e04e726c016b028c3f5ed92f", False),
@@ -254,3 +259,237 @@ def test_container_is_frozen() -> None:
     with pytest.raises(AttributeError):
         c.kind = "docker"  # type: ignore[misc]
     assert c.label() == "lxc/129" and c.names() == (("lxc", "129"),) and c.pidns_inode is None
+
+
+# --- what cannot be told is unknown, with why: never "none" ------------------------------------------------------
+
+
+def _status(nspid: str | None) -> str:
+    return "Name:\tp\nTgid:\t7\nUid:\t1000\t1000\t1000\t1000\n" + (f"NSpid:\t{nspid}\n" if nspid else "")
+
+
+def test_an_unreadable_cgroup_file_is_an_unknown_container(tmp_path: Path) -> None:
+    # Any error but "gone" (hidepid, EMFILE, a path longer than the kernel prints: ENAMETOOLONG) used to read as the
+    # root cgroup: the holder was shown in no container at all. Here the file is a directory (EISDIR).
+    (tmp_path / "7" / "cgroup").mkdir(parents=True)
+    c = container_of(7, str(tmp_path))
+    assert c is not None and c.kind == UNKNOWN and not c.is_container
+    assert "cgroup cannot be read" in c.id and "EISDIR" in c.id
+    assert c.label() == f"unknown container ({c.id})"
+    assert container_of(8, str(tmp_path)) is None  # gone: no process to say anything of
+
+
+@pytest.mark.parametrize(("theirs", "ours", "expected"), [
+    ("7", "1", None),  # both in this /proc's namespace: none
+    ("7\t1", "1", "another PID namespace"),  # nested below this one: which one is unknown
+    (None, "1", "cannot be read"),  # a kernel before NSpid: nothing to tell by
+    ("7", "5\t1", "cannot be read"),  # this process is itself nested: one entry proves nothing about it
+])
+def test_a_root_cgroup_process_whose_namespace_cannot_be_read(
+    tmp_path: Path, theirs: str | None, ours: str, expected: str | None,
+) -> None:
+    # Another user's process: /proc/PID/ns/pid needs ptrace access. It used to read as "in this namespace" (None).
+    (tmp_path / "7").mkdir()
+    (tmp_path / "7" / "cgroup").write_text("0::/\n")
+    (tmp_path / "7" / "status").write_text(_status(theirs))
+    (tmp_path / "self").mkdir()
+    (tmp_path / "self" / "status").write_text(_status(ours))
+    c = container_of(7, str(tmp_path))
+    if expected is None:
+        assert c is None
+    else:
+        assert c is not None and c.kind == UNKNOWN and expected in c.id and c.cgroup == "/"
+
+
+def test_a_hierarchy_named_twice_is_forged_and_unknown(tmp_path: Path) -> None:
+    # A cgroup name with a newline (refused by the kernel only since 4.13) forges a second line: the last one used to
+    # win, so a user's process under its own delegated subtree read as "docker <any ID it liked>".
+    forged = f"0::/user.slice/user-1000.slice/user@1000.service/x\n0::/docker/{D}\n"
+    c = parse_cgroup(forged)
+    assert c is not None and c.kind == UNKNOWN and "twice" in c.id and not c.is_container
+    v1 = f"4:memory:/user.slice/x\n4:memory:/docker/{D}\n0::/\n"
+    assert parse_cgroup(v1) == Container(UNKNOWN, c.id.replace("the v2 hierarchy", "memory"), "")
+    # ... and no selector takes it, not even by a path one of its lines names.
+    proc = _fake_proc(tmp_path, {10: f"0::/docker/{D}\n", 11: forged})
+    assert members(D[:12], proc) == [(10, 1010)]
+    assert members(f"/docker/{D}", proc) == [(10, 1010)]
+
+
+def test_hierarchies_that_name_different_containers_are_unknown(tmp_path: Path) -> None:
+    # The first hierarchy that named a container used to win: which one holds the process cannot be told.
+    text = f"9:memory:/docker/{D}\n12:pids:/lxc/129\n0::/\n"
+    c = parse_cgroup(text)
+    assert c is not None and c.kind == UNKNOWN
+    assert "different containers" in c.id and "docker 3f2a1b2c3d4e" in c.id and "lxc/129" in c.id
+    proc = _fake_proc(tmp_path, {10: text})
+    assert members(D[:12], proc) == [] and members("lxc/129", proc) == []  # no kind or ID selector proves it
+    assert members(f"/docker/{D}", proc) == [(10, 1010)]  # a path is matched in each hierarchy, as before
+    # The same container named by several hierarchies (a Slurm job's step and task cgroups) is still that one.
+    slurm = "11:freezer:/slurm/uid_1000/job_42/step_0/task_0\n5:devices:/slurm/uid_1000/job_42/step_0\n"
+    got = parse_cgroup(slurm)
+    assert got is not None and (got.kind, got.id) == ("slurm", "42")
+
+
+def test_deleted_is_dropped_from_the_v2_line_only() -> None:
+    # The kernel appends " (deleted)" to the v2 line alone; on a v1 line it is part of the cgroup's name, and
+    # dropping it made --cgroup /a select a process of the cgroup "/a (deleted)".
+    c = parse_cgroup("4:memory:/a (deleted)\n0::/\n")
+    assert c is not None and c.cgroup == "/a (deleted)"
+    d = parse_cgroup("0::/a (deleted)\n")
+    assert d is not None and d.cgroup == "/a"
+
+
+def test_what_a_users_own_cgroups_name_is_that_users_claim(tmp_path: Path) -> None:
+    # Below user@UID.service the user makes any cgroup it likes: a GPU process of its own in .../docker/<ID of
+    # someone else's container> used to be labelled that container (an operator then stops the wrong one), and one
+    # in .../slurmstepd.scope/job_42/... counted as job 42's.
+    user = "/user.slice/user-1000.slice/user@1000.service"
+    decoy = parse_cgroup(f"0::{user}/app.slice/docker/{D}\n")
+    assert decoy is not None and (decoy.kind, decoy.id, decoy.user) == ("docker", D, 1000)
+    assert decoy.label() == "docker 3f2a1b2c3d4e (user 1000)"
+    job = parse_cgroup(f"0::{user}/slurmstepd.scope/job_42/step_0/user/task_0\n")
+    assert job is not None and "slurm" not in dict(job.names())  # slurmstepd never runs a job there
+    monitor = parse_cgroup(f"0::{user}/app.slice/lxc.monitor.129\n")
+    assert monitor is not None and monitor.label() == "lxc/129 monitor (user 1000)"
+    # A container with a user's session inside it is the container's, not the user's.
+    lxc = parse_cgroup(f"0::/lxc.payload.129{user}/app.slice/foo.scope\n")
+    assert lxc is not None and (lxc.kind, lxc.id, lxc.user) == ("lxc", "129", None)
+    # One hierarchy naming the container and another the user's claim on it: which holds it cannot be told.
+    mixed = parse_cgroup(f"0::{user}/docker/{D}\n9:memory:/docker/{D}\n")
+    assert mixed is not None and mixed.kind == UNKNOWN
+    # kill --container: the ID names the container and the user's claim on it: refused, not both signalled.
+    proc = _fake_proc(tmp_path, {10: f"0::/system.slice/docker-{D}.scope\n", 11: f"0::{user}/docker/{D}\n",
+                                 20: f"0::{user}/user.slice/libpod-{C}.scope\n"})
+    with pytest.raises(ValueError, match=r"names 2 containers .*\(user 1000\).*cgroup path"):
+        members(D[:12], proc)
+    with pytest.raises(ValueError, match="names 2 containers"):
+        members(f"docker:{D}", proc)
+    assert members(C[:12], proc) == [(20, 1020)]  # a rootless container alone is selected as any other
+    assert members(f"/system.slice/docker-{D}.scope", proc) == [(10, 1010)]
+
+
+def test_a_label_is_safe_to_print_and_the_path_stays_exact() -> None:
+    # A cgroup may be named with an escape sequence: ready's culprit line and kill's plan printed it raw.
+    c = parse_cgroup("0::/jobs/a b\x1b[2J\u202e\n")
+    assert c is not None and c.cgroup == "/jobs/a b\x1b[2J\u202e" and c.id == c.cgroup
+    assert c.label() == "cgroup /jobs/a b\\x1b[2J\\u202e"
+
+
+def test_a_path_that_is_not_utf8_is_matched_by_its_bytes(tmp_path: Path) -> None:
+    # Read as U+FFFD, /w/bad\xff and /w/bad\xfe were one name: --cgroup with the real bytes (as argv carries them)
+    # selected neither, and the name as printed ("/w/bad\ufffd") selected both.
+    proc = _fake_proc(tmp_path, {10: "", 11: ""})
+    (tmp_path / "10" / "cgroup").write_bytes(b"0::/w/bad\xff\n")
+    (tmp_path / "11" / "cgroup").write_bytes(b"0::/w/bad\xfe\n")
+    assert members(os.fsdecode(b"/w/bad\xff"), proc) == [(10, 1010)]
+    assert members("/w/bad\ufffd", proc) == []
+    assert members("/w", proc) == [(10, 1010), (11, 1011)]
+    c = container_of(10, proc)
+    assert c is not None and c.cgroup == "/w/bad\ufffd"  # printed, it reads as U+FFFD
+
+
+def test_a_slurm_job_id_is_ascii_digits() -> None:
+    # str.isdigit took "job_\u0664\u0662" (Arabic-Indic 42) for a job, whose ID no selector or job ID ever matches.
+    c = parse_cgroup("0::/system.slice/slurmstepd.scope/job_\u0664\u0662/step_0/user/task_0\n")
+    assert c is not None and c.kind != "slurm"
+
+
+def test_a_deep_path_is_read_in_linear_time() -> None:
+    # A user may nest its own cgroups ~2,000 deep (PATH_MAX): each component used to look back at every one before
+    # it for "kubepods", 0.16 s for one such process, paid for each process of it by every --container scan. Counted,
+    # not timed: the str.startswith calls per component stay bounded.
+    calls = 0
+
+    def count(frame: object, event: str, arg: object) -> None:
+        nonlocal calls
+        if event == "c_call" and getattr(arg, "__name__", "") == "startswith":
+            calls += 1
+
+    depth = 1000
+    sys.setprofile(count)
+    try:
+        got = classify("/" + "/".join(["a"] * depth))
+    finally:
+        sys.setprofile(None)
+    assert got is not None and got[0] == "cgroup"
+    assert calls < 20 * depth
+    # The context is kept all the way down: a pod's container under kubepods, however deep.
+    deep = classify("/kubepods/" + "/".join(["a"] * 500) + f"/pod{POD}/{C}")
+    assert deep is not None and deep[:2] == ("kubernetes", POD) and ("container", C) in deep[2]
+
+
+def _stat_line(pid: int, flags: int, state: str = "S") -> str:
+    return f"{pid} (p) {state} 1 1 1 0 -1 {flags} 0 0 0 0 0 0 0 0 20 0 1 0 {1000 + pid} 0 0\n"
+
+
+@pytest.mark.parametrize(("exiting", "expected"), [(True, UNKNOWN), (False, "systemd")])
+def test_an_exiting_process_on_cgroup_v1_is_unknown(tmp_path: Path, exiting: bool, expected: str) -> None:
+    # From do_exit on (a zombie, a process tearing its GPU context down) the kernel prints "/" for each v1 hierarchy:
+    # a docker container's process on a hybrid host read as the v2 line's "systemd containerd.service", and on a
+    # v1 host as no container at all.
+    (tmp_path / "7").mkdir()
+    (tmp_path / "7" / "cgroup").write_text("9:memory:/\n1:name=systemd:/\n0::/system.slice/containerd.service\n")
+    (tmp_path / "7" / "stat").write_text(_stat_line(7, procfs.PF_EXITING if exiting else 0, "Z" if exiting else "S"))
+    c = container_of(7, str(tmp_path))
+    assert c is not None and c.kind == expected
+    if exiting:
+        assert "exiting" in c.id
+    # The v2 line stays true while it exits: a container it names is still named.
+    (tmp_path / "7" / "cgroup").write_text(f"9:memory:/\n0::/system.slice/docker-{D}.scope\n")
+    c = container_of(7, str(tmp_path))
+    assert c is not None and (c.kind, c.id) == ("docker", D)
+
+
+def test_a_real_zombie_keeps_its_container_or_an_unknown_one() -> None:
+    live = container_of(os.getpid())
+    if live is None or live.kind == "pidns":
+        pytest.skip("this test runs in the root cgroup: a zombie of it is rightly in none")
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    try:
+        while (st := procfs.read_stat(pid)) is not None and st.state != "Z":
+            os.sched_yield()
+        c = container_of(pid)
+        assert c is not None  # its container (the v2 line), or unknown with why: never "none"
+        assert c.kind == UNKNOWN or (c.kind, c.id) == (live.kind, live.id)
+    finally:
+        os.waitpid(pid, 0)
+
+
+def test_a_path_cut_at_path_max_keeps_only_whole_names(tmp_path: Path) -> None:
+    # The kernel prints at most PATH_MAX - 1 characters of a cgroup path (seen on 6.18: 4095), cutting a name in
+    # the middle: a process deep below /a/<250 d>/... read as in the cgroup the cut spells (/a/.../ddd), so
+    # --cgroup with that path selected it, and its label named a cgroup it is not in.
+    name = "d" * 250
+    cut = ("/a/" + "/".join([name] * 20))[:4095]
+    whole = cut[: cut.rindex("/")]
+    assert not cut.endswith(name)  # the last name is cut short
+    # 10 is deep below; 11 is in a cgroup whose whole path is what the cut spells: the kernel prints the same text.
+    proc = _fake_proc(tmp_path, {10: f"4:pids:{cut}\n0::/\n", 11: f"4:pids:{cut}\n0::/\n"})
+    c = parse_cgroup(f"4:pids:{cut}\n0::/\n")
+    assert c is not None and c.cgroup == whole + "/…" and c.label() == f"cgroup {whole}/…"
+    assert members(cut, proc) == []  # which of them is in it cannot be told: neither is taken for a member
+    assert members(whole, proc) == [(10, 1010), (11, 1011)]  # both are below the names the text proves
+
+
+def test_a_member_that_cannot_be_read_refuses_the_selection(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Out of descriptors (here: a cgroup file that is a directory, EISDIR), a member was silently left out: the kill
+    # reported done with it still running.
+    proc = _fake_proc(tmp_path, {10: f"0::/docker/{D}\n", 11: ""})
+    (tmp_path / "11" / "cgroup").unlink()
+    (tmp_path / "11" / "cgroup").mkdir()
+    with pytest.raises(ValueError, match=r"whether pid 11 is in id .* cannot be told: .*EISDIR"):
+        members(D[:12], proc)
+    # Not permitted (another user's, under hidepid): not this user's to signal either; the rest is selected.
+    real = procfs.read_cgroup
+
+    def refused(pid: int | str, proc: str = "/proc", *, strict: bool = False, exact: bool = False) -> str | None:
+        if str(pid) == "11":
+            raise procfs.ProcUnreadable(errno.EACCES, "/proc/11/cgroup cannot be read: Permission denied (EACCES)")
+        return real(pid, proc, strict=strict, exact=exact)
+
+    monkeypatch.setattr(procfs, "read_cgroup", refused)
+    assert members(D[:12], proc) == [(10, 1010)]
