@@ -728,7 +728,7 @@ class Fleet:
                 self._guard.directory(self._control_dir)
                 self._guarded_dir = self._control_dir
             # stdin held open: its end (this call giving up, this process dying) ends the remote command too. The
-            # guard is told of the child at its start and forgets it at its reaping.
+            # guard is told of the child at its start (ssh runs only once it knows it) and forgets it at its reaping.
             child = Child(argv, after_exit_s=_PIPE_GRACE_S, max_output_bytes=self.max_output_bytes,
                           hold_stdin=STDIN_HELLO, guard=self._guard)
             self._running.add(child)
