@@ -42,6 +42,7 @@ __all__ = [
     "GateResult",
     "NodeState",
     "Readiness",
+    "NodeNotFound",
     "Scontrol",
     "ScontrolError",
     "ScontrolRun",
@@ -708,11 +709,17 @@ class ScontrolError(NvmlCheckError, OSError):
     """scontrol failed, timed out or printed what cannot be read (also an ``OSError``)."""
 
 
+class NodeNotFound(ScontrolError):
+    """``scontrol show node NAME`` knows no node of that name, or answered with another node's line (or several):
+    the name is not one node's. A NodeSet's name looks like a node's, yet ``scontrol update NodeName=SET`` acts on
+    every node of the set (Slurm 22.05), so :class:`Scontrol` then changes nothing."""
+
+
 @dataclass(frozen=True, slots=True)
 class ScontrolRun:
-    """One scontrol command: ``argv``; ``ran`` (False in a dry run, or when it could not be started: ``output`` then
-    says why); ``exit_code`` (``None``: not run, or cut by the deadline); ``output``: what it printed (stdout and
-    stderr)."""
+    """One scontrol command: ``argv``; ``ran`` (False in a dry run, when it could not be started, or when it was not
+    run because its node is not one node's, :class:`NodeNotFound`: ``output`` then says why); ``exit_code``
+    (``None``: not run, or cut by the deadline); ``output``: what it printed (stdout and stderr)."""
 
     argv: tuple[str, ...]
     ran: bool
@@ -773,6 +780,10 @@ class Scontrol:
     and a group kill, or, with ``dry_run``, gives each command to ``echo`` (one shell-quoted line) instead of running
     those that change the node. Every run is kept in :attr:`runs`.
 
+    A name that :meth:`node` found to be no node's (:class:`NodeNotFound`: a NodeSet's name, which ``scontrol update``
+    would expand to every node of the set) is never drained or resumed: the run is kept with ``ran`` False and
+    ``output`` saying why. Read the node first (as the gate does before every change) to have this check.
+
     Each scontrol runs in a session of its own (so that one kill reaches what it started), out of reach of a kill of
     this process's group: while it runs, a guard process (:class:`nvmlcheck._proc.guard.Guard`, as a fleet's for its
     ssh clients) stands ready to SIGKILL its group should this process die without doing it (SIGKILL, the OOM
@@ -784,29 +795,50 @@ class Scontrol:
         self.dry_run = dry_run
         self.echo = echo
         self.runs: list[ScontrolRun] = []
+        self._not_a_node: dict[str, str] = {}  # name -> why, from node()
 
     def drain(self, node: str, reason: str, *, deadline_ns: int) -> ScontrolRun:
         """``scontrol update NodeName=NODE State=DRAIN Reason=REASON``."""
-        return self._change((f"NodeName={node}", "State=DRAIN", f"Reason={reason}"), deadline_ns)
+        return self._change(node, (f"NodeName={node}", "State=DRAIN", f"Reason={reason}"), deadline_ns)
 
     def resume(self, node: str, *, deadline_ns: int) -> ScontrolRun:
         """``scontrol update NodeName=NODE State=RESUME``: undrain."""
-        return self._change((f"NodeName={node}", "State=RESUME"), deadline_ns)
+        return self._change(node, (f"NodeName={node}", "State=RESUME"), deadline_ns)
 
     def node(self, node: str, *, deadline_ns: int) -> NodeState:
-        """The node's state and reason (read even in a dry run). :class:`ScontrolError` when scontrol fails, times
-        out or prints no node line."""
+        """The node's state and reason (read even in a dry run). :class:`NodeNotFound` when scontrol knows no node
+        of that name or answers with another's; :class:`ScontrolError` when scontrol fails, times out or prints no
+        node line."""
         run = self._run(("-o", "show", "node", node), deadline_ns)
+        shown = f"{' '.join(run.argv)}:"
         if not run.ok:
             how = _how_it_failed(run)
-            raise ScontrolError(f"{' '.join(run.argv)}: {how} {run.output.strip()[:200]}".strip())
+            if run.exit_code is not None and re.search(r"\bnot found\b", run.output):  # "Node X not found"
+                raise self._no_such_node(node, f"{shown} {how} {clean_text(run.output)[:200]}")
+            raise ScontrolError(f"{shown} {how} {run.output.strip()[:200]}".strip())
+        lines = [line for line in run.output.splitlines() if line.strip()]
+        names = [next((item[9:] for item in line.split() if item.startswith("NodeName=")), None) for line in lines]
+        if names and names != [node]:
+            listed = ", ".join(_shown(n or "?", 40) for n in names[:4]) + (" …" if len(names) > 4 else "")
+            raise self._no_such_node(node, f"{shown} answered for {listed}, not for {node} alone")
         try:
-            return parse_node_line(run.output.splitlines()[0] if run.output else "")
+            return parse_node_line(lines[0] if lines else "")
         except ArgumentError as exc:
             raise ScontrolError(str(exc)) from None
 
-    def _change(self, args: tuple[str, ...], deadline_ns: int) -> ScontrolRun:
+    def _no_such_node(self, node: str, why: str) -> NodeNotFound:
+        why = (f"{why}: {_shown(node)} is not one node's name (a NodeSet's? scontrol update would act on every node "
+               "of it): nothing is changed")
+        self._not_a_node[node] = why
+        return NodeNotFound(why)
+
+    def _change(self, node: str, args: tuple[str, ...], deadline_ns: int) -> ScontrolRun:
         argv = (self.path or "scontrol", "update", *args)
+        refused = self._not_a_node.get(node)
+        if refused is not None:
+            run = ScontrolRun(argv, False, None, f"not run: {refused}")
+            self.runs.append(run)
+            return run
         if self.dry_run:
             import shlex
 

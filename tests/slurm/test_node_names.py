@@ -1,0 +1,96 @@
+"""A node name that is not one node's, found out from scontrol itself: a NodeSet's name reads like a node's, yet
+``scontrol update NodeName=SET State=DRAIN`` drains every node of the set (seen on Slurm 22.05.8) while ``scontrol
+show node SET`` answers "Node SET not found". The gate reads the node before every change; it then changes
+nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nvmlcheck import slurm
+from nvmlcheck.cli import main
+from nvmlcheck.testing import Scenario
+
+GIB = 1 << 30
+
+
+def fake_scontrol(directory: Path, show: str, status: int = 0) -> tuple[Path, Path]:
+    """An scontrol that logs each call and answers ``-o show node`` with ``show`` and ``status``."""
+    path, log = directory / "scontrol", directory / "scontrol.log"
+    path.write_text("#!/bin/sh\n"
+                    f"printf '%s\\037' \"$@\" >> {log}; echo >> {log}\n"
+                    f"if [ \"$1\" = -o ]; then printf '%b\\n' {show!r}; exit {status}; fi\n", encoding="utf-8")
+    path.chmod(0o755)
+    return path, log
+
+
+def updates(log: Path) -> list[list[str]]:
+    calls = [line.split("\x1f")[:-1] for line in log.read_text().splitlines()] if log.exists() else []
+    return [c for c in calls if c[:1] == ["update"]]
+
+
+def deadline() -> int:
+    return time.monotonic_ns() + 20_000_000_000  # a hang guard, never reached
+
+
+NOT_FOUND = ("Node gpuset not found", 1)
+OTHER = ("NodeName=gpu01 State=IDLE ThreadsPerCore=1", 0)
+SEVERAL = ("NodeName=gpuset State=IDLE ThreadsPerCore=1\nNodeName=gpu02 State=IDLE ThreadsPerCore=1", 0)
+
+
+@pytest.mark.parametrize(("show", "status"), [NOT_FOUND, OTHER, SEVERAL], ids=["not-found", "another", "several"])
+def test_no_change_for_a_name_scontrol_shows_as_no_single_node(show: str, status: int, tmp_path: Path) -> None:
+    path, log = fake_scontrol(tmp_path, show, status)
+    scontrol = slurm.Scontrol(str(path))
+    with pytest.raises(slurm.NodeNotFound, match="'gpuset' is not one node's name"):
+        scontrol.node("gpuset", deadline_ns=deadline())
+    drain = scontrol.drain("gpuset", "nvmlcheck: GPU 0 held", deadline_ns=deadline())
+    resume = scontrol.resume("gpuset", deadline_ns=deadline())
+    assert updates(log) == []
+    for run in (drain, resume):
+        assert not run.ran and not run.ok and run.output.startswith("not run: ") and "NodeSet" in run.output
+
+
+def test_a_node_scontrol_shows_is_drained_as_before(tmp_path: Path) -> None:
+    path, log = fake_scontrol(tmp_path, "NodeName=gpu01 State=IDLE ThreadsPerCore=1")
+    scontrol = slurm.Scontrol(str(path))
+    assert scontrol.node("gpu01", deadline_ns=deadline()).state == "IDLE"
+    assert scontrol.drain("gpu01", "nvmlcheck: x", deadline_ns=deadline()).ok
+    assert updates(log) == [["update", "NodeName=gpu01", "State=DRAIN", "Reason=nvmlcheck: x"]]
+
+
+def test_a_failing_show_alone_does_not_stop_the_drain(tmp_path: Path) -> None:
+    # scontrol that cannot reach slurmctld (exit 1, no "not found"): the drain is still tried, as before.
+    path, log = fake_scontrol(tmp_path, "slurm_load_node error: Unable to contact slurm controller", 1)
+    scontrol = slurm.Scontrol(str(path))
+    with pytest.raises(slurm.ScontrolError) as raised:
+        scontrol.node("gpu01", deadline_ns=deadline())
+    assert not isinstance(raised.value, slurm.NodeNotFound)
+    scontrol.drain("gpu01", "nvmlcheck: x", deadline_ns=deadline())
+    assert len(updates(log)) == 1
+
+
+def test_an_epilog_given_a_nodeset_drains_nothing_and_exits_1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    for key in list(os.environ):
+        if key.startswith("SLURM"):
+            monkeypatch.delenv(key)
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    monkeypatch.setenv("SLURM_JOB_GPUS", "0")
+    sc = Scenario.h200(devices=2)
+    sc.add_process(0, 4_123_456, used_bytes=8 * GIB)
+    path, log = fake_scontrol(tmp_path, *NOT_FOUND)
+    code = main(["--simulate", str(sc.write(tmp_path / "busy.txt")), "slurm", "epilog", "--scontrol", str(path),
+                 "--node", "gpuset", "--timeout", "1", "--json"])
+    doc: dict[str, Any] = json.loads(capsys.readouterr().out)
+    # Exit 1: slurmd drains the node the Epilog ran on ("Epilog error"), and only that one.
+    assert code == 1 and updates(log) == []
+    assert "is not one node's name" in doc["node_state_error"]
+    (refused,) = [r for r in doc["scontrol"] if r["argv"][1:2] == ["update"]]
+    assert refused["ran"] is False and refused["exit_code"] is None and refused["output"].startswith("not run: ")
