@@ -81,8 +81,8 @@ Command = Literal["epilog", "prolog", "health"]
 class SlurmJob:
     """A job as a Prolog or Epilog sees it. ``id``/``uid``/``user``: ``SLURM_JOB_ID``, ``SLURM_JOB_UID``,
     ``SLURM_JOB_USER`` (``None`` when unset, as for the HealthCheckProgram). ``gpus``: the job's GPUs on this node:
-    Slurm's GPU IDs as text (the N of ``/dev/nvidiaN``; :func:`job_gpu_indices` finds their NVML indices) or UUIDs,
-    ``()`` for a job without GPUs; ``gpus_from``: the variable they
+    Slurm's GPU IDs as text (each GPU's place in slurmd's list, which gres.conf orders; :func:`job_gpu_indices` finds
+    their NVML indices) or UUIDs, ``()`` for a job without GPUs; ``gpus_from``: the variable they
     were read from (``None``: none named any). ``node``: ``SLURMD_NODENAME``."""
 
     id: str | None
@@ -150,9 +150,9 @@ def _shown(text: str, limit: int = 80) -> str:
 
 def job_from_env(env: Mapping[str, str] | None = None) -> SlurmJob:
     """The job slurmd describes in ``env`` (default ``os.environ``). Its GPUs come from ``SLURM_JOB_GPUS`` (Slurm's
-    GPU indices, which are NVML's where gres.conf lists ``/dev/nvidia0..N`` in order or ``AutoDetect=nvml``: see
-    docs/slurm.md), else ``CUDA_VISIBLE_DEVICES``. ``ArgumentError`` (a ``ValueError``, naming the variable) for a
-    malformed value."""
+    GPU IDs: ``/dev/nvidiaN`` where gres.conf lists ``/dev/nvidia0..N`` in order, NVML's index with
+    ``AutoDetect=nvml``: see docs/slurm.md and :func:`job_gpu_indices`), else ``CUDA_VISIBLE_DEVICES``.
+    ``ArgumentError`` (a ``ValueError``, naming the variable) for a malformed value."""
     env = os.environ if env is None else env
     gpus: tuple[str, ...] = ()
     source = None
@@ -489,29 +489,34 @@ def _indices(session: Session, selectors: Sequence[str] | None) -> tuple[int, ..
     return tuple(range(session.device_count())) if resolved is None else resolved
 
 
+#: What Slurm's numeric GPU IDs count (``--gpu-ids``): ``"minor"``, the N of ``/dev/nvidiaN`` (gres.conf lists
+#: every GPU's file in minor order, ``File=/dev/nvidia[0-7]``); ``"index"``, NVML's index, PCI bus order
+#: (``AutoDetect=nvml``: Slurm orders the GPUs it detects by PCI bus ID). docs/slurm.md, "Which GPUs".
+GpuIds = Literal["minor", "index"]
+GPU_IDS: tuple[GpuIds, ...] = ("minor", "index")
+
+
 def job_gpu_indices(session: Session, gpus: Sequence[str], *, deadline_ns: int | None = None,
-                    clock: Callable[[], int] = time.monotonic_ns) -> tuple[tuple[int, ...], tuple[Cause, ...]]:
+                    clock: Callable[[], int] = time.monotonic_ns,
+                    gpu_ids: GpuIds = "minor") -> tuple[tuple[int, ...], tuple[Cause, ...]]:
     """The NVML indices of a job's GPUs (:attr:`SlurmJob.gpus`), and a cause for each one that cannot be found.
 
-    A number is Slurm's GPU ID: the N of ``/dev/nvidiaN`` (gres.conf's ``File=``, or ``AutoDetect=nvml``), matched to
-    the GPU whose minor number it is, never taken as NVML's index (PCI order; the two differ on some hosts, and the
-    gate would judge another job's GPU). A UUID is matched as :meth:`Session.resolve <nvmlcheck.Session.resolve>`
-    matches one. An ID no GPU's minor number is, or one that cannot be told because a GPU's minor number is unknown
-    (unreadable, or the nvidia-smi backend without the driver's procfs list) or because more than one GPU reports it,
-    is a cause of kind ``"unknown"``: what the job used is not judged, so the node is not called ready.
-    ``deadline_ns`` (on ``clock``): the gate's; the minor numbers not read by then make every ID a cause."""
-    from .errors import NoSuchDevice
+    A number is Slurm's GPU ID: its position in slurmd's list of the node's GPUs, which only gres.conf tells.
+    ``gpu_ids="minor"`` (gres.conf lists ``/dev/nvidia0..N`` in order): the N of ``/dev/nvidiaN``, matched to the GPU
+    whose minor number it is, never taken as NVML's index (PCI order; the two differ on some hosts, and the gate would
+    judge another job's GPU); ``"index"`` (``AutoDetect=nvml``, PCI bus order): NVML's index. A UUID is matched as
+    :meth:`Session.resolve <nvmlcheck.Session.resolve>` matches one. An ID no GPU's minor number (or index) is, or one
+    that cannot be told because a GPU's minor number is unknown (unreadable, or the nvidia-smi backend without the
+    driver's procfs list) or because more than one GPU reports it, is a cause of kind ``"unknown"``: what the job used
+    is not judged, so the node is not called ready. ``deadline_ns`` (on ``clock``): the gate's; the minor numbers not
+    read by then make every ID a cause."""
     from .model import Fields
 
-    ids = [g for g in gpus if is_digits(g)]
-    out: set[int] = set()
-    causes: list[Cause] = []
-    for g in gpus:
-        if not is_digits(g):
-            try:
-                out.update(session.resolve([g]) or ())
-            except NoSuchDevice:
-                causes.append(Cause("unknown", f"the job's GPU {g} is none of this host's GPUs"))
+    if gpu_ids not in GPU_IDS:
+        raise ArgumentError(f"gpu_ids must be one of {', '.join(GPU_IDS)}, got {gpu_ids!r}")
+    # UUIDs, and with "index" the IDs too, name GPUs as --devices does.
+    ids = [g for g in gpus if is_digits(g)] if gpu_ids == "minor" else []
+    out, causes = _resolved(session, [g for g in gpus if g not in ids])
     if not ids:
         return tuple(sorted(out)), tuple(causes)
     snap = _read(session, Fields(0), None, deadline_ns, clock)  # identity only: cached after the first read
@@ -546,6 +551,21 @@ def job_gpu_indices(session: Session, gpus: Sequence[str], *, deadline_ns: int |
     return tuple(sorted(out)), tuple(causes)
 
 
+def _resolved(session: Session, gpus: Sequence[str]) -> tuple[set[int], list[Cause]]:
+    """The NVML indices of ``gpus`` (UUIDs, NVML indices), and a cause for each that is none of this host's GPUs."""
+    from .errors import NoSuchDevice
+
+    out: set[int] = set()
+    causes: list[Cause] = []
+    for g in gpus:
+        try:
+            out.update(session.resolve([g]) or ())
+        except NoSuchDevice:
+            causes.append(Cause("unknown", f"the job's GPU {g} is none of this host's GPUs" +
+                                (f" (NVML indices 0-{session.device_count() - 1})" if is_digits(g) else "")))
+    return out, causes
+
+
 def _all_report(indices: Sequence[int]) -> str:
     """``"GPUs 0 and 1 both report"``, ``"GPUs 0, 1 and 3 all report"``."""
     head, last = ", ".join(map(str, indices[:-1])), indices[-1]
@@ -562,22 +582,23 @@ def epilog(
     devices: Sequence[str] | None = None,
     device_files: Sequence[str] | str | None = None,
     kill: bool = True,
+    gpu_ids: GpuIds = "minor",
     clock: Callable[[], int] = time.monotonic_ns,
     sleep: Callable[[float], object] = time.sleep,
 ) -> GateResult:
     """After job ``job``: SIGTERM its processes that still hold a GPU (:func:`job_processes`; with their
     descendants), SIGKILL them after ``grace_s`` (at the latest once half of the time left is gone; ``None``: then),
-    then :func:`await_ready` on its GPUs (:func:`job_gpu_indices`; ``devices``: these NVML selectors instead), all
-    within ``timeout_s``. A job GPU that cannot be found is a cause (not ready); when none can be, nothing is signalled.
-    ``kill=False`` (a dry run) signals nothing and lists them in ``would_kill``. A job without GPUs is ready at
-    once, without reading any GPU."""
+    then :func:`await_ready` on its GPUs (:func:`job_gpu_indices`, its IDs read as ``gpu_ids`` says; ``devices``:
+    these NVML selectors instead), all within ``timeout_s``. A job GPU that cannot be found is a cause (not ready);
+    when none can be, nothing is signalled. ``kill=False`` (a dry run) signals nothing and lists them in
+    ``would_kill``. A job without GPUs is ready at once, without reading any GPU."""
     from .kill import KillError, KillTimeout, prepare_kill
     from .predicates import always
 
     start, deadline = _deadline(clock, timeout_s)
     if not devices and not job.gpus:
         return GateResult("epilog", job, (), True, (), clock() - start, timeout_s)
-    indices, unfound = _job_indices(session, job, devices, deadline, clock)
+    indices, unfound = _job_indices(session, job, devices, deadline, clock, gpu_ids=gpu_ids)
     if not indices:
         return GateResult("epilog", job, (), False, unfound, clock() - start, timeout_s)
     try:
@@ -621,11 +642,11 @@ def epilog(
 
 
 def _job_indices(session: Session, job: SlurmJob, devices: Sequence[str] | None, deadline_ns: int,
-                 clock: Callable[[], int]) -> tuple[tuple[int, ...], tuple[Cause, ...]]:
+                 clock: Callable[[], int], *, gpu_ids: GpuIds) -> tuple[tuple[int, ...], tuple[Cause, ...]]:
     """``devices`` (NVML selectors, as ``--devices`` gives them) resolved, else the job's GPUs by Slurm's IDs."""
     if devices:
         return _indices(session, devices), ()
-    return job_gpu_indices(session, job.gpus, deadline_ns=deadline_ns, clock=clock)
+    return job_gpu_indices(session, job.gpus, deadline_ns=deadline_ns, clock=clock, gpu_ids=gpu_ids)
 
 
 def _read(session: Session, fields: Fields, indices: Sequence[int] | None, deadline_ns: int | None,
@@ -649,16 +670,17 @@ def prolog(
     timeout_s: float,
     max_used_bytes: int = DEFAULT_MAX_USED_BYTES,
     devices: Sequence[str] | None = None,
+    gpu_ids: GpuIds = "minor",
     clock: Callable[[], int] = time.monotonic_ns,
     sleep: Callable[[float], object] = time.sleep,
 ) -> GateResult:
-    """Before job ``job``: :func:`await_ready` on its GPUs (:func:`job_gpu_indices`; ``devices``: these NVML
-    selectors instead) within ``timeout_s``. Nothing
-    is signalled: what holds a GPU now is not this job's."""
+    """Before job ``job``: :func:`await_ready` on its GPUs (:func:`job_gpu_indices`, its IDs read as ``gpu_ids``
+    says; ``devices``: these NVML selectors instead) within ``timeout_s``. Nothing is signalled: what holds a GPU now
+    is not this job's."""
     start, deadline = _deadline(clock, timeout_s)
     if not devices and not job.gpus:
         return GateResult("prolog", job, (), True, (), clock() - start, timeout_s)
-    indices, unfound = _job_indices(session, job, devices, deadline, clock)
+    indices, unfound = _job_indices(session, job, devices, deadline, clock, gpu_ids=gpu_ids)
     if not indices:
         return GateResult("prolog", job, (), False, unfound, clock() - start, timeout_s)
     readiness = await_ready(session, indices, deadline_ns=deadline, max_used_bytes=max_used_bytes, clock=clock,

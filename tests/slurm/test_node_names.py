@@ -94,3 +94,52 @@ def test_an_epilog_given_a_nodeset_drains_nothing_and_exits_1(tmp_path: Path, mo
     assert "is not one node's name" in doc["node_state_error"]
     (refused,) = [r for r in doc["scontrol"] if r["argv"][1:2] == ["update"]]
     assert refused["ran"] is False and refused["exit_code"] is None and refused["output"].startswith("not run: ")
+
+
+# --- what Slurm's GPU IDs count: --gpu-ids ---------------------------------------------------------------------------
+
+
+def swapped(tmp_path: Path) -> Path:
+    """NVML's GPU 1 is ``/dev/nvidia0`` and holds 8 GiB; NVML's GPU 0 is ``/dev/nvidia1`` and idle."""
+    sc = Scenario.h200(devices=2)
+    sc.set_device(0, minor=1)
+    sc.set_device(1, minor=0)
+    sc.add_process(1, 4_123_456, used_bytes=8 * GIB)
+    return sc.write(tmp_path / "swapped.txt")
+
+
+def gate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], command: str,
+         gpus: str, *args: str) -> tuple[int, dict[str, Any]]:
+    for key in list(os.environ):
+        if key.startswith("SLURM"):
+            monkeypatch.delenv(key)
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    monkeypatch.setenv("SLURM_JOB_GPUS", gpus)
+    path, _ = fake_scontrol(tmp_path, "NodeName=n1 State=IDLE ThreadsPerCore=1")
+    code = main(["--simulate", str(swapped(tmp_path)), "slurm", command, "--scontrol", str(path), "--node", "n1",
+                 "--timeout", "1", "--no-drain", "--json", *args])
+    return code, json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("command", ["prolog", "epilog"])
+def test_with_autodetect_the_ids_are_nvml_indices(command: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    # AutoDetect=nvml numbers GPUs in PCI order: Slurm's GPU 1 is NVML's GPU 1 (here /dev/nvidia0, held).
+    code, doc = gate(tmp_path, monkeypatch, capsys, command, "1", "--gpu-ids", "index")
+    assert code == 1 and doc["devices"] == [1] and [c["gpu"] for c in doc["causes"]] == [1]
+    # Read as a minor number, the same ID is the idle GPU 0 (/dev/nvidia1): the default, for File=/dev/nvidia[0-N].
+    code, doc = gate(tmp_path, monkeypatch, capsys, command, "1")
+    assert code == 0 and doc["devices"] == [0]
+
+
+def test_an_index_that_is_no_gpu_here_is_a_cause(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    code, doc = gate(tmp_path, monkeypatch, capsys, "prolog", "0,7", "--gpu-ids", "index")
+    assert code == 1 and doc["devices"] == [0]
+    assert [(c["kind"], c["text"]) for c in doc["causes"]] == [
+        ("unknown", "the job's GPU 7 is none of this host's GPUs (NVML indices 0-1)")]
+
+
+def test_gpu_ids_is_checked_in_the_api(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="gpu_ids must be one of minor, index"):
+        slurm.job_gpu_indices(None, ("0",), gpu_ids="pci")  # type: ignore[arg-type]
