@@ -217,7 +217,8 @@ _REASON_ORDER = {"unhealthy": 0, "stuck": 1, "held": 2, "reclaiming": 3, "unknow
 def drain_reason(causes: Sequence[Cause]) -> str:
     """The node's drain reason: ``"nvmlcheck: "`` and the first causes, joined with ``"; "``, cut to
     :data:`MAX_REASON_CHARS` with ``"(+N more)"`` for those left out. Unhealthy GPUs come first, then stuck, held,
-    reclaiming, unknown, unavailable."""
+    reclaiming, unknown, unavailable. Never ending with ``"``: scontrol drops a reason's last double quote (Slurm
+    22.05), and the reason Slurm keeps must be this one (a node drained with it is not drained again)."""
     if not causes:
         raise ArgumentError("a drain reason needs at least one cause")
     ranked = sorted(causes, key=lambda c: _REASON_ORDER[c.kind])
@@ -226,7 +227,7 @@ def drain_reason(causes: Sequence[Cause]) -> str:
         more = len(texts) - shown
         reason = f"{REASON_PREFIX} " + "; ".join(texts[:shown]) + (f" (+{more} more)" if more else "")
         if len(reason) <= MAX_REASON_CHARS:
-            return reason
+            return reason[:-1] + "'" if reason.endswith('"') else reason
     tail = f" (+{len(texts) - 1} more)" if len(texts) > 1 else ""
     return f"{REASON_PREFIX} " + texts[0][: MAX_REASON_CHARS - len(REASON_PREFIX) - 2 - len(tail) - 1] + "…" + tail
 

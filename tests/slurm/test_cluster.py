@@ -226,6 +226,18 @@ def test_a_nodeset_name_is_found_out_and_nothing_drained(cluster: Lab, monkeypat
     assert "DRAIN" in cluster.node_state()
 
 
+def test_slurm_keeps_the_drain_reason_as_given(cluster: Lab, monkeypatch: pytest.MonkeyPatch) -> None:
+    for key, value in cluster.env().items():
+        monkeypatch.setenv(key, value)
+    scontrol = gate.Scontrol()
+    deadline = time.monotonic_ns() + 20_000_000_000  # a hang guard
+    for text in ('GPU 2: could not be read: NVML says "Unknown Error"', "GPU 0 held by pid 7 (it's=\"odd\";#) 1 GiB"):
+        reason = gate.drain_reason([gate.Cause("unknown", text)])
+        assert scontrol.drain(cluster.node, reason, deadline_ns=deadline).ok
+        assert scontrol.node(cluster.node, deadline_ns=deadline).reason == reason
+        cluster.run("scontrol", "update", f"NodeName={cluster.node}", "State=RESUME")
+
+
 def test_the_lab_is_what_the_tests_think(slurm: Lab) -> None:
     """Slurm hands out the simulated GPUs: two, as gres."""
     assert slurm.node_info().get("Gres") == f"gpu:{slurmlab.GPUS}"

@@ -1,7 +1,8 @@
-"""A node name that is not one node's, found out from scontrol itself: a NodeSet's name reads like a node's, yet
-``scontrol update NodeName=SET State=DRAIN`` drains every node of the set (seen on Slurm 22.05.8) while ``scontrol
-show node SET`` answers "Node SET not found". The gate reads the node before every change; it then changes
-nothing."""
+"""What scontrol and slurmd give the gate, and what scontrol does with what the gate gives it (each seen on Slurm
+22.05.8): a NodeSet's name reads like a node's, yet ``scontrol update NodeName=SET State=DRAIN`` drains every node of
+the set while ``scontrol show node SET`` answers "Node SET not found" (the gate reads the node before every change,
+and then changes nothing); a drain reason loses its last double quote; Slurm's GPU IDs count what gres.conf says
+(``--gpu-ids``)."""
 
 from __future__ import annotations
 
@@ -143,3 +144,16 @@ def test_an_index_that_is_no_gpu_here_is_a_cause(tmp_path: Path, monkeypatch: py
 def test_gpu_ids_is_checked_in_the_api(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="gpu_ids must be one of minor, index"):
         slurm.job_gpu_indices(None, ("0",), gpu_ids="pci")  # type: ignore[arg-type]
+
+
+# --- the drain reason as Slurm keeps it ------------------------------------------------------------------------------
+
+
+def test_a_reason_never_ends_with_the_double_quote_scontrol_would_drop() -> None:
+    cause = slurm.Cause("unknown", 'GPU 2: could not be read: NVML says "Unknown Error"')
+    reason = slurm.drain_reason([cause])
+    assert reason == "nvmlcheck: GPU 2: could not be read: NVML says \"Unknown Error'"
+    # The node found drained with it is drained with this reason already: no drain again (health is idempotent).
+    assert slurm.parse_node_line(f"NodeName=n1 State=IDLE+DRAIN Reason={reason} [root@2026-12-02T07:00:00]").reason \
+        == reason
+    assert slurm.drain_reason([slurm.Cause("held", 'a "quoted" word inside')]).endswith('"quoted" word inside')
