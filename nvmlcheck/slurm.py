@@ -151,7 +151,8 @@ def _shown(text: str, limit: int = 80) -> str:
 def job_from_env(env: Mapping[str, str] | None = None) -> SlurmJob:
     """The job slurmd describes in ``env`` (default ``os.environ``). Its GPUs come from ``SLURM_JOB_GPUS`` (Slurm's
     GPU IDs: ``/dev/nvidiaN`` where gres.conf lists ``/dev/nvidia0..N`` in order, NVML's index with
-    ``AutoDetect=nvml``: see docs/slurm.md and :func:`job_gpu_indices`), else ``CUDA_VISIBLE_DEVICES``.
+    ``AutoDetect=nvml``: see docs/slurm.md and :func:`job_gpu_indices`), else ``CUDA_VISIBLE_DEVICES``; where
+    ``CUDA_VISIBLE_DEVICES`` holds UUIDs only (MIG instances), they are read instead: they name the GPU exactly.
     ``ArgumentError`` (a ``ValueError``, naming the variable) for a malformed value."""
     env = os.environ if env is None else env
     gpus: tuple[str, ...] = ()
@@ -162,6 +163,15 @@ def job_from_env(env: Mapping[str, str] | None = None) -> SlurmJob:
             if gpus:
                 source = variable
                 break
+    if source == "SLURM_JOB_GPUS" and env.get("CUDA_VISIBLE_DEVICES"):
+        # UUIDs name a GPU whatever gres.conf's numbering: slurmd puts them there for MIG instances (and for every
+        # GPU with gres.conf's env_uuid), where SLURM_JOB_GPUS has only its numbers.
+        try:
+            named = parse_gpu_list(env["CUDA_VISIBLE_DEVICES"], "CUDA_VISIBLE_DEVICES")
+        except ArgumentError:
+            named = ()
+        if named and all(_UUID.fullmatch(g) for g in named):
+            gpus, source = named, "CUDA_VISIBLE_DEVICES"
     uid_text = env.get("SLURM_JOB_UID")
     if uid_text is not None and not is_digits(uid_text.strip()):
         raise ArgumentError(f"$SLURM_JOB_UID={uid_text!r} is not a user ID")

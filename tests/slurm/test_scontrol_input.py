@@ -157,3 +157,38 @@ def test_a_reason_never_ends_with_the_double_quote_scontrol_would_drop() -> None
     assert slurm.parse_node_line(f"NodeName=n1 State=IDLE+DRAIN Reason={reason} [root@2026-12-02T07:00:00]").reason \
         == reason
     assert slurm.drain_reason([slurm.Cause("held", 'a "quoted" word inside')]).endswith('"quoted" word inside')
+
+
+# --- MIG: the UUIDs slurmd gives, not the numbers --------------------------------------------------------------------
+
+MIG = "MIG-5f0a0000-0000-5000-8000-000000000001"
+
+
+def test_uuids_in_cuda_visible_devices_name_the_jobs_gpus() -> None:
+    # slurmd's Prolog/Epilog environment for a MIG instance: its place in Slurm's list, and its UUID.
+    job = slurm.job_from_env({"SLURM_JOB_GPUS": "0", "CUDA_VISIBLE_DEVICES": MIG})
+    assert (job.gpus, job.gpus_from) == ((MIG,), "CUDA_VISIBLE_DEVICES")
+    # Numbers (or some numbers) there say no more than SLURM_JOB_GPUS; a malformed value there is not read.
+    for cvd in ("0", f"1,{MIG}", "garbage"):
+        job = slurm.job_from_env({"SLURM_JOB_GPUS": "0", "CUDA_VISIBLE_DEVICES": cvd})
+        assert (job.gpus, job.gpus_from) == (("0",), "SLURM_JOB_GPUS")
+
+
+def test_a_jobs_mig_instance_is_judged_on_its_gpu_not_on_the_gpu_its_number_names(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    sc = Scenario.h200(devices=2)
+    sc.set_device(1, mig=True)
+    sc.add_mig_device(1, 0, uuid=MIG, total_bytes=16 * GIB)
+    sc.add_process(1, 4_123_456, used_bytes=8 * GIB, gi=1)  # in the job's MIG instance
+    for key in list(os.environ):
+        if key.startswith("SLURM") or key == "CUDA_VISIBLE_DEVICES":
+            monkeypatch.delenv(key)
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    monkeypatch.setenv("SLURM_JOB_GPUS", "0")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", MIG)
+    path, _ = fake_scontrol(tmp_path, "NodeName=n1 State=IDLE ThreadsPerCore=1")
+    code = main(["--simulate", str(sc.write(tmp_path / "mig.txt")), "slurm", "prolog", "--scontrol", str(path),
+                 "--node", "n1", "--timeout", "1", "--no-drain", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    # Before, "0" was read as /dev/nvidia0, the idle GPU 0: ready, with the job's GPU held.
+    assert code == 1 and doc["devices"] == [1] and doc["job"]["gpus_from"] == "CUDA_VISIBLE_DEVICES"
