@@ -1,0 +1,30 @@
+"""A fleet's deadline is a number: NaN, which passes every comparison as false, once meant no deadline at all (a host
+that hangs hung the call), and is refused before anything runs, as is a negative one."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from nvmlcheck import hosts
+from nvmlcheck.hosts import Fleet
+
+
+@pytest.mark.parametrize(("keyword", "value"), [("timeout_s", math.nan), ("deadline_s", math.nan),
+                                                  ("timeout_s", -1.0), ("deadline_s", -0.5), ("timeout_s", True)])
+def test_a_deadline_that_is_no_number_of_seconds_is_refused_before_any_ssh(keyword: str, value: float,
+                                                                          tmp_path: Path) -> None:
+    started = tmp_path / "started"
+    ssh = tmp_path / "ssh"
+    ssh.write_text(f"#!/bin/sh\ntouch {started}\nexec sleep 1000\n", encoding="utf-8")
+    ssh.chmod(0o755)
+    with Fleet(ssh=str(ssh), control_master=False) as fleet, pytest.raises(ValueError, match=keyword):
+        fleet.run(["gpu01"], ["wait", "--timeout", "0"], **{keyword: value})
+    assert not started.exists()
+
+
+def test_nan_through_the_helpers_is_refused_too() -> None:
+    with pytest.raises(ValueError, match="timeout_s must be a number of seconds"):
+        hosts.wait_on_hosts(["gpu01"], math.nan)
