@@ -21,7 +21,10 @@ def test_a_deadline_that_is_no_number_of_seconds_is_refused_before_any_ssh(keywo
     ssh.write_text(f"#!/bin/sh\ntouch {started}\nexec sleep 1000\n", encoding="utf-8")
     ssh.chmod(0o755)
     with Fleet(ssh=str(ssh), control_master=False) as fleet, pytest.raises(ValueError, match=keyword):
-        fleet.run(["gpu01"], ["wait", "--timeout", "0"], **{keyword: value})
+        if keyword == "timeout_s":
+            fleet.run(["gpu01"], ["wait", "--timeout", "0"], timeout_s=value)
+        else:
+            fleet.run(["gpu01"], ["wait", "--timeout", "0"], deadline_s=value)
     assert not started.exists()
 
 
