@@ -502,7 +502,7 @@ def _sweep_stale_control_dirs(ssh: str, ssh_options: Sequence[str]) -> None:
     for name in names:
         owner, _, start = name[len(_CONTROL_PREFIX):].partition("-")
         start = start.partition("-")[0]
-        if not (owner.isdigit() and start.isdigit()):
+        if not (is_digits(owner) and is_digits(start)):
             continue
         path = os.path.join(base, name)
         try:

@@ -31,3 +31,13 @@ def test_a_deadline_that_is_no_number_of_seconds_is_refused_before_any_ssh(keywo
 def test_nan_through_the_helpers_is_refused_too() -> None:
     with pytest.raises(ValueError, match="timeout_s must be a number of seconds"):
         hosts.wait_on_hosts(["gpu01"], math.nan)
+
+
+def test_a_control_directory_named_with_other_digits_is_left_alone(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    # str.isdigit takes "²": int("²") then raised inside every host's ssh command, failing the whole fleet.
+    monkeypatch.setattr(hosts.tempfile, "gettempdir", lambda: str(tmp_path))
+    odd = tmp_path / "nvmlcheck-ssh-²-1-abc"
+    odd.mkdir()
+    hosts._sweep_stale_control_dirs("ssh", [])
+    assert odd.is_dir()
