@@ -4,6 +4,7 @@ that hangs hung the call), and is refused before anything runs, as is a negative
 from __future__ import annotations
 
 import math
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -36,7 +37,7 @@ def test_nan_through_the_helpers_is_refused_too() -> None:
 def test_a_control_directory_named_with_other_digits_is_left_alone(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     # str.isdigit takes "²": int("²") then raised inside every host's ssh command, failing the whole fleet.
-    monkeypatch.setattr(hosts.tempfile, "gettempdir", lambda: str(tmp_path))
+    monkeypatch.setattr(tempfile, "gettempdir", lambda: str(tmp_path))
     odd = tmp_path / "nvmlcheck-ssh-²-1-abc"
     odd.mkdir()
     hosts._sweep_stale_control_dirs("ssh", [])
