@@ -555,7 +555,9 @@ class _Workers:
                 host = self.targets[i]
                 try:
                     result = self.answer(host)
-                except Exception as exc:  # a bug must not look like a clean host, nor leave the caller waiting
+                except BaseException as exc:
+                    # A bug must not look like a clean host, nor leave the caller waiting for a result that never
+                    # comes: not even a caller's fallback raising SystemExit (no signal's exception reaches a thread).
                     result = HostResult(host, None, None, HostError(str(host), f"internal error: {exc!r}"))
                 with self.finished:
                     self.results[i] = result

@@ -42,3 +42,20 @@ def test_a_control_directory_named_with_other_digits_is_left_alone(tmp_path: Pat
     odd.mkdir()
     hosts._sweep_stale_control_dirs("ssh", [])
     assert odd.is_dir()
+
+
+def test_a_fallback_that_raises_systemexit_fails_its_host_and_the_call_ends(tmp_path: Path) -> None:
+    # A host without nvmlcheck, read through a caller's fallback that exits: its worker thread ended without a
+    # result, and the call waited for it forever.
+    ssh = tmp_path / "ssh"
+    ssh.write_text("#!/bin/sh\necho \"No module named nvmlcheck\" >&2\nexit 1\n", encoding="utf-8")
+    ssh.chmod(0o755)
+
+    def fallback(context: hosts.FallbackContext) -> tuple[dict[str, object], int]:
+        raise SystemExit(0)
+
+    with Fleet(ssh=str(ssh), control_master=False) as fleet:
+        results = fleet.run(["gpu01", "gpu02"], ["wait", "--timeout", "0"], timeout_s=0.0, fallback=fallback)
+    assert [r.verdict for r in results] == ["failed", "failed"]
+    assert all(r.error is not None and "internal error: SystemExit" in r.error.message for r in results)
+    assert hosts.overall_exit_code(results) == 3
