@@ -502,7 +502,7 @@ def _sweep_stale_control_dirs(ssh: str, ssh_options: Sequence[str]) -> None:
     for name in names:
         owner, _, start = name[len(_CONTROL_PREFIX):].partition("-")
         start = start.partition("-")[0]
-        if not (owner.isdigit() and start.isdigit()):
+        if not (is_digits(owner) and is_digits(start)):
             continue
         path = os.path.join(base, name)
         try:
@@ -555,7 +555,9 @@ class _Workers:
                 host = self.targets[i]
                 try:
                     result = self.answer(host)
-                except Exception as exc:  # a bug must not look like a clean host, nor leave the caller waiting
+                except BaseException as exc:
+                    # A bug must not look like a clean host, nor leave the caller waiting for a result that never
+                    # comes: not even a caller's fallback raising SystemExit (no signal's exception reaches a thread).
                     result = HostResult(host, None, None, HostError(str(host), f"internal error: {exc!r}"))
                 with self.finished:
                     self.results[i] = result
@@ -728,7 +730,7 @@ class Fleet:
                 self._guard.directory(self._control_dir)
                 self._guarded_dir = self._control_dir
             # stdin held open: its end (this call giving up, this process dying) ends the remote command too. The
-            # guard is told of the child at its start and forgets it at its reaping.
+            # guard is told of the child at its start (ssh runs only once it knows it) and forgets it at its reaping.
             child = Child(argv, after_exit_s=_PIPE_GRACE_S, max_output_bytes=self.max_output_bytes,
                           hold_stdin=STDIN_HELLO, guard=self._guard)
             self._running.add(child)
@@ -878,7 +880,8 @@ class Fleet:
         call's: a host started late (queued behind ``fanout`` others) has the ``--timeout`` of ``timeout_s`` in
         ``command`` and its deadline shrunk by how late it started. ``deadline_s``: seconds each host may take from
         its start (default: ``timeout_s`` + the connect timeout + 5 s; ``None`` with no ``timeout_s``: no
-        deadline; given, the command is left as it is). ``fallback(context) -> (document, exit_code)``: how to
+        deadline; given, the command is left as it is). Either may be ``math.inf`` (no deadline); NaN or a negative
+        one raises ``ValueError``. ``fallback(context) -> (document, exit_code)``: how to
         answer for a host without nvmlcheck (see :func:`run_on_hosts`); ``None``: such a host fails with
         :class:`NoRemoteNvmlcheck`. ``on_progress(pending, done)`` is called in the caller's thread about 10 times a
         second while hosts are pending, and once at the end. Any exception in the caller's thread while waiting
@@ -888,10 +891,16 @@ class Fleet:
         targets = parse_hosts(hosts)
         if not command or command[0] not in COMMANDS:
             raise ArgumentError(f"command must start with one of {', '.join(COMMANDS)}, got {list(command)[:1]}")
+        for name, value in (("timeout_s", timeout_s), ("deadline_s", deadline_s)):
+            # NaN passes every comparison as false: it would have meant no deadline at all, a hung host hanging the
+            # call; a negative one is a bug too. inf (and None) are no deadline, on purpose.
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)
+                                      or not value >= 0):
+                raise ArgumentError(f"{name} must be a number of seconds >= 0 (or None), got {value!r}")
         shared = deadline_s is None and timeout_s is not None and 0 < timeout_s < _FOREVER_S
         if deadline_s is None:
             deadline_s = _deadline_for(timeout_s, self.connect_timeout_s)
-        if deadline_s is not None and not deadline_s < _FOREVER_S:  # inf, NaN, 1e308: no deadline
+        if deadline_s is not None and not deadline_s < _FOREVER_S:  # inf, 1e308: no deadline
             deadline_s = None
         began = time.monotonic()
 

@@ -42,6 +42,7 @@ __all__ = [
     "GateResult",
     "NodeState",
     "Readiness",
+    "NodeNotFound",
     "Scontrol",
     "ScontrolError",
     "ScontrolRun",
@@ -80,8 +81,8 @@ Command = Literal["epilog", "prolog", "health"]
 class SlurmJob:
     """A job as a Prolog or Epilog sees it. ``id``/``uid``/``user``: ``SLURM_JOB_ID``, ``SLURM_JOB_UID``,
     ``SLURM_JOB_USER`` (``None`` when unset, as for the HealthCheckProgram). ``gpus``: the job's GPUs on this node:
-    Slurm's GPU IDs as text (the N of ``/dev/nvidiaN``; :func:`job_gpu_indices` finds their NVML indices) or UUIDs,
-    ``()`` for a job without GPUs; ``gpus_from``: the variable they
+    Slurm's GPU IDs as text (each GPU's place in slurmd's list, which gres.conf orders; :func:`job_gpu_indices` finds
+    their NVML indices) or UUIDs, ``()`` for a job without GPUs; ``gpus_from``: the variable they
     were read from (``None``: none named any). ``node``: ``SLURMD_NODENAME``."""
 
     id: str | None
@@ -149,9 +150,10 @@ def _shown(text: str, limit: int = 80) -> str:
 
 def job_from_env(env: Mapping[str, str] | None = None) -> SlurmJob:
     """The job slurmd describes in ``env`` (default ``os.environ``). Its GPUs come from ``SLURM_JOB_GPUS`` (Slurm's
-    GPU indices, which are NVML's where gres.conf lists ``/dev/nvidia0..N`` in order or ``AutoDetect=nvml``: see
-    docs/slurm.md), else ``CUDA_VISIBLE_DEVICES``. ``ArgumentError`` (a ``ValueError``, naming the variable) for a
-    malformed value."""
+    GPU IDs: ``/dev/nvidiaN`` where gres.conf lists ``/dev/nvidia0..N`` in order, NVML's index with
+    ``AutoDetect=nvml``: see docs/slurm.md and :func:`job_gpu_indices`), else ``CUDA_VISIBLE_DEVICES``; where
+    ``CUDA_VISIBLE_DEVICES`` holds UUIDs only (MIG instances), they are read instead: they name the GPU exactly.
+    ``ArgumentError`` (a ``ValueError``, naming the variable) for a malformed value."""
     env = os.environ if env is None else env
     gpus: tuple[str, ...] = ()
     source = None
@@ -161,6 +163,15 @@ def job_from_env(env: Mapping[str, str] | None = None) -> SlurmJob:
             if gpus:
                 source = variable
                 break
+    if source == "SLURM_JOB_GPUS" and env.get("CUDA_VISIBLE_DEVICES"):
+        # UUIDs name a GPU whatever gres.conf's numbering: slurmd puts them there for MIG instances (and for every
+        # GPU with gres.conf's env_uuid), where SLURM_JOB_GPUS has only its numbers.
+        try:
+            named = parse_gpu_list(env["CUDA_VISIBLE_DEVICES"], "CUDA_VISIBLE_DEVICES")
+        except ArgumentError:
+            named = ()
+        if named and all(_UUID.fullmatch(g) for g in named):
+            gpus, source = named, "CUDA_VISIBLE_DEVICES"
     uid_text = env.get("SLURM_JOB_UID")
     if uid_text is not None and not is_digits(uid_text.strip()):
         raise ArgumentError(f"$SLURM_JOB_UID={uid_text!r} is not a user ID")
@@ -216,7 +227,8 @@ _REASON_ORDER = {"unhealthy": 0, "stuck": 1, "held": 2, "reclaiming": 3, "unknow
 def drain_reason(causes: Sequence[Cause]) -> str:
     """The node's drain reason: ``"nvmlcheck: "`` and the first causes, joined with ``"; "``, cut to
     :data:`MAX_REASON_CHARS` with ``"(+N more)"`` for those left out. Unhealthy GPUs come first, then stuck, held,
-    reclaiming, unknown, unavailable."""
+    reclaiming, unknown, unavailable. Never ending with ``"``: scontrol drops a reason's last double quote (Slurm
+    22.05), and the reason Slurm keeps must be this one (a node drained with it is not drained again)."""
     if not causes:
         raise ArgumentError("a drain reason needs at least one cause")
     ranked = sorted(causes, key=lambda c: _REASON_ORDER[c.kind])
@@ -225,7 +237,7 @@ def drain_reason(causes: Sequence[Cause]) -> str:
         more = len(texts) - shown
         reason = f"{REASON_PREFIX} " + "; ".join(texts[:shown]) + (f" (+{more} more)" if more else "")
         if len(reason) <= MAX_REASON_CHARS:
-            return reason
+            return reason[:-1] + "'" if reason.endswith('"') else reason
     tail = f" (+{len(texts) - 1} more)" if len(texts) > 1 else ""
     return f"{REASON_PREFIX} " + texts[0][: MAX_REASON_CHARS - len(REASON_PREFIX) - 2 - len(tail) - 1] + "…" + tail
 
@@ -488,29 +500,34 @@ def _indices(session: Session, selectors: Sequence[str] | None) -> tuple[int, ..
     return tuple(range(session.device_count())) if resolved is None else resolved
 
 
+#: What Slurm's numeric GPU IDs count (``--gpu-ids``): ``"minor"``, the N of ``/dev/nvidiaN`` (gres.conf lists
+#: every GPU's file in minor order, ``File=/dev/nvidia[0-7]``); ``"index"``, NVML's index, PCI bus order
+#: (``AutoDetect=nvml``: Slurm orders the GPUs it detects by PCI bus ID). docs/slurm.md, "Which GPUs".
+GpuIds = Literal["minor", "index"]
+GPU_IDS: tuple[GpuIds, ...] = ("minor", "index")
+
+
 def job_gpu_indices(session: Session, gpus: Sequence[str], *, deadline_ns: int | None = None,
-                    clock: Callable[[], int] = time.monotonic_ns) -> tuple[tuple[int, ...], tuple[Cause, ...]]:
+                    clock: Callable[[], int] = time.monotonic_ns,
+                    gpu_ids: GpuIds = "minor") -> tuple[tuple[int, ...], tuple[Cause, ...]]:
     """The NVML indices of a job's GPUs (:attr:`SlurmJob.gpus`), and a cause for each one that cannot be found.
 
-    A number is Slurm's GPU ID: the N of ``/dev/nvidiaN`` (gres.conf's ``File=``, or ``AutoDetect=nvml``), matched to
-    the GPU whose minor number it is, never taken as NVML's index (PCI order; the two differ on some hosts, and the
-    gate would judge another job's GPU). A UUID is matched as :meth:`Session.resolve <nvmlcheck.Session.resolve>`
-    matches one. An ID no GPU's minor number is, or one that cannot be told because a GPU's minor number is unknown
-    (unreadable, or the nvidia-smi backend without the driver's procfs list) or because more than one GPU reports it,
-    is a cause of kind ``"unknown"``: what the job used is not judged, so the node is not called ready.
-    ``deadline_ns`` (on ``clock``): the gate's; the minor numbers not read by then make every ID a cause."""
-    from .errors import NoSuchDevice
+    A number is Slurm's GPU ID: its position in slurmd's list of the node's GPUs, which only gres.conf tells.
+    ``gpu_ids="minor"`` (gres.conf lists ``/dev/nvidia0..N`` in order): the N of ``/dev/nvidiaN``, matched to the GPU
+    whose minor number it is, never taken as NVML's index (PCI order; the two differ on some hosts, and the gate would
+    judge another job's GPU); ``"index"`` (``AutoDetect=nvml``, PCI bus order): NVML's index. A UUID is matched as
+    :meth:`Session.resolve <nvmlcheck.Session.resolve>` matches one. An ID no GPU's minor number (or index) is, or one
+    that cannot be told because a GPU's minor number is unknown (unreadable, or the nvidia-smi backend without the
+    driver's procfs list) or because more than one GPU reports it, is a cause of kind ``"unknown"``: what the job used
+    is not judged, so the node is not called ready. ``deadline_ns`` (on ``clock``): the gate's; the minor numbers not
+    read by then make every ID a cause."""
     from .model import Fields
 
-    ids = [g for g in gpus if is_digits(g)]
-    out: set[int] = set()
-    causes: list[Cause] = []
-    for g in gpus:
-        if not is_digits(g):
-            try:
-                out.update(session.resolve([g]) or ())
-            except NoSuchDevice:
-                causes.append(Cause("unknown", f"the job's GPU {g} is none of this host's GPUs"))
+    if gpu_ids not in GPU_IDS:
+        raise ArgumentError(f"gpu_ids must be one of {', '.join(GPU_IDS)}, got {gpu_ids!r}")
+    # UUIDs, and with "index" the IDs too, name GPUs as --devices does.
+    ids = [g for g in gpus if is_digits(g)] if gpu_ids == "minor" else []
+    out, causes = _resolved(session, [g for g in gpus if g not in ids])
     if not ids:
         return tuple(sorted(out)), tuple(causes)
     snap = _read(session, Fields(0), None, deadline_ns, clock)  # identity only: cached after the first read
@@ -545,6 +562,21 @@ def job_gpu_indices(session: Session, gpus: Sequence[str], *, deadline_ns: int |
     return tuple(sorted(out)), tuple(causes)
 
 
+def _resolved(session: Session, gpus: Sequence[str]) -> tuple[set[int], list[Cause]]:
+    """The NVML indices of ``gpus`` (UUIDs, NVML indices), and a cause for each that is none of this host's GPUs."""
+    from .errors import NoSuchDevice
+
+    out: set[int] = set()
+    causes: list[Cause] = []
+    for g in gpus:
+        try:
+            out.update(session.resolve([g]) or ())
+        except NoSuchDevice:
+            causes.append(Cause("unknown", f"the job's GPU {g} is none of this host's GPUs" +
+                                (f" (NVML indices 0-{session.device_count() - 1})" if is_digits(g) else "")))
+    return out, causes
+
+
 def _all_report(indices: Sequence[int]) -> str:
     """``"GPUs 0 and 1 both report"``, ``"GPUs 0, 1 and 3 all report"``."""
     head, last = ", ".join(map(str, indices[:-1])), indices[-1]
@@ -561,22 +593,23 @@ def epilog(
     devices: Sequence[str] | None = None,
     device_files: Sequence[str] | str | None = None,
     kill: bool = True,
+    gpu_ids: GpuIds = "minor",
     clock: Callable[[], int] = time.monotonic_ns,
     sleep: Callable[[float], object] = time.sleep,
 ) -> GateResult:
     """After job ``job``: SIGTERM its processes that still hold a GPU (:func:`job_processes`; with their
     descendants), SIGKILL them after ``grace_s`` (at the latest once half of the time left is gone; ``None``: then),
-    then :func:`await_ready` on its GPUs (:func:`job_gpu_indices`; ``devices``: these NVML selectors instead), all
-    within ``timeout_s``. A job GPU that cannot be found is a cause (not ready); when none can be, nothing is signalled.
-    ``kill=False`` (a dry run) signals nothing and lists them in ``would_kill``. A job without GPUs is ready at
-    once, without reading any GPU."""
+    then :func:`await_ready` on its GPUs (:func:`job_gpu_indices`, its IDs read as ``gpu_ids`` says; ``devices``:
+    these NVML selectors instead), all within ``timeout_s``. A job GPU that cannot be found is a cause (not ready);
+    when none can be, nothing is signalled. ``kill=False`` (a dry run) signals nothing and lists them in
+    ``would_kill``. A job without GPUs is ready at once, without reading any GPU."""
     from .kill import KillError, KillTimeout, prepare_kill
     from .predicates import always
 
     start, deadline = _deadline(clock, timeout_s)
     if not devices and not job.gpus:
         return GateResult("epilog", job, (), True, (), clock() - start, timeout_s)
-    indices, unfound = _job_indices(session, job, devices, deadline, clock)
+    indices, unfound = _job_indices(session, job, devices, deadline, clock, gpu_ids=gpu_ids)
     if not indices:
         return GateResult("epilog", job, (), False, unfound, clock() - start, timeout_s)
     try:
@@ -620,11 +653,11 @@ def epilog(
 
 
 def _job_indices(session: Session, job: SlurmJob, devices: Sequence[str] | None, deadline_ns: int,
-                 clock: Callable[[], int]) -> tuple[tuple[int, ...], tuple[Cause, ...]]:
+                 clock: Callable[[], int], *, gpu_ids: GpuIds) -> tuple[tuple[int, ...], tuple[Cause, ...]]:
     """``devices`` (NVML selectors, as ``--devices`` gives them) resolved, else the job's GPUs by Slurm's IDs."""
     if devices:
         return _indices(session, devices), ()
-    return job_gpu_indices(session, job.gpus, deadline_ns=deadline_ns, clock=clock)
+    return job_gpu_indices(session, job.gpus, deadline_ns=deadline_ns, clock=clock, gpu_ids=gpu_ids)
 
 
 def _read(session: Session, fields: Fields, indices: Sequence[int] | None, deadline_ns: int | None,
@@ -648,16 +681,17 @@ def prolog(
     timeout_s: float,
     max_used_bytes: int = DEFAULT_MAX_USED_BYTES,
     devices: Sequence[str] | None = None,
+    gpu_ids: GpuIds = "minor",
     clock: Callable[[], int] = time.monotonic_ns,
     sleep: Callable[[float], object] = time.sleep,
 ) -> GateResult:
-    """Before job ``job``: :func:`await_ready` on its GPUs (:func:`job_gpu_indices`; ``devices``: these NVML
-    selectors instead) within ``timeout_s``. Nothing
-    is signalled: what holds a GPU now is not this job's."""
+    """Before job ``job``: :func:`await_ready` on its GPUs (:func:`job_gpu_indices`, its IDs read as ``gpu_ids``
+    says; ``devices``: these NVML selectors instead) within ``timeout_s``. Nothing is signalled: what holds a GPU now
+    is not this job's."""
     start, deadline = _deadline(clock, timeout_s)
     if not devices and not job.gpus:
         return GateResult("prolog", job, (), True, (), clock() - start, timeout_s)
-    indices, unfound = _job_indices(session, job, devices, deadline, clock)
+    indices, unfound = _job_indices(session, job, devices, deadline, clock, gpu_ids=gpu_ids)
     if not indices:
         return GateResult("prolog", job, (), False, unfound, clock() - start, timeout_s)
     readiness = await_ready(session, indices, deadline_ns=deadline, max_used_bytes=max_used_bytes, clock=clock,
@@ -708,11 +742,17 @@ class ScontrolError(NvmlCheckError, OSError):
     """scontrol failed, timed out or printed what cannot be read (also an ``OSError``)."""
 
 
+class NodeNotFound(ScontrolError):
+    """``scontrol show node NAME`` knows no node of that name, or answered with another node's line (or several):
+    the name is not one node's. A NodeSet's name looks like a node's, yet ``scontrol update NodeName=SET`` acts on
+    every node of the set (Slurm 22.05), so :class:`Scontrol` then changes nothing."""
+
+
 @dataclass(frozen=True, slots=True)
 class ScontrolRun:
-    """One scontrol command: ``argv``; ``ran`` (False in a dry run, or when it could not be started: ``output`` then
-    says why); ``exit_code`` (``None``: not run, or cut by the deadline); ``output``: what it printed (stdout and
-    stderr)."""
+    """One scontrol command: ``argv``; ``ran`` (False in a dry run, when it could not be started, or when it was not
+    run because its node is not one node's, :class:`NodeNotFound`: ``output`` then says why); ``exit_code``
+    (``None``: not run, or cut by the deadline); ``output``: what it printed (stdout and stderr)."""
 
     argv: tuple[str, ...]
     ran: bool
@@ -773,6 +813,10 @@ class Scontrol:
     and a group kill, or, with ``dry_run``, gives each command to ``echo`` (one shell-quoted line) instead of running
     those that change the node. Every run is kept in :attr:`runs`.
 
+    A name that :meth:`node` found to be no node's (:class:`NodeNotFound`: a NodeSet's name, which ``scontrol update``
+    would expand to every node of the set) is never drained or resumed: the run is kept with ``ran`` False and
+    ``output`` saying why. Read the node first (as the gate does before every change) to have this check.
+
     Each scontrol runs in a session of its own (so that one kill reaches what it started), out of reach of a kill of
     this process's group: while it runs, a guard process (:class:`nvmlcheck._proc.guard.Guard`, as a fleet's for its
     ssh clients) stands ready to SIGKILL its group should this process die without doing it (SIGKILL, the OOM
@@ -784,29 +828,50 @@ class Scontrol:
         self.dry_run = dry_run
         self.echo = echo
         self.runs: list[ScontrolRun] = []
+        self._not_a_node: dict[str, str] = {}  # name -> why, from node()
 
     def drain(self, node: str, reason: str, *, deadline_ns: int) -> ScontrolRun:
         """``scontrol update NodeName=NODE State=DRAIN Reason=REASON``."""
-        return self._change((f"NodeName={node}", "State=DRAIN", f"Reason={reason}"), deadline_ns)
+        return self._change(node, (f"NodeName={node}", "State=DRAIN", f"Reason={reason}"), deadline_ns)
 
     def resume(self, node: str, *, deadline_ns: int) -> ScontrolRun:
         """``scontrol update NodeName=NODE State=RESUME``: undrain."""
-        return self._change((f"NodeName={node}", "State=RESUME"), deadline_ns)
+        return self._change(node, (f"NodeName={node}", "State=RESUME"), deadline_ns)
 
     def node(self, node: str, *, deadline_ns: int) -> NodeState:
-        """The node's state and reason (read even in a dry run). :class:`ScontrolError` when scontrol fails, times
-        out or prints no node line."""
+        """The node's state and reason (read even in a dry run). :class:`NodeNotFound` when scontrol knows no node
+        of that name or answers with another's; :class:`ScontrolError` when scontrol fails, times out or prints no
+        node line."""
         run = self._run(("-o", "show", "node", node), deadline_ns)
+        shown = f"{' '.join(run.argv)}:"
         if not run.ok:
             how = _how_it_failed(run)
-            raise ScontrolError(f"{' '.join(run.argv)}: {how} {run.output.strip()[:200]}".strip())
+            if run.exit_code is not None and re.search(r"\bnot found\b", run.output):  # "Node X not found"
+                raise self._no_such_node(node, f"{shown} {how} {clean_text(run.output)[:200]}")
+            raise ScontrolError(f"{shown} {how} {run.output.strip()[:200]}".strip())
+        lines = [line for line in run.output.splitlines() if line.strip()]
+        names = [next((item[9:] for item in line.split() if item.startswith("NodeName=")), None) for line in lines]
+        if names and names != [node]:
+            listed = ", ".join(_shown(n or "?", 40) for n in names[:4]) + (" …" if len(names) > 4 else "")
+            raise self._no_such_node(node, f"{shown} answered for {listed}, not for {node} alone")
         try:
-            return parse_node_line(run.output.splitlines()[0] if run.output else "")
+            return parse_node_line(lines[0] if lines else "")
         except ArgumentError as exc:
             raise ScontrolError(str(exc)) from None
 
-    def _change(self, args: tuple[str, ...], deadline_ns: int) -> ScontrolRun:
+    def _no_such_node(self, node: str, why: str) -> NodeNotFound:
+        why = (f"{why}: {_shown(node)} is not one node's name (a NodeSet's? scontrol update would act on every node "
+               "of it): nothing is changed")
+        self._not_a_node[node] = why
+        return NodeNotFound(why)
+
+    def _change(self, node: str, args: tuple[str, ...], deadline_ns: int) -> ScontrolRun:
         argv = (self.path or "scontrol", "update", *args)
+        refused = self._not_a_node.get(node)
+        if refused is not None:
+            run = ScontrolRun(argv, False, None, f"not run: {refused}")
+            self.runs.append(run)
+            return run
         if self.dry_run:
             import shlex
 

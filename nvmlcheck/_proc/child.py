@@ -1,16 +1,18 @@
 """Private: one child process run with a deadline, its output read from both pipes, killed with its whole group.
 
-Used by the nvidia-smi runner (``backends/smi.py``) and the ssh fleet (``hosts.py``). The child is started from an
-argv (never a shell) in a new session, so one ``killpg`` reaches everything it started; the leader is reaped only
-through this class, after the reading is over, so its pid (= the group id) cannot be reused while a signal may
-still be sent to the group.
+Used by the nvidia-smi runner (``backends/smi.py``), the ssh fleet (``hosts.py``) and the Slurm gate's scontrol
+(``slurm.py``). The child is started from an argv (never a shell) in a new session, so one ``killpg`` reaches
+everything it started; the leader is reaped only through this class, after the reading is over, so its pid (= the
+group id) cannot be reused while a signal may still be sent to the group.
 
 What the leader leaves in its group ends with the run: when the leader has exited, the group is SIGKILLed just
 before the leader is reaped (its pid, the group id, is still ours then), as at a deadline. A process that left the
 group (a new session: an ssh ControlMaster daemonises so) is not reached, and is not meant to be.
 
 Given a :class:`~nvmlcheck._proc.guard.Guard`, the child is told to it when started and forgotten when reaped: should
-this process die without cleaning up (SIGKILL), the guard process SIGKILLs the child's group.
+this process die without cleaning up (SIGKILL), the guard process SIGKILLs the child's group. Its command runs only
+once the guard knows it (a shell waits for a go-ahead line on its stdin, written after the guard was told, then
+becomes the command): a death between the start and that note leaves only a shell that reads end of file and exits.
 
 Both pipes and a pidfd are watched with one selector, so the exit is seen the moment it happens. Each pipe keeps at
 most ``max_output_bytes`` (a hostile or broken program must not fill this process's memory): past it the wait gives
@@ -67,7 +69,8 @@ class Child:
     holds those bytes and that this process keeps open until the child is reaped, killed or closed: ssh then keeps
     the remote command's stdin open, and its end, or this process's death, reaches the remote command as end of
     file), stdout and stderr collected. ``guard``: a :class:`~nvmlcheck._proc.guard.Guard` that kills the child's
-    group should this process die before reaping it (started first, if not yet running).
+    group should this process die before reaping it (started first, if not yet running); the command then runs only
+    once the guard knows its PID (``/bin/sh`` waits for a go-ahead line on its stdin, then becomes the command).
 
     ``after_exit_s``: ``None`` reads both pipes to their end (bounded by the deadline of :meth:`wait`); a number
     stops reading that many seconds after the exit even if the pipes are still open (an ssh ControlMaster keeps
@@ -97,12 +100,11 @@ class Child:
         # Both ends close-on-exec: only the child gets the read end (as its stdin), no other child the write end.
         self._stdin_w: int | None = None
         stdin_r = subprocess.DEVNULL
-        go_w: int | None = None  # a guarded child's go-ahead, written on its stdin once the guard knows it
+        # A guarded child's go-ahead, written on its stdin once the guard knows it (then the held bytes, if any).
+        go_w: int | None = None
         if guard is not None:
             guard.start()  # before the child: a SIGKILL a moment after its start finds the guard running
-        if guard is not None and hold_stdin is None:
-            # (A fleet's ssh, which holds its stdin, starts at once: its remote side ends with that stdin anyway.)
-            argv = _after_the_guard_knows(argv, env)
+            argv = _after_the_guard_knows(argv, env, keep_stdin=hold_stdin is not None)
             stdin_r, go_w = os.pipe()
         elif hold_stdin is not None:
             stdin_r, self._stdin_w = os.pipe()
@@ -125,14 +127,8 @@ class Child:
         finally:
             if stdin_r != subprocess.DEVNULL:
                 os.close(stdin_r)
-        if guard is not None:
-            guard.watch(self.proc.pid)
         if go_w is not None:
-            # The guard knows the child: its command may run now (a few bytes: the pipe's buffer takes them). A child
-            # gone already (killed) makes this fail: its reaping says so.
-            with contextlib.suppress(OSError):
-                os.write(go_w, b"go\n")
-            os.close(go_w)  # the command reads /dev/null, as an unguarded one does
+            self._go_ahead(go_w, hold_stdin)
         self.stdout = bytearray()
         self.stderr = bytearray()
         assert self.proc.stdout is not None and self.proc.stderr is not None
@@ -143,6 +139,36 @@ class Child:
         self._exited_ns: int | None = None  # when the exit was seen (the leader may still be unreaped)
         # Reaping and signalling the group take turns, so a signal never goes to a reaped (reusable) group id.
         self._reap_lock = threading.Lock()
+
+    def _go_ahead(self, go_w: int, hold_stdin: bytes | None) -> None:
+        """Tell the guard of the started child, then let its command run: ``go`` on its stdin, then the held bytes
+        (the shell's ``read`` takes its line byte by byte: the command reads exactly those). Interrupted meanwhile
+        (Ctrl-C in this thread), the child's group is killed and reaped, and the interruption goes on: no child is
+        left that nobody holds (one not told to go never ran its command)."""
+        guard = self._guard
+        assert guard is not None
+        try:
+            guard.watch(self.proc.pid)
+            # A child gone already (killed) makes the write fail: its reaping says so. A few bytes: the pipe's buffer
+            # takes them at once, all or nothing.
+            with contextlib.suppress(OSError):
+                os.write(go_w, b"go\n" + (hold_stdin or b""))
+        except BaseException:
+            os.close(go_w)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGKILL)  # unreaped: the group id is still ours
+            for pipe in (self.proc.stdout, self.proc.stderr):
+                if pipe is not None:
+                    pipe.close()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(REAP_GRACE_S)
+            if self.proc.returncode is not None:
+                guard.forget(self.proc.pid)
+            raise
+        if hold_stdin is None:
+            os.close(go_w)  # the command reads /dev/null, as an unguarded one does
+        else:
+            self._stdin_w = go_w  # held open, as an unguarded child's stdin
 
     @property
     def returncode(self) -> int | None:
@@ -327,12 +353,18 @@ class Child:
 #: between the start and the guard's note), the read meets the pipe's end and the command never runs: nothing the
 #: guard could not end. No descriptor number is named (dash takes only 0-9).
 _WAIT_FOR_GUARD: Final = 'read -r _ && exec "$@" </dev/null'
+#: The same for a child whose stdin is held (a fleet's ssh): the command keeps the pipe as its stdin, and reads what
+#: follows the go-ahead line (``read`` takes a pipe's bytes one at a time: it reads nothing past its line).
+_WAIT_FOR_GUARD_KEEP_STDIN: Final = 'read -r _ && exec "$@"'
 
 
-def _after_the_guard_knows(argv: Sequence[str], env: Mapping[str, str] | None) -> list[str]:
-    """``argv`` run by ``/bin/sh`` once told on its stdin (:data:`_WAIT_FOR_GUARD`). The program is looked up first:
-    one that cannot be run raises ``FileNotFoundError``/``PermissionError`` here, as ``Popen`` would, rather than
-    starting a shell that fails (a command "not started" is not one that ran)."""
+def _after_the_guard_knows(argv: Sequence[str], env: Mapping[str, str] | None, *,
+                           keep_stdin: bool = False) -> list[str]:
+    """``argv`` run by ``/bin/sh`` once told on its stdin (:data:`_WAIT_FOR_GUARD`; ``keep_stdin``: the command keeps
+    that stdin, :data:`_WAIT_FOR_GUARD_KEEP_STDIN`). The program is looked up first: one that cannot be run raises
+    ``FileNotFoundError``/``PermissionError`` here, as ``Popen`` would, rather than starting a shell that fails (a
+    command "not started" is not one that ran). The words are handed on as given: the command's ``argv[0]`` (what
+    ``ps`` shows: ``ssh``) is the caller's, as without a guard; the shell looks it up on the same ``PATH``."""
     import shutil
 
     program = argv[0]
@@ -342,4 +374,5 @@ def _after_the_guard_knows(argv: Sequence[str], env: Mapping[str, str] | None) -
         raise FileNotFoundError(2, "No such file or directory", program)
     if os.path.isdir(path) or not os.access(path, os.X_OK):
         raise PermissionError(13, "Permission denied", program)
-    return ["/bin/sh", "-c", _WAIT_FOR_GUARD, "sh", path, *argv[1:]]
+    script = _WAIT_FOR_GUARD_KEEP_STDIN if keep_stdin else _WAIT_FOR_GUARD
+    return ["/bin/sh", "-c", script, "sh", *argv]

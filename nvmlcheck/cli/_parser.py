@@ -680,6 +680,11 @@ def slurm_parser(sub: Any, sub_parser: Any, global_options: Any, once: Any) -> N
              help="the scontrol to run (default: on PATH, else /usr/bin, /usr/local/bin, /opt/slurm/bin)")
         once(p, "--node", metavar="NAME", default=None,
              help="the node to drain (default $SLURMD_NODENAME, else the short host name)")
+        if name != "health":
+            once(p, "--gpu-ids", choices=("minor", "index"), default="minor",
+                 help="what Slurm's GPU IDs count, as gres.conf numbers them: minor, the N of /dev/nvidiaN (File= "
+                      "lists /dev/nvidia0..N in order; the default); index, NVML's index in PCI bus order "
+                      "(AutoDetect=nvml)")
         if name == "epilog":
             once(p, "--grace", type=grace_seconds, default=2.0, metavar="S",
                  help="seconds from SIGTERM to SIGKILL for the job's leftovers (default 2; at the latest, and with "

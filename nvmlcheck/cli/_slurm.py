@@ -65,9 +65,11 @@ def cmd_slurm(args: argparse.Namespace) -> int:
         timeout_s = max(0.0, (gpu_deadline - time.monotonic_ns()) / 1e9)
         if command == "epilog":
             result = slurm.epilog(session, job, timeout_s=timeout_s, grace_s=args.grace, max_used_bytes=args.max_used,
-                                  devices=devices, device_files=args.device_files, kill=not args.dry_run)
+                                  devices=devices, device_files=args.device_files, kill=not args.dry_run,
+                                  gpu_ids=args.gpu_ids)
         elif command == "prolog":
-            result = slurm.prolog(session, job, timeout_s=timeout_s, max_used_bytes=args.max_used, devices=devices)
+            result = slurm.prolog(session, job, timeout_s=timeout_s, max_used_bytes=args.max_used, devices=devices,
+                                  gpu_ids=args.gpu_ids)
         else:
             result = slurm.health(session, timeout_s=timeout_s, devices=devices, max_used_bytes=args.max_used)
             if result.ready and gate.may_resume():

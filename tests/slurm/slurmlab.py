@@ -39,6 +39,8 @@ CLIENTS = ("sbatch", "srun", "scontrol", "sinfo", "squeue", "scancel")
 TAG = "NVMLCHECK_SLURM_LAB"
 #: The simulated GPUs, and the PIDs the stub scenario file may name.
 GPUS = 2
+#: A NodeSet of the lab's node: its name reads like a node's, and ``scontrol update`` expands it.
+NODESET = "labset"
 
 
 def _which(name: str) -> str | None:
@@ -368,6 +370,7 @@ Epilog={wrappers['epilog']}
 HealthCheckProgram={wrappers['health']}
 HealthCheckInterval=1
 NodeName={lab.node} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory=1000 Gres=gpu:{GPUS} State=UNKNOWN
+NodeSet={NODESET} Nodes={lab.node}
 PartitionName=gpu Nodes={lab.node} Default=YES MaxTime=INFINITE State=UP
 """, encoding="utf-8")
     (d / "gres.conf").write_text(

@@ -13,12 +13,14 @@ import contextlib
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from nvmlcheck import slurm as gate
 from nvmlcheck.testing import Scenario
 
 from . import slurmlab
@@ -207,6 +209,33 @@ def test_a_job_without_gpus_opens_no_gpu_at_all(cluster: Lab) -> None:
     for command in ("prolog", "epilog"):
         record = only(cluster.read_records(command), job)
         assert record["ready"] is True and record["devices"] == [] and record["readiness"] is None
+
+
+def test_a_nodeset_name_is_found_out_and_nothing_drained(cluster: Lab, monkeypatch: pytest.MonkeyPatch) -> None:
+    for key, value in cluster.env().items():  # the lab's SLURM_CONF and PATH for the scontrol nvmlcheck runs
+        monkeypatch.setenv(key, value)
+    scontrol = gate.Scontrol()
+    deadline = time.monotonic_ns() + 20_000_000_000  # a hang guard
+    with pytest.raises(gate.NodeNotFound, match=f"'{slurmlab.NODESET}' is not one node's name"):
+        scontrol.node(slurmlab.NODESET, deadline_ns=deadline)
+    run = scontrol.drain(slurmlab.NODESET, "nvmlcheck: test", deadline_ns=deadline)
+    assert not run.ran and cluster.node_state() == "IDLE", cluster.node_info()
+    assert scontrol.node(cluster.node, deadline_ns=deadline).state == "IDLE"
+    # What it guards against: Slurm's own update drains every node of a set named as if it were a node.
+    cluster.run("scontrol", "update", f"NodeName={slurmlab.NODESET}", "State=DRAIN", "Reason=lab check")
+    assert "DRAIN" in cluster.node_state()
+
+
+def test_slurm_keeps_the_drain_reason_as_given(cluster: Lab, monkeypatch: pytest.MonkeyPatch) -> None:
+    for key, value in cluster.env().items():
+        monkeypatch.setenv(key, value)
+    scontrol = gate.Scontrol()
+    deadline = time.monotonic_ns() + 20_000_000_000  # a hang guard
+    for text in ('GPU 2: could not be read: NVML says "Unknown Error"', "GPU 0 held by pid 7 (it's=\"odd\";#) 1 GiB"):
+        reason = gate.drain_reason([gate.Cause("unknown", text)])
+        assert scontrol.drain(cluster.node, reason, deadline_ns=deadline).ok
+        assert scontrol.node(cluster.node, deadline_ns=deadline).reason == reason
+        cluster.run("scontrol", "update", f"NodeName={cluster.node}", "State=RESUME")
 
 
 def test_the_lab_is_what_the_tests_think(slurm: Lab) -> None:
