@@ -354,9 +354,11 @@ _VERDICT_EXITS = {"wait": (0, 1), "kill": (0, 1), "ready": (0, 1, _EXIT_UNHEALTH
 
 def overall_exit_code(results: Iterable[HostResult]) -> int:
     """One verdict: 3 if any host failed, else 5 if any needs an operator (``ready``), else 1 if any was not clean,
-    else 0 (also for no hosts: nothing failed)."""
+    else 0. No results is no verdict: :class:`~nvmlcheck.ArgumentError` (nothing was checked, so nothing is clean)."""
     verdicts = {r.verdict for r in results}
-    if "failed" in verdicts:
+    if not verdicts:
+        raise ArgumentError("overall_exit_code: no host results: nothing was checked, so nothing can be called clean")
+    if "failed" in verdicts or not verdicts <= {"clean", "not-clean", "unhealthy"}:
         return 3
     if "unhealthy" in verdicts:
         return _EXIT_UNHEALTHY

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from nvmlcheck import ArgumentError
 from nvmlcheck.hosts import (
     Fleet,
     Host,
@@ -134,7 +135,9 @@ def test_one_verdict() -> None:
     def r(code: int | None, doc: bool = True) -> HostResult:
         return HostResult(Host("h"), {"schema": "nvmlcheck/wait"} if doc else None, code)
 
-    assert overall_exit_code([]) == 0
+    with pytest.raises(ArgumentError, match="nothing was checked"):
+        overall_exit_code([])  # no host checked is no verdict, never "clean"
+    assert overall_exit_code(iter([r(0)])) == 0  # any iterable, read once
     assert overall_exit_code([r(0), r(0)]) == 0
     assert overall_exit_code([r(0), r(1)]) == 1
     assert overall_exit_code([r(1), r(0, doc=False)]) == 3
