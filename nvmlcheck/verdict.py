@@ -415,6 +415,12 @@ class Watch:
             else:
                 t.since_ns = None
 
+    def teardown_age_ns(self, now_ns: int) -> int | None:
+        """How long the oldest teardown seen is in progress at ``now_ns``: memory held with no live holder since
+        (``None``: none)."""
+        ages = [now_ns - t.since_ns for t in self._tracks.values() if t.since_ns is not None]
+        return max(ages) if ages else None
+
     def on_poll(self, clock: Callable[[], int]) -> Callable[[TracePoint], None]:
         """A wait's ``on_poll`` that observes every poll, stamped with ``clock``."""
 
@@ -460,6 +466,7 @@ def classify(
     faults: Sequence[GpuFault] = (),
     errors: Mapping[int, BaseException] | None = None,
     unlisted: Sequence[Holder] = (),
+    unlisted_unknown: str | None = None,
     units: Sequence[DeviceState] | None = None,
     container: Callable[[int], str | None] | None = None,
 ) -> tuple[GpuVerdict, ...]:
@@ -471,8 +478,11 @@ def classify(
     with ``Fields.HEALTH`` (default: ``snapshot``'s own health; a GPU among its failures is judged by that error, a
     GPU it lacks is ``unknown``: health not read is never ready); ``faults``: fatal events on these GPUs; ``errors``:
     per GPU index, the error that made it unreadable; ``unlisted``: processes with NVIDIA device files open that are
-    on no GPU's list (a GPU whose memory is held with an empty list is ``held`` while one lives, not ``stuck``).
-    ``container(pid)`` labels a holder's container (default: ``/proc/PID/cgroup`` and its PID namespace).
+    on no GPU's list (a GPU whose memory is held with an empty list is ``held`` while one lives, not ``stuck``);
+    ``unlisted_unknown``: why that list is incomplete (a scan cut short by a deadline, or one that failed): memory
+    held with an empty list past the bound and no holder found is then ``unknown`` with that reason, never ``stuck``
+    (nothing proves that no process holds it). ``container(pid)`` labels a holder's container (default:
+    ``/proc/PID/cgroup`` and its PID namespace).
     """
     label_of = container if container is not None else _container
     devices = tuple(units) if units is not None else (snapshot.devices if snapshot is not None else ())
@@ -492,7 +502,7 @@ def classify(
             errs.setdefault(failure.index, failure.error)
             uuids.setdefault(failure.index, failure.uuid)
     ctx = _Ctx(now=now_ns, watch=watch, model=model, max_used=max_used_bytes, need_bytes=need_bytes,
-               need_fraction=need_fraction, unlisted=unlisted, label_of=label_of)
+               need_fraction=need_fraction, unlisted=unlisted, unlisted_unknown=unlisted_unknown, label_of=label_of)
     out: list[GpuVerdict] = []
     seen: set[int] = set()
     for d in devices:
@@ -524,12 +534,13 @@ class _Ctx:
     """What every GPU of one classification shares (a slotted class: a named tuple class costs a one-shot's import
     ~0.15 ms on an H200)."""
 
-    __slots__ = ("label_of", "max_used", "model", "need_bytes", "need_fraction", "now", "unlisted", "watch")
+    __slots__ = ("label_of", "max_used", "model", "need_bytes", "need_fraction", "now", "unlisted", "unlisted_unknown",
+                 "watch")
 
     def __init__(
         self, *, now: int, watch: Watch | None, model: reclaim_model.ReclaimModel, max_used: int,
         need_bytes: int | None, need_fraction: float | None, unlisted: Sequence[Holder],
-        label_of: Callable[[int], str | None],
+        unlisted_unknown: str | None, label_of: Callable[[int], str | None],
     ) -> None:  # fmt: skip
         self.now = now
         self.watch = watch
@@ -538,6 +549,7 @@ class _Ctx:
         self.need_bytes = need_bytes
         self.need_fraction = need_fraction
         self.unlisted = unlisted
+        self.unlisted_unknown = unlisted_unknown
         self.label_of = label_of
 
 
@@ -761,6 +773,10 @@ def _unheld_memory(d: DeviceState, m: Memory, ctx: _Ctx, since: int, bound: int)
     if age <= bound:
         return [Culprit(i, "reclaiming", "memory", f"{held} used with no process listed: the driver is giving it "
                         "back", used_bytes=m.used_bytes, action=WAIT)]
+    if ctx.unlisted_unknown is not None:
+        return [Culprit(i, "unknown", "memory", f"{held} held with no process listed for {age / 1e9:.1f} s, past the "
+                        f"{bound / 1e9:.1f} s a reclaim can take, but whether a process on no list holds it is "
+                        f"unknown: {ctx.unlisted_unknown}", used_bytes=m.used_bytes)]
     return [Culprit(i, "stuck", "memory", f"{held} held with no holder for {age / 1e9:.1f} s, past the "
                     f"{bound / 1e9:.1f} s a reclaim can take: reset the GPU (nvidia-smi -r -i {i}) or reboot",
                     used_bytes=m.used_bytes, action=RESET_GPU)]

@@ -1,0 +1,140 @@
+"""``ready``'s own costs and bounds on the simulated GPU: how many readings a wait on a ready GPU takes, and the
+device-file scan (processes on no GPU list) held to the wait's deadline.
+
+Time is the injected StepClock throughout: a slow ``/proc`` read is a step of that clock, counted, never slept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+import nvmlcheck as nc
+from nvmlcheck import holders, reclaim_model
+from nvmlcheck._proc import devfiles
+from nvmlcheck.testing import Scenario, StepClock
+from nvmlcheck.wait import WaitOptions
+
+pytestmark = pytest.mark.stub
+GIB = 1 << 30
+#: A timeout (s) past the stuck bound of 8 GiB held with no holder (the 580 entry's: ~6.5 s).
+PAST_BOUND_S = reclaim_model.model_for("580.159.04").stuck_after_ns(1, 8 * GIB) / 1e9 + 1.0
+
+
+def counting(session: nc.Session) -> list[Any]:
+    """Count the backend's readings of ``session`` (the fields of each)."""
+    backend = session.backend
+    real = backend.snapshot
+    calls: list[Any] = []
+
+    def snapshot(indices: Any, fields: Any, **kw: Any) -> Any:
+        calls.append(fields)
+        return real(indices, fields, **kw)
+
+    backend.snapshot = snapshot  # type: ignore[method-assign,assignment]
+    return calls
+
+
+@pytest.mark.parametrize("stable", [1, 2, 3])
+def test_a_wait_on_a_ready_gpu_reads_what_stable_polls_asks_and_no_more(
+    gpus: Callable[[Scenario], nc.Session], stable: int
+) -> None:
+    """``ready --timeout 5`` on an idle GPU made 3 polls and 4 readings (the first, two of the wait's own, whose run
+    started over, and a health reading after it): the first reading is the run's first clean poll."""
+    clock = StepClock(0.001)
+    with gpus(Scenario.h200()) as session:
+        readings = counting(session)
+        report = session.ready(timeout=5.0, options=WaitOptions(clock=clock.clock, sleep=clock.sleep,
+                                                                stable_polls=stable))
+    assert report.ready and report.polls == stable
+    assert len(readings) == stable and all(nc.Fields.HEALTH in f for f in readings)  # each confirmation: health too
+
+
+def test_a_confirmation_that_is_not_ready_hands_over_to_the_wait(gpus: Callable[[Scenario], nc.Session]) -> None:
+    """The first reading is ready, the next is not (a process came): the wait then judges, from a run of none."""
+    sc = Scenario.h200()
+    sc.at_call(12).add_process(0, 4_000_001, used_bytes=GIB)  # after the first reading (its calls) is done
+    clock = StepClock(0.001)
+    with gpus(sc) as session:
+        report = session.ready(timeout=0.5, events=False, options=WaitOptions(clock=clock.clock, sleep=clock.sleep,
+                                                                              policy=0.02))
+    assert not report.ready and report.polls > 2
+    assert report.verdicts[0].culprits[0].pid == 4_000_001
+
+
+def slow_proc(monkeypatch: pytest.MonkeyPatch, clock: StepClock, step_s: float) -> list[str]:
+    """Each process's descriptors take ``step_s`` of ``clock`` to read (a host with many of them); the PIDs read.
+
+    The session's own wait adds a scan to the message of a timeout, bounded on the real clock
+    (``holders.EXPLAIN_BUDGET_S``), which ``ready`` does not print: it is left out here, so that only ``ready``'s
+    scan is timed on the step clock."""
+    monkeypatch.setattr(holders, "timeout_explanation", lambda snapshot: [])
+    real = devfiles._fds
+    read: list[str] = []
+
+    def fds(pid: int | str, rule: Any, proc: str) -> dict[str, str] | None:
+        read.append(str(pid))
+        clock.sleep(step_s)
+        return real(pid, rule, proc)
+
+    monkeypatch.setattr(devfiles, "_fds", fds)
+    return read
+
+
+def test_the_device_file_scan_stops_at_the_deadline_and_says_unknown(
+    gpus: Callable[[Scenario], nc.Session], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Memory held with no process past the stuck bound: the scan for a holder on no list ran after the wait's
+    deadline, unbounded (every process of the host, here 1 s each), and whatever it did not read was taken for "no
+    holder": stuck. It now runs by the deadline, and a scan cut short is unknown, with the reason."""
+    sc = Scenario.h200()
+    sc.set_device(0, used_bytes=8 * GIB)
+    clock = StepClock(0.001)
+    read = slow_proc(monkeypatch, clock, 1.0)
+    with gpus(sc) as session:
+        report = session.ready(timeout=PAST_BOUND_S, events=False,
+                               options=WaitOptions(clock=clock.clock, sleep=clock.sleep, policy=0.02))
+    (v,) = report.verdicts
+    assert read  # the scan ran
+    # at most one process read (1 s) past the deadline, and the few clock readings after it
+    assert clock.now_ns <= (PAST_BOUND_S + 1.0 + 0.1) * 1e9
+    assert v.class_ == "unknown" and not report.needs_operator
+    (c,) = v.culprits
+    assert c.kind == "memory" and "cut short by the deadline" in c.reason and c.used_bytes == 8 * GIB
+
+
+def test_a_device_file_scan_that_fails_is_unknown_never_stuck(
+    gpus: Callable[[Scenario], nc.Session], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``/proc`` unreadable (a hardened mount): the scan's error was taken for "no holder", and the GPU stuck."""
+    def scan(*args: Any, **kwargs: Any) -> devfiles.FdScan:
+        raise PermissionError(13, "Permission denied", "/proc")
+
+    monkeypatch.setattr(devfiles, "scan", scan)
+    sc = Scenario.h200()
+    sc.set_device(0, used_bytes=8 * GIB)
+    clock = StepClock(0.001)
+    with gpus(sc) as session:
+        report = session.ready(timeout=PAST_BOUND_S, events=False,
+                               options=WaitOptions(clock=clock.clock, sleep=clock.sleep, policy=0.02))
+    (v,) = report.verdicts
+    assert v.class_ == "unknown" and "scan failed" in v.culprits[0].reason and "Permission denied" in v.line()
+
+
+def test_a_complete_scan_that_finds_no_holder_is_stuck_and_runs_within_the_wait(
+    gpus: Callable[[Scenario], nc.Session], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A scan that can finish (10 ms a process here) still calls the memory stuck, and finishes before the
+    deadline: it runs in the wait, on the first poll past the bound, not after the timeout."""
+    sc = Scenario.h200()
+    sc.set_device(0, used_bytes=8 * GIB)
+    clock = StepClock(0.001)
+    read = slow_proc(monkeypatch, clock, 0.001)
+    with gpus(sc) as session:
+        report = session.ready(timeout=PAST_BOUND_S, events=False,
+                               options=WaitOptions(clock=clock.clock, sleep=clock.sleep, policy=0.02))
+    (v,) = report.verdicts
+    assert read and v.class_ == "stuck" and report.needs_operator
+    assert clock.now_ns <= (PAST_BOUND_S + 0.1) * 1e9
