@@ -169,8 +169,12 @@ def _ready(
 
     remaining = None if bound is None else max(0.0, bound - (clock() - start) / 1e9)
     recheck = _HealthOnEvents(session, indices, deadline_ns, clock)
-    waited = _wait(session, indices if mig else devices, predicate, opts.with_(timeout=remaining), watch,
-                   faults=faults, errors=errors, after_poll=(recheck, scan_when_overdue))
+    if remaining == 0:
+        # No time left to wait (a timeout of 0 would be one check judged alone: ready on a single reading).
+        waited: tuple[Snapshot | None, bool] = (watch.last_full, False)
+    else:
+        waited = _wait(session, indices if mig else devices, predicate, opts.with_(timeout=remaining), watch,
+                       faults=faults, errors=errors, after_poll=(recheck, scan_when_overdue))
     final = waited[0] or first
     if recheck.unhealthy is not None:
         # An XID or ECC event on a selected GPU, and the health read it prompted says reset (XID 63's pending
@@ -184,7 +188,22 @@ def _ready(
         # pending while waiting with no XID heard: events off, the nvidia-smi backend, an XID 63 missed. Not after a
         # timeout: it would overrun the deadline, and the GPU is not called ready then anyway.
         health = backend.snapshot(indices, Fields.HEALTH)
-    return ReadyReport(judge(final), final, clock() - start, watch.observed, bound, notes)
+        return ReadyReport(judge(final), final, clock() - start, watch.observed, bound, notes)
+    verdicts = judge(final)
+    if all(v.ready for v in verdicts):
+        # The deadline came after a clean reading but before the run stable_polls asks for (and the health reading
+        # that follows it): not confirmed, never called ready.
+        verdicts = tuple(_unconfirmed(v, opts.stable_polls) for v in verdicts)
+    return ReadyReport(verdicts, final, clock() - start, watch.observed, bound, notes)
+
+
+def _unconfirmed(v: GpuVerdict, stable_polls: int) -> GpuVerdict:
+    """A verdict of ready from a wait that timed out, made ``unknown``: the clean reading was not confirmed."""
+    from ._record import replace
+
+    why = (f"clean on the last reading, but the deadline came before {stable_polls} consecutive clean polls "
+           "confirmed it and its health was read again: not confirmed, never ready")
+    return replace(v, class_="unknown", culprits=(Culprit(v.index, "unknown", "unconfirmed", why),))
 
 
 def _confirm(

@@ -106,9 +106,9 @@ class Culprit:
 
     ``gpu``: NVML index (``None``: not tied to one GPU). ``class_``: the :data:`ReadyClass` it puts the GPU in
     (``"class"`` in JSON). ``kind``: ``"compute"``/``"graphics"``/``"mps"`` for a listed process, ``"device-file"``
-    for a process found by its open device files only, else what the cause is (``"memory"``,
-    ``"remapped_rows.pending"``, ``"xid"``, ``"capacity"``, ``"capacity-limit"``, ``"query"``, ...). ``pid``,
-    ``name``, ``used_bytes``, ``state`` (``/proc`` state word) and ``container`` (label: ``"lxc/129"``,
+    for a process found by its open device files only, else what the cause is (``"memory"``, a health cause's code
+    such as ``"row-remap-pending"``, ``"xid"``, ``"capacity"``, ``"capacity-limit"``, ``"query"``, ``"unconfirmed"``,
+    ...). ``pid``, ``name``, ``used_bytes``, ``state`` (``/proc`` state word) and ``container`` (label: ``"lxc/129"``,
     ``"docker 3f2a…"``) describe a process culprit (``None`` where unknown or not a process). ``action``: what an
     operator does: for a GPU an :class:`~nvmlcheck.model.OperatorAction` value (``RESET_GPU``, ``NODE_REBOOT``,
     ``CONTACT_SUPPORT``, ...), for a process ``STOP_HOLDER``, ``REAP_ZOMBIE`` or ``WAIT``; ``None``: nothing to do

@@ -138,3 +138,20 @@ def test_a_complete_scan_that_finds_no_holder_is_stuck_and_runs_within_the_wait(
     (v,) = report.verdicts
     assert read and v.class_ == "stuck" and report.needs_operator
     assert clock.now_ns <= (PAST_BOUND_S + 0.1) * 1e9
+
+
+def test_a_clean_reading_the_deadline_left_unconfirmed_is_never_ready(gpus: Callable[[Scenario], nc.Session]) -> None:
+    """The holder leaves during the wait, but the deadline comes before the run of clean polls ``stable_polls``
+    asks for. The wait timed out, and ``ready`` judged its last reading alone: ready (exit 0), on the health read
+    at the start, so a remap that became pending while waiting went unseen."""
+    sc = Scenario.h200()
+    sc.add_process(0, 4_000_001, used_bytes=GIB)
+    sc.at_call(40).remove_process(0, 4_000_001)
+    sc.at_call(60).set_device(0, remapped_rows=(0, 1, True, False))  # no XID says so (events off)
+    clock = StepClock(0.001)
+    with gpus(sc) as session:
+        report = session.ready(timeout=0.5, events=False, options=WaitOptions(
+            clock=clock.clock, sleep=clock.sleep, policy=0.02, stable_polls=1000))  # more than fit before it
+    assert not report.ready and report.polls > 2
+    (v,) = report.verdicts
+    assert v.class_ == "unknown" and v.culprits[0].kind == "unconfirmed" and "not confirmed" in v.line()
