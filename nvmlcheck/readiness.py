@@ -169,12 +169,8 @@ def _ready(
 
     remaining = None if bound is None else max(0.0, bound - (clock() - start) / 1e9)
     recheck = _HealthOnEvents(session, indices, deadline_ns, clock)
-    if remaining == 0:
-        # No time left to wait (a timeout of 0 would be one check judged alone: ready on a single reading).
-        waited: tuple[Snapshot | None, bool] = (watch.last_full, False)
-    else:
-        waited = _wait(session, indices if mig else devices, predicate, opts.with_(timeout=remaining), watch,
-                       faults=faults, errors=errors, after_poll=(recheck, scan_when_overdue))
+    waited = _wait(session, indices if mig else devices, predicate, opts.with_(timeout=remaining), watch,
+                   faults=faults, errors=errors, after_poll=(recheck, scan_when_overdue))
     final = waited[0] or first
     if recheck.unhealthy is not None:
         # An XID or ECC event on a selected GPU, and the health read it prompted says reset (XID 63's pending
@@ -325,6 +321,9 @@ def _wait(
     ``faults``, a GPU that became unreadable in ``errors``: both are judged, not raised. ``after_poll``: called
     after each poll, in order (:class:`_HealthOnEvents` reads the health again after an XID or ECC event, and stops
     the wait when it finds a cause)."""
+    if opts.timeout == 0:
+        # No time left to wait (a timeout of 0 would be one check judged alone: ready on a single reading).
+        return watch.last_full, False
     observe = watch.on_poll(opts.clock)
     user = opts.on_poll
 
