@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from . import reclaim_model
 from ._record import record, replace
 from ._units import format_bytes
-from .model import DeviceState, GpuProcess, Memory, OperatorAction, Snapshot, SystemInfo
+from .model import DeviceState, GpuProcess, Memory, MigDevice, OperatorAction, Snapshot, SystemInfo
 from .predicates import DEFAULT_MAX_USED_BYTES, free_bytes_of, instance_view, memory_used_at_most
 
 TYPE_CHECKING = False  # no typing at run time: it costs a one-shot check milliseconds (docs/performance.md)
@@ -596,7 +596,15 @@ def _classify_one(d: DeviceState, ctx: _Ctx, culprits: list[Culprit]) -> GpuVerd
             if released > 0 and elapsed > 0:  # overdue and still coming back: the observed rate extrapolated
                 eta = round(m.used_bytes * elapsed / released)
     need = None
-    if m is not None and (ctx.need_bytes is not None or ctx.need_fraction is not None):
+    instances = _whole_mig(d)
+    if instances == ():
+        culprits.append(Culprit(i, "short", "capacity-limit", "in MIG mode with no MIG instance: no CUDA job can run "
+                                f"on it (create MIG instances, or turn MIG mode off: nvidia-smi -i {i} -mig 0)"))
+    elif instances and (ctx.need_bytes is not None or ctx.need_fraction is not None):
+        # A CUDA process runs in one MIG instance: the need is judged per instance, not against the whole GPU.
+        need, found = _mig_capacity(d, instances, ctx.need_bytes, ctx.need_fraction, clean=not culprits)
+        culprits += found
+    elif m is not None and (ctx.need_bytes is not None or ctx.need_fraction is not None):
         need = ctx.need_bytes if ctx.need_fraction is None else _ceil(ctx.need_fraction * m.total_bytes)
         beyond = [] if need is None else _beyond_capacity(d, m, need, ctx.need_fraction)
         if beyond:  # whatever else holds it: no wait can make this GPU ready
@@ -648,6 +656,54 @@ def _beyond_capacity(d: DeviceState, m: Memory, need: int, fraction: float | Non
              f"{format_bytes(m.total_bytes)} total, {format_bytes(reserved)} reserved by the driver")
     return [Culprit(d.index, "short", "capacity-limit", f"{format_bytes(need)} needed{of} can never be free on this "
                     f"GPU: at most {format_bytes(most)} with nothing running ({where})", used_bytes=m.used_bytes)]
+
+
+def _whole_mig(d: DeviceState) -> tuple[MigDevice, ...] | None:
+    """The MIG devices of a GPU in MIG mode judged whole (``None``: not in MIG mode, its instances unknown, or ``d``
+    is one instance's view)."""
+    if d.mig_mode is not True or d.mig_devices is None:
+        return None
+    if len(d.mig_devices) == 1 and d.mig_devices[0].uuid == d.uuid:
+        return None
+    return d.mig_devices
+
+
+def _mig_capacity(d: DeviceState, instances: tuple[MigDevice, ...], need_bytes: int | None,
+                  fraction: float | None, *, clean: bool) -> tuple[int | None, list[Culprit]]:
+    """The need on a GPU in MIG mode selected whole, judged per instance (a CUDA process runs in one): met when one
+    instance has it free; ``capacity-limit`` when none could ever hold it; else (on a clean GPU) ``short``, or
+    ``unknown`` when an instance's memory is unknown or within the figures' resolution. The need in bytes (of the
+    instance with the most free, for a fraction) and the culprits."""
+    known = [(inst, inst.memory) for inst in instances if inst.memory is not None]
+    doubtful = len(known) < len(instances)
+    best: tuple[int, int, MigDevice] | None = None  # (free, need, instance) with the most free
+    never = True
+    for inst, m in known:
+        need = need_bytes if fraction is None else _ceil(fraction * m.total_bytes)
+        assert need is not None
+        free, slack = free_bytes_of(m)
+        if free - slack >= need:
+            return need, []
+        if not _beyond_capacity(d, m, need, fraction):
+            never = False
+        doubtful = doubtful or free + slack >= need
+        if best is None or free > best[0]:
+            best = free, need, inst
+    needed = format_bytes(need_bytes or 0) if fraction is None else f"{fraction * 100:g}% of each instance's total"
+    if never and not doubtful:
+        most = max((m.total_bytes - (m.reserved_bytes or 0) for _, m in known), default=0)
+        return None if best is None else best[1], [Culprit(
+            d.index, "short", "capacity-limit", f"{needed} needed can never be free in one MIG instance of this GPU "
+            f"(a CUDA process runs in one): the largest has at most {format_bytes(most)} with nothing running")]
+    if not clean:
+        return None if best is None else best[1], []
+    if doubtful or best is None:
+        return None if best is None else best[1], [Culprit(
+            d.index, "unknown", "capacity", f"whether a MIG instance has {needed} free is unknown (an instance's "
+            "memory is unknown, or within the reporting resolution of the need)")]
+    free, need, inst = best
+    return need, [Culprit(d.index, "short", "capacity", f"clean, but no MIG instance has {needed} free (a CUDA "
+                          f"process runs in one): the most is {format_bytes(free)}, in {inst.label}")]
 
 
 def _of_total(m: Memory, fraction: float | None) -> str:

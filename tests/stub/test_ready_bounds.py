@@ -155,3 +155,49 @@ def test_a_clean_reading_the_deadline_left_unconfirmed_is_never_ready(gpus: Call
     assert not report.ready and report.polls > 2
     (v,) = report.verdicts
     assert v.class_ == "unknown" and v.culprits[0].kind == "unconfirmed" and "not confirmed" in v.line()
+
+
+def mig_gpu(*instances_gib: int) -> Scenario:
+    sc = Scenario.h200()
+    sc.set_device(0, mig=True)
+    for n, gib in enumerate(instances_gib):
+        sc.add_mig_device(0, n, total_bytes=gib * GIB)
+    return sc
+
+
+def test_a_gpu_in_mig_mode_with_no_instance_is_never_ready(gpus: Callable[[Scenario], nc.Session]) -> None:
+    """MIG mode on, no instance created: no CUDA process can run on it (CUDA sees only MIG devices there); it was
+    ``ready`` on its idle parent's figures. Waiting cannot create one: the wait ends at once."""
+    clock = StepClock(0.001)
+    with gpus(mig_gpu()) as session:
+        report = session.ready(timeout=5.0, events=False, options=WaitOptions(clock=clock.clock, sleep=clock.sleep))
+    (v,) = report.verdicts
+    assert not report.ready and report.polls == 1 and v.class_ == "short" and v.beyond_capacity
+    assert "no MIG instance" in v.line()
+
+
+@pytest.mark.parametrize(
+    ("need", "fraction", "cls"),
+    [
+        (100 * GIB, None, "short"),  # the GPU has 139.8 GiB free, but no instance more than 70 GiB
+        (None, 0.9, "ready"),  # 90% of an instance's total: what vLLM asks of the device it sees
+        (60 * GIB, None, "ready"),
+        (70 * GIB - (5 << 20), None, "short"),  # 10 MiB used in each (clean): short now, not beyond capacity
+    ],
+)
+def test_a_need_on_a_whole_mig_gpu_is_judged_per_instance(
+    gpus: Callable[[Scenario], nc.Session], need: int | None, fraction: float | None, cls: str
+) -> None:
+    """A CUDA process runs in one MIG instance: ``--need 100GiB`` on a GPU split 70 + 70 GiB was ready, judged
+    against the whole GPU's free memory."""
+    sc = mig_gpu()
+    sc.set_device(0, mig=True)
+    for n in (0, 1):
+        sc.add_mig_device(0, n, total_bytes=70 * GIB, used_bytes=10 << 20)
+    with gpus(sc) as session:
+        (v,) = session.ready(need_bytes=need, need_fraction=fraction).verdicts
+    assert v.class_ == cls
+    if need == 100 * GIB:
+        assert v.beyond_capacity and "in one MIG instance" in v.line() and "at most 70.0 GiB" in v.line()
+    if cls == "short" and need != 100 * GIB:
+        assert not v.beyond_capacity and "no MIG instance has" in v.line()
