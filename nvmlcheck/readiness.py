@@ -183,7 +183,7 @@ def _ready(
         # Ready: read the health again before saying so (one reading past the wait at most). A remap can become
         # pending while waiting with no XID heard: events off, the nvidia-smi backend, an XID 63 missed. Not after a
         # timeout: it would overrun the deadline, and the GPU is not called ready then anyway.
-        health = backend.snapshot(indices, Fields.HEALTH)
+        health = _health_again(session, indices, clock)
         return ReadyReport(judge(final), final, clock() - start, watch.observed, bound, notes)
     verdicts = judge(final)
     if all(v.ready for v in verdicts):
@@ -191,6 +191,28 @@ def _ready(
         # that follows it): not confirmed, never called ready.
         verdicts = tuple(_unconfirmed(v, opts.stable_polls) for v in verdicts)
     return ReadyReport(verdicts, final, clock() - start, watch.observed, bound, notes)
+
+
+def _health_again(session: Session, indices: tuple[int, ...] | None, clock: Callable[[], int]) -> Snapshot:
+    """The selected GPUs' health, read again; a reading that fails as a whole (an nvidia-smi run that failed) makes
+    each GPU a failure saying so: judged unknown, never ready, and never an error that hides the verdicts."""
+    backend = session.backend
+    try:
+        return backend.snapshot(indices, Fields.HEALTH)
+    except NvmlCheckError as exc:
+        return _failed_reading(session, indices, NvmlCheckError(f"the health could not be read again ({exc})"),
+                               clock(), clock)
+
+
+def _failed_reading(session: Session, indices: tuple[int, ...] | None, why: Exception, start: int,
+                    clock: Callable[[], int]) -> Snapshot:
+    """A reading of the selected GPUs in which each is a failure with ``why``."""
+    from .model import DeviceFailure
+
+    backend = session.backend
+    chosen = range(backend.device_count()) if indices is None else indices
+    return Snapshot(backend=backend.name, taken_ns=start, duration_ns=clock() - start, wall_time=time.time(),
+                    system=backend.system(), devices=(), failures=tuple(DeviceFailure(i, None, why) for i in chosen))
 
 
 def _unconfirmed(v: GpuVerdict, stable_polls: int) -> GpuVerdict:
@@ -278,19 +300,13 @@ def _first_reading(session: Session, indices: tuple[int, ...] | None, bound: flo
     backend = session.backend
     if not bound:  # one check (or no bound), which always completes: only a hung call is cut (ready_on's watchdog)
         return backend.snapshot(indices, Fields.WAIT | Fields.HEALTH), False
-    from .errors import NvmlCheckError
-    from .model import DeviceFailure
-
     bound_ns = ns_or_none(bound)
     snap = read_by(backend, indices, Fields.WAIT | Fields.HEALTH, None if bound_ns is None else start + bound_ns,
                    clock)
     if snap is not None:
         return snap, False
     why = NvmlCheckError(f"the first reading did not complete within the timeout ({bound:g} s)")
-    chosen = range(backend.device_count()) if indices is None else indices
-    return Snapshot(backend=backend.name, taken_ns=start, duration_ns=clock() - start, wall_time=time.time(),
-                    system=backend.system(), devices=(),
-                    failures=tuple(DeviceFailure(i, None, why) for i in chosen)), True
+    return _failed_reading(session, indices, why, start, clock), True
 
 
 def _capacity(need_bytes: int | None, need_fraction: float | None) -> Predicate | None:
@@ -384,7 +400,10 @@ class _HealthOnEvents:
         from ._deadline import read_by
         from .verdict import error_culprit, health_causes
 
-        snap = read_by(self.session.backend, self.indices, Fields.HEALTH, self.deadline_ns, self.clock)
+        try:
+            snap = read_by(self.session.backend, self.indices, Fields.HEALTH, self.deadline_ns, self.clock)
+        except NvmlCheckError:  # a reading that failed as a whole says nothing of health: the wait goes on
+            return
         if snap is None:  # the deadline came first: the wait times out on its own
             return
         if any(c.class_ == "unhealthy" for d in snap.devices for c in health_causes(d)) or any(

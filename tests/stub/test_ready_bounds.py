@@ -201,3 +201,28 @@ def test_a_need_on_a_whole_mig_gpu_is_judged_per_instance(
         assert v.beyond_capacity and "in one MIG instance" in v.line() and "at most 70.0 GiB" in v.line()
     if cls == "short" and need != 100 * GIB:
         assert not v.beyond_capacity and "no MIG instance has" in v.line()
+
+
+def test_a_health_reading_that_fails_as_a_whole_is_judged_unknown_not_raised(
+    gpus: Callable[[Scenario], nc.Session]
+) -> None:
+    """The health read again after a wait that ended ready fails as a whole (as an nvidia-smi run that fails does):
+    the call raised, losing every verdict; the GPU is now unknown, with the reason."""
+    sc = Scenario.h200()
+    sc.add_process(0, 4_000_001, used_bytes=GIB)
+    sc.at_call(40).remove_process(0, 4_000_001)
+    clock = StepClock(0.001)
+    with gpus(sc) as session:
+        real = session.backend.snapshot
+
+        def snapshot(indices: Any, fields: Any, **kw: Any) -> Any:
+            if fields == nc.Fields.HEALTH:
+                raise nc.NvmlCheckError("nvidia-smi exited with status 15")
+            return real(indices, fields, **kw)
+
+        session.backend.snapshot = snapshot  # type: ignore[method-assign,assignment]
+        report = session.ready(timeout=5.0, events=False, options=WaitOptions(clock=clock.clock, sleep=clock.sleep,
+                                                                              policy=0.02))
+    (v,) = report.verdicts
+    assert not report.ready and v.class_ == "unknown"
+    assert "could not be read again" in v.line() and "status 15" in v.line()
