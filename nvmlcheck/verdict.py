@@ -779,8 +779,9 @@ def _process_culprits(d: DeviceState, listed: list[GpuProcess], ctx: _Ctx, bound
                                    f"its {its} is coming back", action=WAIT, **common))
             else:
                 parent = _parent(p.pid)
+                whose = "its parent" if parent is None else f"its parent (pid {parent})"  # never "pid None"
                 out.append(Culprit(i, "stuck", p.kind.value, f"pid {p.pid} ({name}){inside} is a zombie still "
-                                   f"holding {held} after {age / 1e9:.1f} s: its parent (pid {parent}) must reap it "
+                                   f"holding {held} after {age / 1e9:.1f} s: {whose} must reap it "
                                    "(end the parent), else reset the GPU", action=REAP_ZOMBIE, **common))
             continue
         if state == "D" and age > bound:

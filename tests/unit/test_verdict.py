@@ -131,6 +131,17 @@ def test_a_zombie_holding_memory_past_the_bound_is_stuck_and_names_its_parent_ac
     assert v.class_ == "stuck" and v.culprits[0].action == "REAP_ZOMBIE" and v.culprits[0].pid == 99
 
 
+def test_a_stuck_zombie_whose_parent_cannot_be_read_never_names_pid_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    from nvmlcheck import verdict
+
+    monkeypatch.setattr(verdict, "_read_stat", lambda pid: None)  # reaped (or its stat unreadable) meanwhile
+    w = states({99: "Z"})
+    s = snap(dev(0, procs=[proc(99, 4 * GIB)]))
+    w.observe(s, 0)
+    (v,) = classify(s, now_ns=MODEL.stuck_after_ns(1, 4 * GIB) + 1, watch=w, container=lxc)
+    assert v.class_ == "stuck" and "its parent must reap it" in v.line() and "None" not in v.line()
+
+
 def test_a_process_in_d_state_is_held_then_stuck() -> None:
     w = states({5: "D"})
     s = snap(dev(0, procs=[proc(5, 1 * GIB)]))
