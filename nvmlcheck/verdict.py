@@ -57,6 +57,7 @@ __all__ = [
     "classify",
     "health_causes",
     "holders_of",
+    "mig_units",
 ]
 
 #: The classes, least severe first: a GPU's class is that of its most severe culprit.
@@ -844,15 +845,44 @@ def holders_of(
     *,
     max_used_bytes: int = DEFAULT_MAX_USED_BYTES,
     devices: Iterable[int] | None = None,
+    units: Sequence[DeviceState] | None = None,
 ) -> tuple[Culprit, ...]:
     """The culprits of a wait that timed out on ``snapshot`` (what :attr:`nvmlcheck.WaitTimeout.holders` holds):
     each listed process (``held``, or ``reclaiming`` when it has exited) with its container, memory held with no
     process, unreadable GPUs. Judged without history, so nothing is ``stuck`` by age alone. ``devices``: only the
     GPUs with these NVML indices (those the wait's predicate refused: :func:`nvmlcheck.predicates.blamed_devices`;
-    ``None``: every GPU of ``snapshot``)."""
+    ``None``: every GPU of ``snapshot``). ``units``: what is judged, when a wait selected MIG instances
+    (:func:`mig_units`): each selected instance alone, never the processes of another instance of its GPU."""
     if snapshot is None:
         return ()
-    verdicts = classify(snapshot, now_ns=time.monotonic_ns(), max_used_bytes=max_used_bytes)
+    verdicts = classify(snapshot, now_ns=time.monotonic_ns(), max_used_bytes=max_used_bytes, units=units)
     chosen = None if devices is None else frozenset(devices)
     return tuple(c for v in verdicts if chosen is None or v.index in chosen for c in v.culprits)
 
+
+
+def mig_units(predicate: object, snapshot: Snapshot) -> tuple[DeviceState, ...] | None:
+    """What a wait with ``predicate`` judges in ``snapshot`` when it selected MIG instances by UUID (``on_devices``
+    with ``MIG-...``, as ``--devices MIG-...`` gives): each GPU selected whole as itself, each selected instance as
+    its own device (:func:`~nvmlcheck.predicates.instance_view`). ``None`` when it selected no MIG instance."""
+    whole: set[int] = set()
+    mig: set[str] = set()
+    todo = [predicate]
+    while todo:  # the predicate's tree: on_devices nodes say what is selected
+        p = todo.pop()
+        whole |= getattr(p, "indices", frozenset())
+        mig |= getattr(p, "mig_uuids", frozenset())
+        todo.extend(getattr(p, "parts", ()))
+        inner = getattr(p, "inner", None)
+        if inner is not None:
+            todo.append(inner)
+    if not mig:
+        return None
+    out: list[DeviceState] = []
+    for d in snapshot.devices:
+        chosen = [m for m in d.mig_devices or () if m.uuid is not None and m.uuid in mig]
+        if d.index in whole or not chosen:
+            out.append(d)
+        else:
+            out.extend(instance_view(d, m) for m in chosen)
+    return tuple(out)
