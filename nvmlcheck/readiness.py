@@ -143,12 +143,6 @@ def _ready(
         return out + _missing_units(snap, mig, units, parents=parents, indices=indices,
                                    judged={v.index for v in out})
 
-    def scan_when_overdue() -> None:
-        # The scan runs in the wait, on the first poll that finds memory held with no holder past the bound: after
-        # the wait's deadline there is no time left for it (the verdict then reuses this one).
-        if not scan.done and watch.last_full is not None and (watch.teardown_age_ns(clock()) or 0) >= _MIN_BOUND_NS:
-            judge(watch.last_full)
-
     verdicts = judge(first)
     # Waiting cannot help an unhealthy GPU, nor a need beyond what a GPU has with nothing running; and a first
     # reading cut by the deadline leaves no time to wait.
@@ -170,7 +164,7 @@ def _ready(
     remaining = None if bound is None else max(0.0, bound - (clock() - start) / 1e9)
     recheck = _HealthOnEvents(session, indices, deadline_ns, clock)
     waited = _wait(session, indices if mig else devices, predicate, opts.with_(timeout=remaining), watch,
-                   faults=faults, errors=errors, after_poll=(recheck, scan_when_overdue))
+                   faults=faults, errors=errors, after_poll=(recheck, scan.when_overdue(watch, judge, mig)))
     final = waited[0] or first
     if recheck.unhealthy is not None:
         # An XID or ECC event on a selected GPU, and the health read it prompted says reset (XID 63's pending
@@ -512,6 +506,22 @@ class _UnlistedScan:
         self.clock = clock
         self.done = False
         self.result: tuple[tuple[Holder, ...], str | None] = ((), None)
+
+    def when_overdue(self, watch: Watch, judge: Callable[[Snapshot], object],
+                     mig: Sequence[int | str]) -> Callable[[], None]:
+        """A wait's after-poll step that runs the scan on the first poll that finds memory held with no holder past
+        the bound (by judging it): after the wait's deadline there is no time left for it, and the verdict then
+        reuses this one."""
+
+        def step() -> None:
+            last = watch.last_full
+            if self.done or last is None or (watch.teardown_age_ns(self.clock()) or 0) < _MIN_BOUND_NS:
+                return
+            # Judged (each poll) only with memory held and nothing listed: a listed zombie is no case for the scan.
+            if any(_held_unlisted(d, self.max_used_bytes) for d in (*last.devices, *(_units(last, mig) or ()))):
+                judge(last)
+
+        return step
 
     def __call__(self, units: Sequence[DeviceState]) -> tuple[tuple[Holder, ...], str | None]:
         """The unlisted holders and why the scan is incomplete (``None``: complete); scanned on the first call

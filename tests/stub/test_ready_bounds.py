@@ -226,3 +226,28 @@ def test_a_health_reading_that_fails_as_a_whole_is_judged_unknown_not_raised(
     (v,) = report.verdicts
     assert not report.ready and v.class_ == "unknown"
     assert "could not be read again" in v.line() and "status 15" in v.line()
+
+
+def test_a_listed_holder_past_a_second_is_not_judged_on_every_poll(
+    gpus: Callable[[Scenario], nc.Session], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The scan's trigger judges a poll only when memory is held with nothing listed (the one case the scan
+    serves): a listed PID not visible here (a teardown under way, or another namespace) costs no judgement per poll."""
+    from nvmlcheck import readiness
+
+    real = readiness.classify
+    calls: list[int] = []
+
+    def classify(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(readiness, "classify", classify)
+    sc = Scenario.h200()
+    sc.add_process(0, 4_000_001, used_bytes=4 * GIB)  # listed, not visible from here
+    clock = StepClock(0.001)
+    with gpus(sc) as session:
+        report = session.ready(timeout=3.0, events=False, options=WaitOptions(clock=clock.clock, sleep=clock.sleep,
+                                                                              policy=0.02))
+    assert not report.ready and report.polls > 50
+    assert len(calls) <= 3  # the first reading's verdict and the last's
