@@ -235,7 +235,7 @@ def test_a_listed_holder_past_a_second_is_not_judged_on_every_poll(
     serves): a listed PID not visible here (a teardown under way, or another namespace) costs no judgement per poll."""
     from nvmlcheck import readiness
 
-    real = readiness.classify
+    real = readiness.classify  # type: ignore[attr-defined]
     calls: list[int] = []
 
     def classify(*args: Any, **kwargs: Any) -> Any:
