@@ -64,9 +64,9 @@ def ready_on(
     clean allows (``None``: 16 MiB, as for waits). ``timeout`` in seconds: ``0`` (the default) judges one reading,
     ``None`` waits forever; otherwise it polls until every GPU is ready or the deadline passes (overrun by at most one
     query), listening for XIDs on the selected GPUs unless ``events=False``; the first reading counts as the first of
-    the options' ``stable_polls``, and a clean reading that the deadline left unconfirmed is ``unknown``. An unhealthy GPU (a health cause, a
-    fatal XID, a lost GPU) ends the call at once, as does a need beyond what a GPU has with nothing running
-    (``GpuVerdict.beyond_capacity``). ``options``: a :class:`~nvmlcheck.wait.WaitOptions` (policy, stable polls,
+    the options' ``stable_polls``, and a clean reading that the deadline left unconfirmed is ``unknown``. An
+    unhealthy GPU (a health cause, a fatal XID, a lost GPU) ends the call at once, as does a need beyond what a GPU
+    has with nothing running (``GpuVerdict.beyond_capacity``). ``options``: a :class:`~nvmlcheck.wait.WaitOptions` (policy, stable polls,
     ``on_poll``, ``clock``, ``sleep``; its ``timeout`` and ``events`` where a caller set them and the keywords are
     not given: ``ready``'s own defaults are one check and listening).
 
