@@ -66,9 +66,9 @@ def ready_on(
     query), listening for XIDs on the selected GPUs unless ``events=False``; the first reading counts as the first of
     the options' ``stable_polls``, and a clean reading that the deadline left unconfirmed is ``unknown``. An
     unhealthy GPU (a health cause, a fatal XID, a lost GPU) ends the call at once, as does a need beyond what a GPU
-    has with nothing running (``GpuVerdict.beyond_capacity``). ``options``: a :class:`~nvmlcheck.wait.WaitOptions` (policy, stable polls,
-    ``on_poll``, ``clock``, ``sleep``; its ``timeout`` and ``events`` where a caller set them and the keywords are
-    not given: ``ready``'s own defaults are one check and listening).
+    has with nothing running (``GpuVerdict.beyond_capacity``). ``options``: a :class:`~nvmlcheck.wait.WaitOptions`
+    (policy, stable polls, ``on_poll``, ``clock``, ``sleep``; its ``timeout`` and ``events`` where a caller set them
+    and the keywords are not given: ``ready``'s own defaults are one check and listening).
 
     Never raises for "not ready": the :class:`~nvmlcheck.verdict.ReadyReport` says so, per GPU, with its
     culprits. Raises ``ValueError`` for a bad selection or need, :class:`~nvmlcheck.BackendUnavailable` when the
