@@ -818,6 +818,8 @@ def _unheld_memory(d: DeviceState, m: Memory, ctx: _Ctx, since: int, bound: int)
     for h in ctx.unlisted:
         if h.is_daemon or h.relation is not None or h.start_ticks is None or h.state in ("zombie", "dead"):
             continue
+        if h.gpu_device_files == ():  # only nvidiactl, UVM or capabilities open: it holds no GPU's memory
+            continue
         where = h.container or ctx.label_of(h.pid)
         inside = f" in {where}" if where else ""
         files = ", ".join(h.device_files or ()) or "NVIDIA device files"

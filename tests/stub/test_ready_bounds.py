@@ -6,7 +6,10 @@ Time is the injected StepClock throughout: a slow ``/proc`` read is a step of th
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,6 +17,7 @@ import pytest
 import nvmlcheck as nc
 from nvmlcheck import holders, reclaim_model
 from nvmlcheck._proc import devfiles
+from nvmlcheck._proc.devfiles import simulated_globs, simulated_stand_ins
 from nvmlcheck.testing import Scenario, StepClock
 from nvmlcheck.wait import WaitOptions
 
@@ -251,3 +255,29 @@ def test_a_listed_holder_past_a_second_is_not_judged_on_every_poll(
                                                                               policy=0.02))
     assert not report.ready and report.polls > 50
     assert len(calls) <= 3  # the first reading's verdict and the last's
+
+
+def test_a_process_with_only_the_control_device_open_holds_no_gpu(
+    gpus: Callable[[Scenario], nc.Session], tmp_path: Path
+) -> None:
+    """Memory held with nothing listed, past the bound; the only process on no list has ``nvidiactl`` open (as a
+    monitoring tool or a process between CUDA calls may), no ``/dev/nvidiaN``: it holds no GPU's memory. It was named
+    the holder (``held``, kill it), hiding the stuck GPU; ``kill --all-holders`` already refuses such a process."""
+    (tmp_path / "dev").mkdir(exist_ok=True)
+    ctl = tmp_path / "dev" / "nvidiactl"
+    ctl.write_text("")
+    child = subprocess.Popen([sys.executable, "-S", "-c", "import sys, time; f = open(sys.argv[1]); "
+                              "print('ready', flush=True); time.sleep(60)", str(ctl)], stdout=subprocess.PIPE)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == b"ready"
+        sc = Scenario.h200()
+        sc.set_device(0, used_bytes=8 * GIB)
+        clock = StepClock(0.001)
+        stand_ins = simulated_stand_ins(simulated_globs(tmp_path / "scenario.txt"), "this test's simulation")
+        with stand_ins, gpus(sc) as session:
+            (v,) = session.ready(timeout=PAST_BOUND_S, events=False, options=WaitOptions(
+                clock=clock.clock, sleep=clock.sleep, policy=0.02)).verdicts
+    finally:
+        child.kill()
+        child.wait()
+    assert v.class_ == "stuck" and not any(c.pid == child.pid for c in v.culprits)
