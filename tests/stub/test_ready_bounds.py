@@ -6,6 +6,7 @@ Time is the injected StepClock throughout: a slow ``/proc`` read is a step of th
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Callable
@@ -281,3 +282,27 @@ def test_a_process_with_only_the_control_device_open_holds_no_gpu(
         child.kill()
         child.wait()
     assert v.class_ == "stuck" and not any(c.pid == child.pid for c in v.culprits)
+
+
+def test_a_holders_text_reaches_the_terminal_without_its_escapes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process name or container label is anyone's text (a program's file name, a cgroup's name): ``ready``
+    printed it raw, so ``\\x1b[2J`` cleared the operator's screen; ``wait`` and ``holders`` escape it. JSON keeps it
+    exact."""
+    from nvmlcheck import cli, verdict
+
+    monkeypatch.setattr(verdict, "_container", lambda pid: "pod \x1b[2Jevil")
+    sleeper = subprocess.Popen([sys.executable, "-S", "-c", "import time; time.sleep(60)"])
+    try:
+        sc = Scenario.h200()
+        sc.add_process(0, sleeper.pid, used_bytes=GIB, bound=True)
+        path = str(sc.write(tmp_path / "s.txt"))
+        assert cli.main(["--simulate", path, "ready"]) == 1
+        out = capsys.readouterr().out
+        assert "\x1b" not in out and "pod \\x1b[2Jevil" in out
+        assert cli.main(["--simulate", path, "--json", "ready"]) == 1
+        assert "\x1b[2Jevil" in json.loads(capsys.readouterr().out)["holders"][0]["container"]
+    finally:
+        sleeper.kill()
+        sleeper.wait()
