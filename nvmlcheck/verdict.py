@@ -88,7 +88,8 @@ _ACTION_HINTS = {
 # Words of the reasons a backend records for a value the device does not have: errors.py's NotSupported and
 # FunctionNotFound ("not supported: ...", "not available: ..."), nvidia-smi's placeholders ("[N/A]", "[Not
 # Supported]"). Unsupported health is no refusal (a Hopper GPU retires no pages: it remaps rows).
-_UNSUPPORTED_WORDS = ("not supported", "not available", "[n/a]", "not requested")
+# A part that was "not requested" is no such reason: health never read is unknown, never ready.
+_UNSUPPORTED_WORDS = ("not supported", "not available", "[n/a]")
 
 
 def unsupported(why: str) -> bool:
@@ -293,7 +294,9 @@ def health_causes(d: DeviceState) -> tuple[Culprit, ...]:
                                f"{cause.text} [{action}]", action=action))
     for key, why in sorted(d.unknown.items()):
         if key.split(".", 1)[0] == "health" and not unsupported(why):
-            out.append(Culprit(i, "unknown", "query", f"{key} could not be read ({why}); health unknown is never "
+            read = ("was not read (a reading without Fields.HEALTH)" if why == "not requested" else
+                    f"could not be read ({why})")
+            out.append(Culprit(i, "unknown", "query", f"{key} {read}; health unknown is never "
                                "ready"))
     return tuple(out)
 
@@ -470,6 +473,7 @@ def classify(
     unlisted_unknown: str | None = None,
     units: Sequence[DeviceState] | None = None,
     container: Callable[[int], str | None] | None = None,
+    judge_health: bool = True,
 ) -> tuple[GpuVerdict, ...]:
     """One :class:`GpuVerdict` per device of ``snapshot`` (or per ``units``: MIG instance views), judged at
     ``now_ns`` (on the clock ``watch`` was fed with).
@@ -483,7 +487,9 @@ def classify(
     ``unlisted_unknown``: why that list is incomplete (a scan cut short by a deadline, or one that failed): memory
     held with an empty list past the bound and no holder found is then ``unknown`` with that reason, never ``stuck``
     (nothing proves that no process holds it). ``container(pid)`` labels a holder's container (default:
-    ``/proc/PID/cgroup`` and its PID namespace).
+    ``/proc/PID/cgroup`` and its PID namespace). ``judge_health=False``: health is not judged at all (a wait's
+    timeout: :func:`holders_of`); else a GPU whose health was not read (a snapshot without ``Fields.HEALTH``) is
+    ``unknown``, never ready.
     """
     label_of = container if container is not None else _container
     devices = tuple(units) if units is not None else (snapshot.devices if snapshot is not None else ())
@@ -509,12 +515,8 @@ def classify(
     for d in devices:
         seen.add(d.index)
         culprits = [fault_culprit(f) for f in faults if f.index == d.index]
-        read = health_of.get(d.index)
-        if read is not None:
-            culprits += health_causes(read)
-        elif d.index not in errs:
-            culprits.append(Culprit(d.index, "unknown", "query", "health was not read; health unknown is never "
-                                    "ready"))
+        if judge_health:
+            culprits += _health_of_one(d.index, health_of.get(d.index), errs)
         error = errs.get(d.index)
         if error is not None:
             culprits.append(error_culprit(d.index, error))
@@ -529,6 +531,15 @@ def classify(
             out.append(_verdict(f.index, f.uuid, f"GPU {f.index}", [fault_culprit(f)]))
             seen.add(f.index)
     return tuple(out)
+
+
+def _health_of_one(index: int, read: DeviceState | None, errs: Mapping[int, BaseException]) -> tuple[Culprit, ...]:
+    """The health culprits of GPU ``index`` from its health reading ``read``; none read and no error: unknown."""
+    if read is not None:
+        return health_causes(read)
+    if index in errs:
+        return ()  # the error says why (error_culprit)
+    return (Culprit(index, "unknown", "query", "health was not read; health unknown is never ready"),)
 
 
 class _Ctx:
@@ -857,7 +868,8 @@ def holders_of(
     (:func:`mig_units`): each selected instance alone, never the processes of another instance of its GPU."""
     if snapshot is None:
         return ()
-    verdicts = classify(snapshot, now_ns=time.monotonic_ns(), max_used_bytes=max_used_bytes, units=units)
+    verdicts = classify(snapshot, now_ns=time.monotonic_ns(), max_used_bytes=max_used_bytes, units=units,
+                        judge_health=False)
     chosen = None if devices is None else frozenset(devices)
     return tuple(c for v in verdicts if chosen is None or v.index in chosen for c in v.culprits)
 

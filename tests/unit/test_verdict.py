@@ -189,8 +189,16 @@ def test_health_that_a_later_reading_could_not_read_is_never_ready() -> None:
     assert v.class_ == "unknown" and "NO_PERMISSION" in v.line()
     (v,) = classify(snap(not_requested), now_ns=0, watch=states({}), health=snap(dev(1)))
     assert v.class_ == "unknown" and "health was not read" in v.line()
-    (v,) = classify(snap(not_requested), now_ns=0, watch=states({}))  # no health asked for: a wait's timeout
+    (v,) = classify(snap(not_requested), now_ns=0, watch=states({}), judge_health=False)  # a wait's timeout
     assert v.ready
+
+
+def test_a_snapshot_read_without_health_is_never_ready() -> None:
+    """``classify`` on a snapshot read without ``Fields.HEALTH`` (its health "not requested") called the GPU
+    ready, a pending remap unseen: health never read is unknown."""
+    not_requested = dev(0, unknown={"health": "not requested"})
+    (v,) = classify(snap(not_requested), now_ns=0, watch=states({}))
+    assert v.class_ == "unknown" and "health was not read" in v.line()
 
 
 def test_unsupported_health_is_no_refusal_but_an_unreadable_one_is_unknown() -> None:
