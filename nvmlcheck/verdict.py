@@ -92,6 +92,15 @@ _ACTION_HINTS = {
 _UNSUPPORTED_WORDS = ("not supported", "not available", "[n/a]")
 
 
+def _action_severity(action: str | None) -> int:
+    """An operator action's :attr:`~nvmlcheck.model.OperatorAction.severity`; -1 for a process's (``STOP_HOLDER``,
+    ``WAIT``, ...) and none."""
+    try:
+        return OperatorAction(action).severity
+    except ValueError:
+        return -1
+
+
 def unsupported(why: str) -> bool:
     """Whether an ``unknown`` reason says the device or driver does not have the value (rather than that reading
     it failed)."""
@@ -191,8 +200,10 @@ class GpuVerdict:
 
     @property
     def actions(self) -> tuple[str, ...]:
-        """The culprits' actions, most severe first, without repeats."""
-        ordered = sorted(self.culprits, key=lambda c: -_SEVERITY[c.class_])
+        """The culprits' actions, most severe first (by class, then by :attr:`OperatorAction.severity
+        <nvmlcheck.model.OperatorAction.severity>`: a fatal XID's reset after a remap failure's service), without
+        repeats."""
+        ordered = sorted(self.culprits, key=lambda c: (-_SEVERITY[c.class_], -_action_severity(c.action)))
         return tuple(dict.fromkeys(c.action for c in ordered if c.action))
 
     def line(self) -> str:

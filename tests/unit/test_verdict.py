@@ -308,3 +308,15 @@ def test_which_unknown_health_reasons_are_unsupported(why: str, expected: bool) 
     from nvmlcheck.verdict import unsupported
 
     assert unsupported(why) is expected
+
+
+def test_a_gpus_actions_put_the_strongest_first() -> None:
+    """A fatal XID's reset came before a remap failure's service, both unhealthy: ``actions[0]`` read as enough."""
+    from nvmlcheck.verdict import GpuVerdict
+
+    v = GpuVerdict(0, None, "GPU 0", "unhealthy", (
+        Culprit(0, "unhealthy", "xid", "XID 48", action="RESET_GPU"),
+        Culprit(0, "held", "compute", "held by pid 1", pid=1, action="STOP_HOLDER"),
+        Culprit(0, "unhealthy", "row-remap-failure", "a row remapping failed", action="CONTACT_SUPPORT"),
+    ))
+    assert v.actions == ("CONTACT_SUPPORT", "RESET_GPU", "STOP_HOLDER")
