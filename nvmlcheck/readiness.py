@@ -569,6 +569,9 @@ def _unlisted(session: Session, deadline_ns: int | None, clock: Callable[[], int
     if fds.unscanned:
         why = (f"the device-file scan was cut short by the deadline ({fds.unscanned} processes not read; "
                "`nvmlcheck holders` reads them all)")
+    elif fds.unreadable:
+        why = (f"{len(fds.unreadable)} processes' open files could not be read (not permitted): run as root to see "
+               "every holder")
     listed = {p.pid for d in every.devices for p in d.processes or ()}
     me = (os.getpid(), procfs.ancestors())
     out: list[Holder] = []

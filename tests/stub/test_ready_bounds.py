@@ -306,3 +306,24 @@ def test_a_holders_text_reaches_the_terminal_without_its_escapes(
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+def test_a_scan_that_could_not_read_every_process_is_unknown_never_stuck(
+    gpus: Callable[[Scenario], nc.Session], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without root, other users' descriptors cannot be read: one of those processes may hold the memory. The scan
+    skipped them and said "no holder" (stuck: reset the GPU); it is unknown, saying to run as root."""
+    real = devfiles._fds
+
+    def fds(pid: int | str, rule: Any, proc: str) -> dict[str, str] | None:
+        return None if str(pid) == "1" else real(pid, rule, proc)  # PID 1's: not permitted
+
+    monkeypatch.setattr(devfiles, "_fds", fds)
+    sc = Scenario.h200()
+    sc.set_device(0, used_bytes=8 * GIB)
+    clock = StepClock(0.001)
+    with gpus(sc) as session:
+        report = session.ready(timeout=PAST_BOUND_S, events=False,
+                               options=WaitOptions(clock=clock.clock, sleep=clock.sleep, policy=0.02))
+    (v,) = report.verdicts
+    assert v.class_ == "unknown" and "could not be read (not permitted)" in v.line() and "run as root" in v.line()
