@@ -327,3 +327,12 @@ def test_a_scan_that_could_not_read_every_process_is_unknown_never_stuck(
                                options=WaitOptions(clock=clock.clock, sleep=clock.sleep, policy=0.02))
     (v,) = report.verdicts
     assert v.class_ == "unknown" and "could not be read (not permitted)" in v.line() and "run as root" in v.line()
+
+
+def test_the_command_on_a_ready_gpu_with_a_timeout_takes_two_polls(capsys: pytest.CaptureFixture[str]) -> None:
+    """``nvmlcheck ready --timeout 5`` on an idle GPU said "3 polls": the default --stable-polls 2 needs two."""
+    from nvmlcheck import cli
+
+    assert cli.main(["--simulate", "h200", "--json", "ready", "--timeout", "5"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["ready"] is True and doc["polls"] == 2
