@@ -36,3 +36,13 @@ def test_a_good_model_registers_and_is_used(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(rm, "_MODELS", dict(rm._MODELS))  # the table as it was, after the test
     rm.register(replace(GOOD, driver="9998", stuck_factor=2))
     assert rm.model_for("9998.10").stuck_factor == 2 and rm.stuck_after_ns("9998.1") >= 1_000_000_000
+
+
+def test_ready_md_quotes_the_580_entry() -> None:
+    """docs/ready.md gave the model's first version (118 ms a context, 53 ms each further) after the fit changed it."""
+    from pathlib import Path
+
+    text = Path(__file__).resolve().parents[2].joinpath("docs", "ready.md").read_text(encoding="utf-8")
+    m = rm.model_for("580")
+    assert f"one context ≈ {m.base_ns / 1e6:.0f} ms on driver 580" in text
+    assert f"one ≈ {m.per_context_ns / 1e6:.0f} ms, teardowns being serialised" in text
