@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 
 from ._deadline import hung_after, ns_or_none
 from ._waitdefaults import READY_TIMEOUT, Default
-from .errors import ArgumentError, BackendUnavailable, GpuFault, NvmlCheckError, NvmlError, WaitTimeout
+from .errors import ArgumentError, BackendUnavailable, GpuFault, NvmlCheckError, WaitTimeout
 from .model import DeviceState, Fields, Snapshot
 from .predicates import (
     DEFAULT_MAX_USED_BYTES,
@@ -63,11 +63,12 @@ def ready_on(
     (vLLM's ``gpu_memory_utilization``); free = total - reserved - used must reach it. ``max_used_bytes``: what
     clean allows (``None``: 16 MiB, as for waits). ``timeout`` in seconds: ``0`` (the default) judges one reading,
     ``None`` waits forever; otherwise it polls until every GPU is ready or the deadline passes (overrun by at most one
-    query), listening for XIDs on the selected GPUs unless ``events=False``. An unhealthy GPU (a health cause, a
-    fatal XID, a lost GPU) ends the call at once, as does a need beyond what a GPU has with nothing running
-    (``GpuVerdict.beyond_capacity``). ``options``: a :class:`~nvmlcheck.wait.WaitOptions` (policy, stable polls,
-    ``on_poll``, ``clock``, ``sleep``; its ``timeout`` and ``events`` where a caller set them and the keywords are
-    not given: ``ready``'s own defaults are one check and listening).
+    query), listening for XIDs on the selected GPUs unless ``events=False``; the first reading counts as the first of
+    the options' ``stable_polls``, and a clean reading that the deadline left unconfirmed is ``unknown``. An
+    unhealthy GPU (a health cause, a fatal XID, a lost GPU) ends the call at once, as does a need beyond what a GPU
+    has with nothing running (``GpuVerdict.beyond_capacity``). ``options``: a :class:`~nvmlcheck.wait.WaitOptions`
+    (policy, stable polls, ``on_poll``, ``clock``, ``sleep``; its ``timeout`` and ``events`` where a caller set them
+    and the keywords are not given: ``ready``'s own defaults are one check and listening).
 
     Never raises for "not ready": the :class:`~nvmlcheck.verdict.ReadyReport` says so, per GPU, with its
     culprits. Raises ``ValueError`` for a bad selection or need, :class:`~nvmlcheck.BackendUnavailable` when the
@@ -109,6 +110,8 @@ def _ready(
     mig = _mig_instances(session, devices, bound, start, clock)
     backend = session.backend
     watch = Watch(max_used_bytes=max_used_bytes)
+    deadline_ns = None if bound_ns is None else start + bound_ns
+    scan = _UnlistedScan(session, max_used_bytes, deadline_ns, clock)
     first, late = _first_reading(session, indices, bound, start, clock)
     if not first.devices and not first.failures:
         raise BackendUnavailable(f"the {backend.name} backend sees no GPU: refusing to call zero GPUs ready",
@@ -122,20 +125,22 @@ def _ready(
     # The GPU of each selected MIG instance, for one that a later reading no longer has.
     parents = {m.uuid: d.index for d in first.devices for m in d.mig_devices or () if m.uuid is not None}
 
-    def judge(snap: Snapshot) -> tuple[GpuVerdict, ...]:
+    def judge(snap: Snapshot, read: Snapshot | None = None) -> tuple[GpuVerdict, ...]:
+        """The verdicts on ``snap``, its health from ``read`` (default: the health read last)."""
         units = _units(snap, mig)
         now = clock()
 
-        def verdicts(unlisted: tuple[Holder, ...]) -> tuple[GpuVerdict, ...]:
+        def verdicts(unlisted: tuple[Holder, ...], unscanned: str | None = None) -> tuple[GpuVerdict, ...]:
             return classify(snap, now_ns=now, watch=watch, max_used_bytes=max_used_bytes, need_bytes=need_bytes,
-                            need_fraction=need_fraction, health=health, faults=faults, errors=errors,
-                            unlisted=unlisted, units=units)
+                            need_fraction=need_fraction, health=health if read is None else read, faults=faults,
+                            errors=errors, unlisted=unlisted, unlisted_unknown=unscanned, units=units)
 
         out = verdicts(())
         # Memory held with an empty list past the bound reads as stuck: only then is the device-file scan worth its
-        # cost (a process of another PID namespace's numbering makes it held instead).
+        # cost (a process of another PID namespace's numbering makes it held instead; a scan that could not finish
+        # makes it unknown: it cannot say that nothing holds the memory).
         if any(c.class_ == "stuck" and c.kind == "memory" for v in out for c in v.culprits):
-            out = verdicts(_unlisted(session, units or snap.devices, max_used_bytes))
+            out = verdicts(*scan(units or snap.devices))
         return out + _missing_units(snap, mig, units, parents=parents, indices=indices,
                                    judged={v.index for v in out})
 
@@ -145,14 +150,22 @@ def _ready(
     if bound == 0 or late or any(v.class_ == "unhealthy" or v.beyond_capacity for v in verdicts):
         return ReadyReport(verdicts, first, clock() - start, 1, bound, notes)
 
-    remaining = None if bound is None else max(0.0, bound - (clock() - start) / 1e9)
     if mig:
         # The instances as resolved now, judged by UUID: one destroyed while waiting is then unknown (never ready),
         # where selecting it again by UUID would fail the call.
         predicate = on_devices(mig, predicate)
-    recheck = _HealthOnEvents(session, indices, None if bound_ns is None else start + bound_ns, clock)
+    if all(v.ready for v in verdicts) and predicate.check(first) is True:
+        # The first reading (the wait's fields and health) is the first clean poll of the run that stable_polls
+        # asks for: confirm it with the rest, each a reading with health, rather than start the count over.
+        confirmed = _confirm(session, indices, opts, deadline_ns=deadline_ns, watch=watch,
+                             judge=lambda snap: judge(snap, snap), predicate=predicate, first=(first, verdicts))
+        if confirmed is not None:
+            return ReadyReport(confirmed[1], confirmed[0], clock() - start, watch.observed, bound, notes)
+
+    remaining = None if bound is None else max(0.0, bound - (clock() - start) / 1e9)
+    recheck = _HealthOnEvents(session, indices, deadline_ns, clock)
     waited = _wait(session, indices if mig else devices, predicate, opts.with_(timeout=remaining), watch,
-                   faults=faults, errors=errors, recheck=recheck)
+                   faults=faults, errors=errors, after_poll=(recheck, scan.when_overdue(watch, judge, mig)))
     final = waited[0] or first
     if recheck.unhealthy is not None:
         # An XID or ECC event on a selected GPU, and the health read it prompted says reset (XID 63's pending
@@ -165,8 +178,85 @@ def _ready(
         # Ready: read the health again before saying so (one reading past the wait at most). A remap can become
         # pending while waiting with no XID heard: events off, the nvidia-smi backend, an XID 63 missed. Not after a
         # timeout: it would overrun the deadline, and the GPU is not called ready then anyway.
-        health = backend.snapshot(indices, Fields.HEALTH)
-    return ReadyReport(judge(final), final, clock() - start, watch.observed, bound, notes)
+        health = _health_again(session, indices, clock)
+        return ReadyReport(judge(final), final, clock() - start, watch.observed, bound, notes)
+    verdicts = judge(final)
+    if all(v.ready for v in verdicts):
+        # The deadline came after a clean reading but before the run stable_polls asks for (and the health reading
+        # that follows it): not confirmed, never called ready.
+        verdicts = tuple(_unconfirmed(v, opts.stable_polls) for v in verdicts)
+    return ReadyReport(verdicts, final, clock() - start, watch.observed, bound, notes)
+
+
+def _health_again(session: Session, indices: tuple[int, ...] | None, clock: Callable[[], int]) -> Snapshot:
+    """The selected GPUs' health, read again; a reading that fails as a whole (an nvidia-smi run that failed) makes
+    each GPU a failure saying so: judged unknown, never ready, and never an error that hides the verdicts."""
+    backend = session.backend
+    try:
+        return backend.snapshot(indices, Fields.HEALTH)
+    except NvmlCheckError as exc:
+        return _failed_reading(session, indices, NvmlCheckError(f"the health could not be read again ({exc})"),
+                               clock(), clock)
+
+
+def _failed_reading(session: Session, indices: tuple[int, ...] | None, why: Exception, start: int,
+                    clock: Callable[[], int]) -> Snapshot:
+    """A reading of the selected GPUs in which each is a failure with ``why``."""
+    from .model import DeviceFailure
+
+    backend = session.backend
+    chosen = range(backend.device_count()) if indices is None else indices
+    return Snapshot(backend=backend.name, taken_ns=start, duration_ns=clock() - start, wall_time=time.time(),
+                    system=backend.system(), devices=(), failures=tuple(DeviceFailure(i, None, why) for i in chosen))
+
+
+def _unconfirmed(v: GpuVerdict, stable_polls: int) -> GpuVerdict:
+    """A verdict of ready from a wait that timed out, made ``unknown``: the clean reading was not confirmed."""
+    from ._record import replace
+
+    why = (f"clean on the last reading, but the deadline came before {stable_polls} consecutive clean polls "
+           "confirmed it and its health was read again: not confirmed, never ready")
+    return replace(v, class_="unknown", culprits=(Culprit(v.index, "unknown", "unconfirmed", why),))
+
+
+def _confirm(
+    session: Session,
+    indices: tuple[int, ...] | None,
+    opts: WaitOptions,
+    *,
+    deadline_ns: int | None,
+    watch: Watch,
+    judge: Callable[[Snapshot], tuple[GpuVerdict, ...]],
+    predicate: Predicate,
+    first: tuple[Snapshot, tuple[GpuVerdict, ...]],
+) -> tuple[Snapshot, tuple[GpuVerdict, ...]] | None:
+    """After a ``first`` reading that was ready: the ``stable_polls - 1`` confirmations the consecutive-clean rule
+    still needs (none for 1), each after the policy's confirmation interval, read with health (so no health reading
+    follows) and by the deadline. The last reading and its verdicts when every one was ready; ``None`` when one was
+    not, or the deadline came first: the wait's poller takes over, from a run of none."""
+    from ._deadline import read_by
+    from ._waitoptions import SMI_DEFAULT, _resolve_policy
+
+    clock, sleep = opts.clock, opts.sleep
+    policy = SMI_DEFAULT if opts.policy is None and session.backend.name == "smi" else _resolve_policy(opts.policy)
+    pause_ns = round((policy.interval_s if policy.confirm_interval_s is None else policy.confirm_interval_s) * 1e9)
+    last = first
+    for _ in range(opts.stable_polls - 1):
+        if pause_ns > 0:
+            now = clock()
+            wait_ns = pause_ns if deadline_ns is None else min(pause_ns, deadline_ns - now)
+            if wait_ns <= 0:
+                return None
+            sleep(wait_ns / 1e9)
+        snap = read_by(session.backend, indices, Fields.WAIT | Fields.HEALTH, deadline_ns, clock)
+        if snap is None:
+            return None
+        watch.observe(snap, clock())
+        verdicts = judge(snap)
+        if not all(v.ready for v in verdicts) or predicate.check(snap) is not True:
+            return None
+        last = snap, verdicts
+    return last
 
 
 def _mig_instances(session: Session, devices: Iterable[DeviceSelector] | DeviceSelector | None, bound: float | None,
@@ -205,19 +295,13 @@ def _first_reading(session: Session, indices: tuple[int, ...] | None, bound: flo
     backend = session.backend
     if not bound:  # one check (or no bound), which always completes: only a hung call is cut (ready_on's watchdog)
         return backend.snapshot(indices, Fields.WAIT | Fields.HEALTH), False
-    from .errors import NvmlCheckError
-    from .model import DeviceFailure
-
     bound_ns = ns_or_none(bound)
     snap = read_by(backend, indices, Fields.WAIT | Fields.HEALTH, None if bound_ns is None else start + bound_ns,
                    clock)
     if snap is not None:
         return snap, False
     why = NvmlCheckError(f"the first reading did not complete within the timeout ({bound:g} s)")
-    chosen = range(backend.device_count()) if indices is None else indices
-    return Snapshot(backend=backend.name, taken_ns=start, duration_ns=clock() - start, wall_time=time.time(),
-                    system=backend.system(), devices=(),
-                    failures=tuple(DeviceFailure(i, None, why) for i in chosen)), True
+    return _failed_reading(session, indices, why, start, clock), True
 
 
 def _capacity(need_bytes: int | None, need_fraction: float | None) -> Predicate | None:
@@ -241,12 +325,16 @@ def _wait(
     *,
     faults: list[GpuFault],
     errors: dict[int, BaseException],
-    recheck: _HealthOnEvents | None = None,
+    after_poll: Sequence[Callable[[], None]] = (),
 ) -> tuple[Snapshot | None, bool]:
     """Poll with the ready predicate through the session's wait, the watch seeing every poll: the last reading
     (``None``: none beyond what the watch saw) and whether the wait ended ready. A fatal event lands in
-    ``faults``, a GPU that became unreadable in ``errors``: both are judged, not raised. ``recheck`` reads the
-    health again after each poll that follows an XID or ECC event, and stops the wait when it finds a cause."""
+    ``faults``, a GPU that became unreadable in ``errors``: both are judged, not raised. ``after_poll``: called
+    after each poll, in order (:class:`_HealthOnEvents` reads the health again after an XID or ECC event, and stops
+    the wait when it finds a cause)."""
+    if opts.timeout == 0:
+        # No time left to wait (a timeout of 0 would be one check judged alone: ready on a single reading).
+        return watch.last_full, False
     observe = watch.on_poll(opts.clock)
     user = opts.on_poll
 
@@ -254,8 +342,8 @@ def _wait(
         observe(point)
         if user is not None:
             user(point)
-        if recheck is not None:
-            recheck()
+        for step in after_poll:
+            step()
 
     try:
         return session.wait_until_clean(opts.timeout, predicate, devices=devices,
@@ -307,7 +395,10 @@ class _HealthOnEvents:
         from ._deadline import read_by
         from .verdict import error_culprit, health_causes
 
-        snap = read_by(self.session.backend, self.indices, Fields.HEALTH, self.deadline_ns, self.clock)
+        try:
+            snap = read_by(self.session.backend, self.indices, Fields.HEALTH, self.deadline_ns, self.clock)
+        except NvmlCheckError:  # a reading that failed as a whole says nothing of health: the wait goes on
+            return
         if snap is None:  # the deadline came first: the wait times out on its own
             return
         if any(c.class_ == "unhealthy" for d in snap.devices for c in health_causes(d)) or any(
@@ -400,18 +491,97 @@ def _missing_units(
     return tuple(out)
 
 
-def _unlisted(session: Session, units: Sequence[DeviceState], max_used_bytes: int) -> tuple[Holder, ...]:
-    """Processes with an NVIDIA device file open that are on no GPU's list: read only when a unit holds memory with
-    an empty process list (they may hold it from another PID namespace's numbering)."""
-    if not any(_held_unlisted(d, max_used_bytes) for d in units):
-        return ()
-    from .holders import find_holders
+#: The least stuck bound of any reclaim model (:meth:`~nvmlcheck.reclaim_model.ReclaimModel.stuck_after_ns`): no
+#: teardown younger than this is stuck, so the wait looks for one only past it.
+_MIN_BOUND_NS = 1_000_000_000
+
+
+class _UnlistedScan:
+    """The device-file scan of one ``ready`` call, run once (:func:`_unlisted`) by its deadline, and its result."""
+
+    def __init__(self, session: Session, max_used_bytes: int, deadline_ns: int | None,
+                 clock: Callable[[], int]) -> None:  # fmt: skip
+        self.session = session
+        self.max_used_bytes = max_used_bytes
+        self.deadline_ns = deadline_ns
+        self.clock = clock
+        self.done = False
+        self.result: tuple[tuple[Holder, ...], str | None] = ((), None)
+
+    def when_overdue(self, watch: Watch, judge: Callable[[Snapshot], object],
+                     mig: Sequence[int | str]) -> Callable[[], None]:
+        """A wait's after-poll step that runs the scan on the first poll that finds memory held with no holder past
+        the bound (by judging it): after the wait's deadline there is no time left for it, and the verdict then
+        reuses this one."""
+
+        def step() -> None:
+            last = watch.last_full
+            if self.done or last is None or (watch.teardown_age_ns(self.clock()) or 0) < _MIN_BOUND_NS:
+                return
+            # Judged (each poll) only with memory held and nothing listed: a listed zombie is no case for the scan.
+            if any(_held_unlisted(d, self.max_used_bytes) for d in (*last.devices, *(_units(last, mig) or ()))):
+                judge(last)
+
+        return step
+
+    def __call__(self, units: Sequence[DeviceState]) -> tuple[tuple[Holder, ...], str | None]:
+        """The unlisted holders and why the scan is incomplete (``None``: complete); scanned on the first call
+        (later ones keep its holders that still live: a process ended since holds nothing)."""
+        if not any(_held_unlisted(d, self.max_used_bytes) for d in units):
+            return (), None
+        if not self.done:
+            self.done = True
+            self.result = _unlisted(self.session, self.deadline_ns, self.clock)
+        holders, why = self.result
+        return tuple(h for h in holders if _same_process(h)), why
+
+
+def _same_process(h: Holder) -> bool:
+    from ._proc import procfs
+
+    st = procfs.read_stat(h.pid)
+    return st is not None and st.start_ticks == h.start_ticks and st.state not in ("Z", "X")
+
+
+def _unlisted(session: Session, deadline_ns: int | None, clock: Callable[[], int]) -> tuple[tuple[Holder, ...],
+                                                                                            str | None]:
+    """Processes with an NVIDIA device file open that are on no GPU's list (they may hold memory from another PID
+    namespace's numbering), and why the answer is incomplete (``None``: it is complete). Read by ``deadline_ns``:
+    every GPU's process lists, then ``/proc/*/fd`` (seconds on a host with many descriptors), then each process
+    found; what the deadline leaves unread is said, never taken for "no holder"."""
+    import os
+
+    from ._deadline import read_by
+    from ._proc import devfiles, procfs
+    from .holders import describe_process
 
     try:
-        every = session.backend.snapshot(None, Fields.PROCESSES)
-        return tuple(h for h in find_holders(every) if "nvml" not in h.found_by)
-    except (OSError, NvmlError):
-        return ()
+        every = read_by(session.backend, None, Fields.PROCESSES, deadline_ns, clock)
+        if every is None:
+            return (), "the deadline came before every GPU's process list was read for the device-file scan"
+        unread = [f.index for f in every.failures] + [d.index for d in every.devices if d.processes is None]
+        if unread:
+            return (), f"GPU {', '.join(map(str, sorted(unread)))}'s process list could not be read for the scan"
+        fds = devfiles.scan(deadline_ns=deadline_ns, clock=clock)
+    except (OSError, NvmlCheckError) as exc:  # any backend's error (nvidia-smi's too), or /proc unreadable
+        return (), f"the device-file scan failed ({type(exc).__name__}: {exc})"
+    why = None
+    if fds.unscanned:
+        why = (f"the device-file scan was cut short by the deadline ({fds.unscanned} processes not read; "
+               "`nvmlcheck holders` reads them all)")
+    elif fds.unreadable:
+        why = (f"{len(fds.unreadable)} processes' open files could not be read (not permitted): run as root to see "
+               "every holder")
+    listed = {p.pid for d in every.devices for p in d.processes or ()}
+    me = (os.getpid(), procfs.ancestors())
+    out: list[Holder] = []
+    for pid in sorted(set(fds.holders) - listed):
+        if deadline_ns is not None and clock() >= deadline_ns:
+            why = why or "the deadline came before every process the device-file scan found was read"
+            break
+        out.append(describe_process(pid, found_by=frozenset({"device-file"}), device_files=fds.holders[pid],
+                                    gpu_device_files=fds.gpu_files.get(pid, ()), me=me))
+    return tuple(out), why
 
 
 def _held_unlisted(d: DeviceState, max_used_bytes: int) -> bool:

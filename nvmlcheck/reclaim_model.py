@@ -98,6 +98,13 @@ def register(model: ReclaimModel) -> None:
     """Add or replace the model of a driver branch (``model.driver``: ``"580"``, or ``"default"`` for any other)."""
     if not isinstance(model, ReclaimModel):
         raise ArgumentTypeError(f"expected a ReclaimModel, got {type(model).__name__}")
+    # Checked here, not when ready judges: a NaN factor or a negative time would fail (or quietly bend) every
+    # verdict on that driver later, far from the call that made it.
+    _check_counts(**{name: getattr(model, name) for name in (*COEFFICIENTS, "error_ns")})
+    factor = model.stuck_factor
+    if isinstance(factor, bool) or not isinstance(factor, int | float) or not (1.0 <= factor < math.inf):
+        raise ArgumentError(f"stuck_factor must be a finite number >= 1 (the bound is that many times the expected "
+                            f"time), got {factor!r}")
     _MODELS[model.driver] = model
 
 

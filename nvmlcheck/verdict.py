@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from . import reclaim_model
 from ._record import record, replace
 from ._units import format_bytes
-from .model import DeviceState, GpuProcess, Memory, OperatorAction, Snapshot, SystemInfo
+from .model import DeviceState, GpuProcess, Memory, MigDevice, OperatorAction, Snapshot, SystemInfo
 from .predicates import DEFAULT_MAX_USED_BYTES, free_bytes_of, instance_view, memory_used_at_most
 
 TYPE_CHECKING = False  # no typing at run time: it costs a one-shot check milliseconds (docs/performance.md)
@@ -57,6 +57,7 @@ __all__ = [
     "classify",
     "health_causes",
     "holders_of",
+    "mig_units",
 ]
 
 #: The classes, least severe first: a GPU's class is that of its most severe culprit.
@@ -87,7 +88,17 @@ _ACTION_HINTS = {
 # Words of the reasons a backend records for a value the device does not have: errors.py's NotSupported and
 # FunctionNotFound ("not supported: ...", "not available: ..."), nvidia-smi's placeholders ("[N/A]", "[Not
 # Supported]"). Unsupported health is no refusal (a Hopper GPU retires no pages: it remaps rows).
-_UNSUPPORTED_WORDS = ("not supported", "not available", "[n/a]", "not requested")
+# A part that was "not requested" is no such reason: health never read is unknown, never ready.
+_UNSUPPORTED_WORDS = ("not supported", "not available", "[n/a]")
+
+
+def _action_severity(action: str | None) -> int:
+    """An operator action's :attr:`~nvmlcheck.model.OperatorAction.severity`; -1 for a process's (``STOP_HOLDER``,
+    ``WAIT``, ...) and none."""
+    try:
+        return OperatorAction(action).severity
+    except ValueError:
+        return -1
 
 
 def unsupported(why: str) -> bool:
@@ -106,9 +117,9 @@ class Culprit:
 
     ``gpu``: NVML index (``None``: not tied to one GPU). ``class_``: the :data:`ReadyClass` it puts the GPU in
     (``"class"`` in JSON). ``kind``: ``"compute"``/``"graphics"``/``"mps"`` for a listed process, ``"device-file"``
-    for a process found by its open device files only, else what the cause is (``"memory"``,
-    ``"remapped_rows.pending"``, ``"xid"``, ``"capacity"``, ``"capacity-limit"``, ``"query"``, ...). ``pid``,
-    ``name``, ``used_bytes``, ``state`` (``/proc`` state word) and ``container`` (label: ``"lxc/129"``,
+    for a process found by its open device files only, else what the cause is (``"memory"``, a health cause's code
+    such as ``"row-remap-pending"``, ``"xid"``, ``"capacity"``, ``"capacity-limit"``, ``"query"``, ``"unconfirmed"``,
+    ...). ``pid``, ``name``, ``used_bytes``, ``state`` (``/proc`` state word) and ``container`` (label: ``"lxc/129"``,
     ``"docker 3f2a…"``) describe a process culprit (``None`` where unknown or not a process). ``action``: what an
     operator does: for a GPU an :class:`~nvmlcheck.model.OperatorAction` value (``RESET_GPU``, ``NODE_REBOOT``,
     ``CONTACT_SUPPORT``, ...), for a process ``STOP_HOLDER``, ``REAP_ZOMBIE`` or ``WAIT``; ``None``: nothing to do
@@ -189,8 +200,10 @@ class GpuVerdict:
 
     @property
     def actions(self) -> tuple[str, ...]:
-        """The culprits' actions, most severe first, without repeats."""
-        ordered = sorted(self.culprits, key=lambda c: -_SEVERITY[c.class_])
+        """The culprits' actions, most severe first (by class, then by :attr:`OperatorAction.severity
+        <nvmlcheck.model.OperatorAction.severity>`: a fatal XID's reset after a remap failure's service), without
+        repeats."""
+        ordered = sorted(self.culprits, key=lambda c: (-_SEVERITY[c.class_], -_action_severity(c.action)))
         return tuple(dict.fromkeys(c.action for c in ordered if c.action))
 
     def line(self) -> str:
@@ -292,7 +305,9 @@ def health_causes(d: DeviceState) -> tuple[Culprit, ...]:
                                f"{cause.text} [{action}]", action=action))
     for key, why in sorted(d.unknown.items()):
         if key.split(".", 1)[0] == "health" and not unsupported(why):
-            out.append(Culprit(i, "unknown", "query", f"{key} could not be read ({why}); health unknown is never "
+            read = ("was not read (a reading without Fields.HEALTH)" if why == "not requested" else
+                    f"could not be read ({why})")
+            out.append(Culprit(i, "unknown", "query", f"{key} {read}; health unknown is never "
                                "ready"))
     return tuple(out)
 
@@ -415,6 +430,12 @@ class Watch:
             else:
                 t.since_ns = None
 
+    def teardown_age_ns(self, now_ns: int) -> int | None:
+        """How long the oldest teardown seen is in progress at ``now_ns``: memory held with no live holder since
+        (``None``: none)."""
+        ages = [now_ns - t.since_ns for t in self._tracks.values() if t.since_ns is not None]
+        return max(ages) if ages else None
+
     def on_poll(self, clock: Callable[[], int]) -> Callable[[TracePoint], None]:
         """A wait's ``on_poll`` that observes every poll, stamped with ``clock``."""
 
@@ -460,8 +481,10 @@ def classify(
     faults: Sequence[GpuFault] = (),
     errors: Mapping[int, BaseException] | None = None,
     unlisted: Sequence[Holder] = (),
+    unlisted_unknown: str | None = None,
     units: Sequence[DeviceState] | None = None,
     container: Callable[[int], str | None] | None = None,
+    judge_health: bool = True,
 ) -> tuple[GpuVerdict, ...]:
     """One :class:`GpuVerdict` per device of ``snapshot`` (or per ``units``: MIG instance views), judged at
     ``now_ns`` (on the clock ``watch`` was fed with).
@@ -471,8 +494,13 @@ def classify(
     with ``Fields.HEALTH`` (default: ``snapshot``'s own health; a GPU among its failures is judged by that error, a
     GPU it lacks is ``unknown``: health not read is never ready); ``faults``: fatal events on these GPUs; ``errors``:
     per GPU index, the error that made it unreadable; ``unlisted``: processes with NVIDIA device files open that are
-    on no GPU's list (a GPU whose memory is held with an empty list is ``held`` while one lives, not ``stuck``).
-    ``container(pid)`` labels a holder's container (default: ``/proc/PID/cgroup`` and its PID namespace).
+    on no GPU's list (a GPU whose memory is held with an empty list is ``held`` while one lives, not ``stuck``);
+    ``unlisted_unknown``: why that list is incomplete (a scan cut short by a deadline, or one that failed): memory
+    held with an empty list past the bound and no holder found is then ``unknown`` with that reason, never ``stuck``
+    (nothing proves that no process holds it). ``container(pid)`` labels a holder's container (default:
+    ``/proc/PID/cgroup`` and its PID namespace). ``judge_health=False``: health is not judged at all (a wait's
+    timeout: :func:`holders_of`); else a GPU whose health was not read (a snapshot without ``Fields.HEALTH``) is
+    ``unknown``, never ready.
     """
     label_of = container if container is not None else _container
     devices = tuple(units) if units is not None else (snapshot.devices if snapshot is not None else ())
@@ -492,18 +520,14 @@ def classify(
             errs.setdefault(failure.index, failure.error)
             uuids.setdefault(failure.index, failure.uuid)
     ctx = _Ctx(now=now_ns, watch=watch, model=model, max_used=max_used_bytes, need_bytes=need_bytes,
-               need_fraction=need_fraction, unlisted=unlisted, label_of=label_of)
+               need_fraction=need_fraction, unlisted=unlisted, unlisted_unknown=unlisted_unknown, label_of=label_of)
     out: list[GpuVerdict] = []
     seen: set[int] = set()
     for d in devices:
         seen.add(d.index)
         culprits = [fault_culprit(f) for f in faults if f.index == d.index]
-        read = health_of.get(d.index)
-        if read is not None:
-            culprits += health_causes(read)
-        elif d.index not in errs:
-            culprits.append(Culprit(d.index, "unknown", "query", "health was not read; health unknown is never "
-                                    "ready"))
+        if judge_health:
+            culprits += _health_of_one(d.index, health_of.get(d.index), errs)
         error = errs.get(d.index)
         if error is not None:
             culprits.append(error_culprit(d.index, error))
@@ -520,16 +544,26 @@ def classify(
     return tuple(out)
 
 
+def _health_of_one(index: int, read: DeviceState | None, errs: Mapping[int, BaseException]) -> tuple[Culprit, ...]:
+    """The health culprits of GPU ``index`` from its health reading ``read``; none read and no error: unknown."""
+    if read is not None:
+        return health_causes(read)
+    if index in errs:
+        return ()  # the error says why (error_culprit)
+    return (Culprit(index, "unknown", "query", "health was not read; health unknown is never ready"),)
+
+
 class _Ctx:
     """What every GPU of one classification shares (a slotted class: a named tuple class costs a one-shot's import
     ~0.15 ms on an H200)."""
 
-    __slots__ = ("label_of", "max_used", "model", "need_bytes", "need_fraction", "now", "unlisted", "watch")
+    __slots__ = ("label_of", "max_used", "model", "need_bytes", "need_fraction", "now", "unlisted", "unlisted_unknown",
+                 "watch")
 
     def __init__(
         self, *, now: int, watch: Watch | None, model: reclaim_model.ReclaimModel, max_used: int,
         need_bytes: int | None, need_fraction: float | None, unlisted: Sequence[Holder],
-        label_of: Callable[[int], str | None],
+        unlisted_unknown: str | None, label_of: Callable[[int], str | None],
     ) -> None:  # fmt: skip
         self.now = now
         self.watch = watch
@@ -538,6 +572,7 @@ class _Ctx:
         self.need_bytes = need_bytes
         self.need_fraction = need_fraction
         self.unlisted = unlisted
+        self.unlisted_unknown = unlisted_unknown
         self.label_of = label_of
 
 
@@ -584,7 +619,15 @@ def _classify_one(d: DeviceState, ctx: _Ctx, culprits: list[Culprit]) -> GpuVerd
             if released > 0 and elapsed > 0:  # overdue and still coming back: the observed rate extrapolated
                 eta = round(m.used_bytes * elapsed / released)
     need = None
-    if m is not None and (ctx.need_bytes is not None or ctx.need_fraction is not None):
+    instances = _whole_mig(d)
+    if instances == ():
+        culprits.append(Culprit(i, "short", "capacity-limit", "in MIG mode with no MIG instance: no CUDA job can run "
+                                f"on it (create MIG instances, or turn MIG mode off: nvidia-smi -i {i} -mig 0)"))
+    elif instances and (ctx.need_bytes is not None or ctx.need_fraction is not None):
+        # A CUDA process runs in one MIG instance: the need is judged per instance, not against the whole GPU.
+        need, found = _mig_capacity(d, instances, ctx.need_bytes, ctx.need_fraction, clean=not culprits)
+        culprits += found
+    elif m is not None and (ctx.need_bytes is not None or ctx.need_fraction is not None):
         need = ctx.need_bytes if ctx.need_fraction is None else _ceil(ctx.need_fraction * m.total_bytes)
         beyond = [] if need is None else _beyond_capacity(d, m, need, ctx.need_fraction)
         if beyond:  # whatever else holds it: no wait can make this GPU ready
@@ -636,6 +679,54 @@ def _beyond_capacity(d: DeviceState, m: Memory, need: int, fraction: float | Non
              f"{format_bytes(m.total_bytes)} total, {format_bytes(reserved)} reserved by the driver")
     return [Culprit(d.index, "short", "capacity-limit", f"{format_bytes(need)} needed{of} can never be free on this "
                     f"GPU: at most {format_bytes(most)} with nothing running ({where})", used_bytes=m.used_bytes)]
+
+
+def _whole_mig(d: DeviceState) -> tuple[MigDevice, ...] | None:
+    """The MIG devices of a GPU in MIG mode judged whole (``None``: not in MIG mode, its instances unknown, or ``d``
+    is one instance's view)."""
+    if d.mig_mode is not True or d.mig_devices is None:
+        return None
+    if len(d.mig_devices) == 1 and d.mig_devices[0].uuid == d.uuid:
+        return None
+    return d.mig_devices
+
+
+def _mig_capacity(d: DeviceState, instances: tuple[MigDevice, ...], need_bytes: int | None,
+                  fraction: float | None, *, clean: bool) -> tuple[int | None, list[Culprit]]:
+    """The need on a GPU in MIG mode selected whole, judged per instance (a CUDA process runs in one): met when one
+    instance has it free; ``capacity-limit`` when none could ever hold it; else (on a clean GPU) ``short``, or
+    ``unknown`` when an instance's memory is unknown or within the figures' resolution. The need in bytes (of the
+    instance with the most free, for a fraction) and the culprits."""
+    known = [(inst, inst.memory) for inst in instances if inst.memory is not None]
+    doubtful = len(known) < len(instances)
+    best: tuple[int, int, MigDevice] | None = None  # (free, need, instance) with the most free
+    never = True
+    for inst, m in known:
+        need = need_bytes if fraction is None else _ceil(fraction * m.total_bytes)
+        assert need is not None
+        free, slack = free_bytes_of(m)
+        if free - slack >= need:
+            return need, []
+        if not _beyond_capacity(d, m, need, fraction):
+            never = False
+        doubtful = doubtful or free + slack >= need
+        if best is None or free > best[0]:
+            best = free, need, inst
+    needed = format_bytes(need_bytes or 0) if fraction is None else f"{fraction * 100:g}% of each instance's total"
+    if never and not doubtful:
+        most = max((m.total_bytes - (m.reserved_bytes or 0) for _, m in known), default=0)
+        return None if best is None else best[1], [Culprit(
+            d.index, "short", "capacity-limit", f"{needed} needed can never be free in one MIG instance of this GPU "
+            f"(a CUDA process runs in one): the largest has at most {format_bytes(most)} with nothing running")]
+    if not clean:
+        return None if best is None else best[1], []
+    if doubtful or best is None:
+        return None if best is None else best[1], [Culprit(
+            d.index, "unknown", "capacity", f"whether a MIG instance has {needed} free is unknown (an instance's "
+            "memory is unknown, or within the reporting resolution of the need)")]
+    free, need, inst = best
+    return need, [Culprit(d.index, "short", "capacity", f"clean, but no MIG instance has {needed} free (a CUDA "
+                          f"process runs in one): the most is {format_bytes(free)}, in {inst.label}")]
 
 
 def _of_total(m: Memory, fraction: float | None) -> str:
@@ -711,8 +802,9 @@ def _process_culprits(d: DeviceState, listed: list[GpuProcess], ctx: _Ctx, bound
                                    f"its {its} is coming back", action=WAIT, **common))
             else:
                 parent = _parent(p.pid)
+                whose = "its parent" if parent is None else f"its parent (pid {parent})"  # never "pid None"
                 out.append(Culprit(i, "stuck", p.kind.value, f"pid {p.pid} ({name}){inside} is a zombie still "
-                                   f"holding {held} after {age / 1e9:.1f} s: its parent (pid {parent}) must reap it "
+                                   f"holding {held} after {age / 1e9:.1f} s: {whose} must reap it "
                                    "(end the parent), else reset the GPU", action=REAP_ZOMBIE, **common))
             continue
         if state == "D" and age > bound:
@@ -748,6 +840,8 @@ def _unheld_memory(d: DeviceState, m: Memory, ctx: _Ctx, since: int, bound: int)
     for h in ctx.unlisted:
         if h.is_daemon or h.relation is not None or h.start_ticks is None or h.state in ("zombie", "dead"):
             continue
+        if h.gpu_device_files == ():  # only nvidiactl, UVM or capabilities open: it holds no GPU's memory
+            continue
         where = h.container or ctx.label_of(h.pid)
         inside = f" in {where}" if where else ""
         files = ", ".join(h.device_files or ()) or "NVIDIA device files"
@@ -761,6 +855,10 @@ def _unheld_memory(d: DeviceState, m: Memory, ctx: _Ctx, since: int, bound: int)
     if age <= bound:
         return [Culprit(i, "reclaiming", "memory", f"{held} used with no process listed: the driver is giving it "
                         "back", used_bytes=m.used_bytes, action=WAIT)]
+    if ctx.unlisted_unknown is not None:
+        return [Culprit(i, "unknown", "memory", f"{held} held with no process listed for {age / 1e9:.1f} s, past the "
+                        f"{bound / 1e9:.1f} s a reclaim can take, but whether a process on no list holds it is "
+                        f"unknown: {ctx.unlisted_unknown}", used_bytes=m.used_bytes)]
     return [Culprit(i, "stuck", "memory", f"{held} held with no holder for {age / 1e9:.1f} s, past the "
                     f"{bound / 1e9:.1f} s a reclaim can take: reset the GPU (nvidia-smi -r -i {i}) or reboot",
                     used_bytes=m.used_bytes, action=RESET_GPU)]
@@ -771,15 +869,45 @@ def holders_of(
     *,
     max_used_bytes: int = DEFAULT_MAX_USED_BYTES,
     devices: Iterable[int] | None = None,
+    units: Sequence[DeviceState] | None = None,
 ) -> tuple[Culprit, ...]:
     """The culprits of a wait that timed out on ``snapshot`` (what :attr:`nvmlcheck.WaitTimeout.holders` holds):
     each listed process (``held``, or ``reclaiming`` when it has exited) with its container, memory held with no
     process, unreadable GPUs. Judged without history, so nothing is ``stuck`` by age alone. ``devices``: only the
     GPUs with these NVML indices (those the wait's predicate refused: :func:`nvmlcheck.predicates.blamed_devices`;
-    ``None``: every GPU of ``snapshot``)."""
+    ``None``: every GPU of ``snapshot``). ``units``: what is judged, when a wait selected MIG instances
+    (:func:`mig_units`): each selected instance alone, never the processes of another instance of its GPU."""
     if snapshot is None:
         return ()
-    verdicts = classify(snapshot, now_ns=time.monotonic_ns(), max_used_bytes=max_used_bytes)
+    verdicts = classify(snapshot, now_ns=time.monotonic_ns(), max_used_bytes=max_used_bytes, units=units,
+                        judge_health=False)
     chosen = None if devices is None else frozenset(devices)
     return tuple(c for v in verdicts if chosen is None or v.index in chosen for c in v.culprits)
 
+
+
+def mig_units(predicate: object, snapshot: Snapshot) -> tuple[DeviceState, ...] | None:
+    """What a wait with ``predicate`` judges in ``snapshot`` when it selected MIG instances by UUID (``on_devices``
+    with ``MIG-...``, as ``--devices MIG-...`` gives): each GPU selected whole as itself, each selected instance as
+    its own device (:func:`~nvmlcheck.predicates.instance_view`). ``None`` when it selected no MIG instance."""
+    whole: set[int] = set()
+    mig: set[str] = set()
+    todo = [predicate]
+    while todo:  # the predicate's tree: on_devices nodes say what is selected
+        p = todo.pop()
+        whole |= getattr(p, "indices", frozenset())
+        mig |= getattr(p, "mig_uuids", frozenset())
+        todo.extend(getattr(p, "parts", ()))
+        inner = getattr(p, "inner", None)
+        if inner is not None:
+            todo.append(inner)
+    if not mig:
+        return None
+    out: list[DeviceState] = []
+    for d in snapshot.devices:
+        chosen = [m for m in d.mig_devices or () if m.uuid is not None and m.uuid in mig]
+        if d.index in whole or not chosen:
+            out.append(d)
+        else:
+            out.extend(instance_view(d, m) for m in chosen)
+    return tuple(out)

@@ -645,11 +645,12 @@ class _Poller:
             from .verdict import Culprit
 
             return tuple(Culprit(None, "unknown", "query", line) for line in lines)
-        blamed = frozenset(f.index for f in good.failures) if clean else blamed_devices(self.predicate, good)
-        if blamed is None or blamed >= {d.index for d in good.devices}:
-            return None
-        if not blamed:
-            return ()
-        from .verdict import holders_of
+        from .verdict import holders_of, mig_units
 
-        return holders_of(good, devices=blamed)
+        blamed = frozenset(f.index for f in good.failures) if clean else blamed_devices(self.predicate, good)
+        units = mig_units(self.predicate, good)  # selected MIG instances: never another instance's processes
+        if units is None and (blamed is None or blamed >= {d.index for d in good.devices}):
+            return None
+        if blamed is not None and not blamed:
+            return ()
+        return holders_of(good, devices=blamed, units=units)

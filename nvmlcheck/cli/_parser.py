@@ -434,9 +434,10 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
             description="One verdict per GPU: ready, or why not: reclaiming (its holders exited; with an ETA), held "
                         "(a live holder: pid, name, container, bytes), stuck (memory no signal frees), unhealthy (row "
                         "remap or page retirement pending, uncorrectable ECC, the driver's recovery action, a fatal "
-                        "XID: each with the operator's action), short (clean, free < --need), unknown (a query "
-                        "failed). --timeout 0 (default) judges once; a longer one polls until ready, listening for "
-                        "XIDs. docs/ready.md has the decision table.",
+                        "XID: each with the operator's action), short (clean, free < --need; a need beyond the GPU; "
+                        "MIG mode with no instance), unknown (a query failed, or a clean reading the deadline left "
+                        "unconfirmed). --timeout 0 (default) judges once; a longer one polls until ready, listening "
+                        "for XIDs. docs/ready.md has the decision table.",
             epilog="exit codes: 0 ready, 1 not ready (yet) at the timeout, 5 a GPU needs an operator (unhealthy or "
                    "stuck: waiting cannot help), 2 usage, 3 backend unavailable or failed",
         )

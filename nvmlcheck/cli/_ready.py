@@ -72,7 +72,7 @@ def cmd_ready(args: argparse.Namespace) -> int:
             print_json(ready_document(report, exit_code=code, need_bytes=need_bytes, need_fraction=need_fraction))
         else:
             for v in report.verdicts:
-                print(v.line())
+                print(safe(v.line()))  # process names and container labels are anyone's text: no terminal escapes
             print(_summary(report))
             for note in report.notes:
                 if note.startswith("events: "):

@@ -131,6 +131,17 @@ def test_a_zombie_holding_memory_past_the_bound_is_stuck_and_names_its_parent_ac
     assert v.class_ == "stuck" and v.culprits[0].action == "REAP_ZOMBIE" and v.culprits[0].pid == 99
 
 
+def test_a_stuck_zombie_whose_parent_cannot_be_read_never_names_pid_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    from nvmlcheck import verdict
+
+    monkeypatch.setattr(verdict, "_read_stat", lambda pid: None)  # reaped (or its stat unreadable) meanwhile
+    w = states({99: "Z"})
+    s = snap(dev(0, procs=[proc(99, 4 * GIB)]))
+    w.observe(s, 0)
+    (v,) = classify(s, now_ns=MODEL.stuck_after_ns(1, 4 * GIB) + 1, watch=w, container=lxc)
+    assert v.class_ == "stuck" and "its parent must reap it" in v.line() and "None" not in v.line()
+
+
 def test_a_process_in_d_state_is_held_then_stuck() -> None:
     w = states({5: "D"})
     s = snap(dev(0, procs=[proc(5, 1 * GIB)]))
@@ -178,8 +189,16 @@ def test_health_that_a_later_reading_could_not_read_is_never_ready() -> None:
     assert v.class_ == "unknown" and "NO_PERMISSION" in v.line()
     (v,) = classify(snap(not_requested), now_ns=0, watch=states({}), health=snap(dev(1)))
     assert v.class_ == "unknown" and "health was not read" in v.line()
-    (v,) = classify(snap(not_requested), now_ns=0, watch=states({}))  # no health asked for: a wait's timeout
+    (v,) = classify(snap(not_requested), now_ns=0, watch=states({}), judge_health=False)  # a wait's timeout
     assert v.ready
+
+
+def test_a_snapshot_read_without_health_is_never_ready() -> None:
+    """``classify`` on a snapshot read without ``Fields.HEALTH`` (its health "not requested") called the GPU
+    ready, a pending remap unseen: health never read is unknown."""
+    not_requested = dev(0, unknown={"health": "not requested"})
+    (v,) = classify(snap(not_requested), now_ns=0, watch=states({}))
+    assert v.class_ == "unknown" and "health was not read" in v.line()
 
 
 def test_unsupported_health_is_no_refusal_but_an_unreadable_one_is_unknown() -> None:
@@ -289,3 +308,15 @@ def test_which_unknown_health_reasons_are_unsupported(why: str, expected: bool) 
     from nvmlcheck.verdict import unsupported
 
     assert unsupported(why) is expected
+
+
+def test_a_gpus_actions_put_the_strongest_first() -> None:
+    """A fatal XID's reset came before a remap failure's service, both unhealthy: ``actions[0]`` read as enough."""
+    from nvmlcheck.verdict import GpuVerdict
+
+    v = GpuVerdict(0, None, "GPU 0", "unhealthy", (
+        Culprit(0, "unhealthy", "xid", "XID 48", action="RESET_GPU"),
+        Culprit(0, "held", "compute", "held by pid 1", pid=1, action="STOP_HOLDER"),
+        Culprit(0, "unhealthy", "row-remap-failure", "a row remapping failed", action="CONTACT_SUPPORT"),
+    ))
+    assert v.actions == ("CONTACT_SUPPORT", "RESET_GPU", "STOP_HOLDER")
