@@ -263,7 +263,7 @@ def _poll(
         if deadline is not None and now >= deadline:
             free = [d.index for d in eligible if not any(b.startswith(f"GPU {d.index}:") for b in busy)]
             raise SelectTimeout(0.0 if timeout is None else float(timeout), now - start, why, last, polls,
-                                count=count, clean=free, holders=_passed_over_holders(last, free))
+                                count=count, clean=free, holders=_passed_over_holders(last, free, health))
         wait_s = pause if deadline is None else min(pause, (deadline - now) / 1e9)
         sleep(max(0.0, wait_s))
 
@@ -337,12 +337,19 @@ def _choose(
     return chosen, locks, busy
 
 
-def _passed_over_holders(last: Snapshot | None, free: Sequence[int]) -> tuple[Culprit, ...] | None:
+def _passed_over_holders(
+    last: Snapshot | None, free: Sequence[int], health: bool = False
+) -> tuple[Culprit, ...] | None:
     """What held the candidates that were not clean and free at the timeout (:attr:`SelectTimeout.holders`): not
-    those the predicate found clean (a GPU within a laxer limit is no holder's). ``None`` (judged from the snapshot
-    when asked) with no snapshot."""
+    those the predicate found clean (a GPU within a laxer limit is no holder's); with ``health``, each passed-over
+    GPU's health causes too. ``None`` (judged from the snapshot when asked) with no snapshot."""
     if last is None:
         return None
-    from .verdict import holders_of
+    from .verdict import health_causes, holders_of
 
-    return holders_of(last, devices=[d.index for d in last.devices if d.index not in free])
+    passed = [d for d in last.devices if d.index not in free]
+    found = holders_of(last, devices=[d.index for d in passed])
+    if not health:
+        return found
+    sick = [c for d in passed for c in health_causes(d)]
+    return tuple(sorted((*found, *sick), key=lambda c: -1 if c.gpu is None else c.gpu))  # stable: per GPU
