@@ -45,8 +45,10 @@ def parse_size(text: str) -> int:
         from .errors import ArgumentError
 
         raise ArgumentError(f"size must be positive: {text!r}")
-    if value != int(value):  # 1.5B is no size; 1.5GiB is (a whole number of bytes)
-        from .errors import ArgumentError
+    if value != int(value):
+        if abs(value - round(value)) < value * 1e-6:  # 0.9GiB: a byte less is nothing; 0.1KiB (102.4 B) is
+            return round(value)
+        from .errors import ArgumentError  # 1.5B (or 1.5) is no size
 
-        raise ArgumentError(f"not a whole number of bytes: {text!r} is {value:g} B")
+        raise ArgumentError(f"not a whole number of bytes: {text!r}")
     return int(value)

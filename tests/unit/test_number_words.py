@@ -125,6 +125,8 @@ def test_a_size_is_a_whole_number_of_bytes(text: str) -> None:
     with pytest.raises(ValueError, match="not a whole number of bytes"):
         parse_size(text)
     assert parse_size("1.5GiB") == 3 << 29
+    assert parse_size("0.9GiB") == round(0.9 * (1 << 30))  # off by under a byte in a million: to the nearest byte
+    assert parse_size("0.3MB") == 300_000
 
 
 @pytest.mark.parametrize("argv", [
