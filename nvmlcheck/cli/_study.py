@@ -147,7 +147,8 @@ def cmd_study_fit(args: argparse.Namespace) -> int:
     endings = FIT_ENDINGS if args.endings is None else tuple(args.endings)
     try:
         result = fit_report(records, kinds=kinds, endings=endings, driver=args.driver,
-                            include_simulated=args.include_simulated)
+                            include_simulated=args.include_simulated,
+                            across=tuple(p.strip() for p in args.across.split(",") if p.strip()))
     except ValueError as exc:
         raise UsageError(f"cannot fit: {exc}") from None
     if args.json:
