@@ -271,26 +271,34 @@ _DEVICE_FIELDS: dict[str, _Check] = {
 
 
 #: Why a record without the ``simulated`` field is of unknown provenance.
-UNRECORDED = ("written before records said whether they were simulated (no 'simulated' field): it may come from "
-              "the stub (--simulate) or from a real GPU")
+UNRECORDED = ("written before records said whether they were simulated (no 'simulated' field), by holders that "
+              "did not report the CUDA holder's steps (as in the first edition): it may come from the stub "
+              "(--simulate) or from a real GPU")
 #: The stub holder's mark on its ``ready`` line (``sim=1``), kept in ``holder_steps`` since the second edition.
 _STUB_MARK = "sim"
+#: The CUDA holder's own steps (``python -m nvmlcheck.holder``: ``cuInit``, then its context), on its ``ready`` line
+#: since the second edition, as the stub holder's mark: a holder that reported them set up a context on a real GPU.
+_CUDA_STEPS = ("init", "ctx")
 
 
 def _provenance(doc: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
     """``simulated``, ``simulation`` and ``simulated_reason`` of a record read back: as written; for an older record
-    without them, simulated when its holders carry the stub's mark (``sim`` in ``holder_steps``), else unknown with
-    the reason (never taken for real)."""
+    without them, simulated when its holders carry the stub's mark (``sim`` in ``holder_steps``), real when every
+    holder reported the CUDA holder's steps (``init`` and ``ctx``, which the stub's holders never report: both marks
+    came with the second edition), else unknown with the reason (a first-edition record: never taken for real)."""
     simulated = fields.get("simulated")
     if simulated is True:
         return {"simulated_reason": None}
     if simulated is False:
         return {"simulation": None, "simulated_reason": None}
-    if any(_STUB_MARK in (d.holder_steps or {}) for d in fields["devices"]):
+    steps = [d.holder_steps or {} for d in fields["devices"]]
+    if any(_STUB_MARK in s for s in steps):
         return {"simulated": True, "simulated_reason": None,
                 "simulation": fields.get("simulation") or "the stub holders (their ready lines carry sim=1)"}
     if "simulated" in doc:
         return {}  # unknown, as written (with the writer's reason, if it gave one)
+    if all(all(k in s for k in _CUDA_STEPS) for s in steps):
+        return {"simulated": False, "simulation": None, "simulated_reason": None}
     return {"simulated": None, "simulation": None, "simulated_reason": UNRECORDED}
 
 
