@@ -55,11 +55,21 @@ def _study_plots(records: Sequence[Any], directory: str) -> list[str]:
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     paths = [str(plot_time_to_clean(records, out / "time-to-clean.png"))]
-    for size, ending in dict.fromkeys((r.size_bytes, r.ending) for r in records if not r.warmup):
-        run = median_run(records, size, ending)
+    # One trace per cell: a sweep of pinned memory or importers at one size has a trace for each, not one of them.
+    cells: dict[tuple[Any, ...], list[Any]] = {}
+    for r in records:
+        if not r.warmup:
+            cells.setdefault((r.size_bytes, r.ending, r.holder, r.pinned_bytes, r.pin_mode if r.pinned_bytes else None,
+                              r.importers, r.first), []).append(r)
+    for (size, ending, holder, pinned, pin_mode, importers, first), runs in cells.items():
+        run = median_run(runs, size, ending)
         if run is not None and run.trace:
-            kind = "" if run.holder == "alloc" else f"{run.holder}-"  # the default kind keeps the older names
-            paths.append(str(plot_run_trace(run, out / f"trace-{kind}{_size_label(size)}-{ending}.png")))
+            kind = "" if holder == "alloc" else f"{holder}-"  # the default kind keeps the older names
+            extra = f"-pinned{_size_label(pinned)}" if pinned else ""
+            extra += f"-{pin_mode}" if pin_mode and pin_mode != "alloc" else ""
+            extra += f"-{importers}importers" if importers else ""
+            extra += f"-{first}-first" if first else ""
+            paths.append(str(plot_run_trace(run, out / f"trace-{kind}{_size_label(size)}{extra}-{ending}.png")))
     return paths
 
 
