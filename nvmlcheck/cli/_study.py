@@ -216,7 +216,8 @@ def _print_study(args: argparse.Namespace, result: Any, rows: Any, plots: Sequen
     from .. import study as st
 
     if not result.records:
-        print("no run: the time budget was spent before the first one")
+        print("no run: the time budget was spent before the first one"
+              + (f" ({safe(args.out)} left as it was)" if args.out else ""))
         return
     first = result.records[0]
     # Every record's GPUs (with --concurrent none each run is on one of them, in turn).
@@ -284,7 +285,8 @@ def cmd_study_reclaim(args: argparse.Namespace) -> int:
     if args.json:
         from ..jsonout import study_reclaim_document
 
-        print_json(study_reclaim_document(result, rows, out=args.out, plots=plots))
+        # --out is written from the first record on: without one it was left as it was
+        print_json(study_reclaim_document(result, rows, out=args.out if result.records else None, plots=plots))
     else:
         _print_study(args, result, rows, plots)
     return EXIT_NOT_CLEAN if timed_out else EXIT_CLEAN

@@ -7,6 +7,8 @@ import contextlib
 import json
 import math
 import os
+import stat
+import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import MISSING, asdict, dataclass, field
 from pathlib import Path
@@ -335,11 +337,13 @@ def _check_trace(columns: list[str] | None, rows: list[list[Any]] | None) -> Non
 
 
 def write_records(records: Iterable[RunRecord], path: str | os.PathLike[str]) -> Path:
-    """Write ``records`` as JSON Lines to ``path`` (replacing it) and return the path."""
+    """Write ``records`` as JSON Lines to ``path`` and return the path. The file is replaced whole (written beside it,
+    then renamed over it): interrupted, ``path`` keeps what it held, never half a file."""
     out = Path(path)
-    with out.open("w", encoding="utf-8") as f:
+    with _Lines(out) as lines:
         for r in records:
-            f.write(r.to_line() + "\n")
+            lines.write(r.to_line())
+        lines.publish()  # no record: an empty file, as asked
     return out
 
 
@@ -359,10 +363,21 @@ def load_records(path: str | os.PathLike[str]) -> list[RunRecord]:
                     raise RecordFormatError(f"a record is a JSON object, not {type(doc).__name__}")
                 records.append(RunRecord.from_json(doc))
             except UnicodeDecodeError:
+                if not raw.endswith(b"\n"):
+                    raise RecordFormatError(_cut_short(path, n)) from None
                 raise RecordFormatError(f"{path}:{n}: not UTF-8 text") from None
             except (RecordFormatError, ValueError, RecursionError) as exc:
+                if not raw.endswith(b"\n") and isinstance(exc, json.JSONDecodeError):
+                    raise RecordFormatError(_cut_short(path, n)) from None
                 raise RecordFormatError(f"{path}:{n}: {exc}") from exc
     return records
+
+
+def _cut_short(path: str | os.PathLike[str], n: int) -> str:
+    """The error for a last line that is not a whole record: its writer was killed while writing it."""
+    before = f"the {n - 1} line{'s' if n != 2 else ''} before it" if n > 1 else "no line before it"
+    return (f"{path}:{n}: the last line is cut short (no newline at its end, and not a whole JSON record): its writer "
+            f"was killed while writing it; {before} can be read once it is removed (sed -i '$d' FILE)")
 
 
 def _no_constant(name: str) -> Any:
@@ -372,11 +387,71 @@ def _no_constant(name: str) -> Any:
 
 @contextlib.contextmanager
 def record_writer(path: str | os.PathLike[str]) -> Iterator[Callable[[RunRecord], None]]:
-    """A JSON Lines sink for ``run_study(on_record=...)``: each record is written and flushed as it comes."""
-    with Path(path).open("w", encoding="utf-8") as f:
+    """A JSON Lines sink for ``run_study(on_record=...)``: each record is written whole as it comes (a study
+    interrupted, by a signal or a full disk, leaves complete records, never half a line). ``path`` is replaced only
+    by a file that holds the first record: a study that ends before its first record (refused at the baseline,
+    skipped, interrupted) leaves ``path`` as it was."""
+    with _Lines(Path(path)) as lines:
 
         def write(record: RunRecord) -> None:
-            f.write(record.to_line() + "\n")
-            f.flush()
+            lines.write(record.to_line())
+            lines.publish()
 
         yield write
+
+
+class _Lines:
+    """Whole lines appended to a file written beside ``path`` (same directory, a hidden temporary name) and renamed
+    over it by :meth:`publish`; appended to in place after that. A line is written with ``os.write`` until all of it
+    is out; if anything interrupts it (a signal's exception, ``ENOSPC``), the file is cut back to the line's start,
+    so it only ever holds complete lines. Left unpublished, the temporary file is removed on exit. A ``path`` that
+    exists and is no regular file (a FIFO, ``/dev/null``) is written in place."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.target = str(path)
+        self.fd = -1
+        self.temp: str | None = None
+        self.size = 0  # bytes of complete lines in the file
+
+    def __enter__(self) -> _Lines:
+        target = os.path.realpath(self.path)  # through a symbolic link, as opening it would
+        try:
+            mode = os.stat(target).st_mode
+        except FileNotFoundError:
+            mode = None
+        if mode is not None and not stat.S_ISREG(mode):
+            self.fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+            return self
+        umask = os.umask(0)
+        os.umask(umask)
+        fd, self.temp = tempfile.mkstemp(dir=os.path.dirname(target) or ".",
+                                         prefix=f".{os.path.basename(target)}.", suffix=".partial")
+        os.fchmod(fd, stat.S_IMODE(mode) if mode is not None else 0o666 & ~umask)
+        self.fd, self.target = fd, target
+        return self
+
+    def write(self, line: str) -> None:
+        whole = (line + "\n").encode("utf-8")
+        data = memoryview(whole)
+        try:
+            while data:
+                data = data[os.write(self.fd, data):]
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self.fd, self.size)  # cut back to the last complete line, and write on from there
+                os.lseek(self.fd, self.size, os.SEEK_SET)
+            raise
+        self.size += len(whole)
+
+    def publish(self) -> None:
+        """Put the file at ``path`` (once): renamed over it, atomically."""
+        if self.temp is not None:
+            os.replace(self.temp, self.target)
+            self.temp = None
+
+    def __exit__(self, *exc: object) -> None:
+        os.close(self.fd)
+        if self.temp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self.temp)
