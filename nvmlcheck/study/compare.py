@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._units import format_bytes
 from ..errors import ArgumentError
+from .records import repeated_run
 from .summary import MEASURES, cell_words, percentile
 
 if TYPE_CHECKING:
@@ -274,12 +275,13 @@ def _pooled(records: Iterable[RunRecord], side: str, across: Sequence[str]) -> l
                 if k in across:
                     seen.setdefault(k, {})
                     seen[k][x] = seen[k].get(x, 0) + 1
-    return [f"{side} pools runs of several {k} values ({', '.join(f'{_word(x)}: {n}' for x, n in values.items())} "
+    return [f"{side} pools runs of several {k} values ({', '.join(f'{_word(x, k)}: {n}' for x, n in values.items())} "
             "GPU-runs): compared across it, as asked" for k, values in seen.items() if len(values) > 1]
 
 
-def _word(value: Any) -> str:
-    return "unknown" if value is None else str(value)
+def _word(value: Any, part: str = "") -> str:
+    """A condition's value in words: ``None`` is "none" where the condition does not apply, else "unknown"."""
+    return ("none" if part in NOT_APPLICABLE else "unknown") if value is None else str(value)
 
 
 def _values(r: RunRecord, measure: str, stage: str) -> list[tuple[DeviceRun, int | None]]:
@@ -341,7 +343,7 @@ def compare_records(
         raise ArgumentError(f"resolve_ns must be > 0, got {resolve_ns}")
     if stage not in ("all", "last"):
         raise ArgumentError(f"stage must be 'all' or 'last', got {stage!r}")
-    a, b = list(a), list(b)
+    a, b = _once(a, "A"), _once(b, "B")
     # A holder's count means something else for each kind: compared across kinds, their counts are part of it.
     pooled = (*across, "count") if "holder" in across and "count" not in across else tuple(across)
     ca, cb = _cells(a, measure, pooled, stage), _cells(b, measure, pooled, stage)
@@ -385,7 +387,7 @@ def compare_records(
         differ_in = tuple(p for p in CONDITION_PARTS if len({repr(g[p]) for g in every}) > 1)
         unmatched.append(Unmatched(cell, tuple(dict(c) for c in alone_a), tuple(dict(c) for c in alone_b),
                                    differ_in))
-    notes = (_pooled(a, "A", pooled) + _pooled(b, "B", pooled) + _simulated_notes(a, b, cells)
+    notes = (_shared_runs(a, b) + _pooled(a, "A", pooled) + _pooled(b, "B", pooled) + _simulated_notes(a, b, cells)
              + _unknown_notes(a, b, unmatched))
     return Comparison(
         measure=measure, level=level, resamples=resamples, seed=seed, resolve_ns=resolve_ns, cells=tuple(cells),
@@ -393,6 +395,24 @@ def compare_records(
         only_a=tuple(sorted(base_a - base_b)), only_b=tuple(sorted(base_b - base_a)),
         unmatched=tuple(unmatched), notes=tuple(notes),
     )
+
+
+def _once(records: Iterable[RunRecord], side: str) -> list[RunRecord]:
+    """``records`` as a list; ``ValueError`` when one run is in it twice."""
+    runs = list(records)
+    twice = repeated_run(runs)
+    if twice is not None:
+        r = runs[twice[1]]
+        raise ArgumentError(f"{side} holds run {r.run} of the study at wall time {r.wall_time} twice (records "
+                            f"{twice[0] + 1} and {twice[1] + 1}): a file whose records were appended twice; a run "
+                            "counted twice narrows the interval as if it had been measured twice")
+    return runs
+
+
+def _shared_runs(a: Sequence[RunRecord], b: Sequence[RunRecord]) -> list[str]:
+    shared = {r.to_line() for r in a if not r.warmup} & {r.to_line() for r in b if not r.warmup}
+    return [f"A and B share {len(shared)} measured runs: they are not independent samples, which the interval "
+            "assumes"] if shared else []
 
 
 def _simulated_notes(a: Sequence[RunRecord], b: Sequence[RunRecord],

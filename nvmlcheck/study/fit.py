@@ -21,7 +21,7 @@ from typing import Any
 from .._units import format_bytes
 from ..errors import ArgumentError
 from ..reclaim_model import COEFFICIENTS, ReclaimModel, model_for, terms
-from .records import RunRecord
+from .records import RunRecord, repeated_run
 from .summary import cell_words, percentile
 
 __all__ = ["FIT_CONDITIONS", "FIT_ENDINGS", "FIT_KINDS", "CellFit", "FitPoint", "FitResult", "MixedConditions",
@@ -248,6 +248,12 @@ def fit_report(
         shown = driver if len(driver) <= 40 else driver[:37] + "..."
         raise ArgumentError(f"driver {shown!r} is not a driver version (digits and dots, such as 580 or 580.159.04)")
     every = list(records)
+    twice = repeated_run(every)
+    if twice is not None:
+        r = every[twice[1]]
+        raise ArgumentError(f"run {r.run} of the study at wall time {r.wall_time} is among the records twice "
+                            f"(records {twice[0] + 1} and {twice[1] + 1}): a file given twice, or a file and one its "
+                            "records were appended to; a run fitted twice would weigh double")
     excluded: dict[str, int] = {}
     if not include_simulated:
         every = _without_simulated(every, excluded)

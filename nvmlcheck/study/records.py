@@ -18,7 +18,7 @@ from .config import Ending, parse_ending
 from .errors import RecordFormatError
 
 __all__ = ["RECORD_SCHEMA", "RECORD_VERSION", "UNRECORDED", "DeviceRun", "RunRecord", "load_records",
-           "record_writer", "write_records"]
+           "record_writer", "repeated_run", "write_records"]
 
 #: The ``schema`` of a run record.
 RECORD_SCHEMA = "nvmlcheck/reclaim-run"
@@ -334,6 +334,19 @@ def _check_trace(columns: list[str] | None, rows: list[list[Any]] | None) -> Non
         bad = next((x for x in row[1:] if x is not None and _NS(x) is not None), None)
         if bad is not None:
             raise RecordFormatError(f"field 'trace[{n}]': expected integers >= 0 or null, got {_show(bad)}")
+
+
+def repeated_run(records: Iterable[RunRecord]) -> tuple[int, int] | None:
+    """The positions of the first run found twice in ``records`` (the same record, field for field: a file given
+    twice, or a file and one its records were appended to), or ``None``. A run counted twice weighs double in a fit
+    and narrows a comparison's interval as if it had been measured twice."""
+    seen: dict[str, int] = {}
+    for i, r in enumerate(records):
+        line = r.to_line()
+        if line in seen:
+            return seen[line], i
+        seen[line] = i
+    return None
 
 
 def write_records(records: Iterable[RunRecord], path: str | os.PathLike[str]) -> Path:
