@@ -106,8 +106,9 @@ class FitResult:
     #: The runs fitted, by whether they were simulated: ``real``, ``simulated`` (with ``include_simulated``),
     #: ``unknown`` (records that do not say: never counted as real).
     provenance: dict[str, int] = field(default_factory=dict)
-    #: What every run fitted was measured under (:data:`FIT_CONDITIONS`; ``None``: unknown or, for ``pin_mode``, no
-    #: pinned memory), and the parts pooled with ``across``: part → value → runs (``"none"`` for no value).
+    #: What every run fitted was measured under (:data:`FIT_CONDITIONS` and ``driver``, the records' version; ``None``:
+    #: unknown or, for ``pin_mode``, no pinned memory; ``"*"``: pooled), and the parts pooled: part → value → runs
+    #: (``"none"`` for no value), with ``across``, and ``driver`` when a driver named for the fit pools several.
     conditions: dict[str, str | None] = field(default_factory=dict)
     pooled: dict[str, dict[str, int]] = field(default_factory=dict)
 
@@ -170,11 +171,12 @@ def fit_point(r: RunRecord) -> FitPoint | None:
 def fit_conditions(r: RunRecord) -> dict[str, str | None]:
     """The :data:`FIT_CONDITIONS` of one run: the GPU models of its GPUs (``" + "``-joined; ``None`` when no name
     was read), backend, polling mode, ending, pin mode (``None`` without pinned memory: a pinned holder of 0 bytes
-    pins nothing, whatever its mode) and teardown (``"model"`` for :data:`FIT_KINDS`, else the kind)."""
+    pins nothing, whatever its mode) and teardown (``"model"`` for :data:`FIT_KINDS`, else the kind); and the driver
+    version (its branch is checked apart; runs of two versions are never one cell)."""
     names = sorted({d.name for d in r.devices if d.name})
     return {"gpu": " + ".join(names) or None, "backend": r.backend, "mode": r.mode, "ending": r.ending,
             "pin_mode": r.pin_mode if r.pinned_bytes else None,
-            "holder": "model" if r.holder in FIT_KINDS else r.holder}
+            "holder": "model" if r.holder in FIT_KINDS else r.holder, "driver": r.driver}
 
 
 def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
@@ -247,13 +249,7 @@ def fit_report(
     if driver is not None and not _VERSION.fullmatch(driver):
         shown = driver if len(driver) <= 40 else driver[:37] + "..."
         raise ArgumentError(f"driver {shown!r} is not a driver version (digits and dots, such as 580 or 580.159.04)")
-    every = list(records)
-    twice = repeated_run(every)
-    if twice is not None:
-        r = every[twice[1]]
-        raise ArgumentError(f"run {r.run} of the study at wall time {r.wall_time} is among the records twice "
-                            f"(records {twice[0] + 1} and {twice[1] + 1}): a file given twice, or a file and one its "
-                            "records were appended to; a run fitted twice would weigh double")
+    every = _once(records)
     excluded: dict[str, int] = {}
     if not include_simulated:
         every = _without_simulated(every, excluded)
@@ -278,6 +274,7 @@ def fit_report(
         raise ArgumentError(f"no measured run of the kinds {', '.join(kinds)} with the endings {', '.join(endings)} "
                          "to fit")
     conditions, pooled = _shared_conditions(fitted_pts, across)
+    recorded = _drivers(fitted_runs, conditions, pooled)
     # The parts a cell's label names: those that differ between cells (its kind and ending are named already).
     varying = tuple(_varying([*fitted_pts, *other_pts]) - {"ending", "holder"})
     groups = _groups(fitted_pts, varying)
@@ -295,7 +292,8 @@ def fit_report(
     provenance = _provenance(fitted_runs)
     model = replace(model, error_ns=math.ceil(err), source=(
         f"nvmlcheck study fit of {len(fitted_pts)} runs ({len(groups)} cells), driver {versions}"
-        + f" ({_conditions_words(conditions)})"
+        + (f" (records of driver {recorded})" if recorded != versions else "")
+        + f" ({_conditions_words({k: v for k, v in conditions.items() if k != 'driver'})})"
         + "".join(f"; pooled {k.replace('_', ' ')} {_counts_words(v)}" for k, v in pooled.items())
         + "".join(f"; {n} runs {_PROVENANCE_WORDS[k]}" for k, n in provenance.items() if k != "real" and n)
         + f"; fitted {', '.join(fitted) or 'nothing'}"
@@ -306,6 +304,30 @@ def fit_report(
     return FitResult(model=model, prior=base, fitted=fitted, kept=kept, n=len(fitted_pts), residual_max_ns=err,
                      residual_p95_ns=percentile(residuals, 0.95), cells=cells, excluded=excluded,
                      provenance=provenance, conditions=conditions, pooled=pooled)
+
+
+def _once(records: Iterable[RunRecord]) -> list[RunRecord]:
+    """``records`` as a list; ``ValueError`` when one run is in it twice (it would weigh double)."""
+    every = list(records)
+    twice = repeated_run(every)
+    if twice is not None:
+        r = every[twice[1]]
+        raise ArgumentError(f"run {r.run} of the study at wall time {r.wall_time} is among the records twice "
+                            f"(records {twice[0] + 1} and {twice[1] + 1}): a file given twice, or a file and one its "
+                            "records were appended to; a run fitted twice would weigh double")
+    return every
+
+
+def _drivers(runs: Sequence[RunRecord], conditions: dict[str, str | None], pooled: dict[str, dict[str, int]]) -> str:
+    """The driver versions the runs fitted were measured on, into ``conditions`` (and ``pooled`` when several: a
+    driver named for the fit may differ from them, and the fit says so)."""
+    drivers: dict[str, int] = {}
+    for r in runs:
+        drivers[r.driver or "unknown"] = drivers.get(r.driver or "unknown", 0) + 1
+    conditions["driver"] = next(iter(drivers)) if len(drivers) == 1 else ANY
+    if len(drivers) > 1:
+        pooled["driver"] = dict(sorted(drivers.items()))
+    return ", ".join(sorted(drivers))
 
 
 #: How a fit's source and text name runs that are not known to be real.
@@ -350,7 +372,7 @@ def _groups(points: Sequence[FitPoint], varying: Sequence[str]) -> list[list[Fit
 
 
 def _varying(points: Sequence[FitPoint]) -> set[str]:
-    return {k for k in FIT_CONDITIONS if len({dict(p.conditions).get(k) for p in points}) > 1}
+    return {k for k in (*FIT_CONDITIONS, "driver") if len({dict(p.conditions).get(k) for p in points}) > 1}
 
 
 def _shared_conditions(points: Sequence[FitPoint], across: Sequence[str]) -> tuple[
@@ -360,7 +382,8 @@ def _shared_conditions(points: Sequence[FitPoint], across: Sequence[str]) -> tup
     seen: dict[str, dict[str | None, int]] = {k: {} for k in FIT_CONDITIONS}
     for p in points:
         for k, v in p.conditions:
-            seen[k][v] = seen[k].get(v, 0) + 1
+            if k in seen:
+                seen[k][v] = seen[k].get(v, 0) + 1
     shared: dict[str, str | None] = {}
     pooled: dict[str, dict[str, int]] = {}
     mixed: dict[str, dict[str, int]] = {}
@@ -481,7 +504,8 @@ def format_fit(result: FitResult) -> str:
     if result.conditions:
         lines.append(f"measured under: {_conditions_words(result.conditions)}")
     for part, counts in result.pooled.items():
-        lines.append(f"pooled (--across {part}): {part.replace('_', ' ')} {_counts_words(counts)}; each its own cell")
+        how = f"--driver {m.driver}" if part == "driver" else f"--across {part}"
+        lines.append(f"pooled ({how}): {part.replace('_', ' ')} {_counts_words(counts)}; each its own cell")
     for name in COEFFICIENTS:
         why = result.kept.get(name, "")
         how = ("fitted" if name in result.fitted else why if why.startswith(_ZEROED)

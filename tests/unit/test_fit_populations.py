@@ -106,3 +106,16 @@ def test_cli_refuses_a_mix_and_pools_with_across(tmp_path: Path, capsys: pytest.
     assert main(["--json", "study", "fit", str(path), "--across", "ending"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["pooled"] == {"ending": {"KILL": 5, "TERM": 5}} and doc["conditions"]["ending"] == "*"
+
+
+def test_a_driver_named_for_the_fit_says_which_drivers_the_runs_were_measured_on() -> None:
+    records = _runs(100.0) + _runs(300.0, driver="590.48.01")
+    with pytest.raises(ValueError, match="several driver branches"):
+        fit_report(records)
+    result = fit_report(records, driver="590.48.01")
+    assert result.model.driver == "590" and result.pooled["driver"] == {"580.159.04": 5, "590.48.01": 5}
+    assert "records of driver 580.159.04, 590.48.01" in result.model.source  # not "driver 590.48.01" alone
+    assert sorted(c.measured_ns for c in result.cells) == [102 * MS, 302 * MS]  # one cell per driver
+    assert "pooled (--driver 590): driver 580.159.04 (5 runs), 590.48.01 (5 runs)" in format_fit(result)
+    one = fit_report(_runs(100.0))
+    assert one.conditions["driver"] == "580.159.04" and "driver" not in one.pooled
