@@ -50,6 +50,18 @@ def _study_holders(args: argparse.Namespace) -> Any:
 
 
 def _study_plots(records: Sequence[Any], directory: str) -> list[str]:
+    """The plots of ``--plot``; a plot that cannot be written (a full disk) is a :class:`StudyError` naming it, not a
+    traceback after a study of hours (its records are in ``--out`` already)."""
+    from ..study import StudyError
+
+    try:
+        return _draw_plots(records, directory)
+    except OSError as exc:
+        where = f" {exc.filename}" if exc.filename else ""
+        raise StudyError(f"--plot {directory}: cannot write a plot{where}: {exc.strerror or exc}") from None
+
+
+def _draw_plots(records: Sequence[Any], directory: str) -> list[str]:
     from ..study import median_run, plot_run_trace, plot_time_to_clean
 
     out = Path(directory)

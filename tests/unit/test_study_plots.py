@@ -99,3 +99,11 @@ def test_the_cli_draws_a_trace_per_cell_of_a_sweep(tmp_path: Path) -> None:
     written = sorted(Path(p).name for p in _study_plots(runs, str(tmp_path)))
     assert written == ["time-to-clean.png", "trace-pinned-1GiB-KILL.png", "trace-pinned-1GiB-pinned8GiB-KILL.png",
                        "trace-pinned-1GiB-pinned8GiB-register-KILL.png"]
+
+
+def test_a_plot_that_cannot_be_written_is_an_error_naming_plot(tmp_path: Path) -> None:
+    from nvmlcheck.study import StudyError
+
+    (tmp_path / "time-to-clean.png").mkdir()  # the file cannot be written: a directory has its name
+    with pytest.raises(StudyError, match=r"--plot .*: cannot write a plot"):
+        _study_plots(_runs(100.0), str(tmp_path))
