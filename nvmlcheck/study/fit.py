@@ -172,11 +172,12 @@ def fit_conditions(r: RunRecord) -> dict[str, str | None]:
     """The :data:`FIT_CONDITIONS` of one run: the GPU models of its GPUs (``" + "``-joined; ``None`` when no name
     was read), backend, polling mode, ending, pin mode (``None`` without pinned memory: a pinned holder of 0 bytes
     pins nothing, whatever its mode) and teardown (``"model"`` for :data:`FIT_KINDS`, else the kind); and the driver
-    version (its branch is checked apart; runs of two versions are never one cell)."""
+    version (its branch is checked apart) and provenance (``real``, ``simulated``, ``unknown``: counted apart, in
+    ``provenance``): runs of two versions or provenances are never one cell."""
     names = sorted({d.name for d in r.devices if d.name})
     return {"gpu": " + ".join(names) or None, "backend": r.backend, "mode": r.mode, "ending": r.ending,
             "pin_mode": r.pin_mode if r.pinned_bytes else None,
-            "holder": "model" if r.holder in FIT_KINDS else r.holder, "driver": r.driver}
+            "holder": "model" if r.holder in FIT_KINDS else r.holder, "driver": r.driver, "simulated": r.provenance}
 
 
 def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
@@ -372,7 +373,7 @@ def _groups(points: Sequence[FitPoint], varying: Sequence[str]) -> list[list[Fit
 
 
 def _varying(points: Sequence[FitPoint]) -> set[str]:
-    return {k for k in (*FIT_CONDITIONS, "driver") if len({dict(p.conditions).get(k) for p in points}) > 1}
+    return {k for k in (*FIT_CONDITIONS, "driver", "simulated") if len({dict(p.conditions).get(k) for p in points}) > 1}
 
 
 def _shared_conditions(points: Sequence[FitPoint], across: Sequence[str]) -> tuple[
@@ -431,7 +432,9 @@ def _conditions_words(conditions: dict[str, str | None]) -> str:
     for k, v in conditions.items():
         if v is None and k in _NOT_APPLICABLE:
             continue
-        if k == "holder":
+        if k == "simulated":
+            words.append({"simulated": "SIMULATED", "real": "real GPU"}.get(v or "", "provenance unknown"))
+        elif k == "holder":
             words.append("holders of pooled kinds" if v == ANY else f"holders of {_value_word(k, v)}")
         elif k == "gpu":
             words.append("several GPU models" if v == ANY else _value_word(k, v))

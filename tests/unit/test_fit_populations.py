@@ -119,3 +119,10 @@ def test_a_driver_named_for_the_fit_says_which_drivers_the_runs_were_measured_on
     assert "pooled (--driver 590): driver 580.159.04 (5 runs), 590.48.01 (5 runs)" in format_fit(result)
     one = fit_report(_runs(100.0))
     assert one.conditions["driver"] == "580.159.04" and "driver" not in one.pooled
+
+
+def test_simulated_runs_fitted_on_request_are_never_one_cell_with_real_ones() -> None:
+    result = fit_report(_runs(100.0) + _runs(300.0, simulated=True), include_simulated=True)
+    assert result.provenance == {"real": 5, "simulated": 5, "unknown": 0}
+    assert sorted((c.measured_ns, c.cell.endswith("[SIMULATED]")) for c in result.cells) == [(102 * MS, False),
+                                                                                            (302 * MS, True)]
