@@ -164,8 +164,14 @@ def cmd_study_fit(args: argparse.Namespace) -> int:
     """``study fit RECORDS.jsonl...``: the reclaim-time model fitted to the records; exit 0."""
     from ..study.fit import FIT_ENDINGS, FIT_KINDS, fit_report, format_fit
 
-    records = [r for path in args.records for r in _records_of(path)]
     kinds = FIT_KINDS if args.kinds is None else tuple(k.strip() for k in args.kinds.split(",") if k.strip())
+    from ..study.child import HOLDER_KINDS
+
+    unknown = [k for k in kinds if k not in HOLDER_KINDS]
+    if not kinds or unknown:  # a typo fitted nothing, or "--kinds ," named none, with no word on why
+        raise UsageError(f"--kinds: {'unknown holder kind ' + ', '.join(map(repr, unknown)) if unknown else 'no kind'}"
+                         f" (the kinds: {', '.join(HOLDER_KINDS)})")
+    records = [r for path in args.records for r in _records_of(path)]
     endings = FIT_ENDINGS if args.endings is None else tuple(args.endings)
     try:
         result = fit_report(records, kinds=kinds, endings=endings, driver=args.driver,

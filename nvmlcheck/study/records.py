@@ -360,13 +360,22 @@ def write_records(records: Iterable[RunRecord], path: str | os.PathLike[str]) ->
     return out
 
 
+#: The longest line :func:`load_records` reads: a record with a trace of every poll of a 30 s run on 8 GPUs is tens
+#: of MiB at most; a longer line (``/dev/zero``, a binary file) is refused before it fills the memory.
+MAX_LINE_BYTES = 128 << 20
+
+
 def load_records(path: str | os.PathLike[str]) -> list[RunRecord]:
     """Read a JSON Lines file of run records (blank lines skipped). Raises :class:`RecordFormatError` naming the file
     and line for anything that is not a version-1 ``nvmlcheck/reclaim-run`` record: a field of the wrong type or
-    range, ``NaN``/``Infinity``, text that is not UTF-8. ``OSError`` when the file cannot be read."""
+    range, ``NaN``/``Infinity``, text that is not UTF-8, a line longer than :data:`MAX_LINE_BYTES`, a last line cut
+    short (its writer killed while writing it). ``OSError`` when the file cannot be read."""
     records: list[RunRecord] = []
     with Path(path).open("rb") as f:
-        for n, raw in enumerate(f, 1):
+        for n, raw in enumerate(iter(lambda: f.readline(MAX_LINE_BYTES + 1), b""), 1):
+            if len(raw) > MAX_LINE_BYTES:  # /dev/zero, a binary file: never read whole into memory
+                raise RecordFormatError(f"{path}:{n}: a line longer than {MAX_LINE_BYTES >> 20} MiB is no run record "
+                                        "(a record with its trace is at most a few MiB)")
             try:
                 line = raw.decode("utf-8")
                 if not line.strip():

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from nvmlcheck.study import DeviceRun, RecordFormatError, RunRecord, load_records, record_writer, write_records
+from nvmlcheck.study import records as records_module
 
 GIB = 1 << 30
 
@@ -116,3 +117,26 @@ def test_a_study_refused_at_its_baseline_leaves_out_as_it_was(tmp_path: Path,
                      "1", "--endings", "KILL", "--no-warmup", "--no-phases", "--out", str(out)]) == 1
     assert "not clean" in capsys.readouterr().err
     assert out.read_bytes() == kept and _leftovers(tmp_path) == []
+
+
+def test_a_line_too_long_to_be_a_record_is_refused_before_it_fills_the_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(records_module, "MAX_LINE_BYTES", 4096)
+    with pytest.raises(RecordFormatError, match=r"/dev/zero:1: a line longer than"):
+        load_records("/dev/zero")  # no newline, ever: read up to the limit, not forever
+    big = write_records([_record(0), _record(1, trace_rows=400)], tmp_path / "runs.jsonl")
+    with pytest.raises(RecordFormatError, match=r"runs.jsonl:2: a line longer than"):
+        load_records(big)
+    monkeypatch.undo()
+    assert len(load_records(big)) == 2
+
+
+@pytest.mark.parametrize(("kinds", "match"), [("aloc", "unknown holder kind 'aloc'"), (",", "--kinds: no kind")])
+def test_fit_kinds_that_name_no_kind_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str], kinds: str,
+                                                 match: str) -> None:
+    from nvmlcheck import cli
+
+    path = write_records([_record(0)], tmp_path / "runs.jsonl")
+    assert cli.main(["study", "fit", str(path), "--kinds", kinds]) == 2
+    assert match in capsys.readouterr().err
