@@ -427,13 +427,15 @@ class _Lines:
     over it by :meth:`publish`; appended to in place after that. A line is written with ``os.write`` until all of it
     is out; if anything interrupts it (a signal's exception, ``ENOSPC``), the file is cut back to the line's start,
     so it only ever holds complete lines. Left unpublished, the temporary file is removed on exit. A ``path`` that
-    exists and is no regular file (a FIFO, ``/dev/null``) is written in place."""
+    exists and is no regular file (a FIFO, ``/dev/null``) is written in place; so is a file whose directory takes no
+    new file (it is emptied only when the first line comes)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.target = str(path)
         self.fd = -1
         self.temp: str | None = None
+        self.in_place = False  # opened (and emptied) at the first line
         self.size = 0  # bytes of complete lines in the file
 
     def __enter__(self) -> _Lines:
@@ -447,13 +449,22 @@ class _Lines:
             return self
         umask = os.umask(0)
         os.umask(umask)
-        fd, self.temp = tempfile.mkstemp(dir=os.path.dirname(target) or ".",
-                                         prefix=f".{os.path.basename(target)}.", suffix=".partial")
+        self.target = target
+        try:
+            fd, self.temp = tempfile.mkstemp(dir=os.path.dirname(target) or ".",
+                                             prefix=f".{os.path.basename(target)}.", suffix=".partial")
+        except PermissionError:
+            if mode is None or not os.access(target, os.W_OK):
+                raise
+            self.in_place = True  # a writable file in a directory that takes no new file: written where it is
+            return self
         os.fchmod(fd, stat.S_IMODE(mode) if mode is not None else 0o666 & ~umask)
-        self.fd, self.target = fd, target
+        self.fd = fd
         return self
 
     def write(self, line: str) -> None:
+        if self.in_place and self.fd < 0:
+            self.fd = os.open(self.target, os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC)
         whole = (line + "\n").encode("utf-8")
         data = memoryview(whole)
         try:
@@ -473,7 +484,8 @@ class _Lines:
             self.temp = None
 
     def __exit__(self, *exc: object) -> None:
-        os.close(self.fd)
+        if self.fd >= 0:
+            os.close(self.fd)
         if self.temp is not None:
             with contextlib.suppress(OSError):
                 os.unlink(self.temp)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -140,3 +141,23 @@ def test_fit_kinds_that_name_no_kind_are_refused(tmp_path: Path, capsys: pytest.
     path = write_records([_record(0)], tmp_path / "runs.jsonl")
     assert cli.main(["study", "fit", str(path), "--kinds", kinds]) == 2
     assert match in capsys.readouterr().err
+
+
+def test_a_writable_file_in_a_directory_that_takes_no_new_file_is_written_in_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = write_records([_record(0)], tmp_path / "runs.jsonl")
+
+    def no_new_file(**_: Any) -> tuple[int, str]:
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(tempfile, "mkstemp", no_new_file)
+    with pytest.raises(KeyboardInterrupt), record_writer(out):
+        raise KeyboardInterrupt  # no record: the file is left as it was
+    assert [r.run for r in load_records(out)] == [0]
+    with record_writer(out) as write:
+        write(_record(1))
+        write(_record(2))
+    assert [r.run for r in load_records(out)] == [1, 2]
+    with pytest.raises(PermissionError):
+        write_records([_record(3)], tmp_path / "new.jsonl")  # a new file cannot be made there at all
