@@ -184,7 +184,7 @@ def cmd_study_fit(args: argparse.Namespace) -> int:
 
         print_json(study_fit_document(result, args.records))
     else:
-        print(format_fit(result))
+        print(safe_lines(format_fit(result)))  # GPU names, kinds and drivers come from the records files
     return EXIT_CLEAN
 
 

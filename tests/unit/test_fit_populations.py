@@ -126,3 +126,10 @@ def test_simulated_runs_fitted_on_request_are_never_one_cell_with_real_ones() ->
     assert result.provenance == {"real": 5, "simulated": 5, "unknown": 0}
     assert sorted((c.measured_ns, c.cell.endswith("[SIMULATED]")) for c in result.cells) == [(102 * MS, False),
                                                                                             (302 * MS, True)]
+
+
+def test_text_from_the_records_is_printed_safe(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write_records(_runs(100.0, name="NVIDIA\x1b[2J\x1b]0;owned\x07 H200"), tmp_path / "runs.jsonl")
+    assert main(["study", "fit", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out and "NVIDIA\\x1b[2J" in out
