@@ -366,10 +366,11 @@ MAX_LINE_BYTES = 128 << 20
 
 
 def load_records(path: str | os.PathLike[str]) -> list[RunRecord]:
-    """Read a JSON Lines file of run records (blank lines skipped). Raises :class:`RecordFormatError` naming the file
-    and line for anything that is not a version-1 ``nvmlcheck/reclaim-run`` record: a field of the wrong type or
-    range, ``NaN``/``Infinity``, text that is not UTF-8, a line longer than :data:`MAX_LINE_BYTES`, a last line cut
-    short (its writer killed while writing it). ``OSError`` when the file cannot be read."""
+    """Read a JSON Lines file of run records (blank lines skipped), or the document of ``study reclaim --json`` (its
+    ``records``, without their traces). Raises :class:`RecordFormatError` naming the file and line for anything else:
+    a field of the wrong type or range, ``NaN``/``Infinity``, text that is not UTF-8, a line longer than
+    :data:`MAX_LINE_BYTES`, a last line cut short (its writer killed while writing it), another nvmlcheck document
+    (``study compare --json``: named, with what to give instead). ``OSError`` when the file cannot be read."""
     records: list[RunRecord] = []
     with Path(path).open("rb") as f:
         for n, raw in enumerate(iter(lambda: f.readline(MAX_LINE_BYTES + 1), b""), 1):
@@ -380,9 +381,17 @@ def load_records(path: str | os.PathLike[str]) -> list[RunRecord]:
                 line = raw.decode("utf-8")
                 if not line.strip():
                     continue
-                doc = json.loads(line, parse_constant=_no_constant)
+                try:
+                    doc = json.loads(line, parse_constant=_no_constant)
+                except json.JSONDecodeError:
+                    whole = None if records or line.strip() != "{" else _whole_document(f)
+                    if whole is None:
+                        raise
+                    return _records_of_document(whole)  # printed with indents (--json): not JSON Lines
                 if not isinstance(doc, dict):
                     raise RecordFormatError(f"a record is a JSON object, not {type(doc).__name__}")
+                if not records and doc.get("schema") != RECORD_SCHEMA and _is_document(doc):
+                    return _records_of_document(doc)  # one compact document (a --json line)
                 records.append(RunRecord.from_json(doc))
             except UnicodeDecodeError:
                 if not raw.endswith(b"\n"):
@@ -393,6 +402,58 @@ def load_records(path: str | os.PathLike[str]) -> list[RunRecord]:
                     raise RecordFormatError(_cut_short(path, n)) from None
                 raise RecordFormatError(f"{path}:{n}: {exc}") from exc
     return records
+
+
+#: The document of ``study reclaim --json``, whose ``records`` are run records (without their traces).
+REPORT_SCHEMA = "nvmlcheck/study-reclaim"
+#: What the other study documents are, for the error that names one given as records.
+_DOCUMENTS = {"nvmlcheck/study-compare": "the output of study compare --json",
+              "nvmlcheck/study-fit": "the output of study fit --json", "nvmlcheck/error": "an error document"}
+
+
+def _is_document(doc: dict[str, Any]) -> bool:
+    schema = doc.get("schema")
+    return isinstance(schema, str) and schema.startswith("nvmlcheck/") and schema != RECORD_SCHEMA
+
+
+def _whole_document(f: Any) -> Any | None:
+    """The file read whole as one JSON value (at most :data:`MAX_LINE_BYTES`), or ``None`` when it is not one."""
+    f.seek(0)
+    data = f.read(MAX_LINE_BYTES + 1)
+    if len(data) > MAX_LINE_BYTES:
+        return None
+    try:
+        doc = json.loads(data.decode("utf-8"), parse_constant=_no_constant)
+    except (ValueError, RecursionError):
+        return None
+    return doc if isinstance(doc, dict) and _is_document(doc) else None
+
+
+def _records_of_document(doc: dict[str, Any]) -> list[RunRecord]:
+    """The records of a ``study reclaim --json`` document; for another document, an error naming it and the fix (the
+    caller adds the file and line)."""
+    schema, version = doc.get("schema"), doc.get("version")
+    if schema != REPORT_SCHEMA:
+        what = _DOCUMENTS.get(str(schema), "another nvmlcheck document")
+        raise RecordFormatError(
+            f"an {schema} document (version {version!r}: {what}), not run records: give the JSON Lines file of "
+            f"study reclaim --out (schema {RECORD_SCHEMA}), or the document of study reclaim --json")
+    if version != 1:
+        raise RecordFormatError(f"an {REPORT_SCHEMA} document of version {version!r}: this nvmlcheck reads "
+                                "version 1 (upgrade nvmlcheck for a newer one)")
+    every = doc.get("records")
+    if not isinstance(every, list):
+        raise RecordFormatError(f"field 'records' of the {REPORT_SCHEMA} document: expected a list, got "
+                                f"{_show(every)}")
+    out = []
+    for i, r in enumerate(every):
+        if not isinstance(r, dict):
+            raise RecordFormatError(f"records[{i}]: a record is a JSON object, not {type(r).__name__}")
+        try:
+            out.append(RunRecord.from_json(r))
+        except RecordFormatError as exc:
+            raise RecordFormatError(f"records[{i}]: {exc}") from exc
+    return out
 
 
 def _cut_short(path: str | os.PathLike[str], n: int) -> str:
