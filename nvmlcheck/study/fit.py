@@ -6,8 +6,10 @@ Each run becomes one point: the time from its *last* signal until every GPU's me
 down after that signal (contexts, device GiB, pinned host GiB, IPC importers: the terms of
 :func:`nvmlcheck.reclaim_model.terms`). Each cell's median is fitted by weighted least squares (weight: its runs), in
 plain Python; a coefficient the data cannot tell apart (no run varies it) keeps the prior model's value, and one fitted
-below 0 is set to 0. The error is the largest absolute residual of any run of a fitted cell. The method:
-docs/reclaim-study.md ("The model").
+below 0 is set to 0. The error is the largest absolute residual of any run of a fitted cell. One fit is one
+population: runs that differ in what the model has no term for (:data:`FIT_CONDITIONS`: GPU model, backend, polling
+mode, ending, pin mode, a teardown of its own) are refused unless ``across`` names the part, and are never one cell.
+The method: docs/reclaim-study.md ("The model").
 """
 
 from __future__ import annotations
@@ -437,7 +439,7 @@ def _conditions_words(conditions: dict[str, str | None]) -> str:
         elif k == "holder":
             words.append("holders of pooled kinds" if v == ANY else f"holders of {_value_word(k, v)}")
         elif k == "gpu":
-            words.append("several GPU models" if v == ANY else _value_word(k, v))
+            words.append("several GPU models" if v == ANY else v or "GPU model unknown")
         else:
             words.append(f"{k.replace('_', ' ')} {'pooled' if v == ANY else _value_word(k, v)}")
     return ", ".join(words)
