@@ -4,6 +4,7 @@ as JSON Lines. docs/study-records.md describes every field; within version 1 fie
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
 import os
@@ -526,6 +527,8 @@ class _Lines:
     def write(self, line: str) -> None:
         if self.in_place and self.fd < 0:
             self.fd = os.open(self.target, os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC)
+        elif self.temp is None and self.size:
+            self._still_ours()
         whole = (line + "\n").encode("utf-8")
         data = memoryview(whole)
         try:
@@ -537,6 +540,25 @@ class _Lines:
                 os.lseek(self.fd, self.size, os.SEEK_SET)
             raise
         self.size += len(whole)
+
+    def _still_ours(self) -> None:
+        """Refuse to write on when ``path`` is no longer this file (another study with the same ``--out`` renamed its
+        own over it): the records so far are copied to a file of their own, named in the error, not lost with the
+        unlinked file."""
+        mine = os.fstat(self.fd)
+        try:
+            there = os.stat(self.target)
+        except FileNotFoundError:
+            there = None
+        if there is not None and (there.st_dev, there.st_ino) == (mine.st_dev, mine.st_ino):
+            return
+        if not stat.S_ISREG(mine.st_mode):
+            return  # a FIFO or a device written in place
+        keep = f"{self.target}.{os.getpid()}"
+        with open(keep, "wb") as f:
+            f.write(os.pread(self.fd, self.size, 0))
+        raise OSError(errno.ESTALE, f"{self.target} was replaced or removed by another process (another study with "
+                                    f"the same --out?); the records written so far are in {keep}")
 
     def publish(self) -> None:
         """Put the file at ``path`` (once): renamed over it, atomically."""

@@ -161,3 +161,15 @@ def test_a_writable_file_in_a_directory_that_takes_no_new_file_is_written_in_pla
     assert [r.run for r in load_records(out)] == [1, 2]
     with pytest.raises(PermissionError):
         write_records([_record(3)], tmp_path / "new.jsonl")  # a new file cannot be made there at all
+
+
+def test_an_out_replaced_by_another_writer_stops_the_writing_and_keeps_the_records(tmp_path: Path) -> None:
+    out = tmp_path / "runs.jsonl"
+    with record_writer(out) as write:
+        write(_record(0))
+        write(_record(1))
+        write_records([_record(7)], out)  # another study with the same --out renamed its file over ours
+        with pytest.raises(OSError, match=r"replaced or removed by another process .*records written so far are in"):
+            write(_record(2))
+    kept = Path(f"{out}.{os.getpid()}")
+    assert [r.run for r in load_records(kept)] == [0, 1] and [r.run for r in load_records(out)] == [7]
