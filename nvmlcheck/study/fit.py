@@ -507,7 +507,11 @@ def format_fit(result: FitResult) -> str:
     m, lines = result.model, []
     lines.append(f"reclaim-time model for driver branch {m.driver}: {result.n} runs fitted")
     if result.conditions:
-        lines.append(f"measured under: {_conditions_words(result.conditions)}")
+        # Runs not known to be real are said on this line too, not only in a note at the end.
+        sources = [f"{n} {'SIMULATED' if k == 'simulated' else k}" for k, n in result.provenance.items() if n]
+        doubt = any(result.provenance.get(k) for k in ("simulated", "unknown"))
+        lines.append(f"measured under: {_conditions_words(result.conditions)}"
+                     + (f"; runs {', '.join(sources)}" if doubt else ""))
     for part, counts in result.pooled.items():
         how = f"--driver {m.driver}" if part == "driver" else f"--across {part}"
         lines.append(f"pooled ({how}): {part.replace('_', ' ')} {_counts_words(counts)}; each its own cell")

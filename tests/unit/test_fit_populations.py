@@ -133,3 +133,9 @@ def test_text_from_the_records_is_printed_safe(tmp_path: Path, capsys: pytest.Ca
     assert main(["study", "fit", str(path)]) == 0
     out = capsys.readouterr().out
     assert "\x1b" not in out and "\x07" not in out and "NVIDIA\\x1b[2J" in out
+
+
+def test_a_fit_of_simulated_runs_says_so_on_its_first_lines() -> None:
+    text = format_fit(fit_report(_runs(100.0, simulated=True), include_simulated=True))
+    assert "; runs 5 SIMULATED" in text.splitlines()[1]
+    assert "SIMULATED" not in format_fit(fit_report(_runs(100.0))).splitlines()[1]
