@@ -90,7 +90,8 @@ def plot_time_to_clean(records: Iterable[RunRecord], path: str | os.PathLike[str
                 pin_mode = (r.pin_mode or "") if r.pinned_bytes else ""
                 key = (str(r.ending), r.holder, r.pinned_bytes, r.importers, r.first or "", d.role, pin_mode)
                 series.setdefault(key, {}).setdefault(r.size_bytes, []).append(d.memory_back_ns / 1e6)
-    parts = [len({k[i] for k in series}) > 1 for i in range(7)]  # which parts tell the series apart
+    parts = [len({k[i] for k in series}) > 1 for i in range(6)]  # which parts tell the series apart
+    parts.append(len({k[6] for k in series if k[6]}) > 1)  # a pin mode, where there are two
     for key, by_size in series.items():
         xs = [size / 2**30 for size, vals in sorted(by_size.items()) for _ in vals]
         ys = [v for _, vals in sorted(by_size.items()) for v in vals]
