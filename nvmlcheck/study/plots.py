@@ -38,7 +38,7 @@ def provenance_mark(records: Iterable[RunRecord]) -> str | None:
     return None
 
 
-def _mark(fig: Any, ax: Any, records: Iterable[RunRecord]) -> str | None:
+def _mark(fig: Any, records: Iterable[RunRecord]) -> str | None:
     """Mark the figure drawn from ``records`` as simulated (a large diagonal word and a red line under the axes) or
     of unknown provenance (the line); the words, also kept in the PNG's metadata (``Description``)."""
     words = provenance_mark(list(records))
@@ -58,6 +58,7 @@ def _save(fig: Any, path: str | os.PathLike[str], mark: str | None) -> Path:
     metadata = {"Software": "nvmlcheck study"} | ({"Description": mark} if mark else {})
     fig.savefig(out, bbox_inches="tight", metadata=metadata)
     return out
+
 
 def _figure(width: float, height: float) -> Any:
     """A matplotlib Figure on an Agg canvas (no pyplot, no global backend change)."""
@@ -112,7 +113,7 @@ def plot_time_to_clean(records: Iterable[RunRecord], path: str | os.PathLike[str
     if series:
         ax.legend(fontsize=8 if len(series) > 3 else 10)
     ax.set_title(_title("Time until the driver gives the memory back", kept), fontsize=10)
-    return _save(fig, path, _mark(fig, ax, records))
+    return _save(fig, path, _mark(fig, records))
 
 
 def _series_label(key: tuple[str, str, int, int, str, str, str], parts: list[bool]) -> str:
@@ -172,11 +173,11 @@ def plot_run_trace(record: RunRecord, path: str | os.PathLike[str], *, device: i
         if window:  # the phase lies in (t - window, t]: shade it, so a wide window cannot pass for a precise time
             ax.axvspan(x - window / 1e6, x, color=colour, alpha=0.12, linewidth=0)
         ax.axvline(x, color=colour, linestyle=style, linewidth=1, label=f"{label} ({t / 1e6:.1f} ms)")
-    ax.set_xlabel("time from the signal (ms)")
+    ax.set_xlabel("time from the run's first signal (ms)")
     ax.set_ylabel("used memory (GiB)")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     words = cell_words(record.pinned_bytes, record.importers, record.first)
     ax.set_title(_title(f"{record.holder} {format_bytes(record.size_bytes)}{words}, {record.ending}, run {record.run} "
                         f"(sampling period {record.resolution_ns / 1e6:.3f} ms)", [record]), fontsize=10)
-    return _save(fig, path, _mark(fig, ax, [record]))
+    return _save(fig, path, _mark(fig, [record]))
