@@ -164,14 +164,16 @@ for path in sorted(w.glob("*.jsonl")):
     print()
 PY
 
-# The model: fitted to this edition's records, and to them with the second edition's (several contexts).
+# The model: fitted to this edition's records, and to them with the second edition's (several contexts). Both pin
+# modes (and, with the second edition, KILL and exit) are fitted as one model, each its own cell: --across says so.
 { echo "== fit: third edition"
-  timeout 30 python3 -m nvmlcheck study fit "$OUT/records.jsonl"
-  timeout 30 python3 -m nvmlcheck --json study fit "$OUT/records.jsonl" > "$W/fit.json"
+  timeout 30 python3 -m nvmlcheck study fit "$OUT/records.jsonl" --across pin_mode
+  timeout 30 python3 -m nvmlcheck --json study fit "$OUT/records.jsonl" --across pin_mode > "$W/fit.json"
   echo; echo "== fit: third edition + second edition (docs/data/h200x2-2026-11-30/study2)"
-  timeout 30 python3 -m nvmlcheck study fit "$OUT/records.jsonl" docs/data/h200x2-2026-11-30/study2/*.jsonl
+  timeout 30 python3 -m nvmlcheck study fit "$OUT/records.jsonl" docs/data/h200x2-2026-11-30/study2/*.jsonl \
+    --across ending,pin_mode
   timeout 30 python3 -m nvmlcheck --json study fit "$OUT/records.jsonl" docs/data/h200x2-2026-11-30/study2/*.jsonl \
-    > "$W/fit-with-second-edition.json"; } > "$OUT/fit.txt" 2>&1
+    --across ending,pin_mode > "$W/fit-with-second-edition.json"; } > "$OUT/fit.txt" 2>&1
 tar -C "$(dirname "$W")" -czf "$OUT/study3.tar.gz" "$(basename "$W")"
 echo "total $(( $(date +%s) - T0 )) s" | tee -a "$OUT/runs.txt"
 cat "$OUT/runs.txt"; tail -25 "$OUT/fit.txt"; ls -l "$OUT"

@@ -643,6 +643,11 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
         fit.add_argument("--include-simulated", action="store_true",
                          help="fit simulated runs too (--simulate: the stub's timings, not a driver's; left out by "
                               "default, and refused when every run is simulated)")
+        # --- populations kept apart: one fit, one set of conditions ---------------------------------------------
+        once(fit, "--across", metavar="PARTS", default="",
+             help="comma-separated conditions the model has no term for (gpu, backend, mode, ending, pin_mode, "
+                  "holder) to fit as one model anyway, e.g. --across ending for KILL and TERM runs; runs that differ "
+                  "in a condition not named are refused (each condition stays its own cell)")
     if wanted("slurm"):
         slurm_parser(sub, sub_parser, global_options, once)
     return parser

@@ -50,16 +50,38 @@ def _study_holders(args: argparse.Namespace) -> Any:
 
 
 def _study_plots(records: Sequence[Any], directory: str) -> list[str]:
+    """The plots of ``--plot``; a plot that cannot be written (a full disk) is a :class:`StudyError` naming it, not a
+    traceback after a study of hours (its records are in ``--out`` already)."""
+    from ..study import StudyError
+
+    try:
+        return _draw_plots(records, directory)
+    except OSError as exc:
+        where = f" {exc.filename}" if exc.filename else ""
+        raise StudyError(f"--plot {directory}: cannot write a plot{where}: {exc.strerror or exc}") from None
+
+
+def _draw_plots(records: Sequence[Any], directory: str) -> list[str]:
     from ..study import median_run, plot_run_trace, plot_time_to_clean
 
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     paths = [str(plot_time_to_clean(records, out / "time-to-clean.png"))]
-    for size, ending in dict.fromkeys((r.size_bytes, r.ending) for r in records if not r.warmup):
-        run = median_run(records, size, ending)
+    # One trace per cell: a sweep of pinned memory or importers at one size has a trace for each, not one of them.
+    cells: dict[tuple[Any, ...], list[Any]] = {}
+    for r in records:
+        if not r.warmup:
+            cells.setdefault((r.size_bytes, r.ending, r.holder, r.pinned_bytes, r.pin_mode if r.pinned_bytes else None,
+                              r.importers, r.first), []).append(r)
+    for (size, ending, holder, pinned, pin_mode, importers, first), runs in cells.items():
+        run = median_run(runs, size, ending)
         if run is not None and run.trace:
-            kind = "" if run.holder == "alloc" else f"{run.holder}-"  # the default kind keeps the older names
-            paths.append(str(plot_run_trace(run, out / f"trace-{kind}{_size_label(size)}-{ending}.png")))
+            kind = "" if holder == "alloc" else f"{holder}-"  # the default kind keeps the older names
+            extra = f"-pinned{_size_label(pinned)}" if pinned else ""
+            extra += f"-{pin_mode}" if pin_mode and pin_mode != "alloc" else ""
+            extra += f"-{importers}importers" if importers else ""
+            extra += f"-{first}-first" if first else ""
+            paths.append(str(plot_run_trace(run, out / f"trace-{kind}{_size_label(size)}{extra}-{ending}.png")))
     return paths
 
 
@@ -142,12 +164,19 @@ def cmd_study_fit(args: argparse.Namespace) -> int:
     """``study fit RECORDS.jsonl...``: the reclaim-time model fitted to the records; exit 0."""
     from ..study.fit import FIT_ENDINGS, FIT_KINDS, fit_report, format_fit
 
-    records = [r for path in args.records for r in _records_of(path)]
     kinds = FIT_KINDS if args.kinds is None else tuple(k.strip() for k in args.kinds.split(",") if k.strip())
+    from ..study.child import HOLDER_KINDS
+
+    unknown = [k for k in kinds if k not in HOLDER_KINDS]
+    if not kinds or unknown:  # a typo fitted nothing, or "--kinds ," named none, with no word on why
+        raise UsageError(f"--kinds: {'unknown holder kind ' + ', '.join(map(repr, unknown)) if unknown else 'no kind'}"
+                         f" (the kinds: {', '.join(HOLDER_KINDS)})")
+    records = [r for path in args.records for r in _records_of(path)]
     endings = FIT_ENDINGS if args.endings is None else tuple(args.endings)
     try:
         result = fit_report(records, kinds=kinds, endings=endings, driver=args.driver,
-                            include_simulated=args.include_simulated)
+                            include_simulated=args.include_simulated,
+                            across=tuple(p.strip() for p in args.across.split(",") if p.strip()))
     except ValueError as exc:
         raise UsageError(f"cannot fit: {exc}") from None
     if args.json:
@@ -155,7 +184,7 @@ def cmd_study_fit(args: argparse.Namespace) -> int:
 
         print_json(study_fit_document(result, args.records))
     else:
-        print(format_fit(result))
+        print(safe_lines(format_fit(result)))  # GPU names, kinds and drivers come from the records files
     return EXIT_CLEAN
 
 
@@ -205,7 +234,8 @@ def _print_study(args: argparse.Namespace, result: Any, rows: Any, plots: Sequen
     from .. import study as st
 
     if not result.records:
-        print("no run: the time budget was spent before the first one")
+        print("no run: the time budget was spent before the first one"
+              + (f" ({safe(args.out)} left as it was)" if args.out else ""))
         return
     first = result.records[0]
     # Every record's GPUs (with --concurrent none each run is on one of them, in turn).
@@ -273,7 +303,8 @@ def cmd_study_reclaim(args: argparse.Namespace) -> int:
     if args.json:
         from ..jsonout import study_reclaim_document
 
-        print_json(study_reclaim_document(result, rows, out=args.out, plots=plots))
+        # --out is written from the first record on: without one it was left as it was
+        print_json(study_reclaim_document(result, rows, out=args.out if result.records else None, plots=plots))
     else:
         _print_study(args, result, rows, plots)
     return EXIT_NOT_CLEAN if timed_out else EXIT_CLEAN

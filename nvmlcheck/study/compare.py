@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._units import format_bytes
 from ..errors import ArgumentError
+from .records import repeated_run
 from .summary import MEASURES, cell_words, percentile
 
 if TYPE_CHECKING:
@@ -210,11 +211,38 @@ ANY = "*"
 _Conditions = tuple[tuple[str, Any], ...]
 
 
+#: Conditions that only some runs have (``None``: not applicable): a pin mode only with pinned memory, a stage gap
+#: only with two stages. A run without one is no other population than a run with one: compared across the part that
+#: gives it (``pinned``, ``importers``, ``holder``), 0 pinned GiB against 8 is a comparison, not a mismatch.
+NOT_APPLICABLE: tuple[str, ...] = ("pin_mode", "stage_gap")
+
+
 def conditions_of(r: RunRecord, d: DeviceRun) -> dict[str, Any]:
-    """The :data:`CONDITION_PARTS` of one GPU-run."""
+    """The :data:`CONDITION_PARTS` of one GPU-run. A run with no pinned memory has no pin mode, whatever its record
+    says (the third edition's pinned holder of 0 bytes records ``"alloc"``); one of one stage has no stage gap."""
     return {"simulated": r.provenance, "mode": r.mode, "backend": r.backend, "driver": r.driver, "gpu": d.name,
-            "count": r.holder_count, "per_gpu": r.per_gpu, "concurrent": r.concurrent, "pin_mode": r.pin_mode,
-            "stage_gap": r.stage_gap_s}
+            "count": r.holder_count, "per_gpu": r.per_gpu, "concurrent": r.concurrent,
+            "pin_mode": r.pin_mode if r.pinned_bytes else None, "stage_gap": r.stage_gap_s if r.first else None}
+
+
+def _pairs(ca: dict[tuple[Cell, _Conditions], list[float]], cb: dict[tuple[Cell, _Conditions], list[float]]
+           ) -> list[tuple[Cell, _Conditions, _Conditions, _Conditions]]:
+    """The groups of runs compared: per cell both sides have, A's and B's groups of the same conditions; then, of
+    those left, groups that differ only where one side's condition does not apply (:data:`NOT_APPLICABLE`), with the
+    conditions of the side that has them. Each pair: cell, A's and B's conditions, the conditions shown."""
+    out: list[tuple[Cell, _Conditions, _Conditions, _Conditions]] = []
+    for cell in {k for k, _ in ca} & {k for k, _ in cb}:
+        ga = [c for k, c in ca if k == cell]
+        gb = [c for k, c in cb if k == cell]
+        left_a, left_b = [c for c in ga if c not in gb], [c for c in gb if c not in ga]
+        out.extend((cell, c, c, c) for c in ga if c in gb)
+        for x in left_a:
+            for y in left_b:
+                if all(u == v or (k in NOT_APPLICABLE and (u is None or v is None))
+                       for (k, u), (_, v) in zip(x, y, strict=True)):
+                    shown = tuple((k, v if u is None else u) for (k, u), (_, v) in zip(x, y, strict=True))
+                    out.append((cell, x, y, shown))
+    return out
 
 
 def _cells(records: Iterable[RunRecord], measure: str, across: Sequence[str] = (),
@@ -247,12 +275,13 @@ def _pooled(records: Iterable[RunRecord], side: str, across: Sequence[str]) -> l
                 if k in across:
                     seen.setdefault(k, {})
                     seen[k][x] = seen[k].get(x, 0) + 1
-    return [f"{side} pools runs of several {k} values ({', '.join(f'{_word(x)}: {n}' for x, n in values.items())} "
+    return [f"{side} pools runs of several {k} values ({', '.join(f'{_word(x, k)}: {n}' for x, n in values.items())} "
             "GPU-runs): compared across it, as asked" for k, values in seen.items() if len(values) > 1]
 
 
-def _word(value: Any) -> str:
-    return "unknown" if value is None else str(value)
+def _word(value: Any, part: str = "") -> str:
+    """A condition's value in words: ``None`` is "none" where the condition does not apply, else "unknown"."""
+    return ("none" if part in NOT_APPLICABLE else "unknown") if value is None else str(value)
 
 
 def _values(r: RunRecord, measure: str, stage: str) -> list[tuple[DeviceRun, int | None]]:
@@ -314,16 +343,17 @@ def compare_records(
         raise ArgumentError(f"resolve_ns must be > 0, got {resolve_ns}")
     if stage not in ("all", "last"):
         raise ArgumentError(f"stage must be 'all' or 'last', got {stage!r}")
-    a, b = list(a), list(b)
+    a, b = _once(a, "A"), _once(b, "B")
     # A holder's count means something else for each kind: compared across kinds, their counts are part of it.
     pooled = (*across, "count") if "holder" in across and "count" not in across else tuple(across)
     ca, cb = _cells(a, measure, pooled, stage), _cells(b, measure, pooled, stage)
     rng = random.Random(seed)
     cells = []
-    for key in sorted(set(ca) & set(cb), key=lambda k: (k[0][2], k[0][0], k[0][4], k[0][5], k[0][6], k[0][1],
-                                                      k[0][3], k[0][7], repr(k[1]))):
-        va, vb = ca[key], cb[key]
-        (size, ending, holder, device, pinned, importers, first, role), cond = key
+    pairs = _pairs(ca, cb)
+    for cell, cond_a, cond_b, cond in sorted(pairs, key=lambda p: (p[0][2], p[0][0], p[0][4], p[0][5], p[0][6],
+                                                                   p[0][1], p[0][3], p[0][7], repr(p[3]))):
+        va, vb = ca[(cell, cond_a)], cb[(cell, cond_b)]
+        size, ending, holder, device, pinned, importers, first, role = cell
         med_a = _median(va) if va else None
         med_b = _median(vb) if vb else None
         diff = None if med_a is None or med_b is None else med_b - med_a
@@ -343,23 +373,46 @@ def compare_records(
             pinned_bytes=pinned, importers=importers, first=first or None, role=role, conditions=dict(cond),
         ))
     base_a, base_b = {k for k, _ in ca}, {k for k, _ in cb}
+    paired_a = {(p[0], p[1]) for p in pairs}
+    paired_b = {(p[0], p[2]) for p in pairs}
     unmatched = []
     for cell in sorted(base_a & base_b):
         ga = [c for k, c in sorted(ca, key=repr) if k == cell]
         gb = [c for k, c in sorted(cb, key=repr) if k == cell]
-        if set(ga) == set(gb):
+        alone_a = [c for c in ga if (cell, c) not in paired_a]
+        alone_b = [c for c in gb if (cell, c) not in paired_b]
+        if not alone_a and not alone_b:
             continue  # every group of runs of this cell was compared
         every = [dict(c) for c in ga + gb]
         differ_in = tuple(p for p in CONDITION_PARTS if len({repr(g[p]) for g in every}) > 1)
-        unmatched.append(Unmatched(cell, tuple(dict(c) for c in ga if c not in gb),
-                                   tuple(dict(c) for c in gb if c not in ga), differ_in))
-    notes = _pooled(a, "A", pooled) + _pooled(b, "B", pooled) + _simulated_notes(a, b, cells)
+        unmatched.append(Unmatched(cell, tuple(dict(c) for c in alone_a), tuple(dict(c) for c in alone_b),
+                                   differ_in))
+    notes = (_shared_runs(a, b) + _pooled(a, "A", pooled) + _pooled(b, "B", pooled) + _simulated_notes(a, b, cells)
+             + _unknown_notes(a, b, unmatched))
     return Comparison(
         measure=measure, level=level, resamples=resamples, seed=seed, resolve_ns=resolve_ns, cells=tuple(cells),
         across=tuple(across), stage=stage,
         only_a=tuple(sorted(base_a - base_b)), only_b=tuple(sorted(base_b - base_a)),
         unmatched=tuple(unmatched), notes=tuple(notes),
     )
+
+
+def _once(records: Iterable[RunRecord], side: str) -> list[RunRecord]:
+    """``records`` as a list; ``ValueError`` when one run is in it twice."""
+    runs = list(records)
+    twice = repeated_run(runs)
+    if twice is not None:
+        r = runs[twice[1]]
+        raise ArgumentError(f"{side} holds run {r.run} of the study at wall time {r.wall_time} twice (records "
+                            f"{twice[0] + 1} and {twice[1] + 1}): a file whose records were appended twice; a run "
+                            "counted twice narrows the interval as if it had been measured twice")
+    return runs
+
+
+def _shared_runs(a: Sequence[RunRecord], b: Sequence[RunRecord]) -> list[str]:
+    shared = {r.to_line() for r in a if not r.warmup} & {r.to_line() for r in b if not r.warmup}
+    return [f"A and B share {len(shared)} measured runs: they are not independent samples, which the interval "
+            "assumes"] if shared else []
 
 
 def _simulated_notes(a: Sequence[RunRecord], b: Sequence[RunRecord],
@@ -375,6 +428,23 @@ def _simulated_notes(a: Sequence[RunRecord], b: Sequence[RunRecord],
                 "instrument, not a GPU's"]
     return [f"SIMULATED runs{whence} are compared with runs that are not (across simulated, as asked): the stub's "
             "timings are not a GPU's"]
+
+
+def _unknown_notes(a: Sequence[RunRecord], b: Sequence[RunRecord], unmatched: Sequence[Unmatched]) -> list[str]:
+    """Why a side's runs are of unknown provenance, where that kept them from being compared: which nvmlcheck wrote
+    them, and the fix."""
+    if not any("simulated" in u.differ_in for u in unmatched):
+        return []
+    out = []
+    for side, records in (("A", a), ("B", b)):
+        unknown = [r for r in records if r.provenance == "unknown" and not r.warmup]
+        if unknown:
+            writers = ", ".join(sorted({r.nvmlcheck for r in unknown}))
+            out.append(f"{side}'s {len(unknown)} measured runs do not say whether they were simulated (record version "
+                       f"1 written by nvmlcheck {writers}, before records said so, by holders that did not report the "
+                       "CUDA holder's steps: first-edition records): if they are of a real GPU, --across simulated "
+                       "compares them with real runs")
+    return out
 
 
 def _ms(v: float | None) -> str:

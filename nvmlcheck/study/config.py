@@ -31,6 +31,8 @@ PinMode = Literal["alloc", "register"]
 ZERO_SIZE_KINDS: tuple[str, ...] = ("context", "pinned", "nccl")
 #: The most importers an IPC group may have (each is a process with its own context).
 MAX_IMPORTERS = 16
+#: The most runs a study plans (warm-ups counted): more is a typo, not a study (a run takes about a second).
+MAX_RUNS = 1_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,6 +220,14 @@ class StudyConfig:
         object.__setattr__(self, "pinned", tuple(dict.fromkeys(pinned)))
         object.__setattr__(self, "importers", tuple(dict.fromkeys(importers)))
         object.__setattr__(self, "first", tuple(dict.fromkeys(first)))
+        # Counted before any plan is built: a mistyped --repeats 1000000000 built a list of every run until the
+        # memory ran out, before the first run.
+        planned = len(self.sizes) * len(self.pinned) * len(self.importers) * len(self.first) * len(self.endings) * (
+            self.repeats + 1)
+        if planned > MAX_RUNS:
+            raise ArgumentError(f"the study would plan about {planned:,} runs (repeats {self.repeats:,} of each "
+                                f"condition), more than {MAX_RUNS:,} (at ~1 s a run, {MAX_RUNS // 86400} days): "
+                                "fewer repeats or conditions")
 
     def cells(self) -> list[Cell]:
         """Every condition, in order: size, pinned bytes, importers, which side first, ending."""

@@ -6,8 +6,10 @@ Each run becomes one point: the time from its *last* signal until every GPU's me
 down after that signal (contexts, device GiB, pinned host GiB, IPC importers: the terms of
 :func:`nvmlcheck.reclaim_model.terms`). Each cell's median is fitted by weighted least squares (weight: its runs), in
 plain Python; a coefficient the data cannot tell apart (no run varies it) keeps the prior model's value, and one fitted
-below 0 is set to 0. The error is the largest absolute residual of any run of a fitted cell. The method:
-docs/reclaim-study.md ("The model").
+below 0 is set to 0. The error is the largest absolute residual of any run of a fitted cell. One fit is one
+population: runs that differ in what the model has no term for (:data:`FIT_CONDITIONS`: GPU model, backend, polling
+mode, ending, pin mode, a teardown of its own) are refused unless ``across`` names the part, and are never one cell.
+The method: docs/reclaim-study.md ("The model").
 """
 
 from __future__ import annotations
@@ -21,11 +23,11 @@ from typing import Any
 from .._units import format_bytes
 from ..errors import ArgumentError
 from ..reclaim_model import COEFFICIENTS, ReclaimModel, model_for, terms
-from .records import RunRecord
+from .records import RunRecord, repeated_run
 from .summary import cell_words, percentile
 
-__all__ = ["FIT_ENDINGS", "FIT_KINDS", "CellFit", "FitPoint", "FitResult", "fit", "fit_point", "fit_report",
-           "format_fit", "model_code"]
+__all__ = ["FIT_CONDITIONS", "FIT_ENDINGS", "FIT_KINDS", "CellFit", "FitPoint", "FitResult", "MixedConditions",
+           "fit", "fit_conditions", "fit_point", "fit_report", "format_fit", "model_code"]
 
 #: Holder kinds fitted by default: those whose teardown the model's terms describe. The others (``streams``: work in
 #: flight; ``destroy``: the holder tears down itself; ``managed``, ``mps``, ``nccl``: their own teardown) are shown
@@ -33,6 +35,17 @@ __all__ = ["FIT_ENDINGS", "FIT_KINDS", "CellFit", "FitPoint", "FitResult", "fit"
 FIT_KINDS: tuple[str, ...] = ("alloc", "chunks", "context", "contexts", "pinned", "ipc")
 #: Endings fitted by default (``free`` frees in the holder first: not the driver's teardown alone).
 FIT_ENDINGS: tuple[str, ...] = ("KILL", "TERM", "exit")
+#: What a run was measured under that the model has no term for, and that changes its times: the GPU model, the
+#: backend, the polling mode, the ending (SIGKILL, SIGTERM, exit), the pin mode of pinned host memory, and the holder's
+#: teardown (``model``: a kind the model's terms count, :data:`FIT_KINDS`; else the kind: ``mps``, ``managed``, ...).
+#: Runs that differ in one are different populations: :func:`fit_report` refuses to fit them as one unless ``across``
+#: names the part, and never pools them into one cell.
+FIT_CONDITIONS: tuple[str, ...] = ("gpu", "backend", "mode", "ending", "pin_mode", "holder")
+#: Conditions that do not apply to every run (``None``: no pinned memory, no pin mode): such a run is no other
+#: population than one that has a value.
+_NOT_APPLICABLE = ("pin_mode",)
+#: The value of a condition pooled with ``across``.
+ANY = "*"
 #: Holders signalled within this of the last signal belong to the last stage.
 STAGE_TOLERANCE_NS = 10_000_000
 _ZEROED = "fitted below 0"
@@ -53,6 +66,8 @@ class FitPoint:
     cell: str
     kind: str
     ending: str
+    #: The run's :data:`FIT_CONDITIONS` (:func:`fit_conditions`).
+    conditions: tuple[tuple[str, str | None], ...] = ()
 
     @property
     def features(self) -> tuple[int, int, int, int]:
@@ -93,6 +108,11 @@ class FitResult:
     #: The runs fitted, by whether they were simulated: ``real``, ``simulated`` (with ``include_simulated``),
     #: ``unknown`` (records that do not say: never counted as real).
     provenance: dict[str, int] = field(default_factory=dict)
+    #: What every run fitted was measured under (:data:`FIT_CONDITIONS` and ``driver``, the records' version; ``None``:
+    #: unknown or, for ``pin_mode``, no pinned memory; ``"*"``: pooled), and the parts pooled: part → value → runs
+    #: (``"none"`` for no value), with ``across``, and ``driver`` when a driver named for the fit pools several.
+    conditions: dict[str, str | None] = field(default_factory=dict)
+    pooled: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (the ``nvmlcheck/study-fit`` document's body)."""
@@ -101,7 +121,17 @@ class FitResult:
         return {"model": asdict(self.model), "prior": asdict(self.prior), "fitted": list(self.fitted),
                 "kept": dict(self.kept), "n": self.n, "residual_max_ns": self.residual_max_ns,
                 "residual_p95_ns": self.residual_p95_ns, "cells": [asdict(c) for c in self.cells],
-                "excluded": dict(self.excluded), "provenance": dict(self.provenance)}
+                "excluded": dict(self.excluded), "provenance": dict(self.provenance),
+                "conditions": dict(self.conditions), "pooled": {k: dict(v) for k, v in self.pooled.items()}}
+
+
+class MixedConditions(ArgumentError):
+    """The runs to fit were measured under different conditions (:data:`FIT_CONDITIONS`) that ``across`` does not
+    name: ``groups`` maps each part that differs to its values and their runs."""
+
+    def __init__(self, message: str, groups: dict[str, dict[str, int]]) -> None:
+        super().__init__(message)
+        self.groups = groups
 
 
 def _label(r: RunRecord, contexts: int) -> str:
@@ -137,7 +167,19 @@ def fit_point(r: RunRecord) -> FitPoint | None:
             device = 0
     pinned = r.pinned_bytes * sum(1 for d in last if d.role != "importer")
     return FitPoint(contexts, device, pinned, importers, max(backs.values()) - last_signal, _label(r, contexts),
-                    r.holder, r.ending)
+                    r.holder, r.ending, tuple(fit_conditions(r).items()))
+
+
+def fit_conditions(r: RunRecord) -> dict[str, str | None]:
+    """The :data:`FIT_CONDITIONS` of one run: the GPU models of its GPUs (``" + "``-joined; ``None`` when no name
+    was read), backend, polling mode, ending, pin mode (``None`` without pinned memory: a pinned holder of 0 bytes
+    pins nothing, whatever its mode) and teardown (``"model"`` for :data:`FIT_KINDS`, else the kind); and the driver
+    version (its branch is checked apart) and provenance (``real``, ``simulated``, ``unknown``: counted apart, in
+    ``provenance``): runs of two versions or provenances are never one cell."""
+    names = sorted({d.name for d in r.devices if d.name})
+    return {"gpu": " + ".join(names) or None, "backend": r.backend, "mode": r.mode, "ending": r.ending,
+            "pin_mode": r.pin_mode if r.pinned_bytes else None,
+            "holder": "model" if r.holder in FIT_KINDS else r.holder, "driver": r.driver, "simulated": r.provenance}
 
 
 def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
@@ -191,17 +233,26 @@ def fit_report(
     endings: Sequence[str] = FIT_ENDINGS,
     driver: str | None = None,
     include_simulated: bool = False,
+    across: Sequence[str] = (),
 ) -> FitResult:
     """Fit the model to ``records`` (see the module). ``prior``: where the coefficients the data cannot tell come
     from (default: the table's model of the records' driver); ``kinds``/``endings``: the runs fitted (the others are
     shown against the model); ``driver``: the driver version to fit for (default: the records', which must be of one
     branch). Simulated runs (``RunRecord.simulated``: the stub's timings, not a driver's) are left out unless
     ``include_simulated``; runs that do not say are fitted and counted as ``unknown`` in ``provenance``.
+
+    The runs fitted must share their :data:`FIT_CONDITIONS` (GPU model, backend, polling mode, ending, pin mode,
+    teardown): the model has no term for them, so runs that differ in one are another population.
+    :class:`MixedConditions` (a ``ValueError``) names the parts that differ and their runs, unless ``across`` names
+    those parts: then they are fitted together (``pooled`` says what was pooled), each condition still its own cell.
     ``ValueError`` when no run can be fitted."""
+    bad = [p for p in across if p not in FIT_CONDITIONS]
+    if bad:
+        raise ArgumentError(f"cannot fit across {', '.join(bad)}: one of {', '.join(FIT_CONDITIONS)}")
     if driver is not None and not _VERSION.fullmatch(driver):
         shown = driver if len(driver) <= 40 else driver[:37] + "..."
         raise ArgumentError(f"driver {shown!r} is not a driver version (digits and dots, such as 580 or 580.159.04)")
-    every = list(records)
+    every = _once(records)
     excluded: dict[str, int] = {}
     if not include_simulated:
         every = _without_simulated(every, excluded)
@@ -225,7 +276,11 @@ def fit_report(
     if not fitted_pts:
         raise ArgumentError(f"no measured run of the kinds {', '.join(kinds)} with the endings {', '.join(endings)} "
                          "to fit")
-    groups = _groups(fitted_pts)
+    conditions, pooled = _shared_conditions(fitted_pts, across)
+    recorded = _drivers(fitted_runs, conditions, pooled)
+    # The parts a cell's label names: those that differ between cells (its kind and ending are named already).
+    varying = tuple(_varying([*fitted_pts, *other_pts]) - {"ending", "holder"})
+    groups = _groups(fitted_pts, varying)
     rows = [terms(*g[0].features) for g in groups]
     y = [percentile([p.memory_back_ns for p in g], 0.5) for g in groups]
     w = [float(len(g)) for g in groups]
@@ -240,15 +295,42 @@ def fit_report(
     provenance = _provenance(fitted_runs)
     model = replace(model, error_ns=math.ceil(err), source=(
         f"nvmlcheck study fit of {len(fitted_pts)} runs ({len(groups)} cells), driver {versions}"
+        + (f" (records of driver {recorded})" if recorded != versions else "")
+        + f" ({_conditions_words({k: v for k, v in conditions.items() if k != 'driver'})})"
+        + "".join(f"; pooled {k.replace('_', ' ')} {_counts_words(v)}" for k, v in pooled.items())
         + "".join(f"; {n} runs {_PROVENANCE_WORDS[k]}" for k, n in provenance.items() if k != "real" and n)
         + f"; fitted {', '.join(fitted) or 'nothing'}"
         + (f"; kept from the {base.driver} entry: {', '.join(prior_kept)}" if prior_kept else "")
         + (f"; set to 0 (fitted below 0): {', '.join(zeroed)}" if zeroed else "")))
     cells = tuple(_cell_fit(g, model, True) for g in groups) + tuple(
-        _cell_fit(g, model, False) for g in _groups(other_pts))
+        _cell_fit(g, model, False) for g in _groups(other_pts, varying))
     return FitResult(model=model, prior=base, fitted=fitted, kept=kept, n=len(fitted_pts), residual_max_ns=err,
                      residual_p95_ns=percentile(residuals, 0.95), cells=cells, excluded=excluded,
-                     provenance=provenance)
+                     provenance=provenance, conditions=conditions, pooled=pooled)
+
+
+def _once(records: Iterable[RunRecord]) -> list[RunRecord]:
+    """``records`` as a list; ``ValueError`` when one run is in it twice (it would weigh double)."""
+    every = list(records)
+    twice = repeated_run(every)
+    if twice is not None:
+        r = every[twice[1]]
+        raise ArgumentError(f"run {r.run} of the study at wall time {r.wall_time} is among the records twice "
+                            f"(records {twice[0] + 1} and {twice[1] + 1}): a file given twice, or a file and one its "
+                            "records were appended to; a run fitted twice would weigh double")
+    return every
+
+
+def _drivers(runs: Sequence[RunRecord], conditions: dict[str, str | None], pooled: dict[str, dict[str, int]]) -> str:
+    """The driver versions the runs fitted were measured on, into ``conditions`` (and ``pooled`` when several: a
+    driver named for the fit may differ from them, and the fit says so)."""
+    drivers: dict[str, int] = {}
+    for r in runs:
+        drivers[r.driver or "unknown"] = drivers.get(r.driver or "unknown", 0) + 1
+    conditions["driver"] = next(iter(drivers)) if len(drivers) == 1 else ANY
+    if len(drivers) > 1:
+        pooled["driver"] = dict(sorted(drivers.items()))
+    return ", ".join(sorted(drivers))
 
 
 #: How a fit's source and text name runs that are not known to be real.
@@ -279,11 +361,88 @@ def _without_simulated(records: list[RunRecord], excluded: dict[str, int]) -> li
     return kept
 
 
-def _groups(points: Sequence[FitPoint]) -> list[list[FitPoint]]:
-    by: dict[tuple[str, tuple[int, int, int, int]], list[FitPoint]] = {}
+def _groups(points: Sequence[FitPoint], varying: Sequence[str]) -> list[list[FitPoint]]:
+    """The cells: points of one label, the same terms and the same conditions (runs of another GPU model, ending or
+    pin mode are never pooled into one cell's median); a condition in ``varying`` is named in the cell's label."""
+    by: dict[tuple[str, tuple[int, int, int, int], tuple[tuple[str, str | None], ...]], list[FitPoint]] = {}
     for p in points:
-        by.setdefault((p.cell, p.features), []).append(p)
-    return list(by.values())
+        by.setdefault((p.cell, p.features, p.conditions), []).append(p)
+    out = []
+    for (cell, _, cond), group in by.items():
+        shown = _conditions_words({k: v for k, v in cond if k in varying})
+        out.append([replace(p, cell=f"{cell} [{shown}]") for p in group] if shown else group)
+    return out
+
+
+def _varying(points: Sequence[FitPoint]) -> set[str]:
+    return {k for k in (*FIT_CONDITIONS, "driver", "simulated") if len({dict(p.conditions).get(k) for p in points}) > 1}
+
+
+def _shared_conditions(points: Sequence[FitPoint], across: Sequence[str]) -> tuple[
+        dict[str, str | None], dict[str, dict[str, int]]]:
+    """The conditions every point shares, and those pooled across (part → value → runs); :class:`MixedConditions`
+    for a part that differs and ``across`` does not name (a run without a pin mode differs from none)."""
+    seen: dict[str, dict[str | None, int]] = {k: {} for k in FIT_CONDITIONS}
+    for p in points:
+        for k, v in p.conditions:
+            if k in seen:
+                seen[k][v] = seen[k].get(v, 0) + 1
+    shared: dict[str, str | None] = {}
+    pooled: dict[str, dict[str, int]] = {}
+    mixed: dict[str, dict[str, int]] = {}
+    for k, values in seen.items():
+        applied = {v: n for v, n in values.items() if v is not None or k not in _NOT_APPLICABLE}
+        if len(applied) <= 1:
+            shared[k] = next(iter(applied), None)
+            continue
+        counts = {_value_word(k, v): n for v, n in applied.items()}
+        if k in across:
+            shared[k] = ANY
+            pooled[k] = counts
+        else:
+            mixed[k] = counts
+    if mixed:
+        parts = "; ".join(f"{k.replace('_', ' ')} {_counts_words(v)}" for k, v in mixed.items())
+        picks = [_PICK[k] for k in mixed if k in _PICK]
+        raise MixedConditions(
+            f"the runs to fit were measured under different conditions, which the model has no term for: {parts}. "
+            f"Fit one at a time ({'; '.join(picks)}), or fit them as one model with --across {','.join(mixed)} "
+            f"(across={tuple(mixed)!r}): each condition stays its own cell", mixed)
+    return shared, pooled
+
+
+#: How to keep one value of a condition for a fit.
+_PICK = {"ending": "--endings with one of them", "holder": "--kinds of the model alone",
+         "gpu": "the records of one GPU model", "backend": "the records of one backend",
+         "mode": "the records of one polling mode", "pin_mode": "the records of one pin mode"}
+
+
+def _value_word(part: str, value: str | None) -> str:
+    if value is None:
+        return "none" if part in _NOT_APPLICABLE else "unknown"
+    if part == "holder" and value == "model":
+        return "the kinds the model counts"  # FIT_KINDS
+    return value
+
+
+def _counts_words(counts: dict[str, int]) -> str:
+    return ", ".join(f"{v} ({n} run{'s' if n != 1 else ''})" for v, n in counts.items())
+
+
+def _conditions_words(conditions: dict[str, str | None]) -> str:
+    words = []
+    for k, v in conditions.items():
+        if v is None and k in _NOT_APPLICABLE:
+            continue
+        if k == "simulated":
+            words.append({"simulated": "SIMULATED", "real": "real GPU"}.get(v or "", "provenance unknown"))
+        elif k == "holder":
+            words.append("holders of pooled kinds" if v == ANY else f"holders of {_value_word(k, v)}")
+        elif k == "gpu":
+            words.append("several GPU models" if v == ANY else v or "GPU model unknown")
+        else:
+            words.append(f"{k.replace('_', ' ')} {'pooled' if v == ANY else _value_word(k, v)}")
+    return ", ".join(words)
 
 
 def _fit_columns(rows: Sequence[Sequence[float]], y: Sequence[float], w: Sequence[float],
@@ -347,6 +506,15 @@ def format_fit(result: FitResult) -> str:
     the code to register it."""
     m, lines = result.model, []
     lines.append(f"reclaim-time model for driver branch {m.driver}: {result.n} runs fitted")
+    if result.conditions:
+        # Runs not known to be real are said on this line too, not only in a note at the end.
+        sources = [f"{n} {'SIMULATED' if k == 'simulated' else k}" for k, n in result.provenance.items() if n]
+        doubt = any(result.provenance.get(k) for k in ("simulated", "unknown"))
+        lines.append(f"measured under: {_conditions_words(result.conditions)}"
+                     + (f"; runs {', '.join(sources)}" if doubt else ""))
+    for part, counts in result.pooled.items():
+        how = f"--driver {m.driver}" if part == "driver" else f"--across {part}"
+        lines.append(f"pooled ({how}): {part.replace('_', ' ')} {_counts_words(counts)}; each its own cell")
     for name in COEFFICIENTS:
         why = result.kept.get(name, "")
         how = ("fitted" if name in result.fitted else why if why.startswith(_ZEROED)

@@ -13,12 +13,52 @@ from typing import TYPE_CHECKING, Any
 from .._units import format_bytes
 from ..errors import ArgumentError
 from .errors import PlotUnavailable
-from .summary import percentile
+from .summary import cell_words, percentile
 
 if TYPE_CHECKING:
     from .records import RunRecord
 
-__all__ = ["plot_run_trace", "plot_time_to_clean"]
+__all__ = ["plot_run_trace", "plot_time_to_clean", "provenance_mark"]
+
+#: The mark of a plot drawn from simulated runs: across the figure, so that no crop of it passes for a GPU's figure.
+SIMULATED_MARK = "SIMULATED"
+
+
+def provenance_mark(records: Iterable[RunRecord]) -> str | None:
+    """What a plot of ``records`` must say about where its times come from: ``None`` when every run is real; else
+    the words (simulated runs: the stub's timings; runs whose records do not say whether they were simulated)."""
+    kinds = {r.provenance for r in records}
+    if "simulated" in kinds:
+        what = sorted({r.simulation for r in records if r.simulated and r.simulation})
+        some = "" if kinds == {"simulated"} else "some runs "
+        return (f"{SIMULATED_MARK}: {some}the stub's timings, not a GPU's measurement"
+                + (f" ({'; '.join(what)})" if what else ""))
+    if "unknown" in kinds:
+        return "provenance unknown: the records do not say whether they were simulated"
+    return None
+
+
+def _mark(fig: Any, records: Iterable[RunRecord]) -> str | None:
+    """Mark the figure drawn from ``records`` as simulated (a large diagonal word and a red line under the axes) or
+    of unknown provenance (the line); the words, also kept in the PNG's metadata (``Description``)."""
+    words = provenance_mark(list(records))
+    if words is None:
+        return None
+    simulated = words.startswith(SIMULATED_MARK)
+    if simulated:
+        fig.text(0.5, 0.5, SIMULATED_MARK, transform=fig.transFigure, fontsize=56,
+                 color="tab:red", alpha=0.18, rotation=25, ha="center", va="center", weight="bold", zorder=10)
+    fig.text(0.5, -0.02, words, ha="center", va="top", fontsize=9, color="tab:red" if simulated else "dimgray",
+             weight="bold" if simulated else "normal", wrap=True)
+    return words
+
+
+def _save(fig: Any, path: str | os.PathLike[str], mark: str | None) -> Path:
+    out = Path(path)
+    metadata = {"Software": "nvmlcheck study"} | ({"Description": mark} if mark else {})
+    fig.savefig(out, bbox_inches="tight", metadata=metadata)
+    return out
+
 
 def _figure(width: float, height: float) -> Any:
     """A matplotlib Figure on an Agg canvas (no pyplot, no global backend change)."""
@@ -35,23 +75,30 @@ def _figure(width: float, height: float) -> Any:
 
 
 def plot_time_to_clean(records: Iterable[RunRecord], path: str | os.PathLike[str]) -> Path:
-    """PNG: signal → memory back (ms) against size (log x), one colour per ending: every GPU-run as a point, the
-    median as a line. Warm-ups and timed-out runs left out. Raises :class:`PlotUnavailable` without matplotlib."""
+    """PNG: signal → memory back (ms) against size (log x), one colour per ending (and per holder kind, pinned
+    memory and its pin mode, importers, IPC order and role where the records have several: never two in one line):
+    every GPU-run as a point, the median as a line. Warm-ups and timed-out runs left out. Runs that were simulated
+    are marked across the figure, runs of unknown provenance under it (:func:`provenance_mark`). Raises
+    :class:`PlotUnavailable` without matplotlib."""
+    records = list(records)
     kept = [r for r in records if not r.warmup and not r.timed_out]
     fig = _figure(7.0, 4.5)
     ax = fig.add_subplot()
-    for ending in dict.fromkeys(r.ending for r in kept):
-        xs: list[float] = []
-        ys: list[float] = []
-        medians: list[tuple[float, float]] = []
-        for size in sorted({r.size_bytes for r in kept if r.ending == ending}):
-            vals = [d.memory_back_ns / 1e6 for r in kept if r.ending == ending and r.size_bytes == size
-                    for d in r.devices if d.memory_back_ns is not None]
-            xs.extend([size / 2**30] * len(vals))
-            ys.extend(vals)
-            if vals:
-                medians.append((size / 2**30, percentile(vals, 0.5)))
-        (line,) = ax.plot([m[0] for m in medians], [m[1] for m in medians], label=f"{ending}: runs and median")
+    series: dict[tuple[str, str, int, int, str, str, str], dict[int, list[float]]] = {}
+    for r in kept:
+        for d in r.devices:
+            if d.memory_back_ns is not None:
+                pin_mode = (r.pin_mode or "") if r.pinned_bytes else ""
+                key = (str(r.ending), r.holder, r.pinned_bytes, r.importers, r.first or "", d.role, pin_mode)
+                series.setdefault(key, {}).setdefault(r.size_bytes, []).append(d.memory_back_ns / 1e6)
+    parts = [len({k[i] for k in series}) > 1 for i in range(6)]  # which parts tell the series apart
+    parts.append(len({k[6] for k in series if k[6]}) > 1)  # a pin mode, where there are two
+    for key, by_size in series.items():
+        xs = [size / 2**30 for size, vals in sorted(by_size.items()) for _ in vals]
+        ys = [v for _, vals in sorted(by_size.items()) for v in vals]
+        medians = [(size / 2**30, percentile(vals, 0.5)) for size, vals in sorted(by_size.items())]
+        (line,) = ax.plot([m[0] for m in medians], [m[1] for m in medians],
+                          label=f"{_series_label(key, parts)}: runs and median")
         ax.scatter(xs, ys, s=12, alpha=0.6, color=line.get_color())
     sizes = sorted({r.size_bytes for r in kept})
     if sizes and sizes[0] > 0:  # a context holder's size 0 has no place on a log axis
@@ -63,19 +110,35 @@ def plot_time_to_clean(records: Iterable[RunRecord], path: str | os.PathLike[str
     ax.set_ylabel("signal → memory back (ms)")
     ax.set_ylim(0, max(ax.get_ylim()[1], 1.0) * 1.15)  # room above the highest point for the legend
     ax.grid(True, which="major", alpha=0.3)
-    ax.legend()
-    backends = sorted({f"{r.backend}, driver {r.driver}" for r in kept})
-    ax.set_title("Time until the driver gives the memory back" + (f"\n{'; '.join(backends)}" if backends else ""),
-                 fontsize=10)
-    out = Path(path)
-    fig.savefig(out, bbox_inches="tight")
-    return out
+    if series:
+        ax.legend(fontsize=8 if len(series) > 3 else 10)
+    ax.set_title(_title("Time until the driver gives the memory back", kept), fontsize=10)
+    return _save(fig, path, _mark(fig, records))
+
+
+def _series_label(key: tuple[str, str, int, int, str, str, str], parts: list[bool]) -> str:
+    ending, holder, pinned, importers, first, role, pin_mode = key
+    words = f"{holder} " if parts[1] else ""
+    words += cell_words(pinned if parts[2] else 0, importers if parts[3] else 0, first if parts[4] else None)
+    words += f" by {pin_mode}" if parts[6] and pin_mode else ""
+    words += f" ({role}s)" if parts[5] else ""
+    return f"{ending}{' ' + words.strip(' ,') if words.strip(' ,') else ''}"
+
+
+def _title(what: str, records: Iterable[RunRecord]) -> str:
+    """``what``, over the machine: the GPU models, backends and drivers of the records."""
+    records = list(records)
+    gpus = sorted({d.name or "GPU model unknown" for r in records for d in r.devices})
+    backends = sorted({f"{r.backend}, driver {r.driver}" for r in records})
+    machine = "; ".join([*gpus, *backends])
+    return what + (f"\n{machine}" if machine else "")
 
 
 def plot_run_trace(record: RunRecord, path: str | os.PathLike[str], *, device: int | None = None) -> Path:
     """PNG: used memory (GiB) against time from the signal (ms) for one run, one line per GPU, with the phases of
     ``device`` (default: the run's first GPU) marked: signal, leader zombie, exited (pidfd), device files closed,
-    off the list, memory back, pid reaped; each phase's sampling window shaded where the record has one.
+    off the list, memory back, pid reaped; each phase's sampling window shaded where the record has one. A simulated
+    run is marked across the figure, one of unknown provenance under it (:func:`provenance_mark`).
 
     ``ValueError`` when the record has no trace (run with ``trace=True`` / ``--trace``); :class:`PlotUnavailable`
     without matplotlib."""
@@ -110,12 +173,11 @@ def plot_run_trace(record: RunRecord, path: str | os.PathLike[str], *, device: i
         if window:  # the phase lies in (t - window, t]: shade it, so a wide window cannot pass for a precise time
             ax.axvspan(x - window / 1e6, x, color=colour, alpha=0.12, linewidth=0)
         ax.axvline(x, color=colour, linestyle=style, linewidth=1, label=f"{label} ({t / 1e6:.1f} ms)")
-    ax.set_xlabel("time from the signal (ms)")
+    ax.set_xlabel("time from the run's first signal (ms)")
     ax.set_ylabel("used memory (GiB)")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
-    ax.set_title(f"{format_bytes(record.size_bytes)}, {record.ending}, run {record.run} "
-                 f"(sampling period {record.resolution_ns / 1e6:.3f} ms)", fontsize=10)
-    out = Path(path)
-    fig.savefig(out, bbox_inches="tight")
-    return out
+    words = cell_words(record.pinned_bytes, record.importers, record.first)
+    ax.set_title(_title(f"{record.holder} {format_bytes(record.size_bytes)}{words}, {record.ending}, run {record.run} "
+                        f"(sampling period {record.resolution_ns / 1e6:.3f} ms)", [record]), fontsize=10)
+    return _save(fig, path, _mark(fig, [record]))

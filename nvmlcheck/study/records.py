@@ -4,9 +4,12 @@ as JSON Lines. docs/study-records.md describes every field; within version 1 fie
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
 import os
+import stat
+import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import MISSING, asdict, dataclass, field
 from pathlib import Path
@@ -16,7 +19,7 @@ from .config import Ending, parse_ending
 from .errors import RecordFormatError
 
 __all__ = ["RECORD_SCHEMA", "RECORD_VERSION", "UNRECORDED", "DeviceRun", "RunRecord", "load_records",
-           "record_writer", "write_records"]
+           "record_writer", "repeated_run", "write_records"]
 
 #: The ``schema`` of a run record.
 RECORD_SCHEMA = "nvmlcheck/reclaim-run"
@@ -271,26 +274,34 @@ _DEVICE_FIELDS: dict[str, _Check] = {
 
 
 #: Why a record without the ``simulated`` field is of unknown provenance.
-UNRECORDED = ("written before records said whether they were simulated (no 'simulated' field): it may come from "
-              "the stub (--simulate) or from a real GPU")
+UNRECORDED = ("written before records said whether they were simulated (no 'simulated' field), by holders that "
+              "did not report the CUDA holder's steps (as in the first edition): it may come from the stub "
+              "(--simulate) or from a real GPU")
 #: The stub holder's mark on its ``ready`` line (``sim=1``), kept in ``holder_steps`` since the second edition.
 _STUB_MARK = "sim"
+#: The CUDA holder's own steps (``python -m nvmlcheck.holder``: ``cuInit``, then its context), on its ``ready`` line
+#: since the second edition, as the stub holder's mark: a holder that reported them set up a context on a real GPU.
+_CUDA_STEPS = ("init", "ctx")
 
 
 def _provenance(doc: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
     """``simulated``, ``simulation`` and ``simulated_reason`` of a record read back: as written; for an older record
-    without them, simulated when its holders carry the stub's mark (``sim`` in ``holder_steps``), else unknown with
-    the reason (never taken for real)."""
+    without them, simulated when its holders carry the stub's mark (``sim`` in ``holder_steps``), real when every
+    holder reported the CUDA holder's steps (``init`` and ``ctx``, which the stub's holders never report: both marks
+    came with the second edition), else unknown with the reason (a first-edition record: never taken for real)."""
     simulated = fields.get("simulated")
     if simulated is True:
         return {"simulated_reason": None}
     if simulated is False:
         return {"simulation": None, "simulated_reason": None}
-    if any(_STUB_MARK in (d.holder_steps or {}) for d in fields["devices"]):
+    steps = [d.holder_steps or {} for d in fields["devices"]]
+    if any(_STUB_MARK in s for s in steps):
         return {"simulated": True, "simulated_reason": None,
                 "simulation": fields.get("simulation") or "the stub holders (their ready lines carry sim=1)"}
     if "simulated" in doc:
         return {}  # unknown, as written (with the writer's reason, if it gave one)
+    if all(all(k in s for k in _CUDA_STEPS) for s in steps):
+        return {"simulated": False, "simulation": None, "simulated_reason": None}
     return {"simulated": None, "simulation": None, "simulated_reason": UNRECORDED}
 
 
@@ -326,35 +337,131 @@ def _check_trace(columns: list[str] | None, rows: list[list[Any]] | None) -> Non
             raise RecordFormatError(f"field 'trace[{n}]': expected integers >= 0 or null, got {_show(bad)}")
 
 
+def repeated_run(records: Iterable[RunRecord]) -> tuple[int, int] | None:
+    """The positions of the first run found twice in ``records`` (the same record, field for field: a file given
+    twice, or a file and one its records were appended to), or ``None``. A run counted twice weighs double in a fit
+    and narrows a comparison's interval as if it had been measured twice."""
+    seen: dict[str, int] = {}
+    for i, r in enumerate(records):
+        line = r.to_line()
+        if line in seen:
+            return seen[line], i
+        seen[line] = i
+    return None
+
+
 def write_records(records: Iterable[RunRecord], path: str | os.PathLike[str]) -> Path:
-    """Write ``records`` as JSON Lines to ``path`` (replacing it) and return the path."""
+    """Write ``records`` as JSON Lines to ``path`` and return the path. The file is replaced whole (written beside it,
+    then renamed over it): interrupted, ``path`` keeps what it held, never half a file."""
     out = Path(path)
-    with out.open("w", encoding="utf-8") as f:
+    with _Lines(out) as lines:
         for r in records:
-            f.write(r.to_line() + "\n")
+            lines.write(r.to_line())
+        lines.publish()  # no record: an empty file, as asked
     return out
 
 
+#: The longest line :func:`load_records` reads: a record with a trace of every poll of a 30 s run on 8 GPUs is tens
+#: of MiB at most; a longer line (``/dev/zero``, a binary file) is refused before it fills the memory.
+MAX_LINE_BYTES = 128 << 20
+
+
 def load_records(path: str | os.PathLike[str]) -> list[RunRecord]:
-    """Read a JSON Lines file of run records (blank lines skipped). Raises :class:`RecordFormatError` naming the file
-    and line for anything that is not a version-1 ``nvmlcheck/reclaim-run`` record: a field of the wrong type or
-    range, ``NaN``/``Infinity``, text that is not UTF-8. ``OSError`` when the file cannot be read."""
+    """Read a JSON Lines file of run records (blank lines skipped), or the document of ``study reclaim --json`` (its
+    ``records``, without their traces). Raises :class:`RecordFormatError` naming the file and line for anything else:
+    a field of the wrong type or range, ``NaN``/``Infinity``, text that is not UTF-8, a line longer than
+    :data:`MAX_LINE_BYTES`, a last line cut short (its writer killed while writing it), another nvmlcheck document
+    (``study compare --json``: named, with what to give instead). ``OSError`` when the file cannot be read."""
     records: list[RunRecord] = []
     with Path(path).open("rb") as f:
-        for n, raw in enumerate(f, 1):
+        for n, raw in enumerate(iter(lambda: f.readline(MAX_LINE_BYTES + 1), b""), 1):
+            if len(raw) > MAX_LINE_BYTES:  # /dev/zero, a binary file: never read whole into memory
+                raise RecordFormatError(f"{path}:{n}: a line longer than {MAX_LINE_BYTES >> 20} MiB is no run record "
+                                        "(a record with its trace is at most a few MiB)")
             try:
                 line = raw.decode("utf-8")
                 if not line.strip():
                     continue
-                doc = json.loads(line, parse_constant=_no_constant)
+                try:
+                    doc = json.loads(line, parse_constant=_no_constant)
+                except json.JSONDecodeError:
+                    whole = None if records or line.strip() != "{" else _whole_document(f)
+                    if whole is None:
+                        raise
+                    return _records_of_document(whole)  # printed with indents (--json): not JSON Lines
                 if not isinstance(doc, dict):
                     raise RecordFormatError(f"a record is a JSON object, not {type(doc).__name__}")
+                if not records and doc.get("schema") != RECORD_SCHEMA and _is_document(doc):
+                    return _records_of_document(doc)  # one compact document (a --json line)
                 records.append(RunRecord.from_json(doc))
             except UnicodeDecodeError:
+                if not raw.endswith(b"\n"):
+                    raise RecordFormatError(_cut_short(path, n)) from None
                 raise RecordFormatError(f"{path}:{n}: not UTF-8 text") from None
             except (RecordFormatError, ValueError, RecursionError) as exc:
+                if not raw.endswith(b"\n") and isinstance(exc, json.JSONDecodeError):
+                    raise RecordFormatError(_cut_short(path, n)) from None
                 raise RecordFormatError(f"{path}:{n}: {exc}") from exc
     return records
+
+
+#: The document of ``study reclaim --json``, whose ``records`` are run records (without their traces).
+REPORT_SCHEMA = "nvmlcheck/study-reclaim"
+#: What the other study documents are, for the error that names one given as records.
+_DOCUMENTS = {"nvmlcheck/study-compare": "the output of study compare --json",
+              "nvmlcheck/study-fit": "the output of study fit --json", "nvmlcheck/error": "an error document"}
+
+
+def _is_document(doc: dict[str, Any]) -> bool:
+    schema = doc.get("schema")
+    return isinstance(schema, str) and schema.startswith("nvmlcheck/") and schema != RECORD_SCHEMA
+
+
+def _whole_document(f: Any) -> Any | None:
+    """The file read whole as one JSON value (at most :data:`MAX_LINE_BYTES`), or ``None`` when it is not one."""
+    f.seek(0)
+    data = f.read(MAX_LINE_BYTES + 1)
+    if len(data) > MAX_LINE_BYTES:
+        return None
+    try:
+        doc = json.loads(data.decode("utf-8"), parse_constant=_no_constant)
+    except (ValueError, RecursionError):
+        return None
+    return doc if isinstance(doc, dict) and _is_document(doc) else None
+
+
+def _records_of_document(doc: dict[str, Any]) -> list[RunRecord]:
+    """The records of a ``study reclaim --json`` document; for another document, an error naming it and the fix (the
+    caller adds the file and line)."""
+    schema, version = doc.get("schema"), doc.get("version")
+    if schema != REPORT_SCHEMA:
+        what = _DOCUMENTS.get(str(schema), "another nvmlcheck document")
+        raise RecordFormatError(
+            f"an {schema} document (version {version!r}: {what}), not run records: give the JSON Lines file of "
+            f"study reclaim --out (schema {RECORD_SCHEMA}), or the document of study reclaim --json")
+    if version != 1:
+        raise RecordFormatError(f"an {REPORT_SCHEMA} document of version {version!r}: this nvmlcheck reads "
+                                "version 1 (upgrade nvmlcheck for a newer one)")
+    every = doc.get("records")
+    if not isinstance(every, list):
+        raise RecordFormatError(f"field 'records' of the {REPORT_SCHEMA} document: expected a list, got "
+                                f"{_show(every)}")
+    out = []
+    for i, r in enumerate(every):
+        if not isinstance(r, dict):
+            raise RecordFormatError(f"records[{i}]: a record is a JSON object, not {type(r).__name__}")
+        try:
+            out.append(RunRecord.from_json(r))
+        except RecordFormatError as exc:
+            raise RecordFormatError(f"records[{i}]: {exc}") from exc
+    return out
+
+
+def _cut_short(path: str | os.PathLike[str], n: int) -> str:
+    """The error for a last line that is not a whole record: its writer was killed while writing it."""
+    before = f"the {n - 1} line{'s' if n != 2 else ''} before it" if n > 1 else "no line before it"
+    return (f"{path}:{n}: the last line is cut short (no newline at its end, and not a whole JSON record): its writer "
+            f"was killed while writing it; {before} can be read once it is removed (sed -i '$d' FILE)")
 
 
 def _no_constant(name: str) -> Any:
@@ -364,11 +471,104 @@ def _no_constant(name: str) -> Any:
 
 @contextlib.contextmanager
 def record_writer(path: str | os.PathLike[str]) -> Iterator[Callable[[RunRecord], None]]:
-    """A JSON Lines sink for ``run_study(on_record=...)``: each record is written and flushed as it comes."""
-    with Path(path).open("w", encoding="utf-8") as f:
+    """A JSON Lines sink for ``run_study(on_record=...)``: each record is written whole as it comes (a study
+    interrupted, by a signal or a full disk, leaves complete records, never half a line). ``path`` is replaced only
+    by a file that holds the first record: a study that ends before its first record (refused at the baseline,
+    skipped, interrupted) leaves ``path`` as it was."""
+    with _Lines(Path(path)) as lines:
 
         def write(record: RunRecord) -> None:
-            f.write(record.to_line() + "\n")
-            f.flush()
+            lines.write(record.to_line())
+            lines.publish()
 
         yield write
+
+
+class _Lines:
+    """Whole lines appended to a file written beside ``path`` (same directory, a hidden temporary name) and renamed
+    over it by :meth:`publish`; appended to in place after that. A line is written with ``os.write`` until all of it
+    is out; if anything interrupts it (a signal's exception, ``ENOSPC``), the file is cut back to the line's start,
+    so it only ever holds complete lines. Left unpublished, the temporary file is removed on exit. A ``path`` that
+    exists and is no regular file (a FIFO, ``/dev/null``) is written in place; so is a file whose directory takes no
+    new file (it is emptied only when the first line comes)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.target = str(path)
+        self.fd = -1
+        self.temp: str | None = None
+        self.in_place = False  # opened (and emptied) at the first line
+        self.size = 0  # bytes of complete lines in the file
+
+    def __enter__(self) -> _Lines:
+        target = os.path.realpath(self.path)  # through a symbolic link, as opening it would
+        try:
+            mode = os.stat(target).st_mode
+        except FileNotFoundError:
+            mode = None
+        if mode is not None and not stat.S_ISREG(mode):
+            self.fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+            return self
+        umask = os.umask(0)
+        os.umask(umask)
+        self.target = target
+        try:
+            fd, self.temp = tempfile.mkstemp(dir=os.path.dirname(target) or ".",
+                                             prefix=f".{os.path.basename(target)}.", suffix=".partial")
+        except PermissionError:
+            if mode is None or not os.access(target, os.W_OK):
+                raise
+            self.in_place = True  # a writable file in a directory that takes no new file: written where it is
+            return self
+        os.fchmod(fd, stat.S_IMODE(mode) if mode is not None else 0o666 & ~umask)
+        self.fd = fd
+        return self
+
+    def write(self, line: str) -> None:
+        if self.in_place and self.fd < 0:
+            self.fd = os.open(self.target, os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC)
+        elif self.temp is None and self.size:
+            self._still_ours()
+        whole = (line + "\n").encode("utf-8")
+        data = memoryview(whole)
+        try:
+            while data:
+                data = data[os.write(self.fd, data):]
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self.fd, self.size)  # cut back to the last complete line, and write on from there
+                os.lseek(self.fd, self.size, os.SEEK_SET)
+            raise
+        self.size += len(whole)
+
+    def _still_ours(self) -> None:
+        """Refuse to write on when ``path`` is no longer this file (another study with the same ``--out`` renamed its
+        own over it): the records so far are copied to a file of their own, named in the error, not lost with the
+        unlinked file."""
+        mine = os.fstat(self.fd)
+        try:
+            there = os.stat(self.target)
+        except FileNotFoundError:
+            there = None
+        if there is not None and (there.st_dev, there.st_ino) == (mine.st_dev, mine.st_ino):
+            return
+        if not stat.S_ISREG(mine.st_mode):
+            return  # a FIFO or a device written in place
+        keep = f"{self.target}.{os.getpid()}"
+        with open(keep, "wb") as f:
+            f.write(os.pread(self.fd, self.size, 0))
+        raise OSError(errno.ESTALE, f"{self.target} was replaced or removed by another process (another study with "
+                                    f"the same --out?); the records written so far are in {keep}")
+
+    def publish(self) -> None:
+        """Put the file at ``path`` (once): renamed over it, atomically."""
+        if self.temp is not None:
+            os.replace(self.temp, self.target)
+            self.temp = None
+
+    def __exit__(self, *exc: object) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+        if self.temp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self.temp)

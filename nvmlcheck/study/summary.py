@@ -101,25 +101,34 @@ class SummaryRow:
     importers: int = 0
     first: str | None = None
     role: str = "holder"
+    #: What the cell's runs were measured under, kept apart like the cell's parts: the pin mode of pinned memory
+    #: (``None`` without), the GPU model (``None``: not read) and the provenance (``real``, ``simulated``,
+    #: ``unknown``: :attr:`RunRecord.provenance`).
+    pin_mode: str | None = None
+    gpu: str | None = None
+    provenance: str = "unknown"
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (statistics in ns)."""
         return asdict(self)
 
 
-_Key = tuple[int, str, str, int, int, str, str]
+#: A cell: size, ending, holder kind, pinned bytes, importers, IPC order, role, pin mode, GPU model, provenance.
+_Key = tuple[int, str, str, int, int, str, str, str | None, str | None, str]
 
 
 def summarize(records: Iterable[RunRecord]) -> list[SummaryRow]:
     """Statistics per cell (size, ending, holder kind, pinned bytes, importers, IPC order) and holder role (an IPC
     group's exporter and importers apart), in order of holder kind, size, pinned bytes, importers, order, ending and
-    role, kinds, orders, endings and roles in order of first appearance; warm-ups left out."""
+    role, kinds, orders, endings and roles in order of first appearance; warm-ups left out. Runs of another pin mode,
+    GPU model or provenance (simulated, real, unknown) are another row, never pooled into one."""
     cells: dict[_Key, list[RunRecord]] = {}
     for r in records:
         if not r.warmup:
-            for role in dict.fromkeys(d.role for d in r.devices):
-                cells.setdefault((r.size_bytes, r.ending, r.holder, r.pinned_bytes, r.importers, r.first or "", role),
-                                 []).append(r)
+            pin_mode = r.pin_mode if r.pinned_bytes else None
+            for role, gpu in dict.fromkeys((d.role, d.name) for d in r.devices):
+                cells.setdefault((r.size_bytes, r.ending, r.holder, r.pinned_bytes, r.importers, r.first or "", role,
+                                  pin_mode, gpu, r.provenance), []).append(r)
     endings = list(dict.fromkeys(k[1] for k in cells))
     kinds = list(dict.fromkeys(k[2] for k in cells))
     orders = list(dict.fromkeys(k[5] for k in cells))
@@ -127,14 +136,14 @@ def summarize(records: Iterable[RunRecord]) -> list[SummaryRow]:
     every = _MEASURES + _PHASE_MEASURES
     rows = []
     for key in sorted(cells, key=lambda k: (kinds.index(k[2]), k[0], k[3], k[4], orders.index(k[5]),
-                                            endings.index(k[1]), roles.index(k[6]))):
-        size, ending, kind, pinned, importers, first, role = key
+                                            endings.index(k[1]), roles.index(k[6]), repr(k[7:]))):
+        size, ending, kind, pinned, importers, first, role, pin_mode, gpu, provenance = key
         runs = cells[key]
         good = [r for r in runs if not r.timed_out]
         values: dict[str, list[int]] = {m: [] for m, _ in every}
         for r in good:
             for d in r.devices:
-                if d.role != role:
+                if (d.role, d.name) != (role, gpu):
                     continue
                 for m, _ in every:
                     v = getattr(d, f"{m}_ns")
@@ -143,13 +152,15 @@ def summarize(records: Iterable[RunRecord]) -> list[SummaryRow]:
         stats = {m: Stats.of(values[m]) for m, _ in every}
         clean = stats["first_clean"]
         rows.append(SummaryRow(
-            size_bytes=size, ending=ending, n=sum(1 for r in good for d in r.devices if d.role == role), runs=len(runs),
+            size_bytes=size, ending=ending, runs=len(runs),
+            n=sum(1 for r in good for d in r.devices if (d.role, d.name) == (role, gpu)),
             timeouts=len(runs) - len(good), memory_back=stats["memory_back"], off_list=stats["off_list"],
             waitpid=stats["waitpid"], first_clean=clean,
             resolution_ns=median_int([r.resolution_ns for r in runs]),
             sleep_ratio=SLEEP_REFERENCE_NS / clean.median if clean is not None and clean.median > 0 else None,
             holder=kind, zombie=stats["zombie"], exited=stats["exited"], files_closed=stats["files_closed"],
-            pinned_bytes=pinned, importers=importers, first=first or None, role=role,
+            pinned_bytes=pinned, importers=importers, first=first or None, role=role, pin_mode=pin_mode, gpu=gpu,
+            provenance=provenance,
         ))
     return rows
 
@@ -160,10 +171,15 @@ def format_summary(rows: Sequence[SummaryRow]) -> str:
     head = f"{'size':<10}{'ending':<7}{'signal ->':<14}{'n':>4}{'min':>9}{'p10':>9}{'median':>9}{'p90':>9}{'max':>9}"
     lines = ["times in ms from the signal; n = GPU-runs", head]
     kinds = {row.holder for row in rows}
+    # Conditions that differ between rows are named on each row's head line (never two rows that look the same).
+    varying = [k for k in ("pin_mode", "gpu", "provenance") if len({getattr(row, k) for row in rows}) > 1]
     for row in rows:
-        if kinds != {"alloc"}:  # a study of several holder kinds (or not the default one) says which each cell is
+        if kinds != {"alloc"} or varying:  # several holder kinds (or not the default one), or conditions: say which
             role = "" if row.role == "holder" else f": the {row.role}s"
-            lines.append(f"holder {row.holder}{cell_words(row.pinned_bytes, row.importers, row.first)}{role}")
+            mode = f" by {row.pin_mode}" if "pin_mode" in varying and row.pin_mode else ""
+            extra = "".join(f" [{_condition_words(k, getattr(row, k))}]" for k in varying if k != "pin_mode")
+            lines.append(f"holder {row.holder}{cell_words(row.pinned_bytes, row.importers, row.first)}{mode}{role}"
+                         f"{extra}")
         shown = _MEASURES + tuple(m for m in _PHASE_MEASURES if getattr(row, m[0]) is not None)
         for i, (m, label) in enumerate(shown):
             s: Stats | None = getattr(row, m)
@@ -177,6 +193,13 @@ def format_summary(rows: Sequence[SummaryRow]) -> str:
         timeouts = f"; {row.timeouts} of {row.runs} runs timed out" if row.timeouts else ""
         lines.append(f"{' ' * 17}{ratio} (sampling period {row.resolution_ns / 1e6:.3f} ms){timeouts}")
     return "\n".join(lines)
+
+
+def _condition_words(part: str, value: str | None) -> str:
+    """A row's condition in words, on its head line."""
+    if part == "gpu":
+        return value or "GPU model unknown"
+    return {"simulated": "SIMULATED", "real": "real GPU"}.get(value or "", "provenance unknown")
 
 
 def cell_words(pinned_bytes: int, importers: int, first: str | None) -> str:

@@ -111,3 +111,12 @@ def test_fit_refuses_a_driver_that_is_no_version(tmp_path: Path, capsys: pytest.
     err = _error(capsys, "study", "fit", str(path), f"--driver={driver}")
     assert "is not a driver version" in err and len(err) < 300
     assert fit_report(_records([100.0, 110.0]), driver="580.159.04").model.driver == "580"
+
+
+def test_a_study_of_a_mistyped_number_of_repeats_is_refused_before_any_plan_is_built() -> None:
+    from nvmlcheck.study import StudyConfig
+    from nvmlcheck.study.config import MAX_RUNS
+
+    with pytest.raises(ValueError, match=r"would plan about 2,000,000,002 runs"):
+        StudyConfig(sizes=(1 << 30,), endings=("KILL", "TERM"), repeats=1_000_000_000)
+    assert StudyConfig(sizes=(1 << 30,), endings=("KILL",), repeats=MAX_RUNS - 1).repeats == MAX_RUNS - 1
