@@ -638,8 +638,7 @@ def open_timeouts(timeout: float | None) -> tuple[float, float | None]:
     the init gave up, gets what the init left, but at least 1 s (a real run takes tens of ms:
     docs/driver-facts.md) and never more than its default 10 s. ``None`` (no bound): ``(10.0, None)``.
     """
-    from .backends import SMI_RUN_TIMEOUT_S
-    from .backends.nvml import init_timeout_for
+    from .backends import SMI_RUN_TIMEOUT_S, init_timeout_for
 
     init_timeout = init_timeout_for(timeout)
     if not (isinstance(timeout, int | float) and not isinstance(timeout, bool) and 0 <= timeout < math.inf):

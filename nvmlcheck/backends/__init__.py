@@ -12,6 +12,7 @@ Every field from each backend, what nvidia-smi cannot give, and the measured cos
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from ..errors import ArgumentError
@@ -31,7 +32,10 @@ else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["BACKEND_NAMES", "Backend", "open_backend"]
+__all__ = [
+    "BACKEND_NAMES", "DEFAULT_INIT_TIMEOUT_S", "MIN_INIT_TIMEOUT_S", "SMI_RUN_TIMEOUT_S", "Backend", "init_timeout_for",
+    "open_backend",
+]
 
 #: The names :func:`open_backend` accepts.
 BACKEND_NAMES = ("auto", "nvml", "smi")
@@ -39,6 +43,25 @@ BACKEND_NAMES = ("auto", "nvml", "smi")
 #: The deadline of one nvidia-smi run unless told otherwise (here, not in smi.py, so that the rule that bounds
 #: opening by a timeout, session.open_timeouts, reads it without loading the nvidia-smi parsers).
 SMI_RUN_TIMEOUT_S = 10.0
+
+# The init's bounds live here too (not in nvml.py, which needs cffi): opening reads them before any backend loads.
+#: Seconds ``nvmlInit`` may take before opening gives up with :class:`~nvmlcheck.Timeout` (it can hang on a wedged
+#: driver: go-nvml #152); ``"auto"`` then falls back to nvidia-smi. A cold init takes milliseconds
+#: (docs/driver-facts.md).
+DEFAULT_INIT_TIMEOUT_S = 10.0
+#: The least time ``nvmlInit`` gets when a caller's timeout bounds it (:func:`init_timeout_for`): many times a cold
+#: init (docs/driver-facts.md), while ``timeout=0`` ("check once") still returns within a fraction of a second.
+MIN_INIT_TIMEOUT_S = 0.25
+
+
+def init_timeout_for(timeout: float | None) -> float:
+    """How long ``nvmlInit`` may take in a call that ``timeout`` seconds bound, opening included: half of it (so
+    ``"auto"`` still has time to try nvidia-smi when the init hangs), at least :data:`MIN_INIT_TIMEOUT_S` (0.25 s,
+    so that ``timeout=0``, "check once", can still open NVML) and at most :data:`DEFAULT_INIT_TIMEOUT_S` (10 s).
+    ``None`` gets the default; every finite timeout, 0 included, bounds the init."""
+    if timeout is None or isinstance(timeout, bool) or not isinstance(timeout, int | float) or math.isnan(timeout):
+        return DEFAULT_INIT_TIMEOUT_S  # None, NaN, or a bad value the wait itself refuses
+    return min(DEFAULT_INIT_TIMEOUT_S, max(MIN_INIT_TIMEOUT_S, float(timeout) / 2))
 
 
 def open_backend(
@@ -73,13 +96,8 @@ def open_backend(
             attempts.append(f"{name}: {exc}")
 
     if backend in ("auto", "nvml"):
-        from .nvml import DEFAULT_INIT_TIMEOUT_S, NvmlBackend
-
         try:
-            return NvmlBackend(
-                library_path=library_path,
-                init_timeout_s=DEFAULT_INIT_TIMEOUT_S if init_timeout_s is None else init_timeout_s,
-            )
+            return _nvml_backend(library_path, DEFAULT_INIT_TIMEOUT_S if init_timeout_s is None else init_timeout_s)
         except NvmlCheckError as exc:
             if backend == "nvml":
                 raise
@@ -97,3 +115,18 @@ def open_backend(
                     raise
                 record("smi", exc)
     raise BackendUnavailable("no GPU backend could be opened", attempts)
+
+
+def _nvml_backend(library_path: str | None, init_timeout_s: float) -> Backend:
+    """The NVML backend; :class:`~nvmlcheck.BackendUnavailable` where this Python has no cffi (``"auto"`` then
+    tries nvidia-smi), rather than an ImportError from deep inside."""
+    from ..errors import BackendUnavailable
+
+    try:
+        from .nvml import NvmlBackend
+    except ImportError as missing:
+        if missing.name not in ("_cffi_backend", "cffi"):
+            raise
+        raise BackendUnavailable("the NVML backend needs cffi, which this Python cannot import: install it (pip "
+                                 "install cffi) or use --backend smi", [f"cffi: {missing}"]) from None
+    return NvmlBackend(library_path=library_path, init_timeout_s=init_timeout_s)

@@ -13,7 +13,6 @@ call. A re-init inside the pass gets at most the time left.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
@@ -48,6 +47,7 @@ from ..model import (
     fast_constructor,
     unknown_key,
 )
+from . import DEFAULT_INIT_TIMEOUT_S, MIN_INIT_TIMEOUT_S, init_timeout_for  # re-exported: their old home
 
 TYPE_CHECKING = False  # no typing at run time: it costs a one-shot check milliseconds (docs/performance.md)
 if TYPE_CHECKING:
@@ -88,25 +88,6 @@ class _Gate:
             self.check()
         else:
             self.opened = True
-
-
-#: Seconds ``nvmlInit`` may take before opening gives up with :class:`~nvmlcheck.Timeout` (it can hang on a wedged
-#: driver: go-nvml #152); ``"auto"`` then falls back to nvidia-smi. A cold init takes milliseconds
-#: (docs/driver-facts.md).
-DEFAULT_INIT_TIMEOUT_S = 10.0
-#: The least time ``nvmlInit`` gets when a caller's timeout bounds it (:func:`init_timeout_for`): many times a cold
-#: init (docs/driver-facts.md), while ``timeout=0`` ("check once") still returns within a fraction of a second.
-MIN_INIT_TIMEOUT_S = 0.25
-
-
-def init_timeout_for(timeout: float | None) -> float:
-    """How long ``nvmlInit`` may take in a call that ``timeout`` seconds bound, opening included: half of it (so
-    ``"auto"`` still has time to try nvidia-smi when the init hangs), at least :data:`MIN_INIT_TIMEOUT_S` (0.25 s,
-    so that ``timeout=0``, "check once", can still open NVML) and at most :data:`DEFAULT_INIT_TIMEOUT_S` (10 s).
-    ``None`` gets the default; every finite timeout, 0 included, bounds the init."""
-    if timeout is None or isinstance(timeout, bool) or not isinstance(timeout, int | float) or math.isnan(timeout):
-        return DEFAULT_INIT_TIMEOUT_S  # None, or a bad value the wait itself refuses
-    return min(DEFAULT_INIT_TIMEOUT_S, max(MIN_INIT_TIMEOUT_S, float(timeout) / 2))
 
 
 NOT_REQUESTED = "not requested"

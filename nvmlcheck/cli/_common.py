@@ -150,8 +150,10 @@ def start_nvml_early(argv: list[str]) -> bool:
             command = arg
     if command not in ONE_SHOT_COMMANDS or backend not in ("auto", "nvml"):
         return False
-    from .._nvml.library import start_early
-
+    try:
+        from .._nvml.library import start_early
+    except ImportError:  # no cffi: the session says so (or falls back to nvidia-smi) when it opens
+        return False
     start_early(None, devices, _slow_first_reads(command, argv))
     return True
 
