@@ -101,6 +101,8 @@ SECTIONS: list[tuple[str, str, list[str]]] = [
         [
             "Predicate",
             "Verdict",
+            "DevicePredicate",
+            "SnapshotPredicate",
             "default_predicate",
             "no_processes",
             "pids_gone",
@@ -240,7 +242,7 @@ EXTRA: dict[str, str] = {
 # Classes whose members are documented under another class (they share a private base).
 SHARED_MEMBERS: dict[str, str] = {"testing.TimelineStep": "testing.Scenario"}
 # Abstract or internal-construction classes: no constructor signature.
-NO_SIGNATURE = {"Predicate"}
+NO_SIGNATURE = {"Predicate", "DevicePredicate", "SnapshotPredicate"}
 
 # --- resolving names --------------------------------------------------------------------------------------------------
 

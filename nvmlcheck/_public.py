@@ -49,8 +49,8 @@ EXPORTS: dict[str, tuple[str, ...]] = {
         "RecoveryAction", "RemappedRows", "RetiredPage", "RetirementCause", "Snapshot", "SystemInfo",
     ),
     "predicates": (
-        "Predicate", "Verdict", "always", "default_predicate", "memory_back_to", "memory_free_at_least",
-        "memory_used_at_most", "never", "no_processes", "on_devices", "pids_gone",
+        "DevicePredicate", "Predicate", "SnapshotPredicate", "Verdict", "always", "default_predicate", "memory_back_to",
+        "memory_free_at_least", "memory_used_at_most", "never", "no_processes", "on_devices", "pids_gone",
     ),
     "readiness": ("ready",),
     "selection": ("SelectTimeout", "Selection", "select_clean"),
