@@ -46,6 +46,11 @@ __all__ = ["DeviceSelector", "Session", "open", "wait_until_clean"]
 _SMI_FALLBACK_FLOOR_S = 1.0
 # Sleeps between polls at least this long wait on the event listener instead of time.sleep (see wait_until_clean).
 _EVENT_SLEEP_MIN_S = 0.01
+#: How long :meth:`Session.close` waits for the backend's release (``nvmlShutdown``) by default: as long as
+#: :func:`open` gives ``nvmlInit``, which can hang on a wedged driver too.
+CLOSE_TIMEOUT_S = 10.0
+# The longest wait a lock takes (threading.TIMEOUT_MAX, without importing threading); a longer one is no bound.
+_MAX_LOCK_WAIT_S = _thread.TIMEOUT_MAX
 
 #: A device is named by its NVML index, by its UUID (a unique prefix such as ``"GPU-acdc9db5"`` is enough), or by a
 #: CUDA selector ``"cuda:N"`` / ``"cuda:all"`` (through ``CUDA_VISIBLE_DEVICES`` and ``CUDA_DEVICE_ORDER``).
@@ -71,6 +76,17 @@ def _by_uuid(item: str, uuids: Mapping[int, str], unreadable: Mapping[int, str])
         what = "no GPU has" if not matches else f"{len(matches)} GPUs have"
         raise (ArgumentError if matches else NoSuchDevice)(f"{what} a UUID starting with {item!r}")
     return (matches[0],)
+
+
+def _close_bound(timeout: float | None) -> float | None:
+    """:meth:`Session.close`'s ``timeout`` in seconds for a lock's wait (``None``: no bound), checked."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+        raise ArgumentTypeError(f"close()'s timeout must be a number of seconds or None, got {timeout!r}")
+    if math.isnan(timeout) or timeout < 0:
+        raise ArgumentError(f"close()'s timeout must be >= 0 seconds (or None for no bound), got {timeout!r}")
+    return None if timeout > _MAX_LOCK_WAIT_S else float(timeout)
 
 
 def _selectors(devices: Iterable[DeviceSelector] | DeviceSelector) -> list[DeviceSelector]:
@@ -115,23 +131,78 @@ class Session:
         """Whether :meth:`close` was called."""
         return self._closed
 
-    def close(self) -> None:
-        """Release the backend. Idempotent."""
-        if not self._closed:
-            with self._listener_lock:  # a listen() in another thread either finished or sees the session closed
-                self._closed = True
-                if self._listener is not None:
-                    self._listener.stop()  # before the backend: its NVML reference keeps the event set valid
-                    self._listener = None
-            self._backend.close()
+    def close(self, timeout: float | None = CLOSE_TIMEOUT_S) -> None:
+        """Release the backend (the last NVML session shuts NVML down). Idempotent, and safe from several threads:
+        the backend is released once.
+
+        ``nvmlShutdown`` can hang on a wedged driver, as ``nvmlInit`` can: ``close`` waits at most ``timeout``
+        seconds for the release (default :data:`CLOSE_TIMEOUT_S`, 10 s; ``None``: no bound), then raises
+        :class:`~nvmlcheck.Timeout` naming ``nvmlShutdown``. The session is closed either way: the release is left to
+        finish in a daemon thread, and a second ``close`` returns at once (NVML is never shut down twice). On leaving
+        a ``with`` block through an exception, that exception goes on and the timeout is added to its notes.
+        """
+        bound_s = _close_bound(timeout)
+        with self._listener_lock:  # a listen() in another thread either finished or sees the session closed
+            if self._closed:
+                return
+            self._closed = True
+            if self._listener is not None:
+                self._listener.stop()  # before the backend: its NVML reference keeps the event set valid
+                self._listener = None
+        released = _thread.allocate_lock()
+        released.acquire()
+        failed: list[BaseException] = []
+
+        def release() -> None:
+            try:
+                self._backend.close()
+            except BaseException as exc:  # handed to the caller, in its thread
+                failed.append(exc)
+            finally:
+                released.release()
+
+        # In a thread of its own: no thread can interrupt a call into C, so only a waiter can stop waiting for it.
+        try:
+            _thread.start_new_thread(release, ())
+        except RuntimeError:  # no new thread at interpreter shutdown (an atexit handler): release here, unbounded
+            release()
+        if not (released.acquire() if bound_s is None else released.acquire(timeout=bound_s)):
+            from .errors import Timeout
+
+            raise Timeout(10, "nvmlShutdown", detail=(
+                f"the release of the {self.backend_name} backend did not return within {bound_s:g} s (a wedged "
+                "driver?); the session is closed and the release is left to finish in a daemon thread"))
+        if failed:
+            raise failed[0]
 
     def __enter__(self) -> Session:
+        if self._closed:
+            raise SessionClosed("this nvmlcheck session is closed: open a new one (nc.open())")
         return self
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self.close()
+        if exc is None:
+            self.close()
+        else:
+            self._close_after(exc, CLOSE_TIMEOUT_S)
+
+    def _close_after(self, exc: BaseException, timeout: float | None) -> None:
+        """:meth:`close` while ``exc`` is on its way out: that exception is the better answer, and a close that
+        gives up is added to its notes rather than raised in its place."""
+        from .errors import Timeout
+
+        try:
+            self.close(timeout)
+        except Timeout as hung:
+            add_note = getattr(exc, "add_note", None)  # Python 3.11+
+            if add_note is not None:
+                add_note(f"then, closing the session: {hung}")
+
+    def __reduce__(self) -> str | tuple[object, ...]:
+        raise ArgumentTypeError("an nvmlcheck Session cannot be pickled or copied: it holds a reference on NVML "
+                                "(or a backend's state); open a session where it is used (nc.open())")
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
@@ -668,7 +739,9 @@ def wait_until_clean(
     may take what the init left of ``timeout``, at least 1 s and at most nvidia-smi's default 10 s; the wait gets
     what is then left of ``timeout`` (nothing left: one check). So with a hung ``nvmlInit``, ``timeout=0`` gives up
     on NVML after 0.25 s (``"nvml"`` raises :class:`~nvmlcheck.Timeout`), never after :func:`open`'s default 10 s.
-    ``None`` waits forever and gives the init 10 s.
+    ``None`` waits forever and gives the init 10 s. Closing the session (``nvmlShutdown``) may take as long as the
+    init could; a close that takes longer does not change the answer: the release is left to finish in a daemon
+    thread (:meth:`Session.close`).
 
     >>> import nvmlcheck as nc
     >>> nc.wait_until_clean(timeout=30.0)        # doctest: +SKIP
@@ -681,12 +754,25 @@ def wait_until_clean(
     started = time.monotonic()
     bounded = isinstance(timeout, int | float) and not isinstance(timeout, bool) and 0 <= timeout < math.inf
     init_timeout, smi_timeout = open_timeouts(timeout)
-    with open(backend, init_timeout_s=init_timeout, smi_timeout_s=smi_timeout) as session:
+    session = open(backend, init_timeout_s=init_timeout, smi_timeout_s=smi_timeout)
+    try:
         if bounded:
             assert timeout is not None
             timeout = max(0.0, timeout - (time.monotonic() - started))
         # A fresh session has no listener: events None (the default) and False both poll.
-        return session.wait_until_clean(timeout, predicate, devices=devices, options=opts)
+        result = session.wait_until_clean(timeout, predicate, devices=devices, options=opts)
+    except BaseException as exc:
+        session._close_after(exc, init_timeout)
+        raise
+    import contextlib
+
+    from .errors import Timeout
+
+    # As long as the init could take (a wedged driver hangs nvmlShutdown too); past it the answer stands and the
+    # release goes on in a daemon thread (Session.close).
+    with contextlib.suppress(Timeout):
+        session.close(init_timeout)
+    return result
 
 
 def _blamed_only(snapshot: Snapshot | None, predicate: Predicate | None) -> Snapshot | None:
