@@ -381,7 +381,12 @@ class Snapshot:
 
     def device(self, index: int) -> DeviceState:
         """The state of the device with NVML index ``index``; :class:`~nvmlcheck.NoSuchDevice` (a ``KeyError``) if it
-        is not in this snapshot."""
+        is not in this snapshot; :class:`~nvmlcheck.ArgumentTypeError` when ``index`` is not an int (``True`` and
+        ``1.0`` are not GPU 1)."""
+        if isinstance(index, bool) or not isinstance(index, int):
+            from .errors import ArgumentTypeError
+
+            raise ArgumentTypeError(f"a GPU index is an int, got {index!r} (a UUID: look it up in Snapshot.devices)")
         for d in self.devices:
             if d.index == index:
                 return d

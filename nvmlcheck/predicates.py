@@ -1065,9 +1065,12 @@ def pids_gone(pids: Iterable[int]) -> Predicate:
     Unknown when a list could not be read (the pid could be in it). Older drivers report host PIDs
     (docs/driver-facts.md): inside a PID namespace pass host PIDs.
     """
-    if isinstance(pids, str | bytes | int):  # a str would be read digit by digit, an int is not iterable
+    if isinstance(pids, str | bytes | int) or not isinstance(pids, Iterable):  # a str would be read digit by digit
         raise ArgumentTypeError(f"pids_gone() takes PIDs (an iterable of int: [{pids!r}]), got {pids!r}")
-    chosen = frozenset(pids)
+    try:
+        chosen = frozenset(pids)
+    except TypeError:  # an unhashable PID (a list in the list)
+        raise ArgumentTypeError(f"pids_gone() takes PIDs (an iterable of int), got {pids!r}") from None
     for pid in chosen:
         if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
             raise ArgumentError(f"a process ID is a positive whole number, got {pid!r}")

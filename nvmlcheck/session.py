@@ -685,8 +685,11 @@ def open(
     ``nvmlInit`` may take (default 10 s; it can hang on a wedged driver), after which ``"nvml"`` raises
     :class:`~nvmlcheck.Timeout` and ``"auto"`` tries nvidia-smi.
 
-    Raises :class:`~nvmlcheck.BackendUnavailable` (listing what was tried) when no backend opens.
+    Raises :class:`~nvmlcheck.BackendUnavailable` (listing what was tried) when no backend opens, and
+    :class:`~nvmlcheck.ArgumentTypeError` or :class:`~nvmlcheck.ArgumentError` for an argument it cannot use, before
+    anything is loaded or run.
     """
+    _check_open_arguments(smi_command, smi_prefix, smi_timeout_s, library_path, init_timeout_s)
     return Session(
         open_backend(
             backend,
@@ -698,6 +701,35 @@ def open(
         )
     )
 
+
+
+def _check_open_arguments(smi_command: object, smi_prefix: object, smi_timeout_s: object, library_path: object,
+                          init_timeout_s: object) -> None:
+    """:func:`open`'s arguments, checked by type (and the command words parsed) before a backend is tried: a wrong
+    one is the caller's mistake, never a backend that "did not open". Ranges are the backends' to check."""
+    for name, value in (("smi_timeout_s", smi_timeout_s), ("init_timeout_s", init_timeout_s)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise ArgumentTypeError(f"{name} must be a number of seconds or None, got {value!r}")
+    if library_path is not None:
+        if not isinstance(library_path, str):
+            raise ArgumentTypeError(f"library_path must be a str (the path of a libnvidia-ml) or None, got "
+                                    f"{library_path!r}")
+        if not library_path.strip():
+            raise ArgumentError("library_path is empty: name a libnvidia-ml, or pass None for the system's")
+    for name, words in (("smi_command", smi_command), ("smi_prefix", smi_prefix)):
+        if words is None:
+            continue
+        if isinstance(words, str):
+            import shlex
+
+            try:
+                shlex.split(words)
+            except ValueError as exc:  # an unclosed quote
+                raise ArgumentError(f"{name} cannot be split into words ({exc}): {words!r}") from None
+        elif isinstance(words, bytes | bytearray) or not isinstance(words, Sequence) or not all(
+                isinstance(w, str) for w in words):
+            raise ArgumentTypeError(f"{name} must be a str or a sequence of str (the words of a command), got "
+                                    f"{words!r}")
 
 
 def open_timeouts(timeout: float | None) -> tuple[float, float | None]:

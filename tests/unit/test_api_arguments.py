@@ -12,6 +12,18 @@ from nvmlcheck.cudamap import cuda_mapping
 from nvmlcheck.wait import PollPolicy
 
 
+def _two_gpus() -> nc.Snapshot:
+    return nc.Snapshot(backend="nvml", taken_ns=0, duration_ns=0, wall_time=0.0,
+                       system=nc.SystemInfo(driver_version=None, nvml_version=None, cuda_driver_version=None),
+                       devices=(_gpu(0), _gpu(1)))
+
+
+def _gpu(index: int) -> nc.DeviceState:
+    return nc.DeviceState(index=index, uuid=f"GPU-{index}", name=None, pci_bus_id=None, serial=None,
+                          minor_number=None, memory=None, compute_processes=None, graphics_processes=None,
+                          mps_processes=None, clocks=None, health=None)
+
+
 @pytest.mark.parametrize(("call", "error"), [
     (lambda: nc.memory_back_to("x"), nc.ArgumentTypeError),  # type: ignore[arg-type]
     (lambda: nc.on_devices([0], "x"), nc.ArgumentTypeError),  # type: ignore[arg-type]
@@ -25,6 +37,19 @@ from nvmlcheck.wait import PollPolicy
     (lambda: cuda_mapping((), [1]), nc.ArgumentTypeError),  # type: ignore[arg-type]
     (lambda: device_file_patterns(3), nc.ArgumentTypeError),  # type: ignore[arg-type]
     (lambda: PollPolicy.every(1e300), nc.ArgumentError),  # it overflowed inside the wait
+    (lambda: nc.pids_gone(None), nc.ArgumentTypeError),  # type: ignore[arg-type]
+    (lambda: nc.pids_gone([[1]]), nc.ArgumentTypeError),  # type: ignore[list-item]
+    # open()'s arguments are checked before anything is loaded or run (they raised TypeError, ValueError)
+    (lambda: nc.open("nvml", library_path=3), nc.ArgumentTypeError),  # type: ignore[arg-type]
+    (lambda: nc.open("nvml", library_path=""), nc.ArgumentError),
+    (lambda: nc.open("nvml", init_timeout_s="1"), nc.ArgumentTypeError),  # type: ignore[arg-type]
+    (lambda: nc.open("nvml", init_timeout_s=True), nc.ArgumentTypeError),
+    (lambda: nc.open("smi", smi_timeout_s="x"), nc.ArgumentTypeError),  # type: ignore[arg-type]
+    (lambda: nc.open("smi", smi_prefix=3), nc.ArgumentTypeError),  # type: ignore[arg-type]
+    (lambda: nc.open("smi", smi_command=[b"nvidia-smi"]), nc.ArgumentTypeError),  # type: ignore[list-item]
+    (lambda: nc.open("smi", smi_prefix="ssh 'gpu01"), nc.ArgumentError),  # an unclosed quote
+    (lambda: _two_gpus().device(True), nc.ArgumentTypeError),  # it answered GPU 1
+    (lambda: _two_gpus().device(1.0), nc.ArgumentTypeError),  # type: ignore[arg-type]
 ])
 def test_a_wrong_argument_is_refused_where_it_is_given(call: object, error: type[Exception]) -> None:
     with pytest.raises(error) as caught:
