@@ -97,7 +97,22 @@ __all__ = [
 
 
 class NvmlCheckError(Exception):
-    """Base class of every exception nvmlcheck raises."""
+    """Base class of every exception nvmlcheck raises. A caller tells how to handle one by its class and
+    :attr:`TRANSIENT`, never by its message:
+
+    - a bad argument: :class:`ArgumentError` (also a ``ValueError``; :class:`NoSuchDevice`, :class:`NoSuchProcess`)
+      and :class:`ArgumentTypeError` (also a ``TypeError``): fix the call, asking again gives the same answer;
+    - a call the object cannot take now: :class:`StateError` (:class:`SessionClosed`): open a new session or follow
+      the object's order;
+    - a verdict, not a failure: :class:`WaitTimeout` (also a ``TimeoutError``): the GPUs were not clean in time,
+      ``holders`` says what holds them;
+    - retry later: an error whose ``TRANSIENT`` is ``True`` (``nvmlcheck.wait.is_transient(exc)``): NVML's
+      :class:`Timeout`, :class:`Unknown`, :class:`NotReady`, :class:`InUse`, nvidia-smi's failures and
+      :class:`SmiTimeout`, ...; a wait retries these itself until its deadline;
+    - give up or call an operator: every other error (``TRANSIENT`` ``False``): :class:`BackendUnavailable`,
+      :class:`GpuLost`, :class:`GpuRequiresReset`, :class:`NoPermission`, :class:`CorruptData`, :class:`GpuFault`,
+      :class:`SmiParseError`, ...
+    """
 
     __module__ = "nvmlcheck"
     #: Whether asking again may help: a wait retries a transient error until its deadline and fails at once on any
