@@ -2,8 +2,8 @@
 
 >>> import nvmlcheck as nc
 >>> with nc.open() as gpus:                                   # doctest: +SKIP
-...     snap = gpus.snapshot()
-...     used = snap.devices[0].memory.used_bytes
+...     memory = gpus.snapshot().devices[0].memory     # None when it could not be read: never 0
+...     used = None if memory is None else memory.used_bytes
 ...     res = gpus.wait_until_clean(timeout=30.0)
 
 The NVML backend reads libnvidia-ml through cffi; the nvidia-smi backend is the fallback. See ``docs/`` for the
