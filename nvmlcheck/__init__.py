@@ -184,7 +184,8 @@ def _submodule(module: str) -> object:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    # Every public name, `open` included (kept out of __all__ only for `import *`): what completion offers.
+    return sorted(set(globals()) | set(_LAZY))
 
 
 __version__ = "0.1.0"

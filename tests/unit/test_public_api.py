@@ -42,6 +42,16 @@ def test_import_loads_no_submodule_and_no_typing() -> None:
     assert out.strip() == "['nvmlcheck']"
 
 
+def test_dir_lists_every_public_name_and_no_deprecated_one() -> None:
+    from nvmlcheck import _public
+
+    listed = set(dir(nvmlcheck))
+    public = {name for names in _public.EXPORTS.values() for name in names}
+    assert public - listed == set()  # `open` was missing: no completion for the entry point
+    assert {"open", "__version__"} <= listed
+    assert not set(_public.DEPRECATED) & listed
+
+
 def test_unknown_attribute_is_an_attribute_error() -> None:
     try:
         nvmlcheck.no_such_name  # type: ignore[attr-defined]  # noqa: B018
