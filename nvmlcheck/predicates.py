@@ -443,8 +443,8 @@ class DevicePredicate(_DevicePredicate):
     @abc.abstractmethod
     def check_device(self, device: DeviceState) -> bool | None:
         """``True`` (holds on this GPU), ``False`` (does not) or ``None`` (cannot tell: a value it needs is unknown,
-        ``None`` in the model). Any other value raises :class:`~nvmlcheck.ArgumentTypeError`, never read as a truth
-        value."""
+        ``None`` in the model, as the process lists are in the memory-only polls a wait makes between full ones).
+        Any other value raises :class:`~nvmlcheck.ArgumentTypeError`, never read as a truth value."""
 
     def reasons_device(self, device: DeviceState) -> Iterable[str]:
         """Why :meth:`check_device` is not ``True`` on ``device``, one line per cause; called only then (a
