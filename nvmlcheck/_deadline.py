@@ -48,8 +48,19 @@ class Deadline:
 
     @classmethod
     def after(cls, seconds: float, clock: Callable[[], int] = time.monotonic_ns) -> Deadline:
-        """The deadline ``seconds`` from now on ``clock``."""
-        return cls(clock() + round(seconds * _NS), clock)
+        """The deadline ``seconds`` (a number >= 0) from now on ``clock``. A time too long to count in ns (``inf``)
+        is no deadline: where one is optional, pass ``None`` instead (:class:`~nvmlcheck.ArgumentError`)."""
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+            from .errors import ArgumentTypeError
+
+            raise ArgumentTypeError(f"a deadline is a number of seconds from now, got {seconds!r}")
+        ns = ns_or_none(seconds) if seconds >= 0 else None  # NaN fails the comparison
+        if ns is None:
+            from .errors import ArgumentError
+
+            raise ArgumentError(f"a deadline is a finite number of seconds >= 0 from now, got {seconds!r} (no "
+                                "deadline: pass None where one is optional)")
+        return cls(clock() + ns, clock)
 
     def expired(self) -> bool:
         """Whether the deadline has come."""

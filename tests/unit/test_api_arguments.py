@@ -9,7 +9,7 @@ import pytest
 import nvmlcheck as nc
 from nvmlcheck._proc.devfiles import device_file_patterns
 from nvmlcheck.cudamap import cuda_mapping
-from nvmlcheck.wait import PollPolicy
+from nvmlcheck.wait import Deadline, PollPolicy
 
 
 def _two_gpus() -> nc.Snapshot:
@@ -50,6 +50,12 @@ def _gpu(index: int) -> nc.DeviceState:
     (lambda: nc.open("smi", smi_prefix="ssh 'gpu01"), nc.ArgumentError),  # an unclosed quote
     (lambda: _two_gpus().device(True), nc.ArgumentTypeError),  # it answered GPU 1
     (lambda: _two_gpus().device(1.0), nc.ArgumentTypeError),  # type: ignore[arg-type]
+    # wait.Deadline.after, for a snapshot_fn of one's own (ValueError, OverflowError and TypeError from round())
+    (lambda: Deadline.after(float("nan")), nc.ArgumentError),
+    (lambda: Deadline.after(float("inf")), nc.ArgumentError),
+    (lambda: Deadline.after(1e300), nc.ArgumentError),
+    (lambda: Deadline.after(-1.0), nc.ArgumentError),
+    (lambda: Deadline.after("1"), nc.ArgumentTypeError),  # type: ignore[arg-type]
 ])
 def test_a_wrong_argument_is_refused_where_it_is_given(call: object, error: type[Exception]) -> None:
     with pytest.raises(error) as caught:
