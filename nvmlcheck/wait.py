@@ -33,6 +33,7 @@ from ._waitoptions import (  # _rebuild_options: what a pickled WaitOptions name
 )
 from .errors import (
     ArgumentError,
+    ArgumentTypeError,
     CorruptData,
     DeadlinePassed,
     NvmlCheckError,
@@ -185,6 +186,14 @@ def is_transient(exc: BaseException) -> bool:
     ``True`` for the transient errors listed in the module docstring, ``False`` for lost GPUs, permissions, a missing
     driver, corrupt data, every other error and anything that is not an :class:`~nvmlcheck.NvmlCheckError`."""
     return isinstance(exc, NvmlCheckError) and exc.TRANSIENT
+
+
+def _a_snapshot(value: object, name: str) -> Snapshot:
+    """What a caller's ``snapshot_fn`` or ``probe`` returned, when it is a :class:`Snapshot`; else an
+    :class:`~nvmlcheck.ArgumentTypeError` naming it (not an ``AttributeError`` from inside the poller)."""
+    if isinstance(value, Snapshot):
+        return value
+    raise ArgumentTypeError(f"poll_until's {name} must return a Snapshot, got {value!r}")
 
 
 def _naming_device(failure: DeviceFailure) -> BaseException:
@@ -551,10 +560,10 @@ class _Poller:
     def _take(self, probing: bool, deadline: Deadline | None) -> tuple[Snapshot, bool]:
         """One poll's snapshot, and whether it is the probe's: that only when the probe alone proves "not clean"."""
         if probing and self.probe is not None:
-            cheap = self.probe(deadline)
+            cheap = _a_snapshot(self.probe(deadline), "probe")
             if not cheap.failures and self.predicate.check(cheap) is False:
                 return cheap, True
-        return self.snapshot_fn(deadline), False
+        return _a_snapshot(self.snapshot_fn(deadline), "snapshot_fn"), False
 
     def _report(
         self,

@@ -56,6 +56,8 @@ def _gpu(index: int) -> nc.DeviceState:
     (lambda: Deadline.after(1e300), nc.ArgumentError),
     (lambda: Deadline.after(-1.0), nc.ArgumentError),
     (lambda: Deadline.after("1"), nc.ArgumentTypeError),  # type: ignore[arg-type]
+    # a snapshot_fn of one's own that returns something else (AttributeError from inside the poller)
+    (lambda: nc.poll_until(lambda: None, timeout=0), nc.ArgumentTypeError),  # type: ignore[arg-type]
 ])
 def test_a_wrong_argument_is_refused_where_it_is_given(call: object, error: type[Exception]) -> None:
     with pytest.raises(error) as caught:
