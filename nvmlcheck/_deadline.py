@@ -28,8 +28,12 @@ _NS = 1_000_000_000
 
 def ns_or_none(seconds: float) -> int | None:
     """``seconds`` (a number >= 0, checked by the caller) in integer ns; ``None`` when it cannot be counted in ns
-    (``inf``, or beyond ~1.8e299 s): no bound. The one rule for every timeout and grace the library takes."""
-    ns = seconds * _NS
+    (``inf``, or beyond ~1.8e299 s, an int too large for a float included): no bound. The one rule for every
+    timeout and grace the library takes."""
+    try:
+        ns = float(seconds) * _NS
+    except OverflowError:  # an int beyond any float (10**400): longer than any wait, as inf is
+        return None
     return None if math.isinf(ns) else round(ns)  # not ceil: 63225e-9 * 1e9 is 63225.00000000001
 
 

@@ -84,7 +84,7 @@ def _close_bound(timeout: float | None) -> float | None:
         return None
     if isinstance(timeout, bool) or not isinstance(timeout, int | float):
         raise ArgumentTypeError(f"close()'s timeout must be a number of seconds or None, got {timeout!r}")
-    if math.isnan(timeout) or timeout < 0:
+    if not timeout >= 0:  # NaN fails it (math.isnan overflows on an int beyond any float)
         raise ArgumentError(f"close()'s timeout must be >= 0 seconds (or None for no bound), got {timeout!r}")
     return None if timeout > _MAX_LOCK_WAIT_S else float(timeout)
 

@@ -129,3 +129,9 @@ def test_a_session_cannot_be_copied_or_pickled() -> None:
             attempt(gpus)
     gpus.close()
     assert backend.closes == 1  # a copy would have shared (and released) the same backend
+
+
+def test_a_close_timeout_beyond_any_float_is_no_bound() -> None:
+    backend = HungRelease(hang=False)
+    Session(backend).close(timeout=10**400)  # type: ignore[arg-type]  # it raised OverflowError
+    assert backend.closes == 1
