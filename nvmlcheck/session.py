@@ -708,8 +708,12 @@ def _check_open_arguments(smi_command: object, smi_prefix: object, smi_timeout_s
     """:func:`open`'s arguments, checked by type (and the command words parsed) before a backend is tried: a wrong
     one is the caller's mistake, never a backend that "did not open". Ranges are the backends' to check."""
     for name, value in (("smi_timeout_s", smi_timeout_s), ("init_timeout_s", init_timeout_s)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float):
             raise ArgumentTypeError(f"{name} must be a number of seconds or None, got {value!r}")
+        if isinstance(value, int) and value > _MAX_LOCK_WAIT_S:  # 10**400 overflowed the backends' float checks
+            raise ArgumentError(f"{name} must be a finite number of seconds (or None for the default), got {value!r}")
     if library_path is not None:
         if not isinstance(library_path, str):
             raise ArgumentTypeError(f"library_path must be a str (the path of a libnvidia-ml) or None, got "

@@ -46,6 +46,8 @@ def _gpu(index: int) -> nc.DeviceState:
     (lambda: nc.open("nvml", init_timeout_s=True), nc.ArgumentTypeError),
     (lambda: nc.open("smi", smi_timeout_s="x"), nc.ArgumentTypeError),  # type: ignore[arg-type]
     (lambda: nc.open("smi", smi_prefix=3), nc.ArgumentTypeError),  # type: ignore[arg-type]
+    (lambda: nc.open("smi", smi_timeout_s=10**400), nc.ArgumentError),  # OverflowError
+    (lambda: nc.open("nvml", init_timeout_s=10**400), nc.ArgumentError),
     (lambda: nc.open("smi", smi_command=[b"nvidia-smi"]), nc.ArgumentTypeError),  # type: ignore[list-item]
     (lambda: nc.open("smi", smi_prefix="ssh 'gpu01"), nc.ArgumentError),  # an unclosed quote
     (lambda: _two_gpus().device(True), nc.ArgumentTypeError),  # it answered GPU 1
