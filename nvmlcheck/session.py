@@ -713,7 +713,8 @@ def _check_open_arguments(smi_command: object, smi_prefix: object, smi_timeout_s
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ArgumentTypeError(f"{name} must be a number of seconds or None, got {value!r}")
         if isinstance(value, int) and value > _MAX_LOCK_WAIT_S:  # 10**400 overflowed the backends' float checks
-            raise ArgumentError(f"{name} must be a finite number of seconds (or None for the default), got {value!r}")
+            raise ArgumentError(f"{name} must be at most {_MAX_LOCK_WAIT_S:g} seconds (or None for the default), got "
+                                f"{value!r}")
     if library_path is not None:
         if not isinstance(library_path, str):
             raise ArgumentTypeError(f"library_path must be a str (the path of a libnvidia-ml) or None, got "
