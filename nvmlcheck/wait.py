@@ -89,7 +89,8 @@ class TracePoint:
     snapshot, in its order (``None`` where unknown); ``failures``: devices that could not be read; ``error``: the
     transient error that replaced the snapshot, if any; ``partial``: the snapshot came from the ``probe`` alone (the
     process lists were not read: ``process_counts`` are ``None``). ``snapshot`` is the poll's snapshot in the point
-    handed to ``on_poll`` (call ``predicate.evaluate(point.snapshot)`` there for who holds what); points kept in
+    handed to ``on_poll`` (call ``predicate.evaluate(point.snapshot)`` there for who holds what; ``None`` when
+    ``error`` replaced it); points kept in
     :attr:`WaitResult.trace` leave it ``None`` so long traces stay small. ``stamp_ns``: the same moment as
     ``offset_ns``, as the wait clock's reading (in the point handed to ``on_poll``; ``None`` in the trace), so a
     caller timing on that clock stamps what the poll saw with the poll's own time.
@@ -115,7 +116,8 @@ class TracePoint:
         return sum(u for u in self.used_bytes if u is not None)
 
 
-#: ``on_poll`` callback: called with each poll's :class:`TracePoint` (its ``snapshot`` set).
+#: ``on_poll`` callback: called with each poll's :class:`TracePoint` (its ``snapshot`` set, or ``None`` with its
+#: ``error`` when a transient error replaced the snapshot).
 OnPoll = Callable[[TracePoint], object]
 
 
