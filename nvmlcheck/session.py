@@ -113,6 +113,8 @@ class Session:
         self._listener: EventListener | None = None
         # One listener per session, whichever threads ask at once (its start registers every GPU: not instant).
         self._listener_lock = _thread.allocate_lock()
+        # Held only to test and set _closed: never across a call that can hang (close is bounded).
+        self._close_lock = _thread.allocate_lock()
 
     # --- lifecycle ------------------------------------------------------------------------------------------------
 
@@ -142,19 +144,23 @@ class Session:
         a ``with`` block through an exception, that exception goes on and the timeout is added to its notes.
         """
         bound_s = _close_bound(timeout)
-        with self._listener_lock:  # a listen() in another thread either finished or sees the session closed
+        with self._close_lock:
             if self._closed:
                 return
-            self._closed = True
-            if self._listener is not None:
-                self._listener.stop()  # before the backend: its NVML reference keeps the event set valid
-                self._listener = None
+            self._closed = True  # from here every call raises SessionClosed, and a second close returns
         released = _thread.allocate_lock()
         released.acquire()
         failed: list[BaseException] = []
 
         def release() -> None:
             try:
+                # The listener lock too is waited for here, within the bound: a listen() in another thread may hold
+                # it in a registration that hangs. That listen() either finished (its listener is stopped now) or
+                # finds the session closed.
+                with self._listener_lock:
+                    if self._listener is not None:
+                        self._listener.stop()  # before the backend: its NVML reference keeps the event set valid
+                        self._listener = None
                 self._backend.close()
             except BaseException as exc:  # handed to the caller, in its thread
                 failed.append(exc)

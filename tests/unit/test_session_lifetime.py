@@ -135,3 +135,27 @@ def test_a_close_timeout_beyond_any_float_is_no_bound() -> None:
     backend = HungRelease(hang=False)
     Session(backend).close(timeout=10**400)  # type: ignore[arg-type]  # it raised OverflowError
     assert backend.closes == 1
+
+
+def test_a_listen_hung_in_its_registration_does_not_hang_close() -> None:
+    backend = HungRelease(hang=False)
+    gpus = Session(backend)  # type: ignore[arg-type]
+    gpus._listener_lock.acquire()  # another thread's listen(), stuck registering the GPUs' events
+    outcome: list[BaseException | None] = []
+
+    def close() -> None:
+        try:
+            gpus.close(timeout=0)
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    closer = threading.Thread(target=close)
+    closer.start()
+    closer.join(_SETTLE_S)
+    hung = closer.is_alive()
+    gpus._listener_lock.release()  # the registration returns: the release goes on
+    closer.join(_SETTLE_S)
+    assert not hung, "close() waited for the listener lock without a bound"
+    assert len(outcome) == 1 and isinstance(outcome[0], Timeout) and gpus.closed
+    assert backend.returned.wait(_SETTLE_S) and backend.closes == 1
