@@ -474,8 +474,9 @@ class SnapshotPredicate(Predicate):
 
     Under :func:`on_devices` the snapshot it is handed holds only the selected GPUs (and their failures); a selected
     GPU missing from the snapshot makes it unknown without asking it. Its reasons are tied to no GPU, so a timeout
-    may blame every GPU. A wait never ends clean on a poll with an unreadable GPU, whatever it answers. Keep it
-    immutable and cheap: the poller calls :meth:`check_snapshot` on every poll.
+    may blame every GPU. A wait never ends clean on a poll with an unreadable GPU, whatever it answers;
+    ``select_clean`` judges each GPU alone, on a snapshot of that GPU. Keep it immutable and cheap: the poller calls
+    :meth:`check_snapshot` on every poll.
     """
 
     __slots__ = ()
