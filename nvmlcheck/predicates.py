@@ -169,6 +169,24 @@ class Predicate(abc.ABC):
     """
 
     __slots__ = ()
+    # nvmlcheck's own predicates set each attribute once, in __init__: one object is shared by every wait and thread
+    # (always() is a single one), so changing it afterwards is refused. A tool author's subclass is left alone.
+    _FROZEN = True
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if self._FROZEN:
+            try:
+                object.__getattribute__(self, name)
+            except AttributeError:  # not set yet: __init__ (or unpickling) sets it
+                pass
+            else:
+                raise AttributeError(f"{type(self).__name__.lstrip('_')} is immutable: build a new predicate")
+        object.__setattr__(self, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        if self._FROZEN:
+            raise AttributeError(f"{type(self).__name__.lstrip('_')} is immutable: build a new predicate")
+        object.__delattr__(self, name)
 
     def check(self, snapshot: Snapshot) -> bool | None:
         """``True``, ``False`` or ``None`` (unknown), without building reason texts (fast: the poller's path)."""
@@ -439,6 +457,7 @@ class DevicePredicate(_DevicePredicate):
     """
 
     __slots__ = ()
+    _FROZEN = False  # the subclass's own business
 
     @abc.abstractmethod
     def check_device(self, device: DeviceState) -> bool | None:
@@ -480,6 +499,7 @@ class SnapshotPredicate(Predicate):
     """
 
     __slots__ = ()
+    _FROZEN = False  # the subclass's own business
 
     @abc.abstractmethod
     def check_snapshot(self, snapshot: Snapshot) -> bool | None:

@@ -158,3 +158,22 @@ def test_a_predicate_asked_about_something_that_is_not_a_snapshot_says_so() -> N
             p.check(None)  # type: ignore[arg-type]
         with pytest.raises(ArgumentTypeError, match="a predicate judges a Snapshot"):
             p.evaluate(3)  # type: ignore[arg-type]
+
+
+def test_nvmlchecks_own_predicates_cannot_be_changed_once_made() -> None:
+    shared = nc.always()
+    with pytest.raises(AttributeError, match="immutable"):
+        shared.value = False  # it turned every always() of the process into never()
+    assert nc.always().check(snap(dev(0))) is True
+    limit = nc.memory_used_at_most(16)
+    with pytest.raises(AttributeError, match="immutable"):
+        limit.limit = 1 << 40
+    with pytest.raises(AttributeError, match="immutable"):
+        del limit.limit  # type: ignore[attr-defined]
+    assert limit.describe() == "used memory at most 16 B"
+
+
+def test_a_tool_authors_subclass_keeps_its_own_attributes_to_itself() -> None:
+    p = AtMost(1)
+    p.most = 0  # its own business: nothing of nvmlcheck's is shared through it
+    assert p.check(snap(dev(0, procs=[proc(1)]))) is False
