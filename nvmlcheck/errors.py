@@ -291,7 +291,10 @@ class WaitTimeout(NvmlCheckError, TimeoutError):
     taken (``None`` if not even one poll succeeded), ``culprits`` one line per thing still holding a GPU.
     ``holders`` is the same as data: one :class:`~nvmlcheck.verdict.Culprit` per cause (GPU, PID, name, bytes,
     kind, class, container, action), given by the raiser or, when it gave none, judged from ``snapshot`` on first
-    use (:func:`nvmlcheck.verdict.holders_of`).
+    use (:func:`nvmlcheck.verdict.holders_of`). ``held``: whether the last poll saw something hold a GPU (the
+    predicate was ``False``), as the raiser knows it; ``False`` when the GPUs could not be judged (an unknown value,
+    an unreadable GPU, a failed poll): the message then says "not confirmed clean", not "still held". ``None`` (the
+    default): told from the culprit lines. The attribute ``held`` is the answer.
     """
 
     __module__ = "nvmlcheck"
@@ -305,6 +308,7 @@ class WaitTimeout(NvmlCheckError, TimeoutError):
         polls: int = 0,
         *,
         holders: Sequence[Culprit] | None = None,
+        held: bool | None = None,
     ) -> None:
         self.timeout_s = timeout_s
         self.elapsed_ns = elapsed_ns
@@ -313,9 +317,13 @@ class WaitTimeout(NvmlCheckError, TimeoutError):
         self.polls = polls
         self._holders: tuple[Culprit, ...] | None = None if holders is None else tuple(holders)
         lines = "\n".join(f"  - {c}" for c in self.culprits) if self.culprits else "  - (no detail available)"
-        # "Still held" only when something was seen holding: a clean poll that could not be confirmed in time, or a
-        # poll that never finished, is not a holder (a user read "still held" on an idle GPU as a busy one).
-        held = not self.culprits or not all(c.startswith(_NOT_HOLDERS) for c in self.culprits)
+        # "Still held" only when something was seen holding: a clean poll that could not be confirmed in time, a
+        # poll that never finished, a GPU that could not be judged, is not a holder (a user read "still held" on an
+        # idle GPU as a busy one).
+        if held is None:
+            held = not self.culprits or not all(c.startswith(_NOT_HOLDERS) for c in self.culprits)
+        #: Whether the last poll saw something hold a GPU ("still held"), or the GPUs could not be judged.
+        self.held: bool = held
         head, verdict = ("GPUs not clean", "still held") if held else ("GPUs not confirmed clean", "why")
         noun = "poll" if polls == 1 else "polls"
         super().__init__(
@@ -334,11 +342,9 @@ class WaitTimeout(NvmlCheckError, TimeoutError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         args = (self.timeout_s, self.elapsed_ns, self.culprits, self.snapshot, self.polls)
-        if self._holders is None:
-            return (type(self), args)
         import functools
 
-        return (functools.partial(type(self), holders=self._holders), args)
+        return (functools.partial(type(self), holders=self._holders, held=self.held), args)
 
 
 class GpuFault(NvmlCheckError):

@@ -588,8 +588,9 @@ class Session:
                      if line not in exc.culprits]
             if not extra or type(exc) is not WaitTimeout:
                 raise
+            # The poller's holders (the GPUs its predicate refused) and its word on whether anything held them.
             raise WaitTimeout(exc.timeout_s, exc.elapsed_ns, (*exc.culprits, *extra), exc.snapshot, exc.polls,
-                              holders=exc._holders) from None  # the poller's holders: the GPUs its predicate refused
+                              holders=exc._holders, held=exc.held) from None
 
     def select_clean(
         self,

@@ -629,6 +629,7 @@ class _Poller:
             # deadline by a whole poll: the last full snapshot (at most full_every_s older) names the processes.
             good = full
         culprits: list[str] = []
+        held = False  # only a predicate that said False saw something hold a GPU
         if error is not None:
             culprits.append(f"the last poll failed ({type(error).__name__}): {error}")
         if clean:
@@ -637,14 +638,16 @@ class _Poller:
                 "were seen before the deadline"
             )
         elif good is not None:
-            culprits.extend(self.predicate.evaluate(good).reasons)
+            verdict = self.predicate.evaluate(good)
+            held = verdict.satisfied is False
+            culprits.extend(verdict.reasons)
             # Failures make a poll unclean whatever the predicate says (always() ignores them).
             culprits.extend(f.describe() for f in good.failures)
         elif error is None:
             culprits.append("no poll finished before the deadline (a query was still running when it passed)")
         lines = tuple(dict.fromkeys(culprits))
         return WaitTimeout(self.timeout_s, t1 - stats.start, lines, good, stats.polls,
-                           holders=self._holders(good, lines, clean=clean))
+                           holders=self._holders(good, lines, clean=clean), held=held)
 
     def _holders(self, good: Snapshot | None, lines: tuple[str, ...], *, clean: bool) -> tuple[Culprit, ...] | None:
         """A timeout's structured holders: those of the GPUs the predicate refused (``WaitTimeout.holders``), never a
