@@ -617,6 +617,15 @@ class Session:
         from .selection import select_clean
 
         self._check_open()
+        if lock_dir is not None:
+            if not isinstance(lock_dir, str | os.PathLike):
+                raise ArgumentTypeError(f"lock_dir must be a directory path (str or os.PathLike) or None, got "
+                                        f"{lock_dir!r}")
+            if not os.fspath(lock_dir):  # Path("") is ".": locks wherever the caller happens to run
+                raise ArgumentError("lock_dir is empty: name a directory, or pass None for the default")
+        for name, value in (("clock", clock), ("sleep", sleep)):
+            if not callable(value):
+                raise ArgumentTypeError(f"{name} must be callable, got {value!r}")
         return select_clean(
             self, count, timeout=timeout, predicate=predicate, devices=devices, stable_polls=stable_polls, lock=lock,
             lock_dir=None if lock_dir is None else Path(lock_dir), interval=interval, clock=clock, sleep=sleep,

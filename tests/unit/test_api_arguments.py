@@ -12,6 +12,19 @@ from nvmlcheck.cudamap import cuda_mapping
 from nvmlcheck.wait import Deadline, PollPolicy
 
 
+class _NoBackend:
+    """A backend for argument checks: any read fails the test (an argument is refused before anything is read)."""
+
+    name = "nvml"
+
+    def __getattr__(self, name: str) -> object:
+        raise AssertionError(f"the backend was used ({name}) before the arguments were checked")
+
+
+def _session() -> nc.Session:
+    return nc.Session(_NoBackend())  # type: ignore[arg-type]
+
+
 def _two_gpus() -> nc.Snapshot:
     return nc.Snapshot(backend="nvml", taken_ns=0, duration_ns=0, wall_time=0.0,
                        system=nc.SystemInfo(driver_version=None, nvml_version=None, cuda_driver_version=None),
@@ -50,6 +63,9 @@ def _gpu(index: int) -> nc.DeviceState:
     (lambda: nc.open("nvml", init_timeout_s=10**400), nc.ArgumentError),
     (lambda: nc.open("smi", smi_command=[b"nvidia-smi"]), nc.ArgumentTypeError),  # type: ignore[list-item]
     (lambda: nc.open("smi", smi_prefix="ssh 'gpu01"), nc.ArgumentError),  # an unclosed quote
+    (lambda: _session().select_clean(1, lock=True, lock_dir=3), nc.ArgumentTypeError),  # type: ignore[arg-type]
+    (lambda: _session().select_clean(1, lock=True, lock_dir=""), nc.ArgumentError),  # it locked in "."
+    (lambda: _session().select_clean(1, clock=None), nc.ArgumentTypeError),  # type: ignore[arg-type]
     (lambda: _two_gpus().device(True), nc.ArgumentTypeError),  # it answered GPU 1
     (lambda: _two_gpus().device(1.0), nc.ArgumentTypeError),  # type: ignore[arg-type]
     # wait.Deadline.after, for a snapshot_fn of one's own (ValueError, OverflowError and TypeError from round())
