@@ -325,13 +325,24 @@ class DeviceState(_ReasonsPickle):
             return None
         return c + g + m
 
-    def processes_of(self, kind: ProcessKind) -> tuple[GpuProcess, ...] | None:
-        """The process list of one kind (``None`` when unknown)."""
+    def processes_of(self, kind: ProcessKind | str) -> tuple[GpuProcess, ...] | None:
+        """The process list of one kind (``None`` when unknown): a :class:`ProcessKind`, or its value
+        (``"compute"``, ``"graphics"``, ``"mps"``); :class:`~nvmlcheck.ArgumentError` for anything else."""
         if kind is ProcessKind.COMPUTE:
             return self.compute_processes
         if kind is ProcessKind.GRAPHICS:
             return self.graphics_processes
-        return self.mps_processes
+        if kind is ProcessKind.MPS:
+            return self.mps_processes
+        # A plain "compute" is not the member (identity): it was answered with the MPS list.
+        try:
+            member = ProcessKind(kind)
+        except ValueError:
+            from .errors import ArgumentError
+
+            raise ArgumentError(f"a process kind is 'compute', 'graphics' or 'mps' (or a ProcessKind), got "
+                                f"{kind!r}") from None
+        return self.processes_of(member)
 
     def why_unknown(self, path: str) -> str | None:
         """Why the field at dotted ``path`` (``"memory"``, ``"clocks.sm_mhz"``, ``"processes.graphics"``) is ``None``;

@@ -66,6 +66,7 @@ def _gpu(index: int) -> nc.DeviceState:
     (lambda: _session().select_clean(1, lock=True, lock_dir=3), nc.ArgumentTypeError),  # type: ignore[arg-type]
     (lambda: _session().select_clean(1, lock=True, lock_dir=""), nc.ArgumentError),  # it locked in "."
     (lambda: _session().select_clean(1, clock=None), nc.ArgumentTypeError),  # type: ignore[arg-type]
+    (lambda: _two_gpus().device(0).processes_of("cuda"), nc.ArgumentError),  # it answered the MPS list
     (lambda: _two_gpus().device(True), nc.ArgumentTypeError),  # it answered GPU 1
     (lambda: _two_gpus().device(1.0), nc.ArgumentTypeError),  # type: ignore[arg-type]
     # wait.Deadline.after, for a snapshot_fn of one's own (ValueError, OverflowError and TypeError from round())
@@ -81,3 +82,12 @@ def test_a_wrong_argument_is_refused_where_it_is_given(call: object, error: type
     with pytest.raises(error) as caught:
         call()  # type: ignore[operator]
     assert isinstance(caught.value, nc.NvmlCheckError)
+
+
+def test_a_process_kind_given_by_its_value_names_that_list() -> None:
+    from snapshots import dev, proc
+
+    gpu = dev(0, procs=[proc(11)], graphics=[proc(12)], mps=[])
+    assert gpu.processes_of("compute") == gpu.compute_processes  # it was the MPS list, ()
+    assert gpu.processes_of("graphics") == gpu.graphics_processes
+    assert gpu.processes_of(nc.ProcessKind.MPS) == ()
