@@ -392,7 +392,8 @@ class Snapshot:
 
     def device(self, index: int) -> DeviceState:
         """The state of the device with NVML index ``index``; :class:`~nvmlcheck.NoSuchDevice` (a ``KeyError``) if it
-        is not in this snapshot; :class:`~nvmlcheck.ArgumentTypeError` when ``index`` is not an int (``True`` and
+        is not in this snapshot, or is in :attr:`failures` (the message says why it could not be read, the GPU's error
+        is its ``__cause__``); :class:`~nvmlcheck.ArgumentTypeError` when ``index`` is not an int (``True`` and
         ``1.0`` are not GPU 1)."""
         if isinstance(index, bool) or not isinstance(index, int):
             from .errors import ArgumentTypeError
@@ -403,6 +404,9 @@ class Snapshot:
                 return d
         from .errors import NoSuchDevice
 
+        for f in self.failures:
+            if f.index == index:  # in the snapshot, but with no state to return: say why, not "not in it"
+                raise NoSuchDevice(f"GPU {index} has no state in this snapshot: {f.describe()}") from f.error
         raise NoSuchDevice(f"GPU {index} is not in this snapshot (devices: {[d.index for d in self.devices]})")
 
     def raise_for_failures(self) -> None:

@@ -91,3 +91,14 @@ def test_a_process_kind_given_by_its_value_names_that_list() -> None:
     assert gpu.processes_of("compute") == gpu.compute_processes  # it was the MPS list, ()
     assert gpu.processes_of("graphics") == gpu.graphics_processes
     assert gpu.processes_of(nc.ProcessKind.MPS) == ()
+
+
+def test_a_gpu_that_could_not_be_read_is_not_said_to_be_missing_from_the_snapshot() -> None:
+    from snapshots import dev, failure, snap
+
+    lost = nc.GpuLost(15, "nvmlDeviceGetMemoryInfo_v2", 1)
+    taken = snap(dev(0), failures=[failure(1, lost)])
+    with pytest.raises(nc.NoSuchDevice) as caught:
+        taken.device(1)
+    assert "not in this snapshot" not in str(caught.value)  # it is: it could not be read
+    assert "could not be read" in str(caught.value) and caught.value.__cause__ is lost
