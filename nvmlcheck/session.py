@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from .verdict import ReadyReport
     from .wait import Deadline, PollPolicy, TracePoint, WaitOptions, WaitResult
 
-__all__ = ["DeviceSelector", "Session", "open", "wait_until_clean"]
+__all__ = ["CLOSE_TIMEOUT_S", "DeviceSelector", "Session", "open", "wait_until_clean"]
 
 # The least time each nvidia-smi run of wait_until_clean's "auto" fallback gets (see its docstring).
 _SMI_FALLBACK_FLOOR_S = 1.0
