@@ -236,7 +236,8 @@ EXTRA: dict[str, str] = {
     "a number of seconds (`PollPolicy.every`).",
     "Predicate": "The three-valued logic and the reasons are described in [waiting.md](waiting.md). "
     "Operators: `a & b`, `a | b`, `~a` build new predicates; `bool(p)` raises `TypeError` (so `and`/"
-    "`or`/`not` cannot be used by mistake). `str(p)` is `p.describe()`.",
+    "`or`/`not` cannot be used by mistake). `str(p)` is `p.describe()`. Its hooks are private: write a predicate of "
+    "your own as a [`DevicePredicate`](#devicepredicate) or a [`SnapshotPredicate`](#snapshotpredicate).",
 }
 
 # Classes whose members are documented under another class (they share a private base).
