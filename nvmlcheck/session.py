@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
     from .backends import Backend
     from .cudamap import CudaMapping
+    from .errors import WaitTimeout
     from .events import EventListener
     from .holders import Holder
     from .locks import Owner
@@ -294,12 +295,29 @@ class Session:
         """How CUDA numbers these GPUs under ``env`` (default ``os.environ``): ``CUDA_VISIBLE_DEVICES`` and
         ``CUDA_DEVICE_ORDER`` applied to the identities the backend reports. See :mod:`nvmlcheck.cudamap` for the
         rules; an unknown mapping has ``devices=None`` and the reason."""
+        self._check_open()
+        return self._cuda_mapping(env, None, time.monotonic_ns)
+
+    def _cuda_mapping(self, env: Mapping[str, str] | None, deadline_ns: int | None,
+                      clock: Callable[[], int]) -> CudaMapping:
         from .cudamap import cuda_mapping
 
-        self._check_open()
-        snap = self._backend.snapshot(None, Fields(0))
+        snap = self._read(Fields(0), deadline_ns, clock)
         return cuda_mapping(snap.devices, os.environ if env is None else env,
                             unreadable=[f.index for f in snap.failures])
+
+    def _read(self, fields: Fields, deadline_ns: int | None, clock: Callable[[], int]) -> Snapshot:
+        """Every GPU's ``fields`` for a selection to be resolved; stopped at ``deadline_ns`` on ``clock`` (a wait's:
+        at most one query late, then :class:`~nvmlcheck.errors.DeadlinePassed`), ``None``: no bound."""
+        if deadline_ns is None:
+            return self._backend.snapshot(None, fields)
+        from ._deadline import read_by
+        from .errors import DeadlinePassed
+
+        snap = read_by(self._backend, None, fields, deadline_ns, clock)
+        if snap is None:
+            raise DeadlinePassed("the deadline passed while the device selection was read")
+        return snap
 
     def resolve(self, devices: Iterable[DeviceSelector] | DeviceSelector | None) -> tuple[int, ...] | None:
         """Turn a device selection into sorted NVML indices: NVML indices, UUIDs or unique UUID prefixes, and CUDA
@@ -317,6 +335,12 @@ class Session:
         message showing the mapping seen.
         """
         self._check_open()
+        return self._resolve(devices, None, time.monotonic_ns)
+
+    def _resolve(self, devices: Iterable[DeviceSelector] | DeviceSelector | None, deadline_ns: int | None,
+                 clock: Callable[[], int]) -> tuple[int, ...] | None:
+        """:meth:`resolve`, its readings (UUIDs, ``cuda:N``, ``MIG-…``) stopped at ``deadline_ns`` on ``clock``
+        (``None``: no bound), raising :class:`~nvmlcheck.errors.DeadlinePassed`."""
         if devices is None:
             return None
         items = _selectors(devices)
@@ -332,7 +356,7 @@ class Session:
                 raise ArgumentTypeError(f"a device is an int index or a UUID string, not {item!r}")
             if isinstance(item, str) and item[:5].lower() == "cuda:":
                 if mapping is None:
-                    mapping = self.cuda_mapping()
+                    mapping = self._cuda_mapping(None, deadline_ns, clock)
                 out.update(mapping.resolve(item))
                 continue
             if isinstance(item, int):
@@ -341,31 +365,33 @@ class Session:
                 out.add(item)
                 continue
             if is_digits(item):
-                out.update(self.resolve(int(item)) or ())
+                out.update(self._resolve(int(item), deadline_ns, clock) or ())
                 continue
             if not item.strip():
                 raise ArgumentError(f"an empty device selector ({item!r}): give an index, a UUID or cuda:N")
             if item.startswith("MIG-"):
-                out.add(self._mig_parent(item))
+                out.add(self._mig_parent(item, deadline_ns, clock))
                 continue
             if uuids is None:
-                uuids, unreadable = self._uuids()
+                uuids, unreadable = self._uuids(deadline_ns, clock)
             out.update(_by_uuid(item, uuids, unreadable))
         return tuple(sorted(out))
 
-    def _uuids(self) -> tuple[dict[int, str], dict[int, str]]:
+    def _uuids(self, deadline_ns: int | None = None,
+               clock: Callable[[], int] = time.monotonic_ns) -> tuple[dict[int, str], dict[int, str]]:
         """Each GPU's UUID by its index, and the GPUs whose UUID cannot be read (index -> why)."""
-        snap = self._backend.snapshot(None, Fields(0))
+        snap = self._read(Fields(0), deadline_ns, clock)
         uuids = {d.index: d.uuid for d in snap.devices if d.uuid}
         uuids.update({f.index: f.uuid for f in snap.failures if f.uuid})
         unreadable = {d.index: "its UUID is unknown" for d in snap.devices if not d.uuid}
         unreadable.update({f.index: str(f.error) for f in snap.failures if not f.uuid})
         return uuids, unreadable
 
-    def _mig_parent(self, item: str) -> int:
+    def _mig_parent(self, item: str, deadline_ns: int | None = None, clock: Callable[[], int] = time.monotonic_ns
+                    ) -> int:
         """The index of the GPU holding MIG device ``item`` (a UUID or unique prefix). MIG devices are read live
         (instances come and go), with the process lists: this costs one snapshot of every GPU's lists."""
-        snap = self._backend.snapshot(None, Fields.PROCESSES)
+        snap = self._read(Fields.PROCESSES, deadline_ns, clock)
         matches = [
             (d.index, m.uuid)
             for d in snap.devices
@@ -403,13 +429,38 @@ class Session:
             else:
                 # Every other selector (index, UUID or prefix, cuda:N) as resolve() reads it: a selector this
                 # list dropped would be read by the wait but judged by nothing.
-                out.extend(self.resolve(i) or ())
+                out.extend(self._resolve(i, deadline_ns, clock) or ())
         return out
 
+    def _resolve_within(self, devices: Iterable[DeviceSelector] | DeviceSelector | None, timeout: float | None,
+                        clock: Callable[[], int]) -> tuple[tuple[int, ...] | None, float | None, int]:
+        """:meth:`resolve` for a wait with ``timeout``, the timeout it leaves, and when it began on ``clock`` (the
+        wait's start): its readings (a UUID, ``cuda:N``,
+        ``MIG-…`` selector reads the GPUs' identities: an nvidia-smi run, a slow GPU) are bounded by the wait's
+        deadline and count against it; a :class:`~nvmlcheck.WaitTimeout` when the deadline came first. One check
+        (``timeout`` 0) always completes."""
+        from ._deadline import ns_or_none
+        from .errors import DeadlinePassed, WaitTimeout
+
+        began = clock()
+        bound = None if not timeout else ns_or_none(timeout)
+        try:
+            indices = self._resolve(devices, None if bound is None else began + bound, clock)
+        except DeadlinePassed:
+            mig = any(isinstance(i, str) and i.startswith("MIG-") for i in _selectors(devices or ()))
+            what = "the GPUs' MIG devices were" if mig else "the GPUs named by the selection were"
+            raise WaitTimeout(float(timeout or 0.0), clock() - began, (
+                f"no poll finished before the deadline: {what} still being read (a slow or hung GPU, or "
+                "nvidia-smi)",), held=False) from None
+        return indices, _left(timeout, began, clock), began
+
     def _mig_instances(self, devices: Iterable[DeviceSelector] | DeviceSelector | None, timeout: float | None,
-                       began: int, clock: Callable[[], int]) -> list[DeviceSelector]:
+                       began: int, clock: Callable[[], int], *, asked: float | None = None,
+                       called: int | None = None) -> list[DeviceSelector]:
         """:meth:`_mig_selection` for a wait that began at ``began`` with ``timeout``: read by its deadline (one check,
-        ``timeout`` 0, always completes), a :class:`~nvmlcheck.WaitTimeout` when the deadline came first."""
+        ``timeout`` 0, always completes), a :class:`~nvmlcheck.WaitTimeout` when the deadline came first (naming
+        ``asked``, the timeout the caller gave, and the time since ``called``, when the caller's setup took some of
+        it)."""
         from ._deadline import ns_or_none
         from .errors import DeadlinePassed, WaitTimeout
 
@@ -417,9 +468,10 @@ class Session:
         try:
             return self._mig_selection(devices, None if bound is None else began + bound, clock)
         except DeadlinePassed:
-            raise WaitTimeout(float(timeout or 0.0), clock() - began, (
+            reported = timeout if called is None else asked
+            raise WaitTimeout(float(reported or 0.0), clock() - (began if called is None else called), (
                 "no poll finished before the deadline: the GPUs' MIG devices were still being read (a slow or hung "
-                "GPU)",)) from None
+                "GPU)",), held=False) from None
 
     def snapshot(
         self, devices: Iterable[DeviceSelector] | DeviceSelector | None = None, *, fields: Fields = Fields.ALL
@@ -470,7 +522,10 @@ class Session:
         Raises :class:`~nvmlcheck.WaitTimeout` naming what still holds each GPU, or the error that made a GPU
         unreadable (lost, no permission). The deadline is overrun by at most one query (one NVML call, or the time
         to stop one nvidia-smi run), not a whole poll: the backend gets it and stops there. ``timeout=0``'s single
-        check always completes. Zero selected GPUs is an error, never a vacuous "clean". ``policy``: a
+        check always completes. The setup counts against ``timeout`` and stops at its deadline too: reading the GPUs
+        a selection names (a UUID, ``cuda:N``, ``MIG-…``), the event listener's registration; a timeout reports the
+        ``timeout`` asked for and the time since the call began. Zero selected GPUs is an error, never a vacuous
+        "clean". ``policy``: a
         :class:`~nvmlcheck.wait.PollPolicy`, ``"default"``, ``"precise"`` or an interval in seconds (``None``:
         ``DEFAULT``, or ``SMI_DEFAULT`` with the nvidia-smi backend). ``clock``
         (integer ns) and ``sleep`` (seconds) can be injected for tests; the deadline handed to the backend is on
@@ -498,7 +553,8 @@ class Session:
         )
         timeout, policy, clock, sleep, events = opts.timeout, opts.policy, opts.clock, opts.sleep, opts.events
         since = time.monotonic_ns()  # event times are on this clock, whatever ``clock`` the wait runs on
-        indices = self.resolve(devices)
+        asked = timeout  # what a timeout reports: the setup below (selection, listener, MIG) takes from it
+        indices, timeout, called = self._resolve_within(devices, timeout, clock)
         backend = self._backend
         listener, timeout = self._wait_listener(events, timeout, clock)
 
@@ -515,7 +571,7 @@ class Session:
             def fatal() -> None:
                 return None
         began = clock()  # after the listener's registration, which took its time off the timeout already
-        mig = self._mig_instances(devices, timeout, began, clock)
+        mig = self._mig_instances(devices, timeout, began, clock, asked=asked, called=called)
         if mig:
             timeout = _left(timeout, began, clock)  # the instances were read within the wait's timeout
             # A MIG UUID selects one instance: judge it (and any other selected GPU) on its own, not the whole GPU.
@@ -586,11 +642,10 @@ class Session:
 
             extra = [line for line in timeout_explanation(_blamed_only(exc.snapshot, predicate))
                      if line not in exc.culprits]
-            if not extra or type(exc) is not WaitTimeout:
+            if type(exc) is not WaitTimeout or (not extra and began == called and exc.timeout_s == asked):
                 raise
-            # The poller's holders (the GPUs its predicate refused) and its word on whether anything held them.
-            raise WaitTimeout(exc.timeout_s, exc.elapsed_ns, (*exc.culprits, *extra), exc.snapshot, exc.polls,
-                              holders=exc._holders, held=exc.held) from None
+            # The poller's holders (the GPUs its predicate refused) and its word on whether anything held them kept.
+            raise _counted_from(exc, asked, began - called, extra) from None
 
     def select_clean(
         self,
@@ -840,6 +895,15 @@ def _blamed_only(snapshot: Snapshot | None, predicate: Predicate | None) -> Snap
     if blamed is None:  # a reason tied to no GPU: every GPU may be to blame
         return snapshot
     return replace(snapshot, devices=tuple(d for d in snapshot.devices if d.index in blamed))
+
+
+def _counted_from(exc: WaitTimeout, asked: float | None, setup_ns: int, extra: Sequence[str] = ()) -> WaitTimeout:
+    """A wait's timeout as its caller sees it: the timeout asked for (not what the setup left of it) and the time
+    since the wait began (the setup's ``setup_ns`` included), ``extra`` culprit lines added; the rest kept."""
+    from .errors import WaitTimeout
+
+    return WaitTimeout(float(asked or 0.0), exc.elapsed_ns + setup_ns, (*exc.culprits, *extra), exc.snapshot,
+                       exc.polls, holders=exc._holders, held=exc.held)
 
 
 def _left(timeout: float | None, began: int, clock: Callable[[], int]) -> float | None:
