@@ -96,6 +96,11 @@ __all__ = [
 ]
 
 
+def _lines(value: Sequence[str]) -> tuple[str, ...]:
+    """A sequence of lines (or words) as a tuple; one ``str`` is one line, not a line per character."""
+    return (value,) if isinstance(value, str) else tuple(value)
+
+
 class NvmlCheckError(Exception):
     """Base class of every exception nvmlcheck raises. A caller tells how to handle one by its class and
     :attr:`TRANSIENT`, never by its message:
@@ -130,7 +135,7 @@ class BackendUnavailable(NvmlCheckError):
     TRANSIENT = False  # no library, driver or nvidia-smi: asking again will not load one
 
     def __init__(self, message: str, attempts: Sequence[str] = ()) -> None:
-        self.attempts: tuple[str, ...] = tuple(attempts)
+        self.attempts: tuple[str, ...] = _lines(attempts)
         full = message
         if self.attempts:
             full += "\n" + "\n".join(f"  - {a}" for a in self.attempts)
@@ -200,7 +205,7 @@ class SmiError(NvmlCheckError):
     TRANSIENT = True
 
     def __init__(self, argv: Sequence[str], returncode: int | None, stderr: str, message: str = "") -> None:
-        self.argv: tuple[str, ...] = tuple(argv)
+        self.argv: tuple[str, ...] = _lines(argv)
         self.returncode = returncode
         self.stderr = stderr
         self.message = message
@@ -312,7 +317,7 @@ class WaitTimeout(NvmlCheckError, TimeoutError):
     ) -> None:
         self.timeout_s = timeout_s
         self.elapsed_ns = elapsed_ns
-        self.culprits: tuple[str, ...] = tuple(culprits)
+        self.culprits: tuple[str, ...] = _lines(culprits)
         self.snapshot = snapshot
         self.polls = polls
         self._holders: tuple[Culprit, ...] | None = None if holders is None else tuple(holders)

@@ -102,3 +102,10 @@ def test_a_gpu_that_could_not_be_read_is_not_said_to_be_missing_from_the_snapsho
         taken.device(1)
     assert "not in this snapshot" not in str(caught.value)  # it is: it could not be read
     assert "could not be read" in str(caught.value) and caught.value.__cause__ is lost
+
+
+def test_an_exception_given_one_line_as_a_str_keeps_it_whole() -> None:
+    # A tool author's backend raising these: a str was split into one line (or word) per character.
+    assert nc.WaitTimeout(1.0, 5, "GPU 0: pid 7 holds 1 GiB").culprits == ("GPU 0: pid 7 holds 1 GiB",)
+    assert nc.BackendUnavailable("no backend", "nvml: no library").attempts == ("nvml: no library",)
+    assert nc.SmiError("nvidia-smi", 9, "").argv == ("nvidia-smi",)
