@@ -435,6 +435,11 @@ def _answer(owner: Predicate, method: str, value: object) -> bool | None:
         f"{type(owner).__name__}.{method}() must return True, False or None (cannot tell), got {value!r}")
 
 
+def _texts(reasons: Iterable[str] | str) -> list[str]:
+    """A subclass's reasons as lines: one ``str`` returned instead of a list is one line, not one per character."""
+    return [reasons] if isinstance(reasons, str) else [str(t) for t in reasons]
+
+
 def _label(d: DeviceState) -> str:
     """``GPU 0``, or ``GPU 0 MIG 1 (GI 2, CI 0, MIG-...)`` for one MIG instance judged as a device
     (:func:`instance_view`)."""
@@ -479,7 +484,7 @@ class DevicePredicate(_DevicePredicate):
         if truth is True:
             return
         where = _label(d)
-        texts = [str(t) for t in self.reasons_device(d)]
+        texts = _texts(self.reasons_device(d))
         if not texts:
             texts = [f"not {self.describe()}" if truth is False else f"cannot tell whether {self.describe()}"]
         for text in texts:
@@ -530,7 +535,7 @@ class SnapshotPredicate(Predicate):
         truth = _answer(self, "check_snapshot", self.check_snapshot(snap))
         if truth is True:
             return []
-        texts = [str(t) for t in self.reasons_snapshot(snap)]
+        texts = _texts(self.reasons_snapshot(snap))
         if not texts:
             texts = [f"not {self.describe()}" if truth is False else f"cannot tell whether {self.describe()}"]
         return [_Why(truth, None, text) for text in texts]

@@ -177,3 +177,32 @@ def test_a_tool_authors_subclass_keeps_its_own_attributes_to_itself() -> None:
     p = AtMost(1)
     p.most = 0  # its own business: nothing of nvmlcheck's is shared through it
     assert p.check(snap(dev(0, procs=[proc(1)]))) is False
+
+
+class OneLine(DevicePredicate):
+    """Returns its reason as a str, not a list of them (a mistake mypy does not catch: a str is an Iterable[str])."""
+
+    def check_device(self, device: DeviceState) -> bool | None:
+        return False
+
+    def reasons_device(self, device: DeviceState) -> Iterable[str]:
+        return "busy"
+
+    def describe(self) -> str:
+        return "never idle"
+
+
+class OneLineSnapshot(SnapshotPredicate):
+    def check_snapshot(self, snapshot: Snapshot) -> bool | None:
+        return False
+
+    def reasons_snapshot(self, snapshot: Snapshot) -> Iterable[str]:
+        return "too few idle GPUs"
+
+    def describe(self) -> str:
+        return "enough idle GPUs"
+
+
+def test_a_reason_returned_as_one_str_is_one_line_not_one_per_character() -> None:
+    assert OneLine().evaluate(snap(dev(0))).reasons == ("GPU 0: busy",)
+    assert OneLineSnapshot().evaluate(snap(dev(0))).reasons == ("too few idle GPUs",)
