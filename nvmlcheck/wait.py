@@ -498,6 +498,8 @@ class _Poller:
 
     def run(self) -> WaitResult:
         start = self.clock()
+        if not isinstance(start, int) or isinstance(start, bool):  # time.monotonic (float s) read as ns: 30 s -> 950 y
+            raise ArgumentTypeError(f"clock must return integer nanoseconds (as time.monotonic_ns does), got {start!r}")
         deadline = None if self.timeout_ns is None else start + self.timeout_ns
         with hung_after(deadline, self.clock):  # a call that never returns: the command line's handler ends it
             return self._run(start, deadline)

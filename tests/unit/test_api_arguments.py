@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 import nvmlcheck as nc
@@ -19,6 +21,10 @@ class _NoBackend:
 
     def __getattr__(self, name: str) -> object:
         raise AssertionError(f"the backend was used ({name}) before the arguments were checked")
+
+
+def _idle_snapshot() -> nc.Snapshot:
+    return _two_gpus()
 
 
 def _session() -> nc.Session:
@@ -77,6 +83,8 @@ def _gpu(index: int) -> nc.DeviceState:
     (lambda: Deadline.after("1"), nc.ArgumentTypeError),  # type: ignore[arg-type]
     # a snapshot_fn of one's own that returns something else (AttributeError from inside the poller)
     (lambda: nc.poll_until(lambda: None, timeout=0), nc.ArgumentTypeError),  # type: ignore[arg-type]
+    # time.monotonic (seconds) for time.monotonic_ns: the timeout was read in ns of it (30 s became ~950 years)
+    (lambda: nc.poll_until(_idle_snapshot, timeout=30, clock=time.monotonic), nc.ArgumentTypeError),  # type: ignore[arg-type]
 ])
 def test_a_wrong_argument_is_refused_where_it_is_given(call: object, error: type[Exception]) -> None:
     with pytest.raises(error) as caught:
