@@ -101,6 +101,8 @@ SECTIONS: list[tuple[str, str, list[str]]] = [
         [
             "Predicate",
             "Verdict",
+            "DevicePredicate",
+            "SnapshotPredicate",
             "default_predicate",
             "no_processes",
             "pids_gone",
@@ -234,13 +236,27 @@ EXTRA: dict[str, str] = {
     "a number of seconds (`PollPolicy.every`).",
     "Predicate": "The three-valued logic and the reasons are described in [waiting.md](waiting.md). "
     "Operators: `a & b`, `a | b`, `~a` build new predicates; `bool(p)` raises `TypeError` (so `and`/"
-    "`or`/`not` cannot be used by mistake). `str(p)` is `p.describe()`.",
+    "`or`/`not` cannot be used by mistake). `str(p)` is `p.describe()`. Its hooks are private: write a predicate of "
+    "your own as a [`DevicePredicate`](#devicepredicate) or a [`SnapshotPredicate`](#snapshotpredicate).",
 }
 
 # Classes whose members are documented under another class (they share a private base).
 SHARED_MEMBERS: dict[str, str] = {"testing.TimelineStep": "testing.Scenario"}
 # Abstract or internal-construction classes: no constructor signature.
-NO_SIGNATURE = {"Predicate"}
+NO_SIGNATURE = {"Predicate", "DevicePredicate", "SnapshotPredicate"}
+
+def _public_bases(cls: type) -> list[str]:
+    """The names of ``cls``'s bases a reader can look up: a private base stands for its first public ancestor
+    (``DevicePredicate``'s ``_DevicePredicate`` is a ``Predicate``)."""
+    names: list[str] = []
+    for direct in cls.__bases__:
+        base = direct
+        while base.__name__.startswith("_") and base.__bases__ and base.__bases__[0] not in (object, tuple):
+            base = base.__bases__[0]
+        if base not in (object, tuple) and not base.__name__.startswith("_") and base.__name__ not in names:
+            names.append(base.__name__)
+    return names
+
 
 # --- resolving names --------------------------------------------------------------------------------------------------
 
@@ -590,7 +606,7 @@ def render_class(key: str, cls: type, linker: Linker, prefer_testing: bool) -> s
         out.append(f"A {frozen}dataclass; its fields, in order, are in the table below.\n")
     elif key not in NO_SIGNATURE and not issubclass(cls, enum.Enum) and "__init__" in _own_dicts(cls):
         out.append(code_block("class " + signature(name, cls.__init__, drop_self=True, returns=False)))
-    bases = [b.__name__ for b in cls.__bases__ if b not in (object, tuple) and not b.__name__.startswith("_")]
+    bases = _public_bases(cls)
     if bases and bases != ["Exception"]:
         out.append(f"Bases: {', '.join(f'`{b}`' for b in bases)}.\n")
     out.append(describe(key, cls, linker, prefer_testing))

@@ -2,8 +2,8 @@
 
 >>> import nvmlcheck as nc
 >>> with nc.open() as gpus:                                   # doctest: +SKIP
-...     snap = gpus.snapshot()
-...     used = snap.devices[0].memory.used_bytes
+...     memory = gpus.snapshot().devices[0].memory     # None when it could not be read: never 0
+...     used = None if memory is None else memory.used_bytes
 ...     res = gpus.wait_until_clean(timeout=30.0)
 
 The NVML backend reads libnvidia-ml through cffi; the nvidia-smi backend is the fallback. See ``docs/`` for the
@@ -33,6 +33,7 @@ _LAZY: dict[str, str] = {
     "Culprit": "verdict",
     "Deprecated": "errors",
     "DeviceFailure": "model",
+    "DevicePredicate": "predicates",
     "DeviceSelector": "session",
     "DeviceState": "model",
     "DriverNotLoaded": "errors",
@@ -108,6 +109,7 @@ _LAZY: dict[str, str] = {
     "SmiTimeout": "errors",
     "SmiTransportError": "errors",
     "Snapshot": "model",
+    "SnapshotPredicate": "predicates",
     "StateError": "errors",
     "SystemInfo": "model",
     "Timeout": "errors",
@@ -182,7 +184,8 @@ def _submodule(module: str) -> object:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    # Every public name, `open` included (kept out of __all__ only for `import *`): what completion offers.
+    return sorted(set(globals()) | set(_LAZY))
 
 
 __version__ = "0.1.0"

@@ -90,7 +90,9 @@ from nvmlcheck.model import (
     SystemInfo,
 )
 from nvmlcheck.predicates import (
+    DevicePredicate,
     Predicate,
+    SnapshotPredicate,
     Verdict,
     always,
     default_predicate,
@@ -134,6 +136,7 @@ __all__ = [
     "Culprit",
     "Deprecated",
     "DeviceFailure",
+    "DevicePredicate",
     "DeviceSelector",
     "DeviceState",
     "DriverNotLoaded",
@@ -209,6 +212,7 @@ __all__ = [
     "SmiTimeout",
     "SmiTransportError",
     "Snapshot",
+    "SnapshotPredicate",
     "StateError",
     "SystemInfo",
     "Timeout",

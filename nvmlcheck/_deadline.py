@@ -28,8 +28,12 @@ _NS = 1_000_000_000
 
 def ns_or_none(seconds: float) -> int | None:
     """``seconds`` (a number >= 0, checked by the caller) in integer ns; ``None`` when it cannot be counted in ns
-    (``inf``, or beyond ~1.8e299 s): no bound. The one rule for every timeout and grace the library takes."""
-    ns = seconds * _NS
+    (``inf``, or beyond ~1.8e299 s, an int too large for a float included): no bound. The one rule for every
+    timeout and grace the library takes."""
+    try:
+        ns = float(seconds) * _NS
+    except OverflowError:  # an int beyond any float (10**400): longer than any wait, as inf is
+        return None
     return None if math.isinf(ns) else round(ns)  # not ceil: 63225e-9 * 1e9 is 63225.00000000001
 
 
@@ -48,8 +52,19 @@ class Deadline:
 
     @classmethod
     def after(cls, seconds: float, clock: Callable[[], int] = time.monotonic_ns) -> Deadline:
-        """The deadline ``seconds`` from now on ``clock``."""
-        return cls(clock() + round(seconds * _NS), clock)
+        """The deadline ``seconds`` (a number >= 0) from now on ``clock``. A time too long to count in ns (``inf``)
+        is no deadline: where one is optional, pass ``None`` instead (:class:`~nvmlcheck.ArgumentError`)."""
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+            from .errors import ArgumentTypeError
+
+            raise ArgumentTypeError(f"a deadline is a number of seconds from now, got {seconds!r}")
+        ns = ns_or_none(seconds) if seconds >= 0 else None  # NaN fails the comparison
+        if ns is None:
+            from .errors import ArgumentError
+
+            raise ArgumentError(f"a deadline is a finite number of seconds >= 0 from now, got {seconds!r} (no "
+                                "deadline: pass None where one is optional)")
+        return cls(clock() + ns, clock)
 
     def expired(self) -> bool:
         """Whether the deadline has come."""

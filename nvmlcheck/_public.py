@@ -5,7 +5,7 @@
 more release, with a ``DeprecationWarning``, but are not in ``__all__``. :data:`TESTING` does the same for
 ``nvmlcheck.testing``, the public face of the private ``nvmlcheck._sim``.
 
-    python -m nvmlcheck._public           # rewrite the generated parts (__init__.py, __init__.pyi, testing)
+    python -m nvmlcheck._public [--write] # rewrite the generated parts (__init__.py, __init__.pyi, testing)
     python -m nvmlcheck._public --check   # exit 1 when either is not what this list says (CI runs it)
 
 ``__init__.py`` never imports this module: the generated table is a literal, so ``import nvmlcheck`` stays cheap.
@@ -49,8 +49,8 @@ EXPORTS: dict[str, tuple[str, ...]] = {
         "RecoveryAction", "RemappedRows", "RetiredPage", "RetirementCause", "Snapshot", "SystemInfo",
     ),
     "predicates": (
-        "Predicate", "Verdict", "always", "default_predicate", "memory_back_to", "memory_free_at_least",
-        "memory_used_at_most", "never", "no_processes", "on_devices", "pids_gone",
+        "DevicePredicate", "Predicate", "SnapshotPredicate", "Verdict", "always", "default_predicate", "memory_back_to",
+        "memory_free_at_least", "memory_used_at_most", "never", "no_processes", "on_devices", "pids_gone",
     ),
     "readiness": ("ready",),
     "selection": ("SelectTimeout", "Selection", "select_clean"),
@@ -212,7 +212,9 @@ def check() -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m nvmlcheck._public", description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 when a generated file is stale")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--check", action="store_true", help="exit 1 when a generated file is stale")
+    mode.add_argument("--write", action="store_true", help="rewrite the generated files (the default)")
     args = parser.parse_args(argv)
     if args.check:
         problems = check()

@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 __all__ = ["DEFAULT", "PRECISE", "SMI_DEFAULT", "PollPolicy", "WaitOptions"]
 
 _NS = 1_000_000_000
+# The largest back-off factor: the interval is multiplied by it (a factor beyond any float would overflow there).
+_LARGEST_FACTOR = 1e300
 
 # --- policy -----------------------------------------------------------------------------------------------------
 
@@ -74,8 +76,8 @@ class PollPolicy:
             _check_seconds("max_interval_s", self.max_interval_s)
             if self.max_interval_s < self.interval_s:
                 raise ArgumentError(f"max_interval_s ({self.max_interval_s}) is below interval_s ({self.interval_s})")
-        if not (math.isfinite(self.backoff_factor) and self.backoff_factor >= 1.0):
-            raise ArgumentError(f"backoff_factor must be a finite number >= 1, got {self.backoff_factor!r}")
+        if not (1.0 <= self.backoff_factor < _LARGEST_FACTOR):  # compared: math.isfinite overflows on a huge int
+            raise ArgumentError(f"backoff_factor must be a number from 1 to 1e300, got {self.backoff_factor!r}")
         if self.max_duty is not None and not (0.0 < self.max_duty <= 1.0):
             raise ArgumentError(f"max_duty must be in (0, 1], got {self.max_duty!r}")
         if self.mode not in ("default", "precise", "custom"):
@@ -90,7 +92,7 @@ class PollPolicy:
 def _check_seconds(name: str, value: float) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ArgumentTypeError(f"{name} must be a number of seconds, got {value!r}")
-    if not math.isfinite(value) or value < 0:
+    if not 0 <= value < math.inf:  # NaN fails it; compared, not math.isfinite, which overflows on 10**400
         raise ArgumentError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
     if value > 1e9:  # about 31 years: no poll waits that long, and the ns arithmetic would overflow a float
         raise ArgumentError(f"{name} must be at most 1e9 seconds, got {value!r}")
@@ -146,10 +148,13 @@ def _timeout_ns(timeout: float | None) -> int | None:
         return None
     if isinstance(timeout, bool) or not isinstance(timeout, int | float):
         raise ArgumentTypeError(f"timeout must be a number of seconds or None, got {timeout!r}")
-    if math.isnan(timeout) or timeout < 0:
+    if not timeout >= 0:  # NaN fails it; math.isnan would overflow on an int beyond any float
         raise ArgumentError(f"timeout must be >= 0 seconds (or None for no timeout), got {timeout!r}")
     # _deadline.ns_or_none's rule, inline: ready's one-shot path imports this module but not _deadline.
-    ns = timeout * _NS
+    try:
+        ns = float(timeout) * _NS
+    except OverflowError:  # an int beyond any float (10**400)
+        return None
     if math.isinf(ns):
         return None  # inf (or too large to count in ns) means no timeout
     return round(ns)  # not ceil: 63225e-9 * 1e9 is 63225.00000000001
@@ -289,11 +294,24 @@ def _fill(target: WaitOptions, values: tuple[object, ...], base: WaitOptions | N
             value = value.value if base is None else getattr(base, name)  # noqa: PLW2901
         else:
             _check_option(name, value)
+            if name == "timeout":
+                value = _storable_timeout(value)  # noqa: PLW2901
             given = True
             names.add(name)
         object.__setattr__(target, name, value)
     object.__setattr__(target, "_given", frozenset(names))
     return given
+
+
+def _storable_timeout(value: object) -> object:
+    """A timeout as every wait can compute with: an int too large for a float (``10**400``) is ``inf``, no bound
+    (as the rule of :func:`_timeout_ns` reads it), not an ``OverflowError`` in the first float arithmetic."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        try:
+            float(value)
+        except OverflowError:
+            return math.inf
+    return value
 
 
 def _check_option(name: str, value: object) -> None:

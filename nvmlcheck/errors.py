@@ -96,8 +96,28 @@ __all__ = [
 ]
 
 
+def _lines(value: Sequence[str]) -> tuple[str, ...]:
+    """A sequence of lines (or words) as a tuple; one ``str`` is one line, not a line per character."""
+    return (value,) if isinstance(value, str) else tuple(value)
+
+
 class NvmlCheckError(Exception):
-    """Base class of every exception nvmlcheck raises."""
+    """Base class of every exception nvmlcheck raises. A caller tells how to handle one by its class and
+    :attr:`TRANSIENT`, never by its message:
+
+    - a bad argument: :class:`ArgumentError` (also a ``ValueError``; :class:`NoSuchDevice`, :class:`NoSuchProcess`)
+      and :class:`ArgumentTypeError` (also a ``TypeError``): fix the call, asking again gives the same answer;
+    - a call the object cannot take now: :class:`StateError` (:class:`SessionClosed`): open a new session or follow
+      the object's order;
+    - a verdict, not a failure: :class:`WaitTimeout` (also a ``TimeoutError``): the GPUs were not clean in time,
+      ``holders`` says what holds them;
+    - retry later: an error whose ``TRANSIENT`` is ``True`` (``nvmlcheck.wait.is_transient(exc)``): NVML's
+      :class:`Timeout`, :class:`Unknown`, :class:`NotReady`, :class:`InUse`, nvidia-smi's failures and
+      :class:`SmiTimeout`, ...; a wait retries these itself until its deadline;
+    - give up or call an operator: every other error (``TRANSIENT`` ``False``): :class:`BackendUnavailable`,
+      :class:`GpuLost`, :class:`GpuRequiresReset`, :class:`NoPermission`, :class:`CorruptData`, :class:`GpuFault`,
+      :class:`SmiParseError`, ...
+    """
 
     __module__ = "nvmlcheck"
     #: Whether asking again may help: a wait retries a transient error until its deadline and fails at once on any
@@ -115,7 +135,7 @@ class BackendUnavailable(NvmlCheckError):
     TRANSIENT = False  # no library, driver or nvidia-smi: asking again will not load one
 
     def __init__(self, message: str, attempts: Sequence[str] = ()) -> None:
-        self.attempts: tuple[str, ...] = tuple(attempts)
+        self.attempts: tuple[str, ...] = _lines(attempts)
         full = message
         if self.attempts:
             full += "\n" + "\n".join(f"  - {a}" for a in self.attempts)
@@ -185,7 +205,7 @@ class SmiError(NvmlCheckError):
     TRANSIENT = True
 
     def __init__(self, argv: Sequence[str], returncode: int | None, stderr: str, message: str = "") -> None:
-        self.argv: tuple[str, ...] = tuple(argv)
+        self.argv: tuple[str, ...] = _lines(argv)
         self.returncode = returncode
         self.stderr = stderr
         self.message = message
@@ -276,7 +296,10 @@ class WaitTimeout(NvmlCheckError, TimeoutError):
     taken (``None`` if not even one poll succeeded), ``culprits`` one line per thing still holding a GPU.
     ``holders`` is the same as data: one :class:`~nvmlcheck.verdict.Culprit` per cause (GPU, PID, name, bytes,
     kind, class, container, action), given by the raiser or, when it gave none, judged from ``snapshot`` on first
-    use (:func:`nvmlcheck.verdict.holders_of`).
+    use (:func:`nvmlcheck.verdict.holders_of`). ``held``: whether the last poll saw something hold a GPU (the
+    predicate was ``False``), as the raiser knows it; ``False`` when the GPUs could not be judged (an unknown value,
+    an unreadable GPU, a failed poll): the message then says "not confirmed clean", not "still held". ``None`` (the
+    default): told from the culprit lines. The attribute ``held`` is the answer.
     """
 
     __module__ = "nvmlcheck"
@@ -290,17 +313,22 @@ class WaitTimeout(NvmlCheckError, TimeoutError):
         polls: int = 0,
         *,
         holders: Sequence[Culprit] | None = None,
+        held: bool | None = None,
     ) -> None:
         self.timeout_s = timeout_s
         self.elapsed_ns = elapsed_ns
-        self.culprits: tuple[str, ...] = tuple(culprits)
+        self.culprits: tuple[str, ...] = _lines(culprits)
         self.snapshot = snapshot
         self.polls = polls
         self._holders: tuple[Culprit, ...] | None = None if holders is None else tuple(holders)
         lines = "\n".join(f"  - {c}" for c in self.culprits) if self.culprits else "  - (no detail available)"
-        # "Still held" only when something was seen holding: a clean poll that could not be confirmed in time, or a
-        # poll that never finished, is not a holder (a user read "still held" on an idle GPU as a busy one).
-        held = not self.culprits or not all(c.startswith(_NOT_HOLDERS) for c in self.culprits)
+        # "Still held" only when something was seen holding: a clean poll that could not be confirmed in time, a
+        # poll that never finished, a GPU that could not be judged, is not a holder (a user read "still held" on an
+        # idle GPU as a busy one).
+        if held is None:
+            held = not self.culprits or not all(c.startswith(_NOT_HOLDERS) for c in self.culprits)
+        #: Whether the last poll saw something hold a GPU ("still held"), or the GPUs could not be judged.
+        self.held: bool = held
         head, verdict = ("GPUs not clean", "still held") if held else ("GPUs not confirmed clean", "why")
         noun = "poll" if polls == 1 else "polls"
         super().__init__(
@@ -319,11 +347,9 @@ class WaitTimeout(NvmlCheckError, TimeoutError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         args = (self.timeout_s, self.elapsed_ns, self.culprits, self.snapshot, self.polls)
-        if self._holders is None:
-            return (type(self), args)
         import functools
 
-        return (functools.partial(type(self), holders=self._holders), args)
+        return (functools.partial(type(self), holders=self._holders, held=self.held), args)
 
 
 class GpuFault(NvmlCheckError):

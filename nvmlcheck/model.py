@@ -325,13 +325,24 @@ class DeviceState(_ReasonsPickle):
             return None
         return c + g + m
 
-    def processes_of(self, kind: ProcessKind) -> tuple[GpuProcess, ...] | None:
-        """The process list of one kind (``None`` when unknown)."""
+    def processes_of(self, kind: ProcessKind | str) -> tuple[GpuProcess, ...] | None:
+        """The process list of one kind (``None`` when unknown): a :class:`ProcessKind`, or its value
+        (``"compute"``, ``"graphics"``, ``"mps"``); :class:`~nvmlcheck.ArgumentError` for anything else."""
         if kind is ProcessKind.COMPUTE:
             return self.compute_processes
         if kind is ProcessKind.GRAPHICS:
             return self.graphics_processes
-        return self.mps_processes
+        if kind is ProcessKind.MPS:
+            return self.mps_processes
+        # A plain "compute" is not the member (identity): it was answered with the MPS list.
+        try:
+            member = ProcessKind(kind)
+        except ValueError:
+            from .errors import ArgumentError
+
+            raise ArgumentError(f"a process kind is 'compute', 'graphics' or 'mps' (or a ProcessKind), got "
+                                f"{kind!r}") from None
+        return self.processes_of(member)
 
     def why_unknown(self, path: str) -> str | None:
         """Why the field at dotted ``path`` (``"memory"``, ``"clocks.sm_mhz"``, ``"processes.graphics"``) is ``None``;
@@ -381,12 +392,21 @@ class Snapshot:
 
     def device(self, index: int) -> DeviceState:
         """The state of the device with NVML index ``index``; :class:`~nvmlcheck.NoSuchDevice` (a ``KeyError``) if it
-        is not in this snapshot."""
+        is not in this snapshot, or is in :attr:`failures` (the message says why it could not be read, the GPU's error
+        is its ``__cause__``); :class:`~nvmlcheck.ArgumentTypeError` when ``index`` is not an int (``True`` and
+        ``1.0`` are not GPU 1)."""
+        if isinstance(index, bool) or not isinstance(index, int):
+            from .errors import ArgumentTypeError
+
+            raise ArgumentTypeError(f"a GPU index is an int, got {index!r} (a UUID: look it up in Snapshot.devices)")
         for d in self.devices:
             if d.index == index:
                 return d
         from .errors import NoSuchDevice
 
+        for f in self.failures:
+            if f.index == index:  # in the snapshot, but with no state to return: say why, not "not in it"
+                raise NoSuchDevice(f"GPU {index} has no state in this snapshot: {f.describe()}") from f.error
         raise NoSuchDevice(f"GPU {index} is not in this snapshot (devices: {[d.index for d in self.devices]})")
 
     def raise_for_failures(self) -> None:

@@ -42,7 +42,9 @@ __all__ = [
     "DEFAULT_MIG_IDLE_BYTES",
     "DEFAULT_TOLERANCE_BYTES",
     "MIB",
+    "DevicePredicate",
     "Predicate",
+    "SnapshotPredicate",
     "Verdict",
     "always",
     "blamed_devices",
@@ -123,20 +125,29 @@ class _Why:
 
 
 class _Scope:
-    """The part of a snapshot a predicate judges (narrowed by :func:`on_devices`)."""
+    """The part of a snapshot a predicate judges (narrowed by :func:`on_devices`); ``snapshot``: the one it is part
+    of, when known (a :class:`SnapshotPredicate` is handed that snapshot, narrowed to this part)."""
 
-    __slots__ = ("devices", "failures", "missing")
+    __slots__ = ("devices", "failures", "missing", "snapshot")
 
     def __init__(
-        self, devices: tuple[DeviceState, ...], failures: tuple[DeviceFailure, ...], missing: tuple[int | str, ...] = ()
+        self,
+        devices: tuple[DeviceState, ...],
+        failures: tuple[DeviceFailure, ...],
+        missing: tuple[int | str, ...] = (),
+        snapshot: Snapshot | None = None,
     ) -> None:
         self.devices = devices
         self.failures = failures
         self.missing = missing
+        self.snapshot = snapshot
 
 
 def _scope_of(snapshot: Snapshot) -> _Scope:
-    return _Scope(snapshot.devices, snapshot.failures)
+    try:
+        return _Scope(snapshot.devices, snapshot.failures, (), snapshot)
+    except AttributeError:
+        raise ArgumentTypeError(f"a predicate judges a Snapshot (Session.snapshot()), got {snapshot!r}") from None
 
 
 def _sorted_reasons(whys: Iterable[_Why]) -> tuple[str, ...]:
@@ -158,6 +169,24 @@ class Predicate(abc.ABC):
     """
 
     __slots__ = ()
+    # nvmlcheck's own predicates set each attribute once, in __init__: one object is shared by every wait and thread
+    # (always() is a single one), so changing it afterwards is refused. A tool author's subclass is left alone.
+    _FROZEN = True
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if self._FROZEN:
+            try:
+                object.__getattribute__(self, name)
+            except AttributeError:  # not set yet: __init__ (or unpickling) sets it
+                pass
+            else:
+                raise AttributeError(f"{type(self).__name__.lstrip('_')} is immutable: build a new predicate")
+        object.__setattr__(self, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        if self._FROZEN:
+            raise AttributeError(f"{type(self).__name__.lstrip('_')} is immutable: build a new predicate")
+        object.__delattr__(self, name)
 
     def check(self, snapshot: Snapshot) -> bool | None:
         """``True``, ``False`` or ``None`` (unknown), without building reason texts (fast: the poller's path)."""
@@ -379,13 +408,137 @@ class _DevicePredicate(Predicate):
         for d in scope.devices:
             out.extend(self._explain_device(d))
         out.extend(_Why(None, f.index, f.describe()) for f in scope.failures)
-        for m in scope.missing:
-            key = m if isinstance(m, int) else None
-            what = f"GPU {m}" if isinstance(m, int) else f"GPU {m!r}"
-            out.append(_Why(None, key, f"{what}: selected but not in the snapshot"))
+        out.extend(_missing(scope))
         if not scope.devices and not scope.failures and not scope.missing:
             out.append(_Why(None, None, "no GPU in the snapshot: nothing to judge, so not clean"))
         return out
+
+
+def _missing(scope: _Scope) -> list[_Why]:
+    """The reasons of the selected GPUs a scope lacks (each makes the answer unknown)."""
+    out = []
+    for m in scope.missing:
+        what = f"GPU {m}" if isinstance(m, int) else f"GPU {m!r}"
+        out.append(_Why(None, m if isinstance(m, int) else None, f"{what}: selected but not in the snapshot"))
+    return out
+
+
+# --- predicates of your own -------------------------------------------------------------------------------------
+
+
+def _answer(owner: Predicate, method: str, value: object) -> bool | None:
+    """A subclass's answer, checked: ``True``, ``False`` or ``None``. Anything else (``1``, a numpy bool, a
+    :class:`Verdict`) is refused, not read by its truth value: a truthy non-answer would be a false "clean"."""
+    if value is True or value is False or value is None:
+        return value
+    raise ArgumentTypeError(
+        f"{type(owner).__name__}.{method}() must return True, False or None (cannot tell), got {value!r}")
+
+
+def _texts(reasons: Iterable[str] | str) -> list[str]:
+    """A subclass's reasons as lines: one ``str`` returned instead of a list is one line, not one per character."""
+    return [reasons] if isinstance(reasons, str) else [str(t) for t in reasons]
+
+
+def _label(d: DeviceState) -> str:
+    """``GPU 0``, or ``GPU 0 MIG 1 (GI 2, CI 0, MIG-...)`` for one MIG instance judged as a device
+    (:func:`instance_view`)."""
+    migs = d.mig_devices
+    if migs and len(migs) == 1 and migs[0].uuid is not None and migs[0].uuid == d.uuid:
+        return f"GPU {d.index} {migs[0].label}"
+    return f"GPU {d.index}"
+
+
+class DevicePredicate(_DevicePredicate):
+    """Base class of a predicate of your own that judges each GPU on its own: implement :meth:`check_device` and
+    :meth:`describe`, and :meth:`reasons_device` for reasons better than the default.
+
+    It holds when it holds on every selected GPU, as the built-in device predicates do: a GPU that could not be read,
+    a selected GPU missing from the snapshot, or a snapshot with no GPU make it unknown (``None``), unless a readable
+    GPU answers ``False``. It combines with ``&``, ``|``, ``~`` and :func:`on_devices` (a ``MIG-...`` selector hands
+    it that instance as a device: :func:`instance_view`), and every wait takes it as ``predicate=``. Keep it
+    immutable (waits and threads share it) and cheap: the poller calls :meth:`check_device` for every GPU on every
+    poll. docs/waiting.md, "Predicates of your own", has an example.
+    """
+
+    __slots__ = ()
+    _FROZEN = False  # the subclass's own business
+
+    @abc.abstractmethod
+    def check_device(self, device: DeviceState) -> bool | None:
+        """``True`` (holds on this GPU), ``False`` (does not) or ``None`` (cannot tell: a value it needs is unknown,
+        ``None`` in the model, as the process lists are in the memory-only polls a wait makes between full ones).
+        Any other value raises :class:`~nvmlcheck.ArgumentTypeError`, never read as a truth value."""
+
+    def reasons_device(self, device: DeviceState) -> Iterable[str]:
+        """Why :meth:`check_device` is not ``True`` on ``device``, one line per cause; called only then (a
+        :class:`Verdict`'s reasons, a timeout's message). Each line is prefixed with the GPU (``"GPU 0: "``). By
+        default one line made from :meth:`describe`."""
+        return ()
+
+    def _check_device(self, d: DeviceState) -> bool | None:
+        return _answer(self, "check_device", self.check_device(d))
+
+    def _explain_device(self, d: DeviceState) -> Iterator[_Why]:
+        truth = self._check_device(d)
+        if truth is True:
+            return
+        where = _label(d)
+        texts = _texts(self.reasons_device(d))
+        if not texts:
+            texts = [f"not {self.describe()}" if truth is False else f"cannot tell whether {self.describe()}"]
+        for text in texts:
+            yield _Why(truth, d.index, f"{where}: {text}")
+
+
+class SnapshotPredicate(Predicate):
+    """Base class of a predicate of your own that judges a snapshot as a whole (a number of idle GPUs, a total over
+    GPUs, a condition outside the GPUs): implement :meth:`check_snapshot` and :meth:`describe`, and
+    :meth:`reasons_snapshot` for reasons better than the default.
+
+    Under :func:`on_devices` the snapshot it is handed holds only the selected GPUs (and their failures); a selected
+    GPU missing from the snapshot makes it unknown without asking it. Its reasons are tied to no GPU, so a timeout
+    may blame every GPU. A wait never ends clean on a poll with an unreadable GPU, whatever it answers;
+    ``select_clean`` judges each GPU alone, on a snapshot of that GPU. Keep it immutable and cheap: the poller calls
+    :meth:`check_snapshot` on every poll.
+    """
+
+    __slots__ = ()
+    _FROZEN = False  # the subclass's own business
+
+    @abc.abstractmethod
+    def check_snapshot(self, snapshot: Snapshot) -> bool | None:
+        """``True``, ``False`` or ``None`` (cannot tell) for ``snapshot``; any other value raises
+        :class:`~nvmlcheck.ArgumentTypeError`."""
+
+    def reasons_snapshot(self, snapshot: Snapshot) -> Iterable[str]:
+        """Why :meth:`check_snapshot` is not ``True``, one line per cause; called only then. By default one line
+        made from :meth:`describe`."""
+        return ()
+
+    def _snapshot_of(self, scope: _Scope) -> Snapshot | None:
+        whole = scope.snapshot
+        if whole is None or scope.missing:
+            return None
+        if scope.devices is whole.devices and scope.failures is whole.failures:
+            return whole
+        return replace(whole, devices=scope.devices, failures=scope.failures)  # narrowed by on_devices
+
+    def _check(self, scope: _Scope) -> bool | None:
+        snap = self._snapshot_of(scope)
+        return None if snap is None else _answer(self, "check_snapshot", self.check_snapshot(snap))
+
+    def _explain(self, scope: _Scope) -> list[_Why]:
+        snap = self._snapshot_of(scope)
+        if snap is None:
+            return _missing(scope) or [_Why(None, None, f"no snapshot to judge {self.describe()!r} on")]
+        truth = _answer(self, "check_snapshot", self.check_snapshot(snap))
+        if truth is True:
+            return []
+        texts = _texts(self.reasons_snapshot(snap))
+        if not texts:
+            texts = [f"not {self.describe()}" if truth is False else f"cannot tell whether {self.describe()}"]
+        return [_Why(truth, None, text) for text in texts]
 
 
 def _process_list_unknown(d: DeviceState, kind: ProcessKind) -> _Why:
@@ -843,7 +996,8 @@ class _OnDevices(Predicate):
             f for f in scope.failures if f.index in self.indices or (f.uuid is not None and f.uuid in self.uuids)
         )
         found |= {f.index for f in failures} | {f.uuid for f in failures if f.uuid is not None}
-        return _Scope((*devices, *views), failures, tuple(s for s in self.selectors if s not in found))
+        return _Scope((*devices, *views), failures, tuple(s for s in self.selectors if s not in found),
+                      scope.snapshot)
 
     def _narrow(self, scope: _Scope) -> _Scope:
         idx, uuids = self.indices, self.uuids
@@ -852,10 +1006,10 @@ class _OnDevices(Predicate):
             return self._narrow_mig(scope, devices)
         failures = tuple(f for f in scope.failures if f.index in idx or (f.uuid is not None and f.uuid in uuids))
         if len(devices) + len(failures) == len(self.selectors):
-            return _Scope(devices, failures)  # the common case: every selector found once
+            return _Scope(devices, failures, (), scope.snapshot)  # the common case: every selector found once
         found: set[int | str] = {d.index for d in devices} | {d.uuid for d in devices}
         found |= {f.index for f in failures} | {f.uuid for f in failures if f.uuid is not None}
-        return _Scope(devices, failures, tuple(s for s in self.selectors if s not in found))
+        return _Scope(devices, failures, tuple(s for s in self.selectors if s not in found), scope.snapshot)
 
     def _check(self, scope: _Scope) -> bool | None:
         return self.inner._check(self._narrow(scope))
@@ -937,9 +1091,12 @@ def pids_gone(pids: Iterable[int]) -> Predicate:
     Unknown when a list could not be read (the pid could be in it). Older drivers report host PIDs
     (docs/driver-facts.md): inside a PID namespace pass host PIDs.
     """
-    if isinstance(pids, str | bytes | int):  # a str would be read digit by digit, an int is not iterable
+    if isinstance(pids, str | bytes | int) or not isinstance(pids, Iterable):  # a str would be read digit by digit
         raise ArgumentTypeError(f"pids_gone() takes PIDs (an iterable of int: [{pids!r}]), got {pids!r}")
-    chosen = frozenset(pids)
+    try:
+        chosen = frozenset(pids)
+    except TypeError:  # an unhashable PID (a list in the list)
+        raise ArgumentTypeError(f"pids_gone() takes PIDs (an iterable of int), got {pids!r}") from None
     for pid in chosen:
         if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
             raise ArgumentError(f"a process ID is a positive whole number, got {pid!r}")
@@ -1054,7 +1211,7 @@ def check_predicate(predicate: object, name: str = "predicate") -> Predicate | N
         return predicate
     raise ArgumentTypeError(
         f"{name} must be a nvmlcheck Predicate (no_processes(), memory_used_at_most(...), ..., combined with &, | "
-        f"and ~; or a subclass of Predicate) or None, got {predicate!r}"
+        f"and ~; or your own DevicePredicate or SnapshotPredicate) or None, got {predicate!r}"
     )
 
 

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
     from .backends import Backend
     from .cudamap import CudaMapping
+    from .errors import WaitTimeout
     from .events import EventListener
     from .holders import Holder
     from .locks import Owner
@@ -40,12 +41,17 @@ if TYPE_CHECKING:
     from .verdict import ReadyReport
     from .wait import Deadline, PollPolicy, TracePoint, WaitOptions, WaitResult
 
-__all__ = ["DeviceSelector", "Session", "open", "wait_until_clean"]
+__all__ = ["CLOSE_TIMEOUT_S", "DeviceSelector", "Session", "open", "wait_until_clean"]
 
 # The least time each nvidia-smi run of wait_until_clean's "auto" fallback gets (see its docstring).
 _SMI_FALLBACK_FLOOR_S = 1.0
 # Sleeps between polls at least this long wait on the event listener instead of time.sleep (see wait_until_clean).
 _EVENT_SLEEP_MIN_S = 0.01
+#: How long :meth:`Session.close` waits for the backend's release (``nvmlShutdown``) by default: as long as
+#: :func:`open` gives ``nvmlInit``, which can hang on a wedged driver too.
+CLOSE_TIMEOUT_S = 10.0
+# The longest wait a lock takes (threading.TIMEOUT_MAX, without importing threading); a longer one is no bound.
+_MAX_LOCK_WAIT_S = _thread.TIMEOUT_MAX
 
 #: A device is named by its NVML index, by its UUID (a unique prefix such as ``"GPU-acdc9db5"`` is enough), or by a
 #: CUDA selector ``"cuda:N"`` / ``"cuda:all"`` (through ``CUDA_VISIBLE_DEVICES`` and ``CUDA_DEVICE_ORDER``).
@@ -73,6 +79,17 @@ def _by_uuid(item: str, uuids: Mapping[int, str], unreadable: Mapping[int, str])
     return (matches[0],)
 
 
+def _close_bound(timeout: float | None) -> float | None:
+    """:meth:`Session.close`'s ``timeout`` in seconds for a lock's wait (``None``: no bound), checked."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+        raise ArgumentTypeError(f"close()'s timeout must be a number of seconds or None, got {timeout!r}")
+    if not timeout >= 0:  # NaN fails it (math.isnan overflows on an int beyond any float)
+        raise ArgumentError(f"close()'s timeout must be >= 0 seconds (or None for no bound), got {timeout!r}")
+    return None if timeout > _MAX_LOCK_WAIT_S else float(timeout)
+
+
 def _selectors(devices: Iterable[DeviceSelector] | DeviceSelector) -> list[DeviceSelector]:
     """A selection as a list: one selector, or each of an iterable of them."""
     if isinstance(devices, int | str):
@@ -97,6 +114,8 @@ class Session:
         self._listener: EventListener | None = None
         # One listener per session, whichever threads ask at once (its start registers every GPU: not instant).
         self._listener_lock = _thread.allocate_lock()
+        # Held only to test and set _closed: never across a call that can hang (close is bounded).
+        self._close_lock = _thread.allocate_lock()
 
     # --- lifecycle ------------------------------------------------------------------------------------------------
 
@@ -115,23 +134,82 @@ class Session:
         """Whether :meth:`close` was called."""
         return self._closed
 
-    def close(self) -> None:
-        """Release the backend. Idempotent."""
-        if not self._closed:
-            with self._listener_lock:  # a listen() in another thread either finished or sees the session closed
-                self._closed = True
-                if self._listener is not None:
-                    self._listener.stop()  # before the backend: its NVML reference keeps the event set valid
-                    self._listener = None
-            self._backend.close()
+    def close(self, timeout: float | None = CLOSE_TIMEOUT_S) -> None:
+        """Release the backend (the last NVML session shuts NVML down). Idempotent, and safe from several threads:
+        the backend is released once.
+
+        ``nvmlShutdown`` can hang on a wedged driver, as ``nvmlInit`` can: ``close`` waits at most ``timeout``
+        seconds for the release (default :data:`CLOSE_TIMEOUT_S`, 10 s; ``None``: no bound), then raises
+        :class:`~nvmlcheck.Timeout` naming ``nvmlShutdown``. The session is closed either way: the release is left to
+        finish in a daemon thread, and a second ``close`` returns at once (NVML is never shut down twice). On leaving
+        a ``with`` block through an exception, that exception goes on and the timeout is added to its notes.
+        """
+        bound_s = _close_bound(timeout)
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True  # from here every call raises SessionClosed, and a second close returns
+        released = _thread.allocate_lock()
+        released.acquire()
+        failed: list[BaseException] = []
+
+        def release() -> None:
+            try:
+                # The listener lock too is waited for here, within the bound: a listen() in another thread may hold
+                # it in a registration that hangs. That listen() either finished (its listener is stopped now) or
+                # finds the session closed.
+                with self._listener_lock:
+                    if self._listener is not None:
+                        self._listener.stop()  # before the backend: its NVML reference keeps the event set valid
+                        self._listener = None
+                self._backend.close()
+            except BaseException as exc:  # handed to the caller, in its thread
+                failed.append(exc)
+            finally:
+                released.release()
+
+        # In a thread of its own: no thread can interrupt a call into C, so only a waiter can stop waiting for it.
+        try:
+            _thread.start_new_thread(release, ())
+        except RuntimeError:  # no new thread at interpreter shutdown (an atexit handler): release here, unbounded
+            release()
+        if not (released.acquire() if bound_s is None else released.acquire(timeout=bound_s)):
+            from .errors import Timeout
+
+            raise Timeout(10, "nvmlShutdown", detail=(
+                f"the release of the {self.backend_name} backend did not return within {bound_s:g} s (a wedged "
+                "driver?); the session is closed and the release is left to finish in a daemon thread"))
+        if failed:
+            raise failed[0]
 
     def __enter__(self) -> Session:
+        if self._closed:
+            raise SessionClosed("this nvmlcheck session is closed: open a new one (nc.open())")
         return self
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self.close()
+        if exc is None:
+            self.close()
+        else:
+            self._close_after(exc, CLOSE_TIMEOUT_S)
+
+    def _close_after(self, exc: BaseException, timeout: float | None) -> None:
+        """:meth:`close` while ``exc`` is on its way out: that exception is the better answer, and a close that
+        gives up is added to its notes rather than raised in its place."""
+        from .errors import Timeout
+
+        try:
+            self.close(timeout)
+        except Timeout as hung:
+            add_note = getattr(exc, "add_note", None)  # Python 3.11+
+            if add_note is not None:
+                add_note(f"then, closing the session: {hung}")
+
+    def __reduce__(self) -> str | tuple[object, ...]:
+        raise ArgumentTypeError("an nvmlcheck Session cannot be pickled or copied: it holds a reference on NVML "
+                                "(or a backend's state); open a session where it is used (nc.open())")
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
@@ -217,12 +295,29 @@ class Session:
         """How CUDA numbers these GPUs under ``env`` (default ``os.environ``): ``CUDA_VISIBLE_DEVICES`` and
         ``CUDA_DEVICE_ORDER`` applied to the identities the backend reports. See :mod:`nvmlcheck.cudamap` for the
         rules; an unknown mapping has ``devices=None`` and the reason."""
+        self._check_open()
+        return self._cuda_mapping(env, None, time.monotonic_ns)
+
+    def _cuda_mapping(self, env: Mapping[str, str] | None, deadline_ns: int | None,
+                      clock: Callable[[], int]) -> CudaMapping:
         from .cudamap import cuda_mapping
 
-        self._check_open()
-        snap = self._backend.snapshot(None, Fields(0))
+        snap = self._read(Fields(0), deadline_ns, clock)
         return cuda_mapping(snap.devices, os.environ if env is None else env,
                             unreadable=[f.index for f in snap.failures])
+
+    def _read(self, fields: Fields, deadline_ns: int | None, clock: Callable[[], int]) -> Snapshot:
+        """Every GPU's ``fields`` for a selection to be resolved; stopped at ``deadline_ns`` on ``clock`` (a wait's:
+        at most one query late, then :class:`~nvmlcheck.errors.DeadlinePassed`), ``None``: no bound."""
+        if deadline_ns is None:
+            return self._backend.snapshot(None, fields)
+        from ._deadline import read_by
+        from .errors import DeadlinePassed
+
+        snap = read_by(self._backend, None, fields, deadline_ns, clock)
+        if snap is None:
+            raise DeadlinePassed("the deadline passed while the device selection was read")
+        return snap
 
     def resolve(self, devices: Iterable[DeviceSelector] | DeviceSelector | None) -> tuple[int, ...] | None:
         """Turn a device selection into sorted NVML indices: NVML indices, UUIDs or unique UUID prefixes, and CUDA
@@ -240,6 +335,12 @@ class Session:
         message showing the mapping seen.
         """
         self._check_open()
+        return self._resolve(devices, None, time.monotonic_ns)
+
+    def _resolve(self, devices: Iterable[DeviceSelector] | DeviceSelector | None, deadline_ns: int | None,
+                 clock: Callable[[], int]) -> tuple[int, ...] | None:
+        """:meth:`resolve`, its readings (UUIDs, ``cuda:N``, ``MIG-…``) stopped at ``deadline_ns`` on ``clock``
+        (``None``: no bound), raising :class:`~nvmlcheck.errors.DeadlinePassed`."""
         if devices is None:
             return None
         items = _selectors(devices)
@@ -255,7 +356,7 @@ class Session:
                 raise ArgumentTypeError(f"a device is an int index or a UUID string, not {item!r}")
             if isinstance(item, str) and item[:5].lower() == "cuda:":
                 if mapping is None:
-                    mapping = self.cuda_mapping()
+                    mapping = self._cuda_mapping(None, deadline_ns, clock)
                 out.update(mapping.resolve(item))
                 continue
             if isinstance(item, int):
@@ -264,31 +365,33 @@ class Session:
                 out.add(item)
                 continue
             if is_digits(item):
-                out.update(self.resolve(int(item)) or ())
+                out.update(self._resolve(int(item), deadline_ns, clock) or ())
                 continue
             if not item.strip():
                 raise ArgumentError(f"an empty device selector ({item!r}): give an index, a UUID or cuda:N")
             if item.startswith("MIG-"):
-                out.add(self._mig_parent(item))
+                out.add(self._mig_parent(item, deadline_ns, clock))
                 continue
             if uuids is None:
-                uuids, unreadable = self._uuids()
+                uuids, unreadable = self._uuids(deadline_ns, clock)
             out.update(_by_uuid(item, uuids, unreadable))
         return tuple(sorted(out))
 
-    def _uuids(self) -> tuple[dict[int, str], dict[int, str]]:
+    def _uuids(self, deadline_ns: int | None = None,
+               clock: Callable[[], int] = time.monotonic_ns) -> tuple[dict[int, str], dict[int, str]]:
         """Each GPU's UUID by its index, and the GPUs whose UUID cannot be read (index -> why)."""
-        snap = self._backend.snapshot(None, Fields(0))
+        snap = self._read(Fields(0), deadline_ns, clock)
         uuids = {d.index: d.uuid for d in snap.devices if d.uuid}
         uuids.update({f.index: f.uuid for f in snap.failures if f.uuid})
         unreadable = {d.index: "its UUID is unknown" for d in snap.devices if not d.uuid}
         unreadable.update({f.index: str(f.error) for f in snap.failures if not f.uuid})
         return uuids, unreadable
 
-    def _mig_parent(self, item: str) -> int:
+    def _mig_parent(self, item: str, deadline_ns: int | None = None, clock: Callable[[], int] = time.monotonic_ns
+                    ) -> int:
         """The index of the GPU holding MIG device ``item`` (a UUID or unique prefix). MIG devices are read live
         (instances come and go), with the process lists: this costs one snapshot of every GPU's lists."""
-        snap = self._backend.snapshot(None, Fields.PROCESSES)
+        snap = self._read(Fields.PROCESSES, deadline_ns, clock)
         matches = [
             (d.index, m.uuid)
             for d in snap.devices
@@ -326,13 +429,38 @@ class Session:
             else:
                 # Every other selector (index, UUID or prefix, cuda:N) as resolve() reads it: a selector this
                 # list dropped would be read by the wait but judged by nothing.
-                out.extend(self.resolve(i) or ())
+                out.extend(self._resolve(i, deadline_ns, clock) or ())
         return out
 
+    def _resolve_within(self, devices: Iterable[DeviceSelector] | DeviceSelector | None, timeout: float | None,
+                        clock: Callable[[], int]) -> tuple[tuple[int, ...] | None, float | None, int]:
+        """:meth:`resolve` for a wait with ``timeout``, the timeout it leaves, and when it began on ``clock`` (the
+        wait's start): its readings (a UUID, ``cuda:N``,
+        ``MIG-…`` selector reads the GPUs' identities: an nvidia-smi run, a slow GPU) are bounded by the wait's
+        deadline and count against it; a :class:`~nvmlcheck.WaitTimeout` when the deadline came first. One check
+        (``timeout`` 0) always completes."""
+        from ._deadline import ns_or_none
+        from .errors import DeadlinePassed, WaitTimeout
+
+        began = clock()
+        bound = None if not timeout else ns_or_none(timeout)
+        try:
+            indices = self._resolve(devices, None if bound is None else began + bound, clock)
+        except DeadlinePassed:
+            mig = any(isinstance(i, str) and i.startswith("MIG-") for i in _selectors(devices or ()))
+            what = "the GPUs' MIG devices were" if mig else "the GPUs named by the selection were"
+            raise WaitTimeout(float(timeout or 0.0), clock() - began, (
+                f"no poll finished before the deadline: {what} still being read (a slow or hung GPU, or "
+                "nvidia-smi)",), held=False) from None
+        return indices, _left(timeout, began, clock), began
+
     def _mig_instances(self, devices: Iterable[DeviceSelector] | DeviceSelector | None, timeout: float | None,
-                       began: int, clock: Callable[[], int]) -> list[DeviceSelector]:
+                       began: int, clock: Callable[[], int], *, asked: float | None = None,
+                       called: int | None = None) -> list[DeviceSelector]:
         """:meth:`_mig_selection` for a wait that began at ``began`` with ``timeout``: read by its deadline (one check,
-        ``timeout`` 0, always completes), a :class:`~nvmlcheck.WaitTimeout` when the deadline came first."""
+        ``timeout`` 0, always completes), a :class:`~nvmlcheck.WaitTimeout` when the deadline came first (naming
+        ``asked``, the timeout the caller gave, and the time since ``called``, when the caller's setup took some of
+        it)."""
         from ._deadline import ns_or_none
         from .errors import DeadlinePassed, WaitTimeout
 
@@ -340,9 +468,10 @@ class Session:
         try:
             return self._mig_selection(devices, None if bound is None else began + bound, clock)
         except DeadlinePassed:
-            raise WaitTimeout(float(timeout or 0.0), clock() - began, (
+            reported = timeout if called is None else asked
+            raise WaitTimeout(float(reported or 0.0), clock() - (began if called is None else called), (
                 "no poll finished before the deadline: the GPUs' MIG devices were still being read (a slow or hung "
-                "GPU)",)) from None
+                "GPU)",), held=False) from None
 
     def snapshot(
         self, devices: Iterable[DeviceSelector] | DeviceSelector | None = None, *, fields: Fields = Fields.ALL
@@ -393,7 +522,10 @@ class Session:
         Raises :class:`~nvmlcheck.WaitTimeout` naming what still holds each GPU, or the error that made a GPU
         unreadable (lost, no permission). The deadline is overrun by at most one query (one NVML call, or the time
         to stop one nvidia-smi run), not a whole poll: the backend gets it and stops there. ``timeout=0``'s single
-        check always completes. Zero selected GPUs is an error, never a vacuous "clean". ``policy``: a
+        check always completes. The setup counts against ``timeout`` and stops at its deadline too: reading the GPUs
+        a selection names (a UUID, ``cuda:N``, ``MIG-…``), the event listener's registration; a timeout reports the
+        ``timeout`` asked for and the time since the call began. Zero selected GPUs is an error, never a vacuous
+        "clean". ``policy``: a
         :class:`~nvmlcheck.wait.PollPolicy`, ``"default"``, ``"precise"`` or an interval in seconds (``None``:
         ``DEFAULT``, or ``SMI_DEFAULT`` with the nvidia-smi backend). ``clock``
         (integer ns) and ``sleep`` (seconds) can be injected for tests; the deadline handed to the backend is on
@@ -421,7 +553,8 @@ class Session:
         )
         timeout, policy, clock, sleep, events = opts.timeout, opts.policy, opts.clock, opts.sleep, opts.events
         since = time.monotonic_ns()  # event times are on this clock, whatever ``clock`` the wait runs on
-        indices = self.resolve(devices)
+        asked = timeout  # what a timeout reports: the setup below (selection, listener, MIG) takes from it
+        indices, timeout, called = self._resolve_within(devices, timeout, clock)
         backend = self._backend
         listener, timeout = self._wait_listener(events, timeout, clock)
 
@@ -438,7 +571,7 @@ class Session:
             def fatal() -> None:
                 return None
         began = clock()  # after the listener's registration, which took its time off the timeout already
-        mig = self._mig_instances(devices, timeout, began, clock)
+        mig = self._mig_instances(devices, timeout, began, clock, asked=asked, called=called)
         if mig:
             timeout = _left(timeout, began, clock)  # the instances were read within the wait's timeout
             # A MIG UUID selects one instance: judge it (and any other selected GPU) on its own, not the whole GPU.
@@ -509,10 +642,10 @@ class Session:
 
             extra = [line for line in timeout_explanation(_blamed_only(exc.snapshot, predicate))
                      if line not in exc.culprits]
-            if not extra or type(exc) is not WaitTimeout:
+            if type(exc) is not WaitTimeout or (not extra and began == called and exc.timeout_s == asked):
                 raise
-            raise WaitTimeout(exc.timeout_s, exc.elapsed_ns, (*exc.culprits, *extra), exc.snapshot, exc.polls,
-                              holders=exc._holders) from None  # the poller's holders: the GPUs its predicate refused
+            # The poller's holders (the GPUs its predicate refused) and its word on whether anything held them kept.
+            raise _counted_from(exc, asked, began - called, extra) from None
 
     def select_clean(
         self,
@@ -541,6 +674,15 @@ class Session:
         from .selection import select_clean
 
         self._check_open()
+        if lock_dir is not None:
+            if not isinstance(lock_dir, str | os.PathLike):
+                raise ArgumentTypeError(f"lock_dir must be a directory path (str or os.PathLike) or None, got "
+                                        f"{lock_dir!r}")
+            if not os.fspath(lock_dir):  # Path("") is ".": locks wherever the caller happens to run
+                raise ArgumentError("lock_dir is empty: name a directory, or pass None for the default")
+        for name, value in (("clock", clock), ("sleep", sleep)):
+            if not callable(value):
+                raise ArgumentTypeError(f"{name} must be callable, got {value!r}")
         return select_clean(
             self, count, timeout=timeout, predicate=predicate, devices=devices, stable_polls=stable_polls, lock=lock,
             lock_dir=None if lock_dir is None else Path(lock_dir), interval=interval, clock=clock, sleep=sleep,
@@ -616,8 +758,11 @@ def open(
     ``nvmlInit`` may take (default 10 s; it can hang on a wedged driver), after which ``"nvml"`` raises
     :class:`~nvmlcheck.Timeout` and ``"auto"`` tries nvidia-smi.
 
-    Raises :class:`~nvmlcheck.BackendUnavailable` (listing what was tried) when no backend opens.
+    Raises :class:`~nvmlcheck.BackendUnavailable` (listing what was tried) when no backend opens, and
+    :class:`~nvmlcheck.ArgumentTypeError` or :class:`~nvmlcheck.ArgumentError` for an argument it cannot use, before
+    anything is loaded or run.
     """
+    _check_open_arguments(smi_command, smi_prefix, smi_timeout_s, library_path, init_timeout_s)
     return Session(
         open_backend(
             backend,
@@ -629,6 +774,40 @@ def open(
         )
     )
 
+
+
+def _check_open_arguments(smi_command: object, smi_prefix: object, smi_timeout_s: object, library_path: object,
+                          init_timeout_s: object) -> None:
+    """:func:`open`'s arguments, checked by type (and the command words parsed) before a backend is tried: a wrong
+    one is the caller's mistake, never a backend that "did not open". Ranges are the backends' to check."""
+    for name, value in (("smi_timeout_s", smi_timeout_s), ("init_timeout_s", init_timeout_s)):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ArgumentTypeError(f"{name} must be a number of seconds or None, got {value!r}")
+        if isinstance(value, int) and value > _MAX_LOCK_WAIT_S:  # 10**400 overflowed the backends' float checks
+            raise ArgumentError(f"{name} must be at most {_MAX_LOCK_WAIT_S:g} seconds (or None for the default), got "
+                                f"{value!r}")
+    if library_path is not None:
+        if not isinstance(library_path, str):
+            raise ArgumentTypeError(f"library_path must be a str (the path of a libnvidia-ml) or None, got "
+                                    f"{library_path!r}")
+        if not library_path.strip():
+            raise ArgumentError("library_path is empty: name a libnvidia-ml, or pass None for the system's")
+    for name, words in (("smi_command", smi_command), ("smi_prefix", smi_prefix)):
+        if words is None:
+            continue
+        if isinstance(words, str):
+            import shlex
+
+            try:
+                shlex.split(words)
+            except ValueError as exc:  # an unclosed quote
+                raise ArgumentError(f"{name} cannot be split into words ({exc}): {words!r}") from None
+        elif isinstance(words, bytes | bytearray) or not isinstance(words, Sequence) or not all(
+                isinstance(w, str) for w in words):
+            raise ArgumentTypeError(f"{name} must be a str or a sequence of str (the words of a command), got "
+                                    f"{words!r}")
 
 
 def open_timeouts(timeout: float | None) -> tuple[float, float | None]:
@@ -669,7 +848,9 @@ def wait_until_clean(
     may take what the init left of ``timeout``, at least 1 s and at most nvidia-smi's default 10 s; the wait gets
     what is then left of ``timeout`` (nothing left: one check). So with a hung ``nvmlInit``, ``timeout=0`` gives up
     on NVML after 0.25 s (``"nvml"`` raises :class:`~nvmlcheck.Timeout`), never after :func:`open`'s default 10 s.
-    ``None`` waits forever and gives the init 10 s.
+    ``None`` waits forever and gives the init 10 s. Closing the session (``nvmlShutdown``) may take as long as the
+    init could; a close that takes longer does not change the answer: the release is left to finish in a daemon
+    thread (:meth:`Session.close`).
 
     >>> import nvmlcheck as nc
     >>> nc.wait_until_clean(timeout=30.0)        # doctest: +SKIP
@@ -682,12 +863,25 @@ def wait_until_clean(
     started = time.monotonic()
     bounded = isinstance(timeout, int | float) and not isinstance(timeout, bool) and 0 <= timeout < math.inf
     init_timeout, smi_timeout = open_timeouts(timeout)
-    with open(backend, init_timeout_s=init_timeout, smi_timeout_s=smi_timeout) as session:
+    session = open(backend, init_timeout_s=init_timeout, smi_timeout_s=smi_timeout)
+    try:
         if bounded:
             assert timeout is not None
             timeout = max(0.0, timeout - (time.monotonic() - started))
         # A fresh session has no listener: events None (the default) and False both poll.
-        return session.wait_until_clean(timeout, predicate, devices=devices, options=opts)
+        result = session.wait_until_clean(timeout, predicate, devices=devices, options=opts)
+    except BaseException as exc:
+        session._close_after(exc, init_timeout)
+        raise
+    import contextlib
+
+    from .errors import Timeout
+
+    # As long as the init could take (a wedged driver hangs nvmlShutdown too); past it the answer stands and the
+    # release goes on in a daemon thread (Session.close).
+    with contextlib.suppress(Timeout):
+        session.close(init_timeout)
+    return result
 
 
 def _blamed_only(snapshot: Snapshot | None, predicate: Predicate | None) -> Snapshot | None:
@@ -702,6 +896,15 @@ def _blamed_only(snapshot: Snapshot | None, predicate: Predicate | None) -> Snap
     if blamed is None:  # a reason tied to no GPU: every GPU may be to blame
         return snapshot
     return replace(snapshot, devices=tuple(d for d in snapshot.devices if d.index in blamed))
+
+
+def _counted_from(exc: WaitTimeout, asked: float | None, setup_ns: int, extra: Sequence[str] = ()) -> WaitTimeout:
+    """A wait's timeout as its caller sees it: the timeout asked for (not what the setup left of it) and the time
+    since the wait began (the setup's ``setup_ns`` included), ``extra`` culprit lines added; the rest kept."""
+    from .errors import WaitTimeout
+
+    return WaitTimeout(float(asked or 0.0), exc.elapsed_ns + setup_ns, (*exc.culprits, *extra), exc.snapshot,
+                       exc.polls, holders=exc._holders, held=exc.held)
 
 
 def _left(timeout: float | None, began: int, clock: Callable[[], int]) -> float | None:

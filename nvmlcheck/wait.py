@@ -33,6 +33,7 @@ from ._waitoptions import (  # _rebuild_options: what a pickled WaitOptions name
 )
 from .errors import (
     ArgumentError,
+    ArgumentTypeError,
     CorruptData,
     DeadlinePassed,
     NvmlCheckError,
@@ -88,7 +89,8 @@ class TracePoint:
     snapshot, in its order (``None`` where unknown); ``failures``: devices that could not be read; ``error``: the
     transient error that replaced the snapshot, if any; ``partial``: the snapshot came from the ``probe`` alone (the
     process lists were not read: ``process_counts`` are ``None``). ``snapshot`` is the poll's snapshot in the point
-    handed to ``on_poll`` (call ``predicate.evaluate(point.snapshot)`` there for who holds what); points kept in
+    handed to ``on_poll`` (call ``predicate.evaluate(point.snapshot)`` there for who holds what; ``None`` when
+    ``error`` replaced it); points kept in
     :attr:`WaitResult.trace` leave it ``None`` so long traces stay small. ``stamp_ns``: the same moment as
     ``offset_ns``, as the wait clock's reading (in the point handed to ``on_poll``; ``None`` in the trace), so a
     caller timing on that clock stamps what the poll saw with the poll's own time.
@@ -114,7 +116,8 @@ class TracePoint:
         return sum(u for u in self.used_bytes if u is not None)
 
 
-#: ``on_poll`` callback: called with each poll's :class:`TracePoint` (its ``snapshot`` set).
+#: ``on_poll`` callback: called with each poll's :class:`TracePoint` (its ``snapshot`` set, or ``None`` with its
+#: ``error`` when a transient error replaced the snapshot).
 OnPoll = Callable[[TracePoint], object]
 
 
@@ -185,6 +188,14 @@ def is_transient(exc: BaseException) -> bool:
     ``True`` for the transient errors listed in the module docstring, ``False`` for lost GPUs, permissions, a missing
     driver, corrupt data, every other error and anything that is not an :class:`~nvmlcheck.NvmlCheckError`."""
     return isinstance(exc, NvmlCheckError) and exc.TRANSIENT
+
+
+def _a_snapshot(value: object, name: str) -> Snapshot:
+    """What a caller's ``snapshot_fn`` or ``probe`` returned, when it is a :class:`Snapshot`; else an
+    :class:`~nvmlcheck.ArgumentTypeError` naming it (not an ``AttributeError`` from inside the poller)."""
+    if isinstance(value, Snapshot):
+        return value
+    raise ArgumentTypeError(f"poll_until's {name} must return a Snapshot, got {value!r}")
 
 
 def _naming_device(failure: DeviceFailure) -> BaseException:
@@ -487,6 +498,8 @@ class _Poller:
 
     def run(self) -> WaitResult:
         start = self.clock()
+        if not isinstance(start, int) or isinstance(start, bool):  # time.monotonic (float s) read as ns: 30 s -> 950 y
+            raise ArgumentTypeError(f"clock must return integer nanoseconds (as time.monotonic_ns does), got {start!r}")
         deadline = None if self.timeout_ns is None else start + self.timeout_ns
         with hung_after(deadline, self.clock):  # a call that never returns: the command line's handler ends it
             return self._run(start, deadline)
@@ -551,10 +564,10 @@ class _Poller:
     def _take(self, probing: bool, deadline: Deadline | None) -> tuple[Snapshot, bool]:
         """One poll's snapshot, and whether it is the probe's: that only when the probe alone proves "not clean"."""
         if probing and self.probe is not None:
-            cheap = self.probe(deadline)
+            cheap = _a_snapshot(self.probe(deadline), "probe")
             if not cheap.failures and self.predicate.check(cheap) is False:
                 return cheap, True
-        return self.snapshot_fn(deadline), False
+        return _a_snapshot(self.snapshot_fn(deadline), "snapshot_fn"), False
 
     def _report(
         self,
@@ -618,6 +631,7 @@ class _Poller:
             # deadline by a whole poll: the last full snapshot (at most full_every_s older) names the processes.
             good = full
         culprits: list[str] = []
+        held = False  # only a predicate that said False saw something hold a GPU
         if error is not None:
             culprits.append(f"the last poll failed ({type(error).__name__}): {error}")
         if clean:
@@ -626,14 +640,16 @@ class _Poller:
                 "were seen before the deadline"
             )
         elif good is not None:
-            culprits.extend(self.predicate.evaluate(good).reasons)
+            verdict = self.predicate.evaluate(good)
+            held = verdict.satisfied is False
+            culprits.extend(verdict.reasons)
             # Failures make a poll unclean whatever the predicate says (always() ignores them).
             culprits.extend(f.describe() for f in good.failures)
         elif error is None:
             culprits.append("no poll finished before the deadline (a query was still running when it passed)")
         lines = tuple(dict.fromkeys(culprits))
         return WaitTimeout(self.timeout_s, t1 - stats.start, lines, good, stats.polls,
-                           holders=self._holders(good, lines, clean=clean))
+                           holders=self._holders(good, lines, clean=clean), held=held)
 
     def _holders(self, good: Snapshot | None, lines: tuple[str, ...], *, clean: bool) -> tuple[Culprit, ...] | None:
         """A timeout's structured holders: those of the GPUs the predicate refused (``WaitTimeout.holders``), never a

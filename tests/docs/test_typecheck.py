@@ -65,6 +65,46 @@ def test_every_python_example_passes_mypy_strict(tmp_path: Path) -> None:
                     + (f"\n{result.stderr}" if result.stderr.strip() else ""), pytrace=False)
 
 
+def _docstring_examples() -> dict[str, str]:
+    """Each docstring's ``>>>`` example in nvmlcheck's modules, as code: name -> source."""
+    import doctest
+    import importlib
+    import pkgutil
+
+    import nvmlcheck
+
+    finder = doctest.DocTestFinder(exclude_empty=True)
+    found: dict[str, str] = {}
+    names = ["nvmlcheck", *(m.name for m in pkgutil.walk_packages(nvmlcheck.__path__, "nvmlcheck."))]
+    for name in names:
+        if name.endswith(("__main__", "pytest_plugin")):
+            continue  # running them would start the CLI / needs pytest's plugin machinery
+        for test in finder.find(importlib.import_module(name)):
+            if test.examples:
+                found[test.name] = "".join(example.source for example in test.examples)
+    return found
+
+
+def test_every_docstring_example_passes_mypy_strict(tmp_path: Path) -> None:
+    # What help() and docs/api.md show a tool author is copied into code: it must type-check as docs/*.md does.
+    examples = _docstring_examples()
+    assert len(examples) >= 10, "fewer docstring examples than expected"
+    files: dict[str, str] = {}
+    for n, (name, code) in enumerate(sorted(examples.items())):
+        files[f"doc_{n:03d}.py"] = name
+        (tmp_path / f"doc_{n:03d}.py").write_text(code, encoding="utf-8")
+    result = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--python-version", "3.10", "--no-error-summary",
+         "--cache-dir", str(tmp_path / ".mypy_cache"), *sorted(files)],
+        cwd=tmp_path, env={**os.environ, "MYPYPATH": str(ROOT)}, capture_output=True, text=True, timeout=300,
+        check=False,
+    )
+    problems = [f"{files.get(line.split(':', 1)[0], '?')}: {line}" for line in result.stdout.splitlines()
+                if line.strip()]
+    assert result.returncode == 0 and not problems, "docstring examples that fail mypy --strict:\n" + "\n".join(
+        problems)
+
+
 def test_page_lines_point_into_the_block() -> None:
     block = next(b for b in BLOCKS if b.lang == "python")
     first = block.code.splitlines()[0]

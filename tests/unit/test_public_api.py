@@ -42,6 +42,16 @@ def test_import_loads_no_submodule_and_no_typing() -> None:
     assert out.strip() == "['nvmlcheck']"
 
 
+def test_dir_lists_every_public_name_and_no_deprecated_one() -> None:
+    from nvmlcheck import _public
+
+    listed = set(dir(nvmlcheck))
+    public = {name for names in _public.EXPORTS.values() for name in names}
+    assert public - listed == set()  # `open` was missing: no completion for the entry point
+    assert {"open", "__version__"} <= listed
+    assert not set(_public.DEPRECATED) & listed
+
+
 def test_unknown_attribute_is_an_attribute_error() -> None:
     try:
         nvmlcheck.no_such_name  # type: ignore[attr-defined]  # noqa: B018
@@ -126,3 +136,16 @@ def test_star_import_does_not_shadow_the_builtin_open() -> None:
     from nvmlcheck import open as open_session  # still offered, typed and documented
 
     assert nvmlcheck.open is open_session is importlib.import_module("nvmlcheck.session").open
+
+
+def test_the_generator_takes_write_as_the_default_it_is(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from nvmlcheck import _public
+
+    for name in ("__init__.py", "__init__.pyi", "testing/__init__.py"):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text((PACKAGE / name).read_text())
+    (tmp_path / "__init__.py").write_text(_public.render_init((PACKAGE / "__init__.py").read_text()).replace(
+        '"open": "session",\n', ""))  # stale: a name missing from the table
+    monkeypatch.setattr(_public, "PACKAGE", tmp_path)
+    assert _public.main(["--write"]) == 0  # `--write` was an unrecognised argument (exit 2)
+    assert (tmp_path / "__init__.py").read_text() == (PACKAGE / "__init__.py").read_text()

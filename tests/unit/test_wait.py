@@ -280,6 +280,21 @@ def test_clean_at_the_deadline_but_not_yet_confirmed() -> None:
     )
 
 
+def test_a_timeout_on_gpus_that_could_not_be_judged_does_not_say_still_held() -> None:
+    # Nothing was seen holding them: "still held" read as busy GPUs (the v1 reserve, an unreadable GPU).
+    v1 = snap(dev(0, v1=True))  # used counts the driver's reserve: the 16 MiB limit cannot decide
+    err, _ = wait_timeout([(0, v1)], timeout=0.01)
+    assert err.held is False
+    assert str(err).startswith("GPUs not confirmed clean") and "still held" not in str(err)
+    back = pickle.loads(pickle.dumps(err))
+    assert back.held is False and str(back) == str(err)
+    lost = snap(dev(0), failures=[failure(1, Unknown(999, "nvmlDeviceGetMemoryInfo_v2", 1))])
+    err, _ = wait_timeout([(0, lost)], timeout=0.01)
+    assert err.held is False and str(err).startswith("GPUs not confirmed clean")
+    err, _ = wait_timeout([(0, BUSY)], timeout=0.01)
+    assert err.held is True and "still held" in str(err)
+
+
 def test_wait_timeout_message_names_every_culprit() -> None:
     state = snap(
         dev(0, procs=[proc(4242, 16 * GIB, name="sglang::scheduler")]),

@@ -192,3 +192,31 @@ def test_poll_until_refuses_events_it_cannot_listen_for() -> None:
         poll_until(gpu.snapshot, options=WaitOptions(events=True, clock=gpu.clock, sleep=gpu.sleep))
     res = poll_until(gpu.snapshot, options=WaitOptions(events=False, clock=gpu.clock, sleep=gpu.sleep))
     assert res.polls == 2
+
+
+# --- a timeout too long for a float ---------------------------------------------------------------------------------
+
+HUGE = 10**400  # an int no float holds: every float() of it raised OverflowError
+
+
+def test_a_timeout_beyond_any_float_is_no_bound_not_an_overflow() -> None:
+    from nvmlcheck._deadline import ns_or_none
+
+    assert WaitOptions(timeout=HUGE).timeout == math.inf
+    assert WaitOptions().with_(timeout=HUGE).timeout == math.inf
+    assert ns_or_none(HUGE) is None
+    assert WaitOptions(timeout=10**30).timeout == 10**30  # an int a float holds is kept as given
+    result = poll_until(lambda: idle(0), timeout=HUGE, stable_polls=1)
+    assert result.clean and result.polls == 1
+
+
+@pytest.mark.parametrize("make", [
+    lambda: DEFAULT.__class__.every(HUGE),
+    lambda: DEFAULT.__class__(interval_s=0.001, backoff_factor=HUGE),
+    lambda: DEFAULT.__class__(interval_s=0.001, max_interval_s=HUGE),
+])
+def test_a_policy_value_beyond_any_float_is_refused_by_name(make: Callable[[], object]) -> None:
+    from nvmlcheck.errors import ArgumentError
+
+    with pytest.raises(ArgumentError, match=r"interval_s|backoff_factor"):
+        make()
