@@ -63,7 +63,7 @@ def cmd_wait(args: argparse.Namespace) -> int:
             # The wait's holders (those of the GPUs its predicate refused: --max-used, --devices) go along; only a
             # document shows them.
             exc = WaitTimeout(args.timeout, late.elapsed_ns + max(0, opened_ns), late.culprits, late.snapshot,
-                              late.polls, holders=late.holders if args.json else None)
+                              late.polls, holders=late.holders if args.json else None, held=late.held)
             verdict(EXIT_NOT_CLEAN)
             if args.json:
                 from ..jsonout import wait_timeout_document

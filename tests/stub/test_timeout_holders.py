@@ -59,3 +59,17 @@ def test_the_wait_document_names_only_the_selected_instances_holders(
     code = cli.main(["--simulate", path, "--json", "wait", "--devices", busy, "--timeout", "0"])
     doc = json.loads(capsys.readouterr().out)
     assert code == 1 and [h["pid"] for h in doc["holders"]] == [4_000_010]
+
+
+def test_the_wait_command_does_not_call_an_unreadable_gpu_held(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The command rebuilt the library's WaitTimeout without its `held`: "still held" for a GPU nothing was seen on.
+    from nvmlcheck.testing import use_stub
+
+    sc = Scenario.h200(devices=2)
+    sc.fault("nvmlDeviceGetMemoryInfo_v2", 999, device=1)
+    with use_stub(sc, tmp_dir=tmp_path):
+        code = cli.main(["wait", "--timeout", "0"])
+    err = capsys.readouterr().err
+    assert code == 1 and "GPUs not confirmed clean" in err and "still held" not in err, err
