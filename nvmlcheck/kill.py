@@ -581,6 +581,8 @@ class _TargetsExited(Predicate):
             elif st is not None and st.state in ("T", "t"):
                 extra = ": stopped (SIGKILL still ends it)"
             sent = ", ".join(name for name, _ in t.signals) or "no signal delivered"
+            if t.discarded is not None and all(name != "SIGKILL" for name, _ in t.signals):
+                sent += f"; the kernel discards its first signal: {t.discarded}"  # sent, never received
             out.append(_Why(False, None, f"pid {t.pid} ({printable(t.pinned.comm)}) has not exited ({sent}){extra}"))
         return out
 

@@ -282,8 +282,25 @@ class TargetSet:
                 self._send_first(t, sig, start, why)
         finally:
             if frozen:
-                self._resume_tree()
+                self._resume_tree()  # every member gets SIGCONT: one stopped before the kill is resumed too
+        if not frozen:
+            for t in self.items:
+                self._resume_if_stopped(t)
         return start
+
+    def _resume_if_stopped(self, t: Target) -> None:
+        """SIGCONT (recorded) to a target still stopped after its first signal (``T``: Ctrl-Z, a SIGSTOP): a stopped
+        process runs no handler, so its SIGTERM would stay pending until the grace period's SIGKILL (with ``--grace
+        never``, for good) and the shutdown it handles would never run. A signal whose default action ends the
+        process has ended it already; SIGKILL needs no SIGCONT; a traced stop (``t``) is the tracer's to resume."""
+        if self.stopping or not t.signals or t.signals[-1][0] == "SIGKILL":
+            return
+        try:
+            st = t.pinned.stat()
+        except ProcUnreadable:
+            return  # cannot tell: the grace period's SIGKILL still ends it
+        if st is not None and st.state == "T":
+            self._send(t, signals.SIGCONT, self.clock())
 
     def _send_first(self, t: Target, sig: int, now: int, why: str | None) -> None:
         """The first signal, or SIGKILL at once when the kernel would discard it (``why``, from :mod:`.fate`)."""
@@ -447,6 +464,8 @@ class TargetSet:
                     self._send_first(child, self.first, now, why)
                     if self.escalated:
                         self._send(child, signals.SIGKILL, now)
+                    else:
+                        self._resume_if_stopped(child)
 
     def alive(self) -> Iterator[Target]:
         """The targets that have not exited."""

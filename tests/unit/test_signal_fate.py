@@ -116,7 +116,11 @@ def test_never_escalating_sends_the_signal_anyway_and_says_why(spawn: list[subpr
     with nc.prepare_kill([p.pid]) as plan:
         plan.send_first(TERM, sigkill_if_discarded=False)
         (t,) = plan.targets
+        # What a timeout names: the SIGTERM was sent but never received, not "has not exited (SIGTERM)" alone.
+        empty = nc.Snapshot("nvml", 0, 0, 0.0, nc.SystemInfo(None, None, None), (), ())
+        (why,) = plan.exited_predicate().evaluate(empty).reasons
     assert [s.name for s in t.signals] == ["SIGTERM"] and t.discarded is not None
+    assert f"pid {p.pid}" in why and "the kernel discards its first signal: it ignores SIGTERM (SIG_IGN)" in why
     assert p.poll() is None  # SIGTERM ignored: still running (the fixture kills it)
 
 
@@ -179,3 +183,72 @@ def test_a_pid_namespace_init_without_a_handler_gets_sigkill_at_once(
         if not _exits(init, 0):
             os.kill(init, signal.SIGKILL)
             _exits(init)
+
+
+# --- a stopped target (Ctrl-Z, SIGSTOP) ------------------------------------------------------------------------------
+
+# A server whose SIGTERM handler is its graceful shutdown: exit 0 once it ran.
+SHUTS_DOWN = ("import signal, sys, time; signal.signal(signal.SIGTERM, lambda n, f: sys.exit(0)); "
+              "print('ready', flush=True); time.sleep(60)")
+
+
+def _stopped(p: subprocess.Popen[bytes]) -> subprocess.Popen[bytes]:
+    """``p``, once ready, after SIGSTOP, once /proc shows it stopped (``T``)."""
+    assert _line(p) == "ready"
+    _stop(p.pid)
+    return p
+
+
+def _stop(pid: int) -> None:
+    os.kill(pid, signal.SIGSTOP)
+    for _ in range(10_000):
+        st = procfs.read_stat(pid)
+        if st is not None and st.state == "T":
+            return
+        select.select([], [], [], 0.001)
+    raise AssertionError(f"pid {pid} was never seen stopped")
+
+
+@pytest.mark.parametrize("sigkill_if_discarded", [True, False])  # False: --grace never
+def test_a_stopped_target_is_resumed_after_its_first_signal(
+    spawn: list[subprocess.Popen[bytes]], sigkill_if_discarded: bool
+) -> None:
+    # Stopped, it runs no handler: its SIGTERM stayed pending until the grace period's SIGKILL (with --grace never,
+    # for good), so the shutdown it handles never ran. SIGCONT after the first signal lets it run, and says so.
+    p = _stopped(_start(spawn, "-c", SHUTS_DOWN))
+    with nc.prepare_kill([p.pid]) as plan:
+        plan.send_first(TERM, sigkill_if_discarded=sigkill_if_discarded)
+        (t,) = plan.targets
+    assert [s.name for s in t.signals] == ["SIGTERM", "SIGCONT"] and t.discarded is None
+    assert p.wait(timeout=10) == 0  # its handler ran: a graceful exit, no SIGKILL
+
+
+def test_a_running_target_and_a_sigkill_get_no_sigcont(spawn: list[subprocess.Popen[bytes]]) -> None:
+    running = _start(spawn, "-c", CATCHES)
+    stopped = _stopped(_start(spawn, "-c", SHUTS_DOWN))
+    assert _line(running) == "ready"
+    with nc.prepare_kill([running.pid]) as plan:
+        plan.send_first(TERM)
+        (t,) = plan.targets
+    assert [s.name for s in t.signals] == ["SIGTERM"]
+    with nc.prepare_kill([stopped.pid]) as plan:
+        plan.send_first(signal.SIGKILL)  # SIGKILL ends a stopped process as it is
+        (t,) = plan.targets
+    assert [s.name for s in t.signals] == ["SIGKILL"]
+    assert stopped.wait(timeout=10) == -signal.SIGKILL
+
+
+def test_a_stopped_tree_member_is_resumed(spawn: list[subprocess.Popen[bytes]]) -> None:
+    launcher = _start(spawn, "-c", LAUNCHER, SHUTS_DOWN)
+    worker = int(_line(launcher))
+    try:
+        _stop(worker)
+        with nc.prepare_kill([launcher.pid], tree=True) as plan:
+            plan.send_first(TERM)
+            by_pid = {t.pid: t for t in plan.targets}
+        assert [s.name for s in by_pid[worker].signals] == ["SIGTERM", "SIGCONT"]
+        assert _exits(worker)
+    finally:
+        if not _exits(worker, 0):
+            os.kill(worker, signal.SIGKILL)
+            _exits(worker)
