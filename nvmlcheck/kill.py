@@ -403,9 +403,7 @@ class KillPlan:
             if on_poll is not None:
                 on_poll(point)
 
-        remaining: float | None = None
-        if timeout is not None and not math.isinf(timeout):
-            remaining = max(0.0, timeout - (clock() - start) / 1e9)
+        remaining = None if timeout is None or math.isinf(timeout) else max(0.0, timeout - (clock() - start) / 1e9)
         # The exit predicate first: it is cheap (a poll of the pidfds) and stamps exits even on polls that the GPU
         # part alone already proves dirty.
         condition = self.exited_predicate() & (predicate if predicate is not None else default_predicate())
@@ -425,10 +423,12 @@ class KillPlan:
         except ProcUnreadable as exc:
             why = f"{exc.strerror}; the targets signalled already were left as they are"
             raise self._with_records(_public(Refused("(a target)", why))) from None
-        except Exception as exc:
+        except BaseException as exc:
             # The GPU side failed mid-kill (a GPU fell off the bus, a fatal event, an NVML error): the operator needs
-            # the targets gone all the more. Finish the escalation from the OS side, then report each target.
-            self._finish_without_gpu(grace_end, timeout, opts.sleep)
+            # the targets gone all the more. Finish the escalation from the OS side, then report each target. An
+            # interrupt (Ctrl-C, SIGTERM to the caller) stops at once, as asked, and reports each target too.
+            if isinstance(exc, Exception):
+                self._finish_without_gpu(grace_end, timeout, opts.sleep)
             self._with_records(exc)
             raise
         finally:

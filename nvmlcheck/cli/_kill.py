@@ -377,8 +377,7 @@ def cmd_kill(args: argparse.Namespace) -> int:
         return run_hosts(args)
     if getattr(args, "dry_run_done", False):
         return EXIT_CLEAN  # the plan is printed; nothing was signalled
-    if not (args.pids or args.all_holders or args.all_on_gpu or _selectors(args)):
-        raise UsageError("name at least one PID (or --match, --container, --cgroup, --all-holders, --all-on-gpu)")
+    _check_named(args)
     signalled: TargetSet | None = getattr(args, "signalled", None)
     plan = KillPlan(signalled) if signalled is not None else None
     args.baseline = None
@@ -398,15 +397,9 @@ def cmd_kill(args: argparse.Namespace) -> int:
             # slow registration never delays the signal); bounded by the wait's deadline, which counts from it.
             _common._signalled_plan = plan  # a hung reading from now on reports what each target got
             _start_events_by_deadline(args, gpus)
-            shown = predicate
-            if args.only_targets and plan is not None:
-                from ..released import targets_released
-
-                found = plan._set  # the status line judges as the wait does (descendants join as found)
-                shown = targets_released(lambda: [t.pid for t in found.items], args.baseline)
             # The same wait whether there is something to signal or not.
             options = WaitOptions(timeout=args.timeout, stable_polls=args.stable_polls,
-                                  on_poll=status_updater(status, shown, time.monotonic()))
+                                  on_poll=status_updater(status, _shown(args, plan, predicate), time.monotonic()))
             if plan is None:  # --all-*: nothing to kill; the verdict is a plain wait's, in a kill document
                 return _wait_only(args, gpus, predicate, selection, status, options=options)
             load_json_output(args.json)  # while the driver tears the targets down, not after their memory is back
@@ -425,11 +418,61 @@ def cmd_kill(args: argparse.Namespace) -> int:
             verdict(EXIT_CLEAN)
             _print_result(args, result, plan, selection)
             verdict_printed(EXIT_CLEAN)
+    except BaseException as exc:
+        code = _after_signal(args, plan, exc)
+        if code is None:
+            raise
+        return code
     finally:
         _common._signalled_plan = None
         if plan is not None:
             plan.close()
     return EXIT_CLEAN
+
+
+def _check_named(args: argparse.Namespace) -> None:
+    """Something is named to kill: PIDs, a selector or ``--all-*``."""
+    if not (args.pids or args.all_holders or args.all_on_gpu or _selectors(args)):
+        raise UsageError("name at least one PID (or --match, --container, --cgroup, --all-holders, --all-on-gpu)")
+
+
+def _shown(args: argparse.Namespace, plan: KillPlan | None, predicate: Any) -> Any:
+    """What the status line judges: as the wait does (``--only-targets``: what the targets held, descendants joining
+    as found)."""
+    if not (args.only_targets and plan is not None):
+        return predicate
+    from ..released import targets_released
+
+    found = plan._set
+    return targets_released(lambda: [t.pid for t in found.items], args.baseline)
+
+
+def _after_signal(args: argparse.Namespace, plan: KillPlan | None, exc: BaseException) -> int | None:
+    """A kill that ends in an error or an interrupt after its first signal: ``exc`` carries what each target got (the
+    error document lists it; the error line prints it); ``None``: raise ``exc``. An interrupt (Ctrl-C, SIGTERM or
+    SIGHUP to nvmlcheck) is reported as a bare "interrupted" by the command line, so its records are printed here,
+    and a Ctrl-C is reported here (the command line would report a fresh ``KeyboardInterrupt``): its exit code."""
+    if plan is None or plan.started_ns is None:
+        return None  # nothing was signalled
+    from ..kill import kill_records
+
+    if isinstance(exc, KeyboardInterrupt):
+        exc = KeyboardInterrupt("interrupted")  # as the command line words it
+    if kill_records(exc) is None:
+        try:
+            exc._nvmlcheck_kill_pids = plan.targets  # type: ignore[attr-defined]
+        except AttributeError:  # an exception class with __slots__: the report goes out without them
+            return None
+    if not args.json and not isinstance(exc, Exception):
+        from ._main import _print_kill_records
+
+        print("nvmlcheck: interrupted after the first signal; the targets are left as they are:", file=sys.stderr)
+        _print_kill_records(exc)
+    if not isinstance(exc, KeyboardInterrupt):
+        return None
+    from ._main import fail
+
+    return fail(args.json, exc, _common.EXIT_SIGNAL_BASE + signals.SIGINT, label="interrupted")
 
 
 def _open_after_signal(args: argparse.Namespace, plan: KillPlan | None) -> Session:
