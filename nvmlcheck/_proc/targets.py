@@ -164,6 +164,10 @@ class TargetSet:
         self.missing: list[int] = []
         #: Processes a selector chose that may not be signalled, with why.
         self.left_alone: list[tuple[int, str]] = []
+        #: Why a process is kept out of the kill (``--exclude``), or ``None``; :func:`prepare` sets it.
+        self.exclude: Callable[[int], str | None] | None = None
+        #: Descendants ``exclude`` kept out (with ``tree``): left alone, with everything they start.
+        self.excluded: set[int] = set()
 
     def pin_mode(self, pid: object) -> PinMode:
         """How the next target is pinned: a pidfd while descriptors last (the soft limit raised to the hard one
@@ -191,7 +195,7 @@ class TargetSet:
             raise _error("StateError", "add targets before the first signal")
         known = {t.pid for t in self.items}
         for pid, ticks, found_by in entries:
-            if pid in known:
+            if pid in known or self._left_out(pid):
                 continue
             if _kernel_thread(pid, False):
                 self.left_alone.append((pid, KERNEL_THREAD))
@@ -222,7 +226,7 @@ class TargetSet:
         new: list[Target] = []
         try:
             for h in holders:
-                if any(t.pid == h.pid for t in self.items + new):
+                if any(t.pid == h.pid for t in self.items + new) or self._left_out(h.pid):
                     continue
                 why = refusal(h.pid, limit, me, lineage)
                 if why is not None:
@@ -244,6 +248,13 @@ class TargetSet:
                 t.pinned.close()
             raise
         self.items.extend(new)
+
+    def _left_out(self, pid: int) -> bool:
+        """Whether ``exclude`` keeps ``pid`` out (then it is listed in :attr:`left_alone`, once)."""
+        why = None if self.exclude is None else self.exclude(pid)
+        if why is not None and all(p != pid for p, _ in self.left_alone):
+            self.left_alone.append((pid, why))
+        return why is not None
 
     def send_first(self, first_signal: int = signals.SIGTERM, *, clock: Callable[[], int] = time.monotonic_ns,
                    sigkill_if_discarded: bool = True) -> int:
@@ -412,7 +423,7 @@ class TargetSet:
             raise _unreadable("(a descendant of the targets)", exc, self.started is not None) from None
 
     def _scan_descendants(self) -> None:
-        known = {t.pid for t in self.items} | set(self.offspring)
+        known = {t.pid for t in self.items} | set(self.offspring) | self.excluded
         # (pid, the target it descends from, its pin when it is a target): the children of a PID are only taken
         # while that PID provably names the same process (its pin has not exited, or its start time is unchanged).
         queue: list[tuple[int, int, Pinned | None, int | None]] = [
@@ -444,6 +455,9 @@ class TargetSet:
                 if not self.tree:
                     self.offspring[pid] = (st.start_ticks, origin)
                     queue.append((pid, origin, None, st.start_ticks))
+                    continue
+                if self._left_out(pid):
+                    self.excluded.add(pid)  # not followed either: what it starts is its own
                     continue
                 try:
                     pinned = Pinned.open(pid, mode=self.pin_mode(pid), expect_start_ticks=st.start_ticks)
@@ -496,10 +510,13 @@ class TargetSet:
 
 def prepare(pids: Iterable[int] = (), *, tree: bool = False, holders: Iterable[Holder] = (),
             pinning: PinMode = "auto", missing_ok: bool = False,
-            found: Iterable[tuple[int, int, str]] = ()) -> TargetSet:
+            found: Iterable[tuple[int, int, str]] = (),
+            exclude: Callable[[int], str | None] | None = None) -> TargetSet:
     """Validate and pin ``pids`` (and ``holders``, and ``found``: ``(pid, start ticks, found_by)`` from a selector),
     nothing signalled; all or nothing. Raises :class:`Refused`, TypeError for a non-int PID, and ValueError when
-    there is no target or ``pinning`` is unknown. ``missing_ok``: a named PID that is gone goes to ``missing``."""
+    there is no target or ``pinning`` is unknown. ``missing_ok``: a named PID that is gone goes to ``missing``.
+    ``exclude(pid)``: why a process is kept out (``--exclude``), else ``None``: a holder, a selected process or
+    (``tree``) a descendant it keeps out is left alone; a named PID it keeps out is :class:`Refused`."""
     if pinning not in ("auto", "pidfd", "start-time"):
         raise _error("ArgumentError", f"pinning is 'auto', 'pidfd' or 'start-time', not {pinning!r}")
     try:
@@ -510,6 +527,9 @@ def prepare(pids: Iterable[int] = (), *, tree: bool = False, holders: Iterable[H
     chosen: list[int] = []
     for pid in pids:
         why = refusal(pid, limit, me, lineage)
+        kept = None if why is not None or exclude is None else exclude(pid)
+        if kept is not None:
+            why = f"it is named and {kept}: name it or exclude it, not both"
         if why is not None:
             raise Refused(pid, why)
         if pid not in chosen:
@@ -520,6 +540,7 @@ def prepare(pids: Iterable[int] = (), *, tree: bool = False, holders: Iterable[H
         raise _error("ArgumentError", "no PID given")
     targets: list[Target] = []
     out = TargetSet(targets, tree=bool(tree), mode=pinning)
+    out.exclude = exclude
     try:
         for pid in chosen:
             try:

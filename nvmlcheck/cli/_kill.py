@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Any
 
+    from .._proc.selectors import Exclusion
     from .._proc.targets import TargetSet
     from ..holders import Holder, KillSelection
     from ..kill import KillPlan, KillResult, KillTimeout
@@ -64,13 +65,27 @@ def _early(args: argparse.Namespace) -> bool:
     return (bool(args.pids) or _selectors(args)) and all(_plain_device(d) for d in args.devices or ())
 
 
+def _exclusion(args: argparse.Namespace) -> Exclusion:
+    """``--exclude``, each word a PID (ASCII digits) or a pattern (``--match``'s syntax); a bad one is a usage error,
+    with nothing signalled."""
+    from .._proc import selectors
+    from .._text import is_digits
+
+    words = [int(w) if is_digits(w) else w for w in args.exclude or ()]
+    try:
+        return selectors.check_exclude(words)
+    except ValueError as exc:
+        raise UsageError(f"{exc}; nothing was signalled") from None
+
+
 def _select(args: argparse.Namespace) -> tuple[list[tuple[int, int, str]], list[tuple[int, str]]]:
-    """The processes ``--match``/``--container``/``--cgroup`` choose, and those left alone with why; a selector's
-    bad syntax is a usage error, with nothing signalled."""
+    """The processes ``--match``/``--container``/``--cgroup`` choose, less ``--exclude``, and those left alone with
+    why; a selector's bad syntax is a usage error, with nothing signalled."""
     from .._proc import selectors
 
     chosen: list[tuple[int, int, str]] = []
     skipped: list[tuple[int, str]] = []
+    exclusion = _exclusion(args)
     try:
         parts = []
         if args.match is not None:
@@ -82,8 +97,9 @@ def _select(args: argparse.Namespace) -> tuple[list[tuple[int, int, str]], list[
     except ValueError as exc:
         raise UsageError(f"{exc}; nothing was signalled") from None
     for got, left in parts:
-        chosen += [c for c in got if all(c[0] != k[0] for k in chosen)]
-        skipped += [s for s in left if s not in skipped]
+        kept, excluded = exclusion.split(got)
+        chosen += [c for c in kept if all(c[0] != k[0] for k in chosen)]
+        skipped += [s for s in left + excluded if s not in skipped]
     return chosen, skipped
 
 
@@ -119,8 +135,10 @@ def prepare_targets(args: argparse.Namespace, holders: Any = (),
             verdict_printed(EXIT_CLEAN)
             raise DryRun
         return None
+    exclusion = _exclusion(args)
     try:
-        found = prepare(args.pids, tree=args.tree, holders=holders, missing_ok=args.missing_ok, found=chosen)
+        found = prepare(args.pids, tree=args.tree, holders=holders, missing_ok=args.missing_ok, found=chosen,
+                        exclude=exclusion.why if exclusion else None)
     except Refused as exc:
         from ..kill import _public
 
@@ -313,6 +331,7 @@ def _plan_with_nvml(args: argparse.Namespace, gpus: Session) -> tuple[KillPlan |
             selection = select_kill_holders(gpus, indices, all_holders=args.all_holders)
         if selection.refused is not None:
             raise UsageError(f"refusing --all-on-gpu: {selection.refused}; nothing was signalled")
+        selection = _less_excluded(selection, _exclusion(args))
         _show_selection(selection)
         if not selection.targets and not args.pids:
             print("nothing to kill on the selected GPUs", file=sys.stderr)
@@ -335,6 +354,17 @@ def _plan_with_nvml(args: argparse.Namespace, gpus: Session) -> tuple[KillPlan |
             raise
     plan.send_first(signal.Signals[args.signal], sigkill_if_discarded=args.grace is not None)
     return plan, selection
+
+
+def _less_excluded(selection: KillSelection, exclusion: Exclusion) -> KillSelection:
+    """``--all-*``'s selection with the holders ``--exclude`` names moved to those left alone, with why."""
+    if not exclusion:
+        return selection
+    import dataclasses
+
+    kept = [h for h in selection.targets if exclusion.why(h.pid) is None]
+    excluded = [(h, why) for h in selection.targets if (why := exclusion.why(h.pid)) is not None]
+    return dataclasses.replace(selection, targets=tuple(kept), skipped=(*selection.skipped, *excluded))
 
 
 def _start_events_by_deadline(args: argparse.Namespace, gpus: Session) -> None:
@@ -372,9 +402,7 @@ def cmd_kill(args: argparse.Namespace) -> int:
     from ..wait import WaitOptions
 
     if hosts_wanted(args):
-        from ._hosts import run_hosts
-
-        return run_hosts(args)
+        return _on_hosts(args)
     if getattr(args, "dry_run_done", False):
         return EXIT_CLEAN  # the plan is printed; nothing was signalled
     _check_named(args)
@@ -428,6 +456,15 @@ def cmd_kill(args: argparse.Namespace) -> int:
         if plan is not None:
             plan.close()
     return EXIT_CLEAN
+
+
+def _on_hosts(args: argparse.Namespace) -> int:
+    """``kill --host``: the command run on each host."""
+    from ._hosts import run_hosts
+
+    if args.exclude:  # the hosts' command lines carry no --exclude: refused rather than dropped
+        raise UsageError("--exclude cannot be combined with --host/--hosts/--hosts-file yet; nothing was signalled")
+    return run_hosts(args)
 
 
 def _check_named(args: argparse.Namespace) -> None:
