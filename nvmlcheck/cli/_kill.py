@@ -551,8 +551,13 @@ def _check_gpus_after_signal(args: argparse.Namespace, gpus: Session, plan: Kill
 
 
 def _finish_without_gpus(plan: KillPlan, args: argparse.Namespace) -> list[int]:
-    """Wait for the targets to exit, SIGKILL at --grace, until --timeout; the PIDs still running."""
+    """Wait for the targets to exit, SIGKILL at --grace, until --timeout; the PIDs still running. Without a timeout
+    the exits are awaited :data:`~nvmlcheck.kill.AFTER_KILL_WAIT_S` once nothing more will be sent (the SIGKILL went
+    out, or ``--grace never``), as the library's kill does: a target that never exits (SIGTERM ignored under
+    ``--grace never``, a D state) used to hold the command forever."""
     import math
+
+    from ..kill import AFTER_KILL_WAIT_S
 
     found = plan._set
     assert found.started is not None
@@ -560,10 +565,12 @@ def _finish_without_gpus(plan: KillPlan, args: argparse.Namespace) -> list[int]:
     end = None if args.timeout is None else found.started + int(args.timeout * 1e9)
     while not found.all_exited():
         now = found.clock()
-        if end is not None and now >= end:
-            break
         if grace_ns is not None and now - found.started >= grace_ns and not found.escalated:
             found.escalate()
+        if end is None and (found.escalated or grace_ns is None):
+            end = now + round(AFTER_KILL_WAIT_S * 1e9)  # nothing more will be sent: awaited for a bounded time
+        if end is not None and now >= end:
+            break
         if found.tree:
             found.scan_descendants()
         time.sleep(0.005)
