@@ -64,7 +64,7 @@ def test_without_a_timeout_the_exits_are_awaited_for_a_bounded_time(
     clock = _Clock()
     found.clock, found.started, found.first = clock, 0, first
     found.escalated = first == signals.SIGKILL
-    monkeypatch.setattr(_kill.time, "sleep", lambda s: None)
+    monkeypatch.setattr("nvmlcheck.cli._kill.time.sleep", lambda s: None)
     left = _kill._finish_without_gpus(kill.KillPlan(found), argparse.Namespace(grace=grace, timeout=None))
     assert left == [pin.pid]
     assert (signals.SIGKILL in pin.sent) is sigkill
@@ -77,6 +77,6 @@ def test_a_timeout_still_bounds_it(monkeypatch: pytest.MonkeyPatch) -> None:
     found = targets.TargetSet([targets.Target(pin, "named")], tree=False, mode="auto")  # type: ignore[arg-type]
     clock = _Clock()
     found.clock, found.started, found.first = clock, 0, signals.SIGTERM
-    monkeypatch.setattr(_kill.time, "sleep", lambda s: None)
+    monkeypatch.setattr("nvmlcheck.cli._kill.time.sleep", lambda s: None)
     assert _kill._finish_without_gpus(kill.KillPlan(found), argparse.Namespace(grace=None, timeout=2.0)) == [pin.pid]
     assert 2.0 <= clock.now_ns / 1e9 <= 2.0 + 2 * STEP_NS / 1e9
