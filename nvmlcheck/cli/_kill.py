@@ -135,7 +135,7 @@ def prepare_targets(args: argparse.Namespace, holders: Any = (),
             verdict_printed(EXIT_CLEAN)
             raise DryRun
         return None
-    exclusion = _exclusion(args)
+    exclusion = _exclusion(args) if args.exclude else None  # imports the selectors only when asked to
     try:
         found = prepare(args.pids, tree=args.tree, holders=holders, missing_ok=args.missing_ok, found=chosen,
                         exclude=exclusion.why if exclusion else None)
