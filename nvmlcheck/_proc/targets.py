@@ -535,12 +535,22 @@ def prepare(pids: Iterable[int] = (), *, tree: bool = False, holders: Iterable[H
         if pid not in chosen:
             chosen.append(pid)
     holder_list = list(holders)
-    selected = list(found)
-    if not chosen and not holder_list and not selected:
+    # A selector's choice is checked against the lineage read here, strictly: the selector's own reading stops
+    # without error where a link cannot be read (out of descriptors), and an ancestor left out of it would be chosen.
+    selected: list[tuple[int, int, str]] = []
+    refused: list[tuple[int, str]] = []
+    for entry in found:
+        why = refusal(entry[0], limit, me, lineage)
+        if why is None:
+            selected.append(entry)
+        else:
+            refused.append((entry[0], why))
+    if not chosen and not holder_list and not selected and not refused:
         raise _error("ArgumentError", "no PID given")
     targets: list[Target] = []
     out = TargetSet(targets, tree=bool(tree), mode=pinning)
     out.exclude = exclude
+    out.left_alone += refused
     try:
         for pid in chosen:
             try:
