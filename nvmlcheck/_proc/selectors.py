@@ -178,6 +178,11 @@ def by_match(pattern: str | Matcher, proc: str = "/proc") -> tuple[list[tuple[in
         st = procfs.read_stat(pid, proc)
         if st is None or st.pid != pid:
             continue
+        # Read again after the start time: had the matched process exited and its PID been reused between the two
+        # reads, the start time would be the newcomer's, pinned as if it had matched.
+        again = procfs.cmdline(pid, proc)
+        if not again or compiled.search(" ".join(again)) is None:
+            continue
         why = _keep(pid, me, lineage)
         if pid == me:
             continue  # its own command line holds the pattern (pkill leaves itself out silently too)
