@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import nvmlcheck as nc
-from nvmlcheck._proc import procfs
+from nvmlcheck._proc import fate, procfs
 from nvmlcheck._proc.fate import discarded
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "status"
@@ -32,7 +32,11 @@ def status(name: str) -> procfs.ProcStatus:
     ("ns-init-no-handler.txt", TERM, "PID 1 of its own PID namespace and has no SIGTERM handler"),
     ("ns-init-no-handler.txt", signal.SIGINT, None),  # it catches SIGINT
     ("ns-init-no-handler.txt", signal.SIGKILL, None),  # SIGKILL from outside always reaches it
-    ("ns-init-with-handler.txt", TERM, None),  # tini, dumb-init: a handler, so the full grace
+    ("ns-init-with-handler.txt", TERM, None),  # dumb-init: a handler, so the full grace
+    # systemd as a container's init: no handler, its signals blocked and read from a signalfd: pending, not
+    # discarded (it used to get SIGKILL at once, and the whole container with it).
+    ("ns-init-signalfd.txt", TERM, None),
+    ("ns-init-signalfd.txt", signal.SIGTTIN, "PID 1 of its own PID namespace"),  # not blocked, no handler
     ("ns-worker.txt", TERM, None),  # PID 3 of the namespace: an ordinary process
     ("blocks-term.txt", TERM, None),  # blocked stays pending (sigwait, signalfd): not discarded
     ("blocks-term.txt", signal.SIGWINCH, "default action is to ignore it"),
@@ -252,3 +256,42 @@ def test_a_stopped_tree_member_is_resumed(spawn: list[subprocess.Popen[bytes]]) 
         if not _exits(worker, 0):
             os.kill(worker, signal.SIGKILL)
             _exits(worker)
+
+
+# tini's way (docker run --init): no handler, every signal blocked, taken with sigtimedwait; prints its host PID.
+TINI = ("import signal, sys; "
+        "signal.pthread_sigmask(signal.SIG_BLOCK, set(signal.Signals) - {signal.SIGKILL, signal.SIGSTOP}); "
+        "print(open('/proc/self/status').read().split('NSpid:')[1].split()[0], flush=True); "
+        "sig = signal.sigwait({signal.SIGTERM, signal.SIGINT}); print('got', sig, flush=True); sys.exit(0)")
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None or os.geteuid() != 0, reason="needs unshare and root")
+def test_a_pid_namespace_init_that_takes_signals_with_sigtimedwait_keeps_its_sigterm(
+    spawn: list[subprocess.Popen[bytes]],
+) -> None:
+    # While it waits, SigBlk does not show SIGTERM (the kernel unblocks what it waits for) and SigCgt has no handler:
+    # read from /proc/PID/status alone it was "discarded", and it got SIGKILL at once, its container with it.
+    p = subprocess.Popen(["unshare", "--pid", "--fork", sys.executable, "-S", "-c", TINI],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    spawn.append(p)
+    first = _line(p)
+    if not first.isdigit():
+        assert p.stderr is not None
+        pytest.skip(f"no PID namespace here: {p.stderr.read().decode().strip()}")
+    init = int(first)
+    try:
+        for _ in range(10_000):  # until it sleeps in sigtimedwait
+            if fate.takes_signals_synchronously(init):
+                break
+            select.select([], [], [], 0.001)
+        assert fate.takes_signals_synchronously(init)
+        with nc.prepare_kill([init]) as plan:
+            plan.send_first(TERM)
+            (t,) = plan.targets
+        assert [s.name for s in t.signals] == ["SIGTERM"] and t.discarded is None
+        assert _line(p) == "got 15"  # the SIGTERM reached it: its graceful path ran
+        assert _exits(init)
+    finally:
+        if not _exits(init, 0):
+            os.kill(init, signal.SIGKILL)
+            _exits(init)
