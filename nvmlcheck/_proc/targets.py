@@ -241,7 +241,7 @@ class TargetSet:
                     self.vanished.append(h.pid)
                     continue
                 except PermissionError:
-                    raise Refused(h.pid, EPERM) from None
+                    raise Refused(h.pid, EPERM, "eperm") from None  # NotPermitted, as for a named PID
                 new.append(Target(pinned, "nvml" if "nvml" in h.found_by else "device-file"))
         except BaseException:
             for t in new:
