@@ -82,7 +82,6 @@ class Exclusion:
                     return f"excluded (--exclude {word!r})"
         return None
 
-
     def split(self, chosen: list[tuple[int, int, str]]) -> tuple[list[tuple[int, int, str]], list[tuple[int, str]]]:
         """What a selector chose, less what is excluded: ``(kept, [(pid, why excluded)])``."""
         kept: list[tuple[int, int, str]] = []
