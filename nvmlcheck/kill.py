@@ -252,7 +252,8 @@ def _rebuild_timeout(args: tuple[Any, ...], extra: dict[str, Any]) -> KillTimeou
 
 def kill_records(exc: BaseException) -> tuple[PidTimes, ...] | None:
     """The targets' records a kill attached to ``exc`` when it failed after the first signal (a lost GPU, an NVML
-    error, a fatal event): what was sent to each and whether it exited. ``None`` when ``exc`` carries none."""
+    error, a fatal event) or was interrupted there (``KeyboardInterrupt``): what was sent to each and whether it
+    exited. ``None`` when ``exc`` carries none."""
     records = getattr(exc, "_nvmlcheck_kill_pids", None)
     return records if isinstance(records, tuple) else None
 
