@@ -224,8 +224,12 @@ def _grace_s(args: argparse.Namespace) -> float | None:
 def _show_plan(found: TargetSet, sig: int, args: argparse.Namespace) -> None:
     grace_s = _grace_s(args)
     grace = "never" if grace_s is None else f"{grace_s:g} s"
+    escalation = f"SIGKILL after {grace} to what is left"
+    if grace_s is not None and args.timeout is not None and grace_s > args.timeout:
+        # The kill ends at its timeout, and the grace period's SIGKILL with it: say so, not a SIGKILL never sent.
+        escalation = f"no SIGKILL: --timeout {args.timeout:g} s ends the kill before --grace {grace}"
     print(f"plan: {signals.name(sig)} to {len(found.items)} process{'es' if len(found.items) != 1 else ''} "
-          f"(SIGKILL after {grace} to what is left):", file=sys.stderr)
+          f"({escalation}):", file=sys.stderr)
     for e in _plan_entries(found, sig):
         cmd = " ".join(" ".join(e["cmdline"]).split()) if e["cmdline"] else e["name"]  # one line: no newlines
         origin = e["found_by"] + (f" of {e['parent']}" if e["parent"] else "")
