@@ -301,9 +301,9 @@ class TargetSet:
 
     def _resume_if_stopped(self, t: Target) -> None:
         """SIGCONT (recorded) to a target still stopped after its first signal (``T``: Ctrl-Z, a SIGSTOP): a stopped
-        process runs no handler, so its SIGTERM would stay pending until the grace period's SIGKILL (with ``--grace
-        never``, for good) and the shutdown it handles would never run. A signal whose default action ends the
-        process has ended it already; SIGKILL needs no SIGCONT; a traced stop (``t``) is the tracer's to resume."""
+        process takes no signal but SIGKILL, so its SIGTERM, handled or not, would stay pending until the grace
+        period's SIGKILL (with ``--grace never``, for good) and the shutdown it handles would never run. SIGKILL
+        needs no SIGCONT; a traced stop (``t``) is the tracer's to resume."""
         if self.stopping or not t.signals or t.signals[-1][0] == "SIGKILL":
             return
         try:

@@ -295,3 +295,14 @@ def test_a_pid_namespace_init_that_takes_signals_with_sigtimedwait_keeps_its_sig
         if not _exits(init, 0):
             os.kill(init, signal.SIGKILL)
             _exits(init)
+
+
+def test_a_stopped_target_without_a_handler_ends_at_its_sigterm(spawn: list[subprocess.Popen[bytes]]) -> None:
+    # A stopped process takes no signal but SIGKILL: even a fatal SIGTERM stayed pending until the grace's SIGKILL.
+    p = _stopped(_start(spawn, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_DFL); "
+                                     "print('ready', flush=True); time.sleep(60)"))
+    with nc.prepare_kill([p.pid]) as plan:
+        plan.send_first(TERM)
+        (t,) = plan.targets
+    assert [s.name for s in t.signals] == ["SIGTERM", "SIGCONT"]
+    assert p.wait(timeout=10) == -signal.SIGTERM  # ended by its SIGTERM, not a SIGKILL
