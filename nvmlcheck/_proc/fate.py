@@ -12,8 +12,6 @@ read. Rationale and the measurement behind it: docs/killing.md ("A signal's fate
 
 from __future__ import annotations
 
-import os
-
 from . import procfs, signals
 
 __all__ = ["discarded", "fate_of", "takes_signals_synchronously"]
@@ -60,21 +58,14 @@ def fate_of(pid: int, sig: int) -> str | None:
 
 
 def takes_signals_synchronously(pid: int) -> bool:
-    """Whether a thread of ``pid`` sleeps in ``sigtimedwait``/``sigwaitinfo`` (its ``wchan``). Such a process takes
-    its signals without a handler, and while it waits the kernel unblocks the ones it waits for, so ``SigBlk`` does
-    not show them: tini (``docker run --init``) runs so, as PID 1 of a container. Which signals it waits for cannot
-    be read, so none is taken for discarded: it keeps the grace period, at worst, instead of SIGKILL at once for it
-    and its whole container. ``False`` where ``wchan`` cannot be read."""
-    base = f"/proc/{pid}/task"
+    """Whether ``pid`` (its main thread: the kernel judges a process's signal by it) sleeps in ``sigtimedwait`` or
+    ``sigwaitinfo`` (its ``wchan``). Such a process takes its signals without a handler, and while it waits the
+    kernel unblocks the ones it waits for, so ``SigBlk`` does not show them: tini (``docker run --init``) runs so, as
+    PID 1 of a container. Which signals it waits for cannot be read, so none is taken for discarded: it keeps the
+    grace period, at worst, instead of SIGKILL at once for it and its whole container. ``False`` where ``wchan``
+    cannot be read."""
     try:
-        tasks = os.listdir(base)
+        with open(f"/proc/{pid}/wchan", "rb") as f:
+            return f.read().startswith(b"do_sigtimedwait")
     except OSError:
         return False
-    for tid in tasks:
-        try:
-            with open(f"{base}/{tid}/wchan", "rb") as f:
-                if f.read().startswith(b"do_sigtimedwait"):
-                    return True
-        except OSError:
-            continue
-    return False
