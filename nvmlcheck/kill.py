@@ -32,6 +32,7 @@ from .predicates import Predicate, _Scope, _Why, check_predicate, default_predic
 
 if TYPE_CHECKING:
     # Types only: prepare_kill and send_first run before anything of the GPU side is needed (issue 12).
+    from ._proc import selectors
     from ._proc.pin import PinMode
     from .session import DeviceSelector, Session
     from .verdict import Culprit
@@ -251,7 +252,8 @@ def _rebuild_timeout(args: tuple[Any, ...], extra: dict[str, Any]) -> KillTimeou
 
 def kill_records(exc: BaseException) -> tuple[PidTimes, ...] | None:
     """The targets' records a kill attached to ``exc`` when it failed after the first signal (a lost GPU, an NVML
-    error, a fatal event): what was sent to each and whether it exited. ``None`` when ``exc`` carries none."""
+    error, a fatal event) or was interrupted there (``KeyboardInterrupt``): what was sent to each and whether it
+    exited. ``None`` when ``exc`` carries none."""
     records = getattr(exc, "_nvmlcheck_kill_pids", None)
     return records if isinstance(records, tuple) else None
 
@@ -403,9 +405,7 @@ class KillPlan:
             if on_poll is not None:
                 on_poll(point)
 
-        remaining: float | None = None
-        if timeout is not None and not math.isinf(timeout):
-            remaining = max(0.0, timeout - (clock() - start) / 1e9)
+        remaining = None if timeout is None or math.isinf(timeout) else max(0.0, timeout - (clock() - start) / 1e9)
         # The exit predicate first: it is cheap (a poll of the pidfds) and stamps exits even on polls that the GPU
         # part alone already proves dirty.
         condition = self.exited_predicate() & (predicate if predicate is not None else default_predicate())
@@ -425,10 +425,12 @@ class KillPlan:
         except ProcUnreadable as exc:
             why = f"{exc.strerror}; the targets signalled already were left as they are"
             raise self._with_records(_public(Refused("(a target)", why))) from None
-        except Exception as exc:
+        except BaseException as exc:
             # The GPU side failed mid-kill (a GPU fell off the bus, a fatal event, an NVML error): the operator needs
-            # the targets gone all the more. Finish the escalation from the OS side, then report each target.
-            self._finish_without_gpu(grace_end, timeout, opts.sleep)
+            # the targets gone all the more. Finish the escalation from the OS side, then report each target. An
+            # interrupt (Ctrl-C, SIGTERM to the caller) stops at once, as asked, and reports each target too.
+            if isinstance(exc, Exception):
+                self._finish_without_gpu(grace_end, timeout, opts.sleep)
             self._with_records(exc)
             raise
         finally:
@@ -581,6 +583,8 @@ class _TargetsExited(Predicate):
             elif st is not None and st.state in ("T", "t"):
                 extra = ": stopped (SIGKILL still ends it)"
             sent = ", ".join(name for name, _ in t.signals) or "no signal delivered"
+            if t.discarded is not None and all(name != "SIGKILL" for name, _ in t.signals):
+                sent += f"; the kernel discards its first signal: {t.discarded}"  # sent, never received
             out.append(_Why(False, None, f"pid {t.pid} ({printable(t.pinned.comm)}) has not exited ({sent}){extra}"))
         return out
 
@@ -678,6 +682,7 @@ def prepare_kill(
     missing_ok: bool = False,
     match: str | None = None,
     container: str | None = None,
+    exclude: Iterable[int | str] = (),
 ) -> KillPlan:
     """Validate and pin ``pids`` (and ``holders``) with the operating system alone: no NVML, nothing signalled.
 
@@ -693,28 +698,53 @@ def prepare_kill(
     ID or a 12-digit prefix, ``lxc/NAME``, a pod UID, ``slurm/JOBID``, a systemd unit, a cgroup path). Never this
     process, its ancestors or PID 1; what they chose but will not signal is in :attr:`KillPlan.left_alone`. A
     selector that matches nothing is not an error here (:attr:`KillPlan.targets` is then what else was named).
+
+    ``exclude``: processes never to signal, however they were found (``holders``, ``match``, ``container``, and with
+    ``tree`` descendants, each with everything it starts): an int is a PID, a str a pattern of the command line in
+    ``match``'s syntax (a monitoring agent that keeps the GPUs open). They are listed in :attr:`KillPlan.left_alone`;
+    a named PID that is excluded is a :class:`KillError`.
     """
     from ._proc import selectors
 
     pids, holders = _pid_list(pids), _holder_list(holders)
     _check_flags(tree=tree, missing_ok=missing_ok)
     _check_selectors(match, container)
+    exclusion = _exclusion(exclude)
     found: list[tuple[int, int, str]] = []
     skipped: list[tuple[int, str]] = []
     for chosen, left in (selectors.by_match(match) if match is not None else ([], []),
                          selectors.by_container(container) if container is not None else ([], [])):
-        found += chosen
-        skipped += left
+        kept, excluded = exclusion.split(chosen)
+        found += kept
+        skipped += left + excluded
     if (match is not None or container is not None) and not found and not pids and not holders:
         what = " and ".join(w for w, v in (("--match", match), ("--container", container)) if v is not None)
         raise ArgumentError(f"{what} selected no process" + (f" (left alone: {_alone(skipped)})" if skipped else ""))
     try:
         plan = KillPlan(targets.prepare(pids, tree=tree, holders=holders, pinning=pinning, missing_ok=missing_ok,
-                                        found=found))
+                                        found=found, exclude=exclusion.why if exclusion else None))
     except Refused as exc:
         raise _public(exc) from None
     plan._set.left_alone[:0] = skipped
     return plan
+
+
+def _exclusion(exclude: Iterable[int | str]) -> selectors.Exclusion:
+    """``exclude`` checked: an iterable of PIDs (ints) and patterns (strs), never a bare str or int."""
+    from ._proc import selectors
+
+    if isinstance(exclude, str | bytes | bytearray) or (isinstance(exclude, int) and not isinstance(exclude, bool)):
+        raise ArgumentTypeError(f"exclude is an iterable of PIDs (ints) and patterns (strs), not a bare "
+                                f"{type(exclude).__name__}: give [{exclude!r}]")
+    try:
+        words = list(exclude)
+    except TypeError:
+        raise ArgumentTypeError(f"exclude is an iterable of PIDs (ints) and patterns (strs), not {_kind(exclude)}") \
+            from None
+    for word in words:
+        if isinstance(word, bool) or not isinstance(word, int | str):
+            raise ArgumentTypeError(f"exclude: a PID (int) or a pattern (str), not {_kind(word)}")
+    return selectors.check_exclude(words)
 
 
 def _alone(skipped: Sequence[tuple[int, str]]) -> str:
@@ -743,6 +773,7 @@ def kill_and_wait(
     only_targets: bool = False,
     match: str | None = None,
     container: str | None = None,
+    exclude: Iterable[int | str] = (),
 ) -> KillResult:
     """Signal ``pids`` (with ``tree``, their descendants too), SIGKILL what is still alive after ``grace_s``, and wait
     until every one has exited and the selected GPUs are clean: :func:`prepare_kill`, :meth:`KillPlan.send_first`
@@ -759,15 +790,16 @@ def kill_and_wait(
     ``options``: a :class:`~nvmlcheck.wait.WaitOptions` (``timeout``, ``policy``, ``stable_polls``, ``trace``,
     ``on_poll``, ``clock``, ``sleep``, ``events``); a keyword argument given wins over its field.
 
-    ``missing_ok``, ``match``, ``container``: as for :func:`prepare_kill`. ``only_targets``: judge only what the
-    targets held (a GPU shared with other tenants): a snapshot of the selected GPUs is taken just before the first
-    signal and :meth:`KillPlan.wait` is given it.
+    ``missing_ok``, ``match``, ``container``, ``exclude``: as for :func:`prepare_kill`. ``only_targets``: judge only
+    what the targets held (a GPU shared with other tenants): a snapshot of the selected GPUs is taken just before the
+    first signal and :meth:`KillPlan.wait` is given it.
     """
     from .wait import WaitOptions
 
     pids = _pid_list(pids)  # read once: checked here, pinned by prepare_kill
     _check_flags(tree=tree, missing_ok=missing_ok, only_targets=only_targets)
     _check_selectors(match, container)
+    exclude = list(_exclusion(exclude).words)  # read once: checked before the session is used
     _grace_ns(grace_s)
     if not isinstance(timeout, Default):
         _check_timeout(timeout)
@@ -791,7 +823,7 @@ def kill_and_wait(
     if opts.events:
         session.listen()  # before the signal: registration takes a few calls, the kill should not wait for them
     with prepare_kill(pids, tree=tree, pinning=pinning, missing_ok=missing_ok, match=match,
-                      container=container) as plan:
+                      container=container, exclude=exclude) as plan:
         baseline = None
         if only_targets:
             from .model import Fields

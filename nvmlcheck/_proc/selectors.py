@@ -17,12 +17,14 @@ from . import container, procfs
 TYPE_CHECKING = False  # no typing before a signal: start-up cost where site has not loaded it (docs/performance.md)
 if TYPE_CHECKING:
     import re
+    from collections.abc import Iterable
     from typing import TypeAlias
 
     #: What a --match selector searches command lines with.
     Matcher: TypeAlias = "re.Pattern[str] | Substring"
 
-__all__ = ["Substring", "by_container", "by_match", "check_container", "check_pattern", "command_line"]
+__all__ = ["Exclusion", "Substring", "by_container", "by_match", "check_container", "check_exclude", "check_pattern",
+           "command_line"]
 
 #: The characters that make a pattern more than a literal string in ``re`` syntax.
 _REGEX_SYNTAX = frozenset(".^$*+?{}[]\\|()")
@@ -47,18 +49,83 @@ def check_pattern(pattern: str) -> Matcher:
     """``pattern`` compiled (Python ``re`` syntax, searched anywhere in the command line; a :class:`Substring` when it
     has no regex syntax); ValueError if it does not compile or matches the empty string (it would select every
     process)."""
+    compiled = _compile(pattern, "--match")
+    if compiled.search("") is not None:
+        raise _argument_error(f"--match {pattern!r} matches an empty command line, so it would select every process: "
+                         "give a pattern that names the command")
+    return compiled
+
+
+class Exclusion:
+    """What ``--exclude`` keeps out of a kill, however it was found (a selector, ``--all-*``, ``--tree``): PIDs, and
+    patterns searched in the command line as ``--match`` searches it. :meth:`why` says why a process is excluded."""
+
+    __slots__ = ("patterns", "pids", "words")
+
+    def __init__(self, pids: frozenset[int] = frozenset(), patterns: tuple[tuple[str, Matcher], ...] = (),
+                 words: tuple[int | str, ...] = ()) -> None:
+        self.pids = pids
+        self.patterns = patterns
+        self.words = words  # as given
+
+    def __bool__(self) -> bool:
+        return bool(self.pids or self.patterns)
+
+    def why(self, pid: int) -> str | None:
+        """``"excluded (--exclude WORD)"`` when ``pid`` or its command line is excluded, else ``None``."""
+        if pid in self.pids:
+            return f"excluded (--exclude {pid})"
+        if self.patterns:
+            line = command_line(pid)
+            for word, matcher in self.patterns:
+                if line is not None and matcher.search(line) is not None:
+                    return f"excluded (--exclude {word!r})"
+        return None
+
+    def split(self, chosen: list[tuple[int, int, str]]) -> tuple[list[tuple[int, int, str]], list[tuple[int, str]]]:
+        """What a selector chose, less what is excluded: ``(kept, [(pid, why excluded)])``."""
+        kept: list[tuple[int, int, str]] = []
+        out: list[tuple[int, str]] = []
+        for entry in chosen:
+            why = self.why(entry[0])
+            if why is None:
+                kept.append(entry)
+            else:
+                out.append((entry[0], why))
+        return kept, out
+
+
+def check_exclude(words: Iterable[int | str]) -> Exclusion:
+    """The exclusions ``words`` name: an int is a PID; a str is a pattern in ``--match``'s syntax (the command line
+    reads a str of ASCII digits as a PID first). ValueError for an empty or bad pattern, or a PID below 1."""
+    pids: set[int] = set()
+    patterns: list[tuple[str, Matcher]] = []
+    words = tuple(words)
+    for word in words:
+        if isinstance(word, bool) or not isinstance(word, int | str):
+            raise _argument_error(f"--exclude: a PID (int) or a pattern (str), not {word!r}")
+        if isinstance(word, int):
+            if word < 1:
+                raise _argument_error(f"--exclude {word}: not a process ID")
+            pids.add(word)
+        elif not word:
+            raise _argument_error("--exclude '': give a PID or a pattern of the command lines to leave alone")
+        else:
+            patterns.append((word, _compile(word, "--exclude")))
+    return Exclusion(frozenset(pids), tuple(patterns), words)
+
+
+def _compile(pattern: str, option: str) -> Matcher:
+    """``pattern`` as a :class:`Substring` when it has no regex syntax, else compiled; ValueError if it does not
+    compile."""
     if pattern and not _REGEX_SYNTAX.intersection(pattern):
         return Substring(pattern)
     import re
 
     try:
-        compiled = re.compile(pattern)
+        return re.compile(pattern)
     except re.error as exc:
-        raise _argument_error(f"--match {pattern!r}: not a regular expression ({exc})") from None
-    if compiled.search("") is not None:
-        raise _argument_error(f"--match {pattern!r} matches an empty command line, so it would select every process: "
-                         "give a pattern that names the command")
-    return compiled
+        raise _argument_error(f"{option} {pattern!r}: not a regular expression ({exc})") from None
 
 
 def check_container(spec: str, *, path_only: bool = False) -> container.ContainerSpec:
@@ -110,12 +177,17 @@ def by_match(pattern: str | Matcher, proc: str = "/proc") -> tuple[list[tuple[in
         st = procfs.read_stat(pid, proc)
         if st is None or st.pid != pid:
             continue
+        # Read again after the start time: had the matched process exited and its PID been reused between the two
+        # reads, the start time would be the newcomer's, pinned as if it had matched.
+        again = procfs.cmdline(pid, proc)
+        if not again or compiled.search(" ".join(again)) is None:
+            continue
         why = _keep(pid, me, lineage)
         if pid == me:
             continue  # its own command line holds the pattern (pkill leaves itself out silently too)
         if why is not None:
             skipped.append((pid, why))
-        elif st.state in ("Z", "X"):
+        elif st.state in ("Z", "X") and not _threads_run(pid, proc):
             skipped.append((pid, "a zombie: it has exited already; its parent has to reap it"))
         else:
             chosen.append((pid, st.start_ticks, "match"))
@@ -138,11 +210,21 @@ def by_container(spec: str | container.ContainerSpec, proc: str = "/proc") -> tu
             skipped.append((pid, why))
         elif st is not None and procfs.is_kernel_thread(st):
             skipped.append((pid, "a kernel thread, not a process: it holds no GPU"))
-        elif st is not None and st.state in ("Z", "X"):
+        elif st is not None and st.state in ("Z", "X") and not _threads_run(pid, proc):
             skipped.append((pid, "a zombie: it has exited already; its parent has to reap it"))
         else:
             chosen.append((pid, ticks, "container"))
     return chosen, skipped
+
+
+def _threads_run(pid: int, proc: str = "/proc") -> bool:
+    """Whether a process whose ``stat`` reads ``Z`` still runs: its main thread exited (``pthread_exit``) and
+    another thread lives on, holding its memory and files (a GPU context too), and a signal still ends it. A true
+    zombie keeps only its main thread's entry in ``task``."""
+    try:
+        return len(os.listdir(f"{proc}/{pid}/task")) > 1
+    except OSError:
+        return False
 
 
 def _argument_error(message: str) -> Exception:

@@ -164,6 +164,10 @@ class TargetSet:
         self.missing: list[int] = []
         #: Processes a selector chose that may not be signalled, with why.
         self.left_alone: list[tuple[int, str]] = []
+        #: Why a process is kept out of the kill (``--exclude``), or ``None``; :func:`prepare` sets it.
+        self.exclude: Callable[[int], str | None] | None = None
+        #: Descendants ``exclude`` kept out (with ``tree``): left alone, with everything they start.
+        self.excluded: set[int] = set()
 
     def pin_mode(self, pid: object) -> PinMode:
         """How the next target is pinned: a pidfd while descriptors last (the soft limit raised to the hard one
@@ -191,7 +195,7 @@ class TargetSet:
             raise _error("StateError", "add targets before the first signal")
         known = {t.pid for t in self.items}
         for pid, ticks, found_by in entries:
-            if pid in known:
+            if pid in known or self._left_out(pid):
                 continue
             if _kernel_thread(pid, False):
                 self.left_alone.append((pid, KERNEL_THREAD))
@@ -222,7 +226,7 @@ class TargetSet:
         new: list[Target] = []
         try:
             for h in holders:
-                if any(t.pid == h.pid for t in self.items + new):
+                if any(t.pid == h.pid for t in self.items + new) or self._left_out(h.pid):
                     continue
                 why = refusal(h.pid, limit, me, lineage)
                 if why is not None:
@@ -237,13 +241,20 @@ class TargetSet:
                     self.vanished.append(h.pid)
                     continue
                 except PermissionError:
-                    raise Refused(h.pid, EPERM) from None
+                    raise Refused(h.pid, EPERM, "eperm") from None  # NotPermitted, as for a named PID
                 new.append(Target(pinned, "nvml" if "nvml" in h.found_by else "device-file"))
         except BaseException:
             for t in new:
                 t.pinned.close()
             raise
         self.items.extend(new)
+
+    def _left_out(self, pid: int) -> bool:
+        """Whether ``exclude`` keeps ``pid`` out (then it is listed in :attr:`left_alone`, once)."""
+        why = None if self.exclude is None else self.exclude(pid)
+        if why is not None and all(p != pid for p, _ in self.left_alone):
+            self.left_alone.append((pid, why))
+        return why is not None
 
     def send_first(self, first_signal: int = signals.SIGTERM, *, clock: Callable[[], int] = time.monotonic_ns,
                    sigkill_if_discarded: bool = True) -> int:
@@ -282,8 +293,25 @@ class TargetSet:
                 self._send_first(t, sig, start, why)
         finally:
             if frozen:
-                self._resume_tree()
+                self._resume_tree()  # every member gets SIGCONT: one stopped before the kill is resumed too
+        if not frozen:
+            for t in self.items:
+                self._resume_if_stopped(t)
         return start
+
+    def _resume_if_stopped(self, t: Target) -> None:
+        """SIGCONT (recorded) to a target still stopped after its first signal (``T``: Ctrl-Z, a SIGSTOP): a stopped
+        process takes no signal but SIGKILL, so its SIGTERM, handled or not, would stay pending until the grace
+        period's SIGKILL (with ``--grace never``, for good) and the shutdown it handles would never run. SIGKILL
+        needs no SIGCONT; a traced stop (``t``) is the tracer's to resume."""
+        if self.stopping or not t.signals or t.signals[-1][0] == "SIGKILL":
+            return
+        try:
+            st = t.pinned.stat()
+        except ProcUnreadable:
+            return  # cannot tell: the grace period's SIGKILL still ends it
+        if st is not None and st.state == "T":
+            self._send(t, signals.SIGCONT, self.clock())
 
     def _send_first(self, t: Target, sig: int, now: int, why: str | None) -> None:
         """The first signal, or SIGKILL at once when the kernel would discard it (``why``, from :mod:`.fate`)."""
@@ -395,7 +423,7 @@ class TargetSet:
             raise _unreadable("(a descendant of the targets)", exc, self.started is not None) from None
 
     def _scan_descendants(self) -> None:
-        known = {t.pid for t in self.items} | set(self.offspring)
+        known = {t.pid for t in self.items} | set(self.offspring) | self.excluded
         # (pid, the target it descends from, its pin when it is a target): the children of a PID are only taken
         # while that PID provably names the same process (its pin has not exited, or its start time is unchanged).
         queue: list[tuple[int, int, Pinned | None, int | None]] = [
@@ -428,6 +456,9 @@ class TargetSet:
                     self.offspring[pid] = (st.start_ticks, origin)
                     queue.append((pid, origin, None, st.start_ticks))
                     continue
+                if self._left_out(pid):
+                    self.excluded.add(pid)  # not followed either: what it starts is its own
+                    continue
                 try:
                     pinned = Pinned.open(pid, mode=self.pin_mode(pid), expect_start_ticks=st.start_ticks)
                 except (ProcessLookupError, PermissionError):
@@ -447,6 +478,8 @@ class TargetSet:
                     self._send_first(child, self.first, now, why)
                     if self.escalated:
                         self._send(child, signals.SIGKILL, now)
+                    else:
+                        self._resume_if_stopped(child)
 
     def alive(self) -> Iterator[Target]:
         """The targets that have not exited."""
@@ -477,10 +510,13 @@ class TargetSet:
 
 def prepare(pids: Iterable[int] = (), *, tree: bool = False, holders: Iterable[Holder] = (),
             pinning: PinMode = "auto", missing_ok: bool = False,
-            found: Iterable[tuple[int, int, str]] = ()) -> TargetSet:
+            found: Iterable[tuple[int, int, str]] = (),
+            exclude: Callable[[int], str | None] | None = None) -> TargetSet:
     """Validate and pin ``pids`` (and ``holders``, and ``found``: ``(pid, start ticks, found_by)`` from a selector),
     nothing signalled; all or nothing. Raises :class:`Refused`, TypeError for a non-int PID, and ValueError when
-    there is no target or ``pinning`` is unknown. ``missing_ok``: a named PID that is gone goes to ``missing``."""
+    there is no target or ``pinning`` is unknown. ``missing_ok``: a named PID that is gone goes to ``missing``.
+    ``exclude(pid)``: why a process is kept out (``--exclude``), else ``None``: a holder, a selected process or
+    (``tree``) a descendant it keeps out is left alone; a named PID it keeps out is :class:`Refused`."""
     if pinning not in ("auto", "pidfd", "start-time"):
         raise _error("ArgumentError", f"pinning is 'auto', 'pidfd' or 'start-time', not {pinning!r}")
     try:
@@ -491,16 +527,30 @@ def prepare(pids: Iterable[int] = (), *, tree: bool = False, holders: Iterable[H
     chosen: list[int] = []
     for pid in pids:
         why = refusal(pid, limit, me, lineage)
+        kept = None if why is not None or exclude is None else exclude(pid)
+        if kept is not None:
+            why = f"it is named and {kept}: name it or exclude it, not both"
         if why is not None:
             raise Refused(pid, why)
         if pid not in chosen:
             chosen.append(pid)
     holder_list = list(holders)
-    selected = list(found)
-    if not chosen and not holder_list and not selected:
+    # A selector's choice is checked against the lineage read here, strictly: the selector's own reading stops
+    # without error where a link cannot be read (out of descriptors), and an ancestor left out of it would be chosen.
+    selected: list[tuple[int, int, str]] = []
+    refused: list[tuple[int, str]] = []
+    for entry in found:
+        why = refusal(entry[0], limit, me, lineage)
+        if why is None:
+            selected.append(entry)
+        else:
+            refused.append((entry[0], why))
+    if not chosen and not holder_list and not selected and not refused:
         raise _error("ArgumentError", "no PID given")
     targets: list[Target] = []
     out = TargetSet(targets, tree=bool(tree), mode=pinning)
+    out.exclude = exclude
+    out.left_alone += refused
     try:
         for pid in chosen:
             try:

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Any
 
+    from .._proc.selectors import Exclusion
     from .._proc.targets import TargetSet
     from ..holders import Holder, KillSelection
     from ..kill import KillPlan, KillResult, KillTimeout
@@ -64,13 +65,27 @@ def _early(args: argparse.Namespace) -> bool:
     return (bool(args.pids) or _selectors(args)) and all(_plain_device(d) for d in args.devices or ())
 
 
+def _exclusion(args: argparse.Namespace) -> Exclusion:
+    """``--exclude``, each word a PID (ASCII digits) or a pattern (``--match``'s syntax); a bad one is a usage error,
+    with nothing signalled."""
+    from .._proc import selectors
+    from .._text import is_digits
+
+    words = [int(w) if is_digits(w) else w for w in args.exclude or ()]
+    try:
+        return selectors.check_exclude(words)
+    except ValueError as exc:
+        raise UsageError(f"{exc}; nothing was signalled") from None
+
+
 def _select(args: argparse.Namespace) -> tuple[list[tuple[int, int, str]], list[tuple[int, str]]]:
-    """The processes ``--match``/``--container``/``--cgroup`` choose, and those left alone with why; a selector's
-    bad syntax is a usage error, with nothing signalled."""
+    """The processes ``--match``/``--container``/``--cgroup`` choose, less ``--exclude``, and those left alone with
+    why; a selector's bad syntax is a usage error, with nothing signalled."""
     from .._proc import selectors
 
     chosen: list[tuple[int, int, str]] = []
     skipped: list[tuple[int, str]] = []
+    exclusion = _exclusion(args)
     try:
         parts = []
         if args.match is not None:
@@ -82,8 +97,9 @@ def _select(args: argparse.Namespace) -> tuple[list[tuple[int, int, str]], list[
     except ValueError as exc:
         raise UsageError(f"{exc}; nothing was signalled") from None
     for got, left in parts:
-        chosen += [c for c in got if all(c[0] != k[0] for k in chosen)]
-        skipped += [s for s in left if s not in skipped]
+        kept, excluded = exclusion.split(got)
+        chosen += [c for c in kept if all(c[0] != k[0] for k in chosen)]
+        skipped += [s for s in left + excluded if s not in skipped]
     return chosen, skipped
 
 
@@ -119,8 +135,10 @@ def prepare_targets(args: argparse.Namespace, holders: Any = (),
             verdict_printed(EXIT_CLEAN)
             raise DryRun
         return None
+    exclusion = _exclusion(args) if args.exclude else None  # imports the selectors only when asked to
     try:
-        found = prepare(args.pids, tree=args.tree, holders=holders, missing_ok=args.missing_ok, found=chosen)
+        found = prepare(args.pids, tree=args.tree, holders=holders, missing_ok=args.missing_ok, found=chosen,
+                        exclude=exclusion.why if exclusion else None)
     except Refused as exc:
         from ..kill import _public
 
@@ -206,8 +224,12 @@ def _grace_s(args: argparse.Namespace) -> float | None:
 def _show_plan(found: TargetSet, sig: int, args: argparse.Namespace) -> None:
     grace_s = _grace_s(args)
     grace = "never" if grace_s is None else f"{grace_s:g} s"
+    escalation = f"SIGKILL after {grace} to what is left"
+    if grace_s is not None and args.timeout is not None and grace_s > args.timeout:
+        # The kill ends at its timeout, and the grace period's SIGKILL with it: say so, not a SIGKILL never sent.
+        escalation = f"no SIGKILL: --timeout {args.timeout:g} s ends the kill before --grace {grace}"
     print(f"plan: {signals.name(sig)} to {len(found.items)} process{'es' if len(found.items) != 1 else ''} "
-          f"(SIGKILL after {grace} to what is left):", file=sys.stderr)
+          f"({escalation}):", file=sys.stderr)
     for e in _plan_entries(found, sig):
         cmd = " ".join(" ".join(e["cmdline"]).split()) if e["cmdline"] else e["name"]  # one line: no newlines
         origin = e["found_by"] + (f" of {e['parent']}" if e["parent"] else "")
@@ -313,6 +335,7 @@ def _plan_with_nvml(args: argparse.Namespace, gpus: Session) -> tuple[KillPlan |
             selection = select_kill_holders(gpus, indices, all_holders=args.all_holders)
         if selection.refused is not None:
             raise UsageError(f"refusing --all-on-gpu: {selection.refused}; nothing was signalled")
+        selection = _less_excluded(selection, _exclusion(args))
         _show_selection(selection)
         if not selection.targets and not args.pids:
             print("nothing to kill on the selected GPUs", file=sys.stderr)
@@ -335,6 +358,17 @@ def _plan_with_nvml(args: argparse.Namespace, gpus: Session) -> tuple[KillPlan |
             raise
     plan.send_first(signal.Signals[args.signal], sigkill_if_discarded=args.grace is not None)
     return plan, selection
+
+
+def _less_excluded(selection: KillSelection, exclusion: Exclusion) -> KillSelection:
+    """``--all-*``'s selection with the holders ``--exclude`` names moved to those left alone, with why."""
+    if not exclusion:
+        return selection
+    import dataclasses
+
+    kept = [h for h in selection.targets if exclusion.why(h.pid) is None]
+    excluded = [(h, why) for h in selection.targets if (why := exclusion.why(h.pid)) is not None]
+    return dataclasses.replace(selection, targets=tuple(kept), skipped=(*selection.skipped, *excluded))
 
 
 def _start_events_by_deadline(args: argparse.Namespace, gpus: Session) -> None:
@@ -372,13 +406,10 @@ def cmd_kill(args: argparse.Namespace) -> int:
     from ..wait import WaitOptions
 
     if hosts_wanted(args):
-        from ._hosts import run_hosts
-
-        return run_hosts(args)
+        return _on_hosts(args)
     if getattr(args, "dry_run_done", False):
         return EXIT_CLEAN  # the plan is printed; nothing was signalled
-    if not (args.pids or args.all_holders or args.all_on_gpu or _selectors(args)):
-        raise UsageError("name at least one PID (or --match, --container, --cgroup, --all-holders, --all-on-gpu)")
+    _check_named(args)
     signalled: TargetSet | None = getattr(args, "signalled", None)
     plan = KillPlan(signalled) if signalled is not None else None
     args.baseline = None
@@ -398,15 +429,9 @@ def cmd_kill(args: argparse.Namespace) -> int:
             # slow registration never delays the signal); bounded by the wait's deadline, which counts from it.
             _common._signalled_plan = plan  # a hung reading from now on reports what each target got
             _start_events_by_deadline(args, gpus)
-            shown = predicate
-            if args.only_targets and plan is not None:
-                from ..released import targets_released
-
-                found = plan._set  # the status line judges as the wait does (descendants join as found)
-                shown = targets_released(lambda: [t.pid for t in found.items], args.baseline)
             # The same wait whether there is something to signal or not.
             options = WaitOptions(timeout=args.timeout, stable_polls=args.stable_polls,
-                                  on_poll=status_updater(status, shown, time.monotonic()))
+                                  on_poll=status_updater(status, _shown(args, plan, predicate), time.monotonic()))
             if plan is None:  # --all-*: nothing to kill; the verdict is a plain wait's, in a kill document
                 return _wait_only(args, gpus, predicate, selection, status, options=options)
             load_json_output(args.json)  # while the driver tears the targets down, not after their memory is back
@@ -425,11 +450,70 @@ def cmd_kill(args: argparse.Namespace) -> int:
             verdict(EXIT_CLEAN)
             _print_result(args, result, plan, selection)
             verdict_printed(EXIT_CLEAN)
+    except BaseException as exc:
+        code = _after_signal(args, plan, exc)
+        if code is None:
+            raise
+        return code
     finally:
         _common._signalled_plan = None
         if plan is not None:
             plan.close()
     return EXIT_CLEAN
+
+
+def _on_hosts(args: argparse.Namespace) -> int:
+    """``kill --host``: the command run on each host."""
+    from ._hosts import run_hosts
+
+    if args.exclude:  # the hosts' command lines carry no --exclude: refused rather than dropped
+        raise UsageError("--exclude cannot be combined with --host/--hosts/--hosts-file yet; nothing was signalled")
+    return run_hosts(args)
+
+
+def _check_named(args: argparse.Namespace) -> None:
+    """Something is named to kill: PIDs, a selector or ``--all-*``."""
+    if not (args.pids or args.all_holders or args.all_on_gpu or _selectors(args)):
+        raise UsageError("name at least one PID (or --match, --container, --cgroup, --all-holders, --all-on-gpu)")
+
+
+def _shown(args: argparse.Namespace, plan: KillPlan | None, predicate: Any) -> Any:
+    """What the status line judges: as the wait does (``--only-targets``: what the targets held, descendants joining
+    as found)."""
+    if not (args.only_targets and plan is not None):
+        return predicate
+    from ..released import targets_released
+
+    found = plan._set
+    return targets_released(lambda: [t.pid for t in found.items], args.baseline)
+
+
+def _after_signal(args: argparse.Namespace, plan: KillPlan | None, exc: BaseException) -> int | None:
+    """A kill that ends in an error or an interrupt after its first signal: ``exc`` carries what each target got (the
+    error document lists it; the error line prints it); ``None``: raise ``exc``. An interrupt (Ctrl-C, SIGTERM or
+    SIGHUP to nvmlcheck) is reported as a bare "interrupted" by the command line, so its records are printed here,
+    and a Ctrl-C is reported here (the command line would report a fresh ``KeyboardInterrupt``): its exit code."""
+    if plan is None or plan.started_ns is None:
+        return None  # nothing was signalled
+    from ..kill import kill_records
+
+    if isinstance(exc, KeyboardInterrupt):
+        exc = KeyboardInterrupt("interrupted")  # as the command line words it
+    if kill_records(exc) is None:
+        try:
+            exc._nvmlcheck_kill_pids = plan.targets  # type: ignore[attr-defined]
+        except AttributeError:  # an exception class with __slots__: the report goes out without them
+            return None
+    if not args.json and not isinstance(exc, Exception):
+        from ._main import _print_kill_records
+
+        print("nvmlcheck: interrupted after the first signal; the targets are left as they are:", file=sys.stderr)
+        _print_kill_records(exc)
+    if not isinstance(exc, KeyboardInterrupt):
+        return None
+    from ._main import fail
+
+    return fail(args.json, exc, _common.EXIT_SIGNAL_BASE + signals.SIGINT, label="interrupted")
 
 
 def _open_after_signal(args: argparse.Namespace, plan: KillPlan | None) -> Session:
@@ -471,8 +555,13 @@ def _check_gpus_after_signal(args: argparse.Namespace, gpus: Session, plan: Kill
 
 
 def _finish_without_gpus(plan: KillPlan, args: argparse.Namespace) -> list[int]:
-    """Wait for the targets to exit, SIGKILL at --grace, until --timeout; the PIDs still running."""
+    """Wait for the targets to exit, SIGKILL at --grace, until --timeout; the PIDs still running. Without a timeout
+    the exits are awaited :data:`~nvmlcheck.kill.AFTER_KILL_WAIT_S` once nothing more will be sent (the SIGKILL went
+    out, or ``--grace never``), as the library's kill does: a target that never exits (SIGTERM ignored under
+    ``--grace never``, a D state) used to hold the command forever."""
     import math
+
+    from ..kill import AFTER_KILL_WAIT_S
 
     found = plan._set
     assert found.started is not None
@@ -480,10 +569,12 @@ def _finish_without_gpus(plan: KillPlan, args: argparse.Namespace) -> list[int]:
     end = None if args.timeout is None else found.started + int(args.timeout * 1e9)
     while not found.all_exited():
         now = found.clock()
-        if end is not None and now >= end:
-            break
         if grace_ns is not None and now - found.started >= grace_ns and not found.escalated:
             found.escalate()
+        if end is None and (found.escalated or grace_ns is None):
+            end = now + round(AFTER_KILL_WAIT_S * 1e9)  # nothing more will be sent: awaited for a bounded time
+        if end is not None and now >= end:
+            break
         if found.tree:
             found.scan_descendants()
         time.sleep(0.005)

@@ -381,6 +381,10 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
         once(kill, "--cgroup", metavar="PATH",
              help="also kill every process of one cgroup and the cgroups below it (/docker/ID as /proc/PID/cgroup "
                   "prints it, or a directory under /sys/fs/cgroup)")
+        kill.add_argument("--exclude", action="append", metavar="PID|REGEX",
+                          help="never signal this PID, or any process whose full command line matches REGEX (as "
+                               "--match), however it was found (--all-holders, --all-on-gpu, a selector, --tree: "
+                               "with what it started); repeat for more (a monitoring agent that keeps the GPUs open)")
         kill.add_argument("--dry-run", action="store_true",
                           help="print the plan (targets, how each was found, its container, whether SIGKILL goes at "
                                "once) and signal nothing")

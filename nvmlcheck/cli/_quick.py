@@ -87,7 +87,7 @@ _COMMANDS: dict[str, tuple[dict[str, tuple[str, Callable[[str], Any], Any]], tup
               "--cgroup": ("cgroup", _text, None)},
              ("--events", "--tree", "--all-holders", "--all-on-gpu", "--yes", "--dry-run", "--missing-ok",
               "--only-targets"),
-             dict(_HOST_DEFAULTS)),
+             {"exclude": None, **_HOST_DEFAULTS}),
 }
 
 

@@ -4,6 +4,7 @@ hold it for long", sglang PR #36589, PaddleOCR #2074)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -133,6 +134,21 @@ def test_cli_kill_all_on_gpu_with_a_foreign_process_exits_2_and_signals_nothing(
     code = cli.main(["kill", "--all-on-gpu", "--yes", "--backend", "nvml", "--timeout", "2"])
     assert code == cli.EXIT_USAGE
     assert f"cannot signal PID {foreign.pid}" in capsys.readouterr().err
+    assert all(sig == 0 for _, sig in signals) and sleeper.poll() is None
+
+
+def test_cli_kill_all_on_gpu_names_a_foreign_holder_not_permitted(
+    stub: Stub,
+    sleeper: subprocess.Popen[bytes],
+    foreign: subprocess.Popen[bytes],
+    signals: list[tuple[int, int]],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # The error class a caller catches for EPERM, as for a named PID (it was the bare KillError for a holder).
+    stub.write(_shared_gpu(sleeper.pid, foreign.pid))
+    code = cli.main(["--json", "kill", "--all-on-gpu", "--yes", "--backend", "nvml", "--timeout", "2"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == cli.EXIT_USAGE and doc["error"]["type"] == "NotPermitted"
     assert all(sig == 0 for _, sig in signals) and sleeper.poll() is None
 
 

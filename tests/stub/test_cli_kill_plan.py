@@ -246,3 +246,19 @@ def test_grace_minus_zero_reads_0_s(
     grace = json.loads(out)["grace_s"]
     assert code == 0 and grace == 0 and math.copysign(1.0, grace) == 1.0 and '"grace_s": -0' not in out
     assert alive(p.pid)
+
+
+def test_a_grace_longer_than_the_timeout_is_no_sigkill_in_the_plan(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], start: Callable[..., subprocess.Popen[bytes]],
+    device_file: str,
+) -> None:
+    # The kill ends at its timeout: a plan promising "SIGKILL after 5 s" would name a signal never sent.
+    word = token()
+    p = start(device_file, word)
+    sc = scenario(tmp_path, p.pid)
+    code, _, err = run(capsys, "--simulate", sc, "kill", "--match", word, "--dry-run", "--timeout", "2")
+    assert code == 0, err
+    assert "(no SIGKILL: --timeout 2 s ends the kill before --grace 5 s)" in err and "SIGKILL after" not in err
+    code, _, err = run(capsys, "--simulate", sc, "kill", "--match", word, "--dry-run", "--timeout", "5")
+    assert code == 0 and "(SIGKILL after 5 s to what is left)" in err
+    assert alive(p.pid)

@@ -1,0 +1,74 @@
+"""A process whose main thread exited while another thread lives on reads ``Z`` in ``/proc/PID/stat``: it is no
+zombie. ``--container``/``--cgroup`` left it alone as "a zombie: it has exited already", though it ran (and could
+hold a GPU) and a signal ends it. Now it is chosen; a true zombie still is not."""
+
+from __future__ import annotations
+
+import os
+import select
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+import nvmlcheck as nc
+from nvmlcheck._proc import procfs, selectors
+
+# Starts a thread that sleeps, says ready, then ends its main thread alone (pthread_exit): stat reads Z.
+LEADERLESS = ("import ctypes, threading, time; threading.Thread(target=time.sleep, args=(60,)).start(); "
+              "print('ready', flush=True); ctypes.CDLL(None).pthread_exit(None)")
+
+
+@pytest.fixture
+def leaderless() -> Iterator[int]:
+    p = subprocess.Popen([sys.executable, "-S", "-c", LEADERLESS], stdout=subprocess.PIPE)
+    assert p.stdout is not None and p.stdout.readline() == b"ready\n"
+    for _ in range(10_000):  # until the main thread has exited
+        st = procfs.read_stat(p.pid)
+        if st is not None and st.state == "Z":
+            break
+    yield p.pid
+    p.kill()
+    p.wait()
+    p.stdout.close()
+
+
+@pytest.fixture
+def zombie() -> Iterator[int]:
+    p = subprocess.Popen([sys.executable, "-S", "-c", "pass"])
+    for _ in range(100_000):  # exited, not reaped: a zombie
+        st = procfs.read_stat(p.pid)
+        if st is not None and st.state == "Z":
+            break
+    yield p.pid
+    p.wait()
+
+
+def test_a_process_whose_main_thread_exited_is_chosen(
+    monkeypatch: pytest.MonkeyPatch, leaderless: int, zombie: int
+) -> None:
+    st = procfs.read_stat(leaderless)
+    zst = procfs.read_stat(zombie)
+    assert st is not None and st.state == "Z" and zst is not None and zst.state == "Z"
+    members = [(leaderless, st.start_ticks), (zombie, zst.start_ticks)]
+    monkeypatch.setattr("nvmlcheck._proc.container.members", lambda spec, proc="/proc": members)
+    chosen, skipped = selectors.by_container("lxc/test")
+    assert chosen == [(leaderless, st.start_ticks, "container")]
+    assert skipped == [(zombie, "a zombie: it has exited already; its parent has to reap it")]
+
+
+def test_it_is_pinned_alive_and_its_sigterm_ends_it(monkeypatch: pytest.MonkeyPatch, leaderless: int) -> None:
+    st = procfs.read_stat(leaderless)
+    assert st is not None
+    monkeypatch.setattr("nvmlcheck._proc.container.members", lambda spec, proc="/proc": [(leaderless, st.start_ticks)])
+    with nc.prepare_kill(container="lxc/test") as plan:
+        assert [t.pid for t in plan.targets] == [leaderless] and not plan._set.all_exited()  # the pidfd: alive
+        plan.send_first()
+        (t,) = plan.targets
+        assert [s.name for s in t.signals] == ["SIGTERM"]
+    fd = os.pidfd_open(leaderless)
+    try:
+        assert select.select([fd], [], [], 10)[0]  # its live thread took the SIGTERM: the process ended
+    finally:
+        os.close(fd)
