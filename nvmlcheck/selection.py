@@ -162,7 +162,9 @@ def select_clean(
     if isinstance(stable_polls, bool) or not isinstance(stable_polls, int) or stable_polls < 1:
         raise ArgumentError(f"stable_polls must be an integer >= 1, got {stable_polls!r}")
     timeout_ns = _timeout_ns(timeout)
-    selected = session.resolve(devices)
+    started = clock()
+    selected = _resolve(session, devices, timeout=timeout, timeout_ns=timeout_ns, start=started, clock=clock,
+                        count=count)
     total = session.device_count() if selected is None else len(selected)
     if count > total:
         where = "this host has" if selected is None else "the selection has"
@@ -185,10 +187,25 @@ def select_clean(
     try:
         return _poll(session, count=count, timeout=timeout, timeout_ns=timeout_ns, selected=selected, pred=pred,
                      stable_polls=stable_polls, directory=directory, pause=pause, clock=clock, sleep=sleep, pin=pin,
-                     health=health)
+                     health=health, start=started)
     finally:
         if pin is not None and pin is not owner:
             pin.close()
+
+
+def _resolve(session: Session, devices: Iterable[DeviceSelector] | DeviceSelector | None, *, timeout: float | None,
+             timeout_ns: int | None, start: int, clock: Callable[[], int], count: int) -> tuple[int, ...] | None:
+    """The candidates' indices, their readings (a UUID, ``cuda:N``: an nvidia-smi run, a slow GPU) stopped at the
+    deadline and counted in it (one check, ``timeout`` 0, always completes): a :class:`SelectTimeout` when the
+    deadline came first."""
+    from .errors import DeadlinePassed
+
+    try:
+        return session._resolve(devices, None if not timeout_ns else start + timeout_ns, clock)
+    except DeadlinePassed:
+        raise SelectTimeout(0.0 if timeout is None else float(timeout), clock() - start, (
+            "no poll finished before the deadline: the GPUs named by the selection were still being read (a slow "
+            "or hung GPU, or nvidia-smi)",), None, 0, count=count) from None
 
 
 def _owner_gone(pin: Owner, polls: int) -> NoSuchProcess:
@@ -212,13 +229,13 @@ def _poll(
     sleep: Callable[[float], object],
     pin: Owner | None,
     health: bool,
+    start: int,
 ) -> Selection:
     """:func:`select_clean`'s loop, its arguments checked."""
     from ._deadline import Deadline
     from .wait import is_transient
 
     backend = session.backend
-    start = clock()
     deadline = None if timeout_ns is None else start + timeout_ns
     # As a wait does: the deadline goes down to the backend (a pass stops between queries, an nvidia-smi run gets the
     # time left), except for timeout=0, which is one complete check; a transient error is retried, not raised.

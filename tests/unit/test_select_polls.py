@@ -35,7 +35,7 @@ class FakeSession:
     def __init__(self, backend: FakeBackend) -> None:
         self.backend = backend
 
-    def resolve(self, devices: Any) -> None:
+    def _resolve(self, devices: Any, deadline_ns: int | None, clock: Any) -> None:
         return None
 
     def device_count(self) -> int:

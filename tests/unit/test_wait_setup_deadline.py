@@ -75,3 +75,25 @@ def test_the_time_a_selection_took_is_taken_from_the_wait_and_reported() -> None
     # the whole second, not what the poller alone saw.
     err = caught.value
     assert err.timeout_s == 0.7 and err.elapsed_ns == 1000 * MS and err.polls == 0
+
+
+@pytest.mark.parametrize("selector", [idle(0, 1).devices[1].uuid, "cuda:1"])
+def test_a_selects_selection_is_read_by_its_deadline_and_counted_in_it(selector: str,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from nvmlcheck.selection import SelectTimeout
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    backend = SlowReads()
+    gpus = Session(backend)  # type: ignore[arg-type]
+    with pytest.raises(SelectTimeout) as caught:
+        gpus.select_clean(1, timeout=0.3, devices=selector, clock=backend.clock, sleep=backend.sleep)
+    assert backend.reads == [Fields(0)] and backend.now_ns <= 300 * MS + READ_NS  # one query late at most
+    err = caught.value
+    assert err.timeout_s == 0.3 and err.elapsed_ns == backend.now_ns and err.polls == 0 and err.count == 1
+    assert "the GPUs named by the selection were still being read" in str(err)
+    # With time for it, the reading counts against the timeout: 0.5 s to resolve leaves 0.2 s, and the poll that
+    # then takes 0.5 s is cut at the deadline.
+    backend.reads.clear()
+    with pytest.raises(SelectTimeout) as caught:
+        gpus.select_clean(1, timeout=0.7, devices=selector, clock=backend.clock, sleep=backend.sleep)
+    assert caught.value.elapsed_ns == 1000 * MS and caught.value.polls == 0
