@@ -441,11 +441,24 @@ def ready(
         check_bytes("max_used_bytes", max_used_bytes)
     started = time.monotonic()
     init_timeout, smi_timeout = open_timeouts(timeout)
-    with open_session(backend, init_timeout_s=init_timeout, smi_timeout_s=smi_timeout) as session:
+    session = open_session(backend, init_timeout_s=init_timeout, smi_timeout_s=smi_timeout)
+    try:
         if timeout is not None and not math.isinf(timeout):
             timeout = max(0.0, timeout - (time.monotonic() - started))
-        return ready_on(session, devices, need_bytes=need_bytes, need_fraction=need_fraction,
-                        max_used_bytes=max_used_bytes, timeout=timeout, events=events, options=options)
+        report = ready_on(session, devices, need_bytes=need_bytes, need_fraction=need_fraction,
+                          max_used_bytes=max_used_bytes, timeout=timeout, events=events, options=options)
+    except BaseException as exc:
+        session._close_after(exc, init_timeout)
+        raise
+    import contextlib
+
+    from .errors import Timeout
+
+    # As wait_until_clean does: a close that hangs (nvmlShutdown on a wedged driver) takes no longer than the init
+    # could, and does not change a verdict already made; the release goes on in a daemon thread.
+    with contextlib.suppress(Timeout):
+        session.close(init_timeout)
+    return report
 
 
 def _units(snap: Snapshot, mig: Sequence[int | str]) -> tuple[DeviceState, ...] | None:

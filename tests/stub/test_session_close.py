@@ -29,3 +29,22 @@ def test_a_hung_nvml_shutdown_is_given_up_and_made_once() -> None:
         assert probe.init_refcount() == 0
         with nc.open("nvml") as again:  # NVML opens again once the shutdown has returned
             assert again.device_count() == 1
+
+
+def test_ready_gives_the_close_what_it_gave_the_init_and_keeps_its_verdict(monkeypatch: pytest.MonkeyPatch) -> None:
+    # nc.ready closed its session with close()'s own bound (10 s) and raised its Timeout over a verdict already
+    # made; as nc.wait_until_clean, it now gives the close the init's bound and keeps the report.
+    from nvmlcheck.errors import Timeout
+
+    bounds: list[float | None] = []
+    real_close = nc.Session.close
+
+    def hung_close(self: nc.Session, timeout: float | None = 10.0) -> None:
+        bounds.append(timeout)
+        real_close(self)  # released (the stub's NVML is not left open), then reported as hung
+        raise Timeout(10, "nvmlShutdown", detail="did not return within the bound (simulated)")
+
+    with use_stub(Scenario.h200()):
+        monkeypatch.setattr(nc.Session, "close", hung_close)
+        report = nc.ready(timeout=0, backend="nvml")
+    assert report.ready and bounds == [0.25]
