@@ -219,6 +219,9 @@ class LoadedLibrary:
         self._refcount = 0  # sessions using NVML through this library
         self._initialised = False  # whether this library holds one NVML initialisation (NVML's own count)
         self._pending: _PendingInit | None = None  # the init in flight, if any
+        # Held while the last user's nvmlShutdown runs, outside _lock: it can hang on a wedged driver, and an open
+        # (acquire) must stay within its bound; it waits for this, within that bound, before initialising again.
+        self._shutting: Any = None
         self._init_generation = 0
         self._reinit_epoch = 0  # re-inits started (each one shuts NVML down under every other thread's calls)
         self._settled_epoch = 0  # the re-init epoch when an init last returned: below reinit_epoch while one runs
@@ -271,6 +274,14 @@ class LoadedLibrary:
         while True:
             with self._lock:
                 self._forget_parent_state()
+                shutting = self._shutting
+            if shutting is not None:
+                self._await_shutdown(shutting, deadline)
+                continue
+            with self._lock:
+                self._forget_parent_state()
+                if self._shutting is not None:
+                    continue  # another release began between the two
                 early, self._early = self._early, None
                 if early is not None:
                     early.waiters -= 1  # the early start's hold passes to this caller (or ends: it failed)
@@ -290,6 +301,19 @@ class LoadedLibrary:
             # nvmlDeviceGetHandleByIndex is in flight is not served from it but costs a second attach (~4-5 ms on an
             # H200: docs/driver-facts.md). Bounded by the same timeout; a warm-up that overruns is only left behind.
             taken.warmed.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+
+    @staticmethod
+    def _await_shutdown(shutting: Any, deadline: float | None) -> None:
+        """Wait for a shutdown in flight (its lock), until ``deadline``: :class:`~nvmlcheck.Timeout` past it."""
+        left = -1.0 if deadline is None else max(0.0, deadline - time.monotonic())
+        if shutting.acquire(True, left):
+            shutting.release()
+            return
+        from ..errors import Timeout
+
+        raise Timeout(10, "nvmlShutdown", detail=(
+            "NVML is still shutting down for the session closed before (nvmlShutdown has not returned: a wedged "
+            "driver?): it cannot be initialised again until it does"))
 
     def reinit(self, seen_generation: int, timeout_s: float | None = None) -> None:
         """Shut NVML down and initialise it again, for a session whose calls fail with "Unknown Error" or
@@ -319,7 +343,7 @@ class LoadedLibrary:
         initialised or an early init is already held."""
         with self._lock:
             self._forget_parent_state()
-            if self._initialised or self._early is not None:
+            if self._initialised or self._early is not None or self._shutting is not None:
                 return None
             # The thread holds the GIL only between its C calls, but waits for it after each, up to the switch
             # interval while the main thread imports: at 5 ms (the default) that wait can outlast the call; at
@@ -484,9 +508,18 @@ class LoadedLibrary:
             if self._refcount <= 0:
                 return
             self._refcount -= 1
-            if self._refcount == 0 and self._initialised:
-                self._initialised = False
-                self._shutdown_quietly()
+            if self._refcount != 0 or not self._initialised:
+                return
+            self._initialised = False
+            shutting = self._shutting = _thread.allocate_lock()
+            shutting.acquire()
+        try:
+            self._shutdown_quietly()  # outside the lock: a hung one holds up only the acquire that must wait for it
+        finally:
+            with self._lock:
+                if self._shutting is shutting:
+                    self._shutting = None
+            shutting.release()
 
     def _forget_parent_state(self) -> None:
         if self._generation != _fork_generation:
@@ -494,6 +527,7 @@ class LoadedLibrary:
             self._refcount = 0
             self._initialised = False
             self._pending = None  # its thread did not survive the fork
+            self._shutting = None  # nor did a shutdown's
             self._early = None
             self._handles_ahead = None
 

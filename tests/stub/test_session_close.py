@@ -48,3 +48,21 @@ def test_ready_gives_the_close_what_it_gave_the_init_and_keeps_its_verdict(monke
         monkeypatch.setattr(nc.Session, "close", hung_close)
         report = nc.ready(timeout=0, backend="nvml")
     assert report.ready and bounds == [0.25]
+
+
+def test_an_open_while_a_shutdown_hangs_keeps_its_bound() -> None:
+    # The last session's nvmlShutdown ran under the library's lock: an open meanwhile blocked until it returned,
+    # whatever its init_timeout_s. Now it waits for the shutdown within its bound and says why it gave up.
+    scenario = Scenario.h200()
+    scenario.fault("nvmlShutdown", delay_ms=3000, count=1)
+    with use_stub(scenario) as stub:
+        probe = StubProbe(stub.library_path)
+        shutdowns = probe.shutdown_total()
+        gpus = nc.open("nvml")
+        with pytest.raises(nc.Timeout):
+            gpus.close(timeout=0)
+        with pytest.raises(nc.Timeout, match="still shutting down"):
+            nc.open("nvml", init_timeout_s=0.2)
+        poll_until(lambda: probe.shutdown_total() > shutdowns)
+        with nc.open("nvml", init_timeout_s=5) as again:  # once it has returned, NVML opens again
+            assert again.device_count() == 1
