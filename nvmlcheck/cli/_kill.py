@@ -286,6 +286,9 @@ def _holder_line(h: Holder) -> str:
     cmd = " ".join(h.cmdline) if h.cmdline else (h.name or "?")
     flags = f" [{h.daemon_kind}]" if h.daemon_kind else " [daemon]" if h.is_daemon else ""
     flags += f" [{h.relation}]" if h.relation else ""
+    # Where it runs, as ready and the kill plan say it (the JSON has it as `container`, with `unknown.container`).
+    why_not = h.why_unknown("container") if h.start_ticks is not None else None
+    flags += f" [in {h.container}]" if h.container else " [container unknown]" if why_not else ""
     return safe(f"{who} {gpus:<24} {cmd[:80]}{flags}")
 
 

@@ -156,7 +156,8 @@ def error_json(exc: BaseException) -> dict[str, Any]:
 
 def holder_json(h: Holder) -> dict[str, Any]:
     """One process holding a GPU (``nvmlcheck/holders``); ``null`` fields are unknown, the reason under
-    ``"unknown"`` (``relation`` and ``container`` excepted: ``null`` there means none)."""
+    ``"unknown"`` (``relation`` excepted: ``null`` means none; ``container`` is ``null`` for none too, unless
+    ``"unknown"`` has a ``"container"`` reason: then it could not be told)."""
     unknown = dict(h.unknown)
     # Two fields the holder leaves without a reason of their own: the user comes from the uid, and a process not
     # visible here (no /proc entry: its start time unknown) has no open files to read.

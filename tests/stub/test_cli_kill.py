@@ -199,6 +199,13 @@ def test_holders_lists_nvml_and_device_file_holders(
     assert by_pid[hidden.pid]["found_by"] == ["device-file"] and by_pid[hidden.pid]["gpus"] == []
     code, out, _ = run(capsys, "--simulate", _scenario(tmp_path, listed.pid), "holders")
     assert code == 0 and str(listed.pid) in out and str(hidden.pid) in out
+    # The table says where each runs, as the document does (it said nothing of containers).
+    for pid, h in by_pid.items():
+        (line,) = [x for x in out.splitlines() if x.split()[:1] == [str(pid)]]
+        where = (f"[in {h['container']}]" if h["container"] else
+                 "[container unknown]" if "container" in (h.get("unknown") or {}) else None)
+        assert (where is None and "[in " not in line and "[container unknown]" not in line) or (
+            where is not None and where in line), (line, h)
 
 
 def test_all_holders_with_nothing_to_kill_is_a_kill_document_of_a_plain_wait(
