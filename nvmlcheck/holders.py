@@ -283,7 +283,7 @@ def describe_process(
         found_by=found_by,
         gpus=gpus,
         name=name,
-        state=None if st is None else procfs.STATE_WORDS.get(st.state, st.state),
+        state=None if st is None else procfs.STATE_WORDS.get(procfs.state_of(st), st.state),  # Z, threads live: runs
         uid=uid,
         user=user,
         cmdline=cmd,

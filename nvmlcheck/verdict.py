@@ -454,8 +454,10 @@ def _read_stat(pid: int) -> ProcStat | None:
 
 
 def _proc_state(pid: int) -> str | None:
+    from ._proc import procfs
+
     st = _read_stat(pid)
-    return None if st is None else st.state
+    return None if st is None else procfs.state_of(st)  # a main thread gone while others run is no zombie
 
 
 def _container(pid: int) -> str | None:

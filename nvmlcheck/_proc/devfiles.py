@@ -219,13 +219,35 @@ def open_device_files(pid: int, rule: DeviceRule | Sequence[str] | str | None = 
     return None if found is None else tuple(sorted(found))
 
 
-def _fds(pid: int | str, rule: DeviceRule, proc: str) -> dict[str, str] | None:
-    """Path → kind of each NVIDIA device file ``pid`` has open."""
+def _fd_dir(pid: int | str, proc: str) -> tuple[str, list[str]] | None:
+    """The directory of ``pid``'s open descriptors and their names (``None``: unreadable). A process whose main
+    thread exited (``pthread_exit``) while others run lists none under ``/proc/PID/fd``: the table is read through
+    one of its live threads (``task/TID/fd``), where the files (a GPU context's too) still are."""
     base = f"{proc}/{pid}/fd"
     try:
-        names = os.listdir(base)
+        names: list[str] | None = os.listdir(base)
     except OSError:
+        names = None
+    if names:
+        return base, names
+    try:
+        tids = [t for t in os.listdir(f"{proc}/{pid}/task") if t != str(pid) and t.isascii() and t.isdigit()]
+    except OSError:
+        tids = []
+    for tid in sorted(tids):
+        try:
+            return f"{proc}/{pid}/task/{tid}/fd", os.listdir(f"{proc}/{pid}/task/{tid}/fd")
+        except OSError:
+            continue
+    return None if names is None else (base, names)
+
+
+def _fds(pid: int | str, rule: DeviceRule, proc: str) -> dict[str, str] | None:
+    """Path → kind of each NVIDIA device file ``pid`` has open."""
+    where = _fd_dir(pid, proc)
+    if where is None:
         return None
+    base, names = where
     found: dict[str, str] = {}
     for name in names:
         fd_path = f"{base}/{name}"

@@ -36,6 +36,7 @@ __all__ = [
     "read_cgroup",
     "read_stat",
     "read_status",
+    "state_of",
 ]
 
 #: The words for the state letters of ``/proc/PID/stat`` (proc(5)).
@@ -136,6 +137,26 @@ def read_stat(pid: int | str, proc: str = "/proc", *, strict: bool = False) -> P
         )
     except (IndexError, ValueError):
         return None
+
+
+def state_of(st: ProcStat, proc: str = "/proc") -> str:
+    """The state letter of the process ``st`` (from :func:`read_stat`) describes. ``/proc/PID/stat`` gives its main
+    thread's: a main thread that exited (``pthread_exit``) while other threads run reads ``Z``, yet the process
+    lives on, with its memory, its files (a GPU context too), and a signal still ends it: then the first live
+    thread's state. A true zombie (or one whose threads cannot be read) stays ``Z``."""
+    if st.state not in ("Z", "X"):
+        return st.state
+    try:
+        tids = [t for t in os.listdir(f"{proc}/{st.pid}/task") if t != str(st.pid)]
+    except OSError:
+        return st.state
+    for tid in sorted(tids):
+        if not tid.isascii() or not tid.isdigit():
+            continue
+        thread = read_stat(f"{st.pid}/task/{tid}", proc)
+        if thread is not None and thread.state not in ("Z", "X"):
+            return thread.state
+    return st.state
 
 
 #: ``PF_KTHREAD`` (include/linux/sched.h), in field 9 of ``/proc/PID/stat``: the task is a kernel thread. A kernel

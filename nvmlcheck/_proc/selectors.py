@@ -187,7 +187,7 @@ def by_match(pattern: str | Matcher, proc: str = "/proc") -> tuple[list[tuple[in
             continue  # its own command line holds the pattern (pkill leaves itself out silently too)
         if why is not None:
             skipped.append((pid, why))
-        elif st.state in ("Z", "X") and not _threads_run(pid, proc):
+        elif procfs.state_of(st, proc) in ("Z", "X"):
             skipped.append((pid, "a zombie: it has exited already; its parent has to reap it"))
         else:
             chosen.append((pid, st.start_ticks, "match"))
@@ -210,21 +210,11 @@ def by_container(spec: str | container.ContainerSpec, proc: str = "/proc") -> tu
             skipped.append((pid, why))
         elif st is not None and procfs.is_kernel_thread(st):
             skipped.append((pid, "a kernel thread, not a process: it holds no GPU"))
-        elif st is not None and st.state in ("Z", "X") and not _threads_run(pid, proc):
+        elif st is not None and procfs.state_of(st, proc) in ("Z", "X"):
             skipped.append((pid, "a zombie: it has exited already; its parent has to reap it"))
         else:
             chosen.append((pid, ticks, "container"))
     return chosen, skipped
-
-
-def _threads_run(pid: int, proc: str = "/proc") -> bool:
-    """Whether a process whose ``stat`` reads ``Z`` still runs: its main thread exited (``pthread_exit``) and
-    another thread lives on, holding its memory and files (a GPU context too), and a signal still ends it. A true
-    zombie keeps only its main thread's entry in ``task``."""
-    try:
-        return len(os.listdir(f"{proc}/{pid}/task")) > 1
-    except OSError:
-        return False
 
 
 def _argument_error(message: str) -> Exception:

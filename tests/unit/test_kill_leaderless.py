@@ -72,3 +72,41 @@ def test_it_is_pinned_alive_and_its_sigterm_ends_it(monkeypatch: pytest.MonkeyPa
         assert select.select([fd], [], [], 10)[0]  # its live thread took the SIGTERM: the process ended
     finally:
         os.close(fd)
+
+
+# As LEADERLESS, holding a file open first: the device file a GPU process would hold.
+HOLDING = ("import ctypes, sys, threading, time; f = open(sys.argv[1]); "
+           "threading.Thread(target=time.sleep, args=(60,)).start(); "
+           "print('ready', flush=True); ctypes.CDLL(None).pthread_exit(None)")
+
+
+def test_a_process_whose_main_thread_exited_is_no_zombie_to_holders_and_its_files_are_seen(
+    tmp_path: object, zombie: int
+) -> None:
+    # holders and ready called it a zombie (left alone by --all-holders, "stuck" in ready), and the device-file
+    # scan read /proc/PID/fd, which lists nothing once the main thread is gone: the holder was missed.
+    from pathlib import Path
+
+    from nvmlcheck import holders
+    from nvmlcheck._proc import devfiles
+
+    stand_in = Path(str(tmp_path)) / "nvidia0"
+    stand_in.write_text("")
+    p = subprocess.Popen([sys.executable, "-S", "-c", HOLDING, str(stand_in)], stdout=subprocess.PIPE)
+    try:
+        assert p.stdout is not None and p.stdout.readline() == b"ready\n"
+        for _ in range(10_000):
+            st = procfs.read_stat(p.pid)
+            if st is not None and st.state == "Z":
+                break
+        assert st is not None and st.state == "Z"
+        assert procfs.state_of(st) in ("S", "R")  # its other thread's
+        zst = procfs.read_stat(zombie)
+        assert zst is not None and procfs.state_of(zst) == "Z"  # a true zombie stays one
+        assert holders.describe_process(p.pid, found_by=frozenset({"nvml"})).state in ("sleeping", "running")
+        assert devfiles.open_device_files(p.pid, [str(stand_in)]) == (str(stand_in),)
+        assert p.pid in devfiles.scan([str(stand_in)]).holders
+    finally:
+        p.kill()
+        p.wait()
+        p.stdout.close() if p.stdout else None
