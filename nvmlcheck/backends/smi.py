@@ -29,6 +29,7 @@ from ..errors import (
     ArgumentError,
     ArgumentTypeError,
     BackendUnavailable,
+    CorruptData,
     DeadlinePassed,
     DriverNotLoaded,
     GpuLost,
@@ -295,6 +296,7 @@ def _raise_for(result: SmiResult, prefixed: bool) -> None:
 
 _IDENTITY_FIELDS: Final = ("index", "uuid", "name", "pci.bus_id", "serial", "driver_version")
 _BASE_FIELDS: Final = ("index", "uuid")
+_IDENTITY_KEYS: Final = frozenset({"name", "pci_bus_id", "serial"})  # the cached fields that may be unknown
 _FIELD_GROUPS: Final[Mapping[Fields, tuple[str, ...]]] = MappingProxyType(
     {
         Fields.MEMORY: ("memory.total", "memory.used", "memory.free", "memory.reserved"),
@@ -347,6 +349,8 @@ class _Identity:
     pci_bus_id: str | None
     serial: str | None
     minor_number: int | None = None  # from the driver's procfs list (._driver_procfs), when nvidia-smi is local
+    #: Why a field above is None (a placeholder when it was read): each snapshot that reuses it gives the reason too.
+    unknown: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
 def _refused_field(result: SmiResult) -> str | None:
@@ -450,7 +454,10 @@ class SmiBackend:
         minors = self._minor_numbers(fresh) if fresh else {}
         first = not self._identity
         for r in fresh:
-            self._identity[r.index] = _Identity(r.index, r.uuid, r.name, r.pci_bus_id, r.serial, minors.get(r.index))
+            why = {k: v for k, v in r.unknown.items() if k in _IDENTITY_KEYS}
+            self._identity[r.index] = _Identity(
+                r.index, r.uuid, r.name, r.pci_bus_id, r.serial, minors.get(r.index), MappingProxyType(why)
+            )
         if first:
             # A GPU lost before we opened still counts: it must show up in every snapshot as a failure, never vanish.
             # nvidia-smi numbers GPUs in PCI order and prints the lost one's bus id; when it names no index, the gaps
@@ -586,30 +593,41 @@ class SmiBackend:
             # First sight of MIG: read the MIG devices now rather than judge this pass without them.
             self._mig_seen = mig_jobs = True
             results = [gpu_result, *self._run_many([(*select_args, *self._process_args()), ("-L",)], deadline)]
-        lists = self._process_lists(results[1], records) if Fields.PROCESSES in fields else {}
+        unreadable: dict[str, NvmlCheckError] = {}  # UUID -> why that GPU's part of the output could not be read
+        lists = self._process_lists(results[1], records, unreadable) if Fields.PROCESSES in fields else {}
         if mig_jobs:
             self._add_mig_uuids(results[2], records, lists)
         retired = self._retired_pages(records, select_args, deadline) if Fields.HEALTH in fields else {}
         devices: list[DeviceState] = []
         extra = [(k if k == "mig" else f"health.{k}", v) for k, v in self._refused_reasons(fields)]
+        read_failures: dict[int, DeviceFailure] = {}
         for record in records:
             if record.index not in selected:
+                continue
+            if record.uuid in unreadable:
+                read_failures[record.index] = DeviceFailure(record.index, record.uuid, unreadable[record.uuid])
                 continue
             ident = self._identity_for(record)
             known = self._identity.get(record.index)
             minor = known.minor_number if known is not None and known.uuid == record.uuid else None
-            devices.append(
-                build_device_state(
-                    record,
-                    fields,
-                    processes=lists.get(record.uuid),
-                    retired_pages=retired.get(record.uuid),
-                    identity=ident,
-                    minor_number=minor,
-                    extra_unknown=extra if minor is not None else [*extra, ("minor_number", self._minor_problem)],
+            # The cached identity's reasons, for the fields this row did not read itself.
+            cached = known.unknown.items() if ident and known is not None else ()
+            why = [*extra, *((k, v) for k, v in cached if getattr(record, k) is None)]
+            try:
+                devices.append(
+                    build_device_state(
+                        record,
+                        fields,
+                        processes=lists.get(record.uuid),
+                        retired_pages=retired.get(record.uuid),
+                        identity=ident,
+                        minor_number=minor,
+                        extra_unknown=why if minor is not None else [*why, ("minor_number", self._minor_problem)],
+                    )
                 )
-            )
-        failures = self._failures(selected, devices, handle_failures, gpu_result)
+            except CorruptData as exc:  # a process using more than its GPU has: that GPU's reading is discarded
+                read_failures[record.index] = DeviceFailure(record.index, record.uuid, exc)
+        failures = self._failures(selected, devices, handle_failures, gpu_result, read_failures)
         return Snapshot(
             backend=self.name,
             taken_ns=taken_ns,
@@ -769,18 +787,25 @@ class SmiBackend:
             return ("-q",) if self._mig_seen else ("-q", "-d", "PIDS")
         return ("--query-compute-apps=" + ",".join(_APPS_FIELDS), _FORMAT)
 
-    def _process_lists(self, result: SmiResult, records: Sequence[GpuRecord]) -> dict[str, ProcessLists]:
+    def _process_lists(
+        self, result: SmiResult, records: Sequence[GpuRecord], failed: dict[str, NvmlCheckError]
+    ) -> dict[str, ProcessLists]:
+        """Each record's lists, by UUID. A GPU whose part of the output could not be read goes into ``failed`` (its
+        UUID -> the error) instead: it fails alone, as a GPU whose list NVML answers with corrupt data."""
         if result.returncode != 0 and not has_handle_failure(result.output):
             _raise_for(result, self._prefixed)
         if self._process_query == "pids":
-            return self._pids_lists(result, records)
+            return self._pids_lists(result, records, failed)
         with _parsing(result):
             listing = parse_compute_apps(result.stdout, _APPS_FIELDS)
+        for r in records:
+            if r.uuid in listing.failed:
+                failed[r.uuid] = self._with_argv(listing.failed[r.uuid], result)
         not_csv = "nvidia-smi --query-compute-apps lists compute processes only (use process_query='pids')"
         not_listed = {unknown_key("processes", k): not_csv for k in (ProcessKind.GRAPHICS, ProcessKind.MPS)}
         out: dict[str, ProcessLists] = {}
         unattributed = listing.unattributed
-        strangers = sorted(set(listing.by_gpu) - set(self._pinned()))
+        strangers = sorted((set(listing.by_gpu) | set(listing.failed)) - set(self._pinned()))
         if unattributed is None and strangers:
             # A row on a GPU this backend does not know (a MIG-... UUID, a GPU that appeared): its process may be on
             # one of ours, whose list would then look shorter than it is.
@@ -795,14 +820,25 @@ class SmiBackend:
                 out[r.uuid] = ProcessLists(listing.by_gpu.get(r.uuid, ()), None, None, reasons)
         return out
 
-    def _pids_lists(self, result: SmiResult, records: Sequence[GpuRecord]) -> dict[str, ProcessLists]:
+    def _pids_lists(
+        self, result: SmiResult, records: Sequence[GpuRecord], failed: dict[str, NvmlCheckError]
+    ) -> dict[str, ProcessLists]:
         with _parsing(result):
             listing = parse_pids_query(result.stdout)
         self._note_cuda_version(listing.cuda_version)
         handle_failed = {hf.pci_bus_id: hf for hf in listing.failures if hf.pci_bus_id}
+        pcis = {r.uuid: r.pci_bus_id or self._identity_for(r).get("pci_bus_id") or "" for r in records}
+        for pci, error in listing.failed.items():
+            if pci not in pcis.values():
+                # A block of a GPU this pass did not read (or one a process name's line break made up): which GPU's
+                # lines it holds cannot be told, and one of ours may be missing processes.
+                raise self._with_argv(error, result)
         out: dict[str, ProcessLists] = {}
         for r in records:
-            pci = r.pci_bus_id or self._identity_for(r).get("pci_bus_id") or ""
+            pci = pcis[r.uuid]
+            if pci in listing.failed:
+                failed[r.uuid] = self._with_argv(listing.failed[pci], result)
+                continue
             why = listing.unknown.get(pci)
             if pci not in listing.compute:
                 hf = handle_failed.get(pci)
@@ -885,24 +921,46 @@ class SmiBackend:
         devices: Sequence[DeviceState],
         handle_failures: Sequence[HandleFailure],
         result: SmiResult,
+        read_failures: Mapping[int, DeviceFailure],
     ) -> tuple[DeviceFailure, ...]:
+        """Every selected GPU without a reading, with the error that explains it: its device-handle line, its damaged
+        row, ``read_failures`` (a GPU whose process list or values could not be read), else "no row". A damaged row
+        that can be tied to no such GPU raises: it may be any GPU's."""
         seen = {d.index for d in devices}
         by_pci = {i.pci_bus_id: i.index for i in self._identity.values() if i.pci_bus_id}
-        out: dict[int, DeviceFailure] = {}
+        by_uuid = self._pinned()
+        out: dict[int, DeviceFailure] = dict(read_failures)
         leftovers: list[HandleFailure] = []
         for hf in handle_failures:
-            # The bus id names the GPU whatever nvidia-smi's numbering; the printed index only while it is ours.
-            index = by_pci.get(hf.pci_bus_id or "")
-            if index is None and not self._renumbered:
+            # The UUID and the bus id name the GPU whatever nvidia-smi's numbering; the printed index only while it is
+            # ours.
+            index = by_uuid.get(hf.uuid or "")
+            if index is None:
+                index = by_pci.get(hf.pci_bus_id or "")
+            if index is None and not self._renumbered and (hf.uuid is None or hf.error is None):
                 index = hf.index
-            if index is None or index in seen or index not in selected:
+            if index is not None and index not in selected and hf.error is not None:
+                continue  # a damaged row of a GPU not asked for (every GPU is read once renumbered): not ours to judge
+            if index is None or index in seen or index not in selected or index in out:
                 leftovers.append(hf)
                 continue
             out[index] = self._device_failure(index, hf, result)
         missing = [i for i in selected if i not in seen and i not in out]
         for index in missing:
             out[index] = self._device_failure(index, leftovers.pop(0) if leftovers else None, result)
+        damaged = next((hf.error for hf in leftovers if hf.error is not None), None)
+        if damaged is not None:
+            # A row nvidia-smi printed that names none of the GPUs still unaccounted for (or one read by another row):
+            # the output contradicts itself, and no reading of it can be trusted.
+            raise self._with_argv(damaged, result)
         return tuple(out[i] for i in selected if i in out)
+
+    @staticmethod
+    def _with_argv(error: NvmlCheckError, result: SmiResult) -> NvmlCheckError:
+        """A parse error found by the pure parsers, naming the command whose output it was."""
+        if isinstance(error, SmiParseError) and not error.argv:
+            return SmiParseError(error.reason, error.line_no, error.line, result.argv)
+        return error
 
     def _device_failure(self, index: int, hf: HandleFailure | None, result: SmiResult) -> DeviceFailure:
         ident = self._identity.get(index)
@@ -910,6 +968,8 @@ class SmiBackend:
         error: Exception
         if hf is None and index in self._displaced:
             error = GpuLost(15, cmd, index, self._displaced[index])  # as NVML's handle of a GPU that went away
+        elif hf is not None and hf.error is not None:
+            error = self._with_argv(hf.error, result)  # its row could not be read: never an idle GPU
         elif hf is None:
             error = SmiError(
                 result.argv, result.returncode, result.output, f"nvidia-smi printed no row for GPU {index}"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -294,8 +295,10 @@ class TestProcessCaptures:
     )
     def test_q_pids_process_lines_outside_the_section_are_refused_not_skipped(self, name: str) -> None:
         text = read(CAP2, "busy_q_pids").replace("/tmp/cap/holder\n", name + "\n", 1)
-        with pytest.raises(SmiParseError, match="outside a Processes section"):
-            parse_pids_query(text)
+        listing = parse_pids_query(text)
+        error = listing.failed["00000000:00:06.0"]  # the GPU fails: its list is never read short
+        assert isinstance(error, SmiParseError) and "outside a Processes section" in error.reason
+        assert "00000000:00:06.0" not in listing.compute
 
     def test_q_pids_one_gpu_printed_twice_is_refused(self) -> None:
         text = read(CAP2, "busy_q_pids")
@@ -306,8 +309,8 @@ class TestProcessCaptures:
 
     def test_q_without_a_processes_section_is_not_no_process(self) -> None:
         # -q -d MEMORY,... prints no Processes section: reading it as "no process" would be a lie.
-        with pytest.raises(SmiParseError, match="no Processes section"):
-            parse_pids_query(read(CAP1, "q_memory"))
+        error = parse_pids_query(read(CAP1, "q_memory")).failed["00000000:00:06.0"]
+        assert isinstance(error, SmiParseError) and "no Processes section" in error.reason
 
 
 class TestHealthAndVersionCaptures:
@@ -353,6 +356,7 @@ HEADER = (
 )
 ROW_UNITS = "0, GPU-1, 1000 MiB, 10 MiB, 974 MiB, 16 MiB, 345 MHz, 0x0000000000000005, No, 1, 2, Yes, No"
 ROW_BARE = "0, GPU-1, 1000, 10, 974, 16, 345, 0x0000000000000005, No, 1, 2, Yes, No"
+ROW1_BARE = "1, GPU-2, 1000, 10, 974, 16, 345, 0x0000000000000005, No, 1, 2, Yes, No"
 PLACEHOLDERS = ["[N/A]", "[Not Supported]", "[Unknown Error]", "[Insufficient Permissions]", "[GPU requires reset]",
                 "N/A", "[Some Future Text]"]  # fmt: skip
 # Column -> (key in unknown, how to read the value back) for the synthetic header.
@@ -522,16 +526,6 @@ class TestRefusals:
         ("text", "match"),
         [
             (f"{HEADER}\n{ROW_BARE}", "cut short"),  # no final newline
-            (f"{HEADER}\n{ROW_BARE[:-9]}\n", "columns"),  # a cell lost
-            (f"{HEADER}\n{ROW_BARE}, 7\n", "columns"),  # a cell too many (no free-text column)
-            (f"{HEADER}\n{with_cell(ROW_BARE, 3, '1O')}\n", "whole number"),
-            (f"{HEADER}\n{with_cell(ROW_BARE, 3, '-1')}\n", "whole number"),
-            (f"{HEADER}\n{with_cell(ROW_BARE, 3, '1.5')}\n", "whole number"),
-            (f"{HEADER}\n{with_cell(ROW_BARE, 3, '10 MHz')}\n", "whole number"),
-            (f"{HEADER}\n{with_cell(ROW_BARE, 3, '')}\n", "whole number"),
-            (f"{HEADER}\n{with_cell(ROW_BARE, 7, '5')}\n", "hex"),
-            (f"{HEADER}\n{with_cell(ROW_BARE, 8, 'maybe')}\n", "Yes/No"),
-            (f"{HEADER}\n{with_cell(ROW_BARE, 1, 'not-a-uuid')}\n", "UUID"),
             (f"{HEADER.replace('[MiB]', '[GiB]')}\n{ROW_BARE}\n", "GiB"),
             (f"{HEADER}, index\n{ROW_BARE}, 0\n", "twice"),
             (f"0, GPU-1\n{ROW_BARE}\n", "header"),
@@ -539,12 +533,46 @@ class TestRefusals:
             ("\x00\x01garbage\n", "header"),
             (f"{HEADER}\n{ROW_BARE}\n{ROW_BARE}\n", "second row for GPU 0"),  # one GPU twice: whose reading?
             (f"{HEADER}\n{ROW_BARE}\n{with_cell(ROW_BARE, 0, '1')}\n", "second row for GPU GPU-"),  # one UUID twice
+            # A damaged row that names a GPU another row reads: which of the two is that GPU's?
+            (f"{HEADER}\n{ROW_BARE}\n{with_cell(ROW_BARE, 3, 'x')}\n", "second row for GPU 0"),
+            (f"{HEADER}\n{ROW_BARE}\n{with_cell(ROW_BARE, 0, '1')[:-4]}\n", "damaged second row for GPU GPU-1"),
         ],
     )
     def test_query_gpu_refuses(self, text: str, match: str) -> None:
         with pytest.raises(SmiParseError, match=match) as info:
             parse_query_gpu(text)
         assert info.value.line_no >= 1
+
+    @pytest.mark.parametrize(
+        ("row", "match", "readable"),
+        [
+            (ROW1_BARE[:-9], "columns", (1, "GPU-2")),  # a cell lost
+            (f"{ROW1_BARE}, 7", "columns", (1, "GPU-2")),  # a cell too many (no free-text column)
+            (with_cell(ROW1_BARE, 3, "1O"), "whole number", (1, "GPU-2")),
+            (with_cell(ROW1_BARE, 3, "-1"), "whole number", (1, "GPU-2")),
+            (with_cell(ROW1_BARE, 3, "1.5"), "whole number", (1, "GPU-2")),
+            (with_cell(ROW1_BARE, 3, "1,5"), "columns", (1, "GPU-2")),  # a localised decimal comma
+            (with_cell(ROW1_BARE, 3, "10 MHz"), "whole number", (1, "GPU-2")),
+            (with_cell(ROW1_BARE, 3, ""), "whole number", (1, "GPU-2")),
+            (with_cell(ROW1_BARE, 3, "99999999999999999999999"), "whole number", (1, "GPU-2")),  # 23 digits
+            (with_cell(ROW1_BARE, 7, "5"), "hex", (1, "GPU-2")),
+            (with_cell(ROW1_BARE, 8, "maybe"), "Yes/No", (1, "GPU-2")),
+            (with_cell(ROW1_BARE, 1, "not-a-uuid"), "UUID", (1, None)),
+            (with_cell(ROW1_BARE, 0, "one"), "whole number", (None, "GPU-2")),
+            ("1 GPU-2, 1000, 10", "columns", (None, None)),  # nothing of it can be read
+        ],
+    )
+    def test_a_damaged_row_fails_its_gpu_alone(
+        self, row: str, match: str, readable: tuple[int | None, str | None]
+    ) -> None:
+        # GPU 1's row cannot be read: GPU 1 fails (with the error, and what of the row tells whose it is), never read
+        # as data; GPU 0 still reports. NVML fails one GPU alone in the same way.
+        records, failures = parse_query_gpu(f"{HEADER}\n{ROW_BARE}\n{row}\n")
+        assert [r.uuid for r in records] == ["GPU-1"]
+        (failure,) = failures
+        assert (failure.index, failure.uuid) == readable
+        assert isinstance(failure.error, SmiParseError) and re.search(match, failure.error.reason)
+        assert (failure.line_no, failure.line) == (3, row)
 
     def test_header_must_match_the_request(self) -> None:
         with pytest.raises(SmiParseError, match="does not match"):
@@ -559,10 +587,10 @@ class TestRefusals:
             parse_table("0, 1\n", {}, header=False)
 
     def test_error_carries_line_number_and_line(self) -> None:
-        with pytest.raises(SmiParseError) as info:
-            parse_query_gpu(f"{HEADER}\n{ROW_BARE}\n{with_cell(ROW_BARE, 2, 'x')}\n")
-        assert info.value.line_no == 3
-        assert info.value.line == with_cell(ROW_BARE, 2, "x")
+        bad = with_cell(ROW1_BARE, 2, "x")
+        _, (failure,) = parse_query_gpu(f"{HEADER}\n{ROW_BARE}\n{bad}\n")
+        assert isinstance(failure.error, SmiParseError)
+        assert (failure.error.line_no, failure.error.line) == (3, bad)
 
     @pytest.mark.parametrize(
         "row",
@@ -573,9 +601,15 @@ class TestRefusals:
             "GPU-1, 7, name, 5.5",
         ],
     )
-    def test_compute_apps_refuses(self, row: str) -> None:
-        with pytest.raises(SmiParseError):
-            parse_compute_apps(f"gpu_uuid, pid, process_name, used_gpu_memory [MiB]\n{row}\n")
+    def test_compute_apps_row_that_cannot_be_read_fails_its_gpu(self, row: str) -> None:
+        listing = parse_compute_apps(f"gpu_uuid, pid, process_name, used_gpu_memory [MiB]\nGPU-2, 8, b, 1\n{row}\n")
+        assert isinstance(listing.failed["GPU-1"], SmiParseError)
+        assert "GPU-1" not in listing.by_gpu and [p.pid for p in listing.by_gpu["GPU-2"]] == [8]
+        assert listing.unattributed is None
+
+    def test_compute_apps_row_naming_no_gpu_makes_every_list_unknown(self) -> None:
+        listing = parse_compute_apps("gpu_uuid, pid, process_name, used_gpu_memory [MiB]\nGPU-2, 8, b, 1\nGPU 1 7\n")
+        assert listing.unattributed is not None and "line 3" in listing.unattributed
 
     @pytest.mark.parametrize(
         "text",
@@ -594,9 +628,21 @@ class TestRefusals:
             "Driver Version : 1\nGPU 0000:01:00.0\n    Processes : None",  # cut short
         ],
     )
-    def test_q_pids_refuses(self, text: str) -> None:
-        with pytest.raises(SmiParseError):
-            parse_pids_query(text)
+    def test_q_pids_gpu_block_that_cannot_be_read_fails_that_gpu_alone(self, text: str) -> None:
+        if "Driver Version" not in text or not text.endswith("\n"):
+            with pytest.raises(SmiParseError):  # not -q output at all, or cut short: nothing of it is read
+                parse_pids_query(text)
+            return
+        other = "GPU 0000:02:00.0\n    Processes : None\n"
+        for whole in (text + other, text.replace("GPU 0000:01", other + "GPU 0000:01")):
+            listing = parse_pids_query(whole)
+            assert isinstance(listing.failed["00000000:01:00.0"], SmiParseError)
+            assert "00000000:01:00.0" not in listing.compute  # never an empty (idle) list
+            assert listing.compute["00000000:02:00.0"] == ()  # the other GPU, before or after it, still reads
+
+    def test_q_pids_header_that_cannot_be_read_refuses_everything(self) -> None:
+        with pytest.raises(SmiParseError, match="key : value"):
+            parse_pids_query("Driver Version : 1\n??? garbage\nGPU 0000:01:00.0\n    Processes : None\n")
 
     def test_unknown_retirement_cause_is_refused(self) -> None:
         with pytest.raises(SmiParseError, match="cause"):
@@ -604,22 +650,29 @@ class TestRefusals:
 
 
 class TestCorruptData:
+    # Each impossible value fails its GPU alone (as NVML's CorruptData does), never the others, never read as data.
     def test_used_above_total(self) -> None:
-        with pytest.raises(CorruptData, match="exceed"):
-            parse_query_gpu("index, uuid, memory.total, memory.used, memory.free\n0, GPU-1, 10, 11, 0\n")
+        records, (failure,) = parse_query_gpu(
+            "index, uuid, memory.total, memory.used, memory.free\n0, GPU-1, 10, 11, 0\n1, GPU-2, 10, 1, 9\n"
+        )
+        assert [r.uuid for r in records] == ["GPU-2"]
+        assert (failure.index, failure.uuid) == (0, "GPU-1")
+        assert isinstance(failure.error, CorruptData) and "exceed" in str(failure.error)
 
     @pytest.mark.parametrize("pid", ["0", "4194305"])
     def test_impossible_pid_csv(self, pid: str) -> None:
-        with pytest.raises(CorruptData, match="impossible"):
-            parse_compute_apps(f"gpu_uuid, pid, used_gpu_memory\nGPU-1, {pid}, 1\n")
+        listing = parse_compute_apps(f"gpu_uuid, pid, used_gpu_memory\nGPU-1, {pid}, 1\nGPU-2, 5, 1\n")
+        assert isinstance(listing.failed["GPU-1"], CorruptData) and "impossible" in str(listing.failed["GPU-1"])
+        assert "GPU-1" not in listing.by_gpu and [p.pid for p in listing.by_gpu["GPU-2"]] == [5]
 
     def test_impossible_pid_q(self) -> None:
         text = (
             "Driver Version : 1\nGPU 0000:01:00.0\n    Processes\n        Process ID : 0\n            Type : C\n"
-            "            Used GPU Memory : 1 MiB\n"
+            "            Used GPU Memory : 1 MiB\nGPU 0000:02:00.0\n    Processes : None\n"
         )
-        with pytest.raises(CorruptData):
-            parse_pids_query(text)
+        listing = parse_pids_query(text)
+        assert isinstance(listing.failed["00000000:01:00.0"], CorruptData)
+        assert "00000000:01:00.0" not in listing.compute and listing.compute["00000000:02:00.0"] == ()
 
     def test_process_using_more_than_the_gpu_has(self) -> None:
         r = one_gpu("index, uuid, memory.total, memory.used, memory.free\n0, GPU-1, 10, 1, 9\n")

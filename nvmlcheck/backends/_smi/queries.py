@@ -12,7 +12,7 @@ Rules and reasons: docs/backends.md, "How nvidia-smi output is read".
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Final
 
@@ -32,7 +32,7 @@ from ...model import (
     unknown_key,
 )
 from .aliases import COMPUTE_APPS_ALIASES, QUERY_GPU_ALIASES, REMAPPED_ROWS_ALIASES, RETIRED_PAGES_ALIASES
-from .table import HEX, Cells, Table, known, parse_table
+from .table import HEX, UUID_TEXT, Cells, Row, Table, known, parse_table
 from .text import HandleFailure, Unavailable, check_pid, code_for_message, is_uint, placeholder, strip_deprecation
 
 __all__ = [
@@ -129,28 +129,29 @@ def parse_query_gpu(
     """Parse ``nvidia-smi --query-gpu=... --format=csv[,nounits]``.
 
     ``index`` and ``uuid`` must be among the columns. A row whose UUID is a placeholder (``[GPU requires reset]``)
-    becomes a :class:`HandleFailure`, as do ``Unable to determine the device handle`` lines. A second row for one
-    index or one UUID is refused (:class:`~nvmlcheck.SmiParseError`).
+    becomes a :class:`HandleFailure`, as do ``Unable to determine the device handle`` lines, and a row that cannot be
+    read (a cell that is no value, a value that cannot be true, the wrong number of columns): its failure carries the
+    error and whatever of its index and UUID could be read, so that GPU alone fails (as with NVML) and the others still
+    report. A second row for one index or one UUID is refused (:class:`~nvmlcheck.SmiParseError`), and so is a
+    damaged row that claims a GPU another row reads.
     """
-    table = parse_table(text, QUERY_GPU_ALIASES, requested, header=header)
+    table = parse_table(text, QUERY_GPU_ALIASES, requested, header=header, keep_bad_rows=True)
     for needed in ("index", "uuid"):
         if not table.has(needed):
             raise SmiParseError(f"--query-gpu output lacks the {needed} column", 1, "")
     records: list[GpuRecord] = []
     failures = list(table.failures)
+    damaged: list[HandleFailure] = [_damaged_row(table, row, exc) for row, exc in table.bad_rows]
     seen: set[int | str] = set()
     for row in table.rows:
         cells = Cells(table, row)
-        index = cells.uint("index")
-        uuid = cells.uuid("uuid")
-        if isinstance(index, Unavailable):
-            raise cells.fail(f"index is {index.text}: the row cannot be attributed to a GPU")
-        # One row per GPU: a second row for an index or a UUID would make one GPU's reading another's.
-        for key in (index, uuid):
-            if key in seen:
-                raise cells.fail(f"a second row for GPU {key}")
-            if not isinstance(key, Unavailable):
-                seen.add(key)
+        try:
+            index = cells.uint("index")
+            uuid = cells.uuid("uuid")
+        except SmiParseError as exc:
+            damaged.append(_damaged_row(table, row, exc))
+            continue
+        index = _check_owner(cells, index, uuid, seen)
         if isinstance(uuid, Unavailable):
             pci = cells.pci("pci.bus_id") if table.has("pci.bus_id") else None
             failures.append(
@@ -164,8 +165,46 @@ def parse_query_gpu(
                 )
             )
             continue
-        records.append(_gpu_record(table, cells, index, uuid))
-    return tuple(records), tuple(failures)
+        try:
+            records.append(_gpu_record(table, cells, index, uuid))
+        except (SmiParseError, CorruptData) as exc:
+            failures.append(_damaged_row(table, row, exc, index, uuid))  # its index and UUID were checked above
+    for hf in damaged:
+        # A damaged row that names a GPU another row reads: nvidia-smi contradicts itself about that GPU.
+        for key in (hf.index, hf.uuid):
+            if key is not None and key in seen:
+                raise SmiParseError(f"a damaged second row for GPU {key}", hf.line_no, hf.line)
+            if key is not None:
+                seen.add(key)
+    return tuple(records), (*failures, *damaged)
+
+
+
+def _check_owner(cells: Cells, index: int | Unavailable, uuid: str | Unavailable, seen: set[int | str]) -> int:
+    """The row's index, once it and the UUID are known to name a GPU no row before it named (``seen``, updated)."""
+    if isinstance(index, Unavailable):
+        raise cells.fail(f"index is {index.text}: the row cannot be attributed to a GPU")
+    # One row per GPU: a second row for an index or a UUID would make one GPU's reading another's.
+    for key in (index, uuid):
+        if key in seen:
+            raise cells.fail(f"a second row for GPU {key}")
+        if not isinstance(key, Unavailable):
+            seen.add(key)
+    return index
+
+
+def _damaged_row(
+    table: Table, row: Row, error: SmiParseError | CorruptData, index: int | None = None, uuid: str | None = None
+) -> HandleFailure:
+    """A row that could not be read, as the failure of whichever GPU its index or UUID still names."""
+    if index is None:
+        raw = table.leading_cell(row, "index")
+        index = int(raw) if raw is not None and is_uint(raw) else None
+    if uuid is None:
+        raw = table.leading_cell(row, "uuid")
+        uuid = raw if raw is not None and UUID_TEXT.fullmatch(raw) else None
+    reason = error.reason if isinstance(error, SmiParseError) else error.message
+    return HandleFailure(row.line_no, row.line, None, index, f"its row could not be read: {reason}", 999, uuid, error)
 
 
 def _optional_text(table: Table, cells: Cells, name: str, key: str, unknown: dict[str, str]) -> str | None:
@@ -343,12 +382,15 @@ def _remapped(cells: Cells, unknown: dict[str, str]) -> RemappedRows | None:
 class ProcessListing:
     """Processes by GPU (UUID for CSV, PCI bus id for ``-q``), in the order nvidia-smi printed them.
 
-    ``unattributed`` is set when a row could not be tied to a GPU (its UUID or PID a placeholder): then no GPU's list
-    can be trusted to be complete, and the caller reports every list as unknown with this reason.
+    ``unattributed`` is set when a row could not be tied to a GPU (its UUID or PID a placeholder, or a damaged row
+    whose UUID cannot be read): then no GPU's list can be trusted to be complete, and the caller reports every list
+    as unknown with this reason. ``failed`` maps a GPU to the error of a row of its own that could not be read (an
+    impossible PID, a cell that is no value): that GPU could not be read, and it has no entry in ``by_gpu``.
     """
 
     by_gpu: Mapping[str, tuple[GpuProcess, ...]]
     unattributed: str | None = None
+    failed: Mapping[str, SmiParseError | CorruptData] = field(default_factory=dict)
 
 
 _APPS_REQUIRED = ("gpu_uuid", "pid", "used_gpu_memory")
@@ -360,24 +402,37 @@ def parse_compute_apps(text: str, requested: Sequence[str] | None = None, *, hea
     ``used_gpu_memory`` ``[N/A]`` (WDDM, some MIG and container setups) becomes ``used_bytes=None``, never 0. A header
     with no rows means "no compute process" (nvidia-smi said so); with ``header=False`` empty output means the same.
     """
-    table = parse_table(text, COMPUTE_APPS_ALIASES, requested, header=header)
+    table = parse_table(text, COMPUTE_APPS_ALIASES, requested, header=header, keep_bad_rows=True)
     for needed in _APPS_REQUIRED:
         if not table.has(needed):
             raise SmiParseError(f"--query-compute-apps output lacks the {needed} column", 1, "")
     by_gpu: dict[str, list[GpuProcess]] = {}
     unattributed: str | None = None
+    failed: dict[str, SmiParseError | CorruptData] = {}
+    damaged: list[tuple[Row, SmiParseError | CorruptData, str | None]] = [
+        (row, exc, table.leading_cell(row, "gpu_uuid")) for row, exc in table.bad_rows
+    ]
     for row in table.rows:
         cells = Cells(table, row)
-        uuid = cells.uuid("gpu_uuid")
-        pid = cells.uint("pid")
-        used = cells.mib_bytes("used_gpu_memory")
-        name = cells.text("process_name") if table.has("process_name") else None
+        try:
+            uuid = cells.uuid("gpu_uuid")
+        except SmiParseError as exc:
+            damaged.append((row, exc, None))
+            continue
+        try:
+            pid = cells.uint("pid")
+            used = cells.mib_bytes("used_gpu_memory")
+            name = cells.text("process_name") if table.has("process_name") else None
+            if isinstance(pid, int):
+                check_pid(pid, "nvidia-smi --query-compute-apps")
+        except (SmiParseError, CorruptData) as exc:
+            damaged.append((row, exc, uuid if isinstance(uuid, str) else None))
+            continue
         if isinstance(uuid, Unavailable) or isinstance(pid, Unavailable):
             bad = uuid if isinstance(uuid, Unavailable) else pid
             assert isinstance(bad, Unavailable)
             unattributed = f"line {row.line_no}: " + bad.reason("a compute process's gpu_uuid or pid")
             continue
-        check_pid(pid, "nvidia-smi --query-compute-apps")
         proc = GpuProcess(
             pid=pid,
             kind=ProcessKind.COMPUTE,
@@ -385,7 +440,18 @@ def parse_compute_apps(text: str, requested: Sequence[str] | None = None, *, hea
             name=name if isinstance(name, str) else None,
         )
         by_gpu.setdefault(uuid, []).append(proc)
-    return ProcessListing(MappingProxyType({k: tuple(v) for k, v in by_gpu.items()}), unattributed)
+    for row, error, owner in damaged:
+        if owner is None or UUID_TEXT.fullmatch(owner) is None:
+            # Whose process it was cannot be told: it may be on any GPU, whose list would then look shorter.
+            reason = error.reason if isinstance(error, SmiParseError) else error.message
+            unattributed = f"line {row.line_no} could not be read and names no GPU ({reason})"
+        else:
+            failed.setdefault(owner, error)
+    return ProcessListing(
+        MappingProxyType({k: tuple(v) for k, v in by_gpu.items() if k not in failed}),
+        unattributed,
+        MappingProxyType(failed),
+    )
 
 
 _CAUSES: Final[Mapping[str, RetirementCause]] = MappingProxyType(
