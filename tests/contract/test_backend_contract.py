@@ -432,3 +432,56 @@ def test_an_unsupported_uuid_fails_the_gpu_as_not_supported(open_backend: Opener
     (failure,) = snap.failures
     assert failure.index == 1 and failure.uuid is None
     assert type(failure.error) is nc.NotSupported  # the same class from NVML's code and nvidia-smi's [N/A]
+
+
+# --- an NVML error behind one value: what NVML answers, nvidia-smi prints as a placeholder; both read it alike -------
+
+# NVML return code -> (the failure's class, or None where the value is unknown with a reason and the GPU reports).
+FAULTS: dict[int, type[nc.NvmlCheckError] | None] = {
+    3: None,  # NOT_SUPPORTED ([N/A]): unknown, never 0
+    4: nc.NoPermission,  # [Insufficient Permissions]
+    15: nc.GpuLost,  # [GPU is lost]
+    16: nc.GpuRequiresReset,  # [GPU requires reset]
+    999: nc.Unknown,  # [Unknown Error]
+}
+
+
+@pytest.mark.parametrize("code", sorted(FAULTS))
+def test_memory_call_failing_reads_alike(open_backend: Opener, code: int) -> None:
+    sc = Scenario.h200(devices=2)
+    sc.fault("nvmlDeviceGetMemoryInfo_v2", code, device=1)
+    with open_backend(sc) as gpus:
+        snap = gpus.snapshot(fields=nc.Fields.WAIT)
+    failure_class = FAULTS[code]
+    assert snap.devices[0].index == 0 and snap.devices[0].memory is not None  # the other GPU reports
+    if failure_class is None:
+        (_, d1) = snap.devices
+        assert d1.memory is None and d1.why_unknown("memory") and snap.failures == ()
+        assert nc.default_predicate().evaluate(snap).satisfied is not True
+    else:
+        (failure,) = snap.failures
+        assert failure.index == 1 and type(failure.error) is failure_class
+        assert [d.index for d in snap.devices] == [0]
+    if failure_class is not None and not failure_class.TRANSIENT:
+        # A wait on it ends at its first poll with that error, as NVML's does: it never polls to its deadline.
+        slept: list[float] = []
+        with open_backend(sc) as gpus, pytest.raises(failure_class):
+            gpus.wait_until_clean(timeout=600, devices=[1], sleep=slept.append)
+        assert slept == []
+
+
+@pytest.mark.parametrize("field", ["name", "serial"])
+@pytest.mark.parametrize("code", [3, 4])
+def test_identity_call_failing_reads_alike(open_backend: Opener, field: str, code: int) -> None:
+    sc = Scenario.h200(devices=2)
+    sc.fault({"name": "nvmlDeviceGetName", "serial": "nvmlDeviceGetSerial"}[field], code, device=1)
+    with open_backend(sc) as gpus:
+        snap = gpus.snapshot(fields=nc.Fields.WAIT)
+    if field == "name" and code == 4 and snap.backend == "nvml":
+        # NVML reads the name with every identity read and fails a GPU whose name it may not read (the serial is
+        # optional); nvidia-smi's name is read once, when the backend opens, and is then unknown with the reason.
+        assert [d.index for d in snap.devices] == [0]
+        assert [type(f.error) for f in snap.failures] == [nc.NoPermission]
+        return
+    d1 = snap.device(1)
+    assert getattr(d1, field) is None and d1.why_unknown(field)

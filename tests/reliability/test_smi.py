@@ -98,7 +98,7 @@ def test_slow_but_alive_nvidia_smi_answers(smi: Smi) -> None:
 
 # --- placeholders, blank lines, CRLF, truncated lines, commas ----------------------------------------------------
 
-PLACEHOLDERS = ("[N/A]", "[Not Supported]", "[Unknown Error]", "[Insufficient Permissions]", "[GPU requires reset]")
+PLACEHOLDERS = ("[N/A]", "[Not Supported]")  # the others fail the GPU: tests/contract (memory_call_failing_reads_alike)
 
 
 @pytest.mark.parametrize("placeholder", PLACEHOLDERS)

@@ -400,6 +400,17 @@ class TestSyntheticRows:
     @pytest.mark.parametrize("placeholder", PLACEHOLDERS)
     @pytest.mark.parametrize("column", sorted(COLUMN_PARTS))
     def test_every_placeholder_in_every_column_is_none_with_its_reason(self, column: int, placeholder: str) -> None:
+        fails = placeholder == "[GPU requires reset]" or (
+            COLUMN_PARTS[column].startswith("memory") and placeholder not in ("[N/A]", "[Not Supported]", "N/A")
+        )
+        if fails:
+            # What NVML answers with an error failing the GPU (device scope anywhere; any but NOT_SUPPORTED from the
+            # memory call a wait judges) fails it here too, with that error's code: never a reading.
+            records, (failure,) = parse_query_gpu(f"{HEADER}\n{with_cell(ROW_BARE, column, placeholder)}\n")
+            assert records == () and (failure.index, failure.uuid) == (0, "GPU-1") and failure.error is None
+            assert placeholder in failure.message
+            assert failure.code == {"[Insufficient Permissions]": 4, "[GPU requires reset]": 16}.get(placeholder, 999)
+            return
         r = one_gpu(f"{HEADER}\n{with_cell(ROW_BARE, column, placeholder)}\n")
         key = COLUMN_PARTS[column]
         assert placeholder in r.unknown[key]

@@ -21,6 +21,10 @@ PLACEHOLDERS = ["[N/A]", "[Not Supported]", "[Unknown Error]", "[Insufficient Pe
                 "N/A"]  # fmt: skip
 pads = st.text(alphabet=" \t", max_size=3)
 placeholder = st.sampled_from(PLACEHOLDERS)
+# What may stand in a row that is still read (its GPU not failed): "not supported" in the memory columns (any other
+# placeholder there fails the GPU, as NVML's memory call failing does), and anything of no device scope elsewhere.
+memory_placeholder = st.sampled_from(["[N/A]", "[Not Supported]", "N/A"])
+value_placeholder = st.sampled_from([p for p in PLACEHOLDERS if p != "[GPU requires reset]"])
 uuids = st.uuids().map(lambda u: f"GPU-{u}")
 
 
@@ -152,7 +156,7 @@ def gpu_rows(draw: st.DrawFn) -> tuple[list[GpuRow], list[list[str]]]:
         mem_cells = [number(total, "MiB"), number(used, "MiB"), number(free, "MiB")]
         memory: tuple[int, int, int] | None = (total, used, free)
         if draw(st.booleans()):
-            mem_cells[draw(st.integers(0, 2))] = draw(placeholder)
+            mem_cells[draw(st.integers(0, 2))] = draw(memory_placeholder)
             memory = None
         reserved = draw(st.none() | st.integers(0, total))
         sm = draw(st.none() | st.integers(0, 5000))
@@ -164,10 +168,10 @@ def gpu_rows(draw: st.DrawFn) -> tuple[list[GpuRow], list[list[str]]]:
                 str(index),
                 rows[-1].uuid,
                 *mem_cells,
-                draw(placeholder) if reserved is None else number(reserved, "MiB"),
-                draw(placeholder) if sm is None else number(sm, "MHz"),
-                draw(placeholder) if reasons is None else f"0x{reasons:016x}",
-                draw(placeholder) if pending is None else ("Yes" if pending else "No"),
+                draw(memory_placeholder) if reserved is None else number(reserved, "MiB"),
+                draw(value_placeholder) if sm is None else number(sm, "MHz"),
+                draw(value_placeholder) if reasons is None else f"0x{reasons:016x}",
+                draw(value_placeholder) if pending is None else ("Yes" if pending else "No"),
             ]
         )
     return rows, cells

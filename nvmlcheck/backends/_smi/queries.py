@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Final
 
-from ...errors import CorruptData, SmiParseError
+from ...errors import CorruptData, SmiParseError, error_class_for_code
 from ...model import (
     MIB,
     ClockEventReason,
@@ -165,6 +165,14 @@ def parse_query_gpu(
                 )
             )
             continue
+        failing = _failing_placeholder(table, cells)
+        if failing is not None:
+            # What NVML's answer would make a failure of the GPU (a lost GPU; memory unreadable for want of
+            # permission, or an unknown error) fails it here too: a wait on it ends at once, or retries, as with NVML.
+            column, ph = failing
+            message = f"{column} reads {ph.text}: {ph.reason(column)}"
+            failures.append(HandleFailure(row.line_no, row.line, None, index, message, code_for_message(ph.text), uuid))
+            continue
         try:
             records.append(_gpu_record(table, cells, index, uuid))
         except (SmiParseError, CorruptData) as exc:
@@ -178,6 +186,24 @@ def parse_query_gpu(
                 seen.add(key)
     return tuple(records), (*failures, *damaged)
 
+
+
+# Columns read by the one NVML call whose failure fails the GPU (nvmlDeviceGetMemoryInfo_v2): a wait judges them.
+_JUDGED_COLUMNS: Final = frozenset({*("memory.total", "memory.used", "memory.free"), "memory.reserved"})
+
+
+def _failing_placeholder(table: Table, cells: Cells) -> tuple[str, Unavailable] | None:
+    """The first placeholder of the row that stands for an NVML error failing the whole GPU, with its column: one of
+    device scope anywhere (``[GPU is lost]``, ``[GPU requires reset]``), or any but "not supported" in a column a wait
+    judges (``[Insufficient Permissions]``, ``[Unknown Error]``). Others leave their value ``None`` with the reason."""
+    for column in table.columns:
+        ph = placeholder(cells.raw(column.name))
+        if ph is None:
+            continue
+        scope = error_class_for_code(code_for_message(ph.text)).SCOPE
+        if scope == "device" or (scope == "read" and column.name in _JUDGED_COLUMNS):
+            return column.name, ph
+    return None
 
 
 def _check_owner(cells: Cells, index: int | Unavailable, uuid: str | Unavailable, seen: set[int | str]) -> int:
