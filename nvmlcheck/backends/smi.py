@@ -69,7 +69,10 @@ def _words(value: Sequence[str] | str | None, default: Sequence[str]) -> tuple[s
     """A command given as a list is used as is; a string is split like a POSIX shell would (no shell runs it)."""
     if value is None:
         return tuple(default)
-    words = tuple(shlex.split(value)) if isinstance(value, str) else tuple(value)
+    try:
+        words = tuple(shlex.split(value)) if isinstance(value, str) else tuple(value)
+    except ValueError as exc:  # an unclosed quote: the caller's argument, not a failure of nvidia-smi
+        raise ArgumentError(f"command {value!r} does not split into words: {exc}") from None
     if not all(isinstance(w, str) for w in words):
         raise ArgumentTypeError(f"command words must be strings, got {value!r}")
     return words
