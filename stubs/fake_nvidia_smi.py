@@ -256,7 +256,8 @@ def apply_mig(state: State, pairs: dict[str, str], line_no: int) -> None:
 FAULT_FIELDS = {
     "nvmlDeviceGetMemoryInfo_v2": "memory", "nvmlDeviceGetMemoryInfo": "memory", "nvmlDeviceGetName": "name",
     "nvmlDeviceGetUUID": "uuid", "nvmlDeviceGetSerial": "serial", "nvmlDeviceGetPciInfo_v3": "pci",
-    "nvmlDeviceGetPciInfo_v2": "pci",
+    "nvmlDeviceGetPciInfo_v2": "pci", "nvmlDeviceGetComputeRunningProcesses_v3": "processes",
+    "nvmlDeviceGetGraphicsRunningProcesses_v3": "processes", "nvmlDeviceGetMPSComputeRunningProcesses_v3": "processes",
 }  # fmt: skip
 # What nvidia-smi prints in place of a value for an NVML return code (3, NOT_SUPPORTED: the placeholder in use).
 FAULT_TEXT = {4: "[Insufficient Permissions]", 15: "[GPU is lost]", 16: "[GPU requires reset]"}
@@ -674,6 +675,10 @@ def query_pids(view: View, devices: list[Dev], full: bool = False) -> tuple[str,
         out.append(f"GPU {dev['pci']}")
         if full:
             out += full_q_sections(view, dev)
+        failed = view.failed(dev, "processes")  # -q prints a process list it could not read as one placeholder
+        if failed is not None:
+            out.append(kv(4, "Processes", "N/A" if failed == view.placeholder else failed, 55))
+            continue
         if view.unsupported(dev, "processes.compute", "processes.graphics", "processes.mps"):
             out.append(kv(4, "Processes", "N/A", 55))
             continue

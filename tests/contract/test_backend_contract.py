@@ -485,3 +485,21 @@ def test_identity_call_failing_reads_alike(open_backend: Opener, field: str, cod
         return
     d1 = snap.device(1)
     assert getattr(d1, field) is None and d1.why_unknown(field)
+
+
+@pytest.mark.parametrize("code", sorted(FAULTS))
+def test_process_list_call_failing_reads_alike(open_backend: Opener, code: int) -> None:
+    sc = Scenario.h200(devices=2)
+    sc.add_process(0, 4_100_001, used_bytes=GIB)
+    sc.fault("nvmlDeviceGetComputeRunningProcesses_v3", code, device=1)
+    with open_backend(sc) as gpus:
+        snap = gpus.snapshot(fields=nc.Fields.WAIT)
+    assert [p.pid for p in snap.device(0).processes or ()] == [4_100_001]  # the other GPU reports
+    failure_class = FAULTS[code]
+    if failure_class is None:  # not supported: unknown with the reason (nvidia-smi prints one N/A for all three)
+        d1 = snap.device(1)
+        assert d1.compute_processes is None and d1.processes is None and d1.why_unknown("processes.compute")
+        assert nc.default_predicate().evaluate(snap).satisfied is not True
+    else:
+        (failure,) = snap.failures
+        assert failure.index == 1 and type(failure.error) is failure_class

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Final
 
-from ...errors import CorruptData, SmiParseError
+from ...errors import CorruptData, NvmlCheckError, SmiParseError, error_class_for_code
 from ...model import MIB, GpuProcess, Memory, MigDevice, ProcessKind
 from .text import (
     GPU_ERROR_LINE,
@@ -27,6 +27,7 @@ from .text import (
     HandleFailure,
     Unavailable,
     check_pid,
+    code_for_message,
     handle_failure_line,
     is_uint,
     normalize_pci_bus_id,
@@ -62,9 +63,10 @@ class PidsListing:
     mig_devices: Mapping[str, tuple[MigDevice, ...]] = field(default_factory=dict)
     #: GPU -> why its ``MIG Device`` blocks could not be read (they are then left out of ``mig_devices``).
     mig_unknown: Mapping[str, str] = field(default_factory=dict)
-    #: GPU -> the error its block raised (a line not understood, an impossible PID or amount): that GPU could not be
-    #: read, as when NVML answers it with corrupt data; it is left out of the three lists, the others still stand.
-    failed: Mapping[str, SmiParseError | CorruptData] = field(default_factory=dict)
+    #: GPU -> the error its block raised (a line not understood, an impossible PID or amount), or the NVML error its
+    #: ``Processes`` placeholder stands for where NVML's would fail the GPU (``[Insufficient Permissions]``, ``[GPU is
+    #: lost]``): that GPU could not be read; it is left out of the three lists, the others still stand.
+    failed: Mapping[str, NvmlCheckError] = field(default_factory=dict)
 
 
 class _Unattributable(Exception):
@@ -119,7 +121,7 @@ class _PidsParser:
         self.mig_indent: int | None = None  # indentation of the open "MIG Device" title
         self.mig_entry: dict[str, str] = {}
         self.mig_line: tuple[int, str] = (0, "")
-        self.failed: dict[str, SmiParseError | CorruptData] = {}  # GPU -> the first error its block raised
+        self.failed: dict[str, NvmlCheckError] = {}  # GPU -> the first error its block raised
 
     def fail_gpu(self, error: SmiParseError | CorruptData) -> None:
         """Record ``error`` against the open GPU block (re-raised outside one: the header is everyone's) and drop the
@@ -295,6 +297,12 @@ class _PidsParser:
         self.seen_section = True
         ph = placeholder(value)
         if ph is not None:
+            code = code_for_message(ph.text)
+            error_class = error_class_for_code(code)
+            if error_class.SCOPE != "value":
+                # As NVML fails a GPU whose process list answers NO_PERMISSION, UNKNOWN, GPU_IS_LOST, ...
+                self.failed.setdefault(gpu, error_class(code, "nvidia-smi -q", None, ph.reason("Processes")))
+                return
             # The process lists could not be read (not supported here): unknown, not empty.
             self.unknown[gpu] = ph.reason("Processes")
         elif value == "":
