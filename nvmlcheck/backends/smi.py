@@ -414,6 +414,7 @@ class SmiBackend:
         self._displaced: dict[int, str] = {}  # nvidia-smi index -> who is there now (for the failure of that index)
         self._printed_index: dict[int, int] = {}  # this pass: pinned index -> the index nvidia-smi printed
         self._strangers: set[str] = set()  # UUIDs nvidia-smi listed that could not be pinned (their index was taken)
+        self._no_devices = False  # this pass: nvidia-smi said "No devices were found" (every GPU is gone)
         try:
             self._open()
         except BackendUnavailable:
@@ -583,6 +584,7 @@ class SmiBackend:
             gpu_fields = self._refuse(refused, gpu_fields, gpu_result)
             gpu_result = self._run((*select_args, "--query-gpu=" + ",".join(gpu_fields), _FORMAT), deadline)
         renumbered = self._renumbered
+        self._no_devices = False
         records, handle_failures = self._parse_gpus(gpu_result, gpu_fields, deadline)
         if self._renumbered and not renumbered and select_args:
             # This pass asked nvidia-smi for GPUs by numbers that now name others: read again, every GPU.
@@ -597,7 +599,7 @@ class SmiBackend:
             self._mig_seen = mig_jobs = True
             results = [gpu_result, *self._run_many([(*select_args, *self._process_args()), ("-L",)], deadline)]
         unreadable: dict[str, NvmlCheckError] = {}  # UUID -> why that GPU's part of the output could not be read
-        lists = self._process_lists(results[1], records, unreadable) if Fields.PROCESSES in fields else {}
+        lists = self._process_lists(results[1], records, unreadable) if Fields.PROCESSES in fields and records else {}
         if mig_jobs:
             self._add_mig_uuids(results[2], records, lists)
         retired = self._retired_pages(records, select_args, deadline) if Fields.HEALTH in fields else {}
@@ -730,12 +732,17 @@ class SmiBackend:
         self, result: SmiResult, gpu_fields: Sequence[str], deadline: Deadline | None = None
     ) -> tuple[tuple[GpuRecord, ...], tuple[HandleFailure, ...]]:
         if result.returncode != 0 and not has_handle_failure(result.output):
-            if not self._renumbered and _NO_DEVICES_TEXT in result.output.lower() and "-i" in result.command:
+            no_devices = result.returncode == 6 and _NO_DEVICES_TEXT in result.output.lower()
+            if no_devices and "-i" not in result.command:
+                # Every GPU is gone (each pinned one is then GpuLost, as NVML's handles would answer), not the backend.
+                self._no_devices = True
+                return (), ()
+            if not self._renumbered and no_devices:
                 # -i N names no GPU any more: the GPUs may have been renumbered (one vanished). Every GPU is read to
                 # tell; if they were, the caller reads again without -i.
                 every = self._run(("--query-gpu=index,uuid", _FORMAT), deadline)
                 self._parse_gpus(every, ("index", "uuid"), deadline)
-                if self._renumbered:
+                if self._renumbered or self._no_devices:
                     return (), ()
             _raise_for(result, self._prefixed)
         # Some GPUs could not be read; nvidia-smi still printed the others (exit 15 for a lost one).
@@ -971,6 +978,8 @@ class SmiBackend:
         error: Exception
         if hf is None and index in self._displaced:
             error = GpuLost(15, cmd, index, self._displaced[index])  # as NVML's handle of a GPU that went away
+        elif hf is None and self._no_devices:
+            error = GpuLost(15, cmd, index, "nvidia-smi lists no GPU now (No devices were found): it was removed")
         elif hf is not None and hf.error is not None:
             error = self._with_argv(hf.error, result)  # its row could not be read: never an idle GPU
         elif hf is None:
