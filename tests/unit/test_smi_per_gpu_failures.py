@@ -86,6 +86,7 @@ def assert_gpu1_alone_failed(snap: nc.Snapshot, error: type[Exception], text: st
         (row(1, used="1,5"), SmiParseError, "columns"),  # a localised decimal comma
         (row(1, used="99999999999999999999999"), SmiParseError, "not a whole number"),  # no 23-digit MiB
         (row(1, used="200000"), CorruptData, "exceed memory.total"),
+        (row(1).replace("143771", "99999999999999999999"), CorruptData, "more than 2^64 bytes"),  # 20 digits
     ],
 )
 def test_a_damaged_query_gpu_row_fails_its_gpu_alone(

@@ -315,6 +315,9 @@ def _ecc_and_recovery(
     return ecc, recovery
 
 
+_BYTES_MAX: Final = (1 << 64) - 1
+
+
 def _memory(table: Table, cells: Cells, index: int, unknown: dict[str, str]) -> Memory | None:
     # Every present cell is converted (and so checked) before any is judged: garbage in one column is refused even
     # when a placeholder in another makes the whole part unknown.
@@ -336,6 +339,9 @@ def _memory(table: Table, cells: Cells, index: int, unknown: dict[str, str]) -> 
         r = values["memory.reserved"]
         if known(r, "memory.reserved", unknown, "memory.reserved_bytes") and isinstance(r, int):
             reserved = r
+    if total > _BYTES_MAX:
+        # NVML's total is a 64-bit count of bytes: 20 digits of MiB that pass as a number are still no memory size.
+        raise CorruptData(f"memory.total {total // MIB} MiB is more than 2^64 bytes", "nvidia-smi --query-gpu", index)
     if used > total or free > total or (reserved is not None and reserved > total):
         raise CorruptData(
             f"memory.used {used // MIB} MiB / memory.free {free // MIB} MiB / memory.reserved "
