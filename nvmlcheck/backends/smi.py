@@ -354,6 +354,8 @@ class _Identity:
     minor_number: int | None = None  # from the driver's procfs list (._driver_procfs), when nvidia-smi is local
     #: Why a field above is None (a placeholder when it was read): each snapshot that reuses it gives the reason too.
     unknown: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    #: Why its identity row could not be read (a damaged row whose UUID still read): the GPU fails until it reads.
+    error: NvmlCheckError | None = None
 
 
 def _refused_field(result: SmiResult) -> str | None:
@@ -451,10 +453,15 @@ class SmiBackend:
             _raise_for(result, self._prefixed)
         with _parsing(result):
             records, failures = parse_query_gpu(result.stdout, _IDENTITY_FIELDS)
-        pinned = {i.uuid for i in self._identity.values() if i.uuid}
-        fresh = [r for r in records if r.uuid not in pinned]
-        taken = {i for i, ident in self._identity.items() if ident.uuid}
-        fresh = [r for r in fresh if r.index not in taken]  # a new GPU at a pinned index is not that GPU
+        def open_for(r: GpuRecord) -> bool:
+            """Whether ``r`` may be pinned: a GPU never pinned at an index not pinned yet (a new GPU at a pinned index
+            is not that GPU), or the GPU pinned there whose identity row could not be read before."""
+            ident = self._identity.get(r.index)
+            if ident is not None and ident.uuid:
+                return ident.error is not None and ident.uuid == r.uuid
+            return r.uuid not in self._pinned()
+
+        fresh = [r for r in records if open_for(r)]
         minors = self._minor_numbers(fresh) if fresh else {}
         first = not self._identity
         for r in fresh:
@@ -470,7 +477,11 @@ class SmiBackend:
             for hf in failures:
                 index = hf.index if hf.index is not None else next(gaps, None)
                 if index is not None and index not in self._identity:
-                    self._identity[index] = _Identity(index, "", None, hf.pci_bus_id, None)
+                    # A damaged row whose UUID reads is pinned with its error: that GPU fails (as NVML fails a GPU
+                    # whose identity it cannot read) until its identity reads, never seen as a GPU that moved.
+                    uuid = hf.uuid if hf.error is not None and hf.uuid else ""
+                    error = self._with_argv(hf.error, result) if uuid and hf.error is not None else None
+                    self._identity[index] = _Identity(index, uuid, None, hf.pci_bus_id, None, error=error)
         self._driver_version = next((r.driver_version for r in records if r.driver_version), self._driver_version)
 
     def _minor_numbers(self, records: Sequence[GpuRecord]) -> dict[int, int]:
@@ -586,6 +597,8 @@ class SmiBackend:
         renumbered = self._renumbered
         self._no_devices = False
         records, handle_failures = self._parse_gpus(gpu_result, gpu_fields, deadline)
+        if any(self._identity_error(r) is not None for r in records if r.index in selected):
+            self._load_identity(deadline)  # as NVML reads an identity it could not read again, every pass
         if self._renumbered and not renumbered and select_args:
             # This pass asked nvidia-smi for GPUs by numbers that now name others: read again, every GPU.
             return self.snapshot(indices, fields, deadline=deadline)
@@ -603,14 +616,41 @@ class SmiBackend:
         if mig_jobs:
             self._add_mig_uuids(results[2], records, lists)
         retired = self._retired_pages(records, select_args, deadline) if Fields.HEALTH in fields else {}
+        devices, read_failures = self._devices(
+            records, selected, fields, lists=lists, retired=retired, unreadable=unreadable
+        )
+        failures = self._failures(selected, devices, handle_failures, gpu_result, read_failures)
+        return Snapshot(
+            backend=self.name,
+            taken_ns=taken_ns,
+            duration_ns=time.monotonic_ns() - taken_ns,
+            wall_time=wall,
+            system=self.system(),
+            devices=tuple(devices),
+            failures=failures,
+        )
+
+    def _devices(
+        self,
+        records: Sequence[GpuRecord],
+        selected: Sequence[int],
+        fields: Fields,
+        *,
+        lists: Mapping[str, ProcessLists],
+        retired: Mapping[str, tuple[RetiredPage, ...] | str],
+        unreadable: Mapping[str, NvmlCheckError],
+    ) -> tuple[list[DeviceState], dict[int, DeviceFailure]]:
+        """Each selected GPU's reading, or its failure when a part of it could not be read (``unreadable``, its
+        identity, a process holding more than the GPU has)."""
         devices: list[DeviceState] = []
         extra = [(k if k == "mig" else f"health.{k}", v) for k, v in self._refused_reasons(fields)]
         read_failures: dict[int, DeviceFailure] = {}
         for record in records:
             if record.index not in selected:
                 continue
-            if record.uuid in unreadable:
-                read_failures[record.index] = DeviceFailure(record.index, record.uuid, unreadable[record.uuid])
+            error = unreadable.get(record.uuid) or self._identity_error(record)
+            if error is not None:
+                read_failures[record.index] = DeviceFailure(record.index, record.uuid, error)
                 continue
             ident = self._identity_for(record)
             known = self._identity.get(record.index)
@@ -632,16 +672,7 @@ class SmiBackend:
                 )
             except CorruptData as exc:  # a process using more than its GPU has: that GPU's reading is discarded
                 read_failures[record.index] = DeviceFailure(record.index, record.uuid, exc)
-        failures = self._failures(selected, devices, handle_failures, gpu_result, read_failures)
-        return Snapshot(
-            backend=self.name,
-            taken_ns=taken_ns,
-            duration_ns=time.monotonic_ns() - taken_ns,
-            wall_time=wall,
-            system=self.system(),
-            devices=tuple(devices),
-            failures=failures,
-        )
+        return devices, read_failures
 
     def _run_many(self, jobs: Sequence[Sequence[str]], deadline: Deadline | None) -> list[SmiResult]:
         """Runs started together, each given at most the time left before ``deadline`` (see the module docstring)."""
@@ -785,6 +816,11 @@ class SmiBackend:
             r.index = index
             out.append(r)
         return tuple(out)
+
+    def _identity_error(self, record: GpuRecord) -> NvmlCheckError | None:
+        """Why the identity pinned for ``record``'s GPU could not be read (``None``: it was)."""
+        ident = self._identity.get(record.index)
+        return ident.error if ident is not None and ident.uuid == record.uuid else None
 
     def _identity_for(self, record: GpuRecord) -> Mapping[str, str | None]:
         ident = self._identity.get(record.index)

@@ -170,3 +170,22 @@ def test_an_impossible_pid_in_compute_apps_fails_its_gpu_alone(replay: Replay) -
         snap = backend.snapshot(fields=Fields.WAIT)
     assert_gpu1_alone_failed(snap, CorruptData, "process id 0 is impossible")
     assert [p.pid for p in snap.device(0).compute_processes or ()] == [55]
+
+
+def test_a_damaged_identity_row_fails_its_gpu_until_it_reads(replay: Replay) -> None:
+    # GPU 1's PCI bus id is no bus id when the backend opens: GPU 1 fails (as NVML fails a GPU whose identity it cannot
+    # read), with that error, on every pass until its identity reads; it is never taken for a GPU that moved.
+    replay.gpus(row(0), row(1).replace("00000000:02:00.0", "bogus"), row(2))
+    with replay.open() as backend:
+        assert backend.device_count() == 3
+        for _ in range(2):
+            snap = backend.snapshot(fields=Fields.WAIT)
+            err = assert_gpu1_alone_failed(snap, SmiParseError, "'bogus' is not a PCI bus id")
+            assert "renumbered" not in str(err)
+        replay.gpus(row(0), row(1), row(2))  # it reads now
+        snap = backend.snapshot(fields=Fields.WAIT)
+        assert [d.index for d in snap.devices] == [0, 1, 2] and snap.failures == ()
+        d1 = snap.device(1)
+        assert (d1.uuid, d1.pci_bus_id, d1.name) == (uuid(1), "00000000:02:00.0", "NVIDIA H200")
+        assert d1.processes == ()
+        assert [d.index for d in backend.snapshot([1], Fields.WAIT).devices] == [1]  # -i still names it
