@@ -655,9 +655,20 @@ class TestRefusals:
         with pytest.raises(SmiParseError, match="key : value"):
             parse_pids_query("Driver Version : 1\n??? garbage\nGPU 0000:01:00.0\n    Processes : None\n")
 
-    def test_unknown_retirement_cause_is_refused(self) -> None:
-        with pytest.raises(SmiParseError, match="cause"):
-            parse_retired_pages("gpu_uuid, retired_pages.address, retired_pages.cause\nGPU-1, 0x1, Cosmic Ray\n")
+    def test_unknown_retirement_cause_makes_that_gpus_pages_unknown(self) -> None:
+        # As NVML leaves one health value unknown: the GPU's pages are None with the line, the other GPU's are read.
+        listing = parse_retired_pages(
+            "gpu_uuid, retired_pages.address, retired_pages.cause\nGPU-1, 0x1, Double Bit ECC\nGPU-1, 0x2, Cosmic Ray\n"
+            "GPU-2, 0x3, Single Bit ECC\nGPU-3, 0x4\n"
+        )
+        assert "GPU-1" not in listing.by_gpu and "line 3" in listing.unsupported["GPU-1"]
+        assert "cause" in listing.unsupported["GPU-1"]
+        assert "line 5" in listing.unsupported["GPU-3"] and "columns" in listing.unsupported["GPU-3"]
+        assert [p.address for p in listing.by_gpu["GPU-2"]] == [3]
+
+    def test_a_retired_page_row_naming_no_gpu_is_refused(self) -> None:
+        with pytest.raises(SmiParseError, match="columns"):
+            parse_retired_pages("gpu_uuid, retired_pages.address, retired_pages.cause\nGPU-1 0x1, Cosmic Ray\n")
 
 
 class TestCorruptData:

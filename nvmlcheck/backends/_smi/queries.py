@@ -503,22 +503,30 @@ class RetiredListing:
 def parse_retired_pages(text: str, requested: Sequence[str] | None = None, *, header: bool = True) -> RetiredListing:
     """Parse ``nvidia-smi --query-retired-pages=gpu_uuid,retired_pages.address,retired_pages.timestamp,
     retired_pages.cause --format=csv``. Addresses are hex or decimal; a timestamp that is not a whole number is kept
-    as ``None`` (the model's "not available")."""
-    table = parse_table(text, RETIRED_PAGES_ALIASES, requested, header=header)
+    as ``None`` (the model's "not available"). A row that cannot be read makes its GPU's pages unknown (in
+    ``unsupported``, with the line), as NVML leaves one health value unknown; a row naming no GPU is refused."""
+    table = parse_table(text, RETIRED_PAGES_ALIASES, requested, header=header, keep_bad_rows=True)
     for needed in ("gpu_uuid", "retired_pages.address", "retired_pages.cause"):
         if not table.has(needed):
             raise SmiParseError(f"--query-retired-pages output lacks the {needed} column", 1, "")
     pages: dict[str, list[RetiredPage]] = {}
     unsupported: dict[str, str] = {}
+    damaged: dict[str, str] = {}  # GPU -> why one of its rows could not be read
+    for row, error in table.bad_rows:
+        owner = table.leading_cell(row, "gpu_uuid")
+        if owner is None or UUID_TEXT.fullmatch(owner) is None:
+            raise error
+        damaged.setdefault(owner, f"nvidia-smi --query-retired-pages line {row.line_no}: {error.reason}")
     for row in table.rows:
         cells = Cells(table, row)
         uuid = cells.uuid("gpu_uuid")
         if isinstance(uuid, Unavailable):
             raise cells.fail("a retired page row without a GPU UUID")
-        cause_text = cells.text("retired_pages.cause")
-        if isinstance(cause_text, Unavailable) or cause_text not in _CAUSES:
-            raise cells.fail(f"retired_pages.cause {cells.raw('retired_pages.cause')!r} is not a known cause")
-        address = _address(cells)
+        try:
+            cause, address = _cause(cells), _address(cells)
+        except SmiParseError as exc:
+            damaged.setdefault(uuid, f"nvidia-smi --query-retired-pages line {row.line_no}: {exc.reason}")
+            continue
         if isinstance(address, Unavailable):
             unsupported[uuid] = address.reason("retired_pages.address")
             continue
@@ -528,13 +536,23 @@ def parse_retired_pages(text: str, requested: Sequence[str] | None = None, *, he
             # rather than being converted with a guessed time zone.
             raw_stamp = cells.raw("retired_pages.timestamp")
             stamp = int(raw_stamp) if is_uint(raw_stamp) else None
-        pages.setdefault(uuid, []).append(RetiredPage(address, _CAUSES[cause_text], stamp))
+        pages.setdefault(uuid, []).append(RetiredPage(address, cause, stamp))
     for uuid in unsupported:
         if uuid in pages:
             raise SmiParseError(f"GPU {uuid} lists retired pages and placeholder rows", 1, "")
+    for uuid, why in damaged.items():
+        pages.pop(uuid, None)  # a list with a row missing is no list
+        unsupported[uuid] = why
     return RetiredListing(
         MappingProxyType({k: tuple(v) for k, v in pages.items()}), MappingProxyType(dict(unsupported))
     )
+
+
+def _cause(cells: Cells) -> RetirementCause:
+    text = cells.text("retired_pages.cause")
+    if isinstance(text, Unavailable) or text not in _CAUSES:
+        raise cells.fail(f"retired_pages.cause {cells.raw('retired_pages.cause')!r} is not a known cause")
+    return _CAUSES[text]
 
 
 def _address(cells: Cells) -> int | Unavailable:
