@@ -4,7 +4,11 @@ nvmlcheck). Memory agrees to nvidia-smi's granularity: it prints whole MiB, roun
 
 Where the backends legitimately differ, the contract says so explicitly: nvidia-smi has no NVML version string, no
 max video clock and no minor number of its own (the driver's procfs list gives it on a real host; the fake GPUs
-are in none).
+are in none), and it reads a GPU's name once, when the backend opens (a name it may not read is then unknown, where
+NVML fails the GPU).
+
+NVML errors are played on both sides by the scenario's sticky ``fault`` lines: the stub answers the call with the
+code, the fake nvidia-smi prints the placeholder nvidia-smi prints for it (``[Insufficient Permissions]``, ...).
 """
 
 from __future__ import annotations
