@@ -696,6 +696,13 @@ class TestCorruptData:
         assert isinstance(listing.failed["00000000:01:00.0"], CorruptData)
         assert "00000000:01:00.0" not in listing.compute and listing.compute["00000000:02:00.0"] == ()
 
+    def test_clock_beyond_32_bits(self) -> None:
+        row = with_cell(ROW1_BARE, 6, "4294967296")  # NVML's clocks are unsigned int
+        records, (failure,) = parse_query_gpu(f"{HEADER}\n{ROW_BARE}\n{row}\n")
+        assert [r.uuid for r in records] == ["GPU-1"] and (failure.index, failure.uuid) == (1, "GPU-2")
+        assert isinstance(failure.error, CorruptData) and "2^32" in str(failure.error)
+        assert one_gpu(f"{HEADER}\n{with_cell(ROW_BARE, 6, '4294967295')}\n").clocks is not None
+
     def test_process_using_more_than_the_gpu_has(self) -> None:
         r = one_gpu("index, uuid, memory.total, memory.used, memory.free\n0, GPU-1, 10, 1, 9\n")
         lists = ProcessLists((GpuProcess(5, ProcessKind.COMPUTE, 11 * MIB),), (), ())

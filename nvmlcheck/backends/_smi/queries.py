@@ -316,6 +316,7 @@ def _ecc_and_recovery(
 
 
 _BYTES_MAX: Final = (1 << 64) - 1
+_MHZ_MAX: Final = (1 << 32) - 1
 
 
 def _memory(table: Table, cells: Cells, index: int, unknown: dict[str, str]) -> Memory | None:
@@ -369,6 +370,9 @@ def _clock_set(table: Table, cells: Cells, group: str, unknown: dict[str, str]) 
             )
             continue
         v = cells.uint(name)
+        if isinstance(v, int) and v > _MHZ_MAX:
+            # NVML's clocks are 32-bit: a number beyond is a misread, not a clock.
+            raise CorruptData(f"{name} {v} MHz is more than 2^32 - 1", "nvidia-smi --query-gpu")
         values[attr] = v if known(v, name, unknown, key) and isinstance(v, int) else None
     return ClockSet(**values)
 
