@@ -26,7 +26,7 @@ from nvmlcheck.backends.smi_csv import (
     parse_table,
     parse_version_output,
 )
-from nvmlcheck.errors import CorruptData, SmiParseError
+from nvmlcheck.errors import CorruptData, GpuLost, NoPermission, SmiParseError, Unknown
 from nvmlcheck.model import (
     MIB,
     ClockEventReason,
@@ -739,3 +739,31 @@ class TestBuildDeviceState:
         assert state.compute_processes == lists.compute
         assert state.processes is None
         assert state.why_unknown("processes.graphics") == "why"
+
+
+@pytest.mark.parametrize(
+    ("value", "failure"),
+    [
+        ("N/A", None),
+        ("[N/A]", None),
+        ("Not Supported", None),  # a bare phrase, as -q prints where a number belongs
+        ("[Not Supported]", None),
+        ("[Insufficient Permissions]", NoPermission),
+        ("Insufficient Permissions", NoPermission),
+        ("[Unknown Error]", Unknown),
+        ("[GPU is lost]", GpuLost),
+    ],
+)
+def test_q_processes_placeholder_is_unknown_or_fails_the_gpu_as_nvml_would(
+    value: str, failure: type[Exception] | None
+) -> None:
+    # NVML: NOT_SUPPORTED leaves a list unknown; NO_PERMISSION, UNKNOWN, GPU_IS_LOST fail the GPU.
+    text = f"Driver Version : 1\nGPU 0000:01:00.0\n    Processes : {value}\nGPU 0000:02:00.0\n    Processes : None\n"
+    listing = parse_pids_query(text)
+    assert "00000000:01:00.0" not in listing.compute or listing.compute["00000000:01:00.0"] == ()
+    if failure is None:
+        assert value.strip("[]") in listing.unknown["00000000:01:00.0"] and not listing.failed
+    else:
+        assert type(listing.failed["00000000:01:00.0"]) is failure
+        assert "00000000:01:00.0" not in listing.compute
+    assert listing.compute["00000000:02:00.0"] == ()

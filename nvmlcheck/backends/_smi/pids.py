@@ -295,7 +295,7 @@ class _PidsParser:
         if self.seen_section:
             raise SmiParseError(f"GPU {gpu} has two Processes sections", no, line)
         self.seen_section = True
-        ph = placeholder(value)
+        ph = number_placeholder(value)  # bracketed, or a bare phrase ("Not Supported") as -q prints elsewhere
         if ph is not None:
             code = code_for_message(ph.text)
             error_class = error_class_for_code(code)
