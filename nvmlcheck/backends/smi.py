@@ -479,7 +479,8 @@ class SmiBackend:
                 if index is not None and index not in self._identity:
                     # A damaged row whose UUID reads is pinned with its error: that GPU fails (as NVML fails a GPU
                     # whose identity it cannot read) until its identity reads, never seen as a GPU that moved.
-                    uuid = hf.uuid if hf.error is not None and hf.uuid else ""
+                    # (Only at the index it printed: a UUID is never pinned to a guessed one.)
+                    uuid = hf.uuid if hf.error is not None and hf.uuid and hf.index is not None else ""
                     error = self._with_argv(hf.error, result) if uuid and hf.error is not None else None
                     self._identity[index] = _Identity(index, uuid, None, hf.pci_bus_id, None, error=error)
         self._driver_version = next((r.driver_version for r in records if r.driver_version), self._driver_version)

@@ -189,3 +189,16 @@ def test_a_damaged_identity_row_fails_its_gpu_until_it_reads(replay: Replay) -> 
         assert (d1.uuid, d1.pci_bus_id, d1.name) == (uuid(1), "00000000:02:00.0", "NVIDIA H200")
         assert d1.processes == ()
         assert [d.index for d in backend.snapshot([1], Fields.WAIT).devices] == [1]  # -i still names it
+
+
+def test_a_damaged_identity_row_without_its_index_pins_no_uuid_to_a_guessed_index(replay: Replay) -> None:
+    # GPU 1's index cannot be read when the backend opens: index 1 (the gap) is a failure until a row reads, and its
+    # UUID is not pinned there on a guess; once it reads, it is GPU 1 with its own index.
+    replay.gpus(row(0), "x" + row(1), row(2))
+    with replay.open() as backend:
+        snap = backend.snapshot(fields=Fields.MEMORY)
+        assert [d.index for d in snap.devices] == [0, 2] and [f.index for f in snap.failures] == [1]
+        assert backend._identity[1].uuid == ""
+        replay.gpus(row(0), row(1), row(2))
+        snap = backend.snapshot(fields=Fields.MEMORY)
+        assert [(d.index, d.uuid) for d in snap.devices] == [(i, uuid(i)) for i in range(3)]
