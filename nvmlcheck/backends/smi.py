@@ -984,8 +984,8 @@ class SmiBackend:
             index = by_uuid.get(hf.uuid or "")
             if index is None:
                 index = by_pci.get(hf.pci_bus_id or "")
-            if index is None and not self._renumbered and (hf.uuid is None or hf.error is None):
-                index = hf.index
+            if index is None and not self._renumbered and hf.uuid is None:
+                index = hf.index  # (a row whose UUID reads but is not pinned is another GPU's, whatever its index)
             if index is not None and index not in selected and hf.error is not None:
                 continue  # a damaged row of a GPU not asked for (every GPU is read once renumbered): not ours to judge
             if index is None or index in seen or index not in selected or index in out:
