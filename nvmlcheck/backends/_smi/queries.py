@@ -187,9 +187,8 @@ def parse_query_gpu(
     return tuple(records), (*failures, *damaged)
 
 
-
 # Columns read by the one NVML call whose failure fails the GPU (nvmlDeviceGetMemoryInfo_v2): a wait judges them.
-_JUDGED_COLUMNS: Final = frozenset({*("memory.total", "memory.used", "memory.free"), "memory.reserved"})
+_JUDGED_COLUMNS: Final = frozenset({"memory.total", "memory.used", "memory.free", "memory.reserved"})
 
 
 def _failing_placeholder(table: Table, cells: Cells) -> tuple[str, Unavailable] | None:
