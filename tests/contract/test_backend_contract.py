@@ -4,8 +4,8 @@ nvmlcheck). Memory agrees to nvidia-smi's granularity: it prints whole MiB, roun
 
 Where the backends legitimately differ, the contract says so explicitly: nvidia-smi has no NVML version string, no
 max video clock and no minor number of its own (the driver's procfs list gives it on a real host; the fake GPUs
-are in none), and it reads a GPU's name once, when the backend opens (a name it may not read is then unknown, where
-NVML fails the GPU).
+are in none), and it reads a GPU's name and PCI bus id once, when the backend opens (one it may not read is then
+unknown, where NVML fails the GPU).
 
 NVML errors are played on both sides by the scenario's sticky ``fault`` lines: the stub answers the call with the
 code, the fake nvidia-smi prints the placeholder nvidia-smi prints for it (``[Insufficient Permissions]``, ...).
@@ -474,16 +474,19 @@ def test_memory_call_failing_reads_alike(open_backend: Opener, code: int) -> Non
         assert slept == []
 
 
-@pytest.mark.parametrize("field", ["name", "serial"])
+IDENTITY_CALLS = {"name": "nvmlDeviceGetName", "serial": "nvmlDeviceGetSerial", "pci_bus_id": "nvmlDeviceGetPciInfo_v3"}
+
+
+@pytest.mark.parametrize("field", sorted(IDENTITY_CALLS))
 @pytest.mark.parametrize("code", [3, 4])
 def test_identity_call_failing_reads_alike(open_backend: Opener, field: str, code: int) -> None:
     sc = Scenario.h200(devices=2)
-    sc.fault({"name": "nvmlDeviceGetName", "serial": "nvmlDeviceGetSerial"}[field], code, device=1)
+    sc.fault(IDENTITY_CALLS[field], code, device=1)
     with open_backend(sc) as gpus:
         snap = gpus.snapshot(fields=nc.Fields.WAIT)
-    if field == "name" and code == 4 and snap.backend == "nvml":
-        # NVML reads the name with every identity read and fails a GPU whose name it may not read (the serial is
-        # optional); nvidia-smi's name is read once, when the backend opens, and is then unknown with the reason.
+    if field != "serial" and code == 4 and snap.backend == "nvml":
+        # NVML reads the identity until it can and fails a GPU whose name or bus id it may not read (the serial is
+        # optional); nvidia-smi's are read once, when the backend opens, and are then unknown with the reason.
         assert [d.index for d in snap.devices] == [0]
         assert [type(f.error) for f in snap.failures] == [nc.NoPermission]
         return
