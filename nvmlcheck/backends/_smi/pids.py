@@ -69,13 +69,6 @@ class PidsListing:
     failed: Mapping[str, NvmlCheckError] = field(default_factory=dict)
 
 
-class _Unattributable(Exception):
-    """Carries a parse error that no single GPU's block explains (a GPU printed twice): the whole output is refused."""
-
-    def __init__(self, error: SmiParseError) -> None:
-        super().__init__(error)
-        self.error = error
-
 
 _Q_GPU = re.compile(rf"GPU ({PCI_TEXT})")
 _Q_TYPE_LETTERS = {"C": ProcessKind.COMPUTE, "G": ProcessKind.GRAPHICS, "M": ProcessKind.MPS}
@@ -122,11 +115,13 @@ class _PidsParser:
         self.mig_entry: dict[str, str] = {}
         self.mig_line: tuple[int, str] = (0, "")
         self.failed: dict[str, NvmlCheckError] = {}  # GPU -> the first error its block raised
+        self.whole: SmiParseError | None = None  # an error no single GPU's block explains: the output is refused
 
     def fail_gpu(self, error: SmiParseError | CorruptData) -> None:
-        """Record ``error`` against the open GPU block (re-raised outside one: the header is everyone's) and drop the
-        entry it was reading; the rest of the block is read on, and later errors of the same GPU add nothing."""
-        if self.gpu is None:
+        """Record ``error`` against the open GPU block and drop the entry it was reading; the rest of the block is read
+        on, and later errors of the same GPU add nothing. Re-raised outside a block (the header is everyone's) and
+        when it is :attr:`whole`'s."""
+        if self.gpu is None or error is self.whole:
             raise error
         self.failed.setdefault(self.gpu, error)
         self.entry, self.entry_lines = {}, {}
@@ -155,7 +150,8 @@ class _PidsParser:
             if str(self.gpu) in self.lists[ProcessKind.COMPUTE]:
                 # Two blocks for one GPU: the second's lists would be merged into the first's, or hide them. Which of
                 # the two is the GPU's own cannot be told (a process name may hold a line break and a GPU line).
-                raise _Unattributable(SmiParseError(f"GPU {self.gpu} is printed twice", no, line))
+                self.whole = SmiParseError(f"GPU {self.gpu} is printed twice", no, line)
+                raise self.whole
             for kind in ProcessKind:
                 self.lists[kind].setdefault(str(self.gpu), [])
             return
@@ -395,30 +391,27 @@ def parse_pids_query(text: str) -> PidsListing:
     parser = _PidsParser()
     lines = numbered_lines(text)
     entry_line = _Q_ENTRY_LINE.fullmatch
-    try:
-        for no, line in lines:
-            try:
-                # Fast lane for the lines of a process entry (most of the output); everything else takes feed().
-                m = entry_line(line)
-                if m is not None and parser.section_indent is not None and len(m.group(1)) > parser.section_indent:
-                    key = m.group(2)
-                    if key == "GPU instance ID" or (key == "Process ID" and "Process ID" in parser.entry):
-                        parser.close_entry()
-                    if not parser.entry:
-                        parser.entry_line = (no, line)
-                    parser.entry[key] = m.group(3).strip()
-                    parser.entry_lines[key] = (no, line)
-                    continue
-                parser.feed(no, line)
-            except (SmiParseError, CorruptData) as exc:
-                parser.fail_gpu(exc)  # one GPU's block (re-raised in the header)
-        last_no, last = lines[-1] if lines else (1, "")
+    for no, line in lines:
         try:
-            parser.close_gpu(last_no, last)
+            # Fast lane for the lines of a process entry (most of the output); everything else takes feed().
+            m = entry_line(line)
+            if m is not None and parser.section_indent is not None and len(m.group(1)) > parser.section_indent:
+                key = m.group(2)
+                if key == "GPU instance ID" or (key == "Process ID" and "Process ID" in parser.entry):
+                    parser.close_entry()
+                if not parser.entry:
+                    parser.entry_line = (no, line)
+                parser.entry[key] = m.group(3).strip()
+                parser.entry_lines[key] = (no, line)
+                continue
+            parser.feed(no, line)
         except (SmiParseError, CorruptData) as exc:
-            parser.fail_gpu(exc)
-    except _Unattributable as exc:
-        raise exc.error from None
+            parser.fail_gpu(exc)  # one GPU's block (re-raised in the header, or when it is the whole output's)
+    last_no, last = lines[-1] if lines else (1, "")
+    try:
+        parser.close_gpu(last_no, last)
+    except (SmiParseError, CorruptData) as exc:
+        parser.fail_gpu(exc)
     if "Driver Version" not in parser.top and "KMD Version" not in parser.top:
         raise SmiParseError("no 'Driver Version' line: this is not nvidia-smi -q output", 1, text[:80])
 
