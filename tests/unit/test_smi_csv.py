@@ -439,9 +439,13 @@ class TestSyntheticRows:
         if placeholder == "[GPU requires reset]":
             assert failures[0].code == 16
 
-    def test_placeholder_index_is_refused(self) -> None:
-        with pytest.raises(SmiParseError, match="index"):
-            parse_query_gpu(f"{HEADER}\n{with_cell(ROW_BARE, 0, '[N/A]')}\n")
+    @pytest.mark.parametrize(("placeholder", "code"), [("[N/A]", 3), ("[Unknown Error]", 999), ("[GPU is lost]", 15)])
+    def test_placeholder_index_is_a_failure_named_by_its_uuid(self, placeholder: str, code: int) -> None:
+        records, (failure,) = parse_query_gpu(f"{HEADER}\n{ROW_BARE}\n{with_cell(ROW1_BARE, 0, placeholder)}\n")
+        assert [r.uuid for r in records] == ["GPU-1"]
+        assert (failure.index, failure.uuid, failure.code) == (None, "GPU-2", code) and placeholder in failure.message
+        with pytest.raises(SmiParseError, match="second row for GPU GPU-1"):  # its UUID another row's: whose?
+            parse_query_gpu(f"{HEADER}\n{ROW_BARE}\n{with_cell(ROW_BARE, 0, placeholder)}\n")
 
     def test_device_handle_lines_are_failures_not_rows(self) -> None:
         text = (

@@ -202,3 +202,10 @@ def test_a_damaged_identity_row_without_its_index_pins_no_uuid_to_a_guessed_inde
         replay.gpus(row(0), row(1), row(2))
         snap = backend.snapshot(fields=Fields.MEMORY)
         assert [(d.index, d.uuid) for d in snap.devices] == [(i, uuid(i)) for i in range(3)]
+
+
+def test_a_row_whose_index_is_a_placeholder_fails_the_gpu_its_uuid_names(replay: Replay) -> None:
+    with replay.open() as backend:
+        replay.gpus(row(0), "[Unknown Error]" + row(1)[1:], row(2))
+        snap = backend.snapshot(fields=Fields.MEMORY)
+    assert_gpu1_alone_failed(snap, nc.Unknown, "its index reads [Unknown Error]")

@@ -151,7 +151,13 @@ def parse_query_gpu(
         except SmiParseError as exc:
             damaged.append(_damaged_row(table, row, exc))
             continue
-        index = _check_owner(cells, index, uuid, seen)
+        _check_owner(cells, index, uuid, seen)
+        if isinstance(index, Unavailable):
+            # That GPU could not be enumerated: a failure, tied to its GPU by the UUID where that reads.
+            owner = uuid if isinstance(uuid, str) else None
+            why, code = f"its index reads {index.text}", code_for_message(index.text)
+            failures.append(HandleFailure(row.line_no, row.line, None, None, why, code, owner))
+            continue
         if isinstance(uuid, Unavailable):
             pci = cells.pci("pci.bus_id") if table.has("pci.bus_id") else None
             failures.append(
@@ -205,17 +211,14 @@ def _failing_placeholder(table: Table, cells: Cells) -> tuple[str, Unavailable] 
     return None
 
 
-def _check_owner(cells: Cells, index: int | Unavailable, uuid: str | Unavailable, seen: set[int | str]) -> int:
-    """The row's index, once it and the UUID are known to name a GPU no row before it named (``seen``, updated)."""
-    if isinstance(index, Unavailable):
-        raise cells.fail(f"index is {index.text}: the row cannot be attributed to a GPU")
+def _check_owner(cells: Cells, index: int | Unavailable, uuid: str | Unavailable, seen: set[int | str]) -> None:
+    """Refuse a row whose index or UUID a row before it named (``seen``, updated)."""
     # One row per GPU: a second row for an index or a UUID would make one GPU's reading another's.
     for key in (index, uuid):
         if key in seen:
             raise cells.fail(f"a second row for GPU {key}")
         if not isinstance(key, Unavailable):
             seen.add(key)
-    return index
 
 
 def _damaged_row(
