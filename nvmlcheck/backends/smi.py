@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Final, Literal
 
-from .._proc.child import Child
+from .._proc.child import REAP_GRACE_S, Child
 from ..errors import (
     ArgumentError,
     ArgumentTypeError,
@@ -104,6 +104,24 @@ class SmiResult:
         return f"{self.stdout}\n{self.stderr}".strip()
 
 
+class _Batch:
+    """Runs started together. The first kill SIGKILLs every one still running and starts one reap grace they all
+    share: a batch stuck past its deadline (a wedged GPU's nvidia-smi runs in uninterruptible sleep, or a helper
+    holding their pipes) costs the caller one grace, not one per run."""
+
+    def __init__(self) -> None:
+        self.runs: list[_Running] = []
+        self.reap_by_ns: int | None = None
+
+    def reap_deadline(self) -> int:
+        if self.reap_by_ns is None:
+            for run in self.runs:
+                if run.proc.returncode is None:
+                    run.child.signal_group()  # SIGKILL: their graces run side by side
+            self.reap_by_ns = time.monotonic_ns() + int(REAP_GRACE_S * 1e9)
+        return self.reap_by_ns
+
+
 class _Running:
     """A started run; :meth:`wait` returns its result or kills its process group at the deadline.
 
@@ -126,6 +144,7 @@ class _Running:
         except OSError as exc:
             raise SmiTransportError(argv, None, str(exc), f"cannot start {argv[0]!r} ({exc.strerror})") from exc
         self.proc = self.child.proc
+        self.batch: _Batch | None = None  # set by SmiRunner.run_many
 
     def wait(self) -> SmiResult:
         if not self.child.wait(self.deadline_ns):
@@ -147,7 +166,7 @@ class _Running:
         """Kill the whole process group and reap the leader; returns what it had printed on stderr."""
         # A process outside the group may hold our pipes, or the leader be stuck in uninterruptible sleep (a wedged
         # GPU): the kill stops reading after its grace and leaves it; blocking here would hang the caller with it.
-        reaped = self.child.kill()
+        reaped = self.child.kill(deadline_ns=self.batch.reap_deadline() if self.batch is not None else None)
         note = "" if reaped else " (it did not exit after SIGKILL: uninterruptible sleep?)"
         return self.child.stderr.decode("utf-8", "replace") + note
 
@@ -212,9 +231,12 @@ class SmiRunner:
         """Start every run at once and wait for all (each with its own deadline, ``timeout_s`` or the runner's). If
         one fails to start or times out, the others are killed too, so nothing is left behind."""
         running: list[_Running] = []
+        batch = _Batch()
         try:
             for args in arg_lists:
                 running.append(self.start(args, timeout_s))
+                running[-1].batch = batch
+                batch.runs.append(running[-1])
             return [r.wait() for r in running]
         finally:
             for r in running:
