@@ -6,8 +6,10 @@ parser is checked against a second reading of the same facts, not against itself
 Scenario: ``$NVMLCHECK_STUB_SCENARIO``. The static state is rendered: ``system``, ``device`` (all keys, including
 ``unsupported=`` and ``lost=1``) and ``process`` lines (``used=na``, ``holds=``, ``gi=``/``ci=``, ``remove=1``,
 ``bound=1`` with ``zombie_holds=1``), and ``at ms=T`` timeline lines once T ms have passed since the scenario file was
-written. ``at call=N``, ``fault``, ``race`` and ``quirk`` lines are accepted and ignored: each run of this program is a
-fresh process, so NVML call counts and NVML faults have no meaning here. A bound process is
+written. ``at call=N``, ``race`` and ``quirk`` lines are accepted and ignored: each run of this program is a fresh
+process, so NVML call counts have no meaning here. A ``fault`` line that is sticky (no ``after``, ``count`` or
+``delay_ms``) with a ``code`` and a ``device`` is rendered where nvidia-smi prints that call's answer, as the
+placeholder it prints for the code (see ``FAULT_FIELDS``, ``FAULT_TEXT``); other faults are ignored. A bound process is
 listed, and holds memory, exactly while ``/proc/<pid>`` exists and is not a zombie (``list_ms``/``release_ms`` are not
 simulated: it is gone at once).
 
@@ -250,6 +252,25 @@ def apply_mig(state: State, pairs: dict[str, str], line_no: int) -> None:
         migs.append(entry)
 
 
+# The NVML calls whose sticky faults are rendered, and the scenario keys of what nvidia-smi prints from them.
+FAULT_FIELDS = {
+    "nvmlDeviceGetMemoryInfo_v2": "memory", "nvmlDeviceGetMemoryInfo": "memory", "nvmlDeviceGetName": "name",
+    "nvmlDeviceGetUUID": "uuid", "nvmlDeviceGetSerial": "serial", "nvmlDeviceGetPciInfo_v3": "pci",
+    "nvmlDeviceGetPciInfo_v2": "pci", "nvmlDeviceGetComputeRunningProcesses_v3": "processes",
+    "nvmlDeviceGetGraphicsRunningProcesses_v3": "processes", "nvmlDeviceGetMPSComputeRunningProcesses_v3": "processes",
+}  # fmt: skip
+# What nvidia-smi prints in place of a value for an NVML return code (3, NOT_SUPPORTED: the placeholder in use).
+FAULT_TEXT = {4: "[Insufficient Permissions]", 15: "[GPU is lost]", 16: "[GPU requires reset]"}
+
+
+def apply_fault(state: State, pairs: dict[str, str], line_no: int) -> None:
+    """``fault fn=F code=C device=D``, sticky: what nvidia-smi prints from F on GPU D reads as C's placeholder."""
+    sticky = all(pairs.get(k, "0") == "0" for k in ("after", "count", "delay_ms"))
+    key = FAULT_FIELDS.get(pairs.get("fn", ""))
+    if sticky and key is not None and "code" in pairs and "device" in pairs:
+        state["faults"][(number(pairs["device"], "device"), key)] = number(pairs["code"], "code")
+
+
 def apply_at(state: State, words: list[str], path: str, line_no: int) -> None:
     """``at ms=T LINE`` applies LINE once T ms have passed since the scenario file was written (its mtime): each run of
     this program is a new process, so "since the scenario was loaded" is read from the file. ``at call=N`` counts NVML
@@ -275,12 +296,28 @@ def apply_at(state: State, words: list[str], path: str, line_no: int) -> None:
         raise ValueError(f"scenario line {line_no}: at cannot apply {keyword!r}")
 
 
+def apply_system(state: State, pairs: dict[str, str], line_no: int) -> None:
+    for key, value in pairs.items():
+        state["system"][key] = number(value, f"line {line_no} cuda") if key == "cuda" else value
+
+
+# Scenario keyword -> (its keys, what applies the line).
+LINE_KINDS: dict[str, tuple[set[str], Any]] = {
+    "system": ({"driver", "nvml", "cuda"}, apply_system),
+    "device": (DEVICE_KEYS, apply_device),
+    "process": (PROCESS_KEYS, apply_process),
+    "mig": (MIG_KEYS, apply_mig),
+    "fault": ({"fn", "code", "device", "after", "count", "delay_ms"}, apply_fault),
+}
+
+
 def load_scenario(path: str) -> State:
     state: State = {
         "system": {"driver": "580.159.04", "nvml": "13.580.159.04", "cuda": 13000},
         "devices": [],
         "processes": [],
         "migs": [],
+        "faults": {},  # (device index, scenario key) -> NVML return code, for the sticky faults rendered
     }
     with open(path, encoding="utf-8") as f:
         # Lines end at "\n" only (a trailing "\r" is dropped), as the stub reads them: str.splitlines() would also
@@ -297,18 +334,12 @@ def load_scenario(path: str) -> State:
             seen_magic = True
             continue
         keyword, rest = words[0], words[1:]
-        if keyword == "system":
-            for key, value in parse_pairs(rest, {"driver", "nvml", "cuda"}, no).items():
-                state["system"][key] = number(value, "cuda") if key == "cuda" else value
-        elif keyword == "device":
-            apply_device(state, parse_pairs(rest, DEVICE_KEYS, no), no)
-        elif keyword == "process":
-            apply_process(state, parse_pairs(rest, PROCESS_KEYS, no), no)
-        elif keyword == "mig":
-            apply_mig(state, parse_pairs(rest, MIG_KEYS, no), no)
+        if keyword in LINE_KINDS:
+            keys, apply = LINE_KINDS[keyword]
+            apply(state, parse_pairs(rest, keys, no), no)
         elif keyword == "at":
             apply_at(state, rest, path, no)
-        elif keyword not in ("fault", "race", "quirk"):
+        elif keyword not in ("race", "quirk"):
             raise ValueError(f"scenario line {no}: unknown keyword {keyword!r}")
     if not seen_magic:
         raise ValueError("scenario: empty file")
@@ -355,6 +386,14 @@ class View:
         self.processes = [p for p in state["processes"] if alive(p)]
         self.migs: list[dict[str, Any]] = state["migs"]
         self.placeholder = os.environ.get("FAKE_SMI_PLACEHOLDER", "[N/A]")
+        self.faults: dict[tuple[int, str], int] = state["faults"]
+
+    def failed(self, dev: Dev, key: str) -> str | None:
+        """The placeholder nvidia-smi prints for ``key`` of ``dev`` when a sticky fault answers its NVML call."""
+        code = self.faults.get((dev["index"], key))
+        if code is None:
+            return None
+        return self.placeholder if code == 3 else FAULT_TEXT.get(code, "[Unknown Error]")
 
     def used(self, dev: Dev) -> int:
         held: int = sum(p["holds"] for p in self.processes if p["device"] == dev["index"])
@@ -410,12 +449,12 @@ def gpu_field(view: View, dev: Dev, name: str) -> Cell:
     if name in ident:
         key = ident[name]
         header = {"pci": "pci.bus_id"}.get(key, key)
-        return header, None, None if view.unsupported(dev, key) else dev[key]
+        return header, None, view.failed(dev, key) or (None if view.unsupported(dev, key) else dev[key])
     memory = {
         "memory.total": dev["total"], "memory.reserved": dev["reserved"], "memory.used": used, "memory.free": free,
     }  # fmt: skip
     if name in memory:
-        return name, "MiB", None if mem is None else ceil_mib(memory[name])
+        return name, "MiB", view.failed(dev, "memory") or (None if mem is None else ceil_mib(memory[name]))
     clock = clock_field(name)
     if clock is not None:
         header, key = clock
@@ -496,6 +535,8 @@ def yes_no(v: int) -> str:
 def cell(value: Value, unit: str | None, fmt: Fmt, placeholder: str) -> str:
     if value is None:
         return placeholder
+    if isinstance(value, str) and value.startswith("["):  # a placeholder has no unit, with csv or csv,nounits
+        return value
     if unit is not None and not fmt["nounits"]:
         return f"{value} {unit}"
     return str(value)
@@ -634,6 +675,10 @@ def query_pids(view: View, devices: list[Dev], full: bool = False) -> tuple[str,
         out.append(f"GPU {dev['pci']}")
         if full:
             out += full_q_sections(view, dev)
+        failed = view.failed(dev, "processes")  # -q prints a process list it could not read as one placeholder
+        if failed is not None:
+            out.append(kv(4, "Processes", "N/A" if failed == view.placeholder else failed, 55))
+            continue
         if view.unsupported(dev, "processes.compute", "processes.graphics", "processes.mps"):
             out.append(kv(4, "Processes", "N/A", 55))
             continue

@@ -22,6 +22,7 @@ from .._nvml import library
 from .._nvml.calls import HEALTH_SLOTS, EventCalls, Handle, NvmlCalls, handle_address
 from ..errors import (
     ArgumentError,
+    CorruptData,
     DeadlinePassed,
     GpuLost,
     NvmlCheckError,
@@ -48,6 +49,7 @@ from ..model import (
     unknown_key,
 )
 from . import DEFAULT_INIT_TIMEOUT_S, MIN_INIT_TIMEOUT_S, init_timeout_for  # re-exported: their old home
+from ._busid import canonical_bus_id
 
 TYPE_CHECKING = False  # no typing at run time: it costs a one-shot check milliseconds (docs/performance.md)
 if TYPE_CHECKING:
@@ -515,6 +517,13 @@ class NvmlBackend:
                 # Serial numbers are often restricted (NO_PERMISSION) on consumer boards: unknown, not fatal.
                 values[key] = None
                 unknown[key] = _reason(exc)
+        bus_id = values["pci_bus_id"]
+        if bus_id is not None:
+            # One spelling on both backends (nvidia-smi prints 00000000:0A:00.0; a driver may fill busId with the
+            # legacy 0000:0a:00.0): two readings of one GPU compare equal.
+            values["pci_bus_id"] = canonical_bus_id(str(bus_id))
+            if values["pci_bus_id"] is None:
+                raise CorruptData(f"busId {bus_id!r} is not a PCI bus id", str(self._loaded.symbols.pci_info), index)
         gate()
         mig_mode: bool | None
         try:

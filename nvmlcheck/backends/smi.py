@@ -24,11 +24,12 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Final, Literal
 
-from .._proc.child import Child
+from .._proc.child import REAP_GRACE_S, Child
 from ..errors import (
     ArgumentError,
     ArgumentTypeError,
     BackendUnavailable,
+    CorruptData,
     DeadlinePassed,
     DriverNotLoaded,
     GpuLost,
@@ -68,7 +69,10 @@ def _words(value: Sequence[str] | str | None, default: Sequence[str]) -> tuple[s
     """A command given as a list is used as is; a string is split like a POSIX shell would (no shell runs it)."""
     if value is None:
         return tuple(default)
-    words = tuple(shlex.split(value)) if isinstance(value, str) else tuple(value)
+    try:
+        words = tuple(shlex.split(value)) if isinstance(value, str) else tuple(value)
+    except ValueError as exc:  # an unclosed quote: the caller's argument, not a failure of nvidia-smi
+        raise ArgumentError(f"command {value!r} does not split into words: {exc}") from None
     if not all(isinstance(w, str) for w in words):
         raise ArgumentTypeError(f"command words must be strings, got {value!r}")
     return words
@@ -100,6 +104,24 @@ class SmiResult:
         return f"{self.stdout}\n{self.stderr}".strip()
 
 
+class _Batch:
+    """Runs started together. The first kill SIGKILLs every one still running and starts one reap grace they all
+    share: a batch stuck past its deadline (a wedged GPU's nvidia-smi runs in uninterruptible sleep, or a helper
+    holding their pipes) costs the caller one grace, not one per run."""
+
+    def __init__(self) -> None:
+        self.runs: list[_Running] = []
+        self.reap_by_ns: int | None = None
+
+    def reap_deadline(self) -> int:
+        if self.reap_by_ns is None:
+            for run in self.runs:
+                if run.proc.returncode is None:
+                    run.child.signal_group()  # SIGKILL: their graces run side by side
+            self.reap_by_ns = time.monotonic_ns() + int(REAP_GRACE_S * 1e9)
+        return self.reap_by_ns
+
+
 class _Running:
     """A started run; :meth:`wait` returns its result or kills its process group at the deadline.
 
@@ -122,6 +144,7 @@ class _Running:
         except OSError as exc:
             raise SmiTransportError(argv, None, str(exc), f"cannot start {argv[0]!r} ({exc.strerror})") from exc
         self.proc = self.child.proc
+        self.batch: _Batch | None = None  # set by SmiRunner.run_many
 
     def wait(self) -> SmiResult:
         if not self.child.wait(self.deadline_ns):
@@ -143,7 +166,7 @@ class _Running:
         """Kill the whole process group and reap the leader; returns what it had printed on stderr."""
         # A process outside the group may hold our pipes, or the leader be stuck in uninterruptible sleep (a wedged
         # GPU): the kill stops reading after its grace and leaves it; blocking here would hang the caller with it.
-        reaped = self.child.kill()
+        reaped = self.child.kill(deadline_ns=self.batch.reap_deadline() if self.batch is not None else None)
         note = "" if reaped else " (it did not exit after SIGKILL: uninterruptible sleep?)"
         return self.child.stderr.decode("utf-8", "replace") + note
 
@@ -208,9 +231,12 @@ class SmiRunner:
         """Start every run at once and wait for all (each with its own deadline, ``timeout_s`` or the runner's). If
         one fails to start or times out, the others are killed too, so nothing is left behind."""
         running: list[_Running] = []
+        batch = _Batch()
         try:
             for args in arg_lists:
                 running.append(self.start(args, timeout_s))
+                running[-1].batch = batch
+                batch.runs.append(running[-1])
             return [r.wait() for r in running]
         finally:
             for r in running:
@@ -295,6 +321,7 @@ def _raise_for(result: SmiResult, prefixed: bool) -> None:
 
 _IDENTITY_FIELDS: Final = ("index", "uuid", "name", "pci.bus_id", "serial", "driver_version")
 _BASE_FIELDS: Final = ("index", "uuid")
+_IDENTITY_KEYS: Final = frozenset({"name", "pci_bus_id", "serial"})  # the cached fields that may be unknown
 _FIELD_GROUPS: Final[Mapping[Fields, tuple[str, ...]]] = MappingProxyType(
     {
         Fields.MEMORY: ("memory.total", "memory.used", "memory.free", "memory.reserved"),
@@ -347,6 +374,10 @@ class _Identity:
     pci_bus_id: str | None
     serial: str | None
     minor_number: int | None = None  # from the driver's procfs list (._driver_procfs), when nvidia-smi is local
+    #: Why a field above is None (a placeholder when it was read): each snapshot that reuses it gives the reason too.
+    unknown: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    #: Why its identity row could not be read (a damaged row whose UUID still read): the GPU fails until it reads.
+    error: NvmlCheckError | None = None
 
 
 def _refused_field(result: SmiResult) -> str | None:
@@ -407,6 +438,7 @@ class SmiBackend:
         self._displaced: dict[int, str] = {}  # nvidia-smi index -> who is there now (for the failure of that index)
         self._printed_index: dict[int, int] = {}  # this pass: pinned index -> the index nvidia-smi printed
         self._strangers: set[str] = set()  # UUIDs nvidia-smi listed that could not be pinned (their index was taken)
+        self._no_devices = False  # this pass: nvidia-smi said "No devices were found" (every GPU is gone)
         try:
             self._open()
         except BackendUnavailable:
@@ -443,14 +475,22 @@ class SmiBackend:
             _raise_for(result, self._prefixed)
         with _parsing(result):
             records, failures = parse_query_gpu(result.stdout, _IDENTITY_FIELDS)
-        pinned = {i.uuid for i in self._identity.values() if i.uuid}
-        fresh = [r for r in records if r.uuid not in pinned]
-        taken = {i for i, ident in self._identity.items() if ident.uuid}
-        fresh = [r for r in fresh if r.index not in taken]  # a new GPU at a pinned index is not that GPU
+        def open_for(r: GpuRecord) -> bool:
+            """Whether ``r`` may be pinned: a GPU never pinned at an index not pinned yet (a new GPU at a pinned index
+            is not that GPU), or the GPU pinned there whose identity row could not be read before."""
+            ident = self._identity.get(r.index)
+            if ident is not None and ident.uuid:
+                return ident.error is not None and ident.uuid == r.uuid
+            return r.uuid not in self._pinned()
+
+        fresh = [r for r in records if open_for(r)]
         minors = self._minor_numbers(fresh) if fresh else {}
         first = not self._identity
         for r in fresh:
-            self._identity[r.index] = _Identity(r.index, r.uuid, r.name, r.pci_bus_id, r.serial, minors.get(r.index))
+            why = {k: v for k, v in r.unknown.items() if k in _IDENTITY_KEYS}
+            self._identity[r.index] = _Identity(
+                r.index, r.uuid, r.name, r.pci_bus_id, r.serial, minors.get(r.index), MappingProxyType(why)
+            )
         if first:
             # A GPU lost before we opened still counts: it must show up in every snapshot as a failure, never vanish.
             # nvidia-smi numbers GPUs in PCI order and prints the lost one's bus id; when it names no index, the gaps
@@ -459,7 +499,12 @@ class SmiBackend:
             for hf in failures:
                 index = hf.index if hf.index is not None else next(gaps, None)
                 if index is not None and index not in self._identity:
-                    self._identity[index] = _Identity(index, "", None, hf.pci_bus_id, None)
+                    # A damaged row whose UUID reads is pinned with its error: that GPU fails (as NVML fails a GPU
+                    # whose identity it cannot read) until its identity reads, never seen as a GPU that moved.
+                    # (Only at the index it printed: a UUID is never pinned to a guessed one.)
+                    uuid = hf.uuid if hf.error is not None and hf.uuid and hf.index is not None else ""
+                    error = self._with_argv(hf.error, result) if uuid and hf.error is not None else None
+                    self._identity[index] = _Identity(index, uuid, None, hf.pci_bus_id, None, error=error)
         self._driver_version = next((r.driver_version for r in records if r.driver_version), self._driver_version)
 
     def _minor_numbers(self, records: Sequence[GpuRecord]) -> dict[int, int]:
@@ -573,7 +618,10 @@ class SmiBackend:
             gpu_fields = self._refuse(refused, gpu_fields, gpu_result)
             gpu_result = self._run((*select_args, "--query-gpu=" + ",".join(gpu_fields), _FORMAT), deadline)
         renumbered = self._renumbered
+        self._no_devices = False
         records, handle_failures = self._parse_gpus(gpu_result, gpu_fields, deadline)
+        if any(self._identity_error(r) is not None for r in records if r.index in selected):
+            self._load_identity(deadline)  # as NVML reads an identity it could not read again, every pass
         if self._renumbered and not renumbered and select_args:
             # This pass asked nvidia-smi for GPUs by numbers that now name others: read again, every GPU.
             return self.snapshot(indices, fields, deadline=deadline)
@@ -586,30 +634,15 @@ class SmiBackend:
             # First sight of MIG: read the MIG devices now rather than judge this pass without them.
             self._mig_seen = mig_jobs = True
             results = [gpu_result, *self._run_many([(*select_args, *self._process_args()), ("-L",)], deadline)]
-        lists = self._process_lists(results[1], records) if Fields.PROCESSES in fields else {}
+        unreadable: dict[str, NvmlCheckError] = {}  # UUID -> why that GPU's part of the output could not be read
+        lists = self._process_lists(results[1], records, unreadable) if Fields.PROCESSES in fields and records else {}
         if mig_jobs:
             self._add_mig_uuids(results[2], records, lists)
         retired = self._retired_pages(records, select_args, deadline) if Fields.HEALTH in fields else {}
-        devices: list[DeviceState] = []
-        extra = [(k if k == "mig" else f"health.{k}", v) for k, v in self._refused_reasons(fields)]
-        for record in records:
-            if record.index not in selected:
-                continue
-            ident = self._identity_for(record)
-            known = self._identity.get(record.index)
-            minor = known.minor_number if known is not None and known.uuid == record.uuid else None
-            devices.append(
-                build_device_state(
-                    record,
-                    fields,
-                    processes=lists.get(record.uuid),
-                    retired_pages=retired.get(record.uuid),
-                    identity=ident,
-                    minor_number=minor,
-                    extra_unknown=extra if minor is not None else [*extra, ("minor_number", self._minor_problem)],
-                )
-            )
-        failures = self._failures(selected, devices, handle_failures, gpu_result)
+        devices, read_failures = self._devices(
+            records, selected, fields, lists=lists, retired=retired, unreadable=unreadable
+        )
+        failures = self._failures(selected, devices, handle_failures, gpu_result, read_failures)
         return Snapshot(
             backend=self.name,
             taken_ns=taken_ns,
@@ -619,6 +652,50 @@ class SmiBackend:
             devices=tuple(devices),
             failures=failures,
         )
+
+    def _devices(
+        self,
+        records: Sequence[GpuRecord],
+        selected: Sequence[int],
+        fields: Fields,
+        *,
+        lists: Mapping[str, ProcessLists],
+        retired: Mapping[str, tuple[RetiredPage, ...] | str],
+        unreadable: Mapping[str, NvmlCheckError],
+    ) -> tuple[list[DeviceState], dict[int, DeviceFailure]]:
+        """Each selected GPU's reading, or its failure when a part of it could not be read (``unreadable``, its
+        identity, a process holding more than the GPU has)."""
+        devices: list[DeviceState] = []
+        extra = [(k if k == "mig" else f"health.{k}", v) for k, v in self._refused_reasons(fields)]
+        read_failures: dict[int, DeviceFailure] = {}
+        for record in records:
+            if record.index not in selected:
+                continue
+            error = unreadable.get(record.uuid) or self._identity_error(record)
+            if error is not None:
+                read_failures[record.index] = DeviceFailure(record.index, record.uuid, error)
+                continue
+            ident = self._identity_for(record)
+            known = self._identity.get(record.index)
+            minor = known.minor_number if known is not None and known.uuid == record.uuid else None
+            # The cached identity's reasons, for the fields this row did not read itself.
+            cached = known.unknown.items() if ident and known is not None else ()
+            why = [*extra, *((k, v) for k, v in cached if getattr(record, k) is None)]
+            try:
+                devices.append(
+                    build_device_state(
+                        record,
+                        fields,
+                        processes=lists.get(record.uuid),
+                        retired_pages=retired.get(record.uuid),
+                        identity=ident,
+                        minor_number=minor,
+                        extra_unknown=why if minor is not None else [*why, ("minor_number", self._minor_problem)],
+                    )
+                )
+            except CorruptData as exc:  # a process using more than its GPU has: that GPU's reading is discarded
+                read_failures[record.index] = DeviceFailure(record.index, record.uuid, exc)
+        return devices, read_failures
 
     def _run_many(self, jobs: Sequence[Sequence[str]], deadline: Deadline | None) -> list[SmiResult]:
         """Runs started together, each given at most the time left before ``deadline`` (see the module docstring)."""
@@ -709,12 +786,17 @@ class SmiBackend:
         self, result: SmiResult, gpu_fields: Sequence[str], deadline: Deadline | None = None
     ) -> tuple[tuple[GpuRecord, ...], tuple[HandleFailure, ...]]:
         if result.returncode != 0 and not has_handle_failure(result.output):
-            if not self._renumbered and _NO_DEVICES_TEXT in result.output.lower() and "-i" in result.command:
+            no_devices = result.returncode == 6 and _NO_DEVICES_TEXT in result.output.lower()
+            if no_devices and "-i" not in result.command:
+                # Every GPU is gone (each pinned one is then GpuLost, as NVML's handles would answer), not the backend.
+                self._no_devices = True
+                return (), ()
+            if not self._renumbered and no_devices:
                 # -i N names no GPU any more: the GPUs may have been renumbered (one vanished). Every GPU is read to
                 # tell; if they were, the caller reads again without -i.
                 every = self._run(("--query-gpu=index,uuid", _FORMAT), deadline)
                 self._parse_gpus(every, ("index", "uuid"), deadline)
-                if self._renumbered:
+                if self._renumbered or self._no_devices:
                     return (), ()
             _raise_for(result, self._prefixed)
         # Some GPUs could not be read; nvidia-smi still printed the others (exit 15 for a lost one).
@@ -758,6 +840,11 @@ class SmiBackend:
             out.append(r)
         return tuple(out)
 
+    def _identity_error(self, record: GpuRecord) -> NvmlCheckError | None:
+        """Why the identity pinned for ``record``'s GPU could not be read (``None``: it was)."""
+        ident = self._identity.get(record.index)
+        return ident.error if ident is not None and ident.uuid == record.uuid else None
+
     def _identity_for(self, record: GpuRecord) -> Mapping[str, str | None]:
         ident = self._identity.get(record.index)
         if ident is None or ident.uuid != record.uuid:
@@ -769,18 +856,25 @@ class SmiBackend:
             return ("-q",) if self._mig_seen else ("-q", "-d", "PIDS")
         return ("--query-compute-apps=" + ",".join(_APPS_FIELDS), _FORMAT)
 
-    def _process_lists(self, result: SmiResult, records: Sequence[GpuRecord]) -> dict[str, ProcessLists]:
+    def _process_lists(
+        self, result: SmiResult, records: Sequence[GpuRecord], failed: dict[str, NvmlCheckError]
+    ) -> dict[str, ProcessLists]:
+        """Each record's lists, by UUID. A GPU whose part of the output could not be read goes into ``failed`` (its
+        UUID -> the error) instead: it fails alone, as a GPU whose list NVML answers with corrupt data."""
         if result.returncode != 0 and not has_handle_failure(result.output):
             _raise_for(result, self._prefixed)
         if self._process_query == "pids":
-            return self._pids_lists(result, records)
+            return self._pids_lists(result, records, failed)
         with _parsing(result):
             listing = parse_compute_apps(result.stdout, _APPS_FIELDS)
+        for r in records:
+            if r.uuid in listing.failed:
+                failed[r.uuid] = self._with_argv(listing.failed[r.uuid], result)
         not_csv = "nvidia-smi --query-compute-apps lists compute processes only (use process_query='pids')"
         not_listed = {unknown_key("processes", k): not_csv for k in (ProcessKind.GRAPHICS, ProcessKind.MPS)}
         out: dict[str, ProcessLists] = {}
         unattributed = listing.unattributed
-        strangers = sorted(set(listing.by_gpu) - set(self._pinned()))
+        strangers = sorted((set(listing.by_gpu) | set(listing.failed)) - set(self._pinned()))
         if unattributed is None and strangers:
             # A row on a GPU this backend does not know (a MIG-... UUID, a GPU that appeared): its process may be on
             # one of ours, whose list would then look shorter than it is.
@@ -795,14 +889,25 @@ class SmiBackend:
                 out[r.uuid] = ProcessLists(listing.by_gpu.get(r.uuid, ()), None, None, reasons)
         return out
 
-    def _pids_lists(self, result: SmiResult, records: Sequence[GpuRecord]) -> dict[str, ProcessLists]:
+    def _pids_lists(
+        self, result: SmiResult, records: Sequence[GpuRecord], failed: dict[str, NvmlCheckError]
+    ) -> dict[str, ProcessLists]:
         with _parsing(result):
             listing = parse_pids_query(result.stdout)
         self._note_cuda_version(listing.cuda_version)
         handle_failed = {hf.pci_bus_id: hf for hf in listing.failures if hf.pci_bus_id}
+        pcis = {r.uuid: r.pci_bus_id or self._identity_for(r).get("pci_bus_id") or "" for r in records}
+        for pci, error in listing.failed.items():
+            if pci not in pcis.values():
+                # A block of a GPU this pass did not read (or one a process name's line break made up): which GPU's
+                # lines it holds cannot be told, and one of ours may be missing processes.
+                raise self._with_argv(error, result)
         out: dict[str, ProcessLists] = {}
         for r in records:
-            pci = r.pci_bus_id or self._identity_for(r).get("pci_bus_id") or ""
+            pci = pcis[r.uuid]
+            if pci in listing.failed:
+                failed[r.uuid] = self._with_argv(listing.failed[pci], result)
+                continue
             why = listing.unknown.get(pci)
             if pci not in listing.compute:
                 hf = handle_failed.get(pci)
@@ -885,24 +990,46 @@ class SmiBackend:
         devices: Sequence[DeviceState],
         handle_failures: Sequence[HandleFailure],
         result: SmiResult,
+        read_failures: Mapping[int, DeviceFailure],
     ) -> tuple[DeviceFailure, ...]:
+        """Every selected GPU without a reading, with the error that explains it: its device-handle line, its damaged
+        row, ``read_failures`` (a GPU whose process list or values could not be read), else "no row". A damaged row
+        that can be tied to no such GPU raises: it may be any GPU's."""
         seen = {d.index for d in devices}
         by_pci = {i.pci_bus_id: i.index for i in self._identity.values() if i.pci_bus_id}
-        out: dict[int, DeviceFailure] = {}
+        by_uuid = self._pinned()
+        out: dict[int, DeviceFailure] = dict(read_failures)
         leftovers: list[HandleFailure] = []
         for hf in handle_failures:
-            # The bus id names the GPU whatever nvidia-smi's numbering; the printed index only while it is ours.
-            index = by_pci.get(hf.pci_bus_id or "")
-            if index is None and not self._renumbered:
-                index = hf.index
-            if index is None or index in seen or index not in selected:
+            # The UUID and the bus id name the GPU whatever nvidia-smi's numbering; the printed index only while it is
+            # ours.
+            index = by_uuid.get(hf.uuid or "")
+            if index is None:
+                index = by_pci.get(hf.pci_bus_id or "")
+            if index is None and not self._renumbered and hf.uuid is None:
+                index = hf.index  # (a row whose UUID reads but is not pinned is another GPU's, whatever its index)
+            if index is not None and index not in selected and hf.error is not None:
+                continue  # a damaged row of a GPU not asked for (every GPU is read once renumbered): not ours to judge
+            if index is None or index in seen or index not in selected or index in out:
                 leftovers.append(hf)
                 continue
             out[index] = self._device_failure(index, hf, result)
         missing = [i for i in selected if i not in seen and i not in out]
         for index in missing:
             out[index] = self._device_failure(index, leftovers.pop(0) if leftovers else None, result)
+        damaged = next((hf.error for hf in leftovers if hf.error is not None), None)
+        if damaged is not None:
+            # A row nvidia-smi printed that names none of the GPUs still unaccounted for (or one read by another row):
+            # the output contradicts itself, and no reading of it can be trusted.
+            raise self._with_argv(damaged, result)
         return tuple(out[i] for i in selected if i in out)
+
+    @staticmethod
+    def _with_argv(error: NvmlCheckError, result: SmiResult) -> NvmlCheckError:
+        """A parse error found by the pure parsers, naming the command whose output it was."""
+        if isinstance(error, SmiParseError) and not error.argv:
+            return SmiParseError(error.reason, error.line_no, error.line, result.argv)
+        return error
 
     def _device_failure(self, index: int, hf: HandleFailure | None, result: SmiResult) -> DeviceFailure:
         ident = self._identity.get(index)
@@ -910,6 +1037,10 @@ class SmiBackend:
         error: Exception
         if hf is None and index in self._displaced:
             error = GpuLost(15, cmd, index, self._displaced[index])  # as NVML's handle of a GPU that went away
+        elif hf is None and self._no_devices:
+            error = GpuLost(15, cmd, index, "nvidia-smi lists no GPU now (No devices were found): it was removed")
+        elif hf is not None and hf.error is not None:
+            error = self._with_argv(hf.error, result)  # its row could not be read: never an idle GPU
         elif hf is None:
             error = SmiError(
                 result.argv, result.returncode, result.output, f"nvidia-smi printed no row for GPU {index}"

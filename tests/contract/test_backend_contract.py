@@ -4,7 +4,11 @@ nvmlcheck). Memory agrees to nvidia-smi's granularity: it prints whole MiB, roun
 
 Where the backends legitimately differ, the contract says so explicitly: nvidia-smi has no NVML version string, no
 max video clock and no minor number of its own (the driver's procfs list gives it on a real host; the fake GPUs
-are in none).
+are in none), and it reads a GPU's name and PCI bus id once, when the backend opens (one it may not read is then
+unknown, where NVML fails the GPU).
+
+NVML errors are played on both sides by the scenario's sticky ``fault`` lines: the stub answers the call with the
+code, the fake nvidia-smi prints the placeholder nvidia-smi prints for it (``[Insufficient Permissions]``, ...).
 """
 
 from __future__ import annotations
@@ -356,3 +360,153 @@ def test_the_clocks_are_current_and_limits_together(open_backend: Opener) -> Non
     for d in (every, limits):  # the limits come with the current clocks they are read around
         assert d.clocks is not None and d.clocks.sm_mhz is not None and d.clocks.max.sm_mhz is not None
         assert d.clocks.applications.graphics_mhz is not None
+
+
+# --- one GPU's reading that cannot be true fails that GPU alone, on both backends -------------------------------------
+
+TB = 1 << 40
+
+
+def _corrupt_second_gpu(what: str) -> Scenario:
+    sc = Scenario.h200(devices=3)
+    sc.add_process(0, 4_100_001, used_bytes=GIB)
+    if what == "pid":  # above Linux's PID_MAX_LIMIT: a struct layout mismatch (driver 535.43)
+        sc.add_process(1, 4_194_305, used_bytes=GIB)
+    elif what == "memory":  # used above total
+        sc.set_device(1, used_bytes=TB)
+    else:  # one process holding more than the GPU has
+        sc.add_process(1, 4_100_002, used_bytes=TB, holds_bytes=0)
+    sc.add_process(2, 4_100_003, used_bytes=2 * GIB)
+    return sc
+
+
+@pytest.mark.parametrize("what", ["pid", "memory", "process_bytes"])
+def test_a_corrupt_reading_fails_its_gpu_alone(open_backend: Opener, what: str) -> None:
+    with open_backend(_corrupt_second_gpu(what)) as gpus:
+        snap = gpus.snapshot(fields=nc.Fields.WAIT)
+        t = StepClock(2.0)
+        slept: list[float] = []
+        with pytest.raises(nc.CorruptData) as info:
+            gpus.wait_until_clean(timeout=30, devices=[1], clock=t.clock, sleep=slept.append)
+    assert [d.index for d in snap.devices] == [0, 2]  # the others still report, with their processes
+    assert [[p.pid for p in d.processes or ()] for d in snap.devices] == [[4_100_001], [4_100_003]]
+    (failure,) = snap.failures
+    assert (failure.index, failure.uuid) == (1, "GPU-00000000-0000-0000-0000-000000000001")
+    assert isinstance(failure.error, nc.CorruptData)
+    assert "GPU 1" in str(info.value)  # a wait on it fails at its first poll, naming it (never clean, never idle)
+    assert slept == []
+
+
+# --- identity: one spelling of the PCI bus id, one answer for a field the GPU does not support -----------------------
+
+
+@pytest.mark.parametrize(
+    ("given", "read"),
+    [
+        ("0000:0a:00.0", "00000000:0A:00.0"),  # the legacy 4-digit domain, lower case
+        ("00000000:0b:1f.7", "00000000:0B:1F.7"),
+        ("0001:c1:00.0", "00000001:C1:00.0"),
+    ],
+)
+def test_pci_bus_id_is_spelled_alike(open_backend: Opener, given: str, read: str) -> None:
+    sc = Scenario.h200(devices=2)
+    sc.set_device(1, pci_bus_id=given)
+    with open_backend(sc) as gpus:
+        snap = gpus.snapshot(fields=nc.Fields.WAIT)
+    assert [d.pci_bus_id for d in snap.devices] == ["00000000:01:00.0", read]
+
+
+@pytest.mark.parametrize("field", ["name", "serial", "pci_bus_id"])
+def test_an_unsupported_identity_field_is_none_with_a_reason(open_backend: Opener, field: str) -> None:
+    sc = Scenario.h200(devices=2)
+    sc.set_device(1, unsupported=({"pci_bus_id": "pci"}.get(field, field),))
+    with open_backend(sc) as gpus:
+        snap = gpus.snapshot(fields=nc.Fields.MEMORY)
+    d0, d1 = snap.devices
+    assert getattr(d1, field) is None and d1.why_unknown(field)
+    assert getattr(d0, field) is not None and d0.why_unknown(field) is None
+
+
+def test_an_unsupported_uuid_fails_the_gpu_as_not_supported(open_backend: Opener) -> None:
+    sc = Scenario.h200(devices=2)
+    sc.set_device(1, unsupported=("uuid",))
+    with open_backend(sc) as gpus:
+        snap = gpus.snapshot(fields=nc.Fields.WAIT)
+    assert [d.index for d in snap.devices] == [0]
+    (failure,) = snap.failures
+    assert failure.index == 1 and failure.uuid is None
+    assert type(failure.error) is nc.NotSupported  # the same class from NVML's code and nvidia-smi's [N/A]
+
+
+# --- an NVML error behind one value: what NVML answers, nvidia-smi prints as a placeholder; both read it alike -------
+
+# NVML return code -> (the failure's class, or None where the value is unknown with a reason and the GPU reports).
+FAULTS: dict[int, type[nc.NvmlCheckError] | None] = {
+    3: None,  # NOT_SUPPORTED ([N/A]): unknown, never 0
+    4: nc.NoPermission,  # [Insufficient Permissions]
+    15: nc.GpuLost,  # [GPU is lost]
+    16: nc.GpuRequiresReset,  # [GPU requires reset]
+    999: nc.Unknown,  # [Unknown Error]
+}
+
+
+@pytest.mark.parametrize("code", sorted(FAULTS))
+def test_memory_call_failing_reads_alike(open_backend: Opener, code: int) -> None:
+    sc = Scenario.h200(devices=2)
+    sc.fault("nvmlDeviceGetMemoryInfo_v2", code, device=1)
+    with open_backend(sc) as gpus:
+        snap = gpus.snapshot(fields=nc.Fields.WAIT)
+    failure_class = FAULTS[code]
+    assert snap.devices[0].index == 0 and snap.devices[0].memory is not None  # the other GPU reports
+    if failure_class is None:
+        (_, d1) = snap.devices
+        assert d1.memory is None and d1.why_unknown("memory") and snap.failures == ()
+        assert nc.default_predicate().evaluate(snap).satisfied is not True
+    else:
+        (failure,) = snap.failures
+        assert failure.index == 1 and type(failure.error) is failure_class
+        assert [d.index for d in snap.devices] == [0]
+    if failure_class is not None and not failure_class.TRANSIENT:
+        # A wait on it ends at its first poll with that error, as NVML's does: it never polls to its deadline.
+        slept: list[float] = []
+        with open_backend(sc) as gpus, pytest.raises(failure_class):
+            gpus.wait_until_clean(timeout=600, devices=[1], sleep=slept.append)
+        assert slept == []
+
+
+IDENTITY_CALLS = {"name": "nvmlDeviceGetName", "serial": "nvmlDeviceGetSerial", "pci_bus_id": "nvmlDeviceGetPciInfo_v3"}
+
+
+@pytest.mark.parametrize("field", sorted(IDENTITY_CALLS))
+@pytest.mark.parametrize("code", [3, 4])
+def test_identity_call_failing_reads_alike(open_backend: Opener, field: str, code: int) -> None:
+    sc = Scenario.h200(devices=2)
+    sc.fault(IDENTITY_CALLS[field], code, device=1)
+    with open_backend(sc) as gpus:
+        snap = gpus.snapshot(fields=nc.Fields.WAIT)
+    if field != "serial" and code == 4 and snap.backend == "nvml":
+        # NVML reads the identity until it can and fails a GPU whose name or bus id it may not read (the serial is
+        # optional); nvidia-smi's are read once, when the backend opens, and are then unknown with the reason.
+        assert [d.index for d in snap.devices] == [0]
+        assert [type(f.error) for f in snap.failures] == [nc.NoPermission]
+        return
+    d1 = snap.device(1)
+    assert getattr(d1, field) is None and d1.why_unknown(field)
+
+
+@pytest.mark.parametrize("code", sorted(FAULTS))
+def test_process_list_call_failing_reads_alike(open_backend: Opener, code: int) -> None:
+    sc = Scenario.h200(devices=2)
+    sc.add_process(0, 4_100_001, used_bytes=GIB)
+    sc.fault("nvmlDeviceGetComputeRunningProcesses_v3", code, device=1)
+    with open_backend(sc) as gpus:
+        snap = gpus.snapshot(fields=nc.Fields.WAIT)
+    assert [p.pid for p in snap.device(0).processes or ()] == [4_100_001]  # the other GPU reports
+    failure_class = FAULTS[code]
+    if failure_class is None:  # not supported: unknown with the reason (nvidia-smi prints one N/A for all three)
+        d1 = snap.device(1)
+        assert d1.compute_processes is None and d1.processes is None and d1.why_unknown("processes.compute")
+        assert nc.default_predicate().evaluate(snap).satisfied is not True
+    else:
+        (failure,) = snap.failures
+        assert failure.index == 1 and type(failure.error) is failure_class

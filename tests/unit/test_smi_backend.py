@@ -523,6 +523,20 @@ class TestAVanishedGpu:
         assert not snap.devices and snap.failures
         assert not default_predicate()(snap).clean
 
+    @pytest.mark.parametrize("indices", [[1], [0, 1], None])
+    @pytest.mark.parametrize("fields", [Fields.MEMORY, Fields.WAIT])
+    def test_every_gpu_gone_is_each_gpu_lost(
+        self, env: Env, two_gpus: SmiBackend, indices: list[int] | None, fields: Fields
+    ) -> None:
+        # nvidia-smi now says "No devices were found" (exit 6) to every run: each GPU is lost, as NVML's handles
+        # would answer, never an error that hides which GPUs were asked for, and never an idle GPU.
+        env.knob("FAKE_SMI_EXIT", "6")
+        snap = two_gpus.snapshot(indices, fields)
+        assert snap.devices == ()
+        assert [f.index for f in snap.failures] == (indices or [0, 1])
+        assert all(isinstance(f.error, GpuLost) and "No devices were found" in str(f.error) for f in snap.failures)
+        assert [f.uuid for f in snap.failures] == [[UUID0, UUID1][i] for i in indices or [0, 1]]
+
     def test_two_rows_for_one_gpu_are_refused(self, env: Env, two_gpus: SmiBackend) -> None:
         env.write("device index=0", "device index=1 uuid=" + UUID0)
         with pytest.raises(SmiParseError, match="a second row for GPU"):

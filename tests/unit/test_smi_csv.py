@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,7 @@ from nvmlcheck.backends.smi_csv import (
     parse_table,
     parse_version_output,
 )
-from nvmlcheck.errors import CorruptData, SmiParseError
+from nvmlcheck.errors import CorruptData, GpuLost, NoPermission, SmiParseError, Unknown
 from nvmlcheck.model import (
     MIB,
     ClockEventReason,
@@ -294,8 +295,10 @@ class TestProcessCaptures:
     )
     def test_q_pids_process_lines_outside_the_section_are_refused_not_skipped(self, name: str) -> None:
         text = read(CAP2, "busy_q_pids").replace("/tmp/cap/holder\n", name + "\n", 1)
-        with pytest.raises(SmiParseError, match="outside a Processes section"):
-            parse_pids_query(text)
+        listing = parse_pids_query(text)
+        error = listing.failed["00000000:00:06.0"]  # the GPU fails: its list is never read short
+        assert isinstance(error, SmiParseError) and "outside a Processes section" in error.reason
+        assert "00000000:00:06.0" not in listing.compute
 
     def test_q_pids_one_gpu_printed_twice_is_refused(self) -> None:
         text = read(CAP2, "busy_q_pids")
@@ -306,8 +309,8 @@ class TestProcessCaptures:
 
     def test_q_without_a_processes_section_is_not_no_process(self) -> None:
         # -q -d MEMORY,... prints no Processes section: reading it as "no process" would be a lie.
-        with pytest.raises(SmiParseError, match="no Processes section"):
-            parse_pids_query(read(CAP1, "q_memory"))
+        error = parse_pids_query(read(CAP1, "q_memory")).failed["00000000:00:06.0"]
+        assert isinstance(error, SmiParseError) and "no Processes section" in error.reason
 
 
 class TestHealthAndVersionCaptures:
@@ -353,6 +356,7 @@ HEADER = (
 )
 ROW_UNITS = "0, GPU-1, 1000 MiB, 10 MiB, 974 MiB, 16 MiB, 345 MHz, 0x0000000000000005, No, 1, 2, Yes, No"
 ROW_BARE = "0, GPU-1, 1000, 10, 974, 16, 345, 0x0000000000000005, No, 1, 2, Yes, No"
+ROW1_BARE = "1, GPU-2, 1000, 10, 974, 16, 345, 0x0000000000000005, No, 1, 2, Yes, No"
 PLACEHOLDERS = ["[N/A]", "[Not Supported]", "[Unknown Error]", "[Insufficient Permissions]", "[GPU requires reset]",
                 "N/A", "[Some Future Text]"]  # fmt: skip
 # Column -> (key in unknown, how to read the value back) for the synthetic header.
@@ -396,6 +400,17 @@ class TestSyntheticRows:
     @pytest.mark.parametrize("placeholder", PLACEHOLDERS)
     @pytest.mark.parametrize("column", sorted(COLUMN_PARTS))
     def test_every_placeholder_in_every_column_is_none_with_its_reason(self, column: int, placeholder: str) -> None:
+        fails = placeholder == "[GPU requires reset]" or (
+            COLUMN_PARTS[column].startswith("memory") and placeholder not in ("[N/A]", "[Not Supported]", "N/A")
+        )
+        if fails:
+            # What NVML answers with an error failing the GPU (device scope anywhere; any but NOT_SUPPORTED from the
+            # memory call a wait judges) fails it here too, with that error's code: never a reading.
+            records, (failure,) = parse_query_gpu(f"{HEADER}\n{with_cell(ROW_BARE, column, placeholder)}\n")
+            assert records == () and (failure.index, failure.uuid) == (0, "GPU-1") and failure.error is None
+            assert placeholder in failure.message
+            assert failure.code == {"[Insufficient Permissions]": 4, "[GPU requires reset]": 16}.get(placeholder, 999)
+            return
         r = one_gpu(f"{HEADER}\n{with_cell(ROW_BARE, column, placeholder)}\n")
         key = COLUMN_PARTS[column]
         assert placeholder in r.unknown[key]
@@ -424,9 +439,13 @@ class TestSyntheticRows:
         if placeholder == "[GPU requires reset]":
             assert failures[0].code == 16
 
-    def test_placeholder_index_is_refused(self) -> None:
-        with pytest.raises(SmiParseError, match="index"):
-            parse_query_gpu(f"{HEADER}\n{with_cell(ROW_BARE, 0, '[N/A]')}\n")
+    @pytest.mark.parametrize(("placeholder", "code"), [("[N/A]", 3), ("[Unknown Error]", 999), ("[GPU is lost]", 15)])
+    def test_placeholder_index_is_a_failure_named_by_its_uuid(self, placeholder: str, code: int) -> None:
+        records, (failure,) = parse_query_gpu(f"{HEADER}\n{ROW_BARE}\n{with_cell(ROW1_BARE, 0, placeholder)}\n")
+        assert [r.uuid for r in records] == ["GPU-1"]
+        assert (failure.index, failure.uuid, failure.code) == (None, "GPU-2", code) and placeholder in failure.message
+        with pytest.raises(SmiParseError, match="second row for GPU GPU-1"):  # its UUID another row's: whose?
+            parse_query_gpu(f"{HEADER}\n{ROW_BARE}\n{with_cell(ROW_BARE, 0, placeholder)}\n")
 
     def test_device_handle_lines_are_failures_not_rows(self) -> None:
         text = (
@@ -522,16 +541,6 @@ class TestRefusals:
         ("text", "match"),
         [
             (f"{HEADER}\n{ROW_BARE}", "cut short"),  # no final newline
-            (f"{HEADER}\n{ROW_BARE[:-9]}\n", "columns"),  # a cell lost
-            (f"{HEADER}\n{ROW_BARE}, 7\n", "columns"),  # a cell too many (no free-text column)
-            (f"{HEADER}\n{with_cell(ROW_BARE, 3, '1O')}\n", "whole number"),
-            (f"{HEADER}\n{with_cell(ROW_BARE, 3, '-1')}\n", "whole number"),
-            (f"{HEADER}\n{with_cell(ROW_BARE, 3, '1.5')}\n", "whole number"),
-            (f"{HEADER}\n{with_cell(ROW_BARE, 3, '10 MHz')}\n", "whole number"),
-            (f"{HEADER}\n{with_cell(ROW_BARE, 3, '')}\n", "whole number"),
-            (f"{HEADER}\n{with_cell(ROW_BARE, 7, '5')}\n", "hex"),
-            (f"{HEADER}\n{with_cell(ROW_BARE, 8, 'maybe')}\n", "Yes/No"),
-            (f"{HEADER}\n{with_cell(ROW_BARE, 1, 'not-a-uuid')}\n", "UUID"),
             (f"{HEADER.replace('[MiB]', '[GiB]')}\n{ROW_BARE}\n", "GiB"),
             (f"{HEADER}, index\n{ROW_BARE}, 0\n", "twice"),
             (f"0, GPU-1\n{ROW_BARE}\n", "header"),
@@ -539,12 +548,46 @@ class TestRefusals:
             ("\x00\x01garbage\n", "header"),
             (f"{HEADER}\n{ROW_BARE}\n{ROW_BARE}\n", "second row for GPU 0"),  # one GPU twice: whose reading?
             (f"{HEADER}\n{ROW_BARE}\n{with_cell(ROW_BARE, 0, '1')}\n", "second row for GPU GPU-"),  # one UUID twice
+            # A damaged row that names a GPU another row reads: which of the two is that GPU's?
+            (f"{HEADER}\n{ROW_BARE}\n{with_cell(ROW_BARE, 3, 'x')}\n", "second row for GPU 0"),
+            (f"{HEADER}\n{ROW_BARE}\n{with_cell(ROW_BARE, 0, '1')[:-4]}\n", "damaged second row for GPU GPU-1"),
         ],
     )
     def test_query_gpu_refuses(self, text: str, match: str) -> None:
         with pytest.raises(SmiParseError, match=match) as info:
             parse_query_gpu(text)
         assert info.value.line_no >= 1
+
+    @pytest.mark.parametrize(
+        ("row", "match", "readable"),
+        [
+            (ROW1_BARE[:-9], "columns", (1, "GPU-2")),  # a cell lost
+            (f"{ROW1_BARE}, 7", "columns", (1, "GPU-2")),  # a cell too many (no free-text column)
+            (with_cell(ROW1_BARE, 3, "1O"), "whole number", (1, "GPU-2")),
+            (with_cell(ROW1_BARE, 3, "-1"), "whole number", (1, "GPU-2")),
+            (with_cell(ROW1_BARE, 3, "1.5"), "whole number", (1, "GPU-2")),
+            (with_cell(ROW1_BARE, 3, "1,5"), "columns", (1, "GPU-2")),  # a localised decimal comma
+            (with_cell(ROW1_BARE, 3, "10 MHz"), "whole number", (1, "GPU-2")),
+            (with_cell(ROW1_BARE, 3, ""), "whole number", (1, "GPU-2")),
+            (with_cell(ROW1_BARE, 3, "99999999999999999999999"), "whole number", (1, "GPU-2")),  # 23 digits
+            (with_cell(ROW1_BARE, 7, "5"), "hex", (1, "GPU-2")),
+            (with_cell(ROW1_BARE, 8, "maybe"), "Yes/No", (1, "GPU-2")),
+            (with_cell(ROW1_BARE, 1, "not-a-uuid"), "UUID", (1, None)),
+            (with_cell(ROW1_BARE, 0, "one"), "whole number", (None, "GPU-2")),
+            ("1 GPU-2, 1000, 10", "columns", (None, None)),  # nothing of it can be read
+        ],
+    )
+    def test_a_damaged_row_fails_its_gpu_alone(
+        self, row: str, match: str, readable: tuple[int | None, str | None]
+    ) -> None:
+        # GPU 1's row cannot be read: GPU 1 fails (with the error, and what of the row tells whose it is), never read
+        # as data; GPU 0 still reports. NVML fails one GPU alone in the same way.
+        records, failures = parse_query_gpu(f"{HEADER}\n{ROW_BARE}\n{row}\n")
+        assert [r.uuid for r in records] == ["GPU-1"]
+        (failure,) = failures
+        assert (failure.index, failure.uuid) == readable
+        assert isinstance(failure.error, SmiParseError) and re.search(match, failure.error.reason)
+        assert (failure.line_no, failure.line) == (3, row)
 
     def test_header_must_match_the_request(self) -> None:
         with pytest.raises(SmiParseError, match="does not match"):
@@ -559,10 +602,10 @@ class TestRefusals:
             parse_table("0, 1\n", {}, header=False)
 
     def test_error_carries_line_number_and_line(self) -> None:
-        with pytest.raises(SmiParseError) as info:
-            parse_query_gpu(f"{HEADER}\n{ROW_BARE}\n{with_cell(ROW_BARE, 2, 'x')}\n")
-        assert info.value.line_no == 3
-        assert info.value.line == with_cell(ROW_BARE, 2, "x")
+        bad = with_cell(ROW1_BARE, 2, "x")
+        _, (failure,) = parse_query_gpu(f"{HEADER}\n{ROW_BARE}\n{bad}\n")
+        assert isinstance(failure.error, SmiParseError)
+        assert (failure.error.line_no, failure.error.line) == (3, bad)
 
     @pytest.mark.parametrize(
         "row",
@@ -573,9 +616,15 @@ class TestRefusals:
             "GPU-1, 7, name, 5.5",
         ],
     )
-    def test_compute_apps_refuses(self, row: str) -> None:
-        with pytest.raises(SmiParseError):
-            parse_compute_apps(f"gpu_uuid, pid, process_name, used_gpu_memory [MiB]\n{row}\n")
+    def test_compute_apps_row_that_cannot_be_read_fails_its_gpu(self, row: str) -> None:
+        listing = parse_compute_apps(f"gpu_uuid, pid, process_name, used_gpu_memory [MiB]\nGPU-2, 8, b, 1\n{row}\n")
+        assert isinstance(listing.failed["GPU-1"], SmiParseError)
+        assert "GPU-1" not in listing.by_gpu and [p.pid for p in listing.by_gpu["GPU-2"]] == [8]
+        assert listing.unattributed is None
+
+    def test_compute_apps_row_naming_no_gpu_makes_every_list_unknown(self) -> None:
+        listing = parse_compute_apps("gpu_uuid, pid, process_name, used_gpu_memory [MiB]\nGPU-2, 8, b, 1\nGPU 1 7\n")
+        assert listing.unattributed is not None and "line 3" in listing.unattributed
 
     @pytest.mark.parametrize(
         "text",
@@ -594,32 +643,69 @@ class TestRefusals:
             "Driver Version : 1\nGPU 0000:01:00.0\n    Processes : None",  # cut short
         ],
     )
-    def test_q_pids_refuses(self, text: str) -> None:
-        with pytest.raises(SmiParseError):
-            parse_pids_query(text)
+    def test_q_pids_gpu_block_that_cannot_be_read_fails_that_gpu_alone(self, text: str) -> None:
+        if "Driver Version" not in text or not text.endswith("\n"):
+            with pytest.raises(SmiParseError):  # not -q output at all, or cut short: nothing of it is read
+                parse_pids_query(text)
+            return
+        other = "GPU 0000:02:00.0\n    Processes : None\n"
+        for whole in (text + other, text.replace("GPU 0000:01", other + "GPU 0000:01")):
+            listing = parse_pids_query(whole)
+            assert isinstance(listing.failed["00000000:01:00.0"], SmiParseError)
+            assert "00000000:01:00.0" not in listing.compute  # never an empty (idle) list
+            assert listing.compute["00000000:02:00.0"] == ()  # the other GPU, before or after it, still reads
 
-    def test_unknown_retirement_cause_is_refused(self) -> None:
-        with pytest.raises(SmiParseError, match="cause"):
-            parse_retired_pages("gpu_uuid, retired_pages.address, retired_pages.cause\nGPU-1, 0x1, Cosmic Ray\n")
+    def test_q_pids_header_that_cannot_be_read_refuses_everything(self) -> None:
+        with pytest.raises(SmiParseError, match="key : value"):
+            parse_pids_query("Driver Version : 1\n??? garbage\nGPU 0000:01:00.0\n    Processes : None\n")
+
+    def test_unknown_retirement_cause_makes_that_gpus_pages_unknown(self) -> None:
+        # As NVML leaves one health value unknown: the GPU's pages are None with the line, the other GPU's are read.
+        listing = parse_retired_pages(
+            "gpu_uuid, retired_pages.address, retired_pages.cause\nGPU-1, 0x1, Double Bit ECC\nGPU-1, 0x2, Cosmic Ray\n"
+            "GPU-2, 0x3, Single Bit ECC\nGPU-3, 0x4\n"
+        )
+        assert "GPU-1" not in listing.by_gpu and "line 3" in listing.unsupported["GPU-1"]
+        assert "cause" in listing.unsupported["GPU-1"]
+        assert "line 5" in listing.unsupported["GPU-3"] and "columns" in listing.unsupported["GPU-3"]
+        assert [p.address for p in listing.by_gpu["GPU-2"]] == [3]
+
+    def test_a_retired_page_row_naming_no_gpu_is_refused(self) -> None:
+        with pytest.raises(SmiParseError, match="columns"):
+            parse_retired_pages("gpu_uuid, retired_pages.address, retired_pages.cause\nGPU-1 0x1, Cosmic Ray\n")
 
 
 class TestCorruptData:
+    # Each impossible value fails its GPU alone (as NVML's CorruptData does), never the others, never read as data.
     def test_used_above_total(self) -> None:
-        with pytest.raises(CorruptData, match="exceed"):
-            parse_query_gpu("index, uuid, memory.total, memory.used, memory.free\n0, GPU-1, 10, 11, 0\n")
+        records, (failure,) = parse_query_gpu(
+            "index, uuid, memory.total, memory.used, memory.free\n0, GPU-1, 10, 11, 0\n1, GPU-2, 10, 1, 9\n"
+        )
+        assert [r.uuid for r in records] == ["GPU-2"]
+        assert (failure.index, failure.uuid) == (0, "GPU-1")
+        assert isinstance(failure.error, CorruptData) and "exceed" in str(failure.error)
 
     @pytest.mark.parametrize("pid", ["0", "4194305"])
     def test_impossible_pid_csv(self, pid: str) -> None:
-        with pytest.raises(CorruptData, match="impossible"):
-            parse_compute_apps(f"gpu_uuid, pid, used_gpu_memory\nGPU-1, {pid}, 1\n")
+        listing = parse_compute_apps(f"gpu_uuid, pid, used_gpu_memory\nGPU-1, {pid}, 1\nGPU-2, 5, 1\n")
+        assert isinstance(listing.failed["GPU-1"], CorruptData) and "impossible" in str(listing.failed["GPU-1"])
+        assert "GPU-1" not in listing.by_gpu and [p.pid for p in listing.by_gpu["GPU-2"]] == [5]
 
     def test_impossible_pid_q(self) -> None:
         text = (
             "Driver Version : 1\nGPU 0000:01:00.0\n    Processes\n        Process ID : 0\n            Type : C\n"
-            "            Used GPU Memory : 1 MiB\n"
+            "            Used GPU Memory : 1 MiB\nGPU 0000:02:00.0\n    Processes : None\n"
         )
-        with pytest.raises(CorruptData):
-            parse_pids_query(text)
+        listing = parse_pids_query(text)
+        assert isinstance(listing.failed["00000000:01:00.0"], CorruptData)
+        assert "00000000:01:00.0" not in listing.compute and listing.compute["00000000:02:00.0"] == ()
+
+    def test_clock_beyond_32_bits(self) -> None:
+        row = with_cell(ROW1_BARE, 6, "4294967296")  # NVML's clocks are unsigned int
+        records, (failure,) = parse_query_gpu(f"{HEADER}\n{ROW_BARE}\n{row}\n")
+        assert [r.uuid for r in records] == ["GPU-1"] and (failure.index, failure.uuid) == (1, "GPU-2")
+        assert isinstance(failure.error, CorruptData) and "2^32" in str(failure.error)
+        assert one_gpu(f"{HEADER}\n{with_cell(ROW_BARE, 6, '4294967295')}\n").clocks is not None
 
     def test_process_using_more_than_the_gpu_has(self) -> None:
         r = one_gpu("index, uuid, memory.total, memory.used, memory.free\n0, GPU-1, 10, 1, 9\n")
@@ -657,3 +743,31 @@ class TestBuildDeviceState:
         assert state.compute_processes == lists.compute
         assert state.processes is None
         assert state.why_unknown("processes.graphics") == "why"
+
+
+@pytest.mark.parametrize(
+    ("value", "failure"),
+    [
+        ("N/A", None),
+        ("[N/A]", None),
+        ("Not Supported", None),  # a bare phrase, as -q prints where a number belongs
+        ("[Not Supported]", None),
+        ("[Insufficient Permissions]", NoPermission),
+        ("Insufficient Permissions", NoPermission),
+        ("[Unknown Error]", Unknown),
+        ("[GPU is lost]", GpuLost),
+    ],
+)
+def test_q_processes_placeholder_is_unknown_or_fails_the_gpu_as_nvml_would(
+    value: str, failure: type[Exception] | None
+) -> None:
+    # NVML: NOT_SUPPORTED leaves a list unknown; NO_PERMISSION, UNKNOWN, GPU_IS_LOST fail the GPU.
+    text = f"Driver Version : 1\nGPU 0000:01:00.0\n    Processes : {value}\nGPU 0000:02:00.0\n    Processes : None\n"
+    listing = parse_pids_query(text)
+    assert "00000000:01:00.0" not in listing.compute or listing.compute["00000000:01:00.0"] == ()
+    if failure is None:
+        assert value.strip("[]") in listing.unknown["00000000:01:00.0"] and not listing.failed
+    else:
+        assert type(listing.failed["00000000:01:00.0"]) is failure
+        assert "00000000:01:00.0" not in listing.compute
+    assert listing.compute["00000000:02:00.0"] == ()

@@ -157,3 +157,15 @@ def test_replayed_mig_capture_end_to_end() -> None:
     assert verdict.satisfied is False
     assert any("pid 31337" in r and "unknown amount" in r and "GI 1" in r for r in verdict.reasons)
     assert nc.on_devices([idle.uuid or ""], nc.default_predicate()).evaluate(snap).clean
+
+
+def test_a_mig_device_using_more_than_it_has_fails_its_gpu_not_the_output() -> None:
+    # As NVML's CorruptData on a MIG handle fails that GPU: its lists and MIG devices are not given, and no error
+    # escapes for the output as a whole (another GPU's block would still be read).
+    text = (DATA / "q.stdout").read_text(encoding="utf-8")
+    used = "Used                                   : 2057 MiB"
+    assert used in text
+    listing = smi_csv.parse_pids_query(text.replace(used, used.replace("2057", "99999"), 1))
+    (gpu, error), = listing.failed.items()
+    assert gpu == "00000000:18:00.0" and isinstance(error, nc.CorruptData) and "99999 MiB" in str(error)
+    assert gpu not in listing.compute and gpu not in listing.mig_devices

@@ -66,19 +66,19 @@ def test_used_gpu_memory_placeholders(value: str) -> None:
 
 def test_garbage_in_an_entry_quotes_its_own_line_and_number() -> None:
     text = read("constructed-wddm", "q_pids.stdout").replace("Not available in WDDM driver model", "12 GiB", 1)
-    with pytest.raises(SmiParseError) as info:
-        smi_csv.parse_pids_query(text)
+    (error,) = smi_csv.parse_pids_query(text).failed.values()
+    assert isinstance(error, SmiParseError)
     lines = text.split("\n")
-    assert "Used GPU Memory" in info.value.line and "12 GiB" in info.value.line
-    assert lines[info.value.line_no - 1] == info.value.line  # the number is that line's, not the entry's first
+    assert "Used GPU Memory" in error.line and "12 GiB" in error.line
+    assert lines[error.line_no - 1] == error.line  # the number is that line's, not the entry's first
 
 
 def test_a_bad_type_quotes_the_type_line() -> None:
     text = read("constructed-wddm", "q_pids.stdout").replace(": C+G", ": X")
-    with pytest.raises(SmiParseError) as info:
-        smi_csv.parse_pids_query(text)
-    assert info.value.line.strip().startswith("Type")
-    assert text.split("\n")[info.value.line_no - 1] == info.value.line
+    (error,) = smi_csv.parse_pids_query(text).failed.values()
+    assert isinstance(error, SmiParseError)
+    assert error.line.strip().startswith("Type")
+    assert text.split("\n")[error.line_no - 1] == error.line
 
 
 # --- driver 610 -------------------------------------------------------------------------------------------------------

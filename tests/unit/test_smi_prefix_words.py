@@ -4,12 +4,13 @@ the option, and a prefix that fails with status 1 is the prefix's failure, not N
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
-from nvmlcheck.backends.smi import SmiResult, classify_failure
+from nvmlcheck.backends.smi import SmiBackend, SmiResult, SmiRunner, classify_failure
 from nvmlcheck.cli import main
-from nvmlcheck.errors import SmiTransportError, Uninitialized
+from nvmlcheck.errors import ArgumentError, SmiTransportError, Uninitialized
 
 
 @pytest.mark.parametrize(("prefix", "words"), [("'x", "does not split into words"), ("", "an empty command"),
@@ -38,3 +39,11 @@ def test_simulate_with_hosts_is_refused_before_the_simulation_starts(capsys: pyt
     err = capsys.readouterr()[1]
     assert code == 2 and "cannot be combined with --host" in err
     assert "simulated GPUs" not in err  # no banner: nothing was built or started
+
+
+@pytest.mark.parametrize("keyword", ["prefix", "command"])
+def test_a_command_that_does_not_split_is_an_argument_error_from_python_too(keyword: str) -> None:
+    given: dict[str, Any] = {keyword: "ssh 'gpu01"}
+    for make in (SmiRunner, SmiBackend):
+        with pytest.raises(ArgumentError, match="does not split into words"):  # also a ValueError, as shlex's was
+            make(**given)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from nvmlcheck._proc.child import REAP_GRACE_S, Child
 from nvmlcheck.backends import smi as smi_module
 from nvmlcheck.backends.smi import SmiResult, SmiRunner, classify_failure
 from nvmlcheck.errors import (
@@ -295,6 +296,23 @@ class TestDeadlines:
         assert info.value.timeout_s == 1.0
         child = int(pid_file.read_text())
         assert dies_soon(child), "the hanging nvidia-smi's child survived the timeout"
+
+    def test_runs_started_together_share_one_reap_grace(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        # A wedged GPU hangs every nvidia-smi of a pass, in uninterruptible sleep: killing them one after another, each
+        # with its own reap grace, overran the wait's deadline by one grace per run. Every run of the batch now gets
+        # SIGKILL at the first kill, and all are reaped by the same moment (the mechanism; no stopwatch).
+        kills: list[int | None] = []
+        real_kill = Child.kill
+
+        def kill(self: Child, grace_s: float = REAP_GRACE_S, **kw: object) -> bool:
+            kills.append(kw.get("deadline_ns"))  # type: ignore[arg-type]
+            return real_kill(self, grace_s, **kw)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(Child, "kill", kill)
+        monkeypatch.setenv("FAKE_SMI_HANG", "1")
+        with pytest.raises(SmiTimeout):
+            SmiRunner(command=FAKE_CMD, timeout_s=0.3).run_many([QUERY, QUERY, ("-q", "-d", "PIDS")])
+        assert len(kills) == 3 and kills[0] is not None and len(set(kills)) == 1, kills
 
     def test_hang_behind_a_prefix_kills_the_whole_chain(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         ssh = write_script(tmp_path / "ssh", SSH_WRAPPER)

@@ -4,9 +4,10 @@
 PCI bus id; ``Type`` ``C``, ``G``, ``M`` or combinations such as ``M+C``), the driver and CUDA versions of the
 header (driver 610's ``KMD Version``/``CUDA UMD Version`` win over the deprecated names), ``Processes : N/A`` as
 unknown (never "none"), lost GPUs as :class:`~.text.HandleFailure`, and from a full ``-q`` each GPU's MIG mode and
-``MIG Device`` blocks. Process names are kept as printed, commas and all. A line not understood raises
-:class:`~nvmlcheck.SmiParseError` with its number; a MIG block not understood only makes that GPU's MIG devices
-unknown.
+``MIG Device`` blocks. Process names are kept as printed, commas and all. A line not understood, or a value that
+cannot be true, inside one GPU's block fails that GPU alone (``PidsListing.failed``, with the
+:class:`~nvmlcheck.SmiParseError` naming the line, or the :class:`~nvmlcheck.CorruptData`); in the header, or a GPU
+printed twice, it raises. A MIG block not understood only makes that GPU's MIG devices unknown.
 Rules and reasons: docs/backends.md, "How nvidia-smi output is read".
 """
 
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Final
 
-from ...errors import CorruptData, SmiParseError
+from ...errors import CorruptData, NvmlCheckError, SmiParseError, error_class_for_code
 from ...model import MIB, GpuProcess, Memory, MigDevice, ProcessKind
 from .text import (
     GPU_ERROR_LINE,
@@ -26,6 +27,7 @@ from .text import (
     HandleFailure,
     Unavailable,
     check_pid,
+    code_for_message,
     handle_failure_line,
     is_uint,
     normalize_pci_bus_id,
@@ -61,6 +63,11 @@ class PidsListing:
     mig_devices: Mapping[str, tuple[MigDevice, ...]] = field(default_factory=dict)
     #: GPU -> why its ``MIG Device`` blocks could not be read (they are then left out of ``mig_devices``).
     mig_unknown: Mapping[str, str] = field(default_factory=dict)
+    #: GPU -> the error its block raised (a line not understood, an impossible PID or amount), or the NVML error its
+    #: ``Processes`` placeholder stands for where NVML's would fail the GPU (``[Insufficient Permissions]``, ``[GPU is
+    #: lost]``): that GPU could not be read; it is left out of the three lists, the others still stand.
+    failed: Mapping[str, NvmlCheckError] = field(default_factory=dict)
+
 
 
 _Q_GPU = re.compile(rf"GPU ({PCI_TEXT})")
@@ -107,13 +114,27 @@ class _PidsParser:
         self.mig_indent: int | None = None  # indentation of the open "MIG Device" title
         self.mig_entry: dict[str, str] = {}
         self.mig_line: tuple[int, str] = (0, "")
+        self.failed: dict[str, NvmlCheckError] = {}  # GPU -> the first error its block raised
+        self.whole: SmiParseError | None = None  # an error no single GPU's block explains: the output is refused
+
+    def fail_gpu(self, error: SmiParseError | CorruptData) -> None:
+        """Record ``error`` against the open GPU block and drop the entry it was reading; the rest of the block is read
+        on, and later errors of the same GPU add nothing. Re-raised outside a block (the header is everyone's) and
+        when it is :attr:`whole`'s."""
+        if self.gpu is None or error is self.whole:
+            raise error
+        self.failed.setdefault(self.gpu, error)
+        self.entry, self.entry_lines = {}, {}
 
     def feed(self, no: int, line: str) -> None:
         stripped = line.strip()
         indent = len(line) - len(line.lstrip(" "))
         if self.section_indent is not None and indent <= self.section_indent:
-            self.close_entry()
             self.section_indent = None
+            try:
+                self.close_entry()
+            except (SmiParseError, CorruptData) as exc:
+                self.fail_gpu(exc)  # and this line is still read (it may open the next GPU's block)
         # Cheap first-character tests keep the regular expressions off the common "key : value" line.
         if stripped[0] == "=" and stripped.startswith("=====") and "NVSMI LOG" in stripped:
             return
@@ -121,11 +142,16 @@ class _PidsParser:
             self.handle_failure(no, line)
             return
         if stripped[0] == "G" and (gpu := _Q_GPU.fullmatch(stripped)) is not None:
-            self.close_gpu(no, line)
+            try:
+                self.close_gpu(no, line)
+            except (SmiParseError, CorruptData) as exc:
+                self.fail_gpu(exc)
             self.gpu = normalize_pci_bus_id(gpu.group(1))
             if str(self.gpu) in self.lists[ProcessKind.COMPUTE]:
-                # Two blocks for one GPU: the second's lists would be merged into the first's, or hide them.
-                raise SmiParseError(f"GPU {self.gpu} is printed twice", no, line)
+                # Two blocks for one GPU: the second's lists would be merged into the first's, or hide them. Which of
+                # the two is the GPU's own cannot be told (a process name may hold a line break and a GPU line).
+                self.whole = SmiParseError(f"GPU {self.gpu} is printed twice", no, line)
+                raise self.whole
             for kind in ProcessKind:
                 self.lists[kind].setdefault(str(self.gpu), [])
             return
@@ -265,8 +291,14 @@ class _PidsParser:
         if self.seen_section:
             raise SmiParseError(f"GPU {gpu} has two Processes sections", no, line)
         self.seen_section = True
-        ph = placeholder(value)
+        ph = number_placeholder(value)  # bracketed, or a bare phrase ("Not Supported") as -q prints elsewhere
         if ph is not None:
+            code = code_for_message(ph.text)
+            error_class = error_class_for_code(code)
+            if error_class.SCOPE != "value":
+                # As NVML fails a GPU whose process list answers NO_PERMISSION, UNKNOWN, GPU_IS_LOST, ...
+                self.failed.setdefault(gpu, error_class(code, "nvidia-smi -q", None, ph.reason("Processes")))
+                return
             # The process lists could not be read (not supported here): unknown, not empty.
             self.unknown[gpu] = ph.reason("Processes")
         elif value == "":
@@ -337,44 +369,55 @@ class _PidsParser:
         return int(value)
 
     def close_gpu(self, no: int, line: str) -> None:
-        self.close_entry()
-        self.close_mig()
+        seen_section, self.seen_section = self.seen_section, False
+        self.section_indent = None
         self.title = None
-        if self.gpu is not None and not self.seen_section:
+        try:
+            self.close_entry()
+            self.close_mig()
+        finally:
+            self.mig_indent, self.mig_entry = None, {}  # nothing of this block may reach the next one
+        if self.gpu is not None and not seen_section:
             # -q -d MEMORY has no Processes section: that is "not asked", never "no process".
             raise SmiParseError(f"GPU {self.gpu} has no Processes section", no, line)
-        self.section_indent = None
-        self.seen_section = False
 
 
 def parse_pids_query(text: str) -> PidsListing:
     """Parse ``nvidia-smi -q -d PIDS``: every GPU's compute, graphics and MPS processes (``Type`` ``C``, ``G``,
     ``M``, or combinations such as ``M+C`` and ``C+G``, where the process is listed under each kind), plus the
     ``Driver Version`` and ``CUDA Version`` of the header. ``Processes : None`` is an empty list: nvidia-smi said so.
+    A GPU whose block holds a line not understood or an impossible value is in ``failed`` and in none of the lists.
     """
     parser = _PidsParser()
     lines = numbered_lines(text)
     entry_line = _Q_ENTRY_LINE.fullmatch
     for no, line in lines:
-        # Fast lane for the lines of a process entry (most of the output); everything else takes feed().
-        m = entry_line(line)
-        if m is not None and parser.section_indent is not None and len(m.group(1)) > parser.section_indent:
-            key = m.group(2)
-            if key == "GPU instance ID" or (key == "Process ID" and "Process ID" in parser.entry):
-                parser.close_entry()
-            if not parser.entry:
-                parser.entry_line = (no, line)
-            parser.entry[key] = m.group(3).strip()
-            parser.entry_lines[key] = (no, line)
-            continue
-        parser.feed(no, line)
+        try:
+            # Fast lane for the lines of a process entry (most of the output); everything else takes feed().
+            m = entry_line(line)
+            if m is not None and parser.section_indent is not None and len(m.group(1)) > parser.section_indent:
+                key = m.group(2)
+                if key == "GPU instance ID" or (key == "Process ID" and "Process ID" in parser.entry):
+                    parser.close_entry()
+                if not parser.entry:
+                    parser.entry_line = (no, line)
+                parser.entry[key] = m.group(3).strip()
+                parser.entry_lines[key] = (no, line)
+                continue
+            parser.feed(no, line)
+        except (SmiParseError, CorruptData) as exc:
+            parser.fail_gpu(exc)  # one GPU's block (re-raised in the header, or when it is the whole output's)
     last_no, last = lines[-1] if lines else (1, "")
-    parser.close_gpu(last_no, last)
+    try:
+        parser.close_gpu(last_no, last)
+    except (SmiParseError, CorruptData) as exc:
+        parser.fail_gpu(exc)
     if "Driver Version" not in parser.top and "KMD Version" not in parser.top:
         raise SmiParseError("no 'Driver Version' line: this is not nvidia-smi -q output", 1, text[:80])
 
     def freeze(kind: ProcessKind) -> Mapping[str, tuple[GpuProcess, ...]]:
-        return MappingProxyType({k: tuple(v) for k, v in parser.lists[kind].items()})
+        # A failed GPU's list may be cut where its error was: it is not given at all.
+        return MappingProxyType({k: tuple(v) for k, v in parser.lists[kind].items() if k not in parser.failed})
 
     notes: dict[str, str] = {}
 
@@ -412,4 +455,5 @@ def parse_pids_query(text: str) -> PidsListing:
         bytes_unknown=MappingProxyType(
             {k: v.reason("a process's Used GPU Memory") for k, v in parser.unknown_bytes.items()}
         ),
+        failed=MappingProxyType(dict(parser.failed)),
     )

@@ -12,11 +12,11 @@ Rules and reasons: docs/backends.md, "How nvidia-smi output is read".
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Final
 
-from ...errors import CorruptData, SmiParseError
+from ...errors import CorruptData, SmiParseError, error_class_for_code
 from ...model import (
     MIB,
     ClockEventReason,
@@ -32,7 +32,7 @@ from ...model import (
     unknown_key,
 )
 from .aliases import COMPUTE_APPS_ALIASES, QUERY_GPU_ALIASES, REMAPPED_ROWS_ALIASES, RETIRED_PAGES_ALIASES
-from .table import HEX, Cells, Table, known, parse_table
+from .table import HEX, UUID_TEXT, Cells, Row, Table, known, parse_table
 from .text import HandleFailure, Unavailable, check_pid, code_for_message, is_uint, placeholder, strip_deprecation
 
 __all__ = [
@@ -129,28 +129,35 @@ def parse_query_gpu(
     """Parse ``nvidia-smi --query-gpu=... --format=csv[,nounits]``.
 
     ``index`` and ``uuid`` must be among the columns. A row whose UUID is a placeholder (``[GPU requires reset]``)
-    becomes a :class:`HandleFailure`, as do ``Unable to determine the device handle`` lines. A second row for one
-    index or one UUID is refused (:class:`~nvmlcheck.SmiParseError`).
+    becomes a :class:`HandleFailure`, as do ``Unable to determine the device handle`` lines, and a row that cannot be
+    read (a cell that is no value, a value that cannot be true, the wrong number of columns): its failure carries the
+    error and whatever of its index and UUID could be read, so that GPU alone fails (as with NVML) and the others still
+    report. A second row for one index or one UUID is refused (:class:`~nvmlcheck.SmiParseError`), and so is a
+    damaged row that claims a GPU another row reads.
     """
-    table = parse_table(text, QUERY_GPU_ALIASES, requested, header=header)
+    table = parse_table(text, QUERY_GPU_ALIASES, requested, header=header, keep_bad_rows=True)
     for needed in ("index", "uuid"):
         if not table.has(needed):
             raise SmiParseError(f"--query-gpu output lacks the {needed} column", 1, "")
     records: list[GpuRecord] = []
     failures = list(table.failures)
+    damaged: list[HandleFailure] = [_damaged_row(table, row, exc) for row, exc in table.bad_rows]
     seen: set[int | str] = set()
     for row in table.rows:
         cells = Cells(table, row)
-        index = cells.uint("index")
-        uuid = cells.uuid("uuid")
+        try:
+            index = cells.uint("index")
+            uuid = cells.uuid("uuid")
+        except SmiParseError as exc:
+            damaged.append(_damaged_row(table, row, exc))
+            continue
+        _check_owner(cells, index, uuid, seen)
         if isinstance(index, Unavailable):
-            raise cells.fail(f"index is {index.text}: the row cannot be attributed to a GPU")
-        # One row per GPU: a second row for an index or a UUID would make one GPU's reading another's.
-        for key in (index, uuid):
-            if key in seen:
-                raise cells.fail(f"a second row for GPU {key}")
-            if not isinstance(key, Unavailable):
-                seen.add(key)
+            # That GPU could not be enumerated: a failure, tied to its GPU by the UUID where that reads.
+            owner = uuid if isinstance(uuid, str) else None
+            why, code = f"its index reads {index.text}", code_for_message(index.text)
+            failures.append(HandleFailure(row.line_no, row.line, None, None, why, code, owner))
+            continue
         if isinstance(uuid, Unavailable):
             pci = cells.pci("pci.bus_id") if table.has("pci.bus_id") else None
             failures.append(
@@ -164,8 +171,68 @@ def parse_query_gpu(
                 )
             )
             continue
-        records.append(_gpu_record(table, cells, index, uuid))
-    return tuple(records), tuple(failures)
+        failing = _failing_placeholder(table, cells)
+        if failing is not None:
+            # What NVML's answer would make a failure of the GPU (a lost GPU; memory unreadable for want of
+            # permission, or an unknown error) fails it here too: a wait on it ends at once, or retries, as with NVML.
+            column, ph = failing
+            message = f"{column} reads {ph.text}: {ph.reason(column)}"
+            failures.append(HandleFailure(row.line_no, row.line, None, index, message, code_for_message(ph.text), uuid))
+            continue
+        try:
+            records.append(_gpu_record(table, cells, index, uuid))
+        except (SmiParseError, CorruptData) as exc:
+            failures.append(_damaged_row(table, row, exc, index, uuid))  # its index and UUID were checked above
+    for hf in damaged:
+        # A damaged row that names a GPU another row reads: nvidia-smi contradicts itself about that GPU.
+        for key in (hf.index, hf.uuid):
+            if key is not None and key in seen:
+                raise SmiParseError(f"a damaged second row for GPU {key}", hf.line_no, hf.line)
+            if key is not None:
+                seen.add(key)
+    return tuple(records), (*failures, *damaged)
+
+
+# Columns read by the one NVML call whose failure fails the GPU (nvmlDeviceGetMemoryInfo_v2): a wait judges them.
+_JUDGED_COLUMNS: Final = frozenset({"memory.total", "memory.used", "memory.free", "memory.reserved"})
+
+
+def _failing_placeholder(table: Table, cells: Cells) -> tuple[str, Unavailable] | None:
+    """The first placeholder of the row that stands for an NVML error failing the whole GPU, with its column: one of
+    device scope anywhere (``[GPU is lost]``, ``[GPU requires reset]``), or any but "not supported" in a column a wait
+    judges (``[Insufficient Permissions]``, ``[Unknown Error]``). Others leave their value ``None`` with the reason."""
+    for column in table.columns:
+        ph = placeholder(cells.raw(column.name))
+        if ph is None:
+            continue
+        scope = error_class_for_code(code_for_message(ph.text)).SCOPE
+        if scope == "device" or (scope == "read" and column.name in _JUDGED_COLUMNS):
+            return column.name, ph
+    return None
+
+
+def _check_owner(cells: Cells, index: int | Unavailable, uuid: str | Unavailable, seen: set[int | str]) -> None:
+    """Refuse a row whose index or UUID a row before it named (``seen``, updated)."""
+    # One row per GPU: a second row for an index or a UUID would make one GPU's reading another's.
+    for key in (index, uuid):
+        if key in seen:
+            raise cells.fail(f"a second row for GPU {key}")
+        if not isinstance(key, Unavailable):
+            seen.add(key)
+
+
+def _damaged_row(
+    table: Table, row: Row, error: SmiParseError | CorruptData, index: int | None = None, uuid: str | None = None
+) -> HandleFailure:
+    """A row that could not be read, as the failure of whichever GPU its index or UUID still names."""
+    if index is None:
+        raw = table.leading_cell(row, "index")
+        index = int(raw) if raw is not None and is_uint(raw) else None
+    if uuid is None:
+        raw = table.leading_cell(row, "uuid")
+        uuid = raw if raw is not None and UUID_TEXT.fullmatch(raw) else None
+    reason = error.reason if isinstance(error, SmiParseError) else error.message
+    return HandleFailure(row.line_no, row.line, None, index, f"its row could not be read: {reason}", 999, uuid, error)
 
 
 def _optional_text(table: Table, cells: Cells, name: str, key: str, unknown: dict[str, str]) -> str | None:
@@ -250,6 +317,10 @@ def _ecc_and_recovery(
     return ecc, recovery
 
 
+_BYTES_MAX: Final = (1 << 64) - 1
+_MHZ_MAX: Final = (1 << 32) - 1
+
+
 def _memory(table: Table, cells: Cells, index: int, unknown: dict[str, str]) -> Memory | None:
     # Every present cell is converted (and so checked) before any is judged: garbage in one column is refused even
     # when a placeholder in another makes the whole part unknown.
@@ -271,6 +342,9 @@ def _memory(table: Table, cells: Cells, index: int, unknown: dict[str, str]) -> 
         r = values["memory.reserved"]
         if known(r, "memory.reserved", unknown, "memory.reserved_bytes") and isinstance(r, int):
             reserved = r
+    if total > _BYTES_MAX:
+        # NVML's total is a 64-bit count of bytes: 20 digits of MiB that pass as a number are still no memory size.
+        raise CorruptData(f"memory.total {total // MIB} MiB is more than 2^64 bytes", "nvidia-smi --query-gpu", index)
     if used > total or free > total or (reserved is not None and reserved > total):
         raise CorruptData(
             f"memory.used {used // MIB} MiB / memory.free {free // MIB} MiB / memory.reserved "
@@ -298,6 +372,9 @@ def _clock_set(table: Table, cells: Cells, group: str, unknown: dict[str, str]) 
             )
             continue
         v = cells.uint(name)
+        if isinstance(v, int) and v > _MHZ_MAX:
+            # NVML's clocks are 32-bit: a number beyond is a misread, not a clock.
+            raise CorruptData(f"{name} {v} MHz is more than 2^32 - 1", "nvidia-smi --query-gpu")
         values[attr] = v if known(v, name, unknown, key) and isinstance(v, int) else None
     return ClockSet(**values)
 
@@ -343,12 +420,15 @@ def _remapped(cells: Cells, unknown: dict[str, str]) -> RemappedRows | None:
 class ProcessListing:
     """Processes by GPU (UUID for CSV, PCI bus id for ``-q``), in the order nvidia-smi printed them.
 
-    ``unattributed`` is set when a row could not be tied to a GPU (its UUID or PID a placeholder): then no GPU's list
-    can be trusted to be complete, and the caller reports every list as unknown with this reason.
+    ``unattributed`` is set when a row could not be tied to a GPU (its UUID or PID a placeholder, or a damaged row
+    whose UUID cannot be read): then no GPU's list can be trusted to be complete, and the caller reports every list
+    as unknown with this reason. ``failed`` maps a GPU to the error of a row of its own that could not be read (an
+    impossible PID, a cell that is no value): that GPU could not be read, and it has no entry in ``by_gpu``.
     """
 
     by_gpu: Mapping[str, tuple[GpuProcess, ...]]
     unattributed: str | None = None
+    failed: Mapping[str, SmiParseError | CorruptData] = field(default_factory=dict)
 
 
 _APPS_REQUIRED = ("gpu_uuid", "pid", "used_gpu_memory")
@@ -360,24 +440,37 @@ def parse_compute_apps(text: str, requested: Sequence[str] | None = None, *, hea
     ``used_gpu_memory`` ``[N/A]`` (WDDM, some MIG and container setups) becomes ``used_bytes=None``, never 0. A header
     with no rows means "no compute process" (nvidia-smi said so); with ``header=False`` empty output means the same.
     """
-    table = parse_table(text, COMPUTE_APPS_ALIASES, requested, header=header)
+    table = parse_table(text, COMPUTE_APPS_ALIASES, requested, header=header, keep_bad_rows=True)
     for needed in _APPS_REQUIRED:
         if not table.has(needed):
             raise SmiParseError(f"--query-compute-apps output lacks the {needed} column", 1, "")
     by_gpu: dict[str, list[GpuProcess]] = {}
     unattributed: str | None = None
+    failed: dict[str, SmiParseError | CorruptData] = {}
+    damaged: list[tuple[Row, SmiParseError | CorruptData, str | None]] = [
+        (row, exc, table.leading_cell(row, "gpu_uuid")) for row, exc in table.bad_rows
+    ]
     for row in table.rows:
         cells = Cells(table, row)
-        uuid = cells.uuid("gpu_uuid")
-        pid = cells.uint("pid")
-        used = cells.mib_bytes("used_gpu_memory")
-        name = cells.text("process_name") if table.has("process_name") else None
+        try:
+            uuid = cells.uuid("gpu_uuid")
+        except SmiParseError as exc:
+            damaged.append((row, exc, None))
+            continue
+        try:
+            pid = cells.uint("pid")
+            used = cells.mib_bytes("used_gpu_memory")
+            name = cells.text("process_name") if table.has("process_name") else None
+            if isinstance(pid, int):
+                check_pid(pid, "nvidia-smi --query-compute-apps")
+        except (SmiParseError, CorruptData) as exc:
+            damaged.append((row, exc, uuid if isinstance(uuid, str) else None))
+            continue
         if isinstance(uuid, Unavailable) or isinstance(pid, Unavailable):
             bad = uuid if isinstance(uuid, Unavailable) else pid
             assert isinstance(bad, Unavailable)
             unattributed = f"line {row.line_no}: " + bad.reason("a compute process's gpu_uuid or pid")
             continue
-        check_pid(pid, "nvidia-smi --query-compute-apps")
         proc = GpuProcess(
             pid=pid,
             kind=ProcessKind.COMPUTE,
@@ -385,7 +478,18 @@ def parse_compute_apps(text: str, requested: Sequence[str] | None = None, *, hea
             name=name if isinstance(name, str) else None,
         )
         by_gpu.setdefault(uuid, []).append(proc)
-    return ProcessListing(MappingProxyType({k: tuple(v) for k, v in by_gpu.items()}), unattributed)
+    for row, error, owner in damaged:
+        if owner is None or UUID_TEXT.fullmatch(owner) is None:
+            # Whose process it was cannot be told: it may be on any GPU, whose list would then look shorter.
+            reason = error.reason if isinstance(error, SmiParseError) else error.message
+            unattributed = f"line {row.line_no} could not be read and names no GPU ({reason})"
+        else:
+            failed.setdefault(owner, error)
+    return ProcessListing(
+        MappingProxyType({k: tuple(v) for k, v in by_gpu.items() if k not in failed}),
+        unattributed,
+        MappingProxyType(failed),
+    )
 
 
 _CAUSES: Final[Mapping[str, RetirementCause]] = MappingProxyType(
@@ -405,22 +509,30 @@ class RetiredListing:
 def parse_retired_pages(text: str, requested: Sequence[str] | None = None, *, header: bool = True) -> RetiredListing:
     """Parse ``nvidia-smi --query-retired-pages=gpu_uuid,retired_pages.address,retired_pages.timestamp,
     retired_pages.cause --format=csv``. Addresses are hex or decimal; a timestamp that is not a whole number is kept
-    as ``None`` (the model's "not available")."""
-    table = parse_table(text, RETIRED_PAGES_ALIASES, requested, header=header)
+    as ``None`` (the model's "not available"). A row that cannot be read makes its GPU's pages unknown (in
+    ``unsupported``, with the line), as NVML leaves one health value unknown; a row naming no GPU is refused."""
+    table = parse_table(text, RETIRED_PAGES_ALIASES, requested, header=header, keep_bad_rows=True)
     for needed in ("gpu_uuid", "retired_pages.address", "retired_pages.cause"):
         if not table.has(needed):
             raise SmiParseError(f"--query-retired-pages output lacks the {needed} column", 1, "")
     pages: dict[str, list[RetiredPage]] = {}
     unsupported: dict[str, str] = {}
+    damaged: dict[str, str] = {}  # GPU -> why one of its rows could not be read
+    for row, error in table.bad_rows:
+        owner = table.leading_cell(row, "gpu_uuid")
+        if owner is None or UUID_TEXT.fullmatch(owner) is None:
+            raise error
+        damaged.setdefault(owner, f"nvidia-smi --query-retired-pages line {row.line_no}: {error.reason}")
     for row in table.rows:
         cells = Cells(table, row)
         uuid = cells.uuid("gpu_uuid")
         if isinstance(uuid, Unavailable):
             raise cells.fail("a retired page row without a GPU UUID")
-        cause_text = cells.text("retired_pages.cause")
-        if isinstance(cause_text, Unavailable) or cause_text not in _CAUSES:
-            raise cells.fail(f"retired_pages.cause {cells.raw('retired_pages.cause')!r} is not a known cause")
-        address = _address(cells)
+        try:
+            cause, address = _cause(cells), _address(cells)
+        except SmiParseError as exc:
+            damaged.setdefault(uuid, f"nvidia-smi --query-retired-pages line {row.line_no}: {exc.reason}")
+            continue
         if isinstance(address, Unavailable):
             unsupported[uuid] = address.reason("retired_pages.address")
             continue
@@ -430,13 +542,23 @@ def parse_retired_pages(text: str, requested: Sequence[str] | None = None, *, he
             # rather than being converted with a guessed time zone.
             raw_stamp = cells.raw("retired_pages.timestamp")
             stamp = int(raw_stamp) if is_uint(raw_stamp) else None
-        pages.setdefault(uuid, []).append(RetiredPage(address, _CAUSES[cause_text], stamp))
+        pages.setdefault(uuid, []).append(RetiredPage(address, cause, stamp))
     for uuid in unsupported:
         if uuid in pages:
             raise SmiParseError(f"GPU {uuid} lists retired pages and placeholder rows", 1, "")
+    for uuid, why in damaged.items():
+        pages.pop(uuid, None)  # a list with a row missing is no list
+        unsupported[uuid] = why
     return RetiredListing(
         MappingProxyType({k: tuple(v) for k, v in pages.items()}), MappingProxyType(dict(unsupported))
     )
+
+
+def _cause(cells: Cells) -> RetirementCause:
+    text = cells.text("retired_pages.cause")
+    if isinstance(text, Unavailable) or text not in _CAUSES:
+        raise cells.fail(f"retired_pages.cause {cells.raw('retired_pages.cause')!r} is not a known cause")
+    return _CAUSES[text]
 
 
 def _address(cells: Cells) -> int | Unavailable:

@@ -28,7 +28,7 @@ from .text import (
     placeholder,
 )
 
-__all__ = ["HEX", "Cells", "Column", "Row", "Table", "known", "parse_table"]
+__all__ = ["HEX", "UUID_TEXT", "Cells", "Column", "Row", "Table", "known", "parse_table"]
 
 _HEADER_CELL = re.compile(r"([A-Za-z_][A-Za-z0-9_.]*)(?: \[([^\]\[]+)\])?")
 
@@ -59,6 +59,19 @@ class Table:
     rows: tuple[Row, ...]
     failures: tuple[HandleFailure, ...] = ()
     positions: Mapping[str, int] = field(default_factory=dict)
+    #: Rows that could not be split into the header's columns (only with ``keep_bad_rows``): each with its cells as
+    #: split (their count is wrong) and the error. The caller decides whose row it was, or refuses the output.
+    bad_rows: tuple[tuple[Row, SmiParseError], ...] = ()
+    #: The free-text column's position (``None`` when there is none): a bad row's cells after it may be shifted.
+    free: int | None = None
+
+    def leading_cell(self, row: Row, name: str) -> str | None:
+        """Row ``row``'s cell of column ``name`` where it can be trusted in a row of the wrong length: only left of
+        the free-text column, whose commas are the only ones a row may hold (``None`` otherwise)."""
+        pos = self.positions.get(name)
+        if pos is None or pos >= len(row.cells) or (self.free is not None and pos >= self.free):
+            return None
+        return row.cells[pos]
 
     def has(self, name: str) -> bool:
         """Whether the canonical field ``name`` is a column."""
@@ -103,11 +116,14 @@ def parse_table(
     requested: Sequence[str] | None = None,
     *,
     header: bool = True,
+    keep_bad_rows: bool = False,
 ) -> Table:
     """Split CSV output into columns and rows, validating the header against ``requested`` (any spelling).
 
     With ``header=False`` (output of ``--format=csv,noheader``) the columns are ``requested``, which is then required.
-    Lines ``Unable to determine the device handle for GPU ...`` are collected as :class:`HandleFailure`.
+    Lines ``Unable to determine the device handle for GPU ...`` are collected as :class:`HandleFailure`. A row with
+    the wrong number of columns raises :class:`~nvmlcheck.SmiParseError`, or with ``keep_bad_rows`` goes to
+    ``Table.bad_rows`` (one GPU's damaged row need not cost the others theirs).
     """
     lines = numbered_lines(text)
     wanted = [canonical_name(r, aliases) for r in requested] if requested is not None else None
@@ -129,18 +145,25 @@ def parse_table(
     free = frees[0] if len(frees) == 1 else None
     rows: list[Row] = []
     failures: list[HandleFailure] = []
+    bad: list[tuple[Row, SmiParseError]] = []
     for no, line in body:
         first = line.lstrip()[:1]
         hf = handle_failure_line(no, line) if first in ("U", "u", "G") and not line.startswith("GPU-") else None
         if hf is not None:
             failures.append(hf)
             continue
-        rows.append(Row(no, line, _split_row(no, line, len(columns), free)))
-    return Table(columns, tuple(rows), tuple(failures), positions)
+        try:
+            rows.append(Row(no, line, _split_row(no, line, len(columns), free)))
+        except SmiParseError as exc:
+            if not keep_bad_rows:
+                raise
+            bad.append((Row(no, line, tuple(p.strip() for p in line.split(","))), exc))
+    return Table(columns, tuple(rows), tuple(failures), positions, tuple(bad), free)
 
 
 HEX = re.compile(r"0x[0-9A-Fa-f]{1,16}")
-_UUID = re.compile(r"(?:GPU|MIG)-[0-9A-Za-z/-]+")
+#: A GPU or MIG UUID as nvidia-smi prints it.
+UUID_TEXT = re.compile(r"(?:GPU|MIG)-[0-9A-Za-z/-]+")
 
 
 class Cells:
@@ -205,7 +228,7 @@ class Cells:
 
     def uuid(self, name: str) -> str | Unavailable:
         cell = self.text(name)
-        if isinstance(cell, str) and _UUID.fullmatch(cell) is None:
+        if isinstance(cell, str) and UUID_TEXT.fullmatch(cell) is None:
             raise self.fail(f"{name}: {cell!r} is not a GPU UUID")
         return cell
 

@@ -19,6 +19,7 @@ from typing import Final
 
 from ..._proc import PID_MAX_LIMIT
 from ...errors import CorruptData, SmiParseError
+from .._busid import canonical_bus_id
 
 __all__ = [
     "GPU_ERROR_LINE",
@@ -73,16 +74,10 @@ _DEPRECATION_NOTE = re.compile(r"\s*\[Deprecated\b[^\]]*\]\s*$", re.IGNORECASE)
 def normalize_pci_bus_id(text: str) -> str | None:
     """``0000:02:00.0`` / ``00000000:02:00.0`` -> ``00000000:02:00.0`` (upper-case hex), ``None`` if not a bus id.
 
-    nvidia-smi prints an 8-digit domain in CSV and ``-q``, a 4-digit one in some error messages.
+    nvidia-smi prints an 8-digit domain in CSV and ``-q``, a 4-digit one in some error messages. The NVML backend
+    spells its ``busId`` the same way (:func:`~nvmlcheck.backends._busid.canonical_bus_id`).
     """
-    m = _PCI.fullmatch(text.strip())
-    if m is None:
-        return None
-    dom, bus, dev, fn = (int(g, 16) for g in m.groups())
-    return f"{dom:08X}:{bus:02X}:{dev:02X}.{fn:X}"
-
-
-_PCI = re.compile(r"([0-9A-Fa-f]{1,8}):([0-9A-Fa-f]{1,2}):([0-9A-Fa-f]{1,2})\.([0-9A-Fa-f])")
+    return canonical_bus_id(text)
 
 
 def numbered_lines(text: str) -> list[tuple[int, str]]:
@@ -181,7 +176,12 @@ def has_handle_failure(text: str) -> bool:
 class HandleFailure:
     """A line such as ``Unable to determine the device handle for GPU 0000:02:00.0: GPU is lost...`` (or a row whose
     UUID is a placeholder): nvidia-smi could not read that device at all. ``code`` is the NVML return code the text
-    names (15 lost, 16 reset required, 4 no permission, 999 otherwise)."""
+    names (15 lost, 16 reset required, 4 no permission, 3 not supported, 999 otherwise).
+
+    A row that could not be read (a cell that is no value, a value that cannot be true) is one too: ``error`` is the
+    :class:`~nvmlcheck.SmiParseError` or :class:`~nvmlcheck.CorruptData` it raised, and ``index``/``uuid`` what of
+    the row could still be read to tell whose it is (``None`` when nothing could: then no GPU can be told apart from
+    it)."""
 
     line_no: int
     line: str
@@ -189,11 +189,16 @@ class HandleFailure:
     index: int | None
     message: str
     code: int
+    uuid: str | None = None
+    error: SmiParseError | CorruptData | None = None
 
 
 def code_for_message(message: str) -> int:
-    """The NVML return code an error text names (15 lost, 16 reset required, 4 no permission, 6 not found)."""
+    """The NVML return code an error text names (15 lost, 16 reset required, 4 no permission, 6 not found, 3 not
+    supported: nvidia-smi prints ``[N/A]`` or ``[Not Supported]`` where NVML answered NOT_SUPPORTED)."""
     low = message.lower()
+    if low.strip("[] ") in ("n/a", "not supported"):
+        return 3
     if "lost" in low:
         return 15
     if "reset" in low:
