@@ -523,9 +523,14 @@ def members(spec: str | ContainerSpec, proc: str = "/proc") -> list[tuple[int, i
     else:
         _not_own_namespace(parsed, proc)
         pids = sorted(int(name) for name in os.listdir(proc) if name.isdigit())
-    out: list[tuple[int, int]] = []
+    # Each process's start time (its identity) is read before its membership and again after: the same both times,
+    # the membership read was that process's, not one that took its PID meanwhile (a kill pins what this returns).
+    before: dict[int, int] = {}
     full: set[tuple[str, int | None]] = set()
     for pid in pids:
+        first = procfs.read_stat(pid, proc)
+        if first is None or first.pid != pid:
+            continue
         if parsed.kind == "pidns":  # the namespace, whatever the cgroup
             if str(procfs.pidns_inode(pid, proc)) != parsed.value:
                 continue
@@ -536,11 +541,22 @@ def members(spec: str | ContainerSpec, proc: str = "/proc") -> list[tuple[int, i
             if got is None:
                 continue
             full.add(got)
-        st = procfs.read_stat(pid, proc)
-        if st is not None and st.pid == pid:
-            out.append((pid, st.start_ticks))
+        before[pid] = first.start_ticks
+    if parsed.kind == "dir":  # the listing read again, after the start times
+        listed = set(_dir_members(parsed.value))
+        before = {pid: ticks for pid, ticks in before.items() if pid in listed}
     if parsed.kind not in ("path", "unit") and len(full) > 1:
         _ambiguous(parsed, full)
+    return _still_the_same(before, proc)
+
+
+def _still_the_same(before: dict[int, int], proc: str) -> list[tuple[int, int]]:
+    """``(pid, start_ticks)`` of each process of ``before`` whose start time reads the same again."""
+    out: list[tuple[int, int]] = []
+    for pid, ticks in before.items():
+        st = procfs.read_stat(pid, proc)
+        if st is not None and st.start_ticks == ticks:
+            out.append((pid, ticks))
     return out
 
 

@@ -493,3 +493,25 @@ def test_a_member_that_cannot_be_read_refuses_the_selection(
 
     monkeypatch.setattr(procfs, "read_cgroup", refused)
     assert members(D[:12], proc) == [(10, 1010)]
+
+
+def test_a_member_whose_pid_was_taken_while_it_was_read_is_left_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The cgroup file was read, then the start time the kill pins by: a PID reused in between was returned with the
+    # newcomer's start time, as if the newcomer (in no container) were a member.
+    from nvmlcheck._proc import container
+
+    scope = f"0::/system.slice/docker-{D}.scope\n"
+    proc = _fake_proc(tmp_path, {10: scope, 11: scope})
+    real = container._read_for_members
+
+    def then_reused(pid: int, proc_dir: str, parsed: object) -> object:
+        got = real(pid, proc_dir, parsed)  # type: ignore[arg-type]
+        if pid == 10:  # the member exits and a process of no container takes its PID
+            (tmp_path / "10" / "stat").write_text("10 (new) S 1 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 9999 0 0\n")
+            (tmp_path / "10" / "cgroup").write_text("0::/\n")
+        return got
+
+    monkeypatch.setattr(container, "_read_for_members", then_reused)
+    assert members(D[:20], proc) == [(11, 1011)]
