@@ -26,7 +26,16 @@ from ._common import (
     verdict_printed,
     wait_predicate,
 )
-from ._output import StatusLine, human_bytes, load_json_output, print_json, safe, safe_lines, status_updater
+from ._output import (
+    StatusLine,
+    human_bytes,
+    load_json_output,
+    no_signal_words,
+    print_json,
+    safe,
+    safe_lines,
+    status_updater,
+)
 
 TYPE_CHECKING = False  # typing costs start-up time where site has not loaded it (docs/performance.md)
 if TYPE_CHECKING:
@@ -624,7 +633,7 @@ def _print_result(args: argparse.Namespace, result: KillResult, plan: KillPlan,
         return "not seen" if v is None else f"+{v / 1e6:.1f} ms"
 
     for t in result.pids:
-        sent = ", ".join(f"{s.name} {ms(s.sent_ns)}" for s in t.signals) or "no signal (had exited)"
+        sent = ", ".join(f"{s.name} {ms(s.sent_ns)}" for s in t.signals) or no_signal_words(t.exited_ns)
         origin = "" if t.found_by == "named" else f", {t.found_by}" + (f" of {t.parent}" if t.parent else "")
         why = f" ({_fate_words(t.discarded, [s.name for s in t.signals])})" if t.discarded else ""
         print(f"pid {t.pid} ({safe(t.name)}{origin}): {sent}{why}, exited {ms(t.exited_ns)}, "

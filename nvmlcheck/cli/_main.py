@@ -190,8 +190,9 @@ def _print_kill_records(exc: BaseException) -> None:
         return
     from .._text import printable
     from ..kill import kill_records
+    from ._output import no_signal_words
 
     for r in kill_records(exc) or ():
-        sent = ", ".join(f"{s.name} +{s.sent_ns / 1e6:.1f} ms" for s in r.signals) or "no signal (had exited)"
+        sent = ", ".join(f"{s.name} +{s.sent_ns / 1e6:.1f} ms" for s in r.signals) or no_signal_words(r.exited_ns)
         exited = "not seen to exit" if r.exited_ns is None else f"exited +{r.exited_ns / 1e6:.1f} ms"
         print(f"  pid {r.pid} ({printable(r.name)}): {sent}, {exited}", file=sys.stderr)

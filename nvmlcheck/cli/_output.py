@@ -165,6 +165,12 @@ def write_whole(text: str, *, stream: bool = False) -> None:
         signals.raise_signal(caught[0])  # its handler raises here, after the whole line
 
 
+def no_signal_words(exited_ns: int | None) -> str:
+    """What a kill's line says of a target that was sent no signal: it had exited before its turn, or (not seen to
+    exit: refused, or the kill was interrupted before its turn) it was not signalled at all."""
+    return "no signal (it had exited)" if exited_ns is not None else "no signal sent"
+
+
 def marked_simulated(doc: dict[str, Any]) -> dict[str, Any]:
     """``doc`` with ``"simulated": true`` right after its schema and version."""
     head: dict[str, Any] = {k: doc[k] for k in ("schema", "version") if k in doc}
