@@ -134,8 +134,10 @@ def run(argv: Sequence[str] | None) -> int:
         except (ValueError, TypeError) as exc:
             # Bad device selections and the like, raised by the library with a specific message.
             return fail(json_mode, exc, EXIT_USAGE)
-        except KeyboardInterrupt:
-            return fail(json_mode, KeyboardInterrupt("interrupted"), EXIT_SIGNAL_BASE + 2, label="interrupted")
+        except KeyboardInterrupt as exc:
+            worded = KeyboardInterrupt("interrupted")
+            vars(worded).update(vars(exc))  # what the raise carried (a kill's records of what each target got)
+            return fail(json_mode, worded, EXIT_SIGNAL_BASE + 2, label="interrupted")
         except Terminated as exc:
             return fail(json_mode, exc, EXIT_SIGNAL_BASE + exc.signum, label="terminated")
         except BrokenPipeError as exc:

@@ -23,3 +23,22 @@ def test_each_target_line_says_what_it_got_without_contradiction(capsys: pytest.
         "  pid 102 (worker): no signal (it had exited), exited +2.0 ms",
         "  pid 103 (other): no signal sent, not seen to exit",
     ]
+
+
+def test_an_interrupt_keeps_what_its_raise_carried(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The command line reported a fresh KeyboardInterrupt, dropping the records a kill attached to the raised one.
+    import json
+
+    from nvmlcheck.cli import _main
+
+    def interrupted(_args: object) -> int:
+        exc = KeyboardInterrupt()
+        exc._nvmlcheck_kill_pids = (PidTimes(7, "named", "x", (SignalSent("SIGTERM", 0),), None, None),)  # type: ignore[attr-defined]
+        raise exc
+
+    monkeypatch.setattr(_main, "_command", lambda _name: interrupted)
+    code = _main.run(["--json", "holders"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 130 and [p["pid"] for p in doc["pids"]] == [7], doc
