@@ -302,8 +302,10 @@ class Child:
                     self.overflow = name
             buf += chunk
             return False
-        pipe.close()
+        # Forgotten before it is closed: a signal handler raising between the two (Ctrl-C, SIGHUP) must not leave a
+        # closed descriptor listed, whose number a later wait (the kill's) would find reused by its own pidfd.
         del self._open[fd]
+        pipe.close()
         return True
 
     def signal_group(self, sig: int = signal.SIGKILL) -> bool:
@@ -342,10 +344,10 @@ class Child:
     def close(self) -> None:
         """Stop reading: close the pipes (what was read stays in ``stdout`` and ``stderr``) and the held stdin."""
         self._release_stdin()
-        for pipe, _, _ in self._open.values():
+        pipes, self._open = list(self._open.values()), {}  # as in _read: forgotten first
+        for pipe, _, _ in pipes:
             with contextlib.suppress(OSError):
                 pipe.close()
-        self._open.clear()
 
 
 #: What a guarded child runs first: it reads one line from its stdin, the word that the guard knows its PID, then

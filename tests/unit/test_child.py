@@ -250,3 +250,26 @@ def test_ctrl_c_while_a_wait_registers_leaves_no_descriptor(monkeypatch: pytest.
         assert len(seen) == 3 and sorted(os.listdir("/proc/self/fd")) == before
     finally:
         child.kill()
+
+
+def test_an_interrupt_as_a_pipe_closes_leaves_the_kill_working() -> None:
+    # A signal handler (Ctrl-C, SIGHUP) raising just as a finished pipe was closed left it listed: the kill's wait
+    # then found its descriptor number reused by its own pidfd ("FD 6 is already registered") and the command ended
+    # in a traceback instead of its exit code.
+    c = Child([sys.executable, "-c", "import os, sys, time; os.close(1); time.sleep(30)"])
+
+    class Interrupted(Exception):
+        pass
+
+    stdout = c.proc.stdout
+    assert stdout is not None
+    real_close = stdout.close
+
+    def close_then_raise() -> None:
+        real_close()
+        raise Interrupted
+
+    stdout.close = close_then_raise  # type: ignore[method-assign]
+    with pytest.raises(Interrupted):
+        c.wait(guard())  # stdout ends at once (the child closed it), and the "signal" comes as it is closed
+    assert c.kill() is True  # no KeyError: nothing closed is listed
