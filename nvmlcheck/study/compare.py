@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._units import format_bytes
 from ..errors import ArgumentError
-from .records import repeated_run
+from .records import each_run_once
 from .summary import MEASURES, cell_words, percentile
 
 if TYPE_CHECKING:
@@ -304,6 +304,9 @@ def _values(r: RunRecord, measure: str, stage: str) -> list[tuple[DeviceRun, int
     return out
 
 
+_TWICE = "a run counted twice narrows the interval as if it had been measured twice"
+
+
 def compare_records(
     a: Iterable[RunRecord],
     b: Iterable[RunRecord],
@@ -343,7 +346,7 @@ def compare_records(
         raise ArgumentError(f"resolve_ns must be > 0, got {resolve_ns}")
     if stage not in ("all", "last"):
         raise ArgumentError(f"stage must be 'all' or 'last', got {stage!r}")
-    a, b = _once(a, "A"), _once(b, "B")
+    a, b = each_run_once(a, "A holds run", _TWICE), each_run_once(b, "B holds run", _TWICE)
     # A holder's count means something else for each kind: compared across kinds, their counts are part of it.
     pooled = (*across, "count") if "holder" in across and "count" not in across else tuple(across)
     ca, cb = _cells(a, measure, pooled, stage), _cells(b, measure, pooled, stage)
@@ -395,18 +398,6 @@ def compare_records(
         only_a=tuple(sorted(base_a - base_b)), only_b=tuple(sorted(base_b - base_a)),
         unmatched=tuple(unmatched), notes=tuple(notes),
     )
-
-
-def _once(records: Iterable[RunRecord], side: str) -> list[RunRecord]:
-    """``records`` as a list; ``ValueError`` when one run is in it twice."""
-    runs = list(records)
-    twice = repeated_run(runs)
-    if twice is not None:
-        r = runs[twice[1]]
-        raise ArgumentError(f"{side} holds run {r.run} of the study at wall time {r.wall_time} twice (records "
-                            f"{twice[0] + 1} and {twice[1] + 1}): a file whose records were appended twice; a run "
-                            "counted twice narrows the interval as if it had been measured twice")
-    return runs
 
 
 def _shared_runs(a: Sequence[RunRecord], b: Sequence[RunRecord]) -> list[str]:

@@ -23,7 +23,7 @@ from typing import Any
 from .._units import format_bytes
 from ..errors import ArgumentError
 from ..reclaim_model import COEFFICIENTS, ReclaimModel, model_for, terms
-from .records import RunRecord, repeated_run
+from .records import RunRecord, each_run_once
 from .summary import cell_words, percentile
 
 __all__ = ["FIT_CONDITIONS", "FIT_ENDINGS", "FIT_KINDS", "CellFit", "FitPoint", "FitResult", "MixedConditions",
@@ -252,7 +252,7 @@ def fit_report(
     if driver is not None and not _VERSION.fullmatch(driver):
         shown = driver if len(driver) <= 40 else driver[:37] + "..."
         raise ArgumentError(f"driver {shown!r} is not a driver version (digits and dots, such as 580 or 580.159.04)")
-    every = _once(records)
+    every = each_run_once(records, "the records hold run", "a run fitted twice would weigh double")
     excluded: dict[str, int] = {}
     if not include_simulated:
         every = _without_simulated(every, excluded)
@@ -307,18 +307,6 @@ def fit_report(
     return FitResult(model=model, prior=base, fitted=fitted, kept=kept, n=len(fitted_pts), residual_max_ns=err,
                      residual_p95_ns=percentile(residuals, 0.95), cells=cells, excluded=excluded,
                      provenance=provenance, conditions=conditions, pooled=pooled)
-
-
-def _once(records: Iterable[RunRecord]) -> list[RunRecord]:
-    """``records`` as a list; ``ValueError`` when one run is in it twice (it would weigh double)."""
-    every = list(records)
-    twice = repeated_run(every)
-    if twice is not None:
-        r = every[twice[1]]
-        raise ArgumentError(f"run {r.run} of the study at wall time {r.wall_time} is among the records twice "
-                            f"(records {twice[0] + 1} and {twice[1] + 1}): a file given twice, or a file and one its "
-                            "records were appended to; a run fitted twice would weigh double")
-    return every
 
 
 def _drivers(runs: Sequence[RunRecord], conditions: dict[str, str | None], pooled: dict[str, dict[str, int]]) -> str:

@@ -350,6 +350,22 @@ def repeated_run(records: Iterable[RunRecord]) -> tuple[int, int] | None:
     return None
 
 
+def each_run_once(records: Iterable[RunRecord], where: str, harm: str) -> list[RunRecord]:
+    """``records`` as a list; :class:`~nvmlcheck.ArgumentError` naming the first run found twice
+    (:func:`repeated_run`): ``where`` holds it (``"B holds run"``, ``"the records hold run"``), ``harm`` says what
+    counting it twice would do."""
+    runs = list(records)
+    twice = repeated_run(runs)
+    if twice is not None:
+        from ..errors import ArgumentError
+
+        r = runs[twice[1]]
+        raise ArgumentError(f"{where} {r.run} of the study at wall time {r.wall_time} twice (records {twice[0] + 1} "
+                            f"and {twice[1] + 1}): a file given twice, or a file and one its records were appended "
+                            f"to; {harm}")
+    return runs
+
+
 def write_records(records: Iterable[RunRecord], path: str | os.PathLike[str]) -> Path:
     """Write ``records`` as JSON Lines to ``path`` and return the path. The file is replaced whole (written beside it,
     then renamed over it): interrupted, ``path`` keeps what it held, never half a file."""
