@@ -11,7 +11,6 @@ first, bounded by the timeout as :func:`~nvmlcheck.wait_until_clean` is. Rules, 
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Iterable, Sequence
 
@@ -431,34 +430,16 @@ def ready(
     >>> report = nc.ready([0], need_fraction=0.9, timeout=30.0)        # doctest: +SKIP
     >>> report.ready, [v.line() for v in report.verdicts]                # doctest: +SKIP
     """
-    from .session import open as open_session
-    from .session import open_timeouts
+    from .session import in_session
 
     # Checked before the session opens, with this call's names: a bad one is refused with nothing read.
     timeout = _ready_options(timeout, events, options).timeout
     _capacity(need_bytes, need_fraction)
     if max_used_bytes is not None:
         check_bytes("max_used_bytes", max_used_bytes)
-    started = time.monotonic()
-    init_timeout, smi_timeout = open_timeouts(timeout)
-    session = open_session(backend, init_timeout_s=init_timeout, smi_timeout_s=smi_timeout)
-    try:
-        if timeout is not None and not math.isinf(timeout):
-            timeout = max(0.0, timeout - (time.monotonic() - started))
-        report = ready_on(session, devices, need_bytes=need_bytes, need_fraction=need_fraction,
-                          max_used_bytes=max_used_bytes, timeout=timeout, events=events, options=options)
-    except BaseException as exc:
-        session._close_after(exc, init_timeout)
-        raise
-    import contextlib
-
-    from .errors import Timeout
-
-    # As wait_until_clean does: a close that hangs (nvmlShutdown on a wedged driver) takes no longer than the init
-    # could, and does not change a verdict already made; the release goes on in a daemon thread.
-    with contextlib.suppress(Timeout):
-        session.close(init_timeout)
-    return report
+    return in_session(backend, timeout, lambda session, left: ready_on(
+        session, devices, need_bytes=need_bytes, need_fraction=need_fraction, max_used_bytes=max_used_bytes,
+        timeout=left, events=events, options=options))
 
 
 def _units(snap: Snapshot, mig: Sequence[int | str]) -> tuple[DeviceState, ...] | None:

@@ -29,6 +29,7 @@ from .model import DeviceState, Fields, Snapshot, SystemInfo
 TYPE_CHECKING = False  # no typing at run time: it costs a one-shot check milliseconds (docs/performance.md)
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from typing import TypeVar
 
     from .backends import Backend
     from .cudamap import CudaMapping
@@ -40,6 +41,8 @@ if TYPE_CHECKING:
     from .selection import Selection
     from .verdict import ReadyReport
     from .wait import Deadline, PollPolicy, TracePoint, WaitOptions, WaitResult
+
+    _T = TypeVar("_T")
 
 __all__ = ["CLOSE_TIMEOUT_S", "DeviceSelector", "Session", "open", "wait_until_clean"]
 
@@ -859,29 +862,33 @@ def wait_until_clean(
 
     opts = WaitOptions.or_default(options).with_(timeout=timeout, policy=policy, stable_polls=stable_polls,
                                                  trace=trace, events=events)
-    timeout = opts.timeout
+    # A fresh session has no listener: events None (the default) and False both poll.
+    return in_session(backend, opts.timeout, lambda session, left: session.wait_until_clean(
+        left, predicate, devices=devices, options=opts))
+
+
+def in_session(backend: str, timeout: float | None, body: Callable[[Session, float | None], _T]) -> _T:
+    """Open a session whose opening ``timeout`` bounds (:func:`open_timeouts`), run ``body(session, left)`` (``left``:
+    what the opening left of ``timeout``), close it and return ``body``'s answer. The close takes at most what the
+    init could (a wedged driver hangs nvmlShutdown too): past it the answer stands and the release goes on in a
+    daemon thread (:meth:`Session.close`); an error of ``body`` goes on with a hung close in its notes."""
+    import contextlib
+
+    from .errors import Timeout
+
     started = time.monotonic()
     bounded = isinstance(timeout, int | float) and not isinstance(timeout, bool) and 0 <= timeout < math.inf
     init_timeout, smi_timeout = open_timeouts(timeout)
     session = open(backend, init_timeout_s=init_timeout, smi_timeout_s=smi_timeout)
     try:
-        if bounded:
-            assert timeout is not None
-            timeout = max(0.0, timeout - (time.monotonic() - started))
-        # A fresh session has no listener: events None (the default) and False both poll.
-        result = session.wait_until_clean(timeout, predicate, devices=devices, options=opts)
+        left = max(0.0, timeout - (time.monotonic() - started)) if bounded and timeout is not None else timeout
+        answer = body(session, left)
     except BaseException as exc:
         session._close_after(exc, init_timeout)
         raise
-    import contextlib
-
-    from .errors import Timeout
-
-    # As long as the init could take (a wedged driver hangs nvmlShutdown too); past it the answer stands and the
-    # release goes on in a daemon thread (Session.close).
     with contextlib.suppress(Timeout):
         session.close(init_timeout)
-    return result
+    return answer
 
 
 def _blamed_only(snapshot: Snapshot | None, predicate: Predicate | None) -> Snapshot | None:
