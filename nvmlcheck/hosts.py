@@ -37,6 +37,10 @@ from ._text import is_digits
 from .errors import ArgumentError, NvmlCheckError, StateError
 from .predicates import DEFAULT_MAX_USED_BYTES
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from ._proc.guard import Guard
+
 __all__ = [
     "COMMANDS",
     "DEFAULT_FANOUT",
@@ -100,6 +104,8 @@ class FallbackContext:
     run_timeout_s: float
     env: dict[str, str]
     stopped: Callable[[], bool]
+    #: The fleet's guard process: give it to the runs (``SmiBackend(guard=)``) so that a SIGKILLed fleet leaves no ssh.
+    guard: Guard | None = None
 
 
 #: A fallback for hosts without nvmlcheck: (document, exit code) from a :class:`FallbackContext`.
@@ -812,7 +818,7 @@ class Fleet:
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
         context = FallbackContext(tuple(self.smi_prefix(host)), remaining,
                                   self.connect_timeout_s + START_ALLOWANCE_S, {**os.environ, _MARK: self._token},
-                                  lambda: self._closed)
+                                  lambda: self._closed, self._guard)
         try:
             document, code = fallback(context)
         except _Stopped:
@@ -1054,7 +1060,7 @@ class SmiFallback:
         # may take (a hung one must not outlive a stop() by more than that).
         smi_timeout = context.run_timeout_s if remaining_s is None else max(0.5, min(remaining_s,
                                                                                   context.run_timeout_s))
-        backend = SmiBackend(prefix=list(context.prefix), timeout_s=smi_timeout, env=context.env)
+        backend = SmiBackend(prefix=list(context.prefix), timeout_s=smi_timeout, env=context.env, guard=context.guard)
 
         def on_poll(point: object) -> None:
             if context.stopped():

@@ -56,6 +56,7 @@ from ._smi_state import ProcessLists, build_device_state
 
 if TYPE_CHECKING:
     from .._deadline import Deadline
+    from .._proc.guard import Guard
 
 __all__ = ["DEFAULT_TIMEOUT_S", "SmiBackend", "SmiResult", "SmiRunner", "classify_failure"]
 
@@ -140,7 +141,7 @@ class _Running:
             # A new session makes the child a process-group leader, so a timeout can kill everything it started (ssh
             # and its helpers, a shell and nvidia-smi) with one killpg. The output is read to its end (after_exit_s
             # None), bounded by the deadline.
-            self.child = Child(argv, env=runner.env)
+            self.child = Child(argv, env=runner.env, guard=runner.guard)
         except OSError as exc:
             raise SmiTransportError(argv, None, str(exc), f"cannot start {argv[0]!r} ({exc.strerror})") from exc
         self.proc = self.child.proc
@@ -180,7 +181,9 @@ class SmiRunner:
     ``prefix_shell``: whether the prefix hands the rest to a shell that splits words, so every word after the prefix is
     quoted with :func:`shlex.quote`. Default: ``True`` when a prefix word is ``ssh``, else ``False``.
     ``timeout_s``: the deadline of each run (default 10 s); at the deadline the whole process group gets SIGKILL.
-    ``env``: the environment of the child (default: inherited).
+    ``env``: the environment of the child (default: inherited). ``guard``: a guard process
+    (:class:`nvmlcheck._proc.guard.Guard`) told of each run, which ends it should this process be SIGKILLed (a fleet's
+    runs over ssh).
     """
 
     def __init__(
@@ -191,6 +194,7 @@ class SmiRunner:
         *,
         prefix_shell: bool | None = None,
         env: Mapping[str, str] | None = None,
+        guard: Guard | None = None,
     ) -> None:
         self.command = _words(command, ("nvidia-smi",))
         if not self.command:
@@ -202,6 +206,9 @@ class SmiRunner:
             raise ArgumentError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
         self.timeout_s = timeout
         self.env = dict(env) if env is not None else None
+        # A fleet's guard process (nvmlcheck._proc.guard): should this process be SIGKILLed, it ends the runs (an ssh
+        # to a host) that would otherwise live on.
+        self.guard = guard
 
     def argv_for(self, args: Sequence[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """(argv to execute, the unquoted nvidia-smi words) for nvidia-smi ``args``."""
@@ -399,8 +406,8 @@ class SmiBackend:
     returns is cached (index, UUID, name, serial, PCI bus id), live values never are.
 
     ``process_query``: ``"pids"`` (default; ``nvidia-smi -q -d PIDS``, all three process kinds) or ``"compute-apps"``
-    (``--query-compute-apps``; graphics and MPS lists are then ``None`` with the reason). Not thread-safe: use one
-    backend per thread, or serialise calls.
+    (``--query-compute-apps``; graphics and MPS lists are then ``None`` with the reason). ``env`` and ``guard``: as
+    :class:`SmiRunner`'s. Not thread-safe: use one backend per thread, or serialise calls.
     """
 
     name = "smi"
@@ -414,10 +421,11 @@ class SmiBackend:
         prefix_shell: bool | None = None,
         process_query: ProcessQuery = "pids",
         env: Mapping[str, str] | None = None,
+        guard: Guard | None = None,
     ) -> None:
         if process_query not in ("pids", "compute-apps"):
             raise ArgumentError(f"process_query must be 'pids' or 'compute-apps', got {process_query!r}")
-        self._runner = SmiRunner(command, prefix, timeout_s, prefix_shell=prefix_shell, env=env)
+        self._runner = SmiRunner(command, prefix, timeout_s, prefix_shell=prefix_shell, env=env, guard=guard)
         self._prefixed = bool(self._runner.prefix)
         self._process_query: ProcessQuery = process_query
         self._refused: dict[str, str] = {}  # field -> why it is not asked for any more

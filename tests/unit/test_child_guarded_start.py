@@ -123,3 +123,31 @@ def test_an_interruption_while_the_guard_is_told_leaves_no_child_and_no_descript
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(pid, signal.SIGKILL)
         guard.dismiss()
+
+
+def test_an_nvidia_smi_run_of_a_fleet_is_guarded(tmp_path: Path) -> None:
+    # The fleet's fallback for a host without nvmlcheck runs nvidia-smi over ssh through the smi backend's runner,
+    # which started its children unguarded: a SIGKILLed fleet left those ssh clients running. Given the guard, a run
+    # is told to it while it runs and forgotten once reaped.
+    from nvmlcheck.backends.smi import SmiRunner
+
+    told: list[tuple[str, int]] = []
+
+    class Noting(Guard):
+        def watch(self, pid: int) -> None:
+            told.append(("watch", pid))
+            super().watch(pid)
+
+        def forget(self, pid: int) -> None:
+            told.append(("forget", pid))
+            super().forget(pid)
+
+    guard = Noting()
+    try:
+        runner = SmiRunner(command=[sys.executable, "-c", "print('smi')"], guard=guard)
+        result = runner.run(["--version"])
+        assert result.returncode == 0 and result.stdout.strip() == "smi", result
+        pids = {pid for _, pid in told}
+        assert len(pids) == 1 and [what for what, _ in told] == ["watch", "forget"]
+    finally:
+        guard.dismiss()

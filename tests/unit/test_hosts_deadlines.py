@@ -59,3 +59,19 @@ def test_a_fallback_that_raises_systemexit_fails_its_host_and_the_call_ends(tmp_
     assert [r.verdict for r in results] == ["failed", "failed"]
     assert all(r.error is not None and "internal error: SystemExit" in r.error.message for r in results)
     assert hosts.overall_exit_code(results) == 3
+
+
+def test_a_fallback_gets_the_fleets_guard_for_its_runs(tmp_path: Path) -> None:
+    # The nvidia-smi runs of a fallback go over ssh too: without the fleet's guard a SIGKILLed fleet left them running.
+    ssh = tmp_path / "ssh"
+    ssh.write_text("#!/bin/sh\necho \"No module named nvmlcheck\" >&2\nexit 1\n", encoding="utf-8")
+    ssh.chmod(0o755)
+    guards: list[object] = []
+
+    def fallback(context: hosts.FallbackContext) -> tuple[dict[str, object], int]:
+        guards.append(context.guard)
+        return {"schema": "nvmlcheck/snapshot", "version": 1, "devices": []}, 3
+
+    with Fleet(ssh=str(ssh), control_master=False) as fleet:
+        fleet.run(["gpu01"], ["snapshot"], timeout_s=5.0, fallback=fallback)
+        assert guards == [fleet._guard] and guards[0] is not None
