@@ -213,12 +213,16 @@ def open_session(args: argparse.Namespace) -> Session:
     from ..session import open_timeouts
 
     init_timeout_s, smi_timeout_s = open_timeouts(getattr(args, "timeout", None))
-    if FAST_EXIT:  # its own process: a wait stuck in a call can be ended (never in-process: tests, tools)
-        from .._deadline import on_hung
+    from .._deadline import on_hung  # before the open: imported while the early thread is in nvmlInit
 
+    session = open_backend(backend, smi_prefix=args.smi_prefix, smi_command=smi_command, library_path=library_path,
+                           init_timeout_s=init_timeout_s, smi_timeout_s=smi_timeout_s)
+    # Its own process (never in-process: tests, tools) can end a wait stuck in an NVML call, which no thread can
+    # interrupt. nvidia-smi's runs need no watchdog: the runner kills each at its own bound (and one complete check,
+    # timeout 0, over ssh can take seconds).
+    if FAST_EXIT and session.backend_name == "nvml":
         on_hung(lambda late_s: _hung_reading(args, late_s))
-    return open_backend(backend, smi_prefix=args.smi_prefix, smi_command=smi_command, library_path=library_path,
-                        init_timeout_s=init_timeout_s, smi_timeout_s=smi_timeout_s)
+    return session
 
 
 class HungReading(Exception):

@@ -182,3 +182,18 @@ def test_a_kill_whose_wait_hangs_after_its_signal_says_what_each_target_got(tmp_
         if target.poll() is None:
             target.kill()
             target.wait()
+
+
+@pytest.mark.parametrize(("backend", "watched"), [("nvml", True), ("smi", False)])
+def test_the_watchdog_is_for_nvml_calls_only(monkeypatch: pytest.MonkeyPatch, backend: str, watched: bool) -> None:
+    # NVML calls can hang where no thread reaches them; nvidia-smi's runs are killed at their own bounds by the
+    # runner, and one complete check (timeout 0) over ssh can take more than the watchdog's second: as a "hung
+    # reading" it ended with exit 3. The script installs the watchdog's handler for the NVML backend only.
+    from nvmlcheck import cli
+    from nvmlcheck.cli import _common
+
+    installed: list[object] = []
+    monkeypatch.setattr(_common, "FAST_EXIT", True)  # as the script; --simulate keeps the process (no os._exit)
+    monkeypatch.setattr(_deadline, "on_hung", installed.append)
+    assert cli.main(["--simulate", "h200", "--backend", backend, "wait", "--timeout", "0"]) == 0
+    assert bool(installed) is watched
