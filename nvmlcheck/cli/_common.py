@@ -86,6 +86,17 @@ def output_failed(exc: OSError, code: int = EXIT_CLEAN) -> int:
     return code
 
 
+def notice(text: str) -> None:
+    """A line on stderr that is not the verdict (the simulation's, the events' fallback). A stderr that cannot take it
+    (a full disk, a closed pipe) is read by no one: it is pointed at ``/dev/null`` and the command goes on to its
+    verdict, which its exit status still says."""
+    try:
+        print(text, file=sys.stderr)
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        _silence(sys.stderr)
+
+
 def _silence(stream: Any) -> None:
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
@@ -312,8 +323,8 @@ class simulation:
 
             _output.SIMULATED = True
             if not getattr(self.args, "json", False):
-                print(f"nvmlcheck: simulated GPUs (scenario {self.name}; the bundled stub libnvidia-ml): no real GPU "
-                      "is read", file=sys.stderr)
+                notice(f"nvmlcheck: simulated GPUs (scenario {self.name}; the bundled stub libnvidia-ml): no real "
+                       "GPU is read")
         except BaseException:
             # A signal (SIGHUP, SIGTERM: Terminated) while entering: `with` calls no __exit__ then, so clean up here,
             # or the simulation's files stay and the command ends as if simulating, without its exit status.
@@ -347,4 +358,4 @@ def start_events(args: argparse.Namespace, gpus: Session, deadline_s: float | No
     if listener.reason is not None:
         from ._output import safe
 
-        print(f"nvmlcheck: events: {safe(listener.reason)}", file=sys.stderr)
+        notice(f"nvmlcheck: events: {safe(listener.reason)}")

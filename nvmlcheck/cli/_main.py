@@ -22,6 +22,7 @@ from ._common import (
     output_failed,
     reset_verdict,
     simulation,
+    verdict,
     verdict_decided,
 )
 from ._signals import Terminated, ending_on_signals
@@ -160,15 +161,25 @@ def run(argv: Sequence[str] | None) -> int:
 
 
 def fail(json_mode: bool, exc: BaseException, code: int, *, label: str | None = None) -> int:
-    """Report ``exc`` (a document under ``--json``, a line on stderr otherwise) and return ``code``."""
-    if json_mode:
-        import contextlib
+    """Report ``exc`` (a document under ``--json``, a line on stderr otherwise) and return ``code``.
 
+    The error is the command's verdict: a report that cannot be written (stdout or stderr a full disk, a closed pipe)
+    is said if it can be and ``code`` stands (docs/cli.md, "Exit codes"), never a traceback and Python's exit 1,
+    which would read as "not clean"."""
+    verdict(code)
+    try:
+        _report(json_mode, exc, code, label)
+    except OSError as output_error:
+        return output_failed(output_error, code)
+    return code
+
+
+def _report(json_mode: bool, exc: BaseException, code: int, label: str | None) -> None:
+    if json_mode:
         from ..jsonout import error_document
         from ._output import print_json
 
-        with contextlib.suppress(BrokenPipeError):
-            print_json(error_document(exc, code))
+        print_json(error_document(exc, code))
     from ..errors import BackendUnavailable
 
     if label is None:
@@ -183,7 +194,7 @@ def fail(json_mode: bool, exc: BaseException, code: int, *, label: str | None = 
         if label == "unavailable" and isinstance(exc, BackendUnavailable) and not _common._simulating:
             print("nvmlcheck: no GPU here? `nvmlcheck --simulate h200 COMMAND` runs a command on a simulated H200 "
                   "(the bundled stub libnvidia-ml)", file=sys.stderr)
-    return code
+    sys.stderr.flush()  # a full stderr fails here, where fail() sees it, not in the interpreter's flush at exit
 
 
 def _print_kill_records(exc: BaseException) -> None:

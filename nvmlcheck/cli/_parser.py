@@ -69,9 +69,14 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         if self.state.json_errors:
             from ..jsonout import usage_error_document
+            from ._common import output_failed, verdict
             from ._output import print_json
 
-            print_json(usage_error_document(message, EXIT_USAGE))
+            verdict(EXIT_USAGE)  # a document that cannot be written (a full disk) leaves the usage error's 2
+            try:
+                print_json(usage_error_document(message, EXIT_USAGE))
+            except OSError as exc:
+                output_failed(exc)
             self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
         self.print_usage(sys.stderr)
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
