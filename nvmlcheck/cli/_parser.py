@@ -34,6 +34,8 @@ class _State:
         self.json_errors = json_errors
         self.seen: set[str] = set()
         self.merged: dict[str, list[Any]] = {}
+        self.parsers: list[argparse.ArgumentParser] = []  # the root, then each (sub)command the parse entered
+        self.argv: list[str] = []
 
 
 class _Formatter(argparse.HelpFormatter):
@@ -54,6 +56,10 @@ class _Formatter(argparse.HelpFormatter):
 class _Parser(argparse.ArgumentParser):
     def __init__(self, *args: Any, state: _State, root: bool = False, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", _Formatter)
+        # Options are spelled in full: argparse's abbreviations (`--dev` for --devices) would make a launch script
+        # depend on which options exist (a new --dev... option breaks it), and --json's and --simulate's spelling is
+        # read before parsing (wants_json: an abbreviated --json printed its argument errors as text).
+        kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
         self.state = state
         self.root = root
@@ -64,9 +70,36 @@ class _Parser(argparse.ArgumentParser):
         if self.root:  # a new parse: forget the options the last one saw (subparsers share the state)
             self.state.seen.clear()
             self.state.merged.clear()
+            self.state.parsers.clear()
+            self.state.argv = list(sys.argv[1:] if args is None else args)
+        self.state.parsers.append(self)
         return super().parse_known_args(args, namespace)
 
+    def _worded(self, message: str) -> str:
+        """argparse's ``message``, with the fix named: the commands for a missing one (not the subparsers' internal
+        name, ``simulate_command``), the option meant for an unknown one (``--dev``: ``--devices``)."""
+        for action in self._actions:
+            if action.nargs == argparse.PARSER and message == f"the following arguments are required: {action.dest}":
+                return (f"name a command: {', '.join(action.choices or ())} "
+                        f"(`{self.prog} --help` says what each does)")
+        # An unknown option may not be what argparse names (`snapshot --dev 0`: "invalid choice: '0'").
+        known = {option for parser in self.state.parsers or [self] for option in parser._option_string_actions}
+        hints = []
+        for word in self.state.argv[:self.state.argv.index("--")] if "--" in self.state.argv else self.state.argv:
+            name = word.partition("=")[0]
+            if not name.startswith("--") or name in known:
+                continue
+            meant = sorted(option for option in known if option.startswith(name))
+            if not meant:
+                import difflib
+
+                meant = difflib.get_close_matches(name, sorted(known), n=2, cutoff=0.8)
+            if meant:
+                hints.append(f"{name}: did you mean {' or '.join(meant)}? (options are spelled in full)")
+        return "; ".join([message, *hints])
+
     def error(self, message: str) -> NoReturn:
+        message = self._worded(message)
         if self.state.json_errors:
             from ..jsonout import usage_error_document
             from ._common import output_failed, verdict

@@ -60,3 +60,38 @@ def test_kill_help_names_every_selector_yes_covers_and_its_exit_codes() -> None:
     assert "--match/--container/--cgroup" in text
     assert "exit codes: 0" in text and "4 a fatal GPU event" in text
     assert "NVMLCHECK_DEVICE_FILES" not in " ".join(_help("holders").split())  # the variable is gone (docs/killing.md)
+
+
+@pytest.mark.parametrize(("argv", "meant"), [
+    (["wait", "--time", "1"], "--timeout"),
+    (["snapshot", "--dev", "0"], "--devices"),  # argparse names the '0' it then read as the view
+    (["--js", "snapshot"], "--json"),  # an abbreviated --json printed its errors as text, its answers as JSON
+    (["--sim", "h200", "wait"], "--simulate"),
+    (["kill", "--y", "5"], "--yes"),
+    (["wait", "--tiemout", "3"], "--timeout"),
+])
+def test_an_abbreviated_or_misspelt_option_is_refused_naming_the_option_meant(
+    argv: list[str], meant: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # argparse's abbreviations made `--dev 0` mean --devices: a launch script then depends on no longer option
+    # beginning the same way, and wants_json (which reads argv before the parser) did not see `--js` as --json.
+    from nvmlcheck.cli import main
+
+    assert main(argv) == 2
+    assert f"did you mean {meant}? (options are spelled in full)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("argv", "commands"), [
+    ([], "snapshot, watch, wait, kill"),
+    (["simulate"], "run, hold, scenario"),
+    (["study"], "reclaim, compare, fit"),
+    (["slurm"], "epilog, prolog, health"),
+])
+def test_a_missing_command_is_named_with_the_commands_there_are(
+    argv: list[str], commands: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from nvmlcheck.cli import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"name a command: {commands}" in err and "_command" not in err
