@@ -198,7 +198,14 @@ class SimulationUnavailable(Exception):
 
 
 def simulation_hint(exc: BaseException) -> str:
-    """The message for a stub that cannot be built (no C compiler, no ``nvidia-nvml-dev``)."""
+    """The message for a simulation that cannot be set up: no C compiler or no ``nvidia-nvml-dev`` (no header), or
+    a file it could not write (the stub's cache, the scenario's temporary directory), which no package would fix."""
+    filename = getattr(exc, "filename", None)
+    if isinstance(exc, OSError) and filename is not None:
+        cache = os.environ.get("NVMLCHECK_STUB_CACHE") or "~/.cache/nvmlcheck/stub"
+        return (f"the simulated GPU could not be set up: {exc.strerror or exc}: {filename!s}. The stub libnvidia-ml "
+                f"is built in {cache} (set $NVMLCHECK_STUB_CACHE to a writable directory to move it), the scenario "
+                "is written in the temporary directory ($TMPDIR)")
     return (f"the simulated GPU needs a C compiler and the nvidia-nvml-dev package "
             f"(pip install 'nvmlcheck[sim]', or pip install -e '.[sim]' in a clone): {exc}")
 
@@ -314,7 +321,7 @@ class simulation:
         try:
             try:
                 self.args.simulation = stack.enter_context(simulated(scenario))
-            except (StubBuildError, FileNotFoundError) as exc:
+            except (StubBuildError, OSError) as exc:  # no compiler or header, a cache that cannot be written
                 raise SimulationUnavailable(simulation_hint(exc)) from None
             global _simulating, _simulation_files
             _simulating = True

@@ -49,7 +49,7 @@ def run_demo(*, json_output: bool = False) -> int:
         with contextlib.ExitStack() as stack:
             try:
                 stub = stack.enter_context(simulated(scenario))
-            except (StubBuildError, FileNotFoundError) as exc:
+            except (StubBuildError, OSError) as exc:  # a cache that cannot be written too
                 # Reported by cli._main like any command's (exit 3, an nvmlcheck/error document under --json).
                 raise SimulationUnavailable(simulation_hint(exc)) from None
             gpus = stack.enter_context(open_session("nvml", library_path=str(stub.library_path)))

@@ -64,7 +64,7 @@ def _run(argv: list[str], name: str) -> int:
         raise UsageError(str(exc).replace("--simulate", "--scenario")) from None
     try:
         library = build_stub()
-    except (StubBuildError, FileNotFoundError) as exc:
+    except (StubBuildError, OSError) as exc:  # a cache that cannot be written too
         raise SimulationUnavailable(simulation_hint(exc)) from None
     with contextlib.ExitStack() as stack:
         if isinstance(scenario, Path):
