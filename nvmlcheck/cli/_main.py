@@ -86,6 +86,9 @@ def _parse(argv: Sequence[str], json_errors: bool) -> argparse.Namespace | int:
         given = [f"--{name.replace('_', '-')}" for name in GLOBAL_OPTIONS
                  if getattr(args, name, None) not in (None, "auto")
                  and not (args.command == "simulate" and name == "simulate")]
+        if args.command == "simulate" and args.json:
+            # Its output is a scenario file or COMMAND's own: no document (docs/cli.md: one document per --json).
+            given.append("--json (give it to the nvmlcheck commands that COMMAND runs)")
         if given:
             what = ("demo runs on the bundled simulated H200 only" if args.command == "demo"
                     else "simulate gives its command the simulation itself (--scenario)")

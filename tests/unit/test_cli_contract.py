@@ -95,3 +95,15 @@ def test_a_missing_command_is_named_with_the_commands_there_are(
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert f"name a command: {commands}" in err and "_command" not in err
+
+
+def test_simulate_refuses_json_rather_than_printing_no_document(capsys: pytest.CaptureFixture[str]) -> None:
+    # `--json simulate scenario h200` printed the scenario file, exit 0: a --json run whose stdout is no document.
+    import json
+
+    from nvmlcheck.cli import main
+
+    assert main(["--json", "simulate", "scenario", "h200"]) == 2
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["schema"] == "nvmlcheck/error" and doc["exit_code"] == 2
+    assert "takes no --json" in doc["error"]["message"]
