@@ -99,7 +99,10 @@ class _Parser(argparse.ArgumentParser):
         return "; ".join([message, *hints])
 
     def error(self, message: str) -> NoReturn:
+        from .._text import printable_lines
+
         message = self._worded(message)
+        line = f"{self.prog}: error: {printable_lines(message)}\n"  # argv words raw would reach the terminal
         if self.state.json_errors:
             from ..jsonout import usage_error_document
             from ._common import output_failed, verdict
@@ -110,9 +113,9 @@ class _Parser(argparse.ArgumentParser):
                 print_json(usage_error_document(message, EXIT_USAGE))
             except OSError as exc:
                 output_failed(exc)
-            self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+            self.exit(EXIT_USAGE, line)
         self.print_usage(sys.stderr)
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+        self.exit(EXIT_USAGE, line)
 
 
 class _Stateful(argparse.Action):

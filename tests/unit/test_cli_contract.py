@@ -107,3 +107,15 @@ def test_simulate_refuses_json_rather_than_printing_no_document(capsys: pytest.C
     doc = json.loads(capsys.readouterr().out)
     assert doc["schema"] == "nvmlcheck/error" and doc["exit_code"] == 2
     assert "takes no --json" in doc["error"]["message"]
+
+
+@pytest.mark.parametrize("argv", [["wait", "--x\x1b[2J"], ["\x1b]0;title\x07"], ["snapshot", "\u202eprocs"]])
+def test_an_argument_error_escapes_what_the_words_carry(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    # argparse's "unrecognized arguments: ..." and "invalid choice" wrote the words raw: an escape sequence in a
+    # launch script's variable reached the terminal (every other message goes through nvmlcheck._text).
+    from nvmlcheck.cli import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "\u202e" not in err and "\x07" not in err
+    assert "\\x1b" in err or "\\u202e" in err
