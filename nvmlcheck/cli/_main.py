@@ -194,7 +194,10 @@ def _report(json_mode: bool, exc: BaseException, code: int, label: str | None) -
 
         print(f"nvmlcheck: {label}: {safe_lines(exc)}", file=sys.stderr)
         _print_kill_records(exc)
-        if label == "unavailable" and isinstance(exc, BackendUnavailable) and not _common._simulating:
+        # Not on simulated GPUs, which the hint would offer again (the simulation has ended by now: _output's mark
+        # stays for the run).
+        simulated = _common._simulating or getattr(sys.modules.get(f"{__package__}._output"), "SIMULATED", False)
+        if label == "unavailable" and isinstance(exc, BackendUnavailable) and not simulated:
             print("nvmlcheck: no GPU here? `nvmlcheck --simulate h200 COMMAND` runs a command on a simulated H200 "
                   "(the bundled stub libnvidia-ml)", file=sys.stderr)
     sys.stderr.flush()  # a full stderr fails here, where fail() sees it, not in the interpreter's flush at exit

@@ -46,3 +46,16 @@ def test_its_json_document_says_so(unwritable_cache: str) -> None:
     assert out.returncode == doc["exit_code"] == 3
     assert doc["schema"] == "nvmlcheck/error" and doc["error"]["type"] == "SimulationUnavailable"
     assert unwritable_cache in doc["error"]["message"]
+
+
+def test_no_gpu_on_a_simulated_scenario_does_not_offer_the_simulation(tmp_path: Path) -> None:
+    # The "no GPU here? `nvmlcheck --simulate h200 COMMAND`" hint was printed under --simulate too: the simulation had
+    # ended when the error was reported.
+    empty = tmp_path / "empty.txt"
+    empty.write_text("nvmlcheck-stub-scenario 1\n")
+    out = _nvmlcheck(["--simulate", str(empty), "snapshot"], os.environ.get("NVMLCHECK_STUB_CACHE", ""))
+    assert out.returncode == 3 and "sees no GPU" in out.stderr
+    assert "no GPU here?" not in out.stderr
+    real = _nvmlcheck(["--backend", "nvml", "snapshot"], "")  # no driver here: the hint is still given
+    if real.returncode == 3 and "sees no GPU" not in real.stderr:
+        assert "no GPU here?" in real.stderr
