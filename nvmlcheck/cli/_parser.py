@@ -75,6 +75,13 @@ class _Parser(argparse.ArgumentParser):
         self.state.parsers.append(self)
         return super().parse_known_args(args, namespace)
 
+    def _print_message(self, message: str, file: Any = None) -> None:
+        # Help, usage and errors are argparse's own writes: the streams are made to escape what their encoding cannot
+        # write (`µs` in wait's help on an ASCII terminal was a UnicodeEncodeError, reported as a usage error).
+        from . import _output  # noqa: F401 - its import makes the standard streams usable
+
+        super()._print_message(message, file)
+
     def _worded(self, message: str) -> str:
         """argparse's ``message``, with the fix named: the commands for a missing one (not the subparsers' internal
         name, ``simulate_command``), the option meant for an unknown one (``--dev``: ``--devices``)."""

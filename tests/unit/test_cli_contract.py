@@ -119,3 +119,19 @@ def test_an_argument_error_escapes_what_the_words_carry(argv: list[str], capsys:
     err = capsys.readouterr().err
     assert "\x1b" not in err and "\u202e" not in err and "\x07" not in err
     assert "\\x1b" in err or "\\u202e" in err
+
+
+@pytest.mark.parametrize("command", [[], ["wait"], ["kill"], ["simulate", "hold"], ["study", "reclaim"],
+                                     ["slurm", "epilog"]])
+def test_every_help_prints_on_an_ascii_terminal(command: list[str]) -> None:
+    # `wait --help` has `µs`: on an ASCII terminal argparse's write raised UnicodeEncodeError, which the command line
+    # reported as a usage error (exit 2) instead of the help.
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONIOENCODING": "ascii:strict"}
+    out = subprocess.run([sys.executable, "-m", "nvmlcheck", *command, "--help"], capture_output=True, timeout=120,
+                         check=False, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(b"usage: nvmlcheck") and out.stdout.isascii()
