@@ -133,6 +133,31 @@ class _Stateful(argparse.Action):
         self.state = state
 
 
+class _Version(_Stateful):
+    """``--version``: ``nvmlcheck 0.1.0``, or under ``--json`` the one document every ``--json`` run prints."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option: str | None = None
+    ) -> None:
+        from ..jsonout import document
+        from ._common import output_failed, verdict
+        from ._output import print_json
+
+        verdict(0, answer_is_output=True)  # the answer is the output: unwritten (a full disk), it is 141 (docs/cli.md)
+        try:
+            if self.state.json_errors:
+                print_json(document("version", nvmlcheck=__version__))
+            else:
+                sys.stdout.write(f"nvmlcheck {__version__}\n")
+                sys.stdout.flush()
+        except OSError as exc:
+            parser.exit(output_failed(exc))
+        parser.exit()
+
+
 class _Once(_Stateful):
     """Store a value; the same option a second time (before or after the command) is a usage error."""
 
@@ -341,7 +366,8 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
                "4 a fatal GPU event (XID) stopped the wait, 5 ready: a GPU needs an operator (unhealthy or stuck), "
                "129/130/143 ended by SIGHUP/SIGINT/SIGTERM, 141 the answer could not be written (docs/cli.md)",
     )
-    parser.add_argument("--version", action="version", version=f"nvmlcheck {__version__}")
+    parser.add_argument("--version", action=_Version, state=state, help="print nvmlcheck's version and exit "
+                        "(with --json, an nvmlcheck/version document)")
     global_options(parser, top=True)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 

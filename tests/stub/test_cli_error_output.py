@@ -42,3 +42,11 @@ def test_an_error_document_on_a_full_disk_keeps_its_exit_status(argv: list[str],
 def test_a_full_stderr_keeps_the_exit_status(argv: list[str], code: int) -> None:
     out = _run(argv, full="stderr")
     assert out.returncode == code, out.stdout
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["--json", "--version"]])
+def test_a_version_that_cannot_be_written_is_141(argv: list[str]) -> None:
+    # The answer is the output (as snapshot's): argparse's own write dropped the error and exited 0.
+    out = _run(argv, full="stdout")
+    assert out.returncode == 141, out.stderr
+    assert "output failed (No space left on device); exit status 141" in out.stderr

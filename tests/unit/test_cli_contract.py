@@ -135,3 +135,18 @@ def test_every_help_prints_on_an_ascii_terminal(command: list[str]) -> None:
                          check=False, env=env)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith(b"usage: nvmlcheck") and out.stdout.isascii()
+
+
+@pytest.mark.parametrize("argv", [["--json", "--version"], ["--version", "--json"]])
+def test_json_version_is_a_document(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    # `--json --version` printed "nvmlcheck 0.1.0": the one --json run whose stdout was no document.
+    import json
+
+    from nvmlcheck import __version__
+    from nvmlcheck.cli import main
+
+    assert main(argv) == 0
+    assert json.loads(capsys.readouterr().out) == {"schema": "nvmlcheck/version", "version": 1,
+                                                   "nvmlcheck": __version__}
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out == f"nvmlcheck {__version__}\n"
