@@ -50,3 +50,11 @@ def test_a_version_that_cannot_be_written_is_141(argv: list[str]) -> None:
     out = _run(argv, full="stdout")
     assert out.returncode == 141, out.stderr
     assert "output failed (No space left on device); exit status 141" in out.stderr
+
+
+@pytest.mark.parametrize("argv", [["demo"], ["--json", "demo"]])
+def test_a_demo_that_cannot_be_written_is_141_not_a_traceback(argv: list[str]) -> None:
+    # README's first command, on a full disk: a traceback and exit 1.
+    out = _run(argv, full="stdout")
+    assert out.returncode == 141, out.stderr
+    assert "Traceback" not in out.stderr
