@@ -151,8 +151,10 @@ def run(argv: Sequence[str] | None) -> int:
             from ..errors import NvmlCheckError
 
             if not isinstance(exc, NvmlCheckError):
-                if isinstance(exc, OSError) and verdict_decided():
-                    return output_failed(exc)  # disk full, EIO on a terminal: as a broken pipe
+                if isinstance(exc, OSError) and (verdict_decided() or _disk_full(exc)):
+                    # Disk full, EIO on a terminal: as a broken pipe. A full disk before any verdict is the output's
+                    # too (a command that prints as it goes, with PYTHONUNBUFFERED=1 as container images set it).
+                    return output_failed(exc)
                 raise
             from ..errors import GpuFault
 
@@ -161,6 +163,12 @@ def run(argv: Sequence[str] | None) -> int:
             from ..kill import KillError
 
             return fail(json_mode, exc, EXIT_USAGE if isinstance(exc, KillError) else EXIT_BACKEND)
+
+
+def _disk_full(exc: OSError) -> bool:
+    import errno
+
+    return exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 def fail(json_mode: bool, exc: BaseException, code: int, *, label: str | None = None) -> int:

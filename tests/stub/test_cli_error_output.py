@@ -58,3 +58,17 @@ def test_a_demo_that_cannot_be_written_is_141_not_a_traceback(argv: list[str]) -
     out = _run(argv, full="stdout")
     assert out.returncode == 141, out.stderr
     assert "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("argv", [["--simulate", "h200", "ready"], ["simulate", "scenario", "h200"],
+                                  ["--simulate", "h200", "--json", "kill", "--dry-run", "--all-holders", "--yes"]])
+def test_a_full_disk_before_any_verdict_is_an_output_failure(argv: list[str]) -> None:
+    # With PYTHONUNBUFFERED=1 (as container images set it) the first line fails at once, before the command decided a
+    # verdict: a traceback and exit 1 ("not clean", "not ready") where the answer was not delivered (141).
+    import os
+
+    with open("/dev/full", "w") as disk:
+        out = subprocess.run([sys.executable, "-m", "nvmlcheck", *argv], stdout=disk, stderr=subprocess.PIPE,
+                             text=True, timeout=120, check=False, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert out.returncode == 141, out.stderr
+    assert "Traceback" not in out.stderr and "output failed (No space left on device)" in out.stderr
