@@ -210,6 +210,15 @@ def simulation_hint(exc: BaseException) -> str:
             f"(pip install 'nvmlcheck[sim]', or pip install -e '.[sim]' in a clone): {exc}")
 
 
+def unreadable_scenario(option: str, name: str, exc: OSError) -> str:
+    """The usage error for a scenario path that cannot even be looked at (``ENAMETOOLONG``, ``EACCES``)."""
+    from ._output import safe
+
+    shown = name if len(name) <= 200 else f"{name[:200]}..."
+    return (f"{option} {safe(repr(shown))}: not a bundled scenario nor a readable scenario file "
+            f"({exc.strerror or exc}); name one (h200, h200x8, h200-busy) or a file")
+
+
 def hosts_wanted(args: argparse.Namespace) -> bool:
     """Whether the command runs on hosts (``--host``/``--hosts``/``--hosts-file``) rather than here."""
     return bool(getattr(args, "hosts", None) or getattr(args, "hosts_file", None))
@@ -316,6 +325,8 @@ class simulation:
             scenario = scenario_named(self.name)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
+        except OSError as exc:  # a path the system refuses to look at (too long, no permission): the user's to fix
+            raise UsageError(unreadable_scenario("--simulate", self.name, exc)) from None
         stack = contextlib.ExitStack()
         self._stack = stack
         try:

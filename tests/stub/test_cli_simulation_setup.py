@@ -59,3 +59,13 @@ def test_no_gpu_on_a_simulated_scenario_does_not_offer_the_simulation(tmp_path: 
     real = _nvmlcheck(["--backend", "nvml", "snapshot"], "")  # no driver here: the hint is still given
     if real.returncode == 3 and "sees no GPU" not in real.stderr:
         assert "no GPU here?" in real.stderr
+
+
+@pytest.mark.parametrize("argv", [["--simulate", "x" * 5000, "snapshot"],
+                                  ["simulate", "run", "--scenario", "x" * 5000, "--", "true"]])
+def test_a_scenario_path_the_system_refuses_is_a_usage_error(argv: list[str]) -> None:
+    # ENAMETOOLONG from looking at the path escaped as a traceback, exit 1.
+    out = _nvmlcheck(argv, os.environ.get("NVMLCHECK_STUB_CACHE", ""))
+    assert out.returncode == 2, out.stderr
+    assert "Traceback" not in out.stderr
+    assert "not a bundled scenario nor a readable scenario file (File name too long)" in out.stderr
