@@ -86,6 +86,17 @@ def output_failed(exc: OSError, code: int = EXIT_CLEAN) -> int:
     return code
 
 
+def notice(text: str) -> None:
+    """A line on stderr that is not the verdict (the simulation's, the events' fallback). A stderr that cannot take it
+    (a full disk, a closed pipe) is read by no one: it is pointed at ``/dev/null`` and the command goes on to its
+    verdict, which its exit status still says."""
+    try:
+        print(text, file=sys.stderr)
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        _silence(sys.stderr)
+
+
 def _silence(stream: Any) -> None:
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
@@ -187,9 +198,25 @@ class SimulationUnavailable(Exception):
 
 
 def simulation_hint(exc: BaseException) -> str:
-    """The message for a stub that cannot be built (no C compiler, no ``nvidia-nvml-dev``)."""
+    """The message for a simulation that cannot be set up: no C compiler or no ``nvidia-nvml-dev`` (no header), or
+    a file it could not write (the stub's cache, the scenario's temporary directory), which no package would fix."""
+    filename = getattr(exc, "filename", None)
+    if isinstance(exc, OSError) and filename is not None:
+        cache = os.environ.get("NVMLCHECK_STUB_CACHE") or "~/.cache/nvmlcheck/stub"
+        return (f"the simulated GPU could not be set up: {exc.strerror or exc}: {filename!s}. The stub libnvidia-ml "
+                f"is built in {cache} (set $NVMLCHECK_STUB_CACHE to a writable directory to move it), the scenario "
+                "is written in the temporary directory ($TMPDIR)")
     return (f"the simulated GPU needs a C compiler and the nvidia-nvml-dev package "
             f"(pip install 'nvmlcheck[sim]', or pip install -e '.[sim]' in a clone): {exc}")
+
+
+def unreadable_scenario(option: str, name: str, exc: OSError) -> str:
+    """The usage error for a scenario path that cannot even be looked at (``ENAMETOOLONG``, ``EACCES``)."""
+    from ._output import safe
+
+    shown = name if len(name) <= 200 else f"{name[:200]}..."
+    return (f"{option} {safe(repr(shown))}: not a bundled scenario nor a readable scenario file "
+            f"({exc.strerror or exc}); name one (h200, h200x8, h200-busy) or a file")
 
 
 def hosts_wanted(args: argparse.Namespace) -> bool:
@@ -302,12 +329,14 @@ class simulation:
             scenario = scenario_named(self.name)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
+        except OSError as exc:  # a path the system refuses to look at (too long, no permission): the user's to fix
+            raise UsageError(unreadable_scenario("--simulate", self.name, exc)) from None
         stack = contextlib.ExitStack()
         self._stack = stack
         try:
             try:
                 self.args.simulation = stack.enter_context(simulated(scenario))
-            except (StubBuildError, FileNotFoundError) as exc:
+            except (StubBuildError, OSError) as exc:  # no compiler or header, a cache that cannot be written
                 raise SimulationUnavailable(simulation_hint(exc)) from None
             global _simulating, _simulation_files
             _simulating = True
@@ -316,8 +345,8 @@ class simulation:
 
             _output.SIMULATED = True
             if not getattr(self.args, "json", False):
-                print(f"nvmlcheck: simulated GPUs (scenario {self.name}; the bundled stub libnvidia-ml): no real GPU "
-                      "is read", file=sys.stderr)
+                notice(f"nvmlcheck: simulated GPUs (scenario {self.name}; the bundled stub libnvidia-ml): no real "
+                       "GPU is read")
         except BaseException:
             # A signal (SIGHUP, SIGTERM: Terminated) while entering: `with` calls no __exit__ then, so clean up here,
             # or the simulation's files stay and the command ends as if simulating, without its exit status.
@@ -351,4 +380,4 @@ def start_events(args: argparse.Namespace, gpus: Session, deadline_s: float | No
     if listener.reason is not None:
         from ._output import safe
 
-        print(f"nvmlcheck: events: {safe(listener.reason)}", file=sys.stderr)
+        notice(f"nvmlcheck: events: {safe(listener.reason)}")

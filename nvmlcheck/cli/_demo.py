@@ -37,7 +37,7 @@ def run_demo(*, json_output: bool = False) -> int:
     from ..kill import kill_and_wait
     from ..session import open as open_session
     from ..simulate import simulated
-    from ._common import SimulationUnavailable, simulation_hint
+    from ._common import SimulationUnavailable, simulation_hint, verdict
     from ._output import device_table, human_bytes, process_table
 
     child = subprocess.Popen(
@@ -49,11 +49,13 @@ def run_demo(*, json_output: bool = False) -> int:
         with contextlib.ExitStack() as stack:
             try:
                 stub = stack.enter_context(simulated(scenario))
-            except (StubBuildError, FileNotFoundError) as exc:
+            except (StubBuildError, OSError) as exc:  # a cache that cannot be written too
                 # Reported by cli._main like any command's (exit 3, an nvmlcheck/error document under --json).
                 raise SimulationUnavailable(simulation_hint(exc)) from None
             gpus = stack.enter_context(open_session("nvml", library_path=str(stub.library_path)))
             before = gpus.snapshot()
+            # The demo's answer is what it prints: one that cannot be written (a full disk) exits 141, as snapshot's.
+            verdict(0, answer_is_output=True)
             if not json_output:
                 print("nvmlcheck demo: a simulated NVIDIA H200 (the bundled stub libnvidia-ml; no GPU is touched)")
                 print(f"a real child process, pid {child.pid}, holds {human_bytes(HOLD_BYTES)} on GPU 0:\n")

@@ -22,6 +22,7 @@ from ._common import (
     output_failed,
     reset_verdict,
     simulation,
+    verdict,
     verdict_decided,
 )
 from ._signals import Terminated, ending_on_signals
@@ -85,6 +86,9 @@ def _parse(argv: Sequence[str], json_errors: bool) -> argparse.Namespace | int:
         given = [f"--{name.replace('_', '-')}" for name in GLOBAL_OPTIONS
                  if getattr(args, name, None) not in (None, "auto")
                  and not (args.command == "simulate" and name == "simulate")]
+        if args.command == "simulate" and args.json:
+            # Its output is a scenario file or COMMAND's own: no document (docs/cli.md: one document per --json).
+            given.append("--json (give it to the nvmlcheck commands that COMMAND runs)")
         if given:
             what = ("demo runs on the bundled simulated H200 only" if args.command == "demo"
                     else "simulate gives its command the simulation itself (--scenario)")
@@ -147,8 +151,10 @@ def run(argv: Sequence[str] | None) -> int:
             from ..errors import NvmlCheckError
 
             if not isinstance(exc, NvmlCheckError):
-                if isinstance(exc, OSError) and verdict_decided():
-                    return output_failed(exc)  # disk full, EIO on a terminal: as a broken pipe
+                if isinstance(exc, OSError) and (verdict_decided() or _disk_full(exc)):
+                    # Disk full, EIO on a terminal: as a broken pipe. A full disk before any verdict is the output's
+                    # too (a command that prints as it goes, with PYTHONUNBUFFERED=1 as container images set it).
+                    return output_failed(exc)
                 raise
             from ..errors import GpuFault
 
@@ -159,16 +165,32 @@ def run(argv: Sequence[str] | None) -> int:
             return fail(json_mode, exc, EXIT_USAGE if isinstance(exc, KillError) else EXIT_BACKEND)
 
 
-def fail(json_mode: bool, exc: BaseException, code: int, *, label: str | None = None) -> int:
-    """Report ``exc`` (a document under ``--json``, a line on stderr otherwise) and return ``code``."""
-    if json_mode:
-        import contextlib
+def _disk_full(exc: OSError) -> bool:
+    import errno
 
+    return exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def fail(json_mode: bool, exc: BaseException, code: int, *, label: str | None = None) -> int:
+    """Report ``exc`` (a document under ``--json``, a line on stderr otherwise) and return ``code``.
+
+    The error is the command's verdict: a report that cannot be written (stdout or stderr a full disk, a closed pipe)
+    is said if it can be and ``code`` stands (docs/cli.md, "Exit codes"), never a traceback and Python's exit 1,
+    which would read as "not clean"."""
+    verdict(code)
+    try:
+        _report(json_mode, exc, code, label)
+    except OSError as output_error:
+        return output_failed(output_error, code)
+    return code
+
+
+def _report(json_mode: bool, exc: BaseException, code: int, label: str | None) -> None:
+    if json_mode:
         from ..jsonout import error_document
         from ._output import print_json
 
-        with contextlib.suppress(BrokenPipeError):
-            print_json(error_document(exc, code))
+        print_json(error_document(exc, code))
     from ..errors import BackendUnavailable
 
     if label is None:
@@ -180,10 +202,13 @@ def fail(json_mode: bool, exc: BaseException, code: int, *, label: str | None = 
 
         print(f"nvmlcheck: {label}: {safe_lines(exc)}", file=sys.stderr)
         _print_kill_records(exc)
-        if label == "unavailable" and isinstance(exc, BackendUnavailable) and not _common._simulating:
+        # Not on simulated GPUs, which the hint would offer again (the simulation has ended by now: _output's mark
+        # stays for the run).
+        simulated = _common._simulating or getattr(sys.modules.get(f"{__package__}._output"), "SIMULATED", False)
+        if label == "unavailable" and isinstance(exc, BackendUnavailable) and not simulated:
             print("nvmlcheck: no GPU here? `nvmlcheck --simulate h200 COMMAND` runs a command on a simulated H200 "
                   "(the bundled stub libnvidia-ml)", file=sys.stderr)
-    return code
+    sys.stderr.flush()  # a full stderr fails here, where fail() sees it, not in the interpreter's flush at exit
 
 
 def _print_kill_records(exc: BaseException) -> None:

@@ -247,16 +247,22 @@ class StatusLine:
         except (OSError, ValueError):  # a TTY-like stream without a real terminal behind it
             columns = 80
         text = safe(text)[: max(20, columns - 1)]
-        self.stream.write("\r" + text.ljust(self._width))
-        self.stream.flush()
+        self._write("\r" + text.ljust(self._width))
         self._width = len(text)
 
     def clear(self) -> None:
         """Erase the line; a second call writes nothing."""
         if self.enabled and self._width:
-            self.stream.write("\r" + " " * self._width + "\r")
-            self.stream.flush()
+            self._write("\r" + " " * self._width + "\r")
             self._width = 0
+
+    def _write(self, text: str) -> None:
+        # A terminal that fails (EIO once it is gone) ends the status line, not the wait: it is not the verdict.
+        try:
+            self.stream.write(text)
+            self.stream.flush()
+        except (OSError, ValueError):
+            self.enabled = False
 
 
 def status_updater(status: StatusLine, predicate: Any, start: float) -> Any:

@@ -34,6 +34,8 @@ class _State:
         self.json_errors = json_errors
         self.seen: set[str] = set()
         self.merged: dict[str, list[Any]] = {}
+        self.parsers: list[argparse.ArgumentParser] = []  # the root, then each (sub)command the parse entered
+        self.argv: list[str] = []
 
 
 class _Formatter(argparse.HelpFormatter):
@@ -54,6 +56,10 @@ class _Formatter(argparse.HelpFormatter):
 class _Parser(argparse.ArgumentParser):
     def __init__(self, *args: Any, state: _State, root: bool = False, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", _Formatter)
+        # Options are spelled in full: argparse's abbreviations (`--dev` for --devices) would make a launch script
+        # depend on which options exist (a new --dev... option breaks it), and --json's and --simulate's spelling is
+        # read before parsing (wants_json: an abbreviated --json printed its argument errors as text).
+        kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
         self.state = state
         self.root = root
@@ -64,17 +70,59 @@ class _Parser(argparse.ArgumentParser):
         if self.root:  # a new parse: forget the options the last one saw (subparsers share the state)
             self.state.seen.clear()
             self.state.merged.clear()
+            self.state.parsers.clear()
+            self.state.argv = list(sys.argv[1:] if args is None else args)
+        self.state.parsers.append(self)
         return super().parse_known_args(args, namespace)
 
+    def _print_message(self, message: str, file: Any = None) -> None:
+        # Help, usage and errors are argparse's own writes: the streams are made to escape what their encoding cannot
+        # write (`µs` in wait's help on an ASCII terminal was a UnicodeEncodeError, reported as a usage error).
+        from . import _output  # noqa: F401 - its import makes the standard streams usable
+
+        super()._print_message(message, file)
+
+    def _worded(self, message: str) -> str:
+        """argparse's ``message``, with the fix named: the commands for a missing one (not the subparsers' internal
+        name, ``simulate_command``), the option meant for an unknown one (``--dev``: ``--devices``)."""
+        for action in self._actions:
+            if action.nargs == argparse.PARSER and message == f"the following arguments are required: {action.dest}":
+                return (f"name a command: {', '.join(action.choices or ())} "
+                        f"(`{self.prog} --help` says what each does)")
+        # An unknown option may not be what argparse names (`snapshot --dev 0`: "invalid choice: '0'").
+        known = {option for parser in self.state.parsers or [self] for option in parser._option_string_actions}
+        hints = []
+        for word in self.state.argv[:self.state.argv.index("--")] if "--" in self.state.argv else self.state.argv:
+            name = word.partition("=")[0]
+            if not name.startswith("--") or name in known:
+                continue
+            meant = sorted(option for option in known if option.startswith(name))
+            if not meant:
+                import difflib
+
+                meant = difflib.get_close_matches(name, sorted(known), n=2, cutoff=0.8)
+            if meant:
+                hints.append(f"{name}: did you mean {' or '.join(meant)}? (options are spelled in full)")
+        return "; ".join([message, *hints])
+
     def error(self, message: str) -> NoReturn:
+        from .._text import printable_lines
+
+        message = self._worded(message)
+        line = f"{self.prog}: error: {printable_lines(message)}\n"  # argv words raw would reach the terminal
         if self.state.json_errors:
             from ..jsonout import usage_error_document
+            from ._common import output_failed, verdict
             from ._output import print_json
 
-            print_json(usage_error_document(message, EXIT_USAGE))
-            self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+            verdict(EXIT_USAGE)  # a document that cannot be written (a full disk) leaves the usage error's 2
+            try:
+                print_json(usage_error_document(message, EXIT_USAGE))
+            except OSError as exc:
+                output_failed(exc)
+            self.exit(EXIT_USAGE, line)
         self.print_usage(sys.stderr)
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+        self.exit(EXIT_USAGE, line)
 
 
 class _Stateful(argparse.Action):
@@ -83,6 +131,31 @@ class _Stateful(argparse.Action):
     def __init__(self, *args: Any, state: _State, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.state = state
+
+
+class _Version(_Stateful):
+    """``--version``: ``nvmlcheck 0.1.0``, or under ``--json`` the one document every ``--json`` run prints."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option: str | None = None
+    ) -> None:
+        from ..jsonout import document
+        from ._common import output_failed, verdict
+        from ._output import print_json
+
+        verdict(0, answer_is_output=True)  # the answer is the output: unwritten (a full disk), it is 141 (docs/cli.md)
+        try:
+            if self.state.json_errors:
+                print_json(document("version", nvmlcheck=__version__))
+            else:
+                sys.stdout.write(f"nvmlcheck {__version__}\n")
+                sys.stdout.flush()
+        except OSError as exc:
+            parser.exit(output_failed(exc))
+        parser.exit()
 
 
 class _Once(_Stateful):
@@ -293,7 +366,8 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
                "4 a fatal GPU event (XID) stopped the wait, 5 ready: a GPU needs an operator (unhealthy or stuck), "
                "129/130/143 ended by SIGHUP/SIGINT/SIGTERM, 141 the answer could not be written (docs/cli.md)",
     )
-    parser.add_argument("--version", action="version", version=f"nvmlcheck {__version__}")
+    parser.add_argument("--version", action=_Version, state=state, help="print nvmlcheck's version and exit "
+                        "(with --json, an nvmlcheck/version document)")
     global_options(parser, top=True)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 

@@ -15,7 +15,7 @@ import os
 import subprocess
 import sys
 
-from ._common import SimulationUnavailable, UsageError, simulation_hint
+from ._common import SimulationUnavailable, UsageError, simulation_hint, unreadable_scenario
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -62,9 +62,11 @@ def _run(argv: list[str], name: str) -> int:
         scenario = scenario_named(name)
     except ValueError as exc:
         raise UsageError(str(exc).replace("--simulate", "--scenario")) from None
+    except OSError as exc:  # a path the system refuses to look at (too long, no permission)
+        raise UsageError(unreadable_scenario("--scenario", name, exc)) from None
     try:
         library = build_stub()
-    except (StubBuildError, FileNotFoundError) as exc:
+    except (StubBuildError, OSError) as exc:  # a cache that cannot be written too
         raise SimulationUnavailable(simulation_hint(exc)) from None
     with contextlib.ExitStack() as stack:
         if isinstance(scenario, Path):

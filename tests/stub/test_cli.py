@@ -158,6 +158,31 @@ def test_status_line_only_on_a_terminal() -> None:
     assert "\rwaiting 1.0 s" in tty.getvalue() and tty.getvalue().endswith("\r")
 
 
+def test_a_terminal_that_fails_ends_the_status_line_not_the_wait() -> None:
+    # A write error (EIO: the terminal went away) in the live status line escaped from on_poll and ended the wait in
+    # a traceback, exit 1: the status line is not the verdict.
+    class GoneTty(io.StringIO):
+        writes = 0
+
+        def isatty(self) -> bool:
+            return True
+
+        def fileno(self) -> int:
+            raise OSError("no terminal size")
+
+        def write(self, text: str) -> int:
+            GoneTty.writes += 1
+            raise OSError(5, "Input/output error")
+
+    line = cli.StatusLine(GoneTty(), enabled=True)
+    line.update("waiting 1.0 s")
+    assert not line.enabled and GoneTty.writes == 1
+    line._last = 0.0
+    line.update("waiting 2.0 s")
+    line.clear()
+    assert GoneTty.writes == 1  # nothing more is tried
+
+
 @pytest.mark.parametrize("backend", ["nvml", "smi"])
 def test_simulate_hands_the_stub_to_the_session_explicitly(
     backend: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
