@@ -11,7 +11,15 @@ from __future__ import annotations
 import sys
 import time
 
-from ._common import EXIT_CLEAN, EXIT_NOT_CLEAN, EXIT_UNHEALTHY, hosts_wanted, open_session, verdict_printed
+from ._common import (
+    EXIT_CLEAN,
+    EXIT_NOT_CLEAN,
+    EXIT_UNHEALTHY,
+    hosts_wanted,
+    open_session,
+    verdict,
+    verdict_printed,
+)
 from ._output import StatusLine, load_json_output, plural, print_json, safe
 
 TYPE_CHECKING = False  # no typing at run time: it costs a one-shot check milliseconds (docs/performance.md)
@@ -66,6 +74,7 @@ def cmd_ready(args: argparse.Namespace) -> int:
             status.clear()
         report = replace(report, timeout_s=args.timeout, elapsed_ns=round((time.monotonic() - started) * 1e9))
         code = exit_code_of(report)
+        verdict(code)  # before printing: a failed write cannot change it (ready is a verdict, as wait's clean is)
         if args.json:
             from ..jsonout import ready_document
 

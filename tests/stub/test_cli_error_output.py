@@ -60,7 +60,7 @@ def test_a_demo_that_cannot_be_written_is_141_not_a_traceback(argv: list[str]) -
     assert "Traceback" not in out.stderr
 
 
-@pytest.mark.parametrize("argv", [["--simulate", "h200", "ready"], ["simulate", "scenario", "h200"],
+@pytest.mark.parametrize("argv", [["simulate", "scenario", "h200"],
                                   ["--simulate", "h200", "--json", "kill", "--dry-run", "--all-holders", "--yes"]])
 def test_a_full_disk_before_any_verdict_is_an_output_failure(argv: list[str]) -> None:
     # With PYTHONUNBUFFERED=1 (as container images set it) the first line fails at once, before the command decided a
@@ -72,3 +72,17 @@ def test_a_full_disk_before_any_verdict_is_an_output_failure(argv: list[str]) ->
                              text=True, timeout=120, check=False, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert out.returncode == 141, out.stderr
     assert "Traceback" not in out.stderr and "output failed (No space left on device)" in out.stderr
+
+
+@pytest.mark.parametrize(("scenario", "code"), [("h200", 0), ("h200-busy", 1)])
+def test_ready_keeps_its_verdict_when_its_lines_cannot_be_written(scenario: str, code: int) -> None:
+    # ready's answer is its exit status (`nvmlcheck ready && start`), as wait's is: the GPUs are ready (or not)
+    # whether or not anyone read the lines. "Not ready" became 141 on a full disk.
+    import os
+
+    with open("/dev/full", "w") as disk:
+        out = subprocess.run([sys.executable, "-m", "nvmlcheck", "--simulate", scenario, "ready"], stdout=disk,
+                             stderr=subprocess.PIPE, text=True, timeout=120, check=False,
+                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert out.returncode == code, out.stderr
+    assert "Traceback" not in out.stderr
