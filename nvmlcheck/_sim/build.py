@@ -22,7 +22,8 @@ _LIBRARY_NAME = "libnvidia-ml.so.1"
 
 
 class StubBuildError(NvmlCheckError, RuntimeError):
-    """The stub could not be built: no compiler, no ``nvml.h``, or the compiler failed (its stderr is included)."""
+    """The stub could not be built: no compiler, the compiler failed (its stderr is included), or the build cache
+    cannot be written."""
 
 
 def find_nvml_header() -> Path:
@@ -115,7 +116,7 @@ def build_stub(variant: Iterable[str] = (), *, cache_dir: Path | None = None, cc
     Raises:
         ValueError: an unknown variant macro.
         FileNotFoundError: no ``nvml.h`` (install ``nvidia-nvml-dev``) or no stub sources.
-        StubBuildError: no compiler, or compilation failed.
+        StubBuildError: no compiler, compilation failed, or the cache directory cannot be written.
     """
     import hashlib
     import subprocess
@@ -143,8 +144,12 @@ def build_stub(variant: Iterable[str] = (), *, cache_dir: Path | None = None, cc
     target = target_dir / _LIBRARY_NAME
     if target.is_file():
         return target
-    target_dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{_LIBRARY_NAME}.", suffix=".tmp", dir=target_dir)
+    try:
+        target_dir.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{_LIBRARY_NAME}.", suffix=".tmp", dir=target_dir)
+    except OSError as exc:  # a read-only or misplaced cache: the stub cannot be built, as without a compiler
+        raise StubBuildError(f"cannot write the stub's build cache {target_dir}: {exc.strerror or exc}; set "
+                             "$NVMLCHECK_STUB_CACHE (or pass cache_dir=) to a writable directory") from exc
     os.close(fd)
     tmp = Path(tmp_name)
     try:
@@ -157,8 +162,11 @@ def build_stub(variant: Iterable[str] = (), *, cache_dir: Path | None = None, cc
             raise StubBuildError(
                 f"compiling the stub failed (exit {proc.returncode}): {' '.join(command)}\n{proc.stderr.strip()}"
             )
-        os.chmod(tmp, 0o755)
-        os.replace(tmp, target)
+        try:
+            os.chmod(tmp, 0o755)
+            os.replace(tmp, target)
+        except OSError as exc:
+            raise StubBuildError(f"cannot write the stub's build cache {target_dir}: {exc.strerror or exc}") from exc
     finally:
         tmp.unlink(missing_ok=True)
     return target

@@ -82,16 +82,20 @@ def nvml_scenario() -> Scenario:
 
 
 @pytest.fixture
-def nvml_scenario_path(nvml_scenario: Scenario, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """``nvml_scenario`` written to a file, which ``$NVMLCHECK_STUB_SCENARIO`` names for the test."""
+def nvml_scenario_path(nvml_scenario: Scenario, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """``nvml_scenario`` written to a file, which ``$NVMLCHECK_STUB_SCENARIO`` names for the test. Changes the test
+    makes to ``nvml_scenario`` are written to it as they are made (atomically), for the next ``nvmlInit`` to read."""
     from .._sim.session import ENV_SCENARIO
 
     directory = tmp_path / "nvmlcheck-stub"
     directory.mkdir(exist_ok=True)
     path = directory / "scenario.txt"
-    nvml_scenario.write(path)
+    nvml_scenario._keep_in(path)
     monkeypatch.setenv(ENV_SCENARIO, str(path))
-    return path
+    try:
+        yield path
+    finally:
+        nvml_scenario._keep_in(None)  # a scenario shared by several tests writes to none of their files after them
 
 
 @pytest.fixture
@@ -157,9 +161,9 @@ def nvml_bound_process(nvml_scenario: Scenario, nvml_scenario_path: Path) -> Ite
             for fd in fds:
                 os.close(fd)
         children.append(child)
+        # Written to nvml_scenario_path at once (atomically: a process under test may be reading it).
         nvml_scenario.add_process(device, child.pid, kind, used_bytes, bound=True, list_ms=list_ms,
                                   release_ms=release_ms, zombie_holds=zombie_holds)
-        nvml_scenario.write(nvml_scenario_path)  # atomically: a process under test may be reading it
         return child
 
     yield start
