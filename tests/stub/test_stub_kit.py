@@ -3,12 +3,14 @@ that cannot be built (its cache unwritable) is the kit's build error, which the 
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 import nvmlcheck as nc
-from nvmlcheck.testing import Scenario, StubBuildError, StubSession, build_stub
+from nvmlcheck.testing import LogEntry, Scenario, StubBuildError, StubSession, build_stub, read_call_log
 
 pytestmark = pytest.mark.stub
 
@@ -44,3 +46,38 @@ def test_an_unwritable_build_cache_is_a_build_error_naming_it(tmp_path: Path) ->
     blocked.write_text("not a directory", encoding="utf-8")
     with pytest.raises(StubBuildError, match=r"cannot write the stub's build cache .*NVMLCHECK_STUB_CACHE"):
         build_stub(cache_dir=blocked)
+
+
+def test_a_call_being_logged_is_left_for_the_next_read(tmp_path: Path) -> None:
+    # A child process writing its line while the test reads the log: the half line made read_call_log raise.
+    log = tmp_path / "calls.log"
+    log.write_text("nvmlInit_v2 12 13\nnvmlDeviceGetCou", encoding="utf-8")
+    assert read_call_log(log) == [LogEntry("nvmlInit_v2", 12, 13)]
+    with log.open("a", encoding="utf-8") as f:
+        f.write("nt_v2 12 14\n")
+    assert [entry.function for entry in read_call_log(log)] == ["nvmlInit_v2", "nvmlDeviceGetCount_v2"]
+
+
+@pytest.mark.parametrize("text", ["garbage\n", "nvmlInit_v2 12\n", "nvmlInit_v2 x 13\n", "nvmlInit_v2 \u00b2 1\n"])
+def test_a_file_that_is_no_call_log_is_a_value_error_naming_the_line(tmp_path: Path, text: str) -> None:
+    log = tmp_path / "calls.log"
+    log.write_text("nvmlInit_v2 12 13\n" + text, encoding="utf-8")
+    with pytest.raises(ValueError, match=r"calls.log line 2 is not a stub call log line"):
+        read_call_log(log)
+
+
+@pytest.mark.parametrize(("text", "why"), [("root:x:0:0:root:/root:/bin/bash\n", "its first line must be"),
+                                          ("", "it is empty")])
+@pytest.mark.parametrize("command", [["hold", "--gpu", "0", "--bytes", "1GiB"], ["run"]])
+def test_simulate_refuses_a_file_that_is_no_scenario_alike(
+    tmp_path: Path, text: str, why: str, command: list[str]
+) -> None:
+    # `simulate hold` said "GPU 0 is not in the scenario (it declares GPU none)" where `run` and --simulate say
+    # "not a scenario file".
+    path = tmp_path / "not-a-scenario"
+    path.write_text(text, encoding="utf-8")
+    done = subprocess.run([sys.executable, "-m", "nvmlcheck", "simulate", *command, "--scenario", str(path), "--",
+                           "true"], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2, done.stderr
+    assert "not a scenario file" in done.stderr and why in done.stderr, done.stderr
+    assert path.read_text(encoding="utf-8") == text  # nothing added to it
