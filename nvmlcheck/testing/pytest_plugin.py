@@ -149,9 +149,19 @@ def nvml_bound_process(nvml_scenario: Scenario, nvml_scenario_path: Path) -> Ite
         zombie_holds: bool = False,
         argv: Sequence[str] | None = None,
     ) -> subprocess.Popen[bytes]:
+        from .._sim.scenario import Scenario
+        from ..errors import ArgumentTypeError
         from ..simulate import check_hold_fits
 
-        check_hold_fits(nvml_scenario.render(), device, used_bytes, "the scenario")  # before any process starts
+        # Every argument is checked before any process starts: a refused call leaves no child behind.
+        if isinstance(argv, (str, bytes)):
+            raise ArgumentTypeError(f"argv must be a sequence of arguments, e.g. ['sleep', '30'], not {argv!r}")
+        rehearsal = Scenario()  # the entry, validated on a scenario of as many GPUs, with a PID that exists
+        for _ in range(nvml_scenario.device_count):
+            rehearsal.add_device()
+        rehearsal.add_process(device, os.getpid(), kind, used_bytes, bound=True, list_ms=list_ms,
+                              release_ms=release_ms, zombie_holds=zombie_holds)
+        check_hold_fits(nvml_scenario.render(), device, used_bytes, "the scenario")
         command = list(argv) if argv else [sys.executable, "-S", "-c", "import time; time.sleep(3600)"]
         fds = [os.open(path, os.O_RDONLY) for path in stand_in_device_files(device_dir, device)]
         try:

@@ -3,14 +3,25 @@ that cannot be built (its cache unwritable) is the kit's build error, which the 
 
 from __future__ import annotations
 
+import contextlib
+import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import nvmlcheck as nc
-from nvmlcheck.testing import LogEntry, Scenario, StubBuildError, StubSession, build_stub, read_call_log
+from nvmlcheck.testing import (
+    BoundProcessFactory,
+    LogEntry,
+    Scenario,
+    StubBuildError,
+    StubSession,
+    build_stub,
+    read_call_log,
+)
 
 pytestmark = pytest.mark.stub
 
@@ -81,3 +92,28 @@ def test_simulate_refuses_a_file_that_is_no_scenario_alike(
     assert done.returncode == 2, done.stderr
     assert "not a scenario file" in done.stderr and why in done.stderr, done.stderr
     assert path.read_text(encoding="utf-8") == text  # nothing added to it
+
+
+def _children() -> list[int]:
+    """The PIDs of this process's live children (zombies included: they were started)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                if int(fields[1]) == os.getpid():
+                    found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.parametrize("wrong", [{"device": 5}, {"kind": "cuda"}, {"used_bytes": -1}, {"list_ms": -5},
+                                   {"zombie_holds": 1}, {"argv": "sleep 30"}])
+def test_a_refused_bound_process_starts_nothing(
+    nvml_stub: StubSession, nvml_bound_process: BoundProcessFactory, wrong: dict[str, Any]
+) -> None:
+    # The child was started before the scenario refused its entry, and ran until the end of the test.
+    before = _children()
+    with pytest.raises((ValueError, TypeError)):
+        nvml_bound_process(**wrong)
+    assert _children() == before
+    assert "bound=1" not in nvml_stub.scenario_path.read_text(encoding="utf-8")
