@@ -38,10 +38,11 @@ def stub_environment(
     library_path: str | os.PathLike[str],
     log_path: str | os.PathLike[str] | None = None,
 ) -> dict[str, str]:
-    """The environment variables that point nvmlcheck (and a child process) at the stub and a scenario."""
-    env = {ENV_LIBRARY: os.fspath(library_path), ENV_SCENARIO: os.fspath(scenario_path)}
+    """The environment variables that point nvmlcheck (and a child process) at the stub and a scenario. Paths are
+    made absolute: a child started in another directory (or a test that changes directory) finds the same files."""
+    env = {ENV_LIBRARY: os.path.abspath(library_path), ENV_SCENARIO: os.path.abspath(scenario_path)}
     if log_path is not None:
-        env[ENV_LOG] = os.fspath(log_path)
+        env[ENV_LOG] = os.path.abspath(log_path)
     return env
 
 
@@ -138,12 +139,12 @@ def simulation(
             with _termination_held():
                 directory = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="nvmlcheck-stub-")))
         else:
-            directory = Path(tmp_dir)
+            directory = Path(os.path.abspath(tmp_dir))  # absolute, as the environment must be (stub_environment)
             directory.mkdir(parents=True, exist_ok=True)
         if isinstance(scenario, Scenario):
             scenario_path = scenario.write(directory / "scenario.txt")
         else:
-            scenario_path = Path(scenario)
+            scenario_path = Path(os.path.abspath(scenario))
             if not scenario_path.is_file():
                 raise FileNotFoundError(f"scenario file {scenario_path} does not exist")
         log_path = directory / "calls.log"

@@ -4,6 +4,7 @@ that cannot be built (its cache unwritable) is the kit's build error, which the 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -21,6 +22,8 @@ from nvmlcheck.testing import (
     StubSession,
     build_stub,
     read_call_log,
+    stub_environment,
+    use_stub,
 )
 
 pytestmark = pytest.mark.stub
@@ -117,3 +120,28 @@ def test_a_refused_bound_process_starts_nothing(
         nvml_bound_process(**wrong)
     assert _children() == before
     assert "bound=1" not in nvml_stub.scenario_path.read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("given", ["file", "tmp_dir"])
+def test_a_relative_path_reaches_a_child_started_elsewhere(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, given: str
+) -> None:
+    # The environment named the scenario (and the log) relative to the test's directory: a child started in
+    # another one found no scenario, and its nvmlcheck no GPU.
+    monkeypatch.chdir(tmp_path)
+    scenario = Scenario.h200(devices=2)
+    if given == "file":
+        scenario.write("gpus.txt")
+        block = use_stub("gpus.txt", tmp_dir="work")
+    else:
+        block = use_stub(scenario, tmp_dir="work")
+    with block as stub:
+        assert stub.scenario_path.is_absolute() and stub.log_path.is_absolute()
+        done = subprocess.run([sys.executable, "-m", "nvmlcheck", "--backend", "nvml", "--json", "snapshot"], cwd="/",
+                              capture_output=True, text=True, timeout=60, check=False)
+        assert done.returncode == 0, done.stderr
+        assert len(json.loads(done.stdout)["devices"]) == 2
+        assert stub.call_counts()["nvmlInit_v2"] == 1  # the child logged its calls where the test reads them
+    assert stub_environment("s.txt", "lib.so", "calls.log") == {
+        "NVMLCHECK_LIBNVML": str(tmp_path / "lib.so"), "NVMLCHECK_STUB_SCENARIO": str(tmp_path / "s.txt"),
+        "NVMLCHECK_STUB_LOG": str(tmp_path / "calls.log")}
