@@ -145,3 +145,22 @@ def test_a_relative_path_reaches_a_child_started_elsewhere(
     assert stub_environment("s.txt", "lib.so", "calls.log") == {
         "NVMLCHECK_LIBNVML": str(tmp_path / "lib.so"), "NVMLCHECK_STUB_SCENARIO": str(tmp_path / "s.txt"),
         "NVMLCHECK_STUB_LOG": str(tmp_path / "calls.log")}
+
+
+@pytest.mark.parametrize("how", ["cc", "CC"])
+def test_a_compiler_command_line_builds_the_stub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str) -> None:
+    # $CC="ccache gcc" (a command line, as make reads it) was "no C compiler found".
+    argv_file = tmp_path / "argv.txt"
+    wrapper = tmp_path / "wrapper"
+    wrapper.write_text(f'#!/bin/sh\necho "$@" > {argv_file}\nexec cc "$@"\n', encoding="utf-8")
+    wrapper.chmod(0o755)
+    command_line = f"{wrapper} -DSTUB_KIT_MARK=1"
+    if how == "CC":
+        monkeypatch.setenv("CC", command_line)
+        library = build_stub(cache_dir=tmp_path / "cache")
+    else:
+        library = build_stub(cache_dir=tmp_path / "cache", cc=command_line)
+    assert library.is_file()
+    assert argv_file.read_text(encoding="utf-8").startswith("-DSTUB_KIT_MARK=1 ")
+    # Its own cache entry: the same compiler without the arguments is another build.
+    assert build_stub(cache_dir=tmp_path / "cache", cc=str(wrapper)).parent != library.parent
