@@ -164,3 +164,34 @@ def test_a_compiler_command_line_builds_the_stub(tmp_path: Path, monkeypatch: py
     assert argv_file.read_text(encoding="utf-8").startswith("-DSTUB_KIT_MARK=1 ")
     # Its own cache entry: the same compiler without the arguments is another build.
     assert build_stub(cache_dir=tmp_path / "cache", cc=str(wrapper)).parent != library.parent
+
+
+def _fake_smi(scenario: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    from nvmlcheck.testing import stub_source_dir
+
+    return subprocess.run(
+        [sys.executable, str(stub_source_dir() / "fake_nvidia_smi.py"), "--query-gpu=index,memory.used",
+         "--format=csv,noheader,nounits"],
+        env={**os.environ, "NVMLCHECK_STUB_SCENARIO": scenario}, cwd=tmp_path, capture_output=True, text=True,
+        timeout=60, check=False,
+    )
+
+
+def test_the_fake_smi_names_a_scenario_it_cannot_read(tmp_path: Path) -> None:
+    # It printed a FileNotFoundError traceback.
+    done = _fake_smi(str(tmp_path / "missing.txt"), tmp_path)
+    assert done.returncode == 255 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr == f"fake nvidia-smi: cannot read the scenario {tmp_path / 'missing.txt'}: No such file or " \
+                          "directory\n"
+
+
+@pytest.mark.parametrize("used", ["-5", "1_000", "+5", str(2**64), "0x", "٣"])
+def test_the_fake_smi_refuses_the_numbers_the_stub_refuses(tmp_path: Path, used: str) -> None:
+    # Python's int() took a sign, '_' and any size, so the smi backend read a file the NVML stub refuses.
+    path = tmp_path / "s.txt"
+    path.write_text(Scenario.h200().render() + f"device index=0 used={used}\n", encoding="utf-8")
+    done = _fake_smi(str(path), tmp_path)
+    assert done.returncode == 255, done.stdout
+    assert "is not a non-negative decimal or 0x hex number (at most 64 bits)" in done.stderr, done.stderr
+    path.write_text(Scenario.h200().render() + "device index=0 used=0x10\n", encoding="utf-8")
+    assert _fake_smi(str(path), tmp_path).stdout == "0, 1\n"  # 16 B: 1 MiB, rounded up as nvidia-smi does
