@@ -85,8 +85,12 @@ def nvml_scenario() -> Scenario:
 def nvml_scenario_path(nvml_scenario: Scenario, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """``nvml_scenario`` written to a file, which ``$NVMLCHECK_STUB_SCENARIO`` names for the test. Changes the test
     makes to ``nvml_scenario`` are written to it as they are made (atomically), for the next ``nvmlInit`` to read."""
+    from .._sim.scenario import Scenario
     from .._sim.session import ENV_SCENARIO
 
+    if not isinstance(nvml_scenario, Scenario):  # an override returning something else failed on a missing method
+        raise TypeError(f"the nvml_scenario fixture must return a nvmlcheck.testing.Scenario, not "
+                        f"{type(nvml_scenario).__name__}")
     directory = tmp_path / "nvmlcheck-stub"
     directory.mkdir(exist_ok=True)
     path = directory / "scenario.txt"

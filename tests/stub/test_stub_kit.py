@@ -19,6 +19,7 @@ from nvmlcheck.testing import (
     LogEntry,
     Scenario,
     StubBuildError,
+    StubProbe,
     StubSession,
     build_stub,
     read_call_log,
@@ -195,3 +196,29 @@ def test_the_fake_smi_refuses_the_numbers_the_stub_refuses(tmp_path: Path, used:
     assert "is not a non-negative decimal or 0x hex number (at most 64 bits)" in done.stderr, done.stderr
     path.write_text(Scenario.h200().render() + "device index=0 used=0x10\n", encoding="utf-8")
     assert _fake_smi(str(path), tmp_path).stdout == "0, 1\n"  # 16 B: 1 MiB, rounded up as nvidia-smi does
+
+
+def test_a_probe_of_a_library_that_is_not_the_stub_says_so() -> None:
+    import ctypes.util
+
+    libc = ctypes.util.find_library("c")
+    assert libc is not None
+    with pytest.raises(ValueError, match="is not nvmlcheck's stub libnvidia-ml"):  # was AttributeError
+        StubProbe(libc)
+
+
+def test_an_nvml_scenario_override_that_is_no_scenario_is_named(tmp_path: Path) -> None:
+    # It failed with "'str' object has no attribute 'write'", deep in the plugin.
+    (tmp_path / "pytest.ini").write_text("[pytest]\n", encoding="utf-8")
+    (tmp_path / "test_tool.py").write_text(
+        "import pytest\n\n@pytest.fixture\ndef nvml_scenario():\n    return 'h200'\n\n"
+        "def test_it(nvml_stub):\n    pass\n", encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "nvmlcheck.testing.pytest_plugin", "-p", "no:cacheprovider", "-q",
+         "test_tool.py"],
+        cwd=tmp_path, env={**env, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}, capture_output=True, text=True,
+        timeout=300, check=False,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "the nvml_scenario fixture must return a nvmlcheck.testing.Scenario, not str" in done.stdout, done.stdout
