@@ -142,7 +142,10 @@ def simulation(
             directory = Path(os.path.abspath(tmp_dir))  # absolute, as the environment must be (stub_environment)
             directory.mkdir(parents=True, exist_ok=True)
         if isinstance(scenario, Scenario):
-            scenario_path = scenario.write(directory / "scenario.txt")
+            # Written now and after each change made in the block, for the next nvmlInit (as the pytest fixtures do).
+            scenario_path = directory / "scenario.txt"
+            stack.callback(scenario._keep_in, scenario._kept_in)
+            scenario._keep_in(scenario_path)
         else:
             scenario_path = Path(os.path.abspath(scenario))
             if not scenario_path.is_file():
@@ -167,7 +170,8 @@ def use_stub(
     """Build the stub, write the scenario and set ``NVMLCHECK_LIBNVML``, ``NVMLCHECK_STUB_SCENARIO`` and
     ``NVMLCHECK_STUB_LOG`` in ``os.environ`` for the duration (previous values restored afterwards).
 
-    ``scenario`` is a :class:`Scenario` (written to ``tmp_dir``) or the path of an existing scenario file.
+    ``scenario`` is a :class:`Scenario` (written to ``tmp_dir``, and again after each change made to it in the
+    block) or the path of an existing scenario file.
     ``tmp_dir`` holds the scenario and the call log; default a temporary directory removed afterwards.
 
     The stub reads the scenario at every ``nvmlInit`` that takes its reference count from 0 to 1, so opening

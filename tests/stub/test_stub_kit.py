@@ -222,3 +222,14 @@ def test_an_nvml_scenario_override_that_is_no_scenario_is_named(tmp_path: Path) 
     )
     assert done.returncode == 1, done.stdout + done.stderr
     assert "the nvml_scenario fixture must return a nvmlcheck.testing.Scenario, not str" in done.stdout, done.stdout
+
+
+def test_use_stub_follows_changes_made_in_its_block(tmp_path: Path) -> None:
+    scenario = Scenario.h200()
+    with use_stub(scenario, tmp_dir=tmp_path) as stub:
+        scenario.add_process(0, pid=4_123_456, used_bytes=1 << 30)  # after use_stub wrote the file
+        with nc.open("nvml") as gpus:
+            snap = gpus.snapshot()
+    assert [p.pid for p in snap.device(0).processes or ()] == [4_123_456]
+    scenario.add_process(0, pid=4_123_457)
+    assert "4123457" not in stub.scenario_path.read_text(encoding="utf-8")  # the block is over: no more writes
