@@ -134,14 +134,15 @@ def nvml_bound_process(nvml_scenario: Scenario, nvml_scenario_path: Path) -> Ite
     ``/dev/nvidiactl`` open (inherited descriptors, whatever ``argv`` runs), as a CUDA process holds the real ones,
     so ``holders`` and ``kill --all-on-gpu`` / ``--all-holders`` find it on the simulator. Each child leads a
     process group of its own: at the end of the test whatever is left of it (the child, and what it started: a
-    shell's background job) is killed, whether the test passed, failed or was interrupted."""
+    shell's background job) is killed, whether the test passed, failed or was interrupted, and its entry is removed
+    from ``nvml_scenario``."""
     import subprocess
 
     from .._proc.devfiles import SIMULATED_DEVICE_DIR
     from .._sim.session import stand_in_device_files
 
     device_dir = nvml_scenario_path.parent / SIMULATED_DEVICE_DIR
-    children: list[subprocess.Popen[bytes]] = []
+    children: list[tuple[subprocess.Popen[bytes], int, ProcessKind | ProcessKindName]] = []
 
     def start(
         device: int = 0,
@@ -174,16 +175,19 @@ def nvml_bound_process(nvml_scenario: Scenario, nvml_scenario_path: Path) -> Ite
         finally:
             for fd in fds:
                 os.close(fd)
-        children.append(child)
+        children.append((child, device, kind))
         # Written to nvml_scenario_path at once (atomically: a process under test may be reading it).
         nvml_scenario.add_process(device, child.pid, kind, used_bytes, bound=True, list_ms=list_ms,
                                   release_ms=release_ms, zombie_holds=zombie_holds)
         return child
 
     yield start
-    for child in children:
+    for child, device, kind in children:
         _kill_group(child)
         child.wait()
+        # Off the scenario too: one that outlives the test (an override with a wider scope) would otherwise list the
+        # dead child in the next test, until list_ms after that test's nvmlInit (or for good, were its PID reused).
+        nvml_scenario.remove_process(device, child.pid, kind)
 
 
 def _kill_group(child: subprocess.Popen[bytes]) -> None:

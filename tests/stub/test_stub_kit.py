@@ -233,3 +233,4 @@ def test_use_stub_follows_changes_made_in_its_block(tmp_path: Path) -> None:
     assert [p.pid for p in snap.device(0).processes or ()] == [4_123_456]
     scenario.add_process(0, pid=4_123_457)
     assert "4123457" not in stub.scenario_path.read_text(encoding="utf-8")  # the block is over: no more writes
+
