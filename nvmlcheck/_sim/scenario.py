@@ -518,6 +518,12 @@ class Scenario(_Changes):
         if name in ("driver", "nvml", "cuda") and getattr(self, "_kept_in", None) is not None:
             self._keep()
 
+    def __getstate__(self) -> dict[str, object]:
+        """For copy and pickle: a copy is a scenario of its own, written to no file of the original's."""
+        state = dict(self.__dict__)
+        state["_kept_in"] = None
+        return state
+
     def __post_init__(self) -> None:
         self.driver = _check_str("driver", self.driver, 79)
         self.nvml = _check_str("nvml", self.nvml, 79)

@@ -234,3 +234,16 @@ def test_use_stub_follows_changes_made_in_its_block(tmp_path: Path) -> None:
     scenario.add_process(0, pid=4_123_457)
     assert "4123457" not in stub.scenario_path.read_text(encoding="utf-8")  # the block is over: no more writes
 
+
+
+def test_a_copy_of_a_kept_scenario_writes_to_no_file_of_the_original(tmp_path: Path) -> None:
+    import copy
+    import pickle
+
+    scenario = Scenario.h200()
+    path = tmp_path / "scenario.txt"
+    scenario._keep_in(path)
+    for other in (copy.deepcopy(scenario), pickle.loads(pickle.dumps(scenario))):
+        other.add_process(0, pid=4_123_456)
+        assert "4123456" in other.render()
+    assert path.read_text(encoding="utf-8") == scenario.render() == Scenario.h200().render()
