@@ -612,6 +612,10 @@ def write_scenario_text(path: str | os.PathLike[str], text: str) -> Path:
     import tempfile
 
     out = Path(path)
+    if out.is_dir():  # else the rename fails, after a temporary file was made next to the directory
+        import errno
+
+        raise IsADirectoryError(errno.EISDIR, "a scenario is written to a file, not a directory", str(out))
     fd, tmp = tempfile.mkstemp(prefix=".scenario.", dir=out.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:

@@ -247,3 +247,13 @@ def test_a_copy_of_a_kept_scenario_writes_to_no_file_of_the_original(tmp_path: P
         other.add_process(0, pid=4_123_456)
         assert "4123456" in other.render()
     assert path.read_text(encoding="utf-8") == scenario.render() == Scenario.h200().render()
+
+
+def test_writing_a_scenario_to_a_directory_says_so_and_leaves_nothing(tmp_path: Path) -> None:
+    # The rename failed with "Is a directory: '<parent>/.scenario.XXXX' -> '<dir>'", the temporary file made in the
+    # directory's parent first.
+    target = tmp_path / "gpus"
+    target.mkdir()
+    with pytest.raises(IsADirectoryError, match="a scenario is written to a file, not a directory"):
+        Scenario.h200().write(target)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gpus"] and not any(target.iterdir())
