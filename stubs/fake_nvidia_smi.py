@@ -44,6 +44,7 @@ Test knobs (environment):
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -289,15 +290,15 @@ def apply_at(state: State, words: list[str], path: str, line_no: int) -> None:
     if key != "ms" or len(words) < 2:
         raise ValueError(f"scenario line {line_no}: at needs call=N or ms=T and a line")
     due_s = number(value, "ms") / 1000.0
-    if time.time() - os.stat(path).st_mtime < due_s:
-        return
+    # A line not due yet is still checked, on a copy of the state: the stub refuses a bad timeline line at load.
+    target = state if time.time() - os.stat(path).st_mtime >= due_s else copy.deepcopy(state)
     keyword, rest = words[1], words[2:]
     if keyword == "device":
-        apply_device(state, parse_pairs(rest, DEVICE_KEYS, line_no), line_no)
+        apply_device(target, parse_pairs(rest, DEVICE_KEYS, line_no), line_no)
     elif keyword == "process":
-        apply_process(state, parse_pairs(rest, PROCESS_KEYS, line_no), line_no)
+        apply_process(target, parse_pairs(rest, PROCESS_KEYS, line_no), line_no)
     elif keyword == "mig":
-        apply_mig(state, parse_pairs(rest, MIG_KEYS, line_no), line_no)
+        apply_mig(target, parse_pairs(rest, MIG_KEYS, line_no), line_no)
     elif keyword not in ("fault", "race", "quirk", "event"):  # nvidia-smi has no events: the line changes nothing
         raise ValueError(f"scenario line {line_no}: at cannot apply {keyword!r}")
 

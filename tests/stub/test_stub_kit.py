@@ -257,3 +257,14 @@ def test_writing_a_scenario_to_a_directory_says_so_and_leaves_nothing(tmp_path: 
     with pytest.raises(IsADirectoryError, match="a scenario is written to a file, not a directory"):
         Scenario.h200().write(target)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gpus"] and not any(target.iterdir())
+
+
+def test_the_fake_smi_checks_a_timeline_line_that_is_not_due_yet(tmp_path: Path) -> None:
+    # The stub refuses a bad `at` line when it loads the scenario; the fake read it only once due, so until then the
+    # smi backend read a scenario the NVML backend refused.
+    path = tmp_path / "s.txt"
+    path.write_text(Scenario.h200().render() + "at ms=3600000 device index=0 used=abc\n", encoding="utf-8")
+    done = _fake_smi(str(path), tmp_path)
+    assert done.returncode == 255 and "'abc' is not a non-negative" in done.stderr, done.stdout + done.stderr
+    path.write_text(Scenario.h200().render() + "at ms=3600000 device index=0 used=0x100000\n", encoding="utf-8")
+    assert _fake_smi(str(path), tmp_path).stdout == "0, 0\n"  # a good line waits for its time
