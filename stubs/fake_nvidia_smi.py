@@ -44,9 +44,11 @@ Test knobs (environment):
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import time
@@ -119,11 +121,16 @@ def tokenize(line: str, line_no: int) -> list[str]:
     return words
 
 
+_NUMBER = re.compile(r"0[xX][0-9a-fA-F]+|[0-9]+")
+
+
 def number(text: str, what: str) -> int:
-    try:
-        return int(text, 16) if text.lower().startswith("0x") else int(text, 10)
-    except ValueError:
-        raise ValueError(f"{what}: {text!r} is not a number") from None
+    """A scenario number as the stub reads it: decimal or 0x hex, no sign, no ``_``, at most 64 bits."""
+    if _NUMBER.fullmatch(text):
+        value = int(text, 16) if text[:2] in ("0x", "0X") else int(text, 10)
+        if value < 2**64:
+            return value
+    raise ValueError(f"{what}: {text!r} is not a non-negative decimal or 0x hex number (at most 64 bits)")
 
 
 def default_device(i: int) -> Dev:
@@ -283,15 +290,15 @@ def apply_at(state: State, words: list[str], path: str, line_no: int) -> None:
     if key != "ms" or len(words) < 2:
         raise ValueError(f"scenario line {line_no}: at needs call=N or ms=T and a line")
     due_s = number(value, "ms") / 1000.0
-    if time.time() - os.stat(path).st_mtime < due_s:
-        return
+    # A line not due yet is still checked, on a copy of the state: the stub refuses a bad timeline line at load.
+    target = state if time.time() - os.stat(path).st_mtime >= due_s else copy.deepcopy(state)
     keyword, rest = words[1], words[2:]
     if keyword == "device":
-        apply_device(state, parse_pairs(rest, DEVICE_KEYS, line_no), line_no)
+        apply_device(target, parse_pairs(rest, DEVICE_KEYS, line_no), line_no)
     elif keyword == "process":
-        apply_process(state, parse_pairs(rest, PROCESS_KEYS, line_no), line_no)
+        apply_process(target, parse_pairs(rest, PROCESS_KEYS, line_no), line_no)
     elif keyword == "mig":
-        apply_mig(state, parse_pairs(rest, MIG_KEYS, line_no), line_no)
+        apply_mig(target, parse_pairs(rest, MIG_KEYS, line_no), line_no)
     elif keyword not in ("fault", "race", "quirk", "event"):  # nvidia-smi has no events: the line changes nothing
         raise ValueError(f"scenario line {line_no}: at cannot apply {keyword!r}")
 
@@ -319,10 +326,13 @@ def load_scenario(path: str) -> State:
         "migs": [],
         "faults": {},  # (device index, scenario key) -> NVML return code, for the sticky faults rendered
     }
-    with open(path, encoding="utf-8") as f:
-        # Lines end at "\n" only (a trailing "\r" is dropped), as the stub reads them: str.splitlines() would also
-        # break at \v, \f, \x1c-\x1e, \x85 and U+2028/U+2029, which a quoted value may hold.
-        lines = [line.removesuffix("\r") for line in f.read().split("\n")]
+    try:
+        with open(path, encoding="utf-8") as f:
+            # Lines end at "\n" only (a trailing "\r" is dropped), as the stub reads them: str.splitlines() would
+            # also break at \v, \f, \x1c-\x1e, \x85 and U+2028/U+2029, which a quoted value may hold.
+            lines = [line.removesuffix("\r") for line in f.read().split("\n")]
+    except OSError as exc:  # as the stub's nvmlInit fails: an error that names the file, not a traceback
+        raise ValueError(f"cannot read the scenario {path}: {exc.strerror or exc}") from None
     seen_magic = False
     for no, line in enumerate(lines, start=1):
         words = tokenize(line, no)

@@ -22,7 +22,8 @@ _LIBRARY_NAME = "libnvidia-ml.so.1"
 
 
 class StubBuildError(NvmlCheckError, RuntimeError):
-    """The stub could not be built: no compiler, no ``nvml.h``, or the compiler failed (its stderr is included)."""
+    """The stub could not be built: no compiler, the compiler failed (its stderr is included), or the build cache
+    cannot be written."""
 
 
 def find_nvml_header() -> Path:
@@ -66,14 +67,24 @@ def stub_source_dir() -> Path:
     raise FileNotFoundError(f"stub sources not found (looked in {packaged} and {checkout})")
 
 
-def _find_compiler(cc: str | None) -> str:
+def _find_compiler(cc: str | None) -> tuple[str, tuple[str, ...]]:
+    """The compiler's path and the arguments that come with it. ``cc`` (or ``$CC``) names a program, or, as make
+    reads ``$CC``, a command line: ``ccache gcc``, ``gcc -m64``."""
+    import shlex
     import shutil
 
     candidates = [cc] if cc else [os.environ["CC"]] if os.environ.get("CC") else ["cc", "gcc"]
     for candidate in candidates:
         found = shutil.which(candidate)
         if found:
-            return found
+            return found, ()
+        try:
+            words = shlex.split(candidate)
+        except ValueError:  # unbalanced quotes: no command line either
+            continue
+        found = shutil.which(words[0]) if len(words) > 1 else None
+        if found:
+            return found, tuple(words[1:])
     raise StubBuildError(
         f"no C compiler found (tried {', '.join(candidates)}): install gcc or clang, or pass cc= / set $CC"
     )
@@ -95,9 +106,12 @@ _CFLAGS = ("-shared", "-fPIC", "-O2", "-std=c11", "-Wall", "-Wextra", "-DNVML_NO
 _LDFLAGS = ("-lpthread",)
 
 
-def _compile_command(compiler: str, source: Path, header: Path, macros: Sequence[str], output: Path) -> list[str]:
+def _compile_command(
+    compiler: Sequence[str], source: Path, header: Path, macros: Sequence[str], output: Path
+) -> list[str]:
+    """``compiler``: its path and the arguments that came with it (``$CC``)."""
     defines = [f"-D{m}" for m in macros]
-    return [compiler, *_CFLAGS, *defines, f"-I{header.parent}", str(source), "-o", str(output), *_LDFLAGS]
+    return [*compiler, *_CFLAGS, *defines, f"-I{header.parent}", str(source), "-o", str(output), *_LDFLAGS]
 
 
 def build_stub(variant: Iterable[str] = (), *, cache_dir: Path | None = None, cc: str | None = None) -> Path:
@@ -106,7 +120,8 @@ def build_stub(variant: Iterable[str] = (), *, cache_dir: Path | None = None, cc
     Args:
         variant: ``STUB_NO_*`` macros (see :data:`STUB_VARIANTS`) for a build without some newer symbols.
         cache_dir: where builds live; default ``$NVMLCHECK_STUB_CACHE`` or ``~/.cache/nvmlcheck/stub``.
-        cc: the C compiler; default ``$CC``, else ``cc`` or ``gcc`` from ``PATH``.
+        cc: the C compiler, a program or a command line (``ccache gcc``); default ``$CC``, else ``cc`` or ``gcc``
+            from ``PATH``.
 
     Each distinct (source, header, macros, compiler) gets its own directory, so variants can be loaded side by
     side. The library is written under a temporary name and renamed, so parallel test processes never see a
@@ -115,14 +130,14 @@ def build_stub(variant: Iterable[str] = (), *, cache_dir: Path | None = None, cc
     Raises:
         ValueError: an unknown variant macro.
         FileNotFoundError: no ``nvml.h`` (install ``nvidia-nvml-dev``) or no stub sources.
-        StubBuildError: no compiler, or compilation failed.
+        StubBuildError: no compiler, compilation failed, or the cache directory cannot be written.
     """
     import hashlib
     import subprocess
     import tempfile
 
     macros = _validate_variant(variant)
-    compiler = _find_compiler(cc)
+    compiler, compiler_args = _find_compiler(cc)
     source = stub_source_dir() / "stub_nvml.c"
     header = find_nvml_header()
     if cache_dir is None:
@@ -134,7 +149,7 @@ def build_stub(variant: Iterable[str] = (), *, cache_dir: Path | None = None, cc
         source.read_bytes(),
         header.read_bytes(),
         "\0".join(macros).encode(),
-        f"{compiler}\0{compiler_stat.st_size}\0{compiler_stat.st_mtime_ns}".encode(),
+        "\0".join([compiler, str(compiler_stat.st_size), str(compiler_stat.st_mtime_ns), *compiler_args]).encode(),
         "\0".join(_CFLAGS + _LDFLAGS).encode(),
     ):
         digest.update(hashlib.sha256(part).digest())
@@ -143,12 +158,16 @@ def build_stub(variant: Iterable[str] = (), *, cache_dir: Path | None = None, cc
     target = target_dir / _LIBRARY_NAME
     if target.is_file():
         return target
-    target_dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{_LIBRARY_NAME}.", suffix=".tmp", dir=target_dir)
+    try:
+        target_dir.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{_LIBRARY_NAME}.", suffix=".tmp", dir=target_dir)
+    except OSError as exc:  # a read-only or misplaced cache: the stub cannot be built, as without a compiler
+        raise StubBuildError(f"cannot write the stub's build cache {target_dir}: {exc.strerror or exc}; set "
+                             "$NVMLCHECK_STUB_CACHE (or pass cache_dir=) to a writable directory") from exc
     os.close(fd)
     tmp = Path(tmp_name)
     try:
-        command = _compile_command(compiler, source, header, macros, tmp)
+        command = _compile_command([compiler, *compiler_args], source, header, macros, tmp)
         try:
             proc = subprocess.run(command, capture_output=True, text=True, check=False)
         except OSError as exc:
@@ -157,8 +176,11 @@ def build_stub(variant: Iterable[str] = (), *, cache_dir: Path | None = None, cc
             raise StubBuildError(
                 f"compiling the stub failed (exit {proc.returncode}): {' '.join(command)}\n{proc.stderr.strip()}"
             )
-        os.chmod(tmp, 0o755)
-        os.replace(tmp, target)
+        try:
+            os.chmod(tmp, 0o755)
+            os.replace(tmp, target)
+        except OSError as exc:
+            raise StubBuildError(f"cannot write the stub's build cache {target_dir}: {exc.strerror or exc}") from exc
     finally:
         tmp.unlink(missing_ok=True)
     return target

@@ -5,7 +5,10 @@ Public as :class:`nvmlcheck.testing.StepClock`.
 
 from __future__ import annotations
 
-from ..errors import ArgumentError
+import math
+import numbers
+
+from ..errors import ArgumentError, ArgumentTypeError
 
 __all__ = ["StepClock"]
 
@@ -26,10 +29,11 @@ class StepClock:
     """
 
     def __init__(self, step_s: float) -> None:
-        if not step_s > 0:
-            raise ArgumentError(f"step_s must be a positive number of seconds, got {step_s!r}")
+        step_ns = _to_ns("step_s", step_s)
+        if step_ns < 1:  # 0 (or a step that rounds to 0 ns) would stop the clock, and a wait would never time out
+            raise ArgumentError(f"step_s must be a positive number of seconds (at least 1 ns), got {step_s!r}")
         self.now_ns = 0
-        self.step_ns = round(step_s * 1e9)
+        self.step_ns = step_ns
 
     def clock(self) -> int:
         """The time in integer ns, ``step_s`` later than at the last reading."""
@@ -37,5 +41,16 @@ class StepClock:
         return self.now_ns
 
     def sleep(self, seconds: float) -> None:
-        """Move the clock by ``seconds``; returns at once."""
-        self.now_ns += round(seconds * 1e9)
+        """Move the clock by ``seconds``; returns at once. Like :func:`time.sleep`, refuses a negative or NaN
+        length: the clock never goes back."""
+        self.now_ns += _to_ns("sleep length", seconds)
+
+
+def _to_ns(what: str, seconds: object) -> int:
+    """``seconds`` (a finite, non-negative real number) in integer ns; ``TypeError``/``ValueError`` naming ``what``."""
+    if isinstance(seconds, bool) or not isinstance(seconds, numbers.Real):
+        raise ArgumentTypeError(f"{what} must be a number of seconds, not {type(seconds).__name__}")
+    value = float(seconds)
+    if not math.isfinite(value) or value < 0:
+        raise ArgumentError(f"{what} must be a finite, non-negative number of seconds, got {seconds!r}")
+    return round(value * 1e9)

@@ -12,7 +12,8 @@ class StubProbe:
     """Reads the stub's ``stub_*`` test symbols through ctypes.
 
     ``dlopen`` of the same path returns the already-loaded library, so a probe sees the same state as nvmlcheck's
-    own handle on that library (call counts, init reference count, last scenario error).
+    own handle on that library (call counts, init reference count, last scenario error). Raises ``ValueError`` for
+    a library that is not the stub.
     """
 
     def __init__(self, library_path: str | os.PathLike[str]) -> None:
@@ -20,6 +21,11 @@ class StubProbe:
 
         self.library_path = Path(library_path)
         lib = ctypes.CDLL(os.fspath(library_path))
+        if not hasattr(lib, "stub_call_count"):  # a real libnvidia-ml, or any other library
+            from ..errors import ArgumentError
+
+            raise ArgumentError(f"{library_path} is not nvmlcheck's stub libnvidia-ml (it exports no stub_* "
+                                "counters): pass StubSession.library_path or build_stub()'s result")
         lib.stub_call_count.argtypes = [ctypes.c_char_p]
         lib.stub_call_count.restype = ctypes.c_ulonglong
         for name in ("stub_init_refcount", "stub_init_total", "stub_shutdown_total"):

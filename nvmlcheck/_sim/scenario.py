@@ -510,6 +510,19 @@ class Scenario(_Changes):
     _lines: list[str] = field(default_factory=list, init=False, repr=False)
     _devices: int = field(default=0, init=False, repr=False)
     _uuid_of: dict[tuple[int, ...], str] = field(default_factory=dict, init=False, repr=False)
+    # The file every change is written to as it is made (the pytest plugin's nvml_scenario_path), or None.
+    _kept_in: Path | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        super().__setattr__(name, value)
+        if name in ("driver", "nvml", "cuda") and getattr(self, "_kept_in", None) is not None:
+            self._keep()
+
+    def __getstate__(self) -> dict[str, object]:
+        """For copy and pickle: a copy is a scenario of its own, written to no file of the original's."""
+        state = dict(self.__dict__)
+        state["_kept_in"] = None
+        return state
 
     def __post_init__(self) -> None:
         self.driver = _check_str("driver", self.driver, 79)
@@ -540,6 +553,19 @@ class Scenario(_Changes):
 
     def _emit(self, line: str) -> None:
         self._lines.append(line)
+        if self._kept_in is not None:
+            self._keep()
+
+    def _keep_in(self, path: Path | None) -> None:
+        """Write the scenario to ``path`` now and again after every change (``None``: stop): a test that changes
+        ``nvml_scenario`` after the fixtures wrote it changes the file the stub reads at its next ``nvmlInit``."""
+        object.__setattr__(self, "_kept_in", path)
+        if path is not None:
+            self._keep()
+
+    def _keep(self) -> None:
+        assert self._kept_in is not None
+        write_scenario_text(self._kept_in, self.render())
 
     def _device_count(self) -> int:
         return self._devices
@@ -586,6 +612,10 @@ def write_scenario_text(path: str | os.PathLike[str], text: str) -> Path:
     import tempfile
 
     out = Path(path)
+    if out.is_dir():  # else the rename fails, after a temporary file was made next to the directory
+        import errno
+
+        raise IsADirectoryError(errno.EISDIR, "a scenario is written to a file, not a directory", str(out))
     fd, tmp = tempfile.mkstemp(prefix=".scenario.", dir=out.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:

@@ -38,10 +38,11 @@ def stub_environment(
     library_path: str | os.PathLike[str],
     log_path: str | os.PathLike[str] | None = None,
 ) -> dict[str, str]:
-    """The environment variables that point nvmlcheck (and a child process) at the stub and a scenario."""
-    env = {ENV_LIBRARY: os.fspath(library_path), ENV_SCENARIO: os.fspath(scenario_path)}
+    """The environment variables that point nvmlcheck (and a child process) at the stub and a scenario. Paths are
+    made absolute: a child started in another directory (or a test that changes directory) finds the same files."""
+    env = {ENV_LIBRARY: os.path.abspath(library_path), ENV_SCENARIO: os.path.abspath(scenario_path)}
     if log_path is not None:
-        env[ENV_LOG] = os.fspath(log_path)
+        env[ENV_LOG] = os.path.abspath(log_path)
     return env
 
 
@@ -138,12 +139,15 @@ def simulation(
             with _termination_held():
                 directory = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="nvmlcheck-stub-")))
         else:
-            directory = Path(tmp_dir)
+            directory = Path(os.path.abspath(tmp_dir))  # absolute, as the environment must be (stub_environment)
             directory.mkdir(parents=True, exist_ok=True)
         if isinstance(scenario, Scenario):
-            scenario_path = scenario.write(directory / "scenario.txt")
+            # Written now and after each change made in the block, for the next nvmlInit (as the pytest fixtures do).
+            scenario_path = directory / "scenario.txt"
+            stack.callback(scenario._keep_in, scenario._kept_in)
+            scenario._keep_in(scenario_path)
         else:
-            scenario_path = Path(scenario)
+            scenario_path = Path(os.path.abspath(scenario))
             if not scenario_path.is_file():
                 raise FileNotFoundError(f"scenario file {scenario_path} does not exist")
         log_path = directory / "calls.log"
@@ -166,7 +170,8 @@ def use_stub(
     """Build the stub, write the scenario and set ``NVMLCHECK_LIBNVML``, ``NVMLCHECK_STUB_SCENARIO`` and
     ``NVMLCHECK_STUB_LOG`` in ``os.environ`` for the duration (previous values restored afterwards).
 
-    ``scenario`` is a :class:`Scenario` (written to ``tmp_dir``) or the path of an existing scenario file.
+    ``scenario`` is a :class:`Scenario` (written to ``tmp_dir``, and again after each change made to it in the
+    block) or the path of an existing scenario file.
     ``tmp_dir`` holds the scenario and the call log; default a temporary directory removed afterwards.
 
     The stub reads the scenario at every ``nvmlInit`` that takes its reference count from 0 to 1, so opening

@@ -86,7 +86,7 @@ def _run(argv: list[str], name: str) -> int:
 def _hold(argv: list[str], args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from ..simulate import SCENARIOS, add_bound_process, bound_process_line, remove_bound_process
+    from ..simulate import SCENARIOS, _not_a_scenario, add_bound_process, bound_process_line, remove_bound_process
     from ._output import human_bytes
 
     # Inside `simulate run`, `nvmlcheck` is its shim, which passes --simulate FILE: that file is the default.
@@ -100,6 +100,10 @@ def _hold(argv: list[str], args: argparse.Namespace) -> int:
     path = Path(name)
     if not path.is_file():
         raise UsageError(f"--scenario {name!r}: no such scenario file")
+    why = _not_a_scenario(path)
+    if why is not None:  # as `simulate run` and --simulate say it, not as a file that declares no GPU
+        raise UsageError(f"--scenario {name!r}: not a scenario file ({why}); write one with `nvmlcheck simulate "
+                         "scenario` or Scenario.write (docs/testing.md)")
     options = {"kind": args.kind, "list_ms": args.list_ms, "release_ms": args.release_ms}
     try:  # checked before anything starts: a refused hold leaves no process behind
         bound_process_line(path, args.gpu, os.getpid(), args.bytes, **options)

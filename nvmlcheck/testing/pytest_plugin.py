@@ -82,16 +82,24 @@ def nvml_scenario() -> Scenario:
 
 
 @pytest.fixture
-def nvml_scenario_path(nvml_scenario: Scenario, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """``nvml_scenario`` written to a file, which ``$NVMLCHECK_STUB_SCENARIO`` names for the test."""
+def nvml_scenario_path(nvml_scenario: Scenario, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """``nvml_scenario`` written to a file, which ``$NVMLCHECK_STUB_SCENARIO`` names for the test. Changes the test
+    makes to ``nvml_scenario`` are written to it as they are made (atomically), for the next ``nvmlInit`` to read."""
+    from .._sim.scenario import Scenario
     from .._sim.session import ENV_SCENARIO
 
+    if not isinstance(nvml_scenario, Scenario):  # an override returning something else failed on a missing method
+        raise TypeError(f"the nvml_scenario fixture must return a nvmlcheck.testing.Scenario, not "
+                        f"{type(nvml_scenario).__name__}")
     directory = tmp_path / "nvmlcheck-stub"
     directory.mkdir(exist_ok=True)
     path = directory / "scenario.txt"
-    nvml_scenario.write(path)
+    nvml_scenario._keep_in(path)
     monkeypatch.setenv(ENV_SCENARIO, str(path))
-    return path
+    try:
+        yield path
+    finally:
+        nvml_scenario._keep_in(None)  # a scenario shared by several tests writes to none of their files after them
 
 
 @pytest.fixture
@@ -126,14 +134,15 @@ def nvml_bound_process(nvml_scenario: Scenario, nvml_scenario_path: Path) -> Ite
     ``/dev/nvidiactl`` open (inherited descriptors, whatever ``argv`` runs), as a CUDA process holds the real ones,
     so ``holders`` and ``kill --all-on-gpu`` / ``--all-holders`` find it on the simulator. Each child leads a
     process group of its own: at the end of the test whatever is left of it (the child, and what it started: a
-    shell's background job) is killed, whether the test passed, failed or was interrupted."""
+    shell's background job) is killed, whether the test passed, failed or was interrupted, and its entry is removed
+    from ``nvml_scenario``."""
     import subprocess
 
     from .._proc.devfiles import SIMULATED_DEVICE_DIR
     from .._sim.session import stand_in_device_files
 
     device_dir = nvml_scenario_path.parent / SIMULATED_DEVICE_DIR
-    children: list[subprocess.Popen[bytes]] = []
+    children: list[tuple[subprocess.Popen[bytes], int, ProcessKind | ProcessKindName]] = []
 
     def start(
         device: int = 0,
@@ -145,9 +154,19 @@ def nvml_bound_process(nvml_scenario: Scenario, nvml_scenario_path: Path) -> Ite
         zombie_holds: bool = False,
         argv: Sequence[str] | None = None,
     ) -> subprocess.Popen[bytes]:
+        from .._sim.scenario import Scenario
+        from ..errors import ArgumentTypeError
         from ..simulate import check_hold_fits
 
-        check_hold_fits(nvml_scenario.render(), device, used_bytes, "the scenario")  # before any process starts
+        # Every argument is checked before any process starts: a refused call leaves no child behind.
+        if isinstance(argv, (str, bytes)):
+            raise ArgumentTypeError(f"argv must be a sequence of arguments, e.g. ['sleep', '30'], not {argv!r}")
+        rehearsal = Scenario()  # the entry, validated on a scenario of as many GPUs, with a PID that exists
+        for _ in range(nvml_scenario.device_count):
+            rehearsal.add_device()
+        rehearsal.add_process(device, os.getpid(), kind, used_bytes, bound=True, list_ms=list_ms,
+                              release_ms=release_ms, zombie_holds=zombie_holds)
+        check_hold_fits(nvml_scenario.render(), device, used_bytes, "the scenario")
         command = list(argv) if argv else [sys.executable, "-S", "-c", "import time; time.sleep(3600)"]
         fds = [os.open(path, os.O_RDONLY) for path in stand_in_device_files(device_dir, device)]
         try:
@@ -156,16 +175,19 @@ def nvml_bound_process(nvml_scenario: Scenario, nvml_scenario_path: Path) -> Ite
         finally:
             for fd in fds:
                 os.close(fd)
-        children.append(child)
+        children.append((child, device, kind))
+        # Written to nvml_scenario_path at once (atomically: a process under test may be reading it).
         nvml_scenario.add_process(device, child.pid, kind, used_bytes, bound=True, list_ms=list_ms,
                                   release_ms=release_ms, zombie_holds=zombie_holds)
-        nvml_scenario.write(nvml_scenario_path)  # atomically: a process under test may be reading it
         return child
 
     yield start
-    for child in children:
+    for child, device, kind in children:
         _kill_group(child)
         child.wait()
+        # Off the scenario too: one that outlives the test (an override with a wider scope) would otherwise list the
+        # dead child in the next test, until list_ms after that test's nvmlInit (or for good, were its PID reused).
+        nvml_scenario.remove_process(device, child.pid, kind)
 
 
 def _kill_group(child: subprocess.Popen[bytes]) -> None:
