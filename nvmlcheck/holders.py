@@ -537,18 +537,20 @@ def _restricted(holders: Iterable[Holder], indices: Collection[int] | None) -> l
 
 def explain_unseen_holders(
     snapshot: Snapshot | None = None, *, device_files: Sequence[str] | str | None = None,
-    budget_s: float | None = None,
+    budget_s: float | None = None, scan: bool = True,
 ) -> list[str]:
     """Lines that explain memory held with no (visible) process: processes with an NVIDIA device file open that are
     on no process list of ``snapshot``, and holders no signal can end (zombies, uninterruptible sleep). Empty when
     the scan finds nothing to say. ``budget_s``: how long the ``/proc/*/fd`` scan may take (``None``: to the end);
-    what it leaves unread is said in a line."""
+    what it leaves unread is said in a line. ``scan=False``: only the listed processes' states are read (no scan of
+    every process's files)."""
     import time
 
     listed = {p.pid for d in (snapshot.devices if snapshot is not None else ()) for p in (d.processes or ())}
     lines: list[str] = []
     deadline = None if budget_s is None else time.monotonic_ns() + round(budget_s * 1e9)
-    fds = devfiles.scan(device_files, deadline_ns=deadline)
+    fds = (devfiles.scan(device_files, deadline_ns=deadline) if scan else
+           devfiles.FdScan({}, (), devfiles.device_rule(device_files), {}))
     pids = sorted(set(fds.holders) | listed)
     me = (os.getpid(), procfs.ancestors())  # once, not per process
     for pid in pids:
@@ -587,12 +589,16 @@ def memory_held_unseen(snapshot: Snapshot | None, *, limit_bytes: int = DEFAULT_
 
 def timeout_explanation(snapshot: Snapshot | None) -> list[str]:
     """What a wait that timed out should add to its culprits: with memory held and no process listed, every line of
-    :func:`explain_unseen_holders`; otherwise only the holders no signal ends (zombies, uninterruptible sleep). The
-    scan takes at most :data:`EXPLAIN_BUDGET_S`: the wait's deadline has passed already."""
+    :func:`explain_unseen_holders` (its scan takes at most :data:`EXPLAIN_BUDGET_S`: the wait's deadline has passed
+    already); otherwise only the listed holders no signal ends (zombies, uninterruptible sleep), read from their own
+    ``/proc`` entries."""
+    unseen = memory_held_unseen(snapshot)
     try:
-        lines = explain_unseen_holders(snapshot, budget_s=EXPLAIN_BUDGET_S)
+        # With every byte's holder listed, only the listed processes' states can add to the message (a zombie, D
+        # state): read those, not every process's files, after the deadline.
+        lines = explain_unseen_holders(snapshot, budget_s=EXPLAIN_BUDGET_S, scan=unseen)
     except OSError:
         return []
-    if memory_held_unseen(snapshot):
+    if unseen:
         return lines
-    return [line for line in lines if "zombie" in line or "uninterruptible" in line or "not scanned" in line]
+    return [line for line in lines if "zombie" in line or "uninterruptible" in line]
