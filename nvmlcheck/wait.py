@@ -132,8 +132,9 @@ class WaitResult:
     ``clean_ns``: the first poll of the confirming run of clean polls (when the GPUs were seen clean).
     ``confirmed_ns``: the poll that confirmed it; ``elapsed_ns`` is the same offset (the name
     :class:`~nvmlcheck.WaitTimeout` uses for the time waited). ``last_dirty_ns``: the last poll before that run
-    that was not clean (``None`` if the first poll was already clean): the clean moment lies in
-    ``(last_dirty_ns - poll_cost_ns, clean_ns]``. ``poll_cost_ns``: median query cost; ``interval_ns``: median time
+    that saw the GPUs held (the predicate ``False``; ``None`` if none did): the clean moment lies in
+    ``(last_dirty_ns - poll_cost_ns, clean_ns]``. A poll that failed or could not judge saw nothing and does not
+    count. ``poll_cost_ns``: median query cost; ``interval_ns``: median time
     between consecutive polls (0 with one poll): together the resolution of these figures. ``partial_polls``: how
     many polls the ``probe`` answered alone. ``trace``: every poll, when asked for.
 
@@ -235,15 +236,17 @@ def _median(values: deque[int]) -> int:
     return ordered[len(ordered) // 2]
 
 
-def _judge(snap: Snapshot, check: Callable[[Snapshot], bool | None]) -> bool:
-    """Whether a snapshot counts as clean. A device failure never does: fatal ones are raised here, naming the
-    device; transient ones make the poll unclean whatever the predicate says."""
+def _judge(snap: Snapshot, check: Callable[[Snapshot], bool | None]) -> bool | None:
+    """``True`` when a snapshot counts as clean, ``False`` when it saw the GPUs held (the predicate said so),
+    ``None`` when it could not tell. A device failure is never clean: fatal ones are raised here, naming the device;
+    with transient ones the poll is clean for no predicate (``always()`` included), held only if a GPU that was
+    read says so."""
     if snap.failures:
         for f in snap.failures:
             if not is_transient(f.error):
                 raise _naming_device(f)
-        return False
-    return check(snap) is True
+        return False if check(snap) is False else None
+    return check(snap)
 
 
 class _Stats:
@@ -263,15 +266,20 @@ class _Stats:
         self.costs: deque[int] = deque(maxlen=1001)
         self.periods: deque[int] = deque(maxlen=1001)
 
-    def record(self, t0: int, t1: int, clean: bool, partial: bool) -> None:
+    def record(self, t0: int, t1: int, verdict: bool | None, partial: bool) -> None:
+        """Count a poll: ``verdict`` ``True`` clean, ``False`` seen held, ``None`` not judged (a failed query, an
+        unknown value, an unreadable GPU). Only a poll that saw the GPUs held bounds the clean moment from below: one
+        that saw nothing says nothing of when the holder left."""
         self.polls += 1
         self.partial_polls += partial
         self.costs.append(t1 - t0)
         if self.prev_end is not None:
             self.periods.append(t1 - self.prev_end)
         self.prev_end = t1
-        if not clean:
-            self.last_dirty, self.run = t1, 0
+        if verdict is not True:
+            self.run = 0
+            if verdict is False:
+                self.last_dirty = t1
             return
         if self.run == 0:
             self.run_first = t1
@@ -484,8 +492,9 @@ class _Poller:
         self.timeout_ns = _timeout_ns(timeout)
         self.timeout_s = math.inf if timeout is None else float(timeout)
         self.policy = _resolve_policy(options.policy)
-        # timeout=0 is "is it clean right now?": one check, judged alone.
-        self.needed = 1 if timeout == 0 else options.stable_polls
+        # timeout=0 is "is it clean right now?": one check, judged alone; so is a timeout shorter than 1 ns, whose
+        # deadline is the same instant (a second poll could never start before it).
+        self.needed = 1 if self.timeout_ns == 0 else options.stable_polls
         self.clock = clock
         self.sleep = options.sleep
         self.trace: list[TracePoint] | None = [] if options.trace else None
@@ -536,12 +545,12 @@ class _Poller:
             if not partial and error is None:
                 last_full = t0
                 full = snap
+            # A probe answers a poll only when the predicate is False on it (_take): then it saw the GPUs held.
+            verdict = (False if partial else _judge(snap, check)) if snap is not None else None
             if snap is not None:
                 good = snap
-                clean = False if partial else _judge(snap, check)
-            else:
-                clean = False
-            stats.record(t0, t1, clean, partial)
+            clean = verdict is True
+            stats.record(t0, t1, verdict, partial)
             if summarise:
                 self._report(t1, start, t1 - t0, clean=clean, snap=snap, error=error, partial=partial)
             pacer.saw(t1, clean, snap)
@@ -549,8 +558,10 @@ class _Poller:
                 assert snap is not None
                 return self._result(stats, t1, snap)
             now = clock()
-            if deadline is not None and t1 >= deadline:
-                raise self._timeout(stats, t1, full, good, error, clean=clean, partial=partial)
+            if deadline is not None and now >= deadline:
+                # Also when the poll ended before it but judging it or on_poll took the wait past it: a poll started
+                # now would begin after the deadline (and a slow on_poll would run again).
+                raise self._timeout(stats, now, full, good, error, clean=clean, partial=partial)
             ask = pacer.sleep_ns(confirming=stats.run > 0, busy=now - t0, now=now, deadline=deadline)
             if ask > 0:
                 self.sleep(ask / _NS)
