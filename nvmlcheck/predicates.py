@@ -1204,6 +1204,13 @@ def blamed_devices(predicate: Predicate, snapshot: Snapshot) -> frozenset[int] |
     return frozenset(out)
 
 
+def _held_reasons(predicate: Predicate, snapshot: Snapshot) -> tuple[str, ...]:
+    """The reasons that make ``predicate`` ``False`` on ``snapshot``, without those of what it could not tell: a
+    wait's memory-only probe says what it saw held, not that it did not read the process lists."""
+    scope = _scope_of(snapshot)
+    return _sorted_reasons(w for w in predicate._explain(scope) if w.truth is False)
+
+
 def check_predicate(predicate: object, name: str = "predicate") -> Predicate | None:
     """``predicate`` when it is a :class:`Predicate` (or ``None``); else :class:`~nvmlcheck.ArgumentTypeError`
     naming it: every call that takes one checks it before it reads, signals or waits."""

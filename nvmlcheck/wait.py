@@ -41,7 +41,7 @@ from .errors import (
     WaitTimeout,
 )
 from .model import DeviceFailure, Snapshot
-from .predicates import Predicate, blamed_devices, check_predicate, default_predicate
+from .predicates import Predicate, _held_reasons, blamed_devices, check_predicate, default_predicate
 
 TYPE_CHECKING = False  # no typing at run time: it costs a one-shot check milliseconds (docs/performance.md)
 if TYPE_CHECKING:
@@ -449,7 +449,7 @@ def poll_until(
     Raises :class:`~nvmlcheck.WaitTimeout` at the deadline, naming what still holds each GPU; fatal errors
     (see :func:`is_transient`) are raised as they come. A timeout that follows a ``probe`` poll names the holders
     seen by the last full snapshot (at most ``policy.full_every_s`` older): reading a fresh one would overrun the
-    deadline by a whole poll.
+    deadline by a whole poll. When that snapshot did not see the GPUs held, it names the memory the probe saw.
     """
     opts = WaitOptions.or_default(options).with_(
         timeout=timeout, policy=policy, stable_polls=stable_polls, trace=keep_trace, on_poll=on_poll, clock=clock,
@@ -637,10 +637,13 @@ class _Poller:
         clean: bool,
         partial: bool,
     ) -> WaitTimeout:
-        if partial and full is not None:
+        probed = partial and good is not None
+        if probed and full is not None and self.predicate.check(full) is False:
             # The probe proved "not clean" but did not read who holds the GPU. A fresh full read would overrun the
-            # deadline by a whole poll: the last full snapshot (at most full_every_s older) names the processes.
-            good = full
+            # deadline by a whole poll: the last full snapshot (at most full_every_s older) names the processes,
+            # when it too saw the GPUs held (not when it was clean, or could not tell: then the probe's own reading,
+            # the memory held, is the answer).
+            good, probed = full, False
         culprits: list[str] = []
         held = False  # only a predicate that said False saw something hold a GPU
         if error is not None:
@@ -650,6 +653,9 @@ class _Poller:
                 f"clean at the last poll, but only {stats.run} of the {self.needed} consecutive clean polls required "
                 "were seen before the deadline"
             )
+        elif good is not None and probed:
+            held = True  # the probe answers a poll only when the predicate is False on it
+            culprits.extend(_held_reasons(self.predicate, good))  # not "process list unknown": it never reads them
         elif good is not None:
             verdict = self.predicate.evaluate(good)
             held = verdict.satisfied is False

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 import pytest
-from snapshots import GIB, busy, dev, failure, idle, snap
+from snapshots import GIB, busy, dev, failure, idle, memory_only, snap
 
 from nvmlcheck.errors import NvmlCheckError, Unknown, WaitTimeout
 from nvmlcheck.model import Snapshot
@@ -133,3 +133,39 @@ def test_a_timeout_below_one_ns_is_one_check_judged_alone(timeout: float) -> Non
     fake = Fake([CLEAN] * 3)
     res = poll_until(fake.snapshot, timeout=timeout, stable_polls=3, clock=fake.clock, sleep=fake.sleep)
     assert res.polls == 1 and len(fake.returned) == 1
+
+
+# --- a timeout after a memory-only probe poll ------------------------------------------------------------------------
+
+
+def test_a_timeout_after_a_probe_poll_names_what_the_probe_saw_when_the_last_full_read_was_clean() -> None:
+    # Full reads: clean, then a failed one; the probe then sees 16 GiB held up to the deadline. The last full
+    # snapshot is clean: it cannot name a holder, and "no detail, not held" would call a held GPU unjudged.
+    fake = Fake([CLEAN, ERROR, *[BUSY] * 10])
+    probes: list[int] = []
+
+    def probe() -> Snapshot:
+        fake.now += MS
+        probes.append(fake.now - START)
+        return memory_only(BUSY)
+
+    with pytest.raises(WaitTimeout) as info:
+        poll_until(fake.snapshot, timeout=0.0055, probe=probe, policy=PollPolicy.every(0.001), clock=fake.clock,
+                   sleep=fake.sleep)
+    assert len(fake.returned) == 2 and probes  # the timeout followed a probe-only poll
+    assert info.value.held is True
+    assert info.value.culprits == ("GPU 0: 16.0 GiB used, above the 16.0 MiB limit",)  # not "list unknown"
+
+
+def test_a_timeout_after_a_probe_poll_names_the_processes_of_the_last_full_read_that_saw_them() -> None:
+    fake = Fake([BUSY] * 10)
+
+    def probe() -> Snapshot:
+        fake.now += MS
+        return memory_only(BUSY)
+
+    with pytest.raises(WaitTimeout) as info:
+        poll_until(fake.snapshot, timeout=0.0055, probe=probe, policy=PollPolicy.every(0.001), clock=fake.clock,
+                   sleep=fake.sleep)
+    assert info.value.held is True
+    assert info.value.culprits[0] == "GPU 0: pid 1234 (python3) holds 16.0 GiB (compute)"
