@@ -110,7 +110,10 @@ class TracePoint:
 
     @property
     def total_used_bytes(self) -> int | None:
-        """Bytes used over all devices (``None`` if any is unknown)."""
+        """Bytes used over all devices (``None`` if any is unknown: its memory unread, a device that could not be
+        read, a poll that failed or read no device; never 0 for what was not read)."""
+        if self.error is not None or self.failures or not self.used_bytes:
+            return None
         if any(u is None for u in self.used_bytes):
             return None
         return sum(u for u in self.used_bytes if u is not None)

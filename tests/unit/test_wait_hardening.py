@@ -169,3 +169,16 @@ def test_a_timeout_after_a_probe_poll_names_the_processes_of_the_last_full_read_
                    sleep=fake.sleep)
     assert info.value.held is True
     assert info.value.culprits[0] == "GPU 0: pid 1234 (python3) holds 16.0 GiB (compute)"
+
+
+# --- TracePoint.total_used_bytes: unknown is None, never 0 -----------------------------------------------------------
+
+
+def test_the_total_of_a_poll_that_read_no_memory_is_unknown_not_zero() -> None:
+    failed = TracePoint(1, 1, False, error="Unknown: nvmlDeviceGetMemoryInfo_v2 failed")
+    unreadable = TracePoint(1, 1, False, (), (), (), failures=1)  # every selected GPU could not be read
+    one_unread = TracePoint(1, 1, False, (1,), (GIB,), (0,), failures=1)  # GPU 0 unread, GPU 1 read
+    assert failed.total_used_bytes is None
+    assert unreadable.total_used_bytes is None
+    assert one_unread.total_used_bytes is None  # not GPU 1's 1 GiB as the total
+    assert TracePoint(1, 1, False, (0, 1), (GIB, 0), (1, 0)).total_used_bytes == GIB
