@@ -685,7 +685,10 @@ class _PidsGone(_DevicePredicate):
                     yield _Why(False, d.index, f"GPU {d.index}: {_holder_text(p)} ({kind.value}), still listed")
 
     def describe(self) -> str:
-        return f"pid {', '.join(map(str, sorted(self.pids)))} gone from every GPU process list"
+        if not self.pids:
+            return "no PID given (holds wherever the process lists are read)"
+        noun = "pid" if len(self.pids) == 1 else "pids"
+        return f"{noun} {', '.join(map(str, sorted(self.pids)))} gone from every GPU process list"
 
     def __repr__(self) -> str:
         return f"pids_gone({sorted(self.pids)!r})"
