@@ -461,6 +461,9 @@ def poll_until(
     if opts.events:
         raise ArgumentError("events=True needs a session's event listener: use Session.wait_until_clean")
     check_predicate(predicate)
+    for name, fn in (("snapshot_fn", snapshot_fn), ("probe", probe)):
+        if not callable(fn) and not (name == "probe" and fn is None):  # not a TypeError from inside the first poll
+            raise ArgumentTypeError(f"poll_until's {name} must be a function returning a Snapshot, got {fn!r}")
     take: DeadlineSnapshotFn
     cheap: DeadlineSnapshotFn | None
     if pass_deadline:

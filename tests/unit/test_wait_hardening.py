@@ -182,3 +182,12 @@ def test_the_total_of_a_poll_that_read_no_memory_is_unknown_not_zero() -> None:
     assert unreadable.total_used_bytes is None
     assert one_unread.total_used_bytes is None  # not GPU 1's 1 GiB as the total
     assert TracePoint(1, 1, False, (0, 1), (GIB, 0), (1, 0)).total_used_bytes == GIB
+
+
+@pytest.mark.parametrize(("snapshot_fn", "probe", "named"), [(5, None, "snapshot_fn"), (idle, 3, "probe")])
+def test_a_snapshot_function_that_is_no_function_is_named_before_any_poll(snapshot_fn: object, probe: object,
+                                                                          named: str) -> None:
+    from nvmlcheck.errors import ArgumentTypeError
+
+    with pytest.raises(ArgumentTypeError, match=f"poll_until's {named} must be a function"):
+        poll_until(snapshot_fn, timeout=0, probe=probe)  # type: ignore[arg-type]
