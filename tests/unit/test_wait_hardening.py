@@ -191,3 +191,15 @@ def test_a_snapshot_function_that_is_no_function_is_named_before_any_poll(snapsh
 
     with pytest.raises(ArgumentTypeError, match=f"poll_until's {named} must be a function"):
         poll_until(snapshot_fn, timeout=0, probe=probe)  # type: ignore[arg-type]
+
+
+def test_on_devices_narrows_the_judgement_not_what_a_failure_of_another_gpu_does() -> None:
+    # docs/waiting.md: a fatal failure of any GPU the wait reads ends it, even outside on_devices' selection.
+    from nvmlcheck.errors import GpuLost
+    from nvmlcheck.predicates import default_predicate, on_devices
+
+    lost = snap(dev(0), failures=[failure(1, GpuLost(15, "nvmlDeviceGetMemoryInfo_v2", 1))])
+    only_0 = on_devices([0], default_predicate())
+    assert only_0.check(lost) is True
+    with pytest.raises(GpuLost, match="GPU 1"):
+        poll_until(lambda: lost, only_0, timeout=0)
