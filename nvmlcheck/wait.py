@@ -498,7 +498,7 @@ class _Poller:
         self.timeout_ns = _timeout_ns(timeout)
         self.timeout_s = math.inf if timeout is None else float(timeout)
         self.policy = _resolve_policy(options.policy)
-        # timeout=0 is "is it clean right now?": one check, judged alone; so is a timeout shorter than 1 ns, whose
+        # timeout=0 is "is it clean right now?": one check, judged alone; so is a timeout that rounds to 0 ns, whose
         # deadline is the same instant (a second poll could never start before it).
         self.needed = 1 if self.timeout_ns == 0 else options.stable_polls
         self.clock = clock

@@ -128,7 +128,7 @@ def test_a_poll_that_ends_before_the_deadline_is_followed_by_a_last_one_at_it() 
 
 
 @pytest.mark.parametrize("timeout", [0, 0.0, 1e-10, 4e-10])
-def test_a_timeout_below_one_ns_is_one_check_judged_alone(timeout: float) -> None:
+def test_a_timeout_that_rounds_to_zero_ns_is_one_check_judged_alone(timeout: float) -> None:
     # Its deadline is the start, as timeout=0's: no second poll could begin before it, so stable_polls cannot apply.
     fake = Fake([CLEAN] * 3)
     res = poll_until(fake.snapshot, timeout=timeout, stable_polls=3, clock=fake.clock, sleep=fake.sleep)
