@@ -529,7 +529,8 @@ class _Poller:
         full_every = round(self.policy.full_every_s * _NS)
         last_full: int | None = None  # when the last full snapshot was asked for
         snap: Snapshot | None = None
-        good: Snapshot | None = None
+        good: Snapshot | None = None  # the last snapshot a poll read (a probe's too: then good_partial)
+        good_partial = False
         full: Snapshot | None = None  # the last full (not probe) snapshot: a timeout's message names its holders
         error: NvmlCheckError | None = None
         clean = partial = False
@@ -546,7 +547,7 @@ class _Poller:
                 snap, error, partial = None, exc, False
             except DeadlinePassed:
                 # The backend stopped between two queries: time out now, judged on the polls that completed.
-                raise self._timeout(stats, clock(), full, good, error, clean=clean, partial=partial) from None
+                raise self._timeout(stats, clock(), full, good, error, clean=clean, partial=good_partial) from None
             t1 = clock()
             if not partial and error is None:
                 last_full = t0
@@ -554,7 +555,7 @@ class _Poller:
             # A probe answers a poll only when the predicate is False on it (_take): then it saw the GPUs held.
             verdict = (False if partial else _judge(snap, check)) if snap is not None else None
             if snap is not None:
-                good = snap
+                good, good_partial = snap, partial
             clean = verdict is True
             stats.record(t0, t1, verdict, partial)
             if summarise:
@@ -567,7 +568,7 @@ class _Poller:
             if deadline is not None and now >= deadline:
                 # Also when the poll ended before it but judging it or on_poll took the wait past it: a poll started
                 # now would begin after the deadline (and a slow on_poll would run again).
-                raise self._timeout(stats, now, full, good, error, clean=clean, partial=partial)
+                raise self._timeout(stats, now, full, good, error, clean=clean, partial=good_partial)
             ask = pacer.sleep_ns(confirming=stats.run > 0, busy=now - t0, now=now, deadline=deadline)
             if ask > 0:
                 self.sleep(ask / _NS)
@@ -643,6 +644,8 @@ class _Poller:
         clean: bool,
         partial: bool,
     ) -> WaitTimeout:
+        """The timeout, judged on ``good`` (the last snapshot read; ``partial``: a probe's, without process lists) or
+        on ``full`` (the last full one) where that names the holders better."""
         probed = partial and good is not None
         if probed and full is not None and self.predicate.check(full) is False:
             # The probe proved "not clean" but did not read who holds the GPU. A fresh full read would overrun the

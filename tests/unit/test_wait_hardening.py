@@ -203,3 +203,25 @@ def test_on_devices_narrows_the_judgement_not_what_a_failure_of_another_gpu_does
     assert only_0.check(lost) is True
     with pytest.raises(GpuLost, match="GPU 1"):
         poll_until(lambda: lost, only_0, timeout=0)
+
+
+def test_a_failed_poll_after_a_probe_poll_still_names_what_was_seen_held_not_unread_lists() -> None:
+    # Full reads: clean, then a failure; then the probe sees 16 GiB, then fails itself. The timeout names the failure
+    # and the memory the probe saw, not "process list unknown" lines about lists a probe never reads.
+    fake = Fake([CLEAN, *[ERROR] * 10])
+    probes: Iterator[Snapshot | NvmlCheckError] = iter([memory_only(BUSY), *[ERROR] * 10])
+
+    def probe() -> Snapshot:
+        fake.now += MS
+        state = next(probes)
+        if isinstance(state, NvmlCheckError):
+            raise state
+        return state
+
+    with pytest.raises(WaitTimeout) as info:
+        poll_until(fake.snapshot, timeout=0.0075, probe=probe, policy=PollPolicy.every(0.001), clock=fake.clock,
+                   sleep=fake.sleep)
+    culprits = info.value.culprits
+    assert culprits[0].startswith("the last poll failed (Unknown)")
+    assert "GPU 0: 16.0 GiB used, above the 16.0 MiB limit" in culprits
+    assert not any("process list unknown" in c for c in culprits)
