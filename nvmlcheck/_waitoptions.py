@@ -42,7 +42,8 @@ class PollPolicy:
     ``max_duty``: the largest fraction of a cycle's time that its CPU time may take (the wall time of a query
     stands in without a CPU clock); the base interval is stretched to respect it when polls are costly (``None``:
     no cap). ``backoff_after_s``: once nothing seen has changed for this long, the
-    interval grows by ``backoff_factor`` per poll up to ``max_interval_s`` (``None``: never). ``compensate_sleep``:
+    interval grows by ``backoff_factor`` per poll up to ``max_interval_s`` (``backoff_after_s`` ``None``: never;
+    ``max_interval_s`` ``None``: the interval is its own ceiling, so it never grows either). ``compensate_sleep``:
     ask ``sleep`` for less by its measured lateness, so real intervals match the nominal ones. ``full_every_s``:
     with a ``probe`` (see :func:`poll_until`), the longest time between two full queries, so the live status line
     and the trace still name the processes. ``mode`` labels the policy (``"default"``, ``"precise"`` or ``"custom"``).

@@ -685,7 +685,10 @@ class _PidsGone(_DevicePredicate):
                     yield _Why(False, d.index, f"GPU {d.index}: {_holder_text(p)} ({kind.value}), still listed")
 
     def describe(self) -> str:
-        return f"pid {', '.join(map(str, sorted(self.pids)))} gone from every GPU process list"
+        if not self.pids:
+            return "no PID given (holds wherever the process lists are read)"
+        noun = "pid" if len(self.pids) == 1 else "pids"
+        return f"{noun} {', '.join(map(str, sorted(self.pids)))} gone from every GPU process list"
 
     def __repr__(self) -> str:
         return f"pids_gone({sorted(self.pids)!r})"
@@ -1202,6 +1205,13 @@ def blamed_devices(predicate: Predicate, snapshot: Snapshot) -> frozenset[int] |
             return None
         out.add(device)
     return frozenset(out)
+
+
+def _held_reasons(predicate: Predicate, snapshot: Snapshot) -> tuple[str, ...]:
+    """The reasons that make ``predicate`` ``False`` on ``snapshot``, without those of what it could not tell: a
+    wait's memory-only probe says what it saw held, not that it did not read the process lists."""
+    scope = _scope_of(snapshot)
+    return _sorted_reasons(w for w in predicate._explain(scope) if w.truth is False)
 
 
 def check_predicate(predicate: object, name: str = "predicate") -> Predicate | None:

@@ -42,17 +42,19 @@ def _listed(d: DeviceState) -> list[tuple[int, int | None, str | None]] | None:
 
 
 class _Base:
-    """One GPU in the baseline: used memory, what the targets held there, what the others listed held."""
+    """One GPU in the baseline: used memory, what the targets held there, what the others listed held, and the
+    others whose bytes NVML did not report (``unsized``: their PIDs)."""
 
-    __slots__ = ("index", "others", "targets_bytes", "used", "why")
+    __slots__ = ("index", "others", "targets_bytes", "unsized", "used", "why")
 
     def __init__(self, index: int, used: int | None, targets_bytes: int | None, others: int | None,
-                 why: str | None) -> None:
+                 why: str | None, *, unsized: frozenset[int] = frozenset()) -> None:
         self.index = index
         self.used = used
         self.targets_bytes = targets_bytes
         self.others = others
         self.why = why
+        self.unsized = unsized
 
 
 class _Released(_DevicePredicate):
@@ -81,6 +83,11 @@ class _Released(_DevicePredicate):
             return None, _memory_unknown(d).text
         if listed is None:
             return None, f"GPU {d.index}: a process list is unknown; cannot tell the targets from the others"
+        gone = sorted(base.unsized - {pid for pid, _, _ in listed})
+        if gone:
+            # What it held is not in the baseline's figures: the memory it took with it would pass for the targets'.
+            return None, (f"GPU {d.index}: pid {gone[0]} left its list holding an amount NVML did not report ('not "
+                          "available'); cannot tell its memory from the targets'")
         others_now = sum(b for pid, b, _ in listed if pid not in pids and b is not None)
         # Signed: a tenant that leaves during the kill takes its memory with it, and that must not pass for the
         # targets' (their memory still held, the tenant's back: a drop as large as the targets').
@@ -119,6 +126,7 @@ def _baseline(snapshot: Snapshot, pids: frozenset[int]) -> dict[str, _Base]:
         why = None
         targets_bytes: int | None = 0
         others: int | None = 0
+        unsized: set[int] = set()
         if used is None:
             why = ("the baseline's used memory is unknown or includes the driver's reserve (v1 call); cannot tell "
                    "what the targets held")
@@ -134,9 +142,11 @@ def _baseline(snapshot: Snapshot, pids: frozenset[int]) -> dict[str, _Base]:
                                       "cannot tell when it is back")
                     elif targets_bytes is not None:
                         targets_bytes += held
-                elif held is not None and others is not None:
+                elif held is None:
+                    unsized.add(pid)
+                elif others is not None:
                     others += held
-        out[d.uuid] = _Base(d.index, used, targets_bytes, others, why)
+        out[d.uuid] = _Base(d.index, used, targets_bytes, others, why, unsized=frozenset(unsized))
     return out
 
 
@@ -150,7 +160,9 @@ def targets_released(
     what the targets held there, plus the change since in what other listed processes hold (less when one left: its
     memory coming back is not the targets'), plus ``tolerance_bytes``
     (and the reporting resolution of both readings). Unknown (``None``) where that cannot be told: a list or the
-    memory unreadable, a target's bytes "not available", a GPU absent from the baseline, or a v1-only driver.
+    memory unreadable, a target's bytes "not available", another process of the baseline whose bytes were "not
+    available" gone from the lists (the memory it took with it would pass for the targets'), a GPU absent from the
+    baseline, or a v1-only driver.
 
     ``pids``: the targets, or a callable returning them (a kill with ``tree=True`` adds descendants as it finds
     them: they count as targets from then on). ``baseline``: a snapshot with memory and process lists, taken
@@ -191,22 +203,32 @@ def _checked_pids(pids: object) -> frozenset[int]:
 def not_ours(snapshot: Snapshot | None, pids: Iterable[int], *, tolerance_bytes: int = DEFAULT_TOLERANCE_BYTES
              ) -> tuple[str, ...]:
     """Lines naming what holds the GPUs of ``snapshot`` besides ``pids``: listed processes, and memory held by no
-    visible process (a tenant of another PID namespace) above ``tolerance_bytes``."""
+    visible process (a tenant of another PID namespace) above ``tolerance_bytes``. Memory is called invisible only
+    when every list was read and every listed process's bytes are known; a GPU whose lists could not be read says
+    so."""
     if snapshot is None:
         return ()
     mine = frozenset(pids)
     lines: list[str] = []
     for d in snapshot.devices:
-        listed = _listed(d) or []
-        known = 0
+        listed = _listed(d)
+        m = d.memory
+        used = None if m is None or m.used_includes_reserved else m.used_bytes
+        if listed is None:
+            if used is not None and used > tolerance_bytes:
+                lines.append(f"GPU {d.index}: {format_bytes(used)} used and a process list could not be read: "
+                             "cannot tell whose")
+            continue
+        known: int | None = 0
         for pid, held, name in listed:
-            if held is not None:
+            if held is None:
+                known = None  # the rest of the memory may be this process's
+            elif known is not None:
                 known += held
             if pid not in mine:
                 what = "an unknown amount" if held is None else format_bytes(held)
                 lines.append(f"GPU {d.index}: pid {pid} ({name or 'name unknown'}) holds {what}: not ours")
-        m = d.memory
-        if m is not None and not m.used_includes_reserved and m.used_bytes - known > tolerance_bytes:
-            lines.append(f"GPU {d.index}: {format_bytes(m.used_bytes - known)} held by no visible process (another "
+        if used is not None and known is not None and used - known > tolerance_bytes:
+            lines.append(f"GPU {d.index}: {format_bytes(used - known)} held by no visible process (another "
                          "PID namespace's tenant): not ours")
     return tuple(lines)

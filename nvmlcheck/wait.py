@@ -41,7 +41,7 @@ from .errors import (
     WaitTimeout,
 )
 from .model import DeviceFailure, Snapshot
-from .predicates import Predicate, blamed_devices, check_predicate, default_predicate
+from .predicates import Predicate, _held_reasons, blamed_devices, check_predicate, default_predicate
 
 TYPE_CHECKING = False  # no typing at run time: it costs a one-shot check milliseconds (docs/performance.md)
 if TYPE_CHECKING:
@@ -110,7 +110,10 @@ class TracePoint:
 
     @property
     def total_used_bytes(self) -> int | None:
-        """Bytes used over all devices (``None`` if any is unknown)."""
+        """Bytes used over all devices (``None`` if any is unknown: its memory unread, a device that could not be
+        read, a poll that failed or read no device; never 0 for what was not read)."""
+        if self.error is not None or self.failures or not self.used_bytes:
+            return None
         if any(u is None for u in self.used_bytes):
             return None
         return sum(u for u in self.used_bytes if u is not None)
@@ -132,8 +135,9 @@ class WaitResult:
     ``clean_ns``: the first poll of the confirming run of clean polls (when the GPUs were seen clean).
     ``confirmed_ns``: the poll that confirmed it; ``elapsed_ns`` is the same offset (the name
     :class:`~nvmlcheck.WaitTimeout` uses for the time waited). ``last_dirty_ns``: the last poll before that run
-    that was not clean (``None`` if the first poll was already clean): the clean moment lies in
-    ``(last_dirty_ns - poll_cost_ns, clean_ns]``. ``poll_cost_ns``: median query cost; ``interval_ns``: median time
+    that saw the GPUs held (the predicate ``False``; ``None`` if none did): the clean moment lies in
+    ``(last_dirty_ns - poll_cost_ns, clean_ns]``. A poll that failed or could not judge saw nothing and does not
+    count. ``poll_cost_ns``: median query cost; ``interval_ns``: median time
     between consecutive polls (0 with one poll): together the resolution of these figures. ``partial_polls``: how
     many polls the ``probe`` answered alone. ``trace``: every poll, when asked for.
 
@@ -235,15 +239,17 @@ def _median(values: deque[int]) -> int:
     return ordered[len(ordered) // 2]
 
 
-def _judge(snap: Snapshot, check: Callable[[Snapshot], bool | None]) -> bool:
-    """Whether a snapshot counts as clean. A device failure never does: fatal ones are raised here, naming the
-    device; transient ones make the poll unclean whatever the predicate says."""
+def _judge(snap: Snapshot, check: Callable[[Snapshot], bool | None]) -> bool | None:
+    """``True`` when a snapshot counts as clean, ``False`` when it saw the GPUs held (the predicate said so),
+    ``None`` when it could not tell. A device failure is never clean: fatal ones are raised here, naming the device;
+    with transient ones the poll is clean for no predicate (``always()`` included), held only if a GPU that was
+    read says so."""
     if snap.failures:
         for f in snap.failures:
             if not is_transient(f.error):
                 raise _naming_device(f)
-        return False
-    return check(snap) is True
+        return False if check(snap) is False else None
+    return check(snap)
 
 
 class _Stats:
@@ -263,15 +269,20 @@ class _Stats:
         self.costs: deque[int] = deque(maxlen=1001)
         self.periods: deque[int] = deque(maxlen=1001)
 
-    def record(self, t0: int, t1: int, clean: bool, partial: bool) -> None:
+    def record(self, t0: int, t1: int, verdict: bool | None, partial: bool) -> None:
+        """Count a poll: ``verdict`` ``True`` clean, ``False`` seen held, ``None`` not judged (a failed query, an
+        unknown value, an unreadable GPU). Only a poll that saw the GPUs held bounds the clean moment from below: one
+        that saw nothing says nothing of when the holder left."""
         self.polls += 1
         self.partial_polls += partial
         self.costs.append(t1 - t0)
         if self.prev_end is not None:
             self.periods.append(t1 - self.prev_end)
         self.prev_end = t1
-        if not clean:
-            self.last_dirty, self.run = t1, 0
+        if verdict is not True:
+            self.run = 0
+            if verdict is False:
+                self.last_dirty = t1
             return
         if self.run == 0:
             self.run_first = t1
@@ -441,7 +452,7 @@ def poll_until(
     Raises :class:`~nvmlcheck.WaitTimeout` at the deadline, naming what still holds each GPU; fatal errors
     (see :func:`is_transient`) are raised as they come. A timeout that follows a ``probe`` poll names the holders
     seen by the last full snapshot (at most ``policy.full_every_s`` older): reading a fresh one would overrun the
-    deadline by a whole poll.
+    deadline by a whole poll. When that snapshot did not see the GPUs held, it names the memory the probe saw.
     """
     opts = WaitOptions.or_default(options).with_(
         timeout=timeout, policy=policy, stable_polls=stable_polls, trace=keep_trace, on_poll=on_poll, clock=clock,
@@ -450,6 +461,9 @@ def poll_until(
     if opts.events:
         raise ArgumentError("events=True needs a session's event listener: use Session.wait_until_clean")
     check_predicate(predicate)
+    for name, fn in (("snapshot_fn", snapshot_fn), ("probe", probe)):
+        if not callable(fn) and not (name == "probe" and fn is None):  # not a TypeError from inside the first poll
+            raise ArgumentTypeError(f"poll_until's {name} must be a function returning a Snapshot, got {fn!r}")
     take: DeadlineSnapshotFn
     cheap: DeadlineSnapshotFn | None
     if pass_deadline:
@@ -484,8 +498,9 @@ class _Poller:
         self.timeout_ns = _timeout_ns(timeout)
         self.timeout_s = math.inf if timeout is None else float(timeout)
         self.policy = _resolve_policy(options.policy)
-        # timeout=0 is "is it clean right now?": one check, judged alone.
-        self.needed = 1 if timeout == 0 else options.stable_polls
+        # timeout=0 is "is it clean right now?": one check, judged alone; so is a timeout that rounds to 0 ns, whose
+        # deadline is the same instant (a second poll could never start before it).
+        self.needed = 1 if self.timeout_ns == 0 else options.stable_polls
         self.clock = clock
         self.sleep = options.sleep
         self.trace: list[TracePoint] | None = [] if options.trace else None
@@ -514,7 +529,8 @@ class _Poller:
         full_every = round(self.policy.full_every_s * _NS)
         last_full: int | None = None  # when the last full snapshot was asked for
         snap: Snapshot | None = None
-        good: Snapshot | None = None
+        good: Snapshot | None = None  # the last snapshot a poll read (a probe's too: then good_partial)
+        good_partial = False
         full: Snapshot | None = None  # the last full (not probe) snapshot: a timeout's message names its holders
         error: NvmlCheckError | None = None
         clean = partial = False
@@ -531,17 +547,17 @@ class _Poller:
                 snap, error, partial = None, exc, False
             except DeadlinePassed:
                 # The backend stopped between two queries: time out now, judged on the polls that completed.
-                raise self._timeout(stats, clock(), full, good, error, clean=clean, partial=partial) from None
+                raise self._timeout(stats, clock(), full, good, error, clean=clean, partial=good_partial) from None
             t1 = clock()
             if not partial and error is None:
                 last_full = t0
                 full = snap
+            # A probe answers a poll only when the predicate is False on it (_take): then it saw the GPUs held.
+            verdict = (False if partial else _judge(snap, check)) if snap is not None else None
             if snap is not None:
-                good = snap
-                clean = False if partial else _judge(snap, check)
-            else:
-                clean = False
-            stats.record(t0, t1, clean, partial)
+                good, good_partial = snap, partial
+            clean = verdict is True
+            stats.record(t0, t1, verdict, partial)
             if summarise:
                 self._report(t1, start, t1 - t0, clean=clean, snap=snap, error=error, partial=partial)
             pacer.saw(t1, clean, snap)
@@ -549,8 +565,10 @@ class _Poller:
                 assert snap is not None
                 return self._result(stats, t1, snap)
             now = clock()
-            if deadline is not None and t1 >= deadline:
-                raise self._timeout(stats, t1, full, good, error, clean=clean, partial=partial)
+            if deadline is not None and now >= deadline:
+                # Also when the poll ended before it but judging it or on_poll took the wait past it: a poll started
+                # now would begin after the deadline (and a slow on_poll would run again).
+                raise self._timeout(stats, now, full, good, error, clean=clean, partial=good_partial)
             ask = pacer.sleep_ns(confirming=stats.run > 0, busy=now - t0, now=now, deadline=deadline)
             if ask > 0:
                 self.sleep(ask / _NS)
@@ -626,10 +644,15 @@ class _Poller:
         clean: bool,
         partial: bool,
     ) -> WaitTimeout:
-        if partial and full is not None:
+        """The timeout, judged on ``good`` (the last snapshot read; ``partial``: a probe's, without process lists) or
+        on ``full`` (the last full one) where that names the holders better."""
+        probed = partial and good is not None
+        if probed and full is not None and self.predicate.check(full) is False:
             # The probe proved "not clean" but did not read who holds the GPU. A fresh full read would overrun the
-            # deadline by a whole poll: the last full snapshot (at most full_every_s older) names the processes.
-            good = full
+            # deadline by a whole poll: the last full snapshot (at most full_every_s older) names the processes,
+            # when it too saw the GPUs held (not when it was clean, or could not tell: then the probe's own reading,
+            # the memory held, is the answer).
+            good, probed = full, False
         culprits: list[str] = []
         held = False  # only a predicate that said False saw something hold a GPU
         if error is not None:
@@ -639,6 +662,9 @@ class _Poller:
                 f"clean at the last poll, but only {stats.run} of the {self.needed} consecutive clean polls required "
                 "were seen before the deadline"
             )
+        elif good is not None and probed:
+            held = True  # the probe answers a poll only when the predicate is False on it
+            culprits.extend(_held_reasons(self.predicate, good))  # not "process list unknown": it never reads them
         elif good is not None:
             verdict = self.predicate.evaluate(good)
             held = verdict.satisfied is False

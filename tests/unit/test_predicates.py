@@ -449,7 +449,7 @@ def test_describe_and_repr() -> None:
     p = on_devices([0, 1], no_processes() & (memory_used_at_most(16 * MIB) | ~pids_gone([42, 7])))
     assert p.describe() == (
         "on GPU 0, 1: no compute, graphics or MPS process and "
-        "(used memory at most 16.0 MiB or not (pid 7, 42 gone from every GPU process list))"
+        "(used memory at most 16.0 MiB or not (pids 7, 42 gone from every GPU process list))"
     )
     assert repr(p) == "on_devices([0, 1], no_processes() & (memory_used_at_most(16777216) | ~pids_gone([7, 42])))"
     assert str(no_processes(kinds=["compute"])) == "no compute process"
@@ -557,3 +557,9 @@ def test_inlined_hot_paths_agree_with_the_per_device_rule(p: Predicate, s: Snaps
     assert isinstance(p, _DevicePredicate)
     scope = _Scope(s.devices, s.failures)
     assert p._check(scope) is _DevicePredicate._check(p, scope)
+
+
+def test_pids_gone_describes_one_pid_many_and_none() -> None:
+    assert pids_gone([42]).describe() == "pid 42 gone from every GPU process list"
+    assert pids_gone([42, 7]).describe() == "pids 7, 42 gone from every GPU process list"
+    assert pids_gone([]).describe() == "no PID given (holds wherever the process lists are read)"

@@ -113,3 +113,28 @@ def test_targets_that_are_no_pids_are_refused(pids: object, error: type[Exceptio
         targets_released(pids, base())  # type: ignore[arg-type]
     with pytest.raises(nc.ArgumentTypeError):
         targets_released([ME], base(), tolerance_bytes="16MiB")  # type: ignore[arg-type]
+
+
+def test_a_tenant_of_unreported_bytes_leaving_does_not_pass_for_the_targets_memory() -> None:
+    """Our worker 4 GiB; a tenant whose bytes NVML does not report ('not available') holds 8 GiB. The tenant leaves
+    while our 4 GiB is still held with no process listed: used falls by 8 GiB, which no figure of the baseline
+    accounts for. Unknown, never released."""
+    p = targets_released([ME], snap(dev(0, used=12 * GIB, procs=[proc(ME, 4 * GIB), proc(OTHER, None)])))
+    v = p.evaluate(snap(dev(0, used=4 * GIB, procs=[])))
+    assert v.satisfied is None
+    assert v.reasons == ("GPU 0: pid 777 left its list holding an amount NVML did not report ('not available'); "
+                         "cannot tell its memory from the targets'",)
+    # While it stays listed, what it holds is part of the baseline's used figure, as before.
+    assert p.check(snap(dev(0, used=8 * GIB, procs=[proc(OTHER, None)]))) is True
+    assert p.check(snap(dev(0, used=12 * GIB, procs=[proc(OTHER, None)]))) is False
+
+
+def test_not_ours_calls_no_memory_invisible_that_a_list_could_not_show() -> None:
+    # The lists could not be read: whose the 10 GiB is cannot be told, not "held by no visible process".
+    unread = snap(dev(0, used=10 * GIB, procs=None, unknown={"processes.compute": "NVML_ERROR_UNKNOWN (999)"}))
+    assert not_ours(unread, [ME]) == ("GPU 0: 10.0 GiB used and a process list could not be read: cannot tell whose",)
+    # A listed tenant whose bytes are not reported may hold the rest: it is named, no invisible tenant is made up.
+    unsized = snap(dev(0, used=10 * GIB, procs=[proc(OTHER, None)]))
+    assert not_ours(unsized, [ME]) == ("GPU 0: pid 777 (python3) holds an unknown amount: not ours",)
+    # Our own process of unreported bytes: nothing else is named.
+    assert not_ours(snap(dev(0, used=10 * GIB, procs=[proc(ME, None)])), [ME]) == ()

@@ -369,7 +369,7 @@ def test_transient_errors_are_retried_and_never_clean(exc: NvmlCheckError) -> No
     assert kinds[0] is CLEAN and kinds[1] is exc and kinds[2] is CLEAN
     assert res.polls == 4
     assert res.clean_ns == gpu.samples[2][0] - START
-    assert res.last_dirty_ns == gpu.samples[1][0] - START
+    assert res.last_dirty_ns is None  # the failed poll saw nothing held: no poll did
 
 
 def test_transient_error_until_the_deadline_is_named() -> None:
@@ -644,7 +644,7 @@ def test_trace_contents() -> None:
     assert first == TracePoint(10 * US, 10 * US, False, (0, 1), (GIB, GIB), (1, None), 0, None)
     assert first.total_used_bytes == 2 * GIB
     assert second.error == f"NotReady: {exc}"
-    assert second.used_bytes == () and second.total_used_bytes == 0
+    assert second.used_bytes == () and second.total_used_bytes is None  # nothing was read: unknown, not 0
     assert third.used_bytes == (0, 0) and third.process_counts == (0, 0)
     assert all(p.snapshot is None for p in res.trace)  # the kept trace stays small
 
@@ -898,13 +898,16 @@ def test_random_timelines(sc: Scenario) -> None:
     events += [(when, False, sc.kind_at(when)) for when, _ in (probe.samples if probe else [])]
     events.sort()
     polls = [
-        (when, full and kind == "clean") for when, full, kind in events if full or kind in ("busy", "held", "error")
+        (when, full and kind == "clean", kind) for when, full, kind in events
+        if full or kind in ("busy", "held", "error")
     ]
     if raised is not None and len(polls) == raised.polls + 1:
         assert events[-1][1], "only a full query, for the timeout's message, may follow the last poll"
         polls.pop()
-    times = [when for when, _ in polls]
-    clean = [c for _, c in polls]
+    times = [when for when, _, _ in polls]
+    clean = [c for _, c, _ in polls]
+    # The polls that saw the GPU held; one that failed or could not judge (unknown, an unreadable GPU) saw nothing.
+    seen_held = [when for when, _, kind in polls if kind in ("busy", "held")]
     n = sc.needed
     P = sc.period
 
@@ -936,10 +939,11 @@ def test_random_timelines(sc: Scenario) -> None:
         assert begin <= first_clean
         assert first_clean - max(begin, START) <= P
         if len(times) > n:
-            assert result.last_dirty_ns == times[-n - 1] - START
             assert first_clean - times[-n - 1] <= P
-        else:
-            assert result.last_dirty_ns is None
+        before = [when for when in seen_held if when < first_clean]
+        assert result.last_dirty_ns == (before[-1] - START if before else None)
+        if before:  # the bracket holds: the GPU was last seen held before the clean stretch began
+            assert sc.kind_at(before[-1]) != "clean" and begin >= before[-1] - max(sc.costs)
         assert times[-1] <= guaranteed
         if sc.keep_trace:
             assert result.trace is not None
