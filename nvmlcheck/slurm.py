@@ -362,9 +362,9 @@ def _never_killed(h: Holder, job: SlurmJob) -> str | None:
 @dataclass(frozen=True, slots=True)
 class Readiness:
     """The judgement of :func:`await_ready`: ``ready`` when every GPU is ready before the deadline; ``causes`` when
-    not. ``polls``/``elapsed_ns`` are ``ready``'s; ``dirty_polls`` counts the polls of its wait that were not clean,
-    ``last_dirty_ns`` and ``first_clean_ns`` (ns from the wait's start) frame when the GPUs became clean (``None``:
-    the wait never saw them dirty, or never clean). ``verdicts``: ``ready``'s per GPU, as JSON."""
+    not. ``polls``/``elapsed_ns`` are ``ready``'s; ``dirty_polls`` counts the polls of its wait that read the GPUs and
+    found them not clean (a poll that failed to read them is none), ``last_dirty_ns`` and ``first_clean_ns`` (ns
+    from the wait's start) frame when the GPUs became clean (``None``: the wait never saw them dirty, or never clean). ``verdicts``: ``ready``'s per GPU, as JSON."""
 
     ready: bool
     causes: tuple[Cause, ...]
@@ -423,10 +423,12 @@ def await_ready(
 
     def observe(point: TracePoint) -> None:
         nonlocal dirty, last_dirty, first_clean
-        if not point.clean:
+        if point.clean:
+            first_clean = point.offset_ns if first_clean is None else first_clean
+        elif point.error is not None or point.failures:
+            first_clean = None  # a poll that could not read the GPUs saw nothing: it breaks a clean run only
+        else:
             dirty, last_dirty, first_clean = dirty + 1, point.offset_ns, None
-        elif first_clean is None:
-            first_clean = point.offset_ns
 
     remaining_s = max(0.0, (deadline_ns - clock()) / 1e9)
     try:

@@ -730,3 +730,15 @@ def test_the_minor_numbers_and_the_health_are_read_within_the_gates_deadline(
     with nc.open("nvml") as gpus:
         result = slurm.health(gpus, timeout_s=1.0, clock=StepClock(0.5).clock)
         assert not result.ready and "health not read within the timeout" in result.causes[0].text
+
+
+def test_polls_that_could_not_read_the_gpu_are_not_counted_dirty(nvml_stub: StubSession,
+                                                                nvml_scenario: Scenario) -> None:
+    # A poll that failed to read the GPUs saw nothing held: it was counted in dirty_polls and moved last_dirty_ns,
+    # as if the GPU had been seen busy then (the wait's own WaitResult no longer does that).
+    nvml_scenario.fault("nvmlDeviceGetMemoryInfo_v2", 10, device=0, after=2, count=3)  # NVML_ERROR_TIMEOUT: retried
+    nvml_scenario.write(nvml_stub.scenario_path)
+    with nc.open("nvml") as gpus:
+        result = slurm.prolog(gpus, job("0"), timeout_s=30)
+    assert result.ready and result.readiness is not None
+    assert result.readiness.dirty_polls == 0 and result.readiness.last_dirty_ns is None, result.readiness
