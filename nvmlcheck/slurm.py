@@ -362,9 +362,10 @@ def _never_killed(h: Holder, job: SlurmJob) -> str | None:
 @dataclass(frozen=True, slots=True)
 class Readiness:
     """The judgement of :func:`await_ready`: ``ready`` when every GPU is ready before the deadline; ``causes`` when
-    not. ``polls``/``elapsed_ns`` are ``ready``'s; ``dirty_polls`` counts the polls of its wait that read the GPUs and
-    found them not clean (a poll that failed to read them is none), ``last_dirty_ns`` and ``first_clean_ns`` (ns
-    from the wait's start) frame when the GPUs became clean (``None``: the wait never saw them dirty, or never clean). ``verdicts``: ``ready``'s per GPU, as JSON."""
+    not. ``polls``/``elapsed_ns`` are ``ready``'s; ``dirty_polls`` counts the polls of its wait that read the GPUs
+    and found them not clean (a poll that failed to read them is none), ``last_dirty_ns`` and ``first_clean_ns``
+    (ns from the wait's start) frame when the GPUs became clean (``None``: the wait never saw them dirty, or never
+    clean). ``verdicts``: ``ready``'s per GPU, as JSON."""
 
     ready: bool
     causes: tuple[Cause, ...]
