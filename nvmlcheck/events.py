@@ -104,7 +104,8 @@ _A = OperatorAction
 #: with the Xid Catalog", https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html, read 2026-12-01):
 #: ``bucket`` is the catalogue's immediate action; ``action`` what it comes to for an operator. Fatal ones are those
 #: the catalogue resolves with a GPU reset or a node reboot (RESET_GPU, RESTART_BM, and the workflows of 48 and 74,
-#: whose text says "a GPU reset or node reboot is needed"); RESTART_APP and IGNORE are recorded only.
+#: whose text says "a GPU reset or node reboot is needed", and RESTART_VM, the VM's own reboot); RESTART_APP and
+#: IGNORE are recorded only. XIDs 144-150 are left out: their bucket depends on a subcode NVML's event does not carry.
 #: docs/events.md is the table with its reasoning.
 XID_TABLE: dict[int, XidInfo] = dict(
     (
@@ -126,12 +127,17 @@ XID_TABLE: dict[int, XidInfo] = dict(
            _A.RESTART_APP),
         _x(95, "uncontained ECC error: every application on the GPU is affected", "RESET_GPU", _A.RESET_GPU),
         _x(109, "context switch timeout", "RESET_GPU", _A.RESET_GPU),
+        _x(110, "security fault error", "RESET_GPU", _A.RESET_GPU),
         _x(119, "GSP RPC timeout: the GPU System Processor stopped answering", "RESET_GPU", _A.RESET_GPU),
         _x(120, "GSP error: the GPU System Processor reported a fatal error", "RESET_GPU", _A.RESET_GPU),
+        _x(136, "NVLink link training failed", "RESET_GPU", _A.RESET_GPU),
         _x(140, "unrecovered ECC error", "RESET_GPU", _A.RESET_GPU),
         _x(143, "GPU initialization error", "RESET_GPU", _A.RESET_GPU),
+        _x(151, "key rotation error (confidential computing)", "RESTART_VM", _A.NODE_REBOOT),
         _x(154, "GPU recovery action changed (see nvidia-smi -q for the action required)", "XID_154", _A.IGNORE),
+        _x(155, "NVLink software-defined error (a link taken down)", "RESET_GPU", _A.RESET_GPU),
         _x(156, "resource retirement event", "RESET_GPU", _A.RESET_GPU),
+        _x(157, "resource retirement failed: no spare resources left (workloads may run on)", "IGNORE", _A.IGNORE),
         _x(158, "GPU fatal timeout", "RESET_GPU", _A.RESET_GPU),
         _x(999, "an XID NVML could not identify", "", _A.IGNORE),
     )
