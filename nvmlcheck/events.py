@@ -75,6 +75,7 @@ _KIND_BITS: dict[int, EventKind] = {
 WANTED_MASK = sum(_KIND_BITS)
 # The kinds that can stop a wait (XID, single- and double-bit ECC): registered alone when the full mask is refused.
 _CRITICAL_MASK = 0x1 | 0x2 | 0x8
+_XID_BIT = 0x8
 
 
 @dataclass(frozen=True)
@@ -387,21 +388,30 @@ class EventListener:
             mask = src.supported(t.handle, t.index) & WANTED_MASK
             if not mask:
                 return "it supports none of the event types nvmlcheck listens for"
-            try:
-                src.register(t.handle, t.index, mask, event_set)
-            except NotSupported:
-                # The optional kinds (P-state, clock, power) can be refused although reported supported; the fault
-                # kinds are what waits need, so ask for those alone before giving the GPU up.
-                critical = mask & _CRITICAL_MASK
-                if critical == mask or not critical:
-                    raise
-                src.register(t.handle, t.index, critical, event_set)
+            self._register_narrowing(src, t, mask, event_set)
         except (NotSupported, NoPermission) as exc:
             return f"{exc.function}: {exc.CODE_NAME}{mig}"
         except NvmlError as exc:
             return f"{exc.function}: {exc.CODE_NAME} ({exc.code}){mig}"
         reg.covered[self._address(t.handle)] = (t.index, t.uuid)
         return None
+
+    @staticmethod
+    def _register_narrowing(src: Any, t: EventTarget, mask: int, event_set: object) -> None:
+        """Register ``mask``; where NVML refuses it with NOT_SUPPORTED (it names no type: any one it lacks refuses
+        the whole mask, although reported supported), ask again for the kinds that stop a wait, then for XIDs alone
+        (XID 48 reports a double-bit error too), before giving the GPU up."""
+        tried: set[int] = set()
+        for narrowed in (mask, mask & _CRITICAL_MASK, mask & _XID_BIT):
+            if not narrowed or narrowed in tried:
+                continue
+            tried.add(narrowed)
+            try:
+                src.register(t.handle, t.index, narrowed, event_set)
+                return
+            except NotSupported as exc:
+                refused = exc
+        raise refused
 
     def _unsupported(self, why: str) -> EventListener:
         self._state = "unsupported"
@@ -440,20 +450,29 @@ class EventListener:
 
     def _run(self, event_set: object) -> None:
         src, stop, slice_ms = self._source, self._stop, self._slice
-        while not stop.is_set():
-            try:
-                got = src.wait(event_set, slice_ms)
-            except NvmlCheckError as exc:
-                # Uninitialized (NVML re-initialised under us), GpuLost, Unknown: the set is no use any more. Say
-                # so; a wait keeps polling, which sees a lost GPU by itself.
-                with self._cond:
-                    self._state = "failed"
-                    self._reason = f"nvmlEventSetWait_v2 failed: {exc}; waits poll without events"
-                    self._cond.notify_all()
-                return
-            if got is None:
-                continue
-            self._received(*got)
+        try:
+            while not stop.is_set():
+                try:
+                    got = src.wait(event_set, slice_ms)
+                except NvmlCheckError as exc:
+                    # Uninitialized (NVML re-initialised under us), GpuLost, Unknown: the set is no use any more.
+                    # Say so; a wait keeps polling, which sees a lost GPU by itself.
+                    self._failed(f"nvmlEventSetWait_v2 failed: {exc}; waits poll without events")
+                    return
+                if got is None:
+                    continue
+                self._received(*got)
+        except BaseException as exc:
+            # Anything else ends the thread too (a record it cannot decode, MemoryError): a listener left "running"
+            # with no thread would have waits count on events that never come and `watch` wait for ever.
+            self._failed(f"the listener thread died: {type(exc).__name__}: {exc}; waits poll without events")
+            raise
+
+    def _failed(self, why: str) -> None:
+        with self._cond:
+            self._state = "failed"
+            self._reason = why
+            self._cond.notify_all()
 
     def _received(self, address: int, etype: int, data: int, gi: int | None, ci: int | None) -> None:
         now_ns, wall = time.monotonic_ns(), time.time()

@@ -1,0 +1,95 @@
+"""The event listener's contract with waits and ``watch``: its ``state`` tells the truth about its thread, and a GPU
+that refuses some event types is still listened to for the ones that stop a wait.
+
+Fake event sources stand for the library; nothing here measures time.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from nvmlcheck.errors import NotSupported
+from nvmlcheck.events import EventListener, EventTarget
+
+
+class _Dying:
+    """Event calls whose wait raises something that is not an NVML error (a record it cannot decode, ...)."""
+
+    missing = None
+
+    def __init__(self) -> None:
+        self.freed = 0
+
+    def create(self) -> object:
+        return object()
+
+    def supported(self, handle: object, index: int) -> int:
+        return 0xFFFF
+
+    def register(self, handle: object, index: int, mask: int, event_set: object) -> None:
+        pass
+
+    def wait(self, event_set: object, timeout_ms: int) -> None:
+        raise RuntimeError("cannot decode the event record")
+
+    def free(self, event_set: object) -> int:
+        self.freed += 1
+        return 0
+
+
+def test_a_listener_whose_thread_dies_says_failed(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The thread's own traceback is expected (it is re-raised); keep it off the test's output.
+    monkeypatch.setattr(threading, "excepthook", lambda _args: None)
+    listener = EventListener(_Dying(), [EventTarget(0, object(), "GPU-0")], id).start()
+    thread = listener.thread
+    assert thread is not None
+    thread.join(10.0)
+    assert not thread.is_alive()
+    # It said "running" for ever: waits counted on it and `watch` waited for events that could never come.
+    assert listener.state == "failed" and not listener.active
+    assert listener.reason is not None and "RuntimeError" in listener.reason
+    # A watcher blocked on it is released (None: no timeout; the state ends the wait).
+    assert listener.next_events(0, None) == ([], 0)
+    listener.stop()
+    assert listener.state == "failed"
+
+
+class _RefusesEcc:
+    """A GPU that reports every type supported but refuses any mask with an ECC type in it (ECC events are not
+    delivered with ECC off, say): NVML answers NOT_SUPPORTED for the whole mask, naming no type."""
+
+    missing = None
+
+    def __init__(self) -> None:
+        self.masks: list[int] = []
+
+    def create(self) -> object:
+        return object()
+
+    def supported(self, handle: object, index: int) -> int:
+        return 0x1F
+
+    def register(self, handle: object, index: int, mask: int, event_set: object) -> None:
+        self.masks.append(mask)
+        if mask & 0x3:
+            raise NotSupported(3, "nvmlDeviceRegisterEvents", index)
+
+    def wait(self, event_set: object, timeout_ms: int) -> None:
+        threading.Event().wait(timeout_ms / 1000)
+
+    def free(self, event_set: object) -> int:
+        return 0
+
+
+def test_a_gpu_refusing_ecc_events_is_still_listened_to_for_xids() -> None:
+    source = _RefusesEcc()
+    listener = EventListener(source, [EventTarget(0, object(), "GPU-0")], id).start()
+    try:
+        # It was given up after the full mask and the fault kinds (XID + ECC) were refused: no events at all, and
+        # an XID 79 during a wait went unheard.
+        assert listener.state == "running" and listener.covered == frozenset({0})
+        assert source.masks[-1] == 0x8 and listener.device_reasons == {}
+    finally:
+        listener.stop()
