@@ -457,7 +457,7 @@ class EventListener:
                 except NvmlCheckError as exc:
                     # Uninitialized (NVML re-initialised under us), GpuLost, Unknown: the set is no use any more.
                     # Say so; a wait keeps polling, which sees a lost GPU by itself.
-                    self._failed(f"nvmlEventSetWait_v2 failed: {exc}; waits poll without events")
+                    self._failed(f"nvmlEventSetWait_v2 failed: {exc}; waits poll without events", event_set)
                     return
                 if got is None:
                     continue
@@ -465,14 +465,21 @@ class EventListener:
         except BaseException as exc:
             # Anything else ends the thread too (a record it cannot decode, MemoryError): a listener left "running"
             # with no thread would have waits count on events that never come and `watch` wait for ever.
-            self._failed(f"the listener thread died: {type(exc).__name__}: {exc}; waits poll without events")
+            self._failed(f"the listener thread died: {type(exc).__name__}: {exc}; waits poll without events", event_set)
             raise
 
-    def _failed(self, why: str) -> None:
+    def _failed(self, why: str, event_set: object) -> None:
+        """The thread's end on an error: say why, and free the set here. The session replaces a failed listener
+        without stopping it, so nothing else would: each failure left an event set (and NVML's registrations, which
+        keep queueing events into it) behind for the life of the process."""
         with self._cond:
             self._state = "failed"
             self._reason = why
             self._cond.notify_all()
+        if self._set is event_set:
+            self._set = None  # stop() joins this thread before it reads the set: it frees nothing twice
+            with contextlib.suppress(NvmlCheckError):
+                self._source.free(event_set)
 
     def _received(self, address: int, etype: int, data: int, gi: int | None, ci: int | None) -> None:
         now_ns, wall = time.monotonic_ns(), time.time()

@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from nvmlcheck.errors import NotSupported
+from nvmlcheck.errors import NotSupported, Uninitialized
 from nvmlcheck.events import EventListener, EventTarget
 
 
@@ -93,3 +93,35 @@ def test_a_gpu_refusing_ecc_events_is_still_listened_to_for_xids() -> None:
         assert source.masks[-1] == 0x8 and listener.device_reasons == {}
     finally:
         listener.stop()
+
+
+class _WaitFails(_RefusesEcc):
+    """Registration works; the wait fails as after NVML was re-initialised under the listener."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.freed: list[object] = []
+
+    def register(self, handle: object, index: int, mask: int, event_set: object) -> None:
+        pass
+
+    def wait(self, event_set: object, timeout_ms: int) -> None:
+        raise Uninitialized(1, "nvmlEventSetWait_v2")
+
+    def free(self, event_set: object) -> int:
+        self.freed.append(event_set)
+        return 0
+
+
+def test_a_failed_listener_frees_its_event_set_without_being_stopped() -> None:
+    source = _WaitFails()
+    listener = EventListener(source, [EventTarget(0, object(), "GPU-0")], id).start()
+    thread = listener.thread
+    assert thread is not None
+    thread.join(10.0)
+    assert listener.state == "failed"
+    # Session.listen() replaces a failed listener without stopping it: the set was never freed (one leaked per
+    # failure, still registered in NVML).
+    assert len(source.freed) == 1
+    listener.stop()
+    assert len(source.freed) == 1  # and never twice
