@@ -337,6 +337,7 @@ class EventListener:
     @property
     def events(self) -> tuple[GpuEvent, ...]:
         """Every event received so far, in order."""
+        self._forked()
         with self._cond:
             return tuple(self._events)
 
@@ -498,6 +499,7 @@ class EventListener:
         """The first fatal event received at or after ``since_ns`` (``time.monotonic_ns``) on one of ``indices``
         (``None``: any GPU), or ``None``."""
         wanted = None if indices is None else frozenset(indices)
+        self._forked()  # before the lock: in a child it may be the parent's, held by its thread at fork time
         with self._cond:
             return self._first_fatal(wanted, since_ns)
 
@@ -511,12 +513,14 @@ class EventListener:
         """Sleep up to ``seconds``, waking at once when a fatal event on ``indices`` arrives; returns whether one
         did. A wait passes this as its ``sleep``, so a fault ends the wait's sleep instead of waiting it out."""
         wanted = None if indices is None else frozenset(indices)
+        self._forked()
         with self._cond:
             return self._cond.wait_for(lambda: self._first_fatal(wanted, since_ns) is not None, max(0.0, seconds))
 
     def next_events(self, after: int, timeout_s: float | None) -> tuple[list[GpuEvent], int]:
         """Events after the first ``after`` ones, waiting up to ``timeout_s`` (``None``: until one comes or the
         listener stops) when there are none yet. Returns them and the new ``after``."""
+        self._forked()
         with self._cond:
             self._cond.wait_for(lambda: len(self._events) > after or self._state != "running", timeout_s)
             new = self._events[after:]

@@ -7,9 +7,11 @@ Fake event sources stand for the library; nothing here measures time.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import pytest
 
+from nvmlcheck._nvml import library
 from nvmlcheck.errors import NotSupported, Uninitialized
 from nvmlcheck.events import EventListener, EventTarget
 
@@ -125,3 +127,50 @@ def test_a_failed_listener_frees_its_event_set_without_being_stopped() -> None:
     assert len(source.freed) == 1
     listener.stop()
     assert len(source.freed) == 1  # and never twice
+
+
+class _Quiet(_RefusesEcc):
+    def register(self, handle: object, index: int, mask: int, event_set: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize("call", ["events", "fatal", "sleep", "next_events"])
+def test_a_forked_child_never_waits_on_the_parents_lock(monkeypatch: pytest.MonkeyPatch, call: str) -> None:
+    # At fork() the parent's listener thread may hold the listener's lock (it appends each event under it); in the
+    # child nobody ever releases it. Only state/reason/stop/start noticed the fork: a wait's fatal() (each poll), a
+    # watcher's next_events() or `events` then blocked for ever on that lock.
+    listener = EventListener(_Quiet(), [EventTarget(0, object(), "GPU-0")], id).start()
+    thread, stop_thread = listener.thread, listener._stop  # the "fork" makes the listener forget both
+    try:
+        held, release = threading.Event(), threading.Event()
+
+        def parents_thread() -> None:  # holds the lock "across the fork"
+            with listener._cond:
+                held.set()
+                release.wait(60.0)
+
+        holder = threading.Thread(target=parents_thread, daemon=True)
+        holder.start()
+        assert held.wait(30.0)
+        generation = library.fork_generation()
+        monkeypatch.setattr(library, "fork_generation", lambda: generation + 1)  # now "in the child"
+        calls: dict[str, Callable[[], object]] = {
+            "events": lambda: listener.events,
+            "fatal": listener.fatal,
+            "sleep": lambda: listener.sleep(0.0),
+            "next_events": lambda: listener.next_events(0, 0.0),
+        }
+        done = threading.Event()
+        def in_the_child() -> None:
+            calls[call]()
+            done.set()
+
+        child = threading.Thread(target=in_the_child, daemon=True)
+        child.start()
+        assert done.wait(30.0), f"{call}() blocked on the lock the parent's thread held at fork()"
+        assert listener.state == "stopped"
+    finally:
+        release.set()
+        stop_thread.set()
+        if thread is not None:
+            thread.join(30.0)
