@@ -304,6 +304,10 @@ def test_cli_watch_of_gpus_without_events_exits_3_even_when_others_have_them(
     assert code == 3 and "no selected GPU is listened to" in err and "NOT_SUPPORTED" in err
     code, _, err = _cli(capsys, "--simulate", path, "watch", "--devices", "0", "--for", "0.1")
     assert code == 0 and "listening to GPU 0 for 0.1 s" in err
+    # GPU 1 is not watched: its reason is not the operator's concern here (it was printed as a warning).
+    assert "GPU 1" not in err and "NOT_SUPPORTED" not in err
+    code, _, err = _cli(capsys, "--simulate", path, "watch", "--for", "0.1")  # all GPUs: GPU 1's reason, once
+    assert code == 0 and err.count("not listened to: GPU 1: ") == 1 and "NOT_SUPPORTED" in err
 
 
 def test_cli_watch_without_events_exits_3(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
