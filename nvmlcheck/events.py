@@ -463,11 +463,11 @@ class EventListener:
                 if got is None:
                     continue
                 self._received(*got)
-        except BaseException as exc:
+        except Exception as exc:
             # Anything else ends the thread too (a record it cannot decode, MemoryError): a listener left "running"
-            # with no thread would have waits count on events that never come and `watch` wait for ever.
+            # with no thread would have waits count on events that never come and `watch` wait for ever. Said by
+            # the state and reason (`watch` prints it), not by a thread traceback on stderr.
             self._failed(f"the listener thread died: {type(exc).__name__}: {exc}; waits poll without events", event_set)
-            raise
 
     def _failed(self, why: str, event_set: object) -> None:
         """The thread's end on an error: say why, and free the set here. The session replaces a failed listener

@@ -42,8 +42,8 @@ class _Dying:
 
 
 def test_a_listener_whose_thread_dies_says_failed(monkeypatch: pytest.MonkeyPatch) -> None:
-    # The thread's own traceback is expected (it is re-raised); keep it off the test's output.
-    monkeypatch.setattr(threading, "excepthook", lambda _args: None)
+    died: list[object] = []
+    monkeypatch.setattr(threading, "excepthook", died.append)
     listener = EventListener(_Dying(), [EventTarget(0, object(), "GPU-0")], id).start()
     thread = listener.thread
     assert thread is not None
@@ -52,6 +52,7 @@ def test_a_listener_whose_thread_dies_says_failed(monkeypatch: pytest.MonkeyPatc
     # It said "running" for ever: waits counted on it and `watch` waited for events that could never come.
     assert listener.state == "failed" and not listener.active
     assert listener.reason is not None and "RuntimeError" in listener.reason
+    assert died == []  # said by the state and the reason, not by a traceback on stderr
     # A watcher blocked on it is released (None: no timeout; the state ends the wait).
     assert listener.next_events(0, None) == ([], 0)
     listener.stop()
