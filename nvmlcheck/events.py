@@ -387,8 +387,11 @@ class EventListener:
         mig = " (the GPU is in MIG mode)" if t.mig_mode else ""
         try:
             mask = src.supported(t.handle, t.index) & WANTED_MASK
-            if not mask:
-                return "it supports none of the event types nvmlcheck listens for"
+            if not mask & _CRITICAL_MASK:
+                # Clock or P-state events alone cannot stop a wait: counted as listened to, the GPU looked covered
+                # (no reason said) while no XID of it could ever be heard.
+                kinds = ", ".join(k.value for b, k in _KIND_BITS.items() if mask & b) or "none"
+                return f"it delivers no XID or ECC events (nvmlDeviceGetSupportedEventTypes: {kinds})"
             self._register_narrowing(src, t, mask, event_set)
         except (NotSupported, NoPermission) as exc:
             return f"{exc.function}: {exc.CODE_NAME}{mig}"

@@ -175,3 +175,18 @@ def test_a_forked_child_never_waits_on_the_parents_lock(monkeypatch: pytest.Monk
         stop_thread.set()
         if thread is not None:
             thread.join(30.0)
+
+
+class _ClocksOnly(_Quiet):
+    def supported(self, handle: object, index: int) -> int:
+        return 0x10 | 0x4  # clock and P-state events: nothing that can stop a wait
+
+
+def test_a_gpu_delivering_no_fault_events_is_not_counted_as_listened_to() -> None:
+    listener = EventListener(_ClocksOnly(), [EventTarget(0, object(), "GPU-0")], id).start()
+    try:
+        # It was "running, covering GPU 0" with no reason: waits and `watch` said they listened for its XIDs.
+        assert listener.state == "unsupported" and listener.covered == frozenset()
+        assert "no XID or ECC events" in listener.device_reasons[0] and "pstate, clock" in listener.device_reasons[0]
+    finally:
+        listener.stop()
