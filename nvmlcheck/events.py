@@ -49,6 +49,10 @@ WAIT_SLICE_MS = 10
 #: How long :meth:`EventListener.stop` waits for a thread stuck in ``nvmlEventSetWait_v2`` (a wedged driver) before
 #: leaving it behind (a daemon thread; the set is then not freed under it).
 STOP_TIMEOUT_S = 5.0
+#: How many events a listener keeps (:attr:`EventListener.events`): a ``watch`` or a session that listens for weeks
+#: hears clock events every few seconds, and kept them all. The oldest are forgotten beyond it; fatal events are kept
+#: apart, every one, for waits (:meth:`EventListener.fatal`).
+MAX_KEPT_EVENTS = 100_000
 
 
 class EventKind(enum.Enum):
@@ -250,8 +254,9 @@ class EventListener:
     """Listens for NVML events on a set of GPUs in one daemon thread. Made by :meth:`nvmlcheck.Session.listen`.
 
     :attr:`state` is ``"new"``, ``"running"``, ``"unsupported"`` (no GPU could be registered: :attr:`reason`
-    says why), ``"failed"`` (the wait call failed: :attr:`reason`), or ``"stopped"``. Every event received is kept
-    (:attr:`events`); :meth:`next_events` streams them; :meth:`fatal` and :meth:`sleep` serve waits.
+    says why), ``"failed"`` (the wait call failed: :attr:`reason`), or ``"stopped"``. The latest events received
+    are kept, at most :data:`MAX_KEPT_EVENTS` (:attr:`events`), and every fatal one apart; :meth:`next_events`
+    streams them; :meth:`fatal` and :meth:`sleep` serve waits.
     """
 
     def __init__(
@@ -269,6 +274,9 @@ class EventListener:
         self._slice = wait_slice_ms
         self._cond = threading.Condition()
         self._events: list[GpuEvent] = []
+        self._forgotten = 0  # events received before self._events[0] (beyond MAX_KEPT_EVENTS)
+        # Fatal events apart: a wait checks them before every poll, which must not scan every clock event heard.
+        self._fatal_events: list[GpuEvent] = []
         self._state = "new"
         self._reason: str | None = None
         self._preset = dict(unavailable or {})  # GPUs left out before registration (identity unreadable)
@@ -336,7 +344,7 @@ class EventListener:
 
     @property
     def events(self) -> tuple[GpuEvent, ...]:
-        """Every event received so far, in order."""
+        """The events received so far, in order: the latest of them, at most :data:`MAX_KEPT_EVENTS`."""
         self._forked()
         with self._cond:
             return tuple(self._events)
@@ -494,6 +502,13 @@ class EventListener:
                 ev = GpuEvent(index, uuid, kind, xid, now_ns, wall, gi, ci, etype, data)
                 with self._cond:
                     self._events.append(ev)
+                    if ev.fatal:
+                        self._fatal_events.append(ev)
+                    if len(self._events) > MAX_KEPT_EVENTS:
+                        # Forget down to half the bound at once: one list shift per MAX_KEPT_EVENTS / 2 events.
+                        drop = len(self._events) - MAX_KEPT_EVENTS // 2
+                        del self._events[:drop]
+                        self._forgotten += drop
                     self._cond.notify_all()
 
     # --- for waits and watchers -----------------------------------------------------------------------------------
@@ -507,8 +522,8 @@ class EventListener:
             return self._first_fatal(wanted, since_ns)
 
     def _first_fatal(self, wanted: frozenset[int] | None, since_ns: int) -> GpuEvent | None:
-        for ev in self._events:
-            if ev.time_ns >= since_ns and ev.fatal and (wanted is None or ev.index in wanted):
+        for ev in self._fatal_events:
+            if ev.time_ns >= since_ns and (wanted is None or ev.index in wanted):
                 return ev
         return None
 
@@ -521,13 +536,15 @@ class EventListener:
             return self._cond.wait_for(lambda: self._first_fatal(wanted, since_ns) is not None, max(0.0, seconds))
 
     def next_events(self, after: int, timeout_s: float | None) -> tuple[list[GpuEvent], int]:
-        """Events after the first ``after`` ones, waiting up to ``timeout_s`` (``None``: until one comes or the
-        listener stops) when there are none yet. Returns them and the new ``after``."""
+        """Events after the first ``after`` ones received, waiting up to ``timeout_s`` (``None``: until one comes or
+        the listener stops) when there are none yet. Returns them and the new ``after`` (the count received so far).
+        A reader more than :data:`MAX_KEPT_EVENTS` behind gets the kept ones only."""
         self._forked()
         with self._cond:
-            self._cond.wait_for(lambda: len(self._events) > after or self._state != "running", timeout_s)
-            new = self._events[after:]
-            return list(new), after + len(new)
+            self._cond.wait_for(lambda: self._forgotten + len(self._events) > after or self._state != "running",
+                                timeout_s)
+            new = self._events[max(0, after - self._forgotten):]
+            return list(new), self._forgotten + len(self._events)
 
 
 def check_fatal(listener: EventListener | None, indices: Iterable[int] | None, since_ns: int) -> None:

@@ -11,9 +11,10 @@ from collections.abc import Callable
 
 import pytest
 
+from nvmlcheck import events as events_module
 from nvmlcheck._nvml import library
 from nvmlcheck.errors import NotSupported, Uninitialized
-from nvmlcheck.events import EventListener, EventTarget
+from nvmlcheck.events import EventListener, EventTarget, GpuEvent
 
 
 class _Dying:
@@ -190,3 +191,43 @@ def test_a_gpu_delivering_no_fault_events_is_not_counted_as_listened_to() -> Non
         assert "no XID or ECC events" in listener.device_reasons[0] and "pstate, clock" in listener.device_reasons[0]
     finally:
         listener.stop()
+
+
+def _hear(listener: EventListener, count: int, etype: int = 0x10, data: int = 0) -> None:
+    for _ in range(count):
+        listener._received(0, etype, data, None, None)  # what the thread does with each event it is given
+
+
+def test_a_wait_checks_the_fatal_events_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Before every poll a wait asks fatal(): it scanned every event heard since listen(), clock events included, so
+    # a session listening for hours paid for each of them on each poll (and each wake-up of sleep()).
+    listener = EventListener(_Quiet(), [], id)
+    _hear(listener, 1000)
+    _hear(listener, 1, etype=0x8, data=79)
+    looked_at: list[GpuEvent] = []
+    fatal_of = vars(GpuEvent)["fatal"].fget
+
+    def counted(ev: GpuEvent) -> bool:
+        looked_at.append(ev)
+        return bool(fatal_of(ev))
+
+    monkeypatch.setattr(GpuEvent, "fatal", property(counted))
+    found = listener.fatal()
+    assert found is not None and found.xid == 79
+    assert len(looked_at) <= 1
+
+
+def test_a_long_listener_keeps_a_bounded_number_of_events(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(events_module, "MAX_KEPT_EVENTS", 10)
+    listener = EventListener(_Quiet(), [], id)
+    _hear(listener, 1, etype=0x8, data=48)  # fatal, first: forgotten from `events`, never from fatal()
+    _hear(listener, 24)
+    assert len(listener.events) <= 10  # it kept all 25: a `watch` of weeks grew without bound
+    fault = listener.fatal()
+    assert fault is not None and fault.xid == 48
+    # A reader's position counts every event received; one left behind gets what is kept, and catches up.
+    new, after = listener.next_events(0, 0.0)
+    assert after == 25 and new == list(listener.events)
+    _hear(listener, 1)
+    new, after = listener.next_events(after, 0.0)
+    assert after == 26 and len(new) == 1
