@@ -49,6 +49,10 @@ WAIT_SLICE_MS = 10
 #: How long :meth:`EventListener.stop` waits for a thread stuck in ``nvmlEventSetWait_v2`` (a wedged driver) before
 #: leaving it behind (a daemon thread; the set is then not freed under it).
 STOP_TIMEOUT_S = 5.0
+#: How many events a listener keeps (:attr:`EventListener.events`): a ``watch`` or a session that listens for weeks
+#: hears clock events every few seconds, and kept them all. The oldest are forgotten beyond it; fatal events are kept
+#: apart, every one, for waits (:meth:`EventListener.fatal`).
+MAX_KEPT_EVENTS = 100_000
 
 
 class EventKind(enum.Enum):
@@ -75,6 +79,7 @@ _KIND_BITS: dict[int, EventKind] = {
 WANTED_MASK = sum(_KIND_BITS)
 # The kinds that can stop a wait (XID, single- and double-bit ECC): registered alone when the full mask is refused.
 _CRITICAL_MASK = 0x1 | 0x2 | 0x8
+_XID_BIT = 0x8
 
 
 @dataclass(frozen=True)
@@ -104,7 +109,8 @@ _A = OperatorAction
 #: with the Xid Catalog", https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html, read 2026-12-01):
 #: ``bucket`` is the catalogue's immediate action; ``action`` what it comes to for an operator. Fatal ones are those
 #: the catalogue resolves with a GPU reset or a node reboot (RESET_GPU, RESTART_BM, and the workflows of 48 and 74,
-#: whose text says "a GPU reset or node reboot is needed"); RESTART_APP and IGNORE are recorded only.
+#: whose text says "a GPU reset or node reboot is needed", and RESTART_VM, the VM's own reboot); RESTART_APP and
+#: IGNORE are recorded only. XIDs 144-150 are left out: their bucket depends on a subcode NVML's event does not carry.
 #: docs/events.md is the table with its reasoning.
 XID_TABLE: dict[int, XidInfo] = dict(
     (
@@ -126,12 +132,17 @@ XID_TABLE: dict[int, XidInfo] = dict(
            _A.RESTART_APP),
         _x(95, "uncontained ECC error: every application on the GPU is affected", "RESET_GPU", _A.RESET_GPU),
         _x(109, "context switch timeout", "RESET_GPU", _A.RESET_GPU),
+        _x(110, "security fault error", "RESET_GPU", _A.RESET_GPU),
         _x(119, "GSP RPC timeout: the GPU System Processor stopped answering", "RESET_GPU", _A.RESET_GPU),
         _x(120, "GSP error: the GPU System Processor reported a fatal error", "RESET_GPU", _A.RESET_GPU),
+        _x(136, "NVLink link training failed", "RESET_GPU", _A.RESET_GPU),
         _x(140, "unrecovered ECC error", "RESET_GPU", _A.RESET_GPU),
         _x(143, "GPU initialization error", "RESET_GPU", _A.RESET_GPU),
+        _x(151, "key rotation error (confidential computing)", "RESTART_VM", _A.NODE_REBOOT),
         _x(154, "GPU recovery action changed (see nvidia-smi -q for the action required)", "XID_154", _A.IGNORE),
+        _x(155, "NVLink software-defined error (a link taken down)", "RESET_GPU", _A.RESET_GPU),
         _x(156, "resource retirement event", "RESET_GPU", _A.RESET_GPU),
+        _x(157, "resource retirement failed: no spare resources left (workloads may run on)", "IGNORE", _A.IGNORE),
         _x(158, "GPU fatal timeout", "RESET_GPU", _A.RESET_GPU),
         _x(999, "an XID NVML could not identify", "", _A.IGNORE),
     )
@@ -243,8 +254,9 @@ class EventListener:
     """Listens for NVML events on a set of GPUs in one daemon thread. Made by :meth:`nvmlcheck.Session.listen`.
 
     :attr:`state` is ``"new"``, ``"running"``, ``"unsupported"`` (no GPU could be registered: :attr:`reason`
-    says why), ``"failed"`` (the wait call failed: :attr:`reason`), or ``"stopped"``. Every event received is kept
-    (:attr:`events`); :meth:`next_events` streams them; :meth:`fatal` and :meth:`sleep` serve waits.
+    says why), ``"failed"`` (the wait call failed: :attr:`reason`), or ``"stopped"``. The latest events received
+    are kept, at most :data:`MAX_KEPT_EVENTS` (:attr:`events`), and every fatal one apart; :meth:`next_events`
+    streams them; :meth:`fatal` and :meth:`sleep` serve waits.
     """
 
     def __init__(
@@ -262,6 +274,9 @@ class EventListener:
         self._slice = wait_slice_ms
         self._cond = threading.Condition()
         self._events: list[GpuEvent] = []
+        self._forgotten = 0  # events received before self._events[0] (beyond MAX_KEPT_EVENTS)
+        # Fatal events apart: a wait checks them before every poll, which must not scan every clock event heard.
+        self._fatal_events: list[GpuEvent] = []
         self._state = "new"
         self._reason: str | None = None
         self._preset = dict(unavailable or {})  # GPUs left out before registration (identity unreadable)
@@ -329,7 +344,8 @@ class EventListener:
 
     @property
     def events(self) -> tuple[GpuEvent, ...]:
-        """Every event received so far, in order."""
+        """The events received so far, in order: the latest of them, at most :data:`MAX_KEPT_EVENTS`."""
+        self._forked()
         with self._cond:
             return tuple(self._events)
 
@@ -379,23 +395,35 @@ class EventListener:
         mig = " (the GPU is in MIG mode)" if t.mig_mode else ""
         try:
             mask = src.supported(t.handle, t.index) & WANTED_MASK
-            if not mask:
-                return "it supports none of the event types nvmlcheck listens for"
-            try:
-                src.register(t.handle, t.index, mask, event_set)
-            except NotSupported:
-                # The optional kinds (P-state, clock, power) can be refused although reported supported; the fault
-                # kinds are what waits need, so ask for those alone before giving the GPU up.
-                critical = mask & _CRITICAL_MASK
-                if critical == mask or not critical:
-                    raise
-                src.register(t.handle, t.index, critical, event_set)
+            if not mask & _CRITICAL_MASK:
+                # Clock or P-state events alone cannot stop a wait: counted as listened to, the GPU looked covered
+                # (no reason said) while no XID of it could ever be heard.
+                kinds = ", ".join(k.value for b, k in _KIND_BITS.items() if mask & b) or "none"
+                return f"it delivers no XID or ECC events (nvmlDeviceGetSupportedEventTypes: {kinds})"
+            self._register_narrowing(src, t, mask, event_set)
         except (NotSupported, NoPermission) as exc:
             return f"{exc.function}: {exc.CODE_NAME}{mig}"
         except NvmlError as exc:
             return f"{exc.function}: {exc.CODE_NAME} ({exc.code}){mig}"
         reg.covered[self._address(t.handle)] = (t.index, t.uuid)
         return None
+
+    @staticmethod
+    def _register_narrowing(src: Any, t: EventTarget, mask: int, event_set: object) -> None:
+        """Register ``mask``; where NVML refuses it with NOT_SUPPORTED (it names no type: any one it lacks refuses
+        the whole mask, although reported supported), ask again for the kinds that stop a wait, then for XIDs alone
+        (XID 48 reports a double-bit error too), before giving the GPU up."""
+        tried: set[int] = set()
+        for narrowed in (mask, mask & _CRITICAL_MASK, mask & _XID_BIT):
+            if not narrowed or narrowed in tried:
+                continue
+            tried.add(narrowed)
+            try:
+                src.register(t.handle, t.index, narrowed, event_set)
+                return
+            except NotSupported as exc:
+                refused = exc
+        raise refused
 
     def _unsupported(self, why: str) -> EventListener:
         self._state = "unsupported"
@@ -434,20 +462,36 @@ class EventListener:
 
     def _run(self, event_set: object) -> None:
         src, stop, slice_ms = self._source, self._stop, self._slice
-        while not stop.is_set():
-            try:
-                got = src.wait(event_set, slice_ms)
-            except NvmlCheckError as exc:
-                # Uninitialized (NVML re-initialised under us), GpuLost, Unknown: the set is no use any more. Say
-                # so; a wait keeps polling, which sees a lost GPU by itself.
-                with self._cond:
-                    self._state = "failed"
-                    self._reason = f"nvmlEventSetWait_v2 failed: {exc}; waits poll without events"
-                    self._cond.notify_all()
-                return
-            if got is None:
-                continue
-            self._received(*got)
+        try:
+            while not stop.is_set():
+                try:
+                    got = src.wait(event_set, slice_ms)
+                except NvmlCheckError as exc:
+                    # Uninitialized (NVML re-initialised under us), GpuLost, Unknown: the set is no use any more.
+                    # Say so; a wait keeps polling, which sees a lost GPU by itself.
+                    self._failed(f"nvmlEventSetWait_v2 failed: {exc}; waits poll without events", event_set)
+                    return
+                if got is None:
+                    continue
+                self._received(*got)
+        except Exception as exc:
+            # Anything else ends the thread too (a record it cannot decode, MemoryError): a listener left "running"
+            # with no thread would have waits count on events that never come and `watch` wait for ever. Said by
+            # the state and reason (`watch` prints it), not by a thread traceback on stderr.
+            self._failed(f"the listener thread died: {type(exc).__name__}: {exc}; waits poll without events", event_set)
+
+    def _failed(self, why: str, event_set: object) -> None:
+        """The thread's end on an error: say why, and free the set here. The session replaces a failed listener
+        without stopping it, so nothing else would: each failure left an event set (and NVML's registrations, which
+        keep queueing events into it) behind for the life of the process."""
+        with self._cond:
+            self._state = "failed"
+            self._reason = why
+            self._cond.notify_all()
+        if self._set is event_set:
+            self._set = None  # stop() joins this thread before it reads the set: it frees nothing twice
+            with contextlib.suppress(NvmlCheckError):
+                self._source.free(event_set)
 
     def _received(self, address: int, etype: int, data: int, gi: int | None, ci: int | None) -> None:
         now_ns, wall = time.monotonic_ns(), time.time()
@@ -458,6 +502,13 @@ class EventListener:
                 ev = GpuEvent(index, uuid, kind, xid, now_ns, wall, gi, ci, etype, data)
                 with self._cond:
                     self._events.append(ev)
+                    if ev.fatal:
+                        self._fatal_events.append(ev)
+                    if len(self._events) > MAX_KEPT_EVENTS:
+                        # Forget down to half the bound at once: one list shift per MAX_KEPT_EVENTS / 2 events.
+                        drop = len(self._events) - MAX_KEPT_EVENTS // 2
+                        del self._events[:drop]
+                        self._forgotten += drop
                     self._cond.notify_all()
 
     # --- for waits and watchers -----------------------------------------------------------------------------------
@@ -466,12 +517,13 @@ class EventListener:
         """The first fatal event received at or after ``since_ns`` (``time.monotonic_ns``) on one of ``indices``
         (``None``: any GPU), or ``None``."""
         wanted = None if indices is None else frozenset(indices)
+        self._forked()  # before the lock: in a child it may be the parent's, held by its thread at fork time
         with self._cond:
             return self._first_fatal(wanted, since_ns)
 
     def _first_fatal(self, wanted: frozenset[int] | None, since_ns: int) -> GpuEvent | None:
-        for ev in self._events:
-            if ev.time_ns >= since_ns and ev.fatal and (wanted is None or ev.index in wanted):
+        for ev in self._fatal_events:
+            if ev.time_ns >= since_ns and (wanted is None or ev.index in wanted):
                 return ev
         return None
 
@@ -479,16 +531,20 @@ class EventListener:
         """Sleep up to ``seconds``, waking at once when a fatal event on ``indices`` arrives; returns whether one
         did. A wait passes this as its ``sleep``, so a fault ends the wait's sleep instead of waiting it out."""
         wanted = None if indices is None else frozenset(indices)
+        self._forked()
         with self._cond:
             return self._cond.wait_for(lambda: self._first_fatal(wanted, since_ns) is not None, max(0.0, seconds))
 
     def next_events(self, after: int, timeout_s: float | None) -> tuple[list[GpuEvent], int]:
-        """Events after the first ``after`` ones, waiting up to ``timeout_s`` (``None``: until one comes or the
-        listener stops) when there are none yet. Returns them and the new ``after``."""
+        """Events after the first ``after`` ones received, waiting up to ``timeout_s`` (``None``: until one comes or
+        the listener stops) when there are none yet. Returns them and the new ``after`` (the count received so far).
+        A reader more than :data:`MAX_KEPT_EVENTS` behind gets the kept ones only."""
+        self._forked()
         with self._cond:
-            self._cond.wait_for(lambda: len(self._events) > after or self._state != "running", timeout_s)
-            new = self._events[after:]
-            return list(new), after + len(new)
+            self._cond.wait_for(lambda: self._forgotten + len(self._events) > after or self._state != "running",
+                                timeout_s)
+            new = self._events[max(0, after - self._forgotten):]
+            return list(new), self._forgotten + len(self._events)
 
 
 def check_fatal(listener: EventListener | None, indices: Iterable[int] | None, since_ns: int) -> None:

@@ -387,7 +387,8 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
                            description="Print every NVML event of the selected GPUs (all by default) as it comes: "
                                        "one line each, or with --json one nvmlcheck/event document per line (JSON "
                                        "Lines), until Ctrl-C (exit 130) or SIGTERM (143). Exit 3 when events "
-                                       "cannot be had (the nvidia-smi backend, NOT_SUPPORTED, no permission).")
+                                       "cannot be had on any selected GPU (the nvidia-smi backend, NOT_SUPPORTED, "
+                                       "no permission) or the listener fails while watching.")
         global_options(watch, top=False)
         once(watch, "--for", dest="duration", type=seconds_or_none, default=None, metavar="S",
              help="stop after S seconds (exit 0; default: until interrupted)")

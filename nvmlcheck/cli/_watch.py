@@ -45,11 +45,15 @@ def _watch(args: argparse.Namespace) -> int:
                 return _unavailable(args, "events: the smi backend has none (nvidia-smi cannot deliver them): nothing "
                                     "to watch; events need the NVML backend (--backend nvml)")
             return _unavailable(args, f"events: {listener.reason}")
-        if listener.reason is not None:  # some GPUs only: say which are not watched, once
-            print(f"nvmlcheck: events: {safe(listener.reason)}", file=sys.stderr)
+        # Some GPUs only: say which of the selected ones are not watched, once (not the others: a fleet operator
+        # watching GPU 0 has no use for GPU 5's reason).
+        left_out = {i: why for i, why in listener.device_reasons.items() if wanted is None or i in wanted}
+        why_not = "; ".join(f"GPU {i}: {why}" for i, why in sorted(left_out.items())) or None
         covered = sorted(listener.covered if wanted is None else listener.covered & wanted)
         if not covered:  # the selected GPUs have no events (the others do): nothing would ever be printed
-            return _unavailable(args, f"events: no selected GPU is listened to ({listener.reason or 'none covered'})")
+            return _unavailable(args, f"events: no selected GPU is listened to ({why_not or 'none covered'})")
+        if why_not is not None:
+            print(f"nvmlcheck: events: not listened to: {safe(why_not)}", file=sys.stderr)
         if not args.json:
             # Status on stderr (stdout is the events alone): a quiet GPU prints nothing for hours, so say it listens.
             until = f"for {args.duration:g} s" if args.duration is not None else "until Ctrl-C"

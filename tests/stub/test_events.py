@@ -304,6 +304,10 @@ def test_cli_watch_of_gpus_without_events_exits_3_even_when_others_have_them(
     assert code == 3 and "no selected GPU is listened to" in err and "NOT_SUPPORTED" in err
     code, _, err = _cli(capsys, "--simulate", path, "watch", "--devices", "0", "--for", "0.1")
     assert code == 0 and "listening to GPU 0 for 0.1 s" in err
+    # GPU 1 is not watched: its reason is not the operator's concern here (it was printed as a warning).
+    assert "GPU 1" not in err and "NOT_SUPPORTED" not in err
+    code, _, err = _cli(capsys, "--simulate", path, "watch", "--for", "0.1")  # all GPUs: GPU 1's reason, once
+    assert code == 0 and err.count("not listened to: GPU 1: ") == 1 and "NOT_SUPPORTED" in err
 
 
 def test_cli_watch_without_events_exits_3(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -416,3 +420,27 @@ def test_a_wait_without_events_does_not_load_the_events_module() -> None:
     out = subprocess.run([sys.executable, "-c", _PLAIN_WAIT], capture_output=True, text=True, check=True,
                          timeout=120).stdout
     assert out.strip().splitlines()[-1] == "False"
+
+
+def test_a_failed_listener_replaced_by_each_wait_leaks_no_event_set(scenario_path: Path) -> None:
+    # NVML's wait fails for good (re-initialised under the listener, say): each wait with events=None replaces the
+    # failed listener, without stopping it, and the failed one never freed its set: one set per wait, each still
+    # registered for every GPU.
+    sc = Scenario.h200()
+    sc.fault("nvmlEventSetWait_v2", 999)
+    sc.write(scenario_path)
+    probe = StubProbe(build_stub())
+    created, freed = probe.call_count("nvmlEventSetCreate"), probe.call_count("nvmlEventSetFree")
+    with nc.open("nvml", library_path=str(build_stub())) as gpus:
+        for _ in range(3):
+            listener = gpus.listen()
+            listener.next_events(0, 60.0)  # returns once the thread has stopped listening
+            assert listener.thread is not None
+            listener.thread.join(60.0)
+            assert listener.state == "failed"
+            gpus.wait_until_clean(timeout=60.0)
+        now = gpus.listener
+        assert now is not None and now.thread is not None
+        now.thread.join(60.0)  # the last wait's listener has failed too: nothing in flight
+        made = probe.call_count("nvmlEventSetCreate") - created
+        assert made >= 3 and probe.call_count("nvmlEventSetFree") - freed == made

@@ -1,0 +1,233 @@
+"""The event listener's contract with waits and ``watch``: its ``state`` tells the truth about its thread, and a GPU
+that refuses some event types is still listened to for the ones that stop a wait.
+
+Fake event sources stand for the library; nothing here measures time.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import pytest
+
+from nvmlcheck import events as events_module
+from nvmlcheck._nvml import library
+from nvmlcheck.errors import NotSupported, Uninitialized
+from nvmlcheck.events import EventListener, EventTarget, GpuEvent
+
+
+class _Dying:
+    """Event calls whose wait raises something that is not an NVML error (a record it cannot decode, ...)."""
+
+    missing = None
+
+    def __init__(self) -> None:
+        self.freed = 0
+
+    def create(self) -> object:
+        return object()
+
+    def supported(self, handle: object, index: int) -> int:
+        return 0xFFFF
+
+    def register(self, handle: object, index: int, mask: int, event_set: object) -> None:
+        pass
+
+    def wait(self, event_set: object, timeout_ms: int) -> None:
+        raise RuntimeError("cannot decode the event record")
+
+    def free(self, event_set: object) -> int:
+        self.freed += 1
+        return 0
+
+
+def test_a_listener_whose_thread_dies_says_failed(monkeypatch: pytest.MonkeyPatch) -> None:
+    died: list[object] = []
+    monkeypatch.setattr(threading, "excepthook", died.append)
+    listener = EventListener(_Dying(), [EventTarget(0, object(), "GPU-0")], id).start()
+    thread = listener.thread
+    assert thread is not None
+    thread.join(10.0)
+    assert not thread.is_alive()
+    # It said "running" for ever: waits counted on it and `watch` waited for events that could never come.
+    assert listener.state == "failed" and not listener.active
+    assert listener.reason is not None and "RuntimeError" in listener.reason
+    assert died == []  # said by the state and the reason, not by a traceback on stderr
+    # A watcher blocked on it is released (None: no timeout; the state ends the wait).
+    assert listener.next_events(0, None) == ([], 0)
+    listener.stop()
+    assert listener.state == "failed"
+
+
+class _RefusesEcc:
+    """A GPU that reports every type supported but refuses any mask with an ECC type in it (ECC events are not
+    delivered with ECC off, say): NVML answers NOT_SUPPORTED for the whole mask, naming no type."""
+
+    missing = None
+
+    def __init__(self) -> None:
+        self.masks: list[int] = []
+
+    def create(self) -> object:
+        return object()
+
+    def supported(self, handle: object, index: int) -> int:
+        return 0x1F
+
+    def register(self, handle: object, index: int, mask: int, event_set: object) -> None:
+        self.masks.append(mask)
+        if mask & 0x3:
+            raise NotSupported(3, "nvmlDeviceRegisterEvents", index)
+
+    def wait(self, event_set: object, timeout_ms: int) -> None:
+        threading.Event().wait(timeout_ms / 1000)
+
+    def free(self, event_set: object) -> int:
+        return 0
+
+
+def test_a_gpu_refusing_ecc_events_is_still_listened_to_for_xids() -> None:
+    source = _RefusesEcc()
+    listener = EventListener(source, [EventTarget(0, object(), "GPU-0")], id).start()
+    try:
+        # It was given up after the full mask and the fault kinds (XID + ECC) were refused: no events at all, and
+        # an XID 79 during a wait went unheard.
+        assert listener.state == "running" and listener.covered == frozenset({0})
+        assert source.masks[-1] == 0x8 and listener.device_reasons == {}
+    finally:
+        listener.stop()
+
+
+class _WaitFails(_RefusesEcc):
+    """Registration works; the wait fails as after NVML was re-initialised under the listener."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.freed: list[object] = []
+
+    def register(self, handle: object, index: int, mask: int, event_set: object) -> None:
+        pass
+
+    def wait(self, event_set: object, timeout_ms: int) -> None:
+        raise Uninitialized(1, "nvmlEventSetWait_v2")
+
+    def free(self, event_set: object) -> int:
+        self.freed.append(event_set)
+        return 0
+
+
+def test_a_failed_listener_frees_its_event_set_without_being_stopped() -> None:
+    source = _WaitFails()
+    listener = EventListener(source, [EventTarget(0, object(), "GPU-0")], id).start()
+    thread = listener.thread
+    assert thread is not None
+    thread.join(10.0)
+    assert listener.state == "failed"
+    # Session.listen() replaces a failed listener without stopping it: the set was never freed (one leaked per
+    # failure, still registered in NVML).
+    assert len(source.freed) == 1
+    listener.stop()
+    assert len(source.freed) == 1  # and never twice
+
+
+class _Quiet(_RefusesEcc):
+    def register(self, handle: object, index: int, mask: int, event_set: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize("call", ["events", "fatal", "sleep", "next_events"])
+def test_a_forked_child_never_waits_on_the_parents_lock(monkeypatch: pytest.MonkeyPatch, call: str) -> None:
+    # At fork() the parent's listener thread may hold the listener's lock (it appends each event under it); in the
+    # child nobody ever releases it. Only state/reason/stop/start noticed the fork: a wait's fatal() (each poll), a
+    # watcher's next_events() or `events` then blocked for ever on that lock.
+    listener = EventListener(_Quiet(), [EventTarget(0, object(), "GPU-0")], id).start()
+    thread, stop_thread = listener.thread, listener._stop  # the "fork" makes the listener forget both
+    try:
+        held, release = threading.Event(), threading.Event()
+
+        def parents_thread() -> None:  # holds the lock "across the fork"
+            with listener._cond:
+                held.set()
+                release.wait(60.0)
+
+        holder = threading.Thread(target=parents_thread, daemon=True)
+        holder.start()
+        assert held.wait(30.0)
+        generation = library.fork_generation()
+        monkeypatch.setattr(library, "fork_generation", lambda: generation + 1)  # now "in the child"
+        calls: dict[str, Callable[[], object]] = {
+            "events": lambda: listener.events,
+            "fatal": listener.fatal,
+            "sleep": lambda: listener.sleep(0.0),
+            "next_events": lambda: listener.next_events(0, 0.0),
+        }
+        done = threading.Event()
+        def in_the_child() -> None:
+            calls[call]()
+            done.set()
+
+        child = threading.Thread(target=in_the_child, daemon=True)
+        child.start()
+        assert done.wait(30.0), f"{call}() blocked on the lock the parent's thread held at fork()"
+        assert listener.state == "stopped"
+    finally:
+        release.set()
+        stop_thread.set()
+        if thread is not None:
+            thread.join(30.0)
+
+
+class _ClocksOnly(_Quiet):
+    def supported(self, handle: object, index: int) -> int:
+        return 0x10 | 0x4  # clock and P-state events: nothing that can stop a wait
+
+
+def test_a_gpu_delivering_no_fault_events_is_not_counted_as_listened_to() -> None:
+    listener = EventListener(_ClocksOnly(), [EventTarget(0, object(), "GPU-0")], id).start()
+    try:
+        # It was "running, covering GPU 0" with no reason: waits and `watch` said they listened for its XIDs.
+        assert listener.state == "unsupported" and listener.covered == frozenset()
+        assert "no XID or ECC events" in listener.device_reasons[0] and "pstate, clock" in listener.device_reasons[0]
+    finally:
+        listener.stop()
+
+
+def _hear(listener: EventListener, count: int, etype: int = 0x10, data: int = 0) -> None:
+    for _ in range(count):
+        listener._received(0, etype, data, None, None)  # what the thread does with each event it is given
+
+
+def test_a_wait_checks_the_fatal_events_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Before every poll a wait asks fatal(): it scanned every event heard since listen(), clock events included, so
+    # a session listening for hours paid for each of them on each poll (and each wake-up of sleep()).
+    listener = EventListener(_Quiet(), [], id)
+    _hear(listener, 1000)
+    _hear(listener, 1, etype=0x8, data=79)
+    looked_at: list[GpuEvent] = []
+    fatal_of = vars(GpuEvent)["fatal"].fget
+
+    def counted(ev: GpuEvent) -> bool:
+        looked_at.append(ev)
+        return bool(fatal_of(ev))
+
+    monkeypatch.setattr(GpuEvent, "fatal", property(counted))
+    found = listener.fatal()
+    assert found is not None and found.xid == 79
+    assert len(looked_at) <= 1
+
+
+def test_a_long_listener_keeps_a_bounded_number_of_events(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(events_module, "MAX_KEPT_EVENTS", 10)
+    listener = EventListener(_Quiet(), [], id)
+    _hear(listener, 1, etype=0x8, data=48)  # fatal, first: forgotten from `events`, never from fatal()
+    _hear(listener, 24)
+    assert len(listener.events) <= 10  # it kept all 25: a `watch` of weeks grew without bound
+    fault = listener.fatal()
+    assert fault is not None and fault.xid == 48
+    # A reader's position counts every event received; one left behind gets what is kept, and catches up.
+    new, after = listener.next_events(0, 0.0)
+    assert after == 25 and new == list(listener.events)
+    _hear(listener, 1)
+    new, after = listener.next_events(after, 0.0)
+    assert after == 26 and len(new) == 1
