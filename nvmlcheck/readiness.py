@@ -111,6 +111,7 @@ def _ready(
     watch = Watch(max_used_bytes=max_used_bytes)
     deadline_ns = None if bound_ns is None else start + bound_ns
     scan = _UnlistedScan(session, max_used_bytes, deadline_ns, clock)
+    read_from_ns = time.monotonic_ns()  # the events' clock: what came before is in the first reading's health
     first, late = _first_reading(session, indices, bound, start, clock)
     if not first.devices and not first.failures:
         raise BackendUnavailable(f"the {backend.name} backend sees no GPU: refusing to call zero GPUs ready",
@@ -162,7 +163,7 @@ def _ready(
             return ReadyReport(confirmed[1], confirmed[0], clock() - start, watch.observed, bound, notes)
 
     remaining = None if bound is None else max(0.0, bound - (clock() - start) / 1e9)
-    recheck = _HealthOnEvents(session, indices, deadline_ns, clock)
+    recheck = _HealthOnEvents(session, indices, deadline_ns, clock, since_ns=read_from_ns)
     waited = _wait(session, indices if mig else devices, predicate, opts.with_(timeout=remaining), watch,
                    faults=faults, errors=errors, after_poll=(recheck, scan.when_overdue(watch, judge, mig)))
     final = waited[0] or first
@@ -375,8 +376,11 @@ class _HealthOnEvents:
     (``GpuFault``); clock, P-state and power events say nothing of health."""
 
     def __init__(self, session: Session, indices: tuple[int, ...] | None, deadline_ns: int | None,
-                 clock: Callable[[], int]) -> None:  # fmt: skip
+                 clock: Callable[[], int], *, since_ns: int = 0) -> None:  # fmt: skip
         self.session = session
+        # An event heard before the first reading (a listener the caller started earlier) is in that reading's
+        # health already: it prompts no second one.
+        self.since_ns = since_ns
         self.indices = indices
         self.deadline_ns = deadline_ns
         self.clock = clock
@@ -389,7 +393,8 @@ class _HealthOnEvents:
             return
         new, self.seen = listener.next_events(self.seen, 0.0)
         wanted = None if self.indices is None else frozenset(self.indices)
-        if not any(e.kind.value in _HEALTH_EVENTS and (wanted is None or e.index in wanted) for e in new):
+        if not any(e.kind.value in _HEALTH_EVENTS and (wanted is None or e.index in wanted)
+                   and e.time_ns >= self.since_ns for e in new):
             return
         from ._deadline import read_by
         from .verdict import error_culprit, health_causes

@@ -431,3 +431,29 @@ def test_gpus_not_listened_to_are_said_on_stderr_as_in_the_document(
     assert "nvmlcheck: events: " in err and "GPU 1" in err and "NO_PERMISSION" in err
     code, doc = ready_json(capsys, path, "--timeout", "0.3")
     assert code == 1 and any(n.startswith("events: ") and "NO_PERMISSION" in n for n in doc["notes"])
+
+
+def _health_reads_of_ready_after(tmp_path: Path, event_before: bool) -> int:
+    """How many times ``ready`` reads the remapped rows (its health) on a GPU held for 0.3 s, in a session whose
+    listener the caller started first, with (or without) an XID heard before ``ready`` began."""
+    from nvmlcheck.testing import StubProbe, use_stub
+
+    sc = Scenario.h200()
+    sc.add_process(0, 4_000_001, used_bytes=4 * GIB)
+    if event_before:
+        sc.at_call(1).raise_event(0, "xid", xid=13)
+    sc.at_ms(300).remove_process(0, 4_000_001)
+    with use_stub(sc, tmp_dir=tmp_path) as stub, nc.open("nvml") as gpus:
+        listener = gpus.listen()
+        if event_before:
+            got, _ = listener.next_events(0, 30.0)
+            assert [e.xid for e in got] == [13]
+        probe = StubProbe(stub.library_path)
+        before = probe.call_count("nvmlDeviceGetRemappedRows")
+        assert gpus.ready(timeout=30).ready
+        return probe.call_count("nvmlDeviceGetRemappedRows") - before
+
+
+def test_an_xid_heard_before_ready_began_prompts_no_health_reading(tmp_path: Path) -> None:
+    # Its health is in ready's first reading already: it cost one more reading once the wait began.
+    assert _health_reads_of_ready_after(tmp_path / "a", True) == _health_reads_of_ready_after(tmp_path / "b", False)
