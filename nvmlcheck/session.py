@@ -703,22 +703,61 @@ class Session:
         stand-in files that count too, for tests). Device-file holders are always included: a device file cannot say
         which GPU. Raises the error of a selected GPU that cannot be read, and an
         :class:`~nvmlcheck.NvmlCheckError` for one whose process list could not be read (its holders would be
-        missing: never an idle GPU). Only the selected GPUs are read. See :mod:`nvmlcheck.holders`."""
+        missing: never an idle GPU). Only the selected GPUs are read. A ``MIG-...`` UUID selects that instance
+        alone: the processes that run in it, each :class:`~nvmlcheck.holders.GpuUse` named by the instance's UUID;
+        one the parent lists that may run in it (no instance id) makes its holders unknown, an error. See
+        :mod:`nvmlcheck.holders`."""
         from .holders import find_holders
 
         self._check_open()
         indices = self.resolve(devices)
         snap = self._backend.snapshot(indices, Fields.PROCESSES)
         snap.raise_for_failures()
+        snap = self._instances_selected(snap, devices)
         for d in snap.devices:
             for kind in ("compute", "graphics", "mps"):
                 if getattr(d, f"{kind}_processes") is None:
                     from .errors import NvmlCheckError
 
                     why = d.why_unknown(f"processes.{kind}") or "no reason recorded"
-                    raise NvmlCheckError(f"GPU {d.index}: cannot tell what holds it: its {kind} process list could "
+                    where = f"GPU {d.index}" if not d.uuid.startswith("MIG-") else (
+                        f"GPU {d.index} {(d.mig_devices or ())[0].label}")
+                    raise NvmlCheckError(f"{where}: cannot tell what holds it: its {kind} process list could "
                                          f"not be read ({why})")
         return find_holders(snap, devices=indices, device_files=device_files)
+
+    def _instances_selected(self, snap: Snapshot, devices: Iterable[DeviceSelector] | DeviceSelector | None
+                            ) -> Snapshot:
+        """``snap`` with each GPU that ``devices`` names only through ``MIG-`` UUIDs (or prefixes) replaced by the
+        selected instances (:func:`~nvmlcheck.predicates.instance_view`: their own processes, named by their
+        UUIDs), as a wait judges them: the holders of an instance are never those of its GPU's other instances.
+        An instance no longer in ``snap`` (destroyed since the selection was resolved) is
+        :class:`~nvmlcheck.NoSuchDevice`."""
+        items = [] if devices is None else _selectors(devices)
+        migs = [i for i in items if isinstance(i, str) and i.startswith("MIG-")]
+        if not migs:
+            return snap
+        from ._record import replace
+        from .predicates import instance_view
+
+        others = [i for i in items if i not in migs]
+        whole = set(self.resolve(others) or ()) if others else set()
+        units: list[DeviceState] = []
+        found: set[str] = set()
+        for d in snap.devices:
+            if d.index in whole:
+                units.append(d)
+                continue
+            for m in d.mig_devices or ():
+                named = [s for s in migs if m.uuid is not None and m.uuid.startswith(s)]
+                if named:
+                    units.append(instance_view(d, m))
+                    found.update(named)
+        gone = [s for s in migs if s not in found]
+        if gone:
+            raise NoSuchDevice(f"no MIG device has a UUID starting with {gone[0]!r} any more (destroyed, or its GPU "
+                               "left MIG mode, since the selection was read)")
+        return replace(snap, devices=tuple(units))
 
     def ready(
         self,
