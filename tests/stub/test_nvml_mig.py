@@ -104,7 +104,8 @@ def test_a_busy_gpu_named_beside_a_mig_instance_is_still_judged(
     sc.set_device(1, uuid="GPU-busy-1-0000-0000-0000-000000000000")
     sc.add_process(1, 4_100_078, used_bytes=40 * GIB)
     sc.write(scenario_path)
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    # By UUID: with a GPU in MIG mode CUDA's numbering of all GPUs is unknown, so a number would be refused.
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-busy-1")
     with nc.open("nvml", library_path=str(build_stub())) as s:
         with pytest.raises(nc.WaitTimeout) as info:
             s.wait_until_clean(timeout=0, devices=[other, mig_uuid])  # type: ignore[list-item]
