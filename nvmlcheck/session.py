@@ -670,7 +670,9 @@ class Session:
         :func:`nvmlcheck.selection.select_clean`): ``timeout`` 0 checks once, ``None`` waits forever; ``lock=True``
         also takes their advisory locks and passes over GPUs locked by others; ``owner``: the process they are chosen
         for (a PID or a pinned :class:`~nvmlcheck.locks.Owner`), whose exit ends the wait; ``health=False``: pass
-        over busy GPUs only, not those with a health cause (a pending row remap, ...). Raises
+        over busy GPUs only, not those with a health cause (a pending row remap, ...). A GPU in MIG mode is never
+        chosen, and a ``MIG-`` selector is an :class:`~nvmlcheck.ArgumentError`: CUDA never sees such a GPU whole.
+        Raises
         :class:`~nvmlcheck.selection.SelectTimeout` naming why GPUs were passed over."""
         from pathlib import Path
 
