@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from .events import EventListener
     from .holders import Holder
     from .locks import Owner
+    from .model import MigDevice
     from .predicates import Predicate
     from .selection import Selection
     from .verdict import ReadyReport
@@ -80,6 +81,22 @@ def _by_uuid(item: str, uuids: Mapping[int, str], unreadable: Mapping[int, str])
         what = "no GPU has" if not matches else f"{len(matches)} GPUs have"
         raise (ArgumentError if matches else NoSuchDevice)(f"{what} a UUID starting with {item!r}")
     return (matches[0],)
+
+
+def _names_instance(item: str, d: DeviceState, m: MigDevice) -> bool:
+    """Whether MIG selector ``item`` names MIG device ``m`` of GPU ``d``: its ``MIG-`` UUID or a prefix of it, or the
+    name of drivers before R470 (older CUDA docs give it for CUDA_VISIBLE_DEVICES),
+    ``MIG-<GPU UUID>/<GI id>/<CI id>``."""
+    if "/" in item:
+        import re  # only for this form: the module is imported by every command
+
+        legacy = re.fullmatch(r"MIG-(GPU-[0-9A-Fa-f-]+)/([0-9]+)/([0-9]+)", item)
+        if legacy is None:
+            return False
+        gpu, gi, ci = legacy.groups()
+        return (d.uuid.lower() == gpu.lower() and m.gpu_instance_id == int(gi)
+                and m.compute_instance_id == int(ci))
+    return m.uuid is not None and m.uuid.startswith(item)
 
 
 def _close_bound(timeout: float | None) -> float | None:
@@ -327,8 +344,9 @@ class Session:
         selectors ``"cuda:N"`` / ``"cuda:all"`` (read through ``CUDA_VISIBLE_DEVICES`` and ``CUDA_DEVICE_ORDER``
         in ``os.environ`` at the call, :meth:`Session.cuda_mapping`).
 
-        ``None`` means every device. A MIG device UUID (``MIG-...``, or a unique prefix) resolves to its parent
-        GPU's index (the instance itself is judged by :meth:`wait_until_clean`). While a GPU's UUID cannot be read
+        ``None`` means every device. A MIG device UUID (``MIG-...``, a unique prefix, or the name of drivers
+        before R470, ``MIG-<GPU UUID>/<GI id>/<CI id>``) resolves to its parent GPU's index (the instance itself is
+        judged by :meth:`wait_until_clean`). While a GPU's UUID cannot be read
         (lost, a failed query), a UUID no readable GPU has resolves to that GPU (its reading says why it cannot be
         judged), and a prefix is refused (it may name that GPU too). Raises
         :class:`~nvmlcheck.NoSuchDevice` (a ``KeyError`` and a ``ValueError``) for an index or UUID that names no
@@ -399,7 +417,7 @@ class Session:
             (d.index, m.uuid)
             for d in snap.devices
             for m in d.mig_devices or ()
-            if m.uuid is not None and (m.uuid == item or m.uuid.startswith(item))
+            if m.uuid is not None and _names_instance(item, d, m)
         ]
         if len(matches) != 1:
             what = "no MIG device has" if not matches else f"{len(matches)} MIG devices have"
@@ -424,11 +442,11 @@ class Session:
         if read is None:
             raise DeadlinePassed("the deadline passed while the GPUs' MIG devices were read")
         snap = read
-        known = [m.uuid for d in snap.devices for m in d.mig_devices or () if m.uuid is not None]
+        known = [(d, m) for d in snap.devices for m in d.mig_devices or () if m.uuid is not None]
         out: list[DeviceSelector] = []
         for i in items:
             if isinstance(i, str) and i.startswith("MIG-"):
-                out.extend(u for u in known if u == i or u.startswith(i))
+                out.extend(m.uuid for d, m in known if m.uuid is not None and _names_instance(i, d, m))
             else:
                 # Every other selector (index, UUID or prefix, cuda:N) as resolve() reads it: a selector this
                 # list dropped would be read by the wait but judged by nothing.
@@ -751,7 +769,7 @@ class Session:
                 units.append(d)
                 continue
             for m in d.mig_devices or ():
-                named = [s for s in migs if m.uuid is not None and m.uuid.startswith(s)]
+                named = [s for s in migs if isinstance(s, str) and _names_instance(s, d, m)]
                 if named:
                     units.append(instance_view(d, m))
                     found.update(named)

@@ -1,0 +1,48 @@
+"""``MIG-`` selectors through the session: the full UUID, a prefix, and the name of drivers before R470
+(``MIG-<GPU UUID>/<GI>/<CI>``) name the same instance in resolve, wait and holders."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+import nvmlcheck as nc
+from nvmlcheck.testing import Scenario
+
+pytestmark = pytest.mark.stub
+
+MIB = 1 << 20
+GIB = 1 << 30
+GPU0 = "GPU-00000000-0000-0000-0000-000000000000"
+MIG1 = "MIG-00000000-0000-0000-0000-000000000001"
+
+
+def busy_instance() -> Scenario:
+    sc = Scenario.h200(2)
+    sc.set_device(0, mig=True, used_bytes=55 * MIB)
+    sc.add_mig_device(0, 0, gi=1, total_bytes=16 * GIB)
+    sc.add_mig_device(0, 1, gi=2, total_bytes=32 * GIB)
+    sc.add_process(0, 4242, used_bytes=GIB, gi=2, ci=0)
+    return sc
+
+
+@pytest.mark.parametrize("busy", [MIG1, f"MIG-{GPU0}/2/0", f"MIG-GPU-{GPU0[4:].upper()}/2/0"])
+def test_the_legacy_name_selects_the_instance_as_its_uuid_does(
+    gpus: Callable[[Scenario], nc.Session], busy: str, tmp_path: Path
+) -> None:
+    with gpus(busy_instance()) as session:
+        assert session.resolve([busy]) == (0,)
+        with pytest.raises(nc.WaitTimeout) as err:
+            session.wait_until_clean(0, devices=[busy])
+        assert err.value.culprits and all(MIG1 in c for c in err.value.culprits)
+        # The other instance of the same GPU, named the old way, is clean.
+        assert session.wait_until_clean(0, devices=[f"MIG-{GPU0}/1/0"]).clean
+        assert [h.pid for h in session.holders([busy], device_files=str(tmp_path / "no-such-dev*")) if h.gpus] == [4242]
+
+
+@pytest.mark.parametrize("name", [f"MIG-{GPU0}/3/0", f"MIG-{GPU0}/2/1", "MIG-GPU-00000000/2/0", f"MIG-{GPU0}/2"])
+def test_a_legacy_name_of_no_instance_names_nothing(gpus: Callable[[Scenario], nc.Session], name: str) -> None:
+    with gpus(busy_instance()) as session, pytest.raises(nc.NoSuchDevice):
+        session.resolve([name])
