@@ -446,7 +446,10 @@ class Session:
         out: list[DeviceSelector] = []
         for i in items:
             if isinstance(i, str) and i.startswith("MIG-"):
-                out.extend(m.uuid for d, m in known if m.uuid is not None and _names_instance(i, d, m))
+                named = [m.uuid for d, m in known if m.uuid is not None and _names_instance(i, d, m)]
+                # One gone since the selection was resolved stays, as given: judged missing (unknown), never
+                # dropped from a selection whose other GPUs would then be judged alone.
+                out.extend(named or [i])
             else:
                 # Every other selector (index, UUID or prefix, cuda:N) as resolve() reads it: a selector this
                 # list dropped would be read by the wait but judged by nothing.

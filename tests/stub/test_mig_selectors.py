@@ -46,3 +46,18 @@ def test_the_legacy_name_selects_the_instance_as_its_uuid_does(
 def test_a_legacy_name_of_no_instance_names_nothing(gpus: Callable[[Scenario], nc.Session], name: str) -> None:
     with gpus(busy_instance()) as session, pytest.raises(nc.NoSuchDevice):
         session.resolve([name])
+
+
+def test_an_instance_destroyed_between_resolving_and_judging_is_never_dropped(
+    gpus: Callable[[Scenario], nc.Session], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The instance was there when the selection was resolved (stood in for: _mig_parent answers), gone when the
+    # wait read the instances: judged unknown (missing), never left out while GPU 1 beside it is judged clean.
+    gone = "MIG-00000000-0000-0000-0000-00000000000f"
+    with gpus(busy_instance()) as session:
+        monkeypatch.setattr(session, "_mig_parent", lambda item, *args: 0)
+        with pytest.raises(nc.WaitTimeout) as err:
+            session.wait_until_clean(0, devices=[1, gone])
+        assert any(gone in c for c in err.value.culprits), err.value.culprits
+        with pytest.raises(nc.WaitTimeout):
+            session.wait_until_clean(0, devices=[gone])
