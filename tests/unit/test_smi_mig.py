@@ -189,3 +189,18 @@ def test_a_mig_line_after_an_unreadable_gpu_is_never_given_to_the_gpu_before_it(
             "  MIG 1g.18gb     Device  0: (UUID: MIG-bbbbbbbb-0000-5000-8000-000000000000)\n")
     with pytest.raises(nc.SmiParseError):
         smi_csv.parse_list_gpus(text)
+
+
+@pytest.mark.parametrize("mig", [True, False])
+def test_the_identity_alone_carries_the_mig_mode_as_with_nvml(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mig: bool
+) -> None:
+    # The CUDA mapping reads identities only (Fields(0)): a mode left None there refused every cuda:N with this
+    # backend, MIG or not.
+    lines = MIG_GPU if mig else (MIG_GPU[0].replace(" mig=1", ""),)
+    scenario(tmp_path, monkeypatch, *lines, "device index=1 name=NVIDIA_H100")
+    with SmiBackend(command=FAKE) as b:
+        ident = b.snapshot(fields=Fields(0))
+    assert [d.mig_mode for d in ident.devices] == [mig, False]
+    mapping = nc.cuda_mapping(ident.devices, {"CUDA_VISIBLE_DEVICES": "1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
+    assert (mapping.devices is None) is mig
