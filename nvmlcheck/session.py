@@ -391,7 +391,7 @@ class Session:
             if not item.strip():
                 raise ArgumentError(f"an empty device selector ({item!r}): give an index, a UUID or cuda:N")
             if item.startswith("MIG-"):
-                out.add(self._mig_parent(item, deadline_ns, clock))
+                out.update(self._mig_parent(item, deadline_ns, clock))
                 continue
             if uuids is None:
                 uuids, unreadable = self._uuids(deadline_ns, clock)
@@ -409,9 +409,12 @@ class Session:
         return uuids, unreadable
 
     def _mig_parent(self, item: str, deadline_ns: int | None = None, clock: Callable[[], int] = time.monotonic_ns
-                    ) -> int:
+                    ) -> tuple[int, ...]:
         """The index of the GPU holding MIG device ``item`` (a UUID or unique prefix). MIG devices are read live
-        (instances come and go), with the process lists: this costs one snapshot of every GPU's lists."""
+        (instances come and go), with the process lists: this costs one snapshot of every GPU's lists. While a
+        GPU's MIG devices cannot be read (the GPU failed, or their enumeration did), a name no readable instance has
+        resolves to those GPUs (their reading says why they cannot be judged), and a prefix is refused (it may name
+        one of theirs too), as for GPU UUIDs."""
         snap = self._read(Fields.PROCESSES, deadline_ns, clock)
         matches = [
             (d.index, m.uuid)
@@ -419,11 +422,21 @@ class Session:
             for m in d.mig_devices or ()
             if m.uuid is not None and _names_instance(item, d, m)
         ]
+        unread = {f.index: str(f.error) for f in snap.failures}
+        unread.update({d.index: d.why_unknown("mig_devices") or "its MIG devices could not be read"
+                       for d in snap.devices if d.mig_mode and d.mig_devices is None})
+        exact = [i for i, u in matches if u == item or "/" in item]
+        if unread and not exact:
+            if matches:
+                gpus = ", ".join(f"GPU {i} ({why})" for i, why in sorted(unread.items()))
+                raise ArgumentError(f"{item!r} cannot be shown to name one MIG device: the MIG devices of {gpus} "
+                                    "cannot be read; give the whole MIG- UUID")
+            return tuple(sorted(unread))
         if len(matches) != 1:
             what = "no MIG device has" if not matches else f"{len(matches)} MIG devices have"
             error = ArgumentError if matches else NoSuchDevice
             raise error(f"{what} a UUID starting with {item!r} (is the GPU in MIG mode?)")
-        return matches[0][0]
+        return (matches[0][0],)
 
     def _mig_selection(self, devices: Iterable[DeviceSelector] | DeviceSelector | None, deadline_ns: int | None = None,
                        clock: Callable[[], int] = time.monotonic_ns) -> list[DeviceSelector]:
@@ -755,7 +768,8 @@ class Session:
         selected instances (:func:`~nvmlcheck.predicates.instance_view`: their own processes, named by their
         UUIDs), as a wait judges them: the holders of an instance are never those of its GPU's other instances.
         An instance no longer in ``snap`` (destroyed since the selection was resolved) is
-        :class:`~nvmlcheck.NoSuchDevice`."""
+        :class:`~nvmlcheck.NoSuchDevice`; one that may be on a GPU whose MIG devices could not be read, an
+        :class:`~nvmlcheck.NvmlCheckError` that says so."""
         items = [] if devices is None else _selectors(devices)
         migs = [i for i in items if isinstance(i, str) and i.startswith("MIG-")]
         if not migs:
@@ -777,6 +791,13 @@ class Session:
                     units.append(instance_view(d, m))
                     found.update(named)
         gone = [s for s in migs if s not in found]
+        unread = [d for d in snap.devices if d.mig_mode and d.mig_devices is None]
+        if gone and unread:
+            from .errors import NvmlCheckError
+
+            d = unread[0]
+            raise NvmlCheckError(f"{gone[0]}: cannot tell what holds it: the MIG devices of GPU {d.index} could not "
+                                 f"be read ({d.why_unknown('mig_devices') or 'no reason recorded'})")
         if gone:
             raise NoSuchDevice(f"no MIG device has a UUID starting with {gone[0]!r} any more (destroyed, or its GPU "
                                "left MIG mode, since the selection was read)")
