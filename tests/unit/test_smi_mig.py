@@ -204,3 +204,13 @@ def test_the_identity_alone_carries_the_mig_mode_as_with_nvml(
     assert [d.mig_mode for d in ident.devices] == [mig, False]
     mapping = nc.cuda_mapping(ident.devices, {"CUDA_VISIBLE_DEVICES": "1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
     assert (mapping.devices is None) is mig
+
+
+def test_a_gpu_line_without_a_readable_uuid_keeps_its_mig_devices_and_the_others() -> None:
+    text = ("GPU 0: NVIDIA H200 (UUID: [GPU requires reset])\n"
+            "  MIG 1g.18gb     Device  0: (UUID: MIG-aaaaaaaa-0000-5000-8000-000000000000)\n"
+            "GPU 1: NVIDIA H200 (UUID: GPU-bbbbbbbb-0000-0000-0000-000000000000)\n"
+            "  MIG 1g.18gb     Device  3: (UUID: MIG-bbbbbbbb-0000-5000-8000-000000000003)\n")
+    uuids = smi_csv.parse_list_gpus(text)
+    assert dict(uuids[0]) == {0: "MIG-aaaaaaaa-0000-5000-8000-000000000000"}
+    assert dict(uuids[1]) == {3: "MIG-bbbbbbbb-0000-5000-8000-000000000003"}

@@ -44,7 +44,9 @@ def cuda_version_number(text: str) -> int | None:
     return None if m is None else int(m.group(1)) * 1000 + int(m.group(2)) * 10
 
 
-_L_GPU = re.compile(r"GPU (\d+): .*\(UUID: (GPU-[^)]+)\)")
+# Any UUID text: the index is what the MIG lines below it are matched by (the CSV queries print
+# ``[GPU requires reset]`` where such a GPU's UUID goes; -L may too).
+_L_GPU = re.compile(r"GPU (\d+): .*\(UUID: ([^)]*)\)")
 _L_MIG = re.compile(r"MIG\s+(\S+)\s+Device\s+(\d+):\s*\(UUID:\s*(MIG-[^)\s]+)\)")
 
 
