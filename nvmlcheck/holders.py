@@ -448,8 +448,8 @@ def _never_signalled() -> Callable[[int], str | None]:
 
 def _left_alone(h: Holder, *, all_holders: bool, include_daemons: bool,
                 never: Callable[[int], str | None], elsewhere: str | None = None) -> str | None:
-    """Why ``h`` is not chosen (``None``: it is). ``elsewhere``: the unselected GPUs (or MIG instances) whose lists
-    alone name it."""
+    """Why ``h`` is not chosen (``None``: it is). ``elsewhere``: where it is listed when only unselected GPUs (or MIG
+    instances) list it."""
     if h.relation == "self":
         return "this process"
     if h.relation == "ancestor":
@@ -461,7 +461,7 @@ def _left_alone(h: Holder, *, all_holders: bool, include_daemons: bool,
         what = "monitoring agent" if h.daemon_kind == "agent" else "daemon"
         return f"{what} ({printable(h.name)}); name its PID to kill it"
     if not all_holders and "nvml" not in h.found_by and elsewhere:
-        return f"on {elsewhere}'s process list, not selected (--devices)"
+        return f"{elsewhere}, not selected (--devices)"
     if not all_holders and "nvml" not in h.found_by:
         return "not on a GPU process list (found by its device files only; --all-holders kills it)"
     if "nvml" not in h.found_by and h.gpu_device_files == () and h.device_files:
@@ -518,11 +518,11 @@ def _numbering_refusal(suspects: Sequence[str]) -> str:
 
 
 def _only_elsewhere(holders: Iterable[Holder], indices: Collection[int] | None) -> dict[int, str]:
-    """PID → the GPUs whose lists name it (``GPU 1 and GPU 2``), for holders listed only on GPUs outside
+    """PID → where it is listed (``on GPU 1 and GPU 2's process list``), for holders listed only on GPUs outside
     ``indices``."""
     if indices is None:
         return {}
-    return {h.pid: " and ".join(f"GPU {g.index}" for g in h.gpus)
+    return {h.pid: f"on {' and '.join(f'GPU {g.index}' for g in h.gpus)}'s process list"
             for h in holders if h.gpus and not any(g.index in indices for g in h.gpus)}
 
 
@@ -544,7 +544,7 @@ def _in_instances(every: Sequence[Holder], selected: Sequence[Holder], elsewhere
             continue
         if h.gpus:
             gpus = " and ".join(f"GPU {g.index}" for g in h.gpus)
-            where[h.pid] = f"{gpus} (outside the selected MIG instances)"
+            where[h.pid] = f"in a MIG instance of {gpus}"
         if "device-file" in h.found_by:
             out.append(replace(h, gpus=(), found_by=frozenset({"device-file"})))
     return out, where

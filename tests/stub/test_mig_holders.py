@@ -86,7 +86,7 @@ def test_all_on_gpu_of_an_instance_never_chooses_another_instances_process(
         sel = nc.select_kill_holders(session, [MIG0], all_holders=False)
     assert [t.pid for t in sel.targets] == [a.pid]
     skipped = {h.pid: why for h, why in sel.skipped}
-    assert b.pid in skipped and "outside the selected MIG instances" in skipped[b.pid]
+    assert b.pid in skipped and skipped[b.pid] == "in a MIG instance of GPU 0, not selected (--devices)"
 
 
 def test_all_on_gpu_of_an_instance_refuses_a_process_it_cannot_place(
@@ -99,3 +99,19 @@ def test_all_on_gpu_of_an_instance_refuses_a_process_it_cannot_place(
             devfiles.simulated_stand_ins(dev[1].split(":"), "the test"), pytest.raises(nc.NvmlCheckError) as err:
         nc.select_kill_holders(session, [MIG0], all_holders=False)
     assert "cannot tell what holds it" in str(err.value)
+
+
+def test_cli_kill_all_on_gpu_of_an_instance_plans_only_its_process(
+    tmp_path: Path, hold: Callable[[], subprocess.Popen[bytes]]
+) -> None:
+    # The command passed the selection on as NVML indices: MIG- became its whole GPU, and both were signalled.
+    a, b = hold(), hold()
+    two_instances(a.pid, b.pid).write(tmp_path / "s.txt")  # dev/ beside it holds the stand-in device files
+    done = subprocess.run([sys.executable, "-m", "nvmlcheck", "--simulate", str(tmp_path / "s.txt"), "kill",
+                           "--all-on-gpu", "--devices", MIG0, "--dry-run"], capture_output=True, text=True, check=False,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    planned = done.stderr.split("plan:")[1]
+    assert f"pid {a.pid} " in planned and f"pid {b.pid} " not in planned
+    assert f"left alone: pid {b.pid} (python): in a MIG instance of GPU 0" in done.stderr
+    assert a.poll() is None and b.poll() is None
