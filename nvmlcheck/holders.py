@@ -369,7 +369,8 @@ def select_kill_holders(
 ) -> KillSelection:
     """The holders ``kill --all-on-gpu`` (``all_holders=False``: NVML PIDs) or ``--all-holders`` (also processes
     found only by a device file) may signal, and the rest with the reason. ``source``: an open session (its
-    :meth:`~nvmlcheck.Session.holders` on ``devices`` is read) or holders already found.
+    :meth:`~nvmlcheck.Session.holders` on ``devices`` is read) or holders already found. A ``MIG-`` UUID in
+    ``devices`` selects that instance: the processes that run in it, never those of its GPU's other instances.
 
     Never chosen: this process and its ancestors; daemons and monitoring agents (:data:`DAEMONS`, :data:`AGENTS`,
     recognised by the program they run: :func:`daemon_kind`) unless ``include_daemons``; a process found by device
