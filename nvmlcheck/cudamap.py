@@ -3,9 +3,9 @@
 Turns the two environment variables plus the identities NVML reports (index, UUID, name, PCI bus id) into a table
 ``cuda index -> NVML index / UUID``. It is pure (no NVML call; no environment read unless you pass ``os.environ``),
 so the rules are unit-tested on their own. Where CUDA's answer cannot be known (mixed models under
-``FASTEST_FIRST``, ``MIG-`` entries, an ambiguous UUID prefix, a GPU listed twice, an unreadable GPU) the mapping is
-refused with the reason, never guessed. Entry points: :func:`cuda_mapping`, :class:`CudaMapping` (``resolve``),
-:func:`parse_cuda_selector`, :func:`is_cuda_selector`, :class:`GpuIdentity`, :class:`CudaMappingError`.
+``FASTEST_FIRST``, a GPU in MIG mode, ``MIG-`` entries, an ambiguous UUID prefix, a GPU listed twice, an unreadable
+GPU) the mapping is refused with the reason, never guessed. Entry points: :func:`cuda_mapping`, :class:`CudaMapping`
+(``resolve``), :func:`parse_cuda_selector`, :func:`is_cuda_selector`, :class:`GpuIdentity`, :class:`CudaMappingError`.
 The rules, their sources and what was measured: docs/cuda.md, "The mapping rules".
 
 >>> from nvmlcheck.cudamap import GpuIdentity, cuda_mapping
@@ -63,12 +63,15 @@ class Identity(Protocol):
 @dataclass(frozen=True, slots=True)
 class GpuIdentity:
     """A GPU as NVML names it: ``index`` (NVML/nvidia-smi numbering), ``uuid``, ``name`` and ``pci_bus_id``
-    (``None`` when unknown). Build these to use the mapping without a session (tests, other tools)."""
+    (``None`` when unknown), and ``mig_mode`` (``True``: in MIG mode, ``None``: unknown; a GPU in MIG mode, or one
+    whose mode is unknown, makes CUDA's numbering unknown where it counts). Build these to use the mapping without a
+    session (tests, other tools)."""
 
     index: int
     uuid: str
     name: str | None
     pci_bus_id: str | None
+    mig_mode: bool | None = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,7 +226,9 @@ class CudaMapping:
         if self.devices is None or len(self.devices) < len(self.gpus):
             lines.append("  GPUs NVML sees:" + ("" if self.gpus else " none"))
             lines.extend(f"    GPU {g.index} {g.uuid} ({g.pci_bus_id or 'PCI bus id unknown'}, "
-                         f"{printable(g.name) if g.name else 'name unknown'})" for g in self.gpus)
+                         f"{printable(g.name) if g.name else 'name unknown'}"
+                         f"{'' if g.mig_mode is False else ', MIG mode' if g.mig_mode else ', MIG mode unknown'})"
+                         for g in self.gpus)
         lines.extend(f"  note: {n}" for n in self.notes)
         return "\n".join(lines)
 
@@ -235,6 +240,9 @@ def _base_order(
     if unreadable:
         return None, (f"GPU(s) {', '.join(map(str, unreadable))} could not be read, so their place in CUDA's "
                       "numbering is unknown"), None
+    mig = [g for g in gpus if g.mig_mode is not False]
+    if mig:
+        return None, _mig_reason(mig[0]), None
     if order_env not in (None, "", "FASTEST_FIRST", "PCI_BUS_ID"):
         return None, f"{ENV_DEVICE_ORDER}={order_env!r} is not FASTEST_FIRST or PCI_BUS_ID", None
     keys: list[tuple[tuple[int, int, int, int], int]] = []
@@ -257,6 +265,15 @@ def _base_order(
     return None, (f"{ENV_DEVICE_ORDER} is FASTEST_FIRST (the default) and the GPUs are not all one model "
                   f"({models}): CUDA's fastest-first heuristic cannot be reproduced from NVML data; set "
                   f"{ENV_DEVICE_ORDER}=PCI_BUS_ID or name GPUs by UUID"), None
+
+
+def _mig_reason(g: GpuIdentity) -> str:
+    """Why CUDA's view of GPU ``g`` (in MIG mode, or its mode unknown) cannot be told."""
+    mode = "is in MIG mode" if g.mig_mode else "has a MIG mode that could not be read"
+    # CUDA enumerates a MIG-mode GPU's MIG devices (one per process), not the GPU: where that device falls in its
+    # numbering, and which instance it is, is not documented (NVIDIA's MIG user guide, "CUDA Device Enumeration").
+    return (f"GPU {g.index} {mode}: CUDA sees one of its MIG devices, not the GPU, and where in CUDA's numbering is "
+            "not documented; name whole GPUs by GPU- UUID, or a MIG instance by its MIG- UUID in --devices")
 
 
 def _checked_env(env: Mapping[str, str]) -> Mapping[str, str]:
@@ -284,7 +301,8 @@ def cuda_mapping(
     read (the numbering is then unknown). Never raises for what the environment says: an unknown mapping has
     ``devices=None`` and the reason; :meth:`CudaMapping.resolve` raises when asked about it."""
     env = _checked_env({} if env is None else env)
-    ids = tuple(sorted((GpuIdentity(g.index, g.uuid, g.name, g.pci_bus_id) for g in gpus), key=lambda g: g.index))
+    ids = tuple(sorted((GpuIdentity(g.index, g.uuid, g.name, g.pci_bus_id, getattr(g, "mig_mode", False))
+                        for g in gpus), key=lambda g: g.index))
     by_index = {g.index: g for g in ids}
     if len(by_index) != len(ids):
         raise ArgumentError("two GPUs with the same NVML index")
@@ -319,8 +337,9 @@ def cuda_mapping(
             return done(None, f"entry {entry!r} has spaces: CUDA's handling of them is not documented; "
                               "write the list without spaces")
         if entry.upper().startswith("MIG-"):
-            return done(None, f"entry {entry!r} is a MIG instance: MIG is not in nvmlcheck's model yet; name "
-                              "whole GPUs (indices or GPU- UUIDs)")
+            # A CUDA device here is a whole GPU (an NVML index): an instance is judged only when named as one.
+            return done(None, f"entry {entry!r} is a MIG instance, and cuda:N names whole GPUs; select the instance "
+                              "by its MIG- UUID instead (--devices MIG-..., devices=['MIG-...'])")
         found: int | None = None
         kind = "index" if re.fullmatch(r"[0-9]+", entry) else "uuid" if entry.upper().startswith("GPU-") else None
         if position > 0 and kind is not None and kind != first_kind:
@@ -350,6 +369,8 @@ def cuda_mapping(
             rest = ",".join(entries[position:])
             notes.append(f"entry {entry!r} names no GPU: CUDA ignores it and what follows ({rest!r})")
             break
+        if found is not None and by_index[found].mig_mode is not False:
+            return done(None, f"entry {entry!r}: {_mig_reason(by_index[found])}")
         if found in chosen:
             return done(None, f"GPU {found} is listed twice (entry {entry!r}); what CUDA does with a repeat is not "
                               "documented")

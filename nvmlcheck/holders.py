@@ -369,7 +369,8 @@ def select_kill_holders(
 ) -> KillSelection:
     """The holders ``kill --all-on-gpu`` (``all_holders=False``: NVML PIDs) or ``--all-holders`` (also processes
     found only by a device file) may signal, and the rest with the reason. ``source``: an open session (its
-    :meth:`~nvmlcheck.Session.holders` on ``devices`` is read) or holders already found.
+    :meth:`~nvmlcheck.Session.holders` on ``devices`` is read) or holders already found. A ``MIG-`` UUID in
+    ``devices`` selects that instance: the processes that run in it, never those of its GPU's other instances.
 
     Never chosen: this process and its ancestors; daemons and monitoring agents (:data:`DAEMONS`, :data:`AGENTS`,
     recognised by the program they run: :func:`daemon_kind`) unless ``include_daemons``; a process found by device
@@ -387,13 +388,15 @@ def select_kill_holders(
     """
     from .session import Session
 
-    elsewhere: dict[int, list[int]] = {}  # pid -> the unselected GPUs whose lists alone name it
+    elsewhere: dict[int, str] = {}  # pid -> the unselected GPUs (or MIG instances) whose lists alone name it
     notes: list[str] = []
     rule = devfiles.device_rule(device_files)
     if not rule.is_default:
         notes.append(f"device files: {rule.describe()}")
     suspects: list[str] = []
     if isinstance(source, Session):
+        if devices is not None and not isinstance(devices, int | str):
+            devices = list(devices)  # read twice with MIG UUIDs: resolved, then their instances' holders
         indices = source.resolve(devices)
         every = source.holders(None, device_files=device_files)  # the proof of numbering looks at every GPU
         if not all_holders and _unproven(every):
@@ -406,6 +409,9 @@ def select_kill_holders(
             every = again
         holders: Sequence[Holder] = _restricted(every, indices)
         elsewhere = _only_elsewhere(every, indices)
+        if devices is not None and any(isinstance(i, str) and i.startswith("MIG-") for i in _listed(devices)):
+            # A MIG UUID names one instance: its own processes only, never those of its GPU's other instances.
+            holders, elsewhere = _in_instances(every, source.holders(devices, device_files=device_files), elsewhere)
     else:
         if devices is not None:
             raise ArgumentError("devices selects GPUs of a session; holders already found are taken as they are")
@@ -419,7 +425,7 @@ def select_kill_holders(
     skipped: list[tuple[Holder, str]] = []
     for h in holders:
         why = _left_alone(h, all_holders=all_holders, include_daemons=include_daemons, never=never,
-                          elsewhere=elsewhere.get(h.pid, ()))
+                          elsewhere=elsewhere.get(h.pid))
         if why is None:
             targets.append(h)
         else:
@@ -442,8 +448,9 @@ def _never_signalled() -> Callable[[int], str | None]:
 
 
 def _left_alone(h: Holder, *, all_holders: bool, include_daemons: bool,
-                never: Callable[[int], str | None], elsewhere: Collection[int] = ()) -> str | None:
-    """Why ``h`` is not chosen (``None``: it is). ``elsewhere``: the unselected GPUs whose lists alone name it."""
+                never: Callable[[int], str | None], elsewhere: str | None = None) -> str | None:
+    """Why ``h`` is not chosen (``None``: it is). ``elsewhere``: where it is listed when only unselected GPUs (or MIG
+    instances) list it."""
     if h.relation == "self":
         return "this process"
     if h.relation == "ancestor":
@@ -455,7 +462,7 @@ def _left_alone(h: Holder, *, all_holders: bool, include_daemons: bool,
         what = "monitoring agent" if h.daemon_kind == "agent" else "daemon"
         return f"{what} ({printable(h.name)}); name its PID to kill it"
     if not all_holders and "nvml" not in h.found_by and elsewhere:
-        return f"on {' and '.join(f'GPU {i}' for i in elsewhere)}'s process list, not selected (--devices)"
+        return f"{elsewhere}, not selected (--devices)"
     if not all_holders and "nvml" not in h.found_by:
         return "not on a GPU process list (found by its device files only; --all-holders kills it)"
     if "nvml" not in h.found_by and h.gpu_device_files == () and h.device_files:
@@ -511,11 +518,37 @@ def _numbering_refusal(suspects: Sequence[str]) -> str:
             "Name the PIDs to kill, or use --all-holders (every process with an NVIDIA device file open)")
 
 
-def _only_elsewhere(holders: Iterable[Holder], indices: Collection[int] | None) -> dict[int, list[int]]:
-    """PID → the GPUs whose lists name it, for holders listed only on GPUs outside ``indices``."""
+def _only_elsewhere(holders: Iterable[Holder], indices: Collection[int] | None) -> dict[int, str]:
+    """PID → where it is listed (``on GPU 1 and GPU 2's process list``), for holders listed only on GPUs outside
+    ``indices``."""
     if indices is None:
         return {}
-    return {h.pid: [g.index for g in h.gpus] for h in holders if h.gpus and not any(g.index in indices for g in h.gpus)}
+    return {h.pid: f"on {' and '.join(f'GPU {g.index}' for g in h.gpus)}'s process list"
+            for h in holders if h.gpus and not any(g.index in indices for g in h.gpus)}
+
+
+def _listed(devices: Iterable[DeviceSelector] | DeviceSelector) -> list[DeviceSelector]:
+    return [devices] if isinstance(devices, int | str) else list(devices)
+
+
+def _in_instances(every: Sequence[Holder], selected: Sequence[Holder], elsewhere: dict[int, str]
+                  ) -> tuple[list[Holder], dict[int, str]]:
+    """``every`` holder restricted to those ``selected`` lists on a GPU (the selection's MIG instances and whole
+    GPUs, :meth:`~nvmlcheck.Session.holders`), each with those entries; a holder listed only outside them kept only
+    if a device file found it, with where it is listed in ``elsewhere``."""
+    chosen = {h.pid: h.gpus for h in selected if h.gpus}
+    out: list[Holder] = []
+    where = dict(elsewhere)
+    for h in every:
+        if h.pid in chosen:
+            out.append(replace(h, gpus=chosen[h.pid]))
+            continue
+        if h.gpus:
+            gpus = " and ".join(f"GPU {g.index}" for g in h.gpus)
+            where[h.pid] = f"in a MIG instance of {gpus}"
+        if "device-file" in h.found_by:
+            out.append(replace(h, gpus=(), found_by=frozenset({"device-file"})))
+    return out, where
 
 
 def _restricted(holders: Iterable[Holder], indices: Collection[int] | None) -> list[Holder]:

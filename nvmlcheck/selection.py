@@ -145,7 +145,8 @@ def select_clean(
     (default ``True``): also read each GPU's health and pass over one with a cause ``ready`` refuses it for
     (a pending row remap or page retirement, a remap failure, volatile uncorrectable ECC errors, a recovery action:
     docs/ready.md), or whose health could not be read though the GPU supports it; ``False`` judges the predicate
-    only.
+    only. A GPU in MIG mode is always passed over (CUDA never sees it whole), and a ``MIG-`` selector in ``devices``
+    is an :class:`~nvmlcheck.ArgumentError`: select chooses whole GPUs.
 
     Raises :class:`SelectTimeout` (a :class:`~nvmlcheck.WaitTimeout`) naming why each GPU was passed over;
     ``ValueError`` when ``count`` is below 1 or above the number of candidates; :class:`~nvmlcheck.locks.LockDirError`
@@ -162,6 +163,14 @@ def select_clean(
     if isinstance(stable_polls, bool) or not isinstance(stable_polls, int) or stable_polls < 1:
         raise ArgumentError(f"stable_polls must be an integer >= 1, got {stable_polls!r}")
     timeout_ns = _timeout_ns(timeout)
+    items: list[DeviceSelector] = []
+    if devices is not None:
+        items = [devices] if isinstance(devices, int | str) else list(devices)
+        devices = items  # read twice: checked here, then resolved
+    if any(isinstance(i, str) and i[:4].upper() == "MIG-" for i in items):
+        # resolve() would widen an instance to its whole GPU, which select would then print.
+        raise ArgumentError("select chooses whole GPUs, not MIG instances: drop the MIG- selectors (a GPU in MIG "
+                            "mode is passed over; wait or ready judge an instance named by its MIG- UUID)")
     started = clock()
     selected = _resolve(session, devices, timeout=timeout, timeout_ns=timeout_ns, start=started, clock=clock,
                         count=count)
@@ -299,6 +308,13 @@ def _judge(
     why: list[str] = [f"GPU {f.index}: could not be read: {f.error}" for f in snap.failures]
     eligible: list[DeviceState] = []
     for d in snap.devices:
+        if d.mig_mode:
+            # CUDA sees one MIG device of such a GPU, never the whole GPU: its index or UUID exported to
+            # CUDA_VISIBLE_DEVICES would not give a job this GPU (docs/cuda.md, "The mapping rules").
+            streak[d.uuid] = 0
+            why.append(f"GPU {d.index}: in MIG mode: CUDA cannot use it as one GPU (select chooses whole GPUs; wait "
+                       "and ready judge an instance named by its MIG- UUID)")
+            continue
         verdict = pred.evaluate(_one_device(snap, d))
         # A GPU that needs a reset (or whose health cannot be told) is as unusable as a busy one: the same causes as
         # ``ready``'s, from the one health model.

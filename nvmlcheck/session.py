@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from .events import EventListener
     from .holders import Holder
     from .locks import Owner
+    from .model import MigDevice
     from .predicates import Predicate
     from .selection import Selection
     from .verdict import ReadyReport
@@ -80,6 +81,22 @@ def _by_uuid(item: str, uuids: Mapping[int, str], unreadable: Mapping[int, str])
         what = "no GPU has" if not matches else f"{len(matches)} GPUs have"
         raise (ArgumentError if matches else NoSuchDevice)(f"{what} a UUID starting with {item!r}")
     return (matches[0],)
+
+
+def _names_instance(item: str, d: DeviceState, m: MigDevice) -> bool:
+    """Whether MIG selector ``item`` names MIG device ``m`` of GPU ``d``: its ``MIG-`` UUID or a prefix of it, or the
+    name of drivers before R470 (older CUDA docs give it for CUDA_VISIBLE_DEVICES),
+    ``MIG-<GPU UUID>/<GI id>/<CI id>``."""
+    if "/" in item:
+        import re  # only for this form: the module is imported by every command
+
+        legacy = re.fullmatch(r"MIG-(GPU-[0-9A-Fa-f-]+)/([0-9]+)/([0-9]+)", item)
+        if legacy is None:
+            return False
+        gpu, gi, ci = legacy.groups()
+        return (d.uuid.lower() == gpu.lower() and m.gpu_instance_id == int(gi)
+                and m.compute_instance_id == int(ci))
+    return m.uuid is not None and m.uuid.startswith(item)
 
 
 def _close_bound(timeout: float | None) -> float | None:
@@ -327,8 +344,9 @@ class Session:
         selectors ``"cuda:N"`` / ``"cuda:all"`` (read through ``CUDA_VISIBLE_DEVICES`` and ``CUDA_DEVICE_ORDER``
         in ``os.environ`` at the call, :meth:`Session.cuda_mapping`).
 
-        ``None`` means every device. A MIG device UUID (``MIG-...``, or a unique prefix) resolves to its parent
-        GPU's index (the instance itself is judged by :meth:`wait_until_clean`). While a GPU's UUID cannot be read
+        ``None`` means every device. A MIG device UUID (``MIG-...``, a unique prefix, or the name of drivers
+        before R470, ``MIG-<GPU UUID>/<GI id>/<CI id>``) resolves to its parent GPU's index (the instance itself is
+        judged by :meth:`wait_until_clean`). While a GPU's UUID cannot be read
         (lost, a failed query), a UUID no readable GPU has resolves to that GPU (its reading says why it cannot be
         judged), and a prefix is refused (it may name that GPU too). Raises
         :class:`~nvmlcheck.NoSuchDevice` (a ``KeyError`` and a ``ValueError``) for an index or UUID that names no
@@ -373,7 +391,7 @@ class Session:
             if not item.strip():
                 raise ArgumentError(f"an empty device selector ({item!r}): give an index, a UUID or cuda:N")
             if item.startswith("MIG-"):
-                out.add(self._mig_parent(item, deadline_ns, clock))
+                out.update(self._mig_parent(item, deadline_ns, clock))
                 continue
             if uuids is None:
                 uuids, unreadable = self._uuids(deadline_ns, clock)
@@ -391,21 +409,34 @@ class Session:
         return uuids, unreadable
 
     def _mig_parent(self, item: str, deadline_ns: int | None = None, clock: Callable[[], int] = time.monotonic_ns
-                    ) -> int:
+                    ) -> tuple[int, ...]:
         """The index of the GPU holding MIG device ``item`` (a UUID or unique prefix). MIG devices are read live
-        (instances come and go), with the process lists: this costs one snapshot of every GPU's lists."""
+        (instances come and go), with the process lists: this costs one snapshot of every GPU's lists. While a
+        GPU's MIG devices cannot be read (the GPU failed, or their enumeration did), a name no readable instance has
+        resolves to those GPUs (their reading says why they cannot be judged), and a prefix is refused (it may name
+        one of theirs too), as for GPU UUIDs."""
         snap = self._read(Fields.PROCESSES, deadline_ns, clock)
         matches = [
             (d.index, m.uuid)
             for d in snap.devices
             for m in d.mig_devices or ()
-            if m.uuid is not None and (m.uuid == item or m.uuid.startswith(item))
+            if m.uuid is not None and _names_instance(item, d, m)
         ]
+        unread = {f.index: str(f.error) for f in snap.failures}
+        unread.update({d.index: d.why_unknown("mig_devices") or "its MIG devices could not be read"
+                       for d in snap.devices if d.mig_mode and d.mig_devices is None})
+        exact = [i for i, u in matches if u == item or "/" in item]
+        if unread and not exact:
+            if matches:
+                gpus = ", ".join(f"GPU {i} ({why})" for i, why in sorted(unread.items()))
+                raise ArgumentError(f"{item!r} cannot be shown to name one MIG device: the MIG devices of {gpus} "
+                                    "cannot be read; give the whole MIG- UUID")
+            return tuple(sorted(unread))
         if len(matches) != 1:
             what = "no MIG device has" if not matches else f"{len(matches)} MIG devices have"
             error = ArgumentError if matches else NoSuchDevice
             raise error(f"{what} a UUID starting with {item!r} (is the GPU in MIG mode?)")
-        return matches[0][0]
+        return (matches[0][0],)
 
     def _mig_selection(self, devices: Iterable[DeviceSelector] | DeviceSelector | None, deadline_ns: int | None = None,
                        clock: Callable[[], int] = time.monotonic_ns) -> list[DeviceSelector]:
@@ -424,11 +455,14 @@ class Session:
         if read is None:
             raise DeadlinePassed("the deadline passed while the GPUs' MIG devices were read")
         snap = read
-        known = [m.uuid for d in snap.devices for m in d.mig_devices or () if m.uuid is not None]
+        known = [(d, m) for d in snap.devices for m in d.mig_devices or () if m.uuid is not None]
         out: list[DeviceSelector] = []
         for i in items:
             if isinstance(i, str) and i.startswith("MIG-"):
-                out.extend(u for u in known if u == i or u.startswith(i))
+                named = [m.uuid for d, m in known if m.uuid is not None and _names_instance(i, d, m)]
+                # One gone since the selection was resolved stays, as given: judged missing (unknown), never
+                # dropped from a selection whose other GPUs would then be judged alone.
+                out.extend(named or [i])
             else:
                 # Every other selector (index, UUID or prefix, cuda:N) as resolve() reads it: a selector this
                 # list dropped would be read by the wait but judged by nothing.
@@ -670,7 +704,9 @@ class Session:
         :func:`nvmlcheck.selection.select_clean`): ``timeout`` 0 checks once, ``None`` waits forever; ``lock=True``
         also takes their advisory locks and passes over GPUs locked by others; ``owner``: the process they are chosen
         for (a PID or a pinned :class:`~nvmlcheck.locks.Owner`), whose exit ends the wait; ``health=False``: pass
-        over busy GPUs only, not those with a health cause (a pending row remap, ...). Raises
+        over busy GPUs only, not those with a health cause (a pending row remap, ...). A GPU in MIG mode is never
+        chosen, and a ``MIG-`` selector is an :class:`~nvmlcheck.ArgumentError`: CUDA never sees such a GPU whole.
+        Raises
         :class:`~nvmlcheck.selection.SelectTimeout` naming why GPUs were passed over."""
         from pathlib import Path
 
@@ -703,22 +739,69 @@ class Session:
         stand-in files that count too, for tests). Device-file holders are always included: a device file cannot say
         which GPU. Raises the error of a selected GPU that cannot be read, and an
         :class:`~nvmlcheck.NvmlCheckError` for one whose process list could not be read (its holders would be
-        missing: never an idle GPU). Only the selected GPUs are read. See :mod:`nvmlcheck.holders`."""
+        missing: never an idle GPU). Only the selected GPUs are read. A ``MIG-...`` UUID selects that instance
+        alone: the processes that run in it, each :class:`~nvmlcheck.holders.GpuUse` named by the instance's UUID;
+        one the parent lists that may run in it (no instance id) makes its holders unknown, an error. See
+        :mod:`nvmlcheck.holders`."""
         from .holders import find_holders
 
         self._check_open()
         indices = self.resolve(devices)
         snap = self._backend.snapshot(indices, Fields.PROCESSES)
         snap.raise_for_failures()
+        snap = self._instances_selected(snap, devices)
         for d in snap.devices:
             for kind in ("compute", "graphics", "mps"):
                 if getattr(d, f"{kind}_processes") is None:
                     from .errors import NvmlCheckError
 
                     why = d.why_unknown(f"processes.{kind}") or "no reason recorded"
-                    raise NvmlCheckError(f"GPU {d.index}: cannot tell what holds it: its {kind} process list could "
+                    where = f"GPU {d.index}" if not d.uuid.startswith("MIG-") else (
+                        f"GPU {d.index} {(d.mig_devices or ())[0].label}")
+                    raise NvmlCheckError(f"{where}: cannot tell what holds it: its {kind} process list could "
                                          f"not be read ({why})")
         return find_holders(snap, devices=indices, device_files=device_files)
+
+    def _instances_selected(self, snap: Snapshot, devices: Iterable[DeviceSelector] | DeviceSelector | None
+                            ) -> Snapshot:
+        """``snap`` with each GPU that ``devices`` names only through ``MIG-`` UUIDs (or prefixes) replaced by the
+        selected instances (:func:`~nvmlcheck.predicates.instance_view`: their own processes, named by their
+        UUIDs), as a wait judges them: the holders of an instance are never those of its GPU's other instances.
+        An instance no longer in ``snap`` (destroyed since the selection was resolved) is
+        :class:`~nvmlcheck.NoSuchDevice`; one that may be on a GPU whose MIG devices could not be read, an
+        :class:`~nvmlcheck.NvmlCheckError` that says so."""
+        items = [] if devices is None else _selectors(devices)
+        migs = [i for i in items if isinstance(i, str) and i.startswith("MIG-")]
+        if not migs:
+            return snap
+        from ._record import replace
+        from .predicates import instance_view
+
+        others = [i for i in items if i not in migs]
+        whole = set(self.resolve(others) or ()) if others else set()
+        units: list[DeviceState] = []
+        found: set[str] = set()
+        for d in snap.devices:
+            if d.index in whole:
+                units.append(d)
+                continue
+            for m in d.mig_devices or ():
+                named = [s for s in migs if isinstance(s, str) and _names_instance(s, d, m)]
+                if named:
+                    units.append(instance_view(d, m))
+                    found.update(named)
+        gone = [s for s in migs if s not in found]
+        unread = [d for d in snap.devices if d.mig_mode and d.mig_devices is None]
+        if gone and unread:
+            from .errors import NvmlCheckError
+
+            d = unread[0]
+            raise NvmlCheckError(f"{gone[0]}: cannot tell what holds it: the MIG devices of GPU {d.index} could not "
+                                 f"be read ({d.why_unknown('mig_devices') or 'no reason recorded'})")
+        if gone:
+            raise NoSuchDevice(f"no MIG device has a UUID starting with {gone[0]!r} any more (destroyed, or its GPU "
+                               "left MIG mode, since the selection was read)")
+        return replace(snap, devices=tuple(units))
 
     def ready(
         self,

@@ -283,8 +283,10 @@ class ReadyReport:
 
     @property
     def culprits(self) -> tuple[str, ...]:
-        """Every culprit as a line (``GPU 1: held by pid 4123 ...``)."""
-        return tuple(c.describe() for c in self.holders)
+        """Every culprit as a line (``GPU 1: held by pid 4123 ...``), named as its verdict is (``GPU 0 MIG 1 (GI 2,
+        CI 0, MIG-...): ...`` for a MIG instance)."""
+        return tuple(f"{v.label}: {c.reason}" if c.gpu == v.index else c.describe()
+                     for v in self.verdicts for c in v.culprits)
 
 
 # --- health -----------------------------------------------------------------------------------------------------

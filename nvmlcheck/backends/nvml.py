@@ -600,15 +600,7 @@ class NvmlBackend:
             if extra:
                 unknown = {**(unknown or {}), **extra}
 
-        mig_devices: tuple[MigDevice, ...] | None = _NO_MIG if ident.mig_mode is False else None
-        if ident.mig_mode and (plan.memory or plan.processes):
-            gate()
-            try:
-                mig_devices = self._mig_devices(handle, index, lists)
-            except NvmlError as exc:
-                if exc.SCOPE == "device":
-                    raise
-                unknown = _add(unknown, "mig_devices", _reason(exc))
+        mig_mode, mig_devices, unknown = self._mig_state(index, ident, plan, lists, unknown=unknown, gate=gate)
 
         if unknown is None:
             reasons = self._base_reasons(index, ident, plan)
@@ -628,9 +620,41 @@ class NvmlBackend:
             clocks=clocks,
             health=health,
             unknown=reasons,
-            mig_mode=ident.mig_mode,
+            mig_mode=mig_mode,
             mig_devices=mig_devices,
         )
+
+    def _mig_state(
+        self, index: int, ident: _Identity, plan: _Plan, lists: list[tuple[GpuProcess, ...] | None], *,
+        unknown: dict[str, str] | None, gate: _GateFn,
+    ) -> tuple[bool | None, tuple[MigDevice, ...] | None, dict[str, str] | None]:
+        """The MIG mode and devices of one poll, with ``unknown`` added to (``None``: nothing unknown yet)."""
+        handle = ident.handle
+        mig_mode = ident.mig_mode
+        if mig_mode and (plan.memory or plan.processes):
+            # Read again while on: a GPU that left MIG mode (a reset) judged with the MIG idle allowance read 60 MiB
+            # held with no process as clean. A GPU that enters MIG mode is judged as a whole GPU until the next
+            # session: stricter (no allowance), never a false clean.
+            gate()
+            try:
+                mig_mode = self._calls.mig_mode(handle, index)
+            except NvmlError as exc:
+                if exc.SCOPE == "device":
+                    raise
+                mig_mode = None  # judged as before MIG, with the reason
+                unknown = _add(unknown, "mig", _reason(exc))
+            if mig_mode is False:
+                ident.mig_mode = False
+        mig_devices: tuple[MigDevice, ...] | None = _NO_MIG if mig_mode is False else None
+        if mig_mode and (plan.memory or plan.processes):
+            gate()
+            try:
+                mig_devices = self._mig_devices(handle, index, lists)
+            except NvmlError as exc:
+                if exc.SCOPE == "device":
+                    raise
+                unknown = _add(unknown, "mig_devices", _reason(exc))
+        return mig_mode, mig_devices, unknown
 
     def _mig_devices(
         self, handle: Handle, index: int, lists: list[tuple[GpuProcess, ...] | None]

@@ -758,8 +758,9 @@ class SmiBackend:
                 wanted.extend(self._alternatives.get(n, n) for n in names)
         if Fields.PROCESSES in fields and self._process_query == "pids":
             wanted.append("pci.bus_id")  # -q names GPUs by PCI bus id
-        if fields & (Fields.MEMORY | Fields.PROCESSES):
-            wanted.append("mig.mode.current")  # MIG changes what "clean" means (docs/waiting.md)
+        # Always, with the identity as NVML reads it: MIG changes what "clean" means (docs/waiting.md) and what
+        # CUDA sees of a GPU (docs/cuda.md): an identity-only read left it None, which refused every cuda:N.
+        wanted.append("mig.mode.current")
         return tuple(n for n in wanted if n not in self._refused)
 
     def _refuse(self, refused: str, current: tuple[str, ...], result: SmiResult) -> tuple[str, ...]:
@@ -776,7 +777,7 @@ class SmiBackend:
 
     def _refused_reasons(self, fields: Fields) -> list[tuple[str, str]]:
         out: list[tuple[str, str]] = []
-        if fields & (Fields.MEMORY | Fields.PROCESSES) and "mig.mode.current" in self._refused:
+        if "mig.mode.current" in self._refused:
             # An nvidia-smi older than MIG: mig_mode is None (judged as before MIG), and this says why.
             out.append(("mig", self._refused["mig.mode.current"]))
         if Fields.HEALTH in fields:

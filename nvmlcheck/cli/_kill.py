@@ -344,7 +344,7 @@ def _plan_with_nvml(args: argparse.Namespace, gpus: Session) -> tuple[KillPlan |
     selection = None
     if args.all_holders or args.all_on_gpu:
         with _reading_bound(args):
-            selection = select_kill_holders(gpus, indices, all_holders=args.all_holders)
+            selection = select_kill_holders(gpus, args.devices, all_holders=args.all_holders)
         if selection.refused is not None:
             raise UsageError(f"refusing --all-on-gpu: {selection.refused}; nothing was signalled")
         selection = _less_excluded(selection, _exclusion(args))

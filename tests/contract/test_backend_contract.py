@@ -247,6 +247,26 @@ def test_devices_mig_selects_one_instance(open_backend: Opener) -> None:
             gpus.resolve("MIG-ffffffff")
 
 
+def test_mig_mode_comes_with_the_identity_and_cuda_numbers_are_refused(open_backend: Opener) -> None:
+    with open_backend(_mig(loaded=False)) as gpus:
+        ident = gpus.snapshot(fields=nc.Fields(0))
+        assert [d.mig_mode for d in ident.devices] == [True, False]
+        mapping = gpus.cuda_mapping({"CUDA_VISIBLE_DEVICES": "1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
+        assert mapping.devices is None and "GPU 0 is in MIG mode" in (mapping.order_unknown or "")
+        by_uuid = gpus.cuda_mapping({"CUDA_VISIBLE_DEVICES": ident.devices[1].uuid})
+        assert by_uuid.resolve("cuda:all") == (1,)
+
+
+def test_an_instance_is_named_alike_by_its_uuid_and_the_old_name(open_backend: Opener) -> None:
+    with open_backend(_mig(loaded=True)) as gpus:
+        parent = gpus.snapshot(fields=nc.Fields(0)).devices[0].uuid
+        for name in (MIG_UUIDS[1], f"MIG-{parent}/2/0"):
+            with pytest.raises(nc.WaitTimeout) as info:
+                gpus.wait_until_clean(timeout=0, devices=[name])
+            assert all(MIG_UUIDS[1] in c for c in info.value.culprits)
+        assert gpus.wait_until_clean(timeout=0, devices=[f"MIG-{parent}/1/0"]).clean
+
+
 # --- health (issue 22): each state read the same way by both backends, and judged by Health.causes ---------------
 
 HEALTH_STATES: dict[str, tuple[dict[str, object], set[str]]] = {

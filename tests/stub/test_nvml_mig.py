@@ -104,7 +104,8 @@ def test_a_busy_gpu_named_beside_a_mig_instance_is_still_judged(
     sc.set_device(1, uuid="GPU-busy-1-0000-0000-0000-000000000000")
     sc.add_process(1, 4_100_078, used_bytes=40 * GIB)
     sc.write(scenario_path)
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    # By UUID: with a GPU in MIG mode CUDA's numbering of all GPUs is unknown, so a number would be refused.
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-busy-1")
     with nc.open("nvml", library_path=str(build_stub())) as s:
         with pytest.raises(nc.WaitTimeout) as info:
             s.wait_until_clean(timeout=0, devices=[other, mig_uuid])  # type: ignore[list-item]
@@ -161,3 +162,20 @@ def test_a_process_with_no_instance_id_makes_every_instance_s_processes_unknown(
     assert [m.processes for m in attribute_processes(sc_devices, (placed,))] == [(placed,), ()]
     assert [m.processes for m in attribute_processes(sc_devices, (placed, unplaced))] == [None, None]
     assert [m.processes for m in attribute_processes(sc_devices, ())] == [(), ()]
+
+
+def test_a_gpu_that_leaves_mig_mode_is_judged_whole_again(scenario_path: Path) -> None:
+    # The mode was read once, with the identity: after a reset that turned MIG off, the GPU was still judged with
+    # the MIG idle allowance, and 60 MiB held with no process read clean (the smi backend reads the mode each poll).
+    sc = mig_scenario()
+    sc.at_call(60).set_device(0, mig=False, used_bytes=60 * MIB)
+    sc.write(scenario_path)
+    with nc.open("nvml", library_path=str(build_stub())) as s:
+        first = s.snapshot(fields=nc.Fields.WAIT)
+        assert first.devices[0].mig_mode is True
+        readings = [s.snapshot(fields=nc.Fields.WAIT) for _ in range(30)]  # far past call 60
+    after = [r for r in readings if r.devices[0].mig_mode is False]
+    assert after, "the GPU that left MIG mode still read as in MIG mode"
+    for r in after:
+        assert r.devices[0].mig_devices == ()
+        assert nc.default_predicate().evaluate(r).clean is False

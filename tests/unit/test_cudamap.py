@@ -190,3 +190,42 @@ def test_an_entry_of_the_other_kind_ends_the_list() -> None:
     m = cuda_mapping(gpus, {"CUDA_VISIBLE_DEVICES": f"{gpus[0].uuid[:12]},1"})
     assert m.devices is not None and [d.nvml_index for d in m.devices] == [0]
     assert any("index after UUIDs" in note for note in m.notes)
+
+
+def mig_host(mode: bool | None = True) -> list[GpuIdentity]:
+    """GPU 0 in MIG mode (or its mode unknown), GPUs 1 and 2 whole."""
+    return [GpuIdentity(i, f"GPU-{i}aaa", "NVIDIA H200", f"00000000:{0x10 + i:02X}:00.0", mode if i == 0 else False)
+            for i in range(3)]
+
+
+@pytest.mark.parametrize("mode", [True, None])
+@pytest.mark.parametrize("env", [{}, {"CUDA_VISIBLE_DEVICES": "1"}, {"CUDA_VISIBLE_DEVICES": "0,1"},
+                                 {"CUDA_VISIBLE_DEVICES": "GPU-0", "CUDA_DEVICE_ORDER": PCI}])
+def test_a_gpu_in_mig_mode_makes_numbers_unknown_never_the_whole_gpu(env: dict[str, str], mode: bool | None) -> None:
+    # CUDA sees one MIG device of a MIG-mode GPU, not the GPU: cuda:0 is not "GPU 0", and the numbers of the others
+    # may shift. Refused with the reason, never guessed.
+    m = cuda_mapping(mig_host(mode), env)
+    assert m.devices is None and "MIG mode" in f"{m.unknown} {m.order_unknown}"
+    with pytest.raises(CudaMappingError, match="MIG"):
+        m.resolve("cuda:0")
+    with pytest.raises(CudaMappingError, match="MIG"):
+        m.visible_value([1])
+    assert "GPU 0 GPU-0aaa (00000000:10:00.0, NVIDIA H200, MIG mode" in m.describe()
+
+
+def test_uuids_of_whole_gpus_still_map_beside_a_gpu_in_mig_mode() -> None:
+    m = cuda_mapping(mig_host(), {"CUDA_VISIBLE_DEVICES": "GPU-2,GPU-1"})
+    assert m.resolve("cuda:all") == (2, 1)
+
+
+def test_a_mig_entry_points_at_the_mig_selector() -> None:
+    m = cuda_mapping(mig_host(), {"CUDA_VISIBLE_DEVICES": "MIG-0aaa"})
+    assert m.unknown is not None and "--devices MIG-" in m.unknown and "not in nvmlcheck's model" not in m.unknown
+
+
+def test_an_identity_without_mig_mode_is_read_as_before() -> None:
+    class Old:  # a tool's own identity type, from before mig_mode
+        def __init__(self, i: int) -> None:
+            self.index, self.uuid, self.name, self.pci_bus_id = i, f"GPU-{i}", "NVIDIA H200", f"0000:{i + 1:02X}:00.0"
+
+    assert cuda_mapping([Old(0), Old(1)], {"CUDA_VISIBLE_DEVICES": "1"}).resolve("cuda:0") == (1,)

@@ -178,3 +178,16 @@ def test_an_instance_whose_processes_cannot_be_attributed_is_unknown_never_clean
     # A process whose known GI matches no instance runs in none of those selected: they stay clean.
     other = mig_gpu(59 * MIB, (instance(0, 1), instance(1, 2)), (mig_proc(4244, gi=7, used=None),))
     assert on_devices([instance(0, 1).uuid or ""], nc.default_predicate()).check(snap(other)) is True
+
+
+def test_ready_report_lines_name_the_instance_as_its_verdict_does() -> None:
+    from nvmlcheck.verdict import Culprit, GpuVerdict, ReadyReport
+
+    label = "GPU 0 MIG 1 (GI 2, CI 0, MIG-00000001-aaaa-bbbb-cccc-dddddddddddd)"
+    held = Culprit(0, "held", "compute", "held by pid 4242 (python3), 2.0 GiB", pid=4242)
+    loose = Culprit(None, "unknown", "query", "the listener stopped")
+    report = ReadyReport((GpuVerdict(0, "MIG-00000001-aaaa-bbbb-cccc-dddddddddddd", label, "held", (held, loose)),
+                          GpuVerdict(1, "GPU-1", "GPU 1", "held", (Culprit(1, "held", "memory", "8.0 GiB used"),))),
+                         None, 0, 1, 0.0)
+    assert report.culprits == (f"{label}: held by pid 4242 (python3), 2.0 GiB", "the listener stopped",
+                               "GPU 1: 8.0 GiB used")

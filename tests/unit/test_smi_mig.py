@@ -169,3 +169,48 @@ def test_a_mig_device_using_more_than_it_has_fails_its_gpu_not_the_output() -> N
     (gpu, error), = listing.failed.items()
     assert gpu == "00000000:18:00.0" and isinstance(error, nc.CorruptData) and "99999 MiB" in str(error)
     assert gpu not in listing.compute and gpu not in listing.mig_devices
+
+
+def test_a_gpu_nvidia_smi_L_cannot_read_costs_only_its_own_mig_uuids() -> None:
+    text = ("GPU 0: NVIDIA H200 (UUID: GPU-aaaaaaaa-0000-0000-0000-000000000000)\n"
+            "  MIG 1g.18gb     Device  0: (UUID: MIG-aaaaaaaa-0000-5000-8000-000000000000)\n"
+            "Unable to determine the device handle for GPU0000:02:00.0: Unknown Error\n"
+            "GPU 2: NVIDIA H200 (UUID: GPU-cccccccc-0000-0000-0000-000000000000)\n"
+            "  MIG 1g.18gb     Device  0: (UUID: MIG-GPU-cccccccc-0000-0000-0000-000000000000/7/0)\n")
+    uuids = smi_csv.parse_list_gpus(text)
+    assert dict(uuids[0]) == {0: "MIG-aaaaaaaa-0000-5000-8000-000000000000"}
+    assert dict(uuids[2]) == {0: "MIG-GPU-cccccccc-0000-0000-0000-000000000000/7/0"}  # the name before R470
+    assert 1 not in uuids
+
+
+def test_a_mig_line_after_an_unreadable_gpu_is_never_given_to_the_gpu_before_it() -> None:
+    text = ("GPU 0: NVIDIA H200 (UUID: GPU-aaaaaaaa-0000-0000-0000-000000000000)\n"
+            "Unable to determine the device handle for GPU 0000:02:00.0: GPU is lost\n"
+            "  MIG 1g.18gb     Device  0: (UUID: MIG-bbbbbbbb-0000-5000-8000-000000000000)\n")
+    with pytest.raises(nc.SmiParseError):
+        smi_csv.parse_list_gpus(text)
+
+
+@pytest.mark.parametrize("mig", [True, False])
+def test_the_identity_alone_carries_the_mig_mode_as_with_nvml(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mig: bool
+) -> None:
+    # The CUDA mapping reads identities only (Fields(0)): a mode left None there refused every cuda:N with this
+    # backend, MIG or not.
+    lines = MIG_GPU if mig else (MIG_GPU[0].replace(" mig=1", ""),)
+    scenario(tmp_path, monkeypatch, *lines, "device index=1 name=NVIDIA_H100")
+    with SmiBackend(command=FAKE) as b:
+        ident = b.snapshot(fields=Fields(0))
+    assert [d.mig_mode for d in ident.devices] == [mig, False]
+    mapping = nc.cuda_mapping(ident.devices, {"CUDA_VISIBLE_DEVICES": "1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
+    assert (mapping.devices is None) is mig
+
+
+def test_a_gpu_line_without_a_readable_uuid_keeps_its_mig_devices_and_the_others() -> None:
+    text = ("GPU 0: NVIDIA H200 (UUID: [GPU requires reset])\n"
+            "  MIG 1g.18gb     Device  0: (UUID: MIG-aaaaaaaa-0000-5000-8000-000000000000)\n"
+            "GPU 1: NVIDIA H200 (UUID: GPU-bbbbbbbb-0000-0000-0000-000000000000)\n"
+            "  MIG 1g.18gb     Device  3: (UUID: MIG-bbbbbbbb-0000-5000-8000-000000000003)\n")
+    uuids = smi_csv.parse_list_gpus(text)
+    assert dict(uuids[0]) == {0: "MIG-aaaaaaaa-0000-5000-8000-000000000000"}
+    assert dict(uuids[1]) == {3: "MIG-bbbbbbbb-0000-5000-8000-000000000003"}

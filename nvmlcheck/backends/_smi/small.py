@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from ...errors import SmiParseError
-from .text import numbered_lines, strip_deprecation
+from .text import handle_failure_line, numbered_lines, strip_deprecation
 
 __all__ = ["cuda_version_number", "parse_list_gpus", "parse_version_output"]
 
@@ -44,13 +44,16 @@ def cuda_version_number(text: str) -> int | None:
     return None if m is None else int(m.group(1)) * 1000 + int(m.group(2)) * 10
 
 
-_L_GPU = re.compile(r"GPU (\d+): .*\(UUID: (GPU-[^)]+)\)")
+# Any UUID text: the index is what the MIG lines below it are matched by (the CSV queries print
+# ``[GPU requires reset]`` where such a GPU's UUID goes; -L may too).
+_L_GPU = re.compile(r"GPU (\d+): .*\(UUID: ([^)]*)\)")
 _L_MIG = re.compile(r"MIG\s+(\S+)\s+Device\s+(\d+):\s*\(UUID:\s*(MIG-[^)\s]+)\)")
 
 
 def parse_list_gpus(text: str) -> Mapping[int, Mapping[int, str]]:
     """Parse ``nvidia-smi -L``: GPU index -> {MIG device index: ``MIG-...`` UUID}. ``-q`` does not print a MIG
-    device's UUID; ``-L`` prints ``  MIG 1g.10gb     Device  0: (UUID: MIG-...)`` under its GPU's line."""
+    device's UUID; ``-L`` prints ``  MIG 1g.10gb     Device  0: (UUID: MIG-...)`` under its GPU's line. A GPU it
+    could not read (``Unable to determine the device handle for GPU ...``) is left out: the others are listed."""
     out: dict[int, dict[int, str]] = {}
     gpu: int | None = None
     for no, line in numbered_lines(text):
@@ -59,6 +62,11 @@ def parse_list_gpus(text: str) -> Mapping[int, Mapping[int, str]]:
         if g is not None:
             gpu = int(g.group(1))
             out.setdefault(gpu, {})
+            continue
+        if handle_failure_line(no, line) is not None:
+            # One lost GPU used to cost every GPU's MIG UUIDs (so every MIG- selection). Nothing that follows
+            # belongs to the GPU before it.
+            gpu = None
             continue
         m = _L_MIG.fullmatch(stripped)
         if m is not None and gpu is not None:

@@ -1,0 +1,97 @@
+"""``MIG-`` selectors through the session: the full UUID, a prefix, and the name of drivers before R470
+(``MIG-<GPU UUID>/<GI>/<CI>``) name the same instance in resolve, wait and holders."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+import nvmlcheck as nc
+from nvmlcheck.testing import Scenario
+
+pytestmark = pytest.mark.stub
+
+MIB = 1 << 20
+GIB = 1 << 30
+GPU0 = "GPU-00000000-0000-0000-0000-000000000000"
+MIG1 = "MIG-00000000-0000-0000-0000-000000000001"
+
+
+def busy_instance() -> Scenario:
+    sc = Scenario.h200(2)
+    sc.set_device(0, mig=True, used_bytes=55 * MIB)
+    sc.add_mig_device(0, 0, gi=1, total_bytes=16 * GIB)
+    sc.add_mig_device(0, 1, gi=2, total_bytes=32 * GIB)
+    sc.add_process(0, 4242, used_bytes=GIB, gi=2, ci=0)
+    return sc
+
+
+@pytest.mark.parametrize("busy", [MIG1, f"MIG-{GPU0}/2/0", f"MIG-GPU-{GPU0[4:].upper()}/2/0"])
+def test_the_legacy_name_selects_the_instance_as_its_uuid_does(
+    gpus: Callable[[Scenario], nc.Session], busy: str, tmp_path: Path
+) -> None:
+    with gpus(busy_instance()) as session:
+        assert session.resolve([busy]) == (0,)
+        with pytest.raises(nc.WaitTimeout) as err:
+            session.wait_until_clean(0, devices=[busy])
+        assert err.value.culprits and all(MIG1 in c for c in err.value.culprits)
+        # The other instance of the same GPU, named the old way, is clean.
+        assert session.wait_until_clean(0, devices=[f"MIG-{GPU0}/1/0"]).clean
+        assert [h.pid for h in session.holders([busy], device_files=str(tmp_path / "no-such-dev*")) if h.gpus] == [4242]
+
+
+@pytest.mark.parametrize("name", [f"MIG-{GPU0}/3/0", f"MIG-{GPU0}/2/1", "MIG-GPU-00000000/2/0", f"MIG-{GPU0}/2"])
+def test_a_legacy_name_of_no_instance_names_nothing(gpus: Callable[[Scenario], nc.Session], name: str) -> None:
+    with gpus(busy_instance()) as session, pytest.raises(nc.NoSuchDevice):
+        session.resolve([name])
+
+
+def test_an_instance_destroyed_between_resolving_and_judging_is_never_dropped(
+    gpus: Callable[[Scenario], nc.Session], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The instance was there when the selection was resolved (stood in for: _mig_parent answers), gone when the
+    # wait read the instances: judged unknown (missing), never left out while GPU 1 beside it is judged clean.
+    gone = "MIG-00000000-0000-0000-0000-00000000000f"
+    with gpus(busy_instance()) as session:
+        monkeypatch.setattr(session, "_mig_parent", lambda item, *args: (0,))
+        with pytest.raises(nc.WaitTimeout) as err:
+            session.wait_until_clean(0, devices=[1, gone])
+        assert any(gone in c for c in err.value.culprits), err.value.culprits
+        with pytest.raises(nc.WaitTimeout):
+            session.wait_until_clean(0, devices=[gone])
+
+
+def test_a_lost_gpu_is_reported_as_lost_not_as_a_mig_name_that_names_nothing(
+    gpus: Callable[[Scenario], nc.Session], tmp_path: Path
+) -> None:
+    # Its MIG devices cannot be read, so the instance may be there: the wait reads that GPU and says why it cannot
+    # be judged (a usage error, exit 2, said the name was wrong). A prefix cannot be shown to name one instance.
+    sc = busy_instance()
+    sc.fault("nvmlDeviceGetComputeRunningProcesses_v3", 15, device=0)
+    with gpus(sc) as session:
+        assert session.resolve([MIG1]) == (0,)
+        with pytest.raises(nc.GpuLost):
+            session.wait_until_clean(0, devices=[MIG1])
+        with pytest.raises(nc.GpuLost):
+            session.holders([MIG1], device_files=str(tmp_path / "no-such-dev*"))
+        assert session.resolve(["MIG-ffffffff"]) == (0,)  # on no readable GPU: maybe on GPU 0
+
+
+def test_unreadable_mig_devices_make_a_prefix_ambiguous_and_a_name_their_gpus(
+    gpus: Callable[[Scenario], nc.Session], tmp_path: Path
+) -> None:
+    sc = busy_instance()
+    sc.set_device(1, mig=True)
+    sc.add_mig_device(1, 0, gi=1, total_bytes=16 * GIB, uuid="MIG-aaaaaaaa-0000-0000-0000-000000000000")
+    sc.fault("nvmlDeviceGetMaxMigDeviceCount", 999, device=0)  # GPU 0's instances: unknown
+    with gpus(sc) as session:
+        with pytest.raises(nc.ArgumentError, match="cannot be shown to name one MIG device"):
+            session.resolve(["MIG-aaaa"])
+        assert session.resolve(["MIG-aaaaaaaa-0000-0000-0000-000000000000"]) == (1,)
+        assert session.resolve([MIG1]) == (0,)  # maybe on GPU 0: its reading says why it cannot be judged
+        with pytest.raises(nc.WaitTimeout):
+            session.wait_until_clean(0, devices=[MIG1])
+        with pytest.raises(nc.NvmlCheckError, match="MIG devices of GPU 0 could not be read"):
+            session.holders([MIG1], device_files=str(tmp_path / "no-such-dev*"))
