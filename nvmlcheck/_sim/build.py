@@ -15,7 +15,7 @@ from pathlib import Path
 from ..errors import ArgumentError, ArgumentTypeError, NvmlCheckError
 from .symbols import STUB_VARIANTS
 
-__all__ = ["StubBuildError", "build_stub", "find_nvml_header", "stub_source_dir"]
+__all__ = ["StubBuildError", "StubCacheError", "build_stub", "find_nvml_header", "stub_source_dir"]
 
 _HEADER_CANDIDATES = ("nvidia/cu13/include/nvml.h", "nvidia/cu12/include/nvml.h")
 _LIBRARY_NAME = "libnvidia-ml.so.1"
@@ -23,7 +23,12 @@ _LIBRARY_NAME = "libnvidia-ml.so.1"
 
 class StubBuildError(NvmlCheckError, RuntimeError):
     """The stub could not be built: no compiler, the compiler failed (its stderr is included), or the build cache
-    cannot be written."""
+    cannot be written (:class:`StubCacheError`)."""
+
+
+class StubCacheError(StubBuildError):
+    """The stub's build cache cannot be written (read-only, not a directory): no compiler or package would help.
+    Its ``__cause__`` is the ``OSError``, naming the directory."""
 
 
 def find_nvml_header() -> Path:
@@ -162,7 +167,7 @@ def build_stub(variant: Iterable[str] = (), *, cache_dir: Path | None = None, cc
         target_dir.mkdir(parents=True, exist_ok=True)
         fd, tmp_name = tempfile.mkstemp(prefix=f".{_LIBRARY_NAME}.", suffix=".tmp", dir=target_dir)
     except OSError as exc:  # a read-only or misplaced cache: the stub cannot be built, as without a compiler
-        raise StubBuildError(f"cannot write the stub's build cache {target_dir}: {exc.strerror or exc}; set "
+        raise StubCacheError(f"cannot write the stub's build cache {target_dir}: {exc.strerror or exc}; set "
                              "$NVMLCHECK_STUB_CACHE (or pass cache_dir=) to a writable directory") from exc
     os.close(fd)
     tmp = Path(tmp_name)
@@ -180,7 +185,7 @@ def build_stub(variant: Iterable[str] = (), *, cache_dir: Path | None = None, cc
             os.chmod(tmp, 0o755)
             os.replace(tmp, target)
         except OSError as exc:
-            raise StubBuildError(f"cannot write the stub's build cache {target_dir}: {exc.strerror or exc}") from exc
+            raise StubCacheError(f"cannot write the stub's build cache {target_dir}: {exc.strerror or exc}") from exc
     finally:
         tmp.unlink(missing_ok=True)
     return target

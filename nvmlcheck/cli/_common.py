@@ -200,6 +200,10 @@ class SimulationUnavailable(Exception):
 def simulation_hint(exc: BaseException) -> str:
     """The message for a simulation that cannot be set up: no C compiler or no ``nvidia-nvml-dev`` (no header), or
     a file it could not write (the stub's cache, the scenario's temporary directory), which no package would fix."""
+    from .._sim.build import StubCacheError
+
+    if isinstance(exc, StubCacheError) and isinstance(exc.__cause__, OSError):
+        exc = exc.__cause__  # the cache's own error: the directory it names, not a missing compiler
     filename = getattr(exc, "filename", None)
     if isinstance(exc, OSError) and filename is not None:
         cache = os.environ.get("NVMLCHECK_STUB_CACHE") or "~/.cache/nvmlcheck/stub"
