@@ -493,7 +493,23 @@ class LoadedLibrary:
         if rc:
             from ..errors import error_class_for_code
 
-            raise error_class_for_code(rc)(rc, pending.name)
+            raise error_class_for_code(rc)(rc, pending.name, detail=self._stub_says() or "")
+
+    def _stub_says(self) -> str | None:
+        """nvmlcheck's stub (a test's simulated GPUs) says why its init failed (a scenario line it refused) on its own
+        stderr only: its words, for the error a test sees. ``None`` for a real libnvidia-ml."""
+        import ctypes  # only on a failed init: a real run never imports it
+
+        try:
+            lib = ctypes.CDLL(self.path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)  # the copy loaded already
+            if not hasattr(lib, STUB_MARKER):
+                return None
+            said = lib.stub_last_error
+            said.restype = ctypes.c_char_p
+            text: bytes | None = said()
+        except (OSError, AttributeError):
+            return None
+        return f"the stub says: {text.decode('utf-8', 'replace')}" if text else None
 
     def _shutdown_quietly(self) -> None:
         if _has(self.lib, "nvmlShutdown"):

@@ -268,3 +268,15 @@ def test_the_fake_smi_checks_a_timeline_line_that_is_not_due_yet(tmp_path: Path)
     assert done.returncode == 255 and "'abc' is not a non-negative" in done.stderr, done.stdout + done.stderr
     path.write_text(Scenario.h200().render() + "at ms=3600000 device index=0 used=0x100000\n", encoding="utf-8")
     assert _fake_smi(str(path), tmp_path).stdout == "0, 0\n"  # a good line waits for its time
+
+
+def test_a_scenario_the_stub_refuses_is_named_in_the_error_a_test_sees(tmp_path: Path) -> None:
+    # The stub said which line it refused on its own stderr only: the test saw "nvmlInit_v2 failed: UNKNOWN".
+    import nvmlcheck as nc
+    from nvmlcheck.testing import use_stub
+
+    bad = tmp_path / "bad.txt"
+    bad.write_text("device index=0 total=abc\n", encoding="utf-8")
+    with use_stub(str(bad)), pytest.raises(nc.NvmlError) as err:
+        nc.open("nvml")
+    assert "the stub says: scenario" in str(err.value) and "line 1" in str(err.value)
