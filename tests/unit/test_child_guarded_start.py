@@ -15,24 +15,11 @@ import time
 from pathlib import Path
 
 import pytest
+from test_child import HANG_GUARD_S, dead
+from test_child import guard as guard_deadline  # the hang guard: a deadline only a hung mechanism reaches
 
 from nvmlcheck._proc.child import Child
 from nvmlcheck._proc.guard import Guard
-
-HANG_GUARD_S = 20.0
-
-
-def guard_deadline() -> int:
-    return time.monotonic_ns() + int(HANG_GUARD_S * 1e9)
-
-
-def dead(pid: int) -> bool:
-    """Gone, or a zombie waiting for its new parent to reap it: either way it runs no more."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return text.rsplit(")", 1)[-1].split()[0] == "Z"
 
 
 def ended(pid: int) -> bool:
