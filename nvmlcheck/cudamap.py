@@ -101,15 +101,6 @@ class CudaMappingError(ArgumentError):
         super().__init__(text)
         self.mapping = mapping
 
-    def __reduce__(self) -> tuple[object, ...]:
-        return (_rebuild_error, (str(self), self.mapping))
-
-
-def _rebuild_error(text: str, mapping: CudaMapping | None) -> CudaMappingError:
-    err = CudaMappingError(text)
-    err.mapping = mapping
-    return err
-
 
 def parse_cuda_selector(text: str) -> int | None:
     """``"cuda:N"`` -> ``N``; ``"cuda:all"`` -> ``None``. Raises ``ValueError`` for any other text (check with

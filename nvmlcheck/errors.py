@@ -124,6 +124,35 @@ class NvmlCheckError(Exception):
     #: other (fatal) one. Declared by each class below; a subclass that does not declare it inherits its parent's.
     TRANSIENT: ClassVar[bool] = False
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle every exception of the package the same way: its class and ``args`` (so its message) rebuilt
+        without calling ``__init__`` (whose signature differs from class to class, and could not be called again
+        with ``args`` alone), then every attribute restored as it was, including those set after it was raised
+        (``add_note``'s notes) and the built-in base's own (an ``ImportError``'s ``name``, an ``OSError``'s
+        ``errno``). The unpickled exception is equal to the original, attribute for attribute. As for any Python
+        exception, the chain (``__cause__``, ``__context__``) and the traceback are not pickled: the message
+        stands alone."""
+        state = dict(self.__dict__)
+        for base, names in _BUILTIN_STATE:
+            if isinstance(self, base):
+                # Only those set: OSError's message reads an attribute set to None as one given ("None -> None").
+                state.update((name, value) for name in names if (value := getattr(self, name)) is not None)
+        return (_rebuild, (type(self), self.args), state)
+
+
+#: The attributes of built-in exception bases kept outside ``__dict__`` (C slots), which pickling restores.
+_BUILTIN_STATE: tuple[tuple[type[BaseException], tuple[str, ...]], ...] = (
+    (OSError, ("errno", "strerror", "filename", "filename2")),
+    (ImportError, ("msg", "name", "path")),
+)
+
+
+def _rebuild(cls: type[NvmlCheckError], args: tuple[Any, ...]) -> NvmlCheckError:
+    """An exception of ``cls`` with ``args``, made without ``__init__``; pickle then restores its attributes."""
+    exc = cls.__new__(cls, *args)
+    exc.args = args  # OSError's __new__ leaves them to an __init__ of a subclass that has one
+    return exc
+
 
 class BackendUnavailable(NvmlCheckError):
     """No backend could be opened: no libnvidia-ml, no nvidia-smi, no driver.
@@ -141,9 +170,6 @@ class BackendUnavailable(NvmlCheckError):
             full += "\n" + "\n".join(f"  - {a}" for a in self.attempts)
         super().__init__(full)
         self.message = message
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.message, self.attempts))
 
 
 class NvmlError(NvmlCheckError):
@@ -192,9 +218,6 @@ class NvmlError(NvmlCheckError):
             msg += f". {self.HINT}"
         return msg
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.code, self.function, self.device_index, self.detail))
-
 
 class SmiError(NvmlCheckError):
     """nvidia-smi (or its command prefix) failed: it exited non-zero or printed an error instead of data.
@@ -214,9 +237,6 @@ class SmiError(NvmlCheckError):
         detail = stderr.strip().splitlines()[-1] if stderr.strip() else ""
         super().__init__(f"{text} (command: {cmd})" + (f": {detail}" if detail else ""))
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.argv, self.returncode, self.stderr, self.message))
-
 
 class SmiTimeout(SmiError):
     """nvidia-smi (or its prefix, such as ``ssh``) did not answer in time; its whole process group was killed."""
@@ -233,9 +253,6 @@ class SmiTimeout(SmiError):
             f"nvidia-smi did not answer within {timeout_s:g} s and was killed with its process group "
             "(a wedged GPU or an unreachable host)",
         )
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.argv, self.timeout_s, self.stderr))
 
 
 class SmiTransportError(SmiError):
@@ -259,9 +276,6 @@ class SmiParseError(SmiError):
         self.line = line
         super().__init__(argv, 0, "", f"cannot parse nvidia-smi output line {line_no} ({reason}): {line!r}")
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.reason, self.line_no, self.line, self.argv))
-
 
 class CorruptData(NvmlCheckError):
     """A value that cannot be true (PID 0, used bytes above total): most likely a struct layout mismatch between
@@ -280,9 +294,6 @@ class CorruptData(NvmlCheckError):
             f"{prefix}{message}. The driver's struct layout probably differs from the one nvmlcheck was built for; "
             "the value is discarded rather than reported"
         )
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.message, self.function, self.device_index))
 
 
 #: Culprit lines that name no holder (see :class:`WaitTimeout`).
@@ -346,10 +357,11 @@ class WaitTimeout(NvmlCheckError, TimeoutError):
         return self._holders
 
     def __reduce__(self) -> tuple[Any, ...]:
-        args = (self.timeout_s, self.elapsed_ns, self.culprits, self.snapshot, self.polls)
-        import functools
-
-        return (functools.partial(type(self), holders=self._holders, held=self.held), args)
+        # The holders are judged here if they were not yet, so the copy holds what the original holds and would
+        # hold: judged again after unpickling (another process, another host, later), a holder's /proc state and
+        # container would be read anew or not at all, and the copy would name other holders, or none.
+        self.holders  # noqa: B018 - read for its side effect: the holders judged and kept
+        return super().__reduce__()
 
 
 class GpuFault(NvmlCheckError):
@@ -389,12 +401,6 @@ class GpuFault(NvmlCheckError):
             f"{gpu} reported {what}: {meaning}; it cannot become clean without an operator, so the wait stopped "
             "(see docs/events.md)"
         )
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        import functools
-
-        rebuild = functools.partial(type(self), time_ns=self.time_ns, wall_time=self.wall_time)
-        return (rebuild, (self.index, self.uuid, self.kind, self.xid, self.meaning))
 
 
 class ArgumentError(NvmlCheckError, ValueError):

@@ -241,9 +241,6 @@ class HostError(NvmlCheckError):
         self.message = message
         super().__init__(f"{host}: {message}")
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.host, self.message, self.returncode, self.stderr))
-
 
 class HostUnreachable(HostError):
     """ssh could not connect: refused, no route, unknown name, connection closed."""
@@ -274,9 +271,6 @@ class RemoteError(HostError):
                  document: dict[str, Any] | None = None) -> None:
         super().__init__(host, message, returncode, stderr)
         self.document = document
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.host, self.message, self.returncode, self.stderr, self.document))
 
 
 class NoRemoteNvmlcheck(HostError):

@@ -77,9 +77,6 @@ class KillError(NvmlCheckError):
         self.reason = reason
         super().__init__(f"cannot signal PID {pid}: {reason}")
 
-    def __reduce__(self) -> tuple[object, ...]:
-        return (type(self), (self.pid, self.reason))
-
 
 class ProcessGone(KillError):
     """The named PID names no process (ESRCH), or no longer the process that was found (it exited and its PID may
@@ -226,11 +223,6 @@ class KillTimeout(WaitTimeout):
         self.missing: tuple[int, ...] = tuple(missing)
         self.only_targets = only_targets
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        extra = {"pids": self.pids, "tree_hint": self.tree_hint, "signal_name": self.signal_name,
-                 "missing": self.missing, "only_targets": self.only_targets, "holders": self._holders}
-        return (_rebuild_timeout, ((self.timeout_s, self.elapsed_ns, self.culprits, self.snapshot, self.polls), extra))
-
     def to_json(self) -> dict[str, Any]:
         """The kill-specific fields of the ``nvmlcheck/kill`` document of a timeout (the CLI adds the wait's)."""
         return {
@@ -241,10 +233,6 @@ class KillTimeout(WaitTimeout):
             "missing": list(self.missing),
             "judged": "targets" if self.only_targets else "gpus",
         }
-
-
-def _rebuild_timeout(args: tuple[Any, ...], extra: dict[str, Any]) -> KillTimeout:
-    return KillTimeout(*args, **extra)
 
 
 # --- the plan ---------------------------------------------------------------------------------------------------

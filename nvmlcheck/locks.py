@@ -68,9 +68,6 @@ class LockDirError(NvmlCheckError, OSError):
     def __str__(self) -> str:
         return self.message
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.directory, self.message, self.path))
-
 
 class LockHolderFailed(NvmlCheckError, RuntimeError):
     """The process that was to keep the locks exited at start-up; the locks are still held by the caller only.

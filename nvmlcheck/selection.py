@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .errors import ArgumentError, BackendUnavailable, DeadlinePassed, NoSuchProcess, NvmlCheckError, WaitTimeout
 from .model import DeviceState, Fields, Snapshot
@@ -98,14 +98,6 @@ class SelectTimeout(WaitTimeout):
 
     def __str__(self) -> str:
         return str(self.args[0])
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild, ((self.timeout_s, self.elapsed_ns, self.culprits, self.snapshot, self.polls),
-                           {"count": self.count, "clean": self.clean, "holders": self._holders}))
-
-
-def _rebuild(args: tuple[Any, ...], kwargs: dict[str, Any]) -> SelectTimeout:
-    return SelectTimeout(*args, **kwargs)
 
 
 def _one_device(snap: Snapshot, device: DeviceState) -> Snapshot:

@@ -4,7 +4,7 @@ here (skipped, with its reason), a bad record file, no matplotlib for a plot."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..errors import NvmlCheckError
 
@@ -36,9 +36,6 @@ class BaselineNotClean(StudyError):
             f"free them first (nvmlcheck snapshot procs):\n{lines}"
         )
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.culprits, self.waited_s, self.records))
-
 
 class HolderError(StudyError):
     """A holder process could not be started, did not become ready, or its memory never became visible."""
@@ -55,9 +52,6 @@ class StudySkipped(StudyError):
     def __init__(self, reason: str) -> None:
         self.reason = reason
         super().__init__(f"study skipped: {reason}")
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.reason,))
 
 
 class RecordFormatError(StudyError, ValueError):
