@@ -86,7 +86,9 @@ class _Parser(argparse.ArgumentParser):
         """argparse's ``message``, with the fix named: the commands for a missing one (not the subparsers' internal
         name, ``simulate_command``), the option meant for an unknown one (``--dev``: ``--devices``)."""
         for action in self._actions:
-            if action.nargs == argparse.PARSER and message == f"the following arguments are required: {action.dest}":
+            named = {action.dest, action.metavar}  # argparse names it by its metavar, when it has one
+            if action.nargs == argparse.PARSER and message.partition(": ")[2] in named and message.startswith(
+                    "the following arguments are required: "):
                 return (f"name a command: {', '.join(action.choices or ())} "
                         f"(`{self.prog} --help` says what each does)")
         # An unknown option may not be what argparse names (`snapshot --dev 0`: "invalid choice: '0'").
@@ -283,6 +285,9 @@ GLOBAL_OPTIONS = ("backend", "smi_prefix", "simulate", "devices")
 
 #: The commands, and the global options that take a value (to find the command in argv without parsing it).
 COMMAND_NAMES = tuple(COMMANDS)
+#: The commands in the order the parser adds them (its help's order): the usage line names them all, also when
+#: only one command's parser is built (``tests/unit/test_quick_parse.py`` holds it to the parser's own order).
+USAGE_ORDER = ("snapshot", "watch", "wait", "kill", "select", "ready", "holders", "demo", "simulate", "study", "slurm")
 _VALUED_GLOBALS = ("--backend", "--smi-prefix", "--simulate", "--devices")
 
 
@@ -369,7 +374,10 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
     parser.add_argument("--version", action=_Version, state=state, help="print nvmlcheck's version and exit "
                         "(with --json, an nvmlcheck/version document)")
     global_options(parser, top=True)
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    # The usage names every command, also when only one command's parser is built (`wait --bogus` printed
+    # "{wait} ...", as if wait were the only command there is).
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser,
+                                metavar="{" + ",".join(USAGE_ORDER) + "}")
 
     if wanted("snapshot"):
         snap = sub_parser(sub, "snapshot", help="show devices (default) or processes",

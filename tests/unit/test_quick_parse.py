@@ -87,3 +87,23 @@ def test_a_bad_duration_names_the_word_for_no_bound(
         with pytest.raises(SystemExit):
             build_parser().parse_args(["kill", option, bad, "5"])
         assert f"(or '{word}')" in capsys.readouterr().err  # --grace's is 'never', as its help says
+
+
+def test_a_parser_built_for_one_command_shows_the_full_usage() -> None:
+    """The fast path builds one command's parser (``only=``); its usage line must still name every command, not
+    ``{wait}`` alone as if wait were the only one (``nvmlcheck wait --bogus`` printed that)."""
+    from nvmlcheck.cli._parser import COMMAND_NAMES, USAGE_ORDER
+
+    full = build_parser()
+    sub = next(a for a in full._actions if isinstance(a, argparse._SubParsersAction))
+    assert tuple(sub.choices) == USAGE_ORDER and set(USAGE_ORDER) == set(COMMAND_NAMES)
+    for command in COMMAND_NAMES:
+        assert build_parser(only=command).format_usage() == full.format_usage(), command
+    assert "{" + ",".join(USAGE_ORDER) + "}" in full.format_usage()
+
+
+def test_a_usage_error_after_a_command_shows_every_command(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        build_parser(only="wait").parse_args(["wait", "--bogus"])
+    err = capsys.readouterr().err
+    assert "unrecognized arguments: --bogus" in err and "{wait}" not in err and "snapshot,watch,wait,kill" in err
