@@ -720,7 +720,8 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
         once(fit, "--kinds", default=None, metavar="LIST",
              help="holder kinds fitted (default alloc,chunks,context,contexts,pinned,ipc)")
         once(fit, "--endings", type=ending_list, default=None, metavar="LIST",
-             help="endings fitted (default KILL,TERM,exit)")
+             help="endings fitted (default: one ending, the first of KILL, TERM, exit the records have, the others "
+                  "shown against the model; all three with --across ending)")
         once(fit, "--driver", default=None, metavar="VERSION",
              help="the driver the model is for (default: the records', which must be of one branch)")
         once(compare, "--stage", choices=("all", "last"), default="all",

@@ -162,7 +162,7 @@ def cmd_study_compare(args: argparse.Namespace) -> int:
 
 def cmd_study_fit(args: argparse.Namespace) -> int:
     """``study fit RECORDS.jsonl...``: the reclaim-time model fitted to the records; exit 0."""
-    from ..study.fit import FIT_ENDINGS, FIT_KINDS, fit_report, format_fit
+    from ..study.fit import FIT_KINDS, fit_report, format_fit
 
     kinds = FIT_KINDS if args.kinds is None else tuple(k.strip() for k in args.kinds.split(",") if k.strip())
     from ..study.child import HOLDER_KINDS
@@ -172,7 +172,7 @@ def cmd_study_fit(args: argparse.Namespace) -> int:
         raise UsageError(f"--kinds: {'unknown holder kind ' + ', '.join(map(repr, unknown)) if unknown else 'no kind'}"
                          f" (the kinds: {', '.join(HOLDER_KINDS)})")
     records = [r for path in args.records for r in _records_of(path)]
-    endings = FIT_ENDINGS if args.endings is None else tuple(args.endings)
+    endings = None if args.endings is None else tuple(args.endings)  # None: fit_report picks one
     try:
         result = fit_report(records, kinds=kinds, endings=endings, driver=args.driver,
                             include_simulated=args.include_simulated,

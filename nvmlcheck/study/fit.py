@@ -33,7 +33,10 @@ __all__ = ["FIT_CONDITIONS", "FIT_ENDINGS", "FIT_KINDS", "CellFit", "FitPoint", 
 #: flight; ``destroy``: the holder tears down itself; ``managed``, ``mps``, ``nccl``: their own teardown) are shown
 #: against the fitted model, not fitted.
 FIT_KINDS: tuple[str, ...] = ("alloc", "chunks", "context", "contexts", "pinned", "ipc")
-#: Endings fitted by default (``free`` frees in the holder first: not the driver's teardown alone).
+#: Endings a fit takes (``free`` frees in the holder first: not the driver's teardown alone), in the order of
+#: preference when the records have several and none is named: each ending is its own population, so by default the
+#: first of these the records have is fitted and the others are shown against the model (``study reclaim`` ends its
+#: holders by KILL and TERM unless told otherwise: its own output fits as it is).
 FIT_ENDINGS: tuple[str, ...] = ("KILL", "TERM", "exit")
 #: What a run was measured under that the model has no term for, and that changes its times: the GPU model, the
 #: backend, the polling mode, the ending (SIGKILL, SIGTERM, exit), the pin mode of pinned host memory, and the holder's
@@ -108,6 +111,8 @@ class FitResult:
     #: The runs fitted, by whether they were simulated: ``real``, ``simulated`` (with ``include_simulated``),
     #: ``unknown`` (records that do not say: never counted as real).
     provenance: dict[str, int] = field(default_factory=dict)
+    #: What the fit chose for the caller, in words (an ending picked from several when none was named).
+    notes: tuple[str, ...] = ()
     #: What every run fitted was measured under (:data:`FIT_CONDITIONS` and ``driver``, the records' version; ``None``:
     #: unknown or, for ``pin_mode``, no pinned memory; ``"*"``: pooled), and the parts pooled: part → value → runs
     #: (``"none"`` for no value), with ``across``, and ``driver`` when a driver named for the fit pools several.
@@ -122,7 +127,8 @@ class FitResult:
                 "kept": dict(self.kept), "n": self.n, "residual_max_ns": self.residual_max_ns,
                 "residual_p95_ns": self.residual_p95_ns, "cells": [asdict(c) for c in self.cells],
                 "excluded": dict(self.excluded), "provenance": dict(self.provenance),
-                "conditions": dict(self.conditions), "pooled": {k: dict(v) for k, v in self.pooled.items()}}
+                "conditions": dict(self.conditions), "pooled": {k: dict(v) for k, v in self.pooled.items()},
+                "notes": list(self.notes)}
 
 
 class MixedConditions(ArgumentError):
@@ -230,14 +236,16 @@ def fit_report(
     *,
     prior: ReclaimModel | None = None,
     kinds: Sequence[str] = FIT_KINDS,
-    endings: Sequence[str] = FIT_ENDINGS,
+    endings: Sequence[str] | None = None,
     driver: str | None = None,
     include_simulated: bool = False,
     across: Sequence[str] = (),
 ) -> FitResult:
     """Fit the model to ``records`` (see the module). ``prior``: where the coefficients the data cannot tell come
     from (default: the table's model of the records' driver); ``kinds``/``endings``: the runs fitted (the others are
-    shown against the model); ``driver``: the driver version to fit for (default: the records', which must be of one
+    shown against the model); ``endings=None`` (the default): one ending of :data:`FIT_ENDINGS`, the first the
+    records have (the others shown against the model, and ``notes`` says so), or all of them with
+    ``across=("ending",)``; ``driver``: the driver version to fit for (default: the records', which must be of one
     branch). Simulated runs (``RunRecord.simulated``: the stub's timings, not a driver's) are left out unless
     ``include_simulated``; runs that do not say are fitted and counted as ``unknown`` in ``provenance``.
 
@@ -261,13 +269,11 @@ def fit_report(
     fitted_pts: list[FitPoint] = []
     other_pts: list[FitPoint] = []
     fitted_runs: list[RunRecord] = []
-    for r in every:
-        p = fit_point(r)
-        if p is None:
-            if not r.warmup:
-                why = "timed out" if r.timed_out else "memory not seen back"
-                excluded[why] = excluded.get(why, 0) + 1
-            continue
+    points = _points(every, excluded)
+    notes: list[str] = []
+    if endings is None:
+        endings = _default_endings([p for _, p in points if p.kind in kinds], across, notes)
+    for r, p in points:
         if p.kind in kinds and p.ending in endings:
             fitted_pts.append(p)
             fitted_runs.append(r)
@@ -306,7 +312,36 @@ def fit_report(
         _cell_fit(g, model, False) for g in _groups(other_pts, varying))
     return FitResult(model=model, prior=base, fitted=fitted, kept=kept, n=len(fitted_pts), residual_max_ns=err,
                      residual_p95_ns=percentile(residuals, 0.95), cells=cells, excluded=excluded,
-                     provenance=provenance, conditions=conditions, pooled=pooled)
+                     provenance=provenance, conditions=conditions, pooled=pooled, notes=tuple(notes))
+
+
+def _points(records: Sequence[RunRecord], excluded: dict[str, int]) -> list[tuple[RunRecord, FitPoint]]:
+    """Each measured run with its point; the runs that have none counted in ``excluded`` by why."""
+    points: list[tuple[RunRecord, FitPoint]] = []
+    for r in records:
+        p = fit_point(r)
+        if p is None:
+            if not r.warmup:
+                why = "timed out" if r.timed_out else "memory not seen back"
+                excluded[why] = excluded.get(why, 0) + 1
+            continue
+        points.append((r, p))
+    return points
+
+
+def _default_endings(points: Sequence[FitPoint], across: Sequence[str], notes: list[str]) -> tuple[str, ...]:
+    """The endings fitted when none is named: every one of :data:`FIT_ENDINGS` when ``across`` pools the ending or
+    the runs have one at most; else the first the runs have (the others are another population), said in
+    ``notes``."""
+    present = [e for e in FIT_ENDINGS if any(p.ending == e for p in points)]
+    if "ending" in across or len(present) <= 1:
+        return FIT_ENDINGS
+    runs = {e: sum(1 for p in points if p.ending == e) for e in present}
+    others = ", ".join(f"{e} ({runs[e]} runs)" for e in present[1:])
+    notes.append(f"fitted the {present[0]} runs ({runs[present[0]]}) alone: each ending is its own population, and "
+                 f"none was named; the {others} are shown against the model (--endings {present[1]} fits another, "
+                 "--across ending fits them as one model)")
+    return (present[0],)
 
 
 def _drivers(runs: Sequence[RunRecord], conditions: dict[str, str | None], pooled: dict[str, dict[str, int]]) -> str:
@@ -518,6 +553,8 @@ def format_fit(result: FitResult) -> str:
                      f"(max {c.residual_max_ns / 1e6:.1f})")
     for why, n in sorted(result.excluded.items()):
         lines.append(f"  left out: {n} run{'s' if n > 1 else ''} ({why})")
+    for note in result.notes:
+        lines.append(f"  note: {note}")
     for kind, n in result.provenance.items():
         if kind != "real" and n:
             lines.append(f"  note: {n} of the runs fitted {'are' if n > 1 else 'is'} {_PROVENANCE_WORDS[kind]}")

@@ -12,7 +12,7 @@ import pytest
 
 from nvmlcheck.cli import main
 from nvmlcheck.study import DeviceRun, RunRecord, write_records
-from nvmlcheck.study.fit import MixedConditions, fit_conditions, fit_report, format_fit
+from nvmlcheck.study.fit import FIT_ENDINGS, MixedConditions, fit_conditions, fit_report, format_fit
 
 GIB = 1 << 30
 MS = 1_000_000
@@ -47,7 +47,7 @@ def test_runs_of_different_conditions_are_refused_naming_what_differs(part: str,
                                                                       b: dict[str, Any]) -> None:
     records = _runs(100.0, **a) + _runs(300.0, **b)
     with pytest.raises(MixedConditions, match=f"--across {part}") as caught:
-        fit_report(records)
+        fit_report(records, endings=FIT_ENDINGS)  # endings named: several are refused as any other condition
     (counts,) = caught.value.groups.values()
     assert list(caught.value.groups) == [part] and sorted(counts.values()) == [5, 5]
     assert isinstance(caught.value, ValueError)  # the CLI's "cannot fit" (exit 2)
@@ -65,6 +65,21 @@ def test_pooled_with_across_each_condition_is_its_own_cell_and_the_fit_says_what
     assert "measured under: NVIDIA H200, backend nvml, mode precise" in text
     assert "pooled ending KILL (5 runs), TERM (5 runs)" in result.model.source
     assert result.to_json()["pooled"] == {"ending": {"KILL": 5, "TERM": 5}}
+
+
+def test_by_default_one_ending_is_fitted_and_the_others_shown_against_the_model() -> None:
+    # The study's default output (KILL and TERM) fits as it is: KILL first, TERM shown, the choice said.
+    result = fit_report(_runs(100.0, ending="TERM") + _runs(300.0, ending="KILL"))
+    assert result.n == 5 and result.conditions["ending"] == "KILL" and result.pooled == {}
+    assert {(c.in_fit, round(c.measured_ns / MS)) for c in result.cells} == {(True, 302), (False, 102)}
+    (note,) = result.notes
+    assert "fitted the KILL runs (5) alone" in note and "TERM (5 runs)" in note and "--across ending" in note
+    assert result.to_json()["notes"] == [note] and f"note: {note}" in format_fit(result)
+    # One ending, whichever: fitted, nothing to say; all of them pooled with --across ending.
+    assert fit_report(_runs(100.0, ending="exit")).notes == ()
+    assert fit_report(_runs(100.0, ending="exit")).conditions["ending"] == "exit"
+    pooled = fit_report(_runs(100.0, ending="TERM") + _runs(300.0, ending="KILL"), across=("ending",))
+    assert pooled.n == 10 and pooled.notes == ()
 
 
 def test_pin_modes_pooled_across_stay_apart_in_their_cells() -> None:
@@ -96,13 +111,20 @@ def test_a_kind_with_a_teardown_of_its_own_is_not_fitted_with_the_models_kinds()
         fit_report(records, across=("size",))
 
 
-def test_cli_refuses_a_mix_and_pools_with_across(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_fits_the_studys_default_output_and_pools_with_across(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    # `study reclaim` ends its holders by KILL and TERM by default: its own output fits with the defaults, one
+    # ending at a time (KILL first), the other shown against the model and the output saying so.
     path = write_records(_runs(100.0) + _runs(120.0, ending="TERM"), tmp_path / "runs.jsonl")
-    assert main(["study", "fit", str(path)]) == 2
+    assert main(["study", "fit", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "5 runs fitted" in out and "ending KILL" in out
+    assert "note: fitted the KILL runs (5) alone" in out and "TERM (5 runs)" in out and "--across ending" in out
+    assert main(["study", "fit", str(path), "--endings", "TERM"]) == 0
+    assert "5 runs fitted" in capsys.readouterr().out
+    assert main(["study", "fit", str(path), "--endings", "KILL,TERM"]) == 2  # named together: still refused
     err = capsys.readouterr().err
     assert "ending KILL (5 runs), TERM (5 runs)" in err and "--endings" in err and "--across ending" in err
-    assert main(["study", "fit", str(path), "--endings", "KILL"]) == 0
-    assert "5 runs fitted" in capsys.readouterr().out
     assert main(["--json", "study", "fit", str(path), "--across", "ending"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["pooled"] == {"ending": {"KILL": 5, "TERM": 5}} and doc["conditions"]["ending"] == "*"
