@@ -78,17 +78,21 @@ def _check_counts(**values: int) -> None:
             raise ArgumentError(f"{name} must be an int >= 0, got {value!r}")
 
 
-# Driver branch ("580") -> model. The 580 figures are the reclaim study's fit of its third edition (one H200,
+# Driver branch ("580") -> model. The 580 figures are the reclaim study's fit of its third edition (one NVIDIA H200,
 # 2026-12-01: pinned host memory, CUDA IPC importers, 64 GiB device memory) together with its second edition (two
-# H200s, 2026-11-30: contexts), driver 580.159.04: 238 runs in 21 cells (docs/reclaim-study.md, "the model";
-# docs/data/h200-2026-12-01-study3/fit.txt). The device-memory slope fitted below 0 and is 0.
+# NVIDIA H200s, 2026-11-30: contexts), driver 580.159.04: 238 runs in 22 cells, each pin mode of pinned host memory
+# (cuMemHostAlloc, cuMemHostRegister) its own cell, as `nvmlcheck study fit ... --across ending,pin_mode` prints it
+# (docs/reclaim-study.md, "the model"; docs/data/h200-2026-12-01-study3/fit-pin-modes.txt; tests/unit/test_fit.py
+# fits the committed records again and finds these figures). The device-memory slope fitted below 0 and is 0. The
+# model has no pin-mode term: the pinned slope is of both modes, and a cuMemHostRegister teardown comes back faster
+# than it says (736 ms measured for 8 GiB against 1298 ms).
 #
-# The error is the fit's LARGEST residual (1.53 s, from the 32 GiB pinned cell), not its 95th percentile (0.52 s).
+# The error is the fit's LARGEST residual (1.49 s, from the 32 GiB pinned cell), not its 95th percentile (0.53 s).
 # error_ns feeds only the stuck bound (the ETA is expected_ns alone), and that bound must never call a teardown
 # stuck. ready cannot see the pinned host memory of a process that has exited, so it judges a killed 32 GiB-pinned
-# holder (a zombie still listed for 4.3-6.4 s) with pinned = 0: (102 ms + 1.53 s) x 4 = 6.51 s exceeds every run
-# measured (max 6.36 s), while the 95th percentile would give 2.49 s and call all 8 of those runs stuck. The price:
-# memory truly stuck is called so after ~6.5 s, not 1 s. Pinned memory beyond 32 GiB (not measured here; SGLang saw
+# holder (a zombie still listed for 4.3-6.4 s) with pinned = 0: (108 ms + 1.49 s) x 4 = 6.40 s exceeds every run
+# measured (max 6.36 s), while the 95th percentile would give 2.56 s and call all 8 of those runs stuck. The price:
+# memory truly stuck is called so after ~6.4 s, not 1 s. Pinned memory beyond 32 GiB (not measured here; SGLang saw
 # 25.9 s for 243 GB) can still outlast the bound when ready does not know it.
 _MODELS: dict[str, ReclaimModel] = {}
 _FALLBACK = "default"
@@ -109,10 +113,11 @@ def register(model: ReclaimModel) -> None:
 
 
 register(ReclaimModel(
-    driver="580", base_ns=102_035_180, per_context_ns=85_795_433, per_device_gib_ns=0,
-    per_pinned_gib_ns=147_869_533, per_importer_ns=41_212_584, error_ns=1_526_083_882, stuck_factor=4.0,
-    source="nvmlcheck study fit of 238 runs (21 cells), driver 580.159.04: docs/reclaim-study.md (third edition, one "
-           "H200, 2026-12-01, with the second edition's runs); error_ns = the largest residual (p95 519.7 ms)",
+    driver="580", base_ns=107_816_022, per_context_ns=83_665_649, per_device_gib_ns=0,
+    per_pinned_gib_ns=148_781_217, per_importer_ns=39_110_460, error_ns=1_491_129_152, stuck_factor=4.0,
+    source="nvmlcheck study fit --across ending,pin_mode of 238 runs (22 cells), driver 580.159.04, NVIDIA H200: "
+           "docs/reclaim-study.md (third edition, one H200, 2026-12-01, with the second edition's runs; each pin mode "
+           "its own cell); error_ns = the largest residual (p95 532.8 ms)",
 ))
 register(ReclaimModel(
     driver=_FALLBACK, base_ns=200_000_000, per_context_ns=100_000_000, per_device_gib_ns=2_000_000,

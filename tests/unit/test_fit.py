@@ -228,3 +228,25 @@ def test_cli_study_fit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert main(["study", "fit", str(tmp_path / "missing.jsonl")]) == 2
     assert main(["study", "fit", str(path), "--kinds", "streams"]) == 2
     assert "cannot fit" in capsys.readouterr().err
+
+
+def test_the_580_entry_is_the_fit_of_the_committed_h200_records() -> None:
+    """The registered 580 figures are what `study fit --across ending,pin_mode` gives on the study's records in the
+    repository (each pin mode its own cell), with their driver and GPU: not a fit that pooled the pin modes into one
+    cell's median, nor figures no data here gives."""
+    from pathlib import Path
+
+    from nvmlcheck.study import load_records
+    from nvmlcheck.study.fit import fit_report
+
+    data = Path(__file__).resolve().parents[2] / "docs" / "data"
+    paths = [data / "h200-2026-12-01-study3" / "records.jsonl",
+             *sorted((data / "h200x2-2026-11-30" / "study2").glob("*.jsonl"))]
+    records = [r for p in paths for r in load_records(p)]
+    result = fit_report(records, across=("ending", "pin_mode"))
+    entry = rm.model_for("580.159.04")
+    assert result.n == 238 and len([c for c in result.cells if c.in_fit]) == 22
+    assert result.conditions["gpu"] == "NVIDIA H200" and result.conditions["driver"] == "580.159.04"
+    for name in (*rm.COEFFICIENTS, "error_ns"):
+        assert getattr(entry, name) == getattr(result.model, name), name
+    assert "driver 580.159.04" in entry.source and "NVIDIA H200" in entry.source and "pin_mode" in entry.source
