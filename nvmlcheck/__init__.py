@@ -10,8 +10,6 @@ The NVML backend reads libnvidia-ml through cffi; the nvidia-smi backend is the 
 full reference.
 """
 
-from __future__ import annotations
-
 # Names resolve on first use (PEP 562): `import nvmlcheck` stays cheap for launch scripts and for tools that import
 # it without calling it; dataclass and enum creation alone cost ~20 ms, and even `typing` costs ~10 ms where site
 # has not loaded it, so this file imports neither (types: __init__.pyi). docs/performance.md has the figures.

@@ -149,3 +149,18 @@ def test_the_generator_takes_write_as_the_default_it_is(tmp_path: Path, monkeypa
     monkeypatch.setattr(_public, "PACKAGE", tmp_path)
     assert _public.main(["--write"]) == 0  # `--write` was an unrecognised argument (exit 2)
     assert (tmp_path / "__init__.py").read_text() == (PACKAGE / "__init__.py").read_text()
+
+
+def test_dir_offers_public_names_and_submodules_only() -> None:
+    """``dir()`` is what completion offers: `from __future__ import annotations` made `nvmlcheck.annotations` (a
+    ``__future__`` feature) look like a public name, and `typing.TYPE_CHECKING` did in ``nvmlcheck.testing``."""
+    import types
+
+    from nvmlcheck import testing
+
+    testing.ProcessKind  # noqa: B018 - a deprecated alias, once used, is a global of the module; still not offered
+    for module in (nvmlcheck, testing):
+        public = set(module.__all__) | {"open"}
+        odd = [name for name in dir(module) if not name.startswith("_") and name not in public
+               and not isinstance(getattr(module, name), types.ModuleType)]
+        assert odd == [], module.__name__
