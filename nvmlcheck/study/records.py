@@ -400,11 +400,17 @@ def load_records(path: str | os.PathLike[str]) -> list[RunRecord]:
                     continue
                 try:
                     doc = json.loads(line, parse_constant=_no_constant)
-                except json.JSONDecodeError:
+                except json.JSONDecodeError as exc:
                     whole = None if records or line.strip() != "{" else _whole_document(f)
-                    if whole is None:
+                    if whole is not None:
+                        return _records_of_document(whole)  # printed with indents (--json): not JSON Lines
+                    if records or not raw.endswith(b"\n") or line.lstrip()[:1] in ("{", "["):
                         raise
-                    return _records_of_document(whole)  # printed with indents (--json): not JSON Lines
+                    # The first line is no JSON at all: most likely the study's table, saved from its stdout.
+                    raise RecordFormatError(
+                        f"not JSON ({exc}): run records are JSON Lines, as `study reclaim --out "
+                        "FILE.jsonl` writes them (or the document `study reclaim --json` prints); the table `study "
+                        "reclaim` prints is for reading, not records") from None
                 if not isinstance(doc, dict):
                     raise RecordFormatError(f"a record is a JSON object, not {type(doc).__name__}")
                 if not records and doc.get("schema") != RECORD_SCHEMA and _is_document(doc):

@@ -73,3 +73,15 @@ def test_a_newer_reclaim_document_or_a_broken_one_is_refused(tmp_path: Path) -> 
     path.write_text('{\n "schema": "nvmlcheck/reclaim-run",\n "version": \n', encoding="utf-8")  # no document
     with pytest.raises(RecordFormatError, match=r"study.json:1: Expecting"):
         load_records(path)
+
+
+def test_the_studys_table_given_as_records_says_what_to_give(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    # `study reclaim > out.txt`, then `study fit out.txt`: json's "Extra data: line 1 column 3" said nothing of why.
+    path = tmp_path / "out.txt"
+    path.write_text("2 measured runs + 0 warm-ups on GPU 0 (NVIDIA H200); backend nvml\n"
+                    "size      ending signal ->        n      min\n", encoding="utf-8")
+    with pytest.raises(RecordFormatError, match=r"out.txt:1: not JSON .*study reclaim --out FILE.jsonl.*--json"):
+        load_records(path)
+    assert main(["study", "fit", str(path)]) == 2
+    assert "study reclaim --out FILE.jsonl" in capsys.readouterr().err
