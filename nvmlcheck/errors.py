@@ -360,7 +360,12 @@ class WaitTimeout(NvmlCheckError, TimeoutError):
         # The holders are judged here if they were not yet, so the copy holds what the original holds and would
         # hold: judged again after unpickling (another process, another host, later), a holder's /proc state and
         # container would be read anew or not at all, and the copy would name other holders, or none.
-        self.holders  # noqa: B018 - read for its side effect: the holders judged and kept
+        # Holders that cannot be judged stay unjudged: the copy then fails to judge them as the original does, and
+        # the timeout still travels (a pickling that raised would lose it: multiprocessing cannot send it).
+        import contextlib  # here, not at the top: errors.py is on every one-shot's import path
+
+        with contextlib.suppress(Exception):
+            self.holders  # noqa: B018 - read for its side effect: the holders judged and kept
         return super().__reduce__()
 
 

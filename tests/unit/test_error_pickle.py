@@ -176,3 +176,15 @@ def test_holders_judged_before_pickling_are_the_copys(monkeypatch: pytest.Monkey
         back = pickle.loads(pickle.dumps(exc))
         assert back.holders == exc.holders and len(calls) == 1, type(exc).__name__
         assert back.holders[0].pid == 4_000_123
+
+
+def test_holders_that_cannot_be_judged_do_not_stop_the_pickle(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(snapshot: object, **_: object) -> tuple[Culprit, ...]:
+        raise RuntimeError("cannot judge")
+
+    monkeypatch.setattr(verdict, "holders_of", broken)
+    exc = nc.WaitTimeout(1.0, 10, ["GPU 0: pid 4000123 holds 8 GiB"], BUSY, 3)
+    back = pickle.loads(pickle.dumps(exc))  # the timeout still travels, message and snapshot with it
+    assert str(back) == str(exc) and back.snapshot == exc.snapshot
+    with pytest.raises(RuntimeError, match="cannot judge"):
+        back.holders  # noqa: B018 - as the original would
