@@ -89,8 +89,10 @@ class XidInfo:
 
     ``bucket``: the "Resolution Bucket (Immediate Action)" of NVIDIA's XID catalogue, verbatim (``RESTART_APP``,
     ``RESET_GPU``, ``RESTART_BM``, ``WORKFLOW_XID_48``, ...; ``""`` for a code the catalogue does not list).
-    ``action``: what an operator does, as a :class:`~nvmlcheck.OperatorAction` (``None`` for a code nvmlcheck does
-    not know). ``fatal`` is exactly "waiting cannot help": ``not action.waiting_helps``.
+    ``action``: what an operator does, as a :class:`~nvmlcheck.OperatorAction`; ``None`` for a code nvmlcheck does
+    not know, and for one whose action the catalogue decides by a subcode that NVML's event does not carry (XIDs 144,
+    145, 146 and 149: :attr:`depends_on_subcode`). ``fatal`` is exactly "waiting cannot help":
+    ``not action.waiting_helps`` (``False`` without an action: nvmlcheck does not guess a fault).
     """
 
     code: int
@@ -98,20 +100,30 @@ class XidInfo:
     fatal: bool
     bucket: str = ""
     action: OperatorAction | None = None
+    #: The catalogue's action depends on the message's subcode (intrInfo, errorStatus), which only the kernel log
+    #: carries: the event alone cannot say. The GPU's recovery action (``Health.recovery_action``, which ``ready``
+    #: reads again after every XID) says what the driver wants.
+    depends_on_subcode: bool = False
 
 
 def _x(code: int, meaning: str, bucket: str, action: OperatorAction) -> tuple[int, XidInfo]:
     return code, XidInfo(code, meaning, not action.waiting_helps, bucket, action)
 
 
+def _by_subcode(code: int, meaning: str) -> tuple[int, XidInfo]:
+    return code, XidInfo(code, meaning, False, "WORKFLOW_NVLINK5_ERR", None, depends_on_subcode=True)
+
+
 _A = OperatorAction
 #: XIDs nvmlcheck knows, each checked against NVIDIA's XID catalogue for Ampere and newer GPUs ("Analyzing Xid Errors
-#: with the Xid Catalog", https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html, read 2026-12-01):
-#: ``bucket`` is the catalogue's immediate action; ``action`` what it comes to for an operator. Fatal ones are those
-#: the catalogue resolves with a GPU reset or a node reboot (RESET_GPU, RESTART_BM, and the workflows of 48 and 74,
-#: whose text says "a GPU reset or node reboot is needed", and RESTART_VM, the VM's own reboot); RESTART_APP and
-#: IGNORE are recorded only. XIDs 144-150 are left out: their bucket depends on a subcode NVML's event does not carry.
-#: docs/events.md is the table with its reasoning.
+#: with the Xid Catalog", https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html, read 2026-12-01 and
+#: again 2026-12-02 with its "XID 144-150 Decode" table): ``bucket`` is the catalogue's immediate action; ``action``
+#: what it comes to for an operator. Fatal ones are those the catalogue resolves by an operator: a GPU reset, a node
+#: or VM reboot (RESET_GPU, RESTART_BM, RESTART_VM, and the workflows of 48 and 74, whose text says "a GPU reset or
+#: node reboot is needed"), hands on the board (CHECK_MECHANICALS) or a service call (CONTACT_SUPPORT); RESTART_APP
+#: and IGNORE are recorded only. XIDs 144-150 (WORKFLOW_NVLINK5_ERR) are classed by their decode table: 147 and 148
+#: are IGNORE for every subcode, 150 RESET_GPU for every one; 144, 145, 146 and 149 differ by subcode and are
+#: recorded with no action (:attr:`XidInfo.depends_on_subcode`). docs/events.md is the table with its reasoning.
 XID_TABLE: dict[int, XidInfo] = dict(
     (
         _x(13, "graphics engine exception (an application fault: bad kernel, out-of-range access)", "RESTART_APP",
@@ -122,6 +134,8 @@ XID_TABLE: dict[int, XidInfo] = dict(
            _A.IGNORE),
         _x(46, "GPU stopped processing (timeout)", "RESET_GPU", _A.RESET_GPU),
         _x(48, "double-bit (uncorrectable) ECC error in GPU memory", "WORKFLOW_XID_48", _A.RESET_GPU),
+        _x(54, "auxiliary power is not connected to the GPU board (it runs at reduced clocks)", "CHECK_MECHANICALS",
+           _A.CHECK_MECHANICALS),
         _x(62, "internal micro-controller halt", "RESET_GPU", _A.RESET_GPU),
         _x(63, "ECC page retirement or row remapping recorded; a GPU reset activates it", "IGNORE", _A.IGNORE),
         _x(64, "ECC page retirement or row remapping failed", "RESET_GPU", _A.RESET_GPU),
@@ -137,13 +151,25 @@ XID_TABLE: dict[int, XidInfo] = dict(
         _x(120, "GSP error: the GPU System Processor reported a fatal error", "RESET_GPU", _A.RESET_GPU),
         _x(136, "NVLink link training failed", "RESET_GPU", _A.RESET_GPU),
         _x(140, "unrecovered ECC error", "RESET_GPU", _A.RESET_GPU),
+        _x(142, "NVENC3 (video encoder) error", "CONTACT_SUPPORT", _A.CONTACT_SUPPORT),
         _x(143, "GPU initialization error", "RESET_GPU", _A.RESET_GPU),
+        _by_subcode(144, "NVLink (NVLink 5) SAW error: a reset or nothing, by its subcode (see the recovery action)"),
+        _by_subcode(145, "NVLink (NVLink 5) RLW error: a reset, an application restart or nothing, by its subcode "
+                         "(see the recovery action)"),
+        _by_subcode(146, "NVLink (NVLink 5) TLW error: a reset or nothing, by its subcode (see the recovery action)"),
+        _x(147, "NVLink (NVLink 5) TREX error", "WORKFLOW_NVLINK5_ERR", _A.IGNORE),
+        _x(148, "NVLink (NVLink 5) NVLPW_CTRL error", "WORKFLOW_NVLINK5_ERR", _A.IGNORE),
+        _by_subcode(149, "NVLink (NVLink 5) NETIR error (link down, bit error rate, ...): mostly a reset, by its "
+                         "subcode (see the recovery action)"),
+        _x(150, "NVLink (NVLink 5) MSE error (degraded, or its watchdog fired)", "WORKFLOW_NVLINK5_ERR", _A.RESET_GPU),
         _x(151, "key rotation error (confidential computing)", "RESTART_VM", _A.NODE_REBOOT),
         _x(154, "GPU recovery action changed (see nvidia-smi -q for the action required)", "XID_154", _A.IGNORE),
         _x(155, "NVLink software-defined error (a link taken down)", "RESET_GPU", _A.RESET_GPU),
         _x(156, "resource retirement event", "RESET_GPU", _A.RESET_GPU),
         _x(157, "resource retirement failed: no spare resources left (workloads may run on)", "IGNORE", _A.IGNORE),
         _x(158, "GPU fatal timeout", "RESET_GPU", _A.RESET_GPU),
+        _x(159, "CHI non-data error on the chip-to-chip (C2C) link: with UVM in use (CUDA uses it) the GPU needs a "
+                "reset", "CHECK_UVM", _A.RESET_GPU),
         _x(999, "an XID NVML could not identify", "", _A.IGNORE),
     )
 )  # fmt: skip
