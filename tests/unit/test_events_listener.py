@@ -1,7 +1,7 @@
 """The event listener's contract with waits and ``watch``: its ``state`` tells the truth about its thread, and a GPU
 that refuses some event types is still listened to for the ones that stop a wait.
 
-Fake event sources stand for the library; nothing here measures time.
+Fake event sources (tests/unit/fake_events.py) stand for the library; nothing here measures time.
 """
 
 from __future__ import annotations
@@ -10,42 +10,20 @@ import threading
 from collections.abc import Callable
 
 import pytest
+from fake_events import FakeEventCalls
 
 from nvmlcheck import events as events_module
 from nvmlcheck._nvml import library
-from nvmlcheck.errors import NotSupported, Uninitialized
+from nvmlcheck.errors import Uninitialized
 from nvmlcheck.events import EventListener, EventTarget, GpuEvent
-
-
-class _Dying:
-    """Event calls whose wait raises something that is not an NVML error (a record it cannot decode, ...)."""
-
-    missing = None
-
-    def __init__(self) -> None:
-        self.freed = 0
-
-    def create(self) -> object:
-        return object()
-
-    def supported(self, handle: object, index: int) -> int:
-        return 0xFFFF
-
-    def register(self, handle: object, index: int, mask: int, event_set: object) -> None:
-        pass
-
-    def wait(self, event_set: object, timeout_ms: int) -> None:
-        raise RuntimeError("cannot decode the event record")
-
-    def free(self, event_set: object) -> int:
-        self.freed += 1
-        return 0
 
 
 def test_a_listener_whose_thread_dies_says_failed(monkeypatch: pytest.MonkeyPatch) -> None:
     died: list[object] = []
     monkeypatch.setattr(threading, "excepthook", died.append)
-    listener = EventListener(_Dying(), [EventTarget(0, object(), "GPU-0")], id).start()
+    # A wait that raises something that is not an NVML error (a record it cannot decode, ...).
+    source = FakeEventCalls(wait_error=RuntimeError("cannot decode the event record"))
+    listener = EventListener(source, [EventTarget(0, object(), "GPU-0")], id).start()
     thread = listener.thread
     assert thread is not None
     thread.join(10.0)
@@ -60,35 +38,10 @@ def test_a_listener_whose_thread_dies_says_failed(monkeypatch: pytest.MonkeyPatc
     assert listener.state == "failed"
 
 
-class _RefusesEcc:
-    """A GPU that reports every type supported but refuses any mask with an ECC type in it (ECC events are not
-    delivered with ECC off, say): NVML answers NOT_SUPPORTED for the whole mask, naming no type."""
-
-    missing = None
-
-    def __init__(self) -> None:
-        self.masks: list[int] = []
-
-    def create(self) -> object:
-        return object()
-
-    def supported(self, handle: object, index: int) -> int:
-        return 0x1F
-
-    def register(self, handle: object, index: int, mask: int, event_set: object) -> None:
-        self.masks.append(mask)
-        if mask & 0x3:
-            raise NotSupported(3, "nvmlDeviceRegisterEvents", index)
-
-    def wait(self, event_set: object, timeout_ms: int) -> None:
-        threading.Event().wait(timeout_ms / 1000)
-
-    def free(self, event_set: object) -> int:
-        return 0
-
-
 def test_a_gpu_refusing_ecc_events_is_still_listened_to_for_xids() -> None:
-    source = _RefusesEcc()
+    # Every type reported supported, but any mask with an ECC type in it refused (ECC events are not delivered with
+    # ECC off, say): NVML answers NOT_SUPPORTED for the whole mask, naming no type.
+    source = FakeEventCalls(supported=0x1F, refuse_bits=0x3)
     listener = EventListener(source, [EventTarget(0, object(), "GPU-0")], id).start()
     try:
         # It was given up after the full mask and the fault kinds (XID + ECC) were refused: no events at all, and
@@ -99,26 +52,9 @@ def test_a_gpu_refusing_ecc_events_is_still_listened_to_for_xids() -> None:
         listener.stop()
 
 
-class _WaitFails(_RefusesEcc):
-    """Registration works; the wait fails as after NVML was re-initialised under the listener."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.freed: list[object] = []
-
-    def register(self, handle: object, index: int, mask: int, event_set: object) -> None:
-        pass
-
-    def wait(self, event_set: object, timeout_ms: int) -> None:
-        raise Uninitialized(1, "nvmlEventSetWait_v2")
-
-    def free(self, event_set: object) -> int:
-        self.freed.append(event_set)
-        return 0
-
-
 def test_a_failed_listener_frees_its_event_set_without_being_stopped() -> None:
-    source = _WaitFails()
+    # Registration works; the wait fails as after NVML was re-initialised under the listener.
+    source = FakeEventCalls(wait_error=Uninitialized(1, "nvmlEventSetWait_v2"))
     listener = EventListener(source, [EventTarget(0, object(), "GPU-0")], id).start()
     thread = listener.thread
     assert thread is not None
@@ -131,17 +67,12 @@ def test_a_failed_listener_frees_its_event_set_without_being_stopped() -> None:
     assert len(source.freed) == 1  # and never twice
 
 
-class _Quiet(_RefusesEcc):
-    def register(self, handle: object, index: int, mask: int, event_set: object) -> None:
-        pass
-
-
 @pytest.mark.parametrize("call", ["events", "fatal", "sleep", "next_events"])
 def test_a_forked_child_never_waits_on_the_parents_lock(monkeypatch: pytest.MonkeyPatch, call: str) -> None:
     # At fork() the parent's listener thread may hold the listener's lock (it appends each event under it); in the
     # child nobody ever releases it. Only state/reason/stop/start noticed the fork: a wait's fatal() (each poll), a
     # watcher's next_events() or `events` then blocked for ever on that lock.
-    listener = EventListener(_Quiet(), [EventTarget(0, object(), "GPU-0")], id).start()
+    listener = EventListener(FakeEventCalls(supported=0x1F), [EventTarget(0, object(), "GPU-0")], id).start()
     thread, stop_thread = listener.thread, listener._stop  # the "fork" makes the listener forget both
     try:
         held, release = threading.Event(), threading.Event()
@@ -178,13 +109,8 @@ def test_a_forked_child_never_waits_on_the_parents_lock(monkeypatch: pytest.Monk
             thread.join(30.0)
 
 
-class _ClocksOnly(_Quiet):
-    def supported(self, handle: object, index: int) -> int:
-        return 0x10 | 0x4  # clock and P-state events: nothing that can stop a wait
-
-
 def test_a_gpu_delivering_no_fault_events_is_not_counted_as_listened_to() -> None:
-    listener = EventListener(_ClocksOnly(), [EventTarget(0, object(), "GPU-0")], id).start()
+    listener = EventListener(FakeEventCalls(supported=0x10 | 0x4), [EventTarget(0, object(), "GPU-0")], id).start()
     try:
         # It was "running, covering GPU 0" with no reason: waits and `watch` said they listened for its XIDs.
         assert listener.state == "unsupported" and listener.covered == frozenset()
@@ -201,7 +127,7 @@ def _hear(listener: EventListener, count: int, etype: int = 0x10, data: int = 0)
 def test_a_wait_checks_the_fatal_events_only(monkeypatch: pytest.MonkeyPatch) -> None:
     # Before every poll a wait asks fatal(): it scanned every event heard since listen(), clock events included, so
     # a session listening for hours paid for each of them on each poll (and each wake-up of sleep()).
-    listener = EventListener(_Quiet(), [], id)
+    listener = EventListener(FakeEventCalls(supported=0x1F), [], id)
     _hear(listener, 1000)
     _hear(listener, 1, etype=0x8, data=79)
     looked_at: list[GpuEvent] = []
@@ -219,7 +145,7 @@ def test_a_wait_checks_the_fatal_events_only(monkeypatch: pytest.MonkeyPatch) ->
 
 def test_a_long_listener_keeps_a_bounded_number_of_events(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(events_module, "MAX_KEPT_EVENTS", 10)
-    listener = EventListener(_Quiet(), [], id)
+    listener = EventListener(FakeEventCalls(supported=0x1F), [], id)
     _hear(listener, 1, etype=0x8, data=48)  # fatal, first: forgotten from `events`, never from fatal()
     _hear(listener, 24)
     assert len(listener.events) <= 10  # it kept all 25: a `watch` of weeks grew without bound
