@@ -56,7 +56,8 @@ MAX_KEPT_EVENTS = 100_000
 
 
 class EventKind(enum.Enum):
-    """What an NVML event reports (its ``nvmlEventType`` bit)."""
+    """What an NVML event reports (its ``nvmlEventType`` bit). ``UNKNOWN``: a type nvmlcheck has no name for (a newer
+    driver's); the event keeps its raw bits in :attr:`GpuEvent.event_type` and is recorded, never dropped."""
 
     SINGLE_BIT_ECC = "single_bit_ecc"
     DOUBLE_BIT_ECC = "double_bit_ecc"
@@ -64,9 +65,20 @@ class EventKind(enum.Enum):
     XID = "xid"
     CLOCK = "clock"
     POWER_SOURCE = "power_source"
+    #: GPU or compute instances were created or destroyed: what is on the GPU changed, not its health. Recorded; a
+    #: wait's next poll reads the GPU's MIG devices again (each poll of a GPU in MIG mode does).
+    MIG_CONFIG = "mig_config"
+    SINGLE_BIT_ECC_STORM = "single_bit_ecc_storm"
+    DRAM_RETIREMENT = "dram_retirement"
+    DRAM_RETIREMENT_FAILURE = "dram_retirement_failure"
+    NONFATAL_POISON = "nonfatal_poison"
+    FATAL_POISON = "fatal_poison"
+    GPU_UNAVAILABLE = "gpu_unavailable"
+    GPU_RECOVERY_ACTION = "gpu_recovery_action"
+    UNKNOWN = "unknown"
 
 
-# nvml.h's nvmlEventType* bits.
+# nvml.h's nvmlEventType* bits (and nvmlEventMigConfigChange).
 _KIND_BITS: dict[int, EventKind] = {
     0x1: EventKind.SINGLE_BIT_ECC,
     0x2: EventKind.DOUBLE_BIT_ECC,
@@ -74,12 +86,36 @@ _KIND_BITS: dict[int, EventKind] = {
     0x8: EventKind.XID,
     0x10: EventKind.CLOCK,
     0x80: EventKind.POWER_SOURCE,
+    0x100: EventKind.MIG_CONFIG,
+    0x200: EventKind.SINGLE_BIT_ECC_STORM,
+    0x400: EventKind.DRAM_RETIREMENT,
+    0x800: EventKind.DRAM_RETIREMENT_FAILURE,
+    0x1000: EventKind.NONFATAL_POISON,
+    0x2000: EventKind.FATAL_POISON,
+    0x4000: EventKind.GPU_UNAVAILABLE,
+    0x8000: EventKind.GPU_RECOVERY_ACTION,
 }
-#: Every type the listener asks for (masked by what each GPU supports).
+#: Every type the listener asks for (masked by what each GPU supports): every type nvmlcheck can name.
 WANTED_MASK = sum(_KIND_BITS)
 # The kinds that can stop a wait (XID, single- and double-bit ECC): registered alone when the full mask is refused.
 _CRITICAL_MASK = 0x1 | 0x2 | 0x8
 _XID_BIT = 0x8
+_MEANINGS = {
+    EventKind.SINGLE_BIT_ECC: "single-bit (corrected) ECC error",
+    EventKind.DOUBLE_BIT_ECC: "double-bit (uncorrectable) ECC error",
+    EventKind.PSTATE: "performance state changed",
+    EventKind.CLOCK: "clocks changed",
+    EventKind.POWER_SOURCE: "power source changed",
+    EventKind.XID: "XID error",
+    EventKind.MIG_CONFIG: "MIG configuration changed (instances created or destroyed): its MIG devices are read again",
+    EventKind.SINGLE_BIT_ECC_STORM: "single-bit ECC error storm",
+    EventKind.DRAM_RETIREMENT: "DRAM retirement (a row remapped or a page retired)",
+    EventKind.DRAM_RETIREMENT_FAILURE: "DRAM retirement failed",
+    EventKind.NONFATAL_POISON: "non-fatal poison error",
+    EventKind.FATAL_POISON: "fatal poison error",
+    EventKind.GPU_UNAVAILABLE: "GPU unavailable",
+    EventKind.GPU_RECOVERY_ACTION: "GPU recovery action changed (read Health.recovery_action)",
+}
 
 
 @dataclass(frozen=True)
@@ -216,14 +252,9 @@ class GpuEvent:
         """A human sentence for the event."""
         if self.kind is EventKind.XID and self.xid is not None:
             return xid_info(self.xid).meaning
-        return {
-            EventKind.SINGLE_BIT_ECC: "single-bit (corrected) ECC error",
-            EventKind.DOUBLE_BIT_ECC: "double-bit (uncorrectable) ECC error",
-            EventKind.PSTATE: "performance state changed",
-            EventKind.CLOCK: "clocks changed",
-            EventKind.POWER_SOURCE: "power source changed",
-            EventKind.XID: "XID error",
-        }[self.kind]
+        if self.kind is EventKind.UNKNOWN:
+            return f"event type {self.event_type:#x} (not known to nvmlcheck), data {self.event_data}"
+        return _MEANINGS[self.kind]
 
     def fault(self) -> GpuFault:
         """This event as the :class:`~nvmlcheck.GpuFault` a wait raises."""
@@ -247,6 +278,8 @@ class GpuEvent:
             "wall_time": self.wall_time,
             "gpu_instance_id": self.gpu_instance_id,
             "compute_instance_id": self.compute_instance_id,
+            "event_type": self.event_type,
+            "event_data": self.event_data,
         }
 
     def line(self) -> str:
@@ -254,6 +287,8 @@ class GpuEvent:
         millis = int(self.wall_time % 1 * 1000)
         when = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(self.wall_time)) + f".{millis:03d}Z"
         what = f"XID {self.xid}" if self.xid is not None else self.kind.value
+        if self.kind is EventKind.UNKNOWN:
+            what = f"event type {self.event_type:#x}"
         gi, ci = self.gpu_instance_id, self.compute_instance_id
         mig = "" if gi is None else f" (GI {gi}, CI {ci})"
         verdict = " FATAL" if self.fatal else ""
@@ -520,22 +555,29 @@ class EventListener:
                 self._source.free(event_set)
 
     def _received(self, address: int, etype: int, data: int, gi: int | None, ci: int | None) -> None:
+        """One record of ``nvmlEventSetWait_v2``: an event per type bit nvmlcheck names, and one ``UNKNOWN`` event
+        for the bits it does not (a newer driver's type, or none at all) with the raw bits: never dropped."""
         now_ns, wall = time.monotonic_ns(), time.time()
         index, uuid = self._covered.get(address, (-1, None))
+        got: list[GpuEvent] = []
         for bit, kind in _KIND_BITS.items():
             if etype & bit:
                 xid = int(data) if kind is EventKind.XID else None
-                ev = GpuEvent(index, uuid, kind, xid, now_ns, wall, gi, ci, etype, data)
-                with self._cond:
-                    self._events.append(ev)
-                    if ev.fatal:
-                        self._fatal_events.append(ev)
-                    if len(self._events) > MAX_KEPT_EVENTS:
-                        # Forget down to half the bound at once: one list shift per MAX_KEPT_EVENTS / 2 events.
-                        drop = len(self._events) - MAX_KEPT_EVENTS // 2
-                        del self._events[:drop]
-                        self._forgotten += drop
-                    self._cond.notify_all()
+                got.append(GpuEvent(index, uuid, kind, xid, now_ns, wall, gi, ci, etype, data))
+        unnamed = etype & ~WANTED_MASK
+        if unnamed or not got:
+            got.append(GpuEvent(index, uuid, EventKind.UNKNOWN, None, now_ns, wall, gi, ci, etype, data))
+        with self._cond:
+            for ev in got:
+                self._events.append(ev)
+                if ev.fatal:
+                    self._fatal_events.append(ev)
+            if len(self._events) > MAX_KEPT_EVENTS:
+                # Forget down to half the bound at once: one list shift per MAX_KEPT_EVENTS / 2 events.
+                drop = len(self._events) - MAX_KEPT_EVENTS // 2
+                del self._events[:drop]
+                self._forgotten += drop
+            self._cond.notify_all()
 
     # --- for waits and watchers -----------------------------------------------------------------------------------
 

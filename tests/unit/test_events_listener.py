@@ -15,7 +15,7 @@ from fake_events import FakeEventCalls
 from nvmlcheck import events as events_module
 from nvmlcheck._nvml import library
 from nvmlcheck.errors import Uninitialized
-from nvmlcheck.events import EventListener, EventTarget, GpuEvent
+from nvmlcheck.events import EventKind, EventListener, EventTarget, GpuEvent
 
 
 def test_a_listener_whose_thread_dies_says_failed(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -157,3 +157,52 @@ def test_a_long_listener_keeps_a_bounded_number_of_events(monkeypatch: pytest.Mo
     _hear(listener, 1)
     new, after = listener.next_events(after, 0.0)
     assert after == 26 and len(new) == 1
+
+
+def _heard(source: FakeEventCalls, count: int) -> tuple[EventListener, list[GpuEvent]]:
+    """A listener over ``source`` on GPU 0 (handle ``HANDLE``), and the first ``count`` events its thread received."""
+    listener = EventListener(source, [EventTarget(0, HANDLE, "GPU-0")], id).start()
+    got: list[GpuEvent] = []
+    after = 0
+    while len(got) < count:
+        new, after = listener.next_events(after, 30.0)
+        assert new, f"the listener passed on {len(got)} of {count} events"
+        got += new
+    return listener, got
+
+
+HANDLE = object()
+
+
+def test_an_event_type_nvmlcheck_does_not_know_reaches_the_caller_with_its_raw_code() -> None:
+    # A type bit outside the listener's table (a newer driver's) produced no event at all: dropped without a word.
+    source = FakeEventCalls(records=[
+        (id(HANDLE), 0x10000, 7, None, None),  # unknown alone
+        (id(HANDLE), 0x8 | 0x20000, 79, None, None),  # an XID with an unknown bit beside it
+        (id(HANDLE), 0x0, 0, None, None),  # no type at all
+    ])
+    listener, got = _heard(source, 4)
+    try:
+        unknown = [e for e in got if e.kind is EventKind.UNKNOWN]
+        assert [(e.event_type, e.event_data) for e in unknown] == [(0x10000, 7), (0x8 | 0x20000, 79), (0, 0)]
+        assert [e.xid for e in got if e.kind is EventKind.XID] == [79]  # the known bit of the same record kept
+        first = unknown[0]
+        assert not first.fatal and first.index == 0 and "0x10000" in first.meaning and "0x10000" in first.line()
+        doc = first.to_json()
+        assert (doc["kind"], doc["event_type"], doc["event_data"], doc["fatal"]) == ("unknown", 0x10000, 7, False)
+        assert listener.state == "running"  # never a crash
+    finally:
+        listener.stop()
+
+
+def test_mig_configuration_changes_are_registered_and_recorded_not_fatal() -> None:
+    # nvmlEventMigConfigChange was never asked for: an instance created or destroyed under a wait went unheard.
+    source = FakeEventCalls(supported=0x1FF, records=[(id(HANDLE), 0x100, 0, None, None)])
+    listener, got = _heard(source, 1)
+    try:
+        assert source.masks[0] & 0x100
+        (ev,) = got
+        assert ev.kind is EventKind.MIG_CONFIG and not ev.fatal and "MIG" in ev.meaning
+        assert listener.fatal() is None  # what is on the GPU changed, not its health: the next poll reads it again
+    finally:
+        listener.stop()
