@@ -13,6 +13,7 @@ why and waits only poll. Registration, the wait slice, fork() and the XID source
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import enum
 import threading
@@ -53,6 +54,10 @@ STOP_TIMEOUT_S = 5.0
 #: hears clock events every few seconds, and kept them all. The oldest are forgotten beyond it; fatal events are kept
 #: apart, every one, for waits (:meth:`EventListener.fatal`).
 MAX_KEPT_EVENTS = 100_000
+#: How many fatal events a listener keeps per GPU for waits (:meth:`EventListener.fatal`). A GPU in an XID storm (an
+#: NVLink XID 74 every few milliseconds) made the list, and the scan every poll of every wait made of it, grow without
+#: bound. Beyond it the oldest half is forgotten: a wait that began before them still finds a later fatal event.
+MAX_KEPT_FATAL_PER_GPU = 1_000
 
 
 class EventKind(enum.Enum):
@@ -336,8 +341,9 @@ class EventListener:
         self._cond = threading.Condition()
         self._events: list[GpuEvent] = []
         self._forgotten = 0  # events received before self._events[0] (beyond MAX_KEPT_EVENTS)
-        # Fatal events apart: a wait checks them before every poll, which must not scan every clock event heard.
-        self._fatal_events: list[GpuEvent] = []
+        # Fatal events apart, per GPU index, in the order received (so by time_ns): a wait checks them before every
+        # poll, which must not scan every clock event heard, nor every fatal event of another GPU.
+        self._fatal_by_gpu: dict[int, list[GpuEvent]] = {}
         self._state = "new"
         self._reason: str | None = None
         self._preset = dict(unavailable or {})  # GPUs left out before registration (identity unreadable)
@@ -571,7 +577,10 @@ class EventListener:
             for ev in got:
                 self._events.append(ev)
                 if ev.fatal:
-                    self._fatal_events.append(ev)
+                    kept = self._fatal_by_gpu.setdefault(ev.index, [])
+                    kept.append(ev)
+                    if len(kept) > MAX_KEPT_FATAL_PER_GPU:
+                        del kept[: len(kept) - MAX_KEPT_FATAL_PER_GPU // 2]
             if len(self._events) > MAX_KEPT_EVENTS:
                 # Forget down to half the bound at once: one list shift per MAX_KEPT_EVENTS / 2 events.
                 drop = len(self._events) - MAX_KEPT_EVENTS // 2
@@ -590,10 +599,14 @@ class EventListener:
             return self._first_fatal(wanted, since_ns)
 
     def _first_fatal(self, wanted: frozenset[int] | None, since_ns: int) -> GpuEvent | None:
-        for ev in self._fatal_events:
-            if ev.time_ns >= since_ns and (wanted is None or ev.index in wanted):
-                return ev
-        return None
+        first: GpuEvent | None = None
+        for index, kept in self._fatal_by_gpu.items():
+            if wanted is not None and index not in wanted:
+                continue
+            at = bisect.bisect_left(kept, since_ns, key=_event_time)  # each list is in time_ns order
+            if at < len(kept) and (first is None or kept[at].time_ns < first.time_ns):
+                first = kept[at]
+        return first
 
     def sleep(self, seconds: float, indices: Iterable[int] | None = None, since_ns: int = 0) -> bool:
         """Sleep up to ``seconds``, waking at once when a fatal event on ``indices`` arrives; returns whether one
@@ -613,6 +626,10 @@ class EventListener:
                                 timeout_s)
             new = self._events[max(0, after - self._forgotten):]
             return list(new), self._forgotten + len(self._events)
+
+
+def _event_time(ev: GpuEvent) -> int:
+    return ev.time_ns
 
 
 def check_fatal(listener: EventListener | None, indices: Iterable[int] | None, since_ns: int) -> None:

@@ -206,3 +206,29 @@ def test_mig_configuration_changes_are_registered_and_recorded_not_fatal() -> No
         assert listener.fatal() is None  # what is on the GPU changed, not its health: the next poll reads it again
     finally:
         listener.stop()
+
+
+def test_an_xid_storm_on_one_gpu_costs_a_wait_on_another_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every fatal event was kept in one list that each wait scanned before every poll: 200 000 XID 74s of a GPU in an
+    # NVLink storm cost a wait on another GPU ~10 ms a poll (its polls are ~1 ms apart), and memory without bound.
+    listener = EventListener(FakeEventCalls(supported=0x1F), [], id)
+    listener._covered = {1: (1, "GPU-1"), 0: (0, "GPU-0")}  # handle address -> (index, uuid)
+    for _ in range(5 * events_module.MAX_KEPT_FATAL_PER_GPU):
+        listener._received(1, 0x8, 74, None, None)
+    listener._received(0, 0x8, 79, None, None)
+    looked_at: list[GpuEvent] = []
+    time_of = events_module._event_time
+
+    def counted(ev: GpuEvent) -> int:
+        looked_at.append(ev)
+        return time_of(ev)
+
+    monkeypatch.setattr(events_module, "_event_time", counted)
+    found = listener.fatal([0])
+    assert found is not None and found.xid == 79 and found.index == 0
+    assert len(looked_at) <= 4  # a binary search of GPU 0's one event; GPU 1's are not looked at
+    storm = listener.fatal([1])
+    assert storm is not None and storm.xid == 74  # a wait that began before the storm still stops on it
+    assert len(looked_at) <= 4 + 2 * events_module.MAX_KEPT_FATAL_PER_GPU.bit_length()
+    assert sum(1 for e in listener.events if e.fatal) > events_module.MAX_KEPT_FATAL_PER_GPU  # `events` keeps them
+    assert listener.fatal([1], since_ns=found.time_ns + 1) is None
