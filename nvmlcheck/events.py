@@ -523,7 +523,9 @@ class EventListener:
             with contextlib.suppress(NvmlCheckError):
                 self._source.free(event_set)
         with self._cond:
-            if self._state == "running":
+            if self._state in ("running", "new"):
+                # "new": stopped before it started. It stayed "new", so a later start() registered and started a
+                # thread that saw the stop flag and ended at once, leaving "running" (active) with nothing listening.
                 self._state = "stopped"
             self._cond.notify_all()
 

@@ -232,3 +232,24 @@ def test_an_xid_storm_on_one_gpu_costs_a_wait_on_another_nothing(monkeypatch: py
     assert len(looked_at) <= 4 + 2 * events_module.MAX_KEPT_FATAL_PER_GPU.bit_length()
     assert sum(1 for e in listener.events if e.fatal) > events_module.MAX_KEPT_FATAL_PER_GPU  # `events` keeps them
     assert listener.fatal([1], since_ns=found.time_ns + 1) is None
+
+
+def test_every_event_kind_is_classed_for_readys_health_reading() -> None:
+    # ready reads the health again after an event that can announce a change of it; the kinds added for nvml.h's
+    # newer types (DRAM retirement, poison, recovery action, ...) and unknown ones were none of its three.
+    from nvmlcheck.readiness import _HEALTH_EVENTS
+
+    not_health = {EventKind.PSTATE, EventKind.CLOCK, EventKind.POWER_SOURCE, EventKind.MIG_CONFIG}
+    assert {k.value for k in EventKind} - {k.value for k in not_health} == set(_HEALTH_EVENTS)
+
+
+def test_a_listener_stopped_before_it_started_never_says_running() -> None:
+    source = FakeEventCalls(supported=0x1F)
+    listener = EventListener(source, [EventTarget(0, HANDLE, "GPU-0")], id)
+    listener.stop()
+    listener.start()
+    try:
+        # It said "running" (active: waits counted on it) while its thread had ended at once on the stop flag.
+        assert listener.state == "stopped" and not listener.active and source.masks == []
+    finally:
+        listener.stop()
