@@ -105,6 +105,10 @@ WANTED_MASK = sum(_KIND_BITS)
 # The kinds that can stop a wait (XID, single- and double-bit ECC): registered alone when the full mask is refused.
 _CRITICAL_MASK = 0x1 | 0x2 | 0x8
 _XID_BIT = 0x8
+# The types asked for before nvml.h's newer ones were (ECC, P-state, XID, clock, power source), with MIG changes, then
+# without: a GPU that reports a newer type supported but refuses it keeps the ones it delivered before.
+_CLASSIC_MASK = 0x1 | 0x2 | 0x4 | 0x8 | 0x10 | 0x80
+_MIG_CONFIG_BIT = 0x100
 _MEANINGS = {
     EventKind.SINGLE_BIT_ECC: "single-bit (corrected) ECC error",
     EventKind.DOUBLE_BIT_ECC: "double-bit (uncorrectable) ECC error",
@@ -478,10 +482,12 @@ class EventListener:
     @staticmethod
     def _register_narrowing(src: Any, t: EventTarget, mask: int, event_set: object) -> None:
         """Register ``mask``; where NVML refuses it with NOT_SUPPORTED (it names no type: any one it lacks refuses
-        the whole mask, although reported supported), ask again for the kinds that stop a wait, then for XIDs alone
-        (XID 48 reports a double-bit error too), before giving the GPU up."""
+        the whole mask, although reported supported), ask again without nvml.h's newer types (with MIG changes, then
+        without), then for the kinds that stop a wait, then for XIDs alone (XID 48 reports a double-bit error too),
+        before giving the GPU up."""
         tried: set[int] = set()
-        for narrowed in (mask, mask & _CRITICAL_MASK, mask & _XID_BIT):
+        classic = mask & _CLASSIC_MASK
+        for narrowed in (mask, classic | mask & _MIG_CONFIG_BIT, classic, mask & _CRITICAL_MASK, mask & _XID_BIT):
             if not narrowed or narrowed in tried:
                 continue
             tried.add(narrowed)

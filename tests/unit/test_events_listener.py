@@ -253,3 +253,15 @@ def test_a_listener_stopped_before_it_started_never_says_running() -> None:
         assert listener.state == "stopped" and not listener.active and source.masks == []
     finally:
         listener.stop()
+
+
+def test_a_gpu_refusing_a_newer_event_type_keeps_the_ones_it_delivered_before() -> None:
+    # The listener now asks for every type nvml.h names; a GPU that reports, say, poison events supported but refuses
+    # a mask with them fell back to XID and ECC alone: no more clock events for `watch` or the study.
+    source = FakeEventCalls(supported=0xFFFF, refuse_bits=0x1000)
+    listener = EventListener(source, [EventTarget(0, HANDLE, "GPU-0")], id).start()
+    try:
+        assert listener.covered == frozenset({0})
+        assert source.masks == [0xFFFF & events_module.WANTED_MASK, 0x1 | 0x2 | 0x4 | 0x8 | 0x10 | 0x80 | 0x100]
+    finally:
+        listener.stop()
