@@ -22,7 +22,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._nvml import library
 from .errors import GpuFault, NoPermission, NotSupported, NvmlCheckError, NvmlError
 from .model import OperatorAction
 
@@ -149,6 +148,21 @@ class XidInfo:
     #: carries: the event alone cannot say. The GPU's recovery action (``Health.recovery_action``, which ``ready``
     #: reads again after every XID) says what the driver wants.
     depends_on_subcode: bool = False
+
+
+_library: Any = None  # nvmlcheck._nvml.library, once _fork_generation imported it
+
+
+def _fork_generation() -> int:
+    """``_nvml.library.fork_generation()``, its module imported on first use and not at the top: it loads cffi's
+    backend, which a Python without cffi lacks, and the nvidia-smi backend's listener (:meth:`EventListener.
+    unavailable`: ``watch``, ``wait --events``) needs no NVML. Kept after that: a wait asks before every poll."""
+    global _library
+    if _library is None:
+        from ._nvml import library
+
+        _library = library
+    return int(_library.fork_generation())
 
 
 def _x(code: int, meaning: str, bucket: str, action: OperatorAction) -> tuple[int, XidInfo]:
@@ -356,7 +370,8 @@ class EventListener:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._set: object | None = None
-        self._generation = library.fork_generation()
+        # The fork a listener over no library (the nvidia-smi backend's) notices: none, it owns no thread nor set.
+        self._generation = 0 if source is None else _fork_generation()
 
     @classmethod
     def unavailable(cls, reason: str) -> EventListener:
@@ -367,12 +382,12 @@ class EventListener:
     # --- state ----------------------------------------------------------------------------------------------------
 
     def _forked(self) -> bool:
-        if self._generation == library.fork_generation():
+        if self._source is None or self._generation == _fork_generation():
             return False
         # A forked child: the thread is gone and the event set belongs to the parent's NVML state. Forget both;
         # freeing the set here would act on state this process does not own. The lock may have been held by the
         # parent's listener thread at fork time: a new one.
-        self._generation = library.fork_generation()
+        self._generation = _fork_generation()
         self._cond = threading.Condition()
         self._stop = threading.Event()
         self._thread = None
