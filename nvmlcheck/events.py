@@ -117,7 +117,7 @@ _MEANINGS = {
     EventKind.XID: "XID error",
     EventKind.MIG_CONFIG: "MIG configuration changed (instances created or destroyed): its MIG devices are read again",
     EventKind.SINGLE_BIT_ECC_STORM: "single-bit ECC error storm",
-    EventKind.DRAM_RETIREMENT: "DRAM retirement (a row remapped or a page retired)",
+    EventKind.DRAM_RETIREMENT: "DRAM retirement event (row remapping or page retirement)",
     EventKind.DRAM_RETIREMENT_FAILURE: "DRAM retirement failed",
     EventKind.NONFATAL_POISON: "non-fatal poison error",
     EventKind.FATAL_POISON: "fatal poison error",
@@ -155,8 +155,9 @@ _library: Any = None  # nvmlcheck._nvml.library, once _fork_generation imported 
 
 def _fork_generation() -> int:
     """``_nvml.library.fork_generation()``, its module imported on first use and not at the top: it loads cffi's
-    backend, which a Python without cffi lacks, and the nvidia-smi backend's listener (:meth:`EventListener.
-    unavailable`: ``watch``, ``wait --events``) needs no NVML. Kept after that: a wait asks before every poll."""
+    backend, which a Python without cffi lacks, and the nvidia-smi backend's listener
+    (:meth:`EventListener.unavailable`, for ``watch`` and ``wait --events``) needs no NVML. Kept after that: a wait
+    asks before every poll."""
     global _library
     if _library is None:
         from ._nvml import library
