@@ -357,6 +357,7 @@ class EventListener:
         self._targets = tuple(targets)
         self._address = address
         self._slice = wait_slice_ms
+        self._clock = time.monotonic_ns  # for the slice a TIMEOUT answered early leaves (_run)
         self._cond = threading.Condition()
         self._events: list[GpuEvent] = []
         self._forgotten = 0  # events received before self._events[0] (beyond MAX_KEPT_EVENTS)
@@ -552,9 +553,11 @@ class EventListener:
             self._cond.notify_all()
 
     def _run(self, event_set: object) -> None:
-        src, stop, slice_ms = self._source, self._stop, self._slice
+        src, stop, slice_ms, clock = self._source, self._stop, self._slice, self._clock
+        slice_ns = slice_ms * 1_000_000
         try:
             while not stop.is_set():
+                began = clock()
                 try:
                     got = src.wait(event_set, slice_ms)
                 except NvmlCheckError as exc:
@@ -563,6 +566,12 @@ class EventListener:
                     self._failed(f"nvmlEventSetWait_v2 failed: {exc}; waits poll without events", event_set)
                     return
                 if got is None:
+                    # NVML_ERROR_TIMEOUT. It also answers so at once when a signal interrupts the call; a call that
+                    # answers at once again and again spun this thread at a full core (the stub with a TIMEOUT
+                    # fault: 0.98 CPU s a second). The rest of the slice is waited out here; events queue meanwhile.
+                    left_ns = slice_ns - (clock() - began)
+                    if left_ns > slice_ns // 2:
+                        self._pause(left_ns / 1e9)
                     continue
                 self._received(*got)
         except Exception as exc:
@@ -570,6 +579,10 @@ class EventListener:
             # with no thread would have waits count on events that never come and `watch` wait for ever. Said by
             # the state and reason (`watch` prints it), not by a thread traceback on stderr.
             self._failed(f"the listener thread died: {type(exc).__name__}: {exc}; waits poll without events", event_set)
+
+    def _pause(self, seconds: float) -> None:
+        """Wait out what is left of a slice, or until :meth:`stop`."""
+        self._stop.wait(seconds)
 
     def _failed(self, why: str, event_set: object) -> None:
         """The thread's end on an error: say why, and free the set here. The session replaces a failed listener

@@ -5,6 +5,7 @@ NOT_SUPPORTED, an error from registration, creation or each wait, and the record
 records what it was asked (``masks``, ``timeouts``, ``freed``). A wait with nothing to deliver sleeps its timeout
 (or, with ``block=True``, until the test sets ``release``: a call in flight the test ends); nothing here measures
 time.
+``instant=True`` answers TIMEOUT at once instead; ``fail_after=N`` makes every wait after the N-th fail.
 
 ``EventListener(FakeEventCalls(...), [EventTarget(0, object(), "GPU-0")], id)`` is a listener over it; ``id`` maps
 a handle to its address, so a record for GPU 0 is ``(id(handle), event_type, data, gi, ci)``.
@@ -37,6 +38,8 @@ class FakeEventCalls:
         wait_error: BaseException | None = None,
         records: Iterable[Record] = (),
         block: bool = False,
+        instant: bool = False,
+        fail_after: int | None = None,
     ) -> None:
         self.supported_mask = supported
         self.refuse_bits = refuse_bits  # a mask with any of these is refused with NOT_SUPPORTED (naming no type)
@@ -44,6 +47,8 @@ class FakeEventCalls:
         self.register_error = register_error
         self.wait_error = wait_error  # raised by each wait once the records are delivered
         self.block = block
+        self.instant = instant  # a wait with nothing to deliver answers TIMEOUT at once (a signal, a scripted fault)
+        self.fail_after = fail_after  # after this many waits, each raises wait_error (default RuntimeError)
         self.masks: list[int] = []  # every mask registration was asked for, in order
         self.timeouts: list[int] = []  # every wait's timeout_ms
         self.freed: list[object] = []  # every event set freed
@@ -75,12 +80,16 @@ class FakeEventCalls:
 
     def wait(self, event_set: object, timeout_ms: int) -> Record | None:
         self.timeouts.append(timeout_ms)
+        if self.fail_after is not None and len(self.timeouts) > self.fail_after:
+            raise self.wait_error or RuntimeError(f"the fake's {self.fail_after} waits are done")
         with self._lock:
             if self._records:
                 return self._records.popleft()
         if self.wait_error is not None:
             raise self.wait_error
         self.waiting.set()
+        if self.instant:
+            return None
         if self.block:
             self.release.wait(5.0)  # a real call returns at its timeout; here the test decides when
         else:

@@ -265,3 +265,20 @@ def test_a_gpu_refusing_a_newer_event_type_keeps_the_ones_it_delivered_before() 
         assert source.masks == [0xFFFF & events_module.WANTED_MASK, 0x1 | 0x2 | 0x4 | 0x8 | 0x10 | 0x80 | 0x100]
     finally:
         listener.stop()
+
+
+def test_a_wait_call_answering_timeout_at_once_does_not_spin_the_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    # NVML answers NVML_ERROR_TIMEOUT at once when a signal interrupts nvmlEventSetWait_v2; one that did so again and
+    # again (the stub with a TIMEOUT fault) spun the listener thread at a full core. The clock here never moves: each
+    # TIMEOUT came "at once", so each must be followed by a pause for the rest of the slice.
+    source = FakeEventCalls(supported=0x1F, instant=True, fail_after=200)
+    listener = EventListener(source, [EventTarget(0, HANDLE, "GPU-0")], id)
+    pauses: list[float] = []
+    listener._clock = lambda: 0
+    monkeypatch.setattr(listener, "_pause", pauses.append)
+    listener.start()
+    thread = listener.thread
+    assert thread is not None
+    thread.join(60.0)  # the fake fails its 201st wait: the thread ends
+    assert listener.state == "failed"
+    assert len(pauses) == 200 and all(p == events_module.WAIT_SLICE_MS / 1000 for p in pauses)
