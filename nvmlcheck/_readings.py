@@ -68,7 +68,8 @@ class OperatorAction(str, enum.Enum):
     The names are those of NVIDIA's XID catalogue's resolution buckets (``IGNORE``, ``RESTART_APP``, ``RESET_GPU``,
     ``CONTACT_SUPPORT``) and of NVML's ``nvmlDeviceGpuRecoveryAction_t`` (``DRAIN_P2P``, ``DRAIN_AND_RESET``,
     ``BUS_RESET``, ``NODE_REBOOT``, ``RECOVER_IMEX_DOMAIN``); the catalogue's ``RESTART_BM`` (restart the bare-metal
-    node) is ``NODE_REBOOT``. Sources and the mapping: docs/health.md.
+    node) is ``NODE_REBOOT``; its ``CHECK_MECHANICALS`` (XID 54: the board's auxiliary power) is its own action, hands
+    on the hardware, milder only than a service call. Sources and the mapping: docs/health.md.
     """
 
     IGNORE = "IGNORE"  #: nothing to do (informational)
@@ -79,6 +80,7 @@ class OperatorAction(str, enum.Enum):
     BUS_RESET = "BUS_RESET"  #: reset the GPU's PCIe bus
     RECOVER_IMEX_DOMAIN = "RECOVER_IMEX_DOMAIN"  #: recover the IMEX (multi-node NVLink) domain
     NODE_REBOOT = "NODE_REBOOT"  #: reboot the node
+    CHECK_MECHANICALS = "CHECK_MECHANICALS"  #: check the board's seating and connections (its power cables)
     CONTACT_SUPPORT = "CONTACT_SUPPORT"  #: service the hardware (RMA): a reset does not help
 
     @property

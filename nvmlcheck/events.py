@@ -13,6 +13,7 @@ why and waits only poll. Registration, the wait slice, fork() and the XID source
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import enum
 import threading
@@ -21,7 +22,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._nvml import library
 from .errors import GpuFault, NoPermission, NotSupported, NvmlCheckError, NvmlError
 from .model import OperatorAction
 
@@ -53,10 +53,15 @@ STOP_TIMEOUT_S = 5.0
 #: hears clock events every few seconds, and kept them all. The oldest are forgotten beyond it; fatal events are kept
 #: apart, every one, for waits (:meth:`EventListener.fatal`).
 MAX_KEPT_EVENTS = 100_000
+#: How many fatal events a listener keeps per GPU for waits (:meth:`EventListener.fatal`). A GPU in an XID storm (an
+#: NVLink XID 74 every few milliseconds) made the list, and the scan every poll of every wait made of it, grow without
+#: bound. Beyond it the oldest half is forgotten: a wait that began before them still finds a later fatal event.
+MAX_KEPT_FATAL_PER_GPU = 1_000
 
 
 class EventKind(enum.Enum):
-    """What an NVML event reports (its ``nvmlEventType`` bit)."""
+    """What an NVML event reports (its ``nvmlEventType`` bit). ``UNKNOWN``: a type nvmlcheck has no name for (a newer
+    driver's); the event keeps its raw bits in :attr:`GpuEvent.event_type` and is recorded, never dropped."""
 
     SINGLE_BIT_ECC = "single_bit_ecc"
     DOUBLE_BIT_ECC = "double_bit_ecc"
@@ -64,9 +69,20 @@ class EventKind(enum.Enum):
     XID = "xid"
     CLOCK = "clock"
     POWER_SOURCE = "power_source"
+    #: GPU or compute instances were created or destroyed: what is on the GPU changed, not its health. Recorded; a
+    #: wait's next poll reads the GPU's MIG devices again (each poll of a GPU in MIG mode does).
+    MIG_CONFIG = "mig_config"
+    SINGLE_BIT_ECC_STORM = "single_bit_ecc_storm"
+    DRAM_RETIREMENT = "dram_retirement"
+    DRAM_RETIREMENT_FAILURE = "dram_retirement_failure"
+    NONFATAL_POISON = "nonfatal_poison"
+    FATAL_POISON = "fatal_poison"
+    GPU_UNAVAILABLE = "gpu_unavailable"
+    GPU_RECOVERY_ACTION = "gpu_recovery_action"
+    UNKNOWN = "unknown"
 
 
-# nvml.h's nvmlEventType* bits.
+# nvml.h's nvmlEventType* bits (and nvmlEventMigConfigChange).
 _KIND_BITS: dict[int, EventKind] = {
     0x1: EventKind.SINGLE_BIT_ECC,
     0x2: EventKind.DOUBLE_BIT_ECC,
@@ -74,12 +90,40 @@ _KIND_BITS: dict[int, EventKind] = {
     0x8: EventKind.XID,
     0x10: EventKind.CLOCK,
     0x80: EventKind.POWER_SOURCE,
+    0x100: EventKind.MIG_CONFIG,
+    0x200: EventKind.SINGLE_BIT_ECC_STORM,
+    0x400: EventKind.DRAM_RETIREMENT,
+    0x800: EventKind.DRAM_RETIREMENT_FAILURE,
+    0x1000: EventKind.NONFATAL_POISON,
+    0x2000: EventKind.FATAL_POISON,
+    0x4000: EventKind.GPU_UNAVAILABLE,
+    0x8000: EventKind.GPU_RECOVERY_ACTION,
 }
-#: Every type the listener asks for (masked by what each GPU supports).
+#: Every type the listener asks for (masked by what each GPU supports): every type nvmlcheck can name.
 WANTED_MASK = sum(_KIND_BITS)
 # The kinds that can stop a wait (XID, single- and double-bit ECC): registered alone when the full mask is refused.
 _CRITICAL_MASK = 0x1 | 0x2 | 0x8
 _XID_BIT = 0x8
+# The types asked for before nvml.h's newer ones were (ECC, P-state, XID, clock, power source), with MIG changes, then
+# without: a GPU that reports a newer type supported but refuses it keeps the ones it delivered before.
+_CLASSIC_MASK = 0x1 | 0x2 | 0x4 | 0x8 | 0x10 | 0x80
+_MIG_CONFIG_BIT = 0x100
+_MEANINGS = {
+    EventKind.SINGLE_BIT_ECC: "single-bit (corrected) ECC error",
+    EventKind.DOUBLE_BIT_ECC: "double-bit (uncorrectable) ECC error",
+    EventKind.PSTATE: "performance state changed",
+    EventKind.CLOCK: "clocks changed",
+    EventKind.POWER_SOURCE: "power source changed",
+    EventKind.XID: "XID error",
+    EventKind.MIG_CONFIG: "MIG configuration changed (instances created or destroyed): its MIG devices are read again",
+    EventKind.SINGLE_BIT_ECC_STORM: "single-bit ECC error storm",
+    EventKind.DRAM_RETIREMENT: "DRAM retirement event (row remapping or page retirement)",
+    EventKind.DRAM_RETIREMENT_FAILURE: "DRAM retirement failed",
+    EventKind.NONFATAL_POISON: "non-fatal poison error",
+    EventKind.FATAL_POISON: "fatal poison error",
+    EventKind.GPU_UNAVAILABLE: "GPU unavailable",
+    EventKind.GPU_RECOVERY_ACTION: "GPU recovery action changed (read Health.recovery_action)",
+}
 
 
 @dataclass(frozen=True)
@@ -89,8 +133,10 @@ class XidInfo:
 
     ``bucket``: the "Resolution Bucket (Immediate Action)" of NVIDIA's XID catalogue, verbatim (``RESTART_APP``,
     ``RESET_GPU``, ``RESTART_BM``, ``WORKFLOW_XID_48``, ...; ``""`` for a code the catalogue does not list).
-    ``action``: what an operator does, as a :class:`~nvmlcheck.OperatorAction` (``None`` for a code nvmlcheck does
-    not know). ``fatal`` is exactly "waiting cannot help": ``not action.waiting_helps``.
+    ``action``: what an operator does, as a :class:`~nvmlcheck.OperatorAction`; ``None`` for a code nvmlcheck does
+    not know, and for one whose action the catalogue decides by a subcode that NVML's event does not carry (XIDs 144,
+    145, 146 and 149: :attr:`depends_on_subcode`). ``fatal`` is exactly "waiting cannot help":
+    ``not action.waiting_helps`` (``False`` without an action: nvmlcheck does not guess a fault).
     """
 
     code: int
@@ -98,20 +144,46 @@ class XidInfo:
     fatal: bool
     bucket: str = ""
     action: OperatorAction | None = None
+    #: The catalogue's action depends on the message's subcode (intrInfo, errorStatus), which only the kernel log
+    #: carries: the event alone cannot say. The GPU's recovery action (``Health.recovery_action``, which ``ready``
+    #: reads again after every XID) says what the driver wants.
+    depends_on_subcode: bool = False
+
+
+_library: Any = None  # nvmlcheck._nvml.library, once _fork_generation imported it
+
+
+def _fork_generation() -> int:
+    """``_nvml.library.fork_generation()``, its module imported on first use and not at the top: it loads cffi's
+    backend, which a Python without cffi lacks, and the nvidia-smi backend's listener
+    (:meth:`EventListener.unavailable`, for ``watch`` and ``wait --events``) needs no NVML. Kept after that: a wait
+    asks before every poll."""
+    global _library
+    if _library is None:
+        from ._nvml import library
+
+        _library = library
+    return int(_library.fork_generation())
 
 
 def _x(code: int, meaning: str, bucket: str, action: OperatorAction) -> tuple[int, XidInfo]:
     return code, XidInfo(code, meaning, not action.waiting_helps, bucket, action)
 
 
+def _by_subcode(code: int, meaning: str) -> tuple[int, XidInfo]:
+    return code, XidInfo(code, meaning, False, "WORKFLOW_NVLINK5_ERR", None, depends_on_subcode=True)
+
+
 _A = OperatorAction
 #: XIDs nvmlcheck knows, each checked against NVIDIA's XID catalogue for Ampere and newer GPUs ("Analyzing Xid Errors
-#: with the Xid Catalog", https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html, read 2026-12-01):
-#: ``bucket`` is the catalogue's immediate action; ``action`` what it comes to for an operator. Fatal ones are those
-#: the catalogue resolves with a GPU reset or a node reboot (RESET_GPU, RESTART_BM, and the workflows of 48 and 74,
-#: whose text says "a GPU reset or node reboot is needed", and RESTART_VM, the VM's own reboot); RESTART_APP and
-#: IGNORE are recorded only. XIDs 144-150 are left out: their bucket depends on a subcode NVML's event does not carry.
-#: docs/events.md is the table with its reasoning.
+#: with the Xid Catalog", https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html, read 2026-12-01 and
+#: again 2026-12-02 with its "XID 144-150 Decode" table): ``bucket`` is the catalogue's immediate action; ``action``
+#: what it comes to for an operator. Fatal ones are those the catalogue resolves by an operator: a GPU reset, a node
+#: or VM reboot (RESET_GPU, RESTART_BM, RESTART_VM, and the workflows of 48 and 74, whose text says "a GPU reset or
+#: node reboot is needed"), hands on the board (CHECK_MECHANICALS) or a service call (CONTACT_SUPPORT); RESTART_APP
+#: and IGNORE are recorded only. XIDs 144-150 (WORKFLOW_NVLINK5_ERR) are classed by their decode table: 147 and 148
+#: are IGNORE for every subcode, 150 RESET_GPU for every one; 144, 145, 146 and 149 differ by subcode and are
+#: recorded with no action (:attr:`XidInfo.depends_on_subcode`). docs/events.md is the table with its reasoning.
 XID_TABLE: dict[int, XidInfo] = dict(
     (
         _x(13, "graphics engine exception (an application fault: bad kernel, out-of-range access)", "RESTART_APP",
@@ -122,6 +194,8 @@ XID_TABLE: dict[int, XidInfo] = dict(
            _A.IGNORE),
         _x(46, "GPU stopped processing (timeout)", "RESET_GPU", _A.RESET_GPU),
         _x(48, "double-bit (uncorrectable) ECC error in GPU memory", "WORKFLOW_XID_48", _A.RESET_GPU),
+        _x(54, "auxiliary power is not connected to the GPU board (it runs at reduced clocks)", "CHECK_MECHANICALS",
+           _A.CHECK_MECHANICALS),
         _x(62, "internal micro-controller halt", "RESET_GPU", _A.RESET_GPU),
         _x(63, "ECC page retirement or row remapping recorded; a GPU reset activates it", "IGNORE", _A.IGNORE),
         _x(64, "ECC page retirement or row remapping failed", "RESET_GPU", _A.RESET_GPU),
@@ -137,13 +211,25 @@ XID_TABLE: dict[int, XidInfo] = dict(
         _x(120, "GSP error: the GPU System Processor reported a fatal error", "RESET_GPU", _A.RESET_GPU),
         _x(136, "NVLink link training failed", "RESET_GPU", _A.RESET_GPU),
         _x(140, "unrecovered ECC error", "RESET_GPU", _A.RESET_GPU),
+        _x(142, "NVENC3 (video encoder) error", "CONTACT_SUPPORT", _A.CONTACT_SUPPORT),
         _x(143, "GPU initialization error", "RESET_GPU", _A.RESET_GPU),
+        _by_subcode(144, "NVLink (NVLink 5) SAW error: a reset or nothing, by its subcode (see the recovery action)"),
+        _by_subcode(145, "NVLink (NVLink 5) RLW error: a reset, an application restart or nothing, by its subcode "
+                         "(see the recovery action)"),
+        _by_subcode(146, "NVLink (NVLink 5) TLW error: a reset or nothing, by its subcode (see the recovery action)"),
+        _x(147, "NVLink (NVLink 5) TREX error", "WORKFLOW_NVLINK5_ERR", _A.IGNORE),
+        _x(148, "NVLink (NVLink 5) NVLPW_CTRL error", "WORKFLOW_NVLINK5_ERR", _A.IGNORE),
+        _by_subcode(149, "NVLink (NVLink 5) NETIR error (link down, bit error rate, ...): mostly a reset, by its "
+                         "subcode (see the recovery action)"),
+        _x(150, "NVLink (NVLink 5) MSE error (degraded, or its watchdog fired)", "WORKFLOW_NVLINK5_ERR", _A.RESET_GPU),
         _x(151, "key rotation error (confidential computing)", "RESTART_VM", _A.NODE_REBOOT),
         _x(154, "GPU recovery action changed (see nvidia-smi -q for the action required)", "XID_154", _A.IGNORE),
         _x(155, "NVLink software-defined error (a link taken down)", "RESET_GPU", _A.RESET_GPU),
         _x(156, "resource retirement event", "RESET_GPU", _A.RESET_GPU),
         _x(157, "resource retirement failed: no spare resources left (workloads may run on)", "IGNORE", _A.IGNORE),
         _x(158, "GPU fatal timeout", "RESET_GPU", _A.RESET_GPU),
+        _x(159, "CHI non-data error on the chip-to-chip (C2C) link: with UVM in use (CUDA uses it) the GPU needs a "
+                "reset", "CHECK_UVM", _A.RESET_GPU),
         _x(999, "an XID NVML could not identify", "", _A.IGNORE),
     )
 )  # fmt: skip
@@ -190,14 +276,9 @@ class GpuEvent:
         """A human sentence for the event."""
         if self.kind is EventKind.XID and self.xid is not None:
             return xid_info(self.xid).meaning
-        return {
-            EventKind.SINGLE_BIT_ECC: "single-bit (corrected) ECC error",
-            EventKind.DOUBLE_BIT_ECC: "double-bit (uncorrectable) ECC error",
-            EventKind.PSTATE: "performance state changed",
-            EventKind.CLOCK: "clocks changed",
-            EventKind.POWER_SOURCE: "power source changed",
-            EventKind.XID: "XID error",
-        }[self.kind]
+        if self.kind is EventKind.UNKNOWN:
+            return f"event type {self.event_type:#x} (not known to nvmlcheck), data {self.event_data}"
+        return _MEANINGS[self.kind]
 
     def fault(self) -> GpuFault:
         """This event as the :class:`~nvmlcheck.GpuFault` a wait raises."""
@@ -221,6 +302,8 @@ class GpuEvent:
             "wall_time": self.wall_time,
             "gpu_instance_id": self.gpu_instance_id,
             "compute_instance_id": self.compute_instance_id,
+            "event_type": self.event_type,
+            "event_data": self.event_data,
         }
 
     def line(self) -> str:
@@ -228,6 +311,8 @@ class GpuEvent:
         millis = int(self.wall_time % 1 * 1000)
         when = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(self.wall_time)) + f".{millis:03d}Z"
         what = f"XID {self.xid}" if self.xid is not None else self.kind.value
+        if self.kind is EventKind.UNKNOWN:
+            what = f"event type {self.event_type:#x}"
         gi, ci = self.gpu_instance_id, self.compute_instance_id
         mig = "" if gi is None else f" (GI {gi}, CI {ci})"
         verdict = " FATAL" if self.fatal else ""
@@ -272,11 +357,13 @@ class EventListener:
         self._targets = tuple(targets)
         self._address = address
         self._slice = wait_slice_ms
+        self._clock = time.monotonic_ns  # for the slice a TIMEOUT answered early leaves (_run)
         self._cond = threading.Condition()
         self._events: list[GpuEvent] = []
         self._forgotten = 0  # events received before self._events[0] (beyond MAX_KEPT_EVENTS)
-        # Fatal events apart: a wait checks them before every poll, which must not scan every clock event heard.
-        self._fatal_events: list[GpuEvent] = []
+        # Fatal events apart, per GPU index, in the order received (so by time_ns): a wait checks them before every
+        # poll, which must not scan every clock event heard, nor every fatal event of another GPU.
+        self._fatal_by_gpu: dict[int, list[GpuEvent]] = {}
         self._state = "new"
         self._reason: str | None = None
         self._preset = dict(unavailable or {})  # GPUs left out before registration (identity unreadable)
@@ -285,7 +372,8 @@ class EventListener:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._set: object | None = None
-        self._generation = library.fork_generation()
+        # The fork a listener over no library (the nvidia-smi backend's) notices: none, it owns no thread nor set.
+        self._generation = 0 if source is None else _fork_generation()
 
     @classmethod
     def unavailable(cls, reason: str) -> EventListener:
@@ -296,12 +384,12 @@ class EventListener:
     # --- state ----------------------------------------------------------------------------------------------------
 
     def _forked(self) -> bool:
-        if self._generation == library.fork_generation():
+        if self._source is None or self._generation == _fork_generation():
             return False
         # A forked child: the thread is gone and the event set belongs to the parent's NVML state. Forget both;
         # freeing the set here would act on state this process does not own. The lock may have been held by the
         # parent's listener thread at fork time: a new one.
-        self._generation = library.fork_generation()
+        self._generation = _fork_generation()
         self._cond = threading.Condition()
         self._stop = threading.Event()
         self._thread = None
@@ -411,10 +499,12 @@ class EventListener:
     @staticmethod
     def _register_narrowing(src: Any, t: EventTarget, mask: int, event_set: object) -> None:
         """Register ``mask``; where NVML refuses it with NOT_SUPPORTED (it names no type: any one it lacks refuses
-        the whole mask, although reported supported), ask again for the kinds that stop a wait, then for XIDs alone
-        (XID 48 reports a double-bit error too), before giving the GPU up."""
+        the whole mask, although reported supported), ask again without nvml.h's newer types (with MIG changes, then
+        without), then for the kinds that stop a wait, then for XIDs alone (XID 48 reports a double-bit error too),
+        before giving the GPU up."""
         tried: set[int] = set()
-        for narrowed in (mask, mask & _CRITICAL_MASK, mask & _XID_BIT):
+        classic = mask & _CLASSIC_MASK
+        for narrowed in (mask, classic | mask & _MIG_CONFIG_BIT, classic, mask & _CRITICAL_MASK, mask & _XID_BIT):
             if not narrowed or narrowed in tried:
                 continue
             tried.add(narrowed)
@@ -456,14 +546,18 @@ class EventListener:
             with contextlib.suppress(NvmlCheckError):
                 self._source.free(event_set)
         with self._cond:
-            if self._state == "running":
+            if self._state in ("running", "new"):
+                # "new": stopped before it started. It stayed "new", so a later start() registered and started a
+                # thread that saw the stop flag and ended at once, leaving "running" (active) with nothing listening.
                 self._state = "stopped"
             self._cond.notify_all()
 
     def _run(self, event_set: object) -> None:
-        src, stop, slice_ms = self._source, self._stop, self._slice
+        src, stop, slice_ms, clock = self._source, self._stop, self._slice, self._clock
+        slice_ns = slice_ms * 1_000_000
         try:
             while not stop.is_set():
+                began = clock()
                 try:
                     got = src.wait(event_set, slice_ms)
                 except NvmlCheckError as exc:
@@ -472,6 +566,12 @@ class EventListener:
                     self._failed(f"nvmlEventSetWait_v2 failed: {exc}; waits poll without events", event_set)
                     return
                 if got is None:
+                    # NVML_ERROR_TIMEOUT. It also answers so at once when a signal interrupts the call; a call that
+                    # answers at once again and again spun this thread at a full core (the stub with a TIMEOUT
+                    # fault: 0.98 CPU s a second). The rest of the slice is waited out here; events queue meanwhile.
+                    left_ns = slice_ns - (clock() - began)
+                    if left_ns > slice_ns // 2:
+                        self._pause(left_ns / 1e9)
                     continue
                 self._received(*got)
         except Exception as exc:
@@ -479,6 +579,10 @@ class EventListener:
             # with no thread would have waits count on events that never come and `watch` wait for ever. Said by
             # the state and reason (`watch` prints it), not by a thread traceback on stderr.
             self._failed(f"the listener thread died: {type(exc).__name__}: {exc}; waits poll without events", event_set)
+
+    def _pause(self, seconds: float) -> None:
+        """Wait out what is left of a slice, or until :meth:`stop`."""
+        self._stop.wait(seconds)
 
     def _failed(self, why: str, event_set: object) -> None:
         """The thread's end on an error: say why, and free the set here. The session replaces a failed listener
@@ -494,22 +598,32 @@ class EventListener:
                 self._source.free(event_set)
 
     def _received(self, address: int, etype: int, data: int, gi: int | None, ci: int | None) -> None:
+        """One record of ``nvmlEventSetWait_v2``: an event per type bit nvmlcheck names, and one ``UNKNOWN`` event
+        for the bits it does not (a newer driver's type, or none at all) with the raw bits: never dropped."""
         now_ns, wall = time.monotonic_ns(), time.time()
         index, uuid = self._covered.get(address, (-1, None))
+        got: list[GpuEvent] = []
         for bit, kind in _KIND_BITS.items():
             if etype & bit:
                 xid = int(data) if kind is EventKind.XID else None
-                ev = GpuEvent(index, uuid, kind, xid, now_ns, wall, gi, ci, etype, data)
-                with self._cond:
-                    self._events.append(ev)
-                    if ev.fatal:
-                        self._fatal_events.append(ev)
-                    if len(self._events) > MAX_KEPT_EVENTS:
-                        # Forget down to half the bound at once: one list shift per MAX_KEPT_EVENTS / 2 events.
-                        drop = len(self._events) - MAX_KEPT_EVENTS // 2
-                        del self._events[:drop]
-                        self._forgotten += drop
-                    self._cond.notify_all()
+                got.append(GpuEvent(index, uuid, kind, xid, now_ns, wall, gi, ci, etype, data))
+        unnamed = etype & ~WANTED_MASK
+        if unnamed or not got:
+            got.append(GpuEvent(index, uuid, EventKind.UNKNOWN, None, now_ns, wall, gi, ci, etype, data))
+        with self._cond:
+            for ev in got:
+                self._events.append(ev)
+                if ev.fatal:
+                    kept = self._fatal_by_gpu.setdefault(ev.index, [])
+                    kept.append(ev)
+                    if len(kept) > MAX_KEPT_FATAL_PER_GPU:
+                        del kept[: len(kept) - MAX_KEPT_FATAL_PER_GPU // 2]
+            if len(self._events) > MAX_KEPT_EVENTS:
+                # Forget down to half the bound at once: one list shift per MAX_KEPT_EVENTS / 2 events.
+                drop = len(self._events) - MAX_KEPT_EVENTS // 2
+                del self._events[:drop]
+                self._forgotten += drop
+            self._cond.notify_all()
 
     # --- for waits and watchers -----------------------------------------------------------------------------------
 
@@ -522,10 +636,14 @@ class EventListener:
             return self._first_fatal(wanted, since_ns)
 
     def _first_fatal(self, wanted: frozenset[int] | None, since_ns: int) -> GpuEvent | None:
-        for ev in self._fatal_events:
-            if ev.time_ns >= since_ns and (wanted is None or ev.index in wanted):
-                return ev
-        return None
+        first: GpuEvent | None = None
+        for index, kept in self._fatal_by_gpu.items():
+            if wanted is not None and index not in wanted:
+                continue
+            at = bisect.bisect_left(kept, since_ns, key=_event_time)  # each list is in time_ns order
+            if at < len(kept) and (first is None or kept[at].time_ns < first.time_ns):
+                first = kept[at]
+        return first
 
     def sleep(self, seconds: float, indices: Iterable[int] | None = None, since_ns: int = 0) -> bool:
         """Sleep up to ``seconds``, waking at once when a fatal event on ``indices`` arrives; returns whether one
@@ -545,6 +663,10 @@ class EventListener:
                                 timeout_s)
             new = self._events[max(0, after - self._forgotten):]
             return list(new), self._forgotten + len(self._events)
+
+
+def _event_time(ev: GpuEvent) -> int:
+    return ev.time_ns
 
 
 def check_fatal(listener: EventListener | None, indices: Iterable[int] | None, since_ns: int) -> None:

@@ -412,8 +412,12 @@ class _HealthOnEvents:
             raise _Unhealthy
 
 
-#: The event kinds that can announce a change of health (``EventKind`` values).
-_HEALTH_EVENTS = frozenset({"xid", "single_bit_ecc", "double_bit_ecc"})
+#: The event kinds that can announce a change of health (``EventKind`` values): all but clock, P-state, power source
+#: and MIG configuration changes (what runs where, not health); a type nvmlcheck cannot name may be health.
+_HEALTH_EVENTS = frozenset({
+    "xid", "single_bit_ecc", "double_bit_ecc", "single_bit_ecc_storm", "dram_retirement", "dram_retirement_failure",
+    "nonfatal_poison", "fatal_poison", "gpu_unavailable", "gpu_recovery_action", "unknown",
+})
 
 
 def ready(

@@ -50,3 +50,18 @@ def test_without_cffi_auto_falls_back_to_nvidia_smi(tmp_path: Path, command: lis
     doc = json.loads(done.stdout)
     snapshot = doc.get("snapshot", doc)
     assert snapshot["backend"] == "smi", doc
+
+
+@pytest.mark.parametrize("command", [["wait", "--events", "--timeout", "1"], ["ready", "--timeout", "1"]])
+def test_without_cffi_a_wait_that_listens_polls_nvidia_smi(tmp_path: Path, command: list[str]) -> None:
+    # The listener module imported the NVML library (and so cffi) at its top: the smi backend's "no events" listener
+    # could not even be made, and `wait --events` and a `ready` that waits died with ModuleNotFoundError.
+    done = _run(tmp_path, "--json", *command)
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_without_cffi_watch_says_the_smi_backend_has_no_events(tmp_path: Path) -> None:
+    done = _run(tmp_path, "watch", "--for", "1")
+    assert done.returncode == 3, done.stderr
+    assert "Traceback" not in done.stderr and "the smi backend has none" in done.stderr
