@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 
 from ._deadline import hung_after, ns_or_none
 from ._waitdefaults import READY_TIMEOUT, Default
-from .errors import ArgumentError, BackendUnavailable, GpuFault, NvmlCheckError, WaitTimeout
+from .errors import ArgumentError, BackendUnavailable, DeadlinePassed, GpuFault, NvmlCheckError, WaitTimeout
 from .model import DeviceState, Fields, Snapshot
 from .predicates import (
     DEFAULT_MAX_USED_BYTES,
@@ -105,11 +105,15 @@ def _ready(
     """:func:`ready_on` past its checks, from ``start`` on the options' clock."""
     clock, bound = opts.clock, opts.timeout
     bound_ns = None if bound is None else ns_or_none(bound)
-    indices = session.resolve(devices)
+    deadline_ns = None if bound_ns is None else start + bound_ns
+    try:
+        # The GPUs a UUID, cuda:N or MIG- selector names are read by the deadline too (one check always completes).
+        indices = session._resolve(devices, deadline_ns if bound else None, clock)
+    except DeadlinePassed:
+        return _unresolved(session, devices, bound, start, clock)
     mig = _mig_instances(session, devices, bound, start, clock)
     backend = session.backend
     watch = Watch(max_used_bytes=max_used_bytes)
-    deadline_ns = None if bound_ns is None else start + bound_ns
     scan = _UnlistedScan(session, max_used_bytes, deadline_ns, clock)
     read_from_ns = time.monotonic_ns()  # the events' clock: what came before is in the first reading's health
     first, late = _first_reading(session, indices, bound, start, clock)
@@ -186,6 +190,24 @@ def _ready(
         # that follows it): not confirmed, never called ready.
         verdicts = tuple(_unconfirmed(v, opts.stable_polls) for v in verdicts)
     return ReadyReport(verdicts, final, clock() - start, watch.observed, bound, notes)
+
+
+def _unresolved(session: Session, devices: Iterable[DeviceSelector] | DeviceSelector | None, bound: float | None,
+                start: int, clock: Callable[[], int]) -> ReadyReport:
+    """The report of a call whose deadline came while the GPUs its selection names were still being read (a UUID,
+    ``cuda:N`` or ``MIG-...`` selector: a slow GPU or nvidia-smi run): which GPUs it names is unknown, so every GPU
+    of the host is ``unknown`` with that reason (it may name any of them), never ready, never a hang."""
+    from .session import _selectors
+
+    named = ", ".join(repr(s) for s in _selectors(() if devices is None else devices))
+    why = NvmlCheckError(f"the deadline ({bound:g} s) came while the GPUs the selection ({named}) names were still "
+                         "being read (a slow or hung GPU, or nvidia-smi): which GPUs it names is unknown")
+    snap = _failed_reading(session, None, why, start, clock)
+    if not snap.failures:
+        raise BackendUnavailable(f"the {session.backend.name} backend sees no GPU: refusing to call zero GPUs ready",
+                                 [f"{session.backend.name}: device count 0"])
+    verdicts = classify(snap, now_ns=clock(), health=snap)
+    return ReadyReport(verdicts, snap, clock() - start, 0, bound)
 
 
 def _health_again(session: Session, indices: tuple[int, ...] | None, clock: Callable[[], int]) -> Snapshot:
