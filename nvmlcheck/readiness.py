@@ -112,14 +112,13 @@ def _ready(
     except DeadlinePassed:
         return _unresolved(session, devices, bound, start, clock)
     mig = _mig_instances(session, devices, bound, start, clock)
-    backend = session.backend
     watch = Watch(max_used_bytes=max_used_bytes)
     scan = _UnlistedScan(session, max_used_bytes, deadline_ns, clock)
     read_from_ns = time.monotonic_ns()  # the events' clock: what came before is in the first reading's health
     first, late = _first_reading(session, indices, bound, start, clock)
     if not first.devices and not first.failures:
-        raise BackendUnavailable(f"the {backend.name} backend sees no GPU: refusing to call zero GPUs ready",
-                                 [f"{backend.name}: device count 0"])
+        raise BackendUnavailable(f"the {session.backend.name} backend sees no GPU: refusing to call zero GPUs "
+                                 "ready", [f"{session.backend.name}: device count 0"])
     watch.observe(first, clock())
     notes = _health_notes(first)
     health = first
@@ -166,30 +165,83 @@ def _ready(
         if confirmed is not None:
             return ReadyReport(confirmed[1], confirmed[0], clock() - start, watch.observed, bound, notes)
 
-    remaining = None if bound is None else max(0.0, bound - (clock() - start) / 1e9)
     recheck = _HealthOnEvents(session, indices, deadline_ns, clock, since_ns=read_from_ns)
-    waited = _wait(session, indices if mig else devices, predicate, opts.with_(timeout=remaining), watch,
-                   faults=faults, errors=errors, after_poll=(recheck, scan.when_overdue(watch, judge, mig)))
-    final = waited[0] or first
-    if recheck.unhealthy is not None:
-        # An XID or ECC event on a selected GPU, and the health read it prompted says reset (XID 63's pending
-        # remap, XID 154's recovery action): the wait stopped there, judged on that health.
-        health = recheck.unhealthy
-    listener = session.listener
-    if listener is not None and listener.reason is not None:
-        notes = (*notes, f"events: {listener.reason}")
-    if waited[1]:
+    while True:
+        remaining = None if bound is None else max(0.0, bound - (clock() - start) / 1e9)
+        waited = _wait(session, indices if mig else devices, predicate, opts.with_(timeout=remaining), watch,
+                       faults=faults, errors=errors, after_poll=(recheck, scan.when_overdue(watch, judge, mig)))
+        final = waited[0] or first
+        if recheck.unhealthy is not None:
+            # An XID or ECC event on a selected GPU, and the health read it prompted says reset (XID 63's pending
+            # remap, XID 154's recovery action): the wait stopped there, judged on that health.
+            health = recheck.unhealthy
+        if not waited[1]:
+            break
         # Ready: read the health again before saying so (one reading past the wait at most). A remap can become
         # pending while waiting with no XID heard: events off, the nvidia-smi backend, an XID 63 missed. Not after a
         # timeout: it would overrun the deadline, and the GPU is not called ready then anyway.
-        health = _health_again(session, indices, clock)
-        return ReadyReport(judge(final), final, clock() - start, watch.observed, bound, notes)
+        health, transient = _health_again(session, indices, clock)
+        verdicts = judge(final)
+        # A health value that failed with a transient error (NVML_ERROR_UNKNOWN, a timeout, an nvidia-smi run that
+        # failed) is asked again, as the poller asks again after a transient error: the wait goes on (its stable
+        # polls, then the health) until the deadline. Only then is it unknown, with its reason. Not when another
+        # GPU is not ready for a reason that waiting cannot change here (unhealthy, a lasting error).
+        if (not transient or any(v.needs_operator or (not v.ready and v.index not in transient) for v in verdicts)
+                or not _pause(opts, session, deadline_ns)):
+            return ReadyReport(verdicts, final, clock() - start, watch.observed, bound, _with_events(session, notes))
     verdicts = judge(final)
     if all(v.ready for v in verdicts):
         # The deadline came after a clean reading but before the run stable_polls asks for (and the health reading
         # that follows it): not confirmed, never called ready.
         verdicts = tuple(_unconfirmed(v, opts.stable_polls) for v in verdicts)
-    return ReadyReport(verdicts, final, clock() - start, watch.observed, bound, notes)
+    return ReadyReport(verdicts, final, clock() - start, watch.observed, bound, _with_events(session, notes))
+
+
+def _with_events(session: Session, notes: tuple[str, ...]) -> tuple[str, ...]:
+    """``notes`` and, when the listener could not cover every GPU, why."""
+    listener = session.listener
+    if listener is not None and listener.reason is not None:
+        return (*notes, f"events: {listener.reason}")
+    return notes
+
+
+def _pause(opts: WaitOptions, session: Session, deadline_ns: int | None) -> bool:
+    """Sleep the polling policy's interval before asking again, never past ``deadline_ns``: whether time is left
+    (``False``: the deadline came, nothing slept past it)."""
+    from ._waitoptions import SMI_DEFAULT, _resolve_policy
+
+    policy = SMI_DEFAULT if opts.policy is None and session.backend.name == "smi" else _resolve_policy(opts.policy)
+    pause_ns = round(policy.interval_s * 1e9)
+    if deadline_ns is not None:
+        left = deadline_ns - opts.clock()
+        if left <= pause_ns:
+            return False
+    if pause_ns > 0:
+        opts.sleep(pause_ns / 1e9)
+    return True
+
+
+def _transient_gpus(snap: Snapshot) -> frozenset[int]:
+    """The GPUs of a health reading that it could not read for a transient reason (a failure whose error is
+    transient, a health value unread after a transient NVML code or nvidia-smi's ``[Unknown Error]``)."""
+    out = {f.index for f in snap.failures if isinstance(f.error, NvmlCheckError) and f.error.TRANSIENT}
+    for d in snap.devices:
+        if any(key.startswith("health") and _transient_reason(why) for key, why in d.unknown.items()):
+            out.add(d.index)
+    return frozenset(out)
+
+
+def _transient_reason(why: str) -> bool:
+    """Whether an ``unknown`` reason tells of a transient failure: an NVML return code whose class is transient
+    (``... returned NVML_ERROR_UNKNOWN (999)``), or nvidia-smi's ``[Unknown Error]`` (that code, printed)."""
+    import re
+
+    from .errors import error_class_for_code
+
+    if "[Unknown Error]" in why:
+        return True
+    found = re.search(r"NVML_ERROR_[A-Z_]+ \((\d+)\)", why)
+    return found is not None and error_class_for_code(int(found.group(1))).TRANSIENT
 
 
 def _unresolved(session: Session, devices: Iterable[DeviceSelector] | DeviceSelector | None, bound: float | None,
@@ -210,15 +262,20 @@ def _unresolved(session: Session, devices: Iterable[DeviceSelector] | DeviceSele
     return ReadyReport(verdicts, snap, clock() - start, 0, bound)
 
 
-def _health_again(session: Session, indices: tuple[int, ...] | None, clock: Callable[[], int]) -> Snapshot:
-    """The selected GPUs' health, read again; a reading that fails as a whole (an nvidia-smi run that failed) makes
-    each GPU a failure saying so: judged unknown, never ready, and never an error that hides the verdicts."""
+def _health_again(session: Session, indices: tuple[int, ...] | None,
+                  clock: Callable[[], int]) -> tuple[Snapshot, frozenset[int]]:
+    """The selected GPUs' health, read again, and the GPUs it could not read for a transient reason
+    (:func:`_transient_gpus`: asking again may help). A reading that fails as a whole (an nvidia-smi run that
+    failed) makes each GPU a failure saying so: judged unknown, never ready, and never an error that hides the
+    verdicts."""
     backend = session.backend
     try:
-        return backend.snapshot(indices, Fields.HEALTH)
+        snap = backend.snapshot(indices, Fields.HEALTH)
     except NvmlCheckError as exc:
-        return _failed_reading(session, indices, NvmlCheckError(f"the health could not be read again ({exc})"),
+        snap = _failed_reading(session, indices, NvmlCheckError(f"the health could not be read again ({exc})"),
                                clock(), clock)
+        return snap, frozenset(f.index for f in snap.failures) if exc.TRANSIENT else frozenset()
+    return snap, _transient_gpus(snap)
 
 
 def _failed_reading(session: Session, indices: tuple[int, ...] | None, why: Exception, start: int,

@@ -69,3 +69,98 @@ def test_a_selection_still_being_resolved_at_the_deadline_is_unknown_never_overr
         report = session.ready([uuid if selector == "uuid" else selector], timeout=0,
                                options=WaitOptions(clock=clock.clock, sleep=clock.sleep))
         assert report.ready and [v.index for v in report.verdicts] == [1]
+
+
+def held_then_gone() -> Scenario:
+    """A GPU held until its 40th NVML call (a wait's few polls), clean after."""
+    sc = Scenario.h200()
+    sc.add_process(0, 4_000_001, used_bytes=GIB)
+    sc.at_call(40).remove_process(0, 4_000_001)
+    return sc
+
+
+def test_a_transient_health_error_while_waiting_is_asked_again_not_unknown_at_once(
+    gpus: Callable[[Scenario], nc.Session],
+) -> None:
+    """``ready --timeout 5``: the wait ended clean, and the health read before saying so got NVML_ERROR_UNKNOWN
+    once (a transient error: the poller retries it). The call ended there as unknown at 0.2 s of its 5; the health
+    is now asked again (after more clean polls) until the deadline, and the GPU is ready."""
+    sc = held_then_gone()
+    sc.fault("nvmlDeviceGetRemappedRows", 999, after=1, count=1)  # the first reading's passes; the next fails once
+    clock = StepClock(0.001)
+    with gpus(sc) as session:
+        report = session.ready(timeout=5.0, events=False, options=WaitOptions(clock=clock.clock, sleep=clock.sleep,
+                                                                              policy=0.02))
+    assert report.ready, report.verdicts
+    assert clock.now_ns < 1e9  # asked again at once (one poll interval), not at the deadline
+
+
+def test_a_transient_health_error_that_lasts_is_unknown_at_the_deadline_with_its_reason(
+    gpus: Callable[[Scenario], nc.Session],
+) -> None:
+    sc = held_then_gone()
+    sc.fault("nvmlDeviceGetRemappedRows", 999, after=1)  # every health reading after the first fails
+    clock = StepClock(0.001)
+    with gpus(sc) as session:
+        report = session.ready(timeout=5.0, events=False, options=WaitOptions(clock=clock.clock, sleep=clock.sleep,
+                                                                              policy=0.02))
+    (v,) = report.verdicts
+    assert v.class_ == "unknown" and "NVML_ERROR_UNKNOWN" in v.line()
+    # Until the deadline, never past it by more than one poll (a 20 ms interval, a reading of a few clock steps).
+    assert 4.9e9 <= clock.now_ns <= 5.1e9
+
+
+def test_a_lasting_health_error_ends_the_wait_at_once(gpus: Callable[[Scenario], nc.Session]) -> None:
+    """No permission to read the remapped rows: asking again cannot help, so the call does not wait for it."""
+    sc = held_then_gone()
+    sc.fault("nvmlDeviceGetRemappedRows", 4, after=1)
+    clock = StepClock(0.001)
+    with gpus(sc) as session:
+        report = session.ready(timeout=5.0, events=False, options=WaitOptions(clock=clock.clock, sleep=clock.sleep,
+                                                                              policy=0.02))
+    (v,) = report.verdicts
+    assert v.class_ == "unknown" and "NVML_ERROR_NO_PERMISSION" in v.line() and clock.now_ns < 1e9
+
+
+def test_a_transient_failure_of_the_whole_health_reading_is_asked_again(
+    gpus: Callable[[Scenario], nc.Session],
+) -> None:
+    """The health reading after the wait fails as a whole, once, with a transient error (an nvidia-smi run that
+    failed): asked again, not unknown at once."""
+    clock = StepClock(0.001)
+    with gpus(held_then_gone()) as session:
+        real = session.backend.snapshot
+        failed: list[int] = []
+
+        def snapshot(indices: Any, fields: Any, **kw: Any) -> Any:
+            if fields == nc.Fields.HEALTH and not failed:
+                failed.append(1)
+                raise nc.SmiError(["nvidia-smi"], 15, "", "nvidia-smi exited with status 15")
+            return real(indices, fields, **kw)
+
+        session.backend.snapshot = snapshot  # type: ignore[method-assign,assignment]
+        report = session.ready(timeout=5.0, events=False, options=WaitOptions(clock=clock.clock, sleep=clock.sleep,
+                                                                              policy=0.02))
+    assert failed and report.ready, report.verdicts
+
+
+@pytest.mark.parametrize(("code", "waits"), [(999, True), (4, False)])
+def test_the_smi_backend_asks_a_transient_health_error_again_too(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str], code: int, waits: bool
+) -> None:
+    """``[Unknown Error]`` for the remapped rows (nvidia-smi's NVML_ERROR_UNKNOWN) is asked again until the
+    deadline; ``[Insufficient Permissions]`` ends the call at once. Both unknown, never ready."""
+    import json
+
+    from nvmlcheck import cli
+
+    sc = Scenario.h200()
+    sc.fault("nvmlDeviceGetRemappedRows", code, device=0)
+    path = str(sc.write(tmp_path / "s.txt"))
+    assert cli.main(["--simulate", path, "--backend", "smi", "--json", "ready", "--timeout", "4"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    (gpu,) = doc["gpus"]
+    assert gpu["class"] == "unknown" and "remapped_rows" in gpu["line"]
+    # Counted in polls, not timed: the first reading and the wait's two stable polls, then the health asked again
+    # after another wait (more polls) when the error is transient; none more when it lasts.
+    assert (doc["polls"] > 3) is waits and doc["polls"] >= 3, doc["polls"]
