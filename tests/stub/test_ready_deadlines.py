@@ -164,3 +164,17 @@ def test_the_smi_backend_asks_a_transient_health_error_again_too(
     # Counted in polls, not timed: the first reading and the wait's two stable polls, then the health asked again
     # after another wait (more polls) when the error is transient; none more when it lasts.
     assert (doc["polls"] > 3) is waits and doc["polls"] >= 3, doc["polls"]
+
+
+def test_a_one_shot_through_a_slow_smi_prefix_completes(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """``ready --smi-prefix "ssh gpu01"`` (``--timeout 0``, the default): every nvidia-smi run was cut at 1 s, so
+    a transport that takes a second to connect failed the one-shot ("nvidia-smi did not answer within 1 s", exit
+    3). A run behind a prefix gets nvidia-smi's own bound (10 s): the one check completes, as a one-shot does."""
+    from nvmlcheck import cli
+
+    slow = tmp_path / "slow-transport"
+    slow.write_text('#!/bin/sh\nsleep 1.1\nexec "$@"\n')  # a connection that takes more than the old 1 s bound
+    slow.chmod(0o755)
+    code = cli.main(["--simulate", "h200", "--backend", "smi", "--smi-prefix", str(slow), "ready"])
+    out, err = capsys.readouterr()
+    assert code == 0 and "GPU 0: ready" in out, err
