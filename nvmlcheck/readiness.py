@@ -74,6 +74,12 @@ def ready_on(
     backend sees no GPU.
     """
     opts = _ready_options(timeout, events, options)
+    if devices is not None:
+        from .session import _selectors
+
+        # Read once: the selection is resolved, read for MIG instances and handed to the wait, and an iterator
+        # (a generator of indices) would be empty by the second ("empty device selection").
+        devices = _selectors(devices)
     bound = opts.timeout
     max_used_bytes = DEFAULT_MAX_USED_BYTES if max_used_bytes is None else check_bytes("max_used_bytes", max_used_bytes)
     capacity = _capacity(need_bytes, need_fraction)
