@@ -121,7 +121,7 @@ def _ready(
     watch = Watch(max_used_bytes=max_used_bytes)
     scan = _UnlistedScan(session, max_used_bytes, deadline_ns, clock)
     read_from_ns = time.monotonic_ns()  # the events' clock: what came before is in the first reading's health
-    first, late = _first_reading(session, indices, bound, start, clock)
+    first, late = _first_reading(session, indices, opts, start, clock)
     if not first.devices and not first.failures:
         raise BackendUnavailable(f"the {session.backend.name} backend sees no GPU: refusing to call zero GPUs "
                                  "ready", [f"{session.backend.name}: device count 0"])
@@ -333,7 +333,12 @@ def _confirm(
             if wait_ns <= 0:
                 return None
             sleep(wait_ns / 1e9)
-        snap = read_by(session.backend, indices, Fields.WAIT | Fields.HEALTH, deadline_ns, clock)
+        try:
+            snap = read_by(session.backend, indices, Fields.WAIT | Fields.HEALTH, deadline_ns, clock)
+        except NvmlCheckError as exc:
+            if exc.TRANSIENT:
+                return None  # the wait's poller asks again, as it does after any transient error
+            raise
         if snap is None:
             return None
         watch.observe(snap, clock())
@@ -370,23 +375,37 @@ def _ready_options(timeout: float | None, events: bool | None, options: WaitOpti
     return base.with_(timeout=timeout, events=events)
 
 
-def _first_reading(session: Session, indices: tuple[int, ...] | None, bound: float | None, start: int,
+def _first_reading(session: Session, indices: tuple[int, ...] | None, opts: WaitOptions, start: int,
                    clock: Callable[[], int]) -> tuple[Snapshot, bool]:
     """The first reading, health included, and whether the deadline cut it. One check (``bound`` 0) always completes,
-    as a wait's does; with a timeout the reading stops at the deadline (at most one query late), and every selected
-    GPU is then a failure saying so: judged unknown, never ready."""
+    as a wait's does (an error is the call's). With a timeout (or none) the reading stops at the deadline (at most
+    one query late), and a transient error (an nvidia-smi run that failed, NVML_ERROR_UNKNOWN for the whole
+    reading) is asked again after a poll interval, as the poller asks again; cut by the deadline, every selected
+    GPU is a failure saying why: judged unknown, never ready."""
     from ._deadline import ns_or_none, read_by
 
-    backend = session.backend
-    if not bound:  # one check (or no bound), which always completes: only a hung call is cut (ready_on's watchdog)
+    backend, bound = session.backend, opts.timeout
+    if bound == 0:  # one check, which always completes: only a hung call is cut (ready_on's watchdog)
         return backend.snapshot(indices, Fields.WAIT | Fields.HEALTH), False
-    bound_ns = ns_or_none(bound)
-    snap = read_by(backend, indices, Fields.WAIT | Fields.HEALTH, None if bound_ns is None else start + bound_ns,
-                   clock)
-    if snap is not None:
-        return snap, False
-    why = NvmlCheckError(f"the first reading did not complete within the timeout ({bound:g} s)")
-    return _failed_reading(session, indices, why, start, clock), True
+    bound_ns = None if bound is None else ns_or_none(bound)
+    deadline_ns = None if bound_ns is None else start + bound_ns
+    failed: NvmlCheckError | None = None
+    while True:
+        try:
+            snap = read_by(backend, indices, Fields.WAIT | Fields.HEALTH, deadline_ns, clock)
+        except NvmlCheckError as exc:
+            if not exc.TRANSIENT:
+                raise
+            failed = exc
+            if _pause(opts, session, deadline_ns):
+                continue
+            snap = None
+        if snap is not None:
+            return snap, False
+        why = f"the first reading did not complete within the timeout ({bound:g} s)"
+        if failed is not None:
+            why += f"; the last attempt failed: {failed}"
+        return _failed_reading(session, indices, NvmlCheckError(why), start, clock), True
 
 
 def _capacity(need_bytes: int | None, need_fraction: float | None) -> Predicate | None:

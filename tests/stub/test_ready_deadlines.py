@@ -178,3 +178,61 @@ def test_a_one_shot_through_a_slow_smi_prefix_completes(tmp_path: Any, capsys: p
     code = cli.main(["--simulate", "h200", "--backend", "smi", "--smi-prefix", str(slow), "ready"])
     out, err = capsys.readouterr()
     assert code == 0 and "GPU 0: ready" in out, err
+
+
+def failing_readings(session: nc.Session, fail: Callable[[int], BaseException | None]) -> list[int]:
+    """The backend's ``n``-th reading (from 1) raises ``fail(n)`` when that is not ``None``; the readings made."""
+    real = session.backend.snapshot
+    made: list[int] = []
+
+    def snapshot(indices: Any, fields: Any, **kw: Any) -> Any:
+        made.append(len(made) + 1)
+        error = fail(len(made))
+        if error is not None:
+            raise error
+        return real(indices, fields, **kw)
+
+    session.backend.snapshot = snapshot  # type: ignore[method-assign,assignment]
+    return made
+
+
+def smi_failed() -> nc.SmiError:
+    return nc.SmiError(["nvidia-smi"], 15, "", "nvidia-smi exited with status 15")
+
+
+@pytest.mark.parametrize("failing", [1, 2])  # the first reading; the reading that confirms it
+def test_a_transient_failure_of_readys_own_reading_is_asked_again(gpus: Callable[[Scenario], nc.Session],
+                                                                   failing: int) -> None:
+    """``ready --timeout 5`` on an idle GPU whose first (or confirming) reading failed as a whole with a transient
+    error (an nvidia-smi run that failed once): the error ended the call (exit 3), where the wait's poller asks
+    again after the same error."""
+    clock = StepClock(0.001)
+    with gpus(Scenario.h200()) as session:
+        failing_readings(session, lambda n: smi_failed() if n == failing else None)
+        report = session.ready(timeout=5.0, events=False, options=WaitOptions(clock=clock.clock, sleep=clock.sleep,
+                                                                              policy=0.02))
+    assert report.ready, report.verdicts
+
+
+def test_a_first_reading_that_keeps_failing_is_unknown_at_the_deadline(gpus: Callable[[Scenario], nc.Session]) -> None:
+    clock = StepClock(0.001)
+    with gpus(Scenario.h200()) as session:
+        failing_readings(session, lambda n: smi_failed())
+        report = session.ready(timeout=2.0, events=False, options=WaitOptions(clock=clock.clock, sleep=clock.sleep,
+                                                                              policy=0.02))
+        (v,) = report.verdicts
+        assert v.class_ == "unknown" and "status 15" in v.line() and "within the timeout (2 s)" in v.line()
+        assert clock.now_ns <= 2.05e9
+        # One check (timeout 0) is the call's one reading: its error is the call's, as before.
+        with pytest.raises(nc.SmiError):
+            session.ready(timeout=0)
+
+
+def test_a_lasting_failure_of_the_first_reading_is_raised_at_once(gpus: Callable[[Scenario], nc.Session]) -> None:
+    """An error that asking again cannot mend (nvidia-smi's parser does not know the output) is not waited on."""
+    clock = StepClock(0.001)
+    with gpus(Scenario.h200()) as session:
+        made = failing_readings(session, lambda n: nc.SmiParseError("unexpected header", 1, "GPU,Mem"))
+        with pytest.raises(nc.SmiParseError):
+            session.ready(timeout=5.0, events=False, options=WaitOptions(clock=clock.clock, sleep=clock.sleep))
+    assert made == [1]
