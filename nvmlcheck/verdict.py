@@ -300,9 +300,14 @@ def health_causes(d: DeviceState) -> tuple[Culprit, ...]:
     out: list[Culprit] = []
     i = d.index
     if d.health is not None:
+        asked = d.health.recovery_action
         for cause in d.health.causes():
             action = cause.action.value
             hint = _ACTION_HINTS.get(action, "").format(i=i)
+            if cause.code == "recovery-action" and asked is not None and asked.name.startswith("ACTION_"):
+                # A code this version cannot name: the strongest action, without claiming what it does not know.
+                hint = (f"a recovery action nvmlcheck does not know: read it with nvidia-smi -q -i {i} (GPU Recovery "
+                        "Action) and the driver's documentation before servicing the GPU")
             out.append(Culprit(i, "unhealthy", cause.code, f"{cause.text} [{action}: {hint}]" if hint else
                                f"{cause.text} [{action}]", action=action))
     for key, why in sorted(d.unknown.items()):
