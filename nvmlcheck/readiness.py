@@ -489,6 +489,9 @@ class _HealthOnEvents:
         self.deadline_ns = deadline_ns
         self.clock = clock
         self.seen = 0
+        # An event whose health reading failed (as a whole, or a value unread for a transient reason): read again
+        # after the next poll, never forgotten (the wait would time out calling a GPU that needs a reset "held").
+        self.pending = False
         self.unhealthy: Snapshot | None = None
 
     def __call__(self) -> None:
@@ -497,18 +500,20 @@ class _HealthOnEvents:
             return
         new, self.seen = listener.next_events(self.seen, 0.0)
         wanted = None if self.indices is None else frozenset(self.indices)
-        if not any(e.kind.value in _HEALTH_EVENTS and (wanted is None or e.index in wanted)
-                   and e.time_ns >= self.since_ns for e in new):
+        if not self.pending and not any(e.kind.value in _HEALTH_EVENTS and (wanted is None or e.index in wanted)
+                                        and e.time_ns >= self.since_ns for e in new):
             return
         from ._deadline import read_by
         from .verdict import error_culprit, health_causes
 
+        self.pending = True
         try:
             snap = read_by(self.session.backend, self.indices, Fields.HEALTH, self.deadline_ns, self.clock)
         except NvmlCheckError:  # a reading that failed as a whole says nothing of health: the wait goes on
             return
         if snap is None:  # the deadline came first: the wait times out on its own
             return
+        self.pending = bool(_transient_gpus(snap))
         if any(c.class_ == "unhealthy" for d in snap.devices for c in health_causes(d)) or any(
             error_culprit(f.index, f.error).class_ == "unhealthy" for f in snap.failures
         ):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -34,3 +36,20 @@ def test_a_known_recovery_action_keeps_its_hint(gpus: Callable[[Scenario], nc.Se
     with gpus(sc) as session:
         (v,) = session.ready().verdicts
     assert v.actions == ("RESET_GPU",) and "nvidia-smi -r -i 0" in v.line()
+
+
+def test_an_event_whose_health_reading_failed_is_read_again(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """XID 63 on a held GPU (a row marked for remapping), and the health read it prompts fails once
+    (NVML_ERROR_UNKNOWN): the event was forgotten, so the wait ran to its timeout and called the GPU held (exit 1:
+    "wait"), where it needs a reset (exit 5). The reading is now made again after the next poll."""
+    from nvmlcheck import cli
+
+    sc = Scenario.h200()
+    sc.add_process(0, 4_000_001, used_bytes=4 << 30)  # never ready: only the health can end the wait early
+    step = sc.at_ms(50)
+    step.set_device(0, remapped_rows=(0, 1, True, False))
+    step.raise_event(0, "xid", xid=63)
+    sc.fault("nvmlDeviceGetRemappedRows", 999, after=1, count=1)  # the first reading's passes, the next fails
+    code = cli.main(["--simulate", str(sc.write(tmp_path / "s.txt")), "--json", "ready", "--timeout", "3"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 5 and doc["gpus"][0]["class"] == "unhealthy", doc["gpus"][0]["line"]
