@@ -686,8 +686,16 @@ def _beyond_capacity(d: DeviceState, m: Memory, need: int, fraction: float | Non
     of = _of_total(m, fraction)
     where = ("its total; the driver's reserve is not known" if reserved is None else
              f"{format_bytes(m.total_bytes)} total, {format_bytes(reserved)} reserved by the driver")
-    return [Culprit(d.index, "short", "capacity-limit", f"{format_bytes(need)} needed{of} can never be free on this "
-                    f"GPU: at most {format_bytes(most)} with nothing running ({where})", used_bytes=m.used_bytes)]
+    needed, at_most = _apart(need, most)
+    return [Culprit(d.index, "short", "capacity-limit", f"{needed} needed{of} can never be free on this "
+                    f"GPU: at most {at_most} with nothing running ({where})", used_bytes=m.used_bytes)]
+
+
+def _apart(a: int, b: int) -> tuple[str, str]:
+    """Two byte counts as a person reads them, in exact bytes where the rounded figures would look the same
+    ("139.8 GiB needed ... at most 139.8 GiB" said nothing)."""
+    x, y = format_bytes(a), format_bytes(b)
+    return (x, y) if x != y or a == b else (f"{a:,} B", f"{b:,} B")
 
 
 def _whole_mig(d: DeviceState) -> tuple[MigDevice, ...] | None:
@@ -746,8 +754,9 @@ def _capacity_culprits(d: DeviceState, m: Memory, need: int, fraction: float | N
     free, slack = free_bytes_of(m)
     if free + slack < need:
         of = _of_total(m, fraction)
-        return [Culprit(d.index, "short", "capacity", f"clean, but {format_bytes(free)} free, {format_bytes(need)} "
-                        f"needed{of}", used_bytes=m.used_bytes)]
+        free_text, need_text = _apart(free, need)
+        return [Culprit(d.index, "short", "capacity", f"clean, but {free_text} free, {need_text} needed{of}",
+                        used_bytes=m.used_bytes)]
     if free - slack < need:
         return [Culprit(d.index, "unknown", "capacity", f"{format_bytes(free)} free is within the reporting "
                         f"resolution of the {format_bytes(need)} needed")]

@@ -53,3 +53,19 @@ def test_an_event_whose_health_reading_failed_is_read_again(tmp_path: Any, capsy
     code = cli.main(["--simulate", str(sc.write(tmp_path / "s.txt")), "--json", "ready", "--timeout", "3"])
     doc = json.loads(capsys.readouterr().out)
     assert code == 5 and doc["gpus"][0]["class"] == "unhealthy", doc["gpus"][0]["line"]
+
+
+@pytest.mark.parametrize(("used", "need", "shown"), [
+    (0, 150_110_797_824, "150,110,797,824 B needed can never be free on this GPU: at most 150,109,880,320 B"),
+    (8 << 20, 150_109_000_000, "clean, but 150,101,491,712 B free, 150,109,000,000 B needed"),
+    (0, 140 << 30, "140.0 GiB needed can never be free on this GPU: at most 139.8 GiB"),  # apart: rounded
+])
+def test_a_need_close_to_the_free_memory_is_said_in_bytes(gpus: Callable[[Scenario], nc.Session], used: int,
+                                                          need: int, shown: str) -> None:
+    """"139.8 GiB needed can never be free on this GPU: at most 139.8 GiB": both figures rounded alike, the
+    refusal told nothing. Where the rounded figures would look the same, both are given in bytes."""
+    sc = Scenario.h200()
+    sc.set_device(0, used_bytes=used)
+    with gpus(sc) as session:
+        (v,) = session.ready(need_bytes=need).verdicts
+    assert v.class_ == "short" and shown in v.line(), v.line()
