@@ -166,7 +166,8 @@ class GpuVerdict:
     ``used_bytes``, ``total_bytes``, ``free_bytes`` (total - reserved - used) and ``need_bytes`` (``None``: no need
     given) from the last reading. ``eta_ns``: for ``reclaiming``, the expected time from the verdict until the memory
     is back (the reclaim model's figure from when the teardown was first seen; once that has passed while memory
-    is still coming back, the observed release rate extrapolated); ``stuck_after_ns``: how long memory may stay held
+    is still coming back, the observed release rate extrapolated; ``None`` once it has passed with none of it back:
+    no time can be promised); ``stuck_after_ns``: how long memory may stay held
     with no live holder before it is called stuck (:mod:`nvmlcheck.reclaim_model`).
     """
 
@@ -218,8 +219,9 @@ class GpuVerdict:
         text = "; ".join(c.reason if c.class_ == self.class_ else f"{c.class_}: {c.reason}" for c in ordered)
         head = "" if self.class_ == "held" else f"{self.class_}: "
         eta = ""
-        if self.class_ == "reclaiming" and self.eta_ns is not None:
-            eta = f"; back in ~{self.eta_ns / 1e6:.0f} ms" if self.eta_ns > 0 else "; overdue, still coming back"
+        if self.class_ == "reclaiming":
+            eta = ("; overdue: none of it has come back yet" if self.eta_ns is None else
+                   f"; back in ~{self.eta_ns / 1e6:.0f} ms")
         return f"{self.label}: {head}{text}{eta}"
 
     def to_json(self) -> dict[str, Any]:
@@ -625,8 +627,9 @@ def _classify_one(d: DeviceState, ctx: _Ctx, culprits: list[Culprit]) -> GpuVerd
         eta = max(0, since + ctx.model.expected_ns(contexts, max(0, start_bytes)) - now)
         if eta == 0 and track is not None and track.since_ns is not None and m is not None:
             released, elapsed = start_bytes - m.used_bytes, now - track.since_ns
-            if released > 0 and elapsed > 0:  # overdue and still coming back: the observed rate extrapolated
-                eta = round(m.used_bytes * elapsed / released)
+            # Overdue and still coming back: the observed rate extrapolated. Overdue and none of it back: no rate to
+            # extrapolate, no time to promise (0 would say "back now").
+            eta = max(1, round(m.used_bytes * elapsed / released)) if released > 0 and elapsed > 0 else None
     need = None
     instances = _whole_mig(d)
     if instances == ():
