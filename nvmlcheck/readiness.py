@@ -174,7 +174,7 @@ def _ready(
     recheck = _HealthOnEvents(session, indices, deadline_ns, clock, since_ns=read_from_ns)
     while True:
         remaining = None if bound is None else max(0.0, bound - (clock() - start) / 1e9)
-        waited = _wait(session, indices if mig else devices, predicate, opts.with_(timeout=remaining), watch,
+        waited = _wait(session, indices, predicate, opts.with_(timeout=remaining), watch,
                        faults=faults, errors=errors, after_poll=(recheck, scan.when_overdue(watch, judge, mig)))
         final = waited[0] or first
         if recheck.unhealthy is not None:
