@@ -87,9 +87,10 @@ _ACTION_HINTS = {
 }
 # Words of the reasons a backend records for a value the device does not have: errors.py's NotSupported and
 # FunctionNotFound ("not supported: ...", "not available: ..."), nvidia-smi's placeholders ("[N/A]", "[Not
-# Supported]"). Unsupported health is no refusal (a Hopper GPU retires no pages: it remaps rows).
-# A part that was "not requested" is no such reason: health never read is unknown, never ready.
-_UNSUPPORTED_WORDS = ("not supported", "not available", "[n/a]")
+# Supported]"), a field an older nvidia-smi does not know ("this nvidia-smi does not know the field ...": the
+# recovery action before driver 565). Unsupported health is no refusal (a Hopper GPU retires no pages: it remaps
+# rows). A part that was "not requested" is no such reason: health never read is unknown, never ready.
+_UNSUPPORTED_WORDS = ("not supported", "not available", "[n/a]", "does not know the field")
 
 
 def _action_severity(action: str | None) -> int:

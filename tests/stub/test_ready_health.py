@@ -69,3 +69,32 @@ def test_a_need_close_to_the_free_memory_is_said_in_bytes(gpus: Callable[[Scenar
     with gpus(sc) as session:
         (v,) = session.ready(need_bytes=need).verdicts
     assert v.class_ == "short" and shown in v.line(), v.line()
+
+
+@pytest.mark.parametrize("backend", ["nvml", "smi"])
+def test_a_driver_without_the_recovery_action_is_noted_not_refused(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, backend: str
+) -> None:
+    """A driver before the recovery action's field (565): NVML answers INVALID_ARGUMENT for the field's id, and
+    nvidia-smi does not know ``gpu_recovery_action``. Both read as a failed reading, so every GPU of such a host was
+    "unknown: health unknown is never ready" for good (ready.md: a value the driver does not have is not a refusal).
+    Now noted, not judged."""
+    from nvmlcheck import cli
+
+    sc = Scenario.h200()
+    if backend == "nvml":
+        sc.fault("nvmlDeviceGetFieldValues", 2)
+    else:
+        monkeypatch.setenv("FAKE_SMI_REFUSE_FIELDS", "gpu_recovery_action")
+    code = cli.main(["--simulate", str(sc.write(tmp_path / "s.txt")), "--backend", backend, "--json", "ready"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 0 and doc["ready"], doc["gpus"][0]["line"]
+    assert any(n.startswith("health.recovery_action not judged on GPU 0") for n in doc["notes"]), doc["notes"]
+
+
+def test_a_recovery_action_that_could_not_be_read_is_still_unknown(gpus: Callable[[Scenario], nc.Session]) -> None:
+    sc = Scenario.h200()
+    sc.fault("nvmlDeviceGetFieldValues", 999)  # a failed read, not a missing field
+    with gpus(sc) as session:
+        (v,) = session.ready().verdicts
+    assert v.class_ == "unknown" and "health.recovery_action could not be read" in v.line()
