@@ -146,24 +146,26 @@ def test_a_transient_failure_of_the_whole_health_reading_is_asked_again(
 
 @pytest.mark.parametrize(("code", "waits"), [(999, True), (4, False)])
 def test_the_smi_backend_asks_a_transient_health_error_again_too(
-    tmp_path: Any, capsys: pytest.CaptureFixture[str], code: int, waits: bool
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, code: int, waits: bool
 ) -> None:
     """``[Unknown Error]`` for the remapped rows (nvidia-smi's NVML_ERROR_UNKNOWN) is asked again until the
     deadline; ``[Insufficient Permissions]`` ends the call at once. Both unknown, never ready."""
-    import json
+    import sys
 
-    from nvmlcheck import cli
+    from nvmlcheck.testing import stub_source_dir
 
     sc = Scenario.h200()
     sc.fault("nvmlDeviceGetRemappedRows", code, device=0)
-    path = str(sc.write(tmp_path / "s.txt"))
-    assert cli.main(["--simulate", path, "--backend", "smi", "--json", "ready", "--timeout", "4"]) == 1
-    doc = json.loads(capsys.readouterr().out)
-    (gpu,) = doc["gpus"]
-    assert gpu["class"] == "unknown" and "remapped_rows" in gpu["line"]
-    # Counted in polls, not timed: the first reading and the wait's two stable polls, then the health asked again
-    # after another wait (more polls) when the error is transient; none more when it lasts.
-    assert (doc["polls"] > 3) is waits and doc["polls"] >= 3, doc["polls"]
+    monkeypatch.setenv("NVMLCHECK_STUB_SCENARIO", str(sc.write(tmp_path / "s.txt")))
+    clock = StepClock(0.001)
+    with nc.open("smi", smi_command=[sys.executable, str(stub_source_dir() / "fake_nvidia_smi.py")]) as session:
+        report = session.ready(timeout=0.3, events=False, options=WaitOptions(clock=clock.clock, sleep=clock.sleep,
+                                                                              policy=0.02))
+    (v,) = report.verdicts
+    assert v.class_ == "unknown" and "remapped_rows" in v.line()
+    # Counted in polls on the step clock: the first reading and the wait's two stable polls, then (transient) the
+    # health asked again after more waits until the deadline; (lasting) none more.
+    assert (report.polls > 3) is waits and report.polls >= 3, report.polls
 
 
 def test_a_one_shot_through_a_slow_smi_prefix_completes(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
