@@ -34,6 +34,7 @@ TYPE_CHECKING = False  # no typing at run time: it costs a one-shot check millis
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from .events import GpuEvent
     from .holders import Holder
     from .predicates import Predicate
     from .session import DeviceSelector, Session
@@ -171,16 +172,14 @@ def _ready(
         if confirmed is not None:
             return ReadyReport(confirmed[1], confirmed[0], clock() - start, watch.observed, bound, notes)
 
-    recheck = _HealthOnEvents(session, indices, deadline_ns, clock, since_ns=read_from_ns)
+    recheck = _HealthOnEvents(session, indices, deadline_ns, clock, since_ns=read_from_ns,
+                              pending=bool(_transient_gpus(first)))
     while True:
         remaining = None if bound is None else max(0.0, bound - (clock() - start) / 1e9)
         waited = _wait(session, indices, predicate, opts.with_(timeout=remaining), watch,
                        faults=faults, errors=errors, after_poll=(recheck, scan.when_overdue(watch, judge, mig)))
         final = waited[0] or first
-        if recheck.unhealthy is not None:
-            # An XID or ECC event on a selected GPU, and the health read it prompted says reset (XID 63's pending
-            # remap, XID 154's recovery action): the wait stopped there, judged on that health.
-            health = recheck.unhealthy
+        health = recheck.health(health)
         if not waited[1]:
             break
         # Ready: read the health again before saying so (one reading past the wait at most). A remap can become
@@ -480,7 +479,7 @@ class _HealthOnEvents:
     (``GpuFault``); clock, P-state and power events say nothing of health."""
 
     def __init__(self, session: Session, indices: tuple[int, ...] | None, deadline_ns: int | None,
-                 clock: Callable[[], int], *, since_ns: int = 0) -> None:  # fmt: skip
+                 clock: Callable[[], int], *, since_ns: int = 0, pending: bool = False) -> None:  # fmt: skip
         self.session = session
         # An event heard before the first reading (a listener the caller started earlier) is in that reading's
         # health already: it prompts no second one.
@@ -489,16 +488,29 @@ class _HealthOnEvents:
         self.deadline_ns = deadline_ns
         self.clock = clock
         self.seen = 0
-        # An event whose health reading failed (as a whole, or a value unread for a transient reason): read again
-        # after the next poll, never forgotten (the wait would time out calling a GPU that needs a reset "held").
-        self.pending = False
+        # An event whose health reading failed (as a whole, or a value unread for a transient reason), or a first
+        # reading whose health did: read again after the next poll until a reading succeeds, never forgotten (the
+        # wait would time out calling a GPU that needs a reset "held", or a held GPU "unknown").
+        self.pending = pending
         self.unhealthy: Snapshot | None = None
+        #: The last health reading made (``None``: none): newer than the first reading's.
+        self.latest: Snapshot | None = None
+
+    def health(self, last: Snapshot) -> Snapshot:
+        """The health to judge by after a wait: the reading that found a cause (an XID or ECC event on a selected
+        GPU, and the health read it prompted says reset: XID 63's pending remap, XID 154's recovery action; the
+        wait stopped there), else the last one made while waiting (newer than ``last``), else ``last``."""
+        if self.unhealthy is not None:
+            return self.unhealthy
+        return last if self.latest is None else self.latest
 
     def __call__(self) -> None:
-        listener = self.session.listener
-        if listener is None or self.unhealthy is not None:
+        if self.unhealthy is not None:
             return
-        new, self.seen = listener.next_events(self.seen, 0.0)
+        listener = self.session.listener
+        new: list[GpuEvent] = []
+        if listener is not None:
+            new, self.seen = listener.next_events(self.seen, 0.0)
         wanted = None if self.indices is None else frozenset(self.indices)
         if not self.pending and not any(e.kind.value in _HEALTH_EVENTS and (wanted is None or e.index in wanted)
                                         and e.time_ns >= self.since_ns for e in new):
@@ -514,6 +526,7 @@ class _HealthOnEvents:
         if snap is None:  # the deadline came first: the wait times out on its own
             return
         self.pending = bool(_transient_gpus(snap))
+        self.latest = snap
         if any(c.class_ == "unhealthy" for d in snap.devices for c in health_causes(d)) or any(
             error_culprit(f.index, f.error).class_ == "unhealthy" for f in snap.failures
         ):

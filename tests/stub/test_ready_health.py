@@ -98,3 +98,25 @@ def test_a_recovery_action_that_could_not_be_read_is_still_unknown(gpus: Callabl
     with gpus(sc) as session:
         (v,) = session.ready().verdicts
     assert v.class_ == "unknown" and "health.recovery_action could not be read" in v.line()
+
+
+def test_a_held_gpu_whose_first_health_reading_failed_is_held_at_the_timeout(
+    gpus: Callable[[Scenario], nc.Session],
+) -> None:
+    """The first reading's remapped rows failed once (NVML_ERROR_UNKNOWN) on a GPU a process holds throughout: at
+    the timeout the GPU was judged on that first health and called "unknown: health.remapped_rows could not be
+    read" (unknown outranks held), hiding the holder to stop. The health is read again while waiting until a
+    reading succeeds, and the verdict is held, naming the process."""
+    from nvmlcheck.testing import StepClock
+    from nvmlcheck.wait import WaitOptions
+
+    sc = Scenario.h200()
+    sc.add_process(0, 4_000_001, used_bytes=4 << 30)
+    sc.fault("nvmlDeviceGetRemappedRows", 999, count=1)  # the first reading's
+    clock = StepClock(0.001)
+    with gpus(sc) as session:
+        report = session.ready(timeout=0.5, events=False, options=WaitOptions(clock=clock.clock, sleep=clock.sleep,
+                                                                              policy=0.02))
+    (v,) = report.verdicts
+    assert v.class_ in ("held", "reclaiming") and v.culprits[0].pid == 4_000_001, v.line()
+    assert "could not be read" not in v.line()
