@@ -736,9 +736,11 @@ def _mig_capacity(d: DeviceState, instances: tuple[MigDevice, ...], need_bytes: 
     needed = format_bytes(need_bytes or 0) if fraction is None else f"{fraction * 100:g}% of each instance's total"
     if never and not doubtful:
         most = max((m.total_bytes - (m.reserved_bytes or 0) for _, m in known), default=0)
+        needed, at_most = _apart(need_bytes, most) if fraction is None and need_bytes else (needed,
+                                                                                              format_bytes(most))
         return None if best is None else best[1], [Culprit(
             d.index, "short", "capacity-limit", f"{needed} needed can never be free in one MIG instance of this GPU "
-            f"(a CUDA process runs in one): the largest has at most {format_bytes(most)} with nothing running")]
+            f"(a CUDA process runs in one): the largest has at most {at_most} with nothing running")]
     if not clean:
         return None if best is None else best[1], []
     if doubtful or best is None:
@@ -746,8 +748,11 @@ def _mig_capacity(d: DeviceState, instances: tuple[MigDevice, ...], need_bytes: 
             d.index, "unknown", "capacity", f"whether a MIG instance has {needed} free is unknown (an instance's "
             "memory is unknown, or within the reporting resolution of the need)")]
     free, need, inst = best
+    most_free = format_bytes(free)
+    if fraction is None:
+        needed, most_free = _apart(need, free)
     return need, [Culprit(d.index, "short", "capacity", f"clean, but no MIG instance has {needed} free (a CUDA "
-                          f"process runs in one): the most is {format_bytes(free)}, in {inst.label}")]
+                          f"process runs in one): the most is {most_free}, in {inst.label}")]
 
 
 def _of_total(m: Memory, fraction: float | None) -> str:

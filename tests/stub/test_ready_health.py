@@ -120,3 +120,16 @@ def test_a_held_gpu_whose_first_health_reading_failed_is_held_at_the_timeout(
     (v,) = report.verdicts
     assert v.class_ in ("held", "reclaiming") and v.culprits[0].pid == 4_000_001, v.line()
     assert "could not be read" not in v.line()
+
+
+def test_a_need_close_to_a_mig_instances_free_memory_is_said_in_bytes(gpus: Callable[[Scenario], nc.Session]) -> None:
+    """The same on a GPU in MIG mode, judged per instance: "no MIG instance has 70.0 GiB free: the most is 70.0
+    GiB" said nothing."""
+    sc = Scenario.h200()
+    sc.set_device(0, mig=True)
+    for n in (0, 1):
+        sc.add_mig_device(0, n, total_bytes=70 << 30, used_bytes=10 << 20)
+    with gpus(sc) as session:
+        (v,) = session.ready(need_bytes=(70 << 30) - (5 << 20)).verdicts
+    assert v.class_ == "short" and "no MIG instance has 75,156,684,800 B free" in v.line(), v.line()
+    assert "the most is 75,151,441,920 B" in v.line()
