@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 
 from ._deadline import hung_after, ns_or_none
 from ._waitdefaults import READY_TIMEOUT, Default
-from .errors import ArgumentError, BackendUnavailable, GpuFault, NvmlCheckError, WaitTimeout
+from .errors import ArgumentError, BackendUnavailable, DeadlinePassed, GpuFault, NvmlCheckError, WaitTimeout
 from .model import DeviceState, Fields, Snapshot
 from .predicates import (
     DEFAULT_MAX_USED_BYTES,
@@ -34,6 +34,7 @@ TYPE_CHECKING = False  # no typing at run time: it costs a one-shot check millis
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from .events import GpuEvent
     from .holders import Holder
     from .predicates import Predicate
     from .session import DeviceSelector, Session
@@ -74,6 +75,12 @@ def ready_on(
     backend sees no GPU.
     """
     opts = _ready_options(timeout, events, options)
+    if devices is not None:
+        from .session import _selectors
+
+        # Read once: the selection is resolved, read for MIG instances and handed to the wait, and an iterator
+        # (a generator of indices) would be empty by the second ("empty device selection").
+        devices = _selectors(devices)
     bound = opts.timeout
     max_used_bytes = DEFAULT_MAX_USED_BYTES if max_used_bytes is None else check_bytes("max_used_bytes", max_used_bytes)
     capacity = _capacity(need_bytes, need_fraction)
@@ -105,17 +112,20 @@ def _ready(
     """:func:`ready_on` past its checks, from ``start`` on the options' clock."""
     clock, bound = opts.clock, opts.timeout
     bound_ns = None if bound is None else ns_or_none(bound)
-    indices = session.resolve(devices)
-    mig = _mig_instances(session, devices, bound, start, clock)
-    backend = session.backend
-    watch = Watch(max_used_bytes=max_used_bytes)
     deadline_ns = None if bound_ns is None else start + bound_ns
+    try:
+        # The GPUs a UUID, cuda:N or MIG- selector names are read by the deadline too (one check always completes).
+        indices = session._resolve(devices, deadline_ns if bound else None, clock)
+    except DeadlinePassed:
+        return _unresolved(session, devices, bound, start, clock)
+    mig = _mig_instances(session, devices, bound, start, clock)
+    watch = Watch(max_used_bytes=max_used_bytes)
     scan = _UnlistedScan(session, max_used_bytes, deadline_ns, clock)
     read_from_ns = time.monotonic_ns()  # the events' clock: what came before is in the first reading's health
-    first, late = _first_reading(session, indices, bound, start, clock)
+    first, late = _first_reading(session, indices, opts, start, clock)
     if not first.devices and not first.failures:
-        raise BackendUnavailable(f"the {backend.name} backend sees no GPU: refusing to call zero GPUs ready",
-                                 [f"{backend.name}: device count 0"])
+        raise BackendUnavailable(f"the {session.backend.name} backend sees no GPU: refusing to call zero GPUs "
+                                 "ready", [f"{session.backend.name}: device count 0"])
     watch.observe(first, clock())
     notes = _health_notes(first)
     health = first
@@ -162,41 +172,115 @@ def _ready(
         if confirmed is not None:
             return ReadyReport(confirmed[1], confirmed[0], clock() - start, watch.observed, bound, notes)
 
-    remaining = None if bound is None else max(0.0, bound - (clock() - start) / 1e9)
-    recheck = _HealthOnEvents(session, indices, deadline_ns, clock, since_ns=read_from_ns)
-    waited = _wait(session, indices if mig else devices, predicate, opts.with_(timeout=remaining), watch,
-                   faults=faults, errors=errors, after_poll=(recheck, scan.when_overdue(watch, judge, mig)))
-    final = waited[0] or first
-    if recheck.unhealthy is not None:
-        # An XID or ECC event on a selected GPU, and the health read it prompted says reset (XID 63's pending
-        # remap, XID 154's recovery action): the wait stopped there, judged on that health.
-        health = recheck.unhealthy
-    listener = session.listener
-    if listener is not None and listener.reason is not None:
-        notes = (*notes, f"events: {listener.reason}")
-    if waited[1]:
+    recheck = _HealthOnEvents(session, indices, deadline_ns, clock, since_ns=read_from_ns,
+                              pending=bool(_transient_gpus(first)))
+    while True:
+        remaining = None if bound is None else max(0.0, bound - (clock() - start) / 1e9)
+        waited = _wait(session, indices, predicate, opts.with_(timeout=remaining), watch,
+                       faults=faults, errors=errors, after_poll=(recheck, scan.when_overdue(watch, judge, mig)))
+        final = waited[0] or first
+        health = recheck.health(health)
+        if not waited[1]:
+            break
         # Ready: read the health again before saying so (one reading past the wait at most). A remap can become
         # pending while waiting with no XID heard: events off, the nvidia-smi backend, an XID 63 missed. Not after a
         # timeout: it would overrun the deadline, and the GPU is not called ready then anyway.
-        health = _health_again(session, indices, clock)
-        return ReadyReport(judge(final), final, clock() - start, watch.observed, bound, notes)
+        health, transient = _health_again(session, indices, clock)
+        verdicts = judge(final)
+        # A health value that failed with a transient error (NVML_ERROR_UNKNOWN, a timeout, an nvidia-smi run that
+        # failed) is asked again, as the poller asks again after a transient error: the wait goes on (its stable
+        # polls, then the health) until the deadline. Only then is it unknown, with its reason. Not when another
+        # GPU is not ready for a reason that waiting cannot change here (unhealthy, a lasting error).
+        if (not transient or any(v.needs_operator or (not v.ready and v.index not in transient) for v in verdicts)
+                or not _pause(opts, session, deadline_ns)):
+            return ReadyReport(verdicts, final, clock() - start, watch.observed, bound, _with_events(session, notes))
     verdicts = judge(final)
     if all(v.ready for v in verdicts):
         # The deadline came after a clean reading but before the run stable_polls asks for (and the health reading
         # that follows it): not confirmed, never called ready.
         verdicts = tuple(_unconfirmed(v, opts.stable_polls) for v in verdicts)
-    return ReadyReport(verdicts, final, clock() - start, watch.observed, bound, notes)
+    return ReadyReport(verdicts, final, clock() - start, watch.observed, bound, _with_events(session, notes))
 
 
-def _health_again(session: Session, indices: tuple[int, ...] | None, clock: Callable[[], int]) -> Snapshot:
-    """The selected GPUs' health, read again; a reading that fails as a whole (an nvidia-smi run that failed) makes
-    each GPU a failure saying so: judged unknown, never ready, and never an error that hides the verdicts."""
+def _with_events(session: Session, notes: tuple[str, ...]) -> tuple[str, ...]:
+    """``notes`` and, when the listener could not cover every GPU, why."""
+    listener = session.listener
+    if listener is not None and listener.reason is not None:
+        return (*notes, f"events: {listener.reason}")
+    return notes
+
+
+def _pause(opts: WaitOptions, session: Session, deadline_ns: int | None) -> bool:
+    """Sleep the polling policy's interval before asking again, never past ``deadline_ns``: whether time is left
+    (``False``: the deadline came, nothing slept past it)."""
+    from ._waitoptions import SMI_DEFAULT, _resolve_policy
+
+    policy = SMI_DEFAULT if opts.policy is None and session.backend.name == "smi" else _resolve_policy(opts.policy)
+    pause_ns = round(policy.interval_s * 1e9)
+    if deadline_ns is not None:
+        left = deadline_ns - opts.clock()
+        if left <= pause_ns:
+            return False
+    if pause_ns > 0:
+        opts.sleep(pause_ns / 1e9)
+    return True
+
+
+def _transient_gpus(snap: Snapshot) -> frozenset[int]:
+    """The GPUs of a health reading that it could not read for a transient reason (a failure whose error is
+    transient, a health value unread after a transient NVML code or nvidia-smi's ``[Unknown Error]``)."""
+    out = {f.index for f in snap.failures if isinstance(f.error, NvmlCheckError) and f.error.TRANSIENT}
+    for d in snap.devices:
+        if any(key.startswith("health") and _transient_reason(why) for key, why in d.unknown.items()):
+            out.add(d.index)
+    return frozenset(out)
+
+
+def _transient_reason(why: str) -> bool:
+    """Whether an ``unknown`` reason tells of a transient failure: an NVML return code whose class is transient
+    (``... returned NVML_ERROR_UNKNOWN (999)``), or nvidia-smi's ``[Unknown Error]`` (that code, printed)."""
+    import re
+
+    from .errors import error_class_for_code
+
+    if "[Unknown Error]" in why:
+        return True
+    found = re.search(r"NVML_ERROR_[A-Z_]+ \((\d+)\)", why)
+    return found is not None and error_class_for_code(int(found.group(1))).TRANSIENT
+
+
+def _unresolved(session: Session, devices: Iterable[DeviceSelector] | DeviceSelector | None, bound: float | None,
+                start: int, clock: Callable[[], int]) -> ReadyReport:
+    """The report of a call whose deadline came while the GPUs its selection names were still being read (a UUID,
+    ``cuda:N`` or ``MIG-...`` selector: a slow GPU or nvidia-smi run): which GPUs it names is unknown, so every GPU
+    of the host is ``unknown`` with that reason (it may name any of them), never ready, never a hang."""
+    from .session import _selectors
+
+    named = ", ".join(repr(s) for s in _selectors(() if devices is None else devices))
+    why = NvmlCheckError(f"the deadline ({bound:g} s) came while the GPUs the selection ({named}) names were still "
+                         "being read (a slow or hung GPU, or nvidia-smi): which GPUs it names is unknown")
+    snap = _failed_reading(session, None, why, start, clock)
+    if not snap.failures:
+        raise BackendUnavailable(f"the {session.backend.name} backend sees no GPU: refusing to call zero GPUs ready",
+                                 [f"{session.backend.name}: device count 0"])
+    verdicts = classify(snap, now_ns=clock(), health=snap)
+    return ReadyReport(verdicts, snap, clock() - start, 0, bound)
+
+
+def _health_again(session: Session, indices: tuple[int, ...] | None,
+                  clock: Callable[[], int]) -> tuple[Snapshot, frozenset[int]]:
+    """The selected GPUs' health, read again, and the GPUs it could not read for a transient reason
+    (:func:`_transient_gpus`: asking again may help). A reading that fails as a whole (an nvidia-smi run that
+    failed) makes each GPU a failure saying so: judged unknown, never ready, and never an error that hides the
+    verdicts."""
     backend = session.backend
     try:
-        return backend.snapshot(indices, Fields.HEALTH)
+        snap = backend.snapshot(indices, Fields.HEALTH)
     except NvmlCheckError as exc:
-        return _failed_reading(session, indices, NvmlCheckError(f"the health could not be read again ({exc})"),
+        snap = _failed_reading(session, indices, NvmlCheckError(f"the health could not be read again ({exc})"),
                                clock(), clock)
+        return snap, frozenset(f.index for f in snap.failures) if exc.TRANSIENT else frozenset()
+    return snap, _transient_gpus(snap)
 
 
 def _failed_reading(session: Session, indices: tuple[int, ...] | None, why: Exception, start: int,
@@ -248,7 +332,12 @@ def _confirm(
             if wait_ns <= 0:
                 return None
             sleep(wait_ns / 1e9)
-        snap = read_by(session.backend, indices, Fields.WAIT | Fields.HEALTH, deadline_ns, clock)
+        try:
+            snap = read_by(session.backend, indices, Fields.WAIT | Fields.HEALTH, deadline_ns, clock)
+        except NvmlCheckError as exc:
+            if exc.TRANSIENT:
+                return None  # the wait's poller asks again, as it does after any transient error
+            raise
         if snap is None:
             return None
         watch.observe(snap, clock())
@@ -285,23 +374,37 @@ def _ready_options(timeout: float | None, events: bool | None, options: WaitOpti
     return base.with_(timeout=timeout, events=events)
 
 
-def _first_reading(session: Session, indices: tuple[int, ...] | None, bound: float | None, start: int,
+def _first_reading(session: Session, indices: tuple[int, ...] | None, opts: WaitOptions, start: int,
                    clock: Callable[[], int]) -> tuple[Snapshot, bool]:
     """The first reading, health included, and whether the deadline cut it. One check (``bound`` 0) always completes,
-    as a wait's does; with a timeout the reading stops at the deadline (at most one query late), and every selected
-    GPU is then a failure saying so: judged unknown, never ready."""
+    as a wait's does (an error is the call's). With a timeout (or none) the reading stops at the deadline (at most
+    one query late), and a transient error (an nvidia-smi run that failed, NVML_ERROR_UNKNOWN for the whole
+    reading) is asked again after a poll interval, as the poller asks again; cut by the deadline, every selected
+    GPU is a failure saying why: judged unknown, never ready."""
     from ._deadline import ns_or_none, read_by
 
-    backend = session.backend
-    if not bound:  # one check (or no bound), which always completes: only a hung call is cut (ready_on's watchdog)
+    backend, bound = session.backend, opts.timeout
+    if bound == 0:  # one check, which always completes: only a hung call is cut (ready_on's watchdog)
         return backend.snapshot(indices, Fields.WAIT | Fields.HEALTH), False
-    bound_ns = ns_or_none(bound)
-    snap = read_by(backend, indices, Fields.WAIT | Fields.HEALTH, None if bound_ns is None else start + bound_ns,
-                   clock)
-    if snap is not None:
-        return snap, False
-    why = NvmlCheckError(f"the first reading did not complete within the timeout ({bound:g} s)")
-    return _failed_reading(session, indices, why, start, clock), True
+    bound_ns = None if bound is None else ns_or_none(bound)
+    deadline_ns = None if bound_ns is None else start + bound_ns
+    failed: NvmlCheckError | None = None
+    while True:
+        try:
+            snap = read_by(backend, indices, Fields.WAIT | Fields.HEALTH, deadline_ns, clock)
+        except NvmlCheckError as exc:
+            if not exc.TRANSIENT:
+                raise
+            failed = exc
+            if _pause(opts, session, deadline_ns):
+                continue
+            snap = None
+        if snap is not None:
+            return snap, False
+        why = f"the first reading did not complete within the timeout ({bound:g} s)"
+        if failed is not None:
+            why += f"; the last attempt failed: {failed}"
+        return _failed_reading(session, indices, NvmlCheckError(why), start, clock), True
 
 
 def _capacity(need_bytes: int | None, need_fraction: float | None) -> Predicate | None:
@@ -376,7 +479,7 @@ class _HealthOnEvents:
     (``GpuFault``); clock, P-state and power events say nothing of health."""
 
     def __init__(self, session: Session, indices: tuple[int, ...] | None, deadline_ns: int | None,
-                 clock: Callable[[], int], *, since_ns: int = 0) -> None:  # fmt: skip
+                 clock: Callable[[], int], *, since_ns: int = 0, pending: bool = False) -> None:  # fmt: skip
         self.session = session
         # An event heard before the first reading (a listener the caller started earlier) is in that reading's
         # health already: it prompts no second one.
@@ -385,26 +488,45 @@ class _HealthOnEvents:
         self.deadline_ns = deadline_ns
         self.clock = clock
         self.seen = 0
+        # An event whose health reading failed (as a whole, or a value unread for a transient reason), or a first
+        # reading whose health did: read again after the next poll until a reading succeeds, never forgotten (the
+        # wait would time out calling a GPU that needs a reset "held", or a held GPU "unknown").
+        self.pending = pending
         self.unhealthy: Snapshot | None = None
+        #: The last health reading made (``None``: none): newer than the first reading's.
+        self.latest: Snapshot | None = None
+
+    def health(self, last: Snapshot) -> Snapshot:
+        """The health to judge by after a wait: the reading that found a cause (an XID or ECC event on a selected
+        GPU, and the health read it prompted says reset: XID 63's pending remap, XID 154's recovery action; the
+        wait stopped there), else the last one made while waiting (newer than ``last``), else ``last``."""
+        if self.unhealthy is not None:
+            return self.unhealthy
+        return last if self.latest is None else self.latest
 
     def __call__(self) -> None:
-        listener = self.session.listener
-        if listener is None or self.unhealthy is not None:
+        if self.unhealthy is not None:
             return
-        new, self.seen = listener.next_events(self.seen, 0.0)
+        listener = self.session.listener
+        new: list[GpuEvent] = []
+        if listener is not None:
+            new, self.seen = listener.next_events(self.seen, 0.0)
         wanted = None if self.indices is None else frozenset(self.indices)
-        if not any(e.kind.value in _HEALTH_EVENTS and (wanted is None or e.index in wanted)
-                   and e.time_ns >= self.since_ns for e in new):
+        if not self.pending and not any(e.kind.value in _HEALTH_EVENTS and (wanted is None or e.index in wanted)
+                                        and e.time_ns >= self.since_ns for e in new):
             return
         from ._deadline import read_by
         from .verdict import error_culprit, health_causes
 
+        self.pending = True
         try:
             snap = read_by(self.session.backend, self.indices, Fields.HEALTH, self.deadline_ns, self.clock)
         except NvmlCheckError:  # a reading that failed as a whole says nothing of health: the wait goes on
             return
         if snap is None:  # the deadline came first: the wait times out on its own
             return
+        self.pending = bool(_transient_gpus(snap))
+        self.latest = snap
         if any(c.class_ == "unhealthy" for d in snap.devices for c in health_causes(d)) or any(
             error_culprit(f.index, f.error).class_ == "unhealthy" for f in snap.failures
         ):

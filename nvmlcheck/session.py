@@ -896,19 +896,25 @@ def _check_open_arguments(smi_command: object, smi_prefix: object, smi_timeout_s
                                     f"{words!r}")
 
 
-def open_timeouts(timeout: float | None) -> tuple[float, float | None]:
+def open_timeouts(timeout: float | None, *, backend: str = "auto",
+                  prefixed: bool = False) -> tuple[float, float | None]:
     """How much of a command's ``timeout`` opening may take: ``(init_timeout_s, smi_timeout_s)`` for :func:`open`.
 
     ``nvmlInit`` may take half of it (at least 0.25 s, at most 10 s: ``init_timeout_for``); nvidia-smi, tried after
-    the init gave up, gets what the init left, but at least 1 s (a real run takes tens of ms:
-    docs/driver-facts.md) and never more than its default 10 s. ``None`` (no bound): ``(10.0, None)``.
+    the init gave up, gets what the init left, but at least 1 s (a local run takes tens of ms:
+    docs/driver-facts.md) and never more than its default 10 s; with ``backend="smi"`` no init comes first, so it
+    gets the whole ``timeout`` (the same floor and cap). ``prefixed`` (nvidia-smi runs behind ``smi_prefix``: ssh,
+    ``pct exec``): the runs get their default 10 s whatever ``timeout`` says, since the transport's connection
+    alone can take seconds: a one-shot (``timeout`` 0) over ssh then completes, as a one-shot does, and a wait's
+    polls still stop at its deadline (the runner kills a run there). ``None`` (no bound): ``(10.0, None)``.
     """
     from .backends import SMI_RUN_TIMEOUT_S, init_timeout_for
 
     init_timeout = init_timeout_for(timeout)
-    if not (isinstance(timeout, int | float) and not isinstance(timeout, bool) and 0 <= timeout < math.inf):
+    if prefixed or not (isinstance(timeout, int | float) and not isinstance(timeout, bool) and 0 <= timeout < math.inf):
         return init_timeout, None
-    return init_timeout, min(SMI_RUN_TIMEOUT_S, max(_SMI_FALLBACK_FLOOR_S, float(timeout) - init_timeout))
+    left = float(timeout) if backend == "smi" else float(timeout) - init_timeout
+    return init_timeout, min(SMI_RUN_TIMEOUT_S, max(_SMI_FALLBACK_FLOOR_S, left))
 
 
 def wait_until_clean(
@@ -961,7 +967,7 @@ def in_session(backend: str, timeout: float | None, body: Callable[[Session, flo
 
     started = time.monotonic()
     bounded = isinstance(timeout, int | float) and not isinstance(timeout, bool) and 0 <= timeout < math.inf
-    init_timeout, smi_timeout = open_timeouts(timeout)
+    init_timeout, smi_timeout = open_timeouts(timeout, backend=backend)
     session = open(backend, init_timeout_s=init_timeout, smi_timeout_s=smi_timeout)
     try:
         left = max(0.0, timeout - (time.monotonic() - started)) if bounded and timeout is not None else timeout

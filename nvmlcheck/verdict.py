@@ -87,9 +87,10 @@ _ACTION_HINTS = {
 }
 # Words of the reasons a backend records for a value the device does not have: errors.py's NotSupported and
 # FunctionNotFound ("not supported: ...", "not available: ..."), nvidia-smi's placeholders ("[N/A]", "[Not
-# Supported]"). Unsupported health is no refusal (a Hopper GPU retires no pages: it remaps rows).
-# A part that was "not requested" is no such reason: health never read is unknown, never ready.
-_UNSUPPORTED_WORDS = ("not supported", "not available", "[n/a]")
+# Supported]"), a field an older nvidia-smi does not know ("this nvidia-smi does not know the field ...": the
+# recovery action before driver 565). Unsupported health is no refusal (a Hopper GPU retires no pages: it remaps
+# rows). A part that was "not requested" is no such reason: health never read is unknown, never ready.
+_UNSUPPORTED_WORDS = ("not supported", "not available", "[n/a]", "does not know the field")
 
 
 def _action_severity(action: str | None) -> int:
@@ -166,7 +167,8 @@ class GpuVerdict:
     ``used_bytes``, ``total_bytes``, ``free_bytes`` (total - reserved - used) and ``need_bytes`` (``None``: no need
     given) from the last reading. ``eta_ns``: for ``reclaiming``, the expected time from the verdict until the memory
     is back (the reclaim model's figure from when the teardown was first seen; once that has passed while memory
-    is still coming back, the observed release rate extrapolated); ``stuck_after_ns``: how long memory may stay held
+    is still coming back, the observed release rate extrapolated; ``None`` once it has passed with none of it back:
+    no time can be promised); ``stuck_after_ns``: how long memory may stay held
     with no live holder before it is called stuck (:mod:`nvmlcheck.reclaim_model`).
     """
 
@@ -218,8 +220,9 @@ class GpuVerdict:
         text = "; ".join(c.reason if c.class_ == self.class_ else f"{c.class_}: {c.reason}" for c in ordered)
         head = "" if self.class_ == "held" else f"{self.class_}: "
         eta = ""
-        if self.class_ == "reclaiming" and self.eta_ns is not None:
-            eta = f"; back in ~{self.eta_ns / 1e6:.0f} ms" if self.eta_ns > 0 else "; overdue, still coming back"
+        if self.class_ == "reclaiming":
+            eta = ("; overdue: none of it has come back yet" if self.eta_ns is None else
+                   f"; back in ~{self.eta_ns / 1e6:.0f} ms")
         return f"{self.label}: {head}{text}{eta}"
 
     def to_json(self) -> dict[str, Any]:
@@ -300,9 +303,14 @@ def health_causes(d: DeviceState) -> tuple[Culprit, ...]:
     out: list[Culprit] = []
     i = d.index
     if d.health is not None:
+        asked = d.health.recovery_action
         for cause in d.health.causes():
             action = cause.action.value
             hint = _ACTION_HINTS.get(action, "").format(i=i)
+            if cause.code == "recovery-action" and asked is not None and asked.name.startswith("ACTION_"):
+                # A code this version cannot name: the strongest action, without claiming what it does not know.
+                hint = (f"a recovery action nvmlcheck does not know: read it with nvidia-smi -q -i {i} (GPU Recovery "
+                        "Action) and the driver's documentation before servicing the GPU")
             out.append(Culprit(i, "unhealthy", cause.code, f"{cause.text} [{action}: {hint}]" if hint else
                                f"{cause.text} [{action}]", action=action))
     for key, why in sorted(d.unknown.items()):
@@ -620,8 +628,9 @@ def _classify_one(d: DeviceState, ctx: _Ctx, culprits: list[Culprit]) -> GpuVerd
         eta = max(0, since + ctx.model.expected_ns(contexts, max(0, start_bytes)) - now)
         if eta == 0 and track is not None and track.since_ns is not None and m is not None:
             released, elapsed = start_bytes - m.used_bytes, now - track.since_ns
-            if released > 0 and elapsed > 0:  # overdue and still coming back: the observed rate extrapolated
-                eta = round(m.used_bytes * elapsed / released)
+            # Overdue and still coming back: the observed rate extrapolated. Overdue and none of it back: no rate to
+            # extrapolate, no time to promise (0 would say "back now").
+            eta = max(1, round(m.used_bytes * elapsed / released)) if released > 0 and elapsed > 0 else None
     need = None
     instances = _whole_mig(d)
     if instances == ():
@@ -681,8 +690,16 @@ def _beyond_capacity(d: DeviceState, m: Memory, need: int, fraction: float | Non
     of = _of_total(m, fraction)
     where = ("its total; the driver's reserve is not known" if reserved is None else
              f"{format_bytes(m.total_bytes)} total, {format_bytes(reserved)} reserved by the driver")
-    return [Culprit(d.index, "short", "capacity-limit", f"{format_bytes(need)} needed{of} can never be free on this "
-                    f"GPU: at most {format_bytes(most)} with nothing running ({where})", used_bytes=m.used_bytes)]
+    needed, at_most = _apart(need, most)
+    return [Culprit(d.index, "short", "capacity-limit", f"{needed} needed{of} can never be free on this "
+                    f"GPU: at most {at_most} with nothing running ({where})", used_bytes=m.used_bytes)]
+
+
+def _apart(a: int, b: int) -> tuple[str, str]:
+    """Two byte counts as a person reads them, in exact bytes where the rounded figures would look the same
+    ("139.8 GiB needed ... at most 139.8 GiB" said nothing)."""
+    x, y = format_bytes(a), format_bytes(b)
+    return (x, y) if x != y or a == b else (f"{a:,} B", f"{b:,} B")
 
 
 def _whole_mig(d: DeviceState) -> tuple[MigDevice, ...] | None:
@@ -719,9 +736,11 @@ def _mig_capacity(d: DeviceState, instances: tuple[MigDevice, ...], need_bytes: 
     needed = format_bytes(need_bytes or 0) if fraction is None else f"{fraction * 100:g}% of each instance's total"
     if never and not doubtful:
         most = max((m.total_bytes - (m.reserved_bytes or 0) for _, m in known), default=0)
+        needed, at_most = _apart(need_bytes, most) if fraction is None and need_bytes else (needed,
+                                                                                              format_bytes(most))
         return None if best is None else best[1], [Culprit(
             d.index, "short", "capacity-limit", f"{needed} needed can never be free in one MIG instance of this GPU "
-            f"(a CUDA process runs in one): the largest has at most {format_bytes(most)} with nothing running")]
+            f"(a CUDA process runs in one): the largest has at most {at_most} with nothing running")]
     if not clean:
         return None if best is None else best[1], []
     if doubtful or best is None:
@@ -729,8 +748,11 @@ def _mig_capacity(d: DeviceState, instances: tuple[MigDevice, ...], need_bytes: 
             d.index, "unknown", "capacity", f"whether a MIG instance has {needed} free is unknown (an instance's "
             "memory is unknown, or within the reporting resolution of the need)")]
     free, need, inst = best
+    most_free = format_bytes(free)
+    if fraction is None:
+        needed, most_free = _apart(need, free)
     return need, [Culprit(d.index, "short", "capacity", f"clean, but no MIG instance has {needed} free (a CUDA "
-                          f"process runs in one): the most is {format_bytes(free)}, in {inst.label}")]
+                          f"process runs in one): the most is {most_free}, in {inst.label}")]
 
 
 def _of_total(m: Memory, fraction: float | None) -> str:
@@ -741,8 +763,9 @@ def _capacity_culprits(d: DeviceState, m: Memory, need: int, fraction: float | N
     free, slack = free_bytes_of(m)
     if free + slack < need:
         of = _of_total(m, fraction)
-        return [Culprit(d.index, "short", "capacity", f"clean, but {format_bytes(free)} free, {format_bytes(need)} "
-                        f"needed{of}", used_bytes=m.used_bytes)]
+        free_text, need_text = _apart(free, need)
+        return [Culprit(d.index, "short", "capacity", f"clean, but {free_text} free, {need_text} needed{of}",
+                        used_bytes=m.used_bytes)]
     if free - slack < need:
         return [Culprit(d.index, "unknown", "capacity", f"{format_bytes(free)} free is within the reporting "
                         f"resolution of the {format_bytes(need)} needed")]

@@ -265,6 +265,7 @@ FAULT_FIELDS = {
     "nvmlDeviceGetUUID": "uuid", "nvmlDeviceGetSerial": "serial", "nvmlDeviceGetPciInfo_v3": "pci",
     "nvmlDeviceGetPciInfo_v2": "pci", "nvmlDeviceGetComputeRunningProcesses_v3": "processes",
     "nvmlDeviceGetGraphicsRunningProcesses_v3": "processes", "nvmlDeviceGetMPSComputeRunningProcesses_v3": "processes",
+    "nvmlDeviceGetRemappedRows": "remapped",
 }  # fmt: skip
 # What nvidia-smi prints in place of a value for an NVML return code (3, NOT_SUPPORTED: the placeholder in use).
 FAULT_TEXT = {4: "[Insufficient Permissions]", 15: "[GPU is lost]", 16: "[GPU requires reset]"}
@@ -526,9 +527,10 @@ def health_field(view: View, dev: Dev, name: str) -> Cell:
         ("gpu_recovery_action",): ("gpu_recovery_action", None if view.unsupported(dev, "recovery")
                                    else RECOVERY_WORDS.get(dev["recovery"], str(dev["recovery"]))),
     }  # fmt: skip
+    failed = view.failed(dev, "remapped")  # a sticky fault on nvmlDeviceGetRemappedRows: its placeholder
     for names, (header, value) in table.items():
         if name in names:
-            return header, None, value
+            return header, None, failed if failed is not None and header.startswith("remapped_rows.") else value
     raise KeyError(name)
 
 

@@ -19,6 +19,7 @@ from types import MappingProxyType
 
 from .. import model
 from .._nvml import library
+from .._nvml.calls import _RECOVERY_SYMBOL as RECOVERY_SYMBOL
 from .._nvml.calls import HEALTH_SLOTS, EventCalls, Handle, NvmlCalls, handle_address
 from ..errors import (
     ArgumentError,
@@ -119,7 +120,14 @@ def process_name(pid: int) -> str | None:
 
 
 # (symbol, code) -> reason: the same few unanswered slots repeat on every poll, and a lookup is cheaper than a format.
-_CODE_REASONS: dict[tuple[str, int], str] = {}
+_CODE_REASONS: dict[tuple[str, int], str] = {
+    # A driver older than the recovery action's field (565) answers INVALID_ARGUMENT for its id
+    # (NvmlCalls._recovery_action): the driver does not have the value, no read failed. Said as unsupported, so that
+    # `ready` notes it instead of refusing every GPU of such a driver (docs/health.md).
+    (RECOVERY_SYMBOL, 2): (  # NVML_ERROR_INVALID_ARGUMENT
+        f"not supported: this driver does not know the field ({RECOVERY_SYMBOL} returned NVML_ERROR_INVALID_ARGUMENT)"
+    ),
+}
 
 
 def _code_reason(symbol: str, code: int) -> str:

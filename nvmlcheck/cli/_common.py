@@ -243,7 +243,8 @@ def open_session(args: argparse.Namespace) -> Session:
     # timeout (session.open_timeouts), so --timeout covers opening as it does for nc.wait_until_clean.
     from ..session import open_timeouts
 
-    init_timeout_s, smi_timeout_s = open_timeouts(getattr(args, "timeout", None))
+    init_timeout_s, smi_timeout_s = open_timeouts(getattr(args, "timeout", None), backend=backend,
+                                                  prefixed=args.smi_prefix is not None)
     from .._deadline import on_hung  # before the open: imported while the early thread is in nvmlInit
 
     session = open_backend(backend, smi_prefix=args.smi_prefix, smi_command=smi_command, library_path=library_path,

@@ -76,6 +76,19 @@ def test_overdue_teardown_extrapolates_the_observed_release_rate() -> None:
     assert v.eta_ns == round(2 * GIB * t / (6 * GIB))  # 6 GiB back in 400 ms: the last 2 GiB in ~133 ms
 
 
+def test_an_overdue_teardown_with_nothing_back_promises_no_time() -> None:
+    """Past the model's time with none of the memory back, the ETA was 0 ("back now") and the line said "overdue,
+    still coming back": nothing was coming back. No rate can be extrapolated: the ETA is unknown (null), said so."""
+    w = states({})
+    w.observe(snap(dev(0, used=8 * GIB)), 0)
+    t = 400 * MS  # past the model's ~120 ms, before the stuck bound
+    same = snap(dev(0, used=8 * GIB))
+    w.observe(same, t)
+    (v,) = classify(same, now_ns=t, watch=w)
+    assert v.class_ == "reclaiming" and v.eta_ns is None and v.to_json()["eta_ns"] is None
+    assert v.line().endswith("; overdue: none of it has come back yet") and "still coming back" not in v.line()
+
+
 def test_memory_held_with_no_holder_past_the_bound_is_stuck() -> None:
     w = states({})
     held = snap(dev(0, used=8 * GIB))
