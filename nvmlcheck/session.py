@@ -83,20 +83,31 @@ def _by_uuid(item: str, uuids: Mapping[int, str], unreadable: Mapping[int, str])
     return (matches[0],)
 
 
+def _is_mig(item: object) -> bool:
+    """Whether selector ``item`` names a MIG instance: ``MIG-...`` in any case (``mig-...``: UUIDs are hex, and a
+    lowercase name must not be read as a GPU UUID that names nothing)."""
+    return isinstance(item, str) and item[:4].upper() == "MIG-"
+
+
 def _names_instance(item: str, d: DeviceState, m: MigDevice) -> bool:
     """Whether MIG selector ``item`` names MIG device ``m`` of GPU ``d``: its ``MIG-`` UUID or a prefix of it, or the
     name of drivers before R470 (older CUDA docs give it for CUDA_VISIBLE_DEVICES),
-    ``MIG-<GPU UUID>/<GI id>/<CI id>``."""
+    ``MIG-<GPU UUID>/<GI id>/<CI id>``; in any case."""
     if "/" in item:
         import re  # only for this form: the module is imported by every command
 
-        legacy = re.fullmatch(r"MIG-(GPU-[0-9A-Fa-f-]+)/([0-9]+)/([0-9]+)", item)
+        legacy = re.fullmatch(r"MIG-(GPU-[0-9A-Fa-f-]+)/([0-9]+)/([0-9]+)", item, re.IGNORECASE)
         if legacy is None:
             return False
         gpu, gi, ci = legacy.groups()
         return (d.uuid.lower() == gpu.lower() and m.gpu_instance_id == int(gi)
                 and m.compute_instance_id == int(ci))
-    return m.uuid is not None and m.uuid.startswith(item)
+    return m.uuid is not None and m.uuid.upper().startswith(item.upper())
+
+
+def _same_mig(item: str, uuid: str) -> bool:
+    """Whether selector ``item`` is the whole of MIG UUID ``uuid`` (in any case)."""
+    return item.upper() == uuid.upper()
 
 
 def _close_bound(timeout: float | None) -> float | None:
@@ -320,11 +331,40 @@ class Session:
 
     def _cuda_mapping(self, env: Mapping[str, str] | None, deadline_ns: int | None,
                       clock: Callable[[], int]) -> CudaMapping:
-        from .cudamap import cuda_mapping
+        from .cudamap import ENV_VISIBLE_DEVICES, cuda_mapping, names_mig
 
-        snap = self._read(Fields(0), deadline_ns, clock)
-        return cuda_mapping(snap.devices, os.environ if env is None else env,
-                            unreadable=[f.index for f in snap.failures])
+        env = os.environ if env is None else env
+        # A MIG- entry is looked up among the MIG devices, which come with the process lists.
+        fields = Fields.PROCESSES if names_mig(env.get(ENV_VISIBLE_DEVICES)) else Fields(0)
+        snap = self._read(fields, deadline_ns, clock)
+        return cuda_mapping(snap.devices, env, unreadable=[f.index for f in snap.failures])
+
+    def _instance_selectors(self, devices: Iterable[DeviceSelector] | DeviceSelector | None,
+                            deadline_ns: int | None = None, clock: Callable[[], int] = time.monotonic_ns
+                            ) -> Iterable[DeviceSelector] | DeviceSelector | None:
+        """``devices`` with each ``cuda:N`` that names a MIG instance (``CUDA_VISIBLE_DEVICES=MIG-...``) replaced by
+        that instance's ``MIG-`` UUID, whole GPUs it names by their indices, and a ``mig-`` name spelt ``MIG-``:
+        what the MIG paths (a wait, ready, holders, a kill) judge as one instance. Unchanged (the same object) when
+        there is nothing to replace; a ``cuda:N`` whose mapping is unknown raises, as :meth:`resolve` does."""
+        if devices is None:
+            return None
+        items = _selectors(devices)
+        from .cudamap import ENV_VISIBLE_DEVICES, names_mig
+
+        cuda = names_mig(os.environ.get(ENV_VISIBLE_DEVICES)) and any(
+            isinstance(i, str) and i[:5].lower() == "cuda:" for i in items)
+        if not cuda and not any(isinstance(i, str) and _is_mig(i) and not i.startswith("MIG-") for i in items):
+            return devices
+        mapping = self._cuda_mapping(None, deadline_ns, clock) if cuda else None
+        out: list[DeviceSelector] = []
+        for i in items:
+            if isinstance(i, str) and _is_mig(i):
+                out.append("MIG-" + i[4:])
+            elif mapping is not None and isinstance(i, str) and i[:5].lower() == "cuda:":
+                out.extend(d.nvml_index if d.mig_uuid is None else d.mig_uuid for d in mapping.devices_of(i))
+            else:
+                out.append(i)
+        return out
 
     def _read(self, fields: Fields, deadline_ns: int | None, clock: Callable[[], int]) -> Snapshot:
         """Every GPU's ``fields`` for a selection to be resolved; stopped at ``deadline_ns`` on ``clock`` (a wait's:
@@ -390,7 +430,7 @@ class Session:
                 continue
             if not item.strip():
                 raise ArgumentError(f"an empty device selector ({item!r}): give an index, a UUID or cuda:N")
-            if item.startswith("MIG-"):
+            if _is_mig(item):
                 out.update(self._mig_parent(item, deadline_ns, clock))
                 continue
             if uuids is None:
@@ -425,7 +465,7 @@ class Session:
         unread = {f.index: str(f.error) for f in snap.failures}
         unread.update({d.index: d.why_unknown("mig_devices") or "its MIG devices could not be read"
                        for d in snap.devices if d.mig_mode and d.mig_devices is None})
-        exact = [i for i, u in matches if u == item or "/" in item]
+        exact = [i for i, u in matches if _same_mig(item, u) or "/" in item]
         if unread and not exact:
             if matches:
                 gpus = ", ".join(f"GPU {i} ({why})" for i, why in sorted(unread.items()))
@@ -445,8 +485,8 @@ class Session:
         late), raising :class:`~nvmlcheck.errors.DeadlinePassed`."""
         if devices is None:
             return []
-        items = _selectors(devices)
-        if not any(isinstance(i, str) and i.startswith("MIG-") for i in items):
+        items = _selectors(self._instance_selectors(devices, deadline_ns, clock) or ())
+        if not any(_is_mig(i) for i in items):
             return []
         from ._deadline import read_by
         from .errors import DeadlinePassed
@@ -458,7 +498,7 @@ class Session:
         known = [(d, m) for d in snap.devices for m in d.mig_devices or () if m.uuid is not None]
         out: list[DeviceSelector] = []
         for i in items:
-            if isinstance(i, str) and i.startswith("MIG-"):
+            if isinstance(i, str) and _is_mig(i):
                 named = [m.uuid for d, m in known if m.uuid is not None and _names_instance(i, d, m)]
                 # One gone since the selection was resolved stays, as given: judged missing (unknown), never
                 # dropped from a selection whose other GPUs would then be judged alone.
@@ -484,7 +524,7 @@ class Session:
         try:
             indices = self._resolve(devices, None if bound is None else began + bound, clock)
         except DeadlinePassed:
-            mig = any(isinstance(i, str) and i.startswith("MIG-") for i in _selectors(devices or ()))
+            mig = any(_is_mig(i) for i in _selectors(devices or ()))
             what = "the GPUs' MIG devices were" if mig else "the GPUs named by the selection were"
             raise WaitTimeout(float(timeout or 0.0), clock() - began, (
                 f"no poll finished before the deadline: {what} still being read (a slow or hung GPU, or "
@@ -770,8 +810,8 @@ class Session:
         An instance no longer in ``snap`` (destroyed since the selection was resolved) is
         :class:`~nvmlcheck.NoSuchDevice`; one that may be on a GPU whose MIG devices could not be read, an
         :class:`~nvmlcheck.NvmlCheckError` that says so."""
-        items = [] if devices is None else _selectors(devices)
-        migs = [i for i in items if isinstance(i, str) and i.startswith("MIG-")]
+        items = [] if devices is None else _selectors(self._instance_selectors(devices) or ())
+        migs = [i for i in items if _is_mig(i)]
         if not migs:
             return snap
         from ._record import replace
