@@ -145,7 +145,8 @@ def select_clean(
     (default ``True``): also read each GPU's health and pass over one with a cause ``ready`` refuses it for
     (a pending row remap or page retirement, a remap failure, volatile uncorrectable ECC errors, a recovery action:
     docs/ready.md), or whose health could not be read though the GPU supports it; ``False`` judges the predicate
-    only. A GPU in MIG mode is always passed over (CUDA never sees it whole), and a ``MIG-`` selector in ``devices``
+    only. A GPU in MIG mode, or whose MIG mode could not be read, is always passed over (CUDA never sees it whole),
+    and a ``MIG-`` selector in ``devices``
     (or a ``cuda:N`` that names a MIG instance: ``CUDA_VISIBLE_DEVICES=MIG-...``) is an
     :class:`~nvmlcheck.ArgumentError`: select chooses whole GPUs.
 
@@ -328,6 +329,14 @@ def _judge(
             streak[d.uuid] = 0
             why.append(f"GPU {d.index}: in MIG mode: CUDA cannot use it as one GPU (select chooses whole GPUs; wait "
                        "and ready judge an instance named by its MIG- UUID)")
+            continue
+        if d.mig_mode is None and "mig" in d.unknown:
+            # Read and failed: it may be in MIG mode, and a job given it whole might see one instance, or nothing
+            # (never "free" when that cannot be told; the CUDA numbering refuses it too). A state built without
+            # reading the mode (no reason) is judged as before MIG.
+            streak[d.uuid] = 0
+            why.append(f"GPU {d.index}: its MIG mode is unknown ({d.unknown['mig']}): whether CUDA can use it as one "
+                       "GPU cannot be told")
             continue
         verdict = pred.evaluate(_one_device(snap, d))
         # A GPU that needs a reset (or whose health cannot be told) is as unusable as a busy one: the same causes as
