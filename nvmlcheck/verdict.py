@@ -677,6 +677,11 @@ def _classify_one(d: DeviceState, ctx: _Ctx, culprits: list[Culprit]) -> GpuVerd
         # A CUDA process runs in one MIG instance: the need is judged per instance, not against the whole GPU.
         need, found = _mig_capacity(d, instances, ctx.need_bytes, ctx.need_fraction, clean=not culprits)
         culprits += found
+    elif (ctx.need_bytes is not None or ctx.need_fraction is not None) and _instances_unknown(d) is not None:
+        # In MIG mode (or maybe: its mode unread) with the instances unknown: the whole GPU's free memory is not
+        # what a job gets, so whether the need fits cannot be told (never "ready" on the parent's figure).
+        culprits.append(Culprit(i, "unknown", "capacity", f"whether the need fits is unknown: "
+                                f"{_instances_unknown(d)}; a CUDA job runs in one MIG instance, not the whole GPU"))
     elif m is not None and (ctx.need_bytes is not None or ctx.need_fraction is not None):
         need = ctx.need_bytes if ctx.need_fraction is None else _ceil(ctx.need_fraction * m.total_bytes)
         beyond = [] if need is None else _beyond_capacity(d, m, need, ctx.need_fraction)
@@ -761,6 +766,17 @@ def _whole_mig(d: DeviceState) -> tuple[MigDevice, ...] | None:
     if len(d.mig_devices) == 1 and d.mig_devices[0].uuid == d.uuid:
         return None
     return d.mig_devices
+
+
+def _instances_unknown(d: DeviceState) -> str | None:
+    """Why the memory a job on GPU ``d`` gets is unknown for want of MIG facts: in MIG mode with its instances
+    unread, or its MIG mode unread (a reason under ``"mig"``); ``None`` when known (or ``d`` is one instance)."""
+    if d.mig_mode is True and d.mig_devices is None:
+        why = d.why_unknown("mig_devices") or "not read"
+        return f"it is in MIG mode and its MIG instances could not be read ({why})"
+    if d.mig_mode is None and "mig" in d.unknown:
+        return f"its MIG mode could not be read ({d.unknown['mig']})"
+    return None
 
 
 def _mig_capacity(d: DeviceState, instances: tuple[MigDevice, ...], need_bytes: int | None,

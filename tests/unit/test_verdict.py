@@ -367,3 +367,21 @@ def test_the_verdict_line_of_a_whole_mig_gpu_names_the_holders_instance() -> Non
     assert v.line() == "GPU 0: held by pid 4242 (python3), 8.0 GiB, on MIG (GI 2, CI 0, MIG-1)"
     report = nc.ReadyReport((v,), snap(gpu), 0, 1, 0.0)
     assert report.culprits == ("GPU 0 MIG (GI 2, CI 0, MIG-1): held by pid 4242 (python3), 8.0 GiB",)
+
+
+@pytest.mark.parametrize("mig", ["instances", "mode"])
+def test_a_need_on_a_gpu_whose_mig_facts_are_unknown_is_unknown_never_ready(mig: str) -> None:
+    """In MIG mode a job gets one instance, not the whole GPU's free memory: with the instances (or the MIG mode)
+    unread, ``ready --need`` said ready on the parent's 139 GiB free."""
+    from types import MappingProxyType
+
+    if mig == "instances":
+        d = replace(dev(0, used=55 << 20), mig_mode=True, mig_devices=None,
+                    unknown=MappingProxyType({"mig_devices": "nvmlDeviceGetMaxMigDeviceCount failed"}))
+    else:
+        d = replace(dev(0), mig_mode=None, unknown=MappingProxyType({"mig": "nvmlDeviceGetMigMode failed"}))
+    (v,) = classify(snap(d), now_ns=0, watch=states({}), need_bytes=100 * GIB, judge_health=False)
+    assert v.class_ == "unknown" and not v.ready
+    assert any(c.kind == "capacity" and "MIG" in c.reason for c in v.culprits), v.culprits
+    (plain,) = classify(snap(d), now_ns=0, watch=states({}), judge_health=False)  # no need: clean is judged alone
+    assert plain.ready
