@@ -211,3 +211,18 @@ def test_pids_gone_names_the_instance_of_a_pid_on_the_parent_list() -> None:
     d = mig_gpu(59 * MIB + 2 * GIB, (instance(0, 1), instance(1, 2, used=2 * GIB)), (p,))
     reasons = nc.pids_gone([4242]).evaluate(snap(d)).reasons
     assert len(reasons) == 1 and "GPU 0 MIG 1 (GI 2, CI 0" in reasons[0], reasons
+
+
+def test_a_process_on_an_instance_list_only_is_among_the_gpus_processes() -> None:
+    # Every reader of DeviceState.processes (holders, kill's "off every list", ready's culprits) missed it.
+    from nvmlcheck.verdict import Watch, classify
+
+    p = mig_proc(77, gi=1)
+    inst = dataclasses.replace(instance(0, 1, used=2 * GIB), processes=(p,))
+    d = dataclasses.replace(mig_gpu(59 * MIB + 2 * GIB, None), mig_devices=(inst,))
+    assert d.processes == (p,)
+    (v,) = classify(snap(d), now_ns=0, watch=Watch(read_state={77: "S"}.get), judge_health=False)
+    assert [(c.pid, c.class_) for c in v.culprits] == [(77, "held")]
+    # A process on both the parent's list and its instance's is there once.
+    both = mig_gpu(59 * MIB + 2 * GIB, (instance(0, 1, used=2 * GIB),), (p,))
+    assert both.processes == (p,)
