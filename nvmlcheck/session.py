@@ -65,9 +65,11 @@ DeviceSelector = int | str
 def _by_uuid(item: str, uuids: Mapping[int, str], unreadable: Mapping[int, str]) -> tuple[int, ...]:
     """The GPU a UUID or unique UUID prefix names. While a GPU's UUID cannot be read (lost, ...), a prefix cannot be
     shown to name one GPU alone, and a UUID no readable GPU has may be that GPU's: those GPUs are taken (their
-    reading then says why they cannot be judged), never the readable GPU a prefix happens to match."""
-    matches = [i for i, u in uuids.items() if u == item or u.startswith(item)]
-    exact = [i for i, u in uuids.items() if u == item]
+    reading then says why they cannot be judged), never the readable GPU a prefix happens to match. Compared in
+    any case (``gpu-8932F937`` is ``GPU-8932f937``: UUIDs are hex, and the CUDA mapping reads them so too)."""
+    key = item.upper()
+    matches = [i for i, u in uuids.items() if u.upper().startswith(key)]
+    exact = [i for i, u in uuids.items() if u.upper() == key]
     if exact:
         return (exact[0],)  # a whole UUID names one GPU, whatever the others are
     # Only what can start a GPU's UUID ("GPU-…", or "G", "GPU" before it) may be an unreadable one's.

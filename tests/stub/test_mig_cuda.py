@@ -131,3 +131,13 @@ def test_a_kill_by_cuda_0_chooses_only_the_instances_process(
         found = session.holders(["cuda:0"], device_files=files)
     assert [t.pid for t in sel.targets] == [b.pid]
     assert [(h.pid, [g.uuid for g in h.gpus]) for h in found if h.gpus] == [(b.pid, [MIG1])]
+
+
+def test_a_gpu_uuid_in_lowercase_or_any_case_names_its_gpu(gpus: Callable[[Scenario], nc.Session]) -> None:
+    # The CUDA mapping read GPU- UUIDs in any case, --devices did not (NoSuchDevice).
+    with gpus(Scenario.h200(2)) as session:
+        gpu1 = session.snapshot(fields=nc.Fields(0)).devices[1].uuid
+        for name in (gpu1.lower(), gpu1.upper(), gpu1.lower()[:-1] + gpu1[-1].upper()):
+            assert session.resolve([name]) == (1,), name
+        with pytest.raises(nc.NoSuchDevice):
+            session.resolve(["gpu-ffffffff"])
