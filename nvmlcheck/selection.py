@@ -215,9 +215,9 @@ def _resolve(session: Session, devices: Iterable[DeviceSelector] | DeviceSelecto
     try:
         if devices is not None:
             expanded = session._instance_selectors(devices, bound, clock)
-            if expanded is not devices and any(isinstance(i, str) and i[:4].upper() == "MIG-"
-                                               for i in ([expanded] if isinstance(expanded, int | str)
-                                                         else expanded or ())):
+            # MIG- selectors were refused above: one here is what a cuda:N names.
+            if any(isinstance(i, str) and i[:4].upper() == "MIG-"
+                   for i in ([expanded] if isinstance(expanded, int | str) else expanded or ())):
                 # As for a MIG- selector: resolve() would widen the instance to its whole GPU, which select would
                 # then print (and lock) for a job that sees only the instance.
                 import os

@@ -135,6 +135,12 @@ def _selectors(devices: Iterable[DeviceSelector] | DeviceSelector) -> list[Devic
         raise ArgumentTypeError(f"devices is an index, a UUID, a sequence of them or None, not {devices!r}") from None
 
 
+def _once(devices: Iterable[DeviceSelector] | DeviceSelector | None
+          ) -> Iterable[DeviceSelector] | DeviceSelector | None:
+    """A selection that is read twice (resolved, then its MIG instances), as a list: a generator reads only once."""
+    return devices if devices is None or isinstance(devices, int | str) else _selectors(devices)
+
+
 class Session:
     """An open connection to the GPUs through one backend. Use as a context manager, or call :meth:`close`.
 
@@ -346,8 +352,9 @@ class Session:
                             ) -> Iterable[DeviceSelector] | DeviceSelector | None:
         """``devices`` with each ``cuda:N`` that names a MIG instance (``CUDA_VISIBLE_DEVICES=MIG-...``) replaced by
         that instance's ``MIG-`` UUID, whole GPUs it names by their indices, and a ``mig-`` name spelt ``MIG-``:
-        what the MIG paths (a wait, ready, holders, a kill) judge as one instance. Unchanged (the same object) when
-        there is nothing to replace; a ``cuda:N`` whose mapping is unknown raises, as :meth:`resolve` does."""
+        what the MIG paths (a wait, ready, holders, a kill) judge as one instance. A list (``devices`` may be a
+        generator, read once here); one selector stays as it is when there is nothing to replace. A ``cuda:N`` whose
+        mapping is unknown raises, as :meth:`resolve` does."""
         if devices is None:
             return None
         items = _selectors(devices)
@@ -356,7 +363,7 @@ class Session:
         cuda = names_mig(os.environ.get(ENV_VISIBLE_DEVICES)) and any(
             isinstance(i, str) and i[:5].lower() == "cuda:" for i in items)
         if not cuda and not any(isinstance(i, str) and _is_mig(i) and not i.startswith("MIG-") for i in items):
-            return devices
+            return devices if isinstance(devices, int | str) else items
         mapping = self._cuda_mapping(None, deadline_ns, clock) if cuda else None
         out: list[DeviceSelector] = []
         for i in items:
@@ -626,6 +633,7 @@ class Session:
 
         self._check_open()
         check_predicate(predicate)
+        devices = _once(devices)
         opts = WaitOptions.or_default(options).with_(
             timeout=timeout, policy=policy, stable_polls=stable_polls, trace=trace, on_poll=on_poll, clock=clock,
             sleep=sleep, events=events,
@@ -788,6 +796,7 @@ class Session:
         from .holders import find_holders
 
         self._check_open()
+        devices = _once(devices)
         indices = self.resolve(devices)
         snap = self._backend.snapshot(indices, Fields.PROCESSES)
         snap.raise_for_failures()
@@ -864,6 +873,7 @@ class Session:
         from .readiness import ready_on
 
         self._check_open()
+        devices = _once(devices)
         return ready_on(self, devices, need_bytes=need_bytes, need_fraction=need_fraction,
                         max_used_bytes=max_used_bytes, timeout=timeout, events=events, options=options)
 

@@ -141,3 +141,17 @@ def test_a_gpu_uuid_in_lowercase_or_any_case_names_its_gpu(gpus: Callable[[Scena
             assert session.resolve([name]) == (1,), name
         with pytest.raises(nc.NoSuchDevice):
             session.resolve(["gpu-ffffffff"])
+
+
+def test_a_selection_given_as_a_generator_still_selects_the_instance(
+    gpus: Callable[[Scenario], nc.Session], tmp_path: Path
+) -> None:
+    # Read twice (resolved, then its MIG instances): the second read of a generator was empty, so the whole GPU,
+    # every tenant, was judged and listed.
+    with gpus(tenants()) as session:
+        with pytest.raises(nc.WaitTimeout) as err:
+            session.wait_until_clean(timeout=0.1, devices=(d for d in [MIG1]), options=options())
+        assert [h.pid for h in err.value.holders] == [4_000_010]
+        found = session.holders((d for d in [MIG1]), device_files=str(tmp_path / "no-such-dev*"))
+        assert [h.pid for h in found if h.gpus] == [4_000_010]
+        assert [v.uuid for v in session.ready(d for d in [MIG1]).verdicts] == [MIG1]
