@@ -139,14 +139,15 @@ def parse_cuda_selector(text: str) -> int | None:
 
 
 def is_mig_selector(item: object) -> bool:
-    """Whether ``item`` names a MIG instance: a string starting ``MIG-`` in any case (``mig-...``: UUIDs are hex,
-    and CUDA reads the prefix as nvmlcheck does)."""
+    """Whether selector ``item`` (``--devices``, ``devices=``) names a MIG instance: a string starting ``MIG-`` in
+    any case (nvmlcheck's selectors take ``mig-...`` too; CUDA_VISIBLE_DEVICES does not: :func:`names_mig`)."""
     return isinstance(item, str) and item[:4].upper() == "MIG-"
 
 
 def names_mig(visible: str | None) -> bool:
-    """Whether a ``CUDA_VISIBLE_DEVICES`` value has a ``MIG-`` entry (``cuda:N`` may then name a MIG instance)."""
-    return visible is not None and any(is_mig_selector(e) for e in visible.split(","))
+    """Whether a ``CUDA_VISIBLE_DEVICES`` value has a ``MIG-`` entry (``cuda:N`` may then name a MIG instance).
+    The prefix in capitals, as CUDA reads it (docs/cuda.md: ``mig-...`` names no device)."""
+    return visible is not None and any(e.startswith("MIG-") for e in visible.split(","))
 
 
 def _mig_key(text: str) -> str:
@@ -313,6 +314,11 @@ def _base_order(
                   f"{ENV_DEVICE_ORDER}=PCI_BUS_ID or name GPUs by UUID"), None
 
 
+def _lowercase(entry: str) -> str:
+    """Words for an entry whose ``GPU-``/``MIG-`` prefix is not in capitals (which CUDA reads as naming nothing)."""
+    return " (CUDA reads GPU- and MIG- in capitals only)" if entry[:4].upper() in ("GPU-", "MIG-") else ""
+
+
 def _rows(chosen: Sequence[int], by_index: Mapping[int, GpuIdentity], mig: str | None) -> tuple[CudaDevice, ...]:
     """The mapping's rows for NVML indices ``chosen`` in CUDA order; ``mig``: the MIG UUID ``cuda:0`` is."""
     return tuple(CudaDevice(i, n, by_index[n].uuid, by_index[n].name, by_index[n].pci_bus_id,
@@ -346,7 +352,7 @@ def _mig_entry(entry: str, gpus: Sequence[GpuIdentity]) -> tuple[tuple[int, str]
     told (an instance list unread, a prefix). The whole ``MIG-`` UUID (any case) or the name of drivers before R470,
     ``MIG-GPU-<uuid>/<GI>/<CI>``, as CUDA documents."""
     key = _mig_key(entry)
-    legacy = re.fullmatch(r"MIG-(GPU-[0-9A-F-]+)/([0-9]+)/([0-9]+)", key)
+    legacy = re.fullmatch(r"MIG-GPU-([0-9A-Fa-f-]+)/([0-9]+)/([0-9]+)", entry)
     hits: list[tuple[int, str]] = []
     prefix = False
     for g in gpus:
@@ -354,7 +360,8 @@ def _mig_entry(entry: str, gpus: Sequence[GpuIdentity]) -> tuple[tuple[int, str]
             if m.uuid is None:
                 continue
             if legacy is not None:
-                if (_mig_key(g.uuid) == legacy.group(1) and m.gpu_instance_id == int(legacy.group(2))
+                gpu_uuid = "GPU-" + _mig_key(legacy.group(1))
+                if (_mig_key(g.uuid) == gpu_uuid and m.gpu_instance_id == int(legacy.group(2))
                         and m.compute_instance_id == int(legacy.group(3))):
                     hits.append((g.index, m.uuid))
             elif _mig_key(m.uuid) == key:
@@ -371,6 +378,10 @@ def _mig_entry(entry: str, gpus: Sequence[GpuIdentity]) -> tuple[tuple[int, str]
         state = "MIG mode" if g.mig_mode else "MIG mode (unknown)"
         return None, (f"the MIG instances of GPU {g.index} ({state}) are unknown, so which instance it names (if "
                       "any) cannot be told")
+    if any(_mig_key(g.uuid)[4:] == key[4:] for g in gpus):
+        # Measured (docs/cuda.md): CUDA took MIG-<a GPU's UUID digits> as that GPU. Not documented: refused.
+        return None, ("has the UUID digits of a whole GPU, not of a MIG instance: what CUDA makes of it is not "
+                      "documented")
     if prefix:
         return None, ("is a prefix of a MIG instance's UUID: CUDA documents abbreviated GPU- UUIDs only; give the "
                       "whole MIG- UUID")
@@ -442,7 +453,7 @@ def cuda_mapping(
         notes.append(f"{ENV_VISIBLE_DEVICES} is empty: CUDA sees no GPU")
         return done([], None)
     entries = visible.split(",")
-    if is_mig_selector(entries[0]) and entries[0] == entries[0].strip():
+    if entries[0].startswith("MIG-") and entries[0] == entries[0].strip():
         mig, why, chosen = _first_mig(entries, ids, notes)
         return done(chosen if why is None else None, why, chosen, None if mig is None else mig[1])
     chosen = []
@@ -451,11 +462,12 @@ def cuda_mapping(
         if entry != entry.strip():
             return done(None, f"entry {entry!r} has spaces: CUDA's handling of them is not documented; "
                               "write the list without spaces")
-        if is_mig_selector(entry):
+        if entry.startswith("MIG-"):
             return done(None, f"entry {entry!r} is a MIG instance after another entry: where CUDA numbers it then "
                               "is not documented; list the MIG instance alone, or first")
         found: int | None = None
-        kind = "index" if re.fullmatch(r"[0-9]+", entry) else "uuid" if entry.upper().startswith("GPU-") else None
+        # The prefix in capitals, the hex digits in either case: as CUDA reads them (measured: docs/cuda.md).
+        kind = "index" if re.fullmatch(r"[0-9]+", entry) else "uuid" if entry.startswith("GPU-") else None
         if position > 0 and kind is not None and kind != first_kind:
             if first_kind == "index":
                 # Not measured: refuse rather than guess (the other way round is measured, below).
@@ -474,14 +486,15 @@ def cuda_mapping(
             number = int(entry)
             if number < len(order):
                 found = order[number]
-        elif entry.upper().startswith("GPU-") and len(entry) > 4:
+        elif entry.startswith("GPU-") and len(entry) > 4:
             matches = [g.index for g in ids if g.uuid.lower().startswith(entry.lower())]
             if len(matches) > 1:
                 return done(None, f"entry {entry!r} is a prefix of {len(matches)} GPUs' UUIDs")
             found = matches[0] if matches else None
         if found is None:
             rest = ",".join(entries[position:])
-            notes.append(f"entry {entry!r} names no GPU: CUDA ignores it and what follows ({rest!r})")
+            notes.append(f"entry {entry!r} names no GPU{_lowercase(entry)}: CUDA ignores it and what follows "
+                         f"({rest!r})")
             break
         if found is not None and by_index[found].mig_mode is not False:
             return done(None, f"entry {entry!r}: {_mig_reason(by_index[found])}")

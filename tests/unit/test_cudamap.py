@@ -237,10 +237,10 @@ def mig_instances_host() -> list[GpuIdentity]:
                         migs if i == 0 else ()) for i in range(3)]
 
 
-@pytest.mark.parametrize("entry", [MIG_B, MIG_B.lower(), "mig-" + MIG_B[4:].upper(), "MIG-GPU-0aaa/2/0",
-                                   "mig-gpu-0AAA/2/0"])
+@pytest.mark.parametrize("entry", [MIG_B, "MIG-" + MIG_B[4:].upper(), "MIG-GPU-0aaa/2/0", "MIG-GPU-0AAA/2/0"])
 def test_a_mig_instance_as_the_cuda_device_resolves_to_that_instance(entry: str) -> None:
-    # CUDA_VISIBLE_DEVICES=MIG-<uuid> (any case; or the name of drivers before R470): cuda:0 is that instance.
+    # CUDA_VISIBLE_DEVICES=MIG-<uuid> (hex digits in either case; or the name of drivers before R470): cuda:0 is
+    # that instance.
     m = cuda_mapping(mig_instances_host(), {"CUDA_VISIBLE_DEVICES": entry})
     assert m.resolve("cuda:0") == (0,) and m.resolve("cuda:all") == (0,)
     (row,) = m.devices_of("cuda:0")
@@ -294,3 +294,21 @@ def test_a_refusal_with_mig_instances_pickles() -> None:
         m.resolve("cuda:1")
     again = pickle.loads(pickle.dumps(err.value))
     assert str(again) == str(err.value) and again.mapping == m and again.mapping.known == m.known
+
+
+@pytest.mark.parametrize("value", ["mig-5f0a0000-0000-5000-8000-00000000000b", "gpu-1aaa", "Gpu-1aaa,0"])
+def test_a_lowercase_prefix_names_no_device_as_cuda_reads_it(value: str) -> None:
+    """Measured (H200, driver 580.159.04, cuInit + cuDeviceGetCount): CUDA_VISIBLE_DEVICES=gpu-<uuid> and mig-<uuid>
+    give no device, GPU-<UUID in capitals> gives the GPU. The mapping named GPU 1 for gpu-1aaa, a device CUDA never
+    shows the job."""
+    m = cuda_mapping(mig_instances_host(), {"CUDA_VISIBLE_DEVICES": value, "CUDA_DEVICE_ORDER": PCI})
+    assert m.devices == () and any("in capitals only" in n for n in m.notes), m.notes
+    with pytest.raises(CudaMappingError, match="CUDA sees no GPU"):
+        m.resolve("cuda:all")
+    assert cuda_mapping(mig_instances_host(), {"CUDA_VISIBLE_DEVICES": "GPU-1AAA"}).resolve("cuda:0") == (1,)
+
+
+def test_a_mig_entry_with_a_whole_gpus_uuid_is_refused() -> None:
+    # Measured: CUDA took MIG-<the UUID digits of a GPU not in MIG mode> as that GPU; NVIDIA documents no such name.
+    m = cuda_mapping(mig_instances_host(), {"CUDA_VISIBLE_DEVICES": "MIG-1aaa"})
+    assert m.devices is None and m.unknown is not None and "whole GPU" in m.unknown
