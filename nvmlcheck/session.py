@@ -66,7 +66,8 @@ def _by_uuid(item: str, uuids: Mapping[int, str], unreadable: Mapping[int, str])
     """The GPU a UUID or unique UUID prefix names. While a GPU's UUID cannot be read (lost, ...), a prefix cannot be
     shown to name one GPU alone, and a UUID no readable GPU has may be that GPU's: those GPUs are taken (their
     reading then says why they cannot be judged), never the readable GPU a prefix happens to match. Compared in
-    any case (``gpu-8932F937`` is ``GPU-8932f937``: UUIDs are hex, and the CUDA mapping reads them so too)."""
+    any case (``gpu-8932F937`` is ``GPU-8932f937``: UUIDs are hex; nvmlcheck's own selectors, where
+    ``CUDA_VISIBLE_DEVICES`` takes the ``GPU-`` prefix in capitals only: docs/cuda.md)."""
     key = item.upper()
     matches = [i for i, u in uuids.items() if u.upper().startswith(key)]
     exact = [i for i, u in uuids.items() if u.upper() == key]
@@ -86,8 +87,8 @@ def _by_uuid(item: str, uuids: Mapping[int, str], unreadable: Mapping[int, str])
 
 
 def _is_mig(item: object) -> bool:
-    """Whether selector ``item`` names a MIG instance: ``MIG-...`` in any case (``mig-...``: UUIDs are hex, and a
-    lowercase name must not be read as a GPU UUID that names nothing)."""
+    """Whether selector ``item`` names a MIG instance: ``MIG-...`` in any case (an nvmlcheck selector ``mig-...``
+    must not be read as a GPU UUID that names nothing)."""
     return isinstance(item, str) and item[:4].upper() == "MIG-"
 
 
