@@ -232,8 +232,8 @@ def _methods_7(*, _MISSING, _set, _f_unknown):
 
 
 # nvmlcheck.verdict.Culprit
-def _methods_8(*, _MISSING, _set, _d_pid, _d_name, _d_used_bytes, _d_state, _d_container, _d_action):
-    def __init__(self, gpu, class_, kind, reason, pid=_d_pid, name=_d_name, used_bytes=_d_used_bytes, state=_d_state, container=_d_container, action=_d_action):
+def _methods_8(*, _MISSING, _set, _d_pid, _d_name, _d_used_bytes, _d_state, _d_container, _d_action, _d_mig_uuid, _d_gpu_instance_id, _d_compute_instance_id):
+    def __init__(self, gpu, class_, kind, reason, pid=_d_pid, name=_d_name, used_bytes=_d_used_bytes, state=_d_state, container=_d_container, action=_d_action, mig_uuid=_d_mig_uuid, gpu_instance_id=_d_gpu_instance_id, compute_instance_id=_d_compute_instance_id):
         _set(self, 'gpu', gpu)
         _set(self, 'class_', class_)
         _set(self, 'kind', kind)
@@ -244,18 +244,21 @@ def _methods_8(*, _MISSING, _set, _d_pid, _d_name, _d_used_bytes, _d_state, _d_c
         _set(self, 'state', state)
         _set(self, 'container', container)
         _set(self, 'action', action)
+        _set(self, 'mig_uuid', mig_uuid)
+        _set(self, 'gpu_instance_id', gpu_instance_id)
+        _set(self, 'compute_instance_id', compute_instance_id)
     def __repr__(self):
-        return f'{type(self).__qualname__}(gpu={self.gpu!r}, class_={self.class_!r}, kind={self.kind!r}, reason={self.reason!r}, pid={self.pid!r}, name={self.name!r}, used_bytes={self.used_bytes!r}, state={self.state!r}, container={self.container!r}, action={self.action!r})'
+        return f'{type(self).__qualname__}(gpu={self.gpu!r}, class_={self.class_!r}, kind={self.kind!r}, reason={self.reason!r}, pid={self.pid!r}, name={self.name!r}, used_bytes={self.used_bytes!r}, state={self.state!r}, container={self.container!r}, action={self.action!r}, mig_uuid={self.mig_uuid!r}, gpu_instance_id={self.gpu_instance_id!r}, compute_instance_id={self.compute_instance_id!r})'
     def __eq__(self, other):
         if other.__class__ is self.__class__:
-            return (self.gpu, self.class_, self.kind, self.reason, self.pid, self.name, self.used_bytes, self.state, self.container, self.action, ) == (other.gpu, other.class_, other.kind, other.reason, other.pid, other.name, other.used_bytes, other.state, other.container, other.action, )
+            return (self.gpu, self.class_, self.kind, self.reason, self.pid, self.name, self.used_bytes, self.state, self.container, self.action, self.mig_uuid, self.gpu_instance_id, self.compute_instance_id, ) == (other.gpu, other.class_, other.kind, other.reason, other.pid, other.name, other.used_bytes, other.state, other.container, other.action, other.mig_uuid, other.gpu_instance_id, other.compute_instance_id, )
         return NotImplemented
     def __hash__(self):
-        return hash((self.gpu, self.class_, self.kind, self.reason, self.pid, self.name, self.used_bytes, self.state, self.container, self.action, ))
+        return hash((self.gpu, self.class_, self.kind, self.reason, self.pid, self.name, self.used_bytes, self.state, self.container, self.action, self.mig_uuid, self.gpu_instance_id, self.compute_instance_id, ))
     def __getstate__(self):
-        return (self.gpu, self.class_, self.kind, self.reason, self.pid, self.name, self.used_bytes, self.state, self.container, self.action, )
+        return (self.gpu, self.class_, self.kind, self.reason, self.pid, self.name, self.used_bytes, self.state, self.container, self.action, self.mig_uuid, self.gpu_instance_id, self.compute_instance_id, )
     def __setstate__(self, state):
-        for name, value in zip(('gpu', 'class_', 'kind', 'reason', 'pid', 'name', 'used_bytes', 'state', 'container', 'action'), state):
+        for name, value in zip(('gpu', 'class_', 'kind', 'reason', 'pid', 'name', 'used_bytes', 'state', 'container', 'action', 'mig_uuid', 'gpu_instance_id', 'compute_instance_id'), state):
             _set(self, name, value)
 
     return __init__, __repr__, __eq__, __hash__, __getstate__, __setstate__
@@ -690,7 +693,7 @@ METHODS: dict[str, Callable[..., tuple[Any, ...]]] = {
         '        _set(self, name, value)\n'
     ): _methods_7,
     (
-        'def __init__(self, gpu, class_, kind, reason, pid=_d_pid, name=_d_name, used_bytes=_d_used_bytes, state=_d_state, container=_d_container, action=_d_action):\n'
+        'def __init__(self, gpu, class_, kind, reason, pid=_d_pid, name=_d_name, used_bytes=_d_used_bytes, state=_d_state, container=_d_container, action=_d_action, mig_uuid=_d_mig_uuid, gpu_instance_id=_d_gpu_instance_id, compute_instance_id=_d_compute_instance_id):\n'
         "    _set(self, 'gpu', gpu)\n"
         "    _set(self, 'class_', class_)\n"
         "    _set(self, 'kind', kind)\n"
@@ -701,18 +704,21 @@ METHODS: dict[str, Callable[..., tuple[Any, ...]]] = {
         "    _set(self, 'state', state)\n"
         "    _set(self, 'container', container)\n"
         "    _set(self, 'action', action)\n"
+        "    _set(self, 'mig_uuid', mig_uuid)\n"
+        "    _set(self, 'gpu_instance_id', gpu_instance_id)\n"
+        "    _set(self, 'compute_instance_id', compute_instance_id)\n"
         'def __repr__(self):\n'
-        "    return f'{type(self).__qualname__}(gpu={self.gpu!r}, class_={self.class_!r}, kind={self.kind!r}, reason={self.reason!r}, pid={self.pid!r}, name={self.name!r}, used_bytes={self.used_bytes!r}, state={self.state!r}, container={self.container!r}, action={self.action!r})'\n"
+        "    return f'{type(self).__qualname__}(gpu={self.gpu!r}, class_={self.class_!r}, kind={self.kind!r}, reason={self.reason!r}, pid={self.pid!r}, name={self.name!r}, used_bytes={self.used_bytes!r}, state={self.state!r}, container={self.container!r}, action={self.action!r}, mig_uuid={self.mig_uuid!r}, gpu_instance_id={self.gpu_instance_id!r}, compute_instance_id={self.compute_instance_id!r})'\n"
         'def __eq__(self, other):\n'
         '    if other.__class__ is self.__class__:\n'
-        '        return (self.gpu, self.class_, self.kind, self.reason, self.pid, self.name, self.used_bytes, self.state, self.container, self.action, ) == (other.gpu, other.class_, other.kind, other.reason, other.pid, other.name, other.used_bytes, other.state, other.container, other.action, )\n'
+        '        return (self.gpu, self.class_, self.kind, self.reason, self.pid, self.name, self.used_bytes, self.state, self.container, self.action, self.mig_uuid, self.gpu_instance_id, self.compute_instance_id, ) == (other.gpu, other.class_, other.kind, other.reason, other.pid, other.name, other.used_bytes, other.state, other.container, other.action, other.mig_uuid, other.gpu_instance_id, other.compute_instance_id, )\n'
         '    return NotImplemented\n'
         'def __hash__(self):\n'
-        '    return hash((self.gpu, self.class_, self.kind, self.reason, self.pid, self.name, self.used_bytes, self.state, self.container, self.action, ))\n'
+        '    return hash((self.gpu, self.class_, self.kind, self.reason, self.pid, self.name, self.used_bytes, self.state, self.container, self.action, self.mig_uuid, self.gpu_instance_id, self.compute_instance_id, ))\n'
         'def __getstate__(self):\n'
-        '    return (self.gpu, self.class_, self.kind, self.reason, self.pid, self.name, self.used_bytes, self.state, self.container, self.action, )\n'
+        '    return (self.gpu, self.class_, self.kind, self.reason, self.pid, self.name, self.used_bytes, self.state, self.container, self.action, self.mig_uuid, self.gpu_instance_id, self.compute_instance_id, )\n'
         'def __setstate__(self, state):\n'
-        "    for name, value in zip(('gpu', 'class_', 'kind', 'reason', 'pid', 'name', 'used_bytes', 'state', 'container', 'action'), state):\n"
+        "    for name, value in zip(('gpu', 'class_', 'kind', 'reason', 'pid', 'name', 'used_bytes', 'state', 'container', 'action', 'mig_uuid', 'gpu_instance_id', 'compute_instance_id'), state):\n"
         '        _set(self, name, value)\n'
     ): _methods_8,
     (

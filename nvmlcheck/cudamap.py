@@ -1,11 +1,13 @@
 """CUDA device numbering: which NVML GPU ``cuda:N`` names under ``CUDA_VISIBLE_DEVICES`` and ``CUDA_DEVICE_ORDER``.
 
-Turns the two environment variables plus the identities NVML reports (index, UUID, name, PCI bus id) into a table
-``cuda index -> NVML index / UUID``. It is pure (no NVML call; no environment read unless you pass ``os.environ``),
+Turns the two environment variables plus the identities NVML reports (index, UUID, name, PCI bus id, MIG devices)
+into a table ``cuda index -> NVML index / UUID`` (or MIG instance: ``CUDA_VISIBLE_DEVICES=MIG-...`` makes ``cuda:0``
+that instance, as CUDA does). It is pure (no NVML call; no environment read unless you pass ``os.environ``),
 so the rules are unit-tested on their own. Where CUDA's answer cannot be known (mixed models under
-``FASTEST_FIRST``, a GPU in MIG mode, ``MIG-`` entries, an ambiguous UUID prefix, a GPU listed twice, an unreadable
-GPU) the mapping is refused with the reason, never guessed. Entry points: :func:`cuda_mapping`, :class:`CudaMapping`
-(``resolve``), :func:`parse_cuda_selector`, :func:`is_cuda_selector`, :class:`GpuIdentity`, :class:`CudaMappingError`.
+``FASTEST_FIRST``, a GPU in MIG mode named by number, what follows a ``MIG-`` entry, an ambiguous UUID prefix, a GPU
+listed twice, an unreadable GPU) the mapping is refused with the reason, never guessed. Entry points:
+:func:`cuda_mapping`, :class:`CudaMapping` (``resolve``, ``devices_of``), :func:`parse_cuda_selector`,
+:func:`is_cuda_selector`, :func:`is_mig_selector`, :class:`GpuIdentity`, :class:`CudaMappingError`.
 The rules, their sources and what was measured: docs/cuda.md, "The mapping rules".
 
 >>> from nvmlcheck.cudamap import GpuIdentity, cuda_mapping
@@ -25,6 +27,10 @@ from typing import Protocol
 from ._text import printable
 from .errors import ArgumentError
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .model import MigDevice
+
 __all__ = [
     "ENV_DEVICE_ORDER",
     "ENV_VISIBLE_DEVICES",
@@ -35,6 +41,8 @@ __all__ = [
     "Identity",
     "cuda_mapping",
     "is_cuda_selector",
+    "is_mig_selector",
+    "names_mig",
     "parse_cuda_selector",
 ]
 
@@ -72,18 +80,23 @@ class GpuIdentity:
     name: str | None
     pci_bus_id: str | None
     mig_mode: bool | None = False
+    #: The GPU's MIG devices (:class:`~nvmlcheck.model.MigDevice`: UUID and instance ids are read), ``None`` when
+    #: unknown or not read; what a ``MIG-`` entry of ``CUDA_VISIBLE_DEVICES`` is looked up in.
+    mig_devices: tuple[MigDevice, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class CudaDevice:
     """One row of the mapping: ``cuda_index`` (what ``cuda:N`` says) and the GPU it is (``nvml_index``, ``uuid``,
-    ``name``, ``pci_bus_id``)."""
+    ``name``, ``pci_bus_id``). ``mig_uuid``: the MIG instance it is, when ``CUDA_VISIBLE_DEVICES`` named one (the
+    GPU fields are then its parent's), else ``None`` (a whole GPU)."""
 
     cuda_index: int
     nvml_index: int
     uuid: str
     name: str | None
     pci_bus_id: str | None
+    mig_uuid: str | None = None
 
 
 class CudaMappingError(ArgumentError):
@@ -116,6 +129,23 @@ def parse_cuda_selector(text: str) -> int | None:
     return int(rest)
 
 
+def is_mig_selector(item: object) -> bool:
+    """Whether selector ``item`` (``--devices``, ``devices=``) names a MIG instance: a string starting ``MIG-`` in
+    any case (nvmlcheck's selectors take ``mig-...`` too; CUDA_VISIBLE_DEVICES does not: :func:`names_mig`)."""
+    return isinstance(item, str) and item[:4].upper() == "MIG-"
+
+
+def names_mig(visible: str | None) -> bool:
+    """Whether a ``CUDA_VISIBLE_DEVICES`` value has a ``MIG-`` entry (``cuda:N`` may then name a MIG instance).
+    The prefix in capitals, as CUDA reads it (docs/cuda.md: ``mig-...`` names no device)."""
+    return visible is not None and any(e.startswith("MIG-") for e in visible.split(","))
+
+
+def _mig_key(text: str) -> str:
+    """A MIG name compared without regard to case (``mig-`` and ``MIG-``, hex digits of either case)."""
+    return text.upper()
+
+
 def is_cuda_selector(item: object) -> bool:
     """Whether ``item`` is a string of the form ``cuda:...`` (well-formed or not: :func:`parse_cuda_selector`
     says which)."""
@@ -140,6 +170,9 @@ class CudaMapping:
     ``CUDA_VISIBLE_DEVICES`` refers to), ``None`` when unknown with the reason in ``order_unknown``. ``devices``:
     the GPUs a CUDA program sees, ``devices[i]`` being ``cuda:i``; ``None`` when unknown, with the reason in
     ``unknown``. ``notes``: what the reader should know (an entry that ended the list, the tie rule used).
+    ``known``: when ``devices`` is ``None``, the first CUDA devices that are known all the same (``cuda:0`` of
+    ``CUDA_VISIBLE_DEVICES=MIG-a,MIG-b``: what CUDA enumerates after a MIG device is not documented, the first is
+    certain); ``()`` otherwise.
     """
 
     visible_devices: str | None
@@ -150,25 +183,35 @@ class CudaMapping:
     devices: tuple[CudaDevice, ...] | None
     unknown: str | None
     notes: tuple[str, ...] = ()
+    known: tuple[CudaDevice, ...] = ()
 
     def _known(self) -> tuple[CudaDevice, ...]:
         if self.devices is None:
             raise CudaMappingError(f"cannot tell which GPU a CUDA device is: {self.unknown}", self)
         return self.devices
 
-    def resolve(self, selector: str) -> tuple[int, ...]:
-        """NVML indices of ``"cuda:N"`` (one) or ``"cuda:all"`` (every visible GPU, in CUDA order). Raises
-        :class:`CudaMappingError` when the selector names no visible GPU or the mapping is unknown."""
+    def devices_of(self, selector: str) -> tuple[CudaDevice, ...]:
+        """The rows ``"cuda:N"`` (one) or ``"cuda:all"`` (every visible device, in CUDA order) names: a whole GPU,
+        or a MIG instance (:attr:`CudaDevice.mig_uuid`). Raises :class:`CudaMappingError` when the selector names
+        no visible device or the mapping is unknown."""
         number = parse_cuda_selector(selector)
+        if self.devices is None and number is not None and number < len(self.known):
+            return (self.known[number],)
         devices = self._known()
         if number is None:
             if not devices:
                 raise CudaMappingError(f"{selector}: CUDA sees no GPU in this environment", self)
-            return tuple(d.nvml_index for d in devices)
+            return devices
         if number >= len(devices):
             seen = "no GPU" if not devices else f"{len(devices)} GPU(s), cuda:0..cuda:{len(devices) - 1}"
             raise CudaMappingError(f"{selector}: no such CUDA device (CUDA sees {seen})", self)
-        return (devices[number].nvml_index,)
+        return (devices[number],)
+
+    def resolve(self, selector: str) -> tuple[int, ...]:
+        """NVML indices of ``"cuda:N"`` (one) or ``"cuda:all"`` (every visible GPU, in CUDA order); a MIG instance
+        (``CUDA_VISIBLE_DEVICES=MIG-...``) gives its parent GPU's (:meth:`devices_of` says which instance). Raises
+        :class:`CudaMappingError` when the selector names no visible GPU or the mapping is unknown."""
+        return tuple(d.nvml_index for d in self.devices_of(selector))
 
     def nvml_index(self, cuda_index: int) -> int:
         """The NVML index of ``cuda:<cuda_index>`` (:class:`CudaMappingError` if there is none)."""
@@ -178,7 +221,7 @@ class CudaMapping:
         """The ``cuda:N`` number of a GPU in this environment (``None``: hidden from CUDA); raises
         :class:`CudaMappingError` when the mapping is unknown."""
         for d in self._known():
-            if d.nvml_index == nvml_index:
+            if d.nvml_index == nvml_index and d.mig_uuid is None:  # an instance is not its whole GPU
                 return d.cuda_index
         return None
 
@@ -209,10 +252,14 @@ class CudaMapping:
             lines.append(f"  CUDA numbering of all GPUs: unknown ({self.order_unknown})")
         if self.devices is None:
             lines.append(f"  visible CUDA devices: unknown ({self.unknown})")
+            if self.known:
+                lines.append(f"  known all the same: cuda:0..cuda:{len(self.known) - 1}")
         elif not self.devices:
             lines.append("  visible CUDA devices: none")
-        for d in self.devices or ():
-            lines.append(f"  cuda:{d.cuda_index} -> GPU {d.nvml_index} {d.uuid} ({d.pci_bus_id or 'PCI bus id unknown'}"
+        for d in self.devices if self.devices is not None else self.known:
+            what = f"GPU {d.nvml_index} {d.uuid}" if d.mig_uuid is None else (
+                f"{d.mig_uuid}, a MIG instance of GPU {d.nvml_index} {d.uuid}")
+            lines.append(f"  cuda:{d.cuda_index} -> {what} ({d.pci_bus_id or 'PCI bus id unknown'}"
                          f", {printable(d.name) if d.name else 'name unknown'})")
         if self.devices is None or len(self.devices) < len(self.gpus):
             lines.append("  GPUs NVML sees:" + ("" if self.gpus else " none"))
@@ -258,6 +305,80 @@ def _base_order(
                   f"{ENV_DEVICE_ORDER}=PCI_BUS_ID or name GPUs by UUID"), None
 
 
+def _lowercase(entry: str) -> str:
+    """Words for an entry whose ``GPU-``/``MIG-`` prefix is not in capitals (which CUDA reads as naming nothing)."""
+    return " (CUDA reads GPU- and MIG- in capitals only)" if entry[:4].upper() in ("GPU-", "MIG-") else ""
+
+
+def _rows(chosen: Sequence[int], by_index: Mapping[int, GpuIdentity], mig: str | None) -> tuple[CudaDevice, ...]:
+    """The mapping's rows for NVML indices ``chosen`` in CUDA order; ``mig``: the MIG UUID ``cuda:0`` is."""
+    return tuple(CudaDevice(i, n, by_index[n].uuid, by_index[n].name, by_index[n].pci_bus_id,
+                            mig if i == 0 else None) for i, n in enumerate(chosen))
+
+
+def _first_mig(entries: Sequence[str], gpus: Sequence[GpuIdentity], notes: list[str]
+               ) -> tuple[tuple[int, str] | None, str | None, list[int]]:
+    """A ``CUDA_VISIBLE_DEVICES`` list that starts with a MIG entry: ``(its (parent, MIG UUID) or None, why the
+    rest is unknown or None, the NVML indices known)``; an entry of no instance ends the list (noted in
+    ``notes``)."""
+    entry = entries[0]
+    parent, why = _mig_entry(entry, gpus)
+    if why is not None:
+        return None, f"entry {entry!r}: {why}", []
+    if parent is None:
+        notes.append(f"entry {entry!r} names no MIG instance: CUDA ignores it and what follows ({','.join(entries)!r})")
+        return None, None, []
+    if len(entries) > 1:
+        # CUDA 11 (R450) and 12 (R525) enumerate one MIG device per process (NVIDIA's MIG user guide, "CUDA Device
+        # Enumeration"); what newer ones make of the entries after it is not documented.
+        return parent, (f"entries after the MIG instance {entry!r} ({','.join(entries[1:])!r}): whether CUDA "
+                        "enumerates them is not documented (CUDA 11 and 12 see one MIG device per process); cuda:0 "
+                        "is the instance"), [parent[0]]
+    return parent, None, [parent[0]]
+
+
+def _mig_entry(entry: str, gpus: Sequence[GpuIdentity]) -> tuple[tuple[int, str] | None, str | None]:
+    """What MIG entry ``entry`` of ``CUDA_VISIBLE_DEVICES`` names: ``((parent NVML index, MIG UUID), None)``,
+    ``(None, None)`` for no instance (CUDA then ignores it and what follows), or ``(None, why)`` when that cannot be
+    told (an instance list unread, a prefix). The whole ``MIG-`` UUID (any case) or the name of drivers before R470,
+    ``MIG-GPU-<uuid>/<GI>/<CI>``, as CUDA documents."""
+    key = _mig_key(entry)
+    legacy = re.fullmatch(r"MIG-GPU-([0-9A-Fa-f-]+)/([0-9]+)/([0-9]+)", entry)
+    hits: list[tuple[int, str]] = []
+    prefix = False
+    for g in gpus:
+        for m in g.mig_devices or ():
+            if m.uuid is None:
+                continue
+            if legacy is not None:
+                gpu_uuid = "GPU-" + _mig_key(legacy.group(1))
+                if (_mig_key(g.uuid) == gpu_uuid and m.gpu_instance_id == int(legacy.group(2))
+                        and m.compute_instance_id == int(legacy.group(3))):
+                    hits.append((g.index, m.uuid))
+            elif _mig_key(m.uuid) == key:
+                hits.append((g.index, m.uuid))
+            elif _mig_key(m.uuid).startswith(key):
+                prefix = True
+    if len(hits) == 1:
+        return hits[0], None
+    if len(hits) > 1:
+        return None, f"names {len(hits)} MIG instances"
+    unread = [g for g in gpus if g.mig_mode is not False and g.mig_devices is None]
+    if unread:
+        g = unread[0]
+        state = "MIG mode" if g.mig_mode else "MIG mode (unknown)"
+        return None, (f"the MIG instances of GPU {g.index} ({state}) are unknown, so which instance it names (if "
+                      "any) cannot be told")
+    if any(_mig_key(g.uuid)[4:] == key[4:] for g in gpus):
+        # Measured (docs/cuda.md): CUDA took MIG-<a GPU's UUID digits> as that GPU. Not documented: refused.
+        return None, ("has the UUID digits of a whole GPU, not of a MIG instance: what CUDA makes of it is not "
+                      "documented")
+    if prefix:
+        return None, ("is a prefix of a MIG instance's UUID: CUDA documents abbreviated GPU- UUIDs only; give the "
+                      "whole MIG- UUID")
+    return None, None
+
+
 def _mig_reason(g: GpuIdentity) -> str:
     """Why CUDA's view of GPU ``g`` (in MIG mode, or its mode unknown) cannot be told."""
     mode = "is in MIG mode" if g.mig_mode else "has a MIG mode that could not be read"
@@ -292,7 +413,8 @@ def cuda_mapping(
     read (the numbering is then unknown). Never raises for what the environment says: an unknown mapping has
     ``devices=None`` and the reason; :meth:`CudaMapping.resolve` raises when asked about it."""
     env = _checked_env({} if env is None else env)
-    ids = tuple(sorted((GpuIdentity(g.index, g.uuid, g.name, g.pci_bus_id, getattr(g, "mig_mode", False))
+    ids = tuple(sorted((GpuIdentity(g.index, g.uuid, g.name, g.pci_bus_id, getattr(g, "mig_mode", False),
+                                    getattr(g, "mig_devices", None))
                         for g in gpus), key=lambda g: g.index))
     by_index = {g.index: g for g in ids}
     if len(by_index) != len(ids):
@@ -302,14 +424,15 @@ def cuda_mapping(
     order, order_unknown, order_note = _base_order(ids, order_env, tuple(unreadable))
     notes: list[str] = []
 
-    def done(devices: list[int] | None, unknown: str | None) -> CudaMapping:
-        rows = None if devices is None else tuple(
-            CudaDevice(i, n, by_index[n].uuid, by_index[n].name, by_index[n].pci_bus_id)
-            for i, n in enumerate(devices))
+    # known: the rows known when devices are not; first: the MIG UUID cuda:0 is (a list that starts with MIG-).
+    def done(devices: list[int] | None, unknown: str | None, known: list[int] | None = None,
+             first: str | None = None) -> CudaMapping:
         if order_note is not None and (visible is None or any(
                 re.fullmatch(r"[0-9]+", e) for e in visible.split(","))):
             notes.append(order_note)
-        return CudaMapping(visible, order_env, ids, order, order_unknown, rows, unknown, tuple(notes))
+        return CudaMapping(visible, order_env, ids, order, order_unknown,
+                           None if devices is None else _rows(devices, by_index, first), unknown, tuple(notes),
+                           _rows(known, by_index, first) if devices is None and known else ())
 
     if visible is None:
         if order is None:
@@ -320,19 +443,22 @@ def cuda_mapping(
     if visible == "":
         notes.append(f"{ENV_VISIBLE_DEVICES} is empty: CUDA sees no GPU")
         return done([], None)
-    chosen: list[int] = []
     entries = visible.split(",")
+    if entries[0].startswith("MIG-") and entries[0] == entries[0].strip():
+        mig, why, chosen = _first_mig(entries, ids, notes)
+        return done(chosen if why is None else None, why, chosen, None if mig is None else mig[1])
+    chosen = []
     first_kind = "index"
     for position, entry in enumerate(entries):
         if entry != entry.strip():
             return done(None, f"entry {entry!r} has spaces: CUDA's handling of them is not documented; "
                               "write the list without spaces")
-        if entry.upper().startswith("MIG-"):
-            # A CUDA device here is a whole GPU (an NVML index): an instance is judged only when named as one.
-            return done(None, f"entry {entry!r} is a MIG instance, and cuda:N names whole GPUs; select the instance "
-                              "by its MIG- UUID instead (--devices MIG-..., devices=['MIG-...'])")
+        if entry.startswith("MIG-"):
+            return done(None, f"entry {entry!r} is a MIG instance after another entry: where CUDA numbers it then "
+                              "is not documented; list the MIG instance alone, or first")
         found: int | None = None
-        kind = "index" if re.fullmatch(r"[0-9]+", entry) else "uuid" if entry.upper().startswith("GPU-") else None
+        # The prefix in capitals, the hex digits in either case: as CUDA reads them (measured: docs/cuda.md).
+        kind = "index" if re.fullmatch(r"[0-9]+", entry) else "uuid" if entry.startswith("GPU-") else None
         if position > 0 and kind is not None and kind != first_kind:
             if first_kind == "index":
                 # Not measured: refuse rather than guess (the other way round is measured, below).
@@ -351,14 +477,15 @@ def cuda_mapping(
             number = int(entry)
             if number < len(order):
                 found = order[number]
-        elif entry.upper().startswith("GPU-") and len(entry) > 4:
+        elif entry.startswith("GPU-") and len(entry) > 4:
             matches = [g.index for g in ids if g.uuid.lower().startswith(entry.lower())]
             if len(matches) > 1:
                 return done(None, f"entry {entry!r} is a prefix of {len(matches)} GPUs' UUIDs")
             found = matches[0] if matches else None
         if found is None:
             rest = ",".join(entries[position:])
-            notes.append(f"entry {entry!r} names no GPU: CUDA ignores it and what follows ({rest!r})")
+            notes.append(f"entry {entry!r} names no GPU{_lowercase(entry)}: CUDA ignores it and what follows "
+                         f"({rest!r})")
             break
         if found is not None and by_index[found].mig_mode is not False:
             return done(None, f"entry {entry!r}: {_mig_reason(by_index[found])}")

@@ -397,6 +397,9 @@ def select_kill_holders(
     if isinstance(source, Session):
         if devices is not None and not isinstance(devices, int | str):
             devices = list(devices)  # read twice with MIG UUIDs: resolved, then their instances' holders
+        # A cuda:N that is a MIG instance (CUDA_VISIBLE_DEVICES=MIG-...) selects that instance, as its MIG- UUID does:
+        # never every tenant of its GPU.
+        devices = source._instance_selectors(devices)
         indices = source.resolve(devices)
         every = source.holders(None, device_files=device_files)  # the proof of numbering looks at every GPU
         if not all_holders and _unproven(every):

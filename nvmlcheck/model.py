@@ -318,12 +318,21 @@ class DeviceState(_ReasonsPickle):
     def processes(self) -> tuple[GpuProcess, ...] | None:
         """All processes of every kind, or ``None`` when any of the three lists is unknown.
 
-        A process using the GPU for compute and graphics appears once per kind.
+        A process using the GPU for compute and graphics appears once per kind. On a GPU in MIG mode, a process
+        listed on one of its MIG devices but on none of the GPU's own lists (NVML can list processes per MIG
+        handle) is included too, after them: every reader of "what is listed on this GPU" (holders, a kill's
+        "off every list", ready) sees it.
         """
         c, g, m = self.compute_processes, self.graphics_processes, self.mps_processes
         if c is None or g is None or m is None:
             return None
-        return c + g + m
+        every = c + g + m
+        if self.mig_devices:
+            seen = {(p.pid, p.kind) for p in every}
+            extra = tuple(p for d in self.mig_devices for p in d.processes or () if (p.pid, p.kind) not in seen)
+            if extra:
+                return every + tuple(dict.fromkeys(extra))  # one entry each, should two instances list it
+        return every
 
     def processes_of(self, kind: ProcessKind | str) -> tuple[GpuProcess, ...] | None:
         """The process list of one kind (``None`` when unknown): a :class:`ProcessKind`, or its value

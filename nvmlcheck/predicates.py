@@ -627,6 +627,12 @@ def _mig_processes(d: DeviceState, kinds: tuple[ProcessKind, ...]) -> list[tuple
     return [(m, p) for m in d.mig_devices or () for p in m.processes or () if p.kind in kinds]
 
 
+def _mig_lists_pid(d: DeviceState, pids: frozenset[int]) -> bool:
+    """Whether a MIG instance of ``d`` lists one of ``pids`` (its own list: NVML's per-instance lists may hold a
+    process the parent's lists do not)."""
+    return any(p.pid in pids for m in d.mig_devices or () for p in m.processes or ())
+
+
 def _where(d: DeviceState, p: GpuProcess) -> str:
     """``GPU 0``, or ``GPU 0 MIG 1 (GI 2, CI 0, MIG-...)`` for a process attributed to a MIG instance."""
     mig = d.mig_device_of(p) if d.mig_devices else None
@@ -661,6 +667,8 @@ class _PidsGone(_DevicePredicate):
                 for p in procs:
                     if p.pid in pids:
                         return False
+            if d.mig_devices and _mig_lists_pid(d, pids):
+                return False
         return result
 
     def _check_device(self, d: DeviceState) -> bool | None:
@@ -672,9 +680,13 @@ class _PidsGone(_DevicePredicate):
                 result = None  # a watched pid may hide in the list we could not read
             elif any(p.pid in pids for p in procs):
                 return False
+        # A MIG instance's own list counts as no_processes() counts it: a PID listed there alone is not gone.
+        if d.mig_devices and _mig_lists_pid(d, pids):
+            return False
         return result
 
     def _explain_device(self, d: DeviceState) -> Iterator[_Why]:
+        seen: set[tuple[int, ProcessKind]] = set()
         for kind in ALL_KINDS:
             procs = d.processes_of(kind)
             if procs is None:
@@ -682,7 +694,12 @@ class _PidsGone(_DevicePredicate):
                 continue
             for p in procs:
                 if p.pid in self.pids:
-                    yield _Why(False, d.index, f"GPU {d.index}: {_holder_text(p)} ({kind.value}), still listed")
+                    seen.add((p.pid, p.kind))
+                    yield _Why(False, d.index, f"{_where(d, p)}: {_holder_text(p)} ({kind.value}), still listed")
+        for mig, p in _mig_processes(d, ALL_KINDS):
+            if p.pid in self.pids and (p.pid, p.kind) not in seen:  # listed on the instance only
+                yield _Why(False, d.index, f"GPU {d.index} {mig.label}: {_holder_text(p)} ({p.kind.value}), "
+                           "still listed")
 
     def describe(self) -> str:
         if not self.pids:

@@ -137,8 +137,10 @@ def select_clean(
     (default ``True``): also read each GPU's health and pass over one with a cause ``ready`` refuses it for
     (a pending row remap or page retirement, a remap failure, volatile uncorrectable ECC errors, a recovery action:
     docs/ready.md), or whose health could not be read though the GPU supports it; ``False`` judges the predicate
-    only. A GPU in MIG mode is always passed over (CUDA never sees it whole), and a ``MIG-`` selector in ``devices``
-    is an :class:`~nvmlcheck.ArgumentError`: select chooses whole GPUs.
+    only. A GPU in MIG mode, or whose MIG mode could not be read, is always passed over (CUDA never sees it whole),
+    and a ``MIG-`` selector in ``devices``
+    (or a ``cuda:N`` that names a MIG instance: ``CUDA_VISIBLE_DEVICES=MIG-...``) is an
+    :class:`~nvmlcheck.ArgumentError`: select chooses whole GPUs.
 
     Raises :class:`SelectTimeout` (a :class:`~nvmlcheck.WaitTimeout`) naming why each GPU was passed over;
     ``ValueError`` when ``count`` is below 1 or above the number of candidates; :class:`~nvmlcheck.locks.LockDirError`
@@ -201,8 +203,21 @@ def _resolve(session: Session, devices: Iterable[DeviceSelector] | DeviceSelecto
     deadline came first."""
     from .errors import DeadlinePassed
 
+    bound = None if not timeout_ns else start + timeout_ns
     try:
-        return session._resolve(devices, None if not timeout_ns else start + timeout_ns, clock)
+        if devices is not None:
+            expanded = session._instance_selectors(devices, bound, clock)
+            # MIG- selectors were refused above: one here is what a cuda:N names.
+            if any(isinstance(i, str) and i[:4].upper() == "MIG-"
+                   for i in ([expanded] if isinstance(expanded, int | str) else expanded or ())):
+                # As for a MIG- selector: resolve() would widen the instance to its whole GPU, which select would
+                # then print (and lock) for a job that sees only the instance.
+                import os
+
+                raise ArgumentError("select chooses whole GPUs, not MIG instances: a cuda:N selector names a MIG "
+                                    f"instance here (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})"
+                                    "; wait or ready judge that instance")
+        return session._resolve(devices, bound, clock)
     except DeadlinePassed:
         raise SelectTimeout(0.0 if timeout is None else float(timeout), clock() - start, (
             "no poll finished before the deadline: the GPUs named by the selection were still being read (a slow "
@@ -306,6 +321,14 @@ def _judge(
             streak[d.uuid] = 0
             why.append(f"GPU {d.index}: in MIG mode: CUDA cannot use it as one GPU (select chooses whole GPUs; wait "
                        "and ready judge an instance named by its MIG- UUID)")
+            continue
+        if d.mig_mode is None and "mig" in d.unknown:
+            # Read and failed: it may be in MIG mode, and a job given it whole might see one instance, or nothing
+            # (never "free" when that cannot be told; the CUDA numbering refuses it too). A state built without
+            # reading the mode (no reason) is judged as before MIG.
+            streak[d.uuid] = 0
+            why.append(f"GPU {d.index}: its MIG mode is unknown ({d.unknown['mig']}): whether CUDA can use it as one "
+                       "GPU cannot be told")
             continue
         verdict = pred.evaluate(_one_device(snap, d))
         # A GPU that needs a reset (or whose health cannot be told) is as unusable as a busy one: the same causes as

@@ -65,9 +65,12 @@ DeviceSelector = int | str
 def _by_uuid(item: str, uuids: Mapping[int, str], unreadable: Mapping[int, str]) -> tuple[int, ...]:
     """The GPU a UUID or unique UUID prefix names. While a GPU's UUID cannot be read (lost, ...), a prefix cannot be
     shown to name one GPU alone, and a UUID no readable GPU has may be that GPU's: those GPUs are taken (their
-    reading then says why they cannot be judged), never the readable GPU a prefix happens to match."""
-    matches = [i for i, u in uuids.items() if u == item or u.startswith(item)]
-    exact = [i for i, u in uuids.items() if u == item]
+    reading then says why they cannot be judged), never the readable GPU a prefix happens to match. Compared in
+    any case (``gpu-8932F937`` is ``GPU-8932f937``: UUIDs are hex; nvmlcheck's own selectors, where
+    ``CUDA_VISIBLE_DEVICES`` takes the ``GPU-`` prefix in capitals only: docs/cuda.md)."""
+    key = item.upper()
+    matches = [i for i, u in uuids.items() if u.upper().startswith(key)]
+    exact = [i for i, u in uuids.items() if u.upper() == key]
     if exact:
         return (exact[0],)  # a whole UUID names one GPU, whatever the others are
     # Only what can start a GPU's UUID ("GPU-…", or "G", "GPU" before it) may be an unreadable one's.
@@ -83,20 +86,31 @@ def _by_uuid(item: str, uuids: Mapping[int, str], unreadable: Mapping[int, str])
     return (matches[0],)
 
 
+def _is_mig(item: object) -> bool:
+    """Whether selector ``item`` names a MIG instance: ``MIG-...`` in any case (an nvmlcheck selector ``mig-...``
+    must not be read as a GPU UUID that names nothing)."""
+    return isinstance(item, str) and item[:4].upper() == "MIG-"
+
+
 def _names_instance(item: str, d: DeviceState, m: MigDevice) -> bool:
     """Whether MIG selector ``item`` names MIG device ``m`` of GPU ``d``: its ``MIG-`` UUID or a prefix of it, or the
     name of drivers before R470 (older CUDA docs give it for CUDA_VISIBLE_DEVICES),
-    ``MIG-<GPU UUID>/<GI id>/<CI id>``."""
+    ``MIG-<GPU UUID>/<GI id>/<CI id>``; in any case."""
     if "/" in item:
         import re  # only for this form: the module is imported by every command
 
-        legacy = re.fullmatch(r"MIG-(GPU-[0-9A-Fa-f-]+)/([0-9]+)/([0-9]+)", item)
+        legacy = re.fullmatch(r"MIG-(GPU-[0-9A-Fa-f-]+)/([0-9]+)/([0-9]+)", item, re.IGNORECASE)
         if legacy is None:
             return False
         gpu, gi, ci = legacy.groups()
         return (d.uuid.lower() == gpu.lower() and m.gpu_instance_id == int(gi)
                 and m.compute_instance_id == int(ci))
-    return m.uuid is not None and m.uuid.startswith(item)
+    return m.uuid is not None and m.uuid.upper().startswith(item.upper())
+
+
+def _same_mig(item: str, uuid: str) -> bool:
+    """Whether selector ``item`` is the whole of MIG UUID ``uuid`` (in any case)."""
+    return item.upper() == uuid.upper()
 
 
 def _close_bound(timeout: float | None) -> float | None:
@@ -120,6 +134,12 @@ def _selectors(devices: Iterable[DeviceSelector] | DeviceSelector) -> list[Devic
         return list(devices)
     except TypeError:
         raise ArgumentTypeError(f"devices is an index, a UUID, a sequence of them or None, not {devices!r}") from None
+
+
+def _once(devices: Iterable[DeviceSelector] | DeviceSelector | None
+          ) -> Iterable[DeviceSelector] | DeviceSelector | None:
+    """A selection that is read twice (resolved, then its MIG instances), as a list: a generator reads only once."""
+    return devices if devices is None or isinstance(devices, int | str) else _selectors(devices)
 
 
 class Session:
@@ -320,11 +340,41 @@ class Session:
 
     def _cuda_mapping(self, env: Mapping[str, str] | None, deadline_ns: int | None,
                       clock: Callable[[], int]) -> CudaMapping:
-        from .cudamap import cuda_mapping
+        from .cudamap import ENV_VISIBLE_DEVICES, cuda_mapping, names_mig
 
-        snap = self._read(Fields(0), deadline_ns, clock)
-        return cuda_mapping(snap.devices, os.environ if env is None else env,
-                            unreadable=[f.index for f in snap.failures])
+        env = os.environ if env is None else env
+        # A MIG- entry is looked up among the MIG devices, which come with the process lists.
+        fields = Fields.PROCESSES if names_mig(env.get(ENV_VISIBLE_DEVICES)) else Fields(0)
+        snap = self._read(fields, deadline_ns, clock)
+        return cuda_mapping(snap.devices, env, unreadable=[f.index for f in snap.failures])
+
+    def _instance_selectors(self, devices: Iterable[DeviceSelector] | DeviceSelector | None,
+                            deadline_ns: int | None = None, clock: Callable[[], int] = time.monotonic_ns
+                            ) -> Iterable[DeviceSelector] | DeviceSelector | None:
+        """``devices`` with each ``cuda:N`` that names a MIG instance (``CUDA_VISIBLE_DEVICES=MIG-...``) replaced by
+        that instance's ``MIG-`` UUID, whole GPUs it names by their indices, and a ``mig-`` name spelt ``MIG-``:
+        what the MIG paths (a wait, ready, holders, a kill) judge as one instance. A list (``devices`` may be a
+        generator, read once here); one selector stays as it is when there is nothing to replace. A ``cuda:N`` whose
+        mapping is unknown raises, as :meth:`resolve` does."""
+        if devices is None:
+            return None
+        items = _selectors(devices)
+        from .cudamap import ENV_VISIBLE_DEVICES, names_mig
+
+        cuda = names_mig(os.environ.get(ENV_VISIBLE_DEVICES)) and any(
+            isinstance(i, str) and i[:5].lower() == "cuda:" for i in items)
+        if not cuda and not any(isinstance(i, str) and _is_mig(i) and not i.startswith("MIG-") for i in items):
+            return devices if isinstance(devices, int | str) else items
+        mapping = self._cuda_mapping(None, deadline_ns, clock) if cuda else None
+        out: list[DeviceSelector] = []
+        for i in items:
+            if isinstance(i, str) and _is_mig(i):
+                out.append("MIG-" + i[4:])
+            elif mapping is not None and isinstance(i, str) and i[:5].lower() == "cuda:":
+                out.extend(d.nvml_index if d.mig_uuid is None else d.mig_uuid for d in mapping.devices_of(i))
+            else:
+                out.append(i)
+        return out
 
     def _read(self, fields: Fields, deadline_ns: int | None, clock: Callable[[], int]) -> Snapshot:
         """Every GPU's ``fields`` for a selection to be resolved; stopped at ``deadline_ns`` on ``clock`` (a wait's:
@@ -390,7 +440,7 @@ class Session:
                 continue
             if not item.strip():
                 raise ArgumentError(f"an empty device selector ({item!r}): give an index, a UUID or cuda:N")
-            if item.startswith("MIG-"):
+            if _is_mig(item):
                 out.update(self._mig_parent(item, deadline_ns, clock))
                 continue
             if uuids is None:
@@ -425,7 +475,7 @@ class Session:
         unread = {f.index: str(f.error) for f in snap.failures}
         unread.update({d.index: d.why_unknown("mig_devices") or "its MIG devices could not be read"
                        for d in snap.devices if d.mig_mode and d.mig_devices is None})
-        exact = [i for i, u in matches if u == item or "/" in item]
+        exact = [i for i, u in matches if _same_mig(item, u) or "/" in item]
         if unread and not exact:
             if matches:
                 gpus = ", ".join(f"GPU {i} ({why})" for i, why in sorted(unread.items()))
@@ -445,8 +495,8 @@ class Session:
         late), raising :class:`~nvmlcheck.errors.DeadlinePassed`."""
         if devices is None:
             return []
-        items = _selectors(devices)
-        if not any(isinstance(i, str) and i.startswith("MIG-") for i in items):
+        items = _selectors(self._instance_selectors(devices, deadline_ns, clock) or ())
+        if not any(_is_mig(i) for i in items):
             return []
         from ._deadline import read_by
         from .errors import DeadlinePassed
@@ -458,7 +508,7 @@ class Session:
         known = [(d, m) for d in snap.devices for m in d.mig_devices or () if m.uuid is not None]
         out: list[DeviceSelector] = []
         for i in items:
-            if isinstance(i, str) and i.startswith("MIG-"):
+            if isinstance(i, str) and _is_mig(i):
                 named = [m.uuid for d, m in known if m.uuid is not None and _names_instance(i, d, m)]
                 # One gone since the selection was resolved stays, as given: judged missing (unknown), never
                 # dropped from a selection whose other GPUs would then be judged alone.
@@ -484,7 +534,7 @@ class Session:
         try:
             indices = self._resolve(devices, None if bound is None else began + bound, clock)
         except DeadlinePassed:
-            mig = any(isinstance(i, str) and i.startswith("MIG-") for i in _selectors(devices or ()))
+            mig = any(_is_mig(i) for i in _selectors(devices or ()))
             what = "the GPUs' MIG devices were" if mig else "the GPUs named by the selection were"
             raise WaitTimeout(float(timeout or 0.0), clock() - began, (
                 f"no poll finished before the deadline: {what} still being read (a slow or hung GPU, or "
@@ -584,6 +634,7 @@ class Session:
 
         self._check_open()
         check_predicate(predicate)
+        devices = _once(devices)
         opts = WaitOptions.or_default(options).with_(
             timeout=timeout, policy=policy, stable_polls=stable_polls, trace=trace, on_poll=on_poll, clock=clock,
             sleep=sleep, events=events,
@@ -746,6 +797,7 @@ class Session:
         from .holders import find_holders
 
         self._check_open()
+        devices = _once(devices)
         indices = self.resolve(devices)
         snap = self._backend.snapshot(indices, Fields.PROCESSES)
         snap.raise_for_failures()
@@ -770,8 +822,8 @@ class Session:
         An instance no longer in ``snap`` (destroyed since the selection was resolved) is
         :class:`~nvmlcheck.NoSuchDevice`; one that may be on a GPU whose MIG devices could not be read, an
         :class:`~nvmlcheck.NvmlCheckError` that says so."""
-        items = [] if devices is None else _selectors(devices)
-        migs = [i for i in items if isinstance(i, str) and i.startswith("MIG-")]
+        items = [] if devices is None else _selectors(self._instance_selectors(devices) or ())
+        migs = [i for i in items if _is_mig(i)]
         if not migs:
             return snap
         from ._record import replace
@@ -822,6 +874,7 @@ class Session:
         from .readiness import ready_on
 
         self._check_open()
+        devices = _once(devices)
         return ready_on(self, devices, need_bytes=need_bytes, need_fraction=need_fraction,
                         max_used_bytes=max_used_bytes, timeout=timeout, events=events, options=options)
 

@@ -126,6 +126,10 @@ class Culprit:
     ``CONTACT_SUPPORT``, ...), for a process ``STOP_HOLDER``, ``REAP_ZOMBIE`` or ``WAIT``; ``None``: nothing to do
     but wait or ask for less.
     ``reason``: the cause in words, without the GPU (:meth:`describe` adds it).
+    ``mig_uuid``, ``gpu_instance_id``, ``compute_instance_id``: the MIG instance the cause is in, on a GPU in MIG
+    mode (a process's instance, or the instance judged alone: ``--devices MIG-...``); ``None`` for a cause of the
+    whole GPU (a health cause, a GPU that could not be read), outside MIG, or where the id is unknown. A holder on
+    an instance is told apart from one on the whole GPU by ``gpu_instance_id`` not being ``None``.
     """
 
     gpu: int | None
@@ -138,10 +142,37 @@ class Culprit:
     state: str | None = None
     container: str | None = None
     action: str | None = None
+    mig_uuid: str | None = None
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+
+    @property
+    def on_instance(self) -> bool:
+        """Whether the cause is in one MIG instance (its UUID or GPU-instance id is known), not the whole GPU."""
+        return self.mig_uuid is not None or self.gpu_instance_id is not None
+
+    @property
+    def where(self) -> str:
+        """The GPU it is on, with its MIG instance: ``"GPU 0"``, ``"GPU 0 MIG (GI 2, CI 0, MIG-...)"``; ``""``
+        when tied to no GPU."""
+        if self.gpu is None:
+            return ""
+        return f"GPU {self.gpu} {self.instance}" if self.on_instance else f"GPU {self.gpu}"
+
+    @property
+    def instance(self) -> str:
+        """Its MIG instance in words, ``"MIG (GI 2, CI 0, MIG-...)"``; ``""`` when it is not on one."""
+        if not self.on_instance:
+            return ""
+        gi = "?" if self.gpu_instance_id is None else self.gpu_instance_id
+        ci = "?" if self.compute_instance_id is None else self.compute_instance_id
+        uuid = f", {self.mig_uuid}" if self.mig_uuid else ""
+        return f"MIG (GI {gi}, CI {ci}{uuid})"
 
     def describe(self) -> str:
-        """The reason with its GPU: ``"GPU 1: held by pid 4123 (python3) in lxc/129, 8.0 GiB"``."""
-        return self.reason if self.gpu is None else f"GPU {self.gpu}: {self.reason}"
+        """The reason with its GPU (and MIG instance): ``"GPU 1: held by pid 4123 (python3) in lxc/129, 8.0 GiB"``,
+        ``"GPU 0 MIG (GI 2, CI 0, MIG-...): held by pid 4242 (python3), 1.0 GiB"``."""
+        return self.reason if self.gpu is None else f"{self.where}: {self.reason}"
 
     def to_json(self) -> dict[str, Any]:
         """The culprit in JSON documents (``holders`` of ``nvmlcheck/wait``, ``kill``, ``select``, ``ready``)."""
@@ -156,6 +187,9 @@ class Culprit:
             "container": self.container,
             "action": self.action,
             "reason": self.reason,
+            "mig_uuid": self.mig_uuid,
+            "gpu_instance_id": self.gpu_instance_id,
+            "compute_instance_id": self.compute_instance_id,
         }
 
 
@@ -217,7 +251,13 @@ class GpuVerdict:
                 free += ")"
             return f"{self.label}: ready{free}"
         ordered = sorted(self.culprits, key=lambda c: -_SEVERITY[c.class_])
-        text = "; ".join(c.reason if c.class_ == self.class_ else f"{c.class_}: {c.reason}" for c in ordered)
+        whole = self.label == f"GPU {self.index}"  # a whole GPU: a culprit in one of its instances says which
+
+        def said(c: Culprit) -> str:
+            reason = f"{c.reason}, on {c.instance}" if whole and c.on_instance else c.reason
+            return reason if c.class_ == self.class_ else f"{c.class_}: {reason}"
+
+        text = "; ".join(said(c) for c in ordered)
         head = "" if self.class_ == "held" else f"{self.class_}: "
         eta = ""
         if self.class_ == "reclaiming":
@@ -288,8 +328,10 @@ class ReadyReport:
     def culprits(self) -> tuple[str, ...]:
         """Every culprit as a line (``GPU 1: held by pid 4123 ...``), named as its verdict is (``GPU 0 MIG 1 (GI 2,
         CI 0, MIG-...): ...`` for a MIG instance)."""
-        return tuple(f"{v.label}: {c.reason}" if c.gpu == v.index else c.describe()
-                     for v in self.verdicts for c in v.culprits)
+        # The verdict's label names an instance judged alone; a holder's own instance on a whole GPU is the
+        # culprit's to name.
+        return tuple(f"{v.label}: {c.reason}" if c.gpu == v.index and (not c.on_instance or v.label != f"GPU {v.index}")
+                     else c.describe() for v in self.verdicts for c in v.culprits)
 
 
 # --- health -----------------------------------------------------------------------------------------------------
@@ -620,9 +662,13 @@ def _classify_one(d: DeviceState, ctx: _Ctx, culprits: list[Culprit]) -> GpuVerd
                        (*(d.compute_processes or ()), *(d.graphics_processes or ()), *(d.mps_processes or ())))
     contexts = track.contexts if track is not None and episode else max(1, len(listed))
     bound = ctx.model.stuck_after_ns(contexts, max(0, start_bytes))
+    first = len(culprits)  # those before are the GPU's (faults, health, read errors), never one instance's
     culprits += _process_culprits(d, listed, ctx, bound)
     culprits += _unknown_lists(d)
     culprits += _memory_culprits(d, ctx, since, bound)
+    view = _viewed_instance(d)
+    if view is not None:  # one instance judged alone (--devices MIG-...): what it found is that instance's
+        culprits[first:] = [c if c.on_instance else _in_instance(c, view) for c in culprits[first:]]
     eta = None
     if any(c.class_ == "reclaiming" for c in culprits):
         eta = max(0, since + ctx.model.expected_ns(contexts, max(0, start_bytes)) - now)
@@ -640,6 +686,11 @@ def _classify_one(d: DeviceState, ctx: _Ctx, culprits: list[Culprit]) -> GpuVerd
         # A CUDA process runs in one MIG instance: the need is judged per instance, not against the whole GPU.
         need, found = _mig_capacity(d, instances, ctx.need_bytes, ctx.need_fraction, clean=not culprits)
         culprits += found
+    elif (ctx.need_bytes is not None or ctx.need_fraction is not None) and _instances_unknown(d) is not None:
+        # In MIG mode (or maybe: its mode unread) with the instances unknown: the whole GPU's free memory is not
+        # what a job gets, so whether the need fits cannot be told (never "ready" on the parent's figure).
+        culprits.append(Culprit(i, "unknown", "capacity", f"whether the need fits is unknown: "
+                                f"{_instances_unknown(d)}; a CUDA job runs in one MIG instance, not the whole GPU"))
     elif m is not None and (ctx.need_bytes is not None or ctx.need_fraction is not None):
         need = ctx.need_bytes if ctx.need_fraction is None else _ceil(ctx.need_fraction * m.total_bytes)
         beyond = [] if need is None else _beyond_capacity(d, m, need, ctx.need_fraction)
@@ -651,6 +702,28 @@ def _classify_one(d: DeviceState, ctx: _Ctx, culprits: list[Culprit]) -> GpuVerd
                     total_bytes=None if m is None else m.total_bytes,
                     free_bytes=None if m is None else free_bytes_of(m)[0], need_bytes=need, eta_ns=eta,
                     stuck_after_ns=bound)
+
+
+def _viewed_instance(d: DeviceState) -> MigDevice | None:
+    """The MIG instance ``d`` stands for when it is one instance judged as a device
+    (:func:`~nvmlcheck.predicates.instance_view`: its only MIG device has its UUID), else ``None``."""
+    migs = d.mig_devices
+    if d.mig_mode and migs is not None and len(migs) == 1 and migs[0].uuid == d.uuid:
+        return migs[0]
+    return None
+
+
+def _in_instance(c: Culprit, m: MigDevice) -> Culprit:
+    return replace(c, mig_uuid=m.uuid, gpu_instance_id=m.gpu_instance_id, compute_instance_id=m.compute_instance_id)
+
+
+def _instance_fields(d: DeviceState, p: GpuProcess) -> dict[str, Any]:
+    """A process culprit's MIG fields: the instance ``p`` runs in (its UUID where ``d``'s MIG devices name it)."""
+    if p.gpu_instance_id is None:
+        return {}
+    m = d.mig_device_of(p) if d.mig_devices else None
+    return {"mig_uuid": None if m is None else m.uuid, "gpu_instance_id": p.gpu_instance_id,
+            "compute_instance_id": p.compute_instance_id}
 
 
 def _unknown_lists(d: DeviceState) -> list[Culprit]:
@@ -710,6 +783,17 @@ def _whole_mig(d: DeviceState) -> tuple[MigDevice, ...] | None:
     if len(d.mig_devices) == 1 and d.mig_devices[0].uuid == d.uuid:
         return None
     return d.mig_devices
+
+
+def _instances_unknown(d: DeviceState) -> str | None:
+    """Why the memory a job on GPU ``d`` gets is unknown for want of MIG facts: in MIG mode with its instances
+    unread, or its MIG mode unread (a reason under ``"mig"``); ``None`` when known (or ``d`` is one instance)."""
+    if d.mig_mode is True and d.mig_devices is None:
+        why = d.why_unknown("mig_devices") or "not read"
+        return f"it is in MIG mode and its MIG instances could not be read ({why})"
+    if d.mig_mode is None and "mig" in d.unknown:
+        return f"its MIG mode could not be read ({d.unknown['mig']})"
+    return None
 
 
 def _mig_capacity(d: DeviceState, instances: tuple[MigDevice, ...], need_bytes: int | None,
@@ -810,7 +894,8 @@ def _process_culprits(d: DeviceState, listed: list[GpuProcess], ctx: _Ctx, bound
         held = "an unknown amount" if p.used_bytes is None else format_bytes(p.used_bytes)
         its = "memory (an unknown amount)" if p.used_bytes is None else held  # "its 8.0 GiB", never "its an unknown"
         age = now - since
-        common: dict[str, Any] = {"pid": p.pid, "name": short, "used_bytes": p.used_bytes, "state": word}
+        common: dict[str, Any] = {"pid": p.pid, "name": short, "used_bytes": p.used_bytes, "state": word,
+                                  **_instance_fields(d, p)}
         if state is None:
             if age <= bound:
                 out.append(Culprit(i, "reclaiming", p.kind.value, f"pid {p.pid} ({name}) exited; its {its} is "

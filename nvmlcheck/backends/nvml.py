@@ -639,10 +639,11 @@ class NvmlBackend:
         """The MIG mode and devices of one poll, with ``unknown`` added to (``None``: nothing unknown yet)."""
         handle = ident.handle
         mig_mode = ident.mig_mode
-        if mig_mode and (plan.memory or plan.processes):
+        if mig_mode is not False and (plan.memory or plan.processes):
             # Read again while on: a GPU that left MIG mode (a reset) judged with the MIG idle allowance read 60 MiB
             # held with no process as clean. A GPU that enters MIG mode is judged as a whole GPU until the next
-            # session: stricter (no allowance), never a false clean.
+            # session: stricter (no allowance), never a false clean. Read again while unknown too: one failed read
+            # at the identity made the mode unknown for the whole session (select passed the GPU over for good).
             gate()
             try:
                 mig_mode = self._calls.mig_mode(handle, index)
@@ -653,6 +654,10 @@ class NvmlBackend:
                 unknown = _add(unknown, "mig", _reason(exc))
             if mig_mode is False:
                 ident.mig_mode = False
+            if mig_mode is not None and "mig" in ident.unknown:  # known now: the identity's failure is history
+                ident.mig_mode = mig_mode
+                ident.unknown = MappingProxyType({k: v for k, v in ident.unknown.items() if k != "mig"})
+                self._reasons_cache.clear()
         mig_devices: tuple[MigDevice, ...] | None = _NO_MIG if mig_mode is False else None
         if mig_mode and (plan.memory or plan.processes):
             gate()

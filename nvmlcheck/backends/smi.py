@@ -25,6 +25,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Final, Literal
 
 from .._proc.child import REAP_GRACE_S, Child
+from .._text import is_digits
 from ..errors import (
     ArgumentError,
     ArgumentTypeError,
@@ -316,6 +317,15 @@ def _parsing(result: SmiResult) -> Iterator[None]:
         yield
     except SmiParseError as exc:
         raise SmiParseError(exc.reason, exc.line_no, exc.line, result.argv) from None
+
+
+def _legacy_ids(uuid: str) -> tuple[int, int] | None:
+    """``(GI, CI)`` of a MIG name of drivers before R470 (``MIG-GPU-<uuid>/<GI>/<CI>``); ``None`` for a ``MIG-``
+    UUID, which carries no ids."""
+    parts = uuid.rsplit("/", 2)
+    if len(parts) != 3 or not is_digits(parts[1]) or not is_digits(parts[2]):
+        return None
+    return int(parts[1]), int(parts[2])
 
 
 def _raise_for(result: SmiResult, prefixed: bool) -> None:
@@ -955,11 +965,21 @@ class SmiBackend:
             if pl is None or not pl.mig_devices:
                 continue
             named = uuids.get(self._printed_index.get(r.index, r.index), {})  # -L prints nvidia-smi's numbers
+            # -q and -L are two runs: an instance created or destroyed between them renumbers the others, and a UUID
+            # matched by index would then name another instance (a wait on it would judge the wrong tenant).
+            # The name of drivers before R470 carries its instance's ids: one that is not this instance's, too.
+            changed = why is None and bool(named) and (set(named) != {m.index for m in pl.mig_devices} or any(
+                _legacy_ids(named[m.index]) not in (None, (m.gpu_instance_id, m.compute_instance_id))
+                for m in pl.mig_devices if m.index in named))
             devices = []
             for m in pl.mig_devices:
-                uuid = named.get(m.index)
+                uuid = None if changed else named.get(m.index)
                 if uuid is None:
-                    reason = why or f"nvidia-smi -L listed no MIG device {m.index} under GPU {r.index}"
+                    reason = why or (
+                        f"the MIG devices of GPU {r.index} changed between nvidia-smi -q and -L (-q: "
+                        f"{sorted(x.index for x in pl.mig_devices)}, -L: {sorted(named)}): which UUID is which "
+                        "cannot be told" if changed else
+                        f"nvidia-smi -L listed no MIG device {m.index} under GPU {r.index}")
                     devices.append(dataclasses.replace(m, unknown=MappingProxyType({**m.unknown, "uuid": reason})))
                 else:
                     devices.append(dataclasses.replace(m, uuid=uuid))

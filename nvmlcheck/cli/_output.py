@@ -200,27 +200,78 @@ def device_table(snap: Snapshot, out: TextIO) -> None:
         )
         if m is not None and m.used_includes_reserved:
             print("    (v1 driver: used includes the driver's reserved memory)", file=out)
+        _mig_rows(d, out)
     for f in snap.failures:
         print(f"{f.index:<4}UNREADABLE: {safe(f.error)}", file=out)
     driver = safe(snap.system.driver_version or "?")
     print(f"backend {snap.backend}, driver {driver}, read in {snap.duration_ns / 1e3:.0f} µs", file=out)
 
 
+def _mig_rows(d: DeviceState, out: TextIO) -> None:
+    """Under a GPU's row: its MIG instances, one row each (their own memory and processes), or why they are not
+    shown (MIG mode unknown, instances unreadable, none created). Nothing for a GPU not in MIG mode."""
+    if d.mig_mode is None:
+        if "mig" in d.unknown:  # read and failed (a GPU whose mode was not read says nothing)
+            print(f"    (MIG mode unknown: {safe(d.unknown['mig'])})", file=out)
+        return
+    if not d.mig_mode:
+        return
+    if d.mig_devices is None:
+        why = d.why_unknown("mig_devices") or "not read"
+        print(f"    (MIG mode: its MIG devices are unknown: {safe(why)})", file=out)
+        return
+    if not d.mig_devices:
+        print("    (MIG mode: no MIG instance created: no CUDA job can run on it)", file=out)
+        return
+    for m in d.mig_devices:
+        gi = "?" if m.gpu_instance_id is None else m.gpu_instance_id
+        ci = "?" if m.compute_instance_id is None else m.compute_instance_id
+        mm = m.memory
+        procs = "?" if m.processes is None else str(len(m.processes))
+        print(
+            f"{'':<4}{f'- MIG {m.index} GI {gi} CI {ci}'[:21]:<22}"
+            f"{human_bytes(mm.used_bytes if mm else None):>11}{human_bytes(mm.total_bytes if mm else None):>11}"
+            f"{human_bytes(mm.reserved_bytes if mm else None):>11}{procs:>7}{'':>8}  {safe(m.uuid or '?')}",
+            file=out,
+        )
+
+
+def _instance_cells(d: DeviceState, gi: int | None, ci: int | None) -> str:
+    """The GI and CI cells of a process row (as nvidia-smi's process table has them): ``-`` outside MIG."""
+    if not d.mig_mode and gi is None:
+        return f"{'-':>4}{'-':>4}"
+    return f"{'?' if gi is None else gi:>4}{'?' if ci is None else ci:>4}"
+
+
 def process_table(snap: Snapshot, out: TextIO) -> None:
-    """The ``snapshot procs`` view."""
+    """The ``snapshot procs`` view; with a GPU in MIG mode, each process's GPU-instance and compute-instance ids
+    (``GI``, ``CI``) too."""
     from ..model import unknown_key  # loaded already: snap is one of its objects
 
-    print(f"{'GPU':<4}{'pid':>8}  {'kind':<9}{'used':>11}  name", file=out)
+    mig = any(d.mig_mode for d in snap.devices)
+    print(f"{'GPU':<4}{'  GI  CI' if mig else ''}{'pid':>8}  {'kind':<9}{'used':>11}  name", file=out)
     for d in snap.devices:
+        listed: set[tuple[int, str]] = set()
         for kind in ("compute", "graphics", "mps"):
             procs = getattr(d, f"{kind}_processes")
             if procs is None:
                 why = d.why_unknown(unknown_key("processes", kind))
-                print(f"{d.index:<4}{'?':>8}  {kind:<9}{'':>11}  ({safe(why)})", file=out)
+                cells = f"{'':>8}" if mig else ""
+                print(f"{d.index:<4}{cells}{'?':>8}  {kind:<9}{'':>11}  ({safe(why)})", file=out)
                 continue
             for p in procs:
-                print(f"{d.index:<4}{p.pid:>8}  {kind:<9}{human_bytes(p.used_bytes):>11}  {safe(p.name or '?')}",
-                      file=out)
+                listed.add((p.pid, kind))
+                cells = _instance_cells(d, p.gpu_instance_id, p.compute_instance_id) if mig else ""
+                print(f"{d.index:<4}{cells}{p.pid:>8}  {kind:<9}{human_bytes(p.used_bytes):>11}  "
+                      f"{safe(p.name or '?')}", file=out)
+        for m in d.mig_devices or ():
+            for p in m.processes or ():
+                if (p.pid, p.kind.value) in listed:
+                    continue  # shown on the parent's list
+                gi = m.gpu_instance_id if p.gpu_instance_id is None else p.gpu_instance_id
+                ci = m.compute_instance_id if p.compute_instance_id is None else p.compute_instance_id
+                print(f"{d.index:<4}{_instance_cells(d, gi, ci)}{p.pid:>8}  {p.kind.value:<9}"
+                      f"{human_bytes(p.used_bytes):>11}  {safe(p.name or '?')}", file=out)
     for f in snap.failures:
         print(f"{f.index:<4}UNREADABLE: {safe(f.error)}", file=out)
 

@@ -121,7 +121,6 @@ def test_error_message_shows_the_table() -> None:
 @pytest.mark.parametrize(
     ("value", "why"),
     [
-        ("MIG-12345678-aaaa-bbbb-cccc-1234567890ab", "MIG"),
         ("0,0", "listed twice"),
         (f"0,{'GPU-00000001'}", "UUID after indices"),
         ("0, 1", "spaces"),
@@ -218,9 +217,67 @@ def test_uuids_of_whole_gpus_still_map_beside_a_gpu_in_mig_mode() -> None:
     assert m.resolve("cuda:all") == (2, 1)
 
 
-def test_a_mig_entry_points_at_the_mig_selector() -> None:
+def test_a_mig_entry_whose_instances_cannot_be_read_is_unknown() -> None:
     m = cuda_mapping(mig_host(), {"CUDA_VISIBLE_DEVICES": "MIG-0aaa"})
-    assert m.unknown is not None and "--devices MIG-" in m.unknown and "not in nvmlcheck's model" not in m.unknown
+    assert m.devices is None and m.unknown is not None and "MIG instances of GPU 0" in m.unknown
+    with pytest.raises(CudaMappingError, match="MIG instances of GPU 0"):
+        m.resolve("cuda:0")
+
+
+MIG_A = "MIG-5f0a0000-0000-5000-8000-00000000000a"
+MIG_B = "MIG-5f0a0000-0000-5000-8000-00000000000b"
+
+
+def mig_instances_host() -> list[GpuIdentity]:
+    """GPU 0 in MIG mode with two instances (GI 1 and GI 2), GPUs 1 and 2 whole."""
+    from nvmlcheck.model import MigDevice
+
+    migs = (MigDevice(0, MIG_A, 1, 0, None, None), MigDevice(1, MIG_B, 2, 0, None, None))
+    return [GpuIdentity(i, f"GPU-{i}aaa", "NVIDIA H200", f"00000000:{0x10 + i:02X}:00.0", i == 0,
+                        migs if i == 0 else ()) for i in range(3)]
+
+
+@pytest.mark.parametrize("entry", [MIG_B, "MIG-" + MIG_B[4:].upper(), "MIG-GPU-0aaa/2/0", "MIG-GPU-0AAA/2/0"])
+def test_a_mig_instance_as_the_cuda_device_resolves_to_that_instance(entry: str) -> None:
+    # CUDA_VISIBLE_DEVICES=MIG-<uuid> (hex digits in either case; or the name of drivers before R470): cuda:0 is
+    # that instance.
+    m = cuda_mapping(mig_instances_host(), {"CUDA_VISIBLE_DEVICES": entry})
+    assert m.resolve("cuda:0") == (0,) and m.resolve("cuda:all") == (0,)
+    (row,) = m.devices_of("cuda:0")
+    assert (row.cuda_index, row.nvml_index, row.mig_uuid) == (0, 0, MIG_B)
+    assert m.cuda_index(0) is None  # the instance is not GPU 0 whole
+    with pytest.raises(CudaMappingError, match="no such CUDA device"):
+        m.resolve("cuda:1")
+    assert f"cuda:0 -> {MIG_B}, a MIG instance of GPU 0 GPU-0aaa" in m.describe()
+
+
+def test_what_follows_a_mig_instance_is_unknown_but_cuda_0_is_known() -> None:
+    m = cuda_mapping(mig_instances_host(), {"CUDA_VISIBLE_DEVICES": f"{MIG_A},{MIG_B}"})
+    assert m.devices is None and m.unknown is not None and "not documented" in m.unknown
+    assert m.devices_of("cuda:0")[0].mig_uuid == MIG_A
+    for selector in ("cuda:1", "cuda:all"):
+        with pytest.raises(CudaMappingError, match="not documented"):
+            m.resolve(selector)
+    assert "known all the same: cuda:0..cuda:0" in m.describe()
+
+
+@pytest.mark.parametrize("value", [f"GPU-1aaa,{MIG_A}", MIG_A[:12], "MIG-GPU-0aaa/2"])
+def test_a_mig_entry_whose_place_or_instance_cannot_be_told_is_refused(value: str) -> None:
+    m = cuda_mapping(mig_instances_host(), {"CUDA_VISIBLE_DEVICES": value, "CUDA_DEVICE_ORDER": PCI})
+    if value == "MIG-GPU-0aaa/2":  # not a name CUDA documents: names no instance, so CUDA sees nothing
+        assert m.devices == () and any("names no MIG instance" in n for n in m.notes)
+        return
+    assert m.devices is None and m.known == ()
+    with pytest.raises(CudaMappingError):
+        m.resolve("cuda:0")
+
+
+def test_a_mig_entry_of_no_instance_hides_it_and_what_follows() -> None:
+    # As for a UUID no GPU has: CUDA ignores the entry and every one after it.
+    m = cuda_mapping(gpus_with_buses([1, 2, 3]), {"CUDA_VISIBLE_DEVICES": "MIG-12345678-aaaa-bbbb-cccc-1234567890ab,0"})
+    assert m.devices == () and any("names no MIG instance" in n for n in m.notes)
+    with pytest.raises(CudaMappingError, match="CUDA sees no GPU"):
+        m.resolve("cuda:all")
 
 
 def test_an_identity_without_mig_mode_is_read_as_before() -> None:
@@ -229,3 +286,29 @@ def test_an_identity_without_mig_mode_is_read_as_before() -> None:
             self.index, self.uuid, self.name, self.pci_bus_id = i, f"GPU-{i}", "NVIDIA H200", f"0000:{i + 1:02X}:00.0"
 
     assert cuda_mapping([Old(0), Old(1)], {"CUDA_VISIBLE_DEVICES": "1"}).resolve("cuda:0") == (1,)
+
+
+def test_a_refusal_with_mig_instances_pickles() -> None:
+    m = cuda_mapping(mig_instances_host(), {"CUDA_VISIBLE_DEVICES": f"{MIG_A},1"})
+    with pytest.raises(CudaMappingError) as err:
+        m.resolve("cuda:1")
+    again = pickle.loads(pickle.dumps(err.value))
+    assert str(again) == str(err.value) and again.mapping == m and again.mapping.known == m.known
+
+
+@pytest.mark.parametrize("value", ["mig-5f0a0000-0000-5000-8000-00000000000b", "gpu-1aaa", "Gpu-1aaa,0"])
+def test_a_lowercase_prefix_names_no_device_as_cuda_reads_it(value: str) -> None:
+    """Measured (H200, driver 580.159.04, cuInit + cuDeviceGetCount): CUDA_VISIBLE_DEVICES=gpu-<uuid> and mig-<uuid>
+    give no device, GPU-<UUID in capitals> gives the GPU. The mapping named GPU 1 for gpu-1aaa, a device CUDA never
+    shows the job."""
+    m = cuda_mapping(mig_instances_host(), {"CUDA_VISIBLE_DEVICES": value, "CUDA_DEVICE_ORDER": PCI})
+    assert m.devices == () and any("in capitals only" in n for n in m.notes), m.notes
+    with pytest.raises(CudaMappingError, match="CUDA sees no GPU"):
+        m.resolve("cuda:all")
+    assert cuda_mapping(mig_instances_host(), {"CUDA_VISIBLE_DEVICES": "GPU-1AAA"}).resolve("cuda:0") == (1,)
+
+
+def test_a_mig_entry_with_a_whole_gpus_uuid_is_refused() -> None:
+    # Measured: CUDA took MIG-<the UUID digits of a GPU not in MIG mode> as that GPU; NVIDIA documents no such name.
+    m = cuda_mapping(mig_instances_host(), {"CUDA_VISIBLE_DEVICES": "MIG-1aaa"})
+    assert m.devices is None and m.unknown is not None and "whole GPU" in m.unknown

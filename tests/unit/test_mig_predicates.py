@@ -191,3 +191,38 @@ def test_ready_report_lines_name_the_instance_as_its_verdict_does() -> None:
                          None, 0, 1, 0.0)
     assert report.culprits == (f"{label}: held by pid 4242 (python3), 2.0 GiB", "the listener stopped",
                                "GPU 1: 8.0 GiB used")
+
+
+def test_pids_gone_sees_a_pid_on_an_instance_list_only() -> None:
+    # The same list no_processes() counts: a kill or wait must not call pid 77 gone while its instance lists it.
+    p = mig_proc(77, gi=1)
+    inst = dataclasses.replace(instance(0, 1), processes=(p,))
+    d = dataclasses.replace(mig_gpu(59 * MIB, None), mig_devices=(inst,))
+    gone = nc.pids_gone([77])
+    assert gone.check(snap(d)) is False  # the poller's inlined path
+    assert nc.on_devices([0], gone).check(snap(d)) is False  # the per-device path
+    reasons = gone.evaluate(snap(d)).reasons
+    assert any("pid 77" in r and "MIG 0" in r and "still listed" in r for r in reasons), reasons
+    assert nc.pids_gone([78]).check(snap(d)) is True
+
+
+def test_pids_gone_names_the_instance_of_a_pid_on_the_parent_list() -> None:
+    p = mig_proc(4242, gi=2)
+    d = mig_gpu(59 * MIB + 2 * GIB, (instance(0, 1), instance(1, 2, used=2 * GIB)), (p,))
+    reasons = nc.pids_gone([4242]).evaluate(snap(d)).reasons
+    assert len(reasons) == 1 and "GPU 0 MIG 1 (GI 2, CI 0" in reasons[0], reasons
+
+
+def test_a_process_on_an_instance_list_only_is_among_the_gpus_processes() -> None:
+    # Every reader of DeviceState.processes (holders, kill's "off every list", ready's culprits) missed it.
+    from nvmlcheck.verdict import Watch, classify
+
+    p = mig_proc(77, gi=1)
+    inst = dataclasses.replace(instance(0, 1, used=2 * GIB), processes=(p,))
+    d = dataclasses.replace(mig_gpu(59 * MIB + 2 * GIB, None), mig_devices=(inst,))
+    assert d.processes == (p,)
+    (v,) = classify(snap(d), now_ns=0, watch=Watch(read_state={77: "S"}.get), judge_health=False)
+    assert [(c.pid, c.class_) for c in v.culprits] == [(77, "held")]
+    # A process on both the parent's list and its instance's is there once.
+    both = mig_gpu(59 * MIB + 2 * GIB, (instance(0, 1, used=2 * GIB),), (p,))
+    assert both.processes == (p,)

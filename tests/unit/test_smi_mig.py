@@ -214,3 +214,48 @@ def test_a_gpu_line_without_a_readable_uuid_keeps_its_mig_devices_and_the_others
     uuids = smi_csv.parse_list_gpus(text)
     assert dict(uuids[0]) == {0: "MIG-aaaaaaaa-0000-5000-8000-000000000000"}
     assert dict(uuids[1]) == {3: "MIG-bbbbbbbb-0000-5000-8000-000000000003"}
+
+
+def _run_L(text: str) -> object:
+    from nvmlcheck.backends.smi import SmiResult
+
+    return SmiResult(("nvidia-smi", "-L"), ("-L",), 0, text, "", 0)
+
+
+@pytest.mark.parametrize(("listed", "why"), [
+    # An instance destroyed between -q and -L: -L's "Device 0" is what -q read as device 1.
+    ("  MIG 1g.18gb     Device  0: (UUID: MIG-bbbbbbbb-0000-5000-8000-000000000000)\n", "changed between"),
+    # The name of drivers before R470 carries GI/CI: -L's device 0 is GI 2, -q's device 0 is GI 1.
+    ("  MIG 1g.18gb     Device  0: (UUID: MIG-GPU-aaaaaaaa-0000-0000-0000-000000000000/2/0)\n"
+     "  MIG 1g.18gb     Device  1: (UUID: MIG-GPU-aaaaaaaa-0000-0000-0000-000000000000/1/0)\n", "changed between"),
+])
+def test_mig_uuids_are_never_matched_to_another_instance(
+    listed: str, why: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """-q and -L are two runs: matched by device index, a UUID could land on another instance when instances came
+    or went between them, and a wait on that UUID would judge the other tenant. Unknown, with the reason."""
+    import dataclasses as dc
+    from types import SimpleNamespace
+
+    from nvmlcheck.backends._smi_state import ProcessLists
+    from nvmlcheck.model import MigDevice
+
+    q = (MigDevice(0, None, 1, 0, None, None), MigDevice(1, None, 2, 0, None, None))
+    lists = {"GPU-a": ProcessLists((), (), (), {}, q)}
+    text = "GPU 0: NVIDIA H200 (UUID: GPU-aaaaaaaa-0000-0000-0000-000000000000)\n" + listed
+    scenario(tmp_path, monkeypatch, *MIG_GPU)
+    b = SmiBackend(command=FAKE)
+    b._add_mig_uuids(_run_L(text), [SimpleNamespace(index=0, uuid="GPU-a")], lists)  # type: ignore[arg-type, list-item]
+    got = lists["GPU-a"].mig_devices or ()
+    assert [m.uuid for m in got] == [None, None]
+    assert all(why in m.unknown["uuid"] for m in got), [m.unknown for m in got]
+    # Both lists agree: matched as before.
+    lists = {"GPU-a": ProcessLists((), (), (), {}, q)}
+    same = ("  MIG 1g.18gb     Device  0: (UUID: MIG-GPU-aaaaaaaa-0000-0000-0000-000000000000/1/0)\n"
+            "  MIG 1g.18gb     Device  1: (UUID: MIG-GPU-aaaaaaaa-0000-0000-0000-000000000000/2/0)\n")
+    b._add_mig_uuids(_run_L(text.splitlines(True)[0] + same), [SimpleNamespace(index=0, uuid="GPU-a")],  # type: ignore[arg-type, list-item]
+                     lists)
+    assert [m.uuid for m in lists["GPU-a"].mig_devices or ()] == [
+        "MIG-GPU-aaaaaaaa-0000-0000-0000-000000000000/1/0", "MIG-GPU-aaaaaaaa-0000-0000-0000-000000000000/2/0"]
+    assert dc.is_dataclass(lists["GPU-a"])
+    b.close()

@@ -333,3 +333,68 @@ def test_a_gpus_actions_put_the_strongest_first() -> None:
         Culprit(0, "unhealthy", "row-remap-failure", "a row remapping failed", action="CONTACT_SUPPORT"),
     ))
     assert v.actions == ("CONTACT_SUPPORT", "RESET_GPU", "STOP_HOLDER")
+
+
+def test_a_holder_on_a_mig_instance_is_told_apart_from_one_on_the_whole_gpu() -> None:
+    """Culprits carry the MIG instance (UUID, GI, CI): in JSON and in the line, a holder in one instance of a GPU
+    in MIG mode is not read as the whole GPU's; a holder outside MIG has none."""
+    from nvmlcheck.model import Memory, MigDevice, ProcessKind
+    from nvmlcheck.predicates import instance_view
+
+    inst = MigDevice(1, "MIG-1", 2, 0, Memory(70 * GIB, 8 * GIB, 62 * GIB, 0), ())
+    p = nc.GpuProcess(4242, ProcessKind.COMPUTE, 8 * GIB, "python3", 2, 0)
+    gpu = replace(dev(0, used=8 * GIB), compute_processes=(p,), mig_mode=True, mig_devices=(inst,))
+    (v,) = classify(snap(gpu), now_ns=0, watch=states({4242: "S"}), judge_health=False)
+    (c,) = v.culprits
+    assert (c.mig_uuid, c.gpu_instance_id, c.compute_instance_id, c.on_instance) == ("MIG-1", 2, 0, True)
+    doc = c.to_json()
+    assert (doc["mig_uuid"], doc["gpu_instance_id"], doc["compute_instance_id"]) == ("MIG-1", 2, 0)
+    assert c.describe().startswith("GPU 0 MIG (GI 2, CI 0, MIG-1): held by pid 4242")
+    # The instance judged alone (--devices MIG-1): its memory culprit is the instance's too.
+    view = instance_view(replace(gpu, compute_processes=()), inst)
+    (iv,) = classify(snap(gpu), now_ns=0, watch=states({}), units=[view], judge_health=False)
+    assert iv.culprits and all(x.mig_uuid == "MIG-1" and x.gpu_instance_id == 2 for x in iv.culprits)
+    # Outside MIG: no instance, and the line is unchanged.
+    (w,) = classify(snap(dev(1, procs=[proc(4123, 8 * GIB)])), now_ns=0, watch=states({4123: "S"}),
+                    judge_health=False)
+    (plain,) = w.culprits
+    assert (plain.mig_uuid, plain.gpu_instance_id, plain.on_instance) == (None, None, False)
+    assert plain.to_json()["gpu_instance_id"] is None and plain.describe().startswith("GPU 1: held by")
+
+
+def test_a_mig_holders_instance_survives_pickling_of_wait_timeout() -> None:
+    c = Culprit(0, "held", "compute", "held by pid 1", pid=1, mig_uuid="MIG-1", gpu_instance_id=2,
+                compute_instance_id=0)
+    err = nc.WaitTimeout(1.0, 1, ["GPU 0: held"], holders=(c,))
+    back = pickle.loads(pickle.dumps(err))
+    assert back.holders == (c,) and back.holders[0].gpu_instance_id == 2
+
+
+def test_the_verdict_line_of_a_whole_mig_gpu_names_the_holders_instance() -> None:
+    from nvmlcheck.model import Memory, MigDevice, ProcessKind
+
+    inst = MigDevice(1, "MIG-1", 2, 0, Memory(70 * GIB, 8 * GIB, 62 * GIB, 0), ())
+    p = nc.GpuProcess(4242, ProcessKind.COMPUTE, 8 * GIB, "python3", 2, 0)
+    gpu = replace(dev(0, used=8 * GIB), compute_processes=(p,), mig_mode=True, mig_devices=(inst,))
+    (v,) = classify(snap(gpu), now_ns=0, watch=states({4242: "S"}), judge_health=False)
+    assert v.line() == "GPU 0: held by pid 4242 (python3), 8.0 GiB, on MIG (GI 2, CI 0, MIG-1)"
+    report = nc.ReadyReport((v,), snap(gpu), 0, 1, 0.0)
+    assert report.culprits == ("GPU 0 MIG (GI 2, CI 0, MIG-1): held by pid 4242 (python3), 8.0 GiB",)
+
+
+@pytest.mark.parametrize("mig", ["instances", "mode"])
+def test_a_need_on_a_gpu_whose_mig_facts_are_unknown_is_unknown_never_ready(mig: str) -> None:
+    """In MIG mode a job gets one instance, not the whole GPU's free memory: with the instances (or the MIG mode)
+    unread, ``ready --need`` said ready on the parent's 139 GiB free."""
+    from types import MappingProxyType
+
+    if mig == "instances":
+        d = replace(dev(0, used=55 << 20), mig_mode=True, mig_devices=None,
+                    unknown=MappingProxyType({"mig_devices": "nvmlDeviceGetMaxMigDeviceCount failed"}))
+    else:
+        d = replace(dev(0), mig_mode=None, unknown=MappingProxyType({"mig": "nvmlDeviceGetMigMode failed"}))
+    (v,) = classify(snap(d), now_ns=0, watch=states({}), need_bytes=100 * GIB, judge_health=False)
+    assert v.class_ == "unknown" and not v.ready
+    assert any(c.kind == "capacity" and "MIG" in c.reason for c in v.culprits), v.culprits
+    (plain,) = classify(snap(d), now_ns=0, watch=states({}), judge_health=False)  # no need: clean is judged alone
+    assert plain.ready
