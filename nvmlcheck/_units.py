@@ -13,7 +13,8 @@ __all__ = ["MAX_BYTES", "format_bytes", "parse_size"]
 MAX_BYTES = 1 << 64
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gib": 1 << 30,
-          "kb": 10**3, "mb": 10**6, "gb": 10**9, "t": 1 << 40, "tib": 1 << 40, "tb": 10**12}
+          "t": 1 << 40, "tib": 1 << 40, "p": 1 << 50, "pib": 1 << 50, "e": 1 << 60, "eib": 1 << 60,
+          "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "pb": 10**15, "eb": 10**18}
 
 
 def format_bytes(n: int) -> str:
@@ -27,28 +28,37 @@ def format_bytes(n: int) -> str:
 
 
 def parse_size(text: str) -> int:
-    """``"16GiB"`` → 17179869184. Accepts B, KiB, MiB, GiB, TiB (K/M/G/T mean the binary units, powers of 2) and
-    KB/MB/GB/TB (decimal, powers of 10: ``"16GB"`` is 16,000,000,000); any case."""
+    """``"16GiB"`` → 17179869184. Accepts B, KiB, MiB, GiB, TiB, PiB, EiB (K/M/G/T/P/E mean the binary units, powers
+    of 2) and KB/MB/GB/TB/PB/EB (decimal, powers of 10: ``"16GB"`` is 16,000,000,000); any case. Exact: the digits are
+    read as a fraction, never through a float (``9007199254740993`` is that many bytes, not one less)."""
     import re  # only when a size is given: the CLI parses --max-used with this
 
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text, re.ASCII)  # 0-9 only, not "٣"
-    if not m or m[2].lower() not in _UNITS:
+    m = re.fullmatch(r"\s*(\d+)(?:\.(\d+))?\s*([a-zA-Z]*)\s*", text, re.ASCII)  # 0-9 only, not "٣"
+    if not m or m[3].lower() not in _UNITS:
         from .errors import ArgumentError
 
         raise ArgumentError(f"not a size: {text!r} (examples: 1GiB, 512MiB, 1073741824)")
-    value = float(m[1]) * _UNITS[m[2].lower()]
-    if not value < MAX_BYTES:  # inf too: 400 digits overflow a float
+    digits = m[2] or ""
+    if len(m[1]) + len(digits) > 64:  # a digit string this long is a paste error, and would cost big-int work
         from .errors import ArgumentError
 
-        raise ArgumentError(f"size too large: {text!r} (at most 16 EiB)")
-    if value <= 0:
+        raise ArgumentError(f"size too large: {text!r} (at most 16 EiB, 2**64 bytes)")
+    scale = 10 ** len(digits)
+    value = int(m[1] + digits) * _UNITS[m[3].lower()]  # the size is value / scale bytes, exactly
+    if value >= MAX_BYTES * scale:
+        from .errors import ArgumentError
+
+        raise ArgumentError(f"size too large: {text!r} (at most 16 EiB, 2**64 bytes)")
+    if value == 0:
         from .errors import ArgumentError
 
         raise ArgumentError(f"size must be positive: {text!r}")
-    if value != int(value):
-        if abs(value - round(value)) < value * 1e-6:  # 0.9GiB: a byte less is nothing; 0.1KiB (102.4 B) is
-            return round(value)
+    whole, rest = divmod(value, scale)
+    if rest:
+        nearest = whole + (2 * rest >= scale)
+        if abs(value - nearest * scale) * 10**6 < value:  # 0.9GiB: a byte less is nothing; 0.1KiB (102.4 B) is
+            return nearest
         from .errors import ArgumentError  # 1.5B (or 1.5) is no size
 
         raise ArgumentError(f"not a whole number of bytes: {text!r}")
-    return int(value)
+    return whole

@@ -161,3 +161,24 @@ def test_every_duration_and_number_option_reads_ascii_and_is_bounded(argv: list[
     code = main(["--json", *argv])
     doc = json.loads(capsys.readouterr()[0])
     assert code == 2 and doc["schema"] == "nvmlcheck/error", doc
+
+
+def test_a_size_is_read_exactly_in_every_unit_its_messages_name() -> None:
+    # Through a float, 2**53 + 1 bytes read as 2**53 and 2**64 - 1 as "too large"; "at most 16 EiB" named a unit
+    # the parser refused.
+    from nvmlcheck._units import MAX_BYTES, parse_size
+    from nvmlcheck.errors import ArgumentError
+
+    assert parse_size(str(2**53 + 1)) == 2**53 + 1
+    assert parse_size(str(MAX_BYTES - 1)) == MAX_BYTES - 1
+    assert parse_size("15EiB") == parse_size("15e") == 15 << 60
+    assert parse_size("2PiB") == 2 << 50 and parse_size("2PB") == 2 * 10**15 and parse_size("3EB") == 3 * 10**18
+    assert parse_size("1.000000000000000001GiB") == 1 << 30  # within a millionth of a byte: the nearest one
+    assert parse_size("0.5KiB") == 512
+    for text in ("16EiB", "16.0000000001EiB", str(MAX_BYTES), "9" * 70):
+        with pytest.raises(ArgumentError, match="too large"):
+            parse_size(text)
+    with pytest.raises(ArgumentError, match="whole number"):
+        parse_size("1.5B")
+    with pytest.raises(ArgumentError, match="positive"):
+        parse_size("0.0GiB")
