@@ -38,13 +38,13 @@ def parse_size(text: str) -> int:
         from .errors import ArgumentError
 
         raise ArgumentError(f"not a size: {text!r} (examples: 1GiB, 512MiB, 1073741824)")
-    digits = m[2] or ""
+    digits: str = m[2] or ""
     if len(m[1]) + len(digits) > 64:  # a digit string this long is a paste error, and would cost big-int work
         from .errors import ArgumentError
 
         raise ArgumentError(f"size too large: {text!r} (at most 16 EiB, 2**64 bytes)")
     scale = 10 ** len(digits)
-    value = int(m[1] + digits) * _UNITS[m[3].lower()]  # the size is value / scale bytes, exactly
+    value: int = int(m[1] + digits) * _UNITS[m[3].lower()]  # the size is value / scale bytes, exactly
     if value >= MAX_BYTES * scale:
         from .errors import ArgumentError
 
@@ -53,7 +53,7 @@ def parse_size(text: str) -> int:
         from .errors import ArgumentError
 
         raise ArgumentError(f"size must be positive: {text!r}")
-    whole, rest = divmod(value, scale)
+    whole, rest = value // scale, value % scale
     if rest:
         nearest = whole + (2 * rest >= scale)
         if abs(value - nearest * scale) * 10**6 < value:  # 0.9GiB: a byte less is nothing; 0.1KiB (102.4 B) is
