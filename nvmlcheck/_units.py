@@ -43,7 +43,7 @@ def parse_size(text: str) -> int:
         from .errors import ArgumentError
 
         raise ArgumentError(f"size too large: {text!r} (at most 16 EiB, 2**64 bytes)")
-    scale = 10 ** len(digits)
+    scale: int = 10 ** len(digits)  # (int ** int is Any to mypy: a negative power is a float)
     value: int = int(m[1] + digits) * _UNITS[m[3].lower()]  # the size is value / scale bytes, exactly
     if value >= MAX_BYTES * scale:
         from .errors import ArgumentError
