@@ -997,39 +997,43 @@ class _OnDevices(Predicate):
     def __init__(self, selectors: tuple[int | str, ...], inner: Predicate) -> None:
         self.selectors = selectors
         self.indices = frozenset(s for s in selectors if isinstance(s, int))
-        self.uuids = frozenset(s for s in selectors if isinstance(s, str))
+        # UUIDs are hex: compared in any case (``mig-…``/``gpu-…`` as the session's selectors are), in capitals.
+        self.uuids = frozenset(s.upper() for s in selectors if isinstance(s, str))
         # MIG device UUIDs select one instance of a GPU in MIG mode (``--devices MIG-...``).
         self.mig_uuids = frozenset(u for u in self.uuids if u.startswith("MIG-"))
         self.inner = inner
+
+    def _missing(self, found: set[int | str]) -> tuple[int | str, ...]:
+        """The selectors that name nothing in ``found`` (indices, and UUIDs in capitals)."""
+        return tuple(s for s in self.selectors if (s.upper() if isinstance(s, str) else s) not in found)
+
+    def _selected(self, index: int, uuid: str | None) -> bool:
+        return index in self.indices or (uuid is not None and uuid.upper() in self.uuids)
 
     def _narrow_mig(self, scope: _Scope, devices: tuple[DeviceState, ...]) -> _Scope:
         """The scope with each selected MIG device as a device of its own (:func:`instance_view`); a MIG UUID
         found on no GPU of the snapshot is missing (unknown, never clean)."""
         views: list[DeviceState] = []
-        found: set[int | str] = {d.index for d in devices} | {d.uuid for d in devices}
+        found: set[int | str] = {d.index for d in devices} | {d.uuid.upper() for d in devices if d.uuid is not None}
         for d in scope.devices:
             for m in d.mig_devices or ():
-                if m.uuid is not None and m.uuid in self.mig_uuids:
+                if m.uuid is not None and m.uuid.upper() in self.mig_uuids:
                     views.append(instance_view(d, m))
-                    found.add(m.uuid)
-        failures = tuple(
-            f for f in scope.failures if f.index in self.indices or (f.uuid is not None and f.uuid in self.uuids)
-        )
-        found |= {f.index for f in failures} | {f.uuid for f in failures if f.uuid is not None}
-        return _Scope((*devices, *views), failures, tuple(s for s in self.selectors if s not in found),
-                      scope.snapshot)
+                    found.add(m.uuid.upper())
+        failures = tuple(f for f in scope.failures if self._selected(f.index, f.uuid))
+        found |= {f.index for f in failures} | {f.uuid.upper() for f in failures if f.uuid is not None}
+        return _Scope((*devices, *views), failures, self._missing(found), scope.snapshot)
 
     def _narrow(self, scope: _Scope) -> _Scope:
-        idx, uuids = self.indices, self.uuids
-        devices = tuple(d for d in scope.devices if d.index in idx or d.uuid in uuids)
+        devices = tuple(d for d in scope.devices if self._selected(d.index, d.uuid))
         if self.mig_uuids:
             return self._narrow_mig(scope, devices)
-        failures = tuple(f for f in scope.failures if f.index in idx or (f.uuid is not None and f.uuid in uuids))
+        failures = tuple(f for f in scope.failures if self._selected(f.index, f.uuid))
         if len(devices) + len(failures) == len(self.selectors):
             return _Scope(devices, failures, (), scope.snapshot)  # the common case: every selector found once
-        found: set[int | str] = {d.index for d in devices} | {d.uuid for d in devices}
-        found |= {f.index for f in failures} | {f.uuid for f in failures if f.uuid is not None}
-        return _Scope(devices, failures, tuple(s for s in self.selectors if s not in found), scope.snapshot)
+        found: set[int | str] = {d.index for d in devices} | {d.uuid.upper() for d in devices if d.uuid is not None}
+        found |= {f.index for f in failures} | {f.uuid.upper() for f in failures if f.uuid is not None}
+        return _Scope(devices, failures, self._missing(found), scope.snapshot)
 
     def _check(self, scope: _Scope) -> bool | None:
         return self.inner._check(self._narrow(scope))

@@ -157,6 +157,22 @@ def test_on_devices_with_a_mig_uuid_judges_that_instance_only() -> None:
     assert nc.on_devices([idle], nc.default_predicate()).evaluate(blind).satisfied is None
 
 
+def test_on_devices_reads_uuids_in_any_case_as_the_session_does() -> None:
+    # The session takes ``mig-…``/``gpu-…`` and hex in either case; on_devices compared exactly, so the instance (or
+    # the GPU) a lowercase selector names read as missing: a wait on it could never end clean.
+    insts = (instance(0, 1), instance(1, 2, used=2 * GIB))
+    d = mig_gpu(59 * MIB + 2 * GIB, insts, (mig_proc(4242, gi=2),))
+    s = snap(d)
+    idle, busy = insts[0].uuid, insts[1].uuid
+    assert idle is not None and busy is not None
+    assert nc.on_devices([idle.lower()], nc.default_predicate()).evaluate(s).clean
+    assert nc.on_devices([busy.lower()], nc.default_predicate()).evaluate(s).satisfied is False
+    whole = nc.on_devices([d.uuid.lower(), d.uuid.upper()], nc.no_processes()).evaluate(s)
+    assert whole.satisfied is False and not any("missing" in r or "not in" in r for r in whole.reasons)
+    plain = snap(dev(0, memory=mem(0)))
+    assert nc.on_devices([plain.devices[0].uuid.swapcase()], nc.default_predicate()).evaluate(plain).clean
+
+
 def test_an_instance_whose_processes_cannot_be_attributed_is_unknown_never_clean() -> None:
     """Selecting one instance (``on_devices(["MIG-…"])``, ``ready``): a process of the parent's list that may run in
     it, its instance unknown on one side (an id that could not be read, a driver listing no ids), makes its list
