@@ -23,7 +23,7 @@ from types import TracebackType
 from ._text import is_digits
 from ._waitdefaults import CLOCK, EVENTS, ON_POLL, POLICY, READY_TIMEOUT, SLEEP, STABLE_POLLS, TIMEOUT, TRACE
 from .backends import open_backend
-from .errors import ArgumentError, ArgumentTypeError, NoSuchDevice, SessionClosed
+from .errors import ArgumentError, ArgumentTypeError, NoSuchDevice, NvmlCheckError, SessionClosed
 from .model import DeviceState, Fields, Snapshot, SystemInfo
 
 TYPE_CHECKING = False  # no typing at run time: it costs a one-shot check milliseconds (docs/performance.md)
@@ -520,26 +520,51 @@ class Session:
         return out
 
     def _resolve_within(self, devices: Iterable[DeviceSelector] | DeviceSelector | None, timeout: float | None,
-                        clock: Callable[[], int]) -> tuple[tuple[int, ...] | None, float | None, int]:
+                        clock: Callable[[], int], sleep: Callable[[float], object] = time.sleep,
+                        policy: PollPolicy | str | float | None = None
+                        ) -> tuple[tuple[int, ...] | None, float | None, int]:
         """:meth:`resolve` for a wait with ``timeout``, the timeout it leaves, and when it began on ``clock`` (the
         wait's start): its readings (a UUID, ``cuda:N``,
         ``MIG-…`` selector reads the GPUs' identities: an nvidia-smi run, a slow GPU) are bounded by the wait's
-        deadline and count against it; a :class:`~nvmlcheck.WaitTimeout` when the deadline came first. One check
-        (``timeout`` 0) always completes."""
+        deadline and count against it; a :class:`~nvmlcheck.WaitTimeout` when the deadline came first. A transient
+        error (``TRANSIENT``: an nvidia-smi run that failed, NVML's "Unknown Error") is asked again, paced as the
+        wait's polls are, until the deadline, as the wait's polls would be. One check (``timeout`` 0) always
+        completes, or fails with its error."""
         from ._deadline import ns_or_none
         from .errors import DeadlinePassed, WaitTimeout
 
         began = clock()
         bound = None if not timeout else ns_or_none(timeout)
-        try:
-            indices = self._resolve(devices, None if bound is None else began + bound, clock)
-        except DeadlinePassed:
-            mig = any(_is_mig(i) for i in _selectors(devices or ()))
-            what = "the GPUs' MIG devices were" if mig else "the GPUs named by the selection were"
-            raise WaitTimeout(float(timeout or 0.0), clock() - began, (
-                f"no poll finished before the deadline: {what} still being read (a slow or hung GPU, or "
-                "nvidia-smi)",), held=False) from None
+        deadline = None if bound is None else began + bound
+        while True:
+            try:
+                indices = self._resolve(devices, deadline, clock)
+                break
+            except DeadlinePassed:
+                mig = any(_is_mig(i) for i in _selectors(devices or ()))
+                what = "the GPUs' MIG devices were" if mig else "the GPUs named by the selection were"
+                raise WaitTimeout(float(timeout or 0.0), clock() - began, (
+                    f"no poll finished before the deadline: {what} still being read (a slow or hung GPU, or "
+                    "nvidia-smi)",), held=False) from None
+            except NvmlCheckError as exc:
+                if not timeout or not exc.TRANSIENT:
+                    raise
+                now = clock()
+                pause_ns = self._retry_pause_ns(policy)
+                if deadline is not None and now + pause_ns >= deadline:
+                    raise WaitTimeout(float(timeout), now - began, (
+                        "no poll finished before the deadline: the GPUs named by the selection could not be read "
+                        f"({type(exc).__name__}: {exc})",), held=False) from exc
+                sleep(pause_ns / 1e9)
         return indices, _left(timeout, began, clock), began
+
+    def _retry_pause_ns(self, policy: PollPolicy | str | float | None) -> int:
+        """The pause before a reading asked again after a transient error: the wait's poll interval (nvidia-smi's
+        policy for the smi backend when none is given)."""
+        from ._waitoptions import SMI_DEFAULT, _resolve_policy
+
+        chosen = SMI_DEFAULT if policy is None and self._backend.name == "smi" else _resolve_policy(policy)
+        return max(1, round(chosen.interval_s * 1e9))
 
     def _mig_instances(self, devices: Iterable[DeviceSelector] | DeviceSelector | None, timeout: float | None,
                        began: int, clock: Callable[[], int], *, asked: float | None = None,
@@ -642,7 +667,7 @@ class Session:
         timeout, policy, clock, sleep, events = opts.timeout, opts.policy, opts.clock, opts.sleep, opts.events
         since = time.monotonic_ns()  # event times are on this clock, whatever ``clock`` the wait runs on
         asked = timeout  # what a timeout reports: the setup below (selection, listener, MIG) takes from it
-        indices, timeout, called = self._resolve_within(devices, timeout, clock)
+        indices, timeout, called = self._resolve_within(devices, timeout, clock, sleep, policy)
         backend = self._backend
         listener, timeout = self._wait_listener(events, timeout, clock)
 
