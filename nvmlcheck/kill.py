@@ -747,6 +747,56 @@ def _exclusion(exclude: Iterable[int | str]) -> selectors.Exclusion:
     return selectors.check_exclude(words)
 
 
+def setup_deadline(timeout: float | None, began: int) -> int | None:
+    """The deadline of what a kill reads before its first signal: ``timeout`` after ``began`` (a clock reading);
+    ``None`` (no bound) for no timeout, ``inf``, or 0 (one check always completes, as a wait's)."""
+    bound = None if not timeout else ns_or_none(timeout)
+    return None if bound is None else began + bound
+
+
+def _cut_before_signal(what: str, timeout: float | None, began: int, clock: Callable[[], int],
+                       signal_name: str) -> KillTimeout:
+    return KillTimeout(
+        math.inf if timeout is None else float(timeout), clock() - began,
+        (f"no poll finished before the deadline: {what} still being read before the first signal (a slow or hung "
+         "GPU, or nvidia-smi); nothing was signalled",),
+        signal_name=signal_name, holders=())
+
+
+def resolve_by(session: Session, devices: Iterable[DeviceSelector] | DeviceSelector | None, deadline_ns: int | None,
+               clock: Callable[[], int], *, timeout: float | None, began: int,
+               signal_name: str) -> tuple[int, ...] | None:
+    """:meth:`Session.resolve` before a kill's first signal, its readings (a UUID, ``cuda:N``, ``MIG-…`` selector
+    reads every GPU's identity) stopped at ``deadline_ns`` on ``clock``: a :class:`KillTimeout` that says nothing
+    was signalled when the deadline came first."""
+    from ._deadline import hung_after
+    from .errors import DeadlinePassed
+
+    session._check_open()
+    try:
+        with hung_after(deadline_ns, clock):
+            return session._resolve(devices, deadline_ns, clock)
+    except DeadlinePassed:
+        mig = devices is not None and any(isinstance(i, str) and i.startswith("MIG-")
+                                          for i in ([devices] if isinstance(devices, int | str) else devices))
+        what = "the GPUs' MIG devices were" if mig else "the GPUs named by the selection were"
+        raise _cut_before_signal(what, timeout, began, clock, signal_name) from None
+
+
+def baseline_by(session: Session, indices: tuple[int, ...] | None, deadline_ns: int | None,
+                clock: Callable[[], int], *, timeout: float | None, began: int, signal_name: str) -> Snapshot:
+    """``only_targets``' baseline (memory and process lists of the selected GPUs), read before the first signal by
+    ``deadline_ns``: a :class:`KillTimeout` that says nothing was signalled when the deadline came first."""
+    from ._deadline import read_by
+    from .model import Fields
+
+    snap = read_by(session.backend, indices, Fields.WAIT, deadline_ns, clock)
+    if snap is None:
+        raise _cut_before_signal("the baseline of the selected GPUs (what the targets hold) was", timeout, began,
+                                 clock, signal_name)
+    return snap
+
+
 def _alone(skipped: Sequence[tuple[int, str]]) -> str:
     return "; ".join(f"pid {pid}: {why}" for pid, why in skipped)
 
@@ -812,7 +862,13 @@ def kill_and_wait(
     first_signal = signal.Signals(first_signal)
     if devices is not None and not isinstance(devices, int | str):
         devices = list(devices)  # read twice: checked here, judged by the wait
-    indices = session.resolve(devices)  # a selector that names nothing is refused before anything is signalled
+    # What is read before the first signal (the selection's UUIDs, cuda:N, MIG devices; the baseline; the listener's
+    # registration) is bounded by the call's deadline: a hung GPU or nvidia-smi ends the call, nothing signalled.
+    began = opts.clock()
+    deadline_ns = setup_deadline(opts.timeout, began)
+    # A selector that names nothing is refused before anything is signalled.
+    indices = resolve_by(session, devices, deadline_ns, opts.clock, timeout=opts.timeout, began=began,
+                         signal_name=signals.name(first_signal))
     if indices is None and session.device_count() == 0:
         # The wait would refuse zero GPUs after the signals went out; refuse before anything is signalled.
         raise BackendUnavailable(
@@ -821,14 +877,15 @@ def kill_and_wait(
             [f"{session.backend_name}: device count 0"],
         )
     if opts.events:
-        session.listen()  # before the signal: registration takes a few calls, the kill should not wait for them
+        # Before the signal: registration takes a few calls, the kill should not wait for them. Bounded by the
+        # call's deadline (a GPU it could not register by then is named by the listener's reason).
+        session._listen(deadline_ns, opts.clock)
     with prepare_kill(pids, tree=tree, pinning=pinning, missing_ok=missing_ok, match=match,
                       container=container, exclude=exclude) as plan:
         baseline = None
         if only_targets:
-            from .model import Fields
-
-            baseline = session.snapshot(devices, fields=Fields.WAIT)
+            baseline = baseline_by(session, indices, deadline_ns, opts.clock, timeout=opts.timeout, began=began,
+                                   signal_name=signals.name(first_signal))
         plan.send_first(first_signal, clock=opts.clock, sigkill_if_discarded=_grace_ns(grace_s) is not None)
         # The selection as given: a MIG UUID judges its instance, not the whole GPU its index would.
         return plan.wait(session, grace_s=grace_s, devices=devices, predicate=predicate, options=opts,

@@ -334,9 +334,14 @@ def _plan_with_nvml(args: argparse.Namespace, gpus: Session) -> tuple[KillPlan |
 
     from ..errors import BackendUnavailable
     from ..holders import select_kill_holders
-    from ..kill import KillPlan
+    from ..kill import KillPlan, baseline_by, resolve_by, setup_deadline
 
-    indices = gpus.resolve(args.devices)
+    # The selection's readings (UUIDs, cuda:N, MIG-) and the baseline stop at --timeout from now: a KillTimeout
+    # (exit 3) that says nothing was signalled, never a signal sent after a reading overran the deadline.
+    began = time.monotonic_ns()
+    deadline_ns = setup_deadline(args.timeout, began)
+    indices = resolve_by(gpus, args.devices, deadline_ns, time.monotonic_ns, timeout=args.timeout, began=began,
+                         signal_name=args.signal)
     if indices is None and gpus.device_count() == 0:
         raise BackendUnavailable(
             f"the {gpus.backend_name} backend sees no GPU: nothing could prove the GPUs clean after the kill, so "
@@ -360,11 +365,9 @@ def _plan_with_nvml(args: argparse.Namespace, gpus: Session) -> tuple[KillPlan |
         return None, selection
     plan = KillPlan(found)
     if args.only_targets:
-        from ..model import Fields
-
-        try:
-            with _reading_bound(args):
-                args.baseline = gpus.snapshot(args.devices, fields=Fields.WAIT)  # what the targets hold at the signal
+        try:  # what the targets hold at the signal
+            args.baseline = baseline_by(gpus, indices, deadline_ns, time.monotonic_ns, timeout=args.timeout,
+                                        began=began, signal_name=args.signal)
         except BaseException:
             plan.close()
             raise

@@ -1,0 +1,89 @@
+"""What ``kill_and_wait`` reads before its first signal (a UUID, ``cuda:N`` or ``MIG-`` selector's GPU identities,
+``only_targets``' baseline) is bounded by the call's deadline. Before, ``session.resolve`` ran unbounded: a slow or
+hung GPU (or nvidia-smi) held the call past its timeout, and the signal went out after it. A cut reading ends the
+call with a :class:`~nvmlcheck.KillTimeout` that says nothing was signalled, and nothing is. Time is a StepClock:
+how far a reading gets before the deadline depends on the code path alone."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+import nvmlcheck as nc
+from nvmlcheck.testing import Scenario, StepClock
+
+pytestmark = pytest.mark.stub
+SLEEP = "import time; print('ready', flush=True); time.sleep(60)"
+
+
+@pytest.mark.parametrize("selector", ["uuid", "cuda:0"])
+def test_a_selection_read_past_the_deadline_signals_nothing(
+    gpus: Callable[[Scenario], nc.Session], python_child: Callable[..., subprocess.Popen[bytes]], selector: str,
+) -> None:
+    child = python_child(SLEEP)
+    with gpus(Scenario.h200(devices=8)) as session:
+        uuid = session.snapshot(0).devices[0].uuid
+        devices = {"uuid": uuid, "cuda:0": "cuda:0"}[selector]
+        # Each clock reading is 0.1 s: reading eight GPUs' identities (a deadline check between queries) passes 0.5 s.
+        with pytest.raises(nc.KillTimeout) as info:
+            nc.kill_and_wait(session, [child.pid], devices=devices, timeout=0.5,
+                             options=nc.WaitOptions(clock=StepClock(0.1).clock))
+        exc = info.value
+        assert exc.pids == () and not exc.held and exc.timeout_s == 0.5
+        assert "nothing was signalled" in str(exc) and "still being read" in str(exc)
+        assert child.poll() is None  # not signalled
+        # With time to read them, the same selection kills.
+        result = nc.kill_and_wait(session, [child.pid], devices=devices, timeout=30, grace_s=0,
+                                  predicate=nc.always())
+        assert [t.pid for t in result.pids] == [child.pid] and child.wait(10) is not None
+
+
+def test_only_targets_baseline_read_past_the_deadline_signals_nothing(
+    gpus: Callable[[Scenario], nc.Session], python_child: Callable[..., subprocess.Popen[bytes]],
+) -> None:
+    child = python_child(SLEEP)
+    with gpus(Scenario.h200(devices=8)) as session:
+        # An index selection reads nothing to resolve; the baseline (eight GPUs' memory and lists) is what is cut.
+        with pytest.raises(nc.KillTimeout) as info:
+            nc.kill_and_wait(session, [child.pid], devices=list(range(8)), timeout=0.5, only_targets=True,
+                             options=nc.WaitOptions(clock=StepClock(0.1).clock))
+        assert "the baseline of the selected GPUs" in str(info.value) and info.value.pids == ()
+        assert child.poll() is None
+
+
+def test_one_check_reads_the_selection_whole(
+    gpus: Callable[[Scenario], nc.Session], python_child: Callable[..., subprocess.Popen[bytes]],
+) -> None:
+    child = python_child(SLEEP)
+    with gpus(Scenario.h200(devices=8)) as session:
+        uuid = session.snapshot(7).devices[0].uuid
+        # timeout 0: one check, which always completes (as a wait's): the selection is read, the signal sent.
+        try:
+            records = nc.kill_and_wait(session, [child.pid], devices=uuid, timeout=0, grace_s=None,
+                                       options=nc.WaitOptions(clock=StepClock(0.1).clock)).pids
+        except nc.KillTimeout as exc:  # the one check may come before the child's exit
+            records = exc.pids
+        assert [(t.pid, [s.name for s in t.signals]) for t in records] == [(child.pid, ["SIGTERM"])]
+        assert child.wait(10) == -15
+
+
+def test_the_command_line_stops_a_slow_selection_at_its_timeout_with_nothing_signalled(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], python_child: Callable[..., subprocess.Popen[bytes]],
+) -> None:
+    from nvmlcheck import cli
+
+    child = python_child(SLEEP)
+    sc = Scenario.h200(devices=4)
+    # Every UUID reading takes 0.3 s: the selection's four take 1.2 s, the timeout is 0.5 s.
+    sc.fault("nvmlDeviceGetUUID", delay_ms=300)
+    path = str(sc.write(tmp_path / "s.txt"))
+    uuid = "GPU-00000000-0000-0000-0000-000000000003"
+    code = cli.main(["--simulate", path, "--json", "kill", "--only-targets", "--devices", uuid, "--timeout", "0.5",
+                     str(child.pid)])
+    out, err = capsys.readouterr()
+    assert code == 3, (out, err)
+    assert "nothing was signalled" in out and "still being read" in out
+    assert child.poll() is None  # not signalled
