@@ -55,6 +55,7 @@ _LAZY: dict[str, str] = {
     "Health": "model",
     "HealthCause": "model",
     "Holder": "holders",
+    "HoldersIncomplete": "holders",
     "InUse": "errors",
     "InsufficientPower": "errors",
     "InsufficientResources": "errors",

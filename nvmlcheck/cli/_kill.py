@@ -333,7 +333,7 @@ def _plan_with_nvml(args: argparse.Namespace, gpus: Session) -> tuple[KillPlan |
     import signal
 
     from ..errors import BackendUnavailable
-    from ..holders import select_kill_holders
+    from ..holders import HoldersIncomplete, select_kill_holders
     from ..kill import KillPlan, baseline_by, resolve_by, setup_deadline
 
     # The selection's readings (UUIDs, cuda:N, MIG-) and the baseline stop at --timeout from now: a KillTimeout
@@ -348,8 +348,13 @@ def _plan_with_nvml(args: argparse.Namespace, gpus: Session) -> tuple[KillPlan |
             "nothing was signalled", [f"{gpus.backend_name}: device count 0"])
     selection = None
     if args.all_holders or args.all_on_gpu:
-        with _reading_bound(args):
-            selection = select_kill_holders(gpus, args.devices, all_holders=args.all_holders)
+        try:
+            with _reading_bound(args):
+                left = None if deadline_ns is None else max(0.0, (deadline_ns - time.monotonic_ns()) / 1e9)
+                selection = select_kill_holders(gpus, args.devices, all_holders=args.all_holders, timeout=left)
+        except HoldersIncomplete as exc:  # a selection from part of the holders is never signalled (exit 3)
+            raise HoldersIncomplete(args.timeout, f"{exc.reason}; nothing was signalled", exc.found,
+                                    exc.unscanned) from None
         if selection.refused is not None:
             raise UsageError(f"refusing --all-on-gpu: {selection.refused}; nothing was signalled")
         selection = _less_excluded(selection, _exclusion(args))
