@@ -405,13 +405,16 @@ class KillPlan:
             if on_poll is not None:
                 on_poll(point)
 
-        remaining = None if timeout is None or math.isinf(timeout) else max(0.0, timeout - (clock() - start) / 1e9)
         # The exit predicate first: it is cheap (a poll of the pidfds) and stamps exits even on polls that the GPU
         # part alone already proves dirty.
         condition = self.exited_predicate() & (predicate if predicate is not None else default_predicate())
         try:
+            # The escalation is made on each poll; a selection read before the first (a UUID, cuda:N, MIG-) on a
+            # slow GPU or nvidia-smi must not hold back the SIGKILL the grace period promises.
+            # (No deadline for timeout 0: one check always completes.)
+            devices = self._resolve_by_grace(session, devices, grace_end, setup_deadline(timeout, start))
             result = session.wait_until_clean(
-                remaining,
+                None if timeout is None or math.isinf(timeout) else max(0.0, timeout - (clock() - start) / 1e9),
                 condition,
                 devices=devices,
                 on_poll=observe,
@@ -419,6 +422,9 @@ class KillPlan:
                 options=opts,
             )
         except WaitTimeout as exc:
+            # The deadline may have come before any poll could escalate (the GPUs' setup readings took it all): a
+            # grace period that has passed all the same owes its SIGKILL.
+            self._escalate_after(grace_end)
             raise self._timeout(exc, timeout, only_targets is not None) from None
         except Refused as exc:  # /proc could not be read (out of descriptors): an error, never "exited"
             raise self._with_records(_public(exc)) from None
@@ -436,6 +442,36 @@ class KillPlan:
         finally:
             self.close()
         return self._result(result, only_targets is not None)
+
+    def _escalate_after(self, grace_end: int | None) -> None:
+        """SIGKILL the targets still alive if the grace period has ended and they have not had it."""
+        found = self._set
+        if grace_end is not None and found.clock() >= grace_end and not found.escalated:
+            found.escalate(signal.SIGKILL)
+
+    def _resolve_by_grace(self, session: Session, devices: Iterable[DeviceSelector] | DeviceSelector | None,
+                          grace_end: int | None, deadline: int | None
+                          ) -> Iterable[DeviceSelector] | DeviceSelector | None:
+        """The selection for the wait, read first by the end of the grace period (and the deadline): when the
+        grace period ends first, the SIGKILL goes out then, and the wait reads the selection again by its own
+        deadline. Indices when it was read in time (the wait reads nothing more), the selection as given when it
+        names MIG instances (the wait judges each instance) or was cut."""
+        found = self._set
+        if devices is None or isinstance(devices, int) or grace_end is None or found.escalated:
+            return devices
+        from .errors import DeadlinePassed
+
+        session._check_open()
+        items = [devices] if isinstance(devices, str) else list(devices)  # read once: resolved here, judged there
+        bound = grace_end if deadline is None else min(grace_end, deadline)
+        try:
+            indices = session._resolve(items, bound, found.clock)
+        except DeadlinePassed:
+            self._escalate_after(grace_end)
+            return items
+        if indices is None or any(isinstance(i, str) and i.startswith("MIG-") for i in items):
+            return items
+        return list(indices)
 
     def _result(self, result: WaitResult, only_targets: bool) -> KillResult:
         found = self._set

@@ -560,10 +560,24 @@ def _check_gpus_after_signal(args: argparse.Namespace, gpus: Session, plan: Kill
     """The targets were signalled before NVML: now check that the GPUs can be judged (the devices exist, the backend
     sees a GPU). If not, still finish the kill (exit, SIGKILL after --grace, bounded by --timeout) and then report
     the error, saying what was signalled: the signal is out, so leaving the targets half-killed helps nobody."""
-    from ..errors import BackendUnavailable
+    import math
 
+    from .._deadline import ns_or_none
+    from ..errors import BackendUnavailable, DeadlinePassed
+
+    found = plan._set
+    assert found.started is not None
+    # Read by the end of the grace period (and --timeout): a slow GPU or nvidia-smi must not hold back the SIGKILL.
+    # Cut, the check is the wait's: it escalates when the grace period ends, and reads the selection by its deadline.
+    ends = [found.started + ns for ns in (None if args.grace is None or math.isinf(args.grace) else
+                                          ns_or_none(args.grace),
+                                          None if args.timeout is None else ns_or_none(args.timeout))
+            if ns is not None]
     try:
-        indices = gpus.resolve(args.devices)
+        try:
+            indices = gpus._resolve(args.devices, min(ends, default=None), found.clock)
+        except DeadlinePassed:
+            return
         if indices is None and gpus.device_count() == 0:
             raise BackendUnavailable(f"the {gpus.backend_name} backend sees no GPU: nothing can prove the GPUs clean",
                                      [f"{gpus.backend_name}: device count 0"])

@@ -87,3 +87,78 @@ def test_the_command_line_stops_a_slow_selection_at_its_timeout_with_nothing_sig
     assert code == 3, (out, err)
     assert "nothing was signalled" in out and "still being read" in out
     assert child.poll() is None  # not signalled
+
+
+# A handler that does nothing: SIGTERM is delivered (no SIGKILL at once for a discarded signal) and survived.
+SURVIVES_TERM = ("import signal, time; signal.signal(signal.SIGTERM, lambda n, f: None); print('ready', flush=True); "
+                 "time.sleep(60)")
+
+
+def _slow_identities(devices: int, delay_ms: int = 300) -> Scenario:
+    sc = Scenario.h200(devices=devices)
+    sc.fault("nvmlDeviceGetUUID", delay_ms=delay_ms)  # reading every GPU's identity: this long per GPU
+    return sc
+
+
+def test_a_slow_selection_after_the_signal_does_not_hold_back_the_sigkill(
+    gpus: Callable[[Scenario], nc.Session], python_child: Callable[..., subprocess.Popen[bytes]],
+) -> None:
+    import signal
+
+    child = python_child(SURVIVES_TERM)
+    with gpus(_slow_identities(8)) as session:
+        plan = nc.prepare_kill([child.pid])
+        plan.send_first(signal.SIGTERM)
+        # The selection takes 2.4 s to read (sleeps in the stub, whatever the load); the grace period is 0.3 s.
+        # Before, the SIGKILL waited for the first poll, after the whole reading.
+        result = plan.wait(session, devices="GPU-00000000-0000-0000-0000-000000000003", grace_s=0.3, timeout=60,
+                           predicate=nc.always())
+        (record,) = result.pids
+        assert [s.name for s in record.signals] == ["SIGTERM", "SIGKILL"]
+        first_poll_ns = result.wait.started_ns - result.started_ns
+        assert record.killed_ns is not None and record.killed_ns < first_poll_ns
+    assert child.wait(10) == -9
+
+
+def test_a_selection_cut_by_the_deadline_still_gets_the_grace_periods_sigkill(
+    gpus: Callable[[Scenario], nc.Session], python_child: Callable[..., subprocess.Popen[bytes]],
+) -> None:
+    import signal
+
+    child = python_child(SURVIVES_TERM)
+    with gpus(_slow_identities(8)) as session:
+        plan = nc.prepare_kill([child.pid])
+        plan.send_first(signal.SIGTERM)
+        # Grace 0.3 s, timeout 1 s, no poll before the deadline. Before, the kill timed out with SIGTERM alone sent
+        # and the target (which survives it) left running.
+        with pytest.raises(nc.KillTimeout) as info:
+            plan.wait(session, devices="GPU-00000000-0000-0000-0000-000000000003", grace_s=0.3, timeout=1.0)
+        (record,) = info.value.pids
+        assert [s.name for s in record.signals] == ["SIGTERM", "SIGKILL"]
+    assert child.wait(10) == -9
+
+
+def test_the_command_lines_check_after_the_signal_does_not_hold_back_the_sigkill(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], python_child: Callable[..., subprocess.Popen[bytes]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import json
+
+    from nvmlcheck import cli
+    from nvmlcheck.testing import build_stub
+
+    child = python_child(SURVIVES_TERM)
+    # The stub as the host's libnvidia-ml (not --simulate): named PIDs are signalled before NVML opens, and the
+    # selection's existence is checked after, reading 4 s of identities (sleeps in the stub), the timeout 3 s.
+    # Before, the SIGKILL of the 0.3 s grace period waited for that reading: sent at 4 s, past the timeout.
+    monkeypatch.setenv("NVMLCHECK_LIBNVML", str(build_stub()))
+    monkeypatch.setenv("NVMLCHECK_STUB_SCENARIO", str(_slow_identities(8, 500).write(tmp_path / "s.txt")))
+    code = cli.main(["--json", "kill", "--devices", "GPU-00000000-0000-0000-0000-000000000003", "--grace", "0.3",
+                     "--timeout", "3", str(child.pid)])
+    out, err = capsys.readouterr()
+    doc = json.loads(out)
+    assert code == 1, (out, err)
+    (record,) = doc["pids"]
+    assert [s["signal"] for s in record["signals"]] == ["SIGTERM", "SIGKILL"]
+    assert record["killed_ns"] < 3_000_000_000
+    assert child.wait(10) == -9
