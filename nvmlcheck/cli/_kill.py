@@ -391,18 +391,27 @@ def _less_excluded(selection: KillSelection, exclusion: Exclusion) -> KillSelect
     return dataclasses.replace(selection, targets=tuple(kept), skipped=(*selection.skipped, *excluded))
 
 
-def _start_events_by_deadline(args: argparse.Namespace, gpus: Session) -> None:
-    """``--events``' listener, registered within the wait's time (``--timeout`` from now, the first signal having
-    just gone out), under the hung-call watchdog as a wait's registration is."""
+def _start_events_by_deadline(args: argparse.Namespace, gpus: Session, plan: KillPlan | None) -> None:
+    """``--events``' listener, registered within the wait's time (``--timeout`` from the first signal; from now with
+    nothing signalled) and, while the grace period runs, by its end: a slow registration must not hold back the
+    SIGKILL (a GPU it could not register by then is named in the listener's reason). Under the hung-call watchdog as
+    a wait's registration is."""
+    import math
     import time
 
-    from .._deadline import hung_after
+    from .._deadline import hung_after, ns_or_none
 
     if not getattr(args, "events", False):
         return
-    deadline = None if args.timeout is None else time.monotonic() + args.timeout
-    with hung_after(None if deadline is None else round(deadline * 1e9)):
-        start_events(args, gpus, deadline)
+    found = plan._set if plan is not None else None
+    origin = time.monotonic_ns() if found is None or found.started is None else found.started
+    ends = [origin + ns for ns in (None if args.timeout is None else ns_or_none(args.timeout),
+                                   None if found is None or found.escalated or args.grace is None
+                                   or math.isinf(args.grace) else ns_or_none(args.grace))
+            if ns is not None]
+    deadline_ns = min(ends, default=None)
+    with hung_after(deadline_ns):
+        start_events(args, gpus, None if deadline_ns is None else deadline_ns / 1e9)
 
 
 def _reading_bound(args: argparse.Namespace) -> Any:
@@ -448,7 +457,7 @@ def cmd_kill(args: argparse.Namespace) -> int:
             # After the PIDs were checked and signalled (a refusal comes before anything opens or registers, and a
             # slow registration never delays the signal); bounded by the wait's deadline, which counts from it.
             _common._signalled_plan = plan  # a hung reading from now on reports what each target got
-            _start_events_by_deadline(args, gpus)
+            _start_events_by_deadline(args, gpus, plan)
             # The same wait whether there is something to signal or not.
             options = WaitOptions(timeout=args.timeout, stable_polls=args.stable_polls,
                                   on_poll=status_updater(status, _shown(args, plan, predicate), time.monotonic()))

@@ -162,3 +162,29 @@ def test_the_command_lines_check_after_the_signal_does_not_hold_back_the_sigkill
     assert [s["signal"] for s in record["signals"]] == ["SIGTERM", "SIGKILL"]
     assert record["killed_ns"] < 3_000_000_000
     assert child.wait(10) == -9
+
+
+def test_the_event_listeners_registration_does_not_hold_back_the_sigkill(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], python_child: Callable[..., subprocess.Popen[bytes]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import json
+
+    from nvmlcheck import cli
+    from nvmlcheck.testing import build_stub
+
+    child = python_child(SURVIVES_TERM)
+    sc = Scenario.h200(devices=8)
+    sc.fault("nvmlDeviceRegisterEvents", delay_ms=500)  # --events registers every GPU: 4 s (sleeps in the stub)
+    monkeypatch.setenv("NVMLCHECK_LIBNVML", str(build_stub()))
+    monkeypatch.setenv("NVMLCHECK_STUB_SCENARIO", str(sc.write(tmp_path / "s.txt")))
+    # Before, the registration ran to --timeout from after the signal, and the 0.3 s grace period's SIGKILL waited
+    # for it: sent past the timeout.
+    code = cli.main(["--json", "kill", "--events", "--grace", "0.3", "--timeout", "3", str(child.pid)])
+    out, err = capsys.readouterr()
+    doc = json.loads(out)
+    assert code == 0, (out, err)  # the target exited and the GPUs are clean
+    (record,) = doc["pids"]
+    assert [s["signal"] for s in record["signals"]] == ["SIGTERM", "SIGKILL"]
+    assert record["killed_ns"] < 3_000_000_000
+    assert child.wait(10) == -9
