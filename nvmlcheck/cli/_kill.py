@@ -576,11 +576,12 @@ def _check_gpus_after_signal(args: argparse.Namespace, gpus: Session, plan: Kill
 
     found = plan._set
     assert found.started is not None
-    # Read by the end of the grace period (and --timeout): a slow GPU or nvidia-smi must not hold back the SIGKILL.
-    # Cut, the check is the wait's: it escalates when the grace period ends, and reads the selection by its deadline.
+    # Read by the end of the grace period (and --timeout; 0 is one check, which always completes): a slow GPU or
+    # nvidia-smi must not hold back the SIGKILL. Cut, the check is the wait's: it escalates when the grace period
+    # ends, and reads the selection by its deadline.
     ends = [found.started + ns for ns in (None if args.grace is None or math.isinf(args.grace) else
                                           ns_or_none(args.grace),
-                                          None if args.timeout is None else ns_or_none(args.timeout))
+                                          None if not args.timeout else ns_or_none(args.timeout))
             if ns is not None]
     try:
         try:
