@@ -129,7 +129,11 @@ def prepare_targets(args: argparse.Namespace, holders: Any = (),
     holders found none and nothing else was named)."""
     from .._proc.targets import Refused, prepare
 
-    chosen, skipped = _select(args) if _selectors(args) else ([], [])
+    chosen: list[tuple[int, int, str]] = []
+    skipped: list[tuple[int, str]] = []
+    if _selectors(args):
+        with _common.proc_reading_bound(args):  # every process's command line or cgroup: a read may hang
+            chosen, skipped = _select(args)
     holders = list(holders)
     if _selectors(args) and not chosen and not args.pids and not holders and not (args.all_holders or
                                                                                   args.all_on_gpu):
