@@ -712,14 +712,22 @@ def _print_timeout(args: argparse.Namespace, exc: KillTimeout, plan: KillPlan,
         print("hint: add --tree to kill the targets' descendants too", file=sys.stderr)
 
 
+#: ``holders``' bound when ``--timeout`` is not given (the parser's default).
+HOLDERS_TIMEOUT_S = 30.0
+
+
 def cmd_holders(args: argparse.Namespace) -> int:
     """Every process holding a GPU: NVML's lists joined with open NVIDIA device files."""
     if hosts_wanted(args):
         from ._hosts import run_hosts
 
+        if args.timeout != HOLDERS_TIMEOUT_S:  # the hosts' command lines do not carry it: refused, not dropped
+            raise UsageError("holders --timeout cannot be combined with --host/--hosts/--hosts-file yet")
         return run_hosts(args)
-    with open_session(args) as gpus:
-        holders = gpus.holders(args.devices)
+    # A /proc scan of a host with many processes, or a read that hangs (watched), must not hold the command for
+    # good: a reading cut by --timeout is HoldersIncomplete (exit 3), never "no process holds".
+    with open_session(args) as gpus, _common.proc_reading_bound(args):
+        holders = gpus.holders(args.devices, timeout=args.timeout)
         verdict(EXIT_CLEAN, answer_is_output=True)
         if args.json:
             from ..jsonout import holders_document

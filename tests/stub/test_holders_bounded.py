@@ -121,3 +121,16 @@ def test_kill_all_holders_with_a_cut_reading_signals_nothing(
     assert code == 3, (out, err)
     assert "nothing was signalled" in doc["error"]["message"] and "unknown (not none)" in doc["error"]["message"]
     assert all(p.poll() is None for p in procs)
+
+
+def test_the_holders_command_is_bounded_and_a_cut_reading_is_an_error(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _slow_lists(tmp_path)
+    code = cli.main(["--simulate", path, "--json", "holders", "--timeout", "0.5"])
+    out, err = capsys.readouterr()
+    doc = json.loads(out)
+    assert code == 3, (out, err)
+    assert doc["error"]["type"] == "HoldersIncomplete" and "unknown (not none)" in doc["error"]["message"]
+    # Not carried to the hosts: refused rather than dropped.
+    assert cli.main(["holders", "--timeout", "5", "--host", "nowhere.invalid"]) == 2
+    assert "cannot be combined with --host" in capsys.readouterr().err
