@@ -353,7 +353,9 @@ def _plan_with_nvml(args: argparse.Namespace, gpus: Session) -> tuple[KillPlan |
     selection = None
     if args.all_holders or args.all_on_gpu:
         try:
-            with _reading_bound(args):
+            # Both watched: an NVML call that never returns (the NVML backend's watchdog), and a /proc read that never
+            # returns (a holder's command line, under the memory-map lock of a process stuck in the driver).
+            with _reading_bound(args), _common.proc_reading_bound(args):
                 left = None if deadline_ns is None else max(0.0, (deadline_ns - time.monotonic_ns()) / 1e9)
                 selection = select_kill_holders(gpus, args.devices, all_holders=args.all_holders, timeout=left)
         except HoldersIncomplete as exc:  # a selection from part of the holders is never signalled (exit 3)

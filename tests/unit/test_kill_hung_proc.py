@@ -41,3 +41,4 @@ def test_a_hung_proc_read_in_the_match_scan_ends_the_kill_with_nothing_signalled
     assert out.returncode == 3, out.stderr
     assert "a /proc read has not returned" in out.stderr and "nothing was signalled" in out.stderr
     assert target.poll() is None and stuck.poll() is None
+
