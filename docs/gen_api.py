@@ -143,7 +143,8 @@ SECTIONS: list[tuple[str, str, list[str]]] = [
         "Holders",
         "Who holds the GPUs: NVML's process lists joined with a scan of open NVIDIA device files (character devices "
         "of NVIDIA's majors; tests name stand-ins).",
-        ["find_holders", "Holder", "GpuUse", "select_kill_holders", "KillSelection", "explain_unseen_holders"],
+        ["find_holders", "Holder", "GpuUse", "HoldersIncomplete", "select_kill_holders",
+         "KillSelection", "explain_unseen_holders"],
     ),
     (
         "Studies",

@@ -53,6 +53,7 @@ _LAZY: dict[str, str] = {
     "Health": "model",
     "HealthCause": "model",
     "Holder": "holders",
+    "HoldersIncomplete": "holders",
     "InUse": "errors",
     "InsufficientPower": "errors",
     "InsufficientResources": "errors",

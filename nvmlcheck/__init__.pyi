@@ -51,7 +51,15 @@ from nvmlcheck.errors import (
     WaitTimeout,
 )
 from nvmlcheck.events import EventKind, EventListener, GpuEvent
-from nvmlcheck.holders import GpuUse, Holder, KillSelection, explain_unseen_holders, find_holders, select_kill_holders
+from nvmlcheck.holders import (
+    GpuUse,
+    Holder,
+    HoldersIncomplete,
+    KillSelection,
+    explain_unseen_holders,
+    find_holders,
+    select_kill_holders,
+)
 from nvmlcheck.kill import (
     KillError,
     KillPlan,
@@ -158,6 +166,7 @@ __all__ = [
     "Health",
     "HealthCause",
     "Holder",
+    "HoldersIncomplete",
     "InUse",
     "InsufficientPower",
     "InsufficientResources",

@@ -36,7 +36,10 @@ EXPORTS: dict[str, tuple[str, ...]] = {
         "Uninitialized", "Unknown", "VgpuEccNotSupported", "WaitTimeout",
     ),
     "events": ("EventKind", "EventListener", "GpuEvent"),
-    "holders": ("GpuUse", "Holder", "KillSelection", "explain_unseen_holders", "find_holders", "select_kill_holders"),
+    "holders": (
+        "GpuUse", "Holder", "HoldersIncomplete", "KillSelection", "explain_unseen_holders", "find_holders",
+        "select_kill_holders",
+    ),
     "kill": (
         "KillError", "KillPlan", "KillResult", "KillTimeout", "PidTimes", "SignalSent", "kill_and_wait", "prepare_kill",
         "NotPermitted", "ProcessGone",

@@ -15,14 +15,16 @@ tests name stand-ins with ``device_files=`` or run on the simulator). Rationale 
 
 from __future__ import annotations
 
+import math
 import os
+import time
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal
 
 from ._proc import devfiles, procfs
 from ._text import printable
-from .errors import ArgumentError
+from .errors import ArgumentError, NvmlCheckError
 from .model import Snapshot
 from .predicates import DEFAULT_MAX_USED_BYTES, format_bytes
 
@@ -38,6 +40,7 @@ __all__ = [
     "daemon_kind",
     "GpuUse",
     "Holder",
+    "HoldersIncomplete",
     "KillSelection",
     "explain_unseen_holders",
     "memory_held_unseen",
@@ -180,6 +183,44 @@ class Holder:
         inside = (f" in {printable(self.container)}" if self.container else
                   f" in unknown container ({printable(why_not)})" if why_not else "")
         return f"pid {self.pid} ({', '.join(bits)}){inside} {where}"
+
+
+class HoldersIncomplete(NvmlCheckError, TimeoutError):
+    """The holders could not all be read within the time given (``timeout``): a ``/proc`` scan of a host with many
+    processes or descriptors, a ``/proc`` read that hangs (a process's command line is read under its memory map's
+    lock), a slow GPU. What holds the GPUs is then **unknown**, never "nothing": ``found`` holds the holders read
+    before the cut (each whole, the list not), ``unscanned`` counts the processes whose open files were not read
+    (``None``: the scan itself was not reached), ``reason`` says what was cut."""
+
+    __module__ = "nvmlcheck"
+
+    def __init__(self, timeout_s: float, reason: str, found: Sequence[Holder] = (), unscanned: int | None = None
+                 ) -> None:
+        self.timeout_s = timeout_s
+        self.reason = reason
+        self.found: tuple[Holder, ...] = tuple(found)
+        self.unscanned = unscanned
+        super().__init__(f"the holders could not all be read within {timeout_s:g} s: {reason}; what holds the GPUs "
+                         "is unknown (not none)")
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.timeout_s, self.reason, self.found, self.unscanned))
+
+
+def _time_limit(timeout: float | None, clock: Callable[[], int]) -> int | None:
+    """The deadline (on ``clock``) of a holders reading given ``timeout`` seconds (``None``, ``inf``: none)."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+        from .errors import ArgumentTypeError
+
+        raise ArgumentTypeError(f"timeout is None or a number of seconds, not {timeout!r}")
+    if not timeout >= 0:  # NaN fails the comparison
+        raise ArgumentError(f"timeout must be None or a number of seconds >= 0, got {timeout!r}")
+    from ._deadline import ns_or_none
+
+    bound = ns_or_none(timeout)
+    return None if bound is None else clock() + bound
 
 
 @dataclass(frozen=True, slots=True)
@@ -335,17 +376,46 @@ def find_holders(
     *,
     devices: Collection[int] | None = None,
     device_files: Sequence[str] | str | None = None,
+    timeout: float | None = None,
+    clock: Callable[[], int] = time.monotonic_ns,
 ) -> tuple[Holder, ...]:
     """Every process holding a GPU: those on the process lists of ``snapshot`` (restricted to ``devices``, NVML
     indices), joined by PID with those that have an NVIDIA device file open (always all of them: a device file
     cannot say which GPU). ``snapshot=None``: the device-file scan alone, with no NVML at all. ``device_files``:
     globs of stand-in files that count too, for tests where there is no NVIDIA device (else the simulator's, if one
-    runs, else none: :func:`nvmlcheck._proc.devfiles.device_rule`). Sorted by PID."""
+    runs, else none: :func:`nvmlcheck._proc.devfiles.device_rule`). Sorted by PID.
+
+    ``timeout``: seconds the ``/proc`` scan and the reading of each holder may take (``None``: no bound), checked
+    between two processes (on ``clock``, integer ns); when it passes first, :class:`HoldersIncomplete` (a
+    ``TimeoutError``) says so, with what was read: a cut scan is never a short or an empty list."""
+    return _find_holders(snapshot, devices, device_files, deadline_ns=_time_limit(timeout, clock), clock=clock,
+                         timeout_s=math.inf if timeout is None else float(timeout))
+
+
+def _find_holders(snapshot: Snapshot | None, devices: Collection[int] | None,
+                  device_files: Sequence[str] | str | None, *, deadline_ns: int | None, clock: Callable[[], int],
+                  timeout_s: float) -> tuple[Holder, ...]:
+    """:func:`find_holders` by ``deadline_ns`` on ``clock`` (``None``: no bound); ``timeout_s`` for the error."""
+    from ._deadline import hung_after
+
     nvml = _gpu_uses(snapshot, devices) if snapshot is not None else {}
-    fds = devfiles.scan(device_files)
+    with hung_after(deadline_ns, clock):  # the command line's watchdog: a /proc read that never returns
+        fds = devfiles.scan(device_files, deadline_ns=deadline_ns, clock=clock)
+        if fds.unscanned:
+            raise HoldersIncomplete(timeout_s, f"{fds.unscanned} processes were not scanned for NVIDIA device files",
+                                    (), fds.unscanned)
+        return _described(nvml, fds, deadline_ns, clock, timeout_s)
+
+
+def _described(nvml: dict[int, list[GpuUse]], fds: devfiles.FdScan, deadline_ns: int | None,
+               clock: Callable[[], int], timeout_s: float) -> tuple[Holder, ...]:
     me = (os.getpid(), procfs.ancestors())
     out: list[Holder] = []
-    for pid in sorted(set(nvml) | set(fds.holders)):
+    pids = sorted(set(nvml) | set(fds.holders))
+    for done, pid in enumerate(pids):
+        if deadline_ns is not None and clock() >= deadline_ns:
+            raise HoldersIncomplete(timeout_s, f"{len(pids) - done} of the {len(pids)} holders found were not read "
+                                    "(state, owner, command line, container)", out, 0)
         found: set[str] = set()
         if pid in nvml:
             found.add("nvml")
@@ -366,6 +436,7 @@ def select_kill_holders(
     all_holders: bool,
     include_daemons: bool = False,
     device_files: Sequence[str] | str | None = None,
+    timeout: float | None = None,
 ) -> KillSelection:
     """The holders ``kill --all-on-gpu`` (``all_holders=False``: NVML PIDs) or ``--all-holders`` (also processes
     found only by a device file) may signal, and the rest with the reason. ``source``: an open session (its
@@ -385,8 +456,17 @@ def select_kill_holders(
     zombie). Otherwise nothing is chosen and :attr:`KillSelection.refused` says why: an older driver in a container
     reports host PIDs, and a host PID may be the local PID of a CUDA process on another GPU (every CUDA process has
     every ``/dev/nvidiaN`` open, so the device file alone does not tell).
+
+    ``timeout``: seconds every reading of a session's holders may take together (``None``: no bound); when it
+    passes first, :class:`HoldersIncomplete`: a selection made from part of the holders is never offered.
     """
     from .session import Session
+
+    clock = time.monotonic_ns
+    deadline_ns = _time_limit(timeout, clock)
+
+    def left() -> float | None:
+        return None if deadline_ns is None else max(0.0, (deadline_ns - clock()) / 1e9)
 
     elsewhere: dict[int, str] = {}  # pid -> the unselected GPUs (or MIG instances) whose lists alone name it
     notes: list[str] = []
@@ -397,24 +477,35 @@ def select_kill_holders(
     if isinstance(source, Session):
         if devices is not None and not isinstance(devices, int | str):
             devices = list(devices)  # read twice with MIG UUIDs: resolved, then their instances' holders
-        # A cuda:N that is a MIG instance (CUDA_VISIBLE_DEVICES=MIG-...) selects that instance, as its MIG- UUID does:
-        # never every tenant of its GPU.
-        devices = source._instance_selectors(devices)
-        indices = source.resolve(devices)
-        every = source.holders(None, device_files=device_files)  # the proof of numbering looks at every GPU
-        if not all_holders and _unproven(every):
-            import time
+        from .errors import DeadlinePassed
 
-            time.sleep(RECHECK_S)
-            again = source.holders(None, device_files=device_files)
-            still = {pid for pid, _ in _unproven(again)}
-            suspects = [why for pid, why in _unproven(every) if pid in still]
-            every = again
-        holders: Sequence[Holder] = _restricted(every, indices)
-        elsewhere = _only_elsewhere(every, indices)
-        if devices is not None and any(isinstance(i, str) and i.startswith("MIG-") for i in _listed(devices)):
-            # A MIG UUID names one instance: its own processes only, never those of its GPU's other instances.
-            holders, elsewhere = _in_instances(every, source.holders(devices, device_files=device_files), elsewhere)
+        source._check_open()
+        try:
+            # A cuda:N that is a MIG instance (CUDA_VISIBLE_DEVICES=MIG-...) selects that instance, as its MIG- UUID
+            # does: never every tenant of its GPU.
+            devices = source._instance_selectors(devices, deadline_ns, clock)
+            indices = source._resolve(devices, deadline_ns, clock)
+        except DeadlinePassed:
+            raise HoldersIncomplete(math.inf if timeout is None else float(timeout),
+                                    "the GPUs named by the selection were still being read") from None
+        try:
+            every = source.holders(None, device_files=device_files, timeout=left())  # the proof looks at every GPU
+            if not all_holders and _unproven(every):
+                remaining = left()
+                time.sleep(RECHECK_S if remaining is None else min(RECHECK_S, remaining))
+                again = source.holders(None, device_files=device_files, timeout=left())
+                still = {pid for pid, _ in _unproven(again)}
+                suspects = [why for pid, why in _unproven(every) if pid in still]
+                every = again
+            holders: Sequence[Holder] = _restricted(every, indices)
+            elsewhere = _only_elsewhere(every, indices)
+            if devices is not None and any(isinstance(i, str) and i.startswith("MIG-") for i in _listed(devices)):
+                # A MIG UUID names one instance: its own processes only, never those of its GPU's other instances.
+                holders, elsewhere = _in_instances(every, source.holders(devices, device_files=device_files,
+                                                                         timeout=left()), elsewhere)
+        except HoldersIncomplete as exc:  # named with the caller's timeout, not what was left of it
+            raise HoldersIncomplete(math.inf if timeout is None else float(timeout), exc.reason, exc.found,
+                                    exc.unscanned) from None
     else:
         if devices is not None:
             raise ArgumentError("devices selects GPUs of a session; holders already found are taken as they are")

@@ -393,13 +393,16 @@ class KillPlan:
             if on_poll is not None:
                 on_poll(point)
 
-        remaining = None if timeout is None or math.isinf(timeout) else max(0.0, timeout - (clock() - start) / 1e9)
         # The exit predicate first: it is cheap (a poll of the pidfds) and stamps exits even on polls that the GPU
         # part alone already proves dirty.
         condition = self.exited_predicate() & (predicate if predicate is not None else default_predicate())
         try:
+            # The escalation is made on each poll; a selection read before the first (a UUID, cuda:N, MIG-) on a
+            # slow GPU or nvidia-smi must not hold back the SIGKILL the grace period promises.
+            # (No deadline for timeout 0: one check always completes.)
+            devices = self._resolve_by_grace(session, devices, grace_end, setup_deadline(timeout, start))
             result = session.wait_until_clean(
-                remaining,
+                None if timeout is None or math.isinf(timeout) else max(0.0, timeout - (clock() - start) / 1e9),
                 condition,
                 devices=devices,
                 on_poll=observe,
@@ -407,6 +410,9 @@ class KillPlan:
                 options=opts,
             )
         except WaitTimeout as exc:
+            # The deadline may have come before any poll could escalate (the GPUs' setup readings took it all): a
+            # grace period that has passed all the same owes its SIGKILL.
+            self._escalate_after(grace_end)
             raise self._timeout(exc, timeout, only_targets is not None) from None
         except Refused as exc:  # /proc could not be read (out of descriptors): an error, never "exited"
             raise self._with_records(_public(exc)) from None
@@ -424,6 +430,36 @@ class KillPlan:
         finally:
             self.close()
         return self._result(result, only_targets is not None)
+
+    def _escalate_after(self, grace_end: int | None) -> None:
+        """SIGKILL the targets still alive if the grace period has ended and they have not had it."""
+        found = self._set
+        if grace_end is not None and found.clock() >= grace_end and not found.escalated:
+            found.escalate(signal.SIGKILL)
+
+    def _resolve_by_grace(self, session: Session, devices: Iterable[DeviceSelector] | DeviceSelector | None,
+                          grace_end: int | None, deadline: int | None
+                          ) -> Iterable[DeviceSelector] | DeviceSelector | None:
+        """The selection for the wait, read first by the end of the grace period (and the deadline): when the
+        grace period ends first, the SIGKILL goes out then, and the wait reads the selection again by its own
+        deadline. Indices when it was read in time (the wait reads nothing more), the selection as given when it
+        names MIG instances (the wait judges each instance) or was cut."""
+        found = self._set
+        if devices is None or isinstance(devices, int) or grace_end is None or found.escalated:
+            return devices
+        from .errors import DeadlinePassed
+
+        session._check_open()
+        items = [devices] if isinstance(devices, str) else list(devices)  # read once: resolved here, judged there
+        bound = grace_end if deadline is None else min(grace_end, deadline)
+        try:
+            indices = session._resolve(items, bound, found.clock)
+        except DeadlinePassed:
+            self._escalate_after(grace_end)
+            return items
+        if indices is None or any(isinstance(i, str) and i.startswith("MIG-") for i in items):
+            return items
+        return list(indices)
 
     def _result(self, result: WaitResult, only_targets: bool) -> KillResult:
         found = self._set
@@ -735,6 +771,56 @@ def _exclusion(exclude: Iterable[int | str]) -> selectors.Exclusion:
     return selectors.check_exclude(words)
 
 
+def setup_deadline(timeout: float | None, began: int) -> int | None:
+    """The deadline of what a kill reads before its first signal: ``timeout`` after ``began`` (a clock reading);
+    ``None`` (no bound) for no timeout, ``inf``, or 0 (one check always completes, as a wait's)."""
+    bound = None if not timeout else ns_or_none(timeout)
+    return None if bound is None else began + bound
+
+
+def _cut_before_signal(what: str, timeout: float | None, began: int, clock: Callable[[], int],
+                       signal_name: str) -> KillTimeout:
+    return KillTimeout(
+        math.inf if timeout is None else float(timeout), clock() - began,
+        (f"no poll finished before the deadline: {what} still being read before the first signal (a slow or hung "
+         "GPU, or nvidia-smi); nothing was signalled",),
+        signal_name=signal_name, holders=())
+
+
+def resolve_by(session: Session, devices: Iterable[DeviceSelector] | DeviceSelector | None, deadline_ns: int | None,
+               clock: Callable[[], int], *, timeout: float | None, began: int,
+               signal_name: str) -> tuple[int, ...] | None:
+    """:meth:`Session.resolve` before a kill's first signal, its readings (a UUID, ``cuda:N``, ``MIG-…`` selector
+    reads every GPU's identity) stopped at ``deadline_ns`` on ``clock``: a :class:`KillTimeout` that says nothing
+    was signalled when the deadline came first."""
+    from ._deadline import hung_after
+    from .errors import DeadlinePassed
+
+    session._check_open()
+    try:
+        with hung_after(deadline_ns, clock):
+            return session._resolve(devices, deadline_ns, clock)
+    except DeadlinePassed:
+        mig = devices is not None and any(isinstance(i, str) and i.startswith("MIG-")
+                                          for i in ([devices] if isinstance(devices, int | str) else devices))
+        what = "the GPUs' MIG devices were" if mig else "the GPUs named by the selection were"
+        raise _cut_before_signal(what, timeout, began, clock, signal_name) from None
+
+
+def baseline_by(session: Session, indices: tuple[int, ...] | None, deadline_ns: int | None,
+                clock: Callable[[], int], *, timeout: float | None, began: int, signal_name: str) -> Snapshot:
+    """``only_targets``' baseline (memory and process lists of the selected GPUs), read before the first signal by
+    ``deadline_ns``: a :class:`KillTimeout` that says nothing was signalled when the deadline came first."""
+    from ._deadline import read_by
+    from .model import Fields
+
+    snap = read_by(session.backend, indices, Fields.WAIT, deadline_ns, clock)
+    if snap is None:
+        raise _cut_before_signal("the baseline of the selected GPUs (what the targets hold) was", timeout, began,
+                                 clock, signal_name)
+    return snap
+
+
 def _alone(skipped: Sequence[tuple[int, str]]) -> str:
     return "; ".join(f"pid {pid}: {why}" for pid, why in skipped)
 
@@ -800,7 +886,13 @@ def kill_and_wait(
     first_signal = signal.Signals(first_signal)
     if devices is not None and not isinstance(devices, int | str):
         devices = list(devices)  # read twice: checked here, judged by the wait
-    indices = session.resolve(devices)  # a selector that names nothing is refused before anything is signalled
+    # What is read before the first signal (the selection's UUIDs, cuda:N, MIG devices; the baseline; the listener's
+    # registration) is bounded by the call's deadline: a hung GPU or nvidia-smi ends the call, nothing signalled.
+    began = opts.clock()
+    deadline_ns = setup_deadline(opts.timeout, began)
+    # A selector that names nothing is refused before anything is signalled.
+    indices = resolve_by(session, devices, deadline_ns, opts.clock, timeout=opts.timeout, began=began,
+                         signal_name=signals.name(first_signal))
     if indices is None and session.device_count() == 0:
         # The wait would refuse zero GPUs after the signals went out; refuse before anything is signalled.
         raise BackendUnavailable(
@@ -809,14 +901,15 @@ def kill_and_wait(
             [f"{session.backend_name}: device count 0"],
         )
     if opts.events:
-        session.listen()  # before the signal: registration takes a few calls, the kill should not wait for them
+        # Before the signal: registration takes a few calls, the kill should not wait for them. Bounded by the
+        # call's deadline (a GPU it could not register by then is named by the listener's reason).
+        session._listen(deadline_ns, opts.clock)
     with prepare_kill(pids, tree=tree, pinning=pinning, missing_ok=missing_ok, match=match,
                       container=container, exclude=exclude) as plan:
         baseline = None
         if only_targets:
-            from .model import Fields
-
-            baseline = session.snapshot(devices, fields=Fields.WAIT)
+            baseline = baseline_by(session, indices, deadline_ns, opts.clock, timeout=opts.timeout, began=began,
+                                   signal_name=signals.name(first_signal))
         plan.send_first(first_signal, clock=opts.clock, sigkill_if_discarded=_grace_ns(grace_s) is not None)
         # The selection as given: a MIG UUID judges its instance, not the whole GPU its index would.
         return plan.wait(session, grace_s=grace_s, devices=devices, predicate=predicate, options=opts,

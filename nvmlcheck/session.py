@@ -809,6 +809,7 @@ class Session:
         devices: Iterable[DeviceSelector] | DeviceSelector | None = None,
         *,
         device_files: Sequence[str] | str | None = None,
+        timeout: float | None = None,
     ) -> tuple[Holder, ...]:
         """Every process holding the selected GPUs (all by default): NVML's process lists joined with a scan of
         ``/proc/*/fd`` for NVIDIA device files (character devices of NVIDIA's majors; ``device_files``: globs of
@@ -818,13 +819,26 @@ class Session:
         missing: never an idle GPU). Only the selected GPUs are read. A ``MIG-...`` UUID selects that instance
         alone: the processes that run in it, each :class:`~nvmlcheck.holders.GpuUse` named by the instance's UUID;
         one the parent lists that may run in it (no instance id) makes its holders unknown, an error. See
-        :mod:`nvmlcheck.holders`."""
-        from .holders import find_holders
+        :mod:`nvmlcheck.holders`. ``timeout``: seconds the whole reading may take (the selection, the process lists,
+        the ``/proc`` scan; ``None``: no bound); when it passes first, :class:`~nvmlcheck.HoldersIncomplete` (a
+        ``TimeoutError``): what holds the GPUs is unknown, never "nothing"."""
+        from ._deadline import read_by
+        from .errors import DeadlinePassed
+        from .holders import HoldersIncomplete, _find_holders, _time_limit
 
         self._check_open()
-        devices = _once(devices)
-        indices = self.resolve(devices)
-        snap = self._backend.snapshot(indices, Fields.PROCESSES)
+        devices = _once(devices)  # read twice (resolved, then its MIG instances): a generator reads once
+        clock = time.monotonic_ns
+        deadline_ns = _time_limit(timeout, clock)
+        timeout_s = math.inf if timeout is None else float(timeout)
+        try:
+            indices = self._resolve(devices, deadline_ns, clock)
+        except DeadlinePassed:
+            raise HoldersIncomplete(timeout_s, "the GPUs named by the selection were still being read") from None
+        read = read_by(self._backend, indices, Fields.PROCESSES, deadline_ns, clock)
+        if read is None:
+            raise HoldersIncomplete(timeout_s, "the GPUs' process lists were still being read")
+        snap = read
         snap.raise_for_failures()
         snap = self._instances_selected(snap, devices)
         for d in snap.devices:
@@ -837,7 +851,7 @@ class Session:
                         f"GPU {d.index} {(d.mig_devices or ())[0].label}")
                     raise NvmlCheckError(f"{where}: cannot tell what holds it: its {kind} process list could "
                                          f"not be read ({why})")
-        return find_holders(snap, devices=indices, device_files=device_files)
+        return _find_holders(snap, indices, device_files, deadline_ns=deadline_ns, clock=clock, timeout_s=timeout_s)
 
     def _instances_selected(self, snap: Snapshot, devices: Iterable[DeviceSelector] | DeviceSelector | None
                             ) -> Snapshot:

@@ -615,14 +615,24 @@ def epilog(
     indices, unfound = _job_indices(session, job, devices, deadline, clock, gpu_ids=gpu_ids)
     if not indices:
         return GateResult("epilog", job, (), False, unfound, clock() - start, timeout_s)
-    try:
-        holders = session.holders(list(indices), device_files=device_files)
-    except NvmlCheckError:
-        # A GPU or its process list cannot be read: the job's processes are still found by their device files (and
-        # proven the job's as always); the readiness judgement below says what cannot be read.
-        from .holders import find_holders
+    from .holders import HoldersIncomplete, find_holders
 
-        holders = find_holders(None, device_files=device_files)
+    def left_s() -> float:  # the holders' reading stops at the gate's deadline (a huge /proc, a hung read)
+        return max(0.0, (deadline - clock()) / 1e9)
+
+    try:
+        try:
+            holders = session.holders(list(indices), device_files=device_files, timeout=left_s())
+        except HoldersIncomplete:
+            raise
+        except NvmlCheckError:
+            # A GPU or its process list cannot be read: the job's processes are still found by their device files
+            # (and proven the job's as always); the readiness judgement below says what cannot be read.
+            holders = find_holders(None, device_files=device_files, timeout=left_s())
+    except HoldersIncomplete as exc:  # which processes are the job's is unknown: nothing signalled, never ready
+        holders = ()
+        unfound += (Cause("unknown", clean_text(f"the job's processes could not all be found: {exc.reason}; "
+                                                "nothing was signalled")[:160]),)
     mine, others = job_processes((h for h in holders if _on(h, indices)), job)
     # A listed PID with no process here (exited a moment ago, or another PID namespace's numbering) is nothing to
     # kill or leave alone; if it keeps holding, the readiness causes name it.

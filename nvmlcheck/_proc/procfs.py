@@ -246,6 +246,26 @@ def executable(pid: int, proc: str = "/proc") -> tuple[str, int, int] | None:
     return path, st.st_uid, st.st_mode
 
 
+def foreign_numbering(proc: str = "/proc") -> str | None:
+    """Why ``proc`` does not number processes as this process's PID namespace does (``None``: it does). A kill reads
+    a process's identity in ``/proc`` and signals it by this namespace's numbering: the two must agree, or the
+    process checked and the process signalled are two different ones. They disagree in a PID namespace entered
+    without mounting its own procfs (``unshare --pid --fork`` without ``--mount-proc``; a container given the host's
+    ``/proc``): ``/proc/self`` then names this process by another namespace's number, or not at all."""
+    me = os.getpid()
+    try:
+        seen = os.readlink(f"{proc}/self")
+    except OSError as exc:
+        return (f"{proc}/self cannot be read ({exc.strerror}): {proc} is not the procfs of this process's PID "
+                "namespace (or none is mounted)")
+    if seen == str(me):
+        return None
+    return (f"{proc} is the procfs of another PID namespace: it calls this process {seen}, and this process is {me} "
+            "in its own (a PID namespace entered without mounting its procfs, as `unshare --pid --fork` without "
+            "--mount-proc does), so a PID read there names another process than a signal to that PID reaches; "
+            "mount this namespace's procfs (unshare --mount-proc), or run nvmlcheck where /proc is its own")
+
+
 def pid_max(proc: str = "/proc") -> int:
     """``/proc/sys/kernel/pid_max``: the largest PID this host hands out, plus one (``PID_MAX_LIMIT`` if
     unreadable)."""

@@ -97,7 +97,8 @@ class Exclusion:
 
 def check_exclude(words: Iterable[int | str]) -> Exclusion:
     """The exclusions ``words`` name: an int is a PID; a str is a pattern in ``--match``'s syntax (the command line
-    reads a str of ASCII digits as a PID first). ValueError for an empty or bad pattern, or a PID below 1."""
+    reads a str of ASCII digits as a PID first). ValueError for an empty or bad pattern, a PID below 1, or a thread
+    ID (one of a thread that is not its process's main thread)."""
     pids: set[int] = set()
     patterns: list[tuple[str, Matcher]] = []
     words = tuple(words)
@@ -107,6 +108,11 @@ def check_exclude(words: Iterable[int | str]) -> Exclusion:
         if isinstance(word, int):
             if word < 1:
                 raise _argument_error(f"--exclude {word}: not a process ID")
+            status = procfs.read_status(word)
+            if status is not None and status.tgid is not None and status.tgid != word:
+                # Matched against process IDs, a thread ID would keep nothing out: its process would be signalled.
+                raise _argument_error(f"--exclude {word}: that is a thread of process {status.tgid}, not a process "
+                                      f"(exclude {status.tgid})")
             pids.add(word)
         elif not word:
             raise _argument_error("--exclude '': give a PID or a pattern of the command lines to leave alone")

@@ -519,6 +519,9 @@ def prepare(pids: Iterable[int] = (), *, tree: bool = False, holders: Iterable[H
     (``tree``) a descendant it keeps out is left alone; a named PID it keeps out is :class:`Refused`."""
     if pinning not in ("auto", "pidfd", "start-time"):
         raise _error("ArgumentError", f"pinning is 'auto', 'pidfd' or 'start-time', not {pinning!r}")
+    foreign = procfs.foreign_numbering()
+    if foreign is not None:  # every check below would read one process and the signal reach another
+        raise Refused("(every target)", f"{foreign}; nothing was signalled")
     try:
         lineage = procfs.ancestors(strict=True)
     except ProcUnreadable as exc:

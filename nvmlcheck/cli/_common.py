@@ -261,15 +261,67 @@ class HungReading(Exception):
     """A GPU reading that had not returned a second after the command's deadline (``_deadline.HUNG_AFTER_NS``)."""
 
 
-def _hung_reading(args: argparse.Namespace, late_s: float) -> None:
+class proc_reading_bound:
+    """``with proc_reading_bound(args):`` around a scan of every process's ``/proc`` files before anything is
+    signalled (``kill --match``, ``--container``, ``--cgroup``): a read that never returns (``/proc/PID/cmdline`` is
+    read under the process's memory-map lock, which a process stuck in the driver can hold for good: ``ps`` hangs
+    there too) ends the command (exit 3, nothing signalled) ``--timeout`` + 1 s after the scan began. Its own process
+    only (``FAST_EXIT``), as the GPU watchdog; no bound with ``--timeout none``. Made of ``_thread`` alone: it runs
+    before the first signal, where ``_deadline`` (and the errors it loads) is not imported."""
+
+    __slots__ = ("_done", "_firing")
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        import _thread
+
+        self._done: Any = None
+        self._firing: Any = None
+        timeout = getattr(args, "timeout", None)
+        if timeout is None or not FAST_EXIT or not timeout < 1e9:  # inf, or beyond any wait: no bound
+            return
+        at_ns = time.monotonic_ns() + round(timeout * 1e9) + _HUNG_AFTER_NS
+        done, firing = self._done, self._firing = _thread.allocate_lock(), _thread.allocate_lock()
+        done.acquire()
+        _thread.start_new_thread(_watch_proc, (args, done, firing, at_ns))
+
+    def __enter__(self) -> proc_reading_bound:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._done is not None:
+            with self._firing:  # blocks only while the handler ends the process
+                self._done.release()
+
+
+#: As ``_deadline.HUNG_AFTER_NS``: how long past its deadline a reading counts as hung.
+_HUNG_AFTER_NS = 1_000_000_000
+
+
+def _watch_proc(args: argparse.Namespace, done: Any, firing: Any, at_ns: int) -> None:
+    import _thread
+
+    while (left_s := (at_ns - time.monotonic_ns()) / 1e9) > 0:
+        if done.acquire(True, min(left_s, _thread.TIMEOUT_MAX)):
+            return  # the scan ended in time
+    with firing:
+        if done.acquire(False):
+            return  # it ended just now
+        _hung_reading(args, (time.monotonic_ns() - at_ns + _HUNG_AFTER_NS) / 1e9, proc=True)
+
+
+def _hung_reading(args: argparse.Namespace, late_s: float, *, proc: bool = False) -> None:
     """The watchdog's handler (another thread; the main one is in a call no exception reaches): report the hung
     reading as an error, exit 3 (backend failed) without waiting for the call. A simulation's files are removed
-    first."""
+    first. ``proc``: a ``/proc`` read of the selection before the first signal (:func:`proc_reading_bound`)."""
     code = EXIT_BACKEND
     plan = _signalled_plan
     exc = HungReading(
         f"a GPU reading has not returned {late_s:.1f} s after the deadline: an NVML call (or nvidia-smi) is hung, "
         "as on a wedged driver or a GPU that stopped answering (check dmesg for XIDs); giving up without its answer"
+    ) if not proc else HungReading(
+        f"a /proc read has not returned {late_s:.1f} s after the deadline: a process's command line or cgroup is "
+        "read under locks that a process stuck in the kernel (in the driver) can hold for good (`ps` hangs there "
+        "too); giving up without its answer; nothing was signalled"
     )
     if plan is not None:  # a kill already signalled: say what each target got, as a kill's own errors do
         import contextlib

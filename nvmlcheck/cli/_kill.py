@@ -129,7 +129,11 @@ def prepare_targets(args: argparse.Namespace, holders: Any = (),
     holders found none and nothing else was named)."""
     from .._proc.targets import Refused, prepare
 
-    chosen, skipped = _select(args) if _selectors(args) else ([], [])
+    chosen: list[tuple[int, int, str]] = []
+    skipped: list[tuple[int, str]] = []
+    if _selectors(args):
+        with _common.proc_reading_bound(args):  # every process's command line or cgroup: a read may hang
+            chosen, skipped = _select(args)
     holders = list(holders)
     if _selectors(args) and not chosen and not args.pids and not holders and not (args.all_holders or
                                                                                   args.all_on_gpu):
@@ -333,18 +337,30 @@ def _plan_with_nvml(args: argparse.Namespace, gpus: Session) -> tuple[KillPlan |
     import signal
 
     from ..errors import BackendUnavailable
-    from ..holders import select_kill_holders
-    from ..kill import KillPlan
+    from ..holders import HoldersIncomplete, select_kill_holders
+    from ..kill import KillPlan, baseline_by, resolve_by, setup_deadline
 
-    indices = gpus.resolve(args.devices)
+    # The selection's readings (UUIDs, cuda:N, MIG-) and the baseline stop at --timeout from now: a KillTimeout
+    # (exit 3) that says nothing was signalled, never a signal sent after a reading overran the deadline.
+    began = time.monotonic_ns()
+    deadline_ns = setup_deadline(args.timeout, began)
+    indices = resolve_by(gpus, args.devices, deadline_ns, time.monotonic_ns, timeout=args.timeout, began=began,
+                         signal_name=args.signal)
     if indices is None and gpus.device_count() == 0:
         raise BackendUnavailable(
             f"the {gpus.backend_name} backend sees no GPU: nothing could prove the GPUs clean after the kill, so "
             "nothing was signalled", [f"{gpus.backend_name}: device count 0"])
     selection = None
     if args.all_holders or args.all_on_gpu:
-        with _reading_bound(args):
-            selection = select_kill_holders(gpus, args.devices, all_holders=args.all_holders)
+        try:
+            # Both watched: an NVML call that never returns (the NVML backend's watchdog), and a /proc read that never
+            # returns (a holder's command line, under the memory-map lock of a process stuck in the driver).
+            with _reading_bound(args), _common.proc_reading_bound(args):
+                left = None if deadline_ns is None else max(0.0, (deadline_ns - time.monotonic_ns()) / 1e9)
+                selection = select_kill_holders(gpus, args.devices, all_holders=args.all_holders, timeout=left)
+        except HoldersIncomplete as exc:  # a selection from part of the holders is never signalled (exit 3)
+            raise HoldersIncomplete(args.timeout, f"{exc.reason}; nothing was signalled", exc.found,
+                                    exc.unscanned) from None
         if selection.refused is not None:
             raise UsageError(f"refusing --all-on-gpu: {selection.refused}; nothing was signalled")
         selection = _less_excluded(selection, _exclusion(args))
@@ -360,11 +376,9 @@ def _plan_with_nvml(args: argparse.Namespace, gpus: Session) -> tuple[KillPlan |
         return None, selection
     plan = KillPlan(found)
     if args.only_targets:
-        from ..model import Fields
-
-        try:
-            with _reading_bound(args):
-                args.baseline = gpus.snapshot(args.devices, fields=Fields.WAIT)  # what the targets hold at the signal
+        try:  # what the targets hold at the signal
+            args.baseline = baseline_by(gpus, indices, deadline_ns, time.monotonic_ns, timeout=args.timeout,
+                                        began=began, signal_name=args.signal)
         except BaseException:
             plan.close()
             raise
@@ -383,18 +397,27 @@ def _less_excluded(selection: KillSelection, exclusion: Exclusion) -> KillSelect
     return dataclasses.replace(selection, targets=tuple(kept), skipped=(*selection.skipped, *excluded))
 
 
-def _start_events_by_deadline(args: argparse.Namespace, gpus: Session) -> None:
-    """``--events``' listener, registered within the wait's time (``--timeout`` from now, the first signal having
-    just gone out), under the hung-call watchdog as a wait's registration is."""
+def _start_events_by_deadline(args: argparse.Namespace, gpus: Session, plan: KillPlan | None) -> None:
+    """``--events``' listener, registered within the wait's time (``--timeout`` from the first signal; from now with
+    nothing signalled) and, while the grace period runs, by its end: a slow registration must not hold back the
+    SIGKILL (a GPU it could not register by then is named in the listener's reason). Under the hung-call watchdog as
+    a wait's registration is."""
+    import math
     import time
 
-    from .._deadline import hung_after
+    from .._deadline import hung_after, ns_or_none
 
     if not getattr(args, "events", False):
         return
-    deadline = None if args.timeout is None else time.monotonic() + args.timeout
-    with hung_after(None if deadline is None else round(deadline * 1e9)):
-        start_events(args, gpus, deadline)
+    found = plan._set if plan is not None else None
+    origin = time.monotonic_ns() if found is None or found.started is None else found.started
+    ends = [origin + ns for ns in (None if args.timeout is None else ns_or_none(args.timeout),
+                                   None if found is None or found.escalated or args.grace is None
+                                   or math.isinf(args.grace) else ns_or_none(args.grace))
+            if ns is not None]
+    deadline_ns = min(ends, default=None)
+    with hung_after(deadline_ns):
+        start_events(args, gpus, None if deadline_ns is None else deadline_ns / 1e9)
 
 
 def _reading_bound(args: argparse.Namespace) -> Any:
@@ -440,7 +463,7 @@ def cmd_kill(args: argparse.Namespace) -> int:
             # After the PIDs were checked and signalled (a refusal comes before anything opens or registers, and a
             # slow registration never delays the signal); bounded by the wait's deadline, which counts from it.
             _common._signalled_plan = plan  # a hung reading from now on reports what each target got
-            _start_events_by_deadline(args, gpus)
+            _start_events_by_deadline(args, gpus, plan)
             # The same wait whether there is something to signal or not.
             options = WaitOptions(timeout=args.timeout, stable_polls=args.stable_polls,
                                   on_poll=status_updater(status, _shown(args, plan, predicate), time.monotonic()))
@@ -552,10 +575,25 @@ def _check_gpus_after_signal(args: argparse.Namespace, gpus: Session, plan: Kill
     """The targets were signalled before NVML: now check that the GPUs can be judged (the devices exist, the backend
     sees a GPU). If not, still finish the kill (exit, SIGKILL after --grace, bounded by --timeout) and then report
     the error, saying what was signalled: the signal is out, so leaving the targets half-killed helps nobody."""
-    from ..errors import BackendUnavailable
+    import math
 
+    from .._deadline import ns_or_none
+    from ..errors import BackendUnavailable, DeadlinePassed
+
+    found = plan._set
+    assert found.started is not None
+    # Read by the end of the grace period (and --timeout; 0 is one check, which always completes): a slow GPU or
+    # nvidia-smi must not hold back the SIGKILL. Cut, the check is the wait's: it escalates when the grace period
+    # ends, and reads the selection by its deadline.
+    ends = [found.started + ns for ns in (None if args.grace is None or math.isinf(args.grace) else
+                                          ns_or_none(args.grace),
+                                          None if not args.timeout else ns_or_none(args.timeout))
+            if ns is not None]
     try:
-        indices = gpus.resolve(args.devices)
+        try:
+            indices = gpus._resolve(args.devices, min(ends, default=None), found.clock)
+        except DeadlinePassed:
+            return
         if indices is None and gpus.device_count() == 0:
             raise BackendUnavailable(f"the {gpus.backend_name} backend sees no GPU: nothing can prove the GPUs clean",
                                      [f"{gpus.backend_name}: device count 0"])
@@ -676,14 +714,22 @@ def _print_timeout(args: argparse.Namespace, exc: KillTimeout, plan: KillPlan,
         print("hint: add --tree to kill the targets' descendants too", file=sys.stderr)
 
 
+#: ``holders``' bound when ``--timeout`` is not given (the parser's default).
+HOLDERS_TIMEOUT_S = 30.0
+
+
 def cmd_holders(args: argparse.Namespace) -> int:
     """Every process holding a GPU: NVML's lists joined with open NVIDIA device files."""
     if hosts_wanted(args):
         from ._hosts import run_hosts
 
+        if args.timeout != HOLDERS_TIMEOUT_S:  # the hosts' command lines do not carry it: refused, not dropped
+            raise UsageError("holders --timeout cannot be combined with --host/--hosts/--hosts-file yet")
         return run_hosts(args)
-    with open_session(args) as gpus:
-        holders = gpus.holders(args.devices)
+    # A /proc scan of a host with many processes, or a read that hangs (watched), must not hold the command for
+    # good: a reading cut by --timeout is HoldersIncomplete (exit 3), never "no process holds".
+    with open_session(args) as gpus, _common.proc_reading_bound(args):
+        holders = gpus.holders(args.devices, timeout=args.timeout)
         verdict(EXIT_CLEAN, answer_is_output=True)
         if args.json:
             from ..jsonout import holders_document

@@ -553,6 +553,9 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
                                          "be read; --json says why under unknown. What `kill --all-holders`/"
                                          "--all-on-gpu would choose from.")
         global_options(holders, top=False)
+        once(holders, "--timeout", type=seconds_or_none, default=30.0, metavar="S",
+             help="seconds the reading may take (default 30; 'none': no bound); cut by it, exit 3: the holders are "
+                  "unknown, never 'none'")
         host_options(holders)
 
     if wanted("demo"):

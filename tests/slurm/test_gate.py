@@ -742,3 +742,28 @@ def test_polls_that_could_not_read_the_gpu_are_not_counted_dirty(nvml_stub: Stub
         result = slurm.prolog(gpus, job("0"), timeout_s=30)
     assert result.ready and result.readiness is not None
     assert result.readiness.dirty_polls == 0 and result.readiness.last_dirty_ns is None, result.readiness
+
+
+def test_an_epilog_whose_holders_scan_is_cut_signals_nothing_and_is_not_ready(
+        nvml_stub: StubSession, nvml_bound_process: Callable[..., subprocess.Popen[bytes]],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from nvmlcheck._proc import devfiles
+
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    leftover = nvml_bound_process(0, 8 * GIB)
+    monkeypatch.delenv("SLURM_JOB_ID")
+    real_scan = devfiles.scan
+
+    def cut(*args: Any, **kwargs: Any) -> devfiles.FdScan:
+        # A host whose /proc takes longer than the gate has: a scan given a deadline is cut by it.
+        out = real_scan(*args, **kwargs)
+        return out if kwargs.get("deadline_ns") is None else out._replace(unscanned=1000)
+
+    monkeypatch.setattr(devfiles, "scan", cut)
+    with nc.open("nvml") as gpus:
+        result = slurm.epilog(gpus, job("0"), timeout_s=0.5)
+    # Before, the scan took no bound (a huge /proc held the gate past slurmd's timeout); a cut one is unknown.
+    assert leftover.poll() is None and result.killed == ()
+    assert not result.ready
+    assert any(c.kind == "unknown" and "could not all be found" in c.text and "nothing was signalled" in c.text
+               for c in result.causes), result.causes

@@ -109,3 +109,23 @@ def test_a_stop_signal_is_refused_by_the_library_too(sleeper: subprocess.Popen[b
     with nc.prepare_kill([sleeper.pid]) as plan, pytest.raises(nc.ArgumentError, match="stops a process"):
         plan.send_first(signal.SIGSTOP)
     assert _state(sleeper.pid) != "T" and signals.SIGSTOP in signals.STOP_SIGNALS
+
+
+def test_a_thread_id_excluded_is_refused_not_ignored(python_child: Callable[..., subprocess.Popen[bytes]]) -> None:
+    import uuid
+
+    from nvmlcheck import cli
+
+    word = f"nvmlcheck-test-{uuid.uuid4().hex[:12]}"
+    code = ("import sys, threading, time; t = threading.Thread(target=time.sleep, args=(60,)); t.start(); "
+            "print('ready', flush=True); print(t.native_id, flush=True); time.sleep(60)")
+    p = python_child(code, word)
+    assert p.stdout is not None
+    tid = int(p.stdout.readline())
+    # Before, exclusion compared process IDs only: the thread's process was selected, and signalled.
+    with pytest.raises(ValueError, match=f"that is a thread of process {p.pid}"):
+        nc.prepare_kill(match=word, exclude=[tid])
+    assert cli.main(["kill", "--match", word, "--exclude", str(tid), "--yes", "--timeout", "1"]) == 2
+    assert p.poll() is None
+    with pytest.raises(ValueError, match=rf"left alone: pid {p.pid}: excluded \(--exclude {p.pid}\)"):
+        nc.prepare_kill(match=word, exclude=[p.pid])  # its process ID excludes it

@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -260,3 +260,56 @@ def test_kill_timeout_pickles_with_its_records() -> None:
     assert isinstance(back, nc.KillTimeout) and isinstance(back, nc.WaitTimeout)
     assert back.pids == (rec,) and back.tree_hint == ((456, 123),) and str(back) == str(exc)
     assert back.to_json()["tree_hint"] == [{"pid": 456, "descends_from": 123}]
+
+
+# Run in a PID namespace whose procfs was not mounted (`unshare --pid --fork` without --mount-proc): /proc is the
+# host's. The parent names a host PID (as `ps` shows it there) and the script makes the kernel give a process of its
+# own namespace that number (ns_last_pid). Before, the kill read the host process (its name, state, start time) and
+# signalled the namespace's process of the same number: one it had never read.
+_FOREIGN_PROC = """
+import json, signal, subprocess, sys
+import nvmlcheck as nc
+
+meant = int(sys.argv[1])
+with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+    f.write(str(meant - 1))
+other = subprocess.Popen(["sleep", "60"])
+try:
+    with nc.prepare_kill([meant], pinning=sys.argv[2]) as plan:
+        plan.send_first(signal.SIGTERM)
+    refused = None
+except nc.KillError as exc:
+    refused = str(exc)
+alive = other.poll() is None
+other.kill()
+other.wait()
+print(json.dumps({"same_pid": other.pid == meant, "refused": refused, "other_alive": alive}))
+"""
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None or os.geteuid() != 0, reason="needs unshare and root")
+@pytest.mark.parametrize("mode", ["pidfd", "start-time"])
+def test_a_procfs_of_another_pid_namespace_refuses_the_kill(
+        mode: str, tmp_path: Path, python_child: Callable[..., subprocess.Popen[bytes]]) -> None:
+    meant = python_child("import time; print('ready', flush=True); time.sleep(60)")
+    script = tmp_path / "foreign.py"
+    script.write_text(_FOREIGN_PROC)
+    out = subprocess.run(
+        ["unshare", "--pid", "--fork", sys.executable, str(script), str(meant.pid), mode],
+        check=False, capture_output=True, text=True, timeout=60, env=os.environ | {"PYTHONPATH": str(ROOT)},
+    )
+    if out.returncode != 0 and "unshare" in out.stderr and "Operation not permitted" in out.stderr:
+        pytest.skip(f"no PID namespace here: {out.stderr.strip()}")
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report["same_pid"], "the kernel did not give the namespace's process that PID; the test proves nothing"
+    assert report["other_alive"], "a process the kill never read was signalled"
+    assert "procfs of another PID namespace" in report["refused"] and "nothing was signalled" in report["refused"]
+    assert meant.poll() is None
+
+
+def test_foreign_numbering_reads_proc_self(tmp_path: Path) -> None:
+    assert procfs.foreign_numbering() is None  # this test's own /proc
+    (tmp_path / "self").symlink_to(str(os.getpid() + 1))
+    assert "calls this process" in (procfs.foreign_numbering(str(tmp_path)) or "")
+    assert "cannot be read" in (procfs.foreign_numbering(str(tmp_path / "none")) or "")
