@@ -743,13 +743,30 @@ class Session:
         alone: the processes that run in it, each :class:`~nvmlcheck.holders.GpuUse` named by the instance's UUID;
         one the parent lists that may run in it (no instance id) makes its holders unknown, an error. See
         :mod:`nvmlcheck.holders`."""
+        self._check_open()
+        return self._holders(devices, device_files, None, time.monotonic_ns)
+
+    def _holders(self, devices: Iterable[DeviceSelector] | DeviceSelector | None,
+                 device_files: Sequence[str] | str | None, deadline_ns: int | None,
+                 clock: Callable[[], int]) -> tuple[Holder, ...]:
+        """:meth:`holders`, its readings (the selection, the process lists) stopped at ``deadline_ns`` on ``clock``
+        (``None``: no bound), raising :class:`~nvmlcheck.errors.DeadlinePassed`: the Slurm epilog's, which must end
+        before slurmd's own timeout."""
         from .holders import find_holders
 
-        self._check_open()
-        indices = self.resolve(devices)
-        snap = self._backend.snapshot(indices, Fields.PROCESSES)
+        indices = self._resolve(devices, deadline_ns, clock)
+        if deadline_ns is None:
+            snap = self._backend.snapshot(indices, Fields.PROCESSES)
+        else:
+            from ._deadline import read_by
+            from .errors import DeadlinePassed
+
+            read = read_by(self._backend, indices, Fields.PROCESSES, deadline_ns, clock)
+            if read is None:
+                raise DeadlinePassed("the deadline passed while the process lists were read")
+            snap = read
         snap.raise_for_failures()
-        snap = self._instances_selected(snap, devices)
+        snap = self._instances_selected(snap, devices, deadline_ns, clock)
         for d in snap.devices:
             for kind in ("compute", "graphics", "mps"):
                 if getattr(d, f"{kind}_processes") is None:
@@ -762,7 +779,8 @@ class Session:
                                          f"not be read ({why})")
         return find_holders(snap, devices=indices, device_files=device_files)
 
-    def _instances_selected(self, snap: Snapshot, devices: Iterable[DeviceSelector] | DeviceSelector | None
+    def _instances_selected(self, snap: Snapshot, devices: Iterable[DeviceSelector] | DeviceSelector | None,
+                            deadline_ns: int | None = None, clock: Callable[[], int] = time.monotonic_ns
                             ) -> Snapshot:
         """``snap`` with each GPU that ``devices`` names only through ``MIG-`` UUIDs (or prefixes) replaced by the
         selected instances (:func:`~nvmlcheck.predicates.instance_view`: their own processes, named by their
@@ -778,7 +796,7 @@ class Session:
         from .predicates import instance_view
 
         others = [i for i in items if i not in migs]
-        whole = set(self.resolve(others) or ()) if others else set()
+        whole = set(self._resolve(others, deadline_ns, clock) or ()) if others else set()
         units: list[DeviceState] = []
         found: set[str] = set()
         for d in snap.devices:

@@ -498,9 +498,21 @@ def _deadline(clock: Callable[[], int], timeout_s: float) -> tuple[int, int]:
     return start, start + bound_ns
 
 
-def _indices(session: Session, selectors: Sequence[str] | None) -> tuple[int, ...]:
-    resolved = session.resolve(list(selectors) if selectors else None)
-    return tuple(range(session.device_count())) if resolved is None else resolved
+def _indices(session: Session, selectors: Sequence[str] | None, deadline_ns: int,
+             clock: Callable[[], int]) -> tuple[tuple[int, ...], tuple[Cause, ...]]:
+    """The NVML indices of ``selectors`` (``--devices``: indices, UUIDs, ``cuda:N``, ``MIG-…``; ``None``: every GPU),
+    their readings (a UUID's, ``cuda:N``'s) stopped at ``deadline_ns`` on ``clock`` (at most one query late): when
+    the deadline came first, no index and a cause saying so (a slow or hung GPU must not hold the gate past slurmd's
+    own timeout)."""
+    from .errors import DeadlinePassed
+
+    try:
+        resolved = session._resolve(list(selectors) if selectors else None, deadline_ns, clock)
+    except DeadlinePassed:
+        named = ", ".join(_shown(s, 60) for s in selectors or ())
+        return (), (Cause("unknown", clean_text(f"which GPUs {named} are cannot be told: the GPUs were not read "
+                                                 "within the timeout")[:160]),)
+    return (tuple(range(session.device_count())) if resolved is None else resolved), ()
 
 
 #: What Slurm's numeric GPU IDs count (``--gpu-ids``): ``"minor"``, the N of ``/dev/nvidiaN`` (gres.conf lists
@@ -530,7 +542,7 @@ def job_gpu_indices(session: Session, gpus: Sequence[str], *, deadline_ns: int |
         raise ArgumentError(f"gpu_ids must be one of {', '.join(GPU_IDS)}, got {gpu_ids!r}")
     # UUIDs, and with "index" the IDs too, name GPUs as --devices does.
     ids = [g for g in gpus if is_digits(g)] if gpu_ids == "minor" else []
-    out, causes = _resolved(session, [g for g in gpus if g not in ids])
+    out, causes = _resolved(session, [g for g in gpus if g not in ids], deadline_ns, clock)
     if not ids:
         return tuple(sorted(out)), tuple(causes)
     snap = _read(session, Fields(0), None, deadline_ns, clock)  # identity only: cached after the first read
@@ -565,15 +577,20 @@ def job_gpu_indices(session: Session, gpus: Sequence[str], *, deadline_ns: int |
     return tuple(sorted(out)), tuple(causes)
 
 
-def _resolved(session: Session, gpus: Sequence[str]) -> tuple[set[int], list[Cause]]:
-    """The NVML indices of ``gpus`` (UUIDs, NVML indices), and a cause for each that is none of this host's GPUs."""
-    from .errors import NoSuchDevice
+def _resolved(session: Session, gpus: Sequence[str], deadline_ns: int | None,
+              clock: Callable[[], int]) -> tuple[set[int], list[Cause]]:
+    """The NVML indices of ``gpus`` (UUIDs, NVML indices), and a cause for each that is none of this host's GPUs, or
+    that could not be told by ``deadline_ns`` (on ``clock``; ``None``: no bound)."""
+    from .errors import DeadlinePassed, NoSuchDevice
 
     out: set[int] = set()
     causes: list[Cause] = []
     for g in gpus:
         try:
-            out.update(session.resolve([g]) or ())
+            out.update(session._resolve([g], deadline_ns, clock) or ())
+        except DeadlinePassed:
+            causes.append(Cause("unknown", clean_text(f"which GPU is the job's GPU {g} cannot be told: the GPUs "
+                                                      "were not read within the timeout")[:160]))
         except NoSuchDevice:
             causes.append(Cause("unknown", f"the job's GPU {g} is none of this host's GPUs" +
                                 (f" (NVML indices 0-{session.device_count() - 1})" if is_digits(g) else "")))
@@ -615,11 +632,13 @@ def epilog(
     indices, unfound = _job_indices(session, job, devices, deadline, clock, gpu_ids=gpu_ids)
     if not indices:
         return GateResult("epilog", job, (), False, unfound, clock() - start, timeout_s)
+    from .errors import DeadlinePassed
+
     try:
-        holders = session.holders(list(indices), device_files=device_files)
-    except NvmlCheckError:
-        # A GPU or its process list cannot be read: the job's processes are still found by their device files (and
-        # proven the job's as always); the readiness judgement below says what cannot be read.
+        holders = session._holders(list(indices), device_files, deadline, clock)
+    except (NvmlCheckError, DeadlinePassed):
+        # A GPU or its process list cannot be read (or not by the deadline): the job's processes are still found by
+        # their device files (and proven the job's as always); the readiness judgement below says what cannot be read.
         from .holders import find_holders
 
         holders = find_holders(None, device_files=device_files)
@@ -659,7 +678,7 @@ def _job_indices(session: Session, job: SlurmJob, devices: Sequence[str] | None,
                  clock: Callable[[], int], *, gpu_ids: GpuIds) -> tuple[tuple[int, ...], tuple[Cause, ...]]:
     """``devices`` (NVML selectors, as ``--devices`` gives them) resolved, else the job's GPUs by Slurm's IDs."""
     if devices:
-        return _indices(session, devices), ()
+        return _indices(session, devices, deadline_ns, clock)
     return job_gpu_indices(session, job.gpus, deadline_ns=deadline_ns, clock=clock, gpu_ids=gpu_ids)
 
 
@@ -719,7 +738,9 @@ def health(
     from .model import Fields
 
     start, deadline = _deadline(clock, timeout_s)
-    indices = _indices(session, devices)
+    indices, unfound = _indices(session, devices, deadline, clock)
+    if unfound:
+        return GateResult("health", None, (), False, unfound, clock() - start, timeout_s)
     if clean:
         readiness = await_ready(session, indices, deadline_ns=deadline, max_used_bytes=max_used_bytes, clock=clock,
                                 sleep=sleep)

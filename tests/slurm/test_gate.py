@@ -742,3 +742,66 @@ def test_polls_that_could_not_read_the_gpu_are_not_counted_dirty(nvml_stub: Stub
         result = slurm.prolog(gpus, job("0"), timeout_s=30)
     assert result.ready and result.readiness is not None
     assert result.readiness.dirty_polls == 0 and result.readiness.last_dirty_ns is None, result.readiness
+
+
+@pytest.mark.parametrize("how", ["prolog-uuid", "prolog-cuda", "epilog-uuid", "health-uuid", "job-uuids"])
+def test_gpus_named_by_uuid_or_cuda_number_are_resolved_within_the_gates_deadline(
+        nvml_stub: StubSession, monkeypatch: pytest.MonkeyPatch, how: str) -> None:
+    from nvmlcheck.testing import StepClock
+
+    # The selection was resolved with Session.resolve, which reads every GPU's identity with no deadline: a slow
+    # or hung GPU held the gate past slurmd's own timeout. A StepClock moves 0.5 s at each reading of the clock, so
+    # a bounded reading of eight GPUs stops at the deadline, while an unbounded one never looks at the clock.
+    Scenario.h200(devices=8).write(nvml_stub.scenario_path)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    with nc.open("nvml") as gpus:
+        uuid = gpus.snapshot(7, fields=nc.Fields(0)).devices[0].uuid
+    with nc.open("nvml") as gpus:
+        clock = StepClock(0.5).clock
+        if how == "prolog-uuid":
+            result = slurm.prolog(gpus, job("0"), timeout_s=1.0, devices=[uuid], clock=clock)
+        elif how == "prolog-cuda":
+            result = slurm.prolog(gpus, job("0"), timeout_s=1.0, devices=["cuda:7"], clock=clock)
+        elif how == "epilog-uuid":
+            result = slurm.epilog(gpus, job("0"), timeout_s=1.0, devices=[uuid], clock=clock)
+        elif how == "health-uuid":
+            result = slurm.health(gpus, timeout_s=1.0, devices=[uuid], clock=clock)
+        else:
+            as_uuids = slurm.job_from_env({"SLURM_JOB_ID": "42", "SLURM_JOB_GPUS": "7",
+                                           "CUDA_VISIBLE_DEVICES": uuid})
+            assert as_uuids.gpus == (uuid,)
+            result = slurm.prolog(gpus, as_uuids, timeout_s=1.0, clock=clock)
+    assert not result.ready and result.devices == ()
+    assert [c.kind for c in result.causes] == ["unknown"], result.causes
+    assert "not read within the timeout" in result.causes[0].text
+
+
+@pytest.mark.parametrize("command", ["epilog", "prolog", "health"])
+@pytest.mark.parametrize("named", ["minor", "uuid", "cuda"])
+def test_every_reading_a_gate_makes_carries_its_deadline(
+        nvml_stub: StubSession, nvml_scenario: Scenario, monkeypatch: pytest.MonkeyPatch, command: str,
+        named: str) -> None:
+    # The class of defect above: any reading without the gate's deadline (the selection's, the epilog's process
+    # lists through Session.holders) can hold the gate past slurmd's timeout on a hung GPU.
+    nvml_scenario.add_process(0, 4_123_456, used_bytes=GIB)  # a holder to list (no such process: nothing killed)
+    nvml_scenario.write(nvml_stub.scenario_path)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    with nc.open("nvml") as gpus:
+        uuid = gpus.snapshot(0, fields=nc.Fields(0)).devices[0].uuid
+        backend = gpus.backend
+        calls: list[object] = []
+        real = backend.snapshot
+
+        def spy(*args: Any, **kwargs: Any) -> Any:
+            calls.append(kwargs.get("deadline"))
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(backend, "snapshot", spy)
+        devices = {"minor": None, "uuid": [uuid], "cuda": ["cuda:0"]}[named]
+        if command == "epilog":
+            slurm.epilog(gpus, job("0"), timeout_s=0.2, devices=devices)
+        elif command == "prolog":
+            slurm.prolog(gpus, job("0"), timeout_s=0.2, devices=devices)
+        else:
+            slurm.health(gpus, timeout_s=0.2, devices=devices)
+    assert calls and all(d is not None for d in calls), calls
