@@ -230,9 +230,17 @@ def read_hosts_file(path: str | os.PathLike[str]) -> list[str]:
 
 class HostError(NvmlCheckError):
     """A host gave no verdict. ``host`` names it, ``returncode`` is ssh's exit status (``None`` when it was killed),
-    ``stderr`` what ssh or the remote side printed (trimmed)."""
+    ``stderr`` what ssh or the remote side printed (trimmed).
+
+    Each class declares :attr:`~nvmlcheck.NvmlCheckError.TRANSIENT` (``nvmlcheck.wait.is_transient``) as the same
+    failure is declared where the smi backend reaches a host through ``--smi-prefix "ssh HOST"``: only
+    :class:`HostTimeout` is transient (as :class:`~nvmlcheck.SmiTimeout`: the host or its GPU may answer the next
+    call); an unreachable host, a refused login (:class:`~nvmlcheck.SmiTransportError`, ssh's exit 255), the remote
+    side's own error or no nvmlcheck there are not. One :meth:`Fleet.run` never retries a host: its deadline is
+    spent; a caller that polls hosts may run a transient one again, and never counts any failure as clean."""
 
     kind = "error"
+    TRANSIENT = False  # an internal error, or the fleet was stopped: running it again does not change that
 
     def __init__(self, host: str, message: str, returncode: int | None = None, stderr: str = "") -> None:
         self.host = host
@@ -249,6 +257,7 @@ class HostUnreachable(HostError):
     """ssh could not connect: refused, no route, unknown name, connection closed."""
 
     kind = "unreachable"
+    TRANSIENT = False  # as SmiTransportError (ssh's exit 255): a wrong name or a closed port stays so
 
 
 class HostAuthError(HostError):
@@ -256,12 +265,17 @@ class HostAuthError(HostError):
     refused by the user's ssh configuration."""
 
     kind = "auth"
+    TRANSIENT = False  # keys and host keys do not change between two polls
 
 
 class HostTimeout(HostError, TimeoutError):
-    """No answer before the deadline (the ssh process group was killed), or ssh's own connect timeout."""
+    """No answer before the deadline (the ssh process group was killed), or ssh's own connect timeout. Transient,
+    as :class:`~nvmlcheck.SmiTimeout` (the same failure through ``--smi-prefix "ssh HOST"``): it says nothing about
+    the GPUs, and a loaded host, a wedged nvidia-smi or a lost packet may answer the next call. Still a failed host
+    (never clean)."""
 
     kind = "timeout"
+    TRANSIENT = True
 
 
 class RemoteError(HostError):
@@ -269,6 +283,7 @@ class RemoteError(HostError):
     an unexpected exit, or output that is not an nvmlcheck document. ``document`` holds the remote document if any."""
 
     kind = "remote"
+    TRANSIENT = False  # what the remote side answered: asked again, it answers the same (its own waits retried)
 
     def __init__(self, host: str, message: str, returncode: int | None = None, stderr: str = "",
                  document: dict[str, Any] | None = None) -> None:
@@ -284,6 +299,7 @@ class NoRemoteNvmlcheck(HostError):
     nvidia-smi (``kill``, ``holders``), or the fallback was turned off."""
 
     kind = "no-nvmlcheck"
+    TRANSIENT = False  # nothing installs it between two polls
 
 
 # --- results ---------------------------------------------------------------------------------------------------------

@@ -157,3 +157,23 @@ def test_events_reach_the_remote_command(command: str) -> None:
     assert "--events" in words and "--events" not in remote_command(without)
     if command == "kill":
         assert words.index("--events") < words.index("--")  # an option, not a PID
+
+
+def test_how_each_host_error_is_handled_is_declared_on_its_class_as_for_the_smi_prefix() -> None:
+    from nvmlcheck import SmiTimeout, SmiTransportError
+    from nvmlcheck.hosts import HostError
+    from nvmlcheck.wait import is_transient
+
+    # HostTimeout was not transient while SmiTimeout, the same failure through --smi-prefix "ssh HOST", is: a caller
+    # polling hosts gave up on a host that had only been slow. Every class decides for itself (none inherits by
+    # accident), and the ssh failures match the smi backend's classes for them.
+    classes = [HostError, HostUnreachable, HostAuthError, HostTimeout, RemoteError, NoRemoteNvmlcheck]
+    assert all("TRANSIENT" in vars(c) for c in classes), [c.__name__ for c in classes if "TRANSIENT" not in vars(c)]
+    assert HostTimeout.TRANSIENT == SmiTimeout.TRANSIENT is True
+    assert HostUnreachable.TRANSIENT == SmiTransportError.TRANSIENT is False
+    slow = Fleet._classify(Host.parse("gpu01"), None, "", "", 12.5, command=["wait"])
+    refused = Fleet._classify(Host.parse("gpu01"), 255, "", "ssh: connect to host gpu01 port 22: Connection refused",
+                              1.0, command=["wait"])
+    assert isinstance(slow, HostTimeout) and is_transient(slow)
+    assert isinstance(refused, HostUnreachable) and not is_transient(refused)
+    assert HostResult(Host.parse("gpu01"), None, None, slow).verdict == "failed"  # transient, never clean
