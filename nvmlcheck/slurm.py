@@ -314,7 +314,9 @@ def job_processes(
     The job's: a process in the job's cgroup (``slurm/<id>``, read by :func:`nvmlcheck._proc.container.container_of`);
     or one in no Slurm job's cgroup whose initial environment says ``SLURM_JOB_ID=<id>`` and whose owner is the job's
     user (a worker that daemonised out of the job under ``proctrack/linuxproc``). Never: a process in another job's
-    cgroup (whatever its environment says), Slurm's step daemon, this process or an ancestor, a daemon
+    cgroup (whatever its environment says), Slurm's step daemon, one outside the job's cgroup whose environment has
+    ``SLURM_SCRIPT_CONTEXT`` (slurmd's Prolog or Epilog, e.g. a helper the epilog script started: it names the job
+    and, for a root job, runs as its user), this process or an ancestor, a daemon
     (:data:`~nvmlcheck.holders.DAEMONS`), a zombie (no signal frees it), or anything when the job ID is unknown."""
     from ._proc.container import container_of
     from ._proc.environ import environ_value
@@ -334,6 +336,10 @@ def job_processes(
             mine.append((h, f"in job {job.id}'s cgroup"))
         elif jobs:
             others.append((h, f"in another job's cgroup (job {jobs[0]})"))
+        elif (context := environ_value(h.pid, "SLURM_SCRIPT_CONTEXT")) is not None:
+            # slurmd's Prolog/Epilog scripts (and what they start) carry the job's SLURM_JOB_ID, run as root outside
+            # the job's cgroup: for a root job (SLURM_JOB_UID=0) they would pass for its leftovers.
+            others.append((h, f"Slurm's own script ({_shown(context, 40)}), not the job's"))
         elif environ_value(h.pid, "SLURM_JOB_ID") == job.id and job.uid is not None and h.uid == job.uid:
             mine.append((h, f"left job {job.id}'s cgroup; its environment names the job and it runs as its user"))
         else:

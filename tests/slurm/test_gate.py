@@ -165,15 +165,20 @@ def children() -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
 
     def start(**env: str) -> subprocess.Popen[bytes]:
         base = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-        child = subprocess.Popen([sys.executable, "-S", "-c", "import time; time.sleep(60)"],
-                                 env={**base, **env}, stdin=subprocess.DEVNULL)
+        child = subprocess.Popen([sys.executable, "-S", "-c", "import time; print(flush=True); time.sleep(60)"],
+                                 env={**base, **env}, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
         started.append(child)
+        # Popen returns once the exec began, before the kernel has set the new environment up (a vfork parent is
+        # released at exec_mmap): /proc/PID/environ may still read empty. The child's first line says it runs.
+        assert child.stdout is not None and child.stdout.readline() == b"\n"
         return child
 
     yield start
     for child in started:
         child.kill()
         child.wait()
+        if child.stdout is not None:
+            child.stdout.close()
 
 
 def as_holder(pid: int, **fields: Any) -> Holder:
@@ -805,3 +810,18 @@ def test_every_reading_a_gate_makes_carries_its_deadline(
         else:
             slurm.health(gpus, timeout_s=0.2, devices=devices)
     assert calls and all(d is not None for d in calls), calls
+
+
+def test_a_process_of_slurms_own_prolog_or_epilog_is_never_a_root_jobs_leftover(
+        children: Callable[..., subprocess.Popen[bytes]]) -> None:
+    # slurmd runs the Epilog as root with SLURM_JOB_ID of the job, outside the job's cgroup (Slurm 22.05 sets
+    # SLURM_SCRIPT_CONTEXT=epilog_slurmd): for a job of root's (SLURM_JOB_UID=0), a helper the epilog script left
+    # running on the GPU (nvidia-smi, dcgmi) matched "environment names the job and runs as its user", and the
+    # epilog signalled its own helper.
+    leftover = children(SLURM_JOB_ID="42")
+    helper = children(SLURM_JOB_ID="42", SLURM_SCRIPT_CONTEXT="epilog_slurmd")
+    job = slurm.SlurmJob("42", os.getuid(), None, None, ("0",), "SLURM_JOB_GPUS")
+    mine, others = slurm.job_processes([as_holder(c.pid) for c in (leftover, helper)], job)
+    assert [h.pid for h, _ in mine] == [leftover.pid]
+    assert [(h.pid, why) for h, why in others] == [
+        (helper.pid, "Slurm's own script ('epilog_slurmd'), not the job's")]
