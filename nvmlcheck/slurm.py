@@ -255,6 +255,9 @@ _SHORT = {
     "retired-pages-pending": "page retirement pending, reset needed",
     "ecc-uncorrected-volatile": "uncorrectable ECC errors, reset needed",
 }
+#: The words for a GPU that could not be read and needs an operator (:func:`nvmlcheck.verdict.error_culprit`), by its
+#: action: its culprit's sentence carries NVML's whole message, which would take the reason's 200 characters.
+_SHORT_QUERY = {"NODE_REBOOT": "GPU lost, node reboot needed", "RESET_GPU": "GPU requires a reset, reset needed"}
 
 
 def cause_of(c: Culprit, *, after_ns: int | None = None, killed: Mapping[int, PidTimes] | None = None,
@@ -267,7 +270,8 @@ def cause_of(c: Culprit, *, after_ns: int | None = None, killed: Mapping[int, Pi
     after = "" if after_ns is None else f" after {_seconds(after_ns)}"
     size = "" if c.used_bytes is None else f" {format_bytes(c.used_bytes)}"
     if c.class_ in ("unhealthy", "unknown", "short") or (c.pid is None and c.class_ not in ("reclaiming", "stuck")):
-        text = f"{gpu}: {_SHORT.get(c.kind) or c.reason.split(' [', 1)[0]}"
+        short = _SHORT_QUERY.get(c.action or "") if c.kind == "query" and c.class_ == "unhealthy" else None
+        text = f"{gpu}: {short or _SHORT.get(c.kind) or c.reason.split(' [', 1)[0]}"
     elif c.pid is None:
         what = "still coming back" if c.class_ == "reclaiming" else "held by no process"
         text = f"{gpu}:{size} {what}{after}"
@@ -562,7 +566,8 @@ def job_gpu_indices(session: Session, gpus: Sequence[str], *, deadline_ns: int |
             by_minor.setdefault(d.minor_number, []).append(d.index)
     unknown = [f"GPU {d.index}'s: {d.why_unknown('minor_number') or 'unknown'}" for d in snap.devices
                if d.minor_number is None]
-    unknown += [f"GPU {f.index} unreadable: {f.error}" for f in snap.failures]
+    unknown += [f"GPU {f.index}: it cannot be read" for f in snap.failures]
+    unreadable = False
     for g in ids:
         found = by_minor.get(int(g), [])
         if len(found) == 1:
@@ -576,10 +581,17 @@ def job_gpu_indices(session: Session, gpus: Sequence[str], *, deadline_ns: int |
         elif unknown:
             why = f"which GPU is the job's GPU {g} (/dev/nvidia{g}) cannot be told: no minor number for {unknown[0]}"
             causes.append(Cause("unknown", clean_text(why)[:160]))
+            unreadable = True
         else:
             minors = ", ".join(map(str, sorted(by_minor))) or "none"
             causes.append(Cause("unknown", f"the job's GPU {g} (/dev/nvidia{g}) is none of this host's GPUs "
                                            f"(minor numbers {minors})"))
+    if unreadable:
+        # Why those GPUs cannot be read (lost: reboot; reset required), with its action: the reason an operator
+        # needs, which the 160 characters above cut off.
+        from .verdict import error_culprit
+
+        causes.extend(cause_of(error_culprit(f.index, f.error)) for f in snap.failures)
     return tuple(sorted(out)), tuple(causes)
 
 

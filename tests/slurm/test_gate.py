@@ -691,6 +691,9 @@ class TestHealth:
     (Culprit(2, "unhealthy", "xid", "XID 79: fell off the bus [NODE_REBOOT]", action="NODE_REBOOT"),
      "GPU 2: XID 79: fell off the bus"),
     (Culprit(2, "unknown", "query", "could not be read: no permission"), "GPU 2: could not be read: no permission"),
+    (Culprit(2, "unhealthy", "query", "the GPU needs a reset (nvmlDeviceGetMemoryInfo_v2 for GPU 2 failed: "
+             "NVML_ERROR_RESET_REQUIRED (24). …): nvidia-smi -r -i 2", action="RESET_GPU"),
+     "GPU 2: GPU requires a reset, reset needed"),
 ])
 def test_each_culprit_of_ready_reads_as_a_drain_reason(culprit: Culprit, text: str) -> None:
     cause = slurm.cause_of(culprit, after_ns=30_000_000_000)
@@ -825,3 +828,20 @@ def test_a_process_of_slurms_own_prolog_or_epilog_is_never_a_root_jobs_leftover(
     assert [h.pid for h, _ in mine] == [leftover.pid]
     assert [(h.pid, why) for h, why in others] == [
         (helper.pid, "Slurm's own script ('epilog_slurmd'), not the job's")]
+
+
+@pytest.mark.parametrize("command", ["epilog", "health"])
+def test_a_lost_gpu_is_named_in_the_drain_reason_with_what_to_do(
+        slurm_env: None, scontrol: FakeScontrol, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        command: str) -> None:
+    # A lost GPU's culprit carries NVML's whole message: health's reason was 200 characters of it, cut before
+    # "reboot the node"; the epilog's (the job's GPU cannot be matched to a minor number) was cut at "NVML_ERROR_GPU"
+    # and never said the GPU was lost.
+    sc = Scenario.h200(devices=2)
+    sc.set_device(0, lost=True)
+    code, doc, _ = run(scontrol, sc.write(tmp_path / "lost.txt"), command, capsys=capsys)
+    assert isinstance(doc, dict)
+    assert doc["reason"].startswith("nvmlcheck: GPU 0: GPU lost, node reboot needed"), doc["reason"]
+    lost = doc["causes"][0] if command == "health" else next(c for c in doc["causes"] if c["kind"] == "unhealthy")
+    assert (lost["kind"], lost["gpu"], lost["action"]) == ("unhealthy", 0, "NODE_REBOOT")
+    assert code == (1 if command == "epilog" else 0) and scontrol.updates()
