@@ -177,3 +177,39 @@ def test_how_each_host_error_is_handled_is_declared_on_its_class_as_for_the_smi_
     assert isinstance(slow, HostTimeout) and is_transient(slow)
     assert isinstance(refused, HostUnreachable) and not is_transient(refused)
     assert HostResult(Host.parse("gpu01"), None, None, slow).verdict == "failed"  # transient, never clean
+
+
+#: Each command run on hosts with every option of its own set away from its default; values a user chooses begin with
+#: "-" where they may.
+_EVERY_OPTION = {
+    "snapshot": ["--backend", "smi", "--devices", "0,1"],
+    "holders": ["--backend", "smi", "--devices", "0,1"],
+    "wait": ["--backend", "smi", "--devices", "0,1", "--timeout", "7", "--max-used", "1MiB", "--stable-polls", "3",
+             "--events", "--pids", "11", "12", "--precise"],
+    "ready": ["--backend", "smi", "--devices", "0,1", "--need", "1GiB", "--timeout", "7", "--max-used", "1MiB",
+              "--stable-polls", "3", "--no-events"],
+    "kill": ["--backend", "smi", "--devices", "0,1", "--timeout", "7", "--max-used", "1MiB", "--stable-polls", "3",
+             "--events", "--grace", "1", "--signal", "INT", "--tree", "--all-holders", "--all-on-gpu", "--yes",
+             "--match=-m", "--container=-c", "--cgroup=-g", "--exclude=-agent", "--exclude", "4242", "--dry-run",
+             "--missing-ok", "--only-targets", "--", "11", "12"],
+}
+
+
+@pytest.mark.parametrize("command", sorted(_EVERY_OPTION))
+def test_every_option_of_a_command_reaches_the_hosts_as_given(command: str) -> None:
+    import argparse
+
+    from nvmlcheck.cli._hosts import LOCAL_OPTIONS, remote_command
+    from nvmlcheck.cli._parser import build_parser
+
+    # kill --exclude was never passed on: `kill --all-holders --exclude AGENT --yes --hosts ...` signalled the
+    # agent on every host. And --container=-c reached the remote parser as "--container -c": a usage error there.
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    options = {a.dest for a in sub.choices[command]._actions if a.dest != "help"} - LOCAL_OPTIONS
+    here = parser.parse_args([command, "--host", "gpu01", *_EVERY_OPTION[command]])
+    default = parser.parse_args([command, "--host", "gpu01"] + (["--", "1"] if command == "kill" else []))
+    untested = {o for o in options if getattr(here, o) == getattr(default, o)}
+    assert not untested, f"set these in _EVERY_OPTION[{command!r}] (or add them to LOCAL_OPTIONS): {untested}"
+    there = parser.parse_args(remote_command(here))
+    assert {o: getattr(there, o) for o in options} == {o: getattr(here, o) for o in options}
