@@ -118,6 +118,8 @@ FallbackFn = Callable[[FallbackContext], tuple[dict[str, Any], int]]
 # through ("root\n@gpu01" reached ssh, and the output, as a user name with a line break).
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
 _USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
+# An IPv6 address (with a zone, fe80::1%eth0), as it goes between brackets.
+_IPV6 = re.compile(r"[0-9A-Fa-f:.%A-Za-z]+")
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +133,19 @@ class Host:
     host: str
     user: str | None = None
     port: int | None = None
+
+    def __post_init__(self) -> None:
+        # A Host built directly (from an inventory, not parse()) is held to the same rules: its name goes to ssh as
+        # the destination and into every line printed about it (a newline, a space, a leading "-" must not).
+        shown = f"Host({self.host!r}, {self.user!r}, {self.port!r})"
+        if not isinstance(self.host, str) or not (
+                _NAME.fullmatch(self.host) or (":" in self.host and _IPV6.fullmatch(self.host))):
+            raise ArgumentError(f"bad host {shown}: {self.host!r} is not a host name or address")
+        if self.user is not None and not (isinstance(self.user, str) and _USER.fullmatch(self.user)):
+            raise ArgumentError(f"bad host {shown}: bad user {self.user!r}")
+        if self.port is not None and (isinstance(self.port, bool) or not isinstance(self.port, int)
+                                      or not 1 <= self.port <= 65535):
+            raise ArgumentError(f"bad host {shown}: port must be an int 1-65535, got {self.port!r}")
 
     @classmethod
     def parse(cls, spec: str) -> Host:
@@ -146,7 +161,7 @@ class Host:
             addr, bracket, rest = text[1:].partition("]")
             if not bracket or not addr or (rest and not rest.startswith(":")):
                 raise ArgumentError(f"bad host {spec!r}: an IPv6 address goes in brackets: [ADDR] or [ADDR]:PORT")
-            if not re.fullmatch(r"[0-9A-Fa-f:.%A-Za-z]+", addr) or ":" not in addr:
+            if not _IPV6.fullmatch(addr) or ":" not in addr:
                 raise ArgumentError(f"bad host {spec!r}: {addr!r} is not an IPv6 address")
             host = addr
             port_text = rest[1:] if rest else None

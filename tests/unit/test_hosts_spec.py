@@ -213,3 +213,25 @@ def test_every_option_of_a_command_reaches_the_hosts_as_given(command: str) -> N
     assert not untested, f"set these in _EVERY_OPTION[{command!r}] (or add them to LOCAL_OPTIONS): {untested}"
     there = parser.parse_args(remote_command(here))
     assert {o: getattr(there, o) for o in options} == {o: getattr(here, o) for o in options}
+
+
+@pytest.mark.parametrize(("fields", "why"), [
+    (("gpu01\nX",), "is not a host name or address"),
+    (("-oProxyCommand=sh",), "is not a host name or address"),
+    (("gpu 01",), "is not a host name or address"),
+    (("",), "is not a host name or address"),
+    (("gpu01", "root\n"), "bad user"),
+    (("gpu01", None, 0), "port must be an int 1-65535"),
+    (("gpu01", None, True), "port must be an int 1-65535"),
+    (("gpu01", None, "22"), "port must be an int 1-65535"),
+])
+def test_a_host_built_directly_is_held_to_the_rules_of_parse(fields: tuple[object, ...], why: str) -> None:
+    # parse() refused these, but Host(...) took them as given, and parse_hosts() passes Host objects through: a
+    # newline reached ssh's destination and every line printed about the host.
+    with pytest.raises(ArgumentError, match=why):
+        Host(*fields)  # type: ignore[arg-type]
+
+
+def test_what_parse_makes_is_a_valid_host() -> None:
+    assert Host("fe80::1%eth0", "admin", 22) == Host.parse("admin@[fe80::1%eth0]:22")
+    assert Host("gpu-02.example.org") == Host.parse("gpu-02.example.org")
