@@ -97,7 +97,13 @@ class SlurmJob:
                 "gpus_from": self.gpus_from}
 
 
-_UUID = re.compile(r"(GPU|MIG)-[0-9A-Za-z-]+")
+# A GPU's UUID, a MIG instance's, or an instance as drivers before R470 name it: MIG-<GPU UUID>/<GI id>/<CI id>.
+_UUID = re.compile(r"GPU-[0-9A-Za-z-]+|MIG-[0-9A-Za-z-]+(?:/[0-9]+/[0-9]+)?")
+# GRES as scontrol show job -d prints it (and sites copy into the environment): gpu[:TYPE][:COUNT](IDX:0-1,3), one
+# or more, comma-separated; IDX:N/A is none.
+_GRES_ITEM = r"gpu(?::[A-Za-z0-9_.\-]+)*\(IDX:([0-9,\-]*|N/A)\)"
+_GRES_LIST = re.compile(rf"{_GRES_ITEM}(?:,{_GRES_ITEM})*")
+_GRES_IDX = re.compile(_GRES_ITEM)
 
 #: The highest GPU ID: Slurm's GPU ID is a device minor number (``/dev/nvidiaN``), and NVIDIA GPUs are minors
 #: 0-253 (254 is ``nvidia-modeset``, 255 ``nvidiactl``). It also bounds how long a GPU list may be.
@@ -106,13 +112,19 @@ _MAX_GPU_IDS = MAX_GPU_ID + 1
 
 
 def parse_gpu_list(text: str, variable: str) -> tuple[str, ...]:
-    """``"0,1,3"``, ``"0-3,6"`` or UUIDs (``GPU-…``, ``MIG-…``) as a list of IDs, in order, each once. ``""`` and
+    """``"0,1,3"``, ``"0-3,6"`` or UUIDs (``GPU-…``, ``MIG-…``, ``MIG-GPU-…/GI/CI``) as a list of IDs, in order, each
+    once; also GRES as ``scontrol show job -d`` prints it, ``gpu:h200:2(IDX:0,2)`` (its IDX lists). ``""`` and
     Slurm's ``NoDevFiles`` (GRES without device files) are no GPU. ``ArgumentError`` (a ``ValueError``) naming
     ``variable`` otherwise, and for an ID beyond :data:`MAX_GPU_ID` or more than ``MAX_GPU_ID + 1`` items: each is
     refused before anything is built (``0-100000000`` would be a list of 10**8 IDs)."""
     text = text.strip()
     if not text or text == "NoDevFiles":
         return ()
+    if "(IDX:" in text and len(text) <= 4096:
+        if not _GRES_LIST.fullmatch(text):
+            raise ArgumentError(f"${variable}={_shown(text)}: not GRES of the form gpu[:TYPE][:COUNT](IDX:LIST)")
+        lists = [m.group(1) for m in _GRES_IDX.finditer(text) if m.group(1) not in ("", "N/A")]
+        return tuple(dict.fromkeys(g for ids in lists for g in parse_gpu_list(ids, variable)))
     if text.count(",") >= _MAX_GPU_IDS:
         raise ArgumentError(f"${variable}={_shown(text)}: more than {_MAX_GPU_IDS} GPUs (a host has at most "
                             f"{_MAX_GPU_IDS}: /dev/nvidia0-{MAX_GPU_ID})")

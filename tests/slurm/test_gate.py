@@ -32,12 +32,18 @@ GIB = 1 << 30
     ("0", ("0",)), ("0,1,3", ("0", "1", "3")), ("0-2,5", ("0", "1", "2", "5")), ("3,3,1", ("3", "1")),
     ("", ()), ("NoDevFiles", ()), (" 07 ", ("7",)),
     ("GPU-acdc9db5-97f7-57e3-53d2-3061aececeec,1", ("GPU-acdc9db5-97f7-57e3-53d2-3061aececeec", "1")),
+    # GRES as scontrol show job -d prints it: its IDX lists (a comma inside one is not an item of the list).
+    ("gpu:h200:2(IDX:0,2)", ("0", "2")), ("gpu(IDX:0-3,5)", ("0", "1", "2", "3", "5")),
+    ("gpu:a100:1(IDX:1),gpu:h200:2(IDX:4-5)", ("1", "4", "5")), ("gpu:h200:0(IDX:N/A)", ()),
+    # A MIG instance as drivers before R470 name it.
+    ("MIG-GPU-acdc9db5-97f7-57e3-53d2-3061aececeec/1/0", ("MIG-GPU-acdc9db5-97f7-57e3-53d2-3061aececeec/1/0",)),
 ])
 def test_gpu_lists_as_slurm_writes_them(text: str, gpus: tuple[str, ...]) -> None:
     assert slurm.parse_gpu_list(text, "SLURM_JOB_GPUS") == gpus
 
 
-@pytest.mark.parametrize("text", ["gpu0", "1,,2", "3-1", "-1", "0;1", "1 2"])
+@pytest.mark.parametrize("text", ["gpu0", "1,,2", "3-1", "-1", "0;1", "1 2", "gpu:h200:2(IDX:0,2", "x(IDX:0)",
+                                  "gpu(IDX:0-300)", "MIG-GPU-x/1", "GPU-x/1/0"])
 def test_a_malformed_gpu_list_names_the_variable(text: str) -> None:
     with pytest.raises(ValueError, match=r"\$CUDA_VISIBLE_DEVICES="):
         slurm.parse_gpu_list(text, "CUDA_VISIBLE_DEVICES")
