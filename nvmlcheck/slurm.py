@@ -458,8 +458,14 @@ def await_ready(
         report = session.ready(list(indices), max_used_bytes=max_used_bytes, timeout=remaining_s,
                                options=WaitOptions().with_(on_poll=observe, clock=clock, sleep=sleep))
     except NvmlCheckError as exc:
-        cause = Cause("unknown", f"GPU {', '.join(map(str, indices))}: {clean_text(str(exc)).split(': ', 1)[-1]}"[:160],
-                      action="RESET_GPU")
+        # The action is the error's (a lost GPU: reboot; one requiring a reset: reset), none where it names none: a
+        # failing nvidia-smi, a refused permission or an unloaded driver is no reason to reset a GPU.
+        from .verdict import error_culprit
+
+        judged = error_culprit(indices[0] if indices else 0, exc)
+        kind: CauseKind = "unhealthy" if judged.class_ == "unhealthy" else "unknown"
+        cause = Cause(kind, f"GPU {', '.join(map(str, indices))}: {clean_text(str(exc)).split(': ', 1)[-1]}"[:160],
+                      action=judged.action)
         return Readiness(False, (cause,), 0, clock() - start)
     by_pid = {t.pid: t for t in killed}
     after = clock() - since

@@ -851,3 +851,22 @@ def test_a_lost_gpu_is_named_in_the_drain_reason_with_what_to_do(
     lost = doc["causes"][0] if command == "health" else next(c for c in doc["causes"] if c["kind"] == "unhealthy")
     assert (lost["kind"], lost["gpu"], lost["action"]) == ("unhealthy", 0, "NODE_REBOOT")
     assert code == (1 if command == "epilog" else 0) and scontrol.updates()
+
+
+@pytest.mark.parametrize(("error", "kind", "action"), [
+    (nc.SmiTransportError(["ssh", "gpu01", "nvidia-smi"], 255, "Connection refused"), "unknown", None),
+    (nc.NoPermission(4, "nvmlDeviceGetMemoryInfo_v2"), "unknown", None),
+    (nc.GpuLost(15, "nvmlDeviceGetMemoryInfo_v2"), "unhealthy", "NODE_REBOOT"),
+    (nc.GpuRequiresReset(24, "nvmlDeviceGetMemoryInfo_v2"), "unhealthy", "RESET_GPU"),
+])
+def test_a_readiness_check_that_raises_names_the_errors_own_action(
+        nvml_stub: StubSession, monkeypatch: pytest.MonkeyPatch, error: Exception, kind: str,
+        action: str | None) -> None:
+    # Every error session.ready raised became "reset the GPU": a failing nvidia-smi over ssh, a refused permission.
+    with nc.open("nvml") as gpus:
+        def fail(*args: Any, **kwargs: Any) -> Any:
+            raise error
+
+        monkeypatch.setattr(gpus, "ready", fail)
+        result = slurm.prolog(gpus, job("0"), timeout_s=5)
+    assert not result.ready and [(c.kind, c.action) for c in result.causes] == [(kind, action)]
