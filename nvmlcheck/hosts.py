@@ -857,6 +857,11 @@ class Fleet:
         except NvmlCheckError as exc:
             if self._closed:
                 return HostError(str(host), "stopped", None, cause.stderr)
+            from .errors import SmiTimeout
+
+            if isinstance(exc, SmiTimeout):  # the host did not answer in time, as a HostTimeout says (transient)
+                return HostTimeout(str(host), f"no nvmlcheck there, and its nvidia-smi did not answer in time: {exc}",
+                                   None, cause.stderr)
             return RemoteError(str(host), f"no nvmlcheck there, and its nvidia-smi failed: {exc}", None,
                                cause.stderr)
         why = _last_line(cause.stderr) or cause.message
