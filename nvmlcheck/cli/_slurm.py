@@ -176,14 +176,19 @@ class _Gate:
 
 
 def _append(path: str, doc: dict[str, Any]) -> None:
-    """One JSON line, written with one ``write`` on an ``O_APPEND`` descriptor (concurrent runs do not interleave)."""
+    """One JSON line, written with one ``write`` on an ``O_APPEND`` descriptor (concurrent runs do not interleave).
+    Only to a regular file: opened without blocking, so a FIFO (no reader: the open would wait forever, past slurmd's
+    timeout) or a device put where the record goes is refused, with a message, and the run ends as it would."""
     import json
     import os
+    import stat
 
     line = (json.dumps(doc, separators=(",", ":")) + "\n").encode()
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK, 0o644)
         try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise OSError(f"{path} is not a regular file")
             os.write(fd, line)
         finally:
             os.close(fd)

@@ -870,3 +870,19 @@ def test_a_readiness_check_that_raises_names_the_errors_own_action(
         monkeypatch.setattr(gpus, "ready", fail)
         result = slurm.prolog(gpus, job("0"), timeout_s=5)
     assert not result.ready and [(c.kind, c.action) for c in result.causes] == [(kind, action)]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_a_record_path_that_is_no_regular_file_is_refused_without_blocking(tmp_path: Path, kind: str) -> None:
+    # --record on a FIFO with no reader (one a user made where the record goes, in /tmp) blocked the open forever:
+    # the epilog never ended, past slurmd's timeout; /dev/null-like devices took the record silently.
+    target = tmp_path / "record.jsonl"
+    if kind == "fifo":
+        os.mkfifo(target)
+    else:
+        target = Path("/dev/null")
+    script = ("import sys\nfrom nvmlcheck.cli._slurm import _append\n"
+              f"_append({str(target)!r}, {{'schema': 'nvmlcheck/slurm'}})\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)  # hang guard
+    why = "No such device or address" if kind == "fifo" else "not a regular file"  # ENXIO: a FIFO with no reader
+    assert done.returncode == 0 and "cannot write the record" in done.stderr and why in done.stderr, done.stderr
