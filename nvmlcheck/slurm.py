@@ -517,6 +517,7 @@ class GateResult:
 
 
 def _deadline(clock: Callable[[], int], timeout_s: float) -> tuple[int, int]:
+    """The gate's start and deadline on ``clock``; ``ArgumentError`` for a timeout that is no finite number >= 0."""
     bound_ns = None
     if not isinstance(timeout_s, bool) and isinstance(timeout_s, int | float) and 0 <= timeout_s < math.inf:
         bound_ns = ns_or_none(timeout_s)
@@ -526,7 +527,14 @@ def _deadline(clock: Callable[[], int], timeout_s: float) -> tuple[int, int]:
     return start, start + bound_ns
 
 
-def _indices(session: Session, selectors: Sequence[str] | None, deadline_ns: int,
+def _setup_bound(timeout_s: float, deadline_ns: int) -> int | None:
+    """The deadline of a gate's setup readings (the selection, the minor numbers, the process lists, the health):
+    ``None`` (no bound) for ``timeout_s`` 0, one check, which always completes as every ``timeout=0`` of the library
+    does (``Session.ready``'s included); else the gate's."""
+    return None if timeout_s == 0 else deadline_ns
+
+
+def _indices(session: Session, selectors: Sequence[str] | None, deadline_ns: int | None,
              clock: Callable[[], int]) -> tuple[tuple[int, ...], tuple[Cause, ...]]:
     """The NVML indices of ``selectors`` (``--devices``: indices, UUIDs, ``cuda:N``, ``MIG-…``; ``None``: every GPU),
     their readings (a UUID's, ``cuda:N``'s) stopped at ``deadline_ns`` on ``clock`` (at most one query late): when
@@ -665,13 +673,13 @@ def epilog(
     start, deadline = _deadline(clock, timeout_s)
     if not devices and not job.gpus:
         return GateResult("epilog", job, (), True, (), clock() - start, timeout_s)
-    indices, unfound = _job_indices(session, job, devices, deadline, clock, gpu_ids=gpu_ids)
+    indices, unfound = _job_indices(session, job, devices, _setup_bound(timeout_s, deadline), clock, gpu_ids=gpu_ids)
     if not indices:
         return GateResult("epilog", job, (), False, unfound, clock() - start, timeout_s)
     from .errors import DeadlinePassed
 
     try:
-        holders = session._holders(list(indices), device_files, deadline, clock)
+        holders = session._holders(list(indices), device_files, _setup_bound(timeout_s, deadline), clock)
     except (NvmlCheckError, DeadlinePassed):
         # A GPU or its process list cannot be read (or not by the deadline): the job's processes are still found by
         # their device files (and proven the job's as always); the readiness judgement below says what cannot be read.
@@ -710,7 +718,7 @@ def epilog(
                       clock() - start, timeout_s, readiness, killed, tuple(left), tuple(would))
 
 
-def _job_indices(session: Session, job: SlurmJob, devices: Sequence[str] | None, deadline_ns: int,
+def _job_indices(session: Session, job: SlurmJob, devices: Sequence[str] | None, deadline_ns: int | None,
                  clock: Callable[[], int], *, gpu_ids: GpuIds) -> tuple[tuple[int, ...], tuple[Cause, ...]]:
     """``devices`` (NVML selectors, as ``--devices`` gives them) resolved, else the job's GPUs by Slurm's IDs."""
     if devices:
@@ -749,7 +757,7 @@ def prolog(
     start, deadline = _deadline(clock, timeout_s)
     if not devices and not job.gpus:
         return GateResult("prolog", job, (), True, (), clock() - start, timeout_s)
-    indices, unfound = _job_indices(session, job, devices, deadline, clock, gpu_ids=gpu_ids)
+    indices, unfound = _job_indices(session, job, devices, _setup_bound(timeout_s, deadline), clock, gpu_ids=gpu_ids)
     if not indices:
         return GateResult("prolog", job, (), False, unfound, clock() - start, timeout_s)
     readiness = await_ready(session, indices, deadline_ns=deadline, max_used_bytes=max_used_bytes, clock=clock,
@@ -774,7 +782,7 @@ def health(
     from .model import Fields
 
     start, deadline = _deadline(clock, timeout_s)
-    indices, unfound = _indices(session, devices, deadline, clock)
+    indices, unfound = _indices(session, devices, _setup_bound(timeout_s, deadline), clock)
     if unfound:
         return GateResult("health", None, (), False, unfound, clock() - start, timeout_s)
     if clean:
@@ -783,7 +791,7 @@ def health(
         return GateResult("health", None, indices, readiness.ready, readiness.causes, clock() - start, timeout_s,
                           readiness)
     try:
-        snap = _read(session, Fields.HEALTH, indices, deadline, clock)
+        snap = _read(session, Fields.HEALTH, indices, _setup_bound(timeout_s, deadline), clock)
         causes = (health_causes(snap) if snap is not None else
                   [Cause("unknown", f"GPU {', '.join(map(str, indices))}: health not read within the timeout")])
     except NvmlCheckError as exc:

@@ -62,7 +62,7 @@ def cmd_slurm(args: argparse.Namespace) -> int:
         gate.drain(result)
         return gate.finish(result, EXIT_BACKEND)
     with session:
-        timeout_s = max(0.0, (gpu_deadline - time.monotonic_ns()) / 1e9)
+        timeout_s = _left_s(gpu_deadline)
         if command == "epilog":
             result = slurm.epilog(session, job, timeout_s=timeout_s, grace_s=args.grace, max_used_bytes=args.max_used,
                                   devices=devices, device_files=args.device_files, kill=not args.dry_run,
@@ -75,7 +75,7 @@ def cmd_slurm(args: argparse.Namespace) -> int:
             if result.ready and gate.may_resume():
                 # Drained by nvmlcheck and idle (no job can start on it): ready again means clean too, not only
                 # healthy. One short check: the periodic run comes back.
-                timeout_s = max(0.0, min(1.0, (gpu_deadline - time.monotonic_ns()) / 1e9))
+                timeout_s = min(1.0, _left_s(gpu_deadline))
                 result = slurm.health(session, timeout_s=timeout_s, devices=devices, clean=True,
                                       max_used_bytes=args.max_used)
                 if result.ready:
@@ -90,6 +90,12 @@ def cmd_slurm(args: argparse.Namespace) -> int:
         return gate.finish(result, EXIT_CLEAN if (run is not None and run.ok) or gate.kept_drained(result) else
                            EXIT_NOT_CLEAN)
     return gate.finish(result, EXIT_NOT_CLEAN)
+
+
+def _left_s(deadline_ns: int) -> float:
+    """Seconds left until ``deadline_ns``, at least 1 ns: the library reads ``timeout_s=0`` as one check that always
+    completes (its readings unbounded), while here a spent budget must stay one: a hung GPU then ends the gate."""
+    return max(1e-9, (deadline_ns - time.monotonic_ns()) / 1e9)
 
 
 def _with_timeout(args: argparse.Namespace, timeout_s: float) -> argparse.Namespace:

@@ -887,3 +887,27 @@ def test_a_record_path_that_is_no_regular_file_is_refused_without_blocking(tmp_p
                           timeout=60)  # a hang guard, not a duration asserted
     why = "No such device or address" if kind == "fifo" else "not a regular file"  # ENXIO: a FIFO with no reader
     assert done.returncode == 0 and "cannot write the record" in done.stderr and why in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("how", ["prolog-minor", "prolog-uuid", "epilog-minor", "health", "health-uuid"])
+def test_a_gate_with_timeout_0_is_one_check_that_completes(nvml_stub: StubSession, nvml_scenario: Scenario,
+                                                           how: str) -> None:
+    from nvmlcheck.testing import StepClock
+
+    # health's "timeout_s=0 waits no longer" (one check, as every timeout=0 of the library) failed on every idle
+    # GPU: the setup readings (minor numbers, UUIDs, health) were cut at a deadline already come. A StepClock:
+    # every reading of the clock is later, as on a loaded machine.
+    with nc.open("nvml") as gpus:
+        uuid = gpus.snapshot(1, fields=nc.Fields(0)).devices[0].uuid
+        clock = StepClock(0.5).clock
+        if how == "prolog-minor":
+            result = slurm.prolog(gpus, job("0"), timeout_s=0, clock=clock)
+        elif how == "prolog-uuid":
+            result = slurm.prolog(gpus, job("0"), timeout_s=0, devices=[uuid], clock=clock)
+        elif how == "epilog-minor":
+            result = slurm.epilog(gpus, job("0"), timeout_s=0, clock=clock)
+        elif how == "health":
+            result = slurm.health(gpus, timeout_s=0, clock=clock)
+        else:
+            result = slurm.health(gpus, timeout_s=0, devices=[uuid], clock=clock)
+    assert result.ready and result.causes == (), result.causes
