@@ -86,6 +86,13 @@ def test_fleet_options_are_checked() -> None:
         (255, "root@gpu: Permission denied (publickey).\n", HostAuthError),
         (255, "Host key verification failed.\n", HostAuthError),
         (255, "Connection timed out during banner exchange\n", HostTimeout),
+        # A login banner above ssh's own lines says what it likes: the last line that names a failure decides.
+        (255, "Unauthorised use: permission denied to all but staff\nConnection closed by 10.0.0.7 port 22\n",
+         HostUnreachable),
+        (255, "Sessions are timed out after 15 minutes\nroot@gpu: Permission denied (publickey).\n", HostAuthError),
+        (255, "Permission denied to visitors\nssh: connect to host gpu port 22: Connection timed out\n", HostTimeout),
+        (255, "Received disconnect from 10.0.0.7 port 22:2: Too many authentication failures\n"
+              "Disconnected from 10.0.0.7 port 22\n", HostAuthError),
         (1, "/usr/bin/python3: No module named nvmlcheck\n", NoRemoteNvmlcheck),
         (127, "bash: line 1: python3: command not found\n", NoRemoteNvmlcheck),
         (1, "Traceback ...\nSyntaxError\n", RemoteError),
