@@ -429,6 +429,8 @@ def _ssh_failure(err: str) -> tuple[Literal["auth", "timeout", "unreachable"], s
         if any(k in low for k in _UNREACHABLE):
             return "unreachable", line[:200]
     return "unreachable", _last_line(err) or "ssh failed"
+
+
 _STDERR_KEEP = 2000
 #: Seconds to keep reading after the ssh we started exited (a ControlMaster may still hold copies of its pipes).
 _PIPE_GRACE_S = 1.0
