@@ -1061,7 +1061,7 @@ def node_name(given: str | None = None, env: Mapping[str, str] | None = None) ->
     """The node to drain: ``given``, else ``$SLURMD_NODENAME``, else the short host name. ``ArgumentError`` (a
     ``ValueError``, naming where it came from) for what is not one node's name (:func:`check_node_name`)."""
     env = os.environ if env is None else env
-    if given:
+    if given is not None:  # --node "" is a usage error, not "no --node": the gate would act on another name
         return check_node_name(given, "--node")
     if env.get("SLURMD_NODENAME"):
         return check_node_name(env["SLURMD_NODENAME"], "$SLURMD_NODENAME")

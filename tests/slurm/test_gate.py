@@ -99,6 +99,10 @@ def test_the_node_name() -> None:
     assert slurm.node_name("n1", {"SLURMD_NODENAME": "n2"}) == "n1"
     assert slurm.node_name(None, {"SLURMD_NODENAME": "n2"}) == "n2"
     assert slurm.node_name(None, {}) and "." not in slurm.node_name(None, {})
+    # An empty --node (a wrapper's unset variable: --node "$NODE") was taken as none given: the node of
+    # $SLURMD_NODENAME or the host name was drained instead of the usage error.
+    with pytest.raises(ValueError, match=r"--node='' is not one node's name \(empty\)"):
+        slurm.node_name("", {"SLURMD_NODENAME": "n2"})
 
 
 @pytest.mark.parametrize(("name", "why"), [("n1,n2", "','"), ("gpu[01-64]", "'[]'"), ("-h", "starts with '-'"),
