@@ -39,6 +39,9 @@ def cmd_slurm(args: argparse.Namespace) -> int:
         job, node = slurm.job_from_env(), slurm.node_name(args.node)
     except ValueError as exc:  # a malformed SLURM_* variable, or not one node's name
         raise UsageError(str(exc)) from None
+    for option, value in (("--scontrol", args.scontrol), ("--record", args.record)):
+        if value is not None and not value.strip():  # a wrapper's unset variable: not "the default", silently
+            raise UsageError(f"{option} {value!r}: an empty path")
     scontrol = slurm.Scontrol(args.scontrol, dry_run=args.dry_run, echo=None if args.json else print)
     gate = _Gate(args, node, scontrol, deadline)
     command = args.slurm_command

@@ -570,6 +570,23 @@ def test_a_malformed_environment_is_a_usage_error(
     assert code == 2 and "$SLURM_JOB_GPUS='gpu0'" in err and scontrol.calls() == []
 
 
+@pytest.mark.parametrize("option", ["--scontrol", "--record", "--node"])
+def test_an_empty_path_or_name_is_a_usage_error_not_the_default(
+        slurm_env: None, scontrol: FakeScontrol, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        option: str) -> None:
+    # "--scontrol \"$SCONTROL\"" with the variable unset ran whatever scontrol PATH had, "--record ''" recorded
+    # nothing, silently, and "--node ''" drained $SLURMD_NODENAME's node: each is now a usage error.
+    scontrol.state.write_text(scontrol.line)
+    argv = ["--simulate", str(busy(tmp_path)), "slurm", "epilog", "--timeout", "1", option, ""]
+    if option != "--scontrol":
+        argv += ["--scontrol", str(scontrol.path)]
+    if option != "--node":
+        argv += ["--node", "n1"]
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2 and f"{option}" in err and scontrol.calls() == [], err
+
+
 def test_a_hostlist_as_the_node_name_is_a_usage_error_and_drains_nothing(
         slurm_env: None, scontrol: FakeScontrol, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
