@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     import argparse
     from typing import Any
 
-    from ..slurm import GateResult, NodeState, Scontrol, ScontrolRun
+    from ..slurm import GateResult, NodeState, Scontrol, ScontrolRun, SlurmJob
 
 #: The part of ``--timeout`` kept for scontrol (drain, resume): this fraction, at most :data:`_SCONTROL_MAX_S`.
 _SCONTROL_SHARE = 0.2
@@ -35,13 +35,7 @@ def cmd_slurm(args: argparse.Namespace) -> int:
     start = time.monotonic_ns()
     deadline = start + int(args.timeout * 1e9)
     gpu_deadline = deadline - int(min(_SCONTROL_MAX_S, args.timeout * _SCONTROL_SHARE) * 1e9)
-    try:
-        job, node = slurm.job_from_env(), slurm.node_name(args.node)
-    except ValueError as exc:  # a malformed SLURM_* variable, or not one node's name
-        raise UsageError(str(exc)) from None
-    for option, value in (("--scontrol", args.scontrol), ("--record", args.record)):
-        if value is not None and not value.strip():  # a wrapper's unset variable: not "the default", silently
-            raise UsageError(f"{option} {value!r}: an empty path")
+    job, node = _job_and_node(args)
     scontrol = slurm.Scontrol(args.scontrol, dry_run=args.dry_run, echo=None if args.json else print)
     gate = _Gate(args, node, scontrol, deadline)
     command = args.slurm_command
@@ -93,6 +87,21 @@ def cmd_slurm(args: argparse.Namespace) -> int:
         return gate.finish(result, EXIT_CLEAN if (run is not None and run.ok) or gate.kept_drained(result) else
                            EXIT_NOT_CLEAN)
     return gate.finish(result, EXIT_NOT_CLEAN)
+
+
+def _job_and_node(args: argparse.Namespace) -> tuple[SlurmJob, str]:
+    """The job from the environment and the node to drain, or a :class:`UsageError`: a malformed ``SLURM_*``
+    variable, not one node's name, an empty ``--scontrol`` or ``--record`` (a wrapper's unset variable: never "the
+    default", silently)."""
+    from .. import slurm
+
+    for option, value in (("--scontrol", args.scontrol), ("--record", args.record)):
+        if value is not None and not value.strip():
+            raise UsageError(f"{option} {value!r}: an empty path")
+    try:
+        return slurm.job_from_env(), slurm.node_name(args.node)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _left_s(deadline_ns: int) -> float:
