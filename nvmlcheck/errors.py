@@ -113,7 +113,8 @@ class NvmlCheckError(Exception):
       ``holders`` says what holds them;
     - retry later: an error whose ``TRANSIENT`` is ``True`` (``nvmlcheck.wait.is_transient(exc)``): NVML's
       :class:`Timeout`, :class:`Unknown`, :class:`NotReady`, :class:`InUse`, nvidia-smi's failures and
-      :class:`SmiTimeout`, ...; a wait retries these itself until its deadline;
+      :class:`SmiTimeout`, a host's :class:`~nvmlcheck.hosts.HostTimeout`, ...; a wait retries these itself until
+      its deadline (a fleet's call does not: its deadline is spent; a caller polling hosts may);
     - give up or call an operator: every other error (``TRANSIENT`` ``False``): :class:`BackendUnavailable`,
       :class:`GpuLost`, :class:`GpuRequiresReset`, :class:`NoPermission`, :class:`CorruptData`, :class:`GpuFault`,
       :class:`SmiParseError`, ...

@@ -462,54 +462,16 @@ def select_kill_holders(
     """
     from .session import Session
 
-    clock = time.monotonic_ns
-    deadline_ns = _time_limit(timeout, clock)
-
-    def left() -> float | None:
-        return None if deadline_ns is None else max(0.0, (deadline_ns - clock()) / 1e9)
-
-    elsewhere: dict[int, str] = {}  # pid -> the unselected GPUs (or MIG instances) whose lists alone name it
     notes: list[str] = []
     rule = devfiles.device_rule(device_files)
     if not rule.is_default:
         notes.append(f"device files: {rule.describe()}")
-    suspects: list[str] = []
     if isinstance(source, Session):
-        if devices is not None and not isinstance(devices, int | str):
-            devices = list(devices)  # read twice with MIG UUIDs: resolved, then their instances' holders
-        from .errors import DeadlinePassed
-
-        source._check_open()
-        try:
-            # A cuda:N that is a MIG instance (CUDA_VISIBLE_DEVICES=MIG-...) selects that instance, as its MIG- UUID
-            # does: never every tenant of its GPU.
-            devices = source._instance_selectors(devices, deadline_ns, clock)
-            indices = source._resolve(devices, deadline_ns, clock)
-        except DeadlinePassed:
-            raise HoldersIncomplete(math.inf if timeout is None else float(timeout),
-                                    "the GPUs named by the selection were still being read") from None
-        try:
-            every = source.holders(None, device_files=device_files, timeout=left())  # the proof looks at every GPU
-            if not all_holders and _unproven(every):
-                remaining = left()
-                time.sleep(RECHECK_S if remaining is None else min(RECHECK_S, remaining))
-                again = source.holders(None, device_files=device_files, timeout=left())
-                still = {pid for pid, _ in _unproven(again)}
-                suspects = [why for pid, why in _unproven(every) if pid in still]
-                every = again
-            holders: Sequence[Holder] = _restricted(every, indices)
-            elsewhere = _only_elsewhere(every, indices)
-            if devices is not None and any(isinstance(i, str) and i.startswith("MIG-") for i in _listed(devices)):
-                # A MIG UUID names one instance: its own processes only, never those of its GPU's other instances.
-                holders, elsewhere = _in_instances(every, source.holders(devices, device_files=device_files,
-                                                                         timeout=left()), elsewhere)
-        except HoldersIncomplete as exc:  # named with the caller's timeout, not what was left of it
-            raise HoldersIncomplete(math.inf if timeout is None else float(timeout), exc.reason, exc.found,
-                                    exc.unscanned) from None
+        holders, elsewhere, suspects = _session_holders(source, devices, all_holders, device_files, timeout)
     else:
         if devices is not None:
             raise ArgumentError("devices selects GPUs of a session; holders already found are taken as they are")
-        holders = source
+        holders, elsewhere = source, {}
         suspects = [why for _, why in _unproven(holders)] if not all_holders else []
     if suspects:
         refused = _numbering_refusal(suspects)
@@ -525,6 +487,57 @@ def select_kill_holders(
         else:
             skipped.append((h, why))
     return KillSelection(tuple(targets), tuple(skipped), tuple(notes))
+
+
+def _session_holders(
+    source: Session,
+    devices: Iterable[DeviceSelector] | DeviceSelector | None,
+    all_holders: bool,
+    device_files: Sequence[str] | str | None,
+    timeout: float | None,
+) -> tuple[Sequence[Holder], dict[int, str], list[str]]:
+    """:func:`select_kill_holders`'s reading of a session: the selected GPUs' holders, the PIDs only unselected GPUs
+    (or MIG instances) list (pid -> where), and why NVML's numbering is not proven this namespace's (when
+    ``all_holders`` is false), all within ``timeout`` (:class:`HoldersIncomplete` past it)."""
+    from .errors import DeadlinePassed
+
+    clock = time.monotonic_ns
+    deadline_ns = _time_limit(timeout, clock)
+
+    def left() -> float | None:
+        return None if deadline_ns is None else max(0.0, (deadline_ns - clock()) / 1e9)
+
+    if devices is not None and not isinstance(devices, int | str):
+        devices = list(devices)  # read twice with MIG UUIDs: resolved, then their instances' holders
+    suspects: list[str] = []
+    source._check_open()
+    try:
+        # A cuda:N that is a MIG instance (CUDA_VISIBLE_DEVICES=MIG-...) selects that instance, as its MIG- UUID
+        # does: never every tenant of its GPU.
+        devices = source._instance_selectors(devices, deadline_ns, clock)
+        indices = source._resolve(devices, deadline_ns, clock)
+    except DeadlinePassed:
+        raise HoldersIncomplete(math.inf if timeout is None else float(timeout),
+                                "the GPUs named by the selection were still being read") from None
+    try:
+        every = source.holders(None, device_files=device_files, timeout=left())  # the proof looks at every GPU
+        if not all_holders and _unproven(every):
+            remaining = left()
+            time.sleep(RECHECK_S if remaining is None else min(RECHECK_S, remaining))
+            again = source.holders(None, device_files=device_files, timeout=left())
+            still = {pid for pid, _ in _unproven(again)}
+            suspects = [why for pid, why in _unproven(every) if pid in still]
+            every = again
+        holders: Sequence[Holder] = _restricted(every, indices)
+        elsewhere = _only_elsewhere(every, indices)
+        if devices is not None and any(isinstance(i, str) and i.startswith("MIG-") for i in _listed(devices)):
+            # A MIG UUID names one instance: its own processes only, never those of its GPU's other instances.
+            holders, elsewhere = _in_instances(every, source.holders(devices, device_files=device_files,
+                                                                     timeout=left()), elsewhere)
+    except HoldersIncomplete as exc:  # named with the caller's timeout, not what was left of it
+        raise HoldersIncomplete(math.inf if timeout is None else float(timeout), exc.reason, exc.found,
+                                exc.unscanned) from None
+    return holders, elsewhere, suspects
 
 
 def _never_signalled() -> Callable[[int], str | None]:

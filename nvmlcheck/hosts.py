@@ -118,6 +118,8 @@ FallbackFn = Callable[[FallbackContext], tuple[dict[str, Any], int]]
 # through ("root\n@gpu01" reached ssh, and the output, as a user name with a line break).
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
 _USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
+# An IPv6 address (with a zone, fe80::1%eth0), as it goes between brackets.
+_IPV6 = re.compile(r"[0-9A-Fa-f:.%A-Za-z]+")
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +133,19 @@ class Host:
     host: str
     user: str | None = None
     port: int | None = None
+
+    def __post_init__(self) -> None:
+        # A Host built directly (from an inventory, not parse()) is held to the same rules: its name goes to ssh as
+        # the destination and into every line printed about it (a newline, a space, a leading "-" must not).
+        shown = f"Host({self.host!r}, {self.user!r}, {self.port!r})"
+        if not isinstance(self.host, str) or not (
+                _NAME.fullmatch(self.host) or (":" in self.host and _IPV6.fullmatch(self.host))):
+            raise ArgumentError(f"bad host {shown}: {self.host!r} is not a host name or address")
+        if self.user is not None and not (isinstance(self.user, str) and _USER.fullmatch(self.user)):
+            raise ArgumentError(f"bad host {shown}: bad user {self.user!r}")
+        if self.port is not None and (isinstance(self.port, bool) or not isinstance(self.port, int)
+                                      or not 1 <= self.port <= 65535):
+            raise ArgumentError(f"bad host {shown}: port must be an int 1-65535, got {self.port!r}")
 
     @classmethod
     def parse(cls, spec: str) -> Host:
@@ -146,7 +161,7 @@ class Host:
             addr, bracket, rest = text[1:].partition("]")
             if not bracket or not addr or (rest and not rest.startswith(":")):
                 raise ArgumentError(f"bad host {spec!r}: an IPv6 address goes in brackets: [ADDR] or [ADDR]:PORT")
-            if not re.fullmatch(r"[0-9A-Fa-f:.%A-Za-z]+", addr) or ":" not in addr:
+            if not _IPV6.fullmatch(addr) or ":" not in addr:
                 raise ArgumentError(f"bad host {spec!r}: {addr!r} is not an IPv6 address")
             host = addr
             port_text = rest[1:] if rest else None
@@ -230,9 +245,17 @@ def read_hosts_file(path: str | os.PathLike[str]) -> list[str]:
 
 class HostError(NvmlCheckError):
     """A host gave no verdict. ``host`` names it, ``returncode`` is ssh's exit status (``None`` when it was killed),
-    ``stderr`` what ssh or the remote side printed (trimmed)."""
+    ``stderr`` what ssh or the remote side printed (trimmed).
+
+    Each class declares :attr:`~nvmlcheck.NvmlCheckError.TRANSIENT` (``nvmlcheck.wait.is_transient``) as the same
+    failure is declared where the smi backend reaches a host through ``--smi-prefix "ssh HOST"``: only
+    :class:`HostTimeout` is transient (as :class:`~nvmlcheck.SmiTimeout`: the host or its GPU may answer the next
+    call); an unreachable host, a refused login (:class:`~nvmlcheck.SmiTransportError`, ssh's exit 255), the remote
+    side's own error or no nvmlcheck there are not. One :meth:`Fleet.run` never retries a host: its deadline is
+    spent; a caller that polls hosts may run a transient one again, and never counts any failure as clean."""
 
     kind = "error"
+    TRANSIENT = False  # an internal error, or the fleet was stopped: running it again does not change that
 
     def __init__(self, host: str, message: str, returncode: int | None = None, stderr: str = "") -> None:
         self.host = host
@@ -246,6 +269,7 @@ class HostUnreachable(HostError):
     """ssh could not connect: refused, no route, unknown name, connection closed."""
 
     kind = "unreachable"
+    TRANSIENT = False  # as SmiTransportError (ssh's exit 255): a wrong name or a closed port stays so
 
 
 class HostAuthError(HostError):
@@ -253,12 +277,17 @@ class HostAuthError(HostError):
     refused by the user's ssh configuration."""
 
     kind = "auth"
+    TRANSIENT = False  # keys and host keys do not change between two polls
 
 
 class HostTimeout(HostError, TimeoutError):
-    """No answer before the deadline (the ssh process group was killed), or ssh's own connect timeout."""
+    """No answer before the deadline (the ssh process group was killed), or ssh's own connect timeout. Transient,
+    as :class:`~nvmlcheck.SmiTimeout` (the same failure through ``--smi-prefix "ssh HOST"``): it says nothing about
+    the GPUs, and a loaded host, a wedged nvidia-smi or a lost packet may answer the next call. Still a failed host
+    (never clean)."""
 
     kind = "timeout"
+    TRANSIENT = True
 
 
 class RemoteError(HostError):
@@ -266,6 +295,7 @@ class RemoteError(HostError):
     an unexpected exit, or output that is not an nvmlcheck document. ``document`` holds the remote document if any."""
 
     kind = "remote"
+    TRANSIENT = False  # what the remote side answered: asked again, it answers the same (its own waits retried)
 
     def __init__(self, host: str, message: str, returncode: int | None = None, stderr: str = "",
                  document: dict[str, Any] | None = None) -> None:
@@ -278,6 +308,7 @@ class NoRemoteNvmlcheck(HostError):
     nvidia-smi (``kill``, ``holders``), or the fallback was turned off."""
 
     kind = "no-nvmlcheck"
+    TRANSIENT = False  # nothing installs it between two polls
 
 
 # --- results ---------------------------------------------------------------------------------------------------------
@@ -373,6 +404,27 @@ _NO_MODULE = re.compile(r"No module named '?nvmlcheck'?")
 _AUTH = ("permission denied", "host key verification failed", "too many authentication failures",
          "no matching host key", "remote host identification has changed")
 _TIMEOUT = ("timed out", "operation timed out")
+# What ssh says when it cannot reach the host (or the connection drops): read so that the scan below stops at it.
+_UNREACHABLE = ("connection refused", "no route to host", "could not resolve hostname", "name or service not known",
+                "connection closed", "connection reset", "network is unreachable", "kex_exchange_identification")
+
+
+def _ssh_failure(err: str) -> tuple[Literal["auth", "timeout", "unreachable"], str]:
+    """Why ssh failed (its exit 255), and the line that says so: ssh's own lines come last, so the lines are read
+    from the end and the first that names a failure decides. A login banner (sshd's ``Banner``, printed on stderr
+    before the login) that happens to say "permission denied" or "timed out" is above them: it no longer turns a
+    dropped connection into a refused login (or a timeout into one)."""
+    for line in reversed([line.strip() for line in err.splitlines() if line.strip()]):
+        low = line.lower()
+        if any(k in low for k in _AUTH):
+            return "auth", line[:200]
+        if any(k in low for k in _TIMEOUT):
+            return "timeout", line[:200]
+        if any(k in low for k in _UNREACHABLE):
+            return "unreachable", line[:200]
+    return "unreachable", _last_line(err) or "ssh failed"
+
+
 _STDERR_KEEP = 2000
 #: Seconds to keep reading after the ssh we started exited (a ControlMaster may still hold copies of its pipes).
 _PIPE_GRACE_S = 1.0
@@ -778,12 +830,11 @@ class Fleet:
         if document is None:
             if _NO_MODULE.search(err) or (rc == 127 and "not found" in err.lower()):
                 return NoRemoteNvmlcheck(name, f"no nvmlcheck there ({_last_line(err)})", rc, _trim(err))
-            low = err.lower()
             if rc == 255:
-                line = _last_line(err) or "ssh failed"
-                if any(k in low for k in _AUTH):
+                kind, line = _ssh_failure(err)
+                if kind == "auth":
                     return HostAuthError(name, line, rc, _trim(err))
-                if any(k in low for k in _TIMEOUT):
+                if kind == "timeout":
                     return HostTimeout(name, line, rc, _trim(err))
                 return HostUnreachable(name, line, rc, _trim(err))
             return RemoteError(name, f"exit {rc} without an nvmlcheck document: {_last_line(err) or _first_line(out)}",
@@ -820,6 +871,11 @@ class Fleet:
         except NvmlCheckError as exc:
             if self._closed:
                 return HostError(str(host), "stopped", None, cause.stderr)
+            from .errors import SmiTimeout
+
+            if isinstance(exc, SmiTimeout):  # the host did not answer in time, as a HostTimeout says (transient)
+                return HostTimeout(str(host), f"no nvmlcheck there, and its nvidia-smi did not answer in time: {exc}",
+                                   None, cause.stderr)
             return RemoteError(str(host), f"no nvmlcheck there, and its nvidia-smi failed: {exc}", None,
                                cause.stderr)
         why = _last_line(cause.stderr) or cause.message

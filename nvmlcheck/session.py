@@ -840,7 +840,7 @@ class Session:
             raise HoldersIncomplete(timeout_s, "the GPUs' process lists were still being read")
         snap = read
         snap.raise_for_failures()
-        snap = self._instances_selected(snap, devices)
+        snap = self._instances_selected(snap, devices, deadline_ns, clock)
         for d in snap.devices:
             for kind in ("compute", "graphics", "mps"):
                 if getattr(d, f"{kind}_processes") is None:
@@ -853,7 +853,8 @@ class Session:
                                          f"not be read ({why})")
         return _find_holders(snap, indices, device_files, deadline_ns=deadline_ns, clock=clock, timeout_s=timeout_s)
 
-    def _instances_selected(self, snap: Snapshot, devices: Iterable[DeviceSelector] | DeviceSelector | None
+    def _instances_selected(self, snap: Snapshot, devices: Iterable[DeviceSelector] | DeviceSelector | None,
+                            deadline_ns: int | None = None, clock: Callable[[], int] = time.monotonic_ns
                             ) -> Snapshot:
         """``snap`` with each GPU that ``devices`` names only through ``MIG-`` UUIDs (or prefixes) replaced by the
         selected instances (:func:`~nvmlcheck.predicates.instance_view`: their own processes, named by their
@@ -869,7 +870,7 @@ class Session:
         from .predicates import instance_view
 
         others = [i for i in items if i not in migs]
-        whole = set(self.resolve(others) or ()) if others else set()
+        whole = set(self._resolve(others, deadline_ns, clock) or ()) if others else set()
         units: list[DeviceState] = []
         found: set[str] = set()
         for d in snap.devices:

@@ -97,7 +97,13 @@ class SlurmJob:
                 "gpus_from": self.gpus_from}
 
 
-_UUID = re.compile(r"(GPU|MIG)-[0-9A-Za-z-]+")
+# A GPU's UUID, a MIG instance's, or an instance as drivers before R470 name it: MIG-<GPU UUID>/<GI id>/<CI id>.
+_UUID = re.compile(r"GPU-[0-9A-Za-z-]+|MIG-[0-9A-Za-z-]+(?:/[0-9]+/[0-9]+)?")
+# GRES as scontrol show job -d prints it (and sites copy into the environment): gpu[:TYPE][:COUNT](IDX:0-1,3), one
+# or more, comma-separated; IDX:N/A is none.
+_GRES_ITEM = r"gpu(?::[A-Za-z0-9_.\-]+)*\(IDX:([0-9,\-]*|N/A)\)"
+_GRES_LIST = re.compile(rf"{_GRES_ITEM}(?:,{_GRES_ITEM})*")
+_GRES_IDX = re.compile(_GRES_ITEM)
 
 #: The highest GPU ID: Slurm's GPU ID is a device minor number (``/dev/nvidiaN``), and NVIDIA GPUs are minors
 #: 0-253 (254 is ``nvidia-modeset``, 255 ``nvidiactl``). It also bounds how long a GPU list may be.
@@ -106,13 +112,19 @@ _MAX_GPU_IDS = MAX_GPU_ID + 1
 
 
 def parse_gpu_list(text: str, variable: str) -> tuple[str, ...]:
-    """``"0,1,3"``, ``"0-3,6"`` or UUIDs (``GPU-…``, ``MIG-…``) as a list of IDs, in order, each once. ``""`` and
+    """``"0,1,3"``, ``"0-3,6"`` or UUIDs (``GPU-…``, ``MIG-…``, ``MIG-GPU-…/GI/CI``) as a list of IDs, in order, each
+    once; also GRES as ``scontrol show job -d`` prints it, ``gpu:h200:2(IDX:0,2)`` (its IDX lists). ``""`` and
     Slurm's ``NoDevFiles`` (GRES without device files) are no GPU. ``ArgumentError`` (a ``ValueError``) naming
     ``variable`` otherwise, and for an ID beyond :data:`MAX_GPU_ID` or more than ``MAX_GPU_ID + 1`` items: each is
     refused before anything is built (``0-100000000`` would be a list of 10**8 IDs)."""
     text = text.strip()
     if not text or text == "NoDevFiles":
         return ()
+    if "(IDX:" in text and len(text) <= 4096:
+        if not _GRES_LIST.fullmatch(text):
+            raise ArgumentError(f"${variable}={_shown(text)}: not GRES of the form gpu[:TYPE][:COUNT](IDX:LIST)")
+        lists = [m.group(1) for m in _GRES_IDX.finditer(text) if m.group(1) not in ("", "N/A")]
+        return tuple(dict.fromkeys(g for ids in lists for g in parse_gpu_list(ids, variable)))
     if text.count(",") >= _MAX_GPU_IDS:
         raise ArgumentError(f"${variable}={_shown(text)}: more than {_MAX_GPU_IDS} GPUs (a host has at most "
                             f"{_MAX_GPU_IDS}: /dev/nvidia0-{MAX_GPU_ID})")
@@ -255,6 +267,9 @@ _SHORT = {
     "retired-pages-pending": "page retirement pending, reset needed",
     "ecc-uncorrected-volatile": "uncorrectable ECC errors, reset needed",
 }
+#: The words for a GPU that could not be read and needs an operator (:func:`nvmlcheck.verdict.error_culprit`), by its
+#: action: its culprit's sentence carries NVML's whole message, which would take the reason's 200 characters.
+_SHORT_QUERY = {"NODE_REBOOT": "GPU lost, node reboot needed", "RESET_GPU": "GPU requires a reset, reset needed"}
 
 
 def cause_of(c: Culprit, *, after_ns: int | None = None, killed: Mapping[int, PidTimes] | None = None,
@@ -267,7 +282,8 @@ def cause_of(c: Culprit, *, after_ns: int | None = None, killed: Mapping[int, Pi
     after = "" if after_ns is None else f" after {_seconds(after_ns)}"
     size = "" if c.used_bytes is None else f" {format_bytes(c.used_bytes)}"
     if c.class_ in ("unhealthy", "unknown", "short") or (c.pid is None and c.class_ not in ("reclaiming", "stuck")):
-        text = f"{gpu}: {_SHORT.get(c.kind) or c.reason.split(' [', 1)[0]}"
+        short = _SHORT_QUERY.get(c.action or "") if c.kind == "query" and c.class_ == "unhealthy" else None
+        text = f"{gpu}: {short or _SHORT.get(c.kind) or c.reason.split(' [', 1)[0]}"
     elif c.pid is None:
         what = "still coming back" if c.class_ == "reclaiming" else "held by no process"
         text = f"{gpu}:{size} {what}{after}"
@@ -314,7 +330,9 @@ def job_processes(
     The job's: a process in the job's cgroup (``slurm/<id>``, read by :func:`nvmlcheck._proc.container.container_of`);
     or one in no Slurm job's cgroup whose initial environment says ``SLURM_JOB_ID=<id>`` and whose owner is the job's
     user (a worker that daemonised out of the job under ``proctrack/linuxproc``). Never: a process in another job's
-    cgroup (whatever its environment says), Slurm's step daemon, this process or an ancestor, a daemon
+    cgroup (whatever its environment says), Slurm's step daemon, one outside the job's cgroup whose environment has
+    ``SLURM_SCRIPT_CONTEXT`` (slurmd's Prolog or Epilog, e.g. a helper the epilog script started: it names the job
+    and, for a root job, runs as its user), this process or an ancestor, a daemon
     (:data:`~nvmlcheck.holders.DAEMONS`), a zombie (no signal frees it), or anything when the job ID is unknown."""
     from ._proc.container import container_of
     from ._proc.environ import environ_value
@@ -334,6 +352,10 @@ def job_processes(
             mine.append((h, f"in job {job.id}'s cgroup"))
         elif jobs:
             others.append((h, f"in another job's cgroup (job {jobs[0]})"))
+        elif (context := environ_value(h.pid, "SLURM_SCRIPT_CONTEXT")) is not None:
+            # slurmd's Prolog/Epilog scripts (and what they start) carry the job's SLURM_JOB_ID, run as root outside
+            # the job's cgroup: for a root job (SLURM_JOB_UID=0) they would pass for its leftovers.
+            others.append((h, f"Slurm's own script ({_shown(context, 40)}), not the job's"))
         elif environ_value(h.pid, "SLURM_JOB_ID") == job.id and job.uid is not None and h.uid == job.uid:
             mine.append((h, f"left job {job.id}'s cgroup; its environment names the job and it runs as its user"))
         else:
@@ -436,8 +458,14 @@ def await_ready(
         report = session.ready(list(indices), max_used_bytes=max_used_bytes, timeout=remaining_s,
                                options=WaitOptions().with_(on_poll=observe, clock=clock, sleep=sleep))
     except NvmlCheckError as exc:
-        cause = Cause("unknown", f"GPU {', '.join(map(str, indices))}: {clean_text(str(exc)).split(': ', 1)[-1]}"[:160],
-                      action="RESET_GPU")
+        # The action is the error's (a lost GPU: reboot; one requiring a reset: reset), none where it names none: a
+        # failing nvidia-smi, a refused permission or an unloaded driver is no reason to reset a GPU.
+        from .verdict import error_culprit
+
+        judged = error_culprit(indices[0] if indices else 0, exc)
+        kind: CauseKind = "unhealthy" if judged.class_ == "unhealthy" else "unknown"
+        cause = Cause(kind, f"GPU {', '.join(map(str, indices))}: {clean_text(str(exc)).split(': ', 1)[-1]}"[:160],
+                      action=judged.action)
         return Readiness(False, (cause,), 0, clock() - start)
     by_pid = {t.pid: t for t in killed}
     after = clock() - since
@@ -489,6 +517,7 @@ class GateResult:
 
 
 def _deadline(clock: Callable[[], int], timeout_s: float) -> tuple[int, int]:
+    """The gate's start and deadline on ``clock``; ``ArgumentError`` for a timeout that is no finite number >= 0."""
     bound_ns = None
     if not isinstance(timeout_s, bool) and isinstance(timeout_s, int | float) and 0 <= timeout_s < math.inf:
         bound_ns = ns_or_none(timeout_s)
@@ -498,9 +527,28 @@ def _deadline(clock: Callable[[], int], timeout_s: float) -> tuple[int, int]:
     return start, start + bound_ns
 
 
-def _indices(session: Session, selectors: Sequence[str] | None) -> tuple[int, ...]:
-    resolved = session.resolve(list(selectors) if selectors else None)
-    return tuple(range(session.device_count())) if resolved is None else resolved
+def _setup_bound(timeout_s: float, deadline_ns: int) -> int | None:
+    """The deadline of a gate's setup readings (the selection, the minor numbers, the process lists, the health):
+    ``None`` (no bound) for ``timeout_s`` 0, one check, which always completes as every ``timeout=0`` of the library
+    does (``Session.ready``'s included); else the gate's."""
+    return None if timeout_s == 0 else deadline_ns
+
+
+def _indices(session: Session, selectors: Sequence[str] | None, deadline_ns: int | None,
+             clock: Callable[[], int]) -> tuple[tuple[int, ...], tuple[Cause, ...]]:
+    """The NVML indices of ``selectors`` (``--devices``: indices, UUIDs, ``cuda:N``, ``MIG-…``; ``None``: every GPU),
+    their readings (a UUID's, ``cuda:N``'s) stopped at ``deadline_ns`` on ``clock`` (at most one query late): when
+    the deadline came first, no index and a cause saying so (a slow or hung GPU must not hold the gate past slurmd's
+    own timeout)."""
+    from .errors import DeadlinePassed
+
+    try:
+        resolved = session._resolve(list(selectors) if selectors else None, deadline_ns, clock)
+    except DeadlinePassed:
+        named = ", ".join(_shown(s, 60) for s in selectors or ())
+        return (), (Cause("unknown", clean_text(f"which GPUs {named} are cannot be told: the GPUs were not read "
+                                                 "within the timeout")[:160]),)
+    return (tuple(range(session.device_count())) if resolved is None else resolved), ()
 
 
 #: What Slurm's numeric GPU IDs count (``--gpu-ids``): ``"minor"``, the N of ``/dev/nvidiaN`` (gres.conf lists
@@ -530,7 +578,7 @@ def job_gpu_indices(session: Session, gpus: Sequence[str], *, deadline_ns: int |
         raise ArgumentError(f"gpu_ids must be one of {', '.join(GPU_IDS)}, got {gpu_ids!r}")
     # UUIDs, and with "index" the IDs too, name GPUs as --devices does.
     ids = [g for g in gpus if is_digits(g)] if gpu_ids == "minor" else []
-    out, causes = _resolved(session, [g for g in gpus if g not in ids])
+    out, causes = _resolved(session, [g for g in gpus if g not in ids], deadline_ns, clock)
     if not ids:
         return tuple(sorted(out)), tuple(causes)
     snap = _read(session, Fields(0), None, deadline_ns, clock)  # identity only: cached after the first read
@@ -544,7 +592,8 @@ def job_gpu_indices(session: Session, gpus: Sequence[str], *, deadline_ns: int |
             by_minor.setdefault(d.minor_number, []).append(d.index)
     unknown = [f"GPU {d.index}'s: {d.why_unknown('minor_number') or 'unknown'}" for d in snap.devices
                if d.minor_number is None]
-    unknown += [f"GPU {f.index} unreadable: {f.error}" for f in snap.failures]
+    unknown += [f"GPU {f.index}: it cannot be read" for f in snap.failures]
+    unreadable = False
     for g in ids:
         found = by_minor.get(int(g), [])
         if len(found) == 1:
@@ -558,22 +607,34 @@ def job_gpu_indices(session: Session, gpus: Sequence[str], *, deadline_ns: int |
         elif unknown:
             why = f"which GPU is the job's GPU {g} (/dev/nvidia{g}) cannot be told: no minor number for {unknown[0]}"
             causes.append(Cause("unknown", clean_text(why)[:160]))
+            unreadable = True
         else:
             minors = ", ".join(map(str, sorted(by_minor))) or "none"
             causes.append(Cause("unknown", f"the job's GPU {g} (/dev/nvidia{g}) is none of this host's GPUs "
                                            f"(minor numbers {minors})"))
+    if unreadable:
+        # Why those GPUs cannot be read (lost: reboot; reset required), with its action: the reason an operator
+        # needs, which the 160 characters above cut off.
+        from .verdict import error_culprit
+
+        causes.extend(cause_of(error_culprit(f.index, f.error)) for f in snap.failures)
     return tuple(sorted(out)), tuple(causes)
 
 
-def _resolved(session: Session, gpus: Sequence[str]) -> tuple[set[int], list[Cause]]:
-    """The NVML indices of ``gpus`` (UUIDs, NVML indices), and a cause for each that is none of this host's GPUs."""
-    from .errors import NoSuchDevice
+def _resolved(session: Session, gpus: Sequence[str], deadline_ns: int | None,
+              clock: Callable[[], int]) -> tuple[set[int], list[Cause]]:
+    """The NVML indices of ``gpus`` (UUIDs, NVML indices), and a cause for each that is none of this host's GPUs, or
+    that could not be told by ``deadline_ns`` (on ``clock``; ``None``: no bound)."""
+    from .errors import DeadlinePassed, NoSuchDevice
 
     out: set[int] = set()
     causes: list[Cause] = []
     for g in gpus:
         try:
-            out.update(session.resolve([g]) or ())
+            out.update(session._resolve([g], deadline_ns, clock) or ())
+        except DeadlinePassed:
+            causes.append(Cause("unknown", clean_text(f"which GPU is the job's GPU {g} cannot be told: the GPUs "
+                                                      "were not read within the timeout")[:160]))
         except NoSuchDevice:
             causes.append(Cause("unknown", f"the job's GPU {g} is none of this host's GPUs" +
                                 (f" (NVML indices 0-{session.device_count() - 1})" if is_digits(g) else "")))
@@ -612,7 +673,7 @@ def epilog(
     start, deadline = _deadline(clock, timeout_s)
     if not devices and not job.gpus:
         return GateResult("epilog", job, (), True, (), clock() - start, timeout_s)
-    indices, unfound = _job_indices(session, job, devices, deadline, clock, gpu_ids=gpu_ids)
+    indices, unfound = _job_indices(session, job, devices, _setup_bound(timeout_s, deadline), clock, gpu_ids=gpu_ids)
     if not indices:
         return GateResult("epilog", job, (), False, unfound, clock() - start, timeout_s)
     from .holders import HoldersIncomplete, find_holders
@@ -665,11 +726,11 @@ def epilog(
                       clock() - start, timeout_s, readiness, killed, tuple(left), tuple(would))
 
 
-def _job_indices(session: Session, job: SlurmJob, devices: Sequence[str] | None, deadline_ns: int,
+def _job_indices(session: Session, job: SlurmJob, devices: Sequence[str] | None, deadline_ns: int | None,
                  clock: Callable[[], int], *, gpu_ids: GpuIds) -> tuple[tuple[int, ...], tuple[Cause, ...]]:
     """``devices`` (NVML selectors, as ``--devices`` gives them) resolved, else the job's GPUs by Slurm's IDs."""
     if devices:
-        return _indices(session, devices), ()
+        return _indices(session, devices, deadline_ns, clock)
     return job_gpu_indices(session, job.gpus, deadline_ns=deadline_ns, clock=clock, gpu_ids=gpu_ids)
 
 
@@ -704,7 +765,7 @@ def prolog(
     start, deadline = _deadline(clock, timeout_s)
     if not devices and not job.gpus:
         return GateResult("prolog", job, (), True, (), clock() - start, timeout_s)
-    indices, unfound = _job_indices(session, job, devices, deadline, clock, gpu_ids=gpu_ids)
+    indices, unfound = _job_indices(session, job, devices, _setup_bound(timeout_s, deadline), clock, gpu_ids=gpu_ids)
     if not indices:
         return GateResult("prolog", job, (), False, unfound, clock() - start, timeout_s)
     readiness = await_ready(session, indices, deadline_ns=deadline, max_used_bytes=max_used_bytes, clock=clock,
@@ -729,14 +790,16 @@ def health(
     from .model import Fields
 
     start, deadline = _deadline(clock, timeout_s)
-    indices = _indices(session, devices)
+    indices, unfound = _indices(session, devices, _setup_bound(timeout_s, deadline), clock)
+    if unfound:
+        return GateResult("health", None, (), False, unfound, clock() - start, timeout_s)
     if clean:
         readiness = await_ready(session, indices, deadline_ns=deadline, max_used_bytes=max_used_bytes, clock=clock,
                                 sleep=sleep)
         return GateResult("health", None, indices, readiness.ready, readiness.causes, clock() - start, timeout_s,
                           readiness)
     try:
-        snap = _read(session, Fields.HEALTH, indices, deadline, clock)
+        snap = _read(session, Fields.HEALTH, indices, _setup_bound(timeout_s, deadline), clock)
         causes = (health_causes(snap) if snap is not None else
                   [Cause("unknown", f"GPU {', '.join(map(str, indices))}: health not read within the timeout")])
     except NvmlCheckError as exc:
@@ -1006,7 +1069,7 @@ def node_name(given: str | None = None, env: Mapping[str, str] | None = None) ->
     """The node to drain: ``given``, else ``$SLURMD_NODENAME``, else the short host name. ``ArgumentError`` (a
     ``ValueError``, naming where it came from) for what is not one node's name (:func:`check_node_name`)."""
     env = os.environ if env is None else env
-    if given:
+    if given is not None:  # --node "" is a usage error, not "no --node": the gate would act on another name
         return check_node_name(given, "--node")
     if env.get("SLURMD_NODENAME"):
         return check_node_name(env["SLURMD_NODENAME"], "$SLURMD_NODENAME")

@@ -50,9 +50,16 @@ def _seconds(value: float | None) -> str:
     return "none" if value is None else repr(float(value))
 
 
+#: The options of a command run on hosts that stay here: how the hosts are reached, what is printed here, and what
+#: --host refuses (--simulate, --smi-prefix).
+LOCAL_OPTIONS = frozenset({"hosts", "hosts_file", "remote_prefix", "remote_python", "fanout", "connect_timeout",
+                           "ssh_options", "json", "view", "simulate", "smi_prefix"})
+
+
 def remote_command(args: argparse.Namespace) -> list[str]:
     """The command's words for the remote nvmlcheck, rebuilt from the parsed options (``--json`` is added by the
-    fleet; the view of ``snapshot`` only changes what is printed here)."""
+    fleet; the view of ``snapshot`` only changes what is printed here). Every option of the command reaches the
+    remote side but those of :data:`LOCAL_OPTIONS` (tests/unit/test_hosts_spec.py checks each command's parser)."""
     words = [args.command]
     if args.backend != "auto":
         words += ["--backend", args.backend]
@@ -80,9 +87,12 @@ def remote_command(args: argparse.Namespace) -> list[str]:
                                         ("--all-on-gpu", args.all_on_gpu), ("--yes", args.yes),
                                         ("--dry-run", args.dry_run), ("--missing-ok", args.missing_ok),
                                         ("--only-targets", args.only_targets)) if on]
+        # FLAG=VALUE: a value of the user's (a pattern, an ID) may begin with "-", which the remote parser would
+        # read as an option of its own.
         for flag, value in (("--match", args.match), ("--container", args.container), ("--cgroup", args.cgroup)):
             if value is not None:
-                words += [flag, value]
+                words.append(f"{flag}={value}")
+        words += [f"--exclude={value}" for value in args.exclude or ()]  # what must never be signalled, there too
         if args.pids:
             words += ["--", *map(str, args.pids)]
     return words

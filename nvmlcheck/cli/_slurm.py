@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     import argparse
     from typing import Any
 
-    from ..slurm import GateResult, NodeState, Scontrol, ScontrolRun
+    from ..slurm import GateResult, NodeState, Scontrol, ScontrolRun, SlurmJob
 
 #: The part of ``--timeout`` kept for scontrol (drain, resume): this fraction, at most :data:`_SCONTROL_MAX_S`.
 _SCONTROL_SHARE = 0.2
@@ -35,10 +35,7 @@ def cmd_slurm(args: argparse.Namespace) -> int:
     start = time.monotonic_ns()
     deadline = start + int(args.timeout * 1e9)
     gpu_deadline = deadline - int(min(_SCONTROL_MAX_S, args.timeout * _SCONTROL_SHARE) * 1e9)
-    try:
-        job, node = slurm.job_from_env(), slurm.node_name(args.node)
-    except ValueError as exc:  # a malformed SLURM_* variable, or not one node's name
-        raise UsageError(str(exc)) from None
+    job, node = _job_and_node(args)
     scontrol = slurm.Scontrol(args.scontrol, dry_run=args.dry_run, echo=None if args.json else print)
     gate = _Gate(args, node, scontrol, deadline)
     command = args.slurm_command
@@ -62,7 +59,7 @@ def cmd_slurm(args: argparse.Namespace) -> int:
         gate.drain(result)
         return gate.finish(result, EXIT_BACKEND)
     with session:
-        timeout_s = max(0.0, (gpu_deadline - time.monotonic_ns()) / 1e9)
+        timeout_s = _left_s(gpu_deadline)
         if command == "epilog":
             result = slurm.epilog(session, job, timeout_s=timeout_s, grace_s=args.grace, max_used_bytes=args.max_used,
                                   devices=devices, device_files=args.device_files, kill=not args.dry_run,
@@ -75,7 +72,7 @@ def cmd_slurm(args: argparse.Namespace) -> int:
             if result.ready and gate.may_resume():
                 # Drained by nvmlcheck and idle (no job can start on it): ready again means clean too, not only
                 # healthy. One short check: the periodic run comes back.
-                timeout_s = max(0.0, min(1.0, (gpu_deadline - time.monotonic_ns()) / 1e9))
+                timeout_s = min(1.0, _left_s(gpu_deadline))
                 result = slurm.health(session, timeout_s=timeout_s, devices=devices, clean=True,
                                       max_used_bytes=args.max_used)
                 if result.ready:
@@ -90,6 +87,27 @@ def cmd_slurm(args: argparse.Namespace) -> int:
         return gate.finish(result, EXIT_CLEAN if (run is not None and run.ok) or gate.kept_drained(result) else
                            EXIT_NOT_CLEAN)
     return gate.finish(result, EXIT_NOT_CLEAN)
+
+
+def _job_and_node(args: argparse.Namespace) -> tuple[SlurmJob, str]:
+    """The job from the environment and the node to drain, or a :class:`UsageError`: a malformed ``SLURM_*``
+    variable, not one node's name, an empty ``--scontrol`` or ``--record`` (a wrapper's unset variable: never "the
+    default", silently)."""
+    from .. import slurm
+
+    for option, value in (("--scontrol", args.scontrol), ("--record", args.record)):
+        if value is not None and not value.strip():
+            raise UsageError(f"{option} {value!r}: an empty path")
+    try:
+        return slurm.job_from_env(), slurm.node_name(args.node)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _left_s(deadline_ns: int) -> float:
+    """Seconds left until ``deadline_ns``, at least 1 ns: the library reads ``timeout_s=0`` as one check that always
+    completes (its readings unbounded), while here a spent budget must stay one: a hung GPU then ends the gate."""
+    return max(1e-9, (deadline_ns - time.monotonic_ns()) / 1e9)
 
 
 def _with_timeout(args: argparse.Namespace, timeout_s: float) -> argparse.Namespace:
@@ -176,14 +194,19 @@ class _Gate:
 
 
 def _append(path: str, doc: dict[str, Any]) -> None:
-    """One JSON line, written with one ``write`` on an ``O_APPEND`` descriptor (concurrent runs do not interleave)."""
+    """One JSON line, written with one ``write`` on an ``O_APPEND`` descriptor (concurrent runs do not interleave).
+    Only to a regular file: opened without blocking, so a FIFO (no reader: the open would wait forever, past slurmd's
+    timeout) or a device put where the record goes is refused, with a message, and the run ends as it would."""
     import json
     import os
+    import stat
 
     line = (json.dumps(doc, separators=(",", ":")) + "\n").encode()
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK, 0o644)
         try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise OSError(f"{path} is not a regular file")
             os.write(fd, line)
         finally:
             os.close(fd)

@@ -32,12 +32,18 @@ GIB = 1 << 30
     ("0", ("0",)), ("0,1,3", ("0", "1", "3")), ("0-2,5", ("0", "1", "2", "5")), ("3,3,1", ("3", "1")),
     ("", ()), ("NoDevFiles", ()), (" 07 ", ("7",)),
     ("GPU-acdc9db5-97f7-57e3-53d2-3061aececeec,1", ("GPU-acdc9db5-97f7-57e3-53d2-3061aececeec", "1")),
+    # GRES as scontrol show job -d prints it: its IDX lists (a comma inside one is not an item of the list).
+    ("gpu:h200:2(IDX:0,2)", ("0", "2")), ("gpu(IDX:0-3,5)", ("0", "1", "2", "3", "5")),
+    ("gpu:a100:1(IDX:1),gpu:h200:2(IDX:4-5)", ("1", "4", "5")), ("gpu:h200:0(IDX:N/A)", ()),
+    # A MIG instance as drivers before R470 name it.
+    ("MIG-GPU-acdc9db5-97f7-57e3-53d2-3061aececeec/1/0", ("MIG-GPU-acdc9db5-97f7-57e3-53d2-3061aececeec/1/0",)),
 ])
 def test_gpu_lists_as_slurm_writes_them(text: str, gpus: tuple[str, ...]) -> None:
     assert slurm.parse_gpu_list(text, "SLURM_JOB_GPUS") == gpus
 
 
-@pytest.mark.parametrize("text", ["gpu0", "1,,2", "3-1", "-1", "0;1", "1 2"])
+@pytest.mark.parametrize("text", ["gpu0", "1,,2", "3-1", "-1", "0;1", "1 2", "gpu:h200:2(IDX:0,2", "x(IDX:0)",
+                                  "gpu(IDX:0-300)", "MIG-GPU-x/1", "GPU-x/1/0"])
 def test_a_malformed_gpu_list_names_the_variable(text: str) -> None:
     with pytest.raises(ValueError, match=r"\$CUDA_VISIBLE_DEVICES="):
         slurm.parse_gpu_list(text, "CUDA_VISIBLE_DEVICES")
@@ -93,6 +99,10 @@ def test_the_node_name() -> None:
     assert slurm.node_name("n1", {"SLURMD_NODENAME": "n2"}) == "n1"
     assert slurm.node_name(None, {"SLURMD_NODENAME": "n2"}) == "n2"
     assert slurm.node_name(None, {}) and "." not in slurm.node_name(None, {})
+    # An empty --node (a wrapper's unset variable: --node "$NODE") was taken as none given: the node of
+    # $SLURMD_NODENAME or the host name was drained instead of the usage error.
+    with pytest.raises(ValueError, match=r"--node='' is not one node's name \(empty\)"):
+        slurm.node_name("", {"SLURMD_NODENAME": "n2"})
 
 
 @pytest.mark.parametrize(("name", "why"), [("n1,n2", "','"), ("gpu[01-64]", "'[]'"), ("-h", "starts with '-'"),
@@ -165,15 +175,20 @@ def children() -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
 
     def start(**env: str) -> subprocess.Popen[bytes]:
         base = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-        child = subprocess.Popen([sys.executable, "-S", "-c", "import time; time.sleep(60)"],
-                                 env={**base, **env}, stdin=subprocess.DEVNULL)
+        child = subprocess.Popen([sys.executable, "-S", "-c", "import time; print(flush=True); time.sleep(60)"],
+                                 env={**base, **env}, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
         started.append(child)
+        # Popen returns once the exec began, before the kernel has set the new environment up (a vfork parent is
+        # released at exec_mmap): /proc/PID/environ may still read empty. The child's first line says it runs.
+        assert child.stdout is not None and child.stdout.readline() == b"\n"
         return child
 
     yield start
     for child in started:
         child.kill()
         child.wait()
+        if child.stdout is not None:
+            child.stdout.close()
 
 
 def as_holder(pid: int, **fields: Any) -> Holder:
@@ -555,6 +570,23 @@ def test_a_malformed_environment_is_a_usage_error(
     assert code == 2 and "$SLURM_JOB_GPUS='gpu0'" in err and scontrol.calls() == []
 
 
+@pytest.mark.parametrize("option", ["--scontrol", "--record", "--node"])
+def test_an_empty_path_or_name_is_a_usage_error_not_the_default(
+        slurm_env: None, scontrol: FakeScontrol, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        option: str) -> None:
+    # "--scontrol \"$SCONTROL\"" with the variable unset ran whatever scontrol PATH had, "--record ''" recorded
+    # nothing, silently, and "--node ''" drained $SLURMD_NODENAME's node: each is now a usage error.
+    scontrol.state.write_text(scontrol.line)
+    argv = ["--simulate", str(busy(tmp_path)), "slurm", "epilog", "--timeout", "1", option, ""]
+    if option != "--scontrol":
+        argv += ["--scontrol", str(scontrol.path)]
+    if option != "--node":
+        argv += ["--node", "n1"]
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2 and f"{option}" in err and scontrol.calls() == [], err
+
+
 def test_a_hostlist_as_the_node_name_is_a_usage_error_and_drains_nothing(
         slurm_env: None, scontrol: FakeScontrol, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
@@ -686,6 +718,9 @@ class TestHealth:
     (Culprit(2, "unhealthy", "xid", "XID 79: fell off the bus [NODE_REBOOT]", action="NODE_REBOOT"),
      "GPU 2: XID 79: fell off the bus"),
     (Culprit(2, "unknown", "query", "could not be read: no permission"), "GPU 2: could not be read: no permission"),
+    (Culprit(2, "unhealthy", "query", "the GPU needs a reset (nvmlDeviceGetMemoryInfo_v2 for GPU 2 failed: "
+             "NVML_ERROR_RESET_REQUIRED (24). …): nvidia-smi -r -i 2", action="RESET_GPU"),
+     "GPU 2: GPU requires a reset, reset needed"),
 ])
 def test_each_culprit_of_ready_reads_as_a_drain_reason(culprit: Culprit, text: str) -> None:
     cause = slurm.cause_of(culprit, after_ns=30_000_000_000)
@@ -767,3 +802,158 @@ def test_an_epilog_whose_holders_scan_is_cut_signals_nothing_and_is_not_ready(
     assert not result.ready
     assert any(c.kind == "unknown" and "could not all be found" in c.text and "nothing was signalled" in c.text
                for c in result.causes), result.causes
+
+
+@pytest.mark.parametrize("how", ["prolog-uuid", "prolog-cuda", "epilog-uuid", "health-uuid", "job-uuids"])
+def test_gpus_named_by_uuid_or_cuda_number_are_resolved_within_the_gates_deadline(
+        nvml_stub: StubSession, monkeypatch: pytest.MonkeyPatch, how: str) -> None:
+    from nvmlcheck.testing import StepClock
+
+    # The selection was resolved with Session.resolve, which reads every GPU's identity with no deadline: a slow
+    # or hung GPU held the gate past slurmd's own timeout. A StepClock moves 0.5 s at each reading of the clock, so
+    # a bounded reading of eight GPUs stops at the deadline, while an unbounded one never looks at the clock.
+    Scenario.h200(devices=8).write(nvml_stub.scenario_path)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    with nc.open("nvml") as gpus:
+        uuid = gpus.snapshot(7, fields=nc.Fields(0)).devices[0].uuid
+    with nc.open("nvml") as gpus:
+        clock = StepClock(0.5).clock
+        if how == "prolog-uuid":
+            result = slurm.prolog(gpus, job("0"), timeout_s=1.0, devices=[uuid], clock=clock)
+        elif how == "prolog-cuda":
+            result = slurm.prolog(gpus, job("0"), timeout_s=1.0, devices=["cuda:7"], clock=clock)
+        elif how == "epilog-uuid":
+            result = slurm.epilog(gpus, job("0"), timeout_s=1.0, devices=[uuid], clock=clock)
+        elif how == "health-uuid":
+            result = slurm.health(gpus, timeout_s=1.0, devices=[uuid], clock=clock)
+        else:
+            as_uuids = slurm.job_from_env({"SLURM_JOB_ID": "42", "SLURM_JOB_GPUS": "7",
+                                           "CUDA_VISIBLE_DEVICES": uuid})
+            assert as_uuids.gpus == (uuid,)
+            result = slurm.prolog(gpus, as_uuids, timeout_s=1.0, clock=clock)
+    assert not result.ready and result.devices == ()
+    assert [c.kind for c in result.causes] == ["unknown"], result.causes
+    assert "not read within the timeout" in result.causes[0].text
+
+
+@pytest.mark.parametrize("command", ["epilog", "prolog", "health"])
+@pytest.mark.parametrize("named", ["minor", "uuid", "cuda"])
+def test_every_reading_a_gate_makes_carries_its_deadline(
+        nvml_stub: StubSession, nvml_scenario: Scenario, monkeypatch: pytest.MonkeyPatch, command: str,
+        named: str) -> None:
+    # The class of defect above: any reading without the gate's deadline (the selection's, the epilog's process
+    # lists through Session.holders) can hold the gate past slurmd's timeout on a hung GPU.
+    nvml_scenario.add_process(0, 4_123_456, used_bytes=GIB)  # a holder to list (no such process: nothing killed)
+    nvml_scenario.write(nvml_stub.scenario_path)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    with nc.open("nvml") as gpus:
+        uuid = gpus.snapshot(0, fields=nc.Fields(0)).devices[0].uuid
+        backend = gpus.backend
+        calls: list[object] = []
+        real = backend.snapshot
+
+        def spy(*args: Any, **kwargs: Any) -> Any:
+            calls.append(kwargs.get("deadline"))
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(backend, "snapshot", spy)
+        devices = {"minor": None, "uuid": [uuid], "cuda": ["cuda:0"]}[named]
+        if command == "epilog":
+            slurm.epilog(gpus, job("0"), timeout_s=0.2, devices=devices)
+        elif command == "prolog":
+            slurm.prolog(gpus, job("0"), timeout_s=0.2, devices=devices)
+        else:
+            slurm.health(gpus, timeout_s=0.2, devices=devices)
+    assert calls and all(d is not None for d in calls), calls
+
+
+def test_a_process_of_slurms_own_prolog_or_epilog_is_never_a_root_jobs_leftover(
+        children: Callable[..., subprocess.Popen[bytes]]) -> None:
+    # slurmd runs the Epilog as root with SLURM_JOB_ID of the job, outside the job's cgroup (Slurm 22.05 sets
+    # SLURM_SCRIPT_CONTEXT=epilog_slurmd): for a job of root's (SLURM_JOB_UID=0), a helper the epilog script left
+    # running on the GPU (nvidia-smi, dcgmi) matched "environment names the job and runs as its user", and the
+    # epilog signalled its own helper.
+    leftover = children(SLURM_JOB_ID="42")
+    helper = children(SLURM_JOB_ID="42", SLURM_SCRIPT_CONTEXT="epilog_slurmd")
+    job = slurm.SlurmJob("42", os.getuid(), None, None, ("0",), "SLURM_JOB_GPUS")
+    mine, others = slurm.job_processes([as_holder(c.pid) for c in (leftover, helper)], job)
+    assert [h.pid for h, _ in mine] == [leftover.pid]
+    assert [(h.pid, why) for h, why in others] == [
+        (helper.pid, "Slurm's own script ('epilog_slurmd'), not the job's")]
+
+
+@pytest.mark.parametrize("command", ["epilog", "health"])
+def test_a_lost_gpu_is_named_in_the_drain_reason_with_what_to_do(
+        slurm_env: None, scontrol: FakeScontrol, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        command: str) -> None:
+    # A lost GPU's culprit carries NVML's whole message: health's reason was 200 characters of it, cut before
+    # "reboot the node"; the epilog's (the job's GPU cannot be matched to a minor number) was cut at "NVML_ERROR_GPU"
+    # and never said the GPU was lost.
+    sc = Scenario.h200(devices=2)
+    sc.set_device(0, lost=True)
+    code, doc, _ = run(scontrol, sc.write(tmp_path / "lost.txt"), command, capsys=capsys)
+    assert isinstance(doc, dict)
+    assert doc["reason"].startswith("nvmlcheck: GPU 0: GPU lost, node reboot needed"), doc["reason"]
+    lost = doc["causes"][0] if command == "health" else next(c for c in doc["causes"] if c["kind"] == "unhealthy")
+    assert (lost["kind"], lost["gpu"], lost["action"]) == ("unhealthy", 0, "NODE_REBOOT")
+    assert code == (1 if command == "epilog" else 0) and scontrol.updates()
+
+
+@pytest.mark.parametrize(("error", "kind", "action"), [
+    (nc.SmiTransportError(["ssh", "gpu01", "nvidia-smi"], 255, "Connection refused"), "unknown", None),
+    (nc.NoPermission(4, "nvmlDeviceGetMemoryInfo_v2"), "unknown", None),
+    (nc.GpuLost(15, "nvmlDeviceGetMemoryInfo_v2"), "unhealthy", "NODE_REBOOT"),
+    (nc.GpuRequiresReset(24, "nvmlDeviceGetMemoryInfo_v2"), "unhealthy", "RESET_GPU"),
+])
+def test_a_readiness_check_that_raises_names_the_errors_own_action(
+        nvml_stub: StubSession, monkeypatch: pytest.MonkeyPatch, error: Exception, kind: str,
+        action: str | None) -> None:
+    # Every error session.ready raised became "reset the GPU": a failing nvidia-smi over ssh, a refused permission.
+    with nc.open("nvml") as gpus:
+        def fail(*args: Any, **kwargs: Any) -> Any:
+            raise error
+
+        monkeypatch.setattr(gpus, "ready", fail)
+        result = slurm.prolog(gpus, job("0"), timeout_s=5)
+    assert not result.ready and [(c.kind, c.action) for c in result.causes] == [(kind, action)]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_a_record_path_that_is_no_regular_file_is_refused_without_blocking(tmp_path: Path, kind: str) -> None:
+    # --record on a FIFO with no reader (one a user made where the record goes, in /tmp) blocked the open forever:
+    # the epilog never ended, past slurmd's timeout; /dev/null-like devices took the record silently.
+    target = tmp_path / "record.jsonl"
+    if kind == "fifo":
+        os.mkfifo(target)
+    else:
+        target = Path("/dev/null")
+    script = ("import sys\nfrom nvmlcheck.cli._slurm import _append\n"
+              f"_append({str(target)!r}, {{'schema': 'nvmlcheck/slurm'}})\n")
+    done = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True, text=True,
+                          timeout=60)  # a hang guard, not a duration asserted
+    why = "No such device or address" if kind == "fifo" else "not a regular file"  # ENXIO: a FIFO with no reader
+    assert done.returncode == 0 and "cannot write the record" in done.stderr and why in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("how", ["prolog-minor", "prolog-uuid", "epilog-minor", "health", "health-uuid"])
+def test_a_gate_with_timeout_0_is_one_check_that_completes(nvml_stub: StubSession, nvml_scenario: Scenario,
+                                                           how: str) -> None:
+    from nvmlcheck.testing import StepClock
+
+    # health's "timeout_s=0 waits no longer" (one check, as every timeout=0 of the library) failed on every idle
+    # GPU: the setup readings (minor numbers, UUIDs, health) were cut at a deadline already come. A StepClock:
+    # every reading of the clock is later, as on a loaded machine.
+    with nc.open("nvml") as gpus:
+        uuid = gpus.snapshot(1, fields=nc.Fields(0)).devices[0].uuid
+        clock = StepClock(0.5).clock
+        if how == "prolog-minor":
+            result = slurm.prolog(gpus, job("0"), timeout_s=0, clock=clock)
+        elif how == "prolog-uuid":
+            result = slurm.prolog(gpus, job("0"), timeout_s=0, devices=[uuid], clock=clock)
+        elif how == "epilog-minor":
+            result = slurm.epilog(gpus, job("0"), timeout_s=0, clock=clock)
+        elif how == "health":
+            result = slurm.health(gpus, timeout_s=0, clock=clock)
+        else:
+            result = slurm.health(gpus, timeout_s=0, devices=[uuid], clock=clock)
+    assert result.ready and result.causes == (), result.causes

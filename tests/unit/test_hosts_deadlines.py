@@ -75,3 +75,22 @@ def test_a_fallback_gets_the_fleets_guard_for_its_runs(tmp_path: Path) -> None:
     with Fleet(ssh=str(ssh), control_master=False) as fleet:
         fleet.run(["gpu01"], ["snapshot"], timeout_s=5.0, fallback=fallback)
         assert guards == [fleet._guard] and guards[0] is not None
+
+
+def test_a_fallback_whose_nvidia_smi_times_out_is_a_host_timeout(tmp_path: Path) -> None:
+    # The same failure as a HostTimeout (no answer in time), reached through the nvidia-smi fallback, was a
+    # RemoteError: not transient, while a host whose nvmlcheck timed out is.
+    from nvmlcheck import SmiTimeout
+    from nvmlcheck.wait import is_transient
+
+    ssh = tmp_path / "ssh"
+    ssh.write_text("#!/bin/sh\necho \"No module named nvmlcheck\" >&2\nexit 1\n", encoding="utf-8")
+    ssh.chmod(0o755)
+
+    def fallback(context: hosts.FallbackContext) -> tuple[dict[str, object], int]:
+        raise SmiTimeout(["ssh", "gpu01", "nvidia-smi"], 5.0)
+
+    with Fleet(ssh=str(ssh), control_master=False) as fleet:
+        result, = fleet.run(["gpu01"], ["snapshot"], timeout_s=5.0, fallback=fallback)
+    assert isinstance(result.error, hosts.HostTimeout) and is_transient(result.error), result.error
+    assert result.verdict == "failed" and "nvidia-smi did not answer in time" in result.error.message

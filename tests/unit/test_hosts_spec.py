@@ -86,6 +86,13 @@ def test_fleet_options_are_checked() -> None:
         (255, "root@gpu: Permission denied (publickey).\n", HostAuthError),
         (255, "Host key verification failed.\n", HostAuthError),
         (255, "Connection timed out during banner exchange\n", HostTimeout),
+        # A login banner above ssh's own lines says what it likes: the last line that names a failure decides.
+        (255, "Unauthorised use: permission denied to all but staff\nConnection closed by 10.0.0.7 port 22\n",
+         HostUnreachable),
+        (255, "Sessions are timed out after 15 minutes\nroot@gpu: Permission denied (publickey).\n", HostAuthError),
+        (255, "Permission denied to visitors\nssh: connect to host gpu port 22: Connection timed out\n", HostTimeout),
+        (255, "Received disconnect from 10.0.0.7 port 22:2: Too many authentication failures\n"
+              "Disconnected from 10.0.0.7 port 22\n", HostAuthError),
         (1, "/usr/bin/python3: No module named nvmlcheck\n", NoRemoteNvmlcheck),
         (127, "bash: line 1: python3: command not found\n", NoRemoteNvmlcheck),
         (1, "Traceback ...\nSyntaxError\n", RemoteError),
@@ -157,3 +164,81 @@ def test_events_reach_the_remote_command(command: str) -> None:
     assert "--events" in words and "--events" not in remote_command(without)
     if command == "kill":
         assert words.index("--events") < words.index("--")  # an option, not a PID
+
+
+def test_how_each_host_error_is_handled_is_declared_on_its_class_as_for_the_smi_prefix() -> None:
+    from nvmlcheck import SmiTimeout, SmiTransportError
+    from nvmlcheck.hosts import HostError
+    from nvmlcheck.wait import is_transient
+
+    # HostTimeout was not transient while SmiTimeout, the same failure through --smi-prefix "ssh HOST", is: a caller
+    # polling hosts gave up on a host that had only been slow. Every class decides for itself (none inherits by
+    # accident), and the ssh failures match the smi backend's classes for them.
+    classes = [HostError, HostUnreachable, HostAuthError, HostTimeout, RemoteError, NoRemoteNvmlcheck]
+    assert all("TRANSIENT" in vars(c) for c in classes), [c.__name__ for c in classes if "TRANSIENT" not in vars(c)]
+    assert HostTimeout.TRANSIENT == SmiTimeout.TRANSIENT is True
+    assert HostUnreachable.TRANSIENT == SmiTransportError.TRANSIENT is False
+    slow = Fleet._classify(Host.parse("gpu01"), None, "", "", 12.5, command=["wait"])
+    refused = Fleet._classify(Host.parse("gpu01"), 255, "", "ssh: connect to host gpu01 port 22: Connection refused",
+                              1.0, command=["wait"])
+    assert isinstance(slow, HostTimeout) and is_transient(slow)
+    assert isinstance(refused, HostUnreachable) and not is_transient(refused)
+    assert HostResult(Host.parse("gpu01"), None, None, slow).verdict == "failed"  # transient, never clean
+
+
+#: Each command run on hosts with every option of its own set away from its default; values a user chooses begin with
+#: "-" where they may.
+_EVERY_OPTION = {
+    "snapshot": ["--backend", "smi", "--devices", "0,1"],
+    "holders": ["--backend", "smi", "--devices", "0,1"],
+    "wait": ["--backend", "smi", "--devices", "0,1", "--timeout", "7", "--max-used", "1MiB", "--stable-polls", "3",
+             "--events", "--pids", "11", "12", "--precise"],
+    "ready": ["--backend", "smi", "--devices", "0,1", "--need", "1GiB", "--timeout", "7", "--max-used", "1MiB",
+              "--stable-polls", "3", "--no-events"],
+    "kill": ["--backend", "smi", "--devices", "0,1", "--timeout", "7", "--max-used", "1MiB", "--stable-polls", "3",
+             "--events", "--grace", "1", "--signal", "INT", "--tree", "--all-holders", "--all-on-gpu", "--yes",
+             "--match=-m", "--container=-c", "--cgroup=-g", "--exclude=-agent", "--exclude", "4242", "--dry-run",
+             "--missing-ok", "--only-targets", "--", "11", "12"],
+}
+
+
+@pytest.mark.parametrize("command", sorted(_EVERY_OPTION))
+def test_every_option_of_a_command_reaches_the_hosts_as_given(command: str) -> None:
+    import argparse
+
+    from nvmlcheck.cli._hosts import LOCAL_OPTIONS, remote_command
+    from nvmlcheck.cli._parser import build_parser
+
+    # kill --exclude was never passed on: `kill --all-holders --exclude AGENT --yes --hosts ...` signalled the
+    # agent on every host. And --container=-c reached the remote parser as "--container -c": a usage error there.
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    options = {a.dest for a in sub.choices[command]._actions if a.dest != "help"} - LOCAL_OPTIONS
+    here = parser.parse_args([command, "--host", "gpu01", *_EVERY_OPTION[command]])
+    default = parser.parse_args([command, "--host", "gpu01"] + (["--", "1"] if command == "kill" else []))
+    untested = {o for o in options if getattr(here, o) == getattr(default, o)}
+    assert not untested, f"set these in _EVERY_OPTION[{command!r}] (or add them to LOCAL_OPTIONS): {untested}"
+    there = parser.parse_args(remote_command(here))
+    assert {o: getattr(there, o) for o in options} == {o: getattr(here, o) for o in options}
+
+
+@pytest.mark.parametrize(("fields", "why"), [
+    (("gpu01\nX",), "is not a host name or address"),
+    (("-oProxyCommand=sh",), "is not a host name or address"),
+    (("gpu 01",), "is not a host name or address"),
+    (("",), "is not a host name or address"),
+    (("gpu01", "root\n"), "bad user"),
+    (("gpu01", None, 0), "port must be an int 1-65535"),
+    (("gpu01", None, True), "port must be an int 1-65535"),
+    (("gpu01", None, "22"), "port must be an int 1-65535"),
+])
+def test_a_host_built_directly_is_held_to_the_rules_of_parse(fields: tuple[object, ...], why: str) -> None:
+    # parse() refused these, but Host(...) took them as given, and parse_hosts() passes Host objects through: a
+    # newline reached ssh's destination and every line printed about the host.
+    with pytest.raises(ArgumentError, match=why):
+        Host(*fields)  # type: ignore[arg-type]
+
+
+def test_what_parse_makes_is_a_valid_host() -> None:
+    assert Host("fe80::1%eth0", "admin", 22) == Host.parse("admin@[fe80::1%eth0]:22")
+    assert Host("gpu-02.example.org") == Host.parse("gpu-02.example.org")
