@@ -18,10 +18,10 @@ _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 <<
 
 
 def format_bytes(n: int) -> str:
-    """``n`` bytes for a person: ``"16.0 GiB"``, ``"615.0 MiB"``, ``"4.0 KiB"``, ``"512 B"``."""
+    """``n`` bytes for a person: ``"16.0 GiB"``, ``"615.0 MiB"``, ``"4.0 KiB"``, ``"512 B"``, up to ``"15.0 EiB"``."""
     sign = "-" if n < 0 else ""
     a = abs(n)
-    for unit, shift in (("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
+    for unit, shift in (("EiB", 60), ("PiB", 50), ("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
         if a >= 1 << shift:
             return f"{sign}{a / (1 << shift):.1f} {unit}"
     return f"{sign}{a} B"

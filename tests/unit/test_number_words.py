@@ -182,3 +182,12 @@ def test_a_size_is_read_exactly_in_every_unit_its_messages_name() -> None:
         parse_size("1.5B")
     with pytest.raises(ArgumentError, match="positive"):
         parse_size("0.0GiB")
+
+
+def test_a_size_is_printed_in_the_units_it_can_be_given_in() -> None:
+    # `ready --need 15EiB` printed "15728640.0 TiB needed" on the H200 (docs/data/h200-2026-12-02d).
+    from nvmlcheck._units import format_bytes, parse_size
+
+    assert format_bytes(parse_size("15EiB")) == "15.0 EiB"
+    assert format_bytes(3 << 50) == "3.0 PiB" and format_bytes(-(3 << 50)) == "-3.0 PiB"
+    assert format_bytes(1023 << 40) == "1023.0 TiB"
