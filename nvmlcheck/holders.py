@@ -203,9 +203,6 @@ class HoldersIncomplete(NvmlCheckError, TimeoutError):
         super().__init__(f"the holders could not all be read within {timeout_s:g} s: {reason}; what holds the GPUs "
                          "is unknown (not none)")
 
-    def __reduce__(self) -> tuple[object, ...]:
-        return (type(self), (self.timeout_s, self.reason, self.found, self.unscanned))
-
 
 def _time_limit(timeout: float | None, clock: Callable[[], int]) -> int | None:
     """The deadline (on ``clock``) of a holders reading given ``timeout`` seconds (``None``, ``inf``: none)."""

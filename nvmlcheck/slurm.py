@@ -678,8 +678,12 @@ def epilog(
         return GateResult("epilog", job, (), False, unfound, clock() - start, timeout_s)
     from .holders import HoldersIncomplete, find_holders
 
-    def left_s() -> float:  # the holders' reading stops at the gate's deadline (a huge /proc, a hung read)
-        return max(0.0, (deadline - clock()) / 1e9)
+    def left_s() -> float | None:
+        # The holders' reading stops at the gate's deadline (a huge /proc, a hung read); timeout_s 0 is one check,
+        # which completes (no bound), and a budget used up is the least positive bound, never "no bound".
+        if _setup_bound(timeout_s, deadline) is None:
+            return None
+        return max(1e-9, (deadline - clock()) / 1e9)
 
     try:
         try:

@@ -70,6 +70,8 @@ def remote_command(args: argparse.Namespace) -> list[str]:
                   "--stable-polls", str(args.stable_polls)]
         if getattr(args, "events", False):
             words.append("--events")  # a fatal XID on a remote GPU ends its wait there (exit 4), as it does here
+    if args.command == "holders":
+        words += ["--timeout", _seconds(args.timeout)]  # the bound of each host's reading, there as here
     if args.command == "ready":
         if args.need is not None:
             need_bytes, need_fraction = args.need

@@ -501,8 +501,6 @@ def _on_hosts(args: argparse.Namespace) -> int:
     """``kill --host``: the command run on each host."""
     from ._hosts import run_hosts
 
-    if args.exclude:  # the hosts' command lines carry no --exclude: refused rather than dropped
-        raise UsageError("--exclude cannot be combined with --host/--hosts/--hosts-file yet; nothing was signalled")
     return run_hosts(args)
 
 
@@ -714,17 +712,11 @@ def _print_timeout(args: argparse.Namespace, exc: KillTimeout, plan: KillPlan,
         print("hint: add --tree to kill the targets' descendants too", file=sys.stderr)
 
 
-#: ``holders``' bound when ``--timeout`` is not given (the parser's default).
-HOLDERS_TIMEOUT_S = 30.0
-
-
 def cmd_holders(args: argparse.Namespace) -> int:
     """Every process holding a GPU: NVML's lists joined with open NVIDIA device files."""
     if hosts_wanted(args):
         from ._hosts import run_hosts
 
-        if args.timeout != HOLDERS_TIMEOUT_S:  # the hosts' command lines do not carry it: refused, not dropped
-            raise UsageError("holders --timeout cannot be combined with --host/--hosts/--hosts-file yet")
         return run_hosts(args)
     # A /proc scan of a host with many processes, or a read that hangs (watched), must not hold the command for
     # good: a reading cut by --timeout is HoldersIncomplete (exit 3), never "no process holds".

@@ -133,9 +133,12 @@ def test_the_holders_command_is_bounded_and_a_cut_reading_is_an_error(
     doc = json.loads(out)
     assert code == 3, (out, err)
     assert doc["error"]["type"] == "HoldersIncomplete" and "unknown (not none)" in doc["error"]["message"]
-    # Not carried to the hosts: refused rather than dropped.
-    assert cli.main(["holders", "--timeout", "5", "--host", "nowhere.invalid"]) == 2
-    assert "cannot be combined with --host" in capsys.readouterr().err
+    # Carried to the hosts: each host's reading is bounded there as here.
+    from nvmlcheck.cli._hosts import remote_command
+    from nvmlcheck.cli._parser import build_parser
+
+    words = remote_command(build_parser().parse_args(["holders", "--timeout", "5", "--host", "gpu01"]))
+    assert float(words[words.index("--timeout") + 1]) == 5.0
 
 
 ALL_HOLDERS = """

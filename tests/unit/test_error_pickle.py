@@ -86,6 +86,8 @@ def _study(name: str, *args: Any) -> Callable[[], nc.NvmlCheckError]:
 
 
 SAMPLES: dict[str, list[Callable[[], nc.NvmlCheckError]]] = {
+    "HoldersIncomplete": [lambda: nc.HoldersIncomplete(1.5, "the GPUs' process lists were still being read"),
+                          lambda: nc.HoldersIncomplete(0.5, "the /proc scan was cut", (), 12)],
     "BackendUnavailable": [lambda: nc.BackendUnavailable("no backend", ["nvml: missing", "smi: missing"]),
                            lambda: nc.BackendUnavailable("no backend")],
     "SmiError": [lambda: nc.SmiError(["nvidia-smi", "-q"], 9, "NVIDIA-SMI has failed\n", "no driver")],

@@ -190,7 +190,7 @@ def test_how_each_host_error_is_handled_is_declared_on_its_class_as_for_the_smi_
 #: "-" where they may.
 _EVERY_OPTION = {
     "snapshot": ["--backend", "smi", "--devices", "0,1"],
-    "holders": ["--backend", "smi", "--devices", "0,1"],
+    "holders": ["--backend", "smi", "--devices", "0,1", "--timeout", "7"],
     "wait": ["--backend", "smi", "--devices", "0,1", "--timeout", "7", "--max-used", "1MiB", "--stable-polls", "3",
              "--events", "--pids", "11", "12", "--precise"],
     "ready": ["--backend", "smi", "--devices", "0,1", "--need", "1GiB", "--timeout", "7", "--max-used", "1MiB",
