@@ -99,6 +99,9 @@ EXPLAIN_BUDGET_S = 0.2
 #: How long after a suspect process list it is read again: a process that has just exited stays on NVML's list for
 #: about 0.1 s (docs/driver-facts.md), which is no evidence of another numbering.
 RECHECK_S = 0.3
+#: What is left of a positive timeout that has been used up: the least positive timeout (a reading cut at its first
+#: check), never 0, which asks for one complete reading.
+_USED_UP_S = 1e-9
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,7 +211,9 @@ class HoldersIncomplete(NvmlCheckError, TimeoutError):
 
 
 def _time_limit(timeout: float | None, clock: Callable[[], int]) -> int | None:
-    """The deadline (on ``clock``) of a holders reading given ``timeout`` seconds (``None``, ``inf``: none)."""
+    """The deadline (on ``clock``) of a holders reading given ``timeout`` seconds (``None``, ``inf``: none). ``0``
+    (or a timeout that rounds to 0 ns) is one complete reading, as a wait's ``timeout=0`` is one check that always
+    completes (docs/waiting.md): no deadline, not one that has passed already."""
     if timeout is None:
         return None
     if isinstance(timeout, bool) or not isinstance(timeout, int | float):
@@ -220,7 +225,7 @@ def _time_limit(timeout: float | None, clock: Callable[[], int]) -> int | None:
     from ._deadline import ns_or_none
 
     bound = ns_or_none(timeout)
-    return None if bound is None else clock() + bound
+    return None if not bound else clock() + bound  # 0: one complete reading
 
 
 @dataclass(frozen=True, slots=True)
@@ -385,7 +390,8 @@ def find_holders(
     globs of stand-in files that count too, for tests where there is no NVIDIA device (else the simulator's, if one
     runs, else none: :func:`nvmlcheck._proc.devfiles.device_rule`). Sorted by PID.
 
-    ``timeout``: seconds the ``/proc`` scan and the reading of each holder may take (``None``: no bound), checked
+    ``timeout``: seconds the ``/proc`` scan and the reading of each holder may take (``None``: no bound; ``0``: one
+    complete reading, as a wait's ``timeout=0`` is one check that always completes), checked
     between two processes (on ``clock``, integer ns); when it passes first, :class:`HoldersIncomplete` (a
     ``TimeoutError``) says so, with what was read: a cut scan is never a short or an empty list."""
     return _find_holders(snapshot, devices, device_files, deadline_ns=_time_limit(timeout, clock), clock=clock,
@@ -457,7 +463,8 @@ def select_kill_holders(
     reports host PIDs, and a host PID may be the local PID of a CUDA process on another GPU (every CUDA process has
     every ``/dev/nvidiaN`` open, so the device file alone does not tell).
 
-    ``timeout``: seconds every reading of a session's holders may take together (``None``: no bound); when it
+    ``timeout``: seconds every reading of a session's holders may take together (``None``: no bound; ``0``: one
+    complete reading of each); when it
     passes first, :class:`HoldersIncomplete`: a selection made from part of the holders is never offered.
     """
     from .session import Session
@@ -505,7 +512,8 @@ def _session_holders(
     deadline_ns = _time_limit(timeout, clock)
 
     def left() -> float | None:
-        return None if deadline_ns is None else max(0.0, (deadline_ns - clock()) / 1e9)
+        # A timeout used up is the least positive one (a reading bounded by it), never 0 (one complete reading).
+        return None if deadline_ns is None else max(_USED_UP_S, (deadline_ns - clock()) / 1e9)
 
     if devices is not None and not isinstance(devices, int | str):
         devices = list(devices)  # read twice with MIG UUIDs: resolved, then their instances' holders
@@ -522,7 +530,7 @@ def _session_holders(
     try:
         every = source.holders(None, device_files=device_files, timeout=left())  # the proof looks at every GPU
         if not all_holders and _unproven(every):
-            remaining = left()
+            remaining = None if deadline_ns is None else max(0.0, (deadline_ns - clock()) / 1e9)
             time.sleep(RECHECK_S if remaining is None else min(RECHECK_S, remaining))
             again = source.holders(None, device_files=device_files, timeout=left())
             still = {pid for pid, _ in _unproven(again)}

@@ -679,7 +679,9 @@ def epilog(
     from .holders import HoldersIncomplete, find_holders
 
     def left_s() -> float:  # the holders' reading stops at the gate's deadline (a huge /proc, a hung read)
-        return max(0.0, (deadline - clock()) / 1e9)
+        # timeout_s 0: one complete reading (a holders timeout of 0), as every setup reading; a positive timeout used
+        # up: the least positive one (cut at once), never 0.
+        return 0.0 if timeout_s == 0 else max(1e-9, (deadline - clock()) / 1e9)
 
     try:
         try:
