@@ -295,7 +295,7 @@ _HOLDER_HEADER = f"{'pid':>8}  {'user':<10} {'state':<8} {'found by':<19} {'GPUs
 
 def _holder_line(h: Holder) -> str:
     who = f"{h.pid:>8}  {(h.user or '?')[:10]:<10} {(h.state or '?')[:8]:<8} {'+'.join(sorted(h.found_by)):<19}"
-    gpus = ", ".join(f"GPU {g.index} {human_bytes(g.used_bytes)}" for g in h.gpus) or "-"
+    gpus = ", ".join(f"{g.where} {human_bytes(g.used_bytes)}" for g in h.gpus) or "-"
     cmd = " ".join(h.cmdline) if h.cmdline else (h.name or "?")
     flags = f" [{h.daemon_kind}]" if h.daemon_kind else " [daemon]" if h.is_daemon else ""
     flags += f" [{h.relation}]" if h.relation else ""

@@ -23,7 +23,9 @@ if TYPE_CHECKING:
 #: The version of every JSON document the CLI prints, but those in :data:`SCHEMA_VERSIONS`.
 SCHEMA_VERSION = 1
 #: Documents whose version moved on: ``wait``, ``kill`` and ``select`` 2 (``holders``, the structured culprits, beside
-#: the ``culprits`` lines; every version 1 field kept). ``nvmlcheck/holders`` gained ``container`` within version 1.
+#: the ``culprits`` lines; every version 1 field kept). ``nvmlcheck/holders`` gained ``container``, and each of its
+#: ``gpus`` the MIG instance (``mig_index``, ``mig_uuid``, ``gpu_instance_id``, ``compute_instance_id``,
+#: ``why_instance_unknown``), within version 1.
 SCHEMA_VERSIONS: dict[str, int] = {"wait": 2, "kill": 2, "select": 2}
 
 
@@ -175,6 +177,13 @@ def holder_json(h: Holder) -> dict[str, Any]:
                 "kinds": list(g.kinds),
                 "used_bytes": g.used_bytes,
                 "why_unknown": g.why_unknown,
+                # Added within version 1: the MIG instance it runs in (null outside MIG mode, or unknown: then
+                # why_instance_unknown says why).
+                "mig_index": g.mig_index,
+                "mig_uuid": g.mig_uuid,
+                "gpu_instance_id": g.gpu_instance_id,
+                "compute_instance_id": g.compute_instance_id,
+                "why_instance_unknown": g.why_instance_unknown,
             }
             for g in h.gpus
         ],
