@@ -304,10 +304,12 @@ class KillPlan:
 
     # --- signals ---
 
-    def send_first(self, first_signal: signal.Signals = signal.SIGTERM, *,
+    def send_first(self, first_signal: signal.Signals | int = signal.SIGTERM, *,
                    clock: Callable[[], int] = time.monotonic_ns, sigkill_if_discarded: bool = True) -> int:
         """Send ``first_signal`` to every target (with ``tree``, first find and pin their descendants). Returns the
-        clock reading taken just before the first signal: the origin of every time reported.
+        clock reading taken just before the first signal: the origin of every time reported. ``first_signal``: a
+        ``signal.Signals`` or the number of any signal this system has, real-time ones (``SIGRTMIN + 1``) included;
+        a stop signal (SIGSTOP, SIGTSTP, ...) is refused, nothing sent.
 
         A target that would not receive it (it ignores the signal, or it is the init of a PID namespace, seen from
         outside, with no handler for it: the kernel discards such a signal) gets SIGKILL at once instead of waiting
@@ -825,6 +827,20 @@ def _alone(skipped: Sequence[tuple[int, str]]) -> str:
     return "; ".join(f"pid {pid}: {why}" for pid, why in skipped)
 
 
+def _first_signal(sig: object) -> int:
+    """``sig`` checked as a kill's first signal (a number of this system's signals, real-time ones included; never a
+    stop signal), before anything is read or signalled."""
+    if isinstance(sig, bool) or not isinstance(sig, int):
+        raise ArgumentTypeError(f"first_signal is a signal.Signals or a signal's number, not {sig!r}")
+    try:
+        signals.name(sig)
+    except ValueError as exc:
+        raise ArgumentError(f"first_signal: {exc}") from None
+    if sig in signals.STOP_SIGNALS:
+        raise ArgumentError(signals.stop_refusal(sig) + "; nothing was signalled")
+    return int(sig)
+
+
 def kill_and_wait(
     session: Session,
     pids: Iterable[int],
@@ -832,7 +848,7 @@ def kill_and_wait(
     tree: bool = False,
     timeout: float | None = TIMEOUT,
     grace_s: float | None = 5.0,
-    first_signal: signal.Signals = signal.SIGTERM,
+    first_signal: signal.Signals | int = signal.SIGTERM,
     devices: Iterable[DeviceSelector] | DeviceSelector | None = None,
     predicate: Predicate | None = None,
     policy: PollPolicy | str | float | None = POLICY,
@@ -883,7 +899,7 @@ def kill_and_wait(
     # Merged before anything is signalled: a bad option is refused with nothing sent.
     opts = WaitOptions.or_default(options).with_(timeout=timeout, policy=policy, stable_polls=stable_polls,
                                                  on_poll=on_poll, clock=clock, sleep=sleep, events=events)
-    first_signal = signal.Signals(first_signal)
+    first_signal = _first_signal(first_signal)
     if devices is not None and not isinstance(devices, int | str):
         devices = list(devices)  # read twice: checked here, judged by the wait
     # What is read before the first signal (the selection's UUIDs, cuda:N, MIG devices; the baseline; the listener's

@@ -269,6 +269,8 @@ class TargetSet:
         if not self.items and not self.missing:
             raise _error("ArgumentError", "nothing to kill: no target")
         sig = first_signal
+        if isinstance(sig, bool) or not isinstance(sig, int):  # True would be SIGHUP
+            raise _error("ArgumentTypeError", f"the first signal is a signal's number, not {sig!r}")
         signals.name(sig)  # ValueError for a number that is no signal, before anything is sent
         if sig in signals.STOP_SIGNALS:
             raise _error("ArgumentError", signals.stop_refusal(sig) + "; nothing was signalled")

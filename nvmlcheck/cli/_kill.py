@@ -334,7 +334,6 @@ def _confirm(count: int, assume_yes: bool) -> None:
 
 def _plan_with_nvml(args: argparse.Namespace, gpus: Session) -> tuple[KillPlan | None, KillSelection | None]:
     """Check every input (devices, PIDs, the holders to add) with NVML open, then send the first signal."""
-    import signal
 
     from ..errors import BackendUnavailable
     from ..holders import HoldersIncomplete, select_kill_holders
@@ -383,7 +382,8 @@ def _plan_with_nvml(args: argparse.Namespace, gpus: Session) -> tuple[KillPlan |
         except BaseException:
             plan.close()
             raise
-    plan.send_first(signal.Signals[args.signal], sigkill_if_discarded=args.grace is not None)
+    # By number: a real-time signal (SIGRTMIN+1) is no member of signal.Signals.
+    plan.send_first(signals.number(args.signal), sigkill_if_discarded=args.grace is not None)
     return plan, selection
 
 

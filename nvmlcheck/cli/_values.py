@@ -132,7 +132,7 @@ def signal_name(text: str) -> str:
         return signals.name(signals.number(text))
     except ValueError:
         raise _bad(f"unknown signal {text!r}: give a name with or without SIG, or a number (TERM, SIGINT, KILL, "
-                   "9)") from None
+                   "9, RTMIN+1, 35)") from None
 
 
 #: How sizes are written, for every option that takes one (docs/cli.md, "Sizes").
