@@ -158,3 +158,27 @@ def test_the_holders_command_names_the_instance(tmp_path: Path) -> None:
     table = subprocess.run([*run, "holders"], capture_output=True, text=True, check=True, timeout=120).stdout
     row = next(line for line in table.splitlines() if line.lstrip().startswith("4000020"))
     assert "GPU 0 MIG 1 1.0 GiB" in row
+
+
+def test_the_dry_run_document_says_what_each_target_holds_and_what_was_left_alone(
+    tmp_path: Path, hold: Callable[[], subprocess.Popen[bytes]]
+) -> None:
+    # The kill-plan document gave only pid/name/cmdline per target: on a shared MIG GPU the operator could not see
+    # from it which instance (or how much) each would-be target holds; its left_alone had no names and the plan's
+    # notes (the device-file rule) were on stderr only.
+    import json
+
+    a, b = hold(), hold()
+    two_instances(a.pid, b.pid).write(tmp_path / "s.txt")
+    done = subprocess.run([sys.executable, "-m", "nvmlcheck", "--simulate", str(tmp_path / "s.txt"), "--json", "kill",
+                           "--all-on-gpu", "--devices", MIG0, "--dry-run"], capture_output=True, text=True, check=False,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    (target,) = doc["targets"]
+    assert target["pid"] == a.pid and [(g["index"], g["mig_index"], g["mig_uuid"], g["used_bytes"])
+                                       for g in target["gpus"]] == [(0, 0, MIG0, GIB)]
+    (left,) = [e for e in doc["left_alone"] if e["pid"] == b.pid]
+    assert left["name"] == "python" and left["reason"] == "in GPU 0 MIG 1, not selected (--devices)"
+    assert any(n.startswith("device files:") for n in doc["notes"])
+    assert a.poll() is None and b.poll() is None
