@@ -118,3 +118,12 @@ def test_the_library_takes_a_real_time_signal_and_refuses_a_bool(
         assert other.poll() is None and _state(other.pid) != "T"
         result = nc.kill_and_wait(session, [other.pid], first_signal=RT1, timeout=20)
     assert [s.name for s in result.pids[0].signals] == ["SIGRTMIN+1"] and other.wait(timeout=10) == -RT1
+
+
+@pytest.mark.parametrize(("word", "why"), [("32", "reserved by the C library"), ("RTMIN+99", "real-time signals here"),
+                                           ("RTMIN+x", "takes a number N"), ("NOPE", "unknown signal 'NOPE'")])
+def test_the_usage_error_says_what_is_wrong_with_the_signal(capsys: pytest.CaptureFixture[str], word: str,
+                                                             why: str) -> None:
+    code = cli.main(["kill", "--signal", word, "123"])
+    err = capsys.readouterr().err
+    assert code == 2 and why in err and "RTMIN+1" in err, err
