@@ -506,11 +506,27 @@ def select_kill_holders(
     every ``/dev/nvidiaN`` open, so the device file alone does not tell).
 
     ``timeout``: seconds every reading of a session's holders may take together (``None``: no bound; ``0``: one
-    complete reading of each); when it
+    complete reading of each; checked, and moot, for holders already found); when it
     passes first, :class:`HoldersIncomplete`: a selection made from part of the holders is never offered.
     """
+    from .errors import ArgumentTypeError
     from .session import Session
 
+    for flag, value in (("all_holders", all_holders), ("include_daemons", include_daemons)):
+        if not isinstance(value, bool):  # a truthy "no" must not widen the selection
+            raise ArgumentTypeError(f"{flag} is True or False, not {value!r}")
+    _time_limit(timeout, time.monotonic_ns)  # checked whatever the source: a bad timeout is never ignored
+    if not isinstance(source, Session):
+        what = "source is an open Session or a sequence of Holder (Session.holders(), find_holders())"
+        if isinstance(source, str | bytes | bytearray | Holder):
+            raise ArgumentTypeError(f"{what}, not {type(source).__name__}")
+        try:
+            source = list(source)
+        except TypeError:
+            raise ArgumentTypeError(f"{what}, not {type(source).__name__}") from None
+        for item in source:
+            if not isinstance(item, Holder):
+                raise ArgumentTypeError(f"{what}: an item is a Holder, not {type(item).__name__} ({item!r})")
     notes: list[str] = []
     rule = devfiles.device_rule(device_files)
     if not rule.is_default:
