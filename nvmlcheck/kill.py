@@ -320,9 +320,9 @@ class KillPlan:
         except Refused as exc:  # a descendant's /proc entry could not be read (out of descriptors): nothing sent
             raise _public(exc) from None
 
-    def escalate(self, sig: signal.Signals = signal.SIGKILL) -> tuple[int, ...]:
+    def escalate(self, sig: signal.Signals | int = signal.SIGKILL) -> tuple[int, ...]:
         """Send ``sig`` (SIGKILL) to every target that has not exited; returns their PIDs. :meth:`wait` calls it
-        when the grace period ends."""
+        when the grace period ends. A stop signal is refused, as for :meth:`send_first`."""
         return self._set.escalate(sig)
 
     # --- waiting ---
@@ -827,20 +827,6 @@ def _alone(skipped: Sequence[tuple[int, str]]) -> str:
     return "; ".join(f"pid {pid}: {why}" for pid, why in skipped)
 
 
-def _first_signal(sig: object) -> int:
-    """``sig`` checked as a kill's first signal (a number of this system's signals, real-time ones included; never a
-    stop signal), before anything is read or signalled."""
-    if isinstance(sig, bool) or not isinstance(sig, int):
-        raise ArgumentTypeError(f"first_signal is a signal.Signals or a signal's number, not {sig!r}")
-    try:
-        signals.name(sig)
-    except ValueError as exc:
-        raise ArgumentError(f"first_signal: {exc}") from None
-    if sig in signals.STOP_SIGNALS:
-        raise ArgumentError(signals.stop_refusal(sig) + "; nothing was signalled")
-    return int(sig)
-
-
 def kill_and_wait(
     session: Session,
     pids: Iterable[int],
@@ -899,7 +885,7 @@ def kill_and_wait(
     # Merged before anything is signalled: a bad option is refused with nothing sent.
     opts = WaitOptions.or_default(options).with_(timeout=timeout, policy=policy, stable_polls=stable_polls,
                                                  on_poll=on_poll, clock=clock, sleep=sleep, events=events)
-    first_signal = _first_signal(first_signal)
+    first_signal = targets.checked_signal(first_signal, "first_signal")  # before anything is read or signalled
     if devices is not None and not isinstance(devices, int | str):
         devices = list(devices)  # read twice: checked here, judged by the wait
     # What is read before the first signal (the selection's UUIDs, cuda:N, MIG devices; the baseline; the listener's

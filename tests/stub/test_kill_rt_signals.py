@@ -127,3 +127,17 @@ def test_the_usage_error_says_what_is_wrong_with_the_signal(capsys: pytest.Captu
     code = cli.main(["kill", "--signal", word, "123"])
     err = capsys.readouterr().err
     assert code == 2 and why in err and "RTMIN+1" in err, err
+
+
+@pytest.mark.parametrize("sig", [signal.SIGSTOP, signal.SIGTSTP, True, 0, 65])
+def test_the_escalation_refuses_what_the_first_signal_refuses(
+        python_child: Callable[..., subprocess.Popen[bytes]], sig: int) -> None:
+    # KillPlan.escalate(SIGSTOP) stopped every target that was still running, holding its GPU; True sent SIGHUP.
+    target = python_child("import signal, time; signal.signal(signal.SIGTERM, lambda n, f: None); "
+                          "print('ready', flush=True); time.sleep(60)")
+    with nc.prepare_kill([target.pid]) as plan:
+        plan.send_first(signal.SIGTERM)
+        with pytest.raises((TypeError, ValueError)):
+            plan.escalate(sig)
+        assert [s.name for s in plan.targets[0].signals] == ["SIGTERM"]
+        assert target.poll() is None and _state(target.pid) != "T"
