@@ -246,7 +246,14 @@ def _time_limit(timeout: float | None, clock: Callable[[], int]) -> int | None:
     from ._deadline import ns_or_none
 
     bound = ns_or_none(timeout)
-    return None if not bound else clock() + bound  # 0: one complete reading
+    if not bound:
+        return None  # 0: one complete reading
+    now = clock()
+    if isinstance(now, bool) or not isinstance(now, int):  # time.monotonic (float s) read as ns: 30 s -> 950 years
+        from .errors import ArgumentTypeError
+
+        raise ArgumentTypeError(f"clock must return integer nanoseconds (as time.monotonic_ns does), got {now!r}")
+    return now + bound
 
 
 @dataclass(frozen=True, slots=True)
