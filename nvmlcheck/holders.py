@@ -443,6 +443,17 @@ def find_holders(
     complete reading, as a wait's ``timeout=0`` is one check that always completes), checked
     between two processes (on ``clock``, integer ns); when it passes first, :class:`HoldersIncomplete` (a
     ``TimeoutError``) says so, with what was read: a cut scan is never a short or an empty list."""
+    from .errors import ArgumentTypeError
+
+    if snapshot is not None and not isinstance(snapshot, Snapshot):
+        raise ArgumentTypeError(f"snapshot is a Snapshot (Session.snapshot()) or None, not {type(snapshot).__name__}")
+    if devices is not None:
+        if isinstance(devices, str | bytes) or not isinstance(devices, Collection) or any(
+                isinstance(i, bool) or not isinstance(i, int) for i in devices):
+            raise ArgumentTypeError(f"devices is None or a collection of NVML indices (int), not {devices!r}")
+        if snapshot is None:
+            raise ArgumentError("devices restricts the process lists of a snapshot: with snapshot=None there are "
+                                "none (a device file cannot say which GPU)")
     return _find_holders(snapshot, devices, device_files, deadline_ns=_time_limit(timeout, clock), clock=clock,
                          timeout_s=math.inf if timeout is None else float(timeout))
 

@@ -177,3 +177,13 @@ def test_a_clock_in_seconds_is_refused_not_read_as_nanoseconds() -> None:
 
     with pytest.raises(TypeError, match="integer nanoseconds"):
         nc.find_holders(None, timeout=5, clock=time.monotonic)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("snapshot", "devices", "error"), [
+    ("snapshot", None, TypeError), (None, 0, TypeError), (None, [0], ValueError), (None, ["0"], TypeError),
+    (None, [True], TypeError),
+])
+def test_find_holders_refuses_what_it_cannot_read(snapshot: object, devices: object, error: type[Exception]) -> None:
+    # A str snapshot failed with an AttributeError inside; devices=0 (or any devices with no snapshot) was ignored.
+    with pytest.raises(error):
+        nc.find_holders(snapshot, devices=devices)  # type: ignore[arg-type]
