@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Literal
 from ._proc import devfiles, procfs
 from ._text import printable
 from .errors import ArgumentError, NvmlCheckError
-from .model import Snapshot
+from .model import DeviceState, GpuProcess, MigDevice, Snapshot
 from .predicates import DEFAULT_MAX_USED_BYTES, format_bytes
 
 if TYPE_CHECKING:
@@ -99,18 +99,42 @@ EXPLAIN_BUDGET_S = 0.2
 #: How long after a suspect process list it is read again: a process that has just exited stays on NVML's list for
 #: about 0.1 s (docs/driver-facts.md), which is no evidence of another numbering.
 RECHECK_S = 0.3
+#: What is left of a positive timeout that has been used up: the least positive timeout (a reading cut at its first
+#: check), never 0, which asks for one complete reading.
+_USED_UP_S = 1e-9
 
 
 @dataclass(frozen=True, slots=True)
 class GpuUse:
-    """One GPU a holder is listed on by NVML: ``kinds`` (compute, graphics, MPS), ``used_bytes`` summed over them
-    (``None`` when NVML reports "not available", with ``why_unknown``)."""
+    """One GPU (or MIG instance) a holder is listed on by NVML: ``kinds`` (compute, graphics, MPS), ``used_bytes``
+    over them (``None`` when NVML reports "not available", with ``why_unknown``).
+
+    On a GPU in MIG mode, the instance it runs in: ``gpu_instance_id``/``compute_instance_id`` (as NVML lists the
+    process), ``mig_index`` and ``mig_uuid`` (the MIG device that runs it: ``MIG 1``, ``MIG-...``); one entry per
+    instance. Each is ``None`` outside MIG mode; in MIG mode, ``None`` where it is not known, and
+    ``why_instance_unknown`` says why (``None``: every one is known, or the GPU is not in MIG mode). ``uuid`` is the
+    GPU's, or the instance's when a ``MIG-`` UUID selected it."""
 
     index: int
     uuid: str
     kinds: tuple[str, ...]
     used_bytes: int | None
     why_unknown: str | None = None
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+    mig_index: int | None = None
+    mig_uuid: str | None = None
+    why_instance_unknown: str | None = None
+
+    @property
+    def where(self) -> str:
+        """``GPU 0``, or ``GPU 0 MIG 1`` (``GPU 0 GI 2`` when only the GPU-instance id is known)."""
+        if self.mig_index is not None:
+            return f"GPU {self.index} MIG {self.mig_index}"
+        if self.gpu_instance_id is not None:
+            ci = f" CI {self.compute_instance_id}" if self.compute_instance_id is not None else ""
+            return f"GPU {self.index} GI {self.gpu_instance_id}{ci}"
+        return f"GPU {self.index}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,7 +199,7 @@ class Holder:
         if self.state not in (None, "running", "sleeping"):
             bits.append(str(self.state))
         on = ", ".join(
-            f"{format_bytes(g.used_bytes) if g.used_bytes is not None else 'an unknown amount'} on GPU {g.index}"
+            f"{format_bytes(g.used_bytes) if g.used_bytes is not None else 'an unknown amount'} on {g.where}"
             for g in self.gpus
         )
         where = f"holds {on}" if on else f"has {', '.join(self.device_files or ('NVIDIA device files',))} open"
@@ -205,7 +229,9 @@ class HoldersIncomplete(NvmlCheckError, TimeoutError):
 
 
 def _time_limit(timeout: float | None, clock: Callable[[], int]) -> int | None:
-    """The deadline (on ``clock``) of a holders reading given ``timeout`` seconds (``None``, ``inf``: none)."""
+    """The deadline (on ``clock``) of a holders reading given ``timeout`` seconds (``None``, ``inf``: none). ``0``
+    (or a timeout that rounds to 0 ns) is one complete reading, as a wait's ``timeout=0`` is one check that always
+    completes (docs/waiting.md): no deadline, not one that has passed already."""
     if timeout is None:
         return None
     if isinstance(timeout, bool) or not isinstance(timeout, int | float):
@@ -217,7 +243,14 @@ def _time_limit(timeout: float | None, clock: Callable[[], int]) -> int | None:
     from ._deadline import ns_or_none
 
     bound = ns_or_none(timeout)
-    return None if bound is None else clock() + bound
+    if not bound:
+        return None  # 0: one complete reading
+    now = clock()
+    if isinstance(now, bool) or not isinstance(now, int):  # time.monotonic (float s) read as ns: 30 s -> 950 years
+        from .errors import ArgumentTypeError
+
+        raise ArgumentTypeError(f"clock must return integer nanoseconds (as time.monotonic_ns does), got {now!r}")
+    return now + bound
 
 
 @dataclass(frozen=True, slots=True)
@@ -350,21 +383,42 @@ def _container_label(pid: int) -> tuple[str | None, str | None]:
     return (None if c is None else c.label()), None
 
 
+def _instance(d: DeviceState, p: GpuProcess) -> tuple[MigDevice | None, str | None]:
+    """The MIG device of GPU ``d`` (in MIG mode) that runs process ``p``, or ``None`` and why it cannot be told."""
+    if d.mig_devices is None:
+        return None, d.why_unknown("mig_devices") or "the GPU's MIG devices could not be read"
+    owners = [m for m in d.mig_devices if m.owns(p) or (m.processes is not None and p in m.processes)]
+    if len(owners) == 1:
+        return owners[0], None
+    if p.gpu_instance_id is None:
+        return None, "NVML lists the process with no GPU-instance id"
+    if owners:
+        return None, (f"{len(owners)} MIG devices of GPU-instance {p.gpu_instance_id} may run it (no compute-instance "
+                      "id)")
+    return None, f"no MIG device of GPU-instance {p.gpu_instance_id} was read"
+
+
 def _gpu_uses(snapshot: Snapshot, devices: Collection[int] | None) -> dict[int, list[GpuUse]]:
     out: dict[int, list[GpuUse]] = {}
     for d in snapshot.devices:
         if devices is not None and d.index not in devices:
             continue
-        per_pid: dict[int, list[tuple[str, int | None]]] = {}
+        # One entry per process and MIG instance (a process may run in two instances of one GPU: their bytes add).
+        per_use: dict[tuple[int, int | None, int | None], list[GpuProcess]] = {}
         for p in d.processes or ():
-            per_pid.setdefault(p.pid, []).append((p.kind.value, p.used_bytes))
-        for pid, entries in per_pid.items():
-            kinds = tuple(dict.fromkeys(k for k, _ in entries))
-            known = [b for _, b in entries if b is not None]
+            per_use.setdefault((p.pid, p.gpu_instance_id, p.compute_instance_id), []).append(p)
+        for (pid, gi, ci), entries in per_use.items():
+            kinds = tuple(dict.fromkeys(p.kind.value for p in entries))
+            known = [p.used_bytes for p in entries if p.used_bytes is not None]
             # One process listed under two kinds shares one context: the largest figure, not the sum.
             used = max(known) if len(known) == len(entries) else None
             why = None if used is not None else "NVML reports 'not available' (WDDM, some MIG or container setups)"
-            out.setdefault(pid, []).append(GpuUse(d.index, d.uuid, kinds, used, why))
+            mig, why_not = _instance(d, entries[0]) if d.mig_mode or gi is not None else (None, None)
+            out.setdefault(pid, []).append(GpuUse(
+                d.index, d.uuid, kinds, used, why, gpu_instance_id=gi, compute_instance_id=ci,
+                mig_index=None if mig is None else mig.index, mig_uuid=None if mig is None else mig.uuid,
+                why_instance_unknown=why_not if mig is None else (
+                    None if mig.uuid is not None else mig.unknown.get("uuid", "the MIG device's UUID was not read"))))
     return out
 
 
@@ -382,9 +436,21 @@ def find_holders(
     globs of stand-in files that count too, for tests where there is no NVIDIA device (else the simulator's, if one
     runs, else none: :func:`nvmlcheck._proc.devfiles.device_rule`). Sorted by PID.
 
-    ``timeout``: seconds the ``/proc`` scan and the reading of each holder may take (``None``: no bound), checked
+    ``timeout``: seconds the ``/proc`` scan and the reading of each holder may take (``None``: no bound; ``0``: one
+    complete reading, as a wait's ``timeout=0`` is one check that always completes), checked
     between two processes (on ``clock``, integer ns); when it passes first, :class:`HoldersIncomplete` (a
     ``TimeoutError``) says so, with what was read: a cut scan is never a short or an empty list."""
+    from .errors import ArgumentTypeError
+
+    if snapshot is not None and not isinstance(snapshot, Snapshot):
+        raise ArgumentTypeError(f"snapshot is a Snapshot (Session.snapshot()) or None, not {type(snapshot).__name__}")
+    if devices is not None:
+        if isinstance(devices, str | bytes) or not isinstance(devices, Collection) or any(
+                isinstance(i, bool) or not isinstance(i, int) for i in devices):
+            raise ArgumentTypeError(f"devices is None or a collection of NVML indices (int), not {devices!r}")
+        if snapshot is None:
+            raise ArgumentError("devices restricts the process lists of a snapshot: with snapshot=None there are "
+                                "none (a device file cannot say which GPU)")
     return _find_holders(snapshot, devices, device_files, deadline_ns=_time_limit(timeout, clock), clock=clock,
                          timeout_s=math.inf if timeout is None else float(timeout))
 
@@ -454,11 +520,28 @@ def select_kill_holders(
     reports host PIDs, and a host PID may be the local PID of a CUDA process on another GPU (every CUDA process has
     every ``/dev/nvidiaN`` open, so the device file alone does not tell).
 
-    ``timeout``: seconds every reading of a session's holders may take together (``None``: no bound); when it
+    ``timeout``: seconds every reading of a session's holders may take together (``None``: no bound; ``0``: one
+    complete reading of each; checked, and moot, for holders already found); when it
     passes first, :class:`HoldersIncomplete`: a selection made from part of the holders is never offered.
     """
+    from .errors import ArgumentTypeError
     from .session import Session
 
+    for flag, value in (("all_holders", all_holders), ("include_daemons", include_daemons)):
+        if not isinstance(value, bool):  # a truthy "no" must not widen the selection
+            raise ArgumentTypeError(f"{flag} is True or False, not {value!r}")
+    _time_limit(timeout, time.monotonic_ns)  # checked whatever the source: a bad timeout is never ignored
+    if not isinstance(source, Session):
+        what = "source is an open Session or a sequence of Holder (Session.holders(), find_holders())"
+        if isinstance(source, str | bytes | bytearray | Holder):
+            raise ArgumentTypeError(f"{what}, not {type(source).__name__}")
+        try:
+            source = list(source)
+        except TypeError:
+            raise ArgumentTypeError(f"{what}, not {type(source).__name__}") from None
+        for item in source:
+            if not isinstance(item, Holder):
+                raise ArgumentTypeError(f"{what}: an item is a Holder, not {type(item).__name__} ({item!r})")
     notes: list[str] = []
     rule = devfiles.device_rule(device_files)
     if not rule.is_default:
@@ -502,7 +585,8 @@ def _session_holders(
     deadline_ns = _time_limit(timeout, clock)
 
     def left() -> float | None:
-        return None if deadline_ns is None else max(0.0, (deadline_ns - clock()) / 1e9)
+        # A timeout used up is the least positive one (a reading bounded by it), never 0 (one complete reading).
+        return None if deadline_ns is None else max(_USED_UP_S, (deadline_ns - clock()) / 1e9)
 
     if devices is not None and not isinstance(devices, int | str):
         devices = list(devices)  # read twice with MIG UUIDs: resolved, then their instances' holders
@@ -519,7 +603,7 @@ def _session_holders(
     try:
         every = source.holders(None, device_files=device_files, timeout=left())  # the proof looks at every GPU
         if not all_holders and _unproven(every):
-            remaining = left()
+            remaining = None if deadline_ns is None else max(0.0, (deadline_ns - clock()) / 1e9)
             time.sleep(RECHECK_S if remaining is None else min(RECHECK_S, remaining))
             again = source.holders(None, device_files=device_files, timeout=left())
             still = {pid for pid, _ in _unproven(again)}
@@ -594,7 +678,7 @@ def _unproven(holders: Iterable[Holder]) -> list[tuple[int, str]]:
     for h in holders:
         if "nvml" not in h.found_by:
             continue
-        on = ", ".join(f"GPU {g.index}" for g in h.gpus)
+        on = ", ".join(g.where for g in h.gpus)
         unread = h.why_unknown("start_ticks")
         if h.start_ticks is None and unread not in (None, _NOT_HERE):
             out.append((h.pid, f"pid {h.pid} (on {on}) cannot be read here ({unread})"))
@@ -627,7 +711,7 @@ def _only_elsewhere(holders: Iterable[Holder], indices: Collection[int] | None) 
     ``indices``."""
     if indices is None:
         return {}
-    return {h.pid: f"on {' and '.join(f'GPU {g.index}' for g in h.gpus)}'s process list"
+    return {h.pid: f"on {' and '.join(g.where for g in h.gpus)}'s process list"
             for h in holders if h.gpus and not any(g.index in indices for g in h.gpus)}
 
 
@@ -648,8 +732,10 @@ def _in_instances(every: Sequence[Holder], selected: Sequence[Holder], elsewhere
             out.append(replace(h, gpus=chosen[h.pid]))
             continue
         if h.gpus:
-            gpus = " and ".join(f"GPU {g.index}" for g in h.gpus)
-            where[h.pid] = f"in a MIG instance of {gpus}"
+            # The instance by name where it is known (GPU 0 MIG 1), else the GPU whose other instance runs it.
+            gpus = " and ".join(g.where if g.where != f"GPU {g.index}" else f"a MIG instance of GPU {g.index}"
+                                for g in h.gpus)
+            where[h.pid] = f"in {gpus}"
         if "device-file" in h.found_by:
             out.append(replace(h, gpus=(), found_by=frozenset({"device-file"})))
     return out, where

@@ -304,10 +304,12 @@ class KillPlan:
 
     # --- signals ---
 
-    def send_first(self, first_signal: signal.Signals = signal.SIGTERM, *,
+    def send_first(self, first_signal: signal.Signals | int = signal.SIGTERM, *,
                    clock: Callable[[], int] = time.monotonic_ns, sigkill_if_discarded: bool = True) -> int:
         """Send ``first_signal`` to every target (with ``tree``, first find and pin their descendants). Returns the
-        clock reading taken just before the first signal: the origin of every time reported.
+        clock reading taken just before the first signal: the origin of every time reported. ``first_signal``: a
+        ``signal.Signals`` or the number of any signal this system has, real-time ones (``SIGRTMIN + 1``) included;
+        a stop signal (SIGSTOP, SIGTSTP, ...) is refused, nothing sent.
 
         A target that would not receive it (it ignores the signal, or it is the init of a PID namespace, seen from
         outside, with no handler for it: the kernel discards such a signal) gets SIGKILL at once instead of waiting
@@ -318,9 +320,9 @@ class KillPlan:
         except Refused as exc:  # a descendant's /proc entry could not be read (out of descriptors): nothing sent
             raise _public(exc) from None
 
-    def escalate(self, sig: signal.Signals = signal.SIGKILL) -> tuple[int, ...]:
+    def escalate(self, sig: signal.Signals | int = signal.SIGKILL) -> tuple[int, ...]:
         """Send ``sig`` (SIGKILL) to every target that has not exited; returns their PIDs. :meth:`wait` calls it
-        when the grace period ends."""
+        when the grace period ends. A stop signal is refused, as for :meth:`send_first`."""
         return self._set.escalate(sig)
 
     # --- waiting ---
@@ -832,7 +834,7 @@ def kill_and_wait(
     tree: bool = False,
     timeout: float | None = TIMEOUT,
     grace_s: float | None = 5.0,
-    first_signal: signal.Signals = signal.SIGTERM,
+    first_signal: signal.Signals | int = signal.SIGTERM,
     devices: Iterable[DeviceSelector] | DeviceSelector | None = None,
     predicate: Predicate | None = None,
     policy: PollPolicy | str | float | None = POLICY,
@@ -883,7 +885,7 @@ def kill_and_wait(
     # Merged before anything is signalled: a bad option is refused with nothing sent.
     opts = WaitOptions.or_default(options).with_(timeout=timeout, policy=policy, stable_polls=stable_polls,
                                                  on_poll=on_poll, clock=clock, sleep=sleep, events=events)
-    first_signal = signal.Signals(first_signal)
+    first_signal = targets.checked_signal(first_signal, "first_signal")  # before anything is read or signalled
     if devices is not None and not isinstance(devices, int | str):
         devices = list(devices)  # read twice: checked here, judged by the wait
     # What is read before the first signal (the selection's UUIDs, cuda:N, MIG devices; the baseline; the listener's

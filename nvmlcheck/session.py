@@ -820,8 +820,9 @@ class Session:
         alone: the processes that run in it, each :class:`~nvmlcheck.holders.GpuUse` named by the instance's UUID;
         one the parent lists that may run in it (no instance id) makes its holders unknown, an error. See
         :mod:`nvmlcheck.holders`. ``timeout``: seconds the whole reading may take (the selection, the process lists,
-        the ``/proc`` scan; ``None``: no bound); when it passes first, :class:`~nvmlcheck.HoldersIncomplete` (a
-        ``TimeoutError``): what holds the GPUs is unknown, never "nothing"."""
+        the ``/proc`` scan; ``None``: no bound; ``0``: one complete reading); when it passes first,
+        :class:`~nvmlcheck.HoldersIncomplete` (a ``TimeoutError``): what holds the GPUs is unknown, never
+        "nothing"."""
         from ._deadline import read_by
         from .errors import DeadlinePassed
         from .holders import HoldersIncomplete, _find_holders, _time_limit

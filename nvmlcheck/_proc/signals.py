@@ -19,7 +19,8 @@ else:
     import _signal
 
 __all__ = [
-    "ENV_END_WITH_STDIN", "SIGCHLD", "SIGCONT", "SIGHUP", "SIGINT", "SIGKILL", "SIGSTOP", "SIGTERM", "SIGURG",
+    "ENV_END_WITH_STDIN", "RT_SIGNALS", "SIGCHLD", "SIGCONT", "SIGHUP", "SIGINT", "SIGKILL", "SIGSTOP", "SIGTERM",
+    "SIGURG",
     "SIGWINCH", "STDIN_HELLO", "STOP_SIGNALS", "get_handler", "hang_up_at_stdin_eof", "has_pidfd_send", "name",
     "number", "pidfd_send", "raise_signal", "set_handler", "stop_refusal",
 ]  # fmt: skip
@@ -76,23 +77,48 @@ def raise_signal(sig: int) -> None:
     _signal.raise_signal(sig)
 
 
+#: The real-time signals a process may be sent, as the C library numbers them (``SIGRTMIN`` .. ``SIGRTMAX``: 34 .. 64
+#: with glibc, which keeps the kernel's first two, 32 and 33, for its threads); empty where the system has none.
+RT_SIGNALS: range = (range(_signal.SIGRTMIN, _signal.SIGRTMAX + 1) if hasattr(_signal, "SIGRTMIN")
+                     and hasattr(_signal, "SIGRTMAX") else range(0))
+
+
 def name(number: int) -> str:
-    """``signal.Signals(number).name`` (``"SIGTERM"`` for 15); ValueError for a number this system has no signal
-    for."""
+    """``signal.Signals(number).name`` (``"SIGTERM"`` for 15), and for a real-time signal between ``SIGRTMIN`` and
+    ``SIGRTMAX`` (which ``signal.Signals`` leaves out) ``"SIGRTMIN+N"`` (35: ``"SIGRTMIN+1"`` with glibc);
+    ValueError for a number this system has no signal for (0, one the C library keeps for itself)."""
+    if isinstance(number, bool) or not isinstance(number, int):
+        raise ValueError(f"a signal is a number, not {number!r}")
     found = _table().get(number)
+    if found is None and number in RT_SIGNALS:
+        return f"SIGRTMIN+{number - RT_SIGNALS.start}"
     if found is None:
-        raise ValueError(f"{number} is not a valid signal number")
+        why = (" (reserved by the C library for its threads: not one a process may be sent)"
+               if 32 <= number < RT_SIGNALS.start else "")
+        raise ValueError(f"{number} is not a valid signal number{why}")
     return found
 
 
 def number(word: str) -> int:
-    """``TERM``, ``SIGTERM``, ``term`` or ``15`` → 15; ValueError for a signal this system does not know."""
+    """``TERM``, ``SIGTERM``, ``term`` or ``15`` → 15; a real-time signal by number (35), or as ``RTMIN+N``,
+    ``SIGRTMIN+N``, ``RTMAX-N``, ``SIGRTMAX-N`` within ``SIGRTMIN`` .. ``SIGRTMAX``; ValueError for a signal this
+    system does not know."""
     text = word.strip().upper()
     if text.isascii() and text.isdigit():  # not "²" or "٣"
         value = int(text)
         name(value)  # raises for an unknown number
         return value
     wanted = f"SIG{text.removeprefix('SIG')}"
+    for base, sign in (("SIGRTMIN+", 1), ("SIGRTMAX-", -1)):
+        offset = wanted.removeprefix(base)
+        if offset != wanted and RT_SIGNALS:
+            if not (offset.isascii() and offset.isdigit()):
+                raise ValueError(f"unknown signal {word!r}: {base}N takes a number N")
+            value = (RT_SIGNALS.start if sign > 0 else RT_SIGNALS[-1]) + sign * int(offset)
+            if value not in RT_SIGNALS:
+                raise ValueError(f"unknown signal {word!r}: the real-time signals here are SIGRTMIN+0 .. "
+                                 f"SIGRTMIN+{len(RT_SIGNALS) - 1} ({RT_SIGNALS.start} .. {RT_SIGNALS[-1]})")
+            return value
     found: object = getattr(_signal, wanted, None)
     if not isinstance(found, int) or wanted.startswith("SIG_"):
         raise ValueError(f"unknown signal {word!r}")

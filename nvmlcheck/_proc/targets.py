@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from ..holders import Holder
     from .pin import PinMode
 
-__all__ = ["EPERM", "KERNEL_THREAD", "Refused", "Target", "TargetSet", "prepare", "refusal"]
+__all__ = ["EPERM", "KERNEL_THREAD", "Refused", "Target", "TargetSet", "checked_signal", "prepare", "refusal"]
 
 EPERM = "not permitted (EPERM): another user's process, or one in another container"
 #: Why a kernel thread is never a target (named: refused; chosen by a selector: left alone).
@@ -138,6 +138,20 @@ def _kernel_thread(pid: int, started: bool) -> bool:
     except ProcUnreadable as exc:
         raise _unreadable(pid, exc, started) from None
     return st is not None and procfs.is_kernel_thread(st)
+
+
+def checked_signal(sig: object, what: str) -> int:
+    """``sig`` as a signal a kill may send: a number of this system's signals (real-time ones included; not a
+    ``bool``: ``True`` would be SIGHUP), never a stop signal (the target would stay, stopped, holding its GPU)."""
+    if isinstance(sig, bool) or not isinstance(sig, int):
+        raise _error("ArgumentTypeError", f"{what} is a signal's number, not {sig!r}")
+    try:
+        signals.name(sig)
+    except ValueError as exc:
+        raise _error("ArgumentError", f"{what}: {exc}; nothing was signalled") from None
+    if sig in signals.STOP_SIGNALS:
+        raise _error("ArgumentError", signals.stop_refusal(sig) + "; nothing was signalled")
+    return sig
 
 
 class TargetSet:
@@ -268,10 +282,7 @@ class TargetSet:
             raise _error("StateError", "the first signal was sent already")
         if not self.items and not self.missing:
             raise _error("ArgumentError", "nothing to kill: no target")
-        sig = first_signal
-        signals.name(sig)  # ValueError for a number that is no signal, before anything is sent
-        if sig in signals.STOP_SIGNALS:
-            raise _error("ArgumentError", signals.stop_refusal(sig) + "; nothing was signalled")
+        sig = checked_signal(first_signal, "the first signal")
         self.clock = clock
         self.first = sig
         self.sigkill_if_discarded = sigkill_if_discarded
@@ -333,6 +344,7 @@ class TargetSet:
         """Send ``sig`` (SIGKILL) to every target that has not exited; returns their PIDs."""
         if self.started is None:
             raise _error("StateError", "send the first signal first")
+        sig = checked_signal(sig, "the escalation's signal")  # SIGSTOP here would leave every target stopped
         if sig == signals.SIGKILL:
             self.escalated = True
         frozen = sig == signals.SIGKILL and self.tree

@@ -241,14 +241,25 @@ def _proc_lines(name: str, snap: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _gpu_where(g: dict[str, Any]) -> str:
+    """``GPU 0``, or the MIG instance a host's holder runs in (``GPU 0 MIG 1``), as the local table says it
+    (``holders.GpuUse.where``); a host too old to send the instance gives ``GPU 0``."""
+    where = f"GPU {g.get('index')}"
+    if g.get("mig_index") is not None:
+        return f"{where} MIG {g.get('mig_index')}"
+    if g.get("gpu_instance_id") is not None:
+        ci = f" CI {g.get('compute_instance_id')}" if g.get("compute_instance_id") is not None else ""
+        return f"{where} GI {g.get('gpu_instance_id')}{ci}"
+    return where
+
+
 def _holder_lines(name: str, doc: dict[str, Any]) -> list[str]:
     from ._kill import _HOLDER_HEADER
 
     holders = [_dict(h) for h in _list(doc.get("holders"))]
     lines = [f"{name}  {_HOLDER_HEADER}" if holders else f"{name}  no process holds a selected GPU"]
     for h in holders:
-        gpus = ", ".join(f"GPU {g.get('index')} {_bytes(g.get('used_bytes'))}"
-                         for g in map(_dict, _list(h.get("gpus"))))
+        gpus = ", ".join(f"{_gpu_where(g)} {_bytes(g.get('used_bytes'))}" for g in map(_dict, _list(h.get("gpus"))))
         cmdline = _list(h.get("cmdline"))
         cmd = " ".join(map(str, cmdline)) if cmdline else str(h.get("name") or "?")
         found_by = "+".join(map(str, _list(h.get("found_by"))))

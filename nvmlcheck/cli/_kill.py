@@ -120,13 +120,14 @@ def _nothing_selected(args: argparse.Namespace, skipped: list[tuple[int, str]]) 
 
 
 def prepare_targets(args: argparse.Namespace, holders: Any = (),
-                    left_out: Sequence[tuple[int, str]] = ()) -> TargetSet | None:
+                    left_out: Sequence[tuple[int, str]] = (), selection: KillSelection | None = None
+                    ) -> TargetSet | None:
     """Select (selectors), validate and pin every target, show the plan, and with ``--dry-run`` print it and stop
     (:class:`DryRun`, whatever there is to signal: a dry run never asks and never waits), else confirm what a
     selector or ``--all-*`` chose: everything before the first signal, OS only. The plan and the prompt go to
     stderr (stdout is the output alone: one document with ``--json``). ``left_out``: the holders ``--all-*`` did
-    not choose, with why (the dry run's document lists them). ``None``: nothing to signal (``--missing-ok``, or the
-    holders found none and nothing else was named)."""
+    not choose, with why (the dry run's document lists them, with ``selection``'s notes and names). ``None``:
+    nothing to signal (``--missing-ok``, or the holders found none and nothing else was named)."""
     from .._proc.targets import Refused, prepare
 
     chosen: list[tuple[int, int, str]] = []
@@ -144,7 +145,7 @@ def prepare_targets(args: argparse.Namespace, holders: Any = (),
     sig = signals.number(args.signal)
     if not chosen and not args.pids and not holders:
         if args.dry_run:
-            _print_empty_dry_run(sig, args, [*left_out, *skipped])
+            _print_empty_dry_run(sig, args, [*left_out, *skipped], selection)
             verdict_printed(EXIT_CLEAN)
             raise DryRun
         return None
@@ -163,7 +164,7 @@ def prepare_targets(args: argparse.Namespace, holders: Any = (),
                 found.scan_descendants()  # shown as they will be signalled (send_first scans again for late ones)
             _show_plan(found, sig, args)  # --json too: what is confirmed is seen (stderr)
         if args.dry_run:
-            _print_dry_run(found, sig, args, left_out)
+            _print_dry_run(found, sig, args, left_out=left_out, holders=holders, selection=selection)
             verdict_printed(EXIT_CLEAN)
             raise DryRun
         asked = {pid for pid, _, _ in chosen} | {h.pid for h in holders}  # named too: --yes is for what they chose
@@ -210,11 +211,15 @@ def signal_first(args: argparse.Namespace) -> None:
 # --- the plan --------------------------------------------------------------------------------------------------------
 
 
-def _plan_entries(found: TargetSet, sig: int) -> list[dict[str, Any]]:
-    """One entry per target as it will be signalled: pid, name, how found, command line, container, and the first
-    signal's fate (why SIGKILL goes at once, else ``None``)."""
+def _plan_entries(found: TargetSet, sig: int, holders: Sequence[Holder] = ()) -> list[dict[str, Any]]:
+    """One entry per target as it will be signalled: pid, name, how found, command line, container, the first
+    signal's fate (why SIGKILL goes at once, else ``None``), and what a holder ``--all-*`` chose holds (``gpus``;
+    ``None`` for a target chosen otherwise)."""
     from .._proc import container, fate, procfs
 
+    held = {h.pid: h.gpus for h in holders}
+    if held:
+        from ..jsonout._values import gpu_use_json
     out = []
     for t in found.items:
         argv = procfs.cmdline(t.pid)
@@ -225,6 +230,7 @@ def _plan_entries(found: TargetSet, sig: int) -> list[dict[str, Any]]:
             "container": None if where is None else {"kind": where.kind, "id": where.id, "label": where.label(),
                                                      "cgroup": where.cgroup},
             "discarded": fate.fate_of(t.pid, sig),
+            "gpus": [gpu_use_json(g) for g in held[t.pid]] if t.pid in held else None,
         })
     return out
 
@@ -259,26 +265,36 @@ def _show_plan(found: TargetSet, sig: int, args: argparse.Namespace) -> None:
         print(f"  missing: pid {pid} is gone already (--missing-ok)", file=sys.stderr)
 
 
-def _print_dry_run(found: TargetSet, sig: int, args: argparse.Namespace,
-                   left_out: Sequence[tuple[int, str]] = ()) -> None:
+def _selection_names(selection: KillSelection | None) -> dict[int, str | None]:
+    return {} if selection is None else {h.pid: h.name for h, _ in selection.skipped}
+
+
+def _print_dry_run(found: TargetSet, sig: int, args: argparse.Namespace, *,
+                   left_out: Sequence[tuple[int, str]] = (), holders: Sequence[Holder] = (),
+                   selection: KillSelection | None = None) -> None:
     if args.json:
         from ..jsonout import kill_plan_document
 
-        print_json(kill_plan_document(_plan_entries(found, sig), signal_name=signals.name(sig), tree=args.tree,
-                                      grace_s=_grace_s(args), left_alone=[*left_out, *found.left_alone],
-                                      missing=found.missing))
+        print_json(kill_plan_document(_plan_entries(found, sig, holders), signal_name=signals.name(sig),
+                                      tree=args.tree, grace_s=_grace_s(args),
+                                      left_alone=[*left_out, *found.left_alone], missing=found.missing,
+                                      notes=() if selection is None else selection.notes,
+                                      names=_selection_names(selection)))
     else:
         print("dry run: nothing was signalled")
 
 
-def _print_empty_dry_run(sig: int, args: argparse.Namespace, left_alone: Sequence[tuple[int, str]]) -> None:
+def _print_empty_dry_run(sig: int, args: argparse.Namespace, left_alone: Sequence[tuple[int, str]],
+                         selection: KillSelection | None = None) -> None:
     """``--dry-run`` with nothing to signal (``--all-*`` found no holder, ``--missing-ok`` and no match): the empty
     plan; no wait for the GPUs."""
     if args.json:
         from ..jsonout import kill_plan_document
 
         print_json(kill_plan_document([], signal_name=signals.name(sig), tree=args.tree, grace_s=_grace_s(args),
-                                      left_alone=left_alone, missing=[]))
+                                      left_alone=left_alone, missing=[],
+                                      notes=() if selection is None else selection.notes,
+                                      names=_selection_names(selection)))
         return
     print(f"plan: nothing to signal ({signals.name(sig)} to no process)", file=sys.stderr)
     for pid, why in left_alone:
@@ -295,7 +311,7 @@ _HOLDER_HEADER = f"{'pid':>8}  {'user':<10} {'state':<8} {'found by':<19} {'GPUs
 
 def _holder_line(h: Holder) -> str:
     who = f"{h.pid:>8}  {(h.user or '?')[:10]:<10} {(h.state or '?')[:8]:<8} {'+'.join(sorted(h.found_by)):<19}"
-    gpus = ", ".join(f"GPU {g.index} {human_bytes(g.used_bytes)}" for g in h.gpus) or "-"
+    gpus = ", ".join(f"{g.where} {human_bytes(g.used_bytes)}" for g in h.gpus) or "-"
     cmd = " ".join(h.cmdline) if h.cmdline else (h.name or "?")
     flags = f" [{h.daemon_kind}]" if h.daemon_kind else " [daemon]" if h.is_daemon else ""
     flags += f" [{h.relation}]" if h.relation else ""
@@ -334,7 +350,6 @@ def _confirm(count: int, assume_yes: bool) -> None:
 
 def _plan_with_nvml(args: argparse.Namespace, gpus: Session) -> tuple[KillPlan | None, KillSelection | None]:
     """Check every input (devices, PIDs, the holders to add) with NVML open, then send the first signal."""
-    import signal
 
     from ..errors import BackendUnavailable
     from ..holders import HoldersIncomplete, select_kill_holders
@@ -356,7 +371,8 @@ def _plan_with_nvml(args: argparse.Namespace, gpus: Session) -> tuple[KillPlan |
             # Both watched: an NVML call that never returns (the NVML backend's watchdog), and a /proc read that never
             # returns (a holder's command line, under the memory-map lock of a process stuck in the driver).
             with _reading_bound(args), _common.proc_reading_bound(args):
-                left = None if deadline_ns is None else max(0.0, (deadline_ns - time.monotonic_ns()) / 1e9)
+                # Used up: the least positive timeout (cut at once), never 0 (one complete reading).
+                left = None if deadline_ns is None else max(1e-9, (deadline_ns - time.monotonic_ns()) / 1e9)
                 selection = select_kill_holders(gpus, args.devices, all_holders=args.all_holders, timeout=left)
         except HoldersIncomplete as exc:  # a selection from part of the holders is never signalled (exit 3)
             raise HoldersIncomplete(args.timeout, f"{exc.reason}; nothing was signalled", exc.found,
@@ -371,7 +387,7 @@ def _plan_with_nvml(args: argparse.Namespace, gpus: Session) -> tuple[KillPlan |
         return None, selection  # signal_first's selectors chose nothing (--missing-ok, said so): not read again
     holders = selection.targets if selection is not None else ()
     left_out = [] if selection is None else [(h.pid, why) for h, why in selection.skipped]
-    found = prepare_targets(args, holders, left_out)  # confirms what --all-* and the selectors chose, once
+    found = prepare_targets(args, holders, left_out, selection)  # confirms what --all-* and the selectors chose, once
     if found is None:
         return None, selection
     plan = KillPlan(found)
@@ -382,7 +398,8 @@ def _plan_with_nvml(args: argparse.Namespace, gpus: Session) -> tuple[KillPlan |
         except BaseException:
             plan.close()
             raise
-    plan.send_first(signal.Signals[args.signal], sigkill_if_discarded=args.grace is not None)
+    # By number: a real-time signal (SIGRTMIN+1) is no member of signal.Signals.
+    plan.send_first(signals.number(args.signal), sigkill_if_discarded=args.grace is not None)
     return plan, selection
 
 

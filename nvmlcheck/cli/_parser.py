@@ -554,8 +554,8 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
                                          "--all-on-gpu would choose from.")
         global_options(holders, top=False)
         once(holders, "--timeout", type=seconds_or_none, default=30.0, metavar="S",
-             help="seconds the reading may take (default 30; 'none': no bound); cut by it, exit 3: the holders are "
-                  "unknown, never 'none'")
+             help="seconds the reading may take (default 30; 'none': no bound; 0: one complete reading); cut by it, "
+                  "exit 3: the holders are unknown, never 'none'")
         host_options(holders)
 
     if wanted("demo"):

@@ -130,9 +130,10 @@ def signal_name(text: str) -> str:
 
     try:
         return signals.name(signals.number(text))
-    except ValueError:
-        raise _bad(f"unknown signal {text!r}: give a name with or without SIG, or a number (TERM, SIGINT, KILL, "
-                   "9)") from None
+    except ValueError as exc:
+        why = str(exc) if str(exc).startswith("unknown signal") else f"unknown signal {text!r}: {exc}"
+        raise _bad(f"{why}; give a name with or without SIG, or a number (TERM, SIGINT, KILL, 9, RTMIN+1, "
+                   "35)") from None
 
 
 #: How sizes are written, for every option that takes one (docs/cli.md, "Sizes").

@@ -123,13 +123,26 @@ def kill_timeout_document(exc: KillTimeout, plan: KillPlan, selection: KillSelec
 
 def kill_plan_document(
     targets: Sequence[dict[str, Any]], *, signal_name: str, tree: bool, grace_s: float | None,
-    left_alone: Sequence[tuple[int, str]], missing: Sequence[int],
+    left_alone: Sequence[tuple[int, str]], missing: Sequence[int], notes: Sequence[str] = (),
+    names: dict[int, str | None] | None = None,
 ) -> dict[str, Any]:
     """The ``nvmlcheck/kill-plan`` document of ``kill --dry-run``: what would be signalled, nothing was. Each target:
     ``pid``, ``name``, ``found_by``, ``parent``, ``cmdline``, ``container`` (``{kind, id, label, cgroup}`` or
-    ``null``), ``discarded`` (why SIGKILL would go at once)."""
+    ``null``), ``discarded`` (why SIGKILL would go at once), ``gpus`` (added in version 1: what a holder
+    ``--all-*`` chose holds, as ``nvmlcheck/holders`` gives it; ``null`` for a target chosen otherwise). Each of
+    ``left_alone``: ``pid``, ``reason`` and (added) ``name`` (``names``, else its ``comm``; ``null`` when gone).
+    ``notes`` (added): what the selection could not read, the device-file rule when stand-ins count."""
+    def name_of(pid: int) -> str | None:
+        if names is not None and pid in names:
+            return names[pid]
+        from .._proc import procfs
+
+        st = procfs.read_stat(pid)
+        return None if st is None else st.comm
+
     return document("kill-plan", signal=signal_name, tree=tree, grace_s=grace_s, targets=list(targets),
-                    left_alone=[{"pid": pid, "reason": why} for pid, why in left_alone], missing=list(missing))
+                    left_alone=[{"pid": pid, "name": name_of(pid), "reason": why} for pid, why in left_alone],
+                    missing=list(missing), notes=list(notes))
 
 
 def nothing_to_kill_document(

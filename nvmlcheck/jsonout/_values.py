@@ -18,12 +18,14 @@ TYPE_CHECKING = False  # no typing at run time: it costs a one-shot check millis
 if TYPE_CHECKING:
     from typing import Any
 
-    from ..holders import Holder
+    from ..holders import GpuUse, Holder
 
 #: The version of every JSON document the CLI prints, but those in :data:`SCHEMA_VERSIONS`.
 SCHEMA_VERSION = 1
 #: Documents whose version moved on: ``wait``, ``kill`` and ``select`` 2 (``holders``, the structured culprits, beside
-#: the ``culprits`` lines; every version 1 field kept). ``nvmlcheck/holders`` gained ``container`` within version 1.
+#: the ``culprits`` lines; every version 1 field kept). ``nvmlcheck/holders`` gained ``container``, and each of its
+#: ``gpus`` the MIG instance (``mig_index``, ``mig_uuid``, ``gpu_instance_id``, ``compute_instance_id``,
+#: ``why_instance_unknown``), within version 1.
 SCHEMA_VERSIONS: dict[str, int] = {"wait": 2, "kill": 2, "select": 2}
 
 
@@ -154,6 +156,25 @@ def error_json(exc: BaseException) -> dict[str, Any]:
     return out
 
 
+def gpu_use_json(g: GpuUse) -> dict[str, Any]:
+    """One GPU (or MIG instance) a holder is listed on (``gpus`` of ``nvmlcheck/holders`` and of a kill plan's
+    targets)."""
+    return {
+        "index": g.index,
+        "uuid": g.uuid,
+        "kinds": list(g.kinds),
+        "used_bytes": g.used_bytes,
+        "why_unknown": g.why_unknown,
+        # Added within version 1: the MIG instance it runs in (null outside MIG mode, or unknown: then
+        # why_instance_unknown says why).
+        "mig_index": g.mig_index,
+        "mig_uuid": g.mig_uuid,
+        "gpu_instance_id": g.gpu_instance_id,
+        "compute_instance_id": g.compute_instance_id,
+        "why_instance_unknown": g.why_instance_unknown,
+    }
+
+
 def holder_json(h: Holder) -> dict[str, Any]:
     """One process holding a GPU (``nvmlcheck/holders``); ``null`` fields are unknown, the reason under
     ``"unknown"`` (``relation`` excepted: ``null`` means none; ``container`` is ``null`` for none too, unless
@@ -168,16 +189,7 @@ def holder_json(h: Holder) -> dict[str, Any]:
     return {
         "pid": h.pid,
         "found_by": sorted(h.found_by),
-        "gpus": [
-            {
-                "index": g.index,
-                "uuid": g.uuid,
-                "kinds": list(g.kinds),
-                "used_bytes": g.used_bytes,
-                "why_unknown": g.why_unknown,
-            }
-            for g in h.gpus
-        ],
+        "gpus": [gpu_use_json(g) for g in h.gpus],
         "name": h.name,
         "state": h.state,
         "uid": h.uid,

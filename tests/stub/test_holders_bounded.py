@@ -172,3 +172,21 @@ def test_a_hung_proc_read_of_a_holder_ends_kill_all_holders_on_any_backend(
     assert out.returncode == 3, out.stderr
     assert "a /proc read has not returned" in out.stderr and "nothing was signalled" in out.stderr
     assert holder.poll() is None
+
+
+def test_a_clock_in_seconds_is_refused_not_read_as_nanoseconds() -> None:
+    # find_holders(timeout=5, clock=time.monotonic) took the float seconds as ns: a bound of ~158 years, unchecked.
+    import time
+
+    with pytest.raises(TypeError, match="integer nanoseconds"):
+        nc.find_holders(None, timeout=5, clock=time.monotonic)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("snapshot", "devices", "error"), [
+    ("snapshot", None, TypeError), (None, 0, TypeError), (None, [0], ValueError), (None, ["0"], TypeError),
+    (None, [True], TypeError),
+])
+def test_find_holders_refuses_what_it_cannot_read(snapshot: object, devices: object, error: type[Exception]) -> None:
+    # A str snapshot failed with an AttributeError inside; devices=0 (or any devices with no snapshot) was ignored.
+    with pytest.raises(error):
+        nc.find_holders(snapshot, devices=devices)  # type: ignore[arg-type]

@@ -65,7 +65,8 @@ def test_all_holders_leaves_an_excluded_agent_alone(
     plan = json.loads(out)
     assert code == 0, err
     assert [t["pid"] for t in plan["targets"]] == [worker.pid]
-    assert {"pid": agent.pid, "reason": f"excluded (--exclude {shown})"} in plan["left_alone"]
+    assert {"pid": agent.pid, "reason": f"excluded (--exclude {shown})"} in [
+        {k: e[k] for k in ("pid", "reason")} for e in plan["left_alone"]]  # and (added) its name
     assert f"left alone: pid {agent.pid} (" in err and f"): excluded (--exclude {shown})" in err  # the plan
     code = cli.main(["--simulate", scenario, "--json", "kill", "--all-holders", "--yes", "--timeout", "20",
                      "--exclude", word])

@@ -91,3 +91,20 @@ def test_a_holder_that_exits_while_it_is_read_is_not_said_to_run_in_none(monkeyp
                         None if gone else real(pid, proc, strict=strict))
     h = describe_process(os.getpid(), found_by=frozenset({"device-file"}), device_files=("/dev/nvidia0",))
     assert h.container is None and h.why_unknown("container") == "it exited while it was read"
+
+
+def test_the_hosts_table_names_the_mig_instance_as_the_local_one_does() -> None:
+    # `holders --hosts` printed "GPU 0" for a holder of GPU 0's MIG 1, which `holders` on the host itself names.
+    from nvmlcheck.cli._hosts import _holder_lines
+
+    uses = (GpuUse(0, "MIG-1", ("compute",), 1 << 30, gpu_instance_id=2, compute_instance_id=0, mig_index=1,
+                   mig_uuid="MIG-1"),
+            GpuUse(1, "GPU-1", ("compute",), 1 << 30, gpu_instance_id=3, why_instance_unknown="not read"),
+            GpuUse(2, "GPU-2", ("compute",), 1 << 30))
+    holder = describe_process(4_123_456, found_by=frozenset({"nvml"}), gpus=uses)
+    lines = _holder_lines("gpu01", holders_document("nvml", [holder]))
+    assert "GPU 0 MIG 1 1.0 GiB, GPU 1 GI 3 1.0 GiB, GPU 2 1.0 GiB" in lines[1]
+    assert [g.where for g in uses] == ["GPU 0 MIG 1", "GPU 1 GI 3", "GPU 2"]
+    # A host too old to send the instance: the GPU alone.
+    old = {"holders": [{"pid": 5, "gpus": [{"index": 0, "used_bytes": 1 << 30}], "found_by": ["nvml"]}]}
+    assert "GPU 0 1.0 GiB" in _holder_lines("gpu02", old)[1]
