@@ -139,9 +139,10 @@ def _select(args: argparse.Namespace, pinned: Owner | None, what: str) -> int:
             # a host with mixed GPU models. Read within --wait, as everything else.
             mapping = _cuda_mapping(gpus, None if not args.wait else started + args.wait)
             mapping.visible_value(())
-        timeout = None if args.wait is None else max(0.0, args.wait - (time.monotonic() - started))
-        if timeout == 0 and args.wait:
-            timeout = 1e-9  # --wait used up by opening: a check bounded by it, not a whole one (that is --wait 0)
+        # --wait used up by opening: a check bounded by it, not a whole one (that is --wait 0).
+        from .._deadline import left_s
+
+        timeout = left_s(args.wait, time.monotonic() - started)
         try:
             selection = gpus.select_clean(
                 args.count, timeout=timeout, predicate=predicate, devices=args.devices,
