@@ -66,8 +66,10 @@ def test_a_transient_nvidia_smi_failure_is_waited_through_and_never_clean(smi: S
     sc.fault(MEMORY, 999, device=0, count=2)  # the first two memory readings fail
     with smi.open(sc) as gpus:
         result = gpus.wait_until_clean(timeout=30, trace=True, stable_polls=1)
+    assert result.trace is not None
     first, last = result.trace[0], result.trace[-1]
     # The failed reading is a failure of that GPU, never clean; the wait goes on and confirms clean once it answers.
     assert first.clean is False and first.failures == 1 and first.devices == ()
     assert last.clean is True and last.devices == (0,) and last.used_bytes == (0,)
-    assert result.polls >= 2 and result.snapshot.devices[0].memory.used_bytes == 0
+    memory = result.snapshot.devices[0].memory
+    assert result.polls >= 2 and memory is not None and memory.used_bytes == 0
