@@ -124,6 +124,17 @@ def pid_number(text: str) -> int:
     return _integer(text, "a PID")
 
 
+def watched_pid(text: str) -> int:
+    """A PID ``wait --pids`` watches for: 1 to Linux's ``PID_MAX_LIMIT``. One that has exited is gone (the wait's
+    answer); one beyond any PID a kernel hands out is a typing error, never "gone" (it would make the wait clean)."""
+    from .._proc import PID_MAX_LIMIT
+
+    value = _integer(text, "a PID")
+    if not 1 <= value <= PID_MAX_LIMIT:
+        raise _bad(f"not a process ID: {value} (a PID is 1 to {PID_MAX_LIMIT} on Linux)")
+    return value
+
+
 def signal_name(text: str) -> str:
     """``TERM``, ``SIGTERM``, ``int``, ``9``: a signal this system knows, as ``SIGTERM``."""
     from .._proc import signals  # not the signal module: its enums cost a kill's start-up
