@@ -26,14 +26,16 @@ def _bad(message: str) -> argparse.ArgumentTypeError:
 MAX_SECONDS = 1e9
 
 
-def _number(text: str, what: str, unbounded: str | None = None) -> float:
-    """``text`` as a float, in ASCII without ``_`` (Python's ``float`` also reads ``1_0`` and Arabic-Indic digits)."""
+def _number(text: str, what: str | None, unbounded: str | None = None) -> float:
+    """``text`` as a float, in ASCII without ``_`` (Python's ``float`` also reads ``1_0`` and Arabic-Indic digits);
+    ``what``: its unit for the error (``seconds``: "not a number of seconds"; ``None``: "not a number")."""
     try:
         if not text.isascii() or "_" in text:
             raise ValueError(text)
         return float(text)
     except ValueError:
-        raise _bad(f"not a number of {what}: {text!r}" + (f" (or '{unbounded}')" if unbounded else "")) from None
+        of = f" of {what}" if what else ""
+        raise _bad(f"not a number{of}: {text!r}" + (f" (or '{unbounded}')" if unbounded else "")) from None
 
 
 def seconds_or_none(text: str, unbounded: str = "none") -> float | None:
@@ -92,7 +94,7 @@ def seconds(text: str) -> float:
 
 def number(text: str) -> float:
     """A finite number, in ASCII without ``_`` (its range is the option's own check)."""
-    value = _number(text, "a number")
+    value = _number(text, None)
     if not math.isfinite(value):
         raise _bad(f"must be a finite number, got {text!r}")
     return value
