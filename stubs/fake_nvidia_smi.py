@@ -9,13 +9,14 @@ Scenario: ``$NVMLCHECK_STUB_SCENARIO``. The static state is rendered: ``system``
 written. ``at call=N``, ``race`` and ``quirk`` lines are accepted and ignored: each run of this program is a fresh
 process, so NVML call counts have no meaning here. A ``fault`` line on a call whose answer nvidia-smi prints (see
 ``FAULT_FIELDS``) is rendered there, as the placeholder nvidia-smi prints for its ``code`` (``FAULT_TEXT``), on its
-``device`` (all GPUs without one); ``delay_ms`` makes the run answer that much later. Counted faults (``after``,
-``count``) count runs: each run that prints the call's answer for a matching GPU counts as one call of it on that GPU
-(nvidia-smi makes one per GPU), so ``after=1 count=2`` lets one run through and fails the next two. The counts are
-kept across runs in ``<scenario>.fake-smi-counts`` beside the scenario (under a lock: runs may overlap) and restart
-when the scenario file is written again (its ``at ms=`` clock restarts then too), as the stub's restart with every
-load. Faults on other calls (``nvmlInit*``, events) are ignored. A bound process is
-listed, and holds memory, exactly while ``/proc/<pid>`` exists and is not a zombie (``list_ms``/``release_ms`` are not
+``device`` (all GPUs without one); ``delay_ms`` makes the run answer that much later; in a timeline (``at ms=T
+fault ...``) it holds from T on. Counted faults (``after``, ``count``) count runs: each run that prints the call's
+answer for a matching GPU counts as one call of it on that GPU (nvidia-smi makes one per GPU), so ``after=1
+count=2`` lets one run through and fails the next two. The counts are kept across runs in
+``<scenario>.fake-smi-counts`` beside the scenario (under a lock: runs may overlap) and restart when the scenario
+file is written again (its ``at ms=`` clock restarts then too), as the stub's restart with every load. Faults on
+other calls (``nvmlInit*``, events) are ignored. A bound process is listed, and holds memory, exactly while
+``/proc/<pid>`` exists and is not a zombie (``list_ms``/``release_ms`` are not
 simulated: it is gone at once).
 
 Supported command lines (as the real one): ``--query-gpu=``, ``--query-compute-apps=``, ``--query-retired-pages=``,
@@ -276,6 +277,9 @@ FAULT_FIELDS = {
 FAULT_TEXT = {4: "[Insufficient Permissions]", 15: "[GPU is lost]", 16: "[GPU requires reset]"}
 
 
+FAULT_KEYS = {"fn", "code", "device", "after", "count", "delay_ms"}
+
+
 def apply_fault(state: State, pairs: dict[str, str], line_no: int) -> None:
     """``fault fn=F code=C device=D after=A count=N delay_ms=T``: what nvidia-smi prints from F on GPU D (every GPU
     without ``device``) reads as C's placeholder, after A calls and for N (0: all following), each T ms late."""
@@ -314,7 +318,9 @@ def apply_at(state: State, words: list[str], path: str, line_no: int) -> None:
         apply_process(target, parse_pairs(rest, PROCESS_KEYS, line_no), line_no)
     elif keyword == "mig":
         apply_mig(target, parse_pairs(rest, MIG_KEYS, line_no), line_no)
-    elif keyword not in ("fault", "race", "quirk", "event"):  # nvidia-smi has no events: the line changes nothing
+    elif keyword == "fault":  # in force from T on (a counted one counts the calls from then, as the stub's)
+        apply_fault(target, parse_pairs(rest, FAULT_KEYS, line_no), line_no)
+    elif keyword not in ("race", "quirk", "event"):  # nvidia-smi has no events: the line changes nothing
         raise ValueError(f"scenario line {line_no}: at cannot apply {keyword!r}")
 
 
@@ -329,7 +335,7 @@ LINE_KINDS: dict[str, tuple[set[str], Any]] = {
     "device": (DEVICE_KEYS, apply_device),
     "process": (PROCESS_KEYS, apply_process),
     "mig": (MIG_KEYS, apply_mig),
-    "fault": ({"fn", "code", "device", "after", "count", "delay_ms"}, apply_fault),
+    "fault": (FAULT_KEYS, apply_fault),
 }
 
 

@@ -73,3 +73,12 @@ def test_a_transient_nvidia_smi_failure_is_waited_through_and_never_clean(smi: S
     assert last.clean is True and last.devices == (0,) and last.used_bytes == (0,)
     memory = result.snapshot.devices[0].memory
     assert result.polls >= 2 and memory is not None and memory.used_bytes == 0
+
+
+def test_a_timeline_fault_holds_once_it_is_due(smi: Smi) -> None:
+    # `at ms=T fault ...` was ignored by the fake (the stub plays it): due at once here, and never due in the test.
+    sc = Scenario.h200(2)
+    sc.at_ms(0).fault(MEMORY, 999, device=0, count=1)
+    sc.at_ms(10**9).fault(MEMORY, 999, device=1)
+    smi.write(sc)
+    assert [failing(run_fake(smi.scenario_path)) for _ in range(2)] == [[0], []]
