@@ -415,7 +415,7 @@ class FaultCounts:
     counted faults reads and writes nothing."""
 
     def __init__(self, path: str, faults: list[dict[str, Any]]) -> None:
-        self.path = path + ".fake-smi-counts"
+        self.path = path + ".fake-smi-counts"  # nvmlcheck._sim.session.FAKE_SMI_COUNTS_SUFFIX: a simulation resets it
         self.scenario = path
         self.needed = any(f["after"] or f["count"] for f in faults)
         self.seen: dict[str, int] = {}

@@ -82,3 +82,23 @@ def test_a_timeline_fault_holds_once_it_is_due(smi: Smi) -> None:
     sc.at_ms(10**9).fault(MEMORY, 999, device=1)
     smi.write(sc)
     assert [failing(run_fake(smi.scenario_path)) for _ in range(2)] == [[0], []]
+
+
+def test_each_simulation_of_a_scenario_file_starts_its_faults_afresh(tmp_path: Path) -> None:
+    # As the stub's counts restart at each process's nvmlInit: `nvmlcheck --simulate FILE --backend smi` run twice
+    # on one file found the faults spent by the first command.
+    import sys
+
+    import nvmlcheck as nc
+    from nvmlcheck._sim.session import FAKE_SMI_COUNTS_SUFFIX
+    from nvmlcheck.testing import stub_source_dir, use_stub
+
+    sc = Scenario.h200()
+    sc.fault(MEMORY, 999, device=0, count=1)
+    path = sc.write(tmp_path / "scenario.txt")
+    fake = [sys.executable, "-S", str(stub_source_dir() / "fake_nvidia_smi.py")]
+    for _ in range(2):
+        with use_stub(path), nc.open("smi", smi_command=fake) as gpus:
+            result = gpus.wait_until_clean(timeout=30, trace=True, stable_polls=1)
+        assert result.trace is not None and result.trace[0].failures == 1
+        assert not Path(f"{path}{FAKE_SMI_COUNTS_SUFFIX}").exists()  # not left beside the user's file
