@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from .backends import Backend
     from .model import Fields, Snapshot
 
-__all__ = ["HUNG_AFTER_NS", "Deadline", "hung_after", "ns_or_none", "on_hung", "read_by"]
+__all__ = ["HUNG_AFTER_NS", "USED_UP_S", "Deadline", "hung_after", "left_s", "ns_or_none", "on_hung", "read_by"]
 
 _NS = 1_000_000_000
 
@@ -35,6 +35,26 @@ def ns_or_none(seconds: float) -> int | None:
     except OverflowError:  # an int beyond any float (10**400): longer than any wait, as inf is
         return None
     return None if math.isinf(ns) else round(ns)  # not ceil: 63225e-9 * 1e9 is 63225.00000000001
+
+
+#: What a positive timeout that is used up leaves (:func:`left_s`): the least positive timeout, a check bounded by
+#: it (which may be cut, so a wait times out), never 0, which is one whole check judged alone.
+USED_UP_S = 1e-9
+
+
+def left_s(timeout: float | None, spent_s: float) -> float | None:
+    """What is left of ``timeout`` (seconds; ``None``: no bound) once ``spent_s`` of it went on something else (opening
+    NVML, resolving the selection, registering events). 0 stays 0 (one check, judged alone: ``--timeout 0``); a
+    positive timeout stays positive: used up, it is :data:`USED_UP_S`, so the wait that gets it answers as the
+    library does for the same time (not confirmed in time), never as a one-check judgement that ignores
+    ``stable_polls``. The one rule for every caller that hands on what its setup left of a timeout."""
+    if not timeout:
+        return timeout
+    try:
+        left = timeout - spent_s
+    except OverflowError:  # an int beyond any float (10**400): longer than any wait, as inf is
+        return timeout
+    return left if left > 0 else USED_UP_S
 
 
 class Deadline:

@@ -31,6 +31,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from ._deadline import USED_UP_S
+from ._deadline import left_s as _left_of
 from ._proc.child import Child
 from ._proc.signals import ENV_END_WITH_STDIN, STDIN_HELLO
 from ._text import is_digits
@@ -967,7 +969,8 @@ class Fleet:
             # ``fanout`` others) gets what is left of it, so the whole call ends by about the timeout plus the
             # connect and start allowances, not by a multiple of it (64 hosts, a fanout of 32: twice).
             if shared and timeout_s is not None:
-                left = max(0.0, timeout_s - (time.monotonic() - began))
+                # A host queued past the timeout gets the least positive one, never 0: that is one whole check.
+                left = _left_of(timeout_s, time.monotonic() - began) or USED_UP_S
                 shifted = _with_timeout(command, timeout_s, left)
                 if shifted is not None:
                     return self._one(host, shifted, _deadline_for(left, self.connect_timeout_s), fallback)

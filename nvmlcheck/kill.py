@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from ._deadline import ns_or_none
+from ._deadline import left_s, ns_or_none
 from ._proc import procfs, signals, targets
 from ._proc.procfs import ProcUnreadable
 from ._proc.targets import Refused, Target, TargetSet
@@ -404,7 +404,8 @@ class KillPlan:
             # (No deadline for timeout 0: one check always completes.)
             devices = self._resolve_by_grace(session, devices, grace_end, setup_deadline(timeout, start))
             result = session.wait_until_clean(
-                None if timeout is None or math.isinf(timeout) else max(0.0, timeout - (clock() - start) / 1e9),
+                # What the selection left, never 0 (one check judged alone) when it used a positive timeout up.
+                None if timeout is None or math.isinf(timeout) else left_s(timeout, (clock() - start) / 1e9),
                 condition,
                 devices=devices,
                 on_poll=observe,

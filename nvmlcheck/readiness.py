@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Sequence
 
-from ._deadline import hung_after, ns_or_none
+from ._deadline import hung_after, left_s, ns_or_none
 from ._waitdefaults import READY_TIMEOUT, Default
 from .errors import ArgumentError, BackendUnavailable, DeadlinePassed, GpuFault, NvmlCheckError, WaitTimeout
 from .model import DeviceState, Fields, Snapshot
@@ -175,7 +175,7 @@ def _ready(
     recheck = _HealthOnEvents(session, indices, deadline_ns, clock, since_ns=read_from_ns,
                               pending=bool(_transient_gpus(first)))
     while True:
-        remaining = None if bound is None else max(0.0, bound - (clock() - start) / 1e9)
+        remaining = None if bound is None else left_s(bound, (clock() - start) / 1e9)  # used up: bounded, not 0
         waited = _wait(session, indices, predicate, opts.with_(timeout=remaining), watch,
                        faults=faults, errors=errors, after_poll=(recheck, scan.when_overdue(watch, judge, mig)))
         final = waited[0] or first

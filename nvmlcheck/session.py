@@ -309,8 +309,7 @@ class Session:
         started = clock()
         bound_ns = None if timeout is None else ns_or_none(timeout)
         listener = self._listen(None if bound_ns is None else started + bound_ns, clock)
-        if timeout:
-            timeout = max(0.0, timeout - (clock() - started) / 1e9)
+        timeout = _left(timeout, started, clock)  # used up by the registration: still a bound, not one check
         # Unsupported or stopped: said by its reason; the wait polls.
         return (listener if listener.active else None), timeout
 
@@ -1059,12 +1058,13 @@ def in_session(backend: str, timeout: float | None, body: Callable[[Session, flo
 
     from .errors import Timeout
 
-    started = time.monotonic()
+    started = time.monotonic_ns()
     bounded = isinstance(timeout, int | float) and not isinstance(timeout, bool) and 0 <= timeout < math.inf
     init_timeout, smi_timeout = open_timeouts(timeout, backend=backend)
     session = open(backend, init_timeout_s=init_timeout, smi_timeout_s=smi_timeout)
     try:
-        left = max(0.0, timeout - (time.monotonic() - started)) if bounded and timeout is not None else timeout
+        # Used up by the opening: the least positive timeout (a bounded check), never 0 (one whole check).
+        left = _left(timeout, started, time.monotonic_ns) if bounded else timeout
         answer = body(session, left)
     except BaseException as exc:
         session._close_after(exc, init_timeout)
@@ -1099,8 +1099,7 @@ def _counted_from(exc: WaitTimeout, asked: float | None, setup_ns: int, extra: S
 
 def _left(timeout: float | None, began: int, clock: Callable[[], int]) -> float | None:
     """What is left of ``timeout`` (seconds; ``None``: no bound) since ``began`` on ``clock``; 0 stays 0 (one check),
-    and a timeout used up is the least positive one: a check bounded by it, not a whole one."""
-    if not timeout:
-        return timeout
-    left = timeout - (clock() - began) / 1e9
-    return left if left > 0 else 1e-9
+    and a timeout used up is the least positive one: a check bounded by it, not a whole one (``_deadline.left_s``)."""
+    from ._deadline import left_s
+
+    return left_s(timeout, (clock() - began) / 1e9)

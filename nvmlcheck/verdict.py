@@ -203,7 +203,10 @@ class GpuVerdict:
     is back (the reclaim model's figure from when the teardown was first seen; once that has passed while memory
     is still coming back, the observed release rate extrapolated; ``None`` once it has passed with none of it back:
     no time can be promised); ``stuck_after_ns``: how long memory may stay held
-    with no live holder before it is called stuck (:mod:`nvmlcheck.reclaim_model`).
+    with no live holder before it is called stuck (:mod:`nvmlcheck.reclaim_model`). ``free_in``: on a GPU in MIG
+    mode selected whole with a need, the MIG instance the need was judged in (a CUDA process runs in one: the first
+    that has it free, else the one with the most free), whose free memory ``free_bytes`` then is (``None``: the
+    GPU's own).
     """
 
     index: int
@@ -217,6 +220,7 @@ class GpuVerdict:
     need_bytes: int | None = None
     eta_ns: int | None = None
     stuck_after_ns: int | None = None
+    free_in: str | None = None
 
     @property
     def ready(self) -> bool:
@@ -246,6 +250,8 @@ class GpuVerdict:
         """One line for a person: ``GPU 1: held by pid 4123 (python3) in lxc/129, 8.0 GiB``."""
         if self.ready:
             free = "" if self.free_bytes is None else f" ({format_bytes(self.free_bytes)} free"
+            if free and self.free_in is not None:  # one MIG instance's: the whole GPU's is no job's to use
+                free += f" in {self.free_in}"
             if free:
                 free += "" if self.need_bytes is None else f", {format_bytes(self.need_bytes)} needed"
                 free += ")"
@@ -276,6 +282,7 @@ class GpuVerdict:
             "used_bytes": self.used_bytes,
             "total_bytes": self.total_bytes,
             "free_bytes": self.free_bytes,
+            "free_in": self.free_in,
             "need_bytes": self.need_bytes,
             "eta_ns": self.eta_ns,
             "stuck_after_ns": self.stuck_after_ns,
@@ -678,13 +685,14 @@ def _classify_one(d: DeviceState, ctx: _Ctx, culprits: list[Culprit]) -> GpuVerd
             # extrapolate, no time to promise (0 would say "back now").
             eta = max(1, round(m.used_bytes * elapsed / released)) if released > 0 and elapsed > 0 else None
     need = None
+    judged: MigDevice | None = None  # the MIG instance the need was judged in, on a GPU in MIG mode selected whole
     instances = _whole_mig(d)
     if instances == ():
         culprits.append(Culprit(i, "short", "capacity-limit", "in MIG mode with no MIG instance: no CUDA job can run "
                                 f"on it (create MIG instances, or turn MIG mode off: nvidia-smi -i {i} -mig 0)"))
     elif instances and (ctx.need_bytes is not None or ctx.need_fraction is not None):
         # A CUDA process runs in one MIG instance: the need is judged per instance, not against the whole GPU.
-        need, found = _mig_capacity(d, instances, ctx.need_bytes, ctx.need_fraction, clean=not culprits)
+        need, found, judged = _mig_capacity(d, instances, ctx.need_bytes, ctx.need_fraction, clean=not culprits)
         culprits += found
     elif (ctx.need_bytes is not None or ctx.need_fraction is not None) and _instances_unknown(d) is not None:
         # In MIG mode (or maybe: its mode unread) with the instances unknown: the whole GPU's free memory is not
@@ -698,10 +706,12 @@ def _classify_one(d: DeviceState, ctx: _Ctx, culprits: list[Culprit]) -> GpuVerd
             culprits += beyond
         elif not culprits and need is not None:
             culprits += _capacity_culprits(d, m, need, ctx.need_fraction)
+    free = None if m is None else free_bytes_of(m)[0]
+    if judged is not None and judged.memory is not None:  # the need was judged against this instance's free memory
+        free = free_bytes_of(judged.memory)[0]
     return _verdict(i, d.uuid, _label(d), culprits, used_bytes=None if m is None else m.used_bytes,
-                    total_bytes=None if m is None else m.total_bytes,
-                    free_bytes=None if m is None else free_bytes_of(m)[0], need_bytes=need, eta_ns=eta,
-                    stuck_after_ns=bound)
+                    total_bytes=None if m is None else m.total_bytes, free_bytes=free, need_bytes=need, eta_ns=eta,
+                    stuck_after_ns=bound, free_in=None if judged is None else judged.label)
 
 
 def _viewed_instance(d: DeviceState) -> MigDevice | None:
@@ -797,11 +807,12 @@ def _instances_unknown(d: DeviceState) -> str | None:
 
 
 def _mig_capacity(d: DeviceState, instances: tuple[MigDevice, ...], need_bytes: int | None,
-                  fraction: float | None, *, clean: bool) -> tuple[int | None, list[Culprit]]:
+                  fraction: float | None, *, clean: bool) -> tuple[int | None, list[Culprit], MigDevice | None]:
     """The need on a GPU in MIG mode selected whole, judged per instance (a CUDA process runs in one): met when one
     instance has it free; ``capacity-limit`` when none could ever hold it; else (on a clean GPU) ``short``, or
     ``unknown`` when an instance's memory is unknown or within the figures' resolution. The need in bytes (of the
-    instance with the most free, for a fraction) and the culprits."""
+    instance with the most free, for a fraction), the culprits, and the instance judged (the first with the need
+    free, else the one with the most free; ``None`` when no instance's memory is known)."""
     known = [(inst, inst.memory) for inst in instances if inst.memory is not None]
     doubtful = len(known) < len(instances)
     best: tuple[int, int, MigDevice] | None = None  # (free, need, instance) with the most free
@@ -811,32 +822,33 @@ def _mig_capacity(d: DeviceState, instances: tuple[MigDevice, ...], need_bytes: 
         assert need is not None
         free, slack = free_bytes_of(m)
         if free - slack >= need:
-            return need, []
+            return need, [], inst
         if not _beyond_capacity(d, m, need, fraction):
             never = False
         doubtful = doubtful or free + slack >= need
         if best is None or free > best[0]:
             best = free, need, inst
     needed = format_bytes(need_bytes or 0) if fraction is None else f"{fraction * 100:g}% of each instance's total"
+    judged = None if best is None else best[2]
     if never and not doubtful:
         most = max((m.total_bytes - (m.reserved_bytes or 0) for _, m in known), default=0)
         needed, at_most = _apart(need_bytes, most) if fraction is None and need_bytes else (needed,
                                                                                               format_bytes(most))
         return None if best is None else best[1], [Culprit(
             d.index, "short", "capacity-limit", f"{needed} needed can never be free in one MIG instance of this GPU "
-            f"(a CUDA process runs in one): the largest has at most {at_most} with nothing running")]
+            f"(a CUDA process runs in one): the largest has at most {at_most} with nothing running")], judged
     if not clean:
-        return None if best is None else best[1], []
+        return None if best is None else best[1], [], judged
     if doubtful or best is None:
         return None if best is None else best[1], [Culprit(
             d.index, "unknown", "capacity", f"whether a MIG instance has {needed} free is unknown (an instance's "
-            "memory is unknown, or within the reporting resolution of the need)")]
+            "memory is unknown, or within the reporting resolution of the need)")], judged
     free, need, inst = best
     most_free = format_bytes(free)
     if fraction is None:
         needed, most_free = _apart(need, free)
     return need, [Culprit(d.index, "short", "capacity", f"clean, but no MIG instance has {needed} free (a CUDA "
-                          f"process runs in one): the most is {most_free}, in {inst.label}")]
+                          f"process runs in one): the most is {most_free}, in {inst.label}")], inst
 
 
 def _of_total(m: Memory, fraction: float | None) -> str:

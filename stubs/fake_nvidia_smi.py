@@ -7,10 +7,16 @@ Scenario: ``$NVMLCHECK_STUB_SCENARIO``. The static state is rendered: ``system``
 ``unsupported=`` and ``lost=1``) and ``process`` lines (``used=na``, ``holds=``, ``gi=``/``ci=``, ``remove=1``,
 ``bound=1`` with ``zombie_holds=1``), and ``at ms=T`` timeline lines once T ms have passed since the scenario file was
 written. ``at call=N``, ``race`` and ``quirk`` lines are accepted and ignored: each run of this program is a fresh
-process, so NVML call counts have no meaning here. A ``fault`` line that is sticky (no ``after``, ``count`` or
-``delay_ms``) with a ``code`` and a ``device`` is rendered where nvidia-smi prints that call's answer, as the
-placeholder it prints for the code (see ``FAULT_FIELDS``, ``FAULT_TEXT``); other faults are ignored. A bound process is
-listed, and holds memory, exactly while ``/proc/<pid>`` exists and is not a zombie (``list_ms``/``release_ms`` are not
+process, so NVML call counts have no meaning here. A ``fault`` line on a call whose answer nvidia-smi prints (see
+``FAULT_FIELDS``) is rendered there, as the placeholder nvidia-smi prints for its ``code`` (``FAULT_TEXT``), on its
+``device`` (all GPUs without one); ``delay_ms`` makes the run answer that much later; in a timeline (``at ms=T
+fault ...``) it holds from T on. Counted faults (``after``, ``count``) count runs: each run that prints the call's
+answer for a matching GPU counts as one call of it on that GPU (nvidia-smi makes one per GPU), so ``after=1
+count=2`` lets one run through and fails the next two. The counts are kept across runs in
+``<scenario>.fake-smi-counts`` beside the scenario (under a lock: runs may overlap) and restart when the scenario
+file is written again (its ``at ms=`` clock restarts then too), as the stub's restart with every load. Faults on
+other calls (``nvmlInit*``, events) are ignored. A bound process is listed, and holds memory, exactly while
+``/proc/<pid>`` exists and is not a zombie (``list_ms``/``release_ms`` are not
 simulated: it is gone at once).
 
 Supported command lines (as the real one): ``--query-gpu=``, ``--query-compute-apps=``, ``--query-retired-pages=``,
@@ -271,12 +277,24 @@ FAULT_FIELDS = {
 FAULT_TEXT = {4: "[Insufficient Permissions]", 15: "[GPU is lost]", 16: "[GPU requires reset]"}
 
 
+FAULT_KEYS = {"fn", "code", "device", "after", "count", "delay_ms"}
+
+
 def apply_fault(state: State, pairs: dict[str, str], line_no: int) -> None:
-    """``fault fn=F code=C device=D``, sticky: what nvidia-smi prints from F on GPU D reads as C's placeholder."""
-    sticky = all(pairs.get(k, "0") == "0" for k in ("after", "count", "delay_ms"))
+    """``fault fn=F code=C device=D after=A count=N delay_ms=T``: what nvidia-smi prints from F on GPU D (every GPU
+    without ``device``) reads as C's placeholder, after A calls and for N (0: all following), each T ms late."""
     key = FAULT_FIELDS.get(pairs.get("fn", ""))
-    if sticky and key is not None and "code" in pairs and "device" in pairs:
-        state["faults"][(number(pairs["device"], "device"), key)] = number(pairs["code"], "code")
+    values = {k: number(pairs[k], f"line {line_no} {k}") for k in ("code", "device", "after", "count", "delay_ms")
+              if k in pairs}
+    if key is None or ("code" not in values and not values.get("delay_ms")):
+        return
+    # Its identity across runs: the line's text and how many identical lines came before it (not its number: a
+    # line added above it must not hand it another fault's count).
+    text = " ".join(f"{k}={pairs[k]}" for k in sorted(pairs))
+    ordinal = sum(1 for f in state["faults"] if f["text"] == text)
+    state["faults"].append({"key": key, "device": values.get("device"), "code": values.get("code"),
+                            "after": values.get("after", 0), "count": values.get("count", 0),
+                            "delay_ms": values.get("delay_ms", 0), "text": text, "id": f"{ordinal}:{text}"})
 
 
 def apply_at(state: State, words: list[str], path: str, line_no: int) -> None:
@@ -300,7 +318,9 @@ def apply_at(state: State, words: list[str], path: str, line_no: int) -> None:
         apply_process(target, parse_pairs(rest, PROCESS_KEYS, line_no), line_no)
     elif keyword == "mig":
         apply_mig(target, parse_pairs(rest, MIG_KEYS, line_no), line_no)
-    elif keyword not in ("fault", "race", "quirk", "event"):  # nvidia-smi has no events: the line changes nothing
+    elif keyword == "fault":  # in force from T on (a counted one counts the calls from then, as the stub's)
+        apply_fault(target, parse_pairs(rest, FAULT_KEYS, line_no), line_no)
+    elif keyword not in ("race", "quirk", "event"):  # nvidia-smi has no events: the line changes nothing
         raise ValueError(f"scenario line {line_no}: at cannot apply {keyword!r}")
 
 
@@ -315,7 +335,7 @@ LINE_KINDS: dict[str, tuple[set[str], Any]] = {
     "device": (DEVICE_KEYS, apply_device),
     "process": (PROCESS_KEYS, apply_process),
     "mig": (MIG_KEYS, apply_mig),
-    "fault": ({"fn", "code", "device", "after", "count", "delay_ms"}, apply_fault),
+    "fault": (FAULT_KEYS, apply_fault),
 }
 
 
@@ -325,7 +345,8 @@ def load_scenario(path: str) -> State:
         "devices": [],
         "processes": [],
         "migs": [],
-        "faults": {},  # (device index, scenario key) -> NVML return code, for the sticky faults rendered
+        "faults": [],  # the fault lines rendered (apply_fault), in file order
+        "path": path,  # where the counted faults keep their counts (FaultCounts)
     }
     try:
         with open(path, encoding="utf-8") as f:
@@ -388,6 +409,64 @@ def ceil_mib(value: int) -> int:
     return math.ceil(value / MIB)
 
 
+class FaultCounts:
+    """How many calls each counted fault (``after``/``count``) has seen, across runs: a JSON file beside the scenario,
+    read and written under an exclusive lock by :meth:`hold`. A sticky fault needs no count, so a scenario without
+    counted faults reads and writes nothing."""
+
+    def __init__(self, path: str, faults: list[dict[str, Any]]) -> None:
+        self.path = path + ".fake-smi-counts"  # nvmlcheck._sim.session.FAKE_SMI_COUNTS_SUFFIX: a simulation resets it
+        self.scenario = path
+        self.needed = any(f["after"] or f["count"] for f in faults)
+        self.seen: dict[str, int] = {}
+        self._fd: int | None = None
+        self._stamp = ""
+
+    def fires(self, fault: dict[str, Any]) -> bool:
+        if not (fault["after"] or fault["count"]):
+            return True  # sticky: every call
+        calls = self.seen.get(fault["id"], 0) + 1
+        self.seen[fault["id"]] = calls
+        return calls > fault["after"] and (not fault["count"] or calls <= fault["after"] + fault["count"])
+
+    def hold(self) -> None:
+        """Lock the counts and read them (those of an earlier version of the scenario file count for nothing)."""
+        if not self.needed:
+            return
+        import fcntl
+
+        try:
+            st = os.stat(self.scenario)
+            self._stamp = f"{st.st_dev}:{st.st_ino}:{st.st_mtime_ns}:{st.st_size}"
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise ValueError(f"cannot keep the fault counts in {self.path}: {exc.strerror or exc}") from None
+        self._fd = fd
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        raw = b""
+        while chunk := os.read(fd, 65536):
+            raw += chunk
+        try:
+            saved = json.loads(raw) if raw else {}
+        except ValueError:
+            saved = {}
+        if isinstance(saved, dict) and saved.get("scenario") == self._stamp and isinstance(saved.get("seen"), dict):
+            self.seen = {str(k): int(v) for k, v in saved["seen"].items()}
+
+    def release(self) -> None:
+        """Write the counts back and unlock."""
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        try:
+            data = json.dumps({"scenario": self._stamp, "seen": self.seen}).encode()
+            os.lseek(fd, 0, os.SEEK_SET)
+            os.ftruncate(fd, 0)
+            os.write(fd, data)
+        finally:
+            os.close(fd)  # the lock goes with it
+
+
 class View:
     """The scenario's state as nvidia-smi would print it, with live processes resolved."""
 
@@ -397,14 +476,38 @@ class View:
         self.processes = [p for p in state["processes"] if alive(p)]
         self.migs: list[dict[str, Any]] = state["migs"]
         self.placeholder = os.environ.get("FAKE_SMI_PLACEHOLDER", "[N/A]")
-        self.faults: dict[tuple[int, str], int] = state["faults"]
+        self.faults: list[dict[str, Any]] = state["faults"]
+        self.counts = FaultCounts(state["path"], self.faults)
+        self.delay_s = 0.0  # what the faults that fired in this run add to its answer
+        self._answers: dict[tuple[int, str], int | None] = {}  # (GPU, key) -> the code it answered in this run
 
     def failed(self, dev: Dev, key: str) -> str | None:
-        """The placeholder nvidia-smi prints for ``key`` of ``dev`` when a sticky fault answers its NVML call."""
-        code = self.faults.get((dev["index"], key))
+        """The placeholder nvidia-smi prints for ``key`` of ``dev`` when a fault answers its NVML call. Asked once per
+        run for each GPU and key (one NVML call per GPU), however many fields print the answer; a device that is
+        not one of the scenario's (a field's probe) makes no call."""
+        if not any(d is dev for d in self.devices):
+            return None
+        if (dev["index"], key) not in self._answers:
+            self._answers[(dev["index"], key)] = self._call(dev["index"], key)
+        code = self._answers[(dev["index"], key)]
         if code is None:
             return None
         return self.placeholder if code == 3 else FAULT_TEXT.get(code, "[Unknown Error]")
+
+    def _call(self, index: int, key: str) -> int | None:
+        """One call of ``key``'s NVML function on GPU ``index``: every matching fault counts it; the delays of those
+        that fire add up; the first that fires with a code decides the answer (as the stub does)."""
+        code = None
+        for fault in self.faults:
+            if fault["key"] != key or fault["device"] not in (None, index):
+                continue
+            if not self.counts.fires(fault):
+                continue
+            self.delay_s += fault["delay_ms"] / 1000.0
+            if code is None:
+                code = fault["code"]
+        return code
+
 
     def used(self, dev: Dev) -> int:
         held: int = sum(p["holds"] for p in self.processes if p["device"] == dev["index"])
@@ -915,32 +1018,13 @@ def main(argv: list[str]) -> int:
             sys.stdout.write(NO_DRIVER)  # no scenario: a machine without a driver, like the stub library
             return 9
         view = View(load_scenario(path))
-        if opts["version"]:
-            cuda = view.system["cuda"]
-            sys.stdout.write(
-                f"NVIDIA-SMI version  : {view.system['driver']}\nNVML version        : "
-                f"{'.'.join(view.system['driver'].split('.')[:2])}\nDRIVER version      : {view.system['driver']}\n"
-                f"CUDA Version        : {cuda // 1000}.{cuda % 1000 // 10}\n"
-            )
-            return 0
-        devices = select(view.devices, opts["ids"])
-        if (opts["ids"] is not None and not devices) or not view.devices:
-            sys.stdout.write(NO_DEVICES)
-            return 6
-        if opts["list"]:
-            sys.stdout.write(list_gpus(view, devices))
-            return 0
-        if opts["q"]:
-            if opts["d"] not in ("PIDS", None):
-                raise Usage("this fake supports only -q -d PIDS and a bare -q\n")
-            text, code = query_pids(view, devices, full=opts["d"] is None)
-            sys.stdout.write(text)
-            return code
-        if opts["query"] not in QUERIES or opts["format"] is None:
-            raise Usage("Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.\n")
-        fmt = {**parse_format(opts["format"]), "placeholder": view.placeholder}
-        check_fields(opts, view)
-        text, code = QUERIES[opts["query"]](view, devices, opts["fields"], fmt)
+        view.counts.hold()
+        try:
+            text, code = answer(view, opts)
+        finally:
+            view.counts.release()
+        if view.delay_s:  # a fault's delay: after the counts are let go, so an overlapping run is not held up
+            time.sleep(view.delay_s)
         sys.stdout.write(text)
         return code
     except Usage as exc:
@@ -949,6 +1033,31 @@ def main(argv: list[str]) -> int:
     except ValueError as exc:
         sys.stderr.write(f"fake nvidia-smi: {exc}\n")
         return 255
+
+
+def answer(view: View, opts: dict[str, Any]) -> tuple[str, int]:
+    """What a run prints, and its exit status (``Usage``: a command line the real one refuses)."""
+    if opts["version"]:
+        cuda = view.system["cuda"]
+        return (
+            f"NVIDIA-SMI version  : {view.system['driver']}\nNVML version        : "
+            f"{'.'.join(view.system['driver'].split('.')[:2])}\nDRIVER version      : {view.system['driver']}\n"
+            f"CUDA Version        : {cuda // 1000}.{cuda % 1000 // 10}\n"
+        ), 0
+    devices = select(view.devices, opts["ids"])
+    if (opts["ids"] is not None and not devices) or not view.devices:
+        return NO_DEVICES, 6
+    if opts["list"]:
+        return list_gpus(view, devices), 0
+    if opts["q"]:
+        if opts["d"] not in ("PIDS", None):
+            raise Usage("this fake supports only -q -d PIDS and a bare -q\n")
+        return query_pids(view, devices, full=opts["d"] is None)
+    if opts["query"] not in QUERIES or opts["format"] is None:
+        raise Usage("Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.\n")
+    fmt = {**parse_format(opts["format"]), "placeholder": view.placeholder}
+    check_fields(opts, view)
+    return QUERIES[opts["query"]](view, devices, opts["fields"], fmt)
 
 
 if __name__ == "__main__":

@@ -25,12 +25,15 @@ from .build import build_stub, stub_source_dir
 from .calllog import LogEntry, read_call_log
 from .scenario import Scenario
 
-__all__ = ["ENV_LIBRARY", "ENV_LOG", "ENV_SCENARIO", "StubSession", "exported", "simulation", "stand_in_device_files",
-           "stub_environment", "use_stub"]
+__all__ = ["ENV_LIBRARY", "ENV_LOG", "ENV_SCENARIO", "FAKE_SMI_COUNTS_SUFFIX", "StubSession", "exported", "simulation",
+           "stand_in_device_files", "stub_environment", "use_stub"]
 
 ENV_LIBRARY = "NVMLCHECK_LIBNVML"  # read by nvmlcheck's NVML backend when no library_path is given: the stub only
 ENV_SCENARIO = "NVMLCHECK_STUB_SCENARIO"  # read by the stub at nvmlInit, and by the fake nvidia-smi
 ENV_LOG = "NVMLCHECK_STUB_LOG"  # the stub appends one line per call here
+#: Beside a scenario file, where the fake nvidia-smi keeps the counts of its counted faults across its runs
+#: (stubs/fake_nvidia_smi.py, which imports nothing of nvmlcheck, spells it too).
+FAKE_SMI_COUNTS_SUFFIX = ".fake-smi-counts"
 
 
 def stub_environment(
@@ -152,6 +155,11 @@ def simulation(
                 raise FileNotFoundError(f"scenario file {scenario_path} does not exist")
         log_path = directory / "calls.log"
         log_path.unlink(missing_ok=True)
+        # The fake nvidia-smi's fault counts start afresh with each simulation, as the stub's do with each process's
+        # nvmlInit: a file used again (--simulate FILE, one command after another) must not find its faults spent.
+        counts = Path(f"{scenario_path}{FAKE_SMI_COUNTS_SUFFIX}")
+        counts.unlink(missing_ok=True)
+        stack.callback(counts.unlink, missing_ok=True)
         stub = StubSession(library, scenario_path, log_path)
         env = stub.environment()
         if not export_library:

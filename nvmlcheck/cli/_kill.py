@@ -351,6 +351,7 @@ def _confirm(count: int, assume_yes: bool) -> None:
 def _plan_with_nvml(args: argparse.Namespace, gpus: Session) -> tuple[KillPlan | None, KillSelection | None]:
     """Check every input (devices, PIDs, the holders to add) with NVML open, then send the first signal."""
 
+    from .._deadline import left_s
     from ..errors import BackendUnavailable
     from ..holders import HoldersIncomplete, select_kill_holders
     from ..kill import KillPlan, baseline_by, resolve_by, setup_deadline
@@ -371,8 +372,8 @@ def _plan_with_nvml(args: argparse.Namespace, gpus: Session) -> tuple[KillPlan |
             # Both watched: an NVML call that never returns (the NVML backend's watchdog), and a /proc read that never
             # returns (a holder's command line, under the memory-map lock of a process stuck in the driver).
             with _reading_bound(args), _common.proc_reading_bound(args):
-                # Used up: the least positive timeout (cut at once), never 0 (one complete reading).
-                left = None if deadline_ns is None else max(1e-9, (deadline_ns - time.monotonic_ns()) / 1e9)
+                # What the selection left of --timeout: used up, a bound still (HoldersIncomplete), never 0.
+                left = None if deadline_ns is None else left_s(args.timeout, (time.monotonic_ns() - began) / 1e9)
                 selection = select_kill_holders(gpus, args.devices, all_holders=args.all_holders, timeout=left)
         except HoldersIncomplete as exc:  # a selection from part of the holders is never signalled (exit 3)
             raise HoldersIncomplete(args.timeout, f"{exc.reason}; nothing was signalled", exc.found,

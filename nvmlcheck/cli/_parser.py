@@ -205,6 +205,7 @@ from ._values import (  # noqa: E402
     seconds,
     seconds_or_none,
     signal_name,
+    watched_pid,
 )
 
 
@@ -423,7 +424,7 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
                                  "failed, 4 a fatal GPU event (--events)")
         global_options(wait, top=False)
         wait_options(wait)
-        wait.add_argument("--pids", type=pid_number, nargs="+", action=_Merge, state=state, default=[], metavar="PID",
+        wait.add_argument("--pids", type=watched_pid, nargs="+", action=_Merge, state=state, default=[], metavar="PID",
                           help="also require these PIDs off every GPU (repeats merge)")
         wait.add_argument("--precise", action="store_true", help="tight polling loop (~100 µs resolution, one core)")
         host_options(wait)

@@ -62,8 +62,11 @@ def cmd_ready(args: argparse.Namespace) -> int:
 
     load_json_output(args.json)
     with open_session(args) as gpus:
-        # --timeout bounds the whole command: the open (whose nvmlInit it bounded) comes out of it.
-        timeout = None if args.timeout is None else max(0.0, args.timeout - (time.monotonic() - started))
+        # --timeout bounds the whole command: the open (whose nvmlInit it bounded) comes out of it; used up, it is
+        # still a bound (the library's answer for that time), never 0, which is one check judged alone.
+        from .._deadline import left_s
+
+        timeout = left_s(args.timeout, time.monotonic() - started)
         try:
             report = gpus.ready(
                 args.devices, need_bytes=need_bytes, need_fraction=need_fraction, max_used_bytes=args.max_used,

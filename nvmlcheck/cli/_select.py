@@ -65,20 +65,22 @@ def _owner(args: argparse.Namespace) -> tuple[Owner, str]:
         raise UsageError(f"{what}: {exc}") from None
 
 
-def _cuda_mapping(gpus: Session, deadline_s: float | None) -> CudaMapping:
+def _cuda_mapping(gpus: Session, deadline_s: float | None, count: int = 1) -> CudaMapping:
     """The session's CUDA numbering, its identity read stopped at ``deadline_s`` (``time.monotonic``; one call late
-    at most): when it passes, an error naming it (exit 3): the numbers could not be read in time."""
+    at most): when it passes, a :class:`~nvmlcheck.SelectTimeout` naming it (exit 1, as with ``--format index``: the
+    GPUs were not found within ``--wait``; not a backend failure). ``count``: the GPUs asked for."""
     if deadline_s is None:
         return gpus.cuda_mapping()
     from .._deadline import read_by
     from ..cudamap import cuda_mapping
-    from ..errors import NvmlCheckError
     from ..model import Fields
+    from ..selection import SelectTimeout
 
     snap = read_by(gpus.backend, None, Fields(0), int(deadline_s * 1e9))
     if snap is None:
-        raise NvmlCheckError("--format cuda: the GPUs' identities (for CUDA's numbering) were not read within "
-                             "--wait")
+        # Elapsed 0: the caller counts the time since the command started (_not_found).
+        raise SelectTimeout(0.0, 0, ["--format cuda: the GPUs' identities (for CUDA's numbering) were not read "
+                                     "within --wait"], count=count)
     return cuda_mapping(snap.devices, os.environ, unreadable=[f.index for f in snap.failures])
 
 
@@ -137,11 +139,15 @@ def _select(args: argparse.Namespace, pinned: Owner | None, what: str) -> int:
         if args.format == "cuda":
             # Refuse before waiting (maybe for minutes) when the numbers cannot be told: CUDA_DEVICE_ORDER unset on
             # a host with mixed GPU models. Read within --wait, as everything else.
-            mapping = _cuda_mapping(gpus, None if not args.wait else started + args.wait)
+            try:
+                mapping = _cuda_mapping(gpus, None if not args.wait else started + args.wait, args.count)
+            except SelectTimeout as late:
+                return _not_found(args, late, started)
             mapping.visible_value(())
-        timeout = None if args.wait is None else max(0.0, args.wait - (time.monotonic() - started))
-        if timeout == 0 and args.wait:
-            timeout = 1e-9  # --wait used up by opening: a check bounded by it, not a whole one (that is --wait 0)
+        # --wait used up by opening: a check bounded by it, not a whole one (that is --wait 0).
+        from .._deadline import left_s
+
+        timeout = left_s(args.wait, time.monotonic() - started)
         try:
             selection = gpus.select_clean(
                 args.count, timeout=timeout, predicate=predicate, devices=args.devices,

@@ -26,14 +26,16 @@ def _bad(message: str) -> argparse.ArgumentTypeError:
 MAX_SECONDS = 1e9
 
 
-def _number(text: str, what: str, unbounded: str | None = None) -> float:
-    """``text`` as a float, in ASCII without ``_`` (Python's ``float`` also reads ``1_0`` and Arabic-Indic digits)."""
+def _number(text: str, what: str | None, unbounded: str | None = None) -> float:
+    """``text`` as a float, in ASCII without ``_`` (Python's ``float`` also reads ``1_0`` and Arabic-Indic digits);
+    ``what``: its unit for the error (``seconds``: "not a number of seconds"; ``None``: "not a number")."""
     try:
         if not text.isascii() or "_" in text:
             raise ValueError(text)
         return float(text)
     except ValueError:
-        raise _bad(f"not a number of {what}: {text!r}" + (f" (or '{unbounded}')" if unbounded else "")) from None
+        of = f" of {what}" if what else ""
+        raise _bad(f"not a number{of}: {text!r}" + (f" (or '{unbounded}')" if unbounded else "")) from None
 
 
 def seconds_or_none(text: str, unbounded: str = "none") -> float | None:
@@ -92,7 +94,7 @@ def seconds(text: str) -> float:
 
 def number(text: str) -> float:
     """A finite number, in ASCII without ``_`` (its range is the option's own check)."""
-    value = _number(text, "a number")
+    value = _number(text, None)
     if not math.isfinite(value):
         raise _bad(f"must be a finite number, got {text!r}")
     return value
@@ -122,6 +124,17 @@ def positive_seconds(text: str) -> float:
 def pid_number(text: str) -> int:
     """A PID as written; its range (1 < pid <= pid_max) is checked with the other refusals, before any signal."""
     return _integer(text, "a PID")
+
+
+def watched_pid(text: str) -> int:
+    """A PID ``wait --pids`` watches for: 1 to Linux's ``PID_MAX_LIMIT``. One that has exited is gone (the wait's
+    answer); one beyond any PID a kernel hands out is a typing error, never "gone" (it would make the wait clean)."""
+    from .._proc import PID_MAX_LIMIT
+
+    value = _integer(text, "a PID")
+    if not 1 <= value <= PID_MAX_LIMIT:
+        raise _bad(f"not a process ID: {value} (a PID is 1 to {PID_MAX_LIMIT} on Linux)")
+    return value
 
 
 def signal_name(text: str) -> str:

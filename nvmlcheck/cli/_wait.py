@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 def cmd_wait(args: argparse.Namespace) -> int:
     """Wait with the CLI's predicate; the status line shows on a terminal only."""
-    from .._deadline import hung_after
+    from .._deadline import hung_after, left_s
     from ..errors import WaitTimeout
 
     if hosts_wanted(args):
@@ -45,8 +45,9 @@ def cmd_wait(args: argparse.Namespace) -> int:
         # The registration bounds itself between two calls; one that never returns is the watchdog's, as in the wait.
         with hung_after(None if deadline is None else round(deadline * 1e9)):
             start_events(args, gpus, deadline)
-        # --timeout bounds the whole command: the open (whose nvmlInit it bounded) comes out of it.
-        timeout = None if args.timeout is None else max(0.0, args.timeout - (time.monotonic() - started))
+        # --timeout bounds the whole command: the open (whose nvmlInit it bounded) comes out of it; used up, it is
+        # still a bound (the library's answer for that time), never 0, which is one check judged alone.
+        timeout = left_s(args.timeout, time.monotonic() - started)
         try:
             result = gpus.wait_until_clean(
                 timeout,

@@ -339,6 +339,23 @@ def test_the_cuda_numbering_is_read_within_the_wait(tmp_path: Path, monkeypatch:
 
     monkeypatch.setenv("NVMLCHECK_STUB_SCENARIO", str(Scenario.h200(devices=2).write(tmp_path / "s.txt")))
     with nc.open("nvml", library_path=str(build_stub())) as gpus:
-        with pytest.raises(nc.NvmlCheckError, match="not read within --wait"):
+        # Not found within --wait (exit 1, as with --format index), not a backend failure (exit 3).
+        with pytest.raises(nc.SelectTimeout, match="not read within --wait"):
             _cuda_mapping(gpus, time.monotonic() - 1.0)
         assert _cuda_mapping(gpus, time.monotonic() + 60).devices is not None
+
+
+@pytest.mark.parametrize("fmt", ["cuda", "index", "uuid"])
+def test_a_wait_too_short_to_read_the_gpus_is_not_found_in_every_format(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], fmt: str) -> None:
+    # --format cuda said exit 3 (an error document: "backend failed") where index and uuid said exit 1 (the select
+    # document, found false) for the same --wait: the time ran out before the GPUs were read, nothing failed.
+    import json
+
+    from nvmlcheck import cli
+
+    path = str(Scenario.h200().write(tmp_path / "s.txt"))
+    code = cli.main(["--simulate", path, "--json", "select", "1", "--format", fmt, "--wait", "1e-9"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 1, doc
+    assert doc["schema"] == "nvmlcheck/select" and doc["found"] is False and doc["timeout_s"] == 1e-9

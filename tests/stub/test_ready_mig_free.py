@@ -1,0 +1,59 @@
+"""``ready --need`` on a GPU in MIG mode selected whole judges the need per instance (a CUDA process runs in one):
+the free memory it shows is that instance's, named, not the whole GPU's. Before: "ready (139.8 GiB free, 63.0 GiB
+needed)", a figure no job on the GPU could use."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from nvmlcheck import cli
+from nvmlcheck.testing import Scenario
+
+pytestmark = pytest.mark.stub
+GIB = 1 << 30
+MIG0 = "MIG-11111111-1111-1111-1111-111111111111"
+
+
+def mig_gpu(tmp_path: Path) -> str:
+    sc = Scenario.h200()
+    sc.set_device(0, mig=True)
+    sc.add_mig_device(0, 0, gi=1, total_bytes=20 * GIB, uuid=MIG0)
+    sc.add_mig_device(0, 1, gi=2, total_bytes=71 * GIB)
+    return str(sc.write(tmp_path / "mig.txt"))
+
+
+@pytest.mark.parametrize("backend", ["nvml", "smi"])
+def test_ready_shows_the_free_memory_of_the_instance_it_judged(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], backend: str) -> None:
+    path = mig_gpu(tmp_path)
+    code = cli.main(["--simulate", path, "--backend", backend, "ready", "--need", "63GiB"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    line = out.splitlines()[0]
+    assert line.startswith("GPU 0: ready (71.0 GiB free in MIG 1 (GI 2, CI 0"), line
+    assert "63.0 GiB needed" in line and "139.8" not in line
+
+    code = cli.main(["--simulate", path, "--backend", backend, "--json", "ready", "--need", "63GiB"])
+    gpu = json.loads(capsys.readouterr().out)["gpus"][0]
+    assert code == 0 and gpu["free_bytes"] == 71 * GIB and gpu["free_in"].startswith("MIG 1 (GI 2, CI 0")
+    assert gpu["need_bytes"] == 63 * GIB
+
+
+def test_short_names_the_instance_with_the_most_free(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = cli.main(["--simulate", mig_gpu(tmp_path), "--json", "ready", "--need", "100GiB"])
+    gpu = json.loads(capsys.readouterr().out)["gpus"][0]
+    assert code == 1 and gpu["class"] == "short"
+    assert gpu["free_bytes"] == 71 * GIB and gpu["free_in"].startswith("MIG 1 (GI 2, CI 0")
+
+
+def test_a_whole_gpu_and_one_instance_show_their_own(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    whole = Scenario.h200().write(tmp_path / "whole.txt")
+    assert cli.main(["--simulate", str(whole), "--json", "ready", "--need", "63GiB"]) == 0
+    gpu = json.loads(capsys.readouterr().out)["gpus"][0]
+    assert gpu["free_in"] is None and gpu["free_bytes"] > 139 * GIB
+    assert cli.main(["--simulate", mig_gpu(tmp_path), "ready", "--need", "10GiB", "--devices", MIG0]) == 0
+    line = capsys.readouterr().out.splitlines()[0]
+    assert line == f"GPU 0 MIG 0 (GI 1, CI 0, {MIG0}): ready (20.0 GiB free, 10.0 GiB needed)"
