@@ -678,8 +678,11 @@ def epilog(
         return GateResult("epilog", job, (), False, unfound, clock() - start, timeout_s)
     from .holders import HoldersIncomplete, find_holders
 
-    def left_s() -> float:  # the holders' reading stops at the gate's deadline (a huge /proc, a hung read)
-        return max(0.0, (deadline - clock()) / 1e9)
+    def left_s() -> float | None:
+        # The holders' reading stops at the gate's deadline (a huge /proc, a hung read); with timeout_s 0, one check,
+        # it completes, as the gate's other setup readings do (_setup_bound): a bound of 0 cut it every time, and an
+        # idle GPU's epilog with --timeout 0 was never ready.
+        return None if timeout_s == 0 else max(0.0, (deadline - clock()) / 1e9)
 
     try:
         try:
