@@ -401,30 +401,6 @@ def overall_exit_code(results: Iterable[HostResult]) -> int:
 # --- running ---------------------------------------------------------------------------------------------------------
 
 _NO_MODULE = re.compile(r"No module named '?nvmlcheck'?")
-_AUTH = ("permission denied", "host key verification failed", "too many authentication failures",
-         "no matching host key", "remote host identification has changed")
-_TIMEOUT = ("timed out", "operation timed out")
-# What ssh says when it cannot reach the host (or the connection drops): read so that the scan below stops at it.
-_UNREACHABLE = ("connection refused", "no route to host", "could not resolve hostname", "name or service not known",
-                "connection closed", "connection reset", "network is unreachable", "kex_exchange_identification")
-
-
-def _ssh_failure(err: str) -> tuple[Literal["auth", "timeout", "unreachable"], str]:
-    """Why ssh failed (its exit 255), and the line that says so: ssh's own lines come last, so the lines are read
-    from the end and the first that names a failure decides. A login banner (sshd's ``Banner``, printed on stderr
-    before the login) that happens to say "permission denied" or "timed out" is above them: it no longer turns a
-    dropped connection into a refused login (or a timeout into one)."""
-    for line in reversed([line.strip() for line in err.splitlines() if line.strip()]):
-        low = line.lower()
-        if any(k in low for k in _AUTH):
-            return "auth", line[:200]
-        if any(k in low for k in _TIMEOUT):
-            return "timeout", line[:200]
-        if any(k in low for k in _UNREACHABLE):
-            return "unreachable", line[:200]
-    return "unreachable", _last_line(err) or "ssh failed"
-
-
 _STDERR_KEEP = 2000
 #: Seconds to keep reading after the ssh we started exited (a ControlMaster may still hold copies of its pipes).
 _PIPE_GRACE_S = 1.0
@@ -831,7 +807,11 @@ class Fleet:
             if _NO_MODULE.search(err) or (rc == 127 and "not found" in err.lower()):
                 return NoRemoteNvmlcheck(name, f"no nvmlcheck there ({_last_line(err)})", rc, _trim(err))
             if rc == 255:
-                kind, line = _ssh_failure(err)
+                # Read as the smi backend reads the same failure through --smi-prefix "ssh HOST" (one reading,
+                # so one class: a connect timeout transient, a refused connection or login not).
+                from .backends._smi.ssh import ssh_failure
+
+                kind, line = ssh_failure(err)
                 if kind == "auth":
                     return HostAuthError(name, line, rc, _trim(err))
                 if kind == "timeout":
@@ -871,9 +851,10 @@ class Fleet:
         except NvmlCheckError as exc:
             if self._closed:
                 return HostError(str(host), "stopped", None, cause.stderr)
-            from .errors import SmiTimeout
+            from .errors import SmiTimeout, SmiTransportTimeout
 
-            if isinstance(exc, SmiTimeout):  # the host did not answer in time, as a HostTimeout says (transient)
+            if isinstance(exc, SmiTimeout | SmiTransportTimeout):
+                # The host did not answer in time (or ssh's connect timed out), as a HostTimeout says (transient).
                 return HostTimeout(str(host), f"no nvmlcheck there, and its nvidia-smi did not answer in time: {exc}",
                                    None, cause.stderr)
             return RemoteError(str(host), f"no nvmlcheck there, and its nvidia-smi failed: {exc}", None,
