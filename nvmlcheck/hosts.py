@@ -1039,14 +1039,22 @@ class Fleet:
 
     def _ssh_config(self, hosts: Sequence[Host]) -> list[tuple[str | None, str, int | None] | None]:
         """``(user, host name, port)`` as ``ssh -G`` prints them for each of ``hosts`` (with this fleet's ssh
-        options), ``None`` where it gave no such answer. All run at once, each in a session of its own, killed with
-        its group after the connect timeout (``ssh -G`` does not connect, but ``Match exec`` runs commands and
-        ``CanonicalizeHostname`` resolves names) or when this call is interrupted."""
+        options), ``None`` where it gave no such answer. ``fanout`` at once, each in a session of its own, killed
+        with its group at the deadline (the connect timeout, at most :data:`SSH_CONFIG_TIMEOUT_S`, for all of them:
+        ``ssh -G`` does not connect, but ``Match exec`` runs commands and ``CanonicalizeHostname`` resolves names)
+        or when this call is interrupted."""
+        deadline = time.monotonic() + min(self.connect_timeout_s, SSH_CONFIG_TIMEOUT_S)
+        out: list[tuple[str | None, str, int | None] | None] = []
+        for start in range(0, len(hosts), self.fanout):
+            out += self._ssh_config_batch(hosts[start:start + self.fanout], deadline)
+        return out
+
+    def _ssh_config_batch(self, hosts: Sequence[Host],
+                          deadline: float) -> list[tuple[str | None, str, int | None] | None]:
         import subprocess
 
         procs: list[subprocess.Popen[bytes] | None] = []
         out: list[tuple[str | None, str, int | None] | None] = []
-        deadline = time.monotonic() + min(self.connect_timeout_s, SSH_CONFIG_TIMEOUT_S)
         try:
             for host in hosts:
                 argv = [self.ssh, *self.ssh_options, "-G", *(["-p", str(host.port)] if host.port else []), "--",

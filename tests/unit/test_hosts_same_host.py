@@ -80,3 +80,17 @@ def test_a_fleet_runs_a_host_once_and_says_which_spellings_it_merged(tmp_path: P
     assert [str(r.host) for r in results] == ["gpu01", "gpu03"]
     assert results[0].note == f"also given as {ME}@gpu01: the same host for ssh (ssh -G), run once"
     assert results[0].verdict == "failed"  # refused: never clean
+
+
+def test_an_ssh_G_that_hangs_is_killed_at_the_bound_and_merges_nothing(tmp_path: Path) -> None:
+    # `Match exec` or a name to canonicalise can hold ssh -G: it is bounded by the connect timeout, run fanout at a
+    # time, killed with its group, and a spelling it did not answer for is kept as given.
+    pids = tmp_path / "pids"
+    ssh = tmp_path / "ssh"
+    ssh.write_text(f"#!/bin/sh\necho $$ >> {pids}\nexec sleep 1000\n", encoding="utf-8")
+    ssh.chmod(0o755)
+    with Fleet(ssh=str(ssh), control_master=False, connect_timeout_s=0.5, fanout=2) as fleet:
+        kept, also = fleet.same_hosts(parse_hosts(["gpu01", f"{ME}@gpu01", "gpu01:22"]))
+    assert [str(h) for h in kept] == ["gpu01", f"{ME}@gpu01", "gpu01:22"] and also == {}
+    started = [int(p) for p in pids.read_text().split()] if pids.exists() else []
+    assert started and all(not Path(f"/proc/{pid}").exists() for pid in started)
