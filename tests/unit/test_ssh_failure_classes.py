@@ -57,9 +57,25 @@ def test_an_ssh_failure_is_one_class_of_error_both_ways(stderr: str, fleet_class
         assert last in str(smi)  # the line that decided is named
 
 
-def test_remote_output_on_stdout_does_not_decide() -> None:
-    # nvidia-smi's messages go to stdout: a remote "timed out" there is not ssh's connect timeout.
-    smi = smi_error("ssh: connect to host gpu01 port 22: Connection refused", stdout="NVML call timed out")
+@pytest.mark.parametrize("stderr", ["", BANNER])
+def test_nvidia_smis_own_exit_255_through_ssh_is_not_a_transport_error(stderr: str) -> None:
+    # nvidia-smi exits 255 on NVML's "Unknown Error" (nvidia-docker#1671) and ssh passes the status on: the command
+    # ran (it printed), ssh said nothing of its own (a banner is not ssh's word). It was "the command prefix failed",
+    # fatal; it is nvidia-smi's failure, transient as without a prefix.
+    smi = smi_error(stderr, stdout="Failed to initialize NVML: Unknown Error")
+    direct = classify_failure(SmiResult(("nvidia-smi",), ("nvidia-smi",), 255,
+                                        "Failed to initialize NVML: Unknown Error", "", 1))
+    assert smi is not None and direct is not None
+    assert not isinstance(smi, nc.SmiTransportError) and type(smi) is type(direct) and is_transient(smi)
+
+
+@pytest.mark.parametrize(("stdout", "stderr"), [
+    ("index, uuid\n0, GPU-", "Connection to gpu01 closed by remote host."),  # dropped under a running command
+    ("", ""),  # ssh -q: its own failure, said nowhere; nothing ran
+    ("", BANNER + "ssh: connect to host gpu01 port 22: Connection refused"),
+])
+def test_ssh_that_failed_or_dropped_is_a_transport_error(stdout: str, stderr: str) -> None:
+    smi = smi_error(stderr, stdout=stdout)
     assert isinstance(smi, nc.SmiTransportError) and not is_transient(smi)
 
 
