@@ -25,6 +25,7 @@ CASES = [
     ("ssh: connect to host gpu01 port 22: Connection timed out", HostTimeout, True),
     ("ssh: connect to host gpu01 port 22: Operation timed out", HostTimeout, True),  # BSD, macOS
     ("Connection timed out during banner exchange\nConnection to 10.0.0.7 port 22 timed out", HostTimeout, True),
+    ("Timeout, server gpu01 not responding.", HostTimeout, True),  # ServerAliveInterval's keepalives unanswered
     ("ssh: connect to host gpu01 port 22: Connection refused", HostUnreachable, False),
     ("ssh: Could not resolve hostname gpu01: Name or service not known", HostUnreachable, False),
     ("ssh: connect to host gpu01 port 22: No route to host", HostUnreachable, False),

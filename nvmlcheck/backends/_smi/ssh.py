@@ -18,8 +18,9 @@ if TYPE_CHECKING:
 
 AUTH = ("permission denied", "host key verification failed", "too many authentication failures",
         "no matching host key", "remote host identification has changed")
-#: ``Connection timed out`` (Linux), ``Operation timed out`` (BSD, macOS), ``... during banner exchange``.
-TIMEOUT = ("timed out",)
+#: ``Connection timed out`` (Linux), ``Operation timed out`` (BSD, macOS), ``... during banner exchange``; and
+#: ``Timeout, server HOST not responding.`` (``ServerAliveInterval``'s keepalives unanswered: a host gone quiet).
+TIMEOUT = ("timed out", "timeout, server")
 #: What ssh says when it cannot reach the host (or the connection drops): read so that the scan stops at it.
 UNREACHABLE = ("connection refused", "no route to host", "could not resolve hostname", "name or service not known",
                "connection closed", "connection reset", "network is unreachable", "kex_exchange_identification")
