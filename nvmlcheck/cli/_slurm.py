@@ -168,7 +168,7 @@ class _Gate:
         self.state_error: str | None = None
         self._read = False
         self.result: GateResult | None = None  # the verdict, once the gate has one (a drain or resume follows)
-        self._finished = False
+        self._finished: int | None = None  # the exit code, once finish() has the document
 
     def read_state(self) -> NodeState | None:
         """The node's state and reason, read once (at most 2 s, and half of what is left of the deadline: a drain
@@ -219,7 +219,8 @@ class _Gate:
         had found something wrong and time is left before the deadline, the node is drained with the reason made of
         it (an interruption alone drains nothing: slurmd drains a node whose Prolog or Epilog it ended; and the drain
         or resume of a finished verdict that was cut is not redone); then the ``--json`` document and the line on
-        stderr. The exit code is 128 + ``signum``, as a shell reports it."""
+        stderr. The exit code is 128 + ``signum``, as a shell reports it; once the verdict's record is written, the
+        verdict's own."""
         from dataclasses import replace
 
         from .._proc import signals
@@ -227,8 +228,10 @@ class _Gate:
 
         name = signals.name(signum)
         code = EXIT_SIGNAL_BASE + signum
-        if self._finished:  # the verdict was out: the signal came while it was being printed
-            return code
+        if self._finished is not None:
+            # The verdict was decided and its record written: the signal came while it was being printed. The
+            # verdict stands (as the command line's rule for a verdict decided before its output).
+            return self._finished
         if self.result is not None:
             result = replace(self.result, interrupted=name)
         else:
@@ -257,7 +260,7 @@ class _Gate:
 
     def finish(self, result: GateResult, code: int) -> int:
         doc = self._document(result, code)
-        self._finished = True
+        self._finished = code
         if self.args.record:
             _append(self.args.record, doc)
         self._say(result, doc, code)

@@ -174,3 +174,25 @@ def test_a_gate_signalled_while_scontrol_hangs_records_it_and_ends_scontrol(
     assert cause["text"].endswith(" while reading the node's state")
     assert not Path(f"/proc/{sleeper}").exists() or "Z" in Path(f"/proc/{sleeper}/stat").read_text().split()[2]
     assert [c[:2] for c in scontrol.calls()] == [["-o", "show"]]  # nothing found: no drain
+
+
+@pytest.mark.usefixtures("slurm_env")
+def test_a_signal_once_the_verdict_is_recorded_leaves_the_verdict(
+        scontrol: FakeScontrol, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # The verdict (not ready, drained) is recorded; SIGTERM comes while it is being printed: exit 1 and the record
+    # as it was, not 143 (which slurmd would read as a gate that never decided).
+    from nvmlcheck.cli import _slurm
+
+    def say(self: object, *args: object) -> None:
+        raise Terminated(signal.SIGTERM)
+
+    monkeypatch.setattr(_slurm._Gate, "_say", say)
+    record = tmp_path / "slurm.jsonl"
+    scontrol.state.write_text(scontrol.line)
+    got = main(["--simulate", str(busy(tmp_path)), "slurm", "prolog", "--scontrol", str(scontrol.path), "--node", "n1",
+                "--timeout", "0.5", "--record", str(record)])
+    capsys.readouterr()
+    (doc,) = records(record)
+    assert got == 1 and doc["exit_code"] == 1 and doc["interrupted"] is None
+    assert len(scontrol.updates()) == 1  # drained once, by the verdict
