@@ -167,6 +167,7 @@ SECTIONS: list[tuple[str, str, list[str]]] = [
             "SmiError",
             "SmiTimeout",
             "SmiTransportError",
+            "SmiTransportTimeout",
             "SmiParseError",
             "CorruptData",
             "GpuFault",

@@ -107,6 +107,7 @@ _LAZY: dict[str, str] = {
     "SmiParseError": "errors",
     "SmiTimeout": "errors",
     "SmiTransportError": "errors",
+    "SmiTransportTimeout": "errors",
     "Snapshot": "model",
     "SnapshotPredicate": "predicates",
     "StateError": "errors",

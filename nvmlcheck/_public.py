@@ -32,8 +32,8 @@ EXPORTS: dict[str, tuple[str, ...]] = {
         "InsufficientSize", "InvalidArgument", "InvalidState", "IrqIssue", "LibraryNotFound", "LibraryVersionMismatch",
         "NoData", "NoPermission", "NoSuchDevice", "NoSuchProcess", "NotFound", "NotReady", "NotSupported",
         "NvmlCheckError", "NvmlError", "NvmlMemoryError", "OperatingSystemError", "ResetTypeNotSupported",
-        "SessionClosed", "SmiError", "SmiParseError", "SmiTimeout", "SmiTransportError", "StateError", "Timeout",
-        "Uninitialized", "Unknown", "VgpuEccNotSupported", "WaitTimeout",
+        "SessionClosed", "SmiError", "SmiParseError", "SmiTimeout", "SmiTransportError", "SmiTransportTimeout",
+        "StateError", "Timeout", "Uninitialized", "Unknown", "VgpuEccNotSupported", "WaitTimeout",
     ),
     "events": ("EventKind", "EventListener", "GpuEvent"),
     "holders": (

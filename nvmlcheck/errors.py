@@ -11,6 +11,7 @@ Every exception derives from :class:`NvmlCheckError`; all pickle, and their mess
     ├── SmiError(argv, returncode, stderr)
     │   ├── SmiTimeout                  nvidia-smi (or its prefix, e.g. ssh) did not answer in time; group killed
     │   ├── SmiTransportError           the command prefix (ssh, pct exec) or the spawn itself failed; never GPU state
+    │   │   └── SmiTransportTimeout (also TimeoutError)  ssh's own connect timeout: transient, as a host's HostTimeout
     │   └── SmiParseError(line_no, line)
     ├── CorruptData                     values that cannot be true (PID 0, used > total): a struct layout mismatch
     ├── GpuFault(index, uuid, kind, xid, meaning)  a fatal NVML event (XID 79, 48, ...) on a GPU a wait judges
@@ -86,6 +87,7 @@ __all__ = [
     "SmiParseError",
     "SmiTimeout",
     "SmiTransportError",
+    "SmiTransportTimeout",
     "StateError",
     "Timeout",
     "Uninitialized",
@@ -263,6 +265,16 @@ class SmiTransportError(SmiError):
 
     __module__ = "nvmlcheck"
     TRANSIENT = False  # command not found, ssh refused: running it again will not fix it
+
+
+class SmiTransportTimeout(SmiTransportError, TimeoutError):
+    """The command prefix timed out on its own: ssh's exit 255 with ``Connection timed out`` (``Operation timed
+    out``, ``... during banner exchange``) as its last word. Transient, unlike the other transport errors: the host
+    may answer the next call, and a fleet (:mod:`nvmlcheck.hosts`) calls the same failure a transient
+    :class:`~nvmlcheck.hosts.HostTimeout`. Still no GPU state, never clean."""
+
+    __module__ = "nvmlcheck"
+    TRANSIENT = True  # a lost packet or a loaded host: the next connect may succeed
 
 
 class SmiParseError(SmiError):

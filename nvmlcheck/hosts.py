@@ -193,22 +193,48 @@ class Host:
         return f"{user}{host}{port}"
 
 
-def _same_host_key(host: Host) -> tuple[str | None, str, int | None]:
-    """What makes two specs the same host for ssh: the user, the name without case (ssh lowercases it before it
-    reads its config or resolves it) or the address in one form (``[0:0::1]`` is ``[::1]``), the port."""
+def _same_name(name: str) -> str:
+    """A host name or address in the one form that ssh and the resolver treat alike: without case (ssh lowercases
+    it before it reads its config or resolves it), without a trailing dot (``gpu01.`` is the absolute form of the
+    name), an IPv6 address compressed (``0:0::1`` is ``::1``)."""
     import ipaddress
 
-    name = host.host.lower()
+    name = name.lower()
     if ":" in name:
         with contextlib.suppress(ValueError):
-            name = ipaddress.IPv6Address(name).compressed
-    return host.user, name, host.port
+            return ipaddress.IPv6Address(name).compressed
+    return name[:-1] if name.endswith(".") and len(name) > 1 else name
+
+
+def _same_host_key(host: Host) -> tuple[str | None, str, int | None]:
+    """What makes two specs the same host for ssh without asking it: the user, the name in one form
+    (:func:`_same_name`), the port. A spec without a user (or a port) is not taken for one with ssh's default
+    user (or port 22) here: only ``ssh -G`` knows those (:meth:`Fleet.run`)."""
+    return host.user, _same_name(host.host), host.port
+
+
+#: The most ``ssh -G`` may take (also at most the connect timeout): it reads the configuration only.
+SSH_CONFIG_TIMEOUT_S = 5.0
+
+
+def _ssh_g_key(text: str) -> tuple[str | None, str, int | None] | None:
+    """``(user, host name, port)`` from ``ssh -G``'s ``key value`` lines, the name in :func:`_same_name`'s form;
+    ``None`` unless all three are there and the port is a number (not ``ssh -G``'s answer)."""
+    values: dict[str, str] = {}
+    for line in text.splitlines():
+        key, _, value = line.strip().partition(" ")
+        if key in ("user", "hostname", "port") and key not in values:
+            values[key] = value.strip()
+    if set(values) != {"user", "hostname", "port"} or not values["hostname"] or not is_digits(values["port"]):
+        return None
+    return values["user"] or None, _same_name(values["hostname"]), int(values["port"])
 
 
 def parse_hosts(specs: Iterable[str | Host]) -> list[Host]:
-    """Hosts from specs (``Host`` objects pass through); duplicates dropped (``GPU01`` is ``gpu01``, ``[0::1]`` is
-    ``[::1]``: ssh reaches the same host, and a command must not run twice there at once), the first spelling and
-    the order kept. ``ValueError`` on a bad one."""
+    """Hosts from specs (``Host`` objects pass through); duplicates dropped (``GPU01`` is ``gpu01``, ``gpu01.`` is
+    ``gpu01``, ``[0::1]`` is ``[::1]``: ssh reaches the same host, and a command must not run twice there at once),
+    the first spelling and the order kept. ``ValueError`` on a bad one. Spellings that only ssh's configuration can
+    tell apart (``root@gpu01`` and ``gpu01`` where ssh logs in as root) are merged by :meth:`Fleet.run`."""
     hosts = [s if isinstance(s, Host) else Host.parse(s) for s in specs]
     seen: dict[tuple[str | None, str, int | None], Host] = {}
     for host in hosts:
@@ -403,30 +429,6 @@ def overall_exit_code(results: Iterable[HostResult]) -> int:
 # --- running ---------------------------------------------------------------------------------------------------------
 
 _NO_MODULE = re.compile(r"No module named '?nvmlcheck'?")
-_AUTH = ("permission denied", "host key verification failed", "too many authentication failures",
-         "no matching host key", "remote host identification has changed")
-_TIMEOUT = ("timed out", "operation timed out")
-# What ssh says when it cannot reach the host (or the connection drops): read so that the scan below stops at it.
-_UNREACHABLE = ("connection refused", "no route to host", "could not resolve hostname", "name or service not known",
-                "connection closed", "connection reset", "network is unreachable", "kex_exchange_identification")
-
-
-def _ssh_failure(err: str) -> tuple[Literal["auth", "timeout", "unreachable"], str]:
-    """Why ssh failed (its exit 255), and the line that says so: ssh's own lines come last, so the lines are read
-    from the end and the first that names a failure decides. A login banner (sshd's ``Banner``, printed on stderr
-    before the login) that happens to say "permission denied" or "timed out" is above them: it no longer turns a
-    dropped connection into a refused login (or a timeout into one)."""
-    for line in reversed([line.strip() for line in err.splitlines() if line.strip()]):
-        low = line.lower()
-        if any(k in low for k in _AUTH):
-            return "auth", line[:200]
-        if any(k in low for k in _TIMEOUT):
-            return "timeout", line[:200]
-        if any(k in low for k in _UNREACHABLE):
-            return "unreachable", line[:200]
-    return "unreachable", _last_line(err) or "ssh failed"
-
-
 _STDERR_KEEP = 2000
 #: Seconds to keep reading after the ssh we started exited (a ControlMaster may still hold copies of its pipes).
 _PIPE_GRACE_S = 1.0
@@ -833,7 +835,11 @@ class Fleet:
             if _NO_MODULE.search(err) or (rc == 127 and "not found" in err.lower()):
                 return NoRemoteNvmlcheck(name, f"no nvmlcheck there ({_last_line(err)})", rc, _trim(err))
             if rc == 255:
-                kind, line = _ssh_failure(err)
+                # Read as the smi backend reads the same failure through --smi-prefix "ssh HOST" (one reading,
+                # so one class: a connect timeout transient, a refused connection or login not).
+                from .backends._smi.ssh import ssh_failure
+
+                kind, line = ssh_failure(err)
                 if kind == "auth":
                     return HostAuthError(name, line, rc, _trim(err))
                 if kind == "timeout":
@@ -873,9 +879,10 @@ class Fleet:
         except NvmlCheckError as exc:
             if self._closed:
                 return HostError(str(host), "stopped", None, cause.stderr)
-            from .errors import SmiTimeout
+            from .errors import SmiTimeout, SmiTransportTimeout
 
-            if isinstance(exc, SmiTimeout):  # the host did not answer in time, as a HostTimeout says (transient)
+            if isinstance(exc, SmiTimeout | SmiTransportTimeout):
+                # The host did not answer in time (or ssh's connect timed out), as a HostTimeout says (transient).
                 return HostTimeout(str(host), f"no nvmlcheck there, and its nvidia-smi did not answer in time: {exc}",
                                    None, cause.stderr)
             return RemoteError(str(host), f"no nvmlcheck there, and its nvidia-smi failed: {exc}", None,
@@ -948,7 +955,7 @@ class Fleet:
         (KeyboardInterrupt, the CLI's Terminated) kills every ssh child before it propagates, and every worker thread
         has ended when it does (a further interruption meanwhile is held until then, then raised).
         """
-        targets = parse_hosts(hosts)
+        targets, also = self.same_hosts(parse_hosts(hosts))
         if not command or command[0] not in COMMANDS:
             raise ArgumentError(f"command must start with one of {', '.join(COMMANDS)}, got {list(command)[:1]}")
         for name, value in (("timeout_s", timeout_s), ("deadline_s", deadline_s)):
@@ -991,9 +998,96 @@ class Fleet:
         finally:
             pool.await_end(self.stop if interrupted else None)
         ordered = [results[i] for i in range(len(targets))]
+        for i, others in also.items():
+            spelled = ", ".join(map(str, others))
+            note = f"also given as {spelled}: the same host for ssh (ssh -G), run once"
+            r = ordered[i]
+            ordered[i] = HostResult(r.host, r.document, r.exit_code, r.error, r.via,
+                                    f"{r.note}; {note}" if r.note else note, r.elapsed_ns)
         if on_progress is not None:
             on_progress([], ordered)
         return ordered
+
+    def same_hosts(self, hosts: Sequence[Host]) -> tuple[list[Host], dict[int, list[Host]]]:
+        """``hosts`` (already without the duplicates :func:`parse_hosts` drops) without those that ssh reaches as
+        one: where two or more share a name (:func:`_same_name`) but differ in the user or port given, each is
+        asked of ``ssh -G`` (which prints the configuration it would use, without connecting), and those with the
+        same user, host name and port are one host, run once under its first spelling. Returns the hosts kept and,
+        by index among them, the spellings dropped for each. A spelling ``ssh -G`` cannot answer for (an ssh
+        without ``-G``, a wrapper, a timeout) keeps its own key: never merged on a guess. Names that only the
+        configuration makes one (an alias whose ``HostName`` is another name given) are not asked about: that
+        would cost one ``ssh -G`` per host on every call."""
+        groups: dict[str, list[int]] = {}
+        for i, host in enumerate(hosts):
+            groups.setdefault(_same_name(host.host), []).append(i)
+        ask = [i for members in groups.values() if len(members) > 1 for i in members]
+        if not ask:
+            return list(hosts), {}
+        resolved = self._ssh_config([hosts[i] for i in ask])
+        keys: dict[int, tuple[str | None, str, int | None]] = {i: _same_host_key(h) for i, h in enumerate(hosts)}
+        for i, found in zip(ask, resolved, strict=True):
+            if found is not None:
+                keys[i] = found
+        kept: list[Host] = []
+        where: dict[tuple[str | None, str, int | None], int] = {}
+        also: dict[int, list[Host]] = {}
+        for i, host in enumerate(hosts):
+            first = where.get(keys[i])
+            if first is None:
+                where[keys[i]] = len(kept)
+                kept.append(host)
+            else:
+                also.setdefault(first, []).append(host)
+        return kept, also
+
+    def _ssh_config(self, hosts: Sequence[Host]) -> list[tuple[str | None, str, int | None] | None]:
+        """``(user, host name, port)`` as ``ssh -G`` prints them for each of ``hosts`` (with this fleet's ssh
+        options), ``None`` where it gave no such answer. ``fanout`` at once, each in a session of its own, killed
+        with its group at the deadline (the connect timeout, at most :data:`SSH_CONFIG_TIMEOUT_S`, for all of them:
+        ``ssh -G`` does not connect, but ``Match exec`` runs commands and ``CanonicalizeHostname`` resolves names)
+        or when this call is interrupted."""
+        deadline = time.monotonic() + min(self.connect_timeout_s, SSH_CONFIG_TIMEOUT_S)
+        out: list[tuple[str | None, str, int | None] | None] = []
+        for start in range(0, len(hosts), self.fanout):
+            out += self._ssh_config_batch(hosts[start:start + self.fanout], deadline)
+        return out
+
+    def _ssh_config_batch(self, hosts: Sequence[Host],
+                          deadline: float) -> list[tuple[str | None, str, int | None] | None]:
+        import subprocess
+
+        procs: list[subprocess.Popen[bytes] | None] = []
+        out: list[tuple[str | None, str, int | None] | None] = []
+        try:
+            for host in hosts:
+                argv = [self.ssh, *self.ssh_options, "-G", *(["-p", str(host.port)] if host.port else []), "--",
+                        host.destination]
+                try:
+                    procs.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                                  stderr=subprocess.DEVNULL, start_new_session=True))
+                except OSError:
+                    procs.append(None)
+            for proc in procs:
+                if proc is None:
+                    out.append(None)
+                    continue
+                try:
+                    text, _ = proc.communicate(timeout=max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    out.append(None)
+                    continue
+                out.append(_ssh_g_key(text.decode("utf-8", "replace")) if proc.returncode == 0 else None)
+        finally:
+            for proc in procs:
+                if proc is None:
+                    continue
+                if proc.poll() is None:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()  # SIGKILLed: it ends (ssh -G reads no device that could hold it)
+                if proc.stdout is not None:
+                    proc.stdout.close()
+        return out
 
     def stop(self) -> None:
         """Kill every running ssh child (its process group); later starts are refused. Safe from any thread."""

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 __all__ = [
     "REASON_PREFIX",
     "Cause",
+    "GateProgress",
     "GateResult",
     "NodeState",
     "Readiness",
@@ -431,11 +432,13 @@ def await_ready(
     started_ns: int | None = None,
     clock: Callable[[], int] = time.monotonic_ns,
     sleep: Callable[[float], object] = time.sleep,
+    progress: GateProgress | None = None,
 ) -> Readiness:
     """Whether the GPUs ``indices`` are ready by ``deadline_ns`` (on ``clock``), as :meth:`Session.ready
     <nvmlcheck.Session.ready>` judges it: clean (no process, at most ``max_used_bytes``), healthy (an unhealthy GPU
     ends the wait at once: waiting cannot help), no fatal XID meanwhile. The causes say how long was waited since
-    ``started_ns`` (default: now); ``killed``: what the epilog signalled, so that a survivor is named as one."""
+    ``started_ns`` (default: now); ``killed``: what the epilog signalled, so that a survivor is named as one;
+    ``progress``: kept up to date with each poll (:class:`GateProgress`)."""
     from .wait import WaitOptions
 
     start = clock()
@@ -444,8 +447,15 @@ def await_ready(
     last_dirty: int | None = None
     first_clean: int | None = None
 
+    if progress is not None:
+        progress.stage, progress.max_used_bytes = "waiting for the GPUs to be ready", max_used_bytes
+
     def observe(point: TracePoint) -> None:
         nonlocal dirty, last_dirty, first_clean
+        if progress is not None:
+            progress.polls += 1
+            if point.snapshot is not None:
+                progress.last_poll = point
         if point.clean:
             first_clean = point.offset_ns if first_clean is None else first_clean
         elif point.error is not None or point.failures:
@@ -486,7 +496,10 @@ def await_ready(
 class GateResult:
     """What ``epilog``, ``prolog`` or ``health`` found. ``devices``: the NVML indices judged. ``ready``: clean and
     healthy (health: healthy). ``killed``: the job's processes the epilog signalled; ``left_alone``: holders it did
-    not, ``(pid, name, why)``. ``readiness``: the judgement (``None`` when nothing was judged: no GPUs)."""
+    not, ``(pid, name, why)``. ``readiness``: the judgement (``None`` when nothing was judged: no GPUs).
+    ``interrupted``: the signal that ended the gate before its verdict (``"SIGTERM"``: slurmd's at
+    PrologEpilogTimeout), ``None`` when it ran to the end; what it had found by then is the rest
+    (:meth:`GateProgress.result`), never ready."""
 
     command: Command
     job: SlurmJob | None
@@ -499,6 +512,7 @@ class GateResult:
     killed: tuple[PidTimes, ...] = ()
     left_alone: tuple[tuple[int, str | None, str], ...] = ()
     would_kill: tuple[tuple[int, str | None, str], ...] = ()
+    interrupted: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -513,7 +527,76 @@ class GateResult:
             "killed": [t.to_json() for t in self.killed],
             "left_alone": [{"pid": pid, "name": name, "reason": why} for pid, name, why in self.left_alone],
             "would_kill": [{"pid": pid, "name": name, "reason": why} for pid, name, why in self.would_kill],
+            "interrupted": self.interrupted,
         }
+
+
+class GateProgress:
+    """What a gate has found so far, kept up to date while it runs (pass one as ``progress=`` to :func:`epilog`,
+    :func:`prolog` or :func:`health`), so that a gate ended before its verdict can still say it: slurmd ends a
+    Prolog or Epilog at PrologEpilogTimeout with SIGTERM to its process group and SIGKILL 10 ms later
+    (docs/slurm.md, "Interrupted"), and what the gate found would otherwise be lost with it.
+
+    ``stage``: what it was doing; ``devices``, ``unfound``: the GPUs judged and the causes found while choosing them;
+    ``killed``: the job's processes signalled (each one's record as far as it went); ``left_alone``,
+    ``would_kill``: as in :class:`GateResult`; ``last_poll``: the latest reading of the readiness wait (its
+    snapshot), ``polls`` how many. Cheap to update: nothing is judged until :meth:`result` is asked."""
+
+    __slots__ = ("clock", "command", "devices", "job", "killed", "last_poll", "left_alone", "max_used_bytes", "polls",
+                 "stage", "started_ns", "unfound", "would_kill")
+
+    def __init__(self, command: Command, job: SlurmJob | None = None, *,
+                 clock: Callable[[], int] = time.monotonic_ns) -> None:
+        self.command: Command = command
+        self.job = job
+        self.stage = "starting"
+        self.devices: tuple[int, ...] = ()
+        self.unfound: tuple[Cause, ...] = ()
+        self.killed: tuple[PidTimes, ...] = ()
+        self.left_alone: tuple[tuple[int, str | None, str], ...] = ()
+        self.would_kill: tuple[tuple[int, str | None, str], ...] = ()
+        self.last_poll: TracePoint | None = None
+        self.polls = 0
+        self.max_used_bytes = DEFAULT_MAX_USED_BYTES
+        self.clock = clock
+        self.started_ns = clock()
+
+    def result(self, signal_name: str, *, timeout_s: float) -> GateResult:
+        """The gate's result as far as it went, ended by ``signal_name``: never ready; its causes are what the last
+        reading of the GPUs showed (each holder, memory still held; judged as ``ready`` judges a reading, without
+        the health it had not read), the causes found before, and one saying that the gate was interrupted, when
+        and while doing what."""
+        from .verdict import classify
+
+        now = self.clock()
+        elapsed = now - self.started_ns
+        causes: list[Cause] = []
+        point = self.last_poll
+        if point is not None and point.snapshot is not None and point.partial:
+            # The wait's probe read the memory only (the process lists are read once it is low): what it saw.
+            minors = _minors(point.snapshot)
+            for d in point.snapshot.devices:
+                used = None if d.memory is None else d.memory.used_bytes
+                if d.index in self.devices and (used is None or used > self.max_used_bytes):
+                    held = "memory use unknown" if used is None else f"{format_bytes(used)} in use"
+                    causes.append(Cause("unknown", f"{gpu_label(d.index, minors)}: {held} after {_seconds(elapsed)} "
+                                                   "(who holds it was not read yet)", d.index, used_bytes=used))
+        elif point is not None and point.snapshot is not None:
+            try:
+                verdicts = classify(point.snapshot, now_ns=now, max_used_bytes=self.max_used_bytes,
+                                    judge_health=False)
+            except Exception:  # a best effort on the way out: the interrupted cause below still says it
+                verdicts = ()
+            minors = _minors(point.snapshot)
+            by_pid = {t.pid: t for t in self.killed}
+            causes = [cause_of(c, after_ns=elapsed, killed=by_pid, minors=minors) for v in verdicts
+                      if v.index in self.devices and not v.ready for c in v.culprits]
+        readiness = None if point is None else Readiness(False, tuple(causes), self.polls, elapsed)
+        gpus = f" (GPU {', '.join(map(str, self.devices))})" if self.devices else ""
+        causes.append(Cause("unknown", f"interrupted by {signal_name} after {_seconds(elapsed)} while "
+                                       f"{self.stage}{gpus}"))
+        return GateResult(self.command, self.job, self.devices, False, (*causes, *self.unfound), elapsed, timeout_s,
+                          readiness, self.killed, self.left_alone, self.would_kill, interrupted=signal_name)
 
 
 def _deadline(clock: Callable[[], int], timeout_s: float) -> tuple[int, int]:
@@ -660,23 +743,27 @@ def epilog(
     gpu_ids: GpuIds = "minor",
     clock: Callable[[], int] = time.monotonic_ns,
     sleep: Callable[[float], object] = time.sleep,
+    progress: GateProgress | None = None,
 ) -> GateResult:
     """After job ``job``: SIGTERM its processes that still hold a GPU (:func:`job_processes`; with their
     descendants), SIGKILL them after ``grace_s`` (at the latest once half of the time left is gone; ``None``: then),
     then :func:`await_ready` on its GPUs (:func:`job_gpu_indices`, its IDs read as ``gpu_ids`` says; ``devices``:
     these NVML selectors instead), all within ``timeout_s``. A job GPU that cannot be found is a cause (not ready);
     when none can be, nothing is signalled. ``kill=False`` (a dry run) signals nothing and lists them in
-    ``would_kill``. A job without GPUs is ready at once, without reading any GPU."""
-    from .kill import KillError, KillTimeout, prepare_kill
-    from .predicates import always
-
+    ``would_kill``. A job without GPUs is ready at once, without reading any GPU. ``progress``: kept up to date
+    with what it finds (:class:`GateProgress`), for a caller that is interrupted before the result."""
     start, deadline = _deadline(clock, timeout_s)
     if not devices and not job.gpus:
         return GateResult("epilog", job, (), True, (), clock() - start, timeout_s)
+    progress = progress if progress is not None else GateProgress("epilog", job, clock=clock)
+    progress.job, progress.stage = job, "choosing the job's GPUs"
     indices, unfound = _job_indices(session, job, devices, _setup_bound(timeout_s, deadline), clock, gpu_ids=gpu_ids)
+    progress.devices, progress.unfound = indices, unfound
     if not indices:
         return GateResult("epilog", job, (), False, unfound, clock() - start, timeout_s)
     from .holders import HoldersIncomplete, find_holders
+
+    progress.stage = "finding the job's processes"
 
     def left_s() -> float | None:
         # The holders' reading stops at the gate's deadline (a huge /proc, a hung read); timeout_s 0 is one check,
@@ -698,36 +785,58 @@ def epilog(
         holders = ()
         unfound += (Cause("unknown", clean_text(f"the job's processes could not all be found: {exc.reason}; "
                                                 "nothing was signalled")[:160]),)
+        progress.unfound = unfound
     mine, others = job_processes((h for h in holders if _on(h, indices)), job)
     # A listed PID with no process here (exited a moment ago, or another PID namespace's numbering) is nothing to
     # kill or leave alone; if it keeps holding, the readiness causes name it.
     left = [(h.pid, h.name, why) for h, why in others if h.start_ticks is not None]
     would: list[tuple[int, str | None, str]] = []
     killed: tuple[PidTimes, ...] = ()
+    progress.left_alone = tuple(left)
     if mine and not kill:
         would = [(h.pid, h.name, why) for h, why in mine]
+        progress.would_kill = tuple(would)
     elif mine:
-        try:
-            plan = prepare_kill(holders=[h for h, _ in mine], tree=True)
-        except KillError as exc:
-            left.extend((h.pid, h.name, f"cannot be signalled: {exc.reason}") for h, _ in mine)
-        else:
-            with plan:
-                plan.send_first(signal.SIGTERM, clock=clock)
-                remaining_s = max(0.0, (deadline - clock()) / 1e9)
-                try:
-                    # SIGKILL by half of what is left at the latest: the wait for the memory needs the rest.
-                    grace = remaining_s / 2 if grace_s is None else min(grace_s, remaining_s / 2)
-                    killed = plan.wait(session, timeout=remaining_s, grace_s=grace, devices=list(indices),
-                                       predicate=always(), sleep=sleep).pids
-                except KillTimeout as exc:
-                    killed = exc.pids
-                except NvmlCheckError:
-                    killed = plan.targets
+        killed = _end_processes(session, [h for h, _ in mine], indices, left, deadline_ns=deadline, grace_s=grace_s,
+                                progress=progress, clock=clock, sleep=sleep)
     readiness = await_ready(session, indices, deadline_ns=deadline, max_used_bytes=max_used_bytes, killed=killed,
-                            started_ns=start, clock=clock, sleep=sleep)
+                            started_ns=start, clock=clock, sleep=sleep, progress=progress)
     return GateResult("epilog", job, indices, readiness.ready and not unfound, readiness.causes + unfound,
                       clock() - start, timeout_s, readiness, killed, tuple(left), tuple(would))
+
+
+def _end_processes(session: Session, mine: Sequence[Holder], indices: Sequence[int],
+                   left: list[tuple[int, str | None, str]], *, deadline_ns: int, grace_s: float | None,
+                   progress: GateProgress, clock: Callable[[], int],
+                   sleep: Callable[[float], object]) -> tuple[PidTimes, ...]:
+    """The epilog's kill of the job's processes ``mine`` (with their descendants): SIGTERM, SIGKILL after
+    ``grace_s`` (by half of the time left at the latest), until they are gone or ``deadline_ns``. What each got;
+    those that cannot be signalled are added to ``left``."""
+    from .kill import KillError, KillTimeout, prepare_kill
+    from .predicates import always
+
+    try:
+        plan = prepare_kill(holders=list(mine), tree=True)
+    except KillError as exc:
+        left.extend((h.pid, h.name, f"cannot be signalled: {exc.reason}") for h in mine)
+        progress.left_alone = tuple(left)
+        return ()
+    with plan:
+        progress.stage = "ending the job's processes"
+        plan.send_first(signal.SIGTERM, clock=clock)
+        progress.killed = plan.targets
+        remaining_s = max(0.0, (deadline_ns - clock()) / 1e9)
+        try:
+            # SIGKILL by half of what is left at the latest: the wait for the memory needs the rest.
+            grace = remaining_s / 2 if grace_s is None else min(grace_s, remaining_s / 2)
+            killed = plan.wait(session, timeout=remaining_s, grace_s=grace, devices=list(indices),
+                               predicate=always(), sleep=sleep).pids
+        except KillTimeout as exc:
+            killed = exc.pids
+        except NvmlCheckError:
+            killed = plan.targets
+        progress.killed = killed
+    return killed
 
 
 def _job_indices(session: Session, job: SlurmJob, devices: Sequence[str] | None, deadline_ns: int | None,
@@ -762,18 +871,22 @@ def prolog(
     gpu_ids: GpuIds = "minor",
     clock: Callable[[], int] = time.monotonic_ns,
     sleep: Callable[[float], object] = time.sleep,
+    progress: GateProgress | None = None,
 ) -> GateResult:
     """Before job ``job``: :func:`await_ready` on its GPUs (:func:`job_gpu_indices`, its IDs read as ``gpu_ids``
     says; ``devices``: these NVML selectors instead) within ``timeout_s``. Nothing is signalled: what holds a GPU now
-    is not this job's."""
+    is not this job's. ``progress``: kept up to date (:class:`GateProgress`)."""
     start, deadline = _deadline(clock, timeout_s)
     if not devices and not job.gpus:
         return GateResult("prolog", job, (), True, (), clock() - start, timeout_s)
+    progress = progress if progress is not None else GateProgress("prolog", job, clock=clock)
+    progress.job, progress.stage = job, "choosing the job's GPUs"
     indices, unfound = _job_indices(session, job, devices, _setup_bound(timeout_s, deadline), clock, gpu_ids=gpu_ids)
+    progress.devices, progress.unfound = indices, unfound
     if not indices:
         return GateResult("prolog", job, (), False, unfound, clock() - start, timeout_s)
     readiness = await_ready(session, indices, deadline_ns=deadline, max_used_bytes=max_used_bytes, clock=clock,
-                            sleep=sleep)
+                            sleep=sleep, progress=progress)
     return GateResult("prolog", job, indices, readiness.ready and not unfound, readiness.causes + unfound,
                       clock() - start, timeout_s, readiness)
 
@@ -787,21 +900,27 @@ def health(
     max_used_bytes: int = DEFAULT_MAX_USED_BYTES,
     clock: Callable[[], int] = time.monotonic_ns,
     sleep: Callable[[float], object] = time.sleep,
+    progress: GateProgress | None = None,
 ) -> GateResult:
     """The periodic check: the health of every GPU (``devices``: these). Memory and processes are not judged (jobs
     run), unless ``clean``: then the GPUs must be ready as for a prolog, with one check (``timeout_s=0`` waits no
-    longer), as before returning a drained, idle node to service."""
+    longer), as before returning a drained, idle node to service. ``progress``: kept up to date
+    (:class:`GateProgress`)."""
     from .model import Fields
 
     start, deadline = _deadline(clock, timeout_s)
+    progress = progress if progress is not None else GateProgress("health", clock=clock)
+    progress.stage = "choosing the GPUs"
     indices, unfound = _indices(session, devices, _setup_bound(timeout_s, deadline), clock)
+    progress.devices, progress.unfound = indices, unfound
     if unfound:
         return GateResult("health", None, (), False, unfound, clock() - start, timeout_s)
     if clean:
         readiness = await_ready(session, indices, deadline_ns=deadline, max_used_bytes=max_used_bytes, clock=clock,
-                                sleep=sleep)
+                                sleep=sleep, progress=progress)
         return GateResult("health", None, indices, readiness.ready, readiness.causes, clock() - start, timeout_s,
                           readiness)
+    progress.stage = "reading the GPUs' health"
     try:
         snap = _read(session, Fields.HEALTH, indices, _setup_bound(timeout_s, deadline), clock)
         causes = (health_causes(snap) if snap is not None else

@@ -44,6 +44,7 @@ from ..errors import (
     SmiParseError,
     SmiTimeout,
     SmiTransportError,
+    SmiTransportTimeout,
     error_class_for_code,
 )
 from ..model import DeviceFailure, DeviceState, Fields, ProcessKind, RetiredPage, Snapshot, SystemInfo, unknown_key
@@ -52,6 +53,7 @@ from ._driver_procfs import GPUS_DIR, normal_bus_id, read_driver_gpus
 from ._smi.pids import parse_pids_query
 from ._smi.queries import ECC_COLUMNS, GpuRecord, parse_compute_apps, parse_query_gpu, parse_retired_pages
 from ._smi.small import cuda_version_number, parse_list_gpus, parse_version_output
+from ._smi.ssh import ssh_dropped, ssh_failure
 from ._smi.text import HandleFailure, has_handle_failure
 from ._smi_state import ProcessLists, build_device_state
 
@@ -285,8 +287,8 @@ def classify_failure(result: SmiResult, *, prefixed: bool = False) -> NvmlCheckE
         error = DriverNotLoaded(9, cmd, detail=detail)
     elif _MISMATCH_TEXT in low or rc == 18:
         error = LibraryVersionMismatch(18, cmd, detail=detail)
-    elif prefixed and rc == 255:
-        return SmiTransportError(result.argv, rc, text, "the command prefix failed (ssh exits 255 on its own errors)")
+    elif prefixed and rc == 255 and (failed := _prefix_failure(result, text)) is not None:
+        return failed
     elif prefixed and rc == 1:
         # nvidia-smi never exits 1 (NVML_ERROR_UNINITIALIZED) on its own; a prefix (or what it ran) fails so.
         return SmiTransportError(result.argv, rc, text, f"the command prefix failed, or ran no nvidia-smi (exit 1: "
@@ -308,6 +310,23 @@ def classify_failure(result: SmiResult, *, prefixed: bool = False) -> NvmlCheckE
         error = error_class_for_code(rc)(rc, cmd, detail=detail)
     error.__cause__ = smi
     return error
+
+
+def _prefix_failure(result: SmiResult, text: str) -> SmiTransportError | None:
+    """ssh's own failure (exit 255), read from the end of its stderr as a fleet reads it (a login banner comes first),
+    so that the same failure is the same class either way: its connect timeout transient
+    (:class:`~nvmlcheck.SmiTransportTimeout`, as a fleet's ``HostTimeout``), the rest not. ``None``: not ssh's
+    failure but nvidia-smi's own exit 255 passed on by ssh (``Failed to initialize NVML: Unknown Error``): it
+    printed on stdout, so ssh had connected and the command ran, and ssh's last line does not say the connection
+    dropped (a login banner on stderr may say anything: it is not ssh's word)."""
+    if result.stdout.strip() and not ssh_dropped(result.stderr):
+        return None
+    kind, line = ssh_failure(result.stderr or text)
+    if kind == "timeout":
+        return SmiTransportTimeout(result.argv, result.returncode, text,
+                                   f"the command prefix timed out connecting ({line})")
+    return SmiTransportError(result.argv, result.returncode, text,
+                             f"the command prefix failed (ssh exits 255 on its own errors; here: {line})")
 
 
 @contextlib.contextmanager

@@ -151,12 +151,12 @@ def run_hosts(args: argparse.Namespace) -> int:
                          .replace("remote_python", "--remote-python").replace("ssh_options", "--ssh-options")) from None
     timeout = args.timeout if args.command in ("wait", "kill", "ready") else 0.0
     status = StatusLine(sys.stderr, not args.json)
-    total = len(hosts)
 
     def progress(pending: Sequence[Host], done: Sequence[HostResult]) -> None:
         if pending:
+            # Of the hosts that run: the fleet runs a host given in two spellings once (ssh -G), so not len(hosts).
             names = ", ".join(map(str, pending[:8])) + (", ..." if len(pending) > 8 else "")
-            status.update(f"{len(done)}/{total} hosts answered · waiting on {names}")
+            status.update(f"{len(done)}/{len(done) + len(pending)} hosts answered · waiting on {names}")
 
     try:
         with fleet:

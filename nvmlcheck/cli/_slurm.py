@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     import argparse
     from typing import Any
 
+    from .. import slurm
     from ..slurm import GateResult, NodeState, Scontrol, ScontrolRun, SlurmJob
 
 #: The part of ``--timeout`` kept for scontrol (drain, resume): this fraction, at most :data:`_SCONTROL_MAX_S`.
@@ -39,13 +40,46 @@ def cmd_slurm(args: argparse.Namespace) -> int:
     scontrol = slurm.Scontrol(args.scontrol, dry_run=args.dry_run, echo=None if args.json else print)
     gate = _Gate(args, node, scontrol, deadline)
     command = args.slurm_command
+    if args.record or args.json:
+        # The record of a gate that slurmd interrupts must be out within its 10 ms before SIGKILL: nothing of it
+        # is imported then (import json and the document's module now, which finish() needs anyway).
+        import json  # noqa: F401
+
+        from .. import jsonout  # noqa: F401
+    progress = slurm.GateProgress(command, job)
+    try:
+        return _run_gate(args, gate, progress, job, start=start, gpu_deadline=gpu_deadline)
+    except BaseException as exc:
+        signum = _signal_of(exc)
+        if signum is None:
+            raise
+        return gate.interrupted(progress, signum)
+
+
+def _signal_of(exc: BaseException) -> int | None:
+    """The signal that ``exc`` stands for: Ctrl-C's SIGINT, or the SIGTERM/SIGHUP of :mod:`._signals`."""
+    from .._proc import signals
+    from ._signals import Terminated
+
+    if isinstance(exc, Terminated):
+        return exc.signum
+    return signals.SIGINT if isinstance(exc, KeyboardInterrupt) else None
+
+
+def _run_gate(args: argparse.Namespace, gate: _Gate, progress: slurm.GateProgress, job: SlurmJob, *, start: int,
+              gpu_deadline: int) -> int:
+    from .. import slurm
+
+    command = args.slurm_command
     devices = [str(d) for d in args.devices] if args.devices else None
     if command != "health" and not devices and not job.gpus:
         # A job without GPUs: nothing to judge, and NVML is not even opened (CPU partitions pay nothing).
         result = slurm.GateResult(command, job, (), True, (), time.monotonic_ns() - start, args.timeout)
         return gate.finish(result, EXIT_CLEAN)
     if command == "health":
+        progress.stage = "reading the node's state"
         gate.read_state()
+    progress.stage = "opening the GPU backend"
     try:
         session = open_session(_with_timeout(args, max(0.0, (gpu_deadline - time.monotonic_ns()) / 1e9)))
     except Exception as exc:
@@ -63,23 +97,28 @@ def cmd_slurm(args: argparse.Namespace) -> int:
         if command == "epilog":
             result = slurm.epilog(session, job, timeout_s=timeout_s, grace_s=args.grace, max_used_bytes=args.max_used,
                                   devices=devices, device_files=args.device_files, kill=not args.dry_run,
-                                  gpu_ids=args.gpu_ids)
+                                  gpu_ids=args.gpu_ids, progress=progress)
         elif command == "prolog":
             result = slurm.prolog(session, job, timeout_s=timeout_s, max_used_bytes=args.max_used, devices=devices,
-                                  gpu_ids=args.gpu_ids)
+                                  gpu_ids=args.gpu_ids, progress=progress)
         else:
-            result = slurm.health(session, timeout_s=timeout_s, devices=devices, max_used_bytes=args.max_used)
+            result = slurm.health(session, timeout_s=timeout_s, devices=devices, max_used_bytes=args.max_used,
+                                  progress=progress)
             if result.ready and gate.may_resume():
                 # Drained by nvmlcheck and idle (no job can start on it): ready again means clean too, not only
                 # healthy. One short check: the periodic run comes back.
                 timeout_s = min(1.0, _left_s(gpu_deadline))
                 result = slurm.health(session, timeout_s=timeout_s, devices=devices, clean=True,
-                                      max_used_bytes=args.max_used)
+                                      max_used_bytes=args.max_used, progress=progress)
                 if result.ready:
+                    gate.result = result
+                    progress.stage = "returning the node to service"
                     gate.resume()
                 return gate.finish(result, EXIT_CLEAN)  # not clean yet: it stays drained, as it should
         if result.ready:
             return gate.finish(result, EXIT_CLEAN)
+        gate.result = result
+        progress.stage = "draining the node"
         run = gate.drain(result)
     if command == "health":
         # slurmd reruns a failing health program at start-up and does not register the node until it exits 0: a
@@ -128,6 +167,8 @@ class _Gate:
         self.state: NodeState | None = None
         self.state_error: str | None = None
         self._read = False
+        self.result: GateResult | None = None  # the verdict, once the gate has one (a drain or resume follows)
+        self._finished: int | None = None  # the exit code, once finish() has the document
 
     def read_state(self) -> NodeState | None:
         """The node's state and reason, read once (at most 2 s, and half of what is left of the deadline: a drain
@@ -172,17 +213,64 @@ class _Gate:
     def resume(self) -> None:
         self.scontrol.resume(self.node, deadline_ns=self.deadline)
 
-    def finish(self, result: GateResult, code: int) -> int:
+    def interrupted(self, progress: slurm.GateProgress, signum: int) -> int:
+        """The gate was ended by ``signum`` (slurmd's SIGTERM at PrologEpilogTimeout, Ctrl-C): what it found so far
+        goes to the record at once, first of all (slurmd's SIGKILL follows its SIGTERM by 10 ms); then, when it
+        had found something wrong and time is left before the deadline, the node is drained with the reason made of
+        it (an interruption alone drains nothing: slurmd drains a node whose Prolog or Epilog it ended; and the drain
+        or resume of a finished verdict that was cut is not redone); then the ``--json`` document and the line on
+        stderr. The exit code is 128 + ``signum``, as a shell reports it; once the verdict's record is written, the
+        verdict's own."""
+        from dataclasses import replace
+
+        from .._proc import signals
+        from ._common import EXIT_SIGNAL_BASE
+
+        name = signals.name(signum)
+        code = EXIT_SIGNAL_BASE + signum
+        if self._finished is not None:
+            # The verdict was decided and its record written: the signal came while it was being printed. The
+            # verdict stands (as the command line's rule for a verdict decided before its output).
+            return self._finished
+        if self.result is not None:
+            result = replace(self.result, interrupted=name)
+        else:
+            result = progress.result(name, timeout_s=self.args.timeout)
+        doc = self._document(result, code)
+        if self.args.record:
+            _append(self.args.record, doc)
+        found = [c for c in result.causes if not c.text.startswith("interrupted by ")]
+        if self.result is None and found and time.monotonic_ns() < self.deadline:
+            try:
+                self.drain(result)
+            except Exception as exc:  # an interrupted gate still reports what it found
+                print(f"nvmlcheck slurm: the drain after the interrupt failed: {exc}", file=sys.stderr)
+            doc = self._document(result, code)
+        self._say(result, doc, code)
+        return code
+
+    def _document(self, result: GateResult, code: int) -> dict[str, Any]:
         from ..jsonout import slurm_document
-        from ..slurm import REASON_PREFIX, drain_reason
+        from ..slurm import drain_reason
+
+        reason = drain_reason(result.causes) if result.causes else None
+        return slurm_document(result, node=self.node, node_state=self.state, node_state_error=self.state_error,
+                              reason=reason, scontrol=self.scontrol.runs, exit_code=code, dry_run=self.args.dry_run,
+                              timeout_s=self.args.timeout)
+
+    def finish(self, result: GateResult, code: int) -> int:
+        doc = self._document(result, code)
+        self._finished = code
+        if self.args.record:
+            _append(self.args.record, doc)
+        self._say(result, doc, code)
+        return code
+
+    def _say(self, result: GateResult, doc: dict[str, Any], code: int) -> None:
+        from ..slurm import REASON_PREFIX
 
         args = self.args
-        reason = drain_reason(result.causes) if result.causes else None
-        doc = slurm_document(result, node=self.node, node_state=self.state, node_state_error=self.state_error,
-                             reason=reason, scontrol=self.scontrol.runs, exit_code=code, dry_run=args.dry_run,
-                             timeout_s=args.timeout)
-        if args.record:
-            _append(args.record, doc)
+        reason = doc["reason"]
         if args.json:
             print_json(doc)
         if reason is not None:
@@ -190,7 +278,6 @@ class _Gate:
             print(f"nvmlcheck slurm {args.slurm_command}: {reason.removeprefix(REASON_PREFIX).strip()}",
                   file=sys.stderr)
         verdict_printed(code)
-        return code
 
 
 def _append(path: str, doc: dict[str, Any]) -> None:

@@ -324,7 +324,7 @@ def _write_wrappers(lab: Lab, stub_cache: str, timeouts: dict[str, float]) -> di
     return wrappers
 
 
-def _write_config(lab: Lab, wrappers: dict[str, Path]) -> None:
+def _write_config(lab: Lab, wrappers: dict[str, Path], prolog_epilog_timeout: int = 30) -> None:
     d = lab.directory
     for sub in ("ctld", "spool", "log", "dev", "jobs"):
         (d / sub).mkdir()
@@ -364,7 +364,7 @@ JobCompType=jobcomp/none
 ReturnToService=2
 KillWait=2
 MinJobAge=300
-PrologEpilogTimeout=30
+PrologEpilogTimeout={prolog_epilog_timeout}
 Prolog={wrappers['prolog']}
 Epilog={wrappers['epilog']}
 HealthCheckProgram={wrappers['health']}
@@ -392,27 +392,28 @@ def _check_running(lab: Lab) -> None:
             raise RuntimeError(f"{name} exited {proc.returncode}: {out}\n{lab.log_tail()}")
 
 
-def start(directory: Path, stub_cache: str, *, timeouts: dict[str, float]) -> Lab:
+def start(directory: Path, stub_cache: str, *, timeouts: dict[str, float], prolog_epilog_timeout: int = 30) -> Lab:
     """Configure and start the cluster; returns once the node is IDLE. RuntimeError (with the daemons' logs) when
-    it does not come up within a bound; the caller stops the lab either way."""
+    it does not come up within a bound; the caller stops the lab either way. ``timeouts``: each wrapper's
+    ``--timeout``; ``prolog_epilog_timeout``: slurm.conf's ``PrologEpilogTimeout`` (seconds)."""
     node = socket.gethostname().split(".")[0]
     lab = Lab(directory, node, "proctrack/cgroup" if _cgroup_v1_freezer() else "proctrack/linuxproc")
     try:
-        _setup(lab, stub_cache, timeouts)
+        _setup(lab, stub_cache, timeouts, prolog_epilog_timeout)
     except BaseException:
         lab.stop()
         raise
     return lab
 
 
-def _setup(lab: Lab, stub_cache: str, timeouts: dict[str, float]) -> None:
+def _setup(lab: Lab, stub_cache: str, timeouts: dict[str, float], prolog_epilog_timeout: int = 30) -> None:
     d = lab.directory
     munge = d / "munge"
     munge.mkdir(mode=0o700)
     key = munge / "munge.key"
     key.write_bytes(os.urandom(128))
     key.chmod(0o600)
-    _write_config(lab, _write_wrappers(lab, stub_cache, timeouts))
+    _write_config(lab, _write_wrappers(lab, stub_cache, timeouts), prolog_epilog_timeout)
     _start(lab, "munged", [str(_which("munged")), "--foreground", "--force", f"--key-file={key}",
                            f"--socket={munge / 'munge.socket'}", f"--pid-file={munge / 'munged.pid'}",
                            f"--log-file={d / 'log' / 'munged.log'}", f"--seed-file={munge / 'munged.seed'}"])

@@ -92,6 +92,7 @@ SAMPLES: dict[str, list[Callable[[], nc.NvmlCheckError]]] = {
                            lambda: nc.BackendUnavailable("no backend")],
     "SmiError": [lambda: nc.SmiError(["nvidia-smi", "-q"], 9, "NVIDIA-SMI has failed\n", "no driver")],
     "SmiTransportError": [lambda: nc.SmiTransportError(["ssh", "h", "nvidia-smi"], 255, "refused")],
+    "SmiTransportTimeout": [lambda: nc.SmiTransportTimeout(["ssh", "h", "nvidia-smi"], 255, "Connection timed out")],
     "SmiTimeout": [lambda: nc.SmiTimeout(["ssh", "h", "nvidia-smi"], 2.5, "slow")],
     "SmiParseError": [lambda: nc.SmiParseError("wrong column count", 3, "a, b", ["nvidia-smi"])],
     "CorruptData": [lambda: nc.CorruptData("PID 0", "nvmlDeviceGetComputeRunningProcesses_v3", 0)],

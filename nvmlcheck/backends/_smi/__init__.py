@@ -7,6 +7,7 @@
   ``--query-remapped-rows`` parsers.
 * :mod:`.pids`: the ``-q`` text parser (``-q -d PIDS``, MIG parts of a full ``-q``).
 * :mod:`.small`: ``--version`` and ``-L``.
+* :mod:`.ssh`: why ssh failed (its exit 255), from its stderr: shared with :mod:`nvmlcheck.hosts`.
 
 :mod:`nvmlcheck.backends._smi_state` assembles the model from these parts; ``nvmlcheck.backends.smi_csv`` re-exports
 the public names for older imports. docs/backends.md ("How nvidia-smi output is read") gives the rules and reasons.
