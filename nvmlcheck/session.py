@@ -266,7 +266,9 @@ class Session:
         it). It covers every GPU. Where events cannot be had (the nvidia-smi backend, an old library, NOT_SUPPORTED,
         no permission, MIG) it is returned in state ``"unsupported"`` with its :attr:`~EventListener.reason`, said
         once: waits then poll as they always do. A listener that stopped (NVML re-initialised, or inherited over
-        ``fork()``) is replaced by a new one. See :mod:`nvmlcheck.events`.
+        ``fork()``) is replaced by a new one. This waits for the registration however long it takes; a wait,
+        ``ready`` or ``kill`` that starts the listener waits for it until its deadline (1 s at most) and then polls,
+        the listener ``"starting"`` until its registration returns. See :mod:`nvmlcheck.events`.
         """
         return self._listen(None, time.monotonic_ns, bounded=False)
 
