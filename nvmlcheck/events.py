@@ -383,6 +383,7 @@ class EventListener:
         self._targets_by_address: dict[int, EventTarget] = {}  # handle address -> its target (registered ones)
         self._reg: _Registration | None = None  # the registration in progress (read by reason while "starting")
         self._registered = threading.Event()  # set when the registration has an answer (or stop() gave it up)
+        self._overdue = False  # start() stopped waiting for the registration (its deadline came first)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._set: object | None = None
@@ -525,7 +526,8 @@ class EventListener:
         wait_s = None if left_ns is None else max(0.0, left_ns / 1e9)
         if patience_s is not None:
             wait_s = patience_s if wait_s is None else min(wait_s, patience_s)
-        self._registered.wait(None if wait_s is None else min(wait_s, threading.TIMEOUT_MAX))
+        if not self._registered.wait(None if wait_s is None else min(wait_s, threading.TIMEOUT_MAX)):
+            self._overdue = True  # stop() does not wait for a call that has not returned by the deadline
         return self
 
     def _register_all(self, reg: _Registration, deadline_ns: int | None, clock: Callable[[], int]) -> object | None:
@@ -566,7 +568,13 @@ class EventListener:
         shutdown (:meth:`stop` may have returned before this, and the session closed NVML since)."""
         with self._cond:
             reg.call = None
-            if self._stop.is_set() or self._state != "starting":
+            if self._state != "starting":
+                # stop() gave the thread up (the set is left to NVML's shutdown: it may have run since).
+                self._cond.notify_all()
+                return None
+            if self._stop.is_set():
+                # stop() is joining this thread: it frees the set.
+                self._set = event_set
                 self._cond.notify_all()
                 return None
             self._device_reasons = dict(reg.reasons)
@@ -643,7 +651,7 @@ class EventListener:
             return
         self._stop.set()
         with self._cond:
-            if self._state == "starting":
+            if self._state == "starting" and self._overdue:
                 self._state = "stopped"
                 self._reason = (f"stopped while {self._in_flight()} had not returned: the listener thread ends when "
                                 "it returns")
@@ -659,10 +667,9 @@ class EventListener:
                 # both; the thread ends at its next return, NVML's shutdown takes the set.
                 self._thread, self._set = None, None
                 with self._cond:
+                    where = self._in_flight() if self._state == "starting" else "nvmlEventSetWait_v2"
                     self._state = "stopped"
-                    self._reason = (
-                        f"the listener thread did not return from nvmlEventSetWait_v2 in {STOP_TIMEOUT_S:g} s"
-                    )
+                    self._reason = f"the listener thread did not return from {where} in {STOP_TIMEOUT_S:g} s"
                     self._cond.notify_all()
                 return
         self._thread = None
@@ -672,7 +679,7 @@ class EventListener:
             with contextlib.suppress(NvmlCheckError):
                 self._source.free(event_set)
         with self._cond:
-            if self._state in ("running", "new"):
+            if self._state in ("running", "new", "starting"):
                 # "new": stopped before it started. It stayed "new", so a later start() registered and started a
                 # thread that saw the stop flag and ended at once, leaving "running" (active) with nothing listening.
                 self._state = "stopped"
@@ -764,6 +771,9 @@ class EventListener:
                          "events", event_set)
             return None
         with self._cond:
+            if self._state != "running":
+                # stop() gave the thread up meanwhile (a call of the rebuild hung): it touches nothing more.
+                return None
             self._set = new_set
             self._covered = kept
             self._device_reasons.update(dropped)

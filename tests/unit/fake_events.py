@@ -7,7 +7,7 @@ records what it was asked (``masks``, ``timeouts``, ``freed``). A wait with noth
 time.
 ``instant=True`` answers TIMEOUT at once instead; ``fail_after=N`` makes every wait after the N-th fail.
 ``hang=("register",)`` (any of ``"create"``, ``"supported"``, ``"register"``) makes those calls block until the test
-sets ``unhang`` (a wedged driver); ``hang_device=N`` only GPU N's. ``push_error(exc)`` makes the next wait raise
+sets ``unhang`` (a wedged driver); ``hang_device=N`` only GPU N's; ``hang_after=K`` lets the first K of them pass. ``push_error(exc)`` makes the next wait raise
 ``exc`` once; ``device_errors[N]`` is raised by ``supported`` for GPU N (a GPU lost after its registration).
 
 ``EventListener(FakeEventCalls(...), [EventTarget(0, object(), "GPU-0")], id)`` is a listener over it; ``id`` maps
@@ -45,6 +45,7 @@ class FakeEventCalls:
         fail_after: int | None = None,
         hang: Iterable[str] = (),
         hang_device: int | None = None,
+        hang_after: int = 0,
     ) -> None:
         self.supported_mask = supported
         self.refuse_bits = refuse_bits  # a mask with any of these is refused with NOT_SUPPORTED (naming no type)
@@ -61,6 +62,7 @@ class FakeEventCalls:
         self.release = threading.Event()  # block=True: the wait in flight returns when the test sets it
         self.hang = frozenset(hang)
         self.hang_device = hang_device
+        self.hang_after = hang_after  # how many of the calls that would hang pass first
         self.unhang = threading.Event()  # the hung calls return when the test sets it
         self.hung = threading.Event()  # set once a call hangs
         self.device_errors: dict[int, BaseException] = {}
@@ -82,6 +84,10 @@ class FakeEventCalls:
 
     def _maybe_hang(self, call: str, index: int | None) -> None:
         if call in self.hang and (self.hang_device is None or index in (None, self.hang_device)):
+            with self._lock:
+                self.hang_after -= 1
+                if self.hang_after >= 0:
+                    return
             self.hung.set()
             self.unhang.wait(30.0)
 

@@ -143,3 +143,44 @@ def test_an_error_no_gpu_answers_itself_fails_the_listener_saying_so() -> None:
     assert listener.next_events(0, 30.0) == ([], 0)
     assert listener.state == "failed" and "no GPU of the set answers an error itself" in (listener.reason or "")
     listener.stop()
+
+
+def test_a_stop_during_an_ordinary_registration_frees_the_set() -> None:
+    # No deadline: start() waits; stop() from another thread meanwhile, then the call returns (not overdue: the
+    # thread is waited for, and the set it made is freed, not left registered and queueing events for ever).
+    source = FakeEventCalls(hang=("register",))
+    listener = EventListener(source, _targets(1), id)
+    threading.Thread(target=listener.start, daemon=True).start()
+    assert source.hung.wait(30.0)
+    stopper = threading.Thread(target=listener.stop, daemon=True)
+    stopper.start()
+    source.unhang.set()
+    stopper.join(30.0)
+    assert not stopper.is_alive()
+    assert listener.state == "stopped" and len(source.freed) == 1 and source.timeouts == []
+
+
+def test_a_stop_that_gives_up_a_hung_rebuild_leaves_the_thread_nothing_to_touch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from nvmlcheck import events as events_module
+
+    monkeypatch.setattr(events_module, "STOP_TIMEOUT_S", 0.05)
+    # Both GPUs register; GPU 1 is lost; registering GPU 0 again on the new set hangs.
+    source = FakeEventCalls(hang=("register",), hang_after=2)
+    targets = _targets(2)
+    listener = EventListener(source, targets, id).start()
+    assert listener.covered == frozenset({0, 1})
+    source.device_errors[1] = GpuLost(15, "nvmlDeviceGetSupportedEventTypes", 1)
+    source.push_error(GpuLost(15, "nvmlEventSetWait_v2", None))
+    assert source.hung.wait(30.0)
+    thread = listener.thread
+    listener.stop()  # gives the thread up: it is in a call that has not returned
+    assert listener.state == "stopped" and "did not return" in (listener.reason or "")
+    source.unhang.set()
+    assert thread is not None
+    thread.join(30.0)
+    # The thread returned after the stop: it neither published the new set nor freed the old one (NVML's shutdown
+    # may have run meanwhile; a set freed after it is a stale handle).
+    assert not thread.is_alive() and listener.state == "stopped"
+    assert source.freed == [] and listener._set is None
