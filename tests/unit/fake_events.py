@@ -7,8 +7,9 @@ records what it was asked (``masks``, ``timeouts``, ``freed``). A wait with noth
 time.
 ``instant=True`` answers TIMEOUT at once instead; ``fail_after=N`` makes every wait after the N-th fail.
 ``hang=("register",)`` (any of ``"create"``, ``"supported"``, ``"register"``) makes those calls block until the test
-sets ``unhang`` (a wedged driver); ``hang_device=N`` only GPU N's; ``hang_after=K`` lets the first K of them pass. ``push_error(exc)`` makes the next wait raise
-``exc`` once; ``device_errors[N]`` is raised by ``supported`` for GPU N (a GPU lost after its registration).
+sets ``unhang`` (a wedged driver); ``hang_device=N`` only GPU N's; ``hang_after=K`` lets the first K of them pass.
+``push_error(exc)`` makes the next wait raise ``exc`` once; ``device_errors[N]`` is raised by ``supported`` for
+GPU N (a GPU lost after its registration).
 
 ``EventListener(FakeEventCalls(...), [EventTarget(0, object(), "GPU-0")], id)`` is a listener over it; ``id`` maps
 a handle to its address, so a record for GPU 0 is ``(id(handle), event_type, data, gi, ci)``.
