@@ -442,6 +442,7 @@ class EventListener:
     def device_reasons(self) -> dict[int, str]:
         """Per GPU index: why it is not registered (NOT_SUPPORTED, no permission, MIG, a registration that had not
         returned by the deadline, ...) or no longer listened to (its GPU lost, ...)."""
+        self._forked()  # before the lock: in a child it may be the parent's, held by its thread at fork time
         with self._cond:
             if self._state == "starting":
                 return self._pending_reasons()
@@ -526,8 +527,12 @@ class EventListener:
         wait_s = None if left_ns is None else max(0.0, left_ns / 1e9)
         if patience_s is not None:
             wait_s = patience_s if wait_s is None else min(wait_s, patience_s)
-        if not self._registered.wait(None if wait_s is None else min(wait_s, threading.TIMEOUT_MAX)):
-            self._overdue = True  # stop() does not wait for a call that has not returned by the deadline
+        try:
+            self._registered.wait(None if wait_s is None else min(wait_s, threading.TIMEOUT_MAX))
+        finally:
+            # Not registered by the deadline (or the caller interrupted, KeyboardInterrupt): stop() does not wait
+            # for a call that had not returned by then.
+            self._overdue = not self._registered.is_set()
         return self
 
     def _register_all(self, reg: _Registration, deadline_ns: int | None, clock: Callable[[], int]) -> object | None:

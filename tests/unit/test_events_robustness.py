@@ -184,3 +184,22 @@ def test_a_stop_that_gives_up_a_hung_rebuild_leaves_the_thread_nothing_to_touch(
     # may have run meanwhile; a set freed after it is a stale handle).
     assert not thread.is_alive() and listener.state == "stopped"
     assert source.freed == [] and listener._set is None
+
+
+def test_a_listener_starting_at_fork_is_stopped_in_the_child(monkeypatch: pytest.MonkeyPatch) -> None:
+    from nvmlcheck._nvml import library
+
+    source = FakeEventCalls(hang=("register",))
+    listener = EventListener(source, _targets(1), id)
+    try:
+        _start_bounded(listener, 20)
+        assert listener.state == "starting"
+        generation = library.fork_generation()
+        monkeypatch.setattr(library, "fork_generation", lambda: generation + 1)  # now "in the child"
+        # The thread registering does not exist in the child: the listener is not "starting" there for ever.
+        assert listener.state == "stopped" and "fork" in (listener.reason or "")
+        assert listener.device_reasons == {} or all(isinstance(v, str) for v in listener.device_reasons.values())
+    finally:
+        monkeypatch.undo()
+        source.unhang.set()
+        listener.stop()
