@@ -113,3 +113,19 @@ def test_a_wait_uses_the_listener_once_its_registration_returns(scenario_path: P
         assert [(f.index, f.xid) for f in faults] == [(0, 79)]
         listener = gpus.listener
         assert listener is not None and listener.state == "running" and listener.covered == frozenset({0})
+
+
+def test_watch_for_a_while_ends_when_the_registration_hangs(
+    scenario_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from nvmlcheck import cli
+
+    _hung(scenario_path, "nvmlDeviceRegisterEvents", 0)
+    codes: list[int] = []
+    before = {t for t in threading.enumerate() if t.name == "nvmlcheck events"}
+    # Before, watch --for 0.3 registered without bound: it hung as long as the call did, past its --for.
+    _bounded(lambda: codes.append(cli.main(["--simulate", str(scenario_path), "watch", "--for", "0.3"])))
+    err = capsys.readouterr().err
+    assert codes == [3] and "nvmlDeviceRegisterEvents on GPU 0 has not returned" in err
+    for thread in {t for t in threading.enumerate() if t.name == "nvmlcheck events"} - before:
+        _join(thread)
