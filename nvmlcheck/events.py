@@ -448,25 +448,25 @@ class EventListener:
                 return self._pending_reasons()
             return dict(self._device_reasons)
 
-    def _in_flight(self) -> str:
-        """The registration call in flight, in words (lock held, state "starting")."""
+    def _in_flight(self, tense: str = "has") -> str:
+        """What the registration waits on, in words (lock held, state "starting"): ``"nvmlDeviceRegisterEvents on
+        GPU 0 has not returned"``; ``tense`` ``"had"`` for the past."""
         reg = self._reg
         call = None if reg is None else reg.call
         if call is None:
-            return "the listener thread had not begun"
+            return f"the registration {tense} not begun"
         fn, index = call
-        return fn if index is None else f"{fn} on GPU {index}"
+        return (fn if index is None else f"{fn} on GPU {index}") + f" {tense} not returned"
 
     def _pending_reasons(self) -> dict[int, str]:
         """``device_reasons`` while "starting": the answers so far, and why for each GPU not answered (lock held)."""
         reg = self._reg
         reasons = dict(self._preset if reg is None else reg.reasons)
         done = set() if reg is None else reg.done | {i for i, _ in reg.covered.values()}
-        flight = self._in_flight()
+        flight = self._in_flight("had")
         for t in self._targets:
             if t.index not in done and t.index not in reasons:
-                reasons[t.index] = (f"not registered: {flight} had not returned by the deadline of the call that "
-                                    "started the listener")
+                reasons[t.index] = f"not registered: {flight} by the deadline of the call that started the listener"
         return reasons
 
     def _starting_reason(self) -> str:
@@ -476,7 +476,7 @@ class EventListener:
         listed = ", ".join(str(i) for i in waiting) or "none"
         so_far = ", ".join(str(i) for i in covered) or "none"
         return (f"registration had not finished by the deadline of the call that started the listener: "
-                f"{self._in_flight()} has not returned (GPUs not registered: {listed}; registered so far: {so_far}); "
+                f"{self._in_flight()} (GPUs not registered: {listed}; registered so far: {so_far}); "
                 "waits poll without events until it returns")
 
     @property
@@ -658,8 +658,8 @@ class EventListener:
         with self._cond:
             if self._state == "starting" and self._overdue:
                 self._state = "stopped"
-                self._reason = (f"stopped while {self._in_flight()} had not returned: the listener thread ends when "
-                                "it returns")
+                self._reason = (f"stopped while registering ({self._in_flight('had')}): the listener thread ends "
+                                "when the call returns")
                 self._thread = None
                 self._registered.set()
                 self._cond.notify_all()
@@ -672,7 +672,8 @@ class EventListener:
                 # both; the thread ends at its next return, NVML's shutdown takes the set.
                 self._thread, self._set = None, None
                 with self._cond:
-                    where = self._in_flight() if self._state == "starting" else "nvmlEventSetWait_v2"
+                    where = (f"its registration ({self._in_flight('had')})" if self._state == "starting"
+                             else "nvmlEventSetWait_v2")
                     self._state = "stopped"
                     self._reason = f"the listener thread did not return from {where} in {STOP_TIMEOUT_S:g} s"
                     self._cond.notify_all()

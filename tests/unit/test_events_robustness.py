@@ -203,3 +203,21 @@ def test_a_listener_starting_at_fork_is_stopped_in_the_child(monkeypatch: pytest
         monkeypatch.undo()
         source.unhang.set()
         listener.stop()
+
+
+def test_a_deadline_already_passed_starts_the_registration_without_waiting_for_it() -> None:
+    source = FakeEventCalls(hang=("create",))
+    listener = EventListener(source, _targets(2), id)
+    try:
+        # A deadline already behind: start() returns at once, before the thread may have made any call.
+        _start_bounded(listener, -1_000)
+        assert listener.state == "starting"
+        reason = listener.reason or ""
+        assert reason.startswith("registration had not finished by the deadline")
+        # Whichever point the thread reached, the words say it: no "... had not begun has not returned".
+        assert "has not returned" in reason or "the registration has not begun" in reason
+        assert "begun has not" not in reason and "begun had not" not in reason
+        assert all(why.startswith("not registered: ") for why in listener.device_reasons.values())
+    finally:
+        source.unhang.set()
+        listener.stop()
