@@ -207,8 +207,10 @@ SECTIONS: list[tuple[str, str, list[str]]] = [
             "testing.DEVICE_FIELDS",
             "testing.PROCESS_KINDS",
             "testing.CLOCK_DOMAINS",
+            "testing.EVENT_KINDS",
             "testing.ProcessKindName",
             "testing.ClockDomain",
+            "testing.EventKindName",
         ],
     ),
     (
@@ -231,6 +233,8 @@ EXTRA: dict[str, str] = {
     "testing.ProcessKindName": "The `kind` of a scenario process, as the scenario format spells it; the scenario "
     "methods also take the model's enum, `nvmlcheck.ProcessKind`, which has the same values. (Earlier releases "
     "called it `testing.ProcessKind`, a name that shadowed the enum; that name still works.)",
+    "testing.EventKindName": "The event kinds `TimelineStep.raise_event` names (the values of `EVENT_KINDS`); any "
+    "other `nvmlEventType` bits are given as an int.",
     "testing.ClockDomain": "The keys of `clocks_mhz`, `max_clocks_mhz` and `app_clocks_mhz` in `Scenario.add_device`.",
     "PollPolicy": "Two policies are ready-made in `nvmlcheck.wait`: `DEFAULT` (`interval_s=0.001`, "
     "`confirm_interval_s=0.00025`, `max_duty=0.05`, back-off after 10 s to at most 10 ms) and `PRECISE` "

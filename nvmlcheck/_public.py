@@ -83,8 +83,8 @@ TESTING: dict[str, tuple[str, ...]] = {
     "fixtures": ("BoundProcessFactory",),
     "probe": ("StubProbe",),
     "scenario": (
-        "CLOCK_DOMAINS", "DEVICE_FIELDS", "PROCESS_KINDS", "UNSUPPORTED_FIELDS", "ClockDomain", "ProcessKindName",
-        "Scenario", "TimelineStep",
+        "CLOCK_DOMAINS", "DEVICE_FIELDS", "EVENT_KINDS", "PROCESS_KINDS", "UNSUPPORTED_FIELDS", "ClockDomain",
+        "EventKindName", "ProcessKindName", "Scenario", "TimelineStep",
     ),
     "session": ("StubSession", "stub_environment", "use_stub"),
     "symbols": ("NVML_FUNCTIONS", "STUB_VARIANTS"),

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import GpuFault, NoPermission, NotSupported, NvmlCheckError, NvmlError
+from .errors import GpuFault, NoPermission, NotSupported, NvmlCheckError, NvmlError, Uninitialized
 from .model import OperatorAction
 
 __all__ = [
@@ -46,6 +46,10 @@ EVENT_SCHEMA_VERSION = 1
 #: for the thread, since the call cannot be interrupted. Short: 100 ms added ~100 ms to every ``--events`` command
 #: (issue 27); a slice costs one call, so 10 ms is 100 calls a second while listening (docs/events.md).
 WAIT_SLICE_MS = 10
+#: How long a wait, ``ready`` or ``kill`` waits for the listener's registration before it polls without it (it
+#: takes ~11 ms on an H200; a wedged driver can hang ``nvmlDeviceRegisterEvents``): the wait then uses the listener
+#: once it runs (state ``"starting"`` until then), and waits that follow do not wait for it again.
+START_WAIT_S = 1.0
 #: How long :meth:`EventListener.stop` waits for a thread stuck in ``nvmlEventSetWait_v2`` (a wedged driver) before
 #: leaving it behind (a daemon thread; the set is then not freed under it).
 STOP_TIMEOUT_S = 5.0
@@ -333,13 +337,19 @@ class EventTarget:
 class _Registration:
     covered: dict[int, tuple[int, str | None]] = field(default_factory=dict)  # handle address -> (index, uuid)
     reasons: dict[int, str] = field(default_factory=dict)
+    masks: dict[int, int] = field(default_factory=dict)  # handle address -> the mask it was registered for
+    done: set[int] = field(default_factory=set)  # the GPU indices whose registration has an answer
+    targets: dict[int, EventTarget] = field(default_factory=dict)  # handle address -> its target (registered ones)
+    call: tuple[str, int | None] | None = None  # the call in flight: (function, GPU index or None)
 
 
 class EventListener:
     """Listens for NVML events on a set of GPUs in one daemon thread. Made by :meth:`nvmlcheck.Session.listen`.
 
-    :attr:`state` is ``"new"``, ``"running"``, ``"unsupported"`` (no GPU could be registered: :attr:`reason`
-    says why), ``"failed"`` (the wait call failed: :attr:`reason`), or ``"stopped"``. The latest events received
+    :attr:`state` is ``"new"``, ``"starting"`` (its registration had not finished by the deadline of the call that
+    started it: :attr:`reason` names the call in flight and the GPUs not registered), ``"running"``,
+    ``"unsupported"`` (no GPU could be registered: :attr:`reason` says why), ``"failed"`` (the wait call failed:
+    :attr:`reason`), or ``"stopped"``. The latest events received
     are kept, at most :data:`MAX_KEPT_EVENTS` (:attr:`events`), and every fatal one apart; :meth:`next_events`
     streams them; :meth:`fatal` and :meth:`sleep` serve waits.
     """
@@ -369,6 +379,11 @@ class EventListener:
         self._preset = dict(unavailable or {})  # GPUs left out before registration (identity unreadable)
         self._device_reasons: dict[int, str] = dict(self._preset)
         self._covered: dict[int, tuple[int, str | None]] = {}
+        self._masks: dict[int, int] = {}  # handle address -> the mask it is registered for (a rebuilt set's)
+        self._targets_by_address: dict[int, EventTarget] = {}  # handle address -> its target (registered ones)
+        self._reg: _Registration | None = None  # the registration in progress (read by reason while "starting")
+        self._registered = threading.Event()  # set when the registration has an answer (or stop() gave it up)
+        self._overdue = False  # start() stopped waiting for the registration (its deadline came first)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._set: object | None = None
@@ -394,14 +409,14 @@ class EventListener:
         self._stop = threading.Event()
         self._thread = None
         self._set = None
-        if self._state == "running":
+        if self._state in ("running", "starting"):
             self._state = "stopped"
             self._reason = "inherited across fork(): the listener thread does not survive it; start a new one"
         return True
 
     @property
     def state(self) -> str:
-        """``"new"``, ``"running"``, ``"unsupported"``, ``"failed"`` or ``"stopped"``."""
+        """``"new"``, ``"starting"``, ``"running"``, ``"unsupported"``, ``"failed"`` or ``"stopped"``."""
         self._forked()
         return self._state
 
@@ -414,16 +429,55 @@ class EventListener:
     def reason(self) -> str | None:
         """Why the listener is not (or no longer) listening, or covers only some GPUs; ``None`` when it is fine."""
         self._forked()
-        if self._reason is None and self._device_reasons and self._state == "running":
-            return "events not supported on " + "; ".join(
-                f"GPU {i}: {why}" for i, why in sorted(self._device_reasons.items())
-            )
-        return self._reason
+        with self._cond:
+            if self._state == "starting":
+                return self._starting_reason()
+            if self._reason is None and self._device_reasons and self._state == "running":
+                return "events not listened to on " + "; ".join(
+                    f"GPU {i}: {why}" for i, why in sorted(self._device_reasons.items())
+                )
+            return self._reason
 
     @property
     def device_reasons(self) -> dict[int, str]:
-        """Per GPU index: why it is not registered (NOT_SUPPORTED, no permission, MIG, ...)."""
-        return dict(self._device_reasons)
+        """Per GPU index: why it is not registered (NOT_SUPPORTED, no permission, MIG, a registration that had not
+        returned by the deadline, ...) or no longer listened to (its GPU lost, ...)."""
+        self._forked()  # before the lock: in a child it may be the parent's, held by its thread at fork time
+        with self._cond:
+            if self._state == "starting":
+                return self._pending_reasons()
+            return dict(self._device_reasons)
+
+    def _in_flight(self, tense: str = "has") -> str:
+        """What the registration waits on, in words (lock held, state "starting"): ``"nvmlDeviceRegisterEvents on
+        GPU 0 has not returned"``; ``tense`` ``"had"`` for the past."""
+        reg = self._reg
+        call = None if reg is None else reg.call
+        if call is None:
+            return f"the registration {tense} not begun"
+        fn, index = call
+        return (fn if index is None else f"{fn} on GPU {index}") + f" {tense} not returned"
+
+    def _pending_reasons(self) -> dict[int, str]:
+        """``device_reasons`` while "starting": the answers so far, and why for each GPU not answered (lock held)."""
+        reg = self._reg
+        reasons = dict(self._preset if reg is None else reg.reasons)
+        done = set() if reg is None else reg.done | {i for i, _ in reg.covered.values()}
+        flight = self._in_flight("had")
+        for t in self._targets:
+            if t.index not in done and t.index not in reasons:
+                reasons[t.index] = f"not registered: {flight} by the deadline of the call that started the listener"
+        return reasons
+
+    def _starting_reason(self) -> str:
+        reg = self._reg
+        covered = sorted(i for i, _ in reg.covered.values()) if reg is not None else []
+        waiting = sorted(i for i, why in self._pending_reasons().items() if why.startswith("not registered: "))
+        listed = ", ".join(str(i) for i in waiting) or "none"
+        so_far = ", ".join(str(i) for i in covered) or "none"
+        return (f"registration had not finished by the deadline of the call that started the listener: "
+                f"{self._in_flight()} (GPUs not registered: {listed}; registered so far: {so_far}); "
+                "waits poll without events until it returns")
 
     @property
     def covered(self) -> frozenset[int]:
@@ -444,64 +498,138 @@ class EventListener:
 
     # --- lifecycle ------------------------------------------------------------------------------------------------
 
-    def start(self, deadline_ns: int | None = None, clock: Callable[[], int] = time.monotonic_ns) -> EventListener:
-        """Register the GPUs and start the thread. Never raises for "events not available": the state and
-        :attr:`reason` say so. Returns ``self``. ``deadline_ns`` (on ``clock``): the wait that starts it has a
-        deadline; a GPU whose turn comes after it is not registered (its reason says so), so a slow registration
-        overruns the wait by one call at most."""
+    def start(self, deadline_ns: int | None = None, clock: Callable[[], int] = time.monotonic_ns, *,
+              patience_s: float | None = None) -> EventListener:
+        """Register the GPUs and start listening. Never raises for "events not available": the state and
+        :attr:`reason` say so. Returns ``self``. The registration runs in the listener's thread; this call waits for
+        it. ``deadline_ns`` (on ``clock``): the call that starts it has a deadline. A GPU whose turn comes after it
+        is not registered (its reason says so); and when a registration call has not returned by then (a wedged
+        driver: ``nvmlEventSetCreate`` or ``nvmlDeviceRegisterEvents`` can hang, on the first GPU too), this returns
+        at the deadline all the same, in state ``"starting"``: :attr:`reason` names the call in flight and the GPUs
+        not registered, and the listener runs once the call returns. The time left is read once on ``clock`` and
+        waited out on the real one. ``patience_s``: wait for the registration no longer than that either (a wait
+        passes :data:`START_WAIT_S`: it polls meanwhile, and uses the listener once it runs)."""
         self._forked()
         if self._state != "new":
             return self
         src = self._source
         if src.missing is not None:
             return self._unsupported(f"the library does not export {src.missing} (an older driver)")
+        left_ns = None if deadline_ns is None else deadline_ns - clock()
+        reg = _Registration(reasons=dict(self._preset))
+        with self._cond:
+            self._reg = reg
+            self._state = "starting"
+        thread = threading.Thread(target=self._run, args=(reg, deadline_ns, clock), name="nvmlcheck events",
+                                  daemon=True)
+        self._thread = thread
+        thread.start()
+        wait_s = None if left_ns is None else max(0.0, left_ns / 1e9)
+        if patience_s is not None:
+            wait_s = patience_s if wait_s is None else min(wait_s, patience_s)
+        try:
+            self._registered.wait(None if wait_s is None else min(wait_s, threading.TIMEOUT_MAX))
+        finally:
+            # Not registered by the deadline (or the caller interrupted, KeyboardInterrupt): stop() does not wait
+            # for a call that had not returned by then.
+            self._overdue = not self._registered.is_set()
+        return self
+
+    def _register_all(self, reg: _Registration, deadline_ns: int | None, clock: Callable[[], int]) -> object | None:
+        """The listener thread's first part: create the set and register each GPU, saying in ``reg`` (under the
+        lock: :attr:`reason` reads it meanwhile) which call is in flight. Returns the set once running, else
+        ``None`` (its state says why)."""
+        src = self._source
+        with self._cond:
+            reg.call = ("nvmlEventSetCreate", None)
         try:
             event_set = src.create()
         except NvmlCheckError as exc:
-            return self._unsupported(f"nvmlEventSetCreate: {exc}")
-        reg = _Registration(reasons=dict(self._preset))
+            with self._cond:
+                reg.call = None
+                if self._state == "starting":
+                    self._unsupported(f"nvmlEventSetCreate: {exc}")
+                    self._thread = None  # it ends here: nothing listens
+                self._cond.notify_all()
+            return None
         for t in self._targets:
+            if self._stop.is_set():
+                break
             if deadline_ns is not None and reg.covered and clock() >= deadline_ns:
-                reg.reasons[t.index] = "not registered: the deadline of the wait that started the listener came first"
+                with self._cond:
+                    reg.reasons[t.index] = ("not registered: the deadline of the wait that started the listener "
+                                            "came first")
                 continue
             why = self._register(src, t, event_set, reg)
-            if why is not None:
-                reg.reasons[t.index] = why
-        self._device_reasons = reg.reasons
-        if not reg.covered:
-            src.free(event_set)
+            with self._cond:
+                reg.done.add(t.index)
+                if why is not None:
+                    reg.reasons[t.index] = why
+        return self._publish(reg, event_set)
+
+    def _publish(self, reg: _Registration, event_set: object) -> object | None:
+        """The registration's answer: running on the GPUs registered, or unsupported with why; ``None`` (and the
+        set freed) when not running. A listener stopped meanwhile keeps its state; the set is left to NVML's
+        shutdown (:meth:`stop` may have returned before this, and the session closed NVML since)."""
+        with self._cond:
+            reg.call = None
+            if self._state != "starting":
+                # stop() gave the thread up (the set is left to NVML's shutdown: it may have run since).
+                self._cond.notify_all()
+                return None
+            if self._stop.is_set():
+                # stop() is joining this thread: it frees the set.
+                self._set = event_set
+                self._cond.notify_all()
+                return None
+            self._device_reasons = dict(reg.reasons)
+            if reg.covered:
+                self._covered = dict(reg.covered)
+                self._masks = dict(reg.masks)
+                self._targets_by_address = dict(reg.targets)
+                self._set = event_set
+                self._state = "running"
+                self._cond.notify_all()
+                return event_set
             detail = "; ".join(f"GPU {i}: {w}" for i, w in sorted(reg.reasons.items())) or "no GPU selected"
-            return self._unsupported(f"no GPU can deliver events ({detail})")
-        self._covered = reg.covered
-        self._set = event_set
-        self._state = "running"
-        self._thread = threading.Thread(target=self._run, args=(event_set,), name="nvmlcheck events", daemon=True)
-        self._thread.start()
-        return self
+            self._unsupported(f"no GPU can deliver events ({detail})")
+            self._thread = None  # it ends here: nothing listens
+            self._cond.notify_all()
+        with contextlib.suppress(NvmlCheckError):
+            self._source.free(event_set)
+        return None
 
     def _register(self, src: Any, t: EventTarget, event_set: object, reg: _Registration) -> str | None:
         mig = " (the GPU is in MIG mode)" if t.mig_mode else ""
         try:
+            with self._cond:
+                reg.call = ("nvmlDeviceGetSupportedEventTypes", t.index)
             mask = src.supported(t.handle, t.index) & WANTED_MASK
             if not mask & _CRITICAL_MASK:
                 # Clock or P-state events alone cannot stop a wait: counted as listened to, the GPU looked covered
                 # (no reason said) while no XID of it could ever be heard.
                 kinds = ", ".join(k.value for b, k in _KIND_BITS.items() if mask & b) or "none"
                 return f"it delivers no XID or ECC events (nvmlDeviceGetSupportedEventTypes: {kinds})"
-            self._register_narrowing(src, t, mask, event_set)
+            with self._cond:
+                reg.call = ("nvmlDeviceRegisterEvents", t.index)
+            registered = self._register_narrowing(src, t, mask, event_set)
         except (NotSupported, NoPermission) as exc:
             return f"{exc.function}: {exc.CODE_NAME}{mig}"
         except NvmlError as exc:
             return f"{exc.function}: {exc.CODE_NAME} ({exc.code}){mig}"
-        reg.covered[self._address(t.handle)] = (t.index, t.uuid)
+        address = self._address(t.handle)
+        with self._cond:
+            reg.covered[address] = (t.index, t.uuid)
+            reg.masks[address] = registered
+            reg.targets[address] = t
         return None
 
     @staticmethod
-    def _register_narrowing(src: Any, t: EventTarget, mask: int, event_set: object) -> None:
+    def _register_narrowing(src: Any, t: EventTarget, mask: int, event_set: object) -> int:
         """Register ``mask``; where NVML refuses it with NOT_SUPPORTED (it names no type: any one it lacks refuses
         the whole mask, although reported supported), ask again without nvml.h's newer types (with MIG changes, then
         without), then for the kinds that stop a wait, then for XIDs alone (XID 48 reports a double-bit error too),
-        before giving the GPU up."""
+        before giving the GPU up. Returns the mask registered."""
         tried: set[int] = set()
         classic = mask & _CLASSIC_MASK
         for narrowed in (mask, classic | mask & _MIG_CONFIG_BIT, classic, mask & _CRITICAL_MASK, mask & _XID_BIT):
@@ -510,7 +638,7 @@ class EventListener:
             tried.add(narrowed)
             try:
                 src.register(t.handle, t.index, narrowed, event_set)
-                return
+                return narrowed
             except NotSupported as exc:
                 refused = exc
         raise refused
@@ -521,10 +649,21 @@ class EventListener:
         return self
 
     def stop(self) -> None:
-        """Stop the thread (within one wait slice) and free the event set. Idempotent."""
+        """Stop the thread (within one wait slice) and free the event set. Idempotent. A listener still
+        ``"starting"`` (a registration call that had not returned by its deadline) is not waited for: the thread
+        ends when the call returns, and the set is left to NVML's shutdown."""
         if self._forked():
             return
         self._stop.set()
+        with self._cond:
+            if self._state == "starting" and self._overdue:
+                self._state = "stopped"
+                self._reason = (f"stopped while registering ({self._in_flight('had')}): the listener thread ends "
+                                "when the call returns")
+                self._thread = None
+                self._registered.set()
+                self._cond.notify_all()
+                return
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(STOP_TIMEOUT_S)
@@ -533,10 +672,10 @@ class EventListener:
                 # both; the thread ends at its next return, NVML's shutdown takes the set.
                 self._thread, self._set = None, None
                 with self._cond:
+                    where = (f"its registration ({self._in_flight('had')})" if self._state == "starting"
+                             else "nvmlEventSetWait_v2")
                     self._state = "stopped"
-                    self._reason = (
-                        f"the listener thread did not return from nvmlEventSetWait_v2 in {STOP_TIMEOUT_S:g} s"
-                    )
+                    self._reason = f"the listener thread did not return from {where} in {STOP_TIMEOUT_S:g} s"
                     self._cond.notify_all()
                 return
         self._thread = None
@@ -546,53 +685,126 @@ class EventListener:
             with contextlib.suppress(NvmlCheckError):
                 self._source.free(event_set)
         with self._cond:
-            if self._state in ("running", "new"):
+            if self._state in ("running", "new", "starting"):
                 # "new": stopped before it started. It stayed "new", so a later start() registered and started a
                 # thread that saw the stop flag and ended at once, leaving "running" (active) with nothing listening.
                 self._state = "stopped"
             self._cond.notify_all()
 
-    def _run(self, event_set: object) -> None:
-        src, stop, slice_ms, clock = self._source, self._stop, self._slice, self._clock
-        slice_ns = slice_ms * 1_000_000
+    def _run(self, reg: _Registration, deadline_ns: int | None, clock: Callable[[], int]) -> None:
+        event_set: object | None = None
         try:
-            while not stop.is_set():
-                began = clock()
-                try:
-                    got = src.wait(event_set, slice_ms)
-                except NvmlCheckError as exc:
-                    # Uninitialized (NVML re-initialised under us), GpuLost, Unknown: the set is no use any more.
-                    # Say so; a wait keeps polling, which sees a lost GPU by itself.
-                    self._failed(f"nvmlEventSetWait_v2 failed: {exc}; waits poll without events", event_set)
-                    return
-                if got is None:
-                    # NVML_ERROR_TIMEOUT. It also answers so at once when a signal interrupts the call; a call that
-                    # answers at once again and again spun this thread at a full core (the stub with a TIMEOUT
-                    # fault: 0.98 CPU s a second). The rest of the slice is waited out here; events queue meanwhile.
-                    left_ns = slice_ns - (clock() - began)
-                    if left_ns > slice_ns // 2:
-                        self._pause(left_ns / 1e9)
-                    continue
-                self._received(*got)
+            event_set = self._register_all(reg, deadline_ns, clock)
+            self._registered.set()
+            if event_set is not None:
+                self._listen_on(event_set)
         except Exception as exc:
             # Anything else ends the thread too (a record it cannot decode, MemoryError): a listener left "running"
             # with no thread would have waits count on events that never come and `watch` wait for ever. Said by
             # the state and reason (`watch` prints it), not by a thread traceback on stderr.
-            self._failed(f"the listener thread died: {type(exc).__name__}: {exc}; waits poll without events", event_set)
+            self._failed(f"the listener thread died: {type(exc).__name__}: {exc}; waits poll without events",
+                         self._set)
+        finally:
+            self._registered.set()
+
+    def _listen_on(self, event_set: object) -> None:
+        src, stop, slice_ms, clock = self._source, self._stop, self._slice, self._clock
+        slice_ns = slice_ms * 1_000_000
+        while not stop.is_set():
+            began = clock()
+            try:
+                got = src.wait(event_set, slice_ms)
+            except NvmlCheckError as exc:
+                # One GPU of the set lost (GpuLost), NVML re-initialised under us (Uninitialized), Unknown: the
+                # GPUs that answer an error themselves are dropped and the others listened to on a new set.
+                kept = self._without_failing(event_set, exc)
+                if kept is None:
+                    return
+                event_set = kept
+                continue
+            if got is None:
+                # NVML_ERROR_TIMEOUT. It also answers so at once when a signal interrupts the call; a call that
+                # answers at once again and again spun this thread at a full core (the stub with a TIMEOUT
+                # fault: 0.98 CPU s a second). The rest of the slice is waited out here; events queue meanwhile.
+                left_ns = slice_ns - (clock() - began)
+                if left_ns > slice_ns // 2:
+                    self._pause(left_ns / 1e9)
+                continue
+            self._received(*got)
+
+    def _without_failing(self, event_set: object, exc: NvmlCheckError) -> object | None:
+        """After ``nvmlEventSetWait_v2`` failed with ``exc``: ask each GPU of the set (its supported event types);
+        those that fail are no longer listened to (their reason says why) and the others are registered again on a
+        new set, which is returned. ``None`` (the listener failed, its reason says why) when NVML was re-initialised,
+        when no GPU answers an error itself (nothing to blame: the set is no use), or when none is left."""
+        said = str(exc)
+        wait_failed = said if said.startswith("nvmlEventSetWait_v2") else f"nvmlEventSetWait_v2 failed: {said}"
+        if isinstance(exc, Uninitialized):
+            self._failed(f"{wait_failed}; waits poll without events", event_set)
+            return None
+        src = self._source
+        covered = dict(self._covered)
+        dropped: dict[int, str] = {}  # GPU index -> why
+        for address, (index, _uuid) in covered.items():
+            try:
+                src.supported(self._targets_by_address[address].handle, index)
+            except NvmlCheckError as probe:
+                dropped[index] = f"no longer listened to: {wait_failed}; then {probe}"
+        if not dropped:
+            self._failed(f"{wait_failed} (no GPU of the set answers an error itself); waits poll without events",
+                         event_set)
+            return None
+        kept = {a: v for a, v in covered.items() if v[0] not in dropped}
+        new_set: object | None = None
+        if kept:
+            try:
+                new_set = src.create()
+            except NvmlCheckError as err:
+                self._failed(f"{wait_failed} ({_listed(dropped)}), and nvmlEventSetCreate for the other GPUs: "
+                             f"{err}; waits poll without events", event_set)
+                return None
+            for address, (index, _uuid) in list(kept.items()):
+                try:
+                    src.register(self._targets_by_address[address].handle, index, self._masks[address], new_set)
+                except NvmlCheckError as err:
+                    dropped[index] = f"no longer listened to: {wait_failed}; registering it again then: {err}"
+                    del kept[address]
+        if not kept:
+            if new_set is not None:
+                with contextlib.suppress(NvmlCheckError):
+                    src.free(new_set)
+            self._failed(f"{wait_failed}: no GPU is listened to any more ({_listed(dropped)}); waits poll without "
+                         "events", event_set)
+            return None
+        with self._cond:
+            if self._state != "running":
+                # stop() gave the thread up meanwhile (a call of the rebuild hung): it touches nothing more.
+                return None
+            self._set = new_set
+            self._covered = kept
+            self._device_reasons.update(dropped)
+            self._cond.notify_all()
+        with contextlib.suppress(NvmlCheckError):
+            src.free(event_set)  # it keeps answering the error: the lost GPU stays registered in it
+        return new_set
 
     def _pause(self, seconds: float) -> None:
         """Wait out what is left of a slice, or until :meth:`stop`."""
         self._stop.wait(seconds)
 
-    def _failed(self, why: str, event_set: object) -> None:
+    def _failed(self, why: str, event_set: object | None) -> None:
         """The thread's end on an error: say why, and free the set here. The session replaces a failed listener
         without stopping it, so nothing else would: each failure left an event set (and NVML's registrations, which
         keep queueing events into it) behind for the life of the process."""
         with self._cond:
+            if self._state == "stopped":
+                # stop() gave the thread up (a registration that had not returned): its state and set stay as said.
+                self._cond.notify_all()
+                return
             self._state = "failed"
             self._reason = why
             self._cond.notify_all()
-        if self._set is event_set:
+        if event_set is not None and self._set is event_set:
             self._set = None  # stop() joins this thread before it reads the set: it frees nothing twice
             with contextlib.suppress(NvmlCheckError):
                 self._source.free(event_set)
@@ -659,10 +871,15 @@ class EventListener:
         A reader more than :data:`MAX_KEPT_EVENTS` behind gets the kept ones only."""
         self._forked()
         with self._cond:
-            self._cond.wait_for(lambda: self._forgotten + len(self._events) > after or self._state != "running",
-                                timeout_s)
+            # "starting": a registration that had not returned by its deadline may return yet.
+            self._cond.wait_for(lambda: self._forgotten + len(self._events) > after
+                                or self._state not in ("running", "starting"), timeout_s)
             new = self._events[max(0, after - self._forgotten):]
             return list(new), self._forgotten + len(self._events)
+
+
+def _listed(reasons: Mapping[int, str]) -> str:
+    return "; ".join(f"GPU {i}: {why}" for i, why in sorted(reasons.items()))
 
 
 def _event_time(ev: GpuEvent) -> int:

@@ -266,21 +266,27 @@ class Session:
         it). It covers every GPU. Where events cannot be had (the nvidia-smi backend, an old library, NOT_SUPPORTED,
         no permission, MIG) it is returned in state ``"unsupported"`` with its :attr:`~EventListener.reason`, said
         once: waits then poll as they always do. A listener that stopped (NVML re-initialised, or inherited over
-        ``fork()``) is replaced by a new one. See :mod:`nvmlcheck.events`.
+        ``fork()``) is replaced by a new one. This waits for the registration however long it takes; a wait,
+        ``ready`` or ``kill`` that starts the listener waits for it until its deadline (1 s at most) and then polls,
+        the listener ``"starting"`` until its registration returns. See :mod:`nvmlcheck.events`.
         """
-        return self._listen(None, time.monotonic_ns)
+        return self._listen(None, time.monotonic_ns, bounded=False)
 
-    def _listen(self, deadline_ns: int | None, clock: Callable[[], int]) -> EventListener:
-        """:meth:`listen`, its registration bounded by a wait's deadline (on ``clock``; see ``EventListener.start``)."""
+    def _listen(self, deadline_ns: int | None, clock: Callable[[], int], *, bounded: bool = True) -> EventListener:
+        """:meth:`listen`, its registration bounded by a wait's deadline (on ``clock``; see ``EventListener.start``)
+        and, when ``bounded``, waited for :data:`~nvmlcheck.events.START_WAIT_S` at most, deadline or not: a
+        registration call that hangs leaves the listener ``"starting"``, and the caller polls meanwhile."""
         with self._listener_lock:
             self._check_open()
-            return self._listen_locked(deadline_ns, clock)
+            return self._listen_locked(deadline_ns, clock, bounded)
 
-    def _listen_locked(self, deadline_ns: int | None, clock: Callable[[], int]) -> EventListener:
-        from .events import EventListener
+    def _listen_locked(self, deadline_ns: int | None, clock: Callable[[], int], bounded: bool) -> EventListener:
+        from .events import START_WAIT_S, EventListener
 
         current = self._listener
-        if current is not None and current.state in ("running", "unsupported"):
+        # "starting": its registration had not returned by the deadline of the call that started it. Kept, not
+        # replaced: a new one would hang in the same call, one more thread each wait.
+        if current is not None and current.state in ("running", "unsupported", "starting"):
             return current
         factory = getattr(self._backend, "event_listener", None)
         if factory is None:
@@ -288,7 +294,7 @@ class Session:
                 f"the {self._backend.name} backend has no events (nvidia-smi cannot deliver them): waits poll"
             )
         else:
-            listener = factory().start(deadline_ns, clock)
+            listener = factory().start(deadline_ns, clock, patience_s=START_WAIT_S if bounded else None)
         self._listener = listener
         return listener
 
@@ -310,8 +316,9 @@ class Session:
         bound_ns = None if timeout is None else ns_or_none(timeout)
         listener = self._listen(None if bound_ns is None else started + bound_ns, clock)
         timeout = _left(timeout, started, clock)  # used up by the registration: still a bound, not one check
-        # Unsupported or stopped: said by its reason; the wait polls.
-        return (listener if listener.active else None), timeout
+        # Unsupported or stopped: said by its reason; the wait polls. Starting (a registration call that had not
+        # returned by the deadline): the wait polls, and stops on a fatal event once the listener runs.
+        return (listener if listener.state in ("running", "starting") else None), timeout
 
     @property
     def listener(self) -> EventListener | None:

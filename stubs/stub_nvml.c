@@ -169,8 +169,14 @@ struct device {
     unsigned int recovery;                           /* nvmlDeviceGpuRecoveryAction_t */
     unsigned long long unsupported; /* bit set of U_* */
     int lost;
-    int mig; /* MIG mode (current = pending) */
+    int mig;                        /* MIG mode (current = pending) */
+    unsigned long long event_types; /* what nvmlDeviceGetSupportedEventTypes reports (`event_types=`) */
 };
+
+/* What nvmlDeviceGetSupportedEventTypes reports for a device without `unsupported=events` or `event_types=`. */
+#define STUB_SUPPORTED_EVENTS                                                                                      \
+    (nvmlEventTypeSingleBitEccError | nvmlEventTypeDoubleBitEccError | nvmlEventTypePState |                        \
+     nvmlEventTypeXidCriticalError | nvmlEventTypeClock)
 
 /* A MIG device (`mig device=D index=I gi=G ci=C uuid=MIG-... total=B used=B`). Processes whose gi (and ci) match
  * run in it: they are listed on the parent, as NVML does, and their memory counts on both. */
@@ -664,6 +670,7 @@ static void device_defaults(struct device *d, unsigned int index) {
     d->reserved = 644939776ULL;
     memcpy(d->clocks, clocks, sizeof clocks);
     d->reasons = 0x1; /* nvmlClocksEventReasonGpuIdle */
+    d->event_types = STUB_SUPPORTED_EVENTS;
     d->unsupported = (1ULL << U_RETIRED_PAGES) | (1ULL << U_RETIRED_PENDING); /* Hopper remaps rows instead */
 }
 
@@ -778,6 +785,8 @@ static int apply_device(struct state *st, const struct line *ln, int dry, int in
             if (parse_bool(k, v, &d->lost, err)) return -1;
         } else if (strcmp(k, "mig") == 0) {
             if (parse_bool(k, v, &d->mig, err)) return -1;
+        } else if (strcmp(k, "event_types") == 0) {
+            if (parse_u64(k, v, &d->event_types, err)) return -1;
         } else {
             for (int set = 0; set < CLK_SETS && !found; set++)
                 for (int dm = 0; dm < 4 && !found; dm++) {
@@ -1063,19 +1072,27 @@ static int apply_mig(struct state *st, const struct line *ln, int dry, char *err
     return 0;
 }
 
-/* The event types the stub knows, by scenario name (nvmlEventType* bits of nvml.h). */
+/* The event types the stub knows, by scenario name (nvmlEventType* bits of nvml.h; the newer ones as numbers, which
+ * older headers lack). Any other type is given as a number (`type=0x10008`): its bits are delivered as they are. */
 static const struct {
     const char *name;
     unsigned long long bit;
 } event_types[] = {
-    {"sbe", nvmlEventTypeSingleBitEccError}, {"dbe", nvmlEventTypeDoubleBitEccError},
-    {"pstate", nvmlEventTypePState},          {"xid", nvmlEventTypeXidCriticalError},
-    {"clock", nvmlEventTypeClock},            {"power", nvmlEventTypePowerSourceChange},
+    {"sbe", nvmlEventTypeSingleBitEccError},
+    {"dbe", nvmlEventTypeDoubleBitEccError},
+    {"pstate", nvmlEventTypePState},
+    {"xid", nvmlEventTypeXidCriticalError},
+    {"clock", nvmlEventTypeClock},
+    {"power", nvmlEventTypePowerSourceChange},
+    {"mig", 0x100ULL},                     /* nvmlEventMigConfigChange */
+    {"sbe_storm", 0x200ULL},               /* single-bit ECC error storm */
+    {"dram_retirement", 0x400ULL},         /* DRAM retirement event */
+    {"dram_retirement_failure", 0x800ULL}, /* DRAM retirement failure */
+    {"nonfatal_poison", 0x1000ULL},        /* non-fatal poison error */
+    {"fatal_poison", 0x2000ULL},           /* fatal poison error */
+    {"gpu_unavailable", 0x4000ULL},        /* GPU unavailable */
+    {"recovery_action", 0x8000ULL},        /* GPU recovery action changed */
 };
-/* What nvmlDeviceGetSupportedEventTypes reports for a device without `unsupported=events`. */
-#define STUB_SUPPORTED_EVENTS                                                                                      \
-    (nvmlEventTypeSingleBitEccError | nvmlEventTypeDoubleBitEccError | nvmlEventTypePState |                        \
-     nvmlEventTypeXidCriticalError | nvmlEventTypeClock)
 
 static int apply_event(struct state *st, const struct line *ln, int dry, int in_timeline, char *err) {
     struct event e;
@@ -1090,9 +1107,18 @@ static int apply_event(struct state *st, const struct line *ln, int dry, int in_
             if (parse_u32(k, v, &e.device, err)) return -1;
             have_dev = 1;
         } else if (strcmp(k, "type") == 0) {
+            int named = 0;
             for (size_t t = 0; t < sizeof event_types / sizeof event_types[0]; t++)
-                if (strcmp(v, event_types[t].name) == 0) e.type = event_types[t].bit;
-            if (!e.type) return fail(err, "event type=%s: expected xid, sbe, dbe, pstate, clock or power", v);
+                if (strcmp(v, event_types[t].name) == 0) {
+                    e.type = event_types[t].bit;
+                    named = 1;
+                }
+            if (!named && parse_u64_span(v, strlen(v), &e.type) != 0)
+                return fail(err,
+                            "event type=%s: expected xid, sbe, dbe, pstate, clock, power, mig, sbe_storm, "
+                            "dram_retirement, dram_retirement_failure, nonfatal_poison, fatal_poison, "
+                            "gpu_unavailable, recovery_action or the type bits as a number",
+                            v);
             have_type = 1;
         } else if (strcmp(k, "data") == 0) {
             if (parse_u64(k, v, &e.data, err)) return -1;
@@ -2246,7 +2272,7 @@ nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t device, unsigned long
     if (r) return end(r);
     if (unsupported(d, U_EVENTS)) return end(NVML_ERROR_NOT_SUPPORTED);
     if (!eventTypes) return end(NVML_ERROR_INVALID_ARGUMENT);
-    *eventTypes = STUB_SUPPORTED_EVENTS;
+    *eventTypes = d->event_types;
     return end(NVML_SUCCESS);
 }
 
@@ -2258,7 +2284,7 @@ nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long long ev
     if (unsupported(d, U_EVENTS)) return end(NVML_ERROR_NOT_SUPPORTED);
     int slot = set_slot(set);
     if (slot < 0 || index >= MAX_EVENT_DEVICES) return end(NVML_ERROR_INVALID_ARGUMENT);
-    if (eventTypes & ~(unsigned long long)STUB_SUPPORTED_EVENTS) return end(NVML_ERROR_NOT_SUPPORTED);
+    if (eventTypes & ~d->event_types) return end(NVML_ERROR_NOT_SUPPORTED);
     g_sets[slot].mask[index] |= eventTypes;
     return end(NVML_SUCCESS);
 }
@@ -2276,19 +2302,30 @@ static uint64_t next_ms_due(const struct state *st) {
     return best;
 }
 
-/* Deliver the first event after the set's cursor that one of its registrations wants. Lock held. */
+/* Deliver the first event after the set's cursor that one of its registrations wants (any of its bits; an event
+ * with no bit at all goes to every set registered on its device). Lock held. */
 static int next_event(int slot, nvmlEventData_t *data) {
     struct state *st = g_state;
     while (g_sets[slot].next < st->nevent) {
         const struct event *e = &st->event[g_sets[slot].next++];
-        if (e->device >= MAX_EVENT_DEVICES || !(g_sets[slot].mask[e->device] & e->type)) continue;
+        if (e->device >= MAX_EVENT_DEVICES) continue;
+        unsigned long long mask = g_sets[slot].mask[e->device];
+        if (!(mask & e->type) && !(mask && !e->type)) continue;
         data->device = make_handle(e->device);
         data->eventType = e->type;
-        data->eventData = e->type == nvmlEventTypeXidCriticalError ? e->data : 0;
+        data->eventData = e->data;
         data->gpuInstanceId = e->gi;
         data->computeInstanceId = e->ci;
         return 1;
     }
+    return 0;
+}
+
+/* Whether a device registered in the set is lost (`lost=1`): its waits answer GPU_IS_LOST. Lock held. */
+static int set_lost(int slot) {
+    const struct state *st = g_state;
+    for (size_t i = 0; i < st->ndev && i < MAX_EVENT_DEVICES; i++)
+        if (g_sets[slot].mask[i] && st->dev[i].lost) return 1;
     return 0;
 }
 
@@ -2301,6 +2338,7 @@ nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsi
     for (;;) {
         int slot = set_slot(set);
         if (slot < 0) return end(NVML_ERROR_UNINITIALIZED); /* freed or shut down meanwhile */
+        if (set_lost(slot)) return end(NVML_ERROR_GPU_IS_LOST);
         if (next_event(slot, data)) return end(NVML_SUCCESS);
         uint64_t now = now_ns();
         if (now >= until) return end(NVML_ERROR_TIMEOUT);

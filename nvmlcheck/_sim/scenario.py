@@ -20,9 +20,11 @@ if TYPE_CHECKING:
 __all__ = [
     "CLOCK_DOMAINS",
     "DEVICE_FIELDS",
+    "EVENT_KINDS",
     "PROCESS_KINDS",
     "UNSUPPORTED_FIELDS",
     "ClockDomain",
+    "EventKindName",
     "ProcessKindName",
     "Scenario",
     "TimelineStep",
@@ -158,7 +160,25 @@ DEVICE_FIELDS: Mapping[str, str] = {
     "unsupported": "unsupported",
     "lost": "lost",
     "mig": "mig",
+    "event_types": "event_types",
 }
+
+
+#: The event kinds :meth:`TimelineStep.raise_event` names (``nvmlEventType`` bits 0x8, 0x1, 0x2, 0x4, 0x10, 0x80,
+#: then 0x100 to 0x8000 in this order); any other type is given as a number.
+EVENT_KINDS = ("xid", "sbe", "dbe", "pstate", "clock", "power", "mig", "sbe_storm", "dram_retirement",
+               "dram_retirement_failure", "nonfatal_poison", "fatal_poison", "gpu_unavailable", "recovery_action")
+EventKindName = Literal["xid", "sbe", "dbe", "pstate", "clock", "power", "mig", "sbe_storm", "dram_retirement",
+                        "dram_retirement_failure", "nonfatal_poison", "fatal_poison", "gpu_unavailable",
+                        "recovery_action"]
+
+
+def _event_bits(name: str, value: object, *, allow_zero: bool = False) -> int:
+    """``nvmlEventType`` bits: an int (not a bool), 64 bits at most; nonzero unless ``allow_zero``."""
+    bits = _check_int(name, value, _U64_MAX)
+    if not bits and not allow_zero:
+        raise ArgumentError(f"{name} must name at least one event type bit, got 0")
+    return bits
 
 
 def _render_device_fields(fields: Mapping[str, object]) -> list[str]:
@@ -191,6 +211,8 @@ def _render_device_fields(fields: Mapping[str, object]) -> list[str]:
                 out.append(f"{group}.{domain}={_check_int(f'{name}[{domain!r}]', mhz, _U32_MAX)}")
         elif name == "clock_event_reasons":
             out.append(f"reasons={_check_int(name, value):#x}")
+        elif name == "event_types":
+            out.append(f"event_types={_event_bits(name, value):#x}")
         elif name == "retired_pages":
             if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
                 raise ArgumentTypeError("retired_pages must be a sequence of (cause, address, timestamp) tuples")
@@ -449,26 +471,42 @@ class TimelineStep(_Changes):
     def raise_event(
         self,
         device: int,
-        kind: Literal["xid", "sbe", "dbe", "pstate", "clock", "power"] = "xid",
+        kind: EventKindName | int = "xid",
         *,
         xid: int = 0,
+        data: int = 0,
         gi: int | None = None,
         ci: int | None = None,
     ) -> None:
         """Raise an NVML event on ``device`` at this point of the timeline (``event device=D type=T data=X``).
 
-        Event sets created before it and registered for its type on ``device`` receive it from
-        ``nvmlEventSetWait_v2``. ``xid`` is the XID code (``eventData``) of a ``"xid"`` event; ``gi``/``ci``
-        the MIG instance it is attributed to (default none: ``0xFFFFFFFF``). A device with
-        ``unsupported=("events",)`` answers NOT_SUPPORTED to the event calls instead.
+        Event sets created before it and registered for one of its type bits on ``device`` receive it from
+        ``nvmlEventSetWait_v2``. ``kind``: a name of :data:`EVENT_KINDS` (``"mig"`` is a MIG configuration change),
+        or the ``nvmlEventType`` bits as a number, delivered as they are (a type nvmlcheck has no name for, two
+        types in one record; 0, no bit at all, goes to every set registered on the device). ``xid`` is the XID
+        code (``eventData``) of an ``"xid"`` event, ``data`` the raw ``eventData`` of any other; ``gi``/``ci``
+        the MIG instance it is attributed to (default none: ``0xFFFFFFFF``). A device reports the types of
+        ``event_types=`` supported (default sbe, dbe, pstate, xid and clock: give ``event_types`` to receive the
+        others); one with ``unsupported=("events",)`` answers NOT_SUPPORTED to the event calls instead.
         """
-        if kind not in ("xid", "sbe", "dbe", "pstate", "clock", "power"):
-            raise ArgumentError(f"event kind must be xid, sbe, dbe, pstate, clock or power, got {kind!r}")
-        parts = [f"event device={self._check_device(device)} type={kind}"]
+        if isinstance(kind, str):
+            if kind not in EVENT_KINDS:
+                raise ArgumentError(f"event kind must be one of {', '.join(EVENT_KINDS)} or the type bits as a "
+                                    f"number, got {kind!r}")
+            type_: str = kind
+        else:
+            type_ = f"{_event_bits('event kind', kind, allow_zero=True):#x}"
+        parts = [f"event device={self._check_device(device)} type={type_}"]
+        if xid and data:
+            raise ArgumentError("give xid= (an 'xid' event's code) or data= (any other's eventData), not both")
         if xid:
             if kind != "xid":
-                raise ArgumentError("xid= is only meaningful for an 'xid' event")
+                raise ArgumentError("xid= is only meaningful for an 'xid' event (data= is any other's eventData)")
             parts.append(f"data={_check_int('xid', xid, _U64_MAX)}")
+        if data:
+            if kind == "xid":
+                raise ArgumentError("an 'xid' event's eventData is its code: give xid=")
+            parts.append(f"data={_check_int('data', data, _U64_MAX)}")
         if gi is not None:
             parts.append(f"gi={_check_int('gi', gi, _U32_MAX)}")
         if ci is not None:
@@ -499,7 +537,9 @@ class Scenario(_Changes):
     (``nvmlDeviceGpuRecoveryAction_t``: an int or a :class:`nvmlcheck.RecoveryAction`);
     ``unsupported`` (field names, see :data:`UNSUPPORTED_FIELDS`; the default of the stub is
     ``("retired_pages", "retired_pending")`` as on a real H200, so pass ``unsupported=()`` to see retired pages);
-    ``lost`` (bool). Omitted fields keep the stub's defaults: an idle H200.
+    ``lost`` (bool); ``event_types`` (the ``nvmlEventType`` bits ``nvmlDeviceGetSupportedEventTypes`` reports and
+    registration accepts; default sbe, dbe, pstate, xid and clock, ``0x1f``). Omitted fields keep the stub's
+    defaults: an idle H200.
 
     Invalid arguments raise ``ValueError`` (bad values) or ``TypeError`` (wrong types) naming the problem.
     """

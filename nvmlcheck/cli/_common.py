@@ -429,7 +429,8 @@ def start_events(args: argparse.Namespace, gpus: Session, deadline_s: float | No
     if not getattr(args, "events", False):
         return
     if deadline_s is None:
-        listener = gpus.listen()
+        # Not listen(): a registration call that hangs is waited for START_WAIT_S at most (the wait polls meanwhile).
+        listener = gpus._listen(None, time.monotonic_ns)
     elif time.monotonic() >= deadline_s:
         return
     else:

@@ -12,6 +12,7 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
+from .._deadline import ns_or_none
 from ._common import EXIT_BACKEND, EXIT_CLEAN, open_session
 from ._output import safe, write_whole
 
@@ -39,7 +40,15 @@ def _watch(args: argparse.Namespace) -> int:
     with open_session(args) as gpus:
         indices = gpus.resolve(args.devices)
         wanted = None if indices is None else frozenset(indices)
-        listener = gpus.listen()
+        began_ns = time.monotonic_ns()
+        began = began_ns / 1e9
+        bound_ns = None if args.duration is None else ns_or_none(args.duration)
+        if bound_ns is None:
+            listener = gpus.listen()
+        else:
+            # Registered within --for: a registration call that hangs (a wedged driver) ends the command at its
+            # end (exit 3, the call named), not whenever the driver answers.
+            listener = gpus._listen(began_ns + bound_ns, time.monotonic_ns, bounded=False)
         if not listener.active:
             if gpus.backend.name == "smi":  # the listener's reason speaks of waits, which poll instead; watch cannot
                 return _unavailable(args, "events: the smi backend has none (nvidia-smi cannot deliver them): nothing "
@@ -58,7 +67,7 @@ def _watch(args: argparse.Namespace) -> int:
             # Status on stderr (stdout is the events alone): a quiet GPU prints nothing for hours, so say it listens.
             until = f"for {args.duration:g} s" if args.duration is not None else "until Ctrl-C"
             print(f"nvmlcheck watch: listening to {_gpus(covered)} {until}", file=sys.stderr, flush=True)
-        end = None if args.duration is None else time.monotonic() + args.duration
+        end = None if args.duration is None else began + args.duration
         seen = printed = 0
         while end is None or time.monotonic() < end:
             left = _SLICE_S if end is None else max(0.0, min(_SLICE_S, end - time.monotonic()))

@@ -34,11 +34,13 @@ def test_readys_first_reading_stops_at_the_deadline(tmp_path: Path, monkeypatch:
 
 def test_the_listener_registration_stops_at_the_deadline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with _open(tmp_path, monkeypatch, 4) as gpus:
-        steps = StepClock(0.2)
-        # The registration used the timeout up: what is left is a bound still, not one check judged alone (which
-        # called the GPUs clean after one poll of the two asked for).
+        # Steps of 1 s, timeout 2.5 s: the registration (in the listener's thread) is waited for 1.5 s of real time
+        # at most, far more than the stub's few calls take, so the StepClock alone decides how far it gets. The
+        # registration used the timeout up: what is left is a bound still, not one check judged alone (which called
+        # the GPUs clean after one poll of the two asked for).
+        steps = StepClock(1.0)
         with pytest.raises(nc.WaitTimeout):
-            gpus.wait_until_clean(0.5, events=True, options=WaitOptions(clock=steps.clock, sleep=steps.sleep))
+            gpus.wait_until_clean(2.5, events=True, options=WaitOptions(clock=steps.clock, sleep=steps.sleep))
         listener = gpus.listener
         assert listener is not None and listener.state == "running"
         # Registered until the deadline (at least one GPU: a listener with none would be "unsupported" for good).

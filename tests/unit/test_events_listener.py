@@ -67,7 +67,7 @@ def test_a_failed_listener_frees_its_event_set_without_being_stopped() -> None:
     assert len(source.freed) == 1  # and never twice
 
 
-@pytest.mark.parametrize("call", ["events", "fatal", "sleep", "next_events"])
+@pytest.mark.parametrize("call", ["events", "fatal", "sleep", "next_events", "reason", "device_reasons"])
 def test_a_forked_child_never_waits_on_the_parents_lock(monkeypatch: pytest.MonkeyPatch, call: str) -> None:
     # At fork() the parent's listener thread may hold the listener's lock (it appends each event under it); in the
     # child nobody ever releases it. Only state/reason/stop/start noticed the fork: a wait's fatal() (each poll), a
@@ -92,6 +92,8 @@ def test_a_forked_child_never_waits_on_the_parents_lock(monkeypatch: pytest.Monk
             "fatal": listener.fatal,
             "sleep": lambda: listener.sleep(0.0),
             "next_events": lambda: listener.next_events(0, 0.0),
+            "reason": lambda: listener.reason,
+            "device_reasons": lambda: listener.device_reasons,
         }
         done = threading.Event()
         def in_the_child() -> None:

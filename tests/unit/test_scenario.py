@@ -66,6 +66,7 @@ def test_every_device_field_renders() -> None:
         unsupported=("retired_pages", "retired_pending"),
         lost=False,
         mig=True,
+        event_types=0x11F,
     )
     assert index == 0
     assert body(scenario) == [
@@ -73,13 +74,14 @@ def test_every_device_field_renders() -> None:
         "pci=00000000:00:06.0 pci.device_id=0x233510de pci.subsystem_id=0x0 minor=0 total=150754820096 "
         "reserved=644939776 used=0 clock.graphics=345 clock.sm=345 max.mem=3201 app.video=1545 reasons=0x1 "
         "retired=sbe:0x1000@1700000000,dbe:0x2000@1700000100 retired_pending=0 remapped=0,1,0,1 "
-        "ecc_volatile=2 ecc_aggregate=5 recovery=4 unsupported=retired_pages,retired_pending lost=0 mig=1"
+        "ecc_volatile=2 ecc_aggregate=5 recovery=4 unsupported=retired_pages,retired_pending lost=0 mig=1 "
+        "event_types=0x11f"
     ]
     assert set(DEVICE_FIELDS) == {
         "name", "uuid", "serial", "pci_bus_id", "pci_device_id", "pci_subsystem_id", "minor", "total_bytes",
         "reserved_bytes", "used_bytes", "clocks_mhz", "max_clocks_mhz", "app_clocks_mhz", "clock_event_reasons",
         "retired_pages", "retired_pending", "remapped_rows", "ecc_uncorrected_volatile", "ecc_uncorrected_aggregate",
-        "recovery_action", "unsupported", "lost", "mig",
+        "recovery_action", "unsupported", "lost", "mig", "event_types",
     }  # fmt: skip
 
 
@@ -400,3 +402,47 @@ def test_a_gpu_uuid_must_have_nvmls_shape(uuid: str) -> None:
 def test_a_mig_uuid_must_have_nvmls_shape(uuid: str) -> None:
     with pytest.raises(ValueError, match="uuid must look like MIG-"):
         Scenario.h200().add_mig_device(0, 0, uuid=uuid)
+
+
+def test_raise_event_renders_every_kind_and_raw_type_bits() -> None:
+    from nvmlcheck.testing import EVENT_KINDS
+
+    sc = Scenario.h200(1)
+    step = sc.at_ms(0)
+    step.raise_event(0, "mig", gi=1, ci=0)
+    step.raise_event(0, 0x10008, data=48)
+    step.raise_event(0, 0)
+    step.raise_event(0, "recovery_action", data=2)
+    step.raise_event(0, "xid", xid=79)
+    assert body(sc)[-5:] == [
+        "at ms=0 event device=0 type=mig gi=1 ci=0",
+        "at ms=0 event device=0 type=0x10008 data=48",
+        "at ms=0 event device=0 type=0x0",
+        "at ms=0 event device=0 type=recovery_action data=2",
+        "at ms=0 event device=0 type=xid data=79",
+    ]
+    assert EVENT_KINDS[:6] == ("xid", "sbe", "dbe", "pstate", "clock", "power") and "mig" in EVENT_KINDS
+
+
+@pytest.mark.parametrize(
+    ("kind", "kwargs", "error", "says"),
+    [
+        ("bogus", {}, ValueError, "event kind must be one of"),
+        (True, {}, TypeError, "must be an int"),
+        (-1, {}, ValueError, ">= 0"),
+        (1 << 64, {}, ValueError, "<="),
+        ("clock", {"xid": 79}, ValueError, "xid= is only meaningful"),
+        ("xid", {"data": 79}, ValueError, "give xid="),
+        ("xid", {"xid": 79, "data": 1}, ValueError, "not both"),
+    ],
+)
+def test_raise_event_refuses_what_the_stub_could_not_deliver(
+    kind: Any, kwargs: dict[str, Any], error: type[Exception], says: str
+) -> None:
+    with pytest.raises(error, match=re.escape(says)):
+        Scenario.h200(1).at_ms(0).raise_event(0, kind, **kwargs)
+
+
+def test_event_types_must_name_a_type() -> None:
+    with pytest.raises(ValueError, match="at least one event type bit"):
+        Scenario().add_device(event_types=0)
