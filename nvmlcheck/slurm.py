@@ -433,12 +433,16 @@ def await_ready(
     clock: Callable[[], int] = time.monotonic_ns,
     sleep: Callable[[float], object] = time.sleep,
     progress: GateProgress | None = None,
+    one_check: bool = False,
 ) -> Readiness:
     """Whether the GPUs ``indices`` are ready by ``deadline_ns`` (on ``clock``), as :meth:`Session.ready
     <nvmlcheck.Session.ready>` judges it: clean (no process, at most ``max_used_bytes``), healthy (an unhealthy GPU
     ends the wait at once: waiting cannot help), no fatal XID meanwhile. The causes say how long was waited since
     ``started_ns`` (default: now); ``killed``: what the epilog signalled, so that a survivor is named as one;
-    ``progress``: kept up to date with each poll (:class:`GateProgress`)."""
+    ``progress``: kept up to date with each poll (:class:`GateProgress`); ``one_check``: the gate's timeout is 0,
+    one check judged alone (else a deadline already passed is still a bound: not confirmed in time, never a check
+    that ignores the stable polls)."""
+    from ._deadline import USED_UP_S
     from .wait import WaitOptions
 
     start = clock()
@@ -463,7 +467,7 @@ def await_ready(
         else:
             dirty, last_dirty, first_clean = dirty + 1, point.offset_ns, None
 
-    remaining_s = max(0.0, (deadline_ns - clock()) / 1e9)
+    remaining_s = 0.0 if one_check else max(USED_UP_S, (deadline_ns - clock()) / 1e9)
     try:
         report = session.ready(list(indices), max_used_bytes=max_used_bytes, timeout=remaining_s,
                                options=WaitOptions().with_(on_poll=observe, clock=clock, sleep=sleep))
@@ -798,9 +802,9 @@ def epilog(
         progress.would_kill = tuple(would)
     elif mine:
         killed = _end_processes(session, [h for h, _ in mine], indices, left, deadline_ns=deadline, grace_s=grace_s,
-                                progress=progress, clock=clock, sleep=sleep)
+                                progress=progress, clock=clock, sleep=sleep, one_check=timeout_s == 0)
     readiness = await_ready(session, indices, deadline_ns=deadline, max_used_bytes=max_used_bytes, killed=killed,
-                            started_ns=start, clock=clock, sleep=sleep, progress=progress)
+                            started_ns=start, clock=clock, sleep=sleep, progress=progress, one_check=timeout_s == 0)
     return GateResult("epilog", job, indices, readiness.ready and not unfound, readiness.causes + unfound,
                       clock() - start, timeout_s, readiness, killed, tuple(left), tuple(would))
 
@@ -808,10 +812,11 @@ def epilog(
 def _end_processes(session: Session, mine: Sequence[Holder], indices: Sequence[int],
                    left: list[tuple[int, str | None, str]], *, deadline_ns: int, grace_s: float | None,
                    progress: GateProgress, clock: Callable[[], int],
-                   sleep: Callable[[float], object]) -> tuple[PidTimes, ...]:
+                   sleep: Callable[[float], object], one_check: bool = False) -> tuple[PidTimes, ...]:
     """The epilog's kill of the job's processes ``mine`` (with their descendants): SIGTERM, SIGKILL after
     ``grace_s`` (by half of the time left at the latest), until they are gone or ``deadline_ns``. What each got;
     those that cannot be signalled are added to ``left``."""
+    from ._deadline import USED_UP_S
     from .kill import KillError, KillTimeout, prepare_kill
     from .predicates import always
 
@@ -825,7 +830,8 @@ def _end_processes(session: Session, mine: Sequence[Holder], indices: Sequence[i
         progress.stage = "ending the job's processes"
         plan.send_first(signal.SIGTERM, clock=clock)
         progress.killed = plan.targets
-        remaining_s = max(0.0, (deadline_ns - clock()) / 1e9)
+        # Used up: the least positive bound (the targets' exits not waited for), never 0 (one check) unless asked.
+        remaining_s = 0.0 if one_check else max(USED_UP_S, (deadline_ns - clock()) / 1e9)
         try:
             # SIGKILL by half of what is left at the latest: the wait for the memory needs the rest.
             grace = remaining_s / 2 if grace_s is None else min(grace_s, remaining_s / 2)
@@ -886,7 +892,7 @@ def prolog(
     if not indices:
         return GateResult("prolog", job, (), False, unfound, clock() - start, timeout_s)
     readiness = await_ready(session, indices, deadline_ns=deadline, max_used_bytes=max_used_bytes, clock=clock,
-                            sleep=sleep, progress=progress)
+                            sleep=sleep, progress=progress, one_check=timeout_s == 0)
     return GateResult("prolog", job, indices, readiness.ready and not unfound, readiness.causes + unfound,
                       clock() - start, timeout_s, readiness)
 
@@ -917,7 +923,7 @@ def health(
         return GateResult("health", None, (), False, unfound, clock() - start, timeout_s)
     if clean:
         readiness = await_ready(session, indices, deadline_ns=deadline, max_used_bytes=max_used_bytes, clock=clock,
-                                sleep=sleep, progress=progress)
+                                sleep=sleep, progress=progress, one_check=timeout_s == 0)
         return GateResult("health", None, indices, readiness.ready, readiness.causes, clock() - start, timeout_s,
                           readiness)
     progress.stage = "reading the GPUs' health"

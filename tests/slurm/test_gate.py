@@ -957,3 +957,22 @@ def test_a_gate_with_timeout_0_is_one_check_that_completes(nvml_stub: StubSessio
         else:
             result = slurm.health(gpus, timeout_s=0, devices=[uuid], clock=clock)
     assert result.ready and result.causes == (), result.causes
+
+
+@pytest.mark.parametrize("command", ["prolog", "epilog"])
+def test_a_gate_whose_budget_its_setup_used_up_is_not_judged_on_one_check(
+        nvml_stub: StubSession, command: str) -> None:
+    from nvmlcheck.testing import StepClock
+
+    # A positive timeout the setup readings used up was handed to the readiness check as 0: one check, judged alone
+    # (the stable polls ignored), and an idle GPU was called ready after 1 poll, past the gate's deadline. Steps of
+    # 5 to 100 ms on a 0.5 s gate: however far the setup gets, a ready gate saw the stable polls it asks for (2).
+    seen = []
+    for step_ms in range(5, 105, 5):
+        with nc.open("nvml") as gpus:
+            clock = StepClock(step_ms / 1000).clock
+            gate = slurm.prolog if command == "prolog" else slurm.epilog
+            result = gate(gpus, job("0"), timeout_s=0.5, clock=clock)
+        seen.append((step_ms, result.ready, None if result.readiness is None else result.readiness.polls))
+    assert all(polls is not None and polls >= 2 for _, ready, polls in seen if ready), seen
+    assert any(ready for _, ready, _ in seen) and not all(ready for _, ready, _ in seen), seen  # both sides met
