@@ -381,7 +381,7 @@ def _first_reading(session: Session, indices: tuple[int, ...] | None, opts: Wait
     one query late), and a transient error (an nvidia-smi run that failed, NVML_ERROR_UNKNOWN for the whole
     reading) is asked again after a poll interval, as the poller asks again; cut by the deadline, every selected
     GPU is a failure saying why: judged unknown, never ready."""
-    from ._deadline import ns_or_none, read_by
+    from ._deadline import USED_UP_S, ns_or_none, read_by
 
     backend, bound = session.backend, opts.timeout
     if bound == 0:  # one check, which always completes: only a hung call is cut (ready_on's watchdog)
@@ -401,7 +401,11 @@ def _first_reading(session: Session, indices: tuple[int, ...] | None, opts: Wait
             snap = None
         if snap is not None:
             return snap, False
-        why = f"the first reading did not complete within the timeout ({bound:g} s)"
+        if bound is not None and bound <= USED_UP_S:  # a caller's setup (opening, the selection) took the timeout
+            why = ("the first reading did not complete: the timeout was used up before it (opening the GPUs and "
+                   "reading the selection took it)")
+        else:
+            why = f"the first reading did not complete within the timeout ({bound:g} s)"
         if failed is not None:
             why += f"; the last attempt failed: {failed}"
         return _failed_reading(session, indices, NvmlCheckError(why), start, clock), True
