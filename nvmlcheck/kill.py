@@ -906,7 +906,9 @@ def kill_and_wait(
     if opts.events:
         # Before the signal: registration takes a few calls, the kill should not wait for them. Bounded by the
         # call's deadline (a GPU it could not register by then is named by the listener's reason).
-        session._listen(deadline_ns, opts.clock)
+        # A hung registration is waited for half of what is left at most: the kill's wait keeps the other half.
+        session._listen(deadline_ns, opts.clock,
+                        patience_s=None if deadline_ns is None else max(0.0, (deadline_ns - opts.clock()) / 2e9))
     with prepare_kill(pids, tree=tree, pinning=pinning, missing_ok=missing_ok, match=match,
                       container=container, exclude=exclude) as plan:
         baseline = None

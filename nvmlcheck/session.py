@@ -272,15 +272,18 @@ class Session:
         """
         return self._listen(None, time.monotonic_ns, bounded=False)
 
-    def _listen(self, deadline_ns: int | None, clock: Callable[[], int], *, bounded: bool = True) -> EventListener:
+    def _listen(self, deadline_ns: int | None, clock: Callable[[], int], *, bounded: bool = True,
+                patience_s: float | None = None) -> EventListener:
         """:meth:`listen`, its registration bounded by a wait's deadline (on ``clock``; see ``EventListener.start``)
-        and, when ``bounded``, waited for :data:`~nvmlcheck.events.START_WAIT_S` at most, deadline or not: a
-        registration call that hangs leaves the listener ``"starting"``, and the caller polls meanwhile."""
+        and, when ``bounded``, waited for :data:`~nvmlcheck.events.START_WAIT_S` at most (``patience_s``, when
+        shorter), deadline or not: a registration call that hangs leaves the listener ``"starting"``, and the caller
+        polls meanwhile."""
         with self._listener_lock:
             self._check_open()
-            return self._listen_locked(deadline_ns, clock, bounded)
+            return self._listen_locked(deadline_ns, clock, bounded, patience_s)
 
-    def _listen_locked(self, deadline_ns: int | None, clock: Callable[[], int], bounded: bool) -> EventListener:
+    def _listen_locked(self, deadline_ns: int | None, clock: Callable[[], int], bounded: bool,
+                       patience_s: float | None = None) -> EventListener:
         from .events import START_WAIT_S, EventListener
 
         current = self._listener
@@ -294,7 +297,10 @@ class Session:
                 f"the {self._backend.name} backend has no events (nvidia-smi cannot deliver them): waits poll"
             )
         else:
-            listener = factory().start(deadline_ns, clock, patience_s=START_WAIT_S if bounded else None)
+            patience = START_WAIT_S if bounded else None
+            if patience is not None and patience_s is not None:
+                patience = min(patience, patience_s)
+            listener = factory().start(deadline_ns, clock, patience_s=patience)
         self._listener = listener
         return listener
 
@@ -314,7 +320,10 @@ class Session:
 
         started = clock()
         bound_ns = None if timeout is None else ns_or_none(timeout)
-        listener = self._listen(None if bound_ns is None else started + bound_ns, clock)
+        # A registration call that hangs is waited for half of the timeout at most: the wait keeps the other half to
+        # poll in (it polls without the listener meanwhile), rather than timing out having read nothing.
+        listener = self._listen(None if bound_ns is None else started + bound_ns, clock,
+                                patience_s=None if timeout is None else timeout / 2)
         timeout = _left(timeout, started, clock)  # used up by the registration: still a bound, not one check
         # Unsupported or stopped: said by its reason; the wait polls. Starting (a registration call that had not
         # returned by the deadline): the wait polls, and stops on a fatal event once the listener runs.

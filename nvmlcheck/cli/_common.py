@@ -434,7 +434,9 @@ def start_events(args: argparse.Namespace, gpus: Session, deadline_s: float | No
     elif time.monotonic() >= deadline_s:
         return
     else:
-        listener = gpus._listen(int(deadline_s * 1e9), time.monotonic_ns)
+        # A hung registration is waited for half of what is left at most: the other half is the wait's, to poll in.
+        listener = gpus._listen(int(deadline_s * 1e9), time.monotonic_ns,
+                                patience_s=(deadline_s - time.monotonic()) / 2)
     if listener.reason is not None:
         from ._output import safe
 
