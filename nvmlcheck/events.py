@@ -16,6 +16,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import enum
+import functools
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -61,6 +62,12 @@ MAX_KEPT_EVENTS = 100_000
 #: NVLink XID 74 every few milliseconds) made the list, and the scan every poll of every wait made of it, grow without
 #: bound. Beyond it the oldest half is forgotten: a wait that began before them still finds a later fatal event.
 MAX_KEPT_FATAL_PER_GPU = 1_000
+#: How many times the listener asks a GPU after a wait error when the GPU's answer is a transient error
+#: (``NVML_ERROR_UNKNOWN``, ``NOT_READY``, ``IN_USE``, ...: ``TRANSIENT`` in :mod:`nvmlcheck.errors`) before it stops
+#: listening to it: one such answer dropped a healthy GPU for the life of the listener.
+RECOVERY_ATTEMPTS = 3
+#: The pause between two of those attempts (or :meth:`EventListener.stop`, whichever comes first).
+RECOVERY_RETRY_S = 0.01
 
 
 class EventKind(enum.Enum):
@@ -343,13 +350,27 @@ class _Registration:
     call: tuple[str, int | None] | None = None  # the call in flight: (function, GPU index or None)
 
 
+@dataclass
+class _Recovery:
+    """The listener's recovery after a wait error (state ``"recovering"``): why, and the call in flight."""
+
+    why: str  # "nvmlEventSetWait_v2 failed: ..."
+    call: tuple[str, int | None] | None = None  # (function, GPU index or None); None between calls
+
+
+class _GivenUp(Exception):
+    """stop() (or a fork) gave the recovering thread up: it makes no further NVML call."""
+
+
 class EventListener:
     """Listens for NVML events on a set of GPUs in one daemon thread. Made by :meth:`nvmlcheck.Session.listen`.
 
     :attr:`state` is ``"new"``, ``"starting"`` (its registration had not finished by the deadline of the call that
     started it: :attr:`reason` names the call in flight and the GPUs not registered), ``"running"``,
-    ``"unsupported"`` (no GPU could be registered: :attr:`reason` says why), ``"failed"`` (the wait call failed:
-    :attr:`reason`), or ``"stopped"``. The latest events received
+    ``"recovering"`` (the wait call failed and the thread is asking each GPU again and registering the others on a
+    new set: nothing is listened to meanwhile, :attr:`reason` names the call in flight, and a call that hangs, a GPU
+    falling off the bus, leaves it so), ``"unsupported"`` (no GPU could be registered: :attr:`reason` says why),
+    ``"failed"`` (the wait call failed: :attr:`reason`), or ``"stopped"``. The latest events received
     are kept, at most :data:`MAX_KEPT_EVENTS` (:attr:`events`), and every fatal one apart; :meth:`next_events`
     streams them; :meth:`fatal` and :meth:`sleep` serve waits.
     """
@@ -382,6 +403,7 @@ class EventListener:
         self._masks: dict[int, int] = {}  # handle address -> the mask it is registered for (a rebuilt set's)
         self._targets_by_address: dict[int, EventTarget] = {}  # handle address -> its target (registered ones)
         self._reg: _Registration | None = None  # the registration in progress (read by reason while "starting")
+        self._recovery: _Recovery | None = None  # the recovery in progress (read by reason while "recovering")
         self._registered = threading.Event()  # set when the registration has an answer (or stop() gave it up)
         self._overdue = False  # start() stopped waiting for the registration (its deadline came first)
         self._stop = threading.Event()
@@ -409,14 +431,15 @@ class EventListener:
         self._stop = threading.Event()
         self._thread = None
         self._set = None
-        if self._state in ("running", "starting"):
+        if self._state in ("running", "starting", "recovering"):
             self._state = "stopped"
             self._reason = "inherited across fork(): the listener thread does not survive it; start a new one"
         return True
 
     @property
     def state(self) -> str:
-        """``"new"``, ``"starting"``, ``"running"``, ``"unsupported"``, ``"failed"`` or ``"stopped"``."""
+        """``"new"``, ``"starting"``, ``"running"``, ``"recovering"``, ``"unsupported"``, ``"failed"`` or
+        ``"stopped"``."""
         self._forked()
         return self._state
 
@@ -432,6 +455,8 @@ class EventListener:
         with self._cond:
             if self._state == "starting":
                 return self._starting_reason()
+            if self._state == "recovering":
+                return self._recovering_reason()
             if self._reason is None and self._device_reasons and self._state == "running":
                 return "events not listened to on " + "; ".join(
                     f"GPU {i}: {why}" for i, why in sorted(self._device_reasons.items())
@@ -446,7 +471,12 @@ class EventListener:
         with self._cond:
             if self._state == "starting":
                 return self._pending_reasons()
-            return dict(self._device_reasons)
+            reasons = dict(self._device_reasons)
+            if self._state == "recovering":
+                flight = self._recovering_flight()
+                for index, _uuid in self._covered.values():
+                    reasons.setdefault(index, f"not listened to while the listener recovers ({flight})")
+            return reasons
 
     def _in_flight(self, tense: str = "has") -> str:
         """What the registration waits on, in words (lock held, state "starting"): ``"nvmlDeviceRegisterEvents on
@@ -479,9 +509,27 @@ class EventListener:
                 f"{self._in_flight()} (GPUs not registered: {listed}; registered so far: {so_far}); "
                 "waits poll without events until it returns")
 
+    def _recovering_flight(self) -> str:
+        """What the recovery waits on, in words (lock held, state "recovering")."""
+        rec = self._recovery
+        call = None if rec is None else rec.call
+        if call is None:
+            return "asking each GPU of the set again"
+        fn, index = call
+        return (fn if index is None else f"{fn} on GPU {index}") + " has not returned"
+
+    def _recovering_reason(self) -> str:
+        rec = self._recovery
+        why = "nvmlEventSetWait_v2 failed" if rec is None else rec.why
+        gpus = ", ".join(str(i) for i in sorted(i for i, _ in self._covered.values())) or "none"
+        return (f"recovering after {why}: {self._recovering_flight()} (GPUs not listened to meanwhile: {gpus}); "
+                "waits poll without events until it returns")
+
     @property
     def covered(self) -> frozenset[int]:
-        """The GPU indices registered for events."""
+        """The GPU indices registered for events and listened to (none while ``"recovering"``)."""
+        if self._state == "recovering":
+            return frozenset()
         return frozenset(i for i, _ in self._covered.values())
 
     @property
@@ -672,8 +720,12 @@ class EventListener:
                 # both; the thread ends at its next return, NVML's shutdown takes the set.
                 self._thread, self._set = None, None
                 with self._cond:
-                    where = (f"its registration ({self._in_flight('had')})" if self._state == "starting"
-                             else "nvmlEventSetWait_v2")
+                    if self._state == "starting":
+                        where = f"its registration ({self._in_flight('had')})"
+                    elif self._state == "recovering":
+                        where = f"its recovery ({self._recovering_flight().replace('has not', 'had not')})"
+                    else:
+                        where = "nvmlEventSetWait_v2"
                     self._state = "stopped"
                     self._reason = f"the listener thread did not return from {where} in {STOP_TIMEOUT_S:g} s"
                     self._cond.notify_all()
@@ -685,7 +737,7 @@ class EventListener:
             with contextlib.suppress(NvmlCheckError):
                 self._source.free(event_set)
         with self._cond:
-            if self._state in ("running", "new", "starting"):
+            if self._state in ("running", "new", "starting", "recovering"):
                 # "new": stopped before it started. It stayed "new", so a later start() registered and started a
                 # thread that saw the stop flag and ended at once, leaving "running" (active) with nothing listening.
                 self._state = "stopped"
@@ -736,20 +788,64 @@ class EventListener:
         """After ``nvmlEventSetWait_v2`` failed with ``exc``: ask each GPU of the set (its supported event types);
         those that fail are no longer listened to (their reason says why) and the others are registered again on a
         new set, which is returned. ``None`` (the listener failed, its reason says why) when NVML was re-initialised,
-        when no GPU answers an error itself (nothing to blame: the set is no use), or when none is left."""
+        when no GPU answers an error itself (nothing to blame: the set is no use), or when none is left.
+
+        Meanwhile the state is ``"recovering"`` and :attr:`reason` names the call in flight: a probe of a GPU falling
+        off the bus can hang, and the state said ``"running"`` while nothing listened. A transient answer (a
+        ``TRANSIENT`` error) is asked again, :data:`RECOVERY_ATTEMPTS` times in all, before the GPU is dropped."""
         said = str(exc)
         wait_failed = said if said.startswith("nvmlEventSetWait_v2") else f"nvmlEventSetWait_v2 failed: {said}"
         if isinstance(exc, Uninitialized):
             self._failed(f"{wait_failed}; waits poll without events", event_set)
             return None
+        rec = _Recovery(wait_failed)
+        with self._cond:
+            if self._state != "running":
+                return None
+            self._state = "recovering"
+            self._recovery = rec
+            self._cond.notify_all()
+        try:
+            return self._rebuild(event_set, rec)
+        except _GivenUp:
+            # stop() gave the thread up meanwhile (a call of the recovery hung): it touches nothing more; the sets
+            # are left to NVML's shutdown (it may have run since).
+            return None
+
+    def _recovery_call(self, rec: _Recovery, fn: str, index: int | None, call: Callable[[], Any]) -> Any:
+        """``call()``, named in ``rec`` while in flight (:attr:`reason` says it); :class:`_GivenUp` instead when
+        stop() gave the thread up. A transient error is asked again (:data:`RECOVERY_ATTEMPTS` in all); the last
+        error is raised, with how many times it was asked in its ``recovery_attempts``."""
+        attempt = 0
+        while True:
+            attempt += 1
+            with self._cond:
+                if self._state != "recovering":
+                    raise _GivenUp
+                rec.call = (fn, index)
+            try:
+                return call()
+            except NvmlCheckError as err:
+                if not err.TRANSIENT or attempt >= RECOVERY_ATTEMPTS:
+                    err.recovery_attempts = attempt  # type: ignore[attr-defined]
+                    raise
+            finally:
+                with self._cond:
+                    rec.call = None
+            self._pause(RECOVERY_RETRY_S)
+
+    def _rebuild(self, event_set: object, rec: _Recovery) -> object | None:
+        wait_failed = rec.why
         src = self._source
         covered = dict(self._covered)
         dropped: dict[int, str] = {}  # GPU index -> why
         for address, (index, _uuid) in covered.items():
+            handle = self._targets_by_address[address].handle
             try:
-                src.supported(self._targets_by_address[address].handle, index)
+                self._recovery_call(rec, "nvmlDeviceGetSupportedEventTypes", index,
+                                    functools.partial(src.supported, handle, index))
             except NvmlCheckError as probe:
-                dropped[index] = f"no longer listened to: {wait_failed}; then {probe}"
+                dropped[index] = f"no longer listened to: {wait_failed}; then {probe}{_asked(probe)}"
         if not dropped:
             self._failed(f"{wait_failed} (no GPU of the set answers an error itself); waits poll without events",
                          event_set)
@@ -758,34 +854,41 @@ class EventListener:
         new_set: object | None = None
         if kept:
             try:
-                new_set = src.create()
+                new_set = self._recovery_call(rec, "nvmlEventSetCreate", None, src.create)
             except NvmlCheckError as err:
                 self._failed(f"{wait_failed} ({_listed(dropped)}), and nvmlEventSetCreate for the other GPUs: "
-                             f"{err}; waits poll without events", event_set)
+                             f"{err}{_asked(err)}; waits poll without events", event_set)
                 return None
             for address, (index, _uuid) in list(kept.items()):
+                handle, mask = self._targets_by_address[address].handle, self._masks[address]
                 try:
-                    src.register(self._targets_by_address[address].handle, index, self._masks[address], new_set)
+                    self._recovery_call(rec, "nvmlDeviceRegisterEvents", index,
+                                        functools.partial(src.register, handle, index, mask, new_set))
                 except NvmlCheckError as err:
-                    dropped[index] = f"no longer listened to: {wait_failed}; registering it again then: {err}"
+                    dropped[index] = (f"no longer listened to: {wait_failed}; registering it again then: "
+                                      f"{err}{_asked(err)}")
                     del kept[address]
         if not kept:
             if new_set is not None:
-                with contextlib.suppress(NvmlCheckError):
-                    src.free(new_set)
+                with contextlib.suppress(NvmlCheckError, _GivenUp):
+                    self._recovery_call(rec, "nvmlEventSetFree", None, functools.partial(src.free, new_set))
             self._failed(f"{wait_failed}: no GPU is listened to any more ({_listed(dropped)}); waits poll without "
                          "events", event_set)
             return None
+        # The old set keeps answering the error (the lost GPU stays registered in it): freed before the listener
+        # says "running" again, so that a free that hangs leaves it "recovering", not "running" with nothing heard.
+        # Events of the kept GPUs queue in the new set meanwhile.
+        with contextlib.suppress(NvmlCheckError):
+            self._recovery_call(rec, "nvmlEventSetFree", None, functools.partial(src.free, event_set))
         with self._cond:
-            if self._state != "running":
-                # stop() gave the thread up meanwhile (a call of the rebuild hung): it touches nothing more.
+            if self._state != "recovering":
                 return None
             self._set = new_set
             self._covered = kept
             self._device_reasons.update(dropped)
+            self._state = "running"
+            self._recovery = None
             self._cond.notify_all()
-        with contextlib.suppress(NvmlCheckError):
-            src.free(event_set)  # it keeps answering the error: the lost GPU stays registered in it
         return new_set
 
     def _pause(self, seconds: float) -> None:
@@ -871,11 +974,18 @@ class EventListener:
         A reader more than :data:`MAX_KEPT_EVENTS` behind gets the kept ones only."""
         self._forked()
         with self._cond:
-            # "starting": a registration that had not returned by its deadline may return yet.
+            # "starting": a registration that had not returned by its deadline may return yet; "recovering": the
+            # rebuilt set may listen again.
             self._cond.wait_for(lambda: self._forgotten + len(self._events) > after
-                                or self._state not in ("running", "starting"), timeout_s)
+                                or self._state not in ("running", "starting", "recovering"), timeout_s)
             new = self._events[max(0, after - self._forgotten):]
             return list(new), self._forgotten + len(self._events)
+
+
+def _asked(err: BaseException) -> str:
+    """`` (asked N times)`` for an error the recovery asked again (a transient one), else ``""``."""
+    attempts = getattr(err, "recovery_attempts", 1)
+    return f" (asked {attempts} times: a transient error each time)" if attempts > 1 else ""
 
 
 def _listed(reasons: Mapping[int, str]) -> str:

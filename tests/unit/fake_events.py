@@ -9,7 +9,8 @@ time.
 ``hang=("register",)`` (any of ``"create"``, ``"supported"``, ``"register"``) makes those calls block until the test
 sets ``unhang`` (a wedged driver); ``hang_device=N`` only GPU N's; ``hang_after=K`` lets the first K of them pass.
 ``push_error(exc)`` makes the next wait raise ``exc`` once; ``device_errors[N]`` is raised by ``supported`` for
-GPU N (a GPU lost after its registration).
+GPU N (a GPU lost after its registration), on every call; a list there is raised one error a call, in order, and the
+calls after it answer (a transient error). ``probes`` lists the GPU index of every ``supported`` call.
 
 ``EventListener(FakeEventCalls(...), [EventTarget(0, object(), "GPU-0")], id)`` is a listener over it; ``id`` maps
 a handle to its address, so a record for GPU 0 is ``(id(handle), event_type, data, gi, ci)``.
@@ -66,7 +67,8 @@ class FakeEventCalls:
         self.hang_after = hang_after  # how many of the calls that would hang pass first
         self.unhang = threading.Event()  # the hung calls return when the test sets it
         self.hung = threading.Event()  # set once a call hangs
-        self.device_errors: dict[int, BaseException] = {}
+        self.device_errors: dict[int, BaseException | list[BaseException]] = {}
+        self.probes: list[int] = []  # the GPU index of every supported() call, in order
         self.registered: list[tuple[int, int, object]] = []  # (index, mask, set) of every registration that worked
         self._errors: deque[BaseException] = deque()
         self._records: deque[Record] = deque(records)
@@ -99,8 +101,11 @@ class FakeEventCalls:
         return object()
 
     def supported(self, handle: object, index: int) -> int:
+        self.probes.append(index)
         self._maybe_hang("supported", index)
         error = self.device_errors.get(index)
+        if isinstance(error, list):
+            error = error.pop(0) if error else None
         if error is not None:
             raise error
         return self.supported_mask
