@@ -914,18 +914,23 @@ class EventListener:
 
     def _received(self, address: int, etype: int, data: int, gi: int | None, ci: int | None) -> None:
         """One record of ``nvmlEventSetWait_v2``: an event per type bit nvmlcheck names, and one ``UNKNOWN`` event
-        for the bits it does not (a newer driver's type, or none at all) with the raw bits: never dropped."""
-        now_ns, wall = time.monotonic_ns(), time.time()
-        index, uuid = self._covered.get(address, (-1, None))
-        got: list[GpuEvent] = []
-        for bit, kind in _KIND_BITS.items():
-            if etype & bit:
-                xid = int(data) if kind is EventKind.XID else None
-                got.append(GpuEvent(index, uuid, kind, xid, now_ns, wall, gi, ci, etype, data))
-        unnamed = etype & ~WANTED_MASK
-        if unnamed or not got:
-            got.append(GpuEvent(index, uuid, EventKind.UNKNOWN, None, now_ns, wall, gi, ci, etype, data))
+        for the bits it does not (a newer driver's type, or none at all) with the raw bits: never dropped.
+
+        Stamped under the lock that :meth:`fatal` and :meth:`sleep` read under: an event is received when it is
+        recorded. Stamped before it, an event a wait's last check missed (the check ran between the stamp and the
+        recording) carried a time before that check: the record said a fatal event had come, and the wait called
+        the GPU clean all the same."""
         with self._cond:
+            now_ns, wall = time.monotonic_ns(), time.time()
+            index, uuid = self._covered.get(address, (-1, None))
+            got: list[GpuEvent] = []
+            for bit, kind in _KIND_BITS.items():
+                if etype & bit:
+                    xid = int(data) if kind is EventKind.XID else None
+                    got.append(GpuEvent(index, uuid, kind, xid, now_ns, wall, gi, ci, etype, data))
+            unnamed = etype & ~WANTED_MASK
+            if unnamed or not got:
+                got.append(GpuEvent(index, uuid, EventKind.UNKNOWN, None, now_ns, wall, gi, ci, etype, data))
             for ev in got:
                 self._events.append(ev)
                 if ev.fatal:

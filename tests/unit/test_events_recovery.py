@@ -1,13 +1,15 @@
-"""The listener's recovery after a wait error: its state never claims events it does not hear, and a transient
-answer does not drop a healthy GPU.
+"""The listener's recovery after a wait error: its state never claims events it does not hear, a transient
+answer does not drop a healthy GPU, and an event is received when it is recorded (a wait's check that missed it
+never precedes its time).
 
 Fake event sources (tests/unit/fake_events.py) stand for the library: a hung call blocks until the test releases
-it. Nothing here measures time: the interleavings are forced with the fake.
+it. Nothing here measures time: the interleavings are forced with the fake and a lock the test holds.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -165,5 +167,53 @@ def test_a_gpu_dropped_after_transient_answers_says_how_often_it_was_asked(monke
         assert "GPU 1: no longer listened to: nvmlEventSetWait_v2" in reason
         assert f"(asked {RECOVERY_ATTEMPTS} times: a transient error each time)" in reason
         assert "GPU 0: " in reason and "asked" not in reason.split("GPU 1:")[0]
+    finally:
+        listener.stop()
+
+
+class _WatchedLock:
+    """A lock that says (``blocked``) when the listener thread has to wait for it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.blocked = threading.Event()
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        if self._lock.acquire(False):
+            return True
+        if not blocking:
+            return False
+        if threading.current_thread().name == "nvmlcheck events":
+            self.blocked.set()
+        return self._lock.acquire(True, timeout)
+
+    def release(self) -> None:
+        self._lock.release()
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def test_an_event_a_check_missed_is_never_stamped_before_that_check() -> None:
+    source = FakeEventCalls()
+    targets = _targets(1)
+    listener = EventListener(source, targets, id).start()
+    lock = _WatchedLock()
+    listener._cond = threading.Condition(lock)  # type: ignore[arg-type]
+    try:
+        with lock:  # a wait's check holds the listener's lock
+            source.push((id(targets[0].handle), 0x8, 79, None, None))  # XID 79: the next wait slice returns it
+            assert lock.blocked.wait(30.0)  # the listener thread has it in hand and waits for the lock
+            checked_ns = time.monotonic_ns()
+            assert listener._first_fatal(None, 0) is None  # the check finds nothing: the wait may call it clean
+        assert listener.sleep(30.0)
+        ev = listener.fatal()
+        assert ev is not None and ev.xid == 79
+        # Before, the event was stamped before the lock was taken: a fatal event recorded as received before the
+        # check that missed it (the wait returned clean after a fault its listener had "received").
+        assert ev.time_ns > checked_ns
     finally:
         listener.stop()
