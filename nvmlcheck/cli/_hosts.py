@@ -84,7 +84,13 @@ def remote_command(args: argparse.Namespace) -> list[str]:
         if args.precise:
             words.append("--precise")
     if args.command == "kill":
-        words += ["--grace", "never" if args.grace is None else repr(float(args.grace)), "--signal", args.signal]
+        # The signal as the user spelled it, not as this host names it: a real-time signal's number depends on the C
+        # library (SIGRTMIN is 34 with glibc, 35 with musl). `--signal 35` named here "SIGRTMIN+1" sent 36 on a musl
+        # host; the number is passed as the number, `RTMIN+1` as each host's own SIGRTMIN + 1 (what a program built
+        # there handles). A word this host refuses is refused before any host runs; one a host refuses (RTMIN+30 on
+        # musl) is that host's usage error.
+        signal = getattr(args.signal, "given", args.signal)
+        words += ["--grace", "never" if args.grace is None else repr(float(args.grace)), "--signal", signal]
         words += [flag for flag, on in (("--tree", args.tree), ("--all-holders", args.all_holders),
                                         ("--all-on-gpu", args.all_on_gpu), ("--yes", args.yes),
                                         ("--dry-run", args.dry_run), ("--missing-ok", args.missing_ok),

@@ -137,12 +137,27 @@ def watched_pid(text: str) -> int:
     return value
 
 
+class SignalWord(str):
+    """A signal's name as this system spells it (``"SIGRTMIN+1"``), with the user's own word in :attr:`given`
+    (``"35"``): a fleet passes that word to each host (``kill --hosts``), where a real-time signal's number differs
+    with the C library (SIGRTMIN is 34 with glibc, 35 with musl): ``35`` is 35 there too, ``RTMIN+1`` that host's
+    SIGRTMIN + 1."""
+
+    given: str
+
+    def __new__(cls, name: str, given: str) -> SignalWord:
+        word = super().__new__(cls, name)
+        word.given = given
+        return word
+
+
 def signal_name(text: str) -> str:
-    """``TERM``, ``SIGTERM``, ``int``, ``9``: a signal this system knows, as ``SIGTERM``."""
+    """``TERM``, ``SIGTERM``, ``int``, ``9``: a signal this system knows, as ``SIGTERM`` (a :class:`SignalWord`
+    that keeps ``text`` as given, stripped)."""
     from .._proc import signals  # not the signal module: its enums cost a kill's start-up
 
     try:
-        return signals.name(signals.number(text))
+        return SignalWord(signals.name(signals.number(text)), text.strip())
     except ValueError as exc:
         why = str(exc) if str(exc).startswith("unknown signal") else f"unknown signal {text!r}: {exc}"
         raise _bad(f"{why}; give a name with or without SIG, or a number (TERM, SIGINT, KILL, 9, RTMIN+1, "

@@ -242,3 +242,21 @@ def test_a_host_built_directly_is_held_to_the_rules_of_parse(fields: tuple[objec
 def test_what_parse_makes_is_a_valid_host() -> None:
     assert Host("fe80::1%eth0", "admin", 22) == Host.parse("admin@[fe80::1%eth0]:22")
     assert Host("gpu-02.example.org") == Host.parse("gpu-02.example.org")
+
+
+@pytest.mark.parametrize("word", ["35", "RTMIN+1", "sigrtmax-2", "9", "term"])
+def test_kill_passes_the_signal_to_the_hosts_as_the_user_spelled_it(word: str) -> None:
+    import signal as _signal
+
+    from nvmlcheck.cli._hosts import remote_command
+    from nvmlcheck.cli._parser import build_parser
+
+    if not hasattr(_signal, "SIGRTMIN"):
+        pytest.skip("no real-time signals here")
+    here = build_parser().parse_args(["kill", "--host", "gpu01", "--signal", word, "--", "1"])
+    words = remote_command(here)
+    # Before, the host's own name was passed: `--signal 35` became "SIGRTMIN+1" (glibc's SIGRTMIN is 34), which a
+    # musl host (SIGRTMIN 35) read as 36. The number stays a number; RTMIN+N stays relative to each host's SIGRTMIN.
+    assert words[words.index("--signal") + 1] == word
+    if word in ("35", "RTMIN+1") and int(_signal.SIGRTMIN) == 34:
+        assert here.signal == "SIGRTMIN+1"  # named here as before (the plan, the records)
