@@ -62,6 +62,10 @@ MAX_KEPT_EVENTS = 100_000
 #: NVLink XID 74 every few milliseconds) made the list, and the scan every poll of every wait made of it, grow without
 #: bound. Beyond it the oldest half is forgotten: a wait that began before them still finds a later fatal event.
 MAX_KEPT_FATAL_PER_GPU = 1_000
+#: How long one ``nvmlEventSetWait_v2`` (a :data:`WAIT_SLICE_MS` call) may go without returning before the listener
+#: says ``"stalled"`` instead of ``"running"``: a wedged driver can hang the call, and the state said "running" while
+#: nothing was heard. Far above a slice, so that a thread the scheduler or the GIL keeps waiting is not called so.
+STALLED_AFTER_S = 1.0
 #: How many times the listener asks a GPU after a wait error when the GPU's answer is a transient error
 #: (``NVML_ERROR_UNKNOWN``, ``NOT_READY``, ``IN_USE``, ...: ``TRANSIENT`` in :mod:`nvmlcheck.errors`) before it stops
 #: listening to it: one such answer dropped a healthy GPU for the life of the listener.
@@ -370,7 +374,9 @@ class EventListener:
     ``"recovering"`` (the wait call failed and the thread is asking each GPU again and registering the others on a
     new set: nothing is listened to meanwhile, :attr:`reason` names the call in flight, and a call that hangs, a GPU
     falling off the bus, leaves it so), ``"unsupported"`` (no GPU could be registered: :attr:`reason` says why),
-    ``"failed"`` (the wait call failed: :attr:`reason`), or ``"stopped"``. The latest events received
+    ``"stalled"`` (running, but its ``nvmlEventSetWait_v2`` has not returned for :data:`STALLED_AFTER_S`: nothing is
+    heard until it does; :attr:`reason` says so), ``"failed"`` (the wait call failed: :attr:`reason`), or
+    ``"stopped"``. The latest events received
     are kept, at most :data:`MAX_KEPT_EVENTS` (:attr:`events`), and every fatal one apart; :meth:`next_events`
     streams them; :meth:`fatal` and :meth:`sleep` serve waits.
     """
@@ -404,6 +410,7 @@ class EventListener:
         self._targets_by_address: dict[int, EventTarget] = {}  # handle address -> its target (registered ones)
         self._reg: _Registration | None = None  # the registration in progress (read by reason while "starting")
         self._recovery: _Recovery | None = None  # the recovery in progress (read by reason while "recovering")
+        self._wait_began: int | None = None  # when the wait call in flight began (on self._clock), else None
         self._registered = threading.Event()  # set when the registration has an answer (or stop() gave it up)
         self._overdue = False  # start() stopped waiting for the registration (its deadline came first)
         self._stop = threading.Event()
@@ -438,10 +445,22 @@ class EventListener:
 
     @property
     def state(self) -> str:
-        """``"new"``, ``"starting"``, ``"running"``, ``"recovering"``, ``"unsupported"``, ``"failed"`` or
-        ``"stopped"``."""
+        """``"new"``, ``"starting"``, ``"running"``, ``"recovering"``, ``"stalled"``, ``"unsupported"``, ``"failed"``
+        or ``"stopped"``."""
         self._forked()
-        return self._state
+        state = self._state
+        if state == "running" and self._stalled_s() is not None:
+            return "stalled"
+        return state
+
+    def _stalled_s(self) -> float | None:
+        """How long the wait call in flight has gone without returning, when that is :data:`STALLED_AFTER_S` or
+        more; else ``None``."""
+        began = self._wait_began
+        if began is None:
+            return None
+        took = (self._clock() - began) / 1e9
+        return took if took >= STALLED_AFTER_S else None
 
     @property
     def active(self) -> bool:
@@ -457,6 +476,11 @@ class EventListener:
                 return self._starting_reason()
             if self._state == "recovering":
                 return self._recovering_reason()
+            stalled = self._stalled_s() if self._state == "running" else None
+            if stalled is not None:
+                gpus = ", ".join(str(i) for i in sorted(i for i, _ in self._covered.values())) or "none"
+                return (f"stalled: {self._stall_words(stalled)} (GPUs not listened to meanwhile: {gpus}); waits poll "
+                        "without events until it returns")
             if self._reason is None and self._device_reasons and self._state == "running":
                 return "events not listened to on " + "; ".join(
                     f"GPU {i}: {why}" for i, why in sorted(self._device_reasons.items())
@@ -476,7 +500,14 @@ class EventListener:
                 flight = self._recovering_flight()
                 for index, _uuid in self._covered.values():
                     reasons.setdefault(index, f"not listened to while the listener recovers ({flight})")
+            stalled = self._stalled_s() if self._state == "running" else None
+            if stalled is not None:
+                for index, _uuid in self._covered.values():
+                    reasons.setdefault(index, f"not listened to: {self._stall_words(stalled)}")
             return reasons
+
+    def _stall_words(self, stalled_s: float) -> str:
+        return f"nvmlEventSetWait_v2 has not returned for {stalled_s:.1f} s (a call is {self._slice} ms at most)"
 
     def _in_flight(self, tense: str = "has") -> str:
         """What the registration waits on, in words (lock held, state "starting"): ``"nvmlDeviceRegisterEvents on
@@ -527,8 +558,8 @@ class EventListener:
 
     @property
     def covered(self) -> frozenset[int]:
-        """The GPU indices registered for events and listened to (none while ``"recovering"``)."""
-        if self._state == "recovering":
+        """The GPU indices registered for events and listened to (none while ``"recovering"`` or ``"stalled"``)."""
+        if self._state == "recovering" or (self._state == "running" and self._stalled_s() is not None):
             return frozenset()
         return frozenset(i for i, _ in self._covered.values())
 
@@ -764,9 +795,11 @@ class EventListener:
         slice_ns = slice_ms * 1_000_000
         while not stop.is_set():
             began = clock()
+            self._wait_began = began  # read by state and reason: a call that does not return is said (stalled)
             try:
                 got = src.wait(event_set, slice_ms)
             except NvmlCheckError as exc:
+                self._wait_began = None
                 # One GPU of the set lost (GpuLost), NVML re-initialised under us (Uninitialized), Unknown: the
                 # GPUs that answer an error themselves are dropped and the others listened to on a new set.
                 kept = self._without_failing(event_set, exc)
@@ -774,6 +807,8 @@ class EventListener:
                     return
                 event_set = kept
                 continue
+            finally:
+                self._wait_began = None
             if got is None:
                 # NVML_ERROR_TIMEOUT. It also answers so at once when a signal interrupts the call; a call that
                 # answers at once again and again spun this thread at a full core (the stub with a TIMEOUT

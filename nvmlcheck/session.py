@@ -288,9 +288,9 @@ class Session:
 
         current = self._listener
         # "starting": its registration had not returned by the deadline of the call that started it; "recovering":
-        # its thread asks the GPUs again after a wait error. Kept, not replaced: a new one would hang in the same
-        # call, one more thread each wait.
-        if current is not None and current.state in ("running", "unsupported", "starting", "recovering"):
+        # its thread asks the GPUs again after a wait error; "stalled": its wait call has not returned for long. Kept,
+        # not replaced: a new one would hang in the same call, one more thread each wait.
+        if current is not None and current.state in ("running", "unsupported", "starting", "recovering", "stalled"):
             return current
         factory = getattr(self._backend, "event_listener", None)
         if factory is None:
@@ -328,8 +328,9 @@ class Session:
         timeout = _left(timeout, started, clock)  # used up by the registration: still a bound, not one check
         # Unsupported or stopped: said by its reason; the wait polls. Starting (a registration call that had not
         # returned by the deadline): the wait polls, and stops on a fatal event once the listener runs.
-        # Recovering (after a wait error): it listens again once the GPUs answer; its reason says so meanwhile.
-        return (listener if listener.state in ("running", "starting", "recovering") else None), timeout
+        # Recovering (after a wait error) or stalled (its wait call has not returned for long): it listens again once
+        # the call returns; its reason says so meanwhile.
+        return (listener if listener.state in ("running", "starting", "recovering", "stalled") else None), timeout
 
     @property
     def listener(self) -> EventListener | None:

@@ -77,7 +77,8 @@ def _watch(args: argparse.Namespace) -> int:
                     continue
                 printed += 1
                 write_whole((_line(ev.to_json()) if args.json else safe(ev.line())) + "\n", stream=True)
-            if listener.state not in ("running", "recovering"):  # recovering: it listens again once the GPUs answer
+            # Recovering or stalled: it listens again once the call in flight returns.
+            if listener.state not in ("running", "recovering", "stalled"):
                 return _unavailable(args, f"events: {listener.reason or 'the listener stopped'}")
     if not args.json:
         print(f"nvmlcheck watch: {printed} event{'' if printed == 1 else 's'} in {args.duration:g} s", file=sys.stderr)

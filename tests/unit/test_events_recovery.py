@@ -217,3 +217,29 @@ def test_an_event_a_check_missed_is_never_stamped_before_that_check() -> None:
         assert ev.time_ns > checked_ns
     finally:
         listener.stop()
+
+
+def test_a_wait_call_that_does_not_return_is_said_stalled_not_running() -> None:
+    now = [0]
+    source = FakeEventCalls(block=True)  # each wait returns when the test sets release: a call that hangs
+    listener = EventListener(source, _targets(2), id)
+    listener._clock = lambda: now[0]  # the test's clock: the thread reads when its call began on it
+    listener.start()
+    try:
+        assert source.waiting.wait(30.0)
+        assert listener.state == "running" and listener.reason is None  # in its slice: listening
+        now[0] += int(events_module.STALLED_AFTER_S * 1e9)
+        # Before, "running" for as long as the call hung: waits and ready counted on events that nobody heard.
+        assert listener.state == "stalled" and not listener.active and listener.covered == frozenset()
+        reason = listener.reason or ""
+        assert reason.startswith("stalled: nvmlEventSetWait_v2 has not returned for 1.0 s")
+        assert "GPUs not listened to meanwhile: 0, 1" in reason
+        assert set(listener.device_reasons) == {0, 1}
+        # The call returns: listening again (the next call began on the test's clock as it is now).
+        source.waiting.clear()
+        source.release.set()
+        assert source.waiting.wait(30.0)
+        assert listener.state == "running" and listener.reason is None and listener.covered == frozenset({0, 1})
+    finally:
+        source.release.set()
+        listener.stop()
