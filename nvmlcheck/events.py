@@ -359,6 +359,7 @@ class _Recovery:
     """The listener's recovery after a wait error (state ``"recovering"``): why, and the call in flight."""
 
     why: str  # "nvmlEventSetWait_v2 failed: ..."
+    transient: bool = False  # the wait's error was a transient one (TRANSIENT)
     call: tuple[str, int | None] | None = None  # (function, GPU index or None); None between calls
 
 
@@ -411,6 +412,7 @@ class EventListener:
         self._reg: _Registration | None = None  # the registration in progress (read by reason while "starting")
         self._recovery: _Recovery | None = None  # the recovery in progress (read by reason while "recovering")
         self._wait_began: int | None = None  # when the wait call in flight began (on self._clock), else None
+        self._blameless = 0  # wait errors in a row that no GPU answered itself (each given a new set)
         self._registered = threading.Event()  # set when the registration has an answer (or stop() gave it up)
         self._overdue = False  # start() stopped waiting for the registration (its deadline came first)
         self._stop = threading.Event()
@@ -809,6 +811,7 @@ class EventListener:
                 continue
             finally:
                 self._wait_began = None
+            self._blameless = 0  # the set answered: its error, if any, is over
             if got is None:
                 # NVML_ERROR_TIMEOUT. It also answers so at once when a signal interrupts the call; a call that
                 # answers at once again and again spun this thread at a full core (the stub with a TIMEOUT
@@ -833,7 +836,7 @@ class EventListener:
         if isinstance(exc, Uninitialized):
             self._failed(f"{wait_failed}; waits poll without events", event_set)
             return None
-        rec = _Recovery(wait_failed)
+        rec = _Recovery(wait_failed, exc.TRANSIENT)
         with self._cond:
             if self._state != "running":
                 return None
@@ -882,16 +885,23 @@ class EventListener:
             except NvmlCheckError as probe:
                 dropped[index] = f"no longer listened to: {wait_failed}; then {probe}{_asked(probe)}"
         if not dropped:
-            self._failed(f"{wait_failed} (no GPU of the set answers an error itself); waits poll without events",
-                         event_set)
-            return None
+            # Nothing to blame: the set is no use. A transient error (NVML_ERROR_UNKNOWN once) is given a new set
+            # with every GPU, RECOVERY_ATTEMPTS times in a row at most; it ended listening on every GPU at once.
+            self._blameless += 1
+            if not rec.transient or self._blameless >= RECOVERY_ATTEMPTS:
+                again = (f"; {self._blameless} times in a row, on a new set each time" if self._blameless > 1
+                         else "")
+                self._failed(f"{wait_failed} (no GPU of the set answers an error itself{again}); waits poll without "
+                             "events", event_set)
+                return None
         kept = {a: v for a, v in covered.items() if v[0] not in dropped}
         new_set: object | None = None
         if kept:
             try:
                 new_set = self._recovery_call(rec, "nvmlEventSetCreate", None, src.create)
             except NvmlCheckError as err:
-                self._failed(f"{wait_failed} ({_listed(dropped)}), and nvmlEventSetCreate for the other GPUs: "
+                blamed = _listed(dropped) or "no GPU of the set answers an error itself"
+                self._failed(f"{wait_failed} ({blamed}), and nvmlEventSetCreate for the other GPUs: "
                              f"{err}{_asked(err)}; waits poll without events", event_set)
                 return None
             for address, (index, _uuid) in list(kept.items()):

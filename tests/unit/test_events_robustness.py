@@ -13,7 +13,7 @@ import time
 import pytest
 from fake_events import FakeEventCalls
 
-from nvmlcheck.errors import GpuLost, Unknown
+from nvmlcheck.errors import GpuLost, InvalidArgument, Unknown
 from nvmlcheck.events import EventListener, EventTarget
 
 _MS = 1_000_000
@@ -136,12 +136,43 @@ def test_every_gpu_lost_fails_the_listener_naming_each() -> None:
     listener.stop()
 
 
-def test_an_error_no_gpu_answers_itself_fails_the_listener_saying_so() -> None:
+def test_a_lasting_error_no_gpu_answers_itself_fails_the_listener_saying_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    from nvmlcheck import events as events_module
+
+    monkeypatch.setattr(events_module, "RECOVERY_RETRY_S", 0.0)
+    source = FakeEventCalls(wait_error=Unknown(999, "nvmlEventSetWait_v2", None))  # every wait, every set
+    listener = EventListener(source, _targets(2), id).start()
+    assert listener.next_events(0, 30.0) == ([], 0)
+    assert listener.state == "failed"
+    reason = listener.reason or ""
+    assert "no GPU of the set answers an error itself" in reason
+    assert f"{events_module.RECOVERY_ATTEMPTS} times in a row, on a new set each time" in reason
+    assert len(source.timeouts) == events_module.RECOVERY_ATTEMPTS  # bounded: one wait per set
+    listener.stop()
+
+
+def test_a_lasting_error_no_gpu_answers_itself_fails_at_once() -> None:
     source = FakeEventCalls()
     listener = EventListener(source, _targets(2), id).start()
-    source.push_error(Unknown(999, "nvmlEventSetWait_v2", None))
+    source.push_error(InvalidArgument(2, "nvmlEventSetWait_v2", None))
     assert listener.next_events(0, 30.0) == ([], 0)
-    assert listener.state == "failed" and "no GPU of the set answers an error itself" in (listener.reason or "")
+    assert listener.state == "failed" and "no GPU of the set answers an error itself)" in (listener.reason or "")
+    listener.stop()
+
+
+def test_a_transient_error_no_gpu_answers_itself_is_given_a_new_set() -> None:
+    source = FakeEventCalls()
+    targets = _targets(2)
+    listener = EventListener(source, targets, id).start()
+    first_set = source.registered[0][2]
+    source.push_error(Unknown(999, "nvmlEventSetWait_v2", None))  # once
+    source.push((id(targets[1].handle), 0x8, 79, None, None))
+    seen, _ = listener.next_events(0, 30.0)
+    # Before, one NVML_ERROR_UNKNOWN from the wait ended listening on every GPU (state "failed"): the XID 79 that
+    # followed went unheard.
+    assert [(e.index, e.xid) for e in seen] == [(1, 79)]
+    assert listener.state == "running" and listener.covered == frozenset({0, 1}) and listener.reason is None
+    assert first_set in source.freed and {i for i, _m, st in source.registered if st is not first_set} == {0, 1}
     listener.stop()
 
 
