@@ -624,12 +624,12 @@ class EventListener:
         with self._cond:
             reg.call = ("nvmlEventSetCreate", None)
         try:
-            event_set = src.create()
+            event_set = self._retrying(src.create)
         except NvmlCheckError as exc:
             with self._cond:
                 reg.call = None
                 if self._state == "starting":
-                    self._unsupported(f"nvmlEventSetCreate: {exc}")
+                    self._unsupported(f"nvmlEventSetCreate: {exc}{_asked(exc)}")
                     self._thread = None  # it ends here: nothing listens
                 self._cond.notify_all()
             return None
@@ -685,7 +685,7 @@ class EventListener:
         try:
             with self._cond:
                 reg.call = ("nvmlDeviceGetSupportedEventTypes", t.index)
-            mask = src.supported(t.handle, t.index) & WANTED_MASK
+            mask = self._retrying(functools.partial(src.supported, t.handle, t.index)) & WANTED_MASK
             if not mask & _CRITICAL_MASK:
                 # Clock or P-state events alone cannot stop a wait: counted as listened to, the GPU looked covered
                 # (no reason said) while no XID of it could ever be heard.
@@ -697,7 +697,7 @@ class EventListener:
         except (NotSupported, NoPermission) as exc:
             return f"{exc.function}: {exc.CODE_NAME}{mig}"
         except NvmlError as exc:
-            return f"{exc.function}: {exc.CODE_NAME} ({exc.code}){mig}"
+            return f"{exc.function}: {exc.CODE_NAME} ({exc.code}){mig}{_asked(exc)}"
         address = self._address(t.handle)
         with self._cond:
             reg.covered[address] = (t.index, t.uuid)
@@ -705,8 +705,23 @@ class EventListener:
             reg.targets[address] = t
         return None
 
-    @staticmethod
-    def _register_narrowing(src: Any, t: EventTarget, mask: int, event_set: object) -> int:
+    def _retrying(self, call: Callable[[], Any]) -> Any:
+        """``call()``, asked again after a transient error (``TRANSIENT``: ``NVML_ERROR_UNKNOWN``, ``NOT_READY``,
+        ...), :data:`RECOVERY_ATTEMPTS` times in all, :data:`RECOVERY_RETRY_S` apart: one such answer during the
+        registration left a healthy GPU (or every GPU, from ``nvmlEventSetCreate``) without events for the life of
+        the listener. The last error is raised, with how many times it was asked (``_asked`` says it)."""
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                return call()
+            except NvmlCheckError as err:
+                if not err.TRANSIENT or attempt >= RECOVERY_ATTEMPTS or self._stop.is_set():
+                    err.recovery_attempts = attempt  # type: ignore[attr-defined]
+                    raise
+            self._pause(RECOVERY_RETRY_S)
+
+    def _register_narrowing(self, src: Any, t: EventTarget, mask: int, event_set: object) -> int:
         """Register ``mask``; where NVML refuses it with NOT_SUPPORTED (it names no type: any one it lacks refuses
         the whole mask, although reported supported), ask again without nvml.h's newer types (with MIG changes, then
         without), then for the kinds that stop a wait, then for XIDs alone (XID 48 reports a double-bit error too),
@@ -718,7 +733,7 @@ class EventListener:
                 continue
             tried.add(narrowed)
             try:
-                src.register(t.handle, t.index, narrowed, event_set)
+                self._retrying(functools.partial(src.register, t.handle, t.index, narrowed, event_set))
                 return narrowed
             except NotSupported as exc:
                 refused = exc

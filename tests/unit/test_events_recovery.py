@@ -243,3 +243,34 @@ def test_a_wait_call_that_does_not_return_is_said_stalled_not_running() -> None:
     finally:
         source.release.set()
         listener.stop()
+
+
+def test_a_transient_answer_during_the_registration_does_not_leave_a_gpu_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(events_module, "RECOVERY_RETRY_S", 0.0)
+    source = FakeEventCalls()
+    source.device_errors[1] = [Unknown(999, "nvmlDeviceGetSupportedEventTypes", 1),
+                               NotReady(27, "nvmlDeviceGetSupportedEventTypes", 1)]
+    listener = EventListener(source, _targets(2), id).start()
+    try:
+        # Before, GPU 1 was "not registered: nvmlDeviceGetSupportedEventTypes: NVML_ERROR_UNKNOWN" for good.
+        assert listener.state == "running" and listener.covered == frozenset({0, 1})
+        assert listener.device_reasons == {} and source.probes == [0, 1, 1, 1]
+    finally:
+        listener.stop()
+
+
+def test_a_lasting_transient_answer_during_the_registration_is_asked_a_bounded_number_of_times(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(events_module, "RECOVERY_RETRY_S", 0.0)
+    source = FakeEventCalls(create_error=Unknown(999, "nvmlEventSetCreate", None))
+    listener = EventListener(source, _targets(1), id).start()
+    assert listener.state == "unsupported"
+    assert f"(asked {RECOVERY_ATTEMPTS} times: a transient error each time)" in (listener.reason or "")
+    source = FakeEventCalls()
+    source.device_errors[0] = Unknown(999, "nvmlDeviceGetSupportedEventTypes", 0)
+    listener = EventListener(source, _targets(1), id).start()
+    assert listener.state == "unsupported" and source.probes == [0] * RECOVERY_ATTEMPTS
+    assert f"asked {RECOVERY_ATTEMPTS} times" in listener.device_reasons[0]
