@@ -126,6 +126,26 @@ def test_a_mig_instance_holding_memory_with_no_holder_past_the_bound_is_stuck() 
     assert other.ready
 
 
+def test_a_whole_mig_gpu_names_the_instance_figure_it_judged_not_the_parents() -> None:
+    """The parent reads 0 B while one instance holds 10 GiB with no process: the line said "0 B used with no process
+    listed" (the parent's figure) though the rule judged the instance's. It names the instance's figure and
+    instance; the teardown's expected time counts those bytes too."""
+    from nvmlcheck.model import Memory, MigDevice
+
+    held = MigDevice(0, "MIG-0", 1, 0, Memory(18 * GIB, 10 * GIB, 8 * GIB, 0), ())
+    idle = MigDevice(1, "MIG-1", 2, 0, Memory(18 * GIB, 0, 18 * GIB, 0), ())
+    gpu = replace(dev(0, used=0), mig_mode=True, mig_devices=(held, idle))
+    (v,) = classify(snap(gpu), now_ns=0, watch=states({}))
+    (c,) = v.culprits
+    assert v.class_ == "reclaiming" and c.kind == "memory"
+    assert c.used_bytes == 10 * GIB and "10.0 GiB used" in c.reason and "0 B" not in c.reason
+    assert (c.mig_uuid, c.gpu_instance_id) == ("MIG-0", 1)
+    two = replace(gpu, mig_devices=(held, replace(idle, memory=Memory(18 * GIB, 4 * GIB, 14 * GIB, 0))))
+    (w,) = classify(snap(two), now_ns=0, watch=states({}))
+    (c2,) = w.culprits
+    assert c2.used_bytes == 14 * GIB and "MIG 0" in c2.reason and "MIG 1" in c2.reason and c2.mig_uuid is None
+
+
 def test_a_live_holder_resets_the_teardown_clock() -> None:
     w = states({42: "R"})
     w.observe(snap(dev(0, used=8 * GIB)), 0)
