@@ -19,7 +19,7 @@ TYPE_CHECKING = False  # typing costs start-up time where site has not loaded it
 if TYPE_CHECKING:
     from typing import Any, TextIO
 
-    from ..model import DeviceState, Snapshot
+    from ..model import DeviceFailure, DeviceState, Snapshot
 
 
 class _ClosedStdout:
@@ -185,10 +185,41 @@ def _procs_text(d: DeviceState) -> str:
     return str(len(procs))
 
 
+def _in_order(snap: Snapshot) -> list[DeviceState | DeviceFailure]:
+    """The snapshot's GPUs, read and unreadable, in index order (an unreadable GPU 1 came after GPU 7 and its MIG
+    rows, where a reader of GPU 1's line does not look)."""
+    rows: list[DeviceState | DeviceFailure] = [*snap.devices, *snap.failures]
+    return sorted(rows, key=lambda r: r.index)
+
+
+def _unreadable(f: DeviceFailure, out: TextIO) -> None:
+    print(f"{f.index:<4}UNREADABLE: {safe(f.error)}", file=out)
+
+
+def _unknown_cells(d: DeviceState) -> list[str]:
+    """Why each ``?`` of a device row is one (an unknown value is shown with its reason, never alone)."""
+    from ..model import unknown_key
+
+    out = []
+    if d.memory is None:
+        out.append(f"memory: {d.why_unknown('memory') or 'not read'}")
+    for kind in ("compute", "graphics", "mps"):
+        if getattr(d, f"{kind}_processes") is None:
+            out.append(f"{kind} processes: {d.why_unknown(unknown_key('processes', kind)) or 'not read'}")
+    if d.clocks is None or d.clocks.sm_mhz is None:
+        out.append(f"SM clock: {d.why_unknown('clocks.current.sm_mhz') or d.why_unknown('clocks') or 'not read'}")
+    return out
+
+
 def device_table(snap: Snapshot, out: TextIO) -> None:
-    """The ``snapshot devices`` view."""
+    """The ``snapshot devices`` view: one row per GPU in index order (an unreadable one as UNREADABLE, with why),
+    each ``?`` explained on the line under it."""
+    from ..model import DeviceFailure  # loaded already: snap is one of its objects
     print(f"{'GPU':<4}{'name':<22}{'used':>11}{'total':>11}{'reserved':>11}{'procs':>7}{'SM MHz':>8}  uuid", file=out)
-    for d in snap.devices:
+    for d in _in_order(snap):
+        if isinstance(d, DeviceFailure):
+            _unreadable(d, out)
+            continue
         m = d.memory
         sm = d.clocks.sm_mhz if d.clocks else None
         print(
@@ -200,9 +231,10 @@ def device_table(snap: Snapshot, out: TextIO) -> None:
         )
         if m is not None and m.used_includes_reserved:
             print("    (v1 driver: used includes the driver's reserved memory)", file=out)
+        unknown = _unknown_cells(d)
+        if unknown:
+            print(f"    (unknown: {safe('; '.join(unknown))})", file=out)
         _mig_rows(d, out)
-    for f in snap.failures:
-        print(f"{f.index:<4}UNREADABLE: {safe(f.error)}", file=out)
     driver = safe(snap.system.driver_version or "?")
     print(f"backend {snap.backend}, driver {driver}, read in {snap.duration_ns / 1e3:.0f} µs", file=out)
 
@@ -246,11 +278,16 @@ def _instance_cells(d: DeviceState, gi: int | None, ci: int | None) -> str:
 def process_table(snap: Snapshot, out: TextIO) -> None:
     """The ``snapshot procs`` view; with a GPU in MIG mode, each process's GPU-instance and compute-instance ids
     (``GI``, ``CI``) too."""
-    from ..model import unknown_key  # loaded already: snap is one of its objects
+    from ..model import DeviceFailure, unknown_key  # loaded already: snap is one of its objects
 
     mig = any(d.mig_mode for d in snap.devices)
     print(f"{'GPU':<4}{'  GI  CI' if mig else ''}{'pid':>8}  {'kind':<9}{'used':>11}  name", file=out)
-    for d in snap.devices:
+    rows = 0
+    for d in _in_order(snap):
+        if isinstance(d, DeviceFailure):
+            _unreadable(d, out)
+            rows += 1
+            continue
         listed: set[tuple[int, str]] = set()
         for kind in ("compute", "graphics", "mps"):
             procs = getattr(d, f"{kind}_processes")
@@ -258,12 +295,14 @@ def process_table(snap: Snapshot, out: TextIO) -> None:
                 why = d.why_unknown(unknown_key("processes", kind))
                 cells = f"{'':>8}" if mig else ""
                 print(f"{d.index:<4}{cells}{'?':>8}  {kind:<9}{'':>11}  ({safe(why)})", file=out)
+                rows += 1
                 continue
             for p in procs:
                 listed.add((p.pid, kind))
                 cells = _instance_cells(d, p.gpu_instance_id, p.compute_instance_id) if mig else ""
                 print(f"{d.index:<4}{cells}{p.pid:>8}  {kind:<9}{human_bytes(p.used_bytes):>11}  "
                       f"{safe(p.name or '?')}", file=out)
+                rows += 1
         for m in d.mig_devices or ():
             for p in m.processes or ():
                 if (p.pid, p.kind.value) in listed:
@@ -272,8 +311,11 @@ def process_table(snap: Snapshot, out: TextIO) -> None:
                 ci = m.compute_instance_id if p.compute_instance_id is None else p.compute_instance_id
                 print(f"{d.index:<4}{_instance_cells(d, gi, ci)}{p.pid:>8}  {p.kind.value:<9}"
                       f"{human_bytes(p.used_bytes):>11}  {safe(p.name or '?')}", file=out)
-    for f in snap.failures:
-        print(f"{f.index:<4}UNREADABLE: {safe(f.error)}", file=out)
+                rows += 1
+    if not rows:
+        # A header alone read as a failure, or as "clean": the lists are empty, which alone never means clean.
+        print("(no process listed on the selected GPUs; memory may still be held: `nvmlcheck wait --timeout 0` "
+              "judges whether they are clean)", file=out)
 
 
 class StatusLine:
