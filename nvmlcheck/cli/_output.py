@@ -335,19 +335,29 @@ class StatusLine:
         if now - self._last < 0.1:
             return
         self._last = now
-        try:
-            columns = os.get_terminal_size(self.stream.fileno()).columns
-        except (OSError, ValueError):  # a TTY-like stream without a real terminal behind it
-            columns = 80
-        text = safe(text)[: max(20, columns - 1)]
-        self._write("\r" + text.ljust(self._width))
-        self._width = len(text)
+        # Within the terminal's width, always: a line that wraps is not rewritten by "\r" (each update would leave
+        # a line behind), on a narrow terminal (it was cut at 20 columns at least) or one narrowed since the last
+        # update (the padding to the old width wrapped). Counted in columns: a wide character takes two.
+        room = self._room()
+        text, width = _fit(safe(text), room)
+        self._write("\r" + text + " " * (min(self._width, room) - width))
+        self._width = width
 
     def clear(self) -> None:
         """Erase the line; a second call writes nothing."""
         if self.enabled and self._width:
-            self._write("\r" + " " * self._width + "\r")
+            self._write("\r" + " " * min(self._width, self._room()) + "\r")
             self._width = 0
+
+    def _room(self) -> int:
+        """The columns a status line may take: the terminal's width less one (the cursor's column)."""
+        try:
+            columns = os.get_terminal_size(self.stream.fileno()).columns
+        except (OSError, ValueError):  # a TTY-like stream without a real terminal behind it
+            columns = 80
+        if columns <= 0:  # a terminal that reports no width (0 columns): the default, not no room at all
+            columns = 80
+        return max(1, columns - 1)
 
     def _write(self, text: str) -> None:
         # A terminal that fails (EIO once it is gone) ends the status line, not the wait: it is not the verdict.
@@ -356,6 +366,20 @@ class StatusLine:
             self.stream.flush()
         except (OSError, ValueError):
             self.enabled = False
+
+
+def _fit(text: str, room: int) -> tuple[str, int]:
+    """``text`` cut to ``room`` terminal columns, and the columns it takes (an East Asian wide or full-width
+    character takes two, a combining mark none)."""
+    import unicodedata
+
+    used = 0
+    for n, ch in enumerate(text):
+        w = 0 if unicodedata.combining(ch) else 2 if unicodedata.east_asian_width(ch) in ("W", "F") else 1
+        if used + w > room:
+            return text[:n], used
+        used += w
+    return text, used
 
 
 def status_updater(status: StatusLine, predicate: Any, start: float) -> Any:
