@@ -442,7 +442,7 @@ def _open_failure(exc: NvmlCheckError) -> str:
     """The headline of a backend that could not open: what went wrong, not "did not answer" for everything (a
     missing nvidia-smi was said so only in the detail)."""
     if isinstance(exc, SmiTimeout):
-        return "nvidia-smi did not answer in time"
+        return f"nvidia-smi did not answer within {exc.timeout_s:g} s"
     if isinstance(exc, SmiTransportError):
         return f"nvidia-smi could not be run: {exc.message}" if exc.message else "nvidia-smi could not be run"
     if isinstance(exc, SmiError) and exc.message:

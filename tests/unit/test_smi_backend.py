@@ -161,6 +161,7 @@ class TestOpen:
         with pytest.raises(BackendUnavailable) as info:
             SmiBackend(command=FAKE_CMD, timeout_s=0.3)
         assert isinstance(info.value.__cause__, SmiTimeout)
+        assert "did not answer within 0.3 s" in info.value.message
 
     def test_through_an_ssh_like_prefix(self, env: Env, tmp_path: Path) -> None:
         env.write("device index=0", "process device=0 kind=compute pid=4123456 used=1048576")
