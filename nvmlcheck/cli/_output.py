@@ -197,18 +197,22 @@ def _unreadable(f: DeviceFailure, out: TextIO) -> None:
 
 
 def _unknown_cells(d: DeviceState) -> list[str]:
-    """Why each ``?`` of a device row is one (an unknown value is shown with its reason, never alone)."""
+    """Why each ``?`` of a device row is one (an unknown value is shown with its reason, never alone); values unknown
+    for the same reason share it (nvidia-smi's one ``N/A`` for the three process lists is said once)."""
     from ..model import unknown_key
 
-    out = []
+    found: list[tuple[str, str]] = []
     if d.memory is None:
-        out.append(f"memory: {d.why_unknown('memory') or 'not read'}")
+        found.append(("memory", d.why_unknown("memory") or "not read"))
     for kind in ("compute", "graphics", "mps"):
         if getattr(d, f"{kind}_processes") is None:
-            out.append(f"{kind} processes: {d.why_unknown(unknown_key('processes', kind)) or 'not read'}")
+            found.append((f"{kind} processes", d.why_unknown(unknown_key("processes", kind)) or "not read"))
     if d.clocks is None or d.clocks.sm_mhz is None:
-        out.append(f"SM clock: {d.why_unknown('clocks.current.sm_mhz') or d.why_unknown('clocks') or 'not read'}")
-    return out
+        found.append(("SM clock", d.why_unknown("clocks.current.sm_mhz") or d.why_unknown("clocks") or "not read"))
+    by_reason: dict[str, list[str]] = {}
+    for what, why in found:
+        by_reason.setdefault(why, []).append(what)
+    return [f"{', '.join(whats)}: {why}" for why, whats in by_reason.items()]
 
 
 def device_table(snap: Snapshot, out: TextIO) -> None:

@@ -37,6 +37,14 @@ def test_every_unknown_cell_of_a_device_row_has_its_reason() -> None:
     assert "SM clock" in note  # not read at all (no clocks): said, not a bare "?"
 
 
+def test_values_unknown_for_one_reason_share_it() -> None:
+    why = "nvidia-smi printed N/A for Processes"
+    d = dev(0, procs=None, graphics=None, mps=None, unknown=MappingProxyType({
+        f"processes.{k}": why for k in ("compute", "graphics", "mps")}))
+    (note,) = (line for line in _table(device_table, snap(d)) if "unknown" in line)
+    assert note.count(why) == 1 and "compute processes, graphics processes, mps processes: " + why in note
+
+
 def test_only_the_unknown_cells_are_explained() -> None:
     lines = _table(device_table, snap(dev(0, used=GIB)))  # memory and lists read, clocks not
     (note,) = (line for line in lines if "unknown" in line)
