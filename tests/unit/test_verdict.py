@@ -146,6 +146,22 @@ def test_a_whole_mig_gpu_names_the_instance_figure_it_judged_not_the_parents() -
     assert c2.used_bytes == 14 * GIB and "MIG 0" in c2.reason and "MIG 1" in c2.reason and c2.mig_uuid is None
 
 
+def test_an_undecided_mig_gpu_names_the_instance_figure_and_the_mig_limit() -> None:
+    """nvidia-smi's whole MiB: an instance at the limit + the MIG allowance cannot be judged. The line named the
+    parent's figure and the bare limit."""
+    from nvmlcheck.model import Memory, MigDevice
+    from nvmlcheck.predicates import DEFAULT_MAX_USED_BYTES, DEFAULT_MIG_IDLE_BYTES
+
+    at = DEFAULT_MAX_USED_BYTES + DEFAULT_MIG_IDLE_BYTES
+    mib = 1 << 20
+    edge = MigDevice(0, "MIG-0", 1, 0, Memory(18 * GIB, at, 18 * GIB - at, 0, granularity_bytes=mib), ())
+    gpu = replace(dev(0, used=0, granularity=mib), mig_mode=True, mig_devices=(edge,))
+    (v,) = classify(snap(gpu), now_ns=0, watch=states({}))
+    (c,) = v.culprits
+    assert v.class_ == "unknown" and c.used_bytes == at and c.mig_uuid == "MIG-0"
+    assert c.reason.startswith("80.0 MiB used is within") and "MIG idle allowance" in c.reason
+
+
 def test_a_live_holder_resets_the_teardown_clock() -> None:
     w = states({42: "R"})
     w.observe(snap(dev(0, used=8 * GIB)), 0)
