@@ -609,7 +609,9 @@ def classify(
         if f.index not in seen:
             out.append(_verdict(f.index, f.uuid, f"GPU {f.index}", [fault_culprit(f)]))
             seen.add(f.index)
-    return tuple(out)
+    # In GPU index order: an unreadable GPU 1 came after GPU 7, where a reader of its line does not look (stable:
+    # the MIG instances of one GPU keep their order).
+    return tuple(sorted(out, key=lambda v: v.index))
 
 
 def _health_of_one(index: int, read: DeviceState | None, errs: Mapping[int, BaseException]) -> tuple[Culprit, ...]:

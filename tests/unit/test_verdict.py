@@ -162,6 +162,12 @@ def test_an_undecided_mig_gpu_names_the_instance_figure_and_the_mig_limit() -> N
     assert c.reason.startswith("80.0 MiB used is within") and "MIG idle allowance" in c.reason
 
 
+def test_verdicts_come_in_gpu_index_order_an_unreadable_gpu_in_its_place() -> None:
+    lost = failure(1, GpuLost(15, "nvmlDeviceGetHandleByIndex_v2", 1))
+    s = nc.Snapshot("nvml", 0, 0, 0.0, SYSTEM, (dev(0), dev(2)), (lost,))
+    assert [v.index for v in classify(s, now_ns=0, watch=states({}), judge_health=False)] == [0, 1, 2]
+
+
 def test_a_live_holder_resets_the_teardown_clock() -> None:
     w = states({42: "R"})
     w.observe(snap(dev(0, used=8 * GIB)), 0)
