@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import io
+import os
+import time
+from collections.abc import Callable
 from types import MappingProxyType
 
 import pytest
 from snapshots import GIB, dev, failure, proc, snap
 
-from nvmlcheck.cli._output import device_table, process_table
+from nvmlcheck.cli._output import StatusLine, device_table, process_table
 from nvmlcheck.errors import GpuLost
 
 
@@ -64,15 +67,15 @@ class _Tty(io.StringIO):
         return 2  # its size comes from the patched os.get_terminal_size
 
 
-def _status(monkeypatch: object, columns: int) -> tuple[_Tty, object]:
-    import os
+def _size(columns: int) -> Callable[..., os.terminal_size]:
+    return lambda fd=0: os.terminal_size((columns, 24))
 
-    from nvmlcheck.cli import _output
 
-    monkeypatch.setattr(_output.os, "get_terminal_size", lambda fd=0: os.terminal_size((columns, 24)))  # type: ignore[attr-defined]
-    monkeypatch.setattr(_output.time, "monotonic", iter(range(1_000, 100_000, 10)).__next__)  # type: ignore[attr-defined]
+def _status(monkeypatch: pytest.MonkeyPatch, columns: int) -> tuple[_Tty, StatusLine]:
+    monkeypatch.setattr(os, "get_terminal_size", _size(columns))
+    monkeypatch.setattr(time, "monotonic", iter(range(1_000, 100_000, 10)).__next__)  # each update 10 s apart
     stream = _Tty()
-    return stream, _output.StatusLine(stream, True)
+    return stream, StatusLine(stream, True)
 
 
 def _drawn(stream: _Tty) -> list[str]:
@@ -83,27 +86,23 @@ def _drawn(stream: _Tty) -> list[str]:
 def test_the_status_line_never_wraps_on_a_narrow_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
     # It was cut at 20 columns at least: on a 12-column terminal it wrapped, and "\r" rewrote only the last line.
     stream, status = _status(monkeypatch, 12)
-    status.update("waiting   1.0 s · 16.0 GiB used · held by pid 4242")  # type: ignore[attr-defined]
+    status.update("waiting   1.0 s · 16.0 GiB used · held by pid 4242")
     (line,) = _drawn(stream)
     assert line == "waiting   1"
 
 
 def test_the_status_line_pads_within_a_terminal_narrowed_since(monkeypatch: pytest.MonkeyPatch) -> None:
-    import os
-
-    from nvmlcheck.cli import _output
-
     stream, status = _status(monkeypatch, 80)
-    status.update("x" * 70)  # type: ignore[attr-defined]
-    monkeypatch.setattr(_output.os, "get_terminal_size", lambda fd=0: os.terminal_size((30, 24)))
-    status.update("short")  # type: ignore[attr-defined]
-    status.clear()  # type: ignore[attr-defined]
+    status.update("x" * 70)
+    monkeypatch.setattr(os, "get_terminal_size", _size(30))
+    status.update("short")
+    status.clear()
     drawn = _drawn(stream)
     assert len(drawn) == 4 and drawn[1] == "short" + " " * 24 and all(len(line) <= 29 for line in drawn[1:])
 
 
 def test_the_status_line_counts_wide_characters_as_two_columns(monkeypatch: pytest.MonkeyPatch) -> None:
     stream, status = _status(monkeypatch, 11)
-    status.update("训练" * 10)  # type: ignore[attr-defined]
+    status.update("训练" * 10)
     (line,) = _drawn(stream)
     assert line == "训练" * 2 + "训"  # 10 columns of the 10 it may take
