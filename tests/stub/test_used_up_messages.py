@@ -38,3 +38,12 @@ def test_a_used_up_select_says_the_timeout_was_used_up(scenario_path: Path) -> N
         gpus.select_clean(1, timeout=USED_UP_S, health=False)
     assert any("timeout was used up before the first poll" in line for line in info.value.culprits), info.value
     assert not any("still running" in line for line in info.value.culprits)
+
+
+def test_a_used_up_ready_on_a_mig_selection_says_the_timeout_was_used_up(scenario_path: Path) -> None:
+    mig = _mig(scenario_path)
+    with nc.open("nvml", library_path=str(build_stub())) as gpus:
+        report = gpus.ready(devices=[mig], timeout=USED_UP_S)
+    (v,) = report.verdicts
+    assert not v.ready and any("timeout was used up before" in c.reason for c in v.culprits), v.line()
+    assert not any("still being read" in c.reason for c in v.culprits)
