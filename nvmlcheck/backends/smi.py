@@ -432,9 +432,9 @@ def _cannot_start(program: str, exc: OSError) -> str:
     not executable, or the OS's own words."""
     where = "" if os.sep in program else " on PATH"
     if isinstance(exc, FileNotFoundError):
-        return f"{program!r} was not found{where}"
+        return f"cannot start {program!r}: not found{where}"
     if isinstance(exc, PermissionError):
-        return f"{program!r} is not executable ({exc.strerror})"
+        return f"cannot start {program!r}: not executable ({exc.strerror})"
     return f"cannot start {program!r} ({exc.strerror or exc})"
 
 
@@ -444,6 +444,8 @@ def _open_failure(exc: NvmlCheckError) -> str:
     if isinstance(exc, SmiTimeout):
         return f"nvidia-smi did not answer within {exc.timeout_s:g} s"
     if isinstance(exc, SmiTransportError):
+        if exc.returncode is None and exc.message:  # it did not start: "cannot start 'nvidia-smi': not found"
+            return exc.message
         return f"nvidia-smi could not be run: {exc.message}" if exc.message else "nvidia-smi could not be run"
     if isinstance(exc, SmiError) and exc.message:
         return f"nvidia-smi failed: {exc.message}"
