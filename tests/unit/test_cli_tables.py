@@ -106,3 +106,15 @@ def test_the_status_line_counts_wide_characters_as_two_columns(monkeypatch: pyte
     status.update("训练" * 10)
     (line,) = _drawn(stream)
     assert line == "训练" * 2 + "训"  # 10 columns of the 10 it may take
+
+
+@pytest.mark.parametrize(("program", "exc", "said"), [
+    ("nosuch", FileNotFoundError(2, "No such file or directory"), "cannot start 'nosuch': not found on PATH"),
+    ("./nosuch", FileNotFoundError(2, "No such file or directory"), "cannot start './nosuch': not found"),
+    ("/", PermissionError(13, "Permission denied"), "cannot start '/': it is a directory"),
+])
+def test_simulate_says_why_its_command_did_not_start(program: str, exc: OSError, said: str) -> None:
+    # `simulate run -- /tmp` said "Permission denied", a missing command "No such file or directory".
+    from nvmlcheck.cli._simulate import _cannot_start
+
+    assert _cannot_start(program, exc) == said
