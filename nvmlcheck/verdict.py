@@ -1033,18 +1033,24 @@ def _unheld_memory(d: DeviceState, m: Memory, ctx: _Ctx, since: int, bound: int)
                            state=h.state, container=where, action=STOP_HOLDER))
     if out:
         return [_on(d, parts, c) for c in out]
-    age = ctx.now - since
+    # One culprit per figure judged (each instance over its limit on a GPU in MIG mode, with its MIG fields).
+    return [_on(d, [part], _teardown(d, part[1].used_bytes, ctx, since, bound)) for part in parts]
+
+
+def _teardown(d: DeviceState, used_bytes: int, ctx: _Ctx, since: int, bound: int) -> Culprit:
+    """``used_bytes`` held with no holder found: reclaiming within the bound, past it stuck (or unknown when
+    whether a process on no list holds it is unknown)."""
+    i, held, age = d.index, format_bytes(used_bytes), ctx.now - since
     if age <= bound:
-        return [_on(d, parts, Culprit(i, "reclaiming", "memory", f"{held} used with no process listed: the driver is "
-                                      "giving it back", used_bytes=used_bytes, action=WAIT))]
+        return Culprit(i, "reclaiming", "memory", f"{held} used with no process listed: the driver is giving it back",
+                       used_bytes=used_bytes, action=WAIT)
     if ctx.unlisted_unknown is not None:
-        return [_on(d, parts, Culprit(i, "unknown", "memory", f"{held} held with no process listed for "
-                                      f"{age / 1e9:.1f} s, past the {bound / 1e9:.1f} s a reclaim can take, but "
-                                      "whether a process on no list holds it is unknown: "
-                                      f"{ctx.unlisted_unknown}", used_bytes=used_bytes))]
-    return [_on(d, parts, Culprit(i, "stuck", "memory", f"{held} held with no holder for {age / 1e9:.1f} s, past "
-                                  f"the {bound / 1e9:.1f} s a reclaim can take: reset the GPU (nvidia-smi -r -i {i}) "
-                                  "or reboot", used_bytes=used_bytes, action=RESET_GPU))]
+        return Culprit(i, "unknown", "memory", f"{held} held with no process listed for {age / 1e9:.1f} s, past the "
+                       f"{bound / 1e9:.1f} s a reclaim can take, but whether a process on no list holds it is "
+                       f"unknown: {ctx.unlisted_unknown}", used_bytes=used_bytes)
+    return Culprit(i, "stuck", "memory", f"{held} held with no holder for {age / 1e9:.1f} s, past the "
+                   f"{bound / 1e9:.1f} s a reclaim can take: reset the GPU (nvidia-smi -r -i {i}) or reboot",
+                   used_bytes=used_bytes, action=RESET_GPU)
 
 
 def holders_of(

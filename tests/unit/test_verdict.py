@@ -142,8 +142,9 @@ def test_a_whole_mig_gpu_names_the_instance_figure_it_judged_not_the_parents() -
     assert (c.mig_uuid, c.gpu_instance_id) == ("MIG-0", 1)
     two = replace(gpu, mig_devices=(held, replace(idle, memory=Memory(18 * GIB, 4 * GIB, 14 * GIB, 0))))
     (w,) = classify(snap(two), now_ns=0, watch=states({}))
-    (c2,) = w.culprits
-    assert c2.used_bytes == 14 * GIB and "MIG 0" in c2.reason and "MIG 1" in c2.reason and c2.mig_uuid is None
+    # One culprit per instance over its limit, each with its own figure and instance.
+    assert [(c.used_bytes, c.mig_uuid) for c in w.culprits] == [(10 * GIB, "MIG-0"), (4 * GIB, "MIG-1")]
+    assert "4.0 GiB used" in w.culprits[1].reason
 
 
 def test_an_undecided_mig_gpu_names_the_instance_figure_and_the_mig_limit() -> None:
