@@ -70,7 +70,7 @@ __all__ = [
 
 _NS = 1_000_000_000
 
-def no_poll_line(timeout_s: float | None) -> str:
+def _no_poll_line(timeout_s: float | None) -> str:
     """Why a wait (or a select) timed out with no poll finished and none failed. A positive timeout the caller's
     setup used up (``_deadline.left_s``: :data:`~nvmlcheck._deadline.USED_UP_S`) left no time for a first poll: it
     was not a query still running at the deadline."""
@@ -682,7 +682,7 @@ class _Poller:
             # Failures make a poll unclean whatever the predicate says (always() ignores them).
             culprits.extend(f.describe() for f in good.failures)
         elif error is None:
-            culprits.append(no_poll_line(self.timeout_s))
+            culprits.append(_no_poll_line(self.timeout_s))
         lines = tuple(dict.fromkeys(culprits))
         return WaitTimeout(self.timeout_s, t1 - stats.start, lines, good, stats.polls,
                            holders=self._holders(good, lines, clean=clean), held=held)
