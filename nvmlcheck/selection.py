@@ -249,7 +249,7 @@ def _poll(
 ) -> Selection:
     """:func:`select_clean`'s loop, its arguments checked."""
     from ._deadline import Deadline
-    from .wait import is_transient, _no_poll_line
+    from .wait import _no_poll_line, is_transient
 
     backend = session.backend
     deadline = None if timeout_ns is None else start + timeout_ns
