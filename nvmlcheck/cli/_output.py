@@ -204,6 +204,8 @@ def _unknown_cells(d: DeviceState) -> list[str]:
     found: list[tuple[str, str]] = []
     if d.memory is None:
         found.append(("memory", d.why_unknown("memory") or "not read"))
+    elif d.memory.reserved_bytes is None and not d.memory.used_includes_reserved:  # (the v1 line says why)
+        found.append(("reserved", d.why_unknown("memory.reserved_bytes") or "not reported"))
     for kind in ("compute", "graphics", "mps"):
         if getattr(d, f"{kind}_processes") is None:
             found.append((f"{kind} processes", d.why_unknown(unknown_key("processes", kind)) or "not read"))

@@ -48,6 +48,16 @@ def test_values_unknown_for_one_reason_share_it() -> None:
     assert note.count(why) == 1 and "compute processes, graphics processes, mps processes: " + why in note
 
 
+def test_an_unknown_reserve_is_explained_unless_the_v1_line_does() -> None:
+    from nvmlcheck.model import Memory
+
+    d = dev(0, memory=Memory(80 * GIB, GIB, 79 * GIB, None))
+    (note,) = (line for line in _table(device_table, snap(d)) if "unknown" in line)
+    assert "reserved: not reported" in note
+    v1 = dev(0, used=GIB, v1=True)
+    assert not any("reserved:" in line for line in _table(device_table, snap(v1)))
+
+
 def test_only_the_unknown_cells_are_explained() -> None:
     lines = _table(device_table, snap(dev(0, used=GIB)))  # memory and lists read, clocks not
     (note,) = (line for line in lines if "unknown" in line)
