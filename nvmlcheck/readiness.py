@@ -254,11 +254,16 @@ def _unresolved(session: Session, devices: Iterable[DeviceSelector] | DeviceSele
     """The report of a call whose deadline came while the GPUs its selection names were still being read (a UUID,
     ``cuda:N`` or ``MIG-...`` selector: a slow GPU or nvidia-smi run): which GPUs it names is unknown, so every GPU
     of the host is ``unknown`` with that reason (it may name any of them), never ready, never a hang."""
+    from ._deadline import USED_UP_S
     from .session import _selectors
 
     named = ", ".join(repr(s) for s in _selectors(() if devices is None else devices))
-    why = NvmlCheckError(f"the deadline ({bound:g} s) came while the GPUs the selection ({named}) names were still "
-                         "being read (a slow or hung GPU, or nvidia-smi): which GPUs it names is unknown")
+    if bound is not None and 0 < bound <= USED_UP_S:  # the caller's setup (opening the GPUs) took the timeout
+        why = NvmlCheckError(f"the timeout was used up before the GPUs the selection ({named}) names could be read "
+                             "(opening the GPUs took it): which GPUs it names is unknown")
+    else:
+        why = NvmlCheckError(f"the deadline ({bound:g} s) came while the GPUs the selection ({named}) names were "
+                             "still being read (a slow or hung GPU, or nvidia-smi): which GPUs it names is unknown")
     snap = _failed_reading(session, None, why, start, clock)
     if not snap.failures:
         raise BackendUnavailable(f"the {session.backend.name} backend sees no GPU: refusing to call zero GPUs ready",

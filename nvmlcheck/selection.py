@@ -249,7 +249,7 @@ def _poll(
 ) -> Selection:
     """:func:`select_clean`'s loop, its arguments checked."""
     from ._deadline import Deadline
-    from .wait import is_transient
+    from .wait import _no_poll_line, is_transient
 
     backend = session.backend
     deadline = None if timeout_ns is None else start + timeout_ns
@@ -273,7 +273,7 @@ def _poll(
         except DeadlinePassed:
             snap = None
             if last is None:
-                why = ["no poll finished before the deadline (a query was still running when it passed)"]
+                why = [_no_poll_line(timeout)]
         except NvmlCheckError as exc:
             if not is_transient(exc):
                 raise

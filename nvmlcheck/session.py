@@ -562,8 +562,7 @@ class Session:
                 mig = any(_is_mig(i) for i in _selectors(devices or ()))
                 what = "the GPUs' MIG devices were" if mig else "the GPUs named by the selection were"
                 raise WaitTimeout(float(timeout or 0.0), clock() - began, (
-                    f"no poll finished before the deadline: {what} still being read (a slow or hung GPU, or "
-                    "nvidia-smi)",), held=False) from None
+                    _cut_reading(what, timeout, "(a slow or hung GPU, or nvidia-smi)"),), held=False) from None
             except NvmlCheckError as exc:
                 if not timeout or not exc.TRANSIENT:
                     raise
@@ -600,8 +599,7 @@ class Session:
         except DeadlinePassed:
             reported = timeout if called is None else asked
             raise WaitTimeout(float(reported or 0.0), clock() - (began if called is None else called), (
-                "no poll finished before the deadline: the GPUs' MIG devices were still being read (a slow or hung "
-                "GPU)",), held=False) from None
+                _cut_reading("the GPUs' MIG devices were", timeout, "(a slow or hung GPU)"),), held=False) from None
 
     def snapshot(
         self, devices: Iterable[DeviceSelector] | DeviceSelector | None = None, *, fields: Fields = Fields.ALL
@@ -1122,3 +1120,14 @@ def _left(timeout: float | None, began: int, clock: Callable[[], int]) -> float 
     from ._deadline import left_s
 
     return left_s(timeout, (clock() - began) / 1e9)
+
+
+def _cut_reading(what: str, timeout: float | None, why: str) -> str:
+    """A wait's line when its deadline came while ``what`` ("the GPUs named by the selection were") was being read;
+    for a timeout the caller's setup used up (``_deadline.left_s``), that: nothing was still being read."""
+    from ._deadline import USED_UP_S
+
+    if timeout is not None and 0 < timeout <= USED_UP_S:
+        return ("no poll finished before the deadline: the timeout was used up before the selection could be read "
+                "(opening the GPUs took it)")
+    return f"no poll finished before the deadline: {what} still being read {why}"

@@ -21,7 +21,14 @@ from . import reclaim_model
 from ._record import record, replace
 from ._units import format_bytes
 from .model import DeviceState, GpuProcess, Memory, MigDevice, OperatorAction, Snapshot, SystemInfo
-from .predicates import DEFAULT_MAX_USED_BYTES, free_bytes_of, instance_view, memory_used_at_most
+from .predicates import (
+    DEFAULT_MAX_USED_BYTES,
+    DEFAULT_MIG_IDLE_BYTES,
+    _judge_at_most,
+    free_bytes_of,
+    instance_view,
+    memory_used_at_most,
+)
 
 TYPE_CHECKING = False  # no typing at run time: it costs a one-shot check milliseconds (docs/performance.md)
 if TYPE_CHECKING:
@@ -602,7 +609,9 @@ def classify(
         if f.index not in seen:
             out.append(_verdict(f.index, f.uuid, f"GPU {f.index}", [fault_culprit(f)]))
             seen.add(f.index)
-    return tuple(out)
+    # In GPU index order: an unreadable GPU 1 came after GPU 7, where a reader of its line does not look (stable:
+    # the MIG instances of one GPU keep their order).
+    return tuple(sorted(out, key=lambda v: v.index))
 
 
 def _health_of_one(index: int, read: DeviceState | None, errs: Mapping[int, BaseException]) -> tuple[Culprit, ...]:
@@ -663,7 +672,9 @@ def _classify_one(d: DeviceState, ctx: _Ctx, culprits: list[Culprit]) -> GpuVerd
     episode = track is not None and track.since_ns is not None
     # The teardown: since when memory has been held with no live holder (this reading, without history).
     since = track.since_ns if track is not None and track.since_ns is not None else now
-    start_bytes = track.start_bytes if track is not None and episode else (0 if m is None else m.used_bytes)
+    # The figure the memory rule judges (a MIG instance's, not the parent's): what a teardown gives back.
+    start_bytes = track.start_bytes if track is not None and episode else (
+        0 if m is None else sum(u.used_bytes for _, u in _held_parts(d, m, ctx.max_used)))
     procs = d.processes
     listed = _distinct(procs if procs is not None else
                        (*(d.compute_processes or ()), *(d.graphics_processes or ()), *(d.mps_processes or ())))
@@ -752,14 +763,57 @@ def _memory_culprits(d: DeviceState, ctx: _Ctx, since: int, bound: int) -> list[
         return [Culprit(d.index, "unknown", "query", f"memory use unknown ({d.why_unknown('memory') or 'not read'})")]
     judged = _memory_judgement(d, ctx.max_used)
     if judged is None:
-        what = ("the driver only has the v1 memory call, whose 'used' counts its reserve: no fixed limit can tell idle "
-                "from busy" if m.used_includes_reserved else
-                f"{format_bytes(m.used_bytes)} used is within the reporting resolution of the "
-                f"{format_bytes(ctx.max_used)} limit")
-        return [Culprit(d.index, "unknown", "memory", what, used_bytes=m.used_bytes)]
+        if m.used_includes_reserved:
+            return [Culprit(d.index, "unknown", "memory", "the driver only has the v1 memory call, whose 'used' counts "
+                            "its reserve: no fixed limit can tell idle from busy", used_bytes=m.used_bytes)]
+        # The figures the rule could not decide on (on a GPU in MIG mode, its instances'), not always the parent's.
+        parts, limit = _judged_memory(d, m, ctx.max_used)
+        undecided = [(inst, used) for inst, used in parts
+                     if _judge_at_most(used.used_bytes, used.granularity_bytes - 1, limit) is None] or parts
+        used_bytes = sum(u.used_bytes for _, u in undecided)
+        what = (f"{format_bytes(used_bytes)} used{_where(d, undecided)} is within the reporting resolution of the "
+                f"{format_bytes(limit)} limit" + (" (with the MIG idle allowance)" if d.mig_mode else ""))
+        return [_on(d, undecided, Culprit(d.index, "unknown", "memory", what, used_bytes=used_bytes))]
     if judged is False and d.processes == ():
         return _unheld_memory(d, m, ctx, since, bound)
     return []
+
+
+def _judged_memory(d: DeviceState, m: Memory, max_used: int) -> tuple[list[tuple[MigDevice | None, Memory]], int]:
+    """The memory figures the memory rule judges on ``d`` and the limit it holds them to, as
+    ``predicates.memory_used_at_most`` does: on a GPU in MIG mode each instance's (all known) or else the parent's,
+    held to the limit + the MIG idle allowance; otherwise the GPU's own."""
+    if not d.mig_mode:
+        return [(None, m)], max_used
+    allowed = max_used + DEFAULT_MIG_IDLE_BYTES
+    instances = d.mig_devices or ()
+    known = [(i, i.memory) for i in instances if i.memory is not None and not i.memory.used_includes_reserved]
+    if instances and len(known) == len(instances):
+        return list(known), allowed
+    return [(None, m)], allowed
+
+
+def _held_parts(d: DeviceState, m: Memory, max_used: int) -> list[tuple[MigDevice | None, Memory]]:
+    """The figures the memory rule found over its limit (the GPU's own where none is, as a fallback)."""
+    parts, limit = _judged_memory(d, m, max_used)
+    return [(i, u) for i, u in parts if _judge_at_most(u.used_bytes, u.granularity_bytes - 1, limit) is False] or parts
+
+
+def _where(d: DeviceState, parts: Sequence[tuple[MigDevice | None, Memory]]) -> str:
+    """" in MIG 0 (GI 1, CI 0, MIG-...) and MIG 1 (...)" for the figures of several instances of a GPU judged whole
+    ("" for the GPU's own figure, one instance's (:func:`_on` gives the culprit its MIG fields, which its line
+    names) or an instance judged alone (its label names it))."""
+    names = [i.label for i, _ in parts if i is not None]
+    if len(names) < 2 or _viewed_instance(d) is not None:
+        return ""
+    return " in " + " and ".join(names)
+
+
+def _on(d: DeviceState, parts: Sequence[tuple[MigDevice | None, Memory]], c: Culprit) -> Culprit:
+    """``c`` placed in the one instance its figure is of (its MIG fields), else as it is."""
+    if len(parts) == 1 and parts[0][0] is not None and _viewed_instance(d) is None:
+        return _in_instance(c, parts[0][0])
+    return c
 
 
 def _beyond_capacity(d: DeviceState, m: Memory, need: int, fraction: float | None) -> list[Culprit]:
@@ -959,7 +1013,11 @@ def _unheld_memory(d: DeviceState, m: Memory, ctx: _Ctx, since: int, bound: int)
     """Memory held with an empty process list: a process on no list holds it (held), the teardown is still within
     the reclaim model's bound (reclaiming), or it is past it (stuck)."""
     i = d.index
-    held = format_bytes(m.used_bytes)
+    # The figure the memory rule judged: on a GPU in MIG mode the instances' over their limit, not the parent's
+    # (which may read 0 B while an instance holds 10 GiB).
+    parts = _held_parts(d, m, ctx.max_used)
+    used_bytes = sum(u.used_bytes for _, u in parts)
+    held = format_bytes(used_bytes) + _where(d, parts)
     out: list[Culprit] = []
     for h in ctx.unlisted:
         if h.is_daemon or h.relation is not None or h.start_ticks is None or h.state in ("zombie", "dead"):
@@ -974,18 +1032,25 @@ def _unheld_memory(d: DeviceState, m: Memory, ctx: _Ctx, since: int, bound: int)
                            "of another PID namespace, or one the driver does not list)", pid=h.pid, name=h.name,
                            state=h.state, container=where, action=STOP_HOLDER))
     if out:
-        return out
-    age = ctx.now - since
+        return [_on(d, parts, c) for c in out]
+    # One culprit per figure judged (each instance over its limit on a GPU in MIG mode, with its MIG fields).
+    return [_on(d, [part], _teardown(d, part[1].used_bytes, ctx, since, bound)) for part in parts]
+
+
+def _teardown(d: DeviceState, used_bytes: int, ctx: _Ctx, since: int, bound: int) -> Culprit:
+    """``used_bytes`` held with no holder found: reclaiming within the bound, past it stuck (or unknown when
+    whether a process on no list holds it is unknown)."""
+    i, held, age = d.index, format_bytes(used_bytes), ctx.now - since
     if age <= bound:
-        return [Culprit(i, "reclaiming", "memory", f"{held} used with no process listed: the driver is giving it "
-                        "back", used_bytes=m.used_bytes, action=WAIT)]
+        return Culprit(i, "reclaiming", "memory", f"{held} used with no process listed: the driver is giving it back",
+                       used_bytes=used_bytes, action=WAIT)
     if ctx.unlisted_unknown is not None:
-        return [Culprit(i, "unknown", "memory", f"{held} held with no process listed for {age / 1e9:.1f} s, past the "
-                        f"{bound / 1e9:.1f} s a reclaim can take, but whether a process on no list holds it is "
-                        f"unknown: {ctx.unlisted_unknown}", used_bytes=m.used_bytes)]
-    return [Culprit(i, "stuck", "memory", f"{held} held with no holder for {age / 1e9:.1f} s, past the "
-                    f"{bound / 1e9:.1f} s a reclaim can take: reset the GPU (nvidia-smi -r -i {i}) or reboot",
-                    used_bytes=m.used_bytes, action=RESET_GPU)]
+        return Culprit(i, "unknown", "memory", f"{held} held with no process listed for {age / 1e9:.1f} s, past the "
+                       f"{bound / 1e9:.1f} s a reclaim can take, but whether a process on no list holds it is "
+                       f"unknown: {ctx.unlisted_unknown}", used_bytes=used_bytes)
+    return Culprit(i, "stuck", "memory", f"{held} held with no holder for {age / 1e9:.1f} s, past the "
+                   f"{bound / 1e9:.1f} s a reclaim can take: reset the GPU (nvidia-smi -r -i {i}) or reboot",
+                   used_bytes=used_bytes, action=RESET_GPU)
 
 
 def holders_of(

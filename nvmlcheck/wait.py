@@ -18,7 +18,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from ._deadline import Deadline, hung_after
+from ._deadline import USED_UP_S, Deadline, hung_after
 from ._record import field, record
 from ._waitdefaults import CLOCK, ON_POLL, POLICY, SLEEP, STABLE_POLLS, TIMEOUT, TRACE
 from ._waitoptions import (  # _rebuild_options: what a pickled WaitOptions names (nvmlcheck.wait._rebuild_options)
@@ -69,6 +69,16 @@ __all__ = [
 ]
 
 _NS = 1_000_000_000
+
+def _no_poll_line(timeout_s: float | None) -> str:
+    """Why a wait (or a select) timed out with no poll finished and none failed. A positive timeout the caller's
+    setup used up (``_deadline.left_s``: :data:`~nvmlcheck._deadline.USED_UP_S`) left no time for a first poll: it
+    was not a query still running at the deadline."""
+    if timeout_s is not None and 0 < timeout_s <= USED_UP_S:
+        return ("no poll finished before the deadline: the timeout was used up before the first poll (opening the "
+                "GPUs and reading the selection took it)")
+    return "no poll finished before the deadline (a query was still running when it passed)"
+
 
 # --- deadline ---------------------------------------------------------------------------------------------------
 
@@ -672,7 +682,7 @@ class _Poller:
             # Failures make a poll unclean whatever the predicate says (always() ignores them).
             culprits.extend(f.describe() for f in good.failures)
         elif error is None:
-            culprits.append("no poll finished before the deadline (a query was still running when it passed)")
+            culprits.append(_no_poll_line(self.timeout_s))
         lines = tuple(dict.fromkeys(culprits))
         return WaitTimeout(self.timeout_s, t1 - stats.start, lines, good, stats.polls,
                            holders=self._holders(good, lines, clean=clean), held=held)

@@ -146,7 +146,7 @@ class _Running:
             # None), bounded by the deadline.
             self.child = Child(argv, env=runner.env, guard=runner.guard)
         except OSError as exc:
-            raise SmiTransportError(argv, None, str(exc), f"cannot start {argv[0]!r} ({exc.strerror})") from exc
+            raise SmiTransportError(argv, None, str(exc), _cannot_start(argv[0], exc)) from exc
         self.proc = self.child.proc
         self.batch: _Batch | None = None  # set by SmiRunner.run_many
 
@@ -427,6 +427,31 @@ def _refused_field(result: SmiResult) -> str | None:
     return None
 
 
+def _cannot_start(program: str, exc: OSError) -> str:
+    """Why ``program`` could not be started, the cause first: not found (on ``PATH`` when it names no directory),
+    not executable, or the OS's own words."""
+    where = "" if os.sep in program else " on PATH"
+    if isinstance(exc, FileNotFoundError):
+        return f"cannot start {program!r}: not found{where}"
+    if isinstance(exc, PermissionError):
+        return f"cannot start {program!r}: not executable ({exc.strerror})"
+    return f"cannot start {program!r} ({exc.strerror or exc})"
+
+
+def _open_failure(exc: NvmlCheckError) -> str:
+    """The headline of a backend that could not open: what went wrong, not "did not answer" for everything (a
+    missing nvidia-smi was said so only in the detail)."""
+    if isinstance(exc, SmiTimeout):
+        return f"nvidia-smi did not answer within {exc.timeout_s:g} s"
+    if isinstance(exc, SmiTransportError):
+        if exc.returncode is None and exc.message:  # it did not start: "cannot start 'nvidia-smi': not found"
+            return exc.message
+        return f"nvidia-smi could not be run: {exc.message}" if exc.message else "nvidia-smi could not be run"
+    if isinstance(exc, SmiError) and exc.message:
+        return f"nvidia-smi failed: {exc.message}"
+    return "nvidia-smi did not answer"
+
+
 class SmiBackend:
     """The ``"smi"`` backend (see the module docstring for what each snapshot runs).
 
@@ -482,9 +507,7 @@ class SmiBackend:
             raise  # DriverNotLoaded, LibraryVersionMismatch, ...: already the specific answer
         except NvmlCheckError as exc:
             argv = self._runner.argv_for(("--query-gpu=" + ",".join(_IDENTITY_FIELDS), _FORMAT))[0]
-            raise BackendUnavailable(
-                "nvidia-smi did not answer", [f"{shlex.join(argv)}: {type(exc).__name__}: {exc}"]
-            ) from exc
+            raise BackendUnavailable(_open_failure(exc), [f"{shlex.join(argv)}: {type(exc).__name__}: {exc}"]) from exc
 
     # -- identity ----------------------------------------------------------------------------------------------------
 

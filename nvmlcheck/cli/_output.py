@@ -19,7 +19,7 @@ TYPE_CHECKING = False  # typing costs start-up time where site has not loaded it
 if TYPE_CHECKING:
     from typing import Any, TextIO
 
-    from ..model import DeviceState, Snapshot
+    from ..model import DeviceFailure, DeviceState, Snapshot
 
 
 class _ClosedStdout:
@@ -185,10 +185,47 @@ def _procs_text(d: DeviceState) -> str:
     return str(len(procs))
 
 
+def _in_order(snap: Snapshot) -> list[DeviceState | DeviceFailure]:
+    """The snapshot's GPUs, read and unreadable, in index order (an unreadable GPU 1 came after GPU 7 and its MIG
+    rows, where a reader of GPU 1's line does not look)."""
+    rows: list[DeviceState | DeviceFailure] = [*snap.devices, *snap.failures]
+    return sorted(rows, key=lambda r: r.index)
+
+
+def _unreadable(f: DeviceFailure, out: TextIO) -> None:
+    print(f"{f.index:<4}UNREADABLE: {safe(f.error)}", file=out)
+
+
+def _unknown_cells(d: DeviceState) -> list[str]:
+    """Why each ``?`` of a device row is one (an unknown value is shown with its reason, never alone); values unknown
+    for the same reason share it (nvidia-smi's one ``N/A`` for the three process lists is said once)."""
+    from ..model import unknown_key
+
+    found: list[tuple[str, str]] = []
+    if d.memory is None:
+        found.append(("memory", d.why_unknown("memory") or "not read"))
+    elif d.memory.reserved_bytes is None and not d.memory.used_includes_reserved:  # (the v1 line says why)
+        found.append(("reserved", d.why_unknown("memory.reserved_bytes") or "not reported"))
+    for kind in ("compute", "graphics", "mps"):
+        if getattr(d, f"{kind}_processes") is None:
+            found.append((f"{kind} processes", d.why_unknown(unknown_key("processes", kind)) or "not read"))
+    if d.clocks is None or d.clocks.sm_mhz is None:
+        found.append(("SM clock", d.why_unknown("clocks.current.sm_mhz") or d.why_unknown("clocks") or "not read"))
+    by_reason: dict[str, list[str]] = {}
+    for what, why in found:
+        by_reason.setdefault(why, []).append(what)
+    return [f"{', '.join(whats)}: {why}" for why, whats in by_reason.items()]
+
+
 def device_table(snap: Snapshot, out: TextIO) -> None:
-    """The ``snapshot devices`` view."""
+    """The ``snapshot devices`` view: one row per GPU in index order (an unreadable one as UNREADABLE, with why),
+    each ``?`` explained on the line under it."""
+    from ..model import DeviceFailure  # loaded already: snap is one of its objects
     print(f"{'GPU':<4}{'name':<22}{'used':>11}{'total':>11}{'reserved':>11}{'procs':>7}{'SM MHz':>8}  uuid", file=out)
-    for d in snap.devices:
+    for d in _in_order(snap):
+        if isinstance(d, DeviceFailure):
+            _unreadable(d, out)
+            continue
         m = d.memory
         sm = d.clocks.sm_mhz if d.clocks else None
         print(
@@ -200,9 +237,10 @@ def device_table(snap: Snapshot, out: TextIO) -> None:
         )
         if m is not None and m.used_includes_reserved:
             print("    (v1 driver: used includes the driver's reserved memory)", file=out)
+        unknown = _unknown_cells(d)
+        if unknown:
+            print(f"    (unknown: {safe('; '.join(unknown))})", file=out)
         _mig_rows(d, out)
-    for f in snap.failures:
-        print(f"{f.index:<4}UNREADABLE: {safe(f.error)}", file=out)
     driver = safe(snap.system.driver_version or "?")
     print(f"backend {snap.backend}, driver {driver}, read in {snap.duration_ns / 1e3:.0f} µs", file=out)
 
@@ -246,11 +284,16 @@ def _instance_cells(d: DeviceState, gi: int | None, ci: int | None) -> str:
 def process_table(snap: Snapshot, out: TextIO) -> None:
     """The ``snapshot procs`` view; with a GPU in MIG mode, each process's GPU-instance and compute-instance ids
     (``GI``, ``CI``) too."""
-    from ..model import unknown_key  # loaded already: snap is one of its objects
+    from ..model import DeviceFailure, unknown_key  # loaded already: snap is one of its objects
 
     mig = any(d.mig_mode for d in snap.devices)
     print(f"{'GPU':<4}{'  GI  CI' if mig else ''}{'pid':>8}  {'kind':<9}{'used':>11}  name", file=out)
-    for d in snap.devices:
+    rows = 0
+    for d in _in_order(snap):
+        if isinstance(d, DeviceFailure):
+            _unreadable(d, out)
+            rows += 1
+            continue
         listed: set[tuple[int, str]] = set()
         for kind in ("compute", "graphics", "mps"):
             procs = getattr(d, f"{kind}_processes")
@@ -258,12 +301,14 @@ def process_table(snap: Snapshot, out: TextIO) -> None:
                 why = d.why_unknown(unknown_key("processes", kind))
                 cells = f"{'':>8}" if mig else ""
                 print(f"{d.index:<4}{cells}{'?':>8}  {kind:<9}{'':>11}  ({safe(why)})", file=out)
+                rows += 1
                 continue
             for p in procs:
                 listed.add((p.pid, kind))
                 cells = _instance_cells(d, p.gpu_instance_id, p.compute_instance_id) if mig else ""
                 print(f"{d.index:<4}{cells}{p.pid:>8}  {kind:<9}{human_bytes(p.used_bytes):>11}  "
                       f"{safe(p.name or '?')}", file=out)
+                rows += 1
         for m in d.mig_devices or ():
             for p in m.processes or ():
                 if (p.pid, p.kind.value) in listed:
@@ -272,8 +317,11 @@ def process_table(snap: Snapshot, out: TextIO) -> None:
                 ci = m.compute_instance_id if p.compute_instance_id is None else p.compute_instance_id
                 print(f"{d.index:<4}{_instance_cells(d, gi, ci)}{p.pid:>8}  {p.kind.value:<9}"
                       f"{human_bytes(p.used_bytes):>11}  {safe(p.name or '?')}", file=out)
-    for f in snap.failures:
-        print(f"{f.index:<4}UNREADABLE: {safe(f.error)}", file=out)
+                rows += 1
+    if not rows:
+        # A header alone read as a failure, or as "clean": the lists are empty, which alone never means clean.
+        print("(no process listed on the selected GPUs; memory may still be held: `nvmlcheck wait --timeout 0` "
+              "judges whether they are clean)", file=out)
 
 
 class StatusLine:
@@ -293,19 +341,29 @@ class StatusLine:
         if now - self._last < 0.1:
             return
         self._last = now
-        try:
-            columns = os.get_terminal_size(self.stream.fileno()).columns
-        except (OSError, ValueError):  # a TTY-like stream without a real terminal behind it
-            columns = 80
-        text = safe(text)[: max(20, columns - 1)]
-        self._write("\r" + text.ljust(self._width))
-        self._width = len(text)
+        # Within the terminal's width, always: a line that wraps is not rewritten by "\r" (each update would leave
+        # a line behind), on a narrow terminal (it was cut at 20 columns at least) or one narrowed since the last
+        # update (the padding to the old width wrapped). Counted in columns: a wide character takes two.
+        room = self._room()
+        text, width = _fit(safe(text), room)
+        self._write("\r" + text + " " * (min(self._width, room) - width))
+        self._width = width
 
     def clear(self) -> None:
         """Erase the line; a second call writes nothing."""
         if self.enabled and self._width:
-            self._write("\r" + " " * self._width + "\r")
+            self._write("\r" + " " * min(self._width, self._room()) + "\r")
             self._width = 0
+
+    def _room(self) -> int:
+        """The columns a status line may take: the terminal's width less one (the cursor's column)."""
+        try:
+            columns = os.get_terminal_size(self.stream.fileno()).columns
+        except (OSError, ValueError):  # a TTY-like stream without a real terminal behind it
+            columns = 80
+        if columns <= 0:  # a terminal that reports no width (0 columns): the default, not no room at all
+            columns = 80
+        return max(1, columns - 1)
 
     def _write(self, text: str) -> None:
         # A terminal that fails (EIO once it is gone) ends the status line, not the wait: it is not the verdict.
@@ -314,6 +372,20 @@ class StatusLine:
             self.stream.flush()
         except (OSError, ValueError):
             self.enabled = False
+
+
+def _fit(text: str, room: int) -> tuple[str, int]:
+    """``text`` cut to ``room`` terminal columns, and the columns it takes (an East Asian wide or full-width
+    character takes two, a combining mark none)."""
+    import unicodedata
+
+    used = 0
+    for n, ch in enumerate(text):
+        w = 0 if unicodedata.combining(ch) else 2 if unicodedata.east_asian_width(ch) in ("W", "F") else 1
+        if used + w > room:
+            return text[:n], used
+        used += w
+    return text, used
 
 
 def status_updater(status: StatusLine, predicate: Any, start: float) -> Any:

@@ -170,10 +170,23 @@ def _start(argv: list[str], env: dict[str, str], hold_open: Sequence[str] = ()) 
     try:
         return subprocess.Popen(argv, env=env, pass_fds=fds)
     except OSError as exc:
-        raise UsageError(f"cannot start {argv[0]!r}: {exc.strerror or exc}") from None
+        raise UsageError(_cannot_start(argv[0], exc)) from None
     finally:
         for fd in fds:
             os.close(fd)
+
+
+def _cannot_start(program: str, exc: OSError) -> str:
+    """Why COMMAND did not start, in the shell's terms: not found (on ``PATH``, for a bare name), a directory, not
+    executable ("Permission denied" said all three alike for a directory)."""
+    where = "" if os.sep in program else " on PATH"
+    if isinstance(exc, FileNotFoundError):
+        return f"cannot start {program!r}: not found{where}"
+    if os.path.isdir(program):
+        return f"cannot start {program!r}: it is a directory"
+    if isinstance(exc, PermissionError):
+        return f"cannot start {program!r}: not executable ({exc.strerror})"
+    return f"cannot start {program!r}: {exc.strerror or exc}"
 
 
 def _wait_for(child: subprocess.Popen[bytes]) -> int:

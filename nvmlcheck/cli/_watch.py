@@ -49,15 +49,13 @@ def _watch(args: argparse.Namespace) -> int:
             # Registered within --for: a registration call that hangs (a wedged driver) ends the command at its
             # end (exit 3, the call named), not whenever the driver answers.
             listener = gpus._listen(began_ns + bound_ns, time.monotonic_ns, bounded=False)
-        if not listener.active:
-            if gpus.backend.name == "smi":  # the listener's reason speaks of waits, which poll instead; watch cannot
-                return _unavailable(args, "events: the smi backend has none (nvidia-smi cannot deliver them): nothing "
-                                    "to watch; events need the NVML backend (--backend nvml)")
-            return _unavailable(args, f"events: {listener.reason}")
+        unheard = _no_events(args, listener, gpus.backend.name)
+        if unheard is not None:
+            return _unavailable(args, unheard)
         # Some GPUs only: say which of the selected ones are not watched, once (not the others: a fleet operator
         # watching GPU 0 has no use for GPU 5's reason).
         left_out = {i: why for i, why in listener.device_reasons.items() if wanted is None or i in wanted}
-        why_not = "; ".join(f"GPU {i}: {why}" for i, why in sorted(left_out.items())) or None
+        why_not = _left_out(left_out, args.duration)
         covered = sorted(listener.covered if wanted is None else listener.covered & wanted)
         if not covered:  # the selected GPUs have no events (the others do): nothing would ever be printed
             return _unavailable(args, f"events: no selected GPU is listened to ({why_not or 'none covered'})")
@@ -85,6 +83,21 @@ def _watch(args: argparse.Namespace) -> int:
     return EXIT_CLEAN
 
 
+def _no_events(args: argparse.Namespace, listener: Any, backend: str) -> str | None:
+    """Why there is nothing to watch (``None``: the listener runs)."""
+    if listener.state == "starting":
+        # --for ran out while the registration was still running (a --for shorter than registering takes, or a
+        # wedged driver): nothing was watched. The listener's reason speaks to waits, which poll meanwhile.
+        return (f"events: --for {args.duration:g} s ended before the GPUs were registered for events: "
+                f"{_in_flight(listener.reason)}; nothing was watched")
+    if listener.active:
+        return None
+    if backend == "smi":  # the listener's reason speaks of waits, which poll instead; watch cannot
+        return ("events: the smi backend has none (nvidia-smi cannot deliver them): nothing to watch; events need "
+                "the NVML backend (--backend nvml)")
+    return f"events: {listener.reason}"
+
+
 def _line(doc: dict[str, Any]) -> str:
     """One JSON Lines line: compact, and marked ``"simulated": true`` on simulated GPUs as every document is."""
     import json
@@ -106,5 +119,35 @@ def _unavailable(args: argparse.Namespace, message: str) -> int:
     return EXIT_BACKEND
 
 
+#: A GPU's reason when the deadline of the call that started the listener came before its turn: for watch, --for.
+_CUT = "the deadline of the wait that started the listener came first"
+
+
+def _left_out(reasons: dict[int, str], duration: float | None) -> str | None:
+    """The GPUs not listened to and why, one clause per reason (``GPUs 1-63: ...``, not 63 copies of it); a
+    registration cut by the deadline is said as --for's."""
+    by_reason: dict[str, list[int]] = {}
+    for i, reason in sorted(reasons.items()):
+        why = reason if duration is None else reason.replace(_CUT, f"--for {duration:g} s ended first")
+        by_reason.setdefault(why, []).append(i)
+    return "; ".join(f"{_gpus(indices)}: {why}" for why, indices in by_reason.items()) or None
+
+
+def _in_flight(reason: str | None) -> str:
+    """The call a registration still waits on and the GPUs not registered, from a ``"starting"`` listener's reason
+    (which goes on to say what waits do meanwhile: not watch's concern)."""
+    text = reason or "the registration had not finished"
+    text = text.split(": ", 1)[1] if text.startswith("registration had not finished") and ": " in text else text
+    return text.split("; waits poll", 1)[0]
+
+
 def _gpus(indices: list[int]) -> str:
-    return f"GPU {indices[0]}" if len(indices) == 1 else f"GPUs {', '.join(map(str, indices))}"
+    """``GPU 3``, ``GPUs 0, 2``, ``GPUs 0-63`` (consecutive runs as ranges: 64 GPUs are one short line)."""
+    runs: list[list[int]] = []
+    for i in indices:
+        if runs and i == runs[-1][-1] + 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    words = [str(r[0]) if len(r) == 1 else f"{r[0]}, {r[1]}" if len(r) == 2 else f"{r[0]}-{r[-1]}" for r in runs]
+    return f"GPU {indices[0]}" if len(indices) == 1 else f"GPUs {', '.join(words)}"

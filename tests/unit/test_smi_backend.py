@@ -143,12 +143,25 @@ class TestOpen:
             SmiBackend(command="/no/such/nvidia-smi")
         assert info.value.attempts and "/no/such/nvidia-smi" in info.value.attempts[0]
 
+    def test_a_missing_executable_says_so_in_the_message_not_only_the_detail(self, env: Env, tmp_path: Path) -> None:
+        # `--backend smi` without nvidia-smi said "nvidia-smi did not answer": nothing was run to answer.
+        with pytest.raises(BackendUnavailable) as info:
+            SmiBackend(command="/no/such/nvidia-smi")
+        assert info.value.TRANSIENT is False
+        assert "not found" in info.value.message and "did not answer" not in info.value.message
+        plain = tmp_path / "nvidia-smi"
+        plain.write_text("#!/bin/sh\n", encoding="utf-8")  # not executable
+        with pytest.raises(BackendUnavailable) as info:
+            SmiBackend(command=str(plain))
+        assert "not executable" in info.value.message
+
     def test_timeout_at_open_is_backend_unavailable(self, env: Env) -> None:
         env.write("device index=0")
         env.knob("FAKE_SMI_DELAY_S", "30")
         with pytest.raises(BackendUnavailable) as info:
             SmiBackend(command=FAKE_CMD, timeout_s=0.3)
         assert isinstance(info.value.__cause__, SmiTimeout)
+        assert "did not answer within 0.3 s" in info.value.message
 
     def test_through_an_ssh_like_prefix(self, env: Env, tmp_path: Path) -> None:
         env.write("device index=0", "process device=0 kind=compute pid=4123456 used=1048576")

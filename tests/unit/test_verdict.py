@@ -126,6 +126,49 @@ def test_a_mig_instance_holding_memory_with_no_holder_past_the_bound_is_stuck() 
     assert other.ready
 
 
+def test_a_whole_mig_gpu_names_the_instance_figure_it_judged_not_the_parents() -> None:
+    """The parent reads 0 B while one instance holds 10 GiB with no process: the line said "0 B used with no process
+    listed" (the parent's figure) though the rule judged the instance's. It names the instance's figure and
+    instance; the teardown's expected time counts those bytes too."""
+    from nvmlcheck.model import Memory, MigDevice
+
+    held = MigDevice(0, "MIG-0", 1, 0, Memory(18 * GIB, 10 * GIB, 8 * GIB, 0), ())
+    idle = MigDevice(1, "MIG-1", 2, 0, Memory(18 * GIB, 0, 18 * GIB, 0), ())
+    gpu = replace(dev(0, used=0), mig_mode=True, mig_devices=(held, idle))
+    (v,) = classify(snap(gpu), now_ns=0, watch=states({}))
+    (c,) = v.culprits
+    assert v.class_ == "reclaiming" and c.kind == "memory"
+    assert c.used_bytes == 10 * GIB and "10.0 GiB used" in c.reason and "0 B" not in c.reason
+    assert (c.mig_uuid, c.gpu_instance_id) == ("MIG-0", 1)
+    two = replace(gpu, mig_devices=(held, replace(idle, memory=Memory(18 * GIB, 4 * GIB, 14 * GIB, 0))))
+    (w,) = classify(snap(two), now_ns=0, watch=states({}))
+    # One culprit per instance over its limit, each with its own figure and instance.
+    assert [(c.used_bytes, c.mig_uuid) for c in w.culprits] == [(10 * GIB, "MIG-0"), (4 * GIB, "MIG-1")]
+    assert "4.0 GiB used" in w.culprits[1].reason
+
+
+def test_an_undecided_mig_gpu_names_the_instance_figure_and_the_mig_limit() -> None:
+    """nvidia-smi's whole MiB: an instance at the limit + the MIG allowance cannot be judged. The line named the
+    parent's figure and the bare limit."""
+    from nvmlcheck.model import Memory, MigDevice
+    from nvmlcheck.predicates import DEFAULT_MAX_USED_BYTES, DEFAULT_MIG_IDLE_BYTES
+
+    at = DEFAULT_MAX_USED_BYTES + DEFAULT_MIG_IDLE_BYTES
+    mib = 1 << 20
+    edge = MigDevice(0, "MIG-0", 1, 0, Memory(18 * GIB, at, 18 * GIB - at, 0, granularity_bytes=mib), ())
+    gpu = replace(dev(0, used=0, granularity=mib), mig_mode=True, mig_devices=(edge,))
+    (v,) = classify(snap(gpu), now_ns=0, watch=states({}))
+    (c,) = v.culprits
+    assert v.class_ == "unknown" and c.used_bytes == at and c.mig_uuid == "MIG-0"
+    assert c.reason.startswith("80.0 MiB used is within") and "MIG idle allowance" in c.reason
+
+
+def test_verdicts_come_in_gpu_index_order_an_unreadable_gpu_in_its_place() -> None:
+    lost = failure(1, GpuLost(15, "nvmlDeviceGetHandleByIndex_v2", 1))
+    s = nc.Snapshot("nvml", 0, 0, 0.0, SYSTEM, (dev(0), dev(2)), (lost,))
+    assert [v.index for v in classify(s, now_ns=0, watch=states({}), judge_health=False)] == [0, 1, 2]
+
+
 def test_a_live_holder_resets_the_teardown_clock() -> None:
     w = states({42: "R"})
     w.observe(snap(dev(0, used=8 * GIB)), 0)

@@ -1037,6 +1037,20 @@ def test_a_hung_query_overruns_the_timeout_by_one_query_not_a_whole_poll() -> No
     assert err.culprits == ("no poll finished before the deadline (a query was still running when it passed)",)
 
 
+def test_a_timeout_used_up_before_the_first_poll_is_said_as_such_not_as_a_query_still_running() -> None:
+    # `wait --timeout 1e-9`: opening NVML used the timeout up, and the CLI hands on the least positive bound
+    # (_deadline.left_s). Nothing was running when the deadline passed; the message said a query was.
+    from nvmlcheck._deadline import USED_UP_S
+
+    t = FakeTime()
+    gpu = SlowPasses(t, BUSY, queries=7)
+    with pytest.raises(WaitTimeout) as info:
+        poll_until(gpu, timeout=USED_UP_S, clock=t.clock, sleep=t.sleep, pass_deadline=True)
+    (line,) = info.value.culprits
+    assert "used up before the first poll" in line and "still running" not in line
+    assert line.startswith("no poll finished before the deadline")  # names no holder (errors._NOT_HOLDERS)
+
+
 def test_the_pass_is_cut_on_the_injected_clock() -> None:
     # The poller's clock governs the deadline it hands down: a fake clock that never moves never expires it.
     t = FakeTime()
