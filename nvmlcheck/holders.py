@@ -228,6 +228,17 @@ class HoldersIncomplete(NvmlCheckError, TimeoutError):
                          "is unknown (not none)")
 
 
+def _cut(timeout: float | None, what: str) -> str:
+    """Why a holders reading bounded by ``timeout`` was cut while ``what`` was read: a timeout a caller's setup used
+    up (handed on as the least positive one) is said as such, not as a reading still running."""
+    from ._deadline import USED_UP_S
+
+    if timeout is not None and 0 < timeout <= USED_UP_S:
+        return (f"the timeout was used up before {what} could be read (opening the GPUs and reading the selection "
+                "took it)")
+    return f"{what} were still being read"
+
+
 def _time_limit(timeout: float | None, clock: Callable[[], int]) -> int | None:
     """The deadline (on ``clock``) of a holders reading given ``timeout`` seconds (``None``, ``inf``: none). ``0``
     (or a timeout that rounds to 0 ns) is one complete reading, as a wait's ``timeout=0`` is one check that always
@@ -599,7 +610,7 @@ def _session_holders(
         indices = source._resolve(devices, deadline_ns, clock)
     except DeadlinePassed:
         raise HoldersIncomplete(math.inf if timeout is None else float(timeout),
-                                "the GPUs named by the selection were still being read") from None
+                                _cut(timeout, "the GPUs named by the selection")) from None
     try:
         every = source.holders(None, device_files=device_files, timeout=left())  # the proof looks at every GPU
         if not all_holders and _unproven(every):

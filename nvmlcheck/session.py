@@ -841,7 +841,7 @@ class Session:
         "nothing"."""
         from ._deadline import read_by
         from .errors import DeadlinePassed
-        from .holders import HoldersIncomplete, _find_holders, _time_limit
+        from .holders import HoldersIncomplete, _cut, _find_holders, _time_limit
 
         self._check_open()
         devices = _once(devices)  # read twice (resolved, then its MIG instances): a generator reads once
@@ -851,10 +851,10 @@ class Session:
         try:
             indices = self._resolve(devices, deadline_ns, clock)
         except DeadlinePassed:
-            raise HoldersIncomplete(timeout_s, "the GPUs named by the selection were still being read") from None
+            raise HoldersIncomplete(timeout_s, _cut(timeout, "the GPUs named by the selection")) from None
         read = read_by(self._backend, indices, Fields.PROCESSES, deadline_ns, clock)
         if read is None:
-            raise HoldersIncomplete(timeout_s, "the GPUs' process lists were still being read")
+            raise HoldersIncomplete(timeout_s, _cut(timeout, "the GPUs' process lists"))
         snap = read
         snap.raise_for_failures()
         snap = self._instances_selected(snap, devices, deadline_ns, clock)

@@ -117,3 +117,15 @@ def test_kill_wait_whose_timeout_is_used_up_times_out(
         offset[0] += 10**10  # ten seconds after the signal: the 1 s timeout is used up
         with pytest.raises(nc.KillTimeout):
             plan.wait(session, timeout=1.0, stable_polls=2)
+
+
+def test_holders_handed_a_used_up_timeout_say_so(tmp_path: Path) -> None:
+    # A caller's setup that used the timeout up hands on the least positive one (left_s): the reading it cuts said
+    # "the GPUs' process lists were still being read", although nothing was.
+    from nvmlcheck._deadline import USED_UP_S
+
+    with use_stub(Scenario.h200(), tmp_dir=tmp_path), nc.open("nvml") as gpus:
+        with pytest.raises(nc.HoldersIncomplete, match="the timeout was used up before the GPUs' process lists"):
+            gpus.holders(timeout=USED_UP_S)
+        with pytest.raises(nc.HoldersIncomplete, match="the timeout was used up before the GPUs named by the"):
+            gpus.holders(["GPU-00000000-0000-0000-0000-000000000000"], timeout=USED_UP_S)
