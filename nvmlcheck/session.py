@@ -86,6 +86,13 @@ def _by_uuid(item: str, uuids: Mapping[int, str], unreadable: Mapping[int, str])
     return (matches[0],)
 
 
+def _gpus_here(count: int) -> str:
+    """How many GPUs this host has, for a message about an index it has not."""
+    if count == 0:
+        return "this host has no GPU"
+    return "this host has 1 GPU (index 0)" if count == 1 else f"this host has {count} GPUs (indices 0..{count - 1})"
+
+
 def _is_mig(item: object) -> bool:
     """Whether selector ``item`` names a MIG instance: ``MIG-...`` in any case (an nvmlcheck selector ``mig-...``
     must not be read as a GPU UUID that names nothing)."""
@@ -450,7 +457,7 @@ class Session:
                 continue
             if isinstance(item, int):
                 if not 0 <= item < count:
-                    raise NoSuchDevice(f"no GPU with index {item}: this host has {count} (indices 0..{count - 1})")
+                    raise NoSuchDevice(f"no GPU with index {item}: {_gpus_here(count)}")
                 out.add(item)
                 continue
             if is_digits(item):

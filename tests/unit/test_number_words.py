@@ -191,3 +191,12 @@ def test_a_size_is_printed_in_the_units_it_can_be_given_in() -> None:
     assert format_bytes(parse_size("15EiB")) == "15.0 EiB"
     assert format_bytes(3 << 50) == "3.0 PiB" and format_bytes(-(3 << 50)) == "-3.0 PiB"
     assert format_bytes(1023 << 40) == "1023.0 TiB"
+
+
+def test_an_index_the_host_has_not_is_said_in_words_that_count() -> None:
+    # "this host has 1 (indices 0..0)": one GPU said as a range.
+    from nvmlcheck.session import _gpus_here
+
+    assert _gpus_here(0) == "this host has no GPU"
+    assert _gpus_here(1) == "this host has 1 GPU (index 0)"
+    assert _gpus_here(8) == "this host has 8 GPUs (indices 0..7)"
