@@ -417,6 +417,18 @@ def test_a_corrupt_reading_fails_its_gpu_alone(open_backend: Opener, what: str) 
     assert slept == []
 
 
+def test_a_mig_instance_holding_more_than_it_has_is_corrupt_alike(open_backend: Opener) -> None:
+    # The stub once clamped a MIG device's used memory to its total (a full instance, clean-looking numbers) where
+    # the fake nvidia-smi printed what the processes hold (a corrupt reading): one scenario, two verdicts.
+    sc = _mig(loaded=False)
+    sc.add_process(0, 4_100_042, used_bytes=20 * GIB, gi=2, ci=0)  # instance gi=2 has 16 GiB
+    with open_backend(sc) as gpus:
+        snap = gpus.snapshot(fields=nc.Fields.WAIT)
+    assert [d.index for d in snap.devices] == [1]
+    (failure,) = snap.failures
+    assert failure.index == 0 and isinstance(failure.error, nc.CorruptData)
+
+
 # --- identity: one spelling of the PCI bus id, one answer for a field the GPU does not support -----------------------
 
 
