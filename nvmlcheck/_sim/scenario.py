@@ -290,6 +290,20 @@ class _Changes:
                 raise ArgumentError(f"UUID {wanted} is already {what}'s: every GPU and MIG device needs its own")
         uuids[key] = wanted
 
+    def _mig_ids(self) -> dict[tuple[int, int], tuple[int, int]]:
+        """The (GPU instance, compute instance) ids of each MIG device ``(device, index)`` declared so far."""
+        raise NotImplementedError
+
+    def _claim_mig_ids(self, key: tuple[int, int], gi: int, ci: int) -> None:
+        """Refuse ``gi``/``ci`` for MIG device ``key`` when another MIG device of the GPU has them: a pair names one
+        MIG device, and the backends would count the processes of the instance on both (and list them twice)."""
+        ids = self._mig_ids()
+        for other, pair in ids.items():
+            if other != key and other[0] == key[0] and pair == (gi, ci):
+                raise ArgumentError(f"MIG device {other[1]} of GPU {key[0]} already has gi={gi} ci={ci}: every MIG "
+                                    "device of a GPU is its own (GPU instance, compute instance) pair")
+        ids[key] = (gi, ci)
+
     def _check_device(self, device: object, what: str = "device") -> int:
         index = _check_int(what, device, _U32_MAX)
         if index >= self._device_count():
@@ -379,9 +393,11 @@ class _Changes:
         """
         idx = _check_int("index", index, 6)
         dev = self._check_device(device)
-        parts = [f"mig device={dev} index={idx}", f"ci={_check_int('ci', ci, _U32_MAX)}"]
+        ci = _check_int("ci", ci, _U32_MAX)
+        parts = [f"mig device={dev} index={idx}", f"ci={ci}"]
         if gi is not None:
-            parts.append(f"gi={_check_int('gi', gi, _U32_MAX)}")
+            gi = _check_int("gi", gi, _U32_MAX)
+            parts.append(f"gi={gi}")
         if uuid is not None:
             parts.append("uuid=" + _quote(_check_uuid("uuid", uuid, mig=True)))
         total = _check_int("total_bytes", total_bytes)
@@ -389,14 +405,27 @@ class _Changes:
         if used > total:
             raise ArgumentError(f"used_bytes {used} exceeds total_bytes {total}")
         parts.append(f"total={total} used={used}")
-        self._uuids().pop((dev, idx), None)  # a line naming an existing MIG device replaces it, its UUID too
-        self._claim_uuid((dev, idx), uuid)
+        # A line naming an existing MIG device replaces it, its ids and UUID too; a refused one changes nothing.
+        ids, uuids = self._mig_ids(), self._uuids()
+        kept_ids, kept_uuid = ids.pop((dev, idx), None), uuids.pop((dev, idx), None)
+        try:
+            self._claim_mig_ids((dev, idx), idx + 1 if gi is None else gi, ci)
+            self._claim_uuid((dev, idx), uuid)
+        except ArgumentError:
+            ids.pop((dev, idx), None)
+            uuids.pop((dev, idx), None)
+            if kept_ids is not None:
+                ids[(dev, idx)] = kept_ids
+            if kept_uuid is not None:
+                uuids[(dev, idx)] = kept_uuid
+            raise
         self._emit(" ".join(parts))
 
     def remove_mig_device(self, device: int, index: int) -> None:
         """Destroy MIG device ``index`` of GPU ``device`` (nothing happens if there is none)."""
         dev, idx = self._check_device(device), _check_int("index", index, 6)
         self._uuids().pop((dev, idx), None)
+        self._mig_ids().pop((dev, idx), None)
         self._emit(f"mig device={dev} index={idx} remove=1")
 
     def remove_process(self, device: int, pid: int, kind: ProcessKind | ProcessKindName = "compute") -> None:
@@ -519,6 +548,9 @@ class TimelineStep(_Changes):
     def _uuids(self) -> dict[tuple[int, ...], str]:
         return self.scenario._uuids()
 
+    def _mig_ids(self) -> dict[tuple[int, int], tuple[int, int]]:
+        return self.scenario._mig_ids()
+
 
 @dataclass
 class Scenario(_Changes):
@@ -550,6 +582,7 @@ class Scenario(_Changes):
     _lines: list[str] = field(default_factory=list, init=False, repr=False)
     _devices: int = field(default=0, init=False, repr=False)
     _uuid_of: dict[tuple[int, ...], str] = field(default_factory=dict, init=False, repr=False)
+    _mig_ids_of: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict, init=False, repr=False)
     # The file every change is written to as it is made (the pytest plugin's nvml_scenario_path), or None.
     _kept_in: Path | None = field(default=None, init=False, repr=False, compare=False)
 
@@ -612,6 +645,9 @@ class Scenario(_Changes):
 
     def _uuids(self) -> dict[tuple[int, ...], str]:
         return self._uuid_of
+
+    def _mig_ids(self) -> dict[tuple[int, int], tuple[int, int]]:
+        return self._mig_ids_of
 
     def add_device(self, **fields: object) -> int:
         """Declare the next device (index 0, 1, ...) and return its index. Fields: see the class docstring."""

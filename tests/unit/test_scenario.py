@@ -392,6 +392,35 @@ def test_a_uuid_another_device_has_is_refused() -> None:
     sc.add_mig_device(1, 0, uuid="MIG-2")  # a destroyed MIG device's UUID can be reused
 
 
+def test_a_gi_ci_pair_another_mig_device_of_the_gpu_has_is_refused() -> None:
+    # Two MIG devices of one (GPU instance, compute instance) pair were accepted: both backends then counted the
+    # instance's processes in both devices' memory and listed them under both.
+    sc = Scenario.h200(devices=2)
+    sc.set_device(0, mig=True)
+    sc.set_device(1, mig=True)
+    sc.add_mig_device(0, 0, gi=1, ci=0)
+    with pytest.raises(ValueError, match="MIG device 0 of GPU 0 already has gi=1 ci=0"):
+        sc.add_mig_device(0, 1, gi=1, ci=0)
+    with pytest.raises(ValueError, match="MIG device 0 of GPU 0 already has gi=1 ci=0"):
+        sc.add_mig_device(0, 1, gi=1)  # ci defaults to 0
+    with pytest.raises(ValueError, match="MIG device 0 of GPU 0 already has gi=1 ci=0"):
+        sc.at_ms(5).add_mig_device(0, 3, gi=1)  # in the timeline too
+    sc.add_mig_device(0, 5)  # no gi: index + 1 = 6, free
+    sc.add_mig_device(0, 1, gi=1, ci=1)  # another compute instance of the same GPU instance
+    sc.add_mig_device(1, 0, gi=1, ci=0)  # another GPU's
+    sc.add_mig_device(0, 0, gi=1, ci=0)  # a device may restate its own
+    sc.add_mig_device(0, 2)  # default gi=3
+    with pytest.raises(ValueError, match="MIG device 2 of GPU 0 already has gi=3 ci=0"):
+        sc.add_mig_device(0, 4, gi=3)
+    with pytest.raises(ValueError, match="already MIG device 0 of GPU 0's"):
+        sc.add_mig_device(0, 2, gi=9, uuid="MIG-00000000-0000-0000-0000-000000000000")  # refused for its UUID...
+    with pytest.raises(ValueError, match="MIG device 2 of GPU 0 already has gi=3 ci=0"):
+        sc.add_mig_device(0, 4, gi=3)  # ... so MIG device 2 still has gi=3
+    sc.remove_mig_device(0, 2)
+    sc.add_mig_device(0, 4, gi=3)  # a destroyed MIG device's pair can be reused
+    assert sc.render().count("mig device=") == 8  # the refused calls wrote nothing
+
+
 @pytest.mark.parametrize("uuid", ["not a uuid", "GPU 0", "gpu-1234", "MIG-1234", "GPU-", "GPU-12,34"])
 def test_a_gpu_uuid_must_have_nvmls_shape(uuid: str) -> None:
     with pytest.raises(ValueError, match="uuid must look like GPU-"):
