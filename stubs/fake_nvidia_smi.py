@@ -253,16 +253,18 @@ def apply_mig(state: State, pairs: dict[str, str], line_no: int) -> None:
         for m in same:
             migs.remove(m)
         return
+    # A line naming an existing MIG device replaces it (as the stub does): keys it leaves out take their defaults,
+    # not the old device's values.
     uuid = f"MIG-00000000-0000-0000-{dev:04x}-{index:012x}"
-    entry = same[0] if same else {"device": dev, "index": index, "gi": index + 1, "ci": 0, "uuid": uuid,
-                                  "total": 0, "used": 0}  # fmt: skip
+    entry = {"device": dev, "index": index, "gi": index + 1, "ci": 0, "uuid": uuid, "total": 0, "used": 0}
     for key, value in pairs.items():
         if key == "uuid":
             entry[key] = value
         elif key not in ("device", "index"):
             entry[key] = number(value, f"line {line_no} {key}")
-    if not same:
-        migs.append(entry)
+    for m in same:
+        migs.remove(m)
+    migs.append(entry)
 
 
 # The NVML calls whose sticky faults are rendered, and the scenario keys of what nvidia-smi prints from them.

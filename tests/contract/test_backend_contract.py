@@ -429,6 +429,20 @@ def test_a_mig_instance_holding_more_than_it_has_is_corrupt_alike(open_backend: 
     assert failure.index == 0 and isinstance(failure.error, nc.CorruptData)
 
 
+def test_a_restated_mig_device_is_replaced_alike(open_backend: Opener) -> None:
+    # A line naming an existing MIG device replaces it (stubs/README.md): the stub did, the fake nvidia-smi merged
+    # it into the old one, keeping the old UUID and memory the new line left out.
+    sc = _mig(loaded=False)
+    sc.add_mig_device(0, 1, gi=2, ci=0, total_bytes=8 * GIB)  # no uuid: the default, not MIG_UUIDS[1]
+    sc.add_mig_device(0, 0, gi=1, ci=0, uuid=MIG_UUIDS[0])  # no total: 0
+    with open_backend(sc) as gpus:
+        snap = gpus.snapshot(fields=nc.Fields.WAIT)
+    migs = snap.devices[0].mig_devices
+    assert migs is not None
+    assert [(m.index, m.uuid) for m in migs] == [(0, MIG_UUIDS[0]), (1, "MIG-00000000-0000-0000-0000-000000000001")]
+    assert [m.memory.total_bytes if m.memory else None for m in migs] == [0, 8 * GIB]
+
+
 # --- identity: one spelling of the PCI bus id, one answer for a field the GPU does not support -----------------------
 
 
