@@ -222,22 +222,22 @@ def apply_process(state: State, pairs: dict[str, str], line_no: int) -> None:
         for p in same:
             procs.remove(p)
         return
-    used = None if pairs.get("used", "0") == "na" else number(pairs.get("used", "0"), "used")
-    holds = number(pairs["holds"], "holds") if "holds" in pairs else (used or 0)
-    entry = {
-        "device": dev,
-        "kind": pairs["kind"],
-        "pid": pid,
-        "used": used,
-        "holds": holds,
-        "gi": number(pairs["gi"], "gi") if "gi" in pairs else None,
-        "ci": number(pairs["ci"], "ci") if "ci" in pairs else None,
-        "bound": pairs.get("bound") == "1",
-        "zombie_holds": pairs.get("zombie_holds") == "1",
-    }
-    if same:
-        same[0].update(entry)
-    else:
+    # A line naming an existing entry changes only the keys it names (stubs/README.md, as the stub does); ``holds``
+    # left unset follows ``used``. A new entry starts from the defaults.
+    entry = same[0] if same else {"device": dev, "kind": pairs["kind"], "pid": pid, "used": 0, "holds_set": None,
+                                  "gi": None, "ci": None, "bound": False, "zombie_holds": False}  # fmt: skip
+    if "used" in pairs:
+        entry["used"] = None if pairs["used"] == "na" else number(pairs["used"], "used")
+    if "holds" in pairs:
+        entry["holds_set"] = number(pairs["holds"], "holds")
+    for key in ("gi", "ci"):
+        if key in pairs:
+            entry[key] = number(pairs[key], key)
+    for key in ("bound", "zombie_holds"):
+        if key in pairs:
+            entry[key] = pairs[key] == "1"
+    entry["holds"] = entry["holds_set"] if entry["holds_set"] is not None else (entry["used"] or 0)
+    if not same:
         procs.append(entry)
 
 

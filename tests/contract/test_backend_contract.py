@@ -443,6 +443,23 @@ def test_a_restated_mig_device_is_replaced_alike(open_backend: Opener) -> None:
     assert [m.memory.total_bytes if m.memory else None for m in migs] == [0, 8 * GIB]
 
 
+def test_a_restated_process_changes_only_what_its_line_names_alike(open_backend: Opener) -> None:
+    # A process line naming an existing entry changes only the keys it names (stubs/README.md): the stub did, the
+    # fake nvidia-smi replaced the entry, dropping its instance ids and its holds.
+    sc = _mig(loaded=False)
+    sc.add_process(0, 4_100_042, used_bytes=GIB, holds_bytes=3 * GIB, gi=2, ci=0)
+    sc.add_process(0, 4_100_042, used_bytes=2 * GIB)  # still in GI 2, still holding 3 GiB
+    with open_backend(sc) as gpus:
+        snap = gpus.snapshot(fields=nc.Fields.WAIT)
+    d0 = snap.devices[0]
+    assert [(p.pid, p.used_bytes, p.gpu_instance_id, p.compute_instance_id) for p in d0.compute_processes or ()] == [
+        (4_100_042, 2 * GIB, 2, 0)
+    ]
+    migs = d0.mig_devices
+    assert migs is not None and [[p.pid for p in m.processes or ()] for m in migs] == [[], [4_100_042]]
+    assert migs[1].memory is not None and _close(3 * GIB, migs[1].memory.used_bytes, migs[1].memory.granularity_bytes)
+
+
 # --- identity: one spelling of the PCI bus id, one answer for a field the GPU does not support -----------------------
 
 
