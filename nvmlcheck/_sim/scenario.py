@@ -304,6 +304,17 @@ class _Changes:
                                     "device of a GPU is its own (GPU instance, compute instance) pair")
         ids[key] = (gi, ci)
 
+    def _mig_capable(self) -> set[int]:
+        """The GPUs given ``mig=True`` so far (in the initial state or any timeline step)."""
+        raise NotImplementedError
+
+    def _check_mig_gpu(self, device: int, what: str) -> None:
+        """Refuse ``what`` on a GPU that no call so far put in MIG mode: the stub and nvidia-smi would accept it and
+        never show it (a MIG device answers only while its GPU has ``mig=1``)."""
+        if device not in self._mig_capable():
+            raise ArgumentError(f"{what}: GPU {device} is not in MIG mode; give it mig=True first (set_device({device}, "
+                                "mig=True), in the initial state or in the timeline step that turns MIG on)")
+
     def _check_device(self, device: object, what: str = "device") -> int:
         index = _check_int(what, device, _U32_MAX)
         if index >= self._device_count():
@@ -316,6 +327,8 @@ class _Changes:
         rendered = _render_device_fields(fields)
         if "uuid" in fields:
             self._claim_uuid((index,), _check_str("uuid", fields["uuid"], 95))
+        if fields.get("mig") is True:
+            self._mig_capable().add(index)
         self._emit(" ".join([f"device index={index}", *rendered]))
 
     def add_process(
@@ -348,8 +361,9 @@ class _Changes:
             zombie_holds: with ``bound``: an unreaped zombie still counts as alive.
             gi, ci: MIG GPU / compute instance ids (default 0xFFFFFFFF, "not MIG").
         """
+        dev = self._check_device(device)
         parts = [
-            f"process device={self._check_device(device)}",
+            f"process device={dev}",
             f"kind={_check_kind(kind)}",
             f"pid={_check_int('pid', pid, _U32_MAX)}",
             "used=na" if used_bytes is None else f"used={_check_int('used_bytes', used_bytes, _U64_MAX - 1)}",
@@ -383,7 +397,9 @@ class _Changes:
         total_bytes: int = 0,
         used_bytes: int = 0,
     ) -> None:
-        """Add (or change) MIG device ``index`` (0..6) of GPU ``device``; it answers while the GPU has ``mig=True``.
+        """Add (or change) MIG device ``index`` (0..6) of GPU ``device``; it answers while the GPU has ``mig=True``,
+        which an earlier call must have given it (in the initial state or a timeline step). Its ``gi``/``ci`` pair
+        must not be another MIG device's of the GPU.
 
         Args:
             gi, ci: its GPU / compute instance ids (default ``index + 1`` and 0); processes added with the same
@@ -393,6 +409,7 @@ class _Changes:
         """
         idx = _check_int("index", index, 6)
         dev = self._check_device(device)
+        self._check_mig_gpu(dev, "add_mig_device")
         ci = _check_int("ci", ci, _U32_MAX)
         parts = [f"mig device={dev} index={idx}", f"ci={ci}"]
         if gi is not None:
@@ -551,6 +568,9 @@ class TimelineStep(_Changes):
     def _mig_ids(self) -> dict[tuple[int, int], tuple[int, int]]:
         return self.scenario._mig_ids()
 
+    def _mig_capable(self) -> set[int]:
+        return self.scenario._mig_capable()
+
 
 @dataclass
 class Scenario(_Changes):
@@ -583,6 +603,7 @@ class Scenario(_Changes):
     _devices: int = field(default=0, init=False, repr=False)
     _uuid_of: dict[tuple[int, ...], str] = field(default_factory=dict, init=False, repr=False)
     _mig_ids_of: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict, init=False, repr=False)
+    _mig_gpus: set[int] = field(default_factory=set, init=False, repr=False)
     # The file every change is written to as it is made (the pytest plugin's nvml_scenario_path), or None.
     _kept_in: Path | None = field(default=None, init=False, repr=False, compare=False)
 
@@ -649,6 +670,9 @@ class Scenario(_Changes):
     def _mig_ids(self) -> dict[tuple[int, int], tuple[int, int]]:
         return self._mig_ids_of
 
+    def _mig_capable(self) -> set[int]:
+        return self._mig_gpus
+
     def add_device(self, **fields: object) -> int:
         """Declare the next device (index 0, 1, ...) and return its index. Fields: see the class docstring."""
         rendered = _render_device_fields(fields)
@@ -659,6 +683,8 @@ class Scenario(_Changes):
         except ArgumentError:
             self._devices -= 1
             raise
+        if fields.get("mig") is True:
+            self._mig_gpus.add(index)
         self._emit(" ".join([f"device index={index}", *rendered]))
         return index
 

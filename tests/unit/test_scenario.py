@@ -301,6 +301,7 @@ def test_fault_race_quirk_timeline_validation() -> None:
 
 def test_mig_device_lines() -> None:
     scenario = Scenario.h200()
+    scenario.set_device(0, mig=True)
     scenario.add_mig_device(0, 2, gi=5, uuid="MIG-abc", total_bytes=10, used_bytes=3)
     scenario.at_call(9).remove_mig_device(0, 2)
     assert body(scenario)[-2:] == [
@@ -389,6 +390,7 @@ def test_a_uuid_another_device_has_is_refused() -> None:
     sc.add_mig_device(0, 2, uuid="MIG-2")  # ... until it is replaced
     sc.add_mig_device(0, 3, uuid="MIG-00000000-0000-0000-0000-000000000002")
     sc.remove_mig_device(0, 2)
+    sc.set_device(1, mig=True)
     sc.add_mig_device(1, 0, uuid="MIG-2")  # a destroyed MIG device's UUID can be reused
 
 
@@ -430,7 +432,28 @@ def test_a_gpu_uuid_must_have_nvmls_shape(uuid: str) -> None:
 @pytest.mark.parametrize("uuid", ["GPU-1234", "MIG 1", "MIG-"])
 def test_a_mig_uuid_must_have_nvmls_shape(uuid: str) -> None:
     with pytest.raises(ValueError, match="uuid must look like MIG-"):
-        Scenario.h200().add_mig_device(0, 0, uuid=uuid)
+        sc = Scenario.h200()
+        sc.set_device(0, mig=True)
+        sc.add_mig_device(0, 0, uuid=uuid)
+
+
+def test_a_mig_device_on_a_gpu_never_in_mig_mode_is_refused() -> None:
+    # It was accepted, and neither backend ever showed it (a MIG device answers only while its GPU has mig=1).
+    sc = Scenario.h200(devices=3)
+    with pytest.raises(ValueError, match=r"add_mig_device: GPU 0 is not in MIG mode; give it mig=True first"):
+        sc.add_mig_device(0, 0, total_bytes=1 << 30)
+    with pytest.raises(ValueError, match="GPU 1 is not in MIG mode"):
+        sc.at_ms(10).add_mig_device(1, 0)
+    assert "mig device=" not in sc.render()
+    sc.set_device(0, mig=True)
+    sc.add_mig_device(0, 0)
+    sc.at_call(5).set_device(1, mig=True)  # MIG turned on in the timeline: its instances may be declared
+    sc.at_call(5).add_mig_device(1, 0)
+    sc.add_device(mig=True)
+    sc.add_mig_device(3, 0)
+    with pytest.raises(ValueError, match="GPU 2 is not in MIG mode"):
+        sc.set_device(2, mig=False)
+        sc.add_mig_device(2, 0)
 
 
 def test_raise_event_renders_every_kind_and_raw_type_bits() -> None:
