@@ -613,8 +613,9 @@ class Scenario(_Changes):
             self._keep()
 
     def __getstate__(self) -> dict[str, object]:
-        """For copy and pickle: a copy is a scenario of its own, written to no file of the original's."""
-        state = dict(self.__dict__)
+        """For copy and pickle: a copy is a scenario of its own, written to no file of the original's, with lines
+        and bookkeeping of its own (``copy.copy`` once shared them: a line added to the copy was the original's too)."""
+        state = {k: (type(v)(v) if isinstance(v, (list, dict, set)) else v) for k, v in self.__dict__.items()}
         state["_kept_in"] = None
         return state
 

@@ -243,10 +243,27 @@ def test_a_copy_of_a_kept_scenario_writes_to_no_file_of_the_original(tmp_path: P
     scenario = Scenario.h200()
     path = tmp_path / "scenario.txt"
     scenario._keep_in(path)
-    for other in (copy.deepcopy(scenario), pickle.loads(pickle.dumps(scenario))):
+    for other in (copy.deepcopy(scenario), pickle.loads(pickle.dumps(scenario)), copy.copy(scenario)):
         other.add_process(0, pid=4_123_456)
         assert "4123456" in other.render()
     assert path.read_text(encoding="utf-8") == scenario.render() == Scenario.h200().render()
+
+
+def test_a_shallow_copy_is_a_scenario_of_its_own() -> None:
+    # copy.copy shared the list of lines (and the UUID and MIG bookkeeping): a process added to the copy was the
+    # original's too, and a UUID the copy took was refused to the original.
+    import copy
+
+    scenario = Scenario.h200()
+    other = copy.copy(scenario)
+    other.add_process(0, pid=4_123_456)
+    other.set_device(0, uuid="GPU-copy", mig=True)
+    other.add_mig_device(0, 0)
+    assert "4123456" in other.render() and "4123456" not in scenario.render()
+    assert scenario.render() == Scenario.h200().render()
+    scenario.add_device(uuid="GPU-copy")  # still free in the original
+    with pytest.raises(ValueError, match="not in MIG mode"):
+        scenario.add_mig_device(0, 0)
 
 
 def test_writing_a_scenario_to_a_directory_says_so_and_leaves_nothing(tmp_path: Path) -> None:
