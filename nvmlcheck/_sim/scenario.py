@@ -312,8 +312,9 @@ class _Changes:
         """Refuse ``what`` on a GPU that no call so far put in MIG mode: the stub and nvidia-smi would accept it and
         never show it (a MIG device answers only while its GPU has ``mig=1``)."""
         if device not in self._mig_capable():
-            raise ArgumentError(f"{what}: GPU {device} is not in MIG mode; give it mig=True first (set_device({device}, "
-                                "mig=True), in the initial state or in the timeline step that turns MIG on)")
+            raise ArgumentError(f"{what}: GPU {device} is not in MIG mode; give it mig=True first "
+                                f"(set_device({device}, mig=True), in the initial state or in the timeline step "
+                                "that turns MIG on)")
 
     def _check_device(self, device: object, what: str = "device") -> int:
         index = _check_int(what, device, _U32_MAX)
