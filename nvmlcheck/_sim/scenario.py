@@ -84,6 +84,20 @@ def _check_str(name: str, value: object, max_bytes: int) -> str:
     return value
 
 
+def _check_text(name: str, value: object, max_bytes: int, *, empty: bool = True) -> str:
+    """A string NVML reports that nvidia-smi prints too (a name, serial, version): no whitespace at either end, which
+    nvidia-smi's columns cannot carry (its reader strips it, NVML's keeps it: the backends would disagree); empty
+    only where ``empty``."""
+    text = _check_str(name, value, max_bytes)
+    if text != text.strip():
+        raise ArgumentError(f"{name} cannot begin or end with whitespace (nvidia-smi's output loses it, so the two "
+                            f"backends would read different values): {text!r}")
+    if not text and not empty:
+        raise ArgumentError(f"{name} cannot be empty (no driver reports an empty one; NVML would read '' where "
+                            "nvidia-smi reads nothing)")
+    return text
+
+
 def _check_kind(kind: object) -> str:
     name = getattr(kind, "value", kind)  # nvmlcheck.ProcessKind.COMPUTE is "compute"
     for known in PROCESS_KINDS:
@@ -186,11 +200,11 @@ def _render_device_fields(fields: Mapping[str, object]) -> list[str]:
     out: list[str] = []
     for name, value in fields.items():
         if name == "name":
-            out.append("name=" + _quote(_check_str(name, value, 63)))
+            out.append("name=" + _quote(_check_text(name, value, 63)))
         elif name == "uuid":
             out.append("uuid=" + _quote(_check_uuid(name, value, mig=False)))
         elif name == "serial":
-            out.append("serial=" + _quote(_check_str(name, value, 29)))
+            out.append("serial=" + _quote(_check_text(name, value, 29)))
         elif name == "pci_bus_id":
             out.append("pci=" + _check_pci(value))
         elif name == "pci_device_id":
@@ -580,7 +594,8 @@ class Scenario(_Changes):
     Lines are rendered in the order the methods are called. Device keyword arguments carry units in their names
     and map to scenario keys as :data:`DEVICE_FIELDS` says:
 
-    ``name``, ``uuid``, ``serial`` (str); ``pci_bus_id`` (``"00000000:06:00.0"``); ``pci_device_id``,
+    ``name``, ``uuid``, ``serial`` (str; ``name``, ``serial``, ``driver`` and ``nvml`` without whitespace at either
+    end, which nvidia-smi cannot print, and ``driver``/``nvml`` not empty); ``pci_bus_id`` (``"00000000:06:00.0"``); ``pci_device_id``,
     ``pci_subsystem_id``, ``minor`` (int); ``total_bytes``, ``reserved_bytes``, ``used_bytes`` (int; ``used_bytes``
     is memory used by things other than the listed processes); ``clocks_mhz``, ``max_clocks_mhz``,
     ``app_clocks_mhz`` (mapping of ``"graphics"``/``"sm"``/``"mem"``/``"video"`` to MHz); ``clock_event_reasons``
@@ -621,8 +636,8 @@ class Scenario(_Changes):
         return state
 
     def __post_init__(self) -> None:
-        self.driver = _check_str("driver", self.driver, 79)
-        self.nvml = _check_str("nvml", self.nvml, 79)
+        self.driver = _check_text("driver", self.driver, 79, empty=False)
+        self.nvml = _check_text("nvml", self.nvml, 79, empty=False)
         self.cuda = _check_int("cuda", self.cuda, _INT_MAX)
 
     @classmethod
@@ -701,7 +716,8 @@ class Scenario(_Changes):
 
     def render(self) -> str:
         """The scenario file's text."""
-        driver, nvml = _check_str("driver", self.driver, 79), _check_str("nvml", self.nvml, 79)
+        driver = _check_text("driver", self.driver, 79, empty=False)
+        nvml = _check_text("nvml", self.nvml, 79, empty=False)
         system = f"system driver={_quote(driver)} nvml={_quote(nvml)} cuda={_check_int('cuda', self.cuda, _INT_MAX)}"
         return "\n".join(["nvmlcheck-stub-scenario 1", system, *self._lines]) + "\n"
 

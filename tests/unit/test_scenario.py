@@ -498,3 +498,29 @@ def test_raise_event_refuses_what_the_stub_could_not_deliver(
 def test_event_types_must_name_a_type() -> None:
     with pytest.raises(ValueError, match="at least one event type bit"):
         Scenario().add_device(event_types=0)
+
+
+# --- strings both backends read alike -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("field", ["name", "serial"])
+@pytest.mark.parametrize("value", ["  padded  ", " lead", "trail\t", "x\u00a0"])
+def test_a_name_or_serial_with_whitespace_at_an_end_is_refused(field: str, value: str) -> None:
+    # Accepted: NVML read "  padded  ", nvidia-smi's reader "padded" (its columns cannot carry the spaces).
+    with pytest.raises(ValueError, match=f"{field} cannot begin or end with whitespace"):
+        Scenario.h200().set_device(0, **{field: value})
+    with pytest.raises(ValueError, match=f"{field} cannot begin or end with whitespace"):
+        Scenario().add_device(**{field: value})
+    Scenario.h200().set_device(0, **{field: value.strip().replace(" ", "") + " inside ok"})
+
+
+@pytest.mark.parametrize("field", ["driver", "nvml"])
+@pytest.mark.parametrize(("value", "why"), [("", "cannot be empty"), (" 580.1", "cannot begin or end with whitespace")])
+def test_a_driver_or_nvml_version_both_backends_cannot_read_alike_is_refused(field: str, value: str, why: str) -> None:
+    # driver="" was accepted: NVML read '' (a known, empty version), nvidia-smi nothing (unknown, with a reason).
+    with pytest.raises(ValueError, match=f"{field} {why}"):
+        Scenario(**{field: value})
+    sc = Scenario.h200()
+    setattr(sc, field, value)  # set after construction: refused when rendered
+    with pytest.raises(ValueError, match=f"{field} {why}"):
+        sc.render()
