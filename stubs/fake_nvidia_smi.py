@@ -139,6 +139,26 @@ def number(text: str, what: str) -> int:
     raise ValueError(f"{what}: {text!r} is not a non-negative decimal or 0x hex number (at most 64 bits)")
 
 
+def flag(key: str, text: str, line_no: int) -> int:
+    """A scenario boolean as the stub reads it: exactly ``0`` or ``1``."""
+    if text not in ("0", "1"):
+        raise ValueError(f"scenario line {line_no}: {key}={text}: expected 0 or 1")
+    return int(text)
+
+
+def stub_functions() -> dict[str, bool]:
+    """The functions the stub exports (read from ``stub_nvml.c`` next to this file, the source of truth), each with
+    whether it can carry a fault: a fault line the stub refuses is refused here too."""
+    source = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stub_nvml.c")
+    try:
+        with open(source, encoding="utf-8") as f:
+            text = f.read()
+    except OSError:  # this file copied away from the stub's source: the names cannot be checked
+        return {}
+    return {m.group(1): "F_NOFAULT" not in m.group(2)
+            for m in re.finditer(r"^\s*X\((nvml\w+),\s*([^)]*)\)", text, re.M)}
+
+
 def default_device(i: int) -> Dev:
     return {
         "index": i,
@@ -197,6 +217,8 @@ def apply_device(state: State, pairs: dict[str, str], line_no: int) -> None:
             dev[key] = tuple(number(p, "remapped") for p in parts)
         elif key == "unsupported":
             dev[key] = {p for p in value.split(",") if p}
+        elif key in ("lost", "mig", "retired_pending"):
+            dev[key] = flag(key, value, line_no)
         elif key != "index":
             dev[key] = number(value, f"line {line_no} {key}")
 
@@ -209,6 +231,19 @@ def parse_retired(text: str, line_no: int) -> tuple[str, int, int | None]:
     return (cause, number(address, "address"), number(stamp, "timestamp") if stamp else None)
 
 
+def check_process(state: State, dev: int, pairs: dict[str, str], line_no: int) -> None:
+    """What the stub refuses in a process line is refused here too: one file must not load in one backend and fail
+    in the other."""
+    if dev >= len(state["devices"]):
+        raise ValueError(f"scenario line {line_no}: process device={dev}: no such device "
+                         f"({len(state['devices'])} declared)")
+    for key in ("bound", "zombie_holds", "remove"):
+        if key in pairs:
+            flag(key, pairs[key], line_no)
+    if pairs.get("remove") == "1" and len(pairs) != 4:
+        raise ValueError(f"scenario line {line_no}: process remove=1 takes only device, kind and pid")
+
+
 def apply_process(state: State, pairs: dict[str, str], line_no: int) -> None:
     for key in ("device", "kind", "pid"):
         if key not in pairs:
@@ -216,6 +251,7 @@ def apply_process(state: State, pairs: dict[str, str], line_no: int) -> None:
     if pairs["kind"] not in ("compute", "graphics", "mps"):
         raise ValueError(f"scenario line {line_no}: kind must be compute, graphics or mps")
     dev, pid = number(pairs["device"], "device"), number(pairs["pid"], "pid")
+    check_process(state, dev, pairs, line_no)
     procs = state["processes"]
     same = [p for p in procs if p["device"] == dev and p["kind"] == pairs["kind"] and p["pid"] == pid]
     if pairs.get("remove") == "1":
@@ -247,6 +283,13 @@ def apply_mig(state: State, pairs: dict[str, str], line_no: int) -> None:
         if key not in pairs:
             raise ValueError(f"scenario line {line_no}: mig needs {key}=")
     dev, index = number(pairs["device"], "device"), number(pairs["index"], "index")
+    if index >= 7:
+        raise ValueError(f"scenario line {line_no}: mig index={index}: at most 7 MIG devices a GPU")
+    if dev >= len(state["devices"]):
+        raise ValueError(f"scenario line {line_no}: mig device={dev}: no such device "
+                         f"({len(state['devices'])} declared)")
+    if "remove" in pairs:
+        flag("remove", pairs["remove"], line_no)
     migs = state["migs"]
     same = [m for m in migs if m["device"] == dev and m["index"] == index]
     if pairs.get("remove") == "1":
@@ -262,6 +305,8 @@ def apply_mig(state: State, pairs: dict[str, str], line_no: int) -> None:
             entry[key] = value
         elif key not in ("device", "index"):
             entry[key] = number(value, f"line {line_no} {key}")
+    if entry["used"] > entry["total"]:
+        raise ValueError(f"scenario line {line_no}: mig: used={entry['used']} exceeds total={entry['total']}")
     for m in same:
         migs.remove(m)
     migs.append(entry)
@@ -285,9 +330,19 @@ FAULT_KEYS = {"fn", "code", "device", "after", "count", "delay_ms"}
 def apply_fault(state: State, pairs: dict[str, str], line_no: int) -> None:
     """``fault fn=F code=C device=D after=A count=N delay_ms=T``: what nvidia-smi prints from F on GPU D (every GPU
     without ``device``) reads as C's placeholder, after A calls and for N (0: all following), each T ms late."""
-    key = FAULT_FIELDS.get(pairs.get("fn", ""))
+    fn = pairs.get("fn", "")
+    functions = stub_functions()  # empty when they cannot be read: then nothing is checked
+    if functions and fn not in functions:
+        raise ValueError(f"scenario line {line_no}: fault fn={fn}: not a function this stub exports")
+    if functions and not functions[fn]:
+        raise ValueError(f"scenario line {line_no}: fault fn={fn}: this function cannot fail")
+    key = FAULT_FIELDS.get(fn)
     values = {k: number(pairs[k], f"line {line_no} {k}") for k in ("code", "device", "after", "count", "delay_ms")
               if k in pairs}
+    if values.get("code", 1) > 2**31 - 1:
+        raise ValueError(f"scenario line {line_no}: code={pairs['code']}: out of range (at most {2**31 - 1})")
+    if values.get("code") == 0:
+        raise ValueError(f"scenario line {line_no}: fault code=0: that is success; leave code= out to answer normally")
     if key is None or ("code" not in values and not values.get("delay_ms")):
         return
     # Its identity across runs: the line's text and how many identical lines came before it (not its number: a
