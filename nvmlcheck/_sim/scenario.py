@@ -595,9 +595,10 @@ class Scenario(_Changes):
     and map to scenario keys as :data:`DEVICE_FIELDS` says:
 
     ``name``, ``uuid``, ``serial`` (str; ``name``, ``serial``, ``driver`` and ``nvml`` without whitespace at either
-    end, which nvidia-smi cannot print, and ``driver``/``nvml`` not empty); ``pci_bus_id`` (``"00000000:06:00.0"``); ``pci_device_id``,
-    ``pci_subsystem_id``, ``minor`` (int); ``total_bytes``, ``reserved_bytes``, ``used_bytes`` (int; ``used_bytes``
-    is memory used by things other than the listed processes); ``clocks_mhz``, ``max_clocks_mhz``,
+    end, which nvidia-smi cannot print, and ``driver``/``nvml`` not empty); ``pci_bus_id``
+    (``"00000000:06:00.0"``); ``pci_device_id``, ``pci_subsystem_id``, ``minor`` (int); ``total_bytes``,
+    ``reserved_bytes``, ``used_bytes`` (int; ``used_bytes`` is memory used by things other than the listed
+    processes); ``clocks_mhz``, ``max_clocks_mhz``,
     ``app_clocks_mhz`` (mapping of ``"graphics"``/``"sm"``/``"mem"``/``"video"`` to MHz); ``clock_event_reasons``
     (bit mask); ``retired_pages`` (sequence of ``(cause, address, timestamp)``, cause ``"sbe"`` or ``"dbe"``);
     ``retired_pending`` (bool); ``remapped_rows`` (``(correctable, uncorrectable, pending, failure)``);

@@ -519,7 +519,7 @@ def test_a_name_or_serial_with_whitespace_at_an_end_is_refused(field: str, value
 def test_a_driver_or_nvml_version_both_backends_cannot_read_alike_is_refused(field: str, value: str, why: str) -> None:
     # driver="" was accepted: NVML read '' (a known, empty version), nvidia-smi nothing (unknown, with a reason).
     with pytest.raises(ValueError, match=f"{field} {why}"):
-        Scenario(**{field: value})
+        Scenario(**{field: value})  # type: ignore[arg-type]
     sc = Scenario.h200()
     setattr(sc, field, value)  # set after construction: refused when rendered
     with pytest.raises(ValueError, match=f"{field} {why}"):
