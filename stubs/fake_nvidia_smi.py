@@ -17,7 +17,10 @@ count=2`` lets one run through and fails the next two. The counts are kept acros
 file is written again (its ``at ms=`` clock restarts then too), as the stub's restart with every load. Faults on
 other calls (``nvmlInit*``, events) are ignored. A bound process is listed, and holds memory, exactly while
 ``/proc/<pid>`` exists and is not a zombie (``list_ms``/``release_ms`` are not
-simulated: it is gone at once).
+simulated: it is gone at once). Lines are read as the stub reads them: a ``process`` line naming an existing entry
+changes only the keys it names, a ``mig`` line naming an existing MIG device replaces it, and a line the stub refuses
+at ``nvmlInit`` (an undeclared device, a boolean other than 0/1, a fault on a function the stub does not export, ...)
+is refused here, naming the line: one file never loads in one backend and fails in the other.
 
 Supported command lines (as the real one): ``--query-gpu=``, ``--query-compute-apps=``, ``--query-retired-pages=``,
 ``--query-remapped-rows=`` with ``--format=csv[,noheader][,nounits]``; ``-q -d PIDS``; ``--version``; ``-i``/``--id``
