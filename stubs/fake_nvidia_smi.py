@@ -880,6 +880,13 @@ def full_q_sections(view: View, dev: Dev) -> list[str]:
     layout of NVIDIA's MIG user guide and the driver-580 ``-q`` captures), FB Memory Usage."""
     mode = "N/A" if view.unsupported(dev, "mig") else ("Enabled" if dev["mig"] else "Disabled")
     used = view.used(dev)
+    # The memory call answers for the GPU and its MIG devices alike (the stub checks the parent's unsupported= and
+    # faults on a MIG handle too): when it fails, every FB Memory Usage value is its placeholder, never a number.
+    failed = view.placeholder if view.unsupported(dev, "memory") else view.failed(dev, "memory")
+
+    def mib(value: int) -> str:
+        return failed if failed is not None else f"{ceil_mib(value)} MiB"
+
     out = [
         kv(4, "Product Name", dev["name"], 55),
         kv(4, "Persistence Mode", "Enabled", 55),
@@ -902,19 +909,19 @@ def full_q_sections(view: View, dev: Dev) -> list[str]:
             kv(20, "Multiprocessor count", 16, 55),
             kv(20, "Copy Engine count", 1, 55),
             "            FB Memory Usage",
-            kv(16, "Total", f"{ceil_mib(m['total'])} MiB", 55),
-            kv(16, "Reserved", "0 MiB", 55),
-            kv(16, "Used", f"{ceil_mib(mu)} MiB", 55),
-            kv(16, "Free", f"{ceil_mib(max(0, m['total'] - mu))} MiB", 55),
+            kv(16, "Total", mib(m["total"]), 55),
+            kv(16, "Reserved", mib(0), 55),
+            kv(16, "Used", mib(mu), 55),
+            kv(16, "Free", mib(max(0, m["total"] - mu)), 55),
         ]
     out += [
         kv(4, "Serial Number", dev["serial"], 55),
         kv(4, "GPU UUID", dev["uuid"], 55),
         "    FB Memory Usage",
-        kv(8, "Total", f"{ceil_mib(dev['total'])} MiB", 55),
-        kv(8, "Reserved", f"{ceil_mib(dev['reserved'])} MiB", 55),
-        kv(8, "Used", f"{ceil_mib(used)} MiB", 55),
-        kv(8, "Free", f"{ceil_mib(max(0, dev['total'] - dev['reserved'] - used))} MiB", 55),
+        kv(8, "Total", mib(dev["total"]), 55),
+        kv(8, "Reserved", mib(dev["reserved"]), 55),
+        kv(8, "Used", mib(used), 55),
+        kv(8, "Free", mib(max(0, dev["total"] - dev["reserved"] - used)), 55),
     ]
     return out
 

@@ -460,6 +460,26 @@ def test_a_restated_process_changes_only_what_its_line_names_alike(open_backend:
     assert migs[1].memory is not None and _close(3 * GIB, migs[1].memory.used_bytes, migs[1].memory.granularity_bytes)
 
 
+@pytest.mark.parametrize("how", ["fault-3", "fault-999", "unsupported"])
+def test_a_failing_memory_call_leaves_the_mig_devices_memory_unknown_alike(open_backend: Opener, how: str) -> None:
+    # The stub fails the memory call on a MIG handle as on its GPU; the fake nvidia-smi's -q printed the MIG devices'
+    # memory anyway, so the smi backend read an instance with 0 used: a failed query that looked idle.
+    sc = _mig(loaded=True)
+    if how == "unsupported":
+        sc.set_device(0, unsupported=("memory",))
+    else:
+        for fn in ("nvmlDeviceGetMemoryInfo_v2", "nvmlDeviceGetMemoryInfo"):
+            sc.fault(fn, int(how.removeprefix("fault-")), device=0)
+    with open_backend(sc) as gpus:
+        snap = gpus.snapshot(fields=nc.Fields.WAIT)
+    by_index = {d.index: d for d in snap.devices}
+    assert 1 in by_index and by_index[1].memory is not None  # the other GPU still reads
+    if 0 in by_index:
+        migs = by_index[0].mig_devices
+        assert migs is not None and migs and all(m.memory is None for m in migs), migs
+        assert any("memory" in key for m in migs for key in m.unknown), [m.unknown for m in migs]
+
+
 # --- identity: one spelling of the PCI bus id, one answer for a field the GPU does not support -----------------------
 
 
