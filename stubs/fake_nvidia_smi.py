@@ -17,7 +17,10 @@ count=2`` lets one run through and fails the next two. The counts are kept acros
 file is written again (its ``at ms=`` clock restarts then too), as the stub's restart with every load. Faults on
 other calls (``nvmlInit*``, events) are ignored. A bound process is listed, and holds memory, exactly while
 ``/proc/<pid>`` exists and is not a zombie (``list_ms``/``release_ms`` are not
-simulated: it is gone at once).
+simulated: it is gone at once). Lines are read as the stub reads them: a ``process`` line naming an existing entry
+changes only the keys it names, a ``mig`` line naming an existing MIG device replaces it, and a line the stub refuses
+at ``nvmlInit`` (an undeclared device, a boolean other than 0/1, a fault on a function the stub does not export, ...)
+is refused here, naming the line: one file never loads in one backend and fails in the other.
 
 Supported command lines (as the real one): ``--query-gpu=``, ``--query-compute-apps=``, ``--query-retired-pages=``,
 ``--query-remapped-rows=`` with ``--format=csv[,noheader][,nounits]``; ``-q -d PIDS``; ``--version``; ``-i``/``--id``
@@ -139,6 +142,26 @@ def number(text: str, what: str) -> int:
     raise ValueError(f"{what}: {text!r} is not a non-negative decimal or 0x hex number (at most 64 bits)")
 
 
+def flag(key: str, text: str, line_no: int) -> int:
+    """A scenario boolean as the stub reads it: exactly ``0`` or ``1``."""
+    if text not in ("0", "1"):
+        raise ValueError(f"scenario line {line_no}: {key}={text}: expected 0 or 1")
+    return int(text)
+
+
+def stub_functions() -> dict[str, bool]:
+    """The functions the stub exports (read from ``stub_nvml.c`` next to this file, the source of truth), each with
+    whether it can carry a fault: a fault line the stub refuses is refused here too."""
+    source = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stub_nvml.c")
+    try:
+        with open(source, encoding="utf-8") as f:
+            text = f.read()
+    except OSError:  # this file copied away from the stub's source: the names cannot be checked
+        return {}
+    return {m.group(1): "F_NOFAULT" not in m.group(2)
+            for m in re.finditer(r"^\s*X\((nvml\w+),\s*([^)]*)\)", text, re.M)}
+
+
 def default_device(i: int) -> Dev:
     return {
         "index": i,
@@ -197,6 +220,8 @@ def apply_device(state: State, pairs: dict[str, str], line_no: int) -> None:
             dev[key] = tuple(number(p, "remapped") for p in parts)
         elif key == "unsupported":
             dev[key] = {p for p in value.split(",") if p}
+        elif key in ("lost", "mig", "retired_pending"):
+            dev[key] = flag(key, value, line_no)
         elif key != "index":
             dev[key] = number(value, f"line {line_no} {key}")
 
@@ -209,6 +234,19 @@ def parse_retired(text: str, line_no: int) -> tuple[str, int, int | None]:
     return (cause, number(address, "address"), number(stamp, "timestamp") if stamp else None)
 
 
+def check_process(state: State, dev: int, pairs: dict[str, str], line_no: int) -> None:
+    """What the stub refuses in a process line is refused here too: one file must not load in one backend and fail
+    in the other."""
+    if dev >= len(state["devices"]):
+        raise ValueError(f"scenario line {line_no}: process device={dev}: no such device "
+                         f"({len(state['devices'])} declared)")
+    for key in ("bound", "zombie_holds", "remove"):
+        if key in pairs:
+            flag(key, pairs[key], line_no)
+    if pairs.get("remove") == "1" and len(pairs) != 4:
+        raise ValueError(f"scenario line {line_no}: process remove=1 takes only device, kind and pid")
+
+
 def apply_process(state: State, pairs: dict[str, str], line_no: int) -> None:
     for key in ("device", "kind", "pid"):
         if key not in pairs:
@@ -216,28 +254,29 @@ def apply_process(state: State, pairs: dict[str, str], line_no: int) -> None:
     if pairs["kind"] not in ("compute", "graphics", "mps"):
         raise ValueError(f"scenario line {line_no}: kind must be compute, graphics or mps")
     dev, pid = number(pairs["device"], "device"), number(pairs["pid"], "pid")
+    check_process(state, dev, pairs, line_no)
     procs = state["processes"]
     same = [p for p in procs if p["device"] == dev and p["kind"] == pairs["kind"] and p["pid"] == pid]
     if pairs.get("remove") == "1":
         for p in same:
             procs.remove(p)
         return
-    used = None if pairs.get("used", "0") == "na" else number(pairs.get("used", "0"), "used")
-    holds = number(pairs["holds"], "holds") if "holds" in pairs else (used or 0)
-    entry = {
-        "device": dev,
-        "kind": pairs["kind"],
-        "pid": pid,
-        "used": used,
-        "holds": holds,
-        "gi": number(pairs["gi"], "gi") if "gi" in pairs else None,
-        "ci": number(pairs["ci"], "ci") if "ci" in pairs else None,
-        "bound": pairs.get("bound") == "1",
-        "zombie_holds": pairs.get("zombie_holds") == "1",
-    }
-    if same:
-        same[0].update(entry)
-    else:
+    # A line naming an existing entry changes only the keys it names (stubs/README.md, as the stub does); ``holds``
+    # left unset follows ``used``. A new entry starts from the defaults.
+    entry = same[0] if same else {"device": dev, "kind": pairs["kind"], "pid": pid, "used": 0, "holds_set": None,
+                                  "gi": None, "ci": None, "bound": False, "zombie_holds": False}  # fmt: skip
+    if "used" in pairs:
+        entry["used"] = None if pairs["used"] == "na" else number(pairs["used"], "used")
+    if "holds" in pairs:
+        entry["holds_set"] = number(pairs["holds"], "holds")
+    for key in ("gi", "ci"):
+        if key in pairs:
+            entry[key] = number(pairs[key], key)
+    for key in ("bound", "zombie_holds"):
+        if key in pairs:
+            entry[key] = pairs[key] == "1"
+    entry["holds"] = entry["holds_set"] if entry["holds_set"] is not None else (entry["used"] or 0)
+    if not same:
         procs.append(entry)
 
 
@@ -247,22 +286,33 @@ def apply_mig(state: State, pairs: dict[str, str], line_no: int) -> None:
         if key not in pairs:
             raise ValueError(f"scenario line {line_no}: mig needs {key}=")
     dev, index = number(pairs["device"], "device"), number(pairs["index"], "index")
+    if index >= 7:
+        raise ValueError(f"scenario line {line_no}: mig index={index}: at most 7 MIG devices a GPU")
+    if dev >= len(state["devices"]):
+        raise ValueError(f"scenario line {line_no}: mig device={dev}: no such device "
+                         f"({len(state['devices'])} declared)")
+    if "remove" in pairs:
+        flag("remove", pairs["remove"], line_no)
     migs = state["migs"]
     same = [m for m in migs if m["device"] == dev and m["index"] == index]
     if pairs.get("remove") == "1":
         for m in same:
             migs.remove(m)
         return
+    # A line naming an existing MIG device replaces it (as the stub does): keys it leaves out take their defaults,
+    # not the old device's values.
     uuid = f"MIG-00000000-0000-0000-{dev:04x}-{index:012x}"
-    entry = same[0] if same else {"device": dev, "index": index, "gi": index + 1, "ci": 0, "uuid": uuid,
-                                  "total": 0, "used": 0}  # fmt: skip
+    entry = {"device": dev, "index": index, "gi": index + 1, "ci": 0, "uuid": uuid, "total": 0, "used": 0}
     for key, value in pairs.items():
         if key == "uuid":
             entry[key] = value
         elif key not in ("device", "index"):
             entry[key] = number(value, f"line {line_no} {key}")
-    if not same:
-        migs.append(entry)
+    if entry["used"] > entry["total"]:
+        raise ValueError(f"scenario line {line_no}: mig: used={entry['used']} exceeds total={entry['total']}")
+    for m in same:
+        migs.remove(m)
+    migs.append(entry)
 
 
 # The NVML calls whose sticky faults are rendered, and the scenario keys of what nvidia-smi prints from them.
@@ -283,9 +333,19 @@ FAULT_KEYS = {"fn", "code", "device", "after", "count", "delay_ms"}
 def apply_fault(state: State, pairs: dict[str, str], line_no: int) -> None:
     """``fault fn=F code=C device=D after=A count=N delay_ms=T``: what nvidia-smi prints from F on GPU D (every GPU
     without ``device``) reads as C's placeholder, after A calls and for N (0: all following), each T ms late."""
-    key = FAULT_FIELDS.get(pairs.get("fn", ""))
+    fn = pairs.get("fn", "")
+    functions = stub_functions()  # empty when they cannot be read: then nothing is checked
+    if functions and fn not in functions:
+        raise ValueError(f"scenario line {line_no}: fault fn={fn}: not a function this stub exports")
+    if functions and not functions[fn]:
+        raise ValueError(f"scenario line {line_no}: fault fn={fn}: this function cannot fail")
+    key = FAULT_FIELDS.get(fn)
     values = {k: number(pairs[k], f"line {line_no} {k}") for k in ("code", "device", "after", "count", "delay_ms")
               if k in pairs}
+    if values.get("code", 1) > 2**31 - 1:
+        raise ValueError(f"scenario line {line_no}: code={pairs['code']}: out of range (at most {2**31 - 1})")
+    if values.get("code") == 0:
+        raise ValueError(f"scenario line {line_no}: fault code=0: that is success; leave code= out to answer normally")
     if key is None or ("code" not in values and not values.get("delay_ms")):
         return
     # Its identity across runs: the line's text and how many identical lines came before it (not its number: a
@@ -820,6 +880,13 @@ def full_q_sections(view: View, dev: Dev) -> list[str]:
     layout of NVIDIA's MIG user guide and the driver-580 ``-q`` captures), FB Memory Usage."""
     mode = "N/A" if view.unsupported(dev, "mig") else ("Enabled" if dev["mig"] else "Disabled")
     used = view.used(dev)
+    # The memory call answers for the GPU and its MIG devices alike (the stub checks the parent's unsupported= and
+    # faults on a MIG handle too): when it fails, every FB Memory Usage value is its placeholder, never a number.
+    failed = view.placeholder if view.unsupported(dev, "memory") else view.failed(dev, "memory")
+
+    def mib(value: int) -> str:
+        return failed if failed is not None else f"{ceil_mib(value)} MiB"
+
     out = [
         kv(4, "Product Name", dev["name"], 55),
         kv(4, "Persistence Mode", "Enabled", 55),
@@ -842,19 +909,19 @@ def full_q_sections(view: View, dev: Dev) -> list[str]:
             kv(20, "Multiprocessor count", 16, 55),
             kv(20, "Copy Engine count", 1, 55),
             "            FB Memory Usage",
-            kv(16, "Total", f"{ceil_mib(m['total'])} MiB", 55),
-            kv(16, "Reserved", "0 MiB", 55),
-            kv(16, "Used", f"{ceil_mib(mu)} MiB", 55),
-            kv(16, "Free", f"{ceil_mib(max(0, m['total'] - mu))} MiB", 55),
+            kv(16, "Total", mib(m["total"]), 55),
+            kv(16, "Reserved", mib(0), 55),
+            kv(16, "Used", mib(mu), 55),
+            kv(16, "Free", mib(max(0, m["total"] - mu)), 55),
         ]
     out += [
         kv(4, "Serial Number", dev["serial"], 55),
         kv(4, "GPU UUID", dev["uuid"], 55),
         "    FB Memory Usage",
-        kv(8, "Total", f"{ceil_mib(dev['total'])} MiB", 55),
-        kv(8, "Reserved", f"{ceil_mib(dev['reserved'])} MiB", 55),
-        kv(8, "Used", f"{ceil_mib(used)} MiB", 55),
-        kv(8, "Free", f"{ceil_mib(max(0, dev['total'] - dev['reserved'] - used))} MiB", 55),
+        kv(8, "Total", mib(dev["total"]), 55),
+        kv(8, "Reserved", mib(dev["reserved"]), 55),
+        kv(8, "Used", mib(used), 55),
+        kv(8, "Free", mib(max(0, dev["total"] - dev["reserved"] - used)), 55),
     ]
     return out
 

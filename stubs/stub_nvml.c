@@ -1445,8 +1445,9 @@ static unsigned long long mig_used(struct state *st, const struct mig *m) {
         if (p->device == m->device && p->gi == m->gi && (p->ci == NOT_MIG || p->ci == m->ci))
             held = sat_add(held, proc_held(p, now));
     }
-    unsigned long long used = sat_add(m->used, held);
-    return used < m->total ? used : m->total;
+    /* Not clamped to total: as on a whole GPU (device_memory), a scenario whose processes hold more than the
+       instance has reads as that (a corrupt reading), the same through the fake nvidia-smi. */
+    return sat_add(m->used, held);
 }
 
 static nvmlReturn_t put_string(char *buf, unsigned int length, const char *s) {
@@ -1775,7 +1776,7 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *me
         memory->total = m->total;
         memory->reserved = 0;
         memory->used = mig_used(g_state, m);
-        memory->free = m->total - memory->used;
+        memory->free = m->total > memory->used ? m->total - memory->used : 0;
         return end(NVML_SUCCESS);
     }
     device_memory(g_state, index, &memory->used, &memory->free);
@@ -1798,7 +1799,7 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) 
         if (!m) return end(NVML_ERROR_INVALID_ARGUMENT);
         memory->total = m->total;
         memory->used = mig_used(g_state, m);
-        memory->free = m->total - memory->used;
+        memory->free = m->total > memory->used ? m->total - memory->used : 0;
         return end(NVML_SUCCESS);
     }
     unsigned long long used_v2, free_v2;

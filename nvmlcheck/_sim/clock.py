@@ -53,4 +53,7 @@ def _to_ns(what: str, seconds: object) -> int:
     value = float(seconds)
     if not math.isfinite(value) or value < 0:
         raise ArgumentError(f"{what} must be a finite, non-negative number of seconds, got {seconds!r}")
-    return round(value * 1e9)
+    ns = value * 1e9
+    if not math.isfinite(ns):  # 1e300 s is finite, its ns are not: round() would raise a bare OverflowError
+        raise ArgumentError(f"{what} is too large to count in ns, got {seconds!r}")
+    return round(ns)

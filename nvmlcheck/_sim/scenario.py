@@ -84,6 +84,20 @@ def _check_str(name: str, value: object, max_bytes: int) -> str:
     return value
 
 
+def _check_text(name: str, value: object, max_bytes: int, *, empty: bool = True) -> str:
+    """A string NVML reports that nvidia-smi prints too (a name, serial, version): no whitespace at either end, which
+    nvidia-smi's columns cannot carry (its reader strips it, NVML's keeps it: the backends would disagree); empty
+    only where ``empty``."""
+    text = _check_str(name, value, max_bytes)
+    if text != text.strip():
+        raise ArgumentError(f"{name} cannot begin or end with whitespace (nvidia-smi's output loses it, so the two "
+                            f"backends would read different values): {text!r}")
+    if not text and not empty:
+        raise ArgumentError(f"{name} cannot be empty (no driver reports an empty one; NVML would read '' where "
+                            "nvidia-smi reads nothing)")
+    return text
+
+
 def _check_kind(kind: object) -> str:
     name = getattr(kind, "value", kind)  # nvmlcheck.ProcessKind.COMPUTE is "compute"
     for known in PROCESS_KINDS:
@@ -186,11 +200,11 @@ def _render_device_fields(fields: Mapping[str, object]) -> list[str]:
     out: list[str] = []
     for name, value in fields.items():
         if name == "name":
-            out.append("name=" + _quote(_check_str(name, value, 63)))
+            out.append("name=" + _quote(_check_text(name, value, 63)))
         elif name == "uuid":
             out.append("uuid=" + _quote(_check_uuid(name, value, mig=False)))
         elif name == "serial":
-            out.append("serial=" + _quote(_check_str(name, value, 29)))
+            out.append("serial=" + _quote(_check_text(name, value, 29)))
         elif name == "pci_bus_id":
             out.append("pci=" + _check_pci(value))
         elif name == "pci_device_id":
@@ -290,6 +304,32 @@ class _Changes:
                 raise ArgumentError(f"UUID {wanted} is already {what}'s: every GPU and MIG device needs its own")
         uuids[key] = wanted
 
+    def _mig_ids(self) -> dict[tuple[int, int], tuple[int, int]]:
+        """The (GPU instance, compute instance) ids of each MIG device ``(device, index)`` declared so far."""
+        raise NotImplementedError
+
+    def _claim_mig_ids(self, key: tuple[int, int], gi: int, ci: int) -> None:
+        """Refuse ``gi``/``ci`` for MIG device ``key`` when another MIG device of the GPU has them: a pair names one
+        MIG device, and the backends would count the processes of the instance on both (and list them twice)."""
+        ids = self._mig_ids()
+        for other, pair in ids.items():
+            if other != key and other[0] == key[0] and pair == (gi, ci):
+                raise ArgumentError(f"MIG device {other[1]} of GPU {key[0]} already has gi={gi} ci={ci}: every MIG "
+                                    "device of a GPU is its own (GPU instance, compute instance) pair")
+        ids[key] = (gi, ci)
+
+    def _mig_capable(self) -> set[int]:
+        """The GPUs given ``mig=True`` so far (in the initial state or any timeline step)."""
+        raise NotImplementedError
+
+    def _check_mig_gpu(self, device: int, what: str) -> None:
+        """Refuse ``what`` on a GPU that no call so far put in MIG mode: the stub and nvidia-smi would accept it and
+        never show it (a MIG device answers only while its GPU has ``mig=1``)."""
+        if device not in self._mig_capable():
+            raise ArgumentError(f"{what}: GPU {device} is not in MIG mode; give it mig=True first "
+                                f"(set_device({device}, mig=True), in the initial state or in the timeline step "
+                                "that turns MIG on)")
+
     def _check_device(self, device: object, what: str = "device") -> int:
         index = _check_int(what, device, _U32_MAX)
         if index >= self._device_count():
@@ -302,6 +342,8 @@ class _Changes:
         rendered = _render_device_fields(fields)
         if "uuid" in fields:
             self._claim_uuid((index,), _check_str("uuid", fields["uuid"], 95))
+        if fields.get("mig") is True:
+            self._mig_capable().add(index)
         self._emit(" ".join([f"device index={index}", *rendered]))
 
     def add_process(
@@ -334,8 +376,9 @@ class _Changes:
             zombie_holds: with ``bound``: an unreaped zombie still counts as alive.
             gi, ci: MIG GPU / compute instance ids (default 0xFFFFFFFF, "not MIG").
         """
+        dev = self._check_device(device)
         parts = [
-            f"process device={self._check_device(device)}",
+            f"process device={dev}",
             f"kind={_check_kind(kind)}",
             f"pid={_check_int('pid', pid, _U32_MAX)}",
             "used=na" if used_bytes is None else f"used={_check_int('used_bytes', used_bytes, _U64_MAX - 1)}",
@@ -369,7 +412,9 @@ class _Changes:
         total_bytes: int = 0,
         used_bytes: int = 0,
     ) -> None:
-        """Add (or change) MIG device ``index`` (0..6) of GPU ``device``; it answers while the GPU has ``mig=True``.
+        """Add (or change) MIG device ``index`` (0..6) of GPU ``device``; it answers while the GPU has ``mig=True``,
+        which an earlier call must have given it (in the initial state or a timeline step). Its ``gi``/``ci`` pair
+        must not be another MIG device's of the GPU.
 
         Args:
             gi, ci: its GPU / compute instance ids (default ``index + 1`` and 0); processes added with the same
@@ -379,9 +424,12 @@ class _Changes:
         """
         idx = _check_int("index", index, 6)
         dev = self._check_device(device)
-        parts = [f"mig device={dev} index={idx}", f"ci={_check_int('ci', ci, _U32_MAX)}"]
+        self._check_mig_gpu(dev, "add_mig_device")
+        ci = _check_int("ci", ci, _U32_MAX)
+        parts = [f"mig device={dev} index={idx}", f"ci={ci}"]
         if gi is not None:
-            parts.append(f"gi={_check_int('gi', gi, _U32_MAX)}")
+            gi = _check_int("gi", gi, _U32_MAX)
+            parts.append(f"gi={gi}")
         if uuid is not None:
             parts.append("uuid=" + _quote(_check_uuid("uuid", uuid, mig=True)))
         total = _check_int("total_bytes", total_bytes)
@@ -389,14 +437,27 @@ class _Changes:
         if used > total:
             raise ArgumentError(f"used_bytes {used} exceeds total_bytes {total}")
         parts.append(f"total={total} used={used}")
-        self._uuids().pop((dev, idx), None)  # a line naming an existing MIG device replaces it, its UUID too
-        self._claim_uuid((dev, idx), uuid)
+        # A line naming an existing MIG device replaces it, its ids and UUID too; a refused one changes nothing.
+        ids, uuids = self._mig_ids(), self._uuids()
+        kept_ids, kept_uuid = ids.pop((dev, idx), None), uuids.pop((dev, idx), None)
+        try:
+            self._claim_mig_ids((dev, idx), idx + 1 if gi is None else gi, ci)
+            self._claim_uuid((dev, idx), uuid)
+        except ArgumentError:
+            ids.pop((dev, idx), None)
+            uuids.pop((dev, idx), None)
+            if kept_ids is not None:
+                ids[(dev, idx)] = kept_ids
+            if kept_uuid is not None:
+                uuids[(dev, idx)] = kept_uuid
+            raise
         self._emit(" ".join(parts))
 
     def remove_mig_device(self, device: int, index: int) -> None:
         """Destroy MIG device ``index`` of GPU ``device`` (nothing happens if there is none)."""
         dev, idx = self._check_device(device), _check_int("index", index, 6)
         self._uuids().pop((dev, idx), None)
+        self._mig_ids().pop((dev, idx), None)
         self._emit(f"mig device={dev} index={idx} remove=1")
 
     def remove_process(self, device: int, pid: int, kind: ProcessKind | ProcessKindName = "compute") -> None:
@@ -519,6 +580,12 @@ class TimelineStep(_Changes):
     def _uuids(self) -> dict[tuple[int, ...], str]:
         return self.scenario._uuids()
 
+    def _mig_ids(self) -> dict[tuple[int, int], tuple[int, int]]:
+        return self.scenario._mig_ids()
+
+    def _mig_capable(self) -> set[int]:
+        return self.scenario._mig_capable()
+
 
 @dataclass
 class Scenario(_Changes):
@@ -527,9 +594,11 @@ class Scenario(_Changes):
     Lines are rendered in the order the methods are called. Device keyword arguments carry units in their names
     and map to scenario keys as :data:`DEVICE_FIELDS` says:
 
-    ``name``, ``uuid``, ``serial`` (str); ``pci_bus_id`` (``"00000000:06:00.0"``); ``pci_device_id``,
-    ``pci_subsystem_id``, ``minor`` (int); ``total_bytes``, ``reserved_bytes``, ``used_bytes`` (int; ``used_bytes``
-    is memory used by things other than the listed processes); ``clocks_mhz``, ``max_clocks_mhz``,
+    ``name``, ``uuid``, ``serial`` (str; ``name``, ``serial``, ``driver`` and ``nvml`` without whitespace at either
+    end, which nvidia-smi cannot print, and ``driver``/``nvml`` not empty); ``pci_bus_id``
+    (``"00000000:06:00.0"``); ``pci_device_id``, ``pci_subsystem_id``, ``minor`` (int); ``total_bytes``,
+    ``reserved_bytes``, ``used_bytes`` (int; ``used_bytes`` is memory used by things other than the listed
+    processes); ``clocks_mhz``, ``max_clocks_mhz``,
     ``app_clocks_mhz`` (mapping of ``"graphics"``/``"sm"``/``"mem"``/``"video"`` to MHz); ``clock_event_reasons``
     (bit mask); ``retired_pages`` (sequence of ``(cause, address, timestamp)``, cause ``"sbe"`` or ``"dbe"``);
     ``retired_pending`` (bool); ``remapped_rows`` (``(correctable, uncorrectable, pending, failure)``);
@@ -550,6 +619,8 @@ class Scenario(_Changes):
     _lines: list[str] = field(default_factory=list, init=False, repr=False)
     _devices: int = field(default=0, init=False, repr=False)
     _uuid_of: dict[tuple[int, ...], str] = field(default_factory=dict, init=False, repr=False)
+    _mig_ids_of: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict, init=False, repr=False)
+    _mig_gpus: set[int] = field(default_factory=set, init=False, repr=False)
     # The file every change is written to as it is made (the pytest plugin's nvml_scenario_path), or None.
     _kept_in: Path | None = field(default=None, init=False, repr=False, compare=False)
 
@@ -559,14 +630,15 @@ class Scenario(_Changes):
             self._keep()
 
     def __getstate__(self) -> dict[str, object]:
-        """For copy and pickle: a copy is a scenario of its own, written to no file of the original's."""
-        state = dict(self.__dict__)
+        """For copy and pickle: a copy is a scenario of its own, written to no file of the original's, with lines
+        and bookkeeping of its own (``copy.copy`` once shared them: a line added to the copy was the original's too)."""
+        state = {k: (type(v)(v) if isinstance(v, (list, dict, set)) else v) for k, v in self.__dict__.items()}
         state["_kept_in"] = None
         return state
 
     def __post_init__(self) -> None:
-        self.driver = _check_str("driver", self.driver, 79)
-        self.nvml = _check_str("nvml", self.nvml, 79)
+        self.driver = _check_text("driver", self.driver, 79, empty=False)
+        self.nvml = _check_text("nvml", self.nvml, 79, empty=False)
         self.cuda = _check_int("cuda", self.cuda, _INT_MAX)
 
     @classmethod
@@ -613,6 +685,12 @@ class Scenario(_Changes):
     def _uuids(self) -> dict[tuple[int, ...], str]:
         return self._uuid_of
 
+    def _mig_ids(self) -> dict[tuple[int, int], tuple[int, int]]:
+        return self._mig_ids_of
+
+    def _mig_capable(self) -> set[int]:
+        return self._mig_gpus
+
     def add_device(self, **fields: object) -> int:
         """Declare the next device (index 0, 1, ...) and return its index. Fields: see the class docstring."""
         rendered = _render_device_fields(fields)
@@ -623,6 +701,8 @@ class Scenario(_Changes):
         except ArgumentError:
             self._devices -= 1
             raise
+        if fields.get("mig") is True:
+            self._mig_gpus.add(index)
         self._emit(" ".join([f"device index={index}", *rendered]))
         return index
 
@@ -637,7 +717,8 @@ class Scenario(_Changes):
 
     def render(self) -> str:
         """The scenario file's text."""
-        driver, nvml = _check_str("driver", self.driver, 79), _check_str("nvml", self.nvml, 79)
+        driver = _check_text("driver", self.driver, 79, empty=False)
+        nvml = _check_text("nvml", self.nvml, 79, empty=False)
         system = f"system driver={_quote(driver)} nvml={_quote(nvml)} cuda={_check_int('cuda', self.cuda, _INT_MAX)}"
         return "\n".join(["nvmlcheck-stub-scenario 1", system, *self._lines]) + "\n"
 

@@ -417,6 +417,69 @@ def test_a_corrupt_reading_fails_its_gpu_alone(open_backend: Opener, what: str) 
     assert slept == []
 
 
+def test_a_mig_instance_holding_more_than_it_has_is_corrupt_alike(open_backend: Opener) -> None:
+    # The stub once clamped a MIG device's used memory to its total (a full instance, clean-looking numbers) where
+    # the fake nvidia-smi printed what the processes hold (a corrupt reading): one scenario, two verdicts.
+    sc = _mig(loaded=False)
+    sc.add_process(0, 4_100_042, used_bytes=20 * GIB, gi=2, ci=0)  # instance gi=2 has 16 GiB
+    with open_backend(sc) as gpus:
+        snap = gpus.snapshot(fields=nc.Fields.WAIT)
+    assert [d.index for d in snap.devices] == [1]
+    (failure,) = snap.failures
+    assert failure.index == 0 and isinstance(failure.error, nc.CorruptData)
+
+
+def test_a_restated_mig_device_is_replaced_alike(open_backend: Opener) -> None:
+    # A line naming an existing MIG device replaces it (stubs/README.md): the stub did, the fake nvidia-smi merged
+    # it into the old one, keeping the old UUID and memory the new line left out.
+    sc = _mig(loaded=False)
+    sc.add_mig_device(0, 1, gi=2, ci=0, total_bytes=8 * GIB)  # no uuid: the default, not MIG_UUIDS[1]
+    sc.add_mig_device(0, 0, gi=1, ci=0, uuid=MIG_UUIDS[0])  # no total: 0
+    with open_backend(sc) as gpus:
+        snap = gpus.snapshot(fields=nc.Fields.WAIT)
+    migs = snap.devices[0].mig_devices
+    assert migs is not None
+    assert [(m.index, m.uuid) for m in migs] == [(0, MIG_UUIDS[0]), (1, "MIG-00000000-0000-0000-0000-000000000001")]
+    assert [m.memory.total_bytes if m.memory else None for m in migs] == [0, 8 * GIB]
+
+
+def test_a_restated_process_changes_only_what_its_line_names_alike(open_backend: Opener) -> None:
+    # A process line naming an existing entry changes only the keys it names (stubs/README.md): the stub did, the
+    # fake nvidia-smi replaced the entry, dropping its instance ids and its holds.
+    sc = _mig(loaded=False)
+    sc.add_process(0, 4_100_042, used_bytes=GIB, holds_bytes=3 * GIB, gi=2, ci=0)
+    sc.add_process(0, 4_100_042, used_bytes=2 * GIB)  # still in GI 2, still holding 3 GiB
+    with open_backend(sc) as gpus:
+        snap = gpus.snapshot(fields=nc.Fields.WAIT)
+    d0 = snap.devices[0]
+    assert [(p.pid, p.used_bytes, p.gpu_instance_id, p.compute_instance_id) for p in d0.compute_processes or ()] == [
+        (4_100_042, 2 * GIB, 2, 0)
+    ]
+    migs = d0.mig_devices
+    assert migs is not None and [[p.pid for p in m.processes or ()] for m in migs] == [[], [4_100_042]]
+    assert migs[1].memory is not None and _close(3 * GIB, migs[1].memory.used_bytes, migs[1].memory.granularity_bytes)
+
+
+@pytest.mark.parametrize("how", ["fault-3", "fault-999", "unsupported"])
+def test_a_failing_memory_call_leaves_the_mig_devices_memory_unknown_alike(open_backend: Opener, how: str) -> None:
+    # The stub fails the memory call on a MIG handle as on its GPU; the fake nvidia-smi's -q printed the MIG devices'
+    # memory anyway, so the smi backend read an instance with 0 used: a failed query that looked idle.
+    sc = _mig(loaded=True)
+    if how == "unsupported":
+        sc.set_device(0, unsupported=("memory",))
+    else:
+        for fn in ("nvmlDeviceGetMemoryInfo_v2", "nvmlDeviceGetMemoryInfo"):
+            sc.fault(fn, int(how.removeprefix("fault-")), device=0)
+    with open_backend(sc) as gpus:
+        snap = gpus.snapshot(fields=nc.Fields.WAIT)
+    by_index = {d.index: d for d in snap.devices}
+    assert 1 in by_index and by_index[1].memory is not None  # the other GPU still reads
+    if 0 in by_index:
+        migs = by_index[0].mig_devices
+        assert migs is not None and migs and all(m.memory is None for m in migs), migs
+        assert any("memory" in key for m in migs for key in m.unknown), [m.unknown for m in migs]
+
+
 # --- identity: one spelling of the PCI bus id, one answer for a field the GPU does not support -----------------------
 
 

@@ -243,10 +243,27 @@ def test_a_copy_of_a_kept_scenario_writes_to_no_file_of_the_original(tmp_path: P
     scenario = Scenario.h200()
     path = tmp_path / "scenario.txt"
     scenario._keep_in(path)
-    for other in (copy.deepcopy(scenario), pickle.loads(pickle.dumps(scenario))):
+    for other in (copy.deepcopy(scenario), pickle.loads(pickle.dumps(scenario)), copy.copy(scenario)):
         other.add_process(0, pid=4_123_456)
         assert "4123456" in other.render()
     assert path.read_text(encoding="utf-8") == scenario.render() == Scenario.h200().render()
+
+
+def test_a_shallow_copy_is_a_scenario_of_its_own() -> None:
+    # copy.copy shared the list of lines (and the UUID and MIG bookkeeping): a process added to the copy was the
+    # original's too, and a UUID the copy took was refused to the original.
+    import copy
+
+    scenario = Scenario.h200()
+    other = copy.copy(scenario)
+    other.add_process(0, pid=4_123_456)
+    other.set_device(0, uuid="GPU-copy", mig=True)
+    other.add_mig_device(0, 0)
+    assert "4123456" in other.render() and "4123456" not in scenario.render()
+    assert scenario.render() == Scenario.h200().render()
+    scenario.add_device(uuid="GPU-copy")  # still free in the original
+    with pytest.raises(ValueError, match="not in MIG mode"):
+        scenario.add_mig_device(0, 0)
 
 
 def test_writing_a_scenario_to_a_directory_says_so_and_leaves_nothing(tmp_path: Path) -> None:
@@ -280,3 +297,38 @@ def test_a_scenario_the_stub_refuses_is_named_in_the_error_a_test_sees(tmp_path:
     with use_stub(str(bad)), pytest.raises(nc.NvmlError) as err:
         nc.open("nvml")
     assert "the stub says: scenario" in str(err.value) and "line 1" in str(err.value)
+
+
+REFUSED_LINES = [
+    ("mig device=0 index=0 total=10 used=20", "mig: used=20 exceeds total=10"),
+    ("mig device=0 index=7", "mig index=7: at most 7 MIG devices a GPU"),
+    ("mig device=1 index=0", "mig device=1: no such device (1 declared)"),
+    ("mig device=0 index=0 remove=2", "remove=2: expected 0 or 1"),
+    ("process device=1 kind=compute pid=5", "process device=1: no such device (1 declared)"),
+    ("process device=0 kind=compute pid=5 remove=1 used=3", "process remove=1 takes only device, kind and pid"),
+    ("process device=0 kind=compute pid=5 bound=2", "bound=2: expected 0 or 1"),
+    ("process device=0 kind=compute pid=5 zombie_holds=yes", "zombie_holds=yes: expected 0 or 1"),
+    ("device index=0 lost=2", "lost=2: expected 0 or 1"),
+    ("device index=0 retired_pending=7", "retired_pending=7: expected 0 or 1"),
+    ("at ms=999999 device index=0 mig=2", "mig=2: expected 0 or 1"),
+    ("fault fn=nvmlNope code=3", "fault fn=nvmlNope: not a function this stub exports"),
+    ("fault fn=nvmlErrorString code=3", "fault fn=nvmlErrorString: this function cannot fail"),
+    ("fault fn=nvmlDeviceGetMemoryInfo code=0", "fault code=0: that is success"),
+    ("fault fn=nvmlDeviceGetMemoryInfo code=2147483648", "code=2147483648: out of range (at most 2147483647)"),
+]
+
+
+@pytest.mark.parametrize(("line", "why"), REFUSED_LINES)
+def test_the_fake_smi_refuses_the_lines_the_stub_refuses(tmp_path: Path, line: str, why: str) -> None:
+    # The fake nvidia-smi rendered GPUs from these files while the stub refused them at nvmlInit: one file, a
+    # working smi backend and a failing NVML one. Both now refuse it, naming the line and the reason alike.
+    from nvmlcheck.testing import use_stub
+
+    path = tmp_path / "s.txt"
+    path.write_text(f"nvmlcheck-stub-scenario 1\ndevice index=0\n{line}\n", encoding="utf-8")
+    done = _fake_smi(str(path), tmp_path)
+    assert done.returncode == 255, done.stdout
+    assert f"scenario line 3: {why}" in done.stderr, done.stderr
+    with use_stub(str(path)), pytest.raises(nc.NvmlError) as err:
+        nc.open("nvml")
+    assert "line 3" in str(err.value) and why in str(err.value), str(err.value)

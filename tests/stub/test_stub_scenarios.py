@@ -207,9 +207,11 @@ names = st.text(st.characters(codec="utf-8", exclude_characters="\n\r\0"), max_s
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(name=names, serial=st.text(st.sampled_from(' "\\#=ab1\t'), max_size=29))
 def test_quoted_strings_round_trip(nvml: Nvml, name: str, serial: str) -> None:
-    scenario = Scenario()
-    scenario.add_device(name=name, serial=serial)
-    nvml.start(scenario)
+    # The stub's quoting, of any string: written as a raw line, since Scenario refuses names with whitespace at an
+    # end (nvidia-smi cannot carry it) and would leave those strings untested here.
+    from nvmlcheck._sim.scenario import _quote
+
+    nvml.start(f"{HEADER}device index=0 name={_quote(name)} serial={_quote(serial)}\n")
     try:
         h = nvml.handle(0)
         assert nvml.string("nvmlDeviceGetName", h) == (SUCCESS, name)

@@ -301,6 +301,7 @@ def test_fault_race_quirk_timeline_validation() -> None:
 
 def test_mig_device_lines() -> None:
     scenario = Scenario.h200()
+    scenario.set_device(0, mig=True)
     scenario.add_mig_device(0, 2, gi=5, uuid="MIG-abc", total_bytes=10, used_bytes=3)
     scenario.at_call(9).remove_mig_device(0, 2)
     assert body(scenario)[-2:] == [
@@ -389,7 +390,37 @@ def test_a_uuid_another_device_has_is_refused() -> None:
     sc.add_mig_device(0, 2, uuid="MIG-2")  # ... until it is replaced
     sc.add_mig_device(0, 3, uuid="MIG-00000000-0000-0000-0000-000000000002")
     sc.remove_mig_device(0, 2)
+    sc.set_device(1, mig=True)
     sc.add_mig_device(1, 0, uuid="MIG-2")  # a destroyed MIG device's UUID can be reused
+
+
+def test_a_gi_ci_pair_another_mig_device_of_the_gpu_has_is_refused() -> None:
+    # Two MIG devices of one (GPU instance, compute instance) pair were accepted: both backends then counted the
+    # instance's processes in both devices' memory and listed them under both.
+    sc = Scenario.h200(devices=2)
+    sc.set_device(0, mig=True)
+    sc.set_device(1, mig=True)
+    sc.add_mig_device(0, 0, gi=1, ci=0)
+    with pytest.raises(ValueError, match="MIG device 0 of GPU 0 already has gi=1 ci=0"):
+        sc.add_mig_device(0, 1, gi=1, ci=0)
+    with pytest.raises(ValueError, match="MIG device 0 of GPU 0 already has gi=1 ci=0"):
+        sc.add_mig_device(0, 1, gi=1)  # ci defaults to 0
+    with pytest.raises(ValueError, match="MIG device 0 of GPU 0 already has gi=1 ci=0"):
+        sc.at_ms(5).add_mig_device(0, 3, gi=1)  # in the timeline too
+    sc.add_mig_device(0, 5)  # no gi: index + 1 = 6, free
+    sc.add_mig_device(0, 1, gi=1, ci=1)  # another compute instance of the same GPU instance
+    sc.add_mig_device(1, 0, gi=1, ci=0)  # another GPU's
+    sc.add_mig_device(0, 0, gi=1, ci=0)  # a device may restate its own
+    sc.add_mig_device(0, 2)  # default gi=3
+    with pytest.raises(ValueError, match="MIG device 2 of GPU 0 already has gi=3 ci=0"):
+        sc.add_mig_device(0, 4, gi=3)
+    with pytest.raises(ValueError, match="already MIG device 0 of GPU 0's"):
+        sc.add_mig_device(0, 2, gi=9, uuid="MIG-00000000-0000-0000-0000-000000000000")  # refused for its UUID...
+    with pytest.raises(ValueError, match="MIG device 2 of GPU 0 already has gi=3 ci=0"):
+        sc.add_mig_device(0, 4, gi=3)  # ... so MIG device 2 still has gi=3
+    sc.remove_mig_device(0, 2)
+    sc.add_mig_device(0, 4, gi=3)  # a destroyed MIG device's pair can be reused
+    assert sc.render().count("mig device=") == 8  # the refused calls wrote nothing
 
 
 @pytest.mark.parametrize("uuid", ["not a uuid", "GPU 0", "gpu-1234", "MIG-1234", "GPU-", "GPU-12,34"])
@@ -401,7 +432,28 @@ def test_a_gpu_uuid_must_have_nvmls_shape(uuid: str) -> None:
 @pytest.mark.parametrize("uuid", ["GPU-1234", "MIG 1", "MIG-"])
 def test_a_mig_uuid_must_have_nvmls_shape(uuid: str) -> None:
     with pytest.raises(ValueError, match="uuid must look like MIG-"):
-        Scenario.h200().add_mig_device(0, 0, uuid=uuid)
+        sc = Scenario.h200()
+        sc.set_device(0, mig=True)
+        sc.add_mig_device(0, 0, uuid=uuid)
+
+
+def test_a_mig_device_on_a_gpu_never_in_mig_mode_is_refused() -> None:
+    # It was accepted, and neither backend ever showed it (a MIG device answers only while its GPU has mig=1).
+    sc = Scenario.h200(devices=3)
+    with pytest.raises(ValueError, match=r"add_mig_device: GPU 0 is not in MIG mode; give it mig=True first"):
+        sc.add_mig_device(0, 0, total_bytes=1 << 30)
+    with pytest.raises(ValueError, match="GPU 1 is not in MIG mode"):
+        sc.at_ms(10).add_mig_device(1, 0)
+    assert "mig device=" not in sc.render()
+    sc.set_device(0, mig=True)
+    sc.add_mig_device(0, 0)
+    sc.at_call(5).set_device(1, mig=True)  # MIG turned on in the timeline: its instances may be declared
+    sc.at_call(5).add_mig_device(1, 0)
+    sc.add_device(mig=True)
+    sc.add_mig_device(3, 0)
+    with pytest.raises(ValueError, match="GPU 2 is not in MIG mode"):
+        sc.set_device(2, mig=False)
+        sc.add_mig_device(2, 0)
 
 
 def test_raise_event_renders_every_kind_and_raw_type_bits() -> None:
@@ -446,3 +498,29 @@ def test_raise_event_refuses_what_the_stub_could_not_deliver(
 def test_event_types_must_name_a_type() -> None:
     with pytest.raises(ValueError, match="at least one event type bit"):
         Scenario().add_device(event_types=0)
+
+
+# --- strings both backends read alike -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("field", ["name", "serial"])
+@pytest.mark.parametrize("value", ["  padded  ", " lead", "trail\t", "x\u00a0"])
+def test_a_name_or_serial_with_whitespace_at_an_end_is_refused(field: str, value: str) -> None:
+    # Accepted: NVML read "  padded  ", nvidia-smi's reader "padded" (its columns cannot carry the spaces).
+    with pytest.raises(ValueError, match=f"{field} cannot begin or end with whitespace"):
+        Scenario.h200().set_device(0, **{field: value})
+    with pytest.raises(ValueError, match=f"{field} cannot begin or end with whitespace"):
+        Scenario().add_device(**{field: value})
+    Scenario.h200().set_device(0, **{field: value.strip().replace(" ", "") + " inside ok"})
+
+
+@pytest.mark.parametrize("field", ["driver", "nvml"])
+@pytest.mark.parametrize(("value", "why"), [("", "cannot be empty"), (" 580.1", "cannot begin or end with whitespace")])
+def test_a_driver_or_nvml_version_both_backends_cannot_read_alike_is_refused(field: str, value: str, why: str) -> None:
+    # driver="" was accepted: NVML read '' (a known, empty version), nvidia-smi nothing (unknown, with a reason).
+    with pytest.raises(ValueError, match=f"{field} {why}"):
+        Scenario(**{field: value})  # type: ignore[arg-type]
+    sc = Scenario.h200()
+    setattr(sc, field, value)  # set after construction: refused when rendered
+    with pytest.raises(ValueError, match=f"{field} {why}"):
+        sc.render()

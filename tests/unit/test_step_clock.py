@@ -55,3 +55,13 @@ def test_sleep_never_moves_the_clock_back_or_off_the_integers(seconds: float) ->
     assert steps.now_ns == 0
     steps.sleep(0)
     assert steps.clock() == 1_000_000_000
+
+
+def test_a_length_whose_ns_overflow_is_refused_naming_it_as_inf_is() -> None:
+    # inf was refused, but 1e300 s (finite) overflowed to inf ns: a bare OverflowError from round(), naming nothing.
+    with pytest.raises(ValueError, match="step_s is too large"):
+        StepClock(1e300)
+    steps = StepClock(1.0)
+    with pytest.raises(ValueError, match="sleep length is too large"):
+        steps.sleep(1e300)
+    assert steps.now_ns == 0
