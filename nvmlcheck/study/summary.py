@@ -15,8 +15,8 @@ from ..errors import ArgumentError
 if TYPE_CHECKING:
     from .records import RunRecord
 
-__all__ = ["MEASURES", "SLEEP_REFERENCE_NS", "SPREAD_MIN_N", "Stats", "SummaryRow", "cell_words", "format_summary", "median_run",
-           "percentile", "summarize"]
+__all__ = ["MEASURES", "SLEEP_REFERENCE_NS", "SPREAD_MIN_N", "Stats", "SummaryRow", "cell_words", "format_summary",
+           "median_run", "percentile", "summarize"]
 
 #: The ritual this instrument replaces: ``sleep 3 && nvidia-smi``.
 SLEEP_REFERENCE_NS = 3_000_000_000
