@@ -46,7 +46,7 @@ def test_too_few_values_give_no_p10_or_p90(values: list[float]) -> None:
     # No interpolated figure (with 2 values it used to print 110.0 and 190.0, no run's time):
     assert "110.0" not in text and "190.0" not in text
     line = next(ln for ln in text.splitlines() if "memory back" in ln)
-    assert line.split()[-5:] == [f"{min(values):.1f}", "-", f"{row.memory_back.median / MS:.1f}", "-",
+    assert line.split()[-5:] == [f"{min(values):.1f}", "-", f"{mb.median / MS:.1f}", "-",
                                  f"{max(values):.1f}"]
     assert "p10/p90 '-': fewer than 4 values" in text
 
