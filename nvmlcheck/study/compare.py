@@ -178,7 +178,9 @@ def outliers(values: Sequence[float]) -> tuple[float, ...]:
 
 
 def _iqr_sigma(values: Sequence[float]) -> float | None:
-    if len(values) < 2:
+    """The robust spread IQR/1.349; ``None`` for fewer than :data:`MIN_N` values, whose quartiles would be points
+    interpolated between the few values there are (with 2: a fixed fraction of their range), not a spread measured."""
+    if len(values) < MIN_N:
         return None
     return (percentile(values, 0.75) - percentile(values, 0.25)) / 1.349
 
@@ -186,7 +188,7 @@ def _iqr_sigma(values: Sequence[float]) -> float | None:
 def repeats_to_resolve(a: Sequence[float], b: Sequence[float], *, resolve_ns: float, level: float) -> tuple[
         float | None, int | None]:
     """The pooled robust spread sigma (ns) and the runs per group to resolve ``resolve_ns`` at ``level`` (see
-    docs/study-records.md); ``(None, None)`` without two values in each group."""
+    docs/study-records.md); ``(None, None)`` with fewer than :data:`MIN_N` values in a group."""
     sa, sb = _iqr_sigma(a), _iqr_sigma(b)
     if sa is None or sb is None:
         return None, None
@@ -501,6 +503,9 @@ def _cell_lines(c: Comparison, cell: CellComparison, varying: Sequence[str], pct
     if cell.repeats_needed is not None and cell.spread is not None:
         lines.append(f"  spread (IQR/1.349) {_ms(cell.spread)} ms: about {cell.repeats_needed} runs per side "
                      f"to resolve {c.resolve_ns / 1e6:g} ms")
+    elif min(cell.n_a, cell.n_b) < MIN_N:
+        lines.append(f"  spread not estimated: fewer than {MIN_N} values on a side (no quartiles from so few), so no"
+                     f" guess of the runs to resolve {c.resolve_ns / 1e6:g} ms")
     return lines
 
 
