@@ -107,17 +107,34 @@ def _check_out(path: str) -> None:
         raise UsageError(f"--out {path}: not a regular file")
 
 
-def _sink(write: Any, path: str) -> Any:
-    """The record writer, its failure (a full disk) an error naming ``--out`` (the study stops, its holders ended)."""
-    from ..study import StudyError
+class _Sink:
+    """The record writer, its failure (a full disk) an error naming ``--out`` and the records it keeps (the study
+    stops, its holders ended); ``written`` counts the records written whole."""
 
-    def sink(record: Any) -> None:
+    def __init__(self, write: Any, path: str) -> None:
+        self.write, self.path, self.written = write, path, 0
+
+    def kept(self) -> str:
+        """What ``--out`` holds now, in words."""
+        n = self.written
+        if not n:
+            return f"{safe(self.path)} left as it was (no run finished)"
+        return f"{safe(self.path)} keeps the {n} record{'s' if n != 1 else ''} of the runs finished, each whole"
+
+    def __call__(self, record: Any) -> None:
+        from ..study import StudyError
+
         try:
-            write(record)
+            self.write(record)
         except OSError as exc:
-            raise StudyError(f"--out {path}: cannot write a record: {exc.strerror or exc}") from None
+            raise StudyError(f"--out {self.path}: cannot write record {self.written + 1}: {exc.strerror or exc}"
+                             ) from None
+        self.written += 1
 
-    return sink
+
+def _sink(write: Any, path: str) -> _Sink:
+    """The record writer of ``--out`` (:class:`_Sink`)."""
+    return _Sink(write, path)
 
 
 def _records_of(path: str) -> list[Any]:
@@ -289,12 +306,15 @@ def cmd_study_reclaim(args: argparse.Namespace) -> int:
         try:
             result = st.run_study(config, session_factory=lambda: open_session(args),
                                   holder_factory=_study_holders(args), on_record=sink, progress=progress)
-        except st.BaselineNotClean as exc:
+        except BaseException as exc:  # Ctrl-C, a signal, a failure: say what --out keeps (the error comes after)
             status.clear()
-            return fail(args.json, exc, EXIT_NOT_CLEAN)
-        except st.StudySkipped as exc:
-            status.clear()
-            return fail(args.json, exc, EXIT_BACKEND, label="skipped")
+            if sink is not None and (sink.written or not isinstance(exc, st.BaselineNotClean | st.StudySkipped)):
+                print(f"nvmlcheck: study stopped; {sink.kept()}", file=sys.stderr)
+            if isinstance(exc, st.BaselineNotClean):
+                return fail(args.json, exc, EXIT_NOT_CLEAN)
+            if isinstance(exc, st.StudySkipped):
+                return fail(args.json, exc, EXIT_BACKEND, label="skipped")
+            raise
         finally:
             status.clear()
     plots = _study_plots(result.records, args.plot) if args.plot is not None else []

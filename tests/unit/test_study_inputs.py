@@ -158,7 +158,7 @@ def test_a_record_that_cannot_be_written_stops_the_study_with_an_error_naming_ou
     def full_disk(record: object) -> None:
         raise OSError(28, "No space left on device")
 
-    with pytest.raises(StudyError, match=r"--out runs\.jsonl: cannot write a record: No space left on device"):
+    with pytest.raises(StudyError, match=r"--out runs\.jsonl: cannot write record 1: No space left on device"):
         _sink(full_disk, "runs.jsonl")(object())
 
 
