@@ -261,7 +261,10 @@ def _print_study(args: argparse.Namespace, result: Any, rows: Any, plots: Sequen
     simulated = " — SIMULATED (stub libnvidia-ml)" if args.simulate is not None else ""
     print(f"{len(result.measured)} measured runs + {len(result.records) - len(result.measured)} warm-ups on "
           f"{gpus}; backend {first.backend}, driver {first.driver}, {first.mode} polling{simulated}")
-    print(safe_lines(st.format_summary(rows)))
+    if rows:
+        print(safe_lines(st.format_summary(rows)))
+    else:  # warm-ups only (a budget spent after them): no table of nothing
+        print("no measured run: only warm-ups, which are left out of the statistics")
     for r in result.records:
         if r.timed_out:
             print(f"run {r.run} ({human_bytes(r.size_bytes)} {r.ending}) timed out: {safe(r.timeout_reason)}",

@@ -63,3 +63,14 @@ def test_stats_of_one_value() -> None:
     s = Stats.of([5])
     assert s is not None and (s.n, s.min, s.median, s.max, s.p10, s.p90) == (1, 5.0, 5.0, 5.0, None, None)
     assert Stats.of([]) is None
+
+
+def test_a_study_of_warm_ups_only_prints_no_empty_table(capsys: pytest.CaptureFixture[str]) -> None:
+    # A budget spent after the first warm-up: no measured run. It printed the table's head with no row under it.
+    from nvmlcheck import cli
+
+    assert cli.main(["--simulate", "h200", "study", "reclaim", "--sizes", "1MiB", "--repeats", "3", "--endings",
+                     "KILL", "--no-phases", "--budget", "1e-9"]) == 0
+    out = capsys.readouterr().out
+    assert "0 measured runs + 1 warm-ups" in out
+    assert "no measured run: only warm-ups" in out and "signal ->" not in out
