@@ -65,12 +65,19 @@ def test_stats_of_one_value() -> None:
     assert Stats.of([]) is None
 
 
+
 def test_a_study_of_warm_ups_only_prints_no_empty_table(capsys: pytest.CaptureFixture[str]) -> None:
     # A budget spent after the first warm-up: no measured run. It printed the table's head with no row under it.
-    from nvmlcheck import cli
+    import argparse
+    from dataclasses import replace
 
-    assert cli.main(["--simulate", "h200", "study", "reclaim", "--sizes", "1MiB", "--repeats", "3", "--endings",
-                     "KILL", "--no-phases", "--budget", "1e-9"]) == 0
+    from nvmlcheck.cli._study import _print_study
+    from nvmlcheck.study import StudyConfig, StudyResult
+
+    warm = replace(_runs([100.0])[0], warmup=True)
+    result = StudyResult(StudyConfig(sizes=(GIB,), repeats=3, endings=("KILL",)), (warm,), "time budget spent")
+    args = argparse.Namespace(out=None, simulate=None)
+    _print_study(args, result, summarize(result.records), [])
     out = capsys.readouterr().out
     assert "0 measured runs + 1 warm-ups" in out
     assert "no measured run: only warm-ups" in out and "signal ->" not in out
