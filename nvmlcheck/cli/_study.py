@@ -153,15 +153,17 @@ def _records_of(path: str) -> list[Any]:
 
 def cmd_study_compare(args: argparse.Namespace) -> int:
     """``study compare A.jsonl B.jsonl``: per cell, the median difference with a bootstrap interval; exit 0."""
-    from ..study.compare import MAX_RESAMPLES, MIN_RESAMPLES, compare_records, format_comparison
+    from ..study.compare import MAX_RESAMPLES, MAX_RESOLVE_NS, MIN_RESAMPLES, compare_records, format_comparison
 
     if not MIN_RESAMPLES <= args.resamples <= MAX_RESAMPLES:  # before reading: a huge count would run for days
         raise UsageError(f"--resamples must be within {MIN_RESAMPLES}..{MAX_RESAMPLES}, got {args.resamples}")
     if not 0.0 < args.level < 1.0:
         raise UsageError(f"--level must be within (0, 1), got {args.level}")
-    resolve_ns = round(args.resolve_ms * 1e6) if math.isfinite(args.resolve_ms) else 0
-    if not resolve_ns >= 1:  # NaN, inf, <= 0, or below a nanosecond
-        raise UsageError(f"--resolve-ms must be a finite number of ms >= 1e-6, got {args.resolve_ms}")
+    ns = args.resolve_ms * 1e6  # 1e308 ms is a finite number of ms but no finite number of ns
+    resolve_ns = round(ns) if math.isfinite(ns) and ns <= MAX_RESOLVE_NS else 0
+    if not resolve_ns >= 1:  # NaN, inf, <= 0, below a nanosecond, or beyond MAX_RESOLVE_NS
+        raise UsageError(f"--resolve-ms must be a finite number of ms within 1e-6..{MAX_RESOLVE_NS / 1e6:.0e}, got "
+                         f"{args.resolve_ms}")
     loaded = [_records_of(path) for path in (args.a, args.b)]
     across = tuple(p.strip() for p in args.across.split(",") if p.strip())
     result = compare_records(loaded[0], loaded[1], measure=args.measure, level=args.level,

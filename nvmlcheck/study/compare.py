@@ -57,6 +57,8 @@ MIN_N = 4
 #: A cell: (size_bytes, ending, holder kind, GPU index, pinned bytes, importers, IPC order ("" for none), holder
 #: role); the last four were added by the third edition (issue 26), after the first four.
 Cell = tuple[int, str, str, int, int, int, str, str]
+#: The largest difference the repeats guidance may aim at (ns): 10**18, about 32 years, beyond any study.
+MAX_RESOLVE_NS = 10**18
 #: Holders signalled within this of a run's last signal belong to its last stage (``stage="last"``).
 STAGE_TOLERANCE_NS = 10_000_000
 
@@ -344,8 +346,10 @@ def compare_records(
         raise ArgumentError(f"level must be within (0, 1), got {level!r}")
     if not MIN_RESAMPLES <= resamples <= MAX_RESAMPLES:
         raise ArgumentError(f"resamples must be within {MIN_RESAMPLES}..{MAX_RESAMPLES:_}, got {resamples}")
-    if resolve_ns <= 0:
-        raise ArgumentError(f"resolve_ns must be > 0, got {resolve_ns}")
+    if not (isinstance(resolve_ns, int | float) and math.isfinite(resolve_ns) and 0 < resolve_ns <= MAX_RESOLVE_NS):
+        # NaN passed "<= 0" and failed later in math.ceil; infinity gave the least runs whatever the spread
+        raise ArgumentError(f"resolve_ns must be a finite number of ns within (0, {MAX_RESOLVE_NS:.0e}], got "
+                            f"{resolve_ns!r}")
     if stage not in ("all", "last"):
         raise ArgumentError(f"stage must be 'all' or 'last', got {stage!r}")
     a, b = each_run_once(a, "A holds run", _TWICE), each_run_once(b, "B holds run", _TWICE)
