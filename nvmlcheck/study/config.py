@@ -209,6 +209,12 @@ class StudyConfig:
         gap = self.stage_gap_s
         if isinstance(gap, bool) or not isinstance(gap, int | float) or not math.isfinite(gap) or gap < 0:
             raise ArgumentError(f"stage_gap_s must be a finite number of seconds >= 0, got {gap!r}")
+        if self.holder == "ipc" and max(importers) > 0 and gap >= self.run_timeout_s:
+            # The run's timeout counts from the first side's signal: the other side would be ended after it, so
+            # every run of two sides would time out, each for the same reason.
+            raise ArgumentError(f"stage_gap_s ({gap:g} s) must be shorter than run_timeout_s "
+                                f"({self.run_timeout_s:g} s), which counts from the first side's signal: the "
+                                "other side would never be ended before the run times out")
         budget = self.budget_s
         if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int | float)
                                    or not math.isfinite(budget) or budget <= 0):

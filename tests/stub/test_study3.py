@@ -98,6 +98,9 @@ def test_cells_cover_every_combination_once() -> None:
     ({"holder": "pinned", "pin_mode": "mlock"}, "pin_mode"),
     ({"stage_gap_s": -0.1}, "stage_gap_s"),
     ({"stage_gap_s": float("inf")}, "stage_gap_s"),
+    # A gap the run's timeout (from the first side's signal) cannot hold: every run of two sides timed out.
+    ({"holder": "ipc", "importers": (0, 1), "stage_gap_s": 30.0}, r"stage_gap_s \(30 s\) must be shorter than"),
+    ({"holder": "ipc", "importers": (1,), "stage_gap_s": 5.0, "run_timeout_s": 2.0}, "run_timeout_s .2 s."),
     ({"budget_s": 0}, "budget_s"),
     ({"budget_s": float("nan")}, "budget_s"),
     ({"holder": "ipc", "per_gpu": 2}, "per_gpu must be 1"),
@@ -107,6 +110,11 @@ def test_cells_cover_every_combination_once() -> None:
 def test_bad_sweeps_are_refused(fields: dict[str, object], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         StudyConfig(**{"sizes": (GIB,), **fields})  # type: ignore[arg-type]
+
+
+def test_a_long_stage_gap_is_fine_without_a_second_side() -> None:
+    assert StudyConfig(sizes=(GIB,), holder="ipc", importers=(0,), stage_gap_s=60.0).stage_gap_s == 60.0
+    assert StudyConfig(sizes=(GIB,), holder="ipc", importers=(1,), stage_gap_s=1.9, run_timeout_s=2.0)
 
 
 def test_budget_refuses_runs_that_would_end_past_it() -> None:
