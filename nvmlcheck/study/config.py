@@ -182,8 +182,10 @@ class StudyConfig:
         if self.stable_polls < 1:
             raise ArgumentError(f"stable_polls must be >= 1, got {self.stable_polls}")
         # Frozen: normalise through object.__setattr__ (lists become tuples, endings canonical).
-        object.__setattr__(self, "sizes", sizes)
-        object.__setattr__(self, "endings", endings)
+        # A value swept twice (--sizes 1GiB,1GiB) ran its cell twice over: 2 x --repeats runs in one cell, each
+        # repeat number twice. Once each, in order, as pinned, importers and first are.
+        object.__setattr__(self, "sizes", tuple(dict.fromkeys(sizes)))
+        object.__setattr__(self, "endings", tuple(dict.fromkeys(endings)))
         object.__setattr__(self, "devices", devices)
         self._check_sweeps()
 
