@@ -107,17 +107,34 @@ def _check_out(path: str) -> None:
         raise UsageError(f"--out {path}: not a regular file")
 
 
-def _sink(write: Any, path: str) -> Any:
-    """The record writer, its failure (a full disk) an error naming ``--out`` (the study stops, its holders ended)."""
-    from ..study import StudyError
+class _Sink:
+    """The record writer, its failure (a full disk) an error naming ``--out`` and the records it keeps (the study
+    stops, its holders ended); ``written`` counts the records written whole."""
 
-    def sink(record: Any) -> None:
+    def __init__(self, write: Any, path: str) -> None:
+        self.write, self.path, self.written = write, path, 0
+
+    def kept(self) -> str:
+        """What ``--out`` holds now, in words."""
+        n = self.written
+        if not n:
+            return f"{safe(self.path)} left as it was (no run finished)"
+        return f"{safe(self.path)} keeps the {n} record{'s' if n != 1 else ''} of the runs finished, each whole"
+
+    def __call__(self, record: Any) -> None:
+        from ..study import StudyError
+
         try:
-            write(record)
+            self.write(record)
         except OSError as exc:
-            raise StudyError(f"--out {path}: cannot write a record: {exc.strerror or exc}") from None
+            raise StudyError(f"--out {self.path}: cannot write record {self.written + 1}: {exc.strerror or exc}"
+                             ) from None
+        self.written += 1
 
-    return sink
+
+def _sink(write: Any, path: str) -> _Sink:
+    """The record writer of ``--out`` (:class:`_Sink`)."""
+    return _Sink(write, path)
 
 
 def _records_of(path: str) -> list[Any]:
@@ -136,15 +153,17 @@ def _records_of(path: str) -> list[Any]:
 
 def cmd_study_compare(args: argparse.Namespace) -> int:
     """``study compare A.jsonl B.jsonl``: per cell, the median difference with a bootstrap interval; exit 0."""
-    from ..study.compare import MAX_RESAMPLES, MIN_RESAMPLES, compare_records, format_comparison
+    from ..study.compare import MAX_RESAMPLES, MAX_RESOLVE_NS, MIN_RESAMPLES, compare_records, format_comparison
 
     if not MIN_RESAMPLES <= args.resamples <= MAX_RESAMPLES:  # before reading: a huge count would run for days
         raise UsageError(f"--resamples must be within {MIN_RESAMPLES}..{MAX_RESAMPLES}, got {args.resamples}")
     if not 0.0 < args.level < 1.0:
         raise UsageError(f"--level must be within (0, 1), got {args.level}")
-    resolve_ns = round(args.resolve_ms * 1e6) if math.isfinite(args.resolve_ms) else 0
-    if not resolve_ns >= 1:  # NaN, inf, <= 0, or below a nanosecond
-        raise UsageError(f"--resolve-ms must be a finite number of ms >= 1e-6, got {args.resolve_ms}")
+    ns = args.resolve_ms * 1e6  # 1e308 ms is a finite number of ms but no finite number of ns
+    resolve_ns = round(ns) if math.isfinite(ns) and ns <= MAX_RESOLVE_NS else 0
+    if not resolve_ns >= 1:  # NaN, inf, <= 0, below a nanosecond, or beyond MAX_RESOLVE_NS
+        raise UsageError(f"--resolve-ms must be a finite number of ms within 1e-6..{MAX_RESOLVE_NS / 1e6:.0e}, got "
+                         f"{args.resolve_ms}")
     loaded = [_records_of(path) for path in (args.a, args.b)]
     across = tuple(p.strip() for p in args.across.split(",") if p.strip())
     result = compare_records(loaded[0], loaded[1], measure=args.measure, level=args.level,
@@ -244,7 +263,10 @@ def _print_study(args: argparse.Namespace, result: Any, rows: Any, plots: Sequen
     simulated = " — SIMULATED (stub libnvidia-ml)" if args.simulate is not None else ""
     print(f"{len(result.measured)} measured runs + {len(result.records) - len(result.measured)} warm-ups on "
           f"{gpus}; backend {first.backend}, driver {first.driver}, {first.mode} polling{simulated}")
-    print(safe_lines(st.format_summary(rows)))
+    if rows:
+        print(safe_lines(st.format_summary(rows)))
+    else:  # warm-ups only (a budget spent after them): no table of nothing
+        print("no measured run: only warm-ups, which are left out of the statistics")
     for r in result.records:
         if r.timed_out:
             print(f"run {r.run} ({human_bytes(r.size_bytes)} {r.ending}) timed out: {safe(r.timeout_reason)}",
@@ -289,12 +311,15 @@ def cmd_study_reclaim(args: argparse.Namespace) -> int:
         try:
             result = st.run_study(config, session_factory=lambda: open_session(args),
                                   holder_factory=_study_holders(args), on_record=sink, progress=progress)
-        except st.BaselineNotClean as exc:
+        except BaseException as exc:  # Ctrl-C, a signal, a failure: say what --out keeps (the error comes after)
             status.clear()
-            return fail(args.json, exc, EXIT_NOT_CLEAN)
-        except st.StudySkipped as exc:
-            status.clear()
-            return fail(args.json, exc, EXIT_BACKEND, label="skipped")
+            if sink is not None and (sink.written or not isinstance(exc, st.BaselineNotClean | st.StudySkipped)):
+                print(f"nvmlcheck: study stopped; {sink.kept()}", file=sys.stderr)
+            if isinstance(exc, st.BaselineNotClean):
+                return fail(args.json, exc, EXIT_NOT_CLEAN)
+            if isinstance(exc, st.StudySkipped):
+                return fail(args.json, exc, EXIT_BACKEND, label="skipped")
+            raise
         finally:
             status.clear()
     plots = _study_plots(result.records, args.plot) if args.plot is not None else []

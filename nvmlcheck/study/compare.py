@@ -57,6 +57,8 @@ MIN_N = 4
 #: A cell: (size_bytes, ending, holder kind, GPU index, pinned bytes, importers, IPC order ("" for none), holder
 #: role); the last four were added by the third edition (issue 26), after the first four.
 Cell = tuple[int, str, str, int, int, int, str, str]
+#: The largest difference the repeats guidance may aim at (ns): 10**18, about 32 years, beyond any study.
+MAX_RESOLVE_NS = 10**18
 #: Holders signalled within this of a run's last signal belong to its last stage (``stage="last"``).
 STAGE_TOLERANCE_NS = 10_000_000
 
@@ -178,7 +180,9 @@ def outliers(values: Sequence[float]) -> tuple[float, ...]:
 
 
 def _iqr_sigma(values: Sequence[float]) -> float | None:
-    if len(values) < 2:
+    """The robust spread IQR/1.349; ``None`` for fewer than :data:`MIN_N` values, whose quartiles would be points
+    interpolated between the few values there are (with 2: a fixed fraction of their range), not a spread measured."""
+    if len(values) < MIN_N:
         return None
     return (percentile(values, 0.75) - percentile(values, 0.25)) / 1.349
 
@@ -186,7 +190,7 @@ def _iqr_sigma(values: Sequence[float]) -> float | None:
 def repeats_to_resolve(a: Sequence[float], b: Sequence[float], *, resolve_ns: float, level: float) -> tuple[
         float | None, int | None]:
     """The pooled robust spread sigma (ns) and the runs per group to resolve ``resolve_ns`` at ``level`` (see
-    docs/study-records.md); ``(None, None)`` without two values in each group."""
+    docs/study-records.md); ``(None, None)`` with fewer than :data:`MIN_N` values in a group."""
     sa, sb = _iqr_sigma(a), _iqr_sigma(b)
     if sa is None or sb is None:
         return None, None
@@ -342,8 +346,10 @@ def compare_records(
         raise ArgumentError(f"level must be within (0, 1), got {level!r}")
     if not MIN_RESAMPLES <= resamples <= MAX_RESAMPLES:
         raise ArgumentError(f"resamples must be within {MIN_RESAMPLES}..{MAX_RESAMPLES:_}, got {resamples}")
-    if resolve_ns <= 0:
-        raise ArgumentError(f"resolve_ns must be > 0, got {resolve_ns}")
+    if not (isinstance(resolve_ns, int | float) and math.isfinite(resolve_ns) and 0 < resolve_ns <= MAX_RESOLVE_NS):
+        # NaN passed "<= 0" and failed later in math.ceil; infinity gave the least runs whatever the spread
+        raise ArgumentError(f"resolve_ns must be a finite number of ns within (0, {MAX_RESOLVE_NS:.0e}], got "
+                            f"{resolve_ns!r}")
     if stage not in ("all", "last"):
         raise ArgumentError(f"stage must be 'all' or 'last', got {stage!r}")
     a, b = each_run_once(a, "A holds run", _TWICE), each_run_once(b, "B holds run", _TWICE)
@@ -501,6 +507,9 @@ def _cell_lines(c: Comparison, cell: CellComparison, varying: Sequence[str], pct
     if cell.repeats_needed is not None and cell.spread is not None:
         lines.append(f"  spread (IQR/1.349) {_ms(cell.spread)} ms: about {cell.repeats_needed} runs per side "
                      f"to resolve {c.resolve_ns / 1e6:g} ms")
+    elif min(cell.n_a, cell.n_b) < MIN_N:
+        lines.append(f"  spread not estimated: fewer than {MIN_N} values on a side (no quartiles from so few), so no"
+                     f" guess of the runs to resolve {c.resolve_ns / 1e6:g} ms")
     return lines
 
 

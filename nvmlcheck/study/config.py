@@ -182,8 +182,10 @@ class StudyConfig:
         if self.stable_polls < 1:
             raise ArgumentError(f"stable_polls must be >= 1, got {self.stable_polls}")
         # Frozen: normalise through object.__setattr__ (lists become tuples, endings canonical).
-        object.__setattr__(self, "sizes", sizes)
-        object.__setattr__(self, "endings", endings)
+        # A value swept twice (--sizes 1GiB,1GiB) ran its cell twice over: 2 x --repeats runs in one cell, each
+        # repeat number twice. Once each, in order, as pinned, importers and first are.
+        object.__setattr__(self, "sizes", tuple(dict.fromkeys(sizes)))
+        object.__setattr__(self, "endings", tuple(dict.fromkeys(endings)))
         object.__setattr__(self, "devices", devices)
         self._check_sweeps()
 
@@ -209,6 +211,12 @@ class StudyConfig:
         gap = self.stage_gap_s
         if isinstance(gap, bool) or not isinstance(gap, int | float) or not math.isfinite(gap) or gap < 0:
             raise ArgumentError(f"stage_gap_s must be a finite number of seconds >= 0, got {gap!r}")
+        if self.holder == "ipc" and max(importers) > 0 and gap >= self.run_timeout_s:
+            # The run's timeout counts from the first side's signal: the other side would be ended after it, so
+            # every run of two sides would time out, each for the same reason.
+            raise ArgumentError(f"stage_gap_s ({gap:g} s) must be shorter than run_timeout_s "
+                                f"({self.run_timeout_s:g} s), which counts from the first side's signal: the "
+                                "other side would never be ended before the run times out")
         budget = self.budget_s
         if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int | float)
                                    or not math.isfinite(budget) or budget <= 0):

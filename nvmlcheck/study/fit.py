@@ -231,6 +231,11 @@ def _branch(records: Sequence[RunRecord], driver: str | None) -> tuple[str, str]
     return branches[0], ", ".join(versions)
 
 
+#: Runs fitted beyond the coefficients fitted, the fewest the error is measured from (with one coefficient: 4 runs,
+#: the least count ``study compare`` and the summary judge a spread on).
+MIN_SPARE_RUNS = 3
+
+
 def fit_report(
     records: Iterable[RunRecord],
     *,
@@ -293,9 +298,19 @@ def fit_report(
     coef, kept = _fit_columns(rows, y, w, base)
     model = replace(base, driver=branch, **{name: round(coef[j]) for j, name in enumerate(COEFFICIENTS)},
                     source="")
+    fitted = tuple(c for c in COEFFICIENTS if c not in kept)
+    spare = len(fitted_pts) - len(fitted)
+    if spare < MIN_SPARE_RUNS:
+        # With as many runs as coefficients the residuals are 0 by construction (1 run: its own median), and with
+        # 1 or 2 more they are a fixed fraction of their range: error_ns (the stuck bound's margin) would be a
+        # figure no spread measured.
+        raise ArgumentError(
+            f"{len(fitted_pts)} run{'s' if len(fitted_pts) != 1 else ''} fitted for {len(fitted)} coefficient"
+            f"{'s' if len(fitted) != 1 else ''} ({', '.join(fitted)}): the error (error_ns) needs at least "
+            f"{MIN_SPARE_RUNS} runs more than the coefficients fitted, {len(fitted) + MIN_SPARE_RUNS} here, else the "
+            "residuals are 0 or near it by construction, not measured: run more repeats (--repeats)")
     residuals = [abs(p.memory_back_ns - model.expected_ns(*p.features)) for p in fitted_pts]
     err = max(residuals)
-    fitted = tuple(c for c in COEFFICIENTS if c not in kept)
     zeroed = [c for c, why in kept.items() if why.startswith(_ZEROED)]
     prior_kept = [c for c in kept if c not in zeroed]
     provenance = _provenance(fitted_runs)

@@ -408,9 +408,16 @@ class _Run:
         """Whatever happened: no holder outlives its run, and none is left unreaped."""
         for h in self.holders:
             h.kill_quietly()
+        reaping = set()
         for r in self.reapers:
-            r.join(10.0)
-        reaping = {r.holder.pid for r in self.reapers}
+            # An interrupt (Ctrl-C) can come while the reapers are being started: one not started (or not yet seen
+            # started) cannot be joined, and its holder is waited for here instead (whichever waits first reaps it;
+            # the other gets ECHILD), never left a zombie, nor the interrupt turned into a RuntimeError.
+            try:
+                r.join(10.0)
+            except RuntimeError:
+                continue
+            reaping.add(r.holder.pid)
         for h in self.holders:
             if h.pid not in reaping and h.process.returncode is None:
                 with contextlib.suppress(ChildProcessError, subprocess.TimeoutExpired):

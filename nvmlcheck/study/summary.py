@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .._units import format_bytes
@@ -15,11 +15,16 @@ from ..errors import ArgumentError
 if TYPE_CHECKING:
     from .records import RunRecord
 
-__all__ = ["MEASURES", "SLEEP_REFERENCE_NS", "Stats", "SummaryRow", "cell_words", "format_summary", "median_run",
-           "percentile", "summarize"]
+__all__ = ["MEASURES", "SLEEP_REFERENCE_NS", "SPREAD_MIN_N", "Stats", "SummaryRow", "cell_words", "format_summary",
+           "median_run", "percentile", "summarize"]
 
 #: The ritual this instrument replaces: ``sleep 3 && nvidia-smi``.
 SLEEP_REFERENCE_NS = 3_000_000_000
+
+#: The fewest values a p10 and p90 are given for (the least count ``study compare`` judges a spread on, too). With
+#: fewer, no value lies between a p10 and the median: the p10 would be a point interpolated between the min and the
+#: median (with 1 value: the value itself), a spread no run measured, so p10 and p90 are ``None`` with a reason.
+SPREAD_MIN_N = 4
 
 
 def percentile(values: Iterable[float], q: float) -> float:
@@ -38,21 +43,32 @@ def percentile(values: Iterable[float], q: float) -> float:
 
 @dataclass(frozen=True, slots=True)
 class Stats:
-    """Order statistics of one measure, in ns: ``n`` values, min, p10, median, p90, max (see :func:`percentile`)."""
+    """Order statistics of one measure, in ns: ``n`` values, min, p10, median, p90, max (see :func:`percentile`).
+
+    ``p10`` and ``p90`` are ``None`` for fewer than :data:`SPREAD_MIN_N` values, with the reason in ``unknown``."""
 
     n: int
     min: float
-    p10: float
+    p10: float | None
     median: float
-    p90: float
+    p90: float | None
     max: float
+    #: Why a statistic is ``None`` (``{"p10": ..., "p90": ...}``); empty when every one is given.
+    unknown: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def of(cls, values: Sequence[int]) -> Stats | None:
-        """The statistics of ``values`` (``None`` when there are none)."""
+        """The statistics of ``values`` (``None`` when there are none; p10 and p90 ``None`` for fewer than
+        :data:`SPREAD_MIN_N`)."""
         if not values:
             return None
-        return cls(len(values), float(min(values)), percentile(values, 0.1), percentile(values, 0.5),
+        n = len(values)
+        if n < SPREAD_MIN_N:
+            why = (f"{n} value{'s' if n > 1 else ''}: fewer than {SPREAD_MIN_N}, a p10/p90 would be interpolated "
+                   "between the min, the median and the max, not a spread measured")
+            return cls(n, float(min(values)), None, percentile(values, 0.5), None, float(max(values)),
+                       {"p10": why, "p90": why})
+        return cls(n, float(min(values)), percentile(values, 0.1), percentile(values, 0.5),
                    percentile(values, 0.9), float(max(values)))
 
 
@@ -173,6 +189,7 @@ def format_summary(rows: Sequence[SummaryRow]) -> str:
     kinds = {row.holder for row in rows}
     # Conditions that differ between rows are named on each row's head line (never two rows that look the same).
     varying = [k for k in ("pin_mode", "gpu", "provenance") if len({getattr(row, k) for row in rows}) > 1]
+    few = False  # a p10/p90 left out ('-') for too few values: said once, below the table
     for row in rows:
         if kinds != {"alloc"} or varying:  # several holder kinds (or not the default one), or conditions: say which
             role = "" if row.role == "holder" else f": the {row.role}s"
@@ -187,11 +204,15 @@ def format_summary(rows: Sequence[SummaryRow]) -> str:
             if s is None:
                 lines.append(f"{left}{label:<14}{0:>4}{'-':>9}{'-':>9}{'-':>9}{'-':>9}{'-':>9}")
                 continue
-            nums = "".join(f"{v / 1e6:>9.1f}" for v in (s.min, s.p10, s.median, s.p90, s.max))
+            nums = "".join(f"{'-':>9}" if v is None else f"{v / 1e6:>9.1f}"
+                           for v in (s.min, s.p10, s.median, s.p90, s.max))
             lines.append(f"{left}{label:<14}{s.n:>4}{nums}")
+            few = few or s.p10 is None
         ratio = f"sleep 3 waits {row.sleep_ratio:.1f}x the median time to clean" if row.sleep_ratio else "no clean run"
         timeouts = f"; {row.timeouts} of {row.runs} runs timed out" if row.timeouts else ""
         lines.append(f"{' ' * 17}{ratio} (sampling period {row.resolution_ns / 1e6:.3f} ms){timeouts}")
+    if few:
+        lines.append(f"p10/p90 '-': fewer than {SPREAD_MIN_N} values (not interpolated from so few)")
     return "\n".join(lines)
 
 

@@ -98,6 +98,9 @@ def test_cells_cover_every_combination_once() -> None:
     ({"holder": "pinned", "pin_mode": "mlock"}, "pin_mode"),
     ({"stage_gap_s": -0.1}, "stage_gap_s"),
     ({"stage_gap_s": float("inf")}, "stage_gap_s"),
+    # A gap the run's timeout (from the first side's signal) cannot hold: every run of two sides timed out.
+    ({"holder": "ipc", "importers": (0, 1), "stage_gap_s": 30.0}, r"stage_gap_s \(30 s\) must be shorter than"),
+    ({"holder": "ipc", "importers": (1,), "stage_gap_s": 5.0, "run_timeout_s": 2.0}, "run_timeout_s .2 s."),
     ({"budget_s": 0}, "budget_s"),
     ({"budget_s": float("nan")}, "budget_s"),
     ({"holder": "ipc", "per_gpu": 2}, "per_gpu must be 1"),
@@ -107,6 +110,11 @@ def test_cells_cover_every_combination_once() -> None:
 def test_bad_sweeps_are_refused(fields: dict[str, object], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         StudyConfig(**{"sizes": (GIB,), **fields})  # type: ignore[arg-type]
+
+
+def test_a_long_stage_gap_is_fine_without_a_second_side() -> None:
+    assert StudyConfig(sizes=(GIB,), holder="ipc", importers=(0,), stage_gap_s=60.0).stage_gap_s == 60.0
+    assert StudyConfig(sizes=(GIB,), holder="ipc", importers=(1,), stage_gap_s=1.9, run_timeout_s=2.0)
 
 
 def test_budget_refuses_runs_that_would_end_past_it() -> None:
@@ -359,3 +367,11 @@ def test_cli_sweeps_and_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
     assert exit_code(["--simulate", "h200", "--json", "study", "reclaim", "--kind", "nccl", "--sizes", "1GiB"]) == 3
     err = json.loads(capsys.readouterr().out)
     assert err["error"]["type"] == "StudySkipped" and "two or more GPUs" in err["error"]["message"]
+
+
+def test_a_value_swept_twice_is_run_once() -> None:
+    # --sizes 1GiB,1GiB --repeats 1 ran two runs of one cell (repeat 0 twice); the other sweeps were deduplicated.
+    config = StudyConfig(sizes=(GIB, GIB, 2 * GIB), endings=("KILL", "TERM", "KILL"), repeats=1,
+                         warmup="none")
+    assert config.sizes == (GIB, 2 * GIB) and config.endings == ("KILL", "TERM")
+    assert len(config.runs()) == 4

@@ -105,6 +105,11 @@ def test_repeats_guidance_follows_the_formula() -> None:
     assert sigma == pytest.approx(10 * MS / 1.349)
     assert need == math.ceil(2 * (1.959964 * 1.2533 * (10 / 1.349) / 5) ** 2)  # 27 runs per side
     assert repeats_to_resolve([1.0], [1.0, 2.0], resolve_ns=1, level=0.95) == (None, None)
+    # Quartiles of 2 or 3 values are interpolated (with 2: the IQR is half their range, whatever the spread): no
+    # spread, and no runs-needed guidance built on one, from fewer than 4 values a side.
+    assert repeats_to_resolve([1.0, 2.0], [1.0, 2.0], resolve_ns=1, level=0.95) == (None, None)
+    assert repeats_to_resolve([1.0, 2.0, 3.0], [v * MS for v in a], resolve_ns=1, level=0.95) == (None, None)
+    assert repeats_to_resolve([1.0, 2.0, 3.0, 4.0], [1.0, 2.0, 3.0, 4.0], resolve_ns=1, level=0.95)[0] is not None
     lo, hi = bootstrap_median_difference([1.0] * 5, [3.0] * 5, resamples=200, rng=random.Random(0))
     assert lo == hi == 2.0  # no spread: the interval is the difference
 

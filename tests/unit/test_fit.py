@@ -203,7 +203,8 @@ def test_fit_refuses_mixed_drivers_and_nothing_to_fit() -> None:
     mixed = [record(0, y_ns=MS), record(1, y_ns=MS, driver="590.48.01")]
     with pytest.raises(ValueError, match="several driver branches"):
         fit_report(mixed)
-    assert fit_report(mixed, driver="590.48.01").model.driver == "590"
+    four = [*mixed, record(2, y_ns=MS), record(3, y_ns=MS, driver="590.48.01")]  # enough runs for an error
+    assert fit_report(four, driver="590.48.01").model.driver == "590"
     with pytest.raises(ValueError, match="no measured run"):
         fit_report([record(0, y_ns=MS, ending="free")])
 
@@ -250,3 +251,14 @@ def test_the_580_entry_is_the_fit_of_the_committed_h200_records() -> None:
     for name in (*rm.COEFFICIENTS, "error_ns"):
         assert getattr(entry, name) == getattr(result.model, name), name
     assert "driver 580.159.04" in entry.source and "NVIDIA H200" in entry.source and "pin_mode" in entry.source
+
+
+@pytest.mark.parametrize("runs", [1, 2, 3])
+def test_fit_refuses_an_error_from_too_few_runs(runs: int) -> None:
+    # One cell, one coefficient (base_ns): 1 run fitted its own time (error 0 by construction, registered as
+    # error_ns=0), 2 gave half their range; the error needs 3 runs more than the coefficients fitted.
+    few = [record(i, y_ns=(100 + 10 * i) * MS) for i in range(runs)]
+    with pytest.raises(ValueError, match=rf"{runs} runs? fitted for 1 coefficient \(base_ns\).*4 here"):
+        fit_report(few)
+    result = fit_report([*few, *(record(runs + i, y_ns=(100 + 10 * i) * MS) for i in range(4 - runs))])
+    assert result.n == 4 and result.fitted == ("base_ns",) and result.model.error_ns > 0

@@ -123,7 +123,7 @@ def test_compare_refuses_a_bad_record_in_both_modes(
     assert code == 2 and f"{b}:2: field" in message
 
 
-@pytest.mark.parametrize("value", ["inf", "-inf", "nan", "0", "-3", "1e-9"])
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", "0", "-3", "1e-9", "1e308", "1e13"])  # 1e308: OverflowError
 def test_compare_refuses_a_resolve_ms_that_is_not_a_finite_positive_time(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], value: str
 ) -> None:
@@ -158,7 +158,7 @@ def test_a_record_that_cannot_be_written_stops_the_study_with_an_error_naming_ou
     def full_disk(record: object) -> None:
         raise OSError(28, "No space left on device")
 
-    with pytest.raises(StudyError, match=r"--out runs\.jsonl: cannot write a record: No space left on device"):
+    with pytest.raises(StudyError, match=r"--out runs\.jsonl: cannot write record 1: No space left on device"):
         _sink(full_disk, "runs.jsonl")(object())
 
 
@@ -217,3 +217,12 @@ def test_fuzz_any_file_is_records_or_a_record_format_error(tmp_path_factory: pyt
         return
     for r in records:
         _fields_are_typed(r)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), 0, -1, 10**19])
+def test_compare_records_refuses_a_resolve_ns_that_is_not_a_finite_positive_time(value: float) -> None:
+    from nvmlcheck.study.compare import compare_records
+
+    runs = _records([100.0] * 5)
+    with pytest.raises(ValueError, match="resolve_ns must be a finite number of ns"):  # NaN failed in math.ceil
+        compare_records(runs, runs, resolve_ns=value)  # type: ignore[arg-type]

@@ -173,3 +173,37 @@ def test_an_out_replaced_by_another_writer_stops_the_writing_and_keeps_the_recor
             write(_record(2))
     kept = Path(f"{out}.{os.getpid()}")
     assert [r.run for r in load_records(kept)] == [0, 1] and [r.run for r in load_records(out)] == [7]
+
+
+@pytest.mark.parametrize("case", [
+    (3, KeyboardInterrupt(), 130, "interrupted"),
+    (2, OSError(errno.ENOSPC, "No space left on device"), 3, "cannot write record 3: No space left on device"),
+])
+def test_a_study_stopped_midway_says_what_out_keeps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str],
+                                                   case: tuple[int, BaseException, int, str]) -> None:
+    """Ctrl-C or a full disk after some runs: the error says how many whole records ``--out`` keeps (it said only
+    ``interrupted``, leaving the researcher to guess whether the file was kept, cut or lost)."""
+    from nvmlcheck import cli
+
+    fail_at, error, code, says = case
+    out = tmp_path / "runs.jsonl"
+    writes = {"n": 0}
+    real = os.write
+
+    def flaky(fd: int, data: Any) -> int:
+        if stat.S_ISREG(os.fstat(fd).st_mode) and fd > 2:
+            writes["n"] += 1
+            if writes["n"] == fail_at + 1:
+                raise error
+        return real(fd, data)
+
+    monkeypatch.setattr(os, "write", flaky)
+    argv = ["--simulate", "h200", "study", "reclaim", "--sizes", "1MiB", "--repeats", "5", "--endings", "KILL",
+            "--no-warmup", "--no-phases", "--out", str(out)]
+    assert cli.main(argv) == code
+    err = capsys.readouterr().err
+    monkeypatch.undo()
+    assert says in err
+    assert f"{out} keeps the {fail_at} records of the runs finished, each whole" in err
+    assert [r.run for r in load_records(out)] == list(range(fail_at))

@@ -95,22 +95,22 @@ def test_a_simulated_study_writes_records_that_say_so(tmp_path: Path, capsys: py
 
 def test_fit_refuses_a_study_that_is_all_simulated_unless_asked(tmp_path: Path,
                                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    path = write_records(_records([100.0, 101.0, 99.0], simulated=True), tmp_path / "sim.jsonl")
+    path = write_records(_records([100.0, 101.0, 99.0, 102.0], simulated=True), tmp_path / "sim.jsonl")
     assert cli.main(["study", "fit", str(path)]) == 2
     err = capsys.readouterr().err
     assert "every run is simulated" in err and "--include-simulated" in err
     assert cli.main(["study", "fit", str(path), "--include-simulated"]) == 0
-    assert "3 of the runs fitted are SIMULATED" in capsys.readouterr().out
+    assert "4 of the runs fitted are SIMULATED" in capsys.readouterr().out
 
 
 def test_fit_leaves_simulated_runs_out_of_a_real_fit_and_counts_the_unknown() -> None:
-    real = _records([100.0, 101.0], simulated=False)
+    real = _records([100.0, 101.0, 103.0], simulated=False)
     unknown = _records([102.0])
     sim = _records([5000.0, 5000.0], simulated=True)
     result = fit_report([*real, *unknown, *sim])
-    assert result.n == 3 and result.provenance == {"real": 2, "simulated": 0, "unknown": 1}
+    assert result.n == 4 and result.provenance == {"real": 3, "simulated": 0, "unknown": 1}
     assert [n for why, n in result.excluded.items() if why.startswith("simulated")] == [2]
     assert result.model.base_ns < 200 * MS  # the stub's 5 s runs did not pull the model
     assert "of unknown provenance" in result.model.source
     everything = fit_report([*real, *sim], include_simulated=True)
-    assert everything.n == 4 and everything.provenance["simulated"] == 2 and "SIMULATED" in everything.model.source
+    assert everything.n == 5 and everything.provenance["simulated"] == 2 and "SIMULATED" in everything.model.source
