@@ -116,7 +116,9 @@ def _parse(argv: Sequence[str]) -> Namespace | None:
     command_valued, command_flags, others = _COMMANDS[command]
     out: dict[str, Any] = {dest: default for dest, _, default in _GLOBAL.values()}
     out.update(json=False, command=command, **others)
-    out.update({dest: default for dest, _, default in command_valued.values()})
+    # A string default goes through its type, as argparse does (--signal's "SIGTERM" is a SignalWord there).
+    out.update({dest: convert(default) if isinstance(default, str) else default
+                for dest, convert, default in command_valued.values()})
     out.update({_flag_dest(option): False for option in command_flags})
     if command == "kill":
         out["pids"] = [pid_number(p) for p in positionals]

@@ -32,6 +32,8 @@ INTERNAL: dict[str, str] = {
     "nvmlcheck.cli._common.HungReading": "the CLI's own: reported by the hung-reading watchdog, which exits 3",
     "nvmlcheck.cli._kill.DryRun": "the CLI's own: --dry-run printed the plan; turned into exit 0 by the kill command",
     "nvmlcheck.hosts._Stopped": "a fleet worker's stop signal inside Fleet; never escapes",
+    "nvmlcheck.events._GivenUp": "the listener thread's own: a call stop() gave up on; caught in the thread, never "
+    "escapes",
     "nvmlcheck.readiness._Unhealthy": "ready's on_poll ending its own wait (the health found a cause); caught by "
     "readiness._wait, never escapes",
     "nvmlcheck._proc.targets.Refused": "turned into KillError by nvmlcheck.kill and the CLI",
