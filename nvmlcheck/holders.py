@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Literal
 
 from ._proc import devfiles, procfs
 from ._text import printable
-from .errors import ArgumentError, NvmlCheckError
+from .errors import ArgumentError, ArgumentTypeError, NvmlCheckError
 from .model import DeviceState, GpuProcess, MigDevice, Snapshot
 from .predicates import DEFAULT_MAX_USED_BYTES, format_bytes
 
@@ -226,6 +226,33 @@ class HoldersIncomplete(NvmlCheckError, TimeoutError):
         self.unscanned = unscanned
         super().__init__(f"the holders could not all be read within {timeout_s:g} s: {reason}; what holds the GPUs "
                          "is unknown (not none)")
+
+
+def holder_list(items: object, what: str) -> list[Holder]:
+    """``items`` read once into a list of :class:`Holder` (what :func:`select_kill_holders` and a kill take), or an
+    :class:`~nvmlcheck.ArgumentTypeError` that starts with ``what``: a bare Holder, a str or bytes (its characters),
+    a non-iterable, or an item that is no Holder (PIDs: they go in ``pids``)."""
+    if isinstance(items, Holder):
+        raise ArgumentTypeError(f"{what}, not a bare Holder: give [holder]")
+    if isinstance(items, str | bytes | bytearray):
+        raise ArgumentTypeError(f"{what}, not a {type(items).__name__}: {items!r}")
+    try:
+        given: list[object] = list(items)  # type: ignore[call-overload]  # any iterable; TypeError for the rest
+    except TypeError:
+        raise ArgumentTypeError(f"{what}, not {_shown(items)}") from None
+    out: list[Holder] = []
+    for h in given:
+        if not isinstance(h, Holder):
+            pids = "; PIDs go in pids" if isinstance(h, int) and not isinstance(h, bool) else ""
+            raise ArgumentTypeError(f"{what}: an item is a Holder, not {_shown(h)}{pids}")
+        out.append(h)
+    return out
+
+
+def _shown(value: object) -> str:
+    """``value`` and its type, for a message (a long repr cut)."""
+    text = repr(value)
+    return f"{text if len(text) <= 80 else text[:77] + '...'} ({type(value).__name__})"
 
 
 def _cut(timeout: float | None, what: str) -> str:
@@ -543,16 +570,8 @@ def select_kill_holders(
             raise ArgumentTypeError(f"{flag} is True or False, not {value!r}")
     _time_limit(timeout, time.monotonic_ns)  # checked whatever the source: a bad timeout is never ignored
     if not isinstance(source, Session):
-        what = "source is an open Session or a sequence of Holder (Session.holders(), find_holders())"
-        if isinstance(source, str | bytes | bytearray | Holder):
-            raise ArgumentTypeError(f"{what}, not {type(source).__name__}")
-        try:
-            source = list(source)
-        except TypeError:
-            raise ArgumentTypeError(f"{what}, not {type(source).__name__}") from None
-        for item in source:
-            if not isinstance(item, Holder):
-                raise ArgumentTypeError(f"{what}: an item is a Holder, not {type(item).__name__} ({item!r})")
+        source = holder_list(source, "source is an open Session or a sequence of Holder (Session.holders(), "
+                             "find_holders())")
     notes: list[str] = []
     rule = devfiles.device_rule(device_files)
     if not rule.is_default:

@@ -26,7 +26,7 @@ from ._proc.targets import Refused, Target, TargetSet
 from ._text import printable
 from ._waitdefaults import CLOCK, EVENTS, ON_POLL, POLICY, SLEEP, STABLE_POLLS, TIMEOUT, Default
 from .errors import ArgumentError, ArgumentTypeError, BackendUnavailable, NvmlCheckError, StateError, WaitTimeout
-from .holders import Holder
+from .holders import Holder, holder_list
 from .model import Snapshot
 from .predicates import Predicate, _Scope, _Why, check_predicate, default_predicate
 
@@ -665,20 +665,8 @@ def _pid_list(pids: Iterable[int]) -> list[int]:
 
 def _holder_list(holders: Iterable[Holder]) -> list[Holder]:
     """``holders`` read once into a list, each a :class:`~nvmlcheck.holders.Holder`."""
-    what = "holders is an iterable of Holder (Session.holders(), select_kill_holders(...).targets)"
-    if isinstance(holders, Holder):
-        raise ArgumentTypeError(f"{what}, not a bare Holder: give [holder]")
-    if isinstance(holders, str | bytes | bytearray):
-        raise ArgumentTypeError(f"{what}, not a {type(holders).__name__}: {holders!r}")
-    try:
-        out = list(holders)
-    except TypeError:
-        raise ArgumentTypeError(f"{what}, not {_kind(holders)}") from None
-    for h in out:
-        if not isinstance(h, Holder):
-            pids = "; PIDs go in pids" if isinstance(h, int) and not isinstance(h, bool) else ""
-            raise ArgumentTypeError(f"holders: a holder is a Holder, not {_kind(h)}{pids}")
-    return out
+    return holder_list(holders, "holders is an iterable of Holder (Session.holders(), "
+                       "select_kill_holders(...).targets)")
 
 
 def _check_flags(**flags: object) -> None:
