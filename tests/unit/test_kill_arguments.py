@@ -56,7 +56,8 @@ BAD: list[tuple[str, Callable[[int], dict[str, Any]], tuple[str, ...]]] = [
     ("missing_ok None", lambda pid: {"pids": [pid], "missing_ok": None}, ("missing_ok is True or False",)),
 ]
 PREPARE_ONLY: list[tuple[str, Callable[[int], dict[str, Any]], tuple[str, ...]]] = [
-    ("holders PIDs", lambda pid: {"holders": [pid]}, ("holders is an iterable of Holder", "an item is a Holder", "PIDs go in pids")),
+    ("holders PIDs", lambda pid: {"holders": [pid]},
+     ("holders is an iterable of Holder", "an item is a Holder", "PIDs go in pids")),
     ("holders a str", lambda pid: {"holders": "python"}, ("holders is an iterable of Holder", "not a str")),
     ("holders a bare Holder", lambda pid: {"holders": holder(pid)}, ("bare Holder", "give [holder]")),
     ("holders an int", lambda pid: {"holders": 5}, ("holders is an iterable of Holder", "5 (int)")),
