@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,9 +20,9 @@ from . import slurmlab
 TIMEOUTS = {"prolog": 4.0, "epilog": 4.0, "health": 4.0}
 
 
-# Per module, not per session: the daemons are this process's children, and no later suite may see them.
-@pytest.fixture(scope="module")
-def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[slurmlab.Lab]:
+def lab_for_module(tmp_path_factory: pytest.TempPathFactory, name: str, **start: Any) -> Iterator[slurmlab.Lab]:
+    """A Slurm lab for one test module (``start``: :func:`slurmlab.start`'s options), skipped with the reason where
+    Slurm, munge or the stub cannot be had; stopped after, with nothing of it left running."""
     reason = slurmlab.unavailable_reason()
     if reason is not None:
         pytest.skip(reason)
@@ -31,10 +32,10 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[slurmlab.Lab]:
         stub_cache = build_stub().parent.parent  # the wrappers' nvmlcheck finds the same build
     except (StubBuildError, FileNotFoundError) as exc:
         pytest.skip(f"the stub libnvidia-ml cannot be built: {exc}")
-    directory = tmp_path_factory.mktemp("slurmlab")
+    directory = tmp_path_factory.mktemp(name)
     directory.chmod(0o755)  # job scripts run as the job's user
     try:
-        lab = slurmlab.start(Path(directory), str(stub_cache), timeouts=TIMEOUTS)
+        lab = slurmlab.start(Path(directory), str(stub_cache), **start)
     except (RuntimeError, AssertionError, OSError) as exc:
         pytest.skip(f"the Slurm daemons could not be started here: {exc}"[:3000])
     try:
@@ -42,6 +43,12 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[slurmlab.Lab]:
     finally:
         leaked = lab.stop()
     assert not leaked, f"processes left after the Slurm lab stopped (killed now): {leaked}"
+
+
+# Per module, not per session: the daemons are this process's children, and no later suite may see them.
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[slurmlab.Lab]:
+    yield from lab_for_module(tmp_path_factory, "slurmlab", timeouts=TIMEOUTS)
 
 
 @pytest.fixture

@@ -11,13 +11,13 @@ from __future__ import annotations
 import os
 import subprocess
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from nvmlcheck.testing import Scenario
 
 from . import slurmlab
+from .conftest import lab_for_module
 from .slurmlab import Lab, wait_for
 
 GIB = 1 << 30
@@ -25,27 +25,8 @@ GIB = 1 << 30
 
 @pytest.fixture(scope="module")
 def short(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
-    reason = slurmlab.unavailable_reason()
-    if reason is not None:
-        pytest.skip(reason)
-    from nvmlcheck.testing import StubBuildError, build_stub
-
-    try:
-        stub_cache = build_stub().parent.parent
-    except (StubBuildError, FileNotFoundError) as exc:
-        pytest.skip(f"the stub libnvidia-ml cannot be built: {exc}")
-    directory = tmp_path_factory.mktemp("slurmlab-short")
-    directory.chmod(0o755)
-    try:
-        lab = slurmlab.start(Path(directory), str(stub_cache), timeouts={"prolog": 4.0, "epilog": 30.0, "health": 4.0},
-                             prolog_epilog_timeout=3)
-    except (RuntimeError, AssertionError, OSError) as exc:
-        pytest.skip(f"the Slurm daemons could not be started here: {exc}"[:3000])
-    try:
-        yield lab
-    finally:
-        leaked = lab.stop()
-    assert not leaked, f"processes left after the Slurm lab stopped (killed now): {leaked}"
+    yield from lab_for_module(tmp_path_factory, "slurmlab-short", prolog_epilog_timeout=3,
+                              timeouts={"prolog": 4.0, "epilog": 30.0, "health": 4.0})
 
 
 def test_an_epilog_slurmd_ends_at_its_timeout_leaves_its_record(short: Lab) -> None:

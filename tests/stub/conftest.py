@@ -241,3 +241,13 @@ def device_file(tmp_path: Path) -> str:
     d.mkdir()
     (d / "nvidia0").write_text("")
     return str(d / "nvidia0")
+
+
+@pytest.fixture
+def nvml_released() -> Iterator[None]:
+    """The stub reloads its scenario only when NVML's reference count goes 0 → 1: no test may leave it held (the
+    study's tests use it for every test: ``pytestmark = pytest.mark.usefixtures("nvml_released")``)."""
+    probe = StubProbe(build_stub())
+    assert probe.init_refcount() == 0, "an earlier test left NVML initialised"
+    yield
+    assert probe.init_refcount() == 0, "this test left NVML initialised"

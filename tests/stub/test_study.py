@@ -8,7 +8,7 @@ import os
 import pickle
 import signal
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -39,9 +39,9 @@ from nvmlcheck.study import (
     write_records,
 )
 from nvmlcheck.study.stub_holder import StubHolderFactory
-from nvmlcheck.testing import Scenario, StubProbe, build_stub, use_stub
+from nvmlcheck.testing import Scenario, use_stub
 
-pytestmark = pytest.mark.stub
+pytestmark = [pytest.mark.stub, pytest.mark.usefixtures("nvml_released")]
 
 GIB = 1 << 30
 MS = 1_000_000
@@ -49,15 +49,6 @@ MS = 1_000_000
 # after the death, after the signal). Above it: the child's death, one sampling period and scheduling on a loaded
 # 2-core CI box. Generous, yet far below a stub that ignored list_ms/release_ms or an observer that missed events.
 EXIT_STATUS = {"KILL": -int(signal.SIGKILL), "TERM": -int(signal.SIGTERM), "exit": 0, "free": 0}
-
-
-@pytest.fixture(autouse=True)
-def nvml_released() -> Iterator[None]:
-    """The stub reloads its scenario only when NVML's reference count goes 0 → 1: no test may leave it held."""
-    probe = StubProbe(build_stub())
-    assert probe.init_refcount() == 0, "an earlier test left NVML initialised"
-    yield
-    assert probe.init_refcount() == 0, "this test left NVML initialised"
 
 
 def _open() -> nvmlcheck.Session:

@@ -9,7 +9,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -32,21 +31,12 @@ from nvmlcheck.study.holders import LineReader, start_holders
 from nvmlcheck.study.mps import MpsDaemon
 from nvmlcheck.study.runner import _Budget
 from nvmlcheck.study.stub_holder import CONTEXT_BYTES, StubHolderFactory
-from nvmlcheck.testing import Scenario, StubProbe, build_stub, use_stub
+from nvmlcheck.testing import Scenario, use_stub
 
-pytestmark = pytest.mark.stub
+pytestmark = [pytest.mark.stub, pytest.mark.usefixtures("nvml_released")]
 
 GIB = 1 << 30
 MS = 1_000_000
-
-
-@pytest.fixture(autouse=True)
-def nvml_released() -> Iterator[None]:
-    """The stub reloads its scenario only when NVML's reference count goes 0 → 1: no test may leave it held."""
-    probe = StubProbe(build_stub())
-    assert probe.init_refcount() == 0, "an earlier test left NVML initialised"
-    yield
-    assert probe.init_refcount() == 0, "this test left NVML initialised"
 
 
 def _open() -> nvmlcheck.Session:

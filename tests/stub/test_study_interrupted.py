@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -13,19 +12,11 @@ import nvmlcheck
 from nvmlcheck.study import StudyConfig, run_study
 from nvmlcheck.study import observer as observer_module
 from nvmlcheck.study.stub_holder import StubHolderFactory
-from nvmlcheck.testing import Scenario, StubProbe, build_stub, use_stub
+from nvmlcheck.testing import Scenario, use_stub
 
-pytestmark = pytest.mark.stub
+pytestmark = [pytest.mark.stub, pytest.mark.usefixtures("nvml_released")]
 
 GIB = 1 << 30
-
-
-@pytest.fixture(autouse=True)
-def nvml_released() -> Iterator[None]:
-    probe = StubProbe(build_stub())
-    assert probe.init_refcount() == 0, "an earlier test left NVML initialised"
-    yield
-    assert probe.init_refcount() == 0, "this test left NVML initialised"
 
 
 def _open() -> nvmlcheck.Session:
