@@ -8,6 +8,7 @@ import os
 import sys
 import time
 
+from .._text import ascii_fallback
 from .._text import printable as safe
 from .._text import printable_lines as safe_lines
 from .._units import format_bytes
@@ -51,24 +52,36 @@ class _ClosedStdout:
 def _usable_streams() -> None:
     """A closed stdout writes nowhere and says so (:class:`_ClosedStdout`); a closed stderr is ``/dev/null`` (what
     would go there is read by no one either way, and the exit status still says the verdict). A stream whose
-    encoding cannot write every character (``PYTHONIOENCODING=ascii``, a Latin-1 terminal) escapes what it cannot
-    write (``\\xb5``): the ``µs`` of a timing or a process's name must not turn a verdict into an error."""
+    encoding cannot write every character (``PYTHONIOENCODING=ascii``, a POSIX locale, a Latin-1 terminal) writes
+    what it cannot as :func:`nvmlcheck._text.ascii_spelling` does: nvmlcheck's own ``µs``, ``…`` and ``·`` as
+    ``us``, ``...`` and ``-`` (``\\xb5s`` was not readable), a process's name escaped (``\\xe9``); a character
+    must not turn a verdict into an error. A UTF-8 stream is left as it is."""
     if sys.stdout is None:
         sys.stdout = _ClosedStdout()
     if sys.stderr is None:
         sys.stderr = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 - the process's stderr from now on
+    import codecs  # loaded already: the interpreter's own streams use it
+
+    codecs.register_error(_ERRORS, ascii_fallback)
     for stream in (sys.stdout, sys.stderr):
         reconfigure = getattr(stream, "reconfigure", None)
         encoding = (getattr(stream, "encoding", None) or "").lower().replace("_", "-")
-        if reconfigure is not None and getattr(stream, "errors", "strict") == "strict" and encoding not in _UTF:
+        # stderr's default handler is backslashreplace and a POSIX locale's stdout surrogateescape: either wrote
+        # `\xb5s` or failed on nvmlcheck's own text; a handler chosen on purpose (a test's, the user's) is kept.
+        errors = getattr(stream, "errors", "strict")
+        if reconfigure is not None and errors in _REPLACED and encoding not in _UTF:
             try:  # noqa: SIM105 - contextlib is start-up this module avoids
-                reconfigure(errors="backslashreplace")
+                reconfigure(errors=_ERRORS)
             except (ValueError, OSError):  # a stream of a test harness that cannot be reconfigured: left as it is
                 pass
 
 
 #: The encodings that write every character.
 _UTF = ("utf-8", "utf8", "utf-16", "utf-32")
+#: The streams' handlers replaced by :data:`_ERRORS` (Python's defaults for its standard streams).
+_REPLACED = ("strict", "backslashreplace", "surrogateescape")
+#: The name of :func:`nvmlcheck._text.ascii_fallback` as an encoding error handler.
+_ERRORS = "nvmlcheck-ascii"
 
 _usable_streams()
 

@@ -73,13 +73,16 @@ def test_a_closed_stdout_is_an_output_failure_not_a_traceback(argv: list[str], c
     assert "Traceback" not in out.stderr and "output failed (stdout is closed)" in out.stderr
 
 
-def test_an_ascii_stdout_escapes_what_it_cannot_write() -> None:
-    # "read in 312 µs" on an ASCII stdout raised UnicodeEncodeError, a ValueError: a clean wait exited 2, "usage error".
+def test_an_ascii_stdout_spells_what_it_cannot_write() -> None:
+    # "read in 312 µs" on an ASCII stdout raised UnicodeEncodeError, a ValueError: a clean wait exited 2, "usage error";
+    # then it printed "312 \\xb5s", which no one reads as microseconds. Now "312 us"; UTF-8 keeps "µs".
     env = {**os.environ, "PYTHONIOENCODING": "ascii"}
     for argv in (["wait", "--timeout", "5"], ["snapshot"]):
         out = _nvmlcheck("--simulate", "h200", *argv, env=env)
         assert out.returncode == 0, out.stderr
-        assert "\\xb5s" in out.stdout
+        assert out.stdout.isascii() and " us" in out.stdout and "\\x" not in out.stdout
+    out = _nvmlcheck("--simulate", "h200", "snapshot", env={**os.environ, "PYTHONIOENCODING": "utf-8"})
+    assert out.returncode == 0 and " µs" in out.stdout
 
 
 @pytest.mark.parametrize(("argv", "code"), [
