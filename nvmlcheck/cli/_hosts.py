@@ -16,7 +16,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from ._common import UsageError, verdict, verdict_printed
-from ._output import StatusLine, human_bytes, plural, print_json, safe, write_whole
+from ._output import UNKNOWN_PROCESS_USED, StatusLine, human_bytes, plural, print_json, safe, write_whole
 
 if TYPE_CHECKING:
     import argparse
@@ -207,43 +207,107 @@ _READY_WORDS = {"clean": "ready", "not-clean": "NOT READY", "unhealthy": "NEEDS 
 # terminal title, a message forge a line), and a value of the wrong type shows as "?" rather than raising.
 
 
+def _in_order(snap: dict[str, Any]) -> list[tuple[dict[str, Any], bool]]:
+    """A host's GPUs, read and unreadable (``True``), in index order, as the local table has them: an unreadable
+    GPU 1 printed after GPU 7 was where a reader of GPU 1's line does not look. A row whose index is not a number
+    (a broken host) keeps its place after the others."""
+    rows = [(d, False) for d in map(_dict, _list(snap.get("devices")))]
+    rows += [(f, True) for f in map(_dict, _list(snap.get("failures")))]
+
+    def key(row: tuple[dict[str, Any], bool]) -> tuple[int, int]:
+        index = row[0].get("index")
+        return (0, index) if isinstance(index, int) and not isinstance(index, bool) else (1, 0)
+
+    return sorted(rows, key=key)  # stable: the host's own order among equals
+
+
+def _why(d: dict[str, Any], key: str) -> str:
+    """The host's reason for the unknown field ``key`` (its document's ``unknown``; a whole part's reason answers for
+    its fields, as ``DeviceState.why_unknown`` reads it), or that the host gave none."""
+    unknown = _dict(d.get("unknown"))
+    why = unknown.get(key)
+    if why is None and "." in key:
+        why = unknown.get(key.split(".", 1)[0])
+    return str(why) if why is not None else "no reason given by the host"
+
+
+def _unknown_line(name: str, d: dict[str, Any]) -> str | None:
+    """Under a GPU's line: why each ``?`` of it is one (as the local table says it); values unknown for the same
+    reason share it."""
+    from ..model import unknown_key
+
+    found: list[tuple[str, str]] = []
+    m = d.get("memory")
+    if not isinstance(m, dict):
+        found.append(("memory", _why(d, "memory")))
+    else:
+        found += [(what, _why(d, f"memory.{field}")) for what, field in (("used", "used_bytes"), ("total",
+                  "total_bytes")) if not _is_int(m.get(field))]
+    procs = _dict(d.get("processes"))
+    for kind in ("compute", "graphics", "mps"):
+        if not isinstance(procs.get(kind), list):
+            found.append((f"{kind} processes", _why(d, unknown_key("processes", kind))))
+    if not found:
+        return None
+    by_reason: dict[str, list[str]] = {}
+    for what, why in found:
+        by_reason.setdefault(why, []).append(what)
+    said = "; ".join(", ".join(whats) + f": {why}" for why, whats in by_reason.items())
+    return f"{name}    " + safe(f"(unknown: {said})")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _gpu_lines(name: str, snap: dict[str, Any]) -> list[str]:
     lines = []
-    for d in map(_dict, _list(snap.get("devices"))):
+    for d, unreadable in _in_order(snap):
+        if unreadable:
+            lines.append(_failure_line(name, d))
+            continue
         m = _dict(d.get("memory"))
         procs = _dict(d.get("processes"))
         known = [p for kind in ("compute", "graphics", "mps") for p in _list(procs.get(kind))]
-        unknown = any(procs.get(kind) is None for kind in ("compute", "graphics", "mps"))
-        count = f"{len(known)}+?" if unknown else str(len(known))
+        unknown = any(not isinstance(procs.get(kind), list) for kind in ("compute", "graphics", "mps"))
+        count = (f"{len(known)}+?" if known else "?") if unknown else str(len(known))
         lines.append(f"{name}  GPU {safe(d.get('index'))}  {safe(d.get('name') or '?')[:21]:<21} "
                      f"used {_bytes(m.get('used_bytes')):>10} of {_bytes(m.get('total_bytes')):>10}  "
                      f"procs {count:>3}  {safe(d.get('uuid') or '?')}")
-    lines.extend(_failure_lines(name, snap))
+        why = _unknown_line(name, d)
+        if why is not None:
+            lines.append(why)
     return lines
 
 
-def _failure_lines(name: str, snap: dict[str, Any]) -> list[str]:
-    return [f"{name}  GPU {safe(f.get('index'))}  UNREADABLE: {safe(_dict(f.get('error')).get('message', '?'))}"
-            for f in map(_dict, _list(snap.get("failures")))]
+def _failure_line(name: str, f: dict[str, Any]) -> str:
+    return f"{name}  GPU {safe(f.get('index'))}  UNREADABLE: {safe(_dict(f.get('error')).get('message', '?'))}"
 
 
 def _proc_lines(name: str, snap: dict[str, Any]) -> list[str]:
-    """``snapshot procs`` with the host in front: one line per process, ``?`` where a list is unknown."""
+    """``snapshot procs`` with the host in front: one line per process, ``?`` where a list is unknown (with why),
+    GPUs in index order."""
     from ..model import unknown_key  # the documents' "unknown" keys are DeviceState.unknown's
 
     lines = []
-    for d in map(_dict, _list(snap.get("devices"))):
+    unknown_used = False
+    for d, unreadable in _in_order(snap):
+        if unreadable:
+            lines.append(_failure_line(name, d))
+            continue
         procs = _dict(d.get("processes"))
         for kind in ("compute", "graphics", "mps"):
             listed = procs.get(kind)
-            if listed is None:
-                why = _dict(d.get("unknown")).get(unknown_key("processes", kind), "unknown")
+            if not isinstance(listed, list):
+                why = _why(d, unknown_key("processes", kind))
                 lines.append(f"{name}  GPU {safe(d.get('index'))}  {'?':>8}  {kind:<9}  ({safe(why)})")
                 continue
-            for p in map(_dict, _list(listed)):
+            for p in map(_dict, listed):
+                unknown_used = unknown_used or not _is_int(p.get("used_bytes"))
                 lines.append(f"{name}  GPU {safe(d.get('index'))}  {safe(p.get('pid')):>8}  {kind:<9}"
                              f"{_bytes(p.get('used_bytes')):>11}  {safe(p.get('name') or '?')}")
-    lines.extend(_failure_lines(name, snap))
+    if unknown_used:
+        lines.append(f"{name}  {UNKNOWN_PROCESS_USED}")
     return lines
 
 

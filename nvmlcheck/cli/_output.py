@@ -13,8 +13,8 @@ from .._text import printable as safe
 from .._text import printable_lines as safe_lines
 from .._units import format_bytes
 
-__all__ = ["StatusLine", "device_table", "human_bytes", "load_json_output", "plural", "print_json", "process_table",
-           "safe", "safe_lines", "status_updater"]
+__all__ = ["UNKNOWN_PROCESS_USED", "StatusLine", "device_table", "human_bytes", "load_json_output", "plural",
+           "print_json", "process_table", "safe", "safe_lines", "status_updater"]
 
 TYPE_CHECKING = False  # typing costs start-up time where site has not loaded it (docs/performance.md)
 if TYPE_CHECKING:
@@ -302,6 +302,7 @@ def process_table(snap: Snapshot, out: TextIO) -> None:
     mig = any(d.mig_mode for d in snap.devices)
     print(f"{'GPU':<4}{'  GI  CI' if mig else ''}{'pid':>8}  {'kind':<9}{'used':>11}  name", file=out)
     rows = 0
+    unknown_used = False
     for d in _in_order(snap):
         if isinstance(d, DeviceFailure):
             _unreadable(d, out)
@@ -317,6 +318,7 @@ def process_table(snap: Snapshot, out: TextIO) -> None:
                 rows += 1
                 continue
             for p in procs:
+                unknown_used = unknown_used or p.used_bytes is None
                 listed.add((p.pid, kind))
                 cells = _instance_cells(d, p.gpu_instance_id, p.compute_instance_id) if mig else ""
                 print(f"{d.index:<4}{cells}{p.pid:>8}  {kind:<9}{human_bytes(p.used_bytes):>11}  "
@@ -328,13 +330,21 @@ def process_table(snap: Snapshot, out: TextIO) -> None:
                     continue  # shown on the parent's list
                 gi = m.gpu_instance_id if p.gpu_instance_id is None else p.gpu_instance_id
                 ci = m.compute_instance_id if p.compute_instance_id is None else p.compute_instance_id
+                unknown_used = unknown_used or p.used_bytes is None
                 print(f"{d.index:<4}{_instance_cells(d, gi, ci)}{p.pid:>8}  {p.kind.value:<9}"
                       f"{human_bytes(p.used_bytes):>11}  {safe(p.name or '?')}", file=out)
                 rows += 1
+    if unknown_used:
+        print(UNKNOWN_PROCESS_USED, file=out)
     if not rows:
         # A header alone read as a failure, or as "clean": the lists are empty, which alone never means clean.
         print("(no process listed on the selected GPUs; memory may still be held: `nvmlcheck wait --timeout 0` "
               "judges whether they are clean)", file=out)
+
+
+#: Under a process table with a ``?`` in its ``used`` column: why (NVML's "not available" for that process).
+UNKNOWN_PROCESS_USED = ("(used ?: the driver does not report that process's memory (NVML \"not available\": WDDM, "
+                        "some MIG and container setups); the GPU's used memory still counts it)")
 
 
 class StatusLine:
