@@ -622,8 +622,10 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
                    "(skipped: --kind mps without nvidia-cuda-mps-control, --kind nccl with one GPU)",
         )
         global_options(reclaim, top=False)
-        once(reclaim, "--sizes", type=size_list, default=None, metavar="LIST",
-             help="bytes held per GPU, comma-separated (default 1GiB,4GiB,16GiB; none with --holder context)")
+        # 0 is the study's to refuse, by holder kind: pinned and nccl may hold no device memory, context holds none.
+        once(reclaim, "--sizes", type=size_list_zero, default=None, metavar="LIST",
+             help="bytes held per GPU, comma-separated (default 1GiB,4GiB,16GiB; 0 or none with --holder context; "
+                  "0 allowed with pinned and nccl)")
         once(reclaim, "--repeats", type=positive_int, default=5, metavar="N",
              help="measured runs per size and ending (default 5)")
         once(reclaim, "--endings", type=ending_list, default=["KILL", "TERM"], metavar="LIST",

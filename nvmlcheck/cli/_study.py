@@ -207,15 +207,38 @@ def cmd_study_fit(args: argparse.Namespace) -> int:
     return EXIT_CLEAN
 
 
+#: ``study reclaim``'s option of each :class:`~nvmlcheck.study.StudyConfig` field: its errors name what the user
+#: typed (``--run-timeout``), not the library's field (``run_timeout_s``). tests/unit/test_study_inputs.py checks
+#: that every field :func:`_config` sets has one and that each is an option of the parser.
+OPTION_OF_FIELD = {
+    "sizes": "--sizes", "repeats": "--repeats", "endings": "--endings", "devices": "--devices", "mode": "--mode",
+    "trace": "--trace", "warmup": "--warmup", "run_timeout_s": "--run-timeout", "holder": "--holder",
+    "holder_count": "--count", "per_gpu": "--per-gpu", "concurrent": "--concurrent", "phases": "--phases",
+    "device_files": "--device-files", "events": "--events", "pinned": "--pinned", "pin_mode": "--pin-mode",
+    "importers": "--importers", "first": "--first", "stage_gap_s": "--stage-gap", "budget_s": "--budget",
+    "ready_timeout_s": "--ready-timeout",
+}
+
+
 def _config(args: argparse.Namespace) -> Any:
-    """The :class:`~nvmlcheck.study.StudyConfig` of ``study reclaim``'s options (``ValueError``: exit 2)."""
+    """The :class:`~nvmlcheck.study.StudyConfig` of ``study reclaim``'s options (``ValueError``: exit 2), its errors
+    naming the options (:data:`OPTION_OF_FIELD`)."""
     from .. import study as st
+    from ..study.config import spelled_as
 
     sizes = args.sizes
     if sizes is None:
         sizes = [0] if args.holder == "context" else [1 << 30, 4 << 30, 16 << 30]
-    elif args.holder == "context":
-        raise UsageError("--holder context allocates nothing: leave out --sizes")
+    elif args.holder == "context" and any(sizes):
+        raise UsageError("--holder context allocates nothing: leave out --sizes (or give --sizes 0)")
+    names = dict(OPTION_OF_FIELD)
+    if args.count is None:
+        names["holder_count"] = "--chunks"  # the count came from --chunks (or the kind's default of 4)
+    with spelled_as(names):
+        return _study_config(st, args, sizes)
+
+
+def _study_config(st: Any, args: argparse.Namespace, sizes: Sequence[int]) -> Any:
     return st.StudyConfig(
         sizes=tuple(sizes), repeats=args.repeats, endings=tuple(args.endings),
         devices=None if args.devices is None else tuple(args.devices), mode=args.mode, trace=args.trace,

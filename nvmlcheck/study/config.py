@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 import signal
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -55,6 +58,29 @@ class PlannedRun:
     cell: Cell
     repeat: int
     warmup: bool
+
+
+#: How :class:`StudyConfig`'s errors name its fields: the fields' own names (``run_timeout_s``) for a caller of the
+#: library; the options a user typed (``--run-timeout``) under :func:`spelled_as`, which the command line uses.
+_SPELLING: contextvars.ContextVar[Mapping[str, str] | None] = contextvars.ContextVar("nvmlcheck_study_spelling",
+                                                                                      default=None)
+
+
+@contextlib.contextmanager
+def spelled_as(names: Mapping[str, str]) -> Iterator[None]:
+    """Within it, a :class:`StudyConfig` refused names each field as ``names`` spells it (``{"run_timeout_s":
+    "--run-timeout"}``): an error must name what its reader wrote, not a field they never saw."""
+    token = _SPELLING.set(names)
+    try:
+        yield
+    finally:
+        _SPELLING.reset(token)
+
+
+def _n(field: str) -> str:
+    """``field`` as the caller spells it (:func:`spelled_as`)."""
+    names = _SPELLING.get()
+    return field if names is None else names.get(field, field)
 
 
 def parse_ending(text: str) -> Ending:
@@ -137,50 +163,48 @@ class StudyConfig:
         from .child import HOLDER_KINDS
 
         if self.holder not in HOLDER_KINDS:
-            raise ArgumentError(f"unknown holder kind {self.holder!r}: one of {', '.join(HOLDER_KINDS)}")
+            raise ArgumentError(f"{_n('holder')}: unknown holder kind {self.holder!r}: one of "
+                                f"{', '.join(HOLDER_KINDS)}")
         sizes = tuple(self.sizes)
         if not sizes:
-            raise ArgumentError("a study needs at least one size")
+            raise ArgumentError(f"{_n('sizes')}: a study needs at least one size")
         for s in sizes:
             if isinstance(s, bool) or not isinstance(s, int) or s < 0:
-                raise ArgumentError(f"sizes are positive int byte counts, got {s!r}")
+                raise ArgumentError(f"{_n('sizes')} are positive int byte counts, got {s!r}")
             # A context holds no allocation: its "size" is 0; a few kinds may hold no device memory either.
             if self.holder == "context" and s != 0:
-                raise ArgumentError(
-                    f"size {s}: the context holder takes size 0 only, every other holder positive sizes")
+                raise ArgumentError(f"{_n('sizes')} {s}: the context holder takes size 0 only, every other holder "
+                                    "positive sizes")
             if s == 0 and self.holder not in ZERO_SIZE_KINDS:
-                raise ArgumentError(f"size 0: the {self.holder} holder takes positive sizes (the context holder takes "
-                                 f"size 0 only; the pinned and nccl holders may hold no device memory)")
+                raise ArgumentError(f"{_n('sizes')} 0: the {self.holder} holder takes positive sizes (the context "
+                                    "holder takes size 0 only; the pinned and nccl holders may hold no device memory)")
         for name in ("holder_count", "per_gpu"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ArgumentError(f"{name} must be an int >= 1, got {value!r}")
+                raise ArgumentError(f"{_n(name)} must be an int >= 1, got {value!r}")
         if self.concurrent not in ("gpus", "none"):
-            raise ArgumentError(f"concurrent must be 'gpus' or 'none', got {self.concurrent!r}")
+            raise ArgumentError(f"{_n('concurrent')} must be 'gpus' or 'none', got {self.concurrent!r}")
         if self.device_files is not None:
-            object.__setattr__(self, "device_files", device_file_patterns(self.device_files))
-        endings = tuple(parse_ending(e) for e in self.endings)
+            try:
+                object.__setattr__(self, "device_files", device_file_patterns(self.device_files))
+            except ValueError as exc:
+                raise ArgumentError(f"{_n('device_files')}: {exc}") from None
+        try:
+            endings = tuple(parse_ending(e) for e in self.endings)
+        except ValueError as exc:
+            raise ArgumentError(f"{_n('endings')}: {exc}") from None
         if not endings:
-            raise ArgumentError("a study needs at least one ending (KILL, TERM, exit, free)")
+            raise ArgumentError(f"{_n('endings')}: a study needs at least one ending (KILL, TERM, exit, free)")
         devices = None if self.devices is None else tuple(self.devices)
         if devices is not None and not devices:
-            raise ArgumentError("empty device selection: name at least one GPU, or None for all")
+            raise ArgumentError(f"{_n('devices')}: empty device selection: name at least one GPU, or None for all")
         if isinstance(self.repeats, bool) or not isinstance(self.repeats, int) or self.repeats < 1:
-            raise ArgumentError(f"repeats must be an int >= 1, got {self.repeats!r}")
+            raise ArgumentError(f"{_n('repeats')} must be an int >= 1, got {self.repeats!r}")
         if self.mode not in ("precise", "default"):
-            raise ArgumentError(f"mode must be 'precise' or 'default', got {self.mode!r}")
+            raise ArgumentError(f"{_n('mode')} must be 'precise' or 'default', got {self.mode!r}")
         if self.warmup not in ("per_cell", "once", "none"):
-            raise ArgumentError(f"warmup must be 'per_cell', 'once' or 'none', got {self.warmup!r}")
-        for name in ("run_timeout_s", "ready_timeout_s"):
-            value = getattr(self, name)
-            if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
-                raise ArgumentError(f"{name} must be a finite number of seconds > 0, got {value!r}")
-        if not (math.isfinite(self.settle_timeout_s) and self.settle_timeout_s >= 0):
-            raise ArgumentError(f"settle_timeout_s must be >= 0, got {self.settle_timeout_s!r}")
-        if self.tolerance_bytes < 0:
-            raise ArgumentError(f"tolerance_bytes must be >= 0, got {self.tolerance_bytes}")
-        if self.stable_polls < 1:
-            raise ArgumentError(f"stable_polls must be >= 1, got {self.stable_polls}")
+            raise ArgumentError(f"{_n('warmup')} must be 'per_cell', 'once' or 'none', got {self.warmup!r}")
+        self._check_bounds()
         # Frozen: normalise through object.__setattr__ (lists become tuples, endings canonical).
         # A value swept twice (--sizes 1GiB,1GiB) ran its cell twice over: 2 x --repeats runs in one cell, each
         # repeat number twice. Once each, in order, as pinned, importers and first are.
@@ -189,42 +213,57 @@ class StudyConfig:
         object.__setattr__(self, "devices", devices)
         self._check_sweeps()
 
+    def _check_bounds(self) -> None:
+        """The timeouts, the tolerance and the stable polls."""
+        for name in ("run_timeout_s", "ready_timeout_s"):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+                raise ArgumentError(f"{_n(name)} must be a finite number of seconds > 0, got {value!r}")
+        if not (math.isfinite(self.settle_timeout_s) and self.settle_timeout_s >= 0):
+            raise ArgumentError(f"{_n('settle_timeout_s')} must be >= 0, got {self.settle_timeout_s!r}")
+        if self.tolerance_bytes < 0:
+            raise ArgumentError(f"{_n('tolerance_bytes')} must be >= 0, got {self.tolerance_bytes}")
+        if self.stable_polls < 1:
+            raise ArgumentError(f"{_n('stable_polls')} must be >= 1, got {self.stable_polls}")
+
     def _check_sweeps(self) -> None:
         """The third edition's fields (issue 26), normalised to tuples."""
         pinned, importers, first = tuple(self.pinned), tuple(self.importers), tuple(self.first)
         for name, values in (("pinned", pinned), ("importers", importers)):
             if not values:
-                raise ArgumentError(f"{name} needs at least one value (0 for none)")
+                raise ArgumentError(f"{_n(name)} needs at least one value (0 for none)")
             for v in values:
                 if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                    raise ArgumentError(f"{name} values are int counts >= 0, got {v!r}")
+                    raise ArgumentError(f"{_n(name)} values are int counts >= 0, got {v!r}")
         if any(pinned) and self.holder != "pinned":
-            raise ArgumentError(f"pinned host memory needs the pinned holder, not {self.holder!r}")
+            raise ArgumentError(f"{_n('pinned')} (pinned host memory) needs the pinned holder ({_n('holder')} "
+                                f"pinned), not {self.holder!r}")
         if any(importers) and self.holder != "ipc":
-            raise ArgumentError(f"importers need the ipc holder, not {self.holder!r}")
+            raise ArgumentError(f"{_n('importers')} needs the ipc holder ({_n('holder')} ipc), not {self.holder!r}")
         if max(importers) > MAX_IMPORTERS:
-            raise ArgumentError(f"at most {MAX_IMPORTERS} importers per exporter, got {max(importers)}")
+            raise ArgumentError(f"{_n('importers')}: at most {MAX_IMPORTERS} importers per exporter, got "
+                                f"{max(importers)}")
         if not first or any(f not in ("exporter", "importers") for f in first):
-            raise ArgumentError(f"first must name 'exporter' and/or 'importers', got {first!r}")
+            raise ArgumentError(f"{_n('first')} must name 'exporter' and/or 'importers', got {first!r}")
         if self.pin_mode not in ("alloc", "register"):
-            raise ArgumentError(f"pin_mode must be 'alloc' or 'register', got {self.pin_mode!r}")
+            raise ArgumentError(f"{_n('pin_mode')} must be 'alloc' or 'register', got {self.pin_mode!r}")
         gap = self.stage_gap_s
         if isinstance(gap, bool) or not isinstance(gap, int | float) or not math.isfinite(gap) or gap < 0:
-            raise ArgumentError(f"stage_gap_s must be a finite number of seconds >= 0, got {gap!r}")
+            raise ArgumentError(f"{_n('stage_gap_s')} must be a finite number of seconds >= 0, got {gap!r}")
         if self.holder == "ipc" and max(importers) > 0 and gap >= self.run_timeout_s:
             # The run's timeout counts from the first side's signal: the other side would be ended after it, so
             # every run of two sides would time out, each for the same reason.
-            raise ArgumentError(f"stage_gap_s ({gap:g} s) must be shorter than run_timeout_s "
+            raise ArgumentError(f"{_n('stage_gap_s')} ({gap:g} s) must be shorter than {_n('run_timeout_s')} "
                                 f"({self.run_timeout_s:g} s), which counts from the first side's signal: the "
                                 "other side would never be ended before the run times out")
         budget = self.budget_s
         if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int | float)
                                    or not math.isfinite(budget) or budget <= 0):
-            raise ArgumentError(f"budget_s must be a finite number of seconds > 0 (or None), got {budget!r}")
+            raise ArgumentError(f"{_n('budget_s')} must be a finite number of seconds > 0 (or None), got {budget!r}")
         if self.holder in ("ipc", "nccl") and self.per_gpu != 1:
-            raise ArgumentError(f"the {self.holder} holder starts its own group: per_gpu must be 1")
+            raise ArgumentError(f"the {self.holder} holder starts its own group: {_n('per_gpu')} must be 1")
         if self.holder == "nccl" and self.concurrent != "gpus":
-            raise ArgumentError("an NCCL communicator spans the selected GPUs: concurrent must be 'gpus'")
+            raise ArgumentError(f"an NCCL communicator spans the selected GPUs: {_n('concurrent')} must be 'gpus'")
         object.__setattr__(self, "pinned", tuple(dict.fromkeys(pinned)))
         object.__setattr__(self, "importers", tuple(dict.fromkeys(importers)))
         object.__setattr__(self, "first", tuple(dict.fromkeys(first)))
@@ -233,8 +272,8 @@ class StudyConfig:
         planned = len(self.sizes) * len(self.pinned) * len(self.importers) * len(self.first) * len(self.endings) * (
             self.repeats + 1)
         if planned > MAX_RUNS:
-            raise ArgumentError(f"the study would plan about {planned:,} runs (repeats {self.repeats:,} of each "
-                                f"condition), more than {MAX_RUNS:,} (at ~1 s a run, {MAX_RUNS // 86400} days): "
+            raise ArgumentError(f"the study would plan about {planned:,} runs ({_n('repeats')} {self.repeats:,} of "
+                                f"each condition), more than {MAX_RUNS:,} (at ~1 s a run, {MAX_RUNS // 86400} days): "
                                 "fewer repeats or conditions")
 
     def cells(self) -> list[Cell]:

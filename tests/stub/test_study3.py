@@ -82,7 +82,7 @@ def test_cells_cover_every_combination_once() -> None:
     ({"pinned": (GIB,)}, "needs the pinned holder"),
     ({"holder": "pinned", "pinned": ()}, "at least one value"),
     ({"holder": "pinned", "pinned": (-1,)}, "int counts >= 0"),
-    ({"importers": (1,)}, "need the ipc holder"),
+    ({"importers": (1,)}, "needs the ipc holder"),
     ({"holder": "ipc", "importers": (17,)}, "at most 16"),
     ({"holder": "ipc", "first": ("both",)}, "first must name"),
     ({"holder": "pinned", "pin_mode": "mlock"}, "pin_mode"),

@@ -226,3 +226,83 @@ def test_compare_records_refuses_a_resolve_ns_that_is_not_a_finite_positive_time
     runs = _records([100.0] * 5)
     with pytest.raises(ValueError, match="resolve_ns must be a finite number of ns"):  # NaN failed in math.ceil
         compare_records(runs, runs, resolve_ns=value)  # type: ignore[arg-type]
+
+
+# --- errors name what the user typed: the options in the CLI, the fields in the library ------------------------------
+
+
+def test_every_study_field_the_cli_sets_has_its_option_and_each_option_exists() -> None:
+    import argparse
+    import dataclasses
+
+    from nvmlcheck.cli._parser import build_parser
+    from nvmlcheck.cli._study import OPTION_OF_FIELD
+    from nvmlcheck.study import StudyConfig
+
+    not_options = {"settle_timeout_s", "tolerance_bytes", "stable_polls"}  # library-only: no option sets them
+    assert set(OPTION_OF_FIELD) == {f.name for f in dataclasses.fields(StudyConfig)} - not_options
+    parser = build_parser(only="study")
+    study = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["study"]
+    reclaim = next(a for a in study._actions if isinstance(a, argparse._SubParsersAction)).choices["reclaim"]
+    options = {o for a in reclaim._actions for o in a.option_strings}
+    assert set(OPTION_OF_FIELD.values()) <= options
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["--pinned", "8GiB"], "--pinned (pinned host memory) needs the pinned holder (--holder pinned)"),
+    (["--importers", "1"], "--importers needs the ipc holder (--holder ipc)"),
+    (["--kind", "ipc", "--importers", "17"], "--importers: at most 16"),
+    (["--kind", "ipc", "--importers", "1", "--stage-gap", "40"], "--stage-gap (40 s) must be shorter than "
+                                                                  "--run-timeout (30 s)"),
+    (["--kind", "ipc", "--importers", "1", "--stage-gap", "5", "--run-timeout", "2"], "--run-timeout (2 s)"),
+    (["--kind", "ipc", "--per-gpu", "2"], "--per-gpu must be 1"),
+    (["--kind", "nccl", "--concurrent", "none"], "--concurrent must be 'gpus'"),
+    (["--repeats", "100000000"], "(--repeats 100,000,000 of each condition)"),
+    (["--device-files", "dev/nvidia*"], "--device-files: a device-file pattern is an absolute path glob"),
+])
+def test_study_reclaim_errors_name_the_options_typed(argv: list[str], said: str,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    # "stage_gap_s (40 s) must be shorter than run_timeout_s" named fields the user never saw for --stage-gap 40.
+    import re
+
+    for json_mode in (False, True):
+        code = cli.main([*(["--json"] if json_mode else []), "study", "reclaim", *argv])
+        out, err = capsys.readouterr()
+        message = json.loads(out)["error"]["message"] if json_mode else err
+        assert code == 2, (out, err)
+        assert said in message
+        assert not re.search(r"\b[a-z]+_[a-z_]+\b", message.replace("nvidia*", "")), message  # no field name
+
+
+def test_the_library_still_names_its_fields_after_the_cli_ran(capsys: pytest.CaptureFixture[str]) -> None:
+    from nvmlcheck import ArgumentError
+    from nvmlcheck.study import StudyConfig
+
+    cli.main(["study", "reclaim", "--kind", "ipc", "--per-gpu", "2"])
+    capsys.readouterr()
+    with pytest.raises(ArgumentError, match=r"^stage_gap_s \(40 s\) must be shorter than run_timeout_s \(30 s\)"):
+        StudyConfig(sizes=(GIB,), holder="ipc", importers=(1,), stage_gap_s=40.0)
+    with pytest.raises(ArgumentError, match=r"^per_gpu must be"):
+        StudyConfig(sizes=(GIB,), per_gpu=0)
+
+
+@pytest.mark.parametrize(("argv", "sizes"), [
+    (["--kind", "pinned", "--sizes", "0,1GiB", "--pinned", "1GiB"], (0, GIB)),
+    (["--kind", "nccl", "--sizes", "0"], (0,)),
+    (["--kind", "context", "--sizes", "0"], (0,)),
+    (["--kind", "context"], (0,)),
+])
+def test_study_reclaim_takes_size_0_where_the_holder_does(argv: list[str], sizes: tuple[int, ...]) -> None:
+    # The library takes size 0 for pinned (host memory only) and nccl; --sizes refused 0 for every kind.
+    from nvmlcheck.cli._parser import build_parser
+    from nvmlcheck.cli._study import _config
+
+    args = build_parser(only="study").parse_args(["study", "reclaim", *argv])
+    assert _config(args).sizes == sizes
+
+
+def test_study_reclaim_refuses_size_0_for_a_holder_that_allocates(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["study", "reclaim", "--sizes", "0"]) == 2
+    assert "--sizes 0: the alloc holder takes positive sizes" in capsys.readouterr().err
+    assert cli.main(["study", "reclaim", "--kind", "context", "--sizes", "0,1GiB"]) == 2
+    assert "--holder context allocates nothing" in capsys.readouterr().err
