@@ -80,6 +80,20 @@ class _Parser(argparse.ArgumentParser):
         # write (`µs` in wait's help on an ASCII terminal was a UnicodeEncodeError, reported as a usage error).
         from . import _output  # noqa: F401 - its import makes the standard streams usable
 
+        file = file or sys.stderr
+        if message and file is sys.stdout:
+            # argparse drops an OSError of its write: `--help | head -1` exited 0 having printed nothing (the write
+            # of a long help fails at once); `--version` exits 141 then. The help is the answer: its failure is
+            # the output's (exit 141, said on stderr), as every answer's is. A usage error's message on a broken
+            # stderr stays dropped: its exit status, 2, says it.
+            from ._common import output_failed
+
+            try:
+                file.write(message)
+                file.flush()
+            except OSError as exc:
+                self.exit(output_failed(exc))
+            return
         super()._print_message(message, file)
 
     def _worded(self, message: str) -> str:

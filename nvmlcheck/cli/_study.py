@@ -144,7 +144,9 @@ def _records_of(path: str) -> list[Any]:
 
     try:
         records = load_records(path)
-    except (OSError, RecordFormatError) as exc:
+    except OSError as exc:  # "[Errno 2] No such file or directory: 'a'" said the file twice, with Python's codes
+        raise UsageError(f"cannot read the records of {path}: {exc.strerror or exc}") from None
+    except RecordFormatError as exc:
         raise UsageError(f"cannot read the records of {path}: {exc}") from None
     if not records:
         raise UsageError(f"{path}: no run records (the file is empty or blank)")
