@@ -348,11 +348,13 @@ UNKNOWN_PROCESS_USED = ("(used ?: the driver does not report that process's memo
 
 
 class StatusLine:
-    """A live one-line status on a terminal (stderr), at most 10 updates a second; nothing when not a TTY."""
+    """A live one-line status on a terminal (stderr), at most 10 updates a second; nothing when not a TTY, nor on a
+    terminal that says it cannot move the cursor (``TERM=dumb``: Emacs' shell, some CI log viewers, where each
+    ``\r`` left a line behind)."""
 
     def __init__(self, stream: TextIO, enabled: bool) -> None:
         self.stream = stream
-        self.enabled = enabled and stream.isatty()
+        self.enabled = enabled and stream.isatty() and os.environ.get("TERM") != "dumb"
         self._last = 0.0
         self._width = 0
 
@@ -368,7 +370,7 @@ class StatusLine:
         # a line behind), on a narrow terminal (it was cut at 20 columns at least) or one narrowed since the last
         # update (the padding to the old width wrapped). Counted in columns: a wide character takes two.
         room = self._room()
-        text, width = _fit(safe(text), room)
+        text, width = _fit(_as_written(safe(text), self.stream), room)
         self._write("\r" + text + " " * (min(self._width, room) - width))
         self._width = width
 
@@ -395,6 +397,20 @@ class StatusLine:
             self.stream.flush()
         except (OSError, ValueError):
             self.enabled = False
+
+
+def _as_written(text: str, stream: TextIO) -> str:
+    """``text`` as ``stream`` will write it: on a stream whose encoding lacks a character, as its error handler
+    spells it (``…`` is ``...``, a name's ``\u65e5`` six columns): measured as drawn, not as meant, or the line
+    wraps."""
+    encoding = getattr(stream, "encoding", None) or "utf-8"
+    try:
+        text.encode(encoding)
+    except UnicodeEncodeError:
+        return text.encode(encoding, _ERRORS).decode(encoding)
+    except LookupError:  # an encoding Python does not know (a test's stream): as it is
+        pass
+    return text
 
 
 def _fit(text: str, room: int) -> tuple[str, int]:

@@ -139,7 +139,8 @@ def test_snapshot_views_and_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert doc["devices"][0]["unknown"]["health.retired_pages"].startswith("not supported")
 
 
-def test_status_line_only_on_a_terminal() -> None:
+def test_status_line_only_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TERM", raising=False)  # TERM=dumb (a CI's) has no status line
     class Tty(io.StringIO):
         def isatty(self) -> bool:
             return True
@@ -158,7 +159,8 @@ def test_status_line_only_on_a_terminal() -> None:
     assert "\rwaiting 1.0 s" in tty.getvalue() and tty.getvalue().endswith("\r")
 
 
-def test_a_terminal_that_fails_ends_the_status_line_not_the_wait() -> None:
+def test_a_terminal_that_fails_ends_the_status_line_not_the_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TERM", raising=False)  # TERM=dumb (a CI's) has no status line
     # A write error (EIO: the terminal went away) in the live status line escaped from on_poll and ended the wait in
     # a traceback, exit 1: the status line is not the verdict.
     class GoneTty(io.StringIO):

@@ -83,6 +83,7 @@ def _size(columns: int) -> Callable[..., os.terminal_size]:
 
 def _status(monkeypatch: pytest.MonkeyPatch, columns: int) -> tuple[_Tty, StatusLine]:
     monkeypatch.setattr(os, "get_terminal_size", _size(columns))
+    monkeypatch.delenv("TERM", raising=False)  # TERM=dumb (a CI's) has no status line
     monkeypatch.setattr(time, "monotonic", iter(range(1_000, 100_000, 10)).__next__)  # each update 10 s apart
     stream = _Tty()
     return stream, StatusLine(stream, True)
@@ -128,3 +129,25 @@ def test_simulate_says_why_its_command_did_not_start(program: str, exc: OSError,
     from nvmlcheck.cli._simulate import _cannot_start
 
     assert _cannot_start(program, exc) == said
+
+
+def test_the_status_line_is_measured_as_an_ascii_terminal_draws_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    # On an ASCII terminal a name's 日 is written \u65e5 (six columns, not two): measured before the spelling, the
+    # line wrapped and each update left a line behind.
+    import codecs
+
+    from nvmlcheck._text import ascii_fallback
+
+    codecs.register_error("nvmlcheck-ascii", ascii_fallback)
+    stream, status = _status(monkeypatch, 13)
+    monkeypatch.setattr(_Tty, "encoding", "ascii", raising=False)
+    status.update("held by 日本 …")
+    (line,) = _drawn(stream)
+    assert line == "held by \\u65"  # the 12 columns it may take, as drawn
+
+
+def test_no_status_line_on_a_dumb_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TERM", "dumb")
+    assert not StatusLine(_Tty(), True).enabled
+    monkeypatch.setenv("TERM", "xterm-256color")
+    assert StatusLine(_Tty(), True).enabled
