@@ -254,6 +254,10 @@ def _study_config(st: Any, args: argparse.Namespace, sizes: Sequence[int]) -> An
 
 
 def _check_outputs(args: argparse.Namespace) -> None:
+    """``--out`` and ``--plot``, before any run; ``--out`` first: a refused ``--out`` left the directory of
+    ``--plot`` made, for a study that never ran."""
+    if args.out is not None:
+        _check_out(args.out)
     if args.plot is not None:
         if not args.plot:
             raise UsageError("--plot needs a directory name, got an empty one")
@@ -269,8 +273,6 @@ def _check_outputs(args: argparse.Namespace) -> None:
             raise UsageError(f"--plot {args.plot}: cannot make the directory: {exc.strerror or exc}") from None
         if not os.access(args.plot, os.W_OK | os.X_OK):
             raise UsageError(f"--plot {args.plot}: not writable")
-    if args.out is not None:
-        _check_out(args.out)
 
 
 def _print_study(args: argparse.Namespace, result: Any, rows: Any, plots: Sequence[str]) -> None:

@@ -306,3 +306,17 @@ def test_study_reclaim_refuses_size_0_for_a_holder_that_allocates(capsys: pytest
     assert "--sizes 0: the alloc holder takes positive sizes" in capsys.readouterr().err
     assert cli.main(["study", "reclaim", "--kind", "context", "--sizes", "0,1GiB"]) == 2
     assert "--holder context allocates nothing" in capsys.readouterr().err
+
+
+def test_a_refused_out_leaves_no_plot_directory_made(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    # --plot's directory was made before --out was checked: a refused study left it behind (nothing half-done).
+    import sys
+    import types
+
+    monkeypatch.setitem(sys.modules, "matplotlib", types.ModuleType("matplotlib"))
+    plots = tmp_path / "plots"
+    code = cli.main(["study", "reclaim", "--sizes", "1GiB", "--plot", str(plots),
+                     "--out", str(tmp_path / "missing" / "runs.jsonl")])
+    assert code == 2 and "--out" in capsys.readouterr().err
+    assert not plots.exists()
