@@ -118,7 +118,12 @@ def test_records_are_complete_and_ordered() -> None:
         # the step from held to free is at the recorded times (trace offsets are from the run origin)
         assert d.memory_back_ns is not None and d.last_held_ns is not None
         assert (d.signal_ns + d.memory_back_ns, 0, 0) in r.trace
-        assert (d.signal_ns + d.last_held_ns, r.size_bytes, 0) in r.trace
+        # The last held poll is the trace's last row with the memory held. Whether the holder was still listed then
+        # depends on whether a poll landed between the list's end and the release (250 ms): a loaded machine may
+        # skip it, so its process count is not asserted (it was: `(t, size, 0) in trace` failed on a long gap).
+        held = [row for row in r.trace if row[1] == r.size_bytes]
+        assert held and held[-1][0] == d.signal_ns + d.last_held_ns
+        assert all(row[1:] != (0, 1) for row in r.trace)  # never listed with the memory back: the stub's order
 
 
 def test_a_size_no_gpu_can_hold_is_refused_before_any_holder_starts() -> None:
@@ -469,7 +474,9 @@ def test_cli_json_on_eight_simulated_gpus(tmp_path: Path, capsys: pytest.Capture
     assert (row["size_bytes"], row["ending"], row["n"], row["runs"]) == (GIB, "KILL", 16, 2)
     # the CLI's stub holders resemble an H200: off the list 90 ms, memory back 120 ms after the death
     assert 120 * MS <= row["memory_back"]["min"] <= row["memory_back"]["max"]
-    assert 90 * MS <= row["off_list"]["median"] < row["memory_back"]["median"]
+    # <=: a poll gap over the 30 ms between the two (a loaded machine's) sees both in one poll; the order is the
+    # stub's, the strict gap a scheduling outcome.
+    assert 90 * MS <= row["off_list"]["median"] <= row["memory_back"]["median"]
     assert row["sleep_ratio"] > 3
     assert [r["trace"] for r in doc["records"]] == [None] * 3  # traces live in --out only
     saved = load_records(out)
