@@ -21,10 +21,15 @@ def format_bytes(n: int) -> str:
     """``n`` bytes for a person: ``"16.0 GiB"``, ``"615.0 MiB"``, ``"4.0 KiB"``, ``"512 B"``, up to ``"15.0 EiB"``."""
     sign = "-" if n < 0 else ""
     a = abs(n)
-    for unit, shift in (("EiB", 60), ("PiB", 50), ("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if a >= 1 << shift:
-            return f"{sign}{a / (1 << shift):.1f} {unit}"
-    return f"{sign}{a} B"
+    if a < 1 << 10:
+        return f"{sign}{a} B"
+    for unit, shift in (("KiB", 10), ("MiB", 20), ("GiB", 30), ("TiB", 40), ("PiB", 50)):
+        # The unit is chosen on the figure as printed: a byte short of 1 GiB rounds to "1024.0 MiB", which is
+        # "1.0 GiB".
+        figure = f"{a / (1 << shift):.1f}"
+        if float(figure) < 1024:
+            return f"{sign}{figure} {unit}"
+    return f"{sign}{a / (1 << 60):.1f} EiB"
 
 
 def parse_size(text: str) -> int:

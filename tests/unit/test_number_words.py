@@ -200,3 +200,18 @@ def test_an_index_the_host_has_not_is_said_in_words_that_count() -> None:
     assert _gpus_here(0) == "this host has no GPU"
     assert _gpus_here(1) == "this host has 1 GPU (index 0)"
     assert _gpus_here(8) == "this host has 8 GPUs (indices 0..7)"
+
+
+@pytest.mark.parametrize(("n", "text"), [
+    ((1 << 30) - 1, "1.0 GiB"),  # was "1024.0 MiB": the unit chosen before rounding
+    ((1 << 20) - 1, "1.0 MiB"),
+    ((1 << 10) * 1023 + 1000, "1.0 MiB"),
+    ((1 << 20) - 53, "1023.9 KiB"),
+    (-((1 << 40) - 1), "-1.0 TiB"),
+    ((1 << 60) - 1, "1.0 EiB"),
+    (1023, "1023 B"),
+])
+def test_a_size_that_rounds_up_to_the_next_unit_is_said_in_it(n: int, text: str) -> None:
+    from nvmlcheck._units import format_bytes
+
+    assert format_bytes(n) == text
