@@ -2,8 +2,9 @@
 
 A process can name itself anything (``comm``, ``argv``), a remote host can answer anything, a lock file can say
 anything: printed raw, an escape sequence clears the screen or sets the terminal title, a newline forges a line
-(``clean: ...``), a bidi override reverses what follows. :func:`printable` writes C0 and C1 control characters, DEL,
-the bidi controls and the Unicode line separators as ``\\xNN`` / ``\\uNNNN``; :func:`printable_lines` keeps ``\\n``,
+(``clean: ...``), a bidi override reverses what follows, a zero-width space makes two names look one, a byte that is
+not UTF-8 fails the write. :func:`printable` writes every character that is not printable as ``\\xNN`` /
+``\\uNNNN`` / ``\\UNNNNNNNN``; :func:`printable_lines` keeps ``\\n``,
 for nvmlcheck's own multi-line messages whose data was escaped where it went in. JSON documents stay exact
 (``json.dumps`` escapes them itself). No imports: every layer may use it (docs/architecture.md).
 """
@@ -12,25 +13,31 @@ from __future__ import annotations
 
 __all__ = ["ASCII_SPELLINGS", "ascii_fallback", "ascii_spelling", "is_digits", "printable", "printable_lines"]
 
-_BIDI = (0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A))
-_ESCAPED: dict[int, str] = {
-    **{c: f"\\x{c:02x}" for c in (*range(0x00, 0x20), 0x7F, *range(0x80, 0xA0))},
-    **{c: f"\\u{c:04x}" for c in (*_BIDI, 0x2028, 0x2029)},
-}
-_KEEP_NEWLINE = {c: r for c, r in _ESCAPED.items() if c != 0x0A}
+
+def _escape(ch: str) -> str:
+    c = ord(ch)
+    return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}" if c < 0x10000 else f"\\U{c:08x}"
+
+
+def _escaped(s: str, keep_newline: bool) -> str:
+    return "".join(ch if ch.isprintable() or (keep_newline and ch == "\n") else _escape(ch) for ch in s)
 
 
 def printable(text: object) -> str:
-    """``str(text)`` with every control character, DEL, bidi control and line separator written as an escape: one
-    line, shown as it is, whatever it contains."""
+    """``str(text)`` with every character that is not printable written as an escape: one line, shown as it is,
+    whatever it contains. Not printable (``str.isprintable``): control characters (C0, DEL, C1), format characters
+    (the bidi controls, zero-width spaces, the soft hyphen, tag characters), separators other than the space (line
+    and paragraph separators, no-break spaces), private-use and unassigned code points, and lone surrogates (the
+    bytes of a file name or command line that are not UTF-8: a strict UTF-8 stream cannot write them, and a
+    surrogate-escaping one writes the raw byte)."""
     s = text if isinstance(text, str) else str(text)
-    return s if s.isprintable() else s.translate(_ESCAPED)
+    return s if s.isprintable() else _escaped(s, False)
 
 
 def printable_lines(text: object) -> str:
     """As :func:`printable`, but ``\\n`` is kept: for a message of several lines built by nvmlcheck."""
     s = text if isinstance(text, str) else str(text)
-    return s if s.isprintable() else s.translate(_KEEP_NEWLINE)
+    return s if s.isprintable() else _escaped(s, True)
 
 
 def is_digits(text: str) -> bool:
@@ -83,11 +90,7 @@ def ascii_spelling(text: str) -> str:
         if ch.isascii():
             out.append(ch)
             continue
-        spelled = ASCII_SPELLINGS.get(ch)
-        if spelled is None:
-            c = ord(ch)
-            spelled = f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}" if c < 0x10000 else f"\\U{c:08x}"
-        out.append(spelled)
+        out.append(ASCII_SPELLINGS.get(ch) or _escape(ch))
     return "".join(out)
 
 

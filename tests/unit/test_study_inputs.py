@@ -320,3 +320,19 @@ def test_a_refused_out_leaves_no_plot_directory_made(tmp_path: Path, monkeypatch
                      "--out", str(tmp_path / "missing" / "runs.jsonl")])
     assert code == 2 and "--out" in capsys.readouterr().err
     assert not plots.exists()
+
+
+def test_a_records_file_named_in_bytes_that_are_not_utf8_is_shown_escaped(tmp_path: Path) -> None:
+    # "A = r\udcff.jsonl" on a strict UTF-8 stdout (a UTF-8 locale) ended the comparison with exit 2, "'utf-8' codec
+    # can't encode character '\udcff'"; on a surrogate-escaping one it wrote the raw byte.
+    import os
+    import subprocess
+    import sys
+
+    name = os.path.join(os.fsencode(tmp_path), b"r\xff.jsonl")
+    write_records(_records([100.0, 101.0, 102.0, 103.0]), os.fsdecode(name))
+    env = {**os.environ, "PYTHONIOENCODING": "utf-8:strict"}
+    out = subprocess.run([os.fsencode(sys.executable), b"-m", b"nvmlcheck", b"study", b"compare", name, name],
+                         capture_output=True, timeout=120, check=False, env=env)
+    assert out.returncode == 0, out.stderr
+    assert b"r\\udcff.jsonl" in out.stdout and b"\xff" not in out.stdout
