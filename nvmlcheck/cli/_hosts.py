@@ -336,7 +336,30 @@ def _holder_lines(name: str, doc: dict[str, Any]) -> list[str]:
         lines.append(f"{name}  " + safe(f"{h.get('pid')!s:>8}  {str(h.get('user') or '?')[:10]:<10} "
                                         f"{str(h.get('state') or '?')[:8]:<8} {found_by:<19} {gpus or '-':<24} "
                                         f"{cmd[:80]}"))
+        why = _holder_unknown(h)
+        if why:
+            lines.append(f"{name}    " + safe(f"(unknown: {why})"))
     return lines
+
+
+def _holder_unknown(h: dict[str, Any]) -> str:
+    """Why each ``?`` of a holder's line is one, from its document (``unknown``; each GPU's ``why_unknown``);
+    values unknown for one reason share it."""
+    unknown = _dict(h.get("unknown"))
+    found: list[tuple[str, Any]] = []
+    if not h.get("user"):
+        found.append(("user", unknown.get("user") or unknown.get("uid")))
+    if not h.get("state"):
+        found.append(("state", unknown.get("state")))
+    if not _list(h.get("cmdline")) and not h.get("name"):
+        found.append(("command", unknown.get("cmdline") or unknown.get("name")))
+    for g in map(_dict, _list(h.get("gpus"))):
+        if not _is_int(g.get("used_bytes")):
+            found.append((f"{_gpu_where(g)} used", g.get("why_unknown")))
+    by_reason: dict[str, list[str]] = {}
+    for what, why in found:
+        by_reason.setdefault(str(why) if why else "no reason given by the host", []).append(what)
+    return "; ".join(", ".join(whats) + f": {why}" for why, whats in by_reason.items())
 
 
 def _ms(v: Any) -> str:

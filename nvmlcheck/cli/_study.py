@@ -289,7 +289,7 @@ def _print_study(args: argparse.Namespace, result: Any, rows: Any, plots: Sequen
     gpus = ("GPUs " if len(named) > 1 else "GPU ") + ", ".join(named)
     simulated = " — SIMULATED (stub libnvidia-ml)" if args.simulate is not None else ""
     print(f"{len(result.measured)} measured runs + {len(result.records) - len(result.measured)} warm-ups on "
-          f"{gpus}; backend {first.backend}, driver {first.driver}, {first.mode} polling{simulated}")
+          f"{gpus}; backend {first.backend}, driver {safe(first.driver)}, {first.mode} polling{simulated}")
     if rows:
         print(safe_lines(st.format_summary(rows)))
     else:  # warm-ups only (a budget spent after them): no table of nothing

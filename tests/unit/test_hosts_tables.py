@@ -94,3 +94,20 @@ def test_the_local_process_table_explains_an_unknown_size_too() -> None:
     out = io.StringIO()
     process_table(snap(dev(0, procs=[proc(7, None)])), out)
     assert UNKNOWN_PROCESS_USED in out.getvalue().splitlines()
+
+
+def test_every_unknown_value_of_a_remote_holder_has_its_reason(capsys: pytest.CaptureFixture[str]) -> None:
+    # "4123456  ?  ?  nvml  GPU 0 ?  ?": a holder in another PID namespace, said without why.
+    why = "not visible here: no /proc entry (another PID namespace)"
+    holder = {"pid": 4123456, "found_by": ["nvml"], "name": None, "state": None, "user": None, "cmdline": None,
+              "unknown": {"name": why, "state": why, "uid": why, "cmdline": why},
+              "gpus": [{"index": 0, "used_bytes": None, "why_unknown": "NVML reports not available"}]}
+    known = {"pid": 7, "found_by": ["nvml"], "name": "python3", "state": "sleeping", "user": "alice",
+             "cmdline": ["python3"], "unknown": {}, "gpus": [{"index": 0, "used_bytes": GIB}]}
+    doc = {"schema": "nvmlcheck/holders", "holders": [holder, known]}
+    _print(argparse.Namespace(command="holders", view=None), [HostResult(Host("gpu01"), doc, 0)])
+    lines = capsys.readouterr().out.splitlines()
+    row = next(i for i, line in enumerate(lines) if "4123456" in line)
+    assert lines[row + 1] == (f"gpu01    (unknown: user, state, command: {why}; GPU 0 used: NVML reports not "
+                              "available)")
+    assert sum("(unknown" in line for line in lines) == 1  # the holder read whole has none
