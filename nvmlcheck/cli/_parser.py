@@ -105,6 +105,19 @@ class _Parser(argparse.ArgumentParser):
                     "the following arguments are required: "):
                 return (f"name a command: {', '.join(action.choices or ())} "
                         f"(`{self.prog} --help` says what each does)")
+            # "argument {snapshot,watch,...}: invalid choice: 'bogus' (choose from ...)" named the command by the
+            # list of every command, twice.
+            label = "{" + ",".join(action.choices or ()) + "}"
+            if action.nargs == argparse.PARSER and message.startswith((f"argument {label}: invalid choice: ",
+                                                                       f"argument {action.dest}: invalid choice: ")):
+                given = message.partition("invalid choice: ")[2].partition(" (choose from")[0]
+                import difflib
+
+                meant = difflib.get_close_matches(given.strip("'\""), list(action.choices or ()), n=1, cutoff=0.6)
+                hint = f"did you mean {meant[0]}? " if meant else ""
+                message = (f"unknown command {given}: {hint}one of {', '.join(action.choices or ())} "
+                           f"(`{self.prog} --help` says what each does)")
+                break  # and the options meant, below: `--sim h200 snapshot` made h200 the command
         # An unknown option may not be what argparse names (`snapshot --dev 0`: "invalid choice: '0'").
         known = {option for parser in self.state.parsers or [self] for option in parser._option_string_actions}
         hints = []

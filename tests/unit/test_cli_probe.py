@@ -39,3 +39,17 @@ def test_records_that_do_not_exist_are_said_in_words(tmp_path: Path, capsys: pyt
     assert f"cannot read the records of {missing}: No such file or directory" in err and "Errno" not in err
     assert cli.main(["study", "fit", missing]) == 2
     assert "Errno" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["bogus"], "nvmlcheck: error: unknown command 'bogus': one of snapshot, watch, wait,"),
+    (["snapshto"], "unknown command 'snapshto': did you mean snapshot? one of snapshot,"),
+    (["study", "reclam"], "nvmlcheck study: error: unknown command 'reclam': did you mean reclaim? one of reclaim, "
+                          "compare, fit"),
+])
+def test_an_unknown_command_is_named_with_the_commands(argv: list[str], said: str,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    # "argument {snapshot,watch,wait,kill,select,ready,holders,demo,simulate,study,slurm}: invalid choice: 'bogus'".
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert said in err and "invalid choice" not in err
