@@ -264,6 +264,21 @@ def size_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def connect_seconds(text: str) -> float:
+    """``--connect-timeout``: seconds > 0, at most a day (``hosts.MAX_CONNECT_TIMEOUT_S``). Its own bound, said once:
+    ``-1`` was told "at most 1e+09" and ``1e9`` then "at most 86400"."""
+    from ..hosts import MAX_CONNECT_TIMEOUT_S
+
+    try:
+        value = positive_seconds(text)
+    except argparse.ArgumentTypeError:
+        value = -1.0  # not a number, or out of the general range: one message, with this option's bound
+    if not 0 < value <= MAX_CONNECT_TIMEOUT_S:
+        raise argparse.ArgumentTypeError(f"must be > 0 seconds and at most {MAX_CONNECT_TIMEOUT_S:g} (a day), "
+                                         f"got {text!r}")
+    return value
+
+
 def count_list(text: str) -> list[int]:
     """``0,1,2,4``: integers >= 0 (the study's importer counts)."""
     try:
@@ -384,7 +399,7 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
         once(g, "--remote-python", metavar="PYTHON", default="python3",
              help="the interpreter on the hosts (default python3)")
         once(g, "--fanout", type=positive_int, default=32, metavar="N", help="hosts at once (default 32)")
-        once(g, "--connect-timeout", type=positive_seconds, default=10.0, metavar="S",
+        once(g, "--connect-timeout", type=connect_seconds, default=10.0, metavar="S",
              help="ssh's connect timeout in seconds (default 10)")
         once(g, "--ssh-options", metavar="WORDS", default=None,
              help='extra ssh options, put right after "ssh" (split like a shell), e.g. "-F /etc/gpu/ssh_config"')

@@ -53,3 +53,11 @@ def test_an_unknown_command_is_named_with_the_commands(argv: list[str], said: st
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert said in err and "invalid choice" not in err
+
+
+@pytest.mark.parametrize("value", ["-1", "1e9", "nan", "abc", "0"])
+def test_connect_timeout_states_its_own_bound_once(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    # -1 was told "at most 1e+09", and 1e9 then "at most 86400 seconds (a day)".
+    assert cli.main(["wait", "--host", "gpu01", "--connect-timeout", value]) == 2
+    err = capsys.readouterr().err
+    assert f"argument --connect-timeout: must be > 0 seconds and at most 86400 (a day), got '{value}'" in err
