@@ -502,6 +502,13 @@ class Watch:
         ages = [now_ns - t.since_ns for t in self._tracks.values() if t.since_ns is not None]
         return max(ages) if ages else None
 
+    def exited_age_ns(self, now_ns: int) -> int | None:
+        """How long the oldest listed PID seen a zombie or in D state (what can be ``stuck`` with a holder listed)
+        has been so at ``now_ns`` (``None``: none)."""
+        ages = [now_ns - since for t in self._tracks.values() for key, since in t.pid_states.values()
+                if key in ("Z", "X", "D")]
+        return max(ages) if ages else None
+
     def on_poll(self, clock: Callable[[], int]) -> Callable[[TracePoint], None]:
         """A wait's ``on_poll`` that observes every poll, stamped with ``clock``."""
 
