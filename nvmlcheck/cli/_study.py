@@ -215,7 +215,9 @@ def _config(args: argparse.Namespace) -> Any:
     if sizes is None:
         sizes = [0] if args.holder == "context" else [1 << 30, 4 << 30, 16 << 30]
     elif args.holder == "context":
-        raise UsageError("--holder context allocates nothing: leave out --sizes")
+        from ._parser import typed
+
+        raise UsageError(f"{typed(args, 'holder', '--holder')} context allocates nothing: leave out --sizes")
     return st.StudyConfig(
         sizes=tuple(sizes), repeats=args.repeats, endings=tuple(args.endings),
         devices=None if args.devices is None else tuple(args.devices), mode=args.mode, trace=args.trace,
