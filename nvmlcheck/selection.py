@@ -171,7 +171,12 @@ def select_clean(
     total = session.device_count() if selected is None else len(selected)
     if count > total:
         where = "this host has" if selected is None else "the selection has"
-        raise ArgumentError(f"asked for {count} clean GPU(s) but {where} {total}")
+        twice = ""
+        if selected is not None and len(items) > total:
+            # `--devices 0,cuda:0` names GPU 0 twice: say so, rather than leave "has 1" to a user who listed two.
+            twice = (f" ({len(items)} selectors name GPU {', '.join(map(str, selected))}: a GPU named twice, as 0 "
+                     "and cuda:0 or its UUID, counts once)")
+        raise ArgumentError(f"asked for {count} clean GPU(s) but {where} {total}{twice}")
     pred = predicate if predicate is not None else default_predicate()
     pause = DEFAULT_INTERVAL_S.get(session.backend_name, 0.5) if interval is None else interval
     if not (isinstance(pause, int | float) and 0 <= pause < float("inf")):
