@@ -36,9 +36,10 @@ def steps(clock: StepClock) -> WaitOptions:
 
 
 def ended_near_the_bound(clock: StepClock, bound_ns: int) -> bool:
-    """The wait ended within a second of the clock past the stuck bound (the scan and a few polls), far from the
-    60 s deadline."""
-    return bound_ns < clock.now_ns < bound_ns + 1_000_000_000
+    """The wait ended past the stuck bound and far from the 60 s deadline: within 10 s of the clock past the bound
+    (a few polls, and the device-file scan, which reads the clock once per process of this host: a busy CI host's
+    thousands of processes are seconds of this clock, none of them slept)."""
+    return bound_ns < clock.now_ns < bound_ns + 10_000_000_000
 
 
 @pytest.fixture
