@@ -21,7 +21,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .errors import ArgumentError, BackendUnavailable, DeadlinePassed, NoSuchProcess, NvmlCheckError, WaitTimeout
+from .errors import (
+    ArgumentError,
+    ArgumentTypeError,
+    BackendUnavailable,
+    DeadlinePassed,
+    NoSuchProcess,
+    NvmlCheckError,
+    WaitTimeout,
+)
 from .model import DeviceState, Fields, Snapshot
 
 if TYPE_CHECKING:
@@ -152,6 +160,12 @@ def select_clean(
     from .predicates import check_predicate, default_predicate
 
     check_predicate(predicate)
+    for name, flag in (("lock", lock), ("health", health)):
+        if not isinstance(flag, bool):
+            # lock="no" (a non-empty string) took the locks; health=0 (or None) passed over nothing unhealthy.
+            raise ArgumentTypeError(f"{name} must be True or False, got {flag!r}")
+    if isinstance(interval, bool):  # True read as a 1 s interval
+        raise ArgumentTypeError(f"interval must be a number of seconds or None, got {interval!r}")
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise ArgumentError(f"count must be an integer >= 1, got {count!r}")
     if isinstance(stable_polls, bool) or not isinstance(stable_polls, int) or stable_polls < 1:
