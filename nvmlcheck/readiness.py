@@ -328,8 +328,9 @@ def _confirm(
 ) -> tuple[Snapshot, tuple[GpuVerdict, ...]] | None:
     """After a ``first`` reading that was ready: the ``stable_polls - 1`` confirmations the consecutive-clean rule
     still needs (none for 1), each after the policy's confirmation interval, read with health (so no health reading
-    follows) and by the deadline. The last reading and its verdicts when every one was ready; ``None`` when one was
-    not, or the deadline came first: the wait's poller takes over, from a run of none."""
+    follows) and by the deadline. The last reading and its verdicts when every one was ready, or when one found what
+    ends the call at once (an unhealthy GPU, a need beyond capacity); ``None`` when one was not ready, or the
+    deadline came first: the wait's poller takes over, from a run of none."""
     from ._deadline import read_by
     from ._waitoptions import SMI_DEFAULT, _resolve_policy
 
@@ -354,6 +355,10 @@ def _confirm(
             return None
         watch.observe(snap, clock())
         verdicts = judge(snap)
+        if any(v.class_ == "unhealthy" or v.beyond_capacity for v in verdicts):
+            # A cause this reading found (its health: a remap pending since the first): waiting cannot help, as
+            # when the first reading finds it; handed to the wait, it was forgotten (judged on older health).
+            return snap, verdicts
         if not all(v.ready for v in verdicts) or predicate.check(snap) is not True:
             return None
         last = snap, verdicts
