@@ -326,7 +326,7 @@ def _judge(
     """(why GPUs are passed over, the GPUs clean (and, with ``health``, without a health cause) for
     ``stable_polls`` polls in a row) for one poll; ``streak`` counts each GPU's clean polls in a row and is
     updated."""
-    from .verdict import health_causes
+    from .verdict import health_causes, unsupported
 
     if not snap.devices and not snap.failures:
         raise BackendUnavailable(f"the {snap.backend} backend sees no GPU: nothing to select",
@@ -341,10 +341,11 @@ def _judge(
             why.append(f"GPU {d.index}: in MIG mode: CUDA cannot use it as one GPU (select chooses whole GPUs; wait "
                        "and ready judge an instance named by its MIG- UUID)")
             continue
-        if d.mig_mode is None and "mig" in d.unknown:
+        if d.mig_mode is None and "mig" in d.unknown and not unsupported(d.unknown["mig"]):
             # Read and failed: it may be in MIG mode, and a job given it whole might see one instance, or nothing
             # (never "free" when that cannot be told; the CUDA numbering refuses it too). A state built without
-            # reading the mode (no reason) is judged as before MIG.
+            # reading the mode (no reason), or by a tool that has no MIG (an nvidia-smi older than MIG: its driver
+            # has none), is judged as before MIG.
             streak[d.uuid] = 0
             why.append(f"GPU {d.index}: its MIG mode is unknown ({d.unknown['mig']}): whether CUDA can use it as one "
                        "GPU cannot be told")
