@@ -46,9 +46,9 @@ def seconds_or_none(text: str, unbounded: str = "none") -> float | None:
     value = _number(text, "seconds", unbounded)
     if math.isnan(value) or value < 0:
         raise _bad(f"must be >= 0 seconds (or '{unbounded}'), got {text!r}")
-    if math.isinf(value):
-        return None
-    if value > MAX_SECONDS:
+    if math.isinf(value) and text.strip().lower().lstrip("+") in ("inf", "infinity"):
+        return None  # +inf: the word, signed
+    if value > MAX_SECONDS:  # 1e400 too: a number (that overflowed), never the word for no bound
         raise _bad(f"at most {MAX_SECONDS:.0e} seconds (about 31 years), got {text!r}; '{unbounded}' has no bound")
     return value + 0.0  # -0 is 0 (printed "timeout -0 s" otherwise)
 

@@ -70,3 +70,15 @@ def test_a_host_that_needs_an_operator_gives_exit_5_unless_one_failed() -> None:
     assert overall_exit_code([sick, HostResult(Host("c"), None, 3)]) == 3
     # exit 5 from another command is no verdict this version knows: failed, never clean
     assert HostResult(Host("d"), {"schema": "nvmlcheck/wait"}, 5).verdict == "failed"
+
+
+@pytest.mark.parametrize("text", ["1e400", "9" * 400, "1e309"])
+def test_a_timeout_too_large_to_be_a_float_is_refused_as_too_large_never_no_bound(text: str) -> None:
+    """``--timeout 1e308`` was refused (at most 1e9 s) but ``--timeout 1e400``, larger, overflowed to inf and meant
+    no bound at all: a number is a bound, only the words (none, inf, forever) are none."""
+    from nvmlcheck.cli._values import seconds_or_none
+
+    with pytest.raises(argparse.ArgumentTypeError, match="at most"):
+        seconds_or_none(text)
+    assert seconds_or_none("inf") is None and seconds_or_none("+Infinity") is None
+    assert seconds_or_none("none") is None
