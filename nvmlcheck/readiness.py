@@ -5,7 +5,8 @@ health; with a timeout it then waits through the one poller (:meth:`~nvmlcheck.S
 ready predicate (clean, and with a need, capacity: :func:`~nvmlcheck.predicates.memory_free_at_least`), listening for
 XIDs, while a :class:`~nvmlcheck.verdict.Watch` sees every poll; the last reading is classified
 (:func:`~nvmlcheck.verdict.classify`) into a :class:`~nvmlcheck.verdict.ReadyReport`. An unhealthy GPU, or a need
-beyond what a GPU has with nothing running, ends it at once: waiting cannot help. :func:`ready` opens a session
+beyond what a GPU has with nothing running, ends it at once, and a stuck one at the poll that finds it past its bound:
+waiting cannot help. :func:`ready` opens a session
 first, bounded by the timeout as :func:`~nvmlcheck.wait_until_clean` is. Rules, exit codes and sources: docs/ready.md.
 """
 
@@ -66,9 +67,11 @@ def ready_on(
     query), listening for XIDs on the selected GPUs unless ``events=False``; the first reading counts as the first of
     the options' ``stable_polls``, and a clean reading that the deadline left unconfirmed is ``unknown``. An
     unhealthy GPU (a health cause, a fatal XID, a lost GPU) ends the call at once, as does a need beyond what a GPU
-    has with nothing running (``GpuVerdict.beyond_capacity``). ``options``: a :class:`~nvmlcheck.wait.WaitOptions`
-    (policy, stable polls, ``on_poll``, ``clock``, ``sleep``; its ``timeout`` and ``events`` where a caller set them
-    and the keywords are not given: ``ready``'s own defaults are one check and listening).
+    has with nothing running (``GpuVerdict.beyond_capacity``); a ``stuck`` one ends it at the first poll that finds
+    it past the reclaim model's bound (memory held with no holder, a zombie or D-state holder). ``options``: a
+    :class:`~nvmlcheck.wait.WaitOptions` (policy, stable polls, ``on_poll``, ``clock``, ``sleep``; its ``timeout``
+    and ``events`` where a caller set them and the keywords are not given: ``ready``'s own defaults are one check and
+    listening).
 
     Never raises for "not ready": the :class:`~nvmlcheck.verdict.ReadyReport` says so, per GPU, with its
     culprits. Raises ``ValueError`` for a bad selection or need, :class:`~nvmlcheck.BackendUnavailable` when the
@@ -174,10 +177,13 @@ def _ready(
 
     recheck = _HealthOnEvents(session, indices, deadline_ns, clock, since_ns=read_from_ns,
                               pending=bool(_transient_gpus(first)))
+    # Judged on the health read last while waiting (after an event), else the first reading's.
+    stuck = _StuckEnds(watch, lambda snap: judge(snap, recheck.health(health)), clock, max_used_bytes=max_used_bytes,
+                       mig=mig)
     while True:
         remaining = None if bound is None else left_s(bound, (clock() - start) / 1e9)  # used up: bounded, not 0
         waited = _wait(session, indices, predicate, opts.with_(timeout=remaining), watch,
-                       faults=faults, errors=errors, after_poll=(recheck, scan.when_overdue(watch, judge, mig)))
+                       faults=faults, errors=errors, after_poll=(recheck, stuck))
         final = waited[0] or first
         health = recheck.health(health)
         if not waited[1]:
@@ -194,7 +200,8 @@ def _ready(
         if (not transient or any(v.needs_operator or (not v.ready and v.index not in transient) for v in verdicts)
                 or not _pause(opts, session, deadline_ns)):
             return ReadyReport(verdicts, final, clock() - start, watch.observed, bound, _with_events(session, notes))
-    verdicts = judge(final)
+    # A GPU stuck past its bound ended the wait at that poll (waiting cannot help: exit 5): its verdicts stand.
+    final, verdicts = stuck.found or (final, judge(final))
     if all(v.ready for v in verdicts):
         # The deadline came after a clean reading but before the run stable_polls asks for (and the health reading
         # that follows it): not confirmed, never called ready.
@@ -321,8 +328,9 @@ def _confirm(
 ) -> tuple[Snapshot, tuple[GpuVerdict, ...]] | None:
     """After a ``first`` reading that was ready: the ``stable_polls - 1`` confirmations the consecutive-clean rule
     still needs (none for 1), each after the policy's confirmation interval, read with health (so no health reading
-    follows) and by the deadline. The last reading and its verdicts when every one was ready; ``None`` when one was
-    not, or the deadline came first: the wait's poller takes over, from a run of none."""
+    follows) and by the deadline. The last reading and its verdicts when every one was ready, or when one found what
+    ends the call at once (an unhealthy GPU, a need beyond capacity); ``None`` when one was not ready, or the
+    deadline came first: the wait's poller takes over, from a run of none."""
     from ._deadline import read_by
     from ._waitoptions import SMI_DEFAULT, _resolve_policy
 
@@ -347,6 +355,10 @@ def _confirm(
             return None
         watch.observe(snap, clock())
         verdicts = judge(snap)
+        if any(v.class_ == "unhealthy" or v.beyond_capacity for v in verdicts):
+            # A cause this reading found (its health: a remap pending since the first): waiting cannot help, as
+            # when the first reading finds it; handed to the wait, it was forgotten (judged on older health).
+            return snap, verdicts
         if not all(v.ready for v in verdicts) or predicate.check(snap) is not True:
             return None
         last = snap, verdicts
@@ -462,7 +474,7 @@ def _wait(
                                         options=opts.with_(on_poll=on_poll)).snapshot, True
     except WaitTimeout as exc:
         return exc.snapshot or watch.last_full, False
-    except _Unhealthy:
+    except (_Unhealthy, _Stuck):
         pass
     except GpuFault as fault:
         faults.append(fault)
@@ -478,6 +490,48 @@ def _wait(
 
 class _Unhealthy(Exception):
     """Raised from a poll's ``on_poll`` to end ``ready``'s wait: the health read after an event found a cause."""
+
+
+class _Stuck(Exception):
+    """Raised from a poll's ``on_poll`` to end ``ready``'s wait: a GPU is ``stuck`` (:class:`_StuckEnds`)."""
+
+
+class _StuckEnds:
+    """After each poll: once something that can become ``stuck`` has lasted the least stuck bound (memory held with
+    nothing listed: :meth:`~nvmlcheck.verdict.Watch.teardown_age_ns`; a listed zombie or D-state holder:
+    :meth:`~nvmlcheck.verdict.Watch.exited_age_ns`), judge the poll (the device-file scan runs then, once, by the
+    deadline, when memory is held with nothing listed); a ``stuck`` verdict ends the wait (:class:`_Stuck`), that
+    poll and its verdicts in :attr:`found`. Waiting cannot help a stuck GPU (docs/ready.md, the decision table: exit
+    5), so the wait does not go on to its deadline; the verdicts are those of that poll, never a later judgement that
+    a zombie reaped since would make ``reclaiming``. A listed PID that is merely not visible here is never stuck
+    (``held`` past the bound): it costs no judgement per poll."""
+
+    def __init__(self, watch: Watch, judge: Callable[[Snapshot], tuple[GpuVerdict, ...]], clock: Callable[[], int],
+                 *, max_used_bytes: int, mig: Sequence[int | str]) -> None:  # fmt: skip
+        self.watch = watch
+        self.judge = judge
+        self.clock = clock
+        self.max_used_bytes = max_used_bytes
+        self.mig = mig
+        self.found: tuple[Snapshot, tuple[GpuVerdict, ...]] | None = None
+
+    def _due(self, last: Snapshot) -> bool:
+        now = self.clock()
+        if (self.watch.exited_age_ns(now) or 0) >= _MIN_BOUND_NS:
+            return True
+        if (self.watch.teardown_age_ns(now) or 0) < _MIN_BOUND_NS:
+            return False
+        # Memory held with nothing listed (a listed PID not visible here is held, never stuck).
+        return any(_held_unlisted(d, self.max_used_bytes) for d in (*last.devices, *(_units(last, self.mig) or ())))
+
+    def __call__(self) -> None:
+        last = self.watch.last_full
+        if self.found is not None or last is None or not self._due(last):
+            return
+        verdicts = self.judge(last)
+        if any(v.class_ == "stuck" for v in verdicts):
+            self.found = last, verdicts
+            raise _Stuck
 
 
 class _HealthOnEvents:
@@ -641,22 +695,6 @@ class _UnlistedScan:
         self.clock = clock
         self.done = False
         self.result: tuple[tuple[Holder, ...], str | None] = ((), None)
-
-    def when_overdue(self, watch: Watch, judge: Callable[[Snapshot], object],
-                     mig: Sequence[int | str]) -> Callable[[], None]:
-        """A wait's after-poll step that runs the scan on the first poll that finds memory held with no holder past
-        the bound (by judging it): after the wait's deadline there is no time left for it, and the verdict then
-        reuses this one."""
-
-        def step() -> None:
-            last = watch.last_full
-            if self.done or last is None or (watch.teardown_age_ns(self.clock()) or 0) < _MIN_BOUND_NS:
-                return
-            # Judged (each poll) only with memory held and nothing listed: a listed zombie is no case for the scan.
-            if any(_held_unlisted(d, self.max_used_bytes) for d in (*last.devices, *(_units(last, mig) or ()))):
-                judge(last)
-
-        return step
 
     def __call__(self, units: Sequence[DeviceState]) -> tuple[tuple[Holder, ...], str | None]:
         """The unlisted holders and why the scan is incomplete (``None``: complete); scanned on the first call

@@ -21,7 +21,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .errors import ArgumentError, BackendUnavailable, DeadlinePassed, NoSuchProcess, NvmlCheckError, WaitTimeout
+from .errors import (
+    ArgumentError,
+    ArgumentTypeError,
+    BackendUnavailable,
+    DeadlinePassed,
+    NoSuchProcess,
+    NvmlCheckError,
+    WaitTimeout,
+)
 from .model import DeviceState, Fields, Snapshot
 
 if TYPE_CHECKING:
@@ -152,6 +160,12 @@ def select_clean(
     from .predicates import check_predicate, default_predicate
 
     check_predicate(predicate)
+    for name, flag in (("lock", lock), ("health", health)):
+        if not isinstance(flag, bool):
+            # lock="no" (a non-empty string) took the locks; health=0 (or None) passed over nothing unhealthy.
+            raise ArgumentTypeError(f"{name} must be True or False, got {flag!r}")
+    if isinstance(interval, bool):  # True read as a 1 s interval
+        raise ArgumentTypeError(f"interval must be a number of seconds or None, got {interval!r}")
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise ArgumentError(f"count must be an integer >= 1, got {count!r}")
     if isinstance(stable_polls, bool) or not isinstance(stable_polls, int) or stable_polls < 1:
@@ -171,7 +185,12 @@ def select_clean(
     total = session.device_count() if selected is None else len(selected)
     if count > total:
         where = "this host has" if selected is None else "the selection has"
-        raise ArgumentError(f"asked for {count} clean GPU(s) but {where} {total}")
+        twice = ""
+        if selected is not None and len(items) > total:
+            # `--devices 0,cuda:0` names GPU 0 twice: say so, rather than leave "has 1" to a user who listed two.
+            twice = (f" ({len(items)} selectors name GPU {', '.join(map(str, selected))}: a GPU named twice, as 0 "
+                     "and cuda:0 or its UUID, counts once)")
+        raise ArgumentError(f"asked for {count} clean GPU(s) but {where} {total}{twice}")
     pred = predicate if predicate is not None else default_predicate()
     pause = DEFAULT_INTERVAL_S.get(session.backend_name, 0.5) if interval is None else interval
     if not (isinstance(pause, int | float) and 0 <= pause < float("inf")):
@@ -307,7 +326,7 @@ def _judge(
     """(why GPUs are passed over, the GPUs clean (and, with ``health``, without a health cause) for
     ``stable_polls`` polls in a row) for one poll; ``streak`` counts each GPU's clean polls in a row and is
     updated."""
-    from .verdict import health_causes
+    from .verdict import health_causes, unsupported
 
     if not snap.devices and not snap.failures:
         raise BackendUnavailable(f"the {snap.backend} backend sees no GPU: nothing to select",
@@ -322,10 +341,11 @@ def _judge(
             why.append(f"GPU {d.index}: in MIG mode: CUDA cannot use it as one GPU (select chooses whole GPUs; wait "
                        "and ready judge an instance named by its MIG- UUID)")
             continue
-        if d.mig_mode is None and "mig" in d.unknown:
+        if d.mig_mode is None and "mig" in d.unknown and not unsupported(d.unknown["mig"]):
             # Read and failed: it may be in MIG mode, and a job given it whole might see one instance, or nothing
             # (never "free" when that cannot be told; the CUDA numbering refuses it too). A state built without
-            # reading the mode (no reason) is judged as before MIG.
+            # reading the mode (no reason), or by a tool that has no MIG (an nvidia-smi older than MIG: its driver
+            # has none), is judged as before MIG.
             streak[d.uuid] = 0
             why.append(f"GPU {d.index}: its MIG mode is unknown ({d.unknown['mig']}): whether CUDA can use it as one "
                        "GPU cannot be told")

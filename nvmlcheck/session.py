@@ -932,8 +932,8 @@ class Session:
     ) -> ReadyReport:
         """Can the next job start on the selected GPUs (all by default), and if not, why and when? One verdict per
         GPU, from clean + healthy + capacity; ``timeout`` 0 (default; or ``options``' timeout where a caller set it)
-        judges one reading, else it waits until every GPU is ready or the deadline passes; ``max_used_bytes``
-        ``None``: the waits' 16 MiB. See
+        judges one reading, else it waits until every GPU is ready or the deadline passes, or a GPU is found
+        unhealthy or stuck (waiting cannot help); ``max_used_bytes`` ``None``: the waits' 16 MiB. See
         :func:`nvmlcheck.readiness.ready_on` and docs/ready.md."""
         from .readiness import ready_on
 

@@ -502,6 +502,13 @@ class Watch:
         ages = [now_ns - t.since_ns for t in self._tracks.values() if t.since_ns is not None]
         return max(ages) if ages else None
 
+    def exited_age_ns(self, now_ns: int) -> int | None:
+        """How long the oldest listed PID seen a zombie or in D state (what can be ``stuck`` with a holder listed)
+        has been so at ``now_ns`` (``None``: none)."""
+        ages = [now_ns - since for t in self._tracks.values() for key, since in t.pid_states.values()
+                if key in ("Z", "X", "D")]
+        return max(ages) if ages else None
+
     def on_poll(self, clock: Callable[[], int]) -> Callable[[TracePoint], None]:
         """A wait's ``on_poll`` that observes every poll, stamped with ``clock``."""
 
@@ -705,11 +712,18 @@ def _classify_one(d: DeviceState, ctx: _Ctx, culprits: list[Culprit]) -> GpuVerd
         # A CUDA process runs in one MIG instance: the need is judged per instance, not against the whole GPU.
         need, found, judged = _mig_capacity(d, instances, ctx.need_bytes, ctx.need_fraction, clean=not culprits)
         culprits += found
-    elif (ctx.need_bytes is not None or ctx.need_fraction is not None) and _instances_unknown(d) is not None:
+    elif _instances_unknown(d) is not None:
         # In MIG mode (or maybe: its mode unread) with the instances unknown: the whole GPU's free memory is not
-        # what a job gets, so whether the need fits cannot be told (never "ready" on the parent's figure).
-        culprits.append(Culprit(i, "unknown", "capacity", f"whether the need fits is unknown: "
-                                f"{_instances_unknown(d)}; a CUDA job runs in one MIG instance, not the whole GPU"))
+        # what a job gets, so whether the need fits cannot be told (never "ready" on the parent's figure); and
+        # with no need, whether any CUDA job can run there (none can in MIG mode with no instance: short) cannot
+        # either. select passes over such a GPU for the same reason.
+        if ctx.need_bytes is not None or ctx.need_fraction is not None:
+            culprits.append(Culprit(i, "unknown", "capacity", f"whether the need fits is unknown: "
+                                    f"{_instances_unknown(d)}; a CUDA job runs in one MIG instance, not the whole GPU"))
+        else:
+            culprits.append(Culprit(i, "unknown", "capacity", f"whether a CUDA job can run on it is unknown: "
+                                    f"{_instances_unknown(d)}; in MIG mode a CUDA job runs in one MIG instance, and "
+                                    "with none there none can"))
     elif m is not None and (ctx.need_bytes is not None or ctx.need_fraction is not None):
         need = ctx.need_bytes if ctx.need_fraction is None else _ceil(ctx.need_fraction * m.total_bytes)
         beyond = [] if need is None else _beyond_capacity(d, m, need, ctx.need_fraction)
@@ -855,7 +869,8 @@ def _instances_unknown(d: DeviceState) -> str | None:
     if d.mig_mode is True and d.mig_devices is None:
         why = d.why_unknown("mig_devices") or "not read"
         return f"it is in MIG mode and its MIG instances could not be read ({why})"
-    if d.mig_mode is None and "mig" in d.unknown:
+    if d.mig_mode is None and "mig" in d.unknown and not unsupported(d.unknown["mig"]):
+        # Not one the tool does not have (an nvidia-smi older than MIG, whose driver has none): judged as before MIG.
         return f"its MIG mode could not be read ({d.unknown['mig']})"
     return None
 

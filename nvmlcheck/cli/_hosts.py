@@ -75,7 +75,8 @@ def remote_command(args: argparse.Namespace) -> list[str]:
     if args.command == "ready":
         if args.need is not None:
             need_bytes, need_fraction = args.need
-            words += ["--need", str(need_bytes) if need_fraction is None else repr(need_fraction)]
+            # In bytes with their unit: a bare number under 1 MiB is refused there as ambiguous (80: GiB? %?).
+            words += ["--need", f"{need_bytes}B" if need_fraction is None else repr(need_fraction)]
         if args.no_events:
             words.append("--no-events")
     if args.command == "wait":

@@ -32,7 +32,7 @@ class _State:
 
     def __init__(self, json_errors: bool) -> None:
         self.json_errors = json_errors
-        self.seen: set[str] = set()
+        self.seen: dict[str, str] = {}  # dest -> the option string it was first given as
         self.merged: dict[str, list[Any]] = {}
         self.parsers: list[argparse.ArgumentParser] = []  # the root, then each (sub)command the parse entered
         self.argv: list[str] = []
@@ -134,10 +134,21 @@ class _Parser(argparse.ArgumentParser):
                 hints.append(f"{name}: did you mean {' or '.join(meant)}? (options are spelled in full)")
         return "; ".join([message, *hints])
 
+    def _as_typed(self, message: str) -> str:
+        """argparse names an option with aliases by all of them (``argument --wait/--timeout: ...``): the one the
+        user typed instead, when only one of them was."""
+        head, colon, rest = message.partition(": ")
+        if not colon or not head.startswith("argument ") or "/" not in head:
+            return message
+        names = head.removeprefix("argument ").split("/")
+        argv = self.state.argv[:self.state.argv.index("--")] if "--" in self.state.argv else self.state.argv
+        given = {name for name in names for word in argv if word == name or word.startswith(name + "=")}
+        return f"argument {given.pop()}: {rest}" if len(given) == 1 else message
+
     def error(self, message: str) -> NoReturn:
         from .._text import printable_lines
 
-        message = self._worded(message)
+        message = self._worded(self._as_typed(message))
         line = f"{self.prog}: error: {printable_lines(message)}\n"  # argv words raw would reach the terminal
         if self.state.json_errors:
             from ..jsonout import usage_error_document
@@ -193,10 +204,24 @@ class _Once(_Stateful):
     def __call__(
         self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option: str | None = None
     ) -> None:
-        if self.dest in self.state.seen:
-            parser.error(f"{option or self.dest} given twice: give it once")
-        self.state.seen.add(self.dest)
+        name = option or self.dest
+        first = self.state.seen.get(self.dest)
+        if first is not None:
+            # An option with aliases (select --wait/--timeout) is named as typed, both spellings when both were.
+            twice = name if first == name else f"{name} (as {first} and {name})"
+            parser.error(f"{twice} given twice: give it once")
+        self.state.seen[self.dest] = name
         setattr(namespace, self.dest, values)
+        if len(self.option_strings) > 1 and option is not None:
+            setattr(namespace, f"typed_{self.dest}", option)
+
+
+def typed(args: argparse.Namespace | Any, dest: str, default: str) -> str:
+    """The spelling the user typed of the option stored in ``dest`` (one with aliases: ``select --timeout`` is
+    ``--wait``), for a message that names it: a message names the option the user typed; ``default`` (the option's
+    first name) when it was not given."""
+    found = getattr(args, f"typed_{dest}", None)
+    return found if isinstance(found, str) else default
 
 
 class _Merge(_Stateful):

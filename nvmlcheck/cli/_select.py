@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from ._common import EXIT_CLEAN, EXIT_NOT_CLEAN, UsageError, open_session, verdict, verdict_printed, wait_predicate
 from ._output import print_json, safe, safe_lines
+from ._parser import typed
 
 if TYPE_CHECKING:
     import argparse
@@ -65,10 +66,11 @@ def _owner(args: argparse.Namespace) -> tuple[Owner, str]:
         raise UsageError(f"{what}: {exc}") from None
 
 
-def _cuda_mapping(gpus: Session, deadline_s: float | None, count: int = 1) -> CudaMapping:
+def _cuda_mapping(gpus: Session, deadline_s: float | None, count: int = 1, option: str = "--wait") -> CudaMapping:
     """The session's CUDA numbering, its identity read stopped at ``deadline_s`` (``time.monotonic``; one call late
     at most): when it passes, a :class:`~nvmlcheck.SelectTimeout` naming it (exit 1, as with ``--format index``: the
-    GPUs were not found within ``--wait``; not a backend failure). ``count``: the GPUs asked for."""
+    GPUs were not found within ``--wait``; not a backend failure). ``count``: the GPUs asked for; ``option``: the
+    option as the user typed it (``--wait`` or ``--timeout``)."""
     if deadline_s is None:
         return gpus.cuda_mapping()
     from .._deadline import read_by
@@ -80,7 +82,7 @@ def _cuda_mapping(gpus: Session, deadline_s: float | None, count: int = 1) -> Cu
     if snap is None:
         # Elapsed 0: the caller counts the time since the command started (_not_found).
         raise SelectTimeout(0.0, 0, ["--format cuda: the GPUs' identities (for CUDA's numbering) were not read "
-                                     "within --wait"], count=count)
+                                     f"within {option}"], count=count)
     return cuda_mapping(snap.devices, os.environ, unreadable=[f.index for f in snap.failures])
 
 
@@ -140,7 +142,8 @@ def _select(args: argparse.Namespace, pinned: Owner | None, what: str) -> int:
             # Refuse before waiting (maybe for minutes) when the numbers cannot be told: CUDA_DEVICE_ORDER unset on
             # a host with mixed GPU models. Read within --wait, as everything else.
             try:
-                mapping = _cuda_mapping(gpus, None if not args.wait else started + args.wait, args.count)
+                mapping = _cuda_mapping(gpus, None if not args.wait else started + args.wait, args.count,
+                                        typed(args, "wait", "--wait"))
             except SelectTimeout as late:
                 return _not_found(args, late, started)
             mapping.visible_value(())

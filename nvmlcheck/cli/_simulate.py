@@ -38,8 +38,16 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         return 0
     argv = _command(args.argv)
     if args.simulate_command == "run":
-        return _run(argv, args.scenario or getattr(args, "simulate", None) or "h200")
+        return _run(argv, args.scenario or getattr(args, "simulate", None) or "h200", _scenario_option(args))
     return _hold(argv, args)
+
+
+def _scenario_option(args: argparse.Namespace) -> str:
+    """How the user named the scenario, for a message about it: ``--scenario`` or ``--simulate`` as typed after
+    ``run``/``hold`` (one option, two names), else ``--simulate`` given before ``simulate``."""
+    from ._parser import typed
+
+    return typed(args, "scenario", "--scenario") if args.scenario else "--simulate"
 
 
 def _command(words: list[str]) -> list[str]:
@@ -49,7 +57,7 @@ def _command(words: list[str]) -> list[str]:
     return argv
 
 
-def _run(argv: list[str], name: str) -> int:
+def _run(argv: list[str], name: str, option: str = "--scenario") -> int:
     import contextlib
     import tempfile
     from pathlib import Path
@@ -61,9 +69,9 @@ def _run(argv: list[str], name: str) -> int:
     try:
         scenario = scenario_named(name)
     except ValueError as exc:
-        raise UsageError(str(exc).replace("--simulate", "--scenario")) from None
+        raise UsageError(str(exc).replace("--simulate", option)) from None
     except OSError as exc:  # a path the system refuses to look at (too long, no permission)
-        raise UsageError(unreadable_scenario("--scenario", name, exc)) from None
+        raise UsageError(unreadable_scenario(option, name, exc)) from None
     try:
         library = build_stub()
     except (StubBuildError, OSError) as exc:  # a cache that cannot be written too
@@ -99,11 +107,11 @@ def _hold(argv: list[str], args: argparse.Namespace) -> int:
                          f"simulate scenario {name} > FILE` writes one; `simulate run` gives its command one)")
     path = Path(name)
     if not path.is_file():
-        raise UsageError(f"--scenario {name!r}: no such scenario file")
+        raise UsageError(f"{_scenario_option(args)} {name!r}: no such scenario file")
     why = _not_a_scenario(path)
     if why is not None:  # as `simulate run` and --simulate say it, not as a file that declares no GPU
-        raise UsageError(f"--scenario {name!r}: not a scenario file ({why}); write one with `nvmlcheck simulate "
-                         "scenario` or Scenario.write (docs/testing.md)")
+        raise UsageError(f"{_scenario_option(args)} {name!r}: not a scenario file ({why}); write one with "
+                         "`nvmlcheck simulate scenario` or Scenario.write (docs/testing.md)")
     options = {"kind": args.kind, "list_ms": args.list_ms, "release_ms": args.release_ms}
     try:  # checked before anything starts: a refused hold leaves no process behind
         bound_process_line(path, args.gpu, os.getpid(), args.bytes, **options)

@@ -232,7 +232,10 @@ def _config(args: argparse.Namespace) -> Any:
     if sizes is None:
         sizes = [0] if args.holder == "context" else [1 << 30, 4 << 30, 16 << 30]
     elif args.holder == "context" and any(sizes):
-        raise UsageError("--holder context allocates nothing: leave out --sizes (or give --sizes 0)")
+        from ._parser import typed
+
+        raise UsageError(f"{typed(args, 'holder', '--holder')} context allocates nothing: leave out --sizes "
+                         "(or give --sizes 0)")
     names = dict(OPTION_OF_FIELD)
     if args.count is None:
         names["holder_count"] = "--chunks"  # the count came from --chunks (or the kind's default of 4)

@@ -46,9 +46,9 @@ def seconds_or_none(text: str, unbounded: str = "none") -> float | None:
     value = _number(text, "seconds", unbounded)
     if math.isnan(value) or value < 0:
         raise _bad(f"must be >= 0 seconds (or '{unbounded}'), got {text!r}")
-    if math.isinf(value):
-        return None
-    if value > MAX_SECONDS:
+    if math.isinf(value) and text.strip().lower().lstrip("+") in ("inf", "infinity"):
+        return None  # +inf: the word, signed
+    if value > MAX_SECONDS:  # 1e400 too: a number (that overflowed), never the word for no bound
         raise _bad(f"at most {MAX_SECONDS:.0e} seconds (about 31 years), got {text!r}; '{unbounded}' has no bound")
     return value + 0.0  # -0 is 0 (printed "timeout -0 s" otherwise)
 
@@ -212,15 +212,26 @@ def device_list(text: str) -> list[int | str]:
     return items
 
 
+#: The least need ``--need`` takes as a bare number of bytes (no unit): 1 MiB.
+_LEAST_BARE_NEED = 1 << 20
+
+
 def need_amount(text: str) -> tuple[int | None, float | None]:
-    """``ready --need``: ``(bytes, None)`` for a size (``80GiB``, ``4096``), ``(None, fraction)`` for a fraction of
-    each GPU's total (``0.9``, ``90%``; in (0, 1]), as vLLM's ``gpu_memory_utilization``."""
+    """``ready --need``: ``(bytes, None)`` for a size (``80GiB``, ``4096B``; a bare number of bytes from 1 MiB on:
+    ``80`` is refused, as ``1`` is), ``(None, fraction)`` for a fraction of each GPU's total (``0.9``, ``90%``; in
+    (0, 1]), as vLLM's ``gpu_memory_utilization``."""
     from .._units import parse_size
 
     raw = text.strip()
     if raw == "1":
         # 1 byte, or vLLM's gpu_memory_utilization=1 (all of it)? Both readings are plausible: say which.
         raise _bad("--need 1 is ambiguous: write 1.0 (or 100%) for all of each GPU, or 1B for one byte")
+    if is_digits(raw) and 1 < int(raw) < _LEAST_BARE_NEED:
+        # `--need 80` read as 80 bytes is met by any GPU: "ready" on one with 1 GiB free, where 80 GiB, 80 % or
+        # nvidia-smi's 80 MiB was meant. No job needs less than a MiB (its CUDA context alone is hundreds): a bare
+        # number below that is refused, naming the readings; a unit says which.
+        raise _bad(f"--need {raw} is ambiguous: {raw} bytes is no job's need; write {raw}GiB (or {raw}MiB, as "
+                   f"nvidia-smi counts) for a size, {raw}% for a share of each GPU, or {raw}B if bytes are meant")
     try:
         if raw.endswith("%"):
             fraction = _number(raw[:-1], "percent") / 100

@@ -26,8 +26,10 @@ from nvmlcheck.wait import WaitOptions
 pytestmark = pytest.mark.stub
 GIB = 1 << 30
 MODEL = reclaim_model.model_for("580.159.04")
-#: A wait's timeout (s) past the stuck bound of 8 GiB held with no holder (the 580 entry's: ~6.5 s).
-PAST_BOUND_S = MODEL.stuck_after_ns(1, 8 * GIB) / 1e9 + 1.0
+#: A wait's timeout (s) past the stuck bound of 8 GiB held with no holder (the 580 entry's: ~6.4 s). The
+#: device-file scan past the bound reads the step clock once per process of this host: 5 s of it is 5000 processes (a
+#: busy CI host), not a margin that the host's process count could use up.
+PAST_BOUND_S = MODEL.stuck_after_ns(1, 8 * GIB) / 1e9 + 5.0
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -426,11 +428,17 @@ def test_gpus_not_listened_to_are_said_on_stderr_as_in_the_document(
     sc.fault("nvmlDeviceRegisterEvents", 4, device=1)  # a container without the capability, on GPU 1 only
     sc.add_process(1, 4_000_001, used_bytes=GIB)  # never ready: the command waits, listening
     path = str(sc.write(tmp_path / "s.txt"))
+
+    def why_not(text: str) -> bool:
+        # Either valid answer: GPU 1's registration refused (NO_PERMISSION), or, on a loaded machine where the
+        # listener's start did not get that far within the 0.3 s, GPU 1 not registered by the deadline.
+        return ("GPU 1" in text and "NO_PERMISSION" in text) or "registration had not finished" in text
+
     code, out, err = run(capsys, "--simulate", path, "ready", "--timeout", "0.3")
     assert code == 1 and "GPU 1" in out
-    assert "nvmlcheck: events: " in err and "GPU 1" in err and "NO_PERMISSION" in err
+    assert any(line.startswith("nvmlcheck: events: ") and why_not(line) for line in err.splitlines()), err
     code, doc = ready_json(capsys, path, "--timeout", "0.3")
-    assert code == 1 and any(n.startswith("events: ") and "NO_PERMISSION" in n for n in doc["notes"])
+    assert code == 1 and any(n.startswith("events: ") and why_not(n) for n in doc["notes"]), doc["notes"]
 
 
 def _health_reads_of_ready_after(tmp_path: Path, event_before: bool) -> int:

@@ -133,3 +133,30 @@ def test_a_need_close_to_a_mig_instances_free_memory_is_said_in_bytes(gpus: Call
         (v,) = session.ready(need_bytes=(70 << 30) - (5 << 20)).verdicts
     assert v.class_ == "short" and "no MIG instance has 75,156,684,800 B free" in v.line(), v.line()
     assert "the most is 75,151,441,920 B" in v.line()
+
+
+def test_a_cause_found_by_a_confirming_reading_ends_the_call_at_once(gpus: Callable[[Scenario], nc.Session]) -> None:
+    """The first reading is ready; the confirming one (read with health) finds a row remap pending and a process that
+    came meanwhile (no event heard: events off). The confirmation handed over to the wait, forgetting the cause: the
+    wait timed out on the held GPU and judged it on the first reading's health, "held" (exit 1), where a reset is
+    needed (exit 5). A cause found then ends the call as one found by the first reading does."""
+    from nvmlcheck.cli._ready import exit_code_of
+    from nvmlcheck.testing import StepClock, StubProbe, build_stub
+    from nvmlcheck.wait import WaitOptions
+
+    probe = StubProbe(build_stub())
+    before = probe.call_count()
+    with gpus(Scenario.h200()) as session:  # how many calls the opening and the first reading make
+        session.ready()
+    first = probe.call_count() - before
+    sc = Scenario.h200()
+    step = sc.at_call(first + 3)  # within the confirming reading (a dozen calls), after the first
+    step.set_device(0, remapped_rows=(0, 1, True, False))
+    step.add_process(0, 4_000_001, used_bytes=1 << 30)
+    clock = StepClock(0.001)
+    with gpus(sc) as session:
+        report = session.ready(timeout=5.0, events=False, options=WaitOptions(clock=clock.clock, sleep=clock.sleep,
+                                                                              policy=0.02))
+    (v,) = report.verdicts
+    assert v.class_ == "unhealthy" and "RESET_GPU" in v.actions and exit_code_of(report) == 5
+    assert report.polls == 2 and clock.now_ns < 1_000_000_000  # the two readings, not a wait to the deadline

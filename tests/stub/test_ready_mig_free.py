@@ -57,3 +57,31 @@ def test_a_whole_gpu_and_one_instance_show_their_own(tmp_path: Path, capsys: pyt
     assert cli.main(["--simulate", mig_gpu(tmp_path), "ready", "--need", "10GiB", "--devices", MIG0]) == 0
     line = capsys.readouterr().out.splitlines()[0]
     assert line == f"GPU 0 MIG 0 (GI 1, CI 0, {MIG0}): ready (20.0 GiB free, 10.0 GiB needed)"
+
+
+def test_a_mig_mode_that_could_not_be_read_is_unknown_with_or_without_a_need(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Its MIG mode unread (NO_PERMISSION): in MIG mode with no instance no CUDA job can run there (short), so
+    without a need ``ready`` said ready where that could not be told (select passes such a GPU over)."""
+    sc = Scenario.h200()
+    sc.fault("nvmlDeviceGetMigMode", 4)
+    path = str(sc.write(tmp_path / "s.txt"))
+    for need in ((), ("--need", "0.5")):
+        code = cli.main(["--simulate", path, "--json", "ready", *need])
+        (gpu,) = json.loads(capsys.readouterr().out)["gpus"]
+        assert code == 1 and gpu["class"] == "unknown", gpu["line"]
+        assert any(c["kind"] == "capacity" and "MIG mode could not be read" in c["reason"] for c in gpu["culprits"])
+
+
+def test_an_nvidia_smi_older_than_mig_is_judged_as_before_mig(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """An nvidia-smi that does not know ``mig.mode.current`` comes with a driver that has no MIG: its GPUs are
+    judged as before MIG. ``ready --need`` said unknown ("its MIG mode could not be read") and ``select`` passed every
+    GPU over, on every such host."""
+    monkeypatch.setenv("FAKE_SMI_REFUSE_FIELDS", "mig.mode.current")
+    path = str(Scenario.h200().write(tmp_path / "s.txt"))
+    for need in ((), ("--need", "0.5")):
+        assert cli.main(["--simulate", path, "--backend", "smi", "ready", *need]) == 0, capsys.readouterr()
+        assert capsys.readouterr().out.startswith("GPU 0: ready")
+    assert cli.main(["--simulate", path, "--backend", "smi", "select", "1", "--format", "index"]) == 0
+    assert capsys.readouterr().out == "0\n"

@@ -359,3 +359,15 @@ def test_a_wait_too_short_to_read_the_gpus_is_not_found_in_every_format(
     doc = json.loads(capsys.readouterr().out)
     assert code == 1, doc
     assert doc["schema"] == "nvmlcheck/select" and doc["found"] is False and doc["timeout_s"] == 1e-9
+
+
+def test_a_gpu_named_twice_is_said_when_the_selection_is_too_small(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``select 2 --devices 0,cuda:0`` said "the selection has 1" to a user who listed two: it names the GPU named
+    twice (one GPU counts once)."""
+    path = str(Scenario.h200(devices=4).write(tmp_path / "s.txt"))
+    code, _, err = run(capsys, "--simulate", path, "select", "2", "--devices", "0,cuda:0")
+    assert code == 2 and "the selection has 1" in err and "2 selectors name GPU 0" in err and "counts once" in err
+    code, _, err = run(capsys, "--simulate", path, "select", "3", "--devices", "0,1")
+    assert code == 2 and "the selection has 2" in err and "counts once" not in err

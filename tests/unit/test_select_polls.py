@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from snapshots import busy, idle
 
-from nvmlcheck.errors import NotSupported, SmiTimeout
+from nvmlcheck.errors import ArgumentTypeError, NotSupported, SmiTimeout
 from nvmlcheck.model import Snapshot
 from nvmlcheck.selection import SelectTimeout, select_clean
 from nvmlcheck.testing import StepClock
@@ -66,3 +66,14 @@ def test_a_timeout_keeps_what_the_last_complete_poll_found() -> None:
     with pytest.raises(SelectTimeout) as info:
         _select([busy(), SmiTimeout(("nvidia-smi",), 1.0, "")], timeout=5.0)
     assert info.value.polls == 1 and any("pid 1234" in c for c in info.value.culprits)
+
+
+@pytest.mark.parametrize(("keyword", "value"), [("lock", "no"), ("lock", 1), ("health", 0), ("health", None),
+                                                ("interval", True)])
+def test_flags_and_the_interval_take_their_own_types_only(keyword: str, value: Any) -> None:
+    """``lock="no"`` (a non-empty string, so truthy) took the locks; ``health=0`` judged no health; ``interval=True``
+    polled every second. Each is refused before anything is read."""
+    backend = FakeBackend([idle(0)])
+    with pytest.raises(ArgumentTypeError, match=f"{keyword} must be"):
+        select_clean(FakeSession(backend), 1, **{keyword: value})  # type: ignore[arg-type]
+    assert backend.deadlines == []  # nothing read

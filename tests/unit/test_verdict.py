@@ -439,5 +439,9 @@ def test_a_need_on_a_gpu_whose_mig_facts_are_unknown_is_unknown_never_ready(mig:
     (v,) = classify(snap(d), now_ns=0, watch=states({}), need_bytes=100 * GIB, judge_health=False)
     assert v.class_ == "unknown" and not v.ready
     assert any(c.kind == "capacity" and "MIG" in c.reason for c in v.culprits), v.culprits
-    (plain,) = classify(snap(d), now_ns=0, watch=states({}), judge_health=False)  # no need: clean is judged alone
-    assert plain.ready
+    # No need: it was judged clean alone, and ready; but in MIG mode with no instance no CUDA job can run (short),
+    # and that is what cannot be told here: unknown, as select passes it over.
+    (plain,) = classify(snap(d), now_ns=0, watch=states({}), judge_health=False)
+    assert plain.class_ == "unknown" and not plain.ready
+    (c,) = plain.culprits
+    assert c.kind == "capacity" and "whether a CUDA job can run on it is unknown" in c.reason
