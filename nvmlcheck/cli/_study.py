@@ -227,16 +227,17 @@ def _config(args: argparse.Namespace) -> Any:
     naming the options (:data:`OPTION_OF_FIELD`)."""
     from .. import study as st
     from ..study.config import spelled_as
+    from ._parser import typed
 
     sizes = args.sizes
     if sizes is None:
         sizes = [0] if args.holder == "context" else [1 << 30, 4 << 30, 16 << 30]
     elif args.holder == "context" and any(sizes):
-        from ._parser import typed
-
         raise UsageError(f"{typed(args, 'holder', '--holder')} context allocates nothing: leave out --sizes "
                          "(or give --sizes 0)")
-    names = dict(OPTION_OF_FIELD)
+    # Each option as typed: --kind is --holder's alias (and any other alias the parser records).
+    names = {field: typed(args, option.lstrip("-").replace("-", "_"), option)
+             for field, option in OPTION_OF_FIELD.items()}
     if args.count is None:
         names["holder_count"] = "--chunks"  # the count came from --chunks (or the kind's default of 4)
     with spelled_as(names):

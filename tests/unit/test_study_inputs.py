@@ -305,7 +305,7 @@ def test_study_reclaim_refuses_size_0_for_a_holder_that_allocates(capsys: pytest
     assert cli.main(["study", "reclaim", "--sizes", "0"]) == 2
     assert "--sizes 0: the alloc holder takes positive sizes" in capsys.readouterr().err
     assert cli.main(["study", "reclaim", "--kind", "context", "--sizes", "0,1GiB"]) == 2
-    assert "--holder context allocates nothing" in capsys.readouterr().err
+    assert "--kind context allocates nothing" in capsys.readouterr().err
 
 
 def test_a_refused_out_leaves_no_plot_directory_made(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
