@@ -402,6 +402,20 @@ def _checked_env(env: Mapping[str, str]) -> Mapping[str, str]:
     return env
 
 
+def _mig_mode(gpu: object) -> bool | None:
+    """A GPU's MIG mode for the mapping: one the tool does not have (an nvidia-smi older than MIG: its driver has
+    none) is no MIG mode, as ``ready`` and ``select`` judge it (:func:`nvmlcheck.verdict.unsupported`); one whose
+    reading failed stays unknown."""
+    mode = getattr(gpu, "mig_mode", False)
+    if mode is None:
+        why = (getattr(gpu, "unknown", None) or {}).get("mig")
+        if isinstance(why, str):
+            from .verdict import unsupported
+
+            return False if unsupported(why) else None
+    return mode if mode is None else bool(mode)
+
+
 def cuda_mapping(
     gpus: Iterable[Identity],
     env: Mapping[str, str] | None = None,
@@ -413,7 +427,7 @@ def cuda_mapping(
     read (the numbering is then unknown). Never raises for what the environment says: an unknown mapping has
     ``devices=None`` and the reason; :meth:`CudaMapping.resolve` raises when asked about it."""
     env = _checked_env({} if env is None else env)
-    ids = tuple(sorted((GpuIdentity(g.index, g.uuid, g.name, g.pci_bus_id, getattr(g, "mig_mode", False),
+    ids = tuple(sorted((GpuIdentity(g.index, g.uuid, g.name, g.pci_bus_id, _mig_mode(g),
                                     getattr(g, "mig_devices", None))
                         for g in gpus), key=lambda g: g.index))
     by_index = {g.index: g for g in ids}

@@ -312,3 +312,19 @@ def test_a_mig_entry_with_a_whole_gpus_uuid_is_refused() -> None:
     # Measured: CUDA took MIG-<the UUID digits of a GPU not in MIG mode> as that GPU; NVIDIA documents no such name.
     m = cuda_mapping(mig_instances_host(), {"CUDA_VISIBLE_DEVICES": "MIG-1aaa"})
     assert m.devices is None and m.unknown is not None and "whole GPU" in m.unknown
+
+
+def test_a_mig_mode_the_tool_does_not_have_is_no_mig_mode_and_a_failed_one_stays_unknown() -> None:
+    """An nvidia-smi older than MIG (its driver has none) leaves ``mig_mode`` unknown with a reason that says so: the
+    GPU is numbered as before MIG. A reading that failed (NO_PERMISSION) keeps the numbering unknown."""
+    from types import SimpleNamespace
+
+    def gpu(i: int, why: str) -> SimpleNamespace:
+        return SimpleNamespace(index=i, uuid=f"GPU-{i}", name="X", pci_bus_id=f"00000000:{i + 1:02X}:00.0",
+                               mig_mode=None, mig_devices=None, unknown={"mig": why})
+
+    old = [gpu(0, "this nvidia-smi does not know the field mig.mode.current"), gpu(1, "[N/A]: not supported")]
+    assert cuda_mapping(old).resolve("cuda:1") == (1,)
+    failed = [gpu(0, "NVML_ERROR_NO_PERMISSION (4): nvmlDeviceGetMigMode"), gpu(1, "[N/A]: not supported")]
+    m = cuda_mapping(failed)
+    assert m.devices is None and "MIG mode that could not be read" in (m.order_unknown or ""), m
