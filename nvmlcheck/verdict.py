@@ -980,7 +980,8 @@ def _process_culprits(d: DeviceState, listed: list[GpuProcess], ctx: _Ctx, bound
         if state is None:
             if age <= bound:
                 out.append(Culprit(i, "reclaiming", p.kind.value, f"pid {p.pid} ({name}) is not in /proc: it "
-                                   f"exited and its {its} is coming back, or it runs in another PID namespace", action=WAIT, **common))
+                                   f"exited and its {its} is coming back, or it runs in another PID namespace",
+                                   action=WAIT, **common))
             else:
                 out.append(Culprit(i, "held", p.kind.value, f"held by pid {p.pid} ({name}), {held}, listed for "
                                    f"{age / 1e9:.1f} s but not visible from this PID namespace (NVML reports PIDs of "

@@ -235,13 +235,20 @@ def _config(args: argparse.Namespace) -> Any:
     elif args.holder == "context" and any(sizes):
         raise UsageError(f"{typed(args, 'holder', '--holder')} context allocates nothing: leave out --sizes "
                          "(or give --sizes 0)")
-    # Each option as typed: --kind is --holder's alias (and any other alias the parser records).
+    with spelled_as(_option_names(args)):
+        return _study_config(st, args, sizes)
+
+
+def _option_names(args: argparse.Namespace) -> dict[str, str]:
+    """Each :class:`~nvmlcheck.study.StudyConfig` field's option as the user typed it (``--kind`` is ``--holder``'s
+    alias), for the study's errors (:func:`nvmlcheck.study.config.spelled_as`)."""
+    from ._parser import typed
+
     names = {field: typed(args, option.lstrip("-").replace("-", "_"), option)
              for field, option in OPTION_OF_FIELD.items()}
     if args.count is None:
         names["holder_count"] = "--chunks"  # the count came from --chunks (or the kind's default of 4)
-    with spelled_as(names):
-        return _study_config(st, args, sizes)
+    return names
 
 
 def _study_config(st: Any, args: argparse.Namespace, sizes: Sequence[int]) -> Any:
@@ -313,6 +320,7 @@ def cmd_study_reclaim(args: argparse.Namespace) -> int:
     :func:`cmd_study_fit`); exit 1 if a run timed out or the GPUs were not clean at baseline, 3 when the study is
     skipped (it cannot run here: the reason is printed)."""
     from .. import study as st
+    from ..study.config import spelled_as
     from ._main import fail
 
     if args.study == "compare":
@@ -339,6 +347,7 @@ def cmd_study_reclaim(args: argparse.Namespace) -> int:
                 sink = _sink(stack.enter_context(st.record_writer(args.out)), args.out)
             except OSError as exc:
                 raise UsageError(f"--out {args.out}: {exc.strerror or exc}") from None
+        stack.enter_context(spelled_as(_option_names(args)))  # the run's checks (room on the GPUs) name options too
         try:
             result = st.run_study(config, session_factory=lambda: open_session(args),
                                   holder_factory=_study_holders(args), on_record=sink, progress=progress)

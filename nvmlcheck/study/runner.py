@@ -18,7 +18,7 @@ from ..errors import ArgumentError, WaitTimeout
 from ..model import Fields, Snapshot
 from ..predicates import Predicate, memory_back_to, on_devices, pids_gone
 from ..wait import DEFAULT, PRECISE, is_transient, poll_until
-from .config import Cell, PlannedRun, StudyConfig
+from .config import Cell, PlannedRun, StudyConfig, _n
 from .errors import BaselineNotClean, HolderError, StudyError, StudySkipped
 from .holders import CudaHolderFactory, Holder, HolderFactory, HolderSpec, start_holders
 from .observer import Polls, Reaper, Watch, baseline_predicate, compact, not_ready, phase_fields, set_up_only
@@ -132,15 +132,18 @@ def run_study(
 def _check_room(config: StudyConfig, snap: Snapshot) -> None:
     """Refuse, before any holder starts, a size no selected GPU can hold with nothing running (its total less the
     driver's reserve): its holders would never show their memory, and the run would fail after its ready timeout."""
-    need = max((p.cell.size_bytes for p in config.runs()), default=0) * config.per_gpu
+    largest = max((p.cell.size_bytes for p in config.runs()), default=0)
+    need = largest * config.per_gpu
     for d in snap.devices:
         m = d.memory
         if m is None:
             continue  # unknown: the holders' ready timeout still bounds it
         room = m.total_bytes - (m.reserved_bytes or 0)
         if need > room:
-            raise ArgumentError(f"{format_bytes(need)} per GPU ({config.per_gpu} holder(s) of the largest size) is "
-                                f"more than GPU {d.index} can hold with nothing running ({format_bytes(room)})")
+            # Named as the caller spells the options (--sizes, --per-gpu on the command line: spelled_as).
+            raise ArgumentError(f"{_n('sizes')} {format_bytes(largest)} with {_n('per_gpu')} {config.per_gpu}: "
+                                f"{format_bytes(need)} per GPU is more than GPU {d.index} can hold with nothing "
+                                f"running ({format_bytes(room)})")
 
 
 class _Budget:

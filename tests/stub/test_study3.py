@@ -365,3 +365,12 @@ def test_a_value_swept_twice_is_run_once() -> None:
                          warmup="none")
     assert config.sizes == (GIB, 2 * GIB) and config.endings == ("KILL", "TERM")
     assert len(config.runs()) == 4
+
+
+def test_a_size_no_gpu_can_hold_names_the_options_typed(capsys: pytest.CaptureFixture[str]) -> None:
+    """The run's own check (room on the GPUs, read once the GPUs are open) names --sizes and --per-gpu as the
+    configuration's errors do, not the library's fields (sizes, per_gpu); the library keeps its field names."""
+    assert main(["--simulate", "h200", "study", "reclaim", "--sizes", "100GiB", "--per-gpu", "2", "--repeats", "1",
+                 "--no-warmup"]) == 2
+    err = capsys.readouterr().err
+    assert "--sizes 100.0 GiB with --per-gpu 2: 200.0 GiB per GPU is more than GPU 0 can hold" in err, err
