@@ -23,6 +23,10 @@ from nvmlcheck.testing import Scenario, StubSession
 from nvmlcheck.verdict import Culprit
 
 GIB = 1 << 30
+#: The kernel's highest pid_max (PID_MAX_LIMIT): every PID is below pid_max, so no process has this one, and a
+#: ``bound`` entry with it is gone from the first call (an exited child's PID may be reused by then on a busy
+#: machine whose pid_max is 32768).
+IMPOSSIBLE_PID = 4_194_304
 
 
 # --- the job from the environment -----------------------------------------------------------------------------------
@@ -265,6 +269,23 @@ def job(gpus: str = "0", job_id: str = "42") -> slurm.SlurmJob:
     return slurm.job_from_env({"SLURM_JOB_ID": job_id, "SLURM_JOB_UID": str(os.getuid()), "SLURM_JOB_GPUS": gpus})
 
 
+def assert_waited_for_the_memory(readiness: dict[str, Any]) -> None:
+    """The epilog judged the memory by polls, not after a fixed time: it saw the GPU held, then clean for the stable
+    polls ready asks (at least 3 polls); or, where it came late, clean from its first poll (2 polls, none dirty).
+
+    Which of the two depends on the machine: the stub gives a bound worker's memory back ``release_ms`` after a call
+    first finds the worker gone, and the epilog's first such call comes before its wait (its reading of the
+    holders, or its kill's wait for the exit). Whether the wait's first poll comes within ``release_ms`` of it is
+    up to the scheduler (on 2 loaded cores it need not). The wait's seeing the memory held is asserted where the
+    first reading is the wait's own: test_a_prolog_waits_for_the_memory_of_an_exited_holder and the lab's
+    test_a_job_whose_gpu_is_still_reclaiming_waits_in_the_prolog_then_runs."""
+    if readiness["last_dirty_ns"] is not None:
+        assert readiness["dirty_polls"] >= 1 and readiness["polls"] >= 3, readiness
+        assert readiness["first_clean_ns"] is not None and readiness["first_clean_ns"] > readiness["last_dirty_ns"]
+    else:
+        assert readiness["dirty_polls"] == 0 and readiness["polls"] >= 2, readiness
+
+
 def test_the_epilog_kills_the_jobs_leftover_and_waits_for_its_memory(
         nvml_stub: StubSession, nvml_bound_process: Callable[..., subprocess.Popen[bytes]],
         monkeypatch: pytest.MonkeyPatch) -> None:
@@ -278,16 +299,35 @@ def test_the_epilog_kills_the_jobs_leftover_and_waits_for_its_memory(
     assert [t.pid for t in result.killed] == [leftover.pid]
     assert leftover.wait(5) == -signal.SIGTERM
     assert elsewhere.poll() is None
-    assert result.readiness is not None and result.readiness.last_dirty_ns is not None  # it waited for the memory
+    assert result.readiness is not None
+    assert_waited_for_the_memory(result.readiness.to_json())
+
+
+def test_a_prolog_waits_for_the_memory_of_an_exited_holder(nvml_stub: StubSession, nvml_scenario: Scenario) -> None:
+    # The wait's own first poll is the first call to find the holder gone (no such PID can exist), and the stub
+    # gives its memory back release_ms after that call: whatever the load, the wait sees it held, then back.
+    nvml_scenario.add_process(0, IMPOSSIBLE_PID, used_bytes=8 * GIB, bound=True, list_ms=100, release_ms=500)
+    nvml_scenario.write(nvml_stub.scenario_path)
+    with nc.open("nvml") as gpus:
+        result = slurm.prolog(gpus, job("0"), timeout_s=30)
+    assert result.ready and result.readiness is not None, result.causes
+    readiness = result.readiness
+    assert readiness.dirty_polls >= 1 and readiness.last_dirty_ns is not None and readiness.polls >= 3, readiness
+    assert readiness.first_clean_ns is not None and readiness.first_clean_ns > readiness.last_dirty_ns
 
 
 def test_a_dry_run_epilog_signals_nothing_and_says_what_it_would_kill(
         nvml_stub: StubSession, nvml_bound_process: Callable[..., subprocess.Popen[bytes]],
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SLURM_JOB_ID", "42")
+    from nvmlcheck.testing import StepClock
+
     leftover = nvml_bound_process(0, 8 * GIB)
+    # A StepClock, not 0.3 s of the machine's: on a loaded machine the setup (NVML, the holders' scan) could use the
+    # whole budget, and the wait's timeout then named no holder (or the cut scan signalled nothing to list).
+    steps = StepClock(0.01)
     with nc.open("nvml") as gpus:
-        result = slurm.epilog(gpus, job("0"), timeout_s=0.3, kill=False)
+        result = slurm.epilog(gpus, job("0"), timeout_s=1.0, kill=False, clock=steps.clock, sleep=steps.sleep)
     assert leftover.poll() is None and result.killed == ()
     assert [pid for pid, _, _ in result.would_kill] == [leftover.pid]
     assert not result.ready
