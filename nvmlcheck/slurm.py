@@ -51,6 +51,7 @@ __all__ = [
     "await_ready",
     "cause_of",
     "check_node_name",
+    "check_run_by_slurm",
     "clean_text",
     "drain_reason",
     "epilog",
@@ -614,6 +615,17 @@ def _deadline(clock: Callable[[], int], timeout_s: float) -> tuple[int, int]:
     return start, start + bound_ns
 
 
+def check_run_by_slurm(job: SlurmJob, devices: Sequence[str] | None, command: str = "the gate") -> None:
+    """``ArgumentError`` (a ``ValueError``) when ``job`` is no Slurm job's and nothing names GPUs: no
+    ``$SLURM_JOB_ID`` (slurmd sets it for every Prolog and Epilog), no GPU in the environment and no ``devices``. A
+    prolog or epilog run so (by hand, outside Slurm) would judge no GPU and say "ready", as for a job without GPUs."""
+    if job.id is None and not job.gpus and not devices:
+        raise ArgumentError(
+            f"{command}: not run by slurmd ($SLURM_JOB_ID is unset) and no GPU named ($SLURM_JOB_GPUS, "
+            "$CUDA_VISIBLE_DEVICES): it would judge no GPU and say ready. By hand, name the GPUs with --devices (and "
+            "set SLURM_JOB_ID=N for the epilog to end that job's processes)")
+
+
 def _setup_bound(timeout_s: float, deadline_ns: int) -> int | None:
     """The deadline of a gate's setup readings (the selection, the minor numbers, the process lists, the health):
     ``None`` (no bound) for ``timeout_s`` 0, one check, which always completes as every ``timeout=0`` of the library
@@ -754,9 +766,11 @@ def epilog(
     then :func:`await_ready` on its GPUs (:func:`job_gpu_indices`, its IDs read as ``gpu_ids`` says; ``devices``:
     these NVML selectors instead), all within ``timeout_s``. A job GPU that cannot be found is a cause (not ready);
     when none can be, nothing is signalled. ``kill=False`` (a dry run) signals nothing and lists them in
-    ``would_kill``. A job without GPUs is ready at once, without reading any GPU. ``progress``: kept up to date
+    ``would_kill``. A job without GPUs is ready at once, without reading any GPU; ``ArgumentError`` when ``job`` is
+    no Slurm job's and nothing names GPUs (:func:`check_run_by_slurm`). ``progress``: kept up to date
     with what it finds (:class:`GateProgress`), for a caller that is interrupted before the result."""
     start, deadline = _deadline(clock, timeout_s)
+    check_run_by_slurm(job, devices, "epilog")
     if not devices and not job.gpus:
         return GateResult("epilog", job, (), True, (), clock() - start, timeout_s)
     progress = progress if progress is not None else GateProgress("epilog", job, clock=clock)
@@ -881,8 +895,10 @@ def prolog(
 ) -> GateResult:
     """Before job ``job``: :func:`await_ready` on its GPUs (:func:`job_gpu_indices`, its IDs read as ``gpu_ids``
     says; ``devices``: these NVML selectors instead) within ``timeout_s``. Nothing is signalled: what holds a GPU now
-    is not this job's. ``progress``: kept up to date (:class:`GateProgress`)."""
+    is not this job's. A job without GPUs is ready at once; ``ArgumentError`` when ``job`` is no Slurm job's and
+    nothing names GPUs (:func:`check_run_by_slurm`). ``progress``: kept up to date (:class:`GateProgress`)."""
     start, deadline = _deadline(clock, timeout_s)
+    check_run_by_slurm(job, devices, "prolog")
     if not devices and not job.gpus:
         return GateResult("prolog", job, (), True, (), clock() - start, timeout_s)
     progress = progress if progress is not None else GateProgress("prolog", job, clock=clock)

@@ -130,7 +130,8 @@ def _run_gate(args: argparse.Namespace, gate: _Gate, progress: slurm.GateProgres
 
 def _job_and_node(args: argparse.Namespace) -> tuple[SlurmJob, str]:
     """The job from the environment and the node to drain, or a :class:`UsageError`: a malformed ``SLURM_*``
-    variable, not one node's name, an empty ``--scontrol`` or ``--record`` (a wrapper's unset variable: never "the
+    variable, a prolog or epilog run outside Slurm with no GPU named (it would judge nothing and say ready), not one
+    node's name, an empty ``--scontrol`` or ``--record`` (a wrapper's unset variable: never "the
     default", silently)."""
     from .. import slurm
 
@@ -138,7 +139,10 @@ def _job_and_node(args: argparse.Namespace) -> tuple[SlurmJob, str]:
         if value is not None and not value.strip():
             raise UsageError(f"{option} {value!r}: an empty path")
     try:
-        return slurm.job_from_env(), slurm.node_name(args.node)
+        job = slurm.job_from_env()
+        if args.slurm_command != "health":
+            slurm.check_run_by_slurm(job, args.devices, f"nvmlcheck slurm {args.slurm_command}")
+        return job, slurm.node_name(args.node)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 

@@ -602,6 +602,29 @@ def test_a_job_without_gpus_opens_nothing(
     assert scontrol.calls() == []
 
 
+@pytest.mark.parametrize("command", ["epilog", "prolog"])
+def test_a_gate_run_outside_slurm_with_no_gpu_named_is_a_usage_error_not_ready(
+        slurm_env: None, scontrol: FakeScontrol, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *,
+        capsys: pytest.CaptureFixture[str], command: str) -> None:
+    # Run by hand (no SLURM_* at all), the gate took the empty environment for a job without GPUs: exit 0, "ready",
+    # with GPU 0 held, having judged nothing.
+    for key in ("SLURM_JOB_ID", "SLURM_JOB_UID", "SLURM_JOB_GPUS"):
+        monkeypatch.delenv(key)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    record = tmp_path / "record.jsonl"
+    code, out, err = run(scontrol, busy(tmp_path), command, "--record", str(record), json_out=False, capsys=capsys)
+    assert code == 2 and out == "" and scontrol.calls() == [] and not record.exists()
+    assert "not run by slurmd ($SLURM_JOB_ID is unset) and no GPU named" in err and "--devices" in err, err
+    # Named GPUs are judged, job or not (no job: nothing is signalled).
+    code, doc, _ = run(scontrol, busy(tmp_path), command, "--devices", "0", "--no-drain", capsys=capsys)
+    assert code == 1 and isinstance(doc, dict) and doc["devices"] == [0] and doc["killed"] == []
+    # The library says the same, before it reads anything.
+    gate = slurm.epilog if command == "epilog" else slurm.prolog
+    untouched: Any = object()  # no session: nothing of it may be used
+    with pytest.raises(ValueError, match="not run by slurmd"):
+        gate(untouched, slurm.job_from_env({}), timeout_s=1)
+
+
 def test_a_malformed_environment_is_a_usage_error(
         slurm_env: None, scontrol: FakeScontrol, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
