@@ -167,7 +167,8 @@ def job_from_env(env: Mapping[str, str] | None = None) -> SlurmJob:
     GPU IDs: ``/dev/nvidiaN`` where gres.conf lists ``/dev/nvidia0..N`` in order, NVML's index with
     ``AutoDetect=nvml``: see docs/slurm.md and :func:`job_gpu_indices`), else ``CUDA_VISIBLE_DEVICES``; where
     ``CUDA_VISIBLE_DEVICES`` holds UUIDs only (MIG instances), they are read instead: they name the GPU exactly.
-    ``ArgumentError`` (a ``ValueError``, naming the variable) for a malformed value."""
+    ``ArgumentError`` (a ``ValueError``, naming the variable) for a malformed value, and where those UUIDs are not
+    as many as ``SLURM_JOB_GPUS``'s IDs (one list or the other would leave a GPU of the job unjudged)."""
     env = os.environ if env is None else env
     gpus: tuple[str, ...] = ()
     source = None
@@ -185,6 +186,13 @@ def job_from_env(env: Mapping[str, str] | None = None) -> SlurmJob:
         except ArgumentError:
             named = ()
         if named and all(_UUID.fullmatch(g) for g in named):
+            if len(named) != len(gpus):
+                # slurmd writes both from the job's one allocation: as many UUIDs as IDs. Where they disagree, one
+                # list would leave a GPU of the other unjudged (and called ready); which is right cannot be told.
+                raise ArgumentError(
+                    f"$SLURM_JOB_GPUS={_shown(env['SLURM_JOB_GPUS'])} names {len(gpus)} GPU(s) and "
+                    f"$CUDA_VISIBLE_DEVICES={_shown(env['CUDA_VISIBLE_DEVICES'])} {len(named)} UUID(s): which are "
+                    "the job's cannot be told (name them with --devices)")
             gpus, source = named, "CUDA_VISIBLE_DEVICES"
     uid_text = env.get("SLURM_JOB_UID")
     if uid_text is not None and not is_digits(uid_text.strip()):

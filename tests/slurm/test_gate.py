@@ -93,6 +93,17 @@ def test_the_job_as_an_epilog_sees_it() -> None:
     assert slurm.job_from_env({"SLURMD_NODENAME": "gpu07"}) == slurm.SlurmJob(None, None, None, "gpu07", (), None)
 
 
+def test_uuids_that_are_not_as_many_as_slurms_gpu_ids_are_refused() -> None:
+    # CUDA_VISIBLE_DEVICES's UUIDs replaced SLURM_JOB_GPUS whatever their number: with one UUID for IDs 0 and 1, GPU
+    # 1 was never judged, and a holder on it passed the gate.
+    uuid = "GPU-acdc9db5-97f7-57e3-53d2-3061aececeec"
+    env = {"SLURM_JOB_ID": "42", "SLURM_JOB_GPUS": "0,1", "CUDA_VISIBLE_DEVICES": uuid}
+    with pytest.raises(ValueError, match=r"names 2 GPU\(s\) and \$CUDA_VISIBLE_DEVICES='GPU-[^']*' 1 UUID\(s\)"):
+        slurm.job_from_env(env)
+    other = uuid.replace("GPU-a", "GPU-b")
+    assert slurm.job_from_env({**env, "CUDA_VISIBLE_DEVICES": f"{uuid},{other}"}).gpus == (uuid, other)
+
+
 @pytest.mark.parametrize(("name", "value"), [("SLURM_JOB_UID", "root"), ("SLURM_JOB_ID", "42a")])
 def test_a_malformed_job_variable_is_refused(name: str, value: str) -> None:
     with pytest.raises(ValueError, match=name):
