@@ -61,6 +61,7 @@ __all__ = [
     "job_from_env",
     "job_gpu_indices",
     "job_processes",
+    "mig_units",
     "node_name",
     "parse_gpu_list",
     "parse_node_line",
@@ -443,6 +444,7 @@ def await_ready(
     sleep: Callable[[float], object] = time.sleep,
     progress: GateProgress | None = None,
     one_check: bool = False,
+    units: Sequence[str] = (),
 ) -> Readiness:
     """Whether the GPUs ``indices`` are ready by ``deadline_ns`` (on ``clock``), as :meth:`Session.ready
     <nvmlcheck.Session.ready>` judges it: clean (no process, at most ``max_used_bytes``), healthy (an unhealthy GPU
@@ -450,7 +452,8 @@ def await_ready(
     ``started_ns`` (default: now); ``killed``: what the epilog signalled, so that a survivor is named as one;
     ``progress``: kept up to date with each poll (:class:`GateProgress`); ``one_check``: the gate's timeout is 0,
     one check judged alone (else a deadline already passed is still a bound: not confirmed in time, never a check
-    that ignores the stable polls)."""
+    that ignores the stable polls); ``units``: MIG instances (``MIG-…`` UUIDs) judged instead of their whole GPU,
+    whose index ``indices`` still lists (another instance of that GPU is another job's: :func:`mig_units`)."""
     from ._deadline import USED_UP_S
     from .wait import WaitOptions
 
@@ -478,7 +481,8 @@ def await_ready(
 
     remaining_s = 0.0 if one_check else max(USED_UP_S, (deadline_ns - clock()) / 1e9)
     try:
-        report = session.ready(list(indices), max_used_bytes=max_used_bytes, timeout=remaining_s,
+        selection = _selection(session, indices, units, None if one_check else deadline_ns, clock)
+        report = session.ready(selection, max_used_bytes=max_used_bytes, timeout=remaining_s,
                                options=WaitOptions().with_(on_poll=observe, clock=clock, sleep=sleep))
     except NvmlCheckError as exc:
         # The action is the error's (a lost GPU: reboot; one requiring a reset: reset), none where it names none: a
@@ -500,6 +504,31 @@ def await_ready(
         causes = (Cause("unknown", f"GPU {gpus} not ready after {_seconds(after)}"),)
     return Readiness(report.ready, causes, report.polls, clock() - start, dirty, last_dirty,
                      first_clean if dirty else None, report.culprits, tuple(v.to_json() for v in report.verdicts))
+
+
+def mig_units(gpus: Sequence[str]) -> tuple[str, ...]:
+    """The MIG instances among ``gpus`` (a job's GPUs, or ``--devices``): their ``MIG-…`` UUIDs, each judged alone.
+    A GPU in MIG mode is shared: its other instances may run other jobs, whose processes and memory are not this
+    job's (judging the whole GPU found them and drained the node under every job's prolog and epilog)."""
+    return tuple(dict.fromkeys(g for g in gpus if isinstance(g, str) and g[:4].upper() == "MIG-"))
+
+
+def _selection(session: Session, indices: Sequence[int], units: Sequence[str], deadline_ns: int | None,
+               clock: Callable[[], int]) -> list[int | str]:
+    """What readiness judges: the MIG instances ``units``, and each GPU of ``indices`` that is none of theirs. Their
+    GPUs come from the identities the selection read (by ``deadline_ns`` on ``clock``); where that cannot be told,
+    every GPU of ``indices`` is judged whole as well (more is judged, never less)."""
+    from .errors import DeadlinePassed
+
+    if not units:
+        return list(indices)
+    parents: set[int] = set()
+    for unit in units:
+        try:
+            parents.update(session._resolve([unit], deadline_ns, clock) or ())
+        except (NvmlCheckError, DeadlinePassed):
+            return [*units, *indices]
+    return [*units, *(i for i in indices if i not in parents)]
 
 
 # --- the three gates ---------------------------------------------------------------------------------------------
@@ -826,7 +855,8 @@ def epilog(
         killed = _end_processes(session, [h for h, _ in mine], indices, left, deadline_ns=deadline, grace_s=grace_s,
                                 progress=progress, clock=clock, sleep=sleep, one_check=timeout_s == 0)
     readiness = await_ready(session, indices, deadline_ns=deadline, max_used_bytes=max_used_bytes, killed=killed,
-                            started_ns=start, clock=clock, sleep=sleep, progress=progress, one_check=timeout_s == 0)
+                            started_ns=start, clock=clock, sleep=sleep, progress=progress, one_check=timeout_s == 0,
+                            units=mig_units(devices or job.gpus))
     return GateResult("epilog", job, indices, readiness.ready and not unfound, readiness.causes + unfound,
                       clock() - start, timeout_s, readiness, killed, tuple(left), tuple(would))
 
@@ -916,7 +946,8 @@ def prolog(
     if not indices:
         return GateResult("prolog", job, (), False, unfound, clock() - start, timeout_s)
     readiness = await_ready(session, indices, deadline_ns=deadline, max_used_bytes=max_used_bytes, clock=clock,
-                            sleep=sleep, progress=progress, one_check=timeout_s == 0)
+                            sleep=sleep, progress=progress, one_check=timeout_s == 0,
+                            units=mig_units(devices or job.gpus))
     return GateResult("prolog", job, indices, readiness.ready and not unfound, readiness.causes + unfound,
                       clock() - start, timeout_s, readiness)
 

@@ -447,6 +447,41 @@ def test_a_job_gpu_that_is_no_gpu_here_drains_the_node(
     assert err.startswith("nvmlcheck slurm epilog: the job's GPU 5 (/dev/nvidia5) is none of this host's GPUs")
 
 
+def mig_shared(tmp_path: Path) -> Path:
+    """GPU 0 in MIG mode with two instances; another job's process (exited, its 8 GiB coming back) in instance 1."""
+    sc = Scenario.h200(devices=1)
+    sc.set_device(0, mig=True)
+    for index in (0, 1):
+        sc.add_mig_device(0, index, total_bytes=20 * GIB)
+    sc.add_process(0, 4_123_456, used_bytes=8 * GIB, gi=2, ci=0)  # instance 1: GI 2
+    return sc.write(tmp_path / "mig.txt")
+
+
+MIG_0, MIG_1 = (f"MIG-00000000-0000-0000-0000-00000000000{i}" for i in (0, 1))
+
+
+@pytest.mark.parametrize("command", ["prolog", "epilog"])
+def test_a_mig_instance_is_judged_alone_not_with_its_gpus_other_instances(
+        slurm_env: None, scontrol: FakeScontrol, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *,
+        capsys: pytest.CaptureFixture[str], command: str) -> None:
+    # The job's MIG UUID was resolved to its GPU's index and the whole GPU judged: another job's process in another
+    # instance made every prolog and epilog on a shared MIG GPU "not ready", and drained the node.
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", MIG_0)
+    code, doc, _ = run(scontrol, mig_shared(tmp_path), command, "--no-drain", capsys=capsys)
+    assert isinstance(doc, dict) and doc["job"]["gpus"] == [MIG_0] and doc["devices"] == [0]
+    assert code == 0 and doc["ready"] is True and doc["causes"] == [], doc["causes"]
+    # The instance that holds the memory is still judged so.
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", MIG_1)
+    code, doc, _ = run(scontrol, mig_shared(tmp_path), command, "--no-drain", capsys=capsys)
+    assert code == 1 and isinstance(doc, dict) and doc["ready"] is False
+    assert [(c["gpu"], c["used_bytes"]) for c in doc["causes"]] == [(0, 8 * GIB)], doc["causes"]
+    # --devices names an instance the same way; its GPU's index names the whole GPU.
+    for devices, ready in ((MIG_0, True), ("0", False)):
+        code, doc, _ = run(scontrol, mig_shared(tmp_path), command, "--no-drain", "--devices", devices,
+                           capsys=capsys)
+        assert isinstance(doc, dict) and doc["ready"] is ready and code == (0 if ready else 1), (devices, doc)
+
+
 def same_minor(tmp_path: Path) -> Path:
     """NVML's GPUs 0 and 1 both report minor number 0 (a reading is wrong); GPU 0 holds 8 GiB, GPU 1 is idle."""
     sc = Scenario.h200(devices=3)
