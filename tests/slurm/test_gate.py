@@ -602,9 +602,19 @@ def busy(tmp_path: Path) -> Path:
     return sc.write(tmp_path / "busy.txt")
 
 
+def remapped(tmp_path: Path) -> Path:
+    """GPU 0 needs a reset (a row remap pending): a gate on it is not ready at once, without waiting."""
+    sc = Scenario.h200(devices=2)
+    sc.set_device(0, remapped_rows=(0, 1, True, False))
+    return sc.write(tmp_path / "remapped.txt")
+
+
 def test_a_not_ready_epilog_drains_with_the_cause_and_exits_1(
         slurm_env: None, scontrol: FakeScontrol, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, doc, err = run(scontrol, busy(tmp_path), "epilog", capsys=capsys)
+    # --timeout 3: the GPU stays held, so the wait takes all but scontrol's reserve (20 %), in which the node's state
+    # is read and the drain run: 0.2 s of --timeout 1 was two shell starts on a loaded machine, and a cut drain
+    # failed the test.
+    code, doc, err = run(scontrol, busy(tmp_path), "epilog", timeout="3", capsys=capsys)
     assert code == 1 and isinstance(doc, dict)
     reason = doc["reason"]
     # No local process has that PID: ready calls it an exited holder whose memory is coming back (for now).
@@ -631,7 +641,9 @@ def test_no_drain_only_exits_1(
 def test_someone_elses_drain_reason_is_kept(
         slurm_env: None, scontrol: FakeScontrol, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     scontrol.set("NodeName=n1 State=IDLE+DRAIN Reason=maintenance: new cables [admin@2026-12-01T10:00:00]")
-    code, doc, _ = run(scontrol, busy(tmp_path), "prolog", capsys=capsys)
+    # Not ready at once (a reset is needed), so the node's state is read with scontrol's whole reserve: one cut by
+    # the 0.1 s a busy GPU left it (--timeout 1) was no state, and the node was drained over the other reason.
+    code, doc, _ = run(scontrol, remapped(tmp_path), "prolog", timeout="60", capsys=capsys)
     assert code == 1 and scontrol.updates() == []
     assert isinstance(doc, dict) and doc["node_state"]["reason"] == "maintenance: new cables"
 
