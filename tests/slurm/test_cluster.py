@@ -199,8 +199,8 @@ def test_health_drains_a_gpu_with_a_pending_row_remap_and_returns_it_once_reset(
 
 def test_a_job_whose_gpu_is_still_reclaiming_waits_in_the_prolog_then_runs(cluster: Lab, pids: list[int]) -> None:
     # The previous job's worker has exited; the driver gives its 8 GiB back 600 ms after the prolog first looks.
-    # A PID no process can have: an exited child's could be reused meanwhile (pid_max 32768), which would hold the
-    # GPU for good.
+    # A PID no process can have, not an exited child's: that one is free only until the PID counter wraps (pid_max
+    # is 32768 on some hosts), and a process given it would hold the GPU for good.
     scenario = Scenario.h200(devices=slurmlab.GPUS)
     scenario.add_process(0, IMPOSSIBLE_PID, used_bytes=8 * GIB, bound=True, list_ms=100, release_ms=600)
     write_scenario(cluster, scenario)

@@ -24,8 +24,8 @@ from nvmlcheck.verdict import Culprit
 
 GIB = 1 << 30
 #: The kernel's highest pid_max (PID_MAX_LIMIT): every PID is below pid_max, so no process has this one, and a
-#: ``bound`` entry with it is gone from the first call (an exited child's PID may be reused by then on a busy
-#: machine whose pid_max is 32768).
+#: ``bound`` entry with it is gone from the first call (an exited child's PID is free only until the PID counter
+#: wraps, and pid_max is 32768 on some hosts).
 IMPOSSIBLE_PID = 4_194_304
 
 
