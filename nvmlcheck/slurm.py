@@ -1106,11 +1106,16 @@ class Scontrol:
         shown = f"{' '.join(run.argv)}:"
         if not run.ok:
             how = _how_it_failed(run)
-            if run.exit_code is not None and re.search(r"\bnot found\b", run.output):  # "Node X not found"
+            # Slurm's own words, "Node X not found": not a warning that happens to say "not found" (a plugin's).
+            if run.exit_code is not None and re.search(r"^Node \S+ not found\b", run.output, re.MULTILINE):
                 raise self._no_such_node(node, f"{shown} {how} {clean_text(run.output)[:200]}")
             raise ScontrolError(f"{shown} {how} {run.output.strip()[:200]}".strip())
         lines = [line for line in run.output.splitlines() if line.strip()]
-        names = [next((item[9:] for item in line.split() if item.startswith("NodeName=")), None) for line in lines]
+        # The node lines: those with a NodeName=. scontrol's warnings on stderr (a deprecated option in slurm.conf,
+        # a plugin's message) are in the output too, and are no other node's line.
+        names = [n for n in (next((item[9:] for item in line.split() if item.startswith("NodeName=")), None)
+                             for line in lines) if n is not None]
+        lines = [line for line in lines if any(item.startswith("NodeName=") for item in line.split())] or lines
         if names and names != [node]:
             listed = ", ".join(_shown(n or "?", 40) for n in names[:4]) + (" …" if len(names) > 4 else "")
             raise self._no_such_node(node, f"{shown} answered for {listed}, not for {node} alone")
