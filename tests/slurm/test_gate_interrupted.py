@@ -110,6 +110,48 @@ def test_an_interrupted_prolog_records_what_it_found_and_drains_with_it(
 
 
 @pytest.mark.usefixtures("slurm_env")
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl-c"])
+def test_a_real_signal_writes_the_record_before_anything_unwinds(
+        scontrol: FakeScontrol, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        signum: int) -> None:
+    # slurmd's SIGKILL follows its SIGTERM by 10 ms. The record waited for the exception to unwind the wait and close
+    # the NVML session first: 7 ms from SIGTERM to the record (median, cores busy), and 1 run in 5 lost it to the
+    # SIGKILL. The signal's handler writes it now, before anything unwinds: it is there when the session closes.
+    record = tmp_path / "slurm.jsonl"
+    at_close: list[int] = []
+    close_after = Session._close_after
+
+    def closing(self: Session, *args: Any, **kwargs: Any) -> None:
+        at_close.append(len(records(record)))
+        close_after(self, *args, **kwargs)
+
+    monkeypatch.setattr(Session, "_close_after", closing)
+    original = Session.ready
+
+    def ready(self: Session, *args: Any, options: WaitOptions | None = None, **kwargs: Any) -> Any:
+        assert options is not None and options.on_poll is not None
+        observe, polls = options.on_poll, []
+
+        def on_poll(point: TracePoint) -> None:
+            observe(point)
+            polls.append(1)
+            if len(polls) == 2:
+                os.kill(os.getpid(), signum)  # a real signal: the handlers run here, in the main thread
+
+        return original(self, *args, options=options.with_(on_poll=on_poll), **kwargs)
+
+    monkeypatch.setattr(Session, "ready", ready)
+    scontrol.state.write_text(scontrol.line)
+    got = main(["--simulate", str(busy(tmp_path)), "slurm", "prolog", "--scontrol", str(scontrol.path), "--node", "n1",
+                "--timeout", "60", "--record", str(record)])
+    capsys.readouterr()
+    assert got == 128 + signum and at_close == [1]
+    (doc,) = records(record)  # once: the handler's, not again on the way out
+    assert doc["interrupted"] == signal.Signals(signum).name and doc["exit_code"] == 128 + signum
+    assert doc["causes"][-1]["text"].endswith(" while waiting for the GPUs to be ready (GPU 0)")
+
+
+@pytest.mark.usefixtures("slurm_env")
 def test_an_interrupted_epilog_records_what_it_signalled(
         scontrol: FakeScontrol, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str], python_child: Callable[..., subprocess.Popen[bytes]]) -> None:
