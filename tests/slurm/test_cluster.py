@@ -244,8 +244,12 @@ def test_slurm_keeps_the_drain_reason_as_given(cluster: Lab, monkeypatch: pytest
         monkeypatch.setenv(key, value)
     scontrol = gate.Scontrol()
     deadline = time.monotonic_ns() + 20_000_000_000  # a hang guard
-    for text in ('GPU 2: could not be read: NVML says "Unknown Error"', "GPU 0 held by pid 7 (it's=\"odd\";#) 1 GiB"):
-        reason = gate.drain_reason([gate.Cause("unknown", text)])
+    long = [gate.Cause("held", f"GPU {i} held by pid {4000 + i} (python3) 8.0 GiB after 30 s") for i in range(8)]
+    for causes in ([gate.Cause("unknown", 'GPU 2: could not be read: NVML says "Unknown Error"')],
+                   [gate.Cause("unknown", "GPU 0 held by pid 7 (it's=\"odd\";#) 1 GiB")],
+                   [gate.Cause("unknown", "GPU 0 held by pid 7 (a\\b 'c') 1 GiB, ünïcödé")],
+                   [gate.Cause("unknown", "x" * 400)], long):  # cut: "…", "(+N more)"
+        reason = gate.drain_reason(causes)
         assert scontrol.drain(cluster.node, reason, deadline_ns=deadline).ok
         assert scontrol.node(cluster.node, deadline_ns=deadline).reason == reason
         cluster.run("scontrol", "update", f"NodeName={cluster.node}", "State=RESUME")
