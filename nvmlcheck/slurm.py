@@ -675,8 +675,8 @@ def _indices(session: Session, selectors: Sequence[str] | None, deadline_ns: int
     """The NVML indices of ``selectors`` (``--devices``: indices, UUIDs, ``cuda:N``, ``MIG-…``; ``None``: every GPU),
     their readings (a UUID's, ``cuda:N``'s) stopped at ``deadline_ns`` on ``clock`` (at most one query late): when
     the deadline came first, no index and a cause saying so (a slow or hung GPU must not hold the gate past slurmd's
-    own timeout)."""
-    from .errors import DeadlinePassed
+    own timeout); likewise for a selector that names none of this host's GPUs."""
+    from .errors import DeadlinePassed, NoSuchDevice
 
     try:
         resolved = session._resolve(list(selectors) if selectors else None, deadline_ns, clock)
@@ -684,6 +684,10 @@ def _indices(session: Session, selectors: Sequence[str] | None, deadline_ns: int
         named = ", ".join(_shown(s, 60) for s in selectors or ())
         return (), (Cause("unknown", clean_text(f"which GPUs {named} are cannot be told: the GPUs were not read "
                                                  "within the timeout")[:160]),)
+    except NoSuchDevice as exc:
+        # Only this host can tell (a GPU gone, a gres.conf copied from another node's): a cause, drained and
+        # recorded, never an exit that Slurm ignores (the HealthCheckProgram's) with no record.
+        return (), (Cause("unknown", clean_text(f"--devices: {exc}")[:160]),)
     return (tuple(range(session.device_count())) if resolved is None else resolved), ()
 
 

@@ -683,6 +683,20 @@ def test_a_gate_run_outside_slurm_with_no_gpu_named_is_a_usage_error_not_ready(
         gate(untouched, slurm.job_from_env({}), timeout_s=1)
 
 
+@pytest.mark.parametrize(("command", "code"), [("health", 0), ("prolog", 1), ("epilog", 1)])
+def test_devices_that_name_no_gpu_here_are_a_cause_recorded_and_drained(
+        slurm_env: None, scontrol: FakeScontrol, tmp_path: Path, *, capsys: pytest.CaptureFixture[str], command: str,
+        code: int) -> None:
+    # --devices 7 on a 2-GPU host (only the host can tell: a GPU gone, a wrapper copied from another node) was exit 2
+    # with no record and no drain: slurmd ignores its HealthCheckProgram's exit code, so the node was never checked.
+    record = tmp_path / "record.jsonl"
+    got, doc, _ = run(scontrol, busy(tmp_path), command, "--devices", "7", "--record", str(record), capsys=capsys)
+    assert got == code and isinstance(doc, dict) and doc["ready"] is False and doc["devices"] == []
+    assert [c["text"] for c in doc["causes"]] == ["--devices: no GPU with index 7: this host has 2 GPUs (indices 0..1)"]
+    assert scontrol.updates() == [["update", "NodeName=n1", "State=DRAIN", f"Reason={doc['reason']}"]]
+    assert [json.loads(line)["reason"] for line in record.read_text().splitlines()] == [doc["reason"]]
+
+
 def test_a_malformed_environment_is_a_usage_error(
         slurm_env: None, scontrol: FakeScontrol, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
