@@ -79,6 +79,8 @@ class _recording_first:
         self.writing = True
         try:
             self.gate.record_interrupt(self.progress, signum)
+        except Exception:  # the signal must still end the run as it asks; interrupted() tries again
+            pass
         finally:
             self.writing = False
         self.previous[signum](signum, frame)
