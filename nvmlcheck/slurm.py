@@ -51,6 +51,7 @@ __all__ = [
     "await_ready",
     "cause_of",
     "check_node_name",
+    "check_run_by_slurm",
     "clean_text",
     "drain_reason",
     "epilog",
@@ -60,6 +61,7 @@ __all__ = [
     "job_from_env",
     "job_gpu_indices",
     "job_processes",
+    "mig_units",
     "node_name",
     "parse_gpu_list",
     "parse_node_line",
@@ -166,7 +168,8 @@ def job_from_env(env: Mapping[str, str] | None = None) -> SlurmJob:
     GPU IDs: ``/dev/nvidiaN`` where gres.conf lists ``/dev/nvidia0..N`` in order, NVML's index with
     ``AutoDetect=nvml``: see docs/slurm.md and :func:`job_gpu_indices`), else ``CUDA_VISIBLE_DEVICES``; where
     ``CUDA_VISIBLE_DEVICES`` holds UUIDs only (MIG instances), they are read instead: they name the GPU exactly.
-    ``ArgumentError`` (a ``ValueError``, naming the variable) for a malformed value."""
+    ``ArgumentError`` (a ``ValueError``, naming the variable) for a malformed value, and where those UUIDs are not
+    as many as ``SLURM_JOB_GPUS``'s IDs (one list or the other would leave a GPU of the job unjudged)."""
     env = os.environ if env is None else env
     gpus: tuple[str, ...] = ()
     source = None
@@ -184,6 +187,13 @@ def job_from_env(env: Mapping[str, str] | None = None) -> SlurmJob:
         except ArgumentError:
             named = ()
         if named and all(_UUID.fullmatch(g) for g in named):
+            if len(named) != len(gpus):
+                # slurmd writes both from the job's one allocation: as many UUIDs as IDs. Where they disagree, one
+                # list would leave a GPU of the other unjudged (and called ready); which is right cannot be told.
+                raise ArgumentError(
+                    f"$SLURM_JOB_GPUS={_shown(env['SLURM_JOB_GPUS'])} names {len(gpus)} GPU(s) and "
+                    f"$CUDA_VISIBLE_DEVICES={_shown(env['CUDA_VISIBLE_DEVICES'])} {len(named)} UUID(s): which are "
+                    "the job's cannot be told (name them with --devices)")
             gpus, source = named, "CUDA_VISIBLE_DEVICES"
     uid_text = env.get("SLURM_JOB_UID")
     if uid_text is not None and not is_digits(uid_text.strip()):
@@ -434,6 +444,7 @@ def await_ready(
     sleep: Callable[[float], object] = time.sleep,
     progress: GateProgress | None = None,
     one_check: bool = False,
+    units: Sequence[str] = (),
 ) -> Readiness:
     """Whether the GPUs ``indices`` are ready by ``deadline_ns`` (on ``clock``), as :meth:`Session.ready
     <nvmlcheck.Session.ready>` judges it: clean (no process, at most ``max_used_bytes``), healthy (an unhealthy GPU
@@ -441,7 +452,8 @@ def await_ready(
     ``started_ns`` (default: now); ``killed``: what the epilog signalled, so that a survivor is named as one;
     ``progress``: kept up to date with each poll (:class:`GateProgress`); ``one_check``: the gate's timeout is 0,
     one check judged alone (else a deadline already passed is still a bound: not confirmed in time, never a check
-    that ignores the stable polls)."""
+    that ignores the stable polls); ``units``: MIG instances (``MIG-…`` UUIDs) judged instead of their whole GPU,
+    whose index ``indices`` still lists (another instance of that GPU is another job's: :func:`mig_units`)."""
     from ._deadline import USED_UP_S
     from .wait import WaitOptions
 
@@ -469,7 +481,8 @@ def await_ready(
 
     remaining_s = 0.0 if one_check else max(USED_UP_S, (deadline_ns - clock()) / 1e9)
     try:
-        report = session.ready(list(indices), max_used_bytes=max_used_bytes, timeout=remaining_s,
+        selection = _selection(session, indices, units, None if one_check else deadline_ns, clock)
+        report = session.ready(selection, max_used_bytes=max_used_bytes, timeout=remaining_s,
                                options=WaitOptions().with_(on_poll=observe, clock=clock, sleep=sleep))
     except NvmlCheckError as exc:
         # The action is the error's (a lost GPU: reboot; one requiring a reset: reset), none where it names none: a
@@ -491,6 +504,31 @@ def await_ready(
         causes = (Cause("unknown", f"GPU {gpus} not ready after {_seconds(after)}"),)
     return Readiness(report.ready, causes, report.polls, clock() - start, dirty, last_dirty,
                      first_clean if dirty else None, report.culprits, tuple(v.to_json() for v in report.verdicts))
+
+
+def mig_units(gpus: Sequence[str]) -> tuple[str, ...]:
+    """The MIG instances among ``gpus`` (a job's GPUs, or ``--devices``): their ``MIG-…`` UUIDs, each judged alone.
+    A GPU in MIG mode is shared: its other instances may run other jobs, whose processes and memory are not this
+    job's (judging the whole GPU found them and drained the node under every job's prolog and epilog)."""
+    return tuple(dict.fromkeys(g for g in gpus if isinstance(g, str) and g[:4].upper() == "MIG-"))
+
+
+def _selection(session: Session, indices: Sequence[int], units: Sequence[str], deadline_ns: int | None,
+               clock: Callable[[], int]) -> list[int | str]:
+    """What readiness judges: the MIG instances ``units``, and each GPU of ``indices`` that is none of theirs. Their
+    GPUs come from the identities the selection read (by ``deadline_ns`` on ``clock``); where that cannot be told,
+    every GPU of ``indices`` is judged whole as well (more is judged, never less)."""
+    from .errors import DeadlinePassed
+
+    if not units:
+        return list(indices)
+    parents: set[int] = set()
+    for unit in units:
+        try:
+            parents.update(session._resolve([unit], deadline_ns, clock) or ())
+        except (NvmlCheckError, DeadlinePassed):
+            return [*units, *indices]
+    return [*units, *(i for i in indices if i not in parents)]
 
 
 # --- the three gates ---------------------------------------------------------------------------------------------
@@ -614,6 +652,17 @@ def _deadline(clock: Callable[[], int], timeout_s: float) -> tuple[int, int]:
     return start, start + bound_ns
 
 
+def check_run_by_slurm(job: SlurmJob, devices: Sequence[str] | None, command: str = "the gate") -> None:
+    """``ArgumentError`` (a ``ValueError``) when ``job`` is no Slurm job's and nothing names GPUs: no
+    ``$SLURM_JOB_ID`` (slurmd sets it for every Prolog and Epilog), no GPU in the environment and no ``devices``. A
+    prolog or epilog run so (by hand, outside Slurm) would judge no GPU and say "ready", as for a job without GPUs."""
+    if job.id is None and not job.gpus and not devices:
+        raise ArgumentError(
+            f"{command}: not run by slurmd ($SLURM_JOB_ID is unset) and no GPU named ($SLURM_JOB_GPUS, "
+            "$CUDA_VISIBLE_DEVICES): it would judge no GPU and say ready. By hand, name the GPUs with --devices (and "
+            "set SLURM_JOB_ID=N for the epilog to end that job's processes)")
+
+
 def _setup_bound(timeout_s: float, deadline_ns: int) -> int | None:
     """The deadline of a gate's setup readings (the selection, the minor numbers, the process lists, the health):
     ``None`` (no bound) for ``timeout_s`` 0, one check, which always completes as every ``timeout=0`` of the library
@@ -626,8 +675,8 @@ def _indices(session: Session, selectors: Sequence[str] | None, deadline_ns: int
     """The NVML indices of ``selectors`` (``--devices``: indices, UUIDs, ``cuda:N``, ``MIG-…``; ``None``: every GPU),
     their readings (a UUID's, ``cuda:N``'s) stopped at ``deadline_ns`` on ``clock`` (at most one query late): when
     the deadline came first, no index and a cause saying so (a slow or hung GPU must not hold the gate past slurmd's
-    own timeout)."""
-    from .errors import DeadlinePassed
+    own timeout); likewise for a selector that names none of this host's GPUs."""
+    from .errors import DeadlinePassed, NoSuchDevice
 
     try:
         resolved = session._resolve(list(selectors) if selectors else None, deadline_ns, clock)
@@ -635,6 +684,10 @@ def _indices(session: Session, selectors: Sequence[str] | None, deadline_ns: int
         named = ", ".join(_shown(s, 60) for s in selectors or ())
         return (), (Cause("unknown", clean_text(f"which GPUs {named} are cannot be told: the GPUs were not read "
                                                  "within the timeout")[:160]),)
+    except NoSuchDevice as exc:
+        # Only this host can tell (a GPU gone, a gres.conf copied from another node's): a cause, drained and
+        # recorded, never an exit that Slurm ignores (the HealthCheckProgram's) with no record.
+        return (), (Cause("unknown", clean_text(f"--devices: {exc}")[:160]),)
     return (tuple(range(session.device_count())) if resolved is None else resolved), ()
 
 
@@ -754,9 +807,11 @@ def epilog(
     then :func:`await_ready` on its GPUs (:func:`job_gpu_indices`, its IDs read as ``gpu_ids`` says; ``devices``:
     these NVML selectors instead), all within ``timeout_s``. A job GPU that cannot be found is a cause (not ready);
     when none can be, nothing is signalled. ``kill=False`` (a dry run) signals nothing and lists them in
-    ``would_kill``. A job without GPUs is ready at once, without reading any GPU. ``progress``: kept up to date
+    ``would_kill``. A job without GPUs is ready at once, without reading any GPU; ``ArgumentError`` when ``job`` is
+    no Slurm job's and nothing names GPUs (:func:`check_run_by_slurm`). ``progress``: kept up to date
     with what it finds (:class:`GateProgress`), for a caller that is interrupted before the result."""
     start, deadline = _deadline(clock, timeout_s)
+    check_run_by_slurm(job, devices, "epilog")
     if not devices and not job.gpus:
         return GateResult("epilog", job, (), True, (), clock() - start, timeout_s)
     progress = progress if progress is not None else GateProgress("epilog", job, clock=clock)
@@ -804,7 +859,8 @@ def epilog(
         killed = _end_processes(session, [h for h, _ in mine], indices, left, deadline_ns=deadline, grace_s=grace_s,
                                 progress=progress, clock=clock, sleep=sleep, one_check=timeout_s == 0)
     readiness = await_ready(session, indices, deadline_ns=deadline, max_used_bytes=max_used_bytes, killed=killed,
-                            started_ns=start, clock=clock, sleep=sleep, progress=progress, one_check=timeout_s == 0)
+                            started_ns=start, clock=clock, sleep=sleep, progress=progress, one_check=timeout_s == 0,
+                            units=mig_units(devices or job.gpus))
     return GateResult("epilog", job, indices, readiness.ready and not unfound, readiness.causes + unfound,
                       clock() - start, timeout_s, readiness, killed, tuple(left), tuple(would))
 
@@ -881,8 +937,10 @@ def prolog(
 ) -> GateResult:
     """Before job ``job``: :func:`await_ready` on its GPUs (:func:`job_gpu_indices`, its IDs read as ``gpu_ids``
     says; ``devices``: these NVML selectors instead) within ``timeout_s``. Nothing is signalled: what holds a GPU now
-    is not this job's. ``progress``: kept up to date (:class:`GateProgress`)."""
+    is not this job's. A job without GPUs is ready at once; ``ArgumentError`` when ``job`` is no Slurm job's and
+    nothing names GPUs (:func:`check_run_by_slurm`). ``progress``: kept up to date (:class:`GateProgress`)."""
     start, deadline = _deadline(clock, timeout_s)
+    check_run_by_slurm(job, devices, "prolog")
     if not devices and not job.gpus:
         return GateResult("prolog", job, (), True, (), clock() - start, timeout_s)
     progress = progress if progress is not None else GateProgress("prolog", job, clock=clock)
@@ -892,7 +950,8 @@ def prolog(
     if not indices:
         return GateResult("prolog", job, (), False, unfound, clock() - start, timeout_s)
     readiness = await_ready(session, indices, deadline_ns=deadline, max_used_bytes=max_used_bytes, clock=clock,
-                            sleep=sleep, progress=progress, one_check=timeout_s == 0)
+                            sleep=sleep, progress=progress, one_check=timeout_s == 0,
+                            units=mig_units(devices or job.gpus))
     return GateResult("prolog", job, indices, readiness.ready and not unfound, readiness.causes + unfound,
                       clock() - start, timeout_s, readiness)
 
@@ -1051,11 +1110,16 @@ class Scontrol:
         shown = f"{' '.join(run.argv)}:"
         if not run.ok:
             how = _how_it_failed(run)
-            if run.exit_code is not None and re.search(r"\bnot found\b", run.output):  # "Node X not found"
+            # Slurm's own words, "Node X not found": not a warning that happens to say "not found" (a plugin's).
+            if run.exit_code is not None and re.search(r"^Node \S+ not found\b", run.output, re.MULTILINE):
                 raise self._no_such_node(node, f"{shown} {how} {clean_text(run.output)[:200]}")
             raise ScontrolError(f"{shown} {how} {run.output.strip()[:200]}".strip())
         lines = [line for line in run.output.splitlines() if line.strip()]
-        names = [next((item[9:] for item in line.split() if item.startswith("NodeName=")), None) for line in lines]
+        # The node lines: those with a NodeName=. scontrol's warnings on stderr (a deprecated option in slurm.conf,
+        # a plugin's message) are in the output too, and are no other node's line.
+        names = [n for n in (next((item[9:] for item in line.split() if item.startswith("NodeName=")), None)
+                             for line in lines) if n is not None]
+        lines = [line for line in lines if any(item.startswith("NodeName=") for item in line.split())] or lines
         if names and names != [node]:
             listed = ", ".join(_shown(n or "?", 40) for n in names[:4]) + (" …" if len(names) > 4 else "")
             raise self._no_such_node(node, f"{shown} answered for {listed}, not for {node} alone")

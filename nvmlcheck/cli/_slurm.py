@@ -48,12 +48,61 @@ def cmd_slurm(args: argparse.Namespace) -> int:
         from .. import jsonout  # noqa: F401
     progress = slurm.GateProgress(command, job)
     try:
-        return _run_gate(args, gate, progress, job, start=start, gpu_deadline=gpu_deadline)
+        with _recording_first(gate, progress):
+            return _run_gate(args, gate, progress, job, start=start, gpu_deadline=gpu_deadline)
     except BaseException as exc:
         signum = _signal_of(exc)
         if signum is None:
             raise
         return gate.interrupted(progress, signum)
+
+
+class _recording_first:
+    """While the gate runs, SIGTERM, SIGHUP and SIGINT write its record before anything else, in the handler itself,
+    then go on as they would (the exception that :func:`cmd_slurm` turns into :meth:`_Gate.interrupted`). slurmd's
+    SIGKILL follows its SIGTERM by 10 ms: the record used to wait for the exception to unwind the wait, the kill and
+    the NVML session first, and on a loaded machine the SIGKILL came before it (1 run in 5 with the cores busy).
+    A signal while the verdict's own record is being written is left to it (the verdict stands); one that comes
+    while the handler writes is ignored. Handlers that are not Python's (the default, ignored) are left as they are,
+    and outside the main thread nothing is changed."""
+
+    SIGNALS = ("SIGTERM", "SIGHUP", "SIGINT")
+
+    def __init__(self, gate: _Gate, progress: slurm.GateProgress) -> None:
+        self.gate, self.progress = gate, progress
+        self.previous: dict[int, Any] = {}
+        self.writing = False
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        if self.writing or self.gate.finishing:
+            return
+        self.writing = True
+        try:
+            self.gate.record_interrupt(self.progress, signum)
+        except Exception:  # the signal must still end the run as it asks; interrupted() tries again
+            pass
+        finally:
+            self.writing = False
+        self.previous[signum](signum, frame)
+
+    def __enter__(self) -> None:
+        from .._proc import signals
+
+        for name in self.SIGNALS:
+            sig = getattr(signals, name)
+            try:
+                current = signals.get_handler(sig)
+                if callable(current):
+                    self.previous[sig] = current
+                    signals.set_handler(sig, self._handler)
+            except ValueError:  # not the main thread
+                break
+
+    def __exit__(self, *exc: object) -> None:
+        from .._proc import signals
+
+        for sig, handler in self.previous.items():
+            signals.set_handler(sig, handler)
 
 
 def _signal_of(exc: BaseException) -> int | None:
@@ -130,7 +179,8 @@ def _run_gate(args: argparse.Namespace, gate: _Gate, progress: slurm.GateProgres
 
 def _job_and_node(args: argparse.Namespace) -> tuple[SlurmJob, str]:
     """The job from the environment and the node to drain, or a :class:`UsageError`: a malformed ``SLURM_*``
-    variable, not one node's name, an empty ``--scontrol`` or ``--record`` (a wrapper's unset variable: never "the
+    variable, a prolog or epilog run outside Slurm with no GPU named (it would judge nothing and say ready), not one
+    node's name, an empty ``--scontrol`` or ``--record`` (a wrapper's unset variable: never "the
     default", silently)."""
     from .. import slurm
 
@@ -138,7 +188,10 @@ def _job_and_node(args: argparse.Namespace) -> tuple[SlurmJob, str]:
         if value is not None and not value.strip():
             raise UsageError(f"{option} {value!r}: an empty path")
     try:
-        return slurm.job_from_env(), slurm.node_name(args.node)
+        job = slurm.job_from_env()
+        if args.slurm_command != "health":
+            slurm.check_run_by_slurm(job, args.devices, f"nvmlcheck slurm {args.slurm_command}")
+        return job, slurm.node_name(args.node)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 
@@ -168,7 +221,9 @@ class _Gate:
         self.state_error: str | None = None
         self._read = False
         self.result: GateResult | None = None  # the verdict, once the gate has one (a drain or resume follows)
-        self._finished: int | None = None  # the exit code, once finish() has the document
+        self.finishing = False  # finish() is writing the verdict's record: a signal now leaves it to it
+        self._finished: int | None = None  # the exit code, once finish() has written the verdict's record
+        self._interrupt: tuple[GateResult, int] | None = None  # the interrupted result and code, once recorded
 
     def read_state(self) -> NodeState | None:
         """The node's state and reason, read once (at most 2 s, and half of what is left of the deadline: a drain
@@ -213,40 +268,53 @@ class _Gate:
     def resume(self) -> None:
         self.scontrol.resume(self.node, deadline_ns=self.deadline)
 
-    def interrupted(self, progress: slurm.GateProgress, signum: int) -> int:
-        """The gate was ended by ``signum`` (slurmd's SIGTERM at PrologEpilogTimeout, Ctrl-C): what it found so far
-        goes to the record at once, first of all (slurmd's SIGKILL follows its SIGTERM by 10 ms); then, when it
-        had found something wrong and time is left before the deadline, the node is drained with the reason made of
-        it (an interruption alone drains nothing: slurmd drains a node whose Prolog or Epilog it ended; and the drain
-        or resume of a finished verdict that was cut is not redone); then the ``--json`` document and the line on
-        stderr. The exit code is 128 + ``signum``, as a shell reports it; once the verdict's record is written, the
-        verdict's own."""
+    def record_interrupt(self, progress: slurm.GateProgress, signum: int) -> None:
+        """The record of a run ended by ``signum``, written once: what the gate had found (its verdict, when it had
+        one and was draining or resuming; else :meth:`GateProgress.result`). Called by the signal's handler before
+        anything unwinds (:class:`_recording_first`), and by :meth:`interrupted` where no handler did; nothing
+        when the verdict's own record is being written."""
         from dataclasses import replace
 
         from .._proc import signals
         from ._common import EXIT_SIGNAL_BASE
 
+        if self.finishing or self._interrupt is not None:
+            return
         name = signals.name(signum)
         code = EXIT_SIGNAL_BASE + signum
-        if self._finished is not None:
-            # The verdict was decided and its record written: the signal came while it was being printed. The
-            # verdict stands (as the command line's rule for a verdict decided before its output).
-            return self._finished
         if self.result is not None:
             result = replace(self.result, interrupted=name)
         else:
             result = progress.result(name, timeout_s=self.args.timeout)
-        doc = self._document(result, code)
+        self._interrupt = (result, code)
         if self.args.record:
-            _append(self.args.record, doc)
+            _append(self.args.record, self._document(result, code))
+
+    def interrupted(self, progress: slurm.GateProgress, signum: int) -> int:
+        """The gate was ended by ``signum`` (slurmd's SIGTERM at PrologEpilogTimeout, Ctrl-C): what it found so far
+        goes to the record first of all (slurmd's SIGKILL follows its SIGTERM by 10 ms: the signal's handler wrote
+        it already, :meth:`record_interrupt`); then, when it had found something wrong and time is left before the
+        deadline, the node is drained with the reason made of it (an interruption alone drains nothing: slurmd
+        drains a node whose Prolog or Epilog it ended; and the drain or resume of a finished verdict that was cut is
+        not redone); then the ``--json`` document and the line on stderr. The exit code is 128 + ``signum``, as a
+        shell reports it; once the verdict's record is written, the verdict's own."""
+        if self._finished is not None:
+            # The verdict was decided and its record written: the signal came while it was being printed. The
+            # verdict stands (as the command line's rule for a verdict decided before its output).
+            return self._finished
+        self.record_interrupt(progress, signum)
+        if self._interrupt is None:  # cut while the verdict's record was being written: nothing more to say
+            from ._common import EXIT_SIGNAL_BASE
+
+            return EXIT_SIGNAL_BASE + signum
+        result, code = self._interrupt
         found = [c for c in result.causes if not c.text.startswith("interrupted by ")]
         if self.result is None and found and time.monotonic_ns() < self.deadline:
             try:
                 self.drain(result)
             except Exception as exc:  # an interrupted gate still reports what it found
                 print(f"nvmlcheck slurm: the drain after the interrupt failed: {exc}", file=sys.stderr)
-            doc = self._document(result, code)
-        self._say(result, doc, code)
+        self._say(result, self._document(result, code), code)
         return code
 
     def _document(self, result: GateResult, code: int) -> dict[str, Any]:
@@ -259,10 +327,14 @@ class _Gate:
                               timeout_s=self.args.timeout)
 
     def finish(self, result: GateResult, code: int) -> int:
-        doc = self._document(result, code)
-        self._finished = code
-        if self.args.record:
-            _append(self.args.record, doc)
+        self.finishing = True  # a signal meanwhile leaves the verdict's record to be written (_recording_first)
+        try:
+            doc = self._document(result, code)
+            if self.args.record:
+                _append(self.args.record, doc)
+            self._finished = code
+        finally:
+            self.finishing = False
         self._say(result, doc, code)
         return code
 

@@ -25,6 +25,7 @@ from nvmlcheck.testing import Scenario
 
 from . import slurmlab
 from .slurmlab import Lab, wait_for
+from .test_gate import IMPOSSIBLE_PID, assert_waited_for_the_memory
 
 GIB = 1 << 30
 
@@ -75,8 +76,7 @@ def test_a_clean_job_end_leaves_the_node_idle_and_the_epilog_saw_the_reclaim(clu
     assert record["killed"] == [] and record["left_alone"] == []
     readiness = record["readiness"]
     assert isinstance(readiness, dict)
-    # The epilog waited for the memory, not for a fixed time: it saw the GPU dirty, then clean.
-    assert readiness["last_dirty_ns"] is not None and readiness["polls"] >= 3
+    assert_waited_for_the_memory(readiness)
     assert record["scontrol"] == []  # nothing drained
     prolog = only(cluster.read_records("prolog"), job)
     assert prolog["ready"] is True and prolog["devices"] == [0]
@@ -100,7 +100,7 @@ def test_the_gate_judges_the_gpu_behind_slurms_device_file_not_nvmls_index(clust
     (slurm_id,) = record["job"]["gpus"]
     assert record["devices"] == [slurmlab.GPUS - 1 - int(slurm_id)]
     assert record["ready"] is True and record["exit_code"] == 0
-    assert record["readiness"]["last_dirty_ns"] is not None  # it saw the job's memory, then saw it back
+    assert_waited_for_the_memory(record["readiness"])
 
 
 def test_an_orphaned_worker_holding_memory_is_killed_by_the_epilog(cluster: Lab, pids: list[int]) -> None:
@@ -172,13 +172,26 @@ def test_health_drains_a_gpu_with_a_pending_row_remap_and_returns_it_once_reset(
     write_scenario(cluster, scenario)
     cluster.health(True)
     cluster.wait_node(lambda s: "DRAIN" in s, "drained by the health check")
-    assert cluster.node_info().get("Reason") == "nvmlcheck: GPU 1: row remap pending, reset needed"
-    records = cluster.read_records("health")
-    assert records and records[-1]["causes"][0]["action"] == "RESET_GPU"
-    # Idempotent: later runs see the same cause and leave the node as it is (no second drain).
-    wait_for("a second health run", lambda: len(cluster.read_records("health")) >= len(records) + 1, 15)
-    again = cluster.read_records("health")[-1]
-    assert all(r["argv"][1] != "update" for r in again["scontrol"])
+    reason = "nvmlcheck: GPU 1: row remap pending, reset needed"
+    assert cluster.node_info().get("Reason") == reason
+    # The run that drained writes its record after its scontrol returned: Slurm shows the drain before the record
+    # is there (read at once, the record list was empty on a loaded machine). Wait for the run whose drain it was.
+
+    def drained_by() -> dict[str, Any] | None:
+        return next((r for r in cluster.read_records("health")
+                     if any(s["argv"][1] == "update" and s["exit_code"] == 0 for s in r["scontrol"])), None)
+
+    drainer = wait_for("the record of the health run that drained", drained_by, 15)
+    assert drainer["causes"][0]["action"] == "RESET_GPU", drainer
+    # Idempotent: a run that found the node drained with this reason leaves it as it is (no second drain). Judged
+    # on what each run read of the node (slurmd may start a run before the last one ended, so which run comes
+    # next is no proof), once a run has read the drain.
+
+    def found_drained() -> list[dict[str, Any]]:
+        return [r for r in cluster.read_records("health") if (r["node_state"] or {}).get("reason") == reason]
+
+    for record in wait_for("a health run that read the node drained", found_drained, 20):
+        assert record["exit_code"] == 0 and all(r["argv"][1] != "update" for r in record["scontrol"]), record
     # The GPU was reset: the next run returns the node to service (it was nvmlcheck's drain).
     write_scenario(cluster, Scenario.h200(devices=slurmlab.GPUS))
     cluster.wait_node(lambda s: s == "IDLE", "returned to service")
@@ -186,10 +199,10 @@ def test_health_drains_a_gpu_with_a_pending_row_remap_and_returns_it_once_reset(
 
 def test_a_job_whose_gpu_is_still_reclaiming_waits_in_the_prolog_then_runs(cluster: Lab, pids: list[int]) -> None:
     # The previous job's worker has exited; the driver gives its 8 GiB back 600 ms after the prolog first looks.
-    gone = subprocess.Popen(["true"])
-    gone.wait()
+    # A PID no process can have, not an exited child's: that one is free only until the PID counter wraps (pid_max
+    # is 32768 on some hosts), and a process given it would hold the GPU for good.
     scenario = Scenario.h200(devices=slurmlab.GPUS)
-    scenario.add_process(0, gone.pid, used_bytes=8 * GIB, bound=True, list_ms=100, release_ms=600)
+    scenario.add_process(0, IMPOSSIBLE_PID, used_bytes=8 * GIB, bound=True, list_ms=100, release_ms=600)
     write_scenario(cluster, scenario)
     job = cluster.sbatch("echo ran\n", "--gres=gpu:1")
     done = cluster.wait_job_done(job)
@@ -231,8 +244,12 @@ def test_slurm_keeps_the_drain_reason_as_given(cluster: Lab, monkeypatch: pytest
         monkeypatch.setenv(key, value)
     scontrol = gate.Scontrol()
     deadline = time.monotonic_ns() + 20_000_000_000  # a hang guard
-    for text in ('GPU 2: could not be read: NVML says "Unknown Error"', "GPU 0 held by pid 7 (it's=\"odd\";#) 1 GiB"):
-        reason = gate.drain_reason([gate.Cause("unknown", text)])
+    long = [gate.Cause("held", f"GPU {i} held by pid {4000 + i} (python3) 8.0 GiB after 30 s") for i in range(8)]
+    for causes in ([gate.Cause("unknown", 'GPU 2: could not be read: NVML says "Unknown Error"')],
+                   [gate.Cause("unknown", "GPU 0 held by pid 7 (it's=\"odd\";#) 1 GiB")],
+                   [gate.Cause("unknown", "GPU 0 held by pid 7 (a\\b 'c') 1 GiB, ünïcödé")],
+                   [gate.Cause("unknown", "x" * 400)], long):  # cut: "…", "(+N more)"
+        reason = gate.drain_reason(causes)
         assert scontrol.drain(cluster.node, reason, deadline_ns=deadline).ok
         assert scontrol.node(cluster.node, deadline_ns=deadline).reason == reason
         cluster.run("scontrol", "update", f"NodeName={cluster.node}", "State=RESUME")

@@ -23,6 +23,10 @@ from nvmlcheck.testing import Scenario, StubSession
 from nvmlcheck.verdict import Culprit
 
 GIB = 1 << 30
+#: The kernel's highest pid_max (PID_MAX_LIMIT): every PID is below pid_max, so no process has this one, and a
+#: ``bound`` entry with it is gone from the first call (an exited child's PID is free only until the PID counter
+#: wraps, and pid_max is 32768 on some hosts).
+IMPOSSIBLE_PID = 4_194_304
 
 
 # --- the job from the environment -----------------------------------------------------------------------------------
@@ -87,6 +91,17 @@ def test_the_job_as_an_epilog_sees_it() -> None:
     assert slurm.job_from_env(env).gpus_from == "CUDA_VISIBLE_DEVICES"
     # The HealthCheckProgram's environment: no job at all.
     assert slurm.job_from_env({"SLURMD_NODENAME": "gpu07"}) == slurm.SlurmJob(None, None, None, "gpu07", (), None)
+
+
+def test_uuids_that_are_not_as_many_as_slurms_gpu_ids_are_refused() -> None:
+    # CUDA_VISIBLE_DEVICES's UUIDs replaced SLURM_JOB_GPUS whatever their number: with one UUID for IDs 0 and 1, GPU
+    # 1 was never judged, and a holder on it passed the gate.
+    uuid = "GPU-acdc9db5-97f7-57e3-53d2-3061aececeec"
+    env = {"SLURM_JOB_ID": "42", "SLURM_JOB_GPUS": "0,1", "CUDA_VISIBLE_DEVICES": uuid}
+    with pytest.raises(ValueError, match=r"names 2 GPU\(s\) and \$CUDA_VISIBLE_DEVICES='GPU-[^']*' 1 UUID\(s\)"):
+        slurm.job_from_env(env)
+    other = uuid.replace("GPU-a", "GPU-b")
+    assert slurm.job_from_env({**env, "CUDA_VISIBLE_DEVICES": f"{uuid},{other}"}).gpus == (uuid, other)
 
 
 @pytest.mark.parametrize(("name", "value"), [("SLURM_JOB_UID", "root"), ("SLURM_JOB_ID", "42a")])
@@ -265,6 +280,23 @@ def job(gpus: str = "0", job_id: str = "42") -> slurm.SlurmJob:
     return slurm.job_from_env({"SLURM_JOB_ID": job_id, "SLURM_JOB_UID": str(os.getuid()), "SLURM_JOB_GPUS": gpus})
 
 
+def assert_waited_for_the_memory(readiness: dict[str, Any]) -> None:
+    """The epilog judged the memory by polls, not after a fixed time: it saw the GPU held, then clean for the stable
+    polls ready asks (at least 3 polls); or, where it came late, clean from its first poll (2 polls, none dirty).
+
+    Which of the two depends on the machine: the stub gives a bound worker's memory back ``release_ms`` after a call
+    first finds the worker gone, and the epilog's first such call comes before its wait (its reading of the
+    holders, or its kill's wait for the exit). Whether the wait's first poll comes within ``release_ms`` of it is
+    up to the scheduler (on 2 loaded cores it need not). The wait's seeing the memory held is asserted where the
+    first reading is the wait's own: test_a_prolog_waits_for_the_memory_of_an_exited_holder and the lab's
+    test_a_job_whose_gpu_is_still_reclaiming_waits_in_the_prolog_then_runs."""
+    if readiness["last_dirty_ns"] is not None:
+        assert readiness["dirty_polls"] >= 1 and readiness["polls"] >= 3, readiness
+        assert readiness["first_clean_ns"] is not None and readiness["first_clean_ns"] > readiness["last_dirty_ns"]
+    else:
+        assert readiness["dirty_polls"] == 0 and readiness["polls"] >= 2, readiness
+
+
 def test_the_epilog_kills_the_jobs_leftover_and_waits_for_its_memory(
         nvml_stub: StubSession, nvml_bound_process: Callable[..., subprocess.Popen[bytes]],
         monkeypatch: pytest.MonkeyPatch) -> None:
@@ -278,16 +310,35 @@ def test_the_epilog_kills_the_jobs_leftover_and_waits_for_its_memory(
     assert [t.pid for t in result.killed] == [leftover.pid]
     assert leftover.wait(5) == -signal.SIGTERM
     assert elsewhere.poll() is None
-    assert result.readiness is not None and result.readiness.last_dirty_ns is not None  # it waited for the memory
+    assert result.readiness is not None
+    assert_waited_for_the_memory(result.readiness.to_json())
+
+
+def test_a_prolog_waits_for_the_memory_of_an_exited_holder(nvml_stub: StubSession, nvml_scenario: Scenario) -> None:
+    # The wait's own first poll is the first call to find the holder gone (no such PID can exist), and the stub
+    # gives its memory back release_ms after that call: whatever the load, the wait sees it held, then back.
+    nvml_scenario.add_process(0, IMPOSSIBLE_PID, used_bytes=8 * GIB, bound=True, list_ms=100, release_ms=500)
+    nvml_scenario.write(nvml_stub.scenario_path)
+    with nc.open("nvml") as gpus:
+        result = slurm.prolog(gpus, job("0"), timeout_s=30)
+    assert result.ready and result.readiness is not None, result.causes
+    readiness = result.readiness
+    assert readiness.dirty_polls >= 1 and readiness.last_dirty_ns is not None and readiness.polls >= 3, readiness
+    assert readiness.first_clean_ns is not None and readiness.first_clean_ns > readiness.last_dirty_ns
 
 
 def test_a_dry_run_epilog_signals_nothing_and_says_what_it_would_kill(
         nvml_stub: StubSession, nvml_bound_process: Callable[..., subprocess.Popen[bytes]],
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SLURM_JOB_ID", "42")
+    from nvmlcheck.testing import StepClock
+
     leftover = nvml_bound_process(0, 8 * GIB)
+    # A StepClock, not 0.3 s of the machine's: on a loaded machine the setup (NVML, the holders' scan) could use the
+    # whole budget, and the wait's timeout then named no holder (or the cut scan signalled nothing to list).
+    steps = StepClock(0.01)
     with nc.open("nvml") as gpus:
-        result = slurm.epilog(gpus, job("0"), timeout_s=0.3, kill=False)
+        result = slurm.epilog(gpus, job("0"), timeout_s=1.0, kill=False, clock=steps.clock, sleep=steps.sleep)
     assert leftover.poll() is None and result.killed == ()
     assert [pid for pid, _, _ in result.would_kill] == [leftover.pid]
     assert not result.ready
@@ -394,6 +445,41 @@ def test_a_job_gpu_that_is_no_gpu_here_drains_the_node(
     code, doc, err = run(scontrol, swapped(tmp_path), "epilog", "--no-drain", capsys=capsys)
     assert code == 1 and isinstance(doc, dict) and doc["devices"] == [] and doc["killed"] == []
     assert err.startswith("nvmlcheck slurm epilog: the job's GPU 5 (/dev/nvidia5) is none of this host's GPUs")
+
+
+def mig_shared(tmp_path: Path) -> Path:
+    """GPU 0 in MIG mode with two instances; another job's process (exited, its 8 GiB coming back) in instance 1."""
+    sc = Scenario.h200(devices=1)
+    sc.set_device(0, mig=True)
+    for index in (0, 1):
+        sc.add_mig_device(0, index, total_bytes=20 * GIB)
+    sc.add_process(0, 4_123_456, used_bytes=8 * GIB, gi=2, ci=0)  # instance 1: GI 2
+    return sc.write(tmp_path / "mig.txt")
+
+
+MIG_0, MIG_1 = (f"MIG-00000000-0000-0000-0000-00000000000{i}" for i in (0, 1))
+
+
+@pytest.mark.parametrize("command", ["prolog", "epilog"])
+def test_a_mig_instance_is_judged_alone_not_with_its_gpus_other_instances(
+        slurm_env: None, scontrol: FakeScontrol, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *,
+        capsys: pytest.CaptureFixture[str], command: str) -> None:
+    # The job's MIG UUID was resolved to its GPU's index and the whole GPU judged: another job's process in another
+    # instance made every prolog and epilog on a shared MIG GPU "not ready", and drained the node.
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", MIG_0)
+    code, doc, _ = run(scontrol, mig_shared(tmp_path), command, "--no-drain", capsys=capsys)
+    assert isinstance(doc, dict) and doc["job"]["gpus"] == [MIG_0] and doc["devices"] == [0]
+    assert code == 0 and doc["ready"] is True and doc["causes"] == [], doc["causes"]
+    # The instance that holds the memory is still judged so.
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", MIG_1)
+    code, doc, _ = run(scontrol, mig_shared(tmp_path), command, "--no-drain", capsys=capsys)
+    assert code == 1 and isinstance(doc, dict) and doc["ready"] is False
+    assert [(c["gpu"], c["used_bytes"]) for c in doc["causes"]] == [(0, 8 * GIB)], doc["causes"]
+    # --devices names an instance the same way; its GPU's index names the whole GPU.
+    for devices, ready in ((MIG_0, True), ("0", False)):
+        code, doc, _ = run(scontrol, mig_shared(tmp_path), command, "--no-drain", "--devices", devices,
+                           capsys=capsys)
+        assert isinstance(doc, dict) and doc["ready"] is ready and code == (0 if ready else 1), (devices, doc)
 
 
 def same_minor(tmp_path: Path) -> Path:
@@ -516,9 +602,19 @@ def busy(tmp_path: Path) -> Path:
     return sc.write(tmp_path / "busy.txt")
 
 
+def remapped(tmp_path: Path) -> Path:
+    """GPU 0 needs a reset (a row remap pending): a gate on it is not ready at once, without waiting."""
+    sc = Scenario.h200(devices=2)
+    sc.set_device(0, remapped_rows=(0, 1, True, False))
+    return sc.write(tmp_path / "remapped.txt")
+
+
 def test_a_not_ready_epilog_drains_with_the_cause_and_exits_1(
         slurm_env: None, scontrol: FakeScontrol, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, doc, err = run(scontrol, busy(tmp_path), "epilog", capsys=capsys)
+    # --timeout 3: the GPU stays held, so the wait takes all but scontrol's reserve (20 %), in which the node's state
+    # is read and the drain run: 0.2 s of --timeout 1 was two shell starts on a loaded machine, and a cut drain
+    # failed the test.
+    code, doc, err = run(scontrol, busy(tmp_path), "epilog", timeout="3", capsys=capsys)
     assert code == 1 and isinstance(doc, dict)
     reason = doc["reason"]
     # No local process has that PID: ready calls it an exited holder whose memory is coming back (for now).
@@ -545,7 +641,9 @@ def test_no_drain_only_exits_1(
 def test_someone_elses_drain_reason_is_kept(
         slurm_env: None, scontrol: FakeScontrol, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     scontrol.set("NodeName=n1 State=IDLE+DRAIN Reason=maintenance: new cables [admin@2026-12-01T10:00:00]")
-    code, doc, _ = run(scontrol, busy(tmp_path), "prolog", capsys=capsys)
+    # Not ready at once (a reset is needed), so the node's state is read with scontrol's whole reserve: one cut by
+    # the 0.1 s a busy GPU left it (--timeout 1) was no state, and the node was drained over the other reason.
+    code, doc, _ = run(scontrol, remapped(tmp_path), "prolog", timeout="60", capsys=capsys)
     assert code == 1 and scontrol.updates() == []
     assert isinstance(doc, dict) and doc["node_state"]["reason"] == "maintenance: new cables"
 
@@ -560,6 +658,43 @@ def test_a_job_without_gpus_opens_nothing(
                          capsys=capsys)
     assert (code, err) == (0, "") and isinstance(doc, dict) and doc["devices"] == []
     assert scontrol.calls() == []
+
+
+@pytest.mark.parametrize("command", ["epilog", "prolog"])
+def test_a_gate_run_outside_slurm_with_no_gpu_named_is_a_usage_error_not_ready(
+        slurm_env: None, scontrol: FakeScontrol, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *,
+        capsys: pytest.CaptureFixture[str], command: str) -> None:
+    # Run by hand (no SLURM_* at all), the gate took the empty environment for a job without GPUs: exit 0, "ready",
+    # with GPU 0 held, having judged nothing.
+    for key in ("SLURM_JOB_ID", "SLURM_JOB_UID", "SLURM_JOB_GPUS"):
+        monkeypatch.delenv(key)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    record = tmp_path / "record.jsonl"
+    code, out, err = run(scontrol, busy(tmp_path), command, "--record", str(record), json_out=False, capsys=capsys)
+    assert code == 2 and out == "" and scontrol.calls() == [] and not record.exists()
+    assert "not run by slurmd ($SLURM_JOB_ID is unset) and no GPU named" in err and "--devices" in err, err
+    # Named GPUs are judged, job or not (no job: nothing is signalled).
+    code, doc, _ = run(scontrol, busy(tmp_path), command, "--devices", "0", "--no-drain", capsys=capsys)
+    assert code == 1 and isinstance(doc, dict) and doc["devices"] == [0] and doc["killed"] == []
+    # The library says the same, before it reads anything.
+    gate = slurm.epilog if command == "epilog" else slurm.prolog
+    untouched: Any = object()  # no session: nothing of it may be used
+    with pytest.raises(ValueError, match="not run by slurmd"):
+        gate(untouched, slurm.job_from_env({}), timeout_s=1)
+
+
+@pytest.mark.parametrize(("command", "code"), [("health", 0), ("prolog", 1), ("epilog", 1)])
+def test_devices_that_name_no_gpu_here_are_a_cause_recorded_and_drained(
+        slurm_env: None, scontrol: FakeScontrol, tmp_path: Path, *, capsys: pytest.CaptureFixture[str], command: str,
+        code: int) -> None:
+    # --devices 7 on a 2-GPU host (only the host can tell: a GPU gone, a wrapper copied from another node) was exit 2
+    # with no record and no drain: slurmd ignores its HealthCheckProgram's exit code, so the node was never checked.
+    record = tmp_path / "record.jsonl"
+    got, doc, _ = run(scontrol, busy(tmp_path), command, "--devices", "7", "--record", str(record), capsys=capsys)
+    assert got == code and isinstance(doc, dict) and doc["ready"] is False and doc["devices"] == []
+    assert [c["text"] for c in doc["causes"]] == ["--devices: no GPU with index 7: this host has 2 GPUs (indices 0..1)"]
+    assert scontrol.updates() == [["update", "NodeName=n1", "State=DRAIN", f"Reason={doc['reason']}"]]
+    assert [json.loads(line)["reason"] for line in record.read_text().splitlines()] == [doc["reason"]]
 
 
 def test_a_malformed_environment_is_a_usage_error(

@@ -24,7 +24,7 @@ from nvmlcheck.cli import main
 from nvmlcheck.cli._signals import Terminated
 from nvmlcheck.session import Session
 from nvmlcheck.testing import Scenario
-from nvmlcheck.wait import TracePoint, WaitOptions
+from nvmlcheck.wait import PollPolicy, TracePoint, WaitOptions
 
 from .test_gate import FakeScontrol, busy, scontrol, slurm_env
 
@@ -33,8 +33,12 @@ __all__ = ["scontrol", "slurm_env"]  # fixtures used by name
 GIB = 1 << 30
 
 
-def interrupt_at_poll(monkeypatch: pytest.MonkeyPatch, polls: int, exc: BaseException) -> list[int]:
-    """The readiness wait raises ``exc`` from its ``polls``-th poll (after the gate has seen it)."""
+def interrupt_at_poll(monkeypatch: pytest.MonkeyPatch, polls: int, exc: BaseException, *,
+                      full_every_s: float | None = None) -> list[int]:
+    """The readiness wait raises ``exc`` from its ``polls``-th poll (after the gate has seen it). ``full_every_s``:
+    the wait's policy reads the process lists at most this often (0: at every poll; large: the first poll only,
+    later ones read the memory alone while it is held), so which reading the interrupted poll was is the test's
+    choice, not the scheduler's (the default, 0.1 s, makes it depend on how fast the polls came)."""
     seen: list[int] = []
     original = Session.ready
 
@@ -48,7 +52,10 @@ def interrupt_at_poll(monkeypatch: pytest.MonkeyPatch, polls: int, exc: BaseExce
             if len(seen) == polls:
                 raise exc
 
-        return original(self, *args, options=options.with_(on_poll=on_poll), **kwargs)
+        changed = options.with_(on_poll=on_poll)
+        if full_every_s is not None:
+            changed = changed.with_(policy=PollPolicy(interval_s=0.001, full_every_s=full_every_s))
+        return original(self, *args, options=changed, **kwargs)
 
     monkeypatch.setattr(Session, "ready", ready)
     return seen
@@ -58,14 +65,26 @@ def records(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
+#: What the interrupted poll read, by the policy's full_every_s: the memory alone (the wait's probe, while the memory
+#: is held), or the process lists too (no local process has the busy scenario's PID: an exited holder, its memory
+#: coming back). Before, the default policy left it to the machine: poll 3 was the probe only when it came within
+#: 0.1 s of poll 1, and on a loaded machine it was a full reading, which the test did not expect.
+READINGS = {
+    "probe": (3600.0, "unknown", "GPU 0: 8.0 GiB in use after "),
+    "full": (0.0, "reclaiming", "GPU 0: 8.0 GiB of exited pid 4123456 still coming back after "),
+}
+
+
 @pytest.mark.usefixtures("slurm_env")
+@pytest.mark.parametrize("reading", list(READINGS))
 @pytest.mark.parametrize("case", [(Terminated(signal.SIGTERM), 143, "SIGTERM"), (KeyboardInterrupt(), 130, "SIGINT")])
 def test_an_interrupted_prolog_records_what_it_found_and_drains_with_it(
         scontrol: FakeScontrol, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
-        case: tuple[BaseException, int, str]) -> None:
+        *, case: tuple[BaseException, int, str], reading: str) -> None:
     exc, code, name = case
+    full_every_s, kind, text = READINGS[reading]
     record = tmp_path / "slurm.jsonl"
-    seen = interrupt_at_poll(monkeypatch, 3, exc)
+    seen = interrupt_at_poll(monkeypatch, 3, exc, full_every_s=full_every_s)
     scontrol.state.write_text(scontrol.line)
     got = main(["--simulate", str(busy(tmp_path)), "slurm", "prolog", "--scontrol", str(scontrol.path), "--node", "n1",
                 "--timeout", "60", "--record", str(record)])
@@ -75,19 +94,61 @@ def test_an_interrupted_prolog_records_what_it_found_and_drains_with_it(
     assert doc["interrupted"] == name and doc["ready"] is False and doc["exit_code"] == code
     assert doc["readiness"]["polls"] == 3
     held, stop = doc["causes"]
-    # What the last poll showed (the wait's probe reads the memory only while it is held), then the interruption:
+    # What the last poll showed (the memory alone, or with the process lists: READINGS), then the interruption:
     # when, and while doing what.
-    assert held["used_bytes"] == 8 * GIB and held["gpu"] == 0 and held["kind"] == "unknown"
-    assert held["text"].startswith("GPU 0: 8.0 GiB in use after ")
+    assert held["used_bytes"] == 8 * GIB and held["gpu"] == 0 and held["kind"] == kind
+    assert held["text"].startswith(text)
     assert stop["kind"] == "unknown"
     assert stop["text"].startswith(f"interrupted by {name} after ")
     assert stop["text"].endswith(" while waiting for the GPUs to be ready (GPU 0)")
     # The record went out first (slurmd's SIGKILL follows by 10 ms); the drain after it, with the same reason.
-    assert doc["scontrol"] == [] and doc["reason"].startswith("nvmlcheck: GPU 0: 8.0 GiB in use after ")
+    assert doc["scontrol"] == [] and doc["reason"].startswith(f"nvmlcheck: {text}")
     assert scontrol.updates() == [["update", "NodeName=n1", "State=DRAIN", f"Reason={doc['reason']}"]]
     line = err.splitlines()[-1]  # after the simulation's banner
-    assert line.startswith("nvmlcheck slurm prolog: GPU 0: 8.0 GiB in use after ")
+    assert line.startswith(f"nvmlcheck slurm prolog: {text}")
     assert f"; interrupted by {name}" in line
+
+
+@pytest.mark.usefixtures("slurm_env")
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl-c"])
+def test_a_real_signal_writes_the_record_before_anything_unwinds(
+        scontrol: FakeScontrol, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        signum: int) -> None:
+    # slurmd's SIGKILL follows its SIGTERM by 10 ms. The record waited for the exception to unwind the wait and close
+    # the NVML session first: 7 ms from SIGTERM to the record (median, cores busy), and 1 run in 5 lost it to the
+    # SIGKILL. The signal's handler writes it now, before anything unwinds: it is there when the session closes.
+    record = tmp_path / "slurm.jsonl"
+    at_close: list[int] = []
+    close_after = Session._close_after
+
+    def closing(self: Session, *args: Any, **kwargs: Any) -> None:
+        at_close.append(len(records(record)))
+        close_after(self, *args, **kwargs)
+
+    monkeypatch.setattr(Session, "_close_after", closing)
+    original = Session.ready
+
+    def ready(self: Session, *args: Any, options: WaitOptions | None = None, **kwargs: Any) -> Any:
+        assert options is not None and options.on_poll is not None
+        observe, polls = options.on_poll, []
+
+        def on_poll(point: TracePoint) -> None:
+            observe(point)
+            polls.append(1)
+            if len(polls) == 2:
+                os.kill(os.getpid(), signum)  # a real signal: the handlers run here, in the main thread
+
+        return original(self, *args, options=options.with_(on_poll=on_poll), **kwargs)
+
+    monkeypatch.setattr(Session, "ready", ready)
+    scontrol.state.write_text(scontrol.line)
+    got = main(["--simulate", str(busy(tmp_path)), "slurm", "prolog", "--scontrol", str(scontrol.path), "--node", "n1",
+                "--timeout", "60", "--record", str(record)])
+    capsys.readouterr()
+    assert got == 128 + signum and at_close == [1]
+    (doc,) = records(record)  # once: the handler's, not again on the way out
+    assert doc["interrupted"] == signal.Signals(signum).name and doc["exit_code"] == 128 + signum
+    assert doc["causes"][-1]["text"].endswith(" while waiting for the GPUs to be ready (GPU 0)")
 
 
 @pytest.mark.usefixtures("slurm_env")
@@ -190,8 +251,13 @@ def test_a_signal_once_the_verdict_is_recorded_leaves_the_verdict(
     monkeypatch.setattr(_slurm._Gate, "_say", say)
     record = tmp_path / "slurm.jsonl"
     scontrol.state.write_text(scontrol.line)
-    got = main(["--simulate", str(busy(tmp_path)), "slurm", "prolog", "--scontrol", str(scontrol.path), "--node", "n1",
-                "--timeout", "0.5", "--record", str(record)])
+    # The job's GPU needs a reset: not ready at once, without waiting, so that the time left for scontrol is the
+    # 5 s reserve of --timeout 60 (a busy GPU on --timeout 0.5 left it 0.1 s, two scontrol starts on a loaded
+    # machine, and the drain this test counts could be cut).
+    sc = Scenario.h200(devices=2)
+    sc.set_device(0, remapped_rows=(0, 1, True, False))
+    got = main(["--simulate", str(sc.write(tmp_path / "remap.txt")), "slurm", "prolog", "--scontrol",
+                str(scontrol.path), "--node", "n1", "--timeout", "60", "--record", str(record)])
     capsys.readouterr()
     (doc,) = records(record)
     assert got == 1 and doc["exit_code"] == 1 and doc["interrupted"] is None

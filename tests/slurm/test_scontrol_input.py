@@ -66,6 +66,35 @@ def test_a_node_scontrol_shows_is_drained_as_before(tmp_path: Path) -> None:
     assert updates(log) == [["update", "NodeName=gpu01", "State=DRAIN", "Reason=nvmlcheck: x"]]
 
 
+WARNING = "scontrol: warning: TaskPluginParam=autobind=threads is deprecated"
+
+
+@pytest.mark.parametrize("where", ["stderr", "stdout"])
+def test_a_warning_beside_the_node_line_is_no_other_node(tmp_path: Path, where: str) -> None:
+    # scontrol prints warnings (a deprecated slurm.conf option, a plugin's message) with its answer: the warning was
+    # read as a second node's line ("answered for 'gpu01', '?'"), the node as a NodeSet's, and nothing was drained
+    # or resumed.
+    path, log = fake_scontrol(tmp_path, "NodeName=gpu01 State=IDLE+DRAIN ThreadsPerCore=1 Reason=nvmlcheck: x")
+    redirect = " >&2" if where == "stderr" else ""
+    path.write_text(path.read_text().replace("#!/bin/sh\n", f"#!/bin/sh\necho '{WARNING}'{redirect}\n", 1))
+    scontrol = slurm.Scontrol(str(path))
+    state = scontrol.node("gpu01", deadline_ns=deadline())
+    assert (state.state, state.reason) == ("IDLE+DRAIN", "nvmlcheck: x")
+    assert scontrol.resume("gpu01", deadline_ns=deadline()).ok
+    assert updates(log) == [["update", "NodeName=gpu01", "State=RESUME"]]
+
+
+def test_a_warning_that_says_not_found_is_no_missing_node(tmp_path: Path) -> None:
+    # Slurm says "Node X not found" of a name it does not know; any failing output with "not found" in it (a plugin
+    # that is not, slurmctld unreachable) was taken for that, and the drain refused.
+    path, log = fake_scontrol(tmp_path, "scontrol: error: auth plugin not found\nUnable to contact slurm controller", 1)
+    scontrol = slurm.Scontrol(str(path))
+    with pytest.raises(slurm.ScontrolError) as raised:
+        scontrol.node("gpu01", deadline_ns=deadline())
+    assert not isinstance(raised.value, slurm.NodeNotFound)
+    assert scontrol.drain("gpu01", "nvmlcheck: x", deadline_ns=deadline()).ok and len(updates(log)) == 1
+
+
 def test_a_failing_show_alone_does_not_stop_the_drain(tmp_path: Path) -> None:
     # scontrol that cannot reach slurmctld (exit 1, no "not found"): the drain is still tried, as before.
     path, log = fake_scontrol(tmp_path, "slurm_load_node error: Unable to contact slurm controller", 1)
