@@ -380,7 +380,8 @@ class ListeningGap:
     def line(self) -> str:
         """One line for a person: ``events not listened to on GPUs 0, 1 for 1.3 s (recovering: ...)``."""
         lasted = self.lasted_s()
-        span = "(still not)" if lasted is None else f"for {lasted:.3f} s"
+        span = ("(still not)" if lasted is None else f"for {lasted * 1e3:.1f} ms" if lasted < 1
+                else f"for {lasted:.1f} s")
         return f"events not listened to on {_gpu_words(self.indices)} {span}: {self.cause}: {self.why}"
 
     def to_json(self) -> dict[str, Any]:
@@ -1019,8 +1020,7 @@ class EventListener:
                 return None
             self._state = "recovering"
             self._recovery = rec
-            self._rec_gap = self._open_gap("recovering", self._covered_indices(),
-                                           f"recovering after {wait_failed}")
+            self._rec_gap = self._open_gap("recovering", self._covered_indices(), wait_failed)
             self._cond.notify_all()
         try:
             return self._rebuild(event_set, rec)

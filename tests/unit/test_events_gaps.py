@@ -145,17 +145,18 @@ def test_an_unsupported_listener_is_a_gap_on_every_gpu_asked_about() -> None:
 
 
 def test_a_gap_reads_as_a_line_and_as_json() -> None:
-    gap = ListeningGap(3, "recovering", (0, 1), 1_000 * _MS, 1_250 * _MS, "recovering after nvmlEventSetWait_v2")
-    assert gap.line() == ("events not listened to on GPUs 0, 1 for 0.250 s: recovering: recovering after "
-                          "nvmlEventSetWait_v2")
+    gap = ListeningGap(3, "recovering", (0, 1), 1_000 * _MS, 1_250 * _MS, "nvmlEventSetWait_v2 failed: X")
+    assert gap.line() == "events not listened to on GPUs 0, 1 for 250.0 ms: recovering: nvmlEventSetWait_v2 failed: X"
     assert gap.to_json() == {"seq": 3, "cause": "recovering", "gpus": [0, 1], "began_ns": 1_000 * _MS,
-                             "ended_ns": 1_250 * _MS, "lasted_s": 0.25, "why": "recovering after nvmlEventSetWait_v2"}
+                             "ended_ns": 1_250 * _MS, "lasted_s": 0.25, "why": "nvmlEventSetWait_v2 failed: X"}
+    long = ListeningGap(5, "stalled", (0,), 0, 2_500 * _MS, "y")
+    assert long.line() == "events not listened to on GPU 0 for 2.5 s: stalled: y"
     still = ListeningGap(4, "dropped", (1,), 0, None, "GPU lost")
     assert still.line() == "events not listened to on GPU 1 (still not): dropped: GPU lost"
     assert still.to_json()["ended_ns"] is None and still.to_json()["lasted_s"] is None
 
 
-def test_the_kept_gaps_are_bounded(monkeypatch: object) -> None:
+def test_the_kept_gaps_are_bounded() -> None:
     listener = EventListener(FakeEventCalls(), _targets(1), id)
     with listener._cond:
         for _ in range(events_module.MAX_KEPT_GAPS + 1):
