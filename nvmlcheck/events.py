@@ -700,6 +700,17 @@ class EventListener:
         return frozenset(i for i, _ in self._covered.values())
 
     @property
+    def kept(self) -> frozenset[int]:
+        """The GPU indices the listener has not given up: registered, and listened to or to be listened to again
+        once a recovery or a stalled call returns (:attr:`covered` is empty meanwhile). ``watch`` ends when none of
+        its GPUs is left, rather than listen to nothing for ever."""
+        self._forked()
+        with self._cond:
+            if self._state not in ("running", "recovering"):
+                return frozenset()
+            return frozenset(i for i, _ in self._covered.values())
+
+    @property
     def events(self) -> tuple[GpuEvent, ...]:
         """The events received so far, in order: the latest of them, at most :data:`MAX_KEPT_EVENTS`."""
         self._forked()

@@ -85,6 +85,12 @@ def _watch(args: argparse.Namespace) -> int:
             gaps.say(listener.gaps(wanted, began_ns))
             if listener.state not in ("running", "recovering", "stalled"):
                 return _unavailable(args, f"events: {listener.reason or 'the listener stopped'}")
+            if not (listener.kept if wanted is None else listener.kept & wanted):
+                # Every selected GPU dropped (lost, ...) while others are still listened to: it went on for ever
+                # listening to nothing it was asked for. As at the start: exit 3.
+                dropped = {i: why for i, why in listener.device_reasons.items() if wanted is None or i in wanted}
+                return _unavailable(args, "events: no selected GPU is listened to any more "
+                                          f"({_left_out(dropped, None) or 'none left'})")
     if not args.json:
         print(f"nvmlcheck watch: {printed} event{'' if printed == 1 else 's'} in {args.duration:g} s", file=sys.stderr)
     return EXIT_CLEAN

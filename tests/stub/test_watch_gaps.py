@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import _thread
 import json
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +19,7 @@ import pytest
 
 import nvmlcheck as nc
 from nvmlcheck.cli import _watch
-from nvmlcheck.errors import Unknown
+from nvmlcheck.errors import GpuLost, Unknown
 from nvmlcheck.events import EventListener, EventTarget, ListeningGap
 from nvmlcheck.testing import Scenario
 
@@ -60,7 +61,8 @@ def scripted(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[EventListener]]:
     made: list[EventListener] = []
 
     def listen(self: nc.Session) -> EventListener:
-        listener = EventListener(_FailsOnce(), [EventTarget(i, object(), f"GPU-{i}") for i in (0, 1)], id).start()
+        source = sys.modules[__name__]._FailsOnce()  # read when called: a test may put another source class there
+        listener = EventListener(source, [EventTarget(i, object(), f"GPU-{i}") for i in (0, 1)], id).start()
         self._listener = listener
         made.append(listener)
         return listener
@@ -70,7 +72,7 @@ def scripted(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[EventListener]]:
 
     def write_then_stop(self: _watch._Gaps, gap: ListeningGap, *, ended: bool) -> None:
         write(self, gap, ended=ended)
-        if ended:
+        if ended and sys.modules[__name__]._STOP_ON_END:
             _thread.interrupt_main()  # Ctrl-C: the watch ends (130) once it said the end
 
     monkeypatch.setattr(_watch._Gaps, "_write", write_then_stop)
@@ -119,6 +121,56 @@ def test_watch_json_says_it_as_listening_documents(
     assert ended["ended_ns"] is not None and ended["time_ns"] == ended["ended_ns"] and ended["lasted_s"] >= 0
     assert began["seq"] == ended["seq"] and "nvmlEventSetWait_v2" in began["why"]
     assert docs[-1]["schema"] == "nvmlcheck/error"  # the interrupt's document ends the stream, as before
+
+
+_STOP_ON_END = True  # the fixture interrupts watch once it said a gap ended (a test that ends otherwise: False)
+_LOOKING = threading.Event()  # set once watch's loop looks at the listener's gaps
+
+
+class _LosesGpu1(_FailsOnce):
+    """Once watch's loop runs, a wait fails as for a GPU fallen off the bus, and GPU 1 answers GPU_IS_LOST from then
+    on (after watch's checks at the start, which would otherwise see GPU 1 gone already: the other valid order)."""
+
+    def wait(self, event_set: object, timeout_ms: int) -> None:
+        if not self.failed and _LOOKING.is_set():
+            self.failed = True
+            raise GpuLost(15, "nvmlEventSetWait_v2", None)
+        self._idle.wait(timeout_ms / 1000)
+
+    def supported(self, handle: object, index: int) -> int:
+        if self.failed and index == 1:
+            raise GpuLost(15, "nvmlDeviceGetSupportedEventTypes", 1)
+        return 0xF
+
+
+def test_watch_of_a_gpu_the_listener_drops_ends_with_exit_3(
+    scenario_path: Path, capsys: pytest.CaptureFixture[str], scripted: list[EventListener],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from nvmlcheck import cli
+
+    monkeypatch.setattr(sys.modules[__name__], "_FailsOnce", _LosesGpu1)  # the fixture's listen() makes this one
+    monkeypatch.setattr(sys.modules[__name__], "_STOP_ON_END", False)  # it ends by itself (or by the net: 130)
+    say = _watch._Gaps.say
+
+    def looking(self: _watch._Gaps, gaps: tuple[ListeningGap, ...]) -> None:
+        _LOOKING.set()
+        say(self, gaps)
+
+    _LOOKING.clear()
+    monkeypatch.setattr(_watch._Gaps, "say", looking)
+    Scenario.h200(2).write(scenario_path)
+    code = cli.main(["--simulate", str(scenario_path), "--json", "watch", "--devices", "1"])
+    out, err = capsys.readouterr()
+    # Before, it went on for ever (here: until the test's net interrupted it, 130), listening to GPU 0 alone.
+    assert code == 3, err
+    docs = [json.loads(line) for line in out.splitlines()]
+    gaps = [(d["listening"], d["cause"], d["gpus"]) for d in docs if d["schema"] == "nvmlcheck/listening"]
+    assert (False, "dropped", [1]) in gaps
+    assert docs[-1]["schema"] == "nvmlcheck/error" and docs[-1]["exit_code"] == 3
+    assert "no selected GPU is listened to any more (GPU 1: no longer listened to" in docs[-1]["error"]["message"]
+    # GPU 0 was still listened to: watch ended for want of GPU 1 alone (the listener is stopped by now).
+    assert set(scripted[0].device_reasons) == {1}
 
 
 def test_a_gap_that_opened_and_ended_between_two_looks_is_said_both_ways(capsys: pytest.CaptureFixture[str]) -> None:

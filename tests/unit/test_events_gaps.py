@@ -51,7 +51,7 @@ def test_a_recovery_during_a_wait_is_a_gap_and_a_dropped_gpu_stays_one() -> None
         source.push_error(GpuLost(15, "nvmlEventSetWait_v2", None))
         source.push((id(targets[0].handle), 0x10, 0, None, None))  # delivered once the new set listens
         listener.next_events(0, 30.0)
-        assert listener.state == "running" and listener.covered == frozenset({0})
+        assert listener.state == "running" and listener.covered == frozenset({0}) and listener.kept == frozenset({0})
         # Before, nothing said it: the state was "running" again, the reason spoke of GPU 1 alone, and a wait on
         # GPU 0 that ran through the recovery read as if GPU 0 had been listened to throughout.
         rec, dropped = listener.gaps(since_ns=since)
