@@ -974,7 +974,6 @@ class EventListener:
             try:
                 got = src.wait(event_set, slice_ms)
             except NvmlCheckError as exc:
-                self._wait_began = None
                 self._stall_ended(began)
                 # One GPU of the set lost (GpuLost), NVML re-initialised under us (Uninitialized), Unknown: the
                 # GPUs that answer an error themselves are dropped and the others listened to on a new set.
@@ -983,8 +982,9 @@ class EventListener:
                     return
                 event_set = kept
                 continue
-            finally:
+            except BaseException:
                 self._wait_began = None
+                raise
             self._stall_ended(began)
             self._blameless = 0  # the set answered: its error, if any, is over
             if got is None:
@@ -999,9 +999,12 @@ class EventListener:
 
     def _stall_ended(self, began: int) -> None:
         """After a wait call that began at ``began``: one that took :data:`STALLED_AFTER_S` or more (the listener
-        said ``"stalled"``) is kept as a gap. Free of the lock otherwise: this runs after every slice."""
+        said ``"stalled"``) is kept as a gap, under the lock, before the call is said returned (``_wait_began``
+        cleared): a wait reading the gaps in between saw the stall neither in flight nor kept, and said its GPUs
+        listened to. Free of the lock otherwise: this runs after every slice."""
         took = self._clock() - began
         if took < STALLED_AFTER_S * 1e9:
+            self._wait_began = None
             return
         with self._cond:
             seq, self._stall_seq = self._stall_seq, None
@@ -1010,6 +1013,7 @@ class EventListener:
                                f"nvmlEventSetWait_v2 did not return for {took / 1e9:.1f} s (a call is {self._slice} "
                                "ms at most); events that came meanwhile were received when it returned")
             self._keep_gap(gap)
+            self._wait_began = None
 
     def _without_failing(self, event_set: object, exc: NvmlCheckError) -> object | None:
         """After ``nvmlEventSetWait_v2`` failed with ``exc``: ask each GPU of the set (its supported event types);

@@ -176,3 +176,65 @@ def test_fatal_poison_and_gpu_unavailable_stop_a_wait_nonfatal_poison_does_not()
     assert not _event(EventKind.NONFATAL_POISON).fatal and not _event(EventKind.SINGLE_BIT_ECC).fatal
     fault = _event(EventKind.GPU_UNAVAILABLE).fault()
     assert fault.kind == "gpu_unavailable" and "unavailable" in fault.meaning
+
+
+class _WatchedRLock:
+    """A re-entrant lock that says (``blocked``) when the listener thread has to wait for it: the test holds it and
+    reads the gaps (re-entering it) at the moment the thread has returned from its call but not yet recorded it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self.blocked = threading.Event()
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        if self._lock.acquire(False):
+            return True
+        if not blocking:
+            return False
+        if threading.current_thread().name == "nvmlcheck events":
+            self.blocked.set()
+        return self._lock.acquire(True, timeout)
+
+    def release(self) -> None:
+        self._lock.release()
+
+    # What threading.Condition asks of a re-entrant lock (else it takes the lock for not owned: acquire(False)
+    # succeeds for its owner).
+    def _is_owned(self) -> bool:
+        return bool(self._lock._is_owned())  # type: ignore[attr-defined]
+
+    def _release_save(self) -> object:
+        return self._lock._release_save()  # type: ignore[attr-defined]
+
+    def _acquire_restore(self, state: object) -> None:
+        self._lock._acquire_restore(state)  # type: ignore[attr-defined]
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def test_a_stall_that_just_ended_is_never_missing_from_the_gaps() -> None:
+    now = [0]
+    source = FakeEventCalls(block=True)
+    listener = EventListener(source, _targets(1), id)
+    listener._clock = lambda: now[0]
+    listener.start()
+    lock = _WatchedRLock()
+    listener._cond = threading.Condition(lock)  # type: ignore[arg-type]
+    try:
+        assert source.waiting.wait(30.0)
+        now[0] += int(events_module.STALLED_AFTER_S * 1e9)
+        with lock:  # a wait reading the gaps holds the lock as the stalled call returns
+            source.release.set()
+            assert lock.blocked.wait(30.0)  # returned, and waiting for the lock to record the stall
+            # Before, the call was said returned (no stall in flight) before the stall was recorded: a wait that
+            # read the gaps then found none, and said its GPU listened to throughout.
+            assert [g.cause for g in listener.gaps()] == ["stalled"]
+        _wait_for(lambda: listener.gaps() and listener.gaps()[0].ended_ns is not None, "the stall was not kept")
+        assert [g.cause for g in listener.gaps()] == ["stalled"]
+    finally:
+        source.release.set()
+        listener.stop()
