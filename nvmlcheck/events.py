@@ -601,11 +601,21 @@ class EventListener:
             self._gaps = [g for g in self._gaps if g.seq not in drop]
         self._cond.notify_all()
 
-    def _close_gap(self, gap: ListeningGap | None, ended_ns: int | None = None) -> None:
+    def _close_gap(self, gap: ListeningGap | None, ended_ns: int | None = None, *,
+                   indices: Iterable[int] | None = None) -> None:
+        """End ``gap`` (now, or at ``ended_ns``); ``indices``: on those GPUs only (the others' gap goes on as
+        another one: a GPU a recovery dropped is not listened to again)."""
         if gap is None:
             return
         end = self._clock() if ended_ns is None else ended_ns
-        self._gaps = [ListeningGap(g.seq, g.cause, g.indices, g.began_ns, end, g.why) if g.seq == gap.seq else g
+        on = gap.indices if indices is None else tuple(sorted(set(indices)))
+        self._gaps = [ListeningGap(g.seq, g.cause, on, g.began_ns, end, g.why) if g.seq == gap.seq else g
+                      for g in self._gaps]
+        self._cond.notify_all()
+
+    def _replace_gap(self, gap: ListeningGap, cause: str, why: str) -> None:
+        """``gap`` goes on as ``cause`` (the same seq, still open): a recovery that ended the listener."""
+        self._gaps = [ListeningGap(g.seq, cause, g.indices, g.began_ns, None, why) if g.seq == gap.seq else g
                       for g in self._gaps]
         self._cond.notify_all()
 
@@ -1128,9 +1138,11 @@ class EventListener:
             self._state = "running"
             self._recovery = None
             rec_gap, self._rec_gap = self._rec_gap, None
-            self._close_gap(rec_gap)
+            # Listening again on the GPUs kept alone; a dropped one's gap goes on, as "dropped", from the same start
+            # (it said "listening again" to every GPU of the set, the dropped one too).
+            self._close_gap(rec_gap, indices=[i for i, _ in kept.values()])
             for index, why in sorted(dropped.items()):
-                self._open_gap("dropped", [index], why)  # after the recovery's own gap: one gap at a time
+                self._open_gap("dropped", [index], why, None if rec_gap is None else rec_gap.began_ns)
             self._cond.notify_all()
         return new_set
 
@@ -1150,8 +1162,10 @@ class EventListener:
             self._state = "failed"
             self._reason = why
             rec_gap, self._rec_gap = self._rec_gap, None
-            self._close_gap(rec_gap)
-            self._open_gap("failed", self._covered_indices(), why)
+            if rec_gap is not None:
+                self._replace_gap(rec_gap, "failed", why)  # it never listened again: one gap, from its start
+            else:
+                self._open_gap("failed", self._covered_indices(), why)
             self._cond.notify_all()
         if event_set is not None and self._set is event_set:
             self._set = None  # stop() joins this thread before it reads the set: it frees nothing twice

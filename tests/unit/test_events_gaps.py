@@ -55,14 +55,16 @@ def test_a_recovery_during_a_wait_is_a_gap_and_a_dropped_gpu_stays_one() -> None
         # Before, nothing said it: the state was "running" again, the reason spoke of GPU 1 alone, and a wait on
         # GPU 0 that ran through the recovery read as if GPU 0 had been listened to throughout.
         rec, dropped = listener.gaps(since_ns=since)
-        assert (rec.cause, rec.indices) == ("recovering", (0, 1)) and rec.ended_ns is not None
+        # GPU 0 listened to again; GPU 1 never: its gap goes on, as "dropped", from the same start.
+        assert (rec.cause, rec.indices) == ("recovering", (0,)) and rec.ended_ns is not None
         assert rec.began_ns >= since and "nvmlEventSetWait_v2" in rec.why and "GPU_IS_LOST" in rec.why
         assert (dropped.cause, dropped.indices, dropped.ended_ns) == ("dropped", (1,), None)
-        assert dropped.began_ns >= rec.ended_ns and "no longer listened to" in dropped.why
+        assert dropped.began_ns == rec.began_ns and "no longer listened to" in dropped.why
         # Narrowed to the GPUs asked about; a gap that ended before the wait began is not the wait's.
         assert [(g.cause, g.indices) for g in listener.gaps([0], since)] == [("recovering", (0,))]
         assert [g.cause for g in listener.gaps([0], rec.ended_ns + 1)] == []
         assert [g.cause for g in listener.gaps([1], rec.ended_ns + 1)] == ["dropped"]
+        assert [g.cause for g in listener.gaps([1], since)] == ["dropped"]  # never "listening again"
     finally:
         listener.stop()
 
@@ -237,4 +239,22 @@ def test_a_stall_that_just_ended_is_never_missing_from_the_gaps() -> None:
         assert [g.cause for g in listener.gaps()] == ["stalled"]
     finally:
         source.release.set()
+        listener.stop()
+
+
+def test_a_recovery_that_ends_the_listener_is_one_gap_that_never_ends() -> None:
+    source = FakeEventCalls()
+    listener = EventListener(source, _targets(2), id).start()
+    try:
+        since = time.monotonic_ns()
+        for i in (0, 1):
+            source.device_errors[i] = GpuLost(15, "nvmlDeviceGetSupportedEventTypes", i)
+        source.push_error(GpuLost(15, "nvmlEventSetWait_v2", None))
+        assert listener.next_events(0, 30.0) == ([], 0)  # returns once the listener has failed
+        assert listener.state == "failed"
+        # Not "recovering" ended (a watch said "listening again") and then "failed": one gap, from the error on.
+        [gap] = listener.gaps(since_ns=since)
+        assert (gap.cause, gap.indices, gap.ended_ns) == ("failed", (0, 1), None)
+        assert gap.began_ns >= since and "no GPU is listened to any more" in gap.why
+    finally:
         listener.stop()
