@@ -18,8 +18,8 @@ if TYPE_CHECKING:
 
 
 # nvmlcheck.wait.WaitResult
-def _methods_0(*, _MISSING, _set, _d_clean, _d_partial_polls, _d_trace):
-    def __init__(self, *, clean=_d_clean, elapsed_ns, clean_ns, last_dirty_ns, started_ns, confirmed_ns, polls, poll_cost_ns, interval_ns, snapshot, policy, partial_polls=_d_partial_polls, trace=_d_trace):
+def _methods_0(*, _MISSING, _set, _d_clean, _d_partial_polls, _d_trace, _d_listening_gaps):
+    def __init__(self, *, clean=_d_clean, elapsed_ns, clean_ns, last_dirty_ns, started_ns, confirmed_ns, polls, poll_cost_ns, interval_ns, snapshot, policy, partial_polls=_d_partial_polls, trace=_d_trace, listening_gaps=_d_listening_gaps):
         _set(self, 'clean', clean)
         _set(self, 'elapsed_ns', elapsed_ns)
         _set(self, 'clean_ns', clean_ns)
@@ -33,18 +33,19 @@ def _methods_0(*, _MISSING, _set, _d_clean, _d_partial_polls, _d_trace):
         _set(self, 'policy', policy)
         _set(self, 'partial_polls', partial_polls)
         _set(self, 'trace', trace)
+        _set(self, 'listening_gaps', listening_gaps)
     def __repr__(self):
-        return f'{type(self).__qualname__}(clean={self.clean!r}, elapsed_ns={self.elapsed_ns!r}, clean_ns={self.clean_ns!r}, last_dirty_ns={self.last_dirty_ns!r}, started_ns={self.started_ns!r}, confirmed_ns={self.confirmed_ns!r}, polls={self.polls!r}, poll_cost_ns={self.poll_cost_ns!r}, interval_ns={self.interval_ns!r}, snapshot={self.snapshot!r}, policy={self.policy!r}, partial_polls={self.partial_polls!r}, trace={self.trace!r})'
+        return f'{type(self).__qualname__}(clean={self.clean!r}, elapsed_ns={self.elapsed_ns!r}, clean_ns={self.clean_ns!r}, last_dirty_ns={self.last_dirty_ns!r}, started_ns={self.started_ns!r}, confirmed_ns={self.confirmed_ns!r}, polls={self.polls!r}, poll_cost_ns={self.poll_cost_ns!r}, interval_ns={self.interval_ns!r}, snapshot={self.snapshot!r}, policy={self.policy!r}, partial_polls={self.partial_polls!r}, trace={self.trace!r}, listening_gaps={self.listening_gaps!r})'
     def __eq__(self, other):
         if other.__class__ is self.__class__:
-            return (self.clean, self.elapsed_ns, self.clean_ns, self.last_dirty_ns, self.started_ns, self.confirmed_ns, self.polls, self.poll_cost_ns, self.interval_ns, self.snapshot, self.policy, self.partial_polls, self.trace, ) == (other.clean, other.elapsed_ns, other.clean_ns, other.last_dirty_ns, other.started_ns, other.confirmed_ns, other.polls, other.poll_cost_ns, other.interval_ns, other.snapshot, other.policy, other.partial_polls, other.trace, )
+            return (self.clean, self.elapsed_ns, self.clean_ns, self.last_dirty_ns, self.started_ns, self.confirmed_ns, self.polls, self.poll_cost_ns, self.interval_ns, self.snapshot, self.policy, self.partial_polls, self.trace, self.listening_gaps, ) == (other.clean, other.elapsed_ns, other.clean_ns, other.last_dirty_ns, other.started_ns, other.confirmed_ns, other.polls, other.poll_cost_ns, other.interval_ns, other.snapshot, other.policy, other.partial_polls, other.trace, other.listening_gaps, )
         return NotImplemented
     def __hash__(self):
-        return hash((self.clean, self.elapsed_ns, self.clean_ns, self.last_dirty_ns, self.started_ns, self.confirmed_ns, self.polls, self.poll_cost_ns, self.interval_ns, self.snapshot, self.policy, self.partial_polls, self.trace, ))
+        return hash((self.clean, self.elapsed_ns, self.clean_ns, self.last_dirty_ns, self.started_ns, self.confirmed_ns, self.polls, self.poll_cost_ns, self.interval_ns, self.snapshot, self.policy, self.partial_polls, self.trace, self.listening_gaps, ))
     def __getstate__(self):
-        return (self.clean, self.elapsed_ns, self.clean_ns, self.last_dirty_ns, self.started_ns, self.confirmed_ns, self.polls, self.poll_cost_ns, self.interval_ns, self.snapshot, self.policy, self.partial_polls, self.trace, )
+        return (self.clean, self.elapsed_ns, self.clean_ns, self.last_dirty_ns, self.started_ns, self.confirmed_ns, self.polls, self.poll_cost_ns, self.interval_ns, self.snapshot, self.policy, self.partial_polls, self.trace, self.listening_gaps, )
     def __setstate__(self, state):
-        for name, value in zip(('clean', 'elapsed_ns', 'clean_ns', 'last_dirty_ns', 'started_ns', 'confirmed_ns', 'polls', 'poll_cost_ns', 'interval_ns', 'snapshot', 'policy', 'partial_polls', 'trace'), state):
+        for name, value in zip(('clean', 'elapsed_ns', 'clean_ns', 'last_dirty_ns', 'started_ns', 'confirmed_ns', 'polls', 'poll_cost_ns', 'interval_ns', 'snapshot', 'policy', 'partial_polls', 'trace', 'listening_gaps'), state):
             _set(self, name, value)
 
     return __init__, __repr__, __eq__, __hash__, __getstate__, __setstate__
@@ -485,26 +486,27 @@ def _methods_16(*, _MISSING, _set, _d_reasons):
 
 
 # nvmlcheck.verdict.ReadyReport
-def _methods_17(*, _MISSING, _set, _d_notes):
-    def __init__(self, verdicts, snapshot, elapsed_ns, polls, timeout_s, notes=_d_notes):
+def _methods_17(*, _MISSING, _set, _d_notes, _d_listening_gaps):
+    def __init__(self, verdicts, snapshot, elapsed_ns, polls, timeout_s, notes=_d_notes, listening_gaps=_d_listening_gaps):
         _set(self, 'verdicts', verdicts)
         _set(self, 'snapshot', snapshot)
         _set(self, 'elapsed_ns', elapsed_ns)
         _set(self, 'polls', polls)
         _set(self, 'timeout_s', timeout_s)
         _set(self, 'notes', notes)
+        _set(self, 'listening_gaps', listening_gaps)
     def __repr__(self):
-        return f'{type(self).__qualname__}(verdicts={self.verdicts!r}, snapshot={self.snapshot!r}, elapsed_ns={self.elapsed_ns!r}, polls={self.polls!r}, timeout_s={self.timeout_s!r}, notes={self.notes!r})'
+        return f'{type(self).__qualname__}(verdicts={self.verdicts!r}, snapshot={self.snapshot!r}, elapsed_ns={self.elapsed_ns!r}, polls={self.polls!r}, timeout_s={self.timeout_s!r}, notes={self.notes!r}, listening_gaps={self.listening_gaps!r})'
     def __eq__(self, other):
         if other.__class__ is self.__class__:
-            return (self.verdicts, self.snapshot, self.elapsed_ns, self.polls, self.timeout_s, self.notes, ) == (other.verdicts, other.snapshot, other.elapsed_ns, other.polls, other.timeout_s, other.notes, )
+            return (self.verdicts, self.snapshot, self.elapsed_ns, self.polls, self.timeout_s, self.notes, self.listening_gaps, ) == (other.verdicts, other.snapshot, other.elapsed_ns, other.polls, other.timeout_s, other.notes, other.listening_gaps, )
         return NotImplemented
     def __hash__(self):
-        return hash((self.verdicts, self.snapshot, self.elapsed_ns, self.polls, self.timeout_s, self.notes, ))
+        return hash((self.verdicts, self.snapshot, self.elapsed_ns, self.polls, self.timeout_s, self.notes, self.listening_gaps, ))
     def __getstate__(self):
-        return (self.verdicts, self.snapshot, self.elapsed_ns, self.polls, self.timeout_s, self.notes, )
+        return (self.verdicts, self.snapshot, self.elapsed_ns, self.polls, self.timeout_s, self.notes, self.listening_gaps, )
     def __setstate__(self, state):
-        for name, value in zip(('verdicts', 'snapshot', 'elapsed_ns', 'polls', 'timeout_s', 'notes'), state):
+        for name, value in zip(('verdicts', 'snapshot', 'elapsed_ns', 'polls', 'timeout_s', 'notes', 'listening_gaps'), state):
             _set(self, name, value)
 
     return __init__, __repr__, __eq__, __hash__, __getstate__, __setstate__
@@ -512,7 +514,7 @@ def _methods_17(*, _MISSING, _set, _d_notes):
 
 METHODS: dict[str, Callable[..., tuple[Any, ...]]] = {
     (
-        'def __init__(self, *, clean=_d_clean, elapsed_ns, clean_ns, last_dirty_ns, started_ns, confirmed_ns, polls, poll_cost_ns, interval_ns, snapshot, policy, partial_polls=_d_partial_polls, trace=_d_trace):\n'
+        'def __init__(self, *, clean=_d_clean, elapsed_ns, clean_ns, last_dirty_ns, started_ns, confirmed_ns, polls, poll_cost_ns, interval_ns, snapshot, policy, partial_polls=_d_partial_polls, trace=_d_trace, listening_gaps=_d_listening_gaps):\n'
         "    _set(self, 'clean', clean)\n"
         "    _set(self, 'elapsed_ns', elapsed_ns)\n"
         "    _set(self, 'clean_ns', clean_ns)\n"
@@ -526,18 +528,19 @@ METHODS: dict[str, Callable[..., tuple[Any, ...]]] = {
         "    _set(self, 'policy', policy)\n"
         "    _set(self, 'partial_polls', partial_polls)\n"
         "    _set(self, 'trace', trace)\n"
+        "    _set(self, 'listening_gaps', listening_gaps)\n"
         'def __repr__(self):\n'
-        "    return f'{type(self).__qualname__}(clean={self.clean!r}, elapsed_ns={self.elapsed_ns!r}, clean_ns={self.clean_ns!r}, last_dirty_ns={self.last_dirty_ns!r}, started_ns={self.started_ns!r}, confirmed_ns={self.confirmed_ns!r}, polls={self.polls!r}, poll_cost_ns={self.poll_cost_ns!r}, interval_ns={self.interval_ns!r}, snapshot={self.snapshot!r}, policy={self.policy!r}, partial_polls={self.partial_polls!r}, trace={self.trace!r})'\n"
+        "    return f'{type(self).__qualname__}(clean={self.clean!r}, elapsed_ns={self.elapsed_ns!r}, clean_ns={self.clean_ns!r}, last_dirty_ns={self.last_dirty_ns!r}, started_ns={self.started_ns!r}, confirmed_ns={self.confirmed_ns!r}, polls={self.polls!r}, poll_cost_ns={self.poll_cost_ns!r}, interval_ns={self.interval_ns!r}, snapshot={self.snapshot!r}, policy={self.policy!r}, partial_polls={self.partial_polls!r}, trace={self.trace!r}, listening_gaps={self.listening_gaps!r})'\n"
         'def __eq__(self, other):\n'
         '    if other.__class__ is self.__class__:\n'
-        '        return (self.clean, self.elapsed_ns, self.clean_ns, self.last_dirty_ns, self.started_ns, self.confirmed_ns, self.polls, self.poll_cost_ns, self.interval_ns, self.snapshot, self.policy, self.partial_polls, self.trace, ) == (other.clean, other.elapsed_ns, other.clean_ns, other.last_dirty_ns, other.started_ns, other.confirmed_ns, other.polls, other.poll_cost_ns, other.interval_ns, other.snapshot, other.policy, other.partial_polls, other.trace, )\n'
+        '        return (self.clean, self.elapsed_ns, self.clean_ns, self.last_dirty_ns, self.started_ns, self.confirmed_ns, self.polls, self.poll_cost_ns, self.interval_ns, self.snapshot, self.policy, self.partial_polls, self.trace, self.listening_gaps, ) == (other.clean, other.elapsed_ns, other.clean_ns, other.last_dirty_ns, other.started_ns, other.confirmed_ns, other.polls, other.poll_cost_ns, other.interval_ns, other.snapshot, other.policy, other.partial_polls, other.trace, other.listening_gaps, )\n'
         '    return NotImplemented\n'
         'def __hash__(self):\n'
-        '    return hash((self.clean, self.elapsed_ns, self.clean_ns, self.last_dirty_ns, self.started_ns, self.confirmed_ns, self.polls, self.poll_cost_ns, self.interval_ns, self.snapshot, self.policy, self.partial_polls, self.trace, ))\n'
+        '    return hash((self.clean, self.elapsed_ns, self.clean_ns, self.last_dirty_ns, self.started_ns, self.confirmed_ns, self.polls, self.poll_cost_ns, self.interval_ns, self.snapshot, self.policy, self.partial_polls, self.trace, self.listening_gaps, ))\n'
         'def __getstate__(self):\n'
-        '    return (self.clean, self.elapsed_ns, self.clean_ns, self.last_dirty_ns, self.started_ns, self.confirmed_ns, self.polls, self.poll_cost_ns, self.interval_ns, self.snapshot, self.policy, self.partial_polls, self.trace, )\n'
+        '    return (self.clean, self.elapsed_ns, self.clean_ns, self.last_dirty_ns, self.started_ns, self.confirmed_ns, self.polls, self.poll_cost_ns, self.interval_ns, self.snapshot, self.policy, self.partial_polls, self.trace, self.listening_gaps, )\n'
         'def __setstate__(self, state):\n'
-        "    for name, value in zip(('clean', 'elapsed_ns', 'clean_ns', 'last_dirty_ns', 'started_ns', 'confirmed_ns', 'polls', 'poll_cost_ns', 'interval_ns', 'snapshot', 'policy', 'partial_polls', 'trace'), state):\n"
+        "    for name, value in zip(('clean', 'elapsed_ns', 'clean_ns', 'last_dirty_ns', 'started_ns', 'confirmed_ns', 'polls', 'poll_cost_ns', 'interval_ns', 'snapshot', 'policy', 'partial_polls', 'trace', 'listening_gaps'), state):\n"
         '        _set(self, name, value)\n'
     ): _methods_0,
     (
@@ -911,25 +914,26 @@ METHODS: dict[str, Callable[..., tuple[Any, ...]]] = {
         '        _set(self, name, value)\n'
     ): _methods_16,
     (
-        'def __init__(self, verdicts, snapshot, elapsed_ns, polls, timeout_s, notes=_d_notes):\n'
+        'def __init__(self, verdicts, snapshot, elapsed_ns, polls, timeout_s, notes=_d_notes, listening_gaps=_d_listening_gaps):\n'
         "    _set(self, 'verdicts', verdicts)\n"
         "    _set(self, 'snapshot', snapshot)\n"
         "    _set(self, 'elapsed_ns', elapsed_ns)\n"
         "    _set(self, 'polls', polls)\n"
         "    _set(self, 'timeout_s', timeout_s)\n"
         "    _set(self, 'notes', notes)\n"
+        "    _set(self, 'listening_gaps', listening_gaps)\n"
         'def __repr__(self):\n'
-        "    return f'{type(self).__qualname__}(verdicts={self.verdicts!r}, snapshot={self.snapshot!r}, elapsed_ns={self.elapsed_ns!r}, polls={self.polls!r}, timeout_s={self.timeout_s!r}, notes={self.notes!r})'\n"
+        "    return f'{type(self).__qualname__}(verdicts={self.verdicts!r}, snapshot={self.snapshot!r}, elapsed_ns={self.elapsed_ns!r}, polls={self.polls!r}, timeout_s={self.timeout_s!r}, notes={self.notes!r}, listening_gaps={self.listening_gaps!r})'\n"
         'def __eq__(self, other):\n'
         '    if other.__class__ is self.__class__:\n'
-        '        return (self.verdicts, self.snapshot, self.elapsed_ns, self.polls, self.timeout_s, self.notes, ) == (other.verdicts, other.snapshot, other.elapsed_ns, other.polls, other.timeout_s, other.notes, )\n'
+        '        return (self.verdicts, self.snapshot, self.elapsed_ns, self.polls, self.timeout_s, self.notes, self.listening_gaps, ) == (other.verdicts, other.snapshot, other.elapsed_ns, other.polls, other.timeout_s, other.notes, other.listening_gaps, )\n'
         '    return NotImplemented\n'
         'def __hash__(self):\n'
-        '    return hash((self.verdicts, self.snapshot, self.elapsed_ns, self.polls, self.timeout_s, self.notes, ))\n'
+        '    return hash((self.verdicts, self.snapshot, self.elapsed_ns, self.polls, self.timeout_s, self.notes, self.listening_gaps, ))\n'
         'def __getstate__(self):\n'
-        '    return (self.verdicts, self.snapshot, self.elapsed_ns, self.polls, self.timeout_s, self.notes, )\n'
+        '    return (self.verdicts, self.snapshot, self.elapsed_ns, self.polls, self.timeout_s, self.notes, self.listening_gaps, )\n'
         'def __setstate__(self, state):\n'
-        "    for name, value in zip(('verdicts', 'snapshot', 'elapsed_ns', 'polls', 'timeout_s', 'notes'), state):\n"
+        "    for name, value in zip(('verdicts', 'snapshot', 'elapsed_ns', 'polls', 'timeout_s', 'notes', 'listening_gaps'), state):\n"
         '        _set(self, name, value)\n'
     ): _methods_17,
 }

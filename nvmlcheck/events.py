@@ -29,12 +29,14 @@ from .model import OperatorAction
 __all__ = [
     "EVENT_SCHEMA",
     "EVENT_SCHEMA_VERSION",
+    "FATAL_KINDS",
     "WAIT_SLICE_MS",
     "XID_TABLE",
     "EventKind",
     "EventListener",
     "EventTarget",
     "GpuEvent",
+    "ListeningGap",
     "XidInfo",
     "xid_info",
 ]
@@ -72,6 +74,9 @@ STALLED_AFTER_S = 1.0
 RECOVERY_ATTEMPTS = 3
 #: The pause between two of those attempts (or :meth:`EventListener.stop`, whichever comes first).
 RECOVERY_RETRY_S = 0.01
+#: How many :class:`ListeningGap` records a listener keeps (:meth:`EventListener.gaps`): a driver that stalls every
+#: few minutes for weeks must not grow the list without bound. Beyond it the oldest ended ones are forgotten.
+MAX_KEPT_GAPS = 1_000
 
 
 class EventKind(enum.Enum):
@@ -123,6 +128,13 @@ _XID_BIT = 0x8
 # without: a GPU that reports a newer type supported but refuses it keeps the ones it delivered before.
 _CLASSIC_MASK = 0x1 | 0x2 | 0x4 | 0x8 | 0x10 | 0x80
 _MIG_CONFIG_BIT = 0x100
+#: The kinds that stop a wait whatever their data (an XID stops it when :data:`XID_TABLE` calls it fatal): a
+#: double-bit ECC error (as XID 48); a *fatal* poison error, NVML's name for an uncontained one (the XID catalogue
+#: resolves the uncontained ECC error, XID 95, by a GPU reset; the contained one, XID 94, by restarting the
+#: application: ``nonfatal_poison`` is recorded); and a GPU that NVML calls unavailable. Until the fourth round of
+#: 2026-12-02 the last two were recorded only, on the assumption that the next poll fails on such a GPU: nothing
+#: promises that a GPU NVML calls unavailable or poisoned still answers no memory query, and a wait called it clean.
+FATAL_KINDS = frozenset({EventKind.DOUBLE_BIT_ECC, EventKind.FATAL_POISON, EventKind.GPU_UNAVAILABLE})
 _MEANINGS = {
     EventKind.SINGLE_BIT_ECC: "single-bit (corrected) ECC error",
     EventKind.DOUBLE_BIT_ECC: "double-bit (uncorrectable) ECC error",
@@ -135,8 +147,8 @@ _MEANINGS = {
     EventKind.DRAM_RETIREMENT: "DRAM retirement event (row remapping or page retirement)",
     EventKind.DRAM_RETIREMENT_FAILURE: "DRAM retirement failed",
     EventKind.NONFATAL_POISON: "non-fatal poison error",
-    EventKind.FATAL_POISON: "fatal poison error",
-    EventKind.GPU_UNAVAILABLE: "GPU unavailable",
+    EventKind.FATAL_POISON: "fatal (uncontained) poison error: the GPU needs a reset",
+    EventKind.GPU_UNAVAILABLE: "GPU unavailable: NVML says it cannot be used",
     EventKind.GPU_RECOVERY_ACTION: "GPU recovery action changed (read Health.recovery_action)",
 }
 
@@ -281,8 +293,9 @@ class GpuEvent:
 
     @property
     def fatal(self) -> bool:
-        """Whether this event stops a wait: a double-bit ECC event, or an XID :data:`XID_TABLE` calls fatal."""
-        if self.kind is EventKind.DOUBLE_BIT_ECC:
+        """Whether this event stops a wait: a double-bit ECC event, a fatal poison or GPU unavailable event
+        (:data:`FATAL_KINDS`), or an XID :data:`XID_TABLE` calls fatal."""
+        if self.kind in FATAL_KINDS:
             return True
         return self.kind is EventKind.XID and self.xid is not None and xid_info(self.xid).fatal
 
@@ -332,6 +345,56 @@ class GpuEvent:
         mig = "" if gi is None else f" (GI {gi}, CI {ci})"
         verdict = " FATAL" if self.fatal else ""
         return f"{when} GPU {self.index}{mig}{verdict} {what}: {self.meaning}"
+
+
+#: What a :class:`ListeningGap` was: the registration had not returned when the caller went on without it
+#: (``"starting"``); the listener was asking the GPUs again after a wait error (``"recovering"``);
+#: ``nvmlEventSetWait_v2`` had not returned for :data:`STALLED_AFTER_S` (``"stalled"``); the GPU was dropped by a
+#: recovery (``"dropped"``), never registered (``"unregistered"``), or the listener failed (``"failed"``).
+GAP_CAUSES = ("starting", "recovering", "stalled", "dropped", "unregistered", "failed")
+
+
+@dataclass(frozen=True)
+class ListeningGap:
+    """A time during which the listener heard nothing from some GPUs (:meth:`EventListener.gaps`): a fatal XID
+    then was not heard, and a wait or ``ready`` that ran meanwhile relied on its polls alone.
+
+    ``seq`` names the gap (its begin and its end are the same ``seq``); ``cause`` is one of :data:`GAP_CAUSES`;
+    ``indices`` the GPUs not listened to (``()``: every GPU, for a listener that never knew its GPUs, the smi
+    backend's); ``began_ns``/``ended_ns`` on the listener's clock (``time.monotonic_ns``, as event times), ``ended_ns``
+    ``None`` while it lasts (a dropped, unregistered or failed GPU's never ends); ``why`` in words.
+    """
+
+    seq: int
+    cause: str
+    indices: tuple[int, ...]
+    began_ns: int
+    ended_ns: int | None
+    why: str
+
+    def lasted_s(self, now_ns: int | None = None) -> float | None:
+        """How long it lasted (to ``now_ns`` while it lasts; ``None`` then without ``now_ns``)."""
+        end = self.ended_ns if self.ended_ns is not None else now_ns
+        return None if end is None else max(0, end - self.began_ns) / 1e9
+
+    def line(self) -> str:
+        """One line for a person: ``events not listened to on GPUs 0, 1 for 1.3 s (recovering: ...)``."""
+        lasted = self.lasted_s()
+        span = ("(still not)" if lasted is None else f"for {lasted * 1e3:.1f} ms" if lasted < 1
+                else f"for {lasted:.1f} s")
+        return f"events not listened to on {_gpu_words(self.indices)} {span}: {self.cause}: {self.why}"
+
+    def to_json(self) -> dict[str, Any]:
+        """Its fields as a JSON object (``listening_gaps`` of ``nvmlcheck/wait`` and ``nvmlcheck/ready``; a gap line of
+        ``nvmlcheck watch --json``)."""
+        return {"seq": self.seq, "cause": self.cause, "gpus": list(self.indices), "began_ns": self.began_ns,
+                "ended_ns": self.ended_ns, "lasted_s": self.lasted_s(), "why": self.why}
+
+
+def _gpu_words(indices: Sequence[int]) -> str:
+    if not indices:
+        return "every GPU"
+    return ("GPU " if len(indices) == 1 else "GPUs ") + ", ".join(str(i) for i in indices)
 
 
 @dataclass(frozen=True)
@@ -413,6 +476,13 @@ class EventListener:
         self._recovery: _Recovery | None = None  # the recovery in progress (read by reason while "recovering")
         self._wait_began: int | None = None  # when the wait call in flight began (on self._clock), else None
         self._blameless = 0  # wait errors in a row that no GPU answered itself (each given a new set)
+        # The times some GPUs were not listened to (gaps), for waits to say so afterwards and `watch` as they happen.
+        self._gaps: list[ListeningGap] = []
+        self._gap_seq = 0
+        self._started_ns = 0  # when start() began (on self._clock): an unregistered GPU's gap begins there
+        self._start_gap: ListeningGap | None = None  # open while the caller went on without the registration
+        self._rec_gap: ListeningGap | None = None  # open while recovering
+        self._stall_seq: int | None = None  # the seq of the stall in flight, once gaps() or the thread named it
         self._registered = threading.Event()  # set when the registration has an answer (or stop() gave it up)
         self._overdue = False  # start() stopped waiting for the registration (its deadline came first)
         self._stop = threading.Event()
@@ -511,6 +581,80 @@ class EventListener:
     def _stall_words(self, stalled_s: float) -> str:
         return f"nvmlEventSetWait_v2 has not returned for {stalled_s:.1f} s (a call is {self._slice} ms at most)"
 
+    # --- gaps: when GPUs were not listened to (lock held in each) -------------------------------------------------
+
+    def _next_seq(self) -> int:
+        self._gap_seq += 1
+        return self._gap_seq
+
+    def _open_gap(self, cause: str, indices: Iterable[int], why: str, began_ns: int | None = None) -> ListeningGap:
+        gap = ListeningGap(self._next_seq(), cause, tuple(sorted(set(indices))),
+                           self._clock() if began_ns is None else began_ns, None, why)
+        self._keep_gap(gap)
+        return gap
+
+    def _keep_gap(self, gap: ListeningGap) -> None:
+        self._gaps.append(gap)
+        if len(self._gaps) > MAX_KEPT_GAPS:
+            ended = [g for g in self._gaps if g.ended_ns is not None]
+            drop = {g.seq for g in ended[: len(self._gaps) - MAX_KEPT_GAPS // 2]}
+            self._gaps = [g for g in self._gaps if g.seq not in drop]
+        self._cond.notify_all()
+
+    def _close_gap(self, gap: ListeningGap | None, ended_ns: int | None = None, *,
+                   indices: Iterable[int] | None = None) -> None:
+        """End ``gap`` (now, or at ``ended_ns``); ``indices``: on those GPUs only (the others' gap goes on as
+        another one: a GPU a recovery dropped is not listened to again)."""
+        if gap is None:
+            return
+        end = self._clock() if ended_ns is None else ended_ns
+        on = gap.indices if indices is None else tuple(sorted(set(indices)))
+        self._gaps = [ListeningGap(g.seq, g.cause, on, g.began_ns, end, g.why) if g.seq == gap.seq else g
+                      for g in self._gaps]
+        self._cond.notify_all()
+
+    def _replace_gap(self, gap: ListeningGap, cause: str, why: str) -> None:
+        """``gap`` goes on as ``cause`` (the same seq, still open): a recovery that ended the listener."""
+        self._gaps = [ListeningGap(g.seq, cause, g.indices, g.began_ns, None, why) if g.seq == gap.seq else g
+                      for g in self._gaps]
+        self._cond.notify_all()
+
+    def _covered_indices(self) -> list[int]:
+        return [i for i, _ in self._covered.values()]
+
+    def gaps(self, indices: Iterable[int] | None = None, since_ns: int = 0) -> tuple[ListeningGap, ...]:
+        """The times GPUs of ``indices`` (``None``: any) were not listened to, at or after ``since_ns`` (on the
+        listener's clock, ``time.monotonic_ns``: a wait passes when it began), oldest first, each narrowed to the
+        GPUs asked about: a registration that had not returned when the caller went on without it, a recovery after
+        a wait error, a stalled ``nvmlEventSetWait_v2`` (the one in flight too, ``ended_ns`` ``None``), a GPU
+        dropped, never registered, or a listener that failed. A wait or ``ready`` that ran meanwhile heard no fatal
+        event of those GPUs then: its result says so (``listening_gaps``) instead of reading as if it had."""
+        wanted = None if indices is None else frozenset(indices)
+        self._forked()
+        with self._cond:
+            found = list(self._gaps)
+            if self._state == "unsupported" and not found:
+                found.append(ListeningGap(0, "unregistered", (), self._started_ns, None,
+                                          self._reason or "events unavailable"))
+            stalled = self._stalled_s() if self._state == "running" else None
+            began = self._wait_began
+            if stalled is not None and began is not None:
+                if self._stall_seq is None:
+                    self._stall_seq = self._next_seq()
+                found.append(ListeningGap(self._stall_seq, "stalled", tuple(sorted(self._covered_indices())), began,
+                                          None, self._stall_words(stalled)))
+        out: list[ListeningGap] = []
+        for g in found:
+            if g.ended_ns is not None and g.ended_ns < since_ns:
+                continue
+            if wanted is None:
+                out.append(g)
+                continue
+            narrowed = tuple(i for i in g.indices if i in wanted) if g.indices else tuple(sorted(wanted))
+            if narrowed:
+                out.append(ListeningGap(g.seq, g.cause, narrowed, g.began_ns, g.ended_ns, g.why))
+        return tuple(sorted(out, key=lambda g: (g.began_ns, g.seq)))
+
     def _in_flight(self, tense: str = "has") -> str:
         """What the registration waits on, in words (lock held, state "starting"): ``"nvmlDeviceRegisterEvents on
         GPU 0 has not returned"``; ``tense`` ``"had"`` for the past."""
@@ -566,6 +710,17 @@ class EventListener:
         return frozenset(i for i, _ in self._covered.values())
 
     @property
+    def kept(self) -> frozenset[int]:
+        """The GPU indices the listener has not given up: registered, and listened to or to be listened to again
+        once a recovery or a stalled call returns (:attr:`covered` is empty meanwhile). ``watch`` ends when none of
+        its GPUs is left, rather than listen to nothing for ever."""
+        self._forked()
+        with self._cond:
+            if self._state not in ("running", "recovering"):
+                return frozenset()
+            return frozenset(i for i, _ in self._covered.values())
+
+    @property
     def events(self) -> tuple[GpuEvent, ...]:
         """The events received so far, in order: the latest of them, at most :data:`MAX_KEPT_EVENTS`."""
         self._forked()
@@ -601,6 +756,7 @@ class EventListener:
         with self._cond:
             self._reg = reg
             self._state = "starting"
+            self._started_ns = self._clock()
         thread = threading.Thread(target=self._run, args=(reg, deadline_ns, clock), name="nvmlcheck events",
                                   daemon=True)
         self._thread = thread
@@ -614,6 +770,11 @@ class EventListener:
             # Not registered by the deadline (or the caller interrupted, KeyboardInterrupt): stop() does not wait
             # for a call that had not returned by then.
             self._overdue = not self._registered.is_set()
+            with self._cond:
+                if self._overdue and self._state == "starting":
+                    # The caller goes on without the listener from here: a gap until the registration returns.
+                    pending = [t.index for t in self._targets if t.index not in self._preset]
+                    self._start_gap = self._open_gap("starting", pending, self._starting_reason())
         return self
 
     def _register_all(self, reg: _Registration, deadline_ns: int | None, clock: Callable[[], int]) -> object | None:
@@ -664,6 +825,10 @@ class EventListener:
                 self._cond.notify_all()
                 return None
             self._device_reasons = dict(reg.reasons)
+            self._close_gap(self._start_gap)
+            self._start_gap = None
+            for index, why in sorted(reg.reasons.items()):
+                self._open_gap("unregistered", [index], why, self._started_ns)
             if reg.covered:
                 self._covered = dict(reg.covered)
                 self._masks = dict(reg.masks)
@@ -742,6 +907,9 @@ class EventListener:
     def _unsupported(self, why: str) -> EventListener:
         self._state = "unsupported"
         self._reason = why
+        if self._start_gap is not None:
+            self._close_gap(self._start_gap)
+            self._start_gap = None
         return self
 
     def stop(self) -> None:
@@ -816,7 +984,7 @@ class EventListener:
             try:
                 got = src.wait(event_set, slice_ms)
             except NvmlCheckError as exc:
-                self._wait_began = None
+                self._stall_ended(began)
                 # One GPU of the set lost (GpuLost), NVML re-initialised under us (Uninitialized), Unknown: the
                 # GPUs that answer an error themselves are dropped and the others listened to on a new set.
                 kept = self._without_failing(event_set, exc)
@@ -824,8 +992,10 @@ class EventListener:
                     return
                 event_set = kept
                 continue
-            finally:
+            except BaseException:
                 self._wait_began = None
+                raise
+            self._stall_ended(began)
             self._blameless = 0  # the set answered: its error, if any, is over
             if got is None:
                 # NVML_ERROR_TIMEOUT. It also answers so at once when a signal interrupts the call; a call that
@@ -836,6 +1006,24 @@ class EventListener:
                     self._pause(left_ns / 1e9)
                 continue
             self._received(*got)
+
+    def _stall_ended(self, began: int) -> None:
+        """After a wait call that began at ``began``: one that took :data:`STALLED_AFTER_S` or more (the listener
+        said ``"stalled"``) is kept as a gap, under the lock, before the call is said returned (``_wait_began``
+        cleared): a wait reading the gaps in between saw the stall neither in flight nor kept, and said its GPUs
+        listened to. Free of the lock otherwise: this runs after every slice."""
+        took = self._clock() - began
+        if took < STALLED_AFTER_S * 1e9:
+            self._wait_began = None
+            return
+        with self._cond:
+            seq, self._stall_seq = self._stall_seq, None
+            gap = ListeningGap(self._next_seq() if seq is None else seq, "stalled",
+                               tuple(sorted(self._covered_indices())), began, began + took,
+                               f"nvmlEventSetWait_v2 did not return for {took / 1e9:.1f} s (a call is {self._slice} "
+                               "ms at most); events that came meanwhile were received when it returned")
+            self._keep_gap(gap)
+            self._wait_began = None
 
     def _without_failing(self, event_set: object, exc: NvmlCheckError) -> object | None:
         """After ``nvmlEventSetWait_v2`` failed with ``exc``: ask each GPU of the set (its supported event types);
@@ -857,6 +1045,7 @@ class EventListener:
                 return None
             self._state = "recovering"
             self._recovery = rec
+            self._rec_gap = self._open_gap("recovering", self._covered_indices(), wait_failed)
             self._cond.notify_all()
         try:
             return self._rebuild(event_set, rec)
@@ -948,6 +1137,12 @@ class EventListener:
             self._device_reasons.update(dropped)
             self._state = "running"
             self._recovery = None
+            rec_gap, self._rec_gap = self._rec_gap, None
+            # Listening again on the GPUs kept alone; a dropped one's gap goes on, as "dropped", from the same start
+            # (it said "listening again" to every GPU of the set, the dropped one too).
+            self._close_gap(rec_gap, indices=[i for i, _ in kept.values()])
+            for index, why in sorted(dropped.items()):
+                self._open_gap("dropped", [index], why, None if rec_gap is None else rec_gap.began_ns)
             self._cond.notify_all()
         return new_set
 
@@ -966,6 +1161,11 @@ class EventListener:
                 return
             self._state = "failed"
             self._reason = why
+            rec_gap, self._rec_gap = self._rec_gap, None
+            if rec_gap is not None:
+                self._replace_gap(rec_gap, "failed", why)  # it never listened again: one gap, from its start
+            else:
+                self._open_gap("failed", self._covered_indices(), why)
             self._cond.notify_all()
         if event_set is not None and self._set is event_set:
             self._set = None  # stop() joins this thread before it reads the set: it frees nothing twice

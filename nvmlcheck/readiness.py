@@ -35,7 +35,7 @@ TYPE_CHECKING = False  # no typing at run time: it costs a one-shot check millis
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from .events import GpuEvent
+    from .events import GpuEvent, ListeningGap
     from .holders import Holder
     from .predicates import Predicate
     from .session import DeviceSelector, Session
@@ -173,7 +173,8 @@ def _ready(
         confirmed = _confirm(session, indices, opts, deadline_ns=deadline_ns, watch=watch,
                              judge=lambda snap: judge(snap, snap), predicate=predicate, first=(first, verdicts))
         if confirmed is not None:
-            return ReadyReport(confirmed[1], confirmed[0], clock() - start, watch.observed, bound, notes)
+            return ReadyReport(confirmed[1], confirmed[0], clock() - start, watch.observed, bound,
+                               *_with_events(session, notes, indices, read_from_ns))
 
     recheck = _HealthOnEvents(session, indices, deadline_ns, clock, since_ns=read_from_ns,
                               pending=bool(_transient_gpus(first)))
@@ -199,22 +200,33 @@ def _ready(
         # GPU is not ready for a reason that waiting cannot change here (unhealthy, a lasting error).
         if (not transient or any(v.needs_operator or (not v.ready and v.index not in transient) for v in verdicts)
                 or not _pause(opts, session, deadline_ns)):
-            return ReadyReport(verdicts, final, clock() - start, watch.observed, bound, _with_events(session, notes))
+            return ReadyReport(verdicts, final, clock() - start, watch.observed, bound,
+                               *_with_events(session, notes, indices, read_from_ns))
     # A GPU stuck past its bound ended the wait at that poll (waiting cannot help: exit 5): its verdicts stand.
     final, verdicts = stuck.found or (final, judge(final))
     if all(v.ready for v in verdicts):
         # The deadline came after a clean reading but before the run stable_polls asks for (and the health reading
         # that follows it): not confirmed, never called ready.
         verdicts = tuple(_unconfirmed(v, opts.stable_polls) for v in verdicts)
-    return ReadyReport(verdicts, final, clock() - start, watch.observed, bound, _with_events(session, notes))
+    return ReadyReport(verdicts, final, clock() - start, watch.observed, bound,
+                       *_with_events(session, notes, indices, read_from_ns))
 
 
-def _with_events(session: Session, notes: tuple[str, ...]) -> tuple[str, ...]:
-    """``notes`` and, when the listener could not cover every GPU, why."""
+def _with_events(session: Session, notes: tuple[str, ...], indices: tuple[int, ...] | None,
+                 since_ns: int) -> tuple[tuple[str, ...], tuple[ListeningGap, ...] | None]:
+    """``notes`` and, when the listener could not cover every GPU, why; then the times it did not listen to the
+    selected GPUs since ``since_ns`` (``None``: no listener), each a note too: a ``ready`` that waited while the
+    listener recovered or stalled heard no XID of those GPUs then, and said nothing of it once it ran again."""
     listener = session.listener
-    if listener is not None and listener.reason is not None:
-        return (*notes, f"events: {listener.reason}")
-    return notes
+    if listener is None:
+        return notes, None
+    gaps = listener.gaps(indices, since_ns)
+    reason = listener.reason
+    # A gap that lasts is the listener's reason now (said once, below); one that ended, nothing else says.
+    out = [*notes, *(f"events: {g.line()}" for g in gaps if g.ended_ns is not None or reason is None)]
+    if reason is not None:
+        out.append(f"events: {reason}")
+    return tuple(out), gaps
 
 
 def _pause(opts: WaitOptions, session: Session, deadline_ns: int | None) -> bool:

@@ -339,6 +339,21 @@ class Session:
         # the call returns; its reason says so meanwhile.
         return (listener if listener.state in ("running", "starting", "recovering", "stalled") else None), timeout
 
+    def _with_gaps(self, result: WaitResult, listener: EventListener | None, events: bool | None, *,
+                   asked: float | None, indices: tuple[int, ...] | None, since_ns: int) -> WaitResult:
+        """``result`` told when events were not listened to on its GPUs since ``since_ns`` (``listening_gaps``), by
+        the listener in use, or by the one asked for that cannot listen (unsupported, failed: its gap is the whole
+        wait); unchanged (``None``) when the wait did not listen. Before, a wait that ran while the listener
+        recovered or stalled read as if every XID had been heard."""
+        heard_by = listener
+        if heard_by is None and (events or (events is None and self._listener is not None)) and asked != 0:
+            heard_by = self._listener
+        if heard_by is None:
+            return result
+        import dataclasses
+
+        return dataclasses.replace(result, listening_gaps=heard_by.gaps(indices, since_ns))
+
     @property
     def listener(self) -> EventListener | None:
         """The listener :meth:`listen` started, if any (it may have stopped since: see its ``state``)."""
@@ -768,7 +783,7 @@ class Session:
                 sleep=sleep,
             )
             fatal()  # a fault during the last poll: never clean after one
-            return result
+            return self._with_gaps(result, listener, events, asked=asked, indices=indices, since_ns=since)
         except WaitTimeout as exc:
             # A fault may have come during the poll that timed out: the fault is the better answer.
             fatal()

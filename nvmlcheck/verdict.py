@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
     from ._proc.procfs import ProcStat
     from .errors import GpuFault
+    from .events import ListeningGap
     from .holders import Holder
     from .wait import TracePoint
 
@@ -308,6 +309,9 @@ class ReadyReport:
     cannot help). ``snapshot``: the last reading judged; ``elapsed_ns``: from the call to the verdict; ``polls``:
     readings taken; ``timeout_s``: the bound asked for (``None``: none). ``notes``: what was not judged and why
     (health values the GPUs do not support, events that could not be had): never a refusal.
+    ``listening_gaps``: the times the event listener did not listen to the selected GPUs while ``ready`` waited
+    (:class:`~nvmlcheck.events.ListeningGap`; each is a note too): ``()`` it listened throughout, ``None`` none
+    listened.
     """
 
     verdicts: tuple[GpuVerdict, ...]
@@ -316,6 +320,7 @@ class ReadyReport:
     polls: int
     timeout_s: float | None
     notes: tuple[str, ...] = ()
+    listening_gaps: tuple[ListeningGap, ...] | None = None
 
     @property
     def ready(self) -> bool:

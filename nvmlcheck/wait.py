@@ -47,6 +47,7 @@ TYPE_CHECKING = False  # no typing at run time: it costs a one-shot check millis
 if TYPE_CHECKING:
     from typing import cast
 
+    from .events import ListeningGap
     from .verdict import Culprit
 else:
 
@@ -168,6 +169,10 @@ class WaitResult:
     policy: PollPolicy
     partial_polls: int = 0
     trace: tuple[TracePoint, ...] | None = None
+    #: The times the event listener did not listen to selected GPUs during the wait
+    #: (:class:`~nvmlcheck.events.ListeningGap`: it recovered, stalled, had not registered, dropped or never had a
+    #: GPU): a fatal event then was not heard. ``()``: it listened throughout; ``None``: the wait did not listen.
+    listening_gaps: tuple[ListeningGap, ...] | None = None
 
     @property
     def first_clean_ns(self) -> int:

@@ -15,7 +15,7 @@ from ._common import (
     verdict_printed,
     wait_predicate,
 )
-from ._output import StatusLine, load_json_output, plural, print_json, safe_lines, status_updater
+from ._output import StatusLine, load_json_output, plural, print_json, safe, safe_lines, status_updater
 
 TYPE_CHECKING = False  # no typing at run time: it costs a one-shot check milliseconds (docs/performance.md)
 if TYPE_CHECKING:
@@ -94,3 +94,8 @@ def _print_clean(args: argparse.Namespace, result: WaitResult) -> None:
             f"(confirmed at {result.elapsed_ns / 1e6:.1f} ms, {plural(result.polls, 'poll')}, "
             f"{result.poll_cost_ns / 1e3:.0f} µs per poll)"
         )
+    for gap in result.listening_gaps or ():
+        # The listener recovered, stalled, dropped a GPU or had not registered during the wait: a fatal XID then
+        # went unheard. A GPU never registered was said when the listener started (--events' notice).
+        if gap.cause != "unregistered":
+            print(f"nvmlcheck: events: {safe(gap.line())}", file=sys.stderr)

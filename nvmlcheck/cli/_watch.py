@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     import argparse
     from typing import Any
 
+    from ..events import ListeningGap
+
 #: How long one wait for events lasts: bounds how late ``--for`` ends (Ctrl-C and SIGTERM interrupt it at once).
 _SLICE_S = 0.25
 
@@ -67,6 +69,9 @@ def _watch(args: argparse.Namespace) -> int:
             print(f"nvmlcheck watch: listening to {_gpus(covered)} {until}", file=sys.stderr, flush=True)
         end = None if args.duration is None else began + args.duration
         seen = printed = 0
+        # The GPUs never registered were said above; every other gap since the command began is said (one that
+        # opened and ended while the listener started too).
+        gaps = _Gaps(args, {g.seq: True for g in listener.gaps(wanted) if g.cause == "unregistered"})
         while end is None or time.monotonic() < end:
             left = _SLICE_S if end is None else max(0.0, min(_SLICE_S, end - time.monotonic()))
             events, seen = listener.next_events(seen, left)
@@ -75,12 +80,65 @@ def _watch(args: argparse.Namespace) -> int:
                     continue
                 printed += 1
                 write_whole((_line(ev.to_json()) if args.json else safe(ev.line())) + "\n", stream=True)
-            # Recovering or stalled: it listens again once the call in flight returns.
+            # Recovering or stalled: it listens again once the call in flight returns. Said as it happens and when
+            # it ends: before, watch was silent meanwhile, and an operator read the silence as a quiet GPU.
+            gaps.say(listener.gaps(wanted, began_ns))
             if listener.state not in ("running", "recovering", "stalled"):
                 return _unavailable(args, f"events: {listener.reason or 'the listener stopped'}")
+            if not (listener.kept if wanted is None else listener.kept & wanted):
+                # Every selected GPU dropped (lost, ...) while others are still listened to: it went on for ever
+                # listening to nothing it was asked for. As at the start: exit 3.
+                dropped = {i: why for i, why in listener.device_reasons.items() if wanted is None or i in wanted}
+                return _unavailable(args, "events: no selected GPU is listened to any more "
+                                          f"({_left_out(dropped, None) or 'none left'})")
     if not args.json:
         print(f"nvmlcheck watch: {printed} event{'' if printed == 1 else 's'} in {args.duration:g} s", file=sys.stderr)
     return EXIT_CLEAN
+
+
+#: ``schema`` of ``watch --json``'s line for a time the listener did not listen (and the line when it listens
+#: again); its version. docs/events.md, "nvmlcheck watch".
+LISTENING_SCHEMA = "nvmlcheck/listening"
+LISTENING_SCHEMA_VERSION = 1
+
+
+class _Gaps:
+    """Says each :class:`~nvmlcheck.events.ListeningGap` once when it opens and once when it ends (a gap that opened
+    and ended between two looks is said both ways at once: none is missed, however short)."""
+
+    def __init__(self, args: argparse.Namespace, said: dict[int, bool]) -> None:
+        self.args = args
+        self.said = said  # gap seq -> whether its end was said
+
+    def say(self, gaps: tuple[ListeningGap, ...]) -> None:
+        for gap in gaps:
+            ended_said = self.said.get(gap.seq)
+            if ended_said is None:
+                self._write(gap, ended=False)
+            if gap.ended_ns is not None and not ended_said:
+                self._write(gap, ended=True)
+            self.said[gap.seq] = gap.ended_ns is not None
+
+    def _write(self, gap: ListeningGap, *, ended: bool) -> None:
+        at_ns = gap.ended_ns if ended and gap.ended_ns is not None else gap.began_ns
+        wall = time.time() - (time.monotonic_ns() - at_ns) / 1e9
+        if self.args.json:
+            doc = {"schema": LISTENING_SCHEMA, "version": LISTENING_SCHEMA_VERSION,
+                   "listening": ended, **gap.to_json(), "time_ns": at_ns, "wall_time": wall}
+            if not ended:
+                doc["ended_ns"] = doc["lasted_s"] = None  # as it was when it began
+            write_whole(_line(doc) + "\n", stream=True)
+            return
+        millis = int(wall % 1 * 1000)
+        when = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(wall)) + f".{millis:03d}Z"
+        gpus = _gpus(list(gap.indices)) if gap.indices else "every GPU"
+        if ended:
+            lasted = gap.lasted_s() or 0.0
+            took = f"{lasted * 1e3:.1f} ms" if lasted < 1 else f"{lasted:.1f} s"
+            text = f"{when} listening again to {gpus} after {took} not listening ({gap.cause})"
+        else:
+            text = f"{when} NOT listening to {gpus} ({gap.cause}): {gap.why}; an XID meanwhile is not heard"
+        print(f"nvmlcheck watch: {safe(text)}", file=sys.stderr, flush=True)
 
 
 def _no_events(args: argparse.Namespace, listener: Any, backend: str) -> str | None:

@@ -11,6 +11,7 @@ if TYPE_CHECKING:
 
     from ..compare import Comparison
     from ..errors import WaitTimeout
+    from ..events import ListeningGap
     from ..holders import Holder, KillSelection
     from ..hosts import HostResult
     from ..kill import KillPlan, KillResult, KillTimeout
@@ -48,7 +49,14 @@ def wait_document(result: WaitResult) -> dict[str, Any]:
         culprits=[],
         holders=[],
         snapshot=snapshot_json(result.snapshot),
+        listening_gaps=gaps_json(result.listening_gaps),
     )
+
+
+def gaps_json(gaps: Sequence[ListeningGap] | None) -> list[dict[str, Any]] | None:
+    """``listening_gaps`` (added in version 1): when the event listener did not listen to selected GPUs during the
+    wait (``[]``: it listened throughout; ``null``: the wait did not listen)."""
+    return None if gaps is None else [g.to_json() for g in gaps]
 
 
 def wait_timeout_document(exc: WaitTimeout, kind: str = "wait", **extra: Any) -> dict[str, Any]:
@@ -90,6 +98,7 @@ def ready_document(report: ReadyReport, *, exit_code: int, need_bytes: int | Non
         holders=holders_json(report.holders),
         notes=list(report.notes),
         snapshot=None if report.snapshot is None else snapshot_json(report.snapshot),
+        listening_gaps=gaps_json(report.listening_gaps),
     )
 
 

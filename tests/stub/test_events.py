@@ -253,7 +253,44 @@ def test_cli_wait_without_events_support_says_so_and_polls(tmp_path: Path, capsy
     assert err.count("events:") == 1 and "NOT_SUPPORTED" in err
 
 
-def test_cli_watch_streams_json_lines(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+class _HeldClock:
+    """``watch``'s ``time``, whose clocks stand still until it has written ``lines`` lines: its ``--for`` then ends
+    after the events raised at load were printed, however slowly the machine registered and heard them. The events
+    were there at load, but a loaded machine could take the whole --for (1 s, 0.5 s) to register the GPUs and hear
+    them: the stream came out empty, a race these tests lost on two loaded cores."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, lines: int) -> None:
+        import time as real
+
+        from nvmlcheck.cli import _watch
+
+        self._real, self.lines, self.written = real, lines, 0
+        self._held_ns: int | None = None
+        write = vars(_watch)["write_whole"]
+
+        def counted(text: str, **kwargs: object) -> None:
+            write(text, **kwargs)
+            self.written += 1
+
+        monkeypatch.setattr(_watch, "write_whole", counted)
+        monkeypatch.setattr(_watch, "time", self)
+
+    def monotonic_ns(self) -> int:
+        now = self._real.monotonic_ns()
+        if self._held_ns is None:
+            self._held_ns = now
+        return now if self.written >= self.lines else self._held_ns
+
+    def monotonic(self) -> float:
+        return self.monotonic_ns() / 1e9
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._real, name)
+
+
+def test_cli_watch_streams_json_lines(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     import json
 
     sc = Scenario.h200(2)
@@ -261,7 +298,8 @@ def test_cli_watch_streams_json_lines(tmp_path: Path, capsys: pytest.CaptureFixt
     sc.at_ms(0).raise_event(1, "xid", xid=79)
     sc.at_ms(0).raise_event(0, "sbe")
     path = str(sc.write(tmp_path / "scenario.txt"))
-    # --for ends the stream; the events were all raised at load, so they are there whatever the machine's speed.
+    # --for ends the stream once GPU 0's two events are out (its clock held until then: _HeldClock).
+    clock = _HeldClock(monkeypatch, 2)
     code, out, err = _cli(capsys, "--simulate", path, "--json", "watch", "--devices", "0", "--for", "1")
     assert code == 0, err
     docs = [json.loads(line) for line in out.splitlines()]
@@ -270,12 +308,13 @@ def test_cli_watch_streams_json_lines(tmp_path: Path, capsys: pytest.CaptureFixt
         ("nvmlcheck/event", 1, 0, "single_bit_ecc", None),
     ]
     assert all(d["simulated"] is True for d in docs)  # as every document on simulated GPUs
+    clock.lines, clock.written, clock._held_ns = 3, 0, None  # the three events of both GPUs
     code, out, _ = _cli(capsys, "--simulate", path, "watch", "--for", "1")
     assert code == 0 and "GPU 1 FATAL XID 79" in out
 
 
 def test_cli_watch_says_on_stderr_that_it_listens_and_how_many_events_came(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     sc = Scenario.h200(2)
     path = str(sc.write(tmp_path / "quiet.txt"))
     # Quiet GPUs: stdout stays empty (it is the events alone), stderr says it listened and that nothing came.
@@ -284,9 +323,11 @@ def test_cli_watch_says_on_stderr_that_it_listens_and_how_many_events_came(
     assert _watch_lines(err) == ["listening to GPUs 0, 1 for 0.2 s", "0 events in 0.2 s"]
     sc.at_ms(0).raise_event(1, "xid", xid=13)
     sc.write(tmp_path / "quiet.txt")
+    clock = _HeldClock(monkeypatch, 1)  # --for 0.5 ends once the XID is out, however long hearing it took
     code, out, err = _cli(capsys, "--simulate", path, "watch", "--devices", "1", "--for", "0.5")
     assert code == 0 and out.count("XID 13") == 1
     assert _watch_lines(err) == ["listening to GPU 1 for 0.5 s", "1 event in 0.5 s"]
+    clock.lines = 0
     code, out, err = _cli(capsys, "--simulate", path, "--json", "watch", "--for", "0.2")
     assert code == 0 and _watch_lines(err) == []  # JSON Lines: nothing else
 
@@ -381,16 +422,32 @@ def test_a_refused_full_mask_falls_back_to_the_fault_kinds(scenario_path: Path) 
     sc = Scenario.h200()
     sc.fault("nvmlDeviceRegisterEvents", 3, count=1)
     sc.add_process(0, 4_000_001, used_bytes=4 * GIB)
-    # At 1 s of the stub's clock: the listener runs from before the wait, and an XID it receives before the wait began
-    # is not the wait's (50 ms did not always cover the checks below on a loaded CI machine).
-    sc.at_ms(1000).raise_event(0, "xid", xid=79)
+    # At the 40th counted NVML call: within the wait's polls, whatever the machine's speed (the listener's event calls
+    # do not count). It was at 1 s of the stub's clock: an XID the listener received before the wait began is not
+    # the wait's, and on a loaded machine opening and the checks below could take that second (first 50 ms, then
+    # 1 s): the wait then polled its GPU, held for ever, until its timeout.
+    sc.at_call(_XID_AT_CALL).raise_event(0, "xid", xid=79)
     sc.write(scenario_path)
+    before = _counted_calls()  # the probe counts since the library was loaded: earlier tests' calls too
     with nc.open("nvml", library_path=str(build_stub())) as gpus:
         listener = gpus.listen()
         assert listener.active and listener.covered == {0} and listener.reason is None
         assert StubProbe(build_stub()).call_count("nvmlDeviceRegisterEvents") >= 2
+        assert _counted_calls() - before < _XID_AT_CALL  # the XID comes during the wait, not before it
         with pytest.raises(nc.GpuFault):
             gpus.wait_until_clean(timeout=120.0)  # events=None: the running listener is used
+
+
+_XID_AT_CALL = 40
+_EVENT_CALLS = ("nvmlEventSetCreate", "nvmlDeviceGetSupportedEventTypes", "nvmlDeviceRegisterEvents",
+                "nvmlEventSetWait_v2", "nvmlEventSetFree")
+
+
+def _counted_calls() -> int:
+    """The NVML calls ``at call=N`` counts, since the library was loaded: every call but the listener's event
+    calls."""
+    probe = StubProbe(build_stub())
+    return probe.call_count() - sum(probe.call_count(fn) for fn in _EVENT_CALLS)
 
 
 def test_a_long_sleep_between_polls_is_woken_by_the_fault(scenario_path: Path) -> None:

@@ -94,7 +94,10 @@ def test_a_gpu_lost_while_listened_to_leaves_the_others_listened_to(scenario_pat
     sc.write(scenario_path)
     with nc.open("nvml", library_path=str(build_stub())) as gpus:
         listener = gpus.listen()
-        assert listener.covered == frozenset({0, 1})
+        # Registered before the loss (the usual case) or, on a machine loaded enough that opening took 200 ms,
+        # after it: both are valid, and GPU 0 must be listened to either way. This asserted the first alone.
+        lost_first = listener.covered == frozenset({0})
+        assert listener.covered == frozenset({0, 1}) or lost_first
         # Before, GPU 1's loss (nvmlEventSetWait_v2: GPU_IS_LOST) ended the listener for both GPUs: the wait on
         # GPU 0 polled until its timeout and never heard the XID 79.
         with pytest.raises(nc.GpuFault) as info:
@@ -102,4 +105,5 @@ def test_a_gpu_lost_while_listened_to_leaves_the_others_listened_to(scenario_pat
         assert (info.value.index, info.value.xid) == (0, 79)
         assert listener.state == "running" and listener.covered == frozenset({0})
         assert "NVML_ERROR_GPU_IS_LOST" in listener.device_reasons[1]
-        assert "GPU 1: no longer listened to" in (listener.reason or "")
+        reason = listener.reason or ""
+        assert "GPU 1: " in reason and ("GPU 1: no longer listened to" in reason or lost_first)

@@ -185,6 +185,13 @@ def test_a_stop_during_an_ordinary_registration_frees_the_set() -> None:
     assert source.hung.wait(30.0)
     stopper = threading.Thread(target=listener.stop, daemon=True)
     stopper.start()
+    # The call returns once stop() has asked the thread to stop. Released at once, it could return first when the
+    # stopper thread had not run yet (two loaded cores): the listener then ran and made a wait call, and the
+    # `timeouts == []` below failed. That order is another test's (a stop after the listener runs).
+    end = time.monotonic() + 30.0
+    while not listener._stop.is_set():
+        assert time.monotonic() < end, "stop() did not ask the thread to stop"
+        time.sleep(0.001)
     source.unhang.set()
     stopper.join(30.0)
     assert not stopper.is_alive()
