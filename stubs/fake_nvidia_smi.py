@@ -5,17 +5,21 @@ parser is checked against a second reading of the same facts, not against itself
 
 Scenario: ``$NVMLCHECK_STUB_SCENARIO``. The static state is rendered: ``system``, ``device`` (all keys, including
 ``unsupported=`` and ``lost=1``) and ``process`` lines (``used=na``, ``holds=``, ``gi=``/``ci=``, ``remove=1``,
-``bound=1`` with ``zombie_holds=1``), and ``at ms=T`` timeline lines once T ms have passed since the scenario file was
-written. ``at call=N``, ``race`` and ``quirk`` lines are accepted and ignored: each run of this program is a fresh
-process, so NVML call counts have no meaning here. A ``fault`` line on a call whose answer nvidia-smi prints (see
-``FAULT_FIELDS``) is rendered there, as the placeholder nvidia-smi prints for its ``code`` (``FAULT_TEXT``), on its
-``device`` (all GPUs without one); ``delay_ms`` makes the run answer that much later; in a timeline (``at ms=T
-fault ...``) it holds from T on. Counted faults (``after``, ``count``) count runs: each run that prints the call's
-answer for a matching GPU counts as one call of it on that GPU (nvidia-smi makes one per GPU), so ``after=1
-count=2`` lets one run through and fails the next two. The counts are kept across runs in
-``<scenario>.fake-smi-counts`` beside the scenario (under a lock: runs may overlap) and restart when the scenario
-file is written again (its ``at ms=`` clock restarts then too), as the stub's restart with every load. Faults on
-other calls (``nvmlInit*``, events) are ignored. A bound process is listed, and holds memory, exactly while
+``bound=1`` with ``zombie_holds=1``), and the timeline: after the static lines, in file order, each run applies
+the ``at ms=T`` lines once T ms have passed since the scenario file was written and the ``at call=N`` lines once N
+calls are reached. Each run of this program is a fresh process, so the calls are counted across runs: a run makes
+one call (its ``nvmlInit``) and one more per GPU it reports, and sees the lines due at its first call (a line due
+later in the run applies from the next). ``race`` and ``quirk`` lines are accepted and ignored (NVML struct details
+nvidia-smi does not show). A ``fault`` line on a call whose answer nvidia-smi prints (see ``FAULT_FIELDS``; the MIG
+listing's calls print their placeholder where the full ``-q``'s ``MIG Device`` blocks would be) is rendered there,
+as the placeholder nvidia-smi prints for its ``code`` (``FAULT_TEXT``), on its ``device`` (all GPUs without one);
+``delay_ms`` makes the run answer that much later; in the timeline it holds from its moment on. Counted faults
+(``after``, ``count``) count runs: each run that prints the call's answer for a matching GPU counts as one call of
+it on that GPU (nvidia-smi makes one per GPU), so ``after=1 count=2`` lets one run through and fails the next two.
+The counts (and the calls of ``at call=N``) are kept across runs in ``<scenario>.fake-smi-counts`` beside the
+scenario (under a lock: runs may overlap) and restart when the scenario file is written again (its ``at ms=`` clock
+restarts then too), as the stub's restart with every load. Faults on other calls (``nvmlInit*``, events) are
+ignored. A bound process is listed, and holds memory, exactly while
 ``/proc/<pid>`` exists and is not a zombie (``list_ms``/``release_ms`` are not
 simulated: it is gone at once). Lines are read as the stub reads them: a ``process`` line naming an existing entry
 changes only the keys it names, a ``mig`` line naming an existing MIG device replaces it, and a line the stub refuses
@@ -322,6 +326,8 @@ FAULT_FIELDS = {
     "nvmlDeviceGetPciInfo_v2": "pci", "nvmlDeviceGetComputeRunningProcesses_v3": "processes",
     "nvmlDeviceGetGraphicsRunningProcesses_v3": "processes", "nvmlDeviceGetMPSComputeRunningProcesses_v3": "processes",
     "nvmlDeviceGetRemappedRows": "remapped",
+    # The MIG devices of a GPU in MIG mode, as the full -q lists them (-L's MIG UUIDs are only joined to those).
+    "nvmlDeviceGetMaxMigDeviceCount": "mig_devices", "nvmlDeviceGetMigDeviceHandleByIndex": "mig_devices",
 }  # fmt: skip
 # What nvidia-smi prints in place of a value for an NVML return code (3, NOT_SUPPORTED: the placeholder in use).
 FAULT_TEXT = {4: "[Insufficient Permissions]", 15: "[GPU is lost]", 16: "[GPU requires reset]"}
@@ -357,31 +363,46 @@ def apply_fault(state: State, pairs: dict[str, str], line_no: int) -> None:
                             "delay_ms": values.get("delay_ms", 0), "text": text, "id": f"{ordinal}:{text}"})
 
 
-def apply_at(state: State, words: list[str], path: str, line_no: int) -> None:
-    """``at ms=T LINE`` applies LINE once T ms have passed since the scenario file was written (its mtime): each run of
-    this program is a new process, so "since the scenario was loaded" is read from the file. ``at call=N`` counts NVML
-    calls, which have no meaning here: ignored."""
+def apply_at(state: State, words: list[str], line_no: int) -> None:
+    """``at call=N LINE`` / ``at ms=T LINE``: checked now, as the stub checks the whole file at load (on a copy of
+    the state: it changes nothing yet), and kept in ``state["timeline"]`` for :func:`apply_timeline`."""
     if not words or "=" not in words[0]:
         raise ValueError(f"scenario line {line_no}: at needs call=N or ms=T")
     key, _, value = words[0].partition("=")
-    if key == "call":
-        return
-    if key != "ms" or len(words) < 2:
+    if key not in ("call", "ms") or len(words) < 2:
         raise ValueError(f"scenario line {line_no}: at needs call=N or ms=T and a line")
-    due_s = number(value, "ms") / 1000.0
-    # A line not due yet is still checked, on a copy of the state: the stub refuses a bad timeline line at load.
-    target = state if time.time() - os.stat(path).st_mtime >= due_s else copy.deepcopy(state)
-    keyword, rest = words[1], words[2:]
+    when = number(value, key)
+    if key == "call" and when == 0:
+        raise ValueError(f"scenario line {line_no}: at call=0: calls are counted from 1")
+    apply_step(copy.deepcopy(state), words[1], words[2:], line_no)
+    state["timeline"].append((key, when, words[1], words[2:], line_no))
+
+
+def apply_step(state: State, keyword: str, rest: list[str], line_no: int) -> None:
+    """Apply one timeline line (the part after ``at ...``)."""
     if keyword == "device":
-        apply_device(target, parse_pairs(rest, DEVICE_KEYS, line_no), line_no)
+        apply_device(state, parse_pairs(rest, DEVICE_KEYS, line_no), line_no)
     elif keyword == "process":
-        apply_process(target, parse_pairs(rest, PROCESS_KEYS, line_no), line_no)
+        apply_process(state, parse_pairs(rest, PROCESS_KEYS, line_no), line_no)
     elif keyword == "mig":
-        apply_mig(target, parse_pairs(rest, MIG_KEYS, line_no), line_no)
-    elif keyword == "fault":  # in force from T on (a counted one counts the calls from then, as the stub's)
-        apply_fault(target, parse_pairs(rest, FAULT_KEYS, line_no), line_no)
+        apply_mig(state, parse_pairs(rest, MIG_KEYS, line_no), line_no)
+    elif keyword == "fault":  # in force from its moment on (a counted one counts the calls from then, as the stub's)
+        apply_fault(state, parse_pairs(rest, FAULT_KEYS, line_no), line_no)
     elif keyword not in ("race", "quirk", "event"):  # nvidia-smi has no events: the line changes nothing
         raise ValueError(f"scenario line {line_no}: at cannot apply {keyword!r}")
+
+
+def apply_timeline(state: State, calls: int) -> None:
+    """Apply the timeline lines due at this run's first call, in file order, after the static ones (as the stub
+    applies them after the load). ``at ms=T``: T ms have passed since the scenario file was written (its mtime;
+    each run is a new process). ``at call=N``: this run's first call is the N-th or later; ``calls`` is how many
+    the earlier runs made (:class:`FaultCounts`: one per run and one per GPU it reports)."""
+    if not state["timeline"]:
+        return
+    age_s = time.time() - os.stat(state["path"]).st_mtime
+    for key, when, keyword, rest, line_no in state["timeline"]:
+        if (key == "ms" and age_s >= when / 1000.0) or (key == "call" and when <= calls + 1):
+            apply_step(state, keyword, rest, line_no)
 
 
 def apply_system(state: State, pairs: dict[str, str], line_no: int) -> None:
@@ -406,6 +427,7 @@ def load_scenario(path: str) -> State:
         "processes": [],
         "migs": [],
         "faults": [],  # the fault lines rendered (apply_fault), in file order
+        "timeline": [],  # the at lines: (call or ms, N or T, keyword, words, line number), in file order
         "path": path,  # where the counted faults keep their counts (FaultCounts)
     }
     try:
@@ -430,7 +452,7 @@ def load_scenario(path: str) -> State:
             keys, apply = LINE_KINDS[keyword]
             apply(state, parse_pairs(rest, keys, no), no)
         elif keyword == "at":
-            apply_at(state, rest, path, no)
+            apply_at(state, rest, no)
         elif keyword not in ("race", "quirk"):
             raise ValueError(f"scenario line {no}: unknown keyword {keyword!r}")
     if not seen_magic:
@@ -470,15 +492,18 @@ def ceil_mib(value: int) -> int:
 
 
 class FaultCounts:
-    """How many calls each counted fault (``after``/``count``) has seen, across runs: a JSON file beside the scenario,
-    read and written under an exclusive lock by :meth:`hold`. A sticky fault needs no count, so a scenario without
-    counted faults reads and writes nothing."""
+    """What earlier runs counted, across runs: the calls each counted fault (``after``/``count``) has seen, and the
+    NVML calls of every run (``calls``, for ``at call=N``: one per run, its ``nvmlInit``, and one per GPU it reports).
+    A JSON file beside the scenario, read and written under an exclusive lock by :meth:`hold`. A scenario with no
+    counted fault and no ``at call=`` line needs no count: it reads and writes nothing."""
 
-    def __init__(self, path: str, faults: list[dict[str, Any]]) -> None:
+    def __init__(self, path: str, state: State) -> None:
         self.path = path + ".fake-smi-counts"  # nvmlcheck._sim.session.FAKE_SMI_COUNTS_SUFFIX: a simulation resets it
         self.scenario = path
-        self.needed = any(f["after"] or f["count"] for f in faults)
+        self.needed = any(f["after"] or f["count"] for f in state["faults"]) or any(
+            key == "call" or keyword == "fault" for key, _, keyword, _, _ in state["timeline"])
         self.seen: dict[str, int] = {}
+        self.calls = 0
         self._fd: int | None = None
         self._stamp = ""
 
@@ -512,6 +537,7 @@ class FaultCounts:
             saved = {}
         if isinstance(saved, dict) and saved.get("scenario") == self._stamp and isinstance(saved.get("seen"), dict):
             self.seen = {str(k): int(v) for k, v in saved["seen"].items()}
+            self.calls = int(saved.get("calls", 0))
 
     def release(self) -> None:
         """Write the counts back and unlock."""
@@ -519,7 +545,7 @@ class FaultCounts:
         if fd is None:
             return
         try:
-            data = json.dumps({"scenario": self._stamp, "seen": self.seen}).encode()
+            data = json.dumps({"scenario": self._stamp, "seen": self.seen, "calls": self.calls}).encode()
             os.lseek(fd, 0, os.SEEK_SET)
             os.ftruncate(fd, 0)
             os.write(fd, data)
@@ -530,14 +556,15 @@ class FaultCounts:
 class View:
     """The scenario's state as nvidia-smi would print it, with live processes resolved."""
 
-    def __init__(self, state: State) -> None:
+    def __init__(self, state: State, counts: FaultCounts) -> None:
         self.system = state["system"]
         self.devices = state["devices"]
         self.processes = [p for p in state["processes"] if alive(p)]
         self.migs: list[dict[str, Any]] = state["migs"]
         self.placeholder = os.environ.get("FAKE_SMI_PLACEHOLDER", "[N/A]")
         self.faults: list[dict[str, Any]] = state["faults"]
-        self.counts = FaultCounts(state["path"], self.faults)
+        self.counts = counts
+        self.gpus_read = 0  # the GPUs this run reports (each one NVML call more, for at call=N)
         self.delay_s = 0.0  # what the faults that fired in this run add to its answer
         self._answers: dict[tuple[int, str], int | None] = {}  # (GPU, key) -> the code it answered in this run
 
@@ -895,6 +922,12 @@ def full_q_sections(view: View, dev: Dev) -> list[str]:
         kv(8, "Pending", mode, 55),
     ]
     migs = view.mig_devices(dev)
+    # Listing them is a call of nvmlDeviceGetMigDeviceHandleByIndex (and of nvmlDeviceGetMaxMigDeviceCount) on a
+    # GPU in MIG mode: a fault on it prints its placeholder where the MIG Device blocks would be.
+    listing = view.failed(dev, "mig_devices") if dev["mig"] and not view.unsupported(dev, "mig") else None
+    if listing is not None:
+        out.append(kv(4, "MIG Devices", listing, 55))
+        migs = []
     if migs:
         out.append("    MIG Devices")
     for m in migs:
@@ -1084,12 +1117,16 @@ def main(argv: list[str]) -> int:
         if not path:
             sys.stdout.write(NO_DRIVER)  # no scenario: a machine without a driver, like the stub library
             return 9
-        view = View(load_scenario(path))
-        view.counts.hold()
+        state = load_scenario(path)
+        counts = FaultCounts(path, state)
+        counts.hold()
         try:
+            apply_timeline(state, counts.calls)
+            view = View(state, counts)
             text, code = answer(view, opts)
+            counts.calls += 1 + view.gpus_read  # its nvmlInit and a handle per GPU reported
         finally:
-            view.counts.release()
+            counts.release()
         if view.delay_s:  # a fault's delay: after the counts are let go, so an overlapping run is not held up
             time.sleep(view.delay_s)
         sys.stdout.write(text)
@@ -1112,6 +1149,7 @@ def answer(view: View, opts: dict[str, Any]) -> tuple[str, int]:
             f"CUDA Version        : {cuda // 1000}.{cuda % 1000 // 10}\n"
         ), 0
     devices = select(view.devices, opts["ids"])
+    view.gpus_read = len(devices)
     if (opts["ids"] is not None and not devices) or not view.devices:
         return NO_DEVICES, 6
     if opts["list"]:
