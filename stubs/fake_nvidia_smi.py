@@ -153,17 +153,17 @@ def flag(key: str, text: str, line_no: int) -> int:
     return int(text)
 
 
-def stub_functions() -> dict[str, bool]:
+def stub_functions() -> dict[str, str]:
     """The functions the stub exports (read from ``stub_nvml.c`` next to this file, the source of truth), each with
-    whether it can carry a fault: a fault line the stub refuses is refused here too."""
+    its flags (``F_NOFAULT``: cannot carry a fault; ``F_DEVICE``/``F_INDEX``: takes a GPU, so ``device=`` can
+    restrict its fault): a fault line the stub refuses is refused here too."""
     source = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stub_nvml.c")
     try:
         with open(source, encoding="utf-8") as f:
             text = f.read()
     except OSError:  # this file copied away from the stub's source: the names cannot be checked
         return {}
-    return {m.group(1): "F_NOFAULT" not in m.group(2)
-            for m in re.finditer(r"^\s*X\((nvml\w+),\s*([^)]*)\)", text, re.M)}
+    return {m.group(1): m.group(2) for m in re.finditer(r"^\s*X\((nvml\w+),\s*([^)]*)\)", text, re.M)}
 
 
 def default_device(i: int) -> Dev:
@@ -343,8 +343,10 @@ def apply_fault(state: State, pairs: dict[str, str], line_no: int) -> None:
     functions = stub_functions()  # empty when they cannot be read: then nothing is checked
     if functions and fn not in functions:
         raise ValueError(f"scenario line {line_no}: fault fn={fn}: not a function this stub exports")
-    if functions and not functions[fn]:
+    if functions and "F_NOFAULT" in functions[fn]:
         raise ValueError(f"scenario line {line_no}: fault fn={fn}: this function cannot fail")
+    if functions and "device" in pairs and "F_DEVICE" not in functions[fn] and "F_INDEX" not in functions[fn]:
+        raise ValueError(f"scenario line {line_no}: fault fn={fn}: device= given but the function takes no device")
     key = FAULT_FIELDS.get(fn)
     values = {k: number(pairs[k], f"line {line_no} {k}") for k in ("code", "device", "after", "count", "delay_ms")
               if k in pairs}

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Literal
 
 from ..errors import ArgumentError, ArgumentTypeError
-from .symbols import NVML_FUNCTIONS
+from .symbols import DEVICE_FUNCTIONS, NVML_FUNCTIONS
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -491,8 +491,8 @@ class _Changes:
         if code is not None:
             parts.append(f"code={_check_int('code', code, _INT_MAX, minimum=1)}")
         if device is not None:
-            if not fn.startswith("nvmlDevice") or fn.startswith("nvmlDeviceGetCount"):
-                raise ArgumentError(f"fault: {fn} takes no device, so device= cannot restrict it")
+            if fn not in DEVICE_FUNCTIONS:  # (nvmlDeviceGetGpuInstanceId & co. take a MIG device's handle)
+                raise ArgumentError(f"fault: {fn} takes no GPU's handle or index, so device= cannot restrict it")
             parts.append(f"device={self._check_device(device)}")
         for key, value in (("after", after), ("count", count), ("delay_ms", delay_ms)):
             number = _check_int(key, value)

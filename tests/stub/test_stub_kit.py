@@ -313,6 +313,9 @@ REFUSED_LINES = [
     ("at ms=999999 device index=0 mig=2", "mig=2: expected 0 or 1"),
     ("fault fn=nvmlNope code=3", "fault fn=nvmlNope: not a function this stub exports"),
     ("fault fn=nvmlErrorString code=3", "fault fn=nvmlErrorString: this function cannot fail"),
+    # A MIG device handle's call: the fake took device= on it (the stub refuses it)
+    ("fault fn=nvmlDeviceGetGpuInstanceId code=3 device=0",
+     "fault fn=nvmlDeviceGetGpuInstanceId: device= given but the function takes no device"),
     ("fault fn=nvmlDeviceGetMemoryInfo code=0", "fault code=0: that is success"),
     ("fault fn=nvmlDeviceGetMemoryInfo code=2147483648", "code=2147483648: out of range (at most 2147483647)"),
 ]

@@ -268,9 +268,9 @@ def test_fault_race_quirk_timeline_validation() -> None:
         scenario.fault("nvmlGetEverything", 1)
     with pytest.raises(ValueError, match="cannot fail"):
         scenario.fault("nvmlErrorString", 1)
-    with pytest.raises(ValueError, match="takes no device"):
+    with pytest.raises(ValueError, match="takes no GPU's handle or index"):
         scenario.fault("nvmlInit_v2", 1, device=0)
-    with pytest.raises(ValueError, match="takes no device"):
+    with pytest.raises(ValueError, match="takes no GPU's handle or index"):
         scenario.fault("nvmlDeviceGetCount_v2", 1, device=0)
     with pytest.raises(ValueError, match=r"code= .* delay_ms="):
         scenario.fault("nvmlShutdown")
@@ -594,3 +594,23 @@ def test_a_scenario_pickled_by_the_previous_release_loads() -> None:
     assert sc.render() == HEADER + "device index=0 uuid=GPU-aa\n" and sc.device_count == 1
     with pytest.raises(ValueError, match="already GPU 0's"):
         sc.add_device(uuid="GPU-aa")
+
+
+def test_device_restricts_a_fault_exactly_where_the_stub_takes_it() -> None:
+    # The builder took device= on every nvmlDevice* call, the MIG handle's too (nvmlDeviceGetGpuInstanceId, ...),
+    # which the stub refuses at nvmlInit ("device= given but the function takes no device"): a scenario the builder
+    # wrote did not load. The stub's table (F_DEVICE / F_INDEX) is the source of truth.
+    from nvmlcheck._sim.symbols import DEVICE_FUNCTIONS
+    from nvmlcheck.testing import NVML_FUNCTIONS, stub_source_dir
+
+    source = (stub_source_dir() / "stub_nvml.c").read_text(encoding="utf-8")
+    flags = dict(re.findall(r"^\s*X\((nvml\w+),\s*([^)]*)\)", source, re.M))
+    assert set(flags) == set(NVML_FUNCTIONS)
+    assert {fn for fn, f in flags.items() if "F_DEVICE" in f or "F_INDEX" in f} == DEVICE_FUNCTIONS
+    for fn in sorted(set(NVML_FUNCTIONS) - {"nvmlErrorString"}):
+        scenario = Scenario.h200()
+        if fn in DEVICE_FUNCTIONS:
+            scenario.fault(fn, 3, device=0)
+        else:
+            with pytest.raises(ValueError, match="takes no GPU's handle or index"):
+                scenario.fault(fn, 3, device=0)
