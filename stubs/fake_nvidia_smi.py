@@ -128,7 +128,8 @@ def tokenize(line: str, line_no: int) -> list[str]:
             cur.append(c)
         i += 1
     if quoted:
-        raise ValueError(f"scenario line {line_no}: unterminated quote")
+        key = "".join(cur).partition("=")[0]
+        raise ValueError(f"scenario line {line_no}: unterminated quoted value for {key!r}")
     if cur or have:
         words.append("".join(cur))
     return words
@@ -143,7 +144,7 @@ def number(text: str, what: str) -> int:
         value = int(text, 16) if text[:2] in ("0x", "0X") else int(text, 10)
         if value < 2**64:
             return value
-    raise ValueError(f"{what}: {text!r} is not a non-negative decimal or 0x hex number (at most 64 bits)")
+    raise ValueError(f"{what}={text}: expected a non-negative decimal or 0x hex number (at most 64 bits)")
 
 
 def flag(key: str, text: str, line_no: int) -> int:
@@ -205,7 +206,9 @@ def parse_pairs(words: list[str], allowed: set[str], line_no: int) -> dict[str, 
 
 
 def apply_device(state: State, pairs: dict[str, str], line_no: int) -> None:
-    i = number(pairs.get("index", ""), f"line {line_no} index")
+    if "index" not in pairs:
+        raise ValueError(f"scenario line {line_no}: device: index= is required")
+    i = number(pairs["index"], "index")
     devices = state["devices"]
     if i == len(devices):
         devices.append(default_device(i))
@@ -227,7 +230,7 @@ def apply_device(state: State, pairs: dict[str, str], line_no: int) -> None:
         elif key in ("lost", "mig", "retired_pending"):
             dev[key] = flag(key, value, line_no)
         elif key != "index":
-            dev[key] = number(value, f"line {line_no} {key}")
+            dev[key] = number(value, key)
 
 
 def parse_retired(text: str, line_no: int) -> tuple[str, int, int | None]:
@@ -256,7 +259,7 @@ def apply_process(state: State, pairs: dict[str, str], line_no: int) -> None:
         if key not in pairs:
             raise ValueError(f"scenario line {line_no}: process needs {key}=")
     if pairs["kind"] not in ("compute", "graphics", "mps"):
-        raise ValueError(f"scenario line {line_no}: kind must be compute, graphics or mps")
+        raise ValueError(f"scenario line {line_no}: kind={pairs['kind']}: expected compute, graphics or mps")
     dev, pid = number(pairs["device"], "device"), number(pairs["pid"], "pid")
     check_process(state, dev, pairs, line_no)
     procs = state["processes"]
@@ -311,7 +314,7 @@ def apply_mig(state: State, pairs: dict[str, str], line_no: int) -> None:
         if key == "uuid":
             entry[key] = value
         elif key not in ("device", "index"):
-            entry[key] = number(value, f"line {line_no} {key}")
+            entry[key] = number(value, key)
     if entry["used"] > entry["total"]:
         raise ValueError(f"scenario line {line_no}: mig: used={entry['used']} exceeds total={entry['total']}")
     for m in same:
@@ -348,7 +351,7 @@ def apply_fault(state: State, pairs: dict[str, str], line_no: int) -> None:
     if functions and "device" in pairs and "F_DEVICE" not in functions[fn] and "F_INDEX" not in functions[fn]:
         raise ValueError(f"scenario line {line_no}: fault fn={fn}: device= given but the function takes no device")
     key = FAULT_FIELDS.get(fn)
-    values = {k: number(pairs[k], f"line {line_no} {k}") for k in ("code", "device", "after", "count", "delay_ms")
+    values = {k: number(pairs[k], k) for k in ("code", "device", "after", "count", "delay_ms")
               if k in pairs}
     if values.get("code", 1) > 2**31 - 1:
         raise ValueError(f"scenario line {line_no}: code={pairs['code']}: out of range (at most {2**31 - 1})")
@@ -371,8 +374,10 @@ def apply_at(state: State, words: list[str], line_no: int) -> None:
     if not words or "=" not in words[0]:
         raise ValueError(f"scenario line {line_no}: at needs call=N or ms=T")
     key, _, value = words[0].partition("=")
-    if key not in ("call", "ms") or len(words) < 2:
-        raise ValueError(f"scenario line {line_no}: at needs call=N or ms=T and a line")
+    if key not in ("call", "ms"):
+        raise ValueError(f"scenario line {line_no}: at: expected call= or ms=, not '{key}='")
+    if len(words) < 2:
+        raise ValueError(f"scenario line {line_no}: at {words[0]}: the line to apply is missing")
     when = number(value, key)
     if key == "call" and when == 0:
         raise ValueError(f"scenario line {line_no}: at call=0: calls are counted from 1")
@@ -409,7 +414,7 @@ def apply_timeline(state: State, calls: int) -> None:
 
 def apply_system(state: State, pairs: dict[str, str], line_no: int) -> None:
     for key, value in pairs.items():
-        state["system"][key] = number(value, f"line {line_no} cuda") if key == "cuda" else value
+        state["system"][key] = number(value, "cuda") if key == "cuda" else value
 
 
 # Scenario keyword -> (its keys, what applies the line).
@@ -441,25 +446,34 @@ def load_scenario(path: str) -> State:
         raise ValueError(f"cannot read the scenario {path}: {exc.strerror or exc}") from None
     seen_magic = False
     for no, line in enumerate(lines, start=1):
-        words = tokenize(line, no)
-        if not words:
-            continue
-        if not seen_magic:
-            if words != ["nvmlcheck-stub-scenario", "1"]:
-                raise ValueError(f"scenario line {no}: expected 'nvmlcheck-stub-scenario 1'")
-            seen_magic = True
-            continue
-        keyword, rest = words[0], words[1:]
-        if keyword in LINE_KINDS:
-            keys, apply = LINE_KINDS[keyword]
-            apply(state, parse_pairs(rest, keys, no), no)
-        elif keyword == "at":
-            apply_at(state, rest, no)
-        elif keyword not in ("race", "quirk"):
-            raise ValueError(f"scenario line {no}: unknown keyword {keyword!r}")
+        try:
+            seen_magic = load_line(state, line, no, seen_magic)
+        except ValueError as exc:  # as the stub names it: the file, the line, the word
+            text = str(exc).removeprefix(f"scenario line {no}: ")
+            raise ValueError(f"scenario {path} line {no}: {text}") from None
     if not seen_magic:
-        raise ValueError("scenario: empty file")
+        raise ValueError(f"scenario {path}: empty file")
     return state
+
+
+def load_line(state: State, line: str, no: int, seen_magic: bool) -> bool:
+    """Read line ``no`` into ``state``; whether the format line was seen (this one or an earlier one)."""
+    words = tokenize(line, no)
+    if not words:
+        return seen_magic
+    if not seen_magic:
+        if words != ["nvmlcheck-stub-scenario", "1"]:
+            raise ValueError(f"scenario line {no}: expected 'nvmlcheck-stub-scenario 1'")
+        return True
+    keyword, rest = words[0], words[1:]
+    if keyword in LINE_KINDS:
+        keys, apply = LINE_KINDS[keyword]
+        apply(state, parse_pairs(rest, keys, no), no)
+    elif keyword == "at":
+        apply_at(state, rest, no)
+    elif keyword not in ("race", "quirk"):
+        raise ValueError(f"scenario line {no}: unknown keyword {keyword!r}")
+    return True
 
 
 # --- live state ----------------------------------------------------------------------------------------------------

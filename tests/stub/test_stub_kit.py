@@ -193,7 +193,8 @@ def test_the_fake_smi_refuses_the_numbers_the_stub_refuses(tmp_path: Path, used:
     path.write_text(Scenario.h200().render() + f"device index=0 used={used}\n", encoding="utf-8")
     done = _fake_smi(str(path), tmp_path)
     assert done.returncode == 255, done.stdout
-    assert "is not a non-negative decimal or 0x hex number (at most 64 bits)" in done.stderr, done.stderr
+    assert f"line 4: used={used}: expected a non-negative decimal or 0x hex number (at most 64 bits)" in done.stderr, \
+        done.stderr
     path.write_text(Scenario.h200().render() + "device index=0 used=0x10\n", encoding="utf-8")
     assert _fake_smi(str(path), tmp_path).stdout == "0, 1\n"  # 16 B: 1 MiB, rounded up as nvidia-smi does
 
@@ -282,7 +283,7 @@ def test_the_fake_smi_checks_a_timeline_line_that_is_not_due_yet(tmp_path: Path)
     path = tmp_path / "s.txt"
     path.write_text(Scenario.h200().render() + "at ms=3600000 device index=0 used=abc\n", encoding="utf-8")
     done = _fake_smi(str(path), tmp_path)
-    assert done.returncode == 255 and "'abc' is not a non-negative" in done.stderr, done.stdout + done.stderr
+    assert done.returncode == 255 and "used=abc: expected a non-negative" in done.stderr, done.stdout + done.stderr
     path.write_text(Scenario.h200().render() + "at ms=3600000 device index=0 used=0x100000\n", encoding="utf-8")
     assert _fake_smi(str(path), tmp_path).stdout == "0, 0\n"  # a good line waits for its time
 
@@ -321,6 +322,37 @@ REFUSED_LINES = [
 ]
 
 
+# A tool author's typos: each error names the file, the line and the misspelt word, on both backends. The stub said
+# only "device: index= is required" for idx=0; the fake nvidia-smi named no word for kind=, at's key or an
+# unterminated quote, and no file.
+TYPOS = [
+    ("devce index=0", "'devce'"),
+    ("device idx=0", "'idx'"),
+    ("device index=0 totl=5", "'totl'"),
+    ("device index=0 total=12x", "total=12x"),
+    ("process device=0 kind=compte pid=5", "kind=compte"),
+    ("process device=0 kind=compute pid=5 bund=1", "'bund'"),
+    ("fault fn=nvmlDeviceGetMemoryInfo_v2 cod=3", "'cod'"),
+    ("at cal=5 device index=0 used=1", "'cal='"),
+    ("at call=5 devic index=0 used=1", "'devic'"),
+    ('device index=0 name="NVIDIA H200', "'name'"),
+    ("device index=0 lost=yes", "lost=yes"),
+]
+
+
+@pytest.mark.parametrize(("line", "word"), TYPOS)
+def test_a_typo_is_named_with_its_file_and_line_by_both_backends(tmp_path: Path, line: str, word: str) -> None:
+    from nvmlcheck.testing import use_stub
+
+    path = tmp_path / "s.txt"
+    path.write_text(f"nvmlcheck-stub-scenario 1\ndevice index=0\n{line}\n", encoding="utf-8")
+    done = _fake_smi(str(path), tmp_path)
+    assert done.returncode == 255 and f"scenario {path} line 3: " in done.stderr and word in done.stderr, done.stderr
+    with use_stub(str(path)), pytest.raises(nc.NvmlError) as err:
+        nc.open("nvml")
+    assert f"scenario {path} line 3: " in str(err.value) and word in str(err.value), str(err.value)
+
+
 @pytest.mark.parametrize(("line", "why"), REFUSED_LINES)
 def test_the_fake_smi_refuses_the_lines_the_stub_refuses(tmp_path: Path, line: str, why: str) -> None:
     # The fake nvidia-smi rendered GPUs from these files while the stub refused them at nvmlInit: one file, a
@@ -331,7 +363,7 @@ def test_the_fake_smi_refuses_the_lines_the_stub_refuses(tmp_path: Path, line: s
     path.write_text(f"nvmlcheck-stub-scenario 1\ndevice index=0\n{line}\n", encoding="utf-8")
     done = _fake_smi(str(path), tmp_path)
     assert done.returncode == 255, done.stdout
-    assert f"scenario line 3: {why}" in done.stderr, done.stderr
+    assert f"scenario {path} line 3: {why}" in done.stderr, done.stderr
     with use_stub(str(path)), pytest.raises(nc.NvmlError) as err:
         nc.open("nvml")
     assert "line 3" in str(err.value) and why in str(err.value), str(err.value)
