@@ -367,3 +367,61 @@ def test_the_fake_smi_refuses_the_lines_the_stub_refuses(tmp_path: Path, line: s
     with use_stub(str(path)), pytest.raises(nc.NvmlError) as err:
         nc.open("nvml")
     assert "line 3" in str(err.value) and why in str(err.value), str(err.value)
+
+
+# --- two stubs at once: one scenario per process, any number of processes (pytest-xdist's workers) -------------------
+
+
+def test_a_second_simulation_in_the_same_process_is_refused_naming_both(tmp_path: Path) -> None:
+    # The inner block's session shared the outer one's nvmlInit and read the outer scenario: 1 GPU where its
+    # scenario has 3, silently.
+    from nvmlcheck.testing import use_stub
+
+    with use_stub(Scenario.h200(1), tmp_dir=tmp_path / "a") as outer, nc.open("nvml") as gpus:
+        with pytest.raises(nc.StateError, match="one scenario per process") as err, \
+                use_stub(Scenario.h200(3), tmp_dir=tmp_path / "b"):
+            raise AssertionError("entered")
+        assert str(outer.scenario_path) in str(err.value) and str(tmp_path / "b" / "scenario.txt") in str(err.value)
+        assert len(gpus.snapshot().devices) == 1  # the outer block goes on, unchanged
+        with use_stub(outer.scenario_path):  # its own file again: the same scenario, allowed
+            pass
+    with use_stub(Scenario.h200(3), tmp_dir=tmp_path / "b"), nc.open("nvml") as gpus:  # one after the other: fine
+        assert len(gpus.snapshot().devices) == 3
+
+
+def test_a_simulation_while_the_stub_holds_another_scenario_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As the pytest plugin's fixtures leave it: the environment names a scenario and a session holds NVML.
+    from nvmlcheck.testing import build_stub, use_stub
+
+    path = Scenario.h200(1).write(tmp_path / "fixture.txt")
+    monkeypatch.setenv("NVMLCHECK_STUB_SCENARIO", str(path))
+    with nc.open("nvml", library_path=str(build_stub())), pytest.raises(nc.StateError, match=str(path)), \
+            use_stub(Scenario.h200(3)):
+        raise AssertionError("entered")
+    with use_stub(Scenario.h200(3)), nc.open("nvml") as gpus:  # closed: its next nvmlInit reads the new scenario
+        assert len(gpus.snapshot().devices) == 3
+
+
+WORKER = """
+import sys
+import nvmlcheck as nc
+from nvmlcheck.testing import Scenario, use_stub
+count = int(sys.argv[1])
+with use_stub(Scenario.h200(count)):
+    seen = set()
+    for _ in range(20):
+        with nc.open("nvml") as gpus:
+            seen.add(len(gpus.snapshot().devices))
+print(sorted(seen))
+"""
+
+
+def test_two_processes_each_read_their_own_scenario_at_once(tmp_path: Path) -> None:
+    # As two pytest-xdist workers do: each process its own stub state, environment and temporary directory.
+    procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(n)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, cwd=tmp_path) for n in (1, 3)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert [out.strip() for out, _ in outs] == ["[1]", "[3]"], outs
