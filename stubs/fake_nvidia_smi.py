@@ -18,8 +18,9 @@ as the placeholder nvidia-smi prints for its ``code`` (``FAULT_TEXT``), on its `
 it on that GPU (nvidia-smi makes one per GPU), so ``after=1 count=2`` lets one run through and fails the next two.
 The counts (and the calls of ``at call=N``) are kept across runs in ``<scenario>.fake-smi-counts`` beside the
 scenario (under a lock: runs may overlap) and restart when the scenario file is written again (its ``at ms=`` clock
-restarts then too), as the stub's restart with every load. Faults on other calls (``nvmlInit*``, events) are
-ignored. A bound process is listed, and holds memory, exactly while
+restarts then too), as the stub's restart with every load. Faults on other calls are ignored: the older calls a
+driver-580 nvidia-smi does not make, those on a MIG device's handle, those of opening (``nvmlInit*``, the count,
+the handles, the system versions) and the events. A bound process is listed, and holds memory, exactly while
 ``/proc/<pid>`` exists and is not a zombie (``list_ms``/``release_ms`` are not
 simulated: it is gone at once). Lines are read as the stub reads them: a ``process`` line naming an existing entry
 changes only the keys it names, a ``mig`` line naming an existing MIG device replaces it, and a line the stub refuses
@@ -324,14 +325,20 @@ def apply_mig(state: State, pairs: dict[str, str], line_no: int) -> None:
 
 # The NVML calls whose sticky faults are rendered, and the scenario keys of what nvidia-smi prints from them.
 FAULT_FIELDS = {
-    "nvmlDeviceGetMemoryInfo_v2": "memory", "nvmlDeviceGetMemoryInfo": "memory", "nvmlDeviceGetName": "name",
+    "nvmlDeviceGetMemoryInfo_v2": "memory", "nvmlDeviceGetName": "name",
     "nvmlDeviceGetUUID": "uuid", "nvmlDeviceGetSerial": "serial", "nvmlDeviceGetPciInfo_v3": "pci",
-    "nvmlDeviceGetPciInfo_v2": "pci", "nvmlDeviceGetComputeRunningProcesses_v3": "processes",
+    "nvmlDeviceGetComputeRunningProcesses_v3": "processes",
     "nvmlDeviceGetGraphicsRunningProcesses_v3": "processes", "nvmlDeviceGetMPSComputeRunningProcesses_v3": "processes",
     "nvmlDeviceGetRemappedRows": "remapped",
     # The MIG devices of a GPU in MIG mode, as the full -q lists them (-L's MIG UUIDs are only joined to those).
     "nvmlDeviceGetMaxMigDeviceCount": "mig_devices", "nvmlDeviceGetMigDeviceHandleByIndex": "mig_devices",
+    "nvmlDeviceGetMigMode": "mig", "nvmlDeviceGetClockInfo": "clock", "nvmlDeviceGetMaxClockInfo": "max",
+    "nvmlDeviceGetApplicationsClock": "app", "nvmlDeviceGetCurrentClocksEventReasons": "reasons",
+    "nvmlDeviceGetTotalEccErrors": "ecc", "nvmlDeviceGetFieldValues": "recovery",
+    "nvmlDeviceGetRetiredPages_v2": "retired_pages", "nvmlDeviceGetRetiredPagesPendingStatus": "retired_pending",
 }  # fmt: skip
+# Not rendered: the older calls a driver 580 nvidia-smi does not make (nvmlDeviceGetMemoryInfo, PciInfo_v2, the v1/v2
+# process lists), the calls on a MIG device's handle, the handle and count calls, the init and system calls.
 # What nvidia-smi prints in place of a value for an NVML return code (3, NOT_SUPPORTED: the placeholder in use).
 FAULT_TEXT = {4: "[Insufficient Permissions]", 15: "[GPU is lost]", 16: "[GPU requires reset]"}
 
@@ -654,8 +661,8 @@ def gpu_field(view: View, dev: Dev, name: str) -> Cell:
         "temperature.gpu": ("temperature.gpu", None, 39),
         "persistence_mode": ("persistence_mode", None, "Enabled"),
         "compute_mode": ("compute_mode", None, "Default"),
-        "mig.mode.current": ("mig.mode.current", None, None if view.unsupported(dev, "mig") else
-                             ("Enabled" if dev["mig"] else "Disabled")),
+        "mig.mode.current": ("mig.mode.current", None, view.failed(dev, "mig") or (
+            None if view.unsupported(dev, "mig") else "Enabled" if dev["mig"] else "Disabled")),
     }  # fmt: skip
     if name in simple:
         return simple[name]
@@ -675,9 +682,10 @@ def gpu_field(view: View, dev: Dev, name: str) -> Cell:
     clock = clock_field(name)
     if clock is not None:
         header, key = clock
-        return header, "MHz", None if view.unsupported(dev, key) else dev[key]
+        return header, "MHz", view.failed(dev, key.split(".")[0]) or (None if view.unsupported(dev, key) else dev[key])
     if name in ("clocks_event_reasons.active", "clocks_throttle_reasons.active"):
-        value = None if view.unsupported(dev, "reasons") else f"0x{dev['reasons']:016x}"
+        reasons = None if view.unsupported(dev, "reasons") else f"0x{dev['reasons']:016x}"
+        value = view.failed(dev, "reasons") or reasons
         return "clocks_event_reasons.active", None, value
     return health_field(view, dev, name)
 
@@ -733,11 +741,20 @@ def health_field(view: View, dev: Dev, name: str) -> Cell:
         ("gpu_recovery_action",): ("gpu_recovery_action", None if view.unsupported(dev, "recovery")
                                    else RECOVERY_WORDS.get(dev["recovery"], str(dev["recovery"]))),
     }  # fmt: skip
-    failed = view.failed(dev, "remapped")  # a sticky fault on nvmlDeviceGetRemappedRows: its placeholder
     for names, (header, value) in table.items():
         if name in names:
-            return header, None, failed if failed is not None and header.startswith("remapped_rows.") else value
+            # A fault on the NVML call behind the field prints its placeholder (a fault comes before "not
+            # supported", as in the stub).
+            return header, None, view.failed(dev, health_call(header)) or value
     raise KeyError(name)
+
+
+def health_call(header: str) -> str:
+    """The ``FAULT_FIELDS`` key of the NVML call behind a health field."""
+    if header == "retired_pages.pending":
+        return "retired_pending"
+    return {"remapped_rows": "remapped", "retired_pages": "retired_pages", "ecc": "ecc"}.get(
+        header.split(".", maxsplit=1)[0], "recovery")
 
 
 # How nvidia-smi -q and gpu_recovery_action print nvmlDeviceGpuRecoveryAction_t ("None" as captured on driver 580;

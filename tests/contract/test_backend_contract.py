@@ -701,3 +701,52 @@ def test_a_failing_mig_listing_reads_alike(open_backend: Opener, code: int) -> N
     assert d0.mig_mode is True and d0.mig_devices is None and d0.why_unknown("mig_devices")
     assert [p.pid for p in d0.processes or ()] == [4_100_042]  # the GPU itself still reports
     assert nc.default_predicate().evaluate(snap).satisfied is not True
+
+
+# The call behind each value the fake nvidia-smi renders a fault on (it printed the value as if the call had answered),
+# and the value's key in DeviceState ("why_unknown").
+VALUE_CALLS = {
+    "nvmlDeviceGetClockInfo": "clocks.current.sm_mhz",
+    "nvmlDeviceGetMaxClockInfo": "clocks.max.sm_mhz",
+    "nvmlDeviceGetApplicationsClock": "clocks.applications.graphics_mhz",
+    "nvmlDeviceGetCurrentClocksEventReasons": "clocks.event_reasons",
+    "nvmlDeviceGetTotalEccErrors": "health.ecc_uncorrected_volatile",
+    "nvmlDeviceGetFieldValues": "health.recovery_action",
+    "nvmlDeviceGetRetiredPages_v2": "health.retired_pages",
+    "nvmlDeviceGetRetiredPagesPendingStatus": "health.retired_pages_pending",
+    "nvmlDeviceGetMigMode": "mig_mode",
+}
+
+
+@pytest.mark.parametrize("code", [3, 4, 15, 999])
+@pytest.mark.parametrize("fn", sorted(VALUE_CALLS))
+def test_a_value_call_failing_reads_alike(open_backend: Opener, fn: str, code: int) -> None:
+    sc = Scenario.h200(devices=2)
+    sc.set_device(1, unsupported=())  # retired pages readable, so only the fault makes them unknown
+    sc.fault(fn, code, device=1)
+    with open_backend(sc) as gpus:
+        snap = gpus.snapshot(fields=nc.Fields.CLOCKS | nc.Fields.HEALTH | nc.Fields.WAIT)
+    assert 0 in [d.index for d in snap.devices]  # the other GPU reads
+    if code == 15:  # the GPU is lost: it fails, whichever call said so
+        assert _failed(snap) == [1] and type(snap.failures[0].error) is nc.GpuLost
+        return
+    d1 = snap.device(1)
+    value: object = d1
+    for part in VALUE_CALLS[fn].split("."):
+        value = getattr(value, part)
+    if fn == "nvmlDeviceGetMigMode":  # not supported: a GPU without MIG; any other error: unknown, with the reason
+        assert value is (False if code == 3 else None) and (code == 3 or d1.why_unknown("mig"))
+    else:
+        assert value is None and d1.why_unknown(VALUE_CALLS[fn]), (value, d1.unknown)
+
+
+@pytest.mark.parametrize("fn", ["nvmlDeviceGetMemoryInfo", "nvmlDeviceGetPciInfo_v2"])
+def test_a_fault_on_a_call_the_backends_do_not_make_changes_nothing(open_backend: Opener, fn: str) -> None:
+    # The NVML backend reads memory with _v2 and the bus id with _v3 where the driver has them (as nvidia-smi 580
+    # does): the fake nvidia-smi failed the memory (and the bus id) on a fault of the older call.
+    sc = Scenario.h200(devices=2)
+    sc.fault(fn, 4, device=1)
+    with open_backend(sc) as gpus:
+        snap = gpus.snapshot(fields=nc.Fields.WAIT)
+    assert snap.failures == () and [d.memory is not None and d.pci_bus_id is not None for d in snap.devices] == [
+        True, True]
