@@ -35,40 +35,38 @@ ENV_LOG = "NVMLCHECK_STUB_LOG"  # the stub appends one line per call here
 #: (stubs/fake_nvidia_smi.py, which imports nothing of nvmlcheck, spells it too).
 FAKE_SMI_COUNTS_SUFFIX = ".fake-smi-counts"
 
-# The scenario of each simulation block running in this process. The stub reads one scenario, the one the process's
-# environment names at the nvmlInit that takes its count from 0: two blocks of two scenarios at once would each read
-# the other's (a session of the inner block shares the outer one's initialisation; one opened later reads the inner
-# one's file), silently. One at a time, then, per process.
-_RUNNING: list[Path] = []
-_RUNNING_LOCK = threading.Lock()
-
-
 def _enter(scenario_path: Path, library: Path) -> None:
-    """Refuse a second simulation of another scenario while one runs in this process, or while the stub is
-    initialised with the scenario the environment names (set by the pytest plugin's fixtures, say)."""
-    with _RUNNING_LOCK:
-        other = next((p for p in _RUNNING if p != scenario_path), None)
-        current = os.environ.get(ENV_SCENARIO)
-        if other is None and current and Path(current) != scenario_path:
-            from .probe import StubProbe
+    """Refuse a simulation of ``scenario_path`` while the stub is initialised in this process with another scenario
+    (a session still open, of an enclosing block or of the pytest plugin's fixtures): the stub reads its scenario
+    only at the nvmlInit that takes its count from 0, so the new block's sessions would share that initialisation
+    and read the other scenario, silently. Nested blocks are fine while nothing holds NVML across them."""
+    if not _loaded(library):
+        return  # not even loaded here: nothing is initialised
+    from .probe import StubProbe
 
-            if StubProbe(library).init_refcount() > 0:
-                other = Path(current)
-        if other is not None:
-            from ..errors import StateError
+    if StubProbe(library).init_refcount() == 0:
+        return
+    current = os.environ.get(ENV_SCENARIO)
+    if current and Path(current) == scenario_path:
+        return  # the scenario in force already
+    from ..errors import StateError
 
-            raise StateError(
-                f"a simulation of {other} is running in this process: the stub reads one scenario per process (the "
-                f"one ${ENV_SCENARIO} names at the nvmlInit that takes its count from 0), so {scenario_path} would "
-                "not be read by its sessions, or be read by the other's. End the other one (close its sessions) "
-                "first, or run this one in a process of its own (as pytest-xdist's workers are)"
-            )
-        _RUNNING.append(scenario_path)
+    holding = f"with {current}" if current else "(a session is open)"
+    raise StateError(
+        f"the stub is initialised in this process {holding}: it reads a scenario only at the nvmlInit that takes "
+        f"its count from 0, so the sessions of a simulation of {scenario_path} would share that one and read its "
+        "scenario. Close the sessions first (one scenario at a time per process), or run this one in a process "
+        "of its own (as pytest-xdist's workers are)"
+    )
 
 
-def _leave(scenario_path: Path) -> None:
-    with _RUNNING_LOCK:
-        _RUNNING.remove(scenario_path)
+def _loaded(library: Path) -> bool:
+    """Whether ``library`` is mapped into this process (without loading it, or ctypes, to ask its counters)."""
+    try:
+        maps = Path("/proc/self/maps").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return True  # cannot tell: ask the library
+    return os.path.realpath(library) in maps
 
 
 def stub_environment(
@@ -186,7 +184,6 @@ def simulation(
             if not scenario_path.is_file():
                 raise FileNotFoundError(f"scenario file {scenario_path} does not exist")
         _enter(scenario_path, library)
-        stack.callback(_leave, scenario_path)
         if isinstance(scenario, Scenario):
             # Written now and after each change made in the block, for the next nvmlInit (as the pytest fixtures do).
             stack.callback(scenario._keep_in, scenario._kept_in)
@@ -222,9 +219,9 @@ def use_stub(
 
     The stub reads the scenario at every ``nvmlInit`` that takes its reference count from 0 to 1, so opening
     nvmlcheck inside the block sees it. A process that loaded the stub keeps it loaded: the library's state (call
-    counts, an un-shut-down init) outlives the block. One scenario per process at a time: a block of another
-    scenario while one runs (or while a session holds NVML on the scenario the environment names) raises
-    :class:`~nvmlcheck.StateError`; parallel processes each have their own.
+    counts, an un-shut-down init) outlives the block. One scenario at a time per process: a block of another
+    scenario while a session holds NVML on the stub (whose sessions would share that initialisation and read its
+    scenario) raises :class:`~nvmlcheck.StateError`; parallel processes each have their own.
     """
     with simulation(scenario, variant=variant, tmp_dir=tmp_dir, export_library=True) as stub:
         yield stub

@@ -372,21 +372,29 @@ def test_the_fake_smi_refuses_the_lines_the_stub_refuses(tmp_path: Path, line: s
 # --- two stubs at once: one scenario per process, any number of processes (pytest-xdist's workers) -------------------
 
 
-def test_a_second_simulation_in_the_same_process_is_refused_naming_both(tmp_path: Path) -> None:
+def test_a_simulation_while_a_session_holds_the_stub_is_refused_naming_both(tmp_path: Path) -> None:
     # The inner block's session shared the outer one's nvmlInit and read the outer scenario: 1 GPU where its
     # scenario has 3, silently.
     from nvmlcheck.testing import use_stub
 
     with use_stub(Scenario.h200(1), tmp_dir=tmp_path / "a") as outer, nc.open("nvml") as gpus:
-        with pytest.raises(nc.StateError, match="one scenario per process") as err, \
+        with pytest.raises(nc.StateError, match="initialised in this process") as err, \
                 use_stub(Scenario.h200(3), tmp_dir=tmp_path / "b"):
             raise AssertionError("entered")
         assert str(outer.scenario_path) in str(err.value) and str(tmp_path / "b" / "scenario.txt") in str(err.value)
         assert len(gpus.snapshot().devices) == 1  # the outer block goes on, unchanged
-        with use_stub(outer.scenario_path):  # its own file again: the same scenario, allowed
+        with use_stub(outer.scenario_path):  # its own file again: the scenario in force, allowed
             pass
-    with use_stub(Scenario.h200(3), tmp_dir=tmp_path / "b"), nc.open("nvml") as gpus:  # one after the other: fine
-        assert len(gpus.snapshot().devices) == 3
+
+
+def test_nested_simulations_are_fine_while_nothing_holds_the_stub_across_them(tmp_path: Path) -> None:
+    from nvmlcheck.testing import use_stub
+
+    with use_stub(Scenario.h200(1), tmp_dir=tmp_path / "a"):
+        with use_stub(Scenario.h200(3), tmp_dir=tmp_path / "b"), nc.open("nvml") as gpus:
+            assert len(gpus.snapshot().devices) == 3
+        with nc.open("nvml") as gpus:  # the inner block's sessions closed: the outer scenario again
+            assert len(gpus.snapshot().devices) == 1
 
 
 def test_a_simulation_while_the_stub_holds_another_scenario_is_refused(
