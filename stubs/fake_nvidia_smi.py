@@ -680,11 +680,12 @@ def gpu_field(view: View, dev: Dev, name: str) -> Cell:
         "temperature.gpu": ("temperature.gpu", None, 39),
         "persistence_mode": ("persistence_mode", None, "Enabled"),
         "compute_mode": ("compute_mode", None, "Default"),
-        "mig.mode.current": ("mig.mode.current", None, view.failed(dev, "mig") or (
-            None if view.unsupported(dev, "mig") else "Enabled" if dev["mig"] else "Disabled")),
     }  # fmt: skip
     if name in simple:
         return simple[name]
+    if name == "mig.mode.current":  # (asked only when printed: a counted fault counts the calls made)
+        mode = None if view.unsupported(dev, "mig") else "Enabled" if dev["mig"] else "Disabled"
+        return name, None, view.failed(dev, "mig") or mode
     ident = {
         "name": "name", "gpu_name": "name", "uuid": "uuid", "gpu_uuid": "uuid",
         "pci.bus_id": "pci", "gpu_bus_id": "pci", "serial": "serial", "gpu_serial": "serial",
