@@ -115,6 +115,15 @@ class CudaMappingError(ArgumentError):
         self.mapping = mapping
 
 
+def _rebuild_error(text: str, mapping: CudaMapping | None) -> CudaMappingError:
+    """Loads a :class:`CudaMappingError` pickled by nvmlcheck 0.1.0 (its message, the mapping's table included, and
+    the mapping; since then every exception pickles through ``errors._rebuild``): without this name such a pickle
+    did not load at all."""
+    err = CudaMappingError(text)
+    err.mapping = mapping
+    return err
+
+
 def parse_cuda_selector(text: str) -> int | None:
     """``"cuda:N"`` -> ``N``; ``"cuda:all"`` -> ``None``. Raises ``ValueError`` for any other text (check with
     :func:`is_cuda_selector` first)."""
@@ -269,6 +278,25 @@ class CudaMapping:
                          for g in self.gpus)
         lines.extend(f"  note: {n}" for n in self.notes)
         return "\n".join(lines)
+
+
+def _mapping_setstate(self: CudaMapping, state: Sequence[object]) -> None:
+    """Restores a pickled :class:`CudaMapping` (its values in field order); one pickled by an earlier version, with
+    fewer fields (0.1.0 had no ``known``), gets the defaults of those it lacks instead of failing on first use."""
+    import dataclasses
+
+    fields = dataclasses.fields(self)
+    values = list(state)
+    if len(values) > len(fields):
+        raise TypeError(f"a pickled CudaMapping with {len(values)} values; this version has {len(fields)} fields")
+    for f, value in zip(fields, values + [f.default for f in fields[len(values):]], strict=True):
+        if value is dataclasses.MISSING:
+            raise TypeError(f"a pickled CudaMapping without {f.name!r}, which has no default")
+        object.__setattr__(self, f.name, value)
+
+
+# After the class is made: a frozen slotted dataclass sets its own __setstate__, over one in the class body (3.10).
+setattr(CudaMapping, "__setstate__", _mapping_setstate)  # noqa: B010 - mypy refuses assigning a method
 
 
 def _base_order(

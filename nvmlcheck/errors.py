@@ -120,6 +120,13 @@ class NvmlCheckError(Exception):
     - give up or call an operator: every other error (``TRANSIENT`` ``False``): :class:`BackendUnavailable`,
       :class:`GpuLost`, :class:`GpuRequiresReset`, :class:`NoPermission`, :class:`CorruptData`, :class:`GpuFault`,
       :class:`SmiParseError`, ...
+
+    Every exception pickles to an equal one (class, message, every attribute): to carry it between processes that
+    run the same nvmlcheck (``multiprocessing``, ``concurrent.futures``, a job queue's workers). Across versions a
+    pickle is not promised: one made by an earlier version loads where its class's form allows (those of 0.1.0
+    do, :class:`KillTimeout`'s, :class:`SelectTimeout`'s and :class:`CudaMappingError`'s included), an attribute
+    added since is then missing, and one made by a later version may not load in an earlier one. To keep an error,
+    keep ``str(exc)`` or the CLI's ``nvmlcheck/error`` JSON document.
     """
 
     __module__ = "nvmlcheck"

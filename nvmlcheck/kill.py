@@ -235,6 +235,12 @@ class KillTimeout(WaitTimeout):
         }
 
 
+def _rebuild_timeout(args: tuple[Any, ...], extra: dict[str, Any]) -> KillTimeout:
+    """Loads a :class:`KillTimeout` pickled by nvmlcheck 0.1.0 (its constructor's arguments; since then every
+    exception pickles through ``errors._rebuild``): without this name such a pickle did not load at all."""
+    return KillTimeout(*args, **extra)
+
+
 # --- the plan ---------------------------------------------------------------------------------------------------
 
 

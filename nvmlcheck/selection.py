@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .errors import (
     ArgumentError,
@@ -106,6 +106,12 @@ class SelectTimeout(WaitTimeout):
 
     def __str__(self) -> str:
         return str(self.args[0])
+
+
+def _rebuild(args: tuple[Any, ...], kwargs: dict[str, Any]) -> SelectTimeout:
+    """Loads a :class:`SelectTimeout` pickled by nvmlcheck 0.1.0 (its constructor's arguments; since then every
+    exception pickles through ``errors._rebuild``): without this name such a pickle did not load at all."""
+    return SelectTimeout(*args, **kwargs)
 
 
 def _one_device(snap: Snapshot, device: DeviceState) -> Snapshot:

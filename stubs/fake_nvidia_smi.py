@@ -5,17 +5,23 @@ parser is checked against a second reading of the same facts, not against itself
 
 Scenario: ``$NVMLCHECK_STUB_SCENARIO``. The static state is rendered: ``system``, ``device`` (all keys, including
 ``unsupported=`` and ``lost=1``) and ``process`` lines (``used=na``, ``holds=``, ``gi=``/``ci=``, ``remove=1``,
-``bound=1`` with ``zombie_holds=1``), and ``at ms=T`` timeline lines once T ms have passed since the scenario file was
-written. ``at call=N``, ``race`` and ``quirk`` lines are accepted and ignored: each run of this program is a fresh
-process, so NVML call counts have no meaning here. A ``fault`` line on a call whose answer nvidia-smi prints (see
-``FAULT_FIELDS``) is rendered there, as the placeholder nvidia-smi prints for its ``code`` (``FAULT_TEXT``), on its
-``device`` (all GPUs without one); ``delay_ms`` makes the run answer that much later; in a timeline (``at ms=T
-fault ...``) it holds from T on. Counted faults (``after``, ``count``) count runs: each run that prints the call's
-answer for a matching GPU counts as one call of it on that GPU (nvidia-smi makes one per GPU), so ``after=1
-count=2`` lets one run through and fails the next two. The counts are kept across runs in
-``<scenario>.fake-smi-counts`` beside the scenario (under a lock: runs may overlap) and restart when the scenario
-file is written again (its ``at ms=`` clock restarts then too), as the stub's restart with every load. Faults on
-other calls (``nvmlInit*``, events) are ignored. A bound process is listed, and holds memory, exactly while
+``bound=1`` with ``zombie_holds=1``), and the timeline: after the static lines, in file order, each run applies
+the ``at ms=T`` lines once T ms have passed since the scenario file was written and the ``at call=N`` lines once N
+calls are reached. Each run of this program is a fresh process, so the calls are counted across runs: a run makes
+one call (its ``nvmlInit``) and one more per GPU it reports, and sees the lines due at its first call (a line due
+later in the run applies from the next). ``race`` and ``quirk`` lines are accepted and ignored (NVML struct details
+nvidia-smi does not show). A ``fault`` line on a call whose answer nvidia-smi prints (see ``FAULT_FIELDS``; the MIG
+listing's calls print their placeholder where the full ``-q``'s ``MIG Device`` blocks would be) is rendered there,
+as the placeholder nvidia-smi prints for its ``code`` (``FAULT_TEXT``), on its ``device`` (all GPUs without one);
+``delay_ms`` makes the run answer that much later; in the timeline it holds from its moment on. Counted faults
+(``after``, ``count``) count runs: each run that prints the call's answer for a matching GPU counts as one call of
+it on that GPU (nvidia-smi makes one per GPU), so ``after=1 count=2`` lets one run through and fails the next two.
+The counts (and the calls of ``at call=N``) are kept across runs in ``<scenario>.fake-smi-counts`` beside the
+scenario (under a lock: runs may overlap) and restart when the scenario file is written again (its ``at ms=`` clock
+restarts then too), as the stub's restart with every load. Faults on other calls are ignored: the older calls a
+driver-580 nvidia-smi does not make, those on a MIG device's handle, the other calls of opening (the count, the
+handles, the system versions) and the events; one on ``nvmlInit_v2`` fails the run as nvidia-smi fails when NVML
+cannot start (``INIT_FAILURE``). A bound process is listed, and holds memory, exactly while
 ``/proc/<pid>`` exists and is not a zombie (``list_ms``/``release_ms`` are not
 simulated: it is gone at once). Lines are read as the stub reads them: a ``process`` line naming an existing entry
 changes only the keys it names, a ``mig`` line naming an existing MIG device replaces it, and a line the stub refuses
@@ -124,7 +130,8 @@ def tokenize(line: str, line_no: int) -> list[str]:
             cur.append(c)
         i += 1
     if quoted:
-        raise ValueError(f"scenario line {line_no}: unterminated quote")
+        key = "".join(cur).partition("=")[0]
+        raise ValueError(f"scenario line {line_no}: unterminated quoted value for {key!r}")
     if cur or have:
         words.append("".join(cur))
     return words
@@ -139,7 +146,7 @@ def number(text: str, what: str) -> int:
         value = int(text, 16) if text[:2] in ("0x", "0X") else int(text, 10)
         if value < 2**64:
             return value
-    raise ValueError(f"{what}: {text!r} is not a non-negative decimal or 0x hex number (at most 64 bits)")
+    raise ValueError(f"{what}={text}: expected a non-negative decimal or 0x hex number (at most 64 bits)")
 
 
 def flag(key: str, text: str, line_no: int) -> int:
@@ -149,17 +156,17 @@ def flag(key: str, text: str, line_no: int) -> int:
     return int(text)
 
 
-def stub_functions() -> dict[str, bool]:
+def stub_functions() -> dict[str, str]:
     """The functions the stub exports (read from ``stub_nvml.c`` next to this file, the source of truth), each with
-    whether it can carry a fault: a fault line the stub refuses is refused here too."""
+    its flags (``F_NOFAULT``: cannot carry a fault; ``F_DEVICE``/``F_INDEX``: takes a GPU, so ``device=`` can
+    restrict its fault): a fault line the stub refuses is refused here too."""
     source = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stub_nvml.c")
     try:
         with open(source, encoding="utf-8") as f:
             text = f.read()
     except OSError:  # this file copied away from the stub's source: the names cannot be checked
         return {}
-    return {m.group(1): "F_NOFAULT" not in m.group(2)
-            for m in re.finditer(r"^\s*X\((nvml\w+),\s*([^)]*)\)", text, re.M)}
+    return {m.group(1): m.group(2) for m in re.finditer(r"^\s*X\((nvml\w+),\s*([^)]*)\)", text, re.M)}
 
 
 def default_device(i: int) -> Dev:
@@ -201,7 +208,9 @@ def parse_pairs(words: list[str], allowed: set[str], line_no: int) -> dict[str, 
 
 
 def apply_device(state: State, pairs: dict[str, str], line_no: int) -> None:
-    i = number(pairs.get("index", ""), f"line {line_no} index")
+    if "index" not in pairs:
+        raise ValueError(f"scenario line {line_no}: device: index= is required")
+    i = number(pairs["index"], "index")
     devices = state["devices"]
     if i == len(devices):
         devices.append(default_device(i))
@@ -223,7 +232,7 @@ def apply_device(state: State, pairs: dict[str, str], line_no: int) -> None:
         elif key in ("lost", "mig", "retired_pending"):
             dev[key] = flag(key, value, line_no)
         elif key != "index":
-            dev[key] = number(value, f"line {line_no} {key}")
+            dev[key] = number(value, key)
 
 
 def parse_retired(text: str, line_no: int) -> tuple[str, int, int | None]:
@@ -252,7 +261,7 @@ def apply_process(state: State, pairs: dict[str, str], line_no: int) -> None:
         if key not in pairs:
             raise ValueError(f"scenario line {line_no}: process needs {key}=")
     if pairs["kind"] not in ("compute", "graphics", "mps"):
-        raise ValueError(f"scenario line {line_no}: kind must be compute, graphics or mps")
+        raise ValueError(f"scenario line {line_no}: kind={pairs['kind']}: expected compute, graphics or mps")
     dev, pid = number(pairs["device"], "device"), number(pairs["pid"], "pid")
     check_process(state, dev, pairs, line_no)
     procs = state["processes"]
@@ -307,7 +316,7 @@ def apply_mig(state: State, pairs: dict[str, str], line_no: int) -> None:
         if key == "uuid":
             entry[key] = value
         elif key not in ("device", "index"):
-            entry[key] = number(value, f"line {line_no} {key}")
+            entry[key] = number(value, key)
     if entry["used"] > entry["total"]:
         raise ValueError(f"scenario line {line_no}: mig: used={entry['used']} exceeds total={entry['total']}")
     for m in same:
@@ -317,12 +326,31 @@ def apply_mig(state: State, pairs: dict[str, str], line_no: int) -> None:
 
 # The NVML calls whose sticky faults are rendered, and the scenario keys of what nvidia-smi prints from them.
 FAULT_FIELDS = {
-    "nvmlDeviceGetMemoryInfo_v2": "memory", "nvmlDeviceGetMemoryInfo": "memory", "nvmlDeviceGetName": "name",
+    "nvmlDeviceGetMemoryInfo_v2": "memory", "nvmlDeviceGetName": "name",
     "nvmlDeviceGetUUID": "uuid", "nvmlDeviceGetSerial": "serial", "nvmlDeviceGetPciInfo_v3": "pci",
-    "nvmlDeviceGetPciInfo_v2": "pci", "nvmlDeviceGetComputeRunningProcesses_v3": "processes",
+    "nvmlDeviceGetComputeRunningProcesses_v3": "processes",
     "nvmlDeviceGetGraphicsRunningProcesses_v3": "processes", "nvmlDeviceGetMPSComputeRunningProcesses_v3": "processes",
     "nvmlDeviceGetRemappedRows": "remapped",
+    # The MIG devices of a GPU in MIG mode, as the full -q lists them (-L's MIG UUIDs are only joined to those).
+    "nvmlDeviceGetMaxMigDeviceCount": "mig_devices", "nvmlDeviceGetMigDeviceHandleByIndex": "mig_devices",
+    "nvmlDeviceGetMigMode": "mig", "nvmlDeviceGetClockInfo": "clock", "nvmlDeviceGetMaxClockInfo": "max",
+    "nvmlDeviceGetApplicationsClock": "app", "nvmlDeviceGetCurrentClocksEventReasons": "reasons",
+    "nvmlDeviceGetTotalEccErrors": "ecc", "nvmlDeviceGetFieldValues": "recovery",
+    "nvmlDeviceGetRetiredPages_v2": "retired_pages", "nvmlDeviceGetRetiredPagesPendingStatus": "retired_pending",
+    "nvmlInit_v2": "init",  # every run's first call: it fails the run as nvidia-smi fails (INIT_FAILURE)
 }  # fmt: skip
+# Not rendered: the older calls a driver 580 nvidia-smi does not make (nvmlDeviceGetMemoryInfo, PciInfo_v2, the v1/v2
+# process lists), the calls on a MIG device's handle, the handle and count calls, the system calls.
+
+# What nvidia-smi prints, and its exit status, when nvmlInit fails with an NVML return code (others: Unknown Error,
+# 255).
+INIT_FAILURE = {
+    4: ("Failed to initialize NVML: Insufficient Permissions\n", 4),
+    9: (NO_DRIVER, 9),
+    12: ("NVIDIA-SMI couldn't find libnvidia-ml.so library in your system. Please make sure that the NVIDIA Display "
+         "Driver is properly installed and present in your system.\n", 12),
+    18: (MISMATCH, 18),
+}
 # What nvidia-smi prints in place of a value for an NVML return code (3, NOT_SUPPORTED: the placeholder in use).
 FAULT_TEXT = {4: "[Insufficient Permissions]", 15: "[GPU is lost]", 16: "[GPU requires reset]"}
 
@@ -337,10 +365,12 @@ def apply_fault(state: State, pairs: dict[str, str], line_no: int) -> None:
     functions = stub_functions()  # empty when they cannot be read: then nothing is checked
     if functions and fn not in functions:
         raise ValueError(f"scenario line {line_no}: fault fn={fn}: not a function this stub exports")
-    if functions and not functions[fn]:
+    if functions and "F_NOFAULT" in functions[fn]:
         raise ValueError(f"scenario line {line_no}: fault fn={fn}: this function cannot fail")
+    if functions and "device" in pairs and "F_DEVICE" not in functions[fn] and "F_INDEX" not in functions[fn]:
+        raise ValueError(f"scenario line {line_no}: fault fn={fn}: device= given but the function takes no device")
     key = FAULT_FIELDS.get(fn)
-    values = {k: number(pairs[k], f"line {line_no} {k}") for k in ("code", "device", "after", "count", "delay_ms")
+    values = {k: number(pairs[k], k) for k in ("code", "device", "after", "count", "delay_ms")
               if k in pairs}
     if values.get("code", 1) > 2**31 - 1:
         raise ValueError(f"scenario line {line_no}: code={pairs['code']}: out of range (at most {2**31 - 1})")
@@ -357,36 +387,53 @@ def apply_fault(state: State, pairs: dict[str, str], line_no: int) -> None:
                             "delay_ms": values.get("delay_ms", 0), "text": text, "id": f"{ordinal}:{text}"})
 
 
-def apply_at(state: State, words: list[str], path: str, line_no: int) -> None:
-    """``at ms=T LINE`` applies LINE once T ms have passed since the scenario file was written (its mtime): each run of
-    this program is a new process, so "since the scenario was loaded" is read from the file. ``at call=N`` counts NVML
-    calls, which have no meaning here: ignored."""
+def apply_at(state: State, words: list[str], line_no: int) -> None:
+    """``at call=N LINE`` / ``at ms=T LINE``: checked now, as the stub checks the whole file at load (on a copy of
+    the state: it changes nothing yet), and kept in ``state["timeline"]`` for :func:`apply_timeline`."""
     if not words or "=" not in words[0]:
         raise ValueError(f"scenario line {line_no}: at needs call=N or ms=T")
     key, _, value = words[0].partition("=")
-    if key == "call":
-        return
-    if key != "ms" or len(words) < 2:
-        raise ValueError(f"scenario line {line_no}: at needs call=N or ms=T and a line")
-    due_s = number(value, "ms") / 1000.0
-    # A line not due yet is still checked, on a copy of the state: the stub refuses a bad timeline line at load.
-    target = state if time.time() - os.stat(path).st_mtime >= due_s else copy.deepcopy(state)
-    keyword, rest = words[1], words[2:]
+    if key not in ("call", "ms"):
+        raise ValueError(f"scenario line {line_no}: at: expected call= or ms=, not '{key}='")
+    if len(words) < 2:
+        raise ValueError(f"scenario line {line_no}: at {words[0]}: the line to apply is missing")
+    when = number(value, key)
+    if key == "call" and when == 0:
+        raise ValueError(f"scenario line {line_no}: at call=0: calls are counted from 1")
+    apply_step(copy.deepcopy(state), words[1], words[2:], line_no)
+    state["timeline"].append((key, when, words[1], words[2:], line_no))
+
+
+def apply_step(state: State, keyword: str, rest: list[str], line_no: int) -> None:
+    """Apply one timeline line (the part after ``at ...``)."""
     if keyword == "device":
-        apply_device(target, parse_pairs(rest, DEVICE_KEYS, line_no), line_no)
+        apply_device(state, parse_pairs(rest, DEVICE_KEYS, line_no), line_no)
     elif keyword == "process":
-        apply_process(target, parse_pairs(rest, PROCESS_KEYS, line_no), line_no)
+        apply_process(state, parse_pairs(rest, PROCESS_KEYS, line_no), line_no)
     elif keyword == "mig":
-        apply_mig(target, parse_pairs(rest, MIG_KEYS, line_no), line_no)
-    elif keyword == "fault":  # in force from T on (a counted one counts the calls from then, as the stub's)
-        apply_fault(target, parse_pairs(rest, FAULT_KEYS, line_no), line_no)
+        apply_mig(state, parse_pairs(rest, MIG_KEYS, line_no), line_no)
+    elif keyword == "fault":  # in force from its moment on (a counted one counts the calls from then, as the stub's)
+        apply_fault(state, parse_pairs(rest, FAULT_KEYS, line_no), line_no)
     elif keyword not in ("race", "quirk", "event"):  # nvidia-smi has no events: the line changes nothing
         raise ValueError(f"scenario line {line_no}: at cannot apply {keyword!r}")
 
 
+def apply_timeline(state: State, calls: int) -> None:
+    """Apply the timeline lines due at this run's first call, in file order, after the static ones (as the stub
+    applies them after the load). ``at ms=T``: T ms have passed since the scenario file was written (its mtime;
+    each run is a new process). ``at call=N``: this run's first call is the N-th or later; ``calls`` is how many
+    the earlier runs made (:class:`FaultCounts`: one per run and one per GPU it reports)."""
+    if not state["timeline"]:
+        return
+    age_s = time.time() - os.stat(state["path"]).st_mtime
+    for key, when, keyword, rest, line_no in state["timeline"]:
+        if (key == "ms" and age_s >= when / 1000.0) or (key == "call" and when <= calls + 1):
+            apply_step(state, keyword, rest, line_no)
+
+
 def apply_system(state: State, pairs: dict[str, str], line_no: int) -> None:
     for key, value in pairs.items():
-        state["system"][key] = number(value, f"line {line_no} cuda") if key == "cuda" else value
+        state["system"][key] = number(value, "cuda") if key == "cuda" else value
 
 
 # Scenario keyword -> (its keys, what applies the line).
@@ -406,6 +453,7 @@ def load_scenario(path: str) -> State:
         "processes": [],
         "migs": [],
         "faults": [],  # the fault lines rendered (apply_fault), in file order
+        "timeline": [],  # the at lines: (call or ms, N or T, keyword, words, line number), in file order
         "path": path,  # where the counted faults keep their counts (FaultCounts)
     }
     try:
@@ -417,25 +465,34 @@ def load_scenario(path: str) -> State:
         raise ValueError(f"cannot read the scenario {path}: {exc.strerror or exc}") from None
     seen_magic = False
     for no, line in enumerate(lines, start=1):
-        words = tokenize(line, no)
-        if not words:
-            continue
-        if not seen_magic:
-            if words != ["nvmlcheck-stub-scenario", "1"]:
-                raise ValueError(f"scenario line {no}: expected 'nvmlcheck-stub-scenario 1'")
-            seen_magic = True
-            continue
-        keyword, rest = words[0], words[1:]
-        if keyword in LINE_KINDS:
-            keys, apply = LINE_KINDS[keyword]
-            apply(state, parse_pairs(rest, keys, no), no)
-        elif keyword == "at":
-            apply_at(state, rest, path, no)
-        elif keyword not in ("race", "quirk"):
-            raise ValueError(f"scenario line {no}: unknown keyword {keyword!r}")
+        try:
+            seen_magic = load_line(state, line, no, seen_magic)
+        except ValueError as exc:  # as the stub names it: the file, the line, the word
+            text = str(exc).removeprefix(f"scenario line {no}: ")
+            raise ValueError(f"scenario {path} line {no}: {text}") from None
     if not seen_magic:
-        raise ValueError("scenario: empty file")
+        raise ValueError(f"scenario {path}: empty file")
     return state
+
+
+def load_line(state: State, line: str, no: int, seen_magic: bool) -> bool:
+    """Read line ``no`` into ``state``; whether the format line was seen (this one or an earlier one)."""
+    words = tokenize(line, no)
+    if not words:
+        return seen_magic
+    if not seen_magic:
+        if words != ["nvmlcheck-stub-scenario", "1"]:
+            raise ValueError(f"scenario line {no}: expected 'nvmlcheck-stub-scenario 1'")
+        return True
+    keyword, rest = words[0], words[1:]
+    if keyword in LINE_KINDS:
+        keys, apply = LINE_KINDS[keyword]
+        apply(state, parse_pairs(rest, keys, no), no)
+    elif keyword == "at":
+        apply_at(state, rest, no)
+    elif keyword not in ("race", "quirk"):
+        raise ValueError(f"scenario line {no}: unknown keyword {keyword!r}")
+    return True
 
 
 # --- live state ----------------------------------------------------------------------------------------------------
@@ -470,15 +527,18 @@ def ceil_mib(value: int) -> int:
 
 
 class FaultCounts:
-    """How many calls each counted fault (``after``/``count``) has seen, across runs: a JSON file beside the scenario,
-    read and written under an exclusive lock by :meth:`hold`. A sticky fault needs no count, so a scenario without
-    counted faults reads and writes nothing."""
+    """What earlier runs counted, across runs: the calls each counted fault (``after``/``count``) has seen, and the
+    NVML calls of every run (``calls``, for ``at call=N``: one per run, its ``nvmlInit``, and one per GPU it reports).
+    A JSON file beside the scenario, read and written under an exclusive lock by :meth:`hold`. A scenario with no
+    counted fault and no ``at call=`` line needs no count: it reads and writes nothing."""
 
-    def __init__(self, path: str, faults: list[dict[str, Any]]) -> None:
+    def __init__(self, path: str, state: State) -> None:
         self.path = path + ".fake-smi-counts"  # nvmlcheck._sim.session.FAKE_SMI_COUNTS_SUFFIX: a simulation resets it
         self.scenario = path
-        self.needed = any(f["after"] or f["count"] for f in faults)
+        self.needed = any(f["after"] or f["count"] for f in state["faults"]) or any(
+            key == "call" or keyword == "fault" for key, _, keyword, _, _ in state["timeline"])
         self.seen: dict[str, int] = {}
+        self.calls = 0
         self._fd: int | None = None
         self._stamp = ""
 
@@ -512,6 +572,7 @@ class FaultCounts:
             saved = {}
         if isinstance(saved, dict) and saved.get("scenario") == self._stamp and isinstance(saved.get("seen"), dict):
             self.seen = {str(k): int(v) for k, v in saved["seen"].items()}
+            self.calls = int(saved.get("calls", 0))
 
     def release(self) -> None:
         """Write the counts back and unlock."""
@@ -519,7 +580,7 @@ class FaultCounts:
         if fd is None:
             return
         try:
-            data = json.dumps({"scenario": self._stamp, "seen": self.seen}).encode()
+            data = json.dumps({"scenario": self._stamp, "seen": self.seen, "calls": self.calls}).encode()
             os.lseek(fd, 0, os.SEEK_SET)
             os.ftruncate(fd, 0)
             os.write(fd, data)
@@ -530,14 +591,15 @@ class FaultCounts:
 class View:
     """The scenario's state as nvidia-smi would print it, with live processes resolved."""
 
-    def __init__(self, state: State) -> None:
+    def __init__(self, state: State, counts: FaultCounts) -> None:
         self.system = state["system"]
         self.devices = state["devices"]
         self.processes = [p for p in state["processes"] if alive(p)]
         self.migs: list[dict[str, Any]] = state["migs"]
         self.placeholder = os.environ.get("FAKE_SMI_PLACEHOLDER", "[N/A]")
         self.faults: list[dict[str, Any]] = state["faults"]
-        self.counts = FaultCounts(state["path"], self.faults)
+        self.counts = counts
+        self.gpus_read = 0  # the GPUs this run reports (each one NVML call more, for at call=N)
         self.delay_s = 0.0  # what the faults that fired in this run add to its answer
         self._answers: dict[tuple[int, str], int | None] = {}  # (GPU, key) -> the code it answered in this run
 
@@ -553,6 +615,13 @@ class View:
         if code is None:
             return None
         return self.placeholder if code == 3 else FAULT_TEXT.get(code, "[Unknown Error]")
+
+    def init_failure(self) -> tuple[str, int] | None:
+        """What this run prints and exits with when a fault fails its ``nvmlInit_v2``; ``None``: it answers."""
+        code = self._call(-1, "init")
+        if code is None:
+            return None
+        return INIT_FAILURE.get(code, ("Failed to initialize NVML: Unknown Error\n", 255))
 
     def _call(self, index: int, key: str) -> int | None:
         """One call of ``key``'s NVML function on GPU ``index``: every matching fault counts it; the delays of those
@@ -611,11 +680,12 @@ def gpu_field(view: View, dev: Dev, name: str) -> Cell:
         "temperature.gpu": ("temperature.gpu", None, 39),
         "persistence_mode": ("persistence_mode", None, "Enabled"),
         "compute_mode": ("compute_mode", None, "Default"),
-        "mig.mode.current": ("mig.mode.current", None, None if view.unsupported(dev, "mig") else
-                             ("Enabled" if dev["mig"] else "Disabled")),
     }  # fmt: skip
     if name in simple:
         return simple[name]
+    if name == "mig.mode.current":  # (asked only when printed: a counted fault counts the calls made)
+        mode = None if view.unsupported(dev, "mig") else "Enabled" if dev["mig"] else "Disabled"
+        return name, None, view.failed(dev, "mig") or mode
     ident = {
         "name": "name", "gpu_name": "name", "uuid": "uuid", "gpu_uuid": "uuid",
         "pci.bus_id": "pci", "gpu_bus_id": "pci", "serial": "serial", "gpu_serial": "serial",
@@ -632,9 +702,10 @@ def gpu_field(view: View, dev: Dev, name: str) -> Cell:
     clock = clock_field(name)
     if clock is not None:
         header, key = clock
-        return header, "MHz", None if view.unsupported(dev, key) else dev[key]
+        return header, "MHz", view.failed(dev, key.split(".")[0]) or (None if view.unsupported(dev, key) else dev[key])
     if name in ("clocks_event_reasons.active", "clocks_throttle_reasons.active"):
-        value = None if view.unsupported(dev, "reasons") else f"0x{dev['reasons']:016x}"
+        reasons = None if view.unsupported(dev, "reasons") else f"0x{dev['reasons']:016x}"
+        value = view.failed(dev, "reasons") or reasons
         return "clocks_event_reasons.active", None, value
     return health_field(view, dev, name)
 
@@ -690,11 +761,20 @@ def health_field(view: View, dev: Dev, name: str) -> Cell:
         ("gpu_recovery_action",): ("gpu_recovery_action", None if view.unsupported(dev, "recovery")
                                    else RECOVERY_WORDS.get(dev["recovery"], str(dev["recovery"]))),
     }  # fmt: skip
-    failed = view.failed(dev, "remapped")  # a sticky fault on nvmlDeviceGetRemappedRows: its placeholder
     for names, (header, value) in table.items():
         if name in names:
-            return header, None, failed if failed is not None and header.startswith("remapped_rows.") else value
+            # A fault on the NVML call behind the field prints its placeholder (a fault comes before "not
+            # supported", as in the stub).
+            return header, None, view.failed(dev, health_call(header)) or value
     raise KeyError(name)
+
+
+def health_call(header: str) -> str:
+    """The ``FAULT_FIELDS`` key of the NVML call behind a health field."""
+    if header == "retired_pages.pending":
+        return "retired_pending"
+    return {"remapped_rows": "remapped", "retired_pages": "retired_pages", "ecc": "ecc"}.get(
+        header.split(".", maxsplit=1)[0], "recovery")
 
 
 # How nvidia-smi -q and gpu_recovery_action print nvmlDeviceGpuRecoveryAction_t ("None" as captured on driver 580;
@@ -895,6 +975,12 @@ def full_q_sections(view: View, dev: Dev) -> list[str]:
         kv(8, "Pending", mode, 55),
     ]
     migs = view.mig_devices(dev)
+    # Listing them is a call of nvmlDeviceGetMigDeviceHandleByIndex (and of nvmlDeviceGetMaxMigDeviceCount) on a
+    # GPU in MIG mode: a fault on it prints its placeholder where the MIG Device blocks would be.
+    listing = view.failed(dev, "mig_devices") if dev["mig"] and not view.unsupported(dev, "mig") else None
+    if listing is not None:
+        out.append(kv(4, "MIG Devices", listing, 55))
+        migs = []
     if migs:
         out.append("    MIG Devices")
     for m in migs:
@@ -1084,12 +1170,16 @@ def main(argv: list[str]) -> int:
         if not path:
             sys.stdout.write(NO_DRIVER)  # no scenario: a machine without a driver, like the stub library
             return 9
-        view = View(load_scenario(path))
-        view.counts.hold()
+        state = load_scenario(path)
+        counts = FaultCounts(path, state)
+        counts.hold()
         try:
+            apply_timeline(state, counts.calls)
+            view = View(state, counts)
             text, code = answer(view, opts)
+            counts.calls += 1 + view.gpus_read  # its nvmlInit and a handle per GPU reported
         finally:
-            view.counts.release()
+            counts.release()
         if view.delay_s:  # a fault's delay: after the counts are let go, so an overlapping run is not held up
             time.sleep(view.delay_s)
         sys.stdout.write(text)
@@ -1104,6 +1194,9 @@ def main(argv: list[str]) -> int:
 
 def answer(view: View, opts: dict[str, Any]) -> tuple[str, int]:
     """What a run prints, and its exit status (``Usage``: a command line the real one refuses)."""
+    failed = view.init_failure()
+    if failed is not None:
+        return failed
     if opts["version"]:
         cuda = view.system["cuda"]
         return (
@@ -1112,6 +1205,7 @@ def answer(view: View, opts: dict[str, Any]) -> tuple[str, int]:
             f"CUDA Version        : {cuda // 1000}.{cuda % 1000 // 10}\n"
         ), 0
     devices = select(view.devices, opts["ids"])
+    view.gpus_read = len(devices)
     if (opts["ids"] is not None and not devices) or not view.devices:
         return NO_DEVICES, 6
     if opts["list"]:

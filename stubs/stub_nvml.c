@@ -683,33 +683,8 @@ static int set_string(char **dst, const char *key, const char *val, size_t max, 
     return 0;
 }
 
-static int apply_device(struct state *st, const struct line *ln, int dry, int in_timeline, char *err) {
-    struct device scratch, *d;
-    unsigned int index = 0;
-    int have_index = 0;
-    if (check_pairs(ln, 0, err)) return -1;
-    for (size_t i = 0; i < ln->nkv; i++)
-        if (strcmp(ln->kv[i].key, "index") == 0) {
-            if (parse_u32("index", ln->kv[i].val, &index, err)) return -1;
-            have_index = 1;
-        }
-    if (!have_index) return fail(err, "device: index= is required");
-    if (in_timeline && index >= st->ndev)
-        return fail(err, "device index=%u: the timeline can change declared devices only (%zu declared)", index,
-                    st->ndev);
-    if (index > st->ndev)
-        return fail(err, "device index=%u: devices must be declared in order (next is %zu)", index, st->ndev);
-    if (dry) {
-        memset(&scratch, 0, sizeof scratch);
-        d = &scratch;
-    } else {
-        if (index == st->ndev) {
-            PUSH(st->dev, st->ndev, st->capdev);
-            device_defaults(&st->dev[st->ndev], index);
-            st->ndev++;
-        }
-        d = &st->dev[index];
-    }
+/* The keys of a device line other than index, set on d (checked only when dry). */
+static int device_keys(struct device *d, const struct line *ln, int dry, char *err) {
     for (size_t i = 0; i < ln->nkv; i++) {
         const char *k = ln->kv[i].key, *v = ln->kv[i].val;
         int found = 0;
@@ -801,6 +776,41 @@ static int apply_device(struct state *st, const struct line *ln, int dry, int in
         }
     }
     return 0;
+}
+
+static int apply_device(struct state *st, const struct line *ln, int dry, int in_timeline, char *err) {
+    struct device scratch, *d;
+    unsigned int index = 0;
+    int have_index = 0;
+    if (check_pairs(ln, 0, err)) return -1;
+    for (size_t i = 0; i < ln->nkv; i++)
+        if (strcmp(ln->kv[i].key, "index") == 0) {
+            if (parse_u32("index", ln->kv[i].val, &index, err)) return -1;
+            have_index = 1;
+        }
+    if (!have_index) {
+        /* A misspelt index (idx=0) is an unknown key: name it, rather than only that index= is missing. */
+        memset(&scratch, 0, sizeof scratch);
+        if (device_keys(&scratch, ln, 1, err)) return -1;
+        return fail(err, "device: index= is required");
+    }
+    if (in_timeline && index >= st->ndev)
+        return fail(err, "device index=%u: the timeline can change declared devices only (%zu declared)", index,
+                    st->ndev);
+    if (index > st->ndev)
+        return fail(err, "device index=%u: devices must be declared in order (next is %zu)", index, st->ndev);
+    if (dry) {
+        memset(&scratch, 0, sizeof scratch);
+        d = &scratch;
+    } else {
+        if (index == st->ndev) {
+            PUSH(st->dev, st->ndev, st->capdev);
+            device_defaults(&st->dev[st->ndev], index);
+            st->ndev++;
+        }
+        d = &st->dev[index];
+    }
+    return device_keys(d, ln, dry, err);
 }
 
 static int find_proc(const struct state *st, unsigned int device, int kind, unsigned int pid) {

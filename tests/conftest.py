@@ -264,3 +264,35 @@ def sigterm_while_writing() -> Callable[..., tuple[bytes, int, bytes]]:
         return b"".join(chunks), proc.returncode, err
 
     return run
+
+
+# nvmlcheck's command line, with the read of one process's /proc/PID/cmdline made to hang (it is read under the
+# process's memory-map lock, which a process stuck in the driver can hold for good: ps hangs there too). The hang is
+# a stand-in in the command's own process, where its watchdog runs. argv: the stuck PID, then the command's words.
+_HUNG_CMDLINE = """
+import sys, time
+stuck = int(sys.argv[1])
+from nvmlcheck._proc import procfs
+real = procfs.cmdline
+def cmdline(pid, proc="/proc"):
+    if pid == stuck:
+        time.sleep(3600)
+    return real(pid, proc)
+procfs.cmdline = cmdline
+sys.argv = ["nvmlcheck", *sys.argv[2:]]
+from nvmlcheck import cli
+cli.script()
+"""
+
+
+@pytest.fixture
+def hung_cmdline_cli() -> Callable[..., subprocess.CompletedProcess[str]]:
+    """``run(stuck_pid, *words)``: ``nvmlcheck *words`` in a child process in which reading ``stuck_pid``'s
+    ``/proc/PID/cmdline`` never returns; its exit status and output (text)."""
+    root = Path(__file__).resolve().parents[1]
+
+    def run(stuck: int, *words: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-c", _HUNG_CMDLINE, str(stuck), *words], capture_output=True,
+                              text=True, timeout=60, check=False, env=os.environ | {"PYTHONPATH": str(root)})
+
+    return run

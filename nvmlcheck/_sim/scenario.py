@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Literal
 
 from ..errors import ArgumentError, ArgumentTypeError
-from .symbols import NVML_FUNCTIONS
+from .symbols import DEVICE_FUNCTIONS, NVML_FUNCTIONS
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -491,8 +491,8 @@ class _Changes:
         if code is not None:
             parts.append(f"code={_check_int('code', code, _INT_MAX, minimum=1)}")
         if device is not None:
-            if not fn.startswith("nvmlDevice") or fn.startswith("nvmlDeviceGetCount"):
-                raise ArgumentError(f"fault: {fn} takes no device, so device= cannot restrict it")
+            if fn not in DEVICE_FUNCTIONS:  # (nvmlDeviceGetGpuInstanceId & co. take a MIG device's handle)
+                raise ArgumentError(f"fault: {fn} takes no GPU's handle or index, so device= cannot restrict it")
             parts.append(f"device={self._check_device(device)}")
         for key, value in (("after", after), ("count", count), ("delay_ms", delay_ms)):
             number = _check_int(key, value)
@@ -588,6 +588,22 @@ class TimelineStep(_Changes):
 
 
 @dataclass
+class _Built:
+    """What a :class:`Scenario`'s methods have built: its lines, in order, and the bookkeeping that checks the next
+    call (devices declared, UUIDs and MIG instance ids taken, GPUs put in MIG mode)."""
+
+    lines: list[str] = field(default_factory=list)
+    devices: int = 0
+    uuid_of: dict[tuple[int, ...], str] = field(default_factory=dict)
+    mig_ids_of: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
+    mig_gpus: set[int] = field(default_factory=set)
+
+    def copy(self) -> _Built:
+        """A copy that shares nothing this one changes."""
+        return _Built(list(self.lines), self.devices, dict(self.uuid_of), dict(self.mig_ids_of), set(self.mig_gpus))
+
+
+@dataclass
 class Scenario(_Changes):
     """Builds a scenario file (format version 1, ``stubs/README.md``) for the stub libnvidia-ml.
 
@@ -616,11 +632,11 @@ class Scenario(_Changes):
     driver: str = "580.159.04"
     nvml: str = "13.580.159.04"
     cuda: int = 13000
-    _lines: list[str] = field(default_factory=list, init=False, repr=False)
-    _devices: int = field(default=0, init=False, repr=False)
-    _uuid_of: dict[tuple[int, ...], str] = field(default_factory=dict, init=False, repr=False)
-    _mig_ids_of: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict, init=False, repr=False)
-    _mig_gpus: set[int] = field(default_factory=set, init=False, repr=False)
+    # What the methods built. An init field (keyword-only, private) so that every copy carries it:
+    # dataclasses.replace() (and copy.replace) make a copy through __init__ with the init fields alone, and lost the
+    # lines, devices and UUIDs when they were init=False (a replaced scenario rendered no device). __post_init__
+    # takes a copy of it, so the original and its replacement never share it either.
+    _built: _Built = field(default_factory=_Built, kw_only=True, repr=False)
     # The file every change is written to as it is made (the pytest plugin's nvml_scenario_path), or None.
     _kept_in: Path | None = field(default=None, init=False, repr=False, compare=False)
 
@@ -632,11 +648,25 @@ class Scenario(_Changes):
     def __getstate__(self) -> dict[str, object]:
         """For copy and pickle: a copy is a scenario of its own, written to no file of the original's, with lines
         and bookkeeping of its own (``copy.copy`` once shared them: a line added to the copy was the original's too)."""
-        state = {k: (type(v)(v) if isinstance(v, (list, dict, set)) else v) for k, v in self.__dict__.items()}
+        state = dict(self.__dict__)
+        state["_built"] = self._built.copy()
         state["_kept_in"] = None
         return state
 
+    def __setstate__(self, state: dict[str, object]) -> None:
+        """From copy and pickle; a pickle of an earlier release kept the bookkeeping in five fields of its own."""
+        state = dict(state)
+        if "_built" not in state:
+            old = _Built()
+            for name in ("lines", "devices", "uuid_of", "mig_ids_of", "mig_gpus"):
+                if f"_{name}" in state:
+                    setattr(old, name, state.pop(f"_{name}"))
+            state["_built"] = old
+        state.setdefault("_kept_in", None)
+        self.__dict__.update(state)
+
     def __post_init__(self) -> None:
+        self._built = self._built.copy()  # dataclasses.replace() hands over the original's: this one's is its own
         self.driver = _check_text("driver", self.driver, 79, empty=False)
         self.nvml = _check_text("nvml", self.nvml, 79, empty=False)
         self.cuda = _check_int("cuda", self.cuda, _INT_MAX)
@@ -661,10 +691,10 @@ class Scenario(_Changes):
     @property
     def device_count(self) -> int:
         """Devices declared so far."""
-        return self._devices
+        return self._built.devices
 
     def _emit(self, line: str) -> None:
-        self._lines.append(line)
+        self._built.lines.append(line)
         if self._kept_in is not None:
             self._keep()
 
@@ -680,29 +710,29 @@ class Scenario(_Changes):
         write_scenario_text(self._kept_in, self.render())
 
     def _device_count(self) -> int:
-        return self._devices
+        return self._built.devices
 
     def _uuids(self) -> dict[tuple[int, ...], str]:
-        return self._uuid_of
+        return self._built.uuid_of
 
     def _mig_ids(self) -> dict[tuple[int, int], tuple[int, int]]:
-        return self._mig_ids_of
+        return self._built.mig_ids_of
 
     def _mig_capable(self) -> set[int]:
-        return self._mig_gpus
+        return self._built.mig_gpus
 
     def add_device(self, **fields: object) -> int:
         """Declare the next device (index 0, 1, ...) and return its index. Fields: see the class docstring."""
         rendered = _render_device_fields(fields)
-        index = self._devices
-        self._devices += 1
+        index = self._built.devices
+        self._built.devices += 1
         try:
             self._claim_uuid((index,), _check_str("uuid", fields["uuid"], 95) if "uuid" in fields else None)
         except ArgumentError:
-            self._devices -= 1
+            self._built.devices -= 1
             raise
         if fields.get("mig") is True:
-            self._mig_gpus.add(index)
+            self._built.mig_gpus.add(index)
         self._emit(" ".join([f"device index={index}", *rendered]))
         return index
 
@@ -720,7 +750,7 @@ class Scenario(_Changes):
         driver = _check_text("driver", self.driver, 79, empty=False)
         nvml = _check_text("nvml", self.nvml, 79, empty=False)
         system = f"system driver={_quote(driver)} nvml={_quote(nvml)} cuda={_check_int('cuda', self.cuda, _INT_MAX)}"
-        return "\n".join(["nvmlcheck-stub-scenario 1", system, *self._lines]) + "\n"
+        return "\n".join(["nvmlcheck-stub-scenario 1", system, *self._built.lines]) + "\n"
 
     def write(self, path: str | os.PathLike[str]) -> Path:
         """Write :meth:`render` to ``path`` (UTF-8, replaced atomically) and return it as a Path."""

@@ -35,6 +35,39 @@ ENV_LOG = "NVMLCHECK_STUB_LOG"  # the stub appends one line per call here
 #: (stubs/fake_nvidia_smi.py, which imports nothing of nvmlcheck, spells it too).
 FAKE_SMI_COUNTS_SUFFIX = ".fake-smi-counts"
 
+def _enter(scenario_path: Path, library: Path) -> None:
+    """Refuse a simulation of ``scenario_path`` while the stub is initialised in this process with another scenario
+    (a session still open, of an enclosing block or of the pytest plugin's fixtures): the stub reads its scenario
+    only at the nvmlInit that takes its count from 0, so the new block's sessions would share that initialisation
+    and read the other scenario, silently. Nested blocks are fine while nothing holds NVML across them."""
+    if not _loaded(library):
+        return  # not even loaded here: nothing is initialised
+    from .probe import StubProbe
+
+    if StubProbe(library).init_refcount() == 0:
+        return
+    current = os.environ.get(ENV_SCENARIO)
+    if current and Path(current) == scenario_path:
+        return  # the scenario in force already
+    from ..errors import StateError
+
+    holding = f"with {current}" if current else "(a session is open)"
+    raise StateError(
+        f"the stub is initialised in this process {holding}: it reads a scenario only at the nvmlInit that takes "
+        f"its count from 0, so the sessions of a simulation of {scenario_path} would share that one and read its "
+        "scenario. Close the sessions first (one scenario at a time per process), or run this one in a process "
+        "of its own (as pytest-xdist's workers are)"
+    )
+
+
+def _loaded(library: Path) -> bool:
+    """Whether ``library`` is mapped into this process (without loading it, or ctypes, to ask its counters)."""
+    try:
+        maps = Path("/proc/self/maps").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return True  # cannot tell: ask the library
+    return os.path.realpath(library) in maps
+
 
 def stub_environment(
     scenario_path: str | os.PathLike[str],
@@ -145,14 +178,16 @@ def simulation(
             directory = Path(os.path.abspath(tmp_dir))  # absolute, as the environment must be (stub_environment)
             directory.mkdir(parents=True, exist_ok=True)
         if isinstance(scenario, Scenario):
-            # Written now and after each change made in the block, for the next nvmlInit (as the pytest fixtures do).
             scenario_path = directory / "scenario.txt"
-            stack.callback(scenario._keep_in, scenario._kept_in)
-            scenario._keep_in(scenario_path)
         else:
             scenario_path = Path(os.path.abspath(scenario))
             if not scenario_path.is_file():
                 raise FileNotFoundError(f"scenario file {scenario_path} does not exist")
+        _enter(scenario_path, library)
+        if isinstance(scenario, Scenario):
+            # Written now and after each change made in the block, for the next nvmlInit (as the pytest fixtures do).
+            stack.callback(scenario._keep_in, scenario._kept_in)
+            scenario._keep_in(scenario_path)
         log_path = directory / "calls.log"
         log_path.unlink(missing_ok=True)
         # The fake nvidia-smi's fault counts start afresh with each simulation, as the stub's do with each process's
@@ -184,7 +219,9 @@ def use_stub(
 
     The stub reads the scenario at every ``nvmlInit`` that takes its reference count from 0 to 1, so opening
     nvmlcheck inside the block sees it. A process that loaded the stub keeps it loaded: the library's state (call
-    counts, an un-shut-down init) outlives the block.
+    counts, an un-shut-down init) outlives the block. One scenario at a time per process: a block of another
+    scenario while a session holds NVML on the stub (whose sessions would share that initialisation and read its
+    scenario) raises :class:`~nvmlcheck.StateError`; parallel processes each have their own.
     """
     with simulation(scenario, variant=variant, tmp_dir=tmp_dir, export_library=True) as stub:
         yield stub

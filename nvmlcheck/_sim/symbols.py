@@ -66,6 +66,17 @@ NVML_FUNCTIONS: tuple[str, ...] = (
     "nvmlEventSetFree",
 )
 
+#: The functions whose fault ``device=`` can restrict: those taking a device handle or index (``F_DEVICE`` /
+#: ``F_INDEX`` in stub_nvml.c). Not the calls on a MIG device handle (its instance ids, its parent): the stub refuses
+#: ``device=`` on them.
+DEVICE_FUNCTIONS: frozenset[str] = frozenset(
+    name for name in NVML_FUNCTIONS
+    if name.startswith("nvmlDevice") and name not in (
+        "nvmlDeviceGetCount", "nvmlDeviceGetCount_v2", "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
+        "nvmlDeviceGetGpuInstanceId", "nvmlDeviceGetComputeInstanceId",
+    )
+)  # fmt: skip
+
 _PROC_PREFIXES = (
     "nvmlDeviceGetComputeRunningProcesses",
     "nvmlDeviceGetGraphicsRunningProcesses",

@@ -593,3 +593,173 @@ def test_process_list_call_failing_reads_alike(open_backend: Opener, code: int) 
     else:
         (failure,) = snap.failures
         assert failure.index == 1 and type(failure.error) is failure_class
+
+
+# --- every fault option of the scenario format, alike on both backends (stubs/README.md, "fault" and "at") ----------
+# fn and code: above. device= absent: every GPU. after=/count=: counted calls (one per GPU and reading on both: the
+# stub counts NVML's calls, the fake nvidia-smi its runs that print the answer). delay_ms=: the reading answers that
+# much later. In the timeline (at call=N, at ms=T): in force from then on. The fake nvidia-smi ignored at call=N
+# lines (the stub played them) and a fault on nvmlDeviceGetMigDeviceHandleByIndex (the stub failed the MIG listing).
+
+
+def _failed(snap: nc.Snapshot) -> list[int]:
+    return [f.index for f in snap.failures]
+
+
+def test_a_fault_without_a_device_fails_every_gpu(open_backend: Opener) -> None:
+    sc = Scenario.h200(devices=2)
+    sc.fault("nvmlDeviceGetMemoryInfo_v2", 4)
+    with open_backend(sc) as gpus:
+        snap = gpus.snapshot(fields=nc.Fields.WAIT)
+    assert snap.devices == () and _failed(snap) == [0, 1]
+    assert all(type(f.error) is nc.NoPermission for f in snap.failures)
+
+
+def test_a_counted_fault_fails_the_readings_it_counts(open_backend: Opener) -> None:
+    # after=1 count=2: GPU 1's first call passes, the next two fail, then it answers again; GPU 0 never. Which reading
+    # makes which call is the backend's (opening a session may read memory too): at most two readings fail, one
+    # after the other, and the GPU answers after them. (Not 999: after an Unknown Error the NVML backend initialises
+    # again, and the stub's counts restart.)
+    sc = Scenario.h200(devices=2)
+    sc.fault("nvmlDeviceGetMemoryInfo_v2", 4, device=1, after=1, count=2)
+    with open_backend(sc) as gpus:
+        readings = [_failed(gpus.snapshot(fields=nc.Fields.MEMORY)) for _ in range(5)]
+    failing = [i for i, r in enumerate(readings) if r]
+    assert all(r in ([], [1]) for r in readings), readings
+    assert 1 <= len(failing) <= 2 and failing == list(range(failing[0], failing[0] + len(failing))), readings
+    assert readings[-2:] == [[], []], readings
+
+
+@pytest.mark.parametrize("code", [None, 4])
+def test_a_delayed_fault_answers_that_much_later(open_backend: Opener, code: int | None) -> None:
+    import time
+
+    sc = Scenario.h200(devices=2)
+    sc.fault("nvmlDeviceGetMemoryInfo_v2", code, device=1, delay_ms=300)
+    with open_backend(sc) as gpus:
+        for _ in range(2):
+            started = time.monotonic()
+            snap = gpus.snapshot(fields=nc.Fields.MEMORY)
+            assert time.monotonic() - started >= 0.3  # a lower bound only: load makes it longer, never shorter
+            assert _failed(snap) == ([] if code is None else [1])
+    if code is None:  # only late: the values are the GPU's
+        assert [d.memory is not None for d in snap.devices] == [True, True]
+
+
+@pytest.mark.parametrize("what", ["fault", "process"])
+def test_an_at_call_line_applies_from_its_call_on(open_backend: Opener, what: str) -> None:
+    # At call 40: after the first reading on both backends (NVML makes ~30 calls to open and read two GPUs, the fake
+    # nvidia-smi counts one per run and one per GPU it reports), and a few readings later; then for good.
+    sc = Scenario.h200(devices=2)
+    sc.add_process(1, 4_100_001, used_bytes=GIB)
+    step = sc.at_call(40)
+    if what == "fault":
+        step.fault("nvmlDeviceGetMemoryInfo_v2", 4, device=1)
+    else:
+        step.remove_process(1, 4_100_001)
+
+    def applied(snap: nc.Snapshot) -> bool:
+        if what == "fault":
+            return _failed(snap) == [1]
+        assert snap.failures == ()
+        return snap.device(1).processes == ()
+
+    with open_backend(sc) as gpus:
+        seen = [applied(gpus.snapshot(fields=nc.Fields.WAIT))]
+        while not seen[-1] and len(seen) < 40:
+            seen.append(applied(gpus.snapshot(fields=nc.Fields.WAIT)))
+        seen += [applied(gpus.snapshot(fields=nc.Fields.WAIT)) for _ in range(2)]
+    assert seen[0] is False, "applied before its call"
+    assert seen[-3:] == [True, True, True], seen  # applied, and it stays
+
+
+@pytest.mark.parametrize(("at", "applies"), [("call=1", True), ("ms=0", True), ("call=1000000000", False),
+                                             ("ms=100000000", False)])
+def test_a_timeline_fault_applies_when_it_is_due(open_backend: Opener, at: str, applies: bool) -> None:
+    sc = Scenario.h200(devices=2)
+    key, _, value = at.partition("=")
+    step = sc.at_call(int(value)) if key == "call" else sc.at_ms(int(value))
+    step.fault("nvmlDeviceGetMemoryInfo_v2", 4, device=1)
+    with open_backend(sc) as gpus:
+        readings = [_failed(gpus.snapshot(fields=nc.Fields.MEMORY)) for _ in range(2)]
+    assert readings == ([[1], [1]] if applies else [[], []])
+
+
+@pytest.mark.parametrize("code", [3, 4, 15, 999])
+def test_a_failing_mig_listing_reads_alike(open_backend: Opener, code: int) -> None:
+    # nvmlDeviceGetMigDeviceHandleByIndex failing: NVML fails the GPU on an error of the GPU (lost) and leaves its MIG
+    # devices unknown on any other; the fake nvidia-smi printed the MIG devices as if the call had answered.
+    sc = _mig(loaded=True)
+    sc.fault("nvmlDeviceGetMigDeviceHandleByIndex", code, device=0)
+    with open_backend(sc) as gpus:
+        snap = gpus.snapshot(fields=nc.Fields.WAIT)
+    assert snap.device(1).mig_devices == ()  # the other GPU reads
+    if code == 15:
+        assert _failed(snap) == [0] and type(snap.failures[0].error) is nc.GpuLost
+        return
+    d0 = snap.device(0)
+    assert d0.mig_mode is True and d0.mig_devices is None and d0.why_unknown("mig_devices")
+    assert [p.pid for p in d0.processes or ()] == [4_100_042]  # the GPU itself still reports
+    assert nc.default_predicate().evaluate(snap).satisfied is not True
+
+
+# The call behind each value the fake nvidia-smi renders a fault on (it printed the value as if the call had answered),
+# and the value's key in DeviceState ("why_unknown").
+VALUE_CALLS = {
+    "nvmlDeviceGetClockInfo": "clocks.current.sm_mhz",
+    "nvmlDeviceGetMaxClockInfo": "clocks.max.sm_mhz",
+    "nvmlDeviceGetApplicationsClock": "clocks.applications.graphics_mhz",
+    "nvmlDeviceGetCurrentClocksEventReasons": "clocks.event_reasons",
+    "nvmlDeviceGetTotalEccErrors": "health.ecc_uncorrected_volatile",
+    "nvmlDeviceGetFieldValues": "health.recovery_action",
+    "nvmlDeviceGetRetiredPages_v2": "health.retired_pages",
+    "nvmlDeviceGetRetiredPagesPendingStatus": "health.retired_pages_pending",
+    "nvmlDeviceGetMigMode": "mig_mode",
+}
+
+
+@pytest.mark.parametrize("code", [3, 4, 15, 999])
+@pytest.mark.parametrize("fn", sorted(VALUE_CALLS))
+def test_a_value_call_failing_reads_alike(open_backend: Opener, fn: str, code: int) -> None:
+    sc = Scenario.h200(devices=2)
+    sc.set_device(1, unsupported=())  # retired pages readable, so only the fault makes them unknown
+    sc.fault(fn, code, device=1)
+    with open_backend(sc) as gpus:
+        snap = gpus.snapshot(fields=nc.Fields.CLOCKS | nc.Fields.HEALTH | nc.Fields.WAIT)
+    assert 0 in [d.index for d in snap.devices]  # the other GPU reads
+    if code == 15:  # the GPU is lost: it fails, whichever call said so
+        assert _failed(snap) == [1] and type(snap.failures[0].error) is nc.GpuLost
+        return
+    d1 = snap.device(1)
+    value: object = d1
+    for part in VALUE_CALLS[fn].split("."):
+        value = getattr(value, part)
+    if fn == "nvmlDeviceGetMigMode":  # not supported: a GPU without MIG; any other error: unknown, with the reason
+        assert value is (False if code == 3 else None) and (code == 3 or d1.why_unknown("mig"))
+    else:
+        assert value is None and d1.why_unknown(VALUE_CALLS[fn]), (value, d1.unknown)
+
+
+@pytest.mark.parametrize("fn", ["nvmlDeviceGetMemoryInfo", "nvmlDeviceGetPciInfo_v2"])
+def test_a_fault_on_a_call_the_backends_do_not_make_changes_nothing(open_backend: Opener, fn: str) -> None:
+    # The NVML backend reads memory with _v2 and the bus id with _v3 where the driver has them (as nvidia-smi 580
+    # does): the fake nvidia-smi failed the memory (and the bus id) on a fault of the older call.
+    sc = Scenario.h200(devices=2)
+    sc.fault(fn, 4, device=1)
+    with open_backend(sc) as gpus:
+        snap = gpus.snapshot(fields=nc.Fields.WAIT)
+    assert snap.failures == () and [d.memory is not None and d.pci_bus_id is not None for d in snap.devices] == [
+        True, True]
+
+
+@pytest.mark.parametrize("code", [4, 9, 12, 15, 18, 999])
+def test_a_failing_initialisation_fails_the_opening_alike(open_backend: Opener, code: int) -> None:
+    # The fake nvidia-smi ignored a fault on nvmlInit_v2 (the stub fails its init with it): the smi backend opened and
+    # read the GPUs as fine where the NVML backend could not open.
+    sc = Scenario.h200()
+    sc.fault("nvmlInit_v2", code)
+    with pytest.raises(nc.NvmlCheckError) as err, open_backend(sc) as gpus:
+        gpus.snapshot(fields=nc.Fields.WAIT)
+    expected = {9: nc.DriverNotLoaded, 12: nc.LibraryNotFound, 18: nc.LibraryVersionMismatch}.get(code)
+    if expected is not None:  # the backend cannot be used at all: the same class from NVML's code and nvidia-smi's
+        assert type(err.value) is expected, repr(err.value)

@@ -102,3 +102,17 @@ def test_each_simulation_of_a_scenario_file_starts_its_faults_afresh(tmp_path: P
             result = gpus.wait_until_clean(timeout=30, trace=True, stable_polls=1)
         assert result.trace is not None and result.trace[0].failures == 1
         assert not Path(f"{path}{FAKE_SMI_COUNTS_SUFFIX}").exists()  # not left beside the user's file
+
+
+def test_a_call_is_counted_only_by_the_runs_that_print_its_answer(smi: Smi) -> None:
+    # Every --query-gpu counted a call of nvmlDeviceGetMigMode, so a run that never printed mig.mode.current spent
+    # the fault and the run that printed it read the mode as if the call had answered.
+    sc = Scenario.h200()
+    sc.fault("nvmlDeviceGetMigMode", 999, device=0, count=1)
+    smi.write(sc)
+    assert run_fake(smi.scenario_path) == ["0, 0, 143156"]  # no mig.mode.current: no call of it
+    env = {**os.environ, "NVMLCHECK_STUB_SCENARIO": str(smi.scenario_path)}
+    mode = ["--query-gpu=index,mig.mode.current", "--format=csv,noheader,nounits"]
+    runs = [subprocess.run([*FAKE_SMI_CMD, *mode], env=env, capture_output=True, text=True, check=True).stdout
+            for _ in range(2)]
+    assert runs == ["0, [Unknown Error]\n", "0, Disabled\n"]

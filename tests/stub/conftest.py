@@ -30,6 +30,8 @@ UNKNOWN = 999
 
 NOT_AVAILABLE = 2**64 - 1
 NOT_MIG = 0xFFFFFFFF
+MIB = 1 << 20
+GIB = 1 << 30
 MEMORY_V2_VERSION = ffi.sizeof("nvmlMemory_v2_t") | 2 << 24
 
 PROCESS_CALLS = {
@@ -251,3 +253,61 @@ def nvml_released() -> Iterator[None]:
     assert probe.init_refcount() == 0, "an earlier test left NVML initialised"
     yield
     assert probe.init_refcount() == 0, "this test left NVML initialised"
+
+
+# --- a GPU in MIG mode with two instances: the shape the MIG tests share --------------------------------------------
+
+GPU0 = "GPU-00000000-0000-0000-0000-000000000000"
+MIG0 = "MIG-00000000-0000-0000-0000-000000000000"
+MIG1 = "MIG-00000000-0000-0000-0000-000000000001"
+#: A process that holds the file it is given open (a stand-in /dev/nvidia0), then prints ``ready``.
+HOLD = "import sys, time; f = open(sys.argv[1]); print('ready', flush=True); time.sleep(60)"
+
+
+def two_instances(devices: int = 2, *, in0: int | None = None, in1: int | None = None, in1_bytes: int = GIB,
+                  unplaced: int | None = None) -> Scenario:
+    """``devices`` idle H200s, GPU 0 in MIG mode (55 MiB used, as an idle one reads) with MIG 0 (GI 1, 16 GiB,
+    :data:`MIG0`) and MIG 1 (GI 2, 32 GiB, :data:`MIG1`); ``in0``/``in1``: a process running in each (1 GiB;
+    ``in1_bytes`` for MIG 1's), ``unplaced``: one on GPU 0 with no instance id."""
+    sc = Scenario.h200(devices)
+    sc.set_device(0, mig=True, used_bytes=55 * MIB)
+    sc.add_mig_device(0, 0, gi=1, total_bytes=16 * GIB)
+    sc.add_mig_device(0, 1, gi=2, total_bytes=32 * GIB)
+    if in0 is not None:
+        sc.add_process(0, in0, used_bytes=GIB, gi=1, ci=0)
+    if in1 is not None:
+        sc.add_process(0, in1, used_bytes=in1_bytes, gi=2, ci=0)
+    if unplaced is not None:
+        sc.add_process(0, unplaced, used_bytes=GIB)
+    return sc
+
+
+@pytest.fixture
+def dev(tmp_path: Path) -> tuple[Path, str]:
+    """dev/ beside the scenarios the tests write in ``tmp_path`` (the simulation's stand-ins for /dev/nvidia0,
+    /dev/nvidia1 and /dev/nvidiactl), and its ``device_files`` pattern."""
+    d = tmp_path / "dev"
+    d.mkdir()
+    for name in ("nvidia0", "nvidia1", "nvidiactl"):
+        (d / name).write_text("")
+    return d, f"{d}/nvidia[0-9]*:{d}/nvidiactl"
+
+
+@pytest.fixture
+def hold(dev: tuple[Path, str]) -> Iterator[Callable[[], subprocess.Popen[bytes]]]:
+    """``start()``: a process holding the stand-in /dev/nvidia0 open (:data:`HOLD`), returned once it is ready;
+    each is killed and reaped at the end."""
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start() -> subprocess.Popen[bytes]:
+        p = subprocess.Popen([sys.executable, "-S", "-c", HOLD, str(dev[0] / "nvidia0")], stdout=subprocess.PIPE)
+        started.append(p)
+        assert p.stdout is not None and p.stdout.readline() == b"ready\n"
+        return p
+
+    yield start
+    for p in started:
+        p.kill()
+        p.wait()
+        if p.stdout is not None:
+            p.stdout.close()

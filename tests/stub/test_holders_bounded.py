@@ -8,7 +8,6 @@ injected where the cut has to fall at a given place; the slow GPU is the stub's 
 from __future__ import annotations
 
 import json
-import os
 import pickle
 import subprocess
 import sys
@@ -23,7 +22,6 @@ from nvmlcheck._proc import devfiles
 from nvmlcheck.testing import Scenario, StepClock
 
 pytestmark = pytest.mark.stub
-ROOT = Path(__file__).resolve().parents[2]
 HOLD = "import sys, time; f = open(sys.argv[1]); print('ready', flush=True); time.sleep(60)"
 
 
@@ -141,34 +139,17 @@ def test_the_holders_command_is_bounded_and_a_cut_reading_is_an_error(
     assert float(words[words.index("--timeout") + 1]) == 5.0
 
 
-ALL_HOLDERS = """
-import sys, time
-stuck, scenario = int(sys.argv[1]), sys.argv[2]
-from nvmlcheck._proc import procfs
-real = procfs.cmdline
-def cmdline(pid, proc="/proc"):
-    if pid == stuck:
-        time.sleep(3600)
-    return real(pid, proc)
-procfs.cmdline = cmdline
-sys.argv = ["nvmlcheck", "--simulate", scenario, "--backend", "smi", "kill", "--all-holders", "--yes", "--timeout",
-            "0.5"]
-from nvmlcheck import cli
-cli.script()
-"""
-
-
 def test_a_hung_proc_read_of_a_holder_ends_kill_all_holders_on_any_backend(
-        python_child: Callable[..., subprocess.Popen[bytes]], tmp_path: Path) -> None:
+        python_child: Callable[..., subprocess.Popen[bytes]], tmp_path: Path,
+        hung_cmdline_cli: Callable[..., subprocess.CompletedProcess[str]]) -> None:
     scenario = Scenario.h200().write(tmp_path / "s.txt")
     (tmp_path / "dev").mkdir()
     (tmp_path / "dev" / "nvidia0").write_text("")
     # Holds the simulation's stand-in /dev/nvidia0: a holder whose command line read "hangs".
-    holder = python_child("import sys, time; f = open(sys.argv[1]); print('ready', flush=True); time.sleep(60)",
-                          str(tmp_path / "dev" / "nvidia0"))
+    holder = python_child(HOLD, str(tmp_path / "dev" / "nvidia0"))
     # The nvidia-smi backend has no GPU watchdog (each nvidia-smi run has its own bound); the /proc read had none.
-    out = subprocess.run([sys.executable, "-c", ALL_HOLDERS, str(holder.pid), str(scenario)], capture_output=True,
-                         text=True, timeout=60, check=False, env=os.environ | {"PYTHONPATH": str(ROOT)})
+    out = hung_cmdline_cli(holder.pid, "--simulate", str(scenario), "--backend", "smi", "kill", "--all-holders",
+                           "--yes", "--timeout", "0.5")
     assert out.returncode == 3, out.stderr
     assert "a /proc read has not returned" in out.stderr and "nothing was signalled" in out.stderr
     assert holder.poll() is None

@@ -7,8 +7,7 @@ tests/unit/test_cudamap.py)."""
 from __future__ import annotations
 
 import subprocess
-import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,25 +17,13 @@ from nvmlcheck._proc import devfiles
 from nvmlcheck.testing import Scenario, StepClock
 from nvmlcheck.wait import WaitOptions
 
+from .conftest import GIB, GPU0, MIG0, MIG1, two_instances
+
 pytestmark = pytest.mark.stub
 
-MIB = 1 << 20
-GIB = 1 << 30
-MIG0 = "MIG-00000000-0000-0000-0000-000000000000"
-MIG1 = "MIG-00000000-0000-0000-0000-000000000001"
-GPU0 = "GPU-00000000-0000-0000-0000-000000000000"
-HOLD = "import sys, time; f = open(sys.argv[1]); print('ready', flush=True); time.sleep(60)"
-
-
 def tenants(in0: int = 4_000_020, in1: int = 4_000_010) -> Scenario:
-    """GPU 0 in MIG mode: MIG 0 (GI 1) runs ``in0``, MIG 1 (GI 2) runs ``in1``; GPU 1 whole and idle."""
-    sc = Scenario.h200(2)
-    sc.set_device(0, mig=True, used_bytes=55 * MIB)
-    sc.add_mig_device(0, 0, gi=1, total_bytes=16 * GIB)
-    sc.add_mig_device(0, 1, gi=2, total_bytes=32 * GIB)
-    sc.add_process(0, in0, used_bytes=GIB, gi=1, ci=0)
-    sc.add_process(0, in1, used_bytes=2 * GIB, gi=2, ci=0)
-    return sc
+    """GPU 0 in MIG mode: MIG 0 (GI 1) runs ``in0``, MIG 1 (GI 2) runs ``in1`` (2 GiB); GPU 1 whole and idle."""
+    return two_instances(in0=in0, in1=in1, in1_bytes=2 * GIB)
 
 
 def options() -> WaitOptions:
@@ -67,11 +54,7 @@ def test_cuda_0_is_the_instance_cuda_visible_devices_names(
 def test_a_clean_instance_by_cuda_0_is_clean_though_its_gpu_is_busy(
     gpus: Callable[[Scenario], nc.Session], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    sc = Scenario.h200(1)
-    sc.set_device(0, mig=True, used_bytes=55 * MIB)
-    sc.add_mig_device(0, 0, gi=1, total_bytes=16 * GIB)
-    sc.add_mig_device(0, 1, gi=2, total_bytes=32 * GIB)
-    sc.add_process(0, 4_000_010, used_bytes=2 * GIB, gi=2, ci=0)  # in MIG 1
+    sc = two_instances(1, in1=4_000_010, in1_bytes=2 * GIB)  # in MIG 1
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", MIG0)
     with gpus(sc) as session:
         assert session.wait_until_clean(0, devices=["cuda:0"]).clean
@@ -97,35 +80,13 @@ def test_lowercase_mig_selectors_name_the_instance(gpus: Callable[[Scenario], nc
             assert [h.pid for h in err.value.holders] == [4_000_010], name
 
 
-@pytest.fixture
-def hold(tmp_path: Path) -> Iterator[tuple[Callable[[], subprocess.Popen[bytes]], str]]:
-    d = tmp_path / "dev"
-    d.mkdir()
-    for name in ("nvidia0", "nvidia1", "nvidiactl"):
-        (d / name).write_text("")
-    started: list[subprocess.Popen[bytes]] = []
-
-    def start() -> subprocess.Popen[bytes]:
-        p = subprocess.Popen([sys.executable, "-S", "-c", HOLD, str(d / "nvidia0")], stdout=subprocess.PIPE)
-        assert p.stdout is not None and p.stdout.readline() == b"ready\n"
-        started.append(p)
-        return p
-
-    yield start, f"{d}/nvidia[0-9]*:{d}/nvidiactl"
-    for p in started:
-        p.kill()
-        p.wait()
-        if p.stdout is not None:
-            p.stdout.close()
-
-
 def test_a_kill_by_cuda_0_chooses_only_the_instances_process(
     gpus: Callable[[Scenario], nc.Session], monkeypatch: pytest.MonkeyPatch,
-    hold: tuple[Callable[[], subprocess.Popen[bytes]], str],
+    hold: Callable[[], subprocess.Popen[bytes]], dev: tuple[Path, str],
 ) -> None:
     # cuda:0 resolved to the whole GPU: kill --all-on-gpu --devices cuda:0 chose every tenant of GPU 0.
-    start, files = hold
-    a, b = start(), start()
+    files = dev[1]
+    a, b = hold(), hold()
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", MIG1)
     with gpus(tenants(a.pid, b.pid)) as session, devfiles.simulated_stand_ins(files.split(":"), "the test"):
         sel = nc.select_kill_holders(session, ["cuda:0"], all_holders=False)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -14,56 +14,13 @@ import nvmlcheck as nc
 from nvmlcheck._proc import devfiles
 from nvmlcheck.testing import Scenario
 
+from .conftest import GIB, MIG0, MIG1
+from .conftest import two_instances as _two_instances
+
 pytestmark = pytest.mark.stub
 
-MIB = 1 << 20
-GIB = 1 << 30
-HOLD = "import sys, time; f = open(sys.argv[1]); print('ready', flush=True); time.sleep(60)"
-MIG0 = "MIG-00000000-0000-0000-0000-000000000000"
-MIG1 = "MIG-00000000-0000-0000-0000-000000000001"
-
-
-@pytest.fixture
-def dev(tmp_path: Path) -> tuple[Path, str]:
-    d = tmp_path / "dev"
-    d.mkdir()
-    for name in ("nvidia0", "nvidia1", "nvidiactl"):
-        (d / name).write_text("")
-    return d, f"{d}/nvidia[0-9]*:{d}/nvidiactl"
-
-
-@pytest.fixture
-def hold(dev: tuple[Path, str]) -> Iterator[Callable[[], subprocess.Popen[bytes]]]:
-    started: list[subprocess.Popen[bytes]] = []
-
-    def start() -> subprocess.Popen[bytes]:
-        p = subprocess.Popen([sys.executable, "-S", "-c", HOLD, str(dev[0] / "nvidia0")], stdout=subprocess.PIPE)
-        assert p.stdout is not None and p.stdout.readline() == b"ready\n"
-        started.append(p)
-        return p
-
-    yield start
-    for p in started:
-        p.kill()
-        p.wait()
-        if p.stdout is not None:
-            p.stdout.close()
-
-
 def two_instances(in0: int | None, in1: int | None, *, unplaced: int | None = None) -> Scenario:
-    """GPU 0 in MIG mode with MIG 0 (GI 1) and MIG 1 (GI 2); ``in0``/``in1`` run in them, ``unplaced`` on the
-    parent with no instance id."""
-    sc = Scenario.h200(2)
-    sc.set_device(0, mig=True, used_bytes=55 * MIB)
-    sc.add_mig_device(0, 0, gi=1, total_bytes=16 * GIB)
-    sc.add_mig_device(0, 1, gi=2, total_bytes=32 * GIB)
-    if in0 is not None:
-        sc.add_process(0, in0, used_bytes=GIB, gi=1, ci=0)
-    if in1 is not None:
-        sc.add_process(0, in1, used_bytes=GIB, gi=2, ci=0)
-    if unplaced is not None:
-        sc.add_process(0, unplaced, used_bytes=GIB)
-    return sc
+    return _two_instances(in0=in0, in1=in1, unplaced=unplaced)
 
 
 def test_holders_of_an_instance_are_its_own(

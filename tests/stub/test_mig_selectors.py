@@ -11,21 +11,13 @@ import pytest
 import nvmlcheck as nc
 from nvmlcheck.testing import Scenario
 
-pytestmark = pytest.mark.stub
+from .conftest import GIB, GPU0, MIG1, two_instances
 
-MIB = 1 << 20
-GIB = 1 << 30
-GPU0 = "GPU-00000000-0000-0000-0000-000000000000"
-MIG1 = "MIG-00000000-0000-0000-0000-000000000001"
+pytestmark = pytest.mark.stub
 
 
 def busy_instance() -> Scenario:
-    sc = Scenario.h200(2)
-    sc.set_device(0, mig=True, used_bytes=55 * MIB)
-    sc.add_mig_device(0, 0, gi=1, total_bytes=16 * GIB)
-    sc.add_mig_device(0, 1, gi=2, total_bytes=32 * GIB)
-    sc.add_process(0, 4242, used_bytes=GIB, gi=2, ci=0)
-    return sc
+    return two_instances(in1=4242)
 
 
 @pytest.mark.parametrize("busy", [MIG1, f"MIG-{GPU0}/2/0", f"MIG-GPU-{GPU0[4:].upper()}/2/0"])

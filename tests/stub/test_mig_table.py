@@ -11,20 +11,14 @@ import pytest
 from nvmlcheck import cli
 from nvmlcheck.testing import Scenario
 
-pytestmark = pytest.mark.stub
+from .conftest import GIB, MIB, MIG0, MIG1
+from .conftest import two_instances as _two_instances
 
-MIB = 1 << 20
-GIB = 1 << 30
-MIG0 = "MIG-00000000-0000-0000-0000-000000000000"
-MIG1 = "MIG-00000000-0000-0000-0000-000000000001"
+pytestmark = pytest.mark.stub
 
 
 def two_instances() -> Scenario:
-    sc = Scenario.h200(2)
-    sc.set_device(0, mig=True, used_bytes=55 * MIB)
-    sc.add_mig_device(0, 0, gi=1, total_bytes=16 * GIB)
-    sc.add_mig_device(0, 1, gi=2, total_bytes=32 * GIB)
-    sc.add_process(0, 4242, used_bytes=GIB, gi=2, ci=0)
+    sc = _two_instances(in1=4242)
     sc.add_process(1, 4243, used_bytes=GIB)
     return sc
 

@@ -193,7 +193,8 @@ def test_the_fake_smi_refuses_the_numbers_the_stub_refuses(tmp_path: Path, used:
     path.write_text(Scenario.h200().render() + f"device index=0 used={used}\n", encoding="utf-8")
     done = _fake_smi(str(path), tmp_path)
     assert done.returncode == 255, done.stdout
-    assert "is not a non-negative decimal or 0x hex number (at most 64 bits)" in done.stderr, done.stderr
+    assert f"line 4: used={used}: expected a non-negative decimal or 0x hex number (at most 64 bits)" in done.stderr, \
+        done.stderr
     path.write_text(Scenario.h200().render() + "device index=0 used=0x10\n", encoding="utf-8")
     assert _fake_smi(str(path), tmp_path).stdout == "0, 1\n"  # 16 B: 1 MiB, rounded up as nvidia-smi does
 
@@ -282,7 +283,7 @@ def test_the_fake_smi_checks_a_timeline_line_that_is_not_due_yet(tmp_path: Path)
     path = tmp_path / "s.txt"
     path.write_text(Scenario.h200().render() + "at ms=3600000 device index=0 used=abc\n", encoding="utf-8")
     done = _fake_smi(str(path), tmp_path)
-    assert done.returncode == 255 and "'abc' is not a non-negative" in done.stderr, done.stdout + done.stderr
+    assert done.returncode == 255 and "used=abc: expected a non-negative" in done.stderr, done.stdout + done.stderr
     path.write_text(Scenario.h200().render() + "at ms=3600000 device index=0 used=0x100000\n", encoding="utf-8")
     assert _fake_smi(str(path), tmp_path).stdout == "0, 0\n"  # a good line waits for its time
 
@@ -313,9 +314,43 @@ REFUSED_LINES = [
     ("at ms=999999 device index=0 mig=2", "mig=2: expected 0 or 1"),
     ("fault fn=nvmlNope code=3", "fault fn=nvmlNope: not a function this stub exports"),
     ("fault fn=nvmlErrorString code=3", "fault fn=nvmlErrorString: this function cannot fail"),
+    # A MIG device handle's call: the fake took device= on it (the stub refuses it)
+    ("fault fn=nvmlDeviceGetGpuInstanceId code=3 device=0",
+     "fault fn=nvmlDeviceGetGpuInstanceId: device= given but the function takes no device"),
     ("fault fn=nvmlDeviceGetMemoryInfo code=0", "fault code=0: that is success"),
     ("fault fn=nvmlDeviceGetMemoryInfo code=2147483648", "code=2147483648: out of range (at most 2147483647)"),
 ]
+
+
+# A tool author's typos: each error names the file, the line and the misspelt word, on both backends. The stub said
+# only "device: index= is required" for idx=0; the fake nvidia-smi named no word for kind=, at's key or an
+# unterminated quote, and no file.
+TYPOS = [
+    ("devce index=0", "'devce'"),
+    ("device idx=0", "'idx'"),
+    ("device index=0 totl=5", "'totl'"),
+    ("device index=0 total=12x", "total=12x"),
+    ("process device=0 kind=compte pid=5", "kind=compte"),
+    ("process device=0 kind=compute pid=5 bund=1", "'bund'"),
+    ("fault fn=nvmlDeviceGetMemoryInfo_v2 cod=3", "'cod'"),
+    ("at cal=5 device index=0 used=1", "'cal='"),
+    ("at call=5 devic index=0 used=1", "'devic'"),
+    ('device index=0 name="NVIDIA H200', "'name'"),
+    ("device index=0 lost=yes", "lost=yes"),
+]
+
+
+@pytest.mark.parametrize(("line", "word"), TYPOS)
+def test_a_typo_is_named_with_its_file_and_line_by_both_backends(tmp_path: Path, line: str, word: str) -> None:
+    from nvmlcheck.testing import use_stub
+
+    path = tmp_path / "s.txt"
+    path.write_text(f"nvmlcheck-stub-scenario 1\ndevice index=0\n{line}\n", encoding="utf-8")
+    done = _fake_smi(str(path), tmp_path)
+    assert done.returncode == 255 and f"scenario {path} line 3: " in done.stderr and word in done.stderr, done.stderr
+    with use_stub(str(path)), pytest.raises(nc.NvmlError) as err:
+        nc.open("nvml")
+    assert f"scenario {path} line 3: " in str(err.value) and word in str(err.value), str(err.value)
 
 
 @pytest.mark.parametrize(("line", "why"), REFUSED_LINES)
@@ -328,7 +363,73 @@ def test_the_fake_smi_refuses_the_lines_the_stub_refuses(tmp_path: Path, line: s
     path.write_text(f"nvmlcheck-stub-scenario 1\ndevice index=0\n{line}\n", encoding="utf-8")
     done = _fake_smi(str(path), tmp_path)
     assert done.returncode == 255, done.stdout
-    assert f"scenario line 3: {why}" in done.stderr, done.stderr
+    assert f"scenario {path} line 3: {why}" in done.stderr, done.stderr
     with use_stub(str(path)), pytest.raises(nc.NvmlError) as err:
         nc.open("nvml")
     assert "line 3" in str(err.value) and why in str(err.value), str(err.value)
+
+
+# --- two stubs at once: one scenario per process, any number of processes (pytest-xdist's workers) -------------------
+
+
+def test_a_simulation_while_a_session_holds_the_stub_is_refused_naming_both(tmp_path: Path) -> None:
+    # The inner block's session shared the outer one's nvmlInit and read the outer scenario: 1 GPU where its
+    # scenario has 3, silently.
+    from nvmlcheck.testing import use_stub
+
+    with use_stub(Scenario.h200(1), tmp_dir=tmp_path / "a") as outer, nc.open("nvml") as gpus:
+        with pytest.raises(nc.StateError, match="initialised in this process") as err, \
+                use_stub(Scenario.h200(3), tmp_dir=tmp_path / "b"):
+            raise AssertionError("entered")
+        assert str(outer.scenario_path) in str(err.value) and str(tmp_path / "b" / "scenario.txt") in str(err.value)
+        assert len(gpus.snapshot().devices) == 1  # the outer block goes on, unchanged
+        with use_stub(outer.scenario_path):  # its own file again: the scenario in force, allowed
+            pass
+
+
+def test_nested_simulations_are_fine_while_nothing_holds_the_stub_across_them(tmp_path: Path) -> None:
+    from nvmlcheck.testing import use_stub
+
+    with use_stub(Scenario.h200(1), tmp_dir=tmp_path / "a"):
+        with use_stub(Scenario.h200(3), tmp_dir=tmp_path / "b"), nc.open("nvml") as gpus:
+            assert len(gpus.snapshot().devices) == 3
+        with nc.open("nvml") as gpus:  # the inner block's sessions closed: the outer scenario again
+            assert len(gpus.snapshot().devices) == 1
+
+
+def test_a_simulation_while_the_stub_holds_another_scenario_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As the pytest plugin's fixtures leave it: the environment names a scenario and a session holds NVML.
+    from nvmlcheck.testing import build_stub, use_stub
+
+    path = Scenario.h200(1).write(tmp_path / "fixture.txt")
+    monkeypatch.setenv("NVMLCHECK_STUB_SCENARIO", str(path))
+    with nc.open("nvml", library_path=str(build_stub())), pytest.raises(nc.StateError, match=str(path)), \
+            use_stub(Scenario.h200(3)):
+        raise AssertionError("entered")
+    with use_stub(Scenario.h200(3)), nc.open("nvml") as gpus:  # closed: its next nvmlInit reads the new scenario
+        assert len(gpus.snapshot().devices) == 3
+
+
+WORKER = """
+import sys
+import nvmlcheck as nc
+from nvmlcheck.testing import Scenario, use_stub
+count = int(sys.argv[1])
+with use_stub(Scenario.h200(count)):
+    seen = set()
+    for _ in range(20):
+        with nc.open("nvml") as gpus:
+            seen.add(len(gpus.snapshot().devices))
+print(sorted(seen))
+"""
+
+
+def test_two_processes_each_read_their_own_scenario_at_once(tmp_path: Path) -> None:
+    # As two pytest-xdist workers do: each process its own stub state, environment and temporary directory.
+    procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(n)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, cwd=tmp_path) for n in (1, 3)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert [out.strip() for out, _ in outs] == ["[1]", "[3]"], outs

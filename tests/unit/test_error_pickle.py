@@ -191,3 +191,52 @@ def test_holders_that_cannot_be_judged_do_not_stop_the_pickle(monkeypatch: pytes
     assert str(back) == str(exc) and back.snapshot == exc.snapshot
     with pytest.raises(RuntimeError, match="cannot judge"):
         back.holders  # noqa: B018 - as the original would
+
+
+# --- pickles made by nvmlcheck 0.1.0 ----------------------------------------------------------------------------------
+# 0.1.0 pickled these three through helpers of their modules (kill._rebuild_timeout, selection._rebuild,
+# cudamap._rebuild_error) that the single NvmlCheckError.__reduce__ replaced, and their pickles stopped loading
+# ("Can't get attribute '_rebuild_timeout'"). Made with the 0.1.0 code, protocol 4, base64.
+OLD_PICKLES = {
+    "KillTimeout": (
+        "gASVJgEAAAAAAACMDm52bWxjaGVjay5raWxslIwQX3JlYnVpbGRfdGltZW91dJSTlChHQAgAAAAAAACKBQBe0LIAjBZwaWQgNDAw"
+        "MDEyMyBzdGlsbCBydW5zlIWUTksEdJR9lCiMBHBpZHOUaACMCFBpZFRpbWVzlJOUKYGUXZQoSnsJPQCMBW5hbWVklIwGcHl0aG9u"
+        "lGgAjApTaWduYWxTZW50lJOUKYGUXZQojAdTSUdURVJNlEsKZWKFlEsUSx5OjAVwaWRmZJROZWKFlIwJdHJlZV9oaW50lEp8CT0A"
+        "SnsJPQCGlIWUjAtzaWduYWxfbmFtZZSMB1NJR0tJTEyUjAdtaXNzaW5nlEtNhZSMDG9ubHlfdGFyZ2V0c5SIjAdob2xkZXJzlCl1"
+        "hpRSlC4="
+    ),
+    "SelectTimeout": (
+        "gASVcwAAAAAAAACME252bWxjaGVjay5zZWxlY3Rpb26UjAhfcmVidWlsZJSTlChHQAgAAAAAAACKBQBe0LIAjAtHUFUgMDogaGVs"
+        "ZJSFlE5LBHSUfZQojAVjb3VudJRLAowFY2xlYW6USwGFlIwHaG9sZGVyc5QpdYaUUpQu"
+    ),
+    "CudaMappingError": (
+        "gASViwEAAAAAAACMEW52bWxjaGVjay5jdWRhbWFwlIwOX3JlYnVpbGRfZXJyb3KUk5SM9WN1ZGE6MyBuYW1lcyBubyBHUFUKbWFw"
+        "cGluZyBzZWVuOiBDVURBX1ZJU0lCTEVfREVWSUNFUz0nMCcsIENVREFfREVWSUNFX09SREVSPXVuc2V0IChGQVNURVNUX0ZJUlNU"
+        "KQogIENVREEgbnVtYmVyaW5nIG9mIGFsbCBHUFVzIChOVk1MIGluZGljZXMpOiAKICB2aXNpYmxlIENVREEgZGV2aWNlczogbm9u"
+        "ZQogIG5vdGU6IGVudHJ5ICcwJyBuYW1lcyBubyBHUFU6IENVREEgaWdub3JlcyBpdCBhbmQgd2hhdCBmb2xsb3dzICgnMCcplGgA"
+        "jAtDdWRhTWFwcGluZ5STlCmBlF2UKIwBMJROKSlOKU6MPmVudHJ5ICcwJyBuYW1lcyBubyBHUFU6IENVREEgaWdub3JlcyBpdCBh"
+        "bmQgd2hhdCBmb2xsb3dzICgnMCcplIWUZWKGlFKULg=="
+    ),
+}
+
+
+def _now(name: str) -> nc.NvmlCheckError:
+    """What this version makes of the arguments the old pickles were made from."""
+    from nvmlcheck.kill import PidTimes, SignalSent
+
+    if name == "KillTimeout":
+        pid = PidTimes(4_000_123, "named", "python", (SignalSent("SIGTERM", 10),), 20, 30, None, "pidfd", None)
+        return nc.KillTimeout(3.0, 3_000_000_000, ["pid 4000123 still runs"], None, 4, pids=[pid],
+                              tree_hint=[(4_000_124, 4_000_123)], signal_name="SIGKILL", missing=[77],
+                              only_targets=True, holders=())
+    if name == "SelectTimeout":
+        return nc.SelectTimeout(3.0, 3_000_000_000, ["GPU 0: held"], None, 4, count=2, clean=[1], holders=())
+    return nc.CudaMappingError("cuda:3 names no GPU", nc.cuda_mapping([], env={"CUDA_VISIBLE_DEVICES": "0"}))
+
+
+@pytest.mark.parametrize("name", sorted(OLD_PICKLES))
+def test_a_pickle_of_the_previous_release_loads(name: str) -> None:
+    import base64
+
+    old = pickle.loads(base64.b64decode(OLD_PICKLES[name]))
+    assert _state(old) == _state(_now(name))

@@ -6,38 +6,20 @@ command's own process, where the watchdog runs."""
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 import uuid
 from collections.abc import Callable
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
 SLEEP = "import time; print('ready', flush=True); time.sleep(60)"
-COMMAND = """
-import sys, time
-token, stuck = sys.argv[1], int(sys.argv[2])
-from nvmlcheck._proc import procfs
-real = procfs.cmdline
-def cmdline(pid, proc="/proc"):
-    if pid == stuck:
-        time.sleep(3600)
-    return real(pid, proc)
-procfs.cmdline = cmdline
-sys.argv = ["nvmlcheck", "kill", "--match", token, "--yes", "--timeout", "0.5"]
-from nvmlcheck import cli
-cli.script()
-"""
 
 
 def test_a_hung_proc_read_in_the_match_scan_ends_the_kill_with_nothing_signalled(
-        python_child: Callable[..., subprocess.Popen[bytes]]) -> None:
+        python_child: Callable[..., subprocess.Popen[bytes]],
+        hung_cmdline_cli: Callable[..., subprocess.CompletedProcess[str]]) -> None:
     token = f"nvmlcheck-test-{uuid.uuid4().hex[:12]}"
     target = python_child(SLEEP, token)
     stuck = python_child(SLEEP)
-    out = subprocess.run([sys.executable, "-c", COMMAND, token, str(stuck.pid)], capture_output=True, text=True,
-                         timeout=60, check=False, env=os.environ | {"PYTHONPATH": str(ROOT)})
+    out = hung_cmdline_cli(stuck.pid, "kill", "--match", token, "--yes", "--timeout", "0.5")
     assert out.returncode == 3, out.stderr
     assert "a /proc read has not returned" in out.stderr and "nothing was signalled" in out.stderr
     assert target.poll() is None and stuck.poll() is None

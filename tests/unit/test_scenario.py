@@ -268,9 +268,9 @@ def test_fault_race_quirk_timeline_validation() -> None:
         scenario.fault("nvmlGetEverything", 1)
     with pytest.raises(ValueError, match="cannot fail"):
         scenario.fault("nvmlErrorString", 1)
-    with pytest.raises(ValueError, match="takes no device"):
+    with pytest.raises(ValueError, match="takes no GPU's handle or index"):
         scenario.fault("nvmlInit_v2", 1, device=0)
-    with pytest.raises(ValueError, match="takes no device"):
+    with pytest.raises(ValueError, match="takes no GPU's handle or index"):
         scenario.fault("nvmlDeviceGetCount_v2", 1, device=0)
     with pytest.raises(ValueError, match=r"code= .* delay_ms="):
         scenario.fault("nvmlShutdown")
@@ -524,3 +524,93 @@ def test_a_driver_or_nvml_version_both_backends_cannot_read_alike_is_refused(fie
     setattr(sc, field, value)  # set after construction: refused when rendered
     with pytest.raises(ValueError, match=f"{field} {why}"):
         sc.render()
+
+
+# --- copies: every way Python copies a Scenario keeps what its methods built, and shares none of it ------------------
+
+
+def _copies() -> dict[str, Any]:
+    import copy
+    import dataclasses
+    import pickle
+
+    ways: dict[str, Any] = {
+        "dataclasses.replace": dataclasses.replace,
+        "copy.copy": copy.copy,
+        "copy.deepcopy": copy.deepcopy,
+        "pickle": lambda sc: pickle.loads(pickle.dumps(sc)),
+    }
+    if hasattr(copy, "replace"):  # Python 3.13
+        ways["copy.replace"] = copy.replace
+    return ways
+
+
+def _built() -> Scenario:
+    sc = Scenario.h200(devices=2)
+    sc.set_device(0, uuid="GPU-aa", mig=True)
+    sc.add_mig_device(0, 0, uuid="MIG-aa")
+    sc.add_process(1, 4_123_456, used_bytes=1 << 30)
+    sc.at_call(5).remove_process(1, 4_123_456)
+    sc.fault("nvmlDeviceGetMemoryInfo_v2", 999, device=1, count=1)
+    return sc
+
+
+@pytest.mark.parametrize("how", sorted(_copies()))
+def test_a_copy_keeps_what_the_methods_built(how: str) -> None:
+    # dataclasses.replace() made the copy through __init__ with the init fields alone: the devices, processes,
+    # timeline and faults (and the UUID/MIG bookkeeping) were lost, and the copy rendered an empty scenario.
+    original = _built()
+    text = original.render()
+    other = _copies()[how](original)
+    assert other == original and other.render() == text and other.device_count == 2
+    with pytest.raises(ValueError, match="already GPU 0's"):
+        other.add_device(uuid="GPU-aa")  # the bookkeeping came along
+    with pytest.raises(ValueError, match="already has gi=1 ci=0"):
+        other.add_mig_device(0, 1, gi=1)
+    other.add_mig_device(0, 1)  # GPU 0 is in MIG mode in the copy too
+    other.add_process(0, 4_000_001)
+    assert original.render() == text and original.device_count == 2  # nothing the copy did reached the original
+    original.add_device(uuid="GPU-bb")
+    assert "GPU-bb" not in other.render() and other.device_count == 2  # nor the other way
+
+
+def test_replace_changes_the_system_line_and_keeps_the_rest() -> None:
+    import dataclasses
+
+    original = _built()
+    other = dataclasses.replace(original, driver="535.43.02", cuda=12020)
+    assert other.render().splitlines()[1] == "system driver=535.43.02 nvml=13.580.159.04 cuda=12020"
+    assert other.render().splitlines()[2:] == original.render().splitlines()[2:]
+    with pytest.raises(ValueError, match="driver cannot be empty"):
+        dataclasses.replace(original, driver="")  # still checked
+
+
+def test_a_scenario_pickled_by_the_previous_release_loads() -> None:
+    # Before, the bookkeeping was five fields of the instance; such a pickle's state loads into the new form.
+    sc = Scenario.__new__(Scenario)
+    sc.__setstate__({"driver": "580.159.04", "nvml": "13.580.159.04", "cuda": 13000,
+                     "_lines": ["device index=0 uuid=GPU-aa"], "_devices": 1, "_uuid_of": {(0,): "GPU-aa"},
+                     "_mig_ids_of": {}, "_mig_gpus": set(), "_kept_in": None})
+    assert sc.render() == HEADER + "device index=0 uuid=GPU-aa\n" and sc.device_count == 1
+    with pytest.raises(ValueError, match="already GPU 0's"):
+        sc.add_device(uuid="GPU-aa")
+
+
+def test_device_restricts_a_fault_exactly_where_the_stub_takes_it() -> None:
+    # The builder took device= on every nvmlDevice* call, the MIG handle's too (nvmlDeviceGetGpuInstanceId, ...),
+    # which the stub refuses at nvmlInit ("device= given but the function takes no device"): a scenario the builder
+    # wrote did not load. The stub's table (F_DEVICE / F_INDEX) is the source of truth.
+    from nvmlcheck._sim.symbols import DEVICE_FUNCTIONS
+    from nvmlcheck.testing import NVML_FUNCTIONS, stub_source_dir
+
+    source = (stub_source_dir() / "stub_nvml.c").read_text(encoding="utf-8")
+    flags = dict(re.findall(r"^\s*X\((nvml\w+),\s*([^)]*)\)", source, re.M))
+    assert set(flags) == set(NVML_FUNCTIONS)
+    assert {fn for fn, f in flags.items() if "F_DEVICE" in f or "F_INDEX" in f} == DEVICE_FUNCTIONS
+    for fn in sorted(set(NVML_FUNCTIONS) - {"nvmlErrorString"}):
+        scenario = Scenario.h200()
+        if fn in DEVICE_FUNCTIONS:
+            scenario.fault(fn, 3, device=0)
+        else:
+            with pytest.raises(ValueError, match="takes no GPU's handle or index"):
+                scenario.fault(fn, 3, device=0)

@@ -205,6 +205,19 @@ class _PidsParser:
             self.title, self.title_indent = key, indent
             return self.mig_indent is not None
         gpu = str(self.gpu)
+        if key == "MIG Devices" and self.mig_indent is None and value.strip() != "None":
+            # A placeholder where the MIG Device blocks would be: they could not be listed (NVML's
+            # nvmlDeviceGetMigDeviceHandleByIndex failed). As the NVML backend reads that failure: an error of the
+            # GPU (lost, reset required) fails it; any other leaves its MIG devices unknown, never an empty list.
+            ph = number_placeholder(value.strip())
+            error_class = error_class_for_code(code_for_message(ph.text)) if ph is not None else None
+            if ph is not None and error_class is not None and error_class.SCOPE == "device":
+                code = code_for_message(ph.text)
+                self.failed.setdefault(gpu, error_class(code, "nvidia-smi -q", None, ph.reason("MIG Devices")))
+            else:
+                why = ph.reason("MIG Devices") if ph is not None else f"not understood: {line.strip()!r}"
+                self.mig_bad.setdefault(gpu, f"{why} (line {no})")
+            return True
         if self.mig_indent is not None:
             path = f"{self.title}/{key}" if self.title is not None else key
             self.mig_entry[path] = value.strip()
