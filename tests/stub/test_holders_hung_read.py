@@ -1,0 +1,132 @@
+"""A ``/proc`` read that blocks (``/proc/PID/cmdline`` is read under the process's memory-map lock, which a process
+stuck in the driver can hold for good) no longer holds a holders reading past its caller's ``timeout``: the reading
+runs in a worker that the caller's thread leaves behind at the deadline, and the answer is
+:class:`~nvmlcheck.HoldersIncomplete` naming what was being read, never a short list. Before, ``find_holders(...,
+timeout=0.3)`` returned after the read did (seconds, or never). ``timeout=0`` (one complete reading, no deadline)
+is cut only by one read that does not return in ``HUNG_READ_S``: a slow scan that moves on is read whole, where
+``holders --timeout 0`` used to be ended by the command line's watchdog 1 s after the scan began, as a hung read.
+
+The blocked read is a stand-in that waits on an event the test sets at its end (bounded, so that the code before
+the fix fails the assertion instead of hanging); the outcomes asserted do not depend on how fast this host is."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+import nvmlcheck as nc
+from nvmlcheck import holders as holders_module
+from nvmlcheck._proc import procfs
+from nvmlcheck.testing import Scenario
+
+pytestmark = pytest.mark.stub
+ROOT = Path(__file__).resolve().parents[2]
+HOLD = "import sys, time; f = open(sys.argv[1]); print('ready', flush=True); time.sleep(60)"
+
+
+@pytest.fixture
+def stuck(python_child: Callable[..., subprocess.Popen[bytes]], tmp_path: Path,
+          monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, int, int]]:
+    """Two holders of a stand-in /dev/nvidia0; reading the command line of the second blocks (until teardown, at
+    most 20 s). Yields the stand-in pattern, the readable holder's PID and the stuck one's."""
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "dev" / "nvidia0").write_text("")
+    fine = python_child(HOLD, str(tmp_path / "dev" / "nvidia0"))
+    hung = python_child(HOLD, str(tmp_path / "dev" / "nvidia0"))
+    release = threading.Event()
+    real = procfs.cmdline
+
+    def cmdline(pid: int, proc: str = "/proc") -> tuple[str, ...] | None:
+        if pid == hung.pid:
+            release.wait(20)  # stands for a read blocked on the process's memory-map lock
+        return real(pid, proc)
+
+    monkeypatch.setattr(procfs, "cmdline", cmdline)
+    yield f"{tmp_path}/dev/nvidia[0-9]*", fine.pid, hung.pid
+    release.set()
+
+
+def test_a_read_that_blocks_is_left_behind_at_the_timeout(stuck: tuple[str, int, int]) -> None:
+    pattern, _, hung = stuck
+    with pytest.raises(nc.HoldersIncomplete) as info:
+        nc.find_holders(None, device_files=pattern, timeout=0.5)
+    exc = info.value
+    assert hung not in {h.pid for h in exc.found}  # only holders read whole
+    assert "unknown (not none)" in str(exc) and exc.timeout_s == 0.5
+    # Cut while reading the stuck holder (it is named), or, on a host too loaded to finish the scan in 0.5 s, in
+    # the scan: either way the answer is incomplete, never a list without it.
+    assert f"pid {hung}'s /proc entries" in exc.reason or "were not scanned" in exc.reason, exc.reason
+
+
+def test_timeout_0_reads_whole_but_gives_up_on_a_hung_read(stuck: tuple[str, int, int],
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    pattern, _, hung = stuck
+    monkeypatch.setattr(holders_module, "_HUNG_READ_NS", 200_000_000)  # 0.2 s instead of 1 s: a shorter test
+    monkeypatch.setattr(holders_module, "HUNG_READ_S", 0.2)
+    with pytest.raises(nc.HoldersIncomplete) as info:
+        nc.find_holders(None, device_files=pattern, timeout=0)
+    exc = info.value
+    assert f"reading pid {hung}'s /proc entries" in exc.reason and "has not returned after 0.2 s" in exc.reason
+    assert "within" not in str(exc)  # no "within 0 s": timeout 0 is one complete reading
+    assert hung not in {h.pid for h in exc.found}
+    # No bound asked (None): the caller's thread waits for the read, as it asked.
+    assert holders_module._bounded(lambda progress: (), deadline_ns=None, clock=time.monotonic_ns,
+                                   timeout_s=float("inf")) == ()
+
+
+def test_the_timeout_explanation_reports_a_hung_read_instead_of_hanging(stuck: tuple[str, int, int]) -> None:
+    pattern, _, hung = stuck
+    lines = nc.explain_unseen_holders(None, device_files=pattern, budget_s=0.2)
+    assert any("the /proc reading that explains it was cut" in line for line in lines), lines
+    assert not any(line.startswith(f"pid {hung} (") for line in lines)  # never read whole: no line of its own
+
+
+SLOW_SCAN = """
+import os, sys, time
+from nvmlcheck._proc import devfiles
+real = devfiles._fds
+each = 1.5 / max(1, sum(name.isdigit() for name in os.listdir("/proc")))  # the whole scan: ~1.5 s, no read 0.1 s
+def fds(pid, rule, proc):
+    time.sleep(min(each, 0.1))
+    return real(pid, rule, proc)
+devfiles._fds = fds
+sys.argv = ["nvmlcheck", "--simulate", sys.argv[1], "--json", "holders", "--timeout", "0"]
+from nvmlcheck import cli
+cli.script()
+"""
+
+
+def test_holders_timeout_0_reads_a_slow_scan_whole(tmp_path: Path) -> None:
+    # Its own process (the command line's watchdogs are on): the scan takes longer than a second, each read moves on.
+    scenario = Scenario.h200().write(tmp_path / "s.txt")
+    out = subprocess.run([sys.executable, "-c", SLOW_SCAN, str(scenario)], capture_output=True, text=True,
+                         timeout=120, check=False, env=os.environ | {"PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr
+    assert '"holders"' in out.stdout
+
+
+HUNG_LIST = """
+import sys
+sys.argv = ["nvmlcheck", "--simulate", sys.argv[1], "holders", "--timeout", "0"]
+from nvmlcheck import cli
+cli.script()
+"""
+
+
+def test_holders_timeout_0_still_ends_on_a_hung_gpu_reading(tmp_path: Path) -> None:
+    # The whole-command watchdog is gone from `holders`; an NVML call that does not return is still ended by the
+    # GPU watchdog, as a wait's one check is.
+    sc = Scenario.h200()
+    sc.fault("nvmlDeviceGetComputeRunningProcesses_v3", delay_ms=60_000)
+    scenario = sc.write(tmp_path / "s.txt")
+    out = subprocess.run([sys.executable, "-c", HUNG_LIST, str(scenario)], capture_output=True, text=True,
+                         timeout=50, check=False, env=os.environ | {"PYTHONPATH": str(ROOT)})
+    assert out.returncode == 3, out.stderr
+    assert "a GPU reading has not returned" in out.stderr, out.stderr
