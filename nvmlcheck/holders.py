@@ -728,6 +728,7 @@ def _session_holders(
     """:func:`select_kill_holders`'s reading of a session: the selected GPUs' holders, the PIDs only unselected GPUs
     (or MIG instances) list (pid -> where), and why NVML's numbering is not proven this namespace's (when
     ``all_holders`` is false), all within ``timeout`` (:class:`HoldersIncomplete` past it)."""
+    from ._deadline import hung_after
     from .errors import DeadlinePassed
 
     clock = time.monotonic_ns
@@ -742,10 +743,13 @@ def _session_holders(
     suspects: list[str] = []
     source._check_open()
     try:
-        # A cuda:N that is a MIG instance (CUDA_VISIBLE_DEVICES=MIG-...) selects that instance, as its MIG- UUID
-        # does: never every tenant of its GPU.
-        devices = source._instance_selectors(devices, deadline_ns, clock)
-        indices = source._resolve(devices, deadline_ns, clock)
+        # timeout=0 has no deadline: an NVML call hung here ends the command line as a wait's one check would (the
+        # GPU watchdog, if one is installed, 1 s on), as in Session.holders.
+        with hung_after(clock() if timeout == 0 else None):
+            # A cuda:N that is a MIG instance (CUDA_VISIBLE_DEVICES=MIG-...) selects that instance, as its MIG- UUID
+            # does: never every tenant of its GPU.
+            devices = source._instance_selectors(devices, deadline_ns, clock)
+            indices = source._resolve(devices, deadline_ns, clock)
     except DeadlinePassed:
         raise HoldersIncomplete(math.inf if timeout is None else float(timeout),
                                 _cut(timeout, "the GPUs named by the selection")) from None

@@ -10,6 +10,7 @@ GPUs show (``--all-holders``, ``--all-on-gpu``), or the judgement needs the GPUs
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 
@@ -369,9 +370,12 @@ def _plan_with_nvml(args: argparse.Namespace, gpus: Session) -> tuple[KillPlan |
     selection = None
     if args.all_holders or args.all_on_gpu:
         try:
-            # Both watched: an NVML call that never returns (the NVML backend's watchdog), and a /proc read that never
-            # returns (a holder's command line, under the memory-map lock of a process stuck in the driver).
-            with _reading_bound(args), _common.proc_reading_bound(args):
+            # The reading bounds its /proc part itself (a read that never returns, as a holder's command line under
+            # the memory-map lock of a process stuck in the driver, is left behind at the deadline; with --timeout 0
+            # once it has not returned in 1 s) and, with --timeout 0, its NVML calls by the GPU watchdog from its
+            # start. A watchdog over the whole ended a slow scan that moved on 1 s after it began (--timeout 0), and
+            # the two there were (GPU and /proc) fired together: two error reports.
+            with _reading_bound(args) if args.timeout != 0 else contextlib.nullcontext():
                 # What the selection left of --timeout: used up, a bound still (HoldersIncomplete), never 0.
                 left = None if deadline_ns is None else left_s(args.timeout, (time.monotonic_ns() - began) / 1e9)
                 selection = select_kill_holders(gpus, args.devices, all_holders=args.all_holders, timeout=left)

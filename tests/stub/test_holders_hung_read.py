@@ -97,19 +97,23 @@ def fds(pid, rule, proc):
     time.sleep(min(each, 0.1))
     return real(pid, rule, proc)
 devfiles._fds = fds
-sys.argv = ["nvmlcheck", "--simulate", sys.argv[1], "--json", "holders", "--timeout", "0"]
+sys.argv = ["nvmlcheck", "--simulate", sys.argv[1], "--json", *sys.argv[2:]]
 from nvmlcheck import cli
 cli.script()
 """
 
 
-def test_holders_timeout_0_reads_a_slow_scan_whole(tmp_path: Path) -> None:
+@pytest.mark.parametrize("command", [["holders", "--timeout", "0"],
+                                     ["kill", "--all-holders", "--yes", "--timeout", "0"]])
+def test_timeout_0_reads_a_slow_scan_whole(tmp_path: Path, command: list[str]) -> None:
     # Its own process (the command line's watchdogs are on): the scan takes longer than a second, each read moves on.
+    # Before, the watchdogs ended both 1 s after the reading began (exit 3; the kill printed two error reports, its
+    # GPU watchdog's and its /proc one's).
     scenario = Scenario.h200().write(tmp_path / "s.txt")
-    out = subprocess.run([sys.executable, "-c", SLOW_SCAN, str(scenario)], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", SLOW_SCAN, str(scenario), *command], capture_output=True, text=True,
                          timeout=120, check=False, env=os.environ | {"PYTHONPATH": str(ROOT)})
     assert out.returncode == 0, out.stderr
-    assert '"holders"' in out.stdout
+    assert "has not returned" not in out.stderr and out.stdout.count('"schema"') == 1, out.stdout
 
 
 HUNG_LIST = """
