@@ -543,8 +543,9 @@ def prepare(pids: Iterable[int] = (), *, tree: bool = False, holders: Iterable[H
     for pid in pids:
         why = refusal(pid, limit, me, lineage)
         kept = None if why is not None or exclude is None else exclude(pid)
-        if kept is not None:
-            why = f"it is named and {kept}: name it or exclude it, not both"
+        if kept is not None:  # excluded, or an exclusion that cannot be checked against it (selectors.Exclusion)
+            why = (f"it is named and {kept}: name it or exclude it, not both" if kept.startswith("excluded") else
+                   f"it is named, but {kept}")
         if why is not None:
             raise Refused(pid, why)
         if pid not in chosen:

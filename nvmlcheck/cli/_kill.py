@@ -414,8 +414,11 @@ def _less_excluded(selection: KillSelection, exclusion: Exclusion) -> KillSelect
         return selection
     import dataclasses
 
-    kept = [h for h in selection.targets if exclusion.why(h.pid) is None]
-    excluded = [(h, why) for h in selection.targets if (why := exclusion.why(h.pid)) is not None]
+    # One reading of each command line: two could disagree (a process that rewrites its own), and a holder be
+    # both signalled and listed as excluded.
+    whys = [(h, exclusion.why(h.pid)) for h in selection.targets]
+    kept = [h for h, why in whys if why is None]
+    excluded = [(h, why) for h, why in whys if why is not None]
     return dataclasses.replace(selection, targets=tuple(kept), skipped=(*selection.skipped, *excluded))
 
 
