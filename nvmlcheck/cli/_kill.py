@@ -151,19 +151,24 @@ def prepare_targets(args: argparse.Namespace, holders: Any = (),
             raise DryRun
         return None
     exclusion = _exclusion(args) if args.exclude else None  # imports the selectors only when asked to
-    try:
-        found = prepare(args.pids, tree=args.tree, holders=holders, missing_ok=args.missing_ok, found=chosen,
-                        exclude=exclusion.why if exclusion else None)
-    except Refused as exc:
-        from ..kill import _public
+    # An --exclude pattern reads each target's command line (the plan too): a read that never returns (the
+    # memory-map lock of a process stuck in the driver) is watched as the selectors' scan is, not waited for.
+    with _common.proc_reading_bound(args) if exclusion is not None and exclusion.patterns else \
+            contextlib.nullcontext():
+        try:
+            found = prepare(args.pids, tree=args.tree, holders=holders, missing_ok=args.missing_ok, found=chosen,
+                            exclude=exclusion.why if exclusion else None)
+        except Refused as exc:
+            from ..kill import _public
 
-        raise _public(exc) from None
+            raise _public(exc) from None
     found.left_alone[:0] = skipped
     try:
         if _selectors(args) or args.dry_run:
-            if args.tree:
-                found.scan_descendants()  # shown as they will be signalled (send_first scans again for late ones)
-            _show_plan(found, sig, args)  # --json too: what is confirmed is seen (stderr)
+            with _common.proc_reading_bound(args):
+                if args.tree:
+                    found.scan_descendants()  # shown as they will be signalled (send_first scans again for late ones)
+                _show_plan(found, sig, args)  # --json too: what is confirmed is seen (stderr)
         if args.dry_run:
             _print_dry_run(found, sig, args, left_out=left_out, holders=holders, selection=selection)
             verdict_printed(EXIT_CLEAN)
@@ -384,7 +389,8 @@ def _plan_with_nvml(args: argparse.Namespace, gpus: Session) -> tuple[KillPlan |
                                     exc.unscanned) from None
         if selection.refused is not None:
             raise UsageError(f"refusing --all-on-gpu: {selection.refused}; nothing was signalled")
-        selection = _less_excluded(selection, _exclusion(args))
+        with _common.proc_reading_bound(args):  # an --exclude pattern reads each holder's command line again
+            selection = _less_excluded(selection, _exclusion(args))
         _show_selection(selection)
         if not selection.targets and not args.pids:
             print("nothing to kill on the selected GPUs", file=sys.stderr)

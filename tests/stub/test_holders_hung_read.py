@@ -134,3 +134,38 @@ def test_holders_timeout_0_still_ends_on_a_hung_gpu_reading(tmp_path: Path) -> N
                          timeout=50, check=False, env=os.environ | {"PYTHONPATH": str(ROOT)})
     assert out.returncode == 3, out.stderr
     assert "a GPU reading has not returned" in out.stderr, out.stderr
+
+
+EXCLUDE_HUNG = """
+import sys, time
+stuck, scenario = int(sys.argv[1]), sys.argv[2]
+from nvmlcheck._proc import procfs
+real = procfs.cmdline
+reads = []
+def cmdline(pid, proc="/proc"):
+    if pid == stuck:
+        reads.append(pid)
+        if len(reads) > 1:  # the holders reading gets it; the lock is taken before --exclude reads it again
+            time.sleep(3600)
+    return real(pid, proc)
+procfs.cmdline = cmdline
+sys.argv = ["nvmlcheck", "--simulate", scenario, "kill", "--all-holders", "--yes", "--exclude", "some-agent",
+            "--timeout", "0.5"]
+from nvmlcheck import cli
+cli.script()
+"""
+
+
+def test_an_exclude_pattern_read_that_hangs_ends_the_kill_with_nothing_signalled(
+        python_child: Callable[..., subprocess.Popen[bytes]], tmp_path: Path) -> None:
+    # --exclude PATTERN reads each holder's command line again after the (bounded) holders reading: unwatched, a read
+    # that hung there held the command past --timeout for good.
+    scenario = Scenario.h200().write(tmp_path / "s.txt")
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "dev" / "nvidia0").write_text("")
+    holder = python_child(HOLD, str(tmp_path / "dev" / "nvidia0"))
+    out = subprocess.run([sys.executable, "-c", EXCLUDE_HUNG, str(holder.pid), str(scenario)], capture_output=True,
+                         text=True, timeout=60, check=False, env=os.environ | {"PYTHONPATH": str(ROOT)})
+    assert out.returncode == 3, out.stderr
+    assert "a /proc read has not returned" in out.stderr and "nothing was signalled" in out.stderr
+    assert holder.poll() is None
