@@ -253,6 +253,8 @@ def _show_plan(found: TargetSet, sig: int, args: argparse.Namespace) -> None:
     if grace_s is not None and args.timeout is not None and grace_s > args.timeout:
         # The kill ends at its timeout, and the grace period's SIGKILL with it: say so, not a SIGKILL never sent.
         escalation = f"no SIGKILL: --timeout {args.timeout:g} s ends the kill before --grace {grace}"
+    if sig == signals.SIGKILL:  # nothing to escalate to: "SIGKILL after 5 s" promised a second one never sent
+        escalation = "no grace period: SIGKILL cannot be caught"
     print(f"plan: {signals.name(sig)} to {len(found.items)} process{'es' if len(found.items) != 1 else ''} "
           f"({escalation}):", file=sys.stderr)
     for e in _plan_entries(found, sig):
