@@ -504,6 +504,13 @@ def _find_holders(snapshot: Snapshot | None, devices: Collection[int] | None,
                   timeout_s: float) -> tuple[Holder, ...]:
     """:func:`find_holders` by ``deadline_ns`` on ``clock`` (``None``: no bound); ``timeout_s`` for the error
     (``0``: one complete reading, each ``/proc`` read bounded by :data:`HUNG_READ_S`)."""
+    foreign = procfs.foreign_numbering()
+    if foreign is not None:
+        # /proc numbers processes as another PID namespace does: joined by PID with NVML's lists (this namespace's
+        # numbering on current drivers), each holder would be described from another process's /proc entry, and
+        # the PIDs shown would name other processes here. Unknown, never another process's name and owner.
+        raise NvmlCheckError(f"the holders cannot be read here: {foreign}; what holds the GPUs is unknown (not "
+                             "none)")
     nvml = _gpu_uses(snapshot, devices) if snapshot is not None else {}
 
     def work(progress: _Progress) -> tuple[Holder, ...]:
@@ -921,6 +928,9 @@ def explain_unseen_holders(
     and reading what it found as long again; what is left unread (processes not scanned, a ``/proc`` read that
     blocks) is said in a line. ``scan=False``: only the listed processes' states are read (no scan of every
     process's files)."""
+    foreign = procfs.foreign_numbering()
+    if foreign is not None:  # every line would describe another process than the PID it names (find_holders)
+        return [f"the processes that hold the GPUs cannot be described here: {foreign}"]
     listed = {p.pid for d in (snapshot.devices if snapshot is not None else ()) for p in (d.processes or ())}
     lines: list[str] = []
     deadline = None if budget_s is None else time.monotonic_ns() + round(budget_s * 1e9)
