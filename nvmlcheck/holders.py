@@ -269,6 +269,13 @@ def _cut(timeout: float | None, what: str) -> str:
     return f"{what} were still being read"
 
 
+def _one_complete(timeout: float | None) -> bool:
+    """Whether ``timeout`` (checked) asks for one complete reading: 0, or a time that rounds to 0 ns."""
+    from ._deadline import ns_or_none
+
+    return timeout is not None and ns_or_none(timeout) == 0
+
+
 def _time_limit(timeout: float | None, clock: Callable[[], int]) -> int | None:
     """The deadline (on ``clock``) of a holders reading given ``timeout`` seconds (``None``, ``inf``: none). ``0``
     (or a timeout that rounds to 0 ns) is one complete reading, as a wait's ``timeout=0`` is one check that always
@@ -573,7 +580,8 @@ def _bounded(work: Callable[[_Progress], tuple[Holder, ...]], *, deadline_ns: in
     :class:`HoldersIncomplete` with the holders read whole, never a short list. In this thread when nothing bounds
     it (``timeout=None``) or on a test's clock (a test's time is not the thread's, as ``_deadline.hung_after``)."""
     progress = _Progress()
-    stall_ns = _HUNG_READ_NS if timeout_s == 0 else None
+    # No deadline from a timeout given (0, or one that rounds to 0 ns): one complete reading, each read bounded.
+    stall_ns = _HUNG_READ_NS if deadline_ns is None and not math.isinf(timeout_s) else None
     if clock is not time.monotonic_ns or (deadline_ns is None and stall_ns is None):
         return work(progress)
     result: list[tuple[Holder, ...]] = []
@@ -752,7 +760,7 @@ def _session_holders(
     try:
         # timeout=0 has no deadline: an NVML call hung here ends the command line as a wait's one check would (the
         # GPU watchdog, if one is installed, 1 s on), as in Session.holders.
-        with hung_after(clock() if timeout == 0 else None):
+        with hung_after(clock() if _one_complete(timeout) else None):
             # A cuda:N that is a MIG instance (CUDA_VISIBLE_DEVICES=MIG-...) selects that instance, as its MIG- UUID
             # does: never every tenant of its GPU.
             devices = source._instance_selectors(devices, deadline_ns, clock)

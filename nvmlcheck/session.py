@@ -849,7 +849,7 @@ class Session:
         "nothing"."""
         from ._deadline import hung_after, read_by
         from .errors import DeadlinePassed
-        from .holders import HoldersIncomplete, _cut, _find_holders, _time_limit
+        from .holders import HoldersIncomplete, _cut, _find_holders, _one_complete, _time_limit
 
         self._check_open()
         devices = _once(devices)  # read twice (resolved, then its MIG instances): a generator reads once
@@ -858,7 +858,7 @@ class Session:
         timeout_s = math.inf if timeout is None else float(timeout)
         # timeout=0 (one complete reading) has no deadline; a call hung in it still ends the command line as a
         # wait's one check would (1 s on): its watchdog, if one is installed. The /proc part bounds itself.
-        with hung_after(clock() if timeout == 0 else None):
+        with hung_after(clock() if _one_complete(timeout) else None):
             try:
                 indices = self._resolve(devices, deadline_ns, clock)
             except DeadlinePassed:
