@@ -20,14 +20,26 @@ LEADERLESS = ("import ctypes, threading, time; threading.Thread(target=time.slee
               "print('ready', flush=True); ctypes.CDLL(None).pthread_exit(None)")
 
 
+def _until_z(pid: int) -> procfs.ProcStat:
+    """``pid``'s stat once it reads ``Z``. Polled until then (30 s at most, a failure): a fixed number of reads (10,000,
+    ~0.1 s) was not always enough on a loaded CI host for the child's main thread to end after saying ready."""
+    import time
+
+    end = time.monotonic() + 30
+    while True:
+        st = procfs.read_stat(pid)
+        if st is not None and st.state == "Z":
+            return st
+        if time.monotonic() > end:
+            pytest.fail(f"pid {pid} never read Z: {st}")
+        time.sleep(0.001)
+
+
 @pytest.fixture
 def leaderless() -> Iterator[int]:
     p = subprocess.Popen([sys.executable, "-S", "-c", LEADERLESS], stdout=subprocess.PIPE)
     assert p.stdout is not None and p.stdout.readline() == b"ready\n"
-    for _ in range(10_000):  # until the main thread has exited
-        st = procfs.read_stat(p.pid)
-        if st is not None and st.state == "Z":
-            break
+    _until_z(p.pid)  # until the main thread has exited
     yield p.pid
     p.kill()
     p.wait()
@@ -37,10 +49,7 @@ def leaderless() -> Iterator[int]:
 @pytest.fixture
 def zombie() -> Iterator[int]:
     p = subprocess.Popen([sys.executable, "-S", "-c", "pass"])
-    for _ in range(100_000):  # exited, not reaped: a zombie
-        st = procfs.read_stat(p.pid)
-        if st is not None and st.state == "Z":
-            break
+    _until_z(p.pid)  # exited, not reaped: a zombie
     yield p.pid
     p.wait()
 
@@ -95,11 +104,7 @@ def test_a_process_whose_main_thread_exited_is_no_zombie_to_holders_and_its_file
     p = subprocess.Popen([sys.executable, "-S", "-c", HOLDING, str(stand_in)], stdout=subprocess.PIPE)
     try:
         assert p.stdout is not None and p.stdout.readline() == b"ready\n"
-        for _ in range(10_000):
-            st = procfs.read_stat(p.pid)
-            if st is not None and st.state == "Z":
-                break
-        assert st is not None and st.state == "Z"
+        st = _until_z(p.pid)
         assert procfs.state_of(st) in ("S", "R")  # its other thread's
         zst = procfs.read_stat(zombie)
         assert zst is not None and procfs.state_of(zst) == "Z"  # a true zombie stays one
