@@ -151,7 +151,7 @@ def cmdline(pid, proc="/proc"):
     return real(pid, proc)
 procfs.cmdline = cmdline
 sys.argv = ["nvmlcheck", "--simulate", scenario, "kill", "--all-holders", "--yes", "--exclude", "some-agent",
-            "--timeout", "0.5"]
+            "--timeout", "2"]
 from nvmlcheck import cli
 cli.script()
 """
@@ -168,5 +168,6 @@ def test_an_exclude_pattern_read_that_hangs_ends_the_kill_with_nothing_signalled
     out = subprocess.run([sys.executable, "-c", EXCLUDE_HUNG, str(holder.pid), str(scenario)], capture_output=True,
                          text=True, timeout=60, check=False, env=os.environ | {"PYTHONPATH": str(ROOT)})
     assert out.returncode == 3, out.stderr
-    assert "a /proc read has not returned" in out.stderr and "nothing was signalled" in out.stderr
-    assert holder.poll() is None
+    # The watchdog ends it; on a host too loaded to read the holders in 2 s, the reading's own cut comes first.
+    assert "a /proc read has not returned" in out.stderr or "the holders could not all be read" in out.stderr
+    assert "nothing was signalled" in out.stderr and holder.poll() is None
