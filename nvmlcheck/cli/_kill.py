@@ -739,6 +739,9 @@ def _print_timeout(args: argparse.Namespace, exc: KillTimeout, plan: KillPlan,
         if t.discarded:
             print(f"pid {t.pid} ({safe(t.name)}): {_fate_words(t.discarded, [s.name for s in t.signals])}",
                   file=sys.stderr)
+    for pid, why in plan.left_alone:
+        if why.startswith("a descendant of"):  # found by --tree during the kill, and not ours to signal
+            print(f"pid {pid}: not signalled: {safe(why)}", file=sys.stderr)
     _print_aside(plan, sys.stderr)
     print(safe_lines(exc), file=sys.stderr)
     if exc.tree_hint:
