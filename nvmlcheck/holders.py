@@ -601,17 +601,20 @@ def _bounded(work: Callable[[_Progress], tuple[Holder, ...]], *, deadline_ns: in
         _thread.start_new_thread(run, ())
     except RuntimeError:  # no thread can be started (out of memory or of threads): read in this one, unbounded
         return work(progress)
-    while True:
-        at = progress.at
-        ends = [e for e in (deadline_ns, None if stall_ns is None else at[4] + stall_ns) if e is not None]
-        left_ns = min(ends) - time.monotonic_ns()
-        if finished.acquire(True, min(max(left_ns, 0) / 1e9, _thread.TIMEOUT_MAX)):
-            break
-        if time.monotonic_ns() < min(ends) or progress.at is not at:
-            continue  # woken early, or the reading moved on
+    try:
+        while True:
+            at = progress.at
+            ends = [e for e in (deadline_ns, None if stall_ns is None else at[4] + stall_ns) if e is not None]
+            left_ns = min(ends) - time.monotonic_ns()
+            if finished.acquire(True, min(max(left_ns, 0) / 1e9, _thread.TIMEOUT_MAX)):
+                break
+            if time.monotonic_ns() < min(ends) or progress.at is not at:
+                continue  # woken early, or the reading moved on
+            raise _cut_reading(progress.at, tuple(progress.found), timeout_s,
+                               hung=deadline_ns is None or time.monotonic_ns() < deadline_ns)
+    except BaseException:  # cut, or interrupted (Ctrl-C): the worker stops at its next step, unread
         progress.left_behind = True
-        raise _cut_reading(progress.at, tuple(progress.found), timeout_s,
-                           hung=deadline_ns is None or time.monotonic_ns() < deadline_ns)
+        raise
     if error:
         raise error[0]
     return result[0]
