@@ -548,23 +548,38 @@ class _Progress:
     ``time.monotonic_ns``), replaced whole so that the other thread never reads half an update; ``found``: the
     holders read whole so far."""
 
-    __slots__ = ("at", "found", "left_behind")
+    __slots__ = ("at", "bounded", "found", "left_behind")
 
-    def __init__(self) -> None:
+    def __init__(self, bounded: bool = False) -> None:
         # (phase, pid, done, total, since): the words are made only for a cut (a scan reads hundreds of processes).
         self.at: tuple[str, int | str | None, int, int | None, int] = ("scan", None, 0, None, time.monotonic_ns())
         self.found: list[Holder] = []
         self.left_behind = False  # set by the caller's thread when it gave up: the worker stops at its next step
+        self.bounded = bounded  # in a worker: a process an earlier worker is stuck on is not read again
 
     def scanning(self, pid: str, done: int, total: int) -> None:
-        if self.left_behind:
-            raise _LeftBehind
-        self.at = ("scan", pid, done, total, time.monotonic_ns())
+        self._step("scan", pid, done, total)
 
     def describing(self, pid: int, done: int, total: int) -> None:
+        self._step("describe", pid, done, total)
+
+    def _step(self, phase: str, pid: int | str, done: int, total: int) -> None:
         if self.left_behind:
             raise _LeftBehind
-        self.at = ("describe", pid, done, total, time.monotonic_ns())
+        self.at = (phase, pid, done, total, time.monotonic_ns())
+        if self.bounded and _STUCK and _STUCK.get(int(pid)) == phase:
+            raise _StillStuck
+
+
+#: The processes an earlier bounded reading left its worker behind in, blocked in a ``/proc`` read (PID -> the
+#: phase it was read in). A later bounded reading does not read them again (each would leave one more thread, and
+#: its descriptor, blocked for as long as the lock is held: a caller polling the holders would pile them up): it is
+#: incomplete at once, saying so. Cleared when that read returns.
+_STUCK: dict[int, str] = {}
+
+
+class _StillStuck(Exception):
+    """Raised in a worker at a process an earlier worker is still blocked on (:data:`_STUCK`)."""
 
 
 class _LeftBehind(Exception):
@@ -579,11 +594,11 @@ def _bounded(work: Callable[[_Progress], tuple[Holder, ...]], *, deadline_ns: in
     blocks (no thread can interrupt it) then leaves the worker behind, and the caller gets
     :class:`HoldersIncomplete` with the holders read whole, never a short list. In this thread when nothing bounds
     it (``timeout=None``) or on a test's clock (a test's time is not the thread's, as ``_deadline.hung_after``)."""
-    progress = _Progress()
     # No deadline from a timeout given (0, or one that rounds to 0 ns): one complete reading, each read bounded.
     stall_ns = _HUNG_READ_NS if deadline_ns is None and not math.isinf(timeout_s) else None
     if clock is not time.monotonic_ns or (deadline_ns is None and stall_ns is None):
-        return work(progress)
+        return work(_Progress())
+    progress = _Progress(bounded=True)
     result: list[tuple[Holder, ...]] = []
     error: list[BaseException] = []
     finished = _thread.allocate_lock()
@@ -592,9 +607,13 @@ def _bounded(work: Callable[[_Progress], tuple[Holder, ...]], *, deadline_ns: in
     def run() -> None:
         try:
             result.append(work(progress))
+        except _StillStuck:
+            error.append(_cut_reading(progress.at, tuple(progress.found), timeout_s, hung=True, earlier=True))
         except BaseException as exc:  # handed to the caller's thread, which raises it
             error.append(exc)
         finally:
+            if progress.left_behind:  # the read it was left behind in has returned: it may be read again
+                _STUCK.pop(int(progress.at[1] or 0), None)
             finished.release()
 
     try:
@@ -614,6 +633,10 @@ def _bounded(work: Callable[[_Progress], tuple[Holder, ...]], *, deadline_ns: in
                                hung=deadline_ns is None or time.monotonic_ns() < deadline_ns)
     except BaseException:  # cut, or interrupted (Ctrl-C): the worker stops at its next step, unread
         progress.left_behind = True
+        if progress.at[1] is not None:
+            _STUCK[int(progress.at[1])] = progress.at[0]
+        if finished.acquire(False):  # it came back meanwhile: nothing is stuck (its own end ran first)
+            _STUCK.pop(int(progress.at[1] or 0), None)
         raise
     if error:
         raise error[0]
@@ -621,16 +644,18 @@ def _bounded(work: Callable[[_Progress], tuple[Holder, ...]], *, deadline_ns: in
 
 
 def _cut_reading(at: tuple[str, int | str | None, int, int | None, int], found: tuple[Holder, ...],
-                 timeout_s: float, *, hung: bool) -> HoldersIncomplete:
+                 timeout_s: float, *, hung: bool, earlier: bool = False) -> HoldersIncomplete:
     """The :class:`HoldersIncomplete` of a reading left behind in ``at`` (``hung``: one read took
-    :data:`HUNG_READ_S`, else the deadline came)."""
+    :data:`HUNG_READ_S`, else the deadline came; ``earlier``: not read, as an earlier reading's read of it is still
+    blocked)."""
     phase, pid, done, total, since_ns = at
     what = ("the list of processes (/proc)" if pid is None else f"pid {pid}'s open files (/proc/{pid}/fd)"
             if phase == "scan" else f"pid {pid}'s /proc entries (stat, status, command line, cgroup)")
     in_it_s = (time.monotonic_ns() - since_ns) / 1e9
     # A read takes microseconds: one that has taken a tenth of a second is blocked, not slow.
     why = f" ({_BLOCKS})" if hung or in_it_s >= 0.1 else ""
-    when = (f"reading {what} has not returned after {HUNG_READ_S:g} s" if hung else
+    when = (f"{what} were not read: an earlier reading's read of them has not returned yet" if earlier else
+            f"reading {what} has not returned after {HUNG_READ_S:g} s" if hung else
             f"the deadline came while {what} were being read (for {in_it_s:.3f} s){why}")
     if hung:
         when += why

@@ -82,6 +82,31 @@ def test_timeout_0_reads_whole_but_gives_up_on_a_hung_read(stuck: tuple[str, int
                                    timeout_s=float("inf")) == ()
 
 
+def test_a_process_still_blocking_an_earlier_reading_is_not_read_again(
+        stuck: tuple[str, int, int], monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each reading left one more worker thread (and its descriptor) blocked on the same process: a caller polling
+    # the holders piled them up for as long as the lock was held. Now a later reading is incomplete at once.
+    pattern, _, hung = stuck
+    reads: list[int] = []
+    blocked = procfs.cmdline
+
+    def counted(pid: int, proc: str = "/proc") -> tuple[str, ...] | None:
+        if pid == hung:
+            reads.append(pid)
+        return blocked(pid, proc)
+
+    monkeypatch.setattr(procfs, "cmdline", counted)
+    with pytest.raises(nc.HoldersIncomplete) as first:
+        nc.find_holders(None, device_files=pattern, timeout=0.5)
+    if f"pid {hung}'s /proc entries" not in first.value.reason:
+        pytest.skip("this host was too loaded to reach the stuck holder in 0.5 s: " + first.value.reason)
+    with pytest.raises(nc.HoldersIncomplete) as second:
+        nc.find_holders(None, device_files=pattern, timeout=30)
+    assert f"pid {hung}'s /proc entries" in second.value.reason
+    assert "an earlier reading's read of them has not returned yet" in second.value.reason
+    assert reads == [hung]  # read once, by the first reading's worker (still blocked), not again
+
+
 def test_the_timeout_explanation_reports_a_hung_read_instead_of_hanging(stuck: tuple[str, int, int]) -> None:
     pattern, _, hung = stuck
     lines = nc.explain_unseen_holders(None, device_files=pattern, budget_s=0.2)
