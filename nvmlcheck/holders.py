@@ -619,7 +619,7 @@ def _bounded(work: Callable[[_Progress], tuple[Holder, ...]], *, deadline_ns: in
     try:
         _thread.start_new_thread(run, ())
     except RuntimeError:  # no thread can be started (out of memory or of threads): read in this one, unbounded
-        return work(progress)
+        return work(_Progress())
     try:
         while True:
             at = progress.at
