@@ -685,10 +685,18 @@ def _described(nvml: dict[int, list[GpuUse]], fds: devfiles.FdScan, deadline_ns:
         if pid in fds.holders:
             found.add("device-file")
         files = fds.holders.get(pid, () if pid not in fds.unreadable else None)
+        gpu_files = fds.gpu_files.get(pid, ())
         if pid in nvml and pid not in fds.holders and pid not in fds.unreadable:
-            files = () if procfs.read_stat(pid) is not None else None
+            # Read again, now: the scan may have listed /proc before this process started (a CUDA process NVML
+            # lists by now), and "no device file" would be said of files never read (and cannot be proven to hold
+            # a GPU, for a kill). None: gone, or its files cannot be read.
+            kinds = devfiles.kinds_of(pid, fds.rule)
+            files = None if kinds is None else tuple(sorted(kinds))
+            gpu_files = () if kinds is None else tuple(sorted(p for p, k in kinds.items() if k == "gpu"))
+            if files:
+                found.add("device-file")
         out.append(describe_process(pid, found_by=frozenset(found), gpus=tuple(nvml.get(pid, ())),
-                                    device_files=files, gpu_device_files=fds.gpu_files.get(pid, ()), me=me))
+                                    device_files=files, gpu_device_files=gpu_files, me=me))
     return tuple(out)
 
 

@@ -30,6 +30,7 @@ __all__ = [
     "FdScan",
     "device_file_patterns",
     "device_rule",
+    "kinds_of",
     "nvidia_majors",
     "open_device_files",
     "scan",
@@ -217,6 +218,12 @@ def open_device_files(pid: int, rule: DeviceRule | Sequence[str] | str | None = 
     be read (gone, or not permitted)."""
     found = _fds(pid, _rule(rule), proc)
     return None if found is None else tuple(sorted(found))
+
+
+def kinds_of(pid: int, rule: DeviceRule, proc: str = "/proc") -> dict[str, str] | None:
+    """The NVIDIA device files ``pid`` has open, each with its kind (``"gpu"``, ``"other"``: :meth:`DeviceRule.kind`),
+    or ``None`` when its descriptors cannot be read (gone, or not permitted)."""
+    return _fds(pid, rule, proc)
 
 
 def _fd_dir(pid: int | str, proc: str) -> tuple[str, list[str]] | None:

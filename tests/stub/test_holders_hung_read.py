@@ -196,3 +196,31 @@ def test_an_exclude_pattern_read_that_hangs_ends_the_kill_with_nothing_signalled
     # The watchdog ends it; on a host too loaded to read the holders in 2 s, the reading's own cut comes first.
     assert "a /proc read has not returned" in out.stderr or "the holders could not all be read" in out.stderr
     assert "nothing was signalled" in out.stderr and holder.poll() is None
+
+
+def test_an_nvml_holder_the_scan_did_not_list_is_read_again_not_said_to_have_no_device_file(
+        python_child: Callable[..., subprocess.Popen[bytes]], tmp_path: Path,
+        gpus: Callable[[Scenario], nc.Session], monkeypatch: pytest.MonkeyPatch) -> None:
+    # A process that started after the scan listed /proc (a CUDA process NVML lists by the time it is described)
+    # was said to have no NVIDIA device file open: files never read, and --all-on-gpu then refused the whole
+    # selection ("names python, which has no NVIDIA device file open") or left it alone as unproven.
+    from nvmlcheck._proc import devfiles
+
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "dev" / "nvidia0").write_text("")
+    pattern = f"{tmp_path}/dev/nvidia[0-9]*"
+    late = python_child(HOLD, str(tmp_path / "dev" / "nvidia0"))
+    real = devfiles.scan
+
+    def before_it_started(*args: object, **kwargs: object) -> devfiles.FdScan:
+        out = real(*args, **kwargs)  # type: ignore[arg-type]
+        return out._replace(holders={p: f for p, f in out.holders.items() if p != late.pid},
+                            gpu_files={p: f for p, f in out.gpu_files.items() if p != late.pid})
+
+    monkeypatch.setattr(devfiles, "scan", before_it_started)
+    sc = Scenario.h200()
+    sc.add_process(0, late.pid, used_bytes=1 << 30)
+    with gpus(sc) as session:
+        (h,) = [h for h in session.holders(device_files=pattern) if h.pid == late.pid]
+    assert h.device_files == (str(tmp_path / "dev" / "nvidia0"),) and h.gpu_device_files == h.device_files
+    assert h.found_by == frozenset({"nvml", "device-file"})
