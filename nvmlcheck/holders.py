@@ -15,6 +15,7 @@ tests name stand-ins with ``device_files=`` or run on the simulator). Rationale 
 
 from __future__ import annotations
 
+import _thread
 import math
 import os
 import time
@@ -36,6 +37,7 @@ __all__ = [
     "DAEMONS",
     "DEFAULT_DEVICE_FILES",
     "EXPLAIN_BUDGET_S",
+    "HUNG_READ_S",
     "RECHECK_S",
     "daemon_kind",
     "GpuUse",
@@ -224,8 +226,9 @@ class HoldersIncomplete(NvmlCheckError, TimeoutError):
         self.reason = reason
         self.found: tuple[Holder, ...] = tuple(found)
         self.unscanned = unscanned
-        super().__init__(f"the holders could not all be read within {timeout_s:g} s: {reason}; what holds the GPUs "
-                         "is unknown (not none)")
+        within = f" within {timeout_s:g} s" if timeout_s else ""  # 0: one complete reading, which one read stopped
+        super().__init__(f"the holders could not all be read{within}: {reason}; what holds the GPUs is unknown "
+                         "(not none)")
 
 
 def holder_list(items: object, what: str) -> list[Holder]:
@@ -264,6 +267,13 @@ def _cut(timeout: float | None, what: str) -> str:
         return (f"the timeout was used up before {what} could be read (opening the GPUs and reading the selection "
                 "took it)")
     return f"{what} were still being read"
+
+
+def _one_complete(timeout: float | None) -> bool:
+    """Whether ``timeout`` (checked) asks for one complete reading: 0, or a time that rounds to 0 ns."""
+    from ._deadline import ns_or_none
+
+    return timeout is not None and ns_or_none(timeout) == 0
 
 
 def _time_limit(timeout: float | None, clock: Callable[[], int]) -> int | None:
@@ -477,7 +487,10 @@ def find_holders(
     ``timeout``: seconds the ``/proc`` scan and the reading of each holder may take (``None``: no bound; ``0``: one
     complete reading, as a wait's ``timeout=0`` is one check that always completes), checked
     between two processes (on ``clock``, integer ns); when it passes first, :class:`HoldersIncomplete` (a
-    ``TimeoutError``) says so, with what was read: a cut scan is never a short or an empty list."""
+    ``TimeoutError``) says so, with what was read: a cut scan is never a short or an empty list. A ``/proc`` read
+    that blocks (a command line is read under its process's memory-map lock, which a process stuck in the driver
+    can hold for good) is left behind in a worker thread at the deadline, and with ``timeout=0`` once it has not
+    returned in :data:`HUNG_READ_S`; ``None`` reads in the caller's thread (as does an injected ``clock``)."""
     from .errors import ArgumentTypeError
 
     if snapshot is not None and not isinstance(snapshot, Snapshot):
@@ -496,24 +509,173 @@ def find_holders(
 def _find_holders(snapshot: Snapshot | None, devices: Collection[int] | None,
                   device_files: Sequence[str] | str | None, *, deadline_ns: int | None, clock: Callable[[], int],
                   timeout_s: float) -> tuple[Holder, ...]:
-    """:func:`find_holders` by ``deadline_ns`` on ``clock`` (``None``: no bound); ``timeout_s`` for the error."""
-    from ._deadline import hung_after
-
+    """:func:`find_holders` by ``deadline_ns`` on ``clock`` (``None``: no bound); ``timeout_s`` for the error
+    (``0``: one complete reading, each ``/proc`` read bounded by :data:`HUNG_READ_S`)."""
+    foreign = procfs.foreign_numbering()
+    if foreign is not None:
+        # /proc numbers processes as another PID namespace does: joined by PID with NVML's lists (this namespace's
+        # numbering on current drivers), each holder would be described from another process's /proc entry, and
+        # the PIDs shown would name other processes here. Unknown, never another process's name and owner.
+        raise NvmlCheckError(f"the holders cannot be read here: {foreign}; what holds the GPUs is unknown (not "
+                             "none)")
     nvml = _gpu_uses(snapshot, devices) if snapshot is not None else {}
-    with hung_after(deadline_ns, clock):  # the command line's watchdog: a /proc read that never returns
-        fds = devfiles.scan(device_files, deadline_ns=deadline_ns, clock=clock)
+
+    def work(progress: _Progress) -> tuple[Holder, ...]:
+        fds = devfiles.scan(device_files, deadline_ns=deadline_ns, clock=clock, progress=progress.scanning)
         if fds.unscanned:
             raise HoldersIncomplete(timeout_s, f"{fds.unscanned} processes were not scanned for NVIDIA device files",
                                     (), fds.unscanned)
-        return _described(nvml, fds, deadline_ns, clock, timeout_s)
+        return _described(nvml, fds, deadline_ns, clock, timeout_s, progress=progress)
+
+    return _bounded(work, deadline_ns=deadline_ns, clock=clock, timeout_s=timeout_s)
+
+
+#: How long one ``/proc`` read of a holders reading with ``timeout=0`` (one complete reading: no deadline) may take
+#: before it counts as hung and the reading is :class:`HoldersIncomplete`: a read takes microseconds, but
+#: ``/proc/PID/cmdline`` (and ``environ``) are read under the process's memory-map lock, which a process stuck in
+#: the kernel (in the driver, D state) can hold for good (``ps`` hangs there too). A slow scan that moves on is never
+#: cut. As long as a wait may run past its deadline before it counts as stuck in a call (``_deadline.HUNG_AFTER_NS``).
+HUNG_READ_S = 1.0
+_HUNG_READ_NS = 1_000_000_000
+#: What a cut adds: why a /proc read may not return.
+_BLOCKS = ("a /proc read that blocks: a process stuck in the kernel (D state, in the driver) holds the lock it is "
+           "read under; `ps` hangs there too")
+
+
+class _Progress:
+    """Where a ``/proc`` reading running in a worker thread is, for the caller's thread that bounds it
+    (:func:`_bounded`): ``at`` is one tuple (phase, what is being read, done, total, since when on
+    ``time.monotonic_ns``), replaced whole so that the other thread never reads half an update; ``found``: the
+    holders read whole so far."""
+
+    __slots__ = ("at", "bounded", "found", "left_behind")
+
+    def __init__(self, bounded: bool = False) -> None:
+        # (phase, pid, done, total, since): the words are made only for a cut (a scan reads hundreds of processes).
+        self.at: tuple[str, int | str | None, int, int | None, int] = ("scan", None, 0, None, time.monotonic_ns())
+        self.found: list[Holder] = []
+        self.left_behind = False  # set by the caller's thread when it gave up: the worker stops at its next step
+        self.bounded = bounded  # in a worker: a process an earlier worker is stuck on is not read again
+
+    def scanning(self, pid: str, done: int, total: int) -> None:
+        self._step("scan", pid, done, total)
+
+    def describing(self, pid: int, done: int, total: int) -> None:
+        self._step("describe", pid, done, total)
+
+    def _step(self, phase: str, pid: int | str, done: int, total: int) -> None:
+        if self.left_behind:
+            raise _LeftBehind
+        self.at = (phase, pid, done, total, time.monotonic_ns())
+        if self.bounded and _STUCK and _STUCK.get(int(pid)) == phase:
+            raise _StillStuck
+
+
+#: The processes an earlier bounded reading left its worker behind in, blocked in a ``/proc`` read (PID -> the
+#: phase it was read in). A later bounded reading does not read them again (each would leave one more thread, and
+#: its descriptor, blocked for as long as the lock is held: a caller polling the holders would pile them up): it is
+#: incomplete at once, saying so. Cleared when that read returns.
+_STUCK: dict[int, str] = {}
+
+
+class _StillStuck(Exception):
+    """Raised in a worker at a process an earlier worker is still blocked on (:data:`_STUCK`)."""
+
+
+class _LeftBehind(Exception):
+    """Ends a worker's reading whose caller gave up on it (nobody reads its answer any more; never seen by a
+    caller): a read that came back stops there."""
+
+
+def _bounded(work: Callable[[_Progress], tuple[Holder, ...]], *, deadline_ns: int | None, clock: Callable[[], int],
+             timeout_s: float) -> tuple[Holder, ...]:
+    """``work`` (a ``/proc`` reading that reports its progress) in a worker thread that the caller's waits for until
+    ``deadline_ns`` at most (or, with ``timeout_s`` 0, until one read has taken :data:`HUNG_READ_S`): a read that
+    blocks (no thread can interrupt it) then leaves the worker behind, and the caller gets
+    :class:`HoldersIncomplete` with the holders read whole, never a short list. In this thread when nothing bounds
+    it (``timeout=None``) or on a test's clock (a test's time is not the thread's, as ``_deadline.hung_after``)."""
+    # No deadline from a timeout given (0, or one that rounds to 0 ns): one complete reading, each read bounded.
+    stall_ns = _HUNG_READ_NS if deadline_ns is None and not math.isinf(timeout_s) else None
+    if clock is not time.monotonic_ns or (deadline_ns is None and stall_ns is None):
+        return work(_Progress())
+    progress = _Progress(bounded=True)
+    result: list[tuple[Holder, ...]] = []
+    error: list[BaseException] = []
+    finished = _thread.allocate_lock()
+    finished.acquire()
+
+    def run() -> None:
+        try:
+            result.append(work(progress))
+        except _StillStuck:
+            error.append(_cut_reading(progress.at, tuple(progress.found), timeout_s, hung=True, earlier=True))
+        except BaseException as exc:  # handed to the caller's thread, which raises it
+            error.append(exc)
+        finally:
+            if progress.left_behind:  # the read it was left behind in has returned: it may be read again
+                _STUCK.pop(int(progress.at[1] or 0), None)
+            finished.release()
+
+    try:
+        _thread.start_new_thread(run, ())
+    except RuntimeError:  # no thread can be started (out of memory or of threads): read in this one, unbounded
+        return work(_Progress())
+    try:
+        while True:
+            at = progress.at
+            ends = [e for e in (deadline_ns, None if stall_ns is None else at[4] + stall_ns) if e is not None]
+            left_ns = min(ends) - time.monotonic_ns()
+            if finished.acquire(True, min(max(left_ns, 0) / 1e9, _thread.TIMEOUT_MAX)):
+                break
+            if time.monotonic_ns() < min(ends) or progress.at is not at:
+                continue  # woken early, or the reading moved on
+            raise _cut_reading(progress.at, tuple(progress.found), timeout_s,
+                               hung=deadline_ns is None or time.monotonic_ns() < deadline_ns)
+    except BaseException:  # cut, or interrupted (Ctrl-C): the worker stops at its next step, unread
+        progress.left_behind = True
+        if progress.at[1] is not None:
+            _STUCK[int(progress.at[1])] = progress.at[0]
+        if finished.acquire(False):  # it came back meanwhile: nothing is stuck (its own end ran first)
+            _STUCK.pop(int(progress.at[1] or 0), None)
+        raise
+    if error:
+        raise error[0]
+    return result[0]
+
+
+def _cut_reading(at: tuple[str, int | str | None, int, int | None, int], found: tuple[Holder, ...],
+                 timeout_s: float, *, hung: bool, earlier: bool = False) -> HoldersIncomplete:
+    """The :class:`HoldersIncomplete` of a reading left behind in ``at`` (``hung``: one read took
+    :data:`HUNG_READ_S`, else the deadline came; ``earlier``: not read, as an earlier reading's read of it is still
+    blocked)."""
+    phase, pid, done, total, since_ns = at
+    what = ("the list of processes (/proc)" if pid is None else f"pid {pid}'s open files (/proc/{pid}/fd)"
+            if phase == "scan" else f"pid {pid}'s /proc entries (stat, status, command line, cgroup)")
+    in_it_s = (time.monotonic_ns() - since_ns) / 1e9
+    # A read takes microseconds: one that has taken a tenth of a second is blocked, not slow.
+    why = f" ({_BLOCKS})" if hung or in_it_s >= 0.1 else ""
+    when = (f"{what} were not read: an earlier reading's read of them has not returned yet" if earlier else
+            f"reading {what} has not returned after {HUNG_READ_S:g} s" if hung else
+            f"the deadline came while {what} were being read (for {in_it_s:.3f} s){why}")
+    if hung:
+        when += why
+    if phase == "scan":
+        unscanned = None if total is None else total - done
+        cut = ("the processes were not scanned for NVIDIA device files (their list was not read)" if unscanned is None
+               else f"{unscanned} processes were not scanned for NVIDIA device files")
+        return HoldersIncomplete(timeout_s, f"{cut}: {when}", (), unscanned)
+    return HoldersIncomplete(timeout_s, f"{(total or 0) - done} of the {total} holders found were not read (state, "
+                             f"owner, command line, container): {when}", found, 0)
 
 
 def _described(nvml: dict[int, list[GpuUse]], fds: devfiles.FdScan, deadline_ns: int | None,
-               clock: Callable[[], int], timeout_s: float) -> tuple[Holder, ...]:
+               clock: Callable[[], int], timeout_s: float, *, progress: _Progress | None = None) -> tuple[Holder, ...]:
     me = (os.getpid(), procfs.ancestors())
-    out: list[Holder] = []
+    out: list[Holder] = [] if progress is None else progress.found
     pids = sorted(set(nvml) | set(fds.holders))
     for done, pid in enumerate(pids):
+        if progress is not None:
+            progress.describing(pid, done, len(pids))
         if deadline_ns is not None and clock() >= deadline_ns:
             raise HoldersIncomplete(timeout_s, f"{len(pids) - done} of the {len(pids)} holders found were not read "
                                     "(state, owner, command line, container)", out, 0)
@@ -523,10 +685,18 @@ def _described(nvml: dict[int, list[GpuUse]], fds: devfiles.FdScan, deadline_ns:
         if pid in fds.holders:
             found.add("device-file")
         files = fds.holders.get(pid, () if pid not in fds.unreadable else None)
+        gpu_files = fds.gpu_files.get(pid, ())
         if pid in nvml and pid not in fds.holders and pid not in fds.unreadable:
-            files = () if procfs.read_stat(pid) is not None else None
+            # Read again, now: the scan may have listed /proc before this process started (a CUDA process NVML
+            # lists by now), and "no device file" would be said of files never read (and cannot be proven to hold
+            # a GPU, for a kill). None: gone, or its files cannot be read.
+            kinds = devfiles.kinds_of(pid, fds.rule)
+            files = None if kinds is None else tuple(sorted(kinds))
+            gpu_files = () if kinds is None else tuple(sorted(p for p, k in kinds.items() if k == "gpu"))
+            if files:
+                found.add("device-file")
         out.append(describe_process(pid, found_by=frozenset(found), gpus=tuple(nvml.get(pid, ())),
-                                    device_files=files, gpu_device_files=fds.gpu_files.get(pid, ()), me=me))
+                                    device_files=files, gpu_device_files=gpu_files, me=me))
     return tuple(out)
 
 
@@ -609,6 +779,7 @@ def _session_holders(
     """:func:`select_kill_holders`'s reading of a session: the selected GPUs' holders, the PIDs only unselected GPUs
     (or MIG instances) list (pid -> where), and why NVML's numbering is not proven this namespace's (when
     ``all_holders`` is false), all within ``timeout`` (:class:`HoldersIncomplete` past it)."""
+    from ._deadline import hung_after
     from .errors import DeadlinePassed
 
     clock = time.monotonic_ns
@@ -623,10 +794,13 @@ def _session_holders(
     suspects: list[str] = []
     source._check_open()
     try:
-        # A cuda:N that is a MIG instance (CUDA_VISIBLE_DEVICES=MIG-...) selects that instance, as its MIG- UUID
-        # does: never every tenant of its GPU.
-        devices = source._instance_selectors(devices, deadline_ns, clock)
-        indices = source._resolve(devices, deadline_ns, clock)
+        # timeout=0 has no deadline: an NVML call hung here ends the command line as a wait's one check would (the
+        # GPU watchdog, if one is installed, 1 s on), as in Session.holders.
+        with hung_after(clock() if _one_complete(timeout) else None):
+            # A cuda:N that is a MIG instance (CUDA_VISIBLE_DEVICES=MIG-...) selects that instance, as its MIG- UUID
+            # does: never every tenant of its GPU.
+            devices = source._instance_selectors(devices, deadline_ns, clock)
+            indices = source._resolve(devices, deadline_ns, clock)
     except DeadlinePassed:
         raise HoldersIncomplete(math.inf if timeout is None else float(timeout),
                                 _cut(timeout, "the GPUs named by the selection")) from None
@@ -794,41 +968,68 @@ def explain_unseen_holders(
 ) -> list[str]:
     """Lines that explain memory held with no (visible) process: processes with an NVIDIA device file open that are
     on no process list of ``snapshot``, and holders no signal can end (zombies, uninterruptible sleep). Empty when
-    the scan finds nothing to say. ``budget_s``: how long the ``/proc/*/fd`` scan may take (``None``: to the end);
-    what it leaves unread is said in a line. ``scan=False``: only the listed processes' states are read (no scan of
-    every process's files)."""
-    import time
-
+    the scan finds nothing to say. ``budget_s``: how long the ``/proc/*/fd`` scan may take (``None``: to the end),
+    and reading what it found as long again; what is left unread (processes not scanned, a ``/proc`` read that
+    blocks) is said in a line. ``scan=False``: only the listed processes' states are read (no scan of every
+    process's files)."""
+    foreign = procfs.foreign_numbering()
+    if foreign is not None:  # every line would describe another process than the PID it names (find_holders)
+        return [f"the processes that hold the GPUs cannot be described here: {foreign}"]
     listed = {p.pid for d in (snapshot.devices if snapshot is not None else ()) for p in (d.processes or ())}
     lines: list[str] = []
     deadline = None if budget_s is None else time.monotonic_ns() + round(budget_s * 1e9)
-    fds = (devfiles.scan(device_files, deadline_ns=deadline) if scan else
-           devfiles.FdScan({}, (), devfiles.device_rule(device_files), {}))
-    pids = sorted(set(fds.holders) | listed)
-    me = (os.getpid(), procfs.ancestors())  # once, not per process
-    for pid in pids:
-        h = describe_process(pid, found_by=frozenset(), device_files=fds.holders.get(pid), me=me)
-        if h.start_ticks is None:
-            continue
-        who = f"pid {pid} ({printable(h.name) if h.name else 'name unknown'})"
-        if h.state == "zombie":
-            parent = h.ancestry[0] if h.ancestry else None
-            lines.append(f"{who} is a zombie: it has exited but its parent (pid {parent}) has not reaped it; no "
-                         "signal frees what it still holds")
-        elif h.state == "uninterruptible":
-            lines.append(f"{who} is in uninterruptible sleep (D): no signal takes effect until its kernel call "
-                         "returns (a driver operation may be stuck)")
-        elif pid not in listed and snapshot is not None:
-            files = ", ".join(h.device_files or ())
-            lines.append(f"{who} has {files} open but is on no GPU process list (a process of another PID "
-                         "namespace's numbering, or one the driver does not list)")
-    if fds.unreadable and snapshot is not None:
-        lines.append(f"{len(fds.unreadable)} processes' open files could not be read (not permitted): run as root "
-                     "to see every holder")
-    if fds.unscanned:
-        lines.append(f"{fds.unscanned} processes were not scanned for NVIDIA device files: the scan is bounded to "
-                     f"{budget_s:g} s after the timeout (run `nvmlcheck holders` to see every holder)")
+
+    def work(progress: _Progress) -> tuple[Holder, ...]:
+        fds = (devfiles.scan(device_files, deadline_ns=deadline, progress=progress.scanning) if scan else
+               devfiles.FdScan({}, (), devfiles.device_rule(device_files), {}))
+        pids = sorted(set(fds.holders) | listed)
+        me = (os.getpid(), procfs.ancestors())  # once, not per process
+        for done, pid in enumerate(pids):
+            progress.describing(pid, done, len(pids))
+            line = _unseen_line(describe_process(pid, found_by=frozenset(), device_files=fds.holders.get(pid),
+                                                 me=me), listed, snapshot is not None)
+            if line is not None:
+                lines.append(line)
+        if fds.unreadable and snapshot is not None:
+            lines.append(f"{len(fds.unreadable)} processes' open files could not be read (not permitted): run as "
+                         "root to see every holder")
+        if fds.unscanned:
+            lines.append(f"{fds.unscanned} processes were not scanned for NVIDIA device files: the scan is bounded "
+                         f"to {budget_s:g} s after the timeout (run `nvmlcheck holders` to see every holder)")
+        return ()
+
+    try:
+        # Bounded as a holders reading is: a read that blocks (the command line of a process stuck in the driver,
+        # the very holder a D-state line is about) must not hold a timed-out wait's report for good.
+        # The scan stops itself at the budget; describing what it found (microseconds each) gets as long again
+        # (at least EXPLAIN_BUDGET_S: a budget of 0 stops the scan, not the reading of the processes listed).
+        _bounded(work, deadline_ns=None if deadline is None else deadline + round(max(budget_s or 0, EXPLAIN_BUDGET_S)
+                                                                                  * 1e9),
+                 clock=time.monotonic_ns, timeout_s=budget_s or math.inf)
+    except HoldersIncomplete as exc:
+        return [*lines, f"the /proc reading that explains it was cut ({exc.reason}): it is bounded to {budget_s:g} s "
+                "after the timeout (run `nvmlcheck holders` to see every holder)"]
     return lines
+
+
+def _unseen_line(h: Holder, listed: Collection[int], judged: bool) -> str | None:
+    """What :func:`explain_unseen_holders` says of ``h`` (``None``: nothing). ``judged``: a snapshot's lists were
+    given (a holder on none of them is said)."""
+    if h.start_ticks is None:
+        return None
+    who = f"pid {h.pid} ({printable(h.name) if h.name else 'name unknown'})"
+    if h.state == "zombie":
+        parent = h.ancestry[0] if h.ancestry else None
+        return (f"{who} is a zombie: it has exited but its parent (pid {parent}) has not reaped it; no signal frees "
+                "what it still holds")
+    if h.state == "uninterruptible":
+        return (f"{who} is in uninterruptible sleep (D): no signal takes effect until its kernel call returns (a "
+                "driver operation may be stuck)")
+    if h.pid not in listed and judged:
+        files = ", ".join(h.device_files or ())
+        return (f"{who} has {files} open but is on no GPU process list (a process of another PID namespace's "
+                "numbering, or one the driver does not list)")
+    return None
 
 
 def memory_held_unseen(snapshot: Snapshot | None, *, limit_bytes: int = DEFAULT_MAX_USED_BYTES) -> bool:

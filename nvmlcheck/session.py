@@ -858,28 +858,32 @@ class Session:
         alone: the processes that run in it, each :class:`~nvmlcheck.holders.GpuUse` named by the instance's UUID;
         one the parent lists that may run in it (no instance id) makes its holders unknown, an error. See
         :mod:`nvmlcheck.holders`. ``timeout``: seconds the whole reading may take (the selection, the process lists,
-        the ``/proc`` scan; ``None``: no bound; ``0``: one complete reading); when it passes first,
-        :class:`~nvmlcheck.HoldersIncomplete` (a ``TimeoutError``): what holds the GPUs is unknown, never
+        the ``/proc`` scan; ``None``: no bound; ``0``: one complete reading, a ``/proc`` read that does not return
+        in :data:`~nvmlcheck.holders.HUNG_READ_S` ending it); when it passes first, or a ``/proc`` read blocks past
+        it, :class:`~nvmlcheck.HoldersIncomplete` (a ``TimeoutError``): what holds the GPUs is unknown, never
         "nothing"."""
-        from ._deadline import read_by
+        from ._deadline import hung_after, read_by
         from .errors import DeadlinePassed
-        from .holders import HoldersIncomplete, _cut, _find_holders, _time_limit
+        from .holders import HoldersIncomplete, _cut, _find_holders, _one_complete, _time_limit
 
         self._check_open()
         devices = _once(devices)  # read twice (resolved, then its MIG instances): a generator reads once
         clock = time.monotonic_ns
         deadline_ns = _time_limit(timeout, clock)
         timeout_s = math.inf if timeout is None else float(timeout)
-        try:
-            indices = self._resolve(devices, deadline_ns, clock)
-        except DeadlinePassed:
-            raise HoldersIncomplete(timeout_s, _cut(timeout, "the GPUs named by the selection")) from None
-        read = read_by(self._backend, indices, Fields.PROCESSES, deadline_ns, clock)
-        if read is None:
-            raise HoldersIncomplete(timeout_s, _cut(timeout, "the GPUs' process lists"))
-        snap = read
-        snap.raise_for_failures()
-        snap = self._instances_selected(snap, devices, deadline_ns, clock)
+        # timeout=0 (one complete reading) has no deadline; a call hung in it still ends the command line as a
+        # wait's one check would (1 s on): its watchdog, if one is installed. The /proc part bounds itself.
+        with hung_after(clock() if _one_complete(timeout) else None):
+            try:
+                indices = self._resolve(devices, deadline_ns, clock)
+            except DeadlinePassed:
+                raise HoldersIncomplete(timeout_s, _cut(timeout, "the GPUs named by the selection")) from None
+            read = read_by(self._backend, indices, Fields.PROCESSES, deadline_ns, clock)
+            if read is None:
+                raise HoldersIncomplete(timeout_s, _cut(timeout, "the GPUs' process lists"))
+            snap = read
+            snap.raise_for_failures()
+            snap = self._instances_selected(snap, devices, deadline_ns, clock)
         for d in snap.devices:
             for kind in ("compute", "graphics", "mps"):
                 if getattr(d, f"{kind}_processes") is None:

@@ -30,6 +30,7 @@ __all__ = [
     "FdScan",
     "device_file_patterns",
     "device_rule",
+    "kinds_of",
     "nvidia_majors",
     "open_device_files",
     "scan",
@@ -219,6 +220,12 @@ def open_device_files(pid: int, rule: DeviceRule | Sequence[str] | str | None = 
     return None if found is None else tuple(sorted(found))
 
 
+def kinds_of(pid: int, rule: DeviceRule, proc: str = "/proc") -> dict[str, str] | None:
+    """The NVIDIA device files ``pid`` has open, each with its kind (``"gpu"``, ``"other"``: :meth:`DeviceRule.kind`),
+    or ``None`` when its descriptors cannot be read (gone, or not permitted)."""
+    return _fds(pid, rule, proc)
+
+
 def _fd_dir(pid: int | str, proc: str) -> tuple[str, list[str]] | None:
     """The directory of ``pid``'s open descriptors and their names (``None``: unreadable). A process whose main
     thread exited (``pthread_exit``) while others run lists none under ``/proc/PID/fd``: the table is read through
@@ -277,10 +284,13 @@ class FdScan(NamedTuple):
 
 
 def scan(rule: DeviceRule | Sequence[str] | str | None = None, proc: str = "/proc", *,
-         deadline_ns: int | None = None, clock: Callable[[], int] = time.monotonic_ns) -> FdScan:
+         deadline_ns: int | None = None, clock: Callable[[], int] = time.monotonic_ns,
+         progress: Callable[[str, int, int], object] | None = None) -> FdScan:
     """Every process of this PID namespace with an NVIDIA device file open (``rule``: a :class:`DeviceRule`, or
     stand-in globs for :func:`device_rule`). With ``deadline_ns`` (on ``clock``), the scan stops there and counts
-    the processes it did not read (``unscanned``): a host with many descriptors takes seconds to read whole."""
+    the processes it did not read (``unscanned``): a host with many descriptors takes seconds to read whole.
+    ``progress(pid, done, total)`` is called before each process is read (a reader in another thread, bounding a
+    read that blocks, tells from it where the scan is: ``holders._bounded``)."""
     rule = _rule(rule)
     holders: dict[int, tuple[str, ...]] = {}
     gpu_files: dict[int, tuple[str, ...]] = {}
@@ -289,6 +299,8 @@ def scan(rule: DeviceRule | Sequence[str] | str | None = None, proc: str = "/pro
     for done, name in enumerate(pids):
         if deadline_ns is not None and clock() >= deadline_ns:
             return FdScan(holders, tuple(sorted(unreadable)), rule, gpu_files, len(pids) - done)
+        if progress is not None:
+            progress(name, done, len(pids))
         files = _fds(name, rule, proc)
         if files is None:
             if os.path.exists(f"{proc}/{name}"):

@@ -72,13 +72,23 @@ class Exclusion:
         return bool(self.pids or self.patterns)
 
     def why(self, pid: int) -> str | None:
-        """``"excluded (--exclude WORD)"`` when ``pid`` or its command line is excluded, else ``None``."""
+        """``"excluded (--exclude WORD)"`` when ``pid`` or its command line is excluded, else ``None``. A process
+        whose command line cannot be read while it is there (empty: its main thread exited while others run, as
+        ``pthread_exit`` leaves it; not permitted) cannot be proven to be outside a pattern: it is left alone too,
+        with why (it used to be signalled, an excluded agent among them). One that is gone is not excluded (its
+        pin finds it gone)."""
         if pid in self.pids:
             return f"excluded (--exclude {pid})"
         if self.patterns:
             line = command_line(pid)
+            if line is None:
+                if procfs.read_stat(pid) is None:
+                    return None
+                words = " ".join(f"--exclude {word!r}" for word, _ in self.patterns)
+                return (f"its command line cannot be read (empty: its main thread exited, or not "
+                        f"permitted), so {words} cannot be checked against it (exclude by PID instead)")
             for word, matcher in self.patterns:
-                if line is not None and matcher.search(line) is not None:
+                if matcher.search(line) is not None:
                     return f"excluded (--exclude {word!r})"
         return None
 

@@ -471,13 +471,8 @@ class TargetSet:
                 if self._left_out(pid):
                     self.excluded.add(pid)  # not followed either: what it starts is its own
                     continue
-                try:
-                    pinned = Pinned.open(pid, mode=self.pin_mode(pid), expect_start_ticks=st.start_ticks)
-                except (ProcessLookupError, PermissionError):
-                    continue
-                st2 = pinned.stat()
-                if st2 is not None and st2.ppid != ppid:
-                    pinned.close()  # reparented: its parent exited meanwhile; not provably ours any more
+                pinned = self._pin_descendant(pid, ppid, origin, st.start_ticks)
+                if pinned is None:
                     continue
                 child = Target(pinned, "descendant", origin)
                 self.items.append(child)
@@ -492,6 +487,25 @@ class TargetSet:
                         self._send(child, signals.SIGKILL, now)
                     else:
                         self._resume_if_stopped(child)
+
+    def _pin_descendant(self, pid: int, ppid: int, origin: int, ticks: int) -> Pinned | None:
+        """The pin of descendant ``pid`` (child of ``ppid``, started at ``ticks``), or ``None``: gone, reparented
+        (its parent exited meanwhile: not provably ours any more), or not ours to signal (another user's, a setuid
+        helper: listed in :attr:`left_alone`, not dropped without a word, as a descendant that holds the GPU would
+        leave the kill timing out with no reason given)."""
+        try:
+            pinned = Pinned.open(pid, mode=self.pin_mode(pid), expect_start_ticks=ticks)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            if all(p != pid for p, _ in self.left_alone):
+                self.left_alone.append((pid, f"a descendant of pid {origin}: {EPERM}"))
+            return None
+        st2 = pinned.stat()
+        if st2 is not None and st2.ppid != ppid:
+            pinned.close()
+            return None
+        return pinned
 
     def alive(self) -> Iterator[Target]:
         """The targets that have not exited."""
@@ -543,8 +557,9 @@ def prepare(pids: Iterable[int] = (), *, tree: bool = False, holders: Iterable[H
     for pid in pids:
         why = refusal(pid, limit, me, lineage)
         kept = None if why is not None or exclude is None else exclude(pid)
-        if kept is not None:
-            why = f"it is named and {kept}: name it or exclude it, not both"
+        if kept is not None:  # excluded, or an exclusion that cannot be checked against it (selectors.Exclusion)
+            why = (f"it is named and {kept}: name it or exclude it, not both" if kept.startswith("excluded") else
+                   f"it is named, but {kept}")
         if why is not None:
             raise Refused(pid, why)
         if pid not in chosen:

@@ -10,6 +10,7 @@ GPUs show (``--all-holders``, ``--all-on-gpu``), or the judgement needs the GPUs
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 
@@ -150,19 +151,24 @@ def prepare_targets(args: argparse.Namespace, holders: Any = (),
             raise DryRun
         return None
     exclusion = _exclusion(args) if args.exclude else None  # imports the selectors only when asked to
-    try:
-        found = prepare(args.pids, tree=args.tree, holders=holders, missing_ok=args.missing_ok, found=chosen,
-                        exclude=exclusion.why if exclusion else None)
-    except Refused as exc:
-        from ..kill import _public
+    # An --exclude pattern reads each target's command line (the plan too): a read that never returns (the
+    # memory-map lock of a process stuck in the driver) is watched as the selectors' scan is, not waited for.
+    with _common.proc_reading_bound(args) if exclusion is not None and exclusion.patterns else \
+            contextlib.nullcontext():
+        try:
+            found = prepare(args.pids, tree=args.tree, holders=holders, missing_ok=args.missing_ok, found=chosen,
+                            exclude=exclusion.why if exclusion else None)
+        except Refused as exc:
+            from ..kill import _public
 
-        raise _public(exc) from None
+            raise _public(exc) from None
     found.left_alone[:0] = skipped
     try:
         if _selectors(args) or args.dry_run:
-            if args.tree:
-                found.scan_descendants()  # shown as they will be signalled (send_first scans again for late ones)
-            _show_plan(found, sig, args)  # --json too: what is confirmed is seen (stderr)
+            with _common.proc_reading_bound(args):
+                if args.tree:
+                    found.scan_descendants()  # shown as they will be signalled (send_first scans again for late ones)
+                _show_plan(found, sig, args)  # --json too: what is confirmed is seen (stderr)
         if args.dry_run:
             _print_dry_run(found, sig, args, left_out=left_out, holders=holders, selection=selection)
             verdict_printed(EXIT_CLEAN)
@@ -247,6 +253,8 @@ def _show_plan(found: TargetSet, sig: int, args: argparse.Namespace) -> None:
     if grace_s is not None and args.timeout is not None and grace_s > args.timeout:
         # The kill ends at its timeout, and the grace period's SIGKILL with it: say so, not a SIGKILL never sent.
         escalation = f"no SIGKILL: --timeout {args.timeout:g} s ends the kill before --grace {grace}"
+    if sig == signals.SIGKILL:  # nothing to escalate to: "SIGKILL after 5 s" promised a second one never sent
+        escalation = "no grace period: SIGKILL cannot be caught"
     print(f"plan: {signals.name(sig)} to {len(found.items)} process{'es' if len(found.items) != 1 else ''} "
           f"({escalation}):", file=sys.stderr)
     for e in _plan_entries(found, sig):
@@ -369,9 +377,12 @@ def _plan_with_nvml(args: argparse.Namespace, gpus: Session) -> tuple[KillPlan |
     selection = None
     if args.all_holders or args.all_on_gpu:
         try:
-            # Both watched: an NVML call that never returns (the NVML backend's watchdog), and a /proc read that never
-            # returns (a holder's command line, under the memory-map lock of a process stuck in the driver).
-            with _reading_bound(args), _common.proc_reading_bound(args):
+            # The reading bounds its /proc part itself (a read that never returns, as a holder's command line under
+            # the memory-map lock of a process stuck in the driver, is left behind at the deadline; with --timeout 0
+            # once it has not returned in 1 s) and, with --timeout 0, its NVML calls by the GPU watchdog from its
+            # start. A watchdog over the whole ended a slow scan that moved on 1 s after it began (--timeout 0), and
+            # the two there were (GPU and /proc) fired together: two error reports.
+            with _reading_bound(args) if args.timeout != 0 else contextlib.nullcontext():
                 # What the selection left of --timeout: used up, a bound still (HoldersIncomplete), never 0.
                 left = None if deadline_ns is None else left_s(args.timeout, (time.monotonic_ns() - began) / 1e9)
                 selection = select_kill_holders(gpus, args.devices, all_holders=args.all_holders, timeout=left)
@@ -380,7 +391,8 @@ def _plan_with_nvml(args: argparse.Namespace, gpus: Session) -> tuple[KillPlan |
                                     exc.unscanned) from None
         if selection.refused is not None:
             raise UsageError(f"refusing --all-on-gpu: {selection.refused}; nothing was signalled")
-        selection = _less_excluded(selection, _exclusion(args))
+        with _common.proc_reading_bound(args):  # an --exclude pattern reads each holder's command line again
+            selection = _less_excluded(selection, _exclusion(args))
         _show_selection(selection)
         if not selection.targets and not args.pids:
             print("nothing to kill on the selected GPUs", file=sys.stderr)
@@ -410,8 +422,11 @@ def _less_excluded(selection: KillSelection, exclusion: Exclusion) -> KillSelect
         return selection
     import dataclasses
 
-    kept = [h for h in selection.targets if exclusion.why(h.pid) is None]
-    excluded = [(h, why) for h in selection.targets if (why := exclusion.why(h.pid)) is not None]
+    # One reading of each command line: two could disagree (a process that rewrites its own), and a holder be
+    # both signalled and listed as excluded.
+    whys = [(h, exclusion.why(h.pid)) for h in selection.targets]
+    kept = [h for h, why in whys if why is None]
+    excluded = [(h, why) for h, why in whys if why is not None]
     return dataclasses.replace(selection, targets=tuple(kept), skipped=(*selection.skipped, *excluded))
 
 
@@ -724,6 +739,9 @@ def _print_timeout(args: argparse.Namespace, exc: KillTimeout, plan: KillPlan,
         if t.discarded:
             print(f"pid {t.pid} ({safe(t.name)}): {_fate_words(t.discarded, [s.name for s in t.signals])}",
                   file=sys.stderr)
+    for pid, why in plan.left_alone:
+        if why.startswith("a descendant of"):  # found by --tree during the kill, and not ours to signal
+            print(f"pid {pid}: not signalled: {safe(why)}", file=sys.stderr)
     _print_aside(plan, sys.stderr)
     print(safe_lines(exc), file=sys.stderr)
     if exc.tree_hint:
@@ -736,9 +754,11 @@ def cmd_holders(args: argparse.Namespace) -> int:
         from ._hosts import run_hosts
 
         return run_hosts(args)
-    # A /proc scan of a host with many processes, or a read that hangs (watched), must not hold the command for
-    # good: a reading cut by --timeout is HoldersIncomplete (exit 3), never "no process holds".
-    with open_session(args) as gpus, _common.proc_reading_bound(args):
+    # A /proc scan of a host with many processes, or a read that hangs, must not hold the command for good: the
+    # reading bounds itself (--timeout; with --timeout 0, one read that does not return in 1 s) and a reading cut
+    # is HoldersIncomplete (exit 3), never "no process holds". No watchdog over the whole: with --timeout 0 it cut
+    # a slow scan that was moving on 1 s after it began, as a hung read.
+    with open_session(args) as gpus:
         holders = gpus.holders(args.devices, timeout=args.timeout)
         verdict(EXIT_CLEAN, answer_is_output=True)
         if args.json:

@@ -218,8 +218,10 @@ def test_all_holders_with_nothing_to_kill_is_a_kill_document_of_a_plain_wait(
     assert (doc["schema"], doc["clean"], doc["pids"]) == ("nvmlcheck/kill", True, [])
     busy = Scenario.h200()
     busy.add_process(0, 4_100_001, used_bytes=GIB)  # not a process here: left alone, and the GPU stays busy
+    # --timeout bounds the holders reading too: 0.2 s raced the /proc scan on a loaded host (cut: exit 3); with 2 s
+    # the reading completes and the wait times out.
     code, out, err = run(capsys, "--simulate", str(busy.write(tmp_path / "busy.txt")), "--json", "kill",
-                         "--all-holders", "--yes", "--timeout", "0.2")
+                         "--all-holders", "--yes", "--timeout", "2")
     doc = json.loads(out)
     assert code == 1 and doc["schema"] == "nvmlcheck/kill" and doc["clean"] is False
     assert [h["pid"] for h in doc["left_alone"]] == [4_100_001]

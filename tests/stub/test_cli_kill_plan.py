@@ -261,4 +261,7 @@ def test_a_grace_longer_than_the_timeout_is_no_sigkill_in_the_plan(
     assert "(no SIGKILL: --timeout 2 s ends the kill before --grace 5 s)" in err and "SIGKILL after" not in err
     code, _, err = run(capsys, "--simulate", sc, "kill", "--match", word, "--dry-run", "--timeout", "5")
     assert code == 0 and "(SIGKILL after 5 s to what is left)" in err
+    # SIGKILL first has nothing to escalate to: the plan promised a second SIGKILL after the grace period.
+    code, _, err = run(capsys, "--simulate", sc, "kill", "--match", word, "--dry-run", "--signal", "KILL")
+    assert code == 0 and "plan: SIGKILL to 1 process (no grace period: SIGKILL cannot be caught)" in err, err
     assert alive(p.pid)

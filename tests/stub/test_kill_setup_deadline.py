@@ -2,10 +2,13 @@
 ``only_targets``' baseline) is bounded by the call's deadline. Before, ``session.resolve`` ran unbounded: a slow or
 hung GPU (or nvidia-smi) held the call past its timeout, and the signal went out after it. A cut reading ends the
 call with a :class:`~nvmlcheck.KillTimeout` that says nothing was signalled, and nothing is. Time is a StepClock:
-how far a reading gets before the deadline depends on the code path alone."""
+how far a reading gets before the deadline depends on the code path alone. Whether a slow reading after the signal
+holds back the grace period's SIGKILL is told by counting the stub's calls made before the SIGKILL (each sleeps in
+the stub), never by the time it went out."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -100,31 +103,56 @@ def _slow_identities(devices: int, delay_ms: int = 300) -> Scenario:
     return sc
 
 
+@pytest.fixture
+def calls_at_sigkill(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], list[int]]:
+    """``watch(fn)``: the list of how many calls to ``fn`` the stub (in this process) had begun when each SIGKILL
+    escalation went out, counted from now. A slow reading that held the SIGKILL back shows as every one of its
+    calls made first; one cut at the grace period's end, as the few that began before it (each sleeps in the
+    stub: load makes none of them sooner). Counted calls, not a duration: the assertion cannot flip under load."""
+    from nvmlcheck._proc.targets import TargetSet
+    from nvmlcheck.testing import StubProbe, build_stub
+
+    real = TargetSet.escalate
+    seen: list[int] = []
+    watched: list[tuple[str, int]] = []
+
+    def escalate(self: TargetSet, sig: int = signal.SIGKILL) -> tuple[int, ...]:
+        if sig == signal.SIGKILL and watched:
+            fn, before = watched[0]
+            seen.append(StubProbe(build_stub()).call_count(fn) - before)
+        return real(self, sig)
+
+    monkeypatch.setattr(TargetSet, "escalate", escalate)
+
+    def watch(fn: str) -> list[int]:
+        watched.append((fn, StubProbe(build_stub()).call_count(fn)))
+        return seen
+
+    return watch
+
+
 def test_a_slow_selection_after_the_signal_does_not_hold_back_the_sigkill(
     gpus: Callable[[Scenario], nc.Session], python_child: Callable[..., subprocess.Popen[bytes]],
+    calls_at_sigkill: Callable[[str], list[int]],
 ) -> None:
-    import signal
-
     child = python_child(SURVIVES_TERM)
     with gpus(_slow_identities(8)) as session:
         plan = nc.prepare_kill([child.pid])
         plan.send_first(signal.SIGTERM)
-        # The selection takes 2.4 s to read (sleeps in the stub, whatever the load); the grace period is 0.3 s.
-        # Before, the SIGKILL waited for the first poll, after the whole reading.
+        reads = calls_at_sigkill("nvmlDeviceGetUUID")
+        # The selection takes eight 0.3 s identity reads (sleeps in the stub); the grace period is 0.3 s. Before,
+        # the SIGKILL waited for the first poll, after the whole reading.
         result = plan.wait(session, devices="GPU-00000000-0000-0000-0000-000000000003", grace_s=0.3, timeout=60,
                            predicate=nc.always())
         (record,) = result.pids
         assert [s.name for s in record.signals] == ["SIGTERM", "SIGKILL"]
-        first_poll_ns = result.wait.started_ns - result.started_ns
-        assert record.killed_ns is not None and record.killed_ns < first_poll_ns
+        assert len(reads) == 1 and reads[0] < 8, reads  # sent with the selection's identities still unread
     assert child.wait(10) == -9
 
 
 def test_a_selection_cut_by_the_deadline_still_gets_the_grace_periods_sigkill(
     gpus: Callable[[Scenario], nc.Session], python_child: Callable[..., subprocess.Popen[bytes]],
 ) -> None:
-    import signal
-
     child = python_child(SURVIVES_TERM)
     with gpus(_slow_identities(8)) as session:
         plan = nc.prepare_kill([child.pid])
@@ -140,7 +168,7 @@ def test_a_selection_cut_by_the_deadline_still_gets_the_grace_periods_sigkill(
 
 def test_the_command_lines_check_after_the_signal_does_not_hold_back_the_sigkill(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], python_child: Callable[..., subprocess.Popen[bytes]],
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, calls_at_sigkill: Callable[[str], list[int]],
 ) -> None:
     import json
 
@@ -149,10 +177,11 @@ def test_the_command_lines_check_after_the_signal_does_not_hold_back_the_sigkill
 
     child = python_child(SURVIVES_TERM)
     # The stub as the host's libnvidia-ml (not --simulate): named PIDs are signalled before NVML opens, and the
-    # selection's existence is checked after, reading 4 s of identities (sleeps in the stub), the timeout 3 s.
-    # Before, the SIGKILL of the 0.3 s grace period waited for that reading: sent at 4 s, past the timeout.
+    # selection's existence is checked after, reading eight identities of 0.5 s each (4 s), the timeout 3 s.
+    # Before, the SIGKILL of the 0.3 s grace period waited for that reading: sent after all eight, past the timeout.
     monkeypatch.setenv("NVMLCHECK_LIBNVML", str(build_stub()))
     monkeypatch.setenv("NVMLCHECK_STUB_SCENARIO", str(_slow_identities(8, 500).write(tmp_path / "s.txt")))
+    reads = calls_at_sigkill("nvmlDeviceGetUUID")
     code = cli.main(["--json", "kill", "--devices", "GPU-00000000-0000-0000-0000-000000000003", "--grace", "0.3",
                      "--timeout", "3", str(child.pid)])
     out, err = capsys.readouterr()
@@ -160,13 +189,13 @@ def test_the_command_lines_check_after_the_signal_does_not_hold_back_the_sigkill
     assert code == 1, (out, err)
     (record,) = doc["pids"]
     assert [s["signal"] for s in record["signals"]] == ["SIGTERM", "SIGKILL"]
-    assert record["killed_ns"] < 3_000_000_000
+    assert len(reads) == 1 and reads[0] < 8, reads  # sent with the identities still unread: the reading was cut
     assert child.wait(10) == -9
 
 
 def test_the_event_listeners_registration_does_not_hold_back_the_sigkill(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], python_child: Callable[..., subprocess.Popen[bytes]],
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, calls_at_sigkill: Callable[[str], list[int]],
 ) -> None:
     import json
 
@@ -178,13 +207,14 @@ def test_the_event_listeners_registration_does_not_hold_back_the_sigkill(
     sc.fault("nvmlDeviceRegisterEvents", delay_ms=500)  # --events registers every GPU: 4 s (sleeps in the stub)
     monkeypatch.setenv("NVMLCHECK_LIBNVML", str(build_stub()))
     monkeypatch.setenv("NVMLCHECK_STUB_SCENARIO", str(sc.write(tmp_path / "s.txt")))
+    registrations = calls_at_sigkill("nvmlDeviceRegisterEvents")
     # Before, the registration ran to --timeout from after the signal, and the 0.3 s grace period's SIGKILL waited
-    # for it: sent past the timeout.
+    # for it: sent after all eight registrations, past the timeout.
     code = cli.main(["--json", "kill", "--events", "--grace", "0.3", "--timeout", "3", str(child.pid)])
     out, err = capsys.readouterr()
     doc = json.loads(out)
     assert code == 0, (out, err)  # the target exited and the GPUs are clean
     (record,) = doc["pids"]
     assert [s["signal"] for s in record["signals"]] == ["SIGTERM", "SIGKILL"]
-    assert record["killed_ns"] < 3_000_000_000
+    assert len(registrations) == 1 and registrations[0] < 8, registrations  # the registration was cut for it
     assert child.wait(10) == -9
