@@ -667,6 +667,7 @@ def _wait_only(args: argparse.Namespace, gpus: Session, predicate: Any, selectio
     """``--all-*`` found nothing to signal: wait for the GPUs as ``wait`` would, and say so as a kill would."""
     from ..errors import WaitTimeout
     from ..jsonout import nothing_to_kill_document, nothing_to_kill_timeout_document
+    from ._wait import print_gaps
 
     kill_fields = {"signal_name": args.signal, "tree": args.tree, "selection": selection}
     try:
@@ -686,16 +687,20 @@ def _wait_only(args: argparse.Namespace, gpus: Session, predicate: Any, selectio
         print_json(nothing_to_kill_document(result, **kill_fields))
     else:
         print(f"clean: nothing to kill, GPUs clean after {result.clean_ns / 1e6:.1f} ms")
+    print_gaps(result)
     verdict_printed(EXIT_CLEAN)
     return EXIT_CLEAN
 
 
 def _print_result(args: argparse.Namespace, result: KillResult, plan: KillPlan,
                   selection: KillSelection | None) -> None:
+    from ._wait import print_gaps
+
     if args.json:
         from ..jsonout import kill_document
 
         print_json(kill_document(result, plan, selection))
+        print_gaps(result.wait)  # on stderr, with --json too, as wait says them
         return
 
     def ms(v: int | None) -> str:
@@ -713,6 +718,7 @@ def _print_result(args: argparse.Namespace, result: KillResult, plan: KillPlan,
     what = "the memory they held back" if result.only_targets else "memory back"
     print(f"clean: every target exited and {what} {ms(result.clean_ns)} (confirmed {ms(result.confirmed_ns)}, "
           f"resolution {result.resolution_ns / 1e6:.2f} ms)")
+    print_gaps(result.wait)
 
 
 def _fate_words(discarded: str, signals: list[str]) -> str:

@@ -94,6 +94,12 @@ def _print_clean(args: argparse.Namespace, result: WaitResult) -> None:
             f"(confirmed at {result.elapsed_ns / 1e6:.1f} ms, {plural(result.polls, 'poll')}, "
             f"{result.poll_cost_ns / 1e3:.0f} µs per poll)"
         )
+    print_gaps(result)
+
+
+def print_gaps(result: WaitResult) -> None:
+    """A line on stderr for each time the event listener did not listen during a wait that ended clean (``wait``,
+    and ``kill``'s wait)."""
     for gap in result.listening_gaps or ():
         # The listener recovered, stalled, dropped a GPU or had not registered during the wait: a fatal XID then
         # went unheard. A GPU never registered was said when the listener started (--events' notice).

@@ -118,7 +118,8 @@ def left_alone_json(selection: KillSelection | None, plan: KillPlan | None = Non
 def kill_document(result: KillResult, plan: KillPlan, selection: KillSelection | None) -> dict[str, Any]:
     """The ``nvmlcheck/kill`` document of a kill that ended clean (``selection``: what ``--all-*`` chose)."""
     return document("kill", **result.to_json(), left_alone=left_alone_json(selection, plan),
-                    vanished=list(plan.vanished), holders=[], snapshot=snapshot_json(result.snapshot))
+                    vanished=list(plan.vanished), holders=[], snapshot=snapshot_json(result.snapshot),
+                    listening_gaps=gaps_json(result.wait.listening_gaps))
 
 
 def kill_timeout_document(exc: KillTimeout, plan: KillPlan, selection: KillSelection | None) -> dict[str, Any]:
@@ -162,7 +163,8 @@ def nothing_to_kill_document(
     return document("kill", clean=True, signal=signal_name, tree=tree, pids=[], clean_ns=result.clean_ns,
                     confirmed_ns=result.confirmed_ns, resolution_ns=max(result.interval_ns, result.poll_cost_ns),
                     missing=[], judged="gpus", not_ours=[], left_alone=left_alone_json(selection), vanished=[],
-                    holders=[], snapshot=snapshot_json(result.snapshot))
+                    holders=[], snapshot=snapshot_json(result.snapshot),
+                    listening_gaps=gaps_json(result.listening_gaps))
 
 
 def nothing_to_kill_timeout_document(

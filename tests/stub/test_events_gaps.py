@@ -11,7 +11,9 @@ import threading
 import time
 from argparse import Namespace
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -150,3 +152,34 @@ def test_ready_through_a_recovery_says_so_in_its_notes_and_document(scenario_pat
     assert any(n.startswith("events: events not listened to on GPU 0") for n in report.notes)
     doc = ready_document(report, exit_code=0)
     assert [g["cause"] for g in doc["listening_gaps"]] == ["recovering"]
+
+
+def test_kill_documents_and_lines_carry_the_wait_s_gaps(capsys: pytest.CaptureFixture[str],
+                                                        scenario_path: Path) -> None:
+    """A kill's wait (and ``--all-*``'s wait with nothing to signal) says its listening gaps as ``wait`` does: the
+    ``nvmlcheck/kill`` document's ``listening_gaps`` and a line on stderr. Both said nothing of them before."""
+    from types import SimpleNamespace
+
+    from nvmlcheck.cli._kill import _print_result
+    from nvmlcheck.jsonout import kill_document, nothing_to_kill_document
+    from nvmlcheck.kill import KillResult
+
+    Scenario.h200(1).write(scenario_path)
+    with nc.open("nvml", library_path=str(build_stub())) as gpus:
+        source = _Scripted()
+        listener = _listening(gpus, source)
+        try:
+            result = gpus.wait_until_clean(timeout=60.0, stable_polls=2,
+                                           on_poll=_recovery_on_first_poll(source, listener))
+        finally:
+            listener.stop()
+    doc = nothing_to_kill_document(result, signal_name="SIGTERM", tree=False, selection=None)
+    assert [(g["cause"], g["gpus"]) for g in doc["listening_gaps"]] == [("recovering", [0])]
+    killed = KillResult("SIGTERM", 0, (), result.clean_ns, result.confirmed_ns, result.interval_ns, result)
+    plan: Any = SimpleNamespace(left_alone=(), vanished=(), aside=())
+    assert [g["cause"] for g in kill_document(killed, plan, None)["listening_gaps"]] == ["recovering"]
+    assert kill_document(replace(killed, wait=replace(result, listening_gaps=None)), plan,
+                         None)["listening_gaps"] is None
+    capsys.readouterr()
+    _print_result(Namespace(json=True), killed, plan, None)
+    assert "nvmlcheck: events: events not listened to on GPU 0 for " in capsys.readouterr().err
