@@ -19,9 +19,8 @@ it on that GPU (nvidia-smi makes one per GPU), so ``after=1 count=2`` lets one r
 The counts (and the calls of ``at call=N``) are kept across runs in ``<scenario>.fake-smi-counts`` beside the
 scenario (under a lock: runs may overlap) and restart when the scenario file is written again (its ``at ms=`` clock
 restarts then too), as the stub's restart with every load. Faults on other calls are ignored: the older calls a
-driver-580 nvidia-smi does not make, those on a MIG device's handle, the other calls of opening (the count, the
-handles, the system versions) and the events; one on ``nvmlInit_v2`` fails the run as nvidia-smi fails when NVML
-cannot start (``INIT_FAILURE``). A bound process is listed, and holds memory, exactly while
+driver-580 nvidia-smi does not make, those on a MIG device's handle, those of opening (``nvmlInit*``, the count,
+the handles, the system versions) and the events. A bound process is listed, and holds memory, exactly while
 ``/proc/<pid>`` exists and is not a zombie (``list_ms``/``release_ms`` are not
 simulated: it is gone at once). Lines are read as the stub reads them: a ``process`` line naming an existing entry
 changes only the keys it names, a ``mig`` line naming an existing MIG device replaces it, and a line the stub refuses
@@ -337,20 +336,9 @@ FAULT_FIELDS = {
     "nvmlDeviceGetApplicationsClock": "app", "nvmlDeviceGetCurrentClocksEventReasons": "reasons",
     "nvmlDeviceGetTotalEccErrors": "ecc", "nvmlDeviceGetFieldValues": "recovery",
     "nvmlDeviceGetRetiredPages_v2": "retired_pages", "nvmlDeviceGetRetiredPagesPendingStatus": "retired_pending",
-    "nvmlInit_v2": "init",  # every run's first call: it fails the run as nvidia-smi fails (INIT_FAILURE)
 }  # fmt: skip
 # Not rendered: the older calls a driver 580 nvidia-smi does not make (nvmlDeviceGetMemoryInfo, PciInfo_v2, the v1/v2
-# process lists), the calls on a MIG device's handle, the handle and count calls, the system calls.
-
-# What nvidia-smi prints, and its exit status, when nvmlInit fails with an NVML return code (others: Unknown Error,
-# 255).
-INIT_FAILURE = {
-    4: ("Failed to initialize NVML: Insufficient Permissions\n", 4),
-    9: (NO_DRIVER, 9),
-    12: ("NVIDIA-SMI couldn't find libnvidia-ml.so library in your system. Please make sure that the NVIDIA Display "
-         "Driver is properly installed and present in your system.\n", 12),
-    18: (MISMATCH, 18),
-}
+# process lists), the calls on a MIG device's handle, the handle and count calls, the init and system calls.
 # What nvidia-smi prints in place of a value for an NVML return code (3, NOT_SUPPORTED: the placeholder in use).
 FAULT_TEXT = {4: "[Insufficient Permissions]", 15: "[GPU is lost]", 16: "[GPU requires reset]"}
 
@@ -615,13 +603,6 @@ class View:
         if code is None:
             return None
         return self.placeholder if code == 3 else FAULT_TEXT.get(code, "[Unknown Error]")
-
-    def init_failure(self) -> tuple[str, int] | None:
-        """What this run prints and exits with when a fault fails its ``nvmlInit_v2``; ``None``: it answers."""
-        code = self._call(-1, "init")
-        if code is None:
-            return None
-        return INIT_FAILURE.get(code, ("Failed to initialize NVML: Unknown Error\n", 255))
 
     def _call(self, index: int, key: str) -> int | None:
         """One call of ``key``'s NVML function on GPU ``index``: every matching fault counts it; the delays of those
@@ -1194,9 +1175,6 @@ def main(argv: list[str]) -> int:
 
 def answer(view: View, opts: dict[str, Any]) -> tuple[str, int]:
     """What a run prints, and its exit status (``Usage``: a command line the real one refuses)."""
-    failed = view.init_failure()
-    if failed is not None:
-        return failed
     if opts["version"]:
         cuda = view.system["cuda"]
         return (

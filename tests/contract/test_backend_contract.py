@@ -750,16 +750,3 @@ def test_a_fault_on_a_call_the_backends_do_not_make_changes_nothing(open_backend
         snap = gpus.snapshot(fields=nc.Fields.WAIT)
     assert snap.failures == () and [d.memory is not None and d.pci_bus_id is not None for d in snap.devices] == [
         True, True]
-
-
-@pytest.mark.parametrize("code", [4, 9, 12, 15, 18, 999])
-def test_a_failing_initialisation_fails_the_opening_alike(open_backend: Opener, code: int) -> None:
-    # The fake nvidia-smi ignored a fault on nvmlInit_v2 (the stub fails its init with it): the smi backend opened and
-    # read the GPUs as fine where the NVML backend could not open.
-    sc = Scenario.h200()
-    sc.fault("nvmlInit_v2", code)
-    with pytest.raises(nc.NvmlCheckError) as err, open_backend(sc) as gpus:
-        gpus.snapshot(fields=nc.Fields.WAIT)
-    expected = {9: nc.DriverNotLoaded, 12: nc.LibraryNotFound, 18: nc.LibraryVersionMismatch}.get(code)
-    if expected is not None:  # the backend cannot be used at all: the same class from NVML's code and nvidia-smi's
-        assert type(err.value) is expected, repr(err.value)
