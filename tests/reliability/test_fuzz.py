@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 import nvmlcheck as nc
 from nvmlcheck import errors
+from nvmlcheck._sim.symbols import DEVICE_FUNCTIONS
 from nvmlcheck.testing import NVML_FUNCTIONS, PROCESS_KINDS, Scenario
 from nvmlcheck.wait import PollPolicy
 
@@ -103,7 +104,7 @@ def scenarios(draw: st.DrawFn) -> tuple[Scenario, Model]:
     for _ in range(draw(st.integers(0, 4))):
         fn = draw(st.sampled_from(POLL_PATH) | st.sampled_from(FAULTABLE))
         device = None
-        if fn.startswith("nvmlDevice") and not fn.startswith("nvmlDeviceGetCount") and draw(st.booleans()):
+        if fn in DEVICE_FUNCTIONS and draw(st.booleans()):  # (a MIG device's calls take no GPU: refused)
             device = draw(st.integers(0, n - 1))
         sc.fault(
             fn,

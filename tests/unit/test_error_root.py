@@ -36,6 +36,12 @@ INTERNAL: dict[str, str] = {
     "escapes",
     "nvmlcheck.readiness._Unhealthy": "ready's on_poll ending its own wait (the health found a cause); caught by "
     "readiness._wait, never escapes",
+    "nvmlcheck.readiness._Stuck": "ready's on_poll ending its own wait (a GPU is stuck past its bound); caught by "
+    "readiness._wait, never escapes",
+    "nvmlcheck.holders._StillStuck": "a holders worker's own, at a process an earlier worker is blocked on; turned "
+    "into HoldersIncomplete in that worker",
+    "nvmlcheck.holders._LeftBehind": "ends a holders worker its caller left behind; nobody reads it (the caller has "
+    "raised HoldersIncomplete)",
     "nvmlcheck._proc.targets.Refused": "turned into KillError by nvmlcheck.kill and the CLI",
     "nvmlcheck._proc.pin.StaleIdentity": "turned into Refused (so KillError) by _proc.targets",
     "nvmlcheck._proc.procfs.ProcUnreadable": "a /proc read that failed; turned into Refused (so KillError) by "
