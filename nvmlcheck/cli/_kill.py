@@ -10,7 +10,6 @@ GPUs show (``--all-holders``, ``--all-on-gpu``), or the judgement needs the GPUs
 
 from __future__ import annotations
 
-import contextlib
 import sys
 import time
 
@@ -153,8 +152,7 @@ def prepare_targets(args: argparse.Namespace, holders: Any = (),
     exclusion = _exclusion(args) if args.exclude else None  # imports the selectors only when asked to
     # An --exclude pattern reads each target's command line (the plan too): a read that never returns (the
     # memory-map lock of a process stuck in the driver) is watched as the selectors' scan is, not waited for.
-    with _common.proc_reading_bound(args) if exclusion is not None and exclusion.patterns else \
-            contextlib.nullcontext():
+    with _common.proc_reading_bound(args) if exclusion is not None and exclusion.patterns else _NoBound():
         try:
             found = prepare(args.pids, tree=args.tree, holders=holders, missing_ok=args.missing_ok, found=chosen,
                             exclude=exclusion.why if exclusion else None)
@@ -382,7 +380,7 @@ def _plan_with_nvml(args: argparse.Namespace, gpus: Session) -> tuple[KillPlan |
             # once it has not returned in 1 s) and, with --timeout 0, its NVML calls by the GPU watchdog from its
             # start. A watchdog over the whole ended a slow scan that moved on 1 s after it began (--timeout 0), and
             # the two there were (GPU and /proc) fired together: two error reports.
-            with _reading_bound(args) if args.timeout != 0 else contextlib.nullcontext():
+            with _reading_bound(args) if args.timeout != 0 else _NoBound():
                 # What the selection left of --timeout: used up, a bound still (HoldersIncomplete), never 0.
                 left = None if deadline_ns is None else left_s(args.timeout, (time.monotonic_ns() - began) / 1e9)
                 selection = select_kill_holders(gpus, args.devices, all_holders=args.all_holders, timeout=left)
@@ -451,6 +449,17 @@ def _start_events_by_deadline(args: argparse.Namespace, gpus: Session, plan: Kil
     deadline_ns = min(ends, default=None)
     with hung_after(deadline_ns):
         start_events(args, gpus, None if deadline_ns is None else deadline_ns / 1e9)
+
+
+class _NoBound:
+    """No watchdog: ``contextlib.nullcontext`` without importing ``contextlib`` (and the ``collections`` and
+    ``functools`` it imports) before a named kill's first signal (tests/reliability/test_cli_launch.py)."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
 
 
 def _reading_bound(args: argparse.Namespace) -> Any:
