@@ -381,11 +381,18 @@ _ANSWERS = {"wait": ("wait",), "ready": ("ready",), "snapshot": ("snapshot",), "
             "kill": ("kill", "kill-plan")}
 
 
+#: The verdict each document carries, where it has one (``True`` exactly at exit 0), and the lists its lines are read
+#: from: a document without them was not read whole (a hand-made or broken one), and never stands for a verdict.
+_VERDICT_FIELDS = {"wait": "clean", "kill": "clean", "ready": "ready"}
+_LIST_FIELDS = {"snapshot": ("devices",), "holders": ("holders",), "kill-plan": ("targets",)}
+
+
 def _unreadable_answer(command: Sequence[str], document: dict[str, Any], rc: int | None) -> str | None:
     """Why a host's document cannot stand for its verdict (``None``: it can): a schema that answers another command,
-    a version this nvmlcheck does not read (a change of meaning bumps it), or a verdict that contradicts the exit
-    status (exit 0 with ``clean``/``ready`` false, or another ``exit_code``). The exit status alone never makes a host
-    clean: a version-skewed, broken or hostile host is failed."""
+    a version this nvmlcheck does not read (a change of meaning bumps it), a verdict that contradicts the exit
+    status (``clean``/``ready`` not ``True`` at exit 0 or ``true`` at another, or another ``exit_code``), or one
+    missing (no ``clean``/``ready``, no list of ``devices``/``holders``/``targets``: not a whole answer). The exit
+    status alone never makes a host clean: a version-skewed, broken or hostile host is failed."""
     from .jsonout._values import SCHEMA_VERSION, SCHEMA_VERSIONS
 
     schema = str(document.get("schema"))
@@ -397,9 +404,18 @@ def _unreadable_answer(command: Sequence[str], document: dict[str, Any], rc: int
     if document.get("version") != known:
         return (f"its {schema} document is version {document.get('version')!r}; this nvmlcheck reads version {known} "
                 "(install the same release on both)")
-    for verdict in ("clean", "ready"):
-        if verdict in document and (document[verdict] is not True) and rc == 0:
-            return f"exit 0 with {verdict}: {document[verdict]!r} in its document: contradictory, not trusted"
+    verdict = _VERDICT_FIELDS.get(kind)
+    if verdict is not None:
+        # Read whole, the document says its verdict: True exactly at exit 0. Missing (a partial or hand-made
+        # document, a release that names it otherwise) or not a boolean, the exit status would decide alone.
+        if verdict not in document:
+            return f"exit {rc} with no {verdict!r} in its {schema} document: not a whole answer, not trusted"
+        if document[verdict] is not (rc == 0):
+            return f"exit {rc} with {verdict}: {document[verdict]!r} in its document: contradictory, not trusted"
+    for name in _LIST_FIELDS.get(kind, ()):
+        if not isinstance(document.get(name), list):
+            return (f"its {schema} document has no {name!r} list (got {type(document.get(name)).__name__}): not a "
+                    "whole answer, not trusted")
     if "exit_code" in document and document["exit_code"] != rc:
         return f"exit {rc} with exit_code {document['exit_code']!r} in its document: contradictory, not trusted"
     return None

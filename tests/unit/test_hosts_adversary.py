@@ -112,7 +112,7 @@ def test_an_exit_status_that_is_no_verdict_fails_with_a_reason(
 
 def test_a_hostile_kill_document_shows_question_marks_not_a_traceback(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    doc = {"schema": "nvmlcheck/kill", "version": 2, "clean_ns": "soon", "confirmed_ns": None,
+    doc = {"schema": "nvmlcheck/kill", "version": 2, "clean": True, "clean_ns": "soon", "confirmed_ns": None,
            "pids": [{"pid": 1, "name": "\x1b]0;owned\x07x", "signals": [{"signal": "SIGTERM", "sent_ns": "x"}],
                      "exited_ns": [1]}, "junk"],
            "left_alone": "abc", "missing": 7, "not_ours": ["\x1b[2Jforged"]}

@@ -124,6 +124,17 @@ def test_documents_are_kept_and_error_documents_are_remote_errors() -> None:
     (["wait"], 0, {"schema": "nvmlcheck/wait", "version": 1, "clean": True}, "version 1"),
     (["ready"], 0, {"schema": "nvmlcheck/ready", "version": 1, "ready": True, "exit_code": 1}, "contradictory"),
     (["ready"], 0, {"schema": "nvmlcheck/ready", "version": 1, "ready": "yes", "exit_code": 0}, "contradictory"),
+    # A document without its verdict, or without the list its lines come from, was not read whole (a hand-made or
+    # broken one): exit 0 made it clean, and a snapshot of no "devices" an "ok" host of no GPU line.
+    (["wait"], 0, {"schema": "nvmlcheck/wait", "version": 2}, "no 'clean'"),
+    (["kill"], 0, {"schema": "nvmlcheck/kill", "version": 2, "pids": []}, "no 'clean'"),
+    (["ready"], 0, {"schema": "nvmlcheck/ready", "version": 1, "exit_code": 0}, "no 'ready'"),
+    (["wait"], 1, {"schema": "nvmlcheck/wait", "version": 2, "clean": True}, "contradictory"),
+    (["ready"], 5, {"schema": "nvmlcheck/ready", "version": 1, "ready": True}, "contradictory"),
+    (["snapshot"], 0, {"schema": "nvmlcheck/snapshot", "version": 1}, "no 'devices' list"),
+    (["snapshot"], 0, {"schema": "nvmlcheck/snapshot", "version": 1, "devices": {}}, "no 'devices' list"),
+    (["holders"], 0, {"schema": "nvmlcheck/holders", "version": 1, "holders": None}, "no 'holders' list"),
+    (["kill"], 0, {"schema": "nvmlcheck/kill-plan", "version": 1}, "no 'targets' list"),
 ])
 def test_a_document_that_cannot_stand_for_the_exit_status_fails_the_host(
         command: list[str], rc: int, doc: dict[str, object], why: str) -> None:
@@ -132,8 +143,9 @@ def test_a_document_that_cannot_stand_for_the_exit_status_fails_the_host(
     answer = Fleet._classify(Host("gpu"), rc, json.dumps(doc), "", 0.1, command=command)
     assert isinstance(answer, RemoteError) and why in str(answer), answer
     assert HostResult(Host("gpu"), doc, rc, answer).verdict == "failed"
-    good = {**doc, "version": 2 if command == ["wait"] else 1, "clean": True, "ready": True, "exit_code": 0}
-    good["schema"] = f"nvmlcheck/{command[0]}"
+    schema = str(doc["schema"]) if doc["schema"] == "nvmlcheck/kill-plan" else f"nvmlcheck/{command[0]}"
+    good = {**doc, "schema": schema, "version": 2 if schema in ("nvmlcheck/wait", "nvmlcheck/kill") else 1,
+            "clean": True, "ready": True, "exit_code": 0, "devices": [], "holders": [], "targets": []}
     ok = Fleet._classify(Host("gpu"), 0, json.dumps(good), "", 0.1, command=command)
     assert isinstance(ok, HostResult) and ok.verdict == "clean"
 
