@@ -971,6 +971,9 @@ class Fleet:
         (KeyboardInterrupt, the CLI's Terminated) kills every ssh child before it propagates, and every worker thread
         has ended when it does (a further interruption meanwhile is held until then, then raised).
         """
+        # The call's timeout runs from here: asking ssh -G which spellings are one host (up to
+        # SSH_CONFIG_TIMEOUT_S) is part of the call, not a delay before its timeout starts.
+        began = time.monotonic()
         targets, also = self.same_hosts(parse_hosts(hosts))
         if not command or command[0] not in COMMANDS:
             raise ArgumentError(f"command must start with one of {', '.join(COMMANDS)}, got {list(command)[:1]}")
@@ -985,7 +988,6 @@ class Fleet:
             deadline_s = _deadline_for(timeout_s, self.connect_timeout_s)
         if deadline_s is not None and not deadline_s < _FOREVER_S:  # inf, 1e308: no deadline
             deadline_s = None
-        began = time.monotonic()
 
         def answer(host: Host) -> HostResult:
             # The command's timeout is the call's, not each host's: a host that starts late (queued behind

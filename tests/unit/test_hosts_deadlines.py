@@ -94,3 +94,32 @@ def test_a_fallback_whose_nvidia_smi_times_out_is_a_host_timeout(tmp_path: Path)
         result, = fleet.run(["gpu01"], ["snapshot"], timeout_s=5.0, fallback=fallback)
     assert isinstance(result.error, hosts.HostTimeout) and is_transient(result.error), result.error
     assert result.verdict == "failed" and "nvidia-smi did not answer in time" in result.error.message
+
+
+def test_the_ssh_config_questions_count_against_the_calls_timeout(tmp_path: Path) -> None:
+    # gpu01 and root@gpu01 are asked of ssh -G (which ones are one host) before any runs: that took up to 5 s
+    # outside the timeout, each host then given the whole --timeout again. The fake ssh -G takes a second (at least:
+    # load only makes it later) and names two users, so both run; each records the --timeout it was given.
+    import json
+    import sys
+
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    ssh = tmp_path / "ssh"
+    ssh.write_text(
+        f"#!{sys.executable}\nimport json, os, sys, time\n"
+        "if '-G' in sys.argv:\n"
+        "    time.sleep(1.0)\n"
+        "    user = 'root' if 'root@gpu01' in sys.argv else 'me'\n"
+        "    print(f'user {user}\\nhostname gpu01\\nport 22')\n"
+        "    sys.exit(0)\n"
+        "words = sys.argv[-1].split()\n"
+        f"open(os.path.join({str(seen)!r}, sys.argv[-2]), 'w').write(words[words.index('--timeout') + 1])\n"
+        f"print({json.dumps(json.dumps({'schema': 'nvmlcheck/wait', 'version': 2, 'clean': True}))})\n",
+        encoding="utf-8")
+    ssh.chmod(0o755)
+    with Fleet(ssh=str(ssh), control_master=False) as fleet:
+        results = fleet.run(["gpu01", "root@gpu01"], ["wait", "--timeout", "1000.0"], timeout_s=1000.0)
+    assert [r.verdict for r in results] == ["clean", "clean"], results
+    assert float((seen / "gpu01").read_text()) <= 999.0
+    assert float((seen / "root@gpu01").read_text()) <= 999.0
