@@ -272,3 +272,21 @@ def test_kill_passes_the_signal_to_the_hosts_as_the_user_spelled_it(word: str) -
     assert words[words.index("--signal") + 1] == word
     if word in ("35", "RTMIN+1") and int(_signal.SIGRTMIN) == 34:
         assert here.signal == "SIGRTMIN+1"  # named here as before (the plan, the records)
+
+
+@pytest.mark.parametrize(("argv", "command"), [
+    (["select", "--hosts", "gpu01"], "select runs on this machine only"),  # was "argument K: not an integer: 'gpu01'"
+    (["select", "1", "--host", "gpu01"], "select runs on this machine only"),
+    (["watch", "--hosts-file=fleet.txt"], "watch runs on this machine only"),
+    (["--host", "gpu01", "wait"], "not an option of nvmlcheck itself"),  # was "unknown command 'gpu01'" alone
+])
+def test_a_host_option_where_none_is_taken_says_which_commands_take_it(
+        argv: list[str], command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from nvmlcheck import cli
+
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    line = err.strip().splitlines()[-1]
+    option = next(w for w in argv if w.startswith("--host")).partition("=")[0]
+    assert line.partition("error: ")[2].startswith(f"{option}: {command}"), err
+    assert "snapshot, wait, kill, ready, holders take --host/--hosts/--hosts-file" in line, err
