@@ -496,6 +496,27 @@ def _documents_in(out: str) -> tuple[list[dict[str, Any]], int]:
     return documents, other
 
 
+def _failed_answer(name: str, command: Sequence[str], document: dict[str, Any], rc: int | None,
+                   stderr: str) -> RemoteError | None:
+    """Why a document and exit status are no verdict of ``command`` (``None``: they are one): the host's own
+    error document, a document that cannot stand for the status (:func:`_unreadable_answer`), or a status that
+    is none of the command's verdicts. The same test for the remote nvmlcheck's answer and a fallback's."""
+    if document.get("schema") == "nvmlcheck/error":
+        error = document.get("error") or {}
+        message = f"{error.get('type', 'error')}: {error.get('message', '?')}"
+        return RemoteError(name, message, rc, stderr, document)
+    problem = _unreadable_answer(command, document, rc)
+    if problem is not None:
+        return RemoteError(name, problem, rc, stderr, document)
+    verdicts = _VERDICT_EXITS.get(command[0] if command else "", (0, 1, _EXIT_UNHEALTHY))
+    if rc not in verdicts:
+        # Not one of the command's verdicts (snapshot's 3: a GPU it could not read, 4: a fatal XID): failed,
+        # with the reason, never a verdict without one (and a snapshot's exit 1 is not "not clean").
+        return RemoteError(name, f"exit {rc} with its {document.get('schema')} document"
+                           f"{_why_not_answered(document)}", rc, stderr, document)
+    return None
+
+
 def _why_not_answered(document: dict[str, Any]) -> str:
     """``": GPU 1: ..."``: the first failure a document lists, if any."""
     failures = document.get("failures")
@@ -863,19 +884,9 @@ class Fleet:
                 return HostUnreachable(name, line, rc, _trim(err))
             return RemoteError(name, f"exit {rc} without an nvmlcheck document: {_last_line(err) or _first_line(out)}",
                                rc, _trim(err))
-        if document.get("schema") == "nvmlcheck/error":
-            error = document.get("error") or {}
-            message = f"{error.get('type', 'error')}: {error.get('message', '?')}"
-            return RemoteError(name, message, rc, _trim(err), document)
-        problem = _unreadable_answer(command, document, rc)
-        if problem is not None:
-            return RemoteError(name, problem, rc, _trim(err), document)
-        verdicts = _VERDICT_EXITS.get(command[0] if command else "", (0, 1, _EXIT_UNHEALTHY))
-        if rc not in verdicts:
-            # Not one of the command's verdicts (snapshot's 3: a GPU it could not read, 4: a fatal XID): failed,
-            # with the reason, never a verdict without one (and a snapshot's exit 1 is not "not clean").
-            return RemoteError(name, f"exit {rc} with its {document.get('schema')} document"
-                               f"{_why_not_answered(document)}", rc, _trim(err), document)
+        failed = _failed_answer(name, command, document, rc, _trim(err))
+        if failed is not None:
+            return failed
         note = None
         if noise:
             note = (f"{noise} characters besides the document on its stdout (a login banner or shell start-up noise?): "
@@ -883,7 +894,7 @@ class Fleet:
         return HostResult(host, document, rc, note=note)
 
     def _fallback(self, host: Host, deadline: float | None, fallback: FallbackFn,
-                  cause: HostError) -> HostResult | HostError:
+                  cause: HostError, command: Sequence[str] = ()) -> HostResult | HostError:
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
         context = FallbackContext(tuple(self.smi_prefix(host)), remaining,
                                   self.connect_timeout_s + START_ALLOWANCE_S, {**os.environ, _MARK: self._token},
@@ -905,6 +916,16 @@ class Fleet:
                                cause.stderr)
         why = _last_line(cause.stderr) or cause.message
         note = f"no nvmlcheck on the host ({why}): read through its nvidia-smi over ssh"
+        if not isinstance(document, dict):
+            return RemoteError(str(host), "no nvmlcheck there, and its nvidia-smi fallback gave no document "
+                               f"({document!r:.80})", code, cause.stderr)
+        # Held to the remote nvmlcheck's rules: snapshot's 3 through nvidia-smi (a GPU it could not read) was a
+        # failed host with no error at all ("error": null, "FAILED: exit 3"), where the same answer from nvmlcheck
+        # on the host names why.
+        failed = _failed_answer(str(host), command, document, code, cause.stderr)
+        if failed is not None:
+            return RemoteError(str(host), f"read through its nvidia-smi (no nvmlcheck there): {failed.message}",
+                               code, cause.stderr, document)
         return HostResult(host, document, code, via="nvidia-smi", note=note)
 
     def _one(self, host: Host, command: Sequence[str], deadline_s: float | None,
@@ -932,7 +953,7 @@ class Fleet:
             answer = self._classify(host, rc, out, err, time.monotonic() - started, command=command)
         if isinstance(answer, NoRemoteNvmlcheck):
             if fallback is not None:
-                answer = self._fallback(host, deadline, fallback, answer)
+                answer = self._fallback(host, deadline, fallback, answer, command)
             elif command[0] in ("kill", "holders"):
                 answer = NoRemoteNvmlcheck(
                     answer.host, f"{answer.message}: {command[0]} needs nvmlcheck on the host (nvidia-smi can neither "

@@ -123,3 +123,30 @@ def test_the_ssh_config_questions_count_against_the_calls_timeout(tmp_path: Path
     assert [r.verdict for r in results] == ["clean", "clean"], results
     assert float((seen / "gpu01").read_text()) <= 999.0
     assert float((seen / "root@gpu01").read_text()) <= 999.0
+
+
+@pytest.mark.parametrize(("command", "answer", "why"), [
+    # nvidia-smi could not read GPU 1: a failed host with "error": null and "FAILED: exit 3", where the same answer
+    # from nvmlcheck on the host is a remote error naming the GPU.
+    (["snapshot"], ({"schema": "nvmlcheck/snapshot", "version": 1, "devices": [],
+                     "failures": [{"index": 1, "error": {"type": "GpuLost", "message": "fell off"}}]}, 3),
+     "exit 3 with its nvmlcheck/snapshot document: GPU 1: fell off"),
+    # A fallback of the caller's is held to the remote nvmlcheck's rules: no verdict in it is not clean.
+    (["wait", "--timeout", "0"], ({"schema": "nvmlcheck/wait", "version": 2}, 0), "no 'clean'"),
+    (["wait", "--timeout", "0"], ({"schema": "nvmlcheck/snapshot", "version": 1, "devices": []}, 0), "answered wait"),
+    (["wait", "--timeout", "0"], (None, 0), "gave no document"),
+])
+def test_a_fallbacks_answer_that_is_no_verdict_is_a_remote_error_saying_why(
+        tmp_path: Path, command: list[str], answer: tuple[object, int], why: str) -> None:
+    ssh = tmp_path / "ssh"
+    ssh.write_text("#!/bin/sh\necho \"No module named nvmlcheck\" >&2\nexit 1\n", encoding="utf-8")
+    ssh.chmod(0o755)
+
+    def fallback(context: hosts.FallbackContext) -> tuple[object, int]:
+        return answer
+
+    with Fleet(ssh=str(ssh), control_master=False) as fleet:
+        result, = fleet.run(["gpu01"], command, timeout_s=0.0, fallback=fallback)  # type: ignore[arg-type]
+    assert isinstance(result.error, hosts.RemoteError) and why in result.error.message, result
+    assert "nvidia-smi" in result.error.message and result.verdict == "failed"
+    assert result.document == answer[0] and hosts.overall_exit_code([result]) == 3
