@@ -15,6 +15,7 @@ clean: its verdict is ``"failed"`` with a :class:`HostError`. Entry points: :fun
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -1015,11 +1016,26 @@ class Fleet:
             # ``fanout`` others) gets what is left of it, so the whole call ends by about the timeout plus the
             # connect and start allowances, not by a multiple of it (64 hosts, a fanout of 32: twice).
             if shared and timeout_s is not None:
-                # A host queued past the timeout gets the least positive one, never 0: that is one whole check.
-                left = _left_of(timeout_s, time.monotonic() - began) or USED_UP_S
+                # A host queued past the timeout gets the least positive one, never 0 (one whole check judged
+                # alone, ignoring --stable-polls): its wait answers "not confirmed in time", as the library's does.
+                late_s = time.monotonic() - began
+                left = _left_of(timeout_s, late_s) or USED_UP_S
                 shifted = _with_timeout(command, timeout_s, left)
                 if shifted is not None:
-                    return self._one(host, shifted, _deadline_for(left, self.connect_timeout_s), fallback)
+                    # The nvidia-smi fallback's wait is the same wait: it gets what is left too (it had the whole
+                    # --timeout again, however late its host started).
+                    late_fallback = fallback
+                    if isinstance(fallback, SmiFallback) and fallback.timeout_s == timeout_s:
+                        late_fallback = dataclasses.replace(fallback, timeout_s=left)
+                    result = self._one(host, shifted, _deadline_for(left, self.connect_timeout_s), late_fallback)
+                    if left > USED_UP_S or result.verdict != "not-clean":
+                        return result
+                    # Not read in time because of its turn, not its GPUs: say so beside the host's own words
+                    # (which blame opening the GPUs for the timeout).
+                    note = (f"its turn came {late_s:.1f} s into the call (--fanout {self.fanout}): the --timeout "
+                            "was used up before it started, so it could not be confirmed clean")
+                    return HostResult(result.host, result.document, result.exit_code, result.error, result.via,
+                                      f"{result.note}; {note}" if result.note else note, result.elapsed_ns)
             return self._one(host, command, deadline_s, fallback)
 
         pool = _Workers(targets, answer)
