@@ -469,32 +469,34 @@ def _first_line(text: str) -> str:
     return lines[0].strip()[:200] if lines else ""
 
 
-def _documents_in(out: str) -> tuple[list[dict[str, Any]], int]:
+def _documents_in(out: str) -> tuple[list[dict[str, Any]], int, str | None]:
     """The nvmlcheck documents in a host's stdout, each beginning a line (a login banner, a ``.bashrc`` that
-    echoes, a logout message may surround the one the remote nvmlcheck printed), and how many other characters
-    there were (whitespace aside)."""
+    echoes, a logout message may surround the one the remote nvmlcheck printed), how many other characters there
+    were (whitespace aside), and the first line of a document begun but cut short (``None``: none was)."""
     decoder = json.JSONDecoder()
     documents: list[dict[str, Any]] = []
     other = 0
     pos = 0
     tried = 0
+    cut: str | None = None
     for match in _DOCUMENT_START.finditer(out):
         start = match.start(1)
         if start < pos:
             continue  # inside a document already read
         tried += 1
         if tried > _MAX_DOCUMENT_STARTS:  # a hostile host must not make this quadratic: not an answer
-            return [], len(out.strip())
+            return [], len(out.strip()), None
         try:
             parsed, end = decoder.raw_decode(out, start)
         except (ValueError, RecursionError):
+            cut = cut if cut is not None else _first_line(out[start:])
             continue
         if isinstance(parsed, dict) and str(parsed.get("schema", "")).startswith("nvmlcheck/"):
             other += len(out[pos:start].strip())
             documents.append(parsed)
             pos = end
     other += len(out[pos:].strip())
-    return documents, other
+    return documents, other, cut
 
 
 def _failed_answer(name: str, command: Sequence[str], document: dict[str, Any], rc: int | None,
@@ -865,9 +867,14 @@ class Fleet:
         name = str(host)
         if rc is None:
             return HostTimeout(name, f"no answer within {waited_s:.1f} s (ssh killed)", None, _trim(err))
-        documents, noise = _documents_in(out)
+        documents, noise, cut = _documents_in(out)
         if len(documents) > 1:
             return RemoteError(name, f"{len(documents)} nvmlcheck documents in one answer: not trusted", rc, _trim(err))
+        if documents and cut is not None:
+            # A whole document beside one cut short (a partial line): the answer was not read whole, whichever of
+            # the two was meant; the cut one is not a banner's noise.
+            return RemoteError(name, f"an nvmlcheck document cut short beside its answer ({cut[:80]}): not trusted",
+                               rc, _trim(err))
         document = documents[0] if documents else None
         if document is None:
             if _NO_MODULE.search(err) or (rc == 127 and "not found" in err.lower()):
