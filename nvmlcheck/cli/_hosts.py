@@ -157,6 +157,14 @@ def run_hosts(args: argparse.Namespace) -> int:
         raise UsageError(str(exc).replace("remote_prefix", "--remote-prefix")
                          .replace("remote_python", "--remote-python").replace("ssh_options", "--ssh-options")) from None
     timeout = args.timeout if args.command in ("wait", "kill", "ready") else 0.0
+    deadline: float | None = None  # the fleet's default: timeout + the connect and start allowances
+    if args.command == "holders":
+        # Its --timeout bounds each host's reading, there as here: the host's deadline is it plus the allowances.
+        # With the default (0) a reading the host was told it had 30 s for was killed at the connect timeout + 5 s.
+        from ..hosts import START_ALLOWANCE_S
+
+        timeout = None
+        deadline = None if args.timeout is None else args.timeout + args.connect_timeout + START_ALLOWANCE_S
     status = StatusLine(sys.stderr, not args.json)
 
     def progress(pending: Sequence[Host], done: Sequence[HostResult]) -> None:
@@ -167,8 +175,8 @@ def run_hosts(args: argparse.Namespace) -> int:
 
     try:
         with fleet:
-            results = fleet.run(hosts, remote_command(args), timeout_s=timeout, fallback=_fallback(args),
-                                on_progress=progress)
+            results = fleet.run(hosts, remote_command(args), timeout_s=timeout, deadline_s=deadline,
+                                fallback=_fallback(args), on_progress=progress)
     finally:
         status.clear()
     code = overall_exit_code(results)

@@ -377,3 +377,23 @@ def test_an_interrupt_while_the_workers_start_is_raised_as_itself(tmp_path: Path
         monkeypatch.undo()
     assert started == ["nvmlcheck-host-0"]
     assert _gone_within(int(ssh_pid.read_text())), "the first host's ssh outlived the interrupted run"
+
+
+@pytest.mark.parametrize(("given", "deadline"), [([], 30.0 + 2.0 + hosts.START_ALLOWANCE_S),
+                                                 (["--timeout", "60"], 60.0 + 2.0 + hosts.START_ALLOWANCE_S),
+                                                 (["--timeout", "none"], None)])
+def test_holders_on_hosts_gives_each_host_its_reading_bound(
+        given: list[str], deadline: float | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # holders' --timeout (default 30) bounds each host's reading, and is passed to the host; the host's deadline was
+    # the connect timeout + 5 s whatever it said: a reading told it had 60 s was killed at 7 s as "no answer".
+    ssh = _fake_ssh(tmp_path, 'print(\'{"schema": "nvmlcheck/holders", "version": 1, "holders": []}\')')
+    seen: dict[str, object] = {}
+
+    class Recording(Fleet):
+        def run(self, *args: object, **kwargs: object) -> object:  # type: ignore[override]
+            seen.update(kwargs)
+            return super().run(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(hosts, "Fleet", functools.partial(Recording, ssh=ssh, control_master=False))
+    assert cli.main(["holders", "--host", "gpu01", "--connect-timeout", "2", *given]) == 0
+    assert seen["deadline_s"] == deadline and seen["timeout_s"] is None, seen
