@@ -529,6 +529,10 @@ def _why_not_answered(document: dict[str, Any]) -> str:
         error = failures[0].get("error")
         message = error.get("message") if isinstance(error, dict) else None
         return f": GPU {failures[0].get('index')!s}: {message!s}"[:500]
+    inner = document.get("snapshot")
+    snapshot: dict[str, Any] = inner if isinstance(inner, dict) else document
+    if snapshot.get("devices") == []:  # the nvidia-smi fallback's snapshot of a host where it found no GPU
+        return ": no GPU in it"
     return ""
 
 

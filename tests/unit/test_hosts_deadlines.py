@@ -135,6 +135,9 @@ def test_the_ssh_config_questions_count_against_the_calls_timeout(tmp_path: Path
     (["wait", "--timeout", "0"], ({"schema": "nvmlcheck/wait", "version": 2}, 0), "no 'clean'"),
     (["wait", "--timeout", "0"], ({"schema": "nvmlcheck/snapshot", "version": 1, "devices": []}, 0), "answered wait"),
     (["wait", "--timeout", "0"], (None, 0), "gave no document"),
+    # nvidia-smi listed no GPU: the snapshot's exit 3 says so
+    (["snapshot"], ({"schema": "nvmlcheck/snapshot", "version": 1, "devices": [], "failures": []}, 3),
+     "exit 3 with its nvmlcheck/snapshot document: no GPU in it"),
 ])
 def test_a_fallbacks_answer_that_is_no_verdict_is_a_remote_error_saying_why(
         tmp_path: Path, command: list[str], answer: tuple[object, int], why: str) -> None:
