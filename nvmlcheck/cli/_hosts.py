@@ -31,11 +31,16 @@ def _hosts(args: argparse.Namespace) -> list[Host]:
     specs = list(args.hosts or [])
     if args.hosts_file is not None:
         try:
-            specs += read_hosts_file(args.hosts_file)
+            listed = read_hosts_file(args.hosts_file)
         except OSError as exc:
             raise UsageError(f"--hosts-file {args.hosts_file}: {exc.strerror or exc}") from None
         except ValueError as exc:  # a device, a directory, too large, not UTF-8
             raise UsageError(f"--hosts-file: {exc}") from None
+        if not listed:
+            # Even beside --host: a fleet file emptied (truncated, every line commented out) would have left its
+            # hosts unchecked and the verdict that of the --host alone.
+            raise UsageError(f"--hosts-file {args.hosts_file}: no host in it (only blank lines and # comments)")
+        specs += listed
     try:
         hosts = parse_hosts(specs)
     except ValueError as exc:

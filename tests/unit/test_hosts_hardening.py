@@ -397,3 +397,13 @@ def test_holders_on_hosts_gives_each_host_its_reading_bound(
     monkeypatch.setattr(hosts, "Fleet", functools.partial(Recording, ssh=ssh, control_master=False))
     assert cli.main(["holders", "--host", "gpu01", "--connect-timeout", "2", *given]) == 0
     assert seen["deadline_s"] == deadline and seen["timeout_s"] is None, seen
+
+
+@pytest.mark.parametrize("beside", [[], ["--host", "gpu01"]])
+def test_an_empty_hosts_file_is_a_usage_error_even_beside_host(
+        beside: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Beside --host, a fleet file with every line commented out ran --host alone: its hosts unchecked, exit 0.
+    fleet = tmp_path / "fleet.txt"
+    fleet.write_text("# gpu02\n\n   # gpu03\n", encoding="utf-8")
+    assert cli.main(["wait", "--timeout", "0", "--hosts-file", str(fleet), *beside]) == 2
+    assert f"--hosts-file {fleet}: no host in it" in capsys.readouterr().err
