@@ -467,7 +467,9 @@ def _print(args: argparse.Namespace, results: Sequence[HostResult]) -> None:
     dirty = [str(r.host) for r in results if r.verdict == "not-clean"]
     sick = [str(r.host) for r in results if r.verdict == "unhealthy"]
     failed = [f"{r.host} ({r.error.kind if r.error else 'error'})" for r in results if r.verdict == "failed"]
-    word = "ok" if args.command in ("snapshot", "holders") else "ready" if args.command == "ready" else "clean"
+    # A dry run judges nothing: "2 hosts: 2 clean" was said of a kill plan for a host whose GPU was held. It answered.
+    answered = args.command in ("snapshot", "holders") or (args.command == "kill" and getattr(args, "dry_run", False))
+    word = "ok" if answered else "ready" if args.command == "ready" else "clean"
     parts = [f"{len(clean)} {word}"]
     if dirty:
         parts.append(f"{len(dirty)} not {word}: {', '.join(dirty)}")
