@@ -883,6 +883,14 @@ class Fleet:
         if document is None:
             if _NO_MODULE.search(err) or (rc == 127 and "not found" in err.lower()):
                 return NoRemoteNvmlcheck(name, f"no nvmlcheck there ({_last_line(err)})", rc, _trim(err))
+            if rc == 255 and out.strip():
+                from .backends._smi.ssh import ssh_dropped, ssh_said
+
+                if ssh_said(err) is None and not ssh_dropped(err):
+                    # Only the remote side writes ssh's stdout: it ran, and exit 255 is its own (ssh is silent
+                    # then). It read "unreachable" with the remote's last line, of a host that was reached.
+                    return RemoteError(name, "exit 255 (the remote command's own: it printed on stdout) without an "
+                                       f"nvmlcheck document: {_last_line(err) or _first_line(out)}", rc, _trim(err))
             if rc == 255:
                 # Read as the smi backend reads the same failure through --smi-prefix "ssh HOST" (one reading,
                 # so one class: a connect timeout transient, a refused connection or login not).

@@ -290,3 +290,15 @@ def test_a_host_option_where_none_is_taken_says_which_commands_take_it(
     option = next(w for w in argv if w.startswith("--host")).partition("=")[0]
     assert line.partition("error: ")[2].startswith(f"{option}: {command}"), err
     assert "snapshot, wait, kill, ready, holders take --host/--hosts/--hosts-file" in line, err
+
+
+def test_a_remote_commands_own_exit_255_is_a_remote_error_not_unreachable() -> None:
+    # ssh's stdout is the remote side's alone: with text there, the host was reached, and an exit 255 without a line
+    # of ssh's is the remote command's own. It read "unreachable: boom".
+    answer = Fleet._classify(Host("gpu"), 255, "motd: welcome\n", "boom\n", 0.1, command=["wait"])
+    assert isinstance(answer, RemoteError) and "remote command's own" in answer.message and "boom" in answer.message
+    # ssh's own line still decides, stdout or not (a connection dropped under a running command).
+    dropped = Fleet._classify(Host("gpu"), 255, "motd: welcome\n", "Connection to gpu closed by remote host.\n", 0.1,
+                              command=["wait"])
+    assert type(dropped) is HostUnreachable
+    assert type(Fleet._classify(Host("gpu"), 255, "", "boom\n", 0.1, command=["wait"])) is HostUnreachable
