@@ -15,6 +15,7 @@ clean: its verdict is ``"failed"`` with a :class:`HostError`. Entry points: :fun
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -381,11 +382,18 @@ _ANSWERS = {"wait": ("wait",), "ready": ("ready",), "snapshot": ("snapshot",), "
             "kill": ("kill", "kill-plan")}
 
 
+#: The verdict each document carries, where it has one (``True`` exactly at exit 0), and the lists its lines are read
+#: from: a document without them was not read whole (a hand-made or broken one), and never stands for a verdict.
+_VERDICT_FIELDS = {"wait": "clean", "kill": "clean", "ready": "ready"}
+_LIST_FIELDS = {"snapshot": ("devices",), "holders": ("holders",), "kill-plan": ("targets",)}
+
+
 def _unreadable_answer(command: Sequence[str], document: dict[str, Any], rc: int | None) -> str | None:
     """Why a host's document cannot stand for its verdict (``None``: it can): a schema that answers another command,
-    a version this nvmlcheck does not read (a change of meaning bumps it), or a verdict that contradicts the exit
-    status (exit 0 with ``clean``/``ready`` false, or another ``exit_code``). The exit status alone never makes a host
-    clean: a version-skewed, broken or hostile host is failed."""
+    a version this nvmlcheck does not read (a change of meaning bumps it), a verdict that contradicts the exit
+    status (``clean``/``ready`` not ``True`` at exit 0 or ``true`` at another, or another ``exit_code``), or one
+    missing (no ``clean``/``ready``, no list of ``devices``/``holders``/``targets``: not a whole answer). The exit
+    status alone never makes a host clean: a version-skewed, broken or hostile host is failed."""
     from .jsonout._values import SCHEMA_VERSION, SCHEMA_VERSIONS
 
     schema = str(document.get("schema"))
@@ -397,9 +405,18 @@ def _unreadable_answer(command: Sequence[str], document: dict[str, Any], rc: int
     if document.get("version") != known:
         return (f"its {schema} document is version {document.get('version')!r}; this nvmlcheck reads version {known} "
                 "(install the same release on both)")
-    for verdict in ("clean", "ready"):
-        if verdict in document and (document[verdict] is not True) and rc == 0:
-            return f"exit 0 with {verdict}: {document[verdict]!r} in its document: contradictory, not trusted"
+    verdict = _VERDICT_FIELDS.get(kind)
+    if verdict is not None:
+        # Read whole, the document says its verdict: True exactly at exit 0. Missing (a partial or hand-made
+        # document, a release that names it otherwise) or not a boolean, the exit status would decide alone.
+        if verdict not in document:
+            return f"exit {rc} with no {verdict!r} in its {schema} document: not a whole answer, not trusted"
+        if document[verdict] is not (rc == 0):
+            return f"exit {rc} with {verdict}: {document[verdict]!r} in its document: contradictory, not trusted"
+    for name in _LIST_FIELDS.get(kind, ()):
+        if not isinstance(document.get(name), list):
+            return (f"its {schema} document has no {name!r} list (got {type(document.get(name)).__name__}): not a "
+                    "whole answer, not trusted")
     if "exit_code" in document and document["exit_code"] != rc:
         return f"exit {rc} with exit_code {document['exit_code']!r} in its document: contradictory, not trusted"
     return None
@@ -452,32 +469,55 @@ def _first_line(text: str) -> str:
     return lines[0].strip()[:200] if lines else ""
 
 
-def _documents_in(out: str) -> tuple[list[dict[str, Any]], int]:
+def _documents_in(out: str) -> tuple[list[dict[str, Any]], int, str | None]:
     """The nvmlcheck documents in a host's stdout, each beginning a line (a login banner, a ``.bashrc`` that
-    echoes, a logout message may surround the one the remote nvmlcheck printed), and how many other characters
-    there were (whitespace aside)."""
+    echoes, a logout message may surround the one the remote nvmlcheck printed), how many other characters there
+    were (whitespace aside), and the first line of a document begun but cut short (``None``: none was)."""
     decoder = json.JSONDecoder()
     documents: list[dict[str, Any]] = []
     other = 0
     pos = 0
     tried = 0
+    cut: str | None = None
     for match in _DOCUMENT_START.finditer(out):
         start = match.start(1)
         if start < pos:
             continue  # inside a document already read
         tried += 1
         if tried > _MAX_DOCUMENT_STARTS:  # a hostile host must not make this quadratic: not an answer
-            return [], len(out.strip())
+            return [], len(out.strip()), None
         try:
             parsed, end = decoder.raw_decode(out, start)
         except (ValueError, RecursionError):
+            cut = cut if cut is not None else _first_line(out[start:])
             continue
         if isinstance(parsed, dict) and str(parsed.get("schema", "")).startswith("nvmlcheck/"):
             other += len(out[pos:start].strip())
             documents.append(parsed)
             pos = end
     other += len(out[pos:].strip())
-    return documents, other
+    return documents, other, cut
+
+
+def _failed_answer(name: str, command: Sequence[str], document: dict[str, Any], rc: int | None,
+                   stderr: str) -> RemoteError | None:
+    """Why a document and exit status are no verdict of ``command`` (``None``: they are one): the host's own
+    error document, a document that cannot stand for the status (:func:`_unreadable_answer`), or a status that
+    is none of the command's verdicts. The same test for the remote nvmlcheck's answer and a fallback's."""
+    if document.get("schema") == "nvmlcheck/error":
+        error = document.get("error") or {}
+        message = f"{error.get('type', 'error')}: {error.get('message', '?')}"
+        return RemoteError(name, message, rc, stderr, document)
+    problem = _unreadable_answer(command, document, rc)
+    if problem is not None:
+        return RemoteError(name, problem, rc, stderr, document)
+    verdicts = _VERDICT_EXITS.get(command[0] if command else "", (0, 1, _EXIT_UNHEALTHY))
+    if rc not in verdicts:
+        # Not one of the command's verdicts (snapshot's 3: a GPU it could not read, 4: a fatal XID): failed,
+        # with the reason, never a verdict without one (and a snapshot's exit 1 is not "not clean").
+        return RemoteError(name, f"exit {rc} with its {document.get('schema')} document"
+                           f"{_why_not_answered(document)}", rc, stderr, document)
+    return None
 
 
 def _why_not_answered(document: dict[str, Any]) -> str:
@@ -489,6 +529,10 @@ def _why_not_answered(document: dict[str, Any]) -> str:
         error = failures[0].get("error")
         message = error.get("message") if isinstance(error, dict) else None
         return f": GPU {failures[0].get('index')!s}: {message!s}"[:500]
+    inner = document.get("snapshot")
+    snapshot: dict[str, Any] = inner if isinstance(inner, dict) else document
+    if snapshot.get("devices") == []:  # the nvidia-smi fallback's snapshot of a host where it found no GPU
+        return ": no GPU in it"
     return ""
 
 
@@ -827,13 +871,26 @@ class Fleet:
         name = str(host)
         if rc is None:
             return HostTimeout(name, f"no answer within {waited_s:.1f} s (ssh killed)", None, _trim(err))
-        documents, noise = _documents_in(out)
+        documents, noise, cut = _documents_in(out)
         if len(documents) > 1:
             return RemoteError(name, f"{len(documents)} nvmlcheck documents in one answer: not trusted", rc, _trim(err))
+        if documents and cut is not None:
+            # A whole document beside one cut short (a partial line): the answer was not read whole, whichever of
+            # the two was meant; the cut one is not a banner's noise.
+            return RemoteError(name, f"an nvmlcheck document cut short beside its answer ({cut[:80]}): not trusted",
+                               rc, _trim(err))
         document = documents[0] if documents else None
         if document is None:
             if _NO_MODULE.search(err) or (rc == 127 and "not found" in err.lower()):
                 return NoRemoteNvmlcheck(name, f"no nvmlcheck there ({_last_line(err)})", rc, _trim(err))
+            if rc == 255 and out.strip():
+                from .backends._smi.ssh import ssh_dropped, ssh_said
+
+                if ssh_said(err) is None and not ssh_dropped(err):
+                    # Only the remote side writes ssh's stdout: it ran, and exit 255 is its own (ssh is silent
+                    # then). It read "unreachable" with the remote's last line, of a host that was reached.
+                    return RemoteError(name, "exit 255 (the remote command's own: it printed on stdout) without an "
+                                       f"nvmlcheck document: {_last_line(err) or _first_line(out)}", rc, _trim(err))
             if rc == 255:
                 # Read as the smi backend reads the same failure through --smi-prefix "ssh HOST" (one reading,
                 # so one class: a connect timeout transient, a refused connection or login not).
@@ -847,19 +904,9 @@ class Fleet:
                 return HostUnreachable(name, line, rc, _trim(err))
             return RemoteError(name, f"exit {rc} without an nvmlcheck document: {_last_line(err) or _first_line(out)}",
                                rc, _trim(err))
-        if document.get("schema") == "nvmlcheck/error":
-            error = document.get("error") or {}
-            message = f"{error.get('type', 'error')}: {error.get('message', '?')}"
-            return RemoteError(name, message, rc, _trim(err), document)
-        problem = _unreadable_answer(command, document, rc)
-        if problem is not None:
-            return RemoteError(name, problem, rc, _trim(err), document)
-        verdicts = _VERDICT_EXITS.get(command[0] if command else "", (0, 1, _EXIT_UNHEALTHY))
-        if rc not in verdicts:
-            # Not one of the command's verdicts (snapshot's 3: a GPU it could not read, 4: a fatal XID): failed,
-            # with the reason, never a verdict without one (and a snapshot's exit 1 is not "not clean").
-            return RemoteError(name, f"exit {rc} with its {document.get('schema')} document"
-                               f"{_why_not_answered(document)}", rc, _trim(err), document)
+        failed = _failed_answer(name, command, document, rc, _trim(err))
+        if failed is not None:
+            return failed
         note = None
         if noise:
             note = (f"{noise} characters besides the document on its stdout (a login banner or shell start-up noise?): "
@@ -867,7 +914,7 @@ class Fleet:
         return HostResult(host, document, rc, note=note)
 
     def _fallback(self, host: Host, deadline: float | None, fallback: FallbackFn,
-                  cause: HostError) -> HostResult | HostError:
+                  cause: HostError, command: Sequence[str] = ()) -> HostResult | HostError:
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
         context = FallbackContext(tuple(self.smi_prefix(host)), remaining,
                                   self.connect_timeout_s + START_ALLOWANCE_S, {**os.environ, _MARK: self._token},
@@ -889,6 +936,16 @@ class Fleet:
                                cause.stderr)
         why = _last_line(cause.stderr) or cause.message
         note = f"no nvmlcheck on the host ({why}): read through its nvidia-smi over ssh"
+        if not isinstance(document, dict):
+            return RemoteError(str(host), "no nvmlcheck there, and its nvidia-smi fallback gave no document "
+                               f"({document!r:.80})", code, cause.stderr)
+        # Held to the remote nvmlcheck's rules: snapshot's 3 through nvidia-smi (a GPU it could not read) was a
+        # failed host with no error at all ("error": null, "FAILED: exit 3"), where the same answer from nvmlcheck
+        # on the host names why.
+        failed = _failed_answer(str(host), command, document, code, cause.stderr)
+        if failed is not None:
+            return RemoteError(str(host), f"read through its nvidia-smi (no nvmlcheck there): {failed.message}",
+                               code, cause.stderr, document)
         return HostResult(host, document, code, via="nvidia-smi", note=note)
 
     def _one(self, host: Host, command: Sequence[str], deadline_s: float | None,
@@ -916,7 +973,7 @@ class Fleet:
             answer = self._classify(host, rc, out, err, time.monotonic() - started, command=command)
         if isinstance(answer, NoRemoteNvmlcheck):
             if fallback is not None:
-                answer = self._fallback(host, deadline, fallback, answer)
+                answer = self._fallback(host, deadline, fallback, answer, command)
             elif command[0] in ("kill", "holders"):
                 answer = NoRemoteNvmlcheck(
                     answer.host, f"{answer.message}: {command[0]} needs nvmlcheck on the host (nvidia-smi can neither "
@@ -955,6 +1012,9 @@ class Fleet:
         (KeyboardInterrupt, the CLI's Terminated) kills every ssh child before it propagates, and every worker thread
         has ended when it does (a further interruption meanwhile is held until then, then raised).
         """
+        # The call's timeout runs from here: asking ssh -G which spellings are one host (up to
+        # SSH_CONFIG_TIMEOUT_S) is part of the call, not a delay before its timeout starts.
+        began = time.monotonic()
         targets, also = self.same_hosts(parse_hosts(hosts))
         if not command or command[0] not in COMMANDS:
             raise ArgumentError(f"command must start with one of {', '.join(COMMANDS)}, got {list(command)[:1]}")
@@ -969,18 +1029,32 @@ class Fleet:
             deadline_s = _deadline_for(timeout_s, self.connect_timeout_s)
         if deadline_s is not None and not deadline_s < _FOREVER_S:  # inf, 1e308: no deadline
             deadline_s = None
-        began = time.monotonic()
 
         def answer(host: Host) -> HostResult:
             # The command's timeout is the call's, not each host's: a host that starts late (queued behind
             # ``fanout`` others) gets what is left of it, so the whole call ends by about the timeout plus the
             # connect and start allowances, not by a multiple of it (64 hosts, a fanout of 32: twice).
             if shared and timeout_s is not None:
-                # A host queued past the timeout gets the least positive one, never 0: that is one whole check.
-                left = _left_of(timeout_s, time.monotonic() - began) or USED_UP_S
+                # A host queued past the timeout gets the least positive one, never 0 (one whole check judged
+                # alone, ignoring --stable-polls): its wait answers "not confirmed in time", as the library's does.
+                late_s = time.monotonic() - began
+                left = _left_of(timeout_s, late_s) or USED_UP_S
                 shifted = _with_timeout(command, timeout_s, left)
                 if shifted is not None:
-                    return self._one(host, shifted, _deadline_for(left, self.connect_timeout_s), fallback)
+                    # The nvidia-smi fallback's wait is the same wait: it gets what is left too (it had the whole
+                    # --timeout again, however late its host started).
+                    late_fallback = fallback
+                    if isinstance(fallback, SmiFallback) and fallback.timeout_s == timeout_s:
+                        late_fallback = dataclasses.replace(fallback, timeout_s=left)
+                    result = self._one(host, shifted, _deadline_for(left, self.connect_timeout_s), late_fallback)
+                    if left > USED_UP_S or result.verdict != "not-clean":
+                        return result
+                    # Not read in time because of its turn, not its GPUs: say so beside the host's own words
+                    # (which blame opening the GPUs for the timeout).
+                    note = (f"its turn came {late_s:.1f} s into the call (--fanout {self.fanout}): the --timeout "
+                            "was used up before it started, so it could not be confirmed clean")
+                    return HostResult(result.host, result.document, result.exit_code, result.error, result.via,
+                                      f"{result.note}; {note}" if result.note else note, result.elapsed_ns)
             return self._one(host, command, deadline_s, fallback)
 
         pool = _Workers(targets, answer)

@@ -31,11 +31,16 @@ def _hosts(args: argparse.Namespace) -> list[Host]:
     specs = list(args.hosts or [])
     if args.hosts_file is not None:
         try:
-            specs += read_hosts_file(args.hosts_file)
+            listed = read_hosts_file(args.hosts_file)
         except OSError as exc:
             raise UsageError(f"--hosts-file {args.hosts_file}: {exc.strerror or exc}") from None
         except ValueError as exc:  # a device, a directory, too large, not UTF-8
             raise UsageError(f"--hosts-file: {exc}") from None
+        if not listed:
+            # Even beside --host: a fleet file emptied (truncated, every line commented out) would have left its
+            # hosts unchecked and the verdict that of the --host alone.
+            raise UsageError(f"--hosts-file {args.hosts_file}: no host in it (only blank lines and # comments)")
+        specs += listed
     try:
         hosts = parse_hosts(specs)
     except ValueError as exc:
@@ -157,6 +162,14 @@ def run_hosts(args: argparse.Namespace) -> int:
         raise UsageError(str(exc).replace("remote_prefix", "--remote-prefix")
                          .replace("remote_python", "--remote-python").replace("ssh_options", "--ssh-options")) from None
     timeout = args.timeout if args.command in ("wait", "kill", "ready") else 0.0
+    deadline: float | None = None  # the fleet's default: timeout + the connect and start allowances
+    if args.command == "holders":
+        # Its --timeout bounds each host's reading, there as here: the host's deadline is it plus the allowances.
+        # With the default (0) a reading the host was told it had 30 s for was killed at the connect timeout + 5 s.
+        from ..hosts import START_ALLOWANCE_S
+
+        timeout = None
+        deadline = None if args.timeout is None else args.timeout + args.connect_timeout + START_ALLOWANCE_S
     status = StatusLine(sys.stderr, not args.json)
 
     def progress(pending: Sequence[Host], done: Sequence[HostResult]) -> None:
@@ -167,8 +180,8 @@ def run_hosts(args: argparse.Namespace) -> int:
 
     try:
         with fleet:
-            results = fleet.run(hosts, remote_command(args), timeout_s=timeout, fallback=_fallback(args),
-                                on_progress=progress)
+            results = fleet.run(hosts, remote_command(args), timeout_s=timeout, deadline_s=deadline,
+                                fallback=_fallback(args), on_progress=progress)
     finally:
         status.clear()
     code = overall_exit_code(results)
@@ -454,7 +467,9 @@ def _print(args: argparse.Namespace, results: Sequence[HostResult]) -> None:
     dirty = [str(r.host) for r in results if r.verdict == "not-clean"]
     sick = [str(r.host) for r in results if r.verdict == "unhealthy"]
     failed = [f"{r.host} ({r.error.kind if r.error else 'error'})" for r in results if r.verdict == "failed"]
-    word = "ok" if args.command in ("snapshot", "holders") else "ready" if args.command == "ready" else "clean"
+    # A dry run judges nothing: "2 hosts: 2 clean" was said of a kill plan for a host whose GPU was held. It answered.
+    answered = args.command in ("snapshot", "holders") or (args.command == "kill" and getattr(args, "dry_run", False))
+    word = "ok" if answered else "ready" if args.command == "ready" else "clean"
     parts = [f"{len(clean)} {word}"]
     if dirty:
         parts.append(f"{len(dirty)} not {word}: {', '.join(dirty)}")

@@ -120,10 +120,19 @@ class _Parser(argparse.ArgumentParser):
                 break  # and the options meant, below: `--sim h200 snapshot` made h200 the command
         # An unknown option may not be what argparse names (`snapshot --dev 0`: "invalid choice: '0'").
         known = {option for parser in self.state.parsers or [self] for option in parser._option_string_actions}
-        hints = []
+        hints: list[str] = []
+        first: list[str] = []  # said before argparse's message, which names a consequence (a host read as K)
         for word in self.state.argv[:self.state.argv.index("--")] if "--" in self.state.argv else self.state.argv:
             name = word.partition("=")[0]
             if not name.startswith("--") or name in known:
+                continue
+            if name in HOST_OPTIONS:
+                # `select --hosts gpu01` was told "argument K: not an integer: 'gpu01'": the host was read as K.
+                command = (self.state.parsers[-1] if self.state.parsers else self).prog.removeprefix("nvmlcheck")
+                said = f"{command.strip()} runs on this machine only" if command else \
+                    "not an option of nvmlcheck itself"
+                first.append(f"{name}: {said}; {', '.join(HOST_COMMANDS)} take --host/--hosts/--hosts-file, after "
+                             "the command (`nvmlcheck wait --host gpu01`: docs/hosts.md)")
                 continue
             meant = sorted(option for option in known if option.startswith(name))
             if not meant:
@@ -132,7 +141,7 @@ class _Parser(argparse.ArgumentParser):
                 meant = difflib.get_close_matches(name, sorted(known), n=2, cutoff=0.8)
             if meant:
                 hints.append(f"{name}: did you mean {' or '.join(meant)}? (options are spelled in full)")
-        return "; ".join([message, *hints])
+        return "; ".join([*first[:1], message, *hints])
 
     def _as_typed(self, message: str) -> str:
         """argparse names an option with aliases by all of them (``argument --wait/--timeout: ...``): the one the
@@ -259,6 +268,11 @@ from ._values import (  # noqa: E402
     signal_name,
     watched_pid,
 )
+
+#: The commands that run on hosts through ssh (``hosts.COMMANDS``, in the usage's order) and the options that say
+#: which hosts: another command given one is told so, not that the host is its positional argument.
+HOST_COMMANDS = ("snapshot", "wait", "kill", "ready", "holders")
+HOST_OPTIONS = frozenset({"--host", "--hosts", "--hosts-file"})
 
 
 def host_spec(text: str) -> str:

@@ -78,6 +78,18 @@ def test_two_documents_in_one_answer_are_not_trusted() -> None:
     assert isinstance(answer, RemoteError) and "2 nvmlcheck documents" in answer.message
 
 
+@pytest.mark.parametrize("cut", ['{"schema": "nvmlcheck/snapshot", "version": 1, "devices": [',
+                                 '{\n "schema": "nvmlcheck/snapshot",\n "version": 1,\n'])
+def test_a_document_beside_one_cut_short_is_not_trusted(cut: str) -> None:
+    # A partial line after (or before) a whole document was ignored as banner noise, the whole one the answer.
+    doc = json.dumps(SNAPSHOT, indent=1)
+    for out in (f"{doc}\n{cut}", f"{cut}\n{doc}\n"):
+        answer = _classify(0, out)
+        assert isinstance(answer, RemoteError) and "cut short" in answer.message, (out, answer)
+    answer = _classify(0, f"{doc}\nlogout: {cut}")  # not beginning a line: not a document, noise
+    assert isinstance(answer, HostResult) and answer.verdict == "clean", answer
+
+
 def test_noise_alone_names_its_first_line_not_a_brace() -> None:
     answer = _classify(0, "Welcome to gpu01\n{\n}\n")
     assert isinstance(answer, RemoteError) and answer.message.endswith("Welcome to gpu01"), answer
@@ -112,7 +124,7 @@ def test_an_exit_status_that_is_no_verdict_fails_with_a_reason(
 
 def test_a_hostile_kill_document_shows_question_marks_not_a_traceback(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    doc = {"schema": "nvmlcheck/kill", "version": 2, "clean_ns": "soon", "confirmed_ns": None,
+    doc = {"schema": "nvmlcheck/kill", "version": 2, "clean": True, "clean_ns": "soon", "confirmed_ns": None,
            "pids": [{"pid": 1, "name": "\x1b]0;owned\x07x", "signals": [{"signal": "SIGTERM", "sent_ns": "x"}],
                      "exited_ns": [1]}, "junk"],
            "left_alone": "abc", "missing": 7, "not_ours": ["\x1b[2Jforged"]}

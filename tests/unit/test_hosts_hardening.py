@@ -377,3 +377,33 @@ def test_an_interrupt_while_the_workers_start_is_raised_as_itself(tmp_path: Path
         monkeypatch.undo()
     assert started == ["nvmlcheck-host-0"]
     assert _gone_within(int(ssh_pid.read_text())), "the first host's ssh outlived the interrupted run"
+
+
+@pytest.mark.parametrize(("given", "deadline"), [([], 30.0 + 2.0 + hosts.START_ALLOWANCE_S),
+                                                 (["--timeout", "60"], 60.0 + 2.0 + hosts.START_ALLOWANCE_S),
+                                                 (["--timeout", "none"], None)])
+def test_holders_on_hosts_gives_each_host_its_reading_bound(
+        given: list[str], deadline: float | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # holders' --timeout (default 30) bounds each host's reading, and is passed to the host; the host's deadline was
+    # the connect timeout + 5 s whatever it said: a reading told it had 60 s was killed at 7 s as "no answer".
+    ssh = _fake_ssh(tmp_path, 'print(\'{"schema": "nvmlcheck/holders", "version": 1, "holders": []}\')')
+    seen: dict[str, object] = {}
+
+    class Recording(Fleet):
+        def run(self, *args: object, **kwargs: object) -> object:  # type: ignore[override]
+            seen.update(kwargs)
+            return super().run(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(hosts, "Fleet", functools.partial(Recording, ssh=ssh, control_master=False))
+    assert cli.main(["holders", "--host", "gpu01", "--connect-timeout", "2", *given]) == 0
+    assert seen["deadline_s"] == deadline and seen["timeout_s"] is None, seen
+
+
+@pytest.mark.parametrize("beside", [[], ["--host", "gpu01"]])
+def test_an_empty_hosts_file_is_a_usage_error_even_beside_host(
+        beside: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Beside --host, a fleet file with every line commented out ran --host alone: its hosts unchecked, exit 0.
+    fleet = tmp_path / "fleet.txt"
+    fleet.write_text("# gpu02\n\n   # gpu03\n", encoding="utf-8")
+    assert cli.main(["wait", "--timeout", "0", "--hosts-file", str(fleet), *beside]) == 2
+    assert f"--hosts-file {fleet}: no host in it" in capsys.readouterr().err

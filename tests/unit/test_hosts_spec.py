@@ -124,6 +124,17 @@ def test_documents_are_kept_and_error_documents_are_remote_errors() -> None:
     (["wait"], 0, {"schema": "nvmlcheck/wait", "version": 1, "clean": True}, "version 1"),
     (["ready"], 0, {"schema": "nvmlcheck/ready", "version": 1, "ready": True, "exit_code": 1}, "contradictory"),
     (["ready"], 0, {"schema": "nvmlcheck/ready", "version": 1, "ready": "yes", "exit_code": 0}, "contradictory"),
+    # A document without its verdict, or without the list its lines come from, was not read whole (a hand-made or
+    # broken one): exit 0 made it clean, and a snapshot of no "devices" an "ok" host of no GPU line.
+    (["wait"], 0, {"schema": "nvmlcheck/wait", "version": 2}, "no 'clean'"),
+    (["kill"], 0, {"schema": "nvmlcheck/kill", "version": 2, "pids": []}, "no 'clean'"),
+    (["ready"], 0, {"schema": "nvmlcheck/ready", "version": 1, "exit_code": 0}, "no 'ready'"),
+    (["wait"], 1, {"schema": "nvmlcheck/wait", "version": 2, "clean": True}, "contradictory"),
+    (["ready"], 5, {"schema": "nvmlcheck/ready", "version": 1, "ready": True}, "contradictory"),
+    (["snapshot"], 0, {"schema": "nvmlcheck/snapshot", "version": 1}, "no 'devices' list"),
+    (["snapshot"], 0, {"schema": "nvmlcheck/snapshot", "version": 1, "devices": {}}, "no 'devices' list"),
+    (["holders"], 0, {"schema": "nvmlcheck/holders", "version": 1, "holders": None}, "no 'holders' list"),
+    (["kill"], 0, {"schema": "nvmlcheck/kill-plan", "version": 1}, "no 'targets' list"),
 ])
 def test_a_document_that_cannot_stand_for_the_exit_status_fails_the_host(
         command: list[str], rc: int, doc: dict[str, object], why: str) -> None:
@@ -132,8 +143,9 @@ def test_a_document_that_cannot_stand_for_the_exit_status_fails_the_host(
     answer = Fleet._classify(Host("gpu"), rc, json.dumps(doc), "", 0.1, command=command)
     assert isinstance(answer, RemoteError) and why in str(answer), answer
     assert HostResult(Host("gpu"), doc, rc, answer).verdict == "failed"
-    good = {**doc, "version": 2 if command == ["wait"] else 1, "clean": True, "ready": True, "exit_code": 0}
-    good["schema"] = f"nvmlcheck/{command[0]}"
+    schema = str(doc["schema"]) if doc["schema"] == "nvmlcheck/kill-plan" else f"nvmlcheck/{command[0]}"
+    good = {**doc, "schema": schema, "version": 2 if schema in ("nvmlcheck/wait", "nvmlcheck/kill") else 1,
+            "clean": True, "ready": True, "exit_code": 0, "devices": [], "holders": [], "targets": []}
     ok = Fleet._classify(Host("gpu"), 0, json.dumps(good), "", 0.1, command=command)
     assert isinstance(ok, HostResult) and ok.verdict == "clean"
 
@@ -260,3 +272,33 @@ def test_kill_passes_the_signal_to_the_hosts_as_the_user_spelled_it(word: str) -
     assert words[words.index("--signal") + 1] == word
     if word in ("35", "RTMIN+1") and int(_signal.SIGRTMIN) == 34:
         assert here.signal == "SIGRTMIN+1"  # named here as before (the plan, the records)
+
+
+@pytest.mark.parametrize(("argv", "command"), [
+    (["select", "--hosts", "gpu01"], "select runs on this machine only"),  # was "argument K: not an integer: 'gpu01'"
+    (["select", "1", "--host", "gpu01"], "select runs on this machine only"),
+    (["watch", "--hosts-file=fleet.txt"], "watch runs on this machine only"),
+    (["--host", "gpu01", "wait"], "not an option of nvmlcheck itself"),  # was "unknown command 'gpu01'" alone
+])
+def test_a_host_option_where_none_is_taken_says_which_commands_take_it(
+        argv: list[str], command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from nvmlcheck import cli
+
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    line = err.strip().splitlines()[-1]
+    option = next(w for w in argv if w.startswith("--host")).partition("=")[0]
+    assert line.partition("error: ")[2].startswith(f"{option}: {command}"), err
+    assert "snapshot, wait, kill, ready, holders take --host/--hosts/--hosts-file" in line, err
+
+
+def test_a_remote_commands_own_exit_255_is_a_remote_error_not_unreachable() -> None:
+    # ssh's stdout is the remote side's alone: with text there, the host was reached, and an exit 255 without a line
+    # of ssh's is the remote command's own. It read "unreachable: boom".
+    answer = Fleet._classify(Host("gpu"), 255, "motd: welcome\n", "boom\n", 0.1, command=["wait"])
+    assert isinstance(answer, RemoteError) and "remote command's own" in answer.message and "boom" in answer.message
+    # ssh's own line still decides, stdout or not (a connection dropped under a running command).
+    dropped = Fleet._classify(Host("gpu"), 255, "motd: welcome\n", "Connection to gpu closed by remote host.\n", 0.1,
+                              command=["wait"])
+    assert type(dropped) is HostUnreachable
+    assert type(Fleet._classify(Host("gpu"), 255, "", "boom\n", 0.1, command=["wait"])) is HostUnreachable

@@ -111,3 +111,15 @@ def test_every_unknown_value_of_a_remote_holder_has_its_reason(capsys: pytest.Ca
     assert lines[row + 1] == (f"gpu01    (unknown: user, state, command: {why}; GPU 0 used: NVML reports not "
                               "available)")
     assert sum("(unknown" in line for line in lines) == 1  # the holder read whole has none
+
+
+def test_a_kill_dry_run_on_hosts_is_never_summed_up_as_clean(capsys: pytest.CaptureFixture[str]) -> None:
+    # The plan of a host whose GPU is held (one target) was summed up "1 host: 1 clean": a dry run judges nothing.
+    plan = {"schema": "nvmlcheck/kill-plan", "version": 1, "targets": [{"pid": 7, "found_by": "nvml",
+                                                                        "cmdline": ["python3", "train.py"]}],
+            "left_alone": [], "missing": []}
+    _print(argparse.Namespace(command="kill", view=None, dry_run=True), [HostResult(Host("gpu01"), plan, 0)])
+    out = capsys.readouterr().out.splitlines()
+    assert "gpu01  would signal pid 7 (nvml): python3 train.py" in out
+    assert "gpu01  dry run: nothing was signalled" in out
+    assert out[-1] == "1 host: 1 ok" and "clean" not in "\n".join(out), out
