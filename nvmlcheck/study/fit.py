@@ -296,8 +296,8 @@ def fit_report(
     y = [percentile([p.memory_back_ns for p in g], 0.5) for g in groups]
     w = [float(len(g)) for g in groups]
     coef, kept = _fit_columns(rows, y, w, base)
-    model = replace(base, driver=branch, **{name: round(coef[j]) for j, name in enumerate(COEFFICIENTS)},
-                    source="")
+    fitted_coefs: dict[str, Any] = {name: round(coef[j]) for j, name in enumerate(COEFFICIENTS)}
+    model = replace(base, driver=branch, **fitted_coefs, source="")
     fitted = tuple(c for c in COEFFICIENTS if c not in kept)
     spare = len(fitted_pts) - len(fitted)
     if spare < MIN_SPARE_RUNS:
@@ -314,7 +314,12 @@ def fit_report(
     zeroed = [c for c, why in kept.items() if why.startswith(_ZEROED)]
     prior_kept = [c for c in kept if c not in zeroed]
     provenance = _provenance(fitted_runs)
-    model = replace(model, error_ns=math.ceil(err), source=(
+    gpu = conditions.get("gpu")
+    model = replace(model, error_ns=math.ceil(err), gpu=", ".join(sorted(pooled["gpu"])) if "gpu" in pooled else gpu,
+                    max_contexts=max(p.contexts for p in fitted_pts),
+                    max_device_bytes=max(p.device_bytes for p in fitted_pts),
+                    max_pinned_bytes=max(p.pinned_bytes for p in fitted_pts),
+                    max_importers=max(p.importers for p in fitted_pts), source=(
         f"nvmlcheck study fit of {len(fitted_pts)} runs ({len(groups)} cells), driver {versions}"
         + (f" (records of driver {recorded})" if recorded != versions else "")
         + f" ({_conditions_words({k: v for k, v in conditions.items() if k != 'driver'})})"
@@ -535,8 +540,17 @@ def fit(records: Iterable[RunRecord], **options: Any) -> ReclaimModel:
 def model_code(model: ReclaimModel) -> str:
     """The ``register(ReclaimModel(...))`` call that puts ``model`` in :mod:`nvmlcheck.reclaim_model`'s table."""
     nums = "".join(f"    {name}={getattr(model, name):_},\n" for name in (*COEFFICIENTS, "error_ns"))
+    ranges = "".join(f"    {name}={_number(getattr(model, name))},\n" for name in _RANGE_FIELDS)
     return (f"register(ReclaimModel(\n    driver={model.driver!r},\n{nums}    stuck_factor={model.stuck_factor!r},"
-            f"\n    source={model.source!r},\n))")
+            f"\n    source={model.source!r},\n    gpu={model.gpu!r},\n{ranges}))")
+
+
+#: The fields of :class:`ReclaimModel` that say what it was measured on (after ``gpu``).
+_RANGE_FIELDS = ("max_contexts", "max_device_bytes", "max_pinned_bytes", "max_importers")
+
+
+def _number(value: int | None) -> str:
+    return "None" if value is None else f"{value:_}"
 
 
 def format_fit(result: FitResult) -> str:
