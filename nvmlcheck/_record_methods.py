@@ -345,8 +345,8 @@ def _methods_11(*, _MISSING, _set, _f_unknown):
 
 
 # nvmlcheck.verdict.GpuVerdict
-def _methods_12(*, _MISSING, _set, _d_culprits, _d_used_bytes, _d_total_bytes, _d_free_bytes, _d_need_bytes, _d_eta_ns, _d_stuck_after_ns, _d_free_in):
-    def __init__(self, index, uuid, label, class_, culprits=_d_culprits, used_bytes=_d_used_bytes, total_bytes=_d_total_bytes, free_bytes=_d_free_bytes, need_bytes=_d_need_bytes, eta_ns=_d_eta_ns, stuck_after_ns=_d_stuck_after_ns, free_in=_d_free_in):
+def _methods_12(*, _MISSING, _set, _d_culprits, _d_used_bytes, _d_total_bytes, _d_free_bytes, _d_need_bytes, _d_eta_ns, _d_stuck_after_ns, _d_free_in, _d_eta_error_ns, _d_eta_beyond):
+    def __init__(self, index, uuid, label, class_, culprits=_d_culprits, used_bytes=_d_used_bytes, total_bytes=_d_total_bytes, free_bytes=_d_free_bytes, need_bytes=_d_need_bytes, eta_ns=_d_eta_ns, stuck_after_ns=_d_stuck_after_ns, free_in=_d_free_in, eta_error_ns=_d_eta_error_ns, eta_beyond=_d_eta_beyond):
         _set(self, 'index', index)
         _set(self, 'uuid', uuid)
         _set(self, 'label', label)
@@ -359,18 +359,20 @@ def _methods_12(*, _MISSING, _set, _d_culprits, _d_used_bytes, _d_total_bytes, _
         _set(self, 'eta_ns', eta_ns)
         _set(self, 'stuck_after_ns', stuck_after_ns)
         _set(self, 'free_in', free_in)
+        _set(self, 'eta_error_ns', eta_error_ns)
+        _set(self, 'eta_beyond', eta_beyond)
     def __repr__(self):
-        return f'{type(self).__qualname__}(index={self.index!r}, uuid={self.uuid!r}, label={self.label!r}, class_={self.class_!r}, culprits={self.culprits!r}, used_bytes={self.used_bytes!r}, total_bytes={self.total_bytes!r}, free_bytes={self.free_bytes!r}, need_bytes={self.need_bytes!r}, eta_ns={self.eta_ns!r}, stuck_after_ns={self.stuck_after_ns!r}, free_in={self.free_in!r})'
+        return f'{type(self).__qualname__}(index={self.index!r}, uuid={self.uuid!r}, label={self.label!r}, class_={self.class_!r}, culprits={self.culprits!r}, used_bytes={self.used_bytes!r}, total_bytes={self.total_bytes!r}, free_bytes={self.free_bytes!r}, need_bytes={self.need_bytes!r}, eta_ns={self.eta_ns!r}, stuck_after_ns={self.stuck_after_ns!r}, free_in={self.free_in!r}, eta_error_ns={self.eta_error_ns!r}, eta_beyond={self.eta_beyond!r})'
     def __eq__(self, other):
         if other.__class__ is self.__class__:
-            return (self.index, self.uuid, self.label, self.class_, self.culprits, self.used_bytes, self.total_bytes, self.free_bytes, self.need_bytes, self.eta_ns, self.stuck_after_ns, self.free_in, ) == (other.index, other.uuid, other.label, other.class_, other.culprits, other.used_bytes, other.total_bytes, other.free_bytes, other.need_bytes, other.eta_ns, other.stuck_after_ns, other.free_in, )
+            return (self.index, self.uuid, self.label, self.class_, self.culprits, self.used_bytes, self.total_bytes, self.free_bytes, self.need_bytes, self.eta_ns, self.stuck_after_ns, self.free_in, self.eta_error_ns, self.eta_beyond, ) == (other.index, other.uuid, other.label, other.class_, other.culprits, other.used_bytes, other.total_bytes, other.free_bytes, other.need_bytes, other.eta_ns, other.stuck_after_ns, other.free_in, other.eta_error_ns, other.eta_beyond, )
         return NotImplemented
     def __hash__(self):
-        return hash((self.index, self.uuid, self.label, self.class_, self.culprits, self.used_bytes, self.total_bytes, self.free_bytes, self.need_bytes, self.eta_ns, self.stuck_after_ns, self.free_in, ))
+        return hash((self.index, self.uuid, self.label, self.class_, self.culprits, self.used_bytes, self.total_bytes, self.free_bytes, self.need_bytes, self.eta_ns, self.stuck_after_ns, self.free_in, self.eta_error_ns, self.eta_beyond, ))
     def __getstate__(self):
-        return (self.index, self.uuid, self.label, self.class_, self.culprits, self.used_bytes, self.total_bytes, self.free_bytes, self.need_bytes, self.eta_ns, self.stuck_after_ns, self.free_in, )
+        return (self.index, self.uuid, self.label, self.class_, self.culprits, self.used_bytes, self.total_bytes, self.free_bytes, self.need_bytes, self.eta_ns, self.stuck_after_ns, self.free_in, self.eta_error_ns, self.eta_beyond, )
     def __setstate__(self, state):
-        for name, value in zip(('index', 'uuid', 'label', 'class_', 'culprits', 'used_bytes', 'total_bytes', 'free_bytes', 'need_bytes', 'eta_ns', 'stuck_after_ns', 'free_in'), state):
+        for name, value in zip(('index', 'uuid', 'label', 'class_', 'culprits', 'used_bytes', 'total_bytes', 'free_bytes', 'need_bytes', 'eta_ns', 'stuck_after_ns', 'free_in', 'eta_error_ns', 'eta_beyond'), state):
             _set(self, name, value)
 
     return __init__, __repr__, __eq__, __hash__, __getstate__, __setstate__
@@ -798,7 +800,7 @@ METHODS: dict[str, Callable[..., tuple[Any, ...]]] = {
         '        _set(self, name, value)\n'
     ): _methods_11,
     (
-        'def __init__(self, index, uuid, label, class_, culprits=_d_culprits, used_bytes=_d_used_bytes, total_bytes=_d_total_bytes, free_bytes=_d_free_bytes, need_bytes=_d_need_bytes, eta_ns=_d_eta_ns, stuck_after_ns=_d_stuck_after_ns, free_in=_d_free_in):\n'
+        'def __init__(self, index, uuid, label, class_, culprits=_d_culprits, used_bytes=_d_used_bytes, total_bytes=_d_total_bytes, free_bytes=_d_free_bytes, need_bytes=_d_need_bytes, eta_ns=_d_eta_ns, stuck_after_ns=_d_stuck_after_ns, free_in=_d_free_in, eta_error_ns=_d_eta_error_ns, eta_beyond=_d_eta_beyond):\n'
         "    _set(self, 'index', index)\n"
         "    _set(self, 'uuid', uuid)\n"
         "    _set(self, 'label', label)\n"
@@ -811,18 +813,20 @@ METHODS: dict[str, Callable[..., tuple[Any, ...]]] = {
         "    _set(self, 'eta_ns', eta_ns)\n"
         "    _set(self, 'stuck_after_ns', stuck_after_ns)\n"
         "    _set(self, 'free_in', free_in)\n"
+        "    _set(self, 'eta_error_ns', eta_error_ns)\n"
+        "    _set(self, 'eta_beyond', eta_beyond)\n"
         'def __repr__(self):\n'
-        "    return f'{type(self).__qualname__}(index={self.index!r}, uuid={self.uuid!r}, label={self.label!r}, class_={self.class_!r}, culprits={self.culprits!r}, used_bytes={self.used_bytes!r}, total_bytes={self.total_bytes!r}, free_bytes={self.free_bytes!r}, need_bytes={self.need_bytes!r}, eta_ns={self.eta_ns!r}, stuck_after_ns={self.stuck_after_ns!r}, free_in={self.free_in!r})'\n"
+        "    return f'{type(self).__qualname__}(index={self.index!r}, uuid={self.uuid!r}, label={self.label!r}, class_={self.class_!r}, culprits={self.culprits!r}, used_bytes={self.used_bytes!r}, total_bytes={self.total_bytes!r}, free_bytes={self.free_bytes!r}, need_bytes={self.need_bytes!r}, eta_ns={self.eta_ns!r}, stuck_after_ns={self.stuck_after_ns!r}, free_in={self.free_in!r}, eta_error_ns={self.eta_error_ns!r}, eta_beyond={self.eta_beyond!r})'\n"
         'def __eq__(self, other):\n'
         '    if other.__class__ is self.__class__:\n'
-        '        return (self.index, self.uuid, self.label, self.class_, self.culprits, self.used_bytes, self.total_bytes, self.free_bytes, self.need_bytes, self.eta_ns, self.stuck_after_ns, self.free_in, ) == (other.index, other.uuid, other.label, other.class_, other.culprits, other.used_bytes, other.total_bytes, other.free_bytes, other.need_bytes, other.eta_ns, other.stuck_after_ns, other.free_in, )\n'
+        '        return (self.index, self.uuid, self.label, self.class_, self.culprits, self.used_bytes, self.total_bytes, self.free_bytes, self.need_bytes, self.eta_ns, self.stuck_after_ns, self.free_in, self.eta_error_ns, self.eta_beyond, ) == (other.index, other.uuid, other.label, other.class_, other.culprits, other.used_bytes, other.total_bytes, other.free_bytes, other.need_bytes, other.eta_ns, other.stuck_after_ns, other.free_in, other.eta_error_ns, other.eta_beyond, )\n'
         '    return NotImplemented\n'
         'def __hash__(self):\n'
-        '    return hash((self.index, self.uuid, self.label, self.class_, self.culprits, self.used_bytes, self.total_bytes, self.free_bytes, self.need_bytes, self.eta_ns, self.stuck_after_ns, self.free_in, ))\n'
+        '    return hash((self.index, self.uuid, self.label, self.class_, self.culprits, self.used_bytes, self.total_bytes, self.free_bytes, self.need_bytes, self.eta_ns, self.stuck_after_ns, self.free_in, self.eta_error_ns, self.eta_beyond, ))\n'
         'def __getstate__(self):\n'
-        '    return (self.index, self.uuid, self.label, self.class_, self.culprits, self.used_bytes, self.total_bytes, self.free_bytes, self.need_bytes, self.eta_ns, self.stuck_after_ns, self.free_in, )\n'
+        '    return (self.index, self.uuid, self.label, self.class_, self.culprits, self.used_bytes, self.total_bytes, self.free_bytes, self.need_bytes, self.eta_ns, self.stuck_after_ns, self.free_in, self.eta_error_ns, self.eta_beyond, )\n'
         'def __setstate__(self, state):\n'
-        "    for name, value in zip(('index', 'uuid', 'label', 'class_', 'culprits', 'used_bytes', 'total_bytes', 'free_bytes', 'need_bytes', 'eta_ns', 'stuck_after_ns', 'free_in'), state):\n"
+        "    for name, value in zip(('index', 'uuid', 'label', 'class_', 'culprits', 'used_bytes', 'total_bytes', 'free_bytes', 'need_bytes', 'eta_ns', 'stuck_after_ns', 'free_in', 'eta_error_ns', 'eta_beyond'), state):\n"
         '        _set(self, name, value)\n'
     ): _methods_12,
     (
