@@ -313,7 +313,7 @@ def _checked(doc: dict[str, Any], checks: dict[str, _Check], known: Any, where: 
             continue
         if name not in doc:
             if spec.default is MISSING and spec.default_factory is MISSING:
-                raise RecordFormatError(f"missing field {where}{name!r}")
+                raise RecordFormatError(f"missing field '{where}{name}'")
             continue
         value = doc[name]
         why = checks[name](value)

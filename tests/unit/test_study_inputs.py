@@ -72,6 +72,10 @@ def _device(**changes: Any) -> dict[str, Any]:
         ({**GOOD, "trace": [[0, -4]]}, r"'trace\[0\]': expected integers >= 0 or null"),
         ({**GOOD, "events": [1]}, r"'events': expected a list of objects or null"),
         ({k: v for k, v in GOOD.items() if k != "polls"}, r"missing field 'polls'"),
+        # A device's field was named with its quote inside the path: "missing field devices[0].'pid'"
+        (_device(pid=None), r"'devices\[0\]\.pid': expected an integer >= 1"),
+        ({**GOOD, "devices": [{k: v for k, v in GOOD["devices"][0].items() if k != "pid"}]},
+         r"missing field 'devices\[0\]\.pid'"),
         ('{"schema": "nvmlcheck/reclaim-run", "version": 1, "wall_time": NaN}', r"NaN is not a number"),
         (json.dumps(GOOD).replace('"wall_time": 0.0', '"wall_time": Infinity'), r"Infinity is not a number"),
     ],
