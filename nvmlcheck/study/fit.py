@@ -549,6 +549,10 @@ def model_code(model: ReclaimModel) -> str:
 _RANGE_FIELDS = ("max_contexts", "max_device_bytes", "max_pinned_bytes", "max_importers")
 
 
+def _gib(value: int | None) -> str:
+    return "?" if value is None else f"{value / (1 << 30):.1f} GiB"
+
+
 def _number(value: int | None) -> str:
     return "None" if value is None else f"{value:_}"
 
@@ -574,6 +578,9 @@ def format_fit(result: FitResult) -> str:
         lines.append(f"  {name:<18} {getattr(m, name) / 1e6:>10.3f} ms   {how}")
     lines.append(f"  error: largest residual {result.residual_max_ns / 1e6:.1f} ms, 95th percentile "
                  f"{result.residual_p95_ns / 1e6:.1f} ms (error_ns = the largest)")
+    lines.append(f"  measured: up to {m.max_contexts} context(s), {_gib(m.max_device_bytes)} device memory, "
+                 f"{_gib(m.max_pinned_bytes)} pinned, {m.max_importers} importer(s) in one teardown, on "
+                 f"{m.gpu or 'a GPU model not recorded'}: an ETA beyond these is extrapolated")
     lines.append("cells (median measured vs model, ms; * = not fitted, shown against the model):")
     for c in result.cells:
         mark = " " if c.in_fit else "*"

@@ -225,6 +225,8 @@ def test_a_fit_records_what_it_measured_so_an_eta_beyond_it_says_so() -> None:
         4, 4 * 64 * GIB, 4 * 32 * GIB, 4)
     assert model.gpu == "NVIDIA H200" and model.beyond(4, 64 * GIB, 32 * GIB, 4, gpu="NVIDIA H200") is None
     assert "5 contexts (measured up to 4)" in (model.beyond(5) or "")
+    text = format_fit(fit_report(runs))
+    assert "measured: up to 4 context(s), 256.0 GiB device memory, 128.0 GiB pinned, 4 importer(s)" in text
     only_one = fit_report([r for r in runs if r.holder == "pinned" and r.per_gpu == 1 and not r.pinned_bytes]).model
     assert only_one.max_pinned_bytes == 0 and only_one.max_importers == 0  # kept from the prior: not this data's
     assert "pinned host memory (measured up to 0.0 GiB)" in (only_one.beyond(1, 0, GIB) or "")
