@@ -249,8 +249,11 @@ def _pairs(ca: dict[tuple[Cell, _Conditions], list[float]], cb: dict[tuple[Cell,
     return out
 
 
-def _cells(records: Iterable[RunRecord], measure: str, across: Sequence[str] = (),
-           stage: str = "all") -> dict[tuple[Cell, _Conditions], list[float]]:
+def _cells(records: Iterable[RunRecord], measure: str, across: Sequence[str] = (), stage: str = "all",
+           missing: dict[tuple[Cell, _Conditions], dict[str, int]] | None = None,
+           ) -> dict[tuple[Cell, _Conditions], list[float]]:
+    """Each cell's values of ``measure``; ``missing`` (when given) gets, per cell, why GPU-runs had none (the
+    record's ``unknown`` reason, or that it recorded none) and how many."""
     out: dict[tuple[Cell, _Conditions], list[float]] = {}
     for r in records:
         if r.warmup or r.timed_out:
@@ -265,6 +268,10 @@ def _cells(records: Iterable[RunRecord], measure: str, across: Sequence[str] = (
             out.setdefault((key, cond), [])
             if v is not None:
                 out[(key, cond)].append(float(v))
+            elif missing is not None:
+                why = (d.unknown or {}).get(measure) or "not recorded"
+                reasons = missing.setdefault((key, cond), {})
+                reasons[why] = reasons.get(why, 0) + 1
     return out
 
 
@@ -306,6 +313,14 @@ def _values(r: RunRecord, measure: str, stage: str) -> list[tuple[DeviceRun, int
         first = group[0] if len(roles) == 1 else replace(group[0], role="*")
         out.append((first, value))
     return out
+
+
+def _too_few(n_a: int, n_b: int, measure: str, gone_a: dict[str, int], gone_b: dict[str, int]) -> str:
+    """Why a cell gets no verdict: too few values, and why the GPU-runs without one have none (a phase not
+    watched, not seen: the record's reason), so that 0 values never reads as 0 runs."""
+    return f"too few values to tell (A {n_a}, B {n_b}; at least {MIN_N} each)" + "".join(
+        f"; {side}: {n} GPU-run{'s' if n != 1 else ''} with no {measure} time ({reason})"
+        for side, gone in (("A", gone_a), ("B", gone_b)) for reason, n in gone.items())
 
 
 _TWICE = "a run counted twice narrows the interval as if it had been measured twice"
@@ -355,7 +370,8 @@ def compare_records(
     a, b = each_run_once(a, "A holds run", _TWICE), each_run_once(b, "B holds run", _TWICE)
     # A holder's count means something else for each kind: compared across kinds, their counts are part of it.
     pooled = (*across, "count") if "holder" in across and "count" not in across else tuple(across)
-    ca, cb = _cells(a, measure, pooled, stage), _cells(b, measure, pooled, stage)
+    gone: tuple[dict[tuple[Cell, _Conditions], dict[str, int]], ...] = ({}, {})  # per side: why GPU-runs had none
+    ca, cb = _cells(a, measure, pooled, stage, gone[0]), _cells(b, measure, pooled, stage, gone[1])
     rng = random.Random(seed)
     cells = []
     pairs = _pairs(ca, cb)
@@ -363,14 +379,13 @@ def compare_records(
                                                                    p[0][1], p[0][3], p[0][7], repr(p[3]))):
         va, vb = ca[(cell, cond_a)], cb[(cell, cond_b)]
         size, ending, holder, device, pinned, importers, first, role = cell
-        med_a = _median(va) if va else None
-        med_b = _median(vb) if vb else None
+        med_a, med_b = (_median(va) if va else None), (_median(vb) if vb else None)
         diff = None if med_a is None or med_b is None else med_b - med_a
         lo = hi = None
         differ: bool | None = None
         why: str | None = None
         if len(va) < MIN_N or len(vb) < MIN_N:
-            why = f"too few values to tell (A {len(va)}, B {len(vb)}; at least {MIN_N} each)"
+            why = _too_few(len(va), len(vb), measure, gone[0].get((cell, cond_a), {}), gone[1].get((cell, cond_b), {}))
         else:
             lo, hi = bootstrap_median_difference(va, vb, level=level, resamples=resamples, rng=rng)
             differ = lo > 0 or hi < 0

@@ -4,6 +4,7 @@ is an error naming what is wrong (exit 2), never a traceback, a silent empty stu
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -120,3 +121,22 @@ def test_a_study_of_a_mistyped_number_of_repeats_is_refused_before_any_plan_is_b
     with pytest.raises(ValueError, match=r"would plan about 2,000,000,002 runs"):
         StudyConfig(sizes=(1 << 30,), endings=("KILL", "TERM"), repeats=1_000_000_000)
     assert StudyConfig(sizes=(1 << 30,), endings=("KILL",), repeats=MAX_RUNS - 1).repeats == MAX_RUNS - 1
+
+
+def test_a_cell_without_values_says_why_its_runs_have_none() -> None:
+    """A measure the runs did not record (phases not watched, a phase not seen) read "too few values to tell (A 0,
+    B 0)": as if the cell had no runs. It now counts the GPU-runs with no value and gives the records' reasons."""
+    def unwatched(runs: list[RunRecord]) -> list[RunRecord]:
+        return [dataclasses.replace(r, devices=tuple(
+            dataclasses.replace(d, unknown={"zombie": "phases not watched (phases=False)"}) for d in r.devices))
+            for r in runs]
+
+    a = unwatched(_records([100.0] * 5))
+    b = _records([100.0] * 3)
+    b = [dataclasses.replace(r, run=10 + n) for n, r in enumerate(b)]
+    (cell,) = compare_records(a, b, measure="zombie").cells
+    assert cell.n_a == cell.n_b == 0 and cell.differ is None and cell.why is not None
+    assert "A: 5 GPU-runs with no zombie time (phases not watched (phases=False))" in cell.why
+    assert "B: 3 GPU-runs with no zombie time (not recorded)" in cell.why
+    (full,) = compare_records(a, b).cells  # memory_back: every run has it, nothing to explain
+    assert full.why == "too few values to tell (A 5, B 3; at least 4 each)"
