@@ -93,6 +93,10 @@ class CellComparison:
     #: What the cell's runs were measured under (:data:`CONDITION_PARTS`: simulated or real, polling mode, backend,
     #: driver, GPU model, ...), the same on both sides; a part compared across is ``"*"``.
     conditions: dict[str, Any] = field(default_factory=dict, hash=False)
+    #: The cell's GPU-runs whose run timed out, per side: left out of the values (their time is past the run
+    #: timeout, not measured), so a side's median is of the runs that ended in time.
+    timed_out_a: int = 0
+    timed_out_b: int = 0
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -256,7 +260,7 @@ def _cells(records: Iterable[RunRecord], measure: str, across: Sequence[str] = (
     record's ``unknown`` reason, or that it recorded none) and how many."""
     out: dict[tuple[Cell, _Conditions], list[float]] = {}
     for r in records:
-        if r.warmup or r.timed_out:
+        if r.warmup:
             continue
         for d, v in _values(r, measure, stage):
             # A part compared across is left out of the key: -1 / "*" stand for "any".
@@ -266,10 +270,10 @@ def _cells(records: Iterable[RunRecord], measure: str, across: Sequence[str] = (
                    "*" if "first" in across else r.first or "", "*" if "role" in across else d.role)
             cond = tuple((k, ANY if k in across else x) for k, x in conditions_of(r, d).items())
             out.setdefault((key, cond), [])
-            if v is not None:
+            if v is not None and not r.timed_out:
                 out[(key, cond)].append(float(v))
             elif missing is not None:
-                why = (d.unknown or {}).get(measure) or "not recorded"
+                why = _TIMED_OUT if r.timed_out else (d.unknown or {}).get(measure) or "not recorded"
                 reasons = missing.setdefault((key, cond), {})
                 reasons[why] = reasons.get(why, 0) + 1
     return out
@@ -315,12 +319,17 @@ def _values(r: RunRecord, measure: str, stage: str) -> list[tuple[DeviceRun, int
     return out
 
 
+#: Why a GPU-run of a timed-out run has no value (``missing`` of :func:`_cells`).
+_TIMED_OUT = "its run timed out"
+
+
 def _too_few(n_a: int, n_b: int, measure: str, gone_a: dict[str, int], gone_b: dict[str, int]) -> str:
     """Why a cell gets no verdict: too few values, and why the GPU-runs without one have none (a phase not
     watched, not seen: the record's reason), so that 0 values never reads as 0 runs."""
     return f"too few values to tell (A {n_a}, B {n_b}; at least {MIN_N} each)" + "".join(
         f"; {side}: {n} GPU-run{'s' if n != 1 else ''} with no {measure} time ({reason})"
-        for side, gone in (("A", gone_a), ("B", gone_b)) for reason, n in gone.items())
+        for side, gone in (("A", gone_a), ("B", gone_b)) for reason, n in gone.items()
+        if reason != _TIMED_OUT)  # said on a line of their own (timed_out_a/b), with what it does to the medians
 
 
 _TWICE = "a run counted twice narrows the interval as if it had been measured twice"
@@ -395,6 +404,8 @@ def compare_records(
             median_a=med_a, median_b=med_b, difference=diff, ci_low=lo, ci_high=hi, differ=differ, why=why,
             outliers_a=outliers(va), outliers_b=outliers(vb), spread=sigma, repeats_needed=need,
             pinned_bytes=pinned, importers=importers, first=first or None, role=role, conditions=dict(cond),
+            timed_out_a=gone[0].get((cell, cond_a), {}).get(_TIMED_OUT, 0),
+            timed_out_b=gone[1].get((cell, cond_b), {}).get(_TIMED_OUT, 0),
         ))
     base_a, base_b = {k for k, _ in ca}, {k for k, _ in cb}
     paired_a = {(p[0], p[1]) for p in pairs}
@@ -516,6 +527,10 @@ def _cell_lines(c: Comparison, cell: CellComparison, varying: Sequence[str], pct
                    else f"no difference shown at {pct} (the interval contains 0)")
         lines.append(f"  difference {_ms(cell.difference)} ms, interval [{_ms(cell.ci_low)}, "
                      f"{_ms(cell.ci_high)}]: {verdict}")
+    if cell.timed_out_a or cell.timed_out_b:
+        lines.append(f"  timed out: A {cell.timed_out_a}, B {cell.timed_out_b} GPU-runs, left out (their time is past "
+                     "the run timeout, not measured): each median is of the runs that ended in time, so a side with "
+                     "more of them is slower than it reads")
     for side, values in (("A", cell.outliers_a), ("B", cell.outliers_b)):
         if values:
             lines.append(f"  outliers in {side}: {', '.join(_ms(v) for v in values)} ms")

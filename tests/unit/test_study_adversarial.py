@@ -13,7 +13,7 @@ import pytest
 
 from nvmlcheck import cli
 from nvmlcheck.study import DeviceRun, RecordFormatError, RunRecord, write_records
-from nvmlcheck.study.compare import compare_records
+from nvmlcheck.study.compare import compare_records, format_comparison
 from nvmlcheck.study.fit import fit_report
 
 MS = 1_000_000
@@ -140,3 +140,21 @@ def test_a_cell_without_values_says_why_its_runs_have_none() -> None:
     assert "B: 3 GPU-runs with no zombie time (not recorded)" in cell.why
     (full,) = compare_records(a, b).cells  # memory_back: every run has it, nothing to explain
     assert full.why == "too few values to tell (A 5, B 3; at least 4 each)"
+
+
+def test_timed_out_runs_are_counted_not_silently_dropped_from_a_comparison() -> None:
+    """Timed-out runs (memory not back within the run timeout: the slowest outcome) were dropped without a word:
+    a B whose slow runs all timed out read as fast as A from the runs left, and a side whose runs all timed out
+    made the cell "only in" the other side. They are now counted per cell and side, and said."""
+    a = _records([100.0] * 5)
+    b = [dataclasses.replace(r, run=10 + n, timed_out=n < 3, timeout_reason="x" if n < 3 else None)
+         for n, r in enumerate(_records([100.0] * 7))]
+    (cell,) = compare_records(a, b).cells
+    assert (cell.n_a, cell.n_b, cell.timed_out_a, cell.timed_out_b) == (5, 4, 0, 3)
+    assert cell.to_json()["timed_out_b"] == 3
+    text = format_comparison(compare_records(a, b))
+    assert "timed out: A 0, B 3 GPU-runs, left out" in text
+    every = [dataclasses.replace(r, timed_out=True, timeout_reason="x") for r in a]
+    c = compare_records(every, b)
+    assert c.only_b == () and c.cells[0].n_a == 0 and c.cells[0].timed_out_a == 5 and c.cells[0].differ is None
+    assert "timed out" not in (c.cells[0].why or "")  # said once, on its own line
