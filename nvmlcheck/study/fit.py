@@ -286,7 +286,7 @@ def fit_report(
             other_pts.append(p)
     if not fitted_pts:
         raise ArgumentError(f"no measured run of the kinds {', '.join(kinds)} with the endings {', '.join(endings)} "
-                         "to fit")
+                            f"to fit{_left_out(every, excluded)}")
     conditions, pooled = _shared_conditions(fitted_pts, across)
     recorded = _drivers(fitted_runs, conditions, pooled)
     # The parts a cell's label names: those that differ between cells (its kind and ending are named already).
@@ -347,6 +347,14 @@ def _points(records: Sequence[RunRecord], excluded: dict[str, int]) -> list[tupl
             continue
         points.append((r, p))
     return points
+
+
+def _left_out(records: Sequence[RunRecord], excluded: dict[str, int]) -> str:
+    """The runs that could not be fitted (timed out, never seen back, warm-ups), for the error that none can: the
+    runs were there, and why none was fitted is said, not "no run"."""
+    left = "".join(f"; {n} run{'s' if n != 1 else ''} left out: {why}" for why, n in excluded.items())
+    warm = sum(1 for r in records if r.warmup)
+    return left + (f"; {warm} warm-up run{'s' if warm != 1 else ''} (never fitted)" if warm else "")
 
 
 def _default_endings(points: Sequence[FitPoint], across: Sequence[str], notes: list[str]) -> tuple[str, ...]:

@@ -158,3 +158,16 @@ def test_timed_out_runs_are_counted_not_silently_dropped_from_a_comparison() -> 
     c = compare_records(every, b)
     assert c.only_b == () and c.cells[0].n_a == 0 and c.cells[0].timed_out_a == 5 and c.cells[0].differ is None
     assert "timed out" not in (c.cells[0].why or "")  # said once, on its own line
+
+
+@pytest.mark.parametrize(("change", "said"), [
+    ({"timed_out": True, "timeout_reason": "x"}, "5 runs left out: timed out"),
+    ({"warmup": True}, "5 warm-up runs (never fitted)"),
+])
+def test_fit_of_runs_none_of_which_can_be_fitted_says_what_they_were(change: dict[str, Any], said: str) -> None:
+    # "no measured run of the kinds alloc, ... to fit" for 5 alloc KILL runs that had all timed out (or were
+    # warm-ups): the runs were there, and why none could be fitted was not said.
+    runs = [dataclasses.replace(r, **change) for r in _records([100.0] * 5)]
+    with pytest.raises(ValueError, match="no measured run") as info:
+        fit_report(runs)
+    assert said in str(info.value)
