@@ -332,7 +332,8 @@ def fit_report(
         _cell_fit(g, model, False) for g in _groups(other_pts, varying))
     return FitResult(model=model, prior=base, fitted=fitted, kept=kept, n=len(fitted_pts), residual_max_ns=err,
                      residual_p95_ns=percentile(residuals, 0.95), cells=cells, excluded=excluded,
-                     provenance=provenance, conditions=conditions, pooled=pooled, notes=tuple(notes))
+                     provenance=provenance, conditions=conditions, pooled=pooled,
+                     notes=(*notes, *_timed_out_note(every, kinds, endings)))
 
 
 def _points(records: Sequence[RunRecord], excluded: dict[str, int]) -> list[tuple[RunRecord, FitPoint]]:
@@ -347,6 +348,18 @@ def _points(records: Sequence[RunRecord], excluded: dict[str, int]) -> list[tupl
             continue
         points.append((r, p))
     return points
+
+
+def _timed_out_note(records: Sequence[RunRecord], kinds: Sequence[str], endings: Sequence[str]) -> list[str]:
+    """A note when runs of the kinds and endings fitted timed out: censored, their time past the run timeout, so
+    the fit and its error are of the runs that ended in time and understate how long a teardown can take."""
+    timed = [r for r in records if r.timed_out and not r.warmup and r.holder in kinds and r.ending in endings]
+    if not timed:
+        return []
+    limit = max(r.timeout_s for r in timed)
+    return [f"{len(timed)} run{'s' if len(timed) != 1 else ''} of the kinds and endings fitted timed out (memory "
+            f"not back within {limit:g} s, left out): the coefficients and the error are of the runs that ended in "
+            "time, and understate the slowest teardowns"]
 
 
 def _left_out(records: Sequence[RunRecord], excluded: dict[str, int]) -> str:

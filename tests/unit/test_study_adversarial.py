@@ -171,3 +171,15 @@ def test_fit_of_runs_none_of_which_can_be_fitted_says_what_they_were(change: dic
     with pytest.raises(ValueError, match="no measured run") as info:
         fit_report(runs)
     assert said in str(info.value)
+
+
+def test_a_fit_with_timed_out_runs_says_its_error_understates_them() -> None:
+    # 5 runs at ~100 ms and 5 that timed out (memory not back in 30 s): the fit gave error_ns 20 ms and said only
+    # "left out: 5 runs (timed out)", as if the error covered the teardowns measured.
+    done = _records([100.0, 110.0, 120.0, 130.0, 140.0])
+    timed = [dataclasses.replace(r, run=10 + n, timed_out=True, timeout_reason="x") for n, r in enumerate(done)]
+    result = fit_report([*done, *timed])
+    assert result.excluded == {"timed out": 5}
+    assert any("5 runs of the kinds and endings fitted timed out (memory not back within 30 s" in n
+               for n in result.notes)
+    assert not any("timed out" in n for n in fit_report(done).notes)
