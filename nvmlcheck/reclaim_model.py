@@ -101,7 +101,8 @@ class ReclaimModel:
                 shown = (f"{value / _GIB:.1f} GiB {name} (measured up to {most / _GIB:.1f} GiB)" if size else
                          f"{value} {name} (measured up to {most})")
                 why.append(shown)
-        if gpu is not None and self.gpu is not None and gpu not in self.gpu.split(", "):
+        # The fit names each GPU model of its runs: ", " between pooled ones, " + " within a run on several.
+        if gpu is not None and self.gpu is not None and gpu not in self.gpu.replace(" + ", ", ").split(", "):
             why.append(f"GPU model {gpu} (measured on {self.gpu})")
         return "beyond the measured data: " + ", ".join(why) if why else None
 

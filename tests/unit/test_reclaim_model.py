@@ -66,6 +66,9 @@ def test_an_eta_within_the_measured_data_is_not_called_an_extrapolation() -> Non
     assert GOOD.beyond() is None and GOOD.beyond(contexts=0) is None
     assert GOOD.beyond(4, 64 * GIB, 32 * GIB, 4, gpu="NVIDIA H200") is None
     assert GOOD.beyond(2, 8 * GIB, gpu=None) is None  # GPU model not known: not judged
+    pooled = replace(GOOD, gpu="NVIDIA H100 80GB HBM3, NVIDIA H200 + NVIDIA H20")
+    assert all(pooled.beyond(gpu=g) is None for g in ("NVIDIA H100 80GB HBM3", "NVIDIA H200", "NVIDIA H20"))
+    assert "GPU model NVIDIA A100" in (pooled.beyond(gpu="NVIDIA A100") or "")
 
 
 @pytest.mark.parametrize(("inputs", "said"), [
