@@ -398,7 +398,8 @@ def load_records(path: str | os.PathLike[str], *, traces: bool = True) -> list[R
                 raise RecordFormatError(f"{path}:{n}: a line longer than {MAX_LINE_BYTES >> 20} MiB is no run record "
                                         "(a record with its trace is at most a few MiB)")
             try:
-                line = raw.decode("utf-8")
+                # An editor's byte-order mark on the first line is no part of the JSON (json.loads refuses it).
+                line = raw.decode("utf-8-sig" if n == 1 else "utf-8")
                 if not line.strip():
                     continue
                 try:
@@ -457,7 +458,7 @@ def _whole_document(f: Any) -> Any | None:
     if len(data) > MAX_LINE_BYTES:
         return None
     try:
-        doc = json.loads(data.decode("utf-8"), parse_constant=_no_constant)
+        doc = json.loads(data.decode("utf-8-sig"), parse_constant=_no_constant)
     except (ValueError, RecursionError):
         return None
     return doc if isinstance(doc, dict) and _is_document(doc) else None

@@ -376,3 +376,16 @@ def test_compare_and_fit_hold_no_trace_of_the_records_they_read(
     assert cli.main(["study", "compare", str(path), str(path)]) == 0
     capsys.readouterr()
     assert asked == [False, False, False]
+
+
+def test_a_byte_order_mark_before_the_first_record_is_read_past(tmp_path: Path) -> None:
+    # A file saved by an editor that writes a UTF-8 BOM was refused as "not JSON (Unexpected UTF-8 BOM ...): run
+    # records are JSON Lines", though every line was a record.
+    plain = _write(tmp_path, [GOOD, {**GOOD, "run": 1}])
+    marked = tmp_path / "bom.jsonl"
+    marked.write_bytes(b"\xef\xbb\xbf" + plain.read_bytes())
+    assert load_records(marked) == load_records(plain) and len(load_records(marked)) == 2
+    later = tmp_path / "later.jsonl"  # a BOM inside the file is no record: still refused, with its line
+    later.write_bytes(plain.read_bytes() + b"\xef\xbb\xbf" + json.dumps(GOOD).encode() + b"\n")
+    with pytest.raises(RecordFormatError, match=r"later\.jsonl:3: "):
+        load_records(later)
