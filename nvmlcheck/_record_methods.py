@@ -180,8 +180,8 @@ def _methods_5(*, _MISSING, _set):
 
 
 # nvmlcheck.reclaim_model.ReclaimModel
-def _methods_6(*, _MISSING, _set):
-    def __init__(self, driver, base_ns, per_context_ns, per_device_gib_ns, per_pinned_gib_ns, per_importer_ns, error_ns, stuck_factor, source):
+def _methods_6(*, _MISSING, _set, _d_gpu, _d_max_contexts, _d_max_device_bytes, _d_max_pinned_bytes, _d_max_importers):
+    def __init__(self, driver, base_ns, per_context_ns, per_device_gib_ns, per_pinned_gib_ns, per_importer_ns, error_ns, stuck_factor, source, gpu=_d_gpu, max_contexts=_d_max_contexts, max_device_bytes=_d_max_device_bytes, max_pinned_bytes=_d_max_pinned_bytes, max_importers=_d_max_importers):
         _set(self, 'driver', driver)
         _set(self, 'base_ns', base_ns)
         _set(self, 'per_context_ns', per_context_ns)
@@ -191,18 +191,23 @@ def _methods_6(*, _MISSING, _set):
         _set(self, 'error_ns', error_ns)
         _set(self, 'stuck_factor', stuck_factor)
         _set(self, 'source', source)
+        _set(self, 'gpu', gpu)
+        _set(self, 'max_contexts', max_contexts)
+        _set(self, 'max_device_bytes', max_device_bytes)
+        _set(self, 'max_pinned_bytes', max_pinned_bytes)
+        _set(self, 'max_importers', max_importers)
     def __repr__(self):
-        return f'{type(self).__qualname__}(driver={self.driver!r}, base_ns={self.base_ns!r}, per_context_ns={self.per_context_ns!r}, per_device_gib_ns={self.per_device_gib_ns!r}, per_pinned_gib_ns={self.per_pinned_gib_ns!r}, per_importer_ns={self.per_importer_ns!r}, error_ns={self.error_ns!r}, stuck_factor={self.stuck_factor!r}, source={self.source!r})'
+        return f'{type(self).__qualname__}(driver={self.driver!r}, base_ns={self.base_ns!r}, per_context_ns={self.per_context_ns!r}, per_device_gib_ns={self.per_device_gib_ns!r}, per_pinned_gib_ns={self.per_pinned_gib_ns!r}, per_importer_ns={self.per_importer_ns!r}, error_ns={self.error_ns!r}, stuck_factor={self.stuck_factor!r}, source={self.source!r}, gpu={self.gpu!r}, max_contexts={self.max_contexts!r}, max_device_bytes={self.max_device_bytes!r}, max_pinned_bytes={self.max_pinned_bytes!r}, max_importers={self.max_importers!r})'
     def __eq__(self, other):
         if other.__class__ is self.__class__:
-            return (self.driver, self.base_ns, self.per_context_ns, self.per_device_gib_ns, self.per_pinned_gib_ns, self.per_importer_ns, self.error_ns, self.stuck_factor, self.source, ) == (other.driver, other.base_ns, other.per_context_ns, other.per_device_gib_ns, other.per_pinned_gib_ns, other.per_importer_ns, other.error_ns, other.stuck_factor, other.source, )
+            return (self.driver, self.base_ns, self.per_context_ns, self.per_device_gib_ns, self.per_pinned_gib_ns, self.per_importer_ns, self.error_ns, self.stuck_factor, self.source, self.gpu, self.max_contexts, self.max_device_bytes, self.max_pinned_bytes, self.max_importers, ) == (other.driver, other.base_ns, other.per_context_ns, other.per_device_gib_ns, other.per_pinned_gib_ns, other.per_importer_ns, other.error_ns, other.stuck_factor, other.source, other.gpu, other.max_contexts, other.max_device_bytes, other.max_pinned_bytes, other.max_importers, )
         return NotImplemented
     def __hash__(self):
-        return hash((self.driver, self.base_ns, self.per_context_ns, self.per_device_gib_ns, self.per_pinned_gib_ns, self.per_importer_ns, self.error_ns, self.stuck_factor, self.source, ))
+        return hash((self.driver, self.base_ns, self.per_context_ns, self.per_device_gib_ns, self.per_pinned_gib_ns, self.per_importer_ns, self.error_ns, self.stuck_factor, self.source, self.gpu, self.max_contexts, self.max_device_bytes, self.max_pinned_bytes, self.max_importers, ))
     def __getstate__(self):
-        return (self.driver, self.base_ns, self.per_context_ns, self.per_device_gib_ns, self.per_pinned_gib_ns, self.per_importer_ns, self.error_ns, self.stuck_factor, self.source, )
+        return (self.driver, self.base_ns, self.per_context_ns, self.per_device_gib_ns, self.per_pinned_gib_ns, self.per_importer_ns, self.error_ns, self.stuck_factor, self.source, self.gpu, self.max_contexts, self.max_device_bytes, self.max_pinned_bytes, self.max_importers, )
     def __setstate__(self, state):
-        for name, value in zip(('driver', 'base_ns', 'per_context_ns', 'per_device_gib_ns', 'per_pinned_gib_ns', 'per_importer_ns', 'error_ns', 'stuck_factor', 'source'), state):
+        for name, value in zip(('driver', 'base_ns', 'per_context_ns', 'per_device_gib_ns', 'per_pinned_gib_ns', 'per_importer_ns', 'error_ns', 'stuck_factor', 'source', 'gpu', 'max_contexts', 'max_device_bytes', 'max_pinned_bytes', 'max_importers'), state):
             _set(self, name, value)
 
     return __init__, __repr__, __eq__, __hash__, __getstate__, __setstate__
@@ -340,8 +345,8 @@ def _methods_11(*, _MISSING, _set, _f_unknown):
 
 
 # nvmlcheck.verdict.GpuVerdict
-def _methods_12(*, _MISSING, _set, _d_culprits, _d_used_bytes, _d_total_bytes, _d_free_bytes, _d_need_bytes, _d_eta_ns, _d_stuck_after_ns, _d_free_in):
-    def __init__(self, index, uuid, label, class_, culprits=_d_culprits, used_bytes=_d_used_bytes, total_bytes=_d_total_bytes, free_bytes=_d_free_bytes, need_bytes=_d_need_bytes, eta_ns=_d_eta_ns, stuck_after_ns=_d_stuck_after_ns, free_in=_d_free_in):
+def _methods_12(*, _MISSING, _set, _d_culprits, _d_used_bytes, _d_total_bytes, _d_free_bytes, _d_need_bytes, _d_eta_ns, _d_stuck_after_ns, _d_free_in, _d_eta_error_ns, _d_eta_beyond):
+    def __init__(self, index, uuid, label, class_, culprits=_d_culprits, used_bytes=_d_used_bytes, total_bytes=_d_total_bytes, free_bytes=_d_free_bytes, need_bytes=_d_need_bytes, eta_ns=_d_eta_ns, stuck_after_ns=_d_stuck_after_ns, free_in=_d_free_in, eta_error_ns=_d_eta_error_ns, eta_beyond=_d_eta_beyond):
         _set(self, 'index', index)
         _set(self, 'uuid', uuid)
         _set(self, 'label', label)
@@ -354,18 +359,20 @@ def _methods_12(*, _MISSING, _set, _d_culprits, _d_used_bytes, _d_total_bytes, _
         _set(self, 'eta_ns', eta_ns)
         _set(self, 'stuck_after_ns', stuck_after_ns)
         _set(self, 'free_in', free_in)
+        _set(self, 'eta_error_ns', eta_error_ns)
+        _set(self, 'eta_beyond', eta_beyond)
     def __repr__(self):
-        return f'{type(self).__qualname__}(index={self.index!r}, uuid={self.uuid!r}, label={self.label!r}, class_={self.class_!r}, culprits={self.culprits!r}, used_bytes={self.used_bytes!r}, total_bytes={self.total_bytes!r}, free_bytes={self.free_bytes!r}, need_bytes={self.need_bytes!r}, eta_ns={self.eta_ns!r}, stuck_after_ns={self.stuck_after_ns!r}, free_in={self.free_in!r})'
+        return f'{type(self).__qualname__}(index={self.index!r}, uuid={self.uuid!r}, label={self.label!r}, class_={self.class_!r}, culprits={self.culprits!r}, used_bytes={self.used_bytes!r}, total_bytes={self.total_bytes!r}, free_bytes={self.free_bytes!r}, need_bytes={self.need_bytes!r}, eta_ns={self.eta_ns!r}, stuck_after_ns={self.stuck_after_ns!r}, free_in={self.free_in!r}, eta_error_ns={self.eta_error_ns!r}, eta_beyond={self.eta_beyond!r})'
     def __eq__(self, other):
         if other.__class__ is self.__class__:
-            return (self.index, self.uuid, self.label, self.class_, self.culprits, self.used_bytes, self.total_bytes, self.free_bytes, self.need_bytes, self.eta_ns, self.stuck_after_ns, self.free_in, ) == (other.index, other.uuid, other.label, other.class_, other.culprits, other.used_bytes, other.total_bytes, other.free_bytes, other.need_bytes, other.eta_ns, other.stuck_after_ns, other.free_in, )
+            return (self.index, self.uuid, self.label, self.class_, self.culprits, self.used_bytes, self.total_bytes, self.free_bytes, self.need_bytes, self.eta_ns, self.stuck_after_ns, self.free_in, self.eta_error_ns, self.eta_beyond, ) == (other.index, other.uuid, other.label, other.class_, other.culprits, other.used_bytes, other.total_bytes, other.free_bytes, other.need_bytes, other.eta_ns, other.stuck_after_ns, other.free_in, other.eta_error_ns, other.eta_beyond, )
         return NotImplemented
     def __hash__(self):
-        return hash((self.index, self.uuid, self.label, self.class_, self.culprits, self.used_bytes, self.total_bytes, self.free_bytes, self.need_bytes, self.eta_ns, self.stuck_after_ns, self.free_in, ))
+        return hash((self.index, self.uuid, self.label, self.class_, self.culprits, self.used_bytes, self.total_bytes, self.free_bytes, self.need_bytes, self.eta_ns, self.stuck_after_ns, self.free_in, self.eta_error_ns, self.eta_beyond, ))
     def __getstate__(self):
-        return (self.index, self.uuid, self.label, self.class_, self.culprits, self.used_bytes, self.total_bytes, self.free_bytes, self.need_bytes, self.eta_ns, self.stuck_after_ns, self.free_in, )
+        return (self.index, self.uuid, self.label, self.class_, self.culprits, self.used_bytes, self.total_bytes, self.free_bytes, self.need_bytes, self.eta_ns, self.stuck_after_ns, self.free_in, self.eta_error_ns, self.eta_beyond, )
     def __setstate__(self, state):
-        for name, value in zip(('index', 'uuid', 'label', 'class_', 'culprits', 'used_bytes', 'total_bytes', 'free_bytes', 'need_bytes', 'eta_ns', 'stuck_after_ns', 'free_in'), state):
+        for name, value in zip(('index', 'uuid', 'label', 'class_', 'culprits', 'used_bytes', 'total_bytes', 'free_bytes', 'need_bytes', 'eta_ns', 'stuck_after_ns', 'free_in', 'eta_error_ns', 'eta_beyond'), state):
             _set(self, name, value)
 
     return __init__, __repr__, __eq__, __hash__, __getstate__, __setstate__
@@ -652,7 +659,7 @@ METHODS: dict[str, Callable[..., tuple[Any, ...]]] = {
         '        _set(self, name, value)\n'
     ): _methods_5,
     (
-        'def __init__(self, driver, base_ns, per_context_ns, per_device_gib_ns, per_pinned_gib_ns, per_importer_ns, error_ns, stuck_factor, source):\n'
+        'def __init__(self, driver, base_ns, per_context_ns, per_device_gib_ns, per_pinned_gib_ns, per_importer_ns, error_ns, stuck_factor, source, gpu=_d_gpu, max_contexts=_d_max_contexts, max_device_bytes=_d_max_device_bytes, max_pinned_bytes=_d_max_pinned_bytes, max_importers=_d_max_importers):\n'
         "    _set(self, 'driver', driver)\n"
         "    _set(self, 'base_ns', base_ns)\n"
         "    _set(self, 'per_context_ns', per_context_ns)\n"
@@ -662,18 +669,23 @@ METHODS: dict[str, Callable[..., tuple[Any, ...]]] = {
         "    _set(self, 'error_ns', error_ns)\n"
         "    _set(self, 'stuck_factor', stuck_factor)\n"
         "    _set(self, 'source', source)\n"
+        "    _set(self, 'gpu', gpu)\n"
+        "    _set(self, 'max_contexts', max_contexts)\n"
+        "    _set(self, 'max_device_bytes', max_device_bytes)\n"
+        "    _set(self, 'max_pinned_bytes', max_pinned_bytes)\n"
+        "    _set(self, 'max_importers', max_importers)\n"
         'def __repr__(self):\n'
-        "    return f'{type(self).__qualname__}(driver={self.driver!r}, base_ns={self.base_ns!r}, per_context_ns={self.per_context_ns!r}, per_device_gib_ns={self.per_device_gib_ns!r}, per_pinned_gib_ns={self.per_pinned_gib_ns!r}, per_importer_ns={self.per_importer_ns!r}, error_ns={self.error_ns!r}, stuck_factor={self.stuck_factor!r}, source={self.source!r})'\n"
+        "    return f'{type(self).__qualname__}(driver={self.driver!r}, base_ns={self.base_ns!r}, per_context_ns={self.per_context_ns!r}, per_device_gib_ns={self.per_device_gib_ns!r}, per_pinned_gib_ns={self.per_pinned_gib_ns!r}, per_importer_ns={self.per_importer_ns!r}, error_ns={self.error_ns!r}, stuck_factor={self.stuck_factor!r}, source={self.source!r}, gpu={self.gpu!r}, max_contexts={self.max_contexts!r}, max_device_bytes={self.max_device_bytes!r}, max_pinned_bytes={self.max_pinned_bytes!r}, max_importers={self.max_importers!r})'\n"
         'def __eq__(self, other):\n'
         '    if other.__class__ is self.__class__:\n'
-        '        return (self.driver, self.base_ns, self.per_context_ns, self.per_device_gib_ns, self.per_pinned_gib_ns, self.per_importer_ns, self.error_ns, self.stuck_factor, self.source, ) == (other.driver, other.base_ns, other.per_context_ns, other.per_device_gib_ns, other.per_pinned_gib_ns, other.per_importer_ns, other.error_ns, other.stuck_factor, other.source, )\n'
+        '        return (self.driver, self.base_ns, self.per_context_ns, self.per_device_gib_ns, self.per_pinned_gib_ns, self.per_importer_ns, self.error_ns, self.stuck_factor, self.source, self.gpu, self.max_contexts, self.max_device_bytes, self.max_pinned_bytes, self.max_importers, ) == (other.driver, other.base_ns, other.per_context_ns, other.per_device_gib_ns, other.per_pinned_gib_ns, other.per_importer_ns, other.error_ns, other.stuck_factor, other.source, other.gpu, other.max_contexts, other.max_device_bytes, other.max_pinned_bytes, other.max_importers, )\n'
         '    return NotImplemented\n'
         'def __hash__(self):\n'
-        '    return hash((self.driver, self.base_ns, self.per_context_ns, self.per_device_gib_ns, self.per_pinned_gib_ns, self.per_importer_ns, self.error_ns, self.stuck_factor, self.source, ))\n'
+        '    return hash((self.driver, self.base_ns, self.per_context_ns, self.per_device_gib_ns, self.per_pinned_gib_ns, self.per_importer_ns, self.error_ns, self.stuck_factor, self.source, self.gpu, self.max_contexts, self.max_device_bytes, self.max_pinned_bytes, self.max_importers, ))\n'
         'def __getstate__(self):\n'
-        '    return (self.driver, self.base_ns, self.per_context_ns, self.per_device_gib_ns, self.per_pinned_gib_ns, self.per_importer_ns, self.error_ns, self.stuck_factor, self.source, )\n'
+        '    return (self.driver, self.base_ns, self.per_context_ns, self.per_device_gib_ns, self.per_pinned_gib_ns, self.per_importer_ns, self.error_ns, self.stuck_factor, self.source, self.gpu, self.max_contexts, self.max_device_bytes, self.max_pinned_bytes, self.max_importers, )\n'
         'def __setstate__(self, state):\n'
-        "    for name, value in zip(('driver', 'base_ns', 'per_context_ns', 'per_device_gib_ns', 'per_pinned_gib_ns', 'per_importer_ns', 'error_ns', 'stuck_factor', 'source'), state):\n"
+        "    for name, value in zip(('driver', 'base_ns', 'per_context_ns', 'per_device_gib_ns', 'per_pinned_gib_ns', 'per_importer_ns', 'error_ns', 'stuck_factor', 'source', 'gpu', 'max_contexts', 'max_device_bytes', 'max_pinned_bytes', 'max_importers'), state):\n"
         '        _set(self, name, value)\n'
     ): _methods_6,
     (
@@ -788,7 +800,7 @@ METHODS: dict[str, Callable[..., tuple[Any, ...]]] = {
         '        _set(self, name, value)\n'
     ): _methods_11,
     (
-        'def __init__(self, index, uuid, label, class_, culprits=_d_culprits, used_bytes=_d_used_bytes, total_bytes=_d_total_bytes, free_bytes=_d_free_bytes, need_bytes=_d_need_bytes, eta_ns=_d_eta_ns, stuck_after_ns=_d_stuck_after_ns, free_in=_d_free_in):\n'
+        'def __init__(self, index, uuid, label, class_, culprits=_d_culprits, used_bytes=_d_used_bytes, total_bytes=_d_total_bytes, free_bytes=_d_free_bytes, need_bytes=_d_need_bytes, eta_ns=_d_eta_ns, stuck_after_ns=_d_stuck_after_ns, free_in=_d_free_in, eta_error_ns=_d_eta_error_ns, eta_beyond=_d_eta_beyond):\n'
         "    _set(self, 'index', index)\n"
         "    _set(self, 'uuid', uuid)\n"
         "    _set(self, 'label', label)\n"
@@ -801,18 +813,20 @@ METHODS: dict[str, Callable[..., tuple[Any, ...]]] = {
         "    _set(self, 'eta_ns', eta_ns)\n"
         "    _set(self, 'stuck_after_ns', stuck_after_ns)\n"
         "    _set(self, 'free_in', free_in)\n"
+        "    _set(self, 'eta_error_ns', eta_error_ns)\n"
+        "    _set(self, 'eta_beyond', eta_beyond)\n"
         'def __repr__(self):\n'
-        "    return f'{type(self).__qualname__}(index={self.index!r}, uuid={self.uuid!r}, label={self.label!r}, class_={self.class_!r}, culprits={self.culprits!r}, used_bytes={self.used_bytes!r}, total_bytes={self.total_bytes!r}, free_bytes={self.free_bytes!r}, need_bytes={self.need_bytes!r}, eta_ns={self.eta_ns!r}, stuck_after_ns={self.stuck_after_ns!r}, free_in={self.free_in!r})'\n"
+        "    return f'{type(self).__qualname__}(index={self.index!r}, uuid={self.uuid!r}, label={self.label!r}, class_={self.class_!r}, culprits={self.culprits!r}, used_bytes={self.used_bytes!r}, total_bytes={self.total_bytes!r}, free_bytes={self.free_bytes!r}, need_bytes={self.need_bytes!r}, eta_ns={self.eta_ns!r}, stuck_after_ns={self.stuck_after_ns!r}, free_in={self.free_in!r}, eta_error_ns={self.eta_error_ns!r}, eta_beyond={self.eta_beyond!r})'\n"
         'def __eq__(self, other):\n'
         '    if other.__class__ is self.__class__:\n'
-        '        return (self.index, self.uuid, self.label, self.class_, self.culprits, self.used_bytes, self.total_bytes, self.free_bytes, self.need_bytes, self.eta_ns, self.stuck_after_ns, self.free_in, ) == (other.index, other.uuid, other.label, other.class_, other.culprits, other.used_bytes, other.total_bytes, other.free_bytes, other.need_bytes, other.eta_ns, other.stuck_after_ns, other.free_in, )\n'
+        '        return (self.index, self.uuid, self.label, self.class_, self.culprits, self.used_bytes, self.total_bytes, self.free_bytes, self.need_bytes, self.eta_ns, self.stuck_after_ns, self.free_in, self.eta_error_ns, self.eta_beyond, ) == (other.index, other.uuid, other.label, other.class_, other.culprits, other.used_bytes, other.total_bytes, other.free_bytes, other.need_bytes, other.eta_ns, other.stuck_after_ns, other.free_in, other.eta_error_ns, other.eta_beyond, )\n'
         '    return NotImplemented\n'
         'def __hash__(self):\n'
-        '    return hash((self.index, self.uuid, self.label, self.class_, self.culprits, self.used_bytes, self.total_bytes, self.free_bytes, self.need_bytes, self.eta_ns, self.stuck_after_ns, self.free_in, ))\n'
+        '    return hash((self.index, self.uuid, self.label, self.class_, self.culprits, self.used_bytes, self.total_bytes, self.free_bytes, self.need_bytes, self.eta_ns, self.stuck_after_ns, self.free_in, self.eta_error_ns, self.eta_beyond, ))\n'
         'def __getstate__(self):\n'
-        '    return (self.index, self.uuid, self.label, self.class_, self.culprits, self.used_bytes, self.total_bytes, self.free_bytes, self.need_bytes, self.eta_ns, self.stuck_after_ns, self.free_in, )\n'
+        '    return (self.index, self.uuid, self.label, self.class_, self.culprits, self.used_bytes, self.total_bytes, self.free_bytes, self.need_bytes, self.eta_ns, self.stuck_after_ns, self.free_in, self.eta_error_ns, self.eta_beyond, )\n'
         'def __setstate__(self, state):\n'
-        "    for name, value in zip(('index', 'uuid', 'label', 'class_', 'culprits', 'used_bytes', 'total_bytes', 'free_bytes', 'need_bytes', 'eta_ns', 'stuck_after_ns', 'free_in'), state):\n"
+        "    for name, value in zip(('index', 'uuid', 'label', 'class_', 'culprits', 'used_bytes', 'total_bytes', 'free_bytes', 'need_bytes', 'eta_ns', 'stuck_after_ns', 'free_in', 'eta_error_ns', 'eta_beyond'), state):\n"
         '        _set(self, name, value)\n'
     ): _methods_12,
     (

@@ -46,6 +46,12 @@ class ReclaimModel:
     ``per_importer_ns``: each CUDA IPC importer; ``error_ns``: the largest residual of the fit (the ETA's ±);
     ``stuck_factor``: how many times the expected time (plus the error) memory may stay held with no holder before it
     is called stuck; ``source``: where the figures come from (document and data set).
+
+    What the figures were measured on, so that an ETA outside it is said to be an extrapolation (:meth:`beyond`):
+    ``gpu``, the GPU model(s) of the runs fitted (``", "``-joined when pooled); ``max_contexts``,
+    ``max_device_bytes``, ``max_pinned_bytes``, ``max_importers``, the largest of each term in a run fitted (0: no
+    run had it, the coefficient is not this data's). ``None``: not recorded (an entry measured on nothing, such as
+    the conservative fallback): every ETA of it is a guess.
     """
 
     driver: str
@@ -57,6 +63,11 @@ class ReclaimModel:
     error_ns: int
     stuck_factor: float
     source: str
+    gpu: str | None = None
+    max_contexts: int | None = None
+    max_device_bytes: int | None = None
+    max_pinned_bytes: int | None = None
+    max_importers: int | None = None
 
     def expected_ns(self, contexts: int = 1, device_bytes: int = 0, pinned_host_bytes: int = 0,
                     importers: int = 0) -> int:
@@ -64,6 +75,36 @@ class ReclaimModel:
         its :func:`terms`; 0 when nothing is torn down (no context, no importer)."""
         row = terms(contexts, device_bytes, pinned_host_bytes, importers)
         return int(sum(getattr(self, name) * t for name, t in zip(COEFFICIENTS, row, strict=True)))
+
+    def beyond(self, contexts: int = 1, device_bytes: int = 0, pinned_host_bytes: int = 0, importers: int = 0,
+               gpu: str | None = None) -> str | None:
+        """Why :meth:`expected_ns` of these inputs is not backed by the data the model was fitted to (an
+        extrapolation, or a model measured on nothing or on another GPU model), in words; ``None`` when every input
+        is within what was measured (nothing torn down is always within it). ``gpu``: the GPU model the ETA is for
+        (``None``: not known, not judged). The ETA's error within the data is :attr:`error_ns`."""
+        _check_counts(contexts=contexts, device_bytes=device_bytes, pinned_host_bytes=pinned_host_bytes,
+                      importers=importers)
+        if contexts == 0 and importers == 0:
+            return None
+        ranges = (self.max_contexts, self.max_device_bytes, self.max_pinned_bytes, self.max_importers)
+        if any(r is None for r in ranges):
+            if self.driver == _FALLBACK:
+                return "a driver not measured: the conservative fallback's figures, not a fit"
+            return f"the driver {self.driver} entry records no measured range: not known to be within its data"
+        why = []
+        for name, value, most, size in (("contexts", contexts, self.max_contexts, False),
+                                        ("device memory", device_bytes, self.max_device_bytes, True),
+                                        ("pinned host memory", pinned_host_bytes, self.max_pinned_bytes, True),
+                                        ("IPC importers", importers, self.max_importers, False)):
+            assert most is not None
+            if value > most:
+                shown = (f"{value / _GIB:.1f} GiB {name} (measured up to {most / _GIB:.1f} GiB)" if size else
+                         f"{value} {name} (measured up to {most})")
+                why.append(shown)
+        # The fit names each GPU model of its runs: ", " between pooled ones, " + " within a run on several.
+        if gpu is not None and self.gpu is not None and gpu not in self.gpu.replace(" + ", ", ").split(", "):
+            why.append(f"GPU model {gpu} (measured on {self.gpu})")
+        return "beyond the measured data: " + ", ".join(why) if why else None
 
     def stuck_after_ns(self, contexts: int = 1, device_bytes: int = 0, pinned_host_bytes: int = 0,
                        importers: int = 0) -> int:
@@ -94,6 +135,10 @@ def _check_counts(**values: int) -> None:
 # measured (max 6.36 s), while the 95th percentile would give 2.56 s and call all 8 of those runs stuck. The price:
 # memory truly stuck is called so after ~6.4 s, not 1 s. Pinned memory beyond 32 GiB (not measured here; SGLang saw
 # 25.9 s for 243 GB) can still outlast the bound when ready does not know it.
+#
+# What the fit measured (the same fit prints it): up to 4 contexts in one teardown, 64 GiB of device memory, 32 GiB of
+# pinned host memory and 4 importers, on NVIDIA H200s. An ETA beyond any of them, or for another GPU model, is an
+# extrapolation, and ReclaimModel.beyond says so; the fallback entry was measured on nothing (its range is None).
 _MODELS: dict[str, ReclaimModel] = {}
 _FALLBACK = "default"
 
@@ -105,6 +150,9 @@ def register(model: ReclaimModel) -> None:
     # Checked here, not when ready judges: a NaN factor or a negative time would fail (or quietly bend) every
     # verdict on that driver later, far from the call that made it.
     _check_counts(**{name: getattr(model, name) for name in (*COEFFICIENTS, "error_ns")})
+    for name in ("max_contexts", "max_device_bytes", "max_pinned_bytes", "max_importers"):
+        if getattr(model, name) is not None:
+            _check_counts(**{name: getattr(model, name)})
     factor = model.stuck_factor
     if isinstance(factor, bool) or not isinstance(factor, int | float) or not (1.0 <= factor < math.inf):
         raise ArgumentError(f"stuck_factor must be a finite number >= 1 (the bound is that many times the expected "
@@ -118,6 +166,7 @@ register(ReclaimModel(
     source="nvmlcheck study fit --across ending,pin_mode of 238 runs (22 cells), driver 580.159.04, NVIDIA H200: "
            "docs/reclaim-study.md (third edition, one H200, 2026-12-01, with the second edition's runs; each pin mode "
            "its own cell); error_ns = the largest residual (p95 532.8 ms)",
+    gpu="NVIDIA H200", max_contexts=4, max_device_bytes=64 * _GIB, max_pinned_bytes=32 * _GIB, max_importers=4,
 ))
 register(ReclaimModel(
     driver=_FALLBACK, base_ns=200_000_000, per_context_ns=100_000_000, per_device_gib_ns=2_000_000,

@@ -210,7 +210,11 @@ class GpuVerdict:
     given) from the last reading. ``eta_ns``: for ``reclaiming``, the expected time from the verdict until the memory
     is back (the reclaim model's figure from when the teardown was first seen; once that has passed while memory
     is still coming back, the observed release rate extrapolated; ``None`` once it has passed with none of it back:
-    no time can be promised); ``stuck_after_ns``: how long memory may stay held
+    no time can be promised); ``eta_error_ns``: the ETA's ± when it is the reclaim model's figure (the model's
+    ``error_ns``, its fit's largest residual; ``None`` for the observed rate extrapolated, which has no error
+    measured); ``eta_beyond``: why the model's figure is not backed by its data (more contexts or memory than any run
+    it was fitted to, another GPU model, a driver not measured: :meth:`~nvmlcheck.reclaim_model.ReclaimModel.beyond`),
+    ``None`` within it; ``stuck_after_ns``: how long memory may stay held
     with no live holder before it is called stuck (:mod:`nvmlcheck.reclaim_model`). ``free_in``: on a GPU in MIG
     mode selected whole with a need, the MIG instance the need was judged in (a CUDA process runs in one: the first
     that has it free, else the one with the most free), whose free memory ``free_bytes`` then is (``None``: the
@@ -229,6 +233,8 @@ class GpuVerdict:
     eta_ns: int | None = None
     stuck_after_ns: int | None = None
     free_in: str | None = None
+    eta_error_ns: int | None = None
+    eta_beyond: str | None = None
 
     @property
     def ready(self) -> bool:
@@ -277,6 +283,11 @@ class GpuVerdict:
         if self.class_ == "reclaiming":
             eta = ("; overdue: none of it has come back yet" if self.eta_ns is None else
                    f"; back in ~{self.eta_ns / 1e6:.0f} ms")
+            if self.eta_ns is not None:
+                eta += (" (from the release rate so far)" if self.eta_error_ns is None else
+                        f" (model error up to {self.eta_error_ns / 1e6:.0f} ms)")
+            if self.eta_beyond is not None:
+                eta += f"; the model's figure is {self.eta_beyond}"
         return f"{self.label}: {head}{text}{eta}"
 
     def to_json(self) -> dict[str, Any]:
@@ -293,6 +304,8 @@ class GpuVerdict:
             "free_in": self.free_in,
             "need_bytes": self.need_bytes,
             "eta_ns": self.eta_ns,
+            "eta_error_ns": self.eta_error_ns,
+            "eta_beyond": self.eta_beyond,
             "stuck_after_ns": self.stuck_after_ns,
             "beyond_capacity": self.beyond_capacity,
             "actions": list(self.actions),
@@ -664,7 +677,7 @@ def _verdict(index: int, uuid: str | None, label: str, culprits: list[Culprit], 
         if _SEVERITY[c.class_] > _SEVERITY[worst]:
             worst = c.class_
     if worst != "reclaiming":
-        fields["eta_ns"] = None
+        fields["eta_ns"] = fields["eta_error_ns"] = fields["eta_beyond"] = None
     if worst not in ("reclaiming", "stuck"):
         fields["stuck_after_ns"] = None
     return GpuVerdict(index, uuid, label, worst, tuple(culprits), **fields)
@@ -699,14 +712,17 @@ def _classify_one(d: DeviceState, ctx: _Ctx, culprits: list[Culprit]) -> GpuVerd
     view = _viewed_instance(d)
     if view is not None:  # one instance judged alone (--devices MIG-...): what it found is that instance's
         culprits[first:] = [c if c.on_instance else _in_instance(c, view) for c in culprits[first:]]
-    eta = None
+    eta = eta_error = eta_beyond = None
     if any(c.class_ == "reclaiming" for c in culprits):
         eta = max(0, since + ctx.model.expected_ns(contexts, max(0, start_bytes)) - now)
+        eta_error = ctx.model.error_ns
+        eta_beyond = ctx.model.beyond(contexts, max(0, start_bytes), gpu=d.name)
         if eta == 0 and track is not None and track.since_ns is not None and m is not None:
             released, elapsed = start_bytes - m.used_bytes, now - track.since_ns
             # Overdue and still coming back: the observed rate extrapolated. Overdue and none of it back: no rate to
             # extrapolate, no time to promise (0 would say "back now").
             eta = max(1, round(m.used_bytes * elapsed / released)) if released > 0 and elapsed > 0 else None
+            eta_error = eta_beyond = None  # not the model's figure
     need = None
     judged: MigDevice | None = None  # the MIG instance the need was judged in, on a GPU in MIG mode selected whole
     instances = _whole_mig(d)
@@ -741,7 +757,8 @@ def _classify_one(d: DeviceState, ctx: _Ctx, culprits: list[Culprit]) -> GpuVerd
         free = free_bytes_of(judged.memory)[0]
     return _verdict(i, d.uuid, _label(d), culprits, used_bytes=None if m is None else m.used_bytes,
                     total_bytes=None if m is None else m.total_bytes, free_bytes=free, need_bytes=need, eta_ns=eta,
-                    stuck_after_ns=bound, free_in=None if judged is None else judged.label)
+                    stuck_after_ns=bound, free_in=None if judged is None else judged.label, eta_error_ns=eta_error,
+                    eta_beyond=eta_beyond)
 
 
 def _viewed_instance(d: DeviceState) -> MigDevice | None:

@@ -143,7 +143,7 @@ def _records_of(path: str) -> list[Any]:
     from ..study import RecordFormatError, load_records
 
     try:
-        records = load_records(path)
+        records = load_records(path, traces=False)  # compare and fit read no trace: never all of them in memory
     except OSError as exc:  # "[Errno 2] No such file or directory: 'a'" said the file twice, with Python's codes
         raise UsageError(f"cannot read the records of {path}: {exc.strerror or exc}") from None
     except RecordFormatError as exc:

@@ -93,6 +93,10 @@ class CellComparison:
     #: What the cell's runs were measured under (:data:`CONDITION_PARTS`: simulated or real, polling mode, backend,
     #: driver, GPU model, ...), the same on both sides; a part compared across is ``"*"``.
     conditions: dict[str, Any] = field(default_factory=dict, hash=False)
+    #: The cell's GPU-runs whose run timed out, per side: left out of the values (their time is past the run
+    #: timeout, not measured), so a side's median is of the runs that ended in time.
+    timed_out_a: int = 0
+    timed_out_b: int = 0
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -249,11 +253,14 @@ def _pairs(ca: dict[tuple[Cell, _Conditions], list[float]], cb: dict[tuple[Cell,
     return out
 
 
-def _cells(records: Iterable[RunRecord], measure: str, across: Sequence[str] = (),
-           stage: str = "all") -> dict[tuple[Cell, _Conditions], list[float]]:
+def _cells(records: Iterable[RunRecord], measure: str, across: Sequence[str] = (), stage: str = "all",
+           missing: dict[tuple[Cell, _Conditions], dict[str, int]] | None = None,
+           ) -> dict[tuple[Cell, _Conditions], list[float]]:
+    """Each cell's values of ``measure``; ``missing`` (when given) gets, per cell, why GPU-runs had none (the
+    record's ``unknown`` reason, or that it recorded none) and how many."""
     out: dict[tuple[Cell, _Conditions], list[float]] = {}
     for r in records:
-        if r.warmup or r.timed_out:
+        if r.warmup:
             continue
         for d, v in _values(r, measure, stage):
             # A part compared across is left out of the key: -1 / "*" stand for "any".
@@ -263,8 +270,12 @@ def _cells(records: Iterable[RunRecord], measure: str, across: Sequence[str] = (
                    "*" if "first" in across else r.first or "", "*" if "role" in across else d.role)
             cond = tuple((k, ANY if k in across else x) for k, x in conditions_of(r, d).items())
             out.setdefault((key, cond), [])
-            if v is not None:
+            if v is not None and not r.timed_out:
                 out[(key, cond)].append(float(v))
+            elif missing is not None:
+                why = _TIMED_OUT if r.timed_out else (d.unknown or {}).get(measure) or "not recorded"
+                reasons = missing.setdefault((key, cond), {})
+                reasons[why] = reasons.get(why, 0) + 1
     return out
 
 
@@ -306,6 +317,19 @@ def _values(r: RunRecord, measure: str, stage: str) -> list[tuple[DeviceRun, int
         first = group[0] if len(roles) == 1 else replace(group[0], role="*")
         out.append((first, value))
     return out
+
+
+#: Why a GPU-run of a timed-out run has no value (``missing`` of :func:`_cells`).
+_TIMED_OUT = "its run timed out"
+
+
+def _too_few(n_a: int, n_b: int, measure: str, gone_a: dict[str, int], gone_b: dict[str, int]) -> str:
+    """Why a cell gets no verdict: too few values, and why the GPU-runs without one have none (a phase not
+    watched, not seen: the record's reason), so that 0 values never reads as 0 runs."""
+    return f"too few values to tell (A {n_a}, B {n_b}; at least {MIN_N} each)" + "".join(
+        f"; {side}: {n} GPU-run{'s' if n != 1 else ''} with no {measure} time ({reason})"
+        for side, gone in (("A", gone_a), ("B", gone_b)) for reason, n in gone.items()
+        if reason != _TIMED_OUT)  # said on a line of their own (timed_out_a/b), with what it does to the medians
 
 
 _TWICE = "a run counted twice narrows the interval as if it had been measured twice"
@@ -355,7 +379,8 @@ def compare_records(
     a, b = each_run_once(a, "A holds run", _TWICE), each_run_once(b, "B holds run", _TWICE)
     # A holder's count means something else for each kind: compared across kinds, their counts are part of it.
     pooled = (*across, "count") if "holder" in across and "count" not in across else tuple(across)
-    ca, cb = _cells(a, measure, pooled, stage), _cells(b, measure, pooled, stage)
+    gone: tuple[dict[tuple[Cell, _Conditions], dict[str, int]], ...] = ({}, {})  # per side: why GPU-runs had none
+    ca, cb = _cells(a, measure, pooled, stage, gone[0]), _cells(b, measure, pooled, stage, gone[1])
     rng = random.Random(seed)
     cells = []
     pairs = _pairs(ca, cb)
@@ -363,14 +388,13 @@ def compare_records(
                                                                    p[0][1], p[0][3], p[0][7], repr(p[3]))):
         va, vb = ca[(cell, cond_a)], cb[(cell, cond_b)]
         size, ending, holder, device, pinned, importers, first, role = cell
-        med_a = _median(va) if va else None
-        med_b = _median(vb) if vb else None
+        med_a, med_b = (_median(va) if va else None), (_median(vb) if vb else None)
         diff = None if med_a is None or med_b is None else med_b - med_a
         lo = hi = None
         differ: bool | None = None
         why: str | None = None
         if len(va) < MIN_N or len(vb) < MIN_N:
-            why = f"too few values to tell (A {len(va)}, B {len(vb)}; at least {MIN_N} each)"
+            why = _too_few(len(va), len(vb), measure, gone[0].get((cell, cond_a), {}), gone[1].get((cell, cond_b), {}))
         else:
             lo, hi = bootstrap_median_difference(va, vb, level=level, resamples=resamples, rng=rng)
             differ = lo > 0 or hi < 0
@@ -380,6 +404,8 @@ def compare_records(
             median_a=med_a, median_b=med_b, difference=diff, ci_low=lo, ci_high=hi, differ=differ, why=why,
             outliers_a=outliers(va), outliers_b=outliers(vb), spread=sigma, repeats_needed=need,
             pinned_bytes=pinned, importers=importers, first=first or None, role=role, conditions=dict(cond),
+            timed_out_a=gone[0].get((cell, cond_a), {}).get(_TIMED_OUT, 0),
+            timed_out_b=gone[1].get((cell, cond_b), {}).get(_TIMED_OUT, 0),
         ))
     base_a, base_b = {k for k, _ in ca}, {k for k, _ in cb}
     paired_a = {(p[0], p[1]) for p in pairs}
@@ -501,6 +527,10 @@ def _cell_lines(c: Comparison, cell: CellComparison, varying: Sequence[str], pct
                    else f"no difference shown at {pct} (the interval contains 0)")
         lines.append(f"  difference {_ms(cell.difference)} ms, interval [{_ms(cell.ci_low)}, "
                      f"{_ms(cell.ci_high)}]: {verdict}")
+    if cell.timed_out_a or cell.timed_out_b:
+        lines.append(f"  timed out: A {cell.timed_out_a}, B {cell.timed_out_b} GPU-runs, left out (their time is past "
+                     "the run timeout, not measured): each median is of the runs that ended in time, so a side with "
+                     "more of them is slower than it reads")
     for side, values in (("A", cell.outliers_a), ("B", cell.outliers_b)):
         if values:
             lines.append(f"  outliers in {side}: {', '.join(_ms(v) for v in values)} ms")

@@ -286,7 +286,7 @@ def fit_report(
             other_pts.append(p)
     if not fitted_pts:
         raise ArgumentError(f"no measured run of the kinds {', '.join(kinds)} with the endings {', '.join(endings)} "
-                         "to fit")
+                            f"to fit{_left_out(every, excluded)}")
     conditions, pooled = _shared_conditions(fitted_pts, across)
     recorded = _drivers(fitted_runs, conditions, pooled)
     # The parts a cell's label names: those that differ between cells (its kind and ending are named already).
@@ -296,8 +296,8 @@ def fit_report(
     y = [percentile([p.memory_back_ns for p in g], 0.5) for g in groups]
     w = [float(len(g)) for g in groups]
     coef, kept = _fit_columns(rows, y, w, base)
-    model = replace(base, driver=branch, **{name: round(coef[j]) for j, name in enumerate(COEFFICIENTS)},
-                    source="")
+    fitted_coefs: dict[str, Any] = {name: round(coef[j]) for j, name in enumerate(COEFFICIENTS)}
+    model = replace(base, driver=branch, **fitted_coefs, source="")
     fitted = tuple(c for c in COEFFICIENTS if c not in kept)
     spare = len(fitted_pts) - len(fitted)
     if spare < MIN_SPARE_RUNS:
@@ -314,7 +314,12 @@ def fit_report(
     zeroed = [c for c, why in kept.items() if why.startswith(_ZEROED)]
     prior_kept = [c for c in kept if c not in zeroed]
     provenance = _provenance(fitted_runs)
-    model = replace(model, error_ns=math.ceil(err), source=(
+    gpu = conditions.get("gpu")
+    model = replace(model, error_ns=math.ceil(err), gpu=", ".join(sorted(pooled["gpu"])) if "gpu" in pooled else gpu,
+                    max_contexts=max(p.contexts for p in fitted_pts),
+                    max_device_bytes=max(p.device_bytes for p in fitted_pts),
+                    max_pinned_bytes=max(p.pinned_bytes for p in fitted_pts),
+                    max_importers=max(p.importers for p in fitted_pts), source=(
         f"nvmlcheck study fit of {len(fitted_pts)} runs ({len(groups)} cells), driver {versions}"
         + (f" (records of driver {recorded})" if recorded != versions else "")
         + f" ({_conditions_words({k: v for k, v in conditions.items() if k != 'driver'})})"
@@ -327,7 +332,8 @@ def fit_report(
         _cell_fit(g, model, False) for g in _groups(other_pts, varying))
     return FitResult(model=model, prior=base, fitted=fitted, kept=kept, n=len(fitted_pts), residual_max_ns=err,
                      residual_p95_ns=percentile(residuals, 0.95), cells=cells, excluded=excluded,
-                     provenance=provenance, conditions=conditions, pooled=pooled, notes=tuple(notes))
+                     provenance=provenance, conditions=conditions, pooled=pooled,
+                     notes=(*notes, *_timed_out_note(every, kinds, endings)))
 
 
 def _points(records: Sequence[RunRecord], excluded: dict[str, int]) -> list[tuple[RunRecord, FitPoint]]:
@@ -342,6 +348,26 @@ def _points(records: Sequence[RunRecord], excluded: dict[str, int]) -> list[tupl
             continue
         points.append((r, p))
     return points
+
+
+def _timed_out_note(records: Sequence[RunRecord], kinds: Sequence[str], endings: Sequence[str]) -> list[str]:
+    """A note when runs of the kinds and endings fitted timed out: censored, their time past the run timeout, so
+    the fit and its error are of the runs that ended in time and understate how long a teardown can take."""
+    timed = [r for r in records if r.timed_out and not r.warmup and r.holder in kinds and r.ending in endings]
+    if not timed:
+        return []
+    limit = max(r.timeout_s for r in timed)
+    return [f"{len(timed)} run{'s' if len(timed) != 1 else ''} of the kinds and endings fitted timed out (memory "
+            f"not back within {limit:g} s, left out): the coefficients and the error are of the runs that ended in "
+            "time, and understate the slowest teardowns"]
+
+
+def _left_out(records: Sequence[RunRecord], excluded: dict[str, int]) -> str:
+    """The runs that could not be fitted (timed out, never seen back, warm-ups), for the error that none can: the
+    runs were there, and why none was fitted is said, not "no run"."""
+    left = "".join(f"; {n} run{'s' if n != 1 else ''} left out: {why}" for why, n in excluded.items())
+    warm = sum(1 for r in records if r.warmup)
+    return left + (f"; {warm} warm-up run{'s' if warm != 1 else ''} (never fitted)" if warm else "")
 
 
 def _default_endings(points: Sequence[FitPoint], across: Sequence[str], notes: list[str]) -> tuple[str, ...]:
@@ -535,8 +561,21 @@ def fit(records: Iterable[RunRecord], **options: Any) -> ReclaimModel:
 def model_code(model: ReclaimModel) -> str:
     """The ``register(ReclaimModel(...))`` call that puts ``model`` in :mod:`nvmlcheck.reclaim_model`'s table."""
     nums = "".join(f"    {name}={getattr(model, name):_},\n" for name in (*COEFFICIENTS, "error_ns"))
+    ranges = "".join(f"    {name}={_number(getattr(model, name))},\n" for name in _RANGE_FIELDS)
     return (f"register(ReclaimModel(\n    driver={model.driver!r},\n{nums}    stuck_factor={model.stuck_factor!r},"
-            f"\n    source={model.source!r},\n))")
+            f"\n    source={model.source!r},\n    gpu={model.gpu!r},\n{ranges}))")
+
+
+#: The fields of :class:`ReclaimModel` that say what it was measured on (after ``gpu``).
+_RANGE_FIELDS = ("max_contexts", "max_device_bytes", "max_pinned_bytes", "max_importers")
+
+
+def _gib(value: int | None) -> str:
+    return "?" if value is None else f"{value / (1 << 30):.1f} GiB"
+
+
+def _number(value: int | None) -> str:
+    return "None" if value is None else f"{value:_}"
 
 
 def format_fit(result: FitResult) -> str:
@@ -560,6 +599,9 @@ def format_fit(result: FitResult) -> str:
         lines.append(f"  {name:<18} {getattr(m, name) / 1e6:>10.3f} ms   {how}")
     lines.append(f"  error: largest residual {result.residual_max_ns / 1e6:.1f} ms, 95th percentile "
                  f"{result.residual_p95_ns / 1e6:.1f} ms (error_ns = the largest)")
+    lines.append(f"  measured: up to {m.max_contexts} context(s), {_gib(m.max_device_bytes)} device memory, "
+                 f"{_gib(m.max_pinned_bytes)} pinned, {m.max_importers} importer(s) in one teardown, on "
+                 f"{m.gpu or 'a GPU model not recorded'}: an ETA beyond these is extrapolated")
     lines.append("cells (median measured vs model, ms; * = not fitted, shown against the model):")
     for c in result.cells:
         mark = " " if c.in_fit else "*"

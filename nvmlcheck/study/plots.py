@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -77,7 +77,8 @@ def _figure(width: float, height: float) -> Any:
 def plot_time_to_clean(records: Iterable[RunRecord], path: str | os.PathLike[str]) -> Path:
     """PNG: signal → memory back (ms) against size (log x), one colour per ending (and per holder kind, pinned
     memory and its pin mode, importers, IPC order and role where the records have several: never two in one line):
-    every GPU-run as a point, the median as a line. Warm-ups and timed-out runs left out. Runs that were simulated
+    every GPU-run as a point, the median as a line. Warm-ups and timed-out runs left out
+    (those timed out, and GPU-runs whose memory was not seen back, are counted on the figure). Runs that were simulated
     are marked across the figure, runs of unknown provenance under it (:func:`provenance_mark`). Raises
     :class:`PlotUnavailable` without matplotlib."""
     records = list(records)
@@ -113,7 +114,30 @@ def plot_time_to_clean(records: Iterable[RunRecord], path: str | os.PathLike[str
     if series:
         ax.legend(fontsize=8 if len(series) > 3 else 10)
     ax.set_title(_title("Time until the driver gives the memory back", kept), fontsize=10)
+    missing = _not_plotted(records)
+    if missing is not None:  # said on the figure: an empty or thin plot never reads as "nothing was slow"
+        if series:
+            fig.text(0.5, -0.08, f"not plotted: {missing}", ha="center", va="top", fontsize=9, color="dimgray",
+                     wrap=True)
+        else:
+            ax.text(0.5, 0.5, f"nothing to plot:\n{missing}", transform=ax.transAxes, ha="center", va="center",
+                    fontsize=10, wrap=True)
     return _save(fig, path, _mark(fig, records))
+
+
+def _not_plotted(records: Sequence[RunRecord]) -> str | None:
+    """The measured runs a time-to-clean plot leaves out, in words: timed out (their time past the run timeout),
+    or a GPU whose memory was not seen back; ``None`` when every measured GPU-run is plotted."""
+    timed = [r for r in records if not r.warmup and r.timed_out]
+    unseen = sum(1 for r in records if not r.warmup and not r.timed_out
+                 for d in r.devices if d.memory_back_ns is None)
+    words = []
+    if timed:
+        words.append(f"{len(timed)} run{'s' if len(timed) != 1 else ''} timed out (memory not back within "
+                     f"{max(r.timeout_s for r in timed):g} s)")
+    if unseen:
+        words.append(f"{unseen} GPU-run{'s' if unseen != 1 else ''} with the memory not seen back")
+    return "; ".join(words) if words else None
 
 
 def _series_label(key: tuple[str, str, int, int, str, str, str], parts: list[bool]) -> str:

@@ -11,7 +11,7 @@ import os
 import stat
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import MISSING, asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -313,7 +313,7 @@ def _checked(doc: dict[str, Any], checks: dict[str, _Check], known: Any, where: 
             continue
         if name not in doc:
             if spec.default is MISSING and spec.default_factory is MISSING:
-                raise RecordFormatError(f"missing field {where}{name!r}")
+                raise RecordFormatError(f"missing field '{where}{name}'")
             continue
         value = doc[name]
         why = checks[name](value)
@@ -382,9 +382,12 @@ def write_records(records: Iterable[RunRecord], path: str | os.PathLike[str]) ->
 MAX_LINE_BYTES = 128 << 20
 
 
-def load_records(path: str | os.PathLike[str]) -> list[RunRecord]:
+def load_records(path: str | os.PathLike[str], *, traces: bool = True) -> list[RunRecord]:
     """Read a JSON Lines file of run records (blank lines skipped), or the document of ``study reclaim --json`` (its
-    ``records``, without their traces). Raises :class:`RecordFormatError` naming the file and line for anything else:
+    ``records``, without their traces). ``traces=False``: each record's per-poll trace is checked, then left out
+    (``trace`` and ``trace_columns`` ``None``): a traced record holds a Python object per poll and value, ~8 times its
+    line's bytes, so compare and fit (which read no trace) would otherwise hold every run's trace at once. Raises
+    :class:`RecordFormatError` naming the file and line for anything else:
     a field of the wrong type or range, ``NaN``/``Infinity``, text that is not UTF-8, a line longer than
     :data:`MAX_LINE_BYTES`, a last line cut short (its writer killed while writing it), another nvmlcheck document
     (``study compare --json``: named, with what to give instead). ``OSError`` when the file cannot be read."""
@@ -395,7 +398,8 @@ def load_records(path: str | os.PathLike[str]) -> list[RunRecord]:
                 raise RecordFormatError(f"{path}:{n}: a line longer than {MAX_LINE_BYTES >> 20} MiB is no run record "
                                         "(a record with its trace is at most a few MiB)")
             try:
-                line = raw.decode("utf-8")
+                # An editor's byte-order mark on the first line is no part of the JSON (json.loads refuses it).
+                line = raw.decode("utf-8-sig" if n == 1 else "utf-8")
                 if not line.strip():
                     continue
                 try:
@@ -415,7 +419,7 @@ def load_records(path: str | os.PathLike[str]) -> list[RunRecord]:
                     raise RecordFormatError(f"a record is a JSON object, not {type(doc).__name__}")
                 if not records and doc.get("schema") != RECORD_SCHEMA and _is_document(doc):
                     return _records_of_document(doc)  # one compact document (a --json line)
-                records.append(RunRecord.from_json(doc))
+                records.append(_read(doc, traces))
             except UnicodeDecodeError:
                 if not raw.endswith(b"\n"):
                     raise RecordFormatError(_cut_short(path, n)) from None
@@ -425,6 +429,14 @@ def load_records(path: str | os.PathLike[str]) -> list[RunRecord]:
                     raise RecordFormatError(_cut_short(path, n)) from None
                 raise RecordFormatError(f"{path}:{n}: {exc}") from exc
     return records
+
+
+def _read(doc: dict[str, Any], traces: bool) -> RunRecord:
+    """The record of ``doc``, every field checked; without its trace unless ``traces``."""
+    record = RunRecord.from_json(doc)
+    if not traces and (record.trace is not None or record.trace_columns is not None):
+        record = replace(record, trace=None, trace_columns=None)
+    return record
 
 
 #: The document of ``study reclaim --json``, whose ``records`` are run records (without their traces).
@@ -446,7 +458,7 @@ def _whole_document(f: Any) -> Any | None:
     if len(data) > MAX_LINE_BYTES:
         return None
     try:
-        doc = json.loads(data.decode("utf-8"), parse_constant=_no_constant)
+        doc = json.loads(data.decode("utf-8-sig"), parse_constant=_no_constant)
     except (ValueError, RecursionError):
         return None
     return doc if isinstance(doc, dict) and _is_document(doc) else None

@@ -216,6 +216,22 @@ def test_model_code_registers_the_same_model() -> None:
     assert seen == [model]
 
 
+def test_a_fit_records_what_it_measured_so_an_eta_beyond_it_says_so() -> None:
+    # Before: the fitted model kept no trace of its data's range, so ready's ETA for 64 contexts or 200 GiB pinned was
+    # a linear extrapolation given as if measured.
+    runs = synthetic(TRUE)
+    model = fit_report(runs).model
+    assert (model.max_contexts, model.max_device_bytes, model.max_pinned_bytes, model.max_importers) == (
+        4, 4 * 64 * GIB, 4 * 32 * GIB, 4)
+    assert model.gpu == "NVIDIA H200" and model.beyond(4, 64 * GIB, 32 * GIB, 4, gpu="NVIDIA H200") is None
+    assert "5 contexts (measured up to 4)" in (model.beyond(5) or "")
+    text = format_fit(fit_report(runs))
+    assert "measured: up to 4 context(s), 256.0 GiB device memory, 128.0 GiB pinned, 4 importer(s)" in text
+    only_one = fit_report([r for r in runs if r.holder == "pinned" and r.per_gpu == 1 and not r.pinned_bytes]).model
+    assert only_one.max_pinned_bytes == 0 and only_one.max_importers == 0  # kept from the prior: not this data's
+    assert "pinned host memory (measured up to 0.0 GiB)" in (only_one.beyond(1, 0, GIB) or "")
+
+
 def test_cli_study_fit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = write_records(synthetic(TRUE), tmp_path / "runs.jsonl")
     assert main(["study", "fit", str(path)]) == 0
@@ -248,7 +264,8 @@ def test_the_580_entry_is_the_fit_of_the_committed_h200_records() -> None:
     entry = rm.model_for("580.159.04")
     assert result.n == 238 and len([c for c in result.cells if c.in_fit]) == 22
     assert result.conditions["gpu"] == "NVIDIA H200" and result.conditions["driver"] == "580.159.04"
-    for name in (*rm.COEFFICIENTS, "error_ns"):
+    for name in (*rm.COEFFICIENTS, "error_ns", "gpu", "max_contexts", "max_device_bytes", "max_pinned_bytes",
+                 "max_importers"):
         assert getattr(entry, name) == getattr(result.model, name), name
     assert "driver 580.159.04" in entry.source and "NVIDIA H200" in entry.source and "pin_mode" in entry.source
 

@@ -4,6 +4,7 @@ is an error naming what is wrong (exit 2), never a traceback, a silent empty stu
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ import pytest
 
 from nvmlcheck import cli
 from nvmlcheck.study import DeviceRun, RecordFormatError, RunRecord, write_records
-from nvmlcheck.study.compare import compare_records
+from nvmlcheck.study.compare import compare_records, format_comparison
 from nvmlcheck.study.fit import fit_report
 
 MS = 1_000_000
@@ -120,3 +121,65 @@ def test_a_study_of_a_mistyped_number_of_repeats_is_refused_before_any_plan_is_b
     with pytest.raises(ValueError, match=r"would plan about 2,000,000,002 runs"):
         StudyConfig(sizes=(1 << 30,), endings=("KILL", "TERM"), repeats=1_000_000_000)
     assert StudyConfig(sizes=(1 << 30,), endings=("KILL",), repeats=MAX_RUNS - 1).repeats == MAX_RUNS - 1
+
+
+def test_a_cell_without_values_says_why_its_runs_have_none() -> None:
+    """A measure the runs did not record (phases not watched, a phase not seen) read "too few values to tell (A 0,
+    B 0)": as if the cell had no runs. It now counts the GPU-runs with no value and gives the records' reasons."""
+    def unwatched(runs: list[RunRecord]) -> list[RunRecord]:
+        return [dataclasses.replace(r, devices=tuple(
+            dataclasses.replace(d, unknown={"zombie": "phases not watched (phases=False)"}) for d in r.devices))
+            for r in runs]
+
+    a = unwatched(_records([100.0] * 5))
+    b = _records([100.0] * 3)
+    b = [dataclasses.replace(r, run=10 + n) for n, r in enumerate(b)]
+    (cell,) = compare_records(a, b, measure="zombie").cells
+    assert cell.n_a == cell.n_b == 0 and cell.differ is None and cell.why is not None
+    assert "A: 5 GPU-runs with no zombie time (phases not watched (phases=False))" in cell.why
+    assert "B: 3 GPU-runs with no zombie time (not recorded)" in cell.why
+    (full,) = compare_records(a, b).cells  # memory_back: every run has it, nothing to explain
+    assert full.why == "too few values to tell (A 5, B 3; at least 4 each)"
+
+
+def test_timed_out_runs_are_counted_not_silently_dropped_from_a_comparison() -> None:
+    """Timed-out runs (memory not back within the run timeout: the slowest outcome) were dropped without a word:
+    a B whose slow runs all timed out read as fast as A from the runs left, and a side whose runs all timed out
+    made the cell "only in" the other side. They are now counted per cell and side, and said."""
+    a = _records([100.0] * 5)
+    b = [dataclasses.replace(r, run=10 + n, timed_out=n < 3, timeout_reason="x" if n < 3 else None)
+         for n, r in enumerate(_records([100.0] * 7))]
+    (cell,) = compare_records(a, b).cells
+    assert (cell.n_a, cell.n_b, cell.timed_out_a, cell.timed_out_b) == (5, 4, 0, 3)
+    assert cell.to_json()["timed_out_b"] == 3
+    text = format_comparison(compare_records(a, b))
+    assert "timed out: A 0, B 3 GPU-runs, left out" in text
+    every = [dataclasses.replace(r, timed_out=True, timeout_reason="x") for r in a]
+    c = compare_records(every, b)
+    assert c.only_b == () and c.cells[0].n_a == 0 and c.cells[0].timed_out_a == 5 and c.cells[0].differ is None
+    assert "timed out" not in (c.cells[0].why or "")  # said once, on its own line
+
+
+@pytest.mark.parametrize(("change", "said"), [
+    ({"timed_out": True, "timeout_reason": "x"}, "5 runs left out: timed out"),
+    ({"warmup": True}, "5 warm-up runs (never fitted)"),
+])
+def test_fit_of_runs_none_of_which_can_be_fitted_says_what_they_were(change: dict[str, Any], said: str) -> None:
+    # "no measured run of the kinds alloc, ... to fit" for 5 alloc KILL runs that had all timed out (or were
+    # warm-ups): the runs were there, and why none could be fitted was not said.
+    runs = [dataclasses.replace(r, **change) for r in _records([100.0] * 5)]
+    with pytest.raises(ValueError, match="no measured run") as info:
+        fit_report(runs)
+    assert said in str(info.value)
+
+
+def test_a_fit_with_timed_out_runs_says_its_error_understates_them() -> None:
+    # 5 runs at ~100 ms and 5 that timed out (memory not back in 30 s): the fit gave error_ns 20 ms and said only
+    # "left out: 5 runs (timed out)", as if the error covered the teardowns measured.
+    done = _records([100.0, 110.0, 120.0, 130.0, 140.0])
+    timed = [dataclasses.replace(r, run=10 + n, timed_out=True, timeout_reason="x") for n, r in enumerate(done)]
+    result = fit_report([*done, *timed])
+    assert result.excluded == {"timed out": 5}
+    assert any("5 runs of the kinds and endings fitted timed out (memory not back within 30 s" in n
+               for n in result.notes)
+    assert not any("timed out" in n for n in fit_report(done).notes)

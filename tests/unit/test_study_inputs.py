@@ -4,6 +4,7 @@ same in human and ``--json`` modes; never a traceback, never a value silently ta
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -72,6 +73,10 @@ def _device(**changes: Any) -> dict[str, Any]:
         ({**GOOD, "trace": [[0, -4]]}, r"'trace\[0\]': expected integers >= 0 or null"),
         ({**GOOD, "events": [1]}, r"'events': expected a list of objects or null"),
         ({k: v for k, v in GOOD.items() if k != "polls"}, r"missing field 'polls'"),
+        # A device's field was named with its quote inside the path: "missing field devices[0].'pid'"
+        (_device(pid=None), r"'devices\[0\]\.pid': expected an integer >= 1"),
+        ({**GOOD, "devices": [{k: v for k, v in GOOD["devices"][0].items() if k != "pid"}]},
+         r"missing field 'devices\[0\]\.pid'"),
         ('{"schema": "nvmlcheck/reclaim-run", "version": 1, "wall_time": NaN}', r"NaN is not a number"),
         (json.dumps(GOOD).replace('"wall_time": 0.0', '"wall_time": Infinity'), r"Infinity is not a number"),
     ],
@@ -336,3 +341,51 @@ def test_a_records_file_named_in_bytes_that_are_not_utf8_is_shown_escaped(tmp_pa
                          capture_output=True, timeout=120, check=False, env=env)
     assert out.returncode == 0, out.stderr
     assert b"r\\udcff.jsonl" in out.stdout and b"\xff" not in out.stdout
+
+
+def _traced(n: int, polls: int) -> dict[str, Any]:
+    return {**GOOD, "run": n, "repeat": n, "trace_columns": ["offset_ns", "used_bytes[0]", "process_count[0]"],
+            "trace": [[i * 1000, 1 << 30, 1] for i in range(polls)]}
+
+
+def test_compare_and_fit_hold_no_trace_of_the_records_they_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """compare and fit read no trace, but every record was kept with its trace, a Python object per poll and value
+    (~8 times the line): a 64 MB file of 10 traced runs took 493 MB to fit. They now read records without them."""
+    path = _write(tmp_path, [_traced(n, 50) for n in range(6)])
+    assert all(r.trace is not None and len(r.trace) == 50 for r in load_records(path))  # the default keeps them
+    bare = load_records(path, traces=False)
+    assert len(bare) == 6 and all(r.trace is None and r.trace_columns is None for r in bare)
+    assert bare == [dataclasses.replace(r, trace=None, trace_columns=None) for r in load_records(path)]
+    # A trace is still checked when it is left out: a bad one is the same error.
+    bad = _write(tmp_path, [GOOD, {**_traced(9, 2), "trace": [[0, -4, 1]]}], "bad.jsonl")
+    with pytest.raises(RecordFormatError, match=r"bad\.jsonl:2: .*'trace\[0\]'"):
+        load_records(bad, traces=False)
+    from nvmlcheck import study
+
+    asked: list[bool] = []
+    real = study.load_records
+
+    def spy(p: Any, *, traces: bool = True) -> list[RunRecord]:
+        asked.append(traces)
+        return real(p, traces=traces)
+
+    monkeypatch.setattr(study, "load_records", spy)
+    assert cli.main(["study", "fit", str(path)]) == 0
+    assert cli.main(["study", "compare", str(path), str(path)]) == 0
+    capsys.readouterr()
+    assert asked == [False, False, False]
+
+
+def test_a_byte_order_mark_before_the_first_record_is_read_past(tmp_path: Path) -> None:
+    # A file saved by an editor that writes a UTF-8 BOM was refused as "not JSON (Unexpected UTF-8 BOM ...): run
+    # records are JSON Lines", though every line was a record.
+    plain = _write(tmp_path, [GOOD, {**GOOD, "run": 1}])
+    marked = tmp_path / "bom.jsonl"
+    marked.write_bytes(b"\xef\xbb\xbf" + plain.read_bytes())
+    assert load_records(marked) == load_records(plain) and len(load_records(marked)) == 2
+    later = tmp_path / "later.jsonl"  # a BOM inside the file is no record: still refused, with its line
+    later.write_bytes(plain.read_bytes() + b"\xef\xbb\xbf" + json.dumps(GOOD).encode() + b"\n")
+    with pytest.raises(RecordFormatError, match=r"later\.jsonl:3: "):
+        load_records(later)

@@ -107,3 +107,21 @@ def test_a_plot_that_cannot_be_written_is_an_error_naming_plot(tmp_path: Path) -
     (tmp_path / "time-to-clean.png").mkdir()  # the file cannot be written: a directory has its name
     with pytest.raises(StudyError, match=r"--plot .*: cannot write a plot"):
         _study_plots(_runs(100.0), str(tmp_path))
+
+
+def test_runs_left_out_of_the_time_plot_are_said_on_it(tmp_path: Path, figures: list[Any]) -> None:
+    # Timed-out runs (the slowest: memory not back within the run timeout) and GPUs whose memory was not seen back
+    # were left out without a word: a study whose runs all timed out drew an empty plot.
+    from dataclasses import replace
+
+    done = _runs(100.0)
+    timed = [replace(r, run=10 + i, timed_out=True, timeout_reason="x") for i, r in enumerate(_runs(100.0, 2))]
+    unseen = [replace(done[0], run=20, devices=(replace(done[0].devices[0], memory_back_ns=None),))]
+    plots.plot_time_to_clean([*done, *timed, *unseen], tmp_path / "some.png")
+    assert "not plotted: 2 runs timed out (memory not back within 30 s); 1 GPU-run with the memory not seen back" \
+        in _words(figures[-1])
+    plots.plot_time_to_clean(timed, tmp_path / "none.png")
+    axes_words = " ".join(t.get_text() for t in figures[-1].axes[0].texts)
+    assert "nothing to plot:\n2 runs timed out (memory not back within 30 s)" in axes_words
+    plots.plot_time_to_clean(done, tmp_path / "all.png")
+    assert "not plotted" not in _words(figures[-1])

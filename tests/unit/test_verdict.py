@@ -55,6 +55,40 @@ def test_an_exited_holder_is_reclaiming_with_the_models_eta() -> None:
     assert v.culprits[0].action == "WAIT" and "exited (zombie)" in v.culprits[0].reason
 
 
+def test_the_models_eta_states_its_error_and_whether_the_data_backs_it() -> None:
+    """The ETA was a bare "back in ~108 ms": nothing said the model's error (error_ns, the ETA's ±) nor that a
+    teardown beyond what the model was fitted to (an A100 given the H200 figures, 16 contexts, a driver not measured)
+    is an extrapolation."""
+    s = snap(dev(0, procs=[proc(777, 4 * GIB)]))
+    (v,) = classify(s, now_ns=5 * MS, watch=states({777: "Z"}), container=lxc)
+    assert v.eta_error_ns == MODEL.error_ns and v.eta_beyond is None
+    assert f"(model error up to {MODEL.error_ns / 1e6:.0f} ms)" in v.line() and "beyond" not in v.line()
+    doc = v.to_json()
+    assert doc["eta_error_ns"] == MODEL.error_ns and doc["eta_beyond"] is None
+    other = snap(replace(dev(0, procs=[proc(777, 4 * GIB)]), name="NVIDIA A100-SXM4-80GB"))
+    (a100,) = classify(other, now_ns=5 * MS, watch=states({777: "Z"}), container=lxc)
+    assert a100.eta_beyond is not None
+    assert "GPU model NVIDIA A100-SXM4-80GB (measured on NVIDIA H200)" in a100.line()
+    many = snap(dev(0, procs=[proc(700 + n, GIB // 4) for n in range(16)]))
+    (v16,) = classify(many, now_ns=5 * MS, watch=states({700 + n: "Z" for n in range(16)}), container=lxc)
+    assert v16.class_ == "reclaiming" and "16 contexts (measured up to 4)" in (v16.eta_beyond or "")
+    unknown = replace(snap(dev(0, procs=[proc(777, 4 * GIB)])), system=replace(SYSTEM, driver_version="470.256.02"))
+    (old,) = classify(unknown, now_ns=5 * MS, watch=states({777: "Z"}), container=lxc)
+    assert old.eta_beyond is not None and "a driver not measured" in old.line()
+
+
+def test_an_eta_from_the_release_rate_claims_no_model_error() -> None:
+    w = states({})
+    w.observe(snap(dev(0, used=8 * GIB)), 0)
+    now = snap(dev(0, used=2 * GIB))
+    w.observe(now, 400 * MS)
+    (v,) = classify(now, now_ns=400 * MS, watch=w)
+    assert v.eta_error_ns is None and v.eta_beyond is None and v.line().endswith("(from the release rate so far)")
+    held = snap(dev(0, procs=[proc(777, 4 * GIB)]))
+    (h,) = classify(held, now_ns=5 * MS, watch=states({777: "R"}), container=lxc)  # not reclaiming: no ETA at all
+    assert h.eta_ns is None and h.eta_error_ns is None and h.eta_beyond is None
+
+
 def test_memory_falling_eta_counts_from_when_the_teardown_was_first_seen() -> None:
     w = states({})
     w.observe(snap(dev(0, used=8 * GIB)), 1_000 * MS)  # held, nothing listed: the teardown began here
