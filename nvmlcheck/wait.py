@@ -600,6 +600,10 @@ class _Poller:
             cheap = _a_snapshot(self.probe(deadline), "probe")
             if not cheap.failures and self.predicate.check(cheap) is False:
                 return cheap, True
+            if deadline is not None:
+                # The full read would be a second pass of this poll: not one begun after the deadline (a pass runs
+                # its first query whatever the deadline), which would overrun it by more than one query.
+                deadline.check()
         return _a_snapshot(self.snapshot_fn(deadline), "snapshot_fn"), False
 
     def _report(

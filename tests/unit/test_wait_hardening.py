@@ -225,3 +225,24 @@ def test_a_failed_poll_after_a_probe_poll_still_names_what_was_seen_held_not_unr
     assert culprits[0].startswith("the last poll failed (Unknown)")
     assert "GPU 0: 16.0 GiB used, above the 16.0 MiB limit" in culprits
     assert not any("process list unknown" in c for c in culprits)
+
+
+def test_a_probe_that_ends_past_the_deadline_is_not_followed_by_a_full_read() -> None:
+    # The probe could not prove "held" (memory back, lists unread), but the deadline passed while it read: the full
+    # read would be a second pass after the deadline (a backend's pass always runs its first query).
+    fake = Fake([BUSY] * 10)
+    passed: list[bool] = []
+
+    def probe(deadline: object) -> Snapshot:
+        fake.now += 5 * MS  # a slow read: the deadline passes in it
+        return memory_only(CLEAN)
+
+    def full(deadline: object) -> Snapshot:
+        passed.append(fake.now >= START + 2_500_000)
+        return fake.snapshot()
+
+    with pytest.raises(WaitTimeout) as info:
+        poll_until(full, timeout=0.0025, probe=probe, pass_deadline=True, policy=PollPolicy.every(0.001),
+                   clock=fake.clock, sleep=fake.sleep)
+    assert passed == [False]  # the first poll's full read; none after the deadline
+    assert info.value.polls == 1 and "pid 1234" in info.value.culprits[0]
