@@ -1,0 +1,67 @@
+"""``nvmlcheck --json snapshot`` of a GPU whose every reading failed: each ``null`` value of the device carries its
+reason in the device's ``unknown``, keyed by its own dotted path (docs/cli.md, ``devices[].unknown``), the fields
+derived from another one (``event_reason_names``, ``recovery_action_code``) included."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nvmlcheck import cli
+
+_FAILING = [
+    "nvmlDeviceGetApplicationsClock",
+    "nvmlDeviceGetClockInfo",
+    "nvmlDeviceGetComputeRunningProcesses_v3",
+    "nvmlDeviceGetCurrentClocksEventReasons",
+    "nvmlDeviceGetFieldValues",
+    "nvmlDeviceGetGraphicsRunningProcesses_v3",
+    "nvmlDeviceGetMPSComputeRunningProcesses_v3",
+    "nvmlDeviceGetMaxClockInfo",
+    "nvmlDeviceGetMemoryInfo_v2",
+    "nvmlDeviceGetMinorNumber",
+    "nvmlDeviceGetName",
+    "nvmlDeviceGetPciInfo_v3",
+    "nvmlDeviceGetRemappedRows",
+    "nvmlDeviceGetRetiredPages_v2",
+    "nvmlDeviceGetRetiredPagesPendingStatus",
+    "nvmlDeviceGetSerial",
+    "nvmlDeviceGetTotalEccErrors",
+    "nvmlSystemGetCudaDriverVersion_v2",
+    "nvmlSystemGetDriverVersion",
+    "nvmlSystemGetNVMLVersion",
+]
+
+
+def _nulls(value: Any, path: str = "") -> list[str]:
+    """The dotted paths of the ``null`` leaves of a device's document (lists of processes are leaves)."""
+    if value is None:
+        return [path]
+    if isinstance(value, dict):
+        return [p for k, v in value.items() for p in _nulls(v, f"{path}.{k}" if path else k)]
+    return []
+
+
+def test_every_unknown_value_of_a_snapshot_document_has_its_reason(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    scenario = tmp_path / "unknown.txt"
+    scenario.write_text(
+        "nvmlcheck-stub-scenario 1\n"
+        "system driver=580.159.04 nvml=13.580.159.04 cuda=13000\n"
+        "device index=0\n" + "".join(f"fault fn={fn} code=3\n" for fn in _FAILING)
+    )
+    code = cli.main(["--simulate", str(scenario), "--json", "snapshot"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 0
+    (device,) = doc["devices"]
+    unknown = device["unknown"]
+    nulls = [p for p in _nulls({k: v for k, v in device.items() if k not in ("unknown", "mig_devices")})]
+    assert "clocks.event_reason_names" in nulls and "health.recovery_action_code" in nulls
+    missing = [p for p in nulls if p not in unknown]
+    assert missing == []
+    assert all(unknown[p] for p in nulls)  # a reason, never an empty text
+    assert set(_nulls({k: v for k, v in doc["system"].items() if k != "unknown"})) <= set(doc["system"]["unknown"])
