@@ -1235,6 +1235,21 @@ def _held_reasons(predicate: Predicate, snapshot: Snapshot) -> tuple[str, ...]:
     return _sorted_reasons(w for w in predicate._explain(scope) if w.truth is False)
 
 
+def _device_reasons(predicate: Predicate, snapshot: Snapshot) -> list[tuple[int, bool | None, str]]:
+    """The reasons ``predicate`` is not satisfied on ``snapshot`` that are tied to one GPU: (its NVML index, ``False``
+    when the reason makes the answer ``False``, ``None`` when it could not tell, the text with its ``GPU N: ``).
+    Empty when it holds."""
+    scope = _scope_of(snapshot)
+    if predicate._check(scope) is True:
+        return []
+    out = []
+    for why in predicate._explain(scope):
+        device = getattr(why, "device", None)
+        if isinstance(device, int) and not isinstance(device, bool):
+            out.append((device, why.truth, why.text))
+    return out
+
+
 def check_predicate(predicate: object, name: str = "predicate") -> Predicate | None:
     """``predicate`` when it is a :class:`Predicate` (or ``None``); else :class:`~nvmlcheck.ArgumentTypeError`
     naming it: every call that takes one checks it before it reads, signals or waits."""

@@ -41,7 +41,14 @@ from .errors import (
     WaitTimeout,
 )
 from .model import DeviceFailure, Snapshot
-from .predicates import Predicate, _held_reasons, blamed_devices, check_predicate, default_predicate
+from .predicates import (
+    Predicate,
+    _device_reasons,
+    _held_reasons,
+    blamed_devices,
+    check_predicate,
+    default_predicate,
+)
 
 TYPE_CHECKING = False  # no typing at run time: it costs a one-shot check milliseconds (docs/performance.md)
 if TYPE_CHECKING:
@@ -698,20 +705,31 @@ class _Poller:
 
     def _holders(self, good: Snapshot | None, lines: tuple[str, ...], *, clean: bool) -> tuple[Culprit, ...] | None:
         """A timeout's structured holders: those of the GPUs the predicate refused (``WaitTimeout.holders``), never a
-        GPU it judged clean (one within a laxer ``memory_used_at_most``, or outside ``on_devices``). ``None`` (judged
-        from the snapshot on first use) when it refused every GPU of the snapshot: the same answer, without reading
-        ``/proc`` unless asked. With no snapshot at all (no poll finished, every poll failed), each line is an
-        ``unknown`` culprit of no one GPU: never an empty list, which would read as nothing holding them."""
-        if good is None:
-            from .verdict import Culprit
+        GPU it judged clean (one within a laxer ``memory_used_at_most``, or outside ``on_devices``). With no snapshot
+        at all (no poll finished, every poll failed), each line is an ``unknown`` culprit of no one GPU: never an
+        empty list, which would read as nothing holding them. For the same reason a GPU the predicate refused on
+        what the holders' rules do not see (10 MiB used under ``memory_used_at_most(1 MiB)``: their limit is the
+        default 16 MiB; a predicate of one's own) gets the predicate's own reasons, kind ``"predicate"``
+        (class ``"held"`` where the predicate said no, ``"unknown"`` where it could not tell)."""
+        from .verdict import Culprit
 
+        if good is None:
             return tuple(Culprit(None, "unknown", "query", line) for line in lines)
         from .verdict import holders_of, mig_units
 
         blamed = frozenset(f.index for f in good.failures) if clean else blamed_devices(self.predicate, good)
         units = mig_units(self.predicate, good)  # selected MIG instances: never another instance's processes
-        if units is None and (blamed is None or blamed >= {d.index for d in good.devices}):
-            return None
         if blamed is not None and not blamed:
             return ()
-        return holders_of(good, devices=blamed, units=units)
+        found = holders_of(good, devices=blamed, units=units)
+        if clean:
+            return found
+        named = {c.gpu for c in found}
+        extra: list[Culprit] = []
+        for device, truth, text in _device_reasons(self.predicate, good):
+            if device in named or (blamed is not None and device not in blamed):
+                continue
+            prefix = f"GPU {device}: "
+            reason = text[len(prefix):] if text.startswith(prefix) else text
+            extra.append(Culprit(device, "held" if truth is False else "unknown", "predicate", reason))
+        return (*found, *dict.fromkeys(extra)) if extra else found
