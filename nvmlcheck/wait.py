@@ -43,9 +43,8 @@ from .errors import (
 from .model import DeviceFailure, Snapshot
 from .predicates import (
     Predicate,
-    _device_reasons,
     _held_reasons,
-    blamed_devices,
+    _Judged,
     check_predicate,
     default_predicate,
 )
@@ -532,6 +531,7 @@ class _Poller:
             cpu_clock = cpu_time_ns
         self.cpu_clock = cpu_clock
         self.probe = probe
+        self.judged: _Judged | None = None  # the timeout's judgement of its snapshot (_judged)
 
     def run(self) -> WaitResult:
         start = self.clock()
@@ -692,7 +692,7 @@ class _Poller:
             held = True  # the probe answers a poll only when the predicate is False on it
             culprits.extend(_held_reasons(self.predicate, good))  # not "process list unknown": it never reads them
         elif good is not None:
-            verdict = self.predicate.evaluate(good)
+            verdict = self._judged(good).verdict()
             held = verdict.satisfied is False
             culprits.extend(verdict.reasons)
             # Failures make a poll unclean whatever the predicate says (always() ignores them).
@@ -702,6 +702,13 @@ class _Poller:
         lines = tuple(dict.fromkeys(culprits))
         return WaitTimeout(self.timeout_s, t1 - stats.start, lines, good, stats.polls,
                            holders=self._holders(good, lines, clean=clean), held=held)
+
+    def _judged(self, snap: Snapshot) -> _Judged:
+        """The predicate's judgement of ``snap``, made once however often the timeout reads it."""
+        judged = self.judged
+        if judged is None or judged.snapshot is not snap:
+            judged = self.judged = _Judged(self.predicate, snap)
+        return judged
 
     def _holders(self, good: Snapshot | None, lines: tuple[str, ...], *, clean: bool) -> tuple[Culprit, ...] | None:
         """A timeout's structured holders: those of the GPUs the predicate refused (``WaitTimeout.holders``), never a
@@ -717,7 +724,8 @@ class _Poller:
             return tuple(Culprit(None, "unknown", "query", line) for line in lines)
         from .verdict import holders_of, mig_units
 
-        blamed = frozenset(f.index for f in good.failures) if clean else blamed_devices(self.predicate, good)
+        judged = self._judged(good)
+        blamed = frozenset(f.index for f in good.failures) if clean else judged.blamed()
         units = mig_units(self.predicate, good)  # selected MIG instances: never another instance's processes
         if blamed is not None and not blamed:
             return ()
@@ -726,7 +734,7 @@ class _Poller:
             return found
         named = {c.gpu for c in found}
         extra: list[Culprit] = []
-        for device, truth, text in _device_reasons(self.predicate, good):
+        for device, truth, text in judged.device_reasons():
             if device in named or (blamed is not None and device not in blamed):
                 continue
             prefix = f"GPU {device}: "

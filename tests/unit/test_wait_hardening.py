@@ -290,3 +290,28 @@ def test_a_holder_the_rules_name_gets_no_predicate_line_beside_it() -> None:
     with pytest.raises(WaitTimeout) as info:
         poll_until(fake.snapshot, timeout=0.005, policy=PollPolicy.every(0.001), clock=fake.clock, sleep=fake.sleep)
     assert [h.kind for h in info.value.holders] == ["compute"]
+
+
+class _Counted(DevicePredicate):
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def check_device(self, device: DeviceState) -> bool | None:
+        self.calls += 1
+        return False
+
+    def describe(self) -> str:
+        return "counted"
+
+
+def test_a_timeout_judges_its_snapshot_once_not_once_per_use() -> None:
+    # A predicate of one's own may be slow (docs: keep it cheap; it may not be): the message, the GPUs to blame and
+    # the holders each asked it again after the deadline (4 to 6 calls per GPU, each as long as a poll's judgement).
+    predicate = _Counted()
+    fake = Fake([snap(dev(0))] * 20)
+    with pytest.raises(WaitTimeout) as info:
+        poll_until(fake.snapshot, predicate, timeout=0.005, policy=PollPolicy.every(0.001), clock=fake.clock,
+                   sleep=fake.sleep)
+    after = predicate.calls - info.value.polls  # each poll asks once per GPU
+    assert after <= 3  # one check and one explanation (which checks again), once
+    assert info.value.culprits == ("GPU 0: not counted",) and info.value.holders[0].kind == "predicate"
