@@ -215,6 +215,8 @@ def _unknown_cells(d: DeviceState) -> list[str]:
     from ..model import unknown_key
 
     found: list[tuple[str, str]] = []
+    if d.name is None:
+        found.append(("name", d.why_unknown("name") or "not read"))
     if d.memory is None:
         found.append(("memory", d.why_unknown("memory") or "not read"))
     elif d.memory.reserved_bytes is None and not d.memory.used_includes_reserved:  # (the v1 line says why)

@@ -45,16 +45,20 @@ def _nulls(value: Any, path: str = "") -> list[str]:
     return []
 
 
-def test_every_unknown_value_of_a_snapshot_document_has_its_reason(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def _scenario(tmp_path: Path) -> str:
     scenario = tmp_path / "unknown.txt"
     scenario.write_text(
         "nvmlcheck-stub-scenario 1\n"
         "system driver=580.159.04 nvml=13.580.159.04 cuda=13000\n"
         "device index=0\n" + "".join(f"fault fn={fn} code=3\n" for fn in _FAILING)
     )
-    code = cli.main(["--simulate", str(scenario), "--json", "snapshot"])
+    return str(scenario)
+
+
+def test_every_unknown_value_of_a_snapshot_document_has_its_reason(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = cli.main(["--simulate", _scenario(tmp_path), "--json", "snapshot"])
     doc = json.loads(capsys.readouterr().out)
     assert code == 0
     (device,) = doc["devices"]
@@ -65,3 +69,16 @@ def test_every_unknown_value_of_a_snapshot_document_has_its_reason(
     assert missing == []
     assert all(unknown[p] for p in nulls)  # a reason, never an empty text
     assert set(_nulls({k: v for k, v in doc["system"].items() if k != "unknown"})) <= set(doc["system"]["unknown"])
+
+
+def test_every_question_mark_of_the_table_has_its_reason(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # The name's "?" stood alone: the line under the row said why memory, the process lists and the clock were
+    # unknown, not the name.
+    code = cli.main(["--simulate", _scenario(tmp_path), "snapshot"])
+    out = capsys.readouterr().out
+    assert code == 0
+    row, why = out.splitlines()[1:3]
+    assert row.split()[1] == "?"  # the name
+    assert why.strip().startswith("(unknown: ")
+    for what in ("name", "memory", "compute processes", "SM clock"):
+        assert what in why
