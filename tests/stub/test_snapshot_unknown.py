@@ -82,3 +82,20 @@ def test_every_question_mark_of_the_table_has_its_reason(tmp_path: Path, capsys:
     assert why.strip().startswith("(unknown: ")
     for what in ("name", "memory", "compute processes", "SM clock"):
         assert what in why
+
+
+def test_a_process_whose_name_and_memory_are_unknown_says_why_in_the_table(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    scenario = tmp_path / "na.txt"
+    scenario.write_text(
+        "nvmlcheck-stub-scenario 1\n"
+        "device index=0\n"
+        "process device=0 kind=compute pid=4100001 used=na holds=1073741824\n"  # a PID no process here has
+    )
+    code = cli.main(["--simulate", str(scenario), "snapshot", "procs"])
+    out = capsys.readouterr().out.splitlines()
+    assert code == 0
+    assert out[1].split()[-2:] == ["?", "?"]  # used, name
+    assert any(line.startswith("(used ?:") for line in out)
+    assert any(line.startswith("(name ?:") for line in out)
