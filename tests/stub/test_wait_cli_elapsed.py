@@ -4,6 +4,7 @@ deadline and must not read as one ("not clean after 2.055 s" for ``--timeout 2``
 
 from __future__ import annotations
 
+import time
 import types
 from typing import Any
 
@@ -18,10 +19,12 @@ from nvmlcheck.session import Session
 
 
 class FakeTime:
-    """``time`` as the CLI modules see it: ``monotonic`` on a clock the test moves."""
+    """``time`` as the CLI modules see it: ``monotonic`` on a clock the test moves. It starts at the real clock's
+    reading: the command's watchdog (``hung_after`` around the event registration) takes its deadline from it on the
+    real clock, and one long past would fire it at once."""
 
     def __init__(self) -> None:
-        self.now = 1000.0
+        self.now = time.monotonic()
 
     def monotonic(self) -> float:
         return self.now
