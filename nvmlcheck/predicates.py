@@ -1121,9 +1121,13 @@ def pids_gone(pids: Iterable[int]) -> Predicate:
         chosen = frozenset(pids)
     except TypeError:  # an unhashable PID (a list in the list)
         raise ArgumentTypeError(f"pids_gone() takes PIDs (an iterable of int), got {pids!r}") from None
+    from ._proc import PID_MAX_LIMIT
+
     for pid in chosen:
         if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
             raise ArgumentError(f"a process ID is a positive whole number, got {pid!r}")
+        if pid > PID_MAX_LIMIT:  # no process list can hold it: the predicate would hold at once
+            raise ArgumentError(f"a process ID is at most {PID_MAX_LIMIT} (Linux's PID_MAX_LIMIT), got {pid!r}")
     return _PidsGone(chosen)
 
 
