@@ -1210,6 +1210,7 @@ def default_predicate(
     judgement with :func:`on_devices`.
     """
     _non_negative_bytes("tolerance_bytes", tolerance_bytes)  # checked whether or not a baseline uses it
+    _non_negative_bytes("max_used_bytes", max_used_bytes)  # by its own name (memory_used_at_most says limit_bytes)
     memory = memory_back_to(baseline, tolerance_bytes) if baseline is not None else memory_used_at_most(max_used_bytes)
     predicate = no_processes() & memory
     return on_devices(devices, predicate) if devices is not None else predicate
