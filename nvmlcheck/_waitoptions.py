@@ -140,6 +140,7 @@ def _resolve_policy(policy: PollPolicy | str | float | None) -> PollPolicy:
     if isinstance(policy, bool) or not isinstance(policy, int | float):
         raise ArgumentTypeError(
             f"policy must be a PollPolicy, 'default', 'precise' or an interval in seconds, got {policy!r}")
+    _check_seconds("policy (an interval)", policy)  # before float(): an int beyond any float (10**400) overflows it
     return PollPolicy.every(float(policy))
 
 

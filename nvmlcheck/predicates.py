@@ -1121,9 +1121,13 @@ def pids_gone(pids: Iterable[int]) -> Predicate:
         chosen = frozenset(pids)
     except TypeError:  # an unhashable PID (a list in the list)
         raise ArgumentTypeError(f"pids_gone() takes PIDs (an iterable of int), got {pids!r}") from None
+    from ._proc import PID_MAX_LIMIT
+
     for pid in chosen:
         if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
             raise ArgumentError(f"a process ID is a positive whole number, got {pid!r}")
+        if pid > PID_MAX_LIMIT:  # no process list can hold it: the predicate would hold at once
+            raise ArgumentError(f"a process ID is at most {PID_MAX_LIMIT} (Linux's PID_MAX_LIMIT), got {pid!r}")
     return _PidsGone(chosen)
 
 
@@ -1206,6 +1210,7 @@ def default_predicate(
     judgement with :func:`on_devices`.
     """
     _non_negative_bytes("tolerance_bytes", tolerance_bytes)  # checked whether or not a baseline uses it
+    _non_negative_bytes("max_used_bytes", max_used_bytes)  # by its own name (memory_used_at_most says limit_bytes)
     memory = memory_back_to(baseline, tolerance_bytes) if baseline is not None else memory_used_at_most(max_used_bytes)
     predicate = no_processes() & memory
     return on_devices(devices, predicate) if devices is not None else predicate
@@ -1216,16 +1221,7 @@ def blamed_devices(predicate: Predicate, snapshot: Snapshot) -> frozenset[int] |
     snapshot's unreadable GPUs (a wait is never clean with one); ``frozenset()`` when it holds, ``None`` when a
     reason is tied to no GPU (then every GPU may be to blame). What a wait's timeout names as holders
     (:attr:`nvmlcheck.WaitTimeout.holders`): only the GPUs its own predicate refused."""
-    scope = _scope_of(snapshot)
-    if predicate._check(scope) is True:
-        return frozenset(f.index for f in snapshot.failures)
-    out = {f.index for f in snapshot.failures}
-    for why in predicate._explain(scope):
-        device = getattr(why, "device", None)  # a subclass's own reasons may carry none
-        if not isinstance(device, int) or isinstance(device, bool):
-            return None
-        out.add(device)
-    return frozenset(out)
+    return _Judged(predicate, snapshot).blamed()
 
 
 def _held_reasons(predicate: Predicate, snapshot: Snapshot) -> tuple[str, ...]:
@@ -1233,6 +1229,46 @@ def _held_reasons(predicate: Predicate, snapshot: Snapshot) -> tuple[str, ...]:
     wait's memory-only probe says what it saw held, not that it did not read the process lists."""
     scope = _scope_of(snapshot)
     return _sorted_reasons(w for w in predicate._explain(scope) if w.truth is False)
+
+
+class _Judged:
+    """One judgement of a snapshot with its reasons, read by everything a wait's timeout says of it (the message,
+    the GPUs to blame, the holders): a predicate of one's own may be slow, and after the deadline it is asked once,
+    not once per use."""
+
+    __slots__ = ("snapshot", "truth", "whys")
+
+    def __init__(self, predicate: Predicate, snapshot: Snapshot) -> None:
+        scope = _scope_of(snapshot)
+        self.snapshot = snapshot
+        self.truth = predicate._check(scope)
+        self.whys: list[_Why] = [] if self.truth is True else predicate._explain(scope)
+
+    def verdict(self) -> Verdict:
+        """What :meth:`Predicate.evaluate` answers."""
+        return Verdict(True) if self.truth is True else Verdict(self.truth, _sorted_reasons(self.whys))
+
+    def blamed(self) -> frozenset[int] | None:
+        """What :func:`blamed_devices` answers."""
+        out = {f.index for f in self.snapshot.failures}
+        if self.truth is True:
+            return frozenset(out)
+        for why in self.whys:
+            device = getattr(why, "device", None)  # a subclass's own reasons may carry none
+            if not isinstance(device, int) or isinstance(device, bool):
+                return None
+            out.add(device)
+        return frozenset(out)
+
+    def device_reasons(self) -> list[tuple[int, bool | None, str]]:
+        """The reasons tied to one GPU: (its NVML index, ``False`` when the reason makes the answer ``False``,
+        ``None`` when it could not tell, the text with its ``GPU N: ``). Empty when the predicate holds."""
+        out = []
+        for why in self.whys:
+            device = getattr(why, "device", None)
+            if isinstance(device, int) and not isinstance(device, bool):
+                out.append((device, why.truth, why.text))
+        return out
 
 
 def check_predicate(predicate: object, name: str = "predicate") -> Predicate | None:

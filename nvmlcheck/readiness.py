@@ -636,10 +636,11 @@ def ready(
     >>> report = nc.ready([0], need_fraction=0.9, timeout=30.0)        # doctest: +SKIP
     >>> report.ready, [v.line() for v in report.verdicts]                # doctest: +SKIP
     """
-    from .session import in_session
+    from .session import _checked_selection, in_session
 
     # Checked before the session opens, with this call's names: a bad one is refused with nothing read.
     timeout = _ready_options(timeout, events, options).timeout
+    devices = _checked_selection(devices)
     _capacity(need_bytes, need_fraction)
     if max_used_bytes is not None:
         check_bytes("max_used_bytes", max_used_bytes)

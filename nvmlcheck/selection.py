@@ -162,7 +162,7 @@ def select_clean(
     :class:`~nvmlcheck.NoSuchProcess` (a ``ProcessLookupError``) when ``owner`` is not running at the start or exits
     during the wait (nothing stays locked then).
     """
-    from ._waitoptions import _timeout_ns
+    from ._waitoptions import _check_seconds, _timeout_ns
     from .predicates import check_predicate, default_predicate
 
     check_predicate(predicate)
@@ -170,8 +170,10 @@ def select_clean(
         if not isinstance(flag, bool):
             # lock="no" (a non-empty string) took the locks; health=0 (or None) passed over nothing unhealthy.
             raise ArgumentTypeError(f"{name} must be True or False, got {flag!r}")
-    if isinstance(interval, bool):  # True read as a 1 s interval
-        raise ArgumentTypeError(f"interval must be a number of seconds or None, got {interval!r}")
+    if interval is not None:
+        # A number of seconds from 0 to 1e9, as a policy's interval (True, read as 1 s, is a type error): 1e300 or
+        # 10**400 overflowed time.sleep at the first pause, and a string was a ValueError.
+        _check_seconds("interval", interval)
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise ArgumentError(f"count must be an integer >= 1, got {count!r}")
     if isinstance(stable_polls, bool) or not isinstance(stable_polls, int) or stable_polls < 1:
@@ -198,9 +200,7 @@ def select_clean(
                      "and cuda:0 or its UUID, counts once)")
         raise ArgumentError(f"asked for {count} clean GPU(s) but {where} {total}{twice}")
     pred = predicate if predicate is not None else default_predicate()
-    pause = DEFAULT_INTERVAL_S.get(session.backend_name, 0.5) if interval is None else interval
-    if not (isinstance(pause, int | float) and 0 <= pause < float("inf")):
-        raise ArgumentError(f"interval must be >= 0 seconds, got {interval!r}")
+    pause = DEFAULT_INTERVAL_S.get(session.backend_name, 0.5) if interval is None else float(interval)
     directory: Path | None = None
     if lock:
         from .locks import lock_dir as default_lock_dir

@@ -143,6 +143,22 @@ def _selectors(devices: Iterable[DeviceSelector] | DeviceSelector) -> list[Devic
         raise ArgumentTypeError(f"devices is an index, a UUID, a sequence of them or None, not {devices!r}") from None
 
 
+def _checked_selection(devices: Iterable[DeviceSelector] | DeviceSelector | None
+                      ) -> Iterable[DeviceSelector] | DeviceSelector | None:
+    """``devices`` checked as far as it can be without a GPU (each selector an int or a str, at least one), as a
+    list when it was an iterable (a generator reads once): what the calls that open their own session check before
+    opening it, so that a bad selection is an argument error, not a backend's (no driver here) or an init's cost."""
+    if devices is None:
+        return None
+    items = _selectors(devices)
+    if not items:
+        raise ArgumentError("empty device selection: name at least one GPU, or pass None for all")
+    for item in items:
+        if isinstance(item, bool) or not isinstance(item, int | str):
+            raise ArgumentTypeError(f"a device is an int index or a UUID string, not {item!r}")
+    return devices if isinstance(devices, int | str) else items
+
+
 def _once(devices: Iterable[DeviceSelector] | DeviceSelector | None
           ) -> Iterable[DeviceSelector] | DeviceSelector | None:
     """A selection that is read twice (resolved, then its MIG instances), as a list: a generator reads only once."""
@@ -1083,10 +1099,14 @@ def wait_until_clean(
     >>> import nvmlcheck as nc
     >>> nc.wait_until_clean(timeout=30.0)        # doctest: +SKIP
     """
+    from .predicates import check_predicate
     from .wait import WaitOptions
 
     opts = WaitOptions.or_default(options).with_(timeout=timeout, policy=policy, stable_polls=stable_polls,
                                                  trace=trace, events=events)
+    # Checked before the session opens: a bad predicate or selection is refused with nothing opened or read.
+    check_predicate(predicate)
+    devices = _checked_selection(devices)
     # A fresh session has no listener: events None (the default) and False both poll.
     return in_session(backend, opts.timeout, lambda session, left: session.wait_until_clean(
         left, predicate, devices=devices, options=opts))

@@ -128,8 +128,9 @@ class Culprit:
     (``"class"`` in JSON). ``kind``: ``"compute"``/``"graphics"``/``"mps"`` for a listed process, ``"device-file"``
     for a process found by its open device files only, else what the cause is (``"memory"``, a health cause's code
     such as ``"row-remap-pending"``, ``"xid"``, ``"capacity"``, ``"capacity-limit"``, ``"query"``, ``"unconfirmed"``,
-    ...). ``pid``, ``name``, ``used_bytes``, ``state`` (``/proc`` state word) and ``container`` (label: ``"lxc/129"``,
-    ``"docker 3f2a…"``) describe a process culprit (``None`` where unknown or not a process). ``action``: what an
+    ``"predicate"``: a wait's own predicate refused the GPU on what no rule here sees, ...). ``pid``, ``name``,
+    ``used_bytes``, ``state`` (``/proc`` state word) and ``container`` (label: ``"lxc/129"``, ``"docker 3f2a…"``)
+    describe a process culprit (``None`` where unknown or not a process). ``action``: what an
     operator does: for a GPU an :class:`~nvmlcheck.model.OperatorAction` value (``RESET_GPU``, ``NODE_REBOOT``,
     ``CONTACT_SUPPORT``, ...), for a process ``STOP_HOLDER``, ``REAP_ZOMBIE`` or ``WAIT``; ``None``: nothing to do
     but wait or ask for less.

@@ -41,7 +41,13 @@ from .errors import (
     WaitTimeout,
 )
 from .model import DeviceFailure, Snapshot
-from .predicates import Predicate, _held_reasons, blamed_devices, check_predicate, default_predicate
+from .predicates import (
+    Predicate,
+    _held_reasons,
+    _Judged,
+    check_predicate,
+    default_predicate,
+)
 
 TYPE_CHECKING = False  # no typing at run time: it costs a one-shot check milliseconds (docs/performance.md)
 if TYPE_CHECKING:
@@ -525,6 +531,7 @@ class _Poller:
             cpu_clock = cpu_time_ns
         self.cpu_clock = cpu_clock
         self.probe = probe
+        self.judged: _Judged | None = None  # the timeout's judgement of its snapshot (_judged)
 
     def run(self) -> WaitResult:
         start = self.clock()
@@ -600,6 +607,10 @@ class _Poller:
             cheap = _a_snapshot(self.probe(deadline), "probe")
             if not cheap.failures and self.predicate.check(cheap) is False:
                 return cheap, True
+            if deadline is not None:
+                # The full read would be a second pass of this poll: not one begun after the deadline (a pass runs
+                # its first query whatever the deadline), which would overrun it by more than one query.
+                deadline.check()
         return _a_snapshot(self.snapshot_fn(deadline), "snapshot_fn"), False
 
     def _report(
@@ -681,7 +692,7 @@ class _Poller:
             held = True  # the probe answers a poll only when the predicate is False on it
             culprits.extend(_held_reasons(self.predicate, good))  # not "process list unknown": it never reads them
         elif good is not None:
-            verdict = self.predicate.evaluate(good)
+            verdict = self._judged(good).verdict()
             held = verdict.satisfied is False
             culprits.extend(verdict.reasons)
             # Failures make a poll unclean whatever the predicate says (always() ignores them).
@@ -692,22 +703,41 @@ class _Poller:
         return WaitTimeout(self.timeout_s, t1 - stats.start, lines, good, stats.polls,
                            holders=self._holders(good, lines, clean=clean), held=held)
 
+    def _judged(self, snap: Snapshot) -> _Judged:
+        """The predicate's judgement of ``snap``, made once however often the timeout reads it."""
+        judged = self.judged
+        if judged is None or judged.snapshot is not snap:
+            judged = self.judged = _Judged(self.predicate, snap)
+        return judged
+
     def _holders(self, good: Snapshot | None, lines: tuple[str, ...], *, clean: bool) -> tuple[Culprit, ...] | None:
         """A timeout's structured holders: those of the GPUs the predicate refused (``WaitTimeout.holders``), never a
-        GPU it judged clean (one within a laxer ``memory_used_at_most``, or outside ``on_devices``). ``None`` (judged
-        from the snapshot on first use) when it refused every GPU of the snapshot: the same answer, without reading
-        ``/proc`` unless asked. With no snapshot at all (no poll finished, every poll failed), each line is an
-        ``unknown`` culprit of no one GPU: never an empty list, which would read as nothing holding them."""
-        if good is None:
-            from .verdict import Culprit
+        GPU it judged clean (one within a laxer ``memory_used_at_most``, or outside ``on_devices``). With no snapshot
+        at all (no poll finished, every poll failed), each line is an ``unknown`` culprit of no one GPU: never an
+        empty list, which would read as nothing holding them. For the same reason a GPU the predicate refused on
+        what the holders' rules do not see (10 MiB used under ``memory_used_at_most(1 MiB)``: their limit is the
+        default 16 MiB; a predicate of one's own) gets the predicate's own reasons, kind ``"predicate"``
+        (class ``"held"`` where the predicate said no, ``"unknown"`` where it could not tell)."""
+        from .verdict import Culprit
 
+        if good is None:
             return tuple(Culprit(None, "unknown", "query", line) for line in lines)
         from .verdict import holders_of, mig_units
 
-        blamed = frozenset(f.index for f in good.failures) if clean else blamed_devices(self.predicate, good)
+        judged = self._judged(good)
+        blamed = frozenset(f.index for f in good.failures) if clean else judged.blamed()
         units = mig_units(self.predicate, good)  # selected MIG instances: never another instance's processes
-        if units is None and (blamed is None or blamed >= {d.index for d in good.devices}):
-            return None
         if blamed is not None and not blamed:
             return ()
-        return holders_of(good, devices=blamed, units=units)
+        found = holders_of(good, devices=blamed, units=units)
+        if clean:
+            return found
+        named = {c.gpu for c in found}
+        extra: list[Culprit] = []
+        for device, truth, text in judged.device_reasons():
+            if device in named or (blamed is not None and device not in blamed):
+                continue
+            prefix = f"GPU {device}: "
+            reason = text[len(prefix):] if text.startswith(prefix) else text
+            extra.append(Culprit(device, "held" if truth is False else "unknown", "predicate", reason))
+        return (*found, *dict.fromkeys(extra)) if extra else found

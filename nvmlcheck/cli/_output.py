@@ -215,6 +215,8 @@ def _unknown_cells(d: DeviceState) -> list[str]:
     from ..model import unknown_key
 
     found: list[tuple[str, str]] = []
+    if d.name is None:
+        found.append(("name", d.why_unknown("name") or "not read"))
     if d.memory is None:
         found.append(("memory", d.why_unknown("memory") or "not read"))
     elif d.memory.reserved_bytes is None and not d.memory.used_includes_reserved:  # (the v1 line says why)
@@ -302,7 +304,7 @@ def process_table(snap: Snapshot, out: TextIO) -> None:
     mig = any(d.mig_mode for d in snap.devices)
     print(f"{'GPU':<4}{'  GI  CI' if mig else ''}{'pid':>8}  {'kind':<9}{'used':>11}  name", file=out)
     rows = 0
-    unknown_used = False
+    unknown_used = unknown_name = False
     for d in _in_order(snap):
         if isinstance(d, DeviceFailure):
             _unreadable(d, out)
@@ -319,6 +321,7 @@ def process_table(snap: Snapshot, out: TextIO) -> None:
                 continue
             for p in procs:
                 unknown_used = unknown_used or p.used_bytes is None
+                unknown_name = unknown_name or p.name is None
                 listed.add((p.pid, kind))
                 cells = _instance_cells(d, p.gpu_instance_id, p.compute_instance_id) if mig else ""
                 print(f"{d.index:<4}{cells}{p.pid:>8}  {kind:<9}{human_bytes(p.used_bytes):>11}  "
@@ -331,16 +334,23 @@ def process_table(snap: Snapshot, out: TextIO) -> None:
                 gi = m.gpu_instance_id if p.gpu_instance_id is None else p.gpu_instance_id
                 ci = m.compute_instance_id if p.compute_instance_id is None else p.compute_instance_id
                 unknown_used = unknown_used or p.used_bytes is None
+                unknown_name = unknown_name or p.name is None
                 print(f"{d.index:<4}{_instance_cells(d, gi, ci)}{p.pid:>8}  {p.kind.value:<9}"
                       f"{human_bytes(p.used_bytes):>11}  {safe(p.name or '?')}", file=out)
                 rows += 1
     if unknown_used:
         print(UNKNOWN_PROCESS_USED, file=out)
+    if unknown_name:
+        print(UNKNOWN_PROCESS_NAME, file=out)
     if not rows:
         # A header alone read as a failure, or as "clean": the lists are empty, which alone never means clean.
         print("(no process listed on the selected GPUs; memory may still be held: `nvmlcheck wait --timeout 0` "
               "judges whether they are clean)", file=out)
 
+
+#: Under a process table with a ``?`` in its ``name`` column: why (the name comes from ``/proc``).
+UNKNOWN_PROCESS_NAME = ("(name ?: no process with that PID is visible here: it exited, runs in another PID "
+                        "namespace (NVML may report those PIDs), or its /proc entry cannot be read)")
 
 #: Under a process table with a ``?`` in its ``used`` column: why (NVML's "not available" for that process).
 UNKNOWN_PROCESS_USED = ("(used ?: the driver does not report that process's memory (NVML \"not available\": WDDM, "

@@ -107,13 +107,15 @@ def cmd_select(args: argparse.Namespace) -> int:
         return _select(args, pinned, what)
 
 
-def _not_found(args: argparse.Namespace, late: SelectTimeout, started: float) -> int:
-    """Say why ``--count`` GPUs were not found (exit 1): the --wait asked for, and the time since the command
-    started, the open included."""
+def _not_found(args: argparse.Namespace, late: SelectTimeout, started: float, waiting: float | None = None) -> int:
+    """Say why ``--count`` GPUs were not found (exit 1): the --wait asked for, and the time from the command's start
+    to the end of the search, the open included. ``waiting``: when the search (whose ``elapsed_ns`` ends at its
+    deadline) began on ``time.monotonic``; ``None``: the timeout came now (``late.elapsed_ns`` 0). Not the time of
+    the print: the message built after the deadline is no part of the wait."""
     from ..jsonout import select_timeout_document
     from ..selection import SelectTimeout
 
-    opened_ns = max(0, round((time.monotonic() - started) * 1e9) - late.elapsed_ns)
+    opened_ns = max(0, round(((time.monotonic() if waiting is None else waiting) - started) * 1e9))
     exc = SelectTimeout(args.wait or 0.0, late.elapsed_ns + opened_ns, late.culprits, late.snapshot,
                         late.polls, count=late.count, clean=late.clean)
     verdict(EXIT_NOT_CLEAN)
@@ -150,7 +152,8 @@ def _select(args: argparse.Namespace, pinned: Owner | None, what: str) -> int:
         # --wait used up by opening: a check bounded by it, not a whole one (that is --wait 0).
         from .._deadline import left_s
 
-        timeout = left_s(args.wait, time.monotonic() - started)
+        waiting = time.monotonic()
+        timeout = left_s(args.wait, waiting - started)
         try:
             selection = gpus.select_clean(
                 args.count, timeout=timeout, predicate=predicate, devices=args.devices,
@@ -161,7 +164,7 @@ def _select(args: argparse.Namespace, pinned: Owner | None, what: str) -> int:
             # took nothing or let go of it.
             raise UsageError(f"{what}: {gone}") from None
         except SelectTimeout as late:
-            return _not_found(args, late, started)
+            return _not_found(args, late, started, waiting)
         value = _value(args.format, selection, mapping)
         holder = None
         if selection.locks is not None:

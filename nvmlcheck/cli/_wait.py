@@ -47,7 +47,8 @@ def cmd_wait(args: argparse.Namespace) -> int:
             start_events(args, gpus, deadline)
         # --timeout bounds the whole command: the open (whose nvmlInit it bounded) comes out of it; used up, it is
         # still a bound (the library's answer for that time), never 0, which is one check judged alone.
-        timeout = left_s(args.timeout, time.monotonic() - started)
+        waiting = time.monotonic()
+        timeout = left_s(args.timeout, waiting - started)
         try:
             result = gpus.wait_until_clean(
                 timeout,
@@ -59,8 +60,10 @@ def cmd_wait(args: argparse.Namespace) -> int:
             )
         except WaitTimeout as late:
             status.clear()
-            # Report the timeout asked for and the time since the command started, the open included.
-            opened_ns = round((time.monotonic() - started) * 1e9) - late.elapsed_ns
+            # Report the timeout asked for and the time from the command's start to the wait's end, the open
+            # included: the wait's elapsed_ns ends at its deadline, not after the message was built and the holders
+            # explained (a module import, /proc reads: work after the deadline, which is no overrun of it).
+            opened_ns = round((waiting - started) * 1e9)
             # The wait's holders (those of the GPUs its predicate refused: --max-used, --devices) go along; only a
             # document shows them.
             exc = WaitTimeout(args.timeout, late.elapsed_ns + max(0, opened_ns), late.culprits, late.snapshot,

@@ -16,6 +16,7 @@ from ..model import (
 
 TYPE_CHECKING = False  # no typing at run time: it costs a one-shot check milliseconds (docs/performance.md)
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from typing import Any
 
     from ..holders import GpuUse, Holder
@@ -117,6 +118,23 @@ def _mig_device(m: MigDevice) -> dict[str, Any]:
     }
 
 
+#: Fields the document derives from another one: ``null`` when their source is, for the same reason.
+_DERIVED = {
+    "clocks.event_reasons": "clocks.event_reason_names",
+    "health.recovery_action": "health.recovery_action_code",
+}
+
+
+def _unknown_with_derived(unknown: Mapping[str, str]) -> dict[str, str]:
+    """A device's ``unknown`` as the document says it: every ``null`` field keyed by its own dotted path, those
+    derived from another field too (``event_reason_names`` is ``null`` because ``event_reasons`` is)."""
+    out = dict(unknown)
+    for source, derived in _DERIVED.items():
+        if source in out and derived not in out:
+            out[derived] = out[source]
+    return out
+
+
 def device_json(d: DeviceState) -> dict[str, Any]:
     """One device. ``mig_mode`` / ``mig_devices`` were added in issue 11 (``null`` when not read)."""
     return {
@@ -134,7 +152,7 @@ def device_json(d: DeviceState) -> dict[str, Any]:
         },
         "clocks": _clocks(d.clocks),
         "health": _health(d.health),
-        "unknown": dict(d.unknown),
+        "unknown": _unknown_with_derived(d.unknown),
         "mig_mode": d.mig_mode,
         "mig_devices": None if d.mig_devices is None else [_mig_device(m) for m in d.mig_devices],
     }

@@ -272,6 +272,13 @@ def test_pids_gone_rejects_bad_pids(bad: object) -> None:
         pids_gone([bad])  # type: ignore[list-item]
 
 
+@pytest.mark.parametrize("beyond", [4_194_305, 2**32 + 10, 10**400])
+def test_pids_gone_rejects_a_pid_no_process_list_can_hold(beyond: int) -> None:
+    # Accepted before: no list ever holds it, so the predicate held at once (a wait for it ended "gone").
+    with pytest.raises(ValueError, match="a process ID is at most 4194304"):
+        pids_gone([10, beyond])
+
+
 # --- device selection -------------------------------------------------------------------------------------------
 
 
@@ -563,3 +570,9 @@ def test_pids_gone_describes_one_pid_many_and_none() -> None:
     assert pids_gone([42]).describe() == "pid 42 gone from every GPU process list"
     assert pids_gone([42, 7]).describe() == "pids 7, 42 gone from every GPU process list"
     assert pids_gone([]).describe() == "no PID given (holds wherever the process lists are read)"
+
+
+@pytest.mark.parametrize(("value", "error"), [(True, TypeError), (-1, ValueError), ("1", TypeError)])
+def test_default_predicate_names_max_used_bytes_not_the_inner_limit_bytes(value: object, error: type) -> None:
+    with pytest.raises(error, match=r"^max_used_bytes must"):
+        default_predicate(max_used_bytes=value)  # type: ignore[arg-type]

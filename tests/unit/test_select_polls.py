@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from snapshots import busy, idle
 
-from nvmlcheck.errors import ArgumentTypeError, NotSupported, SmiTimeout
+from nvmlcheck.errors import ArgumentError, ArgumentTypeError, NotSupported, SmiTimeout
 from nvmlcheck.model import Snapshot
 from nvmlcheck.selection import SelectTimeout, select_clean
 from nvmlcheck.testing import StepClock
@@ -76,4 +76,17 @@ def test_flags_and_the_interval_take_their_own_types_only(keyword: str, value: A
     backend = FakeBackend([idle(0)])
     with pytest.raises(ArgumentTypeError, match=f"{keyword} must be"):
         select_clean(FakeSession(backend), 1, **{keyword: value})  # type: ignore[arg-type]
+    assert backend.deadlines == []  # nothing read
+
+
+@pytest.mark.parametrize(("value", "error"), [("1", ArgumentTypeError), (1e300, ArgumentError),
+                                              (10**400, ArgumentError), (float("inf"), ArgumentError),
+                                              (float("nan"), ArgumentError), (-1, ArgumentError)],
+                         ids=["str", "1e300", "10**400", "inf", "nan", "negative"])
+def test_an_interval_no_sleep_can_take_is_refused_before_anything_is_read(value: Any, error: type) -> None:
+    """1e300 or 10**400 passed the check (finite, >= 0) and overflowed ``time.sleep`` at the first pause; ``"1"``
+    was a ValueError. Each is now refused by name before anything is read, as a policy's interval is."""
+    backend = FakeBackend([busy(), idle(0)])
+    with pytest.raises(error, match="interval must be"):
+        select_clean(FakeSession(backend), 1, timeout=None, interval=value)  # type: ignore[arg-type]
     assert backend.deadlines == []  # nothing read

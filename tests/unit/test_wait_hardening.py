@@ -9,8 +9,8 @@ import pytest
 from snapshots import GIB, busy, dev, failure, idle, memory_only, snap
 
 from nvmlcheck.errors import NvmlCheckError, Unknown, WaitTimeout
-from nvmlcheck.model import Snapshot
-from nvmlcheck.predicates import no_processes
+from nvmlcheck.model import DeviceState, Snapshot
+from nvmlcheck.predicates import DevicePredicate, Predicate, memory_used_at_most, no_processes
 from nvmlcheck.wait import PollPolicy, TracePoint, poll_until
 
 START = 5_000_000_000
@@ -225,3 +225,93 @@ def test_a_failed_poll_after_a_probe_poll_still_names_what_was_seen_held_not_unr
     assert culprits[0].startswith("the last poll failed (Unknown)")
     assert "GPU 0: 16.0 GiB used, above the 16.0 MiB limit" in culprits
     assert not any("process list unknown" in c for c in culprits)
+
+
+def test_a_probe_that_ends_past_the_deadline_is_not_followed_by_a_full_read() -> None:
+    # The probe could not prove "held" (memory back, lists unread), but the deadline passed while it read: the full
+    # read would be a second pass after the deadline (a backend's pass always runs its first query).
+    fake = Fake([BUSY] * 10)
+    passed: list[bool] = []
+
+    def probe(deadline: object) -> Snapshot:
+        fake.now += 5 * MS  # a slow read: the deadline passes in it
+        return memory_only(CLEAN)
+
+    def full(deadline: object) -> Snapshot:
+        passed.append(fake.now >= START + 2_500_000)
+        return fake.snapshot()
+
+    with pytest.raises(WaitTimeout) as info:
+        poll_until(full, timeout=0.0025, probe=probe, pass_deadline=True, policy=PollPolicy.every(0.001),
+                   clock=fake.clock, sleep=fake.sleep)
+    assert passed == [False]  # the first poll's full read; none after the deadline
+    assert info.value.polls == 1 and "pid 1234" in info.value.culprits[0]
+
+
+# --- a timeout's holders: never empty for a GPU the predicate refused -------------------------------------------------
+
+MIB = 1 << 20
+
+
+class _Hot(DevicePredicate):
+    """A predicate of one's own, on what no holder rule sees."""
+
+    def __init__(self, answer: bool | None) -> None:
+        self.answer = answer
+
+    def check_device(self, device: DeviceState) -> bool | None:
+        return self.answer
+
+    def describe(self) -> str:
+        return "cool enough"
+
+
+@pytest.mark.parametrize(("predicate", "class_", "reason"), [
+    # 10 MiB used with no process: refused by a 1 MiB limit, within the holder rules' default 16 MiB.
+    (memory_used_at_most(1 * MIB), "held", "10.0 MiB used with no visible process"),
+    (_Hot(False), "held", "not cool enough"),
+    (_Hot(None), "unknown", "cannot tell whether cool enough"),
+], ids=["stricter-limit", "own-false", "own-unknown"])
+def test_a_gpu_the_predicate_refused_has_a_holder_even_when_no_holder_rule_sees_it(
+    predicate: Predicate, class_: str, reason: str
+) -> None:
+    # The holders were () (judged with the rules' own limit), which JSON readers take as "nothing holds it".
+    fake = Fake([snap(dev(0, used=10 * MIB))] * 20)
+    with pytest.raises(WaitTimeout) as info:
+        poll_until(fake.snapshot, predicate, timeout=0.005, policy=PollPolicy.every(0.001), clock=fake.clock,
+                   sleep=fake.sleep)
+    (holder,) = info.value.holders
+    assert (holder.gpu, holder.class_, holder.kind) == (0, class_, "predicate")
+    assert holder.reason.startswith(reason) and not holder.reason.startswith("GPU 0")
+
+
+def test_a_holder_the_rules_name_gets_no_predicate_line_beside_it() -> None:
+    fake = Fake([BUSY] * 20)
+    with pytest.raises(WaitTimeout) as info:
+        poll_until(fake.snapshot, timeout=0.005, policy=PollPolicy.every(0.001), clock=fake.clock, sleep=fake.sleep)
+    assert [h.kind for h in info.value.holders] == ["compute"]
+
+
+class _Counted(DevicePredicate):
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def check_device(self, device: DeviceState) -> bool | None:
+        self.calls += 1
+        return False
+
+    def describe(self) -> str:
+        return "counted"
+
+
+def test_a_timeout_judges_its_snapshot_once_not_once_per_use() -> None:
+    # A predicate of one's own may be slow (docs: keep it cheap; it may not be): the message, the GPUs to blame and
+    # the holders each asked it again after the deadline (4 to 6 calls per GPU, each as long as a poll's judgement).
+    predicate = _Counted()
+    fake = Fake([snap(dev(0))] * 20)
+    with pytest.raises(WaitTimeout) as info:
+        poll_until(fake.snapshot, predicate, timeout=0.005, policy=PollPolicy.every(0.001), clock=fake.clock,
+                   sleep=fake.sleep)
+    after = predicate.calls - info.value.polls  # each poll asks once per GPU
+    assert after <= 3  # one check and one explanation (which checks again), once
+    assert info.value.culprits == ("GPU 0: not counted",) and info.value.holders[0].kind == "predicate"

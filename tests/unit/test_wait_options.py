@@ -214,9 +214,11 @@ def test_a_timeout_beyond_any_float_is_no_bound_not_an_overflow() -> None:
     lambda: DEFAULT.__class__.every(HUGE),
     lambda: DEFAULT.__class__(interval_s=0.001, backoff_factor=HUGE),
     lambda: DEFAULT.__class__(interval_s=0.001, max_interval_s=HUGE),
+    lambda: WaitOptions(policy=HUGE),  # an interval as the policy: float() of it overflowed first
+    lambda: poll_until(lambda: idle(0), timeout=0, policy=HUGE),
 ])
 def test_a_policy_value_beyond_any_float_is_refused_by_name(make: Callable[[], object]) -> None:
     from nvmlcheck.errors import ArgumentError
 
-    with pytest.raises(ArgumentError, match=r"interval_s|backoff_factor"):
+    with pytest.raises(ArgumentError, match=r"interval|backoff_factor"):
         make()
