@@ -24,7 +24,7 @@ def no_open(monkeypatch: pytest.MonkeyPatch) -> None:
 BAD: list[tuple[dict[str, Any], type[Exception], str]] = [
     ({"devices": True}, ArgumentTypeError, "a device is an int index or a UUID string"),
     ({"devices": []}, ArgumentError, "empty device selection"),
-    ({"devices": (i for i in ())}, ArgumentError, "empty device selection"),
+    ({"devices": (i for i in range(0))}, ArgumentError, "empty device selection"),
     ({"devices": [0, 1.5]}, ArgumentTypeError, "not 1.5"),
     ({"devices": b"0"}, ArgumentTypeError, "devices is an index"),
 ]
