@@ -66,7 +66,8 @@ def cmd_ready(args: argparse.Namespace) -> int:
         # still a bound (the library's answer for that time), never 0, which is one check judged alone.
         from .._deadline import left_s
 
-        timeout = left_s(args.timeout, time.monotonic() - started)
+        waiting = time.monotonic()
+        timeout = left_s(args.timeout, waiting - started)
         try:
             report = gpus.ready(
                 args.devices, need_bytes=need_bytes, need_fraction=need_fraction, max_used_bytes=args.max_used,
@@ -75,7 +76,10 @@ def cmd_ready(args: argparse.Namespace) -> int:
             )
         finally:
             status.clear()
-        report = replace(report, timeout_s=args.timeout, elapsed_ns=round((time.monotonic() - started) * 1e9))
+        # The time from the command's start to the end of ready's own reading, the open included (as wait reports a
+        # timeout): not the verdicts' judging and the message after it, which are no waiting.
+        report = replace(report, timeout_s=args.timeout,
+                         elapsed_ns=round((waiting - started) * 1e9) + report.elapsed_ns)
         code = exit_code_of(report)
         verdict(code)  # before printing: a failed write cannot change it (ready is a verdict, as wait's clean is)
         if args.json:

@@ -68,3 +68,28 @@ def test_select_timeout_reports_the_deadline_not_the_work_after_it(
     err = capsys.readouterr().err
     assert code == 1
     assert "after 3.000 s" in err and "8.000" not in err
+
+
+def test_ready_reports_the_time_to_its_verdict_not_the_printing_after_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``ready``'s "(X s, N polls)" is the open plus the library's own elapsed time (to its verdict): it was read
+    after the call returned, so whatever ran between (here 7 s of a loaded machine) read as waiting."""
+    import nvmlcheck.cli._ready as cli_ready
+    from nvmlcheck.verdict import ReadyReport
+
+    ft = FakeTime()
+    monkeypatch.setattr(cli_ready, "time", types.SimpleNamespace(monotonic=ft.monotonic,
+                                                                 monotonic_ns=lambda: round(ft.now * 1e9)))
+    real_ready = Session.ready
+
+    def ready(self: Session, *a: Any, **k: Any) -> ReadyReport:
+        report = real_ready(self, *a, **{**k, "timeout": 0})
+        ft.now += 2.0 + 7.0  # its reading (2 s on this clock), then the rest of a loaded machine's time
+        return type(report)(report.verdicts, report.snapshot, 2_000_000_000, report.polls, report.timeout_s,
+                            report.notes, report.listening_gaps)
+
+    monkeypatch.setattr(Session, "ready", ready)
+    code = cli.main(["--simulate", "h200-busy", "ready", "--timeout", "2"])
+    out = capsys.readouterr().out
+    assert code == 1 and "(2000.0 ms, 1 poll)" in out, out
