@@ -984,14 +984,15 @@ def open(
     smi_command: Sequence[str] | str | None = None,
     smi_prefix: Sequence[str] | str | None = None,
     smi_timeout_s: float | None = None,
-    library_path: str | None = None,
+    library_path: str | os.PathLike[str] | None = None,
     init_timeout_s: float | None = None,
 ) -> Session:
     """Open a :class:`Session`.
 
     ``backend``: ``"auto"`` (NVML, else nvidia-smi; never a simulator), ``"nvml"`` or ``"smi"``.
     ``smi_prefix``: run nvidia-smi behind a command such as ``"ssh gpu01"``. ``library_path``: a specific
-    libnvidia-ml (else ``libnvidia-ml.so.1``; ``$NVMLCHECK_LIBNVML`` names only nvmlcheck's stub, for tests).
+    libnvidia-ml, a ``str`` or a path object (else ``libnvidia-ml.so.1``; ``$NVMLCHECK_LIBNVML`` names only
+    nvmlcheck's stub, for tests).
     ``init_timeout_s``: how long
     ``nvmlInit`` may take (default 10 s; it can hang on a wedged driver), after which ``"nvml"`` raises
     :class:`~nvmlcheck.Timeout` and ``"auto"`` tries nvidia-smi.
@@ -1000,6 +1001,8 @@ def open(
     :class:`~nvmlcheck.ArgumentTypeError` or :class:`~nvmlcheck.ArgumentError` for an argument it cannot use, before
     anything is loaded or run.
     """
+    if isinstance(library_path, os.PathLike):
+        library_path = os.fspath(library_path)  # a bytes path stays refused below: a str names the library
     _check_open_arguments(smi_command, smi_prefix, smi_timeout_s, library_path, init_timeout_s)
     return Session(
         open_backend(
@@ -1028,8 +1031,8 @@ def _check_open_arguments(smi_command: object, smi_prefix: object, smi_timeout_s
                                 f"{value!r}")
     if library_path is not None:
         if not isinstance(library_path, str):
-            raise ArgumentTypeError(f"library_path must be a str (the path of a libnvidia-ml) or None, got "
-                                    f"{library_path!r}")
+            raise ArgumentTypeError(f"library_path must be a str or a path object (the path of a libnvidia-ml) or "
+                                    f"None, got {library_path!r}")
         if not library_path.strip():
             raise ArgumentError("library_path is empty: name a libnvidia-ml, or pass None for the system's")
     for name, words in (("smi_command", smi_command), ("smi_prefix", smi_prefix)):

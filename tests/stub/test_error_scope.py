@@ -77,3 +77,14 @@ def test_a_judged_value_is_unknown_only_when_the_code_says_it_does_not_exist(sna
         assert d is None
         (failure,) = snap.failures
         assert failure.index == 1 and type(failure.error) is cls
+
+
+
+def test_open_takes_the_library_as_a_path_object(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``library_path=stub.library_path`` (a ``Path``, as nvmlcheck.simulate's docs show) was refused: "must be a
+    str"; a path object names the library as its ``str`` does."""
+    scenario_path = tmp_path / "scenario.txt"
+    monkeypatch.setenv("NVMLCHECK_STUB_SCENARIO", str(scenario_path))
+    Scenario.h200().write(scenario_path)
+    with nc.open("nvml", library_path=build_stub()) as gpus:
+        assert [d.index for d in gpus.snapshot().devices] == [0]

@@ -61,6 +61,7 @@ def _gpu(index: int) -> nc.DeviceState:
     # open()'s arguments are checked before anything is loaded or run (they raised TypeError, ValueError)
     (lambda: nc.open("nvml", library_path=3), nc.ArgumentTypeError),  # type: ignore[arg-type]
     (lambda: nc.open("nvml", library_path=""), nc.ArgumentError),
+    (lambda: nc.open("nvml", library_path=b"/lib/libnvidia-ml.so.1"), nc.ArgumentTypeError),  # type: ignore[arg-type]
     (lambda: nc.open("nvml", init_timeout_s="1"), nc.ArgumentTypeError),  # type: ignore[arg-type]
     (lambda: nc.open("nvml", init_timeout_s=True), nc.ArgumentTypeError),
     (lambda: nc.open("smi", smi_timeout_s="x"), nc.ArgumentTypeError),  # type: ignore[arg-type]
