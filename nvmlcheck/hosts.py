@@ -249,6 +249,11 @@ def read_hosts_file(path: str | os.PathLike[str]) -> list[str]:
     A regular file or a pipe (``--hosts-file <(...)``), at most :data:`HOSTS_FILE_MAX_BYTES`, in UTF-8. Raises
     ``OSError`` when it cannot be read, ``ValueError`` naming the file when it is a device or directory, too large,
     or not text."""
+    return [spec for _, spec in hosts_file_lines(path)]
+
+
+def hosts_file_lines(path: str | os.PathLike[str]) -> list[tuple[int, str]]:
+    """:func:`read_hosts_file`'s specs, each with its line number (from 1): an error names the line."""
     import stat
 
     with open(path, "rb") as f:
@@ -265,8 +270,8 @@ def read_hosts_file(path: str | os.PathLike[str]) -> list[str]:
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
         raise ArgumentError(f"{os.fspath(path)}:{line}: not UTF-8 text") from None
-    lines = text.splitlines()
-    return [line.split("#", 1)[0].strip() for line in lines if line.split("#", 1)[0].strip()]
+    specs = ((no, line.split("#", 1)[0].strip()) for no, line in enumerate(text.splitlines(), 1))
+    return [(no, spec) for no, spec in specs if spec]
 
 
 # --- errors ----------------------------------------------------------------------------------------------------------

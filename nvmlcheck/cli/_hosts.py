@@ -26,21 +26,26 @@ if TYPE_CHECKING:
 
 
 def _hosts(args: argparse.Namespace) -> list[Host]:
-    from ..hosts import parse_hosts, read_hosts_file
+    from ..hosts import hosts_file_lines, parse_hosts
 
     specs = list(args.hosts or [])
     if args.hosts_file is not None:
         try:
-            listed = read_hosts_file(args.hosts_file)
+            lines = hosts_file_lines(args.hosts_file)
         except OSError as exc:
             raise UsageError(f"--hosts-file {args.hosts_file}: {exc.strerror or exc}") from None
         except ValueError as exc:  # a device, a directory, too large, not UTF-8
             raise UsageError(f"--hosts-file: {exc}") from None
-        if not listed:
+        if not lines:
             # Even beside --host: a fleet file emptied (truncated, every line commented out) would have left its
             # hosts unchecked and the verdict that of the --host alone.
             raise UsageError(f"--hosts-file {args.hosts_file}: no host in it (only blank lines and # comments)")
-        specs += listed
+        for no, spec in lines:  # each line alone first: an error names its line
+            try:
+                parse_hosts([spec])
+            except ValueError as exc:
+                raise UsageError(f"--hosts-file {args.hosts_file}:{no}: {exc}") from None
+        specs += [spec for _, spec in lines]
     try:
         hosts = parse_hosts(specs)
     except ValueError as exc:

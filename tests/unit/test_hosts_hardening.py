@@ -22,7 +22,7 @@ import pytest
 
 from nvmlcheck import cli, hosts
 from nvmlcheck._proc.child import Child
-from nvmlcheck.hosts import Fleet, Host, RemoteError, read_hosts_file
+from nvmlcheck.hosts import Fleet, Host, RemoteError, hosts_file_lines, read_hosts_file
 
 ROOT = Path(__file__).resolve().parents[2]
 SNAPSHOT_DOC = json.dumps({"schema": "nvmlcheck/snapshot", "version": 1, "devices": [], "failures": []})
@@ -407,3 +407,12 @@ def test_an_empty_hosts_file_is_a_usage_error_even_beside_host(
     fleet.write_text("# gpu02\n\n   # gpu03\n", encoding="utf-8")
     assert cli.main(["wait", "--timeout", "0", "--hosts-file", str(fleet), *beside]) == 2
     assert f"--hosts-file {fleet}: no host in it" in capsys.readouterr().err
+
+
+def test_a_bad_line_of_a_hosts_file_is_named_by_its_number(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # The error named the file only: in a fleet file of hundreds of hosts, the operator had to find the line.
+    fleet = tmp_path / "fleet.txt"
+    fleet.write_text("gpu01\n# gpu02\n\ngpu03  # the new one\nb, c\n", encoding="utf-8")
+    assert cli.main(["wait", "--timeout", "0", "--hosts-file", str(fleet)]) == 2
+    assert f"--hosts-file {fleet}:5: bad host 'b, c'" in capsys.readouterr().err
+    assert hosts_file_lines(fleet)[:2] == [(1, "gpu01"), (4, "gpu03")]
