@@ -99,6 +99,33 @@ def test_permission_denied_at_init(stub: Stub, monkeypatch: pytest.MonkeyPatch) 
     assert stub.probe.init_refcount() == 0
 
 
+@pytest.mark.parametrize(("nvml_code", "smi_exit", "cls"), [
+    (4, 4, nc.NoPermission),  # "Failed to initialize NVML: Insufficient Permissions"
+    (15, 15, nc.GpuLost),
+    (999, 255, nc.Unknown),  # nvidia-smi's 255 is "other error": "Failed to initialize NVML: Unknown Error"
+])
+def test_failed_init_is_the_same_class_on_both_backends(
+    stub: Stub, monkeypatch: pytest.MonkeyPatch, nvml_code: int, smi_exit: int, cls: type[nc.NvmlError]
+) -> None:
+    # It was BackendUnavailable ("nvidia-smi did not answer") on the smi backend, whose reads raise the code's class.
+    sc = Scenario.h200()
+    sc.fault("nvmlInit_v2", code=nvml_code)
+    stub.write(sc)
+    monkeypatch.setenv("FAKE_SMI_EXIT", str(smi_exit))
+    with pytest.raises(nc.NvmlCheckError) as nvml:
+        stub.open()
+    with pytest.raises(nc.NvmlCheckError) as smi:
+        nc.open("smi")
+    assert type(nvml.value) is cls and type(smi.value) is cls, (nvml.value, smi.value)
+    assert "did not answer" not in str(smi.value) and is_transient(smi.value) == is_transient(nvml.value)
+    with pytest.raises(nc.BackendUnavailable) as auto:
+        nc.open("auto")
+    lines = [line.strip() for line in str(auto.value).splitlines()[1:]]
+    for backend in ("nvml", "smi"):  # each backend's own reason is kept
+        assert any(line.startswith(f"- {backend}:") and cls.CODE_NAME in line for line in lines), (backend, lines)
+    assert stub.probe.init_refcount() == 0
+
+
 # --- init that hangs ------------------------------------------------------------------------------------------------
 
 

@@ -31,7 +31,9 @@ from nvmlcheck.errors import (
     SmiError,
     SmiTimeout,
     SmiTransportError,
+    Unknown,
 )
+from nvmlcheck.wait import is_transient
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKE = ROOT / "stubs" / "fake_nvidia_smi.py"
@@ -229,8 +231,9 @@ class TestClassification:
             (9, DriverNotLoaded, "couldn't communicate with the NVIDIA driver"),
             (18, LibraryVersionMismatch, "Driver/library version mismatch"),
             (6, NotFound, "No devices were found"),
-            (4, NoPermission, ""),
+            (4, NoPermission, "Failed to initialize NVML: Insufficient Permissions"),
             (15, GpuLost, ""),
+            (255, Unknown, "Failed to initialize NVML: Unknown Error"),
         ],
     )
     def test_fake_exit_codes(self, monkeypatch: pytest.MonkeyPatch, code: int, cls: type, text: str) -> None:
@@ -275,8 +278,19 @@ class TestClassification:
         assert classify_failure(SmiResult(("x",), ("x",), 0, "", "", 0)) is None
 
     def test_255_without_prefix_is_nvidia_smi_not_transport(self) -> None:
-        error = classify_failure(SmiResult(("nvidia-smi",), ("nvidia-smi",), 255, "Unknown Error", "", 0))
-        assert type(error) is SmiError
+        # 255 is nvidia-smi's "other error or internal driver error": NVML's Unknown, as the library answers it.
+        error = classify_failure(SmiResult(("nvidia-smi",), ("nvidia-smi",), 255,
+                                           "Failed to initialize NVML: Unknown Error", "", 0))
+        assert type(error) is Unknown and error.code == 999 and "Unknown Error" in str(error)
+        assert isinstance(error.__cause__, SmiError) and is_transient(error)
+        bare = classify_failure(SmiResult(("nvidia-smi",), ("nvidia-smi",), 255, "", "", 0))
+        assert type(bare) is Unknown and "255" in str(bare)
+
+    def test_255_that_refuses_the_arguments_is_a_refused_command(self) -> None:
+        text = "Invalid combination of input arguments. Please run 'nvidia-smi -h' for help."
+        argv = ("nvidia-smi", "-L", "--query-gpu=index")
+        error = classify_failure(SmiResult(argv, ("nvidia-smi",), 255, text, "", 0))
+        assert type(error) is SmiError and "refused" in str(error)
 
 
 # --- deadlines --------------------------------------------------------------------------------------------------------
