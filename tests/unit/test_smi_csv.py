@@ -307,6 +307,19 @@ class TestProcessCaptures:
             parse_pids_query(text + gpu.replace("Processes\n", "Processes                    : None\n", 1)
                              .split("        GPU instance ID")[0])
 
+    @pytest.mark.parametrize("after", ["", "\n", "GPU 00000000:00:07.0\n    Processes                    : None\n"])
+    def test_q_pids_processes_title_without_entries_is_not_no_process(self, after: str) -> None:
+        # Output cut right after the bare "Processes" title (or a next block after it): nvidia-smi prints
+        # "Processes : None" for none, so an empty title lost its entries. It read as an empty list: an idle GPU.
+        text = read(CAP2, "busy_q_pids")
+        cut = text[: text.index("        GPU instance ID")] + after
+        listing = parse_pids_query(cut)
+        error = listing.failed["00000000:00:06.0"]
+        assert isinstance(error, SmiParseError) and "lists no process" in error.reason
+        assert "00000000:00:06.0" not in listing.compute
+        if after.startswith("GPU"):
+            assert listing.compute["00000000:00:07.0"] == ()  # "Processes : None" is still none
+
     def test_q_without_a_processes_section_is_not_no_process(self) -> None:
         # -q -d MEMORY,... prints no Processes section: reading it as "no process" would be a lie.
         error = parse_pids_query(read(CAP1, "q_memory")).failed["00000000:00:06.0"]
