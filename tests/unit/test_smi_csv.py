@@ -320,6 +320,15 @@ class TestProcessCaptures:
         if after.startswith("GPU"):
             assert listing.compute["00000000:00:07.0"] == ()  # "Processes : None" is still none
 
+    def test_a_byte_order_mark_is_not_part_of_the_first_line(self) -> None:
+        # It made the whole output unreadable ("header cell '\\ufeffindex' is not a field name").
+        q = read(CAP2, "busy_q_pids")
+        assert parse_pids_query("\ufeff" + q).compute == parse_pids_query(q).compute
+        apps = read(CAP2, "busy_apps_units")
+        assert parse_compute_apps("\ufeff" + apps).by_gpu == parse_compute_apps(apps).by_gpu
+        gpu = read(CAP1, "query_gpu_units")
+        assert parse_query_gpu("\ufeff" + gpu)[0] == parse_query_gpu(gpu)[0]
+
     def test_q_without_a_processes_section_is_not_no_process(self) -> None:
         # -q -d MEMORY,... prints no Processes section: reading it as "no process" would be a lie.
         error = parse_pids_query(read(CAP1, "q_memory")).failed["00000000:00:06.0"]
