@@ -88,7 +88,22 @@ def logged(log: Path) -> list[list[str]]:
     return [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines()]
 
 
-def dies_soon(pid: int, within_s: float = 2.0) -> bool:
+def child_started_before_the_kill(monkeypatch: pytest.MonkeyPatch, pid_file: Path) -> None:
+    """Each run's wait first waits (bounded) for the hanging fake to write its child's pid: on loaded CI cores the
+    fake could still be starting when its 1 s deadline came, so there was no child (and no pid file) to check. The
+    deadline is absolute, so a wait that begins late kills at once: the kill still comes after the child started."""
+    real_wait = smi_module._Running.wait
+
+    def wait(self: smi_module._Running) -> SmiResult:
+        limit = time.monotonic() + 60.0
+        while not pid_file.exists() and time.monotonic() < limit:
+            time.sleep(0.01)
+        return real_wait(self)
+
+    monkeypatch.setattr(smi_module._Running, "wait", wait)
+
+
+def dies_soon(pid: int, within_s: float = 10.0) -> bool:
     """Whether ``pid`` is dead within ``within_s`` (a killed process's death is asynchronous)."""
     deadline = time.monotonic() + within_s
     while not dead(pid):
@@ -303,6 +318,7 @@ class TestDeadlines:
         pid_file = tmp_path / "child.pid"
         monkeypatch.setenv("FAKE_SMI_HANG", "1")
         monkeypatch.setenv("FAKE_SMI_CHILD_PID_FILE", str(pid_file))
+        child_started_before_the_kill(monkeypatch, pid_file)
         runner = SmiRunner(command=FAKE_CMD, timeout_s=1.0)
         with pytest.raises(SmiTimeout) as info:
             runner.run(QUERY)
@@ -333,6 +349,7 @@ class TestDeadlines:
         pid_file = tmp_path / "child.pid"
         monkeypatch.setenv("FAKE_SMI_HANG", "1")
         monkeypatch.setenv("FAKE_SMI_CHILD_PID_FILE", str(pid_file))
+        child_started_before_the_kill(monkeypatch, pid_file)
         with pytest.raises(SmiTimeout):
             SmiRunner(command=FAKE_CMD, prefix=[str(ssh), "gpu01"], timeout_s=1.0).run(QUERY)
         assert dies_soon(int(pid_file.read_text()))
@@ -387,6 +404,7 @@ class TestDeadlines:
         monkeypatch.setenv("FAKE_SMI_HANG", "1")
         monkeypatch.setenv("FAKE_SMI_MATCH", "--query-gpu")
         monkeypatch.setenv("FAKE_SMI_CHILD_PID_FILE", str(pid_file))
+        child_started_before_the_kill(monkeypatch, pid_file)
         with pytest.raises(SmiTimeout):
             SmiRunner(command=FAKE_CMD, timeout_s=1.0).run_many([("--version",), QUERY])
         # SIGKILL went to the whole group; the grandchild dies asynchronously (and is reaped by init, not us).
