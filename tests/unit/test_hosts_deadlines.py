@@ -94,3 +94,29 @@ def test_a_fallback_whose_nvidia_smi_times_out_is_a_host_timeout(tmp_path: Path)
         result, = fleet.run(["gpu01"], ["snapshot"], timeout_s=5.0, fallback=fallback)
     assert isinstance(result.error, hosts.HostTimeout) and is_transient(result.error), result.error
     assert result.verdict == "failed" and "nvidia-smi did not answer in time" in result.error.message
+
+
+def test_a_fallback_whose_nvidia_smi_times_out_while_opening_is_a_host_timeout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The fallback opens an SmiBackend, whose opening wraps nvidia-smi's timeout in BackendUnavailable (its cause):
+    # the fleet looked only at the error itself and called that host a RemoteError, not transient.
+    import sys
+
+    from nvmlcheck.backends.smi import SmiBackend
+    from nvmlcheck.testing import stub_source_dir
+    from nvmlcheck.wait import is_transient
+
+    ssh = tmp_path / "ssh"
+    ssh.write_text("#!/bin/sh\necho \"No module named nvmlcheck\" >&2\nexit 1\n", encoding="utf-8")
+    ssh.chmod(0o755)
+    monkeypatch.setenv("FAKE_SMI_DELAY_S", "30")  # nvidia-smi does not answer
+
+    def fallback(context: hosts.FallbackContext) -> tuple[dict[str, object], int]:
+        SmiBackend(command=[sys.executable, "-S", str(stub_source_dir() / "fake_nvidia_smi.py")], timeout_s=0.2)
+        raise AssertionError("the backend opened")
+
+    with Fleet(ssh=str(ssh), control_master=False) as fleet:
+        result, = fleet.run(["gpu01"], ["snapshot"], timeout_s=5.0, fallback=fallback)
+    assert isinstance(result.error, hosts.HostTimeout) and is_transient(result.error), result.error
+    assert "did not answer" in result.error.message
