@@ -80,6 +80,8 @@ def _words(value: Sequence[str] | str | None, default: Sequence[str]) -> tuple[s
         raise ArgumentError(f"command {value!r} does not split into words: {exc}") from None
     if not all(isinstance(w, str) for w in words):
         raise ArgumentTypeError(f"command words must be strings, got {value!r}")
+    if any("\x00" in w for w in words):  # the OS refuses it with a bare ValueError ("embedded null byte")
+        raise ArgumentError(f"command {value!r} holds a NUL character, which no command argument can")
     return words
 
 

@@ -383,3 +383,41 @@ def test_zero_gpus_after_a_busy_start_is_not_clean(stub: Stub) -> None:
         stub.probe._lib.nvmlShutdown()
         with pytest.raises(nc.BackendUnavailable, match="zero GPUs"):
             gpus.wait_until_clean(timeout=5)
+
+
+# --- the caller's mistakes are refused whichever backend is asked for -----------------------------------------------
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"init_timeout_s": 0},  # "auto": NVML refused it, and nvidia-smi opened instead
+    {"init_timeout_s": math.nan},
+    {"smi_timeout_s": 0},  # "auto": ignored when NVML opened; "did not open" when it did not
+    {"smi_timeout_s": math.inf},
+    {"smi_command": ""},
+    {"smi_command": []},
+    {"smi_command": "nvidia-smi\x00"},  # a bare ValueError ("embedded null byte") from the OS
+    {"smi_prefix": ["ssh\x00"]},
+    {"library_path": "/usr/lib/libnvidia-ml.so.1\x00"},  # a bare TypeError from cffi
+])
+@pytest.mark.parametrize("backend", ["auto", "nvml", "smi"])
+def test_a_bad_opening_argument_is_an_argument_error_on_every_backend(
+    stub: Stub, backend: str, kwargs: dict[str, Any]
+) -> None:
+    stub.write(Scenario.h200())  # both backends would open: only the argument can be refused
+    with pytest.raises(nc.ArgumentError) as info:
+        nc.open(backend, **kwargs)
+    (name,) = kwargs
+    assert name in str(info.value) and "could be opened" not in str(info.value)
+    assert stub.probe.init_refcount() == 0
+
+
+def test_a_backends_own_argument_error_is_not_a_fallback_reason(stub: Stub) -> None:
+    # open_backend (the CLI's way in) checks nothing itself: "auto" recorded NVML's ArgumentError as a reason to try
+    # nvidia-smi, which opened.
+    from nvmlcheck.backends import open_backend
+
+    stub.write(Scenario.h200())
+    with pytest.raises(nc.ArgumentError, match="init_timeout_s"):
+        open_backend("auto", init_timeout_s=-1)
+    with pytest.raises(nc.ArgumentError, match="NUL"):
+        open_backend("auto", library_path="libnvidia-ml.so.1\x00")
