@@ -576,6 +576,11 @@ class NvmlBackend:
             except NvmlError as exc:
                 unknown = _note(unknown, "memory", exc)
             else:
+                if memory.total_bytes == 0:
+                    # No GPU has no memory (a buffer the call left zeroed, a struct layout mismatch), and its 0 bytes
+                    # used would make it look idle. (A MIG instance's own reading is read elsewhere.)
+                    raise CorruptData("total 0 B: a GPU with no memory at all is not a reading",
+                                      str(self._loaded.symbols.memory), index)
                 self._totals[index] = memory.total_bytes
                 if memory.used_includes_reserved:
                     unknown = _add(unknown, "memory.reserved_bytes", _V1_MEMORY)

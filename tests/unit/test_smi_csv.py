@@ -699,6 +699,16 @@ class TestRefusals:
 
 class TestCorruptData:
     # Each impossible value fails its GPU alone (as NVML's CorruptData does), never the others, never read as data.
+    @pytest.mark.parametrize("reserved", ["0", "[N/A]"])
+    def test_no_memory_at_all_is_corrupt_not_an_idle_gpu(self, reserved: str) -> None:
+        # 0 MiB in total with 0 used read as an idle GPU; NVML's backend refuses the same reading alike.
+        text = ("index, uuid, memory.total [MiB], memory.used [MiB], memory.free [MiB], memory.reserved [MiB]\n"
+                f"0, {UUID1}, 0, 0, 0, {reserved}\n")
+        records, failures = parse_query_gpu(text)
+        assert records == ()
+        (failure,) = failures
+        assert isinstance(failure.error, CorruptData) and "memory.total 0 MiB" in str(failure.error)
+
     def test_used_above_total(self) -> None:
         records, (failure,) = parse_query_gpu(
             "index, uuid, memory.total, memory.used, memory.free\n0, GPU-1, 10, 11, 0\n1, GPU-2, 10, 1, 9\n"
