@@ -803,3 +803,25 @@ def test_q_processes_placeholder_is_unknown_or_fails_the_gpu_as_nvml_would(
         assert type(listing.failed["00000000:01:00.0"]) is failure
         assert "00000000:01:00.0" not in listing.compute
     assert listing.compute["00000000:02:00.0"] == ()
+
+
+# --- digits of other scripts ------------------------------------------------------------------------------------------
+# Python's \d and str.isdigit() take any script's digits (U+0661, U+00B2); int() reads U+0661 as 1 and refuses U+00B2. A
+# number nvidia-smi prints is ASCII: anything else is garbage, never a value, and never a bare ValueError.
+
+
+def test_other_scripts_digits_are_not_read_as_numbers() -> None:
+    from nvmlcheck.backends._smi.queries import parse_recovery_action
+
+    assert smi_csv.cuda_version_number("13.\u0661") is None  # read as 13.1 (13010)
+    assert parse_recovery_action("\u00b2") is None  # a bare ValueError from int()
+    assert parse_recovery_action("\u0661") is None  # read as action 1 (GPU reset)
+    with pytest.raises(SmiParseError, match="not a GPU or MIG device line"):
+        smi_csv.parse_list_gpus("GPU \u0661: NVIDIA H200 (UUID: GPU-x)\n")  # read as GPU 1
+
+
+def test_q_process_bytes_in_another_scripts_digits_fail_the_gpu() -> None:
+    text = read(CAP2, "busy_q_pids").replace("1542 MiB", "\u0661\u0665\u0664\u0662 MiB", 1)  # read as 1542 MiB
+    listing = parse_pids_query(text)
+    error = listing.failed["00000000:00:06.0"]
+    assert isinstance(error, SmiParseError) and "Used GPU Memory" in error.reason

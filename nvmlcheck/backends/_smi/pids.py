@@ -72,7 +72,7 @@ class PidsListing:
 
 _Q_GPU = re.compile(rf"GPU ({PCI_TEXT})")
 _Q_TYPE_LETTERS = {"C": ProcessKind.COMPUTE, "G": ProcessKind.GRAPHICS, "M": ProcessKind.MPS}
-_Q_MEMORY = re.compile(r"(\d{1,20}) MiB")
+_Q_MEMORY = re.compile(r"([0-9]{1,20}) MiB")  # ASCII digits: \d takes any script's, which int() reads as numbers
 _Q_KEY = re.compile(r"[A-Za-z][A-Za-z0-9 ./()+-]*")
 _Q_ENTRY_LINE = re.compile(r"( +)(GPU instance ID|Compute instance ID|Process ID|Type|Name|Used GPU Memory) *: (.*)")
 # Keys only a process entry has (a MIG Device block spells its ids "GPU Instance ID", "Compute Instance ID").
