@@ -933,7 +933,9 @@ class Fleet:
                 return HostError(str(host), "stopped", None, cause.stderr)
             from .errors import SmiTimeout, SmiTransportTimeout
 
-            if isinstance(exc, SmiTimeout | SmiTransportTimeout):
+            # Opening the backend wraps a run's timeout in BackendUnavailable, its cause: the same no-answer.
+            if isinstance(exc, SmiTimeout | SmiTransportTimeout) or isinstance(exc.__cause__,
+                                                                                SmiTimeout | SmiTransportTimeout):
                 # The host did not answer in time (or ssh's connect timed out), as a HostTimeout says (transient).
                 return HostTimeout(str(host), f"no nvmlcheck there, and its nvidia-smi did not answer in time: {exc}",
                                    None, cause.stderr)

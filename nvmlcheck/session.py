@@ -1019,36 +1019,55 @@ def open(
 
 def _check_open_arguments(smi_command: object, smi_prefix: object, smi_timeout_s: object, library_path: object,
                           init_timeout_s: object) -> None:
-    """:func:`open`'s arguments, checked by type (and the command words parsed) before a backend is tried: a wrong
-    one is the caller's mistake, never a backend that "did not open". Ranges are the backends' to check."""
+    """:func:`open`'s arguments, checked (types, ranges, the command words parsed) before a backend is tried, whichever
+    backend is asked for: a wrong one is the caller's mistake, never a backend that "did not open", and ``"auto"``
+    must not fall back past it (an ``init_timeout_s`` of 0 made NVML refuse and nvidia-smi answer) nor ignore the one
+    of the backend it did not need."""
     for name, value in (("smi_timeout_s", smi_timeout_s), ("init_timeout_s", init_timeout_s)):
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ArgumentTypeError(f"{name} must be a number of seconds or None, got {value!r}")
-        if isinstance(value, int) and value > _MAX_LOCK_WAIT_S:  # 10**400 overflowed the backends' float checks
-            raise ArgumentError(f"{name} must be at most {_MAX_LOCK_WAIT_S:g} seconds (or None for the default), got "
-                                f"{value!r}")
+        _check_seconds(name, value)
     if library_path is not None:
         if not isinstance(library_path, str):
             raise ArgumentTypeError(f"library_path must be a str or a path object (the path of a libnvidia-ml) or "
                                     f"None, got {library_path!r}")
         if not library_path.strip():
             raise ArgumentError("library_path is empty: name a libnvidia-ml, or pass None for the system's")
+        if "\x00" in library_path:
+            raise ArgumentError(f"library_path holds a NUL character, which no path can: {library_path!r}")
     for name, words in (("smi_command", smi_command), ("smi_prefix", smi_prefix)):
-        if words is None:
-            continue
-        if isinstance(words, str):
-            import shlex
+        if words is not None:
+            _check_words(name, words)
 
-            try:
-                shlex.split(words)
-            except ValueError as exc:  # an unclosed quote
-                raise ArgumentError(f"{name} cannot be split into words ({exc}): {words!r}") from None
-        elif isinstance(words, bytes | bytearray) or not isinstance(words, Sequence) or not all(
-                isinstance(w, str) for w in words):
-            raise ArgumentTypeError(f"{name} must be a str or a sequence of str (the words of a command), got "
-                                    f"{words!r}")
+
+def _check_seconds(name: str, value: object) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ArgumentTypeError(f"{name} must be a number of seconds or None, got {value!r}")
+    if isinstance(value, int) and value > _MAX_LOCK_WAIT_S:  # 10**400 overflowed the backends' float checks
+        raise ArgumentError(f"{name} must be at most {_MAX_LOCK_WAIT_S:g} seconds (or None for the default), got "
+                            f"{value!r}")
+    if not (value > 0 and math.isfinite(value)):  # as the backends check it (NaN fails both comparisons)
+        raise ArgumentError(f"{name} must be a positive, finite number of seconds or None, got {value!r}")
+
+
+def _check_words(name: str, words: object) -> None:
+    if isinstance(words, str):
+        import shlex
+
+        try:
+            split = shlex.split(words)
+        except ValueError as exc:  # an unclosed quote
+            raise ArgumentError(f"{name} cannot be split into words ({exc}): {words!r}") from None
+    elif isinstance(words, bytes | bytearray) or not isinstance(words, Sequence) or not all(
+            isinstance(w, str) for w in words):
+        raise ArgumentTypeError(f"{name} must be a str or a sequence of str (the words of a command), got "
+                                f"{words!r}")
+    else:
+        split = list(words)
+    if name == "smi_command" and not split:
+        raise ArgumentError("smi_command is empty: name the nvidia-smi executable, or pass None for nvidia-smi")
+    if any("\x00" in w for w in split):
+        raise ArgumentError(f"{name} holds a NUL character, which no command argument can: {words!r}")
 
 
 def open_timeouts(timeout: float | None, *, backend: str = "auto",

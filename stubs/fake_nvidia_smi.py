@@ -50,7 +50,7 @@ Test knobs (environment):
 
 * ``FAKE_SMI_DELAY_S``: sleep this long before answering.
 * ``FAKE_SMI_HANG=1``: start a child that sleeps (its pid goes to ``$FAKE_SMI_CHILD_PID_FILE``), then sleep forever.
-* ``FAKE_SMI_EXIT=<code>``: print the driver's text for 2/6/9/18 where the real one prints it, exit with the code.
+* ``FAKE_SMI_EXIT=<code>``: print the driver's text for 2/4/6/9/18/255 where the real one prints it, exit with the code.
 * ``FAKE_SMI_MATCH=<text>``: apply the three knobs above only when an argument contains ``text``.
 * ``FAKE_SMI_REFUSE_FIELDS=a,b``: treat these query fields as unknown (an older driver), exit 2.
 * ``FAKE_SMI_ARGV_LOG=<path>``: append the arguments as one JSON list per line.
@@ -84,6 +84,8 @@ NO_DRIVER = (
 )
 MISMATCH = "Failed to initialize NVML: Driver/library version mismatch\nNVML library version: 580.159\n"
 NO_DEVICES = "No devices were found\n"
+NO_PERMISSION = "Failed to initialize NVML: Insufficient Permissions\n"
+INIT_UNKNOWN = "Failed to initialize NVML: Unknown Error\n"
 
 
 class Usage(Exception):
@@ -1101,7 +1103,7 @@ def apply_knobs(argv: list[str]) -> int | None:
     code = os.environ.get("FAKE_SMI_EXIT")
     if code:
         rc = int(code)
-        texts = {6: NO_DEVICES, 9: NO_DRIVER, 18: MISMATCH}
+        texts = {4: NO_PERMISSION, 6: NO_DEVICES, 9: NO_DRIVER, 18: MISMATCH, 255: INIT_UNKNOWN}
         if rc == 2:
             first = next((a.split("=", 1)[1].split(",")[0] for a in argv if a.startswith("--query-")), "bogus.field")
             texts[2] = f'Field "{first}" is not a valid field to query.\n\n'

@@ -81,7 +81,7 @@ def open_backend(
     answers. ``"auto"`` tries NVML, then nvidia-smi (also when NVML's init failed or hung past its timeout), and raises
     :class:`~nvmlcheck.BackendUnavailable` listing why each failed.
     """
-    from ..errors import BackendUnavailable, NvmlCheckError
+    from ..errors import ArgumentTypeError, BackendUnavailable, NvmlCheckError
 
     if backend not in BACKEND_NAMES:
         raise ArgumentError(f"unknown backend {backend!r}; choose one of {', '.join(BACKEND_NAMES)}")
@@ -98,6 +98,8 @@ def open_backend(
     if backend in ("auto", "nvml"):
         try:
             return _nvml_backend(library_path, DEFAULT_INIT_TIMEOUT_S if init_timeout_s is None else init_timeout_s)
+        except (ArgumentError, ArgumentTypeError):
+            raise  # the caller's mistake: "auto" must not fall back past it to nvidia-smi
         except NvmlCheckError as exc:
             if backend == "nvml":
                 raise
@@ -110,6 +112,8 @@ def open_backend(
         else:
             try:
                 return SmiBackend(command=smi_command, prefix=smi_prefix, timeout_s=smi_timeout_s)
+            except (ArgumentError, ArgumentTypeError):
+                raise  # the caller's mistake, never a backend that "could not be opened"
             except NvmlCheckError as exc:
                 if backend == "smi":
                     raise

@@ -270,6 +270,8 @@ class NvmlBackend:
     def __init__(self, library_path: str | None = None, init_timeout_s: float | None = DEFAULT_INIT_TIMEOUT_S) -> None:
         if init_timeout_s is not None and not (init_timeout_s > 0 and init_timeout_s != float("inf")):
             raise ArgumentError(f"init_timeout_s must be a positive number of seconds or None, got {init_timeout_s!r}")
+        if isinstance(library_path, str) and "\x00" in library_path:  # cffi refuses it with a bare TypeError
+            raise ArgumentError(f"library_path holds a NUL character, which no path can: {library_path!r}")
         self._init_timeout_s = init_timeout_s
         self._loaded = library.load(library_path)
         # Bound before the init is waited for: in a one-shot check that wait is the early thread's nvmlInit, which
@@ -574,6 +576,11 @@ class NvmlBackend:
             except NvmlError as exc:
                 unknown = _note(unknown, "memory", exc)
             else:
+                if memory.total_bytes == 0:
+                    # No GPU has no memory (a buffer the call left zeroed, a struct layout mismatch), and its 0 bytes
+                    # used would make it look idle. (A MIG instance's own reading is read elsewhere.)
+                    raise CorruptData("total 0 B: a GPU with no memory at all is not a reading",
+                                      str(self._loaded.symbols.memory), index)
                 self._totals[index] = memory.total_bytes
                 if memory.used_includes_reserved:
                     unknown = _add(unknown, "memory.reserved_bytes", _V1_MEMORY)

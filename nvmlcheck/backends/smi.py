@@ -40,6 +40,7 @@ from ..errors import (
     NoPermission,
     NotFound,
     NvmlCheckError,
+    NvmlError,
     SmiError,
     SmiParseError,
     SmiTimeout,
@@ -79,6 +80,8 @@ def _words(value: Sequence[str] | str | None, default: Sequence[str]) -> tuple[s
         raise ArgumentError(f"command {value!r} does not split into words: {exc}") from None
     if not all(isinstance(w, str) for w in words):
         raise ArgumentTypeError(f"command words must be strings, got {value!r}")
+    if any("\x00" in w for w in words):  # the OS refuses it with a bare ValueError ("embedded null byte")
+        raise ArgumentError(f"command {value!r} holds a NUL character, which no command argument can")
     return words
 
 
@@ -259,6 +262,7 @@ class SmiRunner:
 _NO_DRIVER_TEXT = "couldn't communicate with the nvidia driver"
 _MISMATCH_TEXT = "driver/library version mismatch"
 _NO_DEVICES_TEXT = "no devices were found"
+_UNKNOWN_CODE: Final = 999  # NVML_ERROR_UNKNOWN
 
 
 def _first_line(text: str) -> str:
@@ -304,12 +308,25 @@ def classify_failure(result: SmiResult, *, prefixed: bool = False) -> NvmlCheckE
         error = NotFound(6, cmd, detail=detail or "No devices were found")
     elif rc == 4:
         error = NoPermission(4, cmd, detail=detail)
-    elif rc in (2, 255):
+    elif rc == 2 or (rc == 255 and _refused_arguments(low)):
         return SmiError(result.argv, rc, text, f"nvidia-smi refused the command (exit {rc})")
     else:
-        error = error_class_for_code(rc)(rc, cmd, detail=detail)
+        # nvidia-smi's 255 is "other error or internal driver error" (its man page): NVML's Unknown, as the library
+        # answers the same failure ("Failed to initialize NVML: Unknown Error", nvidia-docker #1671).
+        code = _UNKNOWN_CODE if rc == 255 else rc
+        error = error_class_for_code(code)(code, cmd, detail=detail or (f"nvidia-smi exited with status {rc}"
+                                                                         if rc == 255 else detail))
     error.__cause__ = smi
     return error
+
+
+_REFUSED_TEXTS: Final = ("invalid combination of input arguments", "is not a valid field to query",
+                          "nvidia-smi -h")
+
+
+def _refused_arguments(low: str) -> bool:
+    """Whether nvidia-smi's output says it refused its arguments (a usage error), not that NVML failed."""
+    return any(t in low for t in _REFUSED_TEXTS)
 
 
 def _prefix_failure(result: SmiResult, text: str) -> SmiTransportError | None:
@@ -456,7 +473,9 @@ class SmiBackend:
     """The ``"smi"`` backend (see the module docstring for what each snapshot runs).
 
     Opening runs ``nvidia-smi --query-gpu=index,uuid,name,pci.bus_id,serial,driver_version --format=csv,nounits`` once
-    and raises :class:`~nvmlcheck.BackendUnavailable` (with ``attempts``) when it does not answer; the identity it
+    and raises :class:`~nvmlcheck.BackendUnavailable` (with ``attempts``) when it does not answer, or the class of its
+    exit status's NVML code when it answers with a failed initialisation (``NoPermission``, ``Unknown``, ...), as the
+    NVML backend's opening does; the identity it
     returns is cached (index, UUID, name, serial, PCI bus id), live values never are.
 
     ``process_query``: ``"pids"`` (default; ``nvidia-smi -q -d PIDS``, all three process kinds) or ``"compute-apps"``
@@ -503,8 +522,10 @@ class SmiBackend:
         self._no_devices = False  # this pass: nvidia-smi said "No devices were found" (every GPU is gone)
         try:
             self._open()
-        except BackendUnavailable:
-            raise  # DriverNotLoaded, LibraryVersionMismatch, ...: already the specific answer
+        except (BackendUnavailable, NvmlError):
+            # DriverNotLoaded, LibraryVersionMismatch, NoPermission, GpuLost, Unknown, ...: nvidia-smi's exit status
+            # is an NVML return code, and opening raises its class, as its reads and the NVML backend's opening do.
+            raise
         except NvmlCheckError as exc:
             argv = self._runner.argv_for(("--query-gpu=" + ",".join(_IDENTITY_FIELDS), _FORMAT))[0]
             raise BackendUnavailable(_open_failure(exc), [f"{shlex.join(argv)}: {type(exc).__name__}: {exc}"]) from exc

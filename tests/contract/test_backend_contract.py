@@ -417,6 +417,19 @@ def test_a_corrupt_reading_fails_its_gpu_alone(open_backend: Opener, what: str) 
     assert slept == []
 
 
+def test_a_gpu_with_no_memory_at_all_is_corrupt_never_idle(open_backend: Opener) -> None:
+    # A total of 0 bytes (a buffer the call left zeroed, a struct layout mismatch) came with 0 bytes used: both
+    # backends called that GPU clean.
+    sc = Scenario.h200(devices=2)
+    sc.set_device(1, total_bytes=0, used_bytes=0, reserved_bytes=0)
+    with open_backend(sc) as gpus:
+        snap = gpus.snapshot(fields=nc.Fields.WAIT)
+    assert [d.index for d in snap.devices] == [0]
+    (failure,) = snap.failures
+    assert failure.index == 1 and isinstance(failure.error, nc.CorruptData) and "total 0" in str(failure.error)
+    assert nc.default_predicate().evaluate(snap).satisfied is not True
+
+
 def test_a_mig_instance_holding_more_than_it_has_is_corrupt_alike(open_backend: Opener) -> None:
     # The stub once clamped a MIG device's used memory to its total (a full instance, clean-looking numbers) where
     # the fake nvidia-smi printed what the processes hold (a corrupt reading): one scenario, two verdicts.

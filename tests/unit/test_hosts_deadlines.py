@@ -202,3 +202,29 @@ def test_a_host_whose_turn_came_after_the_timeout_says_so(tmp_path: Path) -> Non
     assert first.verdict == "clean" and first.note is None
     assert late.verdict == "not-clean" and late.note is not None and "--fanout 1" in late.note, late
     assert "used up before it started" in late.note
+
+
+def test_a_fallback_whose_nvidia_smi_times_out_while_opening_is_a_host_timeout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The fallback opens an SmiBackend, whose opening wraps nvidia-smi's timeout in BackendUnavailable (its cause):
+    # the fleet looked only at the error itself and called that host a RemoteError, not transient.
+    import sys
+
+    from nvmlcheck.backends.smi import SmiBackend
+    from nvmlcheck.testing import stub_source_dir
+    from nvmlcheck.wait import is_transient
+
+    ssh = tmp_path / "ssh"
+    ssh.write_text("#!/bin/sh\necho \"No module named nvmlcheck\" >&2\nexit 1\n", encoding="utf-8")
+    ssh.chmod(0o755)
+    monkeypatch.setenv("FAKE_SMI_DELAY_S", "30")  # nvidia-smi does not answer
+
+    def fallback(context: hosts.FallbackContext) -> tuple[dict[str, object], int]:
+        SmiBackend(command=[sys.executable, "-S", str(stub_source_dir() / "fake_nvidia_smi.py")], timeout_s=0.2)
+        raise AssertionError("the backend opened")
+
+    with Fleet(ssh=str(ssh), control_master=False) as fleet:
+        result, = fleet.run(["gpu01"], ["snapshot"], timeout_s=5.0, fallback=fallback)
+    assert isinstance(result.error, hosts.HostTimeout) and is_transient(result.error), result.error
+    assert "did not answer" in result.error.message

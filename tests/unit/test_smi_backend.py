@@ -472,8 +472,11 @@ class TestFailures:
         backend = SmiBackend(command=FAKE_CMD, timeout_s=1.0)
         env.knob("FAKE_SMI_HANG", "1")
         env.knob("FAKE_SMI_MATCH", "PIDS")
-        with pytest.raises(SmiTimeout, match="PIDS"):
+        with pytest.raises(SmiTimeout) as info:
             backend.snapshot()
+        # The hung -q -d PIDS, or (on loaded CI cores) the --query-gpu run beside it that could not start within its
+        # 1 s: either way the snapshot ends with the timeout, never hangs.
+        assert "PIDS" in str(info.value) or "--query-gpu" in str(info.value), info.value
 
     def test_closed_backend_refuses(self, two_gpus: SmiBackend) -> None:
         two_gpus.close()

@@ -307,6 +307,28 @@ class TestProcessCaptures:
             parse_pids_query(text + gpu.replace("Processes\n", "Processes                    : None\n", 1)
                              .split("        GPU instance ID")[0])
 
+    @pytest.mark.parametrize("after", ["", "\n", "GPU 00000000:00:07.0\n    Processes                    : None\n"])
+    def test_q_pids_processes_title_without_entries_is_not_no_process(self, after: str) -> None:
+        # Output cut right after the bare "Processes" title (or a next block after it): nvidia-smi prints
+        # "Processes : None" for none, so an empty title lost its entries. It read as an empty list: an idle GPU.
+        text = read(CAP2, "busy_q_pids")
+        cut = text[: text.index("        GPU instance ID")] + after
+        listing = parse_pids_query(cut)
+        error = listing.failed["00000000:00:06.0"]
+        assert isinstance(error, SmiParseError) and "lists no process" in error.reason
+        assert "00000000:00:06.0" not in listing.compute
+        if after.startswith("GPU"):
+            assert listing.compute["00000000:00:07.0"] == ()  # "Processes : None" is still none
+
+    def test_a_byte_order_mark_is_not_part_of_the_first_line(self) -> None:
+        # It made the whole output unreadable ("header cell '\\ufeffindex' is not a field name").
+        q = read(CAP2, "busy_q_pids")
+        assert parse_pids_query("\ufeff" + q).compute == parse_pids_query(q).compute
+        apps = read(CAP2, "busy_apps_units")
+        assert parse_compute_apps("\ufeff" + apps).by_gpu == parse_compute_apps(apps).by_gpu
+        gpu = read(CAP1, "query_gpu_units")
+        assert parse_query_gpu("\ufeff" + gpu)[0] == parse_query_gpu(gpu)[0]
+
     def test_q_without_a_processes_section_is_not_no_process(self) -> None:
         # -q -d MEMORY,... prints no Processes section: reading it as "no process" would be a lie.
         error = parse_pids_query(read(CAP1, "q_memory")).failed["00000000:00:06.0"]
@@ -677,6 +699,16 @@ class TestRefusals:
 
 class TestCorruptData:
     # Each impossible value fails its GPU alone (as NVML's CorruptData does), never the others, never read as data.
+    @pytest.mark.parametrize("reserved", ["0", "[N/A]"])
+    def test_no_memory_at_all_is_corrupt_not_an_idle_gpu(self, reserved: str) -> None:
+        # 0 MiB in total with 0 used read as an idle GPU; NVML's backend refuses the same reading alike.
+        text = ("index, uuid, memory.total [MiB], memory.used [MiB], memory.free [MiB], memory.reserved [MiB]\n"
+                f"0, {UUID1}, 0, 0, 0, {reserved}\n")
+        records, failures = parse_query_gpu(text)
+        assert records == ()
+        (failure,) = failures
+        assert isinstance(failure.error, CorruptData) and "memory.total 0 MiB" in str(failure.error)
+
     def test_used_above_total(self) -> None:
         records, (failure,) = parse_query_gpu(
             "index, uuid, memory.total, memory.used, memory.free\n0, GPU-1, 10, 11, 0\n1, GPU-2, 10, 1, 9\n"
@@ -771,3 +803,25 @@ def test_q_processes_placeholder_is_unknown_or_fails_the_gpu_as_nvml_would(
         assert type(listing.failed["00000000:01:00.0"]) is failure
         assert "00000000:01:00.0" not in listing.compute
     assert listing.compute["00000000:02:00.0"] == ()
+
+
+# --- digits of other scripts ------------------------------------------------------------------------------------------
+# Python's \d and str.isdigit() take any script's digits (U+0661, U+00B2); int() reads U+0661 as 1 and refuses U+00B2. A
+# number nvidia-smi prints is ASCII: anything else is garbage, never a value, and never a bare ValueError.
+
+
+def test_other_scripts_digits_are_not_read_as_numbers() -> None:
+    from nvmlcheck.backends._smi.queries import parse_recovery_action
+
+    assert smi_csv.cuda_version_number("13.\u0661") is None  # read as 13.1 (13010)
+    assert parse_recovery_action("\u00b2") is None  # a bare ValueError from int()
+    assert parse_recovery_action("\u0661") is None  # read as action 1 (GPU reset)
+    with pytest.raises(SmiParseError, match="not a GPU or MIG device line"):
+        smi_csv.parse_list_gpus("GPU \u0661: NVIDIA H200 (UUID: GPU-x)\n")  # read as GPU 1
+
+
+def test_q_process_bytes_in_another_scripts_digits_fail_the_gpu() -> None:
+    text = read(CAP2, "busy_q_pids").replace("1542 MiB", "\u0661\u0665\u0664\u0662 MiB", 1)  # read as 1542 MiB
+    listing = parse_pids_query(text)
+    error = listing.failed["00000000:00:06.0"]
+    assert isinstance(error, SmiParseError) and "Used GPU Memory" in error.reason

@@ -31,7 +31,9 @@ from nvmlcheck.errors import (
     SmiError,
     SmiTimeout,
     SmiTransportError,
+    Unknown,
 )
+from nvmlcheck.wait import is_transient
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKE = ROOT / "stubs" / "fake_nvidia_smi.py"
@@ -86,7 +88,22 @@ def logged(log: Path) -> list[list[str]]:
     return [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines()]
 
 
-def dies_soon(pid: int, within_s: float = 2.0) -> bool:
+def child_started_before_the_kill(monkeypatch: pytest.MonkeyPatch, pid_file: Path) -> None:
+    """Each run's wait first waits (bounded) for the hanging fake to write its child's pid: on loaded CI cores the
+    fake could still be starting when its 1 s deadline came, so there was no child (and no pid file) to check. The
+    deadline is absolute, so a wait that begins late kills at once: the kill still comes after the child started."""
+    real_wait = smi_module._Running.wait
+
+    def wait(self: smi_module._Running) -> SmiResult:
+        limit = time.monotonic() + 60.0
+        while not pid_file.exists() and time.monotonic() < limit:
+            time.sleep(0.01)
+        return real_wait(self)
+
+    monkeypatch.setattr(smi_module._Running, "wait", wait)
+
+
+def dies_soon(pid: int, within_s: float = 10.0) -> bool:
     """Whether ``pid`` is dead within ``within_s`` (a killed process's death is asynchronous)."""
     deadline = time.monotonic() + within_s
     while not dead(pid):
@@ -229,8 +246,9 @@ class TestClassification:
             (9, DriverNotLoaded, "couldn't communicate with the NVIDIA driver"),
             (18, LibraryVersionMismatch, "Driver/library version mismatch"),
             (6, NotFound, "No devices were found"),
-            (4, NoPermission, ""),
+            (4, NoPermission, "Failed to initialize NVML: Insufficient Permissions"),
             (15, GpuLost, ""),
+            (255, Unknown, "Failed to initialize NVML: Unknown Error"),
         ],
     )
     def test_fake_exit_codes(self, monkeypatch: pytest.MonkeyPatch, code: int, cls: type, text: str) -> None:
@@ -275,8 +293,19 @@ class TestClassification:
         assert classify_failure(SmiResult(("x",), ("x",), 0, "", "", 0)) is None
 
     def test_255_without_prefix_is_nvidia_smi_not_transport(self) -> None:
-        error = classify_failure(SmiResult(("nvidia-smi",), ("nvidia-smi",), 255, "Unknown Error", "", 0))
-        assert type(error) is SmiError
+        # 255 is nvidia-smi's "other error or internal driver error": NVML's Unknown, as the library answers it.
+        error = classify_failure(SmiResult(("nvidia-smi",), ("nvidia-smi",), 255,
+                                           "Failed to initialize NVML: Unknown Error", "", 0))
+        assert type(error) is Unknown and error.code == 999 and "Unknown Error" in str(error)
+        assert isinstance(error.__cause__, SmiError) and is_transient(error)
+        bare = classify_failure(SmiResult(("nvidia-smi",), ("nvidia-smi",), 255, "", "", 0))
+        assert type(bare) is Unknown and "255" in str(bare)
+
+    def test_255_that_refuses_the_arguments_is_a_refused_command(self) -> None:
+        text = "Invalid combination of input arguments. Please run 'nvidia-smi -h' for help."
+        argv = ("nvidia-smi", "-L", "--query-gpu=index")
+        error = classify_failure(SmiResult(argv, ("nvidia-smi",), 255, text, "", 0))
+        assert type(error) is SmiError and "refused" in str(error)
 
 
 # --- deadlines --------------------------------------------------------------------------------------------------------
@@ -289,6 +318,7 @@ class TestDeadlines:
         pid_file = tmp_path / "child.pid"
         monkeypatch.setenv("FAKE_SMI_HANG", "1")
         monkeypatch.setenv("FAKE_SMI_CHILD_PID_FILE", str(pid_file))
+        child_started_before_the_kill(monkeypatch, pid_file)
         runner = SmiRunner(command=FAKE_CMD, timeout_s=1.0)
         with pytest.raises(SmiTimeout) as info:
             runner.run(QUERY)
@@ -319,6 +349,7 @@ class TestDeadlines:
         pid_file = tmp_path / "child.pid"
         monkeypatch.setenv("FAKE_SMI_HANG", "1")
         monkeypatch.setenv("FAKE_SMI_CHILD_PID_FILE", str(pid_file))
+        child_started_before_the_kill(monkeypatch, pid_file)
         with pytest.raises(SmiTimeout):
             SmiRunner(command=FAKE_CMD, prefix=[str(ssh), "gpu01"], timeout_s=1.0).run(QUERY)
         assert dies_soon(int(pid_file.read_text()))
@@ -373,6 +404,7 @@ class TestDeadlines:
         monkeypatch.setenv("FAKE_SMI_HANG", "1")
         monkeypatch.setenv("FAKE_SMI_MATCH", "--query-gpu")
         monkeypatch.setenv("FAKE_SMI_CHILD_PID_FILE", str(pid_file))
+        child_started_before_the_kill(monkeypatch, pid_file)
         with pytest.raises(SmiTimeout):
             SmiRunner(command=FAKE_CMD, timeout_s=1.0).run_many([("--version",), QUERY])
         # SIGKILL went to the whole group; the grandchild dies asynchronously (and is reaped by init, not us).

@@ -72,7 +72,7 @@ class PidsListing:
 
 _Q_GPU = re.compile(rf"GPU ({PCI_TEXT})")
 _Q_TYPE_LETTERS = {"C": ProcessKind.COMPUTE, "G": ProcessKind.GRAPHICS, "M": ProcessKind.MPS}
-_Q_MEMORY = re.compile(r"(\d{1,20}) MiB")
+_Q_MEMORY = re.compile(r"([0-9]{1,20}) MiB")  # ASCII digits: \d takes any script's, which int() reads as numbers
 _Q_KEY = re.compile(r"[A-Za-z][A-Za-z0-9 ./()+-]*")
 _Q_ENTRY_LINE = re.compile(r"( +)(GPU instance ID|Compute instance ID|Process ID|Type|Name|Used GPU Memory) *: (.*)")
 # Keys only a process entry has (a MIG Device block spells its ids "GPU Instance ID", "Compute Instance ID").
@@ -133,6 +133,7 @@ class _PidsParser:
             self.section_indent = None
             try:
                 self.close_entry()
+                self.check_listed(no, line)
             except (SmiParseError, CorruptData) as exc:
                 self.fail_gpu(exc)  # and this line is still read (it may open the next GPU's block)
         # Cheap first-character tests keep the regular expressions off the common "key : value" line.
@@ -381,12 +382,22 @@ class _PidsParser:
             raise SmiParseError(f"instance id {value!r} is not a number", no, line)
         return int(value)
 
+    def check_listed(self, no: int, line: str) -> None:
+        """A bare ``Processes`` title that closes with no entry under it: nvidia-smi prints ``Processes : None`` for
+        none, so the entries were lost (output cut short after the title): an empty list would look idle."""
+        gpu = str(self.gpu)
+        if gpu not in self.failed and not any(self.lists[kind].get(gpu) for kind in ProcessKind):
+            raise SmiParseError(f"GPU {gpu}'s Processes section lists no process (nvidia-smi prints 'Processes : None' "
+                                "for none: the output was cut short?)", no, line)
+
     def close_gpu(self, no: int, line: str) -> None:
         seen_section, self.seen_section = self.seen_section, False
-        self.section_indent = None
+        section_open, self.section_indent = self.section_indent is not None, None
         self.title = None
         try:
             self.close_entry()
+            if section_open and self.gpu is not None:
+                self.check_listed(no, line)
             self.close_mig()
         finally:
             self.mig_indent, self.mig_entry = None, {}  # nothing of this block may reach the next one

@@ -110,7 +110,7 @@ def parse_recovery_action(text: str) -> RecoveryAction | None:
     ``GPU_RESET``, a number, ...); ``None`` for a spelling this version does not know."""
     words = " ".join(text.replace("_", " ").lower().split())
     action = _RECOVERY_WORDS.get(words) or _RECOVERY_WORDS.get(words.removeprefix("gpu recovery action "))
-    if action is None and words.isdigit():
+    if action is None and is_uint(words):  # ASCII digits: str.isdigit() took "²", which int() refuses
         action = RecoveryAction(int(words) & 0xFFFFFFFF)
     return action
 
@@ -342,6 +342,10 @@ def _memory(table: Table, cells: Cells, index: int, unknown: dict[str, str]) -> 
         r = values["memory.reserved"]
         if known(r, "memory.reserved", unknown, "memory.reserved_bytes") and isinstance(r, int):
             reserved = r
+    if total == 0:
+        # No GPU has no memory, and its 0 MiB used would make it look idle: as the NVML backend reads it, corrupt.
+        raise CorruptData("memory.total 0 MiB: a GPU with no memory at all is not a reading", "nvidia-smi --query-gpu",
+                          index)
     if total > _BYTES_MAX:
         # NVML's total is a 64-bit count of bytes: 20 digits of MiB that pass as a number are still no memory size.
         raise CorruptData(f"memory.total {total // MIB} MiB is more than 2^64 bytes", "nvidia-smi --query-gpu", index)

@@ -40,14 +40,15 @@ def parse_version_output(text: str) -> Mapping[str, str]:
 def cuda_version_number(text: str) -> int | None:
     """``"13.0"`` -> 13000, ``"12.4"`` -> 12040 (the encoding of nvmlSystemGetCudaDriverVersion_v2); ``None`` for
     anything else."""
-    m = re.fullmatch(r"(\d{1,3})\.(\d{1,2})", text.strip())
+    m = re.fullmatch(r"([0-9]{1,3})\.([0-9]{1,2})", text.strip())  # ASCII: \d takes U+0661, which int() reads as 1
     return None if m is None else int(m.group(1)) * 1000 + int(m.group(2)) * 10
 
 
 # Any UUID text: the index is what the MIG lines below it are matched by (the CSV queries print
 # ``[GPU requires reset]`` where such a GPU's UUID goes; -L may too).
-_L_GPU = re.compile(r"GPU (\d+): .*\(UUID: ([^)]*)\)")
-_L_MIG = re.compile(r"MIG\s+(\S+)\s+Device\s+(\d+):\s*\(UUID:\s*(MIG-[^)\s]+)\)")
+# Indices in ASCII digits (\d takes any script's digits, which int() reads as numbers).
+_L_GPU = re.compile(r"GPU ([0-9]+): .*\(UUID: ([^)]*)\)")
+_L_MIG = re.compile(r"MIG\s+(\S+)\s+Device\s+([0-9]+):\s*\(UUID:\s*(MIG-[^)\s]+)\)")
 
 
 def parse_list_gpus(text: str) -> Mapping[int, Mapping[int, str]]:

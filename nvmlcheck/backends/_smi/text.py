@@ -81,7 +81,10 @@ def normalize_pci_bus_id(text: str) -> str | None:
 
 
 def numbered_lines(text: str) -> list[tuple[int, str]]:
-    """Non-blank lines with their 1-based numbers, ``\\r`` removed. Refuses text whose last line has no newline."""
+    """Non-blank lines with their 1-based numbers, ``\\r`` removed, and a byte-order mark before the first (a Windows
+    shell behind a prefix, PowerShell, writes one). Refuses text whose last line has no newline."""
+    if text.startswith("\ufeff"):
+        text = text[1:]
     if text and not text.endswith("\n"):
         last_no = text.count("\n") + 1
         raise SmiParseError("output ends without a newline: it was cut short", last_no, text.rsplit("\n", 1)[-1])
