@@ -98,7 +98,13 @@ def _find_compiler(cc: str | None) -> tuple[str, tuple[str, ...]]:
 def _validate_variant(variant: Iterable[str]) -> tuple[str, ...]:
     if isinstance(variant, str):
         raise ArgumentTypeError("variant must be an iterable of macro names, not a string")
-    macros = tuple(sorted(set(variant)))
+    try:
+        names = list(variant)
+    except TypeError:  # None, a number: no iterable at all
+        raise ArgumentTypeError(f"variant must be an iterable of macro names (() for none), not {variant!r}") from None
+    if not all(isinstance(n, str) for n in names):
+        raise ArgumentTypeError(f"variant must hold macro names (str), got {names!r}")
+    macros = tuple(sorted(set(names)))
     unknown = [m for m in macros if m not in STUB_VARIANTS]
     if unknown:
         raise ArgumentError(f"unknown stub variant macro(s) {unknown}; known: {sorted(STUB_VARIANTS)}")

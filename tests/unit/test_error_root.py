@@ -162,6 +162,8 @@ BAD_CALLS: list[tuple[str, Callable[[], object], type[BaseException]]] = [
     ("StepClock(step_s=0)", lambda: testing.StepClock(step_s=0), ValueError),
     ("build_stub(variant='X')", lambda: testing.build_stub("STUB_NO_PROC_V3"), TypeError),
     ("build_stub(variant=['X'])", lambda: testing.build_stub(["STUB_NOTHING"]), ValueError),
+    ("build_stub(variant=None)", lambda: testing.build_stub(None), TypeError),  # type: ignore[arg-type]
+    ("build_stub(variant=[1])", lambda: testing.build_stub([1]), TypeError),  # type: ignore[list-item]
     ("LockSet().hold_until", lambda: nc.LockSet([], Path("/nonexistent")).hold_until(1), ValueError),
     ("StudyConfig(sizes=())", lambda: __import__("nvmlcheck.study").study.StudyConfig(sizes=()), ValueError),
     ("simulate.scenario_named", lambda: __import__("nvmlcheck.simulate").simulate.scenario_named("/nope"),
