@@ -124,6 +124,7 @@ SCHEMAS: dict[str, Schema] = {
     "study-reclaim": Schema("cli.md", "### nvmlcheck/study-reclaim", also=(
         "study-records.md### Records (JSON Lines, schema `nvmlcheck/reclaim-run` version 1)",)),
     "study-compare": Schema("cli.md", "", row="nvmlcheck/study-compare"),
+    "study-fit": Schema("cli.md", "", row="nvmlcheck/study-fit"),
     "select": Schema("cuda.md", "## `nvmlcheck select`"),
     "hosts": Schema("hosts.md", "## Options"),
     "slurm": Schema("slurm.md", "## The record: `nvmlcheck/slurm`", also=("ready", "kill")),
@@ -264,9 +265,11 @@ def printed(tmp_path_factory: pytest.TempPathFactory) -> list[Printed]:
     run("hosts failed", "--json", "snapshot", "--host", "no-such-host.invalid", "--connect-timeout", "1",
         expect={3})
     run("demo", "--json", "demo")
-    run("study reclaim", *sim, "h200", "--json", "study", "reclaim", "--sizes", "1GiB", "--repeats", "1",
+    # Two sizes, three runs each: what a fit of one ending needs (3 runs more than its 2 coefficients, and more).
+    run("study reclaim", *sim, "h200", "--json", "study", "reclaim", "--sizes", "1GiB,4GiB", "--repeats", "3",
         "--endings", "KILL", "--no-warmup", "--out", str(tmp / "runs.jsonl"))
     run("study compare", "--json", "study", "compare", str(tmp / "runs.jsonl"), str(tmp / "runs.jsonl"))
+    run("study fit", "--json", "study", "fit", "--include-simulated", str(tmp / "runs.jsonl"))
     run("slurm epilog", *sim, "h200", "slurm", "epilog", "--json",
         env=_env(SLURM_JOB_ID="42", SLURM_JOB_GPUS="0", SLURMD_NODENAME="gpu07"), expect={0})
     runs.append(_signalled("wait Ctrl-C", [*sim, "h200-busy", "--json", "wait", "--timeout", "600"], signal.SIGINT))
