@@ -422,3 +422,35 @@ def test_signals_and_errors_print_one_error_document(printed: list[Printed]) -> 
     assert errors["ready SIGTERM"].doc["error"]["type"] == "Terminated"
     assert errors["error usage"].doc["error"]["type"] == "UsageError"
     assert errors["error no backend"].doc["error"]["type"] == "BackendUnavailable"
+
+
+def _watch_examples() -> dict[str, set[str]]:
+    """The keys of each JSON Lines example in docs/events.md's ``## nvmlcheck watch`` (its documentation)."""
+    text = section("events.md", "## nvmlcheck watch", examples=True)
+    docs = [json.loads(block) for block in re.findall(r"^```json\n(.*?)^```", text, re.MULTILINE | re.DOTALL)]
+    return {doc["schema"]: set(doc) for doc in docs}
+
+
+def test_watch_prints_documented_json_lines(tmp_path: Path) -> None:
+    """``watch --json``: one document per line, each ``nvmlcheck/event`` with the keys of the documented example,
+    and an error that ends the stream is its last line."""
+    pytest.importorskip("cffi")
+    scenario = tmp_path / "xid.txt"
+    bundled = subprocess.run([sys.executable, "-m", "nvmlcheck", "simulate", "scenario", "h200"], capture_output=True,
+                             text=True, env=_env(), check=True).stdout
+    scenario.write_text(bundled + "at ms=0 event device=0 type=xid data=79\nat ms=0 event device=0 type=xid data=13\n")
+    proc = subprocess.run([sys.executable, "-m", "nvmlcheck", "--simulate", str(scenario), "--json", "watch",
+                           "--for", "0.5"], capture_output=True, text=True, env=_env(), timeout=RUN_TIMEOUT_S,
+                          check=False)
+    if proc.returncode == 3 and "SimulationUnavailable" in proc.stdout:
+        pytest.skip(proc.stdout)
+    assert proc.returncode == 0, proc.stderr
+    lines = [json.loads(line) for line in proc.stdout.splitlines()]
+    examples = _watch_examples()
+    events = [doc for doc in lines if doc["schema"] == "nvmlcheck/event"]
+    assert [e["xid"] for e in events] == [79, 13], lines  # every event the scenario raises, in order
+    for doc in lines:
+        keys = set(doc) - {"simulated"}
+        assert keys == examples[doc["schema"]], f"{doc['schema']}: {sorted(keys ^ examples[doc['schema']])}"
+        assert list(doc)[:3] == ["schema", "version", "simulated"]
+        assert isinstance(doc["time_ns"], int)
