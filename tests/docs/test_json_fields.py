@@ -251,8 +251,9 @@ def printed(tmp_path_factory: pytest.TempPathFactory) -> list[Printed]:
         child.wait()
     child = _child()
     try:
-        # The GPU is held by a process that never lets go: the target exits, the GPU is never clean.
-        run("kill timeout", *sim, "h200-busy", "--json", "kill", str(child.pid), "--timeout", "0.2", expect={1})
+        # The GPU is held by a process that never lets go: the target exits, the GPU is never clean. --timeout 0 is
+        # one check, which always completes (a short timeout could cut the reading first: exit 3, under load).
+        run("kill timeout", *sim, "h200-busy", "--json", "kill", str(child.pid), "--timeout", "0", expect={1})
     finally:
         child.kill()
         child.wait()
@@ -432,24 +433,40 @@ def _watch_examples() -> dict[str, set[str]]:
 
 
 def test_watch_prints_documented_json_lines(tmp_path: Path) -> None:
-    """``watch --json``: one document per line, each ``nvmlcheck/event`` with the keys of the documented example,
-    and an error that ends the stream is its last line."""
+    """``watch --json``: one document per line, each with the keys of docs/events.md's example of its schema, and the
+    error that ends the stream (here SIGTERM, sent once both events were read: no ``--for`` to race the
+    registration) is its last line."""
     pytest.importorskip("cffi")
     scenario = tmp_path / "xid.txt"
     bundled = subprocess.run([sys.executable, "-m", "nvmlcheck", "simulate", "scenario", "h200"], capture_output=True,
                              text=True, env=_env(), check=True).stdout
+    # Raised at load: the stub hands a set every event since the scenario loaded, whenever it registers.
     scenario.write_text(bundled + "at ms=0 event device=0 type=xid data=79\nat ms=0 event device=0 type=xid data=13\n")
-    proc = subprocess.run([sys.executable, "-m", "nvmlcheck", "--simulate", str(scenario), "--json", "watch",
-                           "--for", "0.5"], capture_output=True, text=True, env=_env(), timeout=RUN_TIMEOUT_S,
-                          check=False)
-    if proc.returncode == 3 and "SimulationUnavailable" in proc.stdout:
-        pytest.skip(proc.stdout)
-    assert proc.returncode == 0, proc.stderr
-    lines = [json.loads(line) for line in proc.stdout.splitlines()]
-    examples = _watch_examples()
+    proc = subprocess.Popen([sys.executable, "-m", "nvmlcheck", "--simulate", str(scenario), "--json", "watch"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+    assert proc.stdout is not None
+    lines: list[dict[str, Any]] = []
+    try:
+        while sum(doc["schema"] == "nvmlcheck/event" for doc in lines) < 2:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(json.loads(line))
+        proc.send_signal(signal.SIGTERM)
+        rest, err = proc.communicate(timeout=RUN_TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    lines += [json.loads(line) for line in rest.splitlines()]
+    if lines and lines[-1].get("error", {}).get("type") == "SimulationUnavailable":
+        pytest.skip(lines[-1]["error"]["message"])
+    assert proc.returncode == 128 + signal.SIGTERM, err
     events = [doc for doc in lines if doc["schema"] == "nvmlcheck/event"]
     assert [e["xid"] for e in events] == [79, 13], lines  # every event the scenario raises, in order
-    for doc in lines:
+    assert lines[-1]["schema"] == "nvmlcheck/error" and lines[-1]["error"]["type"] == "Terminated", lines[-1]
+    examples = _watch_examples()
+    for doc in lines[:-1]:
         keys = set(doc) - {"simulated"}
         assert keys == examples[doc["schema"]], f"{doc['schema']}: {sorted(keys ^ examples[doc['schema']])}"
         assert list(doc)[:3] == ["schema", "version", "simulated"]
