@@ -112,7 +112,7 @@ class Schema:
 
 
 SCHEMAS: dict[str, Schema] = {
-    "snapshot": Schema("cli.md", "### nvmlcheck/snapshot"),
+    "snapshot": Schema("cli.md", "### nvmlcheck/snapshot", also=("error",)),
     "wait": Schema("cli.md", "### nvmlcheck/wait"),
     "kill": Schema("cli.md", "### nvmlcheck/kill", also=("wait",)),
     "kill-plan": Schema("cli.md", "### nvmlcheck/kill-plan", table=False),
@@ -260,6 +260,21 @@ def printed(tmp_path_factory: pytest.TempPathFactory) -> list[Printed]:
     finally:
         child.kill()
         child.wait()
+    # A lost GPU (snapshot: exit 3 with it under failures), a GPU in MIG mode, and retired pages (health's lists).
+    (tmp / "lost.txt").write_text("nvmlcheck-stub-scenario 1\ndevice index=0\ndevice index=1 lost=1\n")
+    (tmp / "mig.txt").write_text(
+        "nvmlcheck-stub-scenario 1\ndevice index=0 mig=1 used=57671680\n"
+        "mig device=0 index=0 gi=1 ci=0 total=17179869184\nmig device=0 index=1 gi=2 ci=0 total=34359738368\n"
+        "process device=0 kind=compute pid=4242 used=1073741824 gi=2 ci=0\n")
+    (tmp / "retired.txt").write_text(
+        "nvmlcheck-stub-scenario 1\ndevice index=0 retired=sbe:0x1000@1700000000,dbe:0x2000@1700000100 "
+        "retired_pending=0 unsupported=\n")
+    run("snapshot lost GPU", *sim, str(tmp / "lost.txt"), "--json", "snapshot", expect={3})
+    run("wait lost GPU", *sim, str(tmp / "lost.txt"), "--json", "wait", "--timeout", "0", expect={3})
+    run("snapshot MIG", *sim, str(tmp / "mig.txt"), "--json", "snapshot")
+    run("holders MIG", *sim, str(tmp / "mig.txt"), "--json", "holders")
+    run("ready MIG", *sim, str(tmp / "mig.txt"), "--json", "ready", "--timeout", "0", expect={1})
+    run("snapshot retired pages", *sim, str(tmp / "retired.txt"), "--json", "snapshot")
     run("error no such GPU", *sim, "h200", "--json", "snapshot", "--devices", "5", expect={2})
     run("error usage", "--json", "snapshot", "--no-such-option", expect={2})
     run("error usage, no command", "--json", expect={2})
