@@ -32,6 +32,8 @@ from typing import Any
 
 import pytest
 
+from nvmlcheck.testing import Scenario
+
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 RUN_TIMEOUT_S = 120.0
@@ -115,7 +117,7 @@ SCHEMAS: dict[str, Schema] = {
     "snapshot": Schema("cli.md", "### nvmlcheck/snapshot", also=("error",)),
     "wait": Schema("cli.md", "### nvmlcheck/wait"),
     "kill": Schema("cli.md", "### nvmlcheck/kill", also=("wait",)),
-    "kill-plan": Schema("cli.md", "### nvmlcheck/kill-plan", table=False),
+    "kill-plan": Schema("cli.md", "### nvmlcheck/kill-plan", table=False, also=("holders",)),
     "ready": Schema("cli.md", "### nvmlcheck/ready"),
     "holders": Schema("cli.md", "### nvmlcheck/holders", table=False),
     "error": Schema("cli.md", "### nvmlcheck/error"),
@@ -275,6 +277,25 @@ def printed(tmp_path_factory: pytest.TempPathFactory) -> list[Printed]:
     run("holders MIG", *sim, str(tmp / "mig.txt"), "--json", "holders")
     run("ready MIG", *sim, str(tmp / "mig.txt"), "--json", "ready", "--timeout", "0", expect={1})
     run("snapshot retired pages", *sim, str(tmp / "retired.txt"), "--json", "snapshot")
+    # A real holder: listed by the scenario (bound to its PID) and holding the simulation's stand-in /dev/nvidia0 (in
+    # dev/ beside the scenario), so holders and kill --all-holders find it both ways.
+    (tmp / "dev").mkdir()
+    (tmp / "dev" / "nvidia0").write_text("")
+    holder = subprocess.Popen(
+        [sys.executable, "-S", "-c", "import sys, time; f = open(sys.argv[1]); print('ready', flush=True); "
+         "time.sleep(600)", str(tmp / "dev" / "nvidia0")], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == b"ready"
+        held = Scenario.h200()
+        held.add_process(0, holder.pid, used_bytes=1 << 30, bound=True, list_ms=90, release_ms=120)
+        held.write(tmp / "held.txt")
+        run("holders of a real process", *sim, str(tmp / "held.txt"), "--json", "holders")
+        run("kill plan of every holder", *sim, str(tmp / "held.txt"), "--json", "kill", "--dry-run", "--all-holders")
+        run("kill every holder", *sim, str(tmp / "held.txt"), "--json", "kill", "--all-holders", "--yes",
+            "--timeout", "60")
+    finally:
+        holder.kill()
+        holder.wait()
     run("error no such GPU", *sim, "h200", "--json", "snapshot", "--devices", "5", expect={2})
     run("error usage", "--json", "snapshot", "--no-such-option", expect={2})
     run("error usage, no command", "--json", expect={2})
@@ -489,3 +510,16 @@ def test_watch_prints_documented_json_lines(tmp_path: Path) -> None:
         assert keys == examples[doc["schema"]], f"{doc['schema']}: {sorted(keys ^ examples[doc['schema']])}"
         assert list(doc)[:3] == ["schema", "version", "simulated"]
         assert isinstance(doc["time_ns"], int)
+
+
+def test_the_forms_with_data_have_it(printed: list[Printed]) -> None:
+    """The runs meant to fill a document's lists did (else their nested keys would go unchecked)."""
+    by_name = {p.name: p.doc for p in printed}
+    holders = by_name["holders of a real process"]["holders"]
+    assert [h["found_by"] for h in holders] == [["device-file", "nvml"]], holders
+    assert by_name["kill plan of every holder"]["targets"][0]["gpus"], by_name["kill plan of every holder"]
+    assert by_name["kill every holder"]["clean"] is True and by_name["kill every holder"]["pids"]
+    assert by_name["kill timeout"]["pids"] and by_name["kill timeout"]["clean"] is False
+    assert by_name["snapshot lost GPU"]["failures"] and by_name["snapshot MIG"]["devices"][0]["mig_devices"]
+    assert by_name["snapshot retired pages"]["devices"][0]["health"]["retired_pages"]
+    assert by_name["select locked"]["lock"] is not None
