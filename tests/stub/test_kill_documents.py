@@ -27,7 +27,7 @@ DOCS = Path(__file__).resolve().parents[2] / "docs"
 KILL_FIELDS: dict[bool, frozenset[str]] = {
     True: frozenset({"schema", "version", "clean", "signal", "tree", "pids", "clean_ns", "confirmed_ns",
                      "resolution_ns", "missing", "judged", "not_ours", "left_alone", "vanished", "holders",
-                     "snapshot"}),
+                     "snapshot", "listening_gaps"}),
     # The "not clean" form of nvmlcheck/wait, plus the kill's fields.
     False: frozenset({"schema", "version", "clean", "elapsed_ns", "timeout_s", "polls", "culprits", "holders",
                       "snapshot", "signal", "tree", "pids", "tree_hint", "left_alone", "vanished", "missing",
