@@ -120,7 +120,7 @@ SCHEMAS: dict[str, Schema] = {
     "kill-plan": Schema("cli.md", "### nvmlcheck/kill-plan", table=False, also=("holders",)),
     "ready": Schema("cli.md", "### nvmlcheck/ready"),
     "holders": Schema("cli.md", "### nvmlcheck/holders", table=False),
-    "error": Schema("cli.md", "### nvmlcheck/error"),
+    "error": Schema("cli.md", "### nvmlcheck/error", also=("kill",)),
     "version": Schema("cli.md", "### nvmlcheck/version", table=False),
     "demo": Schema("cli.md", "### nvmlcheck/demo", table=False),
     "study-reclaim": Schema("cli.md", "### nvmlcheck/study-reclaim", also=(
@@ -137,7 +137,6 @@ EMBEDDED = {"snapshot": "snapshot"}
 DATA_KEYED = frozenset({"unknown", "holder_steps", "phase_resolution_ns", "conditions", "kept", "excluded", "pooled"})
 #: Documented fields of forms this file does not print: (schema, field) -> the form.
 NOT_PRINTED_HERE = {
-    ("error", "pids"): "a kill that failed after its first signal (tests/unit covers it)",
     ("hosts", "document"): "a host that answered (tests/hosts, with sshd)",
 }
 
@@ -205,6 +204,35 @@ def _signalled(name: str, argv: list[str], signum: int) -> Printed:
             proc.wait()
     assert proc.returncode == 128 + signum, f"{name}: exit {proc.returncode}: {err.decode()[-2000:]}"
     return Printed(name, argv, proc.returncode, _one_document(name, out), True)
+
+
+def _interrupted_kill(tmp: Path) -> Printed:
+    """Ctrl-C to a kill after its first signal (the target says when SIGTERM came, and survives it): the error
+    document carries ``pids``, what each target got."""
+    target = subprocess.Popen(
+        [sys.executable, "-S", "-c", "import signal, sys, time\n"
+         "signal.signal(signal.SIGTERM, lambda n, f: print('term', flush=True))\n"
+         "print('ready', flush=True)\ntime.sleep(600)"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+    argv = ["--simulate", "h200", "--json", "kill", "--grace", "600", "--timeout", "600", str(target.pid)]
+    try:
+        assert target.stdout is not None and target.stdout.readline().strip() == b"ready"
+        proc = subprocess.Popen([sys.executable, "-m", "nvmlcheck", *argv], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, env=_env(), cwd=tmp)
+        try:
+            assert target.stdout.readline().strip() == b"term"
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=RUN_TIMEOUT_S)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    finally:
+        target.kill()
+        target.wait()
+    assert proc.returncode == 130, err.decode()[-2000:]
+    doc = _one_document("kill Ctrl-C after the signal", out)
+    assert [p["pid"] for p in doc["pids"]] == [target.pid], doc
+    return Printed("kill Ctrl-C after the signal", argv, proc.returncode, doc, True)
 
 
 def _child() -> subprocess.Popen[bytes]:
@@ -312,6 +340,7 @@ def printed(tmp_path_factory: pytest.TempPathFactory) -> list[Printed]:
     run("study fit", "--json", "study", "fit", "--include-simulated", str(tmp / "runs.jsonl"))
     run("slurm epilog", *sim, "h200", "slurm", "epilog", "--json",
         env=_env(SLURM_JOB_ID="42", SLURM_JOB_GPUS="0", SLURMD_NODENAME="gpu07"), expect={0})
+    runs.append(_interrupted_kill(tmp))
     runs.append(_signalled("wait Ctrl-C", [*sim, "h200-busy", "--json", "wait", "--timeout", "600"], signal.SIGINT))
     runs.append(_signalled("ready SIGTERM", [*sim, "h200-busy", "--json", "ready", "--timeout", "600"],
                            signal.SIGTERM))
