@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -136,9 +137,7 @@ EMBEDDED = {"snapshot": "snapshot"}
 #: Objects whose keys are data (a dotted path, a cell, a step), not fields.
 DATA_KEYED = frozenset({"unknown", "holder_steps", "phase_resolution_ns", "conditions", "kept", "excluded", "pooled"})
 #: Documented fields of forms this file does not print: (schema, field) -> the form.
-NOT_PRINTED_HERE = {
-    ("hosts", "document"): "a host that answered (tests/hosts, with sshd)",
-}
+NOT_PRINTED_HERE: dict[tuple[str, str], str] = {}
 
 
 # --- the documents ---------------------------------------------------------------------------------------------------
@@ -204,6 +203,25 @@ def _signalled(name: str, argv: list[str], signum: int) -> Printed:
             proc.wait()
     assert proc.returncode == 128 + signum, f"{name}: exit {proc.returncode}: {err.decode()[-2000:]}"
     return Printed(name, argv, proc.returncode, _one_document(name, out), True)
+
+
+def _fake_ssh(tmp: Path) -> dict[str, str]:
+    """An environment whose ``ssh`` runs the remote command here, reading the stub (a busy H200) through the
+    variables the "remote" nvmlcheck inherits: the hosts document with each host's own (tests/hosts does it over
+    real sshd)."""
+    from nvmlcheck.testing import build_stub
+
+    bin_dir = tmp / "bin"
+    bin_dir.mkdir()
+    for name, text in (("python3", f'#!/bin/sh\nexec {shlex.quote(sys.executable)} "$@"\n'),  # this venv's
+                       ("ssh", '#!/bin/sh\n# options, then "--", the host, and the command\n'
+                               'while [ "$1" != "--" ]; do shift; done\nshift 2\nexec sh -c "$*"\n')):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    busy = Scenario.h200()
+    busy.add_process(0, 4_123_456, used_bytes=16 << 30)
+    return _env(PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", NVMLCHECK_LIBNVML=str(build_stub()),
+                NVMLCHECK_STUB_SCENARIO=str(busy.write(tmp / "remote.txt")))
 
 
 def _interrupted_kill(tmp: Path) -> Printed:
@@ -332,6 +350,11 @@ def printed(tmp_path_factory: pytest.TempPathFactory) -> list[Printed]:
         env=_env(NVMLCHECK_LIBNVML=str(tmp / "no-such-libnvidia-ml.so")))
     run("hosts failed", "--json", "snapshot", "--host", "no-such-host.invalid", "--connect-timeout", "1",
         expect={3})
+    hosts_env = _fake_ssh(tmp)
+    for command, expect in (("snapshot", 0), ("holders", 0), ("wait", 1), ("ready", 1)):
+        extra = ["--timeout", "0"] if command in ("wait", "ready") else []
+        run(f"hosts {command}", "--json", command, "--host", "gpu01", "--host", "gpu02", *extra, expect={expect},
+            env=hosts_env)
     run("demo", "--json", "demo")
     # Two sizes, three runs each: what a fit of one ending needs (3 runs more than its 2 coefficients, and more).
     run("study reclaim", *sim, "h200", "--json", "study", "reclaim", "--sizes", "1GiB,4GiB", "--repeats", "3",
@@ -393,7 +416,10 @@ def _undocumented(schema: str, doc: dict[str, Any]) -> Iterator[str]:
     for key in doc:
         if key not in ("schema", "version", "simulated") and key not in top:
             yield f"nvmlcheck/{schema}: top-level `{key}` is not in its field table"
-    for path, key, _value, _ in _walk({k: v for k, v in doc.items() if k not in EMBEDDED}):
+    own = {k: v for k, v in doc.items() if k not in EMBEDDED}
+    if schema == "hosts":  # each host's own document is checked against its own schema, below
+        own["hosts"] = [{**h, "document": None} for h in doc["hosts"]]
+    for path, key, _value, _ in _walk(own):
         if path and key not in words:
             yield f"nvmlcheck/{schema}: `{path}.{key}` is not named in its section"
     for key, inner in EMBEDDED.items():
@@ -402,7 +428,10 @@ def _undocumented(schema: str, doc: dict[str, Any]) -> Iterator[str]:
     if schema == "hosts":
         for host in doc["hosts"]:
             if isinstance(host.get("document"), dict):
-                yield from _undocumented(_schema(Printed("", [], 0, host["document"], False)), host["document"])
+                inner = _schema(Printed("", [], 0, host["document"], False))
+                if f"`nvmlcheck/{inner}`" not in spec.text():
+                    yield f"nvmlcheck/hosts: a host's document can be `nvmlcheck/{inner}`: its row does not say so"
+                yield from _undocumented(inner, host["document"])
 
 
 def test_every_field_printed_is_documented(printed: list[Printed]) -> None:
@@ -552,3 +581,6 @@ def test_the_forms_with_data_have_it(printed: list[Printed]) -> None:
     assert by_name["snapshot lost GPU"]["failures"] and by_name["snapshot MIG"]["devices"][0]["mig_devices"]
     assert by_name["snapshot retired pages"]["devices"][0]["health"]["retired_pages"]
     assert by_name["select locked"]["lock"] is not None
+    for command in ("snapshot", "holders", "wait", "ready"):
+        hosts = by_name[f"hosts {command}"]["hosts"]
+        assert [h["document"]["schema"] for h in hosts] == [f"nvmlcheck/{command}"] * 2, hosts
