@@ -351,8 +351,9 @@ def printed(tmp_path_factory: pytest.TempPathFactory) -> list[Printed]:
     run("hosts failed", "--json", "snapshot", "--host", "no-such-host.invalid", "--connect-timeout", "1",
         expect={3})
     hosts_env = _fake_ssh(tmp)
-    for command, expect in (("snapshot", 0), ("holders", 0), ("wait", 1), ("ready", 1)):
-        extra = ["--timeout", "0"] if command in ("wait", "ready") else []
+    for command, expect in (("snapshot", 0), ("holders", 0), ("wait", 1), ("ready", 1), ("kill", 1)):
+        extra = {"wait": ["--timeout", "0"], "ready": ["--timeout", "0"],
+                 "kill": ["--all-holders", "--yes", "--timeout", "0"]}.get(command, [])
         run(f"hosts {command}", "--json", command, "--host", "gpu01", "--host", "gpu02", *extra, expect={expect},
             env=hosts_env)
     run("demo", "--json", "demo")
@@ -581,6 +582,6 @@ def test_the_forms_with_data_have_it(printed: list[Printed]) -> None:
     assert by_name["snapshot lost GPU"]["failures"] and by_name["snapshot MIG"]["devices"][0]["mig_devices"]
     assert by_name["snapshot retired pages"]["devices"][0]["health"]["retired_pages"]
     assert by_name["select locked"]["lock"] is not None
-    for command in ("snapshot", "holders", "wait", "ready"):
+    for command in ("snapshot", "holders", "wait", "ready", "kill"):
         hosts = by_name[f"hosts {command}"]["hosts"]
         assert [h["document"]["schema"] for h in hosts] == [f"nvmlcheck/{command}"] * 2, hosts
