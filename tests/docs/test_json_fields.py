@@ -208,14 +208,17 @@ def _signalled(name: str, argv: list[str], signum: int) -> Printed:
 def _fake_ssh(tmp: Path) -> dict[str, str]:
     """An environment whose ``ssh`` runs the remote command here, reading the stub (a busy H200) through the
     variables the "remote" nvmlcheck inherits: the hosts document with each host's own (tests/hosts does it over
-    real sshd)."""
+    real sshd); the host ``down`` refuses the connection, as ssh says it."""
     from nvmlcheck.testing import build_stub
 
     bin_dir = tmp / "bin"
     bin_dir.mkdir()
     for name, text in (("python3", f'#!/bin/sh\nexec {shlex.quote(sys.executable)} "$@"\n'),  # this venv's
                        ("ssh", '#!/bin/sh\n# options, then "--", the host, and the command\n'
-                               'while [ "$1" != "--" ]; do shift; done\nshift 2\nexec sh -c "$*"\n')):
+                               'while [ "$1" != "--" ]; do shift; done\nshift\n'
+                               'if [ "$1" = down ]; then\n'
+                               '  echo "ssh: connect to host down port 22: Connection refused" >&2; exit 255\n'
+                               'fi\nshift\nexec sh -c "$*"\n')):
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
     busy = Scenario.h200()
@@ -348,9 +351,9 @@ def printed(tmp_path_factory: pytest.TempPathFactory) -> list[Printed]:
     run("error usage, simulated", *sim, "h200", "--json", "wait", "--timeout", "soon", expect={2})
     run("error no backend", "--json", "--backend", "nvml", "snapshot", expect={3},
         env=_env(NVMLCHECK_LIBNVML=str(tmp / "no-such-libnvidia-ml.so")))
-    run("hosts failed", "--json", "snapshot", "--host", "no-such-host.invalid", "--connect-timeout", "1",
-        expect={3})
     hosts_env = _fake_ssh(tmp)
+    run("hosts failed", "--json", "wait", "--host", "gpu01", "--host", "down", "--timeout", "0", expect={3},
+        env=hosts_env)
     for command, expect in (("snapshot", 0), ("holders", 0), ("wait", 1), ("ready", 1), ("kill", 1)):
         extra = {"wait": ["--timeout", "0"], "ready": ["--timeout", "0"],
                  "kill": ["--all-holders", "--yes", "--timeout", "0"]}.get(command, [])
