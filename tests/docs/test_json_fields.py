@@ -26,6 +26,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,9 @@ from nvmlcheck.testing import Scenario
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 RUN_TIMEOUT_S = 120.0
+#: In the command line of this file's holder alone: what its kills select (never --all-holders, which on a host with
+#: a GPU would signal the real CUDA processes).
+WORD = f"nvmlcheck-json-fields-{uuid.uuid4().hex[:12]}"
 
 
 def _text(name: str) -> str:
@@ -289,9 +293,11 @@ def printed(tmp_path_factory: pytest.TempPathFactory) -> list[Printed]:
     run("select locked", *sim, "h200x8", "--json", "select", "--count", "1", "--lock")
     run("select not found", *sim, "h200-busy", "--json", "select", "--count", "1", "--timeout", "0", expect={1})
     run("holders", *sim, "h200-busy", "--json", "holders")
-    run("kill nothing to kill", *sim, "h200", "--json", "kill", "--all-holders", "--yes", "--timeout", "60")
-    run("kill nothing to kill, timeout", *sim, "h200-busy", "--json", "kill", "--all-holders", "--yes",
-        "--timeout", "0", expect={1})
+    # No --all-holders that signals: on a host with a GPU it would signal the real CUDA processes. A --match of a
+    # word no process has, --missing-ok: nothing to signal, the GPUs waited for.
+    nobody = ["--match", f"{WORD}-nobody", "--missing-ok"]
+    run("kill nothing to kill", *sim, "h200", "--json", "kill", *nobody, "--timeout", "60")
+    run("kill nothing to kill, timeout", *sim, "h200-busy", "--json", "kill", *nobody, "--timeout", "0", expect={1})
     gone = _child()
     gone.kill()
     gone.wait()
@@ -327,12 +333,12 @@ def printed(tmp_path_factory: pytest.TempPathFactory) -> list[Printed]:
     run("ready MIG", *sim, str(tmp / "mig.txt"), "--json", "ready", "--timeout", "0", expect={1})
     run("snapshot retired pages", *sim, str(tmp / "retired.txt"), "--json", "snapshot")
     # A real holder: listed by the scenario (bound to its PID) and holding the simulation's stand-in /dev/nvidia0 (in
-    # dev/ beside the scenario), so holders and kill --all-holders find it both ways.
+    # dev/ beside the scenario), so holders and kill --all-holders find it both ways (kill --match signals it).
     (tmp / "dev").mkdir()
     (tmp / "dev" / "nvidia0").write_text("")
     holder = subprocess.Popen(
         [sys.executable, "-S", "-c", "import sys, time; f = open(sys.argv[1]); print('ready', flush=True); "
-         "time.sleep(600)", str(tmp / "dev" / "nvidia0")], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+         "time.sleep(600)", str(tmp / "dev" / "nvidia0"), WORD], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == b"ready"
         held = Scenario.h200()
@@ -340,7 +346,7 @@ def printed(tmp_path_factory: pytest.TempPathFactory) -> list[Printed]:
         held.write(tmp / "held.txt")
         run("holders of a real process", *sim, str(tmp / "held.txt"), "--json", "holders")
         run("kill plan of every holder", *sim, str(tmp / "held.txt"), "--json", "kill", "--dry-run", "--all-holders")
-        run("kill every holder", *sim, str(tmp / "held.txt"), "--json", "kill", "--all-holders", "--yes",
+        run("kill every holder", *sim, str(tmp / "held.txt"), "--json", "kill", "--match", WORD, "--yes",
             "--timeout", "60")
     finally:
         holder.kill()
@@ -356,9 +362,11 @@ def printed(tmp_path_factory: pytest.TempPathFactory) -> list[Printed]:
         env=hosts_env)
     for command, expect in (("snapshot", 0), ("holders", 0), ("wait", 1), ("ready", 1), ("kill", 1)):
         extra = {"wait": ["--timeout", "0"], "ready": ["--timeout", "0"],
-                 "kill": ["--all-holders", "--yes", "--timeout", "0"]}.get(command, [])
-        run(f"hosts {command}", "--json", command, "--host", "gpu01", "--host", "gpu02", *extra, expect={expect},
-            env=hosts_env)
+                 "kill": ["--match", f"{WORD}-nobody", "--missing-ok", "--yes", "--timeout", "0"]}.get(command, [])
+        # kill on one host: here every "host" is this machine, and a second one's command line (which holds the
+        # --match pattern) would be a process the first may select.
+        hosts = ["--host", "gpu01"] if command == "kill" else ["--host", "gpu01", "--host", "gpu02"]
+        run(f"hosts {command}", "--json", command, *hosts, *extra, expect={expect}, env=hosts_env)
     run("demo", "--json", "demo")
     # Two sizes, three runs each: what a fit of one ending needs (3 runs more than its 2 coefficients, and more).
     run("study reclaim", *sim, "h200", "--json", "study", "reclaim", "--sizes", "1GiB,4GiB", "--repeats", "3",
@@ -587,4 +595,4 @@ def test_the_forms_with_data_have_it(printed: list[Printed]) -> None:
     assert by_name["select locked"]["lock"] is not None
     for command in ("snapshot", "holders", "wait", "ready", "kill"):
         hosts = by_name[f"hosts {command}"]["hosts"]
-        assert [h["document"]["schema"] for h in hosts] == [f"nvmlcheck/{command}"] * 2, hosts
+        assert [h["document"]["schema"] for h in hosts] == [f"nvmlcheck/{command}"] * len(hosts), hosts
