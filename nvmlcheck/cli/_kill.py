@@ -186,6 +186,7 @@ class DryRun(Exception):
 def signal_first(args: argparse.Namespace) -> None:
     """Select, pin and signal the targets before anything of the GPU side is loaded (kept in ``args.signalled``)."""
     args.signalled = None
+    args.signalling_plan = None
     args.dry_run_done = False
     args.selected_nothing = False
     if signals.number(args.signal) in signals.STOP_SIGNALS:  # every form, before anything is read or signalled
@@ -409,7 +410,9 @@ def _plan_with_nvml(args: argparse.Namespace, gpus: Session) -> tuple[KillPlan |
         except BaseException:
             plan.close()
             raise
-    # By number: a real-time signal (SIGRTMIN+1) is no member of signal.Signals.
+    # By number: a real-time signal (SIGRTMIN+1) is no member of signal.Signals. Reachable before it goes: an
+    # interrupt between the signal and cmd_kill's holding the plan still reports what each target got.
+    args.signalling_plan = plan
     plan.send_first(signals.number(args.signal), sigkill_if_discarded=args.grace is not None)
     return plan, selection
 
@@ -528,14 +531,16 @@ def cmd_kill(args: argparse.Namespace) -> int:
             _print_result(args, result, plan, selection)
             verdict_printed(EXIT_CLEAN)
     except BaseException as exc:
-        code = _after_signal(args, plan, exc)
+        # plan is None too when interrupted as _plan_with_nvml signalled, before it returned the plan
+        code = _after_signal(args, plan if plan is not None else getattr(args, "signalling_plan", None), exc)
         if code is None:
             raise
         return code
     finally:
         _common._signalled_plan = None
-        if plan is not None:
-            plan.close()
+        held = plan if plan is not None else getattr(args, "signalling_plan", None)
+        if held is not None:
+            held.close()
     return EXIT_CLEAN
 
 

@@ -31,6 +31,7 @@ TYPE_CHECKING = False  # no typing: it costs start-up where site has not loaded 
 if TYPE_CHECKING:
     import argparse
     from collections.abc import Callable, Sequence
+    from typing import Any
 
 #: command → "module:function" in this package, imported only when that command runs.
 COMMANDS = {
@@ -120,6 +121,7 @@ def run(argv: Sequence[str] | None) -> int:
     json_mode = wants_json(argv)
     reset_verdict()
     _mark_simulated(argv, json_mode)
+    parsed: Any = None
     with ending_on_signals():
         try:
             parsed = _parse(argv, json_mode)
@@ -141,8 +143,10 @@ def run(argv: Sequence[str] | None) -> int:
         except KeyboardInterrupt as exc:
             worded = KeyboardInterrupt("interrupted")
             vars(worded).update(vars(exc))  # what the raise carried (a kill's records of what each target got)
+            _signalled_records(parsed, worded, json_mode)
             return fail(json_mode, worded, EXIT_SIGNAL_BASE + 2, label="interrupted")
         except Terminated as exc:
+            _signalled_records(parsed, exc, json_mode)
             return fail(json_mode, exc, EXIT_SIGNAL_BASE + exc.signum, label="terminated")
         except BrokenPipeError as exc:
             # Output piped into `head` and the like: the verdict decided before printing stands (never a false 0).
@@ -163,6 +167,27 @@ def run(argv: Sequence[str] | None) -> int:
             from ..kill import KillError
 
             return fail(json_mode, exc, EXIT_USAGE if isinstance(exc, KillError) else EXIT_BACKEND)
+
+
+def _signalled_records(parsed: Any, exc: BaseException, json_mode: bool) -> None:
+    """An interrupt after a kill's first signal that came outside the kill's own report of it (while the stub was
+    set up or the GPU side loaded, before the kill's wait began): ``exc`` gets what each target got, as that report
+    gives it, so the error document has its ``pids`` (docs/cli.md) and the text says what was sent."""
+    found = getattr(parsed, "signalled", None)
+    if found is None or hasattr(exc, "_nvmlcheck_kill_pids"):
+        return
+    from ..kill import KillPlan
+
+    plan = KillPlan(found)
+    if plan.started_ns is None:
+        return
+    try:
+        exc._nvmlcheck_kill_pids = plan.targets  # type: ignore[attr-defined]
+    except AttributeError:
+        return
+    if not json_mode:
+        print("nvmlcheck: interrupted after the first signal; the targets are left as they are:", file=sys.stderr)
+        _print_kill_records(exc)
 
 
 def _disk_full(exc: OSError) -> bool:

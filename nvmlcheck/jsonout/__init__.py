@@ -3,12 +3,12 @@
 Every document has ``"schema"`` (``"nvmlcheck/snapshot"``, ``"nvmlcheck/wait"``, ``"nvmlcheck/kill"``,
 ``"nvmlcheck/holders"``, ``"nvmlcheck/select"``, ``"nvmlcheck/ready"``, ``"nvmlcheck/hosts"``, ``"nvmlcheck/error"``,
 ``"nvmlcheck/demo"``, ``"nvmlcheck/study-reclaim"``, ``"nvmlcheck/study-compare"``, ``"nvmlcheck/study-fit"``,
-``"nvmlcheck/kill-plan"``, ``"nvmlcheck/slurm"``; ``watch``'s ``"nvmlcheck/event"`` lines come from
-:mod:`nvmlcheck.events`) and ``"version"`` (:data:`SCHEMA_VERSION`, or the document's own in ``SCHEMA_VERSIONS``).
-Within a version, fields are only ever added; a removal or change of meaning bumps the version. Bytes are integers in
-bytes, times integers in ns, and unknown values are ``null`` with the reason under the device's ``"unknown"``.
-docs/cli.md documents each field. ``_values`` turns model values into dicts; ``_commands`` builds each command's
-document.
+``"nvmlcheck/kill-plan"``, ``"nvmlcheck/slurm"``, ``"nvmlcheck/version"``; ``watch``'s ``"nvmlcheck/event"`` and
+``"nvmlcheck/listening"`` lines come from :mod:`nvmlcheck.events`) and ``"version"`` (:data:`SCHEMA_VERSION`, or
+the document's own in ``SCHEMA_VERSIONS``). Within a version, fields are only ever added; a removal or change of
+meaning bumps the version. Bytes are integers in bytes, times integers in ns, and unknown values are ``null`` with
+the reason under the device's ``"unknown"``. docs/cli.md documents each field (tests/docs/test_json_fields.py holds
+every document to it). ``_values`` turns model values into dicts; ``_commands`` builds each command's document.
 """
 
 # One module per kind of content: model values (and the header), and the commands' documents built from them.

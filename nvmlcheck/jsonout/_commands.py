@@ -39,7 +39,7 @@ def wait_document(result: WaitResult) -> dict[str, Any]:
         "wait",
         clean=True,
         elapsed_ns=result.elapsed_ns,
-        first_clean_ns=result.clean_ns,  # deprecated: clean_ns (goes in version 2)
+        first_clean_ns=result.clean_ns,  # deprecated: clean_ns (version 2 kept it: it goes in version 3)
         clean_ns=result.clean_ns,
         confirmed_ns=result.confirmed_ns,
         last_dirty_ns=result.last_dirty_ns,
@@ -54,8 +54,9 @@ def wait_document(result: WaitResult) -> dict[str, Any]:
 
 
 def gaps_json(gaps: Sequence[ListeningGap] | None) -> list[dict[str, Any]] | None:
-    """``listening_gaps`` (added in version 1): when the event listener did not listen to selected GPUs during the
-    wait (``[]``: it listened throughout; ``null``: the wait did not listen)."""
+    """``listening_gaps`` (added within ``nvmlcheck/wait``'s and ``nvmlcheck/kill``'s version 2 and
+    ``nvmlcheck/ready``'s version 1): when the event listener did not listen to selected GPUs during the wait (``[]``:
+    it listened throughout; ``null``: the wait did not listen)."""
     return None if gaps is None else [g.to_json() for g in gaps]
 
 
@@ -250,7 +251,18 @@ def study_reclaim_document(
 def study_fit_document(result: FitResult, paths: Sequence[str]) -> dict[str, Any]:
     """The ``nvmlcheck/study-fit`` document: the fitted reclaim-time model, what was fitted and kept, its error and
     every cell against it, from the record files ``paths``."""
-    return document("study-fit", records=list(paths), **result.to_json())
+    return document("study-fit", records=list(paths), **_integer_times(result.to_json()))
+
+
+def _integer_times(value: Any) -> Any:
+    """``value`` with each ``*_ns`` number an integer (rounded): times in a document are integers in ns, while a fit's
+    medians and percentiles are computed as floats (``residual_p95_ns`` 2653528.25, ``cells[].measured_ns`` ...)."""
+    if isinstance(value, dict):
+        return {k: round(v) if k.endswith("_ns") and isinstance(v, float) else _integer_times(v)
+                for k, v in value.items()}
+    if isinstance(value, list):
+        return [_integer_times(v) for v in value]
+    return value
 
 
 def compare_document(result: Comparison, a: str, b: str) -> dict[str, Any]:
