@@ -110,7 +110,8 @@ def _matcher(patterns: Iterable[str]) -> re.Pattern[str]:
 @dataclass(frozen=True)
 class DeviceRule:
     """What counts as an NVIDIA device file in a scan: a character device of one of ``majors``, and (tests only)
-    a file whose path matches one of ``stand_ins``; ``origin`` says who named the stand-ins."""
+    a file whose path matches one of ``stand_ins``; ``origin`` says who named the stand-ins. A simulation's rule has
+    no majors: its stand-ins only (:func:`device_rule`)."""
 
     majors: frozenset[int]
     stand_ins: tuple[str, ...] = ()
@@ -127,7 +128,11 @@ class DeviceRule:
         return not self.stand_ins
 
     def describe(self) -> str:
-        """``NVIDIA character devices (majors 195, 508)``, then the stand-ins and who named them, if any."""
+        """``NVIDIA character devices (majors 195, 508)``, then the stand-ins and who named them, if any; a
+        simulation's rule has its stand-ins only."""
+        if not self.majors:
+            return (f"stand-in files {':'.join(self.stand_ins)} only ({self.origin or 'given explicitly'}; no NVIDIA "
+                    "character device: the simulated GPUs are not this host's)")
         text = f"NVIDIA character devices (majors {', '.join(map(str, sorted(self.majors)))})"
         if self.stand_ins:
             text += f" and stand-in files {':'.join(self.stand_ins)} ({self.origin or 'given explicitly'})"
@@ -204,7 +209,9 @@ def device_rule(stand_ins: Sequence[str] | str | None = None, *, origin: str | N
         return DeviceRule(nvidia_majors(), device_file_patterns(stand_ins), origin or "given explicitly")
     simulated = _simulation_stand_ins()
     if simulated is not None:
-        return DeviceRule(nvidia_majors(), *simulated)
+        # The simulated GPUs are not this host's: a process on a real one holds none of them, and a simulated
+        # kill --all-holders on a host with GPUs must never signal it. Only the stand-ins count.
+        return DeviceRule(frozenset(), *simulated)
     return DeviceRule(nvidia_majors())
 
 

@@ -509,3 +509,17 @@ def test_a_select_timeout_names_holders_only_of_the_gpus_it_passed_over(
     assert {c.gpu for c in info.value.holders} == {1}
     again = pickle.loads(pickle.dumps(info.value))
     assert {c.gpu for c in again.holders} == {1}
+
+
+def test_a_simulations_rule_counts_its_stand_ins_only_never_the_hosts_devices(tmp_path: Path) -> None:
+    """Under a simulation the host's real NVIDIA devices counted beside the stand-ins: on a host with GPUs, a
+    simulated ``kill --all-holders --yes`` (or a test of it) would have signalled real CUDA processes, which hold
+    none of the simulated GPUs. Explicit stand-ins keep NVIDIA's devices beside them."""
+    from nvmlcheck._proc import devfiles
+
+    globs = devfiles.simulated_globs(tmp_path / "scenario.txt")
+    with devfiles.simulated_stand_ins(globs, "a test's simulation"):
+        rule = devfiles.device_rule()
+    assert rule.majors == frozenset() and rule.stand_ins == globs
+    assert rule.describe().startswith(f"stand-in files {globs[0]} only")
+    assert devfiles.NVIDIA_MAJOR in devfiles.device_rule(globs).majors  # given explicitly: both
