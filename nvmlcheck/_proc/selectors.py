@@ -175,6 +175,24 @@ def _keep(pid: int, me: int, lineage: tuple[int, ...]) -> str | None:
     return None
 
 
+def _matched_only_as_a_selector(argv: tuple[str, ...], compiled: Matcher) -> bool:
+    """Whether ``argv`` is an nvmlcheck command whose command line matches only through its own ``--match``
+    value: two operators' ``kill --match train.py`` would otherwise signal each other (a hung ``nvmlcheck wait``,
+    matched by its own words, is still chosen)."""
+    if not any(os.path.basename(w) == "nvmlcheck" or w == "nvmlcheck" for w in argv[:3]):
+        return False
+    rest: list[str] = []
+    skip = False
+    for word in argv:
+        if skip:
+            skip = False
+        elif word == "--match":
+            skip = True
+        elif not word.startswith("--match="):
+            rest.append(word)
+    return compiled.search(" ".join(rest)) is None
+
+
 def by_match(pattern: str | Matcher, proc: str = "/proc") -> tuple[list[tuple[int, int, str]],
                                                                  list[tuple[int, str]]]:
     """Every process whose command line ``pattern`` matches: ``([(pid, start ticks, "match")], [(pid, why left
@@ -201,6 +219,8 @@ def by_match(pattern: str | Matcher, proc: str = "/proc") -> tuple[list[tuple[in
         why = _keep(pid, me, lineage)
         if pid == me:
             continue  # its own command line holds the pattern (pkill leaves itself out silently too)
+        if why is None and _matched_only_as_a_selector(again, compiled):
+            why = "another nvmlcheck, matched only by the pattern it selects with (--match)"
         if why is not None:
             skipped.append((pid, why))
         elif procfs.state_of(st, proc) in ("Z", "X"):

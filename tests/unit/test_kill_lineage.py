@@ -12,6 +12,8 @@ import json
 import os
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 # Run by a shell whose command line holds the token (its parent): the ancestry the selector reads is cut short (as a
 # failed read would leave it), then prepare_kill(match=TOKEN) pins what it chose; prints targets and left alone.
@@ -35,3 +37,32 @@ def test_an_ancestor_the_selector_missed_is_left_alone() -> None:
     doc = json.loads(out.stdout)
     assert doc["parent"] not in doc["targets"]
     assert any(pid == doc["parent"] and "parent" in why for pid, why in doc["left_alone"]), doc
+
+
+def test_another_nvmlcheck_matched_only_by_its_own_pattern_is_left_alone(tmp_path: Path) -> None:
+    """Two operators' ``kill --match TOKEN`` chose each other: an nvmlcheck's command line holds the pattern it
+    selects with. One matched only there is left alone, saying why; one matched by its own words (a hung
+    ``nvmlcheck wait TOKEN``) is still chosen. Nothing is signalled here."""
+    from nvmlcheck._proc import selectors
+
+    token = f"nvmlcheck-selector-{os.getpid()}"
+    script = tmp_path / "nvmlcheck"  # an nvmlcheck command line as the console script gives it
+    script.write_text("import time\ntime.sleep(60)\n", encoding="utf-8")
+    other = subprocess.Popen([sys.executable, str(script), "kill", "--match", token, "--yes"])
+    also = subprocess.Popen([sys.executable, str(script), "kill", f"--match={token}"])
+    hung = subprocess.Popen([sys.executable, str(script), "wait", token])
+    try:
+        # Each has exec'd (a child between fork and exec shows its parent's command line): wait for its own.
+        for p in (other, also, hung):
+            for _ in range(3000):
+                if token in (selectors.command_line(p.pid) or ""):
+                    break
+                time.sleep(0.01)
+        chosen, skipped = selectors.by_match(token)
+        assert [pid for pid, _, _ in chosen] == [hung.pid]
+        why = dict(skipped)
+        assert "another nvmlcheck" in why[other.pid] and "another nvmlcheck" in why[also.pid], skipped
+    finally:
+        for p in (other, also, hung):
+            p.kill()
+            p.wait()
