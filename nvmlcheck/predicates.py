@@ -1125,9 +1125,11 @@ def pids_gone(pids: Iterable[int]) -> Predicate:
 
     for pid in chosen:
         if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
-            raise ArgumentError(f"a process ID is a positive whole number, got {pid!r}")
+            raise ArgumentError(f"not a process ID: {pid!r} (a process ID is a positive whole number)")
         if pid > PID_MAX_LIMIT:  # no process list can hold it: the predicate would hold at once
-            raise ArgumentError(f"a process ID is at most {PID_MAX_LIMIT} (Linux's PID_MAX_LIMIT), got {pid!r}")
+            # One wording with the command line's and the kill's refusals ("not a process ID: ...").
+            raise ArgumentError(f"not a process ID: {pid!r} (a process ID is at most {PID_MAX_LIMIT}, Linux's "
+                                "PID_MAX_LIMIT)")
     return _PidsGone(chosen)
 
 
