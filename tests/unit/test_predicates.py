@@ -268,14 +268,14 @@ def test_pids_gone_is_unknown_when_a_list_is_unreadable() -> None:
 
 @pytest.mark.parametrize("bad", [0, -1, True, "12", 1.5])
 def test_pids_gone_rejects_bad_pids(bad: object) -> None:
-    with pytest.raises(ValueError, match="not a process ID: .*a process ID is a positive whole number"):
+    with pytest.raises(ValueError, match=r"not a process ID: .*a process ID is a positive whole number"):
         pids_gone([bad])  # type: ignore[list-item]
 
 
 @pytest.mark.parametrize("beyond", [4_194_305, 2**32 + 10, 10**400])
 def test_pids_gone_rejects_a_pid_no_process_list_can_hold(beyond: int) -> None:
     # Accepted before: no list ever holds it, so the predicate held at once (a wait for it ended "gone").
-    with pytest.raises(ValueError, match="not a process ID: .*a process ID is at most 4194304"):
+    with pytest.raises(ValueError, match=r"not a process ID: .*a process ID is at most 4194304"):
         pids_gone([10, beyond])
 
 
