@@ -531,6 +531,17 @@ class Session:
         unread = {f.index: str(f.error) for f in snap.failures}
         unread.update({d.index: d.why_unknown("mig_devices") or "its MIG devices could not be read"
                        for d in snap.devices if d.mig_mode and d.mig_devices is None})
+        legacy = "/" in item
+        for d in snap.devices:
+            if legacy and not item.upper().startswith(f"MIG-{d.uuid.upper()}/"):
+                continue
+            for m in d.mig_devices or ():
+                # An instance whose UUID (or, named the legacy way, whose ids) could not be read may be the one
+                # named: "no MIG device has" it was a guess, and ended a wait at once.
+                if m.uuid is None or (legacy and None in (m.gpu_instance_id, m.compute_instance_id)):
+                    key = "uuid" if m.uuid is None else "gpu_instance_id"
+                    why = m.unknown.get(key) or m.unknown.get("compute_instance_id") or "not read"
+                    unread.setdefault(d.index, f"{m.label} could not be read in full: {why}")
         exact = [i for i, u in matches if _same_mig(item, u) or "/" in item]
         if unread and not exact:
             if matches:

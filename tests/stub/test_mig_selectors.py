@@ -87,3 +87,28 @@ def test_unreadable_mig_devices_make_a_prefix_ambiguous_and_a_name_their_gpus(
             session.wait_until_clean(0, devices=[MIG1])
         with pytest.raises(nc.NvmlCheckError, match="MIG devices of GPU 0 could not be read"):
             session.holders([MIG1], device_files=str(tmp_path / "no-such-dev*"))
+
+
+@pytest.mark.parametrize("name", [MIG1, f"MIG-{GPU0}/2/0"])
+def test_an_instance_whose_uuid_could_not_be_read_is_never_said_to_be_absent_or_clean(
+    gpus: Callable[[Scenario], nc.Session], monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    # MIG 1's UUID read failed (nvmlDeviceGetUUID on its handle): "no MIG device has a UUID starting with ..." was a
+    # guess (it may be that one), and it ended a wait at once. Now the selection resolves to its GPU and the
+    # instance is judged unknown.
+    with gpus(two_instances()) as session:
+        calls = session.backend._calls  # type: ignore[attr-defined]
+        read = calls.mig_devices
+
+        def uuid_unread(handle: object, index: int) -> list[tuple[object, ...]]:
+            return [(slot, None, *rest[:3], {**why, "uuid": "nvmlDeviceGetUUID on the MIG handle: NVML_ERROR_UNKNOWN"})
+                    if slot == 1 else (slot, uuid, *rest, why)
+                    for slot, uuid, *rest, why in read(handle, index)]
+
+        monkeypatch.setattr(calls, "mig_devices", uuid_unread)
+        assert session.resolve([name]) == (0,)
+        with pytest.raises(nc.WaitTimeout) as err:
+            session.wait_until_clean(0, devices=[name])
+        assert err.value.culprits and all(name in c for c in err.value.culprits), err.value.culprits
+        (verdict,) = session.ready(devices=[name]).verdicts
+        assert verdict.class_ == "unknown"
