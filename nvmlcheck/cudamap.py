@@ -374,15 +374,24 @@ def _mig_entry(entry: str, gpus: Sequence[GpuIdentity]) -> tuple[tuple[int, str]
     legacy = re.fullmatch(r"MIG-GPU-([0-9A-Fa-f-]+)/([0-9]+)/([0-9]+)", entry)
     hits: list[tuple[int, str]] = []
     prefix = False
+    # An instance whose UUID (or, for the legacy form, whose ids) could not be read may be the one named: with no
+    # certain hit, "names no instance" (CUDA then sees nothing) would be a guess.
+    unsure: list[tuple[int, str]] = []
     for g in gpus:
         for m in g.mig_devices or ():
-            if m.uuid is None:
-                continue
             if legacy is not None:
-                gpu_uuid = "GPU-" + _mig_key(legacy.group(1))
-                if (_mig_key(g.uuid) == gpu_uuid and m.gpu_instance_id == int(legacy.group(2))
-                        and m.compute_instance_id == int(legacy.group(3))):
+                if _mig_key(g.uuid) != "GPU-" + _mig_key(legacy.group(1)):
+                    continue
+                if m.gpu_instance_id is None or m.compute_instance_id is None:
+                    unsure.append((g.index, m.label))
+                elif (m.gpu_instance_id, m.compute_instance_id) == (int(legacy.group(2)), int(legacy.group(3))):
+                    if m.uuid is None:
+                        return None, (f"names {m.label} of GPU {g.index}, whose MIG- UUID could not be read "
+                                      f"({m.unknown.get('uuid', 'no reason given')}): nvmlcheck names instances by "
+                                      "MIG- UUID")
                     hits.append((g.index, m.uuid))
+            elif m.uuid is None:
+                unsure.append((g.index, m.label))
             elif _mig_key(m.uuid) == key:
                 hits.append((g.index, m.uuid))
             elif _mig_key(m.uuid).startswith(key):
@@ -397,6 +406,11 @@ def _mig_entry(entry: str, gpus: Sequence[GpuIdentity]) -> tuple[tuple[int, str]
         state = "MIG mode" if g.mig_mode else "MIG mode (unknown)"
         return None, (f"the MIG instances of GPU {g.index} ({state}) are unknown, so which instance it names (if "
                       "any) cannot be told")
+    if unsure:
+        index, label = unsure[0]
+        what = "instance ids" if legacy is not None else "MIG- UUID"
+        return None, (f"the {what} of {label} of GPU {index} could not be read, so whether it is the instance named "
+                      "cannot be told")
     if any(_mig_key(g.uuid)[4:] == key[4:] for g in gpus):
         # Measured (docs/cuda.md): CUDA took MIG-<a GPU's UUID digits> as that GPU. Not documented: refused.
         return None, ("has the UUID digits of a whole GPU, not of a MIG instance: what CUDA makes of it is not "

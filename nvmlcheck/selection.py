@@ -151,7 +151,8 @@ def select_clean(
     (default ``True``): also read each GPU's health and pass over one with a cause ``ready`` refuses it for
     (a pending row remap or page retirement, a remap failure, volatile uncorrectable ECC errors, a recovery action:
     docs/ready.md), or whose health could not be read though the GPU supports it; ``False`` judges the predicate
-    only. A GPU in MIG mode, or whose MIG mode could not be read, is always passed over (CUDA never sees it whole),
+    only. A GPU in MIG mode, or whose MIG mode could not be read, is always passed over (CUDA never sees it whole;
+    the mode of the GPUs about to be chosen is read once more, so one put in MIG mode during the session counts),
     and a ``MIG-`` selector in ``devices``
     (or a ``cuda:N`` that names a MIG instance: ``CUDA_VISIBLE_DEVICES=MIG-...``) is an
     :class:`~nvmlcheck.ArgumentError`: select chooses whole GPUs.
@@ -290,6 +291,7 @@ def _poll(
     busy: list[str] = []
     patience: list[float | None] = [None]  # the default wait for another select's choice, until one is in vain
     fields = Fields.WAIT | Fields.HEALTH if health else Fields.WAIT
+    rechecked = False  # a poll run at once after a chosen GPU was found in MIG mode (_entered_mig)
     while True:
         if pin is not None and pin.exited():
             raise _owner_gone(pin, polls)
@@ -311,6 +313,11 @@ def _poll(
             why, eligible = _judge(snap, pred, streak, stable_polls, health=health)
             chosen, locks, busy = _choose(eligible, count, directory, patience)
             why.extend(busy)
+            if chosen is not None and _entered_mig(backend, chosen, locks, why, eligible):
+                chosen = None
+                if not rechecked:  # judged again at once, once (the next poll reads their MIG state)
+                    rechecked = True
+                    continue
             if chosen is not None:
                 if pin is not None and pin.exited():
                     if locks is not None:
@@ -324,6 +331,26 @@ def _poll(
                                 count=count, clean=free, holders=_passed_over_holders(last, free, health))
         wait_s = pause if deadline is None else min(pause, (deadline - now) / 1e9)
         sleep(max(0.0, wait_s))
+
+
+def _entered_mig(backend: Any, chosen: Sequence[DeviceState], locks: LockSet | None, why: list[str],
+                 eligible: list[DeviceState]) -> bool:
+    """Whether a GPU about to be chosen entered MIG mode (or its mode cannot be read now) since the session read
+    it: a poll reads the mode again only while it is on (:meth:`NvmlBackend.mig_entered
+    <nvmlcheck.backends.nvml.NvmlBackend.mig_entered>`), and such a GPU, idle, was handed out as a whole GPU,
+    which CUDA never sees. The locks taken are released; ``why`` says which, and they leave ``eligible``."""
+    check = getattr(backend, "mig_entered", None)
+    if check is None:  # nvidia-smi reads the mode at every run
+        return False
+    entered = check([d.index for d in chosen])
+    if not entered:
+        return False
+    if locks is not None:
+        locks.release()
+    eligible[:] = [d for d in eligible if d.index not in entered]
+    why.extend(f"GPU {i}: entered MIG mode (or its MIG mode cannot be read) since it was first read: judged "
+               "again" for i in entered)
+    return True
 
 
 def _judge(

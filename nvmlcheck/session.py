@@ -531,6 +531,17 @@ class Session:
         unread = {f.index: str(f.error) for f in snap.failures}
         unread.update({d.index: d.why_unknown("mig_devices") or "its MIG devices could not be read"
                        for d in snap.devices if d.mig_mode and d.mig_devices is None})
+        legacy = "/" in item
+        for d in snap.devices:
+            if legacy and not item.upper().startswith(f"MIG-{d.uuid.upper()}/"):
+                continue
+            for m in d.mig_devices or ():
+                # An instance whose UUID (or, named the legacy way, whose ids) could not be read may be the one
+                # named: "no MIG device has" it was a guess, and ended a wait at once.
+                if m.uuid is None or (legacy and None in (m.gpu_instance_id, m.compute_instance_id)):
+                    key = "uuid" if m.uuid is None else "gpu_instance_id"
+                    why = m.unknown.get(key) or m.unknown.get("compute_instance_id") or "not read"
+                    unread.setdefault(d.index, f"{m.label} could not be read in full: {why}")
         exact = [i for i, u in matches if _same_mig(item, u) or "/" in item]
         if unread and not exact:
             if matches:
@@ -931,7 +942,7 @@ class Session:
         others = [i for i in items if i not in migs]
         whole = set(self._resolve(others, deadline_ns, clock) or ()) if others else set()
         units: list[DeviceState] = []
-        found: set[str] = set()
+        found: dict[str, int] = {}
         for d in snap.devices:
             if d.index in whole:
                 units.append(d)
@@ -940,15 +951,27 @@ class Session:
                 named = [s for s in migs if isinstance(s, str) and _names_instance(s, d, m)]
                 if named:
                     units.append(instance_view(d, m))
-                    found.update(named)
+                    for s in named:
+                        found[s] = found.get(s, 0) + 1
+        twice = [s for s, n in found.items() if n > 1]
+        if twice:
+            # A prefix of one instance when the selection was resolved, of more now (one created since): holders
+            # (and a kill) would take those of an instance that was not named.
+            raise ArgumentError(f"{twice[0]!r} names {found[twice[0]]} MIG devices now (one was created since the "
+                                "selection was read); give the whole MIG- UUID")
         gone = [s for s in migs if s not in found]
-        unread = [d for d in snap.devices if d.mig_mode and d.mig_devices is None]
+        unread = [(d.index, d.why_unknown("mig_devices") or "no reason recorded")
+                  for d in snap.devices if d.mig_mode and d.mig_devices is None]
+        # An instance whose UUID could not be read (or, for the legacy name, its ids) may be the one named.
+        unread += [(d.index, f"{m.label}: {m.unknown.get('uuid') or m.unknown.get('gpu_instance_id') or 'not read'}")
+                   for d in snap.devices for m in d.mig_devices or ()
+                   if m.uuid is None or None in (m.gpu_instance_id, m.compute_instance_id)]
         if gone and unread:
             from .errors import NvmlCheckError
 
-            d = unread[0]
-            raise NvmlCheckError(f"{gone[0]}: cannot tell what holds it: the MIG devices of GPU {d.index} could not "
-                                 f"be read ({d.why_unknown('mig_devices') or 'no reason recorded'})")
+            index, why = unread[0]
+            raise NvmlCheckError(f"{gone[0]}: cannot tell what holds it: the MIG devices of GPU {index} could not "
+                                 f"be read ({why})")
         if gone:
             raise NoSuchDevice(f"no MIG device has a UUID starting with {gone[0]!r} any more (destroyed, or its GPU "
                                "left MIG mode, since the selection was read)")

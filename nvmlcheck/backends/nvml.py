@@ -459,6 +459,31 @@ class NvmlBackend:
             if attempts.final(errors) or not self._recover(errors, generation, deadline):
                 return snap
 
+    def mig_entered(self, indices: Sequence[int]) -> tuple[int, ...]:
+        """Of GPUs ``indices``, those this session read as not in MIG mode that are in it now, or whose mode cannot
+        be read now: nvmlDeviceGetMigMode once each. Their identity is updated, so that every later snapshot reads
+        their MIG state. A snapshot reads the mode again only while it is on or unknown (a GPU entering MIG mode is
+        judged whole by a wait: stricter, never a false clean); select asks this before it hands GPUs out as whole
+        ones, which CUDA never sees of a GPU in MIG mode."""
+        self._check_open()
+        out: list[int] = []
+        for index in indices:
+            ident = self._identities.get(index)
+            if ident is None or ident.mig_mode is not False:
+                continue
+            try:
+                mode = self._calls.mig_mode(ident.handle, index)
+            except NvmlError as exc:  # a lost GPU too: the next snapshot says so
+                ident.mig_mode = None
+                ident.unknown = MappingProxyType({**ident.unknown, "mig": _reason(exc)})
+            else:
+                if not mode:
+                    continue
+                ident.mig_mode = True
+            self._reasons_cache.clear()
+            out.append(index)
+        return tuple(out)
+
     def _read(self, indices: Sequence[int] | None, fields: Fields, gate: _GateFn = _no_gate) -> Snapshot:
         wall = time.time()
         start = time.monotonic_ns()

@@ -87,3 +87,46 @@ def test_unreadable_mig_devices_make_a_prefix_ambiguous_and_a_name_their_gpus(
             session.wait_until_clean(0, devices=[MIG1])
         with pytest.raises(nc.NvmlCheckError, match="MIG devices of GPU 0 could not be read"):
             session.holders([MIG1], device_files=str(tmp_path / "no-such-dev*"))
+
+
+@pytest.mark.parametrize("name", [MIG1, f"MIG-{GPU0}/2/0"])
+def test_an_instance_whose_uuid_could_not_be_read_is_never_said_to_be_absent_or_clean(
+    gpus: Callable[[Scenario], nc.Session], monkeypatch: pytest.MonkeyPatch, name: str, tmp_path: Path
+) -> None:
+    # MIG 1's UUID read failed (nvmlDeviceGetUUID on its handle): "no MIG device has a UUID starting with ..." was a
+    # guess (it may be that one), and it ended a wait at once. Now the selection resolves to its GPU and the
+    # instance is judged unknown.
+    with gpus(two_instances()) as session:
+        calls = session.backend._calls  # type: ignore[attr-defined]
+        read = calls.mig_devices
+
+        def uuid_unread(handle: object, index: int) -> list[tuple[object, ...]]:
+            return [(slot, None, *rest[:3], {**why, "uuid": "nvmlDeviceGetUUID on the MIG handle: NVML_ERROR_UNKNOWN"})
+                    if slot == 1 else (slot, uuid, *rest, why)
+                    for slot, uuid, *rest, why in read(handle, index)]
+
+        monkeypatch.setattr(calls, "mig_devices", uuid_unread)
+        assert session.resolve([name]) == (0,)
+        with pytest.raises(nc.WaitTimeout) as err:
+            session.wait_until_clean(0, devices=[name])
+        assert err.value.culprits and all(name in c for c in err.value.culprits), err.value.culprits
+        (verdict,) = session.ready(devices=[name]).verdicts
+        assert verdict.class_ == "unknown"
+        if "/" in name:
+            return  # named by its ids, which were read: holders find it by them
+        # Its holders cannot be told (was: NoSuchDevice, "destroyed, or its GPU left MIG mode").
+        with pytest.raises(nc.NvmlCheckError, match="cannot tell what holds it") as held:
+            session.holders([name], device_files=str(tmp_path / "no-such-dev*"))
+        assert not isinstance(held.value, nc.NoSuchDevice)
+
+
+def test_a_prefix_of_one_instance_that_names_two_when_read_again_is_refused_by_holders(
+    gpus: Callable[[Scenario], nc.Session], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # The prefix named one instance when the selection was resolved (stood in for: _mig_parent answers); an
+    # instance created since has it too. holders (and so a kill) took the processes of both instances.
+    prefix = MIG1[:-1]  # MIG0 and MIG1 both start with it
+    with gpus(two_instances(in0=4241, in1=4242)) as session:
+        monkeypatch.setattr(session, "_mig_parent", lambda item, *args: (0,))
+        with pytest.raises(nc.ArgumentError, match="names 2 MIG devices now"):
+            session.holders([prefix], device_files=str(tmp_path / "no-such-dev*"))

@@ -328,3 +328,36 @@ def test_a_mig_mode_the_tool_does_not_have_is_no_mig_mode_and_a_failed_one_stays
     failed = [gpu(0, "NVML_ERROR_NO_PERMISSION (4): nvmlDeviceGetMigMode"), gpu(1, "[N/A]: not supported")]
     m = cuda_mapping(failed)
     assert m.devices is None and "MIG mode that could not be read" in (m.order_unknown or ""), m
+
+
+def unread_instance_host(uuid: str | None, gi: int | None) -> list[GpuIdentity]:
+    """mig_instances_host, with GPU 0's first instance read as ``uuid``, GI ``gi`` (``None``: that read failed)."""
+    from nvmlcheck.model import MigDevice
+
+    hosts = mig_instances_host()
+    first = MigDevice(0, uuid, gi, None if gi is None else 0, None, None, {"uuid": "NVML_ERROR_UNKNOWN"})
+    migs = (first, *(hosts[0].mig_devices or ())[1:])
+    return [GpuIdentity(0, "GPU-0aaa", "NVIDIA H200", "00000000:10:00.0", True, migs), *hosts[1:]]
+
+
+@pytest.mark.parametrize(("uuid", "gi", "entry", "why"), [
+    # A MIG- UUID no readable instance has may be the unread one's: never "CUDA sees nothing".
+    (None, 1, "MIG-5f0a0000-0000-5000-8000-00000000000c", "MIG- UUID of MIG 0"),
+    # The name of drivers before R470: an instance whose ids were not read may be the one named...
+    (MIG_A, None, "MIG-GPU-0aaa/3/0", "instance ids of MIG 0"),
+    # ...and one named by its ids whose UUID was not read was a whole GPU (mig_uuid None).
+    (None, 1, "MIG-GPU-0aaa/1/0", "whose MIG- UUID could not be read"),
+])
+def test_a_mig_entry_beside_an_instance_not_read_is_unknown(uuid: str | None, gi: int | None, entry: str,
+                                                             why: str) -> None:
+    m = cuda_mapping(unread_instance_host(uuid, gi), {"CUDA_VISIBLE_DEVICES": entry})
+    assert m.devices is None and m.known == () and m.unknown is not None and why in m.unknown, m.unknown
+    with pytest.raises(CudaMappingError, match="could not be read"):
+        m.resolve("cuda:0")
+
+
+def test_a_mig_entry_read_whole_still_maps_beside_an_instance_not_read() -> None:
+    m = cuda_mapping(unread_instance_host(None, None), {"CUDA_VISIBLE_DEVICES": MIG_B})
+    assert m.devices_of("cuda:0")[0].mig_uuid == MIG_B
+    m = cuda_mapping(unread_instance_host(MIG_A, None), {"CUDA_VISIBLE_DEVICES": "MIG-GPU-0aaa/2/0"})
+    assert m.devices_of("cuda:0")[0].mig_uuid == MIG_B
