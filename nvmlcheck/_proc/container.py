@@ -437,30 +437,53 @@ def parse_spec(spec: str) -> ContainerSpec:
         "path (/docker/…, /sys/fs/cgroup/…)")
 
 
-def _matches(spec: ContainerSpec, c: Container | None, paths: dict[str, str]) -> str | None:
-    """The full ID ``spec`` matched (``None``: no match). A path or unit matches on any hierarchy; an ID never names
-    a monitor."""
+def _matches(spec: ContainerSpec, c: Container | None, paths: dict[str, str]) -> tuple[str, str] | None:
+    """The full ID ``spec`` matched and where it sits (``None``: no match). A path or unit matches on any hierarchy;
+    an ID never names a monitor. Where: for a unit, an LXC name or a Slurm job (names that are not unique: the host
+    and each container have their own ``nginx.service``, an LXC container may hold one of the same name), the cgroup
+    path through the component that names it; else ``""`` (a runtime ID or pod UID names one container)."""
     if spec.kind == "path":
         below = spec.value.rstrip("/") + "/"
-        return next((p for p in paths.values() if p == spec.value or p.startswith(below)), None)
+        got = next((p for p in paths.values() if p == spec.value or p.startswith(below)), None)
+        return None if got is None else (got, "")
     if spec.kind == "unit":
-        return spec.value if any(spec.value in p.split("/") for p in paths.values()) else None
+        places = [_unit_place(spec.value, p) for p in paths.values()]
+        place = next((p for p in places if p is not None), None)
+        return None if place is None else (spec.value, place)
     if c is None or c.monitor or c.kind == UNKNOWN:
         return None
     for kind, ident in c.names():
         if spec.kind == "id":
             if kind in _RUNTIMES and ident.startswith(spec.value):
-                return ident
+                return ident, ""
             if kind == "kubernetes" and ident == spec.value:
-                return ident
+                return ident, ""
         elif kind == spec.kind and (ident == spec.value or (kind in _RUNTIMES and ident.startswith(spec.value))):
-            return ident
+            return ident, (_place(c.cgroup, kind, ident) if kind in ("lxc", "slurm") else "")
     return None
 
 
-def _member_of(spec: ContainerSpec, text: str | None) -> tuple[str, int | None] | None:
-    """The full ID ``spec`` matched in one ``/proc/PID/cgroup`` text and the user whose claim it is
-    (:attr:`Container.user`), or ``None``: no match, or no text."""
+def _unit_place(unit: str, path: str) -> str | None:
+    """``path`` through its first component named ``unit``, or ``None``."""
+    parts = path.split("/")
+    return "/".join(parts[: parts.index(unit) + 1]) if unit in parts else None
+
+
+def _place(path: str, kind: str, ident: str) -> str:
+    """``path`` through the first component that names ``(kind, ident)`` (as :func:`classify` reads it)."""
+    parts = [p for p in path.split("/") if p]
+    kube = False
+    for i, name in enumerate(parts):
+        got = _component(name, parts[i - 1] if i > 0 else None, parts[i - 2] if i > 1 else None, kube)
+        kube = kube or name.startswith("kubepods")
+        if got is not None and got[:2] == (kind, ident):
+            return "/" + "/".join(parts[: i + 1])
+    return path
+
+
+def _member_of(spec: ContainerSpec, text: str | None) -> tuple[str, int | None, str] | None:
+    """The full ID ``spec`` matched in one ``/proc/PID/cgroup`` text, the user whose claim it is
+    (:attr:`Container.user`) and where it sits (:func:`_matches`), or ``None``: no match, or no text."""
     if text is None:
         return None
     paths, forged = _placements(text)
@@ -468,7 +491,9 @@ def _member_of(spec: ContainerSpec, text: str | None) -> tuple[str, int | None] 
         return None  # which line is the kernel's cannot be told: no proof of membership
     c = parse_cgroup(text)
     got = _matches(spec, c, paths)
-    return None if got is None else (got, c.user if c is not None and spec.kind not in ("path", "unit") else None)
+    if got is None:
+        return None
+    return got[0], (c.user if c is not None and spec.kind not in ("path", "unit") else None), got[1]
 
 
 def _read_for_members(pid: int, proc: str, spec: ContainerSpec) -> str | None:
@@ -526,7 +551,7 @@ def members(spec: str | ContainerSpec, proc: str = "/proc") -> list[tuple[int, i
     # Each process's start time (its identity) is read before its membership and again after: the same both times,
     # the membership read was that process's, not one that took its PID meanwhile (a kill pins what this returns).
     before: dict[int, int] = {}
-    full: set[tuple[str, int | None]] = set()
+    full: set[tuple[str, int | None, str]] = set()
     for pid in pids:
         first = procfs.read_stat(pid, proc)
         if first is None or first.pid != pid:
@@ -545,7 +570,7 @@ def members(spec: str | ContainerSpec, proc: str = "/proc") -> list[tuple[int, i
     if parsed.kind == "dir":  # the listing read again, after the start times
         listed = set(_dir_members(parsed.value))
         before = {pid: ticks for pid, ticks in before.items() if pid in listed}
-    if parsed.kind not in ("path", "unit") and len(full) > 1:
+    if parsed.kind != "path" and len(full) > 1:
         _ambiguous(parsed, full)
     return _still_the_same(before, proc)
 
@@ -560,15 +585,23 @@ def _still_the_same(before: dict[int, int], proc: str) -> list[tuple[int, int]]:
     return out
 
 
-def _ambiguous(parsed: ContainerSpec, full: set[tuple[str, int | None]]) -> None:
-    """Refuse a selector that names two containers: two IDs with one prefix, or one ID claimed in a user's own
-    cgroups too (a user names them as it likes: which is the one meant cannot be told)."""
+def _ambiguous(parsed: ContainerSpec, full: set[tuple[str, int | None, str]]) -> None:
+    """Refuse a selector that names two containers or cgroups: two IDs with one prefix, one ID claimed in a user's
+    own cgroups too (a user names them as it likes: which is the one meant cannot be told), or one name (a unit, an
+    LXC name, a Slurm job) in two places (the host's ``nginx.service`` and a container's)."""
+    if len({i for i, _, _ in full}) > 1:
+        hint = "give more of the ID"
+    elif len({u for _, u, _ in full}) > 1:
+        hint = ("the same name in a user's own cgroups (user@UID.service) is that user's claim: give the cgroup path "
+                "(--cgroup)")
+    else:
+        places = sorted({p for _, _, p in full})
+        shown = ", ".join(places[:4]) + (f", and {len(places) - 4} more" if len(places) > 4 else "")
+        raise _argument_error(f"{parsed.value!r} names {len(places)} cgroups ({printable(shown)}): one name in several "
+                              "places (the host's, a container's, a user's own); give the cgroup path (--cgroup)")
     names = ", ".join(sorted(f"{i[:16]}{'…' if len(i) > 16 else ''}" + ("" if u is None else f" (user {u})")
-                             for i, u in full))
-    hint = ("give more of the ID" if len({i for i, _ in full}) > 1 else
-            "the same name in a user's own cgroups (user@UID.service) is that user's claim: give the cgroup path "
-            "(--cgroup)")
-    raise _argument_error(f"{parsed.value!r} names {len(full)} containers ({names}): {hint}")
+                             for i, u in {(i, u) for i, u, _ in full}))
+    raise _argument_error(f"{parsed.value!r} names {len({(i, u) for i, u, _ in full})} containers ({names}): {hint}")
 
 
 def _argument_error(message: str) -> Exception:

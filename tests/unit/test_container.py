@@ -515,3 +515,30 @@ def test_a_member_whose_pid_was_taken_while_it_was_read_is_left_out(
 
     monkeypatch.setattr(container, "_read_for_members", then_reused)
     assert members(D[:20], proc) == [(11, 1011)]
+
+
+def test_a_name_in_two_places_is_refused_not_both_selected(tmp_path: Path) -> None:
+    # A unit, an LXC name or a Slurm job ID is not unique: the host and each container have their own
+    # nginx.service. kill --container nginx.service selected the host's, an LXC container's and a user's own.
+    user = "/user.slice/user-1000.slice/user@1000.service"
+    proc = _fake_proc(tmp_path, {
+        10: "0::/system.slice/nginx.service\n",
+        11: "0::/system.slice/nginx.service/worker\n",
+        20: "0::/lxc.payload.129/system.slice/nginx.service\n",
+        30: f"0::{user}/app.slice/nginx.service\n",
+        40: "0::/lxc.payload.test/system.slice/a.service\n",
+        41: "0::/lxc.payload.129/lxc.payload.test/system.slice/a.service\n",
+        50: "0::/lxc.payload.130/system.slice/docker.service\n",
+        51: "0::/lxc.payload.130/system.slice/docker.service/sub\n",
+    })
+    with pytest.raises(ValueError, match=r"'nginx.service' names 3 cgroups \(/lxc.payload.129/system.slice/nginx"
+                                         r".service, /system.slice/nginx.service, .*--cgroup"):
+        members("nginx.service", proc)
+    with pytest.raises(ValueError, match=r"'system.slice' names 5 cgroups \(.*, and 1 more\)"):
+        members("system.slice", proc)
+    with pytest.raises(ValueError, match=r"'test' names 2 cgroups \(/lxc.payload.129/lxc.payload.test, "
+                                         r"/lxc.payload.test\)"):
+        members("lxc/test", proc)
+    # One place, however deep its members: selected as before.
+    assert members("docker.service", proc) == [(50, 1050), (51, 1051)]
+    assert members("/system.slice/nginx.service", proc) == [(10, 1010), (11, 1011)]  # the path names one
