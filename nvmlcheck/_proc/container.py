@@ -395,7 +395,8 @@ def _named_spec(s: str, low: str) -> ContainerSpec | None:
             return ContainerSpec("slurm", low[len(prefix):])
     for prefix in ("pod/", "pod:", "pod", ""):
         uid = _pod_uid(low[len(prefix):]) if low.startswith(prefix) else None
-        if uid is not None and (prefix or "-" in low):  # 32 hex digits alone are an ID prefix
+        # 32 hex digits alone are an ID prefix; "_" is how a systemd slice spells the UID's "-"
+        if uid is not None and (prefix or "-" in low or "_" in low):
             return ContainerSpec("kubernetes", uid)
     for prefix in ("pidns:", "pid:["):
         if low.startswith(prefix) and is_digits(low[len(prefix):].rstrip("]")):
@@ -412,6 +413,8 @@ def _named_spec(s: str, low: str) -> ContainerSpec | None:
 def parse_spec(spec: str) -> ContainerSpec:
     """Check a container selector's syntax (no ``/proc`` read). Raises ValueError with the accepted forms."""
     s = spec.strip()
+    if s.startswith("/"):  # a cgroup's name may end in spaces: "/jobs/run " is not "/jobs/run" (nor what is below it)
+        s = spec.lstrip()
     low = s.lower()
     if not s:
         raise _argument_error("an empty container selector")

@@ -145,6 +145,13 @@ def test_a_process_that_is_gone() -> None:
     ("/sys/fs/cgroup/pids/job", ("dir", "/sys/fs/cgroup/pids/job")),
     ("pidns:4026532100", ("pidns", "4026532100")),
     ("pid:[4026532100]", ("pidns", "4026532100")),
+    # A pod UID as its systemd slice spells it (kubepods-…-pod<uid with _>.slice) was "not a container".
+    (POD.replace("-", "_"), ("kubernetes", POD)),
+    # A cgroup may be named with trailing spaces: the path stays as typed (it was cut to "/jobs/run", another
+    # cgroup, with everything below it); only leading blanks are typing.
+    (" /jobs/run ", ("path", "/jobs/run ")),
+    ("/sys/fs/cgroup/jobs/run\t", ("dir", "/sys/fs/cgroup/jobs/run\t")),
+    (" nginx.service ", ("unit", "nginx.service")),
 ])
 def test_selectors_parse(spec: str, expected: tuple[str, str]) -> None:
     got = parse_spec(spec)
