@@ -513,15 +513,28 @@ def _read_for_members(pid: int, proc: str, spec: ContainerSpec) -> str | None:
 
 
 def _dir_members(root: str) -> list[int]:
+    """The PIDs in ``cgroup.procs`` of ``root`` and every cgroup below it. A cgroup removed while it is read (its
+    processes gone with it) is passed over; any other failure to list or read one raises ValueError: its processes
+    would be left running, the kill said done (they were passed over, silently)."""
     out: list[int] = []
-    for dirpath, _dirs, files in os.walk(root):
+
+    def failed(exc: OSError) -> None:
+        if exc.errno not in (errno.ENOENT, errno.ENODEV):
+            raise _argument_error(f"the processes of {exc.filename} cannot be told: {exc.strerror}")
+
+    for dirpath, _dirs, files in os.walk(root, onerror=failed):
         if "cgroup.procs" not in files:
             continue
         try:
             with open(f"{dirpath}/cgroup.procs", "rb") as f:
-                out.extend(int(p) for p in f.read().split())
-        except (OSError, ValueError):
+                raw = f.read()
+        except OSError as exc:
+            failed(exc)
             continue
+        try:
+            out.extend(int(p) for p in raw.split())
+        except ValueError:
+            raise _argument_error(f"{dirpath}/cgroup.procs: not a list of PIDs") from None
     return out
 
 

@@ -549,3 +549,38 @@ def test_a_name_in_two_places_is_refused_not_both_selected(tmp_path: Path) -> No
     # One place, however deep its members: selected as before.
     assert members("docker.service", proc) == [(50, 1050), (51, 1051)]
     assert members("/system.slice/nginx.service", proc) == [(10, 1010), (11, 1011)]  # the path names one
+
+
+def test_a_cgroup_below_a_directory_that_cannot_be_read_refuses_the_selection(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # --cgroup /sys/fs/cgroup/...: a child cgroup whose cgroup.procs (or listing) failed was passed over, its
+    # processes left running while the kill said done.
+    proc = _fake_proc(tmp_path / "proc", {10: "0::/job\n", 11: "0::/job/sub\n"})
+    top = tmp_path / "fs"
+    (top / "job" / "sub").mkdir(parents=True)
+    (top / "cgroup.procs").write_text("")
+    (top / "job" / "cgroup.procs").write_text("10\n")
+    spec = ContainerSpec("dir", str(top / "job"))
+    (top / "job" / "sub" / "cgroup.procs").write_text("11\n")
+    assert members(spec, proc) == [(10, 1010), (11, 1011)]
+    (top / "job" / "sub" / "cgroup.procs").unlink()
+    (top / "job" / "sub" / "cgroup.procs").symlink_to("cgroup.procs")  # ELOOP when read, as root too
+    with pytest.raises(ValueError, match=r"job/sub/cgroup.procs cannot be told"):
+        members(spec, proc)
+    (top / "job" / "sub" / "cgroup.procs").unlink()
+    (top / "job" / "sub" / "cgroup.procs").write_text("11\n")
+    real_scandir = os.scandir
+
+    def unlistable(path: str) -> object:
+        if str(path).endswith("sub"):
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", unlistable)
+    with pytest.raises(ValueError, match=r"job/sub cannot be told: Permission denied"):
+        members(spec, proc)
+    monkeypatch.undo()
+    # A cgroup removed while the tree is read: its processes went with it (or moved): passed over.
+    (top / "job" / "sub" / "cgroup.procs").unlink()
+    (top / "job" / "sub" / "cgroup.procs").symlink_to("gone")
+    assert members(spec, proc) == [(10, 1010)]
