@@ -499,6 +499,34 @@ def _member_of(spec: ContainerSpec, text: str | None) -> tuple[str, int | None, 
     return got[0], (c.user if c is not None and spec.kind not in ("path", "unit") else None), got[1]
 
 
+def _doubt(spec: ContainerSpec, text: str | None) -> str | None:
+    """Why a process that ``spec`` did not take may be a member all the same (``None``: it is not one): a line of its
+    cgroup text names what ``spec`` names, but the text cannot be trusted (forged, or hierarchies that name different
+    containers). Such a process is left alone, never signalled unproven, and said so: not silently left running."""
+    if text is None:
+        return None
+    _, forged = _placements(text)
+    c = parse_cgroup(text)
+    why = forged if forged is not None else (c.id if c is not None and c.kind == UNKNOWN else None)
+    if why is None:
+        return None
+    for line in text.splitlines():  # each line alone, the forged ones too
+        one, _ = _placements(line)
+        got = classify(next(iter(one.values()), "/"))
+        alone = None if got is None else Container(got[0], got[1], "", None, got[2], got[3], got[4])
+        if one and _matches(spec, alone, one) is not None:
+            return why
+    return None
+
+
+def _note_doubt(spec: ContainerSpec, pid: int, text: str | None, doubtful: list[tuple[int, str]] | None) -> None:
+    """Add ``pid`` to ``doubtful``, with why, when it may be a member that cannot be proven one (:func:`_doubt`)."""
+    why = _doubt(spec, text) if doubtful is not None else None
+    if doubtful is not None and why is not None:
+        doubtful.append((pid, f"it may be in {printable(_spec_text(spec))}, but its container cannot be told "
+                              f"({printable(why)}): not signalled unproven"))
+
+
 def _read_for_members(pid: int, proc: str, spec: ContainerSpec) -> str | None:
     """``/proc/PID/cgroup`` read exactly (:func:`procfs.read_cgroup`), ``None`` when gone or not permitted (another
     user's under ``hidepid``: not this user's to signal either). Any other failure (out of descriptors or memory)
@@ -547,12 +575,15 @@ def _not_own_namespace(parsed: ContainerSpec, proc: str) -> None:
                               "process inside it)")
 
 
-def members(spec: str | ContainerSpec, proc: str = "/proc") -> list[tuple[int, int]]:
+def members(spec: str | ContainerSpec, proc: str = "/proc",
+            doubtful: list[tuple[int, str]] | None = None) -> list[tuple[int, int]]:
     """``(pid, start_ticks)`` of every process (of this PID namespace's view) whose container matches ``spec``, by
     PID; monitors (LXC's, conmon, Slurm's step daemon) are left out unless a path or unit names them. Raises
     ValueError for a bad selector, an ID prefix that names two containers, or a process whose cgroup file cannot be
     read (out of descriptors: it may be a member). Processes that exit while the list is read, and those whose
-    files this user may not read, are left out; the caller pins each one (its start time is its identity)."""
+    files this user may not read, are left out; the caller pins each one (its start time is its identity). A
+    process that may be a member but whose container cannot be told (its cgroup text forged or contradicting
+    itself) is left out too, and added to ``doubtful`` with why."""
     parsed = parse_spec(spec) if isinstance(spec, str) else spec
     if parsed.kind == "dir":
         if not os.path.isfile(f"{parsed.value}/cgroup.procs"):
@@ -578,8 +609,10 @@ def members(spec: str | ContainerSpec, proc: str = "/proc") -> list[tuple[int, i
         elif parsed.kind != "dir":
             # Exact: a path typed with bytes that are not UTF-8 must match those bytes, not every name that reads
             # as U+FFFD (nor a name copied from printed text with U+FFFD in it).
-            got = _member_of(parsed, _read_for_members(pid, proc, parsed))
+            text = _read_for_members(pid, proc, parsed)
+            got = _member_of(parsed, text)
             if got is None:
+                _note_doubt(parsed, pid, text, doubtful)
                 continue
             full.add(got)
         before[pid] = first.start_ticks
@@ -589,6 +622,19 @@ def members(spec: str | ContainerSpec, proc: str = "/proc") -> list[tuple[int, i
     if parsed.kind != "path" and len(full) > 1:
         _ambiguous(parsed, full)
     return _still_the_same(before, proc)
+
+
+def _spec_text(spec: ContainerSpec) -> str:
+    """A parsed selector as a user would type it (``lxc/129``, ``slurm/42``, the ID, the path)."""
+    if spec.kind in ("lxc", "slurm"):
+        return f"{spec.kind}/{spec.value}"
+    if spec.kind == "kubernetes":
+        return f"pod {spec.value}"
+    if spec.kind == "pidns":
+        return f"pidns:{spec.value}"
+    if spec.kind in _RUNTIMES:
+        return f"{spec.kind}:{spec.value}"
+    return spec.value
 
 
 def _still_the_same(before: dict[int, int], proc: str) -> list[tuple[int, int]]:

@@ -584,3 +584,24 @@ def test_a_cgroup_below_a_directory_that_cannot_be_read_refuses_the_selection(
     (top / "job" / "sub" / "cgroup.procs").unlink()
     (top / "job" / "sub" / "cgroup.procs").symlink_to("gone")
     assert members(spec, proc) == [(10, 1010)]
+
+
+def test_a_process_that_may_be_a_member_but_cannot_be_told_is_said_left_alone(tmp_path: Path) -> None:
+    # A forged or self-contradicting cgroup text naming the container: the process is not signalled unproven, but
+    # it was left out silently (the kill said the container done while it ran on); now it is listed, with why.
+    from nvmlcheck._proc.selectors import by_container
+
+    forged = f"0::/user.slice/user-1000.slice/user@1000.service/x\n0::/docker/{D}\n"
+    mixed = f"9:memory:/docker/{D}\n12:pids:/lxc/129\n0::/\n"
+    proc = _fake_proc(tmp_path, {10: f"0::/docker/{D}\n", 11: forged, 12: mixed, 13: "0::/lxc/130\n"})
+    doubtful: list[tuple[int, str]] = []
+    assert members(D[:12], proc, doubtful) == [(10, 1010)]
+    assert [pid for pid, _ in doubtful] == [11, 12]
+    assert "twice" in doubtful[0][1] and "different containers" in doubtful[1][1]
+    assert all(why.startswith(f"it may be in {D[:12]}, but its container cannot be told") for _, why in doubtful)
+    chosen, skipped = by_container("lxc/129", proc)
+    assert chosen == [] and [pid for pid, _ in skipped] == [12] and "lxc/129" in skipped[0][1]
+    chosen, skipped = by_container(D[:12], proc)
+    assert [c[0] for c in chosen] == [10] and [pid for pid, _ in skipped] == [11, 12]
+    assert by_container("lxc/130", proc) == ([(13, 1013, "container")], [])  # nothing doubtful: nothing said
+    assert members(D[:12], proc) == [(10, 1010)]  # without a list to fill, as before
