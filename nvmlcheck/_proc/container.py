@@ -661,8 +661,8 @@ def _ambiguous(parsed: ContainerSpec, full: set[tuple[str, int | None, str]]) ->
         shown = ", ".join(places[:4]) + (f", and {len(places) - 4} more" if len(places) > 4 else "")
         raise _argument_error(f"{parsed.value!r} names {len(places)} cgroups ({printable(shown)}): one name in several "
                               "places (the host's, a container's, a user's own); give the cgroup path (--cgroup)")
-    names = ", ".join(sorted(f"{i[:16]}{'…' if len(i) > 16 else ''}" + ("" if u is None else f" (user {u})")
-                             for i, u in {(i, u) for i, u, _ in full}))
+    names = printable(", ".join(sorted(f"{i[:16]}{'…' if len(i) > 16 else ''}" + ("" if u is None else f" (user {u})")
+                                       for i, u in {(i, u) for i, u, _ in full})))
     raise _argument_error(f"{parsed.value!r} names {len({(i, u) for i, u, _ in full})} containers ({names}): {hint}")
 
 

@@ -605,3 +605,12 @@ def test_a_process_that_may_be_a_member_but_cannot_be_told_is_said_left_alone(tm
     assert [c[0] for c in chosen] == [10] and [pid for pid, _ in skipped] == [11, 12]
     assert by_container("lxc/130", proc) == ([(13, 1013, "container")], [])  # nothing doubtful: nothing said
     assert members(D[:12], proc) == [(10, 1010)]  # without a list to fill, as before
+
+
+def test_an_ambiguous_name_is_escaped_in_the_refusal(tmp_path: Path) -> None:
+    # The names an ambiguous selector found were written raw: a container's name with a terminal escape in it.
+    user = "/user.slice/user-1000.slice/user@1000.service"
+    proc = _fake_proc(tmp_path, {10: "0::/lxc.payload.a\x1b[31mb\n", 11: f"0::{user}/lxc.payload.a\x1b[31mb\n"})
+    with pytest.raises(ValueError, match="names 2 containers") as raised:
+        members("lxc/a\x1b[31mb", proc)
+    assert "\x1b" not in str(raised.value) and r"a\x1b[31mb (user 1000)" in str(raised.value)
