@@ -268,16 +268,20 @@ def cgroup_paths(text: str) -> dict[str, str]:
     return _placements(text)[0]
 
 
-def _placements(text: str) -> tuple[dict[str, str], str | None]:
+def _placements(text: str, known: frozenset[str] | None = None) -> tuple[dict[str, str], str | None]:
     """:func:`cgroup_paths`, and why the text cannot be trusted (``None``: it can). The kernel prints each hierarchy
     once; a second line for one is forged (a cgroup named with a newline, refused only since Linux 4.13): which line
-    is the kernel's cannot be told."""
+    is the kernel's cannot be told. ``known``: the hierarchies (``ID:controllers``) this host has (every process's
+    file lists the same ones, :func:`_known`): a line for another is forged too (a fresh ID and controller name)."""
     out: dict[str, str] = {}
     twice: list[str] = []
+    foreign: list[str] = []
     for line in text.splitlines():
         fields = line.split(":", 2)
         if len(fields) != 3 or not fields[2].startswith("/"):
             continue
+        if known is not None and f"{fields[0]}:{fields[1]}" not in known:
+            foreign.append(f"{fields[0]}:{fields[1]}")
         path = fields[2]
         if fields[:2] == ["0", ""] and path.endswith(" (deleted)"):
             path = path[: -len(" (deleted)")]
@@ -287,16 +291,30 @@ def _placements(text: str) -> tuple[dict[str, str], str | None]:
             twice.append(fields[1] or "the v2 hierarchy")
         out[fields[1]] = path
     why = f"/proc/PID/cgroup names {', '.join(twice)} twice: a cgroup name forges a line" if twice else None
+    if foreign and why is None:
+        why = (f"/proc/PID/cgroup names hierarchy {printable(', '.join(foreign))}, which this host does not have: a "
+               "cgroup name forges a line")
     return out, why
 
 
-def parse_cgroup(text: str) -> Container | None:
+def _known(proc: str) -> frozenset[str] | None:
+    """The hierarchies (``ID:controllers``) of this host, from this process's own ``/proc/self/cgroup`` (``None``:
+    unreadable, nothing checked)."""
+    text = procfs.read_cgroup("self", proc)
+    if text is None:
+        return None
+    return frozenset(":".join(f[:2]) for f in (line.split(":", 2) for line in text.splitlines())
+                     if len(f) == 3 and f[2].startswith("/"))
+
+
+def parse_cgroup(text: str, known: frozenset[str] | None = None) -> Container | None:
     """The container that ``/proc/PID/cgroup`` text names (``pidns_inode`` left ``None``), or ``None`` when every
     line is the root cgroup. The container proper (a runtime's, a pod, LXC, a Slurm job) that a line names wins, the
     v2 line tried first (a hybrid host's v2 line may say only the runtime's unit while v1 names the container); else
     the first non-root placement (a systemd unit, any cgroup), v2 first. Kind ``"unknown"`` (:data:`UNKNOWN`) when
-    the text contradicts itself: two lines of one hierarchy, or hierarchies that name different containers."""
-    paths, forged = _placements(text)
+    the text contradicts itself: two lines of one hierarchy, a line for a hierarchy not in ``known`` (this host's,
+    when given), or hierarchies that name different containers."""
+    paths, forged = _placements(text, known)
     if forged is not None:
         return Container(UNKNOWN, forged, "")
     ordered = [k for k in ("", *_V1_ORDER) if k in paths] + sorted(k for k in paths if k and k not in _V1_ORDER)
@@ -333,7 +351,7 @@ def container_of(pid: int | str, proc: str = "/proc") -> Container | None:
         return Container(UNKNOWN, str(exc.strerror), "")
     if text is None:
         return None
-    c = parse_cgroup(text)
+    c = parse_cgroup(text, _known(proc))
     if (c is None or c.kind in ("cgroup", "systemd")) and any(cgroup_paths(text)):
         st = procfs.read_stat(pid, proc)
         if st is None:
@@ -484,12 +502,13 @@ def _place(path: str, kind: str, ident: str) -> str:
     return path
 
 
-def _member_of(spec: ContainerSpec, text: str | None) -> tuple[str, int | None, str] | None:
+def _member_of(spec: ContainerSpec, text: str | None, known: frozenset[str] | None = None
+               ) -> tuple[str, int | None, str] | None:
     """The full ID ``spec`` matched in one ``/proc/PID/cgroup`` text, the user whose claim it is
     (:attr:`Container.user`) and where it sits (:func:`_matches`), or ``None``: no match, or no text."""
     if text is None:
         return None
-    paths, forged = _placements(text)
+    paths, forged = _placements(text, known)
     if forged is not None:
         return None  # which line is the kernel's cannot be told: no proof of membership
     c = parse_cgroup(text)
@@ -499,13 +518,13 @@ def _member_of(spec: ContainerSpec, text: str | None) -> tuple[str, int | None, 
     return got[0], (c.user if c is not None and spec.kind not in ("path", "unit") else None), got[1]
 
 
-def _doubt(spec: ContainerSpec, text: str | None) -> str | None:
+def _doubt(spec: ContainerSpec, text: str | None, known: frozenset[str] | None = None) -> str | None:
     """Why a process that ``spec`` did not take may be a member all the same (``None``: it is not one): a line of its
     cgroup text names what ``spec`` names, but the text cannot be trusted (forged, or hierarchies that name different
     containers). Such a process is left alone, never signalled unproven, and said so: not silently left running."""
     if text is None:
         return None
-    _, forged = _placements(text)
+    _, forged = _placements(text, known)
     c = parse_cgroup(text)
     why = forged if forged is not None else (c.id if c is not None and c.kind == UNKNOWN else None)
     if why is None:
@@ -519,9 +538,10 @@ def _doubt(spec: ContainerSpec, text: str | None) -> str | None:
     return None
 
 
-def _note_doubt(spec: ContainerSpec, pid: int, text: str | None, doubtful: list[tuple[int, str]] | None) -> None:
+def _note_doubt(spec: ContainerSpec, pid: int, text: str | None, doubtful: list[tuple[int, str]] | None,
+                known: frozenset[str] | None) -> None:
     """Add ``pid`` to ``doubtful``, with why, when it may be a member that cannot be proven one (:func:`_doubt`)."""
-    why = _doubt(spec, text) if doubtful is not None else None
+    why = _doubt(spec, text, known) if doubtful is not None else None
     if doubtful is not None and why is not None:
         doubtful.append((pid, f"it may be in {printable(_spec_text(spec))}, but its container cannot be told "
                               f"({printable(why)}): not signalled unproven"))
@@ -598,6 +618,7 @@ def members(spec: str | ContainerSpec, proc: str = "/proc",
     # Each process's start time (its identity) is read before its membership and again after: the same both times,
     # the membership read was that process's, not one that took its PID meanwhile (a kill pins what this returns).
     before: dict[int, int] = {}
+    known = _known(proc)
     full: set[tuple[str, int | None, str]] = set()
     for pid in pids:
         first = procfs.read_stat(pid, proc)
@@ -610,9 +631,9 @@ def members(spec: str | ContainerSpec, proc: str = "/proc",
             # Exact: a path typed with bytes that are not UTF-8 must match those bytes, not every name that reads
             # as U+FFFD (nor a name copied from printed text with U+FFFD in it).
             text = _read_for_members(pid, proc, parsed)
-            got = _member_of(parsed, text)
+            got = _member_of(parsed, text, known)
             if got is None:
-                _note_doubt(parsed, pid, text, doubtful)
+                _note_doubt(parsed, pid, text, doubtful, known)
                 continue
             full.add(got)
         before[pid] = first.start_ticks

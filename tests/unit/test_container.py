@@ -614,3 +614,21 @@ def test_an_ambiguous_name_is_escaped_in_the_refusal(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="names 2 containers") as raised:
         members("lxc/a\x1b[31mb", proc)
     assert "\x1b" not in str(raised.value) and r"a\x1b[31mb (user 1000)" in str(raised.value)
+
+
+def test_a_line_for_a_hierarchy_this_host_lacks_is_forged(tmp_path: Path) -> None:
+    # Before Linux 4.13 a v1 cgroup's name may hold a newline; one that forged a line for a fresh hierarchy (an ID and
+    # controller name no other line has) passed: a user's process read as "docker <any ID it liked>" and was taken
+    # by kill --container. Every process's file lists the same hierarchies: one this process's lacks is forged.
+    host = "4:memory:/\n1:name=systemd:/\n"
+    forged = f"4:memory:/user.slice/x\n9:evil:/docker/{D}\n1:name=systemd:/user.slice/user-1000.slice/s.scope\n"
+    proc = _fake_proc(tmp_path, {10: f"4:memory:/docker/{D}\n1:name=systemd:/docker/{D}\n", 11: forged})
+    (tmp_path / "self" / "cgroup").write_text(host)
+    assert parse_cgroup(forged) is not None and parse_cgroup(forged).kind == "docker"  # type: ignore[union-attr]
+    c = container_of(11, proc)
+    assert c is not None and c.kind == UNKNOWN and "9:evil" in c.id and "does not have" in c.id
+    good = container_of(10, proc)
+    assert good is not None and (good.kind, good.id) == ("docker", D)
+    doubtful: list[tuple[int, str]] = []
+    assert members(D[:12], proc, doubtful) == [(10, 1010)]
+    assert [pid for pid, _ in doubtful] == [11]
