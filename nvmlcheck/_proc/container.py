@@ -625,7 +625,7 @@ def members(spec: str | ContainerSpec, proc: str = "/proc",
         if first is None or first.pid != pid:
             continue
         if parsed.kind == "pidns":  # the namespace, whatever the cgroup
-            if str(procfs.pidns_inode(pid, proc)) != parsed.value:
+            if not _in_pidns(pid, proc, int(parsed.value)):
                 continue
         elif parsed.kind != "dir":
             # Exact: a path typed with bytes that are not UTF-8 must match those bytes, not every name that reads
@@ -656,6 +656,35 @@ def _spec_text(spec: ContainerSpec) -> str:
     if spec.kind in _RUNTIMES:
         return f"{spec.kind}:{spec.value}"
     return spec.value
+
+
+#: ioctl ``NS_GET_PARENT`` (``_IO(0xb7, 0x2)``, Linux 4.9): a descriptor of a PID namespace's parent.
+_NS_GET_PARENT = 0xB702
+
+
+def _in_pidns(pid: int, proc: str, inode: int) -> bool:
+    """Whether ``pid`` is in the PID namespace ``inode``: its own, or one nested in it (a sandbox, a container inside
+    the container: its processes are that namespace's too, and die with its init). Only its own namespace was
+    taken, so a selection of the namespace left the nested ones running."""
+    try:
+        fd = os.open(f"{proc}/{pid}/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False  # gone, or not permitted: not proven
+    try:
+        for _ in range(34):  # PID namespaces nest 32 deep at most
+            if os.fstat(fd).st_ino == inode:
+                return True
+            import fcntl
+
+            try:
+                parent = fcntl.ioctl(fd, _NS_GET_PARENT)
+            except OSError:  # EPERM: above this process's own namespace; ENOTTY: not a namespace (or an old kernel)
+                return False
+            os.close(fd)
+            fd = parent
+        return False
+    finally:
+        os.close(fd)
 
 
 def _still_the_same(before: dict[int, int], proc: str) -> list[tuple[int, int]]:

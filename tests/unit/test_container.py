@@ -632,3 +632,43 @@ def test_a_line_for_a_hierarchy_this_host_lacks_is_forged(tmp_path: Path) -> Non
     doubtful: list[tuple[int, str]] = []
     assert members(D[:12], proc, doubtful) == [(10, 1010)]
     assert [pid for pid, _ in doubtful] == [11]
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def test_a_pid_namespace_selects_the_namespaces_nested_in_it() -> None:
+    # pidns:INODE took only the processes whose own namespace it is: a sandbox's (or an inner container's) processes,
+    # which are that namespace's too, were left running while the kill said it done.
+    import shutil
+    import signal
+    import time
+
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare(1) to make PID namespaces")
+    outer = subprocess.Popen(["unshare", "--pid", "--fork", "unshare", "--pid", "--fork", "sleep", "60"],
+                             stderr=subprocess.DEVNULL)
+    init = inner = 0
+    try:
+        for _ in range(400):  # counted, not timed: until both namespaces' first processes are there
+            init = next(iter(_children(outer.pid)), 0)
+            inner = next(iter(_children(init)), 0) if init else 0
+            if inner:
+                break
+            time.sleep(0.05)
+        if not inner:
+            pytest.skip("unshare did not make the nested namespace")
+        ino = os.stat(f"/proc/{init}/ns/pid").st_ino
+        assert os.stat(f"/proc/{inner}/ns/pid").st_ino != ino  # its own namespace, nested in the outer one
+        got = [pid for pid, _ in members(f"pidns:{ino}")]
+        assert init in got and inner in got and outer.pid not in got
+        assert [pid for pid, _ in members(f"pidns:{os.stat(f'/proc/{inner}/ns/pid').st_ino}")] == [inner]
+    finally:
+        if init:
+            os.kill(init, signal.SIGKILL)  # the outer namespace's init: the kernel ends both namespaces with it
+        outer.kill()
+        outer.wait()
