@@ -268,16 +268,20 @@ def cgroup_paths(text: str) -> dict[str, str]:
     return _placements(text)[0]
 
 
-def _placements(text: str) -> tuple[dict[str, str], str | None]:
+def _placements(text: str, known: frozenset[str] | None = None) -> tuple[dict[str, str], str | None]:
     """:func:`cgroup_paths`, and why the text cannot be trusted (``None``: it can). The kernel prints each hierarchy
     once; a second line for one is forged (a cgroup named with a newline, refused only since Linux 4.13): which line
-    is the kernel's cannot be told."""
+    is the kernel's cannot be told. ``known``: the hierarchies (``ID:controllers``) this host has (every process's
+    file lists the same ones, :func:`_known`): a line for another is forged too (a fresh ID and controller name)."""
     out: dict[str, str] = {}
     twice: list[str] = []
+    foreign: list[str] = []
     for line in text.splitlines():
         fields = line.split(":", 2)
         if len(fields) != 3 or not fields[2].startswith("/"):
             continue
+        if known is not None and f"{fields[0]}:{fields[1]}" not in known:
+            foreign.append(f"{fields[0]}:{fields[1]}")
         path = fields[2]
         if fields[:2] == ["0", ""] and path.endswith(" (deleted)"):
             path = path[: -len(" (deleted)")]
@@ -287,16 +291,30 @@ def _placements(text: str) -> tuple[dict[str, str], str | None]:
             twice.append(fields[1] or "the v2 hierarchy")
         out[fields[1]] = path
     why = f"/proc/PID/cgroup names {', '.join(twice)} twice: a cgroup name forges a line" if twice else None
+    if foreign and why is None:
+        why = (f"/proc/PID/cgroup names hierarchy {printable(', '.join(foreign))}, which this host does not have: a "
+               "cgroup name forges a line")
     return out, why
 
 
-def parse_cgroup(text: str) -> Container | None:
+def _known(proc: str) -> frozenset[str] | None:
+    """The hierarchies (``ID:controllers``) of this host, from this process's own ``/proc/self/cgroup`` (``None``:
+    unreadable, nothing checked)."""
+    text = procfs.read_cgroup("self", proc)
+    if text is None:
+        return None
+    return frozenset(":".join(f[:2]) for f in (line.split(":", 2) for line in text.splitlines())
+                     if len(f) == 3 and f[2].startswith("/"))
+
+
+def parse_cgroup(text: str, known: frozenset[str] | None = None) -> Container | None:
     """The container that ``/proc/PID/cgroup`` text names (``pidns_inode`` left ``None``), or ``None`` when every
     line is the root cgroup. The container proper (a runtime's, a pod, LXC, a Slurm job) that a line names wins, the
     v2 line tried first (a hybrid host's v2 line may say only the runtime's unit while v1 names the container); else
     the first non-root placement (a systemd unit, any cgroup), v2 first. Kind ``"unknown"`` (:data:`UNKNOWN`) when
-    the text contradicts itself: two lines of one hierarchy, or hierarchies that name different containers."""
-    paths, forged = _placements(text)
+    the text contradicts itself: two lines of one hierarchy, a line for a hierarchy not in ``known`` (this host's,
+    when given), or hierarchies that name different containers."""
+    paths, forged = _placements(text, known)
     if forged is not None:
         return Container(UNKNOWN, forged, "")
     ordered = [k for k in ("", *_V1_ORDER) if k in paths] + sorted(k for k in paths if k and k not in _V1_ORDER)
@@ -333,7 +351,7 @@ def container_of(pid: int | str, proc: str = "/proc") -> Container | None:
         return Container(UNKNOWN, str(exc.strerror), "")
     if text is None:
         return None
-    c = parse_cgroup(text)
+    c = parse_cgroup(text, _known(proc))
     if (c is None or c.kind in ("cgroup", "systemd")) and any(cgroup_paths(text)):
         st = procfs.read_stat(pid, proc)
         if st is None:
@@ -395,7 +413,8 @@ def _named_spec(s: str, low: str) -> ContainerSpec | None:
             return ContainerSpec("slurm", low[len(prefix):])
     for prefix in ("pod/", "pod:", "pod", ""):
         uid = _pod_uid(low[len(prefix):]) if low.startswith(prefix) else None
-        if uid is not None and (prefix or "-" in low):  # 32 hex digits alone are an ID prefix
+        # 32 hex digits alone are an ID prefix; "_" is how a systemd slice spells the UID's "-"
+        if uid is not None and (prefix or "-" in low or "_" in low):
             return ContainerSpec("kubernetes", uid)
     for prefix in ("pidns:", "pid:["):
         if low.startswith(prefix) and is_digits(low[len(prefix):].rstrip("]")):
@@ -412,6 +431,8 @@ def _named_spec(s: str, low: str) -> ContainerSpec | None:
 def parse_spec(spec: str) -> ContainerSpec:
     """Check a container selector's syntax (no ``/proc`` read). Raises ValueError with the accepted forms."""
     s = spec.strip()
+    if s.startswith("/"):  # a cgroup's name may end in spaces: "/jobs/run " is not "/jobs/run" (nor what is below it)
+        s = spec.lstrip()
     low = s.lower()
     if not s:
         raise _argument_error("an empty container selector")
@@ -437,38 +458,93 @@ def parse_spec(spec: str) -> ContainerSpec:
         "path (/docker/…, /sys/fs/cgroup/…)")
 
 
-def _matches(spec: ContainerSpec, c: Container | None, paths: dict[str, str]) -> str | None:
-    """The full ID ``spec`` matched (``None``: no match). A path or unit matches on any hierarchy; an ID never names
-    a monitor."""
+def _matches(spec: ContainerSpec, c: Container | None, paths: dict[str, str]) -> tuple[str, str] | None:
+    """The full ID ``spec`` matched and where it sits (``None``: no match). A path or unit matches on any hierarchy;
+    an ID never names a monitor. Where: for a unit, an LXC name or a Slurm job (names that are not unique: the host
+    and each container have their own ``nginx.service``, an LXC container may hold one of the same name), the cgroup
+    path through the component that names it; else ``""`` (a runtime ID or pod UID names one container)."""
     if spec.kind == "path":
         below = spec.value.rstrip("/") + "/"
-        return next((p for p in paths.values() if p == spec.value or p.startswith(below)), None)
+        got = next((p for p in paths.values() if p == spec.value or p.startswith(below)), None)
+        return None if got is None else (got, "")
     if spec.kind == "unit":
-        return spec.value if any(spec.value in p.split("/") for p in paths.values()) else None
+        places = [_unit_place(spec.value, p) for p in paths.values()]
+        place = next((p for p in places if p is not None), None)
+        return None if place is None else (spec.value, place)
     if c is None or c.monitor or c.kind == UNKNOWN:
         return None
     for kind, ident in c.names():
         if spec.kind == "id":
             if kind in _RUNTIMES and ident.startswith(spec.value):
-                return ident
+                return ident, ""
             if kind == "kubernetes" and ident == spec.value:
-                return ident
+                return ident, ""
         elif kind == spec.kind and (ident == spec.value or (kind in _RUNTIMES and ident.startswith(spec.value))):
-            return ident
+            return ident, (_place(c.cgroup, kind, ident) if kind in ("lxc", "slurm") else "")
     return None
 
 
-def _member_of(spec: ContainerSpec, text: str | None) -> tuple[str, int | None] | None:
-    """The full ID ``spec`` matched in one ``/proc/PID/cgroup`` text and the user whose claim it is
-    (:attr:`Container.user`), or ``None``: no match, or no text."""
+def _unit_place(unit: str, path: str) -> str | None:
+    """``path`` through its first component named ``unit``, or ``None``."""
+    parts = path.split("/")
+    return "/".join(parts[: parts.index(unit) + 1]) if unit in parts else None
+
+
+def _place(path: str, kind: str, ident: str) -> str:
+    """``path`` through the first component that names ``(kind, ident)`` (as :func:`classify` reads it)."""
+    parts = [p for p in path.split("/") if p]
+    kube = False
+    for i, name in enumerate(parts):
+        got = _component(name, parts[i - 1] if i > 0 else None, parts[i - 2] if i > 1 else None, kube)
+        kube = kube or name.startswith("kubepods")
+        if got is not None and got[:2] == (kind, ident):
+            return "/" + "/".join(parts[: i + 1])
+    return path
+
+
+def _member_of(spec: ContainerSpec, text: str | None, known: frozenset[str] | None = None
+               ) -> tuple[str, int | None, str] | None:
+    """The full ID ``spec`` matched in one ``/proc/PID/cgroup`` text, the user whose claim it is
+    (:attr:`Container.user`) and where it sits (:func:`_matches`), or ``None``: no match, or no text."""
     if text is None:
         return None
-    paths, forged = _placements(text)
+    paths, forged = _placements(text, known)
     if forged is not None:
         return None  # which line is the kernel's cannot be told: no proof of membership
     c = parse_cgroup(text)
     got = _matches(spec, c, paths)
-    return None if got is None else (got, c.user if c is not None and spec.kind not in ("path", "unit") else None)
+    if got is None:
+        return None
+    return got[0], (c.user if c is not None and spec.kind not in ("path", "unit") else None), got[1]
+
+
+def _doubt(spec: ContainerSpec, text: str | None, known: frozenset[str] | None = None) -> str | None:
+    """Why a process that ``spec`` did not take may be a member all the same (``None``: it is not one): a line of its
+    cgroup text names what ``spec`` names, but the text cannot be trusted (forged, or hierarchies that name different
+    containers). Such a process is left alone, never signalled unproven, and said so: not silently left running."""
+    if text is None:
+        return None
+    _, forged = _placements(text, known)
+    c = parse_cgroup(text)
+    why = forged if forged is not None else (c.id if c is not None and c.kind == UNKNOWN else None)
+    if why is None:
+        return None
+    for line in text.splitlines():  # each line alone, the forged ones too
+        one, _ = _placements(line)
+        got = classify(next(iter(one.values()), "/"))
+        alone = None if got is None else Container(got[0], got[1], "", None, got[2], got[3], got[4])
+        if one and _matches(spec, alone, one) is not None:
+            return why
+    return None
+
+
+def _note_doubt(spec: ContainerSpec, pid: int, text: str | None, doubtful: list[tuple[int, str]] | None,
+                known: frozenset[str] | None) -> None:
+    """Add ``pid`` to ``doubtful``, with why, when it may be a member that cannot be proven one (:func:`_doubt`)."""
+    why = _doubt(spec, text, known) if doubtful is not None else None
+    if doubtful is not None and why is not None:
+        doubtful.append((pid, f"it may be in {printable(_spec_text(spec))}, but its container cannot be told "
+                              f"({printable(why)}): not signalled unproven"))
 
 
 def _read_for_members(pid: int, proc: str, spec: ContainerSpec) -> str | None:
@@ -485,15 +561,28 @@ def _read_for_members(pid: int, proc: str, spec: ContainerSpec) -> str | None:
 
 
 def _dir_members(root: str) -> list[int]:
+    """The PIDs in ``cgroup.procs`` of ``root`` and every cgroup below it. A cgroup removed while it is read (its
+    processes gone with it) is passed over; any other failure to list or read one raises ValueError: its processes
+    would be left running, the kill said done (they were passed over, silently)."""
     out: list[int] = []
-    for dirpath, _dirs, files in os.walk(root):
+
+    def failed(exc: OSError) -> None:
+        if exc.errno not in (errno.ENOENT, errno.ENODEV):
+            raise _argument_error(f"the processes of {exc.filename} cannot be told: {exc.strerror}")
+
+    for dirpath, _dirs, files in os.walk(root, onerror=failed):
         if "cgroup.procs" not in files:
             continue
         try:
             with open(f"{dirpath}/cgroup.procs", "rb") as f:
-                out.extend(int(p) for p in f.read().split())
-        except (OSError, ValueError):
+                raw = f.read()
+        except OSError as exc:
+            failed(exc)
             continue
+        try:
+            out.extend(int(p) for p in raw.split())
+        except ValueError:
+            raise _argument_error(f"{dirpath}/cgroup.procs: not a list of PIDs") from None
     return out
 
 
@@ -506,12 +595,15 @@ def _not_own_namespace(parsed: ContainerSpec, proc: str) -> None:
                               "process inside it)")
 
 
-def members(spec: str | ContainerSpec, proc: str = "/proc") -> list[tuple[int, int]]:
+def members(spec: str | ContainerSpec, proc: str = "/proc",
+            doubtful: list[tuple[int, str]] | None = None) -> list[tuple[int, int]]:
     """``(pid, start_ticks)`` of every process (of this PID namespace's view) whose container matches ``spec``, by
     PID; monitors (LXC's, conmon, Slurm's step daemon) are left out unless a path or unit names them. Raises
     ValueError for a bad selector, an ID prefix that names two containers, or a process whose cgroup file cannot be
     read (out of descriptors: it may be a member). Processes that exit while the list is read, and those whose
-    files this user may not read, are left out; the caller pins each one (its start time is its identity)."""
+    files this user may not read, are left out; the caller pins each one (its start time is its identity). A
+    process that may be a member but whose container cannot be told (its cgroup text forged or contradicting
+    itself) is left out too, and added to ``doubtful`` with why."""
     parsed = parse_spec(spec) if isinstance(spec, str) else spec
     if parsed.kind == "dir":
         if not os.path.isfile(f"{parsed.value}/cgroup.procs"):
@@ -526,28 +618,73 @@ def members(spec: str | ContainerSpec, proc: str = "/proc") -> list[tuple[int, i
     # Each process's start time (its identity) is read before its membership and again after: the same both times,
     # the membership read was that process's, not one that took its PID meanwhile (a kill pins what this returns).
     before: dict[int, int] = {}
-    full: set[tuple[str, int | None]] = set()
+    known = _known(proc)
+    full: set[tuple[str, int | None, str]] = set()
     for pid in pids:
         first = procfs.read_stat(pid, proc)
         if first is None or first.pid != pid:
             continue
         if parsed.kind == "pidns":  # the namespace, whatever the cgroup
-            if str(procfs.pidns_inode(pid, proc)) != parsed.value:
+            if not _in_pidns(pid, proc, int(parsed.value)):
                 continue
         elif parsed.kind != "dir":
             # Exact: a path typed with bytes that are not UTF-8 must match those bytes, not every name that reads
             # as U+FFFD (nor a name copied from printed text with U+FFFD in it).
-            got = _member_of(parsed, _read_for_members(pid, proc, parsed))
+            text = _read_for_members(pid, proc, parsed)
+            got = _member_of(parsed, text, known)
             if got is None:
+                _note_doubt(parsed, pid, text, doubtful, known)
                 continue
             full.add(got)
         before[pid] = first.start_ticks
     if parsed.kind == "dir":  # the listing read again, after the start times
         listed = set(_dir_members(parsed.value))
         before = {pid: ticks for pid, ticks in before.items() if pid in listed}
-    if parsed.kind not in ("path", "unit") and len(full) > 1:
+    if parsed.kind != "path" and len(full) > 1:
         _ambiguous(parsed, full)
     return _still_the_same(before, proc)
+
+
+def _spec_text(spec: ContainerSpec) -> str:
+    """A parsed selector as a user would type it (``lxc/129``, ``slurm/42``, the ID, the path)."""
+    if spec.kind in ("lxc", "slurm"):
+        return f"{spec.kind}/{spec.value}"
+    if spec.kind == "kubernetes":
+        return f"pod {spec.value}"
+    if spec.kind == "pidns":
+        return f"pidns:{spec.value}"
+    if spec.kind in _RUNTIMES:
+        return f"{spec.kind}:{spec.value}"
+    return spec.value
+
+
+#: ioctl ``NS_GET_PARENT`` (``_IO(0xb7, 0x2)``, Linux 4.9): a descriptor of a PID namespace's parent.
+_NS_GET_PARENT = 0xB702
+
+
+def _in_pidns(pid: int, proc: str, inode: int) -> bool:
+    """Whether ``pid`` is in the PID namespace ``inode``: its own, or one nested in it (a sandbox, a container inside
+    the container: its processes are that namespace's too, and die with its init). Only its own namespace was
+    taken, so a selection of the namespace left the nested ones running."""
+    try:
+        fd = os.open(f"{proc}/{pid}/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False  # gone, or not permitted: not proven
+    try:
+        for _ in range(34):  # PID namespaces nest 32 deep at most
+            if os.fstat(fd).st_ino == inode:
+                return True
+            import fcntl
+
+            try:
+                parent = fcntl.ioctl(fd, _NS_GET_PARENT)
+            except OSError:  # EPERM: above this process's own namespace; ENOTTY: not a namespace (or an old kernel)
+                return False
+            os.close(fd)
+            fd = parent
+        return False
+    finally:
+        os.close(fd)
 
 
 def _still_the_same(before: dict[int, int], proc: str) -> list[tuple[int, int]]:
@@ -560,15 +697,23 @@ def _still_the_same(before: dict[int, int], proc: str) -> list[tuple[int, int]]:
     return out
 
 
-def _ambiguous(parsed: ContainerSpec, full: set[tuple[str, int | None]]) -> None:
-    """Refuse a selector that names two containers: two IDs with one prefix, or one ID claimed in a user's own
-    cgroups too (a user names them as it likes: which is the one meant cannot be told)."""
-    names = ", ".join(sorted(f"{i[:16]}{'…' if len(i) > 16 else ''}" + ("" if u is None else f" (user {u})")
-                             for i, u in full))
-    hint = ("give more of the ID" if len({i for i, _ in full}) > 1 else
-            "the same name in a user's own cgroups (user@UID.service) is that user's claim: give the cgroup path "
-            "(--cgroup)")
-    raise _argument_error(f"{parsed.value!r} names {len(full)} containers ({names}): {hint}")
+def _ambiguous(parsed: ContainerSpec, full: set[tuple[str, int | None, str]]) -> None:
+    """Refuse a selector that names two containers or cgroups: two IDs with one prefix, one ID claimed in a user's
+    own cgroups too (a user names them as it likes: which is the one meant cannot be told), or one name (a unit, an
+    LXC name, a Slurm job) in two places (the host's ``nginx.service`` and a container's)."""
+    if len({i for i, _, _ in full}) > 1:
+        hint = "give more of the ID"
+    elif len({u for _, u, _ in full}) > 1:
+        hint = ("the same name in a user's own cgroups (user@UID.service) is that user's claim: give the cgroup path "
+                "(--cgroup)")
+    else:
+        places = sorted({p for _, _, p in full})
+        shown = ", ".join(places[:4]) + (f", and {len(places) - 4} more" if len(places) > 4 else "")
+        raise _argument_error(f"{parsed.value!r} names {len(places)} cgroups ({printable(shown)}): one name in several "
+                              "places (the host's, a container's, a user's own); give the cgroup path (--cgroup)")
+    names = printable(", ".join(sorted(f"{i[:16]}{'…' if len(i) > 16 else ''}" + ("" if u is None else f" (user {u})")
+                                       for i, u in {(i, u) for i, u, _ in full})))
+    raise _argument_error(f"{parsed.value!r} names {len({(i, u) for i, u, _ in full})} containers ({names}): {hint}")
 
 
 def _argument_error(message: str) -> Exception:

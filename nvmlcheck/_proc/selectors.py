@@ -239,7 +239,8 @@ def by_container(spec: str | container.ContainerSpec, proc: str = "/proc") -> tu
     me, lineage = _me()
     chosen: list[tuple[int, int, str]] = []
     skipped: list[tuple[int, str]] = []
-    for pid, ticks in container.members(spec, proc):
+    doubtful: list[tuple[int, str]] = []
+    for pid, ticks in container.members(spec, proc, doubtful):
         why = _keep(pid, me, lineage)
         st = procfs.read_stat(pid, proc) if why is None else None
         if why is not None:
@@ -250,7 +251,8 @@ def by_container(spec: str | container.ContainerSpec, proc: str = "/proc") -> tu
             skipped.append((pid, "a zombie: it has exited already; its parent has to reap it"))
         else:
             chosen.append((pid, ticks, "container"))
-    return chosen, skipped
+    skipped += [(pid, why) for pid, why in doubtful if _keep(pid, me, lineage) is None]
+    return chosen, sorted(skipped)
 
 
 def _argument_error(message: str) -> Exception:

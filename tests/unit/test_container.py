@@ -145,6 +145,13 @@ def test_a_process_that_is_gone() -> None:
     ("/sys/fs/cgroup/pids/job", ("dir", "/sys/fs/cgroup/pids/job")),
     ("pidns:4026532100", ("pidns", "4026532100")),
     ("pid:[4026532100]", ("pidns", "4026532100")),
+    # A pod UID as its systemd slice spells it (kubepods-…-pod<uid with _>.slice) was "not a container".
+    (POD.replace("-", "_"), ("kubernetes", POD)),
+    # A cgroup may be named with trailing spaces: the path stays as typed (it was cut to "/jobs/run", another
+    # cgroup, with everything below it); only leading blanks are typing.
+    (" /jobs/run ", ("path", "/jobs/run ")),
+    ("/sys/fs/cgroup/jobs/run\t", ("dir", "/sys/fs/cgroup/jobs/run\t")),
+    (" nginx.service ", ("unit", "nginx.service")),
 ])
 def test_selectors_parse(spec: str, expected: tuple[str, str]) -> None:
     got = parse_spec(spec)
@@ -515,3 +522,153 @@ def test_a_member_whose_pid_was_taken_while_it_was_read_is_left_out(
 
     monkeypatch.setattr(container, "_read_for_members", then_reused)
     assert members(D[:20], proc) == [(11, 1011)]
+
+
+def test_a_name_in_two_places_is_refused_not_both_selected(tmp_path: Path) -> None:
+    # A unit, an LXC name or a Slurm job ID is not unique: the host and each container have their own
+    # nginx.service. kill --container nginx.service selected the host's, an LXC container's and a user's own.
+    user = "/user.slice/user-1000.slice/user@1000.service"
+    proc = _fake_proc(tmp_path, {
+        10: "0::/system.slice/nginx.service\n",
+        11: "0::/system.slice/nginx.service/worker\n",
+        20: "0::/lxc.payload.129/system.slice/nginx.service\n",
+        30: f"0::{user}/app.slice/nginx.service\n",
+        40: "0::/lxc.payload.test/system.slice/a.service\n",
+        41: "0::/lxc.payload.129/lxc.payload.test/system.slice/a.service\n",
+        50: "0::/lxc.payload.130/system.slice/docker.service\n",
+        51: "0::/lxc.payload.130/system.slice/docker.service/sub\n",
+    })
+    with pytest.raises(ValueError, match=r"'nginx.service' names 3 cgroups \(/lxc.payload.129/system.slice/nginx"
+                                         r".service, /system.slice/nginx.service, .*--cgroup"):
+        members("nginx.service", proc)
+    with pytest.raises(ValueError, match=r"'system.slice' names 5 cgroups \(.*, and 1 more\)"):
+        members("system.slice", proc)
+    with pytest.raises(ValueError, match=r"'test' names 2 cgroups \(/lxc.payload.129/lxc.payload.test, "
+                                         r"/lxc.payload.test\)"):
+        members("lxc/test", proc)
+    # One place, however deep its members: selected as before.
+    assert members("docker.service", proc) == [(50, 1050), (51, 1051)]
+    assert members("/system.slice/nginx.service", proc) == [(10, 1010), (11, 1011)]  # the path names one
+
+
+def test_a_cgroup_below_a_directory_that_cannot_be_read_refuses_the_selection(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # --cgroup /sys/fs/cgroup/...: a child cgroup whose cgroup.procs (or listing) failed was passed over, its
+    # processes left running while the kill said done.
+    proc = _fake_proc(tmp_path / "proc", {10: "0::/job\n", 11: "0::/job/sub\n"})
+    top = tmp_path / "fs"
+    (top / "job" / "sub").mkdir(parents=True)
+    (top / "cgroup.procs").write_text("")
+    (top / "job" / "cgroup.procs").write_text("10\n")
+    spec = ContainerSpec("dir", str(top / "job"))
+    (top / "job" / "sub" / "cgroup.procs").write_text("11\n")
+    assert members(spec, proc) == [(10, 1010), (11, 1011)]
+    (top / "job" / "sub" / "cgroup.procs").unlink()
+    (top / "job" / "sub" / "cgroup.procs").symlink_to("cgroup.procs")  # ELOOP when read, as root too
+    with pytest.raises(ValueError, match=r"job/sub/cgroup.procs cannot be told"):
+        members(spec, proc)
+    (top / "job" / "sub" / "cgroup.procs").unlink()
+    (top / "job" / "sub" / "cgroup.procs").write_text("11\n")
+    real_scandir = os.scandir
+
+    def unlistable(path: str) -> object:
+        if str(path).endswith("sub"):
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", unlistable)
+    with pytest.raises(ValueError, match=r"job/sub cannot be told: Permission denied"):
+        members(spec, proc)
+    monkeypatch.undo()
+    # A cgroup removed while the tree is read: its processes went with it (or moved): passed over.
+    (top / "job" / "sub" / "cgroup.procs").unlink()
+    (top / "job" / "sub" / "cgroup.procs").symlink_to("gone")
+    assert members(spec, proc) == [(10, 1010)]
+
+
+def test_a_process_that_may_be_a_member_but_cannot_be_told_is_said_left_alone(tmp_path: Path) -> None:
+    # A forged or self-contradicting cgroup text naming the container: the process is not signalled unproven, but
+    # it was left out silently (the kill said the container done while it ran on); now it is listed, with why.
+    from nvmlcheck._proc.selectors import by_container
+
+    forged = f"0::/user.slice/user-1000.slice/user@1000.service/x\n0::/docker/{D}\n"
+    mixed = f"9:memory:/docker/{D}\n12:pids:/lxc/129\n0::/\n"
+    proc = _fake_proc(tmp_path, {10: f"0::/docker/{D}\n", 11: forged, 12: mixed, 13: "0::/lxc/130\n"})
+    doubtful: list[tuple[int, str]] = []
+    assert members(D[:12], proc, doubtful) == [(10, 1010)]
+    assert [pid for pid, _ in doubtful] == [11, 12]
+    assert "twice" in doubtful[0][1] and "different containers" in doubtful[1][1]
+    assert all(why.startswith(f"it may be in {D[:12]}, but its container cannot be told") for _, why in doubtful)
+    chosen, skipped = by_container("lxc/129", proc)
+    assert chosen == [] and [pid for pid, _ in skipped] == [12] and "lxc/129" in skipped[0][1]
+    chosen, skipped = by_container(D[:12], proc)
+    assert [c[0] for c in chosen] == [10] and [pid for pid, _ in skipped] == [11, 12]
+    assert by_container("lxc/130", proc) == ([(13, 1013, "container")], [])  # nothing doubtful: nothing said
+    assert members(D[:12], proc) == [(10, 1010)]  # without a list to fill, as before
+
+
+def test_an_ambiguous_name_is_escaped_in_the_refusal(tmp_path: Path) -> None:
+    # The names an ambiguous selector found were written raw: a container's name with a terminal escape in it.
+    user = "/user.slice/user-1000.slice/user@1000.service"
+    proc = _fake_proc(tmp_path, {10: "0::/lxc.payload.a\x1b[31mb\n", 11: f"0::{user}/lxc.payload.a\x1b[31mb\n"})
+    with pytest.raises(ValueError, match="names 2 containers") as raised:
+        members("lxc/a\x1b[31mb", proc)
+    assert "\x1b" not in str(raised.value) and r"a\x1b[31mb (user 1000)" in str(raised.value)
+
+
+def test_a_line_for_a_hierarchy_this_host_lacks_is_forged(tmp_path: Path) -> None:
+    # Before Linux 4.13 a v1 cgroup's name may hold a newline; one that forged a line for a fresh hierarchy (an ID and
+    # controller name no other line has) passed: a user's process read as "docker <any ID it liked>" and was taken
+    # by kill --container. Every process's file lists the same hierarchies: one this process's lacks is forged.
+    host = "4:memory:/\n1:name=systemd:/\n"
+    forged = f"4:memory:/user.slice/x\n9:evil:/docker/{D}\n1:name=systemd:/user.slice/user-1000.slice/s.scope\n"
+    proc = _fake_proc(tmp_path, {10: f"4:memory:/docker/{D}\n1:name=systemd:/docker/{D}\n", 11: forged})
+    (tmp_path / "self" / "cgroup").write_text(host)
+    assert parse_cgroup(forged) is not None and parse_cgroup(forged).kind == "docker"  # type: ignore[union-attr]
+    c = container_of(11, proc)
+    assert c is not None and c.kind == UNKNOWN and "9:evil" in c.id and "does not have" in c.id
+    good = container_of(10, proc)
+    assert good is not None and (good.kind, good.id) == ("docker", D)
+    doubtful: list[tuple[int, str]] = []
+    assert members(D[:12], proc, doubtful) == [(10, 1010)]
+    assert [pid for pid, _ in doubtful] == [11]
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def test_a_pid_namespace_selects_the_namespaces_nested_in_it() -> None:
+    # pidns:INODE took only the processes whose own namespace it is: a sandbox's (or an inner container's) processes,
+    # which are that namespace's too, were left running while the kill said it done.
+    import shutil
+    import signal
+    import time
+
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare(1) to make PID namespaces")
+    outer = subprocess.Popen(["unshare", "--pid", "--fork", "unshare", "--pid", "--fork", "sleep", "60"],
+                             stderr=subprocess.DEVNULL)
+    init = inner = 0
+    try:
+        for _ in range(400):  # counted, not timed: until both namespaces' first processes are there
+            init = next(iter(_children(outer.pid)), 0)
+            inner = next(iter(_children(init)), 0) if init else 0
+            if inner:
+                break
+            time.sleep(0.05)
+        if not inner:
+            pytest.skip("unshare did not make the nested namespace")
+        ino = os.stat(f"/proc/{init}/ns/pid").st_ino
+        assert os.stat(f"/proc/{inner}/ns/pid").st_ino != ino  # its own namespace, nested in the outer one
+        got = [pid for pid, _ in members(f"pidns:{ino}")]
+        assert init in got and inner in got and outer.pid not in got
+        assert [pid for pid, _ in members(f"pidns:{os.stat(f'/proc/{inner}/ns/pid').st_ino}")] == [inner]
+    finally:
+        if init:
+            os.kill(init, signal.SIGKILL)  # the outer namespace's init: the kernel ends both namespaces with it
+        outer.kill()
+        outer.wait()
