@@ -328,6 +328,42 @@ def test_health_unsupported_is_unknown_never_a_cause(open_backend: Opener) -> No
         assert d.why_unknown(f"health.{key}"), key
 
 
+def _pending_remap_ecc_unreadable(sc: Scenario) -> None:
+    sc.set_device(0, remapped_rows=(0, 1, True, False))
+    sc.fault("nvmlDeviceGetTotalEccErrors", 999, device=0)
+
+
+# The JSON document's health.state: "causes": [] alone read as healthy when nothing could be read (round 6).
+HEALTH_JSON_STATES: dict[str, tuple[Callable[[Scenario], None], str]] = {
+    "all read, no cause": (lambda sc: None, "healthy"),  # retired pages not supported (Hopper): still judged
+    "every value not supported": (
+        lambda sc: sc.set_device(0, unsupported=("ecc", "recovery", "remapped", "retired_pages", "retired_pending")),
+        "unknown",
+    ),
+    "remapper: no permission": (lambda sc: sc.fault("nvmlDeviceGetRemappedRows", 4, device=0), "unknown"),
+    "remapper: transient error": (lambda sc: sc.fault("nvmlDeviceGetRemappedRows", 999, device=0), "unknown"),
+    "ECC: no permission": (lambda sc: sc.fault("nvmlDeviceGetTotalEccErrors", 4, device=0), "unknown"),
+    "recovery action: transient error": (lambda sc: sc.fault("nvmlDeviceGetFieldValues", 999, device=0), "unknown"),
+    "ECC off (not supported)": (lambda sc: sc.set_device(0, unsupported=("ecc", "retired_pages")), "healthy"),
+    "pending remap, ECC unreadable": (_pending_remap_ecc_unreadable, "unhealthy"),
+}
+
+
+
+@pytest.mark.parametrize("case", sorted(HEALTH_JSON_STATES))
+def test_health_json_state_says_unknown_where_causes_cannot_tell(open_backend: Opener, case: str) -> None:
+    from nvmlcheck.jsonout import device_json
+
+    setup, expected = HEALTH_JSON_STATES[case]
+    sc = Scenario.h200()
+    setup(sc)
+    with open_backend(sc) as gpus:
+        d = gpus.snapshot(fields=nc.Fields.HEALTH).devices[0]
+    health = device_json(d)["health"]
+    assert health["state"] == expected, (health, d.unknown)
+    assert (health["causes"] != []) == (expected == "unhealthy")
+
+
 def test_health_is_not_read_on_the_wait_path(open_backend: Opener) -> None:
     sc = Scenario.h200()
     sc.set_device(0, remapped_rows=(0, 1, True, False), recovery_action=1)
