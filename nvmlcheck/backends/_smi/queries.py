@@ -110,8 +110,9 @@ def parse_recovery_action(text: str) -> RecoveryAction | None:
     ``GPU_RESET``, a number, ...); ``None`` for a spelling this version does not know."""
     words = " ".join(text.replace("_", " ").lower().split())
     action = _RECOVERY_WORDS.get(words) or _RECOVERY_WORDS.get(words.removeprefix("gpu recovery action "))
-    if action is None and is_uint(words):  # ASCII digits: str.isdigit() took "²", which int() refuses
-        action = RecoveryAction(int(words) & 0xFFFFFFFF)
+    if action is None and is_uint(words) and int(words) <= 0xFFFFFFFF:  # ASCII digits: str.isdigit() took "²"
+        # A number beyond nvmlDeviceGpuRecoveryAction_t's 32 bits is none: masked, 4294967296 read as NONE (healthy).
+        action = RecoveryAction(int(words))
     return action
 
 
