@@ -50,7 +50,9 @@ def test_an_event_whose_health_reading_failed_is_read_again(tmp_path: Any, capsy
     step.set_device(0, remapped_rows=(0, 1, True, False))
     step.raise_event(0, "xid", xid=63)
     sc.fault("nvmlDeviceGetRemappedRows", 999, after=1, count=1)  # the first reading's passes, the next fails
-    code = cli.main(["--simulate", str(sc.write(tmp_path / "s.txt")), "--json", "ready", "--timeout", "3"])
+    # Only the health can end the wait before its timeout, so a long one costs nothing: 3 s was a wall-clock bound
+    # on a loaded CI host (the event comes 50 ms after the stub loads, then a failed and a second health reading).
+    code = cli.main(["--simulate", str(sc.write(tmp_path / "s.txt")), "--json", "ready", "--timeout", "120"])
     doc = json.loads(capsys.readouterr().out)
     assert code == 5 and doc["gpus"][0]["class"] == "unhealthy", doc["gpus"][0]["line"]
 
