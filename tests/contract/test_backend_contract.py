@@ -278,9 +278,11 @@ HEALTH_STATES: dict[str, tuple[dict[str, object], set[str]]] = {
         {"unsupported": (), "retired_pages": [("dbe", 0x2000, 1_700_000_100)], "retired_pending": True},
         {"retired-pages-pending"},
     ),
-    "ecc_volatile_uncorrected": (
-        {"ecc_uncorrected_volatile": 3, "ecc_uncorrected_aggregate": 11},
-        {"ecc-uncorrected-volatile"},
+    # The driver read the recovery action as NONE: it judged those errors (contained) and asks for nothing.
+    "ecc_volatile_uncorrected_recovery_none": ({"ecc_uncorrected_volatile": 3, "ecc_uncorrected_aggregate": 11}, set()),
+    "ecc_volatile_uncorrected_recovery_reset": (
+        {"ecc_uncorrected_volatile": 3, "ecc_uncorrected_aggregate": 11, "recovery_action": 1},
+        {"ecc-uncorrected-volatile", "recovery-action"},
     ),
     "ecc_aggregate_only": ({"ecc_uncorrected_aggregate": 11}, set()),  # a lifetime count alone is no cause
     "recovery_reset": ({"recovery_action": 1}, {"recovery-action"}),
@@ -314,6 +316,17 @@ def test_health_state(open_backend: Opener, state: str) -> None:
         assert h.action is not None and not h.action.waiting_helps
     else:
         assert h.action is None
+
+
+def test_volatile_ecc_errors_without_a_recovery_action_are_a_cause(open_backend: Opener) -> None:
+    # A driver before 565 (or a board without the field): the count is judged alone, as XID 48 (a reset clears it).
+    sc = Scenario.h200()
+    sc.set_device(0, ecc_uncorrected_volatile=2, unsupported=("recovery", "retired_pages", "retired_pending"))
+    with open_backend(sc) as gpus:
+        d = gpus.snapshot(fields=nc.Fields.HEALTH).devices[0]
+    assert d.health is not None and d.health.recovery_action is None
+    assert [(c.code, c.action) for c in d.health.causes()] == [
+        ("ecc-uncorrected-volatile", nc.OperatorAction.RESET_GPU)]
 
 
 def test_health_unsupported_is_unknown_never_a_cause(open_backend: Opener) -> None:
