@@ -181,7 +181,8 @@ class Health:
     def causes(self) -> tuple[HealthCause, ...]:
         """Why this GPU needs an operator before the next job, strongest action first; ``()`` when nothing known
         says so (unknown parts are not causes). Codes: ``row-remap-failure``, ``row-remap-pending``,
-        ``retired-pages-pending``, ``ecc-uncorrected-volatile``, ``recovery-action``."""
+        ``retired-pages-pending``, ``ecc-uncorrected-volatile`` (not when the recovery action reads ``NONE``: the
+        driver judged those errors and asks for nothing), ``recovery-action``."""
         out: list[HealthCause] = []
         rows = self.remapped_rows
         if rows is not None and rows.failure:
@@ -202,14 +203,19 @@ class Health:
                 "memory pages are pending retirement: a GPU reset (or driver reload) retires them",
                 OperatorAction.RESET_GPU,
             ))
-        if self.ecc_uncorrected_volatile:
+        action = self.recovery_action
+        # With the recovery action read, the driver says itself whether its uncorrectable errors need anything: NONE
+        # is "no recovery action is needed, the GPU can be used again by starting a new process" (NVIDIA, GPU Memory
+        # Error Management, "Error Recovery and Response Flags"): a contained error (XID 94, RESTART_APP) leaves the
+        # volatile count above 0 until a reset, and is no cause then. Without the action (a driver before 565, a
+        # board without it, unread), the count is judged alone, as XID 48: a reset clears it.
+        if self.ecc_uncorrected_volatile and action is not RecoveryAction.NONE:
             out.append(HealthCause(
                 "ecc-uncorrected-volatile",
                 f"{self.ecc_uncorrected_volatile} uncorrectable ECC error(s) since the driver loaded or the GPU was "
                 "last reset",
                 OperatorAction.RESET_GPU,
             ))
-        action = self.recovery_action
         if action is not None and action is not RecoveryAction.NONE:
             out.append(HealthCause(
                 "recovery-action",

@@ -45,8 +45,10 @@ __all__ = [
     "HEALTH_SLOTS",
     "MAX_LIST_ATTEMPTS",
     "PID_MAX_LIMIT",
+    "REASON_GIVEN",
     "Handle",
     "NvmlCalls",
+    "recovery_action_of",
 ]
 
 # nvmlClockType_t
@@ -557,12 +559,11 @@ class NvmlCalls:
             rc = value.nvmlReturn
         if not _answered(rc, 5, _RECOVERY_SYMBOL, index, unanswered):
             return None
-        kind = value.valueType
-        if kind in _VALUE_TYPES_64:
-            raw = int(value.value.ullVal)
-        else:
-            raw = int(value.value.ulVal if kind == _VALUE_TYPE_UL else value.value.uiVal)
-        return model.RecoveryAction(raw & 0xFFFFFFFF)
+        action = recovery_action_of(value)
+        if isinstance(action, str):
+            unanswered.append((5, action, REASON_GIVEN))
+            return None
+        return action
 
     def _retired_pages(
         self, handle: Handle, name: str, cause: RetirementCause, index: int, found: list[RetiredPage]
@@ -685,8 +686,27 @@ HEALTH_SLOTS = (
 # nvml.h: nvmlMemoryErrorType_t, nvmlEccCounterType_t, nvmlValueType_t, the recovery action's field id.
 _NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
 _NVML_VOLATILE_ECC, _NVML_AGGREGATE_ECC = 0, 1
-_VALUE_TYPE_UL = 2  # unsigned long
-_VALUE_TYPES_64 = (3, 4)  # unsigned and signed long long
+#: nvmlValueType_t of the integer types, by the union member that holds each: unsigned int, unsigned long, unsigned
+#: long long, signed long long, signed int, unsigned short. A double (0) or a type a newer header adds is none of them.
+_INTEGER_MEMBERS = {1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+#: The ``code`` of an :data:`Unanswered` whose ``symbol`` is already the whole reason (no NVML code says it).
+REASON_GIVEN = -1
+
+
+def recovery_action_of(value: Any) -> RecoveryAction | str:
+    """The :class:`~nvmlcheck.model.RecoveryAction` in an answered ``nvmlFieldValue_t``, or why it cannot be told:
+    a value type that is not an integer (the union's bits would read as some action, ``NONE`` for a double's 1.0),
+    or an integer outside ``nvmlDeviceGpuRecoveryAction_t``'s 32 bits (masking it could make it ``NONE``)."""
+    kind = int(value.valueType)
+    member = _INTEGER_MEMBERS.get(kind)
+    if member is None:
+        return (f"unreadable: {_RECOVERY_SYMBOL} answered a value of type {kind}, not an integer type: which action "
+                "the driver asks for cannot be told")
+    raw = int(getattr(value.value, member))
+    if not 0 <= raw <= 0xFFFFFFFF:
+        return (f"unreadable: {_RECOVERY_SYMBOL} answered {raw}, outside the 32-bit nvmlDeviceGpuRecoveryAction_t: "
+                "which action the driver asks for cannot be told")
+    return model.RecoveryAction(raw)
 _RECOVERY_SYMBOL = "nvmlDeviceGetFieldValues(NVML_FI_DEV_GET_GPU_RECOVERY_ACTION)"
 _MIG_FUNCTIONS = (
     "nvmlDeviceGetMigMode",

@@ -20,7 +20,7 @@ from types import MappingProxyType
 from .. import model
 from .._nvml import library
 from .._nvml.calls import _RECOVERY_SYMBOL as RECOVERY_SYMBOL
-from .._nvml.calls import HEALTH_SLOTS, EventCalls, Handle, NvmlCalls, handle_address
+from .._nvml.calls import HEALTH_SLOTS, REASON_GIVEN, EventCalls, Handle, NvmlCalls, handle_address
 from ..errors import (
     ArgumentError,
     CorruptData,
@@ -132,6 +132,8 @@ _CODE_REASONS: dict[tuple[str, int], str] = {
 
 def _code_reason(symbol: str, code: int) -> str:
     """Why a value is unknown after ``symbol`` returned ``code`` (the raw-code twin of :func:`_reason`)."""
+    if code == REASON_GIVEN:  # the call answered, but not with a value that can be trusted: the symbol says why
+        return symbol
     key = (symbol, code)
     reason = _CODE_REASONS.get(key)
     if reason is None:

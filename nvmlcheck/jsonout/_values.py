@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from ..holders import GpuUse, Holder
+    from ..model import HealthCause
 
 #: The version of every JSON document the CLI prints, but those in :data:`SCHEMA_VERSIONS`.
 SCHEMA_VERSION = 1
@@ -80,10 +81,33 @@ def _clocks(c: Clocks | None) -> dict[str, Any] | None:
     }
 
 
-def _health(h: Health | None) -> dict[str, Any] | None:
+#: The parts of :class:`Health`, each a ``health.<part>`` key of ``DeviceState.unknown`` when ``None``.
+_HEALTH_PARTS = ("retired_pages", "retired_pages_pending", "remapped_rows", "ecc_uncorrected_volatile",
+                 "ecc_uncorrected_aggregate", "recovery_action")
+
+
+def _health_state(h: Health, causes: tuple[HealthCause, ...], unknown: Mapping[str, str]) -> str:
+    """``"unhealthy"`` (a value the driver reported is a cause), ``"unknown"`` (no cause, but a value the GPU has
+    could not be read, or the GPU reported no value at all: ``causes: []`` then says nothing) or ``"healthy"``."""
+    if causes:
+        return "unhealthy"
+    from ..verdict import unsupported  # only for a health reading: a snapshot without health does not pay for it
+
+    missing = [part for part in _HEALTH_PARTS if getattr(h, part) is None]
+    if len(missing) == len(_HEALTH_PARTS):
+        return "unknown"
+    for part in missing:
+        why = unknown.get(f"health.{part}", unknown.get("health"))
+        if why is None or not unsupported(why):
+            return "unknown"
+    return "healthy"
+
+
+def _health(h: Health | None, unknown: Mapping[str, str]) -> dict[str, Any] | None:
     if h is None:
         return None
     rows = h.remapped_rows
+    causes = h.causes()
     return {
         "retired_pages": None
         if h.retired_pages is None
@@ -102,7 +126,9 @@ def _health(h: Health | None) -> dict[str, Any] | None:
         "ecc_uncorrected_aggregate": h.ecc_uncorrected_aggregate,
         "recovery_action": None if h.recovery_action is None else h.recovery_action.name.lower(),
         "recovery_action_code": None if h.recovery_action is None else int(h.recovery_action),
-        "causes": [{"code": c.code, "text": c.text, "action": c.action.value} for c in h.causes()],
+        "causes": [{"code": c.code, "text": c.text, "action": c.action.value} for c in causes],
+        # Added in round 6 (the version stays 1): "causes": [] alone read as healthy when nothing could be read.
+        "state": _health_state(h, causes, unknown),
     }
 
 
@@ -151,7 +177,7 @@ def device_json(d: DeviceState) -> dict[str, Any]:
             "mps": _processes(d.mps_processes),
         },
         "clocks": _clocks(d.clocks),
-        "health": _health(d.health),
+        "health": _health(d.health, d.unknown),
         "unknown": _unknown_with_derived(d.unknown),
         "mig_mode": d.mig_mode,
         "mig_devices": None if d.mig_devices is None else [_mig_device(m) for m in d.mig_devices],

@@ -278,9 +278,11 @@ HEALTH_STATES: dict[str, tuple[dict[str, object], set[str]]] = {
         {"unsupported": (), "retired_pages": [("dbe", 0x2000, 1_700_000_100)], "retired_pending": True},
         {"retired-pages-pending"},
     ),
-    "ecc_volatile_uncorrected": (
-        {"ecc_uncorrected_volatile": 3, "ecc_uncorrected_aggregate": 11},
-        {"ecc-uncorrected-volatile"},
+    # The driver read the recovery action as NONE: it judged those errors (contained) and asks for nothing.
+    "ecc_volatile_uncorrected_recovery_none": ({"ecc_uncorrected_volatile": 3, "ecc_uncorrected_aggregate": 11}, set()),
+    "ecc_volatile_uncorrected_recovery_reset": (
+        {"ecc_uncorrected_volatile": 3, "ecc_uncorrected_aggregate": 11, "recovery_action": 1},
+        {"ecc-uncorrected-volatile", "recovery-action"},
     ),
     "ecc_aggregate_only": ({"ecc_uncorrected_aggregate": 11}, set()),  # a lifetime count alone is no cause
     "recovery_reset": ({"recovery_action": 1}, {"recovery-action"}),
@@ -316,6 +318,17 @@ def test_health_state(open_backend: Opener, state: str) -> None:
         assert h.action is None
 
 
+def test_volatile_ecc_errors_without_a_recovery_action_are_a_cause(open_backend: Opener) -> None:
+    # A driver before 565 (or a board without the field): the count is judged alone, as XID 48 (a reset clears it).
+    sc = Scenario.h200()
+    sc.set_device(0, ecc_uncorrected_volatile=2, unsupported=("recovery", "retired_pages", "retired_pending"))
+    with open_backend(sc) as gpus:
+        d = gpus.snapshot(fields=nc.Fields.HEALTH).devices[0]
+    assert d.health is not None and d.health.recovery_action is None
+    assert [(c.code, c.action) for c in d.health.causes()] == [
+        ("ecc-uncorrected-volatile", nc.OperatorAction.RESET_GPU)]
+
+
 def test_health_unsupported_is_unknown_never_a_cause(open_backend: Opener) -> None:
     sc = Scenario.h200()
     sc.set_device(0, unsupported=("ecc", "recovery", "remapped", "retired_pages", "retired_pending"))
@@ -326,6 +339,42 @@ def test_health_unsupported_is_unknown_never_a_cause(open_backend: Opener) -> No
     for key in ("ecc_uncorrected_volatile", "ecc_uncorrected_aggregate", "recovery_action", "remapped_rows"):
         assert getattr(h, key) is None
         assert d.why_unknown(f"health.{key}"), key
+
+
+def _pending_remap_ecc_unreadable(sc: Scenario) -> None:
+    sc.set_device(0, remapped_rows=(0, 1, True, False))
+    sc.fault("nvmlDeviceGetTotalEccErrors", 999, device=0)
+
+
+# The JSON document's health.state: "causes": [] alone read as healthy when nothing could be read (round 6).
+HEALTH_JSON_STATES: dict[str, tuple[Callable[[Scenario], None], str]] = {
+    "all read, no cause": (lambda sc: None, "healthy"),  # retired pages not supported (Hopper): still judged
+    "every value not supported": (
+        lambda sc: sc.set_device(0, unsupported=("ecc", "recovery", "remapped", "retired_pages", "retired_pending")),
+        "unknown",
+    ),
+    "remapper: no permission": (lambda sc: sc.fault("nvmlDeviceGetRemappedRows", 4, device=0), "unknown"),
+    "remapper: transient error": (lambda sc: sc.fault("nvmlDeviceGetRemappedRows", 999, device=0), "unknown"),
+    "ECC: no permission": (lambda sc: sc.fault("nvmlDeviceGetTotalEccErrors", 4, device=0), "unknown"),
+    "recovery action: transient error": (lambda sc: sc.fault("nvmlDeviceGetFieldValues", 999, device=0), "unknown"),
+    "ECC off (not supported)": (lambda sc: sc.set_device(0, unsupported=("ecc", "retired_pages")), "healthy"),
+    "pending remap, ECC unreadable": (_pending_remap_ecc_unreadable, "unhealthy"),
+}
+
+
+
+@pytest.mark.parametrize("case", sorted(HEALTH_JSON_STATES))
+def test_health_json_state_says_unknown_where_causes_cannot_tell(open_backend: Opener, case: str) -> None:
+    from nvmlcheck.jsonout import device_json
+
+    setup, expected = HEALTH_JSON_STATES[case]
+    sc = Scenario.h200()
+    setup(sc)
+    with open_backend(sc) as gpus:
+        d = gpus.snapshot(fields=nc.Fields.HEALTH).devices[0]
+    health = device_json(d)["health"]
+    assert health["state"] == expected, (health, d.unknown)
+    assert (health["causes"] != []) == (expected == "unhealthy")
 
 
 def test_health_is_not_read_on_the_wait_path(open_backend: Opener) -> None:

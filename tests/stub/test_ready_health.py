@@ -50,7 +50,9 @@ def test_an_event_whose_health_reading_failed_is_read_again(tmp_path: Any, capsy
     step.set_device(0, remapped_rows=(0, 1, True, False))
     step.raise_event(0, "xid", xid=63)
     sc.fault("nvmlDeviceGetRemappedRows", 999, after=1, count=1)  # the first reading's passes, the next fails
-    code = cli.main(["--simulate", str(sc.write(tmp_path / "s.txt")), "--json", "ready", "--timeout", "3"])
+    # Only the health can end the wait before its timeout, so a long one costs nothing: 3 s was a wall-clock bound
+    # on a loaded CI host (the event comes 50 ms after the stub loads, then a failed and a second health reading).
+    code = cli.main(["--simulate", str(sc.write(tmp_path / "s.txt")), "--json", "ready", "--timeout", "120"])
     doc = json.loads(capsys.readouterr().out)
     assert code == 5 and doc["gpus"][0]["class"] == "unhealthy", doc["gpus"][0]["line"]
 
@@ -160,3 +162,19 @@ def test_a_cause_found_by_a_confirming_reading_ends_the_call_at_once(gpus: Calla
     (v,) = report.verdicts
     assert v.class_ == "unhealthy" and "RESET_GPU" in v.actions and exit_code_of(report) == 5
     assert report.polls == 2 and clock.now_ns < 1_000_000_000  # the two readings, not a wait to the deadline
+
+
+def test_a_recovery_value_that_cannot_be_trusted_is_unknown_never_ready(
+        gpus: Callable[[Scenario], nc.Session], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Round 6: the field answered, but with a value that cannot be trusted (a double, or beyond 32 bits): unknown with
+    the reason the call gave, never ``NONE`` (the masked or misread value) and never "not supported"."""
+    from nvmlcheck._nvml import calls
+
+    why = "unreadable: the field answered a value of type 0, not an integer type"
+    monkeypatch.setattr(calls, "recovery_action_of", lambda value: why)
+    with gpus(Scenario.h200()) as session:
+        d = session.snapshot(fields=nc.Fields.HEALTH).devices[0]
+        (v,) = session.ready().verdicts
+    assert d.health is not None and d.health.recovery_action is None
+    assert d.why_unknown("health.recovery_action") == why
+    assert v.class_ == "unknown"

@@ -6,7 +6,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from nvmlcheck.backends._smi.queries import parse_recovery_action
+import pytest
+
+from nvmlcheck.backends._smi.queries import GpuRecord, parse_recovery_action
+from nvmlcheck.backends._smi.text import HandleFailure
 from nvmlcheck.backends.smi import SmiBackend
 from nvmlcheck.backends.smi_csv import parse_query_gpu
 from nvmlcheck.model import Fields, OperatorAction, RecoveryAction, RemappedRows, RetirementCause
@@ -14,6 +17,7 @@ from nvmlcheck.model import Fields, OperatorAction, RecoveryAction, RemappedRows
 DATA = Path(__file__).resolve().parents[1] / "data" / "nvidia-smi"
 REPLAY = DATA / "replay" / "smi_replay.py"
 HEALTH = DATA / "constructed-health"
+UUID = "GPU-1c0f6a52-93e4-4d7b-8a21-5b0c3e9d7f10"
 
 
 def test_recovery_action_spellings() -> None:
@@ -67,3 +71,31 @@ def test_health_is_not_asked_for_on_the_wait_path() -> None:
     with SmiBackend(command=[sys.executable, "-S", str(REPLAY), str(HEALTH)]) as b:
         d = b.snapshot([1], fields=Fields.MEMORY).devices[0]
     assert d.health is None and d.why_unknown("health") == "not requested"
+
+
+@pytest.mark.parametrize(("column", "value"), [
+    ("ecc.errors.uncorrected.volatile.total", str(1 << 64)),
+    ("ecc.errors.uncorrected.aggregate.total", str(1 << 64)),
+    ("remapped_rows.correctable", str(1 << 32)),
+    ("remapped_rows.uncorrectable", str(1 << 32)),
+    ("retired_pages.single_bit_ecc.count", str(1 << 32)),
+    ("retired_pages.double_bit.count", str(1 << 32)),
+])
+def test_a_health_count_beyond_nvmls_counter_is_refused_as_a_misread(column: str, value: str) -> None:
+    """Round 6: a count no NVML counter holds was taken as read (a volatile ECC total of 2**64 raised a cause);
+    refused now, the GPU failed with the column named, as a negative count is."""
+    columns = ["remapped_rows.correctable", "remapped_rows.uncorrectable", "remapped_rows.pending",
+               "remapped_rows.failure", "ecc.errors.uncorrected.volatile.total",
+               "ecc.errors.uncorrected.aggregate.total", "retired_pages.single_bit_ecc.count",
+               "retired_pages.double_bit.count"]
+    cells = {c: "0" for c in columns} | {"remapped_rows.pending": "No", "remapped_rows.failure": "No"}
+    header = "index, uuid, " + ", ".join(columns)
+    def parse(cell: str) -> tuple[tuple[GpuRecord, ...], tuple[HandleFailure, ...]]:
+        row = ", ".join(cell if c == column else cells[c] for c in columns)
+        return parse_query_gpu(f"{header}\n0, {UUID}, {row}\n")
+
+    (record,), failures = parse(str(int(value) - 1))  # the largest the counter holds is read
+    assert failures == () and record is not None
+    records, failures = parse(value)
+    assert len(records) == 0
+    assert len(failures) == 1 and column in str(failures[0].error) and "bit counter" in str(failures[0].error)

@@ -110,8 +110,9 @@ def parse_recovery_action(text: str) -> RecoveryAction | None:
     ``GPU_RESET``, a number, ...); ``None`` for a spelling this version does not know."""
     words = " ".join(text.replace("_", " ").lower().split())
     action = _RECOVERY_WORDS.get(words) or _RECOVERY_WORDS.get(words.removeprefix("gpu recovery action "))
-    if action is None and is_uint(words):  # ASCII digits: str.isdigit() took "²", which int() refuses
-        action = RecoveryAction(int(words) & 0xFFFFFFFF)
+    if action is None and is_uint(words) and int(words) <= 0xFFFFFFFF:  # ASCII digits: str.isdigit() took "²"
+        # A number beyond nvmlDeviceGpuRecoveryAction_t's 32 bits is none: masked, 4294967296 read as NONE (healthy).
+        action = RecoveryAction(int(words))
     return action
 
 
@@ -252,8 +253,8 @@ def _gpu_record(table: Table, cells: Cells, index: int, uuid: str) -> GpuRecord:
     pending = None
     remapped = None
     if table.has("retired_pages.single_bit_ecc.count"):
-        s = cells.uint("retired_pages.single_bit_ecc.count")
-        d = cells.uint("retired_pages.double_bit.count")
+        s = _count(cells, "retired_pages.single_bit_ecc.count", 32)
+        d = _count(cells, "retired_pages.double_bit.count", 32)
         ok_s = known(s, "retired_pages.single_bit_ecc.count", unknown, "health.retired_pages")
         ok_d = known(d, "retired_pages.double_bit.count", unknown, "health.retired_pages")
         if ok_s and ok_d and isinstance(s, int) and isinstance(d, int):
@@ -303,7 +304,7 @@ def _ecc_and_recovery(
     ecc: dict[str, int | None] = {}
     for attr, column in ECC_COLUMNS:
         if table.has(column):
-            v = cells.uint(column)
+            v = _count(cells, column, 64)
             ecc[attr] = v if known(v, column, unknown, unknown_key("health", attr)) and isinstance(v, int) else None
     recovery: RecoveryAction | None = None
     if table.has("gpu_recovery_action"):
@@ -405,9 +406,18 @@ def _clocks(table: Table, cells: Cells, unknown: dict[str, str]) -> Clocks:
     )
 
 
+def _count(cells: Cells, name: str, bits: int) -> int | Unavailable:
+    """A count NVML holds in ``bits`` bits (the remapped rows and retired page counts 32, the ECC totals 64): a
+    number beyond is a misread, refused as "-1" is, never a count that raises or hides a cause."""
+    v = cells.uint(name)
+    if isinstance(v, int) and v >> bits:
+        raise cells.fail(f"{name}: {v} is more than NVML's {bits}-bit counter holds")
+    return v
+
+
 def _remapped(cells: Cells, unknown: dict[str, str]) -> RemappedRows | None:
-    corr = cells.uint("remapped_rows.correctable")
-    unc = cells.uint("remapped_rows.uncorrectable")
+    corr = _count(cells, "remapped_rows.correctable", 32)
+    unc = _count(cells, "remapped_rows.uncorrectable", 32)
     pending = cells.flag("remapped_rows.pending")
     failure = cells.flag("remapped_rows.failure")
     ok = True
