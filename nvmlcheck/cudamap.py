@@ -446,13 +446,13 @@ def _checked_env(env: Mapping[str, str]) -> Mapping[str, str]:
 
 def _mig_mode(gpu: object) -> bool | None:
     """A GPU's MIG mode for the mapping: one the tool does not have (an nvidia-smi older than MIG: its driver has
-    none) is no MIG mode, as ``ready`` and ``select`` judge it (:func:`nvmlcheck.verdict.unsupported`); one whose
+    none) is no MIG mode, as ``ready`` and ``select`` judge it (:func:`nvmlcheck.model.unsupported`); one whose
     reading failed stays unknown."""
     mode = getattr(gpu, "mig_mode", False)
     if mode is None:
         why = (getattr(gpu, "unknown", None) or {}).get("mig")
         if isinstance(why, str):
-            from .verdict import unsupported
+            from .model import unsupported
 
             return False if unsupported(why) else None
     return mode if mode is None else bool(mode)

@@ -362,6 +362,21 @@ class DeviceState(_ReasonsPickle):
         return reason
 
 
+# Words of the reasons a backend records for a value the device does not have: errors.py's NotSupported and
+# FunctionNotFound ("not supported: ...", "not available: ..."), nvidia-smi's placeholders ("[N/A]", "[Not
+# Supported]"), a field an older nvidia-smi does not know ("this nvidia-smi does not know the field ...": the
+# recovery action before driver 565). Unsupported health is no refusal (a Hopper GPU retires no pages: it remaps
+# rows). A part that was "not requested" is no such reason: health never read is unknown, never ready.
+_UNSUPPORTED_WORDS = ("not supported", "not available", "[n/a]", "does not know the field")
+
+
+def unsupported(why: str) -> bool:
+    """Whether an ``unknown`` reason says the device or driver does not have the value (rather than that reading
+    it failed)."""
+    low = why.lower()
+    return any(w in low for w in _UNSUPPORTED_WORDS)
+
+
 def unknown_key(part: str, name: str | enum.Enum) -> str:
     """The :attr:`DeviceState.unknown` key of one field of a part, as :meth:`DeviceState.why_unknown` reads it:
     ``unknown_key("processes", ProcessKind.MPS)`` is ``"processes.mps"``; an enum member stands for its value."""

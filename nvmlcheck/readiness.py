@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 from ._deadline import hung_after, left_s, ns_or_none
 from ._waitdefaults import READY_TIMEOUT, Default
 from .errors import ArgumentError, BackendUnavailable, DeadlinePassed, GpuFault, NvmlCheckError, WaitTimeout
-from .model import DeviceState, Fields, Snapshot
+from .model import DeviceState, Fields, Snapshot, unsupported
 from .predicates import (
     DEFAULT_MAX_USED_BYTES,
     check_bytes,
@@ -29,7 +29,7 @@ from .predicates import (
     no_processes,
     on_devices,
 )
-from .verdict import Culprit, GpuVerdict, ReadyReport, Watch, classify, unsupported
+from .verdict import Culprit, GpuVerdict, ReadyReport, Watch, classify
 
 TYPE_CHECKING = False  # no typing at run time: it costs a one-shot check milliseconds (docs/performance.md)
 if TYPE_CHECKING:

@@ -359,7 +359,8 @@ def _judge(
     """(why GPUs are passed over, the GPUs clean (and, with ``health``, without a health cause) for
     ``stable_polls`` polls in a row) for one poll; ``streak`` counts each GPU's clean polls in a row and is
     updated."""
-    from .verdict import health_causes, unsupported
+    from .model import unsupported
+    from .verdict import health_causes
 
     if not snap.devices and not snap.failures:
         raise BackendUnavailable(f"the {snap.backend} backend sees no GPU: nothing to select",

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from . import reclaim_model
 from ._record import record, replace
 from ._units import format_bytes
-from .model import DeviceState, GpuProcess, Memory, MigDevice, OperatorAction, Snapshot, SystemInfo
+from .model import DeviceState, GpuProcess, Memory, MigDevice, OperatorAction, Snapshot, SystemInfo, unsupported
 from .predicates import (
     DEFAULT_MAX_USED_BYTES,
     DEFAULT_MIG_IDLE_BYTES,
@@ -93,12 +93,6 @@ _ACTION_HINTS = {
     "NODE_REBOOT": "reboot the node",
     "CONTACT_SUPPORT": "service the GPU (RMA): a reset does not help",
 }
-# Words of the reasons a backend records for a value the device does not have: errors.py's NotSupported and
-# FunctionNotFound ("not supported: ...", "not available: ..."), nvidia-smi's placeholders ("[N/A]", "[Not
-# Supported]"), a field an older nvidia-smi does not know ("this nvidia-smi does not know the field ...": the
-# recovery action before driver 565). Unsupported health is no refusal (a Hopper GPU retires no pages: it remaps
-# rows). A part that was "not requested" is no such reason: health never read is unknown, never ready.
-_UNSUPPORTED_WORDS = ("not supported", "not available", "[n/a]", "does not know the field")
 
 
 def _action_severity(action: str | None) -> int:
@@ -110,11 +104,6 @@ def _action_severity(action: str | None) -> int:
         return -1
 
 
-def unsupported(why: str) -> bool:
-    """Whether an ``unknown`` reason says the device or driver does not have the value (rather than that reading
-    it failed)."""
-    low = why.lower()
-    return any(w in low for w in _UNSUPPORTED_WORDS)
 
 
 # --- values -----------------------------------------------------------------------------------------------------

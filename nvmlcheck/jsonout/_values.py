@@ -91,7 +91,7 @@ def _health_state(h: Health, causes: tuple[HealthCause, ...], unknown: Mapping[s
     could not be read, or the GPU reported no value at all: ``causes: []`` then says nothing) or ``"healthy"``."""
     if causes:
         return "unhealthy"
-    from ..verdict import unsupported  # only for a health reading: a snapshot without health does not pay for it
+    from ..model import unsupported  # loaded already (the snapshot is one of its objects): no verdict import
 
     missing = [part for part in _HEALTH_PARTS if getattr(h, part) is None]
     if len(missing) == len(_HEALTH_PARTS):

@@ -395,7 +395,7 @@ def test_capacity_predicate_is_three_valued_with_smi_granularity() -> None:
      ("unreadable: nvmlDeviceGetRemappedRows returned NVML_ERROR_UNKNOWN (999)", False)],
 )
 def test_which_unknown_health_reasons_are_unsupported(why: str, expected: bool) -> None:
-    from nvmlcheck.verdict import unsupported
+    from nvmlcheck.model import unsupported
 
     assert unsupported(why) is expected
 
