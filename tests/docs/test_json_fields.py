@@ -190,11 +190,18 @@ def _stub_loaded(pid: int) -> bool:
         return False
 
 
+def _sigint_default() -> None:
+    """``preexec_fn`` of a child a test interrupts: a background job of a non-interactive shell (a CI runner) starts
+    the suite with SIGINT ignored, the child inherits it and nvmlcheck rightly keeps it so: the Ctrl-C forms hung."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _signalled(name: str, argv: list[str], signum: int) -> Printed:
     """``argv`` (a command that would run for a minute) ended by ``signum`` once it has loaded the stub: it has
     parsed its options and installed its handlers, whatever the load of the machine."""
     proc = subprocess.Popen([sys.executable, "-m", "nvmlcheck", *argv], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=_env())
+                            stderr=subprocess.PIPE, env=_env(),
+                            preexec_fn=_sigint_default)  # noqa: PLW1509 - one call, no locks
     try:
         deadline = time.monotonic() + RUN_TIMEOUT_S
         while not _stub_loaded(proc.pid) and proc.poll() is None and time.monotonic() < deadline:
@@ -242,7 +249,8 @@ def _interrupted_kill(tmp: Path) -> Printed:
     try:
         assert target.stdout is not None and target.stdout.readline().strip() == b"ready"
         proc = subprocess.Popen([sys.executable, "-m", "nvmlcheck", *argv], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, env=_env(), cwd=tmp)
+                                stderr=subprocess.PIPE, env=_env(), cwd=tmp,
+                                preexec_fn=_sigint_default)  # noqa: PLW1509 - one call, no locks
         try:
             assert target.stdout.readline().strip() == b"term"
             proc.send_signal(signal.SIGINT)
@@ -552,7 +560,8 @@ def test_watch_prints_documented_json_lines(tmp_path: Path) -> None:
     # Raised at load: the stub hands a set every event since the scenario loaded, whenever it registers.
     scenario.write_text(bundled + "at ms=0 event device=0 type=xid data=79\nat ms=0 event device=0 type=xid data=13\n")
     proc = subprocess.Popen([sys.executable, "-m", "nvmlcheck", "--simulate", str(scenario), "--json", "watch"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
+                            preexec_fn=_sigint_default)  # noqa: PLW1509 - one call, no locks
     assert proc.stdout is not None
     lines: list[dict[str, Any]] = []
     try:

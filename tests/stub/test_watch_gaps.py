@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import _thread
 import json
+import signal
 import sys
 import threading
 from collections.abc import Iterator
@@ -76,13 +77,19 @@ def scripted(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[EventListener]]:
             _thread.interrupt_main()  # Ctrl-C: the watch ends (130) once it said the end
 
     monkeypatch.setattr(_watch._Gaps, "_write", write_then_stop)
+    # interrupt_main() does nothing where SIGINT is not Python's own handler (SIG_IGN or SIG_DFL: a CI runner or an
+    # earlier test may leave either): the watch then ran for ever, the net below too. Python's handler for the test.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     # A watch that never says the end would run for ever: interrupted after 60 s all the same, and the test fails
     # on what it printed (a net, not a timing: nothing asserts how long it took).
     net = threading.Timer(60.0, _thread.interrupt_main)
     net.daemon = True
     net.start()
-    yield made
-    net.cancel()
+    try:
+        yield made
+    finally:
+        net.cancel()
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_watch_says_when_it_stops_listening_and_when_it_listens_again(
