@@ -83,6 +83,19 @@ def _recovery_on_first_poll(source: _Scripted, listener: EventListener) -> Calla
     return on_poll
 
 
+def _wait_through_a_recovery(scenario_path: Path) -> nc.WaitResult:
+    """A clean wait of one idle GPU through one recovery of the listener (its first poll drives it)."""
+    Scenario.h200(1).write(scenario_path)
+    with nc.open("nvml", library_path=str(build_stub())) as gpus:
+        source = _Scripted()
+        listener = _listening(gpus, source)
+        try:
+            return gpus.wait_until_clean(timeout=60.0, stable_polls=2,
+                                         on_poll=_recovery_on_first_poll(source, listener))
+        finally:
+            listener.stop()
+
+
 def test_a_wait_through_a_recovery_says_its_gpu_was_not_listened_to_meanwhile(scenario_path: Path) -> None:
     Scenario.h200(1).write(scenario_path)
     with nc.open("nvml", library_path=str(build_stub())) as gpus:
@@ -119,15 +132,7 @@ def test_a_wait_that_listened_throughout_says_so_and_one_that_did_not_listen_say
 def test_the_wait_command_prints_each_gap_on_stderr(capsys: pytest.CaptureFixture[str], scenario_path: Path) -> None:
     from nvmlcheck.cli._wait import _print_clean
 
-    Scenario.h200(1).write(scenario_path)
-    with nc.open("nvml", library_path=str(build_stub())) as gpus:
-        source = _Scripted()
-        listener = _listening(gpus, source)
-        try:
-            result = gpus.wait_until_clean(timeout=60.0, stable_polls=2,
-                                           on_poll=_recovery_on_first_poll(source, listener))
-        finally:
-            listener.stop()
+    result = _wait_through_a_recovery(scenario_path)
     _print_clean(Namespace(json=False), result)
     out, err = capsys.readouterr()
     assert out.startswith("clean: 1 GPU")
@@ -164,15 +169,7 @@ def test_kill_documents_and_lines_carry_the_wait_s_gaps(capsys: pytest.CaptureFi
     from nvmlcheck.jsonout import kill_document, nothing_to_kill_document
     from nvmlcheck.kill import KillResult
 
-    Scenario.h200(1).write(scenario_path)
-    with nc.open("nvml", library_path=str(build_stub())) as gpus:
-        source = _Scripted()
-        listener = _listening(gpus, source)
-        try:
-            result = gpus.wait_until_clean(timeout=60.0, stable_polls=2,
-                                           on_poll=_recovery_on_first_poll(source, listener))
-        finally:
-            listener.stop()
+    result = _wait_through_a_recovery(scenario_path)
     doc = nothing_to_kill_document(result, signal_name="SIGTERM", tree=False, selection=None)
     assert [(g["cause"], g["gpus"]) for g in doc["listening_gaps"]] == [("recovering", [0])]
     killed = KillResult("SIGTERM", 0, (), result.clean_ns, result.confirmed_ns, result.interval_ns, result)
