@@ -87,6 +87,13 @@ _SETTLE_S = 3.0  # a process signalled by the test's teardown is given this long
 
 def pytest_configure(config: pytest.Config) -> None:
     config.stash[_LEAKS] = _LeakCheck()
+    # A CI runner starts the suite as a background job of a non-interactive shell: SIGINT ignored, inherited by
+    # every child (nvmlcheck rightly keeps an inherited SIG_IGN), and _thread.interrupt_main() does nothing. The
+    # Ctrl-C tests (a child interrupted, a test's own interrupt) then hung or failed there alone. Python's handler
+    # here: a handler is reset to the default at exec, so the children start as from a terminal. A test of the
+    # ignored case sets SIG_IGN in its child itself.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
