@@ -61,7 +61,7 @@ def test_a_process_whose_main_thread_exited_is_chosen(
     zst = procfs.read_stat(zombie)
     assert st is not None and st.state == "Z" and zst is not None and zst.state == "Z"
     members = [(leaderless, st.start_ticks), (zombie, zst.start_ticks)]
-    monkeypatch.setattr("nvmlcheck._proc.container.members", lambda spec, proc="/proc": members)
+    monkeypatch.setattr("nvmlcheck._proc.container.members", lambda spec, proc="/proc", doubtful=None: members)
     chosen, skipped = selectors.by_container("lxc/test")
     assert chosen == [(leaderless, st.start_ticks, "container")]
     assert skipped == [(zombie, "a zombie: it has exited already; its parent has to reap it")]
@@ -70,7 +70,8 @@ def test_a_process_whose_main_thread_exited_is_chosen(
 def test_it_is_pinned_alive_and_its_sigterm_ends_it(monkeypatch: pytest.MonkeyPatch, leaderless: int) -> None:
     st = procfs.read_stat(leaderless)
     assert st is not None
-    monkeypatch.setattr("nvmlcheck._proc.container.members", lambda spec, proc="/proc": [(leaderless, st.start_ticks)])
+    monkeypatch.setattr("nvmlcheck._proc.container.members",
+                        lambda spec, proc="/proc", doubtful=None: [(leaderless, st.start_ticks)])
     with nc.prepare_kill(container="lxc/test") as plan:
         assert [t.pid for t in plan.targets] == [leaderless] and not plan._set.all_exited()  # the pidfd: alive
         plan.send_first()
