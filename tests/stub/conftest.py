@@ -7,6 +7,7 @@ import concurrent.futures
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -311,3 +312,32 @@ def hold(dev: tuple[Path, str]) -> Iterator[Callable[[], subprocess.Popen[bytes]
         p.wait()
         if p.stdout is not None:
             p.stdout.close()
+
+
+class ScriptedEvents:
+    """NVML's event calls for an ``EventListener`` (tests/stub/test_events_gaps.py, test_watch_gaps.py): every GPU
+    supports every event, nothing is ever delivered, and the next wait raises ``fail_next`` once when it is set."""
+
+    missing = None
+
+    def __init__(self) -> None:
+        self.fail_next: BaseException | None = None
+        self._idle = threading.Event()
+
+    def create(self) -> object:
+        return object()
+
+    def supported(self, handle: object, index: int) -> int:
+        return 0xF
+
+    def register(self, handle: object, index: int, mask: int, event_set: object) -> None:
+        return None
+
+    def wait(self, event_set: object, timeout_ms: int) -> None:
+        exc, self.fail_next = self.fail_next, None
+        if exc is not None:
+            raise exc
+        self._idle.wait(timeout_ms / 1000)
+
+    def free(self, event_set: object) -> int:
+        return 0

@@ -7,7 +7,6 @@ its wait call fails: the recovery is driven from the wait's first poll, which wa
 
 from __future__ import annotations
 
-import threading
 import time
 from argparse import Namespace
 from collections.abc import Callable
@@ -25,38 +24,14 @@ from nvmlcheck.readiness import ready_on
 from nvmlcheck.testing import Scenario, build_stub
 from nvmlcheck.wait import WaitOptions
 
+from .conftest import ScriptedEvents
+
 pytestmark = pytest.mark.stub
 
 
-class _Scripted:
-    """Event calls that deliver nothing; the next wait raises ``fail_next`` once when set."""
-
-    missing = None
-
-    def __init__(self) -> None:
-        self.fail_next: BaseException | None = None
-        self._idle = threading.Event()
-
-    def create(self) -> object:
-        return object()
-
-    def supported(self, handle: object, index: int) -> int:
-        return 0xF
-
-    def register(self, handle: object, index: int, mask: int, event_set: object) -> None:
-        return None
-
-    def wait(self, event_set: object, timeout_ms: int) -> None:
-        exc, self.fail_next = self.fail_next, None
-        if exc is not None:
-            raise exc
-        self._idle.wait(timeout_ms / 1000)
-
-    def free(self, event_set: object) -> int:
-        return 0
 
 
-def _listening(gpus: nc.Session, source: _Scripted) -> EventListener:
+def _listening(gpus: nc.Session, source: ScriptedEvents) -> EventListener:
     handle = object()
     listener = EventListener(source, [EventTarget(0, handle, "GPU-0")], id).start()
     assert listener.state == "running"
@@ -68,7 +43,7 @@ def _recovered(listener: EventListener) -> bool:
     return any(g.cause == "recovering" and g.ended_ns is not None for g in listener.gaps())
 
 
-def _recovery_on_first_poll(source: _Scripted, listener: EventListener) -> Callable[[object], None]:
+def _recovery_on_first_poll(source: ScriptedEvents, listener: EventListener) -> Callable[[object], None]:
     polls = [0]
 
     def on_poll(_point: object) -> None:
@@ -87,7 +62,7 @@ def _wait_through_a_recovery(scenario_path: Path) -> nc.WaitResult:
     """A clean wait of one idle GPU through one recovery of the listener (its first poll drives it)."""
     Scenario.h200(1).write(scenario_path)
     with nc.open("nvml", library_path=str(build_stub())) as gpus:
-        source = _Scripted()
+        source = ScriptedEvents()
         listener = _listening(gpus, source)
         try:
             return gpus.wait_until_clean(timeout=60.0, stable_polls=2,
@@ -99,7 +74,7 @@ def _wait_through_a_recovery(scenario_path: Path) -> nc.WaitResult:
 def test_a_wait_through_a_recovery_says_its_gpu_was_not_listened_to_meanwhile(scenario_path: Path) -> None:
     Scenario.h200(1).write(scenario_path)
     with nc.open("nvml", library_path=str(build_stub())) as gpus:
-        source = _Scripted()
+        source = ScriptedEvents()
         listener = _listening(gpus, source)
         try:
             result = gpus.wait_until_clean(timeout=60.0, stable_polls=2,
@@ -121,7 +96,7 @@ def test_a_wait_that_listened_throughout_says_so_and_one_that_did_not_listen_say
     with nc.open("nvml", library_path=str(build_stub())) as gpus:
         assert gpus.wait_until_clean(timeout=60.0).listening_gaps is None
         assert wait_document(gpus.wait_until_clean(timeout=60.0))["listening_gaps"] is None
-        listener = _listening(gpus, _Scripted())
+        listener = _listening(gpus, ScriptedEvents())
         try:
             assert gpus.wait_until_clean(timeout=60.0).listening_gaps == ()
             assert gpus.wait_until_clean(timeout=60.0, events=False).listening_gaps is None
@@ -145,7 +120,7 @@ def test_ready_through_a_recovery_says_so_in_its_notes_and_document(scenario_pat
     sc.at_call(60).remove_process(0, 4_000_001)  # held for a few readings: ready waits, listening
     sc.write(scenario_path)
     with nc.open("nvml", library_path=str(build_stub())) as gpus:
-        source = _Scripted()
+        source = ScriptedEvents()
         listener = _listening(gpus, source)
         try:
             report = ready_on(gpus, timeout=60.0,

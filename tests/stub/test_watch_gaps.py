@@ -24,35 +24,17 @@ from nvmlcheck.errors import GpuLost, Unknown
 from nvmlcheck.events import EventListener, EventTarget, ListeningGap
 from nvmlcheck.testing import Scenario
 
+from .conftest import ScriptedEvents
+
 pytestmark = pytest.mark.stub
 
 
-class _FailsOnce:
+class _FailsOnce(ScriptedEvents):
     """Event calls that deliver nothing; the first wait raises a transient error (NVML_ERROR_UNKNOWN)."""
 
-    missing = None
-
     def __init__(self) -> None:
-        self.failed = False
-        self._idle = threading.Event()
-
-    def create(self) -> object:
-        return object()
-
-    def supported(self, handle: object, index: int) -> int:
-        return 0xF
-
-    def register(self, handle: object, index: int, mask: int, event_set: object) -> None:
-        return None
-
-    def wait(self, event_set: object, timeout_ms: int) -> None:
-        if not self.failed:
-            self.failed = True
-            raise Unknown(999, "nvmlEventSetWait_v2")
-        self._idle.wait(timeout_ms / 1000)
-
-    def free(self, event_set: object) -> int:
-        return 0
+        super().__init__()
+        self.fail_next = Unknown(999, "nvmlEventSetWait_v2")
 
 
 @pytest.fixture
@@ -137,6 +119,8 @@ _LOOKING = threading.Event()  # set once watch's loop looks at the listener's ga
 class _LosesGpu1(_FailsOnce):
     """Once watch's loop runs, a wait fails as for a GPU fallen off the bus, and GPU 1 answers GPU_IS_LOST from then
     on (after watch's checks at the start, which would otherwise see GPU 1 gone already: the other valid order)."""
+
+    failed = False
 
     def wait(self, event_set: object, timeout_ms: int) -> None:
         if not self.failed and _LOOKING.is_set():
